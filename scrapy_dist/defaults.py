@@ -1,0 +1,81 @@
+"""Every scrapy-dist setting's default, in one place.
+
+Components read ``settings.get(NAME, defaults.NAME)``; the README's settings table lists the same names.
+scrapy-redis names are honoured where the meaning is the same (``REDIS_URL``, ``REDIS_HOST``,
+``REDIS_PORT``, ``REDIS_PARAMS``, ``SCHEDULER_PERSIST``, ``SCHEDULER_FLUSH_ON_START``,
+``SCHEDULER_QUEUE_CLASS``, ``SCHEDULER_IDLE_BEFORE_CLOSE``, ``REDIS_START_URLS_KEY``,
+``REDIS_START_URLS_AS_SET``, ``REDIS_START_URLS_AS_ZSET``, ``REDIS_ITEMS_KEY``).
+"""
+
+from __future__ import annotations
+
+# -- connection --------------------------------------------------------------------------------
+#: ``redis://``, ``rediss://`` or ``unix://`` URL. ``None`` (and no REDIS_HOST/PORT) = embedded Redis.
+REDIS_URL: str | None = None
+REDIS_HOST: str | None = None
+REDIS_PORT: int | None = None
+#: Extra keyword arguments for the redis-py client (timeouts, TLS files, ...).
+REDIS_PARAMS: dict = {}
+#: Force (True/False) or auto-detect (None) a Redis Cluster behind REDIS_URL.
+REDIS_CLUSTER: bool | None = None
+REDIS_SENTINELS: list[str] = []
+REDIS_SENTINEL_MASTER: str = "mymaster"
+#: Prepended to every key, so several projects can share one Redis.
+REDIS_KEY_PREFIX: str = ""
+#: Where the embedded Redis keeps its data (relative to the project's ``.scrapy`` dir).
+REDIS_EMBEDDED_DIR: str | None = None
+
+# -- scheduler / frontier ----------------------------------------------------------------------
+SCHEDULER_QUEUE_CLASS: str = "scrapy_dist.queue.PriorityQueue"
+SCHEDULER_PERSIST: bool = True
+SCHEDULER_FLUSH_ON_START: bool = False
+SCHEDULER_IDLE_BEFORE_CLOSE: float = 0.0
+SCHEDULER_LEASE_SECONDS: float = 60.0
+#: Requests leased ahead of demand per worker (0 = 2 x CONCURRENT_REQUESTS, at least 16).
+SCHEDULER_PREFETCH: int = 0
+#: Discovered requests are sent at the latest this long after they were found (seconds) ...
+SCHEDULER_FLUSH_INTERVAL: float = 0.05
+#: ... or as soon as this many are waiting.
+SCHEDULER_FLUSH_BATCH: int = 500
+#: How often a worker with nothing to do asks the frontier for work (seconds).
+SCHEDULER_IDLE_POLL: float = 0.25
+#: URL schemes a queue entry may have; anything else written to the queue is rejected.
+SCHEDULER_ALLOWED_SCHEMES: list[str] = ["http", "https"]
+#: Largest encoded request accepted from the queue (bytes).
+SCHEDULER_MAX_ENTRY_BYTES: int = 1024 * 1024
+SCHEDULER_SHARDS: int = 1
+SCHEDULER_POLITENESS: str = "process"
+DOMAIN_LIMITS: dict = {}
+
+# -- dupefilter --------------------------------------------------------------------------------
+BLOOMFILTER_CAPACITY: int = 100_000_000
+BLOOMFILTER_ERROR_RATE: float = 0.001
+#: Bits per bitmap block (each block is one Redis string, well below the 512 MB limit).
+BLOOMFILTER_BLOCK_BITS: int = 2**31
+
+# -- seeds -------------------------------------------------------------------------------------
+REDIS_START_URLS_KEY: str = "%(name)s:start_urls"
+REDIS_START_URLS_AS_SET: bool = False
+REDIS_START_URLS_AS_ZSET: bool = False
+REDIS_START_URLS_BATCH_SIZE: int = 0  # 0 = CONCURRENT_REQUESTS
+REDIS_START_URLS_MAX_BYTES: int = 64 * 1024
+
+# -- retries / dead letters --------------------------------------------------------------------
+RETRY_BACKOFF_BASE: float = 1.0
+RETRY_BACKOFF_MAX: float = 300.0
+DEADLETTER_IGNORED: bool = False
+HTTPERROR_DEAD_LETTER: bool = False
+
+# -- monitoring --------------------------------------------------------------------------------
+CLUSTERSTATS_INTERVAL: float = 5.0
+ERRORMONITOR_MAX_ERROR_RATE: float | None = None
+ERRORMONITOR_MAX_ERRORS: int | None = None
+ERRORMONITOR_WINDOW: float = 60.0
+ERRORMONITOR_ACTION: str = "log"
+
+# -- items / cookies ---------------------------------------------------------------------------
+REDIS_ITEMS_KEY: str = "%(spider)s:items"
+REDIS_ITEMS_STREAM: bool = False
+REDIS_ITEMS_MAXLEN: int | None = None
+REDIS_ITEMS_FLUSH_INTERVAL: float = 1.0
+REDIS_ITEMS_BATCH_SIZE: int = 100

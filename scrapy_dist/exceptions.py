@@ -1,0 +1,40 @@
+"""The single exception root of scrapy-dist.
+
+Every error scrapy-dist raises on purpose derives from :class:`ScrapyDistError`, so callers can catch
+one class. Errors that stand for a *rejected input* carry a short machine-readable ``reason`` that is
+also used in stats (``.../rejected/<reason>``) and in the JSON records written to ``:rejected`` keys.
+"""
+
+from __future__ import annotations
+
+
+class ScrapyDistError(Exception):
+    """Root of every scrapy-dist exception."""
+
+
+class RedisUnavailable(ScrapyDistError):
+    """Redis could not be reached; the message names the (masked) URL and the setting to change."""
+
+
+class UnserializableRequest(ScrapyDistError):
+    """A request cannot be written in the wire format; ``key`` names the offending field or meta key."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class RejectedEntry(ScrapyDistError):
+    """Untrusted data read from Redis (a queue entry, a seed) failed validation.
+
+    ``reason`` is a short slug (``not_utf8``, ``bad_scheme``, ...) used in stats and rejection records.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class FrontierScriptError(ScrapyDistError):
+    """A frontier Lua script answered with an unexpected result."""

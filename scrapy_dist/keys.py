@@ -1,0 +1,191 @@
+"""The single place where scrapy-dist makes Redis key names.
+
+Every per-crawl key starts with ``<prefix>{<spider>}:`` -- the braces are a Redis Cluster *hash tag*, so
+all keys of one crawl live in one hash slot and a Lua script may touch several of them. Seeds are the
+exception: they keep the plain ``<prefix><spider>:start_urls`` name (configurable with
+``REDIS_START_URLS_KEY``) that users type into ``redis-cli``; keys derived from a seeds key use the seeds
+key itself as hash tag (``{<seeds key>}:...``) so they share its slot.
+
+Nothing else in the package (and nothing inside Lua) builds a key name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Names of the per-crawl keys that the frontier owns (deleted by SCHEDULER_FLUSH_ON_START and by a
+#: non-persistent crawl once it has finished).
+FRONTIER_KEY_NAMES = (
+    "queue",
+    "leases",
+    "lease_meta",
+    "seq",
+    "delayed",
+    "delayed_meta",
+    "bloom",
+    "fingerprints",
+    "workers",
+    "stats",
+    "control",
+)
+
+
+@dataclass(frozen=True)
+class CrawlKeys:
+    """Key names of one crawl (one spider name) under an optional key prefix.
+
+    >>> k = CrawlKeys("books")
+    >>> k.queue
+    '{books}:queue'
+    >>> CrawlKeys("books", prefix="shop:").start_urls
+    'shop:books:start_urls'
+    """
+
+    spider: str
+    prefix: str = ""
+    #: Seeds key template; ``%(name)s`` / ``%(spider)s`` are replaced by the spider name.
+    start_urls_template: str = "%(name)s:start_urls"
+    #: Items key template (``REDIS_ITEMS_KEY``), scrapy-redis compatible.
+    items_template: str = "%(spider)s:items"
+
+    @property
+    def tag(self) -> str:
+        """The ``<prefix>{<spider>}`` stem every per-crawl key starts with."""
+        return f"{self.prefix}{{{self.spider}}}"
+
+    def _k(self, name: str) -> str:
+        return f"{self.tag}:{name}"
+
+    # -- frontier -------------------------------------------------------------------------------
+    @property
+    def queue(self) -> str:
+        """ZSET of queued requests: member = 6-byte sequence + encoded request, score = -priority."""
+        return self._k("queue")
+
+    @property
+    def queue_rejected(self) -> str:
+        """LIST of JSON records for queue entries that failed to decode."""
+        return self._k("queue:rejected")
+
+    @property
+    def leases(self) -> str:
+        """ZSET of leased (in-flight) members scored by lease deadline (unix seconds)."""
+        return self._k("leases")
+
+    @property
+    def lease_meta(self) -> str:
+        """HASH member -> ``"<queue score> <worker id>"`` for leased members (requeue with priority)."""
+        return self._k("leases:meta")
+
+    @property
+    def seq(self) -> str:
+        """STRING counter giving every enqueued entry its FIFO sequence number."""
+        return self._k("seq")
+
+    @property
+    def delayed(self) -> str:
+        """ZSET of delayed (retry) members scored by their not-before time."""
+        return self._k("delayed")
+
+    @property
+    def delayed_meta(self) -> str:
+        """HASH member -> queue score for delayed members."""
+        return self._k("delayed:meta")
+
+    @property
+    def deadletter(self) -> str:
+        """LIST of JSON dead-letter records."""
+        return self._k("deadletter")
+
+    # -- dupefilter -----------------------------------------------------------------------------
+    @property
+    def bloom(self) -> str:
+        """HASH with the bloom filter's parameters and insert count."""
+        return self._k("bloom")
+
+    def bloom_block(self, filter_index: int, block_index: int) -> str:
+        """STRING bitmap: block ``block_index`` of filter ``filter_index`` of the scalable bloom chain."""
+        return self._k(f"bloom:{filter_index}:{block_index}")
+
+    @property
+    def fingerprints(self) -> str:
+        """SET of raw 20-byte request fingerprints (exact ``SetDupeFilter``)."""
+        return self._k("fingerprints")
+
+    # -- monitoring / control -------------------------------------------------------------------
+    @property
+    def workers(self) -> str:
+        """ZSET worker id -> last heartbeat (unix seconds)."""
+        return self._k("workers")
+
+    def worker(self, worker_id: str) -> str:
+        """HASH with one worker's heartbeat details."""
+        return self._k(f"worker:{worker_id}")
+
+    @property
+    def stats(self) -> str:
+        """HASH of crawl-wide merged Scrapy stats."""
+        return self._k("stats")
+
+    @property
+    def control(self) -> str:
+        """HASH of crawl-wide control flags (``paused``, ...)."""
+        return self._k("control")
+
+    @property
+    def errors(self) -> str:
+        """ZSET of recent error events for the error monitor's sliding window."""
+        return self._k("errors")
+
+    @property
+    def sweep_lock(self) -> str:
+        """STRING lock (SET NX PX) held by the one process moving due work."""
+        return self._k("lock:sweep")
+
+    @property
+    def cookies(self) -> str:
+        """HASH cookiejar id -> serialized cookies (shared cookie jar)."""
+        return self._k("cookies")
+
+    # -- seeds and items (plain names users type) -----------------------------------------------
+    @property
+    def start_urls(self) -> str:
+        """The seeds key (LIST by default; SET or ZSET if configured)."""
+        name = self.start_urls_template % {"name": self.spider, "spider": self.spider}
+        return f"{self.prefix}{name}"
+
+    @property
+    def start_urls_rejected(self) -> str:
+        """LIST of JSON records for rejected seeds."""
+        return f"{self.start_urls}:rejected"
+
+    @property
+    def start_urls_processing(self) -> str:
+        """LIST of seeds popped but not yet turned into frontier entries (same slot as the seeds key)."""
+        return f"{{{self.start_urls}}}:processing"
+
+    @property
+    def items(self) -> str:
+        """The items LIST or STREAM (``REDIS_ITEMS_KEY``)."""
+        name = self.items_template % {"spider": self.spider, "name": self.spider}
+        return f"{self.prefix}{name}"
+
+    def frontier_keys(self) -> list[str]:
+        """Every fixed-name key the frontier owns (bloom blocks are listed by the dupefilter)."""
+        out = [getattr(self, name) for name in FRONTIER_KEY_NAMES if name != "bloom"]
+        out.append(self.bloom)
+        return out
+
+
+def crawl_keys(settings: object, spider_name: str) -> CrawlKeys:
+    """Build :class:`CrawlKeys` from Scrapy settings (``REDIS_KEY_PREFIX``, ``REDIS_START_URLS_KEY``,
+    ``REDIS_ITEMS_KEY``); ``settings`` is anything with ``.get`` (a Scrapy ``Settings`` or a dict)."""
+    from scrapy_dist import defaults
+
+    get = settings.get  # type: ignore[attr-defined]
+    return CrawlKeys(
+        spider=spider_name,
+        prefix=get("REDIS_KEY_PREFIX", defaults.REDIS_KEY_PREFIX) or "",
+        start_urls_template=get("REDIS_START_URLS_KEY", defaults.REDIS_START_URLS_KEY),
+        items_template=get("REDIS_ITEMS_KEY", defaults.REDIS_ITEMS_KEY),
+    )

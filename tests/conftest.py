@@ -1,0 +1,80 @@
+"""Shared fixtures: a real redis-server per test session, a clean database per test, N more servers on
+demand, and a generated local website for end-to-end crawls. No fakeredis anywhere."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from redis_servers import RedisProcess  # noqa: E402
+
+from scrapy_dist.site import SiteGraph, SiteServer  # noqa: E402
+
+_db_numbers = itertools.cycle(range(1, 64))
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisProcess]:
+    server = RedisProcess().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisProcess) -> str:
+    """URL of a database of the session server that is empty when the test starts."""
+    db = next(_db_numbers)
+    client = redis.Redis(port=redis_server.port, db=db)
+    client.flushdb()
+    client.close()
+    return f"redis://127.0.0.1:{redis_server.port}/{db}"
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def redis_servers() -> Iterator[Callable[..., list[RedisProcess]]]:
+    """Factory: ``redis_servers(n, extra_args=[...])`` starts n more servers, stopped after the test."""
+    started: list[RedisProcess] = []
+
+    def start(n: int, extra_args: list[str] | None = None) -> list[RedisProcess]:
+        new = [RedisProcess(extra_args=extra_args).start() for _ in range(n)]
+        started.extend(new)
+        return new
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def site_factory() -> Iterator[Callable[..., SiteServer]]:
+    """Factory: ``site_factory(pages=300, links=10, ...)`` serves a generated site on 127.0.0.1."""
+    servers: list[SiteServer] = []
+
+    def make(pages: int = 300, links: int = 10, **kw: object) -> SiteServer:
+        server_kw = {k: kw.pop(k) for k in ("slow_delay", "flaky_failures") if k in kw}
+        srv = SiteServer(SiteGraph(pages, links, **kw), **server_kw).start()  # type: ignore[arg-type]
+        servers.append(srv)
+        return srv
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def site(site_factory: Callable[..., SiteServer]) -> SiteServer:
+    return site_factory()
