@@ -75,7 +75,17 @@ ERRORMONITOR_ACTION: str = "log"
 
 # -- items / cookies ---------------------------------------------------------------------------
 REDIS_ITEMS_KEY: str = "%(spider)s:items"
+#: Write items to a Redis STREAM (XADD, consumer groups) instead of a LIST (RPUSH, scrapy-redis compatible).
 REDIS_ITEMS_STREAM: bool = False
+#: Approximate stream length cap (XADD MAXLEN ~); None = unbounded.
 REDIS_ITEMS_MAXLEN: int | None = None
+#: A batch is written at the latest this long after its first item (seconds) ...
 REDIS_ITEMS_FLUSH_INTERVAL: float = 1.0
+#: ... or as soon as it holds this many items.
 REDIS_ITEMS_BATCH_SIZE: int = 100
+#: Import path of a function item -> str/bytes replacing the JSON encoder (scrapy-redis setting).
+REDIS_ITEMS_SERIALIZER: str | None = None
+#: SharedCookiesMiddleware: a worker re-reads a jar from Redis when its copy is older than this (seconds).
+REDIS_COOKIES_CACHE_SECONDS: float = 1.0
+#: SharedCookiesMiddleware: cookie changes are written at the latest this long after they happen (seconds).
+REDIS_COOKIES_FLUSH_INTERVAL: float = 0.05

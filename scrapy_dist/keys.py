@@ -144,8 +144,12 @@ class CrawlKeys:
 
     @property
     def cookies(self) -> str:
-        """HASH cookiejar id -> serialized cookies (shared cookie jar)."""
+        """HASH cookiejar name -> last write (unix seconds): the index of the shared cookie jars."""
         return self._k("cookies")
+
+    def cookie_jar(self, name: str) -> str:
+        """HASH of one shared cookie jar: JSON ``[domain, path, name]`` -> JSON cookie record."""
+        return self._k(f"cookies:{name}")
 
     # -- seeds and items (plain names users type) -----------------------------------------------
     @property

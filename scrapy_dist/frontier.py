@@ -1,0 +1,145 @@
+"""The Redis side of the shared frontier: one worker's batched exchange with the ``sync`` Lua script.
+
+:class:`Frontier` knows keys, the dupefilter's script arguments and the wire layout of ``sync.lua``; it
+holds no crawl state of its own (the scheduler does). One :meth:`Frontier.sync` call costs exactly one
+Redis round trip (EVALSHA) whatever it carries: requests to dedupe and enqueue, acknowledgements, lease
+renewals and releases, delayed retries, rejections, dead letters, and how many requests to lease.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist import scripts
+from scrapy_dist.exceptions import FrontierScriptError
+
+if TYPE_CHECKING:
+    from scrapy_dist.dupefilter import RedisDupeFilter
+    from scrapy_dist.keys import CrawlKeys
+
+#: length of the sequence prefix of every queue member
+SEQ_BYTES = 6
+
+
+@dataclass
+class SyncBatch:
+    """Everything one ``sync`` call sends."""
+
+    #: (t1, t2, score, payload); t1 == "" skips dedupe, payload == b"" dedupes only
+    enqueue: list[tuple[Any, Any, float, bytes]] = field(default_factory=list)
+    ack: list[bytes] = field(default_factory=list)
+    renew: list[bytes] = field(default_factory=list)
+    release: list[bytes] = field(default_factory=list)
+    #: (score, payload, not_before)
+    delay: list[tuple[float, bytes, float]] = field(default_factory=list)
+    #: (member, JSON record)
+    reject: list[tuple[bytes, str]] = field(default_factory=list)
+    #: JSON records
+    dead: list[str] = field(default_factory=list)
+    lease: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.enqueue or self.ack or self.renew or self.release or self.delay or self.reject
+            or self.dead or self.lease
+        )
+
+
+@dataclass
+class SyncResult:
+    """What one ``sync`` call answers."""
+
+    new: list[bool]
+    leased: list[tuple[bytes, float]]
+    requeued: int
+    moved: int
+    queued: int
+    inflight: int
+    delayed: int
+    bloom_n: int
+    paused: bool
+
+
+class Frontier:
+    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client)."""
+
+    def __init__(
+        self,
+        redis: Any,
+        keys: CrawlKeys,
+        worker_id: str,
+        dupefilter: RedisDupeFilter | None,
+        sequence: str = "asc",
+        lease_seconds: float = 60.0,
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.worker_id = worker_id
+        self.dupefilter = dupefilter
+        self.sequence = sequence
+        self.lease_seconds = lease_seconds
+        self._script = scripts.register(redis, "sync")
+        k = keys
+        self._fixed_keys = [
+            k.queue, k.leases, k.lease_meta, k.seq, k.delayed, k.delayed_meta,
+            k.queue_rejected, k.deadletter, k.workers, k.control,
+        ]
+
+    async def sync(self, batch: SyncBatch, now: float | None = None) -> SyncResult:
+        """Send ``batch`` in one atomic script call (retried with more bloom keys if the chain grew)."""
+        df = self.dupefilter
+        body = self._body(batch)
+        for _ in range(64):
+            if df is not None:
+                dkeys, params = df.script_keys_params(len(batch.enqueue))
+                mode = df.mode
+            else:
+                dkeys, params, mode = [self.keys.fingerprints], [], "none"
+            args = [
+                "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), batch.lease,
+                self.sequence, mode, len(params), *params, *body,
+            ]
+            raw = await self._script(keys=self._fixed_keys + dkeys, args=args)
+            if raw[0] == -1:
+                if df is None:
+                    raise FrontierScriptError("sync script asked for bloom keys without a bloom filter")
+                df.observe(int(raw[1]))
+                continue
+            return self._result(raw, len(batch.enqueue))
+        raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
+
+    @staticmethod
+    def _body(b: SyncBatch) -> list[Any]:
+        out: list[Any] = [len(b.enqueue)]
+        for t1, t2, score, payload in b.enqueue:
+            out += [t1, t2, repr(float(score)), payload]
+        out.append(len(b.ack))
+        out += b.ack
+        out.append(len(b.renew))
+        out += b.renew
+        out.append(len(b.release))
+        out += b.release
+        out.append(len(b.delay))
+        for score, payload, not_before in b.delay:
+            out += [repr(float(score)), payload, repr(float(not_before))]
+        out.append(len(b.reject))
+        for member, record in b.reject:
+            out += [member, record]
+        out.append(len(b.dead))
+        out += b.dead
+        return out
+
+    def _result(self, raw: list[Any], n_enqueue: int) -> SyncResult:
+        flags = raw[0].decode() if isinstance(raw[0], bytes) else str(raw[0] or "")
+        if len(flags) != n_enqueue:
+            raise FrontierScriptError(f"sync returned {len(flags)} flags for {n_enqueue} requests")
+        flat = raw[1]
+        leased = [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
+        if self.dupefilter is not None:
+            self.dupefilter.observe(int(raw[7]))
+        paused = raw[8] in (b"1", "1")
+        return SyncResult(
+            [f == "1" for f in flags], leased, int(raw[2]), int(raw[3]), int(raw[4]), int(raw[5]),
+            int(raw[6]), int(raw[7]), paused,
+        )

@@ -1,0 +1,107 @@
+-- Fragment (not a script on its own): the dupefilter used by sync.lua and dupe_batch.lua.
+--
+-- dupe_open(mode, key_index, params) prepares a filter; `params` is a flat list taken from ARGV:
+--   mode "bloom": nfilters, block_bits, then per filter i (oldest first): m_i, k_i, cum_i, nblocks_i
+--                 where m_i = bits, k_i = hashes, cum_i = capacity of filters 0..i together.
+--                 KEYS[key_index] is the bloom HASH (field "n" = items inserted), then the block bitmaps of
+--                 filter 0, filter 1, ... in order (nblocks_i keys each).
+--   mode "set":   KEYS[key_index] is the SET of raw fingerprints; no params.
+--   mode "none":  no deduplication.
+-- dupe_add(d, t1, t2) test-and-sets one fingerprint and returns 1 if it was new, 0 if seen.
+--   bloom: t1, t2 are the fingerprint's two 46-bit hashes (decimal strings); bit j of filter i is
+--          fmod(t1 + j * t2, m_i) (double hashing; exact in Lua doubles since t1 + 40 * t2 < 2^53).
+--   set:   t1 is the raw fingerprint.
+-- dupe_can_insert(d, count) is false when `count` new items could need a filter whose keys were not passed.
+-- dupe_close(d) persists counters; returns the bloom item count (0 for other modes).
+
+local function dupe_open(mode, key_index, params)
+  local d = {mode = mode, key = KEYS[key_index]}
+  if mode ~= 'bloom' then return d end
+  local nfilters = tonumber(params[1])
+  d.block_bits = tonumber(params[2])
+  d.filters = {}
+  local ki = key_index + 1
+  for i = 1, nfilters do
+    local b = 2 + (i - 1) * 4
+    local f = {m = tonumber(params[b + 1]), k = tonumber(params[b + 2]),
+               cum = tonumber(params[b + 3]), nb = tonumber(params[b + 4]), key0 = ki}
+    ki = ki + f.nb
+    d.filters[i] = f
+  end
+  d.n = tonumber(redis.call('HGET', d.key, 'n') or '0')
+  d.n0 = d.n
+  d.cur = 1
+  while d.cur <= nfilters and d.filters[d.cur].cum <= d.n do d.cur = d.cur + 1 end
+  return d
+end
+
+local function dupe_can_insert(d, count)
+  if d.mode ~= 'bloom' then return true end
+  local last = #d.filters
+  return d.filters[last].cum > d.n + count or false
+end
+
+-- Bits of one filter grouped by block: {block_key = {offset, offset, ...}}
+local function bloom_offsets(d, f, h1, h2)
+  local groups = {}
+  local bb = d.block_bits
+  for j = 0, f.k - 1 do
+    local pos = math.fmod(h1 + j * h2, f.m)
+    local blk = math.floor(pos / bb)
+    local key = KEYS[f.key0 + blk]
+    local g = groups[key]
+    if not g then g = {}; groups[key] = g end
+    g[#g + 1] = pos - blk * bb
+  end
+  return groups
+end
+
+local function bloom_contains(groups)
+  for key, offs in pairs(groups) do
+    local args = {}
+    for i = 1, #offs do
+      args[#args + 1] = 'GET'; args[#args + 1] = 'u1'; args[#args + 1] = offs[i]
+    end
+    local bits = redis.call('BITFIELD', key, unpack(args))
+    for i = 1, #bits do
+      if bits[i] == 0 then return false end
+    end
+  end
+  return true
+end
+
+local function bloom_set(groups)
+  for key, offs in pairs(groups) do
+    local args = {}
+    for i = 1, #offs do
+      args[#args + 1] = 'SET'; args[#args + 1] = 'u1'; args[#args + 1] = offs[i]; args[#args + 1] = 1
+    end
+    redis.call('BITFIELD', key, unpack(args))
+  end
+end
+
+local function dupe_add(d, t1, t2)
+  if d.mode == 'none' then return 1 end
+  if d.mode == 'set' then return redis.call('SADD', d.key, t1) end
+  local h1, h2 = tonumber(t1), tonumber(t2)
+  local cur_groups = nil
+  -- newest filters hold most items: test them first
+  for i = d.cur, 1, -1 do
+    local f = d.filters[i]
+    if f then
+      local groups = bloom_offsets(d, f, h1, h2)
+      if i == d.cur then cur_groups = groups end
+      if bloom_contains(groups) then return 0 end
+    end
+  end
+  bloom_set(cur_groups)
+  d.n = d.n + 1
+  if d.n >= d.filters[d.cur].cum then d.cur = d.cur + 1 end
+  return 1
+end
+
+local function dupe_close(d)
+  if d.mode ~= 'bloom' then return 0 end
+  if d.n ~= d.n0 then redis.call('HINCRBY', d.key, 'n', d.n - d.n0) end
+  return d.n
+end

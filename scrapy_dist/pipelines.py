@@ -1,0 +1,328 @@
+"""Items out of the cluster: a batched Redis item pipeline, LIST (scrapy-redis compatible) or STREAM.
+
+Every worker appends its items to one Redis key (``REDIS_ITEMS_KEY``, default ``"%(spider)s:items"``) where
+downstream consumers pick them up. Unlike scrapy-redis, which pays one ``RPUSH`` round trip per item, items
+are buffered and written in batches, and an item is *reported scraped only once its batch is in Redis*:
+:meth:`RedisPipeline.process_item` awaits the write, Scrapy finishes a response only after its items went
+through the pipelines, and the frontier acknowledges a request only after the engine finished it. A worker
+killed mid-batch therefore loses nothing: the unacknowledged requests are crawled again by another worker.
+
+Delivery is at-least-once: a connection lost while a batch is being written (after Redis executed it but
+before the reply arrived) makes the batch be written again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+from itemadapter import ItemAdapter, is_item
+from scrapy.exceptions import DropItem, NotConfigured
+from scrapy.utils.misc import load_object
+from scrapy.utils.serialize import ScrapyJSONEncoder
+
+from scrapy_dist import defaults
+from scrapy_dist.connection import get_async_redis
+from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.keys import crawl_keys
+
+if TYPE_CHECKING:
+    import redis.asyncio
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+
+    # typing.Self requires Python 3.11
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+#: Field of each stream entry that holds the JSON item (``XADD <key> * item <json>``).
+STREAM_FIELD = "item"
+
+# A flush writes at most this many batches in one round trip, so a backlog built up during a Redis
+# outage drains in bounded transactions instead of one huge one.
+_MAX_BATCHES_PER_FLUSH = 16
+# Backoff between attempts to write a batch while Redis fails (seconds); capped so recovery is noticed fast.
+_RETRY_FIRST = 0.1
+_RETRY_MAX = 5.0
+# What an encoder raises on a value it cannot represent.
+_ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeError)
+
+_default_encoder = ScrapyJSONEncoder()
+
+
+def default_serialize(item: Any) -> str:
+    """JSON with Scrapy's encoder (items, dates, decimals, sets), as scrapy-redis does."""
+    return _default_encoder.encode(item)
+
+
+def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = "") -> tuple[str, Exception]:
+    """Return ``(path, error)`` for the innermost part of ``value`` that ``serialize`` rejects.
+
+    ``path`` is dotted for mapping keys and fields (``price.amount``) and indexed for sequences
+    (``tags[2]``); ``""`` means ``value`` itself. Called only after ``serialize(value)`` failed, so its
+    cost (one encode per field, recursively along the failing branch) is paid for broken items only.
+    """
+    try:
+        serialize(value)
+    except _ENCODE_ERRORS as exc:
+        error: Exception = exc
+    else:  # pragma: no cover - the caller saw it fail; a non-deterministic encoder is all that is left
+        return path, ValueError("encodes on its own")
+    children: list[tuple[str, Any]] = []
+    if is_item(value) or isinstance(value, Mapping):
+        try:
+            pairs = list(ItemAdapter(value).items() if is_item(value) else value.items())
+        except Exception:  # a mapping that cannot even be iterated is itself the offender
+            pairs = []
+        children = [(f"{path}.{k}" if path else str(k), v) for k, v in pairs]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        children = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    for child_path, child in children:
+        try:
+            serialize(child)
+        except _ENCODE_ERRORS:
+            return find_unencodable(child, serialize, child_path)
+    # Every part encodes on its own: the value itself is the problem (e.g. a non-string mapping key).
+    return path, error
+
+
+class _Batch:
+    """Up to ``batch_size`` encoded items and the future their ``process_item`` calls wait on."""
+
+    __slots__ = ("entries", "done", "first_at")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.entries: list[tuple[str, str | bytes]] = []
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.first_at = loop.time()
+
+
+class RedisPipeline:
+    """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``), in batches.
+
+    ``process_item`` returns once the item is in Redis. A batch is written when it holds ``batch_size``
+    items or ``flush_interval`` seconds after its first item, whichever comes first; the rest is written
+    on close. Writes cost one round trip per flush (a ``MULTI``/``EXEC`` pipeline: one ``RPUSH`` per key
+    and batch, or one ``XADD`` per item), never one per item. Redis errors are retried with capped
+    backoff, forever: nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
+
+    An item the serializer cannot encode is dropped (``DropItem``, logged at ERROR with the offending
+    field) and counted in ``redis_items/unserializable``; the crawl goes on.
+
+    Stats: ``redis_items/written``, ``redis_items/batches``, ``redis_items/unserializable``,
+    ``redis_items/redis_errors``.
+    """
+
+    def __init__(
+        self,
+        server: redis.asyncio.Redis,
+        key: str,
+        *,
+        stream: bool = defaults.REDIS_ITEMS_STREAM,
+        maxlen: int | None = defaults.REDIS_ITEMS_MAXLEN,
+        batch_size: int = defaults.REDIS_ITEMS_BATCH_SIZE,
+        flush_interval: float = defaults.REDIS_ITEMS_FLUSH_INTERVAL,
+        serialize: Callable[[Any], str | bytes] = default_serialize,
+        stats: StatsCollector | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"REDIS_ITEMS_BATCH_SIZE must be at least 1, got {batch_size}")
+        self.server = server
+        self.key = key
+        self.stream = stream
+        self.maxlen = maxlen
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.serialize = serialize
+        self.stats = stats
+        self._batches: deque[_Batch] = deque()
+        self._kick: asyncio.Event | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._closing = False
+        self._warned_errors: set[str] = set()
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        """Build from ``REDIS_ITEMS_*`` settings and the connection settings (``REDIS_URL``, ...)."""
+        settings = crawler.settings
+        spider_name = crawler.spider.name if crawler.spider is not None else crawler.spidercls.name
+        if not spider_name:
+            raise NotConfigured("RedisPipeline needs a spider name to build REDIS_ITEMS_KEY")
+        serializer = settings.get("REDIS_ITEMS_SERIALIZER", defaults.REDIS_ITEMS_SERIALIZER)
+        maxlen = settings.get("REDIS_ITEMS_MAXLEN", defaults.REDIS_ITEMS_MAXLEN)
+        return cls(
+            get_async_redis(settings),
+            crawl_keys(settings, spider_name).items,
+            stream=settings.getbool("REDIS_ITEMS_STREAM", defaults.REDIS_ITEMS_STREAM),
+            maxlen=int(maxlen) if maxlen else None,
+            batch_size=settings.getint("REDIS_ITEMS_BATCH_SIZE", defaults.REDIS_ITEMS_BATCH_SIZE),
+            flush_interval=settings.getfloat(
+                "REDIS_ITEMS_FLUSH_INTERVAL", defaults.REDIS_ITEMS_FLUSH_INTERVAL
+            ),
+            serialize=load_object(serializer) if serializer else default_serialize,
+            stats=crawler.stats,
+        )
+
+    # -- Scrapy hooks ---------------------------------------------------------------------------
+    async def open_spider(self) -> None:
+        """Check the items key holds the expected type (1 round trip) and start the writer task."""
+        expected = "stream" if self.stream else "list"
+        try:
+            found = await self.server.type(self.key)
+        except redis.exceptions.RedisError as exc:
+            # Not fatal: the writer waits for Redis like it does for any outage.
+            self._warn_once("open", "Redis unavailable when opening the item pipeline: %s", exc)
+        else:
+            found = found.decode() if isinstance(found, bytes) else found
+            if found not in ("none", expected):
+                raise ScrapyDistError(
+                    f"REDIS_ITEMS_KEY {self.key!r} holds a Redis {found}, but the pipeline writes a "
+                    f"{expected} (REDIS_ITEMS_STREAM={self.stream}); delete the key or change the setting"
+                )
+        self._start()
+
+    async def process_item(self, item: Any) -> Any:
+        """Buffer ``item`` and return it once the batch holding it is written to Redis."""
+        try:
+            data = self.serialize(item)
+        except _ENCODE_ERRORS as exc:
+            self._inc("redis_items/unserializable")
+            path, error = find_unencodable(item, self.serialize)
+            where = f"field {path!r}" if path else "the item itself"
+            raise DropItem(
+                f"RedisPipeline cannot encode {where}: {error.__class__.__name__}: {error}",
+                log_level="ERROR",
+            ) from exc
+        await asyncio.shield(self._add(self.item_key(item), data))
+        return item
+
+    async def close_spider(self) -> None:
+        """Write everything still buffered (waiting for Redis if it is down), then close the client."""
+        self._closing = True
+        if self._writer is not None:
+            assert self._kick is not None
+            self._kick.set()
+            await self._writer
+        await self.server.aclose()
+
+    # -- extension points -----------------------------------------------------------------------
+    def item_key(self, item: Any) -> str:
+        """Redis key for ``item`` (override to route items to several keys, as in scrapy-redis)."""
+        return self.key
+
+    # -- buffering ------------------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._writer is None:
+            self._kick = asyncio.Event()
+            self._writer = asyncio.get_running_loop().create_task(self._run())
+
+    def _add(self, key: str, data: str | bytes) -> asyncio.Future[None]:
+        if self._writer is None:  # process_item before open_spider (a test, or a custom engine)
+            self._start()
+        assert self._kick is not None
+        if self._closing:
+            raise RuntimeError("RedisPipeline.process_item() called after close_spider()")
+        if not self._batches or len(self._batches[-1].entries) >= self.batch_size:
+            self._batches.append(_Batch(asyncio.get_running_loop()))
+            # The writer sleeps when there is nothing to do, and waits for the interval while the first
+            # batch fills: a new batch either starts that wait or completes a full one.
+            self._kick.set()
+        batch = self._batches[-1]
+        batch.entries.append((key, data))
+        return batch.done
+
+    def _ready(self, now: float) -> bool:
+        first = self._batches[0]
+        return (
+            self._closing
+            or len(first.entries) >= self.batch_size
+            or now - first.first_at >= self.flush_interval
+        )
+
+    async def _run(self) -> None:
+        """The single writer: one flush at a time, so batches reach Redis in the order they filled."""
+        assert self._kick is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._batches:
+                if self._closing:
+                    return
+                self._kick.clear()
+                await self._kick.wait()
+                continue
+            if not self._ready(loop.time()):
+                self._kick.clear()
+                remaining = self._batches[0].first_at + self.flush_interval - loop.time()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), max(remaining, 0.0))
+                continue
+            taken = [self._batches.popleft() for _ in range(min(len(self._batches), _MAX_BATCHES_PER_FLUSH))]
+            try:
+                await self._write([entry for batch in taken for entry in batch.entries])
+            except Exception as exc:  # a bug, not Redis (those are retried): fail the items, keep going
+                logger.exception("RedisPipeline failed to write a batch")
+                for batch in taken:
+                    batch.done.set_exception(exc)
+                continue
+            except asyncio.CancelledError:
+                for batch in (*taken, *self._batches):
+                    batch.done.cancel()
+                raise
+            for batch in taken:
+                batch.done.set_result(None)
+
+    async def _write(self, entries: list[tuple[str, str | bytes]]) -> None:
+        """Write ``entries`` in one ``MULTI``/``EXEC`` round trip, retrying until Redis takes them."""
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                async with self.server.pipeline(transaction=True) as pipe:
+                    if self.stream:
+                        for key, data in entries:
+                            pipe.xadd(
+                                key,
+                                {STREAM_FIELD: data},
+                                maxlen=self.maxlen,
+                                approximate=True,
+                            )
+                    else:
+                        by_key: dict[str, list[str | bytes]] = {}
+                        for key, data in entries:
+                            by_key.setdefault(key, []).append(data)
+                        for key, values in by_key.items():
+                            pipe.rpush(key, *values)
+                    await pipe.execute()
+            except redis.exceptions.RedisError as exc:
+                self._inc("redis_items/redis_errors")
+                self._warn_once(
+                    exc.__class__.__name__,
+                    "Cannot write %d items to Redis (%s: %s); retrying until it works, nothing is dropped",
+                    len(entries),
+                    exc.__class__.__name__,
+                    exc,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+                continue
+            self._inc("redis_items/written", len(entries))
+            self._inc("redis_items/batches")
+            if self._warned_errors:
+                logger.info("Writing items to Redis works again")
+                self._warned_errors.clear()
+            return
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _inc(self, name: str, count: int = 1) -> None:
+        if self.stats is not None:
+            self.stats.inc_value(name, count)
+
+    def _warn_once(self, what: str, msg: str, *args: Any) -> None:
+        if what not in self._warned_errors:
+            self._warned_errors.add(what)
+            logger.warning(msg, *args)

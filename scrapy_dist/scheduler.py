@@ -1,0 +1,551 @@
+"""The shared frontier as a drop-in Scrapy scheduler: ``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``.
+
+Scrapy calls ``enqueue_request``, ``next_request`` and ``has_pending_requests`` synchronously on the
+reactor thread, many times per page. None of them touches Redis: they work on in-memory buffers that a
+background asyncio task (:meth:`Scheduler._run`) exchanges with Redis in batches, one ``sync`` Lua call
+(= one round trip) at a time:
+
+* discovered requests are encoded, buffered, and sent at most ``SCHEDULER_FLUSH_INTERVAL`` seconds later
+  (or once ``SCHEDULER_FLUSH_BATCH`` wait); the script dedupes them through the dupefilter and enqueues
+  the new ones atomically;
+* requests are leased ahead of demand (``SCHEDULER_PREFETCH``) in the same call;
+* a leased request is acknowledged only once the engine has finished it (download, callback and item
+  pipelines) -- and the acknowledgement travels in the same atomic call as the requests its callback
+  produced, so a worker killed at any moment loses nothing: what it held is requeued when its leases
+  (``SCHEDULER_LEASE_SECONDS``, renewed while it works) run out;
+* the frontier's crawl-wide state (queued, in flight on any worker, delayed) comes back with every call,
+  so ``has_pending_requests`` answers from memory and stays true while any worker holds work.
+
+Redis outages: the task logs one warning, keeps every buffer, retries with capped backoff and carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.misc import build_from_crawler, load_object
+
+from scrapy_dist import _engine, connection, defaults, queue
+from scrapy_dist.codec import decode_request, encode_request
+from scrapy_dist.dupefilter import RedisDupeFilter
+from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
+from scrapy_dist.frontier import SEQ_BYTES, Frontier, SyncBatch, SyncResult
+from scrapy_dist.keys import crawl_keys
+from scrapy_dist.rejections import RateLimitedLog, rejection_record
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from twisted.internet.defer import Deferred
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+#: most fingerprints remembered per process to skip links already sent (cleared when full)
+RECENT_LIMIT = 500_000
+
+
+def make_worker_id() -> str:
+    """``host:pid:random`` -- unique per process, readable in ``scrapy-dist status``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+
+
+def get_scheduler(crawler: Crawler) -> Scheduler | None:
+    """The running scrapy-dist scheduler of ``crawler``, if it uses one."""
+    slot = getattr(getattr(crawler, "engine", None), "_slot", None)
+    sched = getattr(slot, "scheduler", None)
+    return sched if isinstance(sched, Scheduler) else None
+
+
+class Scheduler:
+    """Scrapy scheduler backed by a Redis frontier shared by every worker of the crawl.
+
+    Settings (defaults in :mod:`scrapy_dist.defaults`): ``SCHEDULER_QUEUE_CLASS``, ``SCHEDULER_PERSIST``,
+    ``SCHEDULER_FLUSH_ON_START``, ``SCHEDULER_IDLE_BEFORE_CLOSE``, ``SCHEDULER_LEASE_SECONDS``,
+    ``SCHEDULER_PREFETCH``, ``SCHEDULER_FLUSH_INTERVAL``, ``SCHEDULER_FLUSH_BATCH``,
+    ``SCHEDULER_IDLE_POLL``, ``SCHEDULER_ALLOWED_SCHEMES``, ``SCHEDULER_MAX_ENTRY_BYTES``.
+    """
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        dupefilter: Any,
+        *,
+        order: queue.QueueOrder | None = None,
+        persist: bool = True,
+        flush_on_start: bool = False,
+        idle_before_close: float = 0.0,
+        lease_seconds: float = 60.0,
+        prefetch: int = 64,
+        flush_interval: float = 0.05,
+        flush_batch: int = 500,
+        idle_poll: float = 0.25,
+        allowed_schemes: tuple[str, ...] = ("http", "https"),
+        max_entry_bytes: int = 1024 * 1024,
+    ) -> None:
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.df = dupefilter
+        self.order = order or queue.PriorityQueue()
+        self.persist = persist
+        self.flush_on_start = flush_on_start
+        self.idle_before_close = idle_before_close
+        self.lease_seconds = lease_seconds
+        self.prefetch = max(1, prefetch)
+        self.flush_interval = flush_interval
+        self.flush_batch = flush_batch
+        self.idle_poll = idle_poll
+        self.allowed_schemes = tuple(s.lower() for s in allowed_schemes)
+        self.max_entry_bytes = max_entry_bytes
+        self.worker_id = make_worker_id()
+        self.keys = crawl_keys(crawler.settings, crawler.spidercls.name)
+        self.redis: Any = None  # redis.asyncio client, created on the reactor's loop in open()
+        self.frontier: Frontier | None = None
+        self.spider: Spider | None = None
+        #: last crawl-wide state reported by Redis: queued / inflight / delayed, or None before the first
+        self.frontier_status: dict[str, int] | None = None
+        self.paused = False
+        self._local_pause = False
+        self._batched_df = isinstance(dupefilter, RedisDupeFilter)
+        # buffers (all touched only on the reactor thread)
+        self._ready: deque[tuple[Request, bytes]] = deque()
+        self._local: deque[Request] = deque()
+        self._out: list[tuple[Request, Any, Any, float, bytes]] = []
+        self._handed: dict[Request, bytes] = {}
+        self._acks: list[bytes] = []
+        self._delays: list[tuple[float, bytes, float]] = []
+        self._dead: list[str] = []
+        self._rejects: list[tuple[bytes, str]] = []
+        self._held: set[bytes] = set()
+        self._recent: set[Any] = set()
+        self._first_pending: float | None = None
+        self._in_sync = False
+        self._empty_since: float | None = None
+        self._next_fetch = 0.0
+        self._next_renew = 0.0
+        self._last_sync = 0.0
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._outage_since: float | None = None
+        self._unserializable_logged: set[str] = set()
+        self._reject_log = RateLimitedLog(logger)
+        self._no_inprogress_warned = False
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        s = crawler.settings
+        dupefilter_cls = load_object(s["DUPEFILTER_CLASS"])
+        dupefilter = build_from_crawler(dupefilter_cls, crawler)
+        qcls_path = s.get("SCHEDULER_QUEUE_CLASS", defaults.SCHEDULER_QUEUE_CLASS)
+        qcls = queue.ALIASES.get(qcls_path) or load_object(qcls_path)
+        prefetch = s.getint("SCHEDULER_PREFETCH", defaults.SCHEDULER_PREFETCH) or max(
+            16, 2 * s.getint("CONCURRENT_REQUESTS")
+        )
+        idle = s.getfloat(
+            "SCHEDULER_IDLE_BEFORE_CLOSE",
+            s.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE", defaults.SCHEDULER_IDLE_BEFORE_CLOSE),
+        )
+        return cls(
+            crawler,
+            dupefilter,
+            order=qcls(),
+            persist=s.getbool("SCHEDULER_PERSIST", defaults.SCHEDULER_PERSIST),
+            flush_on_start=s.getbool("SCHEDULER_FLUSH_ON_START", defaults.SCHEDULER_FLUSH_ON_START),
+            idle_before_close=idle,
+            lease_seconds=s.getfloat("SCHEDULER_LEASE_SECONDS", defaults.SCHEDULER_LEASE_SECONDS),
+            prefetch=prefetch,
+            flush_interval=s.getfloat("SCHEDULER_FLUSH_INTERVAL", defaults.SCHEDULER_FLUSH_INTERVAL),
+            flush_batch=s.getint("SCHEDULER_FLUSH_BATCH", defaults.SCHEDULER_FLUSH_BATCH),
+            idle_poll=s.getfloat("SCHEDULER_IDLE_POLL", defaults.SCHEDULER_IDLE_POLL),
+            allowed_schemes=tuple(s.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES)),
+            max_entry_bytes=s.getint("SCHEDULER_MAX_ENTRY_BYTES", defaults.SCHEDULER_MAX_ENTRY_BYTES),
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def open(self, spider: Spider) -> Deferred[None]:
+        self.spider = spider
+        return deferred_from_coro(self._open())
+
+    async def _open(self) -> None:
+        settings = self.crawler.settings
+        sync_client = connection.get_redis(settings)
+        ensure = getattr(connection, "ensure_reachable", None)
+        if ensure is not None:
+            ensure(sync_client, settings)
+        if self.flush_on_start:
+            self._delete_crawl_keys(sync_client)
+            logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
+        if hasattr(self.df, "open"):
+            self.df.open()
+        sync_client.close()
+        self.redis = connection.get_async_redis(settings)
+        self.frontier = Frontier(
+            self.redis, self.keys, self.worker_id, self.df if self._batched_df else None,
+            sequence=self.order.sequence, lease_seconds=self.lease_seconds,
+        )
+        if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
+            logger.warning(
+                "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
+                " only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide deduplication.",
+                type(self.df).__name__,
+            )
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        logger.info("scrapy-dist frontier %r open as worker %s", self.keys.queue, self.worker_id)
+
+    def close(self, reason: str) -> Deferred[None]:
+        return deferred_from_coro(self._close(reason))
+
+    async def _close(self, reason: str) -> None:
+        self._closing = True
+        if self._wakeup is not None:
+            self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        self._collect_finished()
+        # unstarted and unfinished work goes straight back to the queue instead of waiting for expiry
+        release = [m for _, m in self._ready] + list(self._handed.values())
+        self._ready.clear()
+        self._handed.clear()
+        batch = self._take_batch(lease=0, renew=False)
+        batch.release = release
+        deadline = time.monotonic() + min(30.0, self.lease_seconds)
+        while self.frontier is not None and (batch or self._out):
+            try:
+                self._apply(batch, await self.frontier.sync(batch))
+                break
+            except _REDIS_DOWN as exc:
+                if time.monotonic() > deadline:
+                    logger.error(
+                        "Redis unreachable at close (%s): %d leased requests will be requeued when their"
+                        " leases expire; %d discovered requests were not saved",
+                        exc, len(self._held), len(batch.enqueue),
+                    )
+                    break
+                await asyncio.sleep(1.0)
+        if not self.persist and reason == "finished":
+            await self._finish_crawl()
+        if self._batched_df and hasattr(self.df, "stats_snapshot"):
+            for k, v in self.df.stats_snapshot().items():
+                self.stats.set_value(k, v)
+        if hasattr(self.df, "close"):
+            self.df.close(reason)
+        if self.redis is not None:
+            await self.redis.aclose()
+
+    # -- Scrapy's scheduler interface (reactor thread, no I/O) ---------------------------------------
+    def has_pending_requests(self) -> bool:
+        if self._ready or self._local or self._out or self._handed or self._in_sync:
+            return True
+        if self._acks or self._delays or self._dead or self._rejects:
+            return True
+        if self.paused or self._local_pause:
+            return True
+        st = self.frontier_status
+        if st is None or st["queued"] or st["inflight"] or st["delayed"]:
+            self._empty_since = None
+            return True
+        now = time.monotonic()
+        if self._empty_since is None:
+            self._empty_since = now
+        return now - self._empty_since < self.idle_before_close
+
+    def enqueue_request(self, request: Request) -> bool:
+        if not self._batched_df and not request.dont_filter and self.df.request_seen(request):
+            self.df.log(request, self.spider)
+            return False
+        try:
+            payload = encode_request(request, self.spider)
+        except UnserializableRequest as exc:
+            self._unserializable(request, exc)
+            payload = b""
+        t1: Any = ""
+        t2: Any = ""
+        if self._batched_df and not request.dont_filter:
+            t1, t2 = self.df.tokens(request)
+            if t1 in self._recent:  # this process already sent it: certainly seen crawl-wide
+                self.df.log(request, self.spider)
+                return False
+            if len(self._recent) >= RECENT_LIMIT:
+                self._recent.clear()
+            self._recent.add(t1)
+        self._out.append((request, t1, t2, self.order.score(request), payload))
+        if self._first_pending is None:
+            self._first_pending = time.monotonic()
+        if len(self._out) >= self.flush_batch:
+            self._wake()
+        return True
+
+    def next_request(self) -> Request | None:
+        if self.paused or self._local_pause:
+            return None
+        if self._local:
+            return self._local.popleft()
+        if not self._ready:
+            self._wake()
+            return None
+        request, member = self._ready.popleft()
+        self._handed[request] = member
+        self.stats.inc_value("scheduler/dequeued/redis")
+        self.stats.inc_value("scheduler/dequeued")
+        if len(self._ready) < self.prefetch // 2:
+            self._wake()
+        return request
+
+    def __len__(self) -> int:
+        st = self.frontier_status or {}
+        return len(self._ready) + len(self._local) + len(self._out) + st.get("queued", 0)
+
+    # -- services for other scrapy-dist components -----------------------------------------------------
+    def delay_request(self, request: Request, not_before: float, reason: str = "") -> bool:
+        """Put ``request`` in the crawl's delayed set until ``not_before`` (unix time); any worker takes it
+        then. Batched: written in the next sync, atomically with the ack of the request that failed."""
+        try:
+            payload = encode_request(request, self.spider)
+        except UnserializableRequest as exc:
+            self._unserializable(request, exc)
+            return False
+        self._delays.append((self.order.score(request), payload, not_before))
+        self._mark_pending()
+        return True
+
+    def dead_letter(self, record: str) -> None:
+        """Append a JSON dead-letter record (batched, atomic with the failed request's ack)."""
+        self._dead.append(record)
+        self._mark_pending()
+
+    def pause(self) -> None:
+        """Stop handing out requests from this worker (crawl-wide pause is the ``paused`` control flag)."""
+        self._local_pause = True
+
+    def resume(self) -> None:
+        self._local_pause = False
+        _engine.wake(self.crawler)
+
+    # -- background I/O -------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _mark_pending(self) -> None:
+        if self._first_pending is None:
+            self._first_pending = time.monotonic()
+
+    def _collect_finished(self) -> None:
+        """Move requests the engine has finished from 'handed out' to 'to acknowledge'."""
+        if not self._handed:
+            return
+        busy = _engine.inprogress(self.crawler)
+        if busy is None:
+            if not self._no_inprogress_warned:
+                self._no_inprogress_warned = True
+                logger.warning("Cannot see the engine's requests in progress: acknowledging on hand-out")
+            busy = ()
+        done = [r for r in self._handed if r not in busy]
+        if done:
+            for r in done:
+                self._acks.append(self._handed.pop(r))
+            self._mark_pending()
+
+    def _sync_due(self, now: float) -> tuple[bool, int]:
+        """Whether to sync now, and how many requests to lease."""
+        want = 0
+        if not (self.paused or self._local_pause) and len(self._ready) < max(1, self.prefetch // 2):
+            want = self.prefetch - len(self._ready)
+        fetch = want > 0 and now >= self._next_fetch
+        flush = self._first_pending is not None and (
+            now - self._first_pending >= self.flush_interval or len(self._out) >= self.flush_batch
+        )
+        stale = now - self._last_sync >= self.idle_poll
+        return (fetch or flush or stale or now >= self._next_renew), (want if fetch or flush or stale else 0)
+
+    def _take_batch(self, lease: int, renew: bool) -> SyncBatch:
+        batch = SyncBatch(
+            enqueue=[(t1, t2, score, payload) for _, t1, t2, score, payload in self._out],
+            ack=self._acks,
+            delay=self._delays,
+            reject=self._rejects,
+            dead=self._dead,
+            renew=list(self._held) if renew else [],
+            lease=lease,
+        )
+        self._sent_out = self._out
+        self._out, self._acks, self._delays, self._rejects, self._dead = [], [], [], [], []
+        self._first_pending = None
+        return batch
+
+    def _restore(self, batch: SyncBatch) -> None:
+        """Put a batch that could not be sent back in front of what came since."""
+        self._out = self._sent_out + self._out
+        self._acks = batch.ack + self._acks
+        self._delays = batch.delay + self._delays
+        self._rejects = batch.reject + self._rejects
+        self._dead = batch.dead + self._dead
+        self._mark_pending()
+
+    async def _run(self) -> None:
+        backoff = 0.5
+        assert self._wakeup is not None and self.frontier is not None
+        while not self._closing:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=self.flush_interval)
+            except asyncio.TimeoutError:
+                pass
+            self._wakeup.clear()
+            if self._closing:
+                break
+            self._collect_finished()
+            now = time.monotonic()
+            due, lease = self._sync_due(now)
+            if not due:
+                continue
+            renew = now >= self._next_renew
+            batch = self._take_batch(lease, renew)
+            self._in_sync = True
+            try:
+                result = await self.frontier.sync(batch)
+            except _REDIS_DOWN as exc:
+                self._restore(batch)
+                self._outage(exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            except Exception:
+                self._restore(batch)
+                logger.exception("Frontier sync failed; retrying")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            finally:
+                self._in_sync = False
+            backoff = 0.5
+            if self._outage_since is not None:
+                logger.warning(
+                    "Redis is reachable again after %.1fs; the crawl continues",
+                    time.monotonic() - self._outage_since,
+                )
+                self._outage_since = None
+            if renew:
+                self._next_renew = now + self.lease_seconds / 3
+            self._last_sync = now
+            got = self._apply(batch, result)
+            if lease and got < lease and result.queued == 0:
+                self._next_fetch = now + self.idle_poll  # nothing to lease: poll gently
+            else:
+                self._next_fetch = now
+
+    def _outage(self, exc: BaseException) -> None:
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            logger.warning(
+                "Redis is unreachable (%s: %s): not taking new requests, keeping %d discovered requests"
+                " and %d leases in memory, retrying",
+                type(exc).__name__, exc, len(self._out), len(self._held),
+            )
+
+    def _apply(self, batch: SyncBatch, result: SyncResult) -> int:
+        """Take in a sync result: filtered/enqueued stats, leased requests, crawl-wide state."""
+        stats = self.stats
+        sent = getattr(self, "_sent_out", [])
+        self._sent_out = []
+        enqueued = 0
+        for (request, t1, _, _, payload), new in zip(sent, result.new, strict=True):
+            if new:
+                if payload:
+                    enqueued += 1
+                else:
+                    self._local.append(request)  # unserializable but new: this worker crawls it
+            elif t1 != "":
+                self.df.log(request, self.spider)
+        if enqueued:
+            stats.inc_value("scheduler/enqueued/redis", enqueued)
+            stats.inc_value("scheduler/enqueued", enqueued)
+        for member in batch.ack:
+            self._held.discard(member)
+        for member in batch.release:
+            self._held.discard(member)
+        for member, _ in batch.reject:
+            self._held.discard(member)
+        if result.requeued:
+            stats.inc_value("scheduler/requeued/lease_expired", result.requeued)
+        if result.moved:
+            stats.inc_value("scheduler/delayed/moved", result.moved)
+        for member, _score in result.leased:
+            self._held.add(member)
+            try:
+                request = decode_request(
+                    member[SEQ_BYTES:], self.spider, self.allowed_schemes, self.max_entry_bytes
+                )
+            except RejectedEntry as exc:
+                self._reject(member, exc)
+                continue
+            self._ready.append((request, member))
+        was_paused = self.paused
+        self.paused = result.paused
+        self.frontier_status = {
+            "queued": result.queued, "inflight": result.inflight, "delayed": result.delayed,
+        }
+        if self._ready or was_paused != self.paused or not (result.queued or result.inflight):
+            _engine.wake(self.crawler)
+        return len(result.leased)
+
+    def _reject(self, member: bytes, exc: RejectedEntry) -> None:
+        self.stats.inc_value("scheduler/rejected")
+        self.stats.inc_value(f"scheduler/rejected/{exc.reason}")
+        self._rejects.append((member, rejection_record(exc.reason, member, self.worker_id, exc.detail)))
+        self._mark_pending()
+        self._reject_log.log(
+            logging.ERROR, "Rejected a queue entry of %r (%s); moved it to %s",
+            self.keys.queue, exc, self.keys.queue_rejected,
+        )
+
+    def _unserializable(self, request: Request, exc: UnserializableRequest) -> None:
+        self.stats.inc_value("scheduler/unserializable")
+        if exc.key not in self._unserializable_logged:
+            self._unserializable_logged.add(exc.key)
+            logger.error(
+                "Unable to put %(request)s in the shared frontier: %(reason)s. It is crawled by this worker"
+                " only and is lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools, None,"
+                " lists, dicts) or pass a spider method name. Further requests failing on %(key)s are only"
+                " counted in scheduler/unserializable.",
+                {"request": request, "reason": exc, "key": exc.key},
+            )
+
+    # -- whole-crawl housekeeping -----------------------------------------------------------------
+    def _crawl_key_names(self) -> list[str]:
+        names = self.keys.frontier_keys()
+        plan = getattr(self.df, "plan", None)
+        if plan is not None:
+            n = max(getattr(self.df, "n", 0), plan.capacity)
+            names += [self.keys.bloom_block(f, b) for f, b in plan.block_coords(n)]
+        return names
+
+    def _delete_crawl_keys(self, client: Any) -> None:
+        names = self._crawl_key_names()
+        for i in range(0, len(names), 100):
+            client.delete(*names[i : i + 100])
+
+    async def _finish_crawl(self) -> None:
+        """SCHEDULER_PERSIST=False: the last worker to leave a finished crawl removes its keys."""
+        from scrapy_dist import scripts
+
+        script = scripts.register(self.redis, "finish")
+        keys = [self.keys.workers, self.keys.queue, self.keys.leases, self.keys.delayed]
+        deleted = await script(
+            keys=keys + [k for k in self._crawl_key_names() if k not in keys],
+            args=[self.worker_id, repr(time.time()), repr(self.lease_seconds)],
+        )
+        if deleted:
+            logger.info("SCHEDULER_PERSIST is off and the crawl has finished: removed its frontier keys")

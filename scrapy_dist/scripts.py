@@ -1,0 +1,31 @@
+"""The one place for Lua: loads ``scrapy_dist/lua/*.lua`` and registers them with a client.
+
+Scripts are plain ``.lua`` files with a header naming KEYS, ARGV and the return value. ``dupe.lua`` is a
+fragment (the dupefilter's functions) prepended to the scripts that deduplicate, so the frontier's
+batched path and the dupefilter's own path run the very same code. redis-py's ``register_script`` gives
+EVALSHA with a transparent reload on NOSCRIPT. Every key a script touches is passed in KEYS and shares
+the crawl's hash tag, so the scripts run unchanged on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+#: script name -> fragments prepended to it
+_FRAGMENTS = {"sync": ("dupe",), "dupe_batch": ("dupe",)}
+
+
+@cache
+def source(name: str) -> str:
+    """The full Lua source of script ``name`` (fragments included)."""
+    lua = files("scrapy_dist") / "lua"
+    parts = [(lua / f"{frag}.lua").read_text() for frag in _FRAGMENTS.get(name, ())]
+    parts.append((lua / f"{name}.lua").read_text())
+    return "\n".join(parts)
+
+
+def register(client: Any, name: str) -> Any:
+    """``client.register_script`` for script ``name`` (works for sync, asyncio and cluster clients)."""
+    return client.register_script(source(name))

@@ -1,0 +1,1 @@
+"""Placeholder: RedisSpider and RedisCrawlSpider are implemented by the seeds work."""

@@ -1,0 +1,170 @@
+"""Write a small Scrapy project into a directory and run real ``scrapy crawl`` processes of it.
+
+Used by the end-to-end tests: ``make_project(tmp_path, settings={...})`` returns a :class:`Project` whose
+``crawl()`` starts ``scrapy crawl <spider>`` as a subprocess with the given settings (``-s``) and returns
+the ``Popen``; its stdout/stderr go to a log file per process, kept for assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+SPIDERS = '''
+import json
+import scrapy
+
+
+class LinkSpider(scrapy.Spider):
+    """Follows every link from the seed page(s); one item per page."""
+
+    name = "links"
+
+    def __init__(self, seed=None, seeds=None, **kw):
+        super().__init__(**kw)
+        self.seeds = [seed] if seed else (seeds.split(",") if seeds else [])
+
+    async def start(self):
+        for url in self.seeds:
+            yield scrapy.Request(url)
+
+    def parse(self, response):
+        yield {"url": response.url}
+        for href in response.css("a::attr(href)").getall():
+            yield response.follow(href)
+
+
+class NoFollowSpider(scrapy.Spider):
+    """Crawls only what is in the frontier (requests put there by a test)."""
+
+    name = "nofollow"
+
+    async def start(self):
+        return
+        yield
+
+    def parse(self, response):
+        yield {"url": response.url, "via": "parse"}
+
+    def parse_other(self, response):
+        yield {"url": response.url, "via": "parse_other"}
+'''
+
+
+class Project:
+    def __init__(self, root: Path, settings: dict[str, Any]) -> None:
+        self.root = root
+        self.settings = settings
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def crawl(
+        self, spider: str = "links", args: dict[str, str] | None = None, settings: dict[str, Any] | None = None
+    ) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "scrapy", "crawl", spider]
+        for k, v in {**self.settings, **(settings or {})}.items():
+            cmd += ["-s", f"{k}={json.dumps(v) if isinstance(v, (dict, list)) else v}"]
+        for k, v in (args or {}).items():
+            cmd += ["-a", f"{k}={v}"]
+        log = self.root / f"worker-{len(self.procs)}.log"
+        env = {**os.environ, "PYTHONPATH": str(self.root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env.pop("REDIS_URL", None)
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(cmd, cwd=self.root, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        self.procs.append((proc, log))
+        return proc
+
+    def wait_all(self, timeout: float = 120) -> list[int]:
+        deadline = time.monotonic() + timeout
+        codes = []
+        for proc, log in self.procs:
+            try:
+                codes.append(proc.wait(max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise AssertionError(f"worker did not finish in time; log:\n{self.log_text(log)[-3000:]}")
+        return codes
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def stop_all(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    @staticmethod
+    def log_text(log: Path) -> str:
+        return log.read_text(errors="replace")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {log.name}\n{self.log_text(log)}" for _, log in self.procs)
+
+    def stats(self, index: int) -> dict[str, Any]:
+        path = self.root / f"stats-{self.procs[index][0].pid}.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+STATS_EXT = '''
+import json, os
+from scrapy import signals
+
+
+class DumpStats:
+    """Writes the final stats of the process to stats-<pid>.json (for assertions)."""
+
+    def __init__(self, crawler):
+        self.crawler = crawler
+        crawler.signals.connect(self.closed, signal=signals.spider_closed)
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        return cls(crawler)
+
+    def closed(self, spider, reason):
+        stats = {k: (v if isinstance(v, (int, float, str)) else str(v))
+                 for k, v in self.crawler.stats.get_stats().items()}
+        stats["finish_reason"] = reason
+        with open(f"stats-{os.getpid()}.json", "w") as fh:
+            json.dump(stats, fh)
+'''
+
+
+def make_project(root: Path, settings: dict[str, Any] | None = None, spiders: str = SPIDERS) -> Project:
+    """A Scrapy project in ``root`` whose settings are Scrapy's plus ``settings`` (given with -s)."""
+    pkg = root / "proj"
+    (pkg / "spiders").mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "spiders" / "__init__.py").write_text("")
+    (pkg / "spiders" / "test_spiders.py").write_text(textwrap.dedent(spiders))
+    (pkg / "stats_ext.py").write_text(STATS_EXT)
+    (pkg / "settings.py").write_text(
+        textwrap.dedent(
+            """
+            BOT_NAME = "proj"
+            SPIDER_MODULES = ["proj.spiders"]
+            ROBOTSTXT_OBEY = False
+            LOG_LEVEL = "INFO"
+            TELNETCONSOLE_ENABLED = False
+            EXTENSIONS = {"proj.stats_ext.DumpStats": 0}
+            REQUEST_FINGERPRINTER_IMPLEMENTATION = "2.7"
+            """
+        )
+    )
+    (root / "scrapy.cfg").write_text("[settings]\ndefault = proj.settings\n")
+    base = {
+        "SCHEDULER": "scrapy_dist.scheduler.Scheduler",
+        "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
+        "BLOOMFILTER_CAPACITY": 100000,
+        "CONCURRENT_REQUESTS": 16,
+        "SCHEDULER_IDLE_BEFORE_CLOSE": 1,
+    }
+    return Project(root, {**base, **(settings or {})})
