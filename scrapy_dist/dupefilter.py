@@ -123,8 +123,9 @@ class RedisDupeFilter:
     def observe(self, bloom_n: int) -> None:
         """Take note of the filter's size as reported by a script call."""
 
-    def seen_tokens(self, tokens: list[tuple[Any, Any]]) -> list[bool]:
-        """Test-and-set a batch of fingerprints (one atomic script call); True where already seen."""
+    def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
+        """Test-and-set (or with ``add=False`` only test) a batch of fingerprints in one atomic call;
+        True where already seen."""
         raise NotImplementedError
 
     def stats_snapshot(self) -> dict[str, float]:
@@ -140,7 +141,9 @@ class SetDupeFilter(RedisDupeFilter):
     def tokens(self, request: Request) -> tuple[Any, Any]:
         return self.fingerprint(request), ""
 
-    def seen_tokens(self, tokens: list[tuple[Any, Any]]) -> list[bool]:
+    def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
+        if not add:
+            return [bool(x) for x in self.redis.smismember(self.keys.fingerprints, [t for t, _ in tokens])]
         if len(tokens) == 1:
             return [self.redis.sadd(self.keys.fingerprints, tokens[0][0]) == 0]
         pipe = self.redis.pipeline(transaction=False)
@@ -226,13 +229,15 @@ class BloomDupeFilter(RedisDupeFilter):
                 self.n, self.plan.capacity,
             )
 
-    def seen_tokens(self, tokens: list[tuple[Any, Any]]) -> list[bool]:
+    def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
+        """Test-and-set (``add``) or only test a batch of fingerprints: one atomic script call."""
         if self._script is None:
             self._script = scripts.register(self.redis, "dupe_batch")
         flat = [str(x) for pair in tokens for x in pair]
+        op = "add" if add else "check"
         for _ in range(64):
-            keys, params = self.script_keys_params(len(tokens))
-            flags, n = self._script(keys=keys, args=[self.mode, len(params), *params, *flat])
+            keys, params = self.script_keys_params(len(tokens) if add else 0)
+            flags, n = self._script(keys=keys, args=[op, self.mode, len(params), *params, *flat])
             self.observe(int(n))
             if flags != -1:
                 flags = flags.decode() if isinstance(flags, bytes) else flags

@@ -72,8 +72,10 @@ class SiteServer:
         port: int = 0,
         slow_delay: float = 1.0,
         flaky_failures: int = 2,
+        delay: float = 0.0,
     ) -> None:
         self.graph = graph
+        self.delay = delay  # every page answers after at least this many seconds
         self.slow_delay = slow_delay
         self.flaky_failures = flaky_failures
         self.log: list[tuple[float, str, int]] = []
@@ -123,7 +125,7 @@ class SiteServer:
             return 404, b"not found", 0.0
         if not 0 <= i < g.pages or i in g.missing:
             return 404, b"not found", 0.0
-        delay = self.slow_delay if i in g.slow else 0.0
+        delay = self.slow_delay if i in g.slow else self.delay
         if i in g.flaky:
             with self._lock:
                 self._flaky_seen[i] += 1

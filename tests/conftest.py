@@ -65,7 +65,7 @@ def site_factory() -> Iterator[Callable[..., SiteServer]]:
     servers: list[SiteServer] = []
 
     def make(pages: int = 300, links: int = 10, **kw: object) -> SiteServer:
-        server_kw = {k: kw.pop(k) for k in ("slow_delay", "flaky_failures") if k in kw}
+        server_kw = {k: kw.pop(k) for k in ("slow_delay", "flaky_failures", "delay") if k in kw}
         srv = SiteServer(SiteGraph(pages, links, **kw), **server_kw).start()  # type: ignore[arg-type]
         servers.append(srv)
         return srv

@@ -12,6 +12,7 @@
 --          fmod(t1 + j * t2, m_i) (double hashing; exact in Lua doubles since t1 + 40 * t2 < 2^53).
 --   set:   t1 is the raw fingerprint.
 -- dupe_can_insert(d, count) is false when `count` new items could need a filter whose keys were not passed.
+-- dupe_contains(d, t1, t2) tests without adding (1 = probably seen).
 -- dupe_close(d) persists counters; returns the bloom item count (0 for other modes).
 
 local function dupe_open(mode, key_index, params)
@@ -98,6 +99,17 @@ local function dupe_add(d, t1, t2)
   d.n = d.n + 1
   if d.n >= d.filters[d.cur].cum then d.cur = d.cur + 1 end
   return 1
+end
+
+-- dupe_contains(d, t1, t2): 1 if the fingerprint is (probably) in the filter, 0 if not; writes nothing.
+local function dupe_contains(d, t1, t2)
+  if d.mode == 'none' then return 0 end
+  if d.mode == 'set' then return redis.call('SISMEMBER', d.key, t1) end
+  local h1, h2 = tonumber(t1), tonumber(t2)
+  for i = math.min(d.cur, #d.filters), 1, -1 do
+    if bloom_contains(bloom_offsets(d, d.filters[i], h1, h2)) then return 1 end
+  end
+  return 0
 end
 
 local function dupe_close(d)

@@ -1,0 +1,135 @@
+"""BloomDupeFilter / SetDupeFilter against a real Redis."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from scrapy_dist.bloom import BloomPlan, fingerprint_hashes
+from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
+from scrapy_dist.keys import CrawlKeys
+
+KEYS = CrawlKeys("df")
+
+
+def _tokens(fps: list[bytes]) -> list[tuple[int, int]]:
+    return [fingerprint_hashes(fp) for fp in fps]
+
+
+def _seen(df: BloomDupeFilter, fps: list[bytes], batch: int = 500, add: bool = True) -> list[bool]:
+    out: list[bool] = []
+    toks = _tokens(fps)
+    for i in range(0, len(toks), batch):
+        out += df.seen_tokens(toks[i : i + batch], add=add)
+    return out
+
+
+def _rand_fps(n: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(20) for _ in range(n)]
+
+
+def test_plan_sizes_and_error_budget() -> None:
+    plan = BloomPlan(1_000_000, 0.001)
+    assert plan.bytes_per_item_at_capacity <= 2.0
+    assert plan.false_positive_rate(1_000_000) <= 0.001
+    # past the declared capacity the compound rate stays within the target
+    assert plan.false_positive_rate(20_000_000) <= 0.001
+    # a small crawl allocates a small fraction of the full-capacity bitmap
+    assert plan.memory_bytes(10_000) < plan.memory_bytes(1_000_000) / 20
+    big = BloomPlan(100_000_000, 0.001)
+    assert big.memory_bytes(20_000) < 200_000
+    assert all(s.hashes >= 1 and s.bits > 0 for s in big.filters_for(10**9))
+
+
+def test_no_false_negatives_and_fpr_within_bounds(redis_client: Any) -> None:
+    df = BloomDupeFilter(redis_client, KEYS, None, capacity=20_000, error_rate=0.01)
+    df.open()
+    inserted = _rand_fps(20_000, 1)
+    _seen(df, inserted)
+    assert all(_seen(df, inserted, add=False)), "an inserted fingerprint was reported unseen"
+    unseen = _rand_fps(20_000, 2)
+    fpr = sum(_seen(df, unseen, add=False)) / len(unseen)
+    assert fpr <= 0.01 * 1.2, fpr
+    n = int(redis_client.hget(KEYS.bloom, "n"))
+    assert n == df.n and 20_000 - 2 * fpr * 20_000 <= n <= 20_000  # checks did not insert
+
+
+def test_growth_past_the_first_block_and_filter(redis_client: Any) -> None:
+    df = BloomDupeFilter(redis_client, KEYS, None, capacity=3_000, error_rate=0.01, block_bits=8192)
+    df.open()
+    fps = _rand_fps(9_000, 3)  # three times the declared capacity
+    new = _seen(df, fps)
+    assert sum(new) <= 0.01 * len(fps)  # only false positives may be "seen" on first insert
+    assert all(_seen(df, fps))
+    blocks = [k for k in redis_client.keys(KEYS.bloom + ":*")]
+    filters = {k.decode().split(":")[-2] for k in blocks}
+    assert len(filters) >= 2  # grew past the declared capacity into a new filter
+    assert sum(1 for k in blocks if k.decode().split(":")[-2] == "0") >= 2  # and past the first block
+    assert max(redis_client.strlen(k) for k in blocks) <= 8192 // 8  # blocks respect the block size
+    assert int(redis_client.hget(KEYS.bloom, "n")) == df.n
+
+
+def test_adopts_the_parameters_recorded_by_the_first_worker(redis_client: Any) -> None:
+    first = BloomDupeFilter(redis_client, KEYS, None, capacity=5_000, error_rate=0.01)
+    first.open()
+    later = BloomDupeFilter(redis_client, KEYS, None, capacity=9_999, error_rate=0.05)
+    later.open()
+    assert (later.plan.capacity, later.plan.error_rate) == (5_000, 0.01)
+
+
+def _race(url: str, fps: list[bytes], out: Any) -> None:
+    client = redis.Redis.from_url(url)
+    df = BloomDupeFilter(client, KEYS, None, capacity=50_000, error_rate=0.001)
+    df.open()
+    out.put([i for i, seen in enumerate(_seen(df, fps, batch=100)) if not seen])
+
+
+def test_two_processes_racing_admit_each_url_once(redis_url: str) -> None:
+    fps = _rand_fps(10_000, 4)
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(redis_url, fps, q)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    admitted = [q.get(timeout=60), q.get(timeout=60)]
+    for p in procs:
+        p.join(10)
+    both = set(admitted[0]) & set(admitted[1])
+    assert not both, f"{len(both)} URLs admitted by both processes"
+    # every URL admitted by exactly one of them, but for the filter's own false positives
+    assert len(set(admitted[0]) | set(admitted[1])) >= 10_000 - 20
+
+
+def test_set_dupefilter_is_exact_and_stores_raw_fingerprints(redis_client: Any) -> None:
+    df = SetDupeFilter(redis_client, KEYS, None)
+    fps = _rand_fps(1_000, 5)
+    toks = [(fp, "") for fp in fps]
+    assert df.seen_tokens(toks) == [False] * 1000
+    assert df.seen_tokens(toks) == [True] * 1000
+    members = redis_client.smembers(KEYS.fingerprints)
+    assert len(members) == 1000 and all(len(m) == 20 for m in members)
+
+
+@pytest.mark.slow
+def test_scrapy_default_scheduler_with_bloom_dupefilter(tmp_path: Path, redis_url: str, site_factory: Any) -> None:
+    from crawlproject import make_project
+
+    site = site_factory(pages=400)
+    project = make_project(tmp_path, {"REDIS_URL": redis_url})
+    project.settings.pop("SCHEDULER")  # Scrapy's own scheduler, our dupefilter
+    project.crawl(args={"seed": site.page_url(0)})
+    assert project.wait_all(120) == [0], project.logs()[-3000:]
+    counts = site.fetch_counts()
+    assert len(counts) == 400
+    assert max(counts.values()) == 1, "a page was fetched twice"
+    stats = project.stats(0)
+    assert stats["dupefilter/filtered"] > 0
+    assert int(redis.Redis.from_url(redis_url).hget(KEYS.__class__("links").bloom, "n")) == 400
+    assert os.path.exists(tmp_path / "worker-0.log")
