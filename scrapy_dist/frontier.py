@@ -8,6 +8,7 @@ renewals and releases, delayed retries, rejections, dead letters, and how many r
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,8 @@ class SyncBatch:
     ack: list[bytes] = field(default_factory=list)
     renew: list[bytes] = field(default_factory=list)
     release: list[bytes] = field(default_factory=list)
-    #: (score, payload, not_before)
+    #: (score, payload, not_before) -- not_before in this machine's unix time; sent as a delay relative
+    #: to now, so the Redis server's clock (which the script uses) decides, whatever the skew
     delay: list[tuple[float, bytes, float]] = field(default_factory=list)
     #: (member, JSON record)
     reject: list[tuple[bytes, str]] = field(default_factory=list)
@@ -89,7 +91,7 @@ class Frontier:
     async def sync(self, batch: SyncBatch, now: float | None = None) -> SyncResult:
         """Send ``batch`` in one atomic script call (retried with more bloom keys if the chain grew)."""
         df = self.dupefilter
-        body = self._body(batch)
+        body = self._body(batch, time.time() if now is None else now)
         for _ in range(64):
             if df is not None:
                 dkeys, params = df.script_keys_params(len(batch.enqueue))
@@ -110,7 +112,7 @@ class Frontier:
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
 
     @staticmethod
-    def _body(b: SyncBatch) -> list[Any]:
+    def _body(b: SyncBatch, now: float) -> list[Any]:
         out: list[Any] = [len(b.enqueue)]
         for t1, t2, score, payload in b.enqueue:
             out += [t1, t2, repr(float(score)), payload]
@@ -122,7 +124,7 @@ class Frontier:
         out += b.release
         out.append(len(b.delay))
         for score, payload, not_before in b.delay:
-            out += [repr(float(score)), payload, repr(float(not_before))]
+            out += [repr(float(score)), payload, repr(max(0.0, float(not_before) - now))]
         out.append(len(b.reject))
         for member, record in b.reject:
             out += [member, record]

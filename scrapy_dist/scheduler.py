@@ -63,8 +63,11 @@ def make_worker_id() -> str:
 
 def get_scheduler(crawler: Crawler) -> Scheduler | None:
     """The running scrapy-dist scheduler of ``crawler``, if it uses one."""
-    slot = getattr(getattr(crawler, "engine", None), "_slot", None)
-    sched = getattr(slot, "scheduler", None)
+    try:
+        engine = crawler.engine
+    except RuntimeError:  # Crawler.engine raises until the crawl starts
+        return None
+    sched = getattr(getattr(engine, "_slot", None), "scheduler", None)
     return sched if isinstance(sched, Scheduler) else None
 
 

@@ -62,6 +62,11 @@ class SiteGraph:
         ).encode()
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # the default (5) drops bursts of connections from concurrent crawlers
+    daemon_threads = True
+
+
 class SiteServer:
     """Serves a :class:`SiteGraph` over HTTP on 127.0.0.1 in a background thread."""
 
@@ -81,8 +86,7 @@ class SiteServer:
         self.log: list[tuple[float, str, int]] = []
         self._lock = threading.Lock()
         self._flaky_seen: Counter[int] = Counter()
-        self._httpd = ThreadingHTTPServer((host, port), self._handler())
-        self._httpd.daemon_threads = True
+        self._httpd = _Server((host, port), self._handler())
         self._thread: threading.Thread | None = None
 
     @property

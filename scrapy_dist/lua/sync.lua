@@ -6,7 +6,8 @@
 -- KEYS[1] queue ZSET          KEYS[2] leases ZSET        KEYS[3] lease meta HASH   KEYS[4] seq STRING
 -- KEYS[5] delayed ZSET        KEYS[6] delayed meta HASH  KEYS[7] rejected LIST     KEYS[8] deadletter LIST
 -- KEYS[9] workers ZSET        KEYS[10] control HASH      KEYS[11..] dupefilter keys (see dupe.lua)
--- ARGV[1] now (unix seconds; '' = server time)   ARGV[2] worker id   ARGV[3] lease seconds
+-- ARGV[1] now (unix seconds; '' = server time)   ARGV[2] worker id ('' = a tool, not a worker)
+-- ARGV[3] lease seconds
 -- ARGV[4] how many requests to lease             ARGV[5] 'asc' (FIFO/priority) or 'desc' (LIFO)
 -- ARGV[6] dupe mode   ARGV[7] P   ARGV[8 .. 7+P] dupe params
 -- then sections, each a count followed by its items:
@@ -14,7 +15,7 @@
 --   ack:     1 per item: member
 --   renew:   1 per item: member
 --   release: 1 per item: member            (back to the queue with its original score, now)
---   delay:   3 per item: score, payload, not-before
+--   delay:   3 per item: score, payload, delay in seconds from now (the server's clock decides)
 --   reject:  2 per item: member, JSON record (the leased member is dropped, the record pushed)
 --   dead:    1 per item: JSON record
 -- Returns {flags, leased, requeued, moved, queued, inflight, delayed, bloom_n, paused} where flags has one
@@ -135,9 +136,9 @@ n = tonumber(ARGV[pos]); pos = pos + 1
 if n > 0 then
   local members = new_members(n)
   for i = 1, n do
-    local score, payload, nb = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2]; pos = pos + 3
+    local score, payload, delay = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2]); pos = pos + 3
     local m = members[i] .. payload
-    redis.call('ZADD', KEYS[5], nb, m)
+    redis.call('ZADD', KEYS[5], now + delay, m)
     redis.call('HSET', KEYS[6], m, score)
   end
 end
@@ -171,7 +172,7 @@ if n_lease > 0 then
   end
 end
 
-redis.call('ZADD', KEYS[9], now, worker)
+if worker ~= '' then redis.call('ZADD', KEYS[9], now, worker) end
 local bloom_n = dupe_close(d)
 return {table.concat(flags), leased, requeued, moved, redis.call('ZCARD', KEYS[1]),
         redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[5]), bloom_n, paused}
