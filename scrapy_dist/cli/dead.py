@@ -1,0 +1,227 @@
+"""``scrapy-dist dead <spider>``: list, requeue or purge the crawl's dead letters.
+
+Dead letters are the JSON records :class:`scrapy_dist.middlewares.RetryMiddleware` (and, with
+``HTTPERROR_DEAD_LETTER``, :class:`scrapy_dist.middlewares.HttpErrorMiddleware`) append to
+``{spider}:deadletter`` for requests that finally failed; :mod:`scrapy_dist.deadletter` documents them.
+
+* no option: a table (the last ``--limit`` records, 100 by default) and a count per reason;
+* ``--json``: one JSON object per line, every record (or ``--limit``);
+* ``--requeue``: the records' requests go back into the frontier queue with their retry counter reset,
+  through the frontier's own ``sync`` script (no deduplication: the URLs were seen before), then the
+  records are removed one by one with ``LREM`` -- so records appended meanwhile by running workers stay,
+  and a requeue interrupted half-way requeues some requests twice rather than losing any;
+* ``--purge``: the records are deleted (with ``--reason``, only the matching ones);
+* ``--reason R`` limits any of these to records whose reason is ``R`` (``500``, ``DownloadTimeoutError``
+  or the full ``scrapy.exceptions.DownloadTimeoutError``).
+
+The list is writable by anyone with access to Redis, so records are validated; malformed ones are reported
+on stderr, never requeued, and only purged by a ``--purge`` without ``--reason``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, cast
+
+import click
+from scrapy import Request
+from scrapy.utils.misc import load_object
+
+from scrapy_dist import defaults, queue
+from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.deadletter import DeadLetter, parse_record, reason_matches, requeue_payload
+from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.frontier import Frontier, SyncBatch
+
+if TYPE_CHECKING:
+    import redis
+
+    from scrapy_dist.keys import CrawlKeys
+
+#: Records read per round trip, and requeued per ``sync`` call.
+CHUNK = 500
+#: Rows of the table when ``--limit`` is not given.
+TABLE_ROWS = 100
+
+
+def read_records(client: redis.Redis, key: str) -> Iterator[tuple[int, bytes]]:
+    """``(index, raw record)`` for every element of the dead-letter LIST, ``CHUNK`` per round trip."""
+    offset = 0
+    while True:
+        chunk: list[bytes] = client.lrange(key, offset, offset + CHUNK - 1)  # type: ignore[assignment]
+        for i, raw in enumerate(chunk):
+            yield offset + i, raw
+        offset += len(chunk)
+        if len(chunk) < CHUNK:
+            return
+
+
+def select(
+    client: redis.Redis, key: str, reason: str | None
+) -> tuple[list[tuple[int, DeadLetter]], list[tuple[int, bytes, str]]]:
+    """The valid records matching ``reason`` (all if ``None``), and the malformed ones."""
+    good: list[tuple[int, DeadLetter]] = []
+    bad: list[tuple[int, bytes, str]] = []
+    for index, raw in read_records(client, key):
+        try:
+            letter = parse_record(raw)
+        except RejectedEntry as exc:
+            bad.append((index, raw, exc.detail or exc.reason))
+            continue
+        if reason is None or reason_matches(letter.reason, reason):
+            good.append((index, letter))
+    return good, bad
+
+
+def _when(at: float) -> str:
+    if at <= 0:
+        return "?"
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(letters: list[tuple[int, DeadLetter]], key: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"dead letters in {key}", title_justify="left")
+    for name in ("#", "at (UTC)", "reason", "status", "attempts", "worker", "url"):
+        table.add_column(name, overflow="fold", no_wrap=name not in ("url", "reason"))
+    for index, d in letters:
+        table.add_row(
+            str(index), _when(d.at), d.reason, "" if d.status is None else str(d.status), str(d.attempts),
+            d.worker, d.url + ("" if d.payload is not None else "  (not requeueable)"),
+        )
+    Console().print(table)
+
+
+def queue_order(settings: Any) -> queue.QueueOrder:
+    """The crawl's queue class (``SCHEDULER_QUEUE_CLASS``), which scores and sequences entries."""
+    path = settings.get("SCHEDULER_QUEUE_CLASS", defaults.SCHEDULER_QUEUE_CLASS)
+    cls: Any = queue.ALIASES.get(path) or load_object(path)
+    return cast("queue.QueueOrder", cls())
+
+
+def _requeue_targets(
+    letters: list[tuple[int, DeadLetter]], settings: Any
+) -> tuple[list[tuple[DeadLetter, bytes, float]], list[tuple[DeadLetter, str]]]:
+    """``(record, payload, queue score)`` for each requeueable record, and why the others are not."""
+    order = queue_order(settings)
+    schemes = tuple(settings.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES))
+    max_bytes = settings.getint("SCHEDULER_MAX_ENTRY_BYTES", defaults.SCHEDULER_MAX_ENTRY_BYTES)
+    ok: list[tuple[DeadLetter, bytes, float]] = []
+    refused: list[tuple[DeadLetter, str]] = []
+    for _, d in letters:
+        if d.payload is None:
+            refused.append((d, "the request could not be encoded when it failed"))
+            continue
+        try:
+            payload, priority = requeue_payload(d.payload, schemes, max_bytes)
+        except RejectedEntry as exc:
+            refused.append((d, str(exc)))
+            continue
+        # the queue class scores a request from its priority (see scrapy_dist.queue)
+        ok.append((d, payload, float(order.score(Request(d.url or "http://x", priority=priority)))))
+    return ok, refused
+
+
+async def requeue_letters(
+    factory: ClientFactory, keys: CrawlKeys, targets: list[tuple[DeadLetter, bytes, float]]
+) -> int:
+    """Enqueue ``targets`` with the frontier's sync script, then remove their records; returns how many."""
+    client = factory.async_client()
+    sequence = queue_order(factory.settings).sequence
+    worker_id = f"cli-dead:{socket.gethostname()}:{os.getpid()}"
+    frontier = Frontier(client, keys, worker_id, None, sequence=sequence)
+    done = 0
+    try:
+        for i in range(0, len(targets), CHUNK):
+            chunk = targets[i : i + CHUNK]
+            await frontier.sync(SyncBatch(enqueue=[("", "", score, payload) for _, payload, score in chunk]))
+            # only now drop the records: a crash in between requeues twice, never loses
+            async with client.pipeline(transaction=False) as pipe:
+                for d, _, _ in chunk:
+                    pipe.lrem(keys.deadletter, 1, d.raw)  # type: ignore[arg-type]  # bytes work
+                await pipe.execute()
+            done += len(chunk)
+    finally:
+        # the sync script records its caller as a worker; this command is not one
+        await client.zrem(keys.workers, worker_id)
+        await client.aclose()
+    return done
+
+
+def _purge(client: redis.Redis, key: str, letters: list[tuple[int, DeadLetter]]) -> int:
+    removed = 0
+    for i in range(0, len(letters), CHUNK):
+        pipe = client.pipeline(transaction=False)
+        for _, d in letters[i : i + CHUNK]:
+            pipe.lrem(key, 1, d.raw)  # type: ignore[arg-type]  # bytes work
+        removed += sum(pipe.execute())
+    return removed
+
+
+@main.command()
+@click.argument("spider")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead of a table.")
+@click.option("--reason", metavar="R", help="Only records with this reason (e.g. 500, DownloadTimeoutError).")
+@click.option("--limit", type=int, help=f"Show only the last N records (table default: {TABLE_ROWS}).")
+@click.option("--requeue", is_flag=True, help="Put the requests back in the frontier, retry counts reset.")
+@click.option("--purge", is_flag=True, help="Delete the records (with --reason: only the matching ones).")
+@pass_redis
+def dead(
+    redis: ClientFactory, spider: str, as_json: bool, reason: str | None, limit: int | None,
+    requeue: bool, purge: bool,
+) -> None:
+    """List (or --requeue, or --purge) the dead letters of SPIDER's crawl: requests that finally failed."""
+    if requeue and purge:
+        raise click.UsageError("--requeue and --purge cannot be combined")
+    redis.check()
+    keys = redis.keys(spider)
+    key = keys.deadletter
+    client = redis.client()
+    try:
+        if purge and reason is None:
+            n = client.llen(key)
+            client.delete(key)
+            click.echo(f"purged {n} dead letters from {key!r}")
+            return
+        letters, bad = select(client, key, reason)
+        for index, raw, why in bad:
+            click.echo(f"skipped malformed record #{index} ({why}): {raw[:80]!r}", err=True)
+        if purge:
+            removed = _purge(client, key, letters)
+            click.echo(f"purged {removed} dead letters with reason {reason!r} from {key!r}")
+            return
+        if requeue:
+            targets, refused = _requeue_targets(letters, redis.settings)
+            for d, why in refused:
+                click.echo(f"kept {d.url} (cannot be requeued: {why})", err=True)
+            done = asyncio.run(requeue_letters(redis, keys, targets)) if targets else 0
+            click.echo(f"requeued {done} dead letters into {keys.queue!r}; {len(refused)} kept")
+            return
+        _show(letters, key, as_json, limit)
+    finally:
+        client.close()
+
+
+def _show(letters: list[tuple[int, DeadLetter]], key: str, as_json: bool, limit: int | None) -> None:
+    total = len(letters)
+    if limit is None and not as_json:
+        limit = TABLE_ROWS
+    shown = letters[-limit:] if limit else letters
+    if as_json:
+        for index, d in shown:
+            click.echo(json.dumps({"index": index, **d.as_dict()}, ensure_ascii=False))
+        return
+    _table(shown, key)
+    counts = Counter(d.reason for _, d in letters)
+    summary = ", ".join(f"{r}: {n}" for r, n in counts.most_common())
+    hidden = f" (showing the last {len(shown)}; --limit 0 shows all)" if len(shown) < total else ""
+    noun = "dead letter" if total == 1 else "dead letters"
+    click.echo(f"{total} {noun}{hidden}" + (f" -- {summary}" if summary else ""))

@@ -1,0 +1,271 @@
+"""Dead letters and retry timing: the record format of a request that finally failed, and the pure
+functions that decide when a failed request is tried again.
+
+A dead letter is one JSON object in the crawl's ``{spider}:deadletter`` LIST (:attr:`CrawlKeys.deadletter`):
+
+============  =====================================================================================
+field         value
+============  =====================================================================================
+``request``   base64 of the wire payload (:func:`scrapy_dist.codec.encode_request`); ``null`` when the
+              request could not be encoded (it can be listed, not requeued)
+``url``       the request URL
+``reason``    HTTP status (``"500"``) or exception class (``"scrapy.exceptions.DownloadTimeoutError"``)
+``attempts``  how many times it was downloaded (``retry_times + 1``)
+``worker``    id of the worker that gave up on it
+``at``        unix time it was recorded
+``status``    HTTP status of the last response (only when there was one)
+``detail``    first 300 characters of the exception message or status text (optional)
+============  =====================================================================================
+
+Records are read back by ``scrapy-dist dead``; since anyone with access to Redis can write that list,
+:func:`parse_record` and :func:`requeue_payload` treat them as untrusted and raise
+:class:`~scrapy_dist.exceptions.RejectedEntry` for anything malformed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timezone
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from scrapy_dist.codec import VERSION, check_url, encode_request
+from scrapy_dist.exceptions import RejectedEntry
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+
+#: longest exception message kept in a record
+DETAIL_LIMIT = 300
+#: largest record ``scrapy-dist dead`` accepts (a 1 MiB payload in base64 plus the other fields)
+MAX_RECORD_BYTES = 2 * 1024 * 1024
+#: upward jitter of a backoff delay: the n-th retry waits between nominal and (1 + JITTER) x nominal
+JITTER = 0.5
+#: statuses whose ``Retry-After`` header sets the retry delay (RFC 9110 section 10.2.3)
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+
+
+# -- retry timing ---------------------------------------------------------------------------------
+
+
+def backoff_delay(
+    retry_times: int, base: float, cap: float, rng: Callable[[], float] = random.random
+) -> float:
+    """Seconds to wait before retry number ``retry_times`` (1 for the first retry).
+
+    Exponential with upward jitter: ``base * 2 ** (retry_times - 1)`` times a random factor in
+    ``[1, 1 + JITTER)``, never more than ``cap``. The jitter only adds, so ``base * 2 ** (n - 1)`` (or
+    ``cap``) is a guaranteed minimum gap, while retries of requests that failed together spread out.
+    """
+    if base <= 0 or cap <= 0:
+        return 0.0
+    exponent = max(0, retry_times - 1)
+    # 2**1024 overflows a float; anything that large is over any sensible cap anyway
+    nominal = cap if exponent >= 1000 else base * 2.0**exponent
+    return min(cap, nominal * (1.0 + JITTER * rng()))
+
+
+def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
+    """Seconds to wait according to a ``Retry-After`` header value, or ``None`` if it is absent or invalid.
+
+    Accepts delay-seconds (``"120"``, leniently ``"1.5"``) and an HTTP date (``"Wed, 21 Oct 2015 07:28:00
+    GMT"``, compared with ``now``, unix time). A date in the past gives ``0.0``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("latin-1")
+        except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
+            return None
+    text = value.strip()
+    if not text:
+        return None
+    if text.isascii() and text.replace(".", "", 1).isdigit():
+        seconds = float(text)
+        return seconds if math.isfinite(seconds) else None
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when is None:  # pragma: no cover - older Pythons returned None for garbage
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT; a date without zone is read as such
+        when = when.replace(tzinfo=timezone.utc)
+    now = time.time() if now is None else now
+    return max(0.0, when.timestamp() - now)
+
+
+def retry_delay(
+    retry_times: int,
+    base: float,
+    cap: float,
+    *,
+    status: int | None = None,
+    retry_after: bytes | str | None = None,
+    now: float | None = None,
+    rng: Callable[[], float] = random.random,
+) -> float:
+    """The delay of a retry: ``Retry-After`` (on 429/503, capped by ``cap``) if given and valid, else
+    :func:`backoff_delay`."""
+    if status in RETRY_AFTER_STATUSES:
+        hinted = parse_retry_after(retry_after, now=now)
+        if hinted is not None:
+            return min(cap, hinted) if cap > 0 else hinted
+    return backoff_delay(retry_times, base, cap, rng)
+
+
+# -- records --------------------------------------------------------------------------------------
+
+
+def dead_letter_record(
+    request: Request,
+    *,
+    reason: str,
+    worker: str,
+    spider: Spider | None = None,
+    status: int | None = None,
+    detail: str = "",
+    attempts: int | None = None,
+    now: float | None = None,
+) -> str:
+    """The JSON record for ``request``; ``attempts`` defaults to ``meta["retry_times"] + 1``.
+
+    A request that cannot be encoded (see :class:`~scrapy_dist.exceptions.UnserializableRequest`) is
+    still recorded, with ``"request": null``, so an audit lists it.
+    """
+    from scrapy_dist.exceptions import UnserializableRequest
+
+    try:
+        payload: str | None = base64.b64encode(encode_request(request, spider)).decode("ascii")
+    except UnserializableRequest:
+        payload = None
+    if attempts is None:
+        attempts = _int(request.meta.get("retry_times"), 0) + 1
+    record: dict[str, Any] = {
+        "request": payload,
+        "url": request.url,
+        "reason": reason,
+        "attempts": attempts,
+        "worker": worker,
+        "at": time.time() if now is None else now,
+    }
+    if status is not None:
+        record["status"] = status
+    if detail:
+        record["detail"] = detail[:DETAIL_LIMIT]
+    return json.dumps(record)
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A dead-letter record read back from Redis; ``raw`` is the exact list element (for ``LREM``)."""
+
+    raw: bytes
+    url: str
+    reason: str
+    attempts: int
+    worker: str
+    at: float
+    status: int | None
+    detail: str
+    payload: bytes | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record's fields (payload as base64), for ``--json`` output."""
+        return {
+            "url": self.url, "reason": self.reason, "attempts": self.attempts, "worker": self.worker,
+            "at": self.at, "status": self.status, "detail": self.detail,
+            "request": base64.b64encode(self.payload).decode("ascii") if self.payload is not None else None,
+        }
+
+
+def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
+    """Validate and decode one list element; raises :class:`RejectedEntry` (reason ``bad_deadletter``)."""
+    if len(raw) > max_bytes:
+        raise RejectedEntry("bad_deadletter", f"record of {len(raw)} bytes")
+    try:
+        d = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RejectedEntry("bad_deadletter", f"not JSON: {exc}"[:200]) from None
+    if not isinstance(d, dict):
+        raise RejectedEntry("bad_deadletter", f"record is a {type(d).__name__}")
+
+    def field(name: str, types: type | tuple[type, ...], default: Any) -> Any:
+        value = d.get(name, default)
+        if value is default:
+            return value
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise RejectedEntry("bad_deadletter", f"{name} has type {type(value).__name__}")
+        return value
+
+    url = field("url", str, "")
+    encoded = field("request", str, None)
+    payload = None
+    if encoded is not None:
+        try:
+            payload = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise RejectedEntry("bad_deadletter", "request is not base64") from None
+    status = field("status", int, None)
+    return DeadLetter(
+        raw=raw,
+        url=url,
+        reason=str(field("reason", str, "")),
+        attempts=field("attempts", int, 0),
+        worker=field("worker", str, ""),
+        at=float(field("at", (int, float), 0.0)),
+        status=status,
+        detail=field("detail", str, ""),
+        payload=payload,
+    )
+
+
+def requeue_payload(
+    payload: bytes, allowed_schemes: tuple[str, ...] = ("http", "https"), max_bytes: int = 1024 * 1024
+) -> tuple[bytes, int]:
+    """A dead letter's payload made ready to enqueue again: retry counter removed (a fresh set of
+    attempts), URL checked. Returns ``(payload, priority)``; raises :class:`RejectedEntry`.
+
+    The payload is checked again by whichever worker leases it (:func:`scrapy_dist.codec.decode_request`),
+    so this only needs to understand the map well enough to edit ``meta``.
+    """
+    if len(payload) > max_bytes:
+        raise RejectedEntry("too_large", f"{len(payload)} bytes")
+    if not payload or payload[0] != VERSION:
+        raise RejectedEntry("bad_version", f"first byte {payload[:1]!r}")
+    try:
+        d = msgpack.unpackb(payload[1:], raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage input
+        raise RejectedEntry("bad_msgpack", type(exc).__name__) from None
+    if not isinstance(d, dict):
+        raise RejectedEntry("bad_payload", f"payload is a {type(d).__name__}")
+    check_url(d.get("u"), allowed_schemes)
+    meta = d.get("M")
+    if isinstance(meta, dict):
+        meta.pop("retry_times", None)
+        if not meta:
+            del d["M"]
+    priority = _int(d.get("p"), 0)
+    return bytes([VERSION]) + msgpack.packb(d, use_bin_type=True), priority
+
+
+def reason_matches(reason: str, wanted: str) -> bool:
+    """Whether a record's ``reason`` is ``wanted``, case-insensitively: the exact reason, or the last
+    dotted part of an exception name (``DownloadTimeoutError`` matches
+    ``scrapy.exceptions.DownloadTimeoutError``)."""
+    r, w = reason.lower(), wanted.lower()
+    return r == w or r.rsplit(".", 1)[-1] == w

@@ -1,0 +1,287 @@
+"""Cluster-aware retries: a failed request goes back to the shared frontier with a delay, and a request
+that finally failed is kept in the crawl's dead-letter list.
+
+Scrapy's ``RetryMiddleware`` retries at once, in the process that saw the failure. On a distributed crawl
+:class:`RetryMiddleware` (a drop-in at the same order, 550) instead puts the retry copy in the frontier's
+delayed set (``{spider}:delayed``) with a not-before time -- exponential backoff with jitter, or the
+response's ``Retry-After`` -- and ends the failed attempt with :class:`RetryScheduled`. So the failing
+worker's download slot is free at once, any worker may take the retry when it is due, and the delay
+survives the death of the worker that scheduled it. The delayed copy is written by the scheduler's next
+``sync`` call, in the same batch as (or a batch before) the acknowledgement of the failed request, so a
+worker killed at any moment leaves either the failed request leased (and requeued when its lease runs
+out) or its retry delayed -- never neither.
+
+Why ``RetryScheduled`` is an :class:`~scrapy.exceptions.IgnoreRequest`: in Scrapy 2.19 a failure whose
+value is an ``IgnoreRequest`` is neither logged nor counted as a spider error
+(``Scraper._scrape`` checks ``result.check(IgnoreRequest)``); it would still be handed to the request's
+errback, so the failed attempt's errback is removed first (the retry copy keeps it) -- as with Scrapy's
+middleware, an errback only ever sees a request's *final* failure.
+
+Dead letters (:mod:`scrapy_dist.deadletter` has the record format) are written for:
+
+* retries exhausted (HTTP status or download exception) -- here, in ``process_response`` /
+  ``process_exception``;
+* download exceptions that are not retried (not in ``RETRY_EXCEPTIONS``, or ``dont_retry``) -- in
+  ``process_exception``;
+* ``IgnoreRequest`` raised by a downloader middleware's ``process_request`` or the download handler
+  (robots.txt, offsite, your own filters), when ``DEADLETTER_IGNORED`` is on -- in ``process_exception``,
+  which Scrapy calls for every middleware whatever its order;
+* exceptions raised by a spider callback or errback -- on the ``spider_error`` signal, which Scrapy sends
+  only for errors no spider middleware handled;
+* responses ignored by :class:`~scrapy_dist.middlewares.httperror.HttpErrorMiddleware` when
+  ``HTTPERROR_DEAD_LETTER`` is on (that middleware uses :class:`DeadLetterWriter` too).
+
+A request is dead-lettered at most once per attempt, whichever of these sees it first.
+
+Without the scrapy-dist scheduler the middleware behaves exactly like Scrapy's (immediate retry in the same
+process) and writes no dead letters (it says so once).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.downloadermiddlewares.retry import get_retry_request
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.http import Response
+from scrapy.utils.misc import _load_objects
+from scrapy.utils.python import global_object_name
+from scrapy.utils.response import response_status_message
+
+from scrapy_dist import defaults
+from scrapy_dist.deadletter import dead_letter_record, retry_delay
+from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.scheduler import get_scheduler
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from twisted.python.failure import Failure
+
+    # typing.Self requires Python 3.11
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+#: requests already dead-lettered by this process (the same failure can be seen by several hooks)
+_dead_lettered: weakref.WeakSet[Request] = weakref.WeakSet()
+
+
+class RetryScheduled(IgnoreRequest, ScrapyDistError):
+    """Ends an attempt whose retry now waits in the shared frontier's delayed set (never logged as an
+    error, never dead-lettered)."""
+
+
+def exception_reason(exc: BaseException | type[BaseException]) -> str:
+    """The dead-letter / stats reason of an exception: its class's import path, as Scrapy's retry stats."""
+    return global_object_name(exc if isinstance(exc, type) else type(exc))
+
+
+class DeadLetterWriter:
+    """Appends dead-letter records for one crawler through its scrapy-dist scheduler (batched: the record
+    travels in the same ``sync`` call as the failed request's acknowledgement, or an earlier one).
+
+    Stats: ``deadletter/count``, ``deadletter/reason_count/<reason>``.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self._warned = False
+
+    def write(
+        self,
+        request: Request,
+        reason: str,
+        *,
+        status: int | None = None,
+        detail: str = "",
+        attempts: int | None = None,
+    ) -> bool:
+        """Dead-letter ``request``; ``False`` if it already was, or if there is no frontier to keep it."""
+        if request in _dead_lettered:
+            return False
+        scheduler = get_scheduler(self.crawler)
+        if scheduler is None:
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
+                    " SCHEDULER = 'scrapy_dist.scheduler.Scheduler'. Further ones are not reported.",
+                    {"request": request, "reason": reason},
+                )
+            return False
+        record = dead_letter_record(
+            request,
+            reason=reason,
+            worker=scheduler.worker_id,
+            spider=self.crawler.spider,
+            status=status,
+            detail=detail,
+            attempts=attempts,
+        )
+        scheduler.dead_letter(record)
+        _dead_lettered.add(request)
+        stats = self.crawler.stats
+        assert stats is not None
+        stats.inc_value("deadletter/count")
+        stats.inc_value(f"deadletter/reason_count/{reason}")
+        logger.debug("Dead-lettered %(request)s: %(reason)s", {"request": request, "reason": reason})
+        return True
+
+
+class RetryMiddleware:
+    """Drop-in for ``scrapy.downloadermiddlewares.retry.RetryMiddleware`` (order 550) that delays retries
+    in the shared frontier and dead-letters what finally fails.
+
+    Settings: Scrapy's ``RETRY_ENABLED``, ``RETRY_TIMES``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``,
+    ``RETRY_PRIORITY_ADJUST``, ``RETRY_GIVE_UP_LOG_LEVEL``; ``RETRY_BACKOFF_BASE``, ``RETRY_BACKOFF_MAX``,
+    ``DEADLETTER_IGNORED``. Meta keys: ``dont_retry``, ``max_retry_times``, ``retry_times``,
+    ``priority_adjust``, ``give_up_log_level``.
+
+    Stats: Scrapy's ``retry/count``, ``retry/reason_count/<reason>``, ``retry/max_reached``; plus
+    ``retry/delayed`` and the :class:`DeadLetterWriter` stats.
+    """
+
+    crawler: Crawler
+    dead_letters: DeadLetterWriter
+
+    def __init__(
+        self,
+        *,
+        max_retry_times: int = 2,
+        retry_http_codes: Iterable[int] = (500, 502, 503, 504, 522, 524, 408, 429),
+        exceptions_to_retry: tuple[type[BaseException], ...] = (),
+        priority_adjust: int = -1,
+        give_up_log_level: int | str = "ERROR",
+        backoff_base: float = defaults.RETRY_BACKOFF_BASE,
+        backoff_max: float = defaults.RETRY_BACKOFF_MAX,
+        deadletter_ignored: bool = defaults.DEADLETTER_IGNORED,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.max_retry_times = max_retry_times
+        self.retry_http_codes = {int(c) for c in retry_http_codes}
+        self.exceptions_to_retry = exceptions_to_retry
+        self.priority_adjust = priority_adjust
+        self.give_up_log_level = give_up_log_level
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.deadletter_ignored = deadletter_ignored
+        self.clock = clock
+        self.rng = rng
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        s = crawler.settings
+        if not s.getbool("RETRY_ENABLED"):
+            raise NotConfigured
+        o = cls(
+            max_retry_times=s.getint("RETRY_TIMES"),
+            retry_http_codes=(int(x) for x in s.getlist("RETRY_HTTP_CODES")),
+            exceptions_to_retry=tuple(_load_objects(s.getlist("RETRY_EXCEPTIONS"))),
+            priority_adjust=s.getint("RETRY_PRIORITY_ADJUST"),
+            give_up_log_level=s["RETRY_GIVE_UP_LOG_LEVEL"],
+            backoff_base=s.getfloat("RETRY_BACKOFF_BASE", defaults.RETRY_BACKOFF_BASE),
+            backoff_max=s.getfloat("RETRY_BACKOFF_MAX", defaults.RETRY_BACKOFF_MAX),
+            deadletter_ignored=s.getbool("DEADLETTER_IGNORED", defaults.DEADLETTER_IGNORED),
+        )
+        o.crawler = crawler
+        o.dead_letters = DeadLetterWriter(crawler)
+        crawler.signals.connect(o.spider_error, signal=signals.spider_error)
+        return o
+
+    # -- downloader middleware hooks ------------------------------------------------------------------
+    def process_response(self, request: Request, response: Response) -> Request | Response:
+        if request.meta.get("dont_retry", False) or response.status not in self.retry_http_codes:
+            return response
+        retry = self._retry(
+            request,
+            response_status_message(response.status),
+            dead_reason=str(response.status),
+            status=response.status,
+            retry_after=response.headers.get(b"Retry-After"),
+        )
+        return retry or response
+
+    def process_exception(self, request: Request, exception: Exception) -> Request | Response | None:
+        if isinstance(exception, IgnoreRequest):
+            # raised by a downloader middleware's process_request (robots.txt, offsite, ...)
+            if self.deadletter_ignored and not isinstance(exception, RetryScheduled):
+                self.dead_letters.write(request, exception_reason(exception), detail=str(exception))
+            return None
+        if isinstance(exception, self.exceptions_to_retry) and not request.meta.get("dont_retry", False):
+            return self._retry(
+                request, exception, dead_reason=exception_reason(exception), detail=str(exception)
+            )
+        # a failure that is not retried is final
+        self.dead_letters.write(request, exception_reason(exception), detail=str(exception))
+        return None
+
+    # -- signal handlers ------------------------------------------------------------------------------
+    def spider_error(self, failure: Failure, response: Response | Failure, spider: Any = None) -> None:
+        """A callback or errback raised: the request failed for good (nothing retries those)."""
+        if isinstance(response, Response):
+            request, status = response.request, response.status
+        else:  # an errback raised; Scrapy sets the request on the download failure
+            request, status = getattr(response, "request", None), None
+        if request is None:
+            return
+        self.dead_letters.write(
+            request, exception_reason(failure.value), status=status, detail=str(failure.value)
+        )
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _retry(
+        self,
+        request: Request,
+        reason: str | Exception,
+        *,
+        dead_reason: str,
+        status: int | None = None,
+        retry_after: bytes | None = None,
+        detail: str = "",
+    ) -> Request | None:
+        """The retry to return for an immediate retry, ``None`` when retries are exhausted (the request is
+        then dead-lettered); raises :class:`RetryScheduled` once a delayed retry is queued."""
+        assert self.crawler.spider is not None
+        new = get_retry_request(
+            request,
+            reason=reason,
+            spider=self.crawler.spider,
+            max_retry_times=request.meta.get("max_retry_times", self.max_retry_times),
+            priority_adjust=request.meta.get("priority_adjust", self.priority_adjust),
+            give_up_log_level=request.meta.get("give_up_log_level", self.give_up_log_level),
+        )
+        if new is None:
+            self.dead_letters.write(request, dead_reason, status=status, detail=detail or str(reason))
+            return None
+        scheduler = get_scheduler(self.crawler)
+        if scheduler is None:
+            return new  # Scrapy's behaviour: retried at once, in this process
+        now = self.clock()
+        delay = retry_delay(
+            new.meta["retry_times"],
+            self.backoff_base,
+            self.backoff_max,
+            status=status,
+            retry_after=retry_after,
+            now=now,
+            rng=self.rng,
+        )
+        if not scheduler.delay_request(new, not_before=now + delay, reason=dead_reason):
+            return new  # cannot go to Redis (logged by the scheduler): retried at once, here
+        assert self.crawler.stats is not None
+        self.crawler.stats.inc_value("retry/delayed")
+        logger.debug(
+            "Retry %(n)d of %(request)s delayed %(delay).2fs in the shared frontier (%(reason)s)",
+            {"n": new.meta["retry_times"], "request": request, "delay": delay, "reason": reason},
+        )
+        # this attempt ends here; only the retry copy (which keeps the errback) may see a final failure
+        request.errback = None
+        raise RetryScheduled(f"retry in {delay:.2f}s")
