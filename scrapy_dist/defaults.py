@@ -59,6 +59,8 @@ REDIS_START_URLS_AS_SET: bool = False
 REDIS_START_URLS_AS_ZSET: bool = False
 REDIS_START_URLS_BATCH_SIZE: int = 0  # 0 = CONCURRENT_REQUESTS
 REDIS_START_URLS_MAX_BYTES: int = 64 * 1024
+#: Newest rejection records kept in ``<seeds key>:rejected`` (hostile input cannot fill Redis).
+REDIS_START_URLS_REJECTED_MAXLEN: int = 100_000
 
 # -- retries / dead letters --------------------------------------------------------------------
 RETRY_BACKOFF_BASE: float = 1.0
@@ -67,11 +69,24 @@ DEADLETTER_IGNORED: bool = False
 HTTPERROR_DEAD_LETTER: bool = False
 
 # -- monitoring --------------------------------------------------------------------------------
+#: Seconds between two flushes of a worker's stats, heartbeat and error counts (a worker silent for 3
+#: intervals is shown as lost).
 CLUSTERSTATS_INTERVAL: float = 5.0
+#: Extra stat names (fnmatch patterns) merged crawl-wide as the maximum / minimum instead of the sum.
+CLUSTERSTATS_MAX_STATS: list[str] = []
+CLUSTERSTATS_MIN_STATS: list[str] = []
+#: Highest share of failed attempts (0..1) in the window before ERRORMONITOR_ACTION; None = no limit.
 ERRORMONITOR_MAX_ERROR_RATE: float | None = None
+#: Most errors crawl-wide in the window before ERRORMONITOR_ACTION; None = no limit.
 ERRORMONITOR_MAX_ERRORS: int | None = None
+#: Length of the sliding window (seconds).
 ERRORMONITOR_WINDOW: float = 60.0
+#: "log" (an alert), "pause" (every worker stops taking requests until `scrapy-dist resume`) or "close".
 ERRORMONITOR_ACTION: str = "log"
+#: The error rate is judged only once the window holds this many attempts (a first failure is not 100%).
+ERRORMONITOR_MIN_ATTEMPTS: int = 20
+#: Response statuses counted as HTTP errors: numbers, or "4xx"/"5xx" for a whole class.
+ERRORMONITOR_HTTP_ERRORS: list = ["5xx", 429]
 
 # -- items / cookies ---------------------------------------------------------------------------
 REDIS_ITEMS_KEY: str = "%(spider)s:items"

@@ -27,6 +27,8 @@ FRONTIER_KEY_NAMES = (
     "workers",
     "stats",
     "control",
+    "errors",
+    "error_examples",
 )
 
 
@@ -134,8 +136,13 @@ class CrawlKeys:
 
     @property
     def errors(self) -> str:
-        """ZSET of recent error events for the error monitor's sliding window."""
+        """HASH of error counters per time bucket: the error monitor's crawl-wide sliding window."""
         return self._k("errors")
+
+    @property
+    def error_examples(self) -> str:
+        """LIST of recent JSON error records (kind, reason, url) quoted by the error monitor's alerts."""
+        return self._k("errors:examples")
 
     @property
     def sweep_lock(self) -> str:
@@ -164,9 +171,25 @@ class CrawlKeys:
         return f"{self.start_urls}:rejected"
 
     @property
+    def _start_urls_stem(self) -> str:
+        """Stem of keys that must share the seeds key's hash slot: the seeds key itself when it already
+        holds a hash tag (``{books}:start_urls``), else the seeds key as the tag."""
+        s = self.start_urls
+        open_at = s.find("{")
+        if open_at >= 0 and s.find("}", open_at + 2) > 0:
+            return s
+        return f"{{{s}}}"
+
+    @property
     def start_urls_processing(self) -> str:
-        """LIST of seeds popped but not yet turned into frontier entries (same slot as the seeds key)."""
-        return f"{{{self.start_urls}}}:processing"
+        """ZSET worker id -> lease deadline (unix seconds) of the workers holding popped seeds that are not
+        yet in the frontier (same slot as the seeds key)."""
+        return f"{self._start_urls_stem}:processing"
+
+    def start_urls_processing_of(self, worker_id: str) -> str:
+        """LIST of the seeds one worker popped and has not yet put in the frontier (same slot as the seeds
+        key)."""
+        return f"{self._start_urls_stem}:processing:{worker_id}"
 
     @property
     def items(self) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -26,7 +27,7 @@ from scrapy.exceptions import DropItem, NotConfigured
 from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
-from scrapy_dist import defaults
+from scrapy_dist import defaults, scripts
 from scrapy_dist.connection import get_async_redis
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.keys import crawl_keys
@@ -107,10 +108,11 @@ class RedisPipeline:
     """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``), in batches.
 
     ``process_item`` returns once the item is in Redis. A batch is written when it holds ``batch_size``
-    items or ``flush_interval`` seconds after its first item, whichever comes first; the rest is written
-    on close. Writes cost one round trip per flush (a ``MULTI``/``EXEC`` pipeline: one ``RPUSH`` per key
-    and batch, or one ``XADD`` per item), never one per item. Redis errors are retried with capped
-    backoff, forever: nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
+    items or ``flush_interval`` seconds after its first item, whichever comes first (taking along what
+    else is buffered by then, up to 16 batches); the rest is written on close. A write is one round trip:
+    one ``RPUSH`` with all its items, or one call of the ``items_xadd`` script running their ``XADD``
+    commands inside Redis -- never one per item. Redis errors are retried with capped backoff, forever:
+    nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
 
     An item the serializer cannot encode is dropped (``DropItem``, logged at ERROR with the offending
     field) and counted in ``redis_items/unserializable``; the crawl goes on.
@@ -146,6 +148,7 @@ class RedisPipeline:
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self._warned_errors: set[str] = set()
+        self._xadd: Any = None  # the items_xadd script, registered on first use
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -278,26 +281,25 @@ class RedisPipeline:
                 batch.done.set_result(None)
 
     async def _write(self, entries: list[tuple[str, str | bytes]]) -> None:
-        """Write ``entries`` in one ``MULTI``/``EXEC`` round trip, retrying until Redis takes them."""
+        """Write ``entries`` in one round trip, retrying until Redis takes them.
+
+        Per key, one ``RPUSH`` (LIST) or one ``items_xadd`` script call (STREAM: the ``XADD`` commands
+        run inside Redis). Several keys (an ``item_key`` override) go in one ``MULTI``/``EXEC``.
+        """
+        by_key: dict[str, list[str | bytes]] = {}
+        for key, data in entries:
+            by_key.setdefault(key, []).append(data)
         delay = _RETRY_FIRST
         while True:
             try:
-                async with self.server.pipeline(transaction=True) as pipe:
-                    if self.stream:
-                        for key, data in entries:
-                            pipe.xadd(
-                                key,
-                                {STREAM_FIELD: data},
-                                maxlen=self.maxlen,
-                                approximate=True,
-                            )
-                    else:
-                        by_key: dict[str, list[str | bytes]] = {}
-                        for key, data in entries:
-                            by_key.setdefault(key, []).append(data)
+                if len(by_key) == 1:
+                    ((key, values),) = by_key.items()
+                    await self._append(key, values, self.server)
+                else:
+                    async with self.server.pipeline(transaction=True) as pipe:
                         for key, values in by_key.items():
-                            pipe.rpush(key, *values)
-                    await pipe.execute()
+                            await self._append(key, values, pipe)
+                        await pipe.execute()
             except redis.exceptions.RedisError as exc:
                 self._inc("redis_items/redis_errors")
                 self._warn_once(
@@ -316,6 +318,18 @@ class RedisPipeline:
                 logger.info("Writing items to Redis works again")
                 self._warned_errors.clear()
             return
+
+    async def _append(self, key: str, values: list[str | bytes], client: Any) -> None:
+        """Queue (on a pipeline) or send (on the client) the command appending ``values`` to ``key``."""
+        if not self.stream:
+            result = client.rpush(key, *values)
+        else:
+            if self._xadd is None:
+                self._xadd = scripts.register(self.server, "items_xadd")
+            maxlen = "" if self.maxlen is None else str(self.maxlen)
+            result = self._xadd(keys=[key], args=[maxlen, STREAM_FIELD, *values], client=client)
+        if inspect.isawaitable(result):
+            await result
 
     # -- helpers --------------------------------------------------------------------------------
     def _inc(self, name: str, count: int = 1) -> None:

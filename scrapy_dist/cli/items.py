@@ -1,0 +1,132 @@
+"""``scrapy-dist items <spider> [--follow] [--json-lines]``: print the items a crawl wrote to Redis.
+
+Reads the items key of :class:`scrapy_dist.pipelines.RedisPipeline` (``REDIS_ITEMS_KEY``) without
+consuming it: a LIST is read with ``LRANGE`` from an offset (``--follow`` polls ``LLEN``), a STREAM with
+``XRANGE`` (``--follow`` blocks in ``XREAD``). Whether the key is a LIST or a STREAM is detected.
+
+A LIST that a consumer pops from while ``--follow`` runs shifts under the offset, so items may be skipped
+or shown twice; use a STREAM (``REDIS_ITEMS_STREAM = True``) when items are consumed and watched at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.pipelines import STREAM_FIELD
+
+#: Items read per round trip.
+CHUNK = 500
+#: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
+POLL_SECONDS = 0.5
+#: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
+BLOCK_MS = 1000
+
+
+# Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
+def _type(client: Any, key: str) -> str:
+    found = client.type(key)
+    return found.decode() if isinstance(found, bytes) else str(found)
+
+
+def list_entries(
+    client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
+) -> Iterator[tuple[str, bytes]]:
+    """``(position, raw item)`` for each LIST element from the first; with ``follow``, forever."""
+    offset = 0
+    while True:
+        chunk = client.lrange(key, offset, offset + CHUNK - 1)
+        for i, raw in enumerate(chunk):
+            yield str(offset + i), raw
+        offset += len(chunk)
+        if len(chunk) == CHUNK:
+            continue
+        if not follow:
+            return
+        time.sleep(poll)
+
+
+def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
+    """``(entry id, raw item)`` for each STREAM entry from the first; with ``follow``, forever."""
+    last = "-"
+    while True:
+        chunk = client.xrange(key, min=last if last == "-" else f"({last}", count=CHUNK)
+        for entry_id, fields in chunk:
+            last = entry_id.decode()
+            yield last, fields.get(STREAM_FIELD.encode(), b"")
+        if len(chunk) == CHUNK:
+            continue
+        if not follow:
+            return
+        start = "0-0" if last == "-" else last
+        while True:
+            got = client.xread({key: start}, count=CHUNK, block=BLOCK_MS)
+            if got:
+                for entry_id, fields in got[0][1]:
+                    start = entry_id.decode()
+                    yield start, fields.get(STREAM_FIELD.encode(), b"")
+
+
+def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
+    """The entries of the items key, LIST or STREAM; with ``follow``, waits for the key to appear."""
+    kind = _type(client, key)
+    while kind == "none" and follow:
+        time.sleep(POLL_SECONDS)
+        kind = _type(client, key)
+    if kind == "list":
+        yield from list_entries(client, key, follow)
+    elif kind == "stream":
+        yield from stream_entries(client, key, follow)
+    elif kind != "none":
+        raise click.ClickException(f"{key!r} is a Redis {kind}, not an items LIST or STREAM")
+
+
+def _format(position: str, raw: bytes, json_lines: bool) -> tuple[str | None, str | None]:
+    """(stdout text, stderr warning) for one entry."""
+    try:
+        item: Any = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        text = raw.decode("utf-8", "replace")
+        if json_lines:
+            return None, f"skipped entry {position}: not JSON: {text[:80]!r}"
+        return f"--- {position} (not JSON)\n{text}", None
+    if json_lines:
+        return json.dumps(item, ensure_ascii=False, separators=(",", ":")), None
+    return f"--- {position}\n{json.dumps(item, ensure_ascii=False, indent=2)}", None
+
+
+@main.command()
+@click.argument("spider")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing items as they arrive (Ctrl-C stops).")
+@click.option("--json-lines", "-j", is_flag=True, help="One compact JSON document per line, nothing else.")
+@pass_redis
+def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool) -> None:
+    """Print the items SPIDER's crawl wrote to Redis (RedisPipeline's REDIS_ITEMS_KEY)."""
+    redis.check()
+    key = redis.keys(spider).items
+    client = redis.client()
+    count = 0
+    try:
+        for position, raw in entries(client, key, follow):
+            out, warning = _format(position, raw, json_lines)
+            if warning:
+                click.echo(warning, err=True)
+            if out is not None:
+                click.echo(out)
+                count += 1
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:  # `scrapy-dist items x | head`: stop quietly, like other Unix tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return
+    finally:
+        client.close()
+    if not json_lines:
+        click.echo(f"{count} items in {key!r}", err=True)

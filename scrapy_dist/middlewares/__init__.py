@@ -1,0 +1,35 @@
+"""scrapy-dist's Scrapy middlewares, one module each; names are imported on first use only, so a missing
+or broken module does not break the others."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scrapy_dist.middlewares.cookies import SharedCookiesMiddleware
+    from scrapy_dist.middlewares.httperror import HttpErrorMiddleware
+    from scrapy_dist.middlewares.retry import RetryMiddleware, RetryScheduled
+
+#: public name -> module under scrapy_dist.middlewares (add one line per middleware)
+_EXPORTS = {
+    "SharedCookiesMiddleware": "cookies",
+    "RetryMiddleware": "retry",
+    "RetryScheduled": "retry",
+    "HttpErrorMiddleware": "httperror",
+}
+
+# keep in step with _EXPORTS
+__all__ = [
+    "SharedCookiesMiddleware",
+    "RetryMiddleware",
+    "RetryScheduled",
+    "HttpErrorMiddleware",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,461 @@
+"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis.
+
+Scrapy keeps cookies per process, so on a distributed crawl a login done by one worker is unknown to the
+others. :class:`SharedCookiesMiddleware` replaces ``scrapy.downloadermiddlewares.cookies.CookiesMiddleware``
+and keeps every cookiejar (``request.meta["cookiejar"]``) in Redis, one HASH per jar
+(:meth:`CrawlKeys.cookie_jar`), one field per cookie, so every worker sends the cookies any worker received.
+
+Trade-offs (see docs/items.md):
+
+* Reads are cached: a worker re-reads a jar at most every ``REDIS_COOKIES_CACHE_SECONDS``, so a cookie
+  set on another worker reaches this one within that time, not at once.
+* Writes are batched (``REDIS_COOKIES_FLUSH_INTERVAL``), but a response that changed cookies reaches the
+  spider only after its changes are in Redis: the requests its callback yields -- on whichever worker they
+  run -- are sent with the new cookies, unless that worker still holds a fresh cached copy of the jar.
+* Cookies are merged per cookie (``domain``, ``path``, ``name``): two workers setting different cookies
+  at once both win; the same cookie set by two workers at once ends with the last write.
+* Records in Redis are JSON, checked field by field when read; invalid ones are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from http.cookiejar import Cookie
+from typing import TYPE_CHECKING, Any
+
+import redis.exceptions
+from scrapy import signals
+from scrapy.downloadermiddlewares.cookies import CookiesMiddleware
+from scrapy.exceptions import NotConfigured
+from scrapy.http.cookies import CookieJar
+from scrapy.utils.conf import build_component_list
+from scrapy.utils.misc import load_object
+
+from scrapy_dist import defaults
+from scrapy_dist.connection import get_async_redis
+from scrapy_dist.keys import crawl_keys
+from scrapy_dist.rejections import RateLimitedLog
+
+if TYPE_CHECKING:
+    import redis.asyncio
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from scrapy.statscollectors import StatsCollector
+
+    # typing.Self requires Python 3.11
+    from typing_extensions import Self
+
+    from scrapy_dist.keys import CrawlKeys
+
+logger = logging.getLogger(__name__)
+
+_RETRY_FIRST = 0.1
+_RETRY_MAX = 5.0
+_BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure")
+_OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
+
+CookieIdent = tuple[str, str, str]
+
+
+# -- the record format ---------------------------------------------------------------------------
+def jar_name(cookiejar: Any) -> str:
+    """Name of the shared jar for a ``meta["cookiejar"]`` value: ``None`` -> ``"default"``, text as is,
+    anything else by ``repr`` (so ``1`` and ``"1"`` share a jar: ids are compared as text)."""
+    if cookiejar is None:
+        return "default"
+    return cookiejar if isinstance(cookiejar, str) else repr(cookiejar)
+
+
+def cookie_field(ident: CookieIdent) -> str:
+    """The HASH field of a cookie: JSON ``[domain, path, name]``."""
+    return json.dumps(list(ident), separators=(",", ":"))
+
+
+def cookie_record(cookie: Cookie) -> dict[str, Any]:
+    """Everything needed to rebuild ``cookie`` on another worker, as a JSON-able dict."""
+    return {
+        "version": cookie.version,
+        "name": cookie.name,
+        "value": cookie.value,
+        "port": cookie.port,
+        "port_specified": cookie.port_specified,
+        "domain": cookie.domain,
+        "domain_specified": cookie.domain_specified,
+        "domain_initial_dot": cookie.domain_initial_dot,
+        "path": cookie.path,
+        "path_specified": cookie.path_specified,
+        "secure": cookie.secure,
+        "expires": cookie.expires,
+        "discard": cookie.discard,
+        "comment": cookie.comment,
+        "comment_url": cookie.comment_url,
+        "rest": dict(cookie._rest),  # type: ignore[attr-defined]  # the only way to read all of them
+        "rfc2109": cookie.rfc2109,
+    }
+
+
+def cookie_from_record(data: bytes | str) -> Cookie:
+    """Rebuild a cookie from its stored JSON record; ``ValueError`` says what is wrong (untrusted input)."""
+    try:
+        rec = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(rec, dict):
+        raise ValueError("not a JSON object")
+    for name in ("name", "domain", "path"):
+        if not isinstance(rec.get(name), str):
+            raise ValueError(f"{name!r} must be a string")
+    if not rec["name"]:
+        raise ValueError("empty cookie name")
+    for name in _OPTIONAL_STR_FIELDS:
+        if not isinstance(rec.get(name), (str, type(None))):
+            raise ValueError(f"{name!r} must be a string or null")
+    for name in (*_BOOL_FIELDS, "discard", "rfc2109"):
+        if not isinstance(rec.get(name, False), bool):
+            raise ValueError(f"{name!r} must be a boolean")
+    version = rec.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError("'version' must be a non-negative integer")
+    expires = rec.get("expires")
+    if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int)):
+        raise ValueError("'expires' must be an integer or null")
+    rest = rec.get("rest") or {}
+    if not isinstance(rest, dict) or not all(
+        isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in rest.items()
+    ):
+        raise ValueError("'rest' must map strings to strings or null")
+    return Cookie(
+        version=version,
+        name=rec["name"],
+        value=rec.get("value"),
+        port=rec.get("port"),
+        port_specified=rec.get("port_specified", False),
+        domain=rec["domain"],
+        domain_specified=rec.get("domain_specified", False),
+        domain_initial_dot=rec.get("domain_initial_dot", False),
+        path=rec["path"],
+        path_specified=rec.get("path_specified", False),
+        secure=rec.get("secure", False),
+        expires=expires,
+        discard=rec.get("discard", False),
+        comment=rec.get("comment"),
+        comment_url=rec.get("comment_url"),
+        rest=rest,
+        rfc2109=rec.get("rfc2109", False),
+    )
+
+
+def _snapshot(jar: CookieJar) -> dict[CookieIdent, dict[str, Any]]:
+    return {(c.domain, c.path, c.name): cookie_record(c) for c in jar}
+
+
+class _SharedJar:
+    """This worker's copy of one shared jar and when it was last read from Redis."""
+
+    __slots__ = ("jar", "loaded_at", "loading")
+
+    def __init__(self) -> None:
+        self.jar = CookieJar()
+        self.loaded_at: float | None = None
+        self.loading: asyncio.Future[None] | None = None
+
+
+# -- the middleware ------------------------------------------------------------------------------
+class SharedCookiesMiddleware(CookiesMiddleware):
+    """Drop-in for Scrapy's ``CookiesMiddleware`` whose cookiejars are shared by all workers via Redis.
+
+    Enable it in place of Scrapy's (same priority)::
+
+        DOWNLOADER_MIDDLEWARES = {
+            "scrapy.downloadermiddlewares.cookies.CookiesMiddleware": None,
+            "scrapy_dist.middlewares.SharedCookiesMiddleware": 700,
+        }
+
+    Redis cost: one ``HGETALL`` per jar and worker every ``cache_seconds`` (concurrent readers share it);
+    one pipelined ``HSET``/``HDEL`` round trip per ``flush_interval`` while cookies change. A response that
+    changed cookies is held until its changes are written. Redis errors: reads fall back to the local copy,
+    writes are retried with capped backoff; both are logged once.
+
+    Stats: ``cookies/shared/loads``, ``cookies/shared/written``, ``cookies/shared/rejected``,
+    ``cookies/shared/redis_errors``.
+    """
+
+    def __init__(
+        self,
+        server: redis.asyncio.Redis,
+        keys: CrawlKeys,
+        *,
+        debug: bool = False,
+        cache_seconds: float = defaults.REDIS_COOKIES_CACHE_SECONDS,
+        flush_interval: float = defaults.REDIS_COOKIES_FLUSH_INTERVAL,
+        stats: StatsCollector | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wallclock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(debug)
+        self.server = server
+        self.keys = keys
+        self.cache_seconds = cache_seconds
+        self.flush_interval = flush_interval
+        self.stats = stats
+        self._monotonic = monotonic
+        self._wallclock = wallclock
+        #: meta["cookiejar"] -> this worker's copy (the same objects as in ``_shared``), as in Scrapy.
+        self.jars: dict[Any, CookieJar] = {}  # type: ignore[assignment]
+        self._shared: dict[str, _SharedJar] = {}
+        # jar name -> HASH field -> JSON record, or None to delete; waiting for / being written.
+        self._pending: dict[str, dict[str, str | None]] = {}
+        self._inflight: dict[str, dict[str, str | None]] = {}
+        self._pending_done: asyncio.Future[None] | None = None
+        self._kick: asyncio.Event | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._closing = False
+        self._warned: set[str] = set()
+        self._reject_log = RateLimitedLog(logger)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        settings = crawler.settings
+        if not settings.getbool("COOKIES_ENABLED"):
+            raise NotConfigured
+        scrapy_mw = "scrapy.downloadermiddlewares.cookies.CookiesMiddleware"
+        enabled = build_component_list(
+            settings.get_component_priority_dict_with_base("DOWNLOADER_MIDDLEWARES")
+        )
+        if any(load_object(path) is CookiesMiddleware for path in enabled):
+            logger.warning(
+                "SharedCookiesMiddleware is enabled together with %s: the two overwrite each other's Cookie"
+                " headers. Disable Scrapy's: DOWNLOADER_MIDDLEWARES = {%r: None, ...}",
+                scrapy_mw,
+                scrapy_mw,
+            )
+        spider_name = crawler.spider.name if crawler.spider is not None else crawler.spidercls.name
+        o = cls(
+            get_async_redis(settings),
+            crawl_keys(settings, spider_name),
+            debug=settings.getbool("COOKIES_DEBUG"),
+            cache_seconds=settings.getfloat(
+                "REDIS_COOKIES_CACHE_SECONDS", defaults.REDIS_COOKIES_CACHE_SECONDS
+            ),
+            flush_interval=settings.getfloat(
+                "REDIS_COOKIES_FLUSH_INTERVAL", defaults.REDIS_COOKIES_FLUSH_INTERVAL
+            ),
+            stats=crawler.stats,
+        )
+        o.crawler = crawler
+        crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
+        return o
+
+    # -- Scrapy hooks ---------------------------------------------------------------------------
+    async def process_request(self, request: Request) -> None:  # type: ignore[override]
+        """Add the shared jar's cookies to ``request`` (reading the jar from Redis if the copy is stale)."""
+        if request.meta.get("dont_merge_cookies", False):
+            return None
+        name, state = self._state(request.meta.get("cookiejar"))
+        await self._fresh(name, state)
+        jar = state.jar
+        if request.cookies:
+            # Cookies given on a request join the jar, crawl-wide; written in the background.
+            before = _snapshot(jar)
+            cookies = self._get_request_cookies(jar, request)
+            self._process_cookies(cookies, jar=jar, request=request)
+            self._record_changes(name, before, jar)
+        request.headers.pop("Cookie", None)
+        jar.add_cookie_header(request)
+        self._debug_cookie(request)
+        return None
+
+    async def process_response(self, request: Request, response: Response) -> Response:  # type: ignore[override]
+        """Store the cookies ``response`` sets; return once they are in Redis (if it set any)."""
+        if request.meta.get("dont_merge_cookies", False):
+            return response
+        self._debug_set_cookie(response)
+        if not response.headers.getlist("Set-Cookie"):
+            return response
+        name, state = self._state(request.meta.get("cookiejar"))
+        jar = state.jar
+        before = _snapshot(jar)
+        # make_cookies also deletes the cookies the response expires
+        cookies = jar.make_cookies(response, request)
+        self._process_cookies(cookies, jar=jar, request=request)
+        written = self._record_changes(name, before, jar)
+        if written is not None:
+            # Held until written, so whatever the callback yields finds the cookies in Redis.
+            await asyncio.shield(written)
+        return response
+
+    async def spider_closed(self) -> None:
+        """Write the remaining changes, then close the Redis client."""
+        self._closing = True
+        if self._writer is not None:
+            assert self._kick is not None
+            self._kick.set()
+            await self._writer
+        await self.server.aclose()
+
+    # -- reading --------------------------------------------------------------------------------
+    def _state(self, cookiejar: Any) -> tuple[str, _SharedJar]:
+        name = jar_name(cookiejar)
+        state = self._shared.get(name)
+        if state is None:
+            state = self._shared[name] = _SharedJar()
+        self.jars[cookiejar] = state.jar
+        return name, state
+
+    async def _fresh(self, name: str, state: _SharedJar) -> None:
+        if state.loaded_at is not None and self._monotonic() - state.loaded_at < self.cache_seconds:
+            return
+        if state.loading is None:
+            state.loading = asyncio.ensure_future(self._load(name, state))
+        await asyncio.shield(state.loading)
+
+    async def _load(self, name: str, state: _SharedJar) -> None:
+        """Replace the local copy of jar ``name`` by Redis' (1 ``HGETALL``), keeping unwritten changes."""
+        try:
+            try:
+                raw = await self.server.hgetall(self.keys.cookie_jar(name))
+            except redis.exceptions.RedisError as exc:
+                self._inc("cookies/shared/redis_errors")
+                self._warn_once(
+                    "read", "Cannot read cookie jar %r from Redis (%s); using this worker's copy", name, exc
+                )
+                state.loaded_at = self._monotonic()  # try again after cache_seconds, not on every request
+                return
+            self._inc("cookies/shared/loads")
+            now = self._wallclock()
+            cookies: list[Cookie] = []
+            expired: list[str] = []
+            for field, data in raw.items():
+                try:
+                    cookie = cookie_from_record(data)
+                except ValueError as exc:
+                    self._inc("cookies/shared/rejected")
+                    self._reject_log.log(
+                        logging.WARNING,
+                        "Skipped an invalid record in %s: %s",
+                        self.keys.cookie_jar(name),
+                        exc,
+                    )
+                    continue
+                if cookie.is_expired(int(now)):
+                    expired.append(field.decode() if isinstance(field, bytes) else field)
+                else:
+                    cookies.append(cookie)
+            jar = state.jar
+            jar.clear()
+            for cookie in cookies:
+                jar.set_cookie(cookie)
+            # Changes of this worker that Redis may not hold yet stay in the copy.
+            for ops in (self._inflight.get(name, {}), self._pending.get(name, {})):
+                for field, record in ops.items():
+                    self._apply(jar, field, record)
+            state.loaded_at = self._monotonic()
+            if expired:  # housekeeping: nobody will send them again
+                self._queue(name, dict.fromkeys(expired))
+        finally:
+            state.loading = None
+
+    @staticmethod
+    def _apply(jar: CookieJar, field: str, record: str | None) -> None:
+        if record is None:
+            domain, path, cookie_name = json.loads(field)
+            with contextlib.suppress(KeyError):  # already gone
+                jar.clear(domain, path, cookie_name)
+        else:
+            jar.set_cookie(cookie_from_record(record))
+
+    # -- writing --------------------------------------------------------------------------------
+    def _record_changes(
+        self, name: str, before: dict[CookieIdent, dict[str, Any]], jar: CookieJar
+    ) -> asyncio.Future[None] | None:
+        """Queue the difference between ``before`` and the jar; the future resolves once it is written."""
+        after = _snapshot(jar)
+        ops: dict[str, str | None] = {
+            cookie_field(ident): json.dumps(rec, separators=(",", ":"))
+            for ident, rec in after.items()
+            if before.get(ident) != rec
+        }
+        ops.update((cookie_field(ident), None) for ident in before.keys() - after.keys())
+        if not ops:
+            return None
+        return self._queue(name, ops)
+
+    def _queue(self, name: str, ops: dict[str, str | None]) -> asyncio.Future[None]:
+        if self._writer is None:
+            self._kick = asyncio.Event()
+            self._writer = asyncio.get_running_loop().create_task(self._run())
+        assert self._kick is not None
+        self._pending.setdefault(name, {}).update(ops)
+        if self._pending_done is None:
+            self._pending_done = asyncio.get_running_loop().create_future()
+        self._kick.set()
+        return self._pending_done
+
+    async def _run(self) -> None:
+        """The single writer: waits ``flush_interval`` to gather changes, then writes them in one trip."""
+        assert self._kick is not None
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._kick.clear()
+                await self._kick.wait()
+                continue
+            if not self._closing:
+                await asyncio.sleep(self.flush_interval)
+            ops, done = self._pending, self._pending_done
+            self._pending, self._pending_done = {}, None
+            self._inflight = ops
+            try:
+                await self._write(ops)
+            finally:
+                self._inflight = {}
+            if done is not None:
+                done.set_result(None)
+
+    async def _write(self, ops: dict[str, dict[str, str | None]]) -> None:
+        """``HSET``/``HDEL`` every changed cookie plus the jar index, pipelined; retried until it works."""
+        delay = _RETRY_FIRST
+        while True:
+            try:
+                async with self.server.pipeline(transaction=False) as pipe:
+                    now = repr(self._wallclock())
+                    for name, fields in ops.items():
+                        key = self.keys.cookie_jar(name)
+                        sets = {f: r for f, r in fields.items() if r is not None}
+                        deletes = [f for f, r in fields.items() if r is None]
+                        if sets:
+                            pipe.hset(key, mapping=sets)  # type: ignore[arg-type]
+                        if deletes:
+                            pipe.hdel(key, *deletes)
+                        pipe.hset(self.keys.cookies, name, now)
+                    await pipe.execute()
+            except redis.exceptions.RedisError as exc:
+                self._inc("cookies/shared/redis_errors")
+                self._warn_once(
+                    "write",
+                    "Cannot write cookies to Redis (%s); retrying (responses setting cookies wait)",
+                    exc,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+                continue
+            self._inc("cookies/shared/written", sum(len(f) for f in ops.values()))
+            self._warned.discard("write")
+            return
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _inc(self, name: str, count: int = 1) -> None:
+        if self.stats is not None:
+            self.stats.inc_value(name, count)
+
+    def _warn_once(self, what: str, msg: str, *args: Any) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            logger.warning(msg, *args)
