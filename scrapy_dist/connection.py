@@ -1,52 +1,547 @@
-"""Redis clients built from Scrapy settings (placeholder: the foundation work completes this module).
+"""Redis clients built from Scrapy settings -- the one place every component gets its connection.
 
-Public API (kept stable for every component):
+Which Redis (first match wins):
 
-* ``resolve_url(settings) -> str``
-* ``get_redis(settings) -> redis.Redis``
-* ``get_async_redis(settings) -> redis.asyncio.Redis``
-* ``mask_url(url) -> str``
+1. ``REDIS_URL``: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS) or
+   ``unix://[[user]:password@]/path/to/socket[?db=N]``;
+2. ``REDIS_SENTINELS`` (``["host:port", ...]``) with ``REDIS_SENTINEL_MASTER``; user, password and db of
+   the master then come from ``REDIS_URL`` if that is set as well;
+3. ``REDIS_HOST`` / ``REDIS_PORT`` (scrapy-redis names, for people migrating);
+4. nothing: the embedded Redis of this project (:mod:`scrapy_dist.embedded`), started on first use.
+
+``REDIS_PARAMS`` adds or overrides client keyword arguments. ``REDIS_CLUSTER`` (``None`` = ask the
+server's ``INFO cluster``; ``True``/``False`` force it) makes :func:`get_redis` / :func:`get_async_redis`
+return ``redis.cluster.RedisCluster`` / ``redis.asyncio.cluster.RedisCluster``.
+
+Outages: clients get a connect timeout, a read timeout, TCP keepalive, a health check on connections
+idle for a while and a short retry (with backoff) on connection errors and timeouts, so one dropped
+connection heals by itself and a client keeps working once Redis is back. Longer outages surface as
+``redis.ConnectionError`` / ``redis.TimeoutError``; callers wait and retry.
+
+Unreachable Redis at start (the mechanism, found by experiment with Scrapy 2.19 and ``scrapy crawl``):
+``scrapy crawl`` exits non-zero only when the crawl fails to start (``CrawlerProcess.bootstrap_failed``).
+An ordinary exception raised from a scheduler's ``from_crawler()`` or ``open()`` gets there, but Scrapy's
+clean-up of the half-opened engine then logs its own tracebacks ("Engine slot not assigned", "Scraper
+slot not assigned", a CoreStats assertion), and the failed crawl task is logged again by asyncio ("Task
+exception was never retrieved") or Twisted ("Unhandled error in Deferred"). Raising ``CloseSpider``
+closes cleanly but exits 0. What works: log the one ERROR line, then raise a ``SystemExit`` subclass
+(:class:`CrawlAborted`). Scrapy's start-up code only catches ``Exception``, so nothing half-open is torn
+down noisily; ``SystemExit`` propagates out of the event loop (asyncio re-raises it; Twisted lets it
+through) and ``scrapy crawl`` exits with status 1. The current asyncio task is marked as handled first,
+so asyncio does not print it on the way out. :func:`ensure_reachable` does all of this; call it from the
+component's ``from_crawler()`` or ``open()`` (both verified, with ``AsyncCrawlerProcess``, the default,
+and with ``FORCE_CRAWLER_PROCESS``). With ``TWISTED_REACTOR_ENABLED = False`` aiohttp may add "Unclosed
+client session" lines because the downloader is never opened far enough to be closed.
 """
 
 from __future__ import annotations
 
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+import asyncio
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn, cast
+from urllib.parse import quote, urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.exceptions
+import redis.sentinel
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
 from scrapy_dist import defaults
+from scrapy_dist.embedded import EmbeddedRedis, embedded_dir
+from scrapy_dist.exceptions import RedisUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+
+    from scrapy.settings import BaseSettings
+
+    SettingsLike = BaseSettings | Mapping[str, Any]
+
+__all__ = [
+    "OUTAGE_ERRORS",
+    "CrawlAborted",
+    "RedisTarget",
+    "abort_crawl",
+    "check_reachable",
+    "check_reachable_async",
+    "ensure_reachable",
+    "get_async_redis",
+    "get_redis",
+    "is_cluster",
+    "mask_url",
+    "resolve_target",
+    "resolve_url",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Client options applied before ``REDIS_PARAMS`` (which wins). Why these values: a dead host is
+#: noticed within seconds (connect timeout, keepalive), a connection that sat idle across an outage is
+#: checked before use (health check), and one dropped connection is retried instead of failing.
+DEFAULT_CLIENT_PARAMS: dict[str, Any] = {
+    "socket_connect_timeout": 5.0,
+    # Long enough for a big pipeline or Lua call, short enough to notice a silent network split.
+    "socket_timeout": 15.0,
+    "socket_keepalive": True,
+    "health_check_interval": 15,
+}
+# Options a unix-socket connection does not accept.
+_TCP_ONLY_PARAMS = ("socket_keepalive", "socket_keepalive_options")
+_RETRIES = 3
+
+_AUTHORITY = re.compile(r"([^/?#]*)(.*)", re.DOTALL)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+
+# What "Redis did not answer" looks like; RedisClusterException is not a RedisError.
+_CONNECT_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
+
+#: What a client raises while Redis is down, restarting or failing over: catch these, keep the work in
+#: memory, wait and retry (see docs/operations.md). Connection errors and timeouts (``LOADING`` after a
+#: restart is a ``ConnectionError`` too); on a cluster ``CLUSTERDOWN`` and ``TRYAGAIN`` while a master is
+#: replaced, and ``RedisClusterException`` -- not a ``RedisError`` -- when no node answers ("Redis
+#: Cluster cannot be connected") or the slot map is incomplete after a failover; ``READONLY`` from a
+#: master just demoted. (``RedisClusterException`` also reports keys of several slots in one call; every
+#: script is run on a real cluster in tests/test_cluster.py so that never reaches production.)
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.RedisClusterException,
+    ConnectionError,
+    TimeoutError,
+    asyncio.TimeoutError,  # not the builtin before Python 3.11
+    OSError,
+)
+
+# A server that answers but will not let us in: wrong user or password, or an ACL without PING.
+_LOGIN_ERRORS = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+    redis.exceptions.NoPermissionError,
+)
+_TLS_PROBLEM = re.compile(r"\bSSL\b|\bTLS\b|certificate", re.IGNORECASE)
+
+_announced: set[Path] = set()
+_cluster_detected: dict[str, bool] = {}
 
 
+class CrawlAborted(SystemExit):  # noqa: N818 - it is an exit, not an error to catch
+    """Stops ``scrapy crawl`` with exit status 1 after its cause was logged as one line.
+
+    A ``SystemExit`` on purpose: Scrapy's start-up only catches ``Exception``, see the module docstring.
+    ``error`` is the :class:`RedisUnavailable` (or other ``ScrapyDistError``) that caused it.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(1)
+        self.error = error
+
+
+# -- URLs ---------------------------------------------------------------------------------------
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` with its password (in the userinfo or a ``password=`` query argument) replaced by ``***``.
+    Everything else is left exactly as written.
+
+    >>> mask_url("redis://user:secret@host:6379/0")
+    'redis://user:***@host:6379/0'
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    match = _AUTHORITY.match(rest)
+    if match is None:  # pragma: no cover - the pattern matches any string
+        return url
+    authority, tail = match.group(1), match.group(2)
+    if "@" in authority:
+        userinfo, hostinfo = authority.rsplit("@", 1)
+        if ":" in userinfo:
+            authority = f"{userinfo.split(':', 1)[0]}:***@{hostinfo}"
+    tail = _QUERY_PASSWORD.sub(r"\1***", tail)
+    return f"{scheme}://{authority}{tail}"
 
 
-def resolve_url(settings: Any) -> str:
-    url = settings.get("REDIS_URL", defaults.REDIS_URL)
+def _setting(settings: SettingsLike, name: str) -> Any:
+    return settings.get(name, getattr(defaults, name))
+
+
+def _redis_params(settings: SettingsLike) -> dict[str, Any]:
+    raw = _setting(settings, "REDIS_PARAMS") or {}
+    if isinstance(raw, str):  # -s REDIS_PARAMS='{"socket_timeout": 30}'
+        raw = json.loads(raw)
+    params = dict(raw)
+    # scrapy-redis lets REDIS_PARAMS choose the client class; we build our own clients.
+    params.pop("redis_cls", None)
+    return params
+
+
+def _cluster_setting(settings: SettingsLike) -> bool | None:
+    value = _setting(settings, "REDIS_CLUSTER")
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("", "auto", "none"):
+        return None
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"REDIS_CLUSTER must be true, false or empty (auto-detect), not {value!r}")
+
+
+def _sentinel_addresses(settings: SettingsLike) -> tuple[tuple[str, int], ...]:
+    raw = _setting(settings, "REDIS_SENTINELS") or []
+    if isinstance(raw, str):
+        raw = [s for s in raw.split(",") if s.strip()]
+    out = []
+    for entry in raw:
+        if isinstance(entry, (tuple, list)):
+            out.append((str(entry[0]), int(entry[1])))
+            continue
+        text = str(entry).strip()
+        parts = urlsplit(text if "://" in text else f"redis://{text}")
+        out.append((parts.hostname or "localhost", parts.port or 26379))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """The Redis a set of settings points at, and the client options to use for it.
+
+    ``url`` is what ``from_url`` gets (for Sentinel: the master's credentials and db); ``setting`` names
+    the setting that chose it, for error messages.
+    """
+
+    url: str
+    setting: str
+    params: dict[str, Any] = field(default_factory=dict)
+    cluster: bool | None = None
+    sentinels: tuple[tuple[str, int], ...] = ()
+    sentinel_master: str = defaults.REDIS_SENTINEL_MASTER
+    embedded_dir: Path | None = None
+
+    @property
+    def display_url(self) -> str:
+        """The URL as users should see it (for Sentinel: ``redis+sentinel://h1:p1,h2:p2/<master>/<db>``)."""
+        if not self.sentinels:
+            return self.url
+        parts = urlsplit(self.url)
+        userinfo = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+        hosts = ",".join(f"{h}:{p}" for h, p in self.sentinels)
+        db = parts.path.lstrip("/") or "0"
+        return f"redis+sentinel://{userinfo}{hosts}/{quote(self.sentinel_master)}/{db}"
+
+    @property
+    def masked_url(self) -> str:
+        return mask_url(self.display_url)
+
+    @property
+    def is_unix(self) -> bool:
+        return self.url.startswith("unix:")
+
+    def unreachable(self, exc: BaseException | str) -> RedisUnavailable:
+        """The one-line error for this target not answering (``exc`` is the underlying error)."""
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, _LOGIN_ERRORS):
+            where = {
+                "REDIS_HOST/REDIS_PORT": "REDIS_PARAMS (username, password)",
+                "REDIS_SENTINELS": "REDIS_URL (the master's user and password)",
+            }.get(self.setting, "REDIS_URL")
+            return RedisUnavailable(
+                f"Redis at {self.masked_url} refused the login ({reason}); check the user name and password"
+                f" in {where} and the user's ACL"
+            )
+        if _TLS_PROBLEM.search(reason):
+            return RedisUnavailable(
+                f"Cannot reach Redis at {self.masked_url} over TLS ({reason}); check the certificate settings"
+                " in REDIS_PARAMS (ssl_ca_certs, ssl_certfile, ssl_keyfile) and that the URL is rediss://"
+                " only for a TLS port"
+            )
+        if self.setting == "embedded":
+            hint = (
+                f"the embedded Redis in {self.embedded_dir} is not answering (see its redis.log); "
+                "set REDIS_URL to use another Redis"
+            )
+        elif self.setting == "REDIS_SENTINELS":
+            hint = "check that the Sentinels are running or change REDIS_SENTINELS / REDIS_SENTINEL_MASTER"
+        elif self.setting == "REDIS_HOST/REDIS_PORT":
+            hint = "check that Redis is running or change REDIS_HOST/REDIS_PORT (or set REDIS_URL)"
+        else:
+            hint = "check that Redis is running or change REDIS_URL"
+        return RedisUnavailable(f"Cannot reach Redis at {self.masked_url} ({reason}); {hint}")
+
+
+def resolve_target(settings: SettingsLike) -> RedisTarget:
+    """Which Redis the settings point at (see the module docstring for the order).
+
+    With no Redis setting this joins -- or starts -- the embedded server and logs one INFO line saying
+    so; it raises :class:`RedisUnavailable` if that server cannot start.
+    """
+    params = _redis_params(settings)
+    cluster = _cluster_setting(settings)
+    url = _setting(settings, "REDIS_URL")
+    sentinels = _sentinel_addresses(settings)
+    if sentinels:
+        master = str(_setting(settings, "REDIS_SENTINEL_MASTER") or defaults.REDIS_SENTINEL_MASTER)
+        return RedisTarget(
+            url=str(url or "redis:///0"),
+            setting="REDIS_SENTINELS",
+            params=params,
+            cluster=False,
+            sentinels=sentinels,
+            sentinel_master=master,
+        )
     if url:
-        return str(url)
-    host = settings.get("REDIS_HOST", defaults.REDIS_HOST)
-    port = settings.get("REDIS_PORT", defaults.REDIS_PORT)
+        return RedisTarget(url=str(url), setting="REDIS_URL", params=params, cluster=cluster)
+    host = _setting(settings, "REDIS_HOST")
+    port = _setting(settings, "REDIS_PORT")
     if host or port:
-        return f"redis://{host or 'localhost'}:{int(port or 6379)}/0"
-    raise NotImplementedError("embedded Redis not implemented yet")
+        return RedisTarget(
+            url=f"redis://{host or 'localhost'}:{int(port or 6379)}/0",
+            setting="REDIS_HOST/REDIS_PORT",
+            params=params,
+            cluster=cluster,
+        )
+    directory = embedded_dir(settings)
+    server = EmbeddedRedis(directory)
+    url, started = server.ensure_running()
+    target = RedisTarget(url=url, setting="embedded", params=params, cluster=False, embedded_dir=directory)
+    if directory not in _announced:
+        _announced.add(directory)
+        logger.info(
+            "No REDIS_URL set: using the embedded Redis at %s (%s; data in %s is kept between runs, so a "
+            "stopped crawl resumes). Set REDIS_URL to share one Redis between machines.",
+            target.masked_url,
+            "started it" if started else "already running",
+            directory,
+        )
+    return target
 
 
-def _params(settings: Any) -> dict[str, Any]:
-    return dict(settings.get("REDIS_PARAMS", defaults.REDIS_PARAMS) or {})
+def resolve_url(settings: SettingsLike) -> str:
+    """The Redis URL the settings point at (starting the embedded server if none is configured).
+
+    For Sentinel it is the descriptive ``redis+sentinel://...`` form, not one ``from_url`` accepts.
+    """
+    return resolve_target(settings).display_url
 
 
-def get_redis(settings: Any) -> redis.Redis:
-    return redis.Redis.from_url(resolve_url(settings), **_params(settings))
+# -- clients ------------------------------------------------------------------------------------
+def _client_params(target: RedisTarget) -> dict[str, Any]:
+    params = dict(DEFAULT_CLIENT_PARAMS)
+    if target.is_unix:
+        for name in _TCP_ONLY_PARAMS:
+            params.pop(name, None)
+    params.update(target.params)
+    return params
 
 
-def get_async_redis(settings: Any) -> redis.asyncio.Redis:
-    return redis.asyncio.Redis.from_url(resolve_url(settings), **_params(settings))
+def _sync_retry() -> Retry:
+    return Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), _RETRIES)
+
+
+def _async_retry() -> redis.asyncio.retry.Retry:
+    return redis.asyncio.retry.Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), _RETRIES)
+
+
+def _detect_cluster(target: RedisTarget) -> bool:
+    """Ask the server (``INFO cluster``) whether it runs in cluster mode; cached per URL.
+
+    An unreachable server counts as "not a cluster" (and is not cached): the reachability check
+    reports it properly.
+    """
+    if target.cluster is not None:
+        return target.cluster
+    if target.is_unix:
+        return False
+    cached = _cluster_detected.get(target.url)
+    if cached is not None:
+        return cached
+    params = _client_params(target)
+    params["retry"] = Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), 0)
+    probe = redis.Redis.from_url(target.url, **params)
+    try:
+        enabled = bool(probe.info("cluster").get("cluster_enabled"))
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        probe.close()
+    _cluster_detected[target.url] = enabled
+    return enabled
+
+
+def _sentinel_kwargs(target: RedisTarget) -> dict[str, Any]:
+    params = _client_params(target)
+    return {k: v for k, v in params.items() if k.startswith("socket_")}
+
+
+def _master_kwargs(target: RedisTarget) -> dict[str, Any]:
+    parts = urlsplit(target.url)
+    kwargs = _client_params(target)
+    if parts.username:
+        kwargs.setdefault("username", parts.username)
+    if parts.password:
+        kwargs.setdefault("password", parts.password)
+    db = parts.path.lstrip("/")
+    if db:
+        kwargs.setdefault("db", int(db))
+    return kwargs
+
+
+def _build_sync(target: RedisTarget) -> redis.Redis:
+    if target.sentinels:
+        sentinel = redis.sentinel.Sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target))
+        kwargs = _master_kwargs(target)
+        kwargs.setdefault("retry", _sync_retry())
+        return sentinel.master_for(target.sentinel_master, **kwargs)
+    params = _client_params(target)
+    params.setdefault("retry", _sync_retry())
+    if _detect_cluster(target):
+        try:
+            cluster = redis.cluster.RedisCluster.from_url(target.url, **params)
+        except _CONNECT_ERRORS as exc:
+            # The sync cluster client connects when it is built.
+            raise target.unreachable(exc) from exc
+        # RedisCluster offers the same command API; typed as Redis so callers need no union checks.
+        return cast("redis.Redis", cluster)
+    return redis.Redis.from_url(target.url, **params)
+
+
+def _build_async(target: RedisTarget) -> redis.asyncio.Redis:
+    if target.sentinels:
+        sentinel = redis.asyncio.sentinel.Sentinel(
+            list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target)
+        )
+        kwargs = _master_kwargs(target)
+        kwargs.setdefault("retry", _async_retry())
+        return sentinel.master_for(target.sentinel_master, **kwargs)
+    params = _client_params(target)
+    params.setdefault("retry", _async_retry())
+    if _detect_cluster(target):
+        return cast("redis.asyncio.Redis", redis.asyncio.cluster.RedisCluster.from_url(target.url, **params))
+    return redis.asyncio.Redis.from_url(target.url, **params)
+
+
+def get_redis(settings: SettingsLike) -> redis.Redis:
+    """A synchronous client for the Redis the settings point at.
+
+    A ``redis.cluster.RedisCluster`` when the target is a cluster (typed as ``redis.Redis``; use
+    :func:`is_cluster` to tell). Does not check that Redis answers (see :func:`ensure_reachable`), except
+    that a cluster client connects when built and raises :class:`RedisUnavailable` if it cannot.
+    """
+    return _build_sync(resolve_target(settings))
+
+
+def get_async_redis(settings: SettingsLike) -> redis.asyncio.Redis:
+    """A ``redis.asyncio`` client with the same configuration as :func:`get_redis` (or a
+    ``redis.asyncio.cluster.RedisCluster``). Connects lazily, on first use."""
+    return _build_async(resolve_target(settings))
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` (sync or async) is a Redis Cluster client."""
+    return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
+
+
+# -- reachability -------------------------------------------------------------------------------
+def _describe(client: Any) -> RedisTarget:
+    """A best-effort target description of a client built elsewhere (for the error message)."""
+    if is_cluster(client):
+        node = client.get_default_node()
+        url = f"redis://{node.host}:{node.port}/0" if node else "redis://<cluster>"
+        return RedisTarget(url=url, setting="REDIS_URL")
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    userinfo = ""
+    if kwargs.get("password"):
+        userinfo = f"{kwargs.get('username') or ''}:{kwargs['password']}@"
+    if kwargs.get("path"):
+        url = f"unix://{userinfo}{kwargs['path']}?db={kwargs.get('db', 0)}"
+    else:
+        host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+        url = f"redis://{userinfo}{host}:{port}/{kwargs.get('db', 0)}"
+    return RedisTarget(url=url, setting="REDIS_URL")
+
+
+def _is_settings(obj: Any) -> bool:
+    return not hasattr(obj, "ping") and hasattr(obj, "get")
+
+
+def check_reachable(client_or_settings: Any, settings: SettingsLike | None = None) -> None:
+    """Raise :class:`RedisUnavailable` -- one line naming the masked URL and the setting to change --
+    unless Redis answers ``PING``.
+
+    Pass a sync client (and, for a precise message, the settings it came from), or just the settings.
+    Costs one round trip.
+    """
+    if _is_settings(client_or_settings):
+        target = resolve_target(client_or_settings)
+        client = _build_sync(target)
+        owned = True
+    else:
+        client = client_or_settings
+        target = resolve_target(settings) if settings is not None else _describe(client)
+        owned = False
+    try:
+        answer = client.ping()
+    except _CONNECT_ERRORS as exc:
+        raise target.unreachable(exc) from exc
+    finally:
+        if owned:
+            client.close()
+    if asyncio.iscoroutine(answer):
+        answer.close()
+        raise TypeError("check_reachable() got a redis.asyncio client; use check_reachable_async()")
+
+
+async def check_reachable_async(client: Any, settings: SettingsLike | None = None) -> None:
+    """:func:`check_reachable` for a ``redis.asyncio`` client."""
+    target = resolve_target(settings) if settings is not None else _describe(client)
+    try:
+        await client.ping()
+    except _CONNECT_ERRORS as exc:
+        raise target.unreachable(exc) from exc
+
+
+def _mark_task_handled() -> None:
+    """Keep asyncio from printing the crawl task that CrawlAborted ends ("exception never retrieved")."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return
+    if task is not None:
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+def abort_crawl(error: Exception) -> NoReturn:
+    """Log ``error`` as one ERROR line and stop the crawl so that ``scrapy crawl`` exits with status 1.
+
+    For a component's ``from_crawler()`` or ``open()`` only: it raises :class:`CrawlAborted`, a
+    ``SystemExit`` (see the module docstring for why).
+    """
+    logger.error("%s", error)
+    _mark_task_handled()
+    raise CrawlAborted(error) from error
+
+
+def ensure_reachable(client_or_settings: Any, settings: SettingsLike | None = None) -> None:
+    """Start-up check for components: if Redis does not answer (or the embedded server cannot start),
+    log one ERROR line naming the masked URL and the setting, and stop the crawl with a non-zero exit.
+
+    Call it from ``from_crawler()`` or ``open()``, e.g. ``ensure_reachable(client, crawler.settings)``
+    or ``ensure_reachable(crawler.settings)``. One round trip.
+    """
+    try:
+        check_reachable(client_or_settings, settings)
+    except RedisUnavailable as exc:
+        abort_crawl(exc)

@@ -44,8 +44,11 @@ SCHEDULER_ALLOWED_SCHEMES: list[str] = ["http", "https"]
 #: Largest encoded request accepted from the queue (bytes).
 SCHEDULER_MAX_ENTRY_BYTES: int = 1024 * 1024
 SCHEDULER_SHARDS: int = 1
+#: "process": Scrapy's per-process DOWNLOAD_DELAY / CONCURRENT_REQUESTS_PER_DOMAIN; "cluster": crawl-wide
 SCHEDULER_POLITENESS: str = "process"
+#: {"*.example.com": {"delay": 1.0, "concurrency": 2, "jitter": 0.5}} -- glob rules, most specific wins
 DOMAIN_LIMITS: dict = {}
+
 
 # -- dupefilter --------------------------------------------------------------------------------
 BLOOMFILTER_CAPACITY: int = 100_000_000

@@ -8,6 +8,7 @@ renewals and releases, delayed retries, rejections, dead letters, and how many r
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,30 +22,35 @@ if TYPE_CHECKING:
 
 #: length of the sequence prefix of every queue member
 SEQ_BYTES = 6
+#: with crawl-wide politeness, members start with "<domain>\0" and an 11-digit priority key
+PRIORITY_KEY_BYTES = 11
 
 
 @dataclass
 class SyncBatch:
     """Everything one ``sync`` call sends."""
 
-    #: (t1, t2, score, payload); t1 == "" skips dedupe, payload == b"" dedupes only
-    enqueue: list[tuple[Any, Any, float, bytes]] = field(default_factory=list)
+    #: (t1, t2, score, payload, domain, limits); t1 == "" skips dedupe, payload == b"" dedupes only;
+    #: domain and limits ("delay concurrency jitter") matter only with crawl-wide politeness
+    enqueue: list[tuple[Any, Any, float, bytes, str, str]] = field(default_factory=list)
     ack: list[bytes] = field(default_factory=list)
     renew: list[bytes] = field(default_factory=list)
     release: list[bytes] = field(default_factory=list)
-    #: (score, payload, not_before) -- not_before in this machine's unix time; sent as a delay relative
+    #: (score, payload, not_before, domain, limits) -- not_before in this machine's unix time; sent as a delay relative
     #: to now, so the Redis server's clock (which the script uses) decides, whatever the skew
-    delay: list[tuple[float, bytes, float]] = field(default_factory=list)
+    delay: list[tuple[float, bytes, float, str, str]] = field(default_factory=list)
     #: (member, JSON record)
     reject: list[tuple[bytes, str]] = field(default_factory=list)
     #: JSON records
     dead: list[str] = field(default_factory=list)
+    #: (domain, seconds): push the domain's next allowed time back (429/503)
+    penalize: list[tuple[str, float]] = field(default_factory=list)
     lease: int = 0
 
     def __bool__(self) -> bool:
         return bool(
             self.enqueue or self.ack or self.renew or self.release or self.delay or self.reject
-            or self.dead or self.lease
+            or self.dead or self.penalize or self.lease
         )
 
 
@@ -74,6 +80,7 @@ class Frontier:
         dupefilter: RedisDupeFilter | None,
         sequence: str = "asc",
         lease_seconds: float = 60.0,
+        politeness: str = "process",
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -81,11 +88,14 @@ class Frontier:
         self.dupefilter = dupefilter
         self.sequence = sequence
         self.lease_seconds = lease_seconds
+        self.politeness = politeness
+        self._polite = politeness == "cluster"
+        self._rng = random.Random()
         self._script = scripts.register(redis, "sync")
         k = keys
         self._fixed_keys = [
             k.queue, k.leases, k.lease_meta, k.seq, k.delayed, k.delayed_meta,
-            k.queue_rejected, k.deadletter, k.workers, k.control,
+            k.queue_rejected, k.deadletter, k.workers, k.control, k.domains, k.domain_info,
         ]
 
     async def sync(self, batch: SyncBatch, now: float | None = None) -> SyncResult:
@@ -100,7 +110,8 @@ class Frontier:
                 dkeys, params, mode = [self.keys.fingerprints], [], "none"
             args = [
                 "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), batch.lease,
-                self.sequence, mode, len(params), *params, *body,
+                self.sequence, self.politeness, self._rng.randrange(2**31), mode, len(params), *params,
+                *body,
             ]
             raw = await self._script(keys=self._fixed_keys + dkeys, args=args)
             if raw[0] == -1:
@@ -111,11 +122,13 @@ class Frontier:
             return self._result(raw, len(batch.enqueue))
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
 
-    @staticmethod
-    def _body(b: SyncBatch, now: float) -> list[Any]:
+    def _body(self, b: SyncBatch, now: float) -> list[Any]:
+        polite = self._polite
         out: list[Any] = [len(b.enqueue)]
-        for t1, t2, score, payload in b.enqueue:
+        for t1, t2, score, payload, domain, limits in b.enqueue:
             out += [t1, t2, repr(float(score)), payload]
+            if polite:
+                out += [domain, limits]
         out.append(len(b.ack))
         out += b.ack
         out.append(len(b.renew))
@@ -123,14 +136,25 @@ class Frontier:
         out.append(len(b.release))
         out += b.release
         out.append(len(b.delay))
-        for score, payload, not_before in b.delay:
+        for score, payload, not_before, domain, limits in b.delay:
             out += [repr(float(score)), payload, repr(max(0.0, float(not_before) - now))]
+            if polite:
+                out += [domain, limits]
         out.append(len(b.reject))
         for member, record in b.reject:
             out += [member, record]
         out.append(len(b.dead))
         out += b.dead
+        out.append(len(b.penalize))
+        for domain, seconds in b.penalize:
+            out += [domain, repr(float(seconds))]
         return out
+
+    def payload_of(self, member: bytes) -> bytes:
+        """The encoded request inside a queue member."""
+        if self._polite:
+            return member[member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES :]
+        return member[SEQ_BYTES:]
 
     def _result(self, raw: list[Any], n_enqueue: int) -> SyncResult:
         flags = raw[0].decode() if isinstance(raw[0], bytes) else str(raw[0] or "")

@@ -95,6 +95,16 @@ class CrawlKeys:
         return self._k("delayed:meta")
 
     @property
+    def domains(self) -> str:
+        """ZSET domain -> when it may next be leased from (crawl-wide politeness)."""
+        return self._k("domains")
+
+    @property
+    def domain_info(self) -> str:
+        """HASH ``b:/i:/n:/l:<domain>`` -> backlog, slots in use, next allowed time, limits."""
+        return self._k("domains:info")
+
+    @property
     def deadletter(self) -> str:
         """LIST of JSON dead-letter records."""
         return self._k("deadletter")
@@ -182,14 +192,15 @@ class CrawlKeys:
 
     @property
     def start_urls_processing(self) -> str:
-        """ZSET worker id -> lease deadline (unix seconds) of the workers holding popped seeds that are not
-        yet in the frontier (same slot as the seeds key)."""
+        """LIST of seeds popped but not yet turned into frontier entries, each as ``<worker id>\\n<seed>``
+        (same slot as the seeds key; ``LLEN`` = seeds in flight crawl-wide)."""
         return f"{self._start_urls_stem}:processing"
 
-    def start_urls_processing_of(self, worker_id: str) -> str:
-        """LIST of the seeds one worker popped and has not yet put in the frontier (same slot as the seeds
-        key)."""
-        return f"{self._start_urls_stem}:processing:{worker_id}"
+    @property
+    def start_urls_workers(self) -> str:
+        """ZSET worker id -> lease deadline (unix seconds) of the workers reading seeds: a worker whose
+        lease ran out has its processing entries given back to the seeds key (same slot as the seeds key)."""
+        return f"{self._start_urls_stem}:workers"
 
     @property
     def items(self) -> str:

@@ -28,7 +28,7 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist import defaults, scripts
-from scrapy_dist.connection import get_async_redis
+from scrapy_dist.connection import OUTAGE_ERRORS, get_async_redis, is_cluster
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.keys import crawl_keys
 
@@ -51,6 +51,9 @@ _MAX_BATCHES_PER_FLUSH = 16
 # Backoff between attempts to write a batch while Redis fails (seconds); capped so recovery is noticed fast.
 _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
+# What a write is retried on: any Redis error, and a cluster that cannot be reached (RedisClusterException
+# is not a RedisError).
+_RETRIED = (redis.exceptions.RedisError, *OUTAGE_ERRORS)
 # What an encoder raises on a value it cannot represent.
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeError)
 
@@ -178,7 +181,7 @@ class RedisPipeline:
         expected = "stream" if self.stream else "list"
         try:
             found = await self.server.type(self.key)
-        except redis.exceptions.RedisError as exc:
+        except _RETRIED as exc:
             # Not fatal: the writer waits for Redis like it does for any outage.
             self._warn_once("open", "Redis unavailable when opening the item pipeline: %s", exc)
         else:
@@ -284,7 +287,8 @@ class RedisPipeline:
         """Write ``entries`` in one round trip, retrying until Redis takes them.
 
         Per key, one ``RPUSH`` (LIST) or one ``items_xadd`` script call (STREAM: the ``XADD`` commands
-        run inside Redis). Several keys (an ``item_key`` override) go in one ``MULTI``/``EXEC``.
+        run inside Redis). Several keys (an ``item_key`` override) go in one ``MULTI``/``EXEC`` (on a Redis
+        Cluster: one call per key, sent together, since their slots differ).
         """
         by_key: dict[str, list[str | bytes]] = {}
         for key, data in entries:
@@ -295,15 +299,20 @@ class RedisPipeline:
                 if len(by_key) == 1:
                     ((key, values),) = by_key.items()
                     await self._append(key, values, self.server)
+                elif is_cluster(self.server):
+                    # Keys of several slots cannot share a MULTI (nor a pipelined script) on a cluster:
+                    # one call per key, all at once. A retry after a partial failure writes some again.
+                    await asyncio.gather(*(self._append(k, v, self.server) for k, v in by_key.items()))
                 else:
                     async with self.server.pipeline(transaction=True) as pipe:
                         for key, values in by_key.items():
                             await self._append(key, values, pipe)
                         await pipe.execute()
-            except redis.exceptions.RedisError as exc:
+            except _RETRIED as exc:
                 self._inc("redis_items/redis_errors")
                 self._warn_once(
-                    exc.__class__.__name__,
+                    # one warning per outage, though a cluster coming back answers CLUSTERDOWN first
+                    "outage" if isinstance(exc, OUTAGE_ERRORS) else exc.__class__.__name__,
                     "Cannot write %d items to Redis (%s: %s); retrying until it works, nothing is dropped",
                     len(entries),
                     exc.__class__.__name__,
@@ -328,7 +337,9 @@ class RedisPipeline:
                 self._xadd = scripts.register(self.server, "items_xadd")
             maxlen = "" if self.maxlen is None else str(self.maxlen)
             result = self._xadd(keys=[key], args=[maxlen, STREAM_FIELD, *values], client=client)
-        if inspect.isawaitable(result):
+        # A command queued on a pipeline returns the pipeline: never await that (awaiting a redis.asyncio
+        # cluster pipeline re-initializes it, dropping the commands queued so far).
+        if inspect.iscoroutine(result):
             await result
 
     # -- helpers --------------------------------------------------------------------------------

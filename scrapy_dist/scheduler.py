@@ -33,13 +33,15 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist import _engine, connection, defaults, queue
 from scrapy_dist.codec import decode_request, encode_request
 from scrapy_dist.dupefilter import RedisDupeFilter
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
-from scrapy_dist.frontier import SEQ_BYTES, Frontier, SyncBatch, SyncResult
+from scrapy_dist.frontier import Frontier, SyncBatch, SyncResult
+from scrapy_dist.politeness import DomainLimits
 from scrapy_dist.keys import crawl_keys
 from scrapy_dist.rejections import RateLimitedLog, rejection_record
 
@@ -96,6 +98,8 @@ class Scheduler:
         idle_poll: float = 0.25,
         allowed_schemes: tuple[str, ...] = ("http", "https"),
         max_entry_bytes: int = 1024 * 1024,
+        politeness: str = "process",
+        domain_limits: DomainLimits | None = None,
     ) -> None:
         self.crawler = crawler
         self.stats = crawler.stats
@@ -111,6 +115,10 @@ class Scheduler:
         self.idle_poll = idle_poll
         self.allowed_schemes = tuple(s.lower() for s in allowed_schemes)
         self.max_entry_bytes = max_entry_bytes
+        if politeness not in ("process", "cluster"):
+            raise ValueError(f"SCHEDULER_POLITENESS must be 'process' or 'cluster', not {politeness!r}")
+        self.politeness = politeness
+        self.domain_limits = domain_limits
         self.worker_id = make_worker_id()
         self.keys = crawl_keys(crawler.settings, crawler.spidercls.name)
         self.redis: Any = None  # redis.asyncio client, created on the reactor's loop in open()
@@ -124,10 +132,11 @@ class Scheduler:
         # buffers (all touched only on the reactor thread)
         self._ready: deque[tuple[Request, bytes]] = deque()
         self._local: deque[Request] = deque()
-        self._out: list[tuple[Request, Any, Any, float, bytes]] = []
+        self._out: list[tuple[Request, Any, Any, float, bytes, str, str]] = []
         self._handed: dict[Request, bytes] = {}
         self._acks: list[bytes] = []
-        self._delays: list[tuple[float, bytes, float]] = []
+        self._delays: list[tuple[float, bytes, float, str, str]] = []
+        self._penalties: list[tuple[str, float]] = []
         self._dead: list[str] = []
         self._rejects: list[tuple[bytes, str]] = []
         self._held: set[bytes] = set()
@@ -174,6 +183,8 @@ class Scheduler:
             idle_poll=s.getfloat("SCHEDULER_IDLE_POLL", defaults.SCHEDULER_IDLE_POLL),
             allowed_schemes=tuple(s.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES)),
             max_entry_bytes=s.getint("SCHEDULER_MAX_ENTRY_BYTES", defaults.SCHEDULER_MAX_ENTRY_BYTES),
+            politeness=s.get("SCHEDULER_POLITENESS", defaults.SCHEDULER_POLITENESS),
+            domain_limits=DomainLimits.from_settings(s),
         )
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -196,8 +207,12 @@ class Scheduler:
         self.redis = connection.get_async_redis(settings)
         self.frontier = Frontier(
             self.redis, self.keys, self.worker_id, self.df if self._batched_df else None,
-            sequence=self.order.sequence, lease_seconds=self.lease_seconds,
+            sequence=self.order.sequence, lease_seconds=self.lease_seconds, politeness=self.politeness,
         )
+        if self.politeness == "cluster":
+            from scrapy import signals
+
+            self.crawler.signals.connect(self._response_received, signal=signals.response_received)
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
             logger.warning(
                 "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
@@ -252,7 +267,7 @@ class Scheduler:
     def has_pending_requests(self) -> bool:
         if self._ready or self._local or self._out or self._handed or self._in_sync:
             return True
-        if self._acks or self._delays or self._dead or self._rejects:
+        if self._acks or self._delays or self._dead or self._rejects or self._penalties:
             return True
         if self.paused or self._local_pause:
             return True
@@ -284,7 +299,8 @@ class Scheduler:
             if len(self._recent) >= RECENT_LIMIT:
                 self._recent.clear()
             self._recent.add(t1)
-        self._out.append((request, t1, t2, self.order.score(request), payload))
+        domain, limits = self._domain(request)
+        self._out.append((request, t1, t2, self.order.score(request), payload, domain, limits))
         if self._first_pending is None:
             self._first_pending = time.monotonic()
         if len(self._out) >= self.flush_batch:
@@ -320,7 +336,7 @@ class Scheduler:
         except UnserializableRequest as exc:
             self._unserializable(request, exc)
             return False
-        self._delays.append((self.order.score(request), payload, not_before))
+        self._delays.append((self.order.score(request), payload, not_before, *self._domain(request)))
         self._mark_pending()
         return True
 
@@ -336,6 +352,34 @@ class Scheduler:
     def resume(self) -> None:
         self._local_pause = False
         _engine.wake(self.crawler)
+
+    def penalize_domain(self, domain: str, seconds: float) -> None:
+        """Crawl-wide politeness: no request of ``domain`` is leased for ``seconds`` (batched)."""
+        self._penalties.append((domain, seconds))
+        self._mark_pending()
+
+    def _domain(self, request: Request) -> tuple[str, str]:
+        if self.politeness != "cluster" or self.domain_limits is None:
+            return "", ""
+        domain = (urlparse_cached(request).hostname or "").lower()
+        return domain, self.domain_limits.for_domain(domain).encode()
+
+    def _response_received(self, response: Any, request: Request, spider: Any = None) -> None:
+        """429 and 503 slow the whole crawl down on that domain (Retry-After when given)."""
+        if response.status not in (429, 503):
+            return
+        domain = (urlparse_cached(request).hostname or "").lower()
+        limit = self.domain_limits.for_domain(domain) if self.domain_limits else None
+        seconds = max(1.0, 2 * limit.delay) if limit else 1.0
+        header = response.headers.get(b"Retry-After")
+        if header:
+            from scrapy_dist.deadletter import parse_retry_after
+
+            parsed = parse_retry_after(header, now=time.time())
+            if parsed is not None:
+                seconds = parsed
+        self.stats.inc_value(f"scheduler/politeness/penalized/{response.status}")
+        self.penalize_domain(domain, min(seconds, 3600.0))
 
     # -- background I/O -------------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -376,16 +420,18 @@ class Scheduler:
 
     def _take_batch(self, lease: int, renew: bool) -> SyncBatch:
         batch = SyncBatch(
-            enqueue=[(t1, t2, score, payload) for _, t1, t2, score, payload in self._out],
+            enqueue=[entry[1:] for entry in self._out],
             ack=self._acks,
             delay=self._delays,
             reject=self._rejects,
             dead=self._dead,
+            penalize=self._penalties,
             renew=list(self._held) if renew else [],
             lease=lease,
         )
         self._sent_out = self._out
         self._out, self._acks, self._delays, self._rejects, self._dead = [], [], [], [], []
+        self._penalties = []
         self._first_pending = None
         return batch
 
@@ -396,6 +442,7 @@ class Scheduler:
         self._delays = batch.delay + self._delays
         self._rejects = batch.reject + self._rejects
         self._dead = batch.dead + self._dead
+        self._penalties = batch.penalize + self._penalties
         self._mark_pending()
 
     async def _run(self) -> None:
@@ -464,7 +511,7 @@ class Scheduler:
         sent = getattr(self, "_sent_out", [])
         self._sent_out = []
         enqueued = 0
-        for (request, t1, _, _, payload), new in zip(sent, result.new, strict=True):
+        for (request, t1, _, _, payload, _, _), new in zip(sent, result.new, strict=True):
             if new:
                 if payload:
                     enqueued += 1
@@ -489,9 +536,11 @@ class Scheduler:
             self._held.add(member)
             try:
                 request = decode_request(
-                    member[SEQ_BYTES:], self.spider, self.allowed_schemes, self.max_entry_bytes
+                    self.frontier.payload_of(member), self.spider, self.allowed_schemes, self.max_entry_bytes
                 )
-            except RejectedEntry as exc:
+            except (RejectedEntry, ValueError) as exc:
+                if not isinstance(exc, RejectedEntry):
+                    exc = RejectedEntry("bad_member", "no domain prefix")
                 self._reject(member, exc)
                 continue
             self._ready.append((request, member))

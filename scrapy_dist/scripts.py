@@ -14,7 +14,12 @@ from importlib.resources import files
 from typing import Any
 
 #: script name -> fragments prepended to it
-_FRAGMENTS = {"sync": ("dupe",), "dupe_batch": ("dupe",)}
+_FRAGMENTS = {
+    "sync": ("dupe", "polite"),
+    "dupe_batch": ("dupe",),
+    "seeds_take": ("seeds_common",),
+    "seeds_adopt": ("seeds_common",),
+}
 
 
 @cache

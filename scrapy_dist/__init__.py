@@ -1,0 +1,55 @@
+"""scrapy-dist: run any Scrapy project on many hosts sharing one frontier in Redis.
+
+Enable it with ``ADDONS = {"scrapy_dist.Addon": 0}`` (or set ``SCHEDULER`` and ``DUPEFILTER_CLASS``).
+Importing this package stays cheap: the Scrapy components are imported on first attribute access.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.exceptions import RedisUnavailable, ScrapyDistError
+from scrapy_dist.keys import CrawlKeys
+
+if TYPE_CHECKING:
+    from scrapy_dist.addon import Addon
+    from scrapy_dist.dupefilter import BloomDupeFilter
+    from scrapy_dist.scheduler import Scheduler
+
+try:
+    __version__ = version("scrapy-dist")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "Addon",
+    "BloomDupeFilter",
+    "CrawlKeys",
+    "RedisUnavailable",
+    "Scheduler",
+    "ScrapyDistError",
+    "__version__",
+]
+
+# name -> module it lives in; imported on first access (PEP 562) so ``import scrapy_dist`` (and the
+# ``scrapy-dist`` command) does not pull in the scheduler, the dupefilter and their dependencies.
+_LAZY = {
+    "Addon": "scrapy_dist.addon",
+    "BloomDupeFilter": "scrapy_dist.dupefilter",
+    "Scheduler": "scrapy_dist.scheduler",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,98 @@
+"""The scrapy-dist Scrapy add-on: ``ADDONS = {"scrapy_dist.Addon": 0}`` is all a project needs.
+
+It switches on, with their defaults, the shared frontier (``SCHEDULER``), the crawl-wide bloom
+dupefilter (``DUPEFILTER_CLASS``), the cluster-aware retry and HTTP-error middlewares (in place of
+Scrapy's) and the monitoring extensions -- and never overrides a setting the user set: a setting is
+filled in only while it still has Scrapy's default value, a component is added only if the user's
+component dict does not mention it, and Scrapy's middleware is swapped for ours only if the user's dict
+does not mention either of them (so ``{"scrapy...RetryMiddleware": None}`` keeps retries off).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from typing import TYPE_CHECKING, Any
+
+from scrapy.settings import SETTINGS_PRIORITIES
+from scrapy.utils.misc import load_object
+
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+#: Plain settings: filled in while they hold Scrapy's default.
+SETTINGS = {
+    "SCHEDULER": "scrapy_dist.scheduler.Scheduler",
+    "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
+}
+#: Extensions added with their order, unless the user's EXTENSIONS mentions them (even as None).
+EXTENSIONS = {
+    "scrapy_dist.extensions.ClusterStats": 500,
+    "scrapy_dist.extensions.IdleMonitor": 500,
+    "scrapy_dist.extensions.ErrorMonitor": 500,
+}
+#: (setting, Scrapy's component, ours, our order): ours replaces Scrapy's when its module is available.
+SWAPS = (
+    (
+        "DOWNLOADER_MIDDLEWARES",
+        "scrapy.downloadermiddlewares.retry.RetryMiddleware",
+        "scrapy_dist.middlewares.retry.RetryMiddleware",
+        550,
+    ),
+    (
+        "SPIDER_MIDDLEWARES",
+        "scrapy.spidermiddlewares.httperror.HttpErrorMiddleware",
+        "scrapy_dist.middlewares.httperror.HttpErrorMiddleware",
+        50,
+    ),
+)
+
+
+def _user_set(settings: BaseSettings, name: str) -> bool:
+    priority = settings.getpriority(name)
+    return priority is not None and priority > SETTINGS_PRIORITIES["default"]
+
+
+def _mentions(component_dict: dict[Any, Any], path: str) -> bool:
+    target = load_object(path)
+    for key in component_dict:
+        try:
+            if (load_object(key) if isinstance(key, str) else key) is target:
+                return True
+        except (ImportError, AttributeError, ValueError, NameError):
+            continue
+    return False
+
+
+def _available(path: str) -> bool:
+    """Whether the class at ``path`` can be imported (a missing optional module is not an error)."""
+    module, _, name = path.rpartition(".")
+    try:
+        if importlib.util.find_spec(module) is None:
+            return False
+        return hasattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        logger.warning("scrapy-dist add-on: cannot import %s (%s); keeping Scrapy's component", path, exc)
+        return False
+
+
+class Addon:
+    """Scrapy add-on enabling scrapy-dist with sensible defaults (see the module docstring)."""
+
+    def update_settings(self, settings: BaseSettings) -> None:
+        for name, value in SETTINGS.items():
+            if not _user_set(settings, name):
+                settings.set(name, value, priority="addon")
+        user_extensions = settings.getdict("EXTENSIONS")
+        for path, order in EXTENSIONS.items():
+            if not _mentions(user_extensions, path):
+                settings.set_in_component_priority_dict("EXTENSIONS", load_object(path), order)
+        for setting, theirs, ours, order in SWAPS:
+            user = settings.getdict(setting)
+            if _mentions(user, theirs) or not _available(ours) or _mentions(user, ours):
+                continue
+            settings.set_in_component_priority_dict(setting, load_object(theirs), None)
+            settings.set_in_component_priority_dict(setting, load_object(ours), order)

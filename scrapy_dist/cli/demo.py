@@ -1,0 +1,41 @@
+"""``scrapy-dist demo``: a live distributed crawl of a generated local site, a worker killed half way, and
+a summary that must say 0 lost. The logic lives in :mod:`scrapy_dist.demo`; this is the command line.
+
+Redis: ``--redis-url`` or ``$REDIS_URL`` if given, else the embedded Redis of the demo's project
+(``example_project/.scrapy/scrapy_dist``) -- never the Redis of a project the command happens to run in.
+"""
+
+from __future__ import annotations
+
+import click
+
+from scrapy_dist.cli import ClientFactory, main, pass_redis
+
+# Where ClientFactory found Redis when the user named one explicitly.
+_EXPLICIT = ("--redis-url", "REDIS_URL environment variable")
+
+
+@main.command()
+@click.option("--workers", default=3, show_default=True, type=click.IntRange(1, 32),
+              help="Worker processes (`scrapy crawl demo`).")
+@click.option("--pages", default=5000, show_default=True, type=click.IntRange(2, 1_000_000),
+              help="Pages in the generated site.")
+@click.option("--chaos/--no-chaos", default=True, show_default=True,
+              help="SIGKILL a worker half way and start a fresh one.")
+@click.option("--timeout", default=170.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds before the demo gives up (stops the workers, exits 1).")
+@pass_redis
+def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: float) -> None:
+    """Crawl a generated local site with WORKERS processes sharing one frontier; show it live; summarize.
+
+    Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
+    """
+    from scrapy_dist.demo import Demo, DemoOptions
+
+    options = DemoOptions(workers=workers, pages=pages, chaos=chaos, timeout=timeout)
+    if redis.source in _EXPLICIT:
+        redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
+        options.redis_url, options.redis_source = redis.url, redis.source
+    runner = Demo(options)
+    runner.connect()
+    raise SystemExit(runner.run())

@@ -1,0 +1,300 @@
+"""``scrapy-dist push <spider> [URL ...] [--file FILE|-]``: validate seeds locally and push them fast.
+
+Seeds are checked with the very rules the spider applies (:mod:`scrapy_dist.seeds`): inside a Scrapy
+project the spider class is loaded, so its ``redis_key``, its ``custom_settings`` (``REDIS_START_URLS_AS_SET``
+/ ``AS_ZSET``, ``REDIS_START_URLS_MAX_BYTES``) and its callback names are honoured; outside one, callback
+names are checked for form only. Rejected seeds are counted per reason and shown (the first few, with their
+line numbers); they are not pushed, and the command then exits with status 1 -- the valid ones are pushed
+anyway.
+
+Speed: seeds go out in multi-value ``RPUSH`` / ``SADD`` / ``ZADD`` commands of :data:`CHUNK` seeds,
+:data:`CHUNKS_PER_ROUND_TRIP` of them pipelined per round trip, so Redis costs a round trip per 20,000
+seeds and the limit is the local validation (well over 50,000 seeds/s). A LIST gets the seeds appended
+(``RPUSH``): workers take them in file order, after the seeds already waiting (``redis-cli lpush`` puts a
+seed at the head instead, to be taken next).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any
+
+import click
+
+from scrapy_dist import defaults
+from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.seeds import SeedRules, class_has_callback, iter_lines, parse_seed
+
+if TYPE_CHECKING:
+    import redis
+
+    from scrapy_dist.keys import CrawlKeys
+
+#: Seeds per RPUSH/SADD/ZADD command.
+CHUNK = 2000
+#: Commands pipelined per round trip.
+CHUNKS_PER_ROUND_TRIP = 10
+#: Files at least this large get a progress bar (bytes).
+PROGRESS_MIN_BYTES = 1 << 20
+#: Rejected seeds shown individually.
+EXAMPLES = 5
+
+
+@dataclass
+class PushReport:
+    """What :func:`push_seeds` did."""
+
+    #: valid seeds (pushed, unless a dry run)
+    accepted: int = 0
+    pushed: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    #: (where, reason, detail) of the first rejected seeds
+    examples: list[tuple[str, str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+
+@dataclass(frozen=True)
+class PushOptions:
+    """How seeds are checked and written."""
+
+    kind: str = "list"
+    rules: SeedRules = SeedRules()
+    has_callback: Callable[[str], bool] | None = None
+    #: priority for seeds that set none (ZSET: the score)
+    priority: int | None = None
+    #: merged into every seed's meta (the seed's own keys win)
+    meta: dict[str, Any] | None = None
+    dry_run: bool = False
+
+
+def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
+    """Validate one seed and give what to push plus its ZSET score. The seed is pushed as typed unless
+    ``--priority`` / ``--meta`` change it (then as a JSON object). Raises :class:`RejectedEntry`."""
+    seed = parse_seed(raw, opts.rules, opts.has_callback)
+    score = float(seed.priority if seed.priority is not None else opts.priority or 0)
+    changed = False
+    if opts.priority is not None and seed.priority is None and opts.kind != "zset":
+        seed.priority = opts.priority
+        changed = True
+    if opts.meta:
+        seed.meta = {**opts.meta, **(seed.meta or {})}
+        changed = True
+    if not changed:
+        return raw, score
+    out = seed.to_json().encode()
+    if len(out) > opts.rules.max_bytes:
+        raise RejectedEntry("too_large", f"{len(out)} bytes with --meta/--priority > {opts.rules.max_bytes}")
+    return out, score
+
+
+def push_seeds(
+    client: redis.Redis,
+    key: str,
+    seeds: Iterable[tuple[str, bytes]],
+    opts: PushOptions = PushOptions(),
+) -> PushReport:
+    """Validate ``seeds`` (``(where, raw)`` pairs, ``where`` naming the seed in messages) and push the
+    valid ones to ``key`` with ``client`` (a synchronous redis-py client), pipelined (see the module
+    docstring): one round trip per ``CHUNK * CHUNKS_PER_ROUND_TRIP`` seeds."""
+    report = PushReport()
+    started = time.perf_counter()
+    pipe = client.pipeline(transaction=False)
+    queued = 0
+    buf: list[Any] = []
+    per_seed = 2 if opts.kind == "zset" else 1
+
+    def flush_chunk() -> None:
+        nonlocal queued, buf
+        if not buf:
+            return
+        if opts.kind == "list":
+            pipe.rpush(key, *buf)
+        elif opts.kind == "set":
+            pipe.sadd(key, *buf)
+        else:
+            pipe.execute_command("ZADD", key, *buf)
+        if not opts.dry_run:
+            report.pushed += len(buf) // per_seed
+        buf = []
+        queued += 1
+
+    for where, raw in seeds:
+        try:
+            value, score = prepare(raw, opts)
+        except RejectedEntry as exc:
+            report.rejected[exc.reason] += 1
+            if len(report.examples) < EXAMPLES:
+                report.examples.append((where, exc.reason, exc.detail))
+            continue
+        report.accepted += 1
+        if opts.kind == "zset":
+            buf += [repr(score), value]
+        else:
+            buf.append(value)
+        if len(buf) >= CHUNK * per_seed:
+            flush_chunk()
+            if queued >= CHUNKS_PER_ROUND_TRIP:
+                if not opts.dry_run:
+                    pipe.execute()
+                pipe.reset()
+                queued = 0
+    flush_chunk()
+    if queued and not opts.dry_run:
+        pipe.execute()
+    pipe.reset()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _spider_class(settings: Any, name: str) -> type | None:
+    """The project's spider class ``name``, or ``None`` (outside a project, unknown name, import error)."""
+    if not settings.getlist("SPIDER_MODULES"):
+        return None
+    try:
+        from scrapy.spiderloader import get_spider_loader
+
+        return get_spider_loader(settings).load(name)  # type: ignore[no-any-return]
+    except Exception:  # a broken or missing spider only costs the callback check
+        return None
+
+
+def _file_seeds(
+    fh: IO[bytes], label: str, on_bytes: Callable[[int], None] | None
+) -> Iterator[tuple[str, bytes]]:
+    for number, line in enumerate(fh, 1):
+        if on_bytes is not None:
+            on_bytes(len(line))
+        for raw in iter_lines((line,)):
+            yield f"{label}:{number}", raw
+
+
+def _parse_meta(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        meta = json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--meta") from None
+    if not isinstance(meta, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--meta")
+    try:
+        parse_seed(json.dumps({"url": "http://example.com/", "meta": meta}).encode())
+    except RejectedEntry as exc:
+        raise click.BadParameter(str(exc), param_hint="--meta") from None
+    return meta
+
+
+@main.command()
+@click.argument("spider")
+@click.argument("urls", nargs=-1)
+@click.option("--file", "-f", "file", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Read seeds from FILE, one a line ('-' = stdin; blank lines and # comments skipped).")
+@click.option("--priority", type=click.IntRange(-(2**31), 2**31 - 1),
+              help="Priority of seeds that set none (the score, for a ZSET seeds key).")
+@click.option("--meta", "meta_json", metavar="JSON", help="JSON object merged into every seed's meta.")
+@click.option("--dry-run", is_flag=True, help="Validate only; push nothing.")
+@pass_redis
+def push(
+    redis: ClientFactory,
+    spider: str,
+    urls: tuple[str, ...],
+    file: str | None,
+    priority: int | None,
+    meta_json: str | None,
+    dry_run: bool,
+) -> None:
+    """Validate seeds (URLs or JSON objects) and push them to SPIDER's seeds key.
+
+    Exits with status 1 when a seed was rejected (the valid ones are pushed all the same).
+    """
+    if not urls and file is None:
+        raise click.UsageError("give URLs and/or --file FILE (- for stdin)")
+    meta = _parse_meta(meta_json)
+    settings = redis.settings
+    spidercls = _spider_class(settings, spider)
+    keys: CrawlKeys = redis.keys(spider)
+    if spidercls is not None:
+        settings = settings.copy()
+        spidercls.update_settings(settings)  # type: ignore[attr-defined]
+        redis_key = getattr(spidercls, "redis_key", None)
+        if redis_key:
+            keys = dataclasses.replace(keys, start_urls_template=redis_key)
+    if settings.getbool("REDIS_START_URLS_AS_ZSET", defaults.REDIS_START_URLS_AS_ZSET):
+        kind = "zset"
+    elif settings.getbool("REDIS_START_URLS_AS_SET", defaults.REDIS_START_URLS_AS_SET):
+        kind = "set"
+    else:
+        kind = "list"
+    opts = PushOptions(
+        kind=kind,
+        rules=SeedRules.from_settings(settings),
+        has_callback=class_has_callback(spidercls) if spidercls is not None else None,
+        priority=priority,
+        meta=meta,
+        dry_run=dry_run,
+    )
+    if spidercls is None:
+        click.echo(f"No spider {spider!r} in a Scrapy project here: callback names are checked for form"
+                   " only, with the default seed settings.", err=True)
+    client = redis.client()
+    if not dry_run:
+        redis.check()
+        actual = client.type(keys.start_urls)
+        actual = actual.decode() if isinstance(actual, bytes) else str(actual)
+        if actual not in ("none", kind):
+            raise click.ClickException(
+                f"{keys.start_urls!r} is a {actual}, but {spider} reads a {kind}"
+                " (REDIS_START_URLS_AS_SET / REDIS_START_URLS_AS_ZSET)"
+            )
+
+    def sources(on_bytes: Callable[[int], None] | None) -> Iterator[tuple[str, bytes]]:
+        for i, url in enumerate(urls, 1):
+            yield f"argument {i}", os.fsencode(url)
+        if file is not None:
+            if file == "-":
+                yield from _file_seeds(sys.stdin.buffer, "stdin", on_bytes)
+            else:
+                with open(file, "rb") as fh:
+                    yield from _file_seeds(fh, file, on_bytes)
+
+    size = os.path.getsize(file) if file not in (None, "-") else 0
+    if size >= PROGRESS_MIN_BYTES and sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+        with Progress(
+            "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+            console=Console(stderr=True), transient=True,
+        ) as bar:
+            task = bar.add_task(f"pushing {os.path.basename(str(file))}", total=size)
+            report = push_seeds(client, keys.start_urls, sources(lambda n: bar.advance(task, n)), opts)
+    else:
+        report = push_seeds(client, keys.start_urls, sources(None), opts)
+    client.close()
+
+    seen = report.accepted + report.rejected_total
+    rate = seen / report.seconds if report.seconds > 0 else 0.0
+    if dry_run:
+        head = f"Dry run: {report.accepted:,} valid seeds for {keys.start_urls!r} ({kind}), nothing pushed"
+    else:
+        plural = "" if report.pushed == 1 else "s"
+        head = f"Pushed {report.pushed:,} seed{plural} to {keys.start_urls!r} ({kind})"
+    click.echo(f"{head} in {report.seconds:.2f}s ({rate:,.0f} seeds/s); rejected {report.rejected_total:,}.")
+    if report.rejected:
+        reasons = ", ".join(f"{reason} {n:,}" for reason, n in report.rejected.most_common())
+        click.echo(f"Rejected: {reasons}", err=True)
+        for where, reason, detail in report.examples:
+            click.echo(f"  {where}: {reason}" + (f" ({detail})" if detail else ""), err=True)
+        raise SystemExit(1)

@@ -1,0 +1,159 @@
+"""``scrapy-dist status <spider>`` (one view of the whole crawl), ``scrapy-dist pause <spider>`` and
+``scrapy-dist resume <spider>``."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+from redis.exceptions import RedisError
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from scrapy_dist import defaults
+from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.extensions.control import pause_crawl, resume_crawl
+from scrapy_dist.status import read_status
+
+_STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    return f"{value:,}"
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.0f}h ago"
+
+
+def render(status: dict[str, Any]) -> Group:
+    """The status as rich renderables: a headline, the crawl's figures and the workers table."""
+    rates, errors, front, seeds = status["rates"], status["errors"], status["frontier"], status["seeds"]
+    state = status["state"]
+    headline = Text.assemble(
+        (f"{status['spider']}", "bold"), "  ",
+        (state, "bold yellow" if state == "paused" else "bold"), "  ",
+        f"{_num(rates['pages_per_min'])} pages/min  ",
+        "error rate " + ("-" if rates["error_rate"] is None else f"{rates['error_rate']:.1%}"),
+        f" ({errors['errors']} errors / {errors['attempts']} attempts in {errors['window']:.0f}s)"
+        if errors["window"] else "",
+    )
+    overview = Table(show_header=False, box=None, padding=(0, 2))
+    overview.add_column(style="bold")
+    overview.add_column(justify="right")
+    overview.add_column(style="bold")
+    overview.add_column(justify="right")
+    stats = status["stats"]
+    overview.add_row("Queued", _num(front["queued"]), "Pages", _num(stats.get("response_received_count", 0)))
+    overview.add_row("In flight", _num(front["inflight"]), "Items", _num(stats.get("item_scraped_count", 0)))
+    overview.add_row("Delayed", _num(front["delayed"]), "Dead letters", _num(status["deadletter"]))
+    overview.add_row("Seeds waiting", _num(seeds["waiting"] + seeds["processing"]),
+                     "Rejected", f"{seeds['rejected']:,} seeds, {status['rejected']['queue']:,} queue")
+    f = status["filter"]
+    if f is None:
+        filt = "-"
+    elif f["kind"] == "bloom":
+        filt = (f"bloom, {f['items']:,} of {f['capacity']:,} ({f['fill']:.2%} full),"
+                f" estimated false positives {f['fpr_estimate']:.2g}")
+    else:
+        filt = f"exact, {f['items']:,} fingerprints"
+    lines = [Text.assemble(("Filter  ", "bold"), filt)]
+    if errors["reasons"]:
+        top = ", ".join(f"{r} {n:,}" for r, n in list(errors["reasons"].items())[:5])
+        lines.append(Text.assemble(("Top errors  ", "bold"), top))
+
+    summary = status["workers_summary"]
+    workers = Table(
+        title=f"Workers: {summary['running']} running, {summary['lost']} lost, {summary['closed']} closed",
+        title_justify="left",
+    )
+    workers.add_column("Worker", no_wrap=True)
+    for name in ("State", "Seen", "Pages", "Items", "Errors", "Leases", "Pages/min"):
+        workers.add_column(name, justify="left" if name == "State" else "right")
+    for w in status["workers"][:50]:
+        st = w["state"] + (f" ({w['finish_reason']})" if w["finish_reason"] else "")
+        workers.add_row(
+            w["id"], Text(st, style=_STATE_STYLE.get(w["state"], "")), _ago(w["seen_ago"]),
+            _num(w["pages"]), _num(w["items"]), _num(w["errors"]), _num(w["leases"]),
+            _num(w["pages_per_min"]),
+        )
+    if len(status["workers"]) > 50:
+        workers.caption = f"... and {len(status['workers']) - 50} more (see --json)"
+    stamp = datetime.fromtimestamp(status["time"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return Group(headline, Text(stamp, style="dim"), overview, *lines, workers)
+
+
+@main.command()
+@click.argument("spider")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
+@click.option("--watch", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
+@click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
+@pass_redis
+def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interval: float) -> None:
+    """Show the crawl of SPIDER: frontier, seeds, dead letters, filter, rates, workers and stats."""
+    redis.check()
+    keys = redis.keys(spider)
+    client = redis.client()
+    default_interval = redis.settings.getfloat("CLUSTERSTATS_INTERVAL", defaults.CLUSTERSTATS_INTERVAL)
+
+    def read() -> dict[str, Any]:
+        return read_status(client, keys, default_interval=default_interval)
+
+    if not watch:
+        data = read()
+        if as_json:
+            click.echo(json.dumps(data, indent=2))
+        else:
+            Console().print(render(data))
+        return
+    try:
+        if as_json:
+            while True:
+                click.echo(json.dumps(read()))
+                time.sleep(interval)
+        console = Console()
+        with Live(render(read()), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(interval)
+                try:
+                    live.update(render(read()), refresh=True)
+                except RedisError as exc:
+                    live.update(Text(f"Redis unavailable ({exc}); retrying every {interval:g}s", style="red"),
+                                refresh=True)
+    except KeyboardInterrupt:
+        pass
+
+
+@main.command()
+@click.argument("spider")
+@pass_redis
+def pause(redis: ClientFactory, spider: str) -> None:
+    """Pause the crawl of SPIDER: every worker stops taking new requests (within a second)."""
+    redis.check()
+    pause_crawl(redis.client(), redis.keys(spider).control, by="cli")
+    click.echo(f"Paused {spider!r}: workers finish what they hold and take nothing new. "
+               f"Resume with `scrapy-dist resume {spider}`.")
+
+
+@main.command()
+@click.argument("spider")
+@pass_redis
+def resume(redis: ClientFactory, spider: str) -> None:
+    """Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause)."""
+    redis.check()
+    keys = redis.keys(spider)
+    resume_crawl(redis.client(), keys.control, keys.errors)
+    click.echo(f"Resumed {spider!r}: workers take new requests again (the error window starts afresh).")

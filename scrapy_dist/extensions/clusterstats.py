@@ -1,0 +1,260 @@
+"""Crawl-wide stats: every worker's Scrapy stats merged into one Redis hash, plus the worker heartbeat.
+
+Unlike a stats collector that writes through to Redis (scrapy-redis reads, computes and writes back on
+every increment: racy, and up to three round trips each), :class:`ClusterStats` leaves Scrapy's in-memory
+stats collector alone and, every ``CLUSTERSTATS_INTERVAL`` seconds and once at close, sends what changed
+since its last flush in one atomic script call (``lua/clusterstats.lua``) that also writes the heartbeat:
+
+* numbers are *summed*: the worker sends the difference to what it flushed before (``HINCRBY`` /
+  ``HINCRBYFLOAT``), so the crawl-wide value is the sum of every worker's latest value;
+* ``start_time`` and names matching ``CLUSTERSTATS_MIN_STATS`` take the *minimum*; ``finish_time``,
+  ``elapsed_time_seconds``, ``memusage/max``, ``request_depth_max``, names with a ``max`` word, the bloom
+  filter's figures (the same crawl-wide value on every worker) and ``CLUSTERSTATS_MAX_STATS`` the *maximum*;
+  datetimes are stored as fixed-width ISO 8601 UTC strings;
+* strings (``finish_reason``) are stored as the last worker wrote them.
+
+Each flush carries a sequence number, so a flush resent after a lost reply is not counted twice. Nothing
+is deleted when a worker closes. A worker killed with SIGKILL loses at most the last interval of its stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+import math
+import re
+import time
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+
+from scrapy_dist import connection, defaults, scripts
+from scrapy_dist.extensions.periodic import PeriodicTask
+from scrapy_dist.extensions.workers import (
+    CLOSED,
+    RUNNING,
+    WORKER_TTL,
+    RateMeter,
+    heartbeat_fields,
+    scheduler_of,
+    worker_id,
+)
+from scrapy_dist.keys import CrawlKeys, crawl_keys
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+#: Stats merged as the maximum over workers (fnmatch patterns), besides names with a ``max`` word.
+MAX_STATS = (
+    "finish_time",
+    "elapsed_time_seconds",
+    "dupefilter/bloom/*",
+)
+#: Stats merged as the minimum over workers.
+MIN_STATS = ("start_time",)
+#: A name whose last segment has ``max`` / ``min`` as a word (``memusage/max``, ``request_depth_max``).
+_MAX_WORD = re.compile(r"(?:^|[/_.\-])max(?:$|[/_.\-])")
+_MIN_WORD = re.compile(r"(?:^|[/_.\-])min(?:$|[/_.\-])")
+#: Seconds the final flush at close keeps retrying while Redis is unreachable.
+CLOSE_FLUSH_TIMEOUT = 10.0
+#: Seconds a closed worker's details stay in Redis when SCHEDULER_PERSIST is off.
+CLOSED_TTL_NOT_PERSISTENT = 60
+
+
+def encode_datetime(value: datetime) -> str:
+    """Fixed-width ISO 8601 in UTC, so that stored timestamps compare correctly as strings."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
+
+
+class StatsMerger:
+    """Turns successive snapshots of one worker's stats into merge operations for ``clusterstats.lua``.
+
+    Pure (no I/O): :meth:`operations` returns ``(mode, name, value)`` triples for what changed since the
+    previous call and remembers the snapshot.
+    """
+
+    def __init__(self, max_stats: Iterable[str] = (), min_stats: Iterable[str] = ()) -> None:
+        self.max_stats = (*MAX_STATS, *max_stats)
+        self.min_stats = (*MIN_STATS, *min_stats)
+        self._flushed: dict[str, Any] = {}
+
+    def mode(self, name: str, value: Any) -> str | None:
+        """How ``name`` merges across workers: ``sum``, ``max``, ``min``, ``set``, or None (not merged)."""
+        if any(fnmatch.fnmatchcase(name, p) for p in self.min_stats):
+            return "min"
+        if any(fnmatch.fnmatchcase(name, p) for p in self.max_stats):
+            return "max"
+        last = name.rsplit("/", 1)[-1]
+        if isinstance(value, datetime):
+            return "min" if "start" in last else "max"
+        if isinstance(value, (bool, str)):
+            return "set"
+        if isinstance(value, (int, float)):
+            if isinstance(value, float) and not math.isfinite(value):
+                return None
+            if _MAX_WORD.search(name):
+                return "max"
+            if _MIN_WORD.search(name):
+                return "min"
+            return "sum"
+        return None
+
+    def operations(self, stats: dict[str, Any]) -> list[tuple[str, str, str]]:
+        """Merge operations for ``stats`` relative to the previous snapshot (which becomes ``stats``)."""
+        ops: list[tuple[str, str, str]] = []
+        for name, value in stats.items():
+            mode = self.mode(name, value)
+            if mode is None:
+                continue
+            if mode == "sum":
+                delta = value - self._flushed.get(name, 0)
+                if delta:
+                    ops.append(("sum", name, repr(delta) if isinstance(delta, float) else str(int(delta))))
+                self._flushed[name] = value
+                continue
+            if isinstance(value, datetime):
+                encoded = encode_datetime(value)
+            elif isinstance(value, float):
+                encoded = repr(value)
+            else:
+                encoded = str(value)
+            if self._flushed.get(name) != encoded:
+                ops.append((mode, name, encoded))
+                self._flushed[name] = encoded
+        return ops
+
+
+class ClusterStats:
+    """Scrapy extension: crawl-wide stats in ``{spider}:stats`` and this worker's heartbeat.
+
+    Settings: ``CLUSTERSTATS_INTERVAL`` (seconds, default 5; 0 disables), ``CLUSTERSTATS_MAX_STATS``,
+    ``CLUSTERSTATS_MIN_STATS``. Costs one Redis round trip per interval, whatever the crawl's speed.
+    """
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        keys: CrawlKeys,
+        interval: float = defaults.CLUSTERSTATS_INTERVAL,
+        merger: StatsMerger | None = None,
+        persist: bool = defaults.SCHEDULER_PERSIST,
+    ) -> None:
+        self.crawler = crawler
+        self.keys = keys
+        self.interval = interval
+        self.merger = merger or StatsMerger()
+        # a non-persistent crawl removes its keys when it finishes: closed workers' details go soon too
+        self.closed_ttl = WORKER_TTL if persist else CLOSED_TTL_NOT_PERSISTENT
+        self.redis: Any = None
+        self.worker = ""
+        self.started = time.time()
+        self.rate = RateMeter()
+        self._script: Any = None
+        self._seq = 0
+        self._pending: tuple[int, list[tuple[str, str, str]]] | None = None
+        self._task: PeriodicTask | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        s = crawler.settings
+        interval = s.getfloat("CLUSTERSTATS_INTERVAL", defaults.CLUSTERSTATS_INTERVAL)
+        if interval <= 0:
+            raise NotConfigured("CLUSTERSTATS_INTERVAL is 0")
+        merger = StatsMerger(
+            s.getlist("CLUSTERSTATS_MAX_STATS", defaults.CLUSTERSTATS_MAX_STATS),
+            s.getlist("CLUSTERSTATS_MIN_STATS", defaults.CLUSTERSTATS_MIN_STATS),
+        )
+        persist = s.getbool("SCHEDULER_PERSIST", defaults.SCHEDULER_PERSIST)
+        o = cls(crawler, crawl_keys(s, crawler.spidercls.name), interval, merger, persist)
+        crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
+        return o
+
+    async def spider_opened(self, spider: Spider) -> None:
+        self.worker = worker_id(self.crawler)
+        self.started = time.time()
+        self.redis = connection.get_async_redis(self.crawler.settings)
+        self._script = scripts.register(self.redis, "clusterstats")
+        self._task = PeriodicTask(self.flush, self.interval, "Crawl-wide stats", logger)
+        await self._task.run_once()  # registers the worker at once
+        self._task.start()
+
+    async def spider_closed(self, spider: Spider, reason: str) -> None:
+        # the other spider_closed handlers (CoreStats: finish_time, finish_reason) run first
+        await asyncio.sleep(0)
+        if self._task is not None:
+            await self._task.stop()
+        if self.redis is None:
+            return
+        deadline = time.monotonic() + CLOSE_FLUSH_TIMEOUT
+        try:
+            while True:
+                try:
+                    await self.flush(final=True, reason=reason)
+                    break
+                except Exception as exc:
+                    if time.monotonic() > deadline:
+                        logger.error(
+                            "Could not write this worker's last stats to %s (%s); the crawl-wide stats miss"
+                            " at most its last %.0fs", self.keys.stats, exc, self.interval,
+                        )
+                        break
+                    await asyncio.sleep(0.5)
+        finally:
+            await self.redis.aclose()
+
+    def _inflight(self) -> int | None:
+        sched = scheduler_of(self.crawler)
+        held = getattr(sched, "_held", None) if sched is not None else None
+        return len(held) if held is not None else None
+
+    async def flush(self, final: bool = False, reason: str = "") -> int:
+        """Send the heartbeat and the stats changed since the last flush (one script call).
+
+        A flush that failed is sent again unchanged (same sequence number) before anything newer, so
+        nothing is counted twice or lost. Returns what the script answered: 1 merged, 0 already merged,
+        -1 nothing written because the crawl's keys are gone."""
+        pages = self.crawler.stats.get_value("response_received_count", 0) or 0
+        self.rate.add(float(pages), time.monotonic())
+        while True:
+            stats = dict(self.crawler.stats.get_stats())
+            fresh = self._pending is None
+            if fresh:
+                self._seq += 1
+                self._pending = (self._seq, self.merger.operations(stats))
+            assert self._pending is not None
+            seq, ops = self._pending
+            fields = heartbeat_fields(
+                worker=self.worker,
+                spider=self.keys.spider,
+                started=self.started,
+                stats=stats,
+                inflight=0 if final else self._inflight(),
+                pages_per_min=0.0 if final else self.rate.per_minute(),
+                interval=self.interval,
+                state=CLOSED if final else RUNNING,
+                finish_reason=reason,
+            )
+            ttl = self.closed_ttl if final else WORKER_TTL
+            args: list[Any] = [self.worker, seq, ttl, "1" if final else "0", len(fields)]
+            for k, v in fields.items():
+                args += [k, v]
+            for op in ops:
+                args.extend(op)
+            result = await self._script(
+                keys=[self.keys.stats, self.keys.workers, self.keys.worker(self.worker)], args=args
+            )
+            self._pending = None
+            # a resent flush predates the latest changes: at close they must go now, not next interval
+            if fresh or not final:
+                return int(result[0])

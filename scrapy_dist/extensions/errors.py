@@ -1,0 +1,329 @@
+"""Crawl-wide error monitoring: a sliding window of errors over every worker, and an action when it
+passes a threshold.
+
+Each worker counts, from Scrapy's signals, every download attempt and what went wrong:
+
+* **HTTP errors** -- responses whose status is in ``ERRORMONITOR_HTTP_ERRORS`` (default 5xx and 429),
+  counted as they come off the network, before any retry (``response_downloaded``);
+* **download errors** -- attempts that ended in an exception (timeouts, refused connections, DNS...):
+  ``request_left_downloader`` without a response;
+* **spider errors** -- exceptions raised by callbacks and errbacks (``spider_error``).
+
+Every ``CLUSTERSTATS_INTERVAL`` seconds the counts go into the crawl-wide window (one ``errors.lua``
+call: counters per time bucket, so the cost does not depend on how many errors there were), which answers
+with the window's totals. When the window holds more than ``ERRORMONITOR_MAX_ERRORS`` errors, or more than
+``ERRORMONITOR_MAX_ERROR_RATE`` of its attempts failed (judged from ``ERRORMONITOR_MIN_ATTEMPTS`` attempts
+on), exactly one worker -- the first to see it -- takes ``ERRORMONITOR_ACTION`` (at most once per window):
+
+* ``log``: an alert at ERROR level with the top error reasons and example URLs;
+* ``pause``: the alert, and the crawl-wide ``paused`` flag -- every worker stops taking new requests until
+  ``scrapy-dist resume <spider>``;
+* ``close``: the alert, and the crawl-wide close decision -- every worker closes with reason
+  ``error_threshold`` at its next flush.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+
+from scrapy_dist import connection, defaults, scripts
+from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.extensions.control import server_time
+from scrapy_dist.extensions.periodic import PeriodicTask
+from scrapy_dist.extensions.workers import engine_of, scheduler_of, worker_id
+from scrapy_dist.keys import CrawlKeys, crawl_keys
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from twisted.python.failure import Failure
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+ACTIONS = ("log", "pause", "close")
+#: The close reason of every worker when the action is ``close`` (set by ``errors.lua``).
+CLOSE_REASON = "error_threshold"
+#: Examples of each reason sent per flush, and kept crawl-wide for alerts.
+EXAMPLES_PER_REASON = 3
+EXAMPLES_KEPT = 50
+#: Buckets per window: the window slides in steps of window / BUCKETS (at least one second).
+BUCKETS = 30
+
+
+def http_error_matcher(spec: list[Any]) -> Any:
+    """A predicate on status codes from ``ERRORMONITOR_HTTP_ERRORS`` items: numbers or ``"5xx"``-style
+    classes."""
+    codes: set[int] = set()
+    classes: set[int] = set()
+    for item in spec:
+        text = str(item).strip().lower()
+        if len(text) == 3 and text.endswith("xx") and text[0].isdigit():
+            classes.add(int(text[0]))
+        elif text.isdigit():
+            codes.add(int(text))
+        elif text:
+            raise ScrapyDistError(
+                f"ERRORMONITOR_HTTP_ERRORS: {item!r} is neither a status code nor like '5xx'"
+            )
+    return lambda status: status in codes or status // 100 in classes
+
+
+class ErrorCounts:
+    """One worker's error events since its last flush (pure: no I/O, time is a parameter)."""
+
+    def __init__(self, is_http_error: Any, worker: str = "") -> None:
+        self.is_http_error = is_http_error
+        self.worker = worker
+        self.counts: Counter[str] = Counter()
+        self.examples: list[str] = []
+        self._examples_per_reason: Counter[str] = Counter()
+
+    def _error(self, kind: str, reason: str, url: str, now: float) -> None:
+        self.counts["errors"] += 1
+        self.counts[kind] += 1
+        self.counts[f"r:{reason}"] += 1
+        if self._examples_per_reason[reason] < EXAMPLES_PER_REASON:
+            self._examples_per_reason[reason] += 1
+            self.examples.append(
+                json.dumps({"at": round(now, 3), "kind": kind, "reason": reason, "url": url[:1000],
+                            "worker": self.worker})
+            )
+
+    def response(self, status: int, url: str, now: float) -> None:
+        self.counts["attempts"] += 1
+        if self.is_http_error(status):
+            self._error("http", f"http/{status}", url, now)
+
+    def download_error(self, exc_name: str, url: str, now: float) -> None:
+        self.counts["attempts"] += 1
+        self._error("download", f"download/{exc_name}", url, now)
+
+    def spider_error(self, exc_name: str, url: str, now: float) -> None:
+        self._error("spider", f"spider/{exc_name}", url, now)
+
+    def take(self) -> tuple[dict[str, int], list[str]]:
+        """The counts and examples so far, and start afresh."""
+        counts, examples = dict(self.counts), self.examples
+        self.counts, self.examples = Counter(), []
+        self._examples_per_reason.clear()
+        return counts, examples
+
+    def give_back(self, counts: dict[str, int], examples: list[str]) -> None:
+        """Put back what a failed flush took, so it goes with the next one."""
+        self.counts.update(counts)
+        self.examples = (examples + self.examples)[-EXAMPLES_KEPT:]
+
+
+def format_alert(
+    spider: str, totals: dict[str, int], examples: list[str], window: float, action: str, top: int = 5
+) -> str:
+    """The alert text: totals, the top reasons and an example URL for each."""
+    errors, attempts = totals.get("errors", 0), totals.get("attempts", 0)
+    rate = f" ({errors / attempts:.0%} of {attempts} attempts)" if attempts else ""
+    reasons = sorted(((n, k[2:]) for k, n in totals.items() if k.startswith("r:")), reverse=True)[:top]
+    by_reason: dict[str, str] = {}
+    for raw in reversed(examples):
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        by_reason.setdefault(rec.get("reason", ""), rec.get("url", ""))
+    lines = [
+        f"Error threshold passed for {spider!r}: {errors} errors crawl-wide in the last {window:.0f}s{rate}.",
+        "Top reasons:",
+    ]
+    for n, reason in reasons:
+        example = by_reason.get(reason)
+        lines.append(f"  {reason}: {n}" + (f" (e.g. {example})" if example else ""))
+    if action == "pause":
+        lines.append(f"The crawl is paused: every worker stops taking new requests until "
+                     f"`scrapy-dist resume {spider}`.")
+    elif action == "close":
+        lines.append("Every worker is closing (reason error_threshold).")
+    return "\n".join(lines)
+
+
+class ErrorMonitor:
+    """Scrapy extension: crawl-wide error window, alert, pause or close (see the module docstring).
+
+    Settings: ``ERRORMONITOR_MAX_ERRORS``, ``ERRORMONITOR_MAX_ERROR_RATE``, ``ERRORMONITOR_WINDOW``,
+    ``ERRORMONITOR_ACTION``, ``ERRORMONITOR_MIN_ATTEMPTS``, ``ERRORMONITOR_HTTP_ERRORS``,
+    ``CLUSTERSTATS_INTERVAL`` (flush period). Without a threshold it still counts (for
+    ``scrapy-dist status``). Stats: ``errormonitor/tripped``.
+    """
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        keys: CrawlKeys,
+        *,
+        interval: float = defaults.CLUSTERSTATS_INTERVAL,
+        window: float = defaults.ERRORMONITOR_WINDOW,
+        max_errors: int | None = None,
+        max_rate: float | None = None,
+        min_attempts: int = defaults.ERRORMONITOR_MIN_ATTEMPTS,
+        action: str = defaults.ERRORMONITOR_ACTION,
+        http_errors: list[Any] | None = None,
+    ) -> None:
+        if action not in ACTIONS:
+            raise ScrapyDistError(f"ERRORMONITOR_ACTION must be one of {', '.join(ACTIONS)}, not {action!r}")
+        if window <= 0:
+            raise ScrapyDistError(f"ERRORMONITOR_WINDOW must be positive, not {window!r}")
+        self.crawler = crawler
+        self.keys = keys
+        self.interval = interval
+        self.window = window
+        self.bucket = max(1.0, window / BUCKETS)
+        self.max_errors = max_errors
+        self.max_rate = max_rate
+        self.min_attempts = min_attempts
+        self.action = action
+        self.events = ErrorCounts(http_error_matcher(
+            defaults.ERRORMONITOR_HTTP_ERRORS if http_errors is None else http_errors
+        ))
+        self.redis: Any = None
+        self.started_at = 0.0
+        self.totals: dict[str, int] = {}
+        self._answered: set[int] = set()
+        self._script: Any = None
+        self._task: PeriodicTask | None = None
+        self._closing = False
+        self._close_task: asyncio.Task[None] | None = None
+        self._local_pause = False
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        s = crawler.settings
+        max_errors = s.get("ERRORMONITOR_MAX_ERRORS", defaults.ERRORMONITOR_MAX_ERRORS)
+        max_rate = s.get("ERRORMONITOR_MAX_ERROR_RATE", defaults.ERRORMONITOR_MAX_ERROR_RATE)
+        o = cls(
+            crawler,
+            crawl_keys(s, crawler.spidercls.name),
+            interval=s.getfloat("CLUSTERSTATS_INTERVAL", defaults.CLUSTERSTATS_INTERVAL) or 5.0,
+            window=s.getfloat("ERRORMONITOR_WINDOW", defaults.ERRORMONITOR_WINDOW),
+            max_errors=int(max_errors) if max_errors not in (None, "", "None") else None,
+            max_rate=float(max_rate) if max_rate not in (None, "", "None") else None,
+            min_attempts=s.getint("ERRORMONITOR_MIN_ATTEMPTS", defaults.ERRORMONITOR_MIN_ATTEMPTS),
+            action=str(s.get("ERRORMONITOR_ACTION", defaults.ERRORMONITOR_ACTION)).lower(),
+            http_errors=s.getlist("ERRORMONITOR_HTTP_ERRORS", defaults.ERRORMONITOR_HTTP_ERRORS),
+        )
+        crawler.signals.connect(o.response_downloaded, signal=signals.response_downloaded)
+        crawler.signals.connect(o.request_left_downloader, signal=signals.request_left_downloader)
+        crawler.signals.connect(o.spider_error, signal=signals.spider_error)
+        crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
+        return o
+
+    # -- counting (reactor thread, no I/O) ----------------------------------------------------------
+    def response_downloaded(self, response: Response, request: Request) -> None:
+        self._answered.add(id(request))
+        self.events.response(response.status, response.url, time.time())
+
+    def request_left_downloader(self, request: Request) -> None:
+        if id(request) in self._answered:
+            self._answered.discard(id(request))
+            return
+        # sent from the downloader's `finally`: the download's exception, if any, is still in flight
+        exc = sys.exc_info()[1]
+        name = type(exc).__name__ if exc is not None else "error"
+        self.events.download_error(name, request.url, time.time())
+
+    def spider_error(self, failure: Failure, response: Response | Failure) -> None:
+        url = getattr(response, "url", "") or getattr(getattr(failure, "request", None), "url", "")
+        self.events.spider_error(type(failure.value).__name__, url, time.time())
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    async def spider_opened(self, spider: Spider) -> None:
+        self.events.worker = worker_id(self.crawler)
+        self.redis = connection.get_async_redis(self.crawler.settings)
+        self._script = scripts.register(self.redis, "errors")
+        try:
+            self.started_at = await server_time(self.redis)
+        except Exception:
+            self.started_at = time.time()
+        self._task = PeriodicTask(self.flush, self.interval, "Error monitor", logger).start()
+
+    async def spider_closed(self, spider: Spider, reason: str) -> None:
+        self._closing = True
+        if self._task is not None:
+            await self._task.stop()
+        if self.redis is not None:
+            try:
+                await self.flush()
+            except Exception as exc:
+                logger.warning("Could not send the last error counts to %s: %s", self.keys.errors, exc)
+            await self.redis.aclose()
+
+    # -- the crawl-wide window ---------------------------------------------------------------------
+    async def flush(self, now: float | None = None) -> bool:
+        """Send the counts since the last flush, get the window's totals back, act on them (one script
+        call). Returns whether this call took the action."""
+        counts, examples = self.events.take()
+        args: list[Any] = [
+            "" if now is None else repr(now), repr(self.bucket), repr(self.window),
+            "" if self.max_errors is None else self.max_errors,
+            "" if self.max_rate is None else repr(self.max_rate),
+            self.min_attempts, self.action, EXAMPLES_KEPT, len(counts),
+        ]
+        for name, n in counts.items():
+            args += [name, n]
+        args += examples
+        try:
+            tripped, _, flat, control, kept = await self._script(
+                keys=[self.keys.errors, self.keys.error_examples, self.keys.control], args=args
+            )
+        except BaseException:
+            self.events.give_back(counts, examples)
+            raise
+        self.totals = {_text(flat[i]): int(float(flat[i + 1])) for i in range(0, len(flat), 2)}
+        if tripped:
+            self.crawler.stats.inc_value("errormonitor/tripped")
+            logger.error(format_alert(self.keys.spider, self.totals, [_text(e) for e in kept], self.window,
+                                      self.action))
+        close, close_at, paused = (_text(x) for x in control)
+        if self._closing:
+            return bool(tripped)
+        self._follow_pause(paused == "1")
+        # the error monitor acts on its own decision; IdleMonitor relays every kind of close decision
+        if close == CLOSE_REASON and float(close_at or 0) >= self.started_at:
+            self._close(close)
+        return bool(tripped)
+
+    def _follow_pause(self, paused: bool) -> None:
+        """Without the scrapy-dist scheduler (which pauses itself), pause this worker's engine."""
+        if scheduler_of(self.crawler) is not None or paused == self._local_pause:
+            return
+        engine = engine_of(self.crawler)
+        if engine is None:
+            return
+        self._local_pause = paused
+        if paused:
+            engine.pause()
+            logger.warning(
+                "The crawl is paused crawl-wide; `scrapy-dist resume %s` resumes it", self.keys.spider
+            )
+        else:
+            engine.unpause()
+            logger.info("The crawl was resumed")
+
+    def _close(self, reason: str) -> None:
+        engine = engine_of(self.crawler)
+        if engine is None or engine.spider is None:
+            return
+        self._closing = True
+        logger.warning("Closing: the error monitor closed the crawl crawl-wide (%s)", reason)
+        self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -1,0 +1,199 @@
+"""Closing every worker together once the crawl has run out of work.
+
+The scheduler already closes a worker (reason ``finished``) once the crawl-wide frontier has been empty for
+``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds -- but only when nothing else keeps the engine open. A spider that
+waits for seeds (``RedisSpider``, whose ``start()`` never ends) or a ``spider_idle`` handler keeps it open
+forever, and each worker would decide on its own clock anyway.
+
+:class:`IdleMonitor` makes it one decision for the whole crawl. Every worker polls (one pipelined round
+trip per second at most) the frontier's queued, leased and delayed counts, the seeds still waiting
+(``<spider>:start_urls`` and the seeds being turned into requests) and the crawl-wide control flags:
+
+* once all of them have been zero for ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds and this worker has no
+  request of its own in progress, it runs ``idle.lua``, which checks the frontier again atomically and sets
+  the control flag ``close = finished``;
+* every worker that sees a ``close`` flag set after it started closes with that reason -- so all workers
+  close within about a second of each other;
+* seeds arriving in the meantime make the counts non-zero and restart the clock, so everyone keeps running.
+
+``SCHEDULER_IDLE_BEFORE_CLOSE = 0`` (the default) means "never close an idle crawl that waits for seeds":
+the monitor then only relays close decisions (``error_threshold``) and plain spiders still finish through
+the scheduler as soon as the frontier drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+
+from scrapy_dist import _engine, connection, defaults, scripts
+from scrapy_dist.extensions.control import ControlState, server_time
+from scrapy_dist.extensions.periodic import PeriodicTask
+from scrapy_dist.extensions.workers import engine_of, scheduler_of
+from scrapy_dist.keys import CrawlKeys, crawl_keys
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+#: Most seconds between two polls (fewer when SCHEDULER_IDLE_BEFORE_CLOSE is short).
+MAX_POLL = 1.0
+
+
+class IdleClock:
+    """How long the crawl has been observed without work (pure; time is a parameter)."""
+
+    def __init__(self, idle_before_close: float) -> None:
+        self.idle_before_close = idle_before_close
+        self.since: float | None = None
+
+    def observe(self, busy: bool, now: float) -> bool:
+        """Record one observation; True once there has been no work for ``idle_before_close`` seconds."""
+        if busy:
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = now
+        return now - self.since >= self.idle_before_close
+
+
+class IdleMonitor:
+    """Scrapy extension: one crawl-wide ``finished`` decision, every worker closing on it (see above).
+
+    Settings: ``SCHEDULER_IDLE_BEFORE_CLOSE`` (or scrapy-redis' ``MAX_IDLE_TIME_BEFORE_CLOSE``),
+    ``REDIS_START_URLS_AS_SET`` / ``REDIS_START_URLS_AS_ZSET`` (how to count waiting seeds).
+    """
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        keys: CrawlKeys,
+        idle_before_close: float = defaults.SCHEDULER_IDLE_BEFORE_CLOSE,
+        seeds_type: str = "list",
+        poll: float | None = None,
+    ) -> None:
+        self.crawler = crawler
+        self.keys = keys
+        self.clock = IdleClock(idle_before_close)
+        self.seeds_type = seeds_type
+        if poll is None:
+            poll = min(MAX_POLL, max(0.2, idle_before_close / 4)) if idle_before_close > 0 else MAX_POLL
+        self.poll = poll
+        self.redis: Any = None
+        self.started_at = 0.0
+        self._script: Any = None
+        self._task: PeriodicTask | None = None
+        self._close_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        s = crawler.settings
+        idle = s.getfloat(
+            "SCHEDULER_IDLE_BEFORE_CLOSE",
+            s.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE", defaults.SCHEDULER_IDLE_BEFORE_CLOSE),
+        )
+        if s.getbool("REDIS_START_URLS_AS_ZSET", defaults.REDIS_START_URLS_AS_ZSET):
+            seeds_type = "zset"
+        elif s.getbool("REDIS_START_URLS_AS_SET", defaults.REDIS_START_URLS_AS_SET):
+            seeds_type = "set"
+        else:
+            seeds_type = "list"
+        o = cls(crawler, crawl_keys(s, crawler.spidercls.name), idle, seeds_type)
+        crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
+        return o
+
+    async def spider_opened(self, spider: Spider) -> None:
+        self.redis = connection.get_async_redis(self.crawler.settings)
+        self._script = scripts.register(self.redis, "idle")
+        try:
+            self.started_at = await server_time(self.redis)
+        except Exception:
+            self.started_at = time.time()
+        self._task = PeriodicTask(self.check, self.poll, "Idle monitor", logger).start()
+
+    async def spider_closed(self, spider: Spider, reason: str) -> None:
+        if self._task is not None:
+            await self._task.stop()
+        if self.redis is not None:
+            await self.redis.aclose()
+
+    # -- one poll -----------------------------------------------------------------------------------
+    async def read(self) -> tuple[int, ControlState]:
+        """Work left crawl-wide (queued + leased + delayed + waiting seeds) and the control flags: one
+        pipelined round trip."""
+        k = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zcard(k.queue)
+        pipe.zcard(k.leases)
+        pipe.zcard(k.delayed)
+        if self.seeds_type == "zset":
+            pipe.zcard(k.start_urls)
+        elif self.seeds_type == "set":
+            pipe.scard(k.start_urls)
+        else:
+            pipe.llen(k.start_urls)
+        pipe.llen(k.start_urls_processing)
+        pipe.hgetall(k.control)
+        *counts, control = await pipe.execute(raise_on_error=False)
+        if isinstance(control, Exception):
+            raise control
+        # a seeds key of another type than configured (WRONGTYPE) holds nothing the spider can take
+        return sum(int(c) for c in counts if not isinstance(c, Exception)), ControlState.from_hash(control)
+
+    def judges_idleness(self) -> bool:
+        """Only a worker whose requests go through the shared frontier may call the crawl finished (with
+        another scheduler, an empty frontier says nothing about the work left)."""
+        return engine_of(self.crawler) is None or scheduler_of(self.crawler) is not None
+
+    def locally_idle(self) -> bool:
+        """This worker has no request of its own in progress (nor any crawled outside the frontier)."""
+        if engine_of(self.crawler) is None:
+            return True
+        if _engine.inprogress(self.crawler):
+            return False
+        sched = scheduler_of(self.crawler)
+        return not getattr(sched, "_local", None)
+
+    async def check(self, now: float | None = None) -> str:
+        """One poll: returns the reason this worker is closing for, or ``""``."""
+        if self._close_task is not None:
+            return ""
+        work, control = await self.read()
+        reason = control.close_reason(self.started_at)
+        if not reason and self.clock.idle_before_close > 0 and self.judges_idleness():
+            now = time.monotonic() if now is None else now
+            # a paused crawl is waiting for `scrapy-dist resume`, not finished
+            if self.clock.observe(work > 0 or control.paused, now) and self.locally_idle():
+                decided, reason_b, _ = await self._script(
+                    keys=[self.keys.queue, self.keys.leases, self.keys.delayed, self.keys.control],
+                    args=["finished", repr(self.started_at)],
+                )
+                reason = reason_b.decode() if isinstance(reason_b, bytes) else str(reason_b or "")
+                if decided:
+                    logger.info(
+                        "The crawl has had no work for %.1fs: every worker closes (reason finished)",
+                        self.clock.idle_before_close,
+                    )
+                elif not reason:
+                    self.clock.since = None  # work appeared between the poll and the decision
+        if reason:
+            self._close(reason)
+        return reason
+
+    def _close(self, reason: str) -> None:
+        engine = engine_of(self.crawler)
+        if engine is None or engine.spider is None:
+            return
+        slot = getattr(engine, "_slot", None)
+        if slot is not None and slot.closing is not None:
+            return
+        logger.info("Closing: the crawl was closed crawl-wide (reason %s)", reason)
+        self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))

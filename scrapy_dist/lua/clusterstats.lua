@@ -1,0 +1,67 @@
+-- clusterstats: one worker's periodic flush -- its heartbeat and the changes of its Scrapy stats since the
+-- last flush, merged into the crawl-wide stats hash -- in one atomic call.
+--
+-- KEYS[1] crawl-wide stats HASH   KEYS[2] workers ZSET (id -> last seen)   KEYS[3] this worker's HASH
+-- ARGV[1] worker id   ARGV[2] flush sequence number (1, 2, ...; a number already applied is not applied
+--         again, so a flush resent after a lost reply counts once)   ARGV[3] TTL of the worker hash (seconds)
+-- ARGV[4] '1' for the last flush of a closing worker, else '0'
+-- ARGV[5] H, then H field/value pairs for the worker hash
+-- then merge operations, 3 items each: mode, stat name, value, where mode is
+--   'sum' (add the value: HINCRBY, or HINCRBYFLOAT for non-integers), 'max' / 'min' (keep the larger /
+--   smaller of stored and given value: numerically if both are numbers, else as strings -- timestamps are
+--   fixed-width ISO 8601 UTC, so they compare as strings), 'set' (store the value).
+-- Returns {applied, server time}: applied is 1 when the stats were merged, 0 when this sequence number
+-- had been applied already, -1 when nothing was written because the crawl's keys are gone (the last
+-- flush of a worker of a non-persistent crawl that has finished and removed them).
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local now_s = string.format('%.6f', now)
+
+if ARGV[4] == '1' and redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('DEL', KEYS[3])
+  return {-1, now_s}
+end
+
+local h = tonumber(ARGV[5])
+local pos = 6
+local fields = {'last_seen', now_s}
+for i = 1, h do
+  fields[#fields + 1] = ARGV[pos]; fields[#fields + 1] = ARGV[pos + 1]
+  pos = pos + 2
+end
+local applied = 0
+local seq = tonumber(ARGV[2])
+local done = tonumber(redis.call('HGET', KEYS[3], 'flush_seq') or '0')
+if seq > done then
+  applied = 1
+  fields[#fields + 1] = 'flush_seq'; fields[#fields + 1] = ARGV[2]
+  while pos + 2 <= #ARGV do
+    local mode, name, value = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2]
+    pos = pos + 3
+    if mode == 'sum' then
+      if string.find(value, '[%.eEnN]') then
+        redis.call('HINCRBYFLOAT', KEYS[1], name, value)
+      else
+        -- the stored value may be a float already (the stat changed type): add as a float then
+        local ok = redis.pcall('HINCRBY', KEYS[1], name, value)
+        if type(ok) == 'table' and ok.err then redis.call('HINCRBYFLOAT', KEYS[1], name, value) end
+      end
+    elseif mode == 'max' or mode == 'min' then
+      local cur = redis.call('HGET', KEYS[1], name)
+      local replace = not cur
+      if cur then
+        local a, b = tonumber(value), tonumber(cur)
+        if not (a and b) then a, b = value, cur end
+        if mode == 'max' then replace = a > b else replace = a < b end
+      end
+      if replace then redis.call('HSET', KEYS[1], name, value) end
+    elseif mode == 'set' then
+      redis.call('HSET', KEYS[1], name, value)
+    end
+  end
+end
+redis.call('HSET', KEYS[3], unpack(fields))
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+return {applied, now_s}

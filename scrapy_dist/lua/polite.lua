@@ -1,0 +1,106 @@
+-- Fragment (not a script on its own): crawl-wide politeness for sync.lua (SCHEDULER_POLITENESS = "cluster").
+--
+-- In this mode every queue member is  <domain> \0 <11-digit priority key> <6-byte seq> <payload>  with
+-- score 0, so ZRANGEBYLEX over "<domain>\0" reads one domain's requests in priority-then-FIFO order
+-- from the one queue ZSET. Per domain, the info HASH (KEYS[12] of sync.lua) holds
+--   b:<domain>  backlog (queued requests)      i:<domain>  leased requests (concurrency slots in use)
+--   n:<domain>  next allowed lease time        l:<domain>  limits "delay concurrency jitter"
+-- and the domains ZSET (KEYS[11]) holds every domain with a backlog, scored by when it may next be
+-- leased from (BLOCKED while all its slots are taken). Slots are leases: a dead worker's expire, and
+-- the sweep gives them back. The next allowed time moves to (lease time + delay) on lease and to
+-- (finish time + delay) on acknowledgement, so two fetches of a domain are at least `delay` apart
+-- even when a leased request waits in a worker's prefetch buffer.
+
+local BLOCKED = 1e15
+local pol = {touched = {}}
+
+local function pol_domain(member)
+  return string.match(member, '^([^%z]*)%z')
+end
+
+local function pol_limits(info_key, dom)
+  local l = redis.call('HGET', info_key, 'l:' .. dom)
+  if not l then return 0, 0, 0 end
+  local delay, conc, jitter = string.match(l, '^(%S+) (%S+) (%S+)$')
+  return tonumber(delay) or 0, tonumber(conc) or 0, tonumber(jitter) or 0
+end
+
+-- Count a change of backlog (db) and slots in use (di) for a domain; rescheduled in pol_flush.
+local function pol_count(info_key, dom, db, di)
+  if db ~= 0 then redis.call('HINCRBY', info_key, 'b:' .. dom, db) end
+  if di ~= 0 then redis.call('HINCRBY', info_key, 'i:' .. dom, di) end
+  pol.touched[dom] = true
+end
+
+local function pol_push_next(info_key, dom, t)
+  local cur = tonumber(redis.call('HGET', info_key, 'n:' .. dom) or '0')
+  if t > cur then redis.call('HSET', info_key, 'n:' .. dom, t) end
+  pol.touched[dom] = true
+end
+
+-- The jitter only lengthens a delay (by up to `jitter` times it): the delay stays a minimum gap.
+local function pol_jitter(delay, jitter)
+  if jitter > 0 then return delay * jitter * math.random() end
+  return 0
+end
+
+-- A request of `dom` finished (acknowledged): its slot is free, its delay runs from now.
+local function pol_finished(info_key, dom, now)
+  local delay, _, jitter = pol_limits(info_key, dom)
+  if delay > 0 then pol_push_next(info_key, dom, now + delay + pol_jitter(delay, jitter)) end
+end
+
+local function pol_schedule(domains_key, info_key, dom, now)
+  local backlog = tonumber(redis.call('HGET', info_key, 'b:' .. dom) or '0')
+  if backlog <= 0 then
+    redis.call('ZREM', domains_key, dom)
+    return
+  end
+  local _, conc = pol_limits(info_key, dom)
+  local used = tonumber(redis.call('HGET', info_key, 'i:' .. dom) or '0')
+  if conc > 0 and used >= conc then
+    redis.call('ZADD', domains_key, BLOCKED, dom)
+  else
+    local nxt = tonumber(redis.call('HGET', info_key, 'n:' .. dom) or '0')
+    redis.call('ZADD', domains_key, math.max(nxt, 0), dom)
+  end
+end
+
+local function pol_flush(domains_key, info_key, now)
+  for dom in pairs(pol.touched) do pol_schedule(domains_key, info_key, dom, now) end
+  pol.touched = {}
+end
+
+-- Lease up to n requests from domains that may be fetched now; returns a flat list member, score.
+local function pol_lease(queue_key, domains_key, info_key, n, now, on_lease)
+  local out = {}
+  local got = 0
+  local ready = redis.call('ZRANGEBYSCORE', domains_key, '-inf', now, 'LIMIT', 0, 256)
+  for _, dom in ipairs(ready) do
+    if got >= n then break end
+    local delay, conc, jitter = pol_limits(info_key, dom)
+    local can = n - got
+    if conc > 0 then
+      local used = tonumber(redis.call('HGET', info_key, 'i:' .. dom) or '0')
+      can = math.min(can, conc - used)
+    end
+    if delay > 0 then can = math.min(can, 1) end
+    if can > 0 then
+      local ms = redis.call('ZRANGEBYLEX', queue_key, '[' .. dom .. '\0', '(' .. dom .. '\1', 'LIMIT', 0, can)
+      for _, m in ipairs(ms) do
+        redis.call('ZREM', queue_key, m)
+        on_lease(m)
+        out[#out + 1] = m; out[#out + 1] = '0'
+        got = got + 1
+      end
+      if #ms == 0 then
+        redis.call('HSET', info_key, 'b:' .. dom, 0)  -- heal a drifted counter rather than spin on it
+      else
+        pol_count(info_key, dom, -#ms, #ms)
+        if delay > 0 then pol_push_next(info_key, dom, now + delay + pol_jitter(delay, jitter)) end
+      end
+    end
+    pol.touched[dom] = true
+  end
+  return out
+end

@@ -1,0 +1,76 @@
+"""Crawl-wide politeness (``SCHEDULER_POLITENESS = "cluster"``): which limits apply to which domain.
+
+The frontier enforces the limits (``lua/polite.lua``): a request of a domain that may not be fetched yet
+is simply not leased, so workers take other domains' requests meanwhile. This module only answers, for a
+domain, its ``(delay, concurrency, jitter)``:
+
+* defaults: ``DOWNLOAD_DELAY``, ``CONCURRENT_REQUESTS_PER_DOMAIN`` and ``DOWNLOAD_DELAY_JITTER``
+  (Scrapy's, default 0.5), held crawl-wide. The jitter only ever *lengthens* a delay, by up to that
+  fraction of it (Scrapy's per-process jitter is symmetric), so a rule's delay is a guaranteed minimum
+  gap between two fetches of the domain across all workers. A rule's ``concurrency: 0`` means no
+  crawl-wide cap (Scrapy's per-process ``CONCURRENT_REQUESTS_PER_DOMAIN`` still applies in each
+  worker; note that Scrapy itself reads 0 there as "no requests at all").
+* ``DOMAIN_LIMITS = {"*.example.com": {"delay": 1.0, "concurrency": 2, "jitter": 0.5}, ...}`` overrides
+  them per domain glob (``fnmatch``); the most specific rule wins: an exact name before any glob, then
+  the glob with the most literal characters. Keys a rule leaves out keep the defaults.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any
+
+from scrapy_dist import defaults
+
+
+@dataclass(frozen=True)
+class DomainLimit:
+    delay: float
+    concurrency: int
+    jitter: float
+
+    def encode(self) -> str:
+        """The ``"delay concurrency jitter"`` form stored in Redis."""
+        return f"{self.delay!r} {self.concurrency} {self.jitter!r}"
+
+
+def _specificity(pattern: str) -> tuple[int, int]:
+    wild = sum(pattern.count(c) for c in "*?[")
+    return (0 if wild else 1, len(pattern) - wild)
+
+
+class DomainLimits:
+    """Limits per domain from settings (see the module docstring); answers are cached per domain."""
+
+    def __init__(self, default: DomainLimit, rules: dict[str, dict[str, Any]] | None = None) -> None:
+        self.default = default
+        self.rules = sorted((rules or {}).items(), key=lambda kv: _specificity(kv[0].lower()), reverse=True)
+        self._cache: dict[str, DomainLimit] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> DomainLimits:
+        default = DomainLimit(
+            delay=settings.getfloat("DOWNLOAD_DELAY", 0.0),
+            concurrency=settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN", 8),
+            jitter=settings.getfloat("DOWNLOAD_DELAY_JITTER", 0.5),
+        )
+        return cls(default, settings.getdict("DOMAIN_LIMITS", defaults.DOMAIN_LIMITS))
+
+    def for_domain(self, domain: str) -> DomainLimit:
+        hit = self._cache.get(domain)
+        if hit is not None:
+            return hit
+        limit = self.default
+        for pattern, rule in self.rules:
+            if fnmatch.fnmatchcase(domain, pattern.lower()):
+                limit = DomainLimit(
+                    delay=float(rule.get("delay", self.default.delay)),
+                    concurrency=int(rule.get("concurrency", self.default.concurrency)),
+                    jitter=float(rule.get("jitter", self.default.jitter)),
+                )
+                break
+        if len(self._cache) > 100_000:
+            self._cache.clear()
+        self._cache[domain] = limit
+        return limit

@@ -1,0 +1,492 @@
+"""Seeds: the untrusted entries people push to ``<spider>:start_urls``, parsed and validated.
+
+Shared by the spider (:mod:`scrapy_dist.spiders`) and ``scrapy-dist push``, so a seed the CLI accepts is a
+seed the spider accepts. Pure functions, no I/O.
+
+A seed is UTF-8 text, surrounding whitespace ignored, in one of two forms:
+
+* a plain ``http(s)`` URL: ``https://example.com/``;
+* a JSON object with ``url`` and any of ``method``, ``headers``, ``body``, ``meta``, ``cb_kwargs``,
+  ``priority``, ``callback``, ``errback``, ``dont_filter``, ``cookies`` (see :data:`FIELDS`).
+
+Anything else raises :class:`~scrapy_dist.exceptions.RejectedEntry` whose ``reason`` is one of
+:data:`REASONS` -- never another exception, whatever the bytes (a hypothesis fuzz test holds us to that).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import re
+import types
+import unicodedata
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from scrapy_dist.codec import spider_method
+from scrapy_dist.exceptions import RejectedEntry
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+
+#: Every rejection reason a seed can get (stats ``seeds/rejected/<reason>``, ``reason`` of the records).
+REASONS = {
+    "too_large": "longer than REDIS_START_URLS_MAX_BYTES",
+    "not_utf8": "not UTF-8 text",
+    "empty": "empty or only whitespace",
+    "bad_url": "not a URL: no scheme or host, whitespace/control characters, bad port, over 8 KiB",
+    "bad_scheme": "a scheme other than the allowed ones (http, https)",
+    "bad_json": "starts like JSON but does not parse, NaN/Infinity, nested over 32 levels",
+    "not_object": "valid JSON that is not an object",
+    "missing_url": "a JSON object without url",
+    "unknown_field": "a JSON field that is not one of FIELDS",
+    "bad_method": "method is not an HTTP token (letters, digits, !#$%&'*+-.^_`|~; at most 32)",
+    "bad_headers": "headers is not an object of name -> string or list of strings, or a bad name",
+    "header_injection": "CR, LF or NUL in a header (or cookie) name or value",
+    "bad_body": "body is not a string",
+    "bad_meta": "meta is not an object, or holds integers msgpack cannot store",
+    "bad_cb_kwargs": "cb_kwargs is not an object with identifier keys",
+    "bad_priority": "priority is not an integer in the 32-bit range",
+    "bad_callback": "callback is not a public method defined by the spider",
+    "bad_errback": "errback is not a public method defined by the spider",
+    "bad_dont_filter": "dont_filter is not a boolean",
+    "bad_cookies": "cookies is not an object of name -> value or a list of cookie objects",
+    "bad_request": "Scrapy's Request refused the values",
+    "hook_error": "the spider's make_request_from_data() raised",
+    "bad_hook_result": "make_request_from_data() returned something that is not a Request or None",
+}
+
+#: The fields a JSON seed may have.
+FIELDS = frozenset(
+    [
+        "url", "method", "headers", "body", "meta", "cb_kwargs", "priority", "callback", "errback",
+        "dont_filter", "cookies",
+    ]
+)
+
+#: Nesting limit of JSON seeds: far above any real meta, far below Python's and msgpack's recursion limits.
+MAX_DEPTH = 32
+_PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_WS = b" \t\r\n\x0b\x0c"
+#: ASCII control characters and space (codec.check_url's rule, as one regex)
+_CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")
+#: ``scheme://[user@]host[:port]`` followed by ``/``, ``?``, ``#`` or the end, with a plain host name: what
+#: urlsplit would make of it is certain, so validate_url reads scheme, host and port from the match
+_SIMPLE_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#@\[\]]*@)?([A-Za-z0-9.-]+)(?::(\d{1,5}))?(?=[/?#]|$)")
+
+
+@dataclass(frozen=True)
+class SeedRules:
+    """The limits every seed is checked against (``REDIS_START_URLS_MAX_BYTES``,
+    ``SCHEDULER_ALLOWED_SCHEMES``)."""
+
+    max_bytes: int = 64 * 1024
+    allowed_schemes: tuple[str, ...] = ("http", "https")
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SeedRules:
+        """The rules a crawl's settings give (a Scrapy ``Settings``)."""
+        from scrapy_dist import defaults
+
+        return cls(
+            max_bytes=settings.getint("REDIS_START_URLS_MAX_BYTES", defaults.REDIS_START_URLS_MAX_BYTES),
+            allowed_schemes=tuple(
+                s.lower()
+                for s in settings.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES)
+            ),
+        )
+
+
+DEFAULT_RULES = SeedRules()
+
+
+@dataclass
+class Seed:
+    """A validated seed: everything needed to build its request, nothing unchecked."""
+
+    url: str
+    method: str = "GET"
+    #: header name -> values
+    headers: dict[str, list[str]] | None = None
+    body: str | None = None
+    meta: dict[str, Any] | None = None
+    cb_kwargs: dict[str, Any] | None = None
+    #: ``None`` when the seed does not set it (a ZSET score may then give it)
+    priority: int | None = None
+    callback: str | None = None
+    errback: str | None = None
+    dont_filter: bool = False
+    cookies: dict[str, Any] | list[dict[str, Any]] | None = None
+    #: whether the seed was a JSON object (else a plain URL)
+    is_json: bool = field(default=False, compare=False)
+
+    def to_json(self) -> str:
+        """The seed as a JSON object holding only what differs from the defaults."""
+        d: dict[str, Any] = {"url": self.url}
+        if self.method != "GET":
+            d["method"] = self.method
+        for name in ("headers", "body", "meta", "cb_kwargs", "priority", "callback", "errback", "cookies"):
+            value = getattr(self, name)
+            if value is not None:
+                d[name] = value
+        if self.dont_filter:
+            d["dont_filter"] = True
+        return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
+
+
+# -- parsing ------------------------------------------------------------------------------------
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_text(s: str, reason: str, what: str) -> None:
+    """Strings from JSON may hold lone surrogates (``"\\ud800"``), which no encoder accepts later."""
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RejectedEntry(reason, f"{what} holds a lone surrogate") from None
+
+
+def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> None:
+    """Walk a JSON value (iteratively bounded by ``MAX_DEPTH``): strings encodable, integers storable."""
+    if depth > MAX_DEPTH:
+        raise RejectedEntry("bad_json", f"{what} nested deeper than {MAX_DEPTH}")
+    if isinstance(value, str):
+        _check_text(value, reason, what)
+    elif isinstance(value, bool) or value is None or isinstance(value, float):
+        return
+    elif isinstance(value, int):
+        if not -(2**63) <= value < 2**64:  # msgpack's integer range
+            raise RejectedEntry(reason, f"{what} holds an integer out of range")
+    elif isinstance(value, list):
+        for v in value:
+            _check_json_value(v, reason, what, depth + 1)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(k, reason, what)
+            _check_json_value(v, reason, what, depth + 1)
+
+
+def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
+    """Validate an untrusted URL: the rules of :func:`scrapy_dist.codec.check_url` (a string of at most
+    8 KiB, no whitespace or control characters, an allowed scheme, a host for http(s)), plus what Scrapy's
+    ``Request`` would trip on later: a missing scheme, a port out of range, non-printable non-ASCII
+    characters (Unicode spaces and separators, format and private-use characters, lone surrogates).
+
+    Written out rather than calling ``check_url`` because the CLI validates every seed it pushes and
+    ``check_url`` tests characters one by one in Python: this costs a regex search and one ``urlsplit``
+    (about 4 us for a typical URL instead of 60). A test holds it at least as strict as ``check_url``.
+    """
+    if not isinstance(url, str):
+        raise RejectedEntry("bad_url", f"url has type {type(url).__name__}")
+    if not url or len(url) > 8192 or _CONTROL_OR_SPACE.search(url):
+        raise RejectedEntry("bad_url", "empty, too long, or contains whitespace/control characters")
+    if not url.isascii() and not url.isprintable():
+        ch = next(c for c in url if not c.isprintable())
+        cat = unicodedata.category(ch)
+        raise RejectedEntry("bad_url", f"contains {cat} character U+{ord(ch):04X}")
+    simple = _SIMPLE_URL.match(url)
+    if simple is not None:  # the common shape, read without urlsplit (same answers, 3x faster)
+        scheme, host, port = simple.group(1).lower(), simple.group(2), simple.group(3)
+        if port is not None and int(port) > 65535:
+            raise RejectedEntry("bad_url", "Port out of range 0-65535")
+    else:
+        try:
+            parts = urlsplit(url)
+            port = parts.port  # raises ValueError for a port out of range
+        except ValueError as exc:
+            raise RejectedEntry("bad_url", str(exc)[:100]) from None
+        scheme, host = parts.scheme.lower(), parts.hostname
+    if not scheme:
+        raise RejectedEntry("bad_url", "not a URL (no scheme)")
+    if scheme not in rules.allowed_schemes:
+        raise RejectedEntry("bad_scheme", f"scheme {scheme!r} not allowed")
+    if scheme in ("http", "https") and not host:
+        raise RejectedEntry("bad_url", "no host")
+    return url
+
+
+def parse_seed(
+    data: bytes, rules: SeedRules = DEFAULT_RULES, has_callback: Callable[[str], bool] | None = None
+) -> Seed:
+    """Parse and validate one raw seed.
+
+    ``has_callback(name)`` says whether the spider has a public callback method ``name``; ``None`` checks
+    only that callback/errback names could be public method names (the CLI outside a project).
+    Raises :class:`RejectedEntry`; nothing else.
+    """
+    if len(data) > rules.max_bytes:
+        raise RejectedEntry("too_large", f"{len(data)} bytes > {rules.max_bytes}")
+    try:
+        text = data.strip(_WS).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RejectedEntry("not_utf8", f"invalid byte at {exc.start}") from None
+    if not text:
+        raise RejectedEntry("empty")
+    first = text[0]
+    if first in '{["' or first.isdigit() or first == "-" or text in ("null", "true", "false"):
+        return _parse_json(text, rules, has_callback)
+    return Seed(validate_url(text, rules))
+
+
+def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool] | None) -> Seed:
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise RejectedEntry("bad_json", "nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, or int too long for the str -> int limit
+        raise RejectedEntry("bad_json", str(exc)[:120]) from None
+    if not isinstance(obj, dict):
+        raise RejectedEntry("not_object", f"JSON {type(obj).__name__}, expected an object")
+    unknown = set(obj) - FIELDS
+    if unknown:
+        names = ", ".join(repr(n[:40]) for n in sorted(unknown)[:5])
+        raise RejectedEntry("unknown_field", f"unknown field(s) {names}")
+    if "url" not in obj:
+        raise RejectedEntry("missing_url", "JSON seed without url")
+    url = obj["url"]
+    if isinstance(url, str):
+        _check_text(url, "bad_url", "url")
+    seed = Seed(validate_url(url, rules), is_json=True)
+    if "method" in obj:
+        seed.method = check_method(obj["method"])
+    if "headers" in obj:
+        seed.headers = check_headers(obj["headers"])
+    if "body" in obj:
+        body = obj["body"]
+        if not isinstance(body, str):
+            raise RejectedEntry("bad_body", f"body is a {_type(body)}, expected a string")
+        _check_text(body, "bad_body", "body")
+        seed.body = body
+    if "meta" in obj:
+        meta = obj["meta"]
+        if not isinstance(meta, dict):
+            raise RejectedEntry("bad_meta", f"meta is a {_type(meta)}, expected an object")
+        _check_json_value(meta, "bad_meta", "meta")
+        seed.meta = meta
+    if "cb_kwargs" in obj:
+        kw = obj["cb_kwargs"]
+        if not isinstance(kw, dict) or not all(k.isidentifier() for k in kw):
+            raise RejectedEntry("bad_cb_kwargs", "cb_kwargs must be an object with identifier keys")
+        _check_json_value(kw, "bad_cb_kwargs", "cb_kwargs")
+        seed.cb_kwargs = kw
+    if "priority" in obj:
+        seed.priority = check_priority(obj["priority"])
+    for what in ("callback", "errback"):
+        if what in obj and obj[what] is not None:
+            setattr(seed, what, check_callback_name(obj[what], what, has_callback))
+    if "dont_filter" in obj:
+        df = obj["dont_filter"]
+        if not isinstance(df, bool):
+            raise RejectedEntry("bad_dont_filter", f"dont_filter is a {_type(df)}, expected true/false")
+        seed.dont_filter = df
+    if "cookies" in obj:
+        seed.cookies = check_cookies(obj["cookies"])
+    return seed
+
+
+def _type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number"
+    )
+
+
+def check_method(method: Any) -> str:
+    """An HTTP method must be a token (RFC 9110), at most 32 characters; returned upper-cased."""
+    if not isinstance(method, str) or not method or len(method) > 32 or not set(method) <= _TOKEN_CHARS:
+        raise RejectedEntry("bad_method", f"method {str(method)[:40]!r} is not an HTTP token")
+    return method.upper()
+
+
+def _check_header_text(text: str, what: str) -> None:
+    if "\r" in text or "\n" in text or "\0" in text:
+        raise RejectedEntry("header_injection", f"CR/LF/NUL in {what} {text[:40]!r}")
+
+
+def check_headers(headers: Any) -> dict[str, list[str]]:
+    """``{"Name": "value" | ["v1", "v2"]}``; names are tokens, values hold no CR/LF/NUL."""
+    if not isinstance(headers, dict):
+        raise RejectedEntry("bad_headers", f"headers is a {_type(headers)}, expected an object")
+    if len(headers) > 100:
+        raise RejectedEntry("bad_headers", f"{len(headers)} headers (at most 100)")
+    out: dict[str, list[str]] = {}
+    for name, values in headers.items():
+        _check_header_text(name, "header name")
+        if not name or not set(name) <= _TOKEN_CHARS:
+            raise RejectedEntry("bad_headers", f"header name {name[:40]!r} is not a token")
+        if isinstance(values, str):
+            values = [values]
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise RejectedEntry("bad_headers", f"header {name[:40]!r}: values must be strings")
+        for v in values:
+            _check_header_text(v, f"header {name[:40]!r} value")
+            _check_text(v, "bad_headers", "header value")
+            if any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in v):
+                raise RejectedEntry("bad_headers", f"header {name[:40]!r} value has control characters")
+        out[name] = values
+    return out
+
+
+def check_priority(priority: Any) -> int:
+    """An integer (not a boolean, not a float) in the 32-bit range."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise RejectedEntry("bad_priority", f"priority is a {_type(priority)}, expected an integer")
+    if not _PRIORITY_RANGE[0] <= priority <= _PRIORITY_RANGE[1]:
+        raise RejectedEntry("bad_priority", "priority out of the 32-bit range")
+    return priority
+
+
+def priority_from_score(score: float) -> int:
+    """A ZSET score as a request priority (rounded, clamped to the 32-bit range, NaN -> 0)."""
+    if math.isnan(score):
+        return 0
+    return round(max(_PRIORITY_RANGE[0], min(_PRIORITY_RANGE[1], score)))
+
+
+def check_callback_name(name: Any, what: str, has_callback: Callable[[str], bool] | None = None) -> str:
+    """A public method name (identifier, no leading underscore) the spider has, if ``has_callback`` can
+    tell."""
+    if not isinstance(name, str) or not name.isidentifier() or not name.isascii() or name.startswith("_"):
+        raise RejectedEntry(f"bad_{what}", f"{what} {str(name)[:40]!r} is not a public method name")
+    if has_callback is not None and not has_callback(name):
+        raise RejectedEntry(f"bad_{what}", f"the spider has no callback method {name!r}")
+    return name
+
+
+_COOKIE_KEYS = frozenset({"name", "value", "domain", "path", "secure", "expires"})
+
+
+def _check_cookie_text(value: Any, what: str) -> None:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise RejectedEntry("bad_cookies", f"cookie {what} is a {_type(value)}")
+    if isinstance(value, str):
+        _check_header_text(value, f"cookie {what}")
+        _check_text(value, "bad_cookies", f"cookie {what}")
+        if ";" in value:
+            raise RejectedEntry("bad_cookies", f"';' in cookie {what} {value[:40]!r}")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise RejectedEntry("bad_cookies", f"cookie {what} is not finite")
+
+
+def check_cookies(cookies: Any) -> dict[str, Any] | list[dict[str, Any]]:
+    """``{"name": "value"}`` or ``[{"name": ..., "value": ..., "domain": ..., "path": ...}]``."""
+    if isinstance(cookies, dict):
+        for name, value in cookies.items():
+            _check_cookie_text(name, "name")
+            if not name or "=" in name:
+                raise RejectedEntry("bad_cookies", f"cookie name {name[:40]!r}")
+            _check_cookie_text(value, "value")
+        return cookies
+    if isinstance(cookies, list):
+        for c in cookies:
+            if not isinstance(c, dict) or "name" not in c or "value" not in c or set(c) - _COOKIE_KEYS:
+                raise RejectedEntry(
+                    "bad_cookies", "each cookie must be an object with name, value (domain, path, ...)"
+                )
+            for key, value in c.items():
+                if key == "secure":
+                    if not isinstance(value, bool):
+                        raise RejectedEntry("bad_cookies", "cookie secure must be true/false")
+                else:
+                    _check_cookie_text(value, key)
+            if not isinstance(c["name"], str) or not c["name"] or "=" in c["name"]:
+                raise RejectedEntry("bad_cookies", f"cookie name {str(c['name'])[:40]!r}")
+        return cookies
+    raise RejectedEntry("bad_cookies", f"cookies is a {_type(cookies)}, expected an object or an array")
+
+
+# -- callbacks ----------------------------------------------------------------------------------
+def _framework_module(module: str) -> bool:
+    return module.split(".", 1)[0] in ("scrapy", "scrapy_dist")
+
+
+def _user_defined(cls: type, name: str) -> bool:
+    """Whether ``name`` is a plain function defined by a class of the user's, not by Scrapy or
+    scrapy-dist: ``start``, ``log``, ``make_request_from_data``, ``Spider.parse`` (which only raises)
+    are methods of every spider, but no seed has any business calling them."""
+    if name.startswith("_") or not name.isidentifier():
+        return False
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            value = inspect.getattr_static(klass, name)
+            return isinstance(value, types.FunctionType) and not _framework_module(klass.__module__)
+    return False
+
+
+def class_has_callback(spidercls: type) -> Callable[[str], bool]:
+    """``has_callback`` for :func:`parse_seed` from a spider class (what the CLI has)."""
+    return lambda name: _user_defined(spidercls, name)
+
+
+def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
+    """``has_callback`` for :func:`parse_seed` from a running spider."""
+
+    def check(name: str) -> bool:
+        try:
+            spider_method(spider, name, "callback")
+        except RejectedEntry:
+            return False
+        return _user_defined(type(spider), name)
+
+    return check
+
+
+def resolve_callback(spider: Spider, name: str, what: str) -> Any:
+    """The bound method ``name`` of ``spider`` (validated as in :func:`spider_has_callback`)."""
+    method = spider_method(spider, name, what)
+    if not _user_defined(type(spider), name):
+        raise RejectedEntry(f"bad_{what}", f"{name!r} is not a callback method defined by the spider")
+    return method
+
+
+# -- requests -----------------------------------------------------------------------------------
+def seed_request(
+    seed: Seed, spider: Spider | None = None, request_cls: type[Request] | None = None
+) -> Request:
+    """Build the request of ``seed``; callbacks are resolved on ``spider`` (required if the seed names
+    one). Raises :class:`RejectedEntry` (``bad_callback``, ``bad_errback``, ``bad_request``)."""
+    from scrapy import Request
+
+    kw: dict[str, Any] = {"url": seed.url, "method": seed.method, "dont_filter": seed.dont_filter}
+    if seed.headers is not None:
+        kw["headers"] = seed.headers
+    if seed.body is not None:
+        kw["body"] = seed.body
+    if seed.meta is not None:
+        kw["meta"] = seed.meta
+    if seed.cb_kwargs is not None:
+        kw["cb_kwargs"] = seed.cb_kwargs
+    if seed.priority is not None:
+        kw["priority"] = seed.priority
+    if seed.cookies is not None:
+        kw["cookies"] = seed.cookies
+    for what in ("callback", "errback"):
+        name = getattr(seed, what)
+        if name is not None:
+            if spider is None:
+                raise RejectedEntry(f"bad_{what}", f"no spider to resolve {what} {name!r}")
+            kw[what] = resolve_callback(spider, name, what)
+    try:
+        return (request_cls or Request)(**kw)
+    except Exception as exc:  # Request validates too (URL, port, encodings); it must never crash us
+        raise RejectedEntry("bad_request", f"{type(exc).__name__}: {exc}"[:200]) from None
+
+
+def reason_slug(reason: Any) -> str:
+    """A rejection reason safe for a stats key: lowercase letters, digits and ``_``, at most 40."""
+    text = str(reason).lower()[:40]
+    slug = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in text)
+    return slug or "rejected"
+
+
+def iter_lines(chunks: Iterable[bytes]) -> Iterable[bytes]:
+    """Seeds of a file, one a line (blank lines and ``#`` comments skipped); used by the CLI."""
+    for line in chunks:
+        stripped = line.strip(_WS)
+        if stripped and not stripped.startswith(b"#"):
+            yield stripped

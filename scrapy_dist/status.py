@@ -1,0 +1,245 @@
+"""The crawl-wide state of one crawl, read from Redis for ``scrapy-dist status`` (and for scripts).
+
+:func:`read_status` costs three or four round trips (a time check, two pipelines, and an ``HSCAN`` of
+the lease index while it is small) and returns plain, JSON-ready data; the helpers that turn raw Redis
+replies into figures are pure functions of their input and ``now``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from scrapy_dist import defaults
+from scrapy_dist.bloom import BloomPlan
+from scrapy_dist.extensions.control import ControlState
+from scrapy_dist.extensions.workers import CLOSED, LOST, RUNNING, worker_state
+from scrapy_dist.keys import CrawlKeys
+
+#: Workers listed (most recently seen first); the summary counts all of them.
+WORKER_LIMIT = 200
+#: The lease index is scanned for per-worker lease counts only while it is at most this big.
+LEASE_SCAN_LIMIT = 100_000
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _number(text: str) -> int | float | str:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if math.isfinite(value) else text
+
+
+def decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
+    """An ``HGETALL`` reply as ``str -> str``."""
+    return {_text(k): _text(v) for k, v in (raw or {}).items()}
+
+
+def decode_stats(raw: dict[Any, Any]) -> dict[str, int | float | str]:
+    """The crawl-wide stats hash with numbers as numbers, sorted by name (Scrapy's stat names)."""
+    return {k: _number(v) for k, v in sorted(decode_hash(raw).items())}
+
+
+def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
+    """Totals of the error monitor's window (``{spider}:errors``) as of ``now`` (server time).
+
+    Returns ``{"window": seconds or None, "attempts", "errors", "error_rate", "http", "download", "spider",
+    "reasons": {reason: count}}``."""
+    fields = decode_hash(raw)
+    try:
+        bucket_s = float(fields.get("_bucket", ""))
+        window = float(fields.get("_window", ""))
+    except ValueError:
+        bucket_s = window = 0.0
+    totals: Counter[str] = Counter()
+    if bucket_s > 0:
+        for field, value in fields.items():
+            bucket, sep, name = field.partition("|")
+            if not sep or not bucket.isdigit():
+                continue
+            if (int(bucket) + 1) * bucket_s > now - window:
+                totals[name] += int(value)
+    attempts, errors = totals.get("attempts", 0), totals.get("errors", 0)
+    reasons = {k[2:]: n for k, n in totals.most_common() if k.startswith("r:")}
+    return {
+        "window": window or None,
+        "attempts": attempts,
+        "errors": errors,
+        "error_rate": round(errors / attempts, 4) if attempts else None,
+        "http": totals.get("http", 0),
+        "download": totals.get("download", 0),
+        "spider": totals.get("spider", 0),
+        "reasons": reasons,
+    }
+
+
+def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
+    """Fill and estimated false-positive rate of the crawl's dupefilter (bloom hash or fingerprint SET)."""
+    b = decode_hash(bloom)
+    if b.get("capacity"):
+        plan = BloomPlan(int(b["capacity"]), float(b["error_rate"]),
+                         int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS))
+        n = int(b.get("n") or 0)
+        return {
+            "kind": "bloom",
+            "items": n,
+            "capacity": plan.capacity,
+            "error_rate": plan.error_rate,
+            "fill": round(n / plan.capacity, 6),
+            "fpr_estimate": plan.false_positive_rate(n),
+            "memory_bytes": plan.memory_bytes(n) if n else 0,
+        }
+    if fingerprints:
+        return {"kind": "set", "items": fingerprints, "fill": None, "fpr_estimate": 0.0}
+    return None
+
+
+def leases_by_worker(meta_values: list[Any]) -> Counter[str]:
+    """Count lease index values (``"<score> <worker id>"``) per worker id."""
+    out: Counter[str] = Counter()
+    for value in meta_values:
+        _, _, worker = _text(value).partition(" ")
+        out[worker] += 1
+    return out
+
+
+def worker_rows(
+    members: list[tuple[Any, float]],
+    details: list[dict[Any, Any]],
+    leases: Counter[str] | None,
+    now: float,
+    default_interval: float,
+) -> list[dict[str, Any]]:
+    """One JSON-ready row per worker, running first, then lost, then closed, most recently seen first."""
+    rows: list[dict[str, Any]] = []
+    for (member, last_seen), raw in zip(members, details, strict=True):
+        info = decode_hash(raw)
+        wid = _text(member)
+        state = worker_state(info, float(last_seen), now, default_interval)
+        started = float(info["started"]) if info.get("started") else None
+        inflight: int | None
+        if leases is not None:
+            inflight = leases.get(wid, 0)
+        else:
+            inflight = int(info["inflight"]) if info.get("inflight", "").isdigit() else None
+        rows.append({
+            "id": wid,
+            "host": info.get("host", wid.split(":", 1)[0]),
+            "pid": int(info["pid"]) if info.get("pid", "").isdigit() else None,
+            "state": state,
+            "last_seen": round(float(last_seen), 3),
+            "seen_ago": round(max(0.0, now - float(last_seen)), 1),
+            "started": started,
+            "pages": int(info.get("pages") or 0),
+            "items": int(info.get("items") or 0),
+            "errors": int(info.get("errors") or 0),
+            "leases": inflight,
+            "pages_per_min": float(info.get("pages_per_min") or 0) if state == RUNNING else 0.0,
+            "finish_reason": info.get("finish_reason") or None,
+        })
+    order = {RUNNING: 0, LOST: 1, CLOSED: 2}
+    rows.sort(key=lambda r: (order[r["state"]], -r["last_seen"]))
+    return rows
+
+
+def crawl_state(control: ControlState, running: int) -> str:
+    """One word for the whole crawl: paused, running, closing (reason), closed (reason) or stopped (no
+    worker running)."""
+    if control.paused:
+        return "paused"
+    if control.close:
+        return f"closing ({control.close})" if running else f"closed ({control.close})"
+    return "running" if running else "stopped"
+
+
+def read_status(
+    client: Any,
+    keys: CrawlKeys,
+    *,
+    default_interval: float = defaults.CLUSTERSTATS_INTERVAL,
+    worker_limit: int = WORKER_LIMIT,
+) -> dict[str, Any]:
+    """Everything ``scrapy-dist status`` shows about the crawl of ``keys.spider``, as JSON-ready data."""
+    sec, usec = client.time()
+    now = int(sec) + int(usec) / 1e6
+    p = client.pipeline(transaction=False)
+    p.zcard(keys.queue)
+    p.zcard(keys.leases)
+    p.zcard(keys.delayed)
+    p.llen(keys.deadletter)
+    p.type(keys.start_urls)
+    p.llen(keys.start_urls_processing)
+    p.llen(keys.start_urls_rejected)
+    p.llen(keys.queue_rejected)
+    p.hgetall(keys.bloom)
+    p.scard(keys.fingerprints)
+    p.hgetall(keys.control)
+    p.hgetall(keys.stats)
+    p.hgetall(keys.errors)
+    p.zrevrange(keys.workers, 0, worker_limit - 1, withscores=True)
+    p.zcard(keys.workers)
+    p.hlen(keys.lease_meta)
+    (queued, inflight, delayed, dead, seeds_type, processing, seeds_rejected, queue_rejected, bloom,
+     fingerprints, control_raw, stats_raw, errors_raw, members, n_workers, n_leases) = p.execute()
+
+    seeds_type = _text(seeds_type)
+    p = client.pipeline(transaction=False)
+    count = {"list": p.llen, "set": p.scard, "zset": p.zcard}.get(seeds_type)
+    if count is not None:
+        count(keys.start_urls)
+    for member, _ in members:
+        p.hgetall(keys.worker(_text(member)))
+    replies = p.execute()
+    seeds_waiting = int(replies.pop(0)) if count is not None else 0
+    leases = None
+    if int(n_leases) <= LEASE_SCAN_LIMIT:
+        leases = leases_by_worker([v for _, v in client.hscan_iter(keys.lease_meta, count=1000)])
+
+    control = ControlState.from_hash(control_raw)
+    workers = worker_rows(members, replies, leases, now, default_interval)
+    states = Counter(w["state"] for w in workers)
+    errors = window_totals(errors_raw, now)
+    return {
+        "spider": keys.spider,
+        "time": round(now, 3),
+        "state": crawl_state(control, states[RUNNING]),
+        "frontier": {"queued": int(queued), "inflight": int(inflight), "delayed": int(delayed)},
+        "deadletter": int(dead),
+        "seeds": {
+            "key": keys.start_urls,
+            "type": seeds_type if seeds_type != "none" else None,
+            "waiting": seeds_waiting,
+            "processing": int(processing),
+            "rejected": int(seeds_rejected),
+        },
+        "rejected": {"seeds": int(seeds_rejected), "queue": int(queue_rejected)},
+        "filter": filter_figures(bloom, int(fingerprints)),
+        "control": {
+            "paused": control.paused,
+            "paused_by": control.paused_by or None,
+            "close": control.close or None,
+            "close_at": control.close_at,
+        },
+        "rates": {
+            "pages_per_min": round(sum(w["pages_per_min"] for w in workers), 1),
+            "error_rate": errors["error_rate"],
+        },
+        "errors": errors,
+        "workers_summary": {
+            "running": states[RUNNING],
+            "lost": states[LOST],
+            "closed": states[CLOSED],
+            "total": int(n_workers),
+        },
+        "workers": workers,
+        "stats": decode_stats(stats_raw),
+    }

@@ -1,0 +1,364 @@
+"""Start a real local Redis Cluster (masters, optional replicas) and Redis Sentinels for tests.
+
+Both use the ``redis-server`` binary the other fixtures use (:func:`redis_servers.redis_server_binary`),
+so a cluster test exercises the same Redis version as the rest of the suite. The cluster is formed with
+plain commands (``CLUSTER ADDSLOTS``, ``CLUSTER MEET``, ``CLUSTER REPLICATE``) rather than
+``redis-cli --cluster create``: that works on Redis 6.2 and 7 alike and needs no second binary.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+from redis_servers import RedisProcess, free_port, redis_server_binary
+
+SLOTS = 16384
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    for _ in range(200):
+        port = free_port()
+        if port + 10000 >= 65536:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def _wait(condition: object, timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if condition():  # type: ignore[operator]
+                return
+        except (redis.RedisError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class LocalCluster:
+    """A Redis Cluster of ``masters`` masters with ``replicas`` replicas each, on 127.0.0.1.
+
+    ``node_timeout_ms`` is ``cluster-node-timeout``: how long a master may be silent before its replica
+    takes over. Replicas fail over even after a long disconnection (``cluster-replica-validity-factor
+    0``) and sync without the default 5 s delay, so a test's failover happens within ~2 timeouts.
+    """
+
+    def __init__(
+        self,
+        masters: int = 3,
+        replicas: int = 0,
+        node_timeout_ms: int = 1000,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.n_masters = masters
+        self.n_replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
+        self.extra_args = extra_args or []
+        self.nodes: list[RedisProcess] = []
+        self.ids: dict[int, str] = {}  # port -> node id
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self, timeout: float = 30.0) -> LocalCluster:
+        args = [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(self.node_timeout_ms),
+            "--cluster-replica-validity-factor", "0",
+            "--repl-diskless-sync", "yes",
+            "--repl-diskless-sync-delay", "0",
+            *self.extra_args,
+        ]
+        total = self.n_masters * (1 + self.n_replicas)
+        try:
+            for _ in range(total):
+                self.nodes.append(RedisProcess(port=cluster_port(), extra_args=args).start())
+            self._form(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _form(self, timeout: float) -> None:
+        masters = self.nodes[: self.n_masters]
+        for node in self.nodes:
+            with redis.Redis(port=node.port, decode_responses=True) as c:
+                self.ids[node.port] = c.execute_command("CLUSTER", "MYID")
+        for i, node in enumerate(masters):
+            lo, hi = i * SLOTS // self.n_masters, (i + 1) * SLOTS // self.n_masters
+            with redis.Redis(port=node.port) as c:
+                c.execute_command("CLUSTER", "ADDSLOTS", *range(lo, hi))
+        with redis.Redis(port=self.nodes[0].port) as first:
+            for node in self.nodes[1:]:
+                first.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+        # A node can only replicate a master it already knows.
+        _wait(lambda: all(self._known(n) >= len(self.nodes) for n in self.nodes), timeout, "cluster MEET")
+        for j, node in enumerate(self.nodes[self.n_masters :]):
+            master = masters[j % self.n_masters]
+            with redis.Redis(port=node.port) as c:
+                c.execute_command("CLUSTER", "REPLICATE", self.ids[master.port])
+        self.wait_ok(timeout)
+        for node in self.nodes[self.n_masters :]:
+            _wait(lambda n=node: self._link_up(n), timeout, f"replica {node.port} in sync")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    # -- inspection -----------------------------------------------------------------------------
+    @staticmethod
+    def _known(node: RedisProcess) -> int:
+        with redis.Redis(port=node.port, decode_responses=True, socket_timeout=2) as c:
+            lines = c.execute_command("CLUSTER", "NODES")
+        text = lines if isinstance(lines, str) else "\n".join(lines)
+        return sum(1 for line in text.splitlines() if line.strip() and "handshake" not in line)
+
+    @staticmethod
+    def _link_up(node: RedisProcess) -> bool:
+        with redis.Redis(port=node.port, decode_responses=True, socket_timeout=2) as c:
+            return c.info("replication").get("master_link_status") == "up"
+
+    def alive(self) -> list[RedisProcess]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    @property
+    def url(self) -> str:
+        """URL of one live node (any node of a cluster will do for a cluster client)."""
+        return self.alive()[0].url
+
+    def _state_ok(self, node: RedisProcess) -> bool:
+        with redis.Redis(port=node.port, socket_timeout=2) as c:
+            return "cluster_state:ok" in _cluster_info(c)
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Until every live node reports ``cluster_state:ok``."""
+        _wait(lambda: all(self._state_ok(n) for n in self.alive()), timeout, "cluster_state:ok")
+
+    def master_of(self, key: str) -> RedisProcess:
+        """The live node that currently serves ``key``'s slot as a master."""
+        node = self.alive()[0]
+        with redis.Redis(port=node.port, socket_timeout=2) as c:
+            slot = int(c.execute_command("CLUSTER", "KEYSLOT", key))
+            for lo, hi, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                if lo <= slot <= hi:
+                    port = int(primary[1])
+                    return next(n for n in self.nodes if n.port == port)
+        raise RuntimeError(f"slot of {key!r} is not served")
+
+    def kill(self, node: RedisProcess) -> None:
+        """SIGKILL one node (no shutdown, no final save)."""
+        node.kill()
+
+    def wait_failover(self, key: str, old: RedisProcess, timeout: float = 30.0) -> RedisProcess:
+        """Until a live node other than ``old`` serves ``key`` and the cluster is ok again; returns it."""
+
+        def promoted() -> bool:
+            return self.master_of(key) is not old
+
+        _wait(promoted, timeout, f"a replica to take over {key!r}", interval=0.1)
+        self.wait_ok(timeout)
+        return self.master_of(key)
+
+
+def _cluster_info(client: redis.Redis) -> str:
+    raw = client.execute_command("CLUSTER INFO")
+    if isinstance(raw, dict):
+        return "\n".join(f"{k}:{v}" for k, v in raw.items())
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+class SentinelProcess:
+    """One ``redis-server --sentinel`` on 127.0.0.1 watching ``master_name``.
+
+    ``down_after_ms`` is how long the master may be silent before it is considered down; with a quorum
+    of ``quorum`` Sentinels agreeing, one of them promotes a replica.
+    """
+
+    def __init__(
+        self,
+        master_port: int,
+        master_name: str = "mymaster",
+        quorum: int = 1,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        auth: tuple[str | None, str] | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="scrapy-dist-sentinel-"))
+        self.master_port = master_port
+        self.master_name = master_name
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.auth = auth
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _config(self) -> str:
+        m = self.master_name
+        lines = [
+            f"port {self.port}",
+            "bind 127.0.0.1",
+            f"dir {self.dir}",
+            f"logfile {self.dir / 'sentinel.log'}",
+            f"sentinel monitor {m} 127.0.0.1 {self.master_port} {self.quorum}",
+            f"sentinel down-after-milliseconds {m} {self.down_after_ms}",
+            f"sentinel failover-timeout {m} {self.failover_timeout_ms}",
+            f"sentinel parallel-syncs {m} 1",
+        ]
+        if self.auth is not None:
+            user, password = self.auth
+            if user:
+                lines.append(f"sentinel auth-user {m} {user}")
+            lines.append(f"sentinel auth-pass {m} {password}")
+        return "\n".join(lines) + "\n"
+
+    def start(self, timeout: float = 10.0) -> SentinelProcess:
+        # Sentinel rewrites its config file (known replicas, epochs), so it gets its own copy.
+        conf = self.dir / "sentinel.conf"
+        conf.write_text(self._config())
+        self.proc = subprocess.Popen(
+            [redis_server_binary(), str(conf), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        with redis.Redis(port=self.port, socket_timeout=2) as probe:
+            _wait(
+                lambda: probe.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name),
+                timeout,
+                f"sentinel on port {self.port}",
+            )
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def master_port_now(self) -> int:
+        """The port of the master this Sentinel currently names."""
+        with redis.Redis(port=self.port, socket_timeout=2) as c:
+            _host, port = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name)
+        return int(port)
+
+    def replicas_known(self) -> int:
+        with redis.Redis(port=self.port, socket_timeout=2) as c:
+            return len(c.execute_command("SENTINEL", "REPLICAS", self.master_name))
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SentinelGroup:
+    """A master, ``replicas`` replicas and ``sentinels`` Sentinels (quorum: a majority of them)."""
+
+    def __init__(
+        self,
+        replicas: int = 1,
+        sentinels: int = 3,
+        master_name: str = "mymaster",
+        down_after_ms: int = 1000,
+        server_args: list[str] | None = None,
+        auth: tuple[str | None, str] | None = None,
+    ) -> None:
+        self.n_replicas = replicas
+        self.n_sentinels = sentinels
+        self.master_name = master_name
+        self.down_after_ms = down_after_ms
+        self.server_args = server_args or []
+        self.auth = auth
+        self.servers: list[RedisProcess] = []
+        self.sentinels: list[SentinelProcess] = []
+
+    def start(self, timeout: float = 30.0) -> SentinelGroup:
+        try:
+            master = RedisProcess(extra_args=self.server_args).start()
+            self.servers.append(master)
+            for _ in range(self.n_replicas):
+                replica = RedisProcess(
+                    extra_args=[
+                        *self.server_args,
+                        "--replicaof", "127.0.0.1", str(master.port),
+                        "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
+                    ]
+                ).start()
+                self.servers.append(replica)
+            for replica in self.servers[1:]:
+                _wait(lambda r=replica: self._link_up(r), timeout, "replica in sync")
+            quorum = self.n_sentinels // 2 + 1
+            for _ in range(self.n_sentinels):
+                self.sentinels.append(
+                    SentinelProcess(
+                        master.port, self.master_name, quorum, self.down_after_ms, auth=self.auth
+                    ).start()
+                )
+            # Sentinels find the replicas through the master's INFO (every 10 s at first; faster once
+            # they have met through the master's hello channel). A failover needs them known.
+            _wait(
+                lambda: all(s.replicas_known() >= self.n_replicas for s in self.sentinels),
+                timeout, "sentinels to discover the replicas", interval=0.2,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _link_up(self, node: RedisProcess) -> bool:
+        kw = {}
+        if self.auth is not None:
+            kw = {"username": self.auth[0], "password": self.auth[1]}
+        with redis.Redis(port=node.port, decode_responses=True, socket_timeout=2, **kw) as c:
+            return c.info("replication").get("master_link_status") == "up"
+
+    @property
+    def addresses(self) -> list[str]:
+        return [s.address for s in self.sentinels]
+
+    def master(self) -> RedisProcess:
+        port = self.sentinels[0].master_port_now()
+        return next(s for s in self.servers if s.port == port)
+
+    def failover(self, timeout: float = 30.0) -> RedisProcess:
+        """Ask the Sentinels to promote a replica now (``SENTINEL FAILOVER``); returns the new master
+        once every Sentinel names it."""
+        old = self.master()
+        with redis.Redis(port=self.sentinels[0].port, socket_timeout=5) as c:
+            c.execute_command("SENTINEL", "FAILOVER", self.master_name)
+        _wait(
+            lambda: all(s.master_port_now() != old.port for s in self.sentinels),
+            timeout, "the sentinels to name a new master", interval=0.1,
+        )
+        new = self.master()
+        _wait(lambda: self._role(new) == "master", timeout, "the new master to take writes")
+        return new
+
+    def _role(self, node: RedisProcess) -> str:
+        kw = {}
+        if self.auth is not None:
+            kw = {"username": self.auth[0], "password": self.auth[1]}
+        with redis.Redis(port=node.port, decode_responses=True, socket_timeout=2, **kw) as c:
+            return str(c.info("replication").get("role"))
+
+    def stop(self) -> None:
+        for s in self.sentinels:
+            s.stop()
+        for s in self.servers:
+            s.stop()

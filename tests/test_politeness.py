@@ -1,0 +1,89 @@
+"""Crawl-wide politeness: per-domain delay and concurrency enforced by the frontier across workers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crawlproject import make_project
+from scrapy_dist.politeness import DomainLimit, DomainLimits
+from scrapy_dist.site import SiteGraph, SiteServer
+
+
+def test_most_specific_rule_wins() -> None:
+    limits = DomainLimits(
+        DomainLimit(0.0, 8, 0.0),
+        {"*.example.com": {"delay": 1.0}, "api.example.com": {"concurrency": 1}, "*.com": {"delay": 9}},
+    )
+    assert limits.for_domain("www.example.com") == DomainLimit(1.0, 8, 0.0)
+    assert limits.for_domain("api.example.com") == DomainLimit(0.0, 1, 0.0)  # exact beats glob
+    assert limits.for_domain("other.com") == DomainLimit(9.0, 8, 0.0)
+    assert limits.for_domain("example.org") == DomainLimit(0.0, 8, 0.0)
+    assert DomainLimit(0.2, 1, 0.5).encode() == "0.2 1 0.5"
+
+
+def _crawl(tmp_path: Path, redis_url: str, seeds: list[str], settings: dict[str, Any]) -> None:
+    project = make_project(
+        tmp_path,
+        {"REDIS_URL": redis_url, "CONCURRENT_REQUESTS": 16, "SCHEDULER_IDLE_BEFORE_CLOSE": 2, **settings},
+    )
+    project.crawl(args={"seeds": ",".join(seeds)})
+    deadline = time.monotonic() + 30
+    while not project.root.joinpath("worker-0.log").read_text().count("frontier"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    project.crawl()
+    project.crawl()
+    assert project.wait_all(120) == [0, 0, 0], project.logs()[-4000:]
+
+
+def _rate(server: SiteServer) -> float:
+    times = sorted(t for t, _, _ in server.log)
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+@pytest.mark.slow
+def test_limited_host_is_polite_crawl_wide_while_the_other_runs_full_speed(
+    tmp_path: Path, redis_url: str, redis_client: Any
+) -> None:
+    limited = SiteServer(SiteGraph(25, links=3), host="127.0.0.2").start()
+    free = SiteServer(SiteGraph(600, links=10), host="127.0.0.3", delay=0.005).start()
+    alone = SiteServer(SiteGraph(600, links=10), host="127.0.0.4", delay=0.005).start()
+    try:
+        polite = {
+            "SCHEDULER_POLITENESS": "cluster",
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 48,  # no crawl-wide cap for the free host
+            "DOMAIN_LIMITS": {"127.0.0.2": {"delay": 0.2, "concurrency": 1}},
+        }
+        _crawl(tmp_path / "both", redis_url, [limited.page_url(0), free.page_url(0)], polite)
+        redis_client.flushdb()
+        _crawl(tmp_path / "alone", redis_url, [alone.page_url(0)], polite)
+    finally:
+        for s in (limited, free, alone):
+            s.stop()
+    assert len(limited.fetch_counts()) == 25 and len(free.fetch_counts()) == 600
+    starts = sorted(t for t, _, _ in limited.log)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert min(gaps) >= 0.2, f"two requests to the limited host {min(gaps):.3f}s apart"
+    # the unlimited host is crawled as fast with the limited one in the crawl as without it
+    assert _rate(free) >= 0.8 * _rate(alone), (_rate(free), _rate(alone))
+
+
+@pytest.mark.slow
+def test_process_politeness_is_per_worker(tmp_path: Path, redis_url: str) -> None:
+    """The contrast: Scrapy's per-process slot settings let three workers hit the host three times as hard."""
+    limited = SiteServer(SiteGraph(25, links=3), host="127.0.0.2").start()
+    try:
+        _crawl(
+            tmp_path, redis_url, [limited.page_url(0)],
+            {"DOWNLOAD_SLOTS": {"127.0.0.2": {"delay": 0.2, "concurrency": 1}}, "RANDOMIZE_DOWNLOAD_DELAY": False},
+        )
+    finally:
+        limited.stop()
+    starts = sorted(t for t, _, _ in limited.log)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(limited.fetch_counts()) == 25
+    assert min(gaps) < 0.2  # the per-process limit does not hold crawl-wide

@@ -1,0 +1,195 @@
+"""`scrapy-dist status|pause|resume` and the status reader, against a crawl state written into a real Redis
+(the same scripts the workers use write the heartbeats and stats); `status --watch` in a pseudo-terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from scrapy_dist import scripts
+from scrapy_dist.cli import main
+from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.status import leases_by_worker, read_status, window_totals
+
+KEYS = CrawlKeys("books")
+RUNNING, LOST, CLOSED = "hostA:111:aaaa", "hostB:222:bbbb", "hostC:333:cccc"
+
+
+@pytest.fixture(autouse=True)
+def outside_any_project(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """The CLI reads a Scrapy project's settings when run inside one: these tests run outside any."""
+    monkeypatch.setenv("SCRAPY_SETTINGS_MODULE", "unset")  # so that teardown restores the original state
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE")
+    monkeypatch.chdir(tmp_path)
+
+
+def heartbeat(client: redis.Redis, worker: str, seq: int, fields: dict[str, str], ops: list[str],
+              final: bool = False) -> None:
+    script = scripts.register(client, "clusterstats")
+    args: list[Any] = [worker, seq, 3600, "1" if final else "0", len(fields)]
+    for k, v in fields.items():
+        args += [k, v]
+    script(keys=[KEYS.stats, KEYS.workers, KEYS.worker(worker)], args=args + ops)
+
+
+@pytest.fixture
+def crawl_state(redis_client: redis.Redis) -> redis.Redis:
+    """A crawl in progress: 3 queued, 3 leased (2 by a running worker, 1 by a lost one), 1 delayed, dead
+    letters, seeds waiting and rejected, a bloom filter, merged stats and an error window."""
+    c = redis_client
+    c.zadd(KEYS.queue, {b"q1": 0, b"q2": 0, b"q3": -1})
+    c.zadd(KEYS.leases, {b"l1": 1e10, b"l2": 1e10, b"l3": 1e10})
+    c.hset(KEYS.lease_meta, mapping={b"l1": f"0 {RUNNING}", b"l2": f"0 {RUNNING}", b"l3": f"0 {LOST}"})
+    c.zadd(KEYS.delayed, {b"d1": 1e10})
+    c.rpush(KEYS.deadletter, '{"reason": "a"}', '{"reason": "b"}')
+    c.rpush(KEYS.start_urls, "http://a/", "http://b/", "http://c/", "http://d/")
+    c.rpush(KEYS.start_urls_rejected, "{}")
+    c.rpush(KEYS.queue_rejected, "{}", "{}")
+    c.hset(KEYS.bloom, mapping={"capacity": 1000, "error_rate": "0.001", "block_bits": 2**31, "n": 100})
+    info = {"interval": "1.0", "state": "running", "pages": "42", "items": "40", "errors": "2",
+            "pages_per_min": "120.0", "host": "hostA", "pid": "111", "started": "1.0"}
+    heartbeat(c, RUNNING, 1, info, ["sum", "response_received_count", "42", "sum", "item_scraped_count", "40",
+                                    "min", "start_time", "2024-01-01T00:00:00.000000+00:00"])
+    heartbeat(c, CLOSED, 1, {**info, "pages": "8", "host": "hostC", "pid": "333"},
+              ["sum", "response_received_count", "8"], final=True)
+    heartbeat(c, CLOSED, 2, {**info, "state": "closed", "finish_reason": "shutdown", "pages": "8"}, [])
+    c.zadd(KEYS.workers, {LOST: time.time() - 100})
+    c.hset(KEYS.worker(LOST), mapping={**info, "pages": "7", "host": "hostB", "pid": "222"})
+    now = time.time()
+    bucket = int(now // 2)
+    c.hset(KEYS.errors, mapping={
+        "_bucket": "2.0", "_window": "60.0", f"{bucket}|attempts": 50, f"{bucket}|errors": 5,
+        f"{bucket}|r:http/500": 4, f"{bucket}|r:spider/KeyError": 1,
+        f"{bucket - 100}|errors": 1000,  # that bucket left the window
+    })
+    return c
+
+
+def test_window_totals_count_only_the_window() -> None:
+    raw = {b"_bucket": b"10", b"_window": b"60", b"100|attempts": b"20", b"100|errors": b"5",
+           b"100|r:http/503": b"5", b"94|errors": b"7", b"93|errors": b"1000"}
+    t = window_totals(raw, now=1005)  # the window starts at 945: bucket 94 (940..950) overlaps it
+    assert (t["attempts"], t["errors"], t["error_rate"]) == (20, 12, 0.6)
+    assert t["reasons"] == {"http/503": 5}
+    assert window_totals({}, now=1)["error_rate"] is None
+
+
+def test_leases_by_worker() -> None:
+    assert leases_by_worker([b"-1 w1", b"0 w1", "3 h:1:x"]) == {"w1": 2, "h:1:x": 1}
+
+
+def test_read_status(crawl_state: redis.Redis) -> None:
+    s = read_status(crawl_state, KEYS)
+    assert s["state"] == "running"
+    assert s["frontier"] == {"queued": 3, "inflight": 3, "delayed": 1}
+    assert s["deadletter"] == 2
+    assert s["seeds"]["waiting"] == 4 and s["seeds"]["type"] == "list"
+    assert s["rejected"] == {"seeds": 1, "queue": 2}
+    f = s["filter"]
+    assert f["kind"] == "bloom" and f["items"] == 100 and f["fill"] == 0.1 and 0 < f["fpr_estimate"] < 0.001
+    assert s["errors"]["errors"] == 5 and s["errors"]["attempts"] == 50 and s["rates"]["error_rate"] == 0.1
+    assert s["errors"]["reasons"] == {"http/500": 4, "spider/KeyError": 1}
+    assert s["rates"]["pages_per_min"] == 120.0  # running workers only
+    assert s["workers_summary"] == {"running": 1, "lost": 1, "closed": 1, "total": 3}
+    by_id = {w["id"]: w for w in s["workers"]}
+    assert [w["id"] for w in s["workers"]] == [RUNNING, LOST, CLOSED]
+    assert by_id[RUNNING]["leases"] == 2 and by_id[LOST]["leases"] == 1 and by_id[CLOSED]["leases"] == 0
+    assert by_id[LOST]["state"] == "lost" and by_id[LOST]["seen_ago"] >= 99
+    assert by_id[CLOSED]["finish_reason"] == "shutdown"
+    assert s["stats"] == {"item_scraped_count": 40, "response_received_count": 50,
+                          "start_time": "2024-01-01T00:00:00.000000+00:00"}
+
+
+def test_status_json_and_table(crawl_state: redis.Redis, redis_url: str) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["--redis-url", redis_url, "status", "books", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["stats"]["response_received_count"] == 50 and data["frontier"]["queued"] == 3
+    result = runner.invoke(main, ["status", "books", "--redis-url", redis_url], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "Workers: 1 running, 1 lost, 1 closed" in out
+    assert RUNNING in out and "lost" in out and "closed (shutdown)" in out
+    assert "120.0 pages/min" in out and "error rate 10.0%" in out
+    assert "http/500 4" in out
+
+
+def test_pause_and_resume_commands(redis_client: redis.Redis, redis_url: str) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["--redis-url", redis_url, "pause", "books"])
+    assert result.exit_code == 0 and "Paused 'books'" in result.output
+    assert redis_client.hget(KEYS.control, "paused") == b"1"
+    assert read_status(redis_client, KEYS)["state"] == "paused"
+    redis_client.hset(KEYS.errors, "1|errors", 9)
+    result = runner.invoke(main, ["--redis-url", redis_url, "resume", "books"])
+    assert result.exit_code == 0 and "Resumed 'books'" in result.output
+    assert redis_client.hget(KEYS.control, "paused") == b"0"
+    assert not redis_client.exists(KEYS.errors)
+
+
+def test_status_says_so_when_redis_is_unreachable() -> None:
+    result = CliRunner().invoke(main, ["--redis-url", "redis://127.0.0.1:1/0", "status", "books"])
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output and "127.0.0.1:1" in result.output
+
+
+@pytest.mark.slow
+def test_status_watch_renders_live_in_a_terminal(crawl_state: redis.Redis, redis_url: str) -> None:
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI on a pseudo-terminal
+        os.environ.update({"COLUMNS": "140", "LINES": "50", "TERM": "xterm"})
+        os.environ.pop("SCRAPY_SETTINGS_MODULE", None)
+        os.execv(sys.executable, [
+            sys.executable, "-c", "from scrapy_dist.cli import main; main()",
+            "--redis-url", redis_url, "status", "books", "--watch", "--interval", "0.3",
+        ])
+    out = b""
+    deadline = time.monotonic() + 20
+    changed = False
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                try:
+                    out += os.read(fd, 65536)
+                except OSError:
+                    break
+            text = out.decode(errors="replace")
+            if not changed and "Workers: 1 running" in text:
+                crawl_state.zadd(KEYS.queue, {b"q4": 0, b"q5": 0})  # the next refresh shows 5 queued
+                changed = True
+            if changed and text.count("Workers: 1 running") >= 3:
+                break
+    finally:
+        os.kill(pid, signal.SIGINT)
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    text = out.decode(errors="replace")
+    assert "\x1b[" in text  # drawn with terminal control sequences (a live display)
+    assert text.count("Workers: 1 running, 1 lost, 1 closed") >= 3  # refreshed
+    assert RUNNING in text and "Queued" in text
+    lines = [line for line in text.splitlines() if "Queued" in line]
+    assert any(" 3 " in line for line in lines) and any(" 5 " in line for line in lines)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0  # Ctrl-C ends it cleanly
+
+
+def test_status_subprocess_entry_point(crawl_state: redis.Redis, redis_url: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "from scrapy_dist.cli import main; main()", "--redis-url", redis_url,
+         "status", "books", "--json"], capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["workers_summary"]["lost"] == 1
