@@ -105,7 +105,8 @@ def scrapy_dist_queue(requests: list[Request]) -> Callable[[redis.Redis], None]:
     ``Frontier.sync(SyncBatch(enqueue=...))`` (the ``sync`` Lua script) in batches of
     ``SCHEDULER_FLUSH_BATCH``, dedupe skipped (the dupefilter is measured separately), so the figure counts
     every key the real path writes. If that API changes, adapt :func:`_frontier_enqueue`; the
-    ``{bench}:queue`` ZSET layout (6-byte sequence + payload, score -priority) is the fallback, and
+    ``{bench}:queue`` ZSET layout of singles (6-byte sequence + payload, score -priority; the real path
+    packs them into chunks, see ``lua/sync.lua``) is the fallback, and
     ``write.method`` says which one was measured.
     """
 
@@ -122,7 +123,8 @@ def scrapy_dist_queue(requests: list[Request]) -> Callable[[redis.Redis], None]:
             write.method = "documented ZSET layout (frontier API not importable)"  # type: ignore[attr-defined]
         from scrapy_dist.keys import CrawlKeys
 
-        assert client.zcard(CrawlKeys("bench").queue) == len(requests), "scrapy-dist queue lost entries"
+        queued = int(client.hget(CrawlKeys("bench").queue_tails, "count") or 0)  # members may be chunks
+        assert queued == len(requests), "scrapy-dist queue lost entries"
 
     return write
 

@@ -79,6 +79,8 @@ PLAIN_WIDTH = 100
 STOP_GRACE = 10.0
 #: Seconds to wait for a Redis that is loading its data file.
 LOADING_TIMEOUT = 60.0
+#: Lost pages named (and explained) below the summary.
+LOST_SHOWN = 10
 #: Window of the crawl-wide pages/s figure (seconds).
 RATE_WINDOW = 2.0
 
@@ -196,6 +198,7 @@ class Summary:
     workers_killed: int
     workers_failed: list[str]  #: "worker 2 (pid 123): exit status 1"
     timed_out: bool
+    lost_pages: list[int] = field(default_factory=list)  #: the first :data:`LOST_SHOWN` lost pages
 
     @property
     def ok(self) -> bool:
@@ -224,6 +227,9 @@ def summarize(
             ok_counts[int(m.group(1))] += n
     existing = [i for i in ok_counts if 0 <= i < graph.pages and i not in graph.missing]
     crawled = len(existing)
+    lost_pages: list[int] = []
+    if crawled < graph.ok_pages:
+        lost_pages = [i for i in range(graph.pages) if i not in graph.missing and i not in ok_counts]
     retried = sum(n for path, n in answers_503.items() if _PAGE.match(path))
     return Summary(
         site_pages=graph.pages,
@@ -241,6 +247,7 @@ def summarize(
         workers_killed=workers_killed,
         workers_failed=list(workers_failed or []),
         timed_out=timed_out,
+        lost_pages=lost_pages[:LOST_SHOWN],
     )
 
 
@@ -465,6 +472,8 @@ class Demo:
         self._chaos_done = False
         self._rates: dict[int, Any] = {}
         self._live: Live | None = None
+        self.lost_explained: list[str] = []
+        self._site_started = False
 
     # -- Redis ---------------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -683,6 +692,7 @@ class Demo:
         try:
             try:
                 self.site.start()
+                self._site_started = True
                 self.say(Text.assemble(("scrapy-dist demo", "bold"), ": a distributed crawl, live"))
                 for label, text in self.header():
                     self.say(Text.assemble((f"  {label:<8} ", "bold"), text))
@@ -713,6 +723,8 @@ class Demo:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         self.console.print(render_summary(summary))
+        for line in self.lost_explained:
+            self.say(Text(line, style="red"))
         for failure in summary.workers_failed:
             self.say(Text(f"failed: {failure}", style="red"))
         verdict = "OK: nothing lost." if summary.ok else "FAILED: " + "; ".join(
@@ -780,19 +792,64 @@ class Demo:
         if self.tally.last_new is not None and self._seeded_at is not None:
             crawl_seconds = max(0.0, self.tally.last_new - self._seeded_at)
         failed = [w.describe_failure() for w in self.workers if w.state == "failed"]
-        return summarize(
+        summary = summarize(
             self.graph, self.site.fetch_counts(200), self.site.fetch_counts(503), reasons,
             elapsed=self.elapsed(), crawl_seconds=crawl_seconds, workers_started=len(self.workers),
             workers_killed=sum(1 for w in self.workers if w.state == "killed"), workers_failed=failed,
             timed_out=timed_out,
         )
+        if summary.lost_pages:
+            self.lost_explained = self.explain_lost(summary.lost_pages, summary.lost)
+        return summary
+
+    def explain_lost(self, pages: list[int], total: int) -> list[str]:
+        """One line per lost page: did the crawl's bloom filter take it for a page already seen (a false
+        positive, so it was never queued)? Must run before the run's keys are deleted."""
+        urls = [self.site.page_url(i) for i in pages]
+        try:
+            claimed = self.bloom_claims(urls)
+        except Exception as exc:  # an explanation, not the verdict: never fail the summary over it
+            claimed = None
+            self.say(Text(f"Could not check the bloom filter: {exc}", style="red"))
+        lines = []
+        for i, url in enumerate(urls):
+            if claimed is not None and claimed[i]:
+                why = ("the crawl's bloom filter took it for a page already seen (a false positive:"
+                       " it was never queued; see BLOOMFILTER_ERROR_RATE)")
+            else:
+                why = "never answered 200 and not in the bloom filter: see the worker logs"
+            lines.append(f"lost: {url} -- {why}")
+        if total > len(urls):
+            lines.append(f"... and {total - len(urls):,} more lost pages")
+        return lines
+
+    def bloom_claims(self, urls: list[str]) -> list[bool] | None:
+        """Whether the crawl's bloom filter holds each URL (no writes), or ``None`` if the crawl has no
+        bloom filter. Fingerprints as the workers make them (Scrapy's default fingerprinter)."""
+        from scrapy import Request
+        from scrapy.utils.request import RequestFingerprinter
+
+        from scrapy_dist.dupefilter import BloomDupeFilter
+
+        capacity, error_rate, block_bits, n = self.client.hmget(
+            self.keys.bloom, ["capacity", "error_rate", "block_bits", "n"]
+        )
+        if capacity is None:
+            return None
+        df = BloomDupeFilter(
+            self.client, self.keys, RequestFingerprinter(),
+            capacity=int(capacity), error_rate=float(error_rate), block_bits=int(block_bits),
+        )
+        df.observe(int(n or 0))
+        return df.seen_tokens([df.tokens(Request(u)) for u in urls], add=False)
 
     def shutdown(self) -> None:
         """Stop everything the demo started: workers, site, this run's keys, an embedded Redis it started."""
         self.reap()
         self.stop_workers()
-        with contextlib.suppress(Exception):
-            self.site.stop()
+        if self._site_started:  # SiteServer.stop() waits for a serving loop that never started otherwise
+            with contextlib.suppress(Exception):
+                self.site.stop()
         stop_redis = self.started_redis
         if self.client is not None:
             with contextlib.suppress(Exception):
@@ -911,8 +968,8 @@ class DemoSpider(RedisSpider):
         "CONCURRENT_REQUESTS": 16,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 16,
         "DOWNLOAD_DELAY": 0,
-        # Scrapy starts CONCURRENT_ITEMS tasks (default 100) to process each response's output; a page
-        # here yields 11 things, and 100 tasks per page cost more CPU than the rest of the crawl.
+        # Scrapy starts CONCURRENT_ITEMS tasks (default 100) per response to process its output; a page
+        # here yields 11 things, so most of those tasks would only cost CPU.
         "CONCURRENT_ITEMS": 16,
         # Close a few seconds after the whole crawl ran out of work.
         "SCHEDULER_IDLE_BEFORE_CLOSE": 3,
@@ -922,8 +979,6 @@ class DemoSpider(RedisSpider):
         "RETRY_BACKOFF_BASE": 0.5,
         # A heartbeat (pages, leases, rate) every second, for the demo's live view.
         "CLUSTERSTATS_INTERVAL": 1.0,
-        # The site has thousands of pages, not a hundred million: a small filter to start with.
-        "BLOOMFILTER_CAPACITY": 1_000_000,
     }
 
     def parse(self, response):

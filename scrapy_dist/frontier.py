@@ -95,7 +95,7 @@ class Frontier:
         k = keys
         self._fixed_keys = [
             k.queue, k.leases, k.lease_meta, k.seq, k.delayed, k.delayed_meta,
-            k.queue_rejected, k.deadletter, k.workers, k.control, k.domains, k.domain_info,
+            k.queue_rejected, k.deadletter, k.workers, k.control, k.domains, k.domain_info, k.queue_tails,
         ]
 
     async def sync(self, batch: SyncBatch, now: float | None = None) -> SyncResult:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 #: non-persistent crawl once it has finished).
 FRONTIER_KEY_NAMES = (
     "queue",
+    "queue_tails",
     "leases",
     "lease_meta",
     "seq",
@@ -63,6 +64,11 @@ class CrawlKeys:
     def queue(self) -> str:
         """ZSET of queued requests: member = 6-byte sequence + encoded request, score = -priority."""
         return self._k("queue")
+
+    @property
+    def queue_tails(self) -> str:
+        """HASH score -> the queue chunk of that score still open for appends."""
+        return self._k("queue:tails")
 
     @property
     def queue_rejected(self) -> str:

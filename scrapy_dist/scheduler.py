@@ -194,10 +194,9 @@ class Scheduler:
 
     async def _open(self) -> None:
         settings = self.crawler.settings
+        # one clear line and a non-zero exit if Redis is not there (building a client can fail too)
+        connection.ensure_reachable(settings)
         sync_client = connection.get_redis(settings)
-        ensure = getattr(connection, "ensure_reachable", None)
-        if ensure is not None:
-            ensure(sync_client, settings)
         if self.flush_on_start:
             self._delete_crawl_keys(sync_client)
             logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)

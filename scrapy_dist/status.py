@@ -188,8 +188,11 @@ def read_status(
     p.zrevrange(keys.workers, 0, worker_limit - 1, withscores=True)
     p.zcard(keys.workers)
     p.hlen(keys.lease_meta)
+    p.hget(keys.queue_tails, "count")  # requests queued (queue members may be chunks of several)
     (queued, inflight, delayed, dead, seeds_type, processing, seeds_rejected, queue_rejected, bloom,
-     fingerprints, control_raw, stats_raw, errors_raw, members, n_workers, n_leases) = p.execute()
+     fingerprints, control_raw, stats_raw, errors_raw, members, n_workers, n_leases, counted) = p.execute()
+    if queued:
+        queued = max(int(queued), int(counted or 0))
 
     seeds_type = _text(seeds_type)
     p = client.pipeline(transaction=False)

@@ -336,19 +336,18 @@ class SentinelGroup:
         port = self.sentinels[0].master_port_now()
         return next(s for s in self.servers if s.port == port)
 
-    def failover(self, timeout: float = 30.0) -> RedisProcess:
-        """Ask the Sentinels to promote a replica now (``SENTINEL FAILOVER``); returns the new master
-        once every Sentinel names it."""
+    def kill_master(self, timeout: float = 30.0) -> tuple[RedisProcess, RedisProcess]:
+        """SIGKILL the master; returns ``(old, new)`` once every Sentinel names the promoted replica and
+        it takes writes (about ``down_after_ms`` plus an election)."""
         old = self.master()
-        with redis.Redis(port=self.sentinels[0].port, socket_timeout=5) as c:
-            c.execute_command("SENTINEL", "FAILOVER", self.master_name)
+        old.kill()
         _wait(
             lambda: all(s.master_port_now() != old.port for s in self.sentinels),
-            timeout, "the sentinels to name a new master", interval=0.1,
+            timeout, "the sentinels to promote a replica", interval=0.1,
         )
         new = self.master()
         _wait(lambda: self._role(new) == "master", timeout, "the new master to take writes")
-        return new
+        return old, new
 
     def _role(self, node: RedisProcess) -> str:
         kw = {}

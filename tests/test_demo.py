@@ -22,6 +22,8 @@ from rich.console import Console
 from scrapy_dist.demo import (
     EXAMPLE_PROJECT,
     PROJECT_FILES,
+    Demo,
+    DemoOptions,
     SiteTally,
     demo_graph,
     locate_project,
@@ -89,6 +91,27 @@ def test_demo_site_has_a_few_slow_flaky_and_missing_pages() -> None:
     assert (len(g.slow), len(g.flaky), len(g.missing), g.ok_pages) == (5, 10, 10, 4990)
     tiny = demo_graph(10)
     assert tiny.ok_pages == 10  # too small for missing pages
+
+
+def test_lost_pages_are_named_and_bloom_false_positives_told_apart(
+    tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    from scrapy import Request
+    from scrapy.utils.request import RequestFingerprinter
+
+    from scrapy_dist.dupefilter import BloomDupeFilter
+
+    demo = Demo(DemoOptions(pages=100, run_dir=tmp_path))
+    demo.client = redis_client
+    with demo.site:
+        # the crawl's filter holds page 7 (as if a false positive had made it skip it) but not page 8
+        df = BloomDupeFilter(redis_client, demo.keys, RequestFingerprinter(), capacity=10_000)
+        df.open()
+        df.seen_tokens([df.tokens(Request(demo.site.page_url(7)))])
+        lines = demo.explain_lost([7, 8], total=12)
+    assert lines[0].startswith(f"lost: {demo.site.page_url(7)} -- the crawl's bloom filter took it")
+    assert lines[1].startswith(f"lost: {demo.site.page_url(8)} -- never answered 200")
+    assert lines[2] == "... and 10 more lost pages"
 
 
 @pytest.mark.parametrize("width", [40, 200])

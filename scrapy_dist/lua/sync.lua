@@ -6,7 +6,13 @@
 -- KEYS[1] queue ZSET          KEYS[2] leases ZSET        KEYS[3] lease meta HASH   KEYS[4] seq STRING
 -- KEYS[5] delayed ZSET        KEYS[6] delayed meta HASH  KEYS[7] rejected LIST     KEYS[8] deadletter LIST
 -- KEYS[9] workers ZSET        KEYS[10] control HASH      KEYS[11] domains ZSET     KEYS[12] domain info HASH
--- KEYS[13..] dupefilter keys (see dupe.lua)
+-- KEYS[13] queue tails HASH (score -> the chunk still open for appends)   KEYS[14..] dupefilter keys (dupe.lua)
+--
+-- Queue members. A *single* is <6-byte seq><payload> (payloads start with version byte 0x01); that is
+-- also what a lease holds and what anyone may ZADD. With 'asc' order and no politeness, this script
+-- packs new entries of one score into *chunks*: <6-byte seq of the first record>\0 then records
+-- <2-byte length><6-byte seq><payload>, up to CHUNK_RECORDS per chunk. A chunk costs the sorted set's
+-- per-member overhead (~100 bytes) once for many requests, which is most of a single's memory.
 -- ARGV[1] now (unix seconds; '' = server time)   ARGV[2] worker id ('' = a tool, not a worker)
 -- ARGV[3] lease seconds   ARGV[4] how many requests to lease
 -- ARGV[5] 'asc' (FIFO/priority) or 'desc' (LIFO)   ARGV[6] politeness: 'process' or 'cluster' (polite.lua)
@@ -42,9 +48,11 @@ local params = {}
 for i = 1, P do params[i] = ARGV[9 + i] end
 local pos = 10 + P
 local W = polite and 6 or 4
-local Q, L, LM, DOMS, INFO = KEYS[1], KEYS[2], KEYS[3], KEYS[11], KEYS[12]
+local Q, L, LM, DOMS, INFO, TAILS = KEYS[1], KEYS[2], KEYS[3], KEYS[11], KEYS[12], KEYS[13]
+local chunked = order == 'asc' and not polite
+local CHUNK_RECORDS = 16
 
-local d = dupe_open(ARGV[8], 13, params)
+local d = dupe_open(ARGV[8], 14, params)
 local n_enqueue = tonumber(ARGV[pos])
 if not dupe_can_insert(d, n_enqueue) then return {-1, d.n} end
 
@@ -73,9 +81,12 @@ end
 local function remember_limits(dom, limits)
   redis.call('HSET', INFO, 'l:' .. dom, limits)
 end
+-- requests in the queue (chunks hold several, so ZCARD undercounts): TAILS field 'count'
+local queued_delta = 0
 -- a member goes (back) into the queue
 local function to_queue(m, score)
   redis.call('ZADD', Q, score, m)
+  queued_delta = queued_delta + 1
   if polite then pol_count(INFO, pol_domain(m), 1, 0) end
 end
 -- a member stops being leased (ack, release, expiry, rejection): 1 if it was leased
@@ -88,6 +99,53 @@ end
 local function lease_score(m)
   local meta = redis.call('HGET', LM, m)
   return meta and string.match(meta, '^(%S+)') or '0'
+end
+
+local function u16(n) return string.char(math.floor(n / 256), n % 256) end
+
+-- Append singles (seq .. payload strings) of one score to that score's open chunk, opening new ones.
+local function append_chunked(score, singles)
+  local tail = redis.call('HGET', TAILS, score)
+  local records, count, head = {}, 0, nil
+  if tail and redis.call('ZSCORE', Q, tail) then
+    redis.call('ZREM', Q, tail)
+    head = tail
+    -- count the records already in the tail chunk
+    local p = 8
+    while p + 1 <= #tail do
+      local len = string.byte(tail, p) * 256 + string.byte(tail, p + 1)
+      p = p + 2 + len
+      count = count + 1
+    end
+  end
+  local function close()
+    if head then redis.call('ZADD', Q, score, head .. table.concat(records)) end
+  end
+  for _, single in ipairs(singles) do
+    if not head or count >= CHUNK_RECORDS then
+      close()
+      head, records, count = string.sub(single, 1, 6) .. '\0', {}, 0
+    end
+    records[#records + 1] = u16(#single - 6) .. single
+    count = count + 1
+  end
+  close()
+  redis.call('HSET', TAILS, score, head .. table.concat(records))
+end
+
+-- Split a queue member into singles (a single is itself). Malformed chunks yield their rest as one
+-- bogus single, which the worker rejects with a reason.
+local function singles_of(member)
+  if #member < 7 or string.byte(member, 7) ~= 0 then return {member} end
+  local out, p = {}, 8
+  while p <= #member do
+    if p + 1 > #member then out[#out + 1] = string.sub(member, p); break end
+    local len = string.byte(member, p) * 256 + string.byte(member, p + 1)
+    if p + 2 + 6 + len - 1 > #member then out[#out + 1] = string.sub(member, p); break end
+    out[#out + 1] = string.sub(member, p + 2, p + 2 + 6 + len - 1)
+    p = p + 2 + 6 + len
+  end
+  return out
 end
 
 -- 1. leases of dead workers run out: back to the queue with their original priority
@@ -123,7 +181,19 @@ for i = 1, n_enqueue do
   if new == 1 and payload ~= '' then to_add[#to_add + 1] = pos end
   pos = pos + W
 end
-if #to_add > 0 then
+if #to_add > 0 and chunked then
+  local seqs = new_seqs(#to_add)
+  local by_score, scores = {}, {}
+  for i, p in ipairs(to_add) do
+    local score = ARGV[p + 2]
+    if not by_score[score] then by_score[score] = {}; scores[#scores + 1] = score end
+    local group = by_score[score]
+    group[#group + 1] = seqs[i] .. ARGV[p + 3]
+  end
+  for _, score in ipairs(scores) do append_chunked(score, by_score[score]) end
+  queued_delta = queued_delta + #to_add
+elseif #to_add > 0 then
+  queued_delta = queued_delta + #to_add
   local seqs = new_seqs(#to_add)
   local args = {}
   for i, p in ipairs(to_add) do
@@ -145,7 +215,10 @@ for i = 1, n do
   local m = ARGV[pos]; pos = pos + 1
   if unlease(m) == 1 and polite then pol_finished(INFO, pol_domain(m), now) end
   -- a copy requeued after its lease ran out need not run again
-  if redis.call('ZREM', Q, m) == 1 and polite then pol_count(INFO, pol_domain(m), -1, 0) end
+  if redis.call('ZREM', Q, m) == 1 then
+    queued_delta = queued_delta - 1
+    if polite then pol_count(INFO, pol_domain(m), -1, 0) end
+  end
 end
 
 -- 5. lease renewals (only leases still held: a lease that already ran out stays requeued)
@@ -211,16 +284,44 @@ if n_lease > 0 then
     pol_flush(DOMS, INFO, now)
     leased = pol_lease(Q, DOMS, INFO, n_lease, now, function(m) take(m, '0') end)
   else
-    local popped = redis.call('ZPOPMIN', Q, n_lease)
-    for i = 1, #popped, 2 do
-      take(popped[i], popped[i + 1])
-      leased[#leased + 1] = popped[i]; leased[#leased + 1] = popped[i + 1]
+    local got = 0
+    while got < n_lease do
+      local popped = redis.call('ZPOPMIN', Q, 1)
+      if #popped == 0 then break end
+      local member, score = popped[1], popped[2]
+      local singles = singles_of(member)
+      local keep = math.min(#singles, n_lease - got)
+      for i = 1, keep do
+        take(singles[i], score)
+        leased[#leased + 1] = singles[i]; leased[#leased + 1] = score
+      end
+      got = got + keep
+      if keep < #singles then
+        -- the rest goes back as a chunk headed by its first record's seq (same place in the order)
+        local rest = {}
+        for i = keep + 1, #singles do rest[#rest + 1] = u16(#singles[i] - 6) .. singles[i] end
+        local left = string.sub(singles[keep + 1], 1, 6) .. '\0' .. table.concat(rest)
+        redis.call('ZADD', Q, score, left)
+        if redis.call('HGET', TAILS, score) == member then redis.call('HSET', TAILS, score, left) end
+      end
     end
   end
 end
 if polite then pol_flush(DOMS, INFO, now) end
+queued_delta = queued_delta - #leased / 2
+local members_left = redis.call('ZCARD', Q)
+local queued = 0
+if members_left > 0 then
+  queued = redis.call('HINCRBY', TAILS, 'count', queued_delta)
+  if queued < members_left then
+    queued = members_left  -- written by someone else than this script: heal the counter
+    redis.call('HSET', TAILS, 'count', queued)
+  end
+else
+  redis.call('HSET', TAILS, 'count', 0)
+end
 
 if worker ~= '' then redis.call('ZADD', KEYS[9], now, worker) end
 local bloom_n = dupe_close(d)
-return {table.concat(flags), leased, requeued, moved, redis.call('ZCARD', Q),
+return {table.concat(flags), leased, requeued, moved, queued,
         redis.call('ZCARD', L), redis.call('ZCARD', KEYS[5]), bloom_n, paused}
