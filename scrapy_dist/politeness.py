@@ -74,3 +74,37 @@ class DomainLimits:
             self._cache.clear()
         self._cache[domain] = limit
         return limit
+
+
+#: fields of the domain info hash read by :func:`busiest_domains` at most (it is a scan)
+DOMAIN_SCAN_LIMIT = 20_000
+
+
+def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
+    """The domains with the largest backlog, with their limits and slots in use (for ``status``).
+
+    Reads at most :data:`DOMAIN_SCAN_LIMIT` fields of ``{spider}:domains:info`` (HSCAN), so on a crawl of
+    more domains than that the list is drawn from a sample.
+    """
+    info: dict[str, dict[str, str]] = {}
+    for n, (field, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
+        if n >= DOMAIN_SCAN_LIMIT:
+            break
+        f = field.decode(errors="replace") if isinstance(field, bytes) else str(field)
+        v = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+        kind, _, domain = f.partition(":")
+        info.setdefault(domain, {})[kind] = v
+    rows = []
+    for domain, d in info.items():
+        delay, conc, jitter = (d.get("l") or "0 0 0").split(" ")
+        rows.append({
+            "domain": domain,
+            "backlog": int(float(d.get("b", 0))),
+            "in_flight": int(float(d.get("i", 0))),
+            "delay": float(delay),
+            "concurrency": int(conc),
+            "jitter": float(jitter),
+            "next_in": max(0.0, round(float(d.get("n", 0)) - now, 3)),
+        })
+    rows.sort(key=lambda r: (r["backlog"], r["in_flight"]), reverse=True)
+    return rows[:limit]

@@ -16,6 +16,7 @@ from scrapy_dist.bloom import BloomPlan
 from scrapy_dist.extensions.control import ControlState
 from scrapy_dist.extensions.workers import CLOSED, LOST, RUNNING, worker_state
 from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.politeness import busiest_domains
 
 #: Workers listed (most recently seen first); the summary counts all of them.
 WORKER_LIMIT = 200
@@ -244,5 +245,6 @@ def read_status(
             "total": int(n_workers),
         },
         "workers": workers,
+        "domains": busiest_domains(client, keys, now),
         "stats": decode_stats(stats_raw),
     }

@@ -89,3 +89,38 @@ def test_process_politeness_is_per_worker(tmp_path: Path, redis_url: str) -> Non
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     assert len(limited.fetch_counts()) == 25
     assert min(gaps) < 0.2  # the per-process limit does not hold crawl-wide
+
+
+def test_status_shows_busiest_domains_with_limits_and_backlog(redis_url: str, redis_client: Any) -> None:
+    import asyncio
+    import json
+
+    import redis.asyncio
+    from click.testing import CliRunner
+
+    from scrapy_dist.cli import main
+    from scrapy_dist.frontier import Frontier, SyncBatch
+    from scrapy_dist.keys import CrawlKeys
+
+    keys = CrawlKeys("polite")
+
+    async def fill() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        f = Frontier(client, keys, "w", None, politeness="cluster")
+        entries = [("", "", 0, b"\x01x%d" % i, "slow.test", "1.0 2 0.0") for i in range(5)]
+        entries += [("", "", 0, b"\x01y%d" % i, "fast.test", "0.0 0 0.0") for i in range(2)]
+        await f.sync(SyncBatch(enqueue=entries))
+        await f.sync(SyncBatch(lease=10))
+        await client.aclose()
+
+    asyncio.run(fill())
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "status", "polite", "--json"])
+    assert result.exit_code == 0, result.output
+    domains = {d["domain"]: d for d in json.loads(result.output)["domains"]}
+    # one request of the delayed domain was leased (one per delay), both of the free one
+    assert domains["slow.test"]["backlog"] == 4 and domains["slow.test"]["in_flight"] == 1
+    assert domains["slow.test"]["delay"] == 1.0 and domains["slow.test"]["concurrency"] == 2
+    assert 0 < domains["slow.test"]["next_in"] <= 1.0
+    assert domains["fast.test"]["backlog"] == 0 and domains["fast.test"]["in_flight"] == 2
+    table = CliRunner().invoke(main, ["--redis-url", redis_url, "status", "polite"])
+    assert "Busiest domains" in table.output and "slow.test" in table.output

@@ -92,8 +92,20 @@ def render(status: dict[str, Any]) -> Group:
         )
     if len(status["workers"]) > 50:
         workers.caption = f"... and {len(status['workers']) - 50} more (see --json)"
+    parts: list[Any] = [workers]
+    if status.get("domains"):
+        domains = Table(title="Busiest domains (crawl-wide politeness)", title_justify="left")
+        domains.add_column("Domain", no_wrap=True)
+        for name in ("Backlog", "In flight", "Delay", "Concurrency", "Next in"):
+            domains.add_column(name, justify="right")
+        for d in status["domains"]:
+            domains.add_row(
+                d["domain"], _num(d["backlog"]), _num(d["in_flight"]), f"{d['delay']:g}s",
+                str(d["concurrency"] or "-"), f"{d['next_in']:.1f}s",
+            )
+        parts.append(domains)
     stamp = datetime.fromtimestamp(status["time"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return Group(headline, Text(stamp, style="dim"), overview, *lines, workers)
+    return Group(headline, Text(stamp, style="dim"), overview, *lines, *parts)
 
 
 @main.command()
