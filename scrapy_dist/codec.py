@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 VERSION = 1
 _VERSION_BYTE = bytes([VERSION])
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
-_ALLOWED_KEYS = frozenset("u m h b c M k p d cb eb f e C".split())
+_ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
 
 
 def _check_encodable(value: Any, path: str) -> None:
@@ -75,7 +75,8 @@ def _method_name(func: Any, spider: Spider | None, what: str) -> str | None:
         return func
     owner = getattr(func, "__self__", None)
     name = getattr(func, "__name__", None)
-    if owner is not None and name and (spider is None or owner is spider) and getattr(owner, name, None) == func:
+    bound_to_spider = owner is not None and (spider is None or owner is spider)
+    if bound_to_spider and name and getattr(owner, name, None) == func:
         return str(name)
     raise UnserializableRequest(f"{what} {func!r} is not a method of the spider", what)
 

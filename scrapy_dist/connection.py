@@ -254,6 +254,8 @@ class RedisTarget:
         """The one-line error for this target not answering (``exc`` is the underlying error)."""
         reason = " ".join(str(exc).split()) or type(exc).__name__
         if isinstance(exc, _LOGIN_ERRORS):
+            if "must be called with the client already authenticated" in reason or "NOAUTH" in reason:
+                reason = "authentication required, and the URL has no user or password"
             where = {
                 "REDIS_HOST/REDIS_PORT": "REDIS_PARAMS (username, password)",
                 "REDIS_SENTINELS": "REDIS_URL (the master's user and password)",

@@ -36,8 +36,8 @@ class SyncBatch:
     ack: list[bytes] = field(default_factory=list)
     renew: list[bytes] = field(default_factory=list)
     release: list[bytes] = field(default_factory=list)
-    #: (score, payload, not_before, domain, limits) -- not_before in this machine's unix time; sent as a delay relative
-    #: to now, so the Redis server's clock (which the script uses) decides, whatever the skew
+    #: (score, payload, not_before, domain, limits) -- not_before in this machine's unix time; sent as a
+    #: delay relative to now, so the Redis server's clock (which the script uses) decides, whatever the skew
     delay: list[tuple[float, bytes, float, str, str]] = field(default_factory=list)
     #: (member, JSON record)
     reject: list[tuple[bytes, str]] = field(default_factory=list)

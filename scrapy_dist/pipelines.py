@@ -53,7 +53,7 @@ _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
 # What a write is retried on: any Redis error, and a cluster that cannot be reached (RedisClusterException
 # is not a RedisError).
-_RETRIED = (redis.exceptions.RedisError, *OUTAGE_ERRORS)
+_RETRIED: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, *OUTAGE_ERRORS)
 # What an encoder raises on a value it cannot represent.
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeError)
 

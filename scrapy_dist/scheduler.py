@@ -22,6 +22,7 @@ Redis outages: the task logs one warning, keeps every buffer, retries with cappe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -41,8 +42,8 @@ from scrapy_dist.codec import decode_request, encode_request
 from scrapy_dist.dupefilter import RedisDupeFilter
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.frontier import Frontier, SyncBatch, SyncResult
-from scrapy_dist.politeness import DomainLimits
 from scrapy_dist.keys import crawl_keys
+from scrapy_dist.politeness import DomainLimits
 from scrapy_dist.rejections import RateLimitedLog, rejection_record
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ class Scheduler:
         dupefilter_cls = load_object(s["DUPEFILTER_CLASS"])
         dupefilter = build_from_crawler(dupefilter_cls, crawler)
         qcls_path = s.get("SCHEDULER_QUEUE_CLASS", defaults.SCHEDULER_QUEUE_CLASS)
-        qcls = queue.ALIASES.get(qcls_path) or load_object(qcls_path)
+        qcls: Any = queue.ALIASES.get(qcls_path) or load_object(qcls_path)
         prefetch = s.getint("SCHEDULER_PREFETCH", defaults.SCHEDULER_PREFETCH) or max(
             16, 2 * s.getint("CONCURRENT_REQUESTS")
         )
@@ -448,10 +449,8 @@ class Scheduler:
         backoff = 0.5
         assert self._wakeup is not None and self.frontier is not None
         while not self._closing:
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout=self.flush_interval)
-            except asyncio.TimeoutError:
-                pass
             self._wakeup.clear()
             if self._closing:
                 break
@@ -531,6 +530,7 @@ class Scheduler:
             stats.inc_value("scheduler/requeued/lease_expired", result.requeued)
         if result.moved:
             stats.inc_value("scheduler/delayed/moved", result.moved)
+        assert self.frontier is not None and self.spider is not None
         for member, _score in result.leased:
             self._held.add(member)
             try:

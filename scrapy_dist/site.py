@@ -92,7 +92,7 @@ class SiteServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def page_url(self, i: int) -> str:
         return f"{self.url}/page/{i}"

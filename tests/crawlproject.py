@@ -65,7 +65,10 @@ class Project:
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def crawl(
-        self, spider: str = "links", args: dict[str, str] | None = None, settings: dict[str, Any] | None = None
+        self,
+        spider: str = "links",
+        args: dict[str, str] | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "scrapy", "crawl", spider]
         for k, v in {**self.settings, **(settings or {})}.items():
@@ -89,7 +92,9 @@ class Project:
                 codes.append(proc.wait(max(0.1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 proc.kill()
-                raise AssertionError(f"worker did not finish in time; log:\n{self.log_text(log)[-3000:]}")
+                raise AssertionError(
+                    f"worker did not finish in time; log:\n{self.log_text(log)[-3000:]}"
+                ) from None
         return codes
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:

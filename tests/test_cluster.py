@@ -23,6 +23,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from click.testing import CliRunner
 from crawlproject import make_project
+from redis.crc import key_slot
 from redis_cluster import LocalCluster
 from scrapy import Request
 from scrapy.utils.test import get_crawler
@@ -34,6 +35,7 @@ from scrapy_dist.deadletter import dead_letter_record
 from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.frontier import SEQ_BYTES, Frontier, SyncBatch
 from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.pipelines import RedisPipeline
 from scrapy_dist.spiders import SeedReader
 
 LINKS = CrawlKeys("links")
@@ -168,6 +170,34 @@ def test_seeds_scripts_on_a_cluster(cluster_url: str) -> None:
     assert pushed.entries == [b"http://a.example/pushed"]
     assert c.llen(BOOKS.start_urls_rejected) == 1
     c.close()
+
+
+class RoutedPipeline(RedisPipeline):
+    """Items to several keys (the scrapy-redis ``item_key`` hook): on a cluster their slots differ."""
+
+    def item_key(self, item: Any) -> str:
+        return f"{self.key}:{item['kind']}"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_item_pipeline_writes_to_keys_of_several_slots(cluster_url: str, stream: bool) -> None:
+    async def go() -> None:
+        pipeline = RoutedPipeline(get_async_redis({"REDIS_URL": cluster_url}), "books:items", stream=stream,
+                                  flush_interval=0.01)
+        await pipeline.open_spider()
+        items = [{"kind": kind, "n": n} for n in range(5) for kind in "abcdefgh"]
+        await asyncio.gather(*(pipeline.process_item(item) for item in items))
+        await pipeline.close_spider()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+    c = _client(cluster_url)
+    try:
+        keys = [f"books:items:{kind}" for kind in "abcdefgh"]
+        assert len({key_slot(k.encode()) for k in keys}) > 1
+        length = c.xlen if stream else c.llen
+        assert [length(k) for k in keys] == [5] * 8
+    finally:
+        c.close()
 
 
 def _cli(url: str, *args: str) -> Any:

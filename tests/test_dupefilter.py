@@ -118,7 +118,9 @@ def test_set_dupefilter_is_exact_and_stores_raw_fingerprints(redis_client: Any) 
 
 
 @pytest.mark.slow
-def test_scrapy_default_scheduler_with_bloom_dupefilter(tmp_path: Path, redis_url: str, site_factory: Any) -> None:
+def test_scrapy_default_scheduler_with_bloom_dupefilter(
+    tmp_path: Path, redis_url: str, site_factory: Any
+) -> None:
     from crawlproject import make_project
 
     site = site_factory(pages=400)

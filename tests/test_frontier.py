@@ -20,8 +20,9 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-async def _frontier(url: str, sequence: str = "asc", dupefilter: Any = None, worker: str = "w1",
-                    lease: float = 10.0) -> Frontier:
+async def _frontier(
+    url: str, sequence: str = "asc", dupefilter: Any = None, worker: str = "w1", lease: float = 10.0
+) -> Frontier:
     client = redis.asyncio.Redis.from_url(url)
     return Frontier(client, KEYS, worker, dupefilter, sequence=sequence, lease_seconds=lease)
 
@@ -33,7 +34,9 @@ def _payloads(result: Any) -> list[bytes]:
 def test_priority_order_and_fifo_within_priority(redis_url: str, redis_client: Any) -> None:
     async def go() -> Any:
         f = await _frontier(redis_url)
-        entries = [("", "", -prio, f"p{prio}-{i}".encode(), "", "") for i in range(3) for prio in (0, 5, -2, 5)]
+        entries = [
+            ("", "", -prio, f"p{prio}-{i}".encode(), "", "") for i in range(3) for prio in (0, 5, -2, 5)
+        ]
         await f.sync(SyncBatch(enqueue=entries[:6]))
         await f.sync(SyncBatch(enqueue=entries[6:]))
         res = await f.sync(SyncBatch(lease=100))
@@ -67,7 +70,9 @@ def test_expired_leases_are_requeued_with_their_priority(redis_url: str, redis_c
     async def go() -> tuple[Any, Any, Any]:
         dead = await _frontier(redis_url, worker="dead", lease=10)
         alive = await _frontier(redis_url, worker="alive", lease=10)
-        await dead.sync(SyncBatch(enqueue=[("", "", -7, b"hi", "", ""), ("", "", 0, b"lo", "", "")]), now=1000)
+        await dead.sync(
+            SyncBatch(enqueue=[("", "", -7, b"hi", "", ""), ("", "", 0, b"lo", "", "")]), now=1000
+        )
         taken = await dead.sync(SyncBatch(lease=1), now=1000)  # "hi" leased by the dead worker
         before = await alive.sync(SyncBatch(), now=1009)  # lease not expired yet
         after = await alive.sync(SyncBatch(lease=5), now=1011)
@@ -88,7 +93,12 @@ def test_expired_leases_are_requeued_with_their_priority(redis_url: str, redis_c
 def test_ack_release_renew(redis_url: str, redis_client: Any) -> None:
     async def go() -> None:
         f = await _frontier(redis_url, lease=10)
-        await f.sync(SyncBatch(enqueue=[("", "", 0, b"a", "", ""), ("", "", 0, b"b", "", ""), ("", "", 0, b"c", "", "")]), now=100)
+        await f.sync(
+            SyncBatch(
+                enqueue=[("", "", 0, b"a", "", ""), ("", "", 0, b"b", "", ""), ("", "", 0, b"c", "", "")]
+            ),
+            now=100,
+        )
         res = await f.sync(SyncBatch(lease=3), now=100)
         a, b, c = (m for m, _ in res.leased)
         await f.sync(SyncBatch(ack=[a], release=[b], renew=[c]), now=105)
@@ -171,7 +181,9 @@ def test_entries_are_packed_in_chunks_and_leased_in_order(redis_url: str, redis_
     first, rest = run(go())
     assert _payloads(first) == [b"a%02d" % i for i in range(5)]
     assert first.queued == 15
-    assert _payloads(rest) == [b"hi"] + [b"a%02d" % i for i in range(5, 20)] + [b"b%02d" % i for i in range(3)]
+    assert _payloads(rest) == [b"hi"] + [b"a%02d" % i for i in range(5, 20)] + [
+        b"b%02d" % i for i in range(3)
+    ]
     assert rest.queued == 0
     # what a worker holds is a plain single: 6-byte sequence + payload
     assert all(len(m) == 6 + len(m[6:]) and m[6:7] != b"\0" for m, _ in rest.leased)

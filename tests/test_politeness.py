@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from crawlproject import make_project
+
 from scrapy_dist.politeness import DomainLimit, DomainLimits
 from scrapy_dist.site import SiteGraph, SiteServer
 
@@ -68,7 +68,7 @@ def test_limited_host_is_polite_crawl_wide_while_the_other_runs_full_speed(
             s.stop()
     assert len(limited.fetch_counts()) == 25 and len(free.fetch_counts()) == 600
     starts = sorted(t for t, _, _ in limited.log)
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert min(gaps) >= 0.2, f"two requests to the limited host {min(gaps):.3f}s apart"
     # the unlimited host is crawled as fast with the limited one in the crawl as without it
     assert _rate(free) >= 0.8 * _rate(alone), (_rate(free), _rate(alone))
@@ -80,13 +80,15 @@ def test_process_politeness_is_per_worker(tmp_path: Path, redis_url: str) -> Non
     limited = SiteServer(SiteGraph(25, links=3), host="127.0.0.2").start()
     try:
         _crawl(
-            tmp_path, redis_url, [limited.page_url(0)],
-            {"DOWNLOAD_SLOTS": {"127.0.0.2": {"delay": 0.2, "concurrency": 1}}, "RANDOMIZE_DOWNLOAD_DELAY": False},
+            tmp_path,
+            redis_url,
+            [limited.page_url(0)],
+            {"DOWNLOAD_SLOTS": {"127.0.0.2": {"delay": 0.2, "concurrency": 1, "jitter": 0}}},
         )
     finally:
         limited.stop()
     starts = sorted(t for t, _, _ in limited.log)
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert len(limited.fetch_counts()) == 25
     assert min(gaps) < 0.2  # the per-process limit does not hold crawl-wide
 

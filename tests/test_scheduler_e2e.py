@@ -9,8 +9,8 @@ from typing import Any
 import msgpack
 import pytest
 import redis
-
 from crawlproject import make_project
+
 from scrapy_dist.codec import encode_request
 from scrapy_dist.keys import CrawlKeys
 

@@ -12,7 +12,7 @@ from redis.exceptions import RedisError
 from scrapy_dist.connection import OUTAGE_ERRORS
 
 # Any Redis error, and a cluster no node of which answers (RedisClusterException is not a RedisError).
-_REDIS_DOWN = (RedisError, *OUTAGE_ERRORS)
+_REDIS_DOWN: tuple[type[BaseException], ...] = (RedisError, *OUTAGE_ERRORS)
 
 
 class PeriodicTask:

@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
 # Redis errors, and a cluster no node of which answers (RedisClusterException is not a RedisError).
-_REDIS_ERRORS = (redis.exceptions.RedisError, *OUTAGE_ERRORS)
+_REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, *OUTAGE_ERRORS)
 _BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure")
 _OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
 
