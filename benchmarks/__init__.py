@@ -29,4 +29,5 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("crawl", "benchmarks.crawl"),
     ("dupefilter", "benchmarks.dupefilter"),
     ("seeds", "benchmarks.seeds"),
+    ("politeness", "benchmarks.politeness"),
 ]

@@ -29,6 +29,7 @@ is already imported (nothing is imported on behalf of data read from Redis).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from urllib.parse import urlsplit
 import msgpack
 from scrapy import Request
 from scrapy.http import Headers
+from scrapy.spiders import CrawlSpider
 
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 
@@ -47,6 +49,9 @@ VERSION = 1
 _VERSION_BYTE = bytes([VERSION])
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
+_BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
+#: private dispatchers of CrawlSpider rules: rule requests name them, with the rule index in meta
+_CRAWLSPIDER_METHODS = frozenset({"_callback", "_errback"})
 
 
 def _check_encodable(value: Any, path: str) -> None:
@@ -141,7 +146,9 @@ def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
 
 def spider_method(spider: Spider, name: Any, what: str) -> Any:
     """Resolve ``name`` to a public method of ``spider``; reject anything else (shared with seeds)."""
-    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+    if name in _CRAWLSPIDER_METHODS and isinstance(spider, CrawlSpider):
+        pass  # CrawlSpider routes rule requests through these two
+    elif not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
         raise RejectedEntry(f"bad_{what}", f"{what} {name!r} is not a public method name")
     method = getattr(spider, name, None)
     if method is None or not callable(method) or getattr(method, "__self__", None) is not spider:
@@ -153,7 +160,7 @@ def check_url(url: Any, allowed_schemes: Iterable[str]) -> str:
     """Validate an untrusted URL string: type, length, scheme, host, no whitespace/control chars."""
     if not isinstance(url, str):
         raise RejectedEntry("bad_url", f"url has type {type(url).__name__}")
-    if not url or len(url) > 8192 or any(ord(ch) < 33 or ord(ch) == 127 for ch in url):
+    if not url or len(url) > 8192 or _BAD_URL_CHARS.search(url):
         raise RejectedEntry("bad_url", "empty, too long, or contains whitespace/control characters")
     try:
         parts = urlsplit(url)

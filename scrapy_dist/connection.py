@@ -42,7 +42,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, cast
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import redis
 import redis.asyncio
@@ -346,6 +346,7 @@ def _client_params(target: RedisTarget) -> dict[str, Any]:
         for name in _TCP_ONLY_PARAMS:
             params.pop(name, None)
     params.update(target.params)
+    params.pop("sentinel_kwargs", None)  # for the Sentinels only, see _sentinel_kwargs()
     return params
 
 
@@ -384,20 +385,27 @@ def _detect_cluster(target: RedisTarget) -> bool:
 
 
 def _sentinel_kwargs(target: RedisTarget) -> dict[str, Any]:
+    """Options of the connections to the Sentinels themselves: the socket timeouts, plus
+    ``REDIS_PARAMS["sentinel_kwargs"]`` (redis-py's name) for Sentinels that need a password or TLS."""
     params = _client_params(target)
-    return {k: v for k, v in params.items() if k.startswith("socket_")}
+    kwargs = {k: v for k, v in params.items() if k.startswith("socket_")}
+    kwargs.update(target.params.get("sentinel_kwargs") or {})
+    return kwargs
 
 
 def _master_kwargs(target: RedisTarget) -> dict[str, Any]:
     parts = urlsplit(target.url)
     kwargs = _client_params(target)
+    # percent-decoded, as redis-py's from_url() does for a URL with a host
     if parts.username:
-        kwargs.setdefault("username", parts.username)
+        kwargs.setdefault("username", unquote(parts.username))
     if parts.password:
-        kwargs.setdefault("password", parts.password)
+        kwargs.setdefault("password", unquote(parts.password))
     db = parts.path.lstrip("/")
     if db:
         kwargs.setdefault("db", int(db))
+    if parts.scheme == "rediss":  # the master's host comes from the Sentinels, the scheme from the URL
+        kwargs.setdefault("ssl", True)
     return kwargs
 
 

@@ -20,9 +20,8 @@ it 200. Every run is a fresh crawl under its own key prefix (``demo-<time>-<rand
 deleted at the end; an embedded Redis the demo had to start is stopped again.
 
 Which project the workers run: ``example_project/`` next to the package (a source checkout installed with
-``pip install -e .``). When the package was installed without its source tree (a wheel), the demo writes
-a copy of the project's settings and demo spider (:data:`PROJECT_FILES`, kept identical to
-``example_project``'s by a test) into its run directory and uses that.
+``pip install -e .``), or the copy of it that the wheel carries as ``scrapy_dist/_example_project`` (hatch
+``force-include`` in pyproject.toml), so there is one example project, never a second copy in code.
 """
 
 from __future__ import annotations
@@ -52,6 +51,7 @@ from rich.text import Text
 
 from scrapy_dist.connection import mask_url
 from scrapy_dist.embedded import DEFAULT_DIRNAME, EmbeddedRedis
+from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.site import SiteGraph, SiteServer
 
@@ -302,26 +302,25 @@ def render_summary(s: Summary) -> Table:
 
 
 # -- the project the workers run ----------------------------------------------------------------------
-#: A copy of example_project's files the demo needs, for installs without the source tree. A test keeps
-#: them identical to the files in example_project/.
-PROJECT_FILES: dict[str, str] = {}  # filled in at the end of this module
+#: where a wheel carries example_project (pyproject.toml: tool.hatch.build.targets.wheel.force-include)
+PACKAGED_PROJECT = Path(__file__).resolve().parent / "_example_project"
+
+
+def _is_project(path: Path) -> bool:
+    return (path / "scrapy.cfg").is_file() and (path / "example_project" / "spiders" / "demo.py").is_file()
 
 
 def locate_project(run_dir: Path, example: Path | None = None) -> tuple[Path, bool]:
-    """The project directory the workers run in, and whether it is a copy the demo wrote.
+    """The project directory the workers run in, and whether it is the wheel's packaged copy.
 
-    ``example_project/`` of the source checkout when it is there, else a copy of its demo parts written
-    to ``run_dir / "project"``.
+    ``example_project/`` of the source checkout when it is there, else the copy inside the package.
     """
     example = EXAMPLE_PROJECT if example is None else example
-    if (example / "scrapy.cfg").is_file() and (example / "example_project" / "spiders" / "demo.py").is_file():
+    if _is_project(example):
         return example, False
-    root = run_dir / "project"
-    for name, text in PROJECT_FILES.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root, True
+    if _is_project(PACKAGED_PROJECT):
+        return PACKAGED_PROJECT, True
+    raise ScrapyDistError(f"example_project not found (looked in {example} and {PACKAGED_PROJECT})")
 
 
 # -- workers -------------------------------------------------------------------------------------------
@@ -903,87 +902,3 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
     """Run ``scrapy-dist demo`` with ``options``; returns the exit status."""
     return Demo(options, console).run()
 
-
-# The copy of example_project's demo parts (see locate_project). Keep in sync with example_project/:
-# tests/test_demo.py fails when they differ.
-PROJECT_FILES.update({
-    "scrapy.cfg": '''\
-# The Scrapy project file: `scrapy crawl <spider>` run in this directory (or below) uses these settings.
-[settings]
-default = example_project.settings
-''',
-    "example_project/__init__.py": "",
-    "example_project/settings.py": '''\
-"""Settings of the example project: a normal Scrapy project, made distributed by the scrapy-dist add-on.
-
-Every `scrapy crawl <spider>` started with these settings -- on this machine or on others pointing at the
-same Redis -- shares one frontier, one duplicate filter, one retry schedule and one dead-letter list.
-"""
-
-BOT_NAME = "example_project"
-SPIDER_MODULES = ["example_project.spiders"]
-NEWSPIDER_MODULE = "example_project.spiders"
-
-# scrapy-dist: the shared frontier (SCHEDULER), the crawl-wide bloom filter (DUPEFILTER_CLASS), retries
-# delayed through the frontier, dead letters, crawl-wide stats, heartbeats and closing together.
-ADDONS = {"scrapy_dist.Addon": 0}
-
-# Where the shared Redis is. Unset: this project's embedded Redis (started on first use, one machine only).
-# On several hosts, set the same Redis everywhere, here or with `scrapy crawl <spider> -s REDIS_URL=...`:
-# REDIS_URL = "redis://:password@redis.internal:6379/0"
-
-# Keep responses ignored for their status (404, 410, ...) in the crawl's dead-letter list, next to the
-# requests whose retries ran out (`scrapy-dist dead <spider>` lists, requeues or purges them).
-HTTPERROR_DEAD_LETTER = True
-
-# Close every worker once the whole crawl has had no work (and no seeds) for this many seconds.
-# 0 keeps RedisSpider workers waiting for new seeds forever.
-SCHEDULER_IDLE_BEFORE_CLOSE = 30
-
-ROBOTSTXT_OBEY = True
-LOG_LEVEL = "INFO"
-TELNETCONSOLE_ENABLED = False
-FEED_EXPORT_ENCODING = "utf-8"
-''',
-    "example_project/spiders/demo.py": '''\
-"""The spider `scrapy-dist demo` runs: follows every link of the generated local site.
-
-Seeds come from Redis (``demo:start_urls``; the demo pushes ``/page/0`` with ``LPUSH``, exactly as
-``redis-cli lpush demo:start_urls http://127.0.0.1:<port>/page/0`` would), so several workers -- and
-workers started later -- all take their requests from the one shared frontier.
-"""
-
-from __future__ import annotations
-
-from scrapy_dist.spiders import RedisSpider
-
-
-class DemoSpider(RedisSpider):
-    """One item per page; every link followed (the crawl-wide bloom filter drops the ones seen before)."""
-
-    name = "demo"
-    custom_settings = {
-        # The site is local: no politeness delay, and enough concurrency to keep a worker busy.
-        "ROBOTSTXT_OBEY": False,
-        "CONCURRENT_REQUESTS": 16,
-        "CONCURRENT_REQUESTS_PER_DOMAIN": 16,
-        "DOWNLOAD_DELAY": 0,
-        # Scrapy starts CONCURRENT_ITEMS tasks (default 100) per response to process its output; a page
-        # here yields 11 things, so most of those tasks would only cost CPU.
-        "CONCURRENT_ITEMS": 16,
-        # Close a few seconds after the whole crawl ran out of work.
-        "SCHEDULER_IDLE_BEFORE_CLOSE": 3,
-        # Requests leased by a killed worker come back to the queue after 10 s instead of a minute.
-        "SCHEDULER_LEASE_SECONDS": 10,
-        # 503 answers are retried through the frontier after 0.5-0.75 s, then 1-1.5 s.
-        "RETRY_BACKOFF_BASE": 0.5,
-        # A heartbeat (pages, leases, rate) every second, for the demo's live view.
-        "CLUSTERSTATS_INTERVAL": 1.0,
-    }
-
-    def parse(self, response):
-        yield {"url": response.url, "title": response.css("title::text").get()}
-        yield from response.follow_all(css="a")
-''',
-    "example_project/spiders/__init__.py": "",
-})

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from pybloom_live import ScalableBloomFilter
 
 from scrapy_dist import connection, defaults, scripts
-from scrapy_dist.bloom import BloomPlan, fingerprint_hashes
-from scrapy_dist.exceptions import FrontierScriptError
+from scrapy_dist.bloom import HASHING, BloomPlan, fingerprint_hashes
+from scrapy_dist.exceptions import FrontierScriptError, ScrapyDistError
 from scrapy_dist.keys import CrawlKeys, crawl_keys
 
 if TYPE_CHECKING:
@@ -194,8 +194,15 @@ class BloomDupeFilter(RedisDupeFilter):
         pipe.hsetnx(self.keys.bloom, "capacity", self.plan.capacity)
         pipe.hsetnx(self.keys.bloom, "error_rate", repr(self.plan.error_rate))
         pipe.hsetnx(self.keys.bloom, "block_bits", self.plan.block_bits)
-        pipe.hmget(self.keys.bloom, ["capacity", "error_rate", "block_bits", "n"])
-        cap, err, bb, n = pipe.execute()[-1]
+        pipe.hsetnx(self.keys.bloom, "hashing", HASHING)
+        pipe.hmget(self.keys.bloom, ["capacity", "error_rate", "block_bits", "n", "hashing"])
+        cap, err, bb, n, hashing = pipe.execute()[-1]
+        if int(hashing) != HASHING:
+            raise ScrapyDistError(
+                f"The bloom filter {self.keys.bloom!r} was written with bit-position scheme {int(hashing)},"
+                f" this scrapy-dist uses {HASHING}: clear it (SCHEDULER_FLUSH_ON_START) or use another"
+                " REDIS_KEY_PREFIX"
+            )
         self.adopt(int(cap), float(err), int(bb), int(n or 0))
 
     def adopt(self, capacity: int, error_rate: float, block_bits: int, n: int) -> None:

@@ -26,6 +26,28 @@ SEQ_BYTES = 6
 PRIORITY_KEY_BYTES = 11
 
 
+def queue_singles(member: bytes) -> list[bytes]:
+    """The entries (``6-byte seq + payload``, as leased) inside one member of the queue ZSET.
+
+    Mirrors ``singles_of`` in ``lua/sync.lua``: a member whose 7th byte is ``\\0`` is a chunk of records
+    ``<2-byte length><6-byte seq><payload>``; anything else is a single entry. For tools and tests.
+    """
+    if len(member) < 7 or member[6] != 0:
+        return [member]
+    out, p = [], 7
+    while p < len(member):
+        if p + 2 > len(member):
+            out.append(member[p:])
+            break
+        n = int.from_bytes(member[p : p + 2], "big")
+        if p + 2 + SEQ_BYTES + n > len(member):
+            out.append(member[p:])
+            break
+        out.append(member[p + 2 : p + 2 + SEQ_BYTES + n])
+        p += 2 + SEQ_BYTES + n
+    return out
+
+
 @dataclass
 class SyncBatch:
     """Everything one ``sync`` call sends."""

@@ -54,7 +54,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+#: Redis down, restarting or failing over (cluster errors included): keep the buffers, wait, retry
+_REDIS_DOWN: tuple[type[BaseException], ...] = (
+    RedisConnectionError, RedisTimeoutError, *connection.OUTAGE_ERRORS,
+)
 #: most fingerprints remembered per process to skip links already sent (cleared when full)
 RECENT_LIMIT = 500_000
 
@@ -344,6 +347,19 @@ class Scheduler:
         """Append a JSON dead-letter record (batched, atomic with the failed request's ack)."""
         self._dead.append(record)
         self._mark_pending()
+
+    def flushed_since(self, mark: float) -> bool:
+        """Whether a sync that started after ``mark`` (a ``time.monotonic()`` value) has succeeded.
+
+        Every sync takes *all* discovered requests buffered when it starts, so once this is true, every
+        request enqueued before ``mark`` is in Redis (seeds use it to know when they may be dropped).
+        """
+        return self._last_sync > mark
+
+    def flush_soon(self) -> None:
+        """Send what is buffered at the next turn of the loop, not after ``SCHEDULER_FLUSH_INTERVAL``."""
+        self._first_pending = time.monotonic() - self.flush_interval
+        self._wake()
 
     def pause(self) -> None:
         """Stop handing out requests from this worker (crawl-wide pause is the ``paused`` control flag)."""

@@ -151,7 +151,9 @@ class SeedReader:
         ``BLMOVE key key RIGHT LEFT`` rotates the list onto itself -- the only blocking list command that
         leaves the seed in Redis whatever happens to this worker: it wakes on the push and the next
         :meth:`take` pops the seed and records it atomically. (The last seed moves to the head: order is
-        kept except for that one.)
+        kept except for that one.) The list stays non-empty after the rotation, so every worker waiting
+        on it wakes and tries a take; one gets the seed, the others wait again -- a few cheap calls per
+        push, only while the crawl is idle.
         """
         k = self.keys.start_urls
         return await self.redis.blmove(k, k, timeout, "RIGHT", "LEFT") is not None

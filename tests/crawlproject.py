@@ -97,6 +97,16 @@ class Project:
                 ) from None
         return codes
 
+    def wait_until_open(self, timeout: float = 60) -> None:
+        """Until every started worker has opened the scrapy-dist frontier (so it is crawling, past the
+        start-up check that exits when Redis is unreachable)."""
+        deadline = time.monotonic() + timeout
+        for proc, log in self.procs:
+            while "open as worker" not in self.log_text(log):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"worker did not open; log:\n{self.log_text(log)[-3000:]}")
+                time.sleep(0.05)
+
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -8,6 +8,7 @@ plain commands (``CLUSTER ADDSLOTS``, ``CLUSTER MEET``, ``CLUSTER REPLICATE``) r
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -195,6 +196,7 @@ class SentinelProcess:
         down_after_ms: int = 1000,
         failover_timeout_ms: int = 5000,
         auth: tuple[str | None, str] | None = None,
+        password: str | None = None,
     ) -> None:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="scrapy-dist-sentinel-"))
@@ -204,6 +206,7 @@ class SentinelProcess:
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         self.auth = auth
+        self.password = password  # the Sentinel's own requirepass
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _config(self) -> str:
@@ -222,7 +225,9 @@ class SentinelProcess:
             user, password = self.auth
             if user:
                 lines.append(f"sentinel auth-user {m} {user}")
-            lines.append(f"sentinel auth-pass {m} {password}")
+            lines.append(f"sentinel auth-pass {m} {json.dumps(password)}")
+        if self.password is not None:
+            lines.append(f"requirepass {json.dumps(self.password)}")
         return "\n".join(lines) + "\n"
 
     def start(self, timeout: float = 10.0) -> SentinelProcess:
@@ -234,7 +239,7 @@ class SentinelProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        with redis.Redis(port=self.port, socket_timeout=2) as probe:
+        with self._client() as probe:
             _wait(
                 lambda: probe.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name),
                 timeout,
@@ -242,18 +247,21 @@ class SentinelProcess:
             )
         return self
 
+    def _client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, password=self.password, socket_timeout=2)
+
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def master_port_now(self) -> int:
         """The port of the master this Sentinel currently names."""
-        with redis.Redis(port=self.port, socket_timeout=2) as c:
+        with self._client() as c:
             _host, port = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name)
         return int(port)
 
     def replicas_known(self) -> int:
-        with redis.Redis(port=self.port, socket_timeout=2) as c:
+        with self._client() as c:
             return len(c.execute_command("SENTINEL", "REPLICAS", self.master_name))
 
     def stop(self) -> None:
@@ -278,6 +286,7 @@ class SentinelGroup:
         down_after_ms: int = 1000,
         server_args: list[str] | None = None,
         auth: tuple[str | None, str] | None = None,
+        sentinel_password: str | None = None,
     ) -> None:
         self.n_replicas = replicas
         self.n_sentinels = sentinels
@@ -285,6 +294,7 @@ class SentinelGroup:
         self.down_after_ms = down_after_ms
         self.server_args = server_args or []
         self.auth = auth
+        self.sentinel_password = sentinel_password
         self.servers: list[RedisProcess] = []
         self.sentinels: list[SentinelProcess] = []
 
@@ -307,7 +317,8 @@ class SentinelGroup:
             for _ in range(self.n_sentinels):
                 self.sentinels.append(
                     SentinelProcess(
-                        master.port, self.master_name, quorum, self.down_after_ms, auth=self.auth
+                        master.port, self.master_name, quorum, self.down_after_ms, auth=self.auth,
+                        password=self.sentinel_password,
                     ).start()
                 )
             # Sentinels find the replicas through the master's INFO (every 10 s at first; faster once

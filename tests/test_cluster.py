@@ -273,7 +273,7 @@ def test_crawl_with_every_feature_on_a_cluster(tmp_path: Path, cluster_url: str,
     """Seeds pushed with the CLI, three workers with the add-on (frontier, bloom filter, retry and
     dead-letter middlewares, monitoring extensions) and the item pipeline: everything lands where it
     would on a single Redis."""
-    site = site_factory(pages=600, flaky=8, missing=4, delay=0.002, flaky_failures=1)
+    site = site_factory(pages=400, flaky=8, missing=4, delay=0.002, flaky_failures=1)
     project = make_project(
         tmp_path,
         {
@@ -295,10 +295,10 @@ def test_crawl_with_every_feature_on_a_cluster(tmp_path: Path, cluster_url: str,
         project.crawl()
     assert project.wait_all(120) == [0, 0, 0], project.logs()[-4000:]
     assert _problems(project.logs()) == []
-    lost, dupes = _lost_and_dupes(site)
-    assert lost == 0 and dupes == 0
     counts = site.fetch_counts(status=None)
-    assert all(counts[f"/page/{i}"] == 2 for i in site.graph.flaky)  # a 503, then the delayed retry
+    assert len(counts) == site.graph.pages
+    flaky = {f"/page/{i}" for i in site.graph.flaky}
+    assert {path: n for path, n in counts.items() if n != 1} == dict.fromkeys(flaky, 2)  # 503, then retried
     assert c.llen(LINKS.items) == site.graph.ok_pages
     dead = [json.loads(r) for r in c.lrange(LINKS.deadletter, 0, -1)]
     assert sorted(d["url"] for d in dead) == sorted(site.page_url(i) for i in site.graph.missing)
@@ -308,7 +308,8 @@ def test_crawl_with_every_feature_on_a_cluster(tmp_path: Path, cluster_url: str,
     assert c.llen(LINKS.start_urls) == 0
     status = CliRunner().invoke(main, ["--redis-url", cluster_url, "status", "links", "--json"])
     data = json.loads(status.output)
-    assert data["stats"]["response_received_count"] == site.graph.pages + len(site.graph.flaky)
+    # merged from the three workers (a 503 that is retried never reaches the engine as a response)
+    assert data["stats"]["response_received_count"] == site.graph.pages
     assert data["deadletter"] == len(site.graph.missing)
     assert data["workers_summary"]["total"] == 3
     c.close()
@@ -318,7 +319,7 @@ def test_crawl_with_every_feature_on_a_cluster(tmp_path: Path, cluster_url: str,
 def test_sigkilled_worker_loses_nothing_on_a_cluster(
     tmp_path: Path, cluster_url: str, site_factory: Any
 ) -> None:
-    site = site_factory(pages=1000, delay=0.01)
+    site = site_factory(pages=600, delay=0.01)
     cr = 8
     project = make_project(
         tmp_path,
@@ -329,13 +330,16 @@ def test_sigkilled_worker_loses_nothing_on_a_cluster(
     _wait_for_pages(site, 1)
     victim = project.crawl()
     project.crawl()
-    _wait_for_pages(site, 300)
+    project.wait_until_open()
+    _wait_for_pages(site, 200)
     project.kill(victim)
     codes = project.wait_all(120)
     assert codes[0] == 0 and codes[2] == 0, project.logs()[-4000:]
     lost, dupes = _lost_and_dupes(site)
     assert lost == 0
-    assert dupes <= 2 * cr, dupes
+    # fetched again: what the victim had downloaded but not yet acknowledged -- up to CONCURRENT_REQUESTS
+    # in flight plus those finished since its last sync (more on a loaded machine); never its prefetch
+    assert dupes <= 4 * cr, dupes
     requeued = sum(project.stats(i).get("scheduler/requeued/lease_expired", 0) for i in (0, 2))
     assert requeued > 0
     c = _client(cluster_url)
@@ -366,7 +370,7 @@ def test_killed_master_fails_over_and_the_crawl_finishes(
     replica are lost (Redis replication is asynchronous), so pages may be lost, but only a handful;
     the number is printed."""
     cluster = redis_cluster(masters=3, replicas=1, node_timeout_ms=1000)
-    site = site_factory(pages=1200, delay=0.01)
+    site = site_factory(pages=600, delay=0.01)
     project = make_project(
         tmp_path,
         {"REDIS_URL": cluster.url, "CONCURRENT_REQUESTS": 8, "SCHEDULER_LEASE_SECONDS": 5,
@@ -375,7 +379,8 @@ def test_killed_master_fails_over_and_the_crawl_finishes(
     project.crawl(args={"seed": site.page_url(0)})
     _wait_for_pages(site, 1)
     project.crawl()
-    _wait_for_pages(site, 400)
+    project.wait_until_open()
+    _wait_for_pages(site, 200)
     old = cluster.master_of(LINKS.queue)
     cluster.kill(old)
     new = cluster.wait_failover(LINKS.queue, old)

@@ -202,7 +202,7 @@ def test_retryable_status_is_delayed_in_the_frontier_and_ends_the_attempt_quietl
         mw.process_response(request, _response(request, 503))
     assert isinstance(info.value, IgnoreRequest)  # Scrapy neither logs nor counts it as an error
     assert request.errback is None  # the errback is for the final failure only (the copy keeps it)
-    [(score, payload, not_before)] = scheduler._delays
+    [(score, payload, not_before, _, _)] = scheduler._delays
     assert not_before == NOW + 0.5
     retry = decode_request(payload, crawler.spider)
     assert retry.meta["retry_times"] == 1 and retry.dont_filter and retry.errback == crawler.spider.failed
@@ -224,7 +224,7 @@ def test_retry_after_sets_the_delay_and_backoff_grows() -> None:
     capped = Request("https://e.com/c")
     with pytest.raises(RetryScheduled):
         mw.process_response(capped, _response(capped, 503, {"Retry-After": "3600"}))
-    assert [nb - NOW for _, _, nb in scheduler._delays] == [30, 1.0, 60]
+    assert [nb - NOW for _, _, nb, *_ in scheduler._delays] == [30, 1.0, 60]
 
 
 def test_exhausted_retries_are_dead_lettered_once() -> None:

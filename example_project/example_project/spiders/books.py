@@ -37,7 +37,7 @@ class BooksSpider(RedisSpider):
             "url": response.url,
             "title": response.css("div.product_main h1::text").get(),
             "price": response.css("div.product_main p.price_color::text").get(),
-            "availability": " ".join(t.strip() for t in response.css("p.availability::text").getall()).strip(),
+            "availability": " ".join(response.css("p.availability::text").getall()).strip(),
             "upc": response.xpath("//th[text()='UPC']/following-sibling::td/text()").get(),
             "category": response.css("ul.breadcrumb li:nth-last-child(2) a::text").get(),
         }

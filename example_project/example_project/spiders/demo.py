@@ -20,8 +20,8 @@ class DemoSpider(RedisSpider):
         "CONCURRENT_REQUESTS": 16,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 16,
         "DOWNLOAD_DELAY": 0,
-        # Scrapy starts CONCURRENT_ITEMS tasks (default 100) to process each response's output; a page
-        # here yields 11 things, and 100 tasks per page cost more CPU than the rest of the crawl.
+        # Scrapy starts CONCURRENT_ITEMS tasks (default 100) per response to process its output; a page
+        # here yields 11 things, so most of those tasks would only cost CPU.
         "CONCURRENT_ITEMS": 16,
         # Close a few seconds after the whole crawl ran out of work.
         "SCHEDULER_IDLE_BEFORE_CLOSE": 3,
@@ -31,8 +31,6 @@ class DemoSpider(RedisSpider):
         "RETRY_BACKOFF_BASE": 0.5,
         # A heartbeat (pages, leases, rate) every second, for the demo's live view.
         "CLUSTERSTATS_INTERVAL": 1.0,
-        # The site has thousands of pages, not a hundred million: a small filter to start with.
-        "BLOOMFILTER_CAPACITY": 1_000_000,
     }
 
     def parse(self, response):
