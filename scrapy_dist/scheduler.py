@@ -40,7 +40,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy_dist import _engine, connection, defaults, queue
 from scrapy_dist.codec import decode_request, encode_request
 from scrapy_dist.dupefilter import RedisDupeFilter
-from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
+from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import Frontier, SyncBatch, SyncResult
 from scrapy_dist.keys import crawl_keys
 from scrapy_dist.politeness import DomainLimits
@@ -204,8 +204,23 @@ class Scheduler:
         if self.flush_on_start:
             self._delete_crawl_keys(sync_client)
             logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
+        # queue entries are laid out differently with crawl-wide politeness: one mode per crawl
+        pipe = sync_client.pipeline(transaction=False)
+        pipe.hsetnx(self.keys.control, "politeness", self.politeness)
+        pipe.hget(self.keys.control, "politeness")
+        mode = pipe.execute()[-1]
+        if mode is not None and mode.decode() != self.politeness:
+            sync_client.close()
+            connection.abort_crawl(ScrapyDistError(
+                f"The crawl {self.keys.spider!r} runs with SCHEDULER_POLITENESS={mode.decode()!r}; this worker"
+                f" has {self.politeness!r}. Use the crawl's mode, or start afresh (SCHEDULER_FLUSH_ON_START)."
+            ))
         if hasattr(self.df, "open"):
-            self.df.open()
+            try:
+                self.df.open()
+            except ScrapyDistError as exc:  # e.g. a bloom filter written with another bit layout
+                sync_client.close()
+                connection.abort_crawl(exc)
         sync_client.close()
         self.redis = connection.get_async_redis(settings)
         self.frontier = Frontier(

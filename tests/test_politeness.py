@@ -126,3 +126,19 @@ def test_status_shows_busiest_domains_with_limits_and_backlog(redis_url: str, re
     assert domains["fast.test"]["backlog"] == 0 and domains["fast.test"]["in_flight"] == 2
     table = CliRunner().invoke(main, ["--redis-url", redis_url, "status", "polite"])
     assert "Busiest domains" in table.output and "slow.test" in table.output
+
+
+@pytest.mark.slow
+def test_a_worker_in_another_politeness_mode_is_refused(
+    tmp_path: Path, redis_url: str, redis_client: Any, site_factory: Any
+) -> None:
+    from scrapy_dist.keys import CrawlKeys
+
+    redis_client.hset(CrawlKeys("links").control, "politeness", "cluster")
+    site = site_factory(pages=5)
+    project = make_project(tmp_path, {"REDIS_URL": redis_url})  # process mode, the default
+    project.crawl(args={"seed": site.page_url(0)})
+    assert project.wait_all(60) == [1]
+    errors = [line for line in project.logs().splitlines() if " ERROR: " in line]
+    assert len(errors) == 1 and "SCHEDULER_POLITENESS='cluster'" in errors[0], errors
+    assert site.fetch_counts() == {}
