@@ -212,8 +212,9 @@ class Scheduler:
         if mode is not None and mode.decode() != self.politeness:
             sync_client.close()
             connection.abort_crawl(ScrapyDistError(
-                f"The crawl {self.keys.spider!r} runs with SCHEDULER_POLITENESS={mode.decode()!r}; this worker"
-                f" has {self.politeness!r}. Use the crawl's mode, or start afresh (SCHEDULER_FLUSH_ON_START)."
+                f"The crawl {self.keys.spider!r} runs with SCHEDULER_POLITENESS={mode.decode()!r}; this"
+                f" worker has {self.politeness!r}. Use the crawl's mode, or start afresh"
+                " (SCHEDULER_FLUSH_ON_START)."
             ))
         if hasattr(self.df, "open"):
             try:
