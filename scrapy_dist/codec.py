@@ -202,16 +202,9 @@ def _request_class(path: Any) -> type[Request]:
     return cls
 
 
-def decode_request(
-    data: bytes,
-    spider: Spider,
-    allowed_schemes: Iterable[str] = ("http", "https"),
-    max_bytes: int = 1024 * 1024,
-) -> Request:
-    """Turn an untrusted payload back into a :class:`~scrapy.Request` bound to ``spider``'s methods.
-
-    Raises :class:`RejectedEntry` with a short ``reason`` for anything that is not a valid payload.
-    """
+def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
+    """The field map of an untrusted payload: size, version byte, msgpack and field names checked
+    (values are checked by :func:`decode_request`). Raises :class:`RejectedEntry`."""
     if len(data) > max_bytes:
         raise RejectedEntry("too_large", f"{len(data)} bytes")
     if not data or data[0] != VERSION:
@@ -225,6 +218,20 @@ def decode_request(
     unknown = set(d) - _ALLOWED_KEYS
     if unknown:
         raise RejectedEntry("bad_payload", f"unknown fields {sorted(map(str, unknown))[:5]}")
+    return d
+
+
+def decode_request(
+    data: bytes,
+    spider: Spider,
+    allowed_schemes: Iterable[str] = ("http", "https"),
+    max_bytes: int = 1024 * 1024,
+) -> Request:
+    """Turn an untrusted payload back into a :class:`~scrapy.Request` bound to ``spider``'s methods.
+
+    Raises :class:`RejectedEntry` with a short ``reason`` for anything that is not a valid payload.
+    """
+    d = load_payload(data, max_bytes)
     kw: dict[str, Any] = {"url": check_url(d.get("u"), allowed_schemes)}
     if "m" in d:
         method = _expect(d["m"], str, "bad_method", "method")

@@ -52,7 +52,7 @@ import redis.asyncio.sentinel
 import redis.cluster
 import redis.exceptions
 import redis.sentinel
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
 from scrapy_dist import defaults
@@ -131,6 +131,8 @@ _LOGIN_ERRORS = (
     redis.exceptions.AuthenticationWrongNumberOfArgsError,
     redis.exceptions.NoPermissionError,
 )
+_NO_MASTER = (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError)
+_ERROR_NAME = re.compile(r"\b(\w+(?:Error|Exception))\b")
 _TLS_PROBLEM = re.compile(r"\bSSL\b|\bTLS\b|certificate", re.IGNORECASE)
 
 _announced: set[Path] = set()
@@ -277,6 +279,13 @@ class RedisTarget:
             )
         elif self.setting == "REDIS_SENTINELS":
             hint = "check that the Sentinels are running or change REDIS_SENTINELS / REDIS_SENTINEL_MASTER"
+            if isinstance(exc, _NO_MASTER):
+                # redis-py's message holds the repr of every Sentinel client; keep the error kinds
+                kinds = sorted(set(_ERROR_NAME.findall(str(exc).partition(" : ")[2])))
+                reason = f"no Sentinel names a master {self.sentinel_master!r}"
+                reason += f" ({', '.join(kinds)})" if kinds else ""
+                if "AuthenticationError" in kinds:
+                    hint = "check the Sentinels' password in REDIS_PARAMS['sentinel_kwargs']"
         elif self.setting == "REDIS_HOST/REDIS_PORT":
             hint = "check that Redis is running or change REDIS_HOST/REDIS_PORT (or set REDIS_URL)"
         else:
@@ -384,11 +393,16 @@ def _detect_cluster(target: RedisTarget) -> bool:
     return enabled
 
 
-def _sentinel_kwargs(target: RedisTarget) -> dict[str, Any]:
+def _sentinel_kwargs(target: RedisTarget, retry: Any) -> dict[str, Any]:
     """Options of the connections to the Sentinels themselves: the socket timeouts, plus
-    ``REDIS_PARAMS["sentinel_kwargs"]`` (redis-py's name) for Sentinels that need a password or TLS."""
+    ``REDIS_PARAMS["sentinel_kwargs"]`` (redis-py's name) for Sentinels that need a password or TLS.
+
+    ``retry``: none by default -- there are other Sentinels to ask, and redis-py's default (up to ~10 s
+    of backoff per Sentinel) would make a wrong Sentinel password take a minute to report.
+    """
     params = _client_params(target)
     kwargs = {k: v for k, v in params.items() if k.startswith("socket_")}
+    kwargs["retry"] = retry
     kwargs.update(target.params.get("sentinel_kwargs") or {})
     return kwargs
 
@@ -411,7 +425,9 @@ def _master_kwargs(target: RedisTarget) -> dict[str, Any]:
 
 def _build_sync(target: RedisTarget) -> redis.Redis:
     if target.sentinels:
-        sentinel = redis.sentinel.Sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target))
+        sentinel = redis.sentinel.Sentinel(
+            list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target, Retry(NoBackoff(), 0))
+        )
         kwargs = _master_kwargs(target)
         kwargs.setdefault("retry", _sync_retry())
         return sentinel.master_for(target.sentinel_master, **kwargs)
@@ -431,7 +447,8 @@ def _build_sync(target: RedisTarget) -> redis.Redis:
 def _build_async(target: RedisTarget) -> redis.asyncio.Redis:
     if target.sentinels:
         sentinel = redis.asyncio.sentinel.Sentinel(
-            list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target)
+            list(target.sentinels),
+            sentinel_kwargs=_sentinel_kwargs(target, redis.asyncio.retry.Retry(NoBackoff(), 0)),
         )
         kwargs = _master_kwargs(target)
         kwargs.setdefault("retry", _async_retry())

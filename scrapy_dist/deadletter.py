@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from scrapy_dist.codec import VERSION, check_url, encode_request
+from scrapy_dist.codec import VERSION, check_url, encode_request, load_payload
 from scrapy_dist.exceptions import RejectedEntry
 
 if TYPE_CHECKING:
@@ -243,16 +243,7 @@ def requeue_payload(
     The payload is checked again by whichever worker leases it (:func:`scrapy_dist.codec.decode_request`),
     so this only needs to understand the map well enough to edit ``meta``.
     """
-    if len(payload) > max_bytes:
-        raise RejectedEntry("too_large", f"{len(payload)} bytes")
-    if not payload or payload[0] != VERSION:
-        raise RejectedEntry("bad_version", f"first byte {payload[:1]!r}")
-    try:
-        d = msgpack.unpackb(payload[1:], raw=False, strict_map_key=False, use_list=True)
-    except Exception as exc:  # msgpack raises several unrelated types for garbage input
-        raise RejectedEntry("bad_msgpack", type(exc).__name__) from None
-    if not isinstance(d, dict):
-        raise RejectedEntry("bad_payload", f"payload is a {type(d).__name__}")
+    d = load_payload(payload, max_bytes)
     check_url(d.get("u"), allowed_schemes)
     meta = d.get("M")
     if isinstance(meta, dict):
