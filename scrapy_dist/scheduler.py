@@ -527,6 +527,9 @@ class Scheduler:
                 self._next_fetch = now
 
     def _outage(self, exc: BaseException) -> None:
+        # Redis may come back with acknowledged writes rolled back (failover, lost AOF tail): it may no
+        # longer hold what this process sent, so stop trusting the per-process "already sent" set
+        self._recent.clear()
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             logger.warning(

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -37,11 +38,40 @@ def cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-def _wait(condition: object, timeout: float, what: str, interval: float = 0.05) -> None:
+def start_own(extra_args: list[str], port: Callable[[], int] = free_port, attempts: int = 5) -> RedisProcess:
+    """Start a redis-server and make sure the one answering on its port is this one: on a busy machine
+    another program can take the free port first, and the ping of ``RedisProcess.start()`` would then
+    reach that program's Redis."""
+    for _ in range(attempts):
+        server = RedisProcess(port=port(), extra_args=extra_args)
+        try:
+            server.start()
+        except RuntimeError:  # ours exited (port taken) and nothing answers there either
+            server.stop()
+            continue
+        if is_own(server):
+            return server
+        server.stop()
+    raise RuntimeError("could not start a redis-server on a port of its own")
+
+
+def is_own(server: RedisProcess) -> bool:
+    """Whether the Redis answering on ``server.port`` is ``server``'s process."""
+    assert server.proc is not None
+    if server.proc.poll() is not None:
+        return False
+    with redis.Redis(port=server.port, socket_timeout=5) as c:
+        try:
+            return int(c.info("server")["process_id"]) == server.proc.pid
+        except redis.RedisError:
+            return False
+
+
+def _wait(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if condition():  # type: ignore[operator]
+            if condition():
                 return
         except (redis.RedisError, OSError):
             pass
@@ -86,7 +116,7 @@ class LocalCluster:
         total = self.n_masters * (1 + self.n_replicas)
         try:
             for _ in range(total):
-                self.nodes.append(RedisProcess(port=cluster_port(), extra_args=args).start())
+                self.nodes.append(start_own(args, port=cluster_port))
             self._form(timeout)
         except BaseException:
             self.stop()
@@ -113,7 +143,7 @@ class LocalCluster:
                 c.execute_command("CLUSTER", "REPLICATE", self.ids[master.port])
         self.wait_ok(timeout)
         for node in self.nodes[self.n_masters :]:
-            _wait(lambda n=node: self._link_up(n), timeout, f"replica {node.port} in sync")
+            _wait_in_sync(node, timeout)
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -126,11 +156,6 @@ class LocalCluster:
             lines = c.execute_command("CLUSTER", "NODES")
         text = lines if isinstance(lines, str) else "\n".join(lines)
         return sum(1 for line in text.splitlines() if line.strip() and "handshake" not in line)
-
-    @staticmethod
-    def _link_up(node: RedisProcess) -> bool:
-        with redis.Redis(port=node.port, decode_responses=True, socket_timeout=2) as c:
-            return c.info("replication").get("master_link_status") == "up"
 
     def alive(self) -> list[RedisProcess]:
         return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
@@ -174,6 +199,18 @@ class LocalCluster:
         return self.master_of(key)
 
 
+def _replication(node: RedisProcess) -> dict[str, object]:
+    with redis.Redis(port=node.port, decode_responses=True, socket_timeout=2) as c:
+        return dict(c.info("replication"))
+
+
+def _wait_in_sync(replica: RedisProcess, timeout: float) -> None:
+    def up() -> bool:
+        return _replication(replica)["master_link_status"] == "up"
+
+    _wait(up, timeout, f"replica {replica.port} in sync")
+
+
 def _cluster_info(client: redis.Redis) -> str:
     raw = client.execute_command("CLUSTER INFO")
     if isinstance(raw, dict):
@@ -195,7 +232,6 @@ class SentinelProcess:
         quorum: int = 1,
         down_after_ms: int = 1000,
         failover_timeout_ms: int = 5000,
-        auth: tuple[str | None, str] | None = None,
         password: str | None = None,
     ) -> None:
         self.port = free_port()
@@ -205,7 +241,6 @@ class SentinelProcess:
         self.quorum = quorum
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
-        self.auth = auth
         self.password = password  # the Sentinel's own requirepass
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -221,11 +256,6 @@ class SentinelProcess:
             f"sentinel failover-timeout {m} {self.failover_timeout_ms}",
             f"sentinel parallel-syncs {m} 1",
         ]
-        if self.auth is not None:
-            user, password = self.auth
-            if user:
-                lines.append(f"sentinel auth-user {m} {user}")
-            lines.append(f"sentinel auth-pass {m} {json.dumps(password)}")
         if self.password is not None:
             lines.append(f"requirepass {json.dumps(self.password)}")
         return "\n".join(lines) + "\n"
@@ -285,7 +315,6 @@ class SentinelGroup:
         master_name: str = "mymaster",
         down_after_ms: int = 1000,
         server_args: list[str] | None = None,
-        auth: tuple[str | None, str] | None = None,
         sentinel_password: str | None = None,
     ) -> None:
         self.n_replicas = replicas
@@ -293,31 +322,28 @@ class SentinelGroup:
         self.master_name = master_name
         self.down_after_ms = down_after_ms
         self.server_args = server_args or []
-        self.auth = auth
         self.sentinel_password = sentinel_password
         self.servers: list[RedisProcess] = []
         self.sentinels: list[SentinelProcess] = []
 
     def start(self, timeout: float = 30.0) -> SentinelGroup:
         try:
-            master = RedisProcess(extra_args=self.server_args).start()
+            master = start_own(self.server_args)
             self.servers.append(master)
             for _ in range(self.n_replicas):
-                replica = RedisProcess(
-                    extra_args=[
-                        *self.server_args,
-                        "--replicaof", "127.0.0.1", str(master.port),
-                        "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
-                    ]
-                ).start()
+                replica = start_own([
+                    *self.server_args,
+                    "--replicaof", "127.0.0.1", str(master.port),
+                    "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
+                ])
                 self.servers.append(replica)
             for replica in self.servers[1:]:
-                _wait(lambda r=replica: self._link_up(r), timeout, "replica in sync")
+                _wait_in_sync(replica, timeout)
             quorum = self.n_sentinels // 2 + 1
             for _ in range(self.n_sentinels):
                 self.sentinels.append(
                     SentinelProcess(
-                        master.port, self.master_name, quorum, self.down_after_ms, auth=self.auth,
+                        master.port, self.master_name, quorum, self.down_after_ms,
                         password=self.sentinel_password,
                     ).start()
                 )
@@ -331,13 +357,6 @@ class SentinelGroup:
             self.stop()
             raise
         return self
-
-    def _link_up(self, node: RedisProcess) -> bool:
-        kw = {}
-        if self.auth is not None:
-            kw = {"username": self.auth[0], "password": self.auth[1]}
-        with redis.Redis(port=node.port, decode_responses=True, socket_timeout=2, **kw) as c:
-            return c.info("replication").get("master_link_status") == "up"
 
     @property
     def addresses(self) -> list[str]:
@@ -357,18 +376,11 @@ class SentinelGroup:
             timeout, "the sentinels to promote a replica", interval=0.1,
         )
         new = self.master()
-        _wait(lambda: self._role(new) == "master", timeout, "the new master to take writes")
+        _wait(lambda: _replication(new)["role"] == "master", timeout, "the new master to take writes")
         return old, new
 
-    def _role(self, node: RedisProcess) -> str:
-        kw = {}
-        if self.auth is not None:
-            kw = {"username": self.auth[0], "password": self.auth[1]}
-        with redis.Redis(port=node.port, decode_responses=True, socket_timeout=2, **kw) as c:
-            return str(c.info("replication").get("role"))
-
     def stop(self) -> None:
-        for s in self.sentinels:
-            s.stop()
-        for s in self.servers:
-            s.stop()
+        for sentinel in self.sentinels:
+            sentinel.stop()
+        for server in self.servers:
+            server.stop()

@@ -332,6 +332,12 @@ def test_sigkilled_worker_loses_nothing_on_a_cluster(
     project.crawl()
     project.wait_until_open()
     _wait_for_pages(site, 200)
+    c = _client(cluster_url)
+    deadline = time.monotonic() + 30
+    # kill it while it holds leases (worker ids are host:pid:random)
+    while not any(f":{victim.pid}:".encode() in meta for meta in c.hvals(LINKS.lease_meta)):
+        assert time.monotonic() < deadline, "the victim never leased anything"
+        time.sleep(0.02)
     project.kill(victim)
     codes = project.wait_all(120)
     assert codes[0] == 0 and codes[2] == 0, project.logs()[-4000:]
@@ -342,7 +348,6 @@ def test_sigkilled_worker_loses_nothing_on_a_cluster(
     assert dupes <= 4 * cr, dupes
     requeued = sum(project.stats(i).get("scheduler/requeued/lease_expired", 0) for i in (0, 2))
     assert requeued > 0
-    c = _client(cluster_url)
     assert c.zcard(LINKS.queue) == 0 and c.zcard(LINKS.leases) == 0
     c.close()
 
