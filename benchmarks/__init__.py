@@ -30,4 +30,5 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("dupefilter", "benchmarks.dupefilter"),
     ("seeds", "benchmarks.seeds"),
     ("politeness", "benchmarks.politeness"),
+    ("shards", "benchmarks.shards"),
 ]

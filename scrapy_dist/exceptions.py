@@ -38,3 +38,8 @@ class RejectedEntry(ScrapyDistError):
 
 class FrontierScriptError(ScrapyDistError):
     """A frontier Lua script answered with an unexpected result."""
+
+
+class ShardingRefused(ScrapyDistError):
+    """A worker cannot join a sharded frontier as configured (``SCHEDULER_SHARDS`` differing from the
+    crawl's recorded value, or combined with ``SCHEDULER_POLITENESS = "cluster"``)."""

@@ -4,6 +4,10 @@
 holds no crawl state of its own (the scheduler does). One :meth:`Frontier.sync` call costs exactly one
 Redis round trip (EVALSHA) whatever it carries: requests to dedupe and enqueue, acknowledgements, lease
 renewals and releases, delayed retries, rejections, dead letters, and how many requests to lease.
+
+With a sharded frontier (``SCHEDULER_SHARDS = N``) there is one :class:`Frontier` per shard, each on that
+shard's keys (:meth:`scrapy_dist.keys.CrawlKeys.shard`) and dupefilter; :func:`shard_of` says which shard
+a request belongs to. The scheduler talks to all of them each round (see docs/frontier.md).
 """
 
 from __future__ import annotations
@@ -24,6 +28,41 @@ if TYPE_CHECKING:
 SEQ_BYTES = 6
 #: with crawl-wide politeness, members start with "<domain>\0" and an 11-digit priority key
 PRIORITY_KEY_BYTES = 11
+
+
+def shard_of(fingerprint: bytes, shards: int) -> int:
+    """The shard of a request of a sharded frontier: its fingerprint's first 8 bytes (big-endian) modulo
+    ``shards``. Stable across processes and machines (no hash randomisation), so every worker sends the
+    same URL to the same shard and that shard's dupefilter sees every copy of it."""
+    if shards <= 1:
+        return 0
+    return int.from_bytes(fingerprint[:8], "big") % shards
+
+
+async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
+    """Whether there was a moment when no shard held anything queued, leased or delayed.
+
+    Shards live in different slots (on a cluster, on different nodes), so no single call reads them all
+    atomically, and a request may move between two reads (its child enqueued in shard B, then the parent
+    acknowledged in shard A). Every way into a shard creates an entry and so increments that shard's
+    ``seq``; two collections (pipelined: ZCARD queue, leases, delayed and GET seq per shard, twice) that
+    both find every shard empty with the same ``seq`` values prove every shard was empty at any instant
+    between them (a "double collect"). Two round trips.
+    """
+
+    async def collect() -> list[Any]:
+        pipe = redis.pipeline(transaction=False)
+        for k in shard_keys:
+            pipe.zcard(k.queue)
+            pipe.zcard(k.leases)
+            pipe.zcard(k.delayed)
+            pipe.get(k.seq)
+        return list(await pipe.execute())
+
+    first = await collect()
+    if any(int(v) for i, v in enumerate(first) if i % 4 != 3):
+        return False
+    return await collect() == first
 
 
 def queue_singles(member: bytes) -> list[bytes]:
@@ -89,6 +128,8 @@ class SyncResult:
     delayed: int
     bloom_n: int
     paused: bool
+    #: the shard's sequence counter (grows with every entry created; see sync.lua)
+    seq: int = 0
 
 
 class Frontier:
@@ -103,6 +144,7 @@ class Frontier:
         sequence: str = "asc",
         lease_seconds: float = 60.0,
         politeness: str = "process",
+        heartbeat: bool = True,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -112,6 +154,8 @@ class Frontier:
         self.lease_seconds = lease_seconds
         self.politeness = politeness
         self._polite = politeness == "cluster"
+        #: False for the shards > 0 of a sharded frontier: the worker's heartbeat is written by shard 0
+        self.heartbeat = heartbeat
         self._rng = random.Random()
         self._script = scripts.register(redis, "sync")
         k = keys
@@ -170,6 +214,8 @@ class Frontier:
         out.append(len(b.penalize))
         for domain, seconds in b.penalize:
             out += [domain, repr(float(seconds))]
+        if not self.heartbeat:
+            out.append("0")
         return out
 
     def payload_of(self, member: bytes) -> bytes:
@@ -189,5 +235,5 @@ class Frontier:
         paused = raw[8] in (b"1", "1")
         return SyncResult(
             [f == "1" for f in flags], leased, int(raw[2]), int(raw[3]), int(raw[4]), int(raw[5]),
-            int(raw[6]), int(raw[7]), paused,
+            int(raw[6]), int(raw[7]), paused, int(raw[9]) if len(raw) > 9 else 0,
         )

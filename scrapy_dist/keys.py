@@ -6,12 +6,55 @@ exception: they keep the plain ``<prefix><spider>:start_urls`` name (configurabl
 ``REDIS_START_URLS_KEY``) that users type into ``redis-cli``; keys derived from a seeds key use the seeds
 key itself as hash tag (``{<seeds key>}:...``) so they share its slot.
 
+Sharded frontier (``SCHEDULER_SHARDS = N``): shard 0 is the crawl itself and keeps every name above.
+Shard ``i`` (1 <= i < N) has its own hash tag ``<prefix>{<spider>#<i>}`` -- or ``{<spider>#<i>.<k>}``
+with the smallest ``k >= 1`` that moves it to the right part of the slot space (see :func:`shard_suffix`):
+the 16384 slots are cut into N equal ranges, shard 0 sits wherever ``{<spider>}`` hashes, and the
+other shards take the remaining ranges in order. On a cluster whose slots are split evenly over N
+masters (what ``redis-cli --cluster create`` does) the N shards of any spider name therefore land on N
+different masters; with another split they land on different slots, usually on different masters. The
+suffix depends on N, so tools read the crawl's N (``{<spider>}:control`` field ``shards``) before
+naming shard keys. A spider name containing ``#`` could in theory collide with another spider's shard;
+do not name two spiders ``books`` and ``books#1``.
+
 Nothing else in the package (and nothing inside Lua) builds a key name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from functools import cache
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+#: Names of the per-shard keys: each shard of a sharded frontier has its own (the rest is crawl-wide and
+#: lives with shard 0 only).
+SHARD_KEY_NAMES = (
+    "queue", "queue_tails", "queue_rejected", "leases", "lease_meta", "seq", "delayed", "delayed_meta",
+    "bloom", "fingerprints",
+)
+
+
+@cache
+def shard_suffix(spider: str, index: int, shards: int) -> str:
+    """What follows the spider name inside the hash tag of shard ``index`` of ``shards`` (``""`` for 0).
+
+    ``#<index>``, or ``#<index>.<k>`` for the smallest ``k`` whose slot falls in the slot range this
+    shard is given: range ``r`` is ``[r * 16384 / shards, (r + 1) * 16384 / shards)``; shard 0 has the
+    range ``{<spider>}`` falls in, shards 1.. take the other ranges in ascending order. Stable: the same
+    in every process (CRC16, no randomness).
+    """
+    if index == 0:
+        return ""
+    home = key_slot(spider.encode()) * shards // REDIS_CLUSTER_HASH_SLOTS
+    ranges = [r for r in range(shards) if r != home]
+    target = ranges[(index - 1) % len(ranges)]
+    for k in range(100_000):
+        suffix = f"#{index}" if k == 0 else f"#{index}.{k}"
+        if key_slot(f"{spider}{suffix}".encode()) * shards // REDIS_CLUSTER_HASH_SLOTS == target:
+            return suffix
+    return f"#{index}"  # pragma: no cover -- CRC16 reaches every range long before
 
 #: Names of the per-crawl keys that the frontier owns (deleted by SCHEDULER_FLUSH_ON_START and by a
 #: non-persistent crawl once it has finished).
@@ -50,11 +93,35 @@ class CrawlKeys:
     start_urls_template: str = "%(name)s:start_urls"
     #: Items key template (``REDIS_ITEMS_KEY``), scrapy-redis compatible.
     items_template: str = "%(spider)s:items"
+    #: ``""`` for the crawl (= shard 0); ``#<i>...`` for shard i of a sharded frontier (see :meth:`shard`)
+    shard_suffix: str = ""
 
     @property
     def tag(self) -> str:
-        """The ``<prefix>{<spider>}`` stem every per-crawl key starts with."""
-        return f"{self.prefix}{{{self.spider}}}"
+        """The ``<prefix>{<spider>}`` stem every per-crawl key starts with (``{<spider>#<i>}``: shard i)."""
+        return f"{self.prefix}{{{self.spider}{self.shard_suffix}}}"
+
+    def shard(self, index: int, shards: int) -> CrawlKeys:
+        """The keys of shard ``index`` of a frontier of ``shards`` shards; shard 0 is the crawl itself.
+
+        >>> CrawlKeys("books").shard(0, 3).queue
+        '{books}:queue'
+        >>> CrawlKeys("books").shard(1, 3).queue
+        '{books#1}:queue'
+
+        Only the names in :data:`SHARD_KEY_NAMES` are meaningful on a shard > 0; crawl-wide keys (control,
+        dead letters, workers, stats, ...) are read and written through shard 0's keys.
+        """
+        if not 0 <= index < shards:
+            raise ValueError(f"shard {index} of {shards}")
+        base = self if not self.shard_suffix else dataclasses.replace(self, shard_suffix="")
+        if index == 0:
+            return base
+        return dataclasses.replace(base, shard_suffix=shard_suffix(self.spider, index, shards))
+
+    def shards(self, shards: int) -> list[CrawlKeys]:
+        """The keys of every shard, shard 0 (the crawl's own keys) first."""
+        return [self.shard(i, shards) for i in range(shards)]
 
     def _k(self, name: str) -> str:
         return f"{self.tag}:{name}"
@@ -215,8 +282,10 @@ class CrawlKeys:
         return f"{self.prefix}{name}"
 
     def frontier_keys(self) -> list[str]:
-        """Every fixed-name key the frontier owns (bloom blocks are listed by the dupefilter)."""
-        out = [getattr(self, name) for name in FRONTIER_KEY_NAMES if name != "bloom"]
+        """Every fixed-name key the frontier owns (bloom blocks are listed by the dupefilter); on a shard
+        > 0, only the per-shard ones (:data:`SHARD_KEY_NAMES`; rejected entries are kept, as on shard 0)."""
+        names = [n for n in FRONTIER_KEY_NAMES if not self.shard_suffix or n in SHARD_KEY_NAMES]
+        out = [getattr(self, name) for name in names if name != "bloom"]
         out.append(self.bloom)
         return out
 

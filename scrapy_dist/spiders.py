@@ -62,7 +62,9 @@ __all__ = ["RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed", "SeedRea
 logger = logging.getLogger(__name__)
 
 # cluster errors included: a cluster no node of which answers raises RedisClusterException (not a RedisError)
-_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, *connection.OUTAGE_ERRORS)
+_REDIS_DOWN: tuple[type[BaseException], ...] = (
+    RedisConnectionError, RedisTimeoutError, *connection.OUTAGE_ERRORS,
+)
 
 #: How long one blocking wait for a LIST seed lasts (seconds). A push wakes it at once; the timeout only
 #: bounds how late the spider notices it should close, and renews the processing lease that often.

@@ -1,7 +1,8 @@
 """The crawl-wide state of one crawl, read from Redis for ``scrapy-dist status`` (and for scripts).
 
 :func:`read_status` costs three or four round trips (a time check, two pipelines, and an ``HSCAN`` of
-the lease index while it is small) and returns plain, JSON-ready data; the helpers that turn raw Redis
+the lease index while it is small) and returns plain, JSON-ready data (a sharded frontier's figures are
+summed over its shards, whose number is read from the crawl's control hash); the helpers that turn raw Redis
 replies into figures are pure functions of their input and ``now``.
 """
 
@@ -104,6 +105,22 @@ def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] |
     return None
 
 
+def combine_filters(figures: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The filter figures of a sharded frontier (one filter per shard) as one: items, capacity and memory
+    summed; the false-positive estimate is the worst shard's (a URL is looked up in one shard only)."""
+    present = [f for f in figures if f is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    items = sum(f["items"] for f in present)
+    out = {**present[0], "items": items, "fpr_estimate": max(f["fpr_estimate"] for f in present)}
+    if present[0]["kind"] == "bloom":
+        capacity = sum(f["capacity"] for f in present)
+        out.update(capacity=capacity, fill=round(items / capacity, 6),
+                   memory_bytes=sum(f["memory_bytes"] for f in present))
+    out["shards"] = len(figures)
+    return out
+
+
 def leases_by_worker(meta_values: list[Any]) -> Counter[str]:
     """Count lease index values (``"<score> <worker id>"``) per worker id."""
     out: Counter[str] = Counter()
@@ -195,6 +212,7 @@ def read_status(
     if queued:
         queued = max(int(queued), int(counted or 0))
 
+    shards = keys.shards(int(decode_hash(control_raw).get("shards") or 1))
     seeds_type = _text(seeds_type)
     p = client.pipeline(transaction=False)
     count = {"list": p.llen, "set": p.scard, "zset": p.zcard}.get(seeds_type)
@@ -202,11 +220,33 @@ def read_status(
         count(keys.start_urls)
     for member, _ in members:
         p.hgetall(keys.worker(_text(member)))
+    for shard in shards[1:]:
+        p.zcard(shard.queue)
+        p.zcard(shard.leases)
+        p.zcard(shard.delayed)
+        p.llen(shard.queue_rejected)
+        p.hgetall(shard.bloom)
+        p.scard(shard.fingerprints)
+        p.hlen(shard.lease_meta)
+        p.hget(shard.queue_tails, "count")
     replies = p.execute()
     seeds_waiting = int(replies.pop(0)) if count is not None else 0
+    filters = [filter_figures(bloom, int(fingerprints))]
+    for _ in shards[1:]:  # replies of the last shard are last: take them from the end
+        s_queued, s_inflight, s_delayed, s_rejected, s_bloom, s_fps, s_leases, s_counted = replies[-8:]
+        del replies[-8:]
+        if s_queued:
+            queued = int(queued) + max(int(s_queued), int(s_counted or 0))
+        inflight = int(inflight) + int(s_inflight)
+        delayed = int(delayed) + int(s_delayed)
+        queue_rejected = int(queue_rejected) + int(s_rejected)
+        n_leases = int(n_leases) + int(s_leases)
+        filters.insert(1, filter_figures(s_bloom, int(s_fps)))
     leases = None
     if int(n_leases) <= LEASE_SCAN_LIMIT:
-        leases = leases_by_worker([v for _, v in client.hscan_iter(keys.lease_meta, count=1000)])
+        leases = leases_by_worker(
+            [v for shard in shards for _, v in client.hscan_iter(shard.lease_meta, count=1000)]
+        )
 
     control = ControlState.from_hash(control_raw)
     workers = worker_rows(members, replies, leases, now, default_interval)
@@ -217,6 +257,7 @@ def read_status(
         "time": round(now, 3),
         "state": crawl_state(control, states[RUNNING]),
         "frontier": {"queued": int(queued), "inflight": int(inflight), "delayed": int(delayed)},
+        "shards": len(shards),
         "deadletter": int(dead),
         "seeds": {
             "key": keys.start_urls,
@@ -226,7 +267,7 @@ def read_status(
             "rejected": int(seeds_rejected),
         },
         "rejected": {"seeds": int(seeds_rejected), "queue": int(queue_rejected)},
-        "filter": filter_figures(bloom, int(fingerprints)),
+        "filter": combine_filters(filters),
         "control": {
             "paused": control.paused,
             "paused_by": control.paused_by or None,

@@ -120,3 +120,12 @@ def redis_sentinels() -> Iterator[Callable[..., SentinelGroup]]:
     yield start
     for g in started:
         g.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    """One 3-master cluster per test module, for tests that do not break it (each empties it first with
+    ``cluster.flushall()``)."""
+    c = LocalCluster(masters=3).start()
+    yield c
+    c.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,10 @@ import textwrap
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+
+from scrapy_dist.codec import load_payload
+from scrapy_dist.frontier import SEQ_BYTES
 
 SPIDERS = '''
 import json
@@ -184,3 +189,61 @@ def make_project(root: Path, settings: dict[str, Any] | None = None, spiders: st
         "SCHEDULER_IDLE_BEFORE_CLOSE": 1,
     }
     return Project(root, {**base, **(settings or {})})
+
+
+def log_problems(log: str) -> list[str]:
+    """Lines of a crawl's logs that show something went wrong: errors, tracebacks, cross-slot calls."""
+    return [line for line in log.splitlines() if re.search(r"ERROR|CRITICAL|Traceback|CROSSSLOT", line)]
+
+
+def lost_and_dupes(site: Any) -> tuple[int, int]:
+    """(pages never fetched, extra fetches) of a crawled :class:`scrapy_dist.site.SiteServer`."""
+    counts = site.fetch_counts(status=None)
+    return site.graph.pages - len(counts), sum(c - 1 for c in counts.values())
+
+
+def wait_for_pages(site: Any, n: int, timeout: float = 60) -> None:
+    """Until ``site`` has answered ``n`` distinct pages."""
+    deadline = time.monotonic() + timeout
+    while len(site.fetch_counts()) < n:
+        assert time.monotonic() < deadline, f"only {len(site.fetch_counts())} pages after {timeout}s"
+        time.sleep(0.05)
+
+
+def kill_holding_leases(
+    project: Project, victim: subprocess.Popen[bytes], site: Any, client: Any, lease_metas: list[str],
+    min_pages: int, timeout: float = 60,
+) -> set[str]:
+    """SIGKILL ``victim`` once ``site`` has answered ``min_pages`` pages and the victim holds leases;
+    returns the paths of the requests it held then (read from the ``lease_metas`` hashes, whose values
+    name the worker: ``"<score> host:pid:random"``). Frozen after the kill until the leases run out."""
+    pid = f":{victim.pid}:".encode()
+    deadline = time.monotonic() + timeout
+
+    def held() -> set[str]:
+        out = set()
+        for key in lease_metas:
+            for member, meta in client.hgetall(key).items():
+                if pid in meta:
+                    out.add(urlparse(load_payload(member[SEQ_BYTES:])["u"]).path)
+        return out
+
+    while len(site.fetch_counts()) < min_pages or not held():
+        assert victim.poll() is None and time.monotonic() < deadline, "the victim never held a lease"
+        time.sleep(0.02)
+    project.kill(victim)
+    return held()
+
+
+def assert_survived_kill(project: Project, site: Any, victim_held: set[str], timeout: float = 120) -> None:
+    """After workers 0 and 2 outlived the SIGKILLed worker 1: both finished cleanly, no page was lost,
+    the only pages fetched twice are among those the victim held leases on when it died (downloaded
+    but not yet acknowledged), and the victim's leases came back through expiry."""
+    codes = project.wait_all(timeout)
+    assert codes[0] == 0 and codes[2] == 0, project.logs()[-4000:]
+    lost, _ = lost_and_dupes(site)
+    assert lost == 0
+    twice = {path for path, n in site.fetch_counts(status=None).items() if n > 1}
+    assert twice <= victim_held, (sorted(twice - victim_held)[:10], len(victim_held))
+    requeued = sum(project.stats(i).get("scheduler/requeued/lease_expired", 0) for i in (0, 2))
+    assert requeued > 0

@@ -173,6 +173,12 @@ class LocalCluster:
         """Until every live node reports ``cluster_state:ok``."""
         _wait(lambda: all(self._state_ok(n) for n in self.alive()), timeout, "cluster_state:ok")
 
+    def flushall(self) -> None:
+        """Empty every live node (a cluster shared by a module's tests)."""
+        for node in self.alive():
+            with redis.Redis(port=node.port, socket_timeout=5) as c:
+                c.flushall()
+
     def master_of(self, key: str) -> RedisProcess:
         """The live node that currently serves ``key``'s slot as a master."""
         node = self.alive()[0]

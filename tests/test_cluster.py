@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,14 @@ import redis
 import redis.asyncio.cluster
 import redis.cluster
 from click.testing import CliRunner
-from crawlproject import make_project
+from crawlproject import (
+    assert_survived_kill,
+    kill_holding_leases,
+    log_problems,
+    lost_and_dupes,
+    make_project,
+    wait_for_pages,
+)
 from redis.crc import key_slot
 from redis_cluster import LocalCluster
 from scrapy import Request
@@ -42,19 +47,9 @@ LINKS = CrawlKeys("links")
 BOOKS = CrawlKeys("books")
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    """One 3-master cluster for this module's tests that do not break it (each test gets it empty)."""
-    c = LocalCluster(masters=3).start()
-    yield c
-    c.stop()
-
-
 @pytest.fixture
 def cluster_url(cluster: LocalCluster) -> str:
-    for node in cluster.nodes:
-        with redis.Redis(port=node.port) as c:
-            c.flushall()
+    cluster.flushall()
     # A node that does not serve the crawl's slot: the client must find its way by itself.
     owner = cluster.master_of(LINKS.queue)
     return next(n for n in cluster.nodes if n is not owner).url
@@ -252,22 +247,6 @@ class SeedLinks(RedisSpider):
 '''
 
 
-def _wait_for_pages(site: Any, n: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while len(site.fetch_counts()) < n:
-        assert time.monotonic() < deadline, f"only {len(site.fetch_counts())} pages after {timeout}s"
-        time.sleep(0.05)
-
-
-def _lost_and_dupes(site: Any) -> tuple[int, int]:
-    counts = site.fetch_counts(status=None)
-    return site.graph.pages - len(counts), sum(c - 1 for c in counts.values())
-
-
-def _problems(log: str) -> list[str]:
-    return [line for line in log.splitlines() if re.search(r"\b(ERROR|CRITICAL)\b|Traceback|CROSSSLOT", line)]
-
-
 @pytest.mark.slow
 def test_crawl_with_every_feature_on_a_cluster(tmp_path: Path, cluster_url: str, site_factory: Any) -> None:
     """Seeds pushed with the CLI, three workers with the add-on (frontier, bloom filter, retry and
@@ -294,7 +273,7 @@ def test_crawl_with_every_feature_on_a_cluster(tmp_path: Path, cluster_url: str,
     for _ in range(3):
         project.crawl()
     assert project.wait_all(120) == [0, 0, 0], project.logs()[-4000:]
-    assert _problems(project.logs()) == []
+    assert log_problems(project.logs()) == []
     counts = site.fetch_counts(status=None)
     assert len(counts) == site.graph.pages
     flaky = {f"/page/{i}" for i in site.graph.flaky}
@@ -327,27 +306,13 @@ def test_sigkilled_worker_loses_nothing_on_a_cluster(
          "SCHEDULER_IDLE_BEFORE_CLOSE": 2},
     )
     project.crawl(args={"seed": site.page_url(0)})
-    _wait_for_pages(site, 1)
+    wait_for_pages(site, 1)
     victim = project.crawl()
     project.crawl()
     project.wait_until_open()
-    _wait_for_pages(site, 200)
     c = _client(cluster_url)
-    deadline = time.monotonic() + 30
-    # kill it while it holds leases (worker ids are host:pid:random)
-    while not any(f":{victim.pid}:".encode() in meta for meta in c.hvals(LINKS.lease_meta)):
-        assert time.monotonic() < deadline, "the victim never leased anything"
-        time.sleep(0.02)
-    project.kill(victim)
-    codes = project.wait_all(120)
-    assert codes[0] == 0 and codes[2] == 0, project.logs()[-4000:]
-    lost, dupes = _lost_and_dupes(site)
-    assert lost == 0
-    # fetched again: what the victim had downloaded but not yet acknowledged -- up to CONCURRENT_REQUESTS
-    # in flight plus those finished since its last sync (more on a loaded machine); never its prefetch
-    assert dupes <= 4 * cr, dupes
-    requeued = sum(project.stats(i).get("scheduler/requeued/lease_expired", 0) for i in (0, 2))
-    assert requeued > 0
+    held = kill_holding_leases(project, victim, site, c, [LINKS.lease_meta], min_pages=200)
+    assert_survived_kill(project, site, held)
     assert c.zcard(LINKS.queue) == 0 and c.zcard(LINKS.leases) == 0
     c.close()
 
@@ -382,19 +347,19 @@ def test_killed_master_fails_over_and_the_crawl_finishes(
          "SCHEDULER_IDLE_BEFORE_CLOSE": 2},
     )
     project.crawl(args={"seed": site.page_url(0)})
-    _wait_for_pages(site, 1)
+    wait_for_pages(site, 1)
     project.crawl()
     project.wait_until_open()
-    _wait_for_pages(site, 200)
+    wait_for_pages(site, 200)
     old = cluster.master_of(LINKS.queue)
     cluster.kill(old)
     new = cluster.wait_failover(LINKS.queue, old)
     assert new is not old
     assert project.wait_all(120) == [0, 0], project.logs()[-4000:]
-    lost, dupes = _lost_and_dupes(site)
+    lost, dupes = lost_and_dupes(site)
     with capsys.disabled():
         print(f"\n[failover] pages lost: {lost} of {site.graph.pages}, fetched twice: {dupes}")
     assert lost <= 50, lost  # a few batches at most: what async replication had not shipped
     log = project.logs()
     assert "Redis is unreachable" in log and "reachable again" in log
-    assert not [line for line in _problems(log) if "Traceback" in line]
+    assert not [line for line in log_problems(log) if "Traceback" in line]

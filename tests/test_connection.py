@@ -729,14 +729,20 @@ def test_shutdown_stops_the_server_and_data_survives(tmp_path: Path) -> None:
 
 
 def test_embedded_start_failure_is_one_clear_error(tmp_path: Path) -> None:
-    fake = tmp_path / "redis-server"
-    fake.write_text("#!/bin/sh\necho 'FATAL: cannot start' >&2\nexit 3\n")
-    fake.chmod(0o755)
-    server = EmbeddedRedis(tmp_path / "emb", binary=str(fake))
-    with pytest.raises(RedisUnavailable) as info:
-        server.ensure_running(timeout=5)
+    """A real redis-server that refuses to start (its append-only file is corrupt): one line naming the
+    cause from its log, the directory and the way out."""
+    directory = tmp_path / "emb"
+    directory.mkdir()
+    (directory / "appendonly.aof").write_bytes(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\nnot a command stream\r\n")
+    server = EmbeddedRedis(directory)
+    try:
+        with pytest.raises(RedisUnavailable) as info:
+            server.ensure_running(timeout=10)
+    finally:
+        server.shutdown(save=False)
     message = str(info.value)
     assert "\n" not in message
+    assert "Bad file format" in message  # the server's own reason, from redis.log
     assert "REDIS_URL" in message
     assert str(server.directory) in message
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from scrapy_dist.bloom import BloomPlan, fingerprint_hashes
+from scrapy_dist.bloom import WINDOW_BITS, BloomPlan, fingerprint_hashes
 from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.keys import CrawlKeys
 
@@ -42,7 +42,7 @@ def test_plan_sizes_and_error_budget() -> None:
     # past the declared capacity the compound rate stays within the target
     assert plan.false_positive_rate(20_000_000) <= 0.001
     # a small crawl allocates a small fraction of the full-capacity bitmap
-    assert plan.memory_bytes(10_000) < plan.memory_bytes(1_000_000) / 20
+    assert plan.memory_bytes(10_000) < plan.memory_bytes(1_000_000) / 10
     big = BloomPlan(100_000_000, 0.001)
     assert big.memory_bytes(20_000) < 200_000
     assert all(s.hashes >= 1 and s.bits > 0 for s in big.filters_for(10**9))
@@ -74,6 +74,32 @@ def test_growth_past_the_first_block_and_filter(redis_client: Any) -> None:
     assert sum(1 for k in blocks if k.decode().split(":")[-2] == "0") >= 2  # and past the first block
     assert max(redis_client.strlen(k) for k in blocks) <= 8192 // 8  # blocks respect the block size
     assert int(redis_client.hget(KEYS.bloom, "n")) == df.n
+
+
+def test_an_insert_sets_k_distinct_bits_inside_one_window(redis_client: Any) -> None:
+    df = BloomDupeFilter(redis_client, KEYS, None, capacity=50_000, error_rate=0.001)
+    df.open()
+    assert df.seen_tokens(_tokens(_rand_fps(1, 6))) == [False]
+    first = df.plan.spec(0)
+    blocks = [redis_client.get(KEYS.bloom_block(0, b)) for b in range(first.blocks)]
+    assert all(len(b) == first.block_windows * WINDOW_BITS // 8 for b in blocks)  # allocated whole
+    ones = [(b, i * 8 + bit) for b, data in enumerate(blocks) for i, byte in enumerate(data)
+            for bit in range(8) if byte & (0x80 >> bit)]
+    assert len(ones) == first.hashes  # k bits, all distinct
+    assert len({b for b, _ in ones}) == 1 and len({pos // WINDOW_BITS for _, pos in ones}) == 1
+
+
+def test_memory_per_url_at_capacity(redis_client: Any) -> None:
+    """The issue's figure at a CI-sized capacity: Redis's own MEMORY USAGE of the filled filter's keys."""
+    capacity = 100_000
+    df = BloomDupeFilter(redis_client, KEYS, None, capacity=capacity, error_rate=0.001)
+    df.open()
+    _seen(df, _rand_fps(capacity, 7))
+    used = sum(redis_client.memory_usage(k, samples=0) or 0 for k in redis_client.keys(KEYS.bloom + "*"))
+    assert used / capacity <= 2.0, used / capacity
+    assert used >= df.plan.memory_bytes(capacity)  # the planned bitmaps really are allocated
+    unseen = _rand_fps(20_000, 8)
+    assert sum(_seen(df, unseen, add=False)) / len(unseen) <= 0.0012 * 1.5  # a small sample: some slack
 
 
 def test_adopts_the_parameters_recorded_by_the_first_worker(redis_client: Any) -> None:

@@ -70,26 +70,34 @@ def test_limited_host_is_polite_crawl_wide_while_the_other_runs_full_speed(
     starts = sorted(t for t, _, _ in limited.log)
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert min(gaps) >= 0.2, f"two requests to the limited host {min(gaps):.3f}s apart"
-    # the unlimited host is crawled as fast with the limited one in the crawl as without it
-    assert _rate(free) >= 0.8 * _rate(alone), (_rate(free), _rate(alone))
+    # the unlimited host is crawled about as fast with the limited one in the crawl as without it. What this
+    # guards against is head-of-line blocking behind the limited host, which would hold the free host to
+    # ~5 requests/s (one per 0.2 s), 40x slower; two crawls timed on a shared 2-core machine differ by up
+    # to ~30%, so the bound is set well between (the benchmark, benchmarks/politeness.py, gives the figure)
+    assert _rate(free) >= 0.5 * _rate(alone), (_rate(free), _rate(alone))
 
 
 @pytest.mark.slow
 def test_process_politeness_is_per_worker(tmp_path: Path, redis_url: str) -> None:
     """The contrast: Scrapy's per-process slot settings let three workers hit the host three times as hard."""
-    limited = SiteServer(SiteGraph(25, links=3), host="127.0.0.2").start()
+    # 60 pages at 0.2 s each keep the first worker busy for ~12 s, long after the other two have started;
+    # a small prefetch lets each of them lease its share instead of the first worker buffering it all
+    limited = SiteServer(SiteGraph(60, links=3), host="127.0.0.2").start()
     try:
         _crawl(
             tmp_path,
             redis_url,
             [limited.page_url(0)],
-            {"DOWNLOAD_SLOTS": {"127.0.0.2": {"delay": 0.2, "concurrency": 1, "jitter": 0}}},
+            {
+                "DOWNLOAD_SLOTS": {"127.0.0.2": {"delay": 0.2, "concurrency": 1, "jitter": 0}},
+                "SCHEDULER_PREFETCH": 2,
+            },
         )
     finally:
         limited.stop()
     starts = sorted(t for t, _, _ in limited.log)
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    assert len(limited.fetch_counts()) == 25
+    assert len(limited.fetch_counts()) == 60
     assert min(gaps) < 0.2  # the per-process limit does not hold crawl-wide
 
 

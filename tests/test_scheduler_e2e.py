@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 import redis
-from crawlproject import make_project
+from crawlproject import (
+    assert_survived_kill,
+    kill_holding_leases,
+    lost_and_dupes,
+    make_project,
+    wait_for_pages,
+)
 
 from scrapy_dist.codec import encode_request
 from scrapy_dist.keys import CrawlKeys
@@ -19,28 +24,15 @@ pytestmark = pytest.mark.slow
 LINKS = CrawlKeys("links")
 
 
-def _wait_for_pages(site: Any, n: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while len(site.fetch_counts()) < n:
-        assert time.monotonic() < deadline, f"only {len(site.fetch_counts())} pages after {timeout}s"
-        time.sleep(0.05)
-
-
-def _lost_and_dupes(site: Any) -> tuple[int, int]:
-    counts = site.fetch_counts(status=None)
-    lost = site.graph.pages - len(counts)
-    return lost, sum(c - 1 for c in counts.values())
-
-
 def test_three_workers_crawl_every_page(tmp_path: Path, redis_url: str, site_factory: Any) -> None:
     site = site_factory(pages=1000, delay=0.002)
     project = make_project(tmp_path, {"REDIS_URL": redis_url, "SCHEDULER_IDLE_BEFORE_CLOSE": 2})
     project.crawl(args={"seed": site.page_url(0)})
-    _wait_for_pages(site, 1)
+    wait_for_pages(site, 1)
     project.crawl()
     project.crawl()
     assert project.wait_all(120) == [0, 0, 0], project.logs()[-4000:]
-    lost, dupes = _lost_and_dupes(site)
+    lost, dupes = lost_and_dupes(site)
     assert lost == 0
     assert dupes == 0
     per_worker = [project.stats(i).get("response_received_count", 0) for i in range(3)]
@@ -61,18 +53,12 @@ def test_sigkilled_worker_loses_nothing(tmp_path: Path, redis_url: str, site_fac
          "SCHEDULER_IDLE_BEFORE_CLOSE": 2},
     )
     project.crawl(args={"seed": site.page_url(0)})
-    _wait_for_pages(site, 1)
+    wait_for_pages(site, 1)
     victim = project.crawl()
     project.crawl()
-    _wait_for_pages(site, 500)
-    project.kill(victim)
-    codes = project.wait_all(150)
-    assert codes[0] == 0 and codes[2] == 0, project.logs()[-4000:]
-    lost, dupes = _lost_and_dupes(site)
-    assert lost == 0
-    assert dupes <= 2 * cr, dupes
-    requeued = sum(project.stats(i).get("scheduler/requeued/lease_expired", 0) for i in (0, 2))
-    assert requeued > 0  # the victim's leases came back through expiry
+    client = redis.Redis.from_url(redis_url)
+    held = kill_holding_leases(project, victim, site, client, [LINKS.lease_meta], min_pages=500)
+    assert_survived_kill(project, site, held, timeout=150)
 
 
 def test_all_workers_killed_then_fresh_ones_finish(tmp_path: Path, redis_url: str, site_factory: Any) -> None:
@@ -83,9 +69,9 @@ def test_all_workers_killed_then_fresh_ones_finish(tmp_path: Path, redis_url: st
          "SCHEDULER_IDLE_BEFORE_CLOSE": 2},
     )
     first = [project.crawl(args={"seed": site.page_url(0)})]
-    _wait_for_pages(site, 1)
+    wait_for_pages(site, 1)
     first += [project.crawl(), project.crawl()]
-    _wait_for_pages(site, 400)
+    wait_for_pages(site, 400)
     for proc in first:
         project.kill(proc)
     assert len(site.fetch_counts()) < 1200
@@ -93,7 +79,7 @@ def test_all_workers_killed_then_fresh_ones_finish(tmp_path: Path, redis_url: st
     project.crawl()
     project.crawl()
     assert project.wait_all(150) == [0, 0], project.logs()[-4000:]
-    lost, _ = _lost_and_dupes(site)
+    lost, _ = lost_and_dupes(site)
     assert lost == 0
 
 

@@ -57,7 +57,9 @@ def render(status: dict[str, Any]) -> Group:
     overview.add_column(style="bold")
     overview.add_column(justify="right")
     stats = status["stats"]
-    overview.add_row("Queued", _num(front["queued"]), "Pages", _num(stats.get("response_received_count", 0)))
+    shards = status.get("shards", 1)
+    queued = f"Queued ({shards} shards)" if shards > 1 else "Queued"
+    overview.add_row(queued, _num(front["queued"]), "Pages", _num(stats.get("response_received_count", 0)))
     overview.add_row("In flight", _num(front["inflight"]), "Items", _num(stats.get("item_scraped_count", 0)))
     overview.add_row("Delayed", _num(front["delayed"]), "Dead letters", _num(status["deadletter"]))
     overview.add_row("Seeds waiting", _num(seeds["waiting"] + seeds["processing"]),

@@ -19,6 +19,11 @@ trip per second at most) the frontier's queued, leased and delayed counts, the s
 ``SCHEDULER_IDLE_BEFORE_CLOSE = 0`` (the default) means "never close an idle crawl that waits for seeds":
 the monitor then only relays close decisions (``error_threshold``) and plain spiders still finish through
 the scheduler as soon as the frontier drains.
+
+With a sharded frontier (``SCHEDULER_SHARDS = N``) the counts are summed over the N shards, and since no
+script can see several slots, the decision first checks with
+:func:`~scrapy_dist.frontier.shards_idle` (a double collect) that every shard was empty at one moment,
+then runs ``idle.lua`` on shard 0 -- so no crawl is called finished while any shard holds work.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from scrapy_dist import _engine, connection, defaults, scripts
 from scrapy_dist.extensions.control import ControlState, server_time
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of
+from scrapy_dist.frontier import shards_idle
 from scrapy_dist.keys import CrawlKeys, crawl_keys
 
 if TYPE_CHECKING:
@@ -78,9 +84,12 @@ class IdleMonitor:
         idle_before_close: float = defaults.SCHEDULER_IDLE_BEFORE_CLOSE,
         seeds_type: str = "list",
         poll: float | None = None,
+        shards: int = 1,
     ) -> None:
         self.crawler = crawler
         self.keys = keys
+        #: every shard's keys (``SCHEDULER_SHARDS``; all workers of a crawl agree, the scheduler checks)
+        self.shard_keys = keys.shards(shards)
         self.clock = IdleClock(idle_before_close)
         self.seeds_type = seeds_type
         if poll is None:
@@ -105,7 +114,8 @@ class IdleMonitor:
             seeds_type = "set"
         else:
             seeds_type = "list"
-        o = cls(crawler, crawl_keys(s, crawler.spidercls.name), idle, seeds_type)
+        shards = s.getint("SCHEDULER_SHARDS", defaults.SCHEDULER_SHARDS)
+        o = cls(crawler, crawl_keys(s, crawler.spidercls.name), idle, seeds_type, shards=shards)
         crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
@@ -131,9 +141,10 @@ class IdleMonitor:
         pipelined round trip."""
         k = self.keys
         pipe = self.redis.pipeline(transaction=False)
-        pipe.zcard(k.queue)
-        pipe.zcard(k.leases)
-        pipe.zcard(k.delayed)
+        for shard in self.shard_keys:
+            pipe.zcard(shard.queue)
+            pipe.zcard(shard.leases)
+            pipe.zcard(shard.delayed)
         if self.seeds_type == "zset":
             pipe.zcard(k.start_urls)
         elif self.seeds_type == "set":
@@ -172,6 +183,9 @@ class IdleMonitor:
             now = time.monotonic() if now is None else now
             # a paused crawl is waiting for `scrapy-dist resume`, not finished
             if self.clock.observe(work > 0 or control.paused, now) and self.locally_idle():
+                if len(self.shard_keys) > 1 and not await shards_idle(self.redis, self.shard_keys):
+                    self.clock.since = None  # a request was moving between shards
+                    return ""
                 decided, reason_b, _ = await self._script(
                     keys=[self.keys.queue, self.keys.leases, self.keys.delayed, self.keys.control],
                     args=["finished", repr(self.started_at)],

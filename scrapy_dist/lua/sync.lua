@@ -7,6 +7,9 @@
 -- KEYS[5] delayed ZSET        KEYS[6] delayed meta HASH  KEYS[7] rejected LIST     KEYS[8] deadletter LIST
 -- KEYS[9] workers ZSET        KEYS[10] control HASH      KEYS[11] domains ZSET     KEYS[12] domain info HASH
 -- KEYS[13] queue tails HASH (score -> the chunk still open for appends)   KEYS[14..] dupefilter keys (dupe.lua)
+-- Sharded frontier: every KEYS of one call are one shard's (one hash slot). For a shard > 0, KEYS[8..12]
+-- are that shard's names of crawl-wide keys, which stay empty: the scheduler sends dead letters only with
+-- shard 0, its pause flag is set only on shard 0, and cluster politeness is refused with shards.
 --
 -- Queue members. A *single* is <6-byte seq><payload> (payloads start with version byte 0x01); that is
 -- also what a lease holds and what anyone may ZADD. With 'asc' order and no politeness, this script
@@ -28,8 +31,12 @@
 --   reject:  2 per item: member, JSON record (the leased member is dropped, the record pushed)
 --   dead:    1 per item: JSON record
 --   penalize: 2 per item: domain, seconds (429/503: the domain's next allowed time moves back)
--- Returns {flags, leased, requeued, moved, queued, inflight, delayed, bloom_n, paused} where flags has one
--- '1'/'0' per enqueue item (new/duplicate) and leased is a flat list member, score, member, score...
+-- then, optionally, '0' = this call is for a shard > 0 of a sharded frontier (SCHEDULER_SHARDS): the
+--   worker's heartbeat (KEYS[9]) is written by its shard-0 call only; absent or anything else = write it
+-- Returns {flags, leased, requeued, moved, queued, inflight, delayed, bloom_n, paused, seq} where flags has
+-- one '1'/'0' per enqueue item (new/duplicate), leased is a flat list member, score, member, score... and
+-- seq is the sequence counter (it grows with every entry created, so two equal readings with nothing
+-- queued, leased or delayed in between prove the shard stayed empty)
 -- Returns {-1, bloom_n} (nothing written) when the bloom filter needs keys for more filters.
 
 local now = tonumber(ARGV[1])
@@ -270,6 +277,7 @@ for i = 1, n do
   if polite then pol_push_next(INFO, ARGV[pos], now + tonumber(ARGV[pos + 1])) end
   pos = pos + 2
 end
+local heartbeat = ARGV[pos] ~= '0'
 
 -- 11. lease new work
 local leased = {}
@@ -321,7 +329,8 @@ else
   redis.call('HSET', TAILS, 'count', 0)
 end
 
-if worker ~= '' then redis.call('ZADD', KEYS[9], now, worker) end
+if worker ~= '' and heartbeat then redis.call('ZADD', KEYS[9], now, worker) end
 local bloom_n = dupe_close(d)
 return {table.concat(flags), leased, requeued, moved, queued,
-        redis.call('ZCARD', L), redis.call('ZCARD', KEYS[5]), bloom_n, paused}
+        redis.call('ZCARD', L), redis.call('ZCARD', KEYS[5]), bloom_n, paused,
+        redis.call('GET', KEYS[4]) or '0'}

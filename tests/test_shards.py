@@ -1,0 +1,379 @@
+"""The sharded frontier (``SCHEDULER_SHARDS = N``): routing by fingerprint, exact dedupe per shard, priority
+order across shards, acks and lease expiry per shard, crawl-wide readers, and real crawls on a 3-master
+Redis Cluster. Real Redis only; the unit tests drive the scheduler's rounds by hand (no background task,
+no sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis
+import redis.cluster
+from crawlproject import assert_survived_kill, kill_holding_leases, log_problems, lost_and_dupes, make_project
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+from redis_cluster import LocalCluster
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+
+from scrapy_dist.deadletter import dead_letter_record
+from scrapy_dist.frontier import shard_of, shards_idle
+from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.status import read_status
+
+LINKS = CrawlKeys("links")
+UNIT = CrawlKeys("unit")
+
+
+class _Spider(Spider):
+    name = "unit"
+
+    def parse(self, response: Any) -> None:  # pragma: no cover - never called
+        pass
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+async def _open(redis_url: str, shards: int = 3, **settings: Any) -> Scheduler:
+    """An opened scheduler whose rounds the test drives itself (its background task is stopped)."""
+    crawler = get_crawler(
+        _Spider,
+        {
+            "REDIS_URL": redis_url,
+            "SCHEDULER_SHARDS": shards,
+            "BLOOMFILTER_CAPACITY": 30_000,
+            "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
+            "SCHEDULER_PREFETCH": 100,
+            **settings,
+        },
+    )
+    crawler.spider = crawler._create_spider()
+    sched = Scheduler.from_crawler(crawler)
+    # what the scheduler sees of a running engine: nothing in progress, no engine loop to wake
+    crawler.engine = SimpleNamespace(_slot=SimpleNamespace(inprogress=set(), nextcall=None, scheduler=sched))
+    sched.spider = crawler.spider
+    await sched._open()
+    sched._closing = True
+    assert sched._wakeup is not None and sched._task is not None
+    sched._wakeup.set()
+    await sched._task
+    sched._closing = False
+    return sched
+
+
+def _urls(n: int, tag: str = "p") -> list[str]:
+    return [f"http://site.test/{tag}/{i}" for i in range(n)]
+
+
+def _fp(sched: Scheduler, url: str) -> bytes:
+    return sched.df.fingerprint(Request(url))
+
+
+def _queued(client: redis.Redis, keys: CrawlKeys) -> int:
+    return int(client.hget(keys.queue_tails, "count") or 0)
+
+
+# -- keys ------------------------------------------------------------------------------------------
+
+
+def test_shard_keys_keep_shard_zero_and_spread_over_the_slot_ranges() -> None:
+    assert CrawlKeys("books").shard(0, 3) == CrawlKeys("books")
+    assert CrawlKeys("books", prefix="x:").shard(1, 3).queue.startswith("x:{books#")
+    for name in ("links", "books", "spider", "quotes", "example", "a", "news-2024"):
+        keys = CrawlKeys(name).shards(3)
+        thirds = {key_slot(k.queue.encode()) * 3 // REDIS_CLUSTER_HASH_SLOTS for k in keys}
+        assert len(thirds) == 3, (name, [k.tag for k in keys])  # one shard per master of an even 3-split
+        assert len({k.tag for k in keys}) == 3
+
+
+# -- one standalone Redis, N = 3 ---------------------------------------------------------------------
+
+
+def test_requests_go_to_the_shard_of_their_fingerprint(redis_url: str, redis_client: redis.Redis) -> None:
+    async def go() -> Scheduler:
+        sched = await _open(redis_url)
+        for url in _urls(90):
+            assert sched.enqueue_request(Request(url))
+        assert await sched._round(lease=0, renew=False) is None
+        await sched.redis.aclose()
+        return sched
+
+    sched = run(go())
+    expected = [0, 0, 0]
+    for url in _urls(90):
+        expected[shard_of(_fp(sched, url), 3)] += 1
+    got = [_queued(redis_client, k) for k in UNIT.shards(3)]
+    assert got == expected and all(got), got
+    assert sched.frontier_status == {"queued": 90, "inflight": 0, "delayed": 0}
+    assert redis_client.hget(UNIT.control, "shards") == b"3"
+    # each shard has its own filter, sized for a third of the capacity
+    caps = [int(redis_client.hget(k.bloom, "capacity")) for k in UNIT.shards(3)]
+    assert caps == [10_000] * 3
+
+
+def test_the_same_url_from_two_workers_is_admitted_once(redis_url: str, redis_client: redis.Redis) -> None:
+    async def go() -> tuple[Any, Any]:
+        a, b = await _open(redis_url), await _open(redis_url)
+        for s in (a, b):
+            for url in _urls(60):
+                s.enqueue_request(Request(url))
+        await asyncio.gather(a._round(0, False), b._round(0, False))
+        stats = a.stats.get_value("scheduler/enqueued", 0), b.stats.get_value("scheduler/enqueued", 0)
+        filtered = a.stats.get_value("dupefilter/filtered", 0) + b.stats.get_value("dupefilter/filtered", 0)
+        await a.redis.aclose()
+        await b.redis.aclose()
+        return stats, filtered
+
+    (ea, eb), filtered = run(go())
+    assert ea + eb == 60 and filtered == 60
+    assert sum(_queued(redis_client, k) for k in UNIT.shards(3)) == 60
+
+
+def test_a_worker_starts_the_high_priority_requests_of_any_shard_first(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def go() -> list[Request]:
+        producer, worker = await _open(redis_url), await _open(redis_url)
+        # low priority ones in one shard, high priority ones in another
+        low = [u for u in _urls(200, "low") if shard_of(_fp(producer, u), 3) == 0][:10]
+        high = [u for u in _urls(200, "high") if shard_of(_fp(producer, u), 3) == 2][:10]
+        for url in low:
+            producer.enqueue_request(Request(url, priority=0))
+        for url in high:
+            producer.enqueue_request(Request(url, priority=5))
+        await producer._round(0, False)
+        await worker._round(0, False)  # learns the queue lengths
+        await worker._round(100, False)
+        out = []
+        while (r := worker.next_request()) is not None:
+            out.append(r)
+        for s in (producer, worker):
+            await s.redis.aclose()
+        return out
+
+    got = run(go())
+    assert len(got) == 20
+    assert [r.priority for r in got] == [5] * 10 + [0] * 10
+    assert all("/high/" in r.url for r in got[:10])
+
+
+def test_acks_go_to_the_leasing_shard_after_the_output_has_landed(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def go() -> None:
+        s = await _open(redis_url)
+        for url in _urls(30):
+            s.enqueue_request(Request(url))
+        await s._round(0, False)
+        await s._round(100, False)
+        handed = []
+        while (r := s.next_request()) is not None:
+            handed.append(r)
+        assert len(handed) == 30
+        assert sum(redis_client.zcard(k.leases) for k in UNIT.shards(3)) == 30
+        # each finished request found a child (in whatever shard its fingerprint says)
+        for r in handed:
+            s.enqueue_request(Request(r.url + "/child"))
+        s._collect_finished()
+        await s._round(0, False)
+        # the children are in; the acks wait for a round that follows their landing
+        assert sum(_queued(redis_client, k) for k in UNIT.shards(3)) == 30
+        assert sum(redis_client.zcard(k.leases) for k in UNIT.shards(3)) == 30
+        await s._round(0, False)
+        assert sum(redis_client.zcard(k.leases) for k in UNIT.shards(3)) == 0
+        assert not s._held and not s._acks
+        await s.redis.aclose()
+
+    run(go())
+
+
+def test_an_ack_with_output_only_in_its_own_shard_is_sent_with_it(redis_url: str) -> None:
+    async def go() -> None:
+        s = await _open(redis_url)
+        s.enqueue_request(Request("http://site.test/one"))
+        await s._round(0, False)
+        await s._round(10, False)
+        r = s.next_request()
+        assert r is not None
+        shard = s._handed[r][0]
+        child = next(u for u in _urls(100, "c") if shard_of(_fp(s, u), 3) == shard)
+        s.enqueue_request(Request(child))
+        s._collect_finished()
+        await s._round(0, False)
+        assert not s._held  # one atomic call carried the child and the ack
+        await s.redis.aclose()
+
+    run(go())
+
+
+def test_expired_leases_of_a_dead_worker_in_shard_2_are_requeued(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    shard2 = UNIT.shard(2, 3)
+
+    async def go() -> Any:
+        dead, alive = await _open(redis_url), await _open(redis_url)
+        for url in _urls(60):
+            dead.enqueue_request(Request(url))
+        await dead._round(0, False)
+        await dead._round(100, False)
+        held2 = redis_client.zcard(shard2.leases)
+        assert held2 > 0 and redis_client.zcard(shard2.queue) == 0
+        # the dead worker's leases in shard 2 run out (deadline moved into the past instead of waiting)
+        redis_client.zadd(shard2.leases, dict.fromkeys(redis_client.zrange(shard2.leases, 0, -1), 1.0))
+        await alive._round(0, False)
+        requeued = alive.stats.get_value("scheduler/requeued/lease_expired")
+        for s in (dead, alive):
+            await s.redis.aclose()
+        return held2, requeued
+
+    held2, requeued = run(go())
+    assert requeued == held2
+    assert redis_client.zcard(shard2.leases) == 0 and _queued(redis_client, shard2) == held2
+
+
+def test_dead_letters_status_idle_and_flush_see_every_shard(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    async def go() -> None:
+        s = await _open(redis_url)
+        for url in _urls(30):
+            s.enqueue_request(Request(url))
+        record = dead_letter_record(Request("http://site.test/dead"), reason="500", worker="w", status=500)
+        s.dead_letter(record)
+        await s._round(0, False)
+        assert not s._empty_confirmed
+        assert not await shards_idle(s.redis, s.shard_keys)
+        status = read_status(redis.Redis.from_url(redis_url), UNIT)
+        assert status["shards"] == 3 and status["frontier"]["queued"] == 30
+        assert status["filter"]["items"] == 30 and status["filter"]["shards"] == 3
+        assert status["deadletter"] == 1
+        await s._round(100, False)
+        while (r := s.next_request()) is not None:
+            assert r
+        s._collect_finished()
+        await s._round(0, False)
+        await s._round(0, False)
+        assert s.frontier_status == {"queued": 0, "inflight": 0, "delayed": 0}
+        assert s._empty_confirmed and not s.has_pending_requests()
+        assert await shards_idle(s.redis, s.shard_keys)
+        await s.redis.aclose()
+
+    run(go())
+    assert redis_client.llen(UNIT.deadletter) == 1
+    assert [k.decode() for k in redis_client.keys("*#*")]  # the other shards have keys
+    run(_flushed(redis_url))
+    # only the fresh filters' parameter hashes, recorded again by the flushing worker
+    assert sorted(k.decode() for k in redis_client.keys("*") if b"#" in k) == sorted(
+        k.bloom for k in UNIT.shards(3)[1:]
+    )
+    assert all(not redis_client.hget(k.bloom, "n") for k in UNIT.shards(3))
+
+
+async def _flushed(redis_url: str) -> None:
+    s = await _open(redis_url, SCHEDULER_FLUSH_ON_START=True)
+    await s.redis.aclose()
+
+
+def test_a_worker_with_another_shard_count_is_refused(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def go() -> None:
+        s = await _open(redis_url, shards=3)
+        await s.redis.aclose()
+        with pytest.raises(SystemExit):
+            await _open(redis_url, shards=2)
+
+    with caplog.at_level(logging.ERROR):
+        run(go())
+    assert "runs with SCHEDULER_SHARDS=3; this worker has 2" in caplog.text
+
+
+def test_cluster_politeness_with_shards_is_refused(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> None:
+        with pytest.raises(SystemExit):
+            await _open(redis_url, SCHEDULER_POLITENESS="cluster")
+
+    with caplog.at_level(logging.ERROR):
+        run(go())
+    assert "cannot be combined with SCHEDULER_POLITENESS='cluster'" in caplog.text
+
+
+# -- a real 3-master cluster, real `scrapy crawl` workers ----------------------------------------------
+
+
+@pytest.fixture
+def cluster_url(cluster: LocalCluster) -> str:
+    cluster.flushall()
+    # the three shards of "links" are served by the three masters
+    assert len({cluster.master_of(k.queue).port for k in LINKS.shards(3)}) == 3
+    return cluster.nodes[0].url
+
+
+@pytest.mark.slow
+def test_three_sharded_workers_crawl_everything_on_a_cluster(
+    tmp_path: Path, cluster_url: str, site_factory: Any
+) -> None:
+    site = site_factory(pages=400, delay=0.002)
+    project = make_project(
+        tmp_path,
+        {
+            "REDIS_URL": cluster_url,
+            "SCHEDULER_SHARDS": 3,
+            "SCHEDULER_IDLE_BEFORE_CLOSE": 2,
+            "ADDONS": {"scrapy_dist.Addon": 0},
+            "CLUSTERSTATS_INTERVAL": 1,
+        },
+    )
+    for i in range(3):
+        project.crawl(args={"seed": site.page_url(0)} if i == 0 else None)
+    assert project.wait_all(120) == [0, 0, 0], project.logs()[-4000:]
+    assert log_problems(project.logs()) == []
+    assert lost_and_dupes(site) == (0, 0)
+    c = redis.cluster.RedisCluster.from_url(cluster_url)
+    per_shard = [int(c.hget(k.bloom, "n") or 0) for k in LINKS.shards(3)]
+    assert sum(per_shard) == 400 and all(n > 50 for n in per_shard), per_shard
+    for k in LINKS.shards(3):
+        assert c.zcard(k.queue) == c.zcard(k.leases) == c.zcard(k.delayed) == 0
+    status = read_status(c, LINKS)
+    assert status["shards"] == 3 and status["stats"]["response_received_count"] == 400
+    assert all(project.stats(i)["finish_reason"] == "finished" for i in range(3))
+    c.close()
+
+
+@pytest.mark.slow
+def test_sigkilled_sharded_worker_loses_nothing_on_a_cluster(
+    tmp_path: Path, cluster_url: str, site_factory: Any
+) -> None:
+    site = site_factory(pages=600, delay=0.01)
+    cr = 8
+    project = make_project(
+        tmp_path,
+        {
+            "REDIS_URL": cluster_url,
+            "SCHEDULER_SHARDS": 3,
+            "CONCURRENT_REQUESTS": cr,
+            "SCHEDULER_LEASE_SECONDS": 3,
+            "SCHEDULER_IDLE_BEFORE_CLOSE": 2,
+        },
+    )
+    project.crawl(args={"seed": site.page_url(0)})
+    victim = project.crawl()
+    project.crawl()
+    project.wait_until_open()
+    c = redis.cluster.RedisCluster.from_url(cluster_url)
+    shard2 = LINKS.shard(2, 3)
+    metas = [k.lease_meta for k in LINKS.shards(3)]
+    held = kill_holding_leases(project, victim, site, c, metas, min_pages=150)
+    assert_survived_kill(project, site, held)
+    assert c.zcard(shard2.leases) == 0
+    for k in LINKS.shards(3):
+        assert c.zcard(k.queue) == c.zcard(k.leases) == 0
+    c.close()
