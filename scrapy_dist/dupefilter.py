@@ -24,6 +24,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from pybloom_live import ScalableBloomFilter
+from redis.exceptions import NoScriptError
 
 from scrapy_dist import connection, defaults, scripts
 from scrapy_dist.bloom import HASHING, BloomPlan, fingerprint_hashes
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
+
+#: fingerprints per script call of :meth:`BloomDupeFilter.seen_tokens`: about 2 ms of Redis time each
+CALL_TOKENS = 128
 
 
 class RedisDupeFilter:
@@ -257,19 +261,59 @@ class BloomDupeFilter(RedisDupeFilter):
             )
 
     def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
-        """Test-and-set (``add``) or only test a batch of fingerprints: one atomic script call."""
+        """Test-and-set (``add``) or only test a batch of fingerprints in one round trip (one per call on
+        Redis Cluster): script calls of at most :data:`CALL_TOKENS` fingerprints each, pipelined. Each
+        fingerprint's test-and-set is atomic, and the calls run in order, so a fingerprint twice in a
+        batch is new only the first time.
+
+        Why not one call for the whole batch: a script holds Redis for its whole run, so a batch of
+        thousands would stall every other worker's calls for tens of milliseconds, and a call slower than
+        ``slowlog-log-slower-than`` (10 ms by default) is copied into Redis's slow log, arguments and all
+        -- up to a few hundred KB of Redis memory that the filter does not need.
+        """
         if self._script is None:
             self._script = scripts.register(self.redis, "dupe_batch")
-        flat = [str(x) for pair in tokens for x in pair]
+            self.redis.script_load(self._script.script)  # the pipelined calls below are plain EVALSHA
         op = "add" if add else "check"
+        chunks = [
+            [str(x) for pair in tokens[i : i + CALL_TOKENS] for x in pair]
+            for i in range(0, len(tokens), CALL_TOKENS)
+        ]
+        flags: list[str | None] = [None] * len(chunks)
         for _ in range(64):
-            keys, params = self.script_keys_params(len(tokens) if add else 0)
-            flags, n = self._script(keys=keys, args=[op, self.mode, len(params), *params, *flat])
-            self.observe(int(n))
-            if flags != -1:
-                flags = flags.decode() if isinstance(flags, bytes) else flags
-                return [f == "0" for f in flags]
+            todo = [i for i, f in enumerate(flags) if f is None]
+            if not todo:
+                return [f == "0" for chunk in flags for f in chunk or ""]
+            keys, params = self.script_keys_params(sum(len(chunks[i]) // 2 for i in todo) if add else 0)
+            head = [op, self.mode, len(params), *params]
+            answers = self._run_calls(keys, [[*head, *chunks[i]] for i in todo])
+            for i, answer in zip(todo, answers, strict=True):
+                if answer is None:  # Redis had lost the script: loaded again, run again
+                    continue
+                got, n = answer
+                self.observe(int(n))
+                if got != -1:  # -1: the chain grew past the keys passed (another worker): again with more
+                    flags[i] = got.decode() if isinstance(got, bytes) else got
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
+
+    def _run_calls(self, keys: list[str], argvs: list[list[Any]]) -> list[Any]:
+        """Answers of one script call per ``argvs`` entry, in order: pipelined (not as a transaction) in
+        one round trip, or on Redis Cluster one call after the other. None for a pipelined call Redis
+        refused with NOSCRIPT (a restart or SCRIPT FLUSH), once the script is loaded again."""
+        if len(argvs) == 1 or connection.is_cluster(self.redis):
+            # redis-py reloads the script by itself; its cluster pipelines refuse EVALSHA, so a cluster
+            # client makes one round trip per call (all the keys are on one node anyway)
+            return [self._script(keys=keys, args=args) for args in argvs]
+        pipe = self.redis.pipeline(transaction=False)
+        for args in argvs:
+            pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+        answers = pipe.execute(raise_on_error=False)
+        for answer in answers:
+            if isinstance(answer, Exception) and not isinstance(answer, NoScriptError):
+                raise answer
+        if any(isinstance(a, NoScriptError) for a in answers):
+            self.redis.script_load(self._script.script)
+        return [None if isinstance(a, NoScriptError) else a for a in answers]
 
     def request_seen(self, request: Request) -> bool:
         """Scrapy-scheduler path: local first-level filter, then one atomic Redis test-and-set."""

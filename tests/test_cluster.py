@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,20 @@ def test_dupefilters_request_seen_on_a_cluster(cluster_url: str, cls: type) -> N
     finally:
         df.close("finished")
         df.redis.close()
+
+
+def test_bloom_batch_of_several_calls_on_a_cluster(cluster_url: str) -> None:
+    """A batch of several script calls through a cluster client (one call after the other), also after
+    the nodes forgot the script."""
+    client = _client(cluster_url)
+    df = BloomDupeFilter(client, LINKS, None, capacity=10_000, error_rate=0.001)
+    df.open()
+    toks = [fingerprint_hashes(os.urandom(20)) for _ in range(400)]
+    assert df.seen_tokens(toks[:300]) == [False] * 300
+    for node in client.get_primaries():
+        node.redis_connection.script_flush()
+    assert df.seen_tokens(toks) == [True] * 300 + [False] * 100
+    client.close()
 
 
 def test_seeds_scripts_on_a_cluster(cluster_url: str) -> None:

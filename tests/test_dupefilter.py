@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from scrapy_dist.bloom import WINDOW_BITS, BloomPlan, fingerprint_hashes
-from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
+from scrapy_dist.dupefilter import CALL_TOKENS, BloomDupeFilter, SetDupeFilter
 from scrapy_dist.keys import CrawlKeys
 
 KEYS = CrawlKeys("df")
@@ -102,6 +102,35 @@ def test_memory_per_url_at_capacity(redis_client: Any) -> None:
     assert sum(_seen(df, unseen, add=False)) / len(unseen) <= 0.0012 * 1.5  # a small sample: some slack
 
 
+def _evalsha_calls(client: Any) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_a_big_batch_is_short_calls_in_one_round_trip(redis_client: Any) -> None:
+    """A batch is cut into script calls of CALL_TOKENS fingerprints (each brief: Redis serves other
+    workers in between and keeps them out of its slow log), pipelined, answered in the batch's order; a
+    fingerprint twice in the batch is new only the first time, across call boundaries too."""
+    df = BloomDupeFilter(redis_client, KEYS, None, capacity=50_000, error_rate=0.0001)
+    df.open()
+    fresh = _tokens(_rand_fps(3 * CALL_TOKENS + 17, 9))
+    batch = fresh + fresh[: CALL_TOKENS + 5]
+    calls = _evalsha_calls(redis_client)
+    seen = df.seen_tokens(batch)
+    assert _evalsha_calls(redis_client) - calls == -(-len(batch) // CALL_TOKENS)
+    assert seen == [False] * len(fresh) + [True] * (CALL_TOKENS + 5)
+    assert int(redis_client.hget(KEYS.bloom, "n")) == len(fresh)
+
+
+def test_a_big_batch_survives_redis_forgetting_the_script(redis_client: Any) -> None:
+    df = BloomDupeFilter(redis_client, KEYS, None, capacity=50_000, error_rate=0.0001)
+    df.open()
+    first, second = _tokens(_rand_fps(300, 10)), _tokens(_rand_fps(300, 11))
+    assert df.seen_tokens(first) == [False] * 300
+    redis_client.script_flush()  # as after a restart without persistence of the script cache
+    assert df.seen_tokens(first + second) == [True] * 300 + [False] * 300
+    assert df.seen_tokens(second, add=False) == [True] * 300
+
+
 def test_adopts_the_parameters_recorded_by_the_first_worker(redis_client: Any) -> None:
     first = BloomDupeFilter(redis_client, KEYS, None, capacity=5_000, error_rate=0.01)
     first.open()
@@ -114,7 +143,8 @@ def _race(url: str, fps: list[bytes], out: Any) -> None:
     client = redis.Redis.from_url(url)
     df = BloomDupeFilter(client, KEYS, None, capacity=50_000, error_rate=0.001)
     df.open()
-    out.put([i for i, seen in enumerate(_seen(df, fps, batch=100)) if not seen])
+    # batches of 1,000: each goes as pipelined calls of CALL_TOKENS, racing the other process's calls
+    out.put([i for i, seen in enumerate(_seen(df, fps, batch=1000)) if not seen])
 
 
 def test_two_processes_racing_admit_each_url_once(redis_url: str) -> None:
