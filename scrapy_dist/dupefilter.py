@@ -133,8 +133,8 @@ class RedisDupeFilter:
         """Take note of the filter's size as reported by a script call."""
 
     def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
-        """Test-and-set (or with ``add=False`` only test) a batch of fingerprints in one atomic call;
-        True where already seen."""
+        """Test-and-set (or with ``add=False`` only test) a batch of fingerprints in one round trip, each
+        fingerprint atomically; True where already seen."""
         raise NotImplementedError
 
     def stats_snapshot(self) -> dict[str, float]:
@@ -213,13 +213,23 @@ class BloomDupeFilter(RedisDupeFilter):
         pipe.hsetnx(self.keys.bloom, "hashing", HASHING)
         pipe.hmget(self.keys.bloom, ["capacity", "error_rate", "block_bits", "n", "hashing"])
         cap, err, bb, n, hashing = pipe.execute()[-1]
-        if int(hashing) != HASHING:
+        way_out = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
+        try:
+            recorded = (int(cap), float(err), int(bb), int(n or 0), int(hashing))
+            BloomPlan(*recorded[:3])
+            if recorded[3] < 0:
+                raise ValueError("negative item count")
+        except (TypeError, ValueError) as exc:
             raise ScrapyDistError(
-                f"The bloom filter {self.keys.bloom!r} was written with bit-position scheme {int(hashing)},"
-                f" this scrapy-dist uses {HASHING}: clear it (SCHEDULER_FLUSH_ON_START) or use another"
-                " REDIS_KEY_PREFIX"
+                f"The bloom filter {self.keys.bloom!r} holds invalid parameters (capacity={cap!r}"
+                f" error_rate={err!r} block_bits={bb!r} n={n!r} hashing={hashing!r}: {exc}); {way_out}"
+            ) from None
+        if recorded[4] != HASHING:
+            raise ScrapyDistError(
+                f"The bloom filter {self.keys.bloom!r} was written with bit-position scheme {recorded[4]},"
+                f" this scrapy-dist uses {HASHING}: {way_out}"
             )
-        self.adopt(int(cap), float(err), int(bb), int(n or 0))
+        self.adopt(*recorded[:4])
 
     def adopt(self, capacity: int, error_rate: float, block_bits: int, n: int) -> None:
         """Use the parameters recorded for the crawl, warning when they differ from this worker's."""

@@ -303,6 +303,12 @@ class Scheduler:
         pipe.hsetnx(self.keys.control, "shards", self.shards)
         pipe.hmget(self.keys.control, ["politeness", "shards"])
         mode, shards = pipe.execute()[-1]
+        if shards is not None and not shards.isdigit():
+            sync_client.close()
+            connection.abort_crawl(ScrapyDistError(
+                f"{self.keys.control!r} holds an invalid shards field"
+                f" {shards[:40].decode(errors='replace')!r}; start afresh (SCHEDULER_FLUSH_ON_START)"
+            ))
         if mode is not None and mode.decode() != self.politeness:
             sync_client.close()
             connection.abort_crawl(ScrapyDistError(

@@ -13,6 +13,7 @@ import redis
 
 from scrapy_dist.bloom import WINDOW_BITS, BloomPlan, fingerprint_hashes
 from scrapy_dist.dupefilter import CALL_TOKENS, BloomDupeFilter, SetDupeFilter
+from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.keys import CrawlKeys
 
 KEYS = CrawlKeys("df")
@@ -129,6 +130,26 @@ def test_a_big_batch_survives_redis_forgetting_the_script(redis_client: Any) -> 
     redis_client.script_flush()  # as after a restart without persistence of the script cache
     assert df.seen_tokens(first + second) == [True] * 300 + [False] * 300
     assert df.seen_tokens(second, add=False) == [True] * 300
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("hashing", "2", "bit-position scheme 2"),
+        ("capacity", "lots", "invalid parameters"),
+        ("error_rate", "1.5", "invalid parameters"),
+        ("block_bits", "100", "invalid parameters"),
+        ("n", "-3", "invalid parameters"),
+    ],
+)
+def test_refuses_a_filter_recorded_with_other_or_invalid_parameters(
+    redis_client: Any, field: str, value: str, message: str
+) -> None:
+    redis_client.hset(KEYS.bloom, field, value)
+    df = BloomDupeFilter(redis_client, KEYS, None, capacity=5_000, error_rate=0.01)
+    with pytest.raises(ScrapyDistError, match=message) as info:
+        df.open()
+    assert "SCHEDULER_FLUSH_ON_START" in str(info.value)
 
 
 def test_adopts_the_parameters_recorded_by_the_first_worker(redis_client: Any) -> None:

@@ -296,6 +296,20 @@ def test_a_worker_with_another_shard_count_is_refused(
     assert "runs with SCHEDULER_SHARDS=3; this worker has 2" in caplog.text
 
 
+def test_a_garbled_shard_count_is_refused_with_one_line(
+    redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    redis_client.hset(UNIT.control, "shards", "three")
+
+    async def go() -> None:
+        with pytest.raises(SystemExit):
+            await _open(redis_url, shards=3)
+
+    with caplog.at_level(logging.ERROR):
+        run(go())
+    assert "invalid shards field 'three'" in caplog.text
+
+
 def test_cluster_politeness_with_shards_is_refused(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     async def go() -> None:
         with pytest.raises(SystemExit):
