@@ -1,5 +1,5 @@
 """Shared fixtures: a real redis-server per test session, a clean database per test, N more servers on
-demand, and a generated local website for end-to-end crawls. No fakeredis anywhere."""
+demand, and a generated local website for end-to-end crawls. Every test talks to a real redis-server."""
 
 from __future__ import annotations
 

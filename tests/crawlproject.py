@@ -235,6 +235,27 @@ def kill_holding_leases(
     return held()
 
 
+def kill_one_of_three(
+    root: Path, redis_url: str, site: Any, client: Any, lease_metas: list[str], min_pages: int,
+    settings: dict[str, Any] | None = None,
+) -> Project:
+    """The SIGKILL scenario the kill tests share: three workers of 8 concurrent requests and 3 s leases
+    crawl ``site`` from its page 0; the second is killed holding leases once ``min_pages`` pages are in,
+    and the other two must finish with nothing lost (:func:`assert_survived_kill`)."""
+    project = make_project(root, {
+        "REDIS_URL": redis_url, "CONCURRENT_REQUESTS": 8, "SCHEDULER_LEASE_SECONDS": 3,
+        "SCHEDULER_IDLE_BEFORE_CLOSE": 2, **(settings or {}),
+    })
+    project.crawl(args={"seed": site.page_url(0)})
+    wait_for_pages(site, 1)
+    victim = project.crawl()
+    project.crawl()
+    project.wait_until_open()
+    held = kill_holding_leases(project, victim, site, client, lease_metas, min_pages)
+    assert_survived_kill(project, site, held, timeout=150)
+    return project
+
+
 def assert_survived_kill(project: Project, site: Any, victim_held: set[str], timeout: float = 120) -> None:
     """After workers 0 and 2 outlived the SIGKILLed worker 1: both finished cleanly, no page was lost,
     the only pages fetched twice are among those the victim held leases on when it died (downloaded

@@ -21,14 +21,7 @@ import redis
 import redis.asyncio.cluster
 import redis.cluster
 from click.testing import CliRunner
-from crawlproject import (
-    assert_survived_kill,
-    kill_holding_leases,
-    log_problems,
-    lost_and_dupes,
-    make_project,
-    wait_for_pages,
-)
+from crawlproject import kill_one_of_three, log_problems, lost_and_dupes, make_project, wait_for_pages
 from redis.crc import key_slot
 from redis_cluster import LocalCluster
 from scrapy import Request
@@ -314,20 +307,8 @@ def test_sigkilled_worker_loses_nothing_on_a_cluster(
     tmp_path: Path, cluster_url: str, site_factory: Any
 ) -> None:
     site = site_factory(pages=600, delay=0.01)
-    cr = 8
-    project = make_project(
-        tmp_path,
-        {"REDIS_URL": cluster_url, "CONCURRENT_REQUESTS": cr, "SCHEDULER_LEASE_SECONDS": 3,
-         "SCHEDULER_IDLE_BEFORE_CLOSE": 2},
-    )
-    project.crawl(args={"seed": site.page_url(0)})
-    wait_for_pages(site, 1)
-    victim = project.crawl()
-    project.crawl()
-    project.wait_until_open()
     c = _client(cluster_url)
-    held = kill_holding_leases(project, victim, site, c, [LINKS.lease_meta], min_pages=200)
-    assert_survived_kill(project, site, held)
+    kill_one_of_three(tmp_path, cluster_url, site, c, [LINKS.lease_meta], min_pages=200)
     assert c.zcard(LINKS.queue) == 0 and c.zcard(LINKS.leases) == 0
     c.close()
 

@@ -8,13 +8,7 @@ from typing import Any
 import msgpack
 import pytest
 import redis
-from crawlproject import (
-    assert_survived_kill,
-    kill_holding_leases,
-    lost_and_dupes,
-    make_project,
-    wait_for_pages,
-)
+from crawlproject import kill_one_of_three, lost_and_dupes, make_project, wait_for_pages
 
 from scrapy_dist.codec import encode_request
 from scrapy_dist.keys import CrawlKeys
@@ -46,19 +40,9 @@ def test_three_workers_crawl_every_page(tmp_path: Path, redis_url: str, site_fac
 
 def test_sigkilled_worker_loses_nothing(tmp_path: Path, redis_url: str, site_factory: Any) -> None:
     site = site_factory(pages=1500, delay=0.01)
-    cr = 8
-    project = make_project(
-        tmp_path,
-        {"REDIS_URL": redis_url, "CONCURRENT_REQUESTS": cr, "SCHEDULER_LEASE_SECONDS": 3,
-         "SCHEDULER_IDLE_BEFORE_CLOSE": 2},
-    )
-    project.crawl(args={"seed": site.page_url(0)})
-    wait_for_pages(site, 1)
-    victim = project.crawl()
-    project.crawl()
     client = redis.Redis.from_url(redis_url)
-    held = kill_holding_leases(project, victim, site, client, [LINKS.lease_meta], min_pages=500)
-    assert_survived_kill(project, site, held, timeout=150)
+    kill_one_of_three(tmp_path, redis_url, site, client, [LINKS.lease_meta], min_pages=500)
+    assert client.zcard(LINKS.queue) == 0 and client.zcard(LINKS.leases) == 0
 
 
 def test_all_workers_killed_then_fresh_ones_finish(tmp_path: Path, redis_url: str, site_factory: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 import redis.cluster
-from crawlproject import assert_survived_kill, kill_holding_leases, log_problems, lost_and_dupes, make_project
+from crawlproject import kill_one_of_three, log_problems, lost_and_dupes, make_project
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis_cluster import LocalCluster
 from scrapy import Request, Spider
@@ -70,6 +70,14 @@ async def _open(redis_url: str, shards: int = 3, **settings: Any) -> Scheduler:
 
 def _urls(n: int, tag: str = "p") -> list[str]:
     return [f"http://site.test/{tag}/{i}" for i in range(n)]
+
+
+async def _open_with(redis_url: str, urls: list[str]) -> Scheduler:
+    """An opened scheduler with ``urls`` enqueued in its buffers (not yet sent)."""
+    s = await _open(redis_url)
+    for url in urls:
+        s.enqueue_request(Request(url))
+    return s
 
 
 def _fp(sched: Scheduler, url: str) -> bytes:
@@ -168,9 +176,7 @@ def test_acks_go_to_the_leasing_shard_after_the_output_has_landed(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     async def go() -> None:
-        s = await _open(redis_url)
-        for url in _urls(30):
-            s.enqueue_request(Request(url))
+        s = await _open_with(redis_url, _urls(30))
         await s._round(0, False)
         await s._round(100, False)
         handed = []
@@ -219,9 +225,7 @@ def test_expired_leases_of_a_dead_worker_in_shard_2_are_requeued(
     shard2 = UNIT.shard(2, 3)
 
     async def go() -> Any:
-        dead, alive = await _open(redis_url), await _open(redis_url)
-        for url in _urls(60):
-            dead.enqueue_request(Request(url))
+        dead, alive = await _open_with(redis_url, _urls(60)), await _open(redis_url)
         await dead._round(0, False)
         await dead._round(100, False)
         held2 = redis_client.zcard(shard2.leases)
@@ -243,9 +247,7 @@ def test_dead_letters_status_idle_and_flush_see_every_shard(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     async def go() -> None:
-        s = await _open(redis_url)
-        for url in _urls(30):
-            s.enqueue_request(Request(url))
+        s = await _open_with(redis_url, _urls(30))
         record = dead_letter_record(Request("http://site.test/dead"), reason="500", worker="w", status=500)
         s.dead_letter(record)
         await s._round(0, False)
@@ -367,27 +369,9 @@ def test_sigkilled_sharded_worker_loses_nothing_on_a_cluster(
     tmp_path: Path, cluster_url: str, site_factory: Any
 ) -> None:
     site = site_factory(pages=600, delay=0.01)
-    cr = 8
-    project = make_project(
-        tmp_path,
-        {
-            "REDIS_URL": cluster_url,
-            "SCHEDULER_SHARDS": 3,
-            "CONCURRENT_REQUESTS": cr,
-            "SCHEDULER_LEASE_SECONDS": 3,
-            "SCHEDULER_IDLE_BEFORE_CLOSE": 2,
-        },
-    )
-    project.crawl(args={"seed": site.page_url(0)})
-    victim = project.crawl()
-    project.crawl()
-    project.wait_until_open()
     c = redis.cluster.RedisCluster.from_url(cluster_url)
-    shard2 = LINKS.shard(2, 3)
     metas = [k.lease_meta for k in LINKS.shards(3)]
-    held = kill_holding_leases(project, victim, site, c, metas, min_pages=150)
-    assert_survived_kill(project, site, held)
-    assert c.zcard(shard2.leases) == 0
+    kill_one_of_three(tmp_path, cluster_url, site, c, metas, min_pages=150, settings={"SCHEDULER_SHARDS": 3})
     for k in LINKS.shards(3):
         assert c.zcard(k.queue) == c.zcard(k.leases) == 0
     c.close()
