@@ -90,8 +90,10 @@ class DeadLetterWriter:
     Stats: ``deadletter/count``, ``deadletter/reason_count/<reason>``.
     """
 
-    def __init__(self, crawler: Crawler) -> None:
+    def __init__(self, crawler: Crawler, scheduler_of: Callable[[], Any] | None = None) -> None:
         self.crawler = crawler
+        #: the running scrapy-dist scheduler, or None (injectable: tests pass an opened scheduler)
+        self.scheduler_of: Callable[[], Any] = scheduler_of or (lambda: get_scheduler(crawler))
         self._warned = False
 
     def write(
@@ -106,7 +108,7 @@ class DeadLetterWriter:
         """Dead-letter ``request``; ``False`` if it already was, or if there is no frontier to keep it."""
         if request in _dead_lettered:
             return False
-        scheduler = get_scheduler(self.crawler)
+        scheduler = self.scheduler_of()
         if scheduler is None:
             if not self._warned:
                 self._warned = True
@@ -261,7 +263,7 @@ class RetryMiddleware:
         if new is None:
             self.dead_letters.write(request, dead_reason, status=status, detail=detail or str(reason))
             return None
-        scheduler = get_scheduler(self.crawler)
+        scheduler = self.dead_letters.scheduler_of()
         if scheduler is None:
             return new  # Scrapy's behaviour: retried at once, in this process
         now = self.clock()
