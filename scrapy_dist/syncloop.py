@@ -59,6 +59,7 @@ class SyncLoop:
         lease_seconds: float = 60.0,
         outage: Outage | None = None,
         on_outage: Callable[[], None] = lambda: None,
+        backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
@@ -92,7 +93,7 @@ class SyncLoop:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._backoff = Backoff()
+        self._backoff = backoff or Backoff()
         self._error_log = RateLimitedLog(logger, period=60.0, burst=1)
         self._no_inprogress_warned = False
 
