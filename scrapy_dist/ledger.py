@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -93,44 +94,37 @@ class Applied:
 
 
 class LeasedBuffer:
-    """Leased requests waiting to be handed to the engine.
+    """Leased requests waiting to be handed to the engine: a heap on the queue score (``-priority``),
+    ties in the order leased (which is the queue's own order within a score). Whatever round or shard a
+    request came from, the worker starts the best one it holds first."""
 
-    With one shard (``by_score=False``) a plain FIFO: requests arrive in the queue's own order. With
-    several, a heap on the queue score (``-priority``), ties in the order leased: whatever shards a
-    worker's requests came from, it starts the highest priority it holds first.
-    """
-
-    def __init__(self, by_score: bool) -> None:
-        self.by_score = by_score
-        self._fifo: deque[tuple[Request, Lease]] = deque()
+    def __init__(self) -> None:
         self._heap: list[tuple[float, int, Request, Lease]] = []
         self._count = itertools.count()
 
     def push(self, score: float, request: Request, lease: Lease) -> None:
-        if self.by_score:
-            heapq.heappush(self._heap, (score, next(self._count), request, lease))
-        else:
-            self._fifo.append((request, lease))
+        heapq.heappush(self._heap, (score, next(self._count), request, lease))
 
     def pop(self) -> tuple[Request, Lease]:
-        if self.by_score:
-            _, _, request, lease = heapq.heappop(self._heap)
-            return request, lease
-        return self._fifo.popleft()
+        _, _, request, lease = heapq.heappop(self._heap)
+        return request, lease
+
+    def best_score(self) -> float:
+        """The score of the request :meth:`pop` returns next (``inf`` when empty)."""
+        return self._heap[0][0] if self._heap else math.inf
 
     def leases(self) -> list[Lease]:
         """Every lease in the buffer (for releasing them at close)."""
-        return [e[-1] for e in self._heap] if self.by_score else [lease for _, lease in self._fifo]
+        return [e[-1] for e in self._heap]
 
     def clear(self) -> None:
-        self._fifo.clear()
         self._heap.clear()
 
     def __len__(self) -> int:
-        return len(self._heap) + len(self._fifo)
+        return len(self._heap)
 
     def __bool__(self) -> bool:
-        return bool(self._heap or self._fifo)
+        return bool(self._heap)
 
 
 class Ledger:
@@ -139,7 +133,7 @@ class Ledger:
     def __init__(self, shards: int = 1, worker_id: str = "") -> None:
         self.shards = shards
         self.worker_id = worker_id
-        self.ready = LeasedBuffer(by_score=shards > 1)
+        self.ready = LeasedBuffer()
         #: new requests that could not be encoded: crawled by this worker only
         self.local: deque[Request] = deque()
         self.out: list[Outgoing] = []
@@ -159,12 +153,16 @@ class Ledger:
         self.penalties: list[tuple[str, float]] = []
         #: when the oldest unsent write was buffered (``None``: nothing waits)
         self.first_pending: float | None = None
+        #: the best (lowest) score among ``out``: a discovered request may outrank everything leased
+        self.best_out = math.inf
         #: what the current round took, per shard (put back by :meth:`restore` if the shard fails)
         self._sent: list[list[Outgoing]] = []
 
     # -- writes from the scheduler --------------------------------------------------------------------
     def add(self, entry: Outgoing, now: float) -> None:
         self.out.append(entry)
+        if entry.score < self.best_out:
+            self.best_out = entry.score
         self._mark(now)
 
     def delay(self, entry: Delay, now: float) -> None:
@@ -221,6 +219,15 @@ class Ledger:
             self._mark(now)
 
     # -- state ----------------------------------------------------------------------------------------
+    def outranked(self) -> int:
+        """How many discovered, unsent requests outrank every leased one (0 in the common case: the
+        check is one comparison). The engine should wait for them rather than start a worse request:
+        the next round stores them and, by leasing at least that many, brings them back first."""
+        best = self.ready.best_score()
+        if self.best_out >= best:
+            return 0
+        return sum(1 for e in self.out if e.score < best)
+
     def has_writes(self) -> bool:
         """Whether anything waits to be written (besides acks and releases)."""
         return bool(self.out or self.delays or self.dead or self.rejects or self.penalties)
@@ -273,6 +280,7 @@ class Ledger:
             batch.lease = count
         self._sent = sent
         self.out, self.acks, self.acks_new, self.delays = [], [], [], []
+        self.best_out = math.inf
         self.rejects, self.dead, self.penalties, self.releases = [], [], [], []
         self.first_pending = None
         return batches
@@ -280,6 +288,7 @@ class Ledger:
     def restore(self, shard: int, batch: SyncBatch, now: float) -> None:
         """Put a shard's batch that could not be sent back in front of what came since."""
         self.out = self._sent[shard] + self.out
+        self.best_out = min((e.score for e in self.out), default=math.inf)
         self.acks = [(shard, m) for m in batch.ack] + self.acks
         self.delays = [
             Delay(score, payload, not_before, domain, limits, shard)

@@ -348,6 +348,12 @@ class Scheduler:
         if self.paused or self._local_pause:
             return None
         ledger = self.ledger
+        loop = self.loop
+        if not ledger.local and loop is not None and not loop.failing and ledger.outranked():
+            # a request just discovered outranks every leased one: wait the one round that stores it
+            # and leases it back, instead of starting a worse one (Scrapy's priority order)
+            loop.wake()
+            return None
         local = bool(ledger.local)
         request = ledger.hand_out()
         if request is None:

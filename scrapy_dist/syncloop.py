@@ -84,6 +84,8 @@ class SyncLoop:
         self.local_pause = False
         #: a round is under way (its requests are neither in the ledger nor known to be in Redis)
         self.in_sync = False
+        #: the last round failed (Redis away or an error): buffered requests cannot reach Redis now
+        self.failing = False
         #: when the last round that reached every shard started
         self.last_sync = 0.0
         self.next_fetch = 0.0
@@ -192,11 +194,17 @@ class SyncLoop:
         """Whether a round is due now, and how many requests it should lease."""
         ledger = self.ledger
         want = 0
-        if not (self.paused or self.local_pause) and len(ledger.ready) < max(1, self.prefetch // 2):
-            want = self.prefetch - len(ledger.ready)
+        outranked = 0
+        if not (self.paused or self.local_pause):
+            if len(ledger.ready) < max(1, self.prefetch // 2):
+                want = self.prefetch - len(ledger.ready)
+            # discovered requests better than anything leased: store them now and lease them back
+            outranked = ledger.outranked()
+            want = max(want, outranked)
         fetch = want > 0 and now >= self.next_fetch
         flush = ledger.first_pending is not None and (
             now - ledger.first_pending >= self.flush_interval or len(ledger.out) >= self.flush_batch
+            or outranked > 0
         )
         stale = now - self.last_sync >= self.idle_poll
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
@@ -237,6 +245,7 @@ class SyncLoop:
                     self.engine.wake()
             self.on_applied(applied, result)
         ledger.finish_round(error is None, now)
+        self.failing = error is not None
         if error is None:
             self.state = state = router.settle()
             if ledger.ready or not (state.queued or state.inflight):

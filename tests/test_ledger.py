@@ -8,12 +8,12 @@ import json
 import pytest
 from scrapy import Request
 
+from scrapy_dist._engine import DetachedEngine
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import SyncResult
 from scrapy_dist.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.router import ShardRouter
 from scrapy_dist.syncloop import SyncLoop
-from scrapy_dist._engine import DetachedEngine
 
 
 def _out(url: str, shard: int = 0, payload: bytes = b"\x01p", t1: str = "t") -> Outgoing:
@@ -236,3 +236,22 @@ def test_a_round_is_due_when_requests_run_low_writes_wait_or_leases_need_renewal
     loop.paused = True
     ledger.ready.clear()
     assert loop.due(110.5) == (True, 0)  # paused: nothing is leased
+
+
+def test_discovered_requests_that_outrank_every_leased_one_are_counted() -> None:
+    ledger = Ledger()
+    assert ledger.outranked() == 0
+    ledger.ready.push(-1.0, _decode(0, b"a"), (0, b"a"))
+    ledger.add(Outgoing(Request("http://a/same"), "t", "", -1.0, b"\x01"), now=0.0)
+    assert ledger.outranked() == 0  # equal priority: the leased one was first
+    for score in (-3.0, -2.0, 0.0):
+        ledger.add(Outgoing(Request("http://a/x"), "t", "", score, b"\x01"), now=0.0)
+    assert ledger.outranked() == 2
+    loop = _loop(ledger)
+    loop.last_sync, loop.next_renew = 0.0, 100.0
+    assert loop.due(0.01) == (True, 9)  # flushed at once; prefetch minus the one leased
+    for i in range(8):
+        ledger.ready.push(-1.0, _decode(0, b"b"), (0, str(i).encode()))
+    assert loop.due(0.01) == (True, 2)  # enough leased, but the two better ones are fetched back
+    ledger.take_batches([2], renew=False)
+    assert ledger.outranked() == 0 and ledger.best_out == float("inf")

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import logging
+import time
 from typing import Any
 
 import msgpack
@@ -141,3 +142,31 @@ def test_a_loop_that_dies_closes_the_worker_with_a_reason(caplog: pytest.LogCapt
         run(go())
     assert engine.closed == FAILED_REASON
     assert "frontier loop stopped unexpectedly" in caplog.text
+
+
+def test_a_callback_request_of_higher_priority_is_served_before_leased_ones(redis_url: str) -> None:
+    """Scrapy's priority contract with one worker: what a callback schedules at a higher priority is
+    started before the lower-priority requests this worker has already leased."""
+
+    async def go() -> list[int]:
+        crawler = get_crawler(_Spider, {"REDIS_URL": redis_url, "SCHEDULER_PREFETCH": 10})
+        crawler.spider = crawler._create_spider()
+        sched = Scheduler.from_crawler(crawler)
+        await sched.open_async(crawler.spider, start=False)
+        assert sched.loop is not None
+        for i in range(10):
+            sched.enqueue_request(Request(f"http://site.test/low/{i}"))
+        await sched.loop.round(lease=10, renew=False)
+        first = sched.next_request()
+        assert first is not None and first.priority == 0
+        for p in (1, 2, 3, 4, 5, 6):  # what its callback found
+            sched.enqueue_request(Request(f"http://site.test/p{p}", priority=p))
+        assert sched.next_request() is None  # the engine waits for the round, not for a worse request
+        due, lease = sched.loop.due(time.monotonic())
+        assert due and lease >= 6
+        await sched.loop.round(lease, renew=False)
+        order = [r.priority for r in iter(sched.next_request, None)]
+        await sched.close_async("shutdown")
+        return order
+
+    assert run(go()) == [6, 5, 4, 3, 2, 1] + [0] * 9
