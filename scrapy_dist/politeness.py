@@ -122,7 +122,7 @@ def penalty_seconds(
         return None
     seconds = max(1.0, 2 * limit.delay) if limit else 1.0
     if retry_after:
-        from scrapy_dist.deadletter import parse_retry_after
+        from scrapy_dist.retrytiming import parse_retry_after
 
         parsed = parse_retry_after(retry_after, now=now)
         if parsed is not None:

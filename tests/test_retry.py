@@ -37,18 +37,11 @@ from twisted.internet.error import TimeoutError as TxTimeoutError
 
 from scrapy_dist import deadletter
 from scrapy_dist.codec import decode_request, encode_request
-from scrapy_dist.deadletter import (
-    backoff_delay,
-    dead_letter_record,
-    parse_record,
-    parse_retry_after,
-    reason_matches,
-    requeue_payload,
-    retry_delay,
-)
+from scrapy_dist.deadletter import dead_letter_record, parse_record, reason_matches, requeue_payload
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.middlewares import HttpErrorMiddleware, RetryMiddleware, RetryScheduled
+from scrapy_dist.retrytiming import backoff_delay, parse_retry_after, retry_delay
 from scrapy_dist.scheduler import Scheduler
 
 NOW = 1_700_000_000.0
@@ -258,7 +251,8 @@ def test_final_failures_that_are_not_retried() -> None:
     mw.spider_error(
         SimpleNamespace(value=ValueError("bug")), _response(failing_callback, 200), crawler.spider
     )
-    reasons = [(r.url, r.reason, r.status) for r in map(parse_record, (d.encode() for d in scheduler.ledger.dead))]
+    letters = [parse_record(d.encode()) for d in scheduler.ledger.dead]
+    reasons = [(r.url, r.reason, r.status) for r in letters]
     assert reasons == [
         ("https://e.com/1", "twisted.internet.error.TimeoutError", None),
         ("https://e.com/2", "scrapy.exceptions.IgnoreRequest", None),

@@ -55,8 +55,9 @@ from scrapy.utils.python import global_object_name
 from scrapy.utils.response import response_status_message
 
 from scrapy_dist import defaults
-from scrapy_dist.deadletter import dead_letter_record, retry_delay
+from scrapy_dist.deadletter import dead_letter_record
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.retrytiming import retry_delay
 from scrapy_dist.scheduler import get_scheduler
 
 if TYPE_CHECKING:
