@@ -220,9 +220,12 @@ class Ledger:
 
     # -- state ----------------------------------------------------------------------------------------
     def outranked(self) -> int:
-        """How many discovered, unsent requests outrank every leased one (0 in the common case: the
-        check is one comparison). The engine should wait for them rather than start a worse request:
-        the next round stores them and, by leasing at least that many, brings them back first."""
+        """How many discovered, unsent requests outrank every leased one (0 in the common case, and
+        when nothing is leased: the check is one comparison). The engine should wait for them rather
+        than start a worse request: the next round stores them and, by leasing at least that many (up
+        to the prefetch), brings them back first."""
+        if not self.ready:
+            return 0  # nothing worse to hold back: the usual prefetch applies
         best = self.ready.best_score()
         if self.best_out >= best:
             return 0

@@ -200,7 +200,7 @@ class SyncLoop:
                 want = self.prefetch - len(ledger.ready)
             # discovered requests better than anything leased: store them now and lease them back
             outranked = ledger.outranked()
-            want = max(want, outranked)
+            want = max(want, min(outranked, self.prefetch))
         fetch = want > 0 and now >= self.next_fetch
         flush = ledger.first_pending is not None and (
             now - ledger.first_pending >= self.flush_interval or len(ledger.out) >= self.flush_batch

@@ -240,7 +240,9 @@ def test_a_round_is_due_when_requests_run_low_writes_wait_or_leases_need_renewal
 
 def test_discovered_requests_that_outrank_every_leased_one_are_counted() -> None:
     ledger = Ledger()
-    assert ledger.outranked() == 0
+    ledger.add(Outgoing(Request("http://a/first"), "t", "", -9.0, b"\x01"), now=0.0)
+    assert ledger.outranked() == 0  # nothing leased: nothing to hold back, the usual prefetch applies
+    ledger.take_batches([0], renew=False)
     ledger.ready.push(-1.0, _decode(0, b"a"), (0, b"a"))
     ledger.add(Outgoing(Request("http://a/same"), "t", "", -1.0, b"\x01"), now=0.0)
     assert ledger.outranked() == 0  # equal priority: the leased one was first
