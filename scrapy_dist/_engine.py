@@ -73,6 +73,9 @@ class Engine(Protocol):
     def close(self, reason: str) -> None:
         """Close the spider (the scheduler cannot go on)."""
 
+    def slot_load(self, request: Any) -> int:
+        """Requests the downloader is fetching in the download slot ``request`` would use."""
+
 
 class EngineView:
     """:class:`Engine` of a real crawler."""
@@ -94,6 +97,17 @@ class EngineView:
         # keep a reference: the loop holds tasks weakly
         self._closing_task = task
 
+    def slot_load(self, request: Any) -> int:
+        # Downloader.get_slot_key and Downloader.slots are public
+        try:
+            downloader = self.crawler.engine.downloader
+        except (AttributeError, RuntimeError):  # Crawler.engine raises until the crawl starts
+            return 0
+        if downloader is None:
+            return 0
+        slot = downloader.slots.get(downloader.get_slot_key(request))
+        return len(slot.active) if slot is not None else 0
+
 
 class DetachedEngine:
     """:class:`Engine` for a scheduler driven without Scrapy's engine: nothing is ever in progress (a
@@ -110,3 +124,6 @@ class DetachedEngine:
 
     def close(self, reason: str) -> None:
         self.closed = reason
+
+    def slot_load(self, request: Any) -> int:
+        return 0

@@ -30,6 +30,15 @@ logger = logging.getLogger(__name__)
 _DELETE_BATCH = 100
 
 
+def _count(raw: Any) -> int:
+    """A counter read from Redis (untrusted): garbage counts as 0."""
+    try:
+        value = int(raw or 0)
+    except (TypeError, ValueError):
+        return 0
+    return max(0, value)
+
+
 class CrawlLayout:
     """The shards of one crawl (``keys.shards(n)``) and the dupefilter of each."""
 
@@ -92,6 +101,25 @@ class CrawlLayout:
         if hasattr(self.df, "open"):
             for df in self.shard_dfs:
                 df.open()
+
+    def backlog(self, client: Any) -> tuple[int, int]:
+        """(requests queued, leased or delayed; fingerprints remembered) over every shard: what a worker
+        joining the crawl finds (one pipelined round trip)."""
+        pipe = client.pipeline(transaction=False)
+        for k in self.shard_keys:
+            pipe.hget(k.queue_tails, "count")  # queue members may be chunks of several requests
+            pipe.zcard(k.queue)
+            pipe.zcard(k.leases)
+            pipe.zcard(k.delayed)
+            pipe.hget(k.bloom, "n")
+            pipe.scard(k.fingerprints)
+        replies = pipe.execute()
+        pending = remembered = 0
+        for i in range(0, len(replies), 6):
+            counted, members, leased, delayed, bloom_n, fps = replies[i : i + 6]
+            pending += max(_count(counted), members) + leased + delayed
+            remembered += _count(bloom_n) + fps
+        return pending, remembered
 
     # -- keys -----------------------------------------------------------------------------------------
     @staticmethod

@@ -109,6 +109,17 @@ class LeasedBuffer:
         _, _, request, lease = heapq.heappop(self._heap)
         return request, lease
 
+    def pop_least_loaded(self, load: Callable[[Request], int]) -> tuple[Request, Lease]:
+        """The best request of the download slot with the fewest active downloads (Scrapy's
+        ``DownloaderAwarePriorityQueue``): a scan of the buffer, which holds at most a prefetch."""
+        heap = self._heap
+        best = min(range(len(heap)), key=lambda i: (load(heap[i][2]), heap[i][0], heap[i][1]))
+        entry = heap[best]
+        heap[best] = heap[-1]
+        heap.pop()
+        heapq.heapify(heap)
+        return entry[2], entry[3]
+
     def best_score(self) -> float:
         """The score of the request :meth:`pop` returns next (``inf`` when empty)."""
         return self._heap[0][0] if self._heap else math.inf
@@ -189,13 +200,14 @@ class Ledger:
             self.first_pending = now
 
     # -- the engine's side ----------------------------------------------------------------------------
-    def hand_out(self) -> Request | None:
-        """The next request for the engine: a local one first, else the best leased one."""
+    def hand_out(self, load: Callable[[Request], int] | None = None) -> Request | None:
+        """The next request for the engine: a local one first, else the best leased one (with ``load``,
+        the best one of the least loaded download slot)."""
         if self.local:
             return self.local.popleft()
         if not self.ready:
             return None
-        request, lease = self.ready.pop()
+        request, lease = self.ready.pop() if load is None else self.ready.pop_least_loaded(load)
         self.handed[request] = lease
         return request
 

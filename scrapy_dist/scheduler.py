@@ -90,6 +90,9 @@ class SchedulerConfig:
     max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
     politeness: str = defaults.SCHEDULER_POLITENESS
     shards: int = defaults.SCHEDULER_SHARDS
+    #: ``SCHEDULER_PRIORITY_QUEUE = "scrapy.pqueues.DownloaderAwarePriorityQueue"``: hand out the best
+    #: request of the download slot with the fewest active downloads
+    downloader_aware: bool = False
 
     @classmethod
     def from_settings(cls, s: Any) -> SchedulerConfig:
@@ -118,6 +121,7 @@ class SchedulerConfig:
             max_entry_bytes=s.getint("SCHEDULER_MAX_ENTRY_BYTES", defaults.SCHEDULER_MAX_ENTRY_BYTES),
             politeness=politeness,
             shards=s.getint("SCHEDULER_SHARDS", defaults.SCHEDULER_SHARDS),
+            downloader_aware="DownloaderAwarePriorityQueue" in str(s.get("SCHEDULER_PRIORITY_QUEUE", "")),
         )
 
 
@@ -246,10 +250,12 @@ class Scheduler:
                 self.layout.delete(client)
                 logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
             self.layout.join(client, self._batched_df)
+            pending, remembered = self.layout.backlog(client)
         except ScrapyDistError as exc:  # e.g. a bloom filter written with another bit layout
             client.close()
             connection.abort_crawl(exc)
         client.close()
+        self._report_backlog(pending, remembered)
         self.redis = connection.get_async_redis(settings)
         self.frontiers = [
             Frontier(
@@ -355,7 +361,7 @@ class Scheduler:
             loop.wake()
             return None
         local = bool(ledger.local)
-        request = ledger.hand_out()
+        request = ledger.hand_out(self.engine.slot_load if self.config.downloader_aware else None)
         if request is None:
             self._wake()
             return None
@@ -426,6 +432,19 @@ class Scheduler:
         self.penalize_domain(domain, seconds)
 
     # -- helpers ---------------------------------------------------------------------------------------
+    def _report_backlog(self, pending: int, remembered: int) -> None:
+        """The line scrapy-redis users look for, and a warning when joining a crawl that has finished."""
+        if pending:
+            logger.info("Resuming crawl (%d requests scheduled)", pending)
+        elif remembered and self.config.persist:
+            logger.warning(
+                "The crawl %r has run before and finished: %d fingerprints are remembered"
+                " (SCHEDULER_PERSIST=True), so requests already seen then are skipped now. To start"
+                " afresh: -s SCHEDULER_FLUSH_ON_START=True for this run, or SCHEDULER_PERSIST=False so"
+                " that a finished crawl removes its keys.",
+                self.keys.spider, remembered,
+            )
+
     def _wake(self) -> None:
         if self.loop is not None:
             self.loop.wake()

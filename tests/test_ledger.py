@@ -257,3 +257,21 @@ def test_discovered_requests_that_outrank_every_leased_one_are_counted() -> None
     assert loop.due(0.01) == (True, 2)  # enough leased, but the two better ones are fetched back
     ledger.take_batches([2], renew=False)
     assert ledger.outranked() == 0 and ledger.best_out == float("inf")
+
+
+def test_downloader_aware_hand_out_serves_the_least_loaded_slot_first() -> None:
+    ledger = Ledger()
+    for member, score in ((b"a/1", -5.0), (b"a/2", -4.0), (b"b/1", 0.0), (b"c/1", -1.0)):
+        ledger.ready.push(score, _decode(0, member), (0, member))
+    active = {"a": 3, "b": 0, "c": 0}
+
+    def load(request: Request) -> int:
+        return active[request.url.rsplit("/", 2)[1]]
+
+    order = []
+    while (r := ledger.hand_out(load)) is not None:
+        slot = r.url.rsplit("/", 2)[1]
+        order.append(r.url.split("site.test/")[1])
+        active[slot] += 1
+    # c and b are idle: c's request first (better priority), then b's; then a's in priority order
+    assert order == ["c/1", "b/1", "a/1", "a/2"]

@@ -170,3 +170,45 @@ def test_a_callback_request_of_higher_priority_is_served_before_leased_ones(redi
         return order
 
     assert run(go()) == [6, 5, 4, 3, 2, 1] + [0] * 9
+
+
+async def _opened(redis_url: str, **settings: Any) -> Scheduler:
+    crawler = get_crawler(
+        _Spider, {"REDIS_URL": redis_url, "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
+                  "BLOOMFILTER_CAPACITY": 10_000, **settings},
+    )
+    crawler.spider = crawler._create_spider()
+    sched = Scheduler.from_crawler(crawler)
+    await sched.open_async(crawler.spider, start=False)
+    return sched
+
+
+def test_joining_a_crawl_says_what_it_resumes_or_that_it_has_finished(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def go() -> None:
+        first = await _opened(redis_url)
+        assert first.loop is not None
+        for i in range(3):
+            first.enqueue_request(Request(f"http://site.test/{i}"))
+        await first.loop.round(lease=0, renew=False)
+        await first.redis.aclose()
+        caplog.clear()
+        second = await _opened(redis_url)
+        assert "Resuming crawl (3 requests scheduled)" in caplog.text
+        assert second.loop is not None
+        await second.loop.round(lease=10, renew=False)
+        while second.next_request() is not None:
+            pass
+        second.loop.collect_finished(0.0)
+        await second.loop.round(lease=0, renew=False)
+        await second.redis.aclose()
+        caplog.clear()
+        third = await _opened(redis_url)
+        await third.redis.aclose()
+
+    with caplog.at_level(logging.INFO):
+        run(go())
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "has run before and finished: 3 fingerprints are remembered" in warning.getMessage()
+    assert "SCHEDULER_FLUSH_ON_START" in warning.getMessage()
