@@ -91,12 +91,16 @@ def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tup
     """``(capacity, error_rate, block_bits)`` as numbers, or :class:`BloomParameterError` naming the
     offending one (``names`` says how: settings by default, hash fields for recorded values)."""
     if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= MAX_CAPACITY:
-        raise BloomParameterError(f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}")
+        raise BloomParameterError(
+            f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}"
+        )
     if (
         isinstance(error_rate, bool) or not isinstance(error_rate, (int, float))
         or not math.isfinite(error_rate) or not MIN_ERROR_RATE <= error_rate < 1
     ):
-        raise BloomParameterError(f"{names[1]}={_show(error_rate)}: must be a number in [{MIN_ERROR_RATE}, 1)")
+        raise BloomParameterError(
+            f"{names[1]}={_show(error_rate)}: must be a number in [{MIN_ERROR_RATE}, 1)"
+        )
     if (
         isinstance(block_bits, bool) or not isinstance(block_bits, int)
         or not WINDOW_BITS <= block_bits <= MAX_BLOCK_BITS or block_bits % WINDOW_BITS

@@ -223,7 +223,9 @@ class BloomDupeFilter(RedisDupeFilter):
                 {k: v for k, v in zip(names, values, strict=True) if v is not None}, self.keys.bloom
             )
         except BloomParameterError as exc:
-            raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {way_out}") from None
+            raise BloomParameterError(
+                f"The bloom filter holds invalid parameters: {exc}; {way_out}"
+            ) from None
         if rec.hashing != HASHING:
             raise ScrapyDistError(
                 f"The bloom filter {self.keys.bloom!r} was written with bit-position scheme {rec.hashing},"

@@ -37,7 +37,9 @@ def _tokens(i: int) -> tuple[int, int]:
     return fingerprint_hashes(f"fp-{i}".encode())
 
 
-async def _sync(url: str, *batches: SyncBatch, df: Any = None, now: float | None = None, **kw: Any) -> list[Any]:
+async def _sync(
+    url: str, *batches: SyncBatch, df: Any = None, now: float | None = None, **kw: Any
+) -> list[Any]:
     client = redis.asyncio.Redis.from_url(url)
     try:
         f = Frontier(client, KEYS, "w1", df, **kw)
@@ -62,8 +64,8 @@ def test_lua_reads_the_layout_python_encodes() -> None:
     key_attrs = [k.replace("queue_rejected", "rejected").replace("queue_tails", "tails") for k in SYNC_KEYS]
     assert lua_list["SYNC_KEYS"] == key_attrs
     assert lua_list["SYNC_HEAD"] == list(SYNC_HEAD)
-    sections = re.findall(r"\{'(\w+)', (\d), (\d)\}", re.search(r"local SYNC_SECTIONS = \{(.*?)\}\n", src, re.S)
-                          .group(1))
+    body = re.search(r"local SYNC_SECTIONS = \{(.*?)\}\n", src, re.S).group(1)
+    sections = re.findall(r"\{'(\w+)', (\d), (\d)\}", body)
     assert [(n, int(w), int(p)) for n, w, p in sections] == [
         (s.name, len(s.fields), len(s.polite_fields)) for s in SYNC_SECTIONS
     ]
@@ -84,7 +86,9 @@ def test_a_million_record_chunk_is_rejected_whole_as_one_record(redis_url: str, 
     assert rec["raw_encoding"] == "hex" and bytes.fromhex(rec["raw"]) == chunk[:64]
 
 
-def test_an_oversized_single_and_truncated_chunk_are_rejected_in_redis(redis_url: str, redis_client: Any) -> None:
+def test_an_oversized_single_and_truncated_chunk_are_rejected_in_redis(
+    redis_url: str, redis_client: Any
+) -> None:
     redis_client.zadd(KEYS.queue, {
         b"\0\0\0\0\0\x01\x01" + b"x" * 5000: 0,  # a single larger than max_entry_bytes
         b"\0\0\0\0\0\x02\0\x00\x10\0\0\0\0\0\x02ab": 1,  # a chunk whose record runs past its end
