@@ -33,7 +33,7 @@ def test_bloom_record_decoder_only_refuses(fields: dict[Any, Any]) -> None:
         msg = str(exc)
         assert "\n" not in msg and "{s}:bloom" in msg and len(msg) < 300
         return
-    assert 1 <= rec.capacity and 0 < rec.error_rate < 1 and 0 <= rec.n <= rec.capacity * MAX_OVERSHOOT
+    assert rec.capacity >= 1 and 0 < rec.error_rate < 1 and 0 <= rec.n <= rec.capacity * MAX_OVERSHOOT
 
 
 @FUZZ

@@ -13,7 +13,8 @@ from scrapy_dist import scripts
 
 def test_idle_overwrites_a_garbage_close_at(redis_client: Any) -> None:
     redis_client.hset("c", mapping={"close": "finished", "close_at": "\x1b[2Jsoon"})
-    decided, reason, _ = scripts.register(redis_client, "idle")(keys=["q", "l", "d", "c"], args=["finished", 100])
+    idle = scripts.register(redis_client, "idle")
+    decided, reason, _ = idle(keys=["q", "l", "d", "c"], args=["finished", 100])
     assert decided == 1 and reason == b"finished"
     assert float(redis_client.hget("c", "close_at")) > 100
 
