@@ -13,7 +13,7 @@ from scrapy_dist.exceptions import FrontierScriptError
 from scrapy_dist.frontier import SYNC_RESULT, SyncResult, decode_sync_result
 
 FIELDS = ["capacity", "error_rate", "block_bits", "n", "hashing", "filters"]
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 numbers_as_text = st.one_of(
     st.integers(min_value=-(10**30), max_value=10**30).map(str),
