@@ -244,3 +244,18 @@ def test_the_scripts_refuse_a_garbage_count_themselves(redis_url: str, redis_cli
     with pytest.raises(BloomParameterError):
         df.seen_tokens([(t1, t2)])
     assert redis_client.zcard(KEYS.queue) == 0 and redis_client.get(KEYS.seq) is None
+
+
+def test_an_oversized_member_is_rejected_with_crawl_wide_politeness(
+    redis_url: str, redis_client: Any
+) -> None:
+    entry = ("", "", 0, b"\x01ok", "a.example", "0 2 0")
+    run(_sync(redis_url, SyncBatch(enqueue=[entry]), politeness="cluster"))
+    big = b"a.example\0" + b"0" * 11 + b"\0\0\0\0\0\x01" + b"\x01" + b"x" * 5000  # sorts first
+    redis_client.zadd(KEYS.queue, {big: 0})
+    redis_client.hincrby(KEYS.domain_info, "b:a.example", 1)
+    (res,) = run(_sync(redis_url, SyncBatch(lease=5), politeness="cluster", max_entry_bytes=1000))
+    assert [m.endswith(b"\x01ok") for m, _ in res.leased] == [True] and res.rejected == 1
+    assert json.loads(redis_client.lindex(KEYS.queue_rejected, 0))["reason"] == "entry_too_large"
+    assert redis_client.hget(KEYS.domain_info, "i:a.example") == b"1"  # one slot taken, not two
+    assert redis_client.zcard(KEYS.queue) == 0

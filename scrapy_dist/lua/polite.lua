@@ -89,6 +89,8 @@ local function pol_flush(domains_key, info_key, now)
 end
 
 -- Lease up to n requests from domains that may be fetched now; returns a flat list member, score.
+-- on_lease(m) takes a member out of the queue into a lease and returns true, or returns false when it
+-- refused the member (rejected it: it leaves the queue without taking a slot).
 local function pol_lease(queue_key, domains_key, info_key, n, now, on_lease)
   local out = {}
   local got = 0
@@ -105,17 +107,20 @@ local function pol_lease(queue_key, domains_key, info_key, n, now, on_lease)
     if delay > 0 then can = math.min(can, 1) end
     if can > 0 then
       local ms = redis.call('ZRANGEBYLEX', queue_key, '[' .. dom .. '\0', '(' .. dom .. '\1', 'LIMIT', 0, can)
+      local taken = 0
       for _, m in ipairs(ms) do
         redis.call('ZREM', queue_key, m)
-        on_lease(m)
-        out[#out + 1] = m; out[#out + 1] = '0'
-        got = got + 1
+        if on_lease(m) then
+          out[#out + 1] = m; out[#out + 1] = '0'
+          got = got + 1
+          taken = taken + 1
+        end
       end
       if #ms == 0 then
         redis.call('HSET', info_key, 'b:' .. dom, 0)  -- heal a drifted counter rather than spin on it
       else
-        pol_count(info_key, dom, -#ms, #ms)
-        if delay > 0 then pol_push_next(info_key, dom, now + delay + pol_jitter(delay, jitter)) end
+        pol_count(info_key, dom, -#ms, taken)
+        if delay > 0 and taken > 0 then pol_push_next(info_key, dom, now + delay + pol_jitter(delay, jitter)) end
       end
     end
     pol.touched[dom] = true

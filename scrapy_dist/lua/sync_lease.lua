@@ -25,7 +25,17 @@ local function sync_lease(S)
   if n_lease <= 0 then return leased end
   if S.polite then
     pol_flush(K.domains, K.domain_info, S.now)
-    return pol_lease(K.queue, K.domains, K.domain_info, n_lease, S.now, function(m) sync_take(S, m, '0') end)
+    -- a member is <domain>\0<11-digit priority key><seq><payload>: bound it like a single (+ its domain)
+    local limit = S.max_entry + 6 + 12 + 1024
+    return pol_lease(K.queue, K.domains, K.domain_info, n_lease, S.now, function(m)
+      if #m > limit then
+        S.queued_delta = S.queued_delta - 1
+        sync_reject_member(S, m, 'entry_too_large')
+        return false
+      end
+      sync_take(S, m, '0')
+      return true
+    end)
   end
   local got, tries = 0, 0
   while got < n_lease and tries < n_lease + 64 do
