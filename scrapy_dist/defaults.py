@@ -43,6 +43,10 @@ SCHEDULER_IDLE_POLL: float = 0.25
 SCHEDULER_ALLOWED_SCHEMES: list[str] = ["http", "https"]
 #: Largest encoded request accepted from the queue (bytes).
 SCHEDULER_MAX_ENTRY_BYTES: int = 1024 * 1024
+#: Newest rejection records kept in ``{spider}:queue:rejected`` (LTRIM by the sync script; 0 = no cap).
+SCHEDULER_REJECTED_MAXLEN: int = 100_000
+#: Newest dead letters kept in ``{spider}:deadletter`` (LTRIM by the sync script; 0 = no cap).
+DEADLETTER_MAXLEN: int = 1_000_000
 SCHEDULER_SHARDS: int = 1
 #: "process": Scrapy's per-process DOWNLOAD_DELAY / CONCURRENT_REQUESTS_PER_DOMAIN; "cluster": crawl-wide
 SCHEDULER_POLITENESS: str = "process"

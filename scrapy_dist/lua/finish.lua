@@ -8,10 +8,10 @@
 -- Returns 1 if the keys were deleted, 0 otherwise.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+-- read before the first write (a key of the wrong type fails here, with nothing written)
+local busy = redis.call('ZCARD', KEYS[2]) > 0 or redis.call('ZCARD', KEYS[3]) > 0 or redis.call('ZCARD', KEYS[4]) > 0
 redis.call('ZREM', KEYS[1], ARGV[1])
-if redis.call('ZCARD', KEYS[2]) > 0 or redis.call('ZCARD', KEYS[3]) > 0 or redis.call('ZCARD', KEYS[4]) > 0 then
-  return 0
-end
+if busy then return 0 end
 if redis.call('ZCOUNT', KEYS[1], now - tonumber(ARGV[3]), '+inf') > 0 then
   return 0
 end
