@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist import scripts
@@ -166,7 +165,7 @@ class CrawlLayout:
         first = [keys.workers, keys.queue, keys.leases, keys.delayed]
         deleted = await script(
             keys=first + [k for k in self.key_names(*layouts[0]) if k not in first],
-            args=[worker_id, repr(time.time()), repr(lease_seconds)],
+            args=[worker_id, repr(lease_seconds)],
         )
         if deleted:
             for shard_keys, df in layouts[1:]:
