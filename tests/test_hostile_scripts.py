@@ -47,7 +47,7 @@ def test_finish_writes_nothing_when_a_key_has_the_wrong_type(redis_client: Any) 
     redis_client.zadd("workers", {"w1": 1e12})
     redis_client.set("queue", "a string")
     with pytest.raises(redis.ResponseError):
-        scripts.register(redis_client, "finish")(keys=["workers", "queue", "l", "d"], args=["w1", "", 60])
+        scripts.register(redis_client, "finish")(keys=["workers", "queue", "l", "d"], args=["w1", 60])
     assert redis_client.zscore("workers", "w1") == 1e12
 
 
