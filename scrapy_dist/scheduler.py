@@ -32,7 +32,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist import _engine, connection, defaults, queue
-from scrapy_dist.codec import decode_request, encode_request
+from scrapy_dist.codec import decode_request, encode_request, entry_policy
 from scrapy_dist.dupefilter import RedisDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import Frontier
@@ -324,7 +324,7 @@ class Scheduler:
             self.df.log(request, self.spider)
             return False
         try:
-            payload = encode_request(request, self.spider)
+            payload = encode_request(request, self.spider, entry_policy(self.crawler))
         except UnserializableRequest as exc:
             self._unserializable(request, exc)
             payload = b""
@@ -382,7 +382,7 @@ class Scheduler:
         """Put ``request`` in the crawl's delayed set until ``not_before`` (unix time); any worker takes it
         then. Batched: written in the next sync, atomically with the ack of the request that failed."""
         try:
-            payload = encode_request(request, self.spider)
+            payload = encode_request(request, self.spider, entry_policy(self.crawler))
         except UnserializableRequest as exc:
             self._unserializable(request, exc)
             return False
@@ -458,9 +458,8 @@ class Scheduler:
     def _decode(self, shard: int, member: bytes) -> Request:
         """A leased member as a request (raises RejectedEntry, or anything: the ledger rejects it)."""
         assert self.spider is not None
-        cfg = self.config
         payload = self.frontiers[shard].payload_of(member)
-        return decode_request(payload, self.spider, cfg.allowed_schemes, cfg.max_entry_bytes)
+        return decode_request(payload, self.spider, entry_policy(self.crawler))
 
     def _applied(self, applied: Applied, result: SyncResult) -> None:
         """Stats and logs of one shard's answer."""
