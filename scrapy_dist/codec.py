@@ -310,11 +310,21 @@ def _framework_module(module: Any) -> bool:
     return not isinstance(module, str) or module.split(".", 1)[0] in ("scrapy", "scrapy_dist")
 
 
+#: Scrapy's hooks and spider plumbing: never a callback, even where the spider's own code overrides them
+HOOK_NAMES = frozenset({
+    "start", "start_requests", "closed", "close", "log", "make_request_from_data", "from_crawler",
+    "update_settings", "handles_request", "set_crawler", "make_requests_from_url", "parse_start_url",
+    "process_results", "process_start", "process_start_requests", "spider_opened", "spider_idle",
+    "spider_closed", "has_callback",
+})
+
+
 def user_defined(cls: type, name: str) -> bool:
     """Whether ``name`` is a plain function defined by a class of the user's, not by Scrapy or
     scrapy-dist: ``start``, ``log``, ``make_request_from_data``, ``closed``, ``Spider.parse`` (which only
-    raises) are methods of every spider, but no entry read from Redis has any business calling them."""
-    if not isinstance(name, str) or name.startswith("_") or not name.isidentifier():
+    raises) are methods of every spider, but no entry read from Redis has any business calling them --
+    nor the hooks of :data:`HOOK_NAMES` where the spider's code overrides them."""
+    if not isinstance(name, str) or name.startswith("_") or not name.isidentifier() or name in HOOK_NAMES:
         return False
     for klass in cls.__mro__:
         if name in vars(klass):
