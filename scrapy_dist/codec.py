@@ -178,7 +178,7 @@ class EntryPolicy:
             max_bytes=settings.getint("SCHEDULER_MAX_ENTRY_BYTES", defaults.SCHEDULER_MAX_ENTRY_BYTES),
             meta_allowed=tuple(settings.getlist("SEEDS_META_ALLOWED", defaults.SEEDS_META_ALLOWED)),
             headers_allowed=tuple(settings.getlist("SEEDS_HEADERS_ALLOWED", defaults.SEEDS_HEADERS_ALLOWED)),
-            secret=secret.encode("utf-8") if isinstance(secret, str) else secret,
+            secret=secret if isinstance(secret, (bytes, type(None))) else str(secret).encode("utf-8"),
         )
 
     def tag(self, body: bytes) -> bytes:

@@ -439,3 +439,15 @@ def test_denied_networks_are_not_requested(tmp_path: Path, redis_url: str, site_
     assert project.stats(0)["deny_networks/refused"] == 2
     reasons = [parse_record(r).reason for r in client.lrange(CrawlKeys("open").deadletter, 0, -1)]
     assert reasons == ["denied_network", "denied_network"]
+
+
+def test_the_secret_comes_from_settings_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scrapy.settings import Settings
+
+    monkeypatch.delenv("SCRAPY_DIST_SECRET", raising=False)
+    assert EntryPolicy.from_settings(Settings()).secret is None
+    assert EntryPolicy.from_settings(Settings({"SCHEDULER_ENTRY_SECRET": 12345})).secret == b"12345"
+    monkeypatch.setenv("SCRAPY_DIST_SECRET", SECRET)
+    policy = EntryPolicy.from_settings(Settings())
+    assert policy.secret == SECRET.encode()
+    assert policy.verify(encode_request(scrapy.Request("https://example.com/"), None, policy))
