@@ -36,10 +36,12 @@ EXTENSIONS = {
     "scrapy_dist.extensions.ErrorMonitor": 500,
 }
 #: Downloader middlewares added with their order, unless the user's DOWNLOADER_MIDDLEWARES mentions them:
-#: first in the chain, so credentials are remembered as scheduled and denied networks refused before any work.
+#: first in the chain, so credentials are remembered as scheduled and denied networks refused before any work;
+#: last, to learn which credential values the middlewares added.
 DOWNLOADER_MIDDLEWARES = {
     "scrapy_dist.middlewares.credentials.ScheduledHeadersMiddleware": 10,
     "scrapy_dist.middlewares.networks.DenyNetworksMiddleware": 20,
+    "scrapy_dist.middlewares.credentials.AddedCredentialsMiddleware": 990,
 }
 #: (setting, Scrapy's component, ours, our order): ours replaces Scrapy's when its module is available.
 SWAPS = (

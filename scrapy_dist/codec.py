@@ -59,6 +59,7 @@ from scrapy.http import Headers
 from scrapy.spiders import CrawlSpider
 
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
+from scrapy_dist.middlewares.credentials import added_by_middleware
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -257,7 +258,14 @@ def encode_request(
     if request.method != "GET":
         d["m"] = request.method
     if request.headers:
-        d["h"] = [[bytes(k), [bytes(v) for v in vs]] for k, vs in request.headers.items()]
+        # credential values a downloader middleware added (a same-site redirect copies them) stay out
+        headers = [
+            [bytes(k), [bytes(v) for v in vs if not added_by_middleware(k, v)]]
+            for k, vs in request.headers.items()
+        ]
+        headers = [pair for pair in headers if pair[1]]
+        if headers:
+            d["h"] = headers
     if request.body:
         d["b"] = request.body
     if request.cookies:

@@ -60,13 +60,10 @@ class SeededSpider(RedisSpider):
 
 
 class CredsSpider(scrapy.Spider):
-    """HttpAuthMiddleware adds Authorization to every request, AddSession a Cookie: neither may reach
-    Redis; the Authorization the spider sets itself may."""
+    """HttpAuthMiddleware (HTTPAUTH_* settings) adds Authorization to every request, AddSession a Cookie:
+    neither may reach Redis; the Authorization the spider sets itself may."""
 
     name = "creds"
-    http_user = "user"
-    http_pass = "MIDDLEWARE-PASSWORD"
-    http_auth_domain = None
 
     async def start(self):
         base = self.base
@@ -396,6 +393,9 @@ def test_credentials_added_by_middlewares_never_reach_redis(
             "RETRY_TIMES": 2,
             "RETRY_BACKOFF_BASE": 0.05,
             "RETRY_BACKOFF_MAX": 0.1,
+            "HTTPAUTH_USER": "user",
+            "HTTPAUTH_PASS": "MIDDLEWARE-PASSWORD",
+            "HTTPAUTH_DOMAIN": "127.0.0.1",
             "DOWNLOADER_MIDDLEWARES": {"proj.spiders.test_spiders.AddSession": 700},
         },
         spiders=SPIDERS,
@@ -451,3 +451,37 @@ def test_the_secret_comes_from_settings_or_the_environment(monkeypatch: pytest.M
     policy = EntryPolicy.from_settings(Settings())
     assert policy.secret == SECRET.encode()
     assert policy.verify(encode_request(scrapy.Request("https://example.com/"), None, policy))
+
+
+def test_same_site_redirects_do_not_carry_middleware_credentials_into_the_queue() -> None:
+    """RedirectMiddleware copies Cookie and Authorization into a same-site redirect, a new request that
+    goes to {spider}:queue; the values the middlewares added are left out of its payload."""
+    from scrapy.downloadermiddlewares.httpauth import HttpAuthMiddleware
+    from scrapy.downloadermiddlewares.redirect import RedirectMiddleware
+    from scrapy.http import Response
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_dist.middlewares.credentials import AddedCredentialsMiddleware, ScheduledHeadersMiddleware
+
+    crawler = get_crawler(
+        _Spider,
+        {"HTTPAUTH_USER": "u", "HTTPAUTH_PASS": "REDIRECT-PASSWORD", "HTTPAUTH_DOMAIN": "example.com"},
+    )
+    spider = _Spider()
+    auth = HttpAuthMiddleware.from_crawler(crawler)
+    redirect = RedirectMiddleware.from_crawler(crawler)
+    first, last = ScheduledHeadersMiddleware(), AddedCredentialsMiddleware()
+    own = scrapy.Request("https://example.com/own", headers={"Authorization": "Bearer OWN-TOKEN"})
+    plain = scrapy.Request("https://example.com/a")
+    for request in (own, plain):
+        first.process_request(request)
+        auth.process_request(request)
+        request.headers["Cookie"] = "jar=REDIRECT-COOKIE"  # as CookiesMiddleware would
+        last.process_request(request)
+    for request, kept in ((plain, []), (own, [b"Bearer OWN-TOKEN"])):
+        response = Response(request.url, status=302, headers={"Location": "/b"}, request=request)
+        moved = redirect.process_response(request, response)
+        assert isinstance(moved, scrapy.Request) and b"Authorization" in moved.headers  # Scrapy keeps them
+        headers = {k.lower(): v for k, v in load_payload(encode_request(moved, spider)).get("h", [])}
+        assert b"cookie" not in headers
+        assert headers.get(b"authorization", []) == kept

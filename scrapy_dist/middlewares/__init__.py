@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from scrapy_dist.middlewares.cookies import SharedCookiesMiddleware
-    from scrapy_dist.middlewares.credentials import ScheduledHeadersMiddleware
+    from scrapy_dist.middlewares.credentials import AddedCredentialsMiddleware, ScheduledHeadersMiddleware
     from scrapy_dist.middlewares.httperror import HttpErrorMiddleware
     from scrapy_dist.middlewares.networks import DenyNetworksMiddleware
     from scrapy_dist.middlewares.retry import RetryMiddleware, RetryScheduled
@@ -20,6 +20,7 @@ _EXPORTS = {
     "RetryScheduled": "retry",
     "HttpErrorMiddleware": "httperror",
     "ScheduledHeadersMiddleware": "credentials",
+    "AddedCredentialsMiddleware": "credentials",
     "DenyNetworksMiddleware": "networks",
 }
 
@@ -30,6 +31,7 @@ __all__ = [
     "RetryScheduled",
     "HttpErrorMiddleware",
     "ScheduledHeadersMiddleware",
+    "AddedCredentialsMiddleware",
     "DenyNetworksMiddleware",
 ]
 
