@@ -33,7 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from scrapy_dist.codec import VERSION, check_url, encode_request, load_payload
+from scrapy_dist.codec import (
+    DEFAULT_POLICY,
+    VERSION_SIGNED,
+    EntryPolicy,
+    check_url,
+    encode_request,
+    load_payload,
+    split_payload,
+)
 from scrapy_dist.exceptions import RejectedEntry
 
 if TYPE_CHECKING:
@@ -58,16 +66,21 @@ def dead_letter_record(
     detail: str = "",
     attempts: int | None = None,
     now: float | None = None,
+    policy: EntryPolicy | None = None,
 ) -> str:
-    """The JSON record for ``request``; ``attempts`` defaults to ``meta["retry_times"] + 1``.
+    """The JSON record for ``request``; ``attempts`` defaults to ``meta["retry_times"] + 1``. The request
+    is recorded as scheduled: credential headers a downloader middleware added are left out
+    (:func:`scrapy_dist.middlewares.credentials.as_scheduled`); ``policy`` signs the payload.
 
     A request that cannot be encoded (see :class:`~scrapy_dist.exceptions.UnserializableRequest`) is
     still recorded, with ``"request": null``, so an audit lists it.
     """
     from scrapy_dist.exceptions import UnserializableRequest
+    from scrapy_dist.middlewares.credentials import as_scheduled
 
     try:
-        payload: str | None = base64.b64encode(encode_request(request, spider)).decode("ascii")
+        encoded = encode_request(as_scheduled(request), spider, policy)
+        payload: str | None = base64.b64encode(encoded).decode("ascii")
     except UnserializableRequest:
         payload = None
     if attempts is None:
@@ -156,23 +169,31 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
 
 
 def requeue_payload(
-    payload: bytes, allowed_schemes: tuple[str, ...] = ("http", "https"), max_bytes: int = 1024 * 1024
+    payload: bytes,
+    allowed_schemes: tuple[str, ...] = ("http", "https"),
+    max_bytes: int = 1024 * 1024,
+    policy: EntryPolicy = DEFAULT_POLICY,
 ) -> tuple[bytes, int]:
     """A dead letter's payload made ready to enqueue again: retry counter removed (a fresh set of
     attempts), URL checked. Returns ``(payload, priority)``; raises :class:`RejectedEntry`.
+
+    The new payload is signed only if ``policy`` has a secret and the record's own tag verifies with it:
+    a record someone else wrote stays unauthenticated, so workers hold it to the rules for seeds.
 
     The payload is checked again by whichever worker leases it (:func:`scrapy_dist.codec.decode_request`),
     so this only needs to understand the map well enough to edit ``meta``.
     """
     d = load_payload(payload, max_bytes)
     check_url(d.get("u"), allowed_schemes)
+    signed = split_payload(payload, max_bytes)[0] == VERSION_SIGNED and policy.verify(payload)
     meta = d.get("M")
     if isinstance(meta, dict):
         meta.pop("retry_times", None)
         if not meta:
             del d["M"]
     priority = _int(d.get("p"), 0)
-    return bytes([VERSION]) + msgpack.packb(d, use_bin_type=True), priority
+    body = msgpack.packb(d, use_bin_type=True)
+    return (policy.seal(body) if signed else DEFAULT_POLICY.seal(body)), priority
 
 
 def reason_matches(reason: str, wanted: str) -> bool:

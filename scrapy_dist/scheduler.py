@@ -32,7 +32,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist import _engine, connection, defaults, queue
-from scrapy_dist.codec import decode_request, encode_request
+from scrapy_dist.codec import EntryPolicy, decode_request, encode_request, entry_policy
 from scrapy_dist.dupefilter import RedisDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import Frontier
@@ -148,8 +148,11 @@ class Scheduler:
         domain_limits: DomainLimits | None = None,
         worker_id: str | None = None,
         outage: Outage | None = None,
+        policy: EntryPolicy | None = None,
     ) -> None:
         self.config = cfg = config or SchedulerConfig()
+        #: what entries read from the queue must satisfy, and the secret signing what this worker writes
+        self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
         self.df = dupefilter
         self.keys = keys
         self.redis_settings = redis_settings
@@ -192,6 +195,7 @@ class Scheduler:
             engine=_engine.EngineView(crawler),
             fingerprinter=crawler.request_fingerprinter,
             domain_limits=DomainLimits.from_settings(s) if config.politeness == "cluster" else None,
+            policy=entry_policy(crawler),
         )
         if config.politeness == "cluster":
             from scrapy import signals
@@ -324,7 +328,7 @@ class Scheduler:
             self.df.log(request, self.spider)
             return False
         try:
-            payload = encode_request(request, self.spider)
+            payload = encode_request(request, self.spider, self.policy)
         except UnserializableRequest as exc:
             self._unserializable(request, exc)
             payload = b""
@@ -382,7 +386,7 @@ class Scheduler:
         """Put ``request`` in the crawl's delayed set until ``not_before`` (unix time); any worker takes it
         then. Batched: written in the next sync, atomically with the ack of the request that failed."""
         try:
-            payload = encode_request(request, self.spider)
+            payload = encode_request(request, self.spider, self.policy)
         except UnserializableRequest as exc:
             self._unserializable(request, exc)
             return False
@@ -458,9 +462,8 @@ class Scheduler:
     def _decode(self, shard: int, member: bytes) -> Request:
         """A leased member as a request (raises RejectedEntry, or anything: the ledger rejects it)."""
         assert self.spider is not None
-        cfg = self.config
         payload = self.frontiers[shard].payload_of(member)
-        return decode_request(payload, self.spider, cfg.allowed_schemes, cfg.max_entry_bytes)
+        return decode_request(payload, self.spider, self.policy)
 
     def _applied(self, applied: Applied, result: SyncResult) -> None:
         """Stats and logs of one shard's answer."""

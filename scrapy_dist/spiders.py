@@ -39,6 +39,7 @@ from scrapy import Request, Spider, signals
 from scrapy.spiders import CrawlSpider
 
 from scrapy_dist import _engine, connection, defaults, scripts
+from scrapy_dist.codec import check_offsite
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.keys import CrawlKeys, crawl_keys
 from scrapy_dist.rejections import RateLimitedLog, rejection_record
@@ -492,6 +493,7 @@ class SeedFeed:
                     "bad_hook_result", f"make_request_from_data returned a {type(request).__name__}"
                 )
             validate_url(request.url, self.rules)
+            check_offsite(request.url, self.spider)  # dont_filter must not get a seed past allowed_domains
             if score is not None and not request.priority:
                 request = request.replace(priority=priority_from_score(score))
             return request

@@ -55,8 +55,10 @@ from scrapy.utils.python import global_object_name
 from scrapy.utils.response import response_status_message
 
 from scrapy_dist import defaults
+from scrapy_dist.codec import entry_policy
 from scrapy_dist.deadletter import dead_letter_record
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.middlewares.credentials import as_scheduled
 from scrapy_dist.retrytiming import retry_delay
 from scrapy_dist.scheduler import get_scheduler
 
@@ -127,6 +129,7 @@ class DeadLetterWriter:
             status=status,
             detail=detail,
             attempts=attempts,
+            policy=entry_policy(self.crawler),
         )
         scheduler.dead_letter(record)
         _dead_lettered.add(request)
@@ -277,7 +280,9 @@ class RetryMiddleware:
             now=now,
             rng=self.rng,
         )
-        if not scheduler.delay_request(new, not_before=now + delay, reason=dead_reason):
+        # persisted as scheduled: no Authorization/Cookie a downloader middleware added goes to Redis
+        persisted = as_scheduled(new, request)
+        if not scheduler.delay_request(persisted, not_before=now + delay, reason=dead_reason):
             return new  # cannot go to Redis (logged by the scheduler): retried at once, here
         assert self.crawler.stats is not None
         self.crawler.stats.inc_value("retry/delayed")
