@@ -200,7 +200,7 @@ class LoopGuard:
             )
         else:
             self.errors.log(
-                logging.ERROR, "The %s failed (%s); retrying", self.component, describe(exc),
+                logging.ERROR, "The %s failed (%s)", self.component, describe(exc),
                 key=type(exc).__name__, now=now, exc_info=exc,
             )
         return self.backoff.failed()
