@@ -57,6 +57,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--junk", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--versioned", action="store_true", help="log the junk as changes too"
+    )
     args = parser.parse_args()
     server = RedisProcess().start()
     try:
@@ -64,12 +67,15 @@ def main() -> None:
         jar = KEYS.cookie_jar("default")
         good = {"name": "ok", "value": "1", "domain": "shop.example", "path": "/"}
         for changing in (False, True):
-            client.delete(jar)
+            client.delete(jar, KEYS.cookie_changes("default"))
             client.hset(jar, '["shop.example","/","ok"]', json.dumps(good))
+            client.zadd(KEYS.cookie_changes("default"), {'["shop.example","/","ok"]': 1})
             clean = asyncio.run(rate(server.url, args.seconds, changing))
             pipe = client.pipeline(transaction=False)
             for i in range(args.junk):
                 pipe.hset(jar, f"junk{i}", '{"name": 5, "domain": "x", "path": "/"}')
+                if args.versioned:
+                    pipe.zadd(KEYS.cookie_changes("default"), {f"junk{i}": 10 + i})
             pipe.execute()
             junk = asyncio.run(rate(server.url, args.seconds, changing))
             label = "a cookie changes every second" if changing else "no cookie changes"
