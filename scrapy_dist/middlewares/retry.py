@@ -57,6 +57,7 @@ from scrapy.utils.response import response_status_message
 from scrapy_dist import defaults
 from scrapy_dist.deadletter import dead_letter_record, retry_delay
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.scheduler import get_scheduler
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class DeadLetterWriter:
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
-        self._warned = False
+        self._no_frontier_log = RateLimitedLog.once(logger)
 
     def write(
         self,
@@ -108,13 +109,12 @@ class DeadLetterWriter:
             return False
         scheduler = get_scheduler(self.crawler)
         if scheduler is None:
-            if not self._warned:
-                self._warned = True
-                logger.warning(
-                    "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
-                    " SCHEDULER = 'scrapy_dist.scheduler.Scheduler'. Further ones are not reported.",
-                    {"request": request, "reason": reason},
-                )
+            self._no_frontier_log.log(
+                logging.WARNING,
+                "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
+                " SCHEDULER = 'scrapy_dist.scheduler.Scheduler'. Further ones are not reported.",
+                {"request": request, "reason": reason},
+            )
             return False
         record = dead_letter_record(
             request,
