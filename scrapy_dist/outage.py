@@ -110,6 +110,8 @@ class Outage:
         #: failed calls during the current outage
         self.failures = 0
         self._failing: dict[str, float] = {}
+        #: components that failed during the current outage, in the order they noticed it
+        self._noticed: dict[str, None] = {}
 
     @classmethod
     def for_crawler(cls, crawler: Any) -> Outage:
@@ -129,6 +131,7 @@ class Outage:
         """``component`` could not reach Redis (``exc`` is an outage error); returns whether this call
         started the outage (and logged its one WARNING). ``detail`` is appended to that warning."""
         self._failing[component] = now
+        self._noticed.setdefault(component)
         self.failures += 1
         if self.since is not None:
             return False
@@ -149,12 +152,13 @@ class Outage:
         if any(now - last < self.stale for last in self._failing.values()):
             return False
         self.log.info(
-            "Redis is reachable again after %.1fs (%d failed calls meanwhile); the crawl continues",
-            max(0.0, now - self.since), self.failures,
+            "Redis is reachable again after %.1fs (%d failed calls of the %s); the crawl continues",
+            max(0.0, now - self.since), self.failures, ", ".join(self._noticed),
         )
         self.since = None
         self.failures = 0
         self._failing.clear()
+        self._noticed.clear()
         return True
 
     def guard(

@@ -95,7 +95,10 @@ def test_an_outage_seen_by_every_component_is_one_warning_and_one_info(
     assert len(warnings) == 1, warnings
     assert "Redis is unreachable (ConnectionError: Error 111" in warnings[0]
     assert "noticed by the frontier" in warnings[0]
-    assert infos == ["Redis is reachable again after 12.5s (50 failed calls meanwhile); the crawl continues"]
+    assert infos == [
+        "Redis is reachable again after 12.5s (50 failed calls of the frontier, seed reader, idle monitor,"
+        " item pipeline, crawl-wide stats); the crawl continues"
+    ]
     assert not outage.down and outage.count == 1
 
 
@@ -117,7 +120,8 @@ def test_the_outage_is_over_only_once_every_failing_component_got_through(
     assert not outage.down
     assert len(records(caplog, logging.WARNING)) == 1
     assert records(caplog, logging.INFO) == [
-        "Redis is reachable again after 8.0s (3 failed calls meanwhile); the crawl continues"
+        "Redis is reachable again after 8.0s (3 failed calls of the seed reader, item pipeline); the crawl"
+        " continues"
     ]
 
 
