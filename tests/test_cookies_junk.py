@@ -140,3 +140,29 @@ def test_a_reader_ahead_of_the_jar_starts_afresh_when_the_keys_were_recreated(
         await b.spider_closed()
 
     run(scenario())
+
+
+def test_the_cookie_scripts_run_on_a_cluster(cluster: Any) -> None:
+    """Every key of a jar carries the crawl's hash tag: the read and write scripts run on Redis Cluster."""
+    from scrapy_dist.connection import get_async_redis
+
+    cluster.flushall()
+    clock = Clock()
+
+    async def scenario() -> None:
+        def on_cluster() -> SharedCookiesMiddleware:
+            return SharedCookiesMiddleware(
+                get_async_redis({"REDIS_URL": cluster.url}), KEYS, stats=get_crawler().stats,
+                flush_interval=0.001, monotonic=clock,
+            )
+
+        a, b = on_cluster(), on_cluster()
+        await fetch(a, "/login", ["session=abc; Path=/"])
+        assert await fetch(b, "/") == "session=abc"
+        await fetch(a, "/logout", ["session=; Path=/; Expires=Thu, 01 Jan 1970 00:00:00 GMT"])
+        clock.t += 1.5
+        assert await fetch(b, "/") == ""
+        await a.spider_closed()
+        await b.spider_closed()
+
+    run(scenario())

@@ -40,7 +40,7 @@ from scrapy.utils.misc import load_object
 
 from scrapy_dist import defaults, scripts
 from scrapy_dist.batchwriter import BatchWriter
-from scrapy_dist.connection import get_async_redis
+from scrapy_dist.connection import get_async_redis, is_cluster
 from scrapy_dist.keys import crawl_keys
 from scrapy_dist.outage import Backoff, Outage
 from scrapy_dist.ratelimit import RateLimitedLog
@@ -429,19 +429,25 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         for name, field, record in ops:
             by_jar.setdefault(name, {})[field] = record  # the last change of a cookie wins
         now = repr(self._wallclock())
-        async with self.server.pipeline(transaction=False) as pipe:
-            for name, fields in by_jar.items():
-                sets = [(f, r) for f, r in fields.items() if r is not None]
-                deletes = [f for f, r in fields.items() if r is None]
-                args: list[str] = [name, now, str(len(sets))]
-                for f, r in sets:
-                    args += [f, r]
-                args += deletes
-                keys = [self.keys.cookie_jar(name), self.keys.cookie_changes(name), self.keys.cookies]
-                queued = self._write_script(keys=keys, args=args, client=pipe)
-                if inspect.iscoroutine(queued):  # redis.asyncio queues the call when awaited
-                    await queued
-            await pipe.execute()
+        calls: list[tuple[list[str], list[str]]] = []
+        for name, fields in by_jar.items():
+            sets = [(f, r) for f, r in fields.items() if r is not None]
+            args: list[str] = [name, now, str(len(sets))]
+            for f, r in sets:
+                args += [f, r]
+            args += [f for f, r in fields.items() if r is None]
+            keys = [self.keys.cookie_jar(name), self.keys.cookie_changes(name), self.keys.cookies]
+            calls.append((keys, args))
+        if len(calls) == 1 or is_cluster(self.server):
+            # a redis.asyncio cluster pipeline does not load scripts: one call per jar, sent together
+            await asyncio.gather(*(self._write_script(keys=k, args=a) for k, a in calls))
+        else:
+            async with self.server.pipeline(transaction=False) as pipe:
+                for k, a in calls:
+                    queued = self._write_script(keys=k, args=a, client=pipe)
+                    if inspect.iscoroutine(queued):  # redis.asyncio queues the call when awaited
+                        await queued
+                await pipe.execute()
         self._inc("cookies/shared/written", sum(len(f) for f in by_jar.values()))
 
     # -- helpers --------------------------------------------------------------------------------
