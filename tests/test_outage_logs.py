@@ -115,7 +115,8 @@ def test_a_worker_start_logs_no_maintenance_notification_lines(
     tmp_path: Path, redis_url: str, site_factory: Any
 ) -> None:
     site = site_factory(pages=20)
-    project = make_project(tmp_path, {"REDIS_URL": redis_url, **SETTINGS, "LOG_LEVEL": "DEBUG"}, spiders=SPIDERS)
+    settings = {"REDIS_URL": redis_url, **SETTINGS, "LOG_LEVEL": "DEBUG"}
+    project = make_project(tmp_path, settings, spiders=SPIDERS)
     client = redis.Redis.from_url(redis_url)
     client.rpush(LINKS.start_urls, site.page_url(0))
     client.close()
