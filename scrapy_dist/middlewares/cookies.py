@@ -10,7 +10,7 @@ Trade-offs (see docs/items.md):
 * Reads are cached and incremental: a worker looks at a jar at most every ``REDIS_COOKIES_CACHE_SECONDS``,
   so a cookie set on another worker reaches this one within that time, not at once. Every write logs its
   changes with a version (a ZSET per jar); a read fetches only the changes since the reader's last one,
-  at most ``REDIS_COOKIES_READ_LIMIT`` per refresh -- records planted in the jar by others without a
+  at most :data:`READ_LIMIT` (1,000) per refresh -- records planted in the jar by others without a
   version are never read, and a bad record costs one rejection, not one per refresh.
 * Writes are batched (``REDIS_COOKIES_FLUSH_INTERVAL``), but a response that changed cookies reaches the
   spider only after its changes are in Redis: the requests its callback yields -- on whichever worker they
