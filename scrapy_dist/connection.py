@@ -53,9 +53,10 @@ import redis.cluster
 import redis.exceptions
 import redis.sentinel
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
-from scrapy_dist import defaults
+from scrapy_dist import defaults, outage
 from scrapy_dist.embedded import EmbeddedRedis, embedded_dir
 from scrapy_dist.exceptions import RedisUnavailable
 
@@ -105,25 +106,9 @@ _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 # What "Redis did not answer" looks like; RedisClusterException is not a RedisError.
 _CONNECT_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
-#: What a client raises while Redis is down, restarting or failing over: catch these, keep the work in
-#: memory, wait and retry (see docs/operations.md). Connection errors and timeouts (``LOADING`` after a
-#: restart is a ``ConnectionError`` too); on a cluster ``CLUSTERDOWN`` and ``TRYAGAIN`` while a master is
-#: replaced, and ``RedisClusterException`` -- not a ``RedisError`` -- when no node answers ("Redis
-#: Cluster cannot be connected") or the slot map is incomplete after a failover; ``READONLY`` from a
-#: master just demoted. (``RedisClusterException`` also reports keys of several slots in one call; every
-#: script is run on a real cluster in tests/test_cluster.py so that never reaches production.)
-OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.RedisClusterException,
-    ConnectionError,
-    TimeoutError,
-    asyncio.TimeoutError,  # not the builtin before Python 3.11
-    OSError,
-)
+#: What a client raises while Redis is down, restarting or failing over: the one definition lives in
+#: :mod:`scrapy_dist.outage` (re-exported here for callers that imported it from this module).
+OUTAGE_ERRORS = outage.OUTAGE_ERRORS
 
 # A server that answers but will not let us in: wrong user or password, or an ACL without PING.
 _LOGIN_ERRORS = (
@@ -354,6 +339,9 @@ def _client_params(target: RedisTarget) -> dict[str, Any]:
     if target.is_unix:
         for name in _TCP_ONLY_PARAMS:
             params.pop(name, None)
+    # redis-py 8 asks every new RESP3 connection to CLIENT MAINT_NOTIFICATIONS, which Redis < 8 refuses
+    # with a DEBUG line per connection; the notifications serve managed Redis Enterprise only.
+    params["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
     params.update(target.params)
     params.pop("sentinel_kwargs", None)  # for the Sentinels only, see _sentinel_kwargs()
     return params
@@ -403,6 +391,7 @@ def _sentinel_kwargs(target: RedisTarget, retry: Any) -> dict[str, Any]:
     params = _client_params(target)
     kwargs = {k: v for k, v in params.items() if k.startswith("socket_")}
     kwargs["retry"] = retry
+    kwargs["maint_notifications_config"] = params["maint_notifications_config"]
     kwargs.update(target.params.get("sentinel_kwargs") or {})
     return kwargs
 

@@ -30,6 +30,7 @@ from scrapy_dist import connection, defaults, scripts
 from scrapy_dist.bloom import HASHING, BloomParameterError, BloomPlan, fingerprint_hashes, parse_bloom_record
 from scrapy_dist.exceptions import FrontierScriptError, ScrapyDistError
 from scrapy_dist.keys import CrawlKeys, crawl_keys
+from scrapy_dist.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -195,7 +196,7 @@ class BloomDupeFilter(RedisDupeFilter):
         super().__init__(redis, keys, fingerprinter, stats, debug)
         self.plan = BloomPlan(capacity, error_rate, block_bits)
         self.n = 0  # items in the filter, as last reported by Redis
-        self._warned_capacity = False
+        self._capacity_log = RateLimitedLog.once(logger)
         self._local: ScalableBloomFilter | None = None
         self._script: Any = None
 
@@ -253,7 +254,8 @@ class BloomDupeFilter(RedisDupeFilter):
         clone = super().for_shard(keys, shards)
         p = self.plan
         clone.plan = BloomPlan(max(1, p.capacity // shards), p.error_rate, p.block_bits)
-        clone.n, clone._warned_capacity, clone._local, clone._script = 0, False, None, None
+        clone.n, clone._local, clone._script = 0, None, None
+        clone._capacity_log = RateLimitedLog.once(logger)
         return clone
 
     def script_keys_params(self, pending: int) -> tuple[list[str], list[Any]]:
@@ -266,9 +268,9 @@ class BloomDupeFilter(RedisDupeFilter):
 
     def observe(self, bloom_n: int) -> None:
         self.n = max(self.n, int(bloom_n))
-        if self.n > self.plan.capacity and not self._warned_capacity:
-            self._warned_capacity = True
-            logger.warning(
+        if self.n > self.plan.capacity:
+            self._capacity_log.log(
+                logging.WARNING,
                 "The bloom filter holds %d fingerprints, past BLOOMFILTER_CAPACITY=%d: it keeps growing"
                 " within the error rate, but each further item costs more memory; raise the capacity for"
                 " the next crawl",

@@ -236,6 +236,11 @@ class CrawlKeys:
         """HASH of one shared cookie jar: JSON ``[domain, path, name]`` -> JSON cookie record."""
         return self._k(f"cookies:{name}")
 
+    def cookie_changes(self, name: str) -> str:
+        """ZSET of one shared cookie jar's changes: HASH field -> version of its last change (readers fetch
+        only what changed since their last read)."""
+        return self._k(f"cookie_changes:{name}")
+
     # -- seeds and items (plain names users type) -----------------------------------------------
     @property
     def start_urls(self) -> str:

@@ -1,49 +1,215 @@
-"""Interim outage policy (replaced by the outage branch's module at merge)."""
+"""One outage policy for every background loop (frontier sync, seeds, monitors, item and cookie writers):
+which errors mean "Redis is away", how long a loop waits before trying again, and what is logged.
+
+* **Which errors.** :data:`OUTAGE_ERRORS`: Redis does not answer (connection refused or reset, timeouts),
+  is starting (``LOADING``), refuses writes for now (``READONLY`` from a demoted master, ``MASTERDOWN``,
+  ``OOM`` until memory is freed), or a cluster is re-forming (``CLUSTERDOWN``, ``TRYAGAIN``, no node
+  answering). All of these heal without a change to the crawl, so waiting loses nothing. Any other error
+  -- an error reply to a script or command (``ResponseError``: ``WRONGTYPE``, a Lua error), a bug in our
+  code -- will not go away by waiting: it is *not* an outage and is logged as an error of the component.
+  (``AuthenticationError`` is a ``ConnectionError`` in redis-py: a password rotated mid-crawl is waited
+  out too, with the reason in the warning.)
+* **How long to wait.** :class:`Backoff`, capped exponential, one per loop.
+* **What is logged.** One shared :class:`Outage` per worker process (:meth:`Outage.for_crawler`): the
+  first component that fails logs one WARNING for the whole worker; one INFO says when Redis is reachable
+  again -- once every component that failed has succeeded since (or stopped trying), so a cluster whose
+  nodes come back one by one is not reported as several outages.
+
+Time is a parameter (``now``, monotonic seconds) so tests need no sleeps.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
+import weakref
+from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+import redis.exceptions
 
-from scrapy_dist import connection
+from scrapy_dist.ratelimit import RateLimitedLog
+
+__all__ = ["OUTAGE_ERRORS", "Backoff", "LoopGuard", "Outage", "is_outage"]
 
 logger = logging.getLogger(__name__)
 
+#: What a client raises while Redis is down, restarting, failing over or full: catch these, keep the work in
+#: memory, wait and retry (see docs/operations.md). ``RedisClusterException`` is not a ``RedisError``: it is
+#: what a cluster no node of which answers raises ("Redis Cluster cannot be connected", an incomplete slot
+#: map after a failover); it also reports keys of several slots in one call, but every script runs on a
+#: real cluster in tests/test_cluster.py so that never reaches production. The builtin ``OSError`` family
+#: covers socket errors a client lets through unwrapped.
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
-    RedisConnectionError, RedisTimeoutError, *connection.OUTAGE_ERRORS,
+    redis.exceptions.ConnectionError,  # includes BusyLoadingError (LOADING) and AuthenticationError
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,  # includes MasterDownError
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.RedisClusterException,
+    ConnectionError,
+    TimeoutError,
+    asyncio.TimeoutError,  # not the builtin before Python 3.11
+    OSError,
 )
 
 
-class Backoff:
-    def __init__(self, first: float = 0.5, cap: float = 10.0) -> None:
-        self.first, self.cap, self._next = first, cap, first
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` means "Redis is away for now" (wait and retry) rather than an error to report."""
+    return isinstance(exc, OUTAGE_ERRORS)
 
-    def next(self) -> float:
-        delay, self._next = self._next, min(self._next * 2, self.cap)
+
+def describe(exc: BaseException) -> str:
+    """``ExceptionName: message`` on one line."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Backoff:
+    """Capped exponential backoff of one loop: ``first``, ``first * factor``, ... up to ``cap`` seconds."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0, factor: float = 2.0) -> None:
+        if first <= 0 or cap < first or factor < 1:
+            raise ValueError(f"Backoff needs 0 < first <= cap and factor >= 1, not {first}, {cap}, {factor}")
+        self.first = first
+        self.cap = cap
+        self.factor = factor
+        self.failures = 0
+
+    def failed(self) -> float:
+        """Count one more failure; returns how long to wait before the next attempt."""
+        delay = min(self.cap, self.first * self.factor ** min(self.failures, 64))
+        self.failures += 1
         return delay
 
     def reset(self) -> None:
-        self._next = self.first
+        """The last attempt worked: the next failure waits ``first`` again."""
+        self.failures = 0
+
+
+_by_crawler: weakref.WeakKeyDictionary[Any, Outage] = weakref.WeakKeyDictionary()
 
 
 class Outage:
-    def __init__(self) -> None:
+    """Whether this worker sees Redis as away, shared by all its components: one WARNING when an outage
+    starts, one INFO when it is over.
+
+    An outage starts with the first :meth:`failed` call and is over at a :meth:`succeeded` call once every
+    component that failed during it has succeeded since, or has not failed for ``stale`` seconds (it
+    stopped trying: a loop that ended, a one-off call). Loops retry at least every few seconds (their
+    backoff cap), so ``stale`` only has to exceed that.
+    """
+
+    def __init__(self, log: logging.Logger = logger, stale: float = 30.0) -> None:
+        self.log = log
+        self.stale = stale
+        #: monotonic time the current outage started, ``None`` while Redis answers
         self.since: float | None = None
+        #: how many outages this worker has seen
+        self.count = 0
+        #: failed calls during the current outage
+        self.failures = 0
+        self._failing: dict[str, float] = {}
+        #: components that failed during the current outage, in the order they noticed it
+        self._noticed: dict[str, None] = {}
 
-    def is_outage(self, exc: BaseException) -> bool:
-        return isinstance(exc, OUTAGE_ERRORS)
+    @classmethod
+    def for_crawler(cls, crawler: Any) -> Outage:
+        """The one :class:`Outage` of ``crawler`` (created on first use); a fresh one for ``None``."""
+        if crawler is None:
+            return cls()
+        found = _by_crawler.get(crawler)
+        if found is None:
+            found = _by_crawler[crawler] = cls()
+        return found
 
-    def failed(self, exc: BaseException, component: str) -> None:
-        if self.since is None:
-            self.since = time.monotonic()
-            logger.warning("Redis is unreachable (%s: %s): retrying", type(exc).__name__, exc)
+    @property
+    def down(self) -> bool:
+        return self.since is not None
 
-    def succeeded(self, component: str) -> None:
+    def failed(self, exc: BaseException, now: float, component: str, detail: str = "") -> bool:
+        """``component`` could not reach Redis (``exc`` is an outage error); returns whether this call
+        started the outage (and logged its one WARNING). ``detail`` is appended to that warning."""
+        self._failing[component] = now
+        self._noticed.setdefault(component)
+        self.failures += 1
         if self.since is not None:
-            logger.warning(
-                "Redis is reachable again after %.1fs; the crawl continues", time.monotonic() - self.since
+            return False
+        self.since = now
+        self.count += 1
+        self.log.warning(
+            "Redis is unreachable (%s; noticed by the %s): this worker keeps its work in memory and retries;"
+            " one line will say when Redis is back%s",
+            describe(exc), component, f" ({detail})" if detail else "",
+        )
+        return True
+
+    def succeeded(self, now: float, component: str) -> bool:
+        """``component`` got an answer from Redis; returns whether this ended the outage (and logged)."""
+        if self.since is None:
+            return False
+        self._failing.pop(component, None)
+        if any(now - last < self.stale for last in self._failing.values()):
+            return False
+        self.log.info(
+            "Redis is reachable again after %.1fs (%d failed calls of the %s); the crawl continues",
+            max(0.0, now - self.since), self.failures, ", ".join(self._noticed),
+        )
+        self.since = None
+        self.failures = 0
+        self._failing.clear()
+        self._noticed.clear()
+        return True
+
+    def guard(
+        self, component: str, backoff: Backoff | None = None, log: logging.Logger | None = None
+    ) -> LoopGuard:
+        """The view of one loop (named ``component`` in messages) onto this outage."""
+        return LoopGuard(self, component, backoff or Backoff(), log or self.log)
+
+
+class LoopGuard:
+    """One background loop's side of the policy: report how each call to Redis went, learn how long to wait.
+
+    ::
+
+        guard = Outage.for_crawler(crawler).guard("item pipeline")
+        while True:
+            try:
+                await write()
+            except Exception as exc:
+                await asyncio.sleep(guard.failed(exc, time.monotonic()))
+                continue
+            guard.succeeded(time.monotonic())
+
+    An outage error goes to the shared :class:`Outage` (one WARNING per worker). Any other error is this
+    loop's own: logged at ERROR, at most once a minute per exception type -- as one line for an error reply
+    from Redis, with the traceback for anything else (a bug).
+    """
+
+    def __init__(self, outage: Outage, component: str, backoff: Backoff, log: logging.Logger) -> None:
+        self.outage = outage
+        self.component = component
+        self.backoff = backoff
+        self.errors = RateLimitedLog(log, period=60.0, burst=1)
+
+    def failed(self, exc: BaseException, now: float, detail: str = "") -> float:
+        """Report a failed call; returns how long to wait before the next attempt (seconds)."""
+        if is_outage(exc):
+            self.outage.failed(exc, now, self.component, detail)
+        elif isinstance(exc, redis.exceptions.RedisError):
+            self.errors.log(
+                logging.ERROR, "The %s got an error from Redis (%s); retrying", self.component, describe(exc),
+                key=type(exc).__name__, now=now,
             )
-            self.since = None
+        else:
+            self.errors.log(
+                logging.ERROR, "The %s failed (%s)", self.component, describe(exc),
+                key=type(exc).__name__, now=now, exc_info=exc,
+            )
+        return self.backoff.failed()
+
+    def succeeded(self, now: float) -> None:
+        """Report a call that Redis answered."""
+        self.backoff.reset()
+        self.outage.succeeded(now, self.component)

@@ -14,23 +14,23 @@ before the reply arrived) makes the batch be written again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
-from collections import deque
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import redis.exceptions
 from itemadapter import ItemAdapter, is_item
 from scrapy.exceptions import DropItem, NotConfigured
 from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist import defaults, scripts
-from scrapy_dist.connection import OUTAGE_ERRORS, get_async_redis, is_cluster
+from scrapy_dist.batchwriter import BatchWriter
+from scrapy_dist.connection import get_async_redis, is_cluster
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.keys import crawl_keys
+from scrapy_dist.outage import Backoff, Outage
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -51,9 +51,6 @@ _MAX_BATCHES_PER_FLUSH = 16
 # Backoff between attempts to write a batch while Redis fails (seconds); capped so recovery is noticed fast.
 _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
-# What a write is retried on: any Redis error, and a cluster that cannot be reached (RedisClusterException
-# is not a RedisError).
-_RETRIED: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, *OUTAGE_ERRORS)
 # What an encoder raises on a value it cannot represent.
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeError)
 
@@ -96,17 +93,6 @@ def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = ""
     return path, error
 
 
-class _Batch:
-    """Up to ``batch_size`` encoded items and the future their ``process_item`` calls wait on."""
-
-    __slots__ = ("entries", "done", "first_at")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.entries: list[tuple[str, str | bytes]] = []
-        self.done: asyncio.Future[None] = loop.create_future()
-        self.first_at = loop.time()
-
-
 class RedisPipeline:
     """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``), in batches.
 
@@ -114,8 +100,9 @@ class RedisPipeline:
     items or ``flush_interval`` seconds after its first item, whichever comes first (taking along what
     else is buffered by then, up to 16 batches); the rest is written on close. A write is one round trip:
     one ``RPUSH`` with all its items, or one call of the ``items_xadd`` script running their ``XADD``
-    commands inside Redis -- never one per item. Redis errors are retried with capped backoff, forever:
-    nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
+    commands inside Redis -- never one per item (batching: :class:`~scrapy_dist.batchwriter.BatchWriter`).
+    Redis errors are retried with capped backoff, forever (:mod:`scrapy_dist.outage`: an outage is one
+    warning per worker): nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
 
     An item the serializer cannot encode is dropped (``DropItem``, logged at ERROR with the offending
     field) and counted in ``redis_items/unserializable``; the crawl goes on.
@@ -135,6 +122,7 @@ class RedisPipeline:
         flush_interval: float = defaults.REDIS_ITEMS_FLUSH_INTERVAL,
         serialize: Callable[[Any], str | bytes] = default_serialize,
         stats: StatsCollector | None = None,
+        outage: Outage | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"REDIS_ITEMS_BATCH_SIZE must be at least 1, got {batch_size}")
@@ -146,11 +134,15 @@ class RedisPipeline:
         self.flush_interval = flush_interval
         self.serialize = serialize
         self.stats = stats
-        self._batches: deque[_Batch] = deque()
-        self._kick: asyncio.Event | None = None
-        self._writer: asyncio.Task[None] | None = None
-        self._closing = False
-        self._warned_errors: set[str] = set()
+        self.outage = outage or Outage()
+        self.writer: BatchWriter[tuple[str, str | bytes]] = BatchWriter(
+            self._write,
+            guard=self.outage.guard("item pipeline", Backoff(_RETRY_FIRST, _RETRY_MAX), logger),
+            batch_size=batch_size,
+            flush_interval=flush_interval,
+            max_batches=_MAX_BATCHES_PER_FLUSH,
+            on_failure=lambda exc: self._inc("redis_items/redis_errors"),
+        )
         self._xadd: Any = None  # the items_xadd script, registered on first use
 
     @classmethod
@@ -173,6 +165,7 @@ class RedisPipeline:
             ),
             serialize=load_object(serializer) if serializer else default_serialize,
             stats=crawler.stats,
+            outage=Outage.for_crawler(crawler),
         )
 
     # -- Scrapy hooks ---------------------------------------------------------------------------
@@ -181,9 +174,9 @@ class RedisPipeline:
         expected = "stream" if self.stream else "list"
         try:
             found = await self.server.type(self.key)
-        except _RETRIED as exc:
+        except Exception as exc:
             # Not fatal: the writer waits for Redis like it does for any outage.
-            self._warn_once("open", "Redis unavailable when opening the item pipeline: %s", exc)
+            self.writer.guard.failed(exc, time.monotonic())
         else:
             found = found.decode() if isinstance(found, bytes) else found
             if found not in ("none", expected):
@@ -191,7 +184,7 @@ class RedisPipeline:
                     f"REDIS_ITEMS_KEY {self.key!r} holds a Redis {found}, but the pipeline writes a "
                     f"{expected} (REDIS_ITEMS_STREAM={self.stream}); delete the key or change the setting"
                 )
-        self._start()
+        self.writer.start()
 
     async def process_item(self, item: Any) -> Any:
         """Buffer ``item`` and return it once the batch holding it is written to Redis."""
@@ -205,16 +198,14 @@ class RedisPipeline:
                 f"RedisPipeline cannot encode {where}: {error.__class__.__name__}: {error}",
                 log_level="ERROR",
             ) from exc
-        await asyncio.shield(self._add(self.item_key(item), data))
+        if self.writer.closing:
+            raise RuntimeError("RedisPipeline.process_item() called after close_spider()")
+        await asyncio.shield(self.writer.add((self.item_key(item), data)))
         return item
 
     async def close_spider(self) -> None:
         """Write everything still buffered (waiting for Redis if it is down), then close the client."""
-        self._closing = True
-        if self._writer is not None:
-            assert self._kick is not None
-            self._kick.set()
-            await self._writer
+        await self.writer.close()
         await self.server.aclose()
 
     # -- extension points -----------------------------------------------------------------------
@@ -222,69 +213,9 @@ class RedisPipeline:
         """Redis key for ``item`` (override to route items to several keys, as in scrapy-redis)."""
         return self.key
 
-    # -- buffering ------------------------------------------------------------------------------
-    def _start(self) -> None:
-        if self._writer is None:
-            self._kick = asyncio.Event()
-            self._writer = asyncio.get_running_loop().create_task(self._run())
-
-    def _add(self, key: str, data: str | bytes) -> asyncio.Future[None]:
-        if self._writer is None:  # process_item before open_spider (a test, or a custom engine)
-            self._start()
-        assert self._kick is not None
-        if self._closing:
-            raise RuntimeError("RedisPipeline.process_item() called after close_spider()")
-        if not self._batches or len(self._batches[-1].entries) >= self.batch_size:
-            self._batches.append(_Batch(asyncio.get_running_loop()))
-            # The writer sleeps when there is nothing to do, and waits for the interval while the first
-            # batch fills: a new batch either starts that wait or completes a full one.
-            self._kick.set()
-        batch = self._batches[-1]
-        batch.entries.append((key, data))
-        return batch.done
-
-    def _ready(self, now: float) -> bool:
-        first = self._batches[0]
-        return (
-            self._closing
-            or len(first.entries) >= self.batch_size
-            or now - first.first_at >= self.flush_interval
-        )
-
-    async def _run(self) -> None:
-        """The single writer: one flush at a time, so batches reach Redis in the order they filled."""
-        assert self._kick is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._batches:
-                if self._closing:
-                    return
-                self._kick.clear()
-                await self._kick.wait()
-                continue
-            if not self._ready(loop.time()):
-                self._kick.clear()
-                remaining = self._batches[0].first_at + self.flush_interval - loop.time()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), max(remaining, 0.0))
-                continue
-            taken = [self._batches.popleft() for _ in range(min(len(self._batches), _MAX_BATCHES_PER_FLUSH))]
-            try:
-                await self._write([entry for batch in taken for entry in batch.entries])
-            except Exception as exc:  # a bug, not Redis (those are retried): fail the items, keep going
-                logger.exception("RedisPipeline failed to write a batch")
-                for batch in taken:
-                    batch.done.set_exception(exc)
-                continue
-            except asyncio.CancelledError:
-                for batch in (*taken, *self._batches):
-                    batch.done.cancel()
-                raise
-            for batch in taken:
-                batch.done.set_result(None)
-
+    # -- writing --------------------------------------------------------------------------------
     async def _write(self, entries: list[tuple[str, str | bytes]]) -> None:
-        """Write ``entries`` in one round trip, retrying until Redis takes them.
+        """Write ``entries`` in one round trip (the writer retries a failure).
 
         Per key, one ``RPUSH`` (LIST) or one ``items_xadd`` script call (STREAM: the ``XADD`` commands
         run inside Redis). Several keys (an ``item_key`` override) go in one ``MULTI``/``EXEC`` (on a Redis
@@ -293,40 +224,20 @@ class RedisPipeline:
         by_key: dict[str, list[str | bytes]] = {}
         for key, data in entries:
             by_key.setdefault(key, []).append(data)
-        delay = _RETRY_FIRST
-        while True:
-            try:
-                if len(by_key) == 1:
-                    ((key, values),) = by_key.items()
-                    await self._append(key, values, self.server)
-                elif is_cluster(self.server):
-                    # Keys of several slots cannot share a MULTI (nor a pipelined script) on a cluster:
-                    # one call per key, all at once. A retry after a partial failure writes some again.
-                    await asyncio.gather(*(self._append(k, v, self.server) for k, v in by_key.items()))
-                else:
-                    async with self.server.pipeline(transaction=True) as pipe:
-                        for key, values in by_key.items():
-                            await self._append(key, values, pipe)
-                        await pipe.execute()
-            except _RETRIED as exc:
-                self._inc("redis_items/redis_errors")
-                self._warn_once(
-                    # one warning per outage, though a cluster coming back answers CLUSTERDOWN first
-                    "outage" if isinstance(exc, OUTAGE_ERRORS) else exc.__class__.__name__,
-                    "Cannot write %d items to Redis (%s: %s); retrying until it works, nothing is dropped",
-                    len(entries),
-                    exc.__class__.__name__,
-                    exc,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RETRY_MAX)
-                continue
-            self._inc("redis_items/written", len(entries))
-            self._inc("redis_items/batches")
-            if self._warned_errors:
-                logger.info("Writing items to Redis works again")
-                self._warned_errors.clear()
-            return
+        if len(by_key) == 1:
+            ((key, values),) = by_key.items()
+            await self._append(key, values, self.server)
+        elif is_cluster(self.server):
+            # Keys of several slots cannot share a MULTI (nor a pipelined script) on a cluster: one call
+            # per key, all at once. A retry after a partial failure writes some again.
+            await asyncio.gather(*(self._append(k, v, self.server) for k, v in by_key.items()))
+        else:
+            async with self.server.pipeline(transaction=True) as pipe:
+                for key, values in by_key.items():
+                    await self._append(key, values, pipe)
+                await pipe.execute()
+        self._inc("redis_items/written", len(entries))
+        self._inc("redis_items/batches")
 
     async def _append(self, key: str, values: list[str | bytes], client: Any) -> None:
         """Queue (on a pipeline) or send (on the client) the command appending ``values`` to ``key``."""
@@ -346,8 +257,3 @@ class RedisPipeline:
     def _inc(self, name: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(name, count)
-
-    def _warn_once(self, what: str, msg: str, *args: Any) -> None:
-        if what not in self._warned_errors:
-            self._warned_errors.add(what)
-            logger.warning(msg, *args)

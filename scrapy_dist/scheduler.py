@@ -41,7 +41,7 @@ from scrapy_dist.layout import CrawlLayout
 from scrapy_dist.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.outage import Outage
 from scrapy_dist.politeness import DomainLimits, penalty_seconds
-from scrapy_dist.rejections import RateLimitedLog
+from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.router import ShardRouter
 from scrapy_dist.syncloop import SyncLoop
 
@@ -193,6 +193,7 @@ class Scheduler:
             order=qcls(),
             stats=crawler.stats,
             engine=_engine.EngineView(crawler),
+            outage=Outage.for_crawler(crawler),
             fingerprinter=crawler.request_fingerprinter,
             domain_limits=DomainLimits.from_settings(s) if config.politeness == "cluster" else None,
             policy=entry_policy(crawler),

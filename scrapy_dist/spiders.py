@@ -27,14 +27,11 @@ import asyncio
 import dataclasses
 import logging
 import time
-import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from scrapy import Request, Spider, signals
 from scrapy.spiders import CrawlSpider
 
@@ -42,7 +39,9 @@ from scrapy_dist import _engine, connection, defaults, scripts
 from scrapy_dist.codec import check_offsite
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.keys import CrawlKeys, crawl_keys
-from scrapy_dist.rejections import RateLimitedLog, rejection_record
+from scrapy_dist.outage import Backoff, Outage, is_outage
+from scrapy_dist.ratelimit import RateLimitedLog
+from scrapy_dist.rejections import rejection_record
 from scrapy_dist.scheduler import Scheduler, get_scheduler, make_worker_id
 from scrapy_dist.seeds import (
     SeedRules,
@@ -61,11 +60,6 @@ if TYPE_CHECKING:
 __all__ = ["RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed", "SeedReader"]
 
 logger = logging.getLogger(__name__)
-
-# cluster errors included: a cluster no node of which answers raises RedisClusterException (not a RedisError)
-_REDIS_DOWN: tuple[type[BaseException], ...] = (
-    RedisConnectionError, RedisTimeoutError, *connection.OUTAGE_ERRORS,
-)
 
 #: How long one blocking wait for a LIST seed lasts (seconds). A push wakes it at once; the timeout only
 #: bounds how late the spider notices it should close, and renews the processing lease that often.
@@ -240,7 +234,8 @@ class SeedFeed:
         self._busy = False
         self._uncertain = False
         self._finished = False
-        self._outage_since: float | None = None
+        # one outage policy for the worker (scrapy_dist.outage): one warning per outage, capped backoff
+        self._guard = Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger)
         self._reject_log = RateLimitedLog(logger)
         self._error_log = RateLimitedLog(logger)
 
@@ -378,21 +373,10 @@ class SeedFeed:
                 return None
             if result.returned > 0:
                 self.stats.inc_value("seeds/returned", result.returned)
-        except _REDIS_DOWN:
-            await asyncio.sleep(self._backoff())
+        except Exception as exc:
+            await asyncio.sleep(self._failed(exc))
             return None
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            self._log_unexpected()
-            await asyncio.sleep(1.0)
-            return None
-        if self._outage_since is not None:
-            logger.warning(
-                "Redis is reachable again after %.1fs; reading seeds from %r again",
-                time.monotonic() - self._outage_since, self.keys.start_urls,
-            )
-            self._outage_since = None
+        self._guard.succeeded(time.monotonic())
         if result.expired:
             # after the take: its entries are ours whatever happens here (a failure is retried next time)
             adopted = await self._guarded(r.adopt(result.expired))
@@ -409,45 +393,25 @@ class SeedFeed:
         self._busy = True
         try:
             return await coro
-        except _REDIS_DOWN as exc:
-            self._outage(exc)
-            raise
         finally:
             self._busy = False
 
     async def _guarded(self, coro: Any) -> Any:
         """:meth:`_guarded_raise` that turns an outage or error into ``None`` (after a pause)."""
         try:
-            return await self._guarded_raise(coro)
-        except _REDIS_DOWN:
-            await asyncio.sleep(self._backoff())
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            self._log_unexpected()
-            await asyncio.sleep(1.0)
-        return None
+            result = await self._guarded_raise(coro)
+        except Exception as exc:
+            await asyncio.sleep(self._failed(exc))
+            return None
+        self._guard.succeeded(time.monotonic())
+        return result
 
-    def _log_unexpected(self) -> None:
-        """An unexpected error (a bug, a Redis error reply): logged with its traceback, rate-limited."""
-        self.stats.inc_value("seeds/errors")
-        self._error_log.log(
-            logging.ERROR, "Reading seeds from %r failed; retrying:\n%s",
-            self.keys.start_urls, traceback.format_exc(),
-        )
-
-    def _outage(self, exc: BaseException) -> None:
-        if self._outage_since is None:
-            self._outage_since = time.monotonic()
-            logger.warning(
-                "Redis is unreachable (%s: %s): not reading seeds from %r, retrying",
-                type(exc).__name__, exc, self.keys.start_urls,
-            )
-
-    def _backoff(self) -> float:
-        since = self._outage_since
-        elapsed = time.monotonic() - since if since is not None else 0.0
-        return min(5.0, 0.5 + elapsed / 4)
+    def _failed(self, exc: BaseException) -> float:
+        """Report a failed call to the outage policy (an outage: one warning per worker; anything else --
+        a bug, a Redis error reply -- an error logged at most once a minute); returns the pause to make."""
+        if not is_outage(exc):
+            self.stats.inc_value("seeds/errors")
+        return self._guard.failed(exc, time.monotonic())
 
     # -- acknowledgement and idleness --------------------------------------------------------------
     def _collect_confirmed(self, sched: Any) -> None:

@@ -23,8 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.outage import Backoff, Outage
-from scrapy_dist.rejections import RateLimitedLog
+from scrapy_dist.outage import Backoff, Outage, is_outage
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -75,6 +74,8 @@ class SyncLoop:
         self.lease_seconds = lease_seconds
         self.outage = outage or Outage()
         self.on_outage = on_outage
+        #: the loop's side of the outage policy: backoff, and errors that are not outages (rate-limited)
+        self.guard = self.outage.guard("frontier", backoff, logger)
         self.clock = clock
         #: crawl-wide state after the last round that reached every shard (``None`` before the first)
         self.state: FrontierState | None = None
@@ -95,8 +96,6 @@ class SyncLoop:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._backoff = backoff or Backoff()
-        self._error_log = RateLimitedLog(logger, period=60.0, burst=1)
         self._no_inprogress_warned = False
 
     # -- the task -------------------------------------------------------------------------------------
@@ -138,35 +137,31 @@ class SyncLoop:
             if self._closing:
                 break
             try:
-                failed = await self._turn()
+                delay = await self._turn()
             except Exception as exc:  # a bug must not stop the frontier: log it, back off, go on
-                self._error_log.log(
-                    logging.ERROR, "Frontier round failed unexpectedly; retrying", exc_info=exc
-                )
-                failed = True
-            if failed:
-                await asyncio.sleep(self._backoff.next())
-            else:
-                self._backoff.reset()
+                delay = self.guard.failed(exc, self.clock())
+            if delay:
+                await asyncio.sleep(delay)
 
-    async def _turn(self) -> bool:
-        """One turn of the loop; whether it failed."""
+    async def _turn(self) -> float:
+        """One turn of the loop; how long to wait before the next one (0 unless it failed)."""
         now = self.clock()
         self.collect_finished(now)
         due, lease = self.due(now)
         if not due:
-            return False
+            return 0.0
         renew = now >= self.next_renew
         error = await self.round(lease, renew)
         if error is not None:
-            if self.outage.is_outage(error):
+            if is_outage(error):
                 # Redis may come back with acknowledged writes rolled back (failover, lost AOF tail)
                 self.on_outage()
-                self.outage.failed(error, "frontier")
-            else:
-                self._error_log.log(logging.ERROR, "Frontier sync failed; retrying", exc_info=error)
-            return True
-        self.outage.succeeded("frontier")
+            ledger = self.ledger
+            return self.guard.failed(
+                error, self.clock(),
+                detail=f"{len(ledger.out)} discovered requests and {len(ledger.held)} leases kept in memory",
+            )
+        self.guard.succeeded(self.clock())
         if renew:
             self.next_renew = now + self.lease_seconds / 3
         self.last_sync = now
@@ -175,7 +170,7 @@ class SyncLoop:
             self.next_fetch = now + self.idle_poll  # nothing to lease: poll gently
         else:
             self.next_fetch = now
-        return False
+        return 0.0
 
     # -- one round ------------------------------------------------------------------------------------
     def collect_finished(self, now: float) -> None:
@@ -264,7 +259,7 @@ class SyncLoop:
             error = await self.round(lease=0, renew=False)
             if error is None:
                 continue
-            if not self.outage.is_outage(error) or self.clock() > deadline:
+            if not is_outage(error) or self.clock() > deadline:
                 logger.error(
                     "Redis unreachable at close (%s): %d leased requests will be requeued when their"
                     " leases expire; %d discovered requests were not saved",

@@ -269,14 +269,14 @@ def test_invalid_and_expired_records_in_redis_are_skipped(
 ) -> None:
     good = {"name": "ok", "value": "1", "domain": "shop.example", "path": "/"}
     expired = {**good, "name": "old", "expires": 1}
-    redis_client.hset(
-        KEYS.cookie_jar("default"),
-        mapping={
-            '["shop.example","/","ok"]': json.dumps(good),
-            '["shop.example","/","old"]': json.dumps(expired),
-            "junk": "{not json",
-        },
-    )
+    records = {
+        '["shop.example","/","ok"]': json.dumps(good),
+        '["shop.example","/","old"]': json.dumps(expired),
+        "junk": "{not json",
+    }
+    redis_client.hset(KEYS.cookie_jar("default"), mapping=records)
+    # as a writer does: each change logged with a version (records without one are never read)
+    redis_client.zadd(KEYS.cookie_changes("default"), {f: i + 1 for i, f in enumerate(records)})
 
     async def scenario() -> None:
         b = worker(redis_url)

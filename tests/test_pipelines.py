@@ -50,17 +50,38 @@ def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
+class Clock:
+    """The writer's monotonic clock, moved by hand (then ``writer.kick()`` makes it look again)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def settle() -> None:
+    """Let the writer task run until it waits again: it decides without I/O whether a write is due."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
 # -- batching and the "written before reported" guarantee ---------------------------------------
 def test_items_are_not_returned_before_their_batch_is_written(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
     async def scenario() -> None:
         p = make_pipeline(redis_url, batch_size=100, flush_interval=3600)
+        p.writer.clock = clock = Clock()
         await p.open_spider()
         tasks = [asyncio.ensure_future(p.process_item({"n": i})) for i in range(5)]
-        await asyncio.sleep(0.3)
+        await settle()
+        clock.t += 3599
+        p.writer.kick()
+        await settle()
         # neither interval nor batch size reached: nothing written, nothing reported
         assert not any(t.done() for t in tasks)
+        assert p.writer.buffered == 5 and p.writer.due_in(clock()) == 1.0
         assert redis_client.llen(KEY) == 0
         await p.close_spider()
         assert all(t.done() for t in tasks)
@@ -76,13 +97,14 @@ def test_a_full_batch_is_written_without_waiting_for_the_interval(
     async def scenario() -> None:
         stats = get_crawler().stats
         p = make_pipeline(redis_url, batch_size=10, flush_interval=3600, stats=stats)
+        p.writer.clock = Clock()
         await p.open_spider()
         first = [asyncio.ensure_future(p.process_item({"n": i})) for i in range(10)]
         await asyncio.wait_for(asyncio.gather(*first), 5)
         assert redis_client.llen(KEY) == 10
         rest = [asyncio.ensure_future(p.process_item({"n": i})) for i in range(10, 13)]
-        await asyncio.sleep(0.3)
-        assert not any(t.done() for t in rest)
+        await settle()
+        assert not any(t.done() for t in rest) and p.writer.buffered == 3
         assert redis_client.llen(KEY) == 10
         await p.close_spider()
         assert [json.loads(v)["n"] for v in redis_client.lrange(KEY, 0, -1)] == list(range(13))
@@ -230,8 +252,10 @@ def test_items_wait_through_a_redis_outage_and_none_is_lost(redis_servers: Any, 
         await asyncio.gather(*(p.process_item({"n": i}) for i in range(10)))
         server.kill()
         tasks = [asyncio.ensure_future(p.process_item({"n": i})) for i in range(10, 35)]
-        await asyncio.sleep(0.5)
+        while not stats.get_value("redis_items/redis_errors"):  # the writer found Redis gone
+            await asyncio.sleep(0.01)
         assert not any(t.done() for t in tasks)  # not reported while Redis is down
+        assert p.outage.down
         # a fresh server: empty, and without the stream script (NOSCRIPT is handled)
         revived = RedisProcess(port=port).start()
         try:

@@ -44,6 +44,7 @@ from scrapy_dist.extensions.workers import (
     worker_id,
 )
 from scrapy_dist.keys import CrawlKeys, crawl_keys
+from scrapy_dist.outage import Outage
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -185,7 +186,9 @@ class ClusterStats:
         self.started = time.time()
         self.redis = connection.get_async_redis(self.crawler.settings)
         self._script = scripts.register(self.redis, "clusterstats")
-        self._task = PeriodicTask(self.flush, self.interval, "Crawl-wide stats", logger)
+        self._task = PeriodicTask(
+            self.flush, self.interval, "crawl-wide stats", logger, Outage.for_crawler(self.crawler)
+        )
         await self._task.run_once()  # registers the worker at once
         self._task.start()
 

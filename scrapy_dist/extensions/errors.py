@@ -40,6 +40,7 @@ from scrapy_dist.extensions.control import server_time
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of, worker_id
 from scrapy_dist.keys import CrawlKeys, crawl_keys
+from scrapy_dist.outage import Outage
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -251,7 +252,9 @@ class ErrorMonitor:
             self.started_at = await server_time(self.redis)
         except Exception:
             self.started_at = time.time()
-        self._task = PeriodicTask(self.flush, self.interval, "Error monitor", logger).start()
+        self._task = PeriodicTask(
+            self.flush, self.interval, "error monitor", logger, Outage.for_crawler(self.crawler)
+        ).start()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         self._closing = True

@@ -41,6 +41,7 @@ from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of
 from scrapy_dist.frontier import shards_idle
 from scrapy_dist.keys import CrawlKeys, crawl_keys
+from scrapy_dist.outage import Outage
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -127,7 +128,9 @@ class IdleMonitor:
             self.started_at = await server_time(self.redis)
         except Exception:
             self.started_at = time.time()
-        self._task = PeriodicTask(self.check, self.poll, "Idle monitor", logger).start()
+        self._task = PeriodicTask(
+            self.check, self.poll, "idle monitor", logger, Outage.for_crawler(self.crawler)
+        ).start()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         if self._task is not None:

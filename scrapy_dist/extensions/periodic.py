@@ -5,33 +5,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
-from redis.exceptions import RedisError
-
-from scrapy_dist.connection import OUTAGE_ERRORS
-
-# Any Redis error, and a cluster no node of which answers (RedisClusterException is not a RedisError).
-_REDIS_DOWN: tuple[type[BaseException], ...] = (RedisError, *OUTAGE_ERRORS)
+from scrapy_dist.outage import Backoff, Outage
 
 
 class PeriodicTask:
     """Await ``func()`` every ``interval`` seconds until :meth:`stop`.
 
-    A failing call never ends the task: Redis errors are logged once per outage (and the recovery once),
-    anything else is logged with its traceback once per exception type.
+    A failing call never ends the task. Failures follow the outage policy (:mod:`scrapy_dist.outage`):
+    an outage is reported to the worker's shared :class:`Outage` (one warning per worker, not per
+    monitor), anything else is logged at ERROR at most once a minute per exception type. ``what`` names
+    the task in those messages.
     """
 
     def __init__(
-        self, func: Callable[[], Awaitable[object]], interval: float, what: str, logger: logging.Logger
+        self,
+        func: Callable[[], Awaitable[object]],
+        interval: float,
+        what: str,
+        logger: logging.Logger,
+        outage: Outage | None = None,
     ) -> None:
         self.func = func
         self.interval = interval
         self.what = what
         self.logger = logger
+        # the task runs every interval whatever happens: the backoff only names the policy's wait
+        every = max(interval, 0.01)
+        self.guard = (outage or Outage()).guard(what, Backoff(every, every), logger)
         self._task: asyncio.Task[None] | None = None
-        self._down = False
-        self._bugs: set[type[BaseException]] = set()
 
     def start(self) -> PeriodicTask:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -50,23 +54,12 @@ class PeriodicTask:
             await asyncio.sleep(self.interval)
             await self.run_once()
 
-    async def run_once(self) -> bool:
+    async def run_once(self, now: float | None = None) -> bool:
         """One call with the task's error handling; returns whether it succeeded."""
         try:
             await self.func()
-        except _REDIS_DOWN as exc:
-            if not self._down:
-                self._down = True
-                self.logger.warning(
-                    "%s: Redis unavailable (%s: %s); retrying", self.what, type(exc).__name__, exc
-                )
-            return False
         except Exception as exc:
-            if type(exc) not in self._bugs:
-                self._bugs.add(type(exc))
-                self.logger.exception("%s failed; retrying every %.1fs", self.what, self.interval)
+            self.guard.failed(exc, time.monotonic() if now is None else now)
             return False
-        if self._down:
-            self._down = False
-            self.logger.info("%s: Redis is reachable again", self.what)
+        self.guard.succeeded(time.monotonic() if now is None else now)
         return True

@@ -7,8 +7,11 @@ and keeps every cookiejar (``request.meta["cookiejar"]``) in Redis, one HASH per
 
 Trade-offs (see docs/items.md):
 
-* Reads are cached: a worker re-reads a jar at most every ``REDIS_COOKIES_CACHE_SECONDS``, so a cookie
-  set on another worker reaches this one within that time, not at once.
+* Reads are cached and incremental: a worker looks at a jar at most every ``REDIS_COOKIES_CACHE_SECONDS``,
+  so a cookie set on another worker reaches this one within that time, not at once. Every write logs its
+  changes with a version (a ZSET per jar); a read fetches only the changes since the reader's last one,
+  at most :data:`READ_LIMIT` (1,000) per refresh -- records planted in the jar by others without a
+  version are never read, and a bad record costs one rejection, not one per refresh.
 * Writes are batched (``REDIS_COOKIES_FLUSH_INTERVAL``), but a response that changed cookies reaches the
   spider only after its changes are in Redis: the requests its callback yields -- on whichever worker they
   run -- are sent with the new cookies, unless that worker still holds a fresh cached copy of the jar.
@@ -20,7 +23,7 @@ Trade-offs (see docs/items.md):
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import inspect
 import json
 import logging
 import time
@@ -28,7 +31,6 @@ from collections.abc import Callable
 from http.cookiejar import Cookie
 from typing import TYPE_CHECKING, Any
 
-import redis.exceptions
 from scrapy import signals
 from scrapy.downloadermiddlewares.cookies import CookiesMiddleware
 from scrapy.exceptions import NotConfigured
@@ -36,10 +38,12 @@ from scrapy.http.cookies import CookieJar
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
-from scrapy_dist import defaults
-from scrapy_dist.connection import OUTAGE_ERRORS, get_async_redis
+from scrapy_dist import defaults, scripts
+from scrapy_dist.batchwriter import BatchWriter
+from scrapy_dist.connection import get_async_redis, is_cluster
 from scrapy_dist.keys import crawl_keys
-from scrapy_dist.rejections import RateLimitedLog
+from scrapy_dist.outage import Backoff, Outage
+from scrapy_dist.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -57,8 +61,10 @@ logger = logging.getLogger(__name__)
 
 _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
-# Redis errors, and a cluster no node of which answers (RedisClusterException is not a RedisError).
-_REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, *OUTAGE_ERRORS)
+# Cookie changes per write (one script call); a backlog after an outage goes in several.
+_WRITE_BATCH = 1000
+#: Changes read per refresh of a jar at most (a bigger backlog is read over the next refreshes).
+READ_LIMIT = 1000
 _BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure")
 _OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
 
@@ -158,14 +164,16 @@ def _snapshot(jar: CookieJar) -> dict[CookieIdent, dict[str, Any]]:
 
 
 class _SharedJar:
-    """This worker's copy of one shared jar and when it was last read from Redis."""
+    """This worker's copy of one shared jar, when it was last read and up to which version."""
 
-    __slots__ = ("jar", "loaded_at", "loading")
+    __slots__ = ("jar", "loaded_at", "loading", "version")
 
     def __init__(self) -> None:
         self.jar = CookieJar()
         self.loaded_at: float | None = None
         self.loading: asyncio.Future[None] | None = None
+        #: the jar's changes up to this version are in the copy
+        self.version = 0.0
 
 
 # -- the middleware ------------------------------------------------------------------------------
@@ -179,10 +187,12 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             "scrapy_dist.middlewares.SharedCookiesMiddleware": 700,
         }
 
-    Redis cost: one ``HGETALL`` per jar and worker every ``cache_seconds`` (concurrent readers share it);
-    one pipelined ``HSET``/``HDEL`` round trip per ``flush_interval`` while cookies change. A response that
-    changed cookies is held until its changes are written. Redis errors: reads fall back to the local copy,
-    writes are retried with capped backoff; both are logged once.
+    Redis cost: one ``cookies_read`` script call per jar and worker every ``cache_seconds`` (concurrent
+    readers share it), returning only the changes since the last one (at most ``read_limit``); one
+    ``cookies_write`` script call per ``flush_interval`` and jar while cookies change
+    (:class:`~scrapy_dist.batchwriter.BatchWriter`). A response that changed cookies is held until its
+    changes are written. Redis errors (:mod:`scrapy_dist.outage`): reads fall back to the local copy,
+    writes are retried with capped backoff; an outage is one warning per worker.
 
     Stats: ``cookies/shared/loads``, ``cookies/shared/written``, ``cookies/shared/rejected``,
     ``cookies/shared/redis_errors``.
@@ -199,6 +209,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         stats: StatsCollector | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wallclock: Callable[[], float] = time.time,
+        outage: Outage | None = None,
+        read_limit: int = READ_LIMIT,
     ) -> None:
         super().__init__(debug)
         self.server = server
@@ -211,14 +223,19 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         #: meta["cookiejar"] -> this worker's copy (the same objects as in ``_shared``), as in Scrapy.
         self.jars: dict[Any, CookieJar] = {}  # type: ignore[assignment]
         self._shared: dict[str, _SharedJar] = {}
-        # jar name -> HASH field -> JSON record, or None to delete; waiting for / being written.
-        self._pending: dict[str, dict[str, str | None]] = {}
-        self._inflight: dict[str, dict[str, str | None]] = {}
-        self._pending_done: asyncio.Future[None] | None = None
-        self._kick: asyncio.Event | None = None
-        self._writer: asyncio.Task[None] | None = None
-        self._closing = False
-        self._warned: set[str] = set()
+        self.read_limit = max(1, read_limit)
+        self.outage = outage or Outage()
+        self._read_guard = self.outage.guard("shared cookie jar (reading)", log=logger)
+        # (jar name, HASH field, JSON record or None to delete), waiting for / being written
+        self.writer: BatchWriter[tuple[str, str, str | None]] = BatchWriter(
+            self._write,
+            guard=self.outage.guard("shared cookie jar (writing)", Backoff(_RETRY_FIRST, _RETRY_MAX), logger),
+            batch_size=_WRITE_BATCH,
+            flush_interval=flush_interval,
+            on_failure=lambda exc: self._inc("cookies/shared/redis_errors"),
+        )
+        self._read_script: Any = None
+        self._write_script: Any = None
         self._reject_log = RateLimitedLog(logger)
 
     @classmethod
@@ -249,6 +266,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                 "REDIS_COOKIES_FLUSH_INTERVAL", defaults.REDIS_COOKIES_FLUSH_INTERVAL
             ),
             stats=crawler.stats,
+            outage=Outage.for_crawler(crawler),
         )
         o.crawler = crawler
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
@@ -294,11 +312,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
 
     async def spider_closed(self) -> None:
         """Write the remaining changes, then close the Redis client."""
-        self._closing = True
-        if self._writer is not None:
-            assert self._kick is not None
-            self._kick.set()
-            await self._writer
+        await self.writer.close()
         await self.server.aclose()
 
     # -- reading --------------------------------------------------------------------------------
@@ -318,46 +332,56 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         await asyncio.shield(state.loading)
 
     async def _load(self, name: str, state: _SharedJar) -> None:
-        """Replace the local copy of jar ``name`` by Redis' (1 ``HGETALL``), keeping unwritten changes."""
+        """Bring the local copy of jar ``name`` up to date: apply the changes since the last read (1 script
+        call, at most ``read_limit`` changes), keeping this worker's unwritten changes on top."""
         try:
+            if self._read_script is None:
+                self._read_script = scripts.register(self.server, "cookies_read")
             try:
-                raw = await self.server.hgetall(self.keys.cookie_jar(name))
-            except _REDIS_ERRORS as exc:
-                self._inc("cookies/shared/redis_errors")
-                self._warn_once(
-                    "read", "Cannot read cookie jar %r from Redis (%s); using this worker's copy", name, exc
+                raw = await self._read_script(
+                    keys=[self.keys.cookie_jar(name), self.keys.cookie_changes(name)],
+                    args=[repr(state.version), self.read_limit],
                 )
+            except Exception as exc:
+                self._inc("cookies/shared/redis_errors")
+                self._read_guard.failed(exc, self._monotonic())
                 state.loaded_at = self._monotonic()  # try again after cache_seconds, not on every request
                 return
+            self._read_guard.succeeded(self._monotonic())
             self._inc("cookies/shared/loads")
-            now = self._wallclock()
-            cookies: list[Cookie] = []
+            latest = _number(raw[0])
+            if latest < state.version:  # the keys were deleted and written again: start afresh
+                state.jar.clear()
+            now = int(self._wallclock())
+            jar = state.jar
+            version = 0.0 if latest < state.version else state.version
             expired: list[str] = []
-            for field, data in raw.items():
+            for i in range(1, len(raw) - 2, 3):
+                field, version, data = _text(raw[i]), _number(raw[i + 1]), raw[i + 2]
+                if data is None:  # deleted
+                    self._apply(jar, field, None)
+                    continue
                 try:
                     cookie = cookie_from_record(data)
                 except ValueError as exc:
                     self._inc("cookies/shared/rejected")
                     self._reject_log.log(
-                        logging.WARNING,
-                        "Skipped an invalid record in %s: %s",
-                        self.keys.cookie_jar(name),
+                        logging.WARNING, "Skipped an invalid record in %s: %s", self.keys.cookie_jar(name),
                         exc,
                     )
                     continue
-                if cookie.is_expired(int(now)):
-                    expired.append(field.decode() if isinstance(field, bytes) else field)
+                if cookie.is_expired(now):
+                    expired.append(field)
+                    self._apply(jar, field, None)
                 else:
-                    cookies.append(cookie)
-            jar = state.jar
-            jar.clear()
-            for cookie in cookies:
-                jar.set_cookie(cookie)
+                    jar.set_cookie(cookie)
+            state.version = version
             # Changes of this worker that Redis may not hold yet stay in the copy.
-            for ops in (self._inflight.get(name, {}), self._pending.get(name, {})):
-                for field, record in ops.items():
+            for jar_name_, field, record in self.writer.pending():
+                if jar_name_ == name:
                     self._apply(jar, field, record)
-            state.loaded_at = self._monotonic()
+            # more changes than one read takes: the copy is not fresh yet, the next request reads on
+            state.loaded_at = self._monotonic() if version >= latest else None
             if expired:  # housekeeping: nobody will send them again
                 self._queue(name, dict.fromkeys(expired))
         finally:
@@ -366,9 +390,11 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     @staticmethod
     def _apply(jar: CookieJar, field: str, record: str | None) -> None:
         if record is None:
-            domain, path, cookie_name = json.loads(field)
-            with contextlib.suppress(KeyError):  # already gone
+            try:
+                domain, path, cookie_name = json.loads(field)
                 jar.clear(domain, path, cookie_name)
+            except (ValueError, TypeError, KeyError):  # already gone, or not a field we write
+                pass
         else:
             jar.set_cookie(cookie_from_record(record))
 
@@ -389,75 +415,53 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         return self._queue(name, ops)
 
     def _queue(self, name: str, ops: dict[str, str | None]) -> asyncio.Future[None]:
-        if self._writer is None:
-            self._kick = asyncio.Event()
-            self._writer = asyncio.get_running_loop().create_task(self._run())
-        assert self._kick is not None
-        self._pending.setdefault(name, {}).update(ops)
-        if self._pending_done is None:
-            self._pending_done = asyncio.get_running_loop().create_future()
-        self._kick.set()
-        return self._pending_done
+        done: asyncio.Future[None] | None = None
+        for field, record in ops.items():
+            done = self.writer.add((name, field, record))
+        assert done is not None
+        return done  # batches are written in order: the last one written means all are
 
-    async def _run(self) -> None:
-        """The single writer: waits ``flush_interval`` to gather changes, then writes them in one trip."""
-        assert self._kick is not None
-        while True:
-            if not self._pending:
-                if self._closing:
-                    return
-                self._kick.clear()
-                await self._kick.wait()
-                continue
-            if not self._closing:
-                await asyncio.sleep(self.flush_interval)
-            ops, done = self._pending, self._pending_done
-            self._pending, self._pending_done = {}, None
-            self._inflight = ops
-            try:
-                await self._write(ops)
-            finally:
-                self._inflight = {}
-            if done is not None:
-                done.set_result(None)
-
-    async def _write(self, ops: dict[str, dict[str, str | None]]) -> None:
-        """``HSET``/``HDEL`` every changed cookie plus the jar index, pipelined; retried until it works."""
-        delay = _RETRY_FIRST
-        while True:
-            try:
-                async with self.server.pipeline(transaction=False) as pipe:
-                    now = repr(self._wallclock())
-                    for name, fields in ops.items():
-                        key = self.keys.cookie_jar(name)
-                        sets = {f: r for f, r in fields.items() if r is not None}
-                        deletes = [f for f, r in fields.items() if r is None]
-                        if sets:
-                            pipe.hset(key, mapping=sets)  # type: ignore[arg-type]
-                        if deletes:
-                            pipe.hdel(key, *deletes)
-                        pipe.hset(self.keys.cookies, name, now)
-                    await pipe.execute()
-            except _REDIS_ERRORS as exc:
-                self._inc("cookies/shared/redis_errors")
-                self._warn_once(
-                    "write",
-                    "Cannot write cookies to Redis (%s); retrying (responses setting cookies wait)",
-                    exc,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RETRY_MAX)
-                continue
-            self._inc("cookies/shared/written", sum(len(f) for f in ops.values()))
-            self._warned.discard("write")
-            return
+    async def _write(self, ops: list[tuple[str, str, str | None]]) -> None:
+        """Write every changed cookie, one ``cookies_write`` call per jar, pipelined (the writer retries)."""
+        if self._write_script is None:
+            self._write_script = scripts.register(self.server, "cookies_write")
+        by_jar: dict[str, dict[str, str | None]] = {}
+        for name, field, record in ops:
+            by_jar.setdefault(name, {})[field] = record  # the last change of a cookie wins
+        now = repr(self._wallclock())
+        calls: list[tuple[list[str], list[str]]] = []
+        for name, fields in by_jar.items():
+            sets = [(f, r) for f, r in fields.items() if r is not None]
+            args: list[str] = [name, now, str(len(sets))]
+            for f, r in sets:
+                args += [f, r]
+            args += [f for f, r in fields.items() if r is None]
+            keys = [self.keys.cookie_jar(name), self.keys.cookie_changes(name), self.keys.cookies]
+            calls.append((keys, args))
+        if len(calls) == 1 or is_cluster(self.server):
+            # a redis.asyncio cluster pipeline does not load scripts: one call per jar, sent together
+            await asyncio.gather(*(self._write_script(keys=k, args=a) for k, a in calls))
+        else:
+            async with self.server.pipeline(transaction=False) as pipe:
+                for k, a in calls:
+                    queued = self._write_script(keys=k, args=a, client=pipe)
+                    if inspect.iscoroutine(queued):  # redis.asyncio queues the call when awaited
+                        await queued
+                await pipe.execute()
+        self._inc("cookies/shared/written", sum(len(f) for f in by_jar.values()))
 
     # -- helpers --------------------------------------------------------------------------------
     def _inc(self, name: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(name, count)
 
-    def _warn_once(self, what: str, msg: str, *args: Any) -> None:
-        if what not in self._warned:
-            self._warned.add(what)
-            logger.warning(msg, *args)
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0

@@ -59,6 +59,7 @@ from scrapy_dist.codec import entry_policy
 from scrapy_dist.deadletter import dead_letter_record
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.middlewares.credentials import as_scheduled
+from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.retrytiming import retry_delay
 from scrapy_dist.scheduler import get_scheduler
 
@@ -97,7 +98,7 @@ class DeadLetterWriter:
         self.crawler = crawler
         #: the running scrapy-dist scheduler, or None (injectable: tests pass an opened scheduler)
         self.scheduler_of: Callable[[], Any] = scheduler_of or (lambda: get_scheduler(crawler))
-        self._warned = False
+        self._no_frontier_log = RateLimitedLog.once(logger)
 
     def write(
         self,
@@ -113,13 +114,12 @@ class DeadLetterWriter:
             return False
         scheduler = self.scheduler_of()
         if scheduler is None:
-            if not self._warned:
-                self._warned = True
-                logger.warning(
-                    "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
-                    " SCHEDULER = 'scrapy_dist.scheduler.Scheduler'. Further ones are not reported.",
-                    {"request": request, "reason": reason},
-                )
+            self._no_frontier_log.log(
+                logging.WARNING,
+                "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
+                " SCHEDULER = 'scrapy_dist.scheduler.Scheduler'. Further ones are not reported.",
+                {"request": request, "reason": reason},
+            )
             return False
         record = dead_letter_record(
             request,
