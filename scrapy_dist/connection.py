@@ -56,7 +56,7 @@ from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
 from scrapy_dist import defaults
-from scrapy_dist.embedded import EmbeddedRedis, embedded_dir
+from scrapy_dist.embedded import EmbeddedRedis
 from scrapy_dist.exceptions import RedisUnavailable
 
 if TYPE_CHECKING:
@@ -324,8 +324,8 @@ def resolve_target(settings: SettingsLike) -> RedisTarget:
             params=params,
             cluster=cluster,
         )
-    directory = embedded_dir(settings)
-    server = EmbeddedRedis(directory)
+    server = EmbeddedRedis.for_settings(settings)
+    directory = server.directory
     url, started = server.ensure_running()
     target = RedisTarget(url=url, setting="embedded", params=params, cluster=False, embedded_dir=directory)
     if directory not in _announced:
