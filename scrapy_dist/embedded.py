@@ -388,7 +388,7 @@ class EmbeddedRedis:
         runtime = os.environ.get("XDG_RUNTIME_DIR")
         if runtime and os.path.isabs(runtime):
             candidate = Path(runtime, "scrapy-dist")
-            if len(os.fsencode(candidate)) < MAX_SOCKET_PATH - 24:
+            if len(os.fsencode(candidate)) + 22 <= MAX_SOCKET_PATH:  # + /<16 hex>.sock
                 return candidate
         return Path("/tmp", f"scrapy-dist-{os.geteuid()}")
 
