@@ -100,7 +100,7 @@ _TCP_ONLY_PARAMS = ("socket_keepalive", "socket_keepalive_options")
 _RETRIES = 3
 
 _AUTHORITY = re.compile(r"([^/?#]*)(.*)", re.DOTALL)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
 # What "Redis did not answer" looks like; RedisClusterException is not a RedisError.
 _CONNECT_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
@@ -162,14 +162,17 @@ def mask_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    match = _AUTHORITY.match(rest)
-    if match is None:  # pragma: no cover - the pattern matches any string
-        return url
-    authority, tail = match.group(1), match.group(2)
-    if "@" in authority:
-        userinfo, hostinfo = authority.rsplit("@", 1)
-        if ":" in userinfo:
-            authority = f"{userinfo.split(':', 1)[0]}:***@{hostinfo}"
+    # A password may hold unencoded '#', '/', '?' or '@' (redis-py accepts them), so the userinfo ends at
+    # the *last* '@' when what precedes it looks like "user:..." -- masking too much is the safe mistake.
+    userinfo, at, after = rest.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    if at and ":" in userinfo and not any(c in user for c in "/?#"):
+        match = _AUTHORITY.match(after)
+        hostinfo, tail = (match.group(1), match.group(2)) if match else (after, "")
+        authority = f"{user}:***@{hostinfo}"
+    else:
+        match = _AUTHORITY.match(rest)
+        authority, tail = (match.group(1), match.group(2)) if match else (rest, "")
     tail = _QUERY_PASSWORD.sub(r"\1***", tail)
     return f"{scheme}://{authority}{tail}"
 
