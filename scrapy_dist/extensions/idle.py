@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 
 from scrapy_dist import _engine, connection, defaults, scripts
-from scrapy_dist.extensions.control import ControlState, server_time
+from scrapy_dist.extensions.control import ControlState, report_problems, server_time
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of
 from scrapy_dist.frontier import shards_idle
@@ -153,11 +153,15 @@ class IdleMonitor:
             pipe.llen(k.start_urls)
         pipe.llen(k.start_urls_processing)
         pipe.hgetall(k.control)
-        *counts, control = await pipe.execute(raise_on_error=False)
+        pipe.time()
+        *counts, control, now = await pipe.execute(raise_on_error=False)
         if isinstance(control, Exception):
             raise control
+        self.server_now = None if isinstance(now, Exception) else int(now[0]) + int(now[1]) / 1e6
+        state = ControlState.from_hash(control)
+        report_problems(k.control, state)
         # a seeds key of another type than configured (WRONGTYPE) holds nothing the spider can take
-        return sum(int(c) for c in counts if not isinstance(c, Exception)), ControlState.from_hash(control)
+        return sum(int(c) for c in counts if not isinstance(c, Exception)), state
 
     def judges_idleness(self) -> bool:
         """Only a worker whose requests go through the shared frontier may call the crawl finished (with
@@ -178,7 +182,7 @@ class IdleMonitor:
         if self._close_task is not None:
             return ""
         work, control = await self.read()
-        reason = control.close_reason(self.started_at)
+        reason = control.close_reason(self.started_at, getattr(self, "server_now", None))
         if not reason and self.clock.idle_before_close > 0 and self.judges_idleness():
             now = time.monotonic() if now is None else now
             # a paused crawl is waiting for `scrapy-dist resume`, not finished
