@@ -187,7 +187,8 @@ def parse_maxmemory(value: Any) -> int:
         )
     if 0 < number < 16 * 1024**2:
         raise ValueError(
-            f"REDIS_EMBEDDED_MAXMEMORY={value!r}: too small for a crawl; expected at least 16mb (0 = no limit)"
+            f"REDIS_EMBEDDED_MAXMEMORY={value!r}: too small for a crawl; "
+            "expected at least 16mb (0 = no limit)"
         )
     return number
 
