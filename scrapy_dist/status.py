@@ -212,6 +212,24 @@ def crawl_state(control: ControlState, running: int) -> str:
     return "running" if running else "stopped"
 
 
+def _replies(pipe: Any, fallbacks: list[Any]) -> list[Any]:
+    """A pipeline's replies, a key of the wrong type (``WRONGTYPE``: garbage written by someone) giving
+    its fallback instead of an exception. Connection errors still raise."""
+    from redis.exceptions import ResponseError
+
+    out = pipe.execute(raise_on_error=False)
+    for i, reply in enumerate(out):
+        if isinstance(reply, ResponseError):
+            out[i] = fallbacks[i]
+        elif isinstance(reply, Exception):
+            raise reply
+    return out
+
+
+def _valid_members(members: Any) -> bool:
+    return isinstance(members, list) and all(isinstance(m, (tuple, list)) and len(m) == 2 for m in members)
+
+
 def _domains(client: Any, keys: CrawlKeys, now: float) -> list[dict[str, Any]]:
     try:
         return busiest_domains(client, keys, now)
@@ -248,7 +266,10 @@ def read_status(
     p.hlen(keys.lease_meta)
     p.hget(keys.queue_tails, "count")  # requests queued (queue members may be chunks of several)
     (queued, inflight, delayed, dead, seeds_type, processing, seeds_rejected, queue_rejected, bloom,
-     fingerprints, control_raw, stats_raw, errors_raw, members, n_workers, n_leases, counted) = p.execute()
+     fingerprints, control_raw, stats_raw, errors_raw, members, n_workers, n_leases, counted) = _replies(
+        p, [0, 0, 0, 0, "none", 0, 0, 0, {}, 0, {}, {}, {}, [], 0, 0, None])
+    if not _valid_members(members):
+        members = []
     if queued:
         queued = max(int(queued), int(counted or 0))
 
@@ -273,7 +294,9 @@ def read_status(
         p.scard(shard.fingerprints)
         p.hlen(shard.lease_meta)
         p.hget(shard.queue_tails, "count")
-    replies = p.execute()
+    defaults_ = ([0] if count is not None else []) + [{}] * len(members) + [0, 0, 0, 0, {}, 0, 0, None] * len(
+        shards[1:])
+    replies = _replies(p, defaults_)
     seeds_waiting = int(replies.pop(0)) if count is not None else 0
     filters = [filter_figures(bloom, int(fingerprints))]
     for _ in shards[1:]:  # replies of the last shard are last: take them from the end
