@@ -294,9 +294,9 @@ def read_status(
         p.scard(shard.fingerprints)
         p.hlen(shard.lease_meta)
         p.hget(shard.queue_tails, "count")
-    defaults_ = ([0] if count is not None else []) + [{}] * len(members) + [0, 0, 0, 0, {}, 0, 0, None] * len(
-        shards[1:])
-    replies = _replies(p, defaults_)
+    fallbacks: list[Any] = [0] if count is not None else []
+    fallbacks += [{}] * len(members) + [0, 0, 0, 0, {}, 0, 0, None] * len(shards[1:])
+    replies = _replies(p, fallbacks)
     seeds_waiting = int(replies.pop(0)) if count is not None else 0
     filters = [filter_figures(bloom, int(fingerprints))]
     for _ in shards[1:]:  # replies of the last shard are last: take them from the end

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -126,10 +127,8 @@ class Squatter:
                 continue
             self.connections += 1
             conn.settimeout(1.0)
-            try:
+            with contextlib.suppress(OSError):
                 self.received += conn.recv(65536)
-            except OSError:
-                pass
             conn.close()
 
     def close(self) -> None:

@@ -44,11 +44,13 @@ def cli(redis_url: str, *args: str) -> Any:
 def garbage(redis_client: redis.Redis) -> redis.Redis:
     now = float(redis_client.time()[0])
     redis_client.hset(KEYS.control, mapping={
-        "shards": "100000", "close": "[/x]\x1b[2J", "close_at": "nan", "paused": "maybe", "paused_by": "\x1b[5m",
+        "shards": "100000", "close": "[/x]\x1b[2J", "close_at": "nan", "paused": "maybe",
+        "paused_by": "\x1b[5m",
     })
     redis_client.zadd(KEYS.workers, {EVIL_ID: now, "w-inf": float("inf"), "w-ok": now})
     redis_client.hset(KEYS.worker(EVIL_ID), mapping={
-        "pages": "1e300", "items": "²", "errors": "-3", "started": "nan", "interval": "-1", "pid": "99999999999",
+        "pages": "1e300", "items": "²", "errors": "-3", "started": "nan", "interval": "-1",
+        "pid": "99999999999",
         "inflight": "x", "state": "\x1b[31mrunning", "pages_per_min": "inf", "finish_reason": "[/x]\x9b2J",
         "host": "\x1b[2J",
     })
@@ -72,7 +74,9 @@ def test_status_survives_garbage(redis_url: str, garbage: redis.Redis) -> None:
     assert data["filter"]["kind"] == "garbage"
 
 
-def test_dead_survives_garbage_and_requeue_skips_bad_records(redis_url: str, redis_client: redis.Redis) -> None:
+def test_dead_survives_garbage_and_requeue_skips_bad_records(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
     good = dead_letter_record(Request("https://e.com/ok", meta={"retry_times": 2}), reason="500", worker="w",
                               status=500, now=1000.0)
     record = json.loads(good)
