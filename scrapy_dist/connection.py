@@ -333,12 +333,15 @@ def resolve_target(settings: SettingsLike) -> RedisTarget:
     target = RedisTarget(url=url, setting="embedded", params=params, cluster=False, embedded_dir=directory)
     if directory not in _announced:
         _announced.add(directory)
-        logger.info(
-            "No REDIS_URL set: using the embedded Redis at %s (%s; data in %s is kept between runs, so a "
-            "stopped crawl resumes). Set REDIS_URL to share one Redis between machines.",
+        # WARNING: a user who meant to share one Redis between machines must not miss it.
+        logger.warning(
+            "No REDIS_URL set: this crawl is confined to this machine, using the embedded Redis at %s (%s; "
+            "data in %s is kept between runs). Feed it seeds with: redis-cli -s %s lpush <spider>:start_urls "
+            "URL (or scrapy-dist redis-cli ...). Set REDIS_URL to share one Redis between machines.",
             target.masked_url,
             "started it" if started else "already running",
             directory,
+            server.socket_path,
         )
     return target
 
