@@ -56,11 +56,13 @@ def test_embedded_status_in_a_dir_of_another_user_is_one_line(outside: Path) -> 
     os.chown(directory, 54321, 54321)
     result = run(outside, "embedded", "status")
     assert result.returncode == 1
-    assert result.stderr.count("\n") == 1 and "uid 54321" in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "uid 54321" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_redis_cli_gets_the_password_by_environment(redis_url: str, redis_client: redis.Redis) -> None:
-    redis_client.acl_setuser("cli-user", enabled=True, passwords=["+pa#ss/w?rd"], keys=["*"], commands=["+@all"])
+    redis_client.acl_setuser("cli-user", enabled=True, passwords=["+pa#ss/w?rd"], keys=["*"],
+                             commands=["+@all"])
     try:
         url = redis_url.replace("redis://", "redis://cli-user:pa%23ss%2Fw%3Frd@")
         args, env = redis_cli_arguments(url)

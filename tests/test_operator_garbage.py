@@ -72,7 +72,7 @@ def test_status_survives_garbage(redis_url: str, garbage: redis.Redis) -> None:
     evil = next(w for w in data["workers"] if w["id"] == EVIL_ID)
     assert evil["pages"] is None and evil["pid"] is None and "pages" in evil["garbage"]
     assert data["filter"]["kind"] == "garbage"
-    # The remedy for a garbled control hash: `scrapy-dist resume` clears the flags (shards is the crawl's own).
+    # The remedy for a garbled control hash: `scrapy-dist resume` clears the flags (shards: the crawl's).
     cli(redis_url, "resume", SPIDER)
     data = json.loads(cli(redis_url, "status", SPIDER, "--json").output)
     assert data["garbage"]["control"] == ["shards='100000' (expected 1 to 1024)"]
