@@ -231,9 +231,11 @@ def _valid_members(members: Any) -> bool:
 
 
 def _domains(client: Any, keys: CrawlKeys, now: float) -> list[dict[str, Any]]:
+    from redis.exceptions import ResponseError
+
     try:
         return busiest_domains(client, keys, now)
-    except (ValueError, TypeError, ArithmeticError, ScrapyDistError):
+    except (ValueError, TypeError, ArithmeticError, ScrapyDistError, ResponseError):
         return []  # garbage in the politeness keys: the rest of the status is still worth showing
 
 

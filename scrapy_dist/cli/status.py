@@ -27,6 +27,8 @@ _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
 def _num(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, str):  # a stat that is not a number: garbage from Redis
+        return printable(value, 40)
     if isinstance(value, float):
         return f"{value:,.1f}"
     return f"{value:,}"
