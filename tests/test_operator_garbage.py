@@ -59,7 +59,8 @@ def garbage(redis_client: redis.Redis) -> redis.Redis:
     redis_client.hset(KEYS.bloom, mapping={"capacity": "1" + "0" * 400, "error_rate": "nan", "n": "-1"})
     redis_client.set(KEYS.queue_tails, "not a hash")
     redis_client.set(KEYS.domain_info, "not a hash")
-    redis_client.hset(KEYS.stats, mapping={"response_received_count": "\x1b[2Jabc", "item_scraped_count": "nan"})
+    redis_client.hset(KEYS.stats, mapping={"response_received_count": "\x1b[2Jabc",
+                                           "item_scraped_count": "nan"})
     return redis_client
 
 
