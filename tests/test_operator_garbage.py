@@ -108,6 +108,10 @@ def test_dead_survives_garbage_and_requeue_skips_bad_records(
     assert "kept not a url (cannot be requeued: ValueError" in result.output
     assert "requeued 2 dead letters" in result.output  # the good one and the one with the evil worker id
     assert redis_client.zcard(KEYS.queue) >= 1
+    # A flood of garbage is counted, not echoed line by line.
+    redis_client.rpush(KEYS.deadletter, *[b"\x00junk"] * 500)
+    out = cli(redis_url, "dead", SPIDER).output
+    assert out.count("skipped malformed record") == 20 and "more malformed records skipped" in out
 
 
 def test_items_survive_garbage(redis_url: str, redis_client: redis.Redis) -> None:

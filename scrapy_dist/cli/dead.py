@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
     from scrapy_dist.keys import CrawlKeys
 
+#: Malformed records named one by one on stderr (the rest are counted).
+BAD_SHOWN = 20
 #: Records read per round trip, and requeued per ``sync`` call.
 CHUNK = 500
 #: Rows of the table when ``--limit`` is not given.
@@ -208,8 +210,10 @@ def dead(
             click.echo(f"purged {n} dead letters from {key!r}")
             return
         letters, bad = select(client, key, reason)
-        for index, raw, why in bad:
+        for index, raw, why in bad[:BAD_SHOWN]:
             click.echo(f"skipped malformed record #{index} ({printable(why, 200)}): {raw[:80]!r}", err=True)
+        if len(bad) > BAD_SHOWN:
+            click.echo(f"... and {len(bad) - BAD_SHOWN:,} more malformed records skipped", err=True)
         if purge:
             removed = _purge(client, key, letters)
             click.echo(f"purged {removed} dead letters with reason {reason!r} from {key!r}")
