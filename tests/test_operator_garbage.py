@@ -167,3 +167,23 @@ def test_idle_script_overwrites_a_future_or_garbage_close(redis_client: redis.Re
         redis_client.hset(KEYS.control, mapping={"close": "bogus", "close_at": at})
         decided, reason, _ = script(keys=keys, args=["finished", "0"])
         assert (decided, reason) == (1, b"finished"), at
+
+
+def test_error_monitor_ignores_a_future_or_garbage_close(redis_url: str, redis_client: redis.Redis) -> None:
+    from scrapy_dist.extensions import ErrorMonitor
+
+    crawler = get_crawler(settings_dict={"REDIS_URL": redis_url, "CLUSTERSTATS_INTERVAL": 3600})
+    crawler.spidercls.name = SPIDER
+    monitor = ErrorMonitor.from_crawler(crawler)
+
+    async def scenario() -> list[bool]:
+        await monitor.spider_opened(None)
+        closing = []
+        for at in (repr(time.time() + 10 * 365 * 86400), "garbage", "nan"):
+            redis_client.hset(KEYS.control, mapping={"close": "error_threshold", "close_at": at})
+            await monitor.flush(now=time.time())  # before: ValueError per poll, or closed by the future flag
+            closing.append(monitor._closing)
+        await monitor.spider_closed(None, "x")
+        return closing
+
+    assert asyncio.run(scenario()) == [False, False, False]
