@@ -127,6 +127,7 @@ class IdleMonitor:
             self.started_at = await server_time(self.redis)
         except Exception:
             self.started_at = time.time()
+        self._opened_mono = time.monotonic()
         self._task = PeriodicTask(self.check, self.poll, "Idle monitor", logger).start()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
@@ -153,11 +154,13 @@ class IdleMonitor:
             pipe.llen(k.start_urls)
         pipe.llen(k.start_urls_processing)
         pipe.hgetall(k.control)
-        pipe.time()
-        *counts, control, now = await pipe.execute(raise_on_error=False)
+        *counts, control = await pipe.execute(raise_on_error=False)
         if isinstance(control, Exception):
             raise control
-        self.server_now = None if isinstance(now, Exception) else int(now[0]) + int(now[1]) / 1e6
+        # Server time now, from the server time at start plus the time elapsed since (no TIME round trip;
+        # a cluster pipeline cannot send TIME): bounds how far in the future a close decision may lie.
+        opened = getattr(self, "_opened_mono", None)
+        self.server_now = None if opened is None else self.started_at + (time.monotonic() - opened)
         state = ControlState.from_hash(control)
         report_problems(k.control, state)
         # a seeds key of another type than configured (WRONGTYPE) holds nothing the spider can take
