@@ -50,8 +50,8 @@ embedded server does not protect against root or against other processes of the 
 Memory: the server runs with ``maxmemory`` (``REDIS_EMBEDDED_MAXMEMORY``; default a quarter of the RAM,
 at most 2 GB) and ``maxmemory-policy noeviction``, so a runaway crawl (or a bug) gets ``OOM`` errors from
 Redis instead of swapping the user's machine to a halt; a frontier must never lose entries to eviction.
-The limit is applied when the server starts (and to a running server when a process joins it with a
-different setting).
+The limit is applied when the server starts, and to a running server when a process that sets
+``REDIS_EMBEDDED_MAXMEMORY`` to another value joins it.
 """
 
 from __future__ import annotations
@@ -339,19 +339,21 @@ class EmbeddedRedis:
         self.directory = path.parent.resolve() / path.name
         self.binary = binary
         self.maxmemory = default_maxmemory() if maxmemory is None else maxmemory
+        # Only a limit the caller chose is pushed onto a running server it joins (a CLI command without
+        # the setting must not undo the limit a crawl was started with).
+        self.maxmemory_explicit = maxmemory is not None
 
     @classmethod
     def for_settings(cls, settings: Any) -> EmbeddedRedis:
         """The embedded server the given Scrapy settings would use.
 
         Raises :class:`RedisUnavailable` (one line) for a bad ``REDIS_EMBEDDED_MAXMEMORY``."""
+        raw = settings.get("REDIS_EMBEDDED_MAXMEMORY", defaults.REDIS_EMBEDDED_MAXMEMORY)
         try:
-            maxmemory = parse_maxmemory(
-                settings.get("REDIS_EMBEDDED_MAXMEMORY", defaults.REDIS_EMBEDDED_MAXMEMORY)
-            )
+            maxmemory = parse_maxmemory(raw)
         except ValueError as exc:
             raise RedisUnavailable(f"scrapy-dist: {exc}") from None
-        return cls(embedded_dir(settings), maxmemory=maxmemory)
+        return cls(embedded_dir(settings), maxmemory=None if raw in (None, "") else maxmemory)
 
     # -- files ----------------------------------------------------------------------------------
     @property
@@ -551,6 +553,8 @@ class EmbeddedRedis:
             return self._start(timeout), True
 
     def _apply_maxmemory_from_state(self) -> None:
+        if not self.maxmemory_explicit:
+            return
         state = self._read_state()
         if state is not None:
             self._apply_maxmemory(state)

@@ -214,6 +214,8 @@ def test_server_runs_with_maxmemory_and_noeviction(server: EmbeddedRedis) -> Non
     # A process joining with another limit applies it to the running server.
     joiner = EmbeddedRedis(server.directory, maxmemory=128 * 1024**2)
     joiner.ensure_running()
+    # One that leaves the setting alone (a CLI command) does not undo it.
+    EmbeddedRedis(server.directory).ensure_running()
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
         assert int(client.config_get("maxmemory")["maxmemory"]) == 128 * 1024**2
