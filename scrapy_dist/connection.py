@@ -57,7 +57,7 @@ from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
 from scrapy_dist import defaults, outage
-from scrapy_dist.embedded import EmbeddedRedis, embedded_dir
+from scrapy_dist.embedded import EmbeddedRedis
 from scrapy_dist.exceptions import RedisUnavailable
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ _TCP_ONLY_PARAMS = ("socket_keepalive", "socket_keepalive_options")
 _RETRIES = 3
 
 _AUTHORITY = re.compile(r"([^/?#]*)(.*)", re.DOTALL)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
 # What "Redis did not answer" looks like; RedisClusterException is not a RedisError.
 _CONNECT_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
@@ -147,14 +147,17 @@ def mask_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    match = _AUTHORITY.match(rest)
-    if match is None:  # pragma: no cover - the pattern matches any string
-        return url
-    authority, tail = match.group(1), match.group(2)
-    if "@" in authority:
-        userinfo, hostinfo = authority.rsplit("@", 1)
-        if ":" in userinfo:
-            authority = f"{userinfo.split(':', 1)[0]}:***@{hostinfo}"
+    # A password may hold unencoded '#', '/', '?' or '@' (redis-py accepts them), so the userinfo ends at
+    # the *last* '@' when what precedes it looks like "user:..." -- masking too much is the safe mistake.
+    userinfo, at, after = rest.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    if at and ":" in userinfo and not any(c in user for c in "/?#"):
+        match = _AUTHORITY.match(after)
+        hostinfo, tail = (match.group(1), match.group(2)) if match else (after, "")
+        authority = f"{user}:***@{hostinfo}"
+    else:
+        match = _AUTHORITY.match(rest)
+        authority, tail = (match.group(1), match.group(2)) if match else (rest, "")
     tail = _QUERY_PASSWORD.sub(r"\1***", tail)
     return f"{scheme}://{authority}{tail}"
 
@@ -309,18 +312,21 @@ def resolve_target(settings: SettingsLike) -> RedisTarget:
             params=params,
             cluster=cluster,
         )
-    directory = embedded_dir(settings)
-    server = EmbeddedRedis(directory)
+    server = EmbeddedRedis.for_settings(settings)
+    directory = server.directory
     url, started = server.ensure_running()
     target = RedisTarget(url=url, setting="embedded", params=params, cluster=False, embedded_dir=directory)
     if directory not in _announced:
         _announced.add(directory)
-        logger.info(
-            "No REDIS_URL set: using the embedded Redis at %s (%s; data in %s is kept between runs, so a "
-            "stopped crawl resumes). Set REDIS_URL to share one Redis between machines.",
+        # WARNING: a user who meant to share one Redis between machines must not miss it.
+        logger.warning(
+            "No REDIS_URL set: this crawl is confined to this machine, using the embedded Redis at %s (%s; "
+            "data in %s is kept between runs). Feed it seeds with: redis-cli -s %s lpush <spider>:start_urls "
+            "URL (or scrapy-dist redis-cli ...). Set REDIS_URL to share one Redis between machines.",
             target.masked_url,
             "started it" if started else "already running",
             directory,
+            server.socket_path,
         )
     return target
 

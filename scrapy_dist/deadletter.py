@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
 DETAIL_LIMIT = 300
 #: largest record ``scrapy-dist dead`` accepts (a 1 MiB payload in base64 plus the other fields)
 MAX_RECORD_BYTES = 2 * 1024 * 1024
+#: Latest ``at`` a record may carry (year 5138): later is garbage, and beyond what dates can show.
+MAX_AT = 1e11
 
 
 # -- records --------------------------------------------------------------------------------------
@@ -128,13 +131,21 @@ class DeadLetter:
 
 
 def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
-    """Validate and decode one list element; raises :class:`RejectedEntry` (reason ``bad_deadletter``)."""
+    """The one parser of a dead-letter record: validate and decode one list element. Raises only
+    :class:`RejectedEntry` (reason ``bad_deadletter``), for anything but a JSON object whose fields have
+    their documented types -- ``at`` a finite time (not NaN, not 1e300), ``attempts`` and ``status`` in
+    range, texts at most :data:`MAX_RECORD_BYTES` long."""
+    if not isinstance(raw, (bytes, bytearray)):
+        raise RejectedEntry("bad_deadletter", f"record of type {type(raw).__name__}")
+    raw = bytes(raw)
     if len(raw) > max_bytes:
         raise RejectedEntry("bad_deadletter", f"record of {len(raw)} bytes")
     try:
         d = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RejectedEntry("bad_deadletter", f"not JSON: {exc}"[:200]) from None
+    except RecursionError:
+        raise RejectedEntry("bad_deadletter", "not JSON: nested too deep") from None
     if not isinstance(d, dict):
         raise RejectedEntry("bad_deadletter", f"record is a {type(d).__name__}")
 
@@ -155,13 +166,24 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
         except (binascii.Error, ValueError):
             raise RejectedEntry("bad_deadletter", "request is not base64") from None
     status = field("status", int, None)
+    if status is not None and not 0 <= status <= 999:
+        raise RejectedEntry("bad_deadletter", "status out of range")
+    attempts = field("attempts", int, 0)
+    if not 0 <= attempts <= 10**9:
+        raise RejectedEntry("bad_deadletter", "attempts out of range")
+    try:
+        at = float(field("at", (int, float), 0.0))
+    except OverflowError:  # an integer too big for a float
+        at = math.inf
+    if not (math.isfinite(at) and 0 <= at <= MAX_AT):
+        raise RejectedEntry("bad_deadletter", "at is not a time")
     return DeadLetter(
         raw=raw,
         url=url,
         reason=str(field("reason", str, "")),
-        attempts=field("attempts", int, 0),
+        attempts=attempts,
         worker=field("worker", str, ""),
-        at=float(field("at", (int, float), 0.0)),
+        at=at,
         status=status,
         detail=field("detail", str, ""),
         payload=payload,

@@ -24,6 +24,8 @@ REDIS_SENTINEL_MASTER: str = "mymaster"
 REDIS_KEY_PREFIX: str = ""
 #: Where the embedded Redis keeps its data (relative to the project's ``.scrapy`` dir).
 REDIS_EMBEDDED_DIR: str | None = None
+#: ``maxmemory`` of the embedded Redis: bytes or a size like "2gb"; None = a quarter of the RAM, at most 2 GB.
+REDIS_EMBEDDED_MAXMEMORY: int | str | None = None
 
 # -- scheduler / frontier ----------------------------------------------------------------------
 SCHEDULER_QUEUE_CLASS: str = "scrapy_dist.queue.PriorityQueue"

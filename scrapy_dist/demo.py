@@ -310,6 +310,19 @@ def _is_project(path: Path) -> bool:
     return (path / "scrapy.cfg").is_file() and (path / "example_project" / "spiders" / "demo.py").is_file()
 
 
+_WORKER_SETTINGS_MODULE = "scrapy_dist_demo_worker_settings"
+_WORKER_URL_VARIABLE = "SCRAPY_DIST_DEMO_REDIS_URL"
+
+
+def _project_settings_module(project: Path) -> str:
+    """The settings module named by the project's ``scrapy.cfg``."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(project / "scrapy.cfg")
+    return cfg.get("settings", "default", fallback="example_project.settings")
+
+
 def locate_project(run_dir: Path, example: Path | None = None) -> tuple[Path, bool]:
     """The project directory the workers run in, and whether it is the wheel's packaged copy.
 
@@ -526,8 +539,32 @@ class Demo:
                 "REDIS_EMBEDDED_DIR": str(self.embedded.directory),
             })
         else:
-            out.update({"REDIS_URL": self.redis_url, "REDIS_SENTINELS": ""})
+            # The URL (and its password) reaches the workers by environment, never on the command line
+            # (which every local user can read with `ps`): see worker_env().
+            out.update({"REDIS_SENTINELS": ""})
         return out
+
+    def worker_env(self) -> dict[str, str]:
+        """Environment of every worker. With ``--redis-url`` the URL goes in ``SCRAPY_DIST_DEMO_REDIS_URL``
+        (a process's environment is readable only by its user) and ``SCRAPY_SETTINGS_MODULE`` names a small
+        settings module, written once into the run directory, that loads the project's settings and takes
+        ``REDIS_URL`` from that variable."""
+        env = {k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")}
+        if self.embedded is not None:
+            return env
+        module_dir = self.run_dir / "worker-settings"
+        module_dir.mkdir(mode=0o700, exist_ok=True)
+        base = _project_settings_module(self.project)
+        (module_dir / f"{_WORKER_SETTINGS_MODULE}.py").write_text(
+            f"import os\n\nfrom {base} import *  # noqa: F403\n\n"
+            f'REDIS_URL = os.environ["{_WORKER_URL_VARIABLE}"]\nREDIS_HOST = REDIS_PORT = None\n'
+        )
+        env[_WORKER_URL_VARIABLE] = self.redis_url
+        env["SCRAPY_SETTINGS_MODULE"] = _WORKER_SETTINGS_MODULE
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(module_dir), str(self.project), os.environ.get("PYTHONPATH", "")) if p
+        )
+        return env
 
     # -- processes -----------------------------------------------------------------------------------
     def start_worker(self) -> Worker:
@@ -536,7 +573,7 @@ class Demo:
         cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDER]
         for name, value in self.worker_settings().items():
             cmd += ["-s", f"{name}={value}"]
-        env = {k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")}
+        env = self.worker_env()
         log = self.run_dir / f"worker-{number}.log"
         with open(log, "wb") as fh:
             proc = subprocess.Popen(

@@ -4,6 +4,13 @@
 the lease index while it is small) and returns plain, JSON-ready data (a sharded frontier's figures are
 summed over its shards, whose number is read from the crawl's control hash); the helpers that turn raw Redis
 replies into figures are pure functions of their input and ``now``.
+
+Everything read is untrusted: the control hash and worker hashes go through their one parser each
+(:func:`~scrapy_dist.extensions.control.parse_control`,
+:func:`~scrapy_dist.extensions.workers.parse_worker_hash`),
+garbage figures become ``None`` and are listed under ``"garbage"`` in the result, so ``status`` never
+crashes or stalls on them (a recorded ``shards`` beyond :data:`~scrapy_dist.extensions.control.MAX_SHARDS`
+is ignored rather than read as 100,000 shards).
 """
 
 from __future__ import annotations
@@ -14,8 +21,9 @@ from typing import Any
 
 from scrapy_dist import defaults
 from scrapy_dist.bloom import BloomPlan
-from scrapy_dist.extensions.control import ControlState
-from scrapy_dist.extensions.workers import CLOSED, LOST, RUNNING, worker_state
+from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
+from scrapy_dist.extensions.control import ControlState, parse_control
+from scrapy_dist.extensions.workers import CLOSED, LOST, RUNNING, parse_worker_hash, worker_state
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.politeness import busiest_domains
 
@@ -62,13 +70,15 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
         window = float(fields.get("_window", ""))
     except ValueError:
         bucket_s = window = 0.0
+    if not (0 < bucket_s <= 86400 and 0 < window <= 10**7):  # also False for NaN
+        bucket_s = window = 0.0
     totals: Counter[str] = Counter()
     if bucket_s > 0:
         for field, value in fields.items():
             bucket, sep, name = field.partition("|")
             if not sep or not bucket.isdigit():
                 continue
-            if (int(bucket) + 1) * bucket_s > now - window:
+            if (int(bucket) + 1) * bucket_s > now - window and value.isascii() and value.isdigit():
                 totals[name] += int(value)
     attempts, errors = totals.get("attempts", 0), totals.get("errors", 0)
     reasons = {k[2:]: n for k, n in totals.most_common() if k.startswith("r:")}
@@ -85,9 +95,23 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
 
 
 def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
-    """Fill and estimated false-positive rate of the crawl's dupefilter (bloom hash or fingerprint SET)."""
+    """Fill and estimated false-positive rate of the crawl's dupefilter (bloom hash or fingerprint SET);
+    ``{"kind": "garbage"}`` if the bloom hash holds parameters no filter could have."""
+    try:
+        return _filter_figures(bloom, fingerprints)
+    except (ValueError, TypeError, ArithmeticError, ScrapyDistError):
+        return {"kind": "garbage", "items": None, "fill": None, "fpr_estimate": None}
+
+
+def _filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
     b = decode_hash(bloom)
     if b.get("capacity"):
+        if not (b["capacity"].isascii() and b["capacity"].isdigit() and 0 < int(b["capacity"]) <= 10**13):
+            raise ValueError("capacity")
+        if not 0 < float(b.get("error_rate") or "nan") < 1:
+            raise ValueError("error_rate")
+        if not (b.get("n") or "0").isdigit():
+            raise ValueError("n")
         plan = BloomPlan(int(b["capacity"]), float(b["error_rate"]),
                          int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS))
         n = int(b.get("n") or 0)
@@ -109,6 +133,8 @@ def combine_filters(figures: list[dict[str, Any] | None]) -> dict[str, Any] | No
     """The filter figures of a sharded frontier (one filter per shard) as one: items, capacity and memory
     summed; the false-positive estimate is the worst shard's (a URL is looked up in one shard only)."""
     present = [f for f in figures if f is not None]
+    if any(f["kind"] == "garbage" for f in present):
+        return {"kind": "garbage", "items": None, "fill": None, "fpr_estimate": None, "shards": len(figures)}
     if len(present) <= 1:
         return present[0] if present else None
     items = sum(f["items"] for f in present)
@@ -140,30 +166,37 @@ def worker_rows(
     """One JSON-ready row per worker, running first, then lost, then closed, most recently seen first."""
     rows: list[dict[str, Any]] = []
     for (member, last_seen), raw in zip(members, details, strict=True):
-        info = decode_hash(raw)
+        try:
+            info = parse_worker_hash(raw)
+        except RejectedEntry:
+            info = parse_worker_hash({})
         wid = _text(member)
-        state = worker_state(info, float(last_seen), now, default_interval)
-        started = float(info["started"]) if info.get("started") else None
-        inflight: int | None
-        if leases is not None:
-            inflight = leases.get(wid, 0)
-        else:
-            inflight = int(info["inflight"]) if info.get("inflight", "").isdigit() else None
-        rows.append({
+        seen = float(last_seen)
+        if not math.isfinite(seen):  # ZADD accepts +inf: such a worker is never "seen" at any real time
+            seen = 0.0
+        state = worker_state(
+            {"state": info.state, "interval": "" if info.interval is None else repr(info.interval)},
+            seen, now, default_interval,
+        )
+        inflight = leases.get(wid, 0) if leases is not None else info.inflight
+        row: dict[str, Any] = {
             "id": wid,
-            "host": info.get("host", wid.split(":", 1)[0]),
-            "pid": int(info["pid"]) if info.get("pid", "").isdigit() else None,
+            "host": info.host or wid.split(":", 1)[0],
+            "pid": info.pid,
             "state": state,
-            "last_seen": round(float(last_seen), 3),
-            "seen_ago": round(max(0.0, now - float(last_seen)), 1),
-            "started": started,
-            "pages": int(info.get("pages") or 0),
-            "items": int(info.get("items") or 0),
-            "errors": int(info.get("errors") or 0),
+            "last_seen": round(seen, 3),
+            "seen_ago": round(min(max(0.0, now - seen), 1e10), 1),
+            "started": info.started,
+            "pages": info.pages,
+            "items": info.items,
+            "errors": info.errors,
             "leases": inflight,
-            "pages_per_min": float(info.get("pages_per_min") or 0) if state == RUNNING else 0.0,
-            "finish_reason": info.get("finish_reason") or None,
-        })
+            "pages_per_min": (info.pages_per_min or 0.0) if state == RUNNING else 0.0,
+            "finish_reason": info.finish_reason or None,
+        }
+        if info.garbage:
+            row["garbage"] = list(info.garbage)
+        rows.append(row)
     order = {RUNNING: 0, LOST: 1, CLOSED: 2}
     rows.sort(key=lambda r: (order[r["state"]], -r["last_seen"]))
     return rows
@@ -177,6 +210,33 @@ def crawl_state(control: ControlState, running: int) -> str:
     if control.close:
         return f"closing ({control.close})" if running else f"closed ({control.close})"
     return "running" if running else "stopped"
+
+
+def _replies(pipe: Any, fallbacks: list[Any]) -> list[Any]:
+    """A pipeline's replies, a key of the wrong type (``WRONGTYPE``: garbage written by someone) giving
+    its fallback instead of an exception. Connection errors still raise."""
+    from redis.exceptions import ResponseError
+
+    out = pipe.execute(raise_on_error=False)
+    for i, reply in enumerate(out):
+        if isinstance(reply, ResponseError):
+            out[i] = fallbacks[i]
+        elif isinstance(reply, Exception):
+            raise reply
+    return out
+
+
+def _valid_members(members: Any) -> bool:
+    return isinstance(members, list) and all(isinstance(m, (tuple, list)) and len(m) == 2 for m in members)
+
+
+def _domains(client: Any, keys: CrawlKeys, now: float) -> list[dict[str, Any]]:
+    from redis.exceptions import ResponseError
+
+    try:
+        return busiest_domains(client, keys, now)
+    except (ValueError, TypeError, ArithmeticError, ScrapyDistError, ResponseError):
+        return []  # garbage in the politeness keys: the rest of the status is still worth showing
 
 
 def read_status(
@@ -208,11 +268,18 @@ def read_status(
     p.hlen(keys.lease_meta)
     p.hget(keys.queue_tails, "count")  # requests queued (queue members may be chunks of several)
     (queued, inflight, delayed, dead, seeds_type, processing, seeds_rejected, queue_rejected, bloom,
-     fingerprints, control_raw, stats_raw, errors_raw, members, n_workers, n_leases, counted) = p.execute()
+     fingerprints, control_raw, stats_raw, errors_raw, members, n_workers, n_leases, counted) = _replies(
+        p, [0, 0, 0, 0, "none", 0, 0, 0, {}, 0, {}, {}, {}, [], 0, 0, None])
+    if not _valid_members(members):
+        members = []
     if queued:
         queued = max(int(queued), int(counted or 0))
 
-    shards = keys.shards(int(decode_hash(control_raw).get("shards") or 1))
+    try:
+        control = parse_control(control_raw)
+    except RejectedEntry:
+        control = ControlState(problems=("control hash unreadable",))
+    shards = keys.shards(control.shards or 1)
     seeds_type = _text(seeds_type)
     p = client.pipeline(transaction=False)
     count = {"list": p.llen, "set": p.scard, "zset": p.zcard}.get(seeds_type)
@@ -229,7 +296,9 @@ def read_status(
         p.scard(shard.fingerprints)
         p.hlen(shard.lease_meta)
         p.hget(shard.queue_tails, "count")
-    replies = p.execute()
+    fallbacks: list[Any] = [0] if count is not None else []
+    fallbacks += [{}] * len(members) + [0, 0, 0, 0, {}, 0, 0, None] * len(shards[1:])
+    replies = _replies(p, fallbacks)
     seeds_waiting = int(replies.pop(0)) if count is not None else 0
     filters = [filter_figures(bloom, int(fingerprints))]
     for _ in shards[1:]:  # replies of the last shard are last: take them from the end
@@ -248,7 +317,6 @@ def read_status(
             [v for shard in shards for _, v in client.hscan_iter(shard.lease_meta, count=1000)]
         )
 
-    control = ControlState.from_hash(control_raw)
     workers = worker_rows(members, replies, leases, now, default_interval)
     states = Counter(w["state"] for w in workers)
     errors = window_totals(errors_raw, now)
@@ -286,6 +354,10 @@ def read_status(
             "total": int(n_workers),
         },
         "workers": workers,
-        "domains": busiest_domains(client, keys, now),
+        "domains": _domains(client, keys, now),
+        "garbage": {
+            "control": list(control.problems),
+            "workers": sum(1 for w in workers if w.get("garbage")),
+        },
         "stats": decode_stats(stats_raw),
     }

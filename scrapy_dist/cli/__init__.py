@@ -192,3 +192,4 @@ from scrapy_dist.cli import items  # noqa: E402, F401
 from scrapy_dist.cli import dead  # noqa: E402, F401
 from scrapy_dist.cli import status  # noqa: E402, F401
 from scrapy_dist.cli import push  # noqa: E402, F401
+from scrapy_dist.cli import embedded  # noqa: E402, F401

@@ -34,6 +34,7 @@ from scrapy.utils.misc import load_object
 
 from scrapy_dist import defaults, queue
 from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.cli.text import json_safe, printable
 from scrapy_dist.codec import EntryPolicy
 from scrapy_dist.deadletter import DeadLetter, parse_record, reason_matches, requeue_payload
 from scrapy_dist.exceptions import RejectedEntry
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 
     from scrapy_dist.keys import CrawlKeys
 
+#: Malformed records named one by one on stderr (the rest are counted).
+BAD_SHOWN = 20
 #: Records read per round trip, and requeued per ``sync`` call.
 CHUNK = 500
 #: Rows of the table when ``--limit`` is not given.
@@ -81,22 +84,27 @@ def select(
 
 
 def _when(at: float) -> str:
-    if at <= 0:
-        return "?"
-    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        if at > 0:
+            return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError, OSError):
+        pass
+    return "?"
 
 
 def _table(letters: list[tuple[int, DeadLetter]], key: str) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"dead letters in {key}", title_justify="left")
     for name in ("#", "at (UTC)", "reason", "status", "attempts", "worker", "url"):
         table.add_column(name, overflow="fold", no_wrap=name not in ("url", "reason"))
     for index, d in letters:
-        table.add_row(
-            str(index), _when(d.at), d.reason, "" if d.status is None else str(d.status), str(d.attempts),
-            d.worker, d.url + ("" if d.payload is not None else "  (not requeueable)"),
+        table.add_row(  # Text, never markup: a worker id like "[/x]" is data
+            str(index), _when(d.at), Text(printable(d.reason, 200)),
+            "" if d.status is None else str(d.status), str(d.attempts), Text(printable(d.worker, 120)),
+            Text(printable(d.url, 2000) + ("" if d.payload is not None else "  (not requeueable)")),
         )
     Console().print(table)
 
@@ -124,11 +132,15 @@ def _requeue_targets(
             continue
         try:
             payload, priority = requeue_payload(d.payload, schemes, max_bytes, policy)
+            # the queue class scores a request from its priority (see scrapy_dist.queue)
+            score = float(order.score(Request(d.url or "http://x", priority=priority)))
         except RejectedEntry as exc:
             refused.append((d, str(exc)))
             continue
-        # the queue class scores a request from its priority (see scrapy_dist.queue)
-        ok.append((d, payload, float(order.score(Request(d.url or "http://x", priority=priority)))))
+        except (ValueError, TypeError, OverflowError) as exc:  # e.g. a url Request() refuses
+            refused.append((d, f"{type(exc).__name__}: {exc}"))
+            continue
+        ok.append((d, payload, score))
     return ok, refused
 
 
@@ -200,8 +212,10 @@ def dead(
             click.echo(f"purged {n} dead letters from {key!r}")
             return
         letters, bad = select(client, key, reason)
-        for index, raw, why in bad:
-            click.echo(f"skipped malformed record #{index} ({why}): {raw[:80]!r}", err=True)
+        for index, raw, why in bad[:BAD_SHOWN]:
+            click.echo(f"skipped malformed record #{index} ({printable(why, 200)}): {raw[:80]!r}", err=True)
+        if len(bad) > BAD_SHOWN:
+            click.echo(f"... and {len(bad) - BAD_SHOWN:,} more malformed records skipped", err=True)
         if purge:
             removed = _purge(client, key, letters)
             click.echo(f"purged {removed} dead letters with reason {reason!r} from {key!r}")
@@ -209,7 +223,8 @@ def dead(
         if requeue:
             targets, refused = _requeue_targets(letters, redis.settings)
             for d, why in refused:
-                click.echo(f"kept {d.url} (cannot be requeued: {why})", err=True)
+                click.echo(f"kept {printable(d.url, 300)} (cannot be requeued: {printable(why, 300)})",
+                           err=True)
             done = asyncio.run(requeue_letters(redis, keys, targets)) if targets else 0
             click.echo(f"requeued {done} dead letters into {keys.queue!r}; {len(refused)} kept")
             return
@@ -225,11 +240,11 @@ def _show(letters: list[tuple[int, DeadLetter]], key: str, as_json: bool, limit:
     shown = letters[-limit:] if limit else letters
     if as_json:
         for index, d in shown:
-            click.echo(json.dumps({"index": index, **d.as_dict()}, ensure_ascii=False))
+            click.echo(json_safe(json.dumps({"index": index, **d.as_dict()}, ensure_ascii=False)))
         return
     _table(shown, key)
     counts = Counter(d.reason for _, d in letters)
-    summary = ", ".join(f"{r}: {n}" for r, n in counts.most_common())
+    summary = ", ".join(f"{printable(r, 80)}: {n:,}" for r, n in counts.most_common(20))
     hidden = f" (showing the last {len(shown)}; --limit 0 shows all)" if len(shown) < total else ""
     noun = "dead letter" if total == 1 else "dead letters"
     click.echo(f"{total} {noun}{hidden}" + (f" -- {summary}" if summary else ""))

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.cli.text import json_safe, printable
 from scrapy_dist.pipelines import STREAM_FIELD
 
 #: Items read per round trip.
@@ -92,14 +93,18 @@ def _format(position: str, raw: bytes, json_lines: bool) -> tuple[str | None, st
     """(stdout text, stderr warning) for one entry."""
     try:
         item: Any = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
         text = raw.decode("utf-8", "replace")
         if json_lines:
-            return None, f"skipped entry {position}: not JSON: {text[:80]!r}"
-        return f"--- {position} (not JSON)\n{text}", None
-    if json_lines:
-        return json.dumps(item, ensure_ascii=False, separators=(",", ":")), None
-    return f"--- {position}\n{json.dumps(item, ensure_ascii=False, indent=2)}", None
+            return None, f"skipped entry {printable(position)}: not JSON: {text[:80]!r}"
+        return f"--- {printable(position)} (not JSON)\n{printable(text, keep_newlines=True)}", None
+    try:
+        if json_lines:
+            return json_safe(json.dumps(item, ensure_ascii=False, separators=(",", ":"))), None
+        return f"--- {printable(position)}\n{json_safe(json.dumps(item, ensure_ascii=False, indent=2))}", None
+    except (ValueError, RecursionError):  # NaN is read but a strict consumer would choke on it
+        return None, f"skipped entry {printable(position)}: not printable as JSON"
+
 
 
 @main.command()

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from scrapy_dist import defaults
 from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.cli.text import json_safe, printable
 from scrapy_dist.extensions.control import pause_crawl, resume_crawl
 from scrapy_dist.status import read_status
 
@@ -26,6 +27,8 @@ _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
 def _num(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, str):  # a stat that is not a number: garbage from Redis
+        return printable(value, 40)
     if isinstance(value, float):
         return f"{value:,.1f}"
     return f"{value:,}"
@@ -67,6 +70,8 @@ def render(status: dict[str, Any]) -> Group:
     f = status["filter"]
     if f is None:
         filt = "-"
+    elif f["kind"] == "garbage":
+        filt = "unreadable (the filter's recorded parameters are garbage)"
     elif f["kind"] == "bloom":
         filt = (f"bloom, {f['items']:,} of {f['capacity']:,} ({f['fill']:.2%} full),"
                 f" estimated false positives {f['fpr_estimate']:.2g}")
@@ -74,7 +79,7 @@ def render(status: dict[str, Any]) -> Group:
         filt = f"exact, {f['items']:,} fingerprints"
     lines = [Text.assemble(("Filter  ", "bold"), filt)]
     if errors["reasons"]:
-        top = ", ".join(f"{r} {n:,}" for r, n in list(errors["reasons"].items())[:5])
+        top = ", ".join(f"{printable(r, 80)} {n:,}" for r, n in list(errors["reasons"].items())[:5])
         lines.append(Text.assemble(("Top errors  ", "bold"), top))
 
     summary = status["workers_summary"]
@@ -86,9 +91,10 @@ def render(status: dict[str, Any]) -> Group:
     for name in ("State", "Seen", "Pages", "Items", "Errors", "Leases", "Pages/min"):
         workers.add_column(name, justify="left" if name == "State" else "right")
     for w in status["workers"][:50]:
-        st = w["state"] + (f" ({w['finish_reason']})" if w["finish_reason"] else "")
+        st = w["state"] + (f" ({printable(w['finish_reason'], 60)})" if w["finish_reason"] else "")
         workers.add_row(
-            w["id"], Text(st, style=_STATE_STYLE.get(w["state"], "")), _ago(w["seen_ago"]),
+            Text(printable(w["id"], 120)), Text(st, style=_STATE_STYLE.get(w["state"], "")),
+            _ago(w["seen_ago"]),
             _num(w["pages"]), _num(w["items"]), _num(w["errors"]), _num(w["leases"]),
             _num(w["pages_per_min"]),
         )
@@ -102,10 +108,17 @@ def render(status: dict[str, Any]) -> Group:
             domains.add_column(name, justify="right")
         for d in status["domains"]:
             domains.add_row(
-                d["domain"], _num(d["backlog"]), _num(d["in_flight"]), f"{d['delay']:g}s",
+                Text(printable(d["domain"], 120)), _num(d["backlog"]), _num(d["in_flight"]),
+                f"{d['delay']:g}s",
                 str(d["concurrency"] or "-"), f"{d['next_in']:.1f}s",
             )
         parts.append(domains)
+    garbage = status.get("garbage") or {}
+    if garbage.get("control") or garbage.get("workers"):
+        what = [printable(p, 120) for p in garbage.get("control", [])]
+        if garbage.get("workers"):
+            what.append(f"{garbage['workers']:,} worker hashes with garbage fields (shown as -)")
+        lines.append(Text.assemble(("Ignored garbage  ", "bold yellow"), "; ".join(what)))
     stamp = datetime.fromtimestamp(status["time"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     return Group(headline, Text(stamp, style="dim"), overview, *lines, *parts)
 
@@ -129,14 +142,14 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
     if not watch:
         data = read()
         if as_json:
-            click.echo(json.dumps(data, indent=2))
+            click.echo(json_safe(json.dumps(data, indent=2)))
         else:
             Console().print(render(data))
         return
     try:
         if as_json:
             while True:
-                click.echo(json.dumps(read()))
+                click.echo(json_safe(json.dumps(read())))
                 time.sleep(interval)
         console = Console()
         with Live(render(read()), console=console, auto_refresh=False) as live:

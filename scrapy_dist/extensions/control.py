@@ -10,14 +10,38 @@ Fields:
   :class:`~scrapy_dist.extensions.ErrorMonitor`). A worker honours it only if it was set after the worker
   started (server time), so workers started later for a new run of the crawl are not closed by an old
   decision;
-* ``errors_tripped_at`` -- when the error monitor last passed its threshold (one action per window).
+* ``errors_tripped_at`` -- when the error monitor last passed its threshold (one action per window);
+* ``shards`` -- the crawl's number of frontier shards (written once by the first worker).
+
+Anything in this hash is untrusted: :func:`parse_control` is the one parser (used by the workers and by
+``scrapy-dist status``); it never raises for garbage field values -- a bad field is ignored and named in
+:attr:`ControlState.problems`, which callers report once (:func:`report_problems`). A close decision
+counts only if ``close`` is a reason slug and ``close_at`` a finite time between the worker's start and
+:data:`CLOSE_AT_SLACK` seconds past the current server time: a ``close_at`` far in the future (set by hand
+or by an attacker) would otherwise close every worker started later, forever.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from scrapy_dist.exceptions import RejectedEntry
+
+logger = logging.getLogger(__name__)
+
+#: How far in the future (seconds, server time) a ``close_at`` may lie and still count: the clocks of
+#: Redis and of a worker never disagree, it is all server time, so this only absorbs a slow round trip.
+#: (Mirrored in lua/idle.lua.)
+CLOSE_AT_SLACK = 60.0
+#: The most shards the tools and workers believe a control hash about (more is garbage, not a crawl).
+MAX_SHARDS = 1024
+_REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_reported: set[tuple[str, str]] = set()
 
 
 def _text(value: Any) -> str:
@@ -28,29 +52,80 @@ def _text(value: Any) -> str:
 
 @dataclass(frozen=True)
 class ControlState:
-    """The control flags as read from Redis."""
+    """The control flags as read from Redis (see :func:`parse_control`)."""
 
     paused: bool = False
     paused_by: str = ""
     close: str = ""
     close_at: float | None = None
+    #: the crawl's recorded shard count, None if absent or garbage
+    shards: int | None = None
+    #: one short description per garbage field, for a one-time warning
+    problems: tuple[str, ...] = ()
 
     @classmethod
-    def from_hash(cls, raw: dict[Any, Any]) -> ControlState:
-        """Build from an ``HGETALL`` reply (bytes or str keys and values)."""
-        d = {_text(k): _text(v) for k, v in (raw or {}).items()}
-        close_at = d.get("close_at")
+    def from_hash(cls, raw: Any) -> ControlState:
+        """Build from an ``HGETALL`` reply (bytes or str keys and values); see :func:`parse_control`."""
+        return parse_control(raw)
+
+    def close_reason(self, started_at: float, now: float | None = None) -> str:
+        """The close reason this worker (started at ``started_at``, server time) must act on, or ``""``.
+
+        Only a decision taken after the worker started and not later than ``now`` (server time) plus
+        :data:`CLOSE_AT_SLACK` counts; ``now=None`` skips the upper bound (callers without a clock)."""
+        if not self.close or self.close_at is None or self.close_at < started_at:
+            return ""
+        if now is not None and self.close_at > now + CLOSE_AT_SLACK:
+            return ""
+        return self.close
+
+
+def parse_control(raw: Any) -> ControlState:
+    """The one parser of ``{spider}:control``. Raises :class:`RejectedEntry` (reason ``not_a_hash``) only
+    if ``raw`` is not a mapping; a garbage field is ignored and named in ``problems``."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RejectedEntry("not_a_hash", f"control hash reply of type {type(raw).__name__}")
+    d = {_text(k): _text(v) for k, v in raw.items()}
+    problems: list[str] = []
+    paused_text = d.get("paused", "")
+    if paused_text not in ("", "0", "1"):
+        problems.append(f"paused={paused_text[:40]!r} (expected 0 or 1)")
+    close = d.get("close", "")
+    if close and not _REASON.fullmatch(close):
+        problems.append(f"close={close[:40]!r} (not a close reason)")
+        close = ""
+    at: float | None = None
+    close_at = d.get("close_at", "")
+    if close_at:
         try:
-            at = float(close_at) if close_at else None
+            at = float(close_at)
         except ValueError:
             at = None
-        return cls(d.get("paused") == "1", d.get("paused_by", ""), d.get("close", ""), at)
+        if at is None or not math.isfinite(at) or at < 0:
+            problems.append(f"close_at={close_at[:40]!r} (not a time)")
+            at = None
+    shards: int | None = None
+    shards_text = d.get("shards", "")
+    if shards_text:
+        if shards_text.isdigit() and 1 <= int(shards_text) <= MAX_SHARDS:
+            shards = int(shards_text)
+        else:
+            problems.append(f"shards={shards_text[:40]!r} (expected 1 to {MAX_SHARDS})")
+    paused_by = d.get("paused_by", "")
+    if paused_by and not _REASON.fullmatch(paused_by):
+        problems.append(f"paused_by={paused_by[:40]!r}")
+        paused_by = "?"
+    return ControlState(paused_text == "1", paused_by, close, at, shards, tuple(problems))
 
-    def close_reason(self, started_at: float) -> str:
-        """The close reason this worker (started at ``started_at``, server time) must act on, or ``""``."""
-        if self.close and self.close_at is not None and self.close_at >= started_at:
-            return self.close
-        return ""
+
+def report_problems(control_key: str, state: ControlState, log: logging.Logger = logger) -> None:
+    """Log each garbage field of ``control_key`` once per process (WARNING), never once per poll."""
+    for problem in state.problems:
+        if (control_key, problem) not in _reported:
+            _reported.add((control_key, problem))
+            log.warning("Ignoring garbage in %s: %s", control_key, problem)
 
 
 def pause_crawl(client: Any, control_key: str, by: str = "cli") -> None:

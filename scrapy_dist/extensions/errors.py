@@ -36,7 +36,7 @@ from scrapy import signals
 
 from scrapy_dist import connection, defaults, scripts
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.extensions.control import server_time
+from scrapy_dist.extensions.control import ControlState, server_time
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of, worker_id
 from scrapy_dist.keys import CrawlKeys, crawl_keys
@@ -282,7 +282,7 @@ class ErrorMonitor:
             args += [name, n]
         args += examples
         try:
-            tripped, _, flat, control, kept = await self._script(
+            tripped, server_now, flat, control, kept = await self._script(
                 keys=[self.keys.errors, self.keys.error_examples, self.keys.control], args=args
             )
         except BaseException:
@@ -298,7 +298,9 @@ class ErrorMonitor:
             return bool(tripped)
         self._follow_pause(paused == "1")
         # the error monitor acts on its own decision; IdleMonitor relays every kind of close decision
-        if close == CLOSE_REASON and float(close_at or 0) >= self.started_at:
+        decision = ControlState.from_hash({"close": close, "close_at": close_at})
+        now = _float_or_none(server_now)
+        if decision.close == CLOSE_REASON and decision.close_reason(self.started_at, now):
             self._close(close)
         return bool(tripped)
 
@@ -326,6 +328,13 @@ class ErrorMonitor:
         self._closing = True
         logger.warning("Closing: the error monitor closed the crawl crawl-wide (%s)", reason)
         self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
+
+
+def _float_or_none(value: Any) -> float | None:
+    try:
+        return float(_text(value))
+    except ValueError:
+        return None
 
 
 def _text(value: Any) -> str:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 
 from scrapy_dist import _engine, connection, defaults, scripts
-from scrapy_dist.extensions.control import ControlState, server_time
+from scrapy_dist.extensions.control import ControlState, report_problems, server_time
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of
 from scrapy_dist.frontier import shards_idle
@@ -128,6 +128,7 @@ class IdleMonitor:
             self.started_at = await server_time(self.redis)
         except Exception:
             self.started_at = time.time()
+        self._opened_mono = time.monotonic()
         self._task = PeriodicTask(
             self.check, self.poll, "idle monitor", logger, Outage.for_crawler(self.crawler)
         ).start()
@@ -159,8 +160,14 @@ class IdleMonitor:
         *counts, control = await pipe.execute(raise_on_error=False)
         if isinstance(control, Exception):
             raise control
+        # Server time now, from the server time at start plus the time elapsed since (no TIME round trip;
+        # a cluster pipeline cannot send TIME): bounds how far in the future a close decision may lie.
+        opened = getattr(self, "_opened_mono", None)
+        self.server_now = None if opened is None else self.started_at + (time.monotonic() - opened)
+        state = ControlState.from_hash(control)
+        report_problems(k.control, state)
         # a seeds key of another type than configured (WRONGTYPE) holds nothing the spider can take
-        return sum(int(c) for c in counts if not isinstance(c, Exception)), ControlState.from_hash(control)
+        return sum(int(c) for c in counts if not isinstance(c, Exception)), state
 
     def judges_idleness(self) -> bool:
         """Only a worker whose requests go through the shared frontier may call the crawl finished (with
@@ -181,7 +188,7 @@ class IdleMonitor:
         if self._close_task is not None:
             return ""
         work, control = await self.read()
-        reason = control.close_reason(self.started_at)
+        reason = control.close_reason(self.started_at, getattr(self, "server_now", None))
         if not reason and self.clock.idle_before_close > 0 and self.judges_idleness():
             now = time.monotonic() if now is None else now
             # a paused crawl is waiting for `scrapy-dist resume`, not finished

@@ -14,11 +14,14 @@ said it closed; the leases a lost worker held are the ones the frontier requeues
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.scheduler import get_scheduler, make_worker_id
 
 if TYPE_CHECKING:
@@ -130,15 +133,103 @@ def heartbeat_fields(
     return fields
 
 
+#: Largest count a worker hash may report (anything above is garbage, shown as unknown).
+MAX_COUNT = 10**15
+#: Longest text field kept from a worker hash.
+MAX_TEXT = 200
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _count(text: str) -> int | None:
+    if text.isascii() and text.isdigit() and len(text) <= 16 and int(text) <= MAX_COUNT:
+        return int(text)
+    return None
+
+
+def _finite(text: str, low: float, high: float) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and low <= value <= high else None
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A worker's heartbeat HASH (``{spider}:worker:<id>``) as parsed by :func:`parse_worker_hash`:
+    every field typed and in range, ``None`` where the hash held nothing usable."""
+
+    host: str = ""
+    pid: int | None = None
+    started: float | None = None
+    pages: int | None = None
+    items: int | None = None
+    errors: int | None = None
+    inflight: int | None = None
+    pages_per_min: float | None = None
+    interval: float | None = None
+    state: str = ""
+    finish_reason: str = ""
+    #: names of fields that held garbage
+    garbage: tuple[str, ...] = ()
+
+
+def parse_worker_hash(raw: Any) -> WorkerInfo:
+    """The one parser of a worker's heartbeat HASH (an ``HGETALL`` reply). Raises :class:`RejectedEntry`
+    (reason ``not_a_hash``) only if ``raw`` is not a mapping; a garbage field becomes ``None``/empty and
+    is named in ``garbage``. Texts are cut to :data:`MAX_TEXT` characters (they are not made printable:
+    that is the printing side's job)."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RejectedEntry("not_a_hash", f"worker hash reply of type {type(raw).__name__}")
+    d = {_text(k): _text(v) for k, v in raw.items()}
+    garbage: list[str] = []
+
+    def count(name: str) -> int | None:
+        text = d.get(name, "")
+        value = _count(text)
+        if text and value is None:
+            garbage.append(name)
+        return value
+
+    def number(name: str, low: float, high: float) -> float | None:
+        text = d.get(name, "")
+        value = _finite(text, low, high) if text else None
+        if text and value is None:
+            garbage.append(name)
+        return value
+
+    state = d.get("state", "")
+    if state not in ("", RUNNING, CLOSED, "closing"):
+        garbage.append("state")
+        state = ""
+    pid = count("pid")
+    return WorkerInfo(
+        host=d.get("host", "")[:MAX_TEXT],
+        pid=pid if pid is None or pid < 2**32 else None,
+        started=number("started", 0.0, 1e11),
+        pages=count("pages"),
+        items=count("items"),
+        errors=count("errors"),
+        inflight=count("inflight"),
+        pages_per_min=number("pages_per_min", 0.0, 1e12),
+        interval=number("interval", 0.001, 86400.0),
+        state=state,
+        finish_reason=d.get("finish_reason", "")[:MAX_TEXT],
+        garbage=tuple(garbage),
+    )
+
+
 def worker_state(info: dict[str, str], last_seen: float, now: float, default_interval: float) -> str:
     """``closed`` if the worker said so, ``lost`` if unseen for :data:`LOST_AFTER_INTERVALS` of its
     heartbeat intervals (``default_interval`` if it never sent one), else ``running``."""
     if info.get("state") == CLOSED:
         return CLOSED
-    try:
-        interval = float(info.get("interval") or default_interval)
-    except ValueError:
-        interval = default_interval
-    if now - last_seen > LOST_AFTER_INTERVALS * interval:
+    interval = _finite(str(info.get("interval") or ""), 0.001, 86400.0) or default_interval
+    if not now - last_seen <= LOST_AFTER_INTERVALS * interval:  # a NaN last_seen is lost, not running
         return LOST
     return RUNNING
