@@ -88,6 +88,8 @@ class SchedulerConfig:
     idle_poll: float = defaults.SCHEDULER_IDLE_POLL
     allowed_schemes: tuple[str, ...] = ("http", "https")
     max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
+    rejected_maxlen: int = defaults.SCHEDULER_REJECTED_MAXLEN
+    dead_maxlen: int = defaults.DEADLETTER_MAXLEN
     politeness: str = defaults.SCHEDULER_POLITENESS
     shards: int = defaults.SCHEDULER_SHARDS
     #: ``SCHEDULER_PRIORITY_QUEUE = "scrapy.pqueues.DownloaderAwarePriorityQueue"``: hand out the best
@@ -119,6 +121,8 @@ class SchedulerConfig:
                 x.lower() for x in s.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES)
             ),
             max_entry_bytes=s.getint("SCHEDULER_MAX_ENTRY_BYTES", defaults.SCHEDULER_MAX_ENTRY_BYTES),
+            rejected_maxlen=s.getint("SCHEDULER_REJECTED_MAXLEN", defaults.SCHEDULER_REJECTED_MAXLEN),
+            dead_maxlen=s.getint("DEADLETTER_MAXLEN", defaults.DEADLETTER_MAXLEN),
             politeness=politeness,
             shards=s.getint("SCHEDULER_SHARDS", defaults.SCHEDULER_SHARDS),
             downloader_aware="DownloaderAwarePriorityQueue" in str(s.get("SCHEDULER_PRIORITY_QUEUE", "")),
@@ -266,7 +270,8 @@ class Scheduler:
             Frontier(
                 self.redis, keys, self.worker_id, df if self._batched_df else None,
                 sequence=self.order.sequence, lease_seconds=cfg.lease_seconds, politeness=cfg.politeness,
-                heartbeat=i == 0,
+                heartbeat=i == 0, max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
+                dead_maxlen=cfg.dead_maxlen,
             )
             for i, (keys, df) in enumerate(zip(self.layout.shard_keys, self.layout.shard_dfs, strict=True))
         ]
@@ -478,6 +483,14 @@ class Scheduler:
             stats.inc_value("scheduler/requeued/lease_expired", result.requeued)
         if result.moved:
             stats.inc_value("scheduler/delayed/moved", result.moved)
+        if result.rejected:  # malformed members the script parked itself
+            stats.inc_value("scheduler/rejected", result.rejected)
+            stats.inc_value("scheduler/rejected/bad_member", result.rejected)
+        for key in result.repaired:
+            self._reject_log.log(
+                logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing", key,
+                key=f"repaired:{key}",
+            )
         for (shard, _), exc in applied.rejected:
             stats.inc_value("scheduler/rejected")
             stats.inc_value(f"scheduler/rejected/{exc.reason}")
