@@ -30,6 +30,7 @@ from scrapy_dist import connection, defaults, scripts
 from scrapy_dist.bloom import HASHING, BloomPlan, fingerprint_hashes
 from scrapy_dist.exceptions import FrontierScriptError, ScrapyDistError
 from scrapy_dist.keys import CrawlKeys, crawl_keys
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -66,19 +67,19 @@ class RedisDupeFilter:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        settings = crawler.settings
+        ds = DistSettings.for_crawler(crawler)
         spider_name = crawler.spidercls.name
         return cls(
-            connection.get_redis(settings),
-            crawl_keys(settings, spider_name),
+            connection.get_redis(ds),
+            crawl_keys(ds, spider_name),
             crawler.request_fingerprinter,
             stats=crawler.stats,
-            debug=settings.getbool("DUPEFILTER_DEBUG"),
-            **cls._extra_kwargs(settings),
+            debug=ds.dupefilter.debug,
+            **cls._extra_kwargs(ds),
         )
 
     @classmethod
-    def _extra_kwargs(cls, settings: Any) -> dict[str, Any]:
+    def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
         return {}
 
     # -- Scrapy's BaseDupeFilter interface --------------------------------------------------------
@@ -197,12 +198,9 @@ class BloomDupeFilter(RedisDupeFilter):
         self._script: Any = None
 
     @classmethod
-    def _extra_kwargs(cls, settings: Any) -> dict[str, Any]:
-        return {
-            "capacity": settings.getint("BLOOMFILTER_CAPACITY", defaults.BLOOMFILTER_CAPACITY),
-            "error_rate": settings.getfloat("BLOOMFILTER_ERROR_RATE", defaults.BLOOMFILTER_ERROR_RATE),
-            "block_bits": settings.getint("BLOOMFILTER_BLOCK_BITS", defaults.BLOOMFILTER_BLOCK_BITS),
-        }
+    def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
+        f = ds.dupefilter
+        return {"capacity": f.capacity, "error_rate": f.error_rate, "block_bits": f.block_bits}
 
     def open(self) -> None:
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""

@@ -291,14 +291,15 @@ class CrawlKeys:
 
 
 def crawl_keys(settings: object, spider_name: str) -> CrawlKeys:
-    """Build :class:`CrawlKeys` from Scrapy settings (``REDIS_KEY_PREFIX``, ``REDIS_START_URLS_KEY``,
-    ``REDIS_ITEMS_KEY``); ``settings`` is anything with ``.get`` (a Scrapy ``Settings`` or a dict)."""
-    from scrapy_dist import defaults
+    """Build :class:`CrawlKeys` from the settings (``REDIS_KEY_PREFIX``, ``REDIS_START_URLS_KEY``,
+    ``REDIS_ITEMS_KEY``); ``settings`` is a :class:`~scrapy_dist.settings.DistSettings`, or Scrapy
+    settings / a dict it is built from."""
+    from scrapy_dist.settings import DistSettings
 
-    get = settings.get  # type: ignore[attr-defined]
+    ds = DistSettings.coerce(settings)
     return CrawlKeys(
         spider=spider_name,
-        prefix=get("REDIS_KEY_PREFIX", defaults.REDIS_KEY_PREFIX) or "",
-        start_urls_template=get("REDIS_START_URLS_KEY", defaults.REDIS_START_URLS_KEY),
-        items_template=get("REDIS_ITEMS_KEY", defaults.REDIS_ITEMS_KEY),
+        prefix=ds.connection.key_prefix,
+        start_urls_template=ds.seeds.key_template,
+        items_template=ds.items.key_template,
     )

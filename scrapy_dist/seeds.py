@@ -32,6 +32,8 @@ from scrapy_dist.exceptions import RejectedEntry
 if TYPE_CHECKING:
     from scrapy import Request, Spider
 
+    from scrapy_dist.settings import DistSettings
+
 #: Every rejection reason a seed can get (stats ``seeds/rejected/<reason>``, ``reason`` of the records).
 REASONS = {
     "too_large": "longer than REDIS_START_URLS_MAX_BYTES",
@@ -88,17 +90,16 @@ class SeedRules:
     allowed_schemes: tuple[str, ...] = ("http", "https")
 
     @classmethod
-    def from_settings(cls, settings: Any) -> SeedRules:
-        """The rules a crawl's settings give (a Scrapy ``Settings``)."""
-        from scrapy_dist import defaults
+    def from_dist(cls, ds: DistSettings) -> SeedRules:
+        """The rules a crawl's typed settings give."""
+        return cls(max_bytes=ds.seeds.max_bytes, allowed_schemes=ds.scheduler.allowed_schemes)
 
-        return cls(
-            max_bytes=settings.getint("REDIS_START_URLS_MAX_BYTES", defaults.REDIS_START_URLS_MAX_BYTES),
-            allowed_schemes=tuple(
-                s.lower()
-                for s in settings.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES)
-            ),
-        )
+    @classmethod
+    def from_settings(cls, settings: Any) -> SeedRules:
+        """The rules a crawl's settings give (a Scrapy ``Settings``, a dict or a ``DistSettings``)."""
+        from scrapy_dist.settings import DistSettings
+
+        return cls.from_dist(DistSettings.coerce(settings))
 
 
 DEFAULT_RULES = SeedRules()
