@@ -1,6 +1,6 @@
 """Every scrapy-dist setting, read, typed and validated once per crawler: :class:`DistSettings`.
 
-:data:`TABLE` is the one source of truth: each :class:`Setting` carries its default, type, range, doc
+:data:`~scrapy_dist.settings_table.TABLE` is the one source of truth: each ``Setting`` carries its default, type, range, doc
 line and status relative to scrapy-redis; ``scrapy_dist.defaults`` and ``docs/settings.md`` are made
 from it (``python -m scrapy_dist.settings`` rewrites the doc). :data:`STATS` lists every stat the
 package writes.
@@ -20,9 +20,7 @@ Redis.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
-import math
 import os
 import re
 import sys
@@ -31,17 +29,38 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.settings_table import (
+    ALIASES,
+    BY_NAME,
+    DEFAULTS,
+    OUR_PREFIXES,
+    SCRAPY_OWN,
+    SCRAPY_REDIS_IGNORED,
+    STATS,
+    TABLE,
+    Setting,
+    render_doc,
+    write_doc,
+)
+from scrapy_dist.settings_values import (
+    SettingsError,
+    check_url,
+    convert,
+    domain_limits,
+    mask_url,
+    sentinels,
+)
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 __all__ = [
+    "ALIASES",
     "DEFAULTS",
     "STATS",
     "TABLE",
+    "SCRAPY_REDIS_IGNORED",
     "ConnectionSettings",
     "DistSettings",
     "Setting",
@@ -52,422 +71,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Status of a setting relative to scrapy-redis (the migration table's column).
-OURS, HONOURED, CHANGED, IGNORED = "new", "honoured", "changed", "ignored"
-_STATUS_TEXT = {
-    OURS: "new in scrapy-dist",
-    HONOURED: "honoured as in scrapy-redis",
-    CHANGED: "scrapy-redis name, changed",
-    IGNORED: "scrapy-redis name, not applied (WARNING)",
-}
 _ATTR = "_scrapy_dist_settings"
-#: Longest value quoted in an error line.
-_SHOWN = 60
-
-
-class SettingsError(ScrapyDistError):
-    """A setting has a value scrapy-dist refuses; ``str()`` is the one line users see."""
-
-    def __init__(self, name: str, value: Any, problem: str, expected: str) -> None:
-        self.name, self.value, self.problem, self.expected = name, value, problem, expected
-        super().__init__(f"scrapy-dist: {name}={_show(name, value)}: {problem}; {expected}")
-
-
-def _show(name: str, value: Any) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    if name == "REDIS_URL" and isinstance(value, str):
-        text = mask_url(value)
-    text = " ".join(text.split()) if text.strip() else repr(text)
-    return text if len(text) <= _SHOWN else f"{text[:_SHOWN - 3]}..."
-
-
-# -- the table ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Setting:
-    """One setting: its default, type, range and documentation.
-
-    ``kind``: ``str``, ``int``, ``float``, ``bool``, ``dict``, ``list``, ``url``, ``auto_bool`` (True,
-    False or None = detect) or ``choice``. ``optional``: None is a valid value ("no limit", "unset").
-    ``status``: new / honoured / changed / ignored, relative to scrapy-redis; ``note`` says what differs.
-    """
-
-    name: str
-    default: Any
-    kind: str
-    doc: str
-    section: str
-    status: str = OURS
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False  # the range excludes ``low``
-    choices: tuple[str, ...] = ()
-    optional: bool = False
-    note: str = ""
-
-    @property
-    def type_name(self) -> str:
-        base = {"auto_bool": "bool or None", "url": "str (URL)", "choice": "str"}.get(self.kind, self.kind)
-        return f"{base} or None" if self.optional and "None" not in base else base
-
-
-def _s(name: str, default: Any, kind: str, doc: str, section: str, **kw: Any) -> Setting:
-    return Setting(name, default, kind, doc, section, **kw)
-
-
-C, S, D, SE, R, M, I_ = "connection", "scheduler", "dupefilter", "seeds", "retries", "monitoring", "items"
-TABLE: tuple[Setting, ...] = (
-    # -- connection
-    _s("REDIS_URL", None, "url", "redis://, rediss:// or unix:// URL of the Redis to use; unset: the"
-       " REDIS_URL environment variable, else the embedded Redis.", C, status=HONOURED, optional=True),
-    _s("REDIS_HOST", None, "str", "Host of the Redis (when REDIS_URL is not set).", C, status=HONOURED,
-       optional=True),
-    _s("REDIS_PORT", None, "int", "Port of the Redis (when REDIS_URL is not set).", C, status=HONOURED,
-       optional=True, low=1, high=65535),
-    _s("REDIS_PARAMS", {}, "dict", "Extra keyword arguments for the redis-py client (timeouts, TLS files,"
-       " ...); a dict or a JSON object.", C, status=CHANGED,
-       note="redis_cls is ignored: scrapy-dist builds its clients"),
-    _s("REDIS_CLUSTER", None, "auto_bool", "Force (True/False) or auto-detect (None) a Redis Cluster.", C),
-    _s("REDIS_SENTINELS", [], "list", "Sentinel addresses host:port; the master's credentials and db come"
-       " from REDIS_URL.", C),
-    _s("REDIS_SENTINEL_MASTER", "mymaster", "str", "Name of the master the Sentinels watch.", C),
-    _s("REDIS_KEY_PREFIX", "", "str", "Prepended to every key, so several projects can share one Redis.", C),
-    _s("REDIS_EMBEDDED_DIR", None, "str", "Where the embedded Redis keeps its data (relative to the"
-       " project's .scrapy dir).", C, optional=True),
-    # -- scheduler / frontier
-    _s("SCHEDULER_QUEUE_CLASS", "scrapy_dist.queue.PriorityQueue", "str", "Order of the shared queue:"
-       " PriorityQueue, FifoQueue or LifoQueue (scrapy-redis paths are accepted).", S, status=HONOURED),
-    _s("SCHEDULER_PERSIST", True, "bool", "Keep the frontier and the filter when the crawl ends.", S,
-       status=CHANGED, note="default True (scrapy-redis: False)"),
-    _s("SCHEDULER_FLUSH_ON_START", False, "bool", "Clear the crawl's frontier and filter at start.", S,
-       status=HONOURED),
-    _s("SCHEDULER_IDLE_BEFORE_CLOSE", 0.0, "float", "Close a worker after this many seconds with no work"
-       " crawl-wide (0: never); alias MAX_IDLE_TIME_BEFORE_CLOSE.", S, status=CHANGED, low=0,
-       note="seconds of crawl-wide idleness, not a blocking pop timeout"),
-    _s("SCHEDULER_LEASE_SECONDS", 60.0, "float", "A leased request returns to the queue if not acknowledged"
-       " within this many seconds.", S, low=0, low_open=True),
-    _s("SCHEDULER_PREFETCH", 0, "int", "Requests leased ahead of demand per worker (0: 2 x"
-       " CONCURRENT_REQUESTS, at least 16).", S, low=0),
-    _s("SCHEDULER_FLUSH_INTERVAL", 0.05, "float", "Discovered requests are sent at the latest this many"
-       " seconds after they were found ...", S, low=0, low_open=True),
-    _s("SCHEDULER_FLUSH_BATCH", 500, "int", "... or as soon as this many are waiting.", S, low=1),
-    _s("SCHEDULER_IDLE_POLL", 0.25, "float", "Seconds between two requests for work of an idle worker.", S,
-       low=0, low_open=True),
-    _s("SCHEDULER_ALLOWED_SCHEMES", ["http", "https"], "list", "URL schemes a queue entry or seed may have.",
-       S),
-    _s("SCHEDULER_MAX_ENTRY_BYTES", 1024 * 1024, "int", "Largest encoded request accepted from the queue"
-       " (bytes).", S, low=64),
-    _s("SCHEDULER_SHARDS", 1, "int", "Number of frontier shards (hash slots) a crawl is spread over.", S,
-       low=1, high=1024),
-    _s("SCHEDULER_POLITENESS", "process", "choice", "process: Scrapy's per-process DOWNLOAD_DELAY /"
-       " CONCURRENT_REQUESTS_PER_DOMAIN; cluster: enforced crawl-wide.", S, choices=("process", "cluster")),
-    _s("DOMAIN_LIMITS", {}, "dict", 'Per-domain rules {"*.example.com": {"delay": 1.0, "concurrency": 2,'
-       ' "jitter": 0.5}}, most specific glob wins.', S),
-    # -- dupefilter
-    _s("BLOOMFILTER_CAPACITY", 100_000_000, "int", "Fingerprints the filter holds at BLOOMFILTER_ERROR_RATE.",
-       D, low=1, high=2**40),
-    _s("BLOOMFILTER_ERROR_RATE", 0.001, "float", "False-positive rate at capacity (between 0 and 1).", D,
-       low=0, low_open=True, high=0.5),
-    _s("BLOOMFILTER_BLOCK_BITS", 2**31, "int", "Bits per bitmap block (one Redis string each).", D,
-       low=2**13, high=2**32),
-    # -- seeds
-    _s("REDIS_START_URLS_KEY", "%(name)s:start_urls", "str", "Key seeds are read from (%(name)s: the"
-       " spider).", SE, status=HONOURED),
-    _s("REDIS_START_URLS_AS_SET", False, "bool", "The seeds key is a SET.", SE, status=HONOURED),
-    _s("REDIS_START_URLS_AS_ZSET", False, "bool", "The seeds key is a ZSET (highest score first).", SE,
-       status=HONOURED),
-    _s("REDIS_START_URLS_BATCH_SIZE", 0, "int", "Seeds taken per round (0: CONCURRENT_REQUESTS).", SE,
-       status=HONOURED, low=0),
-    _s("REDIS_START_URLS_MAX_BYTES", 64 * 1024, "int", "Largest seed accepted (bytes).", SE, low=16),
-    _s("REDIS_START_URLS_REJECTED_MAXLEN", 100_000, "int", "Newest rejection records kept in"
-       " <seeds key>:rejected.", SE, low=0),
-    # -- retries / dead letters
-    _s("RETRY_BACKOFF_BASE", 1.0, "float", "First retry delay (seconds); doubles per attempt.", R, low=0),
-    _s("RETRY_BACKOFF_MAX", 300.0, "float", "Longest retry delay (seconds).", R, low=0),
-    _s("DEADLETTER_IGNORED", False, "bool", "Also dead-letter requests dropped by IgnoreRequest.", R),
-    _s("HTTPERROR_DEAD_LETTER", False, "bool", "Dead-letter responses HttpErrorMiddleware drops.", R),
-    # -- monitoring
-    _s("CLUSTERSTATS_INTERVAL", 5.0, "float", "Seconds between two flushes of a worker's stats and heartbeat"
-       " (0: ClusterStats off).", M, low=0),
-    _s("CLUSTERSTATS_MAX_STATS", [], "list", "Stat names (fnmatch) merged crawl-wide as the maximum.", M),
-    _s("CLUSTERSTATS_MIN_STATS", [], "list", "Stat names (fnmatch) merged crawl-wide as the minimum.", M),
-    _s("ERRORMONITOR_MAX_ERROR_RATE", None, "float", "Highest share of failed attempts (0..1) in the window"
-       " before ERRORMONITOR_ACTION; None: no limit.", M, optional=True, low=0, high=1),
-    _s("ERRORMONITOR_MAX_ERRORS", None, "int", "Most errors crawl-wide in the window before"
-       " ERRORMONITOR_ACTION; None: no limit.", M, optional=True, low=1),
-    _s("ERRORMONITOR_WINDOW", 60.0, "float", "Length of the sliding error window (seconds).", M, low=0,
-       low_open=True),
-    _s("ERRORMONITOR_ACTION", "log", "choice", "What a tripped limit does: log, pause (until scrapy-dist"
-       " resume) or close.", M, choices=("log", "pause", "close")),
-    _s("ERRORMONITOR_MIN_ATTEMPTS", 20, "int", "Attempts the window must hold before the rate is judged.", M,
-       low=1),
-    _s("ERRORMONITOR_HTTP_ERRORS", ["5xx", 429], "list", "Statuses counted as errors: numbers or 4xx/5xx.",
-       M),
-    # -- items / cookies
-    _s("REDIS_ITEMS_KEY", "%(spider)s:items", "str", "Key items are written to.", I_, status=HONOURED),
-    _s("REDIS_ITEMS_STREAM", False, "bool", "Write items to a STREAM (XADD) instead of a LIST (RPUSH).", I_),
-    _s("REDIS_ITEMS_MAXLEN", None, "int", "Approximate stream length cap; None: unbounded.", I_,
-       optional=True, low=1),
-    _s("REDIS_ITEMS_FLUSH_INTERVAL", 1.0, "float", "A batch of items is written at the latest this many"
-       " seconds after its first item ...", I_, low=0, low_open=True),
-    _s("REDIS_ITEMS_BATCH_SIZE", 100, "int", "... or as soon as it holds this many.", I_, low=1),
-    _s("REDIS_ITEMS_SERIALIZER", None, "str", "Import path of a function item -> str/bytes (default JSON).",
-       I_, status=HONOURED, optional=True),
-    _s("REDIS_COOKIES_CACHE_SECONDS", 1.0, "float", "SharedCookiesMiddleware: re-read a jar older than this"
-       " (seconds).", "cookies", low=0),
-    _s("REDIS_COOKIES_FLUSH_INTERVAL", 0.05, "float", "SharedCookiesMiddleware: cookie changes are written at"
-       " the latest this many seconds after they happen.", "cookies", low=0, low_open=True),
-)
-
-#: scrapy-redis settings scrapy-dist does not apply: setting one logs a WARNING saying what to use instead.
-SCRAPY_REDIS_IGNORED: Mapping[str, str] = MappingProxyType({
-    "SCHEDULER_QUEUE_KEY": "keys are {<spider>}:* with the hash tag (REDIS_KEY_PREFIX adds a prefix)",
-    "SCHEDULER_DUPEFILTER_KEY": "the filter lives in {<spider>}:bloom* (REDIS_KEY_PREFIX adds a prefix)",
-    "DUPEFILTER_KEY": "the filter lives in {<spider>}:bloom* (REDIS_KEY_PREFIX adds a prefix)",
-    "SCHEDULER_DUPEFILTER_CLASS": "set DUPEFILTER_CLASS",
-    "SCHEDULER_SERIALIZER": "requests are encoded as msgpack, never pickle",
-    "REDIS_ENCODING": "seeds and keys are UTF-8",
-    "STATS_KEY": "crawl-wide stats live in {<spider>}:stats (scrapy-dist status)",
-})
-#: Other names for our settings (scrapy-redis spellings); the canonical name wins when both are set.
-ALIASES: Mapping[str, str] = MappingProxyType({"MAX_IDLE_TIME_BEFORE_CLOSE": "SCHEDULER_IDLE_BEFORE_CLOSE"})
-
-#: Every stat the package writes: (name, meaning). ``<x>`` stands for a variable part.
-STATS: tuple[tuple[str, str], ...] = (
-    ("scheduler/enqueued", "requests written to the shared frontier (also .../redis)"),
-    ("scheduler/enqueued/redis", "same, Scrapy's per-backend spelling"),
-    ("scheduler/dequeued", "requests handed to the engine (also .../redis)"),
-    ("scheduler/dequeued/redis", "same, Scrapy's per-backend spelling"),
-    ("scheduler/requeued/lease_expired", "leases of dead or slow workers returned to the queue"),
-    ("scheduler/delayed/moved", "retries whose delay ran out, moved back to the queue"),
-    ("scheduler/rejected", "queue entries refused as invalid"),
-    ("scheduler/rejected/<reason>", "the same, per reason"),
-    ("scheduler/unserializable", "requests that could not be encoded (dropped)"),
-    ("scheduler/politeness/penalized/<status>", "responses that slowed a domain down (429, 503)"),
-    ("dupefilter/filtered", "requests dropped as already seen"),
-    ("dupefilter/<figure>", "the filter's size, fill ratio and estimated error rate"),
-    ("seeds/received", "seeds read from the seeds key"),
-    ("seeds/requests", "requests made from seeds"),
-    ("seeds/skipped", "seeds that made no request"),
-    ("seeds/rejected", "seeds refused as invalid"),
-    ("seeds/rejected/<reason>", "the same, per reason"),
-    ("seeds/returned", "taken seeds given back to the seeds key"),
-    ("seeds/adopted", "seeds of dead workers taken over"),
-    ("seeds/lease_lost", "seed leases that ran out before they were confirmed"),
-    ("seeds/errors", "failed seed exchanges with Redis"),
-    ("retry/delayed", "retries parked in the delayed set until their backoff runs out"),
-    ("deadletter/count", "requests written to the dead-letter list"),
-    ("deadletter/reason_count/<reason>", "the same, per reason"),
-    ("errormonitor/tripped", "times an ERRORMONITOR_* limit was reached"),
-    ("redis_items/written", "items written to Redis"),
-    ("redis_items/batches", "item batches written"),
-    ("redis_items/unserializable", "items the serializer could not encode (dropped)"),
-    ("redis_items/redis_errors", "failed item batch writes (retried)"),
-    ("cookies/<counter>", "SharedCookiesMiddleware's jar reads, writes and errors"),
-)
-
-BY_NAME: Mapping[str, Setting] = MappingProxyType({s.name: s for s in TABLE})
-#: Every setting's default (what ``scrapy_dist.defaults.NAME`` returns).
-DEFAULTS: Mapping[str, Any] = MappingProxyType({s.name: s.default for s in TABLE})
-#: Prefixes of our setting names: an unknown setting with one of them may be a typo of ours.
-_OUR_PREFIXES = ("REDIS_", "SCHEDULER_", "BLOOMFILTER_", "DUPEFILTER_", "CLUSTERSTATS_", "ERRORMONITOR_",
-                 "RETRY_", "DEADLETTER_", "HTTPERROR_", "DOMAIN_", "MAX_IDLE")
-
-
-# -- masking ------------------------------------------------------------------------------------
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
-_MASKED = r"\1***"
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its password (in the userinfo or a ``password=`` query argument) replaced by ``***``.
-
-    A password may hold unencoded ``#``, ``/``, ``?`` or ``@``: the user info ends at the last ``@``.
-
-    >>> mask_url("redis://user:secret@host:6379/0")
-    'redis://user:***@host:6379/0'
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    userinfo, at, after = rest.rpartition("@")
-    if at and ":" in userinfo and "?" not in userinfo.split(":", 1)[0]:
-        user = userinfo.split(":", 1)[0]
-        rest = f"{user}:***@{after}"
-    return f"{scheme}://{_QUERY_PASSWORD.sub(_MASKED, rest)}"
-
-
-# -- converters ---------------------------------------------------------------------------------
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-def _num(x: float) -> str:
-    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
-
-
-def _expected_number(spec: Setting) -> str:
-    noun = "an integer" if spec.kind == "int" else "a number"
-    lo, hi = spec.low, spec.high
-    if lo == 0 and spec.low_open and hi is None:
-        return f"expected a positive {noun[noun.index(' ') + 1:]}"
-    if lo is not None and hi is not None:
-        return f"expected {noun} {'above' if spec.low_open else 'from'} {_num(lo)} up to {_num(hi)}"
-    if lo is not None:
-        return f"expected {noun} {'above' if spec.low_open else 'of at least'} {_num(lo)}"
-    return f"expected {noun}"
-
-
-def _number(spec: Setting, value: Any) -> float | int:
-    integer = spec.kind == "int"
-    what = "an integer" if integer else "a number"
-    expected = _expected_number(spec)
-    if isinstance(value, bool):
-        raise SettingsError(spec.name, value, "not a number", expected)
-    number: float | int
-    if isinstance(value, (int, float)):
-        number = value
-    elif isinstance(value, str):
-        text = value.strip().replace("_", "")
-        try:
-            number = int(text) if integer else float(text)
-        except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                raise SettingsError(spec.name, value, f"not {what}", expected) from None
-    else:
-        raise SettingsError(spec.name, value, f"not {what} but a {type(value).__name__}", expected)
-    if isinstance(number, float):
-        if not math.isfinite(number):
-            raise SettingsError(spec.name, value, "not a finite number", expected)
-        if integer:
-            if not number.is_integer():
-                raise SettingsError(spec.name, value, "not an integer", expected)
-            number = int(number)
-    lo, hi = spec.low, spec.high
-    too_low = lo is not None and (number <= lo if spec.low_open else number < lo)
-    if too_low or (hi is not None and number > hi):
-        raise SettingsError(spec.name, value, "out of range", expected)
-    return int(number) if integer else float(number)
-
-
-def _bool(spec: Setting, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise SettingsError(spec.name, value, "not a boolean", "expected True or False (1/0, true/false)")
-
-
-def _dict(spec: Setting, value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        if not value.strip():
-            return {}
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise SettingsError(spec.name, value, "not a JSON object",
-                                'expected a dict, or JSON like {"socket_timeout": 30}') from None
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise SettingsError(spec.name, value, f"not a dict but a {type(value).__name__}",
-                        'expected a dict, or JSON like {"socket_timeout": 30}')
-
-
-def _list(spec: Setting, value: Any) -> list[Any]:
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                loaded = json.loads(text)
-            except ValueError:
-                raise SettingsError(spec.name, value, "not a JSON list",
-                                    "expected a list, or comma-separated values") from None
-            return list(loaded)
-        return [part.strip() for part in text.split(",") if part.strip()]
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return list(value)
-    raise SettingsError(spec.name, value, f"not a list but a {type(value).__name__}",
-                        "expected a list, or comma-separated values")
-
-
-def _check_url(value: Any) -> str:
-    name, expected = "REDIS_URL", "expected redis://[[user]:password@]host[:port][/db], rediss://... or" \
-                                  " unix:///path/to/socket[?db=N]"
-    if not isinstance(value, str):
-        raise SettingsError(name, value, f"not a string but a {type(value).__name__}", expected)
-    url = value.strip()
-    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):(//)?", url)
-    if match is None or not match.group(2):
-        # "127.0.0.1:6380" or "localhost:6379" parse as a scheme; "redis:/host" lacks a slash
-        looks_like_ours = match is not None and match.group(1).lower() in ("redis", "rediss", "unix")
-        problem = "malformed: the scheme must be followed by //" if looks_like_ours else "no scheme"
-        raise SettingsError(name, value, problem, expected)
-    scheme = match.group(1).lower()
-    if scheme not in ("redis", "rediss", "unix"):
-        raise SettingsError(name, value, f"scheme {scheme}:// is not Redis", expected)
-    rest = url[match.end():]
-    if scheme == "unix":
-        path = rest.rpartition("@")[2].split("?", 1)[0]
-        if not path.startswith("/"):
-            raise SettingsError(name, value, "no socket path", expected)
-        return url
-    hostinfo = rest.rpartition("@")[2]
-    hostport, _, tail = hostinfo.partition("/")
-    try:
-        parts = urlsplit(f"redis://{hostport}")
-        _ = parts.port
-    except ValueError:
-        raise SettingsError(name, value, "the port is not a number from 1 to 65535", expected) from None
-    if hostport.endswith(":"):
-        raise SettingsError(name, value, "empty port", expected)
-    db = tail.split("?", 1)[0].split("#", 1)[0]
-    if db and not db.isdigit():
-        raise SettingsError(name, value, f"database {db!r} is not a number", expected)
-    return url
-
-
-def _convert(spec: Setting, value: Any) -> Any:
-    if value is None or (spec.optional and isinstance(value, str) and value.strip().lower() in ("", "none")):
-        if spec.optional or spec.default is None:
-            return None
-        if spec.kind in ("dict", "list"):
-            return type(spec.default)()
-        raise SettingsError(spec.name, value, "missing", f"expected a {spec.type_name}")
-    kind = spec.kind
-    if kind in ("int", "float"):
-        return _number(spec, value)
-    if kind == "bool":
-        return _bool(spec, value)
-    if kind == "auto_bool":
-        if isinstance(value, str) and value.strip().lower() in ("", "auto", "none"):
-            return None
-        try:
-            return _bool(spec, value)
-        except SettingsError:
-            raise SettingsError(spec.name, value, "not a boolean",
-                                "expected True, False or None (auto-detect)") from None
-    if kind == "dict":
-        return _dict(spec, value)
-    if kind == "list":
-        return _list(spec, value)
-    if kind == "url":
-        return _check_url(value)
-    if kind == "choice":
-        text = str(value).strip().lower()
-        if text not in spec.choices:
-            raise SettingsError(spec.name, value, "unknown value",
-                                f"expected one of {', '.join(spec.choices)}")
-        return text
-    if not isinstance(value, str):
-        raise SettingsError(spec.name, value, f"not a string but a {type(value).__name__}",
-                            "expected a string")
-    return value
 
 
 # -- the object ---------------------------------------------------------------------------------
@@ -620,13 +224,13 @@ class DistSettings:
         idle = v("SCHEDULER_IDLE_BEFORE_CLOSE")
         if not raw.given("SCHEDULER_IDLE_BEFORE_CLOSE") and raw.given("MAX_IDLE_TIME_BEFORE_CLOSE"):
             alias_spec = replace(BY_NAME["SCHEDULER_IDLE_BEFORE_CLOSE"], name="MAX_IDLE_TIME_BEFORE_CLOSE")
-            idle = _convert(alias_spec, raw.raw("MAX_IDLE_TIME_BEFORE_CLOSE"))
+            idle = convert(alias_spec, raw.raw("MAX_IDLE_TIME_BEFORE_CLOSE"))
         # Redis: settings first, then the environment, then the embedded server
         url, url_source = v("REDIS_URL"), "REDIS_URL" if v("REDIS_URL") else ""
         located = url or v("REDIS_SENTINELS") or v("REDIS_HOST") or v("REDIS_PORT")
         if not located and env.get("REDIS_URL", "").strip():
             try:
-                url = _check_url(env["REDIS_URL"])
+                url = check_url(env["REDIS_URL"])
             except SettingsError as exc:
                 raise SettingsError("REDIS_URL", exc.value, f"{exc.problem} (environment variable)",
                                     exc.expected) from None
@@ -636,7 +240,7 @@ class DistSettings:
         connection = ConnectionSettings(
             url=url, url_source=url_source, host=v("REDIS_HOST"), port=v("REDIS_PORT"),
             params=MappingProxyType(params), cluster=v("REDIS_CLUSTER"),
-            sentinels=_sentinels(v("REDIS_SENTINELS")),
+            sentinels=sentinels(v("REDIS_SENTINELS")),
             sentinel_master=v("REDIS_SENTINEL_MASTER") or "mymaster",
             key_prefix=v("REDIS_KEY_PREFIX") or "", embedded_dir=v("REDIS_EMBEDDED_DIR"),
         )
@@ -659,7 +263,7 @@ class DistSettings:
             flush_interval=v("SCHEDULER_FLUSH_INTERVAL"), flush_batch=v("SCHEDULER_FLUSH_BATCH"),
             idle_poll=v("SCHEDULER_IDLE_POLL"), allowed_schemes=schemes,
             max_entry_bytes=v("SCHEDULER_MAX_ENTRY_BYTES"), shards=shards, politeness=politeness,
-            domain_limits=MappingProxyType(_domain_limits(v("DOMAIN_LIMITS"))),
+            domain_limits=MappingProxyType(domain_limits(v("DOMAIN_LIMITS"))),
             download_delay=raw.scrapy_float("DOWNLOAD_DELAY", 0.0),
             concurrent_requests_per_domain=raw.scrapy_int("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
             download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
@@ -772,13 +376,13 @@ class _Reader:
             value = spec.default if raw is None else raw
             if isinstance(value, (dict, list)):
                 value = type(value)(value)  # a private copy: the table's defaults stay untouched
-            self._cache[name] = _convert(spec, value)
+            self._cache[name] = convert(spec, value)
         return self._cache[name]
 
     def _scrapy(self, name: str, default: Any, kind: str, low: float | None = None) -> Any:
         raw = self.raw(name)
         spec = Setting(name, default, kind, "", "scrapy", low=low)
-        return default if raw is None else _convert(spec, raw)
+        return default if raw is None else convert(spec, raw)
 
     def scrapy_int(self, name: str, default: int, low: float | None = None) -> int:
         return int(self._scrapy(name, default, "int", low))
@@ -804,106 +408,12 @@ class _Reader:
                     out.append(f"scrapy-dist: {name} is a scrapy-redis setting scrapy-dist does not apply:"
                                f" {SCRAPY_REDIS_IGNORED[name]}")
                 continue
-            if name in known or not name.startswith(_OUR_PREFIXES) or name in _SCRAPY_OWN:
+            if name in known or not name.startswith(OUR_PREFIXES) or name in SCRAPY_OWN:
                 continue
             close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
             if close:
                 out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
         return out
-
-
-# Scrapy's own settings with our prefixes (never "did you mean" them).
-_SCRAPY_OWN = frozenset({
-    "RETRY_ENABLED", "RETRY_TIMES", "RETRY_HTTP_CODES", "RETRY_PRIORITY_ADJUST", "RETRY_EXCEPTIONS",
-    "SCHEDULER_DEBUG", "SCHEDULER_DISK_QUEUE", "SCHEDULER_MEMORY_QUEUE", "SCHEDULER_PRIORITY_QUEUE",
-    "SCHEDULER_START_DISK_QUEUE", "SCHEDULER_START_MEMORY_QUEUE", "DUPEFILTER_CLASS", "DUPEFILTER_DEBUG",
-    "REDIRECT_ENABLED", "REDIRECT_MAX_TIMES", "REDIRECT_PRIORITY_ADJUST", "HTTPERROR_ALLOWED_CODES",
-    "HTTPERROR_ALLOW_ALL", "REFERER_ENABLED", "REFERRER_POLICY",
-})
-
-
-def _sentinels(entries: list[Any]) -> tuple[tuple[str, int], ...]:
-    out = []
-    for entry in entries:
-        try:
-            if isinstance(entry, (tuple, list)):
-                out.append((str(entry[0]), int(entry[1])))
-                continue
-            text = str(entry).strip()
-            parts = urlsplit(text if "://" in text else f"redis://{text}")
-            out.append((parts.hostname or "localhost", parts.port or 26379))
-        except (ValueError, IndexError, TypeError):
-            raise SettingsError("REDIS_SENTINELS", entries, f"{entry!r} is not an address",
-                                'expected ["host:port", ...]') from None
-    return tuple(out)
-
-
-def _domain_limits(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    expected = 'expected {"*.example.com": {"delay": 1.0, "concurrency": 2, "jitter": 0.5}}'
-    out = {}
-    for pattern, rule in rules.items():
-        if not isinstance(rule, Mapping) or set(rule) - {"delay", "concurrency", "jitter"}:
-            raise SettingsError("DOMAIN_LIMITS", rules, f"rule {pattern!r} is not a dict of delay,"
-                                " concurrency, jitter", expected)
-        for key, value in rule.items():
-            kind = "int" if key == "concurrency" else "float"
-            _convert(Setting(f"DOMAIN_LIMITS[{pattern!r}][{key!r}]", None, kind, "", S, low=1 if
-                             kind == "int" else 0), value)
-        out[str(pattern)] = dict(rule)
-    return out
-
-
-# -- docs ---------------------------------------------------------------------------------------
-DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
-
-
-def _default_text(spec: Setting) -> str:
-    if spec.name == "BLOOMFILTER_BLOCK_BITS":
-        return "`2**31`"
-    if isinstance(spec.default, int) and not isinstance(spec.default, bool) and spec.default >= 10_000:
-        return f"`{spec.default:_}`"
-    return f"`{spec.default!r}`"
-
-
-def render_doc() -> str:
-    """``docs/settings.md``: every setting and every stat, from :data:`TABLE` and :data:`STATS`."""
-    lines = [
-        "# Settings and stats",
-        "",
-        "<!-- Generated by `python -m scrapy_dist.settings` from scrapy_dist/settings.py; do not edit. -->",
-        "",
-        "Every value is checked once when a worker starts (and by the `scrapy-dist` command); a bad one",
-        "stops it with one line: `scrapy-dist: <SETTING>=<value>: <what is wrong>; <what is expected>`.",
-        "A setting name close to one of these gets a WARNING with the suggestion.",
-        "",
-        "Which Redis: `REDIS_URL` (or `REDIS_SENTINELS`, `REDIS_HOST`/`REDIS_PORT`) from `-s` or the",
-        "project's settings, then the `REDIS_URL` environment variable, then the embedded Redis. Every",
-        "worker logs the one it uses at INFO, password masked.",
-        "",
-        "Status: relative to scrapy-redis (new, honoured, changed, ignored).",
-    ]
-    section = ""
-    for spec in TABLE:
-        if spec.section != section:
-            section = spec.section
-            lines += ["", f"## {section.capitalize()}", "", "| Setting | Type | Default | Meaning | Status |",
-                      "|---|---|---|---|---|"]
-        status = _STATUS_TEXT[spec.status] + (f": {spec.note}" if spec.note else "")
-        lines.append(f"| `{spec.name}` | {spec.type_name} | {_default_text(spec)} | {spec.doc} | {status} |")
-    lines += ["", "## Aliases", ""]
-    lines += [f"- `{alias}`: scrapy-redis name of `{name}` (which wins when both are set)"
-              for alias, name in ALIASES.items()]
-    lines += ["", "## scrapy-redis settings not applied", "", "Each logs a WARNING when set.", ""]
-    lines += [f"- `{name}`: {why}" for name, why in SCRAPY_REDIS_IGNORED.items()]
-    lines += ["", "## Stats", "", "| Stat | Meaning |", "|---|---|"]
-    lines += [f"| `{name}` | {meaning} |" for name, meaning in STATS]
-    return "\n".join(lines) + "\n"
-
-
-def write_doc(path: Path = DOC_PATH) -> Path:
-    """Write :func:`render_doc` to ``path`` (``docs/settings.md``)."""
-    path.write_text(render_doc(), encoding="utf-8")
-    return path
 
 
 def _field_names() -> list[str]:  # for the report and tests: every attribute path of DistSettings
@@ -918,4 +428,4 @@ def _field_names() -> list[str]:  # for the report and tests: every attribute pa
 
 
 if __name__ == "__main__":  # pragma: no cover
-    print(write_doc(Path(sys.argv[1]) if len(sys.argv) > 1 else DOC_PATH))
+    print(write_doc(*(Path(arg) for arg in sys.argv[1:2])))

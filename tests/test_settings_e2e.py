@@ -60,13 +60,16 @@ def test_scrapy_crawl_refuses_a_bad_setting_with_one_line(
 
 def test_the_addon_alone_refuses_with_one_line_before_anything_opens(tmp_path: Path) -> None:
     project = make_project(tmp_path)
-    proc = project.crawl("nofollow", settings={
-        "SCHEDULER": "scrapy.core.scheduler.Scheduler",
-        "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter",
-        "ADDONS": {"scrapy_dist.Addon": 0},
-        "SCHEDULER_SHARDS": "2",
-        "SCHEDULER_POLITENESS": "cluster",
-    })
+    proc = project.crawl(
+        "nofollow",
+        settings={
+            "SCHEDULER": "scrapy.core.scheduler.Scheduler",
+            "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter",
+            "ADDONS": {"scrapy_dist.Addon": 0},
+            "SCHEDULER_SHARDS": "2",
+            "SCHEDULER_POLITENESS": "cluster",
+        },
+    )
     # the add-on leaves the user's SCHEDULER alone; its extensions still check the settings first
     code = proc.wait(timeout=120)
     output = project.logs()
@@ -102,8 +105,15 @@ def test_cli_refuses_a_bad_project_setting_with_the_same_line(
     with open(tmp_path / "proj" / "settings.py", "a") as fh:
         fh.write(f"\n{name} = {value!r}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SCRAPY_SETTINGS_MODULE")}
-    proc = subprocess.run([_cli(), "status", "links"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=60)
+    proc = subprocess.run(
+        [_cli(), "status", "links"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.startswith(f"scrapy-dist: {name}="), proc.stderr
     _one_line(proc.stdout + proc.stderr, name, problem)
@@ -113,8 +123,15 @@ def test_cli_refuses_a_bad_project_setting_with_the_same_line(
 def test_cli_refuses_a_bad_environment_url_in_one_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
     env["REDIS_URL"] = "localhost:6379"
-    proc = subprocess.run([_cli(), "status", "links"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=60)
+    proc = subprocess.run(
+        [_cli(), "status", "links"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
         "scrapy-dist: REDIS_URL=localhost:6379: no scheme (environment variable); expected"
