@@ -1,9 +1,9 @@
 """Every scrapy-dist setting, read, typed and validated once per crawler: :class:`DistSettings`.
 
-:data:`~scrapy_dist.settings_table.TABLE` is the one source of truth: each ``Setting`` carries its default, type, range, doc
-line and status relative to scrapy-redis; ``scrapy_dist.defaults`` and ``docs/settings.md`` are made
-from it (``python -m scrapy_dist.settings`` rewrites the doc). :data:`STATS` lists every stat the
-package writes.
+:data:`~scrapy_dist.settings_table.TABLE` is the one source of truth: each setting's default, type,
+range, doc line and status relative to scrapy-redis; ``scrapy_dist.defaults`` and ``docs/settings.md``
+are made from it (``python -m scrapy_dist.settings`` rewrites the doc), and ``STATS`` there lists every
+stat the package writes. :mod:`scrapy_dist.settings_values` turns raw values into typed ones.
 
 Components take their values from ``DistSettings.for_crawler(crawler)`` in ``from_crawler`` and never
 read ``crawler.settings`` themselves. A bad value is refused with one line,
@@ -11,7 +11,7 @@ read ``crawler.settings`` themselves. A bad value is refused with one line,
 ``for_crawler`` logs it and stops ``scrapy crawl`` with exit status 1 before anything starts (see
 :func:`scrapy_dist.connection.abort_crawl`). A setting name close to one of ours gets one WARNING.
 
-Which Redis (:meth:`ConnectionSettings.source`), the same in workers and in the ``scrapy-dist``
+Which Redis (:attr:`ConnectionSettings.source`), the same in workers and in the ``scrapy-dist``
 command: ``REDIS_URL`` (``-s`` or the project's settings; ``REDIS_SENTINELS``, ``REDIS_HOST`` /
 ``REDIS_PORT`` count as settings too), then the ``REDIS_URL`` environment variable, then the embedded
 Redis.
