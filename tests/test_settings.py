@@ -20,7 +20,8 @@ from scrapy_dist.settings_table import DOC_PATH, STATS, TABLE, render_doc
 from scrapy_dist.settings_values import SettingsError
 
 ONE_LINE = re.compile(
-    r"^scrapy-dist: (?P<name>[A-Z_]+(?:\[[^]=]+\])*)=(?P<value>[^\n]*?): (?P<problem>[^;\n]+); (?P<expected>[^\n]+)$"
+    r"^scrapy-dist: (?P<name>[A-Z_]+(?:\[[^]=]+\])*)=(?P<value>[^\n]*?): "
+    r"(?P<problem>[^;\n]+); (?P<expected>[^\n]+)$"
 )
 PACKAGE = Path(__file__).resolve().parents[1] / "scrapy_dist"
 
