@@ -7,7 +7,11 @@ Which Redis (first match wins):
 2. ``REDIS_SENTINELS`` (``["host:port", ...]``) with ``REDIS_SENTINEL_MASTER``; user, password and db of
    the master then come from ``REDIS_URL`` if that is set as well;
 3. ``REDIS_HOST`` / ``REDIS_PORT`` (scrapy-redis names, for people migrating);
-4. nothing: the embedded Redis of this project (:mod:`scrapy_dist.embedded`), started on first use.
+4. the ``REDIS_URL`` environment variable;
+5. nothing: the embedded Redis of this project (:mod:`scrapy_dist.embedded`), started on first use.
+
+The settings are read and checked by :class:`scrapy_dist.settings.DistSettings` (every function here
+takes one, or Scrapy settings / a dict it is built from).
 
 ``REDIS_PARAMS`` adds or overrides client keyword arguments. ``REDIS_CLUSTER`` (``None`` = ask the
 server's ``INFO cluster``; ``True``/``False`` force it) makes :func:`get_redis` / :func:`get_async_redis`
