@@ -256,7 +256,7 @@ class DistSettings:
             raise SettingsError("SCHEDULER_ALLOWED_SCHEMES", v("SCHEDULER_ALLOWED_SCHEMES"),
                                 "not a list of URL schemes", 'expected e.g. ["http", "https"]')
         scheduler = SchedulerSettings(
-            queue_class=v("SCHEDULER_QUEUE_CLASS"), persist=v("SCHEDULER_PERSIST"),
+            queue_class=_importable("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")), persist=v("SCHEDULER_PERSIST"),
             flush_on_start=v("SCHEDULER_FLUSH_ON_START"), idle_before_close=idle,
             lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
             prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent),
@@ -314,7 +314,7 @@ class DistSettings:
                 key_template=v("REDIS_ITEMS_KEY"), stream=v("REDIS_ITEMS_STREAM"),
                 maxlen=v("REDIS_ITEMS_MAXLEN"),
                 flush_interval=v("REDIS_ITEMS_FLUSH_INTERVAL"), batch_size=v("REDIS_ITEMS_BATCH_SIZE"),
-                serializer=v("REDIS_ITEMS_SERIALIZER"),
+                serializer=_importable("REDIS_ITEMS_SERIALIZER", v("REDIS_ITEMS_SERIALIZER")),
             ),
             cookies=CookieSettings(
                 cache_seconds=v("REDIS_COOKIES_CACHE_SECONDS"),
@@ -354,6 +354,25 @@ class DistSettings:
             for line in built.warnings:
                 logger.warning("%s", line)
         return built
+
+
+def _importable(name: str, path: str | None) -> Any:
+    """``path`` if it names an object that can be imported (or a scrapy-redis queue alias)."""
+    if path is None:
+        return None
+    from scrapy.utils.misc import load_object
+
+    from scrapy_dist.queue import ALIASES as QUEUE_ALIASES
+
+    if path in QUEUE_ALIASES:
+        return path
+    try:
+        load_object(path)
+    except (ImportError, AttributeError, ValueError, NameError, TypeError) as exc:
+        problem = " ".join(str(exc).split()) or type(exc).__name__
+        raise SettingsError(name, path, f"cannot be imported ({problem})",
+                            "expected an import path like package.module.Name") from None
+    return path
 
 
 class _Reader:

@@ -62,6 +62,8 @@ def refusal(settings: dict[str, Any], environ: dict[str, str] | None = None) -> 
         ("ERRORMONITOR_HTTP_ERRORS", "5xx,abc", "'abc' is not a status"),
         ("DOMAIN_LIMITS", '{"a.com": {"delay": -1}}', "out of range"),
         ("SCHEDULER_ALLOWED_SCHEMES", "", "not a list of URL schemes"),
+        ("SCHEDULER_QUEUE_CLASS", "nope.Queue", "cannot be imported"),
+        ("REDIS_ITEMS_SERIALIZER", "json.dumpz", "cannot be imported"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_setting_value_problem_and_expectation(
