@@ -256,7 +256,8 @@ class DistSettings:
             raise SettingsError("SCHEDULER_ALLOWED_SCHEMES", v("SCHEDULER_ALLOWED_SCHEMES"),
                                 "not a list of URL schemes", 'expected e.g. ["http", "https"]')
         scheduler = SchedulerSettings(
-            queue_class=_importable("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")), persist=v("SCHEDULER_PERSIST"),
+            queue_class=_importable("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")),
+            persist=v("SCHEDULER_PERSIST"),
             flush_on_start=v("SCHEDULER_FLUSH_ON_START"), idle_before_close=idle,
             lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
             prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent),
