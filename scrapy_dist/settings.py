@@ -376,6 +376,13 @@ def _importable(name: str, path: str | None) -> Any:
     return path
 
 
+def _scrapy_names() -> frozenset[str]:
+    """Scrapy's own setting names (never "did you mean" one of ours)."""
+    from scrapy.settings import default_settings
+
+    return SCRAPY_OWN | {n for n in dir(default_settings) if n.isupper()}
+
+
 class _Reader:
     """Raw values of a Scrapy ``Settings`` or a plain mapping, converted per :data:`TABLE`."""
 
@@ -428,7 +435,7 @@ class _Reader:
                     out.append(f"scrapy-dist: {name} is a scrapy-redis setting scrapy-dist does not apply:"
                                f" {SCRAPY_REDIS_IGNORED[name]}")
                 continue
-            if name in known or not name.startswith(OUR_PREFIXES) or name in SCRAPY_OWN:
+            if name in known or not name.startswith(OUR_PREFIXES) or name in _scrapy_names():
                 continue
             close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
             if close:
