@@ -43,7 +43,6 @@ import hashlib
 import hmac
 import inspect
 import math
-import os
 import re
 import sys
 import types
@@ -169,17 +168,17 @@ class EntryPolicy:
 
     @classmethod
     def from_settings(cls, settings: Any) -> EntryPolicy:
-        """The policy of a crawl's settings (a Scrapy ``Settings``) and environment."""
-        from scrapy_dist import defaults
+        """The policy of a crawl's settings (Scrapy ``Settings``, a dict or a ``DistSettings``; the secret
+        may come from the ``SCRAPY_DIST_SECRET`` environment variable)."""
+        from scrapy_dist.settings import DistSettings
 
-        secret = settings.get("SCHEDULER_ENTRY_SECRET") or os.environ.get("SCRAPY_DIST_SECRET") or None
-        schemes = settings.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES)
+        ds = DistSettings.coerce(settings)
         return cls(
-            allowed_schemes=tuple(s.lower() for s in schemes),
-            max_bytes=settings.getint("SCHEDULER_MAX_ENTRY_BYTES", defaults.SCHEDULER_MAX_ENTRY_BYTES),
-            meta_allowed=tuple(settings.getlist("SEEDS_META_ALLOWED", defaults.SEEDS_META_ALLOWED)),
-            headers_allowed=tuple(settings.getlist("SEEDS_HEADERS_ALLOWED", defaults.SEEDS_HEADERS_ALLOWED)),
-            secret=secret if isinstance(secret, (bytes, type(None))) else str(secret).encode("utf-8"),
+            allowed_schemes=ds.scheduler.allowed_schemes,
+            max_bytes=ds.scheduler.max_entry_bytes,
+            meta_allowed=ds.seeds.meta_allowed,
+            headers_allowed=ds.seeds.headers_allowed,
+            secret=ds.scheduler.entry_secret,
         )
 
     def tag(self, body: bytes) -> bytes:
@@ -210,7 +209,9 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
         return DEFAULT_POLICY
     policy = _POLICIES.get(crawler)
     if policy is None:
-        policy = _POLICIES[crawler] = EntryPolicy.from_settings(crawler.settings)
+        from scrapy_dist.settings import DistSettings
+
+        policy = _POLICIES[crawler] = EntryPolicy.from_settings(DistSettings.for_crawler(crawler))
     return policy
 
 

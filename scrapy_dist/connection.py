@@ -7,7 +7,11 @@ Which Redis (first match wins):
 2. ``REDIS_SENTINELS`` (``["host:port", ...]``) with ``REDIS_SENTINEL_MASTER``; user, password and db of
    the master then come from ``REDIS_URL`` if that is set as well;
 3. ``REDIS_HOST`` / ``REDIS_PORT`` (scrapy-redis names, for people migrating);
-4. nothing: the embedded Redis of this project (:mod:`scrapy_dist.embedded`), started on first use.
+4. the ``REDIS_URL`` environment variable;
+5. nothing: the embedded Redis of this project (:mod:`scrapy_dist.embedded`), started on first use.
+
+The settings are read and checked by :class:`scrapy_dist.settings.DistSettings` (every function here
+takes one, or Scrapy settings / a dict it is built from).
 
 ``REDIS_PARAMS`` adds or overrides client keyword arguments. ``REDIS_CLUSTER`` (``None`` = ask the
 server's ``INFO cluster``; ``True``/``False`` force it) makes :func:`get_redis` / :func:`get_async_redis`
@@ -37,7 +41,6 @@ client session" lines because the downloader is never opened far enough to be cl
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -56,9 +59,10 @@ from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
-from scrapy_dist import defaults, outage
+from scrapy_dist import outage
 from scrapy_dist.embedded import EmbeddedRedis
 from scrapy_dist.exceptions import RedisUnavailable
+from scrapy_dist.settings import ConnectionSettings, DistSettings, SettingsError, mask_url
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -100,8 +104,6 @@ DEFAULT_CLIENT_PARAMS: dict[str, Any] = {
 _TCP_ONLY_PARAMS = ("socket_keepalive", "socket_keepalive_options")
 _RETRIES = 3
 
-_AUTHORITY = re.compile(r"([^/?#]*)(.*)", re.DOTALL)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
 # What "Redis did not answer" looks like; RedisClusterException is not a RedisError.
 _CONNECT_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
@@ -121,6 +123,7 @@ _ERROR_NAME = re.compile(r"\b(\w+(?:Error|Exception))\b")
 _TLS_PROBLEM = re.compile(r"\bSSL\b|\bTLS\b|certificate", re.IGNORECASE)
 
 _announced: set[Path] = set()
+_announced_urls: set[str] = set()
 _cluster_detected: dict[str, bool] = {}
 
 
@@ -136,73 +139,10 @@ class CrawlAborted(SystemExit):  # noqa: N818 - it is an exit, not an error to c
         self.error = error
 
 
-# -- URLs ---------------------------------------------------------------------------------------
-def mask_url(url: str) -> str:
-    """``url`` with its password (in the userinfo or a ``password=`` query argument) replaced by ``***``.
-    Everything else is left exactly as written.
-
-    >>> mask_url("redis://user:secret@host:6379/0")
-    'redis://user:***@host:6379/0'
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    # A password may hold unencoded '#', '/', '?' or '@' (redis-py accepts them), so the userinfo ends at
-    # the *last* '@' when what precedes it looks like "user:..." -- masking too much is the safe mistake.
-    userinfo, at, after = rest.rpartition("@")
-    user = userinfo.split(":", 1)[0]
-    if at and ":" in userinfo and not any(c in user for c in "/?#"):
-        match = _AUTHORITY.match(after)
-        hostinfo, tail = (match.group(1), match.group(2)) if match else (after, "")
-        authority = f"{user}:***@{hostinfo}"
-    else:
-        match = _AUTHORITY.match(rest)
-        authority, tail = (match.group(1), match.group(2)) if match else (rest, "")
-    tail = _QUERY_PASSWORD.sub(r"\1***", tail)
-    return f"{scheme}://{authority}{tail}"
-
-
-def _setting(settings: SettingsLike, name: str) -> Any:
-    return settings.get(name, getattr(defaults, name))
-
-
-def _redis_params(settings: SettingsLike) -> dict[str, Any]:
-    raw = _setting(settings, "REDIS_PARAMS") or {}
-    if isinstance(raw, str):  # -s REDIS_PARAMS='{"socket_timeout": 30}'
-        raw = json.loads(raw)
-    params = dict(raw)
-    # scrapy-redis lets REDIS_PARAMS choose the client class; we build our own clients.
-    params.pop("redis_cls", None)
-    return params
-
-
-def _cluster_setting(settings: SettingsLike) -> bool | None:
-    value = _setting(settings, "REDIS_CLUSTER")
-    if value is None or isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("", "auto", "none"):
-        return None
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"REDIS_CLUSTER must be true, false or empty (auto-detect), not {value!r}")
-
-
-def _sentinel_addresses(settings: SettingsLike) -> tuple[tuple[str, int], ...]:
-    raw = _setting(settings, "REDIS_SENTINELS") or []
-    if isinstance(raw, str):
-        raw = [s for s in raw.split(",") if s.strip()]
-    out = []
-    for entry in raw:
-        if isinstance(entry, (tuple, list)):
-            out.append((str(entry[0]), int(entry[1])))
-            continue
-        text = str(entry).strip()
-        parts = urlsplit(text if "://" in text else f"redis://{text}")
-        out.append((parts.hostname or "localhost", parts.port or 26379))
-    return tuple(out)
+# -- URLs ----------------------------------------------------------------------------------------
+def _dist(settings: SettingsLike | DistSettings) -> DistSettings:
+    """The typed settings (a bad value raises :class:`~scrapy_dist.settings.SettingsError`, one line)."""
+    return DistSettings.coerce(settings)
 
 
 @dataclass(frozen=True)
@@ -218,7 +158,7 @@ class RedisTarget:
     params: dict[str, Any] = field(default_factory=dict)
     cluster: bool | None = None
     sentinels: tuple[tuple[str, int], ...] = ()
-    sentinel_master: str = defaults.REDIS_SENTINEL_MASTER
+    sentinel_master: str = "mymaster"
     embedded_dir: Path | None = None
 
     @property
@@ -281,38 +221,46 @@ class RedisTarget:
         return RedisUnavailable(f"Cannot reach Redis at {self.masked_url} ({reason}); {hint}")
 
 
-def resolve_target(settings: SettingsLike) -> RedisTarget:
-    """Which Redis the settings point at (see the module docstring for the order).
+def resolve_target(settings: SettingsLike | DistSettings) -> RedisTarget:
+    """Which Redis the settings point at (see the module docstring for the order); the one function
+    workers and the ``scrapy-dist`` command use.
 
-    With no Redis setting this joins -- or starts -- the embedded server and logs one INFO line saying
-    so; it raises :class:`RedisUnavailable` if that server cannot start.
+    The first time a process uses a Redis it logs one INFO line naming it (password masked) and the
+    setting that chose it. With no Redis setting this joins -- or starts -- the embedded server; it
+    raises :class:`RedisUnavailable` if that server cannot start.
     """
-    params = _redis_params(settings)
-    cluster = _cluster_setting(settings)
-    url = _setting(settings, "REDIS_URL")
-    sentinels = _sentinel_addresses(settings)
-    if sentinels:
-        master = str(_setting(settings, "REDIS_SENTINEL_MASTER") or defaults.REDIS_SENTINEL_MASTER)
-        return RedisTarget(
-            url=str(url or "redis:///0"),
+    conn = _dist(settings).connection
+    params = dict(conn.params)
+    if conn.sentinels:
+        target = RedisTarget(
+            url=conn.url or "redis:///0",
             setting="REDIS_SENTINELS",
             params=params,
             cluster=False,
-            sentinels=sentinels,
-            sentinel_master=master,
+            sentinels=conn.sentinels,
+            sentinel_master=conn.sentinel_master,
         )
-    if url:
-        return RedisTarget(url=str(url), setting="REDIS_URL", params=params, cluster=cluster)
-    host = _setting(settings, "REDIS_HOST")
-    port = _setting(settings, "REDIS_PORT")
-    if host or port:
-        return RedisTarget(
-            url=f"redis://{host or 'localhost'}:{int(port or 6379)}/0",
+    elif conn.url:
+        target = RedisTarget(url=conn.url, setting=conn.source, params=params, cluster=conn.cluster)
+    elif conn.host or conn.port:
+        target = RedisTarget(
+            url=f"redis://{conn.host or 'localhost'}:{conn.port or 6379}/0",
             setting="REDIS_HOST/REDIS_PORT",
             params=params,
-            cluster=cluster,
+            cluster=conn.cluster,
         )
-    server = EmbeddedRedis.for_settings(settings)
+    else:
+        return _embedded_target(conn, params)
+    if target.masked_url not in _announced_urls:
+        _announced_urls.add(target.masked_url)
+        logger.info("Using Redis at %s (from %s)", target.masked_url, target.setting)
+    return target
+
+
+def _embedded_target(conn: ConnectionSettings, params: dict[str, Any]) -> RedisTarget:
+    server = EmbeddedRedis.for_settings(
+        {"REDIS_EMBEDDED_DIR": conn.embedded_dir, "REDIS_EMBEDDED_MAXMEMORY": conn.embedded_maxmemory}
+    )
     directory = server.directory
     url, started = server.ensure_running()
     target = RedisTarget(url=url, setting="embedded", params=params, cluster=False, embedded_dir=directory)
@@ -331,7 +279,7 @@ def resolve_target(settings: SettingsLike) -> RedisTarget:
     return target
 
 
-def resolve_url(settings: SettingsLike) -> str:
+def resolve_url(settings: SettingsLike | DistSettings) -> str:
     """The Redis URL the settings point at (starting the embedded server if none is configured).
 
     For Sentinel it is the descriptive ``redis+sentinel://...`` form, not one ``from_url`` accepts.
@@ -455,7 +403,7 @@ def _build_async(target: RedisTarget) -> redis.asyncio.Redis:
     return redis.asyncio.Redis.from_url(target.url, **params)
 
 
-def get_redis(settings: SettingsLike) -> redis.Redis:
+def get_redis(settings: SettingsLike | DistSettings) -> redis.Redis:
     """A synchronous client for the Redis the settings point at.
 
     A ``redis.cluster.RedisCluster`` when the target is a cluster (typed as ``redis.Redis``; use
@@ -465,7 +413,7 @@ def get_redis(settings: SettingsLike) -> redis.Redis:
     return _build_sync(resolve_target(settings))
 
 
-def get_async_redis(settings: SettingsLike) -> redis.asyncio.Redis:
+def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redis:
     """A ``redis.asyncio`` client with the same configuration as :func:`get_redis` (or a
     ``redis.asyncio.cluster.RedisCluster``). Connects lazily, on first use."""
     return _build_async(resolve_target(settings))
@@ -496,10 +444,10 @@ def _describe(client: Any) -> RedisTarget:
 
 
 def _is_settings(obj: Any) -> bool:
-    return not hasattr(obj, "ping") and hasattr(obj, "get")
+    return isinstance(obj, DistSettings) or (not hasattr(obj, "ping") and hasattr(obj, "get"))
 
 
-def check_reachable(client_or_settings: Any, settings: SettingsLike | None = None) -> None:
+def check_reachable(client_or_settings: Any, settings: SettingsLike | DistSettings | None = None) -> None:
     """Raise :class:`RedisUnavailable` -- one line naming the masked URL and the setting to change --
     unless Redis answers ``PING``.
 
@@ -526,7 +474,7 @@ def check_reachable(client_or_settings: Any, settings: SettingsLike | None = Non
         raise TypeError("check_reachable() got a redis.asyncio client; use check_reachable_async()")
 
 
-async def check_reachable_async(client: Any, settings: SettingsLike | None = None) -> None:
+async def check_reachable_async(client: Any, settings: SettingsLike | DistSettings | None = None) -> None:
     """:func:`check_reachable` for a ``redis.asyncio`` client."""
     target = resolve_target(settings) if settings is not None else _describe(client)
     try:
@@ -556,7 +504,7 @@ def abort_crawl(error: Exception) -> NoReturn:
     raise CrawlAborted(error) from error
 
 
-def ensure_reachable(client_or_settings: Any, settings: SettingsLike | None = None) -> None:
+def ensure_reachable(client_or_settings: Any, settings: SettingsLike | DistSettings | None = None) -> None:
     """Start-up check for components: if Redis does not answer (or the embedded server cannot start),
     log one ERROR line naming the masked URL and the setting, and stop the crawl with a non-zero exit.
 
@@ -565,5 +513,5 @@ def ensure_reachable(client_or_settings: Any, settings: SettingsLike | None = No
     """
     try:
         check_reachable(client_or_settings, settings)
-    except RedisUnavailable as exc:
+    except (RedisUnavailable, SettingsError) as exc:
         abort_crawl(exc)

@@ -29,8 +29,9 @@ from redis.exceptions import NoScriptError
 from scrapy_dist import connection, defaults, scripts
 from scrapy_dist.bloom import HASHING, BloomParameterError, BloomPlan, fingerprint_hashes, parse_bloom_record
 from scrapy_dist.exceptions import FrontierScriptError, ScrapyDistError
-from scrapy_dist.keys import CrawlKeys, crawl_keys
+from scrapy_dist.keys import CrawlKeys, crawler_keys
 from scrapy_dist.ratelimit import RateLimitedLog
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -67,22 +68,21 @@ class RedisDupeFilter:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        settings = crawler.settings
-        spider_name = crawler.spidercls.name
+        ds = DistSettings.for_crawler(crawler)
         try:
             return cls(
-                connection.get_redis(settings),
-                crawl_keys(settings, spider_name),
+                connection.get_redis(ds),
+                crawler_keys(crawler),
                 crawler.request_fingerprinter,
                 stats=crawler.stats,
-                debug=settings.getbool("DUPEFILTER_DEBUG"),
-                **cls._extra_kwargs(settings),
+                debug=ds.dupefilter.debug,
+                **cls._extra_kwargs(ds),
             )
         except BloomParameterError as exc:  # e.g. BLOOMFILTER_CAPACITY = 10**400: one line, no traceback
             connection.abort_crawl(exc)
 
     @classmethod
-    def _extra_kwargs(cls, settings: Any) -> dict[str, Any]:
+    def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
         return {}
 
     # -- Scrapy's BaseDupeFilter interface --------------------------------------------------------
@@ -201,12 +201,9 @@ class BloomDupeFilter(RedisDupeFilter):
         self._script: Any = None
 
     @classmethod
-    def _extra_kwargs(cls, settings: Any) -> dict[str, Any]:
-        return {
-            "capacity": settings.getint("BLOOMFILTER_CAPACITY", defaults.BLOOMFILTER_CAPACITY),
-            "error_rate": settings.getfloat("BLOOMFILTER_ERROR_RATE", defaults.BLOOMFILTER_ERROR_RATE),
-            "block_bits": settings.getint("BLOOMFILTER_BLOCK_BITS", defaults.BLOOMFILTER_BLOCK_BITS),
-        }
+    def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
+        f = ds.dupefilter
+        return {"capacity": f.capacity, "error_rate": f.error_rate, "block_bits": f.block_bits}
 
     def open(self) -> None:
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""

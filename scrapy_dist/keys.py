@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -291,14 +292,33 @@ class CrawlKeys:
 
 
 def crawl_keys(settings: object, spider_name: str) -> CrawlKeys:
-    """Build :class:`CrawlKeys` from Scrapy settings (``REDIS_KEY_PREFIX``, ``REDIS_START_URLS_KEY``,
-    ``REDIS_ITEMS_KEY``); ``settings`` is anything with ``.get`` (a Scrapy ``Settings`` or a dict)."""
-    from scrapy_dist import defaults
+    """Build :class:`CrawlKeys` from the settings (``REDIS_KEY_PREFIX``, ``REDIS_START_URLS_KEY``,
+    ``REDIS_ITEMS_KEY``); ``settings`` is a :class:`~scrapy_dist.settings.DistSettings`, or Scrapy
+    settings / a dict it is built from."""
+    from scrapy_dist.settings import DistSettings
 
-    get = settings.get  # type: ignore[attr-defined]
+    ds = DistSettings.coerce(settings)
     return CrawlKeys(
         spider=spider_name,
-        prefix=get("REDIS_KEY_PREFIX", defaults.REDIS_KEY_PREFIX) or "",
-        start_urls_template=get("REDIS_START_URLS_KEY", defaults.REDIS_START_URLS_KEY),
-        items_template=get("REDIS_ITEMS_KEY", defaults.REDIS_ITEMS_KEY),
+        prefix=ds.connection.key_prefix,
+        start_urls_template=ds.seeds.key_template,
+        items_template=ds.items.key_template,
     )
+
+
+def spider_name(crawler: Any) -> str:
+    """The name every key of a crawl is built from: the running spider's ``name`` (set on the class, in
+    ``__init__`` or by ``process.crawl(Spider, name=...)``), else its class's. One function, so that the
+    scheduler, the dupefilter, the seeds and the pipelines never split a crawl over two key sets."""
+    spider = getattr(crawler, "spider", None)
+    name = getattr(spider, "name", None) or getattr(crawler.spidercls, "name", None)
+    if not name or not isinstance(name, str):
+        raise ValueError(f"{crawler.spidercls.__name__} has no name: scrapy-dist builds its keys from it")
+    return name
+
+
+def crawler_keys(crawler: Any) -> CrawlKeys:
+    """:class:`CrawlKeys` of ``crawler``'s crawl (its settings and :func:`spider_name`)."""
+    from scrapy_dist.settings import DistSettings
+
+    return crawl_keys(DistSettings.for_crawler(crawler), spider_name(crawler))

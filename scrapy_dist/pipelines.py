@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter, is_item
-from scrapy.exceptions import DropItem, NotConfigured
+from scrapy.exceptions import DropItem
 from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
@@ -29,8 +29,9 @@ from scrapy_dist import defaults, scripts
 from scrapy_dist.batchwriter import BatchWriter
 from scrapy_dist.connection import get_async_redis, is_cluster
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.keys import crawl_keys
+from scrapy_dist.keys import crawler_keys
 from scrapy_dist.outage import Backoff, Outage
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -148,22 +149,16 @@ class RedisPipeline:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``REDIS_ITEMS_*`` settings and the connection settings (``REDIS_URL``, ...)."""
-        settings = crawler.settings
-        spider_name = crawler.spider.name if crawler.spider is not None else crawler.spidercls.name
-        if not spider_name:
-            raise NotConfigured("RedisPipeline needs a spider name to build REDIS_ITEMS_KEY")
-        serializer = settings.get("REDIS_ITEMS_SERIALIZER", defaults.REDIS_ITEMS_SERIALIZER)
-        maxlen = settings.get("REDIS_ITEMS_MAXLEN", defaults.REDIS_ITEMS_MAXLEN)
+        ds = DistSettings.for_crawler(crawler)
+        items = ds.items
         return cls(
-            get_async_redis(settings),
-            crawl_keys(settings, spider_name).items,
-            stream=settings.getbool("REDIS_ITEMS_STREAM", defaults.REDIS_ITEMS_STREAM),
-            maxlen=int(maxlen) if maxlen else None,
-            batch_size=settings.getint("REDIS_ITEMS_BATCH_SIZE", defaults.REDIS_ITEMS_BATCH_SIZE),
-            flush_interval=settings.getfloat(
-                "REDIS_ITEMS_FLUSH_INTERVAL", defaults.REDIS_ITEMS_FLUSH_INTERVAL
-            ),
-            serialize=load_object(serializer) if serializer else default_serialize,
+            get_async_redis(ds),
+            crawler_keys(crawler).items,
+            stream=items.stream,
+            maxlen=items.maxlen,
+            batch_size=items.batch_size,
+            flush_interval=items.flush_interval,
+            serialize=load_object(items.serializer) if items.serializer else default_serialize,
             stats=crawler.stats,
             outage=Outage.for_crawler(crawler),
         )

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from scrapy_dist import defaults
+if TYPE_CHECKING:
+    from scrapy_dist.settings import DistSettings
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,22 @@ class DomainLimits:
         self._cache: dict[str, DomainLimit] = {}
 
     @classmethod
-    def from_settings(cls, settings: Any) -> DomainLimits:
+    def from_dist(cls, ds: DistSettings) -> DomainLimits:
+        """The limits of a crawl's typed settings (``DOMAIN_LIMITS`` over Scrapy's per-domain ones)."""
+        s = ds.scheduler
         default = DomainLimit(
-            delay=settings.getfloat("DOWNLOAD_DELAY", 0.0),
-            concurrency=settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN", 8),
-            jitter=settings.getfloat("DOWNLOAD_DELAY_JITTER", 0.5),
+            delay=s.download_delay,
+            concurrency=s.concurrent_requests_per_domain,
+            jitter=s.download_delay_jitter,
         )
-        return cls(default, settings.getdict("DOMAIN_LIMITS", defaults.DOMAIN_LIMITS))
+        return cls(default, {k: dict(v) for k, v in s.domain_limits.items()})
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> DomainLimits:
+        """:meth:`from_dist` of Scrapy settings (or a dict, or a ``DistSettings``)."""
+        from scrapy_dist.settings import DistSettings
+
+        return cls.from_dist(DistSettings.coerce(settings))
 
     def for_domain(self, domain: str) -> DomainLimit:
         hit = self._cache.get(domain)

@@ -24,25 +24,25 @@ import os
 import secrets
 import socket
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_dist import _engine, connection, defaults, queue
+from scrapy_dist import _engine, connection, queue
 from scrapy_dist.codec import EntryPolicy, decode_request, encode_request, entry_policy
 from scrapy_dist.dupefilter import RedisDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import Frontier
-from scrapy_dist.keys import crawl_keys
+from scrapy_dist.keys import crawler_keys
 from scrapy_dist.layout import CrawlLayout
 from scrapy_dist.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.outage import Outage
 from scrapy_dist.politeness import DomainLimits, penalty_seconds
 from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.router import ShardRouter
+from scrapy_dist.settings import DistSettings, SchedulerSettings
 from scrapy_dist.syncloop import SyncLoop
 
 if TYPE_CHECKING:
@@ -74,61 +74,6 @@ def get_scheduler(crawler: Crawler) -> Scheduler | None:
     return sched if isinstance(sched, Scheduler) else None
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """The scheduler's settings (defaults in :mod:`scrapy_dist.defaults`, documented in docs/settings.md)."""
-
-    persist: bool = defaults.SCHEDULER_PERSIST
-    flush_on_start: bool = defaults.SCHEDULER_FLUSH_ON_START
-    idle_before_close: float = defaults.SCHEDULER_IDLE_BEFORE_CLOSE
-    lease_seconds: float = defaults.SCHEDULER_LEASE_SECONDS
-    prefetch: int = 64
-    flush_interval: float = defaults.SCHEDULER_FLUSH_INTERVAL
-    flush_batch: int = defaults.SCHEDULER_FLUSH_BATCH
-    idle_poll: float = defaults.SCHEDULER_IDLE_POLL
-    allowed_schemes: tuple[str, ...] = ("http", "https")
-    max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
-    rejected_maxlen: int = defaults.SCHEDULER_REJECTED_MAXLEN
-    dead_maxlen: int = defaults.DEADLETTER_MAXLEN
-    politeness: str = defaults.SCHEDULER_POLITENESS
-    shards: int = defaults.SCHEDULER_SHARDS
-    #: ``SCHEDULER_PRIORITY_QUEUE = "scrapy.pqueues.DownloaderAwarePriorityQueue"``: hand out the best
-    #: request of the download slot with the fewest active downloads
-    downloader_aware: bool = False
-
-    @classmethod
-    def from_settings(cls, s: Any) -> SchedulerConfig:
-        prefetch = s.getint("SCHEDULER_PREFETCH", defaults.SCHEDULER_PREFETCH) or max(
-            16, 2 * s.getint("CONCURRENT_REQUESTS")
-        )
-        idle = s.getfloat(
-            "SCHEDULER_IDLE_BEFORE_CLOSE",
-            s.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE", defaults.SCHEDULER_IDLE_BEFORE_CLOSE),
-        )
-        politeness = s.get("SCHEDULER_POLITENESS", defaults.SCHEDULER_POLITENESS)
-        if politeness not in ("process", "cluster"):
-            raise ValueError(f"SCHEDULER_POLITENESS must be 'process' or 'cluster', not {politeness!r}")
-        return cls(
-            persist=s.getbool("SCHEDULER_PERSIST", defaults.SCHEDULER_PERSIST),
-            flush_on_start=s.getbool("SCHEDULER_FLUSH_ON_START", defaults.SCHEDULER_FLUSH_ON_START),
-            idle_before_close=idle,
-            lease_seconds=s.getfloat("SCHEDULER_LEASE_SECONDS", defaults.SCHEDULER_LEASE_SECONDS),
-            prefetch=max(1, prefetch),
-            flush_interval=s.getfloat("SCHEDULER_FLUSH_INTERVAL", defaults.SCHEDULER_FLUSH_INTERVAL),
-            flush_batch=s.getint("SCHEDULER_FLUSH_BATCH", defaults.SCHEDULER_FLUSH_BATCH),
-            idle_poll=s.getfloat("SCHEDULER_IDLE_POLL", defaults.SCHEDULER_IDLE_POLL),
-            allowed_schemes=tuple(
-                x.lower() for x in s.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES)
-            ),
-            max_entry_bytes=s.getint("SCHEDULER_MAX_ENTRY_BYTES", defaults.SCHEDULER_MAX_ENTRY_BYTES),
-            rejected_maxlen=s.getint("SCHEDULER_REJECTED_MAXLEN", defaults.SCHEDULER_REJECTED_MAXLEN),
-            dead_maxlen=s.getint("DEADLETTER_MAXLEN", defaults.DEADLETTER_MAXLEN),
-            politeness=politeness,
-            shards=s.getint("SCHEDULER_SHARDS", defaults.SCHEDULER_SHARDS),
-            downloader_aware="DownloaderAwarePriorityQueue" in str(s.get("SCHEDULER_PRIORITY_QUEUE", "")),
-        )
-
-
 class Scheduler:
     """Scrapy scheduler backed by a Redis frontier shared by every worker of the crawl.
 
@@ -144,7 +89,7 @@ class Scheduler:
         keys: CrawlKeys,
         redis_settings: Any,
         *,
-        config: SchedulerConfig | None = None,
+        config: SchedulerSettings | None = None,
         order: queue.QueueOrder | None = None,
         stats: StatsCollector | None = None,
         engine: Engine | None = None,
@@ -154,7 +99,7 @@ class Scheduler:
         outage: Outage | None = None,
         policy: EntryPolicy | None = None,
     ) -> None:
-        self.config = cfg = config or SchedulerConfig()
+        self.config = cfg = config or SchedulerSettings(downloader_aware=False)
         #: what entries read from the queue must satisfy, and the secret signing what this worker writes
         self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
         self.df = dupefilter
@@ -184,25 +129,24 @@ class Scheduler:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        s = crawler.settings
-        dupefilter = build_from_crawler(load_object(s["DUPEFILTER_CLASS"]), crawler)
-        qcls_path = s.get("SCHEDULER_QUEUE_CLASS", defaults.SCHEDULER_QUEUE_CLASS)
-        qcls: Any = queue.ALIASES.get(qcls_path) or load_object(qcls_path)
-        config = SchedulerConfig.from_settings(s)
+        ds = DistSettings.for_crawler(crawler)
+        cfg = ds.scheduler
+        dupefilter = build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
+        qcls: Any = queue.ALIASES.get(cfg.queue_class) or load_object(cfg.queue_class)
         sched = cls(
             dupefilter,
-            crawl_keys(s, crawler.spidercls.name),
-            s,
-            config=config,
+            crawler_keys(crawler),
+            ds,
+            config=cfg,
             order=qcls(),
             stats=crawler.stats,
             engine=_engine.EngineView(crawler),
             outage=Outage.for_crawler(crawler),
             fingerprinter=crawler.request_fingerprinter,
-            domain_limits=DomainLimits.from_settings(s) if config.politeness == "cluster" else None,
+            domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
             policy=entry_policy(crawler),
         )
-        if config.politeness == "cluster":
+        if cfg.politeness == "cluster":
             from scrapy import signals
 
             crawler.signals.connect(sched.response_received, signal=signals.response_received)

@@ -30,6 +30,8 @@ from scrapy_dist.exceptions import RejectedEntry
 if TYPE_CHECKING:
     from scrapy import Request, Spider
 
+    from scrapy_dist.settings import DistSettings
+
 #: Every rejection reason a seed can get (stats ``seeds/rejected/<reason>``, ``reason`` of the records).
 REASONS = {
     "too_large": "longer than REDIS_START_URLS_MAX_BYTES",
@@ -92,19 +94,19 @@ class SeedRules:
     headers_allowed: tuple[str, ...] = ()
 
     @classmethod
-    def from_settings(cls, settings: Any) -> SeedRules:
-        """The rules a crawl's settings give (a Scrapy ``Settings``)."""
-        from scrapy_dist import defaults
-
+    def from_dist(cls, ds: DistSettings) -> SeedRules:
+        """The rules a crawl's typed settings give."""
         return cls(
-            max_bytes=settings.getint("REDIS_START_URLS_MAX_BYTES", defaults.REDIS_START_URLS_MAX_BYTES),
-            allowed_schemes=tuple(
-                s.lower()
-                for s in settings.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES)
-            ),
-            meta_allowed=tuple(settings.getlist("SEEDS_META_ALLOWED", defaults.SEEDS_META_ALLOWED)),
-            headers_allowed=tuple(settings.getlist("SEEDS_HEADERS_ALLOWED", defaults.SEEDS_HEADERS_ALLOWED)),
+            max_bytes=ds.seeds.max_bytes, allowed_schemes=ds.scheduler.allowed_schemes,
+            meta_allowed=ds.seeds.meta_allowed, headers_allowed=ds.seeds.headers_allowed,
         )
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SeedRules:
+        """The rules a crawl's settings give (a Scrapy ``Settings``, a dict or a ``DistSettings``)."""
+        from scrapy_dist.settings import DistSettings
+
+        return cls.from_dist(DistSettings.coerce(settings))
 
 
 DEFAULT_RULES = SeedRules()

@@ -52,6 +52,7 @@ from scrapy_dist.seeds import (
     spider_has_callback,
     validate_url,
 )
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -243,39 +244,23 @@ class SeedFeed:
     def from_spider(cls, spider: RedisMixin) -> SeedFeed:
         """Build the feed from the spider's settings; creates the async client on the running loop."""
         crawler = spider.crawler
-        s = crawler.settings
+        ds = DistSettings.for_crawler(crawler)
         sched = get_scheduler(crawler)
-        keys = crawl_keys(s, spider.name)
+        keys = crawl_keys(ds, spider.name)
         if spider.redis_key:
             keys = dataclasses.replace(keys, start_urls_template=spider.redis_key)
-        if s.getbool("REDIS_START_URLS_AS_ZSET", defaults.REDIS_START_URLS_AS_ZSET):
-            kind = "zset"
-        elif s.getbool("REDIS_START_URLS_AS_SET", defaults.REDIS_START_URLS_AS_SET):
-            kind = "set"
-        else:
-            kind = "list"
-        batch = spider.redis_batch_size or s.getint(
-            "REDIS_START_URLS_BATCH_SIZE", defaults.REDIS_START_URLS_BATCH_SIZE
-        ) or s.getint("CONCURRENT_REQUESTS")
-        if sched is not None:
-            idle = sched.idle_before_close
-        else:
-            idle = s.getfloat(
-                "SCHEDULER_IDLE_BEFORE_CLOSE",
-                s.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE", defaults.SCHEDULER_IDLE_BEFORE_CLOSE),
-            )
+        batch = spider.redis_batch_size or ds.seeds.batch_size
+        idle = sched.idle_before_close if sched is not None else ds.scheduler.idle_before_close
         reader = SeedReader(
-            connection.get_async_redis(s),
+            connection.get_async_redis(ds),
             keys,
             sched.worker_id if sched is not None else make_worker_id(),
-            kind=kind,
-            lease_seconds=s.getfloat("SCHEDULER_LEASE_SECONDS", defaults.SCHEDULER_LEASE_SECONDS),
-            rejected_maxlen=s.getint(
-                "REDIS_START_URLS_REJECTED_MAXLEN", defaults.REDIS_START_URLS_REJECTED_MAXLEN
-            ),
+            kind=ds.seeds.kind,
+            lease_seconds=ds.scheduler.lease_seconds,
+            rejected_maxlen=ds.seeds.rejected_maxlen,
         )
         return cls(
-            spider, reader, rules=SeedRules.from_settings(s), batch_size=batch, idle_before_close=idle
+            spider, reader, rules=SeedRules.from_dist(ds), batch_size=batch, idle_before_close=idle
         )
 
     # -- the loop -----------------------------------------------------------------------------------

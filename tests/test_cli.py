@@ -91,7 +91,13 @@ def test_option_after_the_subcommand_wins_too(probe: None) -> None:
     assert result.output.strip() == "--redis-url|redis://second:1/0"
 
 
-def test_environment_wins_over_project(inside_project: Path, probe: None) -> None:
+def test_project_wins_over_environment_as_in_workers(inside_project: Path, probe: None) -> None:
+    # one order everywhere (issue 17): settings, then $REDIS_URL, then the embedded Redis
+    result = run("probe", env={"REDIS_URL": "redis://env:2/0"})
+    assert result.output.strip() == "project settings|redis://project-host:6390/4"
+
+
+def test_environment_used_outside_a_project(outside_project: Path, probe: None) -> None:
     result = run("probe", env={"REDIS_URL": "redis://env:2/0"})
     assert result.output.strip() == "REDIS_URL environment variable|redis://env:2/0"
 

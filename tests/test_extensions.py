@@ -335,8 +335,11 @@ def test_error_rate_needs_enough_attempts_and_close_reaches_every_worker(
 
 
 def test_error_monitor_rejects_bad_settings(redis_url: str) -> None:
-    with pytest.raises(ScrapyDistError, match="ERRORMONITOR_ACTION"):
+    # refused at start-up by DistSettings: one line, then the crawl stops (CrawlAborted, exit status 1)
+    with pytest.raises(SystemExit) as info:
         make_errormonitor(redis_url, ERRORMONITOR_ACTION="explode")
+    assert isinstance(info.value.__cause__, ScrapyDistError)
+    assert "ERRORMONITOR_ACTION=explode" in str(info.value.__cause__)
 
 
 # -- control flags ------------------------------------------------------------------------------------

@@ -1,13 +1,16 @@
 """The ``scrapy-dist`` command: a click group whose subcommands each live in ``scrapy_dist/cli/<name>.py``
 and are registered by one import line at the bottom of this file.
 
-Every subcommand finds Redis the same way (first match wins):
+Every subcommand finds Redis the way workers do (first match wins; one function,
+:func:`scrapy_dist.connection.resolve_target`):
 
-1. ``--redis-url`` (given before or after the subcommand name);
-2. the ``REDIS_URL`` environment variable;
-3. the Scrapy project's settings, when run inside a project (``REDIS_URL``, ``REDIS_SENTINELS``,
+1. ``--redis-url`` (given before or after the subcommand name; the command line's ``-s REDIS_URL``);
+2. the Scrapy project's settings, when run inside a project (``REDIS_URL``, ``REDIS_SENTINELS``,
    ``REDIS_HOST``/``REDIS_PORT``, see :mod:`scrapy_dist.connection`);
+3. the ``REDIS_URL`` environment variable;
 4. the embedded Redis (the project's, inside a project, so it is the one its crawls use).
+
+Every setting is checked as a worker checks it: a bad value is the same one line, exit status 1.
 
 The project's other settings (``REDIS_PARAMS``, ``REDIS_KEY_PREFIX``, ...) apply in every case.
 
@@ -39,6 +42,7 @@ from scrapy_dist.connection import (
 )
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.keys import CrawlKeys, crawl_keys
+from scrapy_dist.settings import DistSettings, SettingsError
 
 if TYPE_CHECKING:
     import redis
@@ -61,6 +65,7 @@ class ClientFactory:
         self.redis_url = redis_url
         self.environ = os.environ if environ is None else environ
         self._settings: Settings | None = None
+        self._dist: DistSettings | None = None
         self._source = ""
 
     def override_url(self, redis_url: str) -> None:
@@ -73,18 +78,24 @@ class ClientFactory:
         from scrapy.settings import Settings
         from scrapy.utils.project import inside_project
 
-        in_project = inside_project()
-        settings = _project_settings() if in_project else Settings()
-        explicit = self.redis_url or self.environ.get("REDIS_URL")
-        if explicit:
+        settings = _project_settings() if inside_project() else Settings()
+        if self.redis_url:
             for name in _REDIS_LOCATION_SETTINGS:
                 settings.set(name, None, priority="cmdline")
-            settings.set("REDIS_URL", explicit, priority="cmdline")
-            self._source = "--redis-url" if self.redis_url else "REDIS_URL environment variable"
-        elif in_project and any(settings.get(name) for name in _REDIS_LOCATION_SETTINGS):
-            self._source = "project settings"
-        else:
+            settings.set("REDIS_URL", self.redis_url, priority="cmdline")
+        # checked as a worker checks them (SettingsError: one line), with the same Redis order
+        self._dist = DistSettings.from_settings(settings, environ=self.environ)
+        for line in self._dist.warnings:
+            click.echo(f"Warning: {line}", err=True)
+        source = self._dist.connection.source
+        if self.redis_url:
+            self._source = "--redis-url"
+        elif source == "embedded":
             self._source = "embedded Redis"
+        elif source == "REDIS_URL environment variable":
+            self._source = source
+        else:
+            self._source = "project settings"
         return settings
 
     @property
@@ -93,6 +104,13 @@ class ClientFactory:
         if self._settings is None:
             self._settings = self._resolve()
         return self._settings
+
+    @property
+    def dist(self) -> DistSettings:
+        """The typed, checked scrapy-dist settings (:class:`~scrapy_dist.settings.DistSettings`)."""
+        _ = self.settings
+        assert self._dist is not None
+        return self._dist
 
     @property
     def source(self) -> str:
@@ -104,7 +122,7 @@ class ClientFactory:
     @property
     def url(self) -> str:
         """The Redis URL, with its password (starts the embedded Redis if that is the one in use)."""
-        return resolve_target(self.settings).display_url
+        return resolve_target(self.dist).display_url
 
     @property
     def masked_url(self) -> str:
@@ -113,19 +131,19 @@ class ClientFactory:
 
     def client(self) -> redis.Redis:
         """A new synchronous client."""
-        return get_redis(self.settings)
+        return get_redis(self.dist)
 
     def async_client(self) -> redis.asyncio.Redis:
         """A new ``redis.asyncio`` client."""
-        return get_async_redis(self.settings)
+        return get_async_redis(self.dist)
 
     def check(self) -> None:
         """Raise :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) unless Redis answers."""
-        check_reachable(self.settings)
+        check_reachable(self.dist)
 
     def keys(self, spider: str) -> CrawlKeys:
         """Key names of the crawl of ``spider`` (honours ``REDIS_KEY_PREFIX`` and friends)."""
-        return crawl_keys(self.settings, spider)
+        return crawl_keys(self.dist, spider)
 
 
 def _project_settings() -> Settings:
@@ -143,12 +161,21 @@ def _project_settings() -> Settings:
             os.environ["SCRAPY_SETTINGS_MODULE"] = saved
 
 
+class _OneLine(click.ClickException):
+    """A settings error: printed as the very line a worker logs (no ``Error:`` prefix), exit status 1."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(self.message, err=True)
+
+
 class _Group(click.Group):
     """Turns scrapy-dist errors (Redis unreachable, ...) into one ``Error: ...`` line and exit status 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except SettingsError as exc:
+            raise _OneLine(str(exc)) from exc
         except ScrapyDistError as exc:
             raise click.ClickException(str(exc)) from exc
 

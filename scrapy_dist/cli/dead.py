@@ -32,7 +32,7 @@ import click
 from scrapy import Request
 from scrapy.utils.misc import load_object
 
-from scrapy_dist import defaults, queue
+from scrapy_dist import queue
 from scrapy_dist.cli import ClientFactory, main, pass_redis
 from scrapy_dist.cli.text import json_safe, printable
 from scrapy_dist.codec import EntryPolicy
@@ -40,6 +40,7 @@ from scrapy_dist.deadletter import DeadLetter, parse_record, reason_matches, req
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import Frontier, SyncBatch
 from scrapy_dist.politeness import DomainLimits
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     import redis
@@ -109,21 +110,21 @@ def _table(letters: list[tuple[int, DeadLetter]], key: str) -> None:
     Console().print(table)
 
 
-def queue_order(settings: Any) -> queue.QueueOrder:
+def queue_order(ds: DistSettings) -> queue.QueueOrder:
     """The crawl's queue class (``SCHEDULER_QUEUE_CLASS``), which scores and sequences entries."""
-    path = settings.get("SCHEDULER_QUEUE_CLASS", defaults.SCHEDULER_QUEUE_CLASS)
+    path = ds.scheduler.queue_class
     cls: Any = queue.ALIASES.get(path) or load_object(path)
     return cast("queue.QueueOrder", cls())
 
 
 def _requeue_targets(
-    letters: list[tuple[int, DeadLetter]], settings: Any
+    letters: list[tuple[int, DeadLetter]], ds: DistSettings
 ) -> tuple[list[tuple[DeadLetter, bytes, float]], list[tuple[DeadLetter, str]]]:
     """``(record, payload, queue score)`` for each requeueable record, and why the others are not."""
-    order = queue_order(settings)
-    schemes = tuple(settings.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES))
-    max_bytes = settings.getint("SCHEDULER_MAX_ENTRY_BYTES", defaults.SCHEDULER_MAX_ENTRY_BYTES)
-    policy = EntryPolicy.from_settings(settings)  # re-signs only records whose tag verifies
+    order = queue_order(ds)
+    schemes = ds.scheduler.allowed_schemes
+    max_bytes = ds.scheduler.max_entry_bytes
+    policy = EntryPolicy.from_settings(ds)  # re-signs only records whose tag verifies
     ok: list[tuple[DeadLetter, bytes, float]] = []
     refused: list[tuple[DeadLetter, str]] = []
     for _, d in letters:
@@ -149,10 +150,10 @@ async def requeue_letters(
 ) -> int:
     """Enqueue ``targets`` with the frontier's sync script, then remove their records; returns how many."""
     client = factory.async_client()
-    settings = factory.settings
-    sequence = queue_order(settings).sequence
-    politeness = settings.get("SCHEDULER_POLITENESS", defaults.SCHEDULER_POLITENESS)
-    limits = DomainLimits.from_settings(settings)
+    ds = factory.dist
+    sequence = queue_order(ds).sequence
+    politeness = ds.scheduler.politeness
+    limits = DomainLimits.from_dist(ds)
     # "" as worker id: a tool, not a worker of the crawl
     frontier = Frontier(client, keys, "", None, sequence=sequence, politeness=politeness)
 
@@ -221,7 +222,7 @@ def dead(
             click.echo(f"purged {removed} dead letters with reason {reason!r} from {key!r}")
             return
         if requeue:
-            targets, refused = _requeue_targets(letters, redis.settings)
+            targets, refused = _requeue_targets(letters, redis.dist)
             for d, why in refused:
                 click.echo(f"kept {printable(d.url, 300)} (cannot be requeued: {printable(why, 300)})",
                            err=True)

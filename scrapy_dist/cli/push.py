@@ -28,10 +28,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from scrapy_dist import defaults
 from scrapy_dist.cli import ClientFactory, main, pass_redis
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.seeds import SeedRules, class_has_callback, iter_lines, parse_seed
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     import redis
@@ -231,15 +231,12 @@ def push(
         redis_key = getattr(spidercls, "redis_key", None)
         if redis_key:
             keys = dataclasses.replace(keys, start_urls_template=redis_key)
-    if settings.getbool("REDIS_START_URLS_AS_ZSET", defaults.REDIS_START_URLS_AS_ZSET):
-        kind = "zset"
-    elif settings.getbool("REDIS_START_URLS_AS_SET", defaults.REDIS_START_URLS_AS_SET):
-        kind = "set"
-    else:
-        kind = "list"
+    # the spider's custom_settings may change the seeds settings: check them again, as its workers do
+    ds = redis.dist if spidercls is None else DistSettings.from_settings(settings, environ=redis.environ)
+    kind = ds.seeds.kind
     opts = PushOptions(
         kind=kind,
-        rules=SeedRules.from_settings(settings),
+        rules=SeedRules.from_dist(ds),
         has_callback=class_has_callback(spidercls) if spidercls is not None else None,
         priority=priority,
         meta=meta,

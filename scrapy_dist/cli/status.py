@@ -15,7 +15,6 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from scrapy_dist import defaults
 from scrapy_dist.cli import ClientFactory, main, pass_redis
 from scrapy_dist.cli.text import json_safe, printable
 from scrapy_dist.extensions.control import pause_crawl, resume_crawl
@@ -134,7 +133,7 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
     redis.check()
     keys = redis.keys(spider)
     client = redis.client()
-    default_interval = redis.settings.getfloat("CLUSTERSTATS_INTERVAL", defaults.CLUSTERSTATS_INTERVAL)
+    default_interval = redis.dist.monitoring.interval or 5.0
 
     def read() -> dict[str, Any]:
         return read_status(client, keys, default_interval=default_interval)

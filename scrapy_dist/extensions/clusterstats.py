@@ -43,8 +43,9 @@ from scrapy_dist.extensions.workers import (
     scheduler_of,
     worker_id,
 )
-from scrapy_dist.keys import CrawlKeys, crawl_keys
+from scrapy_dist.keys import CrawlKeys, crawler_keys
 from scrapy_dist.outage import Outage
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -167,16 +168,12 @@ class ClusterStats:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        s = crawler.settings
-        interval = s.getfloat("CLUSTERSTATS_INTERVAL", defaults.CLUSTERSTATS_INTERVAL)
+        ds = DistSettings.for_crawler(crawler)
+        interval = ds.monitoring.interval
         if interval <= 0:
             raise NotConfigured("CLUSTERSTATS_INTERVAL is 0")
-        merger = StatsMerger(
-            s.getlist("CLUSTERSTATS_MAX_STATS", defaults.CLUSTERSTATS_MAX_STATS),
-            s.getlist("CLUSTERSTATS_MIN_STATS", defaults.CLUSTERSTATS_MIN_STATS),
-        )
-        persist = s.getbool("SCHEDULER_PERSIST", defaults.SCHEDULER_PERSIST)
-        o = cls(crawler, crawl_keys(s, crawler.spidercls.name), interval, merger, persist)
+        merger = StatsMerger(list(ds.monitoring.max_stats), list(ds.monitoring.min_stats))
+        o = cls(crawler, crawler_keys(crawler), interval, merger, ds.scheduler.persist)
         crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
@@ -184,7 +181,7 @@ class ClusterStats:
     async def spider_opened(self, spider: Spider) -> None:
         self.worker = worker_id(self.crawler)
         self.started = time.time()
-        self.redis = connection.get_async_redis(self.crawler.settings)
+        self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))
         self._script = scripts.register(self.redis, "clusterstats")
         self._task = PeriodicTask(
             self.flush, self.interval, "crawl-wide stats", logger, Outage.for_crawler(self.crawler)

@@ -39,8 +39,9 @@ from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.extensions.control import ControlState, server_time
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of, worker_id
-from scrapy_dist.keys import CrawlKeys, crawl_keys
+from scrapy_dist.keys import CrawlKeys, crawler_keys
 from scrapy_dist.outage import Outage
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -204,19 +205,18 @@ class ErrorMonitor:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        s = crawler.settings
-        max_errors = s.get("ERRORMONITOR_MAX_ERRORS", defaults.ERRORMONITOR_MAX_ERRORS)
-        max_rate = s.get("ERRORMONITOR_MAX_ERROR_RATE", defaults.ERRORMONITOR_MAX_ERROR_RATE)
+        ds = DistSettings.for_crawler(crawler)
+        m = ds.monitoring
         o = cls(
             crawler,
-            crawl_keys(s, crawler.spidercls.name),
-            interval=s.getfloat("CLUSTERSTATS_INTERVAL", defaults.CLUSTERSTATS_INTERVAL) or 5.0,
-            window=s.getfloat("ERRORMONITOR_WINDOW", defaults.ERRORMONITOR_WINDOW),
-            max_errors=int(max_errors) if max_errors not in (None, "", "None") else None,
-            max_rate=float(max_rate) if max_rate not in (None, "", "None") else None,
-            min_attempts=s.getint("ERRORMONITOR_MIN_ATTEMPTS", defaults.ERRORMONITOR_MIN_ATTEMPTS),
-            action=str(s.get("ERRORMONITOR_ACTION", defaults.ERRORMONITOR_ACTION)).lower(),
-            http_errors=s.getlist("ERRORMONITOR_HTTP_ERRORS", defaults.ERRORMONITOR_HTTP_ERRORS),
+            crawler_keys(crawler),
+            interval=m.interval or 5.0,
+            window=m.window,
+            max_errors=m.max_errors,
+            max_rate=m.max_error_rate,
+            min_attempts=m.min_attempts,
+            action=m.action,
+            http_errors=list(m.http_errors),
         )
         crawler.signals.connect(o.response_downloaded, signal=signals.response_downloaded)
         crawler.signals.connect(o.request_left_downloader, signal=signals.request_left_downloader)
@@ -246,7 +246,7 @@ class ErrorMonitor:
     # -- lifecycle ------------------------------------------------------------------------------------
     async def spider_opened(self, spider: Spider) -> None:
         self.events.worker = worker_id(self.crawler)
-        self.redis = connection.get_async_redis(self.crawler.settings)
+        self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))
         self._script = scripts.register(self.redis, "errors")
         try:
             self.started_at = await server_time(self.redis)

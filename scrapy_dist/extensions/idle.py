@@ -40,8 +40,9 @@ from scrapy_dist.extensions.control import ControlState, report_problems, server
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of
 from scrapy_dist.frontier import shards_idle
-from scrapy_dist.keys import CrawlKeys, crawl_keys
+from scrapy_dist.keys import CrawlKeys, crawler_keys
 from scrapy_dist.outage import Outage
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -104,25 +105,20 @@ class IdleMonitor:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        s = crawler.settings
-        idle = s.getfloat(
-            "SCHEDULER_IDLE_BEFORE_CLOSE",
-            s.getfloat("MAX_IDLE_TIME_BEFORE_CLOSE", defaults.SCHEDULER_IDLE_BEFORE_CLOSE),
+        ds = DistSettings.for_crawler(crawler)
+        o = cls(
+            crawler,
+            crawler_keys(crawler),
+            ds.scheduler.idle_before_close,
+            ds.seeds.kind,
+            shards=ds.scheduler.shards,
         )
-        if s.getbool("REDIS_START_URLS_AS_ZSET", defaults.REDIS_START_URLS_AS_ZSET):
-            seeds_type = "zset"
-        elif s.getbool("REDIS_START_URLS_AS_SET", defaults.REDIS_START_URLS_AS_SET):
-            seeds_type = "set"
-        else:
-            seeds_type = "list"
-        shards = s.getint("SCHEDULER_SHARDS", defaults.SCHEDULER_SHARDS)
-        o = cls(crawler, crawl_keys(s, crawler.spidercls.name), idle, seeds_type, shards=shards)
         crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
 
     async def spider_opened(self, spider: Spider) -> None:
-        self.redis = connection.get_async_redis(self.crawler.settings)
+        self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))
         self._script = scripts.register(self.redis, "idle")
         try:
             self.started_at = await server_time(self.redis)

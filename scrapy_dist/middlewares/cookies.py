@@ -41,9 +41,10 @@ from scrapy.utils.misc import load_object
 from scrapy_dist import defaults, scripts
 from scrapy_dist.batchwriter import BatchWriter
 from scrapy_dist.connection import get_async_redis, is_cluster
-from scrapy_dist.keys import crawl_keys
+from scrapy_dist.keys import crawler_keys
 from scrapy_dist.outage import Backoff, Outage
 from scrapy_dist.ratelimit import RateLimitedLog
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -240,12 +241,12 @@ class SharedCookiesMiddleware(CookiesMiddleware):
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        settings = crawler.settings
-        if not settings.getbool("COOKIES_ENABLED"):
+        ds = DistSettings.for_crawler(crawler)
+        if not ds.cookies.enabled:
             raise NotConfigured
         scrapy_mw = "scrapy.downloadermiddlewares.cookies.CookiesMiddleware"
         enabled = build_component_list(
-            settings.get_component_priority_dict_with_base("DOWNLOADER_MIDDLEWARES")
+            crawler.settings.get_component_priority_dict_with_base("DOWNLOADER_MIDDLEWARES")
         )
         if any(load_object(path) is CookiesMiddleware for path in enabled):
             logger.warning(
@@ -254,17 +255,12 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                 scrapy_mw,
                 scrapy_mw,
             )
-        spider_name = crawler.spider.name if crawler.spider is not None else crawler.spidercls.name
         o = cls(
-            get_async_redis(settings),
-            crawl_keys(settings, spider_name),
-            debug=settings.getbool("COOKIES_DEBUG"),
-            cache_seconds=settings.getfloat(
-                "REDIS_COOKIES_CACHE_SECONDS", defaults.REDIS_COOKIES_CACHE_SECONDS
-            ),
-            flush_interval=settings.getfloat(
-                "REDIS_COOKIES_FLUSH_INTERVAL", defaults.REDIS_COOKIES_FLUSH_INTERVAL
-            ),
+            get_async_redis(ds),
+            crawler_keys(crawler),
+            debug=ds.cookies.debug,
+            cache_seconds=ds.cookies.cache_seconds,
+            flush_interval=ds.cookies.flush_interval,
             stats=crawler.stats,
             outage=Outage.for_crawler(crawler),
         )

@@ -21,6 +21,7 @@ from scrapy.utils.response import response_status_message
 
 from scrapy_dist import defaults
 from scrapy_dist.middlewares.retry import DeadLetterWriter
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -47,8 +48,9 @@ class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        s = crawler.settings
-        o = cls(s, dead_letter=s.getbool("HTTPERROR_DEAD_LETTER", defaults.HTTPERROR_DEAD_LETTER))
+        ds = DistSettings.for_crawler(crawler)
+        # Scrapy's HTTPERROR_ALLOW* settings go to Scrapy's middleware as they are
+        o = cls(crawler.settings, dead_letter=ds.retries.httperror_dead_letter)
         o.crawler = crawler
         if o.dead_letter:
             o.dead_letters = DeadLetterWriter(crawler)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import logging
 import socket
 import time
@@ -32,8 +31,8 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import threads
 
-from scrapy_dist import defaults
-from scrapy_dist.rejections import RateLimitedLog
+from scrapy_dist.ratelimit import RateLimitedLog
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -110,15 +109,8 @@ class DenyNetworksMiddleware:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        raw = crawler.settings.get("SCHEDULER_DENY_NETWORKS", defaults.SCHEDULER_DENY_NETWORKS)
-        try:
-            if isinstance(raw, str):  # -s SCHEDULER_DENY_NETWORKS='[]' or "10.0.0.0/8,fc00::/7"
-                raw = json.loads(raw) if raw.strip().startswith("[") else raw.split(",")
-            networks = parse_networks(v for v in raw or () if str(v).strip())
-        except (ValueError, TypeError) as exc:
-            from scrapy_dist.connection import abort_crawl
-
-            abort_crawl(ValueError(f"SCHEDULER_DENY_NETWORKS: {exc}" if "SCHEDULER" not in str(exc) else exc))
+        # checked (one line on a bad value) when the crawl's settings were read
+        networks = parse_networks(DistSettings.for_crawler(crawler).scheduler.deny_networks)
         o = cls(networks, crawler)
         from scrapy_dist.middlewares.retry import DeadLetterWriter
 

@@ -62,6 +62,7 @@ from scrapy_dist.middlewares.credentials import as_scheduled
 from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.retrytiming import retry_delay
 from scrapy_dist.scheduler import get_scheduler
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -184,18 +185,19 @@ class RetryMiddleware:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        s = crawler.settings
+        s = crawler.settings  # Scrapy's own RETRY_* settings, read as Scrapy's RetryMiddleware does
         if not s.getbool("RETRY_ENABLED"):
             raise NotConfigured
+        ds = DistSettings.for_crawler(crawler)
         o = cls(
             max_retry_times=s.getint("RETRY_TIMES"),
             retry_http_codes=(int(x) for x in s.getlist("RETRY_HTTP_CODES")),
             exceptions_to_retry=tuple(_load_objects(s.getlist("RETRY_EXCEPTIONS"))),
             priority_adjust=s.getint("RETRY_PRIORITY_ADJUST"),
             give_up_log_level=s["RETRY_GIVE_UP_LOG_LEVEL"],
-            backoff_base=s.getfloat("RETRY_BACKOFF_BASE", defaults.RETRY_BACKOFF_BASE),
-            backoff_max=s.getfloat("RETRY_BACKOFF_MAX", defaults.RETRY_BACKOFF_MAX),
-            deadletter_ignored=s.getbool("DEADLETTER_IGNORED", defaults.DEADLETTER_IGNORED),
+            backoff_base=ds.retries.backoff_base,
+            backoff_max=ds.retries.backoff_max,
+            deadletter_ignored=ds.retries.deadletter_ignored,
         )
         o.crawler = crawler
         o.dead_letters = DeadLetterWriter(crawler)

@@ -1,0 +1,514 @@
+"""Every scrapy-dist setting, read, typed and validated once per crawler: :class:`DistSettings`.
+
+:data:`~scrapy_dist.settings_table.TABLE` is the one source of truth: each setting's default, type,
+range, doc line and status relative to scrapy-redis; ``scrapy_dist.defaults`` and ``docs/settings.md``
+are made from it (``python -m scrapy_dist.settings`` rewrites the doc), and ``STATS`` there lists every
+stat the package writes. :mod:`scrapy_dist.settings_values` turns raw values into typed ones.
+
+Components take their values from ``DistSettings.for_crawler(crawler)`` in ``from_crawler`` and never
+read ``crawler.settings`` themselves. A bad value is refused with one line,
+``scrapy-dist: <SETTING>=<value>: <what is wrong>; <what is expected>`` (:class:`SettingsError`);
+``for_crawler`` logs it and stops ``scrapy crawl`` with exit status 1 before anything starts (see
+:func:`scrapy_dist.connection.abort_crawl`). A setting name close to one of ours gets one WARNING.
+
+Which Redis (:attr:`ConnectionSettings.source`), the same in workers and in the ``scrapy-dist``
+command: ``REDIS_URL`` (``-s`` or the project's settings; ``REDIS_SENTINELS``, ``REDIS_HOST`` /
+``REDIS_PORT`` count as settings too), then the ``REDIS_URL`` environment variable, then the embedded
+Redis.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import logging
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.settings_table import (
+    ALIASES,
+    BY_NAME,
+    DEFAULTS,
+    OUR_PREFIXES,
+    SCRAPY_OWN,
+    SCRAPY_REDIS_IGNORED,
+    STATS,
+    TABLE,
+    Setting,
+    render_doc,
+    write_doc,
+)
+from scrapy_dist.settings_values import (
+    SettingsError,
+    check_url,
+    convert,
+    domain_limits,
+    mask_url,
+    sentinels,
+)
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+__all__ = [
+    "ALIASES",
+    "DEFAULTS",
+    "STATS",
+    "TABLE",
+    "SCRAPY_REDIS_IGNORED",
+    "ConnectionSettings",
+    "DistSettings",
+    "Setting",
+    "SettingsError",
+    "mask_url",
+    "render_doc",
+]
+
+logger = logging.getLogger(__name__)
+
+_ATTR = "_scrapy_dist_settings"
+
+
+# -- the object ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """Where Redis is and how to talk to it (see :mod:`scrapy_dist.connection`)."""
+
+    #: the REDIS_URL to use, from the setting or the environment; None: Sentinels, host/port or embedded
+    url: str | None = None
+    #: where ``url`` came from: ``REDIS_URL`` (settings) or ``REDIS_URL environment variable``
+    url_source: str = ""
+    host: str | None = None
+    port: int | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    cluster: bool | None = None
+    sentinels: tuple[tuple[str, int], ...] = ()
+    sentinel_master: str = "mymaster"
+    key_prefix: str = ""
+    embedded_dir: str | None = None
+    #: REDIS_EMBEDDED_MAXMEMORY as given (bytes or "2gb"); parsed by scrapy_dist.embedded
+    embedded_maxmemory: int | str | None = None
+
+    @property
+    def source(self) -> str:
+        """The setting that chose the Redis: ``REDIS_SENTINELS``, ``REDIS_URL``, ``REDIS_URL environment
+        variable``, ``REDIS_HOST/REDIS_PORT`` or ``embedded``."""
+        if self.sentinels:
+            return "REDIS_SENTINELS"
+        if self.url_source == "REDIS_URL":
+            return "REDIS_URL"
+        if self.host or self.port:
+            return "REDIS_HOST/REDIS_PORT"
+        return self.url_source or "embedded"
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """The frontier's settings, as :class:`scrapy_dist.scheduler.Scheduler` takes them."""
+
+    queue_class: str = "scrapy_dist.queue.PriorityQueue"
+    persist: bool = True
+    flush_on_start: bool = False
+    idle_before_close: float = 0.0  # SCHEDULER_IDLE_BEFORE_CLOSE, else MAX_IDLE_TIME_BEFORE_CLOSE
+    lease_seconds: float = 60.0
+    prefetch: int = 16  # derived: SCHEDULER_PREFETCH, 0 -> max(16, 2 x CONCURRENT_REQUESTS)
+    flush_interval: float = 0.05
+    flush_batch: int = 500
+    idle_poll: float = 0.25
+    allowed_schemes: tuple[str, ...] = ("http", "https")
+    max_entry_bytes: int = 1024 * 1024
+    rejected_maxlen: int = 100_000
+    dead_maxlen: int = 1_000_000
+    #: SCHEDULER_ENTRY_SECRET, else the SCRAPY_DIST_SECRET environment variable (never stored in Redis)
+    entry_secret: bytes | None = field(default=None, repr=False)
+    deny_networks: tuple[str, ...] = ()
+    #: Scrapy's SCHEDULER_PRIORITY_QUEUE is DownloaderAwarePriorityQueue (its default): hand out the best
+    #: leased request of the download slot with the fewest active downloads
+    downloader_aware: bool = True
+    shards: int = 1
+    politeness: str = "process"
+    domain_limits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Scrapy's per-domain defaults the crawl-wide politeness starts from
+    download_delay: float = 0.0
+    concurrent_requests_per_domain: int = 8
+    download_delay_jitter: float = 0.5
+
+
+@dataclass(frozen=True)
+class DupefilterSettings:
+    capacity: int = 100_000_000
+    error_rate: float = 0.001
+    block_bits: int = 2**31
+    debug: bool = False  # Scrapy's DUPEFILTER_DEBUG
+
+
+@dataclass(frozen=True)
+class SeedSettings:
+    key_template: str = "%(name)s:start_urls"
+    #: derived from REDIS_START_URLS_AS_SET / _AS_ZSET: ``list``, ``set`` or ``zset``
+    kind: str = "list"
+    #: derived: REDIS_START_URLS_BATCH_SIZE, 0 -> CONCURRENT_REQUESTS
+    batch_size: int = 16
+    max_bytes: int = 64 * 1024
+    rejected_maxlen: int = 100_000
+    meta_allowed: tuple[str, ...] = ("*",)
+    headers_allowed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    backoff_base: float = 1.0
+    backoff_max: float = 300.0
+    deadletter_ignored: bool = False
+    httperror_dead_letter: bool = False
+
+
+@dataclass(frozen=True)
+class MonitoringSettings:
+    interval: float = 5.0
+    max_stats: tuple[str, ...] = ()
+    min_stats: tuple[str, ...] = ()
+    max_error_rate: float | None = None
+    max_errors: int | None = None
+    window: float = 60.0
+    action: str = "log"
+    min_attempts: int = 20
+    http_errors: tuple[Any, ...] = ("5xx", 429)
+
+
+@dataclass(frozen=True)
+class ItemSettings:
+    key_template: str = "%(spider)s:items"
+    stream: bool = False
+    maxlen: int | None = None
+    flush_interval: float = 1.0
+    batch_size: int = 100
+    serializer: str | None = None
+
+
+@dataclass(frozen=True)
+class CookieSettings:
+    cache_seconds: float = 1.0
+    flush_interval: float = 0.05
+    enabled: bool = True  # Scrapy's COOKIES_ENABLED
+    debug: bool = False  # Scrapy's COOKIES_DEBUG
+
+
+@dataclass(frozen=True)
+class DistSettings:
+    """Every scrapy-dist setting, typed and validated; build with :meth:`from_settings` or
+    :meth:`for_crawler` (cached on the crawler)."""
+
+    connection: ConnectionSettings = field(default_factory=ConnectionSettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    dupefilter: DupefilterSettings = field(default_factory=DupefilterSettings)
+    seeds: SeedSettings = field(default_factory=SeedSettings)
+    retries: RetrySettings = field(default_factory=RetrySettings)
+    monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
+    items: ItemSettings = field(default_factory=ItemSettings)
+    cookies: CookieSettings = field(default_factory=CookieSettings)
+    #: Scrapy's CONCURRENT_REQUESTS (the prefetch and seed batch defaults derive from it)
+    concurrent_requests: int = 16
+    #: one line each: near-miss names, ignored scrapy-redis settings, aliases shadowed
+    warnings: tuple[str, ...] = ()
+
+    # -- building --------------------------------------------------------------------------------
+    @classmethod
+    def from_settings(cls, settings: Any, environ: Mapping[str, str] | None = None) -> DistSettings:
+        """Read, convert and check every scrapy-dist setting of ``settings`` (a Scrapy ``Settings`` or
+        a plain mapping); raise :class:`SettingsError` (one line) on the first bad value.
+
+        ``environ`` (default ``os.environ``) supplies ``REDIS_URL`` when no Redis setting is given.
+        """
+        env = os.environ if environ is None else environ
+        raw = _Reader(settings)
+        v = raw.value
+        warnings: list[str] = []
+        # aliases: the canonical name wins
+        for alias, canonical in ALIASES.items():
+            if raw.given(alias) and raw.given(canonical):
+                warnings.append(f"scrapy-dist: {alias} is ignored because {canonical} is set")
+        idle = v("SCHEDULER_IDLE_BEFORE_CLOSE")
+        if not raw.given("SCHEDULER_IDLE_BEFORE_CLOSE") and raw.given("MAX_IDLE_TIME_BEFORE_CLOSE"):
+            alias_spec = replace(BY_NAME["SCHEDULER_IDLE_BEFORE_CLOSE"], name="MAX_IDLE_TIME_BEFORE_CLOSE")
+            idle = convert(alias_spec, raw.raw("MAX_IDLE_TIME_BEFORE_CLOSE"))
+        # Redis: settings first, then the environment, then the embedded server
+        url, url_source = v("REDIS_URL"), "REDIS_URL" if v("REDIS_URL") else ""
+        located = url or v("REDIS_SENTINELS") or v("REDIS_HOST") or v("REDIS_PORT")
+        if not located and env.get("REDIS_URL", "").strip():
+            try:
+                url = check_url(env["REDIS_URL"])
+            except SettingsError as exc:
+                raise SettingsError("REDIS_URL", exc.value, f"{exc.problem} (environment variable)",
+                                    exc.expected) from None
+            url_source = "REDIS_URL environment variable"
+        params = v("REDIS_PARAMS")
+        params.pop("redis_cls", None)  # scrapy-redis lets it choose the client class; we build our own
+        connection = ConnectionSettings(
+            url=url, url_source=url_source, host=v("REDIS_HOST"), port=v("REDIS_PORT"),
+            params=MappingProxyType(params), cluster=v("REDIS_CLUSTER"),
+            sentinels=sentinels(v("REDIS_SENTINELS")),
+            sentinel_master=v("REDIS_SENTINEL_MASTER") or "mymaster",
+            key_prefix=v("REDIS_KEY_PREFIX") or "", embedded_dir=v("REDIS_EMBEDDED_DIR"),
+            embedded_maxmemory=v("REDIS_EMBEDDED_MAXMEMORY"),
+        )
+        concurrent = raw.scrapy_int("CONCURRENT_REQUESTS", 16, low=1)
+        shards, politeness = v("SCHEDULER_SHARDS"), v("SCHEDULER_POLITENESS")
+        if shards > 1 and politeness == "cluster":
+            # polite.lua keeps a domain's timing in one hash; with shards its requests span several slots
+            raise SettingsError("SCHEDULER_SHARDS", shards, "cannot be combined with"
+                                " SCHEDULER_POLITENESS='cluster' (a domain's timing state must live in one"
+                                " hash slot)", "use SCHEDULER_SHARDS=1 or SCHEDULER_POLITENESS='process'")
+        schemes = tuple(str(s).strip().lower() for s in v("SCHEDULER_ALLOWED_SCHEMES"))
+        if not schemes or any(not re.fullmatch(r"[a-z][a-z0-9+.-]*", s) for s in schemes):
+            raise SettingsError("SCHEDULER_ALLOWED_SCHEMES", v("SCHEDULER_ALLOWED_SCHEMES"),
+                                "not a list of URL schemes", 'expected e.g. ["http", "https"]')
+        deny = tuple(str(n).strip() for n in v("SCHEDULER_DENY_NETWORKS") if str(n).strip())
+        for net in deny:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise SettingsError("SCHEDULER_DENY_NETWORKS", list(deny), f"{net!r} is not a network",
+                                    'expected CIDR blocks like ["10.0.0.0/8", "fc00::/7"], or []') from None
+        scheduler = SchedulerSettings(
+            queue_class=_importable("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")),
+            persist=v("SCHEDULER_PERSIST"),
+            flush_on_start=v("SCHEDULER_FLUSH_ON_START"), idle_before_close=idle,
+            lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
+            prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent),
+            flush_interval=v("SCHEDULER_FLUSH_INTERVAL"), flush_batch=v("SCHEDULER_FLUSH_BATCH"),
+            idle_poll=v("SCHEDULER_IDLE_POLL"), allowed_schemes=schemes,
+            max_entry_bytes=v("SCHEDULER_MAX_ENTRY_BYTES"), shards=shards, politeness=politeness,
+            rejected_maxlen=v("SCHEDULER_REJECTED_MAXLEN"), dead_maxlen=v("DEADLETTER_MAXLEN"),
+            entry_secret=v("SCHEDULER_ENTRY_SECRET") or env.get("SCRAPY_DIST_SECRET", "").encode() or None,
+            deny_networks=deny,
+            downloader_aware="DownloaderAwarePriorityQueue" in str(raw.raw("SCHEDULER_PRIORITY_QUEUE") or ""),
+            domain_limits=MappingProxyType(domain_limits(v("DOMAIN_LIMITS"))),
+            download_delay=raw.scrapy_float("DOWNLOAD_DELAY", 0.0),
+            concurrent_requests_per_domain=raw.scrapy_int("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
+            download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
+        )
+        if v("REDIS_START_URLS_AS_SET") and v("REDIS_START_URLS_AS_ZSET"):
+            raise SettingsError("REDIS_START_URLS_AS_SET", True, "cannot be combined with"
+                                " REDIS_START_URLS_AS_ZSET=True (the seeds key has one type)",
+                                "set only one of them")
+        kind = "zset" if v("REDIS_START_URLS_AS_ZSET") else "set" if v("REDIS_START_URLS_AS_SET") else "list"
+        seeds = SeedSettings(
+            key_template=v("REDIS_START_URLS_KEY"), kind=kind,
+            batch_size=v("REDIS_START_URLS_BATCH_SIZE") or concurrent,
+            max_bytes=v("REDIS_START_URLS_MAX_BYTES"), rejected_maxlen=v("REDIS_START_URLS_REJECTED_MAXLEN"),
+            meta_allowed=tuple(map(str, v("SEEDS_META_ALLOWED"))),
+            headers_allowed=tuple(map(str, v("SEEDS_HEADERS_ALLOWED"))),
+        )
+        if not seeds.key_template:
+            raise SettingsError("REDIS_START_URLS_KEY", "", "empty",
+                                "expected a key like %(name)s:start_urls")
+        if v("RETRY_BACKOFF_MAX") < v("RETRY_BACKOFF_BASE"):
+            raise SettingsError("RETRY_BACKOFF_MAX", v("RETRY_BACKOFF_MAX"), "below RETRY_BACKOFF_BASE"
+                                f" ({v('RETRY_BACKOFF_BASE'):g})",
+                                "expected RETRY_BACKOFF_MAX >= RETRY_BACKOFF_BASE")
+        http_errors = tuple(v("ERRORMONITOR_HTTP_ERRORS"))
+        for code in http_errors:
+            if not re.fullmatch(r"[1-5](xx|\d\d)", str(code).strip().lower()):
+                raise SettingsError("ERRORMONITOR_HTTP_ERRORS", list(http_errors),
+                                    f"{code!r} is not a status",
+                                    'expected statuses like 503 or classes like "5xx"')
+        return cls(
+            connection=connection,
+            scheduler=scheduler,
+            dupefilter=DupefilterSettings(
+                capacity=v("BLOOMFILTER_CAPACITY"), error_rate=v("BLOOMFILTER_ERROR_RATE"),
+                block_bits=v("BLOOMFILTER_BLOCK_BITS"), debug=raw.scrapy_bool("DUPEFILTER_DEBUG", False),
+            ),
+            seeds=seeds,
+            retries=RetrySettings(
+                backoff_base=v("RETRY_BACKOFF_BASE"), backoff_max=v("RETRY_BACKOFF_MAX"),
+                deadletter_ignored=v("DEADLETTER_IGNORED"), httperror_dead_letter=v("HTTPERROR_DEAD_LETTER"),
+            ),
+            monitoring=MonitoringSettings(
+                interval=v("CLUSTERSTATS_INTERVAL"), max_stats=tuple(map(str, v("CLUSTERSTATS_MAX_STATS"))),
+                min_stats=tuple(map(str, v("CLUSTERSTATS_MIN_STATS"))),
+                max_error_rate=v("ERRORMONITOR_MAX_ERROR_RATE"), max_errors=v("ERRORMONITOR_MAX_ERRORS"),
+                window=v("ERRORMONITOR_WINDOW"), action=v("ERRORMONITOR_ACTION"),
+                min_attempts=v("ERRORMONITOR_MIN_ATTEMPTS"), http_errors=http_errors,
+            ),
+            items=ItemSettings(
+                key_template=v("REDIS_ITEMS_KEY"), stream=v("REDIS_ITEMS_STREAM"),
+                maxlen=v("REDIS_ITEMS_MAXLEN"),
+                flush_interval=v("REDIS_ITEMS_FLUSH_INTERVAL"), batch_size=v("REDIS_ITEMS_BATCH_SIZE"),
+                serializer=_importable("REDIS_ITEMS_SERIALIZER", v("REDIS_ITEMS_SERIALIZER")),
+            ),
+            cookies=CookieSettings(
+                cache_seconds=v("REDIS_COOKIES_CACHE_SECONDS"),
+                flush_interval=v("REDIS_COOKIES_FLUSH_INTERVAL"),
+                enabled=raw.scrapy_bool("COOKIES_ENABLED", True),
+                debug=raw.scrapy_bool("COOKIES_DEBUG", False),
+            ),
+            concurrent_requests=concurrent,
+            warnings=tuple(warnings + raw.unknown_names() + raw.scrapy_queue_warnings()),
+        )
+
+    @classmethod
+    def coerce(cls, settings: Any) -> DistSettings:
+        """``settings`` itself if it is a :class:`DistSettings`, else :meth:`from_settings` of it."""
+        return settings if isinstance(settings, DistSettings) else cls.from_settings(settings)
+
+    @classmethod
+    def for_crawler(cls, crawler: Crawler) -> DistSettings:
+        """The crawler's settings object, read and checked on first use and then cached on the crawler.
+
+        A bad value is logged as one ERROR line and stops ``scrapy crawl`` with exit status 1 (a
+        ``SystemExit``, see :func:`scrapy_dist.connection.abort_crawl`); the warnings are logged once.
+        Before the crawler's settings are frozen (a spider's ``from_crawler``) nothing is cached,
+        since add-ons may still change them.
+        """
+        cached = getattr(crawler, _ATTR, None)
+        if cached is not None:
+            return cached  # type: ignore[no-any-return]
+        try:
+            built = cls.from_settings(crawler.settings)
+        except SettingsError as exc:
+            from scrapy_dist.connection import abort_crawl
+
+            abort_crawl(exc)
+        if getattr(crawler.settings, "frozen", True):
+            setattr(crawler, _ATTR, built)
+            for line in built.warnings:
+                logger.warning("%s", line)
+        return built
+
+
+#: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
+SCRAPY_QUEUE_SETTINGS: Mapping[str, str] = MappingProxyType({
+    "SCHEDULER_MEMORY_QUEUE": "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)",
+    "SCHEDULER_DISK_QUEUE": "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)",
+    "SCHEDULER_START_MEMORY_QUEUE": "start requests share the Redis queue, after callback requests of"
+                                    " equal priority",
+    "SCHEDULER_START_DISK_QUEUE": "start requests share the Redis queue, after callback requests of"
+                                  " equal priority",
+    "JOBDIR": "the frontier is kept in Redis (SCHEDULER_PERSIST); JOBDIR keeps only Scrapy's own state",
+})
+
+
+def _importable(name: str, path: str | None) -> Any:
+    """``path`` if it names an object that can be imported (or a scrapy-redis queue alias)."""
+    if path is None:
+        return None
+    from scrapy.utils.misc import load_object
+
+    from scrapy_dist.queue import ALIASES as QUEUE_ALIASES
+
+    if path in QUEUE_ALIASES:
+        return path
+    try:
+        load_object(path)
+    except (ImportError, AttributeError, ValueError, NameError, TypeError) as exc:
+        problem = " ".join(str(exc).split()) or type(exc).__name__
+        raise SettingsError(name, path, f"cannot be imported ({problem})",
+                            "expected an import path like package.module.Name") from None
+    return path
+
+
+def _scrapy_names() -> frozenset[str]:
+    """Scrapy's own setting names (never "did you mean" one of ours)."""
+    from scrapy.settings import default_settings
+
+    return SCRAPY_OWN | {n for n in dir(default_settings) if n.isupper()}
+
+
+class _Reader:
+    """Raw values of a Scrapy ``Settings`` or a plain mapping, converted per :data:`TABLE`."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings if settings is not None else {}
+        self._cache: dict[str, Any] = {}
+
+    def raw(self, name: str) -> Any:
+        return self.settings.get(name)
+
+    def given(self, name: str) -> bool:
+        return self.raw(name) is not None
+
+    def value(self, name: str) -> Any:
+        if name not in self._cache:
+            spec = BY_NAME[name]
+            raw = self.raw(name)
+            value = spec.default if raw is None else raw
+            if isinstance(value, (dict, list)):
+                value = type(value)(value)  # a private copy: the table's defaults stay untouched
+            self._cache[name] = convert(spec, value)
+        return self._cache[name]
+
+    def _scrapy(self, name: str, default: Any, kind: str, low: float | None = None) -> Any:
+        raw = self.raw(name)
+        spec = Setting(name, default, kind, "", "scrapy", low=low)
+        return default if raw is None else convert(spec, raw)
+
+    def scrapy_int(self, name: str, default: int, low: float | None = None) -> int:
+        return int(self._scrapy(name, default, "int", low))
+
+    def scrapy_float(self, name: str, default: float) -> float:
+        return float(self._scrapy(name, default, "float", 0))
+
+    def scrapy_bool(self, name: str, default: bool) -> bool:
+        return bool(self._scrapy(name, default, "bool"))
+
+    def scrapy_queue_warnings(self) -> list[str]:
+        """One warning per Scrapy queue setting the scrapy-dist scheduler cannot honour (when it is the
+        crawl's SCHEDULER and the setting was changed from Scrapy's default)."""
+        if "scrapy_dist" not in str(self.raw("SCHEDULER") or ""):
+            return []
+        out = []
+        for name, instead in SCRAPY_QUEUE_SETTINGS.items():
+            priority = getattr(self.settings, "getpriority", lambda n: None)(name)
+            if priority is not None and priority > 0:  # set by the project, a spider or -s
+                out.append(f"scrapy-dist: {name} has no effect with the scrapy-dist scheduler: {instead}")
+        pq = str(self.raw("SCHEDULER_PRIORITY_QUEUE") or "")
+        if pq and not pq.endswith(("DownloaderAwarePriorityQueue", "ScrapyPriorityQueue")):
+            out.append(f"scrapy-dist: SCHEDULER_PRIORITY_QUEUE={pq} has no effect with the scrapy-dist"
+                       " scheduler: requests are served by priority (DownloaderAwarePriorityQueue: least"
+                       " busy download slot first); use SCHEDULER_QUEUE_CLASS for the shared queue's order")
+        return out
+
+    def unknown_names(self) -> list[str]:
+        """One warning per setting name that looks like one of ours but is not, and per ignored
+        scrapy-redis setting that is set."""
+        try:
+            names = [str(n) for n in self.settings]
+        except TypeError:
+            return []
+        known = set(BY_NAME) | set(ALIASES)
+        out = []
+        for name in sorted(names):
+            if name in SCRAPY_REDIS_IGNORED:
+                if self.given(name):
+                    out.append(f"scrapy-dist: {name} is a scrapy-redis setting scrapy-dist does not apply:"
+                               f" {SCRAPY_REDIS_IGNORED[name]}")
+                continue
+            if name in known or not name.startswith(OUR_PREFIXES) or name in _scrapy_names():
+                continue
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
+            if close:
+                out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
+        return out
+
+
+def _field_names() -> list[str]:  # for the report and tests: every attribute path of DistSettings
+    out = []
+    for group in fields(DistSettings):
+        sub = group.default_factory() if callable(group.default_factory) else None  # type: ignore[misc]
+        if sub is None:
+            out.append(group.name)
+        else:
+            out += [f"{group.name}.{f.name}" for f in fields(sub)]
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(write_doc(*(Path(arg) for arg in sys.argv[1:2])))
