@@ -217,6 +217,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("seeds/rejected/<reason>", "the same, per reason"),
     ("seeds/returned", "taken seeds given back to the seeds key"),
     ("seeds/adopted", "seeds of dead workers taken over"),
+    ("deny_networks/refused", "requests refused because their host resolves into SCHEDULER_DENY_NETWORKS"),
     ("seeds/lease_lost", "seed leases that ran out before they were confirmed"),
     ("seeds/errors", "failed seed exchanges with Redis"),
     ("retry/delayed", "retries parked in the delayed set until their backoff runs out"),

@@ -37,7 +37,7 @@ def _show(name: str, value: Any) -> str:
 
 
 # -- masking ------------------------------------------------------------------------------------
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 _MASKED = r"\1***"
 _AUTHORITY = re.compile(r"([^/?#]*)(.*)", re.DOTALL)
 
