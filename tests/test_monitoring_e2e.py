@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 from crawlproject import SPIDERS, make_project
+from helpers import wait_for
 
 from scrapy_dist.keys import CrawlKeys
 
@@ -41,13 +42,6 @@ def status_json(redis_url: str, spider: str = "links") -> dict[str, Any]:
     out = cli(redis_url, "status", spider, "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_stats_of_three_workers_add_up(tmp_path: Path, redis_url: str, site_factory: Any) -> None:
