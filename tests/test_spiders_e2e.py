@@ -45,6 +45,7 @@ class SeedsSpider(RedisSpider):
 
     def make_request_from_data(self, data):
         if self.hang_on and self.hang_on.encode() in data:
+            self.logger.info("frozen on %s", self.hang_on)
             time.sleep(600)  # frozen right after popping: the test SIGKILLs this worker now
         return super().make_request_from_data(data)
 
@@ -204,7 +205,7 @@ def test_seeds_pushed_with_redis_cli_are_crawled_and_malformed_ones_rejected(
     # and valid seeds pushed after all that, one by one (each wakes the blocking wait)
     for i in (50, 51):
         cli(redis_url, "lpush", key, page(i))
-        time.sleep(0.3)
+        wait_for(lambda i=i: f"/page/{i}" in site.fetch_counts(), 30, f"seed {i}, pushed to a waiting worker")
     assert project.wait_all(60) == [0], project.logs()[-4000:]
 
     counts = site.fetch_counts()
@@ -303,7 +304,8 @@ def test_a_worker_killed_right_after_popping_loses_no_seed(
     cli(redis_url, "rpush", SEEDS.start_urls, *seeds)
     held = SEEDS.start_urls_processing
     wait_for(lambda: client.llen(held) > 0, 30, "a popped batch")
-    time.sleep(0.3)
+    log = project.procs[0][1]
+    wait_for(lambda: "frozen on /page/3" in project.log_text(log), 30, "the worker to freeze on page 3")
     project.kill(first)
     in_flight = client.lrange(held, 0, -1)
     assert len({e.split(b"\n", 1)[0] for e in in_flight}) == 1  # tagged with the killed worker's id
