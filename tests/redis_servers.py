@@ -39,9 +39,14 @@ def cluster_port() -> int:
 
 
 class RedisProcess:
-    """One redis-server on 127.0.0.1:<port> with its own data directory."""
+    """One redis-server on 127.0.0.1:<port> with its own data directory.
+
+    Without a ``port`` it takes a free one; if another process (a parallel test process, say) binds that
+    port first, ``start()`` notices -- ours exits, or the server answering is not ours -- and tries another.
+    """
 
     def __init__(self, port: int | None = None, extra_args: list[str] | None = None) -> None:
+        self._own_port = port is None
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="scrapy-dist-redis-")
         self.extra_args = extra_args or []
@@ -51,7 +56,17 @@ class RedisProcess:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> RedisProcess:
+    def start(self, timeout: float = 10.0, attempts: int = 5) -> RedisProcess:
+        for attempt in range(attempts if self._own_port else 1):
+            if attempt:
+                self.port = free_port()
+            if self._spawn(timeout):
+                return self
+            self.kill()
+        raise RuntimeError(f"redis-server did not start on a port of its own (last tried {self.port})")
+
+    def _spawn(self, timeout: float) -> bool:
+        """Start the server; whether it is the one answering on ``self.port`` within ``timeout``."""
         args = [
             redis_server_binary(),
             "--port", str(self.port),
@@ -62,19 +77,17 @@ class RedisProcess:
             "--databases", "64",
             *self.extra_args,
         ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
+        proc = self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
-                time.sleep(0.05)
-        client.close()
-        return self
+        with redis.Redis(port=self.port, socket_timeout=5) as client:
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    # PING fails while the data files load (BusyLoadingError is a ConnectionError)
+                    client.ping()
+                    return int(client.info("server")["process_id"]) == proc.pid
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+        return False
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
