@@ -2,10 +2,11 @@
 
 It switches on, with their defaults, the shared frontier (``SCHEDULER``), the crawl-wide bloom
 dupefilter (``DUPEFILTER_CLASS``), the cluster-aware retry and HTTP-error middlewares (in place of
-Scrapy's) and the monitoring extensions -- and never overrides a setting the user set: a setting is
-filled in only while it still has Scrapy's default value, a component is added only if the user's
-component dict does not mention it, and Scrapy's middleware is swapped for ours only if the user's dict
-does not mention either of them (so ``{"scrapy...RetryMiddleware": None}`` keeps retries off).
+Scrapy's), the credential-keeping and deny-networks downloader middlewares and the monitoring
+extensions -- and never overrides a setting the user set: a setting is filled in only while it still has
+Scrapy's default value, a component is added only if the user's component dict does not mention it, and
+Scrapy's middleware is swapped for ours only if the user's dict does not mention either of them (so
+``{"scrapy...RetryMiddleware": None}`` keeps retries off).
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ EXTENSIONS = {
     "scrapy_dist.extensions.ClusterStats": 500,
     "scrapy_dist.extensions.IdleMonitor": 500,
     "scrapy_dist.extensions.ErrorMonitor": 500,
+}
+#: Downloader middlewares added with their order, unless the user's DOWNLOADER_MIDDLEWARES mentions them:
+#: first in the chain, so credentials are remembered as scheduled and denied networks refused before any work;
+#: last, to learn which credential values the middlewares added.
+DOWNLOADER_MIDDLEWARES = {
+    "scrapy_dist.middlewares.credentials.ScheduledHeadersMiddleware": 10,
+    "scrapy_dist.middlewares.networks.DenyNetworksMiddleware": 20,
+    "scrapy_dist.middlewares.credentials.AddedCredentialsMiddleware": 990,
 }
 #: (setting, Scrapy's component, ours, our order): ours replaces Scrapy's when its module is available.
 SWAPS = (
@@ -90,6 +99,10 @@ class Addon:
         for path, order in EXTENSIONS.items():
             if not _mentions(user_extensions, path):
                 settings.set_in_component_priority_dict("EXTENSIONS", load_object(path), order)
+        user_dmw = settings.getdict("DOWNLOADER_MIDDLEWARES")
+        for path, order in DOWNLOADER_MIDDLEWARES.items():
+            if not _mentions(user_dmw, path):
+                settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", load_object(path), order)
         for setting, theirs, ours, order in SWAPS:
             user = settings.getdict(setting)
             if _mentions(user, theirs) or not _available(ours) or _mentions(user, ours):

@@ -44,6 +44,9 @@ import hashlib
 import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import Any
+
+from scrapy_dist.exceptions import ScrapyDistError
 
 _LN2_SQ = math.log(2) ** 2
 _MASK46 = (1 << 46) - 1
@@ -59,6 +62,97 @@ WINDOW_BITS = 4096
 STRING_OVERHEAD = 10
 #: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
 KEY_OVERHEAD = 80
+#: the filter never holds more than this many times its declared capacity: a recorded item count past it,
+#: or an insert that would pass it, is refused (at 8x the chain is 3 filters past the planned ones and
+#: about 9x the planned memory; hostile counts cannot make a worker allocate or name more)
+MAX_OVERSHOOT = 8
+#: largest BLOOMFILTER_CAPACITY accepted (10^12 URLs is ~2 TB of filter; more is a typo)
+MAX_CAPACITY = 10**12
+#: smallest BLOOMFILTER_ERROR_RATE accepted (tighter rates need more hashes than a window holds)
+MIN_ERROR_RATE = 1e-12
+#: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
+MAX_BLOCK_BITS = 2**32
+
+
+class BloomParameterError(ScrapyDistError, ValueError):
+    """A bloom filter parameter (a setting, or a value recorded in ``{spider}:bloom``) is out of range;
+    the message names the setting or field and the accepted range, in one line."""
+
+
+def _show(value: Any) -> str:
+    """A value for a one-line message (a 400-digit number is not repeated in full)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
+def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tuple[str, str, str] = (
+    "BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BLOCK_BITS",
+)) -> tuple[int, float, int]:
+    """``(capacity, error_rate, block_bits)`` as numbers, or :class:`BloomParameterError` naming the
+    offending one (``names`` says how: settings by default, hash fields for recorded values)."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= MAX_CAPACITY:
+        raise BloomParameterError(
+            f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}"
+        )
+    if (
+        isinstance(error_rate, bool) or not isinstance(error_rate, (int, float))
+        or not math.isfinite(error_rate) or not MIN_ERROR_RATE <= error_rate < 1
+    ):
+        raise BloomParameterError(
+            f"{names[1]}={_show(error_rate)}: must be a number in [{MIN_ERROR_RATE}, 1)"
+        )
+    if (
+        isinstance(block_bits, bool) or not isinstance(block_bits, int)
+        or not WINDOW_BITS <= block_bits <= MAX_BLOCK_BITS or block_bits % WINDOW_BITS
+    ):
+        raise BloomParameterError(
+            f"{names[2]}={_show(block_bits)}: must be a multiple of {WINDOW_BITS} up to 2**32"
+        )
+    return capacity, float(error_rate), block_bits
+
+
+@dataclass(frozen=True)
+class BloomRecord:
+    """The parameters recorded in a crawl's ``{spider}:bloom`` HASH (see :func:`parse_bloom_record`)."""
+
+    capacity: int
+    error_rate: float
+    block_bits: int
+    n: int
+    hashing: int
+
+
+def _field_int(fields: dict[Any, Any], name: str, key: str, default: str | None = None) -> int:
+    raw = fields.get(name, fields.get(name.encode(), default))
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit() or len(text) > 19:
+        raise BloomParameterError(f"{key} field {name}={_show(raw)}: not a non-negative decimal integer")
+    return int(text)
+
+
+def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> BloomRecord:
+    """Validate the fields of a ``{spider}:bloom`` HASH (as HGETALL gives them: bytes or str) -- data
+    anyone with write access may have changed. Raises :class:`BloomParameterError` naming ``key`` and the
+    field, and nothing else: capacity, error_rate, block_bits in range (:func:`check_parameters`), hashing
+    an integer, and the item count ``n`` (missing = 0) at most :data:`MAX_OVERSHOOT` times the capacity."""
+    raw_err = fields.get("error_rate", fields.get(b"error_rate"))
+    try:
+        text = raw_err.decode("ascii") if isinstance(raw_err, bytes) else raw_err
+        err = float(text) if isinstance(text, str) and len(text) <= 40 else None
+    except (UnicodeDecodeError, ValueError):
+        err = None
+    if err is None:
+        raise BloomParameterError(f"{key} field error_rate={_show(raw_err)}: not a number")
+    capacity, error_rate, block_bits = check_parameters(
+        _field_int(fields, "capacity", key), err, _field_int(fields, "block_bits", key),
+        names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"),
+    )
+    n = _field_int(fields, "n", key, "0")
+    if n > capacity * MAX_OVERSHOOT:
+        raise BloomParameterError(
+            f"{key} field n={n}: more than {MAX_OVERSHOOT}x the filter's capacity {capacity} (bounded memory)"
+        )
+    return BloomRecord(capacity, error_rate, block_bits, n, _field_int(fields, "hashing", key))
 
 
 @dataclass(frozen=True)
@@ -159,13 +253,7 @@ class BloomPlan:
     """The chain of filters for a declared ``capacity`` and compound ``error_rate``."""
 
     def __init__(self, capacity: int, error_rate: float, block_bits: int = 2**31) -> None:
-        if capacity < 1 or not 0 < error_rate < 1:
-            raise ValueError("BLOOMFILTER_CAPACITY must be >= 1 and 0 < BLOOMFILTER_ERROR_RATE < 1")
-        self.capacity = int(capacity)
-        self.error_rate = float(error_rate)
-        self.block_bits = int(block_bits)
-        if self.block_bits < WINDOW_BITS or self.block_bits % WINDOW_BITS:
-            raise ValueError(f"BLOOMFILTER_BLOCK_BITS must be a multiple of {WINDOW_BITS}")
+        self.capacity, self.error_rate, self.block_bits = check_parameters(capacity, error_rate, block_bits)
         self._specs: list[FilterSpec] = []
         planned = self._planned_capacities()
         budget = (1 - RESERVE) * self.error_rate
@@ -183,6 +271,20 @@ class BloomPlan:
         caps = [max(1, round(first * g**i)) for i in range(levels)]
         caps[-1] += c - sum(caps)  # the rounding remainder goes to the largest filter
         return caps
+
+    @property
+    def max_items(self) -> int:
+        """The most items the filter may ever hold: :data:`MAX_OVERSHOOT` times its capacity."""
+        return self.capacity * MAX_OVERSHOOT
+
+    def check_items(self, items: int, key: str = "{spider}:bloom") -> None:
+        """:class:`BloomParameterError` if a chain of ``items`` items is past :attr:`max_items` -- checked
+        before anything is sized or named for it."""
+        if items > self.max_items:
+            raise BloomParameterError(
+                f"{key}: {items} items would pass {MAX_OVERSHOOT}x the filter's capacity {self.capacity}"
+                " (field n was changed, or the crawl outgrew BLOOMFILTER_CAPACITY: raise it for a new crawl)"
+            )
 
     @property
     def planned(self) -> int:
@@ -208,14 +310,16 @@ class BloomPlan:
 
     def script_params(self, items: int) -> list[int]:
         """The flat ARGV parameters of ``dupe.lua`` for a chain that may grow to ``items`` items."""
+        self.check_items(items)
         specs = self.filters_for(items)
-        params = [len(specs), WINDOW_BITS]
+        params = [len(specs), WINDOW_BITS, self.max_items]
         for s in specs:
             params += [s.bits, s.hashes, s.cumulative, s.blocks, s.block_windows]
         return params
 
     def block_coords(self, items: int) -> list[tuple[int, int]]:
         """(filter, block) of every bitmap block, in the order ``dupe.lua`` expects them in KEYS."""
+        self.check_items(items)
         return [(s.index, b) for s in self.filters_for(items) for b in range(s.blocks)]
 
     def false_positive_rate(self, items: int) -> float:

@@ -1,7 +1,9 @@
 """The wire format of a request in Redis: versioned msgpack, never pickle.
 
-An encoded request (a *payload*) is ``b"\\x01" + msgpack(map)``: one version byte, then a msgpack map
-holding only the fields that differ from a plain ``Request``'s defaults, under short keys:
+An encoded request (a *payload*) is ``b"\\x01" + msgpack(map)`` (version 1, unauthenticated) or
+``b"\\x02" + tag + msgpack(map)`` (version 2, written by a worker that has the crawl's secret,
+``SCHEDULER_ENTRY_SECRET`` / ``SCRAPY_DIST_SECRET``): ``tag`` is the 16-byte keyed BLAKE2b of the msgpack
+bytes. The map holds only the fields that differ from a plain ``Request``'s defaults, under short keys:
 
 =====  ================================  =========================================
 key    field                             type
@@ -22,16 +24,32 @@ key    field                             type
 ``C``  Request subclass, ``module.Name``  str, omitted for ``scrapy.Request``
 =====  ================================  =========================================
 
-Decoding treats the bytes as untrusted: any deviation raises :class:`RejectedEntry` with a short reason,
-callbacks must name public methods of the spider, and a request subclass is only accepted when its module
-is already imported (nothing is imported on behalf of data read from Redis).
+Decoding treats the bytes as untrusted: every field is type-checked before use, any deviation raises
+:class:`RejectedEntry` with a short reason (the only exception :func:`decode_request` lets out, whatever the
+bytes), callbacks must name methods the spider's own code defines, and a request subclass is only accepted
+when its module is already imported (nothing is imported on behalf of data read from Redis).
+
+An entry is *trusted* when its tag verifies with the crawl's secret, or when no secret is configured (the
+crawl then cannot tell its own entries from anyone else's: see ``docs/security.md``). Untrusted entries
+must also pass the rules for seeds: meta keys allowed by ``SEEDS_META_ALLOWED``, no framing or routing
+headers, the spider's ``allowed_domains`` (whatever ``dont_filter`` says).
 """
 
 from __future__ import annotations
 
+import codecs
+import fnmatch
+import hashlib
+import hmac
+import inspect
+import math
+import os
 import re
 import sys
+import types
+import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -41,17 +59,159 @@ from scrapy.http import Headers
 from scrapy.spiders import CrawlSpider
 
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
+from scrapy_dist.middlewares.credentials import added_by_middleware
 
 if TYPE_CHECKING:
     from scrapy import Spider
+    from scrapy.crawler import Crawler
 
+#: version byte of an unauthenticated payload
 VERSION = 1
+#: version byte of a payload carrying a tag made with the crawl's secret
+VERSION_SIGNED = 2
+TAG_BYTES = 16
 _VERSION_BYTE = bytes([VERSION])
+_SIGNED_BYTE = bytes([VERSION_SIGNED])
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
 #: private dispatchers of CrawlSpider rules: rule requests name them, with the rule index in meta
 _CRAWLSPIDER_METHODS = frozenset({"_callback", "_errback"})
+#: RedisCrawlSpider's public stand-ins for them (defined by scrapy-dist, so not "user-defined")
+_RULE_METHODS = frozenset({"rule_callback", "rule_errback"})
+_PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+MAX_HEADERS = 100
+
+#: Meta keys an untrusted entry may set only if SEEDS_META_ALLOWED names them exactly (a wildcard is not
+#: enough): they route the request (proxy, source address, slot), carry credentials, switch Scrapy's
+#: safety checks off or reach into its private state.
+DANGEROUS_META = (
+    "proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar", "handle_httpstatus_all",
+    "dont_*", "allow_offsite", "download_maxsize", "download_warnsize", "download_timeout",
+    "max_retry_times", "redirect_urls", "redirect_reasons", "splash", "playwright*", "zyte_api*",
+    "impersonate", "is_start_request", "depth",
+)
+#: Headers an untrusted entry may never set: they frame the message or route it.
+FORBIDDEN_HEADERS = (
+    "host", "content-length", "transfer-encoding", "connection", "proxy-*", "te", "upgrade", "keep-alive",
+    "trailer", "expect", "x-forwarded-*", "forwarded",
+)
+#: Headers an untrusted entry may set only if SEEDS_HEADERS_ALLOWED names them.
+CREDENTIAL_HEADERS = ("authorization", "cookie")
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def check_meta_keys(meta: dict[Any, Any], allowed: Iterable[str]) -> None:
+    """Refuse (``meta_not_allowed``, naming the key) a meta key of an untrusted entry that matches no
+    pattern of ``allowed``, or one of :data:`DANGEROUS_META` that ``allowed`` does not name exactly."""
+    allowed = tuple(allowed)
+    for key in meta:
+        name = str(key)
+        if not _matches(name, allowed) or (_matches(name, DANGEROUS_META) and name not in allowed):
+            raise RejectedEntry(
+                "meta_not_allowed", f"meta key {name[:40]!r} is not allowed (SEEDS_META_ALLOWED)"
+            )
+
+
+def check_header_names(names: Iterable[Any], allowed: Iterable[str]) -> None:
+    """Refuse (``header_not_allowed``) framing/routing headers, and credential headers ``allowed`` does not
+    name (case-insensitive)."""
+    allowed_l = {a.lower() for a in allowed}
+    for raw in names:
+        name = (raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)).lower()
+        if _matches(name, FORBIDDEN_HEADERS) or (name in CREDENTIAL_HEADERS and name not in allowed_l):
+            raise RejectedEntry("header_not_allowed", f"header {name[:40]!r} may not come from an entry")
+
+
+def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:
+    """Whether the host of ``url`` is one of ``allowed_domains`` or a subdomain of one (``None`` or empty:
+    every host), as Scrapy's offsite middleware reads the list."""
+    domains = [d.lower().lstrip(".") for d in allowed_domains or () if isinstance(d, str) and d]
+    if not domains:
+        return True
+    try:
+        host = (urlsplit(url).hostname or "").rstrip(".")
+    except ValueError:
+        return False
+    return any(host == d or host.endswith("." + d) for d in domains)
+
+
+def check_offsite(url: str, spider: Any) -> None:
+    """Refuse (``offsite``) a URL outside the spider's ``allowed_domains``, ``dont_filter`` or not."""
+    domains = getattr(spider, "allowed_domains", None)
+    if isinstance(domains, str):
+        domains = [domains]
+    if domains and not host_allowed(url, domains):
+        raise RejectedEntry("offsite", f"host of {url[:80]!r} is not in the spider's allowed_domains")
+
+
+def _secret_key(secret: bytes) -> bytes:
+    # BLAKE2b keys are at most 64 bytes: a longer secret is hashed down to 64
+    return secret if len(secret) <= 64 else hashlib.blake2b(secret).digest()
+
+
+@dataclass(frozen=True)
+class EntryPolicy:
+    """What an entry read from the queue must satisfy, and the secret that tells the crawl's own entries
+    from others. Built once per crawler (:func:`entry_policy`)."""
+
+    allowed_schemes: tuple[str, ...] = ("http", "https")
+    max_bytes: int = 1024 * 1024
+    #: fnmatch patterns of the meta keys an untrusted entry may set (see :func:`check_meta_keys`)
+    meta_allowed: tuple[str, ...] = ("*",)
+    #: credential headers (Authorization, Cookie) an untrusted entry may set
+    headers_allowed: tuple[str, ...] = ()
+    #: the crawl's secret; ``None``: every queue entry is trusted as the crawl's own
+    secret: bytes | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> EntryPolicy:
+        """The policy of a crawl's settings (a Scrapy ``Settings``) and environment."""
+        from scrapy_dist import defaults
+
+        secret = settings.get("SCHEDULER_ENTRY_SECRET") or os.environ.get("SCRAPY_DIST_SECRET") or None
+        schemes = settings.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES)
+        return cls(
+            allowed_schemes=tuple(s.lower() for s in schemes),
+            max_bytes=settings.getint("SCHEDULER_MAX_ENTRY_BYTES", defaults.SCHEDULER_MAX_ENTRY_BYTES),
+            meta_allowed=tuple(settings.getlist("SEEDS_META_ALLOWED", defaults.SEEDS_META_ALLOWED)),
+            headers_allowed=tuple(settings.getlist("SEEDS_HEADERS_ALLOWED", defaults.SEEDS_HEADERS_ALLOWED)),
+            secret=secret if isinstance(secret, (bytes, type(None))) else str(secret).encode("utf-8"),
+        )
+
+    def tag(self, body: bytes) -> bytes:
+        """The tag of a msgpack body (requires a secret)."""
+        assert self.secret is not None
+        return hashlib.blake2b(body, key=_secret_key(self.secret), digest_size=TAG_BYTES).digest()
+
+    def seal(self, body: bytes) -> bytes:
+        """A payload of ``body``: signed with the secret if there is one, else version 1."""
+        if self.secret is None:
+            return _VERSION_BYTE + body
+        return _SIGNED_BYTE + self.tag(body) + body
+
+    def verify(self, data: bytes) -> bool:
+        """Whether ``data`` is a version-2 payload whose tag verifies with this policy's secret."""
+        if self.secret is None or len(data) < 1 + TAG_BYTES or data[0] != VERSION_SIGNED:
+            return False
+        return hmac.compare_digest(data[1 : 1 + TAG_BYTES], self.tag(data[1 + TAG_BYTES :]))
+
+
+DEFAULT_POLICY = EntryPolicy()
+_POLICIES: weakref.WeakKeyDictionary[Any, EntryPolicy] = weakref.WeakKeyDictionary()
+
+
+def entry_policy(crawler: Crawler | None) -> EntryPolicy:
+    """The :class:`EntryPolicy` of ``crawler``, built on first use and kept (one dict lookup after)."""
+    if crawler is None:
+        return DEFAULT_POLICY
+    policy = _POLICIES.get(crawler)
+    if policy is None:
+        policy = _POLICIES[crawler] = EntryPolicy.from_settings(crawler.settings)
+    return policy
 
 
 def _check_encodable(value: Any, path: str) -> None:
@@ -86,8 +246,10 @@ def _method_name(func: Any, spider: Spider | None, what: str) -> str | None:
     raise UnserializableRequest(f"{what} {func!r} is not a method of the spider", what)
 
 
-def encode_request(request: Request, spider: Spider | None = None) -> bytes:
-    """Encode ``request`` as a versioned msgpack payload.
+def encode_request(
+    request: Request, spider: Spider | None = None, policy: EntryPolicy | None = None
+) -> bytes:
+    """Encode ``request`` as a versioned msgpack payload (signed when ``policy`` has a secret).
 
     Raises :class:`UnserializableRequest` (with ``.key`` naming the field or meta key) when a callback is
     not a spider method or meta / cb_kwargs / cookies hold values msgpack cannot represent.
@@ -96,7 +258,14 @@ def encode_request(request: Request, spider: Spider | None = None) -> bytes:
     if request.method != "GET":
         d["m"] = request.method
     if request.headers:
-        d["h"] = [[bytes(k), [bytes(v) for v in vs]] for k, vs in request.headers.items()]
+        # credential values a downloader middleware added (a same-site redirect copies them) stay out
+        headers = [
+            [bytes(k), [bytes(v) for v in vs if not added_by_middleware(k, v)]]
+            for k, vs in request.headers.items()
+        ]
+        headers = [pair for pair in headers if pair[1]]
+        if headers:
+            d["h"] = headers
     if request.body:
         d["b"] = request.body
     if request.cookies:
@@ -123,36 +292,77 @@ def encode_request(request: Request, spider: Spider | None = None) -> bytes:
     if cls is not Request:
         d["C"] = f"{cls.__module__}.{cls.__qualname__}"
     try:
-        return _VERSION_BYTE + msgpack.packb(d, use_bin_type=True)
+        body = msgpack.packb(d, use_bin_type=True)
     except (TypeError, ValueError, OverflowError):
         for field, label in (("M", "meta"), ("k", "cb_kwargs"), ("c", "cookies")):
             if field in d:
                 _check_encodable(d[field], label)
         raise UnserializableRequest("request cannot be encoded", "request") from None
+    return (policy or DEFAULT_POLICY).seal(body)
 
 
 # -- decoding (untrusted input) -----------------------------------------------------------------
 
 
-def _expect(value: Any, types: type | tuple[type, ...], reason: str, field: str) -> Any:
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+def _expect(value: Any, types_: type | tuple[type, ...], reason: str, field: str) -> Any:
+    if not isinstance(value, types_) or (isinstance(value, bool) and bool not in _as_tuple(types_)):
         raise RejectedEntry(reason, f"{field} has type {type(value).__name__}")
     return value
 
 
-def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
-    return types if isinstance(types, tuple) else (types,)
+def _as_tuple(types_: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types_ if isinstance(types_, tuple) else (types_,)
+
+
+def _framework_module(module: Any) -> bool:
+    return not isinstance(module, str) or module.split(".", 1)[0] in ("scrapy", "scrapy_dist")
+
+
+#: Scrapy's hooks and spider plumbing: never a callback, even where the spider's own code overrides them
+HOOK_NAMES = frozenset({
+    "start", "start_requests", "closed", "close", "log", "make_request_from_data", "from_crawler",
+    "update_settings", "handles_request", "set_crawler", "make_requests_from_url", "parse_start_url",
+    "process_results", "process_start", "process_start_requests", "spider_opened", "spider_idle",
+    "spider_closed", "has_callback",
+})
+
+
+def user_defined(cls: type, name: str) -> bool:
+    """Whether ``name`` is a plain function defined by a class of the user's, not by Scrapy or
+    scrapy-dist: ``start``, ``log``, ``make_request_from_data``, ``closed``, ``Spider.parse`` (which only
+    raises) are methods of every spider, but no entry read from Redis has any business calling them --
+    nor the hooks of :data:`HOOK_NAMES` where the spider's code overrides them."""
+    if not isinstance(name, str) or name.startswith("_") or not name.isidentifier() or name in HOOK_NAMES:
+        return False
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            value = inspect.getattr_static(klass, name)
+            return isinstance(value, types.FunctionType) and not _framework_module(klass.__module__)
+    return False
 
 
 def spider_method(spider: Spider, name: Any, what: str) -> Any:
     """Resolve ``name`` to a public method of ``spider``; reject anything else (shared with seeds)."""
+    if not isinstance(name, str):  # checked first: a list or map is not even hashable
+        raise RejectedEntry(f"bad_{what}", f"{what} has type {type(name).__name__}")
     if name in _CRAWLSPIDER_METHODS and isinstance(spider, CrawlSpider):
         pass  # CrawlSpider routes rule requests through these two
-    elif not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
-        raise RejectedEntry(f"bad_{what}", f"{what} {name!r} is not a public method name")
+    elif not name.isidentifier() or name.startswith("_"):
+        raise RejectedEntry(f"bad_{what}", f"{what} {name[:40]!r} is not a public method name")
     method = getattr(spider, name, None)
     if method is None or not callable(method) or getattr(method, "__self__", None) is not spider:
-        raise RejectedEntry(f"bad_{what}", f"spider has no method {name!r}")
+        raise RejectedEntry(f"bad_{what}", f"spider has no method {name[:40]!r}")
+    return method
+
+
+def entry_callback(spider: Spider, name: Any, what: str) -> Any:
+    """The callback/errback a queue entry names: a method the spider's own code defines (as for seeds),
+    or one of CrawlSpider's rule dispatchers."""
+    method = spider_method(spider, name, what)
+    if isinstance(spider, CrawlSpider) and (name in _CRAWLSPIDER_METHODS or name in _RULE_METHODS):
+        return method
+    if not user_defined(type(spider), name):
+        raise RejectedEntry(f"bad_{what}", f"{name!r} is not a method defined by the spider's code")
     return method
 
 
@@ -164,10 +374,11 @@ def check_url(url: Any, allowed_schemes: Iterable[str]) -> str:
         raise RejectedEntry("bad_url", "empty, too long, or contains whitespace/control characters")
     try:
         parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
     except ValueError as exc:
-        raise RejectedEntry("bad_url", str(exc)) from None
+        raise RejectedEntry("bad_url", str(exc)[:100]) from None
     if parts.scheme.lower() not in set(allowed_schemes):
-        raise RejectedEntry("bad_scheme", f"scheme {parts.scheme!r} not allowed")
+        raise RejectedEntry("bad_scheme", f"scheme {parts.scheme[:20]!r} not allowed")
     if parts.scheme.lower() in ("http", "https") and not parts.hostname:
         raise RejectedEntry("bad_url", "no host")
     return url
@@ -175,6 +386,8 @@ def check_url(url: Any, allowed_schemes: Iterable[str]) -> str:
 
 def _headers(raw: Any) -> Headers:
     _expect(raw, list, "bad_headers", "headers")
+    if len(raw) > MAX_HEADERS:
+        raise RejectedEntry("bad_headers", f"{len(raw)} headers (at most {MAX_HEADERS})")
     headers = Headers()
     for pair in raw:
         if not isinstance(pair, list) or len(pair) != 2:
@@ -184,6 +397,8 @@ def _headers(raw: Any) -> Headers:
         _expect(values, list, "bad_headers", "header values")
         if not name or any(c in b"\r\n:" or c < 33 or c > 126 for c in name):
             raise RejectedEntry("header_injection", f"header name {name[:40]!r}")
+        if len(values) > MAX_HEADERS:
+            raise RejectedEntry("bad_headers", f"header {name[:40]!r} has {len(values)} values")
         for v in values:
             _expect(v, bytes, "bad_headers", "header value")
             if b"\r" in v or b"\n" in v or b"\0" in v:
@@ -192,47 +407,119 @@ def _headers(raw: Any) -> Headers:
     return headers
 
 
+_COOKIE_KEYS = frozenset({"name", "value", "domain", "path", "secure", "expires"})
+
+
+def _cookie_text(value: Any, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (str, bytes, int, float)):
+        raise RejectedEntry("bad_cookies", f"cookie {what} has type {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RejectedEntry("bad_cookies", f"cookie {what} is not finite")
+    if isinstance(value, (str, bytes)):
+        text = value if isinstance(value, str) else value.decode("latin-1")
+        if any(c in text for c in "\r\n\0;"):
+            raise RejectedEntry("header_injection", f"cookie {what} holds CR/LF/NUL or ';'")
+
+
+def _cookies(raw: Any) -> dict[str, Any] | list[dict[str, Any]]:
+    """Cookies as Scrapy's ``Request`` takes them: ``{name: value}`` or a list of cookie maps."""
+    if isinstance(raw, dict):
+        if len(raw) > MAX_HEADERS:
+            raise RejectedEntry("bad_cookies", f"{len(raw)} cookies (at most {MAX_HEADERS})")
+        for name, value in raw.items():
+            _cookie_text(name, "name")
+            _cookie_text(value, "value")
+        return raw
+    if isinstance(raw, list):
+        if len(raw) > MAX_HEADERS:
+            raise RejectedEntry("bad_cookies", f"{len(raw)} cookies (at most {MAX_HEADERS})")
+        for c in raw:
+            if not isinstance(c, dict) or "name" not in c or "value" not in c or not set(c) <= _COOKIE_KEYS:
+                raise RejectedEntry("bad_cookies", "each cookie must be a map with name, value (domain, ...)")
+            for key, value in c.items():
+                if key == "secure":
+                    _expect(value, bool, "bad_cookies", "cookie secure")
+                else:
+                    _cookie_text(value, key)
+        return raw
+    raise RejectedEntry("bad_cookies", f"cookies has type {type(raw).__name__}")
+
+
 def _request_class(path: Any) -> type[Request]:
     _expect(path, str, "bad_class", "class")
     module_name, _, name = path.rpartition(".")
     module = sys.modules.get(module_name)  # never import on behalf of untrusted data
     cls = getattr(module, name, None) if module is not None and "." not in name else None
     if not isinstance(cls, type) or not issubclass(cls, Request):
-        raise RejectedEntry("bad_class", f"{path!r} is not a loaded Request subclass")
+        raise RejectedEntry("bad_class", f"{path[:80]!r} is not a loaded Request subclass")
     return cls
 
 
-def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
-    """The field map of an untrusted payload: size, version byte, msgpack and field names checked
-    (values are checked by :func:`decode_request`). Raises :class:`RejectedEntry`."""
-    if len(data) > max_bytes:
-        raise RejectedEntry("too_large", f"{len(data)} bytes")
-    if not data or data[0] != VERSION:
-        raise RejectedEntry("bad_version", f"first byte {data[:1]!r}")
+def _unpack(body: bytes) -> dict[str, Any]:
     try:
-        d = msgpack.unpackb(data[1:], raw=False, strict_map_key=False, use_list=True)
+        d = msgpack.unpackb(body, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for garbage input
         raise RejectedEntry("bad_msgpack", type(exc).__name__) from None
     if not isinstance(d, dict):
         raise RejectedEntry("bad_payload", f"payload is a {type(d).__name__}")
-    unknown = set(d) - _ALLOWED_KEYS
+    unknown = [k for k in d if not isinstance(k, str) or k not in _ALLOWED_KEYS]
     if unknown:
-        raise RejectedEntry("bad_payload", f"unknown fields {sorted(map(str, unknown))[:5]}")
+        raise RejectedEntry("bad_payload", f"unknown fields {sorted(map(str, unknown))[:5]}"[:200])
     return d
 
 
-def decode_request(
-    data: bytes,
-    spider: Spider,
-    allowed_schemes: Iterable[str] = ("http", "https"),
-    max_bytes: int = 1024 * 1024,
-) -> Request:
+def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
+    """``(version, msgpack body)`` of an untrusted payload (size and version checked, tag not verified).
+    Raises :class:`RejectedEntry`."""
+    if not isinstance(data, bytes):
+        raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise RejectedEntry("too_large", f"{len(data)} bytes")
+    if data[:1] == _VERSION_BYTE:
+        return VERSION, data[1:]
+    if data[:1] == _SIGNED_BYTE and len(data) > 1 + TAG_BYTES:
+        return VERSION_SIGNED, data[1 + TAG_BYTES :]
+    raise RejectedEntry("bad_version", f"first byte {data[:1]!r}")
+
+
+def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
+    """The field map of an untrusted payload (version 1 or 2, the tag is not checked here): size, version
+    byte, msgpack and field names checked (values are checked by :func:`decode_request`). Raises
+    :class:`RejectedEntry`."""
+    return _unpack(split_payload(data, max_bytes)[1])
+
+
+def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
+    """Whether an entry counts as the crawl's own: its tag verifies, or the crawl has no secret.
+    Raises :class:`RejectedEntry` (``bad_tag``) for a version-2 entry whose tag does not verify."""
+    if policy.secret is None:
+        return True
+    if data[:1] != _SIGNED_BYTE:
+        return False
+    if not policy.verify(data):
+        raise RejectedEntry("bad_tag", "the entry's tag does not verify with the crawl's secret")
+    return True
+
+
+def decode_request(data: bytes, spider: Spider, policy: EntryPolicy = DEFAULT_POLICY) -> Request:
     """Turn an untrusted payload back into a :class:`~scrapy.Request` bound to ``spider``'s methods.
 
-    Raises :class:`RejectedEntry` with a short ``reason`` for anything that is not a valid payload.
+    Raises :class:`RejectedEntry` with a short ``reason`` for anything that is not a valid payload, or that
+    an untrusted entry may not ask for (:class:`EntryPolicy`) -- and nothing else, whatever the bytes.
     """
-    d = load_payload(data, max_bytes)
-    kw: dict[str, Any] = {"url": check_url(d.get("u"), allowed_schemes)}
+    try:
+        return _decode(data, spider, policy)
+    except RejectedEntry:
+        raise
+    except Exception as exc:  # a check we did not think of must still not stop a worker
+        raise RejectedEntry("bad_entry", f"{type(exc).__name__}: {exc}"[:200]) from None
+
+
+def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
+    d = load_payload(data, policy.max_bytes)
+    trusted = is_trusted(data, policy)
+    url = check_url(d.get("u"), policy.allowed_schemes)
+    kw: dict[str, Any] = {"url": url}
     if "m" in d:
         method = _expect(d["m"], str, "bad_method", "method")
         if not method or len(method) > 32 or not all(c.isalnum() or c in "!#$%&'*+-.^_`|~" for c in method):
@@ -240,14 +527,18 @@ def decode_request(
         kw["method"] = method
     if "h" in d:
         kw["headers"] = _headers(d["h"])
+        if not trusted:
+            check_header_names(kw["headers"].keys(), policy.headers_allowed)
     if "b" in d:
         kw["body"] = _expect(d["b"], bytes, "bad_body", "body")
     if "c" in d:
-        kw["cookies"] = _expect(d["c"], (dict, list), "bad_cookies", "cookies")
+        kw["cookies"] = _cookies(d["c"])
     if "M" in d:
         meta = _expect(d["M"], dict, "bad_meta", "meta")
         if not all(isinstance(k, str) for k in meta):
             raise RejectedEntry("bad_meta", "meta keys must be strings")
+        if not trusted:
+            check_meta_keys(meta, policy.meta_allowed)
         kw["meta"] = meta
     if "k" in d:
         cbk = _expect(d["k"], dict, "bad_cb_kwargs", "cb_kwargs")
@@ -255,21 +546,33 @@ def decode_request(
             raise RejectedEntry("bad_cb_kwargs", "cb_kwargs keys must be identifiers")
         kw["cb_kwargs"] = cbk
     if "p" in d:
-        kw["priority"] = _expect(d["p"], int, "bad_priority", "priority")
+        priority = _expect(d["p"], int, "bad_priority", "priority")
+        if not _PRIORITY_RANGE[0] <= priority <= _PRIORITY_RANGE[1]:
+            raise RejectedEntry("bad_priority", "priority out of the 32-bit range")
+        kw["priority"] = priority
     if "d" in d:
         kw["dont_filter"] = _expect(d["d"], bool, "bad_dont_filter", "dont_filter")
     if "cb" in d:
-        kw["callback"] = spider_method(spider, d["cb"], "callback")
+        kw["callback"] = entry_callback(spider, d["cb"], "callback")
     if "eb" in d:
-        kw["errback"] = spider_method(spider, d["eb"], "errback")
+        kw["errback"] = entry_callback(spider, d["eb"], "errback")
     if "f" in d:
         flags = _expect(d["f"], list, "bad_flags", "flags")
-        if not all(isinstance(f, str) for f in flags):
-            raise RejectedEntry("bad_flags", "flags must be strings")
+        if len(flags) > MAX_HEADERS or not all(isinstance(f, str) for f in flags):
+            raise RejectedEntry("bad_flags", "flags must be at most 100 strings")
         kw["flags"] = flags
     if "e" in d:
-        kw["encoding"] = _expect(d["e"], str, "bad_encoding", "encoding")
+        encoding = _expect(d["e"], str, "bad_encoding", "encoding")
+        try:
+            known = codecs.lookup(encoding)._is_text_encoding  # type: ignore[attr-defined]
+        except LookupError:
+            known = False
+        if not known:
+            raise RejectedEntry("bad_encoding", f"{encoding[:40]!r} is not a text encoding")
+        kw["encoding"] = encoding
     cls = _request_class(d["C"]) if "C" in d else Request
+    if not trusted:
+        check_offsite(url, spider)
     try:
         return cls(**kw)
     except Exception as exc:  # the Request constructor validates too (URL, encoding, ...)

@@ -1,5 +1,5 @@
-"""Dead letters and retry timing: the record format of a request that finally failed, and the pure
-functions that decide when a failed request is tried again.
+"""Dead letters: the record format of a request that finally failed (retry timing is in
+:mod:`scrapy_dist.retrytiming`).
 
 A dead letter is one JSON object in the crawl's ``{spider}:deadletter`` LIST (:attr:`CrawlKeys.deadletter`):
 
@@ -27,18 +27,21 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
-import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timezone
-from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from scrapy_dist.codec import VERSION, check_url, encode_request, load_payload
+from scrapy_dist.codec import (
+    DEFAULT_POLICY,
+    VERSION_SIGNED,
+    EntryPolicy,
+    check_url,
+    encode_request,
+    load_payload,
+    split_payload,
+)
 from scrapy_dist.exceptions import RejectedEntry
 
 if TYPE_CHECKING:
@@ -48,80 +51,6 @@ if TYPE_CHECKING:
 DETAIL_LIMIT = 300
 #: largest record ``scrapy-dist dead`` accepts (a 1 MiB payload in base64 plus the other fields)
 MAX_RECORD_BYTES = 2 * 1024 * 1024
-#: upward jitter of a backoff delay: the n-th retry waits between nominal and (1 + JITTER) x nominal
-JITTER = 0.5
-#: statuses whose ``Retry-After`` header sets the retry delay (RFC 9110 section 10.2.3)
-RETRY_AFTER_STATUSES = frozenset({429, 503})
-
-
-# -- retry timing ---------------------------------------------------------------------------------
-
-
-def backoff_delay(
-    retry_times: int, base: float, cap: float, rng: Callable[[], float] = random.random
-) -> float:
-    """Seconds to wait before retry number ``retry_times`` (1 for the first retry).
-
-    Exponential with upward jitter: ``base * 2 ** (retry_times - 1)`` times a random factor in
-    ``[1, 1 + JITTER)``, never more than ``cap``. The jitter only adds, so ``base * 2 ** (n - 1)`` (or
-    ``cap``) is a guaranteed minimum gap, while retries of requests that failed together spread out.
-    """
-    if base <= 0 or cap <= 0:
-        return 0.0
-    exponent = max(0, retry_times - 1)
-    # 2**1024 overflows a float; anything that large is over any sensible cap anyway
-    nominal = cap if exponent >= 1000 else base * 2.0**exponent
-    return min(cap, nominal * (1.0 + JITTER * rng()))
-
-
-def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
-    """Seconds to wait according to a ``Retry-After`` header value, or ``None`` if it is absent or invalid.
-
-    Accepts delay-seconds (``"120"``, leniently ``"1.5"``) and an HTTP date (``"Wed, 21 Oct 2015 07:28:00
-    GMT"``, compared with ``now``, unix time). A date in the past gives ``0.0``.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        try:
-            value = value.decode("latin-1")
-        except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-            return None
-    text = value.strip()
-    if not text:
-        return None
-    if text.isascii() and text.replace(".", "", 1).isdigit():
-        seconds = float(text)
-        return seconds if math.isfinite(seconds) else None
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when is None:  # pragma: no cover - older Pythons returned None for garbage
-        return None
-    if when.tzinfo is None:  # RFC 9110 dates are GMT; a date without zone is read as such
-        when = when.replace(tzinfo=timezone.utc)
-    now = time.time() if now is None else now
-    return max(0.0, when.timestamp() - now)
-
-
-def retry_delay(
-    retry_times: int,
-    base: float,
-    cap: float,
-    *,
-    status: int | None = None,
-    retry_after: bytes | str | None = None,
-    now: float | None = None,
-    rng: Callable[[], float] = random.random,
-) -> float:
-    """The delay of a retry: ``Retry-After`` (on 429/503, capped by ``cap``) if given and valid, else
-    :func:`backoff_delay`."""
-    if status in RETRY_AFTER_STATUSES:
-        hinted = parse_retry_after(retry_after, now=now)
-        if hinted is not None:
-            return min(cap, hinted) if cap > 0 else hinted
-    return backoff_delay(retry_times, base, cap, rng)
 
 
 # -- records --------------------------------------------------------------------------------------
@@ -137,16 +66,21 @@ def dead_letter_record(
     detail: str = "",
     attempts: int | None = None,
     now: float | None = None,
+    policy: EntryPolicy | None = None,
 ) -> str:
-    """The JSON record for ``request``; ``attempts`` defaults to ``meta["retry_times"] + 1``.
+    """The JSON record for ``request``; ``attempts`` defaults to ``meta["retry_times"] + 1``. The request
+    is recorded as scheduled: credential headers a downloader middleware added are left out
+    (:func:`scrapy_dist.middlewares.credentials.as_scheduled`); ``policy`` signs the payload.
 
     A request that cannot be encoded (see :class:`~scrapy_dist.exceptions.UnserializableRequest`) is
     still recorded, with ``"request": null``, so an audit lists it.
     """
     from scrapy_dist.exceptions import UnserializableRequest
+    from scrapy_dist.middlewares.credentials import as_scheduled
 
     try:
-        payload: str | None = base64.b64encode(encode_request(request, spider)).decode("ascii")
+        encoded = encode_request(as_scheduled(request), spider, policy)
+        payload: str | None = base64.b64encode(encoded).decode("ascii")
     except UnserializableRequest:
         payload = None
     if attempts is None:
@@ -235,23 +169,31 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
 
 
 def requeue_payload(
-    payload: bytes, allowed_schemes: tuple[str, ...] = ("http", "https"), max_bytes: int = 1024 * 1024
+    payload: bytes,
+    allowed_schemes: tuple[str, ...] = ("http", "https"),
+    max_bytes: int = 1024 * 1024,
+    policy: EntryPolicy = DEFAULT_POLICY,
 ) -> tuple[bytes, int]:
     """A dead letter's payload made ready to enqueue again: retry counter removed (a fresh set of
     attempts), URL checked. Returns ``(payload, priority)``; raises :class:`RejectedEntry`.
+
+    The new payload is signed only if ``policy`` has a secret and the record's own tag verifies with it:
+    a record someone else wrote stays unauthenticated, so workers hold it to the rules for seeds.
 
     The payload is checked again by whichever worker leases it (:func:`scrapy_dist.codec.decode_request`),
     so this only needs to understand the map well enough to edit ``meta``.
     """
     d = load_payload(payload, max_bytes)
     check_url(d.get("u"), allowed_schemes)
+    signed = split_payload(payload, max_bytes)[0] == VERSION_SIGNED and policy.verify(payload)
     meta = d.get("M")
     if isinstance(meta, dict):
         meta.pop("retry_times", None)
         if not meta:
             del d["M"]
     priority = _int(d.get("p"), 0)
-    return bytes([VERSION]) + msgpack.packb(d, use_bin_type=True), priority
+    body = msgpack.packb(d, use_bin_type=True)
+    return (policy.seal(body) if signed else DEFAULT_POLICY.seal(body)), priority
 
 
 def reason_matches(reason: str, wanted: str) -> bool:

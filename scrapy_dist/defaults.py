@@ -43,7 +43,20 @@ SCHEDULER_IDLE_POLL: float = 0.25
 SCHEDULER_ALLOWED_SCHEMES: list[str] = ["http", "https"]
 #: Largest encoded request accepted from the queue (bytes).
 SCHEDULER_MAX_ENTRY_BYTES: int = 1024 * 1024
+#: Newest rejection records kept in ``{spider}:queue:rejected`` (LTRIM by the sync script; 0 = no cap).
+SCHEDULER_REJECTED_MAXLEN: int = 100_000
+#: Newest dead letters kept in ``{spider}:deadletter`` (LTRIM by the sync script; 0 = no cap).
+DEADLETTER_MAXLEN: int = 1_000_000
 SCHEDULER_SHARDS: int = 1
+#: Secret keying the tag of the queue entries workers write (or env SCRAPY_DIST_SECRET); None = every queue
+#: entry counts as the crawl's own (see docs/security.md). Never stored in Redis.
+SCHEDULER_ENTRY_SECRET: str | None = None
+#: Networks (CIDR) no request may reach (checked on the resolved address): loopback, private, link-local
+#: (cloud metadata), CGNAT, unspecified, multicast; [] to crawl local sites.
+SCHEDULER_DENY_NETWORKS: list[str] = [
+    "127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10",
+    "0.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4", "::1/128", "::/128", "fc00::/7", "fe80::/10", "ff00::/8",
+]
 #: "process": Scrapy's per-process DOWNLOAD_DELAY / CONCURRENT_REQUESTS_PER_DOMAIN; "cluster": crawl-wide
 SCHEDULER_POLITENESS: str = "process"
 #: {"*.example.com": {"delay": 1.0, "concurrency": 2, "jitter": 0.5}} -- glob rules, most specific wins
@@ -64,6 +77,11 @@ REDIS_START_URLS_BATCH_SIZE: int = 0  # 0 = CONCURRENT_REQUESTS
 REDIS_START_URLS_MAX_BYTES: int = 64 * 1024
 #: Newest rejection records kept in ``<seeds key>:rejected`` (hostile input cannot fill Redis).
 REDIS_START_URLS_REJECTED_MAXLEN: int = 100_000
+#: Meta keys (fnmatch patterns) a seed or an unauthenticated queue entry may set; the routing/credential/
+#: safety keys of codec.DANGEROUS_META (proxy, cookiejar, dont_*, _*, ...) only if named exactly.
+SEEDS_META_ALLOWED: list[str] = ["*"]
+#: Credential headers (Authorization, Cookie) a seed or an unauthenticated queue entry may set.
+SEEDS_HEADERS_ALLOWED: list[str] = []
 
 # -- retries / dead letters --------------------------------------------------------------------
 RETRY_BACKOFF_BASE: float = 1.0

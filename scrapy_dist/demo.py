@@ -515,7 +515,8 @@ class Demo:
 
     def worker_settings(self) -> dict[str, str]:
         """``-s`` settings of every worker: this run's key prefix and the demo's Redis."""
-        out = {"REDIS_KEY_PREFIX": self.prefix}
+        # the demo site is on 127.0.0.1, which the default SCHEDULER_DENY_NETWORKS refuses
+        out = {"REDIS_KEY_PREFIX": self.prefix, "SCHEDULER_DENY_NETWORKS": ""}
         if self.embedded is not None:
             # Point the workers at the embedded server by its directory rather than its URL, so its
             # password stays out of the process list; blank the other Redis settings so that a REDIS_URL

@@ -27,7 +27,7 @@ from pybloom_live import ScalableBloomFilter
 from redis.exceptions import NoScriptError
 
 from scrapy_dist import connection, defaults, scripts
-from scrapy_dist.bloom import HASHING, BloomPlan, fingerprint_hashes
+from scrapy_dist.bloom import HASHING, BloomParameterError, BloomPlan, fingerprint_hashes, parse_bloom_record
 from scrapy_dist.exceptions import FrontierScriptError, ScrapyDistError
 from scrapy_dist.keys import CrawlKeys, crawl_keys
 
@@ -68,14 +68,17 @@ class RedisDupeFilter:
     def from_crawler(cls, crawler: Crawler) -> Self:
         settings = crawler.settings
         spider_name = crawler.spidercls.name
-        return cls(
-            connection.get_redis(settings),
-            crawl_keys(settings, spider_name),
-            crawler.request_fingerprinter,
-            stats=crawler.stats,
-            debug=settings.getbool("DUPEFILTER_DEBUG"),
-            **cls._extra_kwargs(settings),
-        )
+        try:
+            return cls(
+                connection.get_redis(settings),
+                crawl_keys(settings, spider_name),
+                crawler.request_fingerprinter,
+                stats=crawler.stats,
+                debug=settings.getbool("DUPEFILTER_DEBUG"),
+                **cls._extra_kwargs(settings),
+            )
+        except BloomParameterError as exc:  # e.g. BLOOMFILTER_CAPACITY = 10**400: one line, no traceback
+            connection.abort_crawl(exc)
 
     @classmethod
     def _extra_kwargs(cls, settings: Any) -> dict[str, Any]:
@@ -211,25 +214,24 @@ class BloomDupeFilter(RedisDupeFilter):
         pipe.hsetnx(self.keys.bloom, "error_rate", repr(self.plan.error_rate))
         pipe.hsetnx(self.keys.bloom, "block_bits", self.plan.block_bits)
         pipe.hsetnx(self.keys.bloom, "hashing", HASHING)
-        pipe.hmget(self.keys.bloom, ["capacity", "error_rate", "block_bits", "n", "hashing"])
-        cap, err, bb, n, hashing = pipe.execute()[-1]
+        names = ["capacity", "error_rate", "block_bits", "n", "hashing"]
+        pipe.hmget(self.keys.bloom, names)
+        values = pipe.execute()[-1]
         way_out = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
         try:
-            recorded = (int(cap), float(err), int(bb), int(n or 0), int(hashing))
-            BloomPlan(*recorded[:3])
-            if recorded[3] < 0:
-                raise ValueError("negative item count")
-        except (TypeError, ValueError) as exc:
-            raise ScrapyDistError(
-                f"The bloom filter {self.keys.bloom!r} holds invalid parameters (capacity={cap!r}"
-                f" error_rate={err!r} block_bits={bb!r} n={n!r} hashing={hashing!r}: {exc}); {way_out}"
+            rec = parse_bloom_record(
+                {k: v for k, v in zip(names, values, strict=True) if v is not None}, self.keys.bloom
+            )
+        except BloomParameterError as exc:
+            raise BloomParameterError(
+                f"The bloom filter holds invalid parameters: {exc}; {way_out}"
             ) from None
-        if recorded[4] != HASHING:
+        if rec.hashing != HASHING:
             raise ScrapyDistError(
-                f"The bloom filter {self.keys.bloom!r} was written with bit-position scheme {recorded[4]},"
+                f"The bloom filter {self.keys.bloom!r} was written with bit-position scheme {rec.hashing},"
                 f" this scrapy-dist uses {HASHING}: {way_out}"
             )
-        self.adopt(*recorded[:4])
+        self.adopt(rec.capacity, rec.error_rate, rec.block_bits, rec.n)
 
     def adopt(self, capacity: int, error_rate: float, block_bits: int, n: int) -> None:
         """Use the parameters recorded for the crawl, warning when they differ from this worker's."""
@@ -255,7 +257,10 @@ class BloomDupeFilter(RedisDupeFilter):
         return clone
 
     def script_keys_params(self, pending: int) -> tuple[list[str], list[Any]]:
+        """Keys and params for ``pending`` more inserts; :class:`BloomParameterError` (before a key name is
+        built) when that would pass the filter's bound (:data:`scrapy_dist.bloom.MAX_OVERSHOOT`)."""
         horizon = self.n + pending
+        self.plan.check_items(horizon, self.keys.bloom)
         keys = [self.keys.bloom] + [self.keys.bloom_block(f, b) for f, b in self.plan.block_coords(horizon)]
         return keys, self.plan.script_params(horizon)
 
@@ -300,6 +305,12 @@ class BloomDupeFilter(RedisDupeFilter):
             for i, answer in zip(todo, answers, strict=True):
                 if answer is None:  # Redis had lost the script: loaded again, run again
                     continue
+                if answer[0] == -2:  # refused, nothing written (dupe.lua: garbage or past the bound)
+                    reason = answer[1].decode() if isinstance(answer[1], bytes) else str(answer[1])
+                    raise BloomParameterError(
+                        f"{self.keys.bloom} field n: refused by the filter ({reason}): not a count within"
+                        f" {self.plan.max_items} ({'the bound' if reason == 'bloom_bound' else 'garbage'})"
+                    )
                 got, n = answer
                 self.observe(int(n))
                 if got != -1:  # -1: the chain grew past the keys passed (another worker): again with more

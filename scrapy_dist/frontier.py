@@ -12,12 +12,14 @@ a request belongs to. The scheduler talks to all of them each round (see docs/fr
 
 from __future__ import annotations
 
+import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist import scripts
+from scrapy_dist import defaults, scripts
 from scrapy_dist.exceptions import FrontierScriptError
 
 if TYPE_CHECKING:
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 SEQ_BYTES = 6
 #: with crawl-wide politeness, members start with "<domain>\0" and an 11-digit priority key
 PRIORITY_KEY_BYTES = 11
+#: records in one queue chunk (``CHUNK_RECORDS`` in lua/sync_common.lua): a chunk claiming more is rejected
+CHUNK_RECORDS = 16
 
 
 def shard_of(fingerprint: bytes, shards: int) -> int:
@@ -68,8 +72,9 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
 def queue_singles(member: bytes) -> list[bytes]:
     """The entries (``6-byte seq + payload``, as leased) inside one member of the queue ZSET.
 
-    Mirrors ``singles_of`` in ``lua/sync.lua``: a member whose 7th byte is ``\\0`` is a chunk of records
-    ``<2-byte length><6-byte seq><payload>``; anything else is a single entry. For tools and tests.
+    Mirrors ``chunk_singles`` in ``lua/sync_common.lua`` (which rejects a malformed chunk whole, where
+    this lenient reader yields its rest as one entry): a member whose 7th byte is ``\\0`` is a chunk of
+    records ``<2-byte length><6-byte seq><payload>``; anything else is a single entry. For tools and tests.
     """
     if len(member) < 7 or member[6] != 0:
         return [member]
@@ -89,7 +94,7 @@ def queue_singles(member: bytes) -> list[bytes]:
 
 @dataclass
 class SyncBatch:
-    """Everything one ``sync`` call sends."""
+    """Everything one ``sync`` call sends (encoded by :func:`encode_sync_sections`)."""
 
     #: (t1, t2, score, payload, domain, limits); t1 == "" skips dedupe, payload == b"" dedupes only;
     #: domain and limits ("delay concurrency jitter") matter only with crawl-wide politeness
@@ -117,7 +122,7 @@ class SyncBatch:
 
 @dataclass
 class SyncResult:
-    """What one ``sync`` call answers."""
+    """What one ``sync`` call answers (decoded by name by :func:`decode_sync_result`)."""
 
     new: list[bool]
     leased: list[tuple[bytes, float]]
@@ -130,10 +135,160 @@ class SyncResult:
     paused: bool
     #: the shard's sequence counter (grows with every entry created; see sync.lua)
     seq: int = 0
+    #: queue members the script rejected whole (malformed chunk, too large; see lua/sync_lease.lua)
+    rejected: int = 0
+    #: keys whose garbage the script repaired before writing (see lua/sync_check.lua)
+    repaired: list[str] = field(default_factory=list)
+
+
+class FrontierStateError(FrontierScriptError):
+    """The sync script refused to write because a value it read from Redis cannot be used (a key of the
+    wrong type, a bloom count past its bound, ...). ``reason`` is the script's slug, ``key`` the key."""
+
+    def __init__(self, reason: str, key: str) -> None:
+        super().__init__(
+            f"The frontier refused to write: {key!r} holds an unusable value ({reason}); nothing was"
+            " written. Repair or delete that key (SCHEDULER_FLUSH_ON_START clears the crawl)"
+        )
+        self.reason = reason
+        self.key = key
+
+
+# -- the wire layout of lua/sync.lua, in one place ----------------------------------------------------
+#: KEYS of a sync call, in order (``SYNC_KEYS`` of lua/sync_common.lua), then the dupefilter's keys
+SYNC_KEYS = (
+    "queue", "leases", "lease_meta", "seq", "delayed", "delayed_meta", "queue_rejected", "deadletter",
+    "workers", "control", "domains", "domain_info", "queue_tails",
+)
+#: the ARGV head, by name (``SYNC_HEAD`` of lua/sync_common.lua); then P and the P dupe params
+SYNC_HEAD = (
+    "now", "worker", "lease_seconds", "lease", "order", "politeness", "seed", "heartbeat",
+    "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode",
+)
+
+
+@dataclass(frozen=True)
+class SyncSection:
+    """One section of a sync call: a count, then per item ``fields`` (and ``polite_fields`` too with
+    crawl-wide politeness), built from one :class:`SyncBatch` list item by ``encode``."""
+
+    name: str
+    fields: tuple[str, ...]
+    polite_fields: tuple[str, ...]
+    encode: Callable[[Any, float], tuple[Any, ...]]
+
+
+def _score(x: float) -> str:
+    # Redis refuses a NaN score, and a refusal half way through a script is a half-done call
+    x = float(x)
+    return repr(x) if math.isfinite(x) else "0.0"
+
+
+#: the sections, in ARGV order (``SYNC_SECTIONS`` of lua/sync_common.lua)
+SYNC_SECTIONS = (
+    SyncSection(
+        "enqueue", ("t1", "t2", "score", "payload"), ("domain", "limits"),
+        lambda e, now: (e[0], e[1], _score(e[2]), e[3], e[4], e[5]),
+    ),
+    SyncSection("ack", ("member",), (), lambda m, now: (m,)),
+    SyncSection("renew", ("member",), (), lambda m, now: (m,)),
+    SyncSection("release", ("member",), (), lambda m, now: (m,)),
+    SyncSection(
+        "delay", ("score", "payload", "delay"), ("domain", "limits"),
+        lambda e, now: (_score(e[0]), e[1], _score(max(0.0, float(e[2]) - now)), e[3], e[4]),
+    ),
+    SyncSection("reject", ("member", "record"), (), lambda e, now: (e[0], e[1])),
+    SyncSection("dead", ("record",), (), lambda r, now: (r,)),
+    SyncSection("penalize", ("domain", "seconds"), (), lambda e, now: (e[0], _score(e[1]))),
+)
+
+
+def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any]:
+    """The sections of ``batch`` as the sync script's ARGV (after the head and dupe params)."""
+    out: list[Any] = []
+    for sec in SYNC_SECTIONS:
+        items = getattr(batch, sec.name)
+        width = len(sec.fields) + (len(sec.polite_fields) if polite else 0)
+        out.append(len(items))
+        for item in items:
+            out += sec.encode(item, now)[:width]
+    return out
+
+
+#: the answer's names, in the order the script returns them (lua/sync.lua)
+SYNC_RESULT = (
+    "flags", "leased", "requeued", "moved", "queued", "inflight", "delayed", "bloom_n", "paused", "seq",
+    "rejected", "repaired",
+)
+
+
+def _text(x: Any) -> str:
+    if isinstance(x, bytes):
+        return x.decode("utf-8", "replace")
+    return "" if x is None else str(x)
+
+
+def _count(named: dict[str, Any], name: str) -> int:
+    value = named.get(name, 0)
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise FrontierScriptError(f"sync answered {name}={value!r}, not a count") from None
+    if n < 0:
+        raise FrontierScriptError(f"sync answered {name}={n}, a negative count")
+    return n
+
+
+def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
+    """The named :class:`SyncResult` of a sync script answer (the flat name, value list).
+
+    Raises :class:`FrontierStateError` for the script's ``{-2, reason, key}`` refusal and
+    :class:`FrontierScriptError` for anything else that is not a well-formed answer; nothing else escapes.
+    (The ``{-1, bloom_n}`` answer is handled by :meth:`Frontier.sync` before decoding.)
+    """
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise FrontierScriptError(f"sync answered {type(raw).__name__}, not a list")
+    if raw[0] == -2:
+        return_reason = _text(raw[1])[:100]
+        raise FrontierStateError(return_reason, _text(raw[2] if len(raw) > 2 else "")[:200])
+    if len(raw) % 2:
+        raise FrontierScriptError("sync answered an odd-length list")
+    named = {_text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
+    missing = [n for n in SYNC_RESULT[:10] if n not in named]
+    if missing:
+        raise FrontierScriptError(f"sync answered without {', '.join(missing)}")
+    flags = _text(named["flags"])
+    if len(flags) != n_enqueue or flags.strip("01"):
+        raise FrontierScriptError(f"sync returned {len(flags)} flags for {n_enqueue} requests")
+    flat = named["leased"]
+    if not isinstance(flat, list) or len(flat) % 2:
+        raise FrontierScriptError("sync answered a malformed leased list")
+    leased = []
+    for i in range(0, len(flat), 2):
+        member, score = flat[i], flat[i + 1]
+        if not isinstance(member, bytes):
+            raise FrontierScriptError("sync answered a leased member that is not bytes")
+        try:
+            value = float(score)
+        except (TypeError, ValueError):
+            raise FrontierScriptError(f"sync answered a lease score {score!r}") from None
+        leased.append((member, value if math.isfinite(value) else 0.0))
+    repaired = named.get("repaired", [])
+    return SyncResult(
+        [f == "1" for f in flags], leased,
+        _count(named, "requeued"), _count(named, "moved"), _count(named, "queued"),
+        _count(named, "inflight"), _count(named, "delayed"), _count(named, "bloom_n"),
+        named["paused"] in (b"1", "1"), _count(named, "seq"), _count(named, "rejected"),
+        [_text(k) for k in repaired] if isinstance(repaired, list) else [],
+    )
 
 
 class Frontier:
-    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client)."""
+    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client).
+
+    ``max_entry_bytes`` bounds a queue entry the script hands out (larger ones are rejected whole, in
+    Redis); ``rejected_maxlen`` and ``dead_maxlen`` cap ``{spider}:queue:rejected`` and
+    ``{spider}:deadletter`` (0 = no cap)."""
 
     def __init__(
         self,
@@ -145,6 +300,9 @@ class Frontier:
         lease_seconds: float = 60.0,
         politeness: str = "process",
         heartbeat: bool = True,
+        max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES,
+        rejected_maxlen: int = defaults.SCHEDULER_REJECTED_MAXLEN,
+        dead_maxlen: int = defaults.DEADLETTER_MAXLEN,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -156,84 +314,50 @@ class Frontier:
         self._polite = politeness == "cluster"
         #: False for the shards > 0 of a sharded frontier: the worker's heartbeat is written by shard 0
         self.heartbeat = heartbeat
+        self.max_entry_bytes = max_entry_bytes
+        self.rejected_maxlen = rejected_maxlen
+        self.dead_maxlen = dead_maxlen
         self._rng = random.Random()
         self._script = scripts.register(redis, "sync")
-        k = keys
-        self._fixed_keys = [
-            k.queue, k.leases, k.lease_meta, k.seq, k.delayed, k.delayed_meta,
-            k.queue_rejected, k.deadletter, k.workers, k.control, k.domains, k.domain_info, k.queue_tails,
-        ]
+        self._fixed_keys = [getattr(keys, name) for name in SYNC_KEYS]
+
+    def _head(self, batch: SyncBatch, now: float | None, mode: str) -> list[Any]:
+        head = {
+            "now": "" if now is None else repr(now), "worker": self.worker_id,
+            "lease_seconds": repr(self.lease_seconds), "lease": batch.lease, "order": self.sequence,
+            "politeness": self.politeness, "seed": self._rng.randrange(2**31),
+            "heartbeat": "1" if self.heartbeat else "0", "max_entry_bytes": self.max_entry_bytes,
+            "rejected_maxlen": self.rejected_maxlen, "dead_maxlen": self.dead_maxlen, "dupe_mode": mode,
+        }
+        return [head[name] for name in SYNC_HEAD]
 
     async def sync(self, batch: SyncBatch, now: float | None = None) -> SyncResult:
-        """Send ``batch`` in one atomic script call (retried with more bloom keys if the chain grew)."""
+        """Send ``batch`` in one atomic script call (retried with more bloom keys if the chain grew).
+
+        Raises :class:`FrontierStateError` when the script refused to write (see its ``reason``)."""
         df = self.dupefilter
-        body = self._body(batch, time.time() if now is None else now)
+        body = encode_sync_sections(batch, time.time() if now is None else now, self._polite)
         for _ in range(64):
             if df is not None:
                 dkeys, params = df.script_keys_params(len(batch.enqueue))
                 mode = df.mode
             else:
                 dkeys, params, mode = [self.keys.fingerprints], [], "none"
-            args = [
-                "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), batch.lease,
-                self.sequence, self.politeness, self._rng.randrange(2**31), mode, len(params), *params,
-                *body,
-            ]
+            args = [*self._head(batch, now, mode), len(params), *params, *body]
             raw = await self._script(keys=self._fixed_keys + dkeys, args=args)
-            if raw[0] == -1:
+            if isinstance(raw, list) and len(raw) == 2 and raw[0] == -1:
                 if df is None:
                     raise FrontierScriptError("sync script asked for bloom keys without a bloom filter")
                 df.observe(int(raw[1]))
                 continue
-            return self._result(raw, len(batch.enqueue))
+            result = decode_sync_result(raw, len(batch.enqueue))
+            if df is not None:
+                df.observe(result.bloom_n)
+            return result
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
-
-    def _body(self, b: SyncBatch, now: float) -> list[Any]:
-        polite = self._polite
-        out: list[Any] = [len(b.enqueue)]
-        for t1, t2, score, payload, domain, limits in b.enqueue:
-            out += [t1, t2, repr(float(score)), payload]
-            if polite:
-                out += [domain, limits]
-        out.append(len(b.ack))
-        out += b.ack
-        out.append(len(b.renew))
-        out += b.renew
-        out.append(len(b.release))
-        out += b.release
-        out.append(len(b.delay))
-        for score, payload, not_before, domain, limits in b.delay:
-            out += [repr(float(score)), payload, repr(max(0.0, float(not_before) - now))]
-            if polite:
-                out += [domain, limits]
-        out.append(len(b.reject))
-        for member, record in b.reject:
-            out += [member, record]
-        out.append(len(b.dead))
-        out += b.dead
-        out.append(len(b.penalize))
-        for domain, seconds in b.penalize:
-            out += [domain, repr(float(seconds))]
-        if not self.heartbeat:
-            out.append("0")
-        return out
 
     def payload_of(self, member: bytes) -> bytes:
         """The encoded request inside a queue member."""
         if self._polite:
             return member[member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES :]
         return member[SEQ_BYTES:]
-
-    def _result(self, raw: list[Any], n_enqueue: int) -> SyncResult:
-        flags = raw[0].decode() if isinstance(raw[0], bytes) else str(raw[0] or "")
-        if len(flags) != n_enqueue:
-            raise FrontierScriptError(f"sync returned {len(flags)} flags for {n_enqueue} requests")
-        flat = raw[1]
-        leased = [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
-        if self.dupefilter is not None:
-            self.dupefilter.observe(int(raw[7]))
-        paused = raw[8] in (b"1", "1")
-        return SyncResult(
-            [f == "1" for f in flags], leased, int(raw[2]), int(raw[3]), int(raw[4]), int(raw[5]),
-            int(raw[6]), int(raw[7]), paused, int(raw[9]) if len(raw) > 9 else 0,
-        )

@@ -228,11 +228,6 @@ class CrawlKeys:
         return self._k("errors:examples")
 
     @property
-    def sweep_lock(self) -> str:
-        """STRING lock (SET NX PX) held by the one process moving due work."""
-        return self._k("lock:sweep")
-
-    @property
     def cookies(self) -> str:
         """HASH cookiejar name -> last write (unix seconds): the index of the shared cookie jars."""
         return self._k("cookies")

@@ -108,3 +108,23 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
         })
     rows.sort(key=lambda r: (r["backlog"], r["in_flight"]), reverse=True)
     return rows[:limit]
+
+
+def penalty_seconds(
+    status: int, retry_after: bytes | None, limit: DomainLimit | None, now: float
+) -> float | None:
+    """How long the whole crawl stays off a domain after a response of ``status`` (``None``: no penalty).
+
+    429 and 503 push the domain's next allowed fetch back by ``Retry-After`` when the server gives one,
+    else by twice the domain's delay (at least a second); never more than an hour.
+    """
+    if status not in (429, 503):
+        return None
+    seconds = max(1.0, 2 * limit.delay) if limit else 1.0
+    if retry_after:
+        from scrapy_dist.retrytiming import parse_retry_after
+
+        parsed = parse_retry_after(retry_after, now=now)
+        if parsed is not None:
+            seconds = parsed
+    return min(seconds, 3600.0)

@@ -31,31 +31,43 @@ class QueueOrder(Protocol):
     def score(self, request: Request) -> float: ...
 
 
+def _start_offset(request: Request) -> float:
+    """Start requests yield to callback requests of equal priority, as in Scrapy >= 2.13 (whose
+    scheduler keeps them in separate start queues served after the others of the same priority):
+    half a priority step later, still before any lower priority."""
+    return START_REQUEST_OFFSET if request.meta.get("is_start_request") else 0.0
+
+
+#: added to the score of a start request (``meta["is_start_request"]``, set by Scrapy)
+START_REQUEST_OFFSET = 0.5
+
+
 class PriorityQueue:
-    """Higher ``request.priority`` first; FIFO within a priority."""
+    """Higher ``request.priority`` first; FIFO within a priority; start requests after the others of
+    their priority."""
 
     sequence = "asc"
 
     def score(self, request: Request) -> float:
-        return -request.priority
+        return -request.priority + _start_offset(request)
 
 
 class FifoQueue:
-    """First in, first out; priorities ignored."""
+    """First in, first out; priorities ignored; start requests after the others."""
 
     sequence = "asc"
 
     def score(self, request: Request) -> float:
-        return 0
+        return _start_offset(request)
 
 
 class LifoQueue:
-    """Last in, first out; priorities ignored."""
+    """Last in, first out; priorities ignored; start requests after the others."""
 
     sequence = "desc"
 
     def score(self, request: Request) -> float:
-        return 0
+        return _start_offset(request)
 
 
 #: scrapy-redis names, for ``SCHEDULER_QUEUE_CLASS`` values copied from a scrapy-redis project

@@ -47,7 +47,7 @@ class RateLimitedLog:
         self._in_window = 0
         self._suppressed = 0
 
-    def log(self, level: int, msg: str, *args: Any, now: float | None = None) -> bool:
+    def log(self, level: int, msg: str, *args: Any, now: float | None = None, **kwargs: Any) -> bool:
         """Log unless over the limit; returns whether it logged."""
         now = time.monotonic() if now is None else now
         if now - self._window_start >= self.period:
@@ -57,7 +57,7 @@ class RateLimitedLog:
             self._window_start, self._in_window, self._suppressed = now, 0, 0
         if self._in_window < self.burst:
             self._in_window += 1
-            self.logger.log(level, msg, *args)
+            self.logger.log(level, msg, *args, **kwargs)
             return True
         self._suppressed += 1
         return False

@@ -1,10 +1,12 @@
 """The one place for Lua: loads ``scrapy_dist/lua/*.lua`` and registers them with a client.
 
-Scripts are plain ``.lua`` files with a header naming KEYS, ARGV and the return value. ``dupe.lua`` is a
-fragment (the dupefilter's functions) prepended to the scripts that deduplicate, so the frontier's
-batched path and the dupefilter's own path run the very same code. redis-py's ``register_script`` gives
-EVALSHA with a transparent reload on NOSCRIPT. Every key a script touches is passed in KEYS and shares
-the crawl's hash tag, so the scripts run unchanged on Redis Cluster.
+Scripts are plain ``.lua`` files with a header naming KEYS, ARGV and the return value. Fragments (files
+of functions, not scripts on their own) are prepended to the scripts that use them, in the order of
+:data:`_FRAGMENTS`: ``dupe.lua`` (the dupefilter's functions) to the scripts that deduplicate, so the
+frontier's batched path and the dupefilter's own path run the very same code; ``sync.lua`` is its steps
+(``sync_common``, ``sync_check``, ``sync_sweep``, ``sync_enqueue``, ``sync_settle``, ``sync_lease``).
+redis-py's ``register_script`` gives EVALSHA with a transparent reload on NOSCRIPT. Every key a script
+touches is passed in KEYS and shares the crawl's hash tag, so the scripts run unchanged on Redis Cluster.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from typing import Any
 
 #: script name -> fragments prepended to it
 _FRAGMENTS = {
-    "sync": ("dupe", "polite"),
+    "sync": (
+        "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue", "sync_settle",
+        "sync_lease",
+    ),
     "dupe_batch": ("dupe",),
     "seeds_take": ("seeds_common",),
     "seeds_adopt": ("seeds_common",),

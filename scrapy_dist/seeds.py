@@ -15,18 +15,16 @@ Anything else raises :class:`~scrapy_dist.exceptions.RejectedEntry` whose ``reas
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import re
-import types
 import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from scrapy_dist.codec import spider_method
+from scrapy_dist.codec import check_header_names, check_meta_keys, spider_method, user_defined
 from scrapy_dist.exceptions import RejectedEntry
 
 if TYPE_CHECKING:
@@ -48,6 +46,10 @@ REASONS = {
     "header_injection": "CR, LF or NUL in a header (or cookie) name or value",
     "bad_body": "body is not a string",
     "bad_meta": "meta is not an object, or holds integers msgpack cannot store",
+    "meta_not_allowed": "a meta key SEEDS_META_ALLOWED does not allow (proxy, cookiejar, dont_*, _*, ...)",
+    "header_not_allowed": "a framing/routing header (Host, Content-Length, Proxy-*, ...), or a credential"
+    " header (Authorization, Cookie) SEEDS_HEADERS_ALLOWED does not name",
+    "offsite": "the URL's host is not in the spider's allowed_domains (dont_filter or not)",
     "bad_cb_kwargs": "cb_kwargs is not an object with identifier keys",
     "bad_priority": "priority is not an integer in the 32-bit range",
     "bad_callback": "callback is not a public method defined by the spider",
@@ -82,10 +84,12 @@ _SIMPLE_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#@\[\]]*@)?([A-Za-
 @dataclass(frozen=True)
 class SeedRules:
     """The limits every seed is checked against (``REDIS_START_URLS_MAX_BYTES``,
-    ``SCHEDULER_ALLOWED_SCHEMES``)."""
+    ``SCHEDULER_ALLOWED_SCHEMES``, ``SEEDS_META_ALLOWED``, ``SEEDS_HEADERS_ALLOWED``)."""
 
     max_bytes: int = 64 * 1024
     allowed_schemes: tuple[str, ...] = ("http", "https")
+    meta_allowed: tuple[str, ...] = ("*",)
+    headers_allowed: tuple[str, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Any) -> SeedRules:
@@ -98,6 +102,8 @@ class SeedRules:
                 s.lower()
                 for s in settings.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES)
             ),
+            meta_allowed=tuple(settings.getlist("SEEDS_META_ALLOWED", defaults.SEEDS_META_ALLOWED)),
+            headers_allowed=tuple(settings.getlist("SEEDS_HEADERS_ALLOWED", defaults.SEEDS_HEADERS_ALLOWED)),
         )
 
 
@@ -257,6 +263,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         seed.method = check_method(obj["method"])
     if "headers" in obj:
         seed.headers = check_headers(obj["headers"])
+        check_header_names(seed.headers, rules.headers_allowed)
     if "body" in obj:
         body = obj["body"]
         if not isinstance(body, str):
@@ -268,6 +275,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         if not isinstance(meta, dict):
             raise RejectedEntry("bad_meta", f"meta is a {_type(meta)}, expected an object")
         _check_json_value(meta, "bad_meta", "meta")
+        check_meta_keys(meta, rules.meta_allowed)
         seed.meta = meta
     if "cb_kwargs" in obj:
         kw = obj["cb_kwargs"]
@@ -401,26 +409,9 @@ def check_cookies(cookies: Any) -> dict[str, Any] | list[dict[str, Any]]:
 
 
 # -- callbacks ----------------------------------------------------------------------------------
-def _framework_module(module: str) -> bool:
-    return module.split(".", 1)[0] in ("scrapy", "scrapy_dist")
-
-
-def _user_defined(cls: type, name: str) -> bool:
-    """Whether ``name`` is a plain function defined by a class of the user's, not by Scrapy or
-    scrapy-dist: ``start``, ``log``, ``make_request_from_data``, ``Spider.parse`` (which only raises)
-    are methods of every spider, but no seed has any business calling them."""
-    if name.startswith("_") or not name.isidentifier():
-        return False
-    for klass in cls.__mro__:
-        if name in vars(klass):
-            value = inspect.getattr_static(klass, name)
-            return isinstance(value, types.FunctionType) and not _framework_module(klass.__module__)
-    return False
-
-
 def class_has_callback(spidercls: type) -> Callable[[str], bool]:
     """``has_callback`` for :func:`parse_seed` from a spider class (what the CLI has)."""
-    return lambda name: _user_defined(spidercls, name)
+    return lambda name: user_defined(spidercls, name)
 
 
 def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
@@ -431,7 +422,7 @@ def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
             spider_method(spider, name, "callback")
         except RejectedEntry:
             return False
-        return _user_defined(type(spider), name)
+        return user_defined(type(spider), name)
 
     return check
 
@@ -439,7 +430,7 @@ def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
 def resolve_callback(spider: Spider, name: str, what: str) -> Any:
     """The bound method ``name`` of ``spider`` (validated as in :func:`spider_has_callback`)."""
     method = spider_method(spider, name, what)
-    if not _user_defined(type(spider), name):
+    if not user_defined(type(spider), name):
         raise RejectedEntry(f"bad_{what}", f"{name!r} is not a callback method defined by the spider")
     return method
 

@@ -38,11 +38,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from scrapy import Request, Spider, signals
 from scrapy.spiders import CrawlSpider
 
-from scrapy_dist import connection, defaults, scripts
+from scrapy_dist import _engine, connection, defaults, scripts
+from scrapy_dist.codec import check_offsite
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.keys import CrawlKeys, crawl_keys
 from scrapy_dist.rejections import RateLimitedLog, rejection_record
-from scrapy_dist.scheduler import get_scheduler, make_worker_id
+from scrapy_dist.scheduler import Scheduler, get_scheduler, make_worker_id
 from scrapy_dist.seeds import (
     SeedRules,
     parse_seed,
@@ -193,22 +194,10 @@ class _Taken:
     mark: float
 
 
-def _flushed_since(scheduler: Any, mark: float) -> bool:
-    """Whether every request handed to ``scheduler.enqueue_request`` before ``mark`` (monotonic) is in
-    Redis.
-
-    The scheduler sends its whole buffer of discovered requests with every sync and records in
-    ``_last_sync`` the time, taken just before it took that buffer, of its last successful sync (a
-    failed sync puts the buffer back for the next). So ``_last_sync > mark`` means a sync that took
-    everything enqueued before ``mark`` has succeeded. Private attribute: see the report asking for a
-    public hook (``Scheduler.flushed_since(mark)``).
-    """
-    if scheduler is None:
-        return True
-    public = getattr(scheduler, "flushed_since", None)
-    if public is not None:
-        return bool(public(mark))
-    return float(getattr(scheduler, "_last_sync", mark + 1)) > mark
+def _flushed_since(scheduler: Scheduler | None, mark: float) -> bool:
+    """Whether every request handed to the scheduler before ``mark`` (monotonic) is in Redis (with
+    another scheduler than scrapy-dist's, a request counts as done once the engine has it)."""
+    return scheduler is None or scheduler.flushed_since(mark)
 
 
 class SeedFeed:
@@ -504,6 +493,7 @@ class SeedFeed:
                     "bad_hook_result", f"make_request_from_data returned a {type(request).__name__}"
                 )
             validate_url(request.url, self.rules)
+            check_offsite(request.url, self.spider)  # dont_filter must not get a seed past allowed_domains
             if score is not None and not request.priority:
                 request = request.replace(priority=priority_from_score(score))
             return request
@@ -576,11 +566,7 @@ def _frontier_idle(crawler: Crawler) -> bool:
     sched = get_scheduler(crawler)
     if sched is not None:
         return not sched.has_pending_requests()
-    engine = crawler.engine
-    slot = getattr(engine, "_slot", None)
-    if engine is None or slot is None:
-        return True
-    return not slot.scheduler.has_pending_requests() and not engine.downloader.active
+    return _engine.locally_idle(crawler)
 
 
 class RedisMixin:

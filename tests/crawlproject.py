@@ -179,6 +179,8 @@ def make_project(root: Path, settings: dict[str, Any] | None = None, spiders: st
             TELNETCONSOLE_ENABLED = False
             EXTENSIONS = {"proj.stats_ext.DumpStats": 0}
             REQUEST_FINGERPRINTER_IMPLEMENTATION = "2.7"
+            # the tests crawl sites on 127.0.0.1, which the default SCHEDULER_DENY_NETWORKS refuses
+            SCHEDULER_DENY_NETWORKS = []
             """
         )
     )

@@ -198,4 +198,6 @@ def test_singles_written_by_others_mix_with_chunks(redis_url: str, redis_client:
     res = run(go())
     got = _payloads(res)
     assert got[0] == b"\x01outside" and b"mine" in got
-    assert len(got) == 3  # the malformed chunk comes out as one entry, for the worker to reject
+    # the malformed chunk is rejected whole by the script, as one record (it is not handed out)
+    assert len(got) == 2 and res.rejected == 1
+    assert redis_client.llen(KEYS.queue_rejected) == 1

@@ -36,7 +36,6 @@ def test_per_crawl_key_names_are_exact() -> None:
     assert k.stats == "{books}:stats"
     assert k.control == "{books}:control"
     assert k.errors == "{books}:errors"
-    assert k.sweep_lock == "{books}:lock:sweep"
     assert k.cookies == "{books}:cookies"
 
 
@@ -73,7 +72,6 @@ def test_all_per_crawl_keys_share_one_hash_slot(prefix: str) -> None:
         k.bloom_block(3, 9),
         k.worker("w1"),
         k.errors,
-        k.sweep_lock,
         k.cookies,
     ]
     # The {spider} hash tag decides the slot (the first {...} of the key), whatever the prefix...

@@ -37,18 +37,11 @@ from twisted.internet.error import TimeoutError as TxTimeoutError
 
 from scrapy_dist import deadletter
 from scrapy_dist.codec import decode_request, encode_request
-from scrapy_dist.deadletter import (
-    backoff_delay,
-    dead_letter_record,
-    parse_record,
-    parse_retry_after,
-    reason_matches,
-    requeue_payload,
-    retry_delay,
-)
+from scrapy_dist.deadletter import dead_letter_record, parse_record, reason_matches, requeue_payload
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.middlewares import HttpErrorMiddleware, RetryMiddleware, RetryScheduled
+from scrapy_dist.retrytiming import backoff_delay, parse_retry_after, retry_delay
 from scrapy_dist.scheduler import Scheduler
 
 NOW = 1_700_000_000.0
@@ -179,12 +172,11 @@ def _middleware(
     crawler.spider = crawler._create_spider()
     scheduler = None
     if with_scheduler:
-        scheduler = Scheduler(crawler, BaseDupeFilter())
+        # never opened: what it is asked to write stays in its ledger, where the test reads it
+        scheduler = Scheduler(BaseDupeFilter(), CrawlKeys("retry"), {}, stats=crawler.stats)
         scheduler.spider = crawler.spider
-    # what get_scheduler() sees of a running engine (Scrapy's own scheduler when with_scheduler is off)
-    running = object() if scheduler is None else scheduler
-    crawler.engine = SimpleNamespace(_slot=SimpleNamespace(scheduler=running))
     mw = RetryMiddleware.from_crawler(crawler)
+    mw.dead_letters.scheduler_of = lambda: scheduler
     mw.clock = lambda: NOW
     mw.rng = lambda: 0.0
     return mw, scheduler, crawler
@@ -202,7 +194,8 @@ def test_retryable_status_is_delayed_in_the_frontier_and_ends_the_attempt_quietl
         mw.process_response(request, _response(request, 503))
     assert isinstance(info.value, IgnoreRequest)  # Scrapy neither logs nor counts it as an error
     assert request.errback is None  # the errback is for the final failure only (the copy keeps it)
-    [(score, payload, not_before, _, _)] = scheduler._delays
+    [delay] = scheduler.ledger.delays
+    score, payload, not_before = delay.score, delay.payload, delay.not_before
     assert not_before == NOW + 0.5
     retry = decode_request(payload, crawler.spider)
     assert retry.meta["retry_times"] == 1 and retry.dont_filter and retry.errback == crawler.spider.failed
@@ -224,7 +217,7 @@ def test_retry_after_sets_the_delay_and_backoff_grows() -> None:
     capped = Request("https://e.com/c")
     with pytest.raises(RetryScheduled):
         mw.process_response(capped, _response(capped, 503, {"Retry-After": "3600"}))
-    assert [nb - NOW for _, _, nb, *_ in scheduler._delays] == [30, 1.0, 60]
+    assert [d.not_before - NOW for d in scheduler.ledger.delays] == [30, 1.0, 60]
 
 
 def test_exhausted_retries_are_dead_lettered_once() -> None:
@@ -237,7 +230,7 @@ def test_exhausted_retries_are_dead_lettered_once() -> None:
     from scrapy.spidermiddlewares.httperror import HttpError
 
     assert httperror.process_spider_exception(response, HttpError(response)) == ()
-    [record] = scheduler._dead
+    [record] = scheduler.ledger.dead
     letter = parse_record(record.encode())
     assert (letter.reason, letter.attempts, letter.status) == ("500", 3, 500)
     assert letter.worker == scheduler.worker_id
@@ -258,7 +251,8 @@ def test_final_failures_that_are_not_retried() -> None:
     mw.spider_error(
         SimpleNamespace(value=ValueError("bug")), _response(failing_callback, 200), crawler.spider
     )
-    reasons = [(r.url, r.reason, r.status) for r in map(parse_record, (d.encode() for d in scheduler._dead))]
+    letters = [parse_record(d.encode()) for d in scheduler.ledger.dead]
+    reasons = [(r.url, r.reason, r.status) for r in letters]
     assert reasons == [
         ("https://e.com/1", "twisted.internet.error.TimeoutError", None),
         ("https://e.com/2", "scrapy.exceptions.IgnoreRequest", None),
@@ -270,7 +264,7 @@ def test_ignored_requests_are_not_dead_lettered_by_default() -> None:
     mw, scheduler, _ = _middleware()
     assert scheduler is not None
     assert mw.process_exception(Request("https://e.com/"), IgnoreRequest()) is None
-    assert scheduler._dead == []
+    assert scheduler.ledger.dead == []
 
 
 def test_without_the_scrapy_dist_scheduler_it_retries_at_once_like_scrapy() -> None:

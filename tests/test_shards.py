@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -39,7 +38,8 @@ class _Spider(Spider):
 
 
 async def _open(redis_url: str, shards: int = 3, **settings: Any) -> Scheduler:
-    """An opened scheduler whose rounds the test drives itself (its background task is stopped)."""
+    """An opened scheduler whose rounds the test drives itself (no background task, no engine: a request
+    handed out counts as finished at the next collection)."""
     crawler = get_crawler(
         _Spider,
         {
@@ -53,16 +53,15 @@ async def _open(redis_url: str, shards: int = 3, **settings: Any) -> Scheduler:
     )
     crawler.spider = crawler._create_spider()
     sched = Scheduler.from_crawler(crawler)
-    # what the scheduler sees of a running engine: nothing in progress, no engine loop to wake
-    crawler.engine = SimpleNamespace(_slot=SimpleNamespace(inprogress=set(), nextcall=None, scheduler=sched))
-    sched.spider = crawler.spider
-    await sched._open()
-    sched._closing = True
-    assert sched._wakeup is not None and sched._task is not None
-    sched._wakeup.set()
-    await sched._task
-    sched._closing = False
+    await sched.open_async(crawler.spider, start=False)
     return sched
+
+
+async def _round(sched: Scheduler, lease: int = 0) -> BaseException | None:
+    """One round of ``sched`` with every shard, after collecting the requests handed out."""
+    assert sched.loop is not None
+    sched.loop.collect_finished(0.0)
+    return await sched.loop.round(lease, renew=False)
 
 
 def _urls(n: int, tag: str = "p") -> list[str]:
@@ -106,7 +105,7 @@ def test_requests_go_to_the_shard_of_their_fingerprint(redis_url: str, redis_cli
         sched = await _open(redis_url)
         for url in _urls(90):
             assert sched.enqueue_request(Request(url))
-        assert await sched._round(lease=0, renew=False) is None
+        assert await _round(sched) is None
         await sched.redis.aclose()
         return sched
 
@@ -129,7 +128,7 @@ def test_the_same_url_from_two_workers_is_admitted_once(redis_url: str, redis_cl
         for s in (a, b):
             for url in _urls(60):
                 s.enqueue_request(Request(url))
-        await asyncio.gather(a._round(0, False), b._round(0, False))
+        await asyncio.gather(_round(a), _round(b))
         stats = a.stats.get_value("scheduler/enqueued", 0), b.stats.get_value("scheduler/enqueued", 0)
         filtered = a.stats.get_value("dupefilter/filtered", 0) + b.stats.get_value("dupefilter/filtered", 0)
         await a.redis.aclose()
@@ -153,9 +152,9 @@ def test_a_worker_starts_the_high_priority_requests_of_any_shard_first(
             producer.enqueue_request(Request(url, priority=0))
         for url in high:
             producer.enqueue_request(Request(url, priority=5))
-        await producer._round(0, False)
-        await worker._round(0, False)  # learns the queue lengths
-        await worker._round(100, False)
+        await _round(producer)
+        await _round(worker)  # learns the queue lengths
+        await _round(worker, 100)
         out = []
         while (r := worker.next_request()) is not None:
             out.append(r)
@@ -174,8 +173,8 @@ def test_acks_go_to_the_leasing_shard_after_the_output_has_landed(
 ) -> None:
     async def go() -> None:
         s = await _open_with(redis_url, _urls(30))
-        await s._round(0, False)
-        await s._round(100, False)
+        await _round(s)
+        await _round(s, 100)
         handed = []
         while (r := s.next_request()) is not None:
             handed.append(r)
@@ -184,14 +183,13 @@ def test_acks_go_to_the_leasing_shard_after_the_output_has_landed(
         # each finished request found a child (in whatever shard its fingerprint says)
         for r in handed:
             s.enqueue_request(Request(r.url + "/child"))
-        s._collect_finished()
-        await s._round(0, False)
+        await _round(s)
         # the children are in; the acks wait for a round that follows their landing
         assert sum(_queued(redis_client, k) for k in UNIT.shards(3)) == 30
         assert sum(redis_client.zcard(k.leases) for k in UNIT.shards(3)) == 30
-        await s._round(0, False)
+        await _round(s)
         assert sum(redis_client.zcard(k.leases) for k in UNIT.shards(3)) == 0
-        assert not s._held and not s._acks
+        assert not s.ledger.held and not s.ledger.acks
         await s.redis.aclose()
 
     run(go())
@@ -201,16 +199,15 @@ def test_an_ack_with_output_only_in_its_own_shard_is_sent_with_it(redis_url: str
     async def go() -> None:
         s = await _open(redis_url)
         s.enqueue_request(Request("http://site.test/one"))
-        await s._round(0, False)
-        await s._round(10, False)
+        await _round(s)
+        await _round(s, 10)
         r = s.next_request()
         assert r is not None
-        shard = s._handed[r][0]
+        shard = s.ledger.handed[r][0]
         child = next(u for u in _urls(100, "c") if shard_of(_fp(s, u), 3) == shard)
         s.enqueue_request(Request(child))
-        s._collect_finished()
-        await s._round(0, False)
-        assert not s._held  # one atomic call carried the child and the ack
+        await _round(s)
+        assert not s.ledger.held  # one atomic call carried the child and the ack
         await s.redis.aclose()
 
     run(go())
@@ -223,13 +220,13 @@ def test_expired_leases_of_a_dead_worker_in_shard_2_are_requeued(
 
     async def go() -> Any:
         dead, alive = await _open_with(redis_url, _urls(60)), await _open(redis_url)
-        await dead._round(0, False)
-        await dead._round(100, False)
+        await _round(dead)
+        await _round(dead, 100)
         held2 = redis_client.zcard(shard2.leases)
         assert held2 > 0 and redis_client.zcard(shard2.queue) == 0
         # the dead worker's leases in shard 2 run out (deadline moved into the past instead of waiting)
         redis_client.zadd(shard2.leases, dict.fromkeys(redis_client.zrange(shard2.leases, 0, -1), 1.0))
-        await alive._round(0, False)
+        await _round(alive)
         requeued = alive.stats.get_value("scheduler/requeued/lease_expired")
         for s in (dead, alive):
             await s.redis.aclose()
@@ -247,22 +244,22 @@ def test_dead_letters_status_idle_and_flush_see_every_shard(
         s = await _open_with(redis_url, _urls(30))
         record = dead_letter_record(Request("http://site.test/dead"), reason="500", worker="w", status=500)
         s.dead_letter(record)
-        await s._round(0, False)
-        assert not s._empty_confirmed
-        assert not await shards_idle(s.redis, s.shard_keys)
+        await _round(s)
+        assert s.loop is not None and s.loop.state is not None
+        assert not s.loop.state.empty_confirmed
+        assert not await shards_idle(s.redis, s.layout.shard_keys)
         status = read_status(redis.Redis.from_url(redis_url), UNIT)
         assert status["shards"] == 3 and status["frontier"]["queued"] == 30
         assert status["filter"]["items"] == 30 and status["filter"]["shards"] == 3
         assert status["deadletter"] == 1
-        await s._round(100, False)
+        await _round(s, 100)
         while (r := s.next_request()) is not None:
             assert r
-        s._collect_finished()
-        await s._round(0, False)
-        await s._round(0, False)
+        await _round(s)
+        await _round(s)
         assert s.frontier_status == {"queued": 0, "inflight": 0, "delayed": 0}
-        assert s._empty_confirmed and not s.has_pending_requests()
-        assert await shards_idle(s.redis, s.shard_keys)
+        assert s.loop.state.empty_confirmed and not s.has_pending_requests()
+        assert await shards_idle(s.redis, s.layout.shard_keys)
         await s.redis.aclose()
 
     run(go())

@@ -34,6 +34,7 @@ from scrapy.utils.misc import load_object
 
 from scrapy_dist import defaults, queue
 from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.codec import EntryPolicy
 from scrapy_dist.deadletter import DeadLetter, parse_record, reason_matches, requeue_payload
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import Frontier, SyncBatch
@@ -114,6 +115,7 @@ def _requeue_targets(
     order = queue_order(settings)
     schemes = tuple(settings.getlist("SCHEDULER_ALLOWED_SCHEMES", defaults.SCHEDULER_ALLOWED_SCHEMES))
     max_bytes = settings.getint("SCHEDULER_MAX_ENTRY_BYTES", defaults.SCHEDULER_MAX_ENTRY_BYTES)
+    policy = EntryPolicy.from_settings(settings)  # re-signs only records whose tag verifies
     ok: list[tuple[DeadLetter, bytes, float]] = []
     refused: list[tuple[DeadLetter, str]] = []
     for _, d in letters:
@@ -121,7 +123,7 @@ def _requeue_targets(
             refused.append((d, "the request could not be encoded when it failed"))
             continue
         try:
-            payload, priority = requeue_payload(d.payload, schemes, max_bytes)
+            payload, priority = requeue_payload(d.payload, schemes, max_bytes, policy)
         except RejectedEntry as exc:
             refused.append((d, str(exc)))
             continue

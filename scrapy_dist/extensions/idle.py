@@ -206,8 +206,7 @@ class IdleMonitor:
         engine = engine_of(self.crawler)
         if engine is None or engine.spider is None:
             return
-        slot = getattr(engine, "_slot", None)
-        if slot is not None and slot.closing is not None:
+        if _engine.is_closing(self.crawler):
             return
         logger.info("Closing: the crawl was closed crawl-wide (reason %s)", reason)
         self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))

@@ -32,7 +32,8 @@ for i = 1, h do
 end
 local applied = 0
 local seq = tonumber(ARGV[2])
-local done = tonumber(redis.call('HGET', KEYS[3], 'flush_seq') or '0')
+-- garbage in flush_seq (not a number) counts as 0: the flush is applied and the field repaired
+local done = tonumber(redis.call('HGET', KEYS[3], 'flush_seq') or '0') or 0
 if seq > done then
   applied = 1
   fields[#fields + 1] = 'flush_seq'; fields[#fields + 1] = ARGV[2]
@@ -40,12 +41,16 @@ if seq > done then
     local mode, name, value = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2]
     pos = pos + 3
     if mode == 'sum' then
-      if string.find(value, '[%.eEnN]') then
-        redis.call('HINCRBYFLOAT', KEYS[1], name, value)
-      else
-        -- the stored value may be a float already (the stat changed type): add as a float then
+      -- Scripts validate before they write: an increment Redis would refuse (a stored value that is not
+      -- a number) must not stop the call half way, so a refused increment stores the value instead.
+      local x = tonumber(value)
+      if x and x == x and x ~= math.huge and x ~= -math.huge then
         local ok = redis.pcall('HINCRBY', KEYS[1], name, value)
-        if type(ok) == 'table' and ok.err then redis.call('HINCRBYFLOAT', KEYS[1], name, value) end
+        if type(ok) == 'table' and ok.err then
+          -- a float value, or the stored value is a float already (the stat changed type)
+          ok = redis.pcall('HINCRBYFLOAT', KEYS[1], name, value)
+          if type(ok) == 'table' and ok.err then redis.call('HSET', KEYS[1], name, value) end
+        end
       end
     elseif mode == 'max' or mode == 'min' then
       local cur = redis.call('HGET', KEYS[1], name)

@@ -1,7 +1,8 @@
 -- Fragment (not a script on its own): the dupefilter used by sync.lua and dupe_batch.lua.
 --
 -- dupe_open(mode, key_index, params) prepares a filter; `params` is a flat list taken from ARGV:
---   mode "bloom": nfilters, window_bits, then per filter i (oldest first): m_i, k_i, cum_i, nblocks_i, wpb_i
+--   mode "bloom": nfilters, window_bits, max_items, then per filter i (oldest first): m_i, k_i, cum_i,
+--                 nblocks_i, wpb_i
 --                 where m_i = bits, k_i = hashes, cum_i = capacity of filters 0..i together, wpb_i =
 --                 windows per block. KEYS[key_index] is the bloom HASH (field "n" = items inserted), then
 --                 the block bitmaps of filter 0, filter 1, ... in order (nblocks_i keys each).
@@ -10,7 +11,12 @@
 -- dupe_add(d, t1, t2) test-and-sets one fingerprint and returns 1 if it was new, 0 if seen.
 --   bloom: t1, t2 are the fingerprint's two 46-bit hashes (decimal strings), see bloom_item() below.
 --   set:   t1 is the raw fingerprint.
--- dupe_can_insert(d, count) is false when `count` new items could need a filter whose keys were not passed.
+-- dupe_can_insert(d, count) is false when `count` new items could need a filter whose keys were not passed
+--   (or would take the filter past max_items: then d.err is set).
+-- d.err / d.err_detail (reason, key) are set when the recorded item count ("n" of the bloom HASH) is not
+--   a decimal integer in [0, max_items], or an insert would pass max_items (the bound bloom.py documents:
+--   a small multiple of the declared capacity); the caller then answers {-2, reason, detail} and
+--   writes nothing. Nothing here writes before dupe_add.
 -- dupe_contains(d, t1, t2) tests without adding (1 = probably seen).
 -- dupe_close(d) persists counters; returns the bloom item count (0 for other modes).
 --
@@ -27,13 +33,14 @@ local function dupe_open(mode, key_index, params)
   if mode ~= 'bloom' then return d end
   local nfilters = tonumber(params[1])
   d.wbits = tonumber(params[2])
+  d.max_items = tonumber(params[3])
   d.wbytes = d.wbits / 8
   d.filters = {}
   d.ready = {}
   d.kmax = 0
   local ki = key_index + 1
   for i = 1, nfilters do
-    local b = 2 + (i - 1) * 5
+    local b = 3 + (i - 1) * 5
     local f = {m = tonumber(params[b + 1]), k = tonumber(params[b + 2]), cum = tonumber(params[b + 3]),
                nb = tonumber(params[b + 4]), wpb = tonumber(params[b + 5]), key0 = ki}
     f.nwin = f.m / d.wbits
@@ -41,7 +48,11 @@ local function dupe_open(mode, key_index, params)
     ki = ki + f.nb
     d.filters[i] = f
   end
-  d.n = tonumber(redis.call('HGET', d.key, 'n') or '0')
+  local raw = redis.call('HGET', d.key, 'n') or '0'
+  d.n = string.match(raw, '^%d+$') and #raw <= 16 and tonumber(raw) or nil
+  if not d.n or d.n > d.max_items then
+    d.err, d.err_detail, d.n = 'bloom_n', d.key, 0
+  end
   d.n0 = d.n
   d.cur = 1
   while d.cur <= nfilters and d.filters[d.cur].cum <= d.n do d.cur = d.cur + 1 end
@@ -50,6 +61,10 @@ end
 
 local function dupe_can_insert(d, count)
   if d.mode ~= 'bloom' then return true end
+  if d.n + count > d.max_items then
+    d.err, d.err_detail = 'bloom_bound', d.key
+    return false
+  end
   local last = #d.filters
   return d.filters[last].cum > d.n + count or false
 end

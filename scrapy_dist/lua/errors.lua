@@ -34,7 +34,11 @@ local n = tonumber(ARGV[9])
 local pos = 10
 for i = 1, n do
   local count = tonumber(ARGV[pos + 1])
-  if count ~= 0 then redis.call('HINCRBY', KEYS[1], bucket .. '|' .. ARGV[pos], count) end
+  if count ~= 0 then
+    -- a stored counter that is not an integer (garbage) is replaced, not a half-done call
+    local ok = redis.pcall('HINCRBY', KEYS[1], bucket .. '|' .. ARGV[pos], count)
+    if type(ok) == 'table' and ok.err then redis.call('HSET', KEYS[1], bucket .. '|' .. ARGV[pos], count) end
+  end
   pos = pos + 2
 end
 if n > 0 then  -- a call with nothing to add only reads: it does not bring back a deleted window
@@ -60,7 +64,7 @@ for i = 1, #flat, 2 do
       stale[#stale + 1] = f
     else
       if not totals[name] then totals[name] = 0; order[#order + 1] = name end
-      totals[name] = totals[name] + tonumber(flat[i + 1])
+      totals[name] = totals[name] + (tonumber(flat[i + 1]) or 0)
     end
   end
 end

@@ -10,7 +10,8 @@
 local busy = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3])
 if busy > 0 then return {0, '', ''} end
 local cur = redis.call('HMGET', KEYS[4], 'close', 'close_at')
-if cur[1] and tonumber(cur[2] or '0') >= tonumber(ARGV[2]) then return {0, cur[1], cur[2]} end
+-- a close_at that is not a number (garbage) is not a decision of this crawl: it is overwritten
+if cur[1] and (tonumber(cur[2] or '0') or 0) >= tonumber(ARGV[2]) then return {0, cur[1], cur[2]} end
 local t = redis.call('TIME')
 local now_s = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1e6)
 redis.call('HSET', KEYS[4], 'close', ARGV[1], 'close_at', now_s)

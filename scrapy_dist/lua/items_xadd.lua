@@ -6,6 +6,10 @@
 -- ARGV[3..] encoded items, in order
 -- Returns the number of entries added.
 local field = ARGV[2]
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'none' and t ~= 'stream' then
+  return redis.error_reply('WRONGTYPE scrapy-dist: ' .. KEYS[1] .. ' must be a STREAM')
+end
 if ARGV[1] == '' then
   for i = 3, #ARGV do
     redis.call('XADD', KEYS[1], '*', field, ARGV[i])

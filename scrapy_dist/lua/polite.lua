@@ -12,7 +12,22 @@
 -- even when a leased request waits in a worker's prefetch buffer.
 
 local BLOCKED = 1e15
-local pol = {touched = {}}
+local pol = {touched = {}, checked = {}}
+
+-- Scripts validate before they write: the first time a call touches a domain, its counters b: and i:
+-- must be integers Redis can HINCRBY (|x| < 2^52) and n: a finite number; garbage is reset to 0 (the
+-- counters heal: pol_lease resets a backlog that finds nothing). One HMGET per domain per call.
+local function pol_check(info_key, dom)
+  if pol.checked[dom] then return end
+  pol.checked[dom] = true
+  local v = redis.call('HMGET', info_key, 'b:' .. dom, 'i:' .. dom, 'n:' .. dom)
+  for i, name in ipairs({'b:', 'i:'}) do
+    local x = v[i]
+    if x and not (string.match(x, '^%-?%d+$') and #x <= 16) then redis.call('HSET', info_key, name .. dom, 0) end
+  end
+  local n = v[3] and tonumber(v[3])
+  if v[3] and not (n and n == n and n > -1e15 and n < 1e15) then redis.call('HSET', info_key, 'n:' .. dom, 0) end
+end
 
 local function pol_domain(member)
   return string.match(member, '^([^%z]*)%z')
@@ -27,12 +42,14 @@ end
 
 -- Count a change of backlog (db) and slots in use (di) for a domain; rescheduled in pol_flush.
 local function pol_count(info_key, dom, db, di)
+  pol_check(info_key, dom)
   if db ~= 0 then redis.call('HINCRBY', info_key, 'b:' .. dom, db) end
   if di ~= 0 then redis.call('HINCRBY', info_key, 'i:' .. dom, di) end
   pol.touched[dom] = true
 end
 
 local function pol_push_next(info_key, dom, t)
+  pol_check(info_key, dom)
   local cur = tonumber(redis.call('HGET', info_key, 'n:' .. dom) or '0')
   if t > cur then redis.call('HSET', info_key, 'n:' .. dom, t) end
   pol.touched[dom] = true
@@ -72,12 +89,15 @@ local function pol_flush(domains_key, info_key, now)
 end
 
 -- Lease up to n requests from domains that may be fetched now; returns a flat list member, score.
+-- on_lease(m) takes a member out of the queue into a lease and returns true, or returns false when it
+-- refused the member (rejected it: it leaves the queue without taking a slot).
 local function pol_lease(queue_key, domains_key, info_key, n, now, on_lease)
   local out = {}
   local got = 0
   local ready = redis.call('ZRANGEBYSCORE', domains_key, '-inf', now, 'LIMIT', 0, 256)
   for _, dom in ipairs(ready) do
     if got >= n then break end
+    pol_check(info_key, dom)
     local delay, conc, jitter = pol_limits(info_key, dom)
     local can = n - got
     if conc > 0 then
@@ -87,17 +107,20 @@ local function pol_lease(queue_key, domains_key, info_key, n, now, on_lease)
     if delay > 0 then can = math.min(can, 1) end
     if can > 0 then
       local ms = redis.call('ZRANGEBYLEX', queue_key, '[' .. dom .. '\0', '(' .. dom .. '\1', 'LIMIT', 0, can)
+      local taken = 0
       for _, m in ipairs(ms) do
         redis.call('ZREM', queue_key, m)
-        on_lease(m)
-        out[#out + 1] = m; out[#out + 1] = '0'
-        got = got + 1
+        if on_lease(m) then
+          out[#out + 1] = m; out[#out + 1] = '0'
+          got = got + 1
+          taken = taken + 1
+        end
       end
       if #ms == 0 then
         redis.call('HSET', info_key, 'b:' .. dom, 0)  -- heal a drifted counter rather than spin on it
       else
-        pol_count(info_key, dom, -#ms, #ms)
-        if delay > 0 then pol_push_next(info_key, dom, now + delay + pol_jitter(delay, jitter)) end
+        pol_count(info_key, dom, -#ms, taken)
+        if delay > 0 and taken > 0 then pol_push_next(info_key, dom, now + delay + pol_jitter(delay, jitter)) end
       end
     end
     pol.touched[dom] = true

@@ -29,6 +29,14 @@ local kind = ARGV[4]
 local count = tonumber(ARGV[5])
 local mode = ARGV[6]
 
+-- Read before the first write: a processing LIST or workers ZSET of another type would make the RPUSH
+-- of popped seeds fail after the pop (seeds lost), so the call is refused first, nothing written.
+local ptype = redis.call('TYPE', KEYS[2])['ok']
+local wtype = redis.call('TYPE', KEYS[3])['ok']
+if (ptype ~= 'none' and ptype ~= 'list') or (wtype ~= 'none' and wtype ~= 'zset') then
+  return redis.error_reply('WRONGTYPE scrapy-dist: ' .. KEYS[2] .. ' must be a LIST and ' .. KEYS[3] .. ' a ZSET')
+end
+
 local status = 'ok'
 if ARGV[7] == '1' and not redis.call('ZSCORE', KEYS[3], worker) then status = 'lost' end
 

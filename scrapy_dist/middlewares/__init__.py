@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from scrapy_dist.middlewares.cookies import SharedCookiesMiddleware
+    from scrapy_dist.middlewares.credentials import AddedCredentialsMiddleware, ScheduledHeadersMiddleware
     from scrapy_dist.middlewares.httperror import HttpErrorMiddleware
+    from scrapy_dist.middlewares.networks import DenyNetworksMiddleware
     from scrapy_dist.middlewares.retry import RetryMiddleware, RetryScheduled
 
 #: public name -> module under scrapy_dist.middlewares (add one line per middleware)
@@ -17,6 +19,9 @@ _EXPORTS = {
     "RetryMiddleware": "retry",
     "RetryScheduled": "retry",
     "HttpErrorMiddleware": "httperror",
+    "ScheduledHeadersMiddleware": "credentials",
+    "AddedCredentialsMiddleware": "credentials",
+    "DenyNetworksMiddleware": "networks",
 }
 
 # keep in step with _EXPORTS
@@ -25,6 +30,9 @@ __all__ = [
     "RetryMiddleware",
     "RetryScheduled",
     "HttpErrorMiddleware",
+    "ScheduledHeadersMiddleware",
+    "AddedCredentialsMiddleware",
+    "DenyNetworksMiddleware",
 ]
 
 

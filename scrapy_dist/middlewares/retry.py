@@ -55,8 +55,11 @@ from scrapy.utils.python import global_object_name
 from scrapy.utils.response import response_status_message
 
 from scrapy_dist import defaults
-from scrapy_dist.deadletter import dead_letter_record, retry_delay
+from scrapy_dist.codec import entry_policy
+from scrapy_dist.deadletter import dead_letter_record
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.middlewares.credentials import as_scheduled
+from scrapy_dist.retrytiming import retry_delay
 from scrapy_dist.scheduler import get_scheduler
 
 if TYPE_CHECKING:
@@ -90,8 +93,10 @@ class DeadLetterWriter:
     Stats: ``deadletter/count``, ``deadletter/reason_count/<reason>``.
     """
 
-    def __init__(self, crawler: Crawler) -> None:
+    def __init__(self, crawler: Crawler, scheduler_of: Callable[[], Any] | None = None) -> None:
         self.crawler = crawler
+        #: the running scrapy-dist scheduler, or None (injectable: tests pass an opened scheduler)
+        self.scheduler_of: Callable[[], Any] = scheduler_of or (lambda: get_scheduler(crawler))
         self._warned = False
 
     def write(
@@ -106,7 +111,7 @@ class DeadLetterWriter:
         """Dead-letter ``request``; ``False`` if it already was, or if there is no frontier to keep it."""
         if request in _dead_lettered:
             return False
-        scheduler = get_scheduler(self.crawler)
+        scheduler = self.scheduler_of()
         if scheduler is None:
             if not self._warned:
                 self._warned = True
@@ -124,6 +129,7 @@ class DeadLetterWriter:
             status=status,
             detail=detail,
             attempts=attempts,
+            policy=entry_policy(self.crawler),
         )
         scheduler.dead_letter(record)
         _dead_lettered.add(request)
@@ -261,7 +267,7 @@ class RetryMiddleware:
         if new is None:
             self.dead_letters.write(request, dead_reason, status=status, detail=detail or str(reason))
             return None
-        scheduler = get_scheduler(self.crawler)
+        scheduler = self.dead_letters.scheduler_of()
         if scheduler is None:
             return new  # Scrapy's behaviour: retried at once, in this process
         now = self.clock()
@@ -274,7 +280,9 @@ class RetryMiddleware:
             now=now,
             rng=self.rng,
         )
-        if not scheduler.delay_request(new, not_before=now + delay, reason=dead_reason):
+        # persisted as scheduled: no Authorization/Cookie a downloader middleware added goes to Redis
+        persisted = as_scheduled(new, request)
+        if not scheduler.delay_request(persisted, not_before=now + delay, reason=dead_reason):
             return new  # cannot go to Redis (logged by the scheduler): retried at once, here
         assert self.crawler.stats is not None
         self.crawler.stats.inc_value("retry/delayed")

@@ -1,0 +1,193 @@
+"""A crawl's layout in Redis: its shards, their keys and dupefilters -- joined at start, removed at the end.
+
+* :meth:`CrawlLayout.join` (worker start, synchronous, before the reactor's loop runs a round): queue
+  entries are laid out differently with crawl-wide politeness, and a request's shard depends on N, so a
+  crawl has one ``SCHEDULER_POLITENESS`` mode and one ``SCHEDULER_SHARDS`` N, recorded in its control
+  hash by its first worker; a worker that differs is refused with one line.
+* :meth:`CrawlLayout.delete` (``SCHEDULER_FLUSH_ON_START``): every shard's keys, of this worker's N and of
+  the crawl's recorded N (a crawl restarted with another N leaves nothing behind).
+* :meth:`CrawlLayout.finish` (``SCHEDULER_PERSIST = False``): the last worker to leave a finished crawl
+  removes its keys.
+* :meth:`CrawlLayout.filter_stats`: the dupefilter figures for the stats, summed over the shards.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist import scripts
+from scrapy_dist.exceptions import ScrapyDistError, ShardingRefused
+from scrapy_dist.frontier import shards_idle
+
+if TYPE_CHECKING:
+    from scrapy_dist.keys import CrawlKeys
+
+logger = logging.getLogger(__name__)
+
+#: keys deleted per DEL command
+_DELETE_BATCH = 100
+
+
+def _count(raw: Any) -> int:
+    """A counter read from Redis (untrusted): garbage counts as 0."""
+    try:
+        value = int(raw or 0)
+    except (TypeError, ValueError):
+        return 0
+    return max(0, value)
+
+
+class CrawlLayout:
+    """The shards of one crawl (``keys.shards(n)``) and the dupefilter of each."""
+
+    def __init__(
+        self, keys: CrawlKeys, dupefilter: Any, shards: int = 1, politeness: str = "process"
+    ) -> None:
+        self.keys = keys
+        self.df = dupefilter
+        self.shards = shards
+        self.politeness = politeness
+        #: the keys of every shard; shard 0 is the crawl's own keys
+        self.shard_keys = keys.shards(shards)
+        #: one dupefilter per shard (the crawl's own dupefilter with one shard)
+        self.shard_dfs: list[Any] = [dupefilter]
+
+    # -- start ----------------------------------------------------------------------------------------
+    def check_combination(self) -> None:
+        """Refuse what no crawl can run (raises :class:`ShardingRefused`)."""
+        if self.shards > 1 and self.politeness == "cluster":
+            # polite.lua keeps a domain's backlog, slots and next allowed time in one hash that every
+            # lease of that domain reads and writes atomically; with shards a domain's requests sit in
+            # several slots, so no single script could enforce its limits
+            raise ShardingRefused(
+                f"SCHEDULER_SHARDS={self.shards} cannot be combined with SCHEDULER_POLITENESS='cluster':"
+                " a domain's timing state must live in one hash slot. Use SCHEDULER_SHARDS=1 or"
+                " SCHEDULER_POLITENESS='process'."
+            )
+
+    def join(self, client: Any, batched: bool) -> None:
+        """Record or check the crawl's mode and N (one round trip), then open every shard's dupefilter.
+
+        ``batched``: the dupefilter is a scrapy-dist one (each shard gets its own). Raises
+        :class:`ScrapyDistError` with one line when this worker cannot join.
+        """
+        keys = self.keys
+        pipe = client.pipeline(transaction=False)
+        pipe.hsetnx(keys.control, "politeness", self.politeness)
+        pipe.hsetnx(keys.control, "shards", self.shards)
+        pipe.hmget(keys.control, ["politeness", "shards"])
+        mode, shards = pipe.execute()[-1]
+        if shards is not None and not shards.isdigit():
+            raise ScrapyDistError(
+                f"{keys.control!r} holds an invalid shards field"
+                f" {shards[:40].decode(errors='replace')!r}; start afresh (SCHEDULER_FLUSH_ON_START)"
+            )
+        if mode is not None and mode.decode(errors="replace") != self.politeness:
+            raise ScrapyDistError(
+                f"The crawl {keys.spider!r} runs with SCHEDULER_POLITENESS={mode.decode(errors='replace')!r};"
+                f" this worker has {self.politeness!r}. Use the crawl's mode, or start afresh"
+                " (SCHEDULER_FLUSH_ON_START)."
+            )
+        if shards is not None and int(shards) != self.shards:
+            raise ShardingRefused(
+                f"The crawl {keys.spider!r} runs with SCHEDULER_SHARDS={int(shards)}; this worker has"
+                f" {self.shards}. Every worker of a crawl must use the same number of shards (use"
+                f" {int(shards)}, or start afresh with SCHEDULER_FLUSH_ON_START)."
+            )
+        if self.shards > 1 and batched:
+            self.shard_dfs = [self.df.for_shard(k, self.shards) for k in self.shard_keys]
+        if hasattr(self.df, "open"):
+            for df in self.shard_dfs:
+                df.open()
+
+    def backlog(self, client: Any) -> tuple[int, int]:
+        """(requests queued, leased or delayed; fingerprints remembered) over every shard: what a worker
+        joining the crawl finds (one pipelined round trip)."""
+        pipe = client.pipeline(transaction=False)
+        for k in self.shard_keys:
+            pipe.hget(k.queue_tails, "count")  # queue members may be chunks of several requests
+            pipe.zcard(k.queue)
+            pipe.zcard(k.leases)
+            pipe.zcard(k.delayed)
+            pipe.hget(k.bloom, "n")
+            pipe.scard(k.fingerprints)
+        replies = pipe.execute()
+        pending = remembered = 0
+        for i in range(0, len(replies), 6):
+            counted, members, leased, delayed, bloom_n, fps = replies[i : i + 6]
+            pending += max(_count(counted), members) + leased + delayed
+            remembered += _count(bloom_n) + fps
+        return pending, remembered
+
+    # -- keys -----------------------------------------------------------------------------------------
+    @staticmethod
+    def key_names(keys: CrawlKeys, df: Any) -> list[str]:
+        """Every key of one shard (all of the crawl's frontier keys for shard 0), bloom blocks included."""
+        names = keys.frontier_keys()
+        plan = getattr(df, "plan", None)
+        if plan is not None:
+            n = max(getattr(df, "n", 0), plan.capacity)
+            names += [keys.bloom_block(f, b) for f, b in plan.block_coords(n)]
+        return names
+
+    def layouts(self, shards: int) -> list[tuple[CrawlKeys, Any]]:
+        """(keys, dupefilter) of every shard of a frontier of ``shards`` shards."""
+        if shards == 1:
+            return [(self.keys, self.df)]
+        if shards == self.shards and len(self.shard_dfs) == shards:
+            return list(zip(self.shard_keys, self.shard_dfs, strict=True))
+        split = getattr(self.df, "for_shard", None)
+        return [(k, split(k, shards) if split else self.df) for k in self.keys.shards(shards)]
+
+    def delete(self, client: Any) -> None:
+        """``SCHEDULER_FLUSH_ON_START``: delete every shard's keys (synchronous client)."""
+        recorded = client.hget(self.keys.control, "shards")
+        recorded_n = int(recorded) if recorded is not None and recorded.isdigit() else 1
+        for shards in sorted({self.shards, max(1, min(recorded_n, 1024))}):
+            for keys, df in self.layouts(shards):
+                names = self.key_names(keys, df)
+                for i in range(0, len(names), _DELETE_BATCH):
+                    client.delete(*names[i : i + _DELETE_BATCH])
+
+    # -- end ------------------------------------------------------------------------------------------
+    async def finish(self, redis: Any, worker_id: str, lease_seconds: float) -> None:
+        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys.
+
+        With shards, ``finish.lua`` can only see shard 0 (one slot): the other shards are first checked
+        empty with :func:`~scrapy_dist.frontier.shards_idle`, and deleted once shard 0's keys have been."""
+        keys = self.keys
+        if self.shards > 1 and not await shards_idle(redis, self.shard_keys):
+            await redis.zrem(keys.workers, worker_id)
+            return
+        layouts = self.layouts(self.shards)
+        script = scripts.register(redis, "finish")
+        first = [keys.workers, keys.queue, keys.leases, keys.delayed]
+        deleted = await script(
+            keys=first + [k for k in self.key_names(*layouts[0]) if k not in first],
+            args=[worker_id, repr(lease_seconds)],
+        )
+        if deleted:
+            for shard_keys, df in layouts[1:]:
+                names = self.key_names(shard_keys, df)
+                for i in range(0, len(names), _DELETE_BATCH):
+                    await redis.delete(*names[i : i + _DELETE_BATCH])
+            logger.info("SCHEDULER_PERSIST is off and the crawl has finished: removed its frontier keys")
+
+    def filter_stats(self) -> dict[str, float]:
+        """The dupefilter's figures for the stats, summed over the shards' filters."""
+        if self.shards == 1 or len(self.shard_dfs) == 1:
+            return dict(self.df.stats_snapshot()) if hasattr(self.df, "stats_snapshot") else {}
+        plans = [getattr(df, "plan", None) for df in self.shard_dfs]
+        if any(p is None for p in plans):
+            return {}
+        items = sum(df.n for df in self.shard_dfs)
+        capacity = sum(p.capacity for p in plans if p is not None)
+        return {
+            "dupefilter/bloom/items": items,
+            "dupefilter/bloom/fill_ratio": round(items / capacity, 6),
+            # a URL is looked up in one shard's filter only: the worst shard bounds the rate
+            "dupefilter/bloom/fpr_estimate": max(
+                p.false_positive_rate(df.n) for p, df in zip(plans, self.shard_dfs, strict=True) if p
+            ),
+        }

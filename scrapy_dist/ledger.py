@@ -1,0 +1,367 @@
+"""What one worker holds and owes the shared frontier: an I/O-free ledger.
+
+The scheduler's buffers, and every rule about them, live here; nothing in this module talks to Redis or
+to Scrapy's engine, and every method that needs the time takes ``now``, so the rules are unit-tested in
+milliseconds (tests/test_ledger.py). The :class:`~scrapy_dist.syncloop.SyncLoop` moves the ledger's
+contents to and from Redis:
+
+* **outgoing** -- discovered requests (:class:`Outgoing`), delayed retries, dead letters, rejections,
+  releases and politeness penalties wait here until the next round (:meth:`Ledger.take_batches`);
+* **ready** -- leased requests not yet handed to the engine (:class:`LeasedBuffer`), served highest
+  priority first, and **local** ones that could not be encoded (crawled by this worker only);
+* **handed** -- requests the engine works on, with the lease they came from;
+* **acks** -- leases of finished requests. An ack may travel in the same atomic call as the requests its
+  callback produced (that is what makes a SIGKILL lose nothing); with a sharded frontier, when that output
+  goes to other shards, the ack is held back until a round carrying it has landed on every shard
+  (:meth:`Ledger.take_batches` / :meth:`Ledger.finish_round`).
+
+A round either lands on a shard (:meth:`Ledger.apply` takes in its answer) or fails there
+(:meth:`Ledger.restore` puts its batch back in front of what came since); nothing is ever dropped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.frontier import SyncBatch
+from scrapy_dist.rejections import rejection_record
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+    from scrapy_dist.frontier import SyncResult
+
+#: A leased member and the shard it was leased from (always 0 with one shard).
+Lease = tuple[int, bytes]
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A discovered request waiting to be sent to the frontier."""
+
+    request: Request
+    #: the dupefilter's two fingerprint tokens; ``t1 == ""`` skips dedupe (``dont_filter``)
+    t1: Any
+    t2: Any
+    #: queue score (``-priority`` for the priority queue)
+    score: float
+    #: encoded request; ``b""`` when it could not be encoded (deduped only, then crawled locally)
+    payload: bytes
+    #: crawl-wide politeness only: the request's domain and its limits ("delay concurrency jitter")
+    domain: str = ""
+    limits: str = ""
+    shard: int = 0
+
+    def enqueue_item(self) -> tuple[Any, Any, float, bytes, str, str]:
+        """The item of ``SyncBatch.enqueue`` this request becomes."""
+        return (self.t1, self.t2, self.score, self.payload, self.domain, self.limits)
+
+
+@dataclass(frozen=True)
+class Delay:
+    """A request to put in the crawl's delayed set until ``not_before`` (unix time)."""
+
+    score: float
+    payload: bytes
+    not_before: float
+    domain: str = ""
+    limits: str = ""
+    shard: int = 0
+
+    def delay_item(self) -> tuple[float, bytes, float, str, str]:
+        return (self.score, self.payload, self.not_before, self.domain, self.limits)
+
+
+@dataclass
+class Applied:
+    """What one shard's answer changed, for the caller's stats and logs."""
+
+    #: discovered requests the frontier found new and stored
+    enqueued: int = 0
+    #: discovered requests the frontier found already seen (to log as filtered)
+    duplicates: list[Request] = field(default_factory=list)
+    #: requests leased (decodable or not)
+    leased: int = 0
+    #: leased entries that failed to become a request: (lease, why)
+    rejected: list[tuple[Lease, RejectedEntry]] = field(default_factory=list)
+
+
+class LeasedBuffer:
+    """Leased requests waiting to be handed to the engine: a heap on the queue score (``-priority``),
+    ties in the order leased (which is the queue's own order within a score). Whatever round or shard a
+    request came from, the worker starts the best one it holds first."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Request, Lease]] = []
+        self._count = itertools.count()
+
+    def push(self, score: float, request: Request, lease: Lease) -> None:
+        heapq.heappush(self._heap, (score, next(self._count), request, lease))
+
+    def pop(self) -> tuple[Request, Lease]:
+        _, _, request, lease = heapq.heappop(self._heap)
+        return request, lease
+
+    def pop_least_loaded(self, load: Callable[[Request], int]) -> tuple[Request, Lease]:
+        """The best request of the download slot with the fewest active downloads (Scrapy's
+        ``DownloaderAwarePriorityQueue``): a scan of the buffer, which holds at most a prefetch."""
+        heap = self._heap
+        best = min(range(len(heap)), key=lambda i: (load(heap[i][2]), heap[i][0], heap[i][1]))
+        entry = heap[best]
+        heap[best] = heap[-1]
+        heap.pop()
+        heapq.heapify(heap)
+        return entry[2], entry[3]
+
+    def best_score(self) -> float:
+        """The score of the request :meth:`pop` returns next (``inf`` when empty)."""
+        return self._heap[0][0] if self._heap else math.inf
+
+    def leases(self) -> list[Lease]:
+        """Every lease in the buffer (for releasing them at close)."""
+        return [e[-1] for e in self._heap]
+
+    def clear(self) -> None:
+        self._heap.clear()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+
+class Ledger:
+    """One worker's account with the frontier (see the module docstring). Reactor thread only."""
+
+    def __init__(self, shards: int = 1, worker_id: str = "") -> None:
+        self.shards = shards
+        self.worker_id = worker_id
+        self.ready = LeasedBuffer()
+        #: new requests that could not be encoded: crawled by this worker only
+        self.local: deque[Request] = deque()
+        self.out: list[Outgoing] = []
+        self.handed: dict[Request, Lease] = {}
+        #: every lease this worker holds in Redis (renewed each renewal round)
+        self.held: set[Lease] = set()
+        #: acks whose requests' output is already in Redis (or travels in the same call)
+        self.acks: list[Lease] = []
+        #: acks of requests just finished: their output may still be in this worker's buffers
+        self.acks_new: list[Lease] = []
+        #: acks held back during the current round, sendable once it has landed on every shard
+        self.acks_waiting: list[Lease] = []
+        self.delays: list[Delay] = []
+        self.dead: list[str] = []
+        self.rejects: list[tuple[Lease, str]] = []
+        self.releases: list[Lease] = []
+        self.penalties: list[tuple[str, float]] = []
+        #: when the oldest unsent write was buffered (``None``: nothing waits)
+        self.first_pending: float | None = None
+        #: the best (lowest) score among ``out``: a discovered request may outrank everything leased
+        self.best_out = math.inf
+        #: what the current round took, per shard (put back by :meth:`restore` if the shard fails)
+        self._sent: list[list[Outgoing]] = []
+
+    # -- writes from the scheduler --------------------------------------------------------------------
+    def add(self, entry: Outgoing, now: float) -> None:
+        self.out.append(entry)
+        if entry.score < self.best_out:
+            self.best_out = entry.score
+        self._mark(now)
+
+    def delay(self, entry: Delay, now: float) -> None:
+        self.delays.append(entry)
+        self._mark(now)
+
+    def dead_letter(self, record: str, now: float) -> None:
+        self.dead.append(record)
+        self._mark(now)
+
+    def penalize(self, domain: str, seconds: float, now: float) -> None:
+        self.penalties.append((domain, seconds))
+        self._mark(now)
+
+    def reject(self, lease: Lease, exc: RejectedEntry, now: float, at: float | None = None) -> None:
+        """Drop a leased entry that is not a valid request; it is parked with a JSON record (``at``: its
+        unix time, default now)."""
+        _, member = lease
+        self.rejects.append((lease, rejection_record(exc.reason, member, self.worker_id, exc.detail, at)))
+        self._mark(now)
+
+    def _mark(self, now: float) -> None:
+        if self.first_pending is None:
+            self.first_pending = now
+
+    # -- the engine's side ----------------------------------------------------------------------------
+    def hand_out(self, load: Callable[[Request], int] | None = None) -> Request | None:
+        """The next request for the engine: a local one first, else the best leased one (with ``load``,
+        the best one of the least loaded download slot)."""
+        if self.local:
+            return self.local.popleft()
+        if not self.ready:
+            return None
+        request, lease = self.ready.pop() if load is None else self.ready.pop_least_loaded(load)
+        self.handed[request] = lease
+        return request
+
+    def collect_finished(self, busy: Collection[Request], now: float) -> int:
+        """Move requests the engine no longer works on from 'handed' to 'to acknowledge'."""
+        if not self.handed:
+            return 0
+        done = [r for r in self.handed if r not in busy]
+        for r in done:
+            self.acks_new.append(self.handed.pop(r))
+        if done:
+            self._mark(now)
+        return len(done)
+
+    def release_all(self, now: float) -> None:
+        """At close: unstarted and unfinished work goes straight back to the queue."""
+        self.releases += self.ready.leases() + list(self.handed.values())
+        self.ready.clear()
+        self.handed.clear()
+        if self.releases:
+            self._mark(now)
+
+    # -- state ----------------------------------------------------------------------------------------
+    def outranked(self) -> int:
+        """How many discovered, unsent requests outrank every leased one (0 in the common case, and
+        when nothing is leased: the check is one comparison). The engine should wait for them rather
+        than start a worse request: the next round stores them and, by leasing at least that many (up
+        to the prefetch), brings them back first."""
+        if not self.ready:
+            return 0  # nothing worse to hold back: the usual prefetch applies
+        best = self.ready.best_score()
+        if self.best_out >= best:
+            return 0
+        return sum(1 for e in self.out if e.score < best)
+
+    def has_writes(self) -> bool:
+        """Whether anything waits to be written (besides acks and releases)."""
+        return bool(self.out or self.delays or self.dead or self.rejects or self.penalties)
+
+    def owes(self) -> bool:
+        """Whether anything at all waits to be sent, acks held back included."""
+        return bool(
+            self.has_writes() or self.releases or self.acks or self.acks_new or self.acks_waiting
+        )
+
+    def busy(self) -> bool:
+        """Whether this worker has work of its own: buffered, in the engine, or to send."""
+        return bool(self.ready or self.local or self.handed) or self.owes()
+
+    # -- rounds ---------------------------------------------------------------------------------------
+    def take_batches(self, lease_counts: list[int], renew: bool) -> list[SyncBatch]:
+        """One batch per shard with everything buffered; the buffers are emptied (see :meth:`restore`).
+
+        An ack may travel with its request's output only in one atomic call: when every write of this
+        round goes to the ack's shard. Else it waits in ``acks_waiting`` until :meth:`finish_round`.
+        """
+        n = self.shards
+        batches = [SyncBatch() for _ in range(n)]
+        sent: list[list[Outgoing]] = [[] for _ in range(n)]
+        for entry in self.out:
+            batches[entry.shard].enqueue.append(entry.enqueue_item())
+            sent[entry.shard].append(entry)
+        for d in self.delays:
+            batches[d.shard].delay.append(d.delay_item())
+        for (shard, member), record in self.rejects:
+            batches[shard].reject.append((member, record))
+        for shard, member in self.releases:
+            batches[shard].release.append(member)
+        batches[0].dead = self.dead
+        batches[0].penalize = self.penalties
+        for shard, member in self.acks:
+            batches[shard].ack.append(member)
+        writes = {i for i, b in enumerate(batches) if b.enqueue or b.delay or b.dead}
+        waiting = []
+        for shard, member in self.acks_new:
+            if writes <= {shard}:
+                batches[shard].ack.append(member)
+            else:
+                waiting.append((shard, member))
+        self.acks_waiting = waiting
+        if renew:
+            for shard, member in self.held:
+                batches[shard].renew.append(member)
+        for batch, count in zip(batches, lease_counts, strict=True):
+            batch.lease = count
+        self._sent = sent
+        self.out, self.acks, self.acks_new, self.delays = [], [], [], []
+        self.best_out = math.inf
+        self.rejects, self.dead, self.penalties, self.releases = [], [], [], []
+        self.first_pending = None
+        return batches
+
+    def restore(self, shard: int, batch: SyncBatch, now: float) -> None:
+        """Put a shard's batch that could not be sent back in front of what came since."""
+        self.out = self._sent[shard] + self.out
+        self.best_out = min((e.score for e in self.out), default=math.inf)
+        self.acks = [(shard, m) for m in batch.ack] + self.acks
+        self.delays = [
+            Delay(score, payload, not_before, domain, limits, shard)
+            for score, payload, not_before, domain, limits in batch.delay
+        ] + self.delays
+        self.rejects = [((shard, m), record) for m, record in batch.reject] + self.rejects
+        self.releases = [(shard, m) for m in batch.release] + self.releases
+        self.dead = batch.dead + self.dead
+        self.penalties = batch.penalize + self.penalties
+        self._mark(now)
+
+    def apply(
+        self,
+        shard: int,
+        batch: SyncBatch,
+        result: SyncResult,
+        decode: Callable[[int, bytes], Request],
+        now: float,
+    ) -> Applied:
+        """Take in one shard's answer: which discovered requests were new, what was leased.
+
+        ``decode(shard, member)`` turns a leased member into a request; whatever it raises, the entry is
+        rejected (parked with a reason) and the round goes on -- one entry can never stop a worker.
+        """
+        applied = Applied()
+        for entry, new in zip(self._sent[shard], result.new, strict=True):
+            if new:
+                if entry.payload:
+                    applied.enqueued += 1
+                else:
+                    self.local.append(entry.request)  # unserializable but new: this worker crawls it
+            elif entry.t1 != "":
+                applied.duplicates.append(entry.request)
+        for member in (*batch.ack, *batch.release, *(m for m, _ in batch.reject)):
+            self.held.discard((shard, member))
+        for member, score in result.leased:
+            lease = (shard, member)
+            self.held.add(lease)
+            try:
+                request = decode(shard, member)
+            except RejectedEntry as exc:
+                applied.rejected.append((lease, exc))
+            except Exception as exc:  # defence in depth: no entry may stop the worker
+                applied.rejected.append((lease, RejectedEntry("bad_entry", f"{type(exc).__name__}: {exc}")))
+            else:
+                self.ready.push(score, request, lease)
+        for lease, why in applied.rejected:
+            self.reject(lease, why, now)
+        applied.leased = len(result.leased)
+        return applied
+
+    def finish_round(self, landed: bool, now: float) -> None:
+        """After a round: acks held back may go once it landed on every shard; else they wait again."""
+        if landed:
+            self.acks = self.acks + self.acks_waiting
+        else:
+            self.acks_new = self.acks_waiting + self.acks_new
+        self.acks_waiting = []
+        self._sent = []
+        if self.acks:
+            self._mark(now)

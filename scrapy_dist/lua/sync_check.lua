@@ -1,0 +1,67 @@
+-- Fragment: sync_check(S, sec) reads every value of Redis the sync call will build on, BEFORE its first
+-- write (Redis does not roll a script back when it fails half way: a bloom bit set and then an error
+-- would lose the request for good). A bad value is repaired here, or the call is refused as a whole.
+-- Returns nil, or reason, detail for the {-2, reason, detail} answer (nothing written).
+--   wrongtype  a key of the frontier holds another Redis type (detail: the key)
+--   seq        the seq counter cannot be repaired (detail: the key)
+-- Repairs: a seq counter that is not a decimal integer in [0, 2^47) (or would pass 2^47 with this call)
+-- restarts past the largest seq found in a bounded sample of the queue, leases and delayed ZSETs, plus
+-- 2^32 (S.repaired names it); a queue count (tails 'count') that is not an integer is recounted; lease
+-- and delayed meta are checked where they are read (sync_sweep); domain info in polite.lua (pol_check).
+-- KEYS/ARGV: see sync_common.lua.
+
+local SYNC_TYPES = {queue = 'zset', leases = 'zset', lease_meta = 'hash', seq = 'string', delayed = 'zset',
+                    delayed_meta = 'hash', rejected = 'list', deadletter = 'list', workers = 'zset',
+                    control = 'hash', domains = 'zset', domain_info = 'hash', tails = 'hash'}
+
+-- The seq of a queue member (0 if it has none we can read; values past SEQ_LIMIT are not ours).
+local function member_seq(S, m)
+  local six
+  if S.polite then
+    local z = string.find(m, '\0', 1, true)
+    if not z or #m < z + 17 then return 0 end
+    six = string.sub(m, z + 12, z + 17)
+  else
+    if #m < 6 then return 0 end
+    six = string.sub(m, 1, 6)
+  end
+  local v = seq_value(six)
+  if S.order == 'desc' then v = MAXSEQ - v end
+  if v >= SEQ_LIMIT then return 0 end
+  return v
+end
+
+local function largest_seq(S)
+  local best = 0
+  local function look(ms)
+    for _, m in ipairs(ms) do
+      local singles = chunk_singles(m, S.max_entry) or {m}
+      for _, single in ipairs(singles) do best = math.max(best, member_seq(S, single)) end
+    end
+  end
+  look(redis.call('ZRANGE', K.queue, 0, 15))
+  look(redis.call('ZRANGE', K.queue, -16, -1))
+  look(redis.call('ZRANGE', K.leases, -16, -1))
+  look(redis.call('ZRANGE', K.delayed, -16, -1))
+  return best
+end
+
+local function sync_check(S, sec)
+  for _, name in ipairs(SYNC_KEYS) do
+    local t = redis.call('TYPE', K[name])['ok']
+    if t ~= 'none' and t ~= SYNC_TYPES[name] then return 'wrongtype', K[name] end
+  end
+  local creates = sec.enqueue.n + sec.delay.n
+  local raw = redis.call('GET', K.seq)
+  local seq = raw and int_of(raw, SEQ_LIMIT) or (raw == false and 0) or nil
+  if not seq or seq < 0 or seq + creates >= SEQ_LIMIT then
+    local fresh = largest_seq(S) + 4294967296
+    if fresh + creates >= SEQ_LIMIT then return 'seq', K.seq end
+    redis.call('SET', K.seq, fresh)
+    S.repaired[#S.repaired + 1] = K.seq
+  end
+  local count = redis.call('HGET', K.tails, 'count')
+  S.count0 = count and int_of(count, COUNTER_LIMIT) or (count == false and 0) or nil
+  if S.count0 and S.count0 < 0 then S.count0 = nil end
+  return nil
+end

@@ -1,0 +1,69 @@
+-- Fragment: step 11 of a sync call (KEYS/ARGV: see sync_common.lua).
+-- sync_lease(S) leases up to S.n_lease requests (none while the control HASH says paused = '1') and
+-- returns the flat list member, score, member, score... A queue member that is not a well-formed single
+-- or chunk (chunk_singles: too many records, truncated, larger than max_entry_bytes) is removed and
+-- rejected whole by the script itself, as ONE record of bounded size (its first 64 bytes in hex), so
+-- hostile members cost bounded work (S.rejected counts them).
+
+local function sync_reject_member(S, member, reason)
+  S.rejected = S.rejected + 1
+  push_capped(K.rejected, cjson.encode({
+    reason = reason, detail = 'queue member rejected whole by the sync script',
+    raw = hex_head(member, 64), raw_encoding = 'hex', raw_bytes = #member, at = S.now, worker = S.worker,
+  }), S.rejected_maxlen)
+end
+
+local function sync_take(S, m, score)
+  redis.call('ZADD', K.leases, S.deadline, m)
+  redis.call('HSET', K.lease_meta, m, score .. ' ' .. S.worker)
+end
+
+local function sync_lease(S)
+  local leased = {}
+  local n_lease = S.n_lease
+  if S.paused == '1' then n_lease = 0 end
+  if n_lease <= 0 then return leased end
+  if S.polite then
+    pol_flush(K.domains, K.domain_info, S.now)
+    -- a member is <domain>\0<11-digit priority key><seq><payload>: bound it like a single (+ its domain)
+    local limit = S.max_entry + 6 + 12 + 1024
+    return pol_lease(K.queue, K.domains, K.domain_info, n_lease, S.now, function(m)
+      if #m > limit then
+        S.queued_delta = S.queued_delta - 1
+        sync_reject_member(S, m, 'entry_too_large')
+        return false
+      end
+      sync_take(S, m, '0')
+      return true
+    end)
+  end
+  local got, tries = 0, 0
+  while got < n_lease and tries < n_lease + 64 do
+    tries = tries + 1
+    local popped = redis.call('ZPOPMIN', K.queue, 1)
+    if #popped == 0 then break end
+    local member, score = popped[1], popped[2]
+    local singles, why = chunk_singles(member, S.max_entry)
+    if not singles then
+      S.queued_delta = S.queued_delta - 1
+      if redis.call('HGET', K.tails, score) == member then redis.call('HDEL', K.tails, score) end
+      sync_reject_member(S, member, why)
+    else
+      local keep = math.min(#singles, n_lease - got)
+      for i = 1, keep do
+        sync_take(S, singles[i], score)
+        leased[#leased + 1] = singles[i]; leased[#leased + 1] = score
+      end
+      got = got + keep
+      if keep < #singles then
+        -- the rest goes back as a chunk headed by its first record's seq (same place in the order)
+        local rest = {}
+        for i = keep + 1, #singles do rest[#rest + 1] = u16(#singles[i] - 6) .. singles[i] end
+        local left = string.sub(singles[keep + 1], 1, 6) .. '\0' .. table.concat(rest)
+        redis.call('ZADD', K.queue, score, left)
+        if redis.call('HGET', K.tails, score) == member then redis.call('HSET', K.tails, score, left) end
+      end
+    end
+  end
+  return leased
+end

@@ -1,0 +1,103 @@
+"""Which shard a request belongs to, how many requests to lease from each, and when the crawl is empty.
+
+With one shard (the default) every answer is trivial. With ``SCHEDULER_SHARDS = N`` (docs/frontier.md,
+"Sharded frontier"): a discovered request or a delayed retry goes to the shard of its fingerprint
+(:func:`scrapy_dist.frontier.shard_of`), so one shard's dupefilter sees every copy of a URL; leases are
+split over the shards by their last reported queue lengths; and since the shards answer at slightly
+different moments, "the crawl is empty" needs proof from two rounds (a double collect). I/O-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.frontier import shard_of
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+    from scrapy_dist.frontier import SyncResult
+
+
+@dataclass(frozen=True)
+class ShardState:
+    """One shard's last answer: counts crawl-wide and its sequence counter."""
+
+    queued: int
+    inflight: int
+    delayed: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class FrontierState:
+    """The crawl-wide frontier after a round that reached every shard."""
+
+    queued: int
+    inflight: int
+    delayed: int
+    #: every shard was seen empty at one instant (with shards: twice, nothing created in between)
+    empty_confirmed: bool
+
+    def as_dict(self) -> dict[str, int]:
+        return {"queued": self.queued, "inflight": self.inflight, "delayed": self.delayed}
+
+
+class ShardRouter:
+    """Routing and the crawl-wide view over ``shards`` shards (1 = unsharded)."""
+
+    def __init__(self, shards: int = 1, fingerprinter: Any = None) -> None:
+        if shards < 1:
+            raise ValueError(f"SCHEDULER_SHARDS must be >= 1, not {shards!r}")
+        self.shards = shards
+        self.fingerprinter = fingerprinter
+        self.states: list[ShardState | None] = [None] * shards
+        self._last_snapshot: tuple[ShardState | None, ...] | None = None
+
+    def shard(self, request: Request, fingerprint: bytes | None = None) -> int:
+        """The shard a new request (or a delayed retry) goes to: that of its fingerprint (pass it when
+        already computed)."""
+        if self.shards == 1:
+            return 0
+        if fingerprint is None:
+            fingerprint = bytes(self.fingerprinter.fingerprint(request))
+        return shard_of(fingerprint, self.shards)
+
+    def lease_split(self, want: int) -> list[int]:
+        """How many of ``want`` requests to lease from each shard: in proportion to each shard's last
+        reported queue length, at least 1 from any non-empty shard; evenly (at least 1 each) while no
+        shard is known to hold anything, so that new work anywhere is found in one round."""
+        n = self.shards
+        if n == 1 or want <= 0:
+            return [want] + [0] * (n - 1)
+        queued = [st.queued if st is not None else 0 for st in self.states]
+        total = sum(queued)
+        if total == 0:
+            base, extra = divmod(want, n)
+            return [max(1, base + (i < extra)) for i in range(n)]
+        return [max(1, want * q // total) if q else 0 for q in queued]
+
+    def observe(self, shard: int, result: SyncResult) -> None:
+        """Record a shard's answer."""
+        self.states[shard] = ShardState(result.queued, result.inflight, result.delayed, result.seq)
+
+    def forget_snapshot(self) -> None:
+        """A round failed somewhere: an earlier empty reading proves nothing any more."""
+        self._last_snapshot = None
+
+    def settle(self) -> FrontierState:
+        """The crawl-wide state after a round that reached every shard."""
+        states = self.states
+        queued, inflight, delayed = (
+            sum(getattr(st, name) for st in states if st is not None)
+            for name in ("queued", "inflight", "delayed")
+        )
+        empty = not (queued or inflight or delayed)
+        snapshot = tuple(states)
+        # With shards, a request could move from one shard to another between two answers. Empty twice
+        # with no entry created anywhere in between (the sequence counters did not move) proves an
+        # instant when every shard was empty.
+        confirmed = empty if self.shards == 1 else empty and snapshot == self._last_snapshot
+        self._last_snapshot = snapshot if empty else None
+        return FrontierState(queued, inflight, delayed, confirmed)

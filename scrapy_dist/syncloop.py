@@ -1,0 +1,274 @@
+"""The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis.
+
+A round takes everything the :class:`~scrapy_dist.ledger.Ledger` owes, one batch per shard, sends the
+batches concurrently (one ``sync`` Lua call = one round trip per shard) and takes the answers back in. A
+round is due when the engine runs low on leased requests (below half of ``SCHEDULER_PREFETCH``), when a
+write has waited ``SCHEDULER_FLUSH_INTERVAL`` or ``SCHEDULER_FLUSH_BATCH`` requests are buffered, when the
+crawl-wide view is older than ``SCHEDULER_IDLE_POLL``, and when leases are due for renewal (every third
+of ``SCHEDULER_LEASE_SECONDS``).
+
+Failures: a shard that fails has its batch put back in the ledger; the loop waits with capped backoff and
+tries again. Redis being away is reported by the crawl's :class:`~scrapy_dist.outage.Outage` (one
+warning per worker and outage); any other error is logged with its traceback (rate-limited) and the loop
+goes on -- no exception from an entry or a round stops it. Should the task itself ever end by accident,
+the worker closes with reason ``scheduler_failed`` instead of hanging without a frontier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.outage import Backoff, Outage
+from scrapy_dist.rejections import RateLimitedLog
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+    from scrapy_dist._engine import Engine
+    from scrapy_dist.frontier import Frontier, SyncResult
+    from scrapy_dist.ledger import Applied, Ledger
+    from scrapy_dist.router import FrontierState, ShardRouter
+
+logger = logging.getLogger(__name__)
+
+#: close reason when the loop ends by accident
+FAILED_REASON = "scheduler_failed"
+
+
+class SyncLoop:
+    """Owns the asyncio task that exchanges a worker's :class:`Ledger` with its shards' frontiers."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        router: ShardRouter,
+        frontiers: list[Frontier],
+        engine: Engine,
+        *,
+        decode: Callable[[int, bytes], Request],
+        on_applied: Callable[[Applied, SyncResult], None],
+        prefetch: int = 64,
+        flush_interval: float = 0.05,
+        flush_batch: int = 500,
+        idle_poll: float = 0.25,
+        lease_seconds: float = 60.0,
+        outage: Outage | None = None,
+        on_outage: Callable[[], None] = lambda: None,
+        backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ledger = ledger
+        self.router = router
+        self.frontiers = frontiers
+        self.engine = engine
+        self.decode = decode
+        self.on_applied = on_applied
+        self.prefetch = max(1, prefetch)
+        self.flush_interval = flush_interval
+        self.flush_batch = flush_batch
+        self.idle_poll = idle_poll
+        self.lease_seconds = lease_seconds
+        self.outage = outage or Outage()
+        self.on_outage = on_outage
+        self.clock = clock
+        #: crawl-wide state after the last round that reached every shard (``None`` before the first)
+        self.state: FrontierState | None = None
+        #: the crawl-wide pause flag (``scrapy-dist pause``), as shard 0 last reported it
+        self.paused = False
+        #: this worker's own pause (extensions pause a worker without touching the crawl)
+        self.local_pause = False
+        #: a round is under way (its requests are neither in the ledger nor known to be in Redis)
+        self.in_sync = False
+        #: the last round failed (Redis away or an error): buffered requests cannot reach Redis now
+        self.failing = False
+        #: when the last round that reached every shard started
+        self.last_sync = 0.0
+        self.next_fetch = 0.0
+        self.next_renew = 0.0
+        #: (requests leased, requests asked for, queued crawl-wide) of the last complete round
+        self.lease_result = (0, 0, 0)
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._backoff = backoff or Backoff()
+        self._error_log = RateLimitedLog(logger, period=60.0, burst=1)
+        self._no_inprogress_warned = False
+
+    # -- the task -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the background task on the running event loop."""
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task.add_done_callback(self._ended)
+
+    def wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def stop(self) -> None:
+        """Stop the task after its current round."""
+        self._closing = True
+        self.wake()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if self._closing or task.cancelled():
+            return
+        exc = task.exception()
+        logger.critical(
+            "The scheduler's frontier loop stopped unexpectedly (%s): closing this worker (reason %s); its"
+            " leases return to the queue when they expire",
+            f"{type(exc).__name__}: {exc}" if exc else "returned", FAILED_REASON, exc_info=exc,
+        )
+        self.engine.close(FAILED_REASON)
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        while not self._closing:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout=self.flush_interval)
+            self._wakeup.clear()
+            if self._closing:
+                break
+            try:
+                failed = await self._turn()
+            except Exception as exc:  # a bug must not stop the frontier: log it, back off, go on
+                self._error_log.log(
+                    logging.ERROR, "Frontier round failed unexpectedly; retrying", exc_info=exc
+                )
+                failed = True
+            if failed:
+                await asyncio.sleep(self._backoff.next())
+            else:
+                self._backoff.reset()
+
+    async def _turn(self) -> bool:
+        """One turn of the loop; whether it failed."""
+        now = self.clock()
+        self.collect_finished(now)
+        due, lease = self.due(now)
+        if not due:
+            return False
+        renew = now >= self.next_renew
+        error = await self.round(lease, renew)
+        if error is not None:
+            if self.outage.is_outage(error):
+                # Redis may come back with acknowledged writes rolled back (failover, lost AOF tail)
+                self.on_outage()
+                self.outage.failed(error, "frontier")
+            else:
+                self._error_log.log(logging.ERROR, "Frontier sync failed; retrying", exc_info=error)
+            return True
+        self.outage.succeeded("frontier")
+        if renew:
+            self.next_renew = now + self.lease_seconds / 3
+        self.last_sync = now
+        got, asked, queued = self.lease_result
+        if asked and got < asked and queued == 0:
+            self.next_fetch = now + self.idle_poll  # nothing to lease: poll gently
+        else:
+            self.next_fetch = now
+        return False
+
+    # -- one round ------------------------------------------------------------------------------------
+    def collect_finished(self, now: float) -> None:
+        """Acknowledge requests the engine has finished (download, callback and pipelines)."""
+        if not self.ledger.handed:
+            return
+        busy = self.engine.inprogress()
+        if busy is None:
+            if not self._no_inprogress_warned:
+                self._no_inprogress_warned = True
+                logger.warning("Cannot see the engine's requests in progress: acknowledging on hand-out")
+            busy = ()
+        self.ledger.collect_finished(busy, now)
+
+    def due(self, now: float) -> tuple[bool, int]:
+        """Whether a round is due now, and how many requests it should lease."""
+        ledger = self.ledger
+        want = 0
+        outranked = 0
+        if not (self.paused or self.local_pause):
+            if len(ledger.ready) < max(1, self.prefetch // 2):
+                want = self.prefetch - len(ledger.ready)
+            # discovered requests better than anything leased: store them now and lease them back
+            outranked = ledger.outranked()
+            want = max(want, min(outranked, self.prefetch))
+        fetch = want > 0 and now >= self.next_fetch
+        flush = ledger.first_pending is not None and (
+            now - ledger.first_pending >= self.flush_interval or len(ledger.out) >= self.flush_batch
+            or outranked > 0
+        )
+        stale = now - self.last_sync >= self.idle_poll
+        return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
+
+    async def round(self, lease: int, renew: bool) -> BaseException | None:
+        """One exchange with every shard (concurrently); returns the first error, or ``None`` if every
+        shard answered. A shard that failed has its batch put back; the others' answers are applied."""
+        ledger, router = self.ledger, self.router
+        batches = ledger.take_batches(router.lease_split(lease), renew)
+        self.in_sync = True
+        try:
+            if len(self.frontiers) == 1:
+                results: list[Any] = []
+                try:
+                    results.append(await self.frontiers[0].sync(batches[0]))
+                except Exception as exc:
+                    results.append(exc)
+            else:
+                results = await asyncio.gather(
+                    *(f.sync(b) for f, b in zip(self.frontiers, batches, strict=True)), return_exceptions=True
+                )
+        finally:
+            self.in_sync = False
+        now = self.clock()
+        error: BaseException | None = None
+        got = 0
+        for shard, (batch, result) in enumerate(zip(batches, results, strict=True)):
+            if isinstance(result, BaseException):
+                ledger.restore(shard, batch, now)
+                error = error or result
+                continue
+            applied = ledger.apply(shard, batch, result, self.decode, now)
+            router.observe(shard, result)
+            got += applied.leased
+            if shard == 0:  # the crawl-wide pause flag lives with shard 0
+                was_paused, self.paused = self.paused, result.paused
+                if was_paused != self.paused:
+                    self.engine.wake()
+            self.on_applied(applied, result)
+        ledger.finish_round(error is None, now)
+        self.failing = error is not None
+        if error is None:
+            self.state = state = router.settle()
+            if ledger.ready or not (state.queued or state.inflight):
+                self.engine.wake()
+            self.lease_result = (got, lease, state.queued)
+        else:
+            router.forget_snapshot()
+        return error
+
+    async def drain(self, timeout: float) -> None:
+        """At close: rounds until nothing is owed (held-back acks need one more round once their
+        requests' output has landed), for at most ``timeout`` seconds of Redis being away."""
+        deadline = self.clock() + timeout
+        ledger = self.ledger
+        while self.frontiers and ledger.owes():
+            error = await self.round(lease=0, renew=False)
+            if error is None:
+                continue
+            if not self.outage.is_outage(error) or self.clock() > deadline:
+                logger.error(
+                    "Redis unreachable at close (%s): %d leased requests will be requeued when their"
+                    " leases expire; %d discovered requests were not saved",
+                    error, len(ledger.held), len(ledger.out),
+                )
+                return
+            await asyncio.sleep(1.0)

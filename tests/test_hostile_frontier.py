@@ -1,0 +1,261 @@
+"""Hostile Redis contents against the frontier's scripts (issue 15): bounded work per call, capped record
+lists, values checked before the first write, and bloom parameters bounded. Real Redis, real Frontier."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from scrapy_dist import scripts
+from scrapy_dist.bloom import MAX_OVERSHOOT, BloomParameterError, BloomPlan, fingerprint_hashes
+from scrapy_dist.dupefilter import BloomDupeFilter
+from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.frontier import (
+    SEQ_BYTES,
+    SYNC_HEAD,
+    SYNC_KEYS,
+    SYNC_SECTIONS,
+    Frontier,
+    FrontierStateError,
+    SyncBatch,
+)
+from scrapy_dist.keys import CrawlKeys
+
+KEYS = CrawlKeys("spider")
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def _tokens(i: int) -> tuple[int, int]:
+    return fingerprint_hashes(f"fp-{i}".encode())
+
+
+async def _sync(
+    url: str, *batches: SyncBatch, df: Any = None, now: float | None = None, **kw: Any
+) -> list[Any]:
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        f = Frontier(client, KEYS, "w1", df, **kw)
+        return [await f.sync(b, now=now) for b in batches]
+    finally:
+        await client.aclose()
+
+
+def _bloom(redis_client: Any, capacity: int = 10_000) -> BloomDupeFilter:
+    df = BloomDupeFilter(redis_client, KEYS, None, capacity=capacity, error_rate=0.01)
+    df.open()
+    return df
+
+
+# -- the protocol is described once ---------------------------------------------------------------
+def test_lua_reads_the_layout_python_encodes() -> None:
+    src = scripts.source("sync")
+    lua_list = {
+        name: re.findall(r"'(\w+)'", re.search(rf"local {name} = \{{(.*?)\}}\n", src, re.S).group(1))
+        for name in ("SYNC_KEYS", "SYNC_HEAD")
+    }
+    key_attrs = [k.replace("queue_rejected", "rejected").replace("queue_tails", "tails") for k in SYNC_KEYS]
+    assert lua_list["SYNC_KEYS"] == key_attrs
+    assert lua_list["SYNC_HEAD"] == list(SYNC_HEAD)
+    body = re.search(r"local SYNC_SECTIONS = \{(.*?)\}\n", src, re.S).group(1)
+    sections = re.findall(r"\{'(\w+)', (\d), (\d)\}", body)
+    assert [(n, int(w), int(p)) for n, w, p in sections] == [
+        (s.name, len(s.fields), len(s.polite_fields)) for s in SYNC_SECTIONS
+    ]
+
+
+# -- bounded work per call ------------------------------------------------------------------------
+def test_a_million_record_chunk_is_rejected_whole_as_one_record(redis_url: str, redis_client: Any) -> None:
+    record = b"\0\0" + b"\0\0\0\0\0\x09"  # length 0, a seq
+    chunk = b"\0\0\0\0\0\x09\0" + record * 1_000_000  # 8 MB claiming a million records
+    redis_client.zadd(KEYS.queue, {chunk: 0})
+    (res,) = run(_sync(redis_url, SyncBatch(lease=10)))
+    assert res.leased == [] and res.rejected == 1
+    assert redis_client.zcard(KEYS.queue) == 0 and redis_client.zcard(KEYS.leases) == 0
+    records = redis_client.lrange(KEYS.queue_rejected, 0, -1)
+    assert len(records) == 1 and len(records[0]) < 1000  # one record, of bounded size
+    rec = json.loads(records[0])
+    assert rec["reason"] == "chunk_too_many_records" and rec["raw_bytes"] == len(chunk)
+    assert rec["raw_encoding"] == "hex" and bytes.fromhex(rec["raw"]) == chunk[:64]
+
+
+def test_an_oversized_single_and_truncated_chunk_are_rejected_in_redis(
+    redis_url: str, redis_client: Any
+) -> None:
+    redis_client.zadd(KEYS.queue, {
+        b"\0\0\0\0\0\x01\x01" + b"x" * 5000: 0,  # a single larger than max_entry_bytes
+        b"\0\0\0\0\0\x02\0\x00\x10\0\0\0\0\0\x02ab": 1,  # a chunk whose record runs past its end
+        b"\0\0\0\0\0\x03\x01good": 2,
+    })
+    (res,) = run(_sync(redis_url, SyncBatch(lease=10), max_entry_bytes=1000))
+    assert [m[SEQ_BYTES:] for m, _ in res.leased] == [b"\x01good"]
+    assert res.rejected == 2
+    reasons = [json.loads(r)["reason"] for r in redis_client.lrange(KEYS.queue_rejected, 0, -1)]
+    assert reasons == ["entry_too_large", "chunk_truncated"]
+
+
+def test_record_lists_are_capped(redis_url: str, redis_client: Any) -> None:
+    redis_client.zadd(KEYS.queue, {b"\0\0\0\0\0" + bytes([i]) + b"\x01e": 0 for i in range(1, 6)})
+
+    async def go() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        f = Frontier(client, KEYS, "w1", None, rejected_maxlen=3, dead_maxlen=2)
+        res = await f.sync(SyncBatch(lease=5))
+        await f.sync(SyncBatch(reject=[(m, f'{{"n": {i}}}') for i, (m, _) in enumerate(res.leased)],
+                               dead=[f'{{"d": {i}}}' for i in range(4)]))
+        await client.aclose()
+
+    run(go())
+    assert [json.loads(r)["n"] for r in redis_client.lrange(KEYS.queue_rejected, 0, -1)] == [2, 3, 4]
+    assert [json.loads(r)["d"] for r in redis_client.lrange(KEYS.deadletter, 0, -1)] == [2, 3]
+    assert redis_client.zcard(KEYS.leases) == 0
+
+
+def test_a_garbage_tail_is_not_appended_to(redis_url: str, redis_client: Any) -> None:
+    # the tails hash names a "chunk" of a million records that is also in the queue
+    huge = b"\0\0\0\0\0\x09\0" + b"\0\0\0\0\0\0\0\x09" * 1_000_000
+    redis_client.zadd(KEYS.queue, {huge: 0})
+    redis_client.hset(KEYS.queue_tails, "0.0", huge)
+    res = run(_sync(redis_url, SyncBatch(enqueue=[("", "", 0, b"\x01new", "", "")]), SyncBatch(lease=5)))
+    assert [m[SEQ_BYTES:] for m, _ in res[1].leased] == [b"\x01new"]
+    assert res[1].rejected == 1 and redis_client.zcard(KEYS.queue) == 0
+
+
+# -- scripts validate before they write -----------------------------------------------------------
+@pytest.mark.parametrize("seq", [b"9223372036854775807", b"281474976710655", b"not a number", b"-5", b"1e3"])
+def test_a_hostile_seq_loses_no_request(redis_url: str, redis_client: Any, seq: bytes) -> None:
+    df = _bloom(redis_client)
+    redis_client.set(KEYS.seq, seq)
+    t1, t2 = _tokens(1)
+    first, leased = run(_sync(
+        redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01req", "", "")]), SyncBatch(lease=5), df=df
+    ))
+    assert first.new == [True] and KEYS.seq in first.repaired
+    assert [m[SEQ_BYTES:] for m, _ in leased.leased] == [b"\x01req"]  # seen AND queued
+    assert 0 < leased.seq < 2**47
+
+
+def test_garbage_counters_and_meta_are_repaired_not_fatal(redis_url: str, redis_client: Any) -> None:
+    async def go() -> Any:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        f = Frontier(client, KEYS, "w1", None, lease_seconds=10)
+        await f.sync(SyncBatch(enqueue=[("", "", -1, b"\x01a", "", ""), ("", "", -2, b"\x01b", "", "")],
+                               delay=[(-3, b"\x01d", 50.0, "", "")]), now=10)
+        taken = await f.sync(SyncBatch(lease=2), now=10)
+        for m, _ in taken.leased:
+            await client.hset(KEYS.lease_meta, m, "nan w1")
+        (dm,) = await client.zrange(KEYS.delayed, 0, -1)
+        await client.hset(KEYS.delayed_meta, dm, "1e999999")
+        await client.hset(KEYS.queue_tails, "count", "lots")
+        await client.hset(KEYS.control, "paused", "\x1b[31m")
+        res = await f.sync(SyncBatch(lease=10), now=100)  # leases ran out, the delay is due
+        await client.aclose()
+        return res
+
+    res = run(go())
+    assert res.requeued == 2 and res.moved == 1 and not res.paused
+    assert sorted(m[SEQ_BYTES:] for m, _ in res.leased) == [b"\x01a", b"\x01b", b"\x01d"]
+    assert all(score == 0 for _, score in res.leased)  # unusable scores became 0, the requests stayed
+
+
+def test_garbage_domain_info_is_repaired(redis_url: str, redis_client: Any) -> None:
+    redis_client.hset(KEYS.domain_info, mapping={
+        "b:a.example": "many", "i:a.example": "9223372036854775807", "n:a.example": "soon",
+    })
+    entry = ("", "", 0, b"\x01p", "a.example", "0 0 0")
+    res = run(_sync(redis_url, SyncBatch(enqueue=[entry]), SyncBatch(lease=5), politeness="cluster"))
+    assert len(res[1].leased) == 1
+    assert redis_client.hget(KEYS.domain_info, "i:a.example") == b"1"
+
+
+def test_a_key_of_the_wrong_type_is_refused_before_any_write(redis_url: str, redis_client: Any) -> None:
+    df = _bloom(redis_client)
+    redis_client.set(KEYS.queue_rejected, "a string")
+    before = sorted(redis_client.keys("*"))
+    t1, t2 = _tokens(2)
+    with pytest.raises(FrontierStateError) as err:
+        run(_sync(redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01x", "", "")]), df=df))
+    assert err.value.reason == "wrongtype" and err.value.key == KEYS.queue_rejected
+    assert sorted(redis_client.keys("*")) == before  # no bloom block, no seq, nothing
+    assert df.seen_tokens([(t1, t2)], add=False) == [False]
+
+
+# -- bounded memory from recorded parameters ------------------------------------------------------
+def test_absurd_settings_are_refused_in_one_line() -> None:
+    for kwargs, name in [
+        ({"capacity": 10**400, "error_rate": 0.001}, "BLOOMFILTER_CAPACITY"),
+        ({"capacity": 1000, "error_rate": float("nan")}, "BLOOMFILTER_ERROR_RATE"),
+        ({"capacity": 1000, "error_rate": float("inf")}, "BLOOMFILTER_ERROR_RATE"),
+        ({"capacity": 1000, "error_rate": -0.1}, "BLOOMFILTER_ERROR_RATE"),
+        ({"capacity": 1000, "error_rate": 0.01, "block_bits": 2**40}, "BLOOMFILTER_BLOCK_BITS"),
+    ]:
+        with pytest.raises(BloomParameterError) as err:
+            BloomPlan(**kwargs)
+        msg = str(err.value)
+        assert msg.startswith(name) and "\n" not in msg and len(msg) < 200
+
+
+def test_a_recorded_count_past_the_bound_is_refused_at_start(redis_client: Any) -> None:
+    redis_client.hset(KEYS.bloom, mapping={"capacity": 1000, "error_rate": "0.01", "block_bits": 2**31,
+                                           "hashing": 3, "n": 10**15})
+    df = BloomDupeFilter(redis_client, KEYS, None, capacity=1000, error_rate=0.01)
+    with pytest.raises(BloomParameterError) as err:
+        df.open()
+    assert KEYS.bloom in str(err.value) and "field n" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_count_raised_mid_crawl_is_refused_without_naming_millions_of_keys(
+    redis_url: str, redis_client: Any
+) -> None:
+    df = _bloom(redis_client, capacity=1000)
+    t1, t2 = _tokens(3)
+    run(_sync(redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01x", "", "")]), df=df))
+    keys_before = sorted(redis_client.keys("*"))
+    t1, t2 = _tokens(4)
+    for n in (10**15, 1000 * MAX_OVERSHOOT + 1, 1000 * MAX_OVERSHOOT):  # the last: one insert would pass
+        redis_client.hset(KEYS.bloom, "n", n)
+        with pytest.raises(ScrapyDistError, match=re.escape(KEYS.bloom)):
+            run(_sync(redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01y", "", "")]), df=df))
+        with pytest.raises(BloomParameterError):
+            df.seen_tokens([(t1, t2)])
+    redis_client.hset(KEYS.bloom, "n", 1)
+    assert sorted(redis_client.keys("*")) == keys_before  # nothing allocated, nothing queued
+    assert df.n < 1000 * MAX_OVERSHOOT and len(df.plan._specs) < 10  # no plan was built for the count
+    # the worker's own view past the bound: refused before any key name is built
+    df.n = 10**15
+    with pytest.raises(BloomParameterError, match="field n was changed"):
+        df.script_keys_params(1)
+
+
+def test_the_scripts_refuse_a_garbage_count_themselves(redis_url: str, redis_client: Any) -> None:
+    df = _bloom(redis_client, capacity=1000)
+    redis_client.hset(KEYS.bloom, "n", "12abc")
+    t1, t2 = _tokens(5)
+    with pytest.raises(FrontierStateError) as err:
+        run(_sync(redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01x", "", "")]), df=df))
+    assert err.value.reason == "bloom_n" and err.value.key == KEYS.bloom
+    with pytest.raises(BloomParameterError):
+        df.seen_tokens([(t1, t2)])
+    assert redis_client.zcard(KEYS.queue) == 0 and redis_client.get(KEYS.seq) is None
+
+
+def test_an_oversized_member_is_rejected_with_crawl_wide_politeness(
+    redis_url: str, redis_client: Any
+) -> None:
+    entry = ("", "", 0, b"\x01ok", "a.example", "0 2 0")
+    run(_sync(redis_url, SyncBatch(enqueue=[entry]), politeness="cluster"))
+    big = b"a.example\0" + b"0" * 11 + b"\0\0\0\0\0\x01" + b"\x01" + b"x" * 5000  # sorts first
+    redis_client.zadd(KEYS.queue, {big: 0})
+    redis_client.hincrby(KEYS.domain_info, "b:a.example", 1)
+    (res,) = run(_sync(redis_url, SyncBatch(lease=5), politeness="cluster", max_entry_bytes=1000))
+    assert [m.endswith(b"\x01ok") for m, _ in res.leased] == [True] and res.rejected == 1
+    assert json.loads(redis_client.lindex(KEYS.queue_rejected, 0))["reason"] == "entry_too_large"
+    assert redis_client.hget(KEYS.domain_info, "i:a.example") == b"1"  # one slot taken, not two
+    assert redis_client.zcard(KEYS.queue) == 0

@@ -1,0 +1,67 @@
+"""Scripts validate before they write (issue 15): the housekeeping scripts against hostile values, called
+directly on a real Redis. A bad value is repaired, or the call is refused with nothing written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from scrapy_dist import scripts
+
+
+def test_idle_overwrites_a_garbage_close_at(redis_client: Any) -> None:
+    redis_client.hset("c", mapping={"close": "finished", "close_at": "\x1b[2Jsoon"})
+    idle = scripts.register(redis_client, "idle")
+    decided, reason, _ = idle(keys=["q", "l", "d", "c"], args=["finished", 100])
+    assert decided == 1 and reason == b"finished"
+    assert float(redis_client.hget("c", "close_at")) > 100
+
+
+def test_clusterstats_repairs_garbage_instead_of_failing_half_way(redis_client: Any) -> None:
+    redis_client.hset("stats", mapping={"a": "1", "b": "not a number"})
+    redis_client.hset("worker", "flush_seq", "garbage")
+    script = scripts.register(redis_client, "clusterstats")
+    ops = ["sum", "a", "2", "sum", "b", "3", "sum", "c", "nan", "sum", "d", "1.5"]
+    applied, _ = script(keys=["stats", "workers", "worker"], args=["w1", 1, 60, "0", 0, *ops])
+    assert applied == 1
+    assert redis_client.hgetall("stats") == {b"a": b"3", b"b": b"3", b"d": b"1.5"}
+    assert redis_client.hget("worker", "flush_seq") == b"1"
+    applied, _ = script(keys=["stats", "workers", "worker"], args=["w1", 1, 60, "0", 0, *ops])
+    assert applied == 0 and redis_client.hget("stats", "a") == b"3"  # a resent flush counts once
+
+
+def test_errors_window_survives_garbage_counters(redis_client: Any) -> None:
+    script = scripts.register(redis_client, "errors")
+    args = [1000, 10, 60, "", "", 1, "log", 5]
+    script(keys=["win", "ex", "ctl"], args=[*args, 1, "errors", 1])
+    redis_client.hset("win", "100|errors", "lots")
+    redis_client.hset("win", "100|attempts", "\xff")
+    _, _, totals, _, _ = script(keys=["win", "ex", "ctl"], args=[*args, 2, "errors", 2, "attempts", 4])
+    got = dict(zip(totals[::2], totals[1::2], strict=True))
+    assert got[b"errors"] == b"2" and got[b"attempts"] == b"4"
+
+
+def test_finish_writes_nothing_when_a_key_has_the_wrong_type(redis_client: Any) -> None:
+    redis_client.zadd("workers", {"w1": 1e12})
+    redis_client.set("queue", "a string")
+    with pytest.raises(redis.ResponseError):
+        scripts.register(redis_client, "finish")(keys=["workers", "queue", "l", "d"], args=["w1", 60])
+    assert redis_client.zscore("workers", "w1") == 1e12
+
+
+def test_seeds_take_pops_nothing_when_processing_has_the_wrong_type(redis_client: Any) -> None:
+    redis_client.rpush("seeds", "https://a.example/", "https://b.example/")
+    redis_client.set("processing", "a string")
+    with pytest.raises(redis.ResponseError, match="scrapy-dist"):
+        scripts.register(redis_client, "seeds_take")(
+            keys=["seeds", "processing", "workers"], args=["", "w1", 60, "list", 2, "take", "0", 5]
+        )
+    assert redis_client.llen("seeds") == 2 and redis_client.zcard("workers") == 0
+
+
+def test_items_xadd_refuses_a_wrong_type_before_writing(redis_client: Any) -> None:
+    redis_client.set("items", "x")
+    with pytest.raises(redis.ResponseError, match="STREAM"):
+        scripts.register(redis_client, "items_xadd")(keys=["items"], args=["", "item", "a", "b"])

@@ -1,0 +1,277 @@
+"""The scheduler's I/O-free parts: the ledger of what a worker holds and owes, the shard router, and the
+sync loop's timing -- no Redis, no Scrapy engine, time passed in."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scrapy import Request
+
+from scrapy_dist._engine import DetachedEngine
+from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.frontier import SyncResult
+from scrapy_dist.ledger import Delay, Ledger, Outgoing
+from scrapy_dist.router import ShardRouter
+from scrapy_dist.syncloop import SyncLoop
+
+
+def _out(url: str, shard: int = 0, payload: bytes = b"\x01p", t1: str = "t") -> Outgoing:
+    return Outgoing(Request(url), t1, "", 0.0, payload, shard=shard)
+
+
+def _result(new: str = "", leased: list[tuple[bytes, float]] | None = None, **counts: int) -> SyncResult:
+    return SyncResult(
+        [c == "1" for c in new], leased or [], counts.get("requeued", 0), 0, counts.get("queued", 0),
+        counts.get("inflight", 0), counts.get("delayed", 0), 0, bool(counts.get("paused", 0)),
+        counts.get("seq", 0),
+    )
+
+
+def _decode(shard: int, member: bytes) -> Request:
+    return Request(f"http://site.test/{member.decode()}")
+
+
+# -- batches ---------------------------------------------------------------------------------------
+
+
+def test_a_round_takes_everything_to_the_right_shard_and_empties_the_buffers() -> None:
+    ledger = Ledger(shards=3, worker_id="w")
+    ledger.add(_out("http://a/1", shard=2), now=1.0)
+    ledger.add(_out("http://a/2", shard=0), now=2.0)
+    ledger.delay(Delay(-1.0, b"\x01d", 99.0, shard=1), now=3.0)
+    ledger.dead_letter('{"reason": "500"}', now=3.0)
+    ledger.penalize("a", 5.0, now=3.0)
+    ledger.releases.append((1, b"r"))
+    ledger.acks.append((2, b"old"))
+    assert ledger.first_pending == 1.0
+    batches = ledger.take_batches([0, 5, 0], renew=False)
+    assert [len(b.enqueue) for b in batches] == [1, 0, 1]
+    assert batches[1].delay == [(-1.0, b"\x01d", 99.0, "", "")]
+    assert batches[0].dead == ['{"reason": "500"}'] and batches[0].penalize == [("a", 5.0)]
+    assert batches[1].release == [b"r"] and batches[2].ack == [b"old"]
+    assert [b.lease for b in batches] == [0, 5, 0]
+    assert not ledger.owes() and ledger.first_pending is None
+
+
+def test_an_ack_travels_with_its_output_only_when_all_of_it_goes_to_its_shard() -> None:
+    ledger = Ledger(shards=3)
+    ledger.acks_new = [(1, b"same"), (2, b"other")]
+    ledger.add(_out("http://a/child", shard=1), now=0.0)
+    batches = ledger.take_batches([0, 0, 0], renew=False)
+    assert batches[1].ack == [b"same"]  # one atomic call carries the child and the ack
+    assert batches[2].ack == [] and ledger.acks_waiting == [(2, b"other")]
+    ledger.finish_round(landed=True, now=1.0)
+    assert ledger.acks == [(2, b"other")] and ledger.first_pending == 1.0
+    assert ledger.take_batches([0, 0, 0], renew=False)[2].ack == [b"other"]
+
+
+def test_held_back_acks_wait_again_when_a_shard_failed() -> None:
+    ledger = Ledger(shards=2)
+    ledger.acks_new = [(0, b"a")]
+    ledger.add(_out("http://a/c", shard=1), now=0.0)
+    batches = ledger.take_batches([0, 0], renew=False)
+    ledger.restore(1, batches[1], now=2.0)
+    ledger.finish_round(landed=False, now=2.0)
+    assert ledger.acks_new == [(0, b"a")] and ledger.acks == []
+    assert [e.request.url for e in ledger.out] == ["http://a/c"]
+
+
+def test_a_failed_shard_gets_its_batch_back_in_front_of_newer_writes() -> None:
+    ledger = Ledger(shards=1)
+    ledger.add(_out("http://a/1"), now=0.0)
+    ledger.delay(Delay(0.0, b"\x01x", 10.0), now=0.0)
+    ledger.dead_letter("{}", now=0.0)
+    ledger.acks.append((0, b"k"))
+    [batch] = ledger.take_batches([3], renew=False)
+    ledger.add(_out("http://a/2"), now=1.0)
+    ledger.restore(0, batch, now=1.0)
+    assert [e.request.url for e in ledger.out] == ["http://a/1", "http://a/2"]
+    assert [d.payload for d in ledger.delays] == [b"\x01x"] and ledger.dead == ["{}"]
+    assert ledger.acks == [(0, b"k")] and ledger.first_pending == 1.0
+
+
+def test_renewal_rounds_renew_every_held_lease() -> None:
+    ledger = Ledger(shards=2)
+    ledger.held = {(0, b"a"), (1, b"b")}
+    assert ledger.take_batches([0, 0], renew=False)[0].renew == []
+    batches = ledger.take_batches([0, 0], renew=True)
+    assert (batches[0].renew, batches[1].renew) == ([b"a"], [b"b"])
+
+
+# -- answers ---------------------------------------------------------------------------------------
+
+
+def test_an_answer_counts_new_requests_logs_duplicates_and_keeps_unencodable_ones_local() -> None:
+    ledger = Ledger()
+    ledger.add(_out("http://a/new"), now=0.0)
+    ledger.add(_out("http://a/dup"), now=0.0)
+    ledger.add(_out("http://a/local", payload=b""), now=0.0)
+    ledger.add(_out("http://a/unfiltered", t1=""), now=0.0)
+    [batch] = ledger.take_batches([0], renew=False)
+    applied = ledger.apply(0, batch, _result("1010"), _decode, now=1.0)
+    assert applied.enqueued == 1
+    assert [r.url for r in applied.duplicates] == ["http://a/dup"]  # dont_filter ones are never logged
+    assert [r.url for r in ledger.local] == ["http://a/local"]
+
+
+def test_leased_entries_are_held_and_served_acks_release_them() -> None:
+    ledger = Ledger()
+    ledger.held = {(0, b"done")}
+    ledger.acks.append((0, b"done"))
+    [batch] = ledger.take_batches([2], renew=False)
+    applied = ledger.apply(0, batch, _result(leased=[(b"x", 0.0), (b"y", 0.0)]), _decode, now=1.0)
+    assert applied.leased == 2 and ledger.held == {(0, b"x"), (0, b"y")}
+    first = ledger.hand_out()
+    assert first is not None and first.url == "http://site.test/x"
+    assert ledger.handed[first] == (0, b"x")
+    ledger.collect_finished(busy={first}, now=2.0)
+    assert ledger.acks_new == []  # still in the engine
+    ledger.collect_finished(busy=set(), now=3.0)
+    assert ledger.acks_new == [(0, b"x")] and ledger.first_pending == 3.0
+
+
+@pytest.mark.parametrize(
+    "error", [RejectedEntry("bad_callback", "cb is a list"), TypeError("unhashable type: 'list'")]
+)
+def test_an_entry_that_cannot_become_a_request_is_rejected_and_the_rest_served(error: Exception) -> None:
+    ledger = Ledger(worker_id="w1")
+
+    def decode(shard: int, member: bytes) -> Request:
+        if member == b"bad":
+            raise error
+        return _decode(shard, member)
+
+    [batch] = ledger.take_batches([2], renew=False)
+    applied = ledger.apply(0, batch, _result(leased=[(b"bad", 0.0), (b"ok", 0.0)]), decode, now=5.0)
+    assert [lease for lease, _ in applied.rejected] == [(0, b"bad")]
+    [(lease, record)] = ledger.rejects
+    parsed = json.loads(record)
+    assert lease == (0, b"bad") and parsed["raw"] == "bad" and parsed["worker"] == "w1"
+    assert parsed["reason"] == ("bad_callback" if isinstance(error, RejectedEntry) else "bad_entry")
+    assert len(ledger.ready) == 1 and ledger.first_pending == 5.0
+    # the rejection goes out with the next round, which drops the lease
+    [batch] = ledger.take_batches([0], renew=False)
+    assert batch.reject == [(b"bad", record)]
+
+
+def test_with_shards_the_best_leased_request_is_served_first() -> None:
+    ledger = Ledger(shards=2)
+    for shard, member, score in ((0, b"low", 0.0), (1, b"high", -5.0), (0, b"mid", -1.0)):
+        ledger.ready.push(score, _decode(shard, member), (shard, member))
+    order = [r.url.rsplit("/", 1)[1] for r in iter(ledger.hand_out, None)]
+    assert order == ["high", "mid", "low"]
+
+
+def test_at_close_everything_not_finished_is_released() -> None:
+    ledger = Ledger()
+    ledger.ready.push(0.0, _decode(0, b"a"), (0, b"a"))
+    ledger.ready.push(0.0, _decode(0, b"b"), (0, b"b"))
+    ledger.hand_out()
+    ledger.release_all(now=1.0)
+    assert sorted(ledger.releases) == [(0, b"a"), (0, b"b")]
+    assert not ledger.ready and not ledger.handed and ledger.owes()
+
+
+# -- router ----------------------------------------------------------------------------------------
+
+
+def test_leases_are_split_by_queue_length_and_evenly_while_nothing_is_known() -> None:
+    router = ShardRouter(3)
+    assert ShardRouter(1).lease_split(10) == [10]
+    assert router.lease_split(10) == [4, 3, 3]
+    assert router.lease_split(2) == [1, 1, 1]  # new work anywhere is found in one round
+    for shard, queued in enumerate((0, 30, 10)):
+        router.observe(shard, _result(queued=queued))
+    assert router.lease_split(8) == [0, 6, 2]
+    assert router.lease_split(0) == [0, 0, 0]
+
+
+def test_an_empty_sharded_frontier_needs_two_equal_readings() -> None:
+    router = ShardRouter(2)
+    for shard in (0, 1):
+        router.observe(shard, _result(seq=7))
+    assert not router.settle().empty_confirmed
+    assert router.settle().empty_confirmed
+    router.observe(1, _result(seq=8))  # an entry was created (and consumed) in between
+    assert not router.settle().empty_confirmed
+    router.forget_snapshot()
+    assert not router.settle().empty_confirmed
+    one = ShardRouter(1)
+    one.observe(0, _result())
+    assert one.settle().empty_confirmed
+    one.observe(0, _result(delayed=1))
+    state = one.settle()
+    assert not state.empty_confirmed and state.as_dict() == {"queued": 0, "inflight": 0, "delayed": 1}
+
+
+# -- loop timing -----------------------------------------------------------------------------------
+
+
+def _loop(ledger: Ledger, **kw: float) -> SyncLoop:
+    return SyncLoop(
+        ledger, ShardRouter(1), [], DetachedEngine(), decode=_decode, on_applied=lambda a, r: None,
+        prefetch=10, flush_interval=0.05, flush_batch=3, idle_poll=0.25, lease_seconds=30.0, **kw,
+    )
+
+
+def test_a_round_is_due_when_requests_run_low_writes_wait_or_leases_need_renewal() -> None:
+    ledger = Ledger()
+    loop = _loop(ledger)
+    loop.last_sync, loop.next_renew = 100.0, 110.0
+    assert loop.due(100.0) == (True, 10)  # nothing leased yet
+    for i in range(6):
+        ledger.ready.push(0.0, _decode(0, b"x"), (0, str(i).encode()))
+    assert loop.due(100.1) == (False, 0)  # enough leased, nothing waits, view fresh
+    ledger.add(_out("http://a/1"), now=100.1)
+    assert loop.due(100.12) == (False, 0)
+    assert loop.due(100.16) == (True, 0)  # the write has waited a flush interval
+    ledger.add(_out("http://a/2"), now=100.16)
+    ledger.add(_out("http://a/3"), now=100.16)
+    assert loop.due(100.16)[0]  # a full batch goes at once
+    ledger.take_batches([0], renew=False)
+    assert loop.due(100.4) == (True, 0)  # the crawl-wide view is stale
+    loop.last_sync = 109.9
+    assert loop.due(110.0) == (True, 0)  # leases need renewal
+    loop.paused = True
+    ledger.ready.clear()
+    assert loop.due(110.5) == (True, 0)  # paused: nothing is leased
+
+
+def test_discovered_requests_that_outrank_every_leased_one_are_counted() -> None:
+    ledger = Ledger()
+    ledger.add(Outgoing(Request("http://a/first"), "t", "", -9.0, b"\x01"), now=0.0)
+    assert ledger.outranked() == 0  # nothing leased: nothing to hold back, the usual prefetch applies
+    ledger.take_batches([0], renew=False)
+    ledger.ready.push(-1.0, _decode(0, b"a"), (0, b"a"))
+    ledger.add(Outgoing(Request("http://a/same"), "t", "", -1.0, b"\x01"), now=0.0)
+    assert ledger.outranked() == 0  # equal priority: the leased one was first
+    for score in (-3.0, -2.0, 0.0):
+        ledger.add(Outgoing(Request("http://a/x"), "t", "", score, b"\x01"), now=0.0)
+    assert ledger.outranked() == 2
+    loop = _loop(ledger)
+    loop.last_sync, loop.next_renew = 0.0, 100.0
+    assert loop.due(0.01) == (True, 9)  # flushed at once; prefetch minus the one leased
+    for i in range(8):
+        ledger.ready.push(-1.0, _decode(0, b"b"), (0, str(i).encode()))
+    assert loop.due(0.01) == (True, 2)  # enough leased, but the two better ones are fetched back
+    ledger.take_batches([2], renew=False)
+    assert ledger.outranked() == 0 and ledger.best_out == float("inf")
+
+
+def test_downloader_aware_hand_out_serves_the_least_loaded_slot_first() -> None:
+    ledger = Ledger()
+    for member, score in ((b"a/1", -5.0), (b"a/2", -4.0), (b"b/1", 0.0), (b"c/1", -1.0)):
+        ledger.ready.push(score, _decode(0, member), (0, member))
+    active = {"a": 3, "b": 0, "c": 0}
+
+    def load(request: Request) -> int:
+        return active[request.url.rsplit("/", 2)[1]]
+
+    order = []
+    while (r := ledger.hand_out(load)) is not None:
+        slot = r.url.rsplit("/", 2)[1]
+        order.append(r.url.split("site.test/")[1])
+        active[slot] += 1
+    # c and b are idle: c's request first (better priority), then b's; then a's in priority order
+    assert order == ["c/1", "b/1", "a/1", "a/2"]

@@ -1,0 +1,214 @@
+"""The scheduler's background loop against a real Redis: a hostile queue entry is parked and the worker
+goes on; an unexpected error in a round is logged once and the loop goes on; a loop that dies closes the
+worker with a reason instead of leaving it hanging without a frontier."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+
+from scrapy_dist._engine import DetachedEngine
+from scrapy_dist.frontier import SyncBatch, SyncResult
+from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.ledger import Ledger
+from scrapy_dist.outage import Backoff
+from scrapy_dist.router import ShardRouter
+from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.syncloop import FAILED_REASON, SyncLoop
+
+KEYS = CrawlKeys("loop")
+
+
+class _Spider(Spider):
+    name = "loop"
+
+    def parse(self, response: Any) -> None:  # pragma: no cover - never called
+        pass
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+async def _until(predicate: Any, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+def _member(seq: int, fields: dict[str, Any]) -> bytes:
+    """A single queue member as anyone with write access could ZADD it."""
+    return seq.to_bytes(6, "big") + b"\x01" + msgpack.packb(fields)
+
+
+@pytest.mark.parametrize("bad", [{"cb": [1, 2]}, {"eb": {"x": 1}}, {"M": {"k": {1: 2}}, "cb": 7}])
+def test_a_hostile_entry_is_parked_and_the_worker_goes_on_leasing(
+    bad: dict[str, Any], redis_url: str, redis_client: redis.Redis
+) -> None:
+    redis_client.zadd(KEYS.queue, {_member(1, {"u": "http://site.test/bad", **bad}): 0})
+    redis_client.zadd(KEYS.queue, {_member(2, {"u": "http://site.test/good"}): 0})
+
+    async def go() -> list[str]:
+        crawler = get_crawler(_Spider, {"REDIS_URL": redis_url, "SCHEDULER_IDLE_POLL": 0.05})
+        crawler.spider = crawler._create_spider()
+        sched = Scheduler.from_crawler(crawler)
+        await sched.open_async(crawler.spider)
+        got: list[str] = []
+
+        def served() -> bool:
+            r = sched.next_request()
+            if r is not None:
+                got.append(r.url)
+            return bool(got) and redis_client.llen(KEYS.queue_rejected) == 1
+
+        await _until(served)
+        # the loop is alive: a request enqueued now is sent and leased back
+        sched.enqueue_request(Request("http://site.test/later"))
+        await _until(lambda: (r := sched.next_request()) is not None and bool(got.append(r.url)) is False)
+        await sched.close_async("finished")
+        return got
+
+    assert run(go()) == ["http://site.test/good", "http://site.test/later"]
+    [record] = redis_client.lrange(KEYS.queue_rejected, 0, -1)
+    parsed = json.loads(record)
+    assert parsed["reason"].startswith("bad_") and parsed["raw_encoding"] == "base64"
+    assert b"site.test/bad" in base64.b64decode(parsed["raw"])
+    assert redis_client.zcard(KEYS.leases) == 0  # the rejected entry's lease was dropped too
+
+
+class _Escaped(BaseException):
+    """Not an Exception: what no handler in the loop catches."""
+
+
+class _FailingFrontier:
+    """Stands in for a frontier whose calls fail (not for Redis: these errors never come from it)."""
+
+    def __init__(self, error: BaseException, times: int) -> None:
+        self.error, self.times, self.calls = error, times, 0
+
+    async def sync(self, batch: SyncBatch) -> SyncResult:
+        self.calls += 1
+        if self.calls <= self.times:
+            raise self.error
+        return SyncResult([False] * len(batch.enqueue), [], 0, 0, 0, 0, 0, 0, False)
+
+
+def _loop(frontier: _FailingFrontier, engine: DetachedEngine) -> SyncLoop:
+    return SyncLoop(
+        Ledger(), ShardRouter(1), [frontier], engine,  # type: ignore[list-item]
+        decode=lambda shard, member: Request("http://x"), on_applied=lambda a, r: None,
+        flush_interval=0.01, idle_poll=0.01, backoff=Backoff(first=0.01, cap=0.01),
+    )
+
+
+def test_an_unexpected_error_is_logged_once_and_the_loop_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    engine = DetachedEngine()
+    frontier = _FailingFrontier(ValueError("a bug"), times=3)
+    loop = _loop(frontier, engine)
+
+    async def go() -> None:
+        loop.start()
+        await _until(lambda: loop.state is not None)
+        await loop.stop()
+
+    with caplog.at_level(logging.ERROR, logger="scrapy_dist.syncloop"):
+        run(go())
+    assert frontier.calls >= 4 and engine.closed is None
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is not None
+
+
+def test_a_loop_that_dies_closes_the_worker_with_a_reason(caplog: pytest.LogCaptureFixture) -> None:
+    engine = DetachedEngine()
+    loop = _loop(_FailingFrontier(_Escaped("escaped"), times=1), engine)
+
+    async def go() -> None:
+        loop.start()
+        await _until(lambda: engine.closed is not None)
+
+    with caplog.at_level(logging.CRITICAL, logger="scrapy_dist.syncloop"):
+        run(go())
+    assert engine.closed == FAILED_REASON
+    assert "frontier loop stopped unexpectedly" in caplog.text
+
+
+def test_a_callback_request_of_higher_priority_is_served_before_leased_ones(redis_url: str) -> None:
+    """Scrapy's priority contract with one worker: what a callback schedules at a higher priority is
+    started before the lower-priority requests this worker has already leased."""
+
+    async def go() -> list[int]:
+        crawler = get_crawler(_Spider, {"REDIS_URL": redis_url, "SCHEDULER_PREFETCH": 10})
+        crawler.spider = crawler._create_spider()
+        sched = Scheduler.from_crawler(crawler)
+        await sched.open_async(crawler.spider, start=False)
+        assert sched.loop is not None
+        for i in range(10):
+            sched.enqueue_request(Request(f"http://site.test/low/{i}"))
+        await sched.loop.round(lease=10, renew=False)
+        first = sched.next_request()
+        assert first is not None and first.priority == 0
+        for p in (1, 2, 3, 4, 5, 6):  # what its callback found
+            sched.enqueue_request(Request(f"http://site.test/p{p}", priority=p))
+        assert sched.next_request() is None  # the engine waits for the round, not for a worse request
+        due, lease = sched.loop.due(time.monotonic())
+        assert due and lease >= 6
+        await sched.loop.round(lease, renew=False)
+        order = [r.priority for r in iter(sched.next_request, None)]
+        await sched.close_async("shutdown")
+        return order
+
+    assert run(go()) == [6, 5, 4, 3, 2, 1] + [0] * 9
+
+
+async def _opened(redis_url: str, **settings: Any) -> Scheduler:
+    crawler = get_crawler(
+        _Spider, {"REDIS_URL": redis_url, "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
+                  "BLOOMFILTER_CAPACITY": 10_000, **settings},
+    )
+    crawler.spider = crawler._create_spider()
+    sched = Scheduler.from_crawler(crawler)
+    await sched.open_async(crawler.spider, start=False)
+    return sched
+
+
+def test_joining_a_crawl_says_what_it_resumes_or_that_it_has_finished(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def go() -> None:
+        first = await _opened(redis_url)
+        assert first.loop is not None
+        for i in range(3):
+            first.enqueue_request(Request(f"http://site.test/{i}"))
+        await first.loop.round(lease=0, renew=False)
+        await first.redis.aclose()
+        caplog.clear()
+        second = await _opened(redis_url)
+        assert "Resuming crawl (3 requests scheduled)" in caplog.text
+        assert second.loop is not None
+        await second.loop.round(lease=10, renew=False)
+        while second.next_request() is not None:
+            pass
+        second.loop.collect_finished(0.0)
+        await second.loop.round(lease=0, renew=False)
+        await second.redis.aclose()
+        caplog.clear()
+        third = await _opened(redis_url)
+        await third.redis.aclose()
+
+    with caplog.at_level(logging.INFO):
+        run(go())
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "has run before and finished: 3 fingerprints are remembered" in warning.getMessage()
+    assert "SCHEDULER_FLUSH_ON_START" in warning.getMessage()
