@@ -22,7 +22,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from click.testing import CliRunner
 from crawlproject import kill_one_of_three, log_problems, lost_and_dupes, make_project
-from helpers import SEED_LINKS_SPIDER, wait_for_pages
+from helpers import SEED_LINKS_SPIDER, run, wait_for_pages
 from redis.crc import key_slot
 from redis_cluster import LocalCluster
 from scrapy import Request
@@ -193,7 +193,7 @@ def test_item_pipeline_writes_to_keys_of_several_slots(cluster_url: str, stream:
         await asyncio.gather(*(pipeline.process_item(item) for item in items))
         await pipeline.close_spider()
 
-    asyncio.run(asyncio.wait_for(go(), 30))
+    run(go())
     c = _client(cluster_url)
     try:
         keys = [f"books:items:{kind}" for kind in "abcdefgh"]
