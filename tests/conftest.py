@@ -4,18 +4,15 @@ demand, and a generated local website for end-to-end crawls. Every test talks to
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from redis_cluster import LocalCluster, SentinelGroup
+from redis_servers import RedisProcess
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from redis_servers import RedisProcess  # noqa: E402
-
-from scrapy_dist.site import SiteGraph, SiteServer  # noqa: E402
+from scrapy_dist.site import SiteGraph, SiteServer
 
 _db_numbers = itertools.cycle(range(1, 64))
 
@@ -81,11 +78,6 @@ def site(site_factory: Callable[..., SiteServer]) -> SiteServer:
 
 
 # -- Redis Cluster and Sentinel (tests/redis_cluster.py) -------------------------------------------
-
-from typing import Any  # noqa: E402
-
-from redis_cluster import LocalCluster, SentinelGroup  # noqa: E402
-
 
 @pytest.fixture
 def redis_cluster() -> Iterator[Callable[..., LocalCluster]]:

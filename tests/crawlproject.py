@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from helpers import wait_for_pages
+
 from scrapy_dist.codec import load_payload
 from scrapy_dist.frontier import SEQ_BYTES
 
@@ -202,14 +204,6 @@ def lost_and_dupes(site: Any) -> tuple[int, int]:
     """(pages never fetched, extra fetches) of a crawled :class:`scrapy_dist.site.SiteServer`."""
     counts = site.fetch_counts(status=None)
     return site.graph.pages - len(counts), sum(c - 1 for c in counts.values())
-
-
-def wait_for_pages(site: Any, n: int, timeout: float = 60) -> None:
-    """Until ``site`` has answered ``n`` distinct pages."""
-    deadline = time.monotonic() + timeout
-    while len(site.fetch_counts()) < n:
-        assert time.monotonic() < deadline, f"only {len(site.fetch_counts())} pages after {timeout}s"
-        time.sleep(0.05)
 
 
 def kill_holding_leases(

@@ -10,32 +10,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from redis_servers import RedisProcess, free_port, redis_server_binary
+from helpers import wait_for
+from redis_servers import RedisProcess, cluster_port, free_port, redis_server_binary
 
 SLOTS = 16384
-
-
-def cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free too."""
-    for _ in range(200):
-        port = free_port()
-        if port + 10000 >= 65536:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair for a cluster node")
 
 
 def start_own(extra_args: list[str], port: Callable[[], int] = free_port, attempts: int = 5) -> RedisProcess:
@@ -68,16 +52,8 @@ def is_own(server: RedisProcess) -> bool:
 
 
 def _wait(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if condition():
-                return
-        except (redis.RedisError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+    # a node that is starting, failing over or re-syncing may refuse connections or commands for a while
+    wait_for(condition, timeout, what, interval, ignore=(redis.RedisError, OSError))
 
 
 class LocalCluster:

@@ -21,7 +21,8 @@ import redis
 import redis.asyncio.cluster
 import redis.cluster
 from click.testing import CliRunner
-from crawlproject import kill_one_of_three, log_problems, lost_and_dupes, make_project, wait_for_pages
+from crawlproject import kill_one_of_three, log_problems, lost_and_dupes, make_project
+from helpers import SEED_LINKS_SPIDER, run, wait_for_pages
 from redis.crc import key_slot
 from redis_cluster import LocalCluster
 from scrapy import Request
@@ -192,7 +193,7 @@ def test_item_pipeline_writes_to_keys_of_several_slots(cluster_url: str, stream:
         await asyncio.gather(*(pipeline.process_item(item) for item in items))
         await pipeline.close_spider()
 
-    asyncio.run(asyncio.wait_for(go(), 30))
+    run(go())
     c = _client(cluster_url)
     try:
         keys = [f"books:items:{kind}" for kind in "abcdefgh"]
@@ -238,21 +239,6 @@ def test_cli_on_a_cluster(cluster_url: str) -> None:
 
 # -- end to end ------------------------------------------------------------------------------------
 
-SEED_SPIDER = '''
-import scrapy
-from scrapy_dist.spiders import RedisSpider
-
-
-class SeedLinks(RedisSpider):
-    """Follows every link from the seeds pushed to links:start_urls; one item per page."""
-
-    name = "links"
-
-    def parse(self, response):
-        yield {"url": response.url}
-        for href in response.css("a::attr(href)").getall():
-            yield response.follow(href)
-'''
 
 
 @pytest.mark.slow
@@ -272,7 +258,7 @@ def test_crawl_with_every_feature_on_a_cluster(tmp_path: Path, cluster_url: str,
             "CLUSTERSTATS_INTERVAL": 1,
             "SCHEDULER_IDLE_BEFORE_CLOSE": 2,
         },
-        spiders=SEED_SPIDER,
+        spiders=SEED_LINKS_SPIDER,
     )
     c = _client(cluster_url)
     c.rpush(LINKS.start_urls, b"javascript:alert(1)")  # hostile seed: rejected with a reason

@@ -25,7 +25,7 @@ import redis.cluster
 from redis.backoff import NoBackoff
 from redis.connection import SSLConnection, UnixDomainSocketConnection
 from redis.retry import Retry
-from redis_servers import RedisProcess, free_port, redis_server_binary
+from redis_servers import RedisProcess, cluster_port, free_port, redis_server_binary
 from scrapy.settings import Settings
 
 from scrapy_dist.connection import (
@@ -412,27 +412,10 @@ def test_scrapy_crawl_against_closed_port_prints_one_error_and_fails(
 # -- Redis Cluster and Sentinel -------------------------------------------------------------------
 
 
-def _cluster_port() -> int:
-    # The cluster bus listens on port + 10000, so both must be free and below 65536.
-    import socket
-
-    for _ in range(100):
-        port = free_port()
-        if port >= 55000:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair for a cluster node")
-
-
 @pytest.fixture(scope="module")
 def cluster_node() -> Iterator[RedisProcess]:
     """A one-node Redis Cluster owning all 16384 slots (module-scoped: a new node waits 2 s to be ok)."""
-    server = RedisProcess(port=_cluster_port(), extra_args=["--cluster-enabled", "yes"]).start()
+    server = RedisProcess(port=cluster_port(), extra_args=["--cluster-enabled", "yes"]).start()
     admin = redis.Redis(port=server.port)
     admin.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
     deadline = time.monotonic() + 10

@@ -17,6 +17,7 @@ import pytest
 import redis
 import redis.asyncio
 from crawlproject import make_project
+from helpers import run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scrapy import Request, Spider
@@ -64,10 +65,6 @@ async def fetch(
 
 def sent(request: Request) -> str:
     return b"; ".join(request.headers.getlist("Cookie")).decode()
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 30))
 
 
 # -- sharing -----------------------------------------------------------------------------------

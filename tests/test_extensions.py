@@ -3,7 +3,6 @@ actions, the crawl-wide idle decision, control flags, and the add-on's settings.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+from helpers import run
 from scrapy import Request
 from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
@@ -31,10 +31,6 @@ from scrapy_dist.extensions.workers import RateMeter, error_count, worker_state
 from scrapy_dist.keys import CrawlKeys
 
 KEYS = CrawlKeys("books")
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 30))
 
 
 def h(client: redis.Redis, key: str) -> dict[str, str]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 import redis.asyncio
+from helpers import run
 
 from scrapy_dist.bloom import fingerprint_hashes
 from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
@@ -14,10 +14,6 @@ from scrapy_dist.frontier import SEQ_BYTES, Frontier, SyncBatch
 from scrapy_dist.keys import CrawlKeys
 
 KEYS = CrawlKeys("spider")
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
 
 
 async def _frontier(

@@ -3,13 +3,13 @@ lists, values checked before the first write, and bloom parameters bounded. Real
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any
 
 import pytest
 import redis.asyncio
+from helpers import run
 
 from scrapy_dist import scripts
 from scrapy_dist.bloom import MAX_OVERSHOOT, BloomParameterError, BloomPlan, fingerprint_hashes
@@ -27,10 +27,6 @@ from scrapy_dist.frontier import (
 from scrapy_dist.keys import CrawlKeys
 
 KEYS = CrawlKeys("spider")
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
 
 
 def _tokens(i: int) -> tuple[int, int]:

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 import redis
 from crawlproject import SPIDERS, make_project
+from helpers import wait_for
 
 from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.status import read_status
 
 pytestmark = pytest.mark.slow
 
@@ -43,11 +45,9 @@ def status_json(redis_url: str, spider: str = "links") -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+def worker_state_of(client: redis.Redis, pid: int) -> str | None:
+    """The state ``scrapy-dist status`` gives the worker of process ``pid`` now."""
+    return next((w["state"] for w in read_status(client, LINKS)["workers"] if w["pid"] == pid), None)
 
 
 def test_stats_of_three_workers_add_up(tmp_path: Path, redis_url: str, site_factory: Any) -> None:
@@ -100,7 +100,8 @@ def test_a_killed_worker_shows_as_lost(tmp_path: Path, redis_url: str, site_fact
         v.endswith(f":{victim.pid}:".encode()) or f":{victim.pid}:".encode() in v
         for v in client.hvals(LINKS.lease_meta)), 30, "the victim to hold leases")
     project.kill(victim)
-    time.sleep(3.5)  # three heartbeat intervals
+    # lost once unseen for three heartbeat intervals: read in-process until then, then through the CLI
+    wait_for(lambda: worker_state_of(client, victim.pid) == "lost", 30, "the victim to show as lost")
     status = status_json(redis_url)
     by_pid = {w["pid"]: w for w in status["workers"]}
     assert by_pid[victim.pid]["state"] == "lost"
@@ -192,11 +193,9 @@ def test_an_error_storm_pauses_the_crawl_until_resume(
     project.crawl()
     client = redis.Redis.from_url(redis_url)
     wait_for(lambda: client.hget(LINKS.control, "paused") == b"1", 60, "the error monitor's pause")
-    # every worker stops taking requests: the site goes quiet
-    time.sleep(2.0)
-    quiet_since = time.monotonic()
-    time.sleep(1.5)
-    assert not [entry for entry in site.log if entry[0] > quiet_since]
+    # every worker stops taking requests: once the requests in flight are answered, the site stays quiet
+    # (for 1.5 s, while a worker that went on would send retries of the 500s without a pause)
+    wait_for(lambda: time.monotonic() - site.log[-1][0] >= 1.5, 30, "the site to go quiet for 1.5 s")
     status = status_json(redis_url)
     assert status["state"] == "paused" and status["control"]["paused_by"] == "errormonitor"
     assert status["errors"]["reasons"].get("http/500", 0) > 40

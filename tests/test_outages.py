@@ -20,6 +20,7 @@ import pytest
 import redis
 import redis.cluster
 from crawlproject import Project, make_project
+from helpers import SEED_LINKS_SPIDER, wait_for_pages
 from redis_cluster import is_own, start_own
 from redis_servers import RedisProcess
 
@@ -31,21 +32,6 @@ LINKS = CrawlKeys("links")
 _WARNING = re.compile(r"\[([\w.]+)\] WARNING: (.*)")
 PERSISTENT = ["--appendonly", "yes", "--appendfsync", "always"]
 
-SPIDERS = '''
-import scrapy
-from scrapy_dist.spiders import RedisSpider
-
-
-class SeedLinks(RedisSpider):
-    """Follows every link from the seeds pushed to links:start_urls; one item per page."""
-
-    name = "links"
-
-    def parse(self, response):
-        yield {"url": response.url}
-        for href in response.css("a::attr(href)").getall():
-            yield response.follow(href)
-'''
 
 SETTINGS: dict[str, Any] = {
     "ADDONS": {"scrapy_dist.Addon": 0},
@@ -58,13 +44,6 @@ SETTINGS: dict[str, Any] = {
     "CLUSTERSTATS_INTERVAL": 1,
     "SCHEDULER_IDLE_BEFORE_CLOSE": 2,
 }
-
-
-def _wait_for_pages(site: Any, n: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while len(site.fetch_counts()) < n:
-        assert time.monotonic() < deadline, f"only {len(site.fetch_counts())} pages after {timeout}s"
-        time.sleep(0.05)
 
 
 def _stop(servers: list[RedisProcess]) -> None:
@@ -105,14 +84,14 @@ def test_redis_restarted_mid_crawl_loses_nothing(tmp_path: Path, site_factory: A
     server = start_own(PERSISTENT)
     try:
         site = site_factory(pages=800, delay=0.01)
-        project = make_project(tmp_path, {"REDIS_URL": server.url, **SETTINGS}, spiders=SPIDERS)
+        project = make_project(tmp_path, {"REDIS_URL": server.url, **SETTINGS}, spiders=SEED_LINKS_SPIDER)
         client = redis.Redis(port=server.port)
         client.rpush(LINKS.start_urls, site.page_url(0))
         client.close()
         project.crawl()
         project.crawl()
         project.wait_until_open()
-        _wait_for_pages(site, 250)
+        wait_for_pages(site, 250)
         _stop([server])
         stopped_at = len(site.fetch_counts())
         time.sleep(3)
@@ -134,14 +113,14 @@ def test_whole_cluster_restarted_mid_crawl_loses_nothing(
     wrong) and comes back with its AOF and nodes.conf."""
     cluster = redis_cluster(masters=3, extra_args=PERSISTENT)
     site = site_factory(pages=500, delay=0.01)
-    project = make_project(tmp_path, {"REDIS_URL": cluster.url, **SETTINGS}, spiders=SPIDERS)
+    project = make_project(tmp_path, {"REDIS_URL": cluster.url, **SETTINGS}, spiders=SEED_LINKS_SPIDER)
     client = redis.cluster.RedisCluster.from_url(cluster.url)
     client.rpush(LINKS.start_urls, site.page_url(0))
     client.close()
     project.crawl()
     project.crawl()
     project.wait_until_open()
-    _wait_for_pages(site, 150)
+    wait_for_pages(site, 150)
     _stop(cluster.nodes)
     stopped_at = len(site.fetch_counts())
     time.sleep(3)

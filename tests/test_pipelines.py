@@ -19,6 +19,7 @@ import redis
 import redis.asyncio
 import scrapy
 from crawlproject import make_project
+from helpers import run
 from redis_servers import RedisProcess
 from scrapy.exceptions import DropItem
 from scrapy.utils.test import get_crawler
@@ -44,10 +45,6 @@ class Page:
 def make_pipeline(url: str, **kw: Any) -> RedisPipeline:
     kw.setdefault("stats", get_crawler().stats)
     return RedisPipeline(redis.asyncio.Redis.from_url(url), kw.pop("key", KEY), **kw)
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 30))
 
 
 class Clock:

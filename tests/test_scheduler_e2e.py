@@ -8,7 +8,8 @@ from typing import Any
 import msgpack
 import pytest
 import redis
-from crawlproject import kill_one_of_three, lost_and_dupes, make_project, wait_for_pages
+from crawlproject import kill_one_of_three, lost_and_dupes, make_project
+from helpers import wait_for_pages
 
 from scrapy_dist.codec import encode_request
 from scrapy_dist.keys import CrawlKeys

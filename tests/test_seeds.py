@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 import scrapy
+from helpers import run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -393,10 +394,6 @@ def test_fuzz_json_seeds(obj: dict[str, Any]) -> None:
 
 # -- the Redis side: SeedReader + seeds_take.lua / seeds_adopt.lua ------------------------------------
 KEYS = CrawlKeys("books")
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
 
 
 def reader(url: str, worker: str, kind: str = "list", lease: float = 10.0) -> SeedReader:

@@ -20,7 +20,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 from crawlproject import make_project
+from helpers import SEED_LINKS_SPIDER, wait_for
 from redis_servers import RedisProcess, free_port, redis_server_binary
 
 from scrapy_dist.cli import main
@@ -40,21 +40,6 @@ LINKS = CrawlKeys("links")
 USER, PASSWORD = "crawler", "s3cret pass"
 URL_PASSWORD = "s3cret%20pass"
 
-SPIDERS = '''
-import scrapy
-from scrapy_dist.spiders import RedisSpider
-
-
-class SeedLinks(RedisSpider):
-    """Follows every link from the seeds pushed to links:start_urls; one item per page."""
-
-    name = "links"
-
-    def parse(self, response):
-        yield {"url": response.url}
-        for href in response.css("a::attr(href)").getall():
-            yield response.follow(href)
-'''
 
 #: Every component switched on: seeds, frontier, bloom filter, retries and dead letters, monitoring,
 #: shared cookies, items.
@@ -80,13 +65,6 @@ CRAWLER_ACL = [
 
 def _problems(output: str) -> list[str]:
     return [line for line in output.splitlines() if re.search(r"\b(ERROR|CRITICAL)\b|Traceback", line)]
-
-
-def _wait(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 # -- Sentinel ----------------------------------------------------------------------------------------
@@ -138,10 +116,10 @@ def test_crawl_through_sentinel_survives_a_killed_master(
          "CONCURRENT_REQUESTS": 8, "SCHEDULER_LEASE_SECONDS": 5, "SCHEDULER_IDLE_BEFORE_CLOSE": 2},
     )
     project.crawl(args={"seed": site.page_url(0)})
-    _wait(lambda: len(site.fetch_counts()) >= 1, 60, "the first page")
+    wait_for(lambda: len(site.fetch_counts()) >= 1, 60, "the first page")
     project.crawl()
     project.wait_until_open()
-    _wait(lambda: len(site.fetch_counts()) >= 150, 60, "150 pages")
+    wait_for(lambda: len(site.fetch_counts()) >= 150, 60, "150 pages")
     group.kill_master()
     assert project.wait_all(120) == [0, 0], project.logs()[-4000:]
     counts = site.fetch_counts(status=None)
@@ -176,7 +154,7 @@ def test_acl_user_with_least_privilege_runs_every_component(
     url = f"redis://{USER}:{URL_PASSWORD}@127.0.0.1:{acl_server.port}/0"
     pushed = CliRunner().invoke(main, ["--redis-url", url, "push", "links", site.page_url(0)])
     assert pushed.exit_code == 0, pushed.output
-    project = make_project(tmp_path, {"REDIS_URL": url, **ALL_COMPONENTS}, spiders=SPIDERS)
+    project = make_project(tmp_path, {"REDIS_URL": url, **ALL_COMPONENTS}, spiders=SEED_LINKS_SPIDER)
     project.crawl()
     project.crawl()
     assert project.wait_all(60) == [0, 0], project.logs()[-3000:]
@@ -193,7 +171,7 @@ def test_acl_user_with_least_privilege_runs_every_component(
 
 @pytest.mark.slow
 def test_wrong_credentials_are_one_clear_error(tmp_path: Path, acl_server: RedisProcess) -> None:
-    project = make_project(tmp_path, ALL_COMPONENTS, spiders=SPIDERS)
+    project = make_project(tmp_path, ALL_COMPONENTS, spiders=SEED_LINKS_SPIDER)
     for userinfo in (f"{USER}:wrong", "", ":guess"):
         at = f"{userinfo}@" if userinfo else ""
         project.crawl(settings={"REDIS_URL": f"redis://{at}127.0.0.1:{acl_server.port}/0"})
@@ -308,7 +286,7 @@ class TLSServer:
                 assert self.proc is not None and self.proc.poll() is None, "TLS redis-server exited"
                 return False
 
-        _wait(up, 10, "the TLS redis-server")
+        wait_for(up, 10, "the TLS redis-server")
         admin.execute_command("ACL", "SETUSER", USER, *CRAWLER_ACL)
         admin.execute_command("ACL", "SETUSER", "default", "off")
         admin.close()
@@ -361,7 +339,7 @@ def test_crawl_over_tls(tmp_path: Path, tls_server: TLSServer, site_factory: Any
     site = site_factory(pages=100, delay=0.002)
     url = f"rediss://{USER}:{URL_PASSWORD}@127.0.0.1:{tls_server.port}/0"
     settings = {"REDIS_URL": url, "REDIS_PARAMS": tls_server.params(), **ALL_COMPONENTS}
-    project = make_project(tmp_path, settings, spiders=SPIDERS)
+    project = make_project(tmp_path, settings, spiders=SEED_LINKS_SPIDER)
     client = get_redis({"REDIS_URL": url, "REDIS_PARAMS": tls_server.params()})
     client.rpush(LINKS.start_urls, site.page_url(0))
     project.crawl()

@@ -14,6 +14,7 @@ import pytest
 import redis
 import redis.cluster
 from crawlproject import kill_one_of_three, log_problems, lost_and_dupes, make_project
+from helpers import run
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis_cluster import LocalCluster
 from scrapy import Request, Spider
@@ -34,10 +35,6 @@ class _Spider(Spider):
 
     def parse(self, response: Any) -> None:  # pragma: no cover - never called
         pass
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 30))
 
 
 async def _open(redis_url: str, shards: int = 3, **settings: Any) -> Scheduler:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 from crawlproject import make_project
+from helpers import wait_for
 from redis_servers import redis_server_binary
 
 from scrapy_dist.keys import CrawlKeys
@@ -44,6 +45,7 @@ class SeedsSpider(RedisSpider):
 
     def make_request_from_data(self, data):
         if self.hang_on and self.hang_on.encode() in data:
+            self.logger.info("frozen on %s", self.hang_on)
             time.sleep(600)  # frozen right after popping: the test SIGKILLs this worker now
         return super().make_request_from_data(data)
 
@@ -148,13 +150,6 @@ def _items(project: Any) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _settings(redis_url: str, **extra: Any) -> dict[str, Any]:
     return {"REDIS_URL": redis_url, "FEEDS": {"items.jsonl": {"format": "jsonlines"}}, **extra}
 
@@ -170,7 +165,7 @@ def test_seeds_pushed_with_redis_cli_are_crawled_and_malformed_ones_rejected(
     cli(redis_url, "lpush", key, page(0), page(1), page(2))
     project = make_project(tmp_path, _settings(redis_url, SCHEDULER_IDLE_BEFORE_CLOSE=2), spiders=SPIDERS)
     project.crawl("seeds")
-    _wait(lambda: len(site.fetch_counts()) >= 3, 30, "the waiting seeds")
+    wait_for(lambda: len(site.fetch_counts()) >= 3, 30, "the waiting seeds")
 
     bad = {
         "not_utf8": b"\xff\xfe\xfdhttp://x/",
@@ -210,7 +205,7 @@ def test_seeds_pushed_with_redis_cli_are_crawled_and_malformed_ones_rejected(
     # and valid seeds pushed after all that, one by one (each wakes the blocking wait)
     for i in (50, 51):
         cli(redis_url, "lpush", key, page(i))
-        time.sleep(0.3)
+        wait_for(lambda i=i: f"/page/{i}" in site.fetch_counts(), 30, f"seed {i}, pushed to a waiting worker")
     assert project.wait_all(60) == [0], project.logs()[-4000:]
 
     counts = site.fetch_counts()
@@ -279,7 +274,8 @@ def test_priorities_from_json_seeds_and_zset_scores_and_a_crawl_spider(
         zargs += [str(p), zsite.page_url(i)]
     cli(redis_url, "zadd", ZSEEDS.start_urls, *zargs)
     for keys in (SEEDS, ZSEEDS):
-        _wait(lambda k=keys: client.zcard(k.queue) == len(prios), 30, f"{keys.spider} seeds in the frontier")
+        what = f"{keys.spider} seeds in the frontier"
+        wait_for(lambda k=keys: client.zcard(k.queue) == len(prios), 30, what)
         client.hset(keys.control, "paused", 0)
     assert project.wait_all(60) == [0, 0, 0], project.logs()[-4000:]
     expected = [f"/page/{i}" for i, _ in sorted(prios.items(), key=lambda kv: -kv[1])]
@@ -307,8 +303,9 @@ def test_a_worker_killed_right_after_popping_loses_no_seed(
     # RPUSH: LPOP takes page 0.. first; the batch holding page 3 freezes the worker after popping it
     cli(redis_url, "rpush", SEEDS.start_urls, *seeds)
     held = SEEDS.start_urls_processing
-    _wait(lambda: client.llen(held) > 0, 30, "a popped batch")
-    time.sleep(0.3)
+    wait_for(lambda: client.llen(held) > 0, 30, "a popped batch")
+    log = project.procs[0][1]
+    wait_for(lambda: "frozen on /page/3" in project.log_text(log), 30, "the worker to freeze on page 3")
     project.kill(first)
     in_flight = client.lrange(held, 0, -1)
     assert len({e.split(b"\n", 1)[0] for e in in_flight}) == 1  # tagged with the killed worker's id
@@ -317,11 +314,11 @@ def test_a_worker_killed_right_after_popping_loses_no_seed(
 
     # a new worker that waits for seeds forever (SCHEDULER_IDLE_BEFORE_CLOSE=0, the default)
     second = project.crawl("seeds", settings={"SCHEDULER_IDLE_BEFORE_CLOSE": 0})
-    _wait(lambda: all(site.fetch_counts()[f"/page/{i}"] for i in range(20)), 40, "every seed crawled")
+    wait_for(lambda: all(site.fetch_counts()[f"/page/{i}"] for i in range(20)), 40, "every seed crawled")
     time.sleep(2.5)
     assert second.poll() is None  # idle, but still waiting for seeds
     cli(redis_url, "lpush", SEEDS.start_urls, site.page_url(25))
-    _wait(lambda: site.fetch_counts()["/page/25"] == 1, 10, "a seed pushed to the idle worker")
+    wait_for(lambda: site.fetch_counts()["/page/25"] == 1, 10, "a seed pushed to the idle worker")
     second.send_signal(signal.SIGINT)
     assert second.wait(30) == 0
     stats = project.stats(1)

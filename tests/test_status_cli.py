@@ -57,7 +57,9 @@ def crawl_state(redis_client: redis.Redis) -> redis.Redis:
     c.rpush(KEYS.start_urls_rejected, "{}")
     c.rpush(KEYS.queue_rejected, "{}", "{}")
     c.hset(KEYS.bloom, mapping={"capacity": 1000, "error_rate": "0.001", "block_bits": 2**31, "n": 100})
-    info = {"interval": "1.0", "state": "running", "pages": "42", "items": "40", "errors": "2",
+    # heartbeats every 10 s: the running worker stays running for 30 s, however late a loaded machine
+    # starts the status command (with 1 s, one started 3 s late saw it lost); the lost one was seen 100 s ago
+    info = {"interval": "10.0", "state": "running", "pages": "42", "items": "40", "errors": "2",
             "pages_per_min": "120.0", "host": "hostA", "pid": "111", "started": "1.0"}
     heartbeat(c, RUNNING, 1, info, ["sum", "response_received_count", "42", "sum", "item_scraped_count", "40",
                                     "min", "start_time", "2024-01-01T00:00:00.000000+00:00"])

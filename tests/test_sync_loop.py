@@ -14,6 +14,7 @@ from typing import Any
 import msgpack
 import pytest
 import redis
+from helpers import run
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
@@ -34,10 +35,6 @@ class _Spider(Spider):
 
     def parse(self, response: Any) -> None:  # pragma: no cover - never called
         pass
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 30))
 
 
 async def _until(predicate: Any, timeout: float = 10.0) -> None:

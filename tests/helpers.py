@@ -1,0 +1,66 @@
+"""Small helpers shared by the test files: run a coroutine, wait for a condition, the ``SeedLinks`` spider.
+
+Servers and ports live in ``redis_servers.py`` (the benchmarks load it too), the generated Scrapy project
+in ``crawlproject.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: Source of a ``RedisSpider`` for ``crawlproject.make_project(spiders=...)``: follows every link from the
+#: seeds pushed to ``links:start_urls``; one item per page.
+SEED_LINKS_SPIDER = '''
+import scrapy
+from scrapy_dist.spiders import RedisSpider
+
+
+class SeedLinks(RedisSpider):
+    """Follows every link from the seeds pushed to links:start_urls; one item per page."""
+
+    name = "links"
+
+    def parse(self, response):
+        yield {"url": response.url}
+        for href in response.css("a::attr(href)").getall():
+            yield response.follow(href)
+'''
+
+
+def run(coro: Awaitable[T], timeout: float = 30) -> T:
+    """Run ``coro`` in a fresh event loop; a test whose coroutine hangs fails after ``timeout`` seconds."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def wait_for(
+    condition: Callable[[], object],
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> None:
+    """Poll ``condition`` every ``interval`` seconds until it is true; fail naming ``what`` after
+    ``timeout`` seconds. Exceptions of the ``ignore`` types count as "not yet" (a server starting up)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if condition():
+                return
+        except ignore:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_for_pages(site: Any, n: int, timeout: float = 60) -> None:
+    """Until ``site`` (a :class:`scrapy_dist.site.SiteServer`) has answered ``n`` distinct pages."""
+    try:
+        wait_for(lambda: len(site.fetch_counts()) >= n, timeout, f"{n} pages")
+    except AssertionError:
+        raise AssertionError(f"only {len(site.fetch_counts())} of {n} pages after {timeout:g} s") from None
