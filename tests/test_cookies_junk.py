@@ -3,12 +3,12 @@ once, not at every refresh, and garbage versions do not stop the writers. Real R
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import redis
 import redis.asyncio
+from helpers import run
 from scrapy import Request
 from scrapy.http import Response
 from scrapy.utils.test import get_crawler
@@ -53,10 +53,6 @@ def plant(client: redis.Redis, n: int, versioned: bool, first_version: int = 1) 
         if versioned:
             pipe.zadd(CHANGES, {f"junk{i}": first_version + i})
     pipe.execute()
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, 60))
 
 
 def test_junk_written_straight_into_the_jar_is_never_read(redis_url: str, redis_client: redis.Redis) -> None:
