@@ -33,7 +33,7 @@ from scrapy import Request
 from scrapy.utils.misc import load_object
 
 from scrapy_dist import queue
-from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import json_safe, printable
 from scrapy_dist.codec import EntryPolicy
 from scrapy_dist.deadletter import DeadLetter, parse_record, reason_matches, requeue_payload
@@ -194,14 +194,16 @@ def _purge(client: redis.Redis, key: str, letters: list[tuple[int, DeadLetter]])
 @click.option("--limit", type=int, help=f"Show only the last N records (table default: {TABLE_ROWS}).")
 @click.option("--requeue", is_flag=True, help="Put the requests back in the frontier, retry counts reset.")
 @click.option("--purge", is_flag=True, help="Delete the records (with --reason: only the matching ones).")
+@force_option
 @pass_redis
 def dead(
     redis: ClientFactory, spider: str, as_json: bool, reason: str | None, limit: int | None,
-    requeue: bool, purge: bool,
+    requeue: bool, purge: bool, force: bool,
 ) -> None:
     """List (or --requeue, or --purge) the dead letters of SPIDER's crawl: requests that finally failed."""
     if requeue and purge:
         raise click.UsageError("--requeue and --purge cannot be combined")
+    redis.check_spider(spider, force)
     redis.check()
     keys = redis.keys(spider)
     key = keys.deadletter

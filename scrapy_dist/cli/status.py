@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import json_safe, printable
 from scrapy_dist.extensions.control import pause_crawl, resume_crawl
 from scrapy_dist.status import read_status
@@ -127,9 +127,13 @@ def render(status: dict[str, Any]) -> Group:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
 @click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
+@force_option
 @pass_redis
-def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interval: float) -> None:
+def status(
+    redis: ClientFactory, spider: str, as_json: bool, watch: bool, interval: float, force: bool
+) -> None:
     """Show the crawl of SPIDER: frontier, seeds, dead letters, filter, rates, workers and stats."""
+    redis.check_spider(spider, force)
     redis.check()
     keys = redis.keys(spider)
     client = redis.client()
@@ -165,9 +169,11 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
 
 @main.command()
 @click.argument("spider")
+@force_option
 @pass_redis
-def pause(redis: ClientFactory, spider: str) -> None:
+def pause(redis: ClientFactory, spider: str, force: bool) -> None:
     """Pause the crawl of SPIDER: every worker stops taking new requests (within a second)."""
+    redis.check_spider(spider, force)
     redis.check()
     pause_crawl(redis.client(), redis.keys(spider).control, by="cli")
     click.echo(f"Paused {spider!r}: workers finish what they hold and take nothing new. "
@@ -176,9 +182,11 @@ def pause(redis: ClientFactory, spider: str) -> None:
 
 @main.command()
 @click.argument("spider")
+@force_option
 @pass_redis
-def resume(redis: ClientFactory, spider: str) -> None:
+def resume(redis: ClientFactory, spider: str, force: bool) -> None:
     """Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause)."""
+    redis.check_spider(spider, force)
     redis.check()
     keys = redis.keys(spider)
     resume_crawl(redis.client(), keys.control, keys.errors)
