@@ -136,4 +136,4 @@ def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, for
     finally:
         client.close()
     if not json_lines:
-        click.echo(f"{count} items in {key!r}", err=True)
+        click.echo(f"{count:,} items in {key!r}", err=True)
