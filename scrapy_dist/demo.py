@@ -699,7 +699,7 @@ class Demo:
             rate = None
             if row is not None:
                 pages, leases = row["pages"], row["leases"]
-                meter = self._rates.setdefault(w.pid, RateMeter(span=5.0))
+                meter = self._rates.setdefault(w.pid, RateMeter(span=RATE_WINDOW))  # as the site tally
                 meter.add(float(pages), now)
                 rate = meter.per_minute() / 60.0
                 if state == "running" and row["state"] == "closed":
