@@ -75,6 +75,9 @@ REFRESH = 0.25
 PLAIN_EVERY = 2.0
 #: Width of everything printed when the output is not a terminal, whatever ``COLUMNS`` says.
 PLAIN_WIDTH = 100
+#: SCHEDULER_LEASE_SECONDS of example_project's demo spider: how long a killed worker's leases outlive it.
+DEMO_LEASE_SECONDS = 10.0
+
 #: Seconds a stopped worker gets to close cleanly (give its leases back) before it is killed.
 STOP_GRACE = 10.0
 #: Seconds to wait for a Redis that is loading its data file.
@@ -346,6 +349,7 @@ class Worker:
     log: Path
     state: str = "running"  #: running, killed, exited, failed, stopped
     exit_status: int | None = None
+    killed_at: float | None = None  #: monotonic time of the chaos SIGKILL
 
     @property
     def pid(self) -> int:
@@ -389,10 +393,29 @@ class Snapshot:
     duplicates: int
     workers: list[WorkerRow] = field(default_factory=list)
     redis_error: str = ""
+    #: leases the killed worker still holds in Redis, and seconds until they have surely run out
+    orphaned: int = 0
+    orphaned_expire_in: float = 0.0
 
 
 def _num(value: int | float | None, fmt: str = ",") -> str:
     return "-" if value is None else format(value, fmt)
+
+
+def combined_rate(workers: list[WorkerRow], fallback: float) -> float:
+    """The crawl-wide pages/s: the sum of the per-worker rates shown (one source, so the two always
+    agree); ``fallback`` (the site's count) before any worker has a rate."""
+    rates = [w.rate for w in workers if w.rate is not None]
+    return sum(rates) if rates else fallback
+
+
+def orphan_note(s: Snapshot) -> str:
+    """Why the crawl seems to stand still after the chaos kill: it waits for the killed worker's leases
+    to run out (then any worker's next sync puts them back in the queue). ``""`` when nothing waits."""
+    if not s.orphaned:
+        return ""
+    when = f"in {s.orphaned_expire_in:.0f} s" if s.orphaned_expire_in >= 0.5 else "now"
+    return f"waiting for the killed worker's {s.orphaned:,} leases to expire: back in the queue {when}"
 
 
 def render_live(s: Snapshot) -> Group:
@@ -410,6 +433,8 @@ def render_live(s: Snapshot) -> Group:
         "\nretried ", (f"{s.retried:,}", "bold"), "   duplicate fetches ", (f"{s.duplicates:,}", "bold"),
         "   dead letters ", (_num(s.dead_letters), "bold"),
     )
+    if s.orphaned:
+        figures.append("\n" + orphan_note(s), style="yellow")
     if s.redis_error:
         figures.append(f"\nRedis: {s.redis_error}", style="red")
     workers = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
@@ -435,6 +460,7 @@ def progress_line(s: Snapshot) -> str:
         f"[{s.elapsed:6.1f}s] {s.crawled:,}/{s.total:,} pages ({s.crawled / max(1, s.total):.0%})"
         f"  {s.rate:,.0f} pages/s  queued {_num(s.queued)}  in flight {_num(s.inflight)}"
         f"  delayed {_num(s.delayed)}  retried {s.retried:,}  workers running {running}"
+        + (f"  ({orphan_note(s)})" if s.orphaned else "")
     )
 
 
@@ -623,6 +649,7 @@ class Demo:
         victim.proc.kill()
         victim.proc.wait()
         victim.state = "killed"
+        victim.killed_at = time.monotonic()
         victim.exit_status = victim.proc.returncode
         held = leases.get(victim.pid)
         self.event(
@@ -672,7 +699,7 @@ class Demo:
             rate = None
             if row is not None:
                 pages, leases = row["pages"], row["leases"]
-                meter = self._rates.setdefault(w.pid, RateMeter(span=5.0))
+                meter = self._rates.setdefault(w.pid, RateMeter(span=RATE_WINDOW))  # as the site tally
                 meter.add(float(pages), now)
                 rate = meter.per_minute() / 60.0
                 if state == "running" and row["state"] == "closed":
@@ -680,10 +707,16 @@ class Demo:
             elif state == "running":
                 state = "starting"
             if w.state == "killed":
-                state, rate, leases = "killed (chaos)", None, None
+                # its leases stay listed until they expire: the crawl waits for them (see orphan_note)
+                state, rate = "killed (chaos)", None
+                if leases and w.killed_at is not None:
+                    snap.orphaned += leases
+                    snap.orphaned_expire_in = max(
+                        snap.orphaned_expire_in, w.killed_at + DEMO_LEASE_SECONDS - now)
             elif w.state in ("exited", "failed", "stopped"):
                 state, rate, leases = f"{w.state} ({w.exit_status})", None, None
             snap.workers.append(WorkerRow(w.number, w.pid, state, pages, rate, leases))
+        snap.rate = combined_rate(snap.workers, snap.rate)
         return snap
 
     def header(self) -> list[tuple[str, str]]:

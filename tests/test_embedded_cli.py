@@ -32,6 +32,11 @@ def run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_embedded_status_redis_cli_and_stop(outside: Path) -> None:
+    # a project: outside one, `scrapy-dist redis-cli` refuses to start a fresh embedded Redis (issue 17)
+    (outside / "scrapy.cfg").write_text("[settings]\ndefault = embproj.settings\n")
+    (outside / "embproj").mkdir()
+    (outside / "embproj" / "__init__.py").write_text("")
+    (outside / "embproj" / "settings.py").write_text('BOT_NAME = "embproj"\n')
     status = run(outside, "embedded", "status")
     assert status.returncode == 0 and "not running" in status.stdout
     pushed = run(outside, "redis-cli", "lpush", "shop:start_urls", "https://example.com/")
