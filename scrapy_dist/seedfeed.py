@@ -18,7 +18,8 @@ worker killed at any moment in between leaves the seed in the processing list; o
 (``SCHEDULER_LEASE_SECONDS``, renewed at every exchange -- at least once a second while the spider waits)
 runs out, the next exchange of any live worker gives it back to the seeds key. Seeds are delivered at
 least once: one can be taken twice if a worker stalls past its lease or loses a reply to a network error;
-the dupefilter then drops the second copy unless it has ``dont_filter``. The guarantee needs
+the dupefilter drops the second copy only with ``REDIS_START_URLS_DEDUPE`` (seeds bypass it by default,
+as in scrapy-redis) and when the seed does not set ``dont_filter``. The guarantee needs
 :class:`scrapy_dist.scheduler.Scheduler`; with another scheduler a seed counts as done as soon as the
 engine has it.
 """
@@ -296,8 +297,7 @@ class SeedFeed:
             if entries:
                 self._last_seed = time.monotonic()
                 for entry in entries:
-                    request = self._request(entry)
-                    if request is not None:
+                    for request in self._requests(entry):
                         self.stats.inc_value("seeds/requests")
                         yield request
                 self._taken.append(_Taken(entries, time.monotonic()))
@@ -408,8 +408,10 @@ class SeedFeed:
         return _frontier_idle(self.crawler)
 
     # -- seeds -> requests ----------------------------------------------------------------------------
-    def _request(self, entry: bytes) -> Request | None:
-        """The request of one processing-list entry, or ``None`` (rejected -- recorded -- or skipped)."""
+    def _requests(self, entry: bytes) -> list[Request]:
+        """The requests of one processing-list entry: ``make_request_from_data`` may return one request,
+        ``None`` or an iterable of them (as in scrapy-redis); none if the seed is rejected (recorded) or
+        skipped. One bad request rejects the whole seed."""
         score: float | None = None
         raw = entry
         if self.reader.kind == "zset":
@@ -423,26 +425,26 @@ class SeedFeed:
             if len(raw) > self.rules.max_bytes:
                 raise RejectedEntry("too_large", f"{len(raw)} bytes > {self.rules.max_bytes}")
             try:
-                request = self.spider.make_request_from_data(raw)
+                result = self.spider.make_request_from_data(raw)
+                requests = _as_requests(result)
             except RejectedEntry:
                 raise
             except Exception as exc:  # the spider's own hook: its bugs must not stop the seeds
                 raise RejectedEntry("hook_error", f"{type(exc).__name__}: {exc}"[:200]) from None
-            if request is None:
+            if not requests:
                 self.stats.inc_value("seeds/skipped")
-                return None
-            if not isinstance(request, Request):
-                raise RejectedEntry(
-                    "bad_hook_result", f"make_request_from_data returned a {type(request).__name__}"
-                )
-            validate_url(request.url, self.rules)
-            check_offsite(request.url, self.spider)  # dont_filter must not get a seed past allowed_domains
-            if score is not None and not request.priority:
-                request = request.replace(priority=priority_from_score(score))
-            return request
+                return []
+            out = []
+            for request in requests:
+                validate_url(request.url, self.rules)
+                check_offsite(request.url, self.spider)  # dont_filter must not get one past allowed_domains
+                if score is not None and not request.priority:
+                    request = request.replace(priority=priority_from_score(score))
+                out.append(request)
+            return out
         except RejectedEntry as exc:
             self._reject(raw, exc)
-            return None
+            return []
 
     def _reject(self, raw: bytes, exc: RejectedEntry) -> None:
         reason = reason_slug(exc.reason)
@@ -500,6 +502,31 @@ class SeedFeed:
                 await r.close()
             except Exception:  # closing a client that lost its server is not worth a traceback
                 logger.debug("Error closing the seeds client", exc_info=True)
+
+
+#: Most requests one seed may give (a hook yielding without end must not stall the feed).
+MAX_REQUESTS_PER_SEED = 10_000
+
+
+def _as_requests(result: Any) -> list[Request]:
+    """``make_request_from_data``'s answer as a list: a request, ``None``, or an iterable of requests
+    (a generator is run here, inside the hook's error handling). Raises :class:`RejectedEntry`."""
+    if result is None:
+        return []
+    if isinstance(result, Request):
+        return [result]
+    if isinstance(result, (str, bytes, dict)) or not isinstance(result, Iterable):
+        raise RejectedEntry("bad_hook_result", f"make_request_from_data returned a {type(result).__name__}")
+    out: list[Request] = []
+    for item in result:
+        if not isinstance(item, Request):
+            raise RejectedEntry(
+                "bad_hook_result", f"make_request_from_data yielded a {type(item).__name__}, not a Request"
+            )
+        out.append(item)
+        if len(out) > MAX_REQUESTS_PER_SEED:
+            raise RejectedEntry("bad_hook_result", f"over {MAX_REQUESTS_PER_SEED} requests from one seed")
+    return out
 
 
 def _frontier_idle(crawler: Crawler) -> bool:

@@ -16,6 +16,7 @@ from scrapy.spiders import CrawlSpider
 
 from scrapy_dist.seedfeed import SeedFeed, SeedReader, TakeResult
 from scrapy_dist.seeds import SeedRules, parse_seed, seed_request, spider_has_callback
+from scrapy_dist.spiderargs import apply_spider_arguments
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -30,12 +31,16 @@ class RedisMixin:
 
     Attributes: ``redis_key`` (the seeds key, ``%(name)s`` replaced by the spider name; default
     ``REDIS_START_URLS_KEY``), ``redis_batch_size`` (seeds per round trip; default
-    ``REDIS_START_URLS_BATCH_SIZE``, else ``CONCURRENT_REQUESTS``). Override
+    ``REDIS_START_URLS_BATCH_SIZE``, else ``CONCURRENT_REQUESTS``), ``max_idle_time`` (seconds without
+    work before the worker closes; sets ``SCHEDULER_IDLE_BEFORE_CLOSE``). All three may be given as
+    ``-a name=value`` (see :mod:`scrapy_dist.spiderargs`). Override
     :meth:`make_request_from_data` to read another seed format.
     """
 
     redis_key: str | None = None
     redis_batch_size: int | None = None
+    #: seconds without work before the worker closes (scrapy-redis's; sets SCHEDULER_IDLE_BEFORE_CLOSE)
+    max_idle_time: float | None = None
 
     name: str
     crawler: Crawler
@@ -44,6 +49,7 @@ class RedisMixin:
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
         spider = super().from_crawler(crawler, *args, **kwargs)  # type: ignore[misc]
+        apply_spider_arguments(spider, crawler)  # -a values are strings: converted as scrapy-redis does
         crawler.signals.connect(spider._close_seed_feed, signal=signals.spider_closed)
         return spider
 
@@ -65,7 +71,7 @@ class RedisMixin:
         feed = self._seed_feed
         rules = feed.rules if feed is not None else SeedRules()
         seed = parse_seed(data, rules, has_callback=spider_has_callback(self))  # type: ignore[arg-type]
-        return seed_request(seed, self)  # type: ignore[arg-type]
+        return seed_request(seed, self, dedupe=rules.dedupe)  # type: ignore[arg-type]
 
     async def _close_seed_feed(self, spider: Spider, reason: str) -> None:
         if spider is self and self._seed_feed is not None:
