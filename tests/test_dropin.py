@@ -242,3 +242,45 @@ def test_item_key_overridden_with_scrapy_redis_signature_gets_the_spider(
 
     run(scenario())
     assert redis_client.llen("books:items:a") == 1 and redis_client.llen("new:a") == 1
+
+
+# -- module-level API -----------------------------------------------------------------------------
+def test_get_redis_takes_scrapy_redis_keywords(redis_url: str, redis_client: redis.Redis) -> None:
+    from scrapy_dist import connection
+
+    parts = urlsplit(redis_url)
+    db = int(parts.path.lstrip("/") or 0)
+    redis_client.set("marker", "here")
+    clients = [
+        connection.get_redis(url=redis_url),
+        connection.get_redis(host=parts.hostname, port=parts.port, db=db),
+        connection.get_redis(url=redis_url, redis_cls=redis.StrictRedis, socket_timeout=3),
+        connection.get_redis(url=redis_url, redis_cls="redis.Redis"),
+        connection.get_redis_from_settings({"REDIS_URL": redis_url}),
+        connection.from_settings({"REDIS_URL": redis_url}),
+    ]
+    for client in clients:
+        assert client.get("marker") == b"here"
+        client.close()
+    assert connection.from_settings is connection.get_redis_from_settings
+    with pytest.raises(TypeError):
+        connection.get_redis({"REDIS_URL": redis_url}, url=redis_url)
+
+
+def test_redis_stats_collector_keeps_crawl_wide_stats_in_redis(
+    tmp_path: Path, redis_url: str, site_factory: Any
+) -> None:
+    """STATS_CLASS as in scrapy-redis: the crawl's stats end up in a Redis hash, with ClusterStats not
+    listed in the project's EXTENSIONS (the collector enables it)."""
+    from scrapy_dist.keys import CrawlKeys
+
+    site = site_factory(pages=5, links=0)
+    client = redis.Redis.from_url(redis_url)
+    client.lpush("plain:start_urls", *[site.page_url(i) for i in range(3)])
+    project = _project(tmp_path, redis_url, STATS_CLASS="scrapy_dist.stats.RedisStatsCollector",
+                       SCHEDULER_PERSIST=True)
+    project.crawl("plain")
+    assert project.wait_all(90) == [0], project.logs()[-3000:]
+    stats = client.hgetall(CrawlKeys("plain").stats)
+    assert int(stats[b"response_received_count"]) == 3, stats
+    assert project.stats(0)["response_received_count"] == 3  # this worker's, in memory as in Scrapy
