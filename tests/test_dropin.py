@@ -284,3 +284,26 @@ def test_redis_stats_collector_keeps_crawl_wide_stats_in_redis(
     stats = client.hgetall(CrawlKeys("plain").stats)
     assert int(stats[b"response_received_count"]) == 3, stats
     assert project.stats(0)["response_received_count"] == 3  # this worker's, in memory as in Scrapy
+
+
+# -- the migration table -----------------------------------------------------------------------------
+def test_readme_migration_table_is_generated_from_the_code() -> None:
+    """Run `python -m scrapy_dist.migration` when this fails."""
+    from scrapy_dist import migration
+    from scrapy_dist.settings_table import OURS, SCRAPY_REDIS_IGNORED, TABLE
+
+    readme = migration.README_PATH.read_text(encoding="utf-8")
+    inside = readme.split(migration.START, 1)[1].split(migration.END, 1)[0].strip()
+    table = migration.render_table()
+    assert inside == table
+    rows = table.splitlines()
+    first = rows[2]
+    assert "localhost:6379" in first and "embedded Redis" in first and "redis-cli -s" in first
+    by_name = {row.split("|")[1].strip().split(",")[0]: row for row in rows if row.startswith("| `")}
+    for spec in TABLE:
+        if spec.status != OURS:
+            assert f"`{spec.name}`" in by_name, spec.name
+    for name in SCRAPY_REDIS_IGNORED:
+        assert "not applied" in by_name[f"`{name}`"]
+    persist = by_name["`SCHEDULER_PERSIST`"]
+    assert "**changed**" in persist and "scrapy-redis: False" in persist and "WARNING" in persist
