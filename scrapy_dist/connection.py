@@ -413,7 +413,9 @@ def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: 
     that a cluster client connects when built and raises :class:`RedisUnavailable` if it cannot.
 
     scrapy-redis's keyword call works too: ``get_redis(url=...)``, ``get_redis(host=..., port=..., db=...)``,
-    other keywords are client options (``REDIS_PARAMS``) and ``redis_cls`` picks the client class.
+    other keywords are client options (``REDIS_PARAMS``). With ``redis_cls`` (a class or its path) the
+    client is built exactly as scrapy-redis builds it: ``redis_cls.from_url(url, **kw)`` or
+    ``redis_cls(**kw)``, without scrapy-dist's timeouts and retries.
     ``get_redis()`` with nothing at all is the Redis a crawl without Redis settings uses (the
     ``REDIS_URL`` environment variable, else the embedded Redis) -- not scrapy-redis's ``localhost:6379``,
     so that a script and a crawl agree.
@@ -436,6 +438,10 @@ def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
         from scrapy.utils.misc import load_object
 
         redis_cls = load_object(redis_cls)
+    if redis_cls is not None:
+        # a client class of one's own: built exactly as scrapy-redis builds it, no options added
+        url = kwargs.pop("url", None)
+        return cast("redis.Redis", redis_cls.from_url(url, **kwargs) if url else redis_cls(**kwargs))
     settings: dict[str, Any] = {}
     for word, name in _KEYWORD_SETTINGS.items():
         if kwargs.get(word) not in (None, ""):
@@ -450,10 +456,7 @@ def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
             settings.pop("REDIS_HOST", None)
             settings.pop("REDIS_PORT", None)
     settings["REDIS_PARAMS"] = kwargs
-    target = resolve_target(settings)
-    if redis_cls is None:
-        return _build_sync(target)
-    return cast("redis.Redis", redis_cls.from_url(target.url, **_client_params(target)))
+    return _build_sync(resolve_target(settings))
 
 
 def _url_with_db(settings: dict[str, Any], db: Any) -> str:

@@ -63,8 +63,9 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
      "batched; optional STREAM"),
     ("`scrapy_redis.connection.get_redis(**kw)`, `get_redis_from_settings`, `from_settings`",
      "`scrapy_dist.connection.get_redis(url=..., host=..., port=..., db=...)`, `get_redis_from_settings`,"
-     " `from_settings`", CHANGED, "client timeouts and retries added; with no argument at all, the same"
-     " Redis as a crawl without settings (not `localhost:6379`)"),
+     " `from_settings`", CHANGED, "client timeouts and retries added (with `redis_cls=`: built exactly as"
+     " scrapy-redis builds it); with no argument at all, the same Redis as a crawl without settings (not"
+     " `localhost:6379`)"),
     ("`STATS_CLASS = \"scrapy_redis.stats.RedisStatsCollector\"`",
      "`\"scrapy_dist.stats.RedisStatsCollector\"`", CHANGED,
      "no round trip per increment: this worker's stats in memory, crawl-wide sums merged into"

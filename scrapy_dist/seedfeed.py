@@ -243,7 +243,8 @@ class SeedFeed:
         sched = get_scheduler(crawler)
         keys = crawl_keys(ds, spider.name)
         if spider.redis_key:
-            keys = dataclasses.replace(keys, start_urls_template=spider.redis_key)
+            # spider.redis_key is the key itself (scrapy_dist.spiderargs replaced %(name)s): no template
+            keys = dataclasses.replace(keys, start_urls_template=spider.redis_key.replace("%", "%%"))
         batch = spider.redis_batch_size or ds.seeds.batch_size
         idle = sched.idle_before_close if sched is not None else ds.scheduler.idle_before_close
         reader = SeedReader(

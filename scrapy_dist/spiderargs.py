@@ -31,6 +31,7 @@ IDLE_PRIORITY = 50
 class SpiderArguments:
     """The converted values (``None``: the spider does not set it, the setting applies)."""
 
+    #: the seeds key, ``%(name)s`` already replaced (as scrapy-redis leaves ``spider.redis_key``)
     redis_key: str | None = None
     redis_batch_size: int | None = None
     max_idle_time: float | None = None
@@ -53,14 +54,14 @@ def _key(value: Any, name: str) -> str | None:
         raise SettingsError("redis_key", value, f"a {type(value).__name__}, not a string",
                             "expected a key name such as '%(name)s:start_urls'")
     try:
-        expanded = value % {"name": name}
+        expanded = value % {"name": name, "spider": name}
     except (TypeError, ValueError, KeyError) as exc:
         raise SettingsError("redis_key", value, f"bad %-template ({exc})",
                             "only %(name)s is replaced; write a literal % as %%") from None
     if not expanded.strip():
         raise SettingsError("redis_key", value, "an empty key",
                             "expected a key name such as '%(name)s:start_urls', or leave it unset")
-    return value
+    return expanded
 
 
 def _batch(value: Any) -> int | None:
@@ -101,6 +102,8 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
         from scrapy_dist.connection import abort_crawl
 
         abort_crawl(exc)
+    if args.redis_key is not None:
+        spider.redis_key = args.redis_key
     if args.redis_batch_size is not None:
         spider.redis_batch_size = args.redis_batch_size
     if args.max_idle_time is not None:

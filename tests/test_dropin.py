@@ -79,7 +79,7 @@ def test_spider_arguments_are_converted_like_scrapy_redis() -> None:
         max_idle_time = " 5 "
 
     args = SpiderArguments.of(S())
-    assert args == SpiderArguments("%(name)s:jobs", 10, 5.0)
+    assert args == SpiderArguments("s:jobs", 10, 5.0)
     assert SpiderArguments.of(object()) == SpiderArguments()
 
 
@@ -307,3 +307,34 @@ def test_readme_migration_table_is_generated_from_the_code() -> None:
         assert "not applied" in by_name[f"`{name}`"]
     persist = by_name["`SCHEDULER_PERSIST`"]
     assert "**changed**" in persist and "scrapy-redis: False" in persist and "WARNING" in persist
+
+
+def test_get_redis_with_a_client_class_builds_it_as_scrapy_redis_does() -> None:
+    from scrapy_dist import connection
+
+    class Recorder:
+        def __init__(self, **kw: Any) -> None:
+            self.kw = kw
+
+        @classmethod
+        def from_url(cls, url: str, **kw: Any) -> tuple[str, dict[str, Any]]:
+            return url, kw
+
+    made = connection.get_redis(redis_cls=Recorder, param="foo")
+    assert isinstance(made, Recorder) and made.kw == {"param": "foo"}
+    assert connection.get_redis(redis_cls=Recorder, url="redis://h", param="foo") == (
+        "redis://h", {"param": "foo"})
+
+
+def test_from_crawler_converts_spider_arguments_in_place() -> None:
+    """What scrapy-redis's own test_from_crawler_with_spider_arguments checks."""
+    from scrapy.crawler import Crawler
+
+    from scrapy_dist.spiders import RedisSpider
+
+    crawler = Crawler(RedisSpider, {})  # as in `scrapy crawl`: the spider is built before settings freeze
+    spider = RedisSpider.from_crawler(crawler, "foo", redis_key="key:%(name)s", redis_batch_size="2000",
+                                      max_idle_time="100")
+    assert (spider.name, spider.redis_key, spider.redis_batch_size, spider.max_idle_time) == (
+        "foo", "key:foo", 2000, 100)
+    assert crawler.settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE") == 100
