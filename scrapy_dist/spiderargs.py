@@ -10,6 +10,7 @@ worker closes once the crawl has been idle that long (:mod:`scrapy_dist.extensio
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from scrapy.settings import Settings
 
 __all__ = ["SpiderArguments", "apply_spider_arguments"]
+
+logger = logging.getLogger(__name__)
 
 #: Priority of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s`` on the
 #: command line (40), since in scrapy-redis the spider attribute overrides the setting.
@@ -102,6 +105,12 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
         from scrapy_dist.connection import abort_crawl
 
         abort_crawl(exc)
+    encoding = getattr(spider, "redis_encoding", None)
+    if encoding is not None and str(encoding).strip().lower().replace("-", "").replace("_", "") != "utf8":
+        logger.warning(
+            "scrapy-dist: redis_encoding=%s is not applied: seeds are read as UTF-8 (others are rejected as"
+            " not_utf8); override make_request_from_data to decode another encoding", encoding,
+        )
     if args.redis_key is not None:
         spider.redis_key = args.redis_key
     if args.redis_batch_size is not None:
@@ -114,9 +123,7 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
 
 def _set_idle(settings: Settings, seconds: float) -> None:
     if getattr(settings, "frozen", False):  # built outside Crawler.crawl(): too late to feed the setting
-        import logging
-
-        logging.getLogger(__name__).warning(
+        logger.warning(
             "scrapy-dist: max_idle_time=%s is ignored: the settings were already frozen; set"
             " SCHEDULER_IDLE_BEFORE_CLOSE instead", seconds,
         )

@@ -338,3 +338,14 @@ def test_from_crawler_converts_spider_arguments_in_place() -> None:
     assert (spider.name, spider.redis_key, spider.redis_batch_size, spider.max_idle_time) == (
         "foo", "key:foo", 2000, 100)
     assert crawler.settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE") == 100
+
+
+def test_redis_encoding_spider_attribute_other_than_utf8_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+    from scrapy.crawler import Crawler
+
+    from scrapy_dist.spiders import RedisSpider
+
+    for encoding, warned in (("latin-1", True), ("utf-8", False), ("UTF8", False)):
+        caplog.clear()
+        RedisSpider.from_crawler(Crawler(RedisSpider, {}), "foo", redis_encoding=encoding)
+        assert any("redis_encoding" in r.getMessage() for r in caplog.records) is warned, encoding

@@ -152,6 +152,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", type=Path, help="work in this directory and keep it (default: a temp dir)")
     ap.add_argument("--python", default=sys.executable, help="the interpreter that has scrapy_dist installed")
+    ap.add_argument("--project", type=Path, default=ROOT,
+                    help="the scrapy-dist checkout to test (put first on PYTHONPATH; default: this one)")
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="scrapy-dist-compat-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -169,7 +171,7 @@ def main() -> int:
         for d in (scrapy_src, redis_src):
             (d / "compat_flush.py").write_text(FLUSH_PLUGIN)
         env = {**os.environ, "REDIS_URL": url, "REDIS_PORT": url.rsplit(":", 1)[1].split("/")[0],
-               "PYTHONPATH": os.pathsep.join([str(deps), str(ROOT)])}
+               "PYTHONPATH": os.pathsep.join([str(deps), str(args.project.resolve())])}
 
         # Scrapy: each file unmodified (reference), then swapped
         results = {}
