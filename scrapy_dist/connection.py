@@ -80,8 +80,10 @@ __all__ = [
     "check_reachable",
     "check_reachable_async",
     "ensure_reachable",
+    "from_settings",
     "get_async_redis",
     "get_redis",
+    "get_redis_from_settings",
     "is_cluster",
     "mask_url",
     "resolve_target",
@@ -403,14 +405,74 @@ def _build_async(target: RedisTarget) -> redis.asyncio.Redis:
     return redis.asyncio.Redis.from_url(target.url, **params)
 
 
-def get_redis(settings: SettingsLike | DistSettings) -> redis.Redis:
+def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: Any) -> redis.Redis:
     """A synchronous client for the Redis the settings point at.
 
     A ``redis.cluster.RedisCluster`` when the target is a cluster (typed as ``redis.Redis``; use
     :func:`is_cluster` to tell). Does not check that Redis answers (see :func:`ensure_reachable`), except
     that a cluster client connects when built and raises :class:`RedisUnavailable` if it cannot.
+
+    scrapy-redis's keyword call works too: ``get_redis(url=...)``, ``get_redis(host=..., port=..., db=...)``,
+    other keywords are client options (``REDIS_PARAMS``). With ``redis_cls`` (a class or its path) the
+    client is built exactly as scrapy-redis builds it: ``redis_cls.from_url(url, **kw)`` or
+    ``redis_cls(**kw)``, without scrapy-dist's timeouts and retries.
+    ``get_redis()`` with nothing at all is the Redis a crawl without Redis settings uses (the
+    ``REDIS_URL`` environment variable, else the embedded Redis) -- not scrapy-redis's ``localhost:6379``,
+    so that a script and a crawl agree.
     """
+    if settings is not None and kwargs:
+        raise TypeError("get_redis() takes settings or scrapy-redis keywords (url=, host=, ...), not both")
+    if settings is None:
+        return _redis_from_keywords(dict(kwargs))
     return _build_sync(resolve_target(settings))
+
+
+#: scrapy-redis's ``get_redis(**kwargs)`` keywords that name a setting here.
+_KEYWORD_SETTINGS = {"url": "REDIS_URL", "host": "REDIS_HOST", "port": "REDIS_PORT"}
+
+
+def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
+    """scrapy-redis's ``get_redis(url=..., host=..., port=..., db=..., redis_cls=..., **params)``."""
+    redis_cls = kwargs.pop("redis_cls", None)
+    if isinstance(redis_cls, str):
+        from scrapy.utils.misc import load_object
+
+        redis_cls = load_object(redis_cls)
+    if redis_cls is not None:
+        # a client class of one's own: built exactly as scrapy-redis builds it, no options added
+        url = kwargs.pop("url", None)
+        return cast("redis.Redis", redis_cls.from_url(url, **kwargs) if url else redis_cls(**kwargs))
+    settings: dict[str, Any] = {}
+    for word, name in _KEYWORD_SETTINGS.items():
+        if kwargs.get(word) not in (None, ""):
+            settings[name] = kwargs.pop(word)
+        kwargs.pop(word, None)
+    db = kwargs.pop("db", None)
+    if db is not None:
+        if "REDIS_URL" in settings:
+            kwargs["db"] = db  # redis-py: a db keyword wins over the URL's
+        else:
+            settings["REDIS_URL"] = _url_with_db(settings, db)
+            settings.pop("REDIS_HOST", None)
+            settings.pop("REDIS_PORT", None)
+    settings["REDIS_PARAMS"] = kwargs
+    return _build_sync(resolve_target(settings))
+
+
+def _url_with_db(settings: dict[str, Any], db: Any) -> str:
+    host = settings.get("REDIS_HOST") or "localhost"
+    port = settings.get("REDIS_PORT") or 6379
+    host = f"[{host}]" if ":" in str(host) else host
+    return f"redis://{host}:{int(port)}/{int(db)}"
+
+
+def get_redis_from_settings(settings: SettingsLike | DistSettings) -> redis.Redis:
+    """scrapy-redis's name for :func:`get_redis` called with settings."""
+    return get_redis(settings)
+
+
+#: scrapy-redis's other name for :func:`get_redis_from_settings`.
+from_settings = get_redis_from_settings
 
 
 def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redis:

@@ -145,13 +145,16 @@ class RedisPipeline:
             on_failure=lambda exc: self._inc("redis_items/redis_errors"),
         )
         self._xadd: Any = None  # the items_xadd script, registered on first use
+        #: scrapy-redis's ``item_key(self, item, spider)`` overrides get the spider (see :meth:`item_key`)
+        self._key_wants_spider = _wants_spider(self.item_key)
+        self._crawler: Crawler | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``REDIS_ITEMS_*`` settings and the connection settings (``REDIS_URL``, ...)."""
         ds = DistSettings.for_crawler(crawler)
         items = ds.items
-        return cls(
+        pipe = cls(
             get_async_redis(ds),
             crawler_keys(crawler).items,
             stream=items.stream,
@@ -162,6 +165,8 @@ class RedisPipeline:
             stats=crawler.stats,
             outage=Outage.for_crawler(crawler),
         )
+        pipe._crawler = crawler
+        return pipe
 
     # -- Scrapy hooks ---------------------------------------------------------------------------
     async def open_spider(self) -> None:
@@ -195,7 +200,11 @@ class RedisPipeline:
             ) from exc
         if self.writer.closing:
             raise RuntimeError("RedisPipeline.process_item() called after close_spider()")
-        await asyncio.shield(self.writer.add((self.item_key(item), data)))
+        if self._key_wants_spider:
+            key = self.item_key(item, getattr(self._crawler, "spider", None))  # type: ignore[call-arg]
+        else:
+            key = self.item_key(item)
+        await asyncio.shield(self.writer.add((key, data)))
         return item
 
     async def close_spider(self) -> None:
@@ -205,7 +214,10 @@ class RedisPipeline:
 
     # -- extension points -----------------------------------------------------------------------
     def item_key(self, item: Any) -> str:
-        """Redis key for ``item`` (override to route items to several keys, as in scrapy-redis)."""
+        """Redis key for ``item`` (override to route items to several keys, as in scrapy-redis).
+
+        An override with scrapy-redis's signature, ``item_key(self, item, spider)``, keeps working: it is
+        called with the crawler's spider (and with ``%(spider)s`` formatting left to it, as there)."""
         return self.key
 
     # -- writing --------------------------------------------------------------------------------
@@ -252,3 +264,16 @@ class RedisPipeline:
     def _inc(self, name: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(name, count)
+
+
+def _wants_spider(method: Callable[..., Any]) -> bool:
+    """Whether a bound ``item_key`` takes a second positional argument (scrapy-redis's ``spider``)."""
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    return len(positional) >= 2 and (positional[1].default is inspect.Parameter.empty
+                                     or positional[1].name == "spider")

@@ -7,7 +7,9 @@ A seed is UTF-8 text, surrounding whitespace ignored, in one of two forms:
 
 * a plain ``http(s)`` URL: ``https://example.com/``;
 * a JSON object with ``url`` and any of ``method``, ``headers``, ``body``, ``meta``, ``cb_kwargs``,
-  ``priority``, ``callback``, ``errback``, ``dont_filter``, ``cookies`` (see :data:`FIELDS`).
+  ``priority``, ``callback``, ``errback``, ``dont_filter``, ``cookies`` (see :data:`FIELDS`); any other
+  field is form data, as in scrapy-redis (``FormRequest(formdata=...)``: the query string of a GET, the
+  urlencoded body of a POST).
 
 Anything else raises :class:`~scrapy_dist.exceptions.RejectedEntry` whose ``reason`` is one of
 :data:`REASONS` -- never another exception, whatever the bytes (a hypothesis fuzz test holds us to that).
@@ -42,7 +44,8 @@ REASONS = {
     "bad_json": "starts like JSON but does not parse, NaN/Infinity, nested over 32 levels",
     "not_object": "valid JSON that is not an object",
     "missing_url": "a JSON object without url",
-    "unknown_field": "a JSON field that is not one of FIELDS",
+    "bad_form_field": "a JSON field outside FIELDS (form data, as in scrapy-redis) that is not a string or a"
+    " list of strings, or combined with body",
     "bad_method": "method is not an HTTP token (letters, digits, !#$%&'*+-.^_`|~; at most 32)",
     "bad_headers": "headers is not an object of name -> string or list of strings, or a bad name",
     "header_injection": "CR, LF or NUL in a header (or cookie) name or value",
@@ -60,7 +63,8 @@ REASONS = {
     "bad_cookies": "cookies is not an object of name -> value or a list of cookie objects",
     "bad_request": "Scrapy's Request refused the values",
     "hook_error": "the spider's make_request_from_data() raised",
-    "bad_hook_result": "make_request_from_data() returned something that is not a Request or None",
+    "bad_hook_result": "make_request_from_data() returned something that is not a Request, None or an"
+    " iterable of Requests",
 }
 
 #: The fields a JSON seed may have.
@@ -92,6 +96,8 @@ class SeedRules:
     allowed_schemes: tuple[str, ...] = ("http", "https")
     meta_allowed: tuple[str, ...] = ("*",)
     headers_allowed: tuple[str, ...] = ()
+    #: REDIS_START_URLS_DEDUPE: whether a seed that does not say ``dont_filter`` is deduplicated
+    dedupe: bool = False
 
     @classmethod
     def from_dist(cls, ds: DistSettings) -> SeedRules:
@@ -99,6 +105,7 @@ class SeedRules:
         return cls(
             max_bytes=ds.seeds.max_bytes, allowed_schemes=ds.scheduler.allowed_schemes,
             meta_allowed=ds.seeds.meta_allowed, headers_allowed=ds.seeds.headers_allowed,
+            dedupe=ds.seeds.dedupe,
         )
 
     @classmethod
@@ -127,8 +134,11 @@ class Seed:
     priority: int | None = None
     callback: str | None = None
     errback: str | None = None
-    dont_filter: bool = False
+    #: ``None`` when the seed does not say (REDIS_START_URLS_DEDUPE decides)
+    dont_filter: bool | None = None
     cookies: dict[str, Any] | list[dict[str, Any]] | None = None
+    #: fields outside FIELDS: form data (scrapy-redis's README seed ``{"url": ..., "url_cookie_key": ...}``)
+    formdata: dict[str, str | list[str]] | None = None
     #: whether the seed was a JSON object (else a plain URL)
     is_json: bool = field(default=False, compare=False)
 
@@ -141,8 +151,10 @@ class Seed:
             value = getattr(self, name)
             if value is not None:
                 d[name] = value
-        if self.dont_filter:
-            d["dont_filter"] = True
+        if self.dont_filter is not None:
+            d["dont_filter"] = self.dont_filter
+        for name, value in (self.formdata or {}).items():
+            d.setdefault(name, value)
         return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -251,10 +263,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         raise RejectedEntry("bad_json", str(exc)[:120]) from None
     if not isinstance(obj, dict):
         raise RejectedEntry("not_object", f"JSON {type(obj).__name__}, expected an object")
-    unknown = set(obj) - FIELDS
-    if unknown:
-        names = ", ".join(repr(n[:40]) for n in sorted(unknown)[:5])
-        raise RejectedEntry("unknown_field", f"unknown field(s) {names}")
+    formdata = _form_fields(obj)
     if "url" not in obj:
         raise RejectedEntry("missing_url", "JSON seed without url")
     url = obj["url"]
@@ -297,7 +306,29 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         seed.dont_filter = df
     if "cookies" in obj:
         seed.cookies = check_cookies(obj["cookies"])
+    if formdata:
+        if seed.body is not None:
+            raise RejectedEntry("bad_form_field", "form fields and body together (the form is the body)")
+        seed.formdata = formdata
     return seed
+
+
+def _form_fields(obj: dict[str, Any]) -> dict[str, str | list[str]]:
+    """The fields of a JSON seed outside :data:`FIELDS`: form data, as scrapy-redis sends them."""
+    out: dict[str, str | list[str]] = {}
+    for name, value in obj.items():
+        if name in FIELDS:
+            continue
+        _check_text(name, "bad_form_field", "a form field name")
+        ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+        if not ok:
+            raise RejectedEntry(
+                "bad_form_field", f"form field {name[:40]!r} is a {_type(value)}, expected a string or a list"
+                " of strings (a field outside url, method, meta, ... is sent as form data)",
+            )
+        _check_json_value(value, "bad_form_field", "a form field")
+        out[name] = value
+    return out
 
 
 def _type(value: Any) -> str:
@@ -439,13 +470,17 @@ def resolve_callback(spider: Spider, name: str, what: str) -> Any:
 
 # -- requests -----------------------------------------------------------------------------------
 def seed_request(
-    seed: Seed, spider: Spider | None = None, request_cls: type[Request] | None = None
+    seed: Seed, spider: Spider | None = None, request_cls: type[Request] | None = None, dedupe: bool = False
 ) -> Request:
     """Build the request of ``seed``; callbacks are resolved on ``spider`` (required if the seed names
-    one). Raises :class:`RejectedEntry` (``bad_callback``, ``bad_errback``, ``bad_request``)."""
+    one). Raises :class:`RejectedEntry` (``bad_callback``, ``bad_errback``, ``bad_request``).
+
+    A seed that does not set ``dont_filter`` bypasses the dupefilter unless ``dedupe``
+    (``REDIS_START_URLS_DEDUPE``): as in scrapy-redis, pushing a URL again fetches it again."""
     from scrapy import Request
 
-    kw: dict[str, Any] = {"url": seed.url, "method": seed.method, "dont_filter": seed.dont_filter}
+    dont_filter = (not dedupe) if seed.dont_filter is None else seed.dont_filter
+    kw: dict[str, Any] = {"url": seed.url, "method": seed.method, "dont_filter": dont_filter}
     if seed.headers is not None:
         kw["headers"] = seed.headers
     if seed.body is not None:
@@ -458,6 +493,12 @@ def seed_request(
         kw["priority"] = seed.priority
     if seed.cookies is not None:
         kw["cookies"] = seed.cookies
+    if seed.formdata:
+        from scrapy import FormRequest
+
+        kw["formdata"] = seed.formdata
+        if request_cls is None or not issubclass(request_cls, FormRequest):
+            request_cls = FormRequest
     for what in ("callback", "errback"):
         name = getattr(seed, what)
         if name is not None:

@@ -159,6 +159,8 @@ class SeedSettings:
     rejected_maxlen: int = 100_000
     meta_allowed: tuple[str, ...] = ("*",)
     headers_allowed: tuple[str, ...] = ()
+    #: REDIS_START_URLS_DEDUPE: seeds without their own dont_filter go through the dupefilter
+    dedupe: bool = False
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,7 @@ class DistSettings:
             max_bytes=v("REDIS_START_URLS_MAX_BYTES"), rejected_maxlen=v("REDIS_START_URLS_REJECTED_MAXLEN"),
             meta_allowed=tuple(map(str, v("SEEDS_META_ALLOWED"))),
             headers_allowed=tuple(map(str, v("SEEDS_HEADERS_ALLOWED"))),
+            dedupe=v("REDIS_START_URLS_DEDUPE"),
         )
         if not seeds.key_template:
             raise SettingsError("REDIS_START_URLS_KEY", "", "empty",

@@ -136,6 +136,8 @@ TABLE: tuple[Setting, ...] = (
        status=HONOURED),
     _s("REDIS_START_URLS_BATCH_SIZE", 0, "int", "Seeds taken per round (0: CONCURRENT_REQUESTS).", SE,
        status=HONOURED, low=0),
+    _s("REDIS_START_URLS_DEDUPE", False, "bool", "Seeds go through the dupefilter (a URL pushed again is"
+       " skipped). Off: every push is fetched, as in scrapy-redis; a seed's own dont_filter wins.", SE),
     _s("REDIS_START_URLS_MAX_BYTES", 64 * 1024, "int", "Largest seed accepted (bytes).", SE, low=16),
     _s("REDIS_START_URLS_REJECTED_MAXLEN", 100_000, "int", "Newest rejection records kept in"
        " <seeds key>:rejected.", SE, low=0),

@@ -1,521 +1,29 @@
 """Spiders fed from Redis: ``redis-cli lpush <spider>:start_urls <url-or-json>`` and the running crawl
 requests the seed within a second (about 60 ms on loopback; see docs/seeds.md).
 
-:class:`RedisSpider` and :class:`RedisCrawlSpider` read seeds in ``async def start()``. A waiting spider
-blocks on the seeds key (``BLMOVE key key RIGHT LEFT`` with a 1-second timeout: it wakes on a push and
-moves nothing anywhere) instead of polling on ``spider_idle``, then takes up to
-``REDIS_START_URLS_BATCH_SIZE`` seeds per round trip. Every seed is validated (:mod:`scrapy_dist.seeds`);
-a bad one is recorded in ``<seeds key>:rejected`` with its reason and never stops the spider or costs the
-other seeds of its batch.
-
-Not lost when a worker dies (the guarantee, precisely): a seed leaves the seeds key only inside
-``seeds_take.lua``, which records it in the processing LIST (tagged with the worker's id) in the same
-atomic step, and it leaves that list only once the scheduler has written its request to the frontier
-(after the first successful frontier sync that began after the request was handed to the scheduler). A
-worker killed at any moment in between leaves the seed in the processing list; once its lease
-(``SCHEDULER_LEASE_SECONDS``, renewed at every exchange -- at least once a second while the spider waits)
-runs out, the next exchange of any live worker gives it back to the seeds key. Seeds are delivered at
-least once: one can be taken twice if a worker stalls past its lease or loses a reply to a network error;
-the dupefilter then drops the second copy unless it has ``dont_filter``. The guarantee needs
-:class:`scrapy_dist.scheduler.Scheduler`; with another scheduler a seed counts as done as soon as the
-engine has it.
+:class:`RedisSpider` and :class:`RedisCrawlSpider` read seeds in ``async def start()`` through
+:class:`scrapy_dist.seedfeed.SeedFeed` (the seed protocol, and what "not lost" means for a seed, are
+described there).
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import logging
-import time
-from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider, signals
 from scrapy.spiders import CrawlSpider
 
-from scrapy_dist import _engine, connection, defaults, scripts
-from scrapy_dist.codec import check_offsite
-from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.keys import CrawlKeys, crawl_keys
-from scrapy_dist.outage import Backoff, Outage, is_outage
-from scrapy_dist.ratelimit import RateLimitedLog
-from scrapy_dist.rejections import rejection_record
-from scrapy_dist.scheduler import Scheduler, get_scheduler, make_worker_id
-from scrapy_dist.seeds import (
-    SeedRules,
-    parse_seed,
-    priority_from_score,
-    reason_slug,
-    seed_request,
-    spider_has_callback,
-    validate_url,
-)
-from scrapy_dist.settings import DistSettings
+from scrapy_dist.seedfeed import SeedFeed, SeedReader, TakeResult
+from scrapy_dist.seeds import SeedRules, parse_seed, seed_request, spider_has_callback
+from scrapy_dist.spiderargs import apply_spider_arguments
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
-__all__ = ["RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed", "SeedReader"]
-
-logger = logging.getLogger(__name__)
-
-#: How long one blocking wait for a LIST seed lasts (seconds). A push wakes it at once; the timeout only
-#: bounds how late the spider notices it should close, and renews the processing lease that often.
-BLOCK_SECONDS = 1.0
-#: SET and ZSET seeds cannot be waited for atomically (no blocking pop that also records the seed), so
-#: they are polled this often (seconds): ten cheap calls a second per idle worker.
-POLL_SECONDS = 0.1
-#: Workers whose lease ran out are reported and adopted this many at a time.
-ADOPT_BATCH = 10
-#: How often to look whether taken seeds have reached the frontier (seconds, local only).
-CONFIRM_POLL = 0.01
-
-
-@dataclass
-class TakeResult:
-    """What one :meth:`SeedReader.take` answers."""
-
-    #: ``ok``, ``lost`` (another worker adopted this one's seeds) or ``wrongtype``
-    status: str
-    #: entries taken (the seed; ``<score> <seed>`` for a ZSET)
-    entries: list[bytes]
-    #: workers whose lease ran out
-    expired: list[str]
-    #: entries given back to the seeds key (``sweep``, ``leave``)
-    returned: int
-    #: the seeds key's type (``none`` if it does not exist)
-    key_type: str = ""
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-class SeedReader:
-    """One worker's Redis side of the seeds key: take seeds (recording them as in flight), wait for them,
-    acknowledge them, adopt the seeds of vanished workers, give seeds back. One round trip per call.
-
-    ``kind`` is the seeds key's type: ``list`` (default), ``set`` (``REDIS_START_URLS_AS_SET``) or
-    ``zset`` (``REDIS_START_URLS_AS_ZSET``; the score is the priority). Keys: ``keys.start_urls``,
-    ``keys.start_urls_processing``, ``keys.start_urls_workers``, ``keys.start_urls_rejected``.
-    """
-
-    def __init__(
-        self,
-        redis: Any,
-        keys: CrawlKeys,
-        worker_id: str,
-        kind: str = "list",
-        lease_seconds: float = 60.0,
-        rejected_maxlen: int = defaults.REDIS_START_URLS_REJECTED_MAXLEN,
-    ) -> None:
-        if kind not in ("list", "set", "zset"):
-            raise ValueError(f"kind must be list, set or zset, not {kind!r}")
-        if "\n" in worker_id:
-            raise ValueError("a worker id cannot hold a newline (it prefixes processing entries)")
-        self.redis = redis
-        self.keys = keys
-        self.worker_id = worker_id
-        self.kind = kind
-        self.lease_seconds = lease_seconds
-        self.rejected_maxlen = rejected_maxlen
-        self.registered = False
-        self._keys = [keys.start_urls, keys.start_urls_processing, keys.start_urls_workers]
-        self._take = scripts.register(redis, "seeds_take")
-        self._adopt = scripts.register(redis, "seeds_adopt")
-
-    async def take(
-        self, count: int, acks: Sequence[bytes] = (), mode: str = "take", now: float | None = None
-    ) -> TakeResult:
-        """Acknowledge ``acks``, renew the lease, take up to ``count`` seeds: one EVALSHA of
-        ``seeds_take.lua`` (which documents ``mode``: ``take``, ``sweep``, ``leave``)."""
-        raw = await self._take(
-            keys=self._keys,
-            args=[
-                "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), self.kind, count,
-                mode, "1" if self.registered else "0", ADOPT_BATCH, *acks,
-            ],
-        )
-        self.registered = mode != "leave"
-        return TakeResult(
-            _text(raw[0]), list(raw[1]), [_text(w) for w in raw[2]], int(raw[3]), _text(raw[4])
-        )
-
-    async def wait(self, timeout: float = BLOCK_SECONDS) -> bool:
-        """Block until the seeds key (a LIST) holds a seed or ``timeout`` passes; True if it does.
-
-        ``BLMOVE key key RIGHT LEFT`` rotates the list onto itself -- the only blocking list command that
-        leaves the seed in Redis whatever happens to this worker: it wakes on the push and the next
-        :meth:`take` pops the seed and records it atomically. (The last seed moves to the head: order is
-        kept except for that one.) The list stays non-empty after the rotation, so every worker waiting
-        on it wakes and tries a take; one gets the seed, the others wait again -- a few cheap calls per
-        push, only while the crawl is idle.
-        """
-        k = self.keys.start_urls
-        return await self.redis.blmove(k, k, timeout, "RIGHT", "LEFT") is not None
-
-    async def adopt(self, workers: Iterable[str], now: float | None = None) -> tuple[int, int]:
-        """Give the seeds of ``workers`` (whose lease ran out) back to the seeds key:
-        ``(workers adopted, seeds given back)``, one EVALSHA of ``seeds_adopt.lua``."""
-        workers = list(workers)
-        if not workers:
-            return 0, 0
-        raw = await self._adopt(keys=self._keys, args=["" if now is None else repr(now), self.kind, *workers])
-        return int(raw[0]), int(raw[1])
-
-    async def record_rejections(self, records: Sequence[str]) -> None:
-        """Append rejection records to ``<seeds key>:rejected``, keeping the newest
-        ``rejected_maxlen`` (one pipelined round trip)."""
-        if not records:
-            return
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.rpush(self.keys.start_urls_rejected, *records)
-        if self.rejected_maxlen > 0:
-            pipe.ltrim(self.keys.start_urls_rejected, -self.rejected_maxlen, -1)
-        await pipe.execute()
-
-    async def close(self) -> None:
-        await self.redis.aclose()
-
-
-@dataclass
-class _Taken:
-    """Processing-list entries whose requests were handed to the scheduler by ``mark`` (monotonic)."""
-
-    entries: list[bytes]
-    mark: float
-
-
-def _flushed_since(scheduler: Scheduler | None, mark: float) -> bool:
-    """Whether every request handed to the scheduler before ``mark`` (monotonic) is in Redis (with
-    another scheduler than scrapy-dist's, a request counts as done once the engine has it)."""
-    return scheduler is None or scheduler.flushed_since(mark)
-
-
-class SeedFeed:
-    """Turns the seeds of one worker into requests: the loop behind :meth:`RedisMixin.start`.
-
-    Takes seeds in batches, validates them (``spider.make_request_from_data``), records rejections,
-    acknowledges seeds once their requests are in the frontier, adopts dead workers' seeds, waits for
-    new ones, and ends once the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds (never, if 0).
-    """
-
-    def __init__(
-        self,
-        spider: RedisMixin,
-        reader: SeedReader,
-        *,
-        rules: SeedRules,
-        batch_size: int = 16,
-        idle_before_close: float = 0.0,
-        block_seconds: float = BLOCK_SECONDS,
-        poll_seconds: float = POLL_SECONDS,
-    ) -> None:
-        self.spider = spider
-        self.crawler: Crawler = spider.crawler
-        self.stats = self.crawler.stats
-        self.reader = reader
-        self.keys = reader.keys
-        self.rules = rules
-        self.batch_size = max(1, batch_size)
-        #: unacknowledged seeds a worker may hold: enough to keep the frontier's flush batches full
-        self.max_unconfirmed = max(4 * self.batch_size, 2000)
-        self.idle_before_close = idle_before_close
-        self.block_seconds = block_seconds
-        self.poll_seconds = poll_seconds
-        self._taken: deque[_Taken] = deque()
-        self._acks: list[bytes] = []
-        self._records: list[str] = []
-        self._last_seed = time.monotonic()
-        self._last_exchange = 0.0
-        self._closing = False
-        self._busy = False
-        self._uncertain = False
-        self._finished = False
-        # one outage policy for the worker (scrapy_dist.outage): one warning per outage, capped backoff
-        self._guard = Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger)
-        self._reject_log = RateLimitedLog(logger)
-        self._error_log = RateLimitedLog(logger)
-
-    @classmethod
-    def from_spider(cls, spider: RedisMixin) -> SeedFeed:
-        """Build the feed from the spider's settings; creates the async client on the running loop."""
-        crawler = spider.crawler
-        ds = DistSettings.for_crawler(crawler)
-        sched = get_scheduler(crawler)
-        keys = crawl_keys(ds, spider.name)
-        if spider.redis_key:
-            keys = dataclasses.replace(keys, start_urls_template=spider.redis_key)
-        batch = spider.redis_batch_size or ds.seeds.batch_size
-        idle = sched.idle_before_close if sched is not None else ds.scheduler.idle_before_close
-        reader = SeedReader(
-            connection.get_async_redis(ds),
-            keys,
-            sched.worker_id if sched is not None else make_worker_id(),
-            kind=ds.seeds.kind,
-            lease_seconds=ds.scheduler.lease_seconds,
-            rejected_maxlen=ds.seeds.rejected_maxlen,
-        )
-        return cls(
-            spider, reader, rules=SeedRules.from_dist(ds), batch_size=batch, idle_before_close=idle
-        )
-
-    # -- the loop -----------------------------------------------------------------------------------
-    async def requests(self) -> AsyncIterator[Request]:
-        """Yield the requests of the seeds, forever or until the crawl is idle (see class docstring)."""
-        r = self.reader
-        sched = get_scheduler(self.crawler)
-        if sched is None:
-            logger.warning(
-                "%s does not use scrapy_dist.scheduler.Scheduler: a seed counts as done once the engine"
-                " has it, and is lost if this worker dies before crawling it",
-                type(self.spider).__name__,
-            )
-        logger.info(
-            "Reading seeds from %r (%s) as worker %s; rejected seeds go to %r",
-            self.keys.start_urls, r.kind, r.worker_id, self.keys.start_urls_rejected,
-        )
-        while not self._closing:
-            self._collect_confirmed(sched)
-            unconfirmed = sum(len(t.entries) for t in self._taken)
-            want = self.batch_size if unconfirmed < self.max_unconfirmed else 0
-            now = time.monotonic()
-            if not want and not self._acks and now - self._last_exchange < r.lease_seconds / 4:
-                await asyncio.sleep(CONFIRM_POLL)  # full: wait for the frontier to take what we hold
-                continue
-            # after a failed exchange (its reply lost, perhaps after it took seeds) and once nothing of
-            # ours awaits confirmation, whatever of ours the processing list still holds is unknown to
-            # us: a sweep gives it back
-            mode = "sweep" if self._uncertain and not self._taken else "take"
-            result = await self._exchange(want, mode)
-            if result is None or self._closing:
-                continue
-            if mode == "sweep":
-                self._uncertain = False
-            entries = result.entries
-            if not entries and r.kind == "list" and not self._taken and not self._idle_done():
-                await self._guarded(r.wait(self.block_seconds))
-                continue  # the next take pops what woke us (or renews the lease after the timeout)
-            if entries:
-                self._last_seed = time.monotonic()
-                for entry in entries:
-                    request = self._request(entry)
-                    if request is not None:
-                        self.stats.inc_value("seeds/requests")
-                        yield request
-                self._taken.append(_Taken(entries, time.monotonic()))
-                continue
-            if self._idle_done():
-                logger.info(
-                    "No seeds for %.1fs and the frontier is empty: %s stops reading %r",
-                    self.idle_before_close, type(self.spider).__name__, self.keys.start_urls,
-                )
-                await self._finish("leave")
-                return
-            if self._taken:
-                await asyncio.sleep(CONFIRM_POLL)
-            elif r.kind != "list":
-                await asyncio.sleep(self.poll_seconds)
-
-    async def _exchange(self, want: int, mode: str) -> TakeResult | None:
-        """One take (plus pending rejection records and adoptions); ``None`` if Redis failed."""
-        r = self.reader
-        acks = self._acks
-        try:
-            if self._records:
-                records, self._records = self._records, []
-                try:
-                    await self._guarded_raise(r.record_rejections(records))
-                except BaseException:
-                    self._records = records + self._records
-                    raise
-            self._acks = []
-            try:
-                result = await self._guarded_raise(r.take(want, acks, mode))
-            except BaseException:
-                self._acks = acks + self._acks  # LREM is idempotent: resend them next time
-                self._uncertain = True
-                raise
-            self._last_exchange = time.monotonic()
-            if result.status == "lost":
-                self.stats.inc_value("seeds/lease_lost")
-                logger.warning(
-                    "The processing lease of worker %s on %r ran out (stalled over %.0fs?): its unconfirmed"
-                    " seeds went back to the seeds key and may be crawled twice",
-                    r.worker_id, self.keys.start_urls, r.lease_seconds,
-                )
-            elif result.status == "wrongtype":
-                self._error_log.log(
-                    logging.ERROR,
-                    "The seeds key %r is a %s, but %s reads a %s (REDIS_START_URLS_AS_SET /"
-                    " REDIS_START_URLS_AS_ZSET): not reading seeds until that is fixed",
-                    self.keys.start_urls, result.key_type, type(self.spider).__name__, r.kind,
-                )
-                await asyncio.sleep(self.block_seconds)
-                return None
-            if result.returned > 0:
-                self.stats.inc_value("seeds/returned", result.returned)
-        except Exception as exc:
-            await asyncio.sleep(self._failed(exc))
-            return None
-        self._guard.succeeded(time.monotonic())
-        if result.expired:
-            # after the take: its entries are ours whatever happens here (a failure is retried next time)
-            adopted = await self._guarded(r.adopt(result.expired))
-            if adopted and adopted[0]:
-                self.stats.inc_value("seeds/adopted", adopted[1])
-                logger.info(
-                    "Gave %d seeds held by %d vanished worker(s) back to %r",
-                    adopted[1], adopted[0], self.keys.start_urls,
-                )
-        return result
-
-    async def _guarded_raise(self, coro: Any) -> Any:
-        """Await a Redis call, marking the feed busy (so :meth:`close` lets it finish first)."""
-        self._busy = True
-        try:
-            return await coro
-        finally:
-            self._busy = False
-
-    async def _guarded(self, coro: Any) -> Any:
-        """:meth:`_guarded_raise` that turns an outage or error into ``None`` (after a pause)."""
-        try:
-            result = await self._guarded_raise(coro)
-        except Exception as exc:
-            await asyncio.sleep(self._failed(exc))
-            return None
-        self._guard.succeeded(time.monotonic())
-        return result
-
-    def _failed(self, exc: BaseException) -> float:
-        """Report a failed call to the outage policy (an outage: one warning per worker; anything else --
-        a bug, a Redis error reply -- an error logged at most once a minute); returns the pause to make."""
-        if not is_outage(exc):
-            self.stats.inc_value("seeds/errors")
-        return self._guard.failed(exc, time.monotonic())
-
-    # -- acknowledgement and idleness --------------------------------------------------------------
-    def _collect_confirmed(self, sched: Any) -> None:
-        """Move seeds whose requests are now in the frontier to the acknowledgements (in order)."""
-        while self._taken and _flushed_since(sched, self._taken[0].mark):
-            self._acks.extend(self._taken.popleft().entries)
-
-    def _idle_done(self) -> bool:
-        """Whether to stop reading seeds: idle closing is on, no seed for that long, nothing held, and
-        the whole frontier has been empty for that long too."""
-        if self.idle_before_close <= 0 or self._taken or self._acks or self._records:
-            return False
-        if time.monotonic() - self._last_seed < self.idle_before_close:
-            return False
-        return _frontier_idle(self.crawler)
-
-    # -- seeds -> requests ----------------------------------------------------------------------------
-    def _request(self, entry: bytes) -> Request | None:
-        """The request of one processing-list entry, or ``None`` (rejected -- recorded -- or skipped)."""
-        score: float | None = None
-        raw = entry
-        if self.reader.kind == "zset":
-            head, _, raw = entry.partition(b" ")
-            try:
-                score = float(head)
-            except ValueError:
-                score = 0.0
-        self.stats.inc_value("seeds/received")
-        try:
-            if len(raw) > self.rules.max_bytes:
-                raise RejectedEntry("too_large", f"{len(raw)} bytes > {self.rules.max_bytes}")
-            try:
-                request = self.spider.make_request_from_data(raw)
-            except RejectedEntry:
-                raise
-            except Exception as exc:  # the spider's own hook: its bugs must not stop the seeds
-                raise RejectedEntry("hook_error", f"{type(exc).__name__}: {exc}"[:200]) from None
-            if request is None:
-                self.stats.inc_value("seeds/skipped")
-                return None
-            if not isinstance(request, Request):
-                raise RejectedEntry(
-                    "bad_hook_result", f"make_request_from_data returned a {type(request).__name__}"
-                )
-            validate_url(request.url, self.rules)
-            check_offsite(request.url, self.spider)  # dont_filter must not get a seed past allowed_domains
-            if score is not None and not request.priority:
-                request = request.replace(priority=priority_from_score(score))
-            return request
-        except RejectedEntry as exc:
-            self._reject(raw, exc)
-            return None
-
-    def _reject(self, raw: bytes, exc: RejectedEntry) -> None:
-        reason = reason_slug(exc.reason)
-        self.stats.inc_value("seeds/rejected")
-        self.stats.inc_value(f"seeds/rejected/{reason}")
-        self._records.append(rejection_record(reason, raw, self.reader.worker_id, exc.detail))
-        self._reject_log.log(
-            logging.WARNING, "Rejected a seed from %r (%s: %s); recorded in %r",
-            self.keys.start_urls, reason, exc.detail, self.keys.start_urls_rejected,
-        )
-
-    # -- shutdown ---------------------------------------------------------------------------------------
-    async def close(self) -> None:
-        """Stop reading; acknowledge what reached the frontier and give the rest back to the seeds key.
-
-        Called from ``spider_closed``: the loop may be parked in a blocking wait (which moves nothing),
-        at a ``yield`` the engine will never resume, or -- rarely -- in a take; that one is given a moment
-        to finish first, so that what it takes is given back too. A take that lands later anyway keeps
-        this worker's lease, and the seeds go back when it runs out.
-        """
-        if self._finished:
-            return
-        self._closing = True
-        deadline = time.monotonic() + self.block_seconds + 2.0
-        while self._busy and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        self._collect_confirmed(get_scheduler(self.crawler))
-        await self._finish("leave")
-
-    async def _finish(self, mode: str) -> None:
-        self._finished = True
-        self._closing = True
-        r = self.reader
-        # only what the frontier has is acknowledged; the mode gives everything else back
-        acks = self._acks
-        try:
-            if self._records:
-                await r.record_rejections(self._records)
-                self._records = []
-            result = await r.take(0, acks, mode)
-            if result.returned > 0:
-                self.stats.inc_value("seeds/returned", result.returned)
-                logger.info("Gave %d unfinished seeds back to %r", result.returned, self.keys.start_urls)
-        except Exception as exc:
-            held = sum(len(t.entries) for t in self._taken)
-            logger.warning(
-                "Could not release the seeds of worker %s (%s: %s): %d seeds go back to %r when its lease"
-                " runs out (%.0fs)",
-                r.worker_id, type(exc).__name__, exc, held, self.keys.start_urls, r.lease_seconds,
-            )
-        finally:
-            self._acks = []
-            self._taken.clear()
-            try:
-                await r.close()
-            except Exception:  # closing a client that lost its server is not worth a traceback
-                logger.debug("Error closing the seeds client", exc_info=True)
-
-
-def _frontier_idle(crawler: Crawler) -> bool:
-    """Whether the crawl has nothing to do: scrapy-dist's scheduler reports the whole frontier empty for
-    ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds; another scheduler has no pending requests and the engine
-    downloads nothing."""
-    sched = get_scheduler(crawler)
-    if sched is not None:
-        return not sched.has_pending_requests()
-    return _engine.locally_idle(crawler)
+# SeedFeed, SeedReader and TakeResult moved to scrapy_dist.seedfeed; re-exported for old imports
+__all__ = ["RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed", "SeedReader", "TakeResult"]
 
 
 class RedisMixin:
@@ -523,12 +31,16 @@ class RedisMixin:
 
     Attributes: ``redis_key`` (the seeds key, ``%(name)s`` replaced by the spider name; default
     ``REDIS_START_URLS_KEY``), ``redis_batch_size`` (seeds per round trip; default
-    ``REDIS_START_URLS_BATCH_SIZE``, else ``CONCURRENT_REQUESTS``). Override
+    ``REDIS_START_URLS_BATCH_SIZE``, else ``CONCURRENT_REQUESTS``), ``max_idle_time`` (seconds without
+    work before the worker closes; sets ``SCHEDULER_IDLE_BEFORE_CLOSE``). All three may be given as
+    ``-a name=value`` (see :mod:`scrapy_dist.spiderargs`). Override
     :meth:`make_request_from_data` to read another seed format.
     """
 
     redis_key: str | None = None
     redis_batch_size: int | None = None
+    #: seconds without work before the worker closes (scrapy-redis's; sets SCHEDULER_IDLE_BEFORE_CLOSE)
+    max_idle_time: float | None = None
 
     name: str
     crawler: Crawler
@@ -537,6 +49,7 @@ class RedisMixin:
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
         spider = super().from_crawler(crawler, *args, **kwargs)  # type: ignore[misc]
+        apply_spider_arguments(spider, crawler)  # -a values are strings: converted as scrapy-redis does
         crawler.signals.connect(spider._close_seed_feed, signal=signals.spider_closed)
         return spider
 
@@ -558,7 +71,7 @@ class RedisMixin:
         feed = self._seed_feed
         rules = feed.rules if feed is not None else SeedRules()
         seed = parse_seed(data, rules, has_callback=spider_has_callback(self))  # type: ignore[arg-type]
-        return seed_request(seed, self)  # type: ignore[arg-type]
+        return seed_request(seed, self, dedupe=rules.dedupe)  # type: ignore[arg-type]
 
     async def _close_seed_feed(self, spider: Spider, reason: str) -> None:
         if spider is self and self._seed_feed is not None:

@@ -84,7 +84,7 @@ def test_plain_url_surrounding_whitespace_ignored() -> None:
     assert seed.url == "https://example.com/a?b=1" and not seed.is_json
     req = seed_request(seed, SPIDER)
     assert req.url == "https://example.com/a?b=1" and req.method == "GET" and req.callback is None
-    assert not req.dont_filter and req.priority == 0
+    assert req.dont_filter and req.priority == 0  # seeds skip the dupefilter, as in scrapy-redis
 
 
 def test_json_seed_with_every_field() -> None:
@@ -170,7 +170,7 @@ REJECTS = [
     ("42", "not_object"),
     ("null", "not_object"),
     ('{"meta": {}}', "missing_url"),
-    (_j(formdata={"a": 1}), "unknown_field"),
+    (_j(formdata={"a": 1}), "bad_form_field"),
     (_j(url=5), "bad_url"),
     (_j(url="gopher://a.example/"), "bad_scheme"),
     (_j(method="GET /admin HTTP/1.1"), "bad_method"),

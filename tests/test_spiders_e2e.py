@@ -196,8 +196,9 @@ def test_seeds_pushed_with_redis_cli_are_crawled_and_malformed_ones_rejected(
         json.dumps(
             {"url": echo.url + "/form", "method": "POST", "body": "q=seeds&n=1", "headers": {"X-Seed": "yes"}}
         ),
-        page(32),
-        page(32),  # the same URL twice: deduplicated like any request
+        # the same URL twice, asking for the dupefilter (seeds skip it by default, as in scrapy-redis)
+        json.dumps({"url": page(32), "dont_filter": False}),
+        json.dumps({"url": page(32), "dont_filter": False}),
         json.dumps({"url": page(33), "dont_filter": True}),
         json.dumps({"url": page(33), "dont_filter": True}),
         json.dumps({"url": site.url + "/missing", "errback": "on_error"}),

@@ -1,0 +1,131 @@
+"""Spider attributes scrapy-redis users set, often as ``scrapy crawl s -a name=value`` (always a string).
+
+``redis_key``, ``redis_batch_size`` and ``max_idle_time`` are read and converted once, when the spider is
+built (:meth:`scrapy_dist.spiders.RedisMixin.from_crawler`), as scrapy-redis does in ``setup_redis``: a
+string ``"10"`` becomes ``10``; a value that cannot be converted stops the crawl with one line in the
+format of :class:`~scrapy_dist.settings_values.SettingsError`. ``max_idle_time`` (seconds) feeds
+``SCHEDULER_IDLE_BEFORE_CLOSE`` -- the spider attribute wins over the setting, as in scrapy-redis -- so the
+worker closes once the crawl has been idle that long (:mod:`scrapy_dist.extensions.idle`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.settings_values import SettingsError
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from scrapy.settings import Settings
+
+__all__ = ["SpiderArguments", "apply_spider_arguments"]
+
+logger = logging.getLogger(__name__)
+
+#: Priority of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s`` on the
+#: command line (40), since in scrapy-redis the spider attribute overrides the setting.
+IDLE_PRIORITY = 50
+
+
+@dataclass(frozen=True)
+class SpiderArguments:
+    """The converted values (``None``: the spider does not set it, the setting applies)."""
+
+    #: the seeds key, ``%(name)s`` already replaced (as scrapy-redis leaves ``spider.redis_key``)
+    redis_key: str | None = None
+    redis_batch_size: int | None = None
+    max_idle_time: float | None = None
+
+    @classmethod
+    def of(cls, spider: Any) -> SpiderArguments:
+        """Read and convert the spider's attributes; raise :class:`SettingsError` (one line) if one is
+        unusable."""
+        return cls(
+            redis_key=_key(getattr(spider, "redis_key", None), getattr(spider, "name", "")),
+            redis_batch_size=_batch(getattr(spider, "redis_batch_size", None)),
+            max_idle_time=_idle(getattr(spider, "max_idle_time", None)),
+        )
+
+
+def _key(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SettingsError("redis_key", value, f"a {type(value).__name__}, not a string",
+                            "expected a key name such as '%(name)s:start_urls'")
+    try:
+        expanded = value % {"name": name, "spider": name}
+    except (TypeError, ValueError, KeyError) as exc:
+        raise SettingsError("redis_key", value, f"bad %-template ({exc})",
+                            "only %(name)s is replaced; write a literal % as %%") from None
+    if not expanded.strip():
+        raise SettingsError("redis_key", value, "an empty key",
+                            "expected a key name such as '%(name)s:start_urls', or leave it unset")
+    return expanded
+
+
+def _batch(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        number = 0
+        ok = False
+    else:
+        ok = not isinstance(value, (bool, float)) or (isinstance(value, float) and value.is_integer())
+    if not ok or number < 1:
+        raise SettingsError("redis_batch_size", value, "not a whole number of at least 1",
+                            "expected seeds per round trip, e.g. -a redis_batch_size=16")
+    return number
+
+
+def _idle(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0:
+        raise SettingsError("max_idle_time", value, "not a number of seconds >= 0",
+                            "expected e.g. -a max_idle_time=30 (0: never close an idle crawl)")
+    return seconds
+
+
+def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
+    """Convert the spider's scrapy-redis attributes in place and let ``max_idle_time`` set
+    ``SCHEDULER_IDLE_BEFORE_CLOSE``; a bad value stops the crawl (one ERROR line, exit status 1)."""
+    try:
+        args = SpiderArguments.of(spider)
+    except SettingsError as exc:
+        from scrapy_dist.connection import abort_crawl
+
+        abort_crawl(exc)
+    encoding = getattr(spider, "redis_encoding", None)
+    if encoding is not None and str(encoding).strip().lower().replace("-", "").replace("_", "") != "utf8":
+        logger.warning(
+            "scrapy-dist: redis_encoding=%s is not applied: seeds are read as UTF-8 (others are rejected as"
+            " not_utf8); override make_request_from_data to decode another encoding", encoding,
+        )
+    if args.redis_key is not None:
+        spider.redis_key = args.redis_key
+    if args.redis_batch_size is not None:
+        spider.redis_batch_size = args.redis_batch_size
+    if args.max_idle_time is not None:
+        spider.max_idle_time = args.max_idle_time
+        _set_idle(crawler.settings, args.max_idle_time)
+    return args
+
+
+def _set_idle(settings: Settings, seconds: float) -> None:
+    if getattr(settings, "frozen", False):  # built outside Crawler.crawl(): too late to feed the setting
+        logger.warning(
+            "scrapy-dist: max_idle_time=%s is ignored: the settings were already frozen; set"
+            " SCHEDULER_IDLE_BEFORE_CLOSE instead", seconds,
+        )
+        return
+    settings.set("SCHEDULER_IDLE_BEFORE_CLOSE", seconds, priority=IDLE_PRIORITY)
