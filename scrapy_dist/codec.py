@@ -36,18 +36,15 @@ secret is configured (the crawl then cannot tell its own entries from anyone els
 ``SEEDS_META_ALLOWED``, no framing or routing headers, the spider's ``allowed_domains`` (whatever
 ``dont_filter`` says).
 
-Longer than our ~400 lines for a module: the encoder and the field-by-field checks of the decoder are one
-format, read best side by side with the table above.
+Which spider methods an entry may name as callbacks is :mod:`scrapy_dist.callbacks` (re-exported here too).
 """
 
 from __future__ import annotations
 
 import codecs
-import inspect
 import math
 import re
 import sys
-import types
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -55,49 +52,23 @@ from urllib.parse import urlsplit
 import msgpack
 from scrapy import Request
 from scrapy.http import Headers
-from scrapy.spiders import CrawlSpider
 
-from scrapy_dist.entrypolicy import (  # re-exported: the codec's users import the policy from here
-    CREDENTIAL_HEADERS as CREDENTIAL_HEADERS,
-)
+from scrapy_dist.callbacks import HOOK_NAMES, entry_callback, method_name, spider_method, user_defined
 from scrapy_dist.entrypolicy import (
-    DANGEROUS_META as DANGEROUS_META,
-)
-from scrapy_dist.entrypolicy import (
-    DEFAULT_POLICY as DEFAULT_POLICY,
-)
-from scrapy_dist.entrypolicy import (
-    FORBIDDEN_HEADERS as FORBIDDEN_HEADERS,
-)
-from scrapy_dist.entrypolicy import (
-    TAG_BYTES as TAG_BYTES,
-)
-from scrapy_dist.entrypolicy import (
-    VERSION as VERSION,
-)
-from scrapy_dist.entrypolicy import (
-    VERSION_SIGNED as VERSION_SIGNED,
-)
-from scrapy_dist.entrypolicy import (
-    EntryPolicy as EntryPolicy,
-)
-from scrapy_dist.entrypolicy import (
-    check_header_names as check_header_names,
-)
-from scrapy_dist.entrypolicy import (
-    check_meta_keys as check_meta_keys,
-)
-from scrapy_dist.entrypolicy import (
-    check_offsite as check_offsite,
-)
-from scrapy_dist.entrypolicy import (
-    entry_policy as entry_policy,
-)
-from scrapy_dist.entrypolicy import (
-    host_allowed as host_allowed,
-)
-from scrapy_dist.entrypolicy import (
-    is_trusted as is_trusted,
+    CREDENTIAL_HEADERS,
+    DANGEROUS_META,
+    DEFAULT_POLICY,
+    FORBIDDEN_HEADERS,
+    TAG_BYTES,
+    VERSION,
+    VERSION_SIGNED,
+    EntryPolicy,
+    check_header_names,
+    check_meta_keys,
+    check_offsite,
+    entry_policy,
+    host_allowed,
+    is_trusted,
 )
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.middlewares.credentials import added_by_middleware
@@ -105,15 +76,38 @@ from scrapy_dist.middlewares.credentials import added_by_middleware
 if TYPE_CHECKING:
     from scrapy import Spider
 
+__all__ = [
+    "MAX_HEADERS",
+    "check_url",
+    "decode_request",
+    "encode_request",
+    "load_payload",
+    "split_payload",
+    # from scrapy_dist.entrypolicy and scrapy_dist.callbacks, imported from here by other modules and users
+    "CREDENTIAL_HEADERS",
+    "DANGEROUS_META",
+    "DEFAULT_POLICY",
+    "FORBIDDEN_HEADERS",
+    "HOOK_NAMES",
+    "TAG_BYTES",
+    "VERSION",
+    "VERSION_SIGNED",
+    "EntryPolicy",
+    "check_header_names",
+    "check_meta_keys",
+    "check_offsite",
+    "entry_policy",
+    "host_allowed",
+    "is_trusted",
+    "spider_method",
+    "user_defined",
+]
+
 _VERSION_BYTE = bytes([VERSION])
 _SIGNED_BYTE = bytes([VERSION_SIGNED])
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
-#: private dispatchers of CrawlSpider rules: rule requests name them, with the rule index in meta
-_CRAWLSPIDER_METHODS = frozenset({"_callback", "_errback"})
-#: RedisCrawlSpider's public stand-ins for them (defined by scrapy-dist, so not "user-defined")
-_RULE_METHODS = frozenset({"rule_callback", "rule_errback"})
 _PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 MAX_HEADERS = 100
 
@@ -134,19 +128,6 @@ def _check_encodable(value: Any, path: str) -> None:
             _check_encodable(v, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k!r}]")
         return
     raise UnserializableRequest(f"{path} holds a {type(value).__name__}, which cannot be encoded", path)
-
-
-def _method_name(func: Any, spider: Spider | None, what: str) -> str | None:
-    if func is None:
-        return None
-    if isinstance(func, str):
-        return func
-    owner = getattr(func, "__self__", None)
-    name = getattr(func, "__name__", None)
-    bound_to_spider = owner is not None and (spider is None or owner is spider)
-    if bound_to_spider and name and getattr(owner, name, None) == func:
-        return str(name)
-    raise UnserializableRequest(f"{what} {func!r} is not a method of the spider", what)
 
 
 def encode_request(
@@ -181,10 +162,10 @@ def encode_request(
         d["p"] = request.priority
     if request.dont_filter:
         d["d"] = True
-    cb = _method_name(request.callback, spider, "callback")
+    cb = method_name(request.callback, spider, "callback")
     if cb is not None:
         d["cb"] = cb
-    eb = _method_name(request.errback, spider, "errback")
+    eb = method_name(request.errback, spider, "errback")
     if eb is not None:
         d["eb"] = eb
     if request.flags:
@@ -215,58 +196,6 @@ def _expect(value: Any, types_: type | tuple[type, ...], reason: str, field: str
 
 def _as_tuple(types_: type | tuple[type, ...]) -> tuple[type, ...]:
     return types_ if isinstance(types_, tuple) else (types_,)
-
-
-def _framework_module(module: Any) -> bool:
-    return not isinstance(module, str) or module.split(".", 1)[0] in ("scrapy", "scrapy_dist")
-
-
-#: Scrapy's hooks and spider plumbing: never a callback, even where the spider's own code overrides them
-HOOK_NAMES = frozenset({
-    "start", "start_requests", "closed", "close", "log", "make_request_from_data", "from_crawler",
-    "update_settings", "handles_request", "set_crawler", "make_requests_from_url", "parse_start_url",
-    "process_results", "process_start", "process_start_requests", "spider_opened", "spider_idle",
-    "spider_closed", "has_callback",
-})
-
-
-def user_defined(cls: type, name: str) -> bool:
-    """Whether ``name`` is a plain function defined by a class of the user's, not by Scrapy or
-    scrapy-dist: ``start``, ``log``, ``make_request_from_data``, ``closed``, ``Spider.parse`` (which only
-    raises) are methods of every spider, but no entry read from Redis has any business calling them --
-    nor the hooks of :data:`HOOK_NAMES` where the spider's code overrides them."""
-    if not isinstance(name, str) or name.startswith("_") or not name.isidentifier() or name in HOOK_NAMES:
-        return False
-    for klass in cls.__mro__:
-        if name in vars(klass):
-            value = inspect.getattr_static(klass, name)
-            return isinstance(value, types.FunctionType) and not _framework_module(klass.__module__)
-    return False
-
-
-def spider_method(spider: Spider, name: Any, what: str) -> Any:
-    """Resolve ``name`` to a public method of ``spider``; reject anything else (shared with seeds)."""
-    if not isinstance(name, str):  # checked first: a list or map is not even hashable
-        raise RejectedEntry(f"bad_{what}", f"{what} has type {type(name).__name__}")
-    if name in _CRAWLSPIDER_METHODS and isinstance(spider, CrawlSpider):
-        pass  # CrawlSpider routes rule requests through these two
-    elif not name.isidentifier() or name.startswith("_"):
-        raise RejectedEntry(f"bad_{what}", f"{what} {name[:40]!r} is not a public method name")
-    method = getattr(spider, name, None)
-    if method is None or not callable(method) or getattr(method, "__self__", None) is not spider:
-        raise RejectedEntry(f"bad_{what}", f"spider has no method {name[:40]!r}")
-    return method
-
-
-def entry_callback(spider: Spider, name: Any, what: str) -> Any:
-    """The callback/errback a queue entry names: a method the spider's own code defines (as for seeds),
-    or one of CrawlSpider's rule dispatchers."""
-    method = spider_method(spider, name, what)
-    if isinstance(spider, CrawlSpider) and (name in _CRAWLSPIDER_METHODS or name in _RULE_METHODS):
-        return method
-    if not user_defined(type(spider), name):
-        raise RejectedEntry(f"bad_{what}", f"{name!r} is not a method defined by the spider's code")
-    return method
 
 
 def check_url(url: Any, allowed_schemes: Iterable[str]) -> str:
