@@ -48,15 +48,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from scrapy_dist import defaults
-
-# Re-exported (``X as X``): tests, the CLI, the docs and users import these from here.
-from scrapy_dist.embedded_config import DEFAULT_MAXMEMORY_CAP as DEFAULT_MAXMEMORY_CAP
-from scrapy_dist.embedded_config import default_maxmemory as default_maxmemory
-from scrapy_dist.embedded_config import parse_maxmemory as parse_maxmemory
-from scrapy_dist.embedded_config import redis_cli_binary as redis_cli_binary
-from scrapy_dist.embedded_config import redis_server_binary as redis_server_binary
-from scrapy_dist.embedded_config import server_config
-from scrapy_dist.embedded_config import total_memory as total_memory
+from scrapy_dist.embedded_config import (
+    DEFAULT_MAXMEMORY_CAP,
+    default_maxmemory,
+    parse_maxmemory,
+    redis_cli_binary,
+    redis_server_binary,
+    server_config,
+    total_memory,
+)
 from scrapy_dist.exceptions import RedisUnavailable
 from scrapy_dist.private_files import (
     check_private_dir,
@@ -68,6 +68,20 @@ from scrapy_dist.private_files import (
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+__all__ = [
+    "DEFAULT_DIRNAME",
+    "MAX_SOCKET_PATH",
+    "EmbeddedRedis",
+    "embedded_dir",
+    # from scrapy_dist.embedded_config, imported from here by the CLI, the tests, the docs and users
+    "DEFAULT_MAXMEMORY_CAP",
+    "default_maxmemory",
+    "parse_maxmemory",
+    "redis_cli_binary",
+    "redis_server_binary",
+    "total_memory",
+]
 
 logger = logging.getLogger(__name__)
 

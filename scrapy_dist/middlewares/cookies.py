@@ -45,10 +45,10 @@ from scrapy_dist.middlewares.cookie_records import (
     CookieIdent,
     cookie_field,
     cookie_from_record,
+    cookie_record,
     jar_name,
     snapshot,
 )
-from scrapy_dist.middlewares.cookie_records import cookie_record as cookie_record  # re-exported
 from scrapy_dist.outage import Backoff, Outage
 from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.settings import DistSettings
@@ -64,6 +64,15 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_dist.keys import CrawlKeys
+
+__all__ = [
+    "READ_LIMIT",
+    "SharedCookiesMiddleware",
+    # from scrapy_dist.middlewares.cookie_records, imported from here by the tests and users
+    "cookie_from_record",
+    "cookie_record",
+    "jar_name",
+]
 
 logger = logging.getLogger(__name__)
 
