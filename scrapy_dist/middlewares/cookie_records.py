@@ -12,7 +12,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from scrapy.http.cookies import CookieJar
 
-__all__ = ["CookieIdent", "cookie_field", "cookie_from_record", "cookie_record", "jar_name", "snapshot"]
+    from scrapy_dist.keys import CrawlKeys
+
+__all__ = [
+    "CookieIdent",
+    "apply_record",
+    "cookie_field",
+    "cookie_from_record",
+    "cookie_record",
+    "jar_name",
+    "snapshot",
+    "write_calls",
+]
 
 _BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure")
 _OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
@@ -110,3 +121,36 @@ def cookie_from_record(data: bytes | str) -> Cookie:
 def snapshot(jar: CookieJar) -> dict[CookieIdent, dict[str, Any]]:
     """Every cookie of ``jar`` as its record, by (domain, path, name)."""
     return {(c.domain, c.path, c.name): cookie_record(c) for c in jar}
+
+
+def apply_record(jar: CookieJar, field: str, record: str | None) -> None:
+    """Apply one change read from (or about to go to) Redis to ``jar``: set the cookie of ``record``, or
+    with ``None`` delete the cookie of HASH ``field``."""
+    if record is None:
+        try:
+            domain, path, cookie_name = json.loads(field)
+            jar.clear(domain, path, cookie_name)
+        except (ValueError, TypeError, KeyError):  # already gone, or not a field we write
+            pass
+    else:
+        jar.set_cookie(cookie_from_record(record))
+
+
+def write_calls(
+    keys: CrawlKeys, ops: list[tuple[str, str, str | None]], now: str
+) -> tuple[list[tuple[list[str], list[str]]], int]:
+    """The ``cookies_write`` script calls (KEYS, ARGV) for ``ops`` (jar name, HASH field, record or
+    ``None`` to delete): one per jar, the last change of a cookie winning; and how many cookies they write.
+    """
+    by_jar: dict[str, dict[str, str | None]] = {}
+    for name, field, record in ops:
+        by_jar.setdefault(name, {})[field] = record
+    calls: list[tuple[list[str], list[str]]] = []
+    for name, fields in by_jar.items():
+        sets = [(f, r) for f, r in fields.items() if r is not None]
+        args: list[str] = [name, now, str(len(sets))]
+        for f, r in sets:
+            args += [f, r]
+        args += [f for f, r in fields.items() if r is None]
+        calls.append(([keys.cookie_jar(name), keys.cookie_changes(name), keys.cookies], args))
+    return calls, sum(len(f) for f in by_jar.values())

@@ -43,11 +43,13 @@ from scrapy_dist.connection import get_async_redis, is_cluster
 from scrapy_dist.keys import crawler_keys
 from scrapy_dist.middlewares.cookie_records import (
     CookieIdent,
+    apply_record,
     cookie_field,
     cookie_from_record,
     cookie_record,
     jar_name,
     snapshot,
+    write_calls,
 )
 from scrapy_dist.outage import Backoff, Outage
 from scrapy_dist.ratelimit import RateLimitedLog
@@ -275,7 +277,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             for i in range(1, len(raw) - 2, 3):
                 field, version, data = _text(raw[i]), _number(raw[i + 1]), raw[i + 2]
                 if data is None:  # deleted
-                    self._apply(jar, field, None)
+                    apply_record(jar, field, None)
                     continue
                 try:
                     cookie = cookie_from_record(data)
@@ -288,31 +290,20 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                     continue
                 if cookie.is_expired(now):
                     expired.append(field)
-                    self._apply(jar, field, None)
+                    apply_record(jar, field, None)
                 else:
                     jar.set_cookie(cookie)
             state.version = version
             # Changes of this worker that Redis may not hold yet stay in the copy.
             for jar_name_, field, record in self.writer.pending():
                 if jar_name_ == name:
-                    self._apply(jar, field, record)
+                    apply_record(jar, field, record)
             # more changes than one read takes: the copy is not fresh yet, the next request reads on
             state.loaded_at = self._monotonic() if version >= latest else None
             if expired:  # housekeeping: nobody will send them again
                 self._queue(name, dict.fromkeys(expired))
         finally:
             state.loading = None
-
-    @staticmethod
-    def _apply(jar: CookieJar, field: str, record: str | None) -> None:
-        if record is None:
-            try:
-                domain, path, cookie_name = json.loads(field)
-                jar.clear(domain, path, cookie_name)
-            except (ValueError, TypeError, KeyError):  # already gone, or not a field we write
-                pass
-        else:
-            jar.set_cookie(cookie_from_record(record))
 
     # -- writing --------------------------------------------------------------------------------
     def _record_changes(
@@ -341,19 +332,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         """Write every changed cookie, one ``cookies_write`` call per jar, pipelined (the writer retries)."""
         if self._write_script is None:
             self._write_script = scripts.register(self.server, "cookies_write")
-        by_jar: dict[str, dict[str, str | None]] = {}
-        for name, field, record in ops:
-            by_jar.setdefault(name, {})[field] = record  # the last change of a cookie wins
-        now = repr(self._wallclock())
-        calls: list[tuple[list[str], list[str]]] = []
-        for name, fields in by_jar.items():
-            sets = [(f, r) for f, r in fields.items() if r is not None]
-            args: list[str] = [name, now, str(len(sets))]
-            for f, r in sets:
-                args += [f, r]
-            args += [f for f, r in fields.items() if r is None]
-            keys = [self.keys.cookie_jar(name), self.keys.cookie_changes(name), self.keys.cookies]
-            calls.append((keys, args))
+        calls, written = write_calls(self.keys, ops, repr(self._wallclock()))
         if len(calls) == 1 or is_cluster(self.server):
             # a redis.asyncio cluster pipeline does not load scripts: one call per jar, sent together
             await asyncio.gather(*(self._write_script(keys=k, args=a) for k, a in calls))
@@ -364,7 +343,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                     if inspect.iscoroutine(queued):  # redis.asyncio queues the call when awaited
                         await queued
                 await pipe.execute()
-        self._inc("cookies/shared/written", sum(len(f) for f in by_jar.values()))
+        self._inc("cookies/shared/written", written)
 
     # -- helpers --------------------------------------------------------------------------------
     def _inc(self, name: str, count: int = 1) -> None:
