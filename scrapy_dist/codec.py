@@ -77,30 +77,11 @@ if TYPE_CHECKING:
     from scrapy import Spider
 
 __all__ = [
-    "MAX_HEADERS",
-    "check_url",
-    "decode_request",
-    "encode_request",
-    "load_payload",
-    "split_payload",
+    "MAX_HEADERS", "check_url", "decode_request", "encode_request", "load_payload", "split_payload",
     # from scrapy_dist.entrypolicy and scrapy_dist.callbacks, imported from here by other modules and users
-    "CREDENTIAL_HEADERS",
-    "DANGEROUS_META",
-    "DEFAULT_POLICY",
-    "FORBIDDEN_HEADERS",
-    "HOOK_NAMES",
-    "TAG_BYTES",
-    "VERSION",
-    "VERSION_SIGNED",
-    "EntryPolicy",
-    "check_header_names",
-    "check_meta_keys",
-    "check_offsite",
-    "entry_policy",
-    "host_allowed",
-    "is_trusted",
-    "spider_method",
-    "user_defined",
+    "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "FORBIDDEN_HEADERS", "HOOK_NAMES", "TAG_BYTES",
+    "VERSION", "VERSION_SIGNED", "EntryPolicy", "check_header_names", "check_meta_keys", "check_offsite",
+    "entry_policy", "host_allowed", "is_trusted", "spider_method", "user_defined",
 ]
 
 _VERSION_BYTE = bytes([VERSION])
