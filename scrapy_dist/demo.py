@@ -50,13 +50,14 @@ from scrapy_dist.demo_report import (
     Snapshot,
     Summary,
     WorkerRow,
+    combined_rate,
     dead_letter_reasons,
     progress_line,
     render_live,
     render_summary,
     summarize,
 )
-from scrapy_dist.demo_site import SiteTally, demo_graph, quiet
+from scrapy_dist.demo_site import RATE_WINDOW, SiteTally, demo_graph, quiet
 from scrapy_dist.demo_workers import SPIDER, Worker, WorkerFleet, worker_env, worker_settings
 from scrapy_dist.embedded import DEFAULT_DIRNAME, EmbeddedRedis
 from scrapy_dist.exceptions import ScrapyDistError
@@ -71,6 +72,13 @@ __all__ = [
     "demo_graph",
     "locate_project",
     "summarize",
+    # from demo_report, imported from here by the tests
+    "Snapshot",
+    "WorkerRow",
+    "combined_rate",
+    "progress_line",
+    "render_live",
+    "render_summary",
 ]
 #: ``example_project/`` of a source checkout: the repository root is the package's parent directory.
 EXAMPLE_PROJECT = Path(__file__).resolve().parents[1] / "example_project"
@@ -80,6 +88,8 @@ REFRESH = 0.25
 PLAIN_EVERY = 2.0
 #: Width of everything printed when the output is not a terminal, whatever ``COLUMNS`` says.
 PLAIN_WIDTH = 100
+#: SCHEDULER_LEASE_SECONDS of example_project's demo spider: how long a killed worker's leases outlive it.
+DEMO_LEASE_SECONDS = 10.0
 #: Seconds to wait for a Redis that is loading its data file.
 LOADING_TIMEOUT = 60.0
 
@@ -278,7 +288,7 @@ class Demo:
             rate = None
             if row is not None:
                 pages, leases = row["pages"], row["leases"]
-                meter = self._rates.setdefault(w.pid, RateMeter(span=5.0))
+                meter = self._rates.setdefault(w.pid, RateMeter(span=RATE_WINDOW))  # as the site tally
                 meter.add(float(pages), now)
                 rate = meter.per_minute() / 60.0
                 if state == "running" and row["state"] == "closed":
@@ -286,10 +296,16 @@ class Demo:
             elif state == "running":
                 state = "starting"
             if w.state == "killed":
-                state, rate, leases = "killed (chaos)", None, None
+                # its leases stay listed until they expire: the crawl waits for them (see orphan_note)
+                state, rate = "killed (chaos)", None
+                if leases and w.killed_at is not None:
+                    snap.orphaned += leases
+                    snap.orphaned_expire_in = max(
+                        snap.orphaned_expire_in, w.killed_at + DEMO_LEASE_SECONDS - now)
             elif w.state in ("exited", "failed", "stopped"):
                 state, rate, leases = f"{w.state} ({w.exit_status})", None, None
             snap.workers.append(WorkerRow(w.number, w.pid, state, pages, rate, leases))
+        snap.rate = combined_rate(snap.workers, snap.rate)
         return snap
 
     def header(self) -> list[tuple[str, str]]:

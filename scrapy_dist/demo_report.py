@@ -25,7 +25,9 @@ __all__ = [
     "Snapshot",
     "Summary",
     "WorkerRow",
+    "combined_rate",
     "dead_letter_reasons",
+    "orphan_note",
     "progress_line",
     "render_live",
     "render_summary",
@@ -188,10 +190,29 @@ class Snapshot:
     duplicates: int
     workers: list[WorkerRow] = field(default_factory=list)
     redis_error: str = ""
+    #: leases the killed worker still holds in Redis, and seconds until they have surely run out
+    orphaned: int = 0
+    orphaned_expire_in: float = 0.0
 
 
 def _num(value: int | float | None, fmt: str = ",") -> str:
     return "-" if value is None else format(value, fmt)
+
+
+def combined_rate(workers: list[WorkerRow], fallback: float) -> float:
+    """The crawl-wide pages/s: the sum of the per-worker rates shown (one source, so the two always
+    agree); ``fallback`` (the site's count) before any worker has a rate."""
+    rates = [w.rate for w in workers if w.rate is not None]
+    return sum(rates) if rates else fallback
+
+
+def orphan_note(s: Snapshot) -> str:
+    """Why the crawl seems to stand still after the chaos kill: it waits for the killed worker's leases
+    to run out (then any worker's next sync puts them back in the queue). ``""`` when nothing waits."""
+    if not s.orphaned:
+        return ""
+    when = f"in {s.orphaned_expire_in:.0f} s" if s.orphaned_expire_in >= 0.5 else "now"
+    return f"waiting for the killed worker's {s.orphaned:,} leases to expire: back in the queue {when}"
 
 
 def render_live(s: Snapshot) -> Group:
@@ -209,6 +230,8 @@ def render_live(s: Snapshot) -> Group:
         "\nretried ", (f"{s.retried:,}", "bold"), "   duplicate fetches ", (f"{s.duplicates:,}", "bold"),
         "   dead letters ", (_num(s.dead_letters), "bold"),
     )
+    if s.orphaned:
+        figures.append("\n" + orphan_note(s), style="yellow")
     if s.redis_error:
         figures.append(f"\nRedis: {s.redis_error}", style="red")
     workers = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
@@ -234,4 +257,5 @@ def progress_line(s: Snapshot) -> str:
         f"[{s.elapsed:6.1f}s] {s.crawled:,}/{s.total:,} pages ({s.crawled / max(1, s.total):.0%})"
         f"  {s.rate:,.0f} pages/s  queued {_num(s.queued)}  in flight {_num(s.inflight)}"
         f"  delayed {_num(s.delayed)}  retried {s.retried:,}  workers running {running}"
+        + (f"  ({orphan_note(s)})" if s.orphaned else "")
     )

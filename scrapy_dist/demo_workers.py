@@ -36,6 +36,7 @@ class Worker:
     log: Path
     state: str = "running"  #: running, killed, exited, failed, stopped
     exit_status: int | None = None
+    killed_at: float | None = None  #: monotonic time of the chaos SIGKILL
 
     @property
     def pid(self) -> int:
@@ -165,4 +166,5 @@ class WorkerFleet:
         worker.proc.kill()
         worker.proc.wait()
         worker.state = "killed"
+        worker.killed_at = time.monotonic()
         worker.exit_status = worker.proc.returncode

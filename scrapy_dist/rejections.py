@@ -1,5 +1,5 @@
-"""Records for untrusted input that was refused (queue entries, seeds). (Their rate-limited logging is
-:class:`scrapy_dist.ratelimit.RateLimitedLog`, re-exported here for older imports.)
+"""Records for untrusted input that was refused (queue entries, seeds); their rate-limited logging is
+:class:`scrapy_dist.ratelimit.RateLimitedLog`.
 
 A record is JSON: ``{"reason": ..., "detail": ..., "raw": ..., "raw_encoding": "utf-8"|"base64",
 "at": <unix time>, "worker": <worker id>}`` where ``raw`` is the first 1 KiB of the refused bytes (as text
@@ -12,9 +12,7 @@ import base64
 import json
 import time
 
-from scrapy_dist.ratelimit import RateLimitedLog
-
-__all__ = ["RAW_LIMIT", "RateLimitedLog", "rejection_record"]
+__all__ = ["RAW_LIMIT", "rejection_record"]
 
 RAW_LIMIT = 1024
 

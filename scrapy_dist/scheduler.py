@@ -35,12 +35,12 @@ from scrapy_dist.codec import EntryPolicy, decode_request, encode_request, entry
 from scrapy_dist.dupefilter import RedisDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import Frontier
+from scrapy_dist.frontierreport import FrontierReport, NoStats
 from scrapy_dist.keys import crawler_keys
 from scrapy_dist.layout import CrawlLayout
 from scrapy_dist.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.outage import Outage
 from scrapy_dist.politeness import DomainLimits, penalty_seconds
-from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.router import ShardRouter
 from scrapy_dist.settings import DistSettings, SchedulerSettings
 from scrapy_dist.syncloop import SyncLoop
@@ -53,9 +53,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_dist._engine import Engine
-    from scrapy_dist.frontier import SyncResult
     from scrapy_dist.keys import CrawlKeys
-    from scrapy_dist.ledger import Applied
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +104,7 @@ class Scheduler:
         self.keys = keys
         self.redis_settings = redis_settings
         self.order = order or queue.PriorityQueue()
-        self.stats: Any = stats if stats is not None else _NoStats()
+        self.stats: Any = stats if stats is not None else NoStats()
         self.engine: Engine = engine or _engine.DetachedEngine()
         self.domain_limits = domain_limits
         self.worker_id = worker_id or make_worker_id()
@@ -124,8 +122,9 @@ class Scheduler:
         self._recent: set[Any] = set()
         self._local_pause = False
         self._empty_since: float | None = None
-        self._unserializable_logged: set[str] = set()
-        self._reject_log = RateLimitedLog(logger)
+        self.report = FrontierReport(
+            self.stats, self.layout.shard_keys, lambda request: self.df.log(request, self.spider)
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -208,7 +207,7 @@ class Scheduler:
             client.close()
             connection.abort_crawl(exc)
         client.close()
-        self._report_backlog(pending, remembered)
+        self.report.backlog(self.keys.spider, pending, remembered, cfg.persist)
         self.redis = connection.get_async_redis(settings)
         self.frontiers = [
             Frontier(
@@ -221,7 +220,7 @@ class Scheduler:
         ]
         self.loop = SyncLoop(
             self.ledger, self.router, self.frontiers, self.engine,
-            decode=self._decode, on_applied=self._applied, prefetch=cfg.prefetch,
+            decode=self._decode, on_applied=self.report.applied, prefetch=cfg.prefetch,
             flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
             lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,
         )
@@ -280,7 +279,7 @@ class Scheduler:
         try:
             payload = encode_request(request, self.spider, self.policy)
         except UnserializableRequest as exc:
-            self._unserializable(request, exc)
+            self.report.unserializable(request, exc)
             payload = b""
         t1: Any = ""
         t2: Any = ""
@@ -338,7 +337,7 @@ class Scheduler:
         try:
             payload = encode_request(request, self.spider, self.policy)
         except UnserializableRequest as exc:
-            self._unserializable(request, exc)
+            self.report.unserializable(request, exc)
             return False
         domain, limits = self._domain(request)
         self.ledger.delay(
@@ -386,19 +385,6 @@ class Scheduler:
         self.penalize_domain(domain, seconds)
 
     # -- helpers ---------------------------------------------------------------------------------------
-    def _report_backlog(self, pending: int, remembered: int) -> None:
-        """The line scrapy-redis users look for, and a warning when joining a crawl that has finished."""
-        if pending:
-            logger.info("Resuming crawl (%d requests scheduled)", pending)
-        elif remembered and self.config.persist:
-            logger.warning(
-                "The crawl %r has run before and finished: %d fingerprints are remembered"
-                " (SCHEDULER_PERSIST=True), so requests already seen then are skipped now. To start"
-                " afresh: -s SCHEDULER_FLUSH_ON_START=True for this run, or SCHEDULER_PERSIST=False so"
-                " that a finished crawl removes its keys.",
-                self.keys.spider, remembered,
-            )
-
     def _wake(self) -> None:
         if self.loop is not None:
             self.loop.wake()
@@ -414,54 +400,3 @@ class Scheduler:
         assert self.spider is not None
         payload = self.frontiers[shard].payload_of(member)
         return decode_request(payload, self.spider, self.policy)
-
-    def _applied(self, applied: Applied, result: SyncResult) -> None:
-        """Stats and logs of one shard's answer."""
-        stats = self.stats
-        for request in applied.duplicates:
-            self.df.log(request, self.spider)
-        if applied.enqueued:
-            stats.inc_value("scheduler/enqueued/redis", applied.enqueued)
-            stats.inc_value("scheduler/enqueued", applied.enqueued)
-        if result.requeued:
-            stats.inc_value("scheduler/requeued/lease_expired", result.requeued)
-        if result.moved:
-            stats.inc_value("scheduler/delayed/moved", result.moved)
-        if result.rejected:  # malformed members the script parked itself
-            stats.inc_value("scheduler/rejected", result.rejected)
-            stats.inc_value("scheduler/rejected/bad_member", result.rejected)
-        for key in result.repaired:
-            self._reject_log.log(
-                logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing", key,
-                key=f"repaired:{key}",
-            )
-        for (shard, _), exc in applied.rejected:
-            stats.inc_value("scheduler/rejected")
-            stats.inc_value(f"scheduler/rejected/{exc.reason}")
-            keys = self.layout.shard_keys[shard]
-            self._reject_log.log(
-                logging.ERROR, "Rejected a queue entry of %r (%s); moved it to %s",
-                keys.queue, exc, keys.queue_rejected,
-            )
-
-    def _unserializable(self, request: Request, exc: UnserializableRequest) -> None:
-        self.stats.inc_value("scheduler/unserializable")
-        if exc.key not in self._unserializable_logged:
-            self._unserializable_logged.add(exc.key)
-            logger.error(
-                "Unable to put %(request)s in the shared frontier: %(reason)s. It is crawled by this worker"
-                " only and is lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools, None,"
-                " lists, dicts) or pass a spider method name. Further requests failing on %(key)s are only"
-                " counted in scheduler/unserializable.",
-                {"request": request, "reason": exc, "key": exc.key},
-            )
-
-
-class _NoStats:
-    """Stats sink of a scheduler built without a stats collector."""
-
-    def inc_value(self, key: str, count: int = 1, start: int = 0) -> None:
-        pass
-
-    def set_value(self, key: str, value: Any) -> None:
-        pass

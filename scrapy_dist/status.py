@@ -178,7 +178,13 @@ def worker_rows(
             {"state": info.state, "interval": "" if info.interval is None else repr(info.interval)},
             seen, now, default_interval,
         )
-        inflight = leases.get(wid, 0) if leases is not None else info.inflight
+        if leases is not None:
+            inflight: int | None = leases.get(wid, 0)
+        elif info.inflight is not None:
+            inflight = info.inflight + (info.prefetched or 0)
+        else:
+            inflight = None
+        running = state == RUNNING
         row: dict[str, Any] = {
             "id": wid,
             "host": info.host or wid.split(":", 1)[0],
@@ -191,6 +197,9 @@ def worker_rows(
             "items": info.items,
             "errors": info.errors,
             "leases": inflight,
+            # of its leases: handed to the engine / prefetched, per its last heartbeat (running only)
+            "in_flight": info.inflight if running else None,
+            "prefetched": info.prefetched if running else None,
             "pages_per_min": (info.pages_per_min or 0.0) if state == RUNNING else 0.0,
             "finish_reason": info.finish_reason or None,
         }
@@ -202,14 +211,38 @@ def worker_rows(
     return rows
 
 
-def crawl_state(control: ControlState, running: int) -> str:
+def crawl_state(control: ControlState, running: int, started: list[float | None] | None = None,
+                now: float | None = None) -> str:
     """One word for the whole crawl: paused, running, closing (reason), closed (reason) or stopped (no
-    worker running)."""
+    worker running).
+
+    ``started``: start times of the running workers. A close decision taken before all of them started
+    (the previous run's ``finished``) is one they ignore, as :meth:`ControlState.close_reason` does: the
+    crawl is running, not closing."""
     if control.paused:
         return "paused"
+    if control.close and running:
+        starts = started if started is not None else [None] * running
+        if any(control.close_reason(s or 0.0, now) for s in starts):
+            return f"closing ({control.close})"
+        return "running"
     if control.close:
-        return f"closing ({control.close})" if running else f"closed ({control.close})"
+        return f"closed ({control.close})"
     return "running" if running else "stopped"
+
+
+def lease_breakdown(leased: int, workers: list[dict[str, Any]]) -> dict[str, int | None]:
+    """The crawl's leases split by what holds them, from the running workers' last heartbeats:
+    ``in_flight`` (handed to an engine), ``prefetched`` (leased ahead of demand: all that a paused worker
+    holds) and ``other`` (the rest: leases of lost workers, waiting to expire, or taken since the last
+    heartbeat). ``None`` figures when a running worker did not report them."""
+    running = [w for w in workers if w["state"] == RUNNING]
+    if any(w.get("in_flight") is None or w.get("prefetched") is None for w in running):
+        return {"leased": leased, "in_flight": None, "prefetched": None, "other": None}
+    in_flight = min(leased, sum(w["in_flight"] for w in running))
+    prefetched = min(leased - in_flight, sum(w["prefetched"] for w in running))
+    return {"leased": leased, "in_flight": in_flight, "prefetched": prefetched,
+            "other": leased - in_flight - prefetched}
 
 
 def _replies(pipe: Any, fallbacks: list[Any]) -> list[Any]:
@@ -323,8 +356,11 @@ def read_status(
     return {
         "spider": keys.spider,
         "time": round(now, 3),
-        "state": crawl_state(control, states[RUNNING]),
+        "state": crawl_state(control, states[RUNNING],
+                             [w["started"] for w in workers if w["state"] == RUNNING], now),
+        # "inflight": every lease (kept for scripts); "leases": what holds them
         "frontier": {"queued": int(queued), "inflight": int(inflight), "delayed": int(delayed)},
+        "leases": lease_breakdown(int(inflight), workers),
         "shards": len(shards),
         "deadletter": int(dead),
         "seeds": {

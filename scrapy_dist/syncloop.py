@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.outage import Backoff, Outage, is_outage
+from scrapy_dist.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -96,7 +97,7 @@ class SyncLoop:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._no_inprogress_warned = False
+        self._once = RateLimitedLog.once(logger)
 
     # -- the task -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -179,9 +180,10 @@ class SyncLoop:
             return
         busy = self.engine.inprogress()
         if busy is None:
-            if not self._no_inprogress_warned:
-                self._no_inprogress_warned = True
-                logger.warning("Cannot see the engine's requests in progress: acknowledging on hand-out")
+            self._once.log(
+                logging.WARNING, "Cannot see the engine's requests in progress: acknowledging on hand-out",
+                key="inprogress",
+            )
             busy = ()
         self.ledger.collect_finished(busy, now)
 

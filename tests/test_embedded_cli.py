@@ -32,12 +32,18 @@ def run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_embedded_status_redis_cli_and_stop(outside: Path) -> None:
+    # a project: outside one, `scrapy-dist redis-cli` refuses to start a fresh embedded Redis (issue 17)
+    (outside / "scrapy.cfg").write_text("[settings]\ndefault = embproj.settings\n")
+    (outside / "embproj").mkdir()
+    (outside / "embproj" / "__init__.py").write_text("")
+    (outside / "embproj" / "settings.py").write_text('BOT_NAME = "embproj"\n')
     status = run(outside, "embedded", "status")
     assert status.returncode == 0 and "not running" in status.stdout
     pushed = run(outside, "redis-cli", "lpush", "shop:start_urls", "https://example.com/")
     assert pushed.returncode == 0 and pushed.stdout.strip() == "1", pushed
     status = run(outside, "embedded", "status")
-    sock = outside / ".scrapy" / "scrapy_dist" / "redis.sock"
+    # in the state directory, unless that path is too long for a socket (then a private runtime dir)
+    sock = EmbeddedRedis(outside / ".scrapy" / "scrapy_dist").socket_path
     assert "running (pid" in status.stdout and f"redis-cli -s {sock}" in status.stdout
     # The plain redis-cli command it prints works as printed.
     cli = EmbeddedRedis(outside / ".scrapy" / "scrapy_dist")
@@ -84,4 +90,4 @@ def test_workers_warn_that_the_embedded_crawl_is_confined_to_this_machine(
         resolve_target({})
     (message,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "confined to this machine" in message and "REDIS_URL" in message
-    assert f"redis-cli -s {outside / '.scrapy' / 'scrapy_dist' / 'redis.sock'} lpush" in message
+    assert f"redis-cli -s {EmbeddedRedis(outside / '.scrapy' / 'scrapy_dist').socket_path} lpush" in message

@@ -294,13 +294,13 @@ def _accepts_cleanly(data: bytes) -> None:
     encode_request(req, SPIDER)
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300))
 def test_fuzz_arbitrary_bytes(data: bytes) -> None:
     _accepts_cleanly(data)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.text(max_size=120))
 def test_fuzz_arbitrary_text_and_urls(text: str) -> None:
     _accepts_cleanly(text.encode("utf-8", "surrogatepass"))
@@ -308,7 +308,7 @@ def test_fuzz_arbitrary_text_and_urls(text: str) -> None:
     _accepts_cleanly(("https://a.example/" + text).encode("utf-8", "surrogatepass"))
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.text(max_size=60), st.sampled_from(["", "http://", "https://a.example/", "ftp://", "http:"]))
 def test_fuzz_validate_url_is_at_least_as_strict_as_codec_check_url(text: str, prefix: str) -> None:
     url = prefix + text
@@ -337,7 +337,7 @@ def _reference_reason(url: str) -> str | None:
     return None if parts.hostname else "bad_url"
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.sampled_from(["http://", "HTTPS://", "ftp://", "http://user:pw@", "http://a@b@", "h:", "http://["]),
     st.from_regex(r"[A-Za-z0-9._@:\[\]-]{0,12}", fullmatch=True),
@@ -379,7 +379,7 @@ _field_values = {
 }
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.dictionaries(
         st.sampled_from(sorted(FIELDS) + ["extra"]),

@@ -12,6 +12,14 @@ Every subcommand finds Redis the way workers do (first match wins; one function,
 
 Every setting is checked as a worker checks it: a bad value is the same one line, exit status 1.
 
+The CLI never works on the wrong thing quietly: outside a Scrapy project with no Redis named (no
+``--redis-url``, no ``$REDIS_URL``), commands that read or change a crawl refuse in one line rather than
+start a fresh, empty embedded Redis in the current directory; and a spider name the project does not have
+is refused with the closest name suggested (``--force`` goes ahead anyway).
+
+Short flags mean one thing in every subcommand: ``-f`` is ``--follow`` (``items``, as in ``tail -f``),
+``-j`` is ``--json-lines``, ``-h`` is ``--help``; ``--file`` and ``--force`` have no short form.
+
 The project's other settings (``REDIS_PARAMS``, ``REDIS_KEY_PREFIX``, ...) apply in every case.
 
 Writing a subcommand::
@@ -67,6 +75,7 @@ class ClientFactory:
         self._settings: Settings | None = None
         self._dist: DistSettings | None = None
         self._source = ""
+        self.inside_project = False
 
     def override_url(self, redis_url: str) -> None:
         """A subcommand's own ``--redis-url`` (wins over the group's)."""
@@ -78,7 +87,8 @@ class ClientFactory:
         from scrapy.settings import Settings
         from scrapy.utils.project import inside_project
 
-        settings = _project_settings() if inside_project() else Settings()
+        self.inside_project = inside_project()
+        settings = _project_settings() if self.inside_project else Settings()
         if self.redis_url:
             for name in _REDIS_LOCATION_SETTINGS:
                 settings.set(name, None, priority="cmdline")
@@ -138,12 +148,71 @@ class ClientFactory:
         return get_async_redis(self.dist)
 
     def check(self) -> None:
-        """Raise :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) unless Redis answers."""
+        """Raise :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) unless Redis answers, and
+        :class:`NoCrawlHere` outside a project with no Redis named (see :meth:`require_configured`)."""
+        self.require_configured()
         check_reachable(self.dist)
+
+    def require_configured(self) -> None:
+        """Raise :class:`NoCrawlHere` when no project is here and no Redis is named: the embedded Redis of
+        the current directory would be a fresh, empty one, not the crawl the user means."""
+        if self.source == "embedded Redis" and not self.inside_project:  # source resolves inside_project
+            raise NoCrawlHere(
+                f"scrapy-dist: no Scrapy project here ({os.getcwd()} has no scrapy.cfg above it) and no "
+                "Redis configured; run this inside the project, or name the Redis: "
+                "--redis-url URL or $REDIS_URL"
+            )
+
+    def check_spider(self, name: str, force: bool = False) -> None:
+        """Raise :class:`UnknownSpider` if the project here has no spider ``name`` (with the closest name
+        suggested), unless ``force``. Outside a project (a Redis named explicitly) any name goes."""
+        settings = self.settings  # resolves inside_project too
+        if force or not self.inside_project:
+            return
+        names = project_spiders(settings)
+        if names is None or name in names:
+            return
+        import difflib
+
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        have = ", ".join(sorted(names)[:10]) or "none"
+        raise UnknownSpider(
+            f"scrapy-dist: no spider {name!r} in this project ({hint}it has: {have}); "
+            "--force to use the name anyway"
+        )
 
     def keys(self, spider: str) -> CrawlKeys:
         """Key names of the crawl of ``spider`` (honours ``REDIS_KEY_PREFIX`` and friends)."""
         return crawl_keys(self.dist, spider)
+
+
+class NoCrawlHere(ScrapyDistError):
+    """No Scrapy project in the current directory and no Redis named: nothing to work on."""
+
+
+class UnknownSpider(ScrapyDistError):
+    """A spider name the project does not have."""
+
+
+def project_spiders(settings: Settings) -> list[str] | None:
+    """Names of the project's spiders, or ``None`` when they cannot be listed (no ``SPIDER_MODULES``,
+    a spider module that does not import)."""
+    if not settings.getlist("SPIDER_MODULES"):
+        return None
+    try:
+        from scrapy.spiderloader import get_spider_loader
+
+        return list(get_spider_loader(settings).list())
+    except Exception:  # a broken spider module: the crawl will say so; do not block the tools on it
+        return None
+
+
+def force_option(f: F) -> F:
+    """``--force``: use a spider name the project does not have."""
+    return click.option(  # type: ignore[return-value]
+        "--force", is_flag=True, help="Use SPIDER even if the project has no spider of that name."
+    )(f)
 
 
 def _project_settings() -> Settings:
@@ -174,7 +243,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except SettingsError as exc:
+        except (SettingsError, NoCrawlHere, UnknownSpider) as exc:
             raise _OneLine(str(exc)) from exc
         except ScrapyDistError as exc:
             raise click.ClickException(str(exc)) from exc

@@ -33,8 +33,8 @@ from scrapy import Request
 from scrapy.utils.misc import load_object
 
 from scrapy_dist import queue
-from scrapy_dist.cli import ClientFactory, main, pass_redis
-from scrapy_dist.cli.text import json_safe, printable
+from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
+from scrapy_dist.cli.text import console, json_safe, printable
 from scrapy_dist.codec import EntryPolicy
 from scrapy_dist.deadletter import DeadLetter, parse_record, reason_matches, requeue_payload
 from scrapy_dist.exceptions import RejectedEntry
@@ -94,7 +94,6 @@ def _when(at: float) -> str:
 
 
 def _table(letters: list[tuple[int, DeadLetter]], key: str) -> None:
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
@@ -103,11 +102,11 @@ def _table(letters: list[tuple[int, DeadLetter]], key: str) -> None:
         table.add_column(name, overflow="fold", no_wrap=name not in ("url", "reason"))
     for index, d in letters:
         table.add_row(  # Text, never markup: a worker id like "[/x]" is data
-            str(index), _when(d.at), Text(printable(d.reason, 200)),
-            "" if d.status is None else str(d.status), str(d.attempts), Text(printable(d.worker, 120)),
+            f"{index:,}", _when(d.at), Text(printable(d.reason, 200)),
+            "" if d.status is None else str(d.status), f"{d.attempts:,}", Text(printable(d.worker, 120)),
             Text(printable(d.url, 2000) + ("" if d.payload is not None else "  (not requeueable)")),
         )
-    Console().print(table)
+    console().print(table)
 
 
 def queue_order(ds: DistSettings) -> queue.QueueOrder:
@@ -194,14 +193,16 @@ def _purge(client: redis.Redis, key: str, letters: list[tuple[int, DeadLetter]])
 @click.option("--limit", type=int, help=f"Show only the last N records (table default: {TABLE_ROWS}).")
 @click.option("--requeue", is_flag=True, help="Put the requests back in the frontier, retry counts reset.")
 @click.option("--purge", is_flag=True, help="Delete the records (with --reason: only the matching ones).")
+@force_option
 @pass_redis
 def dead(
     redis: ClientFactory, spider: str, as_json: bool, reason: str | None, limit: int | None,
-    requeue: bool, purge: bool,
+    requeue: bool, purge: bool, force: bool,
 ) -> None:
     """List (or --requeue, or --purge) the dead letters of SPIDER's crawl: requests that finally failed."""
     if requeue and purge:
         raise click.UsageError("--requeue and --purge cannot be combined")
+    redis.check_spider(spider, force)
     redis.check()
     keys = redis.keys(spider)
     key = keys.deadletter
@@ -210,7 +211,7 @@ def dead(
         if purge and reason is None:
             n = client.llen(key)
             client.delete(key)
-            click.echo(f"purged {n} dead letters from {key!r}")
+            click.echo(f"purged {n:,} dead letters from {key!r}")
             return
         letters, bad = select(client, key, reason)
         for index, raw, why in bad[:BAD_SHOWN]:
@@ -219,7 +220,7 @@ def dead(
             click.echo(f"... and {len(bad) - BAD_SHOWN:,} more malformed records skipped", err=True)
         if purge:
             removed = _purge(client, key, letters)
-            click.echo(f"purged {removed} dead letters with reason {reason!r} from {key!r}")
+            click.echo(f"purged {removed:,} dead letters with reason {reason!r} from {key!r}")
             return
         if requeue:
             targets, refused = _requeue_targets(letters, redis.dist)
@@ -227,7 +228,7 @@ def dead(
                 click.echo(f"kept {printable(d.url, 300)} (cannot be requeued: {printable(why, 300)})",
                            err=True)
             done = asyncio.run(requeue_letters(redis, keys, targets)) if targets else 0
-            click.echo(f"requeued {done} dead letters into {keys.queue!r}; {len(refused)} kept")
+            click.echo(f"requeued {done:,} dead letters into {keys.queue!r}; {len(refused):,} kept")
             return
         _show(letters, key, as_json, limit)
     finally:
@@ -243,9 +244,12 @@ def _show(letters: list[tuple[int, DeadLetter]], key: str, as_json: bool, limit:
         for index, d in shown:
             click.echo(json_safe(json.dumps({"index": index, **d.as_dict()}, ensure_ascii=False)))
         return
+    if not total:  # no empty table
+        click.echo(f"0 dead letters in {key!r}")
+        return
     _table(shown, key)
     counts = Counter(d.reason for _, d in letters)
     summary = ", ".join(f"{printable(r, 80)}: {n:,}" for r, n in counts.most_common(20))
-    hidden = f" (showing the last {len(shown)}; --limit 0 shows all)" if len(shown) < total else ""
+    hidden = f" (showing the last {len(shown):,}; --limit 0 shows all)" if len(shown) < total else ""
     noun = "dead letter" if total == 1 else "dead letters"
-    click.echo(f"{total} {noun}{hidden}" + (f" -- {summary}" if summary else ""))
+    click.echo(f"{total:,} {noun}{hidden}" + (f" -- {summary}" if summary else ""))

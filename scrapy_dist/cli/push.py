@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.seeds import SeedRules, class_has_callback, iter_lines, parse_seed
 from scrapy_dist.settings import DistSettings
@@ -199,12 +199,13 @@ def _parse_meta(text: str | None) -> dict[str, Any] | None:
 @main.command()
 @click.argument("spider")
 @click.argument("urls", nargs=-1)
-@click.option("--file", "-f", "file", type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("--file", "file", type=click.Path(dir_okay=False, allow_dash=True),
               help="Read seeds from FILE, one a line ('-' = stdin; blank lines and # comments skipped).")
 @click.option("--priority", type=click.IntRange(-(2**31), 2**31 - 1),
               help="Priority of seeds that set none (the score, for a ZSET seeds key).")
 @click.option("--meta", "meta_json", metavar="JSON", help="JSON object merged into every seed's meta.")
 @click.option("--dry-run", is_flag=True, help="Validate only; push nothing.")
+@force_option
 @pass_redis
 def push(
     redis: ClientFactory,
@@ -214,6 +215,7 @@ def push(
     priority: int | None,
     meta_json: str | None,
     dry_run: bool,
+    force: bool,
 ) -> None:
     """Validate seeds (URLs or JSON objects) and push them to SPIDER's seeds key.
 
@@ -222,6 +224,9 @@ def push(
     if not urls and file is None:
         raise click.UsageError("give URLs and/or --file FILE (- for stdin)")
     meta = _parse_meta(meta_json)
+    if not dry_run:
+        redis.require_configured()
+    redis.check_spider(spider, force)
     settings = redis.settings
     spidercls = _spider_class(settings, spider)
     keys: CrawlKeys = redis.keys(spider)

@@ -10,13 +10,13 @@ from typing import Any
 
 import click
 from redis.exceptions import RedisError
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from scrapy_dist.cli import ClientFactory, main, pass_redis
-from scrapy_dist.cli.text import json_safe, printable
+from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
+from scrapy_dist.cli.text import console, json_safe, printable
 from scrapy_dist.extensions.control import pause_crawl, resume_crawl
 from scrapy_dist.status import read_status
 
@@ -41,16 +41,28 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.0f}h ago"
 
 
+def _held(leases: dict[str, Any], state: str) -> Text:
+    """Leases not in flight: prefetched by running workers (all that a paused crawl holds), and those of
+    lost workers, which come back to the queue when they expire."""
+    parts = [f"{leases['prefetched']:,} prefetched" + (" (paused: held, not crawled)" if state == "paused"
+                                                       and leases["prefetched"] else "")]
+    if leases["other"]:
+        parts.append(f"{leases['other']:,} by lost or just-started workers (back in the queue when the"
+                     " leases expire)")
+    return Text(", ".join(parts))
+
+
 def render(status: dict[str, Any]) -> Group:
     """The status as rich renderables: a headline, the crawl's figures and the workers table."""
     rates, errors, front, seeds = status["rates"], status["errors"], status["frontier"], status["seeds"]
+    spider = printable(status["spider"], 120)
     state = status["state"]
     headline = Text.assemble(
-        (f"{status['spider']}", "bold"), "  ",
+        (spider, "bold"), "  ",
         (state, "bold yellow" if state == "paused" else "bold"), "  ",
         f"{_num(rates['pages_per_min'])} pages/min  ",
         "error rate " + ("-" if rates["error_rate"] is None else f"{rates['error_rate']:.1%}"),
-        f" ({errors['errors']} errors / {errors['attempts']} attempts in {errors['window']:.0f}s)"
+        f" ({errors['errors']:,} errors / {errors['attempts']:,} attempts in {errors['window']:,.0f}s)"
         if errors["window"] else "",
     )
     overview = Table(show_header=False, box=None, padding=(0, 2))
@@ -62,7 +74,11 @@ def render(status: dict[str, Any]) -> Group:
     shards = status.get("shards", 1)
     queued = f"Queued ({shards} shards)" if shards > 1 else "Queued"
     overview.add_row(queued, _num(front["queued"]), "Pages", _num(stats.get("response_received_count", 0)))
-    overview.add_row("In flight", _num(front["inflight"]), "Items", _num(stats.get("item_scraped_count", 0)))
+    leases = status.get("leases") or {}
+    # a worker without the figures (older version): every lease counts as in flight
+    known = leases.get("in_flight") is not None
+    in_flight = leases["in_flight"] if known else front["inflight"]
+    overview.add_row("In flight", _num(in_flight), "Items", _num(stats.get("item_scraped_count", 0)))
     overview.add_row("Delayed", _num(front["delayed"]), "Dead letters", _num(status["deadletter"]))
     overview.add_row("Seeds waiting", _num(seeds["waiting"] + seeds["processing"]),
                      "Rejected", f"{seeds['rejected']:,} seeds, {status['rejected']['queue']:,} queue")
@@ -77,15 +93,16 @@ def render(status: dict[str, Any]) -> Group:
     else:
         filt = f"exact, {f['items']:,} fingerprints"
     lines = [Text.assemble(("Filter  ", "bold"), filt)]
+    if known and (leases["prefetched"] or leases["other"]):
+        lines.append(Text.assemble(("Held  ", "bold"), _held(leases, state)))
     if errors["reasons"]:
         top = ", ".join(f"{printable(r, 80)} {n:,}" for r, n in list(errors["reasons"].items())[:5])
         lines.append(Text.assemble(("Top errors  ", "bold"), top))
 
     summary = status["workers_summary"]
-    workers = Table(
-        title=f"Workers: {summary['running']} running, {summary['lost']} lost, {summary['closed']} closed",
-        title_justify="left",
-    )
+    title = (f"Workers: {summary['running']:,} running, {summary['lost']:,} lost, "
+             f"{summary['closed']:,} closed")
+    workers = Table(title=title, title_justify="left")
     workers.add_column("Worker", no_wrap=True)
     for name in ("State", "Seen", "Pages", "Items", "Errors", "Leases", "Pages/min"):
         workers.add_column(name, justify="left" if name == "State" else "right")
@@ -99,7 +116,8 @@ def render(status: dict[str, Any]) -> Group:
         )
     if len(status["workers"]) > 50:
         workers.caption = f"... and {len(status['workers']) - 50} more (see --json)"
-    parts: list[Any] = [workers]
+    # no empty table: a crawl no worker has joined yet says so in one line
+    parts: list[Any] = [workers if status["workers"] else Text(f"Workers: none yet (scrapy crawl {spider})")]
     if status.get("domains"):
         domains = Table(title="Busiest domains (crawl-wide politeness)", title_justify="left")
         domains.add_column("Domain", no_wrap=True)
@@ -127,9 +145,13 @@ def render(status: dict[str, Any]) -> Group:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
 @click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
+@force_option
 @pass_redis
-def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interval: float) -> None:
+def status(
+    redis: ClientFactory, spider: str, as_json: bool, watch: bool, interval: float, force: bool
+) -> None:
     """Show the crawl of SPIDER: frontier, seeds, dead letters, filter, rates, workers and stats."""
+    redis.check_spider(spider, force)
     redis.check()
     keys = redis.keys(spider)
     client = redis.client()
@@ -143,15 +165,14 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
         if as_json:
             click.echo(json_safe(json.dumps(data, indent=2)))
         else:
-            Console().print(render(data))
+            console().print(render(data))
         return
     try:
         if as_json:
             while True:
                 click.echo(json_safe(json.dumps(read())))
                 time.sleep(interval)
-        console = Console()
-        with Live(render(read()), console=console, auto_refresh=False) as live:
+        with Live(render(read()), console=console(), auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
                 try:
@@ -165,9 +186,11 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
 
 @main.command()
 @click.argument("spider")
+@force_option
 @pass_redis
-def pause(redis: ClientFactory, spider: str) -> None:
+def pause(redis: ClientFactory, spider: str, force: bool) -> None:
     """Pause the crawl of SPIDER: every worker stops taking new requests (within a second)."""
+    redis.check_spider(spider, force)
     redis.check()
     pause_crawl(redis.client(), redis.keys(spider).control, by="cli")
     click.echo(f"Paused {spider!r}: workers finish what they hold and take nothing new. "
@@ -176,9 +199,11 @@ def pause(redis: ClientFactory, spider: str) -> None:
 
 @main.command()
 @click.argument("spider")
+@force_option
 @pass_redis
-def resume(redis: ClientFactory, spider: str) -> None:
+def resume(redis: ClientFactory, spider: str, force: bool) -> None:
     """Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause)."""
+    redis.check_spider(spider, force)
     redis.check()
     keys = redis.keys(spider)
     resume_crawl(redis.client(), keys.control, keys.errors)

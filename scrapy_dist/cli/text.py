@@ -11,7 +11,14 @@ a ``Text`` object, never as a markup string.
 from __future__ import annotations
 
 import re
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+#: Width of tables printed to a pipe or file: nothing is cut to fit an imagined 80-column terminal.
+PIPE_WIDTH = 1000
 
 # C0 controls (ESC, BEL, CR, ...), DEL, C1 controls, bidi embeddings/overrides/isolates and LRM/RLM.
 _TERMINAL = "\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
@@ -22,6 +29,15 @@ _UNSAFE_KEEP_LINES = re.compile(f"[\x00-\x08\x0b-\x1f{_TERMINAL}]")
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group(0))
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console: the terminal's width on a terminal; on a pipe or file, wide enough that no cell
+    is cut (``closed (finis…``) -- tables still take only the width their contents need."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else PIPE_WIDTH)
 
 
 def printable(value: Any, limit: int | None = None, keep_newlines: bool = False) -> str:

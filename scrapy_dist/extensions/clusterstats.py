@@ -214,9 +214,14 @@ class ClusterStats:
             await self.redis.aclose()
 
     def _inflight(self) -> int | None:
-        sched = scheduler_of(self.crawler)
-        held = getattr(sched, "_held", None) if sched is not None else None
-        return len(held) if held is not None else None
+        """Requests the engine works on (leased and handed out), or None without our scheduler."""
+        ledger = getattr(scheduler_of(self.crawler), "ledger", None)
+        return len(ledger.handed) if ledger is not None else None
+
+    def _prefetched(self) -> int | None:
+        """Requests leased ahead of demand and not yet handed out (all a paused worker holds)."""
+        ledger = getattr(scheduler_of(self.crawler), "ledger", None)
+        return len(ledger.ready) if ledger is not None else None
 
     async def flush(self, final: bool = False, reason: str = "") -> int:
         """Send the heartbeat and the stats changed since the last flush (one script call).
@@ -240,6 +245,7 @@ class ClusterStats:
                 started=self.started,
                 stats=stats,
                 inflight=0 if final else self._inflight(),
+                prefetched=0 if final else self._prefetched(),
                 pages_per_min=0.0 if final else self.rate.per_minute(),
                 interval=self.interval,
                 state=CLOSED if final else RUNNING,

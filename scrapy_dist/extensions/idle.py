@@ -174,7 +174,7 @@ class IdleMonitor:
         if _engine.inprogress(self.crawler):
             return False
         sched = scheduler_of(self.crawler)
-        return not getattr(sched, "_local", None)
+        return sched is None or not sched.ledger.local
 
     async def check(self, now: float | None = None) -> str:
         """One poll: returns the reason this worker is closing for, or ``""``."""

@@ -107,6 +107,7 @@ def heartbeat_fields(
     stats: dict[str, Any],
     inflight: int | None,
     pages_per_min: float,
+    prefetched: int | None = None,
     interval: float,
     state: str = RUNNING,
     finish_reason: str = "",
@@ -124,6 +125,7 @@ def heartbeat_fields(
         "items": str(int(stats.get("item_scraped_count", 0) or 0)),
         "errors": str(error_count(stats)),
         "inflight": "" if inflight is None else str(inflight),
+        "prefetched": "" if prefetched is None else str(prefetched),
         "pages_per_min": f"{pages_per_min:.1f}",
         "interval": repr(float(interval)),
         "state": state,
@@ -165,6 +167,8 @@ class WorkerInfo:
     items: int | None = None
     errors: int | None = None
     inflight: int | None = None
+    #: leased ahead of demand, not handed to the engine yet
+    prefetched: int | None = None
     pages_per_min: float | None = None
     interval: float | None = None
     state: str = ""
@@ -208,6 +212,7 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
         items=count("items"),
         errors=count("errors"),
         inflight=count("inflight"),
+        prefetched=count("prefetched"),
         pages_per_min=number("pages_per_min", 0.0, 1e12),
         interval=number("interval", 0.001, 86400.0),
         state=state,
