@@ -29,191 +29,68 @@ Decoding treats the bytes as untrusted: every field is type-checked before use, 
 bytes), callbacks must name methods the spider's own code defines, and a request subclass is only accepted
 when its module is already imported (nothing is imported on behalf of data read from Redis).
 
-An entry is *trusted* when its tag verifies with the crawl's secret, or when no secret is configured (the
-crawl then cannot tell its own entries from anyone else's: see ``docs/security.md``). Untrusted entries
-must also pass the rules for seeds: meta keys allowed by ``SEEDS_META_ALLOWED``, no framing or routing
-headers, the spider's ``allowed_domains`` (whatever ``dont_filter`` says).
+What an untrusted entry may ask for, and how an entry is signed, is :mod:`scrapy_dist.entrypolicy`
+(re-exported here). An entry is *trusted* when its tag verifies with the crawl's secret, or when no
+secret is configured (the crawl then cannot tell its own entries from anyone else's: see
+``docs/security.md``). Untrusted entries must also pass the rules for seeds: meta keys allowed by
+``SEEDS_META_ALLOWED``, no framing or routing headers, the spider's ``allowed_domains`` (whatever
+``dont_filter`` says).
+
+Which spider methods an entry may name as callbacks is :mod:`scrapy_dist.callbacks` (re-exported here too).
 """
 
 from __future__ import annotations
 
 import codecs
-import fnmatch
-import hashlib
-import hmac
-import inspect
 import math
 import re
 import sys
-import types
-import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import msgpack
 from scrapy import Request
 from scrapy.http import Headers
-from scrapy.spiders import CrawlSpider
 
+from scrapy_dist.callbacks import HOOK_NAMES, entry_callback, method_name, spider_method, user_defined
+from scrapy_dist.entrypolicy import (
+    CREDENTIAL_HEADERS,
+    DANGEROUS_META,
+    DEFAULT_POLICY,
+    FORBIDDEN_HEADERS,
+    TAG_BYTES,
+    VERSION,
+    VERSION_SIGNED,
+    EntryPolicy,
+    check_header_names,
+    check_meta_keys,
+    check_offsite,
+    entry_policy,
+    host_allowed,
+    is_trusted,
+)
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.middlewares.credentials import added_by_middleware
 
 if TYPE_CHECKING:
     from scrapy import Spider
-    from scrapy.crawler import Crawler
 
-#: version byte of an unauthenticated payload
-VERSION = 1
-#: version byte of a payload carrying a tag made with the crawl's secret
-VERSION_SIGNED = 2
-TAG_BYTES = 16
+__all__ = [
+    "MAX_HEADERS", "check_url", "decode_request", "encode_request", "load_payload", "split_payload",
+    # from scrapy_dist.entrypolicy and scrapy_dist.callbacks, imported from here by other modules and users
+    "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "FORBIDDEN_HEADERS", "HOOK_NAMES", "TAG_BYTES",
+    "VERSION", "VERSION_SIGNED", "EntryPolicy", "check_header_names", "check_meta_keys", "check_offsite",
+    "entry_policy", "host_allowed", "is_trusted", "spider_method", "user_defined",
+]
+
 _VERSION_BYTE = bytes([VERSION])
 _SIGNED_BYTE = bytes([VERSION_SIGNED])
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
-#: private dispatchers of CrawlSpider rules: rule requests name them, with the rule index in meta
-_CRAWLSPIDER_METHODS = frozenset({"_callback", "_errback"})
-#: RedisCrawlSpider's public stand-ins for them (defined by scrapy-dist, so not "user-defined")
-_RULE_METHODS = frozenset({"rule_callback", "rule_errback"})
 _PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 MAX_HEADERS = 100
-
-#: Meta keys an untrusted entry may set only if SEEDS_META_ALLOWED names them exactly (a wildcard is not
-#: enough): they route the request (proxy, source address, slot), carry credentials, switch Scrapy's
-#: safety checks off or reach into its private state.
-DANGEROUS_META = (
-    "proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar", "handle_httpstatus_all",
-    "dont_*", "allow_offsite", "download_maxsize", "download_warnsize", "download_timeout",
-    "max_retry_times", "redirect_urls", "redirect_reasons", "splash", "playwright*", "zyte_api*",
-    "impersonate", "is_start_request", "depth",
-)
-#: Headers an untrusted entry may never set: they frame the message or route it.
-FORBIDDEN_HEADERS = (
-    "host", "content-length", "transfer-encoding", "connection", "proxy-*", "te", "upgrade", "keep-alive",
-    "trailer", "expect", "x-forwarded-*", "forwarded",
-)
-#: Headers an untrusted entry may set only if SEEDS_HEADERS_ALLOWED names them.
-CREDENTIAL_HEADERS = ("authorization", "cookie")
-
-
-def _matches(name: str, patterns: Iterable[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-def check_meta_keys(meta: dict[Any, Any], allowed: Iterable[str]) -> None:
-    """Refuse (``meta_not_allowed``, naming the key) a meta key of an untrusted entry that matches no
-    pattern of ``allowed``, or one of :data:`DANGEROUS_META` that ``allowed`` does not name exactly."""
-    allowed = tuple(allowed)
-    for key in meta:
-        name = str(key)
-        if not _matches(name, allowed) or (_matches(name, DANGEROUS_META) and name not in allowed):
-            raise RejectedEntry(
-                "meta_not_allowed", f"meta key {name[:40]!r} is not allowed (SEEDS_META_ALLOWED)"
-            )
-
-
-def check_header_names(names: Iterable[Any], allowed: Iterable[str]) -> None:
-    """Refuse (``header_not_allowed``) framing/routing headers, and credential headers ``allowed`` does not
-    name (case-insensitive)."""
-    allowed_l = {a.lower() for a in allowed}
-    for raw in names:
-        name = (raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)).lower()
-        if _matches(name, FORBIDDEN_HEADERS) or (name in CREDENTIAL_HEADERS and name not in allowed_l):
-            raise RejectedEntry("header_not_allowed", f"header {name[:40]!r} may not come from an entry")
-
-
-def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:
-    """Whether the host of ``url`` is one of ``allowed_domains`` or a subdomain of one (``None`` or empty:
-    every host), as Scrapy's offsite middleware reads the list."""
-    domains = [d.lower().lstrip(".") for d in allowed_domains or () if isinstance(d, str) and d]
-    if not domains:
-        return True
-    try:
-        host = (urlsplit(url).hostname or "").rstrip(".")
-    except ValueError:
-        return False
-    return any(host == d or host.endswith("." + d) for d in domains)
-
-
-def check_offsite(url: str, spider: Any) -> None:
-    """Refuse (``offsite``) a URL outside the spider's ``allowed_domains``, ``dont_filter`` or not."""
-    domains = getattr(spider, "allowed_domains", None)
-    if isinstance(domains, str):
-        domains = [domains]
-    if domains and not host_allowed(url, domains):
-        raise RejectedEntry("offsite", f"host of {url[:80]!r} is not in the spider's allowed_domains")
-
-
-def _secret_key(secret: bytes) -> bytes:
-    # BLAKE2b keys are at most 64 bytes: a longer secret is hashed down to 64
-    return secret if len(secret) <= 64 else hashlib.blake2b(secret).digest()
-
-
-@dataclass(frozen=True)
-class EntryPolicy:
-    """What an entry read from the queue must satisfy, and the secret that tells the crawl's own entries
-    from others. Built once per crawler (:func:`entry_policy`)."""
-
-    allowed_schemes: tuple[str, ...] = ("http", "https")
-    max_bytes: int = 1024 * 1024
-    #: fnmatch patterns of the meta keys an untrusted entry may set (see :func:`check_meta_keys`)
-    meta_allowed: tuple[str, ...] = ("*",)
-    #: credential headers (Authorization, Cookie) an untrusted entry may set
-    headers_allowed: tuple[str, ...] = ()
-    #: the crawl's secret; ``None``: every queue entry is trusted as the crawl's own
-    secret: bytes | None = None
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> EntryPolicy:
-        """The policy of a crawl's settings (Scrapy ``Settings``, a dict or a ``DistSettings``; the secret
-        may come from the ``SCRAPY_DIST_SECRET`` environment variable)."""
-        from scrapy_dist.settings import DistSettings
-
-        ds = DistSettings.coerce(settings)
-        return cls(
-            allowed_schemes=ds.scheduler.allowed_schemes,
-            max_bytes=ds.scheduler.max_entry_bytes,
-            meta_allowed=ds.seeds.meta_allowed,
-            headers_allowed=ds.seeds.headers_allowed,
-            secret=ds.scheduler.entry_secret,
-        )
-
-    def tag(self, body: bytes) -> bytes:
-        """The tag of a msgpack body (requires a secret)."""
-        assert self.secret is not None
-        return hashlib.blake2b(body, key=_secret_key(self.secret), digest_size=TAG_BYTES).digest()
-
-    def seal(self, body: bytes) -> bytes:
-        """A payload of ``body``: signed with the secret if there is one, else version 1."""
-        if self.secret is None:
-            return _VERSION_BYTE + body
-        return _SIGNED_BYTE + self.tag(body) + body
-
-    def verify(self, data: bytes) -> bool:
-        """Whether ``data`` is a version-2 payload whose tag verifies with this policy's secret."""
-        if self.secret is None or len(data) < 1 + TAG_BYTES or data[0] != VERSION_SIGNED:
-            return False
-        return hmac.compare_digest(data[1 : 1 + TAG_BYTES], self.tag(data[1 + TAG_BYTES :]))
-
-
-DEFAULT_POLICY = EntryPolicy()
-_POLICIES: weakref.WeakKeyDictionary[Any, EntryPolicy] = weakref.WeakKeyDictionary()
-
-
-def entry_policy(crawler: Crawler | None) -> EntryPolicy:
-    """The :class:`EntryPolicy` of ``crawler``, built on first use and kept (one dict lookup after)."""
-    if crawler is None:
-        return DEFAULT_POLICY
-    policy = _POLICIES.get(crawler)
-    if policy is None:
-        from scrapy_dist.settings import DistSettings
-
-        policy = _POLICIES[crawler] = EntryPolicy.from_settings(DistSettings.for_crawler(crawler))
-    return policy
-
 
 def _check_encodable(value: Any, path: str) -> None:
     """Raise :class:`UnserializableRequest` naming the first part of ``value`` msgpack cannot hold."""
@@ -232,19 +109,6 @@ def _check_encodable(value: Any, path: str) -> None:
             _check_encodable(v, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k!r}]")
         return
     raise UnserializableRequest(f"{path} holds a {type(value).__name__}, which cannot be encoded", path)
-
-
-def _method_name(func: Any, spider: Spider | None, what: str) -> str | None:
-    if func is None:
-        return None
-    if isinstance(func, str):
-        return func
-    owner = getattr(func, "__self__", None)
-    name = getattr(func, "__name__", None)
-    bound_to_spider = owner is not None and (spider is None or owner is spider)
-    if bound_to_spider and name and getattr(owner, name, None) == func:
-        return str(name)
-    raise UnserializableRequest(f"{what} {func!r} is not a method of the spider", what)
 
 
 def encode_request(
@@ -279,10 +143,10 @@ def encode_request(
         d["p"] = request.priority
     if request.dont_filter:
         d["d"] = True
-    cb = _method_name(request.callback, spider, "callback")
+    cb = method_name(request.callback, spider, "callback")
     if cb is not None:
         d["cb"] = cb
-    eb = _method_name(request.errback, spider, "errback")
+    eb = method_name(request.errback, spider, "errback")
     if eb is not None:
         d["eb"] = eb
     if request.flags:
@@ -313,58 +177,6 @@ def _expect(value: Any, types_: type | tuple[type, ...], reason: str, field: str
 
 def _as_tuple(types_: type | tuple[type, ...]) -> tuple[type, ...]:
     return types_ if isinstance(types_, tuple) else (types_,)
-
-
-def _framework_module(module: Any) -> bool:
-    return not isinstance(module, str) or module.split(".", 1)[0] in ("scrapy", "scrapy_dist")
-
-
-#: Scrapy's hooks and spider plumbing: never a callback, even where the spider's own code overrides them
-HOOK_NAMES = frozenset({
-    "start", "start_requests", "closed", "close", "log", "make_request_from_data", "from_crawler",
-    "update_settings", "handles_request", "set_crawler", "make_requests_from_url", "parse_start_url",
-    "process_results", "process_start", "process_start_requests", "spider_opened", "spider_idle",
-    "spider_closed", "has_callback",
-})
-
-
-def user_defined(cls: type, name: str) -> bool:
-    """Whether ``name`` is a plain function defined by a class of the user's, not by Scrapy or
-    scrapy-dist: ``start``, ``log``, ``make_request_from_data``, ``closed``, ``Spider.parse`` (which only
-    raises) are methods of every spider, but no entry read from Redis has any business calling them --
-    nor the hooks of :data:`HOOK_NAMES` where the spider's code overrides them."""
-    if not isinstance(name, str) or name.startswith("_") or not name.isidentifier() or name in HOOK_NAMES:
-        return False
-    for klass in cls.__mro__:
-        if name in vars(klass):
-            value = inspect.getattr_static(klass, name)
-            return isinstance(value, types.FunctionType) and not _framework_module(klass.__module__)
-    return False
-
-
-def spider_method(spider: Spider, name: Any, what: str) -> Any:
-    """Resolve ``name`` to a public method of ``spider``; reject anything else (shared with seeds)."""
-    if not isinstance(name, str):  # checked first: a list or map is not even hashable
-        raise RejectedEntry(f"bad_{what}", f"{what} has type {type(name).__name__}")
-    if name in _CRAWLSPIDER_METHODS and isinstance(spider, CrawlSpider):
-        pass  # CrawlSpider routes rule requests through these two
-    elif not name.isidentifier() or name.startswith("_"):
-        raise RejectedEntry(f"bad_{what}", f"{what} {name[:40]!r} is not a public method name")
-    method = getattr(spider, name, None)
-    if method is None or not callable(method) or getattr(method, "__self__", None) is not spider:
-        raise RejectedEntry(f"bad_{what}", f"spider has no method {name[:40]!r}")
-    return method
-
-
-def entry_callback(spider: Spider, name: Any, what: str) -> Any:
-    """The callback/errback a queue entry names: a method the spider's own code defines (as for seeds),
-    or one of CrawlSpider's rule dispatchers."""
-    method = spider_method(spider, name, what)
-    if isinstance(spider, CrawlSpider) and (name in _CRAWLSPIDER_METHODS or name in _RULE_METHODS):
-        return method
-    if not user_defined(type(spider), name):
-        raise RejectedEntry(f"bad_{what}", f"{name!r} is not a method defined by the spider's code")
-    return method
 
 
 def check_url(url: Any, allowed_schemes: Iterable[str]) -> str:
@@ -488,18 +300,6 @@ def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
     byte, msgpack and field names checked (values are checked by :func:`decode_request`). Raises
     :class:`RejectedEntry`."""
     return _unpack(split_payload(data, max_bytes)[1])
-
-
-def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
-    """Whether an entry counts as the crawl's own: its tag verifies, or the crawl has no secret.
-    Raises :class:`RejectedEntry` (``bad_tag``) for a version-2 entry whose tag does not verify."""
-    if policy.secret is None:
-        return True
-    if data[:1] != _SIGNED_BYTE:
-        return False
-    if not policy.verify(data):
-        raise RejectedEntry("bad_tag", "the entry's tag does not verify with the crawl's secret")
-    return True
 
 
 def decode_request(data: bytes, spider: Spider, policy: EntryPolicy = DEFAULT_POLICY) -> Request:

@@ -1,6 +1,7 @@
 """``scrapy-dist demo``: a distributed crawl of a generated local website, with a worker killed half way.
 
-What :class:`Demo` does, in order:
+What :class:`Demo` does, in order (the site is :mod:`scrapy_dist.demo_site`, the workers
+:mod:`scrapy_dist.demo_workers`, the live view and the summary :mod:`scrapy_dist.demo_report`):
 
 1. serves a generated site (:mod:`scrapy_dist.site`: a link graph with a few slow, flaky and missing pages)
    on 127.0.0.1, in a thread of this process, which records every answer it gives;
@@ -22,38 +23,46 @@ deleted at the end; an embedded Redis the demo had to start is stopped again.
 Which project the workers run: ``example_project/`` next to the package (a source checkout installed with
 ``pip install -e .``), or the copy of it that the wheel carries as ``scrapy_dist/_example_project`` (hatch
 ``force-include`` in pyproject.toml), so there is one example project, never a second copy in code.
+
+This module is longer than our ~400 lines because :class:`Demo` is (its docstring says why).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import re
 import secrets
 import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich import box
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
 from rich.text import Text
 
 from scrapy_dist.connection import mask_url
+from scrapy_dist.demo_redis import bloom_claims, compact, delete_keys, others_connected, wait_loaded
+from scrapy_dist.demo_report import (
+    Snapshot,
+    Summary,
+    WorkerRow,
+    combined_rate,
+    dead_letter_reasons,
+    progress_line,
+    render_live,
+    render_summary,
+    summarize,
+)
+from scrapy_dist.demo_site import RATE_WINDOW, SiteTally, demo_graph, quiet
+from scrapy_dist.demo_workers import SPIDER, Worker, WorkerFleet, worker_env, worker_settings
 from scrapy_dist.embedded import DEFAULT_DIRNAME, EmbeddedRedis
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.keys import CrawlKeys
-from scrapy_dist.site import SiteGraph, SiteServer
+from scrapy_dist.site import SiteServer
 
 __all__ = [
     "Demo",
@@ -63,10 +72,14 @@ __all__ = [
     "demo_graph",
     "locate_project",
     "summarize",
+    # from demo_report, imported from here by the tests
+    "Snapshot",
+    "WorkerRow",
+    "combined_rate",
+    "progress_line",
+    "render_live",
+    "render_summary",
 ]
-
-#: The spider every worker runs.
-SPIDER = "demo"
 #: ``example_project/`` of a source checkout: the repository root is the package's parent directory.
 EXAMPLE_PROJECT = Path(__file__).resolve().parents[1] / "example_project"
 #: Seconds between two refreshes of the live view (4 per second) ...
@@ -77,17 +90,8 @@ PLAIN_EVERY = 2.0
 PLAIN_WIDTH = 100
 #: SCHEDULER_LEASE_SECONDS of example_project's demo spider: how long a killed worker's leases outlive it.
 DEMO_LEASE_SECONDS = 10.0
-
-#: Seconds a stopped worker gets to close cleanly (give its leases back) before it is killed.
-STOP_GRACE = 10.0
 #: Seconds to wait for a Redis that is loading its data file.
 LOADING_TIMEOUT = 60.0
-#: Lost pages named (and explained) below the summary.
-LOST_SHOWN = 10
-#: Window of the crawl-wide pages/s figure (seconds).
-RATE_WINDOW = 2.0
-
-_PAGE = re.compile(r"/page/(\d+)$")
 
 
 class Interrupted(Exception):  # noqa: N818 - a signal, not an error
@@ -99,211 +103,7 @@ class Interrupted(Exception):  # noqa: N818 - a signal, not an error
         self.elapsed = elapsed
 
 
-# -- the site ----------------------------------------------------------------------------------------
-def demo_graph(pages: int, links: int = 10) -> SiteGraph:
-    """The demo's site: ``pages`` pages, ``links`` links each, with 5 slow, 10 flaky (503 twice, then 200)
-    and 10 missing (404) pages -- fewer on sites too small for that many (under 250 pages)."""
-    return SiteGraph(
-        pages,
-        links=links,
-        slow=min(5, pages // 50),
-        flaky=min(10, pages // 25),
-        missing=min(10, pages // 25),
-    )
-
-
-class SiteTally:
-    """What the site has answered so far, read incrementally from :attr:`SiteServer.log` (append-only).
-
-    Only ``/page/<i>`` answers count (not ``/robots.txt`` and the like).
-    """
-
-    def __init__(self, server: SiteServer, window: float = RATE_WINDOW) -> None:
-        self.server = server
-        self.window = window
-        self.ok: set[int] = set()  #: pages answered 200 at least once
-        self.duplicates = 0  #: 200 answers beyond the first for a page
-        self.retried = 0  #: 503 answers (each one is retried)
-        self.not_found = 0  #: 404 answers
-        self.last_new: float | None = None  #: monotonic time of the latest page answered 200 the first time
-        self._read = 0
-        self._recent: deque[float] = deque()
-
-    def update(self) -> None:
-        """Take in the answers logged since the last call."""
-        log = self.server.log
-        new = log[self._read :]  # the handler threads only append; a slice is taken atomically
-        self._read += len(new)
-        for at, path, status in new:
-            m = _PAGE.match(path)
-            if m is None:
-                continue
-            self._recent.append(at)
-            if status == 200:
-                page = int(m.group(1))
-                if page in self.ok:
-                    self.duplicates += 1
-                else:
-                    self.ok.add(page)
-                    self.last_new = at
-            elif status == 503:
-                self.retried += 1
-            elif status == 404:
-                self.not_found += 1
-
-    @property
-    def crawled(self) -> int:
-        return len(self.ok)
-
-    def pages_per_second(self, now: float) -> float:
-        """Pages answered (any status) per second over the last ``window`` seconds."""
-        while self._recent and self._recent[0] < now - self.window:
-            self._recent.popleft()
-        return len(self._recent) / self.window
-
-
-def _quiet(server: SiteServer) -> None:
-    """Keep the site from printing a traceback for every connection a killed worker leaves reset.
-
-    socketserver prints one per failed request (``handle_error``); a SIGKILLed worker resets all its
-    connections at once, which would scroll the live view away. (A workaround here: ``SiteServer`` has
-    no option for it.)
-    """
-    httpd = getattr(server, "_httpd", None)
-    if httpd is None:
-        return
-    default = httpd.handle_error
-
-    def handle_error(request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            default(request, client_address)
-
-    httpd.handle_error = handle_error
-
-
-# -- the summary --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Summary:
-    """The demo's verdict. ``lost`` must be 0."""
-
-    site_pages: int
-    ok_pages: int  #: pages that exist (answer 200 in the end)
-    missing: int  #: pages that answer 404
-    crawled: int  #: existing pages the site answered 200 at least once
-    lost: int  #: existing pages never answered 200
-    duplicates: int  #: 200 answers beyond the first per page (at-least-once delivery)
-    retried: int  #: 503 answers (flaky pages), each retried through the frontier
-    dead_letters: int  #: records in the crawl's dead-letter list
-    dead_reasons: dict[str, int]  #: dead letters per reason
-    elapsed: float  #: seconds from the seed push until every worker had closed
-    crawl_seconds: float | None  #: seconds from the seed push until the last new page was answered
-    workers_started: int
-    workers_killed: int
-    workers_failed: list[str]  #: "worker 2 (pid 123): exit status 1"
-    timed_out: bool
-    lost_pages: list[int] = field(default_factory=list)  #: the first :data:`LOST_SHOWN` lost pages
-
-    @property
-    def ok(self) -> bool:
-        return self.lost == 0 and not self.workers_failed and not self.timed_out
-
-
-def summarize(
-    graph: SiteGraph,
-    answers_200: Mapping[str, int],
-    answers_503: Mapping[str, int],
-    dead_reasons: Mapping[str, int],
-    *,
-    elapsed: float,
-    crawl_seconds: float | None = None,
-    workers_started: int = 0,
-    workers_killed: int = 0,
-    workers_failed: list[str] | None = None,
-    timed_out: bool = False,
-) -> Summary:
-    """The summary from what the site answered (path -> count, e.g. ``SiteServer.fetch_counts(200)``) and
-    the dead-letter reasons. Pure: no I/O."""
-    ok_counts: Counter[int] = Counter()
-    for path, n in answers_200.items():
-        m = _PAGE.match(path)
-        if m is not None and n > 0:
-            ok_counts[int(m.group(1))] += n
-    existing = [i for i in ok_counts if 0 <= i < graph.pages and i not in graph.missing]
-    crawled = len(existing)
-    lost_pages: list[int] = []
-    if crawled < graph.ok_pages:
-        lost_pages = [i for i in range(graph.pages) if i not in graph.missing and i not in ok_counts]
-    retried = sum(n for path, n in answers_503.items() if _PAGE.match(path))
-    return Summary(
-        site_pages=graph.pages,
-        ok_pages=graph.ok_pages,
-        missing=len(graph.missing),
-        crawled=crawled,
-        lost=graph.ok_pages - crawled,
-        duplicates=sum(n - 1 for n in ok_counts.values()),
-        retried=retried,
-        dead_letters=sum(dead_reasons.values()),
-        dead_reasons=dict(dead_reasons),
-        elapsed=elapsed,
-        crawl_seconds=crawl_seconds,
-        workers_started=workers_started,
-        workers_killed=workers_killed,
-        workers_failed=list(workers_failed or []),
-        timed_out=timed_out,
-        lost_pages=lost_pages[:LOST_SHOWN],
-    )
-
-
-def dead_letter_reasons(records: list[Any]) -> Counter[str]:
-    """Count dead-letter records (JSON, as read from the list) per ``reason``; unreadable ones count as
-    ``unreadable``."""
-    out: Counter[str] = Counter()
-    for raw in records:
-        try:
-            reason = json.loads(raw)["reason"]
-        except (ValueError, TypeError, KeyError):
-            reason = "unreadable"
-        out[str(reason)] += 1
-    return out
-
-
-def render_summary(s: Summary) -> Table:
-    """The summary as a two-column table (plus notes) that reads the same on any terminal width."""
-    table = Table(title="Summary", title_justify="left", show_header=False, box=box.SIMPLE, padding=(0, 1))
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(justify="right", no_wrap=True)
-    table.add_column(style="dim")
-    table.add_row(
-        "pages crawled", f"{s.crawled:,} of {s.ok_pages:,}",
-        f"site: {s.site_pages:,} pages, {s.missing} missing (404)",
-    )
-    table.add_row(
-        Text("lost (must be 0)", style="bold"),
-        Text(f"{s.lost:,}", style="bold green" if s.lost == 0 else "bold red"),
-        "existing pages never answered 200",
-    )
-    table.add_row(
-        "duplicate fetches", f"{s.duplicates:,}",
-        "done by a killed worker, not acknowledged",
-    )
-    table.add_row(
-        "retried", f"{s.retried:,}", "flaky pages' 503s, retried via the frontier"
-    )
-    reasons = ", ".join(f"{r}: {n}" for r, n in sorted(s.dead_reasons.items()))
-    if reasons and s.missing:
-        reasons += " (each missing page at least once)"
-    table.add_row("dead letters", f"{s.dead_letters:,}", reasons)
-    note = ""
-    if s.crawl_seconds:
-        note = f"last new page at {s.crawl_seconds:.1f} s ({s.crawled / s.crawl_seconds:,.0f} pages/s)"
-    table.add_row("elapsed", f"{s.elapsed:.1f} s", note)
-    table.add_row(
-        "workers", f"{s.workers_started}",
-        f"{s.workers_killed} killed by chaos, {len(s.workers_failed)} failed",
-    )
-    return table
-
-
+# -- the project the workers run ----------------------------------------------------------------------
 # -- the project the workers run ----------------------------------------------------------------------
 #: where a wheel carries example_project (pyproject.toml: tool.hatch.build.targets.wheel.force-include)
 PACKAGED_PROJECT = Path(__file__).resolve().parent / "_example_project"
@@ -311,19 +111,6 @@ PACKAGED_PROJECT = Path(__file__).resolve().parent / "_example_project"
 
 def _is_project(path: Path) -> bool:
     return (path / "scrapy.cfg").is_file() and (path / "example_project" / "spiders" / "demo.py").is_file()
-
-
-_WORKER_SETTINGS_MODULE = "scrapy_dist_demo_worker_settings"
-_WORKER_URL_VARIABLE = "SCRAPY_DIST_DEMO_REDIS_URL"
-
-
-def _project_settings_module(project: Path) -> str:
-    """The settings module named by the project's ``scrapy.cfg``."""
-    import configparser
-
-    cfg = configparser.ConfigParser()
-    cfg.read(project / "scrapy.cfg")
-    return cfg.get("settings", "default", fallback="example_project.settings")
 
 
 def locate_project(run_dir: Path, example: Path | None = None) -> tuple[Path, bool]:
@@ -337,131 +124,6 @@ def locate_project(run_dir: Path, example: Path | None = None) -> tuple[Path, bo
     if _is_project(PACKAGED_PROJECT):
         return PACKAGED_PROJECT, True
     raise ScrapyDistError(f"example_project not found (looked in {example} and {PACKAGED_PROJECT})")
-
-
-# -- workers -------------------------------------------------------------------------------------------
-@dataclass
-class Worker:
-    """One ``scrapy crawl demo`` process started by the demo."""
-
-    number: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-    state: str = "running"  #: running, killed, exited, failed, stopped
-    exit_status: int | None = None
-    killed_at: float | None = None  #: monotonic time of the chaos SIGKILL
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def describe_failure(self, lines: int = 8) -> str:
-        """Which worker failed and how, with the end of its log."""
-        try:
-            tail = self.log.read_text(errors="replace").strip().splitlines()[-lines:]
-        except OSError:
-            tail = []
-        head = f"worker {self.number} (pid {self.pid}): exit status {self.exit_status}; log {self.log}"
-        return "\n".join([head, *(f"    {line}" for line in tail)])
-
-
-@dataclass
-class WorkerRow:
-    """One row of the live view's workers table."""
-
-    number: int
-    pid: int
-    state: str
-    pages: int | None
-    rate: float | None
-    leases: int | None
-
-
-@dataclass
-class Snapshot:
-    """Everything the live view shows at one moment."""
-
-    elapsed: float
-    crawled: int
-    total: int
-    rate: float
-    queued: int | None
-    inflight: int | None
-    delayed: int | None
-    dead_letters: int | None
-    retried: int
-    duplicates: int
-    workers: list[WorkerRow] = field(default_factory=list)
-    redis_error: str = ""
-    #: leases the killed worker still holds in Redis, and seconds until they have surely run out
-    orphaned: int = 0
-    orphaned_expire_in: float = 0.0
-
-
-def _num(value: int | float | None, fmt: str = ",") -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def combined_rate(workers: list[WorkerRow], fallback: float) -> float:
-    """The crawl-wide pages/s: the sum of the per-worker rates shown (one source, so the two always
-    agree); ``fallback`` (the site's count) before any worker has a rate."""
-    rates = [w.rate for w in workers if w.rate is not None]
-    return sum(rates) if rates else fallback
-
-
-def orphan_note(s: Snapshot) -> str:
-    """Why the crawl seems to stand still after the chaos kill: it waits for the killed worker's leases
-    to run out (then any worker's next sync puts them back in the queue). ``""`` when nothing waits."""
-    if not s.orphaned:
-        return ""
-    when = f"in {s.orphaned_expire_in:.0f} s" if s.orphaned_expire_in >= 0.5 else "now"
-    return f"waiting for the killed worker's {s.orphaned:,} leases to expire: back in the queue {when}"
-
-
-def render_live(s: Snapshot) -> Group:
-    """The live view: progress bar, crawl-wide figures, one row per worker (about 75 columns wide)."""
-    head = Table.grid(padding=(0, 1))
-    head.add_row(
-        ProgressBar(total=max(1, s.total), completed=s.crawled, width=36),
-        Text(f"{s.crawled:,} / {s.total:,} pages", style="bold"),
-        f"{s.crawled / max(1, s.total):4.0%}",
-        Text(f"{s.elapsed:5.1f} s", style="dim"),
-    )
-    figures = Text.assemble(
-        (f"{s.rate:,.0f}", "bold"), " pages/s   queued ", (_num(s.queued), "bold"),
-        "   in flight ", (_num(s.inflight), "bold"), "   delayed ", (_num(s.delayed), "bold"),
-        "\nretried ", (f"{s.retried:,}", "bold"), "   duplicate fetches ", (f"{s.duplicates:,}", "bold"),
-        "   dead letters ", (_num(s.dead_letters), "bold"),
-    )
-    if s.orphaned:
-        figures.append("\n" + orphan_note(s), style="yellow")
-    if s.redis_error:
-        figures.append(f"\nRedis: {s.redis_error}", style="red")
-    workers = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    workers.add_column("worker", justify="right")
-    workers.add_column("pid", justify="right")
-    workers.add_column("state", no_wrap=True)
-    workers.add_column("pages", justify="right")
-    workers.add_column("pages/s", justify="right")
-    workers.add_column("leases", justify="right")
-    styles = {"running": "green", "killed": "bold red", "failed": "bold red", "starting": "yellow"}
-    for w in s.workers:
-        workers.add_row(
-            str(w.number), str(w.pid), Text(w.state, style=styles.get(w.state.split()[0], "dim")),
-            _num(w.pages), _num(w.rate, ",.0f"), _num(w.leases),
-        )
-    return Group(head, figures, workers)
-
-
-def progress_line(s: Snapshot) -> str:
-    """The live view as one plain line, for output that is not a terminal."""
-    running = sum(1 for w in s.workers if w.state in ("running", "starting"))
-    return (
-        f"[{s.elapsed:6.1f}s] {s.crawled:,}/{s.total:,} pages ({s.crawled / max(1, s.total):.0%})"
-        f"  {s.rate:,.0f} pages/s  queued {_num(s.queued)}  in flight {_num(s.inflight)}"
-        f"  delayed {_num(s.delayed)}  retried {s.retried:,}  workers running {running}"
-        + (f"  ({orphan_note(s)})" if s.orphaned else "")
-    )
 
 
 # -- the demo ------------------------------------------------------------------------------------------
@@ -482,7 +144,13 @@ class DemoOptions:
 
 
 class Demo:
-    """Runs one demo (see the module docstring). ``run()`` returns the exit status."""
+    """Runs one demo (see the module docstring). ``run()`` returns the exit status.
+
+    Longer than our ~250 lines for a class on purpose: it is the script of one run, step by step, over the
+    state that every step shares (site, workers, client, keys, console); the pieces that stand alone live
+    in :mod:`~scrapy_dist.demo_site`, :mod:`~scrapy_dist.demo_workers`, :mod:`~scrapy_dist.demo_redis` and
+    :mod:`~scrapy_dist.demo_report`.
+    """
 
     def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
         self.options = options
@@ -496,11 +164,11 @@ class Demo:
         self.project, self.project_copied = locate_project(self.run_dir)
         self.graph = demo_graph(options.pages)
         self.site = SiteServer(self.graph, slow_delay=1.0, flaky_failures=2)
-        _quiet(self.site)
+        quiet(self.site)
         self.tally = SiteTally(self.site)
         self.prefix = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}:"
         self.keys = CrawlKeys(SPIDER, prefix=self.prefix)
-        self.workers: list[Worker] = []
+        self.fleet: WorkerFleet | None = None
         self.embedded: EmbeddedRedis | None = None
         self.started_redis = False
         self.stopped_redis = False
@@ -519,8 +187,6 @@ class Demo:
 
         Raises :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) if that fails.
         """
-        from redis.exceptions import BusyLoadingError, RedisError
-
         from scrapy_dist.connection import check_reachable, get_redis
 
         if self.options.redis_url:
@@ -531,19 +197,7 @@ class Demo:
             self.redis_url, self.started_redis = self.embedded.ensure_running()
         settings = {"REDIS_URL": self.redis_url}
         self.client = get_redis(settings)
-        # A server that just started may still be loading its data file: PING answers LOADING until it is
-        # done (EmbeddedRedis.ensure_running() returns as soon as it answers at all).
-        deadline = time.monotonic() + LOADING_TIMEOUT
-        while True:
-            try:
-                self.client.ping()
-                break
-            except BusyLoadingError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-            except (RedisError, OSError):
-                break
+        wait_loaded(self.client, LOADING_TIMEOUT)
         try:
             check_reachable(self.client, settings)  # one line naming the URL if it does not answer
         except Exception:
@@ -552,92 +206,30 @@ class Demo:
                 self.embedded.shutdown()
             raise
 
-    def worker_settings(self) -> dict[str, str]:
-        """``-s`` settings of every worker: this run's key prefix and the demo's Redis."""
-        # the demo site is on 127.0.0.1, which the default SCHEDULER_DENY_NETWORKS refuses
-        out = {"REDIS_KEY_PREFIX": self.prefix, "SCHEDULER_DENY_NETWORKS": ""}
-        if self.embedded is not None:
-            # Point the workers at the embedded server by its directory rather than its URL, so its
-            # password stays out of the process list; blank the other Redis settings so that a REDIS_URL
-            # added to the project's settings.py cannot send the workers elsewhere.
-            out.update({
-                "REDIS_URL": "", "REDIS_HOST": "", "REDIS_PORT": "", "REDIS_SENTINELS": "",
-                "REDIS_EMBEDDED_DIR": str(self.embedded.directory),
-            })
-        else:
-            # The URL (and its password) reaches the workers by environment, never on the command line
-            # (which every local user can read with `ps`): see worker_env().
-            out.update({"REDIS_SENTINELS": ""})
-        return out
-
-    def worker_env(self) -> dict[str, str]:
-        """Environment of every worker. With ``--redis-url`` the URL goes in ``SCRAPY_DIST_DEMO_REDIS_URL``
-        (a process's environment is readable only by its user) and ``SCRAPY_SETTINGS_MODULE`` names a small
-        settings module, written once into the run directory, that loads the project's settings and takes
-        ``REDIS_URL`` from that variable."""
-        env = {k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")}
-        if self.embedded is not None:
-            return env
-        module_dir = self.run_dir / "worker-settings"
-        module_dir.mkdir(mode=0o700, exist_ok=True)
-        base = _project_settings_module(self.project)
-        (module_dir / f"{_WORKER_SETTINGS_MODULE}.py").write_text(
-            f"import os\n\nfrom {base} import *  # noqa: F403\n\n"
-            f'REDIS_URL = os.environ["{_WORKER_URL_VARIABLE}"]\nREDIS_HOST = REDIS_PORT = None\n'
-        )
-        env[_WORKER_URL_VARIABLE] = self.redis_url
-        env["SCRAPY_SETTINGS_MODULE"] = _WORKER_SETTINGS_MODULE
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(module_dir), str(self.project), os.environ.get("PYTHONPATH", "")) if p
-        )
-        return env
-
-    # -- processes -----------------------------------------------------------------------------------
-    def start_worker(self) -> Worker:
-        """Start one ``scrapy crawl demo`` in the project, its output going to ``worker-<n>.log``."""
-        number = len(self.workers) + 1
-        cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDER]
-        for name, value in self.worker_settings().items():
-            cmd += ["-s", f"{name}={value}"]
-        env = self.worker_env()
-        log = self.run_dir / f"worker-{number}.log"
-        with open(log, "wb") as fh:
-            proc = subprocess.Popen(
-                cmd, cwd=self.project, env=env, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                # Own process group: Ctrl-C in the terminal reaches the demo only, which then stops the
-                # workers itself (gracefully, then for good).
-                start_new_session=True,
-            )
-        worker = Worker(number, proc, log)
-        self.workers.append(worker)
-        return worker
-
-    def reap(self) -> None:
-        """Note the workers that exited."""
-        for w in self.workers:
-            if w.state == "running" and w.proc.poll() is not None:
-                w.exit_status = w.proc.returncode
-                w.state = "exited" if w.exit_status == 0 else "failed"
+    @property
+    def workers(self) -> list[Worker]:
+        return [] if self.fleet is None else self.fleet.workers
 
     def running(self) -> list[Worker]:
-        return [w for w in self.workers if w.state == "running"]
+        return [] if self.fleet is None else self.fleet.running()
 
-    def stop_workers(self, grace: float = STOP_GRACE) -> None:
-        """SIGTERM the running workers (Scrapy closes cleanly and gives its leases back), SIGKILL them
-        after ``grace`` seconds."""
-        alive = self.running()
-        for w in alive:
-            with contextlib.suppress(ProcessLookupError):
-                w.proc.terminate()
-        deadline = time.monotonic() + grace
-        for w in alive:
-            try:
-                w.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                w.proc.kill()
-                w.proc.wait()
-            w.exit_status = w.proc.returncode
-            w.state = "stopped"
+    def start_worker(self) -> Worker:
+        """Start one more worker (the first call fixes every worker's settings and environment)."""
+        if self.fleet is None:
+            embedded_dir = None if self.embedded is None else self.embedded.directory
+            self.fleet = WorkerFleet(
+                self.project, self.run_dir, worker_settings(self.prefix, embedded_dir),
+                worker_env(self.project, self.run_dir, None if self.embedded is not None else self.redis_url),
+            )
+        return self.fleet.start()
+
+    def reap(self) -> None:
+        if self.fleet is not None:
+            self.fleet.reap()
+
+    def _stop_workers(self) -> None:
+        if self.fleet is not None:
+            self.fleet.stop()
 
     # -- chaos ---------------------------------------------------------------------------------------
     def chaos(self, leases: Mapping[int, int]) -> None:
@@ -646,11 +238,8 @@ class Demo:
         if not candidates:
             return
         victim = max(candidates, key=lambda w: leases.get(w.pid, 0))
-        victim.proc.kill()
-        victim.proc.wait()
-        victim.state = "killed"
-        victim.killed_at = time.monotonic()
-        victim.exit_status = victim.proc.returncode
+        assert self.fleet is not None  # there are running workers
+        self.fleet.kill(victim)
         held = leases.get(victim.pid)
         self.event(
             f"chaos: SIGKILL worker {victim.number} (pid {victim.pid})"
@@ -775,7 +364,7 @@ class Demo:
                 self.reap()
                 if timed_out:
                     self.event(f"timed out after {self.options.timeout:.0f} s: stopping the workers")
-                    self.stop_workers()
+                    self._stop_workers()
                 summary = self.summary(timed_out)
             finally:
                 # no second Ctrl-C half way through the clean-up: it is bounded (STOP_GRACE)
@@ -877,7 +466,7 @@ class Demo:
         positive, so it was never queued)? Must run before the run's keys are deleted."""
         urls = [self.site.page_url(i) for i in pages]
         try:
-            claimed = self.bloom_claims(urls)
+            claimed = bloom_claims(self.client, self.keys, urls)
         except Exception as exc:  # an explanation, not the verdict: never fail the summary over it
             claimed = None
             self.say(Text(f"Could not check the bloom filter: {exc}", style="red"))
@@ -893,83 +482,27 @@ class Demo:
             lines.append(f"... and {total - len(urls):,} more lost pages")
         return lines
 
-    def bloom_claims(self, urls: list[str]) -> list[bool] | None:
-        """Whether the crawl's bloom filter holds each URL (no writes), or ``None`` if the crawl has no
-        bloom filter. Fingerprints as the workers make them (Scrapy's default fingerprinter)."""
-        from scrapy import Request
-        from scrapy.utils.request import RequestFingerprinter
-
-        from scrapy_dist.dupefilter import BloomDupeFilter
-
-        capacity, error_rate, block_bits, n = self.client.hmget(
-            self.keys.bloom, ["capacity", "error_rate", "block_bits", "n"]
-        )
-        if capacity is None:
-            return None
-        df = BloomDupeFilter(
-            self.client, self.keys, RequestFingerprinter(),
-            capacity=int(capacity), error_rate=float(error_rate), block_bits=int(block_bits),
-        )
-        df.observe(int(n or 0))
-        return df.seen_tokens([df.tokens(Request(u)) for u in urls], add=False)
-
     def shutdown(self) -> None:
         """Stop everything the demo started: workers, site, this run's keys, an embedded Redis it started."""
         self.reap()
-        self.stop_workers()
+        self._stop_workers()
         if self._site_started:  # SiteServer.stop() waits for a serving loop that never started otherwise
             with contextlib.suppress(Exception):
                 self.site.stop()
         stop_redis = self.started_redis
         if self.client is not None:
             with contextlib.suppress(Exception):
-                self.delete_keys()
+                delete_keys(self.client, self.prefix)
             if stop_redis:
                 # Another demo (or crawl) of the project may have joined the server meanwhile: keep it up.
                 with contextlib.suppress(Exception):
-                    stop_redis = not self.others_connected()
+                    stop_redis = not others_connected(self.client)
             if stop_redis:
                 with contextlib.suppress(Exception):
-                    self.compact()
+                    compact(self.client)
             with contextlib.suppress(Exception):
                 self.client.close()
         if stop_redis and self.embedded is not None:
             with contextlib.suppress(Exception):
                 self.embedded.shutdown()
         self.stopped_redis = stop_redis
-
-    def others_connected(self) -> bool:
-        """Whether clients other than this process's are connected to the Redis (two round trips)."""
-        me = self.client.client_id()
-        return any(int(c.get("id", me)) != me for c in self.client.client_list())
-
-    def compact(self, timeout: float = 10.0) -> None:
-        """Rewrite the embedded server's append-only file before stopping it: every run writes (and then
-        deletes) tens of thousands of entries, which the file would otherwise keep -- and replay at every
-        start -- until it reaches Redis's 64 MB rewrite threshold."""
-        self.client.bgrewriteaof()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            info = self.client.info("persistence")
-            if not info.get("aof_rewrite_in_progress") and not info.get("aof_rewrite_scheduled"):
-                return
-            time.sleep(0.05)
-
-    def delete_keys(self) -> int:
-        """Delete this run's keys (every key holding its unique prefix). Returns how many."""
-        batch: list[Any] = []
-        deleted = 0
-        for key in self.client.scan_iter(match=f"*{self.prefix}*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                deleted += self.client.delete(*batch)
-                batch = []
-        if batch:
-            deleted += self.client.delete(*batch)
-        return deleted
-
-
-def run_demo(options: DemoOptions, console: Console | None = None) -> int:
-    """Run ``scrapy-dist demo`` with ``options``; returns the exit status."""
-    return Demo(options, console).run()
-

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pybloom_live import ScalableBloomFilter
 from redis.exceptions import NoScriptError
@@ -45,26 +46,19 @@ logger = logging.getLogger(__name__)
 CALL_TOKENS = 128
 
 
+@dataclass(eq=False)  # compared and hashed by identity, as before
 class RedisDupeFilter:
     """Shared base: fingerprints, logging and stats; subclasses choose how Redis stores them."""
 
     #: ``mode`` argument of ``dupe.lua``
-    mode = "none"
+    mode: ClassVar[str] = "none"
 
-    def __init__(
-        self,
-        redis: Any,
-        keys: CrawlKeys,
-        fingerprinter: Any,
-        stats: StatsCollector | None = None,
-        debug: bool = False,
-    ) -> None:
-        self.redis = redis
-        self.keys = keys
-        self.fingerprinter = fingerprinter
-        self.stats = stats
-        self.debug = debug
-        self._logged_dupes = False
+    redis: Any
+    keys: CrawlKeys
+    fingerprinter: Any
+    stats: StatsCollector | None = None
+    debug: bool = False
+    _logged_dupes: bool = field(default=False, init=False, repr=False)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -172,6 +166,7 @@ class SetDupeFilter(RedisDupeFilter):
         return [added == 0 for added in pipe.execute()]
 
 
+@dataclass(eq=False)
 class BloomDupeFilter(RedisDupeFilter):
     """Crawl-wide scalable bloom filter in Redis bitmaps (see the module docstring).
 
@@ -180,20 +175,14 @@ class BloomDupeFilter(RedisDupeFilter):
     ``{spider}:bloom`` hash; later workers use the recorded values, so the chain is the same everywhere.
     """
 
-    mode = "bloom"
+    mode: ClassVar[str] = "bloom"
 
-    def __init__(
-        self,
-        redis: Any,
-        keys: CrawlKeys,
-        fingerprinter: Any,
-        stats: StatsCollector | None = None,
-        debug: bool = False,
-        capacity: int = defaults.BLOOMFILTER_CAPACITY,
-        error_rate: float = defaults.BLOOMFILTER_ERROR_RATE,
-        block_bits: int = defaults.BLOOMFILTER_BLOCK_BITS,
-    ) -> None:
-        super().__init__(redis, keys, fingerprinter, stats, debug)
+    # the requested sizes: the crawl's own (recorded by its first worker) may differ, see open()
+    capacity: InitVar[int] = defaults.BLOOMFILTER_CAPACITY
+    error_rate: InitVar[float] = defaults.BLOOMFILTER_ERROR_RATE
+    block_bits: InitVar[int] = defaults.BLOOMFILTER_BLOCK_BITS
+
+    def __post_init__(self, capacity: int, error_rate: float, block_bits: int) -> None:
         self.plan = BloomPlan(capacity, error_rate, block_bits)
         self.n = 0  # items in the filter, as last reported by Redis
         self._capacity_log = RateLimitedLog.once(logger)

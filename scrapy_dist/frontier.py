@@ -283,6 +283,7 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
     )
 
 
+@dataclass(eq=False)  # compared and hashed by identity
 class Frontier:
     """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client).
 
@@ -290,36 +291,24 @@ class Frontier:
     Redis); ``rejected_maxlen`` and ``dead_maxlen`` cap ``{spider}:queue:rejected`` and
     ``{spider}:deadletter`` (0 = no cap)."""
 
-    def __init__(
-        self,
-        redis: Any,
-        keys: CrawlKeys,
-        worker_id: str,
-        dupefilter: RedisDupeFilter | None,
-        sequence: str = "asc",
-        lease_seconds: float = 60.0,
-        politeness: str = "process",
-        heartbeat: bool = True,
-        max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES,
-        rejected_maxlen: int = defaults.SCHEDULER_REJECTED_MAXLEN,
-        dead_maxlen: int = defaults.DEADLETTER_MAXLEN,
-    ) -> None:
-        self.redis = redis
-        self.keys = keys
-        self.worker_id = worker_id
-        self.dupefilter = dupefilter
-        self.sequence = sequence
-        self.lease_seconds = lease_seconds
-        self.politeness = politeness
-        self._polite = politeness == "cluster"
-        #: False for the shards > 0 of a sharded frontier: the worker's heartbeat is written by shard 0
-        self.heartbeat = heartbeat
-        self.max_entry_bytes = max_entry_bytes
-        self.rejected_maxlen = rejected_maxlen
-        self.dead_maxlen = dead_maxlen
+    redis: Any
+    keys: CrawlKeys
+    worker_id: str
+    dupefilter: RedisDupeFilter | None
+    sequence: str = "asc"
+    lease_seconds: float = 60.0
+    politeness: str = "process"
+    #: False for the shards > 0 of a sharded frontier: the worker's heartbeat is written by shard 0
+    heartbeat: bool = True
+    max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
+    rejected_maxlen: int = defaults.SCHEDULER_REJECTED_MAXLEN
+    dead_maxlen: int = defaults.DEADLETTER_MAXLEN
+
+    def __post_init__(self) -> None:
+        self._polite = self.politeness == "cluster"
         self._rng = random.Random()
-        self._script = scripts.register(redis, "sync")
-        self._fixed_keys = [getattr(keys, name) for name in SYNC_KEYS]
+        self._script = scripts.register(self.redis, "sync")
+        self._fixed_keys = [getattr(self.keys, name) for name in SYNC_KEYS]
 
     def _head(self, batch: SyncBatch, now: float | None, mode: str) -> list[Any]:
         head = {

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.replies import hash_fields
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +42,6 @@ CLOSE_AT_SLACK = 60.0
 MAX_SHARDS = 1024
 _REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _reported: set[tuple[str, str]] = set()
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)
@@ -83,11 +77,7 @@ class ControlState:
 def parse_control(raw: Any) -> ControlState:
     """The one parser of ``{spider}:control``. Raises :class:`RejectedEntry` (reason ``not_a_hash``) only
     if ``raw`` is not a mapping; a garbage field is ignored and named in ``problems``."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise RejectedEntry("not_a_hash", f"control hash reply of type {type(raw).__name__}")
-    d = {_text(k): _text(v) for k, v in raw.items()}
+    d = hash_fields(raw, "control")
     problems: list[str] = []
     paused_text = d.get("paused", "")
     if paused_text not in ("", "0", "1"):
@@ -148,3 +138,12 @@ async def server_time(redis: Any) -> float:
     """Redis server time (unix seconds): the one clock every worker and the CLI agree on."""
     sec, usec = await redis.time()
     return int(sec) + int(usec) / 1e6
+
+
+async def start_time(redis: Any) -> float:
+    """When a monitor starts watching, on :func:`server_time`'s clock -- or on this machine's if Redis does
+    not answer yet (the monitor's loop then meets the outage)."""
+    try:
+        return await server_time(redis)
+    except Exception:
+        return time.time()

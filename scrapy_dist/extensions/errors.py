@@ -36,7 +36,7 @@ from scrapy import signals
 
 from scrapy_dist import connection, defaults, scripts
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.extensions.control import ControlState, server_time
+from scrapy_dist.extensions.control import ControlState, start_time
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of, worker_id
 from scrapy_dist.keys import CrawlKeys, crawler_keys
@@ -248,10 +248,7 @@ class ErrorMonitor:
         self.events.worker = worker_id(self.crawler)
         self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))
         self._script = scripts.register(self.redis, "errors")
-        try:
-            self.started_at = await server_time(self.redis)
-        except Exception:
-            self.started_at = time.time()
+        self.started_at = await start_time(self.redis)
         self._task = PeriodicTask(
             self.flush, self.interval, "error monitor", logger, Outage.for_crawler(self.crawler)
         ).start()

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 
 from scrapy_dist import _engine, connection, defaults, scripts
-from scrapy_dist.extensions.control import ControlState, report_problems, server_time
+from scrapy_dist.extensions.control import ControlState, report_problems, start_time
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of
 from scrapy_dist.frontier import shards_idle
@@ -120,10 +120,7 @@ class IdleMonitor:
     async def spider_opened(self, spider: Spider) -> None:
         self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))
         self._script = scripts.register(self.redis, "idle")
-        try:
-            self.started_at = await server_time(self.redis)
-        except Exception:
-            self.started_at = time.time()
+        self.started_at = await start_time(self.redis)
         self._opened_mono = time.monotonic()
         self._task = PeriodicTask(
             self.check, self.poll, "idle monitor", logger, Outage.for_crawler(self.crawler)

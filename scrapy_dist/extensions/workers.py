@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.replies import hash_fields
 from scrapy_dist.scheduler import get_scheduler, make_worker_id
 
 if TYPE_CHECKING:
@@ -141,10 +141,6 @@ MAX_COUNT = 10**15
 MAX_TEXT = 200
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 def _count(text: str) -> int | None:
     if text.isascii() and text.isdigit() and len(text) <= 16 and int(text) <= MAX_COUNT:
         return int(text)
@@ -186,11 +182,7 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
     (reason ``not_a_hash``) only if ``raw`` is not a mapping; a garbage field becomes ``None``/empty and
     is named in ``garbage``. Texts are cut to :data:`MAX_TEXT` characters (they are not made printable:
     that is the printing side's job)."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise RejectedEntry("not_a_hash", f"worker hash reply of type {type(raw).__name__}")
-    d = {_text(k): _text(v) for k, v in raw.items()}
+    d = hash_fields(raw, "worker")
     garbage: list[str] = []
 
     def count(name: str) -> int | None:

@@ -28,7 +28,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from http.cookiejar import Cookie
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -42,6 +41,16 @@ from scrapy_dist import defaults, scripts
 from scrapy_dist.batchwriter import BatchWriter
 from scrapy_dist.connection import get_async_redis, is_cluster
 from scrapy_dist.keys import crawler_keys
+from scrapy_dist.middlewares.cookie_records import (
+    CookieIdent,
+    apply_record,
+    cookie_field,
+    cookie_from_record,
+    cookie_record,
+    jar_name,
+    snapshot,
+    write_calls,
+)
 from scrapy_dist.outage import Backoff, Outage
 from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.settings import DistSettings
@@ -58,6 +67,15 @@ if TYPE_CHECKING:
 
     from scrapy_dist.keys import CrawlKeys
 
+__all__ = [
+    "READ_LIMIT",
+    "SharedCookiesMiddleware",
+    # from scrapy_dist.middlewares.cookie_records, imported from here by the tests and users
+    "cookie_from_record",
+    "cookie_record",
+    "jar_name",
+]
+
 logger = logging.getLogger(__name__)
 
 _RETRY_FIRST = 0.1
@@ -66,102 +84,6 @@ _RETRY_MAX = 5.0
 _WRITE_BATCH = 1000
 #: Changes read per refresh of a jar at most (a bigger backlog is read over the next refreshes).
 READ_LIMIT = 1000
-_BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure")
-_OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
-
-CookieIdent = tuple[str, str, str]
-
-
-# -- the record format ---------------------------------------------------------------------------
-def jar_name(cookiejar: Any) -> str:
-    """Name of the shared jar for a ``meta["cookiejar"]`` value: ``None`` -> ``"default"``, text as is,
-    anything else by ``repr`` (so ``1`` and ``"1"`` share a jar: ids are compared as text)."""
-    if cookiejar is None:
-        return "default"
-    return cookiejar if isinstance(cookiejar, str) else repr(cookiejar)
-
-
-def cookie_field(ident: CookieIdent) -> str:
-    """The HASH field of a cookie: JSON ``[domain, path, name]``."""
-    return json.dumps(list(ident), separators=(",", ":"))
-
-
-def cookie_record(cookie: Cookie) -> dict[str, Any]:
-    """Everything needed to rebuild ``cookie`` on another worker, as a JSON-able dict."""
-    return {
-        "version": cookie.version,
-        "name": cookie.name,
-        "value": cookie.value,
-        "port": cookie.port,
-        "port_specified": cookie.port_specified,
-        "domain": cookie.domain,
-        "domain_specified": cookie.domain_specified,
-        "domain_initial_dot": cookie.domain_initial_dot,
-        "path": cookie.path,
-        "path_specified": cookie.path_specified,
-        "secure": cookie.secure,
-        "expires": cookie.expires,
-        "discard": cookie.discard,
-        "comment": cookie.comment,
-        "comment_url": cookie.comment_url,
-        "rest": dict(cookie._rest),  # type: ignore[attr-defined]  # the only way to read all of them
-        "rfc2109": cookie.rfc2109,
-    }
-
-
-def cookie_from_record(data: bytes | str) -> Cookie:
-    """Rebuild a cookie from its stored JSON record; ``ValueError`` says what is wrong (untrusted input)."""
-    try:
-        rec = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(rec, dict):
-        raise ValueError("not a JSON object")
-    for name in ("name", "domain", "path"):
-        if not isinstance(rec.get(name), str):
-            raise ValueError(f"{name!r} must be a string")
-    if not rec["name"]:
-        raise ValueError("empty cookie name")
-    for name in _OPTIONAL_STR_FIELDS:
-        if not isinstance(rec.get(name), (str, type(None))):
-            raise ValueError(f"{name!r} must be a string or null")
-    for name in (*_BOOL_FIELDS, "discard", "rfc2109"):
-        if not isinstance(rec.get(name, False), bool):
-            raise ValueError(f"{name!r} must be a boolean")
-    version = rec.get("version", 0)
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ValueError("'version' must be a non-negative integer")
-    expires = rec.get("expires")
-    if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int)):
-        raise ValueError("'expires' must be an integer or null")
-    rest = rec.get("rest") or {}
-    if not isinstance(rest, dict) or not all(
-        isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in rest.items()
-    ):
-        raise ValueError("'rest' must map strings to strings or null")
-    return Cookie(
-        version=version,
-        name=rec["name"],
-        value=rec.get("value"),
-        port=rec.get("port"),
-        port_specified=rec.get("port_specified", False),
-        domain=rec["domain"],
-        domain_specified=rec.get("domain_specified", False),
-        domain_initial_dot=rec.get("domain_initial_dot", False),
-        path=rec["path"],
-        path_specified=rec.get("path_specified", False),
-        secure=rec.get("secure", False),
-        expires=expires,
-        discard=rec.get("discard", False),
-        comment=rec.get("comment"),
-        comment_url=rec.get("comment_url"),
-        rest=rest,
-        rfc2109=rec.get("rfc2109", False),
-    )
-
-
-def _snapshot(jar: CookieJar) -> dict[CookieIdent, dict[str, Any]]:
-    return {(c.domain, c.path, c.name): cookie_record(c) for c in jar}
 
 
 class _SharedJar:
@@ -278,7 +200,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         jar = state.jar
         if request.cookies:
             # Cookies given on a request join the jar, crawl-wide; written in the background.
-            before = _snapshot(jar)
+            before = snapshot(jar)
             cookies = self._get_request_cookies(jar, request)
             self._process_cookies(cookies, jar=jar, request=request)
             self._record_changes(name, before, jar)
@@ -296,7 +218,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             return response
         name, state = self._state(request.meta.get("cookiejar"))
         jar = state.jar
-        before = _snapshot(jar)
+        before = snapshot(jar)
         # make_cookies also deletes the cookies the response expires
         cookies = jar.make_cookies(response, request)
         self._process_cookies(cookies, jar=jar, request=request)
@@ -355,7 +277,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             for i in range(1, len(raw) - 2, 3):
                 field, version, data = _text(raw[i]), _number(raw[i + 1]), raw[i + 2]
                 if data is None:  # deleted
-                    self._apply(jar, field, None)
+                    apply_record(jar, field, None)
                     continue
                 try:
                     cookie = cookie_from_record(data)
@@ -368,14 +290,14 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                     continue
                 if cookie.is_expired(now):
                     expired.append(field)
-                    self._apply(jar, field, None)
+                    apply_record(jar, field, None)
                 else:
                     jar.set_cookie(cookie)
             state.version = version
             # Changes of this worker that Redis may not hold yet stay in the copy.
             for jar_name_, field, record in self.writer.pending():
                 if jar_name_ == name:
-                    self._apply(jar, field, record)
+                    apply_record(jar, field, record)
             # more changes than one read takes: the copy is not fresh yet, the next request reads on
             state.loaded_at = self._monotonic() if version >= latest else None
             if expired:  # housekeeping: nobody will send them again
@@ -383,23 +305,12 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         finally:
             state.loading = None
 
-    @staticmethod
-    def _apply(jar: CookieJar, field: str, record: str | None) -> None:
-        if record is None:
-            try:
-                domain, path, cookie_name = json.loads(field)
-                jar.clear(domain, path, cookie_name)
-            except (ValueError, TypeError, KeyError):  # already gone, or not a field we write
-                pass
-        else:
-            jar.set_cookie(cookie_from_record(record))
-
     # -- writing --------------------------------------------------------------------------------
     def _record_changes(
         self, name: str, before: dict[CookieIdent, dict[str, Any]], jar: CookieJar
     ) -> asyncio.Future[None] | None:
         """Queue the difference between ``before`` and the jar; the future resolves once it is written."""
-        after = _snapshot(jar)
+        after = snapshot(jar)
         ops: dict[str, str | None] = {
             cookie_field(ident): json.dumps(rec, separators=(",", ":"))
             for ident, rec in after.items()
@@ -421,19 +332,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         """Write every changed cookie, one ``cookies_write`` call per jar, pipelined (the writer retries)."""
         if self._write_script is None:
             self._write_script = scripts.register(self.server, "cookies_write")
-        by_jar: dict[str, dict[str, str | None]] = {}
-        for name, field, record in ops:
-            by_jar.setdefault(name, {})[field] = record  # the last change of a cookie wins
-        now = repr(self._wallclock())
-        calls: list[tuple[list[str], list[str]]] = []
-        for name, fields in by_jar.items():
-            sets = [(f, r) for f, r in fields.items() if r is not None]
-            args: list[str] = [name, now, str(len(sets))]
-            for f, r in sets:
-                args += [f, r]
-            args += [f for f, r in fields.items() if r is None]
-            keys = [self.keys.cookie_jar(name), self.keys.cookie_changes(name), self.keys.cookies]
-            calls.append((keys, args))
+        calls, written = write_calls(self.keys, ops, repr(self._wallclock()))
         if len(calls) == 1 or is_cluster(self.server):
             # a redis.asyncio cluster pipeline does not load scripts: one call per jar, sent together
             await asyncio.gather(*(self._write_script(keys=k, args=a) for k, a in calls))
@@ -444,7 +343,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                     if inspect.iscoroutine(queued):  # redis.asyncio queues the call when awaited
                         await queued
                 await pipe.execute()
-        self._inc("cookies/shared/written", sum(len(f) for f in by_jar.values()))
+        self._inc("cookies/shared/written", written)
 
     # -- helpers --------------------------------------------------------------------------------
     def _inc(self, name: str, count: int = 1) -> None:

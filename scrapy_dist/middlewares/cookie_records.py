@@ -1,0 +1,156 @@
+"""How a cookie is kept in Redis by :class:`~scrapy_dist.middlewares.cookies.SharedCookiesMiddleware`:
+the jar's name, the HASH field of a cookie and its JSON record, which is untrusted when read back and
+checked field by field (``ValueError`` says what is wrong).
+"""
+
+from __future__ import annotations
+
+import json
+from http.cookiejar import Cookie
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scrapy.http.cookies import CookieJar
+
+    from scrapy_dist.keys import CrawlKeys
+
+__all__ = [
+    "CookieIdent",
+    "apply_record",
+    "cookie_field",
+    "cookie_from_record",
+    "cookie_record",
+    "jar_name",
+    "snapshot",
+    "write_calls",
+]
+
+_BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure")
+_OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
+
+CookieIdent = tuple[str, str, str]
+
+
+def jar_name(cookiejar: Any) -> str:
+    """Name of the shared jar for a ``meta["cookiejar"]`` value: ``None`` -> ``"default"``, text as is,
+    anything else by ``repr`` (so ``1`` and ``"1"`` share a jar: ids are compared as text)."""
+    if cookiejar is None:
+        return "default"
+    return cookiejar if isinstance(cookiejar, str) else repr(cookiejar)
+
+
+def cookie_field(ident: CookieIdent) -> str:
+    """The HASH field of a cookie: JSON ``[domain, path, name]``."""
+    return json.dumps(list(ident), separators=(",", ":"))
+
+
+def cookie_record(cookie: Cookie) -> dict[str, Any]:
+    """Everything needed to rebuild ``cookie`` on another worker, as a JSON-able dict."""
+    return {
+        "version": cookie.version,
+        "name": cookie.name,
+        "value": cookie.value,
+        "port": cookie.port,
+        "port_specified": cookie.port_specified,
+        "domain": cookie.domain,
+        "domain_specified": cookie.domain_specified,
+        "domain_initial_dot": cookie.domain_initial_dot,
+        "path": cookie.path,
+        "path_specified": cookie.path_specified,
+        "secure": cookie.secure,
+        "expires": cookie.expires,
+        "discard": cookie.discard,
+        "comment": cookie.comment,
+        "comment_url": cookie.comment_url,
+        "rest": dict(cookie._rest),  # type: ignore[attr-defined]  # the only way to read all of them
+        "rfc2109": cookie.rfc2109,
+    }
+
+
+def cookie_from_record(data: bytes | str) -> Cookie:
+    """Rebuild a cookie from its stored JSON record; ``ValueError`` says what is wrong (untrusted input)."""
+    try:
+        rec = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(rec, dict):
+        raise ValueError("not a JSON object")
+    for name in ("name", "domain", "path"):
+        if not isinstance(rec.get(name), str):
+            raise ValueError(f"{name!r} must be a string")
+    if not rec["name"]:
+        raise ValueError("empty cookie name")
+    for name in _OPTIONAL_STR_FIELDS:
+        if not isinstance(rec.get(name), (str, type(None))):
+            raise ValueError(f"{name!r} must be a string or null")
+    for name in (*_BOOL_FIELDS, "discard", "rfc2109"):
+        if not isinstance(rec.get(name, False), bool):
+            raise ValueError(f"{name!r} must be a boolean")
+    version = rec.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError("'version' must be a non-negative integer")
+    expires = rec.get("expires")
+    if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int)):
+        raise ValueError("'expires' must be an integer or null")
+    rest = rec.get("rest") or {}
+    if not isinstance(rest, dict) or not all(
+        isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in rest.items()
+    ):
+        raise ValueError("'rest' must map strings to strings or null")
+    return Cookie(
+        version=version,
+        name=rec["name"],
+        value=rec.get("value"),
+        port=rec.get("port"),
+        port_specified=rec.get("port_specified", False),
+        domain=rec["domain"],
+        domain_specified=rec.get("domain_specified", False),
+        domain_initial_dot=rec.get("domain_initial_dot", False),
+        path=rec["path"],
+        path_specified=rec.get("path_specified", False),
+        secure=rec.get("secure", False),
+        expires=expires,
+        discard=rec.get("discard", False),
+        comment=rec.get("comment"),
+        comment_url=rec.get("comment_url"),
+        rest=rest,
+        rfc2109=rec.get("rfc2109", False),
+    )
+
+
+def snapshot(jar: CookieJar) -> dict[CookieIdent, dict[str, Any]]:
+    """Every cookie of ``jar`` as its record, by (domain, path, name)."""
+    return {(c.domain, c.path, c.name): cookie_record(c) for c in jar}
+
+
+def apply_record(jar: CookieJar, field: str, record: str | None) -> None:
+    """Apply one change read from (or about to go to) Redis to ``jar``: set the cookie of ``record``, or
+    with ``None`` delete the cookie of HASH ``field``."""
+    if record is None:
+        try:
+            domain, path, cookie_name = json.loads(field)
+            jar.clear(domain, path, cookie_name)
+        except (ValueError, TypeError, KeyError):  # already gone, or not a field we write
+            pass
+    else:
+        jar.set_cookie(cookie_from_record(record))
+
+
+def write_calls(
+    keys: CrawlKeys, ops: list[tuple[str, str, str | None]], now: str
+) -> tuple[list[tuple[list[str], list[str]]], int]:
+    """The ``cookies_write`` script calls (KEYS, ARGV) for ``ops`` (jar name, HASH field, record or
+    ``None`` to delete): one per jar, the last change of a cookie winning; and how many cookies they write.
+    """
+    by_jar: dict[str, dict[str, str | None]] = {}
+    for name, field, record in ops:
+        by_jar.setdefault(name, {})[field] = record
+    calls: list[tuple[list[str], list[str]]] = []
+    for name, fields in by_jar.items():
+        sets = [(f, r) for f, r in fields.items() if r is not None]
+        args: list[str] = [name, now, str(len(sets))]
+        for f, r in sets:
+            args += [f, r]
+        args += [f for f, r in fields.items() if r is None]
+        calls.append(([keys.cookie_jar(name), keys.cookie_changes(name), keys.cookies], args))
+    return calls, sum(len(f) for f in by_jar.values())

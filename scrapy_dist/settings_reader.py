@@ -1,0 +1,140 @@
+"""Raw setting values as :class:`~scrapy_dist.settings.DistSettings` reads them: each converted per
+:data:`~scrapy_dist.settings_table.TABLE`, Scrapy's own settings it depends on, and the warnings about
+names -- a near miss of one of ours, a scrapy-redis setting we do not apply, a Scrapy queue setting that
+has no effect with our scheduler.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from scrapy_dist.settings_table import (
+    ALIASES,
+    BY_NAME,
+    OUR_PREFIXES,
+    SCRAPY_OWN,
+    SCRAPY_REDIS_IGNORED,
+    Setting,
+)
+from scrapy_dist.settings_values import SettingsError, convert
+
+__all__ = ["SCRAPY_QUEUE_SETTINGS", "SettingsReader", "importable"]
+
+
+#: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
+SCRAPY_QUEUE_SETTINGS: Mapping[str, str] = MappingProxyType({
+    "SCHEDULER_MEMORY_QUEUE": "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)",
+    "SCHEDULER_DISK_QUEUE": "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)",
+    "SCHEDULER_START_MEMORY_QUEUE": "start requests share the Redis queue, after callback requests of"
+                                    " equal priority",
+    "SCHEDULER_START_DISK_QUEUE": "start requests share the Redis queue, after callback requests of"
+                                  " equal priority",
+    "JOBDIR": "the frontier is kept in Redis (SCHEDULER_PERSIST); JOBDIR keeps only Scrapy's own state",
+})
+
+
+def importable(name: str, path: str | None) -> Any:
+    """``path`` if it names an object that can be imported (or a scrapy-redis queue alias)."""
+    if path is None:
+        return None
+    from scrapy.utils.misc import load_object
+
+    from scrapy_dist.queue import ALIASES as QUEUE_ALIASES
+
+    if path in QUEUE_ALIASES:
+        return path
+    try:
+        load_object(path)
+    except (ImportError, AttributeError, ValueError, NameError, TypeError) as exc:
+        problem = " ".join(str(exc).split()) or type(exc).__name__
+        raise SettingsError(name, path, f"cannot be imported ({problem})",
+                            "expected an import path like package.module.Name") from None
+    return path
+
+
+def _scrapy_names() -> frozenset[str]:
+    """Scrapy's own setting names (never "did you mean" one of ours)."""
+    from scrapy.settings import default_settings
+
+    return SCRAPY_OWN | {n for n in dir(default_settings) if n.isupper()}
+
+
+class SettingsReader:
+    """Raw values of a Scrapy ``Settings`` or a plain mapping, converted per
+    :data:`~scrapy_dist.settings_table.TABLE`."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings if settings is not None else {}
+        self._cache: dict[str, Any] = {}
+
+    def raw(self, name: str) -> Any:
+        return self.settings.get(name)
+
+    def given(self, name: str) -> bool:
+        return self.raw(name) is not None
+
+    def value(self, name: str) -> Any:
+        if name not in self._cache:
+            spec = BY_NAME[name]
+            raw = self.raw(name)
+            value = spec.default if raw is None else raw
+            if isinstance(value, (dict, list)):
+                value = type(value)(value)  # a private copy: the table's defaults stay untouched
+            self._cache[name] = convert(spec, value)
+        return self._cache[name]
+
+    def _scrapy(self, name: str, default: Any, kind: str, low: float | None = None) -> Any:
+        raw = self.raw(name)
+        spec = Setting(name, default, kind, "", "scrapy", low=low)
+        return default if raw is None else convert(spec, raw)
+
+    def scrapy_int(self, name: str, default: int, low: float | None = None) -> int:
+        return int(self._scrapy(name, default, "int", low))
+
+    def scrapy_float(self, name: str, default: float) -> float:
+        return float(self._scrapy(name, default, "float", 0))
+
+    def scrapy_bool(self, name: str, default: bool) -> bool:
+        return bool(self._scrapy(name, default, "bool"))
+
+    def scrapy_queue_warnings(self) -> list[str]:
+        """One warning per Scrapy queue setting the scrapy-dist scheduler cannot honour (when it is the
+        crawl's SCHEDULER and the setting was changed from Scrapy's default)."""
+        if "scrapy_dist" not in str(self.raw("SCHEDULER") or ""):
+            return []
+        out = []
+        for name, instead in SCRAPY_QUEUE_SETTINGS.items():
+            priority = getattr(self.settings, "getpriority", lambda n: None)(name)
+            if priority is not None and priority > 0:  # set by the project, a spider or -s
+                out.append(f"scrapy-dist: {name} has no effect with the scrapy-dist scheduler: {instead}")
+        pq = str(self.raw("SCHEDULER_PRIORITY_QUEUE") or "")
+        if pq and not pq.endswith(("DownloaderAwarePriorityQueue", "ScrapyPriorityQueue")):
+            out.append(f"scrapy-dist: SCHEDULER_PRIORITY_QUEUE={pq} has no effect with the scrapy-dist"
+                       " scheduler: requests are served by priority (DownloaderAwarePriorityQueue: least"
+                       " busy download slot first); use SCHEDULER_QUEUE_CLASS for the shared queue's order")
+        return out
+
+    def unknown_names(self) -> list[str]:
+        """One warning per setting name that looks like one of ours but is not, and per ignored
+        scrapy-redis setting that is set."""
+        try:
+            names = [str(n) for n in self.settings]
+        except TypeError:
+            return []
+        known = set(BY_NAME) | set(ALIASES)
+        out = []
+        for name in sorted(names):
+            if name in SCRAPY_REDIS_IGNORED:
+                if self.given(name):
+                    out.append(f"scrapy-dist: {name} is a scrapy-redis setting scrapy-dist does not apply:"
+                               f" {SCRAPY_REDIS_IGNORED[name]}")
+                continue
+            if name in known or not name.startswith(OUR_PREFIXES) or name in _scrapy_names():
+                continue
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
+            if close:
+                out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
+        return out
