@@ -18,7 +18,6 @@ Anything else raises :class:`~scrapy_dist.exceptions.RejectedEntry` whose ``reas
 from __future__ import annotations
 
 import json
-import math
 import re
 import unicodedata
 from collections.abc import Callable, Iterable
@@ -28,6 +27,24 @@ from urllib.parse import urlsplit
 
 from scrapy_dist.codec import check_header_names, check_meta_keys, spider_method, user_defined
 from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.seedfields import (
+    check_callback_name,
+    check_cookies,
+    check_headers,
+    check_method,
+    check_priority,
+    check_text,
+    json_type,
+    priority_from_score,
+)
+
+# the field checks moved to scrapy_dist.seedfields; the ones callers import from here stay importable
+__all__ = [
+    "DEFAULT_RULES", "FIELDS", "REASONS", "Seed", "SeedRules", "check_callback_name", "check_cookies",
+    "check_headers", "check_method", "check_priority", "class_has_callback", "iter_lines", "parse_seed",
+    "priority_from_score", "reason_slug", "resolve_callback", "seed_request", "spider_has_callback",
+    "validate_url",
+]
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -77,8 +94,6 @@ FIELDS = frozenset(
 
 #: Nesting limit of JSON seeds: far above any real meta, far below Python's and msgpack's recursion limits.
 MAX_DEPTH = 32
-_PRIORITY_RANGE = (-(2**31), 2**31 - 1)
-_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _WS = b" \t\r\n\x0b\x0c"
 #: ASCII control characters and space (codec.check_url's rule, as one regex)
 _CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")
@@ -163,21 +178,12 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _check_text(s: str, reason: str, what: str) -> None:
-    """Strings from JSON may hold lone surrogates (``"\\ud800"``), which no encoder accepts later."""
-    if not s.isascii():
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:
-            raise RejectedEntry(reason, f"{what} holds a lone surrogate") from None
-
-
 def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> None:
     """Walk a JSON value (iteratively bounded by ``MAX_DEPTH``): strings encodable, integers storable."""
     if depth > MAX_DEPTH:
         raise RejectedEntry("bad_json", f"{what} nested deeper than {MAX_DEPTH}")
     if isinstance(value, str):
-        _check_text(value, reason, what)
+        check_text(value, reason, what)
     elif isinstance(value, bool) or value is None or isinstance(value, float):
         return
     elif isinstance(value, int):
@@ -188,7 +194,7 @@ def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> Non
             _check_json_value(v, reason, what, depth + 1)
     elif isinstance(value, dict):
         for k, v in value.items():
-            _check_text(k, reason, what)
+            check_text(k, reason, what)
             _check_json_value(v, reason, what, depth + 1)
 
 
@@ -268,7 +274,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         raise RejectedEntry("missing_url", "JSON seed without url")
     url = obj["url"]
     if isinstance(url, str):
-        _check_text(url, "bad_url", "url")
+        check_text(url, "bad_url", "url")
     seed = Seed(validate_url(url, rules), is_json=True)
     if "method" in obj:
         seed.method = check_method(obj["method"])
@@ -278,13 +284,13 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
     if "body" in obj:
         body = obj["body"]
         if not isinstance(body, str):
-            raise RejectedEntry("bad_body", f"body is a {_type(body)}, expected a string")
-        _check_text(body, "bad_body", "body")
+            raise RejectedEntry("bad_body", f"body is a {json_type(body)}, expected a string")
+        check_text(body, "bad_body", "body")
         seed.body = body
     if "meta" in obj:
         meta = obj["meta"]
         if not isinstance(meta, dict):
-            raise RejectedEntry("bad_meta", f"meta is a {_type(meta)}, expected an object")
+            raise RejectedEntry("bad_meta", f"meta is a {json_type(meta)}, expected an object")
         _check_json_value(meta, "bad_meta", "meta")
         check_meta_keys(meta, rules.meta_allowed)
         seed.meta = meta
@@ -302,7 +308,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
     if "dont_filter" in obj:
         df = obj["dont_filter"]
         if not isinstance(df, bool):
-            raise RejectedEntry("bad_dont_filter", f"dont_filter is a {_type(df)}, expected true/false")
+            raise RejectedEntry("bad_dont_filter", f"dont_filter is a {json_type(df)}, expected true/false")
         seed.dont_filter = df
     if "cookies" in obj:
         seed.cookies = check_cookies(obj["cookies"])
@@ -319,126 +325,17 @@ def _form_fields(obj: dict[str, Any]) -> dict[str, str | list[str]]:
     for name, value in obj.items():
         if name in FIELDS:
             continue
-        _check_text(name, "bad_form_field", "a form field name")
+        check_text(name, "bad_form_field", "a form field name")
         ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
         if not ok:
             raise RejectedEntry(
-                "bad_form_field", f"form field {name[:40]!r} is a {_type(value)}, expected a string or a list"
+                "bad_form_field",
+                f"form field {name[:40]!r} is a {json_type(value)}, expected a string or a list"
                 " of strings (a field outside url, method, meta, ... is sent as form data)",
             )
         _check_json_value(value, "bad_form_field", "a form field")
         out[name] = value
     return out
-
-
-def _type(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number"
-    )
-
-
-def check_method(method: Any) -> str:
-    """An HTTP method must be a token (RFC 9110), at most 32 characters; returned upper-cased."""
-    if not isinstance(method, str) or not method or len(method) > 32 or not set(method) <= _TOKEN_CHARS:
-        raise RejectedEntry("bad_method", f"method {str(method)[:40]!r} is not an HTTP token")
-    return method.upper()
-
-
-def _check_header_text(text: str, what: str) -> None:
-    if "\r" in text or "\n" in text or "\0" in text:
-        raise RejectedEntry("header_injection", f"CR/LF/NUL in {what} {text[:40]!r}")
-
-
-def check_headers(headers: Any) -> dict[str, list[str]]:
-    """``{"Name": "value" | ["v1", "v2"]}``; names are tokens, values hold no CR/LF/NUL."""
-    if not isinstance(headers, dict):
-        raise RejectedEntry("bad_headers", f"headers is a {_type(headers)}, expected an object")
-    if len(headers) > 100:
-        raise RejectedEntry("bad_headers", f"{len(headers)} headers (at most 100)")
-    out: dict[str, list[str]] = {}
-    for name, values in headers.items():
-        _check_header_text(name, "header name")
-        if not name or not set(name) <= _TOKEN_CHARS:
-            raise RejectedEntry("bad_headers", f"header name {name[:40]!r} is not a token")
-        if isinstance(values, str):
-            values = [values]
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise RejectedEntry("bad_headers", f"header {name[:40]!r}: values must be strings")
-        for v in values:
-            _check_header_text(v, f"header {name[:40]!r} value")
-            _check_text(v, "bad_headers", "header value")
-            if any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in v):
-                raise RejectedEntry("bad_headers", f"header {name[:40]!r} value has control characters")
-        out[name] = values
-    return out
-
-
-def check_priority(priority: Any) -> int:
-    """An integer (not a boolean, not a float) in the 32-bit range."""
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise RejectedEntry("bad_priority", f"priority is a {_type(priority)}, expected an integer")
-    if not _PRIORITY_RANGE[0] <= priority <= _PRIORITY_RANGE[1]:
-        raise RejectedEntry("bad_priority", "priority out of the 32-bit range")
-    return priority
-
-
-def priority_from_score(score: float) -> int:
-    """A ZSET score as a request priority (rounded, clamped to the 32-bit range, NaN -> 0)."""
-    if math.isnan(score):
-        return 0
-    return round(max(_PRIORITY_RANGE[0], min(_PRIORITY_RANGE[1], score)))
-
-
-def check_callback_name(name: Any, what: str, has_callback: Callable[[str], bool] | None = None) -> str:
-    """A public method name (identifier, no leading underscore) the spider has, if ``has_callback`` can
-    tell."""
-    if not isinstance(name, str) or not name.isidentifier() or not name.isascii() or name.startswith("_"):
-        raise RejectedEntry(f"bad_{what}", f"{what} {str(name)[:40]!r} is not a public method name")
-    if has_callback is not None and not has_callback(name):
-        raise RejectedEntry(f"bad_{what}", f"the spider has no callback method {name!r}")
-    return name
-
-
-_COOKIE_KEYS = frozenset({"name", "value", "domain", "path", "secure", "expires"})
-
-
-def _check_cookie_text(value: Any, what: str) -> None:
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-        raise RejectedEntry("bad_cookies", f"cookie {what} is a {_type(value)}")
-    if isinstance(value, str):
-        _check_header_text(value, f"cookie {what}")
-        _check_text(value, "bad_cookies", f"cookie {what}")
-        if ";" in value:
-            raise RejectedEntry("bad_cookies", f"';' in cookie {what} {value[:40]!r}")
-    elif isinstance(value, float) and not math.isfinite(value):
-        raise RejectedEntry("bad_cookies", f"cookie {what} is not finite")
-
-
-def check_cookies(cookies: Any) -> dict[str, Any] | list[dict[str, Any]]:
-    """``{"name": "value"}`` or ``[{"name": ..., "value": ..., "domain": ..., "path": ...}]``."""
-    if isinstance(cookies, dict):
-        for name, value in cookies.items():
-            _check_cookie_text(name, "name")
-            if not name or "=" in name:
-                raise RejectedEntry("bad_cookies", f"cookie name {name[:40]!r}")
-            _check_cookie_text(value, "value")
-        return cookies
-    if isinstance(cookies, list):
-        for c in cookies:
-            if not isinstance(c, dict) or "name" not in c or "value" not in c or set(c) - _COOKIE_KEYS:
-                raise RejectedEntry(
-                    "bad_cookies", "each cookie must be an object with name, value (domain, path, ...)"
-                )
-            for key, value in c.items():
-                if key == "secure":
-                    if not isinstance(value, bool):
-                        raise RejectedEntry("bad_cookies", "cookie secure must be true/false")
-                else:
-                    _check_cookie_text(value, key)
-            if not isinstance(c["name"], str) or not c["name"] or "=" in c["name"]:
-                raise RejectedEntry("bad_cookies", f"cookie name {str(c['name'])[:40]!r}")
-        return cookies
-    raise RejectedEntry("bad_cookies", f"cookies is a {_type(cookies)}, expected an object or an array")
 
 
 # -- callbacks ----------------------------------------------------------------------------------

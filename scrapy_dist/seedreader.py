@@ -1,0 +1,135 @@
+"""One worker's Redis side of the seeds key (``<spider>:start_urls``): :class:`SeedReader` takes seeds and
+records them as in flight, waits for pushes, acknowledges, adopts the seeds of vanished workers and gives
+seeds back -- one round trip per call (``lua/seeds_take.lua``, ``lua/seeds_adopt.lua``). What the seeds
+become is :mod:`scrapy_dist.seedfeed`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist import defaults, scripts
+
+if TYPE_CHECKING:
+    from scrapy_dist.keys import CrawlKeys
+
+__all__ = ["ADOPT_BATCH", "BLOCK_SECONDS", "CONFIRM_POLL", "POLL_SECONDS", "SeedReader", "TakeResult"]
+
+#: How long one blocking wait for a LIST seed lasts (seconds). A push wakes it at once; the timeout only
+#: bounds how late the spider notices it should close, and renews the processing lease that often.
+BLOCK_SECONDS = 1.0
+#: SET and ZSET seeds cannot be waited for atomically (no blocking pop that also records the seed), so
+#: they are polled this often (seconds): ten cheap calls a second per idle worker.
+POLL_SECONDS = 0.1
+#: Workers whose lease ran out are reported and adopted this many at a time.
+ADOPT_BATCH = 10
+#: How often to look whether taken seeds have reached the frontier (seconds, local only).
+CONFIRM_POLL = 0.01
+
+
+@dataclass
+class TakeResult:
+    """What one :meth:`SeedReader.take` answers."""
+
+    #: ``ok``, ``lost`` (another worker adopted this one's seeds) or ``wrongtype``
+    status: str
+    #: entries taken (the seed; ``<score> <seed>`` for a ZSET)
+    entries: list[bytes]
+    #: workers whose lease ran out
+    expired: list[str]
+    #: entries given back to the seeds key (``sweep``, ``leave``)
+    returned: int
+    #: the seeds key's type (``none`` if it does not exist)
+    key_type: str = ""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class SeedReader:
+    """One worker's Redis side of the seeds key: take seeds (recording them as in flight), wait for them,
+    acknowledge them, adopt the seeds of vanished workers, give seeds back. One round trip per call.
+
+    ``kind`` is the seeds key's type: ``list`` (default), ``set`` (``REDIS_START_URLS_AS_SET``) or
+    ``zset`` (``REDIS_START_URLS_AS_ZSET``; the score is the priority). Keys: ``keys.start_urls``,
+    ``keys.start_urls_processing``, ``keys.start_urls_workers``, ``keys.start_urls_rejected``.
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        keys: CrawlKeys,
+        worker_id: str,
+        kind: str = "list",
+        lease_seconds: float = 60.0,
+        rejected_maxlen: int = defaults.REDIS_START_URLS_REJECTED_MAXLEN,
+    ) -> None:
+        if kind not in ("list", "set", "zset"):
+            raise ValueError(f"kind must be list, set or zset, not {kind!r}")
+        if "\n" in worker_id:
+            raise ValueError("a worker id cannot hold a newline (it prefixes processing entries)")
+        self.redis = redis
+        self.keys = keys
+        self.worker_id = worker_id
+        self.kind = kind
+        self.lease_seconds = lease_seconds
+        self.rejected_maxlen = rejected_maxlen
+        self.registered = False
+        self._keys = [keys.start_urls, keys.start_urls_processing, keys.start_urls_workers]
+        self._take = scripts.register(redis, "seeds_take")
+        self._adopt = scripts.register(redis, "seeds_adopt")
+
+    async def take(
+        self, count: int, acks: Sequence[bytes] = (), mode: str = "take", now: float | None = None
+    ) -> TakeResult:
+        """Acknowledge ``acks``, renew the lease, take up to ``count`` seeds: one EVALSHA of
+        ``seeds_take.lua`` (which documents ``mode``: ``take``, ``sweep``, ``leave``)."""
+        raw = await self._take(
+            keys=self._keys,
+            args=[
+                "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), self.kind, count,
+                mode, "1" if self.registered else "0", ADOPT_BATCH, *acks,
+            ],
+        )
+        self.registered = mode != "leave"
+        return TakeResult(
+            _text(raw[0]), list(raw[1]), [_text(w) for w in raw[2]], int(raw[3]), _text(raw[4])
+        )
+
+    async def wait(self, timeout: float = BLOCK_SECONDS) -> bool:
+        """Block until the seeds key (a LIST) holds a seed or ``timeout`` passes; True if it does.
+
+        ``BLMOVE key key RIGHT LEFT`` rotates the list onto itself -- the only blocking list command that
+        leaves the seed in Redis whatever happens to this worker: it wakes on the push and the next
+        :meth:`take` pops the seed and records it atomically. (The last seed moves to the head: order is
+        kept except for that one.) The list stays non-empty after the rotation, so every worker waiting
+        on it wakes and tries a take; one gets the seed, the others wait again -- a few cheap calls per
+        push, only while the crawl is idle.
+        """
+        k = self.keys.start_urls
+        return await self.redis.blmove(k, k, timeout, "RIGHT", "LEFT") is not None
+
+    async def adopt(self, workers: Iterable[str], now: float | None = None) -> tuple[int, int]:
+        """Give the seeds of ``workers`` (whose lease ran out) back to the seeds key:
+        ``(workers adopted, seeds given back)``, one EVALSHA of ``seeds_adopt.lua``."""
+        workers = list(workers)
+        if not workers:
+            return 0, 0
+        raw = await self._adopt(keys=self._keys, args=["" if now is None else repr(now), self.kind, *workers])
+        return int(raw[0]), int(raw[1])
+
+    async def record_rejections(self, records: Sequence[str]) -> None:
+        """Append rejection records to ``<seeds key>:rejected``, keeping the newest
+        ``rejected_maxlen`` (one pipelined round trip)."""
+        if not records:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.rpush(self.keys.start_urls_rejected, *records)
+        if self.rejected_maxlen > 0:
+            pipe.ltrim(self.keys.start_urls_rejected, -self.rejected_maxlen, -1)
+        await pipe.execute()
+
+    async def close(self) -> None:
+        await self.redis.aclose()
