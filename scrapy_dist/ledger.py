@@ -58,6 +58,8 @@ class Outgoing:
     domain: str = ""
     limits: str = ""
     shard: int = 0
+    #: only record the fingerprint (the request itself travels in another, unfiltered entry)
+    record_only: bool = False
 
     def enqueue_item(self) -> tuple[Any, Any, float, bytes, str, str]:
         """The item of ``SyncBatch.enqueue`` this request becomes."""
@@ -330,6 +332,8 @@ class Ledger:
         """
         applied = Applied()
         for entry, new in zip(self._sent[shard], result.new, strict=True):
+            if entry.record_only:
+                continue
             if new:
                 if entry.payload:
                     applied.enqueued += 1

@@ -294,10 +294,18 @@ class Scheduler:
                 self._recent.clear()
             self._recent.add(t1)
         domain, limits = self._domain(request)
+        score, now = self.order.score(request), time.monotonic()
+        if self._batched_df and request.dont_filter and request.meta.get("is_start_request"):
+            # a start request or seed that skips the filter (fetched again when pushed again, as in
+            # scrapy-redis) still records its fingerprint, so that a page linking back to it does not
+            # fetch it once more: a dedupe-only entry travels with it
+            fp = self.df.fingerprint(request)
+            r1, r2 = self.df.fingerprint_tokens(fp)
+            self._recent.add(r1)
+            self.ledger.add(Outgoing(request, r1, r2, score, b"", shard=self.router.shard(request, fp),
+                                     record_only=True), now)
         self.ledger.add(
-            Outgoing(request, t1, t2, self.order.score(request), payload, domain, limits,
-                     self.router.shard(request, fp)),
-            time.monotonic(),
+            Outgoing(request, t1, t2, score, payload, domain, limits, self.router.shard(request, fp)), now
         )
         if len(self.ledger.out) >= self.config.flush_batch:
             self._wake()

@@ -199,7 +199,7 @@ def check_url(value: Any) -> str:
     if hostport.endswith(":"):
         raise SettingsError(name, value, "empty port", expected)
     db = tail.split("?", 1)[0].split("#", 1)[0]
-    if db and not db.isdigit():
+    if db and not (db.isascii() and db.isdigit() and len(db) <= 9):
         raise SettingsError(name, value, f"database {db!r} is not a number", expected)
     return url
 

@@ -76,9 +76,10 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
     if bucket_s > 0:
         for field, value in fields.items():
             bucket, sep, name = field.partition("|")
-            if not sep or not bucket.isdigit():
+            if not sep or not (bucket.isascii() and bucket.isdigit() and len(bucket) <= 15):
                 continue
-            if (int(bucket) + 1) * bucket_s > now - window and value.isascii() and value.isdigit():
+            fresh = (int(bucket) + 1) * bucket_s > now - window
+            if fresh and value.isascii() and value.isdigit() and len(value) <= 15:
                 totals[name] += int(value)
     attempts, errors = totals.get("attempts", 0), totals.get("errors", 0)
     reasons = {k[2:]: n for k, n in totals.most_common() if k.startswith("r:")}
@@ -106,11 +107,13 @@ def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] |
 def _filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
     b = decode_hash(bloom)
     if b.get("capacity"):
-        if not (b["capacity"].isascii() and b["capacity"].isdigit() and 0 < int(b["capacity"]) <= 10**13):
+        cap = b["capacity"]
+        if not (cap.isascii() and cap.isdigit() and len(cap) <= 14 and 0 < int(cap) <= 10**13):
             raise ValueError("capacity")
         if not 0 < float(b.get("error_rate") or "nan") < 1:
             raise ValueError("error_rate")
-        if not (b.get("n") or "0").isdigit():
+        n_text = b.get("n") or "0"
+        if not (n_text.isascii() and n_text.isdigit() and len(n_text) <= 19):
             raise ValueError("n")
         plan = BloomPlan(int(b["capacity"]), float(b["error_rate"]),
                          int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS))

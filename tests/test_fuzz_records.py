@@ -8,6 +8,7 @@ import json
 import math
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,6 +35,12 @@ FIELDS = st.sampled_from(["paused", "paused_by", "close", "close_at", "shards", 
                           "finish_reason", "errors_tripped_at"])
 HASH = st.dictionaries(st.one_of(FIELDS, FIELDS.map(str.encode), st.binary(max_size=8)), VALUE, max_size=12)
 ANYTHING = st.one_of(HASH, st.none(), st.integers(), st.text(max_size=5), st.lists(st.binary(), max_size=3))
+
+
+@pytest.mark.parametrize("shards", ["\u00b2", "\u0663", "9" * 5000, "-1", " 3"])
+def test_control_shards_that_only_look_like_numbers_are_reported_not_raised(shards: str) -> None:
+    state = parse_control({"shards": shards})  # '²'.isdigit() is True, int('²') raises; 5000 digits too
+    assert state.shards is None and any(p.startswith("shards=") for p in state.problems)
 
 
 @FUZZ

@@ -275,3 +275,15 @@ def test_downloader_aware_hand_out_serves_the_least_loaded_slot_first() -> None:
         active[slot] += 1
     # c and b are idle: c's request first (better priority), then b's; then a's in priority order
     assert order == ["c/1", "b/1", "a/1", "a/2"]
+
+
+def test_a_record_only_entry_is_deduped_and_then_forgotten() -> None:
+    seed = Request("http://a/seed", dont_filter=True)
+    for flags in ("11", "01"):  # recorded now, or already known: never crawled locally nor logged
+        ledger = Ledger()
+        ledger.add(Outgoing(seed, "t", "u", 0.0, b"", record_only=True), now=0.0)
+        ledger.add(Outgoing(seed, "", "", 0.0, b"\x01p"), now=0.0)
+        [batch] = ledger.take_batches([0], renew=False)
+        assert batch.enqueue == [("t", "u", 0.0, b"", "", ""), ("", "", 0.0, b"\x01p", "", "")]
+        applied = ledger.apply(0, batch, _result(flags), _decode, now=1.0)
+        assert applied.enqueued == 1 and not applied.duplicates and not ledger.local

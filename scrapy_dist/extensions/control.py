@@ -99,7 +99,8 @@ def parse_control(raw: Any) -> ControlState:
     shards: int | None = None
     shards_text = d.get("shards", "")
     if shards_text:
-        if shards_text.isdigit() and 1 <= int(shards_text) <= MAX_SHARDS:
+        digits = shards_text.isascii() and shards_text.isdigit() and len(shards_text) <= 6
+        if digits and 1 <= int(shards_text) <= MAX_SHARDS:
             shards = int(shards_text)
         else:
             problems.append(f"shards={shards_text[:40]!r} (expected 1 to {MAX_SHARDS})")

@@ -69,9 +69,9 @@ def http_error_matcher(spec: list[Any]) -> Any:
     classes: set[int] = set()
     for item in spec:
         text = str(item).strip().lower()
-        if len(text) == 3 and text.endswith("xx") and text[0].isdigit():
+        if len(text) == 3 and text.endswith("xx") and text[0].isascii() and text[0].isdigit():
             classes.add(int(text[0]))
-        elif text.isdigit():
+        elif text.isascii() and text.isdigit():
             codes.add(int(text))
         elif text:
             raise ScrapyDistError(
