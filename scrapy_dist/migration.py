@@ -83,7 +83,7 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
      "the frontier is one leased sorted set per crawl; there is no queue object to push to or pop from"),
     ("`spider.server`, `next_requests()`, `schedule_next_requests()`, `spider_idle()`", "—", REMOVED,
      "seeds are read in `start()`; a client of your own: `scrapy_dist.connection.get_redis(settings)`"),
-    ("`scrapy_redis.picklecompat`, `scrapy_redis.utils`, `defaults.REDIS_CLS`", "—", REMOVED,
+    ("`scrapy_redis`'s pickle helpers, `scrapy_redis.utils`, `defaults.REDIS_CLS`", "—", REMOVED,
      "no pickle anywhere; `scrapy_dist.defaults.<SETTING>` holds every setting's default"),
 )
 
