@@ -264,3 +264,20 @@ def assert_survived_kill(project: Project, site: Any, victim_held: set[str], tim
     assert twice <= victim_held, (sorted(twice - victim_held)[:10], len(victim_held))
     requeued = sum(project.stats(i).get("scheduler/requeued/lease_expired", 0) for i in (0, 2))
     assert requeued > 0
+
+
+def two_workers_on_a_seed(
+    root: Path, settings: dict[str, Any], spiders: str, client: Any, site: Any, pages: int
+) -> Project:
+    """Push ``site``'s first page to ``links:start_urls`` through ``client`` (closed after), start two
+    ``scrapy crawl`` workers of ``spiders`` and return once ``pages`` pages are fetched."""
+    project = make_project(root, settings, spiders=spiders)
+    try:
+        client.rpush("links:start_urls", site.page_url(0))
+    finally:
+        client.close()
+    project.crawl()
+    project.crawl()
+    project.wait_until_open()
+    wait_for_pages(site, pages)
+    return project

@@ -7,6 +7,8 @@ in ``crawlproject.py``.
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -64,3 +66,25 @@ def wait_for_pages(site: Any, n: int, timeout: float = 60) -> None:
         wait_for(lambda: len(site.fetch_counts()) >= n, timeout, f"{n} pages")
     except AssertionError:
         raise AssertionError(f"only {len(site.fetch_counts())} of {n} pages after {timeout:g} s") from None
+
+
+def read_demo_until_crawling(
+    proc: subprocess.Popen[str], on_worker: Callable[[int], None], timeout: float = 90
+) -> tuple[list[str], bool]:
+    """Read a running ``scrapy-dist demo``'s output until its live view counts a crawled page (or
+    ``timeout``); ``on_worker(pid)`` is called for each worker it says it started. Returns the lines read
+    and whether a page was crawled."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        lines.append(line)
+        started = re.search(r"started worker \d+ \(pid (\d+)\)", line)
+        if started:
+            on_worker(int(started.group(1)))
+        crawled = re.search(r"\] ([\d,]+)/", line)
+        if crawled and int(crawled.group(1).replace(",", "")) > 0:
+            return lines, True
+        if time.monotonic() > deadline:
+            break
+    return lines, False

@@ -11,12 +11,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import redis
+from helpers import read_demo_until_crawling
 from rich.console import Console
 
 from scrapy_dist.demo import (
@@ -206,19 +206,9 @@ def test_ctrl_c_stops_every_process_and_removes_the_crawl(redis_url: str, redis_
         _demo("--workers", "2", "--pages", "2000", "--redis-url", redis_url), env=_env(),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    lines: list[str] = []
     pids: list[int] = []
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 90
-        for line in proc.stdout:
-            lines.append(line)
-            started = re.search(r"started worker \d+ \(pid (\d+)\)", line)
-            if started:
-                pids.append(int(started.group(1)))
-            crawled = re.search(r"\] ([\d,]+)/", line)
-            if (crawled and int(crawled.group(1).replace(",", "")) > 0) or time.monotonic() > deadline:
-                break
+        lines, _ = read_demo_until_crawling(proc, pids.append)
         assert len(pids) == 2 and redis_client.dbsize() > 0, "".join(lines)
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 
 import redis
+from helpers import read_demo_until_crawling
 
 PASSWORD = "pw-Never-In-Argv-7f3a"
 
@@ -46,20 +46,9 @@ def _check_demo(url: str) -> None:
          "--pages", "300", "--no-chaos", "--redis-url", url],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    lines: list[str] = []
-    crawled = None
     argvs: list[str] = []
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 90
-        for line in proc.stdout:
-            lines.append(line)
-            started = re.search(r"started worker \d+ \(pid (\d+)\)", line)
-            if started:
-                argvs.append(_cmdline(int(started.group(1))))
-            crawled = re.search(r"\] ([\d,]+)/", line)
-            if (crawled and int(crawled.group(1).replace(",", "")) > 0) or time.monotonic() > deadline:
-                break
+        lines, crawled = read_demo_until_crawling(proc, lambda pid: argvs.append(_cmdline(pid)))
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     finally:
@@ -68,7 +57,7 @@ def _check_demo(url: str) -> None:
     out = "".join(lines) + rest
     # The workers did reach the password-protected Redis (pages got crawled) ...
     assert len(argvs) == 2, out
-    assert crawled is not None, out
+    assert crawled, out
     # ... and the password was on no command line, nor in the demo's output.
     for argv in argvs:
         assert "scrapy" in argv and "crawl" in argv, out

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import redis
-from crawlproject import make_project, wait_for_pages
+from crawlproject import make_project, two_workers_on_a_seed
 from helpers import SEED_LINKS_SPIDER
 from redis_cluster import is_own, start_own
 
@@ -53,14 +53,10 @@ def test_an_outage_is_one_warning_and_one_info_per_worker(tmp_path: Path, site_f
     server = start_own(PERSISTENT)
     try:
         site = site_factory(pages=600, delay=0.01)
-        project = make_project(tmp_path, {"REDIS_URL": server.url, **SETTINGS}, spiders=SEED_LINKS_SPIDER)
-        client = redis.Redis(port=server.port)
-        client.rpush(LINKS.start_urls, site.page_url(0))
-        client.close()
-        project.crawl()
-        project.crawl()
-        project.wait_until_open()
-        wait_for_pages(site, 150)
+        project = two_workers_on_a_seed(
+            tmp_path, {"REDIS_URL": server.url, **SETTINGS}, SEED_LINKS_SPIDER, redis.Redis(port=server.port),
+            site, 150,
+        )
         assert server.proc is not None
         server.proc.terminate()
         server.proc.wait(10)

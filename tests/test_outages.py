@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import redis
 import redis.cluster
-from crawlproject import Project, make_project
-from helpers import SEED_LINKS_SPIDER, wait_for_pages
+from crawlproject import Project, two_workers_on_a_seed
+from helpers import SEED_LINKS_SPIDER
 from redis_cluster import is_own, start_own
 from redis_servers import RedisProcess
 
@@ -84,14 +84,10 @@ def test_redis_restarted_mid_crawl_loses_nothing(tmp_path: Path, site_factory: A
     server = start_own(PERSISTENT)
     try:
         site = site_factory(pages=800, delay=0.01)
-        project = make_project(tmp_path, {"REDIS_URL": server.url, **SETTINGS}, spiders=SEED_LINKS_SPIDER)
-        client = redis.Redis(port=server.port)
-        client.rpush(LINKS.start_urls, site.page_url(0))
-        client.close()
-        project.crawl()
-        project.crawl()
-        project.wait_until_open()
-        wait_for_pages(site, 250)
+        project = two_workers_on_a_seed(
+            tmp_path, {"REDIS_URL": server.url, **SETTINGS}, SEED_LINKS_SPIDER, redis.Redis(port=server.port),
+            site, 250,
+        )
         _stop([server])
         stopped_at = len(site.fetch_counts())
         time.sleep(3)
@@ -113,14 +109,10 @@ def test_whole_cluster_restarted_mid_crawl_loses_nothing(
     wrong) and comes back with its AOF and nodes.conf."""
     cluster = redis_cluster(masters=3, extra_args=PERSISTENT)
     site = site_factory(pages=500, delay=0.01)
-    project = make_project(tmp_path, {"REDIS_URL": cluster.url, **SETTINGS}, spiders=SEED_LINKS_SPIDER)
-    client = redis.cluster.RedisCluster.from_url(cluster.url)
-    client.rpush(LINKS.start_urls, site.page_url(0))
-    client.close()
-    project.crawl()
-    project.crawl()
-    project.wait_until_open()
-    wait_for_pages(site, 150)
+    project = two_workers_on_a_seed(
+        tmp_path, {"REDIS_URL": cluster.url, **SETTINGS}, SEED_LINKS_SPIDER,
+        redis.cluster.RedisCluster.from_url(cluster.url), site, 150,
+    )
     _stop(cluster.nodes)
     stopped_at = len(site.fetch_counts())
     time.sleep(3)
