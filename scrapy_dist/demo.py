@@ -45,26 +45,37 @@ from rich.live import Live
 from rich.text import Text
 
 from scrapy_dist.connection import mask_url
-from scrapy_dist.demo_redis import bloom_claims, compact, delete_keys, others_connected, wait_loaded
+from scrapy_dist.demo_redis import bloom_claims, open_redis, release_run
 from scrapy_dist.demo_report import (
     Snapshot,
     Summary,
     WorkerRow,
     combined_rate,
     dead_letter_reasons,
+    lost_lines,
     progress_line,
     render_live,
     render_summary,
     summarize,
+    verdict,
 )
-from scrapy_dist.demo_site import RATE_WINDOW, SiteTally, demo_graph, quiet
-from scrapy_dist.demo_workers import SPIDER, Worker, WorkerFleet, worker_env, worker_settings
-from scrapy_dist.embedded import DEFAULT_DIRNAME, EmbeddedRedis
-from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.demo_site import SiteTally, demo_graph, quiet
+from scrapy_dist.demo_workers import (
+    EXAMPLE_PROJECT,
+    SPIDER,
+    Worker,
+    WorkerFleet,
+    fleet_rows,
+    locate_project,
+    worker_env,
+    worker_settings,
+)
+from scrapy_dist.embedded import EmbeddedRedis
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.site import SiteServer
 
 __all__ = [
+    "EXAMPLE_PROJECT",
     "Demo",
     "DemoOptions",
     "SiteTally",
@@ -80,8 +91,6 @@ __all__ = [
     "render_live",
     "render_summary",
 ]
-#: ``example_project/`` of a source checkout: the repository root is the package's parent directory.
-EXAMPLE_PROJECT = Path(__file__).resolve().parents[1] / "example_project"
 #: Seconds between two refreshes of the live view (4 per second) ...
 REFRESH = 0.25
 #: ... and between two plain progress lines when the output is not a terminal (CI, a pipe).
@@ -101,29 +110,6 @@ class Interrupted(Exception):  # noqa: N818 - a signal, not an error
         super().__init__(signal.Signals(signum).name)
         self.status = 128 + signum
         self.elapsed = elapsed
-
-
-# -- the project the workers run ----------------------------------------------------------------------
-# -- the project the workers run ----------------------------------------------------------------------
-#: where a wheel carries example_project (pyproject.toml: tool.hatch.build.targets.wheel.force-include)
-PACKAGED_PROJECT = Path(__file__).resolve().parent / "_example_project"
-
-
-def _is_project(path: Path) -> bool:
-    return (path / "scrapy.cfg").is_file() and (path / "example_project" / "spiders" / "demo.py").is_file()
-
-
-def locate_project(run_dir: Path, example: Path | None = None) -> tuple[Path, bool]:
-    """The project directory the workers run in, and whether it is the wheel's packaged copy.
-
-    ``example_project/`` of the source checkout when it is there, else the copy inside the package.
-    """
-    example = EXAMPLE_PROJECT if example is None else example
-    if _is_project(example):
-        return example, False
-    if _is_project(PACKAGED_PROJECT):
-        return PACKAGED_PROJECT, True
-    raise ScrapyDistError(f"example_project not found (looked in {example} and {PACKAGED_PROJECT})")
 
 
 # -- the demo ------------------------------------------------------------------------------------------
@@ -187,24 +173,8 @@ class Demo:
 
         Raises :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) if that fails.
         """
-        from scrapy_dist.connection import check_reachable, get_redis
-
-        if self.options.redis_url:
-            self.redis_url = self.options.redis_url
-        else:
-            # The directory every `scrapy crawl` in the project would use (REDIS_EMBEDDED_DIR unset).
-            self.embedded = EmbeddedRedis(self.project / ".scrapy" / DEFAULT_DIRNAME)
-            self.redis_url, self.started_redis = self.embedded.ensure_running()
-        settings = {"REDIS_URL": self.redis_url}
-        self.client = get_redis(settings)
-        wait_loaded(self.client, LOADING_TIMEOUT)
-        try:
-            check_reachable(self.client, settings)  # one line naming the URL if it does not answer
-        except Exception:
-            self.client.close()
-            if self.started_redis and self.embedded is not None:
-                self.embedded.shutdown()
-            raise
+        self.client, self.redis_url, self.embedded, self.started_redis = open_redis(
+            self.options.redis_url, self.project, LOADING_TIMEOUT)
 
     @property
     def workers(self) -> list[Worker]:
@@ -261,7 +231,6 @@ class Demo:
         """Read the site's tally and the crawl's state in Redis (a few pipelined round trips)."""
         from redis.exceptions import RedisError
 
-        from scrapy_dist.extensions.workers import RateMeter
         from scrapy_dist.status import read_status
 
         now = time.monotonic()
@@ -281,30 +250,7 @@ class Demo:
             snap.queued, snap.inflight, snap.delayed = front["queued"], front["inflight"], front["delayed"]
             snap.dead_letters = status["deadletter"]
             rows = {r["pid"]: r for r in status["workers"] if r.get("pid")}
-        for w in self.workers:
-            row = rows.get(w.pid)
-            state = w.state
-            pages = leases = None
-            rate = None
-            if row is not None:
-                pages, leases = row["pages"], row["leases"]
-                meter = self._rates.setdefault(w.pid, RateMeter(span=RATE_WINDOW))  # as the site tally
-                meter.add(float(pages), now)
-                rate = meter.per_minute() / 60.0
-                if state == "running" and row["state"] == "closed":
-                    state = "closing"
-            elif state == "running":
-                state = "starting"
-            if w.state == "killed":
-                # its leases stay listed until they expire: the crawl waits for them (see orphan_note)
-                state, rate = "killed (chaos)", None
-                if leases and w.killed_at is not None:
-                    snap.orphaned += leases
-                    snap.orphaned_expire_in = max(
-                        snap.orphaned_expire_in, w.killed_at + DEMO_LEASE_SECONDS - now)
-            elif w.state in ("exited", "failed", "stopped"):
-                state, rate, leases = f"{w.state} ({w.exit_status})", None, None
-            snap.workers.append(WorkerRow(w.number, w.pid, state, pages, rate, leases))
+        fleet_rows(snap, self.workers, rows, self._rates, now, DEMO_LEASE_SECONDS)
         snap.rate = combined_rate(snap.workers, snap.rate)
         return snap
 
@@ -386,15 +332,8 @@ class Demo:
             self.say(Text(line, style="red"))
         for failure in summary.workers_failed:
             self.say(Text(f"failed: {failure}", style="red"))
-        verdict = "OK: nothing lost." if summary.ok else "FAILED: " + "; ".join(
-            reason for reason, bad in (
-                (f"{summary.lost:,} pages lost", summary.lost),
-                (f"{len(summary.workers_failed)} workers failed", summary.workers_failed),
-                ("timed out", summary.timed_out),
-            ) if bad
-        ) + "."
-        style = "bold green" if summary.ok else "bold red"
-        self.say(Text.assemble((verdict, style), f" Worker logs: {self.run_dir}"))
+        text, style = verdict(summary)
+        self.say(Text.assemble((text, style), f" Worker logs: {self.run_dir}"))
         return 0 if summary.ok else 1
 
     def watch(self) -> bool:
@@ -470,17 +409,7 @@ class Demo:
         except Exception as exc:  # an explanation, not the verdict: never fail the summary over it
             claimed = None
             self.say(Text(f"Could not check the bloom filter: {exc}", style="red"))
-        lines = []
-        for i, url in enumerate(urls):
-            if claimed is not None and claimed[i]:
-                why = ("the crawl's bloom filter took it for a page already seen (a false positive:"
-                       " it was never queued; see BLOOMFILTER_ERROR_RATE)")
-            else:
-                why = "never answered 200 and not in the bloom filter: see the worker logs"
-            lines.append(f"lost: {url} -- {why}")
-        if total > len(urls):
-            lines.append(f"... and {total - len(urls):,} more lost pages")
-        return lines
+        return lost_lines(urls, claimed, total)
 
     def shutdown(self) -> None:
         """Stop everything the demo started: workers, site, this run's keys, an embedded Redis it started."""
@@ -491,17 +420,7 @@ class Demo:
                 self.site.stop()
         stop_redis = self.started_redis
         if self.client is not None:
-            with contextlib.suppress(Exception):
-                delete_keys(self.client, self.prefix)
-            if stop_redis:
-                # Another demo (or crawl) of the project may have joined the server meanwhile: keep it up.
-                with contextlib.suppress(Exception):
-                    stop_redis = not others_connected(self.client)
-            if stop_redis:
-                with contextlib.suppress(Exception):
-                    compact(self.client)
-            with contextlib.suppress(Exception):
-                self.client.close()
+            stop_redis = release_run(self.client, self.prefix, self.started_redis)
         if stop_redis and self.embedded is not None:
             with contextlib.suppress(Exception):
                 self.embedded.shutdown()

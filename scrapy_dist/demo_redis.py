@@ -4,12 +4,45 @@ embedded server's append-only file, see whether anyone else still uses the serve
 
 from __future__ import annotations
 
+import contextlib
 import time
+from pathlib import Path
 from typing import Any
 
+from scrapy_dist.embedded import DEFAULT_DIRNAME, EmbeddedRedis
 from scrapy_dist.keys import CrawlKeys
 
-__all__ = ["bloom_claims", "compact", "delete_keys", "others_connected", "wait_loaded"]
+__all__ = [
+    "bloom_claims", "compact", "delete_keys", "open_redis", "others_connected", "release_run", "wait_loaded",
+]
+
+
+def open_redis(
+    redis_url: str | None, project: Path, loading_timeout: float
+) -> tuple[Any, str, EmbeddedRedis | None, bool]:
+    """A client of ``redis_url``, or of the project's embedded Redis (started if needed): returns the
+    client, the URL, the embedded server (or ``None``) and whether this call started it.
+
+    Raises :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line naming the URL) if it does not
+    answer; a server started here is stopped again then."""
+    from scrapy_dist.connection import check_reachable, get_redis
+
+    embedded, started = None, False
+    if not redis_url:
+        # The directory every `scrapy crawl` in the project would use (REDIS_EMBEDDED_DIR unset).
+        embedded = EmbeddedRedis(project / ".scrapy" / DEFAULT_DIRNAME)
+        redis_url, started = embedded.ensure_running()
+    settings = {"REDIS_URL": redis_url}
+    client = get_redis(settings)
+    wait_loaded(client, loading_timeout)
+    try:
+        check_reachable(client, settings)
+    except Exception:
+        client.close()
+        if started and embedded is not None:
+            embedded.shutdown()
+        raise
+    return client, redis_url, embedded, started
 
 
 def wait_loaded(client: Any, timeout: float) -> None:
@@ -86,3 +119,22 @@ def delete_keys(client: Any, prefix: str) -> int:
     if batch:
         deleted += client.delete(*batch)
     return deleted
+
+
+def release_run(client: Any, prefix: str, started_redis: bool) -> bool:
+    """After a run: delete its keys and close ``client``; if the demo started the server
+    (``started_redis``) and nobody else uses it now, compact its data file first. Returns whether the
+    server should be stopped. Never raises: the clean-up must finish whatever state Redis is in."""
+    stop = started_redis
+    with contextlib.suppress(Exception):
+        delete_keys(client, prefix)
+    if stop:
+        # Another demo (or crawl) of the project may have joined the server meanwhile: keep it up.
+        with contextlib.suppress(Exception):
+            stop = not others_connected(client)
+    if stop:
+        with contextlib.suppress(Exception):
+            compact(client)
+    with contextlib.suppress(Exception):
+        client.close()
+    return stop

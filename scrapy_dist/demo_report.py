@@ -27,11 +27,13 @@ __all__ = [
     "WorkerRow",
     "combined_rate",
     "dead_letter_reasons",
+    "lost_lines",
     "orphan_note",
     "progress_line",
     "render_live",
     "render_summary",
     "summarize",
+    "verdict",
 ]
 
 #: Lost pages named (and explained) below the summary.
@@ -122,6 +124,34 @@ def dead_letter_reasons(records: list[Any]) -> Counter[str]:
             reason = "unreadable"
         out[str(reason)] += 1
     return out
+
+
+def verdict(s: Summary) -> tuple[str, str]:
+    """The last line of the summary and its style: OK, or what failed."""
+    if s.ok:
+        return "OK: nothing lost.", "bold green"
+    failed = (
+        (f"{s.lost:,} pages lost", s.lost),
+        (f"{len(s.workers_failed)} workers failed", s.workers_failed),
+        ("timed out", s.timed_out),
+    )
+    return "FAILED: " + "; ".join(reason for reason, bad in failed if bad) + ".", "bold red"
+
+
+def lost_lines(urls: list[str], claimed: list[bool] | None, total: int) -> list[str]:
+    """One line per lost page: did the crawl's bloom filter take it for a page already seen (``claimed``,
+    ``None`` if that could not be read), and how many more were lost than are named."""
+    lines = []
+    for i, url in enumerate(urls):
+        if claimed is not None and claimed[i]:
+            why = ("the crawl's bloom filter took it for a page already seen (a false positive:"
+                   " it was never queued; see BLOOMFILTER_ERROR_RATE)")
+        else:
+            why = "never answered 200 and not in the bloom filter: see the worker logs"
+        lines.append(f"lost: {url} -- {why}")
+    if total > len(urls):
+        lines.append(f"... and {total - len(urls):,} more lost pages")
+    return lines
 
 
 def render_summary(s: Summary) -> Table:

@@ -15,8 +15,22 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["SPIDER", "STOP_GRACE", "Worker", "WorkerFleet", "worker_env", "worker_settings"]
+from scrapy_dist.demo_report import Snapshot, WorkerRow
+from scrapy_dist.exceptions import ScrapyDistError
+
+__all__ = [
+    "EXAMPLE_PROJECT",
+    "SPIDER",
+    "STOP_GRACE",
+    "Worker",
+    "WorkerFleet",
+    "fleet_rows",
+    "locate_project",
+    "worker_env",
+    "worker_settings",
+]
 
 #: The spider every worker runs.
 SPIDER = "demo"
@@ -25,6 +39,28 @@ STOP_GRACE = 10.0
 
 _WORKER_SETTINGS_MODULE = "scrapy_dist_demo_worker_settings"
 _WORKER_URL_VARIABLE = "SCRAPY_DIST_DEMO_REDIS_URL"
+
+#: ``example_project/`` of a source checkout: the repository root is the package's parent directory.
+EXAMPLE_PROJECT = Path(__file__).resolve().parents[1] / "example_project"
+#: where a wheel carries example_project (pyproject.toml: tool.hatch.build.targets.wheel.force-include)
+PACKAGED_PROJECT = Path(__file__).resolve().parent / "_example_project"
+
+
+def _is_project(path: Path) -> bool:
+    return (path / "scrapy.cfg").is_file() and (path / "example_project" / "spiders" / "demo.py").is_file()
+
+
+def locate_project(run_dir: Path, example: Path | None = None) -> tuple[Path, bool]:
+    """The project directory the workers run in, and whether it is the wheel's packaged copy.
+
+    ``example_project/`` of the source checkout when it is there, else the copy inside the package.
+    """
+    example = EXAMPLE_PROJECT if example is None else example
+    if _is_project(example):
+        return example, False
+    if _is_project(PACKAGED_PROJECT):
+        return PACKAGED_PROJECT, True
+    raise ScrapyDistError(f"example_project not found (looked in {example} and {PACKAGED_PROJECT})")
 
 
 @dataclass
@@ -168,3 +204,38 @@ class WorkerFleet:
         worker.state = "killed"
         worker.killed_at = time.monotonic()
         worker.exit_status = worker.proc.returncode
+
+
+def fleet_rows(
+    snap: Snapshot, workers: list[Worker], status_rows: dict[int, dict[str, Any]], meters: dict[int, Any],
+    now: float, lease_seconds: float,
+) -> None:
+    """Add one :class:`WorkerRow` per worker to ``snap`` from its process state and its row in the crawl's
+    status (``status_rows`` by pid); a killed worker's leases count as orphaned until they expire.
+    ``meters`` keeps a rate meter per pid between calls."""
+    from scrapy_dist.demo_site import RATE_WINDOW
+    from scrapy_dist.extensions.workers import RateMeter
+
+    for w in workers:
+        row = status_rows.get(w.pid)
+        state = w.state
+        pages = leases = None
+        rate = None
+        if row is not None:
+            pages, leases = row["pages"], row["leases"]
+            meter = meters.setdefault(w.pid, RateMeter(span=RATE_WINDOW))  # as the site tally
+            meter.add(float(pages), now)
+            rate = meter.per_minute() / 60.0
+            if state == "running" and row["state"] == "closed":
+                state = "closing"
+        elif state == "running":
+            state = "starting"
+        if w.state == "killed":
+            # its leases stay listed until they expire: the crawl waits for them (see orphan_note)
+            state, rate = "killed (chaos)", None
+            if leases and w.killed_at is not None:
+                snap.orphaned += leases
+                snap.orphaned_expire_in = max(snap.orphaned_expire_in, w.killed_at + lease_seconds - now)
+        elif w.state in ("exited", "failed", "stopped"):
+            state, rate, leases = f"{w.state} ({w.exit_status})", None, None
+        snap.workers.append(WorkerRow(w.number, w.pid, state, pages, rate, leases))

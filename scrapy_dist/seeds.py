@@ -378,18 +378,10 @@ def seed_request(
 
     dont_filter = (not dedupe) if seed.dont_filter is None else seed.dont_filter
     kw: dict[str, Any] = {"url": seed.url, "method": seed.method, "dont_filter": dont_filter}
-    if seed.headers is not None:
-        kw["headers"] = seed.headers
-    if seed.body is not None:
-        kw["body"] = seed.body
-    if seed.meta is not None:
-        kw["meta"] = seed.meta
-    if seed.cb_kwargs is not None:
-        kw["cb_kwargs"] = seed.cb_kwargs
-    if seed.priority is not None:
-        kw["priority"] = seed.priority
-    if seed.cookies is not None:
-        kw["cookies"] = seed.cookies
+    for name in ("headers", "body", "meta", "cb_kwargs", "priority", "cookies"):  # unset: Request's default
+        value = getattr(seed, name)
+        if value is not None:
+            kw[name] = value
     if seed.formdata:
         from scrapy import FormRequest
 

@@ -67,33 +67,29 @@ def _key(value: Any, name: str) -> str | None:
     return expanded
 
 
-def _batch(value: Any) -> int | None:
+def _number(name: str, value: Any, integer: bool, low: int, problem: str, hint: str) -> Any:
+    """``value`` (a number or a ``-a`` string) as an int (``integer``) or a float of at least ``low``;
+    ``None`` stays ``None``. Raises :class:`SettingsError` with ``problem`` and ``hint`` otherwise."""
     if value is None:
         return None
     try:
-        number = int(value.strip() if isinstance(value, str) else value)
+        number = float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
-        number = 0
-        ok = False
-    else:
-        ok = not isinstance(value, (bool, float)) or (isinstance(value, float) and value.is_integer())
-    if not ok or number < 1:
-        raise SettingsError("redis_batch_size", value, "not a whole number of at least 1",
-                            "expected seeds per round trip, e.g. -a redis_batch_size=16")
-    return number
+        number = math.nan
+    whole = number.is_integer() if math.isfinite(number) else False
+    if isinstance(value, bool) or not math.isfinite(number) or number < low or (integer and not whole):
+        raise SettingsError(name, value, problem, hint)
+    return int(number) if integer else number
+
+
+def _batch(value: Any) -> int | None:
+    return _number("redis_batch_size", value, True, 1, "not a whole number of at least 1",
+                   "expected seeds per round trip, e.g. -a redis_batch_size=16")
 
 
 def _idle(value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0:
-        raise SettingsError("max_idle_time", value, "not a number of seconds >= 0",
-                            "expected e.g. -a max_idle_time=30 (0: never close an idle crawl)")
-    return seconds
+    return _number("max_idle_time", value, False, 0, "not a number of seconds >= 0",
+                   "expected e.g. -a max_idle_time=30 (0: never close an idle crawl)")
 
 
 def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:

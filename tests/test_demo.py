@@ -130,11 +130,11 @@ def test_without_a_source_checkout_the_demo_uses_the_packaged_project(
 ) -> None:
     import shutil
 
-    import scrapy_dist.demo as demo
+    import scrapy_dist.demo_workers as demo_workers
 
     packaged = tmp_path / "_example_project"
     shutil.copytree(EXAMPLE_PROJECT, packaged, ignore=shutil.ignore_patterns(".scrapy", "__pycache__"))
-    monkeypatch.setattr(demo, "PACKAGED_PROJECT", packaged)
+    monkeypatch.setattr(demo_workers, "PACKAGED_PROJECT", packaged)
     root, copied = locate_project(tmp_path, example=tmp_path / "nowhere")
     assert copied and root == packaged
     listed = subprocess.run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -184,27 +185,31 @@ def status(
         pass
 
 
-@main.command()
-@click.argument("spider")
-@force_option
-@pass_redis
-def pause(redis: ClientFactory, spider: str, force: bool) -> None:
-    """Pause the crawl of SPIDER: every worker stops taking new requests (within a second)."""
-    redis.check_spider(spider, force)
-    redis.check()
-    pause_crawl(redis.client(), redis.keys(spider).control, by="cli")
-    click.echo(f"Paused {spider!r}: workers finish what they hold and take nothing new. "
-               f"Resume with `scrapy-dist resume {spider}`.")
+def _control_command(name: str, doc: str, act: Callable[[Any, Any], None], done: str) -> click.Command:
+    """``scrapy-dist NAME SPIDER``: check the spider and the Redis, ``act(client, keys)``, print ``done``
+    (``{name}`` is replaced by the spider's name, ``{quoted}`` by its quoted name)."""
+
+    @main.command(name=name, help=doc)
+    @click.argument("spider")
+    @force_option
+    @pass_redis
+    def command(redis: ClientFactory, spider: str, force: bool) -> None:
+        redis.check_spider(spider, force)
+        redis.check()
+        act(redis.client(), redis.keys(spider))
+        click.echo(done.format(name=spider, quoted=repr(spider)))
+
+    return command
 
 
-@main.command()
-@click.argument("spider")
-@force_option
-@pass_redis
-def resume(redis: ClientFactory, spider: str, force: bool) -> None:
-    """Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause)."""
-    redis.check_spider(spider, force)
-    redis.check()
-    keys = redis.keys(spider)
-    resume_crawl(redis.client(), keys.control, keys.errors)
-    click.echo(f"Resumed {spider!r}: workers take new requests again (the error window starts afresh).")
+pause = _control_command(
+    "pause", "Pause the crawl of SPIDER: every worker stops taking new requests (within a second).",
+    lambda client, keys: pause_crawl(client, keys.control, by="cli"),
+    "Paused {quoted}: workers finish what they hold and take nothing new. Resume with `scrapy-dist resume "
+    "{name}`.",
+)
+resume = _control_command(
+    "resume", "Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause).",
+    lambda client, keys: resume_crawl(client, keys.control, keys.errors),
+    "Resumed {quoted}: workers take new requests again (the error window starts afresh).",
+)
