@@ -72,9 +72,10 @@ def test_limited_host_is_polite_crawl_wide_while_the_other_runs_full_speed(
     assert min(gaps) >= 0.2, f"two requests to the limited host {min(gaps):.3f}s apart"
     # the unlimited host is crawled about as fast with the limited one in the crawl as without it. What this
     # guards against is head-of-line blocking behind the limited host, which would hold the free host to
-    # ~5 requests/s (one per 0.2 s), 40x slower; two crawls timed on a shared 2-core machine differ by up
-    # to ~30%, so the bound is set well between (the benchmark, benchmarks/politeness.py, gives the figure)
-    assert _rate(free) >= 0.5 * _rate(alone), (_rate(free), _rate(alone))
+    # ~5 requests/s (one per 0.2 s), 40x slower; two crawls timed on a shared 2-core machine (the suite runs
+    # four test processes) differ by up to ~2x, so the bound is set well between (the benchmark,
+    # benchmarks/politeness.py, gives the figure)
+    assert _rate(free) >= 0.25 * _rate(alone), (_rate(free), _rate(alone))
 
 
 @pytest.mark.slow
