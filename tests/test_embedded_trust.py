@@ -102,6 +102,8 @@ def test_state_file_readable_by_others_is_not_trusted(server: EmbeddedRedis) -> 
     url, _ = server.ensure_running()
     os.chmod(server.state_path, 0o644)
     assert server.url() is None  # someone else may have written it
+    os.chmod(server.state_path, 0o600)  # trusted again, so that the fixture can stop the server
+    assert server.url() == url
 
 
 class Squatter:
