@@ -77,6 +77,57 @@ FRONTIER_KEY_NAMES = (
 )
 
 
+#: Every fixed-name per-crawl key, one line each: the :class:`CrawlKeys` attribute, the name after the crawl's
+#: ``<prefix>{<spider>}:`` hash tag, and the key's Redis type and what it holds (continued on indented lines).
+#: One table rather than one property per key, so that the names stand together and are read in one place.
+KEY_TABLE = """
+queue            queue             ZSET of queued requests: member = 6-byte sequence + encoded request,
+                                   score = -priority.
+queue_tails      queue:tails       HASH score -> the queue chunk of that score still open for appends.
+queue_rejected   queue:rejected    LIST of JSON records for queue entries that failed to decode.
+leases           leases            ZSET of leased (in-flight) members scored by lease deadline (unix
+                                   seconds).
+lease_meta       leases:meta       HASH member -> ``"<queue score> <worker id>"`` for leased members
+                                   (requeue with priority).
+seq              seq               STRING counter giving every enqueued entry its FIFO sequence number.
+delayed          delayed           ZSET of delayed (retry) members scored by their not-before time.
+delayed_meta     delayed:meta      HASH member -> queue score for delayed members.
+domains          domains           ZSET domain -> when it may next be leased from (crawl-wide politeness).
+domain_info      domains:info      HASH ``b:/i:/n:/l:<domain>`` -> backlog, slots in use, next allowed
+                                   time, limits.
+deadletter       deadletter        LIST of JSON dead-letter records.
+bloom            bloom             HASH with the bloom filter's parameters and insert count.
+fingerprints     fingerprints      SET of raw 20-byte request fingerprints (exact ``SetDupeFilter``).
+workers          workers           ZSET worker id -> last heartbeat (unix seconds).
+stats            stats             HASH of crawl-wide merged Scrapy stats.
+control          control           HASH of crawl-wide control flags (``paused``, ...).
+errors           errors            HASH of error counters per time bucket: the error monitor's crawl-wide
+                                   sliding window.
+error_examples   errors:examples   LIST of recent JSON error records (kind, reason, url) quoted by the
+                                   error monitor's alerts.
+cookies          cookies           HASH cookiejar name -> last write (unix seconds): the index of the
+                                   shared cookie jars.
+"""
+
+
+def _parse_key_table(text: str) -> dict[str, tuple[str, str]]:
+    """``attribute -> (name, description)`` from :data:`KEY_TABLE`."""
+    out: dict[str, tuple[str, str]] = {}
+    last = ""
+    for line in text.strip("\n").splitlines():
+        if line.startswith(" "):
+            name, doc = out[last]
+            out[last] = (name, f"{doc} {line.strip()}")
+        else:
+            last, name, doc = line.split(None, 2)
+            out[last] = (name, doc)
+    return out
+
+
+#: :data:`KEY_TABLE` parsed: attribute -> (name after the tag, description).
+CRAWL_KEY_NAMES = _parse_key_table(KEY_TABLE)
+
+
 @dataclass(frozen=True)
 class CrawlKeys:
     """Key names of one crawl (one spider name) under an optional key prefix.
@@ -127,111 +178,22 @@ class CrawlKeys:
     def _k(self, name: str) -> str:
         return f"{self.tag}:{name}"
 
-    # -- frontier -------------------------------------------------------------------------------
-    @property
-    def queue(self) -> str:
-        """ZSET of queued requests: member = 6-byte sequence + encoded request, score = -priority."""
-        return self._k("queue")
+    def __getattr__(self, attribute: str) -> str:
+        """The fixed-name keys of :data:`KEY_TABLE` (``keys.queue`` is ``<tag>:queue``)."""
+        try:
+            name = CRAWL_KEY_NAMES[attribute][0]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no key {attribute!r}") from None
+        return self._k(name)
 
-    @property
-    def queue_tails(self) -> str:
-        """HASH score -> the queue chunk of that score still open for appends."""
-        return self._k("queue:tails")
-
-    @property
-    def queue_rejected(self) -> str:
-        """LIST of JSON records for queue entries that failed to decode."""
-        return self._k("queue:rejected")
-
-    @property
-    def leases(self) -> str:
-        """ZSET of leased (in-flight) members scored by lease deadline (unix seconds)."""
-        return self._k("leases")
-
-    @property
-    def lease_meta(self) -> str:
-        """HASH member -> ``"<queue score> <worker id>"`` for leased members (requeue with priority)."""
-        return self._k("leases:meta")
-
-    @property
-    def seq(self) -> str:
-        """STRING counter giving every enqueued entry its FIFO sequence number."""
-        return self._k("seq")
-
-    @property
-    def delayed(self) -> str:
-        """ZSET of delayed (retry) members scored by their not-before time."""
-        return self._k("delayed")
-
-    @property
-    def delayed_meta(self) -> str:
-        """HASH member -> queue score for delayed members."""
-        return self._k("delayed:meta")
-
-    @property
-    def domains(self) -> str:
-        """ZSET domain -> when it may next be leased from (crawl-wide politeness)."""
-        return self._k("domains")
-
-    @property
-    def domain_info(self) -> str:
-        """HASH ``b:/i:/n:/l:<domain>`` -> backlog, slots in use, next allowed time, limits."""
-        return self._k("domains:info")
-
-    @property
-    def deadletter(self) -> str:
-        """LIST of JSON dead-letter records."""
-        return self._k("deadletter")
-
-    # -- dupefilter -----------------------------------------------------------------------------
-    @property
-    def bloom(self) -> str:
-        """HASH with the bloom filter's parameters and insert count."""
-        return self._k("bloom")
-
+    # -- keys with a parameter (the fixed names are in KEY_TABLE) -----------------------------------
     def bloom_block(self, filter_index: int, block_index: int) -> str:
         """STRING bitmap: block ``block_index`` of filter ``filter_index`` of the scalable bloom chain."""
         return self._k(f"bloom:{filter_index}:{block_index}")
 
-    @property
-    def fingerprints(self) -> str:
-        """SET of raw 20-byte request fingerprints (exact ``SetDupeFilter``)."""
-        return self._k("fingerprints")
-
-    # -- monitoring / control -------------------------------------------------------------------
-    @property
-    def workers(self) -> str:
-        """ZSET worker id -> last heartbeat (unix seconds)."""
-        return self._k("workers")
-
     def worker(self, worker_id: str) -> str:
         """HASH with one worker's heartbeat details."""
         return self._k(f"worker:{worker_id}")
-
-    @property
-    def stats(self) -> str:
-        """HASH of crawl-wide merged Scrapy stats."""
-        return self._k("stats")
-
-    @property
-    def control(self) -> str:
-        """HASH of crawl-wide control flags (``paused``, ...)."""
-        return self._k("control")
-
-    @property
-    def errors(self) -> str:
-        """HASH of error counters per time bucket: the error monitor's crawl-wide sliding window."""
-        return self._k("errors")
-
-    @property
-    def error_examples(self) -> str:
-        """LIST of recent JSON error records (kind, reason, url) quoted by the error monitor's alerts."""
-        return self._k("errors:examples")
-
-    @property
-    def cookies(self) -> str:
-        """HASH cookiejar name -> last write (unix seconds): the index of the shared cookie jars."""
-        return self._k("cookies")
 
     def cookie_jar(self, name: str) -> str:
         """HASH of one shared cookie jar: JSON ``[domain, path, name]`` -> JSON cookie record."""
