@@ -42,8 +42,18 @@ if TYPE_CHECKING:
 Lease = tuple[int, bytes]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Routed:
+    """Where an outgoing entry goes: its shard and, with crawl-wide politeness, its domain and limits
+    (``"delay concurrency jitter"``). Keyword-only, after the fields of :class:`Outgoing` / :class:`Delay`."""
+
+    domain: str = ""
+    limits: str = ""
+    shard: int = 0
+
+
 @dataclass(frozen=True)
-class Outgoing:
+class Outgoing(Routed):
     """A discovered request waiting to be sent to the frontier."""
 
     request: Request
@@ -54,10 +64,6 @@ class Outgoing:
     score: float
     #: encoded request; ``b""`` when it could not be encoded (deduped only, then crawled locally)
     payload: bytes
-    #: crawl-wide politeness only: the request's domain and its limits ("delay concurrency jitter")
-    domain: str = ""
-    limits: str = ""
-    shard: int = 0
     #: only record the fingerprint (the request itself travels in another, unfiltered entry)
     record_only: bool = False
 
@@ -67,15 +73,12 @@ class Outgoing:
 
 
 @dataclass(frozen=True)
-class Delay:
+class Delay(Routed):
     """A request to put in the crawl's delayed set until ``not_before`` (unix time)."""
 
     score: float
     payload: bytes
     not_before: float
-    domain: str = ""
-    limits: str = ""
-    shard: int = 0
 
     def delay_item(self) -> tuple[float, bytes, float, str, str]:
         return (self.score, self.payload, self.not_before, self.domain, self.limits)
@@ -308,7 +311,7 @@ class Ledger:
         self.best_out = min((e.score for e in self.out), default=math.inf)
         self.acks = [(shard, m) for m in batch.ack] + self.acks
         self.delays = [
-            Delay(score, payload, not_before, domain, limits, shard)
+            Delay(score, payload, not_before, domain=domain, limits=limits, shard=shard)
             for score, payload, not_before, domain, limits in batch.delay
         ] + self.delays
         self.rejects = [((shard, m), record) for m, record in batch.reject] + self.rejects

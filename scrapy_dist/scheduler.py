@@ -305,7 +305,8 @@ class Scheduler:
             self.ledger.add(Outgoing(request, r1, r2, score, b"", shard=self.router.shard(request, fp),
                                      record_only=True), now)
         self.ledger.add(
-            Outgoing(request, t1, t2, score, payload, domain, limits, self.router.shard(request, fp)), now
+            Outgoing(request, t1, t2, score, payload, domain=domain, limits=limits,
+                     shard=self.router.shard(request, fp)), now
         )
         if len(self.ledger.out) >= self.config.flush_batch:
             self._wake()
@@ -349,7 +350,8 @@ class Scheduler:
             return False
         domain, limits = self._domain(request)
         self.ledger.delay(
-            Delay(self.order.score(request), payload, not_before, domain, limits, self.router.shard(request)),
+            Delay(self.order.score(request), payload, not_before, domain=domain, limits=limits,
+                  shard=self.router.shard(request)),
             time.monotonic(),
         )
         return True

@@ -25,13 +25,7 @@ class SiteGraph:
     """The link graph: which pages exist and where each links to."""
 
     def __init__(
-        self,
-        pages: int,
-        links: int = 10,
-        seed: int = 1,
-        slow: int = 0,
-        flaky: int = 0,
-        missing: int = 0,
+        self, pages: int, links: int = 10, seed: int = 1, *, slow: int = 0, flaky: int = 0, missing: int = 0
     ) -> None:
         self.pages = pages
         self.links = links
