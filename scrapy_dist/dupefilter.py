@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pybloom_live import ScalableBloomFilter
 from redis.exceptions import NoScriptError
+from scrapy.exceptions import ScrapyDeprecationWarning
 
 from scrapy_dist import connection, defaults, scripts
 from scrapy_dist.bloom import HASHING, BloomParameterError, BloomPlan, fingerprint_hashes, parse_bloom_record
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
+#: duplicate lines go where Scrapy's RFPDupeFilter logs them, so log filters written for Scrapy still apply
+dupes_logger = logging.getLogger("scrapy.dupefilters")
 
 #: fingerprints per script call of :meth:`BloomDupeFilter.seen_tokens`: about 2 ms of Redis time each
 CALL_TOKENS = 128
@@ -62,6 +66,12 @@ class RedisDupeFilter:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
+        if cls._legacy_fingerprint():
+            warnings.warn(
+                f"Overriding RFPDupeFilter.request_fingerprint() is deprecated (in {cls.__name__}), set the"
+                " REQUEST_FINGERPRINTER_CLASS setting instead; scrapy-dist still uses the override meanwhile",
+                ScrapyDeprecationWarning, stacklevel=2,
+            )
         ds = DistSettings.for_crawler(crawler)
         try:
             return cls(
@@ -95,13 +105,13 @@ class RedisDupeFilter:
         """Log (all with DUPEFILTER_DEBUG, else only the first) and count a filtered request."""
         if self.debug:
             referer = request.headers.get("Referer")
-            logger.debug(
+            dupes_logger.debug(
                 "Filtered duplicate request: %(request)s (referer: %(referer)s)",
                 {"request": request, "referer": referer.decode(errors="replace") if referer else None},
                 extra={"spider": spider},
             )
         elif not self._logged_dupes:
-            logger.debug(
+            dupes_logger.debug(
                 "Filtered duplicate request: %(request)s - no more duplicates will be shown"
                 " (see DUPEFILTER_DEBUG to show all duplicates)",
                 {"request": request},
@@ -113,7 +123,18 @@ class RedisDupeFilter:
 
     # -- the batched interface the scheduler uses -------------------------------------------------
     def fingerprint(self, request: Request) -> bytes:
+        if self._legacy_fingerprint():
+            return bytes.fromhex(self.request_fingerprint(request))
         return bytes(self.fingerprinter.fingerprint(request))
+
+    def request_fingerprint(self, request: Request) -> str:
+        """The request's fingerprint as hex. Overriding it is deprecated, as in Scrapy's RFPDupeFilter (set
+        ``REQUEST_FINGERPRINTER_CLASS``); an override is used, with a warning when the filter is built."""
+        return bytes(self.fingerprinter.fingerprint(request)).hex()
+
+    @classmethod
+    def _legacy_fingerprint(cls) -> bool:
+        return cls.request_fingerprint is not RedisDupeFilter.request_fingerprint
 
     def tokens(self, request: Request) -> tuple[Any, Any]:
         """The two values ``dupe.lua`` needs for ``request`` (see its header)."""

@@ -44,7 +44,9 @@ FIRST_ROW = (
 #: Classes, functions, hooks and behaviour: (scrapy-redis, scrapy-dist, status, what changes).
 API_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("`SCHEDULER = \"scrapy_redis.scheduler.Scheduler\"`", "`\"scrapy_dist.scheduler.Scheduler\"`", CHANGED,
-     "batched + leased: requests survive worker death; keys `{<spider>}:queue`, not `<spider>:requests`"),
+     "batched + leased: requests survive worker death; keys `{<spider>}:queue`, not `<spider>:requests`;"
+     " built as `Scheduler(dupefilter, keys, redis_settings)` or `from_crawler` (scrapy-redis's constructor"
+     " arguments, `scheduler.queue` and `scheduler.df.server` do not exist)"),
     ("`DUPEFILTER_CLASS = \"scrapy_redis.dupefilter.RFPDupeFilter\"`",
      "`\"scrapy_dist.dupefilter.BloomDupeFilter\"` (or exact `SetDupeFilter`)", CHANGED,
      "~1.9 bytes/URL instead of ~88; keys `{<spider>}:bloom*`"),
@@ -81,10 +83,30 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("`scrapy_redis.queue.FifoQueue(server, spider, key)` (and `LifoQueue`, `PriorityQueue`) objects",
      "`scrapy_dist.queue.*`: names of an order for `SCHEDULER_QUEUE_CLASS`", REMOVED,
      "the frontier is one leased sorted set per crawl; there is no queue object to push to or pop from"),
-    ("`spider.server`, `next_requests()`, `schedule_next_requests()`, `spider_idle()`", "—", REMOVED,
-     "seeds are read in `start()`; a client of your own: `scrapy_dist.connection.get_redis(settings)`"),
-    ("`scrapy_redis`'s pickle helpers, `scrapy_redis.utils`, `defaults.REDIS_CLS`", "—", REMOVED,
-     "no pickle anywhere; `scrapy_dist.defaults.<SETTING>` holds every setting's default"),
+    ("`spider.server`, `setup_redis()`, `next_requests()`, `schedule_next_requests()`, `spider_idle()`,"
+     " `start_requests()`", "—", REMOVED,
+     "seeds are read in `async def start()` (Scrapy 2.13+); a client of your own:"
+     " `scrapy_dist.connection.get_redis(settings)`"),
+    ("`scrapy_redis`'s pickle helpers, `scrapy_redis.utils`, `defaults.REDIS_CLS`, `__author__`, `__email__`",
+     "—", REMOVED, "no pickle anywhere; `scrapy_dist.defaults.<SETTING>` holds every setting's default;"
+     " package metadata through `importlib.metadata` (`scrapy_dist.__version__` is there)"),
+    ("`RFPDupeFilter(server, key, debug)`, `RFPDupeFilter.from_settings(settings)`, `clear()`",
+     "`SetDupeFilter(redis, keys, fingerprinter)` / `BloomDupeFilter(...)`, `from_crawler(crawler)`",
+     CHANGED, "a filter belongs to a crawl (its keys, its shards), not to one key; Scrapy dropped"
+     " `from_settings` for dupefilters; a finished crawl's keys go with `SCHEDULER_PERSIST = False` or"
+     " `SCHEDULER_FLUSH_ON_START = True`, not `clear()`"),
+    # what Scrapy's own tests/test_scheduler.py finds different, on purpose
+    ("Scrapy's scheduler: `next_request()` returns what `enqueue_request()` was just given, and a new"
+     " scheduler has no pending requests", "a request comes back after the next sync round (within"
+     " `SCHEDULER_FLUSH_INTERVAL`); `has_pending_requests()` is True until that round has seen the"
+     " crawl-wide frontier empty", CHANGED,
+     "requests go through the shared frontier in Redis in batched, asynchronous rounds: never a Redis round"
+     " trip on the reactor per request, and never closing while other workers' requests are queued."
+     " Scrapy's tests that enqueue and dequeue in one synchronous loop (16 of its test_scheduler.py's 19,"
+     " including the JOBDIR migration test) fail for this reason; tests/test_dropin_scrapy_suite.py drives"
+     " the same steps round by round"),
+    ("Scrapy's `DownloaderAwarePriorityQueue` refusing `CONCURRENT_REQUESTS_PER_IP` (a ValueError)", "the"
+     " same refusal", HONOURED, "one line and exit status 1 instead of a traceback"),
 )
 
 #: What the migration table adds to a setting's own note.

@@ -36,7 +36,7 @@ from scrapy_dist.dupefilter import RedisDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import Frontier
 from scrapy_dist.frontierreport import FrontierReport, NoStats
-from scrapy_dist.keys import crawler_keys
+from scrapy_dist.keys import CrawlKeys, crawl_keys, crawler_keys
 from scrapy_dist.layout import CrawlLayout
 from scrapy_dist.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.outage import Outage
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_dist._engine import Engine
-    from scrapy_dist.keys import CrawlKeys
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +63,17 @@ RECENT_LIMIT = 500_000
 def make_worker_id() -> str:
     """``host:pid:random`` -- unique per process, readable in ``scrapy-dist status``."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+
+
+def _fingerprinter(crawler: Crawler) -> Any:
+    """The crawl's request fingerprinter; Scrapy's default one where the crawler has none yet (a scheduler
+    opened outside a crawl, as Scrapy's own scheduler tests do)."""
+    try:
+        return crawler.request_fingerprinter
+    except (AttributeError, RuntimeError):
+        from scrapy.utils.request import RequestFingerprinter
+
+        return RequestFingerprinter(crawler)
 
 
 def get_scheduler(crawler: Crawler) -> Scheduler | None:
@@ -78,15 +88,22 @@ class Scheduler:
     ``__init__`` takes plain objects (:meth:`from_crawler` wires them from a crawler): the dupefilter,
     the crawl's keys, the settings, the queue order, where stats go, the :class:`~scrapy_dist._engine.Engine`
     to wake and ask what is in progress, and what the Redis clients are built from (``redis_settings``:
-    Scrapy settings or a dict with ``REDIS_URL``...).
+    Scrapy settings or a dict with ``REDIS_URL``...). As Scrapy's own scheduler, it can be built from a
+    dupefilter alone (``Scheduler(dupefilter)``, ``crawler`` None): the keys then come from the spider's
+    name at :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default.
+
+    Longer than our ~250 lines for a class: it is Scrapy's whole scheduler interface plus the services
+    other scrapy-dist components call (delays, dead letters, pauses, politeness); each method is a few
+    lines over the ledger, the loop, the router and the layout.
     """
 
     def __init__(
         self,
         dupefilter: Any,
-        keys: CrawlKeys,
-        redis_settings: Any,
+        keys: CrawlKeys | None = None,
+        redis_settings: Any = None,
         *,
+        crawler: Crawler | None = None,
         config: SchedulerSettings | None = None,
         order: queue.QueueOrder | None = None,
         stats: StatsCollector | None = None,
@@ -101,14 +118,13 @@ class Scheduler:
         #: what entries read from the queue must satisfy, and the secret signing what this worker writes
         self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
         self.df = dupefilter
-        self.keys = keys
-        self.redis_settings = redis_settings
+        self.crawler = crawler
+        self.redis_settings = {} if redis_settings is None else redis_settings
         self.order = order or queue.PriorityQueue()
         self.stats: Any = stats if stats is not None else NoStats()
         self.engine: Engine = engine or _engine.DetachedEngine()
         self.domain_limits = domain_limits
         self.worker_id = worker_id or make_worker_id()
-        self.layout = CrawlLayout(keys, dupefilter, cfg.shards, cfg.politeness)
         self.router = ShardRouter(cfg.shards, fingerprinter)
         self.ledger = Ledger(cfg.shards, self.worker_id)
         self.outage = outage or Outage()
@@ -122,9 +138,17 @@ class Scheduler:
         self._recent: set[Any] = set()
         self._local_pause = False
         self._empty_since: float | None = None
-        self.report = FrontierReport(
-            self.stats, self.layout.shard_keys, lambda request: self.df.log(request, self.spider)
-        )
+        self.report = FrontierReport(self.stats, [], lambda request: self.df.log(request, self.spider))
+        self.keys: CrawlKeys
+        self.layout: CrawlLayout
+        if keys is not None:
+            self._place(keys)
+
+    def _place(self, keys: CrawlKeys) -> None:
+        """Use the crawl ``keys`` (at construction, or at :meth:`open` from the spider's name)."""
+        self.keys = keys
+        self.layout = CrawlLayout(keys, self.df, self.config.shards, self.config.politeness)
+        self.report.shard_keys = self.layout.shard_keys
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -132,16 +156,20 @@ class Scheduler:
         cfg = ds.scheduler
         dupefilter = build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
         qcls: Any = queue.ALIASES.get(cfg.queue_class) or load_object(cfg.queue_class)
+        try:
+            keys: CrawlKeys | None = crawler_keys(crawler)
+        except ValueError:  # no spider name yet (a harness that builds the scheduler first): at open()
+            keys = None
         sched = cls(
             dupefilter,
-            crawler_keys(crawler),
+            keys,
             ds,
+            crawler=crawler,
             config=cfg,
             order=qcls(),
             stats=crawler.stats,
             engine=_engine.EngineView(crawler),
             outage=Outage.for_crawler(crawler),
-            fingerprinter=crawler.request_fingerprinter,
             domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
             policy=entry_policy(crawler),
         )
@@ -190,6 +218,14 @@ class Scheduler:
         self.spider = spider
         settings = self.redis_settings
         cfg = self.config
+        if not hasattr(self, "keys"):
+            name = getattr(spider, "name", None)
+            if not name or not isinstance(name, str):
+                connection.abort_crawl(ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: "
+                                                       "the crawl's Redis keys are built from it"))
+            self._place(crawl_keys(settings, name))
+        if self.router.fingerprinter is None and self.crawler is not None:
+            self.router.fingerprinter = _fingerprinter(self.crawler)
         # one clear line and a non-zero exit if Redis is not there (building a client can fail too)
         connection.ensure_reachable(settings)
         try:
@@ -250,7 +286,7 @@ class Scheduler:
             await self.layout.finish(self.redis, self.worker_id, self.config.lease_seconds)
         if hasattr(self.df, "close"):
             self.df.close(reason)
-        if self._batched_df:
+        if self._batched_df and hasattr(self, "layout"):  # opened
             for k, v in self.layout.filter_stats().items():
                 self.stats.set_value(k, v)
         if self.redis is not None:

@@ -295,6 +295,12 @@ class DistSettings:
             concurrent_requests_per_domain=raw.scrapy_int("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
             download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
         )
+        if scheduler.downloader_aware and raw.scrapy_int("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
+            # as Scrapy's DownloaderAwarePriorityQueue: a request's IP (its download slot) is not known
+            # before its download, so the least busy slot cannot be picked
+            raise SettingsError("SCHEDULER_PRIORITY_QUEUE", raw.raw("SCHEDULER_PRIORITY_QUEUE"),
+                                "DownloaderAwarePriorityQueue does not support CONCURRENT_REQUESTS_PER_IP",
+                                "set CONCURRENT_REQUESTS_PER_IP = 0 or use the default priority queue")
         if v("REDIS_START_URLS_AS_SET") and v("REDIS_START_URLS_AS_ZSET"):
             raise SettingsError("REDIS_START_URLS_AS_SET", True, "cannot be combined with"
                                 " REDIS_START_URLS_AS_ZSET=True (the seeds key has one type)",

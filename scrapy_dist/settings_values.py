@@ -20,8 +20,9 @@ from scrapy_dist.settings_table import Setting
 _SHOWN = 60
 
 
-class SettingsError(ScrapyDistError):
-    """A setting has a value scrapy-dist refuses; ``str()`` is the one line users see."""
+class SettingsError(ScrapyDistError, ValueError):
+    """A setting has a value scrapy-dist refuses; ``str()`` is the one line users see. A ``ValueError`` too,
+    as Scrapy's own refusals of setting values are."""
 
     def __init__(self, name: str, value: Any, problem: str, expected: str) -> None:
         self.name, self.value, self.problem, self.expected = name, value, problem, expected

@@ -1,0 +1,121 @@
+"""Issue 16, Scrapy's own scheduler and dupefilter tests (tools/compat_check.py runs them): the contracts
+they check that scrapy-dist keeps, each tested here against a real Redis.
+
+* ``Scheduler(dupefilter)`` builds without a crawler (``scheduler.crawler is None``); the keys then come
+  from the spider's name at ``open()``, and a scheduler built from a crawler whose spider class has no name
+  yet (``process.crawl(Spider, name=...)``, Scrapy's harness) takes the name of the spider it is opened for.
+* A spider with no name at all is one line and a non-zero exit, not a traceback.
+* Duplicate lines are logged where Scrapy's ``RFPDupeFilter`` logs them (``scrapy.dupefilters``), and an
+  overridden ``request_fingerprint()`` is used with Scrapy's deprecation warning.
+* ``DownloaderAwarePriorityQueue`` with ``CONCURRENT_REQUESTS_PER_IP`` is refused, as Scrapy refuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+import pytest
+from helpers import run
+from scrapy import Request, Spider
+from scrapy.dupefilters import BaseDupeFilter
+from scrapy.exceptions import ScrapyDeprecationWarning
+from scrapy.utils.misc import build_from_crawler
+from scrapy.utils.test import get_crawler
+
+from scrapy_dist.connection import CrawlAborted
+from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
+from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.settings import DistSettings
+from scrapy_dist.settings_values import SettingsError
+
+
+async def _crawl_three(sched: Scheduler, spider: Spider) -> list[str]:
+    """Open ``sched`` for ``spider`` (rounds driven by hand), send three requests through Redis and take
+    them back."""
+    await sched.open_async(spider, start=False)
+    assert sched.loop is not None
+    for i in range(3):
+        sched.enqueue_request(Request(f"http://site.test/{i}"))
+    await sched.loop.round(lease=10, renew=False)
+    urls = [r.url for r in iter(sched.next_request, None)]
+    await sched.close_async("shutdown")
+    return urls
+
+
+def test_a_scheduler_built_from_a_dupefilter_alone_takes_its_keys_from_the_spider(
+    redis_url: str, redis_client: Any
+) -> None:
+    sched = Scheduler(BaseDupeFilter(), redis_settings={"REDIS_URL": redis_url})
+    assert sched.crawler is None
+    urls = run(_crawl_three(sched, Spider(name="alone")))
+    assert sorted(urls) == [f"http://site.test/{i}" for i in range(3)]
+    assert sched.keys.queue == "{alone}:queue"
+    assert redis_client.exists("{alone}:control")  # the crawl joined under the spider's name
+
+
+def test_a_nameless_spider_class_gets_the_name_given_to_its_instance(redis_url: str) -> None:
+    """Scrapy's harness: the scheduler is built before the spider, whose class has no name."""
+    crawler = get_crawler(Spider, {"REDIS_URL": redis_url,
+                                   "DUPEFILTER_CLASS": "scrapy.dupefilters.BaseDupeFilter"})
+    sched = build_from_crawler(Scheduler, crawler)
+    assert sched.crawler is crawler
+    spider = Spider.from_crawler(crawler, name="named-later")
+    assert len(run(_crawl_three(sched, spider))) == 3
+    assert sched.keys.spider == "named-later"
+
+
+def test_a_spider_without_any_name_is_one_line(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    sched = Scheduler(BaseDupeFilter(), redis_settings={"REDIS_URL": redis_url})
+    nameless = Spider.__new__(Spider)  # Scrapy refuses to build one; a custom __init__ may not
+    with pytest.raises(CrawlAborted):
+        run(sched.open_async(nameless, start=False))
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["scrapy-dist: Spider has no name: the crawl's Redis keys are built from it"]
+
+
+@pytest.mark.parametrize("cls", [BloomDupeFilter, SetDupeFilter])
+def test_duplicates_are_logged_where_scrapy_logs_them(
+    cls: type, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    crawler = get_crawler(Spider, {"REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": 1000})
+    spider = Spider.from_crawler(crawler, name="dupes")
+    crawler.spider = spider
+    df = build_from_crawler(cls, crawler)
+    with caplog.at_level(logging.DEBUG, logger="scrapy.dupefilters"):
+        df.log(Request("http://site.test/a"), spider)
+        df.log(Request("http://site.test/a"), spider)
+    assert [(r.name, r.getMessage()) for r in caplog.records if r.name.endswith("dupefilters")] == [
+        ("scrapy.dupefilters", "Filtered duplicate request: <GET http://site.test/a> - no more duplicates"
+         " will be shown (see DUPEFILTER_DEBUG to show all duplicates)"),
+    ]
+    assert crawler.stats.get_value("dupefilter/filtered") == 2
+
+
+def test_an_overridden_request_fingerprint_is_used_with_scrapys_warning(redis_url: str) -> None:
+    class LowerCase(SetDupeFilter):
+        def request_fingerprint(self, request: Request) -> str:
+            return hashlib.sha1(request.url.lower().encode()).hexdigest()
+
+    crawler = get_crawler(Spider, {"REDIS_URL": redis_url})
+    crawler.spider = Spider.from_crawler(crawler, name="legacy")
+    with pytest.warns(ScrapyDeprecationWarning, match=r"Overriding RFPDupeFilter\.request_fingerprint\(\)"):
+        df = build_from_crawler(LowerCase, crawler)
+    df.open()
+    assert not df.request_seen(Request("http://site.test/index.html"))
+    assert df.request_seen(Request("http://site.test/INDEX.html"))  # the override decided
+    assert not build_from_crawler(SetDupeFilter, crawler)._legacy_fingerprint()
+
+
+def test_downloader_aware_queue_with_per_ip_concurrency_is_refused_in_one_line() -> None:
+    settings = {"SCHEDULER_PRIORITY_QUEUE": "scrapy.pqueues.DownloaderAwarePriorityQueue",
+                "CONCURRENT_REQUESTS_PER_IP": 1}
+    with pytest.raises(SettingsError) as err:
+        DistSettings.coerce(settings)
+    assert isinstance(err.value, ValueError)  # as Scrapy's own refusal
+    assert str(err.value) == (
+        "scrapy-dist: SCHEDULER_PRIORITY_QUEUE=scrapy.pqueues.DownloaderAwarePriorityQueue:"
+        " DownloaderAwarePriorityQueue does not support CONCURRENT_REQUESTS_PER_IP;"
+        " set CONCURRENT_REQUESTS_PER_IP = 0 or use the default priority queue"
+    )
