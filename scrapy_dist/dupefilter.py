@@ -187,6 +187,11 @@ class SetDupeFilter(RedisDupeFilter):
         return [added == 0 for added in pipe.execute()]
 
 
+#: scrapy-redis's name for its exact, set-based filter: ``DUPEFILTER_CLASS =
+#: "scrapy_dist.dupefilter.RFPDupeFilter"`` (scrapy-redis's setting with the package name swapped) works.
+RFPDupeFilter = SetDupeFilter
+
+
 @dataclass(eq=False)
 class BloomDupeFilter(RedisDupeFilter):
     """Crawl-wide scalable bloom filter in Redis bitmaps (see the module docstring).

@@ -108,6 +108,10 @@ def check_offsite(url: str, spider: Any) -> None:
     domains = getattr(spider, "allowed_domains", None)
     if isinstance(domains, str):
         domains = [domains]
+    elif domains is not None and not isinstance(domains, (list, tuple, set, frozenset)):
+        # an iterator (scrapy-redis's example spiders set a filter object): read it once and keep the list,
+        # so that Scrapy's offsite middleware, which reads it later, still sees every domain
+        domains = spider.allowed_domains = list(domains)
     if domains and not host_allowed(url, domains):
         raise RejectedEntry("offsite", f"host of {url[:80]!r} is not in the spider's allowed_domains")
 

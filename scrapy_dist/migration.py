@@ -48,7 +48,8 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
      " built as `Scheduler(dupefilter, keys, redis_settings)` or `from_crawler` (scrapy-redis's constructor"
      " arguments, `scheduler.queue` and `scheduler.df.server` do not exist)"),
     ("`DUPEFILTER_CLASS = \"scrapy_redis.dupefilter.RFPDupeFilter\"`",
-     "`\"scrapy_dist.dupefilter.BloomDupeFilter\"` (or exact `SetDupeFilter`)", CHANGED,
+     "`\"scrapy_dist.dupefilter.BloomDupeFilter\"` (or exact `SetDupeFilter`, alias `RFPDupeFilter`)",
+     CHANGED,
      "~1.9 bytes/URL instead of ~88; keys `{<spider>}:bloom*`"),
     ("`scrapy_redis.spiders.RedisSpider`, `RedisCrawlSpider`", "`scrapy_dist.spiders.RedisSpider`,"
      " `RedisCrawlSpider`", HONOURED, "`async def start()` blocks on the key instead of polling on"

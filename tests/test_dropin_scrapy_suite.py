@@ -8,6 +8,8 @@ they check that scrapy-dist keeps, each tested here against a real Redis.
 * Duplicate lines are logged where Scrapy's ``RFPDupeFilter`` logs them (``scrapy.dupefilters``), and an
   overridden ``request_fingerprint()`` is used with Scrapy's deprecation warning.
 * ``DownloaderAwarePriorityQueue`` with ``CONCURRENT_REQUESTS_PER_IP`` is refused, as Scrapy refuses it.
+* scrapy-redis's example project (run by tools/compat_check.py): its spiders set ``allowed_domains`` to a
+  ``filter`` object, which the seed checks must not exhaust before Scrapy's offsite middleware reads it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_dist.connection import CrawlAborted
 from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
+from scrapy_dist.entrypolicy import check_offsite
+from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings_values import SettingsError
@@ -119,3 +123,12 @@ def test_downloader_aware_queue_with_per_ip_concurrency_is_refused_in_one_line()
         " DownloaderAwarePriorityQueue does not support CONCURRENT_REQUESTS_PER_IP;"
         " set CONCURRENT_REQUESTS_PER_IP = 0 or use the default priority queue"
     )
+
+
+def test_allowed_domains_given_as_an_iterator_are_read_once_and_kept() -> None:
+    spider = Spider(name="example")
+    spider.allowed_domains = filter(None, ["shop.test", "", "other.test"])  # type: ignore[assignment]
+    check_offsite("http://www.shop.test/a", spider)
+    assert spider.allowed_domains == ["shop.test", "other.test"]  # still there for Scrapy's offsite
+    with pytest.raises(RejectedEntry):
+        check_offsite("http://elsewhere.test/", spider)  # the second seed is checked as the first

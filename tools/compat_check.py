@@ -13,6 +13,10 @@ fail counts and the failing test ids. Nothing from upstream is kept or committed
 * scrapy-redis: its ``tests/`` with ``scrapy_redis`` imports replaced by ``scrapy_dist`` (``RFPDupeFilter``
   -> ``SetDupeFilter``, the exact filter). Modules with no counterpart (``picklecompat``, ``utils``,
   ``defaults``) fail to import: those tests count as deliberate differences.
+* scrapy-redis's ``example-project`` with ``scrapy_redis`` replaced by ``scrapy_dist`` in its settings and
+  spiders: ``mycrawler_redis`` (a RedisCrawlSpider following every link) and ``myspider_redis`` (a
+  RedisSpider) crawl a generated local site from seeds pushed as its README says; every page must be
+  crawled once and its item stored by ``RedisPipeline``.
 
 Test-only dependencies (pytest-twisted, ...) go to a temporary ``--target`` directory, not the venv.
 """
@@ -138,6 +142,48 @@ def run_pytest(python: str, cwd: Path, files: list[str], env: dict[str, str], ex
     return {"counts": counts, "failing": failing, "tail": text[-1500:]}
 
 
+def run_example_project(python: str, redis_src: Path, env: dict[str, str], url: str) -> dict:
+    """scrapy-redis's example project, imports swapped, against a local site; a result like run_pytest's."""
+    import redis
+
+    sys.path.insert(0, str(ROOT))
+    from scrapy_dist.site import SiteGraph, SiteServer
+
+    project = redis_src / "example-project"
+    spiders = sorted((project / "example" / "spiders").glob("*.py"))
+    for path in [project / "example" / "settings.py", *spiders]:
+        swap(path, [(r"scrapy_redis\.dupefilter\.RFPDupeFilter", "scrapy_dist.dupefilter.RFPDupeFilter"),
+                    *SCRAPY_REDIS_SWAPS])
+    client = redis.Redis.from_url(url)
+    site = SiteServer(SiteGraph(60, links=4)).start()
+    counts = {"passed": 0, "failed": 0}
+    failing = []
+    overrides = ["-s", f"REDIS_URL={url}", "-s", "SCHEDULER_DENY_NETWORKS=[]", "-s", "DOWNLOAD_DELAY=0",
+                 "-s", "SCHEDULER_IDLE_BEFORE_CLOSE=2", "-s", "LOG_LEVEL=INFO", "-a", "domain=127.0.0.1"]
+    try:
+        # (spider, seeds key, seeds, pages, items): a CrawlSpider's start page gives no item
+        for spider, key, seeds, expected, expected_items in (
+            ("mycrawler_redis", "mycrawler:start_urls", [site.page_url(0)], 60, 59),
+            ("myspider_redis", "myspider:start_urls", [site.page_url(i) for i in range(5)], 5, 5),
+        ):
+            client.flushall()
+            site.log.clear()
+            client.lpush(key, *seeds)
+            out = sh([python, "-m", "scrapy", "crawl", spider, *overrides], cwd=project, env=env, timeout=300)
+            items = client.llen(f"{spider}:items")
+            fetched = len(site.fetch_counts())
+            ok = out.returncode == 0 and fetched == expected and items == expected_items
+            counts["passed" if ok else "failed"] += 1
+            if not ok:
+                failing.append(f"example-project {spider}: exit {out.returncode}, {fetched} of {expected}"
+                               f" pages crawled, {items} of {expected_items} items stored\n"
+                               f"{out.stderr[-1500:]}")
+    finally:
+        site.stop()
+        client.close()
+    return {"counts": counts, "failing": failing, "tail": ""}
+
+
 def report(title: str, result: dict) -> None:
     counts = result["counts"]
     line = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "nothing ran"
@@ -202,6 +248,8 @@ def main() -> int:
             py, redis_src, [f"tests/{n}" for n in tests], {**env, "PYTHONPATH": f"{redis_src}{os.pathsep}"
                                                             f"{env['PYTHONPATH']}"},
             ["--continue-on-collection-errors"])
+        results["scrapy-redis 0.9.1 example-project against scrapy-dist"] = run_example_project(
+            py, redis_src, {**env, "PYTHONPATH": env["PYTHONPATH"]}, url)
         for title, result in results.items():
             report(title, result)
     finally:
