@@ -266,11 +266,11 @@ def _valid_members(members: Any) -> bool:
     return isinstance(members, list) and all(isinstance(m, (tuple, list)) and len(m) == 2 for m in members)
 
 
-def _domains(client: Any, keys: CrawlKeys, now: float) -> list[dict[str, Any]]:
+def _domains(client: Any, keys: CrawlKeys, now: float, limit: int) -> list[dict[str, Any]]:
     from redis.exceptions import ResponseError
 
     try:
-        return busiest_domains(client, keys, now)
+        return busiest_domains(client, keys, now, limit)
     except (ValueError, TypeError, ArithmeticError, ScrapyDistError, ResponseError):
         return []  # garbage in the politeness keys: the rest of the status is still worth showing
 
@@ -281,8 +281,13 @@ def read_status(
     *,
     default_interval: float = defaults.CLUSTERSTATS_INTERVAL,
     worker_limit: int = WORKER_LIMIT,
+    lease_scan_limit: int = LEASE_SCAN_LIMIT,
+    domain_limit: int = 10,
 ) -> dict[str, Any]:
-    """Everything ``scrapy-dist status`` shows about the crawl of ``keys.spider``, as JSON-ready data."""
+    """Everything ``scrapy-dist status`` shows about the crawl of ``keys.spider``, as JSON-ready data.
+
+    Per-worker lease counts come from a scan of the lease index while it holds at most
+    ``lease_scan_limit`` leases (0: never scan; the workers' heartbeats then give them)."""
     sec, usec = client.time()
     now = int(sec) + int(usec) / 1e6
     p = client.pipeline(transaction=False)
@@ -348,7 +353,7 @@ def read_status(
         n_leases = int(n_leases) + int(s_leases)
         filters.insert(1, filter_figures(s_bloom, int(s_fps)))
     leases = None
-    if int(n_leases) <= LEASE_SCAN_LIMIT:
+    if int(n_leases) <= lease_scan_limit:
         leases = leases_by_worker(
             [v for shard in shards for _, v in client.hscan_iter(shard.lease_meta, count=1000)]
         )
@@ -393,7 +398,7 @@ def read_status(
             "total": int(n_workers),
         },
         "workers": workers,
-        "domains": _domains(client, keys, now),
+        "domains": _domains(client, keys, now, domain_limit),
         "garbage": {
             "control": list(control.problems),
             "workers": sum(1 for w in workers if w.get("garbage")),
