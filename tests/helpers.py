@@ -7,10 +7,12 @@ in ``crawlproject.py``.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -88,3 +90,15 @@ def read_demo_until_crawling(
         if time.monotonic() > deadline:
             break
     return lines, False
+
+
+#: the deployment examples (docker-compose, Prometheus, Grafana)
+DEPLOY = Path(__file__).resolve().parent.parent / "docs" / "deploy"
+
+
+def dashboard_metrics() -> set[str]:
+    """Every ``scrapy_dist_*`` metric the Grafana dashboard's queries name (``_total`` dropped)."""
+    dash = json.loads((DEPLOY / "grafana" / "dashboards" / "scrapy-dist.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs.append(dash["templating"]["list"][0]["query"])
+    return {m.removesuffix("_total") for e in exprs for m in re.findall(r"scrapy_dist_\w+", e)}
