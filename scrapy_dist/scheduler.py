@@ -281,7 +281,12 @@ class Scheduler:
             await loop.stop()
             loop.collect_finished(time.monotonic())
             self.ledger.release_all(time.monotonic())
-            await loop.drain(min(30.0, self.config.lease_seconds))
+            released = len(self.ledger.releases)
+            await loop.drain(min(self.config.shutdown_grace, self.config.lease_seconds))
+            if released:
+                given = released - len(self.ledger.releases)
+                self.stats.set_value("scheduler/released_at_close", given)
+                logger.info("Closing (%s): gave %d leased requests back to the queue", reason, given)
         if not self.config.persist and reason == "finished" and self.redis is not None:
             await self.layout.finish(self.redis, self.worker_id, self.config.lease_seconds)
         if hasattr(self.df, "close"):

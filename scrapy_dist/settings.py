@@ -120,6 +120,7 @@ class SchedulerSettings:
     flush_interval: float = 0.05
     flush_batch: int = 500
     idle_poll: float = 0.25
+    shutdown_grace: float = 30.0
     allowed_schemes: tuple[str, ...] = ("http", "https")
     max_entry_bytes: int = 1024 * 1024
     rejected_maxlen: int = 100_000
@@ -284,7 +285,8 @@ class DistSettings:
             lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
             prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent),
             flush_interval=v("SCHEDULER_FLUSH_INTERVAL"), flush_batch=v("SCHEDULER_FLUSH_BATCH"),
-            idle_poll=v("SCHEDULER_IDLE_POLL"), allowed_schemes=schemes,
+            idle_poll=v("SCHEDULER_IDLE_POLL"), shutdown_grace=v("SCHEDULER_SHUTDOWN_GRACE"),
+            allowed_schemes=schemes,
             max_entry_bytes=v("SCHEDULER_MAX_ENTRY_BYTES"), shards=shards, politeness=politeness,
             rejected_maxlen=v("SCHEDULER_REJECTED_MAXLEN"), dead_maxlen=v("DEADLETTER_MAXLEN"),
             entry_secret=v("SCHEDULER_ENTRY_SECRET") or env.get("SCRAPY_DIST_SECRET", "").encode() or None,

@@ -99,6 +99,9 @@ TABLE: tuple[Setting, ...] = (
     _s("SCHEDULER_FLUSH_BATCH", 500, "int", "... or as soon as this many are waiting.", S, low=1),
     _s("SCHEDULER_IDLE_POLL", 0.25, "float", "Seconds between two requests for work of an idle worker.", S,
        low=0, low_open=True),
+    _s("SCHEDULER_SHUTDOWN_GRACE", 30.0, "float", "Seconds a closing worker (SIGTERM, the crawl's end) keeps"
+       " trying to give back its leases and send what it owes while Redis is away; what is left then comes"
+       " back when its leases expire.", S, low=0),
     _s("SCHEDULER_ALLOWED_SCHEMES", ["http", "https"], "list", "URL schemes a queue entry or seed may have.",
        S),
     _s("SCHEDULER_MAX_ENTRY_BYTES", 1024 * 1024, "int", "Largest encoded request accepted from the queue"
@@ -203,6 +206,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("scheduler/dequeued", "requests handed to the engine (also .../redis)"),
     ("scheduler/dequeued/redis", "same, Scrapy's per-backend spelling"),
     ("scheduler/requeued/lease_expired", "leases of dead or slow workers returned to the queue"),
+    ("scheduler/released_at_close", "leased requests this worker gave back to the queue when it closed"),
     ("scheduler/delayed/moved", "retries whose delay ran out, moved back to the queue"),
     ("scheduler/rejected", "queue entries refused as invalid"),
     ("scheduler/rejected/<reason>", "the same, per reason"),
