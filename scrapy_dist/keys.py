@@ -74,6 +74,7 @@ FRONTIER_KEY_NAMES = (
     "control",
     "errors",
     "error_examples",
+    "history",
 )
 
 
@@ -107,6 +108,8 @@ error_examples   errors:examples   LIST of recent JSON error records (kind, reas
                                    error monitor's alerts.
 cookies          cookies           HASH cookiejar name -> last write (unix seconds): the index of the
                                    shared cookie jars.
+history          history           STREAM of the workers' periodic samples (pages, items, errors, the
+                                   frontier as each saw it) over the last hour, for the dashboard.
 """
 
 

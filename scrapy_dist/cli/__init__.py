@@ -290,3 +290,4 @@ from scrapy_dist.cli import status  # noqa: E402, F401
 from scrapy_dist.cli import push  # noqa: E402, F401
 from scrapy_dist.cli import embedded  # noqa: E402, F401
 from scrapy_dist.cli import metrics  # noqa: E402, F401
+from scrapy_dist.cli import dashboard  # noqa: E402, F401

@@ -116,7 +116,7 @@ def queue_order(ds: DistSettings) -> queue.QueueOrder:
     return cast("queue.QueueOrder", cls())
 
 
-def _requeue_targets(
+def requeue_targets(
     letters: list[tuple[int, DeadLetter]], ds: DistSettings
 ) -> tuple[list[tuple[DeadLetter, bytes, float]], list[tuple[DeadLetter, str]]]:
     """``(record, payload, queue score)`` for each requeueable record, and why the others are not."""
@@ -223,7 +223,7 @@ def dead(
             click.echo(f"purged {removed:,} dead letters with reason {reason!r} from {key!r}")
             return
         if requeue:
-            targets, refused = _requeue_targets(letters, redis.dist)
+            targets, refused = requeue_targets(letters, redis.dist)
             for d, why in refused:
                 click.echo(f"kept {printable(d.url, 300)} (cannot be requeued: {printable(why, 300)})",
                            err=True)

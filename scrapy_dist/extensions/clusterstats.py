@@ -218,6 +218,13 @@ class ClusterStats:
         ledger = getattr(scheduler_of(self.crawler), "ledger", None)
         return len(ledger.handed) if ledger is not None else None
 
+    def _frontier(self) -> dict[str, str]:
+        """The crawl-wide frontier as this worker's scheduler last saw it (for the history stream)."""
+        status = getattr(scheduler_of(self.crawler), "frontier_status", None)
+        if not isinstance(status, dict):
+            return {}
+        return {f"frontier_{k}": str(int(status.get(k, 0))) for k in ("queued", "inflight", "delayed")}
+
     def _prefetched(self) -> int | None:
         """Requests leased ahead of demand and not yet handed out (all a paused worker holds)."""
         ledger = getattr(scheduler_of(self.crawler), "ledger", None)
@@ -251,6 +258,7 @@ class ClusterStats:
                 state=CLOSED if final else RUNNING,
                 finish_reason=reason,
             )
+            fields.update(self._frontier())
             ttl = self.closed_ttl if final else WORKER_TTL
             args: list[Any] = [self.worker, seq, ttl, "1" if final else "0", len(fields)]
             for k, v in fields.items():
@@ -258,7 +266,8 @@ class ClusterStats:
             for op in ops:
                 args.extend(op)
             result = await self._script(
-                keys=[self.keys.stats, self.keys.workers, self.keys.worker(self.worker)], args=args
+                keys=[self.keys.stats, self.keys.workers, self.keys.worker(self.worker), self.keys.history],
+                args=args,
             )
             self._pending = None
             # a resent flush predates the latest changes: at close they must go now, not next interval

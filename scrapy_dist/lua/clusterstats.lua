@@ -2,6 +2,8 @@
 -- last flush, merged into the crawl-wide stats hash -- in one atomic call.
 --
 -- KEYS[1] crawl-wide stats HASH   KEYS[2] workers ZSET (id -> last seen)   KEYS[3] this worker's HASH
+-- KEYS[4] (optional) the crawl's history STREAM: one sample per flush, entries older than HISTORY_SECONDS
+--         dropped, never more than about HISTORY_MAXLEN (see docs/monitoring.md for its memory)
 -- ARGV[1] worker id   ARGV[2] flush sequence number (1, 2, ...; a number already applied is not applied
 --         again, so a flush resent after a lost reply counts once)   ARGV[3] TTL of the worker hash (seconds)
 -- ARGV[4] '1' for the last flush of a closing worker, else '0'
@@ -69,4 +71,23 @@ end
 redis.call('HSET', KEYS[3], unpack(fields))
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 redis.call('ZADD', KEYS[2], now, ARGV[1])
+
+-- the history sample; a history key of another type (written by someone else) is left alone
+local HISTORY_SECONDS, HISTORY_MAXLEN = 3600, 20000
+if KEYS[4] then
+  local kind = redis.call('TYPE', KEYS[4]).ok
+  if kind == 'stream' or kind == 'none' then
+    local f = {}
+    for i = 1, #fields, 2 do f[fields[i]] = fields[i + 1] end
+    local minid = string.format('%d', math.floor((now - HISTORY_SECONDS) * 1000))
+    redis.call('XADD', KEYS[4], 'MINID', '~', minid, '*',
+               'w', ARGV[1], 'p', f.pages or '', 'i', f.items or '', 'e', f.errors or '',
+               'P', redis.call('HGET', KEYS[1], 'response_received_count') or '0',
+               'I', redis.call('HGET', KEYS[1], 'item_scraped_count') or '0',
+               'q', f.frontier_queued or '', 'f', f.frontier_inflight or '', 'd', f.frontier_delayed or '')
+    if redis.call('XLEN', KEYS[4]) > HISTORY_MAXLEN then
+      redis.call('XTRIM', KEYS[4], 'MAXLEN', '~', HISTORY_MAXLEN)
+    end
+  end
+end
 return {applied, now_s}

@@ -1,0 +1,190 @@
+"""Issue 21, the live dashboard: its JSON endpoints against a real Redis, the token and CSRF rules of its
+buttons, the bounded history, and the page itself in a real headless Chromium while a crawl runs
+(skipped, with the reason, where Debian's chromium and chromedriver are not installed)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from aiohttp import ClientSession, web
+from crawlproject import make_project
+from helpers import run, wait_for
+
+from scrapy_dist.dashboard import Dashboard, check_binding, history_series
+from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.keys import CrawlKeys
+
+LINKS = CrawlKeys("links")
+TOKEN = "s3cret-token"
+
+
+class Served:
+    """A dashboard served on a free loopback port from a thread of its own (its own event loop)."""
+
+    def __init__(self, dashboard: Dashboard) -> None:
+        self.dashboard = dashboard
+        self.loop = asyncio.new_event_loop()
+        self.url = ""
+        started = threading.Event()
+
+        async def main() -> None:
+            self.runner = web.AppRunner(dashboard.app())
+            await self.runner.setup()
+            await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+            self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+            started.set()
+
+        self.thread = threading.Thread(target=lambda: (self.loop.run_until_complete(main()),
+                                                        self.loop.run_forever()), daemon=True)
+        self.thread.start()
+        assert started.wait(10)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+async def _call(url: str, method: str = "GET", **kw: Any) -> tuple[int, Any, dict[str, str]]:
+    async with ClientSession() as session, session.request(method, url, **kw) as reply:
+        body = await (reply.json() if reply.content_type == "application/json" else reply.text())
+        return reply.status, body, dict(reply.headers)
+
+
+@pytest.fixture
+def served(redis_url: str) -> Any:
+    requeued: list[int] = []
+
+    async def requeue() -> str:
+        requeued.append(1)
+        return "requeued 0"
+
+    dash = Dashboard(redis.Redis.from_url(redis_url), LINKS, token=TOKEN, requeue=requeue, cache_seconds=60)
+    server = Served(dash)
+    server.requeued = requeued  # type: ignore[attr-defined]
+    yield server
+    server.close()
+
+
+def test_the_page_the_chart_library_and_the_status(served: Served, redis_client: Any) -> None:
+    redis_client.zadd(LINKS.queue, {b"\x00" * 6 + b"x": 0})
+    status, page, headers = run(_call(served.url + "/"))
+    assert status == 200 and "scrapy-dist: <span id=\"spider\">links</span>" in page
+    assert "default-src 'self'" in headers["Content-Security-Policy"]  # no inline script can run
+    status, lib, _ = run(_call(served.url + "/static/chart.umd.min.js"))
+    assert status == 200 and "Chart.js v4" in lib
+    assert run(_call(served.url + "/static/..%2Fdashboard.py"))[0] == 404
+    status, body, _ = run(_call(served.url + "/api/status"))
+    assert status == 200 and body["frontier"]["queued"] == 1 and body["spider"] == "links"
+    run(_call(served.url + "/api/status"))
+    assert served.dashboard.reads == 1  # cached: any number of open pages cost one read
+
+
+def test_buttons_need_the_token_from_the_page_itself(served: Served, redis_client: Any) -> None:
+    pause = served.url + "/api/pause"
+    assert run(_call(pause, "POST"))[0] == 403  # read-only without the token
+    assert run(_call(pause, "POST", headers={"X-Dashboard-Token": "wrong"}))[0] == 403
+    # a page of another site that knew the token still cannot use it: its Origin is not ours
+    assert run(_call(pause, "POST", headers={"X-Dashboard-Token": TOKEN,
+                                            "Origin": "http://evil.test"}))[0] == 403
+    assert not redis_client.hget(LINKS.control, "paused")
+    status, body, _ = run(_call(pause, "POST", headers={"X-Dashboard-Token": TOKEN, "Origin": served.url}))
+    assert status == 200 and body == {"done": "paused"}
+    assert redis_client.hget(LINKS.control, "paused") == b"1"
+    assert run(_call(served.url + "/api/resume", "POST", headers={"X-Dashboard-Token": TOKEN}))[0] == 200
+    assert redis_client.hget(LINKS.control, "paused") in (None, b"0")
+    assert run(_call(served.url + "/api/requeue", "POST", headers={"X-Dashboard-Token": TOKEN}))[0] == 200
+    assert served.requeued == [1]  # type: ignore[attr-defined]
+    assert run(_call(served.url + "/api/pause", "GET"))[0] == 405  # never by a link or an <img>
+
+
+def test_listening_beyond_loopback_needs_a_token() -> None:
+    check_binding("127.0.0.1", None)
+    check_binding("::1", None)
+    check_binding("0.0.0.0", TOKEN)
+    with pytest.raises(ScrapyDistError, match="only with a token"):
+        check_binding("0.0.0.0", None)
+
+
+def test_history_series_from_real_stream_entries_skip_garbage(redis_client: Any) -> None:
+    now_ms = int(time.time() * 1000)
+    key = LINKS.history
+    for i in range(6):  # two workers, one sample each 10 s, 60 pages and 1 error more each time
+        for w in ("a", "b"):
+            fields = {"w": w, "p": str(60 * i), "e": str(i), "q": str(100 - i), "f": "8", "d": "0"}
+            redis_client.xadd(key, fields, id=f"{now_ms - 60_000 + 10_000 * i}-{'ab'.index(w)}")
+    redis_client.xadd(key, {"w": "c", "p": "not a number"})
+    redis_client.xadd(key, {"p": "5"})  # no worker
+    entries = redis_client.xrange(key)
+    series = history_series(entries, now_ms / 1000)
+    assert len(series["times"]) == 360
+    assert sorted(series["workers"]) == ["a", "b"]
+    rates = [x for x in series["pages_per_min"] if x]
+    assert rates and all(r == pytest.approx(2 * 360.0) for r in rates)  # 60 pages / 10 s each, two workers
+    assert [x for x in series["errors_per_min"] if x] == [pytest.approx(12.0)] * len(rates)
+    assert [x for x in series["queued"] if x is not None][-1] == 95
+
+
+# -- the page in a real browser ----------------------------------------------------------------------------
+def _browser() -> Any:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("no chromium + chromedriver here (Debian: apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1800"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+@pytest.mark.slow
+def test_the_page_draws_a_running_crawl_and_pauses_only_with_the_token(
+    tmp_path: Path, redis_url: str, site_factory: Any, redis_client: Any
+) -> None:
+    browser = _browser()
+    site = site_factory(pages=400, delay=0.05)
+    project = make_project(tmp_path, {
+        "REDIS_URL": redis_url, "ADDONS": {"scrapy_dist.Addon": 0}, "CLUSTERSTATS_INTERVAL": 0.5,
+        "SCHEDULER_IDLE_BEFORE_CLOSE": 1, "CONCURRENT_REQUESTS": 4,
+    })
+    served = Served(Dashboard(redis.Redis.from_url(redis_url), LINKS, token=TOKEN, cache_seconds=0.5))
+    try:
+        project.crawl(args={"seed": site.page_url(0)})
+        browser.get(served.url + "/")
+
+        def drawn(what: str) -> Any:
+            return browser.execute_script(f"return window.dashboardCharts.{what}")
+
+        # charts render and then move: the history stream fills as the worker's heartbeats come in
+        wait_for(lambda: drawn("pages.data.labels.length") == 360, 30, "the charts' hour of points")
+        wait_for(lambda: sum(x or 0 for x in drawn("pages.data.datasets[0].data")) > 0, 30, "pages/min drawn")
+        first = sum(x or 0 for x in drawn("pages.data.datasets[0].data"))
+        wait_for(lambda: sum(x or 0 for x in drawn("pages.data.datasets[0].data")) > first, 30, "an update")
+        assert len(drawn("pages.data.datasets")) >= 2  # crawl-wide and one line per worker
+        assert "running" in browser.find_element("id", "workers").text
+        # Pause without the token: refused; with it: the crawl is paused
+        browser.find_element("id", "pause").click()
+        wait_for(lambda: "refused (403)" in browser.find_element("id", "message").text, 10, "a refusal")
+        assert not redis_client.hget(LINKS.control, "paused")
+        browser.find_element("id", "token").send_keys(TOKEN)
+        browser.find_element("id", "pause").click()
+        wait_for(lambda: redis_client.hget(LINKS.control, "paused") == b"1", 10, "paused by the page")
+        browser.find_element("id", "resume").click()
+        wait_for(lambda: redis_client.hget(LINKS.control, "paused") in (None, b"0"), 10, "resumed")
+        assert project.wait_all(90) == [0], project.logs()[-3000:]
+    finally:
+        browser.quit()
+        served.close()
