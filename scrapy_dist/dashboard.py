@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -39,10 +40,12 @@ from scrapy_dist.extensions.control import pause_crawl, resume_crawl
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.status import read_status
 
-__all__ = ["BUCKET_SECONDS", "Dashboard", "check_binding", "history_series"]
+__all__ = ["BUCKET_SECONDS", "Dashboard", "DashboardThread", "check_binding", "history_series"]
 
 #: Width of one point of the history charts (seconds); an hour is 360 points.
 BUCKET_SECONDS = 10
+#: Points a history chart shows at least (a minute at the start of a crawl).
+MIN_POINTS = 6
 #: History entries read per refresh at most (the stream keeps about an hour, capped at 20,000 entries).
 HISTORY_READ = 20_000
 #: Dead letters read per refresh to count their reasons.
@@ -73,7 +76,8 @@ def _field(fields: dict[bytes, bytes], name: bytes) -> float | None:
 def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
                    span: float = 3600.0, bucket: float = BUCKET_SECONDS) -> dict[str, Any]:
     """Chart series from history stream entries (``XRANGE`` replies): per bucket, pages/min crawl-wide and
-    per worker, errors/min, and the frontier as last reported. Entries that do not parse are skipped."""
+    per worker, errors/min, and the frontier as last reported, from the bucket before the first sample
+    (at least :data:`MIN_POINTS` buckets) to ``now``. Entries that do not parse are skipped."""
     start = now - span
     n = int(span // bucket)
     times = [start + (i + 1) * bucket for i in range(n)]
@@ -105,8 +109,13 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
         pages[i] += dp * per_min
         errors[i] += de * per_min
         per_worker[worker][i] += dp * per_min
-    return {"times": times, "pages_per_min": pages, "errors_per_min": errors,
-            "workers": dict(per_worker), **frontier}
+    # the charts start at the first sample (a crawl younger than the hour does not sit in a corner)
+    first = min((i for i in range(n) if pages[i] or errors[i] or frontier["queued"][i] is not None),
+                default=n - 1)
+    cut = max(0, min(first - 1, n - MIN_POINTS))
+    return {"times": times[cut:], "pages_per_min": pages[cut:], "errors_per_min": errors[cut:],
+            "workers": {w: v[cut:] for w, v in per_worker.items()},
+            **{k: v[cut:] for k, v in frontier.items()}}
 
 
 class Dashboard:
@@ -137,10 +146,10 @@ class Dashboard:
         return app
 
     # -- reading -------------------------------------------------------------------------------------------
-    async def _cached(self, name: str, read: Callable[[], Any]) -> Any:
+    async def _cached(self, name: str, read: Callable[[], Any], seconds: float) -> Any:
         async with self._lock:
             hit = self._cache.get(name)
-            if hit is not None and self.clock() - hit[0] < self.cache_seconds:
+            if hit is not None and self.clock() - hit[0] < seconds:
                 return hit[1]
             self.reads += 1
             value = await asyncio.get_running_loop().run_in_executor(None, read)
@@ -166,10 +175,12 @@ class Dashboard:
         return history_series(entries or [], now)
 
     async def status(self, request: web.Request) -> web.Response:
-        return web.json_response(await self._cached("status", self._read_status))
+        return web.json_response(await self._cached("status", self._read_status, self.cache_seconds))
 
     async def history(self, request: web.Request) -> web.Response:
-        return web.json_response(await self._cached("history", self._read_history))
+        # the history changes by one point per bucket: read it at most once a bucket
+        seconds = max(self.cache_seconds, BUCKET_SECONDS / 2)
+        return web.json_response(await self._cached("history", self._read_history, seconds))
 
     # -- the page ------------------------------------------------------------------------------------------
     async def page(self, request: web.Request) -> web.Response:
@@ -214,3 +225,43 @@ class Dashboard:
             done = await self.requeue()
         self._cache.clear()
         return web.json_response({"done": done})
+
+
+class DashboardThread:
+    """``dashboard`` served on ``host:port`` (0: a free port) from a thread with its own event loop: for
+    ``scrapy-dist demo --dashboard`` and the tests. ``url`` is set once it listens; :meth:`close` stops it."""
+
+    def __init__(self, dashboard: Dashboard, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.url = ""
+        self._runner = web.AppRunner(dashboard.app(), access_log=None)
+        started = threading.Event()
+        failed: list[BaseException] = []
+
+        async def start() -> None:
+            await self._runner.setup()
+            await web.TCPSite(self._runner, host, port).start()
+            self.url = f"http://{host}:{self._runner.addresses[0][1]}/"
+
+        def main() -> None:
+            try:
+                self.loop.run_until_complete(start())
+            except BaseException as exc:  # reported to the caller below
+                failed.append(exc)
+                return
+            finally:
+                started.set()
+            self.loop.run_forever()
+
+        self._thread = threading.Thread(target=main, name="scrapy-dist dashboard", daemon=True)
+        self._thread.start()
+        started.wait(10)
+        if failed:
+            raise failed[0]
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(10)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+

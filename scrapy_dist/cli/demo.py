@@ -24,8 +24,11 @@ _EXPLICIT = ("--redis-url", "REDIS_URL environment variable")
               help="SIGKILL a worker half way and start a fresh one.")
 @click.option("--timeout", default=170.0, show_default=True, type=click.FloatRange(1),
               help="Seconds before the demo gives up (stops the workers, exits 1).")
+@click.option("--dashboard", "dashboard_port", type=click.IntRange(0, 65535), default=None, is_flag=False,
+              flag_value=9420, help="Also serve the live dashboard (read-only) on 127.0.0.1:PORT (9420).")
 @pass_redis
-def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: float) -> None:
+def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: float,
+         dashboard_port: int | None) -> None:
     """Crawl a generated local site with WORKERS processes sharing one frontier; show it live; summarize.
 
     Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
@@ -38,4 +41,20 @@ def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: f
         options.redis_url, options.redis_source = redis.url, redis.source
     runner = Demo(options)
     runner.connect()
-    raise SystemExit(runner.run())
+    served = None
+    if dashboard_port is not None:
+        try:
+            from scrapy_dist.dashboard import Dashboard, DashboardThread
+
+            served = DashboardThread(Dashboard(runner.client, runner.keys), port=dashboard_port)
+        except (ImportError, OSError) as exc:
+            runner.shutdown()
+            why = "pip install 'scrapy-dist[dashboard]'" if isinstance(exc, ImportError) else str(exc)
+            raise click.ClickException(f"cannot serve the dashboard: {why}") from None
+        click.echo(f"Dashboard (read-only): {served.url}")
+    try:
+        status = runner.run()
+    finally:
+        if served is not None:
+            served.close()
+    raise SystemExit(status)
