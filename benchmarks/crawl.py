@@ -258,6 +258,42 @@ def run_crawl(
     return out
 
 
+#: SLOWLOG entries kept while scrapy-dist's crawl is timed (its sync calls are a small share of them).
+SLOWLOG_LEN = 1_000_000
+
+
+def _redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def _redis_cost(client: redis.Redis, result: dict, cpu0: float, timed: bool) -> None:
+    """Redis CPU per page (INFO cpu), the per-command breakdown (INFO commandstats), and with ``timed`` the
+    p50/p99 duration of one frontier sync call (SLOWLOG): into ``result``."""
+    pages = result.get("pages")
+    if not pages:
+        return
+    result["redis_cpu_us_per_page"] = 1e6 * (_redis_cpu(client) - cpu0) / pages
+    commands = {}
+    for name, c in client.info("commandstats").items():
+        name = name.removeprefix("cmdstat_")
+        if name in ("info", "config", "slowlog", "memory", "scan"):
+            continue  # the benchmark's own
+        commands[name] = {"calls_per_page": c["calls"] / pages, "us_per_page": c["usec"] / pages}
+    result["redis_commands"] = dict(sorted(commands.items(), key=lambda kv: -kv[1]["us_per_page"]))
+    if timed:
+        entries = client.slowlog_get(SLOWLOG_LEN)
+        # the frontier's sync script, by its argument layout: EVALSHA <sha> <numkeys> ... (the longest calls)
+        sync = sorted(e["duration"] for e in entries
+                      if (e.get("command") or b"").split(b" ", 1)[0].upper() == b"EVALSHA")
+        if sync:
+            result["script_call_us"] = {
+                "calls": len(sync), "p50": sync[len(sync) // 2],
+                "p99": sync[min(len(sync) - 1, len(sync) * 99 // 100)], "max": sync[-1],
+                "note": "every EVALSHA: sync rounds, seeds, stats flushes",
+            }
+
+
 def _dupefilter_bytes(client: redis.Redis, pattern: str | None) -> int | None:
     if not pattern:
         return None
@@ -276,6 +312,14 @@ def run_redis_contestant(
     try:
         client = redis.Redis(port=server.port)
         client.flushall()
+        # scrapy-dist's script calls are timed by the server itself (SLOWLOG of every command): their
+        # p50/p99 is how long one call holds Redis. That costs scrapy-dist's CPU figure a little.
+        timed = contestant.name == "scrapy-dist"
+        if timed:
+            client.config_set("slowlog-max-len", SLOWLOG_LEN)
+            client.config_set("slowlog-log-slower-than", 0)
+        client.config_resetstat()
+        cpu0 = _redis_cpu(client)
         network: dict = {"rtt_ms": rtt_ms, "ping_direct": measure_rtt(server.port)}
         url = server.url
         if rtt_ms > 0:
@@ -286,6 +330,7 @@ def run_redis_contestant(
         result = run_crawl(contestant, start_url, url, args, tag=f"{contestant.name}-rtt{rtt_ms:g}")
         result["network"] = network
         try:
+            _redis_cost(client, result, cpu0, timed)
             if proxy is not None:
                 counters = proxy.stats()
                 result["proxy"] = counters
@@ -397,6 +442,7 @@ def _print_run(r: dict) -> None:
         f"     {r['pages']:,} pages ({r['ok_unique_pages']:,} distinct) in {r['elapsed_s']:.1f} s = "
         f"{r['pages_per_s']:.0f} pages/s, CPU {r['cpu_ms_per_page']:.1f} ms/page"
         + (f", {rt:.2f} Redis round trips/page" if rt is not None else "")
+        + (f", Redis CPU {r['redis_cpu_us_per_page']:.0f} us/page" if r.get("redis_cpu_us_per_page") else "")
         + f", other load {r['machine_load']['other_cores']} cores"
         + (f", {len(r['problems'])} distinct warnings/errors in {r['log']}" if r["problems"] else ""),
         flush=True,
@@ -453,7 +499,7 @@ def build_result(
             if proxied:
                 network += f" (PING {proxied['median_ms']:.2f} ms)"
         if r.get("error"):
-            rows.append([r["contestant"], network, "FAILED: " + r["error"], None, None, None, None, None])
+            rows.append([r["contestant"], network, "FAILED: " + r["error"], *[None] * 6])
             continue
         complete = r["ok_unique_pages"] == graph.ok_pages and r["finish_reason"] == "finished"
         crawled = f"{r['pages']:,} / {graph.ok_pages:,}" + (
@@ -470,6 +516,7 @@ def build_result(
                 r["ratio_vs_scrapy"],
                 r.get("round_trips_per_page"),
                 r["cpu_ms_per_page"],
+                r.get("redis_cpu_us_per_page"),
             ]
         )
         r["complete"] = complete
@@ -507,6 +554,7 @@ def build_result(
             "vs Scrapy",
             "Redis round trips/page",
             "Crawler CPU ms/page",
+            "Redis CPU µs/page",
         ],
         "rows": rows,
         "notes": [
@@ -515,6 +563,9 @@ def build_result(
             "vs Scrapy = pages/s divided by Scrapy's default scheduler's pages/s. That crawl uses no Redis, "
             "so it runs once and is the baseline for every network condition.",
             "Round trips are counted by the latency proxy, so only for proxied runs: see docs/benchmarks.md.",
+            "Redis CPU µs/page = growth of the redis-server's INFO used_cpu_sys + used_cpu_user during the"
+            " crawl / pages; the per-command breakdown (INFO commandstats) and scrapy-dist's script call"
+            " durations (SLOWLOG, p50/p99) are in latest.json under each run.",
         ],
     }
 
