@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(modules)}", file=sys.stderr)
             return 2
+    args.out = args.out.resolve()  # the crawls run in the bench project's directory
     args.tmp_dir = args.out / "tmp"  # logs and stats of the crawls (gitignored)
     args.tmp_dir.mkdir(parents=True, exist_ok=True)
 
