@@ -66,6 +66,28 @@ class CrawlLayout:
                 " SCHEDULER_POLITENESS='process'."
             )
 
+    def open(self, settings: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
+        """At a worker's start, through a short-lived client of ``settings``: refuse a mode no crawl can
+        run, clear the crawl first with ``flush_on_start``, join it, and return its backlog (requests
+        pending, fingerprints remembered). Anything refused ends the crawl with one line."""
+        from scrapy_dist import connection
+
+        try:
+            self.check_combination()
+        except ScrapyDistError as exc:
+            connection.abort_crawl(exc)
+        client = connection.get_redis(settings)
+        try:
+            if flush_on_start:
+                self.delete(client)
+                logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
+            self.join(client, batched)
+            return self.backlog(client)
+        except ScrapyDistError as exc:  # e.g. a bloom filter written with another bit layout
+            connection.abort_crawl(exc)
+        finally:
+            client.close()
+
     def join(self, client: Any, batched: bool) -> None:
         """Record or check the crawl's mode and N (one round trip), then open every shard's dupefilter.
 

@@ -15,6 +15,8 @@ A leased request is acknowledged only once the engine has finished it (download,
 pipelines), and the acknowledgement travels in the same atomic call as the requests its callback
 produced, so a worker killed at any moment loses nothing: what it held is requeued when its leases
 (``SCHEDULER_LEASE_SECONDS``, renewed while it works) run out.
+
+Longer than our ~400 lines for a module because :class:`Scheduler` is (its docstring says why).
 """
 
 from __future__ import annotations
@@ -228,21 +230,8 @@ class Scheduler:
             self.router.fingerprinter = _fingerprinter(self.crawler)
         # one clear line and a non-zero exit if Redis is not there (building a client can fail too)
         connection.ensure_reachable(settings)
-        try:
-            self.layout.check_combination()
-        except ScrapyDistError as exc:
-            connection.abort_crawl(exc)
-        client = connection.get_redis(settings)
-        try:
-            if cfg.flush_on_start:
-                self.layout.delete(client)
-                logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
-            self.layout.join(client, self._batched_df)
-            pending, remembered = self.layout.backlog(client)
-        except ScrapyDistError as exc:  # e.g. a bloom filter written with another bit layout
-            client.close()
-            connection.abort_crawl(exc)
-        client.close()
+        pending, remembered = self.layout.open(settings, flush_on_start=cfg.flush_on_start,
+                                               batched=self._batched_df)
         self.report.backlog(self.keys.spider, pending, remembered, cfg.persist)
         self.redis = connection.get_async_redis(settings)
         self.frontiers = [
