@@ -29,6 +29,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -118,23 +119,21 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
             **{k: v[cut:] for k, v in frontier.items()}}
 
 
+@dataclass(eq=False)
 class Dashboard:
     """The aiohttp application of one crawl's dashboard. ``client`` is a synchronous Redis client (reads
     run in a thread); ``requeue`` requeues a list of dead letters (the CLI passes its own)."""
 
-    def __init__(
-        self, client: Any, keys: CrawlKeys, *, token: str | None = None, cache_seconds: float = 2.0,
-        requeue: Callable[[], Any] | None = None, clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.client = client
-        self.keys = keys
-        self.token = token
-        self.cache_seconds = cache_seconds
-        self.requeue = requeue
-        self.clock = clock
-        self.reads = 0
-        self._cache: dict[str, tuple[float, Any]] = {}
-        self._lock = asyncio.Lock()
+    client: Any
+    keys: CrawlKeys
+    token: str | None = None
+    cache_seconds: float = 2.0
+    requeue: Callable[[], Any] | None = None
+    clock: Callable[[], float] = time.monotonic
+    #: Redis reads done (what the cache saves is visible)
+    reads: int = field(default=0, init=False)
+    _cache: dict[str, tuple[float, Any]] = field(default_factory=dict, init=False, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1024)

@@ -187,6 +187,18 @@ class ClientFactory:
         return crawl_keys(self.dist, spider)
 
 
+def require_extra(module: str, package: str, extra: str) -> Any:
+    """Import ``module``, which needs the optional extra ``extra``, or stop with one line naming what to
+    install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise click.ClickException(
+            f"{package} is not installed: pip install 'scrapy-dist[{extra}]'") from None
+
+
 class NoCrawlHere(ScrapyDistError):
     """No Scrapy project in the current directory and no Redis named: nothing to work on."""
 

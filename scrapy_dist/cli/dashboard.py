@@ -7,7 +7,7 @@ import contextlib
 
 import click
 
-from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
+from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis, require_extra
 from scrapy_dist.exceptions import ScrapyDistError
 
 
@@ -28,13 +28,9 @@ def dashboard(
     letters) on http://HOST:PORT/ until Ctrl-C."""
     redis.check_spider(spider, force)
     redis.check()
+    dashboards = require_extra("scrapy_dist.dashboard", "aiohttp", "dashboard")
     try:
-        from scrapy_dist.dashboard import check_binding
-    except ImportError:  # the optional extra
-        raise click.ClickException(
-            "aiohttp is not installed: pip install 'scrapy-dist[dashboard]'") from None
-    try:
-        check_binding(host, token)
+        dashboards.check_binding(host, token)
     except ScrapyDistError as exc:
         raise click.ClickException(str(exc).removeprefix("scrapy-dist: ")) from None
     with contextlib.suppress(KeyboardInterrupt):

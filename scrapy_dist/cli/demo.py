@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from scrapy_dist.cli import ClientFactory, main, pass_redis
+from scrapy_dist.cli import ClientFactory, main, pass_redis, require_extra
 
 # Where ClientFactory found Redis when the user named one explicitly.
 _EXPLICIT = ("--redis-url", "REDIS_URL environment variable")
@@ -44,13 +44,15 @@ def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: f
     served = None
     if dashboard_port is not None:
         try:
-            from scrapy_dist.dashboard import Dashboard, DashboardThread
-
-            served = DashboardThread(Dashboard(runner.client, runner.keys), port=dashboard_port)
-        except (ImportError, OSError) as exc:
+            dashboards = require_extra("scrapy_dist.dashboard", "aiohttp", "dashboard")
+            served = dashboards.DashboardThread(dashboards.Dashboard(runner.client, runner.keys),
+                                                port=dashboard_port)
+        except OSError as exc:
             runner.shutdown()
-            why = "pip install 'scrapy-dist[dashboard]'" if isinstance(exc, ImportError) else str(exc)
-            raise click.ClickException(f"cannot serve the dashboard: {why}") from None
+            raise click.ClickException(f"cannot serve the dashboard: {exc}") from None
+        except click.ClickException:
+            runner.shutdown()
+            raise
         click.echo(f"Dashboard (read-only): {served.url}")
     try:
         status = runner.run()

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis, project_spiders
+from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis, project_spiders, require_extra
 
 
 @main.command()
@@ -34,15 +34,11 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
     for name in names:
         redis.check_spider(name, force)
     redis.check()
+    metrics = require_extra("scrapy_dist.metrics", "prometheus-client", "metrics")
+    collector = metrics.CrawlCollector(redis.client(), names, redis.keys, cache_seconds=cache_seconds,
+                                       top_domains=top_domains)
     try:
-        from scrapy_dist.metrics import CrawlCollector, serve
-    except ImportError:  # the optional extra
-        raise click.ClickException(
-            "prometheus-client is not installed: pip install 'scrapy-dist[metrics]'") from None
-    collector = CrawlCollector(redis.client(), names, redis.keys, cache_seconds=cache_seconds,
-                               top_domains=top_domains)
-    try:
-        server = serve(collector, host, port)
+        server = metrics.serve(collector, host, port)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     click.echo(f"Serving the metrics of {', '.join(names)} on http://{host}:{server.server_port}/metrics"
