@@ -41,6 +41,7 @@ from scrapy_dist.layout import CrawlLayout
 from scrapy_dist.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.outage import Outage
 from scrapy_dist.politeness import DomainLimits, penalty_seconds
+from scrapy_dist.revisit import Revisits
 from scrapy_dist.router import ShardRouter
 from scrapy_dist.settings import DistSettings, SchedulerSettings
 from scrapy_dist.syncloop import SyncLoop
@@ -122,6 +123,8 @@ class Scheduler:
         self._recent: set[Any] = set()
         self._local_pause = False
         self._empty_since: float | None = None
+        #: revisits (scrapy_dist/revisit.py), wired by from_crawler
+        self.revisits: Revisits | None = None
         self.report = FrontierReport(
             self.stats, self.layout.shard_keys, lambda request: self.df.log(request, self.spider)
         )
@@ -145,6 +148,8 @@ class Scheduler:
             domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
             policy=entry_policy(crawler),
         )
+        sched.revisits = Revisits.from_crawler(crawler)
+        sched.ledger.revisit_of = sched.revisits.plan
         if cfg.politeness == "cluster":
             from scrapy import signals
 

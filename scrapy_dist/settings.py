@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 import re
 import sys
@@ -114,7 +115,8 @@ class SchedulerSettings:
     queue_class: str = "scrapy_dist.queue.PriorityQueue"
     persist: bool = True
     flush_on_start: bool = False
-    idle_before_close: float = 0.0  # SCHEDULER_IDLE_BEFORE_CLOSE, else MAX_IDLE_TIME_BEFORE_CLOSE
+    #: SCHEDULER_IDLE_BEFORE_CLOSE, else MAX_IDLE_TIME_BEFORE_CLOSE; None becomes inf: never close
+    idle_before_close: float = 0.0
     lease_seconds: float = 60.0
     prefetch: int = 16  # derived: SCHEDULER_PREFETCH, 0 -> max(16, 2 x CONCURRENT_REQUESTS)
     flush_interval: float = 0.05
@@ -137,6 +139,9 @@ class SchedulerSettings:
     download_delay: float = 0.0
     concurrent_requests_per_domain: int = 8
     download_delay_jitter: float = 0.5
+    #: REVISIT_AFTER rules {glob: seconds or None} (scrapy_dist/revisit.py)
+    revisit_after: Mapping[str, float | None] = field(default_factory=dict)
+    revisit_conditional: bool = False
 
 
 @dataclass(frozen=True)
@@ -239,6 +244,8 @@ class DistSettings:
         if not raw.given("SCHEDULER_IDLE_BEFORE_CLOSE") and raw.given("MAX_IDLE_TIME_BEFORE_CLOSE"):
             alias_spec = replace(BY_NAME["SCHEDULER_IDLE_BEFORE_CLOSE"], name="MAX_IDLE_TIME_BEFORE_CLOSE")
             idle = convert(alias_spec, raw.raw("MAX_IDLE_TIME_BEFORE_CLOSE"))
+        if idle is None or _set_to_none(settings, "SCHEDULER_IDLE_BEFORE_CLOSE"):
+            idle = math.inf  # a long-running crawl: every comparison with "seconds idle" says "not yet"
         # Redis: settings first, then the environment, then the embedded server
         url, url_source = v("REDIS_URL"), "REDIS_URL" if v("REDIS_URL") else ""
         located = url or v("REDIS_SENTINELS") or v("REDIS_HOST") or v("REDIS_PORT")
@@ -294,6 +301,8 @@ class DistSettings:
             download_delay=raw.scrapy_float("DOWNLOAD_DELAY", 0.0),
             concurrent_requests_per_domain=raw.scrapy_int("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
             download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
+            revisit_after=MappingProxyType(_revisit_rules(v("REVISIT_AFTER"))),
+            revisit_conditional=v("REVISIT_CONDITIONAL"),
         )
         if v("REDIS_START_URLS_AS_SET") and v("REDIS_START_URLS_AS_ZSET"):
             raise SettingsError("REDIS_START_URLS_AS_SET", True, "cannot be combined with"
@@ -384,6 +393,20 @@ class DistSettings:
             for line in built.warnings:
                 logger.warning("%s", line)
         return built
+
+
+def _set_to_none(settings: Any, name: str) -> bool:
+    # the reader takes None for "not set"; for this setting an explicit None means "never close"
+    try:
+        return settings is not None and name in settings and settings[name] is None
+    except (TypeError, KeyError):
+        return False
+
+
+def _revisit_rules(rules: Any) -> dict[str, float | None]:
+    from scrapy_dist.revisit import revisit_rules  # revisit.py imports the codec, which reads settings
+
+    return revisit_rules(rules)
 
 
 def _field_names() -> list[str]:  # for the report and tests: every attribute path of DistSettings
