@@ -360,7 +360,9 @@ class Ledger:
                     self.local.append(entry.request)  # unserializable but new: this worker crawls it
             elif entry.t1 != "":
                 applied.duplicates.append(entry.request)
-        for member in (*batch.ack, *batch.release, *(m for m, _ in batch.reject), *(m for m, _, _ in batch.revisit)):
+        revisited = (m for m, _, _ in batch.revisit)
+        settled = (*batch.ack, *batch.release, *(m for m, _ in batch.reject), *revisited)
+        for member in settled:
             self.held.discard((shard, member))
         for member, score in result.leased:
             lease = (shard, member)

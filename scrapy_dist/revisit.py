@@ -95,11 +95,14 @@ def _specificity(pattern: str) -> tuple[int, int]:
 
 class RevisitRules:
     """``REVISIT_AFTER`` rules: a glob with a ``/`` matches the whole URL, any other glob the host name
-    (case-insensitive); the most specific matching rule wins (no wildcard first, then the most literal
-    characters), as for ``DOMAIN_LIMITS``. Answers are cached per host for host rules."""
+    (case-insensitive). URL rules are tried before host rules (they name paths: a site's default is a
+    host rule, its exceptions URL rules); within each kind the most specific wins as for
+    ``DOMAIN_LIMITS`` (no wildcard first, then the most literal characters)."""
 
     def __init__(self, rules: Mapping[str, float | None] | None = None) -> None:
-        ordered = sorted((rules or {}).items(), key=lambda kv: _specificity(kv[0].lower()), reverse=True)
+        ordered = sorted(
+            (rules or {}).items(), key=lambda kv: ("/" in kv[0], *_specificity(kv[0].lower())), reverse=True
+        )
         self.rules = [(p.lower(), "/" in p, s) for p, s in ordered]
 
     def __bool__(self) -> bool:
@@ -221,7 +224,9 @@ class Revisits:
                     self.stats.inc_value("revisit/invalid")
                 if not self._warned:
                     self._warned = True
-                    logger.warning("meta['revisit_after'] of %s: %s; not revisited (logged once)", request, exc)
+                    logger.warning(
+                        "meta['revisit_after'] of %s: %s; not revisited (logged once)", request, exc
+                    )
                 return None
         if not self.rules:
             return None

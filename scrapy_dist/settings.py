@@ -142,6 +142,8 @@ class SchedulerSettings:
     #: REVISIT_AFTER rules {glob: seconds or None} (scrapy_dist/revisit.py)
     revisit_after: Mapping[str, float | None] = field(default_factory=dict)
     revisit_conditional: bool = False
+    #: SCHEDULER_IDLE_POLL_MAX: slowest poll of an idle worker of a crawl that never closes
+    idle_poll_max: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -303,6 +305,7 @@ class DistSettings:
             download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
             revisit_after=MappingProxyType(_revisit_rules(v("REVISIT_AFTER"))),
             revisit_conditional=v("REVISIT_CONDITIONAL"),
+            idle_poll_max=v("SCHEDULER_IDLE_POLL_MAX"),
         )
         if v("REDIS_START_URLS_AS_SET") and v("REDIS_START_URLS_AS_ZSET"):
             raise SettingsError("REDIS_START_URLS_AS_SET", True, "cannot be combined with"

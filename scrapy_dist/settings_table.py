@@ -125,9 +125,13 @@ TABLE: tuple[Setting, ...] = (
        ' "jitter": 0.5}}, most specific glob wins.', S),
     _s("REVISIT_AFTER", {}, "dict", 'Revisit rules {"*.example.com": 3600, "https://example.com/item/*":'
        ' 2592000, "*/login*": None}: fetch again this many seconds after a successful fetch (a glob with a /'
-       " matches the URL, else the host; most specific wins; meta['revisit_after'] wins over rules).", S),
+       " matches the URL, else the host; URL rules first, then the most specific; meta['revisit_after']"
+       " wins).", S),
     _s("REVISIT_CONDITIONAL", False, "bool", "Revisits send If-None-Match / If-Modified-Since from the last"
        " ETag / Last-Modified; a 304 does not call the callback (see docs/continuous.md).", S),
+    _s("SCHEDULER_IDLE_POLL_MAX", 5.0, "float", "With SCHEDULER_IDLE_BEFORE_CLOSE = None (never close): an"
+       " idle worker's polls slow down to one per this many seconds (seeds it reads are sent at once).", S,
+       low=0, low_open=True),
     # -- dupefilter
     _s("BLOOMFILTER_CAPACITY", 100_000_000, "int", "Fingerprints the filter holds at BLOOMFILTER_ERROR_RATE.",
        D, low=1, high=2**40),
