@@ -148,3 +148,60 @@ def test_garbage_revisit_count_restarts_at_zero(redis_url: str, redis_client: An
 
     run(go())
     assert _revisits(redis_client) == 1
+
+
+# -- the worker's side: the ledger and the revisit decision (no Redis) ---------------------------------
+
+def test_a_revisit_travels_as_its_ack_and_survives_a_failed_round() -> None:
+    from scrapy import Request
+
+    from scrapy_dist.ledger import Ledger
+
+    ledger = Ledger()
+    req, other = Request("http://site.test/a"), Request("http://site.test/b")
+    lease_a, lease_b = (0, b"\0\0\0\0\0\1\x01a"), (0, b"\0\0\0\0\0\2\x01b")
+    ledger.handed = {req: lease_a, other: lease_b}
+    ledger.revisit_of = lambda r, lease: (60.0, b"") if r is req else None
+    ledger.collect_finished((), now=1.0)
+    (batch,) = ledger.take_batches([0], renew=False)
+    assert batch.revisit == [(lease_a[1], 60.0, b"")] and batch.ack == [lease_b[1]]
+    ledger.restore(0, batch, now=2.0)  # Redis was away: both wait for the next round, unchanged
+    ledger.finish_round(False, now=2.0)
+    (again,) = ledger.take_batches([0], renew=False)
+    assert again.revisit == [(lease_a[1], 60.0, b"")] and again.ack == [lease_b[1]]
+
+
+def test_validators_are_written_into_the_entry_and_trust_is_kept() -> None:
+    from scrapy import Request
+    from scrapy.http import HtmlResponse
+
+    from scrapy_dist.codec import encode_request, load_payload
+    from scrapy_dist.entrypolicy import EntryPolicy, is_trusted
+    from scrapy_dist.revisit import Revisits
+
+    for policy in (EntryPolicy(), EntryPolicy(secret=b"s3cret")):
+        req = Request("http://site.test/c", meta={"revisit_after": 30})
+        member = b"\0\0\0\0\0\7" + encode_request(req, None, policy)
+        rv = Revisits(conditional=True, policy=policy)
+        resp = HtmlResponse(req.url, headers={"ETag": '"abc"', "Last-Modified": "Mon, 01 Jan 2024 00:00:00 GMT"},
+                            body=b"x", request=req)
+        rv.response_received(resp, req)
+        delay, new = rv.plan(req, (0, member))
+        assert delay == 30.0 and new[:6] == member[:6]
+        headers = dict((bytes(k), v) for k, v in load_payload(new[6:])["h"])
+        assert headers[b"If-None-Match"] == [b'"abc"']
+        assert is_trusted(new[6:], policy)
+    # an untrusted entry (no tag, the crawl has a secret) stays untrusted
+    policy = EntryPolicy(secret=b"s3cret")
+    req = Request("http://site.test/d", meta={"revisit_after": 30})
+    member = b"\0\0\0\0\0\x08" + encode_request(req, None, EntryPolicy())
+    rv = Revisits(conditional=True, policy=policy)
+    rv.response_received(HtmlResponse(req.url, headers={"ETag": '"e"'}, body=b"x", request=req), req)
+    _, new = rv.plan(req, (0, member))
+    assert not is_trusted(new[6:], policy)
+    # a callback that raised stops the chain; an oversized or control-character ETag is not stored
+    req = Request("http://site.test/e", meta={"revisit_after": 30})
+    rv.response_received(HtmlResponse(req.url, headers={"ETag": "x" * 300}, body=b"x", request=req), req)
+    assert rv.validators[req] == {}
+    rv.spider_error(None, HtmlResponse(req.url, body=b"x", request=req))
+    assert rv.plan(req, (0, member)) is None
