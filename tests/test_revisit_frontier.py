@@ -183,8 +183,8 @@ def test_validators_are_written_into_the_entry_and_trust_is_kept() -> None:
         req = Request("http://site.test/c", meta={"revisit_after": 30})
         member = b"\0\0\0\0\0\7" + encode_request(req, None, policy)
         rv = Revisits(conditional=True, policy=policy)
-        resp = HtmlResponse(req.url, headers={"ETag": '"abc"', "Last-Modified": "Mon, 01 Jan 2024 00:00:00 GMT"},
-                            body=b"x", request=req)
+        validators = {"ETag": '"abc"', "Last-Modified": "Mon, 01 Jan 2024 00:00:00 GMT"}
+        resp = HtmlResponse(req.url, headers=validators, body=b"x", request=req)
         rv.response_received(resp, req)
         delay, new = rv.plan(req, (0, member))
         assert delay == 30.0 and new[:6] == member[:6]
