@@ -42,6 +42,8 @@ DOWNLOADER_MIDDLEWARES = {
     "scrapy_dist.middlewares.credentials.ScheduledHeadersMiddleware": 10,
     "scrapy_dist.middlewares.networks.DenyNetworksMiddleware": 20,
     "scrapy_dist.middlewares.credentials.AddedCredentialsMiddleware": 990,
+    # REVISIT_CONDITIONAL: a 304 to a conditional revisit ends the request (off without the setting)
+    "scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware": 580,
 }
 #: (setting, Scrapy's component, ours, our order): ours replaces Scrapy's when its module is available.
 SWAPS = (

@@ -112,11 +112,14 @@ class SyncBatch:
     #: (domain, seconds): push the domain's next allowed time back (429/503)
     penalize: list[tuple[str, float]] = field(default_factory=list)
     lease: int = 0
+    #: (member, delay in seconds, new member or b"" for the same): acks that file the request again in
+    #: the delayed set, due that long after the Redis server's now (revisits, see scrapy_dist/revisit.py)
+    revisit: list[tuple[bytes, float, bytes]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
             self.enqueue or self.ack or self.renew or self.release or self.delay or self.reject
-            or self.dead or self.penalize or self.lease
+            or self.dead or self.penalize or self.lease or self.revisit
         )
 
 
@@ -200,6 +203,9 @@ SYNC_SECTIONS = (
     SyncSection("reject", ("member", "record"), (), lambda e, now: (e[0], e[1])),
     SyncSection("dead", ("record",), (), lambda r, now: (r,)),
     SyncSection("penalize", ("domain", "seconds"), (), lambda e, now: (e[0], _score(e[1]))),
+    SyncSection(
+        "revisit", ("member", "delay", "new"), (), lambda e, now: (e[0], _score(max(0.0, float(e[1]))), e[2])
+    ),
 )
 
 

@@ -173,6 +173,10 @@ class Ledger:
         self.best_out = math.inf
         #: what the current round took, per shard (put back by :meth:`restore` if the shard fails)
         self._sent: list[list[Outgoing]] = []
+        #: revisits: acks that also file the request again (lease -> (delay seconds, new member or b""))
+        self.revisits: dict[Lease, tuple[float, bytes]] = {}
+        #: the revisit of a finished request, or None (set by the scheduler: scrapy_dist/revisit.py)
+        self.revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
 
     # -- writes from the scheduler --------------------------------------------------------------------
     def add(self, entry: Outgoing, now: float) -> None:
@@ -222,7 +226,12 @@ class Ledger:
             return 0
         done = [r for r in self.handed if r not in busy]
         for r in done:
-            self.acks_new.append(self.handed.pop(r))
+            lease = self.handed.pop(r)
+            self.acks_new.append(lease)
+            if self.revisit_of is not None:
+                revisit = self.revisit_of(r, lease)
+                if revisit is not None:
+                    self.revisits[lease] = revisit
         if done:
             self._mark(now)
         return len(done)
@@ -284,12 +293,12 @@ class Ledger:
         batches[0].dead = self.dead
         batches[0].penalize = self.penalties
         for shard, member in self.acks:
-            batches[shard].ack.append(member)
+            self._ack(batches[shard], (shard, member))
         writes = {i for i, b in enumerate(batches) if b.enqueue or b.delay or b.dead}
         waiting = []
         for shard, member in self.acks_new:
             if writes <= {shard}:
-                batches[shard].ack.append(member)
+                self._ack(batches[shard], (shard, member))
             else:
                 waiting.append((shard, member))
         self.acks_waiting = waiting
@@ -305,11 +314,21 @@ class Ledger:
         self.first_pending = None
         return batches
 
+    def _ack(self, batch: SyncBatch, lease: Lease) -> None:
+        # a revisit is an ack that also files the request again (one item of the 'revisit' section)
+        revisit = self.revisits.pop(lease, None)
+        if revisit is None:
+            batch.ack.append(lease[1])
+        else:
+            batch.revisit.append((lease[1], revisit[0], revisit[1]))
+
     def restore(self, shard: int, batch: SyncBatch, now: float) -> None:
         """Put a shard's batch that could not be sent back in front of what came since."""
         self.out = self._sent[shard] + self.out
         self.best_out = min((e.score for e in self.out), default=math.inf)
-        self.acks = [(shard, m) for m in batch.ack] + self.acks
+        for member, delay, new in batch.revisit:
+            self.revisits[(shard, member)] = (delay, new)
+        self.acks = [(shard, m) for m in batch.ack] + [(shard, m) for m, _, _ in batch.revisit] + self.acks
         self.delays = [
             Delay(score, payload, not_before, domain=domain, limits=limits, shard=shard)
             for score, payload, not_before, domain, limits in batch.delay
@@ -344,7 +363,9 @@ class Ledger:
                     self.local.append(entry.request)  # unserializable but new: this worker crawls it
             elif entry.t1 != "":
                 applied.duplicates.append(entry.request)
-        for member in (*batch.ack, *batch.release, *(m for m, _ in batch.reject)):
+        revisited = (m for m, _, _ in batch.revisit)
+        settled = (*batch.ack, *batch.release, *(m for m, _ in batch.reject), *revisited)
+        for member in settled:
             self.held.discard((shard, member))
         for member, score in result.leased:
             lease = (shard, member)

@@ -22,6 +22,7 @@ Longer than our ~400 lines for a module because :class:`Scheduler` is (its docst
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
@@ -43,6 +44,7 @@ from scrapy_dist.layout import CrawlLayout
 from scrapy_dist.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.outage import Outage
 from scrapy_dist.politeness import DomainLimits, penalty_seconds
+from scrapy_dist.revisit import Revisits
 from scrapy_dist.router import ShardRouter
 from scrapy_dist.settings import DistSettings, SchedulerSettings
 from scrapy_dist.syncloop import SyncLoop
@@ -140,6 +142,8 @@ class Scheduler:
         self._recent: set[Any] = set()
         self._local_pause = False
         self._empty_since: float | None = None
+        #: revisits (scrapy_dist/revisit.py), wired by from_crawler
+        self.revisits: Revisits | None = None
         self.report = FrontierReport(self.stats, [], lambda request: self.df.log(request, self.spider))
         self.keys: CrawlKeys
         self.layout: CrawlLayout
@@ -175,6 +179,8 @@ class Scheduler:
             domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
             policy=entry_policy(crawler),
         )
+        sched.revisits = Revisits.from_crawler(crawler)
+        sched.ledger.revisit_of = sched.revisits.plan
         if cfg.politeness == "cluster":
             from scrapy import signals
 
@@ -248,6 +254,7 @@ class Scheduler:
             decode=self._decode, on_applied=self.report.applied, prefetch=cfg.prefetch,
             flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
             lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,
+            idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
         )
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
             logger.warning(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 import re
 import sys
@@ -114,7 +115,8 @@ class SchedulerSettings:
     queue_class: str = "scrapy_dist.queue.PriorityQueue"
     persist: bool = True
     flush_on_start: bool = False
-    idle_before_close: float = 0.0  # SCHEDULER_IDLE_BEFORE_CLOSE, else MAX_IDLE_TIME_BEFORE_CLOSE
+    #: SCHEDULER_IDLE_BEFORE_CLOSE, else MAX_IDLE_TIME_BEFORE_CLOSE; None becomes inf: never close
+    idle_before_close: float = 0.0
     lease_seconds: float = 60.0
     prefetch: int = 16  # derived: SCHEDULER_PREFETCH, 0 -> max(16, 2 x CONCURRENT_REQUESTS)
     flush_interval: float = 0.05
@@ -138,6 +140,11 @@ class SchedulerSettings:
     download_delay: float = 0.0
     concurrent_requests_per_domain: int = 8
     download_delay_jitter: float = 0.5
+    #: REVISIT_AFTER rules {glob: seconds or None} (scrapy_dist/revisit.py)
+    revisit_after: Mapping[str, float | None] = field(default_factory=dict)
+    revisit_conditional: bool = False
+    #: SCHEDULER_IDLE_POLL_MAX: slowest poll of an idle worker of a crawl that never closes
+    idle_poll_max: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -240,6 +247,8 @@ class DistSettings:
         if not raw.given("SCHEDULER_IDLE_BEFORE_CLOSE") and raw.given("MAX_IDLE_TIME_BEFORE_CLOSE"):
             alias_spec = replace(BY_NAME["SCHEDULER_IDLE_BEFORE_CLOSE"], name="MAX_IDLE_TIME_BEFORE_CLOSE")
             idle = convert(alias_spec, raw.raw("MAX_IDLE_TIME_BEFORE_CLOSE"))
+        if idle is None or _set_to_none(settings, "SCHEDULER_IDLE_BEFORE_CLOSE"):
+            idle = math.inf  # a long-running crawl: every comparison with "seconds idle" says "not yet"
         # Redis: settings first, then the environment, then the embedded server
         url, url_source = v("REDIS_URL"), "REDIS_URL" if v("REDIS_URL") else ""
         located = url or v("REDIS_SENTINELS") or v("REDIS_HOST") or v("REDIS_PORT")
@@ -296,6 +305,9 @@ class DistSettings:
             download_delay=raw.scrapy_float("DOWNLOAD_DELAY", 0.0),
             concurrent_requests_per_domain=raw.scrapy_int("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
             download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
+            revisit_after=MappingProxyType(_revisit_rules(v("REVISIT_AFTER"))),
+            revisit_conditional=v("REVISIT_CONDITIONAL"),
+            idle_poll_max=v("SCHEDULER_IDLE_POLL_MAX"),
         )
         if scheduler.downloader_aware and raw.scrapy_int("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
             # as Scrapy's DownloaderAwarePriorityQueue: a request's IP (its download slot) is not known
@@ -392,6 +404,20 @@ class DistSettings:
             for line in built.warnings:
                 logger.warning("%s", line)
         return built
+
+
+def _set_to_none(settings: Any, name: str) -> bool:
+    # the reader takes None for "not set"; for this setting an explicit None means "never close"
+    try:
+        return settings is not None and name in settings and settings[name] is None
+    except (TypeError, KeyError):
+        return False
+
+
+def _revisit_rules(rules: Any) -> dict[str, float | None]:
+    from scrapy_dist.revisit import revisit_rules  # revisit.py imports the codec, which reads settings
+
+    return revisit_rules(rules)
 
 
 def _field_names() -> list[str]:  # for the report and tests: every attribute path of DistSettings

@@ -88,7 +88,9 @@ TABLE: tuple[Setting, ...] = (
     _s("SCHEDULER_FLUSH_ON_START", False, "bool", "Clear the crawl's frontier and filter at start.", S,
        status=HONOURED),
     _s("SCHEDULER_IDLE_BEFORE_CLOSE", 0.0, "float", "Close a worker after this many seconds with no work"
-       " crawl-wide (0: never); alias MAX_IDLE_TIME_BEFORE_CLOSE.", S, status=CHANGED, low=0,
+       " crawl-wide (0: a crawl waiting for seeds never closes, other spiders close once the frontier is"
+       " empty; None: never close, a long-running crawl); alias MAX_IDLE_TIME_BEFORE_CLOSE.", S,
+       status=CHANGED, low=0, optional=True,
        note="seconds of crawl-wide idleness, not a blocking pop timeout"),
     _s("SCHEDULER_LEASE_SECONDS", 60.0, "float", "A leased request returns to the queue if not acknowledged"
        " within this many seconds.", S, low=0, low_open=True),
@@ -124,6 +126,15 @@ TABLE: tuple[Setting, ...] = (
        " CONCURRENT_REQUESTS_PER_DOMAIN; cluster: enforced crawl-wide.", S, choices=("process", "cluster")),
     _s("DOMAIN_LIMITS", {}, "dict", 'Per-domain rules {"*.example.com": {"delay": 1.0, "concurrency": 2,'
        ' "jitter": 0.5}}, most specific glob wins.', S),
+    _s("REVISIT_AFTER", {}, "dict", 'Revisit rules {"*.example.com": 3600, "https://example.com/item/*":'
+       ' 2592000, "*/login*": None}: fetch again this many seconds after a successful fetch (a glob with a /'
+       " matches the URL, else the host; URL rules first, then the most specific; meta['revisit_after']"
+       " wins).", S),
+    _s("REVISIT_CONDITIONAL", False, "bool", "Revisits send If-None-Match / If-Modified-Since from the last"
+       " ETag / Last-Modified; a 304 does not call the callback (see docs/continuous.md).", S),
+    _s("SCHEDULER_IDLE_POLL_MAX", 5.0, "float", "With SCHEDULER_IDLE_BEFORE_CLOSE = None (never close): an"
+       " idle worker's polls slow down to one per this many seconds (seeds it reads are sent at once).", S,
+       low=0, low_open=True),
     # -- dupefilter
     _s("BLOOMFILTER_CAPACITY", 100_000_000, "int", "Fingerprints the filter holds at BLOOMFILTER_ERROR_RATE.",
        D, low=1, high=2**40),
@@ -238,6 +249,11 @@ STATS: tuple[tuple[str, str], ...] = (
     ("cookies/shared/written", "cookie changes written to Redis"),
     ("cookies/shared/rejected", "invalid cookie records read from Redis (skipped)"),
     ("cookies/shared/redis_errors", "failed cookie reads or writes (retried)"),
+    ("revisit/scheduled", "requests filed again in the delayed set by their ack (REVISIT_AFTER, meta)"),
+    ("revisit/stopped", "revisit chains ended by the callback (revisit_after = None, or an exception)"),
+    ("revisit/invalid", "meta['revisit_after'] values that are not a number of seconds (not revisited)"),
+    ("revisit/not_modified", "conditional revisits answered 304 Not Modified (callback not called)"),
+    ("revisit/conditional", "revisits sent with If-None-Match / If-Modified-Since"),
 )
 
 BY_NAME: Mapping[str, Setting] = MappingProxyType({s.name: s for s in TABLE})

@@ -234,6 +234,31 @@ def crawl_state(control: ControlState, running: int, started: list[float | None]
     return "running" if running else "stopped"
 
 
+def revisit_figures(client: Any, shards: list[CrawlKeys], now: float) -> dict[str, Any]:
+    """Scheduled revisits (the delayed meta field ``revisits`` of each shard, see lua/sync_settle.lua) and
+    how soon the delayed set's next entry (revisit or retry) comes due: ``{"scheduled": n, "next_in":
+    seconds or None}``. One pipelined round trip; garbage counts as 0 / no time."""
+    p = client.pipeline(transaction=False)
+    for shard in shards:
+        p.hget(shard.delayed_meta, "revisits")
+        p.zrange(shard.delayed, 0, 0, withscores=True)
+    replies = _replies(p, [None, []] * len(shards))
+    scheduled, due = 0, math.inf
+    for i in range(0, len(replies), 2):
+        raw, first = replies[i], replies[i + 1]
+        text = _text(raw) if raw is not None else ""
+        if text.isascii() and text.isdigit() and len(text) <= 15:
+            scheduled += int(text)
+        if isinstance(first, list) and first and isinstance(first[0], (list, tuple)) and len(first[0]) == 2:
+            try:
+                score = float(first[0][1])
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(score):
+                due = min(due, score)
+    return {"scheduled": scheduled, "next_in": None if due == math.inf else round(max(0.0, due - now), 1)}
+
+
 def lease_breakdown(leased: int, workers: list[dict[str, Any]]) -> dict[str, int | None]:
     """The crawl's leases split by what holds them, from the running workers' last heartbeats:
     ``in_flight`` (handed to an engine), ``prefetched`` (leased ahead of demand: all that a paused worker
@@ -368,6 +393,7 @@ def read_status(
                              [w["started"] for w in workers if w["state"] == RUNNING], now),
         # "inflight": every lease (kept for scripts); "leases": what holds them
         "frontier": {"queued": int(queued), "inflight": int(inflight), "delayed": int(delayed)},
+        "revisits": revisit_figures(client, shards, now),
         "leases": lease_breakdown(int(inflight), workers),
         "shards": len(shards),
         "deadletter": int(dead),

@@ -57,6 +57,7 @@ class SyncLoop:
         flush_batch: int = 500,
         idle_poll: float = 0.25,
         lease_seconds: float = 60.0,
+        idle_poll_max: float | None = None,
         outage: Outage | None = None,
         on_outage: Callable[[], None] = lambda: None,
         backoff: Backoff | None = None,
@@ -72,6 +73,10 @@ class SyncLoop:
         self.flush_interval = flush_interval
         self.flush_batch = flush_batch
         self.idle_poll = idle_poll
+        #: a worker that keeps finding nothing polls less and less often, up to this (long-running crawls)
+        self.idle_poll_max = max(idle_poll, idle_poll_max or idle_poll)
+        #: the current pace of an idle worker's polls (idle_poll, doubled per empty round up to the max)
+        self.poll_interval = idle_poll
         self.lease_seconds = lease_seconds
         self.outage = outage or Outage()
         self.on_outage = on_outage
@@ -168,8 +173,13 @@ class SyncLoop:
         self.last_sync = now
         got, asked, queued = self.lease_result
         if asked and got < asked and queued == 0:
-            self.next_fetch = now + self.idle_poll  # nothing to lease: poll gently
+            if got == 0 and not self.ledger.busy():  # still nothing at all: poll less often
+                self.poll_interval = min(self.idle_poll_max, self.poll_interval * 2)
+            else:
+                self.poll_interval = self.idle_poll
+            self.next_fetch = now + self.poll_interval  # nothing to lease: poll gently
         else:
+            self.poll_interval = self.idle_poll
             self.next_fetch = now
         return 0.0
 
@@ -203,7 +213,7 @@ class SyncLoop:
             now - ledger.first_pending >= self.flush_interval or len(ledger.out) >= self.flush_batch
             or outranked > 0
         )
-        stale = now - self.last_sync >= self.idle_poll
+        stale = now - self.last_sync >= self.poll_interval
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
     async def round(self, lease: int, renew: bool) -> BaseException | None:

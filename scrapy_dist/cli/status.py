@@ -53,14 +53,26 @@ def _held(leases: dict[str, Any], state: str) -> Text:
     return Text(", ".join(parts))
 
 
+def idle_text(status: dict[str, Any]) -> str:
+    """``idle, next revisit in N s`` while nothing is queued or in flight and the delayed set holds
+    something (a long-running crawl between two rounds of revisits), else ``""``."""
+    front = status["frontier"]
+    next_in = (status.get("revisits") or {}).get("next_in")
+    if front["queued"] or front["inflight"] or next_in is None:
+        return ""
+    return f"idle, next revisit in {next_in:,.0f} s"
+
+
 def render(status: dict[str, Any]) -> Group:
     """The status as rich renderables: a headline, the crawl's figures and the workers table."""
     rates, errors, front, seeds = status["rates"], status["errors"], status["frontier"], status["seeds"]
     spider = printable(status["spider"], 120)
     state = status["state"]
+    idle = idle_text(status)
     headline = Text.assemble(
         (spider, "bold"), "  ",
         (state, "bold yellow" if state == "paused" else "bold"), "  ",
+        (f"{idle}  " if idle else ""),
         f"{_num(rates['pages_per_min'])} pages/min  ",
         "error rate " + ("-" if rates["error_rate"] is None else f"{rates['error_rate']:.1%}"),
         f" ({errors['errors']:,} errors / {errors['attempts']:,} attempts in {errors['window']:,.0f}s)"
@@ -81,6 +93,9 @@ def render(status: dict[str, Any]) -> Group:
     in_flight = leases["in_flight"] if known else front["inflight"]
     overview.add_row("In flight", _num(in_flight), "Items", _num(stats.get("item_scraped_count", 0)))
     overview.add_row("Delayed", _num(front["delayed"]), "Dead letters", _num(status["deadletter"]))
+    revisits = status.get("revisits") or {}
+    if revisits.get("scheduled") or revisits.get("next_in") is not None:
+        overview.add_row("Revisits", _num(revisits.get("scheduled", 0)), "", "")
     overview.add_row("Seeds waiting", _num(seeds["waiting"] + seeds["processing"]),
                      "Rejected", f"{seeds['rejected']:,} seeds, {status['rejected']['queue']:,} queue")
     f = status["filter"]

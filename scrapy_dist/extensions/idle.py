@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 #: Most seconds between two polls (fewer when SCHEDULER_IDLE_BEFORE_CLOSE is short).
 MAX_POLL = 1.0
+#: Seconds between two polls of a crawl that never closes (SCHEDULER_IDLE_BEFORE_CLOSE = None)
+FOREVER_POLL = 5.0
 
 
 class IdleClock:
@@ -96,6 +99,8 @@ class IdleMonitor:
         self.seeds_type = seeds_type
         if poll is None:
             poll = min(MAX_POLL, max(0.2, idle_before_close / 4)) if idle_before_close > 0 else MAX_POLL
+            if math.isinf(idle_before_close):  # never closes on its own: only relays close/pause flags
+                poll = FOREVER_POLL
         self.poll = poll
         self.redis: Any = None
         self.started_at = 0.0

@@ -22,6 +22,7 @@
 --   ack, renew, release  member
 --   delay    score, payload, delay in seconds from now (the server's clock decides) [, domain, limits]
 --   reject   member, JSON record        dead  JSON record        penalize  domain, seconds
+--   revisit  member, delay in seconds, new member ('' = unchanged): an ack that files it again
 -- Returns the flat list 'flags', f, 'leased', l, 'requeued', n, 'moved', n, 'queued', n, 'inflight', n,
 --   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys}: flags has
 --   one '1'/'0' per enqueue item (new/duplicate); leased is member, score, member, score...; seq is the
@@ -68,6 +69,7 @@ sync_delay(S, sec.delay)
 sync_reject(S, sec.reject)
 sync_dead(S, sec.dead)
 sync_penalize(S, sec.penalize)
+sync_revisit(S, sec.revisit)
 
 local paused = redis.call('HGET', K.control, 'paused')
 if paused ~= '1' then paused = '0' end

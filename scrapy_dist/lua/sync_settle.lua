@@ -6,6 +6,7 @@
 --   sync_reject    rejected entries leave the lease set for the rejected LIST (capped: rejected_maxlen)
 --   sync_dead      dead letters (the deadletter LIST, capped: dead_maxlen)
 --   sync_penalize  domains told to slow down (429/503, Retry-After), with crawl-wide politeness
+--   sync_revisit   an ack that also files the request again in the delayed set (revisits)
 
 local function sync_ack(S, sec)
   local pos = sec.pos
@@ -65,5 +66,57 @@ local function sync_penalize(S, sec)
     local seconds = score_of(ARGV[pos + 1])
     if seconds then pol_push_next(K.domain_info, ARGV[pos], S.now + seconds) end
     pos = pos + 2
+  end
+end
+
+-- A revisit is an ack (as sync_ack) that also files the request in the delayed set, due `delay` seconds
+-- from now, as `new` (the same entry with updated conditional headers; '' = the member unchanged), in
+-- the same atomic call: a worker killed before it lands leaves the lease to run out and the page to be
+-- fetched again, never lost, never copied. Only a member still leased, queued or delayed is filed
+-- again: a second ack of the same lease (two workers held it one after the other) finds it gone and
+-- adds nothing. Delayed meta is "<queue score> r" (the tag counts scheduled revisits: delayed_meta
+-- field 'revisits', decremented by sync_sweep when one comes due).
+-- the count of scheduled revisits (delayed meta field 'revisits'), read as untrusted: garbage restarts at 0
+local function revisits_add(n)
+  local left = int_of(redis.call('HGET', K.delayed_meta, 'revisits'), COUNTER_LIMIT) or 0
+  redis.call('HSET', K.delayed_meta, 'revisits', math.max(0, left + n))
+end
+
+local function sync_revisit(S, sec)
+  local pos = sec.pos
+  for i = 1, sec.n do
+    local m, delay, new = ARGV[pos], score_of(ARGV[pos + 1]), ARGV[pos + 2]
+    pos = pos + sec.w
+    local score = lease_score(m)
+    local found = unlease(S, m)
+    if found == 1 and S.polite then
+      local dom = pol_domain(m)
+      if dom then pol_finished(K.domain_info, dom, S.now) end
+    end
+    local qs = redis.call('ZSCORE', K.queue, m)
+    if qs and redis.call('ZREM', K.queue, m) == 1 then
+      found = 1
+      score = qs
+      S.queued_delta = S.queued_delta - 1
+      if S.polite then
+        local dom = pol_domain(m)
+        if dom then pol_count(K.domain_info, dom, -1, 0) end
+      end
+    end
+    if redis.call('ZREM', K.delayed, m) == 1 then
+      found = 1
+      local meta = redis.call('HGET', K.delayed_meta, m)
+      local s = meta and string.match(meta, '^(%S+)')
+      if s and score_of(s) then score = s end
+      redis.call('HDEL', K.delayed_meta, m)
+      if meta and string.match(meta, ' r$') then revisits_add(-1) end
+    end
+    if found == 1 and delay and delay >= 0 then
+      if new == '' then new = m end
+      if redis.call('ZADD', K.delayed, S.now + delay, new) == 1 then
+        revisits_add(1)
+      end
+      redis.call('HSET', K.delayed_meta, new, score .. ' r')
+    end
   end
 end

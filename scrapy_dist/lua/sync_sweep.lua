@@ -49,12 +49,21 @@ local function sync_sweep(S)
   end
   S.moved = 0
   local due = redis.call('ZRANGEBYSCORE', K.delayed, '-inf', S.now, 'LIMIT', 0, 500)
+  local revisits = 0
   for _, m in ipairs(due) do
-    local score = redis.call('HGET', K.delayed_meta, m)
+    local meta = redis.call('HGET', K.delayed_meta, m)
+    -- "<score>" for a retry, "<score> r" for a revisit (sync_revisit)
+    local score, tag = nil, nil
+    if meta then score, tag = string.match(meta, '^(%S+)( ?r?)$') end
+    if tag == ' r' then revisits = revisits + 1 end
     if not (score and score_of(score)) then score = '0' end
     redis.call('ZREM', K.delayed, m)
     redis.call('HDEL', K.delayed_meta, m)
     to_queue(S, m, score)
     S.moved = S.moved + 1
+  end
+  if revisits > 0 then
+    local left = int_of(redis.call('HGET', K.delayed_meta, 'revisits'), COUNTER_LIMIT) or 0
+    redis.call('HSET', K.delayed_meta, 'revisits', math.max(0, left - revisits))
   end
 end
