@@ -8,45 +8,57 @@
 --   sync_penalize  domains told to slow down (429/503, Retry-After), with crawl-wide politeness
 --   sync_revisit   an ack that also files the request again in the delayed set (revisits)
 
+-- The items of a section, `width` ARGV values each: `for m, x in items(sec, 2) do ... end`.
+local function items(sec, width)
+  local i, pos = 0, sec.pos
+  return function()
+    if i >= sec.n then return nil end
+    i = i + 1
+    pos = pos + width
+    return ARGV[pos - width], ARGV[pos - width + 1]
+  end
+end
+
+-- m's lease is over (1 if it was leased): with politeness, its domain has one slot free again
+local function lease_done(S, m)
+  local found = unlease(S, m)
+  if found == 1 and S.polite then
+    local dom = pol_domain(m)
+    if dom then pol_finished(K.domain_info, dom, S.now) end
+  end
+  return found
+end
+
+-- m was taken out of the queue: one less queued, and with politeness one less in its domain's backlog
+local function dequeued(S, m)
+  S.queued_delta = S.queued_delta - 1
+  if S.polite then
+    local dom = pol_domain(m)
+    if dom then pol_count(K.domain_info, dom, -1, 0) end
+  end
+end
+
 local function sync_ack(S, sec)
-  local pos = sec.pos
-  for i = 1, sec.n do
-    local m = ARGV[pos]; pos = pos + 1
-    if unlease(S, m) == 1 and S.polite then
-      local dom = pol_domain(m)
-      if dom then pol_finished(K.domain_info, dom, S.now) end
-    end
+  for m in items(sec, 1) do
+    lease_done(S, m)
     -- a copy requeued after its lease ran out need not run again
-    if redis.call('ZREM', K.queue, m) == 1 then
-      S.queued_delta = S.queued_delta - 1
-      if S.polite then
-        local dom = pol_domain(m)
-        if dom then pol_count(K.domain_info, dom, -1, 0) end
-      end
-    end
+    if redis.call('ZREM', K.queue, m) == 1 then dequeued(S, m) end
   end
 end
 
 local function sync_renew(S, sec)
-  local pos = sec.pos
-  for i = 1, sec.n do
-    redis.call('ZADD', K.leases, 'XX', S.deadline, ARGV[pos]); pos = pos + 1
-  end
+  for m in items(sec, 1) do redis.call('ZADD', K.leases, 'XX', S.deadline, m) end
 end
 
 local function sync_release(S, sec)
-  local pos = sec.pos
-  for i = 1, sec.n do
-    local m = ARGV[pos]; pos = pos + 1
+  for m in items(sec, 1) do
     local score = lease_score(m)
     if unlease(S, m) == 1 then to_queue(S, m, score) end
   end
 end
 
 local function sync_reject(S, sec)
-  local pos = sec.pos
-  for i = 1, sec.n do
-    local m, record = ARGV[pos], ARGV[pos + 1]; pos = pos + 2
+  for m, record in items(sec, 2) do
     unlease(S, m)
     push_capped(K.rejected, record, S.rejected_maxlen)
   end
@@ -88,20 +100,12 @@ local function sync_revisit(S, sec)
     local m, delay, new = ARGV[pos], score_of(ARGV[pos + 1]), ARGV[pos + 2]
     pos = pos + sec.w
     local score = lease_score(m)
-    local found = unlease(S, m)
-    if found == 1 and S.polite then
-      local dom = pol_domain(m)
-      if dom then pol_finished(K.domain_info, dom, S.now) end
-    end
+    local found = lease_done(S, m)
     local qs = redis.call('ZSCORE', K.queue, m)
     if qs and redis.call('ZREM', K.queue, m) == 1 then
       found = 1
       score = qs
-      S.queued_delta = S.queued_delta - 1
-      if S.polite then
-        local dom = pol_domain(m)
-        if dom then pol_count(K.domain_info, dom, -1, 0) end
-      end
+      dequeued(S, m)
     end
     if redis.call('ZREM', K.delayed, m) == 1 then
       found = 1
