@@ -51,7 +51,7 @@ class ConditionalRevisitMiddleware:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         if not DistSettings.for_crawler(crawler).scheduler.revisit_conditional:
-            raise NotConfigured("REVISIT_CONDITIONAL is off")
+            raise NotConfigured  # no message: Scrapy would log it as a WARNING in every crawl
         return cls(crawler)
 
     @staticmethod
