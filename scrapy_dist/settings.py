@@ -16,6 +16,10 @@ Which Redis (:attr:`ConnectionSettings.source`), the same in workers and in the 
 command: ``REDIS_URL`` (``-s`` or the project's settings; ``REDIS_SENTINELS``, ``REDIS_HOST`` /
 ``REDIS_PORT`` count as settings too), then the ``REDIS_URL`` environment variable, then the embedded
 Redis.
+
+Longer than our ~400 lines: one frozen dataclass per group of settings and the one function that fills
+them (the cross-setting checks included); the table is in settings_table.py, the converters in
+settings_values.py, the reading in settings_reader.py.
 """
 
 from __future__ import annotations

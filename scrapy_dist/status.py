@@ -11,6 +11,9 @@ Everything read is untrusted: the control hash and worker hashes go through thei
 garbage figures become ``None`` and are listed under ``"garbage"`` in the result, so ``status`` never
 crashes or stalls on them (a recorded ``shards`` beyond :data:`~scrapy_dist.extensions.control.MAX_SHARDS`
 is ignored rather than read as 100,000 shards).
+
+Longer than our ~400 lines: :func:`read_status` and the pure parser of each of the dozen kinds of reply it
+reads stand together, so that what ``status``, the exporter and the dashboard show has one source.
 """
 
 from __future__ import annotations
