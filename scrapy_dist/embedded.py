@@ -20,7 +20,8 @@ discoverable address.
 
 Whom it trusts (no TCP port, no password: a unix socket in a directory only we can change) and how its
 directories and files are checked: :mod:`scrapy_dist.private_files`. Which binary it runs, how much memory
-it may use and its ``redis.conf``: :mod:`scrapy_dist.embedded_config`.
+it may use and its ``redis.conf``: :mod:`scrapy_dist.embedded_config`. Which pid is one of its servers:
+:mod:`scrapy_dist.embedded_process`.
 
 A state file whose server is dead (or is another server) is stale: the next process replaces it by
 starting a new server on the same data directory. Root can of course read and do everything; the
@@ -57,6 +58,7 @@ from scrapy_dist.embedded_config import (
     server_config,
     total_memory,
 )
+from scrapy_dist.embedded_process import children, pid_alive, pid_is_redis
 from scrapy_dist.exceptions import RedisUnavailable
 from scrapy_dist.private_files import (
     check_private_dir,
@@ -90,11 +92,8 @@ DEFAULT_DIRNAME = "scrapy_dist"
 #: Longest unix socket path we use inside the state directory (``sun_path`` is 104 bytes on macOS).
 MAX_SOCKET_PATH = 100
 
-# Popen handles of servers this process started: kept so they are reaped after shutdown() and never
-# garbage-collected while running (which would only warn; the server keeps running either way).
-_children: dict[int, subprocess.Popen[bytes]] = {}
+#: Serializes starting a server between the threads of this process (server.lock is per process).
 _thread_lock = threading.Lock()
-
 
 
 def embedded_dir(settings: Any) -> Path:
@@ -111,44 +110,6 @@ def embedded_dir(settings: Any) -> Path:
         path = Path(".scrapy", configured)
     path = path.absolute()
     return path.parent.resolve() / path.name
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OverflowError, ValueError):
-        return False
-    child = _children.get(pid)
-    # An exited process is a zombie until its parent reaps it: kill(0) succeeds but it is dead.
-    if child is not None:
-        return child.poll() is None
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _pid_is_redis(pid: int, directory: Path) -> bool:
-    """Whether ``pid`` is a live redis-server working in ``directory`` (so a recycled pid, or another
-    project's server, is not mistaken for ours)."""
-    if not _pid_alive(pid):
-        return False
-    try:
-        if "redis" not in Path(f"/proc/{pid}/comm").read_text():
-            return False
-        return os.path.realpath(f"/proc/{pid}/cwd") == os.path.realpath(directory)
-    except OSError:  # no /proc (macOS) or not ours to inspect: ask ps for the name only
-        try:
-            out = subprocess.run(
-                ["ps", "-o", "comm=", "-p", str(pid)], capture_output=True, text=True, timeout=5
-            ).stdout
-        except (OSError, subprocess.SubprocessError):
-            return True
-        return "redis" in out
 
 
 class EmbeddedRedis:
@@ -384,7 +345,7 @@ class EmbeddedRedis:
         except (OSError, ValueError):
             return
         deadline = time.monotonic() + grace
-        while _pid_is_redis(pid, self.directory):
+        while pid_is_redis(pid, self.directory):
             if time.monotonic() > deadline:
                 raise RedisUnavailable(
                     f"The embedded redis-server (pid {pid}) in {self.directory} is running but does not "
@@ -416,13 +377,13 @@ class EmbeddedRedis:
             # Data files and the socket are created private before any chmod.
             umask=0o077,
         )
-        _children[proc.pid] = proc
+        children[proc.pid] = proc
         state["pid"] = proc.pid
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
                 last_error = self._log_tail() or f"exit status {proc.returncode}"
-                _children.pop(proc.pid, None)
+                children.pop(proc.pid, None)
                 break
             if self._answers(state, loading_timeout=max(0.0, deadline - time.monotonic())):
                 write_private(self.state_path, json.dumps(state))
@@ -459,12 +420,12 @@ class EmbeddedRedis:
             client.close()
         pid = state.get("pid")
         if isinstance(pid, int):
-            child = _children.pop(pid, None)
+            child = children.pop(pid, None)
             if child is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.wait(timeout)
             deadline = time.monotonic() + timeout
-            while _pid_alive(pid):
+            while pid_alive(pid):
                 if time.monotonic() > deadline:
                     # Redis refuses to exit when its final save fails; keep the state file pointing at it.
                     raise RedisUnavailable(
