@@ -56,6 +56,12 @@ class RedisDupeFilter:
 
     #: ``mode`` argument of ``dupe.lua``
     mode: ClassVar[str] = "none"
+    #: the class overrides ``request_fingerprint()`` (decided once per class, not per request)
+    legacy_fingerprint: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.legacy_fingerprint = cls.request_fingerprint is not RedisDupeFilter.request_fingerprint
 
     redis: Any
     keys: CrawlKeys
@@ -66,7 +72,7 @@ class RedisDupeFilter:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        if cls._legacy_fingerprint():
+        if cls.legacy_fingerprint:
             warnings.warn(
                 f"Overriding RFPDupeFilter.request_fingerprint() is deprecated (in {cls.__name__}), set the"
                 " REQUEST_FINGERPRINTER_CLASS setting instead; scrapy-dist still uses the override meanwhile",
@@ -123,7 +129,7 @@ class RedisDupeFilter:
 
     # -- the batched interface the scheduler uses -------------------------------------------------
     def fingerprint(self, request: Request) -> bytes:
-        if self._legacy_fingerprint():
+        if self.legacy_fingerprint:
             return bytes.fromhex(self.request_fingerprint(request))
         return bytes(self.fingerprinter.fingerprint(request))
 
@@ -132,9 +138,6 @@ class RedisDupeFilter:
         ``REQUEST_FINGERPRINTER_CLASS``); an override is used, with a warning when the filter is built."""
         return bytes(self.fingerprinter.fingerprint(request)).hex()
 
-    @classmethod
-    def _legacy_fingerprint(cls) -> bool:
-        return cls.request_fingerprint is not RedisDupeFilter.request_fingerprint
 
     def tokens(self, request: Request) -> tuple[Any, Any]:
         """The two values ``dupe.lua`` needs for ``request`` (see its header)."""

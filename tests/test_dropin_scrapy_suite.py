@@ -109,7 +109,7 @@ def test_an_overridden_request_fingerprint_is_used_with_scrapys_warning(redis_ur
     df.open()
     assert not df.request_seen(Request("http://site.test/index.html"))
     assert df.request_seen(Request("http://site.test/INDEX.html"))  # the override decided
-    assert not build_from_crawler(SetDupeFilter, crawler)._legacy_fingerprint()
+    assert not build_from_crawler(SetDupeFilter, crawler).legacy_fingerprint
 
 
 def test_downloader_aware_queue_with_per_ip_concurrency_is_refused_in_one_line() -> None:
