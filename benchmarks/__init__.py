@@ -31,4 +31,5 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("seeds", "benchmarks.seeds"),
     ("politeness", "benchmarks.politeness"),
     ("shards", "benchmarks.shards"),
+    ("continuous", "benchmarks.continuous"),
 ]

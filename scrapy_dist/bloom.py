@@ -64,12 +64,15 @@ STRING_OVERHEAD = 10
 KEY_OVERHEAD = 80
 #: the filter never holds more than this many times its declared capacity: a recorded item count past it,
 #: or an insert that would pass it, is refused (at 8x the chain is 3 filters past the planned ones and
-#: about 9x the planned memory; hostile counts cannot make a worker allocate or name more)
+#: about 9x the planned memory -- with the 1/4 steps of a TTL generation, about 30 small filters; hostile
+#: counts cannot make a worker allocate or name more)
 MAX_OVERSHOOT = 8
 #: largest BLOOMFILTER_CAPACITY accepted (10^12 URLs is ~2 TB of filter; more is a typo)
 MAX_CAPACITY = 10**12
 #: smallest BLOOMFILTER_ERROR_RATE accepted (tighter rates need more hashes than a window holds)
 MIN_ERROR_RATE = 1e-12
+#: longest DUPEFILTER_TTL a filter may record (100 years)
+MAX_TTL = 100 * 365 * 86400
 #: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
 MAX_BLOCK_BITS = 2**32
 
@@ -120,6 +123,9 @@ class BloomRecord:
     block_bits: int
     n: int
     hashing: int
+    #: DUPEFILTER_TTL the crawl was created with (0: remembered forever) and its BLOOMFILTER_GENERATIONS
+    ttl: float = 0.0
+    generations: int = 4
 
 
 def _field_int(fields: dict[Any, Any], name: str, key: str, default: str | None = None) -> int:
@@ -130,19 +136,24 @@ def _field_int(fields: dict[Any, Any], name: str, key: str, default: str | None 
     return int(text)
 
 
+def _field_float(fields: dict[Any, Any], name: str, key: str, default: str | None = None) -> float:
+    raw = fields.get(name, fields.get(name.encode(), default))
+    try:
+        text = raw.decode("ascii") if isinstance(raw, bytes) else raw
+        value = float(text) if isinstance(text, str) and len(text) <= 40 else None
+    except (UnicodeDecodeError, ValueError):
+        value = None
+    if value is None:
+        raise BloomParameterError(f"{key} field {name}={_show(raw)}: not a number")
+    return value
+
+
 def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> BloomRecord:
     """Validate the fields of a ``{spider}:bloom`` HASH (as HGETALL gives them: bytes or str) -- data
     anyone with write access may have changed. Raises :class:`BloomParameterError` naming ``key`` and the
     field, and nothing else: capacity, error_rate, block_bits in range (:func:`check_parameters`), hashing
     an integer, and the item count ``n`` (missing = 0) at most :data:`MAX_OVERSHOOT` times the capacity."""
-    raw_err = fields.get("error_rate", fields.get(b"error_rate"))
-    try:
-        text = raw_err.decode("ascii") if isinstance(raw_err, bytes) else raw_err
-        err = float(text) if isinstance(text, str) and len(text) <= 40 else None
-    except (UnicodeDecodeError, ValueError):
-        err = None
-    if err is None:
-        raise BloomParameterError(f"{key} field error_rate={_show(raw_err)}: not a number")
+    err = _field_float(fields, "error_rate", key)
     capacity, error_rate, block_bits = check_parameters(
         _field_int(fields, "capacity", key), err, _field_int(fields, "block_bits", key),
         names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"),
@@ -152,7 +163,15 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
         raise BloomParameterError(
             f"{key} field n={n}: more than {MAX_OVERSHOOT}x the filter's capacity {capacity} (bounded memory)"
         )
-    return BloomRecord(capacity, error_rate, block_bits, n, _field_int(fields, "hashing", key))
+    ttl = _field_float(fields, "ttl", key, "0")
+    if not math.isfinite(ttl) or not 0 <= ttl <= MAX_TTL:
+        raise BloomParameterError(f"{key} field ttl={ttl!r}: not a number of seconds in 0 .. {MAX_TTL}")
+    generations = _field_int(fields, "generations", key, "4")
+    if not 2 <= generations <= 64:
+        raise BloomParameterError(f"{key} field generations={generations}: not in 2 .. 64")
+    return BloomRecord(
+        capacity, error_rate, block_bits, n, _field_int(fields, "hashing", key), ttl, generations
+    )
 
 
 @dataclass(frozen=True)
@@ -252,8 +271,14 @@ def _spec(index: int, capacity: int, error: float, cumulative: int, block_bits: 
 class BloomPlan:
     """The chain of filters for a declared ``capacity`` and compound ``error_rate``."""
 
-    def __init__(self, capacity: int, error_rate: float, block_bits: int = 2**31) -> None:
+    def __init__(
+        self, capacity: int, error_rate: float, block_bits: int = 2**31, overflow_step: float | None = None
+    ) -> None:
         self.capacity, self.error_rate, self.block_bits = check_parameters(capacity, error_rate, block_bits)
+        #: None: each filter past the capacity holds twice the one before (a classic scalable filter);
+        #: a fraction: each holds that fraction of the last planned filter's capacity (small steps, for
+        #: filters that are often a little past their capacity: the bloom generations of a TTL)
+        self.overflow_step = overflow_step
         self._specs: list[FilterSpec] = []
         planned = self._planned_capacities()
         budget = (1 - RESERVE) * self.error_rate
@@ -296,8 +321,12 @@ class BloomPlan:
         while len(self._specs) <= index:
             last = self._specs[-1]
             j = len(self._specs) - self.planned + 1
-            cap = last.capacity * OVERFLOW_GROWTH
-            err = RESERVE * self.error_rate * 0.5**j
+            if self.overflow_step is None:
+                cap = last.capacity * OVERFLOW_GROWTH
+                err = RESERVE * self.error_rate * 0.5**j
+            else:  # many small steps: errors shrinking as 1/j^2 (sum 6/pi^2 of the reserve) stay sizable
+                cap = max(1, round(self._specs[self.planned - 1].capacity * self.overflow_step))
+                err = RESERVE * self.error_rate * 6 / (math.pi**2 * j**2)
             self._specs.append(_spec(len(self._specs), cap, err, last.cumulative + cap, self.block_bits))
         return self._specs[index]
 

@@ -21,17 +21,28 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 import warnings
 from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pybloom_live import ScalableBloomFilter
-from redis.exceptions import NoScriptError
 from scrapy.exceptions import ScrapyDeprecationWarning
 
-from scrapy_dist import connection, defaults, scripts
-from scrapy_dist.bloom import HASHING, BloomParameterError, BloomPlan, fingerprint_hashes, parse_bloom_record
-from scrapy_dist.exceptions import FrontierScriptError, ScrapyDistError
+from scrapy_dist import connection, defaults
+from scrapy_dist.bloom import (
+    HASHING,
+    BloomParameterError,
+    BloomPlan,
+    BloomRecord,
+    fingerprint_hashes,
+    parse_bloom_record,
+)
+from scrapy_dist.dupescript import CALL_TOKENS, DupeScript
+
+__all__ = ["CALL_TOKENS", "BloomDupeFilter", "RFPDupeFilter", "RedisDupeFilter", "SetDupeFilter"]
+from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.generations import Generations
 from scrapy_dist.keys import CrawlKeys, crawler_keys
 from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.settings import DistSettings
@@ -46,8 +57,6 @@ logger = logging.getLogger(__name__)
 #: duplicate lines go where Scrapy's RFPDupeFilter logs them, so log filters written for Scrapy still apply
 dupes_logger = logging.getLogger("scrapy.dupefilters")
 
-#: fingerprints per script call of :meth:`BloomDupeFilter.seen_tokens`: about 2 ms of Redis time each
-CALL_TOKENS = 128
 
 
 @dataclass(eq=False)  # compared and hashed by identity, as before
@@ -68,7 +77,10 @@ class RedisDupeFilter:
     fingerprinter: Any
     stats: StatsCollector | None = None
     debug: bool = False
+    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever; see scrapy_dist/generations.py)
+    ttl: float | None = None
     _logged_dupes: bool = field(default=False, init=False, repr=False)
+    _script: Any = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -86,6 +98,7 @@ class RedisDupeFilter:
                 crawler.request_fingerprinter,
                 stats=crawler.stats,
                 debug=ds.dupefilter.debug,
+                ttl=ds.dupefilter.ttl,
                 **cls._extra_kwargs(ds),
             )
         except BloomParameterError as exc:  # e.g. BLOOMFILTER_CAPACITY = 10**400: one line, no traceback
@@ -147,9 +160,10 @@ class RedisDupeFilter:
         """The two values ``dupe.lua`` needs for a request of this fingerprint."""
         raise NotImplementedError
 
-    def script_keys_params(self, pending: int) -> tuple[list[str], list[Any]]:
-        """KEYS (starting with the filter's own key) and params for a batch of up to ``pending`` inserts."""
-        return [self.keys.fingerprints], []
+    def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
+        """``dupe.lua``'s mode, KEYS (the forgotten set first) and params for a call at ``now`` (None:
+        this machine's clock) that may insert up to ``pending`` fingerprints."""
+        return self.mode, [self.keys.forgotten, self.keys.fingerprints], []
 
     def observe(self, bloom_n: int) -> None:
         """Take note of the filter's size as reported by a script call."""
@@ -157,7 +171,24 @@ class RedisDupeFilter:
     def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
         """Test-and-set (or with ``add=False`` only test) a batch of fingerprints in one round trip, each
         fingerprint atomically; True where already seen."""
-        raise NotImplementedError
+        return self.run_batch("add" if add else "check", tokens)
+
+    def forget_tokens(self, tokens: list[tuple[Any, Any]]) -> None:
+        """Make these fingerprints new again (``scrapy-dist forget``): the exact filters remove them, the
+        bloom filter admits each once more (``{spider}:forgotten``)."""
+        self.run_batch("forget", tokens)
+
+    def run_batch(self, op: str, tokens: list[tuple[Any, Any]], now: float | None = None) -> list[bool]:
+        """``dupe_batch.lua`` over ``tokens`` (``op``: "add", "check" or "forget"; ``now``: injected time,
+        None = the server's): see :func:`scrapy_dist.dupescript.run_batch`. True where already seen."""
+        if self._script is None:
+            self._script = DupeScript(self.redis)
+        return self._script.run(self, op, tokens, now)
+
+    def key_names(self) -> list[str]:
+        """Every key of this filter beyond the fixed names of :data:`scrapy_dist.keys.FRONTIER_KEY_NAMES`
+        (bloom blocks and generations), for a flush or the end of a crawl."""
+        return []
 
     def stats_snapshot(self) -> dict[str, float]:
         """Filter figures for the crawl's stats (``dupefilter/...``)."""
@@ -172,14 +203,25 @@ class RedisDupeFilter:
 
 
 class SetDupeFilter(RedisDupeFilter):
-    """Exact crawl-wide dupefilter: a Redis SET of raw 20-byte fingerprints (``{spider}:fingerprints``)."""
+    """Exact crawl-wide dupefilter: a Redis SET of raw 20-byte fingerprints (``{spider}:fingerprints``).
+
+    With ``DUPEFILTER_TTL``, a ZSET fingerprint -> expiry time (``{spider}:fingerprints:ttl``) instead:
+    exactly TTL seconds after it was seen, a URL is new again; the expired entries are removed a bounded
+    number per script call (expired or not, a lookup compares the time)."""
 
     mode = "set"
 
     def fingerprint_tokens(self, fingerprint: bytes) -> tuple[Any, Any]:
         return fingerprint, ""
 
+    def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
+        if self.ttl is None:
+            return super().script_args(pending, now)
+        return "setttl", [self.keys.forgotten, self.keys.fingerprints_ttl], [repr(float(self.ttl))]
+
     def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
+        if self.ttl is not None:
+            return super().seen_tokens(tokens, add)
         if not add:
             return [bool(x) for x in self.redis.smismember(self.keys.fingerprints, [t for t, _ in tokens])]
         if len(tokens) == 1:
@@ -200,7 +242,8 @@ class BloomDupeFilter(RedisDupeFilter):
     """Crawl-wide scalable bloom filter in Redis bitmaps (see the module docstring).
 
     Settings: ``BLOOMFILTER_CAPACITY`` (default 100,000,000), ``BLOOMFILTER_ERROR_RATE`` (0.001),
-    ``BLOOMFILTER_BLOCK_BITS``. The first worker to open a crawl records capacity and error rate in the
+    ``BLOOMFILTER_BLOCK_BITS``, and with ``DUPEFILTER_TTL`` ``BLOOMFILTER_GENERATIONS``
+    (:mod:`scrapy_dist.generations`). The first worker to open a crawl records them in the
     ``{spider}:bloom`` hash; later workers use the recorded values, so the chain is the same everywhere.
     """
 
@@ -210,27 +253,36 @@ class BloomDupeFilter(RedisDupeFilter):
     capacity: InitVar[int] = defaults.BLOOMFILTER_CAPACITY
     error_rate: InitVar[float] = defaults.BLOOMFILTER_ERROR_RATE
     block_bits: InitVar[int] = defaults.BLOOMFILTER_BLOCK_BITS
+    generations: InitVar[int] = 4
 
-    def __post_init__(self, capacity: int, error_rate: float, block_bits: int) -> None:
-        self.plan = BloomPlan(capacity, error_rate, block_bits)
-        self.n = 0  # items in the filter, as last reported by Redis
+    def __post_init__(self, capacity: int, error_rate: float, block_bits: int, generations: int) -> None:
+        self.base = BloomPlan(capacity, error_rate, block_bits)
+        self.gens = None if self.ttl is None else Generations(self.ttl, generations)
+        self.plan = self.base if self.gens is None else self.gens.plan(capacity, error_rate, block_bits)
+        self.n = 0  # items in the filter (its fullest live generation), as last reported by Redis
         self._capacity_log = RateLimitedLog.once(logger)
         self._local: ScalableBloomFilter | None = None
-        self._script: Any = None
 
     @classmethod
     def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
         f = ds.dupefilter
-        return {"capacity": f.capacity, "error_rate": f.error_rate, "block_bits": f.block_bits}
+        return {
+            "capacity": f.capacity, "error_rate": f.error_rate, "block_bits": f.block_bits,
+            "generations": f.generations,
+        }
 
     def open(self) -> None:
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hsetnx(self.keys.bloom, "capacity", self.plan.capacity)
-        pipe.hsetnx(self.keys.bloom, "error_rate", repr(self.plan.error_rate))
-        pipe.hsetnx(self.keys.bloom, "block_bits", self.plan.block_bits)
-        pipe.hsetnx(self.keys.bloom, "hashing", HASHING)
-        names = ["capacity", "error_rate", "block_bits", "n", "hashing"]
+        b = self.base
+        mine = {
+            "capacity": b.capacity, "error_rate": repr(b.error_rate), "block_bits": b.block_bits,
+            "hashing": HASHING, "ttl": repr(float(self.ttl or 0)),
+            "generations": self.gens.count if self.gens else 4,
+        }
+        for name, value in mine.items():
+            pipe.hsetnx(self.keys.bloom, name, value)
+        names = [*mine, "n"]
         pipe.hmget(self.keys.bloom, names)
         values = pipe.execute()[-1]
         way_out = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
@@ -247,19 +299,28 @@ class BloomDupeFilter(RedisDupeFilter):
                 f"The bloom filter {self.keys.bloom!r} was written with bit-position scheme {rec.hashing},"
                 f" this scrapy-dist uses {HASHING}: {way_out}"
             )
-        self.adopt(rec.capacity, rec.error_rate, rec.block_bits, rec.n)
+        self.adopt(rec)
 
-    def adopt(self, capacity: int, error_rate: float, block_bits: int, n: int) -> None:
+    def adopt(self, rec: BloomRecord) -> None:
         """Use the parameters recorded for the crawl, warning when they differ from this worker's."""
-        p = self.plan
-        if (capacity, error_rate, block_bits) != (p.capacity, p.error_rate, p.block_bits):
+        b = self.base
+        ttl = rec.ttl or None
+        mine = (b.capacity, b.error_rate, b.block_bits, self.ttl, self.gens.count if self.gens else None)
+        theirs = (rec.capacity, rec.error_rate, rec.block_bits, ttl, rec.generations if ttl else None)
+        if mine != theirs:
             logger.warning(
-                "The bloom filter of this crawl was created with capacity=%d error_rate=%g; using those,"
-                " not this worker's BLOOMFILTER_CAPACITY=%d BLOOMFILTER_ERROR_RATE=%g",
-                capacity, error_rate, p.capacity, p.error_rate,
+                "The bloom filter of this crawl was created with capacity=%d error_rate=%g ttl=%s"
+                " generations=%s; using those, not this worker's BLOOMFILTER_CAPACITY=%d"
+                " BLOOMFILTER_ERROR_RATE=%g DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
+                rec.capacity, rec.error_rate, ttl, theirs[4], b.capacity, b.error_rate, self.ttl, mine[4],
             )
-            self.plan = BloomPlan(capacity, error_rate, block_bits)
-        self.observe(n)
+            self.ttl = ttl
+            self.base = BloomPlan(rec.capacity, rec.error_rate, rec.block_bits)
+            self.gens = None if ttl is None else Generations(ttl, rec.generations)
+            self.plan = self.base if self.gens is None else self.gens.plan(
+                rec.capacity, rec.error_rate, rec.block_bits
+            )
+        self.observe(0 if self.gens else rec.n)
 
     def fingerprint_tokens(self, fingerprint: bytes) -> tuple[Any, Any]:
         return fingerprint_hashes(fingerprint)
@@ -267,95 +328,65 @@ class BloomDupeFilter(RedisDupeFilter):
     def for_shard(self, keys: CrawlKeys, shards: int) -> Self:
         """A shard's filter holds about 1/shards of the crawl's URLs: its chain is sized for that."""
         clone = super().for_shard(keys, shards)
-        p = self.plan
-        clone.plan = BloomPlan(max(1, p.capacity // shards), p.error_rate, p.block_bits)
+        b = self.base
+        clone.base = BloomPlan(max(1, b.capacity // shards), b.error_rate, b.block_bits)
+        clone.plan = clone.base if self.gens is None else self.gens.plan(
+            clone.base.capacity, b.error_rate, b.block_bits
+        )
         clone.n, clone._local, clone._script = 0, None, None
         clone._capacity_log = RateLimitedLog.once(logger)
         return clone
 
-    def script_keys_params(self, pending: int) -> tuple[list[str], list[Any]]:
+    def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
         """Keys and params for ``pending`` more inserts; :class:`BloomParameterError` (before a key name is
         built) when that would pass the filter's bound (:data:`scrapy_dist.bloom.MAX_OVERSHOOT`)."""
         horizon = self.n + pending
         self.plan.check_items(horizon, self.keys.bloom)
-        keys = [self.keys.bloom] + [self.keys.bloom_block(f, b) for f, b in self.plan.block_coords(horizon)]
-        return keys, self.plan.script_params(horizon)
+        head = [self.keys.forgotten, self.keys.bloom]
+        coords = self.plan.block_coords(horizon)
+        if self.gens is None:
+            return "bloom", head + [self.keys.bloom_block(f, b) for f, b in coords], self.plan.script_params(
+                horizon
+            )
+        gens = self.gens.passed(time.time() if now is None else now)
+        keys = head
+        for e in gens:
+            keys.append(self.keys.bloom_generation(e))
+            keys += [self.keys.bloom_generation_block(e, f, b) for f, b in coords]
+        params = [
+            repr(self.gens.span), self.gens.count, gens.start, len(gens), *self.plan.script_params(horizon)
+        ]
+        return "bloomgen", keys, params
+
+    def key_names(self) -> list[str]:
+        n = max(self.n, self.plan.capacity)
+        coords = self.plan.block_coords(n)
+        if self.gens is None:
+            return [self.keys.bloom_block(f, b) for f, b in coords]
+        out = []
+        for e in self.gens.passed(time.time()):
+            out.append(self.keys.bloom_generation(e))
+            out += [self.keys.bloom_generation_block(e, f, b) for f, b in coords]
+        return out
 
     def observe(self, bloom_n: int) -> None:
         self.n = max(self.n, int(bloom_n))
         if self.n > self.plan.capacity:
             self._capacity_log.log(
                 logging.WARNING,
-                "The bloom filter holds %d fingerprints, past BLOOMFILTER_CAPACITY=%d: it keeps growing"
-                " within the error rate, but each further item costs more memory; raise the capacity for"
-                " the next crawl",
-                self.n, self.plan.capacity,
+                "The bloom filter holds %d fingerprints%s, past its capacity %d (BLOOMFILTER_CAPACITY%s): it"
+                " keeps growing within the error rate, but each further item costs more memory; raise the"
+                " capacity for the next crawl",
+                self.n, " in one generation" if self.gens else "", self.plan.capacity,
+                "/(BLOOMFILTER_GENERATIONS-1)" if self.gens else "",
             )
 
-    def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
-        """Test-and-set (``add``) or only test a batch of fingerprints in one round trip (one per call on
-        Redis Cluster): script calls of at most :data:`CALL_TOKENS` fingerprints each, pipelined. Each
-        fingerprint's test-and-set is atomic, and the calls run in order, so a fingerprint twice in a
-        batch is new only the first time.
-
-        Why not one call for the whole batch: a script holds Redis for its whole run, so a batch of
-        thousands would stall every other worker's calls for tens of milliseconds, and a call slower than
-        ``slowlog-log-slower-than`` (10 ms by default) is copied into Redis's slow log, arguments and all
-        -- up to a few hundred KB of Redis memory that the filter does not need.
-        """
-        if self._script is None:
-            self._script = scripts.register(self.redis, "dupe_batch")
-            self.redis.script_load(self._script.script)  # the pipelined calls below are plain EVALSHA
-        op = "add" if add else "check"
-        chunks = [
-            [str(x) for pair in tokens[i : i + CALL_TOKENS] for x in pair]
-            for i in range(0, len(tokens), CALL_TOKENS)
-        ]
-        flags: list[str | None] = [None] * len(chunks)
-        for _ in range(64):
-            todo = [i for i, f in enumerate(flags) if f is None]
-            if not todo:
-                return [f == "0" for chunk in flags for f in chunk or ""]
-            keys, params = self.script_keys_params(sum(len(chunks[i]) // 2 for i in todo) if add else 0)
-            head = [op, self.mode, len(params), *params]
-            answers = self._run_calls(keys, [[*head, *chunks[i]] for i in todo])
-            for i, answer in zip(todo, answers, strict=True):
-                if answer is None:  # Redis had lost the script: loaded again, run again
-                    continue
-                if answer[0] == -2:  # refused, nothing written (dupe.lua: garbage or past the bound)
-                    reason = answer[1].decode() if isinstance(answer[1], bytes) else str(answer[1])
-                    raise BloomParameterError(
-                        f"{self.keys.bloom} field n: refused by the filter ({reason}): not a count within"
-                        f" {self.plan.max_items} ({'the bound' if reason == 'bloom_bound' else 'garbage'})"
-                    )
-                got, n = answer
-                self.observe(int(n))
-                if got != -1:  # -1: the chain grew past the keys passed (another worker): again with more
-                    flags[i] = got.decode() if isinstance(got, bytes) else got
-        raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
-
-    def _run_calls(self, keys: list[str], argvs: list[list[Any]]) -> list[Any]:
-        """Answers of one script call per ``argvs`` entry, in order: pipelined (not as a transaction) in
-        one round trip, or on Redis Cluster one call after the other. None for a pipelined call Redis
-        refused with NOSCRIPT (a restart or SCRIPT FLUSH), once the script is loaded again."""
-        if len(argvs) == 1 or connection.is_cluster(self.redis):
-            # redis-py reloads the script by itself; its cluster pipelines refuse EVALSHA, so a cluster
-            # client makes one round trip per call (all the keys are on one node anyway)
-            return [self._script(keys=keys, args=args) for args in argvs]
-        pipe = self.redis.pipeline(transaction=False)
-        for args in argvs:
-            pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-        answers = pipe.execute(raise_on_error=False)
-        for answer in answers:
-            if isinstance(answer, Exception) and not isinstance(answer, NoScriptError):
-                raise answer
-        if any(isinstance(a, NoScriptError) for a in answers):
-            self.redis.script_load(self._script.script)
-        return [None if isinstance(a, NoScriptError) else a for a in answers]
-
     def request_seen(self, request: Request) -> bool:
-        """Scrapy-scheduler path: local first-level filter, then one atomic Redis test-and-set."""
+        """Scrapy-scheduler path: local first-level filter (not with ``DUPEFILTER_TTL``: it would remember
+        for ever), then one atomic Redis test-and-set."""
         fp = self.fingerprint(request)
+        if self.gens is not None:
+            return self.seen_tokens([fingerprint_hashes(fp)])[0]
         if self._local is None:
             self._local = ScalableBloomFilter(
                 initial_capacity=100_000, error_rate=1e-7, mode=ScalableBloomFilter.LARGE_SET_GROWTH
@@ -370,7 +401,9 @@ class BloomDupeFilter(RedisDupeFilter):
         return {
             "dupefilter/bloom/items": self.n,
             "dupefilter/bloom/fill_ratio": round(self.n / self.plan.capacity, 6),
-            "dupefilter/bloom/fpr_estimate": self.plan.false_positive_rate(self.n),
+            "dupefilter/bloom/fpr_estimate": self.plan.false_positive_rate(self.n) * (
+                self.gens.count if self.gens else 1
+            ),
         }
 
     def close(self, reason: str) -> None:

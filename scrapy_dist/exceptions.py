@@ -43,3 +43,16 @@ class FrontierScriptError(ScrapyDistError):
 class ShardingRefused(ScrapyDistError):
     """A worker cannot join a sharded frontier as configured (``SCHEDULER_SHARDS`` differing from the
     crawl's recorded value, or combined with ``SCHEDULER_POLITENESS = "cluster"``)."""
+
+
+class FrontierStateError(FrontierScriptError):
+    """The sync script refused to write because a value it read from Redis cannot be used (a key of the
+    wrong type, a bloom count past its bound, ...). ``reason`` is the script's slug, ``key`` the key."""
+
+    def __init__(self, reason: str, key: str) -> None:
+        super().__init__(
+            f"The frontier refused to write: {key!r} holds an unusable value ({reason}); nothing was"
+            " written. Repair or delete that key (SCHEDULER_FLUSH_ON_START clears the crawl)"
+        )
+        self.reason = reason
+        self.key = key

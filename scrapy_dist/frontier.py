@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist import defaults, scripts
-from scrapy_dist.exceptions import FrontierScriptError
+from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError
 
 if TYPE_CHECKING:
     from scrapy_dist.dupefilter import RedisDupeFilter
@@ -115,11 +115,13 @@ class SyncBatch:
     #: (member, delay in seconds, new member or b"" for the same): acks that file the request again in
     #: the delayed set, due that long after the Redis server's now (revisits, see scrapy_dist/revisit.py)
     revisit: list[tuple[bytes, float, bytes]] = field(default_factory=list)
+    #: (t1, t2) fingerprint tokens the dupefilter forgets (DEADLETTER_FORGET, with their dead letters)
+    forget: list[tuple[Any, Any]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
             self.enqueue or self.ack or self.renew or self.release or self.delay or self.reject
-            or self.dead or self.penalize or self.lease or self.revisit
+            or self.dead or self.penalize or self.lease or self.revisit or self.forget
         )
 
 
@@ -142,19 +144,6 @@ class SyncResult:
     rejected: int = 0
     #: keys whose garbage the script repaired before writing (see lua/sync_check.lua)
     repaired: list[str] = field(default_factory=list)
-
-
-class FrontierStateError(FrontierScriptError):
-    """The sync script refused to write because a value it read from Redis cannot be used (a key of the
-    wrong type, a bloom count past its bound, ...). ``reason`` is the script's slug, ``key`` the key."""
-
-    def __init__(self, reason: str, key: str) -> None:
-        super().__init__(
-            f"The frontier refused to write: {key!r} holds an unusable value ({reason}); nothing was"
-            " written. Repair or delete that key (SCHEDULER_FLUSH_ON_START clears the crawl)"
-        )
-        self.reason = reason
-        self.key = key
 
 
 # -- the wire layout of lua/sync.lua, in one place ----------------------------------------------------
@@ -206,6 +195,7 @@ SYNC_SECTIONS = (
     SyncSection(
         "revisit", ("member", "delay", "new"), (), lambda e, now: (e[0], _score(max(0.0, float(e[1]))), e[2])
     ),
+    SyncSection("forget", ("t1", "t2"), (), lambda e, now: (e[0], e[1])),
 )
 
 
@@ -334,10 +324,9 @@ class Frontier:
         body = encode_sync_sections(batch, time.time() if now is None else now, self._polite)
         for _ in range(64):
             if df is not None:
-                dkeys, params = df.script_keys_params(len(batch.enqueue))
-                mode = df.mode
+                mode, dkeys, params = df.script_args(len(batch.enqueue), now)
             else:
-                dkeys, params, mode = [self.keys.fingerprints], [], "none"
+                mode, dkeys, params = "none", [self.keys.forgotten, self.keys.fingerprints], []
             args = [*self._head(batch, now, mode), len(params), *params, *body]
             raw = await self._script(keys=self._fixed_keys + dkeys, args=args)
             if isinstance(raw, list) and len(raw) == 2 and raw[0] == -1:

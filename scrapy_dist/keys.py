@@ -33,7 +33,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 #: lives with shard 0 only).
 SHARD_KEY_NAMES = (
     "queue", "queue_tails", "queue_rejected", "leases", "lease_meta", "seq", "delayed", "delayed_meta",
-    "bloom", "fingerprints",
+    "bloom", "fingerprints", "fingerprints_ttl", "forgotten",
 )
 
 
@@ -69,6 +69,8 @@ FRONTIER_KEY_NAMES = (
     "delayed_meta",
     "bloom",
     "fingerprints",
+    "fingerprints_ttl",
+    "forgotten",
     "workers",
     "stats",
     "control",
@@ -99,6 +101,10 @@ domain_info      domains:info      HASH ``b:/i:/n:/l:<domain>`` -> backlog, slot
 deadletter       deadletter        LIST of JSON dead-letter records.
 bloom            bloom             HASH with the bloom filter's parameters and insert count.
 fingerprints     fingerprints      SET of raw 20-byte request fingerprints (exact ``SetDupeFilter``).
+fingerprints_ttl fingerprints:ttl  ZSET raw fingerprint -> unix time it expires (``SetDupeFilter`` with
+                                   ``DUPEFILTER_TTL``).
+forgotten        forgotten         SET of ``"<h1>:<h2>"`` bloom hashes of fingerprints made new again
+                                   (``scrapy-dist forget``, ``DEADLETTER_FORGET``); each is admitted once.
 workers          workers           ZSET worker id -> last heartbeat (unix seconds).
 stats            stats             HASH of crawl-wide merged Scrapy stats.
 control          control           HASH of crawl-wide control flags (``paused``, ...).
@@ -193,6 +199,15 @@ class CrawlKeys:
     def bloom_block(self, filter_index: int, block_index: int) -> str:
         """STRING bitmap: block ``block_index`` of filter ``filter_index`` of the scalable bloom chain."""
         return self._k(f"bloom:{filter_index}:{block_index}")
+
+    def bloom_generation(self, generation: int) -> str:
+        """HASH with the item count of bloom generation ``generation`` (``DUPEFILTER_TTL``)."""
+        return self._k(f"bloom:g{generation}")
+
+    def bloom_generation_block(self, generation: int, filter_index: int, block_index: int) -> str:
+        """STRING bitmap: block ``block_index`` of filter ``filter_index`` of bloom generation
+        ``generation``."""
+        return self._k(f"bloom:g{generation}:{filter_index}:{block_index}")
 
     def worker(self, worker_id: str) -> str:
         """HASH with one worker's heartbeat details."""

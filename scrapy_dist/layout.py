@@ -132,14 +132,15 @@ class CrawlLayout:
             pipe.zcard(k.queue)
             pipe.zcard(k.leases)
             pipe.zcard(k.delayed)
-            pipe.hget(k.bloom, "n")
+            pipe.hmget(k.bloom, ["n", "live"])  # live: the bloom generations' items (DUPEFILTER_TTL)
             pipe.scard(k.fingerprints)
+            pipe.zcard(k.fingerprints_ttl)
         replies = pipe.execute()
         pending = remembered = 0
-        for i in range(0, len(replies), 6):
-            counted, members, leased, delayed, bloom_n, fps = replies[i : i + 6]
+        for i in range(0, len(replies), 7):
+            counted, members, leased, delayed, (bloom_n, live), fps, expiring = replies[i : i + 7]
             pending += max(_count(counted), members) + leased + delayed
-            remembered += _count(bloom_n) + fps
+            remembered += _count(bloom_n) + _count(live) + fps + expiring
         return pending, remembered
 
     # -- keys -----------------------------------------------------------------------------------------
@@ -147,11 +148,8 @@ class CrawlLayout:
     def key_names(keys: CrawlKeys, df: Any) -> list[str]:
         """Every key of one shard (all of the crawl's frontier keys for shard 0), bloom blocks included."""
         names = keys.frontier_keys()
-        plan = getattr(df, "plan", None)
-        if plan is not None:
-            n = max(getattr(df, "n", 0), plan.capacity)
-            names += [keys.bloom_block(f, b) for f, b in plan.block_coords(n)]
-        return names
+        own = getattr(df, "key_names", None)
+        return names + (own() if own is not None else [])
 
     def layouts(self, shards: int) -> list[tuple[CrawlKeys, Any]]:
         """(keys, dupefilter) of every shard of a frontier of ``shards`` shards."""

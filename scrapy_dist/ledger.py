@@ -164,6 +164,8 @@ class Ledger:
         self.acks_waiting: list[Lease] = []
         self.delays: list[Delay] = []
         self.dead: list[str] = []
+        #: (shard, fingerprint tokens) the dupefilter forgets, with the dead letters (DEADLETTER_FORGET)
+        self.forgets: list[tuple[int, tuple[Any, Any]]] = []
         self.rejects: list[tuple[Lease, str]] = []
         self.releases: list[Lease] = []
         self.penalties: list[tuple[str, float]] = []
@@ -189,8 +191,11 @@ class Ledger:
         self.delays.append(entry)
         self._mark(now)
 
-    def dead_letter(self, record: str, now: float) -> None:
+    def dead_letter(self, record: str, now: float, forget: tuple[int, tuple[Any, Any]] | None = None) -> None:
+        """A dead letter; ``forget``: (shard, tokens) of its fingerprint, forgotten in the same call."""
         self.dead.append(record)
+        if forget is not None:
+            self.forgets.append(forget)
         self._mark(now)
 
     def penalize(self, domain: str, seconds: float, now: float) -> None:
@@ -259,7 +264,7 @@ class Ledger:
 
     def has_writes(self) -> bool:
         """Whether anything waits to be written (besides acks and releases)."""
-        return bool(self.out or self.delays or self.dead or self.rejects or self.penalties)
+        return bool(self.out or self.delays or self.dead or self.rejects or self.penalties or self.forgets)
 
     def owes(self) -> bool:
         """Whether anything at all waits to be sent, acks held back included."""
@@ -292,9 +297,11 @@ class Ledger:
             batches[shard].release.append(member)
         batches[0].dead = self.dead
         batches[0].penalize = self.penalties
+        for shard, tokens in self.forgets:
+            batches[shard].forget.append(tokens)
         for shard, member in self.acks:
             self._ack(batches[shard], (shard, member))
-        writes = {i for i, b in enumerate(batches) if b.enqueue or b.delay or b.dead}
+        writes = {i for i, b in enumerate(batches) if b.enqueue or b.delay or b.dead or b.forget}
         waiting = []
         for shard, member in self.acks_new:
             if writes <= {shard}:
@@ -310,7 +317,7 @@ class Ledger:
         self._sent = sent
         self.out, self.acks, self.acks_new, self.delays = [], [], [], []
         self.best_out = math.inf
-        self.rejects, self.dead, self.penalties, self.releases = [], [], [], []
+        self.rejects, self.dead, self.penalties, self.releases, self.forgets = [], [], [], [], []
         self.first_pending = None
         return batches
 
@@ -336,6 +343,7 @@ class Ledger:
         self.rejects = [((shard, m), record) for m, record in batch.reject] + self.rejects
         self.releases = [(shard, m) for m in batch.release] + self.releases
         self.dead = batch.dead + self.dead
+        self.forgets = [(shard, t) for t in batch.forget] + self.forgets
         self.penalties = batch.penalize + self.penalties
         self._mark(now)
 

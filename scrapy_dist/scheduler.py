@@ -144,6 +144,8 @@ class Scheduler:
         self._empty_since: float | None = None
         #: revisits (scrapy_dist/revisit.py), wired by from_crawler
         self.revisits: Revisits | None = None
+        #: DEADLETTER_FORGET, wired by from_crawler
+        self.forget_dead = False
         self.report = FrontierReport(self.stats, [], lambda request: self.df.log(request, self.spider))
         self.keys: CrawlKeys
         self.layout: CrawlLayout
@@ -181,6 +183,7 @@ class Scheduler:
         )
         sched.revisits = Revisits.from_crawler(crawler)
         sched.ledger.revisit_of = sched.revisits.plan
+        sched.forget_dead = ds.dupefilter.forget_dead
         if cfg.politeness == "cluster":
             from scrapy import signals
 
@@ -393,9 +396,14 @@ class Scheduler:
         )
         return True
 
-    def dead_letter(self, record: str) -> None:
-        """Append a JSON dead-letter record (batched, atomic with the failed request's ack)."""
-        self.ledger.dead_letter(record, time.monotonic())
+    def dead_letter(self, record: str, request: Request | None = None) -> None:
+        """Append a JSON dead-letter record (batched, atomic with the failed request's ack); with
+        ``DEADLETTER_FORGET``, ``request``'s fingerprint is forgotten in the same call."""
+        forget = None
+        if request is not None and self.forget_dead and self._batched_df:
+            shard = self.router.shard(request)
+            forget = (shard, self.layout.shard_dfs[shard].tokens(request))
+        self.ledger.dead_letter(record, time.monotonic(), forget)
 
     def flushed_since(self, mark: float) -> bool:
         """Whether a sync that started after ``mark`` (a ``time.monotonic()`` value) has succeeded.

@@ -157,6 +157,12 @@ class DupefilterSettings:
     error_rate: float = 0.001
     block_bits: int = 2**31
     debug: bool = False  # Scrapy's DUPEFILTER_DEBUG
+    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever)
+    ttl: float | None = None
+    #: BLOOMFILTER_GENERATIONS: bloom generations with a TTL (scrapy_dist/generations.py)
+    generations: int = 4
+    #: DEADLETTER_FORGET: a dead-lettered request's fingerprint is forgotten with its dead letter
+    forget_dead: bool = False
 
 
 @dataclass(frozen=True)
@@ -351,6 +357,8 @@ class DistSettings:
             dupefilter=DupefilterSettings(
                 capacity=v("BLOOMFILTER_CAPACITY"), error_rate=v("BLOOMFILTER_ERROR_RATE"),
                 block_bits=v("BLOOMFILTER_BLOCK_BITS"), debug=raw.scrapy_bool("DUPEFILTER_DEBUG", False),
+                ttl=v("DUPEFILTER_TTL"), generations=v("BLOOMFILTER_GENERATIONS"),
+                forget_dead=v("DEADLETTER_FORGET"),
             ),
             seeds=seeds,
             retries=RetrySettings(

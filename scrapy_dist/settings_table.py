@@ -142,6 +142,14 @@ TABLE: tuple[Setting, ...] = (
        low=0, low_open=True, high=0.5),
     _s("BLOOMFILTER_BLOCK_BITS", 2**31, "int", "Bits per bitmap block (one Redis string each).", D,
        low=2**13, high=2**32),
+    _s("DUPEFILTER_TTL", None, "float", "Seconds a fingerprint is remembered: a URL seen longer ago is new"
+       " again (None: forever). Bloom filter: forgotten between TTL and TTL*G/(G-1) after it was seen (G ="
+       " BLOOMFILTER_GENERATIONS); SetDupeFilter: exactly TTL.", D, optional=True, low=0, low_open=True,
+       high=100 * 365 * 86400),
+    _s("BLOOMFILTER_GENERATIONS", 4, "int", "With DUPEFILTER_TTL: the bloom filter is this many generations,"
+       " each covering TTL/(G-1) seconds; the oldest expires whole.", D, low=2, high=64),
+    _s("DEADLETTER_FORGET", False, "bool", "A request that ends as a dead letter is forgotten by the"
+       " dupefilter (in the same call), so the next run or a seed pushed again fetches it.", D),
     # -- seeds
     _s("REDIS_START_URLS_KEY", "%(name)s:start_urls", "str", "Key seeds are read from (%(name)s: the"
        " spider).", SE, status=HONOURED),

@@ -27,6 +27,7 @@ from scrapy_dist.bloom import BloomPlan
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.extensions.control import ControlState, parse_control
 from scrapy_dist.extensions.workers import CLOSED, LOST, RUNNING, parse_worker_hash, worker_state
+from scrapy_dist.generations import Generations
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.politeness import busiest_domains
 
@@ -121,6 +122,8 @@ def _filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] 
         plan = BloomPlan(int(b["capacity"]), float(b["error_rate"]),
                          int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS))
         n = int(b.get("n") or 0)
+        if float(b.get("ttl") or 0) > 0:
+            return _generation_figures(b, plan)
         return {
             "kind": "bloom",
             "items": n,
@@ -133,6 +136,24 @@ def _filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] 
     if fingerprints:
         return {"kind": "set", "items": fingerprints, "fill": None, "fpr_estimate": 0.0}
     return None
+
+
+def _generation_figures(b: dict[str, str], base: BloomPlan) -> dict[str, Any]:
+    """Figures of a bloom filter with ``DUPEFILTER_TTL``: ``live`` items over its generations, each
+    generation's chain holding about 1/G of them (an estimate: the counts per generation are not read)."""
+    gens = Generations(float(b["ttl"]), int(b.get("generations") or 4))
+    live_text = b.get("live") or "0"
+    if not (live_text.isascii() and live_text.isdigit() and len(live_text) <= 19):
+        raise ValueError("live")
+    live = int(live_text)
+    plan = gens.plan(base.capacity, base.error_rate, base.block_bits)
+    per = live // gens.count
+    return {
+        "kind": "bloom", "items": live, "capacity": base.capacity, "error_rate": base.error_rate,
+        "fill": round(live / base.capacity, 6), "ttl": gens.ttl, "generations": gens.count,
+        "fpr_estimate": min(1.0, gens.count * plan.false_positive_rate(per)),
+        "memory_bytes": gens.count * plan.memory_bytes(per) if per else 0,
+    }
 
 
 def combine_filters(figures: list[dict[str, Any] | None]) -> dict[str, Any] | None:
@@ -336,9 +357,10 @@ def read_status(
     p.zcard(keys.workers)
     p.hlen(keys.lease_meta)
     p.hget(keys.queue_tails, "count")  # requests queued (queue members may be chunks of several)
+    p.zcard(keys.fingerprints_ttl)  # SetDupeFilter with DUPEFILTER_TTL
     (queued, inflight, delayed, dead, seeds_type, processing, seeds_rejected, queue_rejected, bloom,
-     fingerprints, control_raw, stats_raw, errors_raw, members, n_workers, n_leases, counted) = _replies(
-        p, [0, 0, 0, 0, "none", 0, 0, 0, {}, 0, {}, {}, {}, [], 0, 0, None])
+     fingerprints, control_raw, stats_raw, errors_raw, members, n_workers, n_leases, counted,
+     expiring) = _replies(p, [0, 0, 0, 0, "none", 0, 0, 0, {}, 0, {}, {}, {}, [], 0, 0, None, 0])
     if not _valid_members(members):
         members = []
     if queued:
@@ -369,7 +391,7 @@ def read_status(
     fallbacks += [{}] * len(members) + [0, 0, 0, 0, {}, 0, 0, None] * len(shards[1:])
     replies = _replies(p, fallbacks)
     seeds_waiting = int(replies.pop(0)) if count is not None else 0
-    filters = [filter_figures(bloom, int(fingerprints))]
+    filters = [filter_figures(bloom, int(fingerprints) + int(expiring))]
     for _ in shards[1:]:  # replies of the last shard are last: take them from the end
         s_queued, s_inflight, s_delayed, s_rejected, s_bloom, s_fps, s_leases, s_counted = replies[-8:]
         del replies[-8:]

@@ -227,7 +227,7 @@ def test_a_count_raised_mid_crawl_is_refused_without_naming_millions_of_keys(
     # the worker's own view past the bound: refused before any key name is built
     df.n = 10**15
     with pytest.raises(BloomParameterError, match="field n was changed"):
-        df.script_keys_params(1)
+        df.script_args(1)
 
 
 def test_the_scripts_refuse_a_garbage_count_themselves(redis_url: str, redis_client: Any) -> None:

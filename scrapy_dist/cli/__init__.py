@@ -298,6 +298,7 @@ def main(ctx: click.Context, redis_url: str | None) -> None:
 from scrapy_dist.cli import demo  # noqa: E402, F401
 from scrapy_dist.cli import items  # noqa: E402, F401
 from scrapy_dist.cli import dead  # noqa: E402, F401
+from scrapy_dist.cli import forget  # noqa: E402, F401
 from scrapy_dist.cli import status  # noqa: E402, F401
 from scrapy_dist.cli import push  # noqa: E402, F401
 from scrapy_dist.cli import embedded  # noqa: E402, F401

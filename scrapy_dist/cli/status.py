@@ -106,6 +106,8 @@ def render(status: dict[str, Any]) -> Group:
     elif f["kind"] == "bloom":
         filt = (f"bloom, {f['items']:,} of {f['capacity']:,} ({f['fill']:.2%} full),"
                 f" estimated false positives {f['fpr_estimate']:.2g}")
+        if f.get("ttl"):
+            filt += f"; forgets after {f['ttl']:g} s ({f['generations']} generations)"
     else:
         filt = f"exact, {f['items']:,} fingerprints"
     lines = [Text.assemble(("Filter  ", "bold"), filt)]

@@ -1,24 +1,44 @@
 -- Fragment (not a script on its own): the dupefilter used by sync.lua and dupe_batch.lua.
 --
--- dupe_open(mode, key_index, params) prepares a filter; `params` is a flat list taken from ARGV:
---   mode "bloom": nfilters, window_bits, max_items, then per filter i (oldest first): m_i, k_i, cum_i,
---                 nblocks_i, wpb_i
---                 where m_i = bits, k_i = hashes, cum_i = capacity of filters 0..i together, wpb_i =
---                 windows per block. KEYS[key_index] is the bloom HASH (field "n" = items inserted), then
---                 the block bitmaps of filter 0, filter 1, ... in order (nblocks_i keys each).
---   mode "set":   KEYS[key_index] is the SET of raw fingerprints; no params.
---   mode "none":  no deduplication.
+-- dupe_open(mode, key_index, params, now) prepares a filter; `params` is a flat list taken from ARGV, `now`
+-- the call's time (unix seconds: the server's, or the one a test injects). KEYS[key_index] is always the
+-- FORGOTTEN set ({spider}:forgotten: "t1:t2" of bloom fingerprints made new again, see dupe_forget); the
+-- filter's own keys follow it, from key_index + 1:
+--   mode "bloom":    params nfilters, window_bits, max_items, then per filter i (oldest first): m_i, k_i,
+--                    cum_i, nblocks_i, wpb_i, where m_i = bits, k_i = hashes, cum_i = capacity of filters
+--                    0..i together, wpb_i = windows per block (together: a CHAIN's params). KEYS: the bloom
+--                    HASH (field "n" = items inserted), then the block bitmaps of filter 0, filter 1, ...
+--                    in order (nblocks_i keys each).
+--   mode "bloomgen": DUPEFILTER_TTL with generations. params span, G, lo, count, then one chain's params
+--                    (every generation has the same). Generation e covers [e*span, (e+1)*span); a call
+--                    at `now` is in generation cur = floor(now / span), tests generations cur-G+1 .. cur
+--                    (and cur+1, which only a worker whose clock is ahead writes) and inserts into cur.
+--                    KEYS: the crawl's bloom HASH (field "live" written: items in the live
+--                    generations), then for each generation e = lo .. lo+count-1 its HASH
+--                    {spider}:bloom:g<e> and its blocks, as for "bloom". Generation e's keys are created
+--                    with an expiry (e+G)*span - now seconds away: the moment lookups stop consulting it,
+--                    Redis drops it whole. Nothing rotates, so nothing can rotate twice: the generation is a
+--                    function of the clock. The live generations must be among those passed (d.err
+--                    'bloom_clock' otherwise: the worker's clock is more than a span off the server's).
+--   mode "set":      KEYS: the SET of raw fingerprints; no params.
+--   mode "setttl":   params ttl; KEYS: the ZSET fingerprint -> unix time it expires. A fingerprint whose
+--                    time has passed is new again; dupe_close drops a bounded number of expired ones.
+--   mode "none":     no deduplication.
 -- dupe_add(d, t1, t2) test-and-sets one fingerprint and returns 1 if it was new, 0 if seen.
 --   bloom: t1, t2 are the fingerprint's two 46-bit hashes (decimal strings), see bloom_item() below.
 --   set:   t1 is the raw fingerprint.
+-- dupe_forget(d, t1, t2) makes a fingerprint new again: set modes remove it; bloom modes add "t1:t2" to
+--   FORGOTTEN, which dupe_add consults before the bloom and empties as it admits (each forgotten URL once).
 -- dupe_can_insert(d, count) is false when `count` new items could need a filter whose keys were not passed
 --   (or would take the filter past max_items: then d.err is set).
--- d.err / d.err_detail (reason, key) are set when the recorded item count ("n" of the bloom HASH) is not
---   a decimal integer in [0, max_items], or an insert would pass max_items (the bound bloom.py documents:
---   a small multiple of the declared capacity); the caller then answers {-2, reason, detail} and
---   writes nothing. Nothing here writes before dupe_add.
+-- d.err / d.err_detail (reason, key) are set when a recorded item count ("n" of a bloom HASH) is not
+--   a decimal integer in [0, max_items], an insert would pass max_items (the bound bloom.py documents:
+--   a small multiple of the declared capacity), a key of the filter holds another Redis type
+--   ('wrongtype'), or the generations passed miss a live one ('bloom_clock'); the caller then answers
+--   {-2, reason, detail} and writes nothing. Nothing here writes before dupe_add.
 -- dupe_contains(d, t1, t2) tests without adding (1 = probably seen).
--- dupe_close(d) persists counters; returns the bloom item count (0 for other modes).
+-- dupe_close(d) persists counters; returns the bloom item count of the fullest live chain (it decides
+--   how many keys the next call passes; 0 for other modes).
 --
 -- Bloom layout (scrapy_dist/bloom.py, HASHING = 3): every filter is cut into windows of window_bits
 -- (4096) bits, and all k bits of an item lie in one window: window h1 mod (m / window_bits), and inside it
@@ -31,45 +51,96 @@
 -- building its argument table in Lua costs more than the ~10 SETBIT calls it saves (1.0 us in all). Most
 -- of an insert's cost is the script's own Lua arithmetic, not the Redis commands it calls.
 
-local function dupe_open(mode, key_index, params)
-  local d = {mode = mode, key = KEYS[key_index]}
-  if mode ~= 'bloom' then return d end
-  local nfilters = tonumber(params[1])
-  d.wbits = tonumber(params[2])
-  d.max_items = tonumber(params[3])
-  d.wbytes = d.wbits / 8
-  d.filters = {}
-  d.ready = {}
-  d.kmax = 0
-  local ki = key_index + 1
+-- One bloom chain (a scalable filter): its HASH, then its blocks from KEYS[ki]; params from params[p].
+-- Returns the chain and the index of the first key after its blocks.
+local function chain_open(d, hash_key, ki, params, p)
+  local c = {key = hash_key, filters = {}, ready = {}, wbits = tonumber(params[p + 1]),
+             max_items = tonumber(params[p + 2])}
+  c.wbytes = c.wbits / 8
+  local nfilters = tonumber(params[p])
   for i = 1, nfilters do
-    local b = 3 + (i - 1) * 5
+    local b = p + 2 + (i - 1) * 5
     local f = {m = tonumber(params[b + 1]), k = tonumber(params[b + 2]), cum = tonumber(params[b + 3]),
                nb = tonumber(params[b + 4]), wpb = tonumber(params[b + 5]), key0 = ki}
-    f.nwin = f.m / d.wbits
-    if f.k > d.kmax then d.kmax = f.k end
+    f.nwin = f.m / c.wbits
     ki = ki + f.nb
-    d.filters[i] = f
+    c.filters[i] = f
   end
-  local raw = redis.call('HGET', d.key, 'n') or '0'
-  d.n = string.match(raw, '^%d+$') and #raw <= 16 and tonumber(raw) or nil
-  if not d.n or d.n > d.max_items then
-    d.err, d.err_detail, d.n = 'bloom_n', d.key, 0
+  local raw = redis.call('HGET', hash_key, 'n') or '0'
+  c.n = string.match(raw, '^%d+$') and #raw <= 16 and tonumber(raw) or nil
+  if not c.n or c.n > c.max_items then
+    d.err, d.err_detail, c.n = 'bloom_n', hash_key, 0
   end
-  d.n0 = d.n
-  d.cur = 1
-  while d.cur <= nfilters and d.filters[d.cur].cum <= d.n do d.cur = d.cur + 1 end
+  c.n0 = c.n
+  c.cur = 1
+  while c.cur <= nfilters and c.filters[c.cur].cum <= c.n do c.cur = c.cur + 1 end
+  return c, ki
+end
+
+local function dupe_type_ok(d, key, want)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= want then d.err, d.err_detail = 'wrongtype', key end
+end
+
+local function dupe_open(mode, key_index, params, now)
+  local d = {mode = mode, forgotten = KEYS[key_index], key = KEYS[key_index + 1], now = now}
+  if mode == 'set' then dupe_type_ok(d, d.key, 'set') end
+  if mode == 'setttl' then
+    d.ttl = tonumber(params[1])
+    dupe_type_ok(d, d.key, 'zset')
+  end
+  if mode ~= 'bloom' and mode ~= 'bloomgen' then return d end
+  dupe_type_ok(d, d.forgotten, 'set')
+  d.forgot = not d.err and redis.call('SCARD', d.forgotten) > 0
+  if mode == 'bloom' then
+    d.chain = chain_open(d, d.key, key_index + 2, params, 1)
+    d.older = {}
+    return d
+  end
+  -- generations: keys of generation lo + i start at ki; the live ones are opened, newest first
+  local span, G, lo, count = tonumber(params[1]), tonumber(params[2]), tonumber(params[3]),
+    tonumber(params[4])
+  local cur = math.floor(now / span)
+  if lo > cur - G + 1 or lo + count - 1 < cur then
+    d.err, d.err_detail = 'bloom_clock', d.key
+    return d
+  end
+  local chains = {}
+  local ki = key_index + 2
+  for e = lo, lo + count - 1 do
+    local c
+    c, ki = chain_open(d, KEYS[ki], ki + 1, params, 5)
+    c.expire_ms = math.max(1, math.floor(((e + G) * span - now) * 1000))
+    if e > cur - G and e <= cur then chains[#chains + 1] = c end
+    -- the generation after the current one holds items only when a worker whose clock is ahead wrote
+    -- them (the dupefilter's own path takes the worker's clock): test it too, so skew never doubles a URL
+    if e == cur + 1 and c.n > 0 then d.ahead = c end
+  end
+  d.chain = chains[#chains]
+  -- the other chains a lookup tests, newest first; empty ones are skipped (no bit of theirs can be set)
+  d.older = {d.ahead}
+  for i = #chains - 1, 1, -1 do
+    if chains[i].n > 0 then d.older[#d.older + 1] = chains[i] end
+  end
   return d
 end
 
+-- Does chain c hold keys for `count` more items (filters past its last passed one are not needed)?
+local function chain_has_room(c, count)
+  return c.filters[#c.filters].cum > c.n + count
+end
+
 local function dupe_can_insert(d, count)
-  if d.mode ~= 'bloom' then return true end
-  if d.n + count > d.max_items then
-    d.err, d.err_detail = 'bloom_bound', d.key
+  if not d.chain then return true end
+  local c = d.chain
+  if c.n + count > c.max_items then
+    d.err, d.err_detail = 'bloom_bound', c.key
     return false
   end
-  local last = #d.filters
-  return d.filters[last].cum > d.n + count or false
+  for _, o in ipairs(d.older) do
+    if not chain_has_room(o, 0) then return false end
+  end
+  return chain_has_room(c, count)
 end
 
 -- MASK[r] is bit r of a byte as Redis numbers bits (bit 0 = most significant); HALF[r] = 2 * MASK[r].
@@ -79,60 +150,65 @@ for r = 0, 7 do MASK[r] = 2 ^ (7 - r); HALF[r] = 2 ^ (8 - r) end
 -- One item: h1 (picks the window) and the pattern (a, b, c) inside it. Everything below uses plain
 -- arithmetic on small integers (exact in Lua's doubles, and much cheaper than math.fmod or bit.*
 -- calls); only the window index, from the 46-bit h1, needs math.fmod.
-local function bloom_item(d, t1, t2)
-  local h2, w = tonumber(t2), d.wbits
+local function bloom_item(c, t1, t2)
+  local h2, w = tonumber(t2), c.wbits
   local half = w / 2
   return {h1 = tonumber(t1), a = math.floor(h2 / 2) % w, b = 2 * (math.floor(h2 / 8192) % half) + 1,
           c = 2 * (math.floor(h2 / 16777216) % half)}
 end
 
 -- Key and 0-based byte offset of the item's window in filter f.
-local function bloom_window(d, f, it)
+local function bloom_window(c, f, it)
   local win = math.fmod(it.h1, f.nwin)
   local blk = math.floor(win / f.wpb)
-  return KEYS[f.key0 + blk], (win - blk * f.wpb) * d.wbytes
+  return KEYS[f.key0 + blk], (win - blk * f.wpb) * c.wbytes
 end
 
 -- Does window string s (possibly empty: a block not created yet) hold all k bits of the item?
-local function bloom_window_has(d, s, f, it)
+local function bloom_window_has(c, s, f, it)
   if #s == 0 then return false end
-  local w, b, c, x = d.wbits, it.b, it.c, it.a
+  local w, b, cc, x = c.wbits, it.b, it.c, it.a
   local byte = string.byte
   for j = 1, f.k do
     local r = x % 8
     if byte(s, (x - r) / 8 + 1) % HALF[r] < MASK[r] then return false end
-    x = (x + b + (2 * j - 1) * c) % w
+    x = (x + b + (2 * j - 1) * cc) % w
   end
   return true
 end
 
-local function bloom_has(d, f, it)
-  local key, off = bloom_window(d, f, it)
-  return bloom_window_has(d, redis.call('GETRANGE', key, off, off + d.wbytes - 1), f, it)
+local function bloom_has(c, f, it)
+  local key, off = bloom_window(c, f, it)
+  return bloom_window_has(c, redis.call('GETRANGE', key, off, off + c.wbytes - 1), f, it)
 end
 
 -- Blocks are created at their full size in one SET: growing a Redis string bit by bit (SETBIT,
--- SETRANGE) over-allocates up to 2x, which would double the filter's memory.
-local function bloom_ready(d, f)
-  if d.ready[f] then return end
-  local size = f.wpb * d.wbytes
+-- SETRANGE) over-allocates up to 2x, which would double the filter's memory. A generation's blocks get its
+-- expiry with them.
+local function bloom_ready(c, f)
+  if c.ready[f] then return end
+  local size = f.wpb * c.wbytes
   for b = 0, f.nb - 1 do
     local key = KEYS[f.key0 + b]
     if redis.call('EXISTS', key) == 0 then
-      redis.call('SET', key, string.rep('\0', size))
+      if c.expire_ms then
+        redis.call('SET', key, string.rep('\0', size), 'PX', c.expire_ms)
+      else
+        redis.call('SET', key, string.rep('\0', size))
+      end
     end
   end
-  d.ready[f] = true
+  c.ready[f] = true
 end
 
 -- Sets the item's k bits in filter f, given its window string s as read just before: one SETBIT per
 -- bit still clear (about half of them in a filter nearing its capacity). Measured: a SETRANGE of the
 -- changed span costs more, because building a new string of a few hundred bytes in Lua does.
-local function bloom_put(d, f, it, s)
-  bloom_ready(d, f)
-  local key, off = bloom_window(d, f, it)
+local function bloom_put(c, f, it, s)
+  bloom_ready(c, f)
+  local key, off = bloom_window(c, f, it)
   local fresh = #s == 0
-  local w, b, c, x = d.wbits, it.b, it.c, it.a
+  local w, b, cc, x = c.wbits, it.b, it.c, it.a
   local base = off * 8
   local byte = string.byte
   for j = 1, f.k do
@@ -140,41 +216,95 @@ local function bloom_put(d, f, it, s)
     if fresh or byte(s, (x - r) / 8 + 1) % HALF[r] < MASK[r] then
       redis.call('SETBIT', key, base + x, '1')
     end
-    x = (x + b + (2 * j - 1) * c) % w
+    x = (x + b + (2 * j - 1) * cc) % w
   end
+end
+
+-- Is the item in chain c's filters 1 .. upto (newest first)?
+local function chain_has(c, it, upto)
+  for i = math.min(upto, #c.filters), 1, -1 do
+    if bloom_has(c, c.filters[i], it) then return true end
+  end
+  return false
+end
+
+local function set_seen(d, t1)
+  if d.mode == 'set' then return redis.call('SISMEMBER', d.key, t1) == 1 end
+  local expires = redis.call('ZSCORE', d.key, t1)
+  return expires ~= false and tonumber(expires) > d.now
 end
 
 local function dupe_add(d, t1, t2)
   if d.mode == 'none' then return 1 end
   if d.mode == 'set' then return redis.call('SADD', d.key, t1) end
-  local it = bloom_item(d, t1, t2)
-  -- newest filters hold most items: test them first; the current filter's window is kept for the insert
-  local f = d.filters[d.cur]
-  local key, off = bloom_window(d, f, it)
-  local s = redis.call('GETRANGE', key, off, off + d.wbytes - 1)
-  if bloom_window_has(d, s, f, it) then return 0 end
-  for i = d.cur - 1, 1, -1 do
-    if bloom_has(d, d.filters[i], it) then return 0 end
+  if d.mode == 'setttl' then
+    if set_seen(d, t1) then return 0 end
+    redis.call('ZADD', d.key, d.now + d.ttl, t1)
+    d.added = (d.added or 0) + 1
+    return 1
   end
-  bloom_put(d, f, it, s)
-  d.n = d.n + 1
-  if d.n >= d.filters[d.cur].cum then d.cur = d.cur + 1 end
+  local forgotten = d.forgot and redis.call('SREM', d.forgotten, t1 .. ':' .. t2) == 1
+  local c = d.chain
+  local it = bloom_item(c, t1, t2)
+  -- newest filters hold most items: test them first; the current filter's window is kept for the insert
+  local f = c.filters[c.cur]
+  local key, off = bloom_window(c, f, it)
+  local s = redis.call('GETRANGE', key, off, off + c.wbytes - 1)
+  if not forgotten then
+    if bloom_window_has(c, s, f, it) or chain_has(c, it, c.cur - 1) then return 0 end
+    for _, o in ipairs(d.older) do
+      if chain_has(o, it, o.cur) then return 0 end
+    end
+  end
+  bloom_put(c, f, it, s)
+  c.n = c.n + 1
+  if c.n >= f.cum then c.cur = c.cur + 1 end
   return 1
 end
 
 -- dupe_contains(d, t1, t2): 1 if the fingerprint is (probably) in the filter, 0 if not; writes nothing.
 local function dupe_contains(d, t1, t2)
   if d.mode == 'none' then return 0 end
-  if d.mode == 'set' then return redis.call('SISMEMBER', d.key, t1) end
-  local it = bloom_item(d, t1, t2)
-  for i = math.min(d.cur, #d.filters), 1, -1 do
-    if bloom_has(d, d.filters[i], it) then return 1 end
+  if d.mode == 'set' or d.mode == 'setttl' then return set_seen(d, t1) and 1 or 0 end
+  if d.forgot and redis.call('SISMEMBER', d.forgotten, t1 .. ':' .. t2) == 1 then return 0 end
+  local it = bloom_item(d.chain, t1, t2)
+  if chain_has(d.chain, it, d.chain.cur) then return 1 end
+  for _, o in ipairs(d.older) do
+    if chain_has(o, it, o.cur) then return 1 end
   end
   return 0
 end
 
+local function dupe_forget(d, t1, t2)
+  if d.mode == 'set' then redis.call('SREM', d.key, t1)
+  elseif d.mode == 'setttl' then redis.call('ZREM', d.key, t1)
+  elseif d.chain then
+    redis.call('SADD', d.forgotten, t1 .. ':' .. t2)
+    d.forgot = true
+  end
+end
+
 local function dupe_close(d)
-  if d.mode ~= 'bloom' then return 0 end
-  if d.n ~= d.n0 then redis.call('HINCRBY', d.key, 'n', d.n - d.n0) end
-  return d.n
+  if d.mode == 'setttl' then
+    -- expired fingerprints are gone from lookups already; drop a bounded number of them from memory
+    local old = redis.call('ZRANGEBYSCORE', d.key, '-inf', d.now, 'LIMIT', 0, 2 * (d.added or 0) + 64)
+    if #old > 0 then redis.call('ZREM', d.key, unpack(old)) end
+    return 0
+  end
+  if not d.chain then return 0 end
+  local c = d.chain
+  local most = c.n
+  if c.n ~= c.n0 then
+    redis.call('HINCRBY', c.key, 'n', c.n - c.n0)
+    if c.expire_ms then redis.call('PEXPIRE', c.key, c.expire_ms) end
+  end
+  if d.mode == 'bloomgen' then
+    local live = c.n
+    for _, o in ipairs(d.older) do
+      live = live + o.n
+      if o.n > most then most = o.n end
+    end
+    if c.n ~= c.n0 then redis.call('HSET', d.key, 'live', live) end
+  end
+  return most
 end

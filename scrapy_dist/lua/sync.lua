@@ -23,6 +23,7 @@
 --   delay    score, payload, delay in seconds from now (the server's clock decides) [, domain, limits]
 --   reject   member, JSON record        dead  JSON record        penalize  domain, seconds
 --   revisit  member, delay in seconds, new member ('' = unchanged): an ack that files it again
+--   forget   t1, t2: a fingerprint made new again (dupe.lua's dupe_forget)
 -- Returns the flat list 'flags', f, 'leased', l, 'requeued', n, 'moved', n, 'queued', n, 'inflight', n,
 --   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys}: flags has
 --   one '1'/'0' per enqueue item (new/duplicate); leased is member, score, member, score...; seq is the
@@ -51,11 +52,11 @@ for i = 1, P do params[i] = ARGV[#SYNC_HEAD + 1 + i] end
 local sec = sync_sections(#SYNC_HEAD + 2 + P, polite)
 
 -- nothing is written before these checks
-local d = dupe_open(A.dupe_mode, DUPE_KEY, params)
+local d = dupe_open(A.dupe_mode, DUPE_KEY, params, now)
 if d.err then return {-2, d.err, d.err_detail} end
 if not dupe_can_insert(d, sec.enqueue.n) then
   if d.err then return {-2, d.err, d.err_detail} end
-  return {-1, d.n}
+  return {-1, dupe_close(d)}
 end
 local bad, detail = sync_check(S, sec)
 if bad then return {-2, bad, detail} end
@@ -70,6 +71,7 @@ sync_reject(S, sec.reject)
 sync_dead(S, sec.dead)
 sync_penalize(S, sec.penalize)
 sync_revisit(S, sec.revisit)
+sync_forget(d, sec.forget)
 
 local paused = redis.call('HGET', K.control, 'paused')
 if paused ~= '1' then paused = '0' end

@@ -7,6 +7,8 @@
 --   sync_dead      dead letters (the deadletter LIST, capped: dead_maxlen)
 --   sync_penalize  domains told to slow down (429/503, Retry-After), with crawl-wide politeness
 --   sync_revisit   an ack that also files the request again in the delayed set (revisits)
+--   sync_forget    fingerprints made new again (DEADLETTER_FORGET: a dead-lettered request's, in the same
+--                  call as its dead letter), dupe.lua's dupe_forget
 
 -- The items of a section, `width` ARGV values each: `for m, x in items(sec, 2) do ... end`.
 local function items(sec, width)
@@ -69,6 +71,10 @@ local function sync_dead(S, sec)
   for i = 1, sec.n do
     push_capped(K.deadletter, ARGV[pos], S.dead_maxlen); pos = pos + 1
   end
+end
+
+local function sync_forget(d, sec)
+  for t1, t2 in items(sec, 2) do dupe_forget(d, t1, t2) end
 end
 
 local function sync_penalize(S, sec)

@@ -132,7 +132,7 @@ class DeadLetterWriter:
             attempts=attempts,
             policy=entry_policy(self.crawler),
         )
-        scheduler.dead_letter(record)
+        scheduler.dead_letter(record, request)
         _dead_lettered.add(request)
         stats = self.crawler.stats
         assert stats is not None

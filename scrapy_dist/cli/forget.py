@@ -1,0 +1,139 @@
+"""``scrapy-dist forget SPIDER URL... | --file F | --fingerprint HEX``: make URLs new again.
+
+After a forget, the next time a worker finds one of these URLs (a link, or a seed pushed again with
+``REDIS_START_URLS_DEDUPE``) it is fetched again. Whatever filter the crawl has in Redis is told:
+
+* the exact filters (``SetDupeFilter``: ``{spider}:fingerprints``, and ``{spider}:fingerprints:ttl`` with
+  ``DUPEFILTER_TTL``) remove the fingerprint;
+* the bloom filter cannot remove one item, so ``"<h1>:<h2>"`` of the fingerprint goes into the exact
+  ``{spider}:forgotten`` SET, which the filter consults before its bits and empties as it admits: each
+  forgotten URL is admitted once (``lua/dupe.lua``).
+
+With ``SCHEDULER_SHARDS``, each fingerprint is forgotten in the shard its URL is routed to.
+
+Fingerprints are made as the workers make them: the project's ``REQUEST_FINGERPRINTER_CLASS`` (Scrapy's
+default outside a project). A URL alone stands for ``GET <url>`` with no body; a request the spider makes
+differently (POST, headers the fingerprinter includes) is named with ``--fingerprint`` (its hex, as
+``scrapy-dist dead --json`` or a log line shows it). A running worker of a crawl on Scrapy's own scheduler
+keeps a per-process first-level filter: there, a forget takes effect for new workers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import IO, Any
+
+import click
+from scrapy import Request, Spider
+from scrapy.utils.misc import build_from_crawler, load_object
+
+from scrapy_dist.bloom import fingerprint_hashes
+from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
+from scrapy_dist.cli.text import printable
+from scrapy_dist.extensions.control import parse_control
+from scrapy_dist.frontier import shard_of
+
+#: longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ)
+MAX_FINGERPRINT_BYTES = 64
+#: fingerprints written per pipelined round trip
+CHUNK = 1000
+
+
+def project_fingerprinter(redis: ClientFactory) -> Any:
+    """The fingerprinter the project's workers use (its ``REQUEST_FINGERPRINTER_CLASS``)."""
+    from scrapy.crawler import Crawler
+
+    settings = redis.settings
+    path = settings.get("REQUEST_FINGERPRINTER_CLASS") or "scrapy.utils.request.RequestFingerprinter"
+    cls = load_object(path)
+    try:
+        return build_from_crawler(cls, Crawler(Spider, settings))
+    except Exception as exc:  # a custom class wanting more of a crawler than settings
+        raise click.ClickException(
+            f"cannot build REQUEST_FINGERPRINTER_CLASS {cls.__name__} outside a crawl ({exc}); name the"
+            " requests with --fingerprint HEX instead"
+        ) from None
+
+
+def url_fingerprints(urls: list[str], fingerprinter: Any) -> list[bytes]:
+    """The fingerprint of ``GET url`` for each URL; a bad URL stops the command in one line."""
+    out = []
+    for url in urls:
+        try:
+            out.append(bytes(fingerprinter.fingerprint(Request(url))))
+        except ValueError as exc:
+            raise click.ClickException(f"not a URL: {printable(url, 200)} ({exc})") from None
+    return out
+
+
+def hex_fingerprints(values: tuple[str, ...]) -> list[bytes]:
+    out = []
+    for value in values:
+        try:
+            fp = bytes.fromhex(value)
+        except ValueError:
+            fp = b""
+        if not 1 <= len(fp) <= MAX_FINGERPRINT_BYTES:
+            raise click.ClickException(
+                f"--fingerprint {printable(value, 200)}: not a hexadecimal fingerprint"
+            )
+        out.append(fp)
+    return out
+
+
+def forget_fingerprints(client: Any, keys: Any, fingerprints: list[bytes]) -> dict[str, int]:
+    """Forget ``fingerprints`` in every filter the crawl has, shard by shard; counts per filter kind."""
+    control = parse_control(client.hgetall(keys.control))
+    shards = keys.shards(control.shards or 1)
+    by_shard: dict[int, list[bytes]] = defaultdict(list)
+    for fp in fingerprints:
+        by_shard[shard_of(fp, len(shards))].append(fp)
+    counts = {"bloom": 0, "exact": 0}
+    for index, fps in by_shard.items():
+        k = shards[index]
+        has_bloom = client.hexists(k.bloom, "capacity")
+        for i in range(0, len(fps), CHUNK):
+            chunk = fps[i : i + CHUNK]
+            pipe = client.pipeline(transaction=False)
+            pipe.srem(k.fingerprints, *chunk)
+            pipe.zrem(k.fingerprints_ttl, *chunk)
+            if has_bloom:
+                pipe.sadd(k.forgotten, *(f"{h1}:{h2}" for h1, h2 in map(fingerprint_hashes, chunk)))
+            # a key of another type (someone else's data) is left alone, not a traceback
+            replies = pipe.execute(raise_on_error=False)
+            counts["exact"] += sum(r for r in replies[:2] if isinstance(r, int))
+            counts["bloom"] += len(chunk) if has_bloom and isinstance(replies[-1], int) else 0
+    return counts
+
+
+@main.command()
+@click.argument("spider")
+@click.argument("urls", nargs=-1)
+@click.option("--file", "url_file", type=click.File("r"), help="URLs to forget, one per line ('-': stdin).")
+@click.option("--fingerprint", "fingerprints", multiple=True, metavar="HEX",
+              help="A request fingerprint (hex) to forget; repeatable.")
+@force_option
+@pass_redis
+def forget(
+    redis: ClientFactory, spider: str, urls: tuple[str, ...], url_file: IO[str] | None,
+    fingerprints: tuple[str, ...], force: bool,
+) -> None:
+    """Make URLs new again for SPIDER's dupefilter: the next time they are found, they are fetched."""
+    wanted = list(urls) + ([line.strip() for line in url_file if line.strip()] if url_file else [])
+    if not wanted and not fingerprints:
+        raise click.UsageError("name URLs, --file F or --fingerprint HEX")
+    fps = hex_fingerprints(fingerprints)
+    redis.check_spider(spider, force)
+    redis.check()
+    if wanted:
+        fps += url_fingerprints(wanted, project_fingerprinter(redis))
+    keys = redis.keys(spider)
+    client = redis.client()
+    try:
+        counts = forget_fingerprints(client, keys, fps)
+    finally:
+        client.close()
+    click.echo(
+        f"forgot {len(fps):,} fingerprints of {spider!r}: {counts['exact']:,} removed from the exact filter,"
+        f" {counts['bloom']:,} admitted once more by the bloom filter"
+    )
