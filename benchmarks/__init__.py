@@ -32,4 +32,5 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("politeness", "benchmarks.politeness"),
     ("shards", "benchmarks.shards"),
     ("continuous", "benchmarks.continuous"),
+    ("capacity", "benchmarks.capacity"),
 ]

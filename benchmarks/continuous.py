@@ -44,6 +44,8 @@ PROJECT = Path(__file__).resolve().parent / "bench_project"
 #: padding that brings a page to a realistic size (bytes of body per page)
 PAGE_BYTES = 12_000
 LINKS = 5
+#: turns a conditional revisit's 304 into "not modified" (the add-on enables it; the bench project has none)
+MIDDLEWARE = "scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -171,6 +173,7 @@ def crawl_continuously(args: argparse.Namespace, conditional: bool, tag: str) ->
         "REDIS_URL": f"redis://127.0.0.1:{server.port}",
         "REVISIT_AFTER": json.dumps({"*": cycle}),
         "REVISIT_CONDITIONAL": conditional,
+        "DOWNLOADER_MIDDLEWARES": json.dumps({MIDDLEWARE: 580}),
         "SCHEDULER_IDLE_BEFORE_CLOSE": "none",
         "SCHEDULER_IDLE_POLL_MAX": 1.0,
         "BENCH_STATS_FILE": str(args.tmp_dir / f"continuous-{tag}.stats.json"),

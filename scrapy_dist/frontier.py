@@ -12,6 +12,7 @@ a request belongs to. The scheduler talks to all of them each round (see docs/fr
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import time
@@ -32,6 +33,15 @@ SEQ_BYTES = 6
 PRIORITY_KEY_BYTES = 11
 #: records in one queue chunk (``CHUNK_RECORDS`` in lua/sync_common.lua): a chunk claiming more is rejected
 CHUNK_RECORDS = 16
+
+
+def domain_shard(domain: str, shards: int) -> int:
+    """The shard of every request of ``domain`` (lower-case host) when a sharded crawl routes by domain
+    (``SCHEDULER_POLITENESS = "cluster"``): stable across processes and machines, like :func:`shard_of`."""
+    if shards <= 1:
+        return 0
+    digest = hashlib.blake2b(domain.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards
 
 
 def shard_of(fingerprint: bytes, shards: int) -> int:

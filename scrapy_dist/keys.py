@@ -33,7 +33,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 #: lives with shard 0 only).
 SHARD_KEY_NAMES = (
     "queue", "queue_tails", "queue_rejected", "leases", "lease_meta", "seq", "delayed", "delayed_meta",
-    "bloom", "fingerprints", "fingerprints_ttl", "forgotten",
+    "bloom", "fingerprints", "fingerprints_ttl", "forgotten", "domains", "domain_info",
 )
 
 
@@ -71,6 +71,8 @@ FRONTIER_KEY_NAMES = (
     "fingerprints",
     "fingerprints_ttl",
     "forgotten",
+    "domains",
+    "domain_info",
     "workers",
     "stats",
     "control",

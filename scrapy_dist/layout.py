@@ -54,28 +54,12 @@ class CrawlLayout:
         self.shard_dfs: list[Any] = [dupefilter]
 
     # -- start ----------------------------------------------------------------------------------------
-    def check_combination(self) -> None:
-        """Refuse what no crawl can run (raises :class:`ShardingRefused`)."""
-        if self.shards > 1 and self.politeness == "cluster":
-            # polite.lua keeps a domain's backlog, slots and next allowed time in one hash that every
-            # lease of that domain reads and writes atomically; with shards a domain's requests sit in
-            # several slots, so no single script could enforce its limits
-            raise ShardingRefused(
-                f"SCHEDULER_SHARDS={self.shards} cannot be combined with SCHEDULER_POLITENESS='cluster':"
-                " a domain's timing state must live in one hash slot. Use SCHEDULER_SHARDS=1 or"
-                " SCHEDULER_POLITENESS='process'."
-            )
-
     def open(self, settings: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
-        """At a worker's start, through a short-lived client of ``settings``: refuse a mode no crawl can
-        run, clear the crawl first with ``flush_on_start``, join it, and return its backlog (requests
+        """At a worker's start, through a short-lived client of ``settings``: clear the crawl first with
+        ``flush_on_start``, join it, and return its backlog (requests
         pending, fingerprints remembered). Anything refused ends the crawl with one line."""
         from scrapy_dist import connection
 
-        try:
-            self.check_combination()
-        except ScrapyDistError as exc:
-            connection.abort_crawl(exc)
         client = connection.get_redis(settings)
         try:
             if flush_on_start:

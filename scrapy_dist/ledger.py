@@ -42,6 +42,12 @@ if TYPE_CHECKING:
 Lease = tuple[int, bytes]
 
 
+#: most discovered requests one sync call carries to one shard. A script holds Redis for its whole run:
+#: a backlog (thousands of requests after an outage) goes in several short calls, not one long one that
+#: every other worker waits behind (issue 19: measured per call in ``python -m benchmarks``' SLOWLOG
+#: figures). A round that leaves requests behind is followed by the next one at once.
+CALL_RECORDS = 128
+
 @dataclass(frozen=True, kw_only=True)
 class Routed:
     """Where an outgoing entry goes: its shard and, with crawl-wide politeness, its domain and limits
@@ -168,9 +174,11 @@ class Ledger:
         self.forgets: list[tuple[int, tuple[Any, Any]]] = []
         self.rejects: list[tuple[Lease, str]] = []
         self.releases: list[Lease] = []
-        self.penalties: list[tuple[str, float]] = []
+        self.penalties: list[tuple[int, tuple[str, float]]] = []
         #: when the oldest unsent write was buffered (``None``: nothing waits)
         self.first_pending: float | None = None
+        #: discovered requests the last :meth:`take_batches` left for the next round (0: it took all)
+        self.left_behind = 0
         #: the best (lowest) score among ``out``: a discovered request may outrank everything leased
         self.best_out = math.inf
         #: what the current round took, per shard (put back by :meth:`restore` if the shard fails)
@@ -198,8 +206,9 @@ class Ledger:
             self.forgets.append(forget)
         self._mark(now)
 
-    def penalize(self, domain: str, seconds: float, now: float) -> None:
-        self.penalties.append((domain, seconds))
+    def penalize(self, domain: str, seconds: float, now: float, shard: int = 0) -> None:
+        """Push ``domain``'s next allowed time back (on the shard holding its politeness state)."""
+        self.penalties.append((shard, (domain, seconds)))
         self._mark(now)
 
     def reject(self, lease: Lease, exc: RejectedEntry, now: float, at: float | None = None) -> None:
@@ -277,18 +286,29 @@ class Ledger:
         return bool(self.ready or self.local or self.handed) or self.owes()
 
     # -- rounds ---------------------------------------------------------------------------------------
-    def take_batches(self, lease_counts: list[int], renew: bool) -> list[SyncBatch]:
-        """One batch per shard with everything buffered; the buffers are emptied (see :meth:`restore`).
+    def take_batches(
+        self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS
+    ) -> list[SyncBatch]:
+        """One batch per shard with everything buffered, but at most ``max_records`` discovered requests
+        per shard; what is taken leaves the buffers (see :meth:`restore`), the rest waits in order for
+        the next round (:attr:`left_behind`).
 
         An ack may travel with its request's output only in one atomic call: when every write of this
-        round goes to the ack's shard. Else it waits in ``acks_waiting`` until :meth:`finish_round`.
+        round goes to the ack's shard. Else it waits in ``acks_waiting`` until :meth:`finish_round`. While
+        discovered requests are left behind, the acks of requests just finished wait in ``acks_new``
+        (their output may be among them).
         """
         n = self.shards
         batches = [SyncBatch() for _ in range(n)]
         sent: list[list[Outgoing]] = [[] for _ in range(n)]
+        left: list[Outgoing] = []
         for entry in self.out:
+            if len(sent[entry.shard]) >= max_records:
+                left.append(entry)
+                continue
             batches[entry.shard].enqueue.append(entry.enqueue_item())
             sent[entry.shard].append(entry)
+        self.left_behind = len(left)
         for d in self.delays:
             batches[d.shard].delay.append(d.delay_item())
         for (shard, member), record in self.rejects:
@@ -296,15 +316,18 @@ class Ledger:
         for shard, member in self.releases:
             batches[shard].release.append(member)
         batches[0].dead = self.dead
-        batches[0].penalize = self.penalties
+        for shard, penalty in self.penalties:
+            batches[shard].penalize.append(penalty)
         for shard, tokens in self.forgets:
             batches[shard].forget.append(tokens)
         for shard, member in self.acks:
             self._ack(batches[shard], (shard, member))
         writes = {i for i, b in enumerate(batches) if b.enqueue or b.delay or b.dead or b.forget}
-        waiting = []
+        waiting, held_new = [], []
         for shard, member in self.acks_new:
-            if writes <= {shard}:
+            if left:
+                held_new.append((shard, member))
+            elif writes <= {shard}:
                 self._ack(batches[shard], (shard, member))
             else:
                 waiting.append((shard, member))
@@ -315,10 +338,11 @@ class Ledger:
         for batch, count in zip(batches, lease_counts, strict=True):
             batch.lease = count
         self._sent = sent
-        self.out, self.acks, self.acks_new, self.delays = [], [], [], []
-        self.best_out = math.inf
+        self.out, self.acks, self.acks_new, self.delays = left, [], held_new, []
+        self.best_out = min((e.score for e in left), default=math.inf)
         self.rejects, self.dead, self.penalties, self.releases, self.forgets = [], [], [], [], []
-        self.first_pending = None
+        if not left:
+            self.first_pending = None
         return batches
 
     def _ack(self, batch: SyncBatch, lease: Lease) -> None:
@@ -344,7 +368,7 @@ class Ledger:
         self.releases = [(shard, m) for m in batch.release] + self.releases
         self.dead = batch.dead + self.dead
         self.forgets = [(shard, t) for t in batch.forget] + self.forgets
-        self.penalties = batch.penalize + self.penalties
+        self.penalties = [(shard, p) for p in batch.penalize] + self.penalties
         self._mark(now)
 
     def apply(

@@ -155,6 +155,26 @@ def member_prefix(member: bytes, polite: bool) -> bytes:
     return member[:SEQ_BYTES]
 
 
+#: the downloader middleware that turns a conditional revisit's 304 into "not modified"
+MIDDLEWARE = "scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware"
+
+
+def _middleware_enabled(settings: Any) -> bool:
+    """Whether DOWNLOADER_MIDDLEWARES enables the middleware (or a subclass of it)."""
+    from scrapy.utils.misc import load_object
+
+    from scrapy_dist.middlewares.revisit import ConditionalRevisitMiddleware
+
+    for path, order in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items():
+        try:
+            cls = load_object(path) if isinstance(path, str) else path
+        except (ImportError, ValueError, NameError, AttributeError):
+            continue
+        if order is not None and isinstance(cls, type) and issubclass(cls, ConditionalRevisitMiddleware):
+            return True
+    return False
+
+
 class Revisits:
     """Decides, when the engine has finished a request, whether and when the frontier fetches it again
     (see the module docstring). Reactor thread only; no I/O.
@@ -193,6 +213,13 @@ class Revisits:
         )
         crawler.signals.connect(o.response_received, signal=signals.response_received)
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
+        if o.conditional and not _middleware_enabled(crawler.settings):
+            logger.warning(
+                "REVISIT_CONDITIONAL is on but %s is not in DOWNLOADER_MIDDLEWARES: revisits send"
+                " If-None-Match / If-Modified-Since, and their 304 answers reach HttpErrorMiddleware instead"
+                " of being counted as unchanged pages. Enable the add-on (ADDONS = {'scrapy_dist.Addon': 0})"
+                " or add the middleware at 580", MIDDLEWARE,
+            )
         return o
 
     # -- signals -------------------------------------------------------------------------------------

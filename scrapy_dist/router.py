@@ -2,7 +2,9 @@
 
 With one shard (the default) every answer is trivial. With ``SCHEDULER_SHARDS = N`` (docs/frontier.md,
 "Sharded frontier"): a discovered request or a delayed retry goes to the shard of its fingerprint
-(:func:`scrapy_dist.frontier.shard_of`), so one shard's dupefilter sees every copy of a URL; leases are
+(:func:`scrapy_dist.frontier.shard_of`) -- or, with crawl-wide politeness, of its host
+(:func:`scrapy_dist.frontier.domain_shard`) -- so one shard's dupefilter sees every copy of a URL (and
+one shard holds a domain's queue and limits); leases are
 split over the shards by their last reported queue lengths; and since the shards answer at slightly
 different moments, "the crawl is empty" needs proof from two rounds (a double collect). I/O-free.
 """
@@ -12,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.frontier import shard_of
+from scrapy.utils.httpobj import urlparse_cached
+
+from scrapy_dist.frontier import domain_shard, shard_of
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -47,22 +51,31 @@ class FrontierState:
 class ShardRouter:
     """Routing and the crawl-wide view over ``shards`` shards (1 = unsharded)."""
 
-    def __init__(self, shards: int = 1, fingerprinter: Any = None) -> None:
+    def __init__(self, shards: int = 1, fingerprinter: Any = None, by_domain: bool = False) -> None:
         if shards < 1:
             raise ValueError(f"SCHEDULER_SHARDS must be >= 1, not {shards!r}")
         self.shards = shards
         self.fingerprinter = fingerprinter
+        #: route by the request's host, not its fingerprint (crawl-wide politeness with shards: a domain's
+        #: queue, limits and fingerprints live on one shard)
+        self.by_domain = by_domain
         self.states: list[ShardState | None] = [None] * shards
         self._last_snapshot: tuple[ShardState | None, ...] | None = None
 
     def shard(self, request: Request, fingerprint: bytes | None = None) -> int:
         """The shard a new request (or a delayed retry) goes to: that of its fingerprint (pass it when
-        already computed)."""
+        already computed), or of its host when routing by domain."""
         if self.shards == 1:
             return 0
+        if self.by_domain:
+            return domain_shard((urlparse_cached(request).hostname or "").lower(), self.shards)
         if fingerprint is None:
             fingerprint = bytes(self.fingerprinter.fingerprint(request))
         return shard_of(fingerprint, self.shards)
+
+    def domain(self, domain: str) -> int:
+        """The shard of a domain's politeness state (shard 0 unless routing by domain)."""
+        return domain_shard(domain, self.shards) if self.by_domain else 0
 
     def lease_split(self, want: int) -> list[int]:
         """How many of ``want`` requests to lease from each shard: in proportion to each shard's last

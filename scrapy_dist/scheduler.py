@@ -129,7 +129,7 @@ class Scheduler:
         self.engine: Engine = engine or _engine.DetachedEngine()
         self.domain_limits = domain_limits
         self.worker_id = worker_id or make_worker_id()
-        self.router = ShardRouter(cfg.shards, fingerprinter)
+        self.router = ShardRouter(cfg.shards, fingerprinter, by_domain=cfg.politeness == "cluster")
         self.ledger = Ledger(cfg.shards, self.worker_id)
         self.outage = outage or Outage()
         self.redis: Any = None  # redis.asyncio client, created on the reactor's loop in open()
@@ -406,12 +406,12 @@ class Scheduler:
         self.ledger.dead_letter(record, time.monotonic(), forget)
 
     def flushed_since(self, mark: float) -> bool:
-        """Whether a sync that started after ``mark`` (a ``time.monotonic()`` value) has succeeded.
-
-        Every sync takes *all* discovered requests buffered when it starts, so once this is true, every
-        request enqueued before ``mark`` is in Redis (seeds use it to know when they may be dropped).
-        """
-        return self.loop is not None and self.loop.last_sync > mark
+        """Whether a sync that started after ``mark`` (a ``time.monotonic()`` value), and took every
+        discovered request buffered when it started, has succeeded: once this is true, every request
+        enqueued before ``mark`` is in Redis (seeds use it to know when they may be dropped). A round
+        that left part of a backlog for the next one (:data:`scrapy_dist.ledger.CALL_RECORDS`) does not
+        count."""
+        return self.loop is not None and self.loop.drained_at > mark
 
     def pause(self) -> None:
         """Stop handing out requests from this worker (crawl-wide pause is the ``paused`` control flag)."""
@@ -427,7 +427,7 @@ class Scheduler:
 
     def penalize_domain(self, domain: str, seconds: float) -> None:
         """Crawl-wide politeness: no request of ``domain`` is leased for ``seconds`` (batched)."""
-        self.ledger.penalize(domain, seconds, time.monotonic())
+        self.ledger.penalize(domain, seconds, time.monotonic(), self.router.domain(domain))
 
     def response_received(self, response: Any, request: Request, spider: Any = None) -> None:
         """Signal handler (crawl-wide politeness): 429 and 503 slow the whole crawl down on that domain."""

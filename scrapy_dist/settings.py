@@ -281,11 +281,6 @@ class DistSettings:
         )
         concurrent = raw.scrapy_int("CONCURRENT_REQUESTS", 16, low=1)
         shards, politeness = v("SCHEDULER_SHARDS"), v("SCHEDULER_POLITENESS")
-        if shards > 1 and politeness == "cluster":
-            # polite.lua keeps a domain's timing in one hash; with shards its requests span several slots
-            raise SettingsError("SCHEDULER_SHARDS", shards, "cannot be combined with"
-                                " SCHEDULER_POLITENESS='cluster' (a domain's timing state must live in one"
-                                " hash slot)", "use SCHEDULER_SHARDS=1 or SCHEDULER_POLITENESS='process'")
         schemes = tuple(str(s).strip().lower() for s in v("SCHEDULER_ALLOWED_SCHEMES"))
         if not schemes or any(not re.fullmatch(r"[a-z][a-z0-9+.-]*", s) for s in schemes):
             raise SettingsError("SCHEDULER_ALLOWED_SCHEMES", v("SCHEDULER_ALLOWED_SCHEMES"),

@@ -315,13 +315,19 @@ def _valid_members(members: Any) -> bool:
     return isinstance(members, list) and all(isinstance(m, (tuple, list)) and len(m) == 2 for m in members)
 
 
-def _domains(client: Any, keys: CrawlKeys, now: float, limit: int) -> list[dict[str, Any]]:
+def _domains(client: Any, shards: list[CrawlKeys], now: float, limit: int) -> list[dict[str, Any]]:
+    """The busiest domains over every shard (a sharded crawl with crawl-wide politeness keeps each
+    domain's state on its own shard)."""
     from redis.exceptions import ResponseError
 
-    try:
-        return busiest_domains(client, keys, now, limit)
-    except (ValueError, TypeError, ArithmeticError, ScrapyDistError, ResponseError):
-        return []  # garbage in the politeness keys: the rest of the status is still worth showing
+    rows: list[dict[str, Any]] = []
+    for keys in shards:
+        try:
+            rows += busiest_domains(client, keys, now, limit)
+        except (ValueError, TypeError, ArithmeticError, ScrapyDistError, ResponseError):
+            continue  # garbage in the politeness keys: the rest of the status is still worth showing
+    rows.sort(key=lambda r: (r["backlog"], r["in_flight"]), reverse=True)
+    return rows[:limit]
 
 
 def read_status(
@@ -449,7 +455,7 @@ def read_status(
             "total": int(n_workers),
         },
         "workers": workers,
-        "domains": _domains(client, keys, now, domain_limit),
+        "domains": _domains(client, shards, now, domain_limit),
         "garbage": {
             "control": list(control.problems),
             "workers": sum(1 for w in workers if w.get("garbage")),

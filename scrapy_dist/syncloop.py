@@ -95,6 +95,9 @@ class SyncLoop:
         self.failing = False
         #: when the last round that reached every shard started
         self.last_sync = 0.0
+        #: start of the last successful round that took every discovered request buffered (see
+        #: :meth:`scrapy_dist.scheduler.Scheduler.flushed_since`)
+        self.drained_at = 0.0
         self.next_fetch = 0.0
         self.next_renew = 0.0
         #: (requests leased, requests asked for, queued crawl-wide) of the last complete round
@@ -137,8 +140,9 @@ class SyncLoop:
     async def _run(self) -> None:
         assert self._wakeup is not None
         while not self._closing:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout=self.flush_interval)
+            if not self.ledger.left_behind:  # a backlog goes on at once, in short calls
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=self.flush_interval)
             self._wakeup.clear()
             if self._closing:
                 break
@@ -171,6 +175,8 @@ class SyncLoop:
         if renew:
             self.next_renew = now + self.lease_seconds / 3
         self.last_sync = now
+        if not self.ledger.left_behind:
+            self.drained_at = now
         got, asked, queued = self.lease_result
         if asked and got < asked and queued == 0:
             if got == 0 and not self.ledger.busy():  # still nothing at all: poll less often
@@ -211,7 +217,7 @@ class SyncLoop:
         fetch = want > 0 and now >= self.next_fetch
         flush = ledger.first_pending is not None and (
             now - ledger.first_pending >= self.flush_interval or len(ledger.out) >= self.flush_batch
-            or outranked > 0
+            or outranked > 0 or ledger.left_behind > 0
         )
         stale = now - self.last_sync >= self.poll_interval
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)

@@ -353,3 +353,27 @@ def test_status_reads_the_live_items_of_the_generations() -> None:
     garbage = filter_figures({b"capacity": b"3000000", b"error_rate": b"0.001", b"ttl": b"86400.0",
                               b"live": b"lots"}, 0)
     assert garbage is not None and garbage["kind"] == "garbage"
+
+
+def test_hostile_forgotten_and_generation_contents(redis_client: Any) -> None:
+    """A string at {spider}:forgotten is ignored (dedupe goes on); garbage counts in a generation's hash are
+    refused in one line, with nothing written; a ZSET score is a number, so the exact filter's entries
+    cannot be garbage."""
+    df = _bloom(redis_client)
+    now = _start()
+    redis_client.set(KEYS.forgotten, "not a set")
+    fps = _fps(5, 12)
+    assert _add(df, fps, now) == [False] * 5
+    df.run_batch("forget", [df.fingerprint_tokens(fps[0])], now=now)
+    assert _add(df, fps, now) == [True] * 5
+    assert redis_client.get(KEYS.forgotten) == b"not a set"
+    redis_client.hset(KEYS.bloom_generation(df.gens.current(now)), "n", "9" * 30)
+    before = sorted(redis_client.keys("*"))
+    with pytest.raises(ScrapyDistError, match="refused by the filter"):
+        _add(df, _fps(3, 13), now)
+    assert sorted(redis_client.keys("*")) == before
+
+
+def test_forget_command_says_when_the_crawl_remembers_nothing(redis_url: str) -> None:
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "forget", "empty", "https://e.example/"])
+    assert result.exit_code == 0 and "nothing to forget" in result.output

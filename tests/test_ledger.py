@@ -66,6 +66,46 @@ def test_an_ack_travels_with_its_output_only_when_all_of_it_goes_to_its_shard() 
     assert ledger.take_batches([0, 0, 0], renew=False)[2].ack == [b"other"]
 
 
+def test_a_backlog_goes_in_short_calls_in_order_and_acks_wait_for_the_last() -> None:
+    """After an outage thousands of requests wait: a round carries at most CALL_RECORDS of them per shard
+    (short script calls), the rest stays in order for the next round, and the acks of just-finished
+    requests (whose output may be in the rest) go with the round that takes the last of it."""
+    ledger = Ledger(shards=1)
+    for i in range(300):
+        ledger.add(_out(f"http://a/{i}"), now=float(i))
+    ledger.acks_new = [(0, b"parent")]
+    ledger.acks = [(0, b"older")]
+    first = ledger.take_batches([0], renew=False, max_records=128)[0]
+    assert len(first.enqueue) == 128 and ledger.left_behind == 172
+    assert first.ack == [b"older"] and ledger.acks_new == [(0, b"parent")]
+    assert ledger.first_pending == 0.0  # the oldest write still waits
+    ledger.restore(0, first, now=400.0)  # the call failed: back in front, order kept
+    assert [e.request.url for e in ledger.out[:2]] == ["http://a/0", "http://a/1"]
+    assert len(ledger.out) == 300
+    ledger.finish_round(landed=False, now=400.0)
+    sizes = []
+    while True:
+        batch = ledger.take_batches([0], renew=False, max_records=128)[0]
+        sizes.append(len(batch.enqueue))
+        if not ledger.left_behind:
+            break
+        assert batch.ack == [] or batch.ack == [b"older"]
+    assert sizes == [128, 128, 44] and batch.ack == [b"parent"]
+    assert ledger.first_pending is None
+
+
+def test_a_round_that_left_a_backlog_is_followed_by_the_next_at_once() -> None:
+    ledger = Ledger()
+    loop = _loop(ledger)
+    loop.last_sync, loop.next_renew = 100.0, 110.0
+    for i in range(6):
+        ledger.ready.push(0.0, _decode(0, b"x"), (0, str(i).encode()))
+    ledger.add(_out("http://a/1"), now=100.0)
+    assert loop.due(100.01)[0] is False  # one request, young: it waits for more
+    ledger.left_behind = 1
+    assert loop.due(100.01)[0] is True
+
+
 def test_held_back_acks_wait_again_when_a_shard_failed() -> None:
     ledger = Ledger(shards=2)
     ledger.acks_new = [(0, b"a")]

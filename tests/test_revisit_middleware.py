@@ -68,3 +68,16 @@ def test_everything_else_passes_through() -> None:
     assert mw.process_response(conditional, fresh) is fresh
     assert mw.process_exception(conditional, OSError("reset")) is None
     assert crawler.spider.unchanged == []
+
+
+def test_conditional_revisits_without_the_middleware_warn_once(caplog: Any) -> None:
+    from scrapy_dist.revisit import Revisits
+
+    crawler = get_crawler(settings_dict={"REVISIT_CONDITIONAL": True})
+    Revisits.from_crawler(crawler)
+    assert caplog.text.count("REVISIT_CONDITIONAL is on but") == 1
+    caplog.clear()
+    crawler = get_crawler(settings_dict={"REVISIT_CONDITIONAL": True, "DOWNLOADER_MIDDLEWARES": {
+        "scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware": 580}})
+    Revisits.from_crawler(crawler)
+    assert "REVISIT_CONDITIONAL is on but" not in caplog.text

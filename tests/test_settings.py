@@ -146,8 +146,8 @@ def test_derived_values_are_computed_once_here() -> None:
 def test_settings_that_exclude_each_other_are_refused() -> None:
     text = refusal({"REDIS_START_URLS_AS_SET": True, "REDIS_START_URLS_AS_ZSET": True})
     assert "REDIS_START_URLS_AS_ZSET" in text
-    text = refusal({"SCHEDULER_SHARDS": 4, "SCHEDULER_POLITENESS": "cluster"})
-    assert text.startswith("scrapy-dist: SCHEDULER_SHARDS=4: cannot be combined with SCHEDULER_POLITENESS")
+    ds = DistSettings.from_settings({"SCHEDULER_SHARDS": 4, "SCHEDULER_POLITENESS": "cluster"}, environ={})
+    assert (ds.scheduler.shards, ds.scheduler.politeness) == (4, "cluster")  # routed by domain
     assert DistSettings.from_settings({"SCHEDULER_SHARDS": 4}, environ={}).scheduler.shards == 4
     assert "RETRY_BACKOFF_BASE" in refusal({"RETRY_BACKOFF_BASE": 10, "RETRY_BACKOFF_MAX": 5})
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_dist.deadletter import dead_letter_record
-from scrapy_dist.frontier import shard_of, shards_idle
+from scrapy_dist.frontier import domain_shard, shard_of, shards_idle
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.scheduler import Scheduler
 from scrapy_dist.status import read_status
@@ -306,14 +307,42 @@ def test_a_garbled_shard_count_is_refused_with_one_line(
     assert "invalid shards field 'three'" in caplog.text
 
 
-def test_cluster_politeness_with_shards_is_refused(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    async def go() -> None:
-        with pytest.raises(SystemExit):
-            await _open(redis_url, SCHEDULER_POLITENESS="cluster")
+def test_cluster_politeness_with_shards_routes_by_domain(redis_url: str, redis_client: Any) -> None:
+    """SCHEDULER_SHARDS > 1 with crawl-wide politeness: every request of a domain goes to one shard (its
+    queue, its limits and its URLs' fingerprints), so each domain's delay stays one atomic decision and
+    dedupe stays exact; a 429 pushes the domain back on that shard."""
+    hosts = [f"h{i}.example" for i in range(12)]
 
-    with caplog.at_level(logging.ERROR):
-        run(go())
-    assert "cannot be combined with SCHEDULER_POLITENESS='cluster'" in caplog.text
+    async def go() -> tuple[Scheduler, int]:
+        s = await _open(redis_url, SCHEDULER_POLITENESS="cluster", SCHEDULER_DENY_NETWORKS=[])
+        for h in hosts:
+            for i in range(5):
+                s.enqueue_request(Request(f"http://{h}/p/{i}"))
+        s.penalize_domain("h0.example", 30.0)
+        await _round(s)
+        other = await _open(redis_url, SCHEDULER_POLITENESS="cluster", SCHEDULER_DENY_NETWORKS=[])
+        for h in hosts:  # a second worker finds the same links: all duplicates, whatever the shard
+            other.enqueue_request(Request(f"http://{h}/p/0"))
+        await _round(other)
+        filtered = other.stats.get_value("dupefilter/filtered", 0)
+        for x in (s, other):
+            await x.redis.aclose()
+        return s, filtered
+
+    s, filtered = run(go())
+    assert filtered == len(hosts)
+    shards = UNIT.shards(3)
+    used = set()
+    for h in hosts:
+        home = domain_shard(h, 3)
+        used.add(home)
+        for i, k in enumerate(shards):
+            backlog = redis_client.hget(k.domain_info, f"b:{h}")
+            assert (backlog is not None) == (i == home), (h, i)
+        assert int(redis_client.hget(shards[home].domain_info, f"b:{h}")) == 5
+    assert used == {0, 1, 2}  # twelve hosts spread over the three shards
+    home = shards[domain_shard("h0.example", 3)]
+    assert float(redis_client.hget(home.domain_info, "n:h0.example")) > time.time() + 20
 
 
 # -- a real 3-master cluster, real `scrapy crawl` workers ----------------------------------------------
@@ -369,3 +398,29 @@ def test_sigkilled_sharded_worker_loses_nothing_on_a_cluster(
     for k in LINKS.shards(3):
         assert c.zcard(k.queue) == c.zcard(k.leases) == 0
     c.close()
+
+
+def test_forget_and_requeue_follow_domain_routing(redis_url: str, redis_client: Any, tmp_path: Path) -> None:
+    """With crawl-wide politeness and shards, `forget` removes a URL's fingerprint from its host's shard and
+    `dead --requeue` puts a dead letter back on its host's shard."""
+    from click.testing import CliRunner
+    from scrapy.utils.request import RequestFingerprinter
+
+    from scrapy_dist.cli import main
+
+    shards = UNIT.shards(3)
+    redis_client.hset(UNIT.control, mapping={"politeness": "cluster", "shards": "3"})
+    url = "http://f2.example/p/1"
+    home = shards[domain_shard("f2.example", 3)]
+    assert home != shards[0]  # shard 0 would also be where a tool without routing puts things
+    fp = RequestFingerprinter().fingerprint(Request(url))
+    for k in shards:
+        redis_client.sadd(k.fingerprints, fp)
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "forget", "unit", url])
+    assert result.exit_code == 0, result.output
+    assert [redis_client.sismember(k.fingerprints, fp) for k in shards] == [k != home for k in shards]
+    record = dead_letter_record(Request(url), reason="500", worker="w1", status=500)
+    redis_client.rpush(UNIT.deadletter, record)
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "dead", "unit", "--requeue"])
+    assert result.exit_code == 0, result.output
+    assert [redis_client.zcard(k.queue) for k in shards] == [int(k == home) for k in shards]

@@ -38,7 +38,8 @@ from scrapy_dist.cli.text import console, json_safe, printable
 from scrapy_dist.codec import EntryPolicy
 from scrapy_dist.deadletter import DeadLetter, parse_record, reason_matches, requeue_payload
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.frontier import Frontier, SyncBatch
+from scrapy_dist.extensions.control import parse_control
+from scrapy_dist.frontier import Frontier, SyncBatch, domain_shard
 from scrapy_dist.politeness import DomainLimits
 from scrapy_dist.settings import DistSettings
 
@@ -151,20 +152,36 @@ async def requeue_letters(
     client = factory.async_client()
     ds = factory.dist
     sequence = queue_order(ds).sequence
-    politeness = ds.scheduler.politeness
+    control = parse_control(await client.hgetall(keys.control))  # the crawl's own mode and shards
+    politeness = control.politeness or ds.scheduler.politeness
     limits = DomainLimits.from_dist(ds)
-    # "" as worker id: a tool, not a worker of the crawl
-    frontier = Frontier(client, keys, "", None, sequence=sequence, politeness=politeness)
+    shards = keys.shards(control.shards or 1)
+    # "" as worker id: a tool, not a worker of the crawl; requests need no dedupe, so any shard takes
+    # them -- but with crawl-wide politeness a domain's requests belong to its shard
+    frontiers = [
+        Frontier(client, k, "", None, sequence=sequence, politeness=politeness, heartbeat=i == 0)
+        for i, k in enumerate(shards)
+    ]
+    by_domain = politeness == "cluster"
+
+    def domain_of(d: DeadLetter) -> str:
+        return (urlsplit(d.url or "").hostname or "").lower()
 
     def entry(d: DeadLetter, payload: bytes, score: float) -> tuple[str, str, float, bytes, str, str]:
-        domain = (urlsplit(d.url or "").hostname or "").lower()
+        domain = domain_of(d)
         return ("", "", score, payload, domain, limits.for_domain(domain).encode())
 
     done = 0
     try:
         for i in range(0, len(targets), CHUNK):
             chunk = targets[i : i + CHUNK]
-            await frontier.sync(SyncBatch(enqueue=[entry(d, payload, score) for d, payload, score in chunk]))
+            batches = [SyncBatch() for _ in shards]
+            for d, payload, score in chunk:
+                shard = domain_shard(domain_of(d), len(shards)) if by_domain else 0
+                batches[shard].enqueue.append(entry(d, payload, score))
+            for frontier, batch in zip(frontiers, batches, strict=True):
+                if batch.enqueue:
+                    await frontier.sync(batch)
             # only now drop the records: a crash in between requeues twice, never loses
             async with client.pipeline(transaction=False) as pipe:
                 for d, _, _ in chunk:

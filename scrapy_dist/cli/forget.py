@@ -9,7 +9,8 @@ After a forget, the next time a worker finds one of these URLs (a link, or a see
   ``{spider}:forgotten`` SET, which the filter consults before its bits and empties as it admits: each
   forgotten URL is admitted once (``lua/dupe.lua``).
 
-With ``SCHEDULER_SHARDS``, each fingerprint is forgotten in the shard its URL is routed to.
+With ``SCHEDULER_SHARDS``, each fingerprint is forgotten in the shard its URL is routed to (with crawl-wide
+politeness, its host's shard: a bare ``--fingerprint`` is then forgotten on every shard).
 
 Fingerprints are made as the workers make them: the project's ``REQUEST_FINGERPRINTER_CLASS`` (Scrapy's
 default outside a project). A URL alone stands for ``GET <url>`` with no body; a request the spider makes
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 import click
 from scrapy import Request, Spider
@@ -31,7 +33,7 @@ from scrapy_dist.bloom import fingerprint_hashes
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import printable
 from scrapy_dist.extensions.control import parse_control
-from scrapy_dist.frontier import shard_of
+from scrapy_dist.frontier import domain_shard, shard_of
 
 #: longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ)
 MAX_FINGERPRINT_BYTES = 64
@@ -81,17 +83,29 @@ def hex_fingerprints(values: tuple[str, ...]) -> list[bytes]:
     return out
 
 
-def forget_fingerprints(client: Any, keys: Any, fingerprints: list[bytes]) -> dict[str, int]:
-    """Forget ``fingerprints`` in every filter the crawl has, shard by shard; counts per filter kind."""
+def forget_fingerprints(
+    client: Any, keys: Any, fingerprints: list[bytes], domains: list[str | None] | None = None
+) -> dict[str, int]:
+    """Forget ``fingerprints`` in every filter the crawl has, shard by shard; counts per filter kind.
+    ``domains``: each fingerprint's host (None: not known), for a sharded crawl routed by domain
+    (crawl-wide politeness), where a fingerprint of unknown host is forgotten on every shard."""
     control = parse_control(client.hgetall(keys.control))
     shards = keys.shards(control.shards or 1)
+    by_domain = control.politeness == "cluster" and len(shards) > 1
     by_shard: dict[int, list[bytes]] = defaultdict(list)
-    for fp in fingerprints:
-        by_shard[shard_of(fp, len(shards))].append(fp)
-    counts = {"bloom": 0, "exact": 0}
+    for fp, domain in zip(fingerprints, domains or [None] * len(fingerprints), strict=True):
+        if not by_domain:
+            by_shard[shard_of(fp, len(shards))].append(fp)
+        elif domain is not None:
+            by_shard[domain_shard(domain, len(shards))].append(fp)
+        else:
+            for i in range(len(shards)):
+                by_shard[i].append(fp)
+    counts = {"bloom": 0, "exact": 0, "filters": 0}
     for index, fps in by_shard.items():
         k = shards[index]
         has_bloom = client.hexists(k.bloom, "capacity")
+        counts["filters"] += has_bloom + client.exists(k.fingerprints, k.fingerprints_ttl)
         for i in range(0, len(fps), CHUNK):
             chunk = fps[i : i + CHUNK]
             pipe = client.pipeline(transaction=False)
@@ -123,16 +137,21 @@ def forget(
     if not wanted and not fingerprints:
         raise click.UsageError("name URLs, --file F or --fingerprint HEX")
     fps = hex_fingerprints(fingerprints)
+    domains: list[str | None] = [None] * len(fps)
     redis.check_spider(spider, force)
     redis.check()
     if wanted:
         fps += url_fingerprints(wanted, project_fingerprinter(redis))
+        domains += [(urlsplit(u).hostname or "").lower() for u in wanted]
     keys = redis.keys(spider)
     client = redis.client()
     try:
-        counts = forget_fingerprints(client, keys, fps)
+        counts = forget_fingerprints(client, keys, fps, domains)
     finally:
         client.close()
+    if not counts["filters"]:
+        click.echo(f"nothing to forget: the crawl of {spider!r} has no dupefilter in Redis")
+        return
     click.echo(
         f"forgot {len(fps):,} fingerprints of {spider!r}: {counts['exact']:,} removed from the exact filter,"
         f" {counts['bloom']:,} admitted once more by the bloom filter"

@@ -54,6 +54,8 @@ class ControlState:
     close_at: float | None = None
     #: the crawl's recorded shard count, None if absent or garbage
     shards: int | None = None
+    #: the crawl's recorded SCHEDULER_POLITENESS ("process" or "cluster"), "" if absent or garbage
+    politeness: str = ""
     #: one short description per garbage field, for a one-time warning
     problems: tuple[str, ...] = ()
 
@@ -108,7 +110,11 @@ def parse_control(raw: Any) -> ControlState:
     if paused_by and not _REASON.fullmatch(paused_by):
         problems.append(f"paused_by={paused_by[:40]!r}")
         paused_by = "?"
-    return ControlState(paused_text == "1", paused_by, close, at, shards, tuple(problems))
+    politeness = d.get("politeness", "")
+    if politeness not in ("", "process", "cluster"):
+        problems.append(f"politeness={politeness[:40]!r} (expected process or cluster)")
+        politeness = ""
+    return ControlState(paused_text == "1", paused_by, close, at, shards, politeness, tuple(problems))
 
 
 def report_problems(control_key: str, state: ControlState, log: logging.Logger = logger) -> None:

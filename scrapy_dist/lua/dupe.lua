@@ -2,8 +2,8 @@
 --
 -- dupe_open(mode, key_index, params, now) prepares a filter; `params` is a flat list taken from ARGV, `now`
 -- the call's time (unix seconds: the server's, or the one a test injects). KEYS[key_index] is always the
--- FORGOTTEN set ({spider}:forgotten: "t1:t2" of bloom fingerprints made new again, see dupe_forget); the
--- filter's own keys follow it, from key_index + 1:
+-- FORGOTTEN set ({spider}:forgotten: "t1:t2" of bloom fingerprints made new again, see dupe_forget; a key
+-- of another type there is ignored); the filter's own keys follow it, from key_index + 1:
 --   mode "bloom":    params nfilters, window_bits, max_items, then per filter i (oldest first): m_i, k_i,
 --                    cum_i, nblocks_i, wpb_i, where m_i = bits, k_i = hashes, cum_i = capacity of filters
 --                    0..i together, wpb_i = windows per block (together: a CHAIN's params). KEYS: the bloom
@@ -90,8 +90,10 @@ local function dupe_open(mode, key_index, params, now)
     dupe_type_ok(d, d.key, 'zset')
   end
   if mode ~= 'bloom' and mode ~= 'bloomgen' then return d end
-  dupe_type_ok(d, d.forgotten, 'set')
-  d.forgot = not d.err and redis.call('SCARD', d.forgotten) > 0
+  -- FORGOTTEN of another type (someone else's data) is ignored, not a reason to stop deduplicating
+  local ft = redis.call('TYPE', d.forgotten)['ok']
+  d.forgot_ok = ft == 'none' or ft == 'set'
+  d.forgot = ft == 'set' and redis.call('SCARD', d.forgotten) > 0
   if mode == 'bloom' then
     d.chain = chain_open(d, d.key, key_index + 2, params, 1)
     d.older = {}
@@ -278,7 +280,7 @@ end
 local function dupe_forget(d, t1, t2)
   if d.mode == 'set' then redis.call('SREM', d.key, t1)
   elseif d.mode == 'setttl' then redis.call('ZREM', d.key, t1)
-  elseif d.chain then
+  elseif d.chain and d.forgot_ok then
     redis.call('SADD', d.forgotten, t1 .. ':' .. t2)
     d.forgot = true
   end

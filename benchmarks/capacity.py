@@ -1,0 +1,317 @@
+"""Capacity model: how one Redis master (or a 3-master cluster with ``SCHEDULER_SHARDS=3``) carries N
+workers, measured with the real scheduler and frontier code and no HTTP.
+
+Each synthetic worker is a real :class:`scrapy_dist.scheduler.Scheduler` (its ledger, sync loop, dupefilter
+and frontier, started by ``open_async`` as in a crawl) driven by an asyncio "engine" that fetches nothing:
+it takes requests from ``next_request()``, holds each for ``FETCH_S`` seconds (up to ``CONCURRENCY`` at
+once, like ``CONCURRENT_REQUESTS``), then hands the page's links to ``enqueue_request()`` -- a synthetic
+link graph where every page has ``LINKS`` links, two of them to new pages and the rest to pages found
+before, on hosts drawn from a Zipf distribution over 10,000 hosts -- and lets the sync loop acknowledge
+it. Workers are spread over a few processes (asyncio tasks in each). For N = 1, 2, 4, ... 64 workers,
+each run lasts ``--capacity-seconds`` after a warm-up and reports:
+
+* crawl pages/s (pages whose links were handed to the scheduler), summed over the workers;
+* Redis CPU per page: ``used_cpu_user + used_cpu_sys`` of the server(s) over the run / pages;
+* p50 / p99 / max duration of one ``sync`` script call, from the server's SLOWLOG (every call logged:
+  ``slowlog-log-slower-than 0``) -- the time that call held the server and every other worker waited.
+
+On a machine with few cores, the workers' Python and Redis share the cores: pages/s is bound by the
+machine, while Redis CPU per page and call durations are properties of the frontier; the capacity table
+in docs/capacity.md extrapolates from those (and says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import contextlib
+import hashlib
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from benchmarks.redis_server import RedisProcess
+
+TITLE = "Capacity: N synthetic workers on one Redis master (and 3 shards on a 3-master cluster)"
+LINKS = 10
+HOSTS = 10_000
+CONCURRENCY = 16
+FETCH_S = 0.05
+SPIDER = "cap"
+
+
+def _load_cluster() -> Any:
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import redis_cluster
+
+    return redis_cluster.LocalCluster
+
+
+class _Engine:
+    """The :class:`scrapy_dist._engine.Engine` of a synthetic worker: what it holds is in progress."""
+
+    def __init__(self) -> None:
+        self.held: set[Any] = set()
+        self.woken = asyncio.Event()
+
+    def inprogress(self) -> Any:
+        return self.held
+
+    def wake(self) -> None:
+        self.woken.set()
+
+    def close(self, reason: str) -> None:
+        pass
+
+    def slot_load(self, request: Any) -> int:
+        return 0
+
+
+def _cumulative_zipf() -> list[float]:
+    weights = [1 / (r + 1) for r in range(HOSTS)]  # Zipf, s = 1
+    total, acc, out = sum(weights), 0.0, []
+    for w in weights:
+        acc += w
+        out.append(acc / total)
+    return out
+
+
+def _url(page: int, zipf: list[float]) -> str:
+    """Page ``page`` always has the same URL: its host drawn from the Zipf hosts by a hash of the id."""
+    u = int.from_bytes(hashlib.blake2b(page.to_bytes(8, "big"), digest_size=8).digest(), "big") / 2**64
+    return f"http://h{bisect.bisect_left(zipf, u)}.test/p/{page}"
+
+
+def _links(page: int, zipf: list[float]) -> list[str]:
+    """A binary tree (children 2p+1, 2p+2: new pages, so the frontier grows by one per page) plus
+    ``LINKS - 2`` links to pages found earlier (ancestors and older ids: the dupefilter's daily work)."""
+    targets = [2 * page + 1, 2 * page + 2]
+    up = page
+    while len(targets) < LINKS:
+        up = (up - 1) // 2 if up > 0 else 0
+        targets.append(up if len(targets) % 2 else (page * 7919 + len(targets)) % (page + 1))
+    return [_url(t, zipf) for t in targets]
+
+
+async def _worker(url: str, shards: int, politeness: str, index: int, stop_at: float, counts: dict) -> None:
+    from scrapy import Request, Spider
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_dist.scheduler import Scheduler
+
+    settings = {
+        "REDIS_URL": url, "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
+        "BLOOMFILTER_CAPACITY": 10_000_000, "SCHEDULER_SHARDS": shards, "SCHEDULER_PERSIST": True,
+        "SCHEDULER_POLITENESS": politeness, "LOG_LEVEL": "WARNING",
+    }
+    spider_cls = type("CapSpider", (Spider,), {"name": SPIDER})
+    crawler = get_crawler(spider_cls, settings)
+    crawler.spider = crawler._create_spider()
+    sched = Scheduler.from_crawler(crawler)
+    engine = _Engine()
+    sched.engine = engine
+    await sched.open_async(crawler.spider)
+    zipf = _cumulative_zipf()
+    if index == 0:
+        sched.enqueue_request(Request(_url(0, zipf)))
+    busy: set[asyncio.Task] = set()
+
+    async def fetch(request: Any) -> None:
+        await asyncio.sleep(FETCH_S)
+        page = int(request.url.rsplit("/", 1)[1])
+        for link in _links(page, zipf):
+            sched.enqueue_request(Request(link))
+        engine.held.discard(request)
+        counts["pages"] += 1
+
+    while time.monotonic() < stop_at:
+        while len(busy) < CONCURRENCY:
+            request = sched.next_request()
+            if request is None:
+                break
+            engine.held.add(request)
+            task = asyncio.ensure_future(fetch(request))
+            busy.add(task)
+            task.add_done_callback(busy.discard)
+        engine.woken.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(engine.woken.wait(), 0.01)
+    for task in list(busy):
+        task.cancel()
+    await sched.close_async("finished")
+
+
+async def _process(
+    url: str, shards: int, politeness: str, first: int, count: int, window: tuple[float, float], out: Any
+) -> None:
+    """``count`` workers; puts the pages they crawled inside the measured ``window`` (monotonic)."""
+    counts = {"pages": 0}
+    marks = {}
+
+    async def mark(name: str, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        marks[name] = counts["pages"]
+
+    await asyncio.gather(
+        mark("start", window[0]), mark("end", window[1]),
+        *(_worker(url, shards, politeness, first + i, window[1], counts) for i in range(count)),
+    )
+    out.put(marks["end"] - marks["start"])
+
+
+def _run_process(args: tuple[str, int, str, int, int, tuple[float, float], Any]) -> None:
+    asyncio.run(_process(*args))
+
+
+def _nodes(ports: list[int]) -> list[redis.Redis]:
+    return [redis.Redis(port=p) for p in ports]
+
+
+def _cpu(nodes: list[redis.Redis]) -> float:
+    total = 0.0
+    for c in nodes:
+        info = c.info("cpu")
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+
+def _sync_sha() -> str:
+    import hashlib
+
+    from scrapy_dist import scripts
+
+    return hashlib.sha1(scripts.source("sync").encode()).hexdigest()
+
+
+def measure(
+    url: str, ports: list[int], shards: int, workers: int, seconds: float, warmup: float,
+    politeness: str = "process",
+) -> dict:
+    nodes = _nodes(ports)
+    for c in nodes:
+        c.flushall()
+        c.config_set("slowlog-log-slower-than", 0)
+        c.config_set("slowlog-max-len", 200_000)
+    processes = min(workers, max(1, (os.cpu_count() or 2)))
+    per = [workers // processes + (i < workers % processes) for i in range(processes)]
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    # start-up (imports, open) and warm-up are not measured; CLOCK_MONOTONIC is system-wide on Linux
+    start = time.monotonic() + 6 + warmup
+    window = (start, start + seconds)
+    procs, first = [], 0
+    for count in per:
+        p = ctx.Process(target=_run_process, args=((url, shards, politeness, first, count, window, out),))
+        p.start()
+        procs.append(p)
+        first += count
+    time.sleep(max(0.0, window[0] - time.monotonic()))
+    cpu0 = _cpu(nodes)
+    for c in nodes:
+        c.slowlog_reset()
+    time.sleep(max(0.0, window[1] - time.monotonic()))
+    cpu1 = _cpu(nodes)
+    sha = _sync_sha()
+    durations = []
+    for c in nodes:
+        for entry in c.slowlog_get(200_000):
+            cmd = entry.get("command", b"")
+            if isinstance(cmd, bytes) and cmd.startswith(b"EVALSHA " + sha.encode()):
+                durations.append(entry["duration"])
+    durations.sort()
+    total_pages = sum(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(60)
+    for c in nodes:
+        c.config_set("slowlog-log-slower-than", 10_000)
+        c.close()
+    rate = total_pages / seconds
+    return {
+        "workers": workers, "shards": shards, "politeness": politeness, "processes": processes,
+        "pages": total_pages,
+        "pages_per_s": rate, "redis_cpu_s": cpu1 - cpu0,
+        "redis_cpu_us_per_page": 1e6 * (cpu1 - cpu0) / total_pages if total_pages else None,
+        "sync_calls": len(durations),
+        "sync_p50_us": durations[len(durations) // 2] if durations else None,
+        "sync_p99_us": durations[int(len(durations) * 0.99)] if durations else None,
+        "sync_max_us": durations[-1] if durations else None,
+        "sync_mean_us": statistics.fmean(durations) if durations else None,
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("capacity")
+    g.add_argument("--capacity-seconds", type=float, metavar="S", help="measured seconds per N (default 12)")
+    g.add_argument("--capacity-workers", metavar="N,N", help="worker counts (default 1,2,4,8,16,32,64)")
+
+
+def run(args: argparse.Namespace) -> dict:
+    quick = getattr(args, "quick", False)
+    seconds = getattr(args, "capacity_seconds", None) or (4.0 if quick else 12.0)
+    counts = [int(x) for x in (getattr(args, "capacity_workers", None) or ("1,4,16" if quick else
+                                                                          "1,2,4,8,16,32,64")).split(",")]
+    rows, single, sharded = [], [], []
+    server = RedisProcess().start()
+    try:
+        for n in counts:
+            r = measure(server.url, [server.port], 1, n, seconds, warmup=2.0)
+            single.append(r)
+            print(f"  N={n}: {r['pages_per_s']:.0f} pages/s, {r['redis_cpu_us_per_page']:.1f} us/page,"
+                  f" sync p50 {r['sync_p50_us']} p99 {r['sync_p99_us']} us", flush=True)
+    finally:
+        server.stop()
+    polite: list[dict] = []
+    cluster = _load_cluster()(masters=3).start()
+    try:
+        ports = [node.port for node in cluster.nodes]
+        for politeness, results in (("process", sharded), ("cluster", polite)):
+            for n in counts[-3:]:
+                r = measure(cluster.nodes[0].url, ports, 3, n, seconds, 2.0, politeness)
+                results.append(r)
+                print(f"  3 shards ({politeness}) N={n}: {r['pages_per_s']:.0f} pages/s,"
+                      f" {r['redis_cpu_us_per_page']:.1f} us/page", flush=True)
+    finally:
+        cluster.stop()
+    for label, results in (("1 master", single), ("3 shards, 3-master cluster", sharded),
+                           ("3 shards, crawl-wide politeness (by domain)", polite)):
+        for r in results:
+            rows.append([label, r["workers"], round(r["pages_per_s"]), _round(r["redis_cpu_us_per_page"]),
+                         r["sync_calls"], r["sync_p50_us"], r["sync_p99_us"], r["sync_max_us"]])
+    best = min((r["redis_cpu_us_per_page"] for r in single if r["redis_cpu_us_per_page"]), default=None)
+    return {
+        "title": TITLE,
+        "summary": (
+            f"Redis CPU per page {', '.join(str(_round(r['redis_cpu_us_per_page'])) for r in single)} us for"
+            f" N = {', '.join(str(r['workers']) for r in single)} workers on one master"
+            + (f": one master core carries about {1e6 / best:,.0f} pages/s" if best else "") + "."
+        ),
+        "tables": [{
+            "title": f"Synthetic workers (real scheduler, no HTTP; {CONCURRENCY} requests in flight each,"
+                     f" {LINKS} links/page, {HOSTS:,} Zipf hosts), {seconds:g} s each",
+            "columns": ["Redis", "workers", "pages/s", "Redis CPU µs/page", "sync calls", "sync p50 µs",
+                        "sync p99 µs", "sync max µs"],
+            "rows": rows,
+            "notes": [f"{os.cpu_count()} cores run the workers and Redis together: pages/s is bound by the"
+                      " machine; Redis CPU per page and the call durations are the frontier's own figures."],
+        }],
+        "charts": [{
+            "title": "Redis CPU per page and sync p99 against workers (one master)",
+            "ylabel": "µs", "categories": [str(r["workers"]) for r in single],
+            "series": {"Redis CPU µs/page": [r["redis_cpu_us_per_page"] for r in single],
+                       "sync p99 µs / 10": [(r["sync_p99_us"] or 0) / 10 for r in single]},
+        }],
+        "data": {"single": single, "sharded": sharded, "polite": polite, "seconds": seconds},
+    }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
