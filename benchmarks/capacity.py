@@ -218,8 +218,15 @@ def measure(
     cpu0 = _cpu(nodes)
     for c in nodes:
         c.slowlog_reset()
+        c.config_resetstat()
     time.sleep(max(0.0, window[1] - time.monotonic()))
     cpu1 = _cpu(nodes)
+    commands: dict[str, list[float]] = {}
+    for c in nodes:
+        for name, st in c.info("commandstats").items():
+            calls_usec = commands.setdefault(name.removeprefix("cmdstat_"), [0.0, 0.0])
+            calls_usec[0] += st["calls"]
+            calls_usec[1] += st["usec"]
     sha = _sync_sha()
     durations = []
     for c in nodes:
@@ -245,6 +252,11 @@ def measure(
         "sync_p99_us": durations[int(len(durations) * 0.99)] if durations else None,
         "sync_max_us": durations[-1] if durations else None,
         "sync_mean_us": statistics.fmean(durations) if durations else None,
+        # INFO commandstats over the window: calls and microseconds per page, by command
+        "commands": {name: {"calls_per_page": round(calls / total_pages, 3),
+                            "us_per_page": round(usec / total_pages, 2)}
+                     for name, (calls, usec) in sorted(commands.items(), key=lambda kv: -kv[1][1])
+                     if total_pages},
     }
 
 

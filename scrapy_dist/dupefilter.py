@@ -39,8 +39,6 @@ from scrapy_dist.bloom import (
     parse_bloom_record,
 )
 from scrapy_dist.dupescript import CALL_TOKENS, DupeScript
-
-__all__ = ["CALL_TOKENS", "BloomDupeFilter", "RFPDupeFilter", "RedisDupeFilter", "SetDupeFilter"]
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.generations import Generations
 from scrapy_dist.keys import CrawlKeys, crawler_keys
@@ -52,6 +50,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
     from typing_extensions import Self
+
+__all__ = ["CALL_TOKENS", "BloomDupeFilter", "RFPDupeFilter", "RedisDupeFilter", "SetDupeFilter"]
 
 logger = logging.getLogger(__name__)
 #: duplicate lines go where Scrapy's RFPDupeFilter logs them, so log filters written for Scrapy still apply
@@ -180,7 +180,7 @@ class RedisDupeFilter:
 
     def run_batch(self, op: str, tokens: list[tuple[Any, Any]], now: float | None = None) -> list[bool]:
         """``dupe_batch.lua`` over ``tokens`` (``op``: "add", "check" or "forget"; ``now``: injected time,
-        None = the server's): see :func:`scrapy_dist.dupescript.run_batch`. True where already seen."""
+        None = the server's): see :meth:`scrapy_dist.dupescript.DupeScript.run`. True where already seen."""
         if self._script is None:
             self._script = DupeScript(self.redis)
         return self._script.run(self, op, tokens, now)

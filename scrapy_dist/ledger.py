@@ -44,9 +44,10 @@ Lease = tuple[int, bytes]
 
 #: most discovered requests one sync call carries to one shard. A script holds Redis for its whole run:
 #: a backlog (thousands of requests after an outage) goes in several short calls, not one long one that
-#: every other worker waits behind (issue 19: measured per call in ``python -m benchmarks``' SLOWLOG
-#: figures). A round that leaves requests behind is followed by the next one at once.
-CALL_RECORDS = 128
+#: every other worker waits behind. A new request costs the script 12-18 us (its bloom insert dominates),
+#: so 48 keep a call near 1 ms (measured: ``python -m benchmarks --only capacity``, sync p99). A round
+#: that leaves requests behind is followed by the next one at once.
+CALL_RECORDS = 48
 
 @dataclass(frozen=True, kw_only=True)
 class Routed:
