@@ -24,6 +24,17 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier import SyncResult
 
 
+def crawl_fingerprinter(crawler: Any) -> Any:
+    """The crawl's request fingerprinter; Scrapy's default one where the crawler has none yet (a scheduler
+    opened outside a crawl, as Scrapy's own scheduler tests do)."""
+    try:
+        return crawler.request_fingerprinter
+    except (AttributeError, RuntimeError):
+        from scrapy.utils.request import RequestFingerprinter
+
+        return RequestFingerprinter(crawler)
+
+
 @dataclass(frozen=True)
 class ShardState:
     """One shard's last answer: counts crawl-wide and its sequence counter."""

@@ -45,7 +45,7 @@ from scrapy_dist.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.outage import Outage
 from scrapy_dist.politeness import DomainLimits, penalty_seconds
 from scrapy_dist.revisit import Revisits
-from scrapy_dist.router import ShardRouter
+from scrapy_dist.router import ShardRouter, crawl_fingerprinter
 from scrapy_dist.settings import DistSettings, SchedulerSettings
 from scrapy_dist.syncloop import SyncLoop
 
@@ -67,17 +67,6 @@ RECENT_LIMIT = 500_000
 def make_worker_id() -> str:
     """``host:pid:random`` -- unique per process, readable in ``scrapy-dist status``."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
-
-
-def _fingerprinter(crawler: Crawler) -> Any:
-    """The crawl's request fingerprinter; Scrapy's default one where the crawler has none yet (a scheduler
-    opened outside a crawl, as Scrapy's own scheduler tests do)."""
-    try:
-        return crawler.request_fingerprinter
-    except (AttributeError, RuntimeError):
-        from scrapy.utils.request import RequestFingerprinter
-
-        return RequestFingerprinter(crawler)
 
 
 def get_scheduler(crawler: Crawler) -> Scheduler | None:
@@ -236,7 +225,7 @@ class Scheduler:
                                                        "the crawl's Redis keys are built from it"))
             self._place(crawl_keys(settings, name))
         if self.router.fingerprinter is None and self.crawler is not None:
-            self.router.fingerprinter = _fingerprinter(self.crawler)
+            self.router.fingerprinter = crawl_fingerprinter(self.crawler)
         # one clear line and a non-zero exit if Redis is not there (building a client can fail too)
         connection.ensure_reachable(settings)
         pending, remembered = self.layout.open(settings, flush_on_start=cfg.flush_on_start,
@@ -406,11 +395,8 @@ class Scheduler:
         self.ledger.dead_letter(record, time.monotonic(), forget)
 
     def flushed_since(self, mark: float) -> bool:
-        """Whether a sync that started after ``mark`` (a ``time.monotonic()`` value), and took every
-        discovered request buffered when it started, has succeeded: once this is true, every request
-        enqueued before ``mark`` is in Redis (seeds use it to know when they may be dropped). A round
-        that left part of a backlog for the next one (:data:`scrapy_dist.ledger.CALL_RECORDS`) does not
-        count."""
+        """Whether a sync that started after ``mark`` (``time.monotonic()``) and took every buffered
+        request has succeeded: then every request enqueued before ``mark`` is in Redis (seeds rely on it)."""
         return self.loop is not None and self.loop.drained_at > mark
 
     def pause(self) -> None:

@@ -24,11 +24,11 @@ from scrapy_dist.bloom import BloomPlan, fingerprint_hashes
 from scrapy_dist.cli import main
 from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.filterstatus import filter_figures
 from scrapy_dist.frontier import Frontier, SyncBatch
 from scrapy_dist.generations import Generations
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.scheduler import Scheduler
-from scrapy_dist.status import filter_figures
 
 KEYS = CrawlKeys("ttl")
 TTL = 3000.0  # seconds; G = 4 -> span 1000 s

@@ -51,6 +51,14 @@
 -- building its argument table in Lua costs more than the ~10 SETBIT calls it saves (1.0 us in all). Most
 -- of an insert's cost is the script's own Lua arithmetic, not the Redis commands it calls.
 
+-- The call's time: `raw` (unix seconds a caller or a test injects), else the server's clock.
+local function call_now(raw)
+  local now = tonumber(raw)
+  if now then return now end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1e6
+end
+
 -- One bloom chain (a scalable filter): its HASH, then its blocks from KEYS[ki]; params from params[p].
 -- Returns the chain and the index of the first key after its blocks.
 local function chain_open(d, hash_key, ki, params, p)

@@ -12,11 +12,7 @@
 -- has another type or the generations passed miss a live one (see dupe.lua).
 local op = ARGV[1]
 local mode = ARGV[2]
-local now = tonumber(ARGV[3])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-end
+local now = call_now(ARGV[3])
 local P = tonumber(ARGV[4])
 local params = {}
 for i = 1, P do params[i] = ARGV[4 + i] end

@@ -32,11 +32,7 @@
 --   whole (sync_lease); repaired names keys whose garbage this call repaired (sync_check).
 --   Or {-1, bloom_n} / {-2, reason, detail}: nothing written (see sync_common.lua).
 
-local now = tonumber(A.now)
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-end
+local now = call_now(A.now)
 local polite = A.politeness == 'cluster'
 local S = {
   now = now, worker = A.worker, lease_s = tonumber(A.lease_seconds), n_lease = tonumber(A.lease),
