@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import redis
 
+from benchmarks.processes import interrupt
 from benchmarks.redis_server import RedisProcess
 
 TITLE = "Continuous crawling: revisits, conditional requests, memory of expiring fingerprints"
@@ -200,12 +200,7 @@ def crawl_continuously(args: argparse.Namespace, conditional: bool, tag: str) ->
                     break
                 time.sleep(1)
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            interrupt(proc, 60)
     wall = time.monotonic() - t
     client = redis.Redis(port=server.port)
     used = int(client.info("memory")["used_memory"])

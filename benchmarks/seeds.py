@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from typing import Any
 
 import redis
 
+from benchmarks.processes import interrupt
 from benchmarks.redis_server import RedisProcess
 
 TITLE = "Seeds: push throughput (scrapy-dist push) and push-to-request latency"
@@ -274,11 +274,7 @@ def measure_latency(
                 raise RuntimeError(f"{label}: seed {i} not requested within 30 s")
             latencies.append(arrived - t0)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        interrupt(proc, 30)
         server.stop()
         client.close()
     ordered = sorted(latencies)
