@@ -1,11 +1,12 @@
 """The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis.
 
-A round takes everything the :class:`~scrapy_dist.ledger.Ledger` owes, one batch per shard, sends the
-batches concurrently (one ``sync`` Lua call = one round trip per shard) and takes the answers back in. A
-round is due when the engine runs low on leased requests (below half of ``SCHEDULER_PREFETCH``), when a
-write has waited ``SCHEDULER_FLUSH_INTERVAL`` or ``SCHEDULER_FLUSH_BATCH`` requests are buffered, when the
-crawl-wide view is older than ``SCHEDULER_IDLE_POLL``, and when leases are due for renewal (every third
-of ``SCHEDULER_LEASE_SECONDS``).
+A round takes what the :class:`~scrapy_dist.ledger.Ledger` owes (at most
+:data:`~scrapy_dist.ledger.CALL_RECORDS` new requests per shard, see :meth:`SyncLoop.call_records`), one
+batch per shard, sends the batches concurrently (one ``sync`` Lua call = one round trip per shard) and
+takes the answers back in. A round is due when the engine runs low on leased requests (below half of
+``SCHEDULER_PREFETCH``), when a write has waited ``SCHEDULER_FLUSH_INTERVAL`` or ``SCHEDULER_FLUSH_BATCH``
+requests are buffered, when a backlog is being drained, when the crawl-wide view is older than
+``SCHEDULER_IDLE_POLL``, and when leases are due for renewal (every third of ``SCHEDULER_LEASE_SECONDS``).
 
 Failures: a shard that fails has its batch put back in the ledger; the loop waits with capped backoff and
 tries again. Redis being away is reported by the crawl's :class:`~scrapy_dist.outage.Outage` (one
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from scrapy_dist.ledger import CALL_RECORDS
 from scrapy_dist.outage import Backoff, Outage, is_outage
 from scrapy_dist.ratelimit import RateLimitedLog
 
@@ -98,6 +100,8 @@ class SyncLoop:
         #: start of the last successful round that took every discovered request buffered (see
         #: :meth:`scrapy_dist.scheduler.Scheduler.flushed_since`)
         self.drained_at = 0.0
+        #: when the rounds started leaving part of a backlog for the next one (None: none is left)
+        self.backlog_since: float | None = None
         self.next_fetch = 0.0
         self.next_renew = 0.0
         #: (requests leased, requests asked for, queued crawl-wide) of the last complete round
@@ -175,8 +179,6 @@ class SyncLoop:
         if renew:
             self.next_renew = now + self.lease_seconds / 3
         self.last_sync = now
-        if not self.ledger.left_behind:
-            self.drained_at = now
         got, asked, queued = self.lease_result
         if asked and got < asked and queued == 0:
             if got == 0 and not self.ledger.busy():  # still nothing at all: poll less often
@@ -222,11 +224,25 @@ class SyncLoop:
         stale = now - self.last_sync >= self.poll_interval
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
+    def call_records(self, now: float) -> int:
+        """Most discovered requests per shard this round: :data:`~scrapy_dist.ledger.CALL_RECORDS`, so
+        calls stay short (a backlog after an outage drains in consecutive short calls) -- unless draining
+        a backlog has taken a quarter of a lease already (a Redis so far away that short calls cannot
+        keep up): then all of it, so the acks it holds back go before their leases run out."""
+        if self.backlog_since is not None and now - self.backlog_since >= self.lease_seconds / 4:
+            return len(self.ledger.out)
+        return CALL_RECORDS
+
     async def round(self, lease: int, renew: bool) -> BaseException | None:
         """One exchange with every shard (concurrently); returns the first error, or ``None`` if every
         shard answered. A shard that failed has its batch put back; the others' answers are applied."""
         ledger, router = self.ledger, self.router
-        batches = ledger.take_batches(router.lease_split(lease), renew)
+        started = self.clock()
+        batches = ledger.take_batches(router.lease_split(lease), renew, self.call_records(started))
+        if not ledger.left_behind:
+            self.backlog_since = None
+        elif self.backlog_since is None:
+            self.backlog_since = started
         self.in_sync = True
         try:
             if len(self.frontiers) == 1:
@@ -259,6 +275,8 @@ class SyncLoop:
             self.on_applied(applied, result)
         ledger.finish_round(error is None, now)
         self.failing = error is not None
+        if error is None and not ledger.left_behind:
+            self.drained_at = started
         if error is None:
             self.state = state = router.settle()
             if ledger.ready or not (state.queued or state.inflight):

@@ -11,7 +11,7 @@ from scrapy import Request
 from scrapy_dist._engine import DetachedEngine
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import SyncResult
-from scrapy_dist.ledger import Delay, Ledger, Outgoing
+from scrapy_dist.ledger import CALL_RECORDS, Delay, Ledger, Outgoing
 from scrapy_dist.router import ShardRouter
 from scrapy_dist.syncloop import SyncLoop
 
@@ -92,6 +92,17 @@ def test_a_backlog_goes_in_short_calls_in_order_and_acks_wait_for_the_last() -> 
         assert batch.ack == [] or batch.ack == [b"older"]
     assert sizes == [128, 128, 44] and batch.ack == [b"parent"]
     assert ledger.first_pending is None
+
+
+def test_short_calls_unless_draining_a_backlog_took_a_quarter_of_a_lease() -> None:
+    ledger = Ledger()
+    loop = _loop(ledger)  # lease_seconds 30
+    for i in range(200):
+        ledger.add(_out(f"http://a/{i}"), now=0.0)  # waited since long ago (an outage): short calls
+    assert loop.call_records(100.0) == CALL_RECORDS
+    loop.backlog_since = 100.0  # the first round that left part of it behind
+    assert loop.call_records(107.4) == CALL_RECORDS
+    assert loop.call_records(107.5) == 200  # a Redis too far for short calls to keep up: all of it
 
 
 def test_a_round_that_left_a_backlog_is_followed_by_the_next_at_once() -> None:

@@ -209,3 +209,39 @@ def test_joining_a_crawl_says_what_it_resumes_or_that_it_has_finished(
     [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "has run before and finished: 3 fingerprints are remembered" in warning.getMessage()
     assert "SCHEDULER_FLUSH_ON_START" in warning.getMessage()
+
+
+def test_a_backlog_reaches_redis_in_short_calls_and_all_of_it_lands(redis_url: str) -> None:
+    """An outage's backlog (300 discovered requests) goes in calls of at most CALL_RECORDS, every one of
+    them lands, and the seeds' "flushed" mark moves only once the last part is in Redis."""
+    from scrapy_dist.ledger import CALL_RECORDS
+
+    async def go() -> tuple[list[int], int, list[bool]]:
+        sched = await _opened(redis_url)
+        assert sched.loop is not None
+        sizes: list[int] = []
+        frontier = sched.frontiers[0]
+        real = frontier.sync
+
+        async def counting(batch: SyncBatch, now: float | None = None) -> SyncResult:
+            sizes.append(len(batch.enqueue))
+            return await real(batch, now)
+
+        frontier.sync = counting  # type: ignore[method-assign]
+        mark = time.monotonic()
+        for i in range(300):
+            sched.enqueue_request(Request(f"http://site.test/backlog/{i}"))
+        flushed = []
+        while True:
+            await sched.loop.round(lease=0, renew=False)
+            flushed.append(sched.flushed_since(mark))
+            if not sched.ledger.left_behind:
+                break
+        count = await sched.redis.hget(sched.keys.queue_tails, "count")
+        await sched.redis.aclose()
+        return sizes, int(count), flushed
+
+    sizes, queued, flushed = run(go())
+    assert max(sizes) == CALL_RECORDS and sum(sizes) == 300
+    assert queued == 300
+    assert flushed[-1] and not any(flushed[:-1])
