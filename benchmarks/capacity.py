@@ -30,14 +30,12 @@ import hashlib
 import multiprocessing
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import redis
 
-from benchmarks.redis_server import RedisProcess
+from benchmarks.redis_server import RedisProcess, local_cluster, server_cpu
 
 TITLE = "Capacity: N synthetic workers on one Redis master (and 3 shards on a 3-master cluster)"
 LINKS = 10
@@ -45,15 +43,6 @@ HOSTS = 10_000
 CONCURRENCY = 16
 FETCH_S = 0.05
 SPIDER = "cap"
-
-
-def _load_cluster() -> Any:
-    tests = str(Path(__file__).resolve().parent.parent / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-    import redis_cluster
-
-    return redis_cluster.LocalCluster
 
 
 class _Engine:
@@ -172,18 +161,6 @@ def _run_process(args: tuple[str, int, str, int, int, tuple[float, float], Any])
     asyncio.run(_process(*args))
 
 
-def _nodes(ports: list[int]) -> list[redis.Redis]:
-    return [redis.Redis(port=p) for p in ports]
-
-
-def _cpu(nodes: list[redis.Redis]) -> float:
-    total = 0.0
-    for c in nodes:
-        info = c.info("cpu")
-        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-    return total
-
-
 def _sync_sha() -> str:
     import hashlib
 
@@ -196,7 +173,7 @@ def measure(
     url: str, ports: list[int], shards: int, workers: int, seconds: float, warmup: float,
     politeness: str = "process",
 ) -> dict:
-    nodes = _nodes(ports)
+    nodes = [redis.Redis(port=p) for p in ports]
     for c in nodes:
         c.flushall()
         c.config_set("slowlog-log-slower-than", 0)
@@ -215,12 +192,12 @@ def measure(
         procs.append(p)
         first += count
     time.sleep(max(0.0, window[0] - time.monotonic()))
-    cpu0 = _cpu(nodes)
+    cpu0 = server_cpu(*nodes)
     for c in nodes:
         c.slowlog_reset()
         c.config_resetstat()
     time.sleep(max(0.0, window[1] - time.monotonic()))
-    cpu1 = _cpu(nodes)
+    cpu1 = server_cpu(*nodes)
     commands: dict[str, list[float]] = {}
     for c in nodes:
         for name, st in c.info("commandstats").items():
@@ -282,7 +259,7 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         server.stop()
     polite: list[dict] = []
-    cluster = _load_cluster()(masters=3).start()
+    cluster = local_cluster()(masters=3).start()
     try:
         ports = [node.port for node in cluster.nodes]
         for politeness, results in (("process", sharded), ("cluster", polite)):

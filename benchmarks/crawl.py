@@ -29,7 +29,7 @@ import redis
 from benchmarks import redis_memory
 from benchmarks.machine import CpuMeter
 from benchmarks.proxy import ProxyProcess, measure_rtt
-from benchmarks.redis_server import RedisProcess
+from benchmarks.redis_server import RedisProcess, server_cpu
 from benchmarks.static_site import StaticSite
 
 TITLE = "crawl throughput, Redis round trips and memory: Scrapy vs scrapy-redis vs scrapy-dist"
@@ -262,18 +262,13 @@ def run_crawl(
 SLOWLOG_LEN = 1_000_000
 
 
-def _redis_cpu(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
 def _redis_cost(client: redis.Redis, result: dict, cpu0: float, timed: bool) -> None:
     """Redis CPU per page (INFO cpu), the per-command breakdown (INFO commandstats), and with ``timed`` the
     p50/p99 duration of one frontier sync call (SLOWLOG): into ``result``."""
     pages = result.get("pages")
     if not pages:
         return
-    result["redis_cpu_us_per_page"] = 1e6 * (_redis_cpu(client) - cpu0) / pages
+    result["redis_cpu_us_per_page"] = 1e6 * (server_cpu(client) - cpu0) / pages
     commands = {}
     for name, c in client.info("commandstats").items():
         name = name.removeprefix("cmdstat_")
@@ -319,7 +314,7 @@ def run_redis_contestant(
             client.config_set("slowlog-max-len", SLOWLOG_LEN)
             client.config_set("slowlog-log-slower-than", 0)
         client.config_resetstat()
-        cpu0 = _redis_cpu(client)
+        cpu0 = server_cpu(client)
         network: dict = {"rtt_ms": rtt_ms, "ping_direct": measure_rtt(server.port)}
         url = server.url
         if rtt_ms > 0:

@@ -31,6 +31,25 @@ redis_server_binary = _redis_servers.redis_server_binary
 free_port = _redis_servers.free_port
 
 
+def server_cpu(*clients) -> float:
+    """CPU seconds the servers behind ``clients`` used so far: ``INFO cpu`` user + sys, summed."""
+    total = 0.0
+    for client in clients:
+        info = client.info("cpu")
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+
+def local_cluster():
+    """``LocalCluster`` of ``tests/redis_cluster.py`` (the suite's own local Redis Cluster)."""
+    tests = str(_PATH.parent)
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import redis_cluster
+
+    return redis_cluster.LocalCluster
+
+
 def used_memory(client) -> int:
     """``INFO memory`` ``used_memory`` in bytes."""
     return int(client.info("memory")["used_memory"])

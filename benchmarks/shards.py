@@ -25,30 +25,18 @@ import json
 import multiprocessing
 import os
 import random
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import msgpack
 import redis
 
-from benchmarks.redis_server import RedisProcess
+from benchmarks.redis_server import RedisProcess, local_cluster, server_cpu
 
 TITLE = "Sharded frontier: raw enqueue + dequeue rate, 1 shard vs 3 shards on a 3-master cluster"
 DRIVERS = 3
 BATCH = 500
 SHARDS = 3
-
-
-def _load_cluster() -> Any:
-    """``tests/redis_cluster.py`` (the suite's own local cluster); ``tests`` is not a package."""
-    tests = str(Path(__file__).resolve().parent.parent / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-    import redis_cluster
-
-    return redis_cluster.LocalCluster
 
 
 def _payload(url: str) -> bytes:
@@ -120,13 +108,13 @@ def _driver(args: tuple[str, bool, int, int, float, int, Any]) -> dict:
     return asyncio.run(_drive(url, cluster, shards, seed, seconds, batch, start))
 
 
-def _server_cpu(ports: list[int]) -> float:
-    total = 0.0
-    for port in ports:
-        with redis.Redis(port=port) as c:
-            info = c.info("cpu")
-            total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-    return total
+def _cpu_of(ports: list[int]) -> float:
+    clients = [redis.Redis(port=port) for port in ports]
+    try:
+        return server_cpu(*clients)
+    finally:
+        for c in clients:
+            c.close()
 
 
 def measure(url: str, cluster: bool, shards: int, ports: list[int], seconds: float, drivers: int) -> dict:
@@ -138,10 +126,10 @@ def measure(url: str, cluster: bool, shards: int, ports: list[int], seconds: flo
                 _driver, [(url, cluster, shards, 100 + i, seconds, BATCH, start) for i in range(drivers)]
             )
             time.sleep(min(30.0, 3.0 + seconds))  # let them prepare their batches and connect
-            server0, wall0 = _server_cpu(ports), time.perf_counter()
+            server0, wall0 = _cpu_of(ports), time.perf_counter()
             start.set()
             out = pending.get(timeout=seconds * 10 + 120)
-            server1, wall1 = _server_cpu(ports), time.perf_counter()
+            server1, wall1 = _cpu_of(ports), time.perf_counter()
     if any(o["rounds"] == o["prepared"] for o in out):
         raise RuntimeError("a driver ran out of prepared rounds: raise the number prepared")
     wall = max(o["wall"] for o in out)
@@ -170,7 +158,7 @@ def run(args: argparse.Namespace) -> dict:
         results.append(measure(single.url, False, 1, [single.port], seconds, drivers))
     finally:
         single.stop()
-    cluster = _load_cluster()(masters=3).start()
+    cluster = local_cluster()(masters=3).start()
     try:
         ports = [n.port for n in cluster.nodes]
         results.append(measure(cluster.nodes[0].url, True, SHARDS, ports, seconds, drivers))

@@ -73,6 +73,8 @@ MAX_CAPACITY = 10**12
 MIN_ERROR_RATE = 1e-12
 #: longest DUPEFILTER_TTL a filter may record (100 years)
 MAX_TTL = 100 * 365 * 86400
+#: BLOOMFILTER_GENERATIONS allowed (scrapy_dist/generations.py)
+MIN_GENERATIONS, MAX_GENERATIONS = 2, 64
 #: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
 MAX_BLOCK_BITS = 2**32
 
@@ -167,8 +169,10 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
     if not math.isfinite(ttl) or not 0 <= ttl <= MAX_TTL:
         raise BloomParameterError(f"{key} field ttl={ttl!r}: not a number of seconds in 0 .. {MAX_TTL}")
     generations = _field_int(fields, "generations", key, "4")
-    if not 2 <= generations <= 64:
-        raise BloomParameterError(f"{key} field generations={generations}: not in 2 .. 64")
+    if not MIN_GENERATIONS <= generations <= MAX_GENERATIONS:
+        raise BloomParameterError(
+            f"{key} field generations={generations}: not in {MIN_GENERATIONS} .. {MAX_GENERATIONS}"
+        )
     return BloomRecord(
         capacity, error_rate, block_bits, n, _field_int(fields, "hashing", key), ttl, generations
     )

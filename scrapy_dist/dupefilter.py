@@ -173,11 +173,6 @@ class RedisDupeFilter:
         fingerprint atomically; True where already seen."""
         return self.run_batch("add" if add else "check", tokens)
 
-    def forget_tokens(self, tokens: list[tuple[Any, Any]]) -> None:
-        """Make these fingerprints new again (``scrapy-dist forget``): the exact filters remove them, the
-        bloom filter admits each once more (``{spider}:forgotten``)."""
-        self.run_batch("forget", tokens)
-
     def run_batch(self, op: str, tokens: list[tuple[Any, Any]], now: float | None = None) -> list[bool]:
         """``dupe_batch.lua`` over ``tokens`` (``op``: "add", "check" or "forget"; ``now``: injected time,
         None = the server's): see :meth:`scrapy_dist.dupescript.DupeScript.run`. True where already seen."""
@@ -342,32 +337,28 @@ class BloomDupeFilter(RedisDupeFilter):
         built) when that would pass the filter's bound (:data:`scrapy_dist.bloom.MAX_OVERSHOOT`)."""
         horizon = self.n + pending
         self.plan.check_items(horizon, self.keys.bloom)
-        head = [self.keys.forgotten, self.keys.bloom]
-        coords = self.plan.block_coords(horizon)
+        now = time.time() if now is None else now
+        keys = [self.keys.forgotten, self.keys.bloom, *self._chain_keys(horizon, now)]
+        params = self.plan.script_params(horizon)
         if self.gens is None:
-            return "bloom", head + [self.keys.bloom_block(f, b) for f, b in coords], self.plan.script_params(
-                horizon
-            )
-        gens = self.gens.passed(time.time() if now is None else now)
-        keys = head
-        for e in gens:
-            keys.append(self.keys.bloom_generation(e))
-            keys += [self.keys.bloom_generation_block(e, f, b) for f, b in coords]
-        params = [
-            repr(self.gens.span), self.gens.count, gens.start, len(gens), *self.plan.script_params(horizon)
-        ]
-        return "bloomgen", keys, params
+            return "bloom", keys, params
+        gens = self.gens.passed(now)
+        return "bloomgen", keys, [repr(self.gens.span), self.gens.count, gens.start, len(gens), *params]
 
-    def key_names(self) -> list[str]:
-        n = max(self.n, self.plan.capacity)
-        coords = self.plan.block_coords(n)
+    def _chain_keys(self, horizon: int, now: float) -> list[str]:
+        """Every key of the chain (of each generation passed at ``now``, with a TTL) up to ``horizon``
+        items: a generation's HASH, then its blocks in ``dupe.lua``'s order."""
+        coords = self.plan.block_coords(horizon)
         if self.gens is None:
             return [self.keys.bloom_block(f, b) for f, b in coords]
         out = []
-        for e in self.gens.passed(time.time()):
+        for e in self.gens.passed(now):
             out.append(self.keys.bloom_generation(e))
             out += [self.keys.bloom_generation_block(e, f, b) for f, b in coords]
         return out
+
+    def key_names(self) -> list[str]:
+        return self._chain_keys(max(self.n, self.plan.capacity), time.time())
 
     def observe(self, bloom_n: int) -> None:
         self.n = max(self.n, int(bloom_n))

@@ -27,14 +27,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scrapy_dist.bloom import BloomParameterError, BloomPlan
+from scrapy_dist.bloom import MAX_GENERATIONS, MIN_GENERATIONS, BloomParameterError, BloomPlan
 
 #: a generation that receives more than its share of URLs grows by filters of this fraction of its last
 #: planned one, not by doubling: a span 25% busier than planned then costs ~30% more memory for that
 #: generation instead of ~3x (measured in ``python -m benchmarks --only continuous``)
 OVERFLOW_STEP = 0.25
-#: generations allowed (BLOOMFILTER_GENERATIONS)
-MIN_GENERATIONS, MAX_GENERATIONS = 2, 64
 
 
 @dataclass(frozen=True)

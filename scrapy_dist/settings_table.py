@@ -14,6 +14,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from scrapy_dist.bloom import MAX_GENERATIONS, MAX_TTL, MIN_GENERATIONS
+
 #: Status of a setting relative to scrapy-redis (the migration table's column).
 OURS, HONOURED, CHANGED, IGNORED = "new", "honoured", "changed", "ignored"
 STATUS_TEXT = {
@@ -145,9 +147,10 @@ TABLE: tuple[Setting, ...] = (
     _s("DUPEFILTER_TTL", None, "float", "Seconds a fingerprint is remembered: a URL seen longer ago is new"
        " again (None: forever). Bloom filter: forgotten between TTL and TTL*G/(G-1) after it was seen (G ="
        " BLOOMFILTER_GENERATIONS); SetDupeFilter: exactly TTL.", D, optional=True, low=0, low_open=True,
-       high=100 * 365 * 86400),
+       high=MAX_TTL),
     _s("BLOOMFILTER_GENERATIONS", 4, "int", "With DUPEFILTER_TTL: the bloom filter is this many generations,"
-       " each covering TTL/(G-1) seconds; the oldest expires whole.", D, low=2, high=64),
+       " each covering TTL/(G-1) seconds; the oldest expires whole.", D, low=MIN_GENERATIONS,
+       high=MAX_GENERATIONS),
     _s("DEADLETTER_FORGET", False, "bool", "A request that ends as a dead letter is forgotten by the"
        " dupefilter (in the same call), so the next run or a seed pushed again fetches it.", D),
     # -- seeds
