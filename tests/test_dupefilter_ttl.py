@@ -261,7 +261,7 @@ def test_forget_command_for_urls_file_and_fingerprints(
                "--fingerprint", hexfp],
     )
     assert result.exit_code == 0, result.output
-    assert "forgot 4 fingerprints" in result.output and "4 removed" in result.output
+    assert "forgot 4 fingerprints of 'books' (bloom and exact filter)" in result.output
     again = [bloom.tokens(r) for r in reqs]
     assert bloom.seen_tokens(again) == [False] * 4 + [True] * 2
     assert exact.seen_tokens([exact.tokens(r) for r in reqs]) == [False] * 4 + [True] * 2
@@ -377,3 +377,10 @@ def test_hostile_forgotten_and_generation_contents(redis_client: Any) -> None:
 def test_forget_command_says_when_the_crawl_remembers_nothing(redis_url: str) -> None:
     result = CliRunner().invoke(main, ["--redis-url", redis_url, "forget", "empty", "https://e.example/"])
     assert result.exit_code == 0 and "nothing to forget" in result.output
+
+
+def test_forget_command_names_a_key_of_the_wrong_type_in_one_line(redis_url: str, redis_client: Any) -> None:
+    redis_client.set(CrawlKeys("junk").fingerprints, "not a set")
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "forget", "junk", "https://e.example/"])
+    assert result.exit_code == 1 and "{junk}:fingerprints" in result.output and "wrongtype" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1

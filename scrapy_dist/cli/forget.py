@@ -29,16 +29,15 @@ import click
 from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_dist.bloom import fingerprint_hashes
+from scrapy_dist.bloom import parse_bloom_record
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import printable
+from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
 from scrapy_dist.extensions.control import parse_control
 from scrapy_dist.frontier import domain_shard, shard_of
 
 #: longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ)
 MAX_FINGERPRINT_BYTES = 64
-#: fingerprints written per pipelined round trip
-CHUNK = 1000
 
 
 def project_fingerprinter(redis: ClientFactory) -> Any:
@@ -83,12 +82,33 @@ def hex_fingerprints(values: tuple[str, ...]) -> list[bytes]:
     return out
 
 
+def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
+    """The dupefilters one shard holds in Redis, built from what they recorded (a bloom filter's
+    parameters are validated as untrusted: garbage stops the command in one line)."""
+    out: list[RedisDupeFilter] = []
+    fields = client.hgetall(keys.bloom)
+    if fields:
+        rec = parse_bloom_record(fields, keys.bloom)
+        bloom = BloomDupeFilter(
+            client, keys, None, ttl=rec.ttl or None, capacity=rec.capacity, error_rate=rec.error_rate,
+            block_bits=rec.block_bits, generations=rec.generations,
+        )
+        bloom.adopt(rec)
+        out.append(bloom)
+    if client.exists(keys.fingerprints):
+        out.append(SetDupeFilter(client, keys, None))
+    if client.exists(keys.fingerprints_ttl):  # the TTL only matters to inserts, not to a forget
+        out.append(SetDupeFilter(client, keys, None, ttl=1.0))
+    return out
+
+
 def forget_fingerprints(
     client: Any, keys: Any, fingerprints: list[bytes], domains: list[str | None] | None = None
-) -> dict[str, int]:
-    """Forget ``fingerprints`` in every filter the crawl has, shard by shard; counts per filter kind.
-    ``domains``: each fingerprint's host (None: not known), for a sharded crawl routed by domain
-    (crawl-wide politeness), where a fingerprint of unknown host is forgotten on every shard."""
+) -> list[str]:
+    """Forget ``fingerprints`` in every filter the crawl has, shard by shard, through each filter's own
+    script (``dupe_batch`` "forget": ``lua/dupe.lua`` says what forgetting is for each kind); returns the
+    kinds of filter told. ``domains``: each fingerprint's host (None: not known), for a sharded crawl
+    routed by domain (crawl-wide politeness), where a fingerprint of unknown host goes to every shard."""
     control = parse_control(client.hgetall(keys.control))
     shards = keys.shards(control.shards or 1)
     by_domain = control.politeness == "cluster" and len(shards) > 1
@@ -101,23 +121,12 @@ def forget_fingerprints(
         else:
             for i in range(len(shards)):
                 by_shard[i].append(fp)
-    counts = {"bloom": 0, "exact": 0, "filters": 0}
+    kinds: set[str] = set()
     for index, fps in by_shard.items():
-        k = shards[index]
-        has_bloom = client.hexists(k.bloom, "capacity")
-        counts["filters"] += has_bloom + client.exists(k.fingerprints, k.fingerprints_ttl)
-        for i in range(0, len(fps), CHUNK):
-            chunk = fps[i : i + CHUNK]
-            pipe = client.pipeline(transaction=False)
-            pipe.srem(k.fingerprints, *chunk)
-            pipe.zrem(k.fingerprints_ttl, *chunk)
-            if has_bloom:
-                pipe.sadd(k.forgotten, *(f"{h1}:{h2}" for h1, h2 in map(fingerprint_hashes, chunk)))
-            # a key of another type (someone else's data) is left alone, not a traceback
-            replies = pipe.execute(raise_on_error=False)
-            counts["exact"] += sum(r for r in replies[:2] if isinstance(r, int))
-            counts["bloom"] += len(chunk) if has_bloom and isinstance(replies[-1], int) else 0
-    return counts
+        for df in shard_filters(client, shards[index]):
+            df.run_batch("forget", [df.fingerprint_tokens(fp) for fp in fps])
+            kinds.add("bloom" if isinstance(df, BloomDupeFilter) else "exact")
+    return sorted(kinds)
 
 
 @main.command()
@@ -146,13 +155,10 @@ def forget(
     keys = redis.keys(spider)
     client = redis.client()
     try:
-        counts = forget_fingerprints(client, keys, fps, domains)
+        kinds = forget_fingerprints(client, keys, fps, domains)
     finally:
         client.close()
-    if not counts["filters"]:
+    if not kinds:
         click.echo(f"nothing to forget: the crawl of {spider!r} has no dupefilter in Redis")
         return
-    click.echo(
-        f"forgot {len(fps):,} fingerprints of {spider!r}: {counts['exact']:,} removed from the exact filter,"
-        f" {counts['bloom']:,} admitted once more by the bloom filter"
-    )
+    click.echo(f"forgot {len(fps):,} fingerprints of {spider!r} ({' and '.join(kinds)} filter)")
