@@ -11,19 +11,21 @@ How the chain is planned, and why:
   (``c_0 ... c_L``, ``sum = capacity``, ``c_0`` of about 1,000 to 16,000 items), so a small crawl only ever
   allocates the small first filters. (Growth 16 rather than 8: the last filter then holds 15/16 of the
   capacity, and the chain costs ~3.5% more bits than one filter instead of ~6%; a small crawl allocates
-  at most ~16x what it uses, which is kilobytes.) The error budget is shared in proportion to capacity
-  (``e_i = 0.95 * E * c_i / capacity``): the tiny early filters get tighter error rates (the chain's
-  error "tightens" going back), which is the allocation that minimises total bits for a fixed sum of
-  errors. At the declared capacity this costs about 1.91-1.93 bytes of Redis memory per item at
-  ``E = 0.001``, allocator included (a single optimal unblocked filter needs 1.80), where the classic
-  2x/0.5x scalable chain would need about 2.6.
+  at most ~16x what it uses, which is kilobytes.) The error budget (``0.95 * E``) goes a tenth to the
+  small filters, split evenly, and nine tenths to the largest one, and no filter hashes more than the
+  largest (10 hashes at ``E = 0.001``): each hash of an insert is one ``SETBIT``, the largest part of the
+  Redis CPU a new URL costs, and a small crawl lives in the small filters. At the declared capacity this
+  plans 1.94-1.95 bytes per item at ``E = 0.001`` (a single optimal unblocked filter needs 1.80; the
+  classic 2x/0.5x scalable chain about 2.6). Layout 3, which crawls created before keep, shared the
+  budget in proportion to capacity: 1.5% fewer bits, but 17-24 hashes per insert in the small filters at
+  the default capacity, twice the bit writes of layout 4.
 * **Past the declared capacity** the chain keeps growing like a classic scalable bloom filter: each new
   filter has twice the capacity of the one before and half the error, paid from the 5% reserve, so the
   compound false-positive rate stays below ``E`` however far the crawl overshoots (a warning is logged
   once, since memory per item rises).
 
-Bit positions (``HASHING = 3``): a *window-blocked* layout. Each filter is cut into windows of
-``WINDOW_BITS`` (4,096 bits = 512 bytes) and all ``k`` bits of an item lie in one window, chosen by
+Bit positions (layouts 3 and 4, :data:`HASHING`): a *window-blocked* layout. Each filter is cut into
+windows of ``WINDOW_BITS`` (4,096 bits = 512 bytes) and all ``k`` bits of an item lie in one window, chosen by
 ``h1 mod windows``; inside it, bit ``j`` is ``(a + j*b + j*j*c) mod 4096`` with ``a``, ``b`` (odd) and ``c``
 (even) taken from disjoint bits of ``h2``. ``b`` odd and ``c`` even make the ``k`` positions distinct, and
 the ``2**34`` patterns per window put the collision floor (two items sharing every bit) near ``1e-8``. Why:
@@ -34,8 +36,8 @@ windows, so for the same error a blocked filter needs more bits. The sizes below
 blocked false-positive rate (:func:`window_fpr`), which at 4,096-bit windows asks about 1% more bits at
 ``E = 0.001`` and 2-3% more at the tighter rates of the chain's small first filters. (Plain double hashing
 over the whole filter, the previous scheme, also had a false-positive floor of about ``n / m**2`` that the
-small filters hit.) ``HASHING`` is recorded in the filter's hash, so a filter written with other positions
-is never read with these.
+small filters hit.) The layout is recorded in the filter's hash (``hashing``), so a filter is always read
+with the plan and positions it was written with.
 """
 
 from __future__ import annotations
@@ -54,8 +56,15 @@ PLANNED_GROWTH = 16
 OVERFLOW_GROWTH = 2
 RESERVE = 0.05
 MIN_FIRST_CAPACITY = 1000
-#: version of the bit-position scheme, stored in ``{spider}:bloom`` as ``hashing``
-HASHING = 3
+#: version of the filter's layout, stored in ``{spider}:bloom`` as ``hashing``: new filters are written
+#: with it. 3: the bit positions below, errors shared in proportion to capacity; 4: the same positions,
+#: the planned error split of :class:`BloomPlan` (a tenth of the budget to the small filters) and no
+#: filter hashing more than the chain's largest planned one. A crawl recorded with 3 keeps that plan.
+HASHING = 4
+#: layouts this version reads (the crawl's recorded ``hashing`` decides which plan its workers use)
+SCHEMES = (3, 4)
+#: scheme 4: the share of the planned error budget the small filters before the largest one get together
+SMALL_FILTERS_SHARE = 0.1
 #: all the bits of one item in one filter lie in one window of this many bits (512 bytes)
 WINDOW_BITS = 4096
 #: bytes a Redis string adds to its contents: the largest sds header (9) and the terminating NUL
@@ -210,13 +219,16 @@ def window_fpr(items: float, bits: int, hashes: int) -> float:
 
 
 @lru_cache(maxsize=1024)
-def _size(capacity: int, error: float) -> tuple[int, int]:
-    """The fewest windows, and the hash count, that keep ``window_fpr`` at ``capacity`` within ``error``."""
+def _size(capacity: int, error: float, max_hashes: int = 40) -> tuple[int, int]:
+    """The fewest windows, and the hash count (at most ``max_hashes``), that keep ``window_fpr`` at
+    ``capacity`` within ``error``."""
     plain = capacity * math.log(1 / error) / _LN2_SQ  # an unblocked filter's optimum, a lower bound
     k0 = max(1, round(math.log2(1 / error)))
     best: tuple[int, int] | None = None
-    for k in range(max(1, k0 - 2), min(40, k0 + 3) + 1):
+    for k in range(max(1, min(k0 - 2, max_hashes)), min(40, k0 + 3, max_hashes) + 1):
         lo, hi = max(1, math.floor(plain / WINDOW_BITS)), max(2, math.ceil(2 * plain / WINDOW_BITS) + 1)
+        while window_fpr(capacity, hi * WINDOW_BITS, k) > error and hi < 64 * (lo + 1):
+            hi *= 2  # fewer hashes than the optimum need more bits
         if window_fpr(capacity, hi * WINDOW_BITS, k) > error:
             continue
         while lo < hi:  # smallest window count meeting the error
@@ -265,8 +277,10 @@ def _layout(windows: int, block_bits: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
-def _spec(index: int, capacity: int, error: float, cumulative: int, block_bits: int) -> FilterSpec:
-    windows, hashes = _size(capacity, error)
+def _spec(
+    index: int, capacity: int, error: float, cumulative: int, block_bits: int, max_hashes: int = 40
+) -> FilterSpec:
+    windows, hashes = _size(capacity, error, max_hashes)
     blocks, per_block = _layout(windows, block_bits)
     bits = blocks * per_block * WINDOW_BITS
     return FilterSpec(index, capacity, error, bits, hashes, cumulative, blocks, per_block)
@@ -276,20 +290,45 @@ class BloomPlan:
     """The chain of filters for a declared ``capacity`` and compound ``error_rate``."""
 
     def __init__(
-        self, capacity: int, error_rate: float, block_bits: int = 2**31, overflow_step: float | None = None
+        self, capacity: int, error_rate: float, block_bits: int = 2**31, overflow_step: float | None = None,
+        scheme: int = HASHING,
     ) -> None:
         self.capacity, self.error_rate, self.block_bits = check_parameters(capacity, error_rate, block_bits)
+        if scheme not in SCHEMES:
+            raise BloomParameterError(f"bloom filter layout {scheme!r}: this scrapy-dist reads {SCHEMES}")
+        #: the layout version (:data:`HASHING`) the chain is planned with
+        self.scheme = scheme
         #: None: each filter past the capacity holds twice the one before (a classic scalable filter);
         #: a fraction: each holds that fraction of the last planned filter's capacity (small steps, for
         #: filters that are often a little past their capacity: the bloom generations of a TTL)
         self.overflow_step = overflow_step
         self._specs: list[FilterSpec] = []
         planned = self._planned_capacities()
-        budget = (1 - RESERVE) * self.error_rate
+        errors = self._planned_errors(planned)
+        #: the most hashes any filter uses (scheme 4: the largest planned filter's count)
+        self.max_hashes = 40 if scheme == 3 else _size(planned[-1], errors[-1])[1]
         cum = 0
         for i, c in enumerate(planned):
             cum += c
-            self._specs.append(_spec(i, c, budget * c / self.capacity, cum, self.block_bits))
+            self._specs.append(_spec(i, c, errors[i], cum, self.block_bits, self.max_hashes))
+
+    def _planned_errors(self, planned: list[int]) -> list[float]:
+        """The error rate of each planned filter; together ``(1 - RESERVE) * error_rate``.
+
+        Scheme 3 shares the budget in proportion to capacity: the fewest bits in all, but the small first
+        filters get very tight rates and so many hashes (24 at a capacity of 10^8), and every hash of an
+        insert is one ``SETBIT`` -- a small crawl, which lives in those filters, paid the most Redis CPU
+        per URL. Scheme 4 gives the small filters a tenth of the budget (split evenly) and the largest one
+        the rest, and caps every filter's hashes at the largest one's (10 at 0.1%): about 2% more memory
+        at capacity, and an insert costs at most as many bit writes as in the largest filter.
+        """
+        budget = (1 - RESERVE) * self.error_rate
+        if self.scheme == 3:
+            return [budget * c / self.capacity for c in planned]
+        if len(planned) == 1:
+            return [budget]
+        small = budget * SMALL_FILTERS_SHARE / (len(planned) - 1)
+        return [small] * (len(planned) - 1) + [budget * (1 - SMALL_FILTERS_SHARE)]
 
     def _planned_capacities(self) -> list[int]:
         c, g = self.capacity, PLANNED_GROWTH
@@ -331,7 +370,9 @@ class BloomPlan:
             else:  # many small steps: errors shrinking as 1/j^2 (sum 6/pi^2 of the reserve) stay sizable
                 cap = max(1, round(self._specs[self.planned - 1].capacity * self.overflow_step))
                 err = RESERVE * self.error_rate * 6 / (math.pi**2 * j**2)
-            self._specs.append(_spec(len(self._specs), cap, err, last.cumulative + cap, self.block_bits))
+            self._specs.append(
+                _spec(len(self._specs), cap, err, last.cumulative + cap, self.block_bits, self.max_hashes)
+            )
         return self._specs[index]
 
     def filters_for(self, items: int) -> list[FilterSpec]:

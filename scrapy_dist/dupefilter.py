@@ -32,6 +32,7 @@ from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy_dist import connection, defaults
 from scrapy_dist.bloom import (
     HASHING,
+    SCHEMES,
     BloomParameterError,
     BloomPlan,
     BloomRecord,
@@ -289,10 +290,10 @@ class BloomDupeFilter(RedisDupeFilter):
             raise BloomParameterError(
                 f"The bloom filter holds invalid parameters: {exc}; {way_out}"
             ) from None
-        if rec.hashing != HASHING:
+        if rec.hashing not in SCHEMES:
             raise ScrapyDistError(
-                f"The bloom filter {self.keys.bloom!r} was written with bit-position scheme {rec.hashing},"
-                f" this scrapy-dist uses {HASHING}: {way_out}"
+                f"The bloom filter {self.keys.bloom!r} was written with layout {rec.hashing},"
+                f" this scrapy-dist reads {', '.join(map(str, SCHEMES))}: {way_out}"
             )
         self.adopt(rec)
 
@@ -302,18 +303,20 @@ class BloomDupeFilter(RedisDupeFilter):
         ttl = rec.ttl or None
         mine = (b.capacity, b.error_rate, b.block_bits, self.ttl, self.gens.count if self.gens else None)
         theirs = (rec.capacity, rec.error_rate, rec.block_bits, ttl, rec.generations if ttl else None)
-        if mine != theirs:
-            logger.warning(
-                "The bloom filter of this crawl was created with capacity=%d error_rate=%g ttl=%s"
-                " generations=%s; using those, not this worker's BLOOMFILTER_CAPACITY=%d"
-                " BLOOMFILTER_ERROR_RATE=%g DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
-                rec.capacity, rec.error_rate, ttl, theirs[4], b.capacity, b.error_rate, self.ttl, mine[4],
-            )
+        if mine != theirs or rec.hashing != b.scheme:
+            if mine != theirs:
+                logger.warning(
+                    "The bloom filter of this crawl was created with capacity=%d error_rate=%g ttl=%s"
+                    " generations=%s; using those, not this worker's BLOOMFILTER_CAPACITY=%d"
+                    " BLOOMFILTER_ERROR_RATE=%g DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
+                    rec.capacity, rec.error_rate, ttl, theirs[4], b.capacity, b.error_rate, self.ttl, mine[4],
+                )
+            # a crawl keeps the layout it was created with (an older one: scheme 3's plan)
             self.ttl = ttl
-            self.base = BloomPlan(rec.capacity, rec.error_rate, rec.block_bits)
+            self.base = BloomPlan(rec.capacity, rec.error_rate, rec.block_bits, scheme=rec.hashing)
             self.gens = None if ttl is None else Generations(ttl, rec.generations)
             self.plan = self.base if self.gens is None else self.gens.plan(
-                rec.capacity, rec.error_rate, rec.block_bits
+                rec.capacity, rec.error_rate, rec.block_bits, rec.hashing
             )
         self.observe(0 if self.gens else rec.n)
 
@@ -324,9 +327,9 @@ class BloomDupeFilter(RedisDupeFilter):
         """A shard's filter holds about 1/shards of the crawl's URLs: its chain is sized for that."""
         clone = super().for_shard(keys, shards)
         b = self.base
-        clone.base = BloomPlan(max(1, b.capacity // shards), b.error_rate, b.block_bits)
+        clone.base = BloomPlan(max(1, b.capacity // shards), b.error_rate, b.block_bits, scheme=b.scheme)
         clone.plan = clone.base if self.gens is None else self.gens.plan(
-            clone.base.capacity, b.error_rate, b.block_bits
+            clone.base.capacity, b.error_rate, b.block_bits, b.scheme
         )
         clone.n, clone._local, clone._script = 0, None, None
         clone._capacity_log = RateLimitedLog.once(logger)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from scrapy_dist import defaults
-from scrapy_dist.bloom import BloomPlan
+from scrapy_dist.bloom import SCHEMES, BloomPlan
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.generations import Generations
 from scrapy_dist.replies import hash_fields
@@ -34,8 +34,9 @@ def _filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] 
         n_text = b.get("n") or "0"
         if not (n_text.isascii() and n_text.isdigit() and len(n_text) <= 19):
             raise ValueError("n")
+        scheme = next((x for x in SCHEMES if b.get("hashing") == str(x)), 3)  # an estimate: 3 if unknown
         plan = BloomPlan(int(b["capacity"]), float(b["error_rate"]),
-                         int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS))
+                         int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS), scheme=scheme)
         n = int(b.get("n") or 0)
         if float(b.get("ttl") or 0) > 0:
             return _generation_figures(b, plan)
@@ -61,7 +62,7 @@ def _generation_figures(b: dict[str, str], base: BloomPlan) -> dict[str, Any]:
     if not (live_text.isascii() and live_text.isdigit() and len(live_text) <= 19):
         raise ValueError("live")
     live = int(live_text)
-    plan = gens.plan(base.capacity, base.error_rate, base.block_bits)
+    plan = gens.plan(base.capacity, base.error_rate, base.block_bits, base.scheme)
     per = live // gens.count
     return {
         "kind": "bloom", "items": live, "capacity": base.capacity, "error_rate": base.error_rate,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scrapy_dist.bloom import MAX_GENERATIONS, MIN_GENERATIONS, BloomParameterError, BloomPlan
+from scrapy_dist.bloom import HASHING, MAX_GENERATIONS, MIN_GENERATIONS, BloomParameterError, BloomPlan
 
 #: a generation that receives more than its share of URLs grows by filters of this fraction of its last
 #: planned one, not by doubling: a span 25% busier than planned then costs ~30% more memory for that
@@ -77,10 +77,10 @@ class Generations:
         """(earliest, latest) age at which a remembered URL is new again."""
         return self.ttl, self.ttl * self.count / (self.count - 1)
 
-    def plan(self, capacity: int, error_rate: float, block_bits: int) -> BloomPlan:
+    def plan(self, capacity: int, error_rate: float, block_bits: int, scheme: int = HASHING) -> BloomPlan:
         """The chain of one generation, for a filter of ``capacity`` URLs remembered per TTL at
         ``error_rate`` over all the generations a lookup tests."""
         return BloomPlan(
             max(1, math.ceil(capacity / (self.count - 1))), error_rate / self.count, block_bits,
-            overflow_step=OVERFLOW_STEP,
+            overflow_step=OVERFLOW_STEP, scheme=scheme,
         )

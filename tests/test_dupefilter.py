@@ -49,6 +49,50 @@ def test_plan_sizes_and_error_budget() -> None:
     assert all(s.hashes >= 1 and s.bits > 0 for s in big.filters_for(10**9))
 
 
+@pytest.mark.parametrize("capacity", [20_000, 1_000_000, 100_000_000, 10**9])
+def test_layout_4_caps_hashes_at_the_largest_filters_within_the_memory_and_error_budget(capacity: int) -> None:
+    plan = BloomPlan(capacity, 0.001)
+    assert plan.scheme == 4
+    largest = plan.spec(plan.planned - 1).hashes
+    assert largest <= 10
+    assert all(s.hashes <= largest for s in plan.filters_for(capacity * 8))
+    assert plan.bytes_per_item_at_capacity <= 2.0
+    assert plan.false_positive_rate(capacity) <= 0.001
+    assert plan.false_positive_rate(capacity * 8) <= 0.001
+
+
+def test_layout_3_plan_is_kept_for_the_crawls_that_recorded_it() -> None:
+    old, new = BloomPlan(100_000_000, 0.001, scheme=3), BloomPlan(100_000_000, 0.001)
+    assert [s.hashes for s in old.filters_for(10**6)] == [24, 20, 17, 14]
+    assert [s.hashes for s in new.filters_for(10**6)] == [10, 10, 10, 10]
+    with pytest.raises(ScrapyDistError, match="layout 2"):
+        BloomPlan(1000, 0.01, scheme=2)
+
+
+def test_a_crawl_recorded_with_layout_3_is_read_with_its_plan(redis_client: Any) -> None:
+    fields = {"capacity": 100_000_000, "error_rate": "0.001", "block_bits": 2**31, "hashing": 3}
+    redis_client.hset(KEYS.bloom, mapping=fields)
+    first = BloomDupeFilter(redis_client, KEYS, None)
+    first.open()
+    assert first.plan.scheme == 3 and first.plan.spec(0).hashes == 24
+    fps = _rand_fps(3000, 7)
+    assert _seen(first, fps) == [False] * 3000
+    later = BloomDupeFilter(redis_client, KEYS, None)
+    later.open()
+    assert later.plan.scheme == 3
+    assert _seen(later, fps, add=False) == [True] * 3000
+
+
+def test_an_insert_writes_at_most_the_largest_filters_hash_count_of_bits(redis_client: Any) -> None:
+    df = BloomDupeFilter(redis_client, KEYS, None)  # the default capacity: a small crawl's first filters
+    df.open()
+    assert redis_client.hget(KEYS.bloom, "hashing") == b"4"
+    redis_client.config_resetstat()
+    _seen(df, _rand_fps(2000, 8))
+    setbits = int(redis_client.info("commandstats").get("cmdstat_setbit", {}).get("calls", 0))
+    assert 2000 * 5 < setbits <= 2000 * 10
+
+
 def test_no_false_negatives_and_fpr_within_bounds(redis_client: Any) -> None:
     df = BloomDupeFilter(redis_client, KEYS, None, capacity=20_000, error_rate=0.01)
     df.open()
@@ -135,7 +179,7 @@ def test_a_big_batch_survives_redis_forgetting_the_script(redis_client: Any) -> 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("hashing", "2", "bit-position scheme 2"),
+        ("hashing", "2", "layout 2"),
         ("capacity", "lots", "invalid parameters"),
         ("error_rate", "1.5", "invalid parameters"),
         ("block_bits", "100", "invalid parameters"),

@@ -86,6 +86,29 @@ def test_expired_leases_are_requeued_with_their_priority(redis_url: str, redis_c
     assert all(v.endswith(b" alive") for v in meta.values())
 
 
+def test_a_late_ack_drops_the_requeued_copy_and_an_ack_in_time_leaves_the_queue_alone(
+    redis_url: str, redis_client: Any
+) -> None:
+    async def go() -> tuple[Any, Any]:
+        f = await _frontier(redis_url, worker="slow", lease=10)
+        batch = SyncBatch(enqueue=[("", "", 0, b"late", "", ""), ("", "", 0, b"kept", "", "")])
+        await f.sync(batch, now=1000)
+        late = (await f.sync(SyncBatch(lease=1), now=1000)).leased[0][0]
+        swept = await f.sync(SyncBatch(), now=1011)  # its lease ran out: back in the queue
+        acked = await f.sync(SyncBatch(ack=[late]), now=1012)  # the work was done after all
+        kept = (await f.sync(SyncBatch(lease=1), now=1012)).leased[0][0]
+        redis_client.config_resetstat()
+        await f.sync(SyncBatch(ack=[kept]), now=1013)  # in time: only its lease is removed
+        await f.redis.aclose()
+        return swept, acked
+
+    swept, acked = run(go())
+    assert redis_client.info("commandstats")["cmdstat_zrem"]["calls"] == 1
+    assert swept.requeued == 1 and swept.queued == 2
+    assert acked.queued == 1 and acked.inflight == 0
+    assert redis_client.zcard(KEYS.queue) == 0
+
+
 def test_ack_release_renew(redis_url: str, redis_client: Any) -> None:
     async def go() -> None:
         f = await _frontier(redis_url, lease=10)

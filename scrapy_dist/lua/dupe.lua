@@ -40,7 +40,7 @@
 -- dupe_close(d) persists counters; returns the bloom item count of the fullest live chain (it decides
 --   how many keys the next call passes; 0 for other modes).
 --
--- Bloom layout (scrapy_dist/bloom.py, HASHING = 3): every filter is cut into windows of window_bits
+-- Bloom layout (scrapy_dist/bloom.py, layouts 3 and 4): every filter is cut into windows of window_bits
 -- (4096) bits, and all k bits of an item lie in one window: window h1 mod (m / window_bits), and inside it
 -- bit j at (a + j*b + j^2*c) mod window_bits with a, b (odd), c (even) from disjoint bits of h2, so the k
 -- positions are distinct (two of them differ by (j-i)*(b + (i+j)*c), an odd multiple of j-i). A test

@@ -42,9 +42,9 @@ end
 
 local function sync_ack(S, sec)
   for m in items(sec, 1) do
-    lease_done(S, m)
-    -- a copy requeued after its lease ran out need not run again
-    if redis.call('ZREM', K.queue, m) == 1 then dequeued(S, m) end
+    -- a lease that ran out was moved back to the queue (sync_sweep): that copy need not run again. A
+    -- lease still held has no copy there, which saves the ZREM (one command per page).
+    if lease_done(S, m) == 0 and redis.call('ZREM', K.queue, m) == 1 then dequeued(S, m) end
   end
 end
 
