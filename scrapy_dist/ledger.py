@@ -45,9 +45,14 @@ Lease = tuple[int, bytes]
 #: most discovered requests one sync call carries to one shard. A script holds Redis for its whole run:
 #: a backlog (thousands of requests after an outage) goes in several short calls, not one long one that
 #: every other worker waits behind. A new request costs the script 12-18 us (its bloom insert dominates),
-#: so 48 keep a call near 1 ms (measured: ``python -m benchmarks --only capacity``, sync p99). A round
-#: that leaves requests behind is followed by the next one at once.
+#: so 48 keep a call near 1 ms (measured: ``python -m benchmarks --only capacity``, sync p99).
 CALL_RECORDS = 48
+#: most calls of one round to one shard: a worker that discovers more than ``CALL_RECORDS`` requests
+#: between two rounds (a busy reactor turns slowly: 50 ms and more) sends them in several short calls at
+#: once (concurrently, one round trip) instead of one call per round, which let a backlog grow for the
+#: whole crawl and held the acks back with it. What is left past them waits for the next round, at once.
+CALLS_PER_ROUND = 8
+
 
 @dataclass(frozen=True, kw_only=True)
 class Routed:
@@ -182,8 +187,10 @@ class Ledger:
         self.left_behind = 0
         #: the best (lowest) score among ``out``: a discovered request may outrank everything leased
         self.best_out = math.inf
-        #: what the current round took, per shard (put back by :meth:`restore` if the shard fails)
+        #: what the current round took, per call (put back by :meth:`restore` if the call fails)
         self._sent: list[list[Outgoing]] = []
+        #: the shard of each call of the current round (the first ``shards`` calls: shard = index)
+        self.call_shards: list[int] = list(range(shards))
         #: revisits: acks that also file the request again (lease -> (delay seconds, new member or b""))
         self.revisits: dict[Lease, tuple[float, bytes]] = {}
         #: the revisit of a finished request, or None (set by the scheduler: scrapy_dist/revisit.py)
@@ -288,28 +295,41 @@ class Ledger:
 
     # -- rounds ---------------------------------------------------------------------------------------
     def take_batches(
-        self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS
+        self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS, max_calls: int = 1
     ) -> list[SyncBatch]:
-        """One batch per shard with everything buffered, but at most ``max_records`` discovered requests
-        per shard; what is taken leaves the buffers (see :meth:`restore`), the rest waits in order for
-        the next round (:attr:`left_behind`).
+        """The calls of one round: one batch per shard (index = shard) with everything buffered, then --
+        when a shard has more than ``max_records`` discovered requests -- up to ``max_calls - 1`` more
+        calls to that shard of ``max_records`` each (:attr:`call_shards` names each call's shard). What
+        is taken leaves the buffers (see :meth:`restore`); discovered requests past that wait in order
+        for the next round (:attr:`left_behind`).
 
         An ack may travel with its request's output only in one atomic call: when every write of this
-        round goes to the ack's shard. Else it waits in ``acks_waiting`` until :meth:`finish_round`. While
-        discovered requests are left behind, the acks of requests just finished wait in ``acks_new``
-        (their output may be among them).
+        round is in the call that carries it. Else it waits in ``acks_waiting`` until :meth:`finish_round`
+        (one more round, once this one has landed everywhere). While discovered requests are left behind,
+        the acks of requests just finished wait in ``acks_new`` (their output may be among them).
         """
         n = self.shards
         batches = [SyncBatch() for _ in range(n)]
+        shard_of = list(range(n))
         sent: list[list[Outgoing]] = [[] for _ in range(n)]
+        filling, calls = list(range(n)), [1] * n  # per shard: the call being filled, calls used
         left: list[Outgoing] = []
         for entry in self.out:
-            if len(sent[entry.shard]) >= max_records:
-                left.append(entry)
-                continue
-            batches[entry.shard].enqueue.append(entry.enqueue_item())
-            sent[entry.shard].append(entry)
+            shard = entry.shard
+            call = filling[shard]
+            if len(sent[call]) >= max_records:
+                if calls[shard] >= max_calls:
+                    left.append(entry)
+                    continue
+                call = filling[shard] = len(batches)
+                calls[shard] += 1
+                batches.append(SyncBatch())
+                sent.append([])
+                shard_of.append(shard)
+            batches[call].enqueue.append(entry.enqueue_item())
+            sent[call].append(entry)
         self.left_behind = len(left)
+        self.call_shards = shard_of
         for d in self.delays:
             batches[d.shard].delay.append(d.delay_item())
         for (shard, member), record in self.rejects:
@@ -336,7 +356,7 @@ class Ledger:
         if renew:
             for shard, member in self.held:
                 batches[shard].renew.append(member)
-        for batch, count in zip(batches, lease_counts, strict=True):
+        for batch, count in zip(batches, lease_counts, strict=False):
             batch.lease = count
         self._sent = sent
         self.out, self.acks, self.acks_new, self.delays = left, [], held_new, []
@@ -354,9 +374,10 @@ class Ledger:
         else:
             batch.revisit.append((lease[1], revisit[0], revisit[1]))
 
-    def restore(self, shard: int, batch: SyncBatch, now: float) -> None:
-        """Put a shard's batch that could not be sent back in front of what came since."""
-        self.out = self._sent[shard] + self.out
+    def restore(self, call: int, batch: SyncBatch, now: float) -> None:
+        """Put a call's batch that could not be sent back in front of what came since."""
+        shard = self.call_shards[call]
+        self.out = self._sent[call] + self.out
         self.best_out = min((e.score for e in self.out), default=math.inf)
         for member, delay, new in batch.revisit:
             self.revisits[(shard, member)] = (delay, new)
@@ -374,19 +395,21 @@ class Ledger:
 
     def apply(
         self,
-        shard: int,
+        call: int,
         batch: SyncBatch,
         result: SyncResult,
         decode: Callable[[int, bytes], Request],
         now: float,
     ) -> Applied:
-        """Take in one shard's answer: which discovered requests were new, what was leased.
+        """Take in one call's answer (``call``: its index in the round, see :attr:`call_shards`): which
+        discovered requests were new, what was leased.
 
         ``decode(shard, member)`` turns a leased member into a request; whatever it raises, the entry is
         rejected (parked with a reason) and the round goes on -- one entry can never stop a worker.
         """
         applied = Applied()
-        for entry, new in zip(self._sent[shard], result.new, strict=True):
+        shard = self.call_shards[call]
+        for entry, new in zip(self._sent[call], result.new, strict=True):
             if entry.record_only:
                 continue
             if new:

@@ -1,14 +1,15 @@
 """The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis.
 
-A round takes what the :class:`~scrapy_dist.ledger.Ledger` owes (at most
-:data:`~scrapy_dist.ledger.CALL_RECORDS` new requests per shard, see :meth:`SyncLoop.call_records`), one
-batch per shard, sends the batches concurrently (one ``sync`` Lua call = one round trip per shard) and
-takes the answers back in. A round is due when the engine runs low on leased requests (below half of
-``SCHEDULER_PREFETCH``), when a write has waited ``SCHEDULER_FLUSH_INTERVAL`` or ``SCHEDULER_FLUSH_BATCH``
-requests are buffered, when a backlog is being drained, when the crawl-wide view is older than
-``SCHEDULER_IDLE_POLL``, and when leases are due for renewal (every third of ``SCHEDULER_LEASE_SECONDS``).
+A round takes what the :class:`~scrapy_dist.ledger.Ledger` owes as one ``sync`` Lua call per shard --
+and, for a shard with more than :data:`~scrapy_dist.ledger.CALL_RECORDS` new requests, more calls of that
+many, up to :data:`~scrapy_dist.ledger.CALLS_PER_ROUND` (see :meth:`SyncLoop.call_records`) -- sends them
+all concurrently (one round trip; each call short on the server) and takes the answers back in. A round
+is due when the engine runs low on leased requests (below half of ``SCHEDULER_PREFETCH``), when a
+write has waited ``SCHEDULER_FLUSH_INTERVAL`` or ``SCHEDULER_FLUSH_BATCH`` requests are buffered, when
+a backlog is being drained, when the crawl-wide view is older than ``SCHEDULER_IDLE_POLL``, and when
+leases are due for renewal (every third of ``SCHEDULER_LEASE_SECONDS``).
 
-Failures: a shard that fails has its batch put back in the ledger; the loop waits with capped backoff and
+Failures: a call that fails has its batch put back in the ledger; the loop waits with capped backoff and
 tries again. Redis being away is reported by the crawl's :class:`~scrapy_dist.outage.Outage` (one
 warning per worker and outage); any other error is logged with its traceback (rate-limited) and the loop
 goes on -- no exception from an entry or a round stops it. Should the task itself ever end by accident,
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.ledger import CALL_RECORDS
+from scrapy_dist.ledger import CALL_RECORDS, CALLS_PER_ROUND
 from scrapy_dist.outage import Backoff, Outage, is_outage
 from scrapy_dist.ratelimit import RateLimitedLog
 
@@ -225,10 +226,10 @@ class SyncLoop:
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
     def call_records(self, now: float) -> int:
-        """Most discovered requests per shard this round: :data:`~scrapy_dist.ledger.CALL_RECORDS`, so
-        calls stay short (a backlog after an outage drains in consecutive short calls) -- unless draining
-        a backlog has taken a quarter of a lease already (a Redis so far away that short calls cannot
-        keep up): then all of it, so the acks it holds back go before their leases run out."""
+        """Most discovered requests per call this round: :data:`~scrapy_dist.ledger.CALL_RECORDS`, so
+        calls stay short (a backlog after an outage drains in short calls, CALLS_PER_ROUND at once) --
+        unless draining a backlog has taken a quarter of a lease already (a Redis so far away that short
+        calls cannot keep up): then all of it, so the acks it holds back go before their leases run out."""
         if self.backlog_since is not None and now - self.backlog_since >= self.lease_seconds / 4:
             return len(self.ledger.out)
         return CALL_RECORDS
@@ -238,37 +239,45 @@ class SyncLoop:
         shard answered. A shard that failed has its batch put back; the others' answers are applied."""
         ledger, router = self.ledger, self.router
         started = self.clock()
-        batches = ledger.take_batches(router.lease_split(lease), renew, self.call_records(started))
+        batches = ledger.take_batches(
+            router.lease_split(lease), renew, self.call_records(started), CALLS_PER_ROUND
+        )
+        shard_of = ledger.call_shards
         if not ledger.left_behind:
             self.backlog_since = None
         elif self.backlog_since is None:
             self.backlog_since = started
         self.in_sync = True
         try:
-            if len(self.frontiers) == 1:
+            if len(batches) == 1:
                 results: list[Any] = []
                 try:
                     results.append(await self.frontiers[0].sync(batches[0]))
                 except Exception as exc:
                     results.append(exc)
-            else:
+            else:  # one call per shard, and more for a backlog: all sent at once, each short on the server
                 results = await asyncio.gather(
-                    *(f.sync(b) for f, b in zip(self.frontiers, batches, strict=True)), return_exceptions=True
+                    *(self.frontiers[shard_of[i]].sync(b) for i, b in enumerate(batches)),
+                    return_exceptions=True,
                 )
         finally:
             self.in_sync = False
         now = self.clock()
         error: BaseException | None = None
         got = 0
-        for shard, (batch, result) in enumerate(zip(batches, results, strict=True)):
-            if isinstance(result, BaseException):
-                ledger.restore(shard, batch, now)
-                error = error or result
-                continue
-            applied = ledger.apply(shard, batch, result, self.decode, now)
-            router.observe(shard, result)
+        # failed calls go back in front of what came since, in their order
+        for call in reversed(range(len(batches))):
+            if isinstance(results[call], BaseException):
+                ledger.restore(call, batches[call], now)
+                error = error or results[call]
+        answered = [(call, r) for call, r in enumerate(results) if not isinstance(r, BaseException)]
+        # a shard's state is the one its last-executed call saw (the largest seq: it only grows)
+        for call, result in sorted(answered, key=lambda cr: cr[1].seq):
+            router.observe(shard_of[call], result)
+        for call, result in answered:
+            applied = ledger.apply(call, batches[call], result, self.decode, now)
             got += applied.leased
-            if shard == 0:  # the crawl-wide pause flag lives with shard 0
+            if call == 0:  # the crawl-wide pause flag lives with shard 0
                 was_paused, self.paused = self.paused, result.paused
                 if was_paused != self.paused:
                     self.engine.wake()

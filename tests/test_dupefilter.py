@@ -50,7 +50,7 @@ def test_plan_sizes_and_error_budget() -> None:
 
 
 @pytest.mark.parametrize("capacity", [20_000, 1_000_000, 100_000_000, 10**9])
-def test_layout_4_caps_hashes_at_the_largest_filters_within_the_memory_and_error_budget(capacity: int) -> None:
+def test_layout_4_caps_hashes_at_the_largest_filters_within_memory_and_error(capacity: int) -> None:
     plan = BloomPlan(capacity, 0.001)
     assert plan.scheme == 4
     largest = plan.spec(plan.planned - 1).hashes

@@ -94,6 +94,46 @@ def test_a_backlog_goes_in_short_calls_in_order_and_acks_wait_for_the_last() -> 
     assert ledger.first_pending is None
 
 
+def test_a_round_sends_a_shards_many_requests_in_several_short_calls_and_acks_wait_for_it_to_land() -> None:
+    """More requests than CALL_RECORDS between two rounds (a busy reactor) go in up to ``max_calls`` calls
+    per shard in the same round; leases, renewals and older acks ride in the shard's first call; the acks
+    of just-finished requests wait until the whole round has landed (their output spans several calls)."""
+    ledger = Ledger(shards=2)
+    for i in range(10):
+        ledger.add(_out(f"http://a/s0-{i}", shard=0), now=0.0)
+    for i in range(130):
+        ledger.add(_out(f"http://a/s1-{i}", shard=1), now=0.0)
+    ledger.acks_new = [(1, b"parent")]
+    ledger.acks = [(1, b"older")]
+    ledger.held = {(1, b"kept")}
+    batches = ledger.take_batches([5, 7], renew=True, max_records=48, max_calls=3)
+    assert ledger.call_shards == [0, 1, 1, 1]
+    assert [len(b.enqueue) for b in batches] == [10, 48, 48, 34] and ledger.left_behind == 0
+    assert [b.lease for b in batches] == [5, 7, 0, 0]
+    assert batches[1].ack == [b"older"] and batches[1].renew == [b"kept"]
+    assert not any(b.ack or b.renew for b in batches[2:])
+    assert ledger.acks_waiting == [(1, b"parent")]
+    # the third call failed: its requests go back in front, the held ack waits for another round
+    ledger.restore(3, batches[3], now=1.0)
+    ledger.finish_round(landed=False, now=1.0)
+    assert [e.request.url for e in ledger.out] == [f"http://a/s1-{i}" for i in range(96, 130)]
+    assert ledger.acks_new == [(1, b"parent")]
+    again = ledger.take_batches([0, 0], renew=False, max_records=48, max_calls=3)
+    assert ledger.call_shards == [0, 1] and len(again[1].enqueue) == 34
+    assert again[1].ack == [b"parent"]  # now all its possible output travels in this one call
+
+
+def test_past_max_calls_a_shards_requests_wait_in_order_for_the_next_round() -> None:
+    ledger = Ledger()
+    for i in range(200):
+        ledger.add(_out(f"http://a/{i}"), now=0.0)
+    ledger.acks_new = [(0, b"parent")]
+    batches = ledger.take_batches([0], renew=False, max_records=48, max_calls=3)
+    assert [len(b.enqueue) for b in batches] == [48, 48, 48] and ledger.left_behind == 56
+    assert ledger.out[0].request.url == "http://a/144"
+    assert ledger.acks_new == [(0, b"parent")] and ledger.acks_waiting == []
+
+
 def test_short_calls_unless_draining_a_backlog_took_a_quarter_of_a_lease() -> None:
     ledger = Ledger()
     loop = _loop(ledger)  # lease_seconds 30

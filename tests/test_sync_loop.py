@@ -212,9 +212,10 @@ def test_joining_a_crawl_says_what_it_resumes_or_that_it_has_finished(
 
 
 def test_a_backlog_reaches_redis_in_short_calls_and_all_of_it_lands(redis_url: str) -> None:
-    """An outage's backlog (300 discovered requests) goes in calls of at most CALL_RECORDS, every one of
-    them lands, and the seeds' "flushed" mark moves only once the last part is in Redis."""
-    from scrapy_dist.ledger import CALL_RECORDS
+    """An outage's backlog (500 discovered requests) goes in calls of at most CALL_RECORDS, CALLS_PER_ROUND
+    of them per round (sent together), every one of them lands, and the seeds' "flushed" mark moves only
+    once the last part is in Redis."""
+    from scrapy_dist.ledger import CALL_RECORDS, CALLS_PER_ROUND
 
     async def go() -> tuple[list[int], int, list[bool]]:
         sched = await _opened(redis_url)
@@ -229,7 +230,7 @@ def test_a_backlog_reaches_redis_in_short_calls_and_all_of_it_lands(redis_url: s
 
         frontier.sync = counting  # type: ignore[method-assign]
         mark = time.monotonic()
-        for i in range(300):
+        for i in range(500):
             sched.enqueue_request(Request(f"http://site.test/backlog/{i}"))
         flushed = []
         while True:
@@ -242,6 +243,7 @@ def test_a_backlog_reaches_redis_in_short_calls_and_all_of_it_lands(redis_url: s
         return sizes, int(count), flushed
 
     sizes, queued, flushed = run(go())
-    assert max(sizes) == CALL_RECORDS and sum(sizes) == 300
-    assert queued == 300
-    assert flushed[-1] and not any(flushed[:-1])
+    assert max(sizes) == CALL_RECORDS and sum(sizes) == 500
+    assert len(sizes) == -(-500 // CALL_RECORDS) and CALLS_PER_ROUND * CALL_RECORDS < 500
+    assert queued == 500
+    assert flushed == [False, True]  # two rounds: 8 calls, then the remaining 3
