@@ -29,7 +29,13 @@ import redis
 from benchmarks import redis_memory
 from benchmarks.machine import CpuMeter
 from benchmarks.proxy import ProxyProcess, measure_rtt
-from benchmarks.redis_server import RedisProcess, server_cpu
+from benchmarks.redis_server import (
+    SCRIPT_TIMING_US,
+    RedisProcess,
+    script_call_durations,
+    server_cpu,
+    time_script_calls,
+)
 from benchmarks.static_site import StaticSite
 
 TITLE = "crawl throughput, Redis round trips and memory: Scrapy vs scrapy-redis vs scrapy-dist"
@@ -258,10 +264,6 @@ def run_crawl(
     return out
 
 
-#: SLOWLOG entries kept while scrapy-dist's crawl is timed (its sync calls are a small share of them).
-SLOWLOG_LEN = 1_000_000
-
-
 def _redis_cost(client: redis.Redis, result: dict, cpu0: float, timed: bool) -> None:
     """Redis CPU per page (INFO cpu), the per-command breakdown (INFO commandstats), and with ``timed`` the
     p50/p99 duration of one frontier sync call (SLOWLOG): into ``result``."""
@@ -277,15 +279,13 @@ def _redis_cost(client: redis.Redis, result: dict, cpu0: float, timed: bool) -> 
         commands[name] = {"calls_per_page": c["calls"] / pages, "us_per_page": c["usec"] / pages}
     result["redis_commands"] = dict(sorted(commands.items(), key=lambda kv: -kv[1]["us_per_page"]))
     if timed:
-        entries = client.slowlog_get(SLOWLOG_LEN)
-        # the frontier's sync script, by its argument layout: EVALSHA <sha> <numkeys> ... (the longest calls)
-        sync = sorted(e["duration"] for e in entries
-                      if (e.get("command") or b"").split(b" ", 1)[0].upper() == b"EVALSHA")
+        sync = script_call_durations(client)
         if sync:
             result["script_call_us"] = {
                 "calls": len(sync), "p50": sync[len(sync) // 2],
                 "p99": sync[min(len(sync) - 1, len(sync) * 99 // 100)], "max": sync[-1],
-                "note": "every EVALSHA: sync rounds, seeds, stats flushes",
+                "evalsha_calls": commands.get("evalsha", {}).get("calls_per_page", 0) * pages,
+                "note": f"every EVALSHA over {SCRIPT_TIMING_US} us (SLOWLOG): sync rounds, seeds, stats",
             }
 
 
@@ -307,12 +307,11 @@ def run_redis_contestant(
     try:
         client = redis.Redis(port=server.port)
         client.flushall()
-        # scrapy-dist's script calls are timed by the server itself (SLOWLOG of every command): their
-        # p50/p99 is how long one call holds Redis. That costs scrapy-dist's CPU figure a little.
+        # scrapy-dist's script calls are timed by the server itself (SLOWLOG, see SCRIPT_TIMING_US): their
+        # p50/p99 is how long one call holds Redis
         timed = contestant.name == "scrapy-dist"
         if timed:
-            client.config_set("slowlog-max-len", SLOWLOG_LEN)
-            client.config_set("slowlog-log-slower-than", 0)
+            time_script_calls(client)
         client.config_resetstat()
         cpu0 = server_cpu(client)
         network: dict = {"rtt_ms": rtt_ms, "ping_direct": measure_rtt(server.port)}
