@@ -26,7 +26,7 @@ from pathlib import Path
 
 import redis
 
-from benchmarks import redis_memory
+from benchmarks import redis_memory, replay
 from benchmarks.machine import CpuMeter
 from benchmarks.proxy import ProxyProcess, measure_rtt
 from benchmarks.redis_server import (
@@ -195,9 +195,11 @@ def _problems(log_text: str, limit: int = 12) -> list[str]:
 
 
 def run_crawl(
-    contestant: Contestant, start_url: str, redis_url: str | None, args: argparse.Namespace, tag: str
+    contestant: Contestant, start_url: str, redis_url: str | None, args: argparse.Namespace, tag: str,
+    extra: dict | None = None,
 ) -> dict:
-    """One ``scrapy crawl`` subprocess; returns its stats, timings and problems."""
+    """One ``scrapy crawl`` subprocess (``extra``: more ``-s`` settings); returns its stats, timings and
+    problems."""
     stats_file = args.tmp_dir / f"crawl-{tag}.stats.json"
     log_file = args.tmp_dir / f"crawl-{tag}.log"
     stats_file.unlink(missing_ok=True)
@@ -205,6 +207,7 @@ def run_crawl(
         "BENCH_STATS_FILE": str(stats_file),
         "CLOSESPIDER_TIMEOUT": int(args.crawl_timeout),
         **contestant.settings(redis_url or ""),
+        **(extra or {}),
     }
     cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDER, "-a", f"start_url={start_url}"]
     for k, v in settings.items():
@@ -289,6 +292,41 @@ def _redis_cost(client: redis.Redis, result: dict, cpu0: float, timed: bool) -> 
             }
 
 
+def _redis_cost_table(runs: list[dict]) -> dict | None:
+    """scrapy-dist's Redis cost per page as crawled (one worker: a call every ~80 ms, cold) and replayed
+    back to back (the same calls on a master that is never idle), with the durations of its calls."""
+    rows = []
+    for r in runs:
+        if r["contestant"] != "scrapy-dist" or r.get("rtt_ms") or not r.get("script_call_us"):
+            continue
+        calls = r["script_call_us"]
+        rows.append(["during the crawl (one worker)", r.get("redis_cpu_us_per_page"), calls["calls"],
+                     calls["p50"], calls["p99"], calls["max"]])
+        again = r.get("replayed")
+        if again:
+            rows.append(["the same calls replayed back to back (a busy master)",
+                         again["redis_cpu_us_per_page"], again["timed_calls"], again["p50"], again["p99"],
+                         again["max"]])
+    if not rows:
+        return None
+    return {
+        "title": "scrapy-dist: Redis CPU per page and script call durations, as crawled and on a busy master",
+        "columns": [
+            "Redis", "Redis CPU µs/page", "script calls", "call p50 µs", "call p99 µs", "call max µs",
+        ],
+        "rows": rows,
+        "notes": [
+            "During the crawl one worker makes a call every ~80 ms: between calls the server idles and the "
+            "crawler, on the same two cores, evicts its caches, so every call runs cold. A master serving "
+            "many workers runs calls back to back: the crawl's recorded calls (KEYS and ARGV, in order) are "
+            "replayed on a fresh server of the same build (benchmarks/replay.py), which is what capacity "
+            "planning divides a core by.",
+            f"Call durations: SLOWLOG of every EVALSHA over {SCRIPT_TIMING_US} µs (every sync call takes"
+            " longer).",
+        ],
+    }
+
+
 def _dupefilter_bytes(client: redis.Redis, pattern: str | None) -> int | None:
     if not pattern:
         return None
@@ -321,10 +359,16 @@ def run_redis_contestant(
             network["ping_proxied"] = measure_rtt(proxy.port)
             proxy.reset()
             url = proxy.url
-        result = run_crawl(contestant, start_url, url, args, tag=f"{contestant.name}-rtt{rtt_ms:g}")
+        tag = f"{contestant.name}-rtt{rtt_ms:g}"
+        calls_file = args.tmp_dir / f"crawl-{tag}.calls.jsonl"
+        # scrapy-dist's script calls on loopback are recorded, to be replayed back to back afterwards
+        extra = {"BENCH_SCRIPT_CALLS_FILE": str(calls_file)} if timed and rtt_ms <= 0 else {}
+        result = run_crawl(contestant, start_url, url, args, tag=tag, extra=extra)
         result["network"] = network
         try:
             _redis_cost(client, result, cpu0, timed)
+            if extra and result.get("pages") and calls_file.exists():
+                result["replayed"] = replay.replay(calls_file, result["pages"])
             if proxy is not None:
                 counters = proxy.stats()
                 result["proxy"] = counters
@@ -628,6 +672,9 @@ def build_result(
                 + "; ".join(f"`{p}`" for p in r["problems"])
             )
     tables = [crawl_table, memory_table]
+    cost_table = _redis_cost_table(runs)
+    if cost_table:
+        tables.insert(1, cost_table)
     if targets_table:
         tables.append(targets_table)
     for r in runs:  # keep latest.json readable: only the stats that matter

@@ -100,3 +100,52 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, (int, float, str, bool)) or v is None:
         return v
     return str(v)
+
+
+class RecordScriptCalls:
+    """Appends every Lua script call the crawl makes through ``redis.asyncio`` (scrapy-dist's sync rounds)
+    to ``BENCH_SCRIPT_CALLS_FILE`` as JSON lines -- script SHA1, KEYS, ARGV (bytes as latin-1) -- and
+    each script's source once to ``<file>.scripts.json``, so that ``benchmarks/replay.py`` can run the
+    very same calls again, back to back, on a fresh server (what they cost a master that is never idle).
+    Benchmark instrumentation only: it wraps redis-py's ``AsyncScript.__call__`` in this process."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sources: dict[str, str] = {}
+        self.out = open(path, "w")  # noqa: SIM115 - open for the crawl's whole life
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> RecordScriptCalls:
+        path = crawler.settings.get("BENCH_SCRIPT_CALLS_FILE")
+        if not path:
+            raise NotConfigured("BENCH_SCRIPT_CALLS_FILE not set")
+        from redis.commands.core import AsyncScript
+
+        ext = cls(path)
+        original = AsyncScript.__call__
+
+        async def call(script: Any, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+            ext.record(script, keys or [], args or [])
+            return await original(script, keys=keys, args=args, client=client)
+
+        AsyncScript.__call__ = call  # type: ignore[method-assign]
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        return ext
+
+    def record(self, script: Any, keys: list[Any], args: list[Any]) -> None:
+        sha = script.sha
+        if sha not in self.sources:
+            self.sources[sha] = script.script if isinstance(script.script, str) else script.script.decode()
+        text = [_latin1(v) for v in keys], [_latin1(v) for v in args]
+        self.out.write(json.dumps({"sha": sha, "keys": text[0], "args": text[1]}) + "\n")
+
+    def spider_closed(self, reason: str) -> None:
+        self.out.close()
+        with open(f"{self.path}.scripts.json", "w") as f:
+            json.dump(self.sources, f)
+
+
+def _latin1(v: Any) -> str:
+    if isinstance(v, bytes):
+        return v.decode("latin-1")
+    return v if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)

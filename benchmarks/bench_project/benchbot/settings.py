@@ -14,5 +14,6 @@ LOG_LEVEL = "INFO"
 TELNETCONSOLE_ENABLED = False
 ITEM_PIPELINES: dict = {}
 
-# Writes the stats and timing JSON the harness reads (path given with -s BENCH_STATS_FILE=...).
-EXTENSIONS = {"benchbot.extensions.BenchStats": 0}
+# Writes the stats and timing JSON the harness reads (path given with -s BENCH_STATS_FILE=...); with
+# -s BENCH_SCRIPT_CALLS_FILE=... also records the crawl's Lua script calls (benchmarks/replay.py).
+EXTENSIONS = {"benchbot.extensions.BenchStats": 0, "benchbot.extensions.RecordScriptCalls": 0}
