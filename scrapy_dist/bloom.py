@@ -12,13 +12,14 @@ How the chain is planned, and why:
   allocates the small first filters. (Growth 16 rather than 8: the last filter then holds 15/16 of the
   capacity, and the chain costs ~3.5% more bits than one filter instead of ~6%; a small crawl allocates
   at most ~16x what it uses, which is kilobytes.) The error budget (``0.95 * E``) goes a tenth to the
-  small filters, split evenly, and nine tenths to the largest one, and no filter hashes more than the
-  largest (10 hashes at ``E = 0.001``): each hash of an insert is one ``SETBIT``, the largest part of the
-  Redis CPU a new URL costs, and a small crawl lives in the small filters. At the declared capacity this
-  plans 1.94-1.95 bytes per item at ``E = 0.001`` (a single optimal unblocked filter needs 1.80; the
-  classic 2x/0.5x scalable chain about 2.6). Layout 3, which crawls created before keep, shared the
-  budget in proportion to capacity: 1.5% fewer bits, but 17-24 hashes per insert in the small filters at
-  the default capacity, twice the bit writes of layout 4.
+  small filters, split evenly, and nine tenths to the largest one; the largest uses its optimal number of
+  hashes (10 at ``E = 0.001``), the small ones two fewer (8): each hash of an insert is one ``SETBIT``,
+  the largest part of the Redis CPU a new URL costs, and most crawls live in the small filters (below
+  1/16 of the capacity), whose memory is negligible. At the declared capacity this plans 1.95-1.97 bytes
+  per item at ``E = 0.001`` (a single optimal unblocked filter needs 1.80; the classic 2x/0.5x scalable
+  chain about 2.6). Layout 3, which crawls created before keep, shared the budget in proportion to
+  capacity: 2.5% fewer bits, but 17-24 hashes per insert in the small filters at the default capacity,
+  three times the bit writes of layout 4.
 * **Past the declared capacity** the chain keeps growing like a classic scalable bloom filter: each new
   filter has twice the capacity of the one before and half the error, paid from the 5% reserve, so the
   compound false-positive rate stays below ``E`` however far the crawl overshoots (a warning is logged
@@ -58,13 +59,15 @@ RESERVE = 0.05
 MIN_FIRST_CAPACITY = 1000
 #: version of the filter's layout, stored in ``{spider}:bloom`` as ``hashing``: new filters are written
 #: with it. 3: the bit positions below, errors shared in proportion to capacity; 4: the same positions,
-#: the planned error split of :class:`BloomPlan` (a tenth of the budget to the small filters) and no
-#: filter hashing more than the chain's largest planned one. A crawl recorded with 3 keeps that plan.
+#: the planned error split and hash counts of :meth:`BloomPlan._planned_errors` (a tenth of the budget to
+#: the small filters, fewer hashes than the largest one). A crawl recorded with 3 keeps that plan.
 HASHING = 4
 #: layouts this version reads (the crawl's recorded ``hashing`` decides which plan its workers use)
 SCHEMES = (3, 4)
 #: scheme 4: the share of the planned error budget the small filters before the largest one get together
 SMALL_FILTERS_SHARE = 0.1
+#: scheme 4: the small filters use this many hashes fewer than the largest one (fewer SETBITs per insert)
+SMALL_FILTER_HASH_CUT = 2
 #: all the bits of one item in one filter lie in one window of this many bits (512 bytes)
 WINDOW_BITS = 4096
 #: bytes a Redis string adds to its contents: the largest sds header (9) and the terminating NUL
@@ -305,12 +308,15 @@ class BloomPlan:
         self._specs: list[FilterSpec] = []
         planned = self._planned_capacities()
         errors = self._planned_errors(planned)
-        #: the most hashes any filter uses (scheme 4: the largest planned filter's count)
+        #: the most hashes any filter uses (scheme 4: the largest planned filter's count; the small filters
+        #: before it use SMALL_FILTER_HASH_CUT fewer)
         self.max_hashes = 40 if scheme == 3 else _size(planned[-1], errors[-1])[1]
+        small = 40 if scheme == 3 else max(1, self.max_hashes - SMALL_FILTER_HASH_CUT)
         cum = 0
         for i, c in enumerate(planned):
             cum += c
-            self._specs.append(_spec(i, c, errors[i], cum, self.block_bits, self.max_hashes))
+            cap_k = self.max_hashes if i == len(planned) - 1 else small
+            self._specs.append(_spec(i, c, errors[i], cum, self.block_bits, cap_k))
 
     def _planned_errors(self, planned: list[int]) -> list[float]:
         """The error rate of each planned filter; together ``(1 - RESERVE) * error_rate``.
@@ -319,8 +325,10 @@ class BloomPlan:
         filters get very tight rates and so many hashes (24 at a capacity of 10^8), and every hash of an
         insert is one ``SETBIT`` -- a small crawl, which lives in those filters, paid the most Redis CPU
         per URL. Scheme 4 gives the small filters a tenth of the budget (split evenly) and the largest one
-        the rest, and caps every filter's hashes at the largest one's (10 at 0.1%): about 2% more memory
-        at capacity, and an insert costs at most as many bit writes as in the largest filter.
+        the rest; the largest filter keeps its optimal hash count (10 at 0.1%), the small ones use two
+        fewer (8; their few bits more are negligible: they hold 1/16 of the capacity) and filters past
+        the capacity at most as many as the largest. About 2.5% more memory at capacity; an insert costs
+        8 bit writes while a crawl is below 1/16 of its capacity, 10 after.
         """
         budget = (1 - RESERVE) * self.error_rate
         if self.scheme == 3:

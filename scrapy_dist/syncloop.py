@@ -236,7 +236,7 @@ class SyncLoop:
 
     async def round(self, lease: int, renew: bool) -> BaseException | None:
         """One exchange with every shard (concurrently); returns the first error, or ``None`` if every
-        shard answered. A shard that failed has its batch put back; the others' answers are applied."""
+        shard answered. A call that failed has its batch put back; the others' answers are applied."""
         ledger, router = self.ledger, self.router
         started = self.clock()
         batches = ledger.take_batches(

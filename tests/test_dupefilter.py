@@ -56,6 +56,7 @@ def test_layout_4_caps_hashes_at_the_largest_filters_within_memory_and_error(cap
     largest = plan.spec(plan.planned - 1).hashes
     assert largest <= 10
     assert all(s.hashes <= largest for s in plan.filters_for(capacity * 8))
+    assert all(plan.spec(i).hashes <= largest - 2 for i in range(plan.planned - 1))
     assert plan.bytes_per_item_at_capacity <= 2.0
     assert plan.false_positive_rate(capacity) <= 0.001
     assert plan.false_positive_rate(capacity * 8) <= 0.001
@@ -64,7 +65,8 @@ def test_layout_4_caps_hashes_at_the_largest_filters_within_memory_and_error(cap
 def test_layout_3_plan_is_kept_for_the_crawls_that_recorded_it() -> None:
     old, new = BloomPlan(100_000_000, 0.001, scheme=3), BloomPlan(100_000_000, 0.001)
     assert [s.hashes for s in old.filters_for(10**6)] == [24, 20, 17, 14]
-    assert [s.hashes for s in new.filters_for(10**6)] == [10, 10, 10, 10]
+    assert [s.hashes for s in new.filters_for(10**6)] == [8, 8, 8, 8]
+    assert [s.hashes for s in new.filters_for(10**8)][3:] == [8, 10, 10]  # the largest, then past capacity
     with pytest.raises(ScrapyDistError, match="layout 2"):
         BloomPlan(1000, 0.01, scheme=2)
 
@@ -83,14 +85,14 @@ def test_a_crawl_recorded_with_layout_3_is_read_with_its_plan(redis_client: Any)
     assert _seen(later, fps, add=False) == [True] * 3000
 
 
-def test_an_insert_writes_at_most_the_largest_filters_hash_count_of_bits(redis_client: Any) -> None:
+def test_an_insert_into_the_small_filters_writes_8_bits(redis_client: Any) -> None:
     df = BloomDupeFilter(redis_client, KEYS, None)  # the default capacity: a small crawl's first filters
     df.open()
     assert redis_client.hget(KEYS.bloom, "hashing") == b"4"
     redis_client.config_resetstat()
     _seen(df, _rand_fps(2000, 8))
     setbits = int(redis_client.info("commandstats").get("cmdstat_setbit", {}).get("calls", 0))
-    assert 2000 * 5 < setbits <= 2000 * 10
+    assert 2000 * 6 < setbits <= 2000 * 8
 
 
 def test_no_false_negatives_and_fpr_within_bounds(redis_client: Any) -> None:

@@ -215,9 +215,10 @@ end
 -- bit still clear (about half of them in a filter nearing its capacity). Measured: a SETRANGE of the
 -- changed span costs more, because building a new string of a few hundred bytes in Lua does.
 local function bloom_put(c, f, it, s)
-  bloom_ready(c, f)
-  local key, off = bloom_window(c, f, it)
   local fresh = #s == 0
+  -- a window read back non-empty lies in a block that exists; an empty one may be a block not created yet
+  if fresh then bloom_ready(c, f) end
+  local key, off = bloom_window(c, f, it)
   local w, b, cc, x = c.wbits, it.b, it.c, it.a
   local base = off * 8
   local byte = string.byte
