@@ -11,15 +11,17 @@ How the chain is planned, and why:
   (``c_0 ... c_L``, ``sum = capacity``, ``c_0`` of about 1,000 to 16,000 items), so a small crawl only ever
   allocates the small first filters. (Growth 16 rather than 8: the last filter then holds 15/16 of the
   capacity, and the chain costs ~3.5% more bits than one filter instead of ~6%; a small crawl allocates
-  at most ~16x what it uses, which is kilobytes.) The error budget (``0.95 * E``) goes a tenth to the
-  small filters, split evenly, and nine tenths to the largest one; the largest uses its optimal number of
-  hashes (10 at ``E = 0.001``), the small ones two fewer (8): each hash of an insert is one ``SETBIT``,
-  the largest part of the Redis CPU a new URL costs, and most crawls live in the small filters (below
-  1/16 of the capacity), whose memory is negligible. At the declared capacity this plans 1.95-1.97 bytes
-  per item at ``E = 0.001`` (a single optimal unblocked filter needs 1.80; the classic 2x/0.5x scalable
-  chain about 2.6). Layout 3, which crawls created before keep, shared the budget in proportion to
-  capacity: 2.5% fewer bits, but 17-24 hashes per insert in the small filters at the default capacity,
-  three times the bit writes of layout 4.
+  at most ~16x what it uses, which is kilobytes.) The error budget is shared in proportion to capacity
+  (``e_i = 0.95 * E * c_i / capacity``): the tiny early filters get tighter error rates (the chain's
+  error "tightens" going back), which is the allocation that minimises total bits for a fixed sum of
+  errors, and keeps a crawl far below its capacity practically free of false positives. The largest
+  filter uses its optimal number of hashes (10 at ``E = 0.001``), the small ones two fewer (8) and the
+  filters past the capacity at most as many as the largest: each hash of an insert is one ``SETBIT``, the
+  largest part of the Redis CPU a new URL costs, and most crawls live in the small filters, where the
+  bits this costs are few. At the declared capacity this plans 1.92-1.95 bytes per item at
+  ``E = 0.001`` (a single optimal unblocked filter needs 1.80; the classic 2x/0.5x scalable chain about
+  2.6). Layout 3, which crawls created before keep, did not cap the hashes: 1.3% fewer bits, but 17-24
+  hashes per insert in the small filters at the default capacity, three times the bit writes.
 * **Past the declared capacity** the chain keeps growing like a classic scalable bloom filter: each new
   filter has twice the capacity of the one before and half the error, paid from the 5% reserve, so the
   compound false-positive rate stays below ``E`` however far the crawl overshoots (a warning is logged
@@ -58,15 +60,13 @@ OVERFLOW_GROWTH = 2
 RESERVE = 0.05
 MIN_FIRST_CAPACITY = 1000
 #: version of the filter's layout, stored in ``{spider}:bloom`` as ``hashing``: new filters are written
-#: with it. 3: the bit positions below, errors shared in proportion to capacity; 4: the same positions,
-#: the planned error split and hash counts of :meth:`BloomPlan._planned_errors` (a tenth of the budget to
-#: the small filters, fewer hashes than the largest one). A crawl recorded with 3 keeps that plan.
+#: with it. 3: the bit positions below, errors shared in proportion to capacity, each filter's optimal
+#: hash count; 4: the same positions and errors, hash counts capped (see :class:`BloomPlan`). A crawl
+#: recorded with 3 keeps that plan.
 HASHING = 4
 #: layouts this version reads (the crawl's recorded ``hashing`` decides which plan its workers use)
 SCHEMES = (3, 4)
-#: scheme 4: the share of the planned error budget the small filters before the largest one get together
-SMALL_FILTERS_SHARE = 0.1
-#: scheme 4: the small filters use this many hashes fewer than the largest one (fewer SETBITs per insert)
+#: layout 4: the small filters use this many hashes fewer than the largest one (fewer SETBITs per insert)
 SMALL_FILTER_HASH_CUT = 2
 #: all the bits of one item in one filter lie in one window of this many bits (512 bytes)
 WINDOW_BITS = 4096
@@ -307,9 +307,15 @@ class BloomPlan:
         self.overflow_step = overflow_step
         self._specs: list[FilterSpec] = []
         planned = self._planned_capacities()
-        errors = self._planned_errors(planned)
-        #: the most hashes any filter uses (scheme 4: the largest planned filter's count; the small filters
-        #: before it use SMALL_FILTER_HASH_CUT fewer)
+        # the error budget, shared in proportion to capacity (the fewest bits for a fixed sum of errors)
+        errors = [(1 - RESERVE) * self.error_rate * c / self.capacity for c in planned]
+        # Layout 3 gave every filter the hash count its rate calls for: 17-24 in the small filters at the
+        # default capacity, where their tight rates put it, and each hash of an insert is one SETBIT -- a
+        # small crawl, which lives in those filters, paid the most Redis CPU per URL. Layout 4 keeps the
+        # rates and caps the hashes: SMALL_FILTER_HASH_CUT fewer than the largest filter's optimum in the
+        # small filters (8 at 0.1%), no more than it past the capacity; the small filters, 1/16 of the
+        # capacity, pay with more bits (1.3% more memory in all).
+        #: the most hashes any filter uses (layout 4: the largest planned filter's optimum)
         self.max_hashes = 40 if scheme == 3 else _size(planned[-1], errors[-1])[1]
         small = 40 if scheme == 3 else max(1, self.max_hashes - SMALL_FILTER_HASH_CUT)
         cum = 0
@@ -317,26 +323,6 @@ class BloomPlan:
             cum += c
             cap_k = self.max_hashes if i == len(planned) - 1 else small
             self._specs.append(_spec(i, c, errors[i], cum, self.block_bits, cap_k))
-
-    def _planned_errors(self, planned: list[int]) -> list[float]:
-        """The error rate of each planned filter; together ``(1 - RESERVE) * error_rate``.
-
-        Scheme 3 shares the budget in proportion to capacity: the fewest bits in all, but the small first
-        filters get very tight rates and so many hashes (24 at a capacity of 10^8), and every hash of an
-        insert is one ``SETBIT`` -- a small crawl, which lives in those filters, paid the most Redis CPU
-        per URL. Scheme 4 gives the small filters a tenth of the budget (split evenly) and the largest one
-        the rest; the largest filter keeps its optimal hash count (10 at 0.1%), the small ones use two
-        fewer (8; their few bits more are negligible: they hold 1/16 of the capacity) and filters past
-        the capacity at most as many as the largest. About 2.5% more memory at capacity; an insert costs
-        8 bit writes while a crawl is below 1/16 of its capacity, 10 after.
-        """
-        budget = (1 - RESERVE) * self.error_rate
-        if self.scheme == 3:
-            return [budget * c / self.capacity for c in planned]
-        if len(planned) == 1:
-            return [budget]
-        small = budget * SMALL_FILTERS_SHARE / (len(planned) - 1)
-        return [small] * (len(planned) - 1) + [budget * (1 - SMALL_FILTERS_SHARE)]
 
     def _planned_capacities(self) -> list[int]:
         c, g = self.capacity, PLANNED_GROWTH
