@@ -38,6 +38,9 @@ def build_parser(modules: dict[str, ModuleType | str]) -> argparse.ArgumentParse
         prog="python -m benchmarks",
         description="Run scrapy-dist's benchmarks and write results/latest.{json,md,png}.",
     )
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help="run only these benchmarks (see --list): same as --only"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in about a minute")
     parser.add_argument("--only", metavar="NAME[,NAME]", help="run only these benchmarks (see --list)")
     parser.add_argument(
@@ -66,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:12} {title}")
         return 0
     selected = list(modules)
-    if args.only:
-        selected = [n.strip() for n in args.only.split(",") if n.strip()]
+    if args.only or args.names:
+        selected = [n.strip() for n in (args.only or "").split(",") + args.names if n.strip()]
         unknown = [n for n in selected if n not in modules]
         if unknown:
             print(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(modules)}", file=sys.stderr)
