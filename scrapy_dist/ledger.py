@@ -7,7 +7,7 @@ contents to and from Redis:
 
 * **outgoing** -- discovered requests (:class:`Outgoing`), delayed retries, dead letters, rejections,
   releases and politeness penalties wait here until the next round (:meth:`Ledger.take_batches`);
-* **ready** -- leased requests not yet handed to the engine (:class:`LeasedBuffer`), served highest
+* **ready** -- leased requests not yet handed to the engine (:class:`~scrapy_dist.leased.LeasedBuffer`), served highest
   priority first, and **local** ones that could not be encoded (crawled by this worker only);
 * **handed** -- requests the engine works on, with the lease they came from;
 * **acks** -- leases of finished requests. An ack may travel in the same atomic call as the requests its
@@ -21,8 +21,6 @@ A round either lands on a shard (:meth:`Ledger.apply` takes in its answer) or fa
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Collection
@@ -31,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import SyncBatch
+from scrapy_dist.leased import Lease, LeasedBuffer
 from scrapy_dist.rejections import rejection_record
 
 if TYPE_CHECKING:
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
 
     from scrapy_dist.frontier import SyncResult
 
-#: A leased member and the shard it was leased from (always 0 with one shard).
-Lease = tuple[int, bytes]
 
 
 #: most discovered requests one sync call carries to one shard. A script holds Redis for its whole run:
@@ -108,51 +105,6 @@ class Applied:
     leased: int = 0
     #: leased entries that failed to become a request: (lease, why)
     rejected: list[tuple[Lease, RejectedEntry]] = field(default_factory=list)
-
-
-class LeasedBuffer:
-    """Leased requests waiting to be handed to the engine: a heap on the queue score (``-priority``),
-    ties in the order leased (which is the queue's own order within a score). Whatever round or shard a
-    request came from, the worker starts the best one it holds first."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Request, Lease]] = []
-        self._count = itertools.count()
-
-    def push(self, score: float, request: Request, lease: Lease) -> None:
-        heapq.heappush(self._heap, (score, next(self._count), request, lease))
-
-    def pop(self) -> tuple[Request, Lease]:
-        _, _, request, lease = heapq.heappop(self._heap)
-        return request, lease
-
-    def pop_least_loaded(self, load: Callable[[Request], int]) -> tuple[Request, Lease]:
-        """The best request of the download slot with the fewest active downloads (Scrapy's
-        ``DownloaderAwarePriorityQueue``): a scan of the buffer, which holds at most a prefetch."""
-        heap = self._heap
-        best = min(range(len(heap)), key=lambda i: (load(heap[i][2]), heap[i][0], heap[i][1]))
-        entry = heap[best]
-        heap[best] = heap[-1]
-        heap.pop()
-        heapq.heapify(heap)
-        return entry[2], entry[3]
-
-    def best_score(self) -> float:
-        """The score of the request :meth:`pop` returns next (``inf`` when empty)."""
-        return self._heap[0][0] if self._heap else math.inf
-
-    def leases(self) -> list[Lease]:
-        """Every lease in the buffer (for releasing them at close)."""
-        return [e[-1] for e in self._heap]
-
-    def clear(self) -> None:
-        self._heap.clear()
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __bool__(self) -> bool:
-        return bool(self._heap)
 
 
 class Ledger:
