@@ -319,8 +319,8 @@ def _redis_cost_table(runs: list[dict]) -> dict | None:
             "During the crawl one worker makes a call every ~80 ms: between calls the server idles and the "
             "crawler, on the same two cores, evicts its caches, so every call runs cold. A master serving "
             "many workers runs calls back to back: the crawl's recorded calls (KEYS and ARGV, in order) are "
-            "replayed on a fresh server of the same build (benchmarks/replay.py), which is what capacity "
-            "planning divides a core by.",
+            "replayed on a fresh server of the same build (benchmarks/replay.py). That is the cost to divide "
+            "a master's core by when planning capacity.",
             f"Call durations: SLOWLOG of every EVALSHA over {SCRIPT_TIMING_US} µs (every sync call takes"
             " longer).",
         ],

@@ -7,8 +7,9 @@ contents to and from Redis:
 
 * **outgoing** -- discovered requests (:class:`Outgoing`), delayed retries, dead letters, rejections,
   releases and politeness penalties wait here until the next round (:meth:`Ledger.take_batches`);
-* **ready** -- leased requests not yet handed to the engine (:class:`~scrapy_dist.leased.LeasedBuffer`), served highest
-  priority first, and **local** ones that could not be encoded (crawled by this worker only);
+* **ready** -- leased requests not yet handed to the engine (:class:`~scrapy_dist.leased.LeasedBuffer`),
+  served highest priority first, and **local** ones that could not be encoded (crawled by this worker
+  only);
 * **handed** -- requests the engine works on, with the lease they came from;
 * **acks** -- leases of finished requests. An ack may travel in the same atomic call as the requests its
   callback produced (that is what makes a SIGKILL lose nothing); with a sharded frontier, when that output

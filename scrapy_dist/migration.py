@@ -50,7 +50,7 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("`DUPEFILTER_CLASS = \"scrapy_redis.dupefilter.RFPDupeFilter\"`",
      "`\"scrapy_dist.dupefilter.BloomDupeFilter\"` (or exact `SetDupeFilter`, alias `RFPDupeFilter`)",
      CHANGED,
-     "~1.9 bytes/URL instead of ~88; keys `{<spider>}:bloom*`"),
+     "~2 bytes/URL instead of ~88; keys `{<spider>}:bloom*`"),
     ("`scrapy_redis.spiders.RedisSpider`, `RedisCrawlSpider`", "`scrapy_dist.spiders.RedisSpider`,"
      " `RedisCrawlSpider`", HONOURED, "`async def start()` blocks on the key instead of polling on"
      " `spider_idle`; rejected seeds parked in `<key>:rejected`"),

@@ -8,7 +8,11 @@ which errors mean "Redis is away", how long a loop waits before trying again, an
   -- an error reply to a script or command (``ResponseError``: ``WRONGTYPE``, a Lua error), a bug in our
   code -- will not go away by waiting: it is *not* an outage and is logged as an error of the component.
   (``AuthenticationError`` is a ``ConnectionError`` in redis-py: a password rotated mid-crawl is waited
-  out too, with the reason in the warning.)
+  out too, with the reason in the warning.) One more: redis-py's asyncio client lets a ``TypeError`` or
+  ``AttributeError`` out of its own connection code when a connection is torn down under a command --
+  the peer reset it, or a cluster client closed its node connections after another command failed
+  (redis/redis-py#4287, 'NoneType' object has no attribute 'writelines'): a lost connection, so an
+  outage too (:func:`is_outage` tells it by where it was raised).
 * **How long to wait.** :class:`Backoff`, capped exponential, one per loop.
 * **What is logged.** One shared :class:`Outage` per worker process (:meth:`Outage.for_crawler`): the
   first component that fails logs one WARNING for the whole worker; one INFO says when Redis is reachable
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import weakref
 from typing import Any
 
@@ -54,9 +59,28 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+#: redis-py's connection modules: a TypeError/AttributeError raised in there is a torn connection
+_REDIS_CONNECTION_FILES = (
+    os.path.join("redis", "asyncio", "connection.py"), os.path.join("redis", "connection.py"),
+)
+
+
+def _torn_connection(exc: BaseException) -> bool:
+    """A ``TypeError``/``AttributeError`` raised while redis-py's connection code was on the stack: the
+    transport was closed under the command (see the module docstring), not a bug of the caller."""
+    if not isinstance(exc, (TypeError, AttributeError)):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(_REDIS_CONNECTION_FILES):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` means "Redis is away for now" (wait and retry) rather than an error to report."""
-    return isinstance(exc, OUTAGE_ERRORS)
+    return isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc)
 
 
 def describe(exc: BaseException) -> str:

@@ -60,6 +60,36 @@ def test_error_replies_and_bugs_are_not_an_outage(exc: BaseException) -> None:
     assert not is_outage(exc)
 
 
+def test_a_connection_torn_down_under_a_command_is_an_outage_not_a_bug(redis_url: str) -> None:
+    """redis-py's asyncio client raises AttributeError from its own connection code when the transport is
+    closed under a command (redis/redis-py#4287; seen when a cluster restarts mid-crawl): an outage. The
+    same exception type raised by our own code is still a bug."""
+    import redis.asyncio
+
+    async def torn() -> BaseException:
+        conn = redis.asyncio.Redis.from_url(redis_url).connection_pool.make_connection()
+        await conn.connect()
+        writer = conn._writer
+        conn._writer = None  # what a concurrent disconnect leaves behind
+        try:
+            await conn._send_packed_command([b"*1\r\n$4\r\nPING\r\n"])
+        except AttributeError as exc:
+            return exc
+        finally:
+            conn._writer = writer
+            await conn.disconnect()
+        raise AssertionError("no error")
+
+    exc = asyncio.run(torn())
+    assert "writelines" in str(exc)
+    assert is_outage(exc)
+    writer: Any = None
+    try:
+        writer.writelines([])
+    except AttributeError as ours:
+        assert not is_outage(ours)
+
+
 # -- backoff -------------------------------------------------------------------------------------
 def test_backoff_doubles_up_to_its_cap_and_starts_over_after_a_success() -> None:
     b = Backoff(first=0.1, cap=1.0)
