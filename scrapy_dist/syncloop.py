@@ -265,11 +265,11 @@ class SyncLoop:
         now = self.clock()
         error: BaseException | None = None
         got = 0
-        # failed calls go back in front of what came since, in their order
+        # failed calls go back in front of what came since, in their order; the first one's error is told
         for call in reversed(range(len(batches))):
             if isinstance(results[call], BaseException):
                 ledger.restore(call, batches[call], now)
-                error = error or results[call]
+                error = results[call]
         answered = [(call, r) for call, r in enumerate(results) if not isinstance(r, BaseException)]
         # a shard's state is the one its last-executed call saw (the largest seq: it only grows)
         for call, result in sorted(answered, key=lambda cr: cr[1].seq):
