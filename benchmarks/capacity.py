@@ -274,13 +274,15 @@ def run(args: argparse.Namespace) -> dict:
         for r in results:
             rows.append([label, r["workers"], round(r["pages_per_s"]), _round(r["redis_cpu_us_per_page"]),
                          r["sync_calls"], r["sync_p50_us"], r["sync_p99_us"], r["sync_max_us"]])
-    best = min((r["redis_cpu_us_per_page"] for r in single if r["redis_cpu_us_per_page"]), default=None)
+    figures = [r["redis_cpu_us_per_page"] for r in single if r["redis_cpu_us_per_page"]]
+    best, worst = (min(figures), max(figures)) if figures else (None, None)
     return {
         "title": TITLE,
         "summary": (
             f"Redis CPU per page {', '.join(str(_round(r['redis_cpu_us_per_page'])) for r in single)} us for"
             f" N = {', '.join(str(r['workers']) for r in single)} workers on one master"
-            + (f": one master core carries about {1e6 / best:,.0f} pages/s" if best else "") + "."
+            + (f": one master core carries {1e6 / worst:,.0f}-{1e6 / best:,.0f} pages/s at 100%"
+               " (docs/capacity.md plans at 70% of the worst)" if best and worst else "") + "."
         ),
         "tables": [{
             "title": f"Synthetic workers (real scheduler, no HTTP; {CONCURRENCY} requests in flight each,"
