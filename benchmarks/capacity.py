@@ -38,6 +38,7 @@ import redis
 
 from benchmarks.redis_server import (
     RedisProcess,
+    call_percentiles,
     local_cluster,
     script_call_durations,
     server_cpu,
@@ -224,9 +225,7 @@ def measure(
         "pages_per_s": rate, "redis_cpu_s": cpu1 - cpu0,
         "redis_cpu_us_per_page": 1e6 * (cpu1 - cpu0) / total_pages if total_pages else None,
         "sync_calls": len(durations),
-        "sync_p50_us": durations[len(durations) // 2] if durations else None,
-        "sync_p99_us": durations[int(len(durations) * 0.99)] if durations else None,
-        "sync_max_us": durations[-1] if durations else None,
+        **{f"sync_{name}_us": value for name, value in call_percentiles(durations).items()},
         "sync_mean_us": statistics.fmean(durations) if durations else None,
         # INFO commandstats over the window: calls and microseconds per page, by command
         "commands": {name: {"calls_per_page": round(calls / total_pages, 3),

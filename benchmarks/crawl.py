@@ -32,6 +32,7 @@ from benchmarks.proxy import ProxyProcess, measure_rtt
 from benchmarks.redis_server import (
     SCRIPT_TIMING_US,
     RedisProcess,
+    call_percentiles,
     script_call_durations,
     server_cpu,
     time_script_calls,
@@ -285,8 +286,7 @@ def _redis_cost(client: redis.Redis, result: dict, cpu0: float, timed: bool) -> 
         sync = script_call_durations(client)
         if sync:
             result["script_call_us"] = {
-                "calls": len(sync), "p50": sync[len(sync) // 2],
-                "p99": sync[min(len(sync) - 1, len(sync) * 99 // 100)], "max": sync[-1],
+                "calls": len(sync), **call_percentiles(sync),
                 "evalsha_calls": commands.get("evalsha", {}).get("calls_per_page", 0) * pages,
                 "note": f"every EVALSHA over {SCRIPT_TIMING_US} us (SLOWLOG): sync rounds, seeds, stats",
             }

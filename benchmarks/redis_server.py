@@ -81,3 +81,11 @@ def script_call_durations(client, sha: str | None = None, max_len: int = 1_000_0
         if sha is None or cmd.split(b" ", 2)[1:2] == [sha.encode()]:
             out.append(entry["duration"])
     return sorted(out)
+
+
+def call_percentiles(durations: list[int]) -> dict[str, int | None]:
+    """p50, p99 and max of sorted call durations (all None when there are none)."""
+    if not durations:
+        return {"p50": None, "p99": None, "max": None}
+    n = len(durations)
+    return {"p50": durations[n // 2], "p99": durations[min(n - 1, n * 99 // 100)], "max": durations[-1]}

@@ -19,7 +19,13 @@ from typing import Any
 
 import redis
 
-from benchmarks.redis_server import RedisProcess, script_call_durations, server_cpu, time_script_calls
+from benchmarks.redis_server import (
+    RedisProcess,
+    call_percentiles,
+    script_call_durations,
+    server_cpu,
+    time_script_calls,
+)
 
 
 def _load(path: Path) -> tuple[dict[str, str], list[tuple[str, list[bytes], list[bytes]]]]:
@@ -58,7 +64,5 @@ def replay(path: Path, pages: int) -> dict[str, Any]:
         "calls": len(calls), "timed_calls": len(durations),
         "redis_cpu_us_per_page": 1e6 * cpu / pages,
         "evalsha_us_per_page": evalsha.get("usec", 0) / pages,
-        "p50": durations[len(durations) // 2] if durations else None,
-        "p99": durations[min(len(durations) - 1, len(durations) * 99 // 100)] if durations else None,
-        "max": durations[-1] if durations else None,
+        **call_percentiles(durations),
     }

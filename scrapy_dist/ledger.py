@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 
 #: most discovered requests one sync call carries to one shard. A script holds Redis for its whole run:
 #: a backlog (thousands of requests after an outage) goes in several short calls, not one long one that
-#: every other worker waits behind. A new request costs the script 12-18 us (its bloom insert dominates),
-#: so 48 keep a call near 1 ms (measured: ``python -m benchmarks --only capacity``, sync p99).
+#: every other worker waits behind. 48 keep a call under 1 ms on a busy server (the crawl benchmark's
+#: calls replayed back to back: p99 0.81-0.82 ms; during one worker's crawl, caches cold, 1.2 ms).
 CALL_RECORDS = 48
 #: most calls of one round to one shard: a worker that discovers more than ``CALL_RECORDS`` requests
 #: between two rounds (a busy reactor turns slowly: 50 ms and more) sends them in several short calls at

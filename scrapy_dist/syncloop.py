@@ -2,7 +2,7 @@
 
 A round takes what the :class:`~scrapy_dist.ledger.Ledger` owes as one ``sync`` Lua call per shard --
 and, for a shard with more than :data:`~scrapy_dist.ledger.CALL_RECORDS` new requests, more calls of that
-many, up to :data:`~scrapy_dist.ledger.CALLS_PER_ROUND` (see :meth:`SyncLoop.call_records`) -- sends them
+many, up to :data:`~scrapy_dist.ledger.CALLS_PER_ROUND` (see :meth:`SyncLoop.calls_per_round`) -- sends them
 all concurrently (one round trip; each call short on the server) and takes the answers back in. A round
 is due when the engine runs low on leased requests (below half of ``SCHEDULER_PREFETCH``), when a
 write has waited ``SCHEDULER_FLUSH_INTERVAL`` or ``SCHEDULER_FLUSH_BATCH`` requests are buffered, when
@@ -225,14 +225,15 @@ class SyncLoop:
         stale = now - self.last_sync >= self.poll_interval
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
-    def call_records(self, now: float) -> int:
-        """Most discovered requests per call this round: :data:`~scrapy_dist.ledger.CALL_RECORDS`, so
-        calls stay short (a backlog after an outage drains in short calls, CALLS_PER_ROUND at once) --
-        unless draining a backlog has taken a quarter of a lease already (a Redis so far away that short
-        calls cannot keep up): then all of it, so the acks it holds back go before their leases run out."""
+    def calls_per_round(self, now: float) -> int:
+        """Most sync calls per shard this round, each of at most :data:`~scrapy_dist.ledger.CALL_RECORDS`
+        discovered requests: :data:`~scrapy_dist.ledger.CALLS_PER_ROUND` -- and eight times as many once
+        draining a backlog has taken a quarter of a lease (a Redis so far away that rounds cannot keep
+        up), so the acks it holds back go before their leases run out. Either way every call stays short:
+        a backlog never goes as one long call that every other worker waits behind."""
         if self.backlog_since is not None and now - self.backlog_since >= self.lease_seconds / 4:
-            return len(self.ledger.out)
-        return CALL_RECORDS
+            return CALLS_PER_ROUND * 8
+        return CALLS_PER_ROUND
 
     async def round(self, lease: int, renew: bool) -> BaseException | None:
         """One exchange with every shard (concurrently); returns the first error, or ``None`` if every
@@ -240,7 +241,7 @@ class SyncLoop:
         ledger, router = self.ledger, self.router
         started = self.clock()
         batches = ledger.take_batches(
-            router.lease_split(lease), renew, self.call_records(started), CALLS_PER_ROUND
+            router.lease_split(lease), renew, CALL_RECORDS, self.calls_per_round(started)
         )
         shard_of = ledger.call_shards
         if not ledger.left_behind:

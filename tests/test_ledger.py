@@ -11,7 +11,7 @@ from scrapy import Request
 from scrapy_dist._engine import DetachedEngine
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import SyncResult
-from scrapy_dist.ledger import CALL_RECORDS, Delay, Ledger, Outgoing
+from scrapy_dist.ledger import CALL_RECORDS, CALLS_PER_ROUND, Delay, Ledger, Outgoing
 from scrapy_dist.router import ShardRouter
 from scrapy_dist.syncloop import SyncLoop
 
@@ -134,15 +134,19 @@ def test_past_max_calls_a_shards_requests_wait_in_order_for_the_next_round() -> 
     assert ledger.acks_new == [(0, b"parent")] and ledger.acks_waiting == []
 
 
-def test_short_calls_unless_draining_a_backlog_took_a_quarter_of_a_lease() -> None:
+def test_more_short_calls_per_round_once_draining_a_backlog_took_a_quarter_of_a_lease() -> None:
     ledger = Ledger()
     loop = _loop(ledger)  # lease_seconds 30
-    for i in range(200):
-        ledger.add(_out(f"http://a/{i}"), now=0.0)  # waited since long ago (an outage): short calls
-    assert loop.call_records(100.0) == CALL_RECORDS
+    for i in range(1000):
+        ledger.add(_out(f"http://a/{i}"), now=0.0)  # waited since long ago (an outage)
+    assert loop.calls_per_round(100.0) == CALLS_PER_ROUND
     loop.backlog_since = 100.0  # the first round that left part of it behind
-    assert loop.call_records(107.4) == CALL_RECORDS
-    assert loop.call_records(107.5) == 200  # a Redis too far for short calls to keep up: all of it
+    assert loop.calls_per_round(107.4) == CALLS_PER_ROUND
+    # a Redis too far for the rounds to keep up: more calls at once, every one still short
+    calls = loop.calls_per_round(107.5)
+    batches = ledger.take_batches([0], renew=False, max_records=CALL_RECORDS, max_calls=calls)
+    assert max(len(b.enqueue) for b in batches) == CALL_RECORDS
+    assert sum(len(b.enqueue) for b in batches) == 1000 and ledger.left_behind == 0
 
 
 def test_a_round_that_left_a_backlog_is_followed_by_the_next_at_once() -> None:
