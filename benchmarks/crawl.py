@@ -268,13 +268,30 @@ def run_crawl(
     return out
 
 
-def _redis_cost(client: redis.Redis, result: dict, cpu0: float, timed: bool) -> None:
-    """Redis CPU per page (INFO cpu), the per-command breakdown (INFO commandstats), and with ``timed`` the
-    p50/p99 duration of one frontier sync call (SLOWLOG): into ``result``."""
+#: Seconds the fresh server is left idle before each crawl, to measure what it spends with no command at
+#: all (serverCron and the other timers run `hz` = 10 times a second whether or not anyone crawls).
+IDLE_SECONDS = 5.0
+
+
+def _idle_cpu_rate(client: redis.Redis, seconds: float = IDLE_SECONDS) -> float:
+    """CPU seconds per wall second the server spends with nobody talking to it."""
+    t0, cpu0 = time.monotonic(), server_cpu(client)
+    time.sleep(seconds)
+    return (server_cpu(client) - cpu0) / (time.monotonic() - t0)
+
+
+def _redis_cost(client: redis.Redis, result: dict, cpu0: float, t0: float, idle: float, timed: bool) -> None:
+    """Redis CPU per page (INFO cpu; and the share of it an idle server spends in the same time: ``idle``
+    CPU s/s since ``t0``), the per-command breakdown (INFO commandstats), and with ``timed`` the p50/p99
+    duration of one frontier sync call (SLOWLOG): into ``result``."""
     pages = result.get("pages")
     if not pages:
         return
     result["redis_cpu_us_per_page"] = 1e6 * (server_cpu(client) - cpu0) / pages
+    seconds = time.monotonic() - t0
+    result["redis_idle"] = {
+        "cpu_us_per_s": 1e6 * idle, "seconds": seconds, "us_per_page": 1e6 * idle * seconds / pages,
+    }
     commands = {}
     for name, c in client.info("commandstats").items():
         name = name.removeprefix("cmdstat_")
@@ -300,19 +317,21 @@ def _redis_cost_table(runs: list[dict]) -> dict | None:
         if r["contestant"] != "scrapy-dist" or r.get("rtt_ms") or not r.get("script_call_us"):
             continue
         calls = r["script_call_us"]
-        rows.append(["during the crawl (one worker)", r.get("redis_cpu_us_per_page"), calls["calls"],
+        idle = r.get("redis_idle", {}).get("us_per_page")
+        rows.append(["during the crawl (one worker)", r.get("redis_cpu_us_per_page"), idle, calls["calls"],
                      calls["p50"], calls["p99"], calls["max"]])
         again = r.get("replayed")
         if again:
             rows.append(["the same calls replayed back to back (a busy master)",
-                         again["redis_cpu_us_per_page"], again["timed_calls"], again["p50"], again["p99"],
-                         again["max"]])
+                         again["redis_cpu_us_per_page"], again.get("idle_us_per_page"), again["timed_calls"],
+                         again["p50"], again["p99"], again["max"]])
     if not rows:
         return None
     return {
         "title": "scrapy-dist: Redis CPU per page and script call durations, as crawled and on a busy master",
         "columns": [
-            "Redis", "Redis CPU µs/page", "script calls", "call p50 µs", "call p99 µs", "call max µs",
+            "Redis", "Redis CPU µs/page", "of which an idle server's µs/page", "script calls",
+            "call p50 µs", "call p99 µs", "call max µs",
         ],
         "rows": rows,
         "notes": [
@@ -321,6 +340,10 @@ def _redis_cost_table(runs: list[dict]) -> dict | None:
             "many workers runs calls back to back: the crawl's recorded calls (KEYS and ARGV, in order) are "
             "replayed on a fresh server of the same build (benchmarks/replay.py). That is the cost to divide "
             "a master's core by when planning capacity.",
+            "Of which an idle server's: what the same server spends with no client at all, for as long as"
+            f" the crawl (or the replay) took, measured for {IDLE_SECONDS:g} s before the crawl: serverCron"
+            " and the other timers run 10 times a second (`hz`) whatever the load, so this part is per"
+            " second, not per page, and vanishes per page on a busy master.",
             f"Call durations: SLOWLOG of every EVALSHA over {SCRIPT_TIMING_US} µs (every sync call takes"
             " longer).",
         ],
@@ -350,8 +373,9 @@ def run_redis_contestant(
         timed = contestant.name == "scrapy-dist"
         if timed:
             time_script_calls(client)
+        idle = _idle_cpu_rate(client)
         client.config_resetstat()
-        cpu0 = server_cpu(client)
+        t0, cpu0 = time.monotonic(), server_cpu(client)
         network: dict = {"rtt_ms": rtt_ms, "ping_direct": measure_rtt(server.port)}
         url = server.url
         if rtt_ms > 0:
@@ -366,9 +390,9 @@ def run_redis_contestant(
         result = run_crawl(contestant, start_url, url, args, tag=tag, extra=extra)
         result["network"] = network
         try:
-            _redis_cost(client, result, cpu0, timed)
+            _redis_cost(client, result, cpu0, t0, idle, timed)
             if extra and result.get("pages") and calls_file.exists():
-                result["replayed"] = replay.replay(calls_file, result["pages"])
+                result["replayed"] = replay.replay(calls_file, result["pages"], idle)
             if proxy is not None:
                 counters = proxy.stats()
                 result["proxy"] = counters

