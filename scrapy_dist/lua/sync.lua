@@ -40,7 +40,8 @@ local S = {
   max_entry = tonumber(A.max_entry_bytes), rejected_maxlen = tonumber(A.rejected_maxlen),
   dead_maxlen = tonumber(A.dead_maxlen), queued_delta = 0, rejected = 0, repaired = {},
 }
-S.deadline = now + S.lease_s
+-- as the string Redis would make of it (once, not once per lease)
+S.deadline = string.format('%.17g', now + S.lease_s)
 math.randomseed(tonumber(A.seed) or 0)
 local P = tonumber(ARGV[#SYNC_HEAD + 1])
 local params = {}

@@ -64,9 +64,7 @@ end
 local function u16(n) return string.char(math.floor(n / 256), n % 256) end
 
 local function seq6(s)
-  local b = {}
-  for i = 6, 1, -1 do b[i] = s % 256; s = math.floor(s / 256) end
-  return string.char(b[1], b[2], b[3], b[4], b[5], b[6])
+  return struct.pack('>I6', s)
 end
 
 local function seq_value(six)

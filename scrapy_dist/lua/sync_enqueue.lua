@@ -26,7 +26,8 @@ local function remember_limits(dom, limits)
   redis.call('HSET', K.domain_info, 'l:' .. dom, limits)
 end
 
--- Append singles (seq .. payload strings) of one score to that score's open chunk, opening new ones.
+-- Append singles (a flat list seq, payload, seq, payload...) of one score to that score's open chunk,
+-- opening new ones.
 local function append_chunked(S, score, singles)
   local tail = redis.call('HGET', K.tails, score)
   local records, count, head = {}, 0, nil
@@ -41,12 +42,13 @@ local function append_chunked(S, score, singles)
   local function close()
     if head then redis.call('ZADD', K.queue, score, head .. table.concat(records)) end
   end
-  for _, single in ipairs(singles) do
+  for i = 1, #singles, 2 do
+    local seq, payload = singles[i], singles[i + 1]
     if not head or count >= CHUNK_RECORDS then
       close()
-      head, records, count = string.sub(single, 1, 6) .. '\0', {}, 0
+      head, records, count = seq .. '\0', {}, 0
     end
-    records[#records + 1] = u16(#single - 6) .. single
+    records[#records + 1] = u16(#payload) .. seq .. payload
     count = count + 1
   end
   close()
@@ -73,7 +75,8 @@ local function sync_enqueue(S, d, sec)
       local score = ARGV[p + 2]
       if not by_score[score] then by_score[score] = {}; scores[#scores + 1] = score end
       local group = by_score[score]
-      group[#group + 1] = seqs[i] .. ARGV[p + 3]
+      group[#group + 1] = seqs[i]
+      group[#group + 1] = ARGV[p + 3]
     end
     for _, score in ipairs(scores) do append_chunked(S, score, by_score[score]) end
   else
