@@ -309,6 +309,11 @@ def _redis_cost(client: redis.Redis, result: dict, cpu0: float, t0: float, idle:
             }
 
 
+def _range(values: list) -> str:
+    got = [v for v in values if v is not None]
+    return f"{min(got):.1f}-{max(got):.1f}" if got else "-"
+
+
 def _redis_cost_table(runs: list[dict]) -> dict | None:
     """scrapy-dist's Redis cost per page as crawled (one worker: a call every ~80 ms, cold) and replayed
     back to back (the same calls on a master that is never idle), with the durations of its calls."""
@@ -327,6 +332,17 @@ def _redis_cost_table(runs: list[dict]) -> dict | None:
                          again["p50"], again["p99"], again["max"]])
     if not rows:
         return None
+    spread = []
+    for r in runs:
+        repeated = r.get("repeats_redis_cpu_us_per_page")
+        if r["contestant"] == "scrapy-dist" and not r.get("rtt_ms") and repeated:
+            spread.append(
+                f"Over the {len(repeated)} crawls of this run (the table shows the"
+                f" fastest): Redis CPU {_range(repeated)} µs/page during the crawl,"
+                f" {_range(r['repeats_replayed_us_per_page'])} back to back; call p99 during the crawl"
+                f" {_range(r['repeats_script_call_p99'])} µs. One worker's figures move with the machine (how"
+                " cold the server's caches are at each call); the back-to-back ones hardly do."
+            )
     return {
         "title": "scrapy-dist: Redis CPU per page and script call durations, as crawled and on a busy master",
         "columns": [
@@ -346,6 +362,7 @@ def _redis_cost_table(runs: list[dict]) -> dict | None:
             " second, not per page, and vanishes per page on a busy master.",
             f"Call durations: SLOWLOG of every EVALSHA over {SCRIPT_TIMING_US} µs (every sync call takes"
             " longer).",
+            *spread,
         ],
     }
 
@@ -489,6 +506,11 @@ def _best(results: list[dict]) -> dict:
     best = max(ok, key=lambda r: r.get("pages_per_s") or 0)
     if len(results) > 1:
         best["repeats"] = [r.get("pages_per_s") for r in results]
+        best["repeats_redis_cpu_us_per_page"] = [r.get("redis_cpu_us_per_page") for r in results]
+        best["repeats_replayed_us_per_page"] = [
+            r.get("replayed", {}).get("redis_cpu_us_per_page") for r in results
+        ]
+        best["repeats_script_call_p99"] = [r.get("script_call_us", {}).get("p99") for r in results]
     return best
 
 
