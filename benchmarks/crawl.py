@@ -309,9 +309,9 @@ def _redis_cost(client: redis.Redis, result: dict, cpu0: float, t0: float, idle:
             }
 
 
-def _range(values: list) -> str:
+def _range(values: list, digits: int = 1) -> str:
     got = [v for v in values if v is not None]
-    return f"{min(got):.1f}-{max(got):.1f}" if got else "-"
+    return f"{min(got):.{digits}f}-{max(got):.{digits}f}" if got else "-"
 
 
 def _redis_cost_table(runs: list[dict]) -> dict | None:
@@ -340,7 +340,7 @@ def _redis_cost_table(runs: list[dict]) -> dict | None:
                 f"Over the {len(repeated)} crawls of this run (the table shows the"
                 f" fastest): Redis CPU {_range(repeated)} µs/page during the crawl,"
                 f" {_range(r['repeats_replayed_us_per_page'])} back to back; call p99 during the crawl"
-                f" {_range(r['repeats_script_call_p99'])} µs. One worker's figures move with the machine (how"
+                f" {_range(r['repeats_script_call_p99'], 0)} µs. One worker's figures move with the machine (how"
                 " cold the server's caches are at each call); the back-to-back ones hardly do."
             )
     return {

@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 
 #: most discovered requests one sync call carries to one shard. A script holds Redis for its whole run:
 #: a backlog (thousands of requests after an outage) goes in several short calls, not one long one that
-#: every other worker waits behind. 48 keep a call under 1 ms on a busy server (the crawl benchmark's
-#: calls replayed back to back: p99 0.81-0.82 ms; during one worker's crawl, caches cold, 1.2 ms).
+#: every other worker waits behind. 48 keep a call under 1 ms (the crawl benchmark's calls replayed back
+#: to back, as a busy server runs them: p99 0.59 ms with SETTLE_PER_RECORD; during one worker's crawl,
+#: caches cold, 0.91-1.02 ms).
 CALL_RECORDS = 48
 #: an ack, a lease or a renewal costs the script about a sixth of a discovered request's dedupe and
 #: enqueue (the crawl benchmark's calls, fitted per item: ~1.8 against ~10.6 us): the call that settles
