@@ -277,8 +277,8 @@ class Ledger:
         filling, calls = list(range(n)), [1] * n  # per shard: the call being filled, calls used
         # the first call of a shard settles its leases: it carries fewer discovered requests
         settle = [0] * n
-        for i, count in enumerate(lease_counts[:n]):
-            settle[i] += count
+        for i, leases in enumerate(lease_counts[:n]):
+            settle[i] += leases
         for shard, _ in itertools.chain(self.acks, self.acks_new, self.held if renew else ()):
             settle[shard] += 1
         room = [max(SETTLE_MIN_RECORDS, max_records - load // SETTLE_PER_RECORD) for load in settle]
