@@ -340,8 +340,8 @@ def _redis_cost_table(runs: list[dict]) -> dict | None:
                 f"Over the {len(repeated)} crawls of this run (the table shows the"
                 f" fastest): Redis CPU {_range(repeated)} µs/page during the crawl,"
                 f" {_range(r['repeats_replayed_us_per_page'])} back to back; call p99 during the crawl"
-                f" {_range(r['repeats_script_call_p99'], 0)} µs. One worker's figures move with the machine (how"
-                " cold the server's caches are at each call); the back-to-back ones hardly do."
+                f" {_range(r['repeats_script_call_p99'], 0)} µs. One worker's figures move with the machine"
+                " (how cold the server's caches are at each call); the back-to-back ones hardly do."
             )
     return {
         "title": "scrapy-dist: Redis CPU per page and script call durations, as crawled and on a busy master",
