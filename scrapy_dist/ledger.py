@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier import SyncResult
 
 
-
 #: most discovered requests one sync call carries to one shard. A script holds Redis for its whole run:
 #: a backlog (thousands of requests after an outage) goes in several short calls, not one long one that
 #: every other worker waits behind. 48 keep a call under 1 ms (the crawl benchmark's calls replayed back
@@ -260,10 +259,12 @@ class Ledger:
         self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS, max_calls: int = 1
     ) -> list[SyncBatch]:
         """The calls of one round: one batch per shard (index = shard) with everything buffered, then --
-        when a shard has more than ``max_records`` discovered requests -- up to ``max_calls - 1`` more
-        calls to that shard of ``max_records`` each (:attr:`call_shards` names each call's shard). What
-        is taken leaves the buffers (see :meth:`restore`); discovered requests past that wait in order
-        for the next round (:attr:`left_behind`).
+        when a shard has more discovered requests than its first call takes -- up to ``max_calls - 1``
+        more calls to that shard of ``max_records`` each (:attr:`call_shards` names each call's shard).
+        The first call also settles the shard's leases, acks and renewals, so it takes fewer discovered
+        requests: ``max_records`` less one per :data:`SETTLE_PER_RECORD` of those, at least
+        :data:`SETTLE_MIN_RECORDS`. What is taken leaves the buffers (see :meth:`restore`); discovered
+        requests past that wait in order for the next round (:attr:`left_behind`).
 
         An ack may travel with its request's output only in one atomic call: when every write of this
         round is in the call that carries it. Else it waits in ``acks_waiting`` until :meth:`finish_round`
