@@ -32,6 +32,7 @@ from typing import Any
 
 import redis.exceptions
 
+from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.ratelimit import RateLimitedLog
 
 __all__ = ["OUTAGE_ERRORS", "Backoff", "LoopGuard", "Outage", "is_outage"]
@@ -208,7 +209,9 @@ class LoopGuard:
 
     An outage error goes to the shared :class:`Outage` (one WARNING per worker). Any other error is this
     loop's own: logged at ERROR, at most once a minute per exception type -- as one line for an error reply
-    from Redis, with the traceback for anything else (a bug).
+    from Redis and for one of ours (a :class:`~scrapy_dist.exceptions.ScrapyDistError` says what is wrong
+    and what to do: e.g. a key holding garbage the frontier refuses to write on), with the traceback for
+    anything else (a bug).
     """
 
     def __init__(self, outage: Outage, component: str, backoff: Backoff, log: logging.Logger) -> None:
@@ -224,6 +227,11 @@ class LoopGuard:
         elif isinstance(exc, redis.exceptions.RedisError):
             self.errors.log(
                 logging.ERROR, "The %s got an error from Redis (%s); retrying", self.component, describe(exc),
+                key=type(exc).__name__, now=now,
+            )
+        elif isinstance(exc, ScrapyDistError):
+            self.errors.log(
+                logging.ERROR, "The %s failed (%s); retrying", self.component, describe(exc),
                 key=type(exc).__name__, now=now,
             )
         else:

@@ -307,8 +307,9 @@ class SyncLoop:
                 continue
             if not is_outage(error) or self.clock() > deadline:
                 logger.error(
-                    "Redis unreachable at close (%s): %d leased requests will be requeued when their"
-                    " leases expire; %d discovered requests were not saved",
+                    "%s at close (%s): %d leased requests will be requeued when their leases expire; %d"
+                    " discovered requests were not saved",
+                    "Redis unreachable" if is_outage(error) else "The frontier's last writes failed",
                     error, len(ledger.held), len(ledger.out),
                 )
                 return

@@ -4,6 +4,7 @@ lists, values checked before the first write, and bloom parameters bounded. Real
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
@@ -25,6 +26,7 @@ from scrapy_dist.frontier import (
     SyncBatch,
 )
 from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.outage import Backoff, Outage
 
 KEYS = CrawlKeys("spider")
 
@@ -181,6 +183,86 @@ def test_a_key_of_the_wrong_type_is_refused_before_any_write(redis_url: str, red
     assert err.value.reason == "wrongtype" and err.value.key == KEYS.queue_rejected
     assert sorted(redis_client.keys("*")) == before  # no bloom block, no seq, nothing
     assert df.seen_tokens([(t1, t2)], add=False) == [False]
+
+
+def test_a_refused_write_is_one_line_in_the_log_not_a_traceback(
+    redis_url: str, redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # what the sync loop's guard makes of the refusal: the key and what to do, and the loop retries
+    df = _bloom(redis_client)
+    redis_client.set(KEYS.lease_meta, "a string")
+    t1, t2 = _tokens(2)
+    with pytest.raises(FrontierStateError) as err:
+        run(_sync(redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01x", "", "")]), df=df))
+    guard = Outage().guard("frontier", Backoff(1.0, 4.0), log=logging.getLogger("test.refused"))
+    with caplog.at_level(logging.ERROR, logger="test.refused"):
+        assert guard.failed(err.value, now=0.0) == 1.0
+    (record,) = caplog.records
+    assert record.exc_info is None
+    assert record.getMessage() == (
+        f"The frontier failed (FrontierStateError: The frontier refused to write: {KEYS.lease_meta!r} holds"
+        " an unusable value (wrongtype); nothing was written. Repair or delete that key"
+        " (SCHEDULER_FLUSH_ON_START clears the crawl)); retrying"
+    )
+
+
+def _small_blocks(redis_client: Any) -> tuple[BloomDupeFilter, list[str]]:
+    """A filter of many small blocks (4 windows each) and the block keys a sync call passes."""
+    df = BloomDupeFilter(redis_client, KEYS, None, capacity=200_000, error_rate=0.01, block_bits=4 * 4096)
+    df.open()
+    _, keys, _ = df.script_args(300)
+    return df, [str(k) for k in keys if str(k).startswith(f"{KEYS.bloom}:")]
+
+
+def _items(n: int, tag: bytes = b"") -> list[tuple[Any, ...]]:
+    return [(*_tokens(i), 0, b"\x01" + tag + b"%d" % i, "", "") for i in range(n)]
+
+
+def test_a_bloom_block_of_another_type_is_repaired_and_loses_nothing(
+    redis_url: str, redis_client: Any
+) -> None:
+    # a block key replaced by a LIST used to fail the call half way: the requests before it marked seen in
+    # the bloom filter, none of them queued -- lost for good
+    df, blocks = _small_blocks(redis_client)
+    assert len(blocks) > 4
+    redis_client.rpush(blocks[1], "junk")
+    res, again, leased = run(_sync(
+        redis_url, SyncBatch(enqueue=_items(300)), SyncBatch(enqueue=_items(300, b"again")),
+        SyncBatch(lease=1000), df=df,
+    ))
+    assert res.new == [True] * 300 and blocks[1] in res.repaired
+    assert redis_client.type(blocks[1]) == b"string"
+    assert redis_client.strlen(blocks[1]) == redis_client.strlen(blocks[0])  # a block's full size
+    assert again.new == [False] * 300  # the filter works on, the repaired block included
+    assert len(leased.leased) == 300
+
+
+def test_a_bloom_block_cut_short_reads_as_clear_bits(redis_url: str, redis_client: Any) -> None:
+    # every block's last window cut in half: a few lookups in ten read a window cut short, which used to be
+    # a Lua error half way through the call
+    df, blocks = _small_blocks(redis_client)
+    run(_sync(redis_url, SyncBatch(enqueue=_items(1, b"first")), df=df))  # the blocks, at their full size
+    for key in blocks:
+        size = redis_client.strlen(key)
+        assert size >= 2 * 512
+        redis_client.set(key, b"\0" * (size - 256))
+    res, again, leased = run(_sync(
+        redis_url, SyncBatch(enqueue=_items(300)), SyncBatch(enqueue=_items(300, b"again")),
+        SyncBatch(lease=1000), df=df,
+    ))
+    assert res.new == [True] * 300 and again.new == [False] * 300
+    assert len(leased.leased) == 301
+
+
+def test_a_bloom_hash_of_another_type_is_refused_before_any_write(redis_url: str, redis_client: Any) -> None:
+    df = _bloom(redis_client)
+    redis_client.delete(KEYS.bloom)
+    redis_client.rpush(KEYS.bloom, "junk")
+    before = sorted(redis_client.keys("*"))
+    with pytest.raises(FrontierStateError) as err:
+        run(_sync(redis_url, SyncBatch(enqueue=_items(3)), df=df))
+    assert err.value.reason == "wrongtype" and err.value.key == KEYS.bloom
+    assert sorted(redis_client.keys("*")) == before
 
 
 # -- bounded memory from recorded parameters ------------------------------------------------------

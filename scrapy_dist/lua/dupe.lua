@@ -36,6 +36,9 @@
 --   a small multiple of the declared capacity), a key of the filter holds another Redis type
 --   ('wrongtype'), or the generations passed miss a live one ('bloom_clock'); the caller then answers
 --   {-2, reason, detail} and writes nothing. Nothing here writes before dupe_add.
+-- A bloom block key holding another Redis type is not refused but repaired where it is read (window_read:
+--   replaced by an empty block, named in DUPE_REPAIRED, which sync.lua reports in 'repaired'), and a
+--   block cut short reads as clear bits past its end: neither can fail a call half way.
 -- dupe_contains(d, t1, t2) tests without adding (1 = probably seen).
 -- dupe_close(d) persists counters; returns the bloom item count of the fullest live chain (it decides
 --   how many keys the next call passes; 0 for other modes).
@@ -74,7 +77,11 @@ local function chain_open(d, hash_key, ki, params, p)
     ki = ki + f.nb
     c.filters[i] = f
   end
-  local raw = redis.call('HGET', hash_key, 'n') or '0'
+  local raw = redis.pcall('HGET', hash_key, 'n') or '0'
+  if type(raw) == 'table' then  -- the HASH holds another Redis type (WRONGTYPE): refused, nothing written
+    d.err, d.err_detail, c.n, c.n0, c.cur = 'wrongtype', hash_key, 0, 0, 1
+    return c, ki
+  end
   c.n = string.match(raw, '^%d+$') and #raw <= 16 and tonumber(raw) or nil
   if not c.n or c.n > c.max_items then
     d.err, d.err_detail, c.n = 'bloom_n', hash_key, 0
@@ -187,28 +194,51 @@ local function bloom_window_has(c, s, f, it)
   return true
 end
 
-local function bloom_has(c, f, it)
-  local key, off = bloom_window(c, f, it)
-  return bloom_window_has(c, redis.call('GETRANGE', key, off, off + c.wbytes - 1), f, it)
-end
-
 -- Blocks are created at their full size in one SET: growing a Redis string bit by bit (SETBIT,
 -- SETRANGE) over-allocates up to 2x, which would double the filter's memory. A generation's blocks get its
 -- expiry with them.
+local function block_create(c, f, key)
+  local zeros = string.rep('\0', f.wpb * c.wbytes)
+  if c.expire_ms then
+    redis.call('SET', key, zeros, 'PX', c.expire_ms)
+  else
+    redis.call('SET', key, zeros)
+  end
+end
+
 local function bloom_ready(c, f)
   if c.ready[f] then return end
-  local size = f.wpb * c.wbytes
   for b = 0, f.nb - 1 do
     local key = KEYS[f.key0 + b]
-    if redis.call('EXISTS', key) == 0 then
-      if c.expire_ms then
-        redis.call('SET', key, string.rep('\0', size), 'PX', c.expire_ms)
-      else
-        redis.call('SET', key, string.rep('\0', size))
-      end
-    end
+    if redis.call('EXISTS', key) == 0 then block_create(c, f, key) end
   end
   c.ready[f] = true
+end
+
+-- Block keys repaired by this call (named in the sync answer's 'repaired').
+local DUPE_REPAIRED = {}
+
+-- The window at byte `off` of block `key` of filter f: '' when the block does not exist yet. Garbage there
+-- is repaired, never an error half way through a call (which would leave the call's earlier requests marked
+-- seen but not queued): a block of another Redis type is replaced by an empty block (whatever it held is
+-- no filter of ours), and a block cut short reads as clear bits past its end (SETBIT extends it).
+local function window_read(c, f, key, off)
+  local s = redis.pcall('GETRANGE', key, off, off + c.wbytes - 1)
+  if type(s) == 'table' then
+    if not string.find(tostring(s.err), 'WRONGTYPE', 1, true) then error(s.err) end
+    redis.call('DEL', key)
+    block_create(c, f, key)
+    DUPE_REPAIRED[#DUPE_REPAIRED + 1] = key
+    redis.log(redis.LOG_WARNING, 'scrapy-dist: ' .. key .. ' held another Redis type: now an empty bloom block')
+    return string.rep('\0', c.wbytes)
+  end
+  if #s > 0 and #s < c.wbytes then s = s .. string.rep('\0', c.wbytes - #s) end
+  return s
+end
+
+local function bloom_has(c, f, it)
+  local key, off = bloom_window(c, f, it)
+  return bloom_window_has(c, window_read(c, f, key, off), f, it)
 end
 
 -- Sets the item's k bits in filter f, given its window string s as read just before: one SETBIT per
@@ -260,7 +290,7 @@ local function dupe_add(d, t1, t2)
   -- newest filters hold most items: test them first; the current filter's window is kept for the insert
   local f = c.filters[c.cur]
   local key, off = bloom_window(c, f, it)
-  local s = redis.call('GETRANGE', key, off, off + c.wbytes - 1)
+  local s = window_read(c, f, key, off)
   if not forgotten then
     if bloom_window_has(c, s, f, it) or chain_has(c, it, c.cur - 1) then return 0 end
     for _, o in ipairs(d.older) do

@@ -90,6 +90,7 @@ redis.call('HSET', K.tails, 'count', queued)
 
 if S.worker ~= '' and A.heartbeat ~= '0' then redis.call('ZADD', K.workers, now, S.worker) end
 local bloom_n = dupe_close(d)
+for _, key in ipairs(DUPE_REPAIRED) do S.repaired[#S.repaired + 1] = key end
 return {'flags', flags, 'leased', leased, 'requeued', S.requeued, 'moved', S.moved, 'queued', queued,
         'inflight', redis.call('ZCARD', K.leases), 'delayed', redis.call('ZCARD', K.delayed),
         'bloom_n', bloom_n, 'paused', paused, 'seq', redis.call('GET', K.seq) or '0',
