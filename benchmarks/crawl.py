@@ -315,13 +315,16 @@ def _range(values: list, digits: int = 1) -> str:
 
 
 def _redis_cost_table(runs: list[dict]) -> dict | None:
-    """scrapy-dist's Redis cost per page as crawled (one worker: a call every ~80 ms, cold) and replayed
+    """scrapy-dist's Redis cost per page as crawled (one worker: a call every ~70 ms, cold) and replayed
     back to back (the same calls on a master that is never idle), with the durations of its calls."""
     rows = []
+    gaps = []
     for r in runs:
         if r["contestant"] != "scrapy-dist" or r.get("rtt_ms") or not r.get("script_call_us"):
             continue
         calls = r["script_call_us"]
+        if calls["calls"] and r.get("elapsed_s"):
+            gaps.append(r["elapsed_s"] * 1000 / calls["calls"])
         idle = r.get("redis_idle", {}).get("us_per_page")
         rows.append(["during the crawl (one worker)", r.get("redis_cpu_us_per_page"), idle, calls["calls"],
                      calls["p50"], calls["p99"], calls["max"]])
@@ -332,6 +335,7 @@ def _redis_cost_table(runs: list[dict]) -> dict | None:
                          again["p50"], again["p99"], again["max"]])
     if not rows:
         return None
+    gap = f"~{min(gaps):.0f} ms (crawl time / calls)" if gaps else "few tens of ms"
     spread = []
     for r in runs:
         repeated = r.get("repeats_redis_cpu_us_per_page")
@@ -351,8 +355,9 @@ def _redis_cost_table(runs: list[dict]) -> dict | None:
         ],
         "rows": rows,
         "notes": [
-            "During the crawl one worker makes a call every ~80 ms: between calls the server idles and the "
-            "crawler, on the same two cores, evicts its caches, so every call runs cold. A master serving "
+            f"During the crawl one worker makes a call every {gap}: between calls the"
+            " server idles and the crawler, on the same two cores, evicts its caches, so every call runs"
+            " cold. A master serving "
             "many workers runs calls back to back: the crawl's recorded calls (KEYS and ARGV, in order) are "
             "replayed on a fresh server of the same build (benchmarks/replay.py). That is the cost to divide "
             "a master's core by when planning capacity.",

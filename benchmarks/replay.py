@@ -1,7 +1,7 @@
 """Replays a crawl's recorded Lua script calls back to back on a fresh redis-server: what the very same
 work costs a master that is never idle.
 
-During the crawl benchmark one worker makes a sync call every ~80 ms; between two calls the server sleeps
+During the crawl benchmark one worker makes a sync call every ~70 ms; between two calls the server sleeps
 and the crawler (a busy Python process on the same two cores) evicts its caches, so each call runs cold.
 A master carrying many workers runs calls back to back, warm -- the case capacity planning is about. The
 crawl's scrapy-dist run records its calls (``benchbot.extensions.RecordScriptCalls``: script SHA1, KEYS,
