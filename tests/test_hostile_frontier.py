@@ -173,6 +173,42 @@ def test_garbage_domain_info_is_repaired(redis_url: str, redis_client: Any) -> N
     assert redis_client.hget(KEYS.domain_info, "i:a.example") == b"1"
 
 
+async def _lease_all(url: str, calls: int) -> int:
+    """Up to ``calls`` polite sync calls, each acknowledging what the one before leased: requests leased."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        f = Frontier(client, KEYS, "w1", None, politeness="cluster")
+        leased: list[bytes] = []
+        for _ in range(calls):
+            res = await f.sync(SyncBatch(ack=leased[-1:], lease=5))
+            leased += [m for m, _ in res.leased]
+        return len(leased)
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("write", [
+    pytest.param({"hset": ("i:a.example", "999999")}, id="slots in use far past the leases"),
+    pytest.param({"hset": ("b:a.example", "-5")}, id="a negative backlog"),
+    pytest.param({"hset": ("n:a.example", "+far")}, id="a next allowed time in 30 years"),
+    pytest.param({"zadd": "+far"}, id="scheduled in 30 years"),
+    pytest.param({"zadd": 1e15}, id="scheduled as blocked with its slots free"),
+])
+def test_garbage_in_a_domain_does_not_stall_it_for_ever(
+    redis_url: str, redis_client: Any, write: dict[str, Any]
+) -> None:
+    # each used to keep the domain's requests from ever being leased again
+    entries = [("", "", 0, b"\x01p%d" % i, "a.example", "0 1 0") for i in range(2)]  # one at a time
+    run(_sync(redis_url, SyncBatch(enqueue=entries), politeness="cluster"))
+    far = redis_client.time()[0] + 10**9
+    if "hset" in write:
+        field, value = write["hset"]
+        redis_client.hset(KEYS.domain_info, field, far if value == "+far" else value)
+    else:
+        redis_client.zadd(KEYS.domains, {"a.example": far if write["zadd"] == "+far" else write["zadd"]})
+    assert run(_lease_all(redis_url, 5)) == 2
+
+
 def test_a_key_of_the_wrong_type_is_refused_before_any_write(redis_url: str, redis_client: Any) -> None:
     df = _bloom(redis_client)
     redis_client.set(KEYS.queue_rejected, "a string")

@@ -12,35 +12,66 @@
 -- even when a leased request waits in a worker's prefetch buffer.
 
 local BLOCKED = 1e15
+-- a penalty (429/503, Retry-After) pushes a domain back by at most an hour (politeness.py), a delay by the
+-- domain's limits: a next allowed time further ahead than that is garbage (see pol_check)
+local MAX_PENALTY = 3600
+-- bounds of the limits read from l:<domain> (written by the workers from their settings; garbage is
+-- clamped into them): a delay of at most a day, a jitter of at most ten times the delay
+local MAX_DELAY, MAX_JITTER = 86400, 10
+-- pol.queue, pol.leases, pol.now: set by sync.lua before the first call below
 local pol = {touched = {}, checked = {}}
 
--- Scripts validate before they write: the first time a call touches a domain, its counters b: and i:
--- must be integers Redis can HINCRBY (|x| < 2^52) and n: a finite number; garbage is reset to 0 (the
--- counters heal: pol_lease resets a backlog that finds nothing). One HMGET per domain per call.
-local function pol_check(info_key, dom)
-  if pol.checked[dom] then return end
-  pol.checked[dom] = true
-  local v = redis.call('HMGET', info_key, 'b:' .. dom, 'i:' .. dom, 'n:' .. dom)
-  for i, name in ipairs({'b:', 'i:'}) do
-    local x = v[i]
-    if x and not (string.match(x, '^%-?%d+$') and #x <= 16) then redis.call('HSET', info_key, name .. dom, 0) end
-  end
-  local n = v[3] and tonumber(v[3])
-  if v[3] and not (n and n == n and n > -1e15 and n < 1e15) then redis.call('HSET', info_key, 'n:' .. dom, 0) end
-end
-
-local function pol_domain(member)
-  return string.match(member, '^([^%z]*)%z')
+local function finite_in(s, lo, hi)
+  local x = tonumber(s)
+  if not x or x ~= x then return lo end
+  return math.min(hi, math.max(lo, x))
 end
 
 local function pol_limits(info_key, dom)
   local l = redis.call('HGET', info_key, 'l:' .. dom)
   if not l then return 0, 0, 0 end
   local delay, conc, jitter = string.match(l, '^(%S+) (%S+) (%S+)$')
-  return tonumber(delay) or 0, tonumber(conc) or 0, tonumber(jitter) or 0
+  return finite_in(delay, 0, MAX_DELAY), math.floor(finite_in(conc, 0, 1e9)), finite_in(jitter, 0, MAX_JITTER)
 end
 
--- Count a change of backlog (db) and slots in use (di) for a domain; rescheduled in pol_flush.
+local function int16(s)
+  return s and string.match(s, '^%-?%d+$') and #s <= 16 and tonumber(s) or nil
+end
+
+-- The latest next allowed time a domain can legitimately have now.
+local function pol_horizon(info_key, dom)
+  local delay, _, jitter = pol_limits(info_key, dom)
+  return pol.now + math.max(MAX_PENALTY, delay * (1 + jitter)) + 1
+end
+
+-- Scripts validate before they write: the first time a call touches a domain, its counters b: and i:
+-- must be integers Redis can HINCRBY (|x| < 2^52), not negative, and n: a finite number no further ahead
+-- than the domain's limits allow (pol_horizon). A garbage or negative backlog is recounted (ZLEXCOUNT
+-- over the domain's range of the queue, O(log N)), garbage slots and next time reset to 0. One HMGET per
+-- domain per call. (A count of slots too high is pol_unstick's: only at the end of a call is "no more
+-- slots in use than leases" exact.)
+local function pol_check(info_key, dom)
+  if pol.checked[dom] then return end
+  pol.checked[dom] = true
+  local v = redis.call('HMGET', info_key, 'b:' .. dom, 'i:' .. dom, 'n:' .. dom)
+  local b, i = int16(v[1]), int16(v[2])
+  if v[1] and not (b and b >= 0) then
+    redis.call('HSET', info_key, 'b:' .. dom,
+               redis.call('ZLEXCOUNT', pol.queue, '[' .. dom .. '\0', '(' .. dom .. '\1'))
+  end
+  if v[2] and not (i and i >= 0) then redis.call('HSET', info_key, 'i:' .. dom, 0) end
+  local n = v[3] and tonumber(v[3])
+  -- (the limits are read only for a time more than a penalty ahead: a long delay)
+  if v[3] and not (n and n == n and n > -1e15
+                   and (n <= pol.now + MAX_PENALTY or n <= pol_horizon(info_key, dom))) then
+    redis.call('HSET', info_key, 'n:' .. dom, 0)
+  end
+end
+
+local function pol_domain(member)
+  return string.match(member, '^([^%z]*)%z')
+end
+
 local function pol_count(info_key, dom, db, di)
   pol_check(info_key, dom)
   if db ~= 0 then redis.call('HINCRBY', info_key, 'b:' .. dom, db) end
@@ -81,6 +112,24 @@ local function pol_schedule(domains_key, info_key, dom, now)
     local nxt = tonumber(redis.call('HGET', info_key, 'n:' .. dom) or '0')
     redis.call('ZADD', domains_key, math.max(nxt, 0), dom)
   end
+end
+
+-- A domain scheduled more than MAX_PENALTY ahead (BLOCKED included) is taken up again only when a call
+-- touches it: one whose counters or score someone wrote garbage into would wait for ever. Each call checks
+-- one such domain, picked at random: slots in use past the leases there are (garbage) come down to that
+-- count, and pol_flush schedules it again from its (checked) counters.
+local function pol_unstick(domains_key, info_key, now)
+  local first = redis.call('ZCOUNT', domains_key, '-inf', now + MAX_PENALTY)
+  local total = redis.call('ZCARD', domains_key)
+  if total <= first then return end
+  local rank = first + math.random(0, total - first - 1)
+  local dom = redis.call('ZRANGE', domains_key, rank, rank)[1]
+  if not dom then return end
+  pol_check(info_key, dom)
+  local used = int16(redis.call('HGET', info_key, 'i:' .. dom)) or 0
+  local leases = redis.call('ZCARD', pol.leases)
+  if used > leases then redis.call('HSET', info_key, 'i:' .. dom, leases) end
+  pol.touched[dom] = true
 end
 
 local function pol_flush(domains_key, info_key, now)

@@ -43,6 +43,7 @@ local S = {
 -- as the string Redis would make of it (once, not once per lease)
 S.deadline = string.format('%.17g', now + S.lease_s)
 math.randomseed(tonumber(A.seed) or 0)
+pol.now, pol.queue, pol.leases = now, K.queue, K.leases
 local P = tonumber(ARGV[#SYNC_HEAD + 1])
 local params = {}
 for i = 1, P do params[i] = ARGV[#SYNC_HEAD + 1 + i] end
@@ -74,7 +75,10 @@ local paused = redis.call('HGET', K.control, 'paused')
 if paused ~= '1' then paused = '0' end
 S.paused = paused
 local leased = sync_lease(S)
-if polite then pol_flush(K.domains, K.domain_info, now) end
+if polite then
+  pol_unstick(K.domains, K.domain_info, now)
+  pol_flush(K.domains, K.domain_info, now)
+end
 
 S.queued_delta = S.queued_delta - #leased / 2
 local members_left = redis.call('ZCARD', K.queue)
