@@ -229,7 +229,7 @@ local function window_read(c, f, key, off)
     redis.call('DEL', key)
     block_create(c, f, key)
     DUPE_REPAIRED[#DUPE_REPAIRED + 1] = key
-    redis.log(redis.LOG_WARNING, 'scrapy-dist: ' .. key .. ' held another Redis type: now an empty bloom block')
+    redis.log(redis.LOG_WARNING, 'scrapy-dist: ' .. key .. ' held another Redis type: now an empty block')
     return string.rep('\0', c.wbytes)
   end
   if #s > 0 and #s < c.wbytes then s = s .. string.rep('\0', c.wbytes - #s) end

@@ -31,7 +31,8 @@ local function pol_limits(info_key, dom)
   local l = redis.call('HGET', info_key, 'l:' .. dom)
   if not l then return 0, 0, 0 end
   local delay, conc, jitter = string.match(l, '^(%S+) (%S+) (%S+)$')
-  return finite_in(delay, 0, MAX_DELAY), math.floor(finite_in(conc, 0, 1e9)), finite_in(jitter, 0, MAX_JITTER)
+  return finite_in(delay, 0, MAX_DELAY), math.floor(finite_in(conc, 0, 1e9)),
+         finite_in(jitter, 0, MAX_JITTER)
 end
 
 local function int16(s)
@@ -47,9 +48,9 @@ end
 -- Scripts validate before they write: the first time a call touches a domain, its counters b: and i:
 -- must be integers Redis can HINCRBY (|x| < 2^52), not negative, and n: a finite number no further ahead
 -- than the domain's limits allow (pol_horizon). A garbage or negative backlog is recounted (ZLEXCOUNT
--- over the domain's range of the queue, O(log N)), garbage slots and next time reset to 0. One HMGET per
--- domain per call. (A count of slots too high is pol_unstick's: only at the end of a call is "no more
--- slots in use than leases" exact.)
+-- over the domain's range of the queue, O(log N)), garbage slots and next time reset to 0 (and a backlog
+-- that finds nothing is reset by pol_lease). One HMGET per domain per call. (A count of slots too high
+-- is pol_unstick's: only at the end of a call is "no more slots in use than leases" exact.)
 local function pol_check(info_key, dom)
   if pol.checked[dom] then return end
   pol.checked[dom] = true
@@ -72,6 +73,7 @@ local function pol_domain(member)
   return string.match(member, '^([^%z]*)%z')
 end
 
+-- Count a change of backlog (db) and slots in use (di) for a domain; rescheduled in pol_flush.
 local function pol_count(info_key, dom, db, di)
   pol_check(info_key, dom)
   if db ~= 0 then redis.call('HINCRBY', info_key, 'b:' .. dom, db) end
