@@ -243,7 +243,7 @@ def test_a_refused_write_is_one_line_in_the_log_not_a_traceback(
 
 
 def _small_blocks(redis_client: Any) -> tuple[BloomDupeFilter, list[str]]:
-    """A filter of many small blocks (4 windows each) and the block keys a sync call passes."""
+    """A filter of many small blocks (of at most 4 windows) and the block keys a sync call passes."""
     df = BloomDupeFilter(redis_client, KEYS, None, capacity=200_000, error_rate=0.01, block_bits=4 * 4096)
     df.open()
     _, keys, _ = df.script_args(300)
