@@ -224,14 +224,10 @@ class LoopGuard:
         """Report a failed call; returns how long to wait before the next attempt (seconds)."""
         if is_outage(exc):
             self.outage.failed(exc, now, self.component, detail)
-        elif isinstance(exc, redis.exceptions.RedisError):
+        elif isinstance(exc, (redis.exceptions.RedisError, ScrapyDistError)):  # explained: one line
+            what = "got an error from Redis" if isinstance(exc, redis.exceptions.RedisError) else "failed"
             self.errors.log(
-                logging.ERROR, "The %s got an error from Redis (%s); retrying", self.component, describe(exc),
-                key=type(exc).__name__, now=now,
-            )
-        elif isinstance(exc, ScrapyDistError):
-            self.errors.log(
-                logging.ERROR, "The %s failed (%s); retrying", self.component, describe(exc),
+                logging.ERROR, "The %s %s (%s); retrying", self.component, what, describe(exc),
                 key=type(exc).__name__, now=now,
             )
         else:
