@@ -24,14 +24,24 @@ def redis_server() -> Iterator[RedisProcess]:
     server.stop()
 
 
+def _empty_db_url(server: RedisProcess) -> str:
+    db = next(_db_numbers)
+    client = redis.Redis(port=server.port, db=db)
+    client.flushdb()
+    client.close()
+    return f"redis://127.0.0.1:{server.port}/{db}"
+
+
 @pytest.fixture
 def redis_url(redis_server: RedisProcess) -> str:
     """URL of a database of the session server that is empty when the test starts."""
-    db = next(_db_numbers)
-    client = redis.Redis(port=redis_server.port, db=db)
-    client.flushdb()
-    client.close()
-    return f"redis://127.0.0.1:{redis_server.port}/{db}"
+    return _empty_db_url(redis_server)
+
+
+@pytest.fixture
+def other_redis_url(redis_server: RedisProcess, redis_url: str) -> str:
+    """Another empty database of the same server, for a second crawl run beside the first."""
+    return _empty_db_url(redis_server)
 
 
 @pytest.fixture

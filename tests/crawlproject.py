@@ -65,6 +65,30 @@ class NoFollowSpider(scrapy.Spider):
 '''
 
 
+#: The generated project's sitecustomize.py (imported by every worker at start-up: the project's root is on
+#: its PYTHONPATH): on SIGUSR1 a worker writes where it is -- every thread's stack, and the stack of every
+#: asyncio task (a hang at close is a task awaiting something, invisible in the threads' stacks).
+HANG_DUMP = '''
+import asyncio
+import faulthandler
+import signal
+import sys
+
+
+def _dump(signum, frame):
+    print("=== SIGUSR1: threads ===", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(all_threads=True)
+    loop = asyncio._get_running_loop()
+    print("=== asyncio tasks ===", file=sys.stderr)
+    for task in asyncio.all_tasks(loop) if loop is not None else ():
+        task.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
+
+
+signal.signal(signal.SIGUSR1, _dump)
+'''
+
+
 class Project:
     def __init__(self, root: Path, settings: dict[str, Any]) -> None:
         self.root = root
@@ -98,11 +122,22 @@ class Project:
             try:
                 codes.append(proc.wait(max(0.1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
-                proc.kill()
+                self.dump_stacks(proc)
                 raise AssertionError(
-                    f"worker did not finish in time; log:\n{self.log_text(log)[-3000:]}"
+                    f"worker did not finish in time; log:\n{self.log_text(log)[-8000:]}"
                 ) from None
         return codes
+
+    @staticmethod
+    def dump_stacks(proc: subprocess.Popen[bytes]) -> None:
+        """End a worker that hangs so that its log says where: SIGUSR1 makes it write its threads' stacks
+        and its asyncio tasks' stacks to its log (see ``HANG_DUMP``), then it is killed."""
+        proc.send_signal(signal.SIGUSR1)
+        try:
+            proc.wait(2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
     def wait_until_open(self, timeout: float = 60) -> None:
         """Until every started worker has opened the scrapy-dist frontier (so it is crawling, past the
@@ -184,6 +219,7 @@ def make_project(root: Path, settings: dict[str, Any] | None = None, spiders: st
             """
         )
     )
+    (root / "sitecustomize.py").write_text(HANG_DUMP)
     (root / "scrapy.cfg").write_text("[settings]\ndefault = proj.settings\n")
     base = {
         "SCHEDULER": "scrapy_dist.scheduler.Scheduler",

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from crawlproject import make_project
+from crawlproject import Project, make_project
 
 from scrapy_dist.politeness import DomainLimit, DomainLimits
 from scrapy_dist.site import SiteGraph, SiteServer
@@ -25,19 +24,31 @@ def test_most_specific_rule_wins() -> None:
     assert DomainLimit(0.2, 1, 0.5).encode() == "0.2 1 0.5"
 
 
-def _crawl(tmp_path: Path, redis_url: str, seeds: list[str], settings: dict[str, Any]) -> None:
+def _start(tmp_path: Path, redis_url: str, seeds: list[str], settings: dict[str, Any]) -> Project:
+    """A crawl's first worker, with the seeds (start the other two with :func:`_more_workers`)."""
     project = make_project(
         tmp_path,
         {"REDIS_URL": redis_url, "CONCURRENT_REQUESTS": 16, "SCHEDULER_IDLE_BEFORE_CLOSE": 2, **settings},
     )
     project.crawl(args={"seeds": ",".join(seeds)})
-    deadline = time.monotonic() + 30
-    while not project.root.joinpath("worker-0.log").read_text().count("frontier"):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    return project
+
+
+def _more_workers(project: Project) -> None:
+    """Two more workers, once the first has opened the frontier."""
+    project.wait_until_open(30)
     project.crawl()
     project.crawl()
+
+
+def _finish(project: Project) -> None:
     assert project.wait_all(120) == [0, 0, 0], project.logs()[-4000:]
+
+
+def _crawl(tmp_path: Path, redis_url: str, seeds: list[str], settings: dict[str, Any]) -> None:
+    project = _start(tmp_path, redis_url, seeds, settings)
+    _more_workers(project)
+    _finish(project)
 
 
 def _rate(server: SiteServer) -> float:
@@ -49,7 +60,7 @@ def _rate(server: SiteServer) -> float:
 
 @pytest.mark.slow
 def test_limited_host_is_polite_crawl_wide_while_the_other_runs_full_speed(
-    tmp_path: Path, redis_url: str, redis_client: Any
+    tmp_path: Path, redis_url: str, other_redis_url: str
 ) -> None:
     limited = SiteServer(SiteGraph(25, links=3), host="127.0.0.2").start()
     free = SiteServer(SiteGraph(600, links=10), host="127.0.0.3", delay=0.005).start()
@@ -60,9 +71,15 @@ def test_limited_host_is_polite_crawl_wide_while_the_other_runs_full_speed(
             "CONCURRENT_REQUESTS_PER_DOMAIN": 48,  # no crawl-wide cap for the free host
             "DOMAIN_LIMITS": {"127.0.0.2": {"delay": 0.2, "concurrency": 1}},
         }
-        _crawl(tmp_path / "both", redis_url, [limited.page_url(0), free.page_url(0)], polite)
-        redis_client.flushdb()
-        _crawl(tmp_path / "alone", redis_url, [alone.page_url(0)], polite)
+        # the two crawls run side by side, so that whatever else loads the machine slows both alike
+        crawls = [
+            _start(tmp_path / "both", redis_url, [limited.page_url(0), free.page_url(0)], polite),
+            _start(tmp_path / "alone", other_redis_url, [alone.page_url(0)], polite),
+        ]
+        for project in crawls:
+            _more_workers(project)
+        for project in crawls:
+            _finish(project)
     finally:
         for s in (limited, free, alone):
             s.stop()
@@ -70,11 +87,12 @@ def test_limited_host_is_polite_crawl_wide_while_the_other_runs_full_speed(
     starts = sorted(t for t, _, _ in limited.log)
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert min(gaps) >= 0.2, f"two requests to the limited host {min(gaps):.3f}s apart"
-    # the unlimited host is crawled about as fast with the limited one in the crawl as without it. What this
-    # guards against is head-of-line blocking behind the limited host, which would hold the free host to
-    # ~5 requests/s (one per 0.2 s), 40x slower; two crawls timed on a shared 2-core machine (the suite runs
-    # four test processes) differ by up to ~2x, so the bound is set well between (the benchmark,
-    # benchmarks/politeness.py, gives the figure)
+    # the unlimited host is crawled about as fast with the limited one in the crawl as without it (a crawl
+    # of its own, run at the same time). What this guards against is head-of-line blocking behind the
+    # limited host, which would hold the free host to ~5 requests/s (one per 0.2 s), 30-50x slower than
+    # alone. Two crawls run one after the other in CI differed by 5x (52 and 257 pages/s: other tests load
+    # the machine unevenly); side by side they share the load, and the bound stays well between (the
+    # benchmark, benchmarks/politeness.py, gives the figure)
     assert _rate(free) >= 0.25 * _rate(alone), (_rate(free), _rate(alone))
 
 
