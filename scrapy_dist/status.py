@@ -38,6 +38,13 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def _tally(raw: Any) -> int:
+    """A count someone else may have written (the queue's request counter): a decimal integer, else 0 --
+    the member count read beside it stands in, as the sync script heals the counter at its next call."""
+    text = _text(raw) if raw is not None else ""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else 0
+
+
 def _number(text: str) -> int | float | str:
     try:
         return int(text)
@@ -292,7 +299,7 @@ def read_status(
     if not _valid_members(members):
         members = []
     if queued:
-        queued = max(int(queued), int(counted or 0))
+        queued = max(int(queued), _tally(counted))
 
     try:
         control = parse_control(control_raw)
@@ -324,7 +331,7 @@ def read_status(
         s_queued, s_inflight, s_delayed, s_rejected, s_bloom, s_fps, s_leases, s_counted = replies[-8:]
         del replies[-8:]
         if s_queued:
-            queued = int(queued) + max(int(s_queued), int(s_counted or 0))
+            queued = int(queued) + max(int(s_queued), _tally(s_counted))
         inflight = int(inflight) + int(s_inflight)
         delayed = int(delayed) + int(s_delayed)
         queue_rejected = int(queue_rejected) + int(s_rejected)

@@ -195,3 +195,31 @@ def test_status_subprocess_entry_point(crawl_state: redis.Redis, redis_url: str)
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["workers_summary"]["lost"] == 1
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda c: c.hset(KEYS.queue_tails, "count", b"\xcd\x18\x1c\x8bKJ"),  # seen in a chaos run
+        lambda c: c.hset(KEYS.queue_tails, "count", "-5"),
+        lambda c: c.hset(KEYS.bloom, "n", "1e30"),
+        lambda c: c.hset(KEYS.bloom, "capacity", "x"),
+        lambda c: c.hset(KEYS.control, "paused", b"\xff"),
+        lambda c: c.zadd(KEYS.workers, {b"\xff\xfe junk": 1e18}),
+        lambda c: c.hset(KEYS.stats, b"\xff", b"\xfe"),
+        lambda c: c.hset(KEYS.errors, "1|attempts", "nan"),
+        lambda c: c.hset(KEYS.delayed_meta, "revisits", "abc"),
+        lambda c: c.hset(KEYS.lease_meta, b"l1", b"\xff"),
+    ],
+    ids=["tails-binary", "tails-negative", "bloom-n", "bloom-capacity", "control", "workers", "stats",
+         "errors", "revisits", "lease-meta"],
+)
+def test_status_reads_garbage_written_by_others_without_a_traceback(
+    crawl_state: redis.Redis, redis_url: str, write: Any
+) -> None:
+    write(crawl_state)
+    s = read_status(crawl_state, KEYS)
+    assert s["frontier"]["queued"] >= 3 and s["frontier"]["inflight"] == 3
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "status", "books", "--json"])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    assert json.loads(result.output)["frontier"]["queued"] >= 3
