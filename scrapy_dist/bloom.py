@@ -140,6 +140,9 @@ class BloomRecord:
     #: DUPEFILTER_TTL the crawl was created with (0: remembered forever) and its BLOOMFILTER_GENERATIONS
     ttl: float = 0.0
     generations: int = 4
+    #: the recorded item count as it was, when it was not a count within the bound (``n`` is then 0):
+    #: the scripts recount it from the filter's blocks at the next write (lua/dupe.lua, chain_recount)
+    n_garbage: str | None = None
 
 
 def _field_int(fields: dict[Any, Any], name: str, key: str, default: str | None = None) -> int:
@@ -166,17 +169,22 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
     """Validate the fields of a ``{spider}:bloom`` HASH (as HGETALL gives them: bytes or str) -- data
     anyone with write access may have changed. Raises :class:`BloomParameterError` naming ``key`` and the
     field, and nothing else: capacity, error_rate, block_bits in range (:func:`check_parameters`), hashing
-    an integer, and the item count ``n`` (missing = 0) at most :data:`MAX_OVERSHOOT` times the capacity."""
+    an integer. The item count ``n`` (missing = 0) is read as 0 when it is not a decimal integer of at
+    most :data:`MAX_OVERSHOOT` times the capacity, with :attr:`BloomRecord.n_garbage` set: the scripts
+    recount it."""
     err = _field_float(fields, "error_rate", key)
     capacity, error_rate, block_bits = check_parameters(
         _field_int(fields, "capacity", key), err, _field_int(fields, "block_bits", key),
         names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"),
     )
-    n = _field_int(fields, "n", key, "0")
+    # the item count changes with every insert: garbage there is repaired, not refused (see BloomRecord)
+    n_garbage = None
+    try:
+        n = _field_int(fields, "n", key, "0")
+    except BloomParameterError:
+        n, n_garbage = 0, _show(fields.get("n", fields.get(b"n")))
     if n > capacity * MAX_OVERSHOOT:
-        raise BloomParameterError(
-            f"{key} field n={n}: more than {MAX_OVERSHOOT}x the filter's capacity {capacity} (bounded memory)"
-        )
+        n, n_garbage = 0, str(n)
     ttl = _field_float(fields, "ttl", key, "0")
     if not math.isfinite(ttl) or not 0 <= ttl <= MAX_TTL:
         raise BloomParameterError(f"{key} field ttl={ttl!r}: not a number of seconds in 0 .. {MAX_TTL}")
@@ -186,7 +194,7 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
             f"{key} field generations={generations}: not in {MIN_GENERATIONS} .. {MAX_GENERATIONS}"
         )
     return BloomRecord(
-        capacity, error_rate, block_bits, n, _field_int(fields, "hashing", key), ttl, generations
+        capacity, error_rate, block_bits, n, _field_int(fields, "hashing", key), ttl, generations, n_garbage
     )
 
 
@@ -376,10 +384,17 @@ class BloomPlan:
             out.append(self.spec(len(out)))
         return out
 
+    def script_filters(self, items: int) -> list[FilterSpec]:
+        """The filters a script call for a chain that may grow to ``items`` items is given: those it may
+        use, and the next one, so that the script sees when the chain has gone further than its recorded
+        item count says (a count someone lowered: ``lua/dupe.lua``, chain_consistent)."""
+        specs = self.filters_for(items)
+        return [*specs, self.spec(len(specs))]
+
     def script_params(self, items: int) -> list[int]:
         """The flat ARGV parameters of ``dupe.lua`` for a chain that may grow to ``items`` items."""
         self.check_items(items)
-        specs = self.filters_for(items)
+        specs = self.script_filters(items)
         params = [len(specs), WINDOW_BITS, self.max_items]
         for s in specs:
             params += [s.bits, s.hashes, s.cumulative, s.blocks, s.block_windows]
@@ -388,7 +403,7 @@ class BloomPlan:
     def block_coords(self, items: int) -> list[tuple[int, int]]:
         """(filter, block) of every bitmap block, in the order ``dupe.lua`` expects them in KEYS."""
         self.check_items(items)
-        return [(s.index, b) for s in self.filters_for(items) for b in range(s.blocks)]
+        return [(s.index, b) for s in self.script_filters(items) for b in range(s.blocks)]
 
     def false_positive_rate(self, items: int) -> float:
         """Estimated compound false-positive rate with ``items`` items inserted."""

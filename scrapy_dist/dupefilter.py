@@ -290,6 +290,11 @@ class BloomDupeFilter(RedisDupeFilter):
             raise BloomParameterError(
                 f"The bloom filter holds invalid parameters: {exc}; {way_out}"
             ) from None
+        if rec.n_garbage is not None:
+            logger.warning(
+                "%s field n=%s is not an item count of this filter (written by someone else?): the frontier"
+                " recounts it from the filter's bits at its next write", self.keys.bloom, rec.n_garbage,
+            )
         if rec.hashing not in SCHEMES:
             raise ScrapyDistError(
                 f"The bloom filter {self.keys.bloom!r} was written with layout {rec.hashing},"
@@ -336,10 +341,11 @@ class BloomDupeFilter(RedisDupeFilter):
         return clone
 
     def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
-        """Keys and params for ``pending`` more inserts; :class:`BloomParameterError` (before a key name is
-        built) when that would pass the filter's bound (:data:`scrapy_dist.bloom.MAX_OVERSHOOT`)."""
-        horizon = self.n + pending
-        self.plan.check_items(horizon, self.keys.bloom)
+        """Keys and params for ``pending`` more inserts, for a chain of at most the filter's bound
+        (:data:`scrapy_dist.bloom.MAX_OVERSHOOT`; the script refuses an insert past it);
+        :class:`BloomParameterError` (before a key name is built) when this worker's count is past it."""
+        self.plan.check_items(self.n, self.keys.bloom)
+        horizon = min(self.n + pending, self.plan.max_items)
         now = time.time() if now is None else now
         keys = [self.keys.forgotten, self.keys.bloom, *self._chain_keys(horizon, now)]
         params = self.plan.script_params(horizon)

@@ -5,6 +5,7 @@ the filter (:class:`scrapy_dist.dupefilter.RedisDupeFilter`) says which keys and
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from redis.exceptions import NoScriptError
@@ -12,6 +13,9 @@ from redis.exceptions import NoScriptError
 from scrapy_dist import connection, scripts
 from scrapy_dist.bloom import BloomParameterError
 from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError, ScrapyDistError
+from scrapy_dist.ratelimit import RateLimitedLog
+
+logger = logging.getLogger(__name__)
 
 #: fingerprints per script call: about 1 ms of Redis time each at most (the calls of one batch are
 #: pipelined, so a smaller call costs no round trip, and other clients' commands run between them)
@@ -40,6 +44,7 @@ class DupeScript:
 
     def __init__(self, redis: Any) -> None:
         self.redis = redis
+        self._repaired = RateLimitedLog(logger)
         self.script = scripts.register(redis, "dupe_batch")
         redis.script_load(self.script.script)  # the pipelined calls below are plain EVALSHA
 
@@ -72,7 +77,12 @@ class DupeScript:
                     continue
                 if answer[0] == -2:  # refused, nothing written (dupe.lua: garbage, past the bound, ...)
                     raise refusal(answer[1], answer[2])
-                got, n = answer
+                got, n = answer[0], answer[1]
+                for key in answer[2] if len(answer) > 2 and isinstance(answer[2], list) else ():
+                    self._repaired.log(
+                        logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing",
+                        key.decode(errors="replace") if isinstance(key, bytes) else key, key=str(key),
+                    )
                 df.observe(int(n))
                 if got != -1:  # -1: the chain grew past the keys passed (another worker): again with more
                     flags[i] = got.decode() if isinstance(got, bytes) else got

@@ -198,7 +198,6 @@ def test_a_big_batch_survives_redis_forgetting_the_script(redis_client: Any) -> 
         ("capacity", "lots", "invalid parameters"),
         ("error_rate", "1.5", "invalid parameters"),
         ("block_bits", "100", "invalid parameters"),
-        ("n", "-3", "invalid parameters"),
     ],
 )
 def test_refuses_a_filter_recorded_with_other_or_invalid_parameters(

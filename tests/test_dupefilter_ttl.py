@@ -356,9 +356,9 @@ def test_status_reads_the_live_items_of_the_generations() -> None:
 
 
 def test_hostile_forgotten_and_generation_contents(redis_client: Any) -> None:
-    """A string at {spider}:forgotten is ignored (dedupe goes on); garbage counts in a generation's hash are
-    refused in one line, with nothing written; a ZSET score is a number, so the exact filter's entries
-    cannot be garbage."""
+    """A string at {spider}:forgotten is ignored (dedupe goes on); a garbage count in a generation's hash
+    is recounted from its blocks and written back with the generation's expiry (refusing it stopped the
+    crawl); a ZSET score is a number, so the exact filter's entries cannot be garbage."""
     df = _bloom(redis_client)
     now = _start()
     redis_client.set(KEYS.forgotten, "not a set")
@@ -367,11 +367,16 @@ def test_hostile_forgotten_and_generation_contents(redis_client: Any) -> None:
     df.run_batch("forget", [df.fingerprint_tokens(fps[0])], now=now)
     assert _add(df, fps, now) == [True] * 5
     assert redis_client.get(KEYS.forgotten) == b"not a set"
-    redis_client.hset(KEYS.bloom_generation(df.gens.current(now)), "n", "9" * 30)
-    before = sorted(redis_client.keys("*"))
-    with pytest.raises(ScrapyDistError, match="refused by the filter"):
-        _add(df, _fps(3, 13), now)
-    assert sorted(redis_client.keys("*")) == before
+    more = _fps(400, 14)
+    assert _add(df, more, now) == [False] * 400
+    gen_hash = KEYS.bloom_generation(df.gens.current(now))
+    for i, garbage in enumerate(("9" * 30, "-4", "0")):
+        redis_client.hset(gen_hash, "n", garbage)
+        assert _add(df, [*more[:10], *_fps(1, 20 + i)], now) == [True] * 10 + [False]
+        assert 405 * 0.85 < int(redis_client.hget(gen_hash, "n")) < 408 * 1.15
+        assert redis_client.pttl(gen_hash) > 0  # still goes when the generation stops being live
+    assert all(_add(df, more + fps, now))
+    assert 405 * 0.85 < int(redis_client.hget(KEYS.bloom, "live")) < 408 * 1.15
 
 
 def test_forget_command_says_when_the_crawl_remembers_nothing(redis_url: str) -> None:

@@ -15,7 +15,6 @@ from helpers import run
 from scrapy_dist import scripts
 from scrapy_dist.bloom import MAX_OVERSHOOT, BloomParameterError, BloomPlan, fingerprint_hashes
 from scrapy_dist.dupefilter import BloomDupeFilter
-from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier import (
     SEQ_BYTES,
     SYNC_HEAD,
@@ -278,6 +277,8 @@ def test_a_bloom_block_cut_short_reads_as_clear_bits(redis_url: str, redis_clien
     # a Lua error half way through the call
     df, blocks = _small_blocks(redis_client)
     run(_sync(redis_url, SyncBatch(enqueue=_items(1, b"first")), df=df))  # the blocks, at their full size
+    blocks = [k for k in blocks if redis_client.exists(k)]  # not the next filter's (passed, not created)
+    assert len(blocks) > 10
     for key in blocks:
         size = redis_client.strlen(key)
         assert size >= 2 * 512
@@ -316,48 +317,81 @@ def test_absurd_settings_are_refused_in_one_line() -> None:
         assert msg.startswith(name) and "\n" not in msg and len(msg) < 200
 
 
-def test_a_recorded_count_past_the_bound_is_refused_at_start(redis_client: Any) -> None:
+def test_a_recorded_count_past_the_bound_is_recounted_not_refused_at_start(
+    redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     redis_client.hset(KEYS.bloom, mapping={"capacity": 1000, "error_rate": "0.01", "block_bits": 2**31,
                                            "hashing": 3, "n": 10**15})
     df = BloomDupeFilter(redis_client, KEYS, None, capacity=1000, error_rate=0.01)
-    with pytest.raises(BloomParameterError) as err:
+    with caplog.at_level(logging.WARNING):
         df.open()
-    assert KEYS.bloom in str(err.value) and "field n" in str(err.value) and "\n" not in str(err.value)
+    assert df.n == 0 and len(df.plan._specs) < 10  # nothing sized for the garbage
+    (line,) = [r.getMessage() for r in caplog.records if "field n" in r.getMessage()]
+    assert KEYS.bloom in line and "recounts" in line
+    assert df.seen_tokens([_tokens(1)]) == [False] and redis_client.hget(KEYS.bloom, "n") == b"1"
 
 
-def test_a_count_raised_mid_crawl_is_refused_without_naming_millions_of_keys(
-    redis_url: str, redis_client: Any
+def _filled_chain(redis_client: Any, items: int) -> tuple[BloomDupeFilter, list[tuple[int, int]]]:
+    """A filter of capacity 1,000 holding ``items`` fingerprints: past 1,000 the chain has several filters."""
+    df = _bloom(redis_client, capacity=1000)
+    old = [_tokens(i) for i in range(items)]
+    inserted = items - sum(df.seen_tokens(old))  # a few are false positives (error rate 0.01)
+    assert int(redis_client.hget(KEYS.bloom, "n")) == inserted > items * 0.97
+    return df, old
+
+
+@pytest.mark.parametrize("garbage", ["12abc", "-1", "1e30", b"\xff\x00", "0", "3", str(10**15), "7999"])
+@pytest.mark.parametrize("fresh_worker", [False, True], ids=["running", "fresh"])
+def test_a_garbage_item_count_is_recounted_from_the_filter_and_the_crawl_goes_on(
+    redis_url: str, redis_client: Any, garbage: Any, fresh_worker: bool
 ) -> None:
+    """A count someone wrote -- not a number, past the bound, or one the filter's blocks contradict (too
+    low: the filters after it exist; too high: the filter it names does not) -- used to stop every worker
+    until repaired by hand. Now the next call recounts it (the newest filter that exists and its fill),
+    writes it back and says so; nothing inserted before is forgotten."""
+    df, old = _filled_chain(redis_client, 2500)
+    redis_client.hset(KEYS.bloom, "n", garbage)
+    if fresh_worker:  # a worker started after the garbage: it knows no count but the garbage
+        df = BloomDupeFilter(redis_client, KEYS, None, capacity=1000, error_rate=0.01)
+        df.open()
+    new = _tokens(10**6)
+    batch = SyncBatch(enqueue=[(*new, 0, b"\x01new", "", ""), (*old[7], 0, b"\x01old", "", "")])
+    (res,) = run(_sync(redis_url, batch, df=df))
+    assert res.new == [True, False] and KEYS.bloom in res.repaired
+    n = int(redis_client.hget(KEYS.bloom, "n"))
+    assert 2500 * 0.9 < n < 2500 * 1.1, n  # the fill of the newest filter gives its items
+    assert all(df.seen_tokens(old, add=False))  # every filter is still tested
+    (res,) = run(_sync(redis_url, SyncBatch(enqueue=[(*_tokens(10**6 + 1), 0, b"\x01b", "", "")]), df=df))
+    assert res.new == [True] and res.repaired == []  # repaired once
+    assert int(redis_client.hget(KEYS.bloom, "n")) == n + 1
+
+
+def test_the_dupefilters_own_calls_recount_a_garbage_count_too(
+    redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    df, old = _filled_chain(redis_client, 1500)
+    redis_client.hset(KEYS.bloom, "n", "x")
+    with caplog.at_level(logging.WARNING):
+        assert df.seen_tokens([old[3], _tokens(10**6)]) == [True, False]
+    assert any(KEYS.bloom in r.getMessage() and "Repaired" in r.getMessage() for r in caplog.records)
+    assert 1500 * 0.9 < int(redis_client.hget(KEYS.bloom, "n")) < 1500 * 1.1
+
+
+def test_a_count_raised_mid_crawl_names_no_millions_of_keys(redis_url: str, redis_client: Any) -> None:
     df = _bloom(redis_client, capacity=1000)
     t1, t2 = _tokens(3)
     run(_sync(redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01x", "", "")]), df=df))
-    keys_before = sorted(redis_client.keys("*"))
-    t1, t2 = _tokens(4)
-    for n in (10**15, 1000 * MAX_OVERSHOOT + 1, 1000 * MAX_OVERSHOOT):  # the last: one insert would pass
+    for n in (10**15, 1000 * MAX_OVERSHOOT + 1, 1000 * MAX_OVERSHOOT - 1):
         redis_client.hset(KEYS.bloom, "n", n)
-        with pytest.raises(ScrapyDistError, match=re.escape(KEYS.bloom)):
-            run(_sync(redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01y", "", "")]), df=df))
-        with pytest.raises(BloomParameterError):
-            df.seen_tokens([(t1, t2)])
-    redis_client.hset(KEYS.bloom, "n", 1)
-    assert sorted(redis_client.keys("*")) == keys_before  # nothing allocated, nothing queued
-    assert df.n < 1000 * MAX_OVERSHOOT and len(df.plan._specs) < 10  # no plan was built for the count
+        t1, t2 = _tokens(n)
+        (res,) = run(_sync(redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01y", "", "")]), df=df))
+        assert res.new == [True] and KEYS.bloom in res.repaired
+        assert int(redis_client.hget(KEYS.bloom, "n")) < 10  # recounted: a handful of items
+    assert len(df.plan._specs) < 10  # no plan was built for millions of items
     # the worker's own view past the bound: refused before any key name is built
     df.n = 10**15
     with pytest.raises(BloomParameterError, match="field n was changed"):
         df.script_args(1)
-
-
-def test_the_scripts_refuse_a_garbage_count_themselves(redis_url: str, redis_client: Any) -> None:
-    df = _bloom(redis_client, capacity=1000)
-    redis_client.hset(KEYS.bloom, "n", "12abc")
-    t1, t2 = _tokens(5)
-    with pytest.raises(FrontierStateError) as err:
-        run(_sync(redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01x", "", "")]), df=df))
-    assert err.value.reason == "bloom_n" and err.value.key == KEYS.bloom
-    with pytest.raises(BloomParameterError):
-        df.seen_tokens([(t1, t2)])
-    assert redis_client.zcard(KEYS.queue) == 0 and redis_client.get(KEYS.seq) is None
 
 
 def test_an_oversized_member_is_rejected_with_crawl_wide_politeness(

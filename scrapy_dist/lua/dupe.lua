@@ -31,17 +31,22 @@
 --   FORGOTTEN, which dupe_add consults before the bloom and empties as it admits (each forgotten URL once).
 -- dupe_can_insert(d, count) is false when `count` new items could need a filter whose keys were not passed
 --   (or would take the filter past max_items: then d.err is set).
--- d.err / d.err_detail (reason, key) are set when a recorded item count ("n" of a bloom HASH) is not
---   a decimal integer in [0, max_items], an insert would pass max_items (the bound bloom.py documents:
---   a small multiple of the declared capacity), a key of the filter holds another Redis type
+-- d.err / d.err_detail (reason, key) are set when an insert would pass max_items (the bound bloom.py
+--   documents: a small multiple of the declared capacity), a key of the filter holds another Redis type
 --   ('wrongtype'), or the generations passed miss a live one ('bloom_clock'); the caller then answers
 --   {-2, reason, detail} and writes nothing. Nothing here writes before dupe_add.
+-- A recorded item count ("n" of a bloom HASH) that is not a decimal integer in [0, max_items], or that
+--   the filter's blocks contradict (the filter holding item n does not exist, or the one after it does),
+--   is not refused but recounted from the blocks (chain_recount: the newest filter that exists, and the
+--   fill of a sample of it) and written back by dupe_close; the HASH is named in DUPE_REPAIRED. Refusing
+--   it stopped every worker of the crawl until someone repaired the field by hand: one HSET could.
 -- A bloom block key holding another Redis type is not refused but repaired where it is read (window_read:
 --   replaced by an empty block, named in DUPE_REPAIRED, which sync.lua reports in 'repaired'), and a
 --   block cut short reads as clear bits past its end: neither can fail a call half way.
 -- dupe_contains(d, t1, t2) tests without adding (1 = probably seen).
--- dupe_close(d) persists counters; returns the bloom item count of the fullest live chain (it decides
---   how many keys the next call passes; 0 for other modes).
+-- dupe_close(d) persists counters; returns dupe_count(d): the bloom item count of the fullest live chain
+--   (it decides how many keys the next call passes; 0 for other modes). A call that writes nothing answers
+--   {-1, dupe_count(d)}.
 --
 -- Bloom layout (scrapy_dist/bloom.py, layouts 3 and 4): every filter is cut into windows of window_bits
 -- (4096) bits, and all k bits of an item lie in one window: window h1 mod (m / window_bits), and inside it
@@ -60,6 +65,70 @@ local function call_now(raw)
   if now then return now end
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1e6
+end
+
+-- Keys repaired by this call (named in the sync answer's 'repaired'): bloom blocks and bloom HASHes.
+local DUPE_REPAIRED = {}
+
+-- Does any block of filter f exist? (EXISTS over at most 500 keys at a time: unpack has a limit)
+local function blocks_exist(f)
+  for first = 0, f.nb - 1, 500 do
+    local keys = {}
+    for b = first, math.min(first + 499, f.nb - 1) do keys[#keys + 1] = KEYS[f.key0 + b] end
+    if redis.call('EXISTS', unpack(keys)) > 0 then return true end
+  end
+  return false
+end
+
+-- Bytes of a block read to estimate its filter's fill (chain_recount): 128 windows, a few microseconds.
+local SAMPLE_BYTES = 65536
+
+-- Items in filter f, estimated from the fill p of a sample of its blocks (items spread evenly over the
+-- windows, k bits each): -(m/k) ln(1 - p).
+local function filter_items(f)
+  for b = 0, f.nb - 1 do
+    local key = KEYS[f.key0 + b]
+    local len = redis.pcall('STRLEN', key)
+    if type(len) == 'number' and len > 0 then
+      local ones = redis.call('BITCOUNT', key, 0, SAMPLE_BYTES - 1)
+      local p = math.min(ones / (math.min(len, SAMPLE_BYTES) * 8), 0.999)
+      return math.floor(-(f.m / f.k) * math.log(1 - p))
+    end
+  end
+  return 0
+end
+
+-- Does chain c's recorded count agree with its blocks? Blocks are created by the insert that counts a
+-- filter's first item, so the filter holding item n exists and the one after it does not. Only filters
+-- whose keys were passed are checked (at most two EXISTS); the caller passes one filter more than the
+-- count needs (bloom.py, script_filters), so that the one after is seen.
+local function chain_consistent(c)
+  local fs = c.filters
+  local holder = 0
+  if c.n > 0 then
+    holder = 1
+    while holder <= #fs and fs[holder].cum < c.n do holder = holder + 1 end
+  end
+  -- past the keys passed (the caller then asks for more): the last filter passed must exist
+  if holder > #fs then return blocks_exist(fs[#fs]) end
+  if holder > 0 and not blocks_exist(fs[holder]) then return false end
+  return holder == #fs or not blocks_exist(fs[holder + 1])
+end
+
+-- A count for chain c from its blocks: the newest filter that exists is the one being filled; the ones
+-- before it are full. When that is the last filter passed, the chain may go on past the keys passed: its
+-- capacity is answered, so that the call asks for more keys (nothing written) and recounts with them.
+local function chain_recount(c)
+  local fs = c.filters
+  for i = #fs, 1, -1 do
+    local f = fs[i]
+    if blocks_exist(f) then
+      local before = i > 1 and fs[i - 1].cum or 0
+      if i == #fs and f.cum < c.max_items then return f.cum end
+      return math.min(before + math.min(f.cum - before, filter_items(f)), c.max_items)
+    end
+  end
+  return 0
 end
 
 -- One bloom chain (a scalable filter): its HASH, then its blocks from KEYS[ki]; params from params[p].
@@ -83,8 +152,10 @@ local function chain_open(d, hash_key, ki, params, p)
     return c, ki
   end
   c.n = string.match(raw, '^%d+$') and #raw <= 16 and tonumber(raw) or nil
-  if not c.n or c.n > c.max_items then
-    d.err, d.err_detail, c.n = 'bloom_n', hash_key, 0
+  if not c.n or c.n > c.max_items or not chain_consistent(c) then
+    c.n, c.fix = chain_recount(c), true
+    DUPE_REPAIRED[#DUPE_REPAIRED + 1] = hash_key
+    d.fixed[#d.fixed + 1] = c
   end
   c.n0 = c.n
   c.cur = 1
@@ -98,7 +169,7 @@ local function dupe_type_ok(d, key, want)
 end
 
 local function dupe_open(mode, key_index, params, now)
-  local d = {mode = mode, forgotten = KEYS[key_index], key = KEYS[key_index + 1], now = now}
+  local d = {mode = mode, forgotten = KEYS[key_index], key = KEYS[key_index + 1], now = now, fixed = {}}
   if mode == 'set' then dupe_type_ok(d, d.key, 'set') end
   if mode == 'setttl' then
     d.ttl = tonumber(params[1])
@@ -215,9 +286,6 @@ local function bloom_ready(c, f)
   c.ready[f] = true
 end
 
--- Block keys repaired by this call (named in the sync answer's 'repaired').
-local DUPE_REPAIRED = {}
-
 -- The window at byte `off` of block `key` of filter f: '' when the block does not exist yet. Garbage there
 -- is repaired, never an error half way through a call (which would leave the call's earlier requests marked
 -- seen but not queued): a block of another Redis type is replaced by an empty block (whatever it held is
@@ -325,6 +393,30 @@ local function dupe_forget(d, t1, t2)
   end
 end
 
+local function dupe_count(d)
+  if not d.chain then return 0 end
+  local most = d.chain.n
+  if d.mode == 'bloomgen' then
+    for _, o in ipairs(d.older) do
+      if o.n > most then most = o.n end
+    end
+  end
+  return most
+end
+
+-- a chain's count written whole: recounted (c.fix), or changed by this call's inserts
+local function chain_save(c)
+  if c.fix then
+    redis.call('HSET', c.key, 'n', c.n)
+  elseif c.n ~= c.n0 then
+    redis.call('HINCRBY', c.key, 'n', c.n - c.n0)
+  else
+    return false
+  end
+  if c.expire_ms then redis.call('PEXPIRE', c.key, c.expire_ms) end
+  return true
+end
+
 local function dupe_close(d)
   if d.mode == 'setttl' then
     -- expired fingerprints are gone from lookups already; drop a bounded number of them from memory
@@ -334,18 +426,14 @@ local function dupe_close(d)
   end
   if not d.chain then return 0 end
   local c = d.chain
-  local most = c.n
-  if c.n ~= c.n0 then
-    redis.call('HINCRBY', c.key, 'n', c.n - c.n0)
-    if c.expire_ms then redis.call('PEXPIRE', c.key, c.expire_ms) end
+  local changed = chain_save(c)
+  for _, o in ipairs(d.fixed) do
+    if o ~= c then chain_save(o) end
   end
-  if d.mode == 'bloomgen' then
+  if d.mode == 'bloomgen' and changed then
     local live = c.n
-    for _, o in ipairs(d.older) do
-      live = live + o.n
-      if o.n > most then most = o.n end
-    end
-    if c.n ~= c.n0 then redis.call('HSET', d.key, 'live', live) end
+    for _, o in ipairs(d.older) do live = live + o.n end
+    redis.call('HSET', d.key, 'live', live)
   end
-  return most
+  return dupe_count(d)
 end

@@ -5,11 +5,12 @@
 -- ARGV[1] 'add' (test-and-set), 'check' (test only) or 'forget' (make new again), ARGV[2] mode, ARGV[3] now
 --      (unix seconds; '' = the server's clock), ARGV[4] P = number of dupe params, ARGV[5 .. 4+P] dupe
 --      params, then pairs t1, t2 per fingerprint.
--- Returns {flags, n}: flags is a string with one '1' (new) or '0' (seen) per fingerprint ('1' each for
--- 'forget'); n is the bloom item count after the call; or {-1, n} (nothing written) when a filter beyond
--- the passed keys could be needed: the caller retries with keys for more filters; or {-2, reason, key}
--- (nothing written) when the recorded count is garbage, the insert would pass the filter's bound, a key
--- has another type or the generations passed miss a live one (see dupe.lua).
+-- Returns {flags, n, repaired}: flags is a string with one '1' (new) or '0' (seen) per fingerprint ('1'
+-- each for 'forget'); n is the bloom item count after the call; repaired names the keys whose garbage
+-- the call repaired (dupe.lua's DUPE_REPAIRED: a recounted item count, a block of another type). Or
+-- {-1, n} (nothing written) when a filter beyond the passed keys could be needed: the caller retries with
+-- keys for more filters; or {-2, reason, key} (nothing written) when the insert would pass the filter's
+-- bound, a key has another type or the generations passed miss a live one (see dupe.lua).
 local op = ARGV[1]
 local mode = ARGV[2]
 local now = call_now(ARGV[3])
@@ -22,7 +23,7 @@ local d = dupe_open(mode, 1, params, now)
 if d.err then return {-2, d.err, d.err_detail} end
 if not dupe_can_insert(d, op == 'add' and count or 0) then
   if d.err then return {-2, d.err, d.err_detail} end
-  return {-1, dupe_close(d)}
+  return {-1, dupe_count(d)}
 end
 local flags = {}
 for i = 0, count - 1 do
@@ -36,4 +37,4 @@ for i = 0, count - 1 do
     flags[#flags + 1] = 1 - dupe_contains(d, t1, t2)
   end
 end
-return {table.concat(flags), dupe_close(d)}
+return {table.concat(flags), dupe_close(d), DUPE_REPAIRED}

@@ -54,7 +54,7 @@ local d = dupe_open(A.dupe_mode, DUPE_KEY, params, now)
 if d.err then return {-2, d.err, d.err_detail} end
 if not dupe_can_insert(d, sec.enqueue.n) then
   if d.err then return {-2, d.err, d.err_detail} end
-  return {-1, dupe_close(d)}
+  return {-1, dupe_count(d)}
 end
 local bad, detail = sync_check(S, sec)
 if bad then return {-2, bad, detail} end
