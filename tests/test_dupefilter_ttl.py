@@ -5,6 +5,7 @@ filter's expiry and the keys' own Redis expiry are all checked at chosen instant
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -384,8 +385,13 @@ def test_forget_command_says_when_the_crawl_remembers_nothing(redis_url: str) ->
     assert result.exit_code == 0 and "nothing to forget" in result.output
 
 
-def test_forget_command_names_a_key_of_the_wrong_type_in_one_line(redis_url: str, redis_client: Any) -> None:
+def test_forget_command_moves_a_key_of_the_wrong_type_aside_and_says_so(
+    redis_url: str, redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     redis_client.set(CrawlKeys("junk").fingerprints, "not a set")
-    result = CliRunner().invoke(main, ["--redis-url", redis_url, "forget", "junk", "https://e.example/"])
-    assert result.exit_code == 1 and "{junk}:fingerprints" in result.output and "wrongtype" in result.output
-    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    with caplog.at_level(logging.WARNING):
+        result = CliRunner().invoke(main, ["--redis-url", redis_url, "forget", "junk", "https://e.example/"])
+    assert result.exit_code == 0 and "Traceback" not in result.output
+    assert "forgot 1 fingerprints of 'junk'" in result.output
+    assert any("Repaired garbage in {junk}:fingerprints" in r.getMessage() for r in caplog.records)
+    assert redis_client.get("{junk}:fingerprints:garbage") == b"not a set"

@@ -208,35 +208,49 @@ def test_garbage_in_a_domain_does_not_stall_it_for_ever(
     assert run(_lease_all(redis_url, 5)) == 2
 
 
-def test_a_key_of_the_wrong_type_is_refused_before_any_write(redis_url: str, redis_client: Any) -> None:
+@pytest.mark.parametrize("name", SYNC_KEYS)
+@pytest.mark.parametrize("politeness", ["process", "cluster"])
+def test_a_frontier_key_of_another_type_is_moved_aside_and_the_crawl_goes_on(
+    redis_url: str, redis_client: Any, name: str, politeness: str
+) -> None:
+    """A key of the frontier holding another Redis type than the frontier writes there is not ours: it
+    used to refuse every call (every worker stopped until someone deleted it); now it is moved to
+    <key>:garbage, named in the answer, and the call goes on with the key empty."""
     df = _bloom(redis_client)
-    redis_client.set(KEYS.queue_rejected, "a string")
-    before = sorted(redis_client.keys("*"))
-    t1, t2 = _tokens(2)
-    with pytest.raises(FrontierStateError) as err:
-        run(_sync(redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01x", "", "")]), df=df))
-    assert err.value.reason == "wrongtype" and err.value.key == KEYS.queue_rejected
-    assert sorted(redis_client.keys("*")) == before  # no bloom block, no seq, nothing
-    assert df.seen_tokens([(t1, t2)], add=False) == [False]
+    key = getattr(KEYS, name)
+    if name == "seq":  # a string is the right type there
+        redis_client.rpush(key, "x")
+    else:
+        redis_client.set(key, "a string")
+    kind = redis_client.type(key)
+    entry = (*_tokens(2), 0, b"\x01x", "a.example", "0 2 0")
+    batch = SyncBatch(enqueue=[entry if politeness == "cluster" else entry[:4] + ("", "")])
+    res, leased = run(_sync(redis_url, batch, SyncBatch(lease=5), df=df, politeness=politeness))
+    assert res.new == [True] and key in res.repaired
+    assert redis_client.type(f"{key}:garbage") == kind  # kept for whoever wrote it, out of the way
+    assert len(leased.leased) == 1
 
 
 def test_a_refused_write_is_one_line_in_the_log_not_a_traceback(
     redis_url: str, redis_client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # what the sync loop's guard makes of the refusal: the key and what to do, and the loop retries
+    # what the sync loop's guard makes of a refusal: the key and what to do, and the loop retries. The seq
+    # counter is garbage and a queue member's seq so close to the limit that no fresh one is left
     df = _bloom(redis_client)
-    redis_client.set(KEYS.lease_meta, "a string")
-    t1, t2 = _tokens(2)
+    redis_client.set(KEYS.seq, "garbage")
+    redis_client.zadd(KEYS.queue, {b"\x7f\xff\xff\xff\xff\x00\x01x": 0})
+    before = sorted(redis_client.keys("*"))
     with pytest.raises(FrontierStateError) as err:
-        run(_sync(redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01x", "", "")]), df=df))
+        run(_sync(redis_url, SyncBatch(enqueue=_items(1)), df=df))
+    assert err.value.reason == "seq" and sorted(redis_client.keys("*")) == before  # nothing written
     guard = Outage().guard("frontier", Backoff(1.0, 4.0), log=logging.getLogger("test.refused"))
     with caplog.at_level(logging.ERROR, logger="test.refused"):
         assert guard.failed(err.value, now=0.0) == 1.0
     (record,) = caplog.records
     assert record.exc_info is None
     assert record.getMessage() == (
-        f"The frontier failed (FrontierStateError: The frontier refused to write: {KEYS.lease_meta!r} holds"
-        " an unusable value (wrongtype); nothing was written. Repair or delete that key"
+        f"The frontier failed (FrontierStateError: The frontier refused to write: {KEYS.seq!r} holds"
+        " an unusable value (seq); nothing was written. Repair or delete that key"
         " (SCHEDULER_FLUSH_ON_START clears the crawl)); retrying"
     )
 
@@ -291,15 +305,18 @@ def test_a_bloom_block_cut_short_reads_as_clear_bits(redis_url: str, redis_clien
     assert len(leased.leased) == 301
 
 
-def test_a_bloom_hash_of_another_type_is_refused_before_any_write(redis_url: str, redis_client: Any) -> None:
+def test_a_bloom_hash_of_another_type_is_moved_aside_and_recounted(redis_url: str, redis_client: Any) -> None:
     df = _bloom(redis_client)
+    run(_sync(redis_url, SyncBatch(enqueue=_items(40)), df=df))
     redis_client.delete(KEYS.bloom)
     redis_client.rpush(KEYS.bloom, "junk")
-    before = sorted(redis_client.keys("*"))
-    with pytest.raises(FrontierStateError) as err:
-        run(_sync(redis_url, SyncBatch(enqueue=_items(3)), df=df))
-    assert err.value.reason == "wrongtype" and err.value.key == KEYS.bloom
-    assert sorted(redis_client.keys("*")) == before
+    res, again = run(_sync(
+        redis_url, SyncBatch(enqueue=_items(3, b"new")), SyncBatch(enqueue=_items(50, b"more")), df=df
+    ))
+    assert KEYS.bloom in res.repaired and redis_client.type(f"{KEYS.bloom}:garbage") == b"list"
+    assert res.new == [False] * 3  # the filter's bits are still there: dedupe goes on
+    assert again.new == [False] * 40 + [True] * 10
+    assert 45 <= int(redis_client.hget(KEYS.bloom, "n")) <= 55
 
 
 # -- bounded memory from recorded parameters ------------------------------------------------------

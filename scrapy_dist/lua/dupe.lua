@@ -32,9 +32,10 @@
 -- dupe_can_insert(d, count) is false when `count` new items could need a filter whose keys were not passed
 --   (or would take the filter past max_items: then d.err is set).
 -- d.err / d.err_detail (reason, key) are set when an insert would pass max_items (the bound bloom.py
---   documents: a small multiple of the declared capacity), a key of the filter holds another Redis type
---   ('wrongtype'), or the generations passed miss a live one ('bloom_clock'); the caller then answers
---   {-2, reason, detail} and writes nothing. Nothing here writes before dupe_add.
+--   documents: a small multiple of the declared capacity), or the generations passed miss a live one
+--   ('bloom_clock'); the caller then answers {-2, reason, detail} and writes nothing. Nothing here writes
+--   before dupe_add but repairs: a key of the filter holding another Redis type (the bloom HASH, the
+--   set modes' SET or ZSET) is moved aside to <key>:garbage (move_aside) and named in DUPE_REPAIRED.
 -- A recorded item count ("n" of a bloom HASH) that is not a decimal integer in [0, max_items], or that
 --   the filter's blocks contradict (the filter holding item n does not exist, or the one after it does),
 --   is not refused but recounted from the blocks (chain_recount: the newest filter that exists, and the
@@ -69,6 +70,16 @@ end
 
 -- Keys repaired by this call (named in the sync answer's 'repaired'): bloom blocks and bloom HASHes.
 local DUPE_REPAIRED = {}
+
+-- A key holding another Redis type than we ever write there is not ours: moved aside to <key>:garbage
+-- (RENAME: the same hash slot; an older garbage copy is replaced, so memory stays bounded), named in
+-- `repaired`, and the caller goes on with the key empty.
+local function move_aside(key, repaired)
+  redis.call('RENAME', key, key .. ':garbage')
+  repaired[#repaired + 1] = key
+  redis.log(redis.LOG_WARNING, 'scrapy-dist: ' .. key .. ' held another Redis type: moved to ' .. key ..
+            ':garbage')
+end
 
 -- Does any block of filter f exist? (EXISTS over at most 500 keys at a time: unpack has a limit)
 local function blocks_exist(f)
@@ -147,14 +158,15 @@ local function chain_open(d, hash_key, ki, params, p)
     c.filters[i] = f
   end
   local raw = redis.pcall('HGET', hash_key, 'n') or '0'
-  if type(raw) == 'table' then  -- the HASH holds another Redis type (WRONGTYPE): refused, nothing written
-    d.err, d.err_detail, c.n, c.n0, c.cur = 'wrongtype', hash_key, 0, 0, 1
-    return c, ki
+  local moved = type(raw) == 'table'
+  if moved then  -- the HASH holds another Redis type (WRONGTYPE): not ours, moved aside; then recounted
+    move_aside(hash_key, DUPE_REPAIRED)
+    raw = '0'
   end
   c.n = string.match(raw, '^%d+$') and #raw <= 16 and tonumber(raw) or nil
   if not c.n or c.n > c.max_items or not chain_consistent(c) then
     c.n, c.fix = chain_recount(c), true
-    DUPE_REPAIRED[#DUPE_REPAIRED + 1] = hash_key
+    if not moved then DUPE_REPAIRED[#DUPE_REPAIRED + 1] = hash_key end
     d.fixed[#d.fixed + 1] = c
   end
   c.n0 = c.n
@@ -165,7 +177,7 @@ end
 
 local function dupe_type_ok(d, key, want)
   local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= want then d.err, d.err_detail = 'wrongtype', key end
+  if t ~= 'none' and t ~= want then move_aside(key, DUPE_REPAIRED) end
 end
 
 local function dupe_open(mode, key_index, params, now)

@@ -2,9 +2,11 @@
 -- write (Redis does not roll a script back when it fails half way: a bloom bit set and then an error
 -- would lose the request for good). A bad value is repaired here, or the call is refused as a whole.
 -- Returns nil, or reason, detail for the {-2, reason, detail} answer (nothing written).
---   wrongtype  a key of the frontier holds another Redis type (detail: the key)
 --   seq        the seq counter cannot be repaired (detail: the key)
--- Repairs: a seq counter that is not a decimal integer in [0, 2^47) (or would pass 2^47 with this call)
+-- Repairs: a key of the frontier holding another Redis type than the frontier ever writes there is not
+-- ours: it is moved aside to <key>:garbage (RENAME, same hash slot; an older garbage copy is replaced, so
+-- memory stays bounded) and the frontier goes on with the key empty -- refusing it stopped every worker of
+-- the crawl until someone deleted the key by hand; a seq counter that is not a decimal integer in [0, 2^47) (or would pass 2^47 with this call)
 -- restarts past the largest seq found in a bounded sample of the queue, leases and delayed ZSETs, plus
 -- 2^32 (S.repaired names it); a queue count (tails 'count') that is not an integer is recounted; lease
 -- and delayed meta are checked where they are read (sync_sweep); domain info in polite.lua (pol_check).
@@ -49,7 +51,7 @@ end
 local function sync_check(S, sec)
   for _, name in ipairs(SYNC_KEYS) do
     local t = redis.call('TYPE', K[name])['ok']
-    if t ~= 'none' and t ~= SYNC_TYPES[name] then return 'wrongtype', K[name] end
+    if t ~= 'none' and t ~= SYNC_TYPES[name] then move_aside(K[name], S.repaired) end
   end
   local creates = sec.enqueue.n + sec.delay.n
   local raw = redis.call('GET', K.seq)
