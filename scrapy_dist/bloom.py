@@ -384,26 +384,24 @@ class BloomPlan:
             out.append(self.spec(len(out)))
         return out
 
-    def script_filters(self, items: int) -> list[FilterSpec]:
-        """The filters a script call for a chain that may grow to ``items`` items is given: those it may
-        use, and the next one, so that the script sees when the chain has gone further than its recorded
-        item count says (a count someone lowered: ``lua/dupe.lua``, chain_consistent)."""
-        specs = self.filters_for(items)
-        return [*specs, self.spec(len(specs))]
-
     def script_params(self, items: int) -> list[int]:
-        """The flat ARGV parameters of ``dupe.lua`` for a chain that may grow to ``items`` items."""
+        """The flat ARGV parameters of ``dupe.lua`` for a chain that may grow to ``items`` items: the
+        filters it may use, then 1 (a probe key follows their blocks, see :meth:`block_coords`)."""
         self.check_items(items)
-        specs = self.script_filters(items)
+        specs = self.filters_for(items)
         params = [len(specs), WINDOW_BITS, self.max_items]
         for s in specs:
             params += [s.bits, s.hashes, s.cumulative, s.blocks, s.block_windows]
-        return params
+        return [*params, 1]
 
     def block_coords(self, items: int) -> list[tuple[int, int]]:
-        """(filter, block) of every bitmap block, in the order ``dupe.lua`` expects them in KEYS."""
+        """(filter, block) of every bitmap block, in the order ``dupe.lua`` expects them in KEYS; then the
+        probe: the first block of the filter after them, whose existence tells the script that the chain
+        has gone further than its recorded item count says (a count someone lowered: ``lua/dupe.lua``,
+        chain_consistent). One key, not the next filter's blocks: a filter may have hundreds."""
         self.check_items(items)
-        return [(s.index, b) for s in self.script_filters(items) for b in range(s.blocks)]
+        specs = self.filters_for(items)
+        return [*((s.index, b) for s in specs for b in range(s.blocks)), (len(specs), 0)]
 
     def false_positive_rate(self, items: int) -> float:
         """Estimated compound false-positive rate with ``items`` items inserted."""

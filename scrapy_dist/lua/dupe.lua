@@ -6,18 +6,19 @@
 -- of another type there is ignored); the filter's own keys follow it, from key_index + 1:
 --   mode "bloom":    params nfilters, window_bits, max_items, then per filter i (oldest first): m_i, k_i,
 --                    cum_i, nblocks_i, wpb_i, where m_i = bits, k_i = hashes, cum_i = capacity of filters
---                    0..i together, wpb_i = windows per block (together: a CHAIN's params). KEYS: the bloom
---                    HASH (field "n" = items inserted), then the block bitmaps of filter 0, filter 1, ...
---                    in order (nblocks_i keys each).
+--                    0..i together, wpb_i = windows per block, then probe ('1': a probe key follows the
+--                    blocks; together: a CHAIN's params). KEYS: the bloom HASH (field "n" = items
+--                    inserted), then the block bitmaps of filter 0, filter 1, ... in order (nblocks_i keys
+--                    each), then the probe: the first block of the filter after the last passed.
 --   mode "bloomgen": DUPEFILTER_TTL with generations. params span, G, lo, count, then one chain's params
 --                    (every generation has the same). Generation e covers [e*span, (e+1)*span); a call
 --                    at `now` is in generation cur = floor(now / span), tests generations cur-G+1 .. cur
 --                    (and cur+1, which only a worker whose clock is ahead writes) and inserts into cur.
 --                    KEYS: the crawl's bloom HASH (field "live" written: items in the live
 --                    generations), then for each generation e = lo .. lo+count-1 its HASH
---                    {spider}:bloom:g<e> and its blocks, as for "bloom". Generation e's keys are created
---                    with an expiry (e+G)*span - now seconds away: the moment lookups stop consulting it,
---                    Redis drops it whole. Nothing rotates, so nothing can rotate twice: the generation is a
+--                    {spider}:bloom:g<e>, its blocks and its probe, as for "bloom". Generation e's keys
+--                    are created with an expiry (e+G)*span - now seconds away: the moment lookups stop
+--                    consulting it, Redis drops it whole. Nothing rotates, so nothing can rotate twice: the generation is a
 --                    function of the clock. The live generations must be among those passed (d.err
 --                    'bloom_clock' otherwise: the worker's clock is more than a span off the server's).
 --   mode "set":      KEYS: the SET of raw fingerprints; no params.
@@ -111,8 +112,8 @@ end
 
 -- Does chain c's recorded count agree with its blocks? Blocks are created by the insert that counts a
 -- filter's first item, so the filter holding item n exists and the one after it does not. Only filters
--- whose keys were passed are checked (at most two EXISTS); the caller passes one filter more than the
--- count needs (bloom.py, script_filters), so that the one after is seen.
+-- whose keys were passed are checked (at most two EXISTS); the one after the last passed is seen through
+-- the probe key (bloom.py, block_coords).
 local function chain_consistent(c)
   local fs = c.filters
   local holder = 0
@@ -123,27 +124,31 @@ local function chain_consistent(c)
   -- past the keys passed (the caller then asks for more): the last filter passed must exist
   if holder > #fs then return blocks_exist(fs[#fs]) end
   if holder > 0 and not blocks_exist(fs[holder]) then return false end
-  return holder == #fs or not blocks_exist(fs[holder + 1])
+  if holder < #fs then return not blocks_exist(fs[holder + 1]) end
+  return not c.probe or redis.call('EXISTS', c.probe) == 0
 end
 
 -- A count for chain c from its blocks: the newest filter that exists is the one being filled; the ones
--- before it are full. When that is the last filter passed, the chain may go on past the keys passed: its
--- capacity is answered, so that the call asks for more keys (nothing written) and recounts with them.
+-- before it are full. When the chain goes on past the keys passed (the probe exists, or no probe was
+-- passed and the last filter exists), the last filter's capacity is answered, so that the call asks for
+-- more keys (nothing written) and recounts with them.
 local function chain_recount(c)
   local fs = c.filters
   for i = #fs, 1, -1 do
     local f = fs[i]
     if blocks_exist(f) then
       local before = i > 1 and fs[i - 1].cum or 0
-      if i == #fs and f.cum < c.max_items then return f.cum end
+      local further = i == #fs and (not c.probe or redis.call('EXISTS', c.probe) == 1)
+      if further and f.cum < c.max_items then return f.cum end
       return math.min(before + math.min(f.cum - before, filter_items(f)), c.max_items)
     end
   end
   return 0
 end
 
--- One bloom chain (a scalable filter): its HASH, then its blocks from KEYS[ki]; params from params[p].
--- Returns the chain and the index of the first key after its blocks.
+-- One bloom chain (a scalable filter): its HASH, then its blocks from KEYS[ki] (and, when the params end
+-- in 1, the probe: the first block of the filter after them); params from params[p].
+-- Returns the chain and the index of the first key after its keys.
 local function chain_open(d, hash_key, ki, params, p)
   local c = {key = hash_key, filters = {}, ready = {}, wbits = tonumber(params[p + 1]),
              max_items = tonumber(params[p + 2])}
@@ -156,6 +161,10 @@ local function chain_open(d, hash_key, ki, params, p)
     f.nwin = f.m / c.wbits
     ki = ki + f.nb
     c.filters[i] = f
+  end
+  if params[p + 3 + nfilters * 5] == '1' then
+    c.probe = KEYS[ki]
+    ki = ki + 1
   end
   local raw = redis.pcall('HGET', hash_key, 'n') or '0'
   local moved = type(raw) == 'table'
@@ -233,12 +242,14 @@ end
 local function dupe_can_insert(d, count)
   if not d.chain then return true end
   local c = d.chain
+  for _, o in ipairs(d.older) do
+    if not chain_has_room(o, 0) then return false end
+  end
+  -- a count past the keys passed is first checked against its filter's blocks, once they are passed
+  if not chain_has_room(c, 0) then return false end
   if c.n + count > c.max_items then
     d.err, d.err_detail = 'bloom_bound', c.key
     return false
-  end
-  for _, o in ipairs(d.older) do
-    if not chain_has_room(o, 0) then return false end
   end
   return chain_has_room(c, count)
 end

@@ -6,10 +6,11 @@
 -- Repairs: a key of the frontier holding another Redis type than the frontier ever writes there is not
 -- ours: it is moved aside to <key>:garbage (RENAME, same hash slot; an older garbage copy is replaced, so
 -- memory stays bounded) and the frontier goes on with the key empty -- refusing it stopped every worker of
--- the crawl until someone deleted the key by hand; a seq counter that is not a decimal integer in [0, 2^47) (or would pass 2^47 with this call)
--- restarts past the largest seq found in a bounded sample of the queue, leases and delayed ZSETs, plus
--- 2^32 (S.repaired names it); a queue count (tails 'count') that is not an integer is recounted; lease
--- and delayed meta are checked where they are read (sync_sweep); domain info in polite.lua (pol_check).
+-- the crawl until someone deleted the key by hand; a seq counter that is not a decimal integer in
+-- [0, 2^47) (or would pass 2^47 with this call) restarts past the largest seq found in a bounded sample of
+-- the queue, leases and delayed ZSETs, plus 2^32 (S.repaired names it); a queue count (tails 'count')
+-- that is not an integer is recounted; lease and delayed meta are checked where they are read
+-- (sync_sweep); domain info in polite.lua (pol_check).
 -- KEYS/ARGV: see sync_common.lua.
 
 local SYNC_TYPES = {queue = 'zset', leases = 'zset', lease_meta = 'hash', seq = 'string', delayed = 'zset',
