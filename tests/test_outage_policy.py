@@ -4,7 +4,9 @@ time injected -- no Redis, no sleeps."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -417,3 +419,28 @@ def test_writer_close_waits_until_redis_takes_everything() -> None:
         assert sink.batches == [[1]]
 
     asyncio.run(scenario())
+
+
+def test_a_periodic_task_stops_even_when_its_call_swallows_the_cancellation() -> None:
+    """On Python < 3.12 asyncio.wait_for (redis-py wraps every socket write in it) swallows a cancellation
+    that arrives as the write completes. A task stopped by one cancellation then ran on for ever, and the
+    spider's close waited for it: a worker that never exited (seen in CI)."""
+    calls = 0
+
+    async def swallows() -> None:
+        nonlocal calls
+        calls += 1
+        # what wait_for does in that race: return as if not cancelled
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(5)
+
+    async def scenario() -> float:
+        task = PeriodicTask(swallows, 0.01, "test", logging.getLogger("test")).start()
+        while calls == 0:
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        await asyncio.wait_for(task.stop(), 10)
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 5
+    assert calls == 1  # stopped after the call it was in, no further call

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from scrapy_dist.outage import Backoff, Outage
+
+#: seconds between two cancellations of a task that did not stop (see :meth:`PeriodicTask.stop`)
+STOP_RETRY = 0.5
 
 
 class PeriodicTask:
@@ -36,22 +38,35 @@ class PeriodicTask:
         every = max(interval, 0.01)
         self.guard = (outage or Outage()).guard(what, Backoff(every, every), logger)
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> PeriodicTask:
         self._task = asyncio.get_running_loop().create_task(self._run())
         return self
 
     async def stop(self) -> None:
-        """Cancel the task and wait until it has stopped."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Stop the task and wait until it has: a stop flag, then a cancellation, sent again every
+        :data:`STOP_RETRY` seconds while the task runs on.
+
+        One cancellation is not enough. On Python < 3.12, ``asyncio.wait_for`` -- which redis-py wraps
+        around every socket write -- swallows a cancellation that arrives just as the write completes: the
+        call then returns normally and the loop went on for ever, while the spider's close waited for it
+        (a worker that logged "Closing spider" and never exited; seen in CI)."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._stopping = True
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_RETRY)
+        if not task.cancelled():
+            task.exception()  # retrieved, so that asyncio does not report it at exit
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.interval)
+            if self._stopping:
+                return
             await self.run_once()
 
     async def run_once(self, now: float | None = None) -> bool:
