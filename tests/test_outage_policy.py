@@ -1,5 +1,5 @@
 """The outage policy (scrapy_dist.outage), the rate-limited log and the batched writer: unit tests with
-time injected -- no Redis, no sleeps."""
+time injected -- no Redis, no sleeps (but a few milliseconds in the test of stopping a task)."""
 
 from __future__ import annotations
 
