@@ -18,9 +18,10 @@
 --                    generations), then for each generation e = lo .. lo+count-1 its HASH
 --                    {spider}:bloom:g<e>, its blocks and its probe, as for "bloom". Generation e's keys
 --                    are created with an expiry (e+G)*span - now seconds away: the moment lookups stop
---                    consulting it, Redis drops it whole. Nothing rotates, so nothing can rotate twice: the generation is a
---                    function of the clock. The live generations must be among those passed (d.err
---                    'bloom_clock' otherwise: the worker's clock is more than a span off the server's).
+--                    consulting it, Redis drops it whole. Nothing rotates, so nothing can rotate twice: the
+--                    generation is a function of the clock. The live generations must be among those
+--                    passed (d.err 'bloom_clock' otherwise: the worker's clock is more than a span off the
+--                    server's).
 --   mode "set":      KEYS: the SET of raw fingerprints; no params.
 --   mode "setttl":   params ttl; KEYS: the ZSET fingerprint -> unix time it expires. A fingerprint whose
 --                    time has passed is new again; dupe_close drops a bounded number of expired ones.
