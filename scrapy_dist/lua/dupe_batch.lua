@@ -10,7 +10,7 @@
 -- the call repaired (dupe.lua's DUPE_REPAIRED: a recounted item count, a block of another type). Or
 -- {-1, n} (nothing written) when a filter beyond the passed keys could be needed: the caller retries with
 -- keys for more filters; or {-2, reason, key} (nothing written) when the insert would pass the filter's
--- bound, a key has another type or the generations passed miss a live one (see dupe.lua).
+-- bound or the generations passed miss a live one (see dupe.lua).
 local op = ARGV[1]
 local mode = ARGV[2]
 local now = call_now(ARGV[3])
