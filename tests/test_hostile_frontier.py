@@ -394,6 +394,25 @@ def test_the_dupefilters_own_calls_recount_a_garbage_count_too(
     assert 1500 * 0.9 < int(redis_client.hget(KEYS.bloom, "n")) < 1500 * 1.1
 
 
+def test_a_filter_truly_at_its_bound_refuses_the_next_insert(redis_url: str, redis_client: Any) -> None:
+    """The bound itself stays: a chain that really holds MAX_OVERSHOOT times its capacity (its blocks
+    agree with its count) refuses one more insert, in one line, with nothing written."""
+    df = BloomDupeFilter(redis_client, KEYS, None, capacity=100, error_rate=0.01)
+    df.open()
+    i = 0
+    while int(redis_client.hget(KEYS.bloom, "n") or 0) < 100 * MAX_OVERSHOOT:
+        want = 100 * MAX_OVERSHOOT - int(redis_client.hget(KEYS.bloom, "n") or 0)
+        df.seen_tokens([_tokens(10**7 + i + j) for j in range(want)])
+        i += want
+    before = sorted(redis_client.keys("*"))
+    with pytest.raises(FrontierStateError) as err:
+        run(_sync(redis_url, SyncBatch(enqueue=[(*_tokens(1), 0, b"\x01x", "", "")]), df=df))
+    assert err.value.reason == "bloom_bound" and err.value.key == KEYS.bloom
+    with pytest.raises(BloomParameterError, match="the bound"):
+        df.seen_tokens([_tokens(2)])
+    assert sorted(redis_client.keys("*")) == before
+
+
 def test_a_count_raised_mid_crawl_names_no_millions_of_keys(redis_url: str, redis_client: Any) -> None:
     df = _bloom(redis_client, capacity=1000)
     t1, t2 = _tokens(3)
