@@ -42,8 +42,10 @@ def test_a_rolling_restart_of_three_workers_loses_nothing(
     assert len(fetched) == PAGES  # nothing lost
     refetched = sum(n - 1 for n in fetched.values())
     released = [int(m) for m in re.findall(r"gave (\d+) leased requests back to the queue", project.logs())]
-    # three SIGTERMs plus the three replacements' own ends; the stopped workers held prefetched requests
-    assert len(released) >= 3 and sum(released) > 0, released
+    # the stopped workers held prefetched requests and gave them back (one line per worker that held any:
+    # a worker stopped just as its buffer ran dry has none, so not every SIGTERM leaves a line -- CI once
+    # saw two of three)
+    assert released and sum(released) > 0, released
     assert "shutdown" in project.logs()
     print(f"rolling restart of 3 workers, {PAGES} pages: {sum(released)} leases given back at close,"
           f" {refetched} pages fetched twice")
