@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy_dist import scripts
 from scrapy_dist.exceptions import ScrapyDistError, ShardingRefused
 from scrapy_dist.frontier import shards_idle
+from scrapy_dist.replies import count as untrusted_count
 
 if TYPE_CHECKING:
     from scrapy_dist.keys import CrawlKeys
@@ -27,15 +28,6 @@ logger = logging.getLogger(__name__)
 
 #: keys deleted per DEL command
 _DELETE_BATCH = 100
-
-
-def _count(raw: Any) -> int:
-    """A counter read from Redis (untrusted): garbage counts as 0."""
-    try:
-        value = int(raw or 0)
-    except (TypeError, ValueError):
-        return 0
-    return max(0, value)
 
 
 class CrawlLayout:
@@ -123,8 +115,8 @@ class CrawlLayout:
         pending = remembered = 0
         for i in range(0, len(replies), 7):
             counted, members, leased, delayed, (bloom_n, live), fps, expiring = replies[i : i + 7]
-            pending += max(_count(counted), members) + leased + delayed
-            remembered += _count(bloom_n) + _count(live) + fps + expiring
+            pending += max(untrusted_count(counted), members) + leased + delayed
+            remembered += untrusted_count(bloom_n) + untrusted_count(live) + fps + expiring
         return pending, remembered
 
     # -- keys -----------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Any
 
 from scrapy_dist.exceptions import RejectedEntry
 
-__all__ = ["hash_fields", "text"]
+__all__ = ["count", "hash_fields", "text"]
 
 
 def text(value: Any) -> str:
@@ -15,6 +15,14 @@ def text(value: Any) -> str:
     if value is None:
         return ""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def count(value: Any) -> int:
+    """A counter someone else may have written (a queue's request count, a bloom item count): a
+    non-negative decimal integer of at most 18 digits, else 0 -- the scripts heal such counters at their
+    next call, and a reader meanwhile falls back on what it counts itself."""
+    t = text(value)
+    return int(t) if t.isascii() and t.isdigit() and len(t) <= 18 else 0
 
 
 def hash_fields(raw: Any, what: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ from scrapy_dist.extensions.workers import CLOSED, LOST, RUNNING, parse_worker_h
 from scrapy_dist.filterstatus import combine_filters, filter_figures
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.politeness import busiest_domains
+from scrapy_dist.replies import count as untrusted_count
 
 #: Workers listed (most recently seen first); the summary counts all of them.
 WORKER_LIMIT = 200
@@ -36,13 +37,6 @@ LEASE_SCAN_LIMIT = 100_000
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _tally(raw: Any) -> int:
-    """A count someone else may have written (the queue's request counter): a decimal integer, else 0 --
-    the member count read beside it stands in, as the sync script heals the counter at its next call."""
-    text = _text(raw) if raw is not None else ""
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else 0
 
 
 def _number(text: str) -> int | float | str:
@@ -299,7 +293,7 @@ def read_status(
     if not _valid_members(members):
         members = []
     if queued:
-        queued = max(int(queued), _tally(counted))
+        queued = max(int(queued), untrusted_count(counted))
 
     try:
         control = parse_control(control_raw)
@@ -331,7 +325,7 @@ def read_status(
         s_queued, s_inflight, s_delayed, s_rejected, s_bloom, s_fps, s_leases, s_counted = replies[-8:]
         del replies[-8:]
         if s_queued:
-            queued = int(queued) + max(int(s_queued), _tally(s_counted))
+            queued = int(queued) + max(int(s_queued), untrusted_count(s_counted))
         inflight = int(inflight) + int(s_inflight)
         delayed = int(delayed) + int(s_delayed)
         queue_rejected = int(queue_rejected) + int(s_rejected)
