@@ -14,6 +14,7 @@ from scrapy_dist import connection, scripts
 from scrapy_dist.bloom import BloomParameterError
 from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError, ScrapyDistError
 from scrapy_dist.ratelimit import RateLimitedLog
+from scrapy_dist.replies import text
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +79,11 @@ class DupeScript:
                 if answer[0] == -2:  # refused, nothing written (dupe.lua: garbage, past the bound, ...)
                     raise refusal(answer[1], answer[2])
                 got, n = answer[0], answer[1]
-                for key in answer[2] if len(answer) > 2 and isinstance(answer[2], list) else ():
+                for raw in answer[2] if len(answer) > 2 and isinstance(answer[2], list) else ():
+                    key = text(raw)
                     self._repaired.log(
                         logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing",
-                        key.decode(errors="replace") if isinstance(key, bytes) else key, key=str(key),
+                        key, key=key,
                     )
                 df.observe(int(n))
                 if got != -1:  # -1: the chain grew past the keys passed (another worker): again with more

@@ -83,9 +83,12 @@ local function move_aside(key, repaired)
             ':garbage')
 end
 
--- Does any block of filter f exist? (EXISTS over at most 500 keys at a time: unpack has a limit)
+-- Does any block of filter f exist? The first block answers in one EXISTS of one key (every call asks
+-- this of the filter its count names: blocks are created together); only when it is missing are the
+-- others asked (someone deleted it), over at most 500 keys at a time (unpack has a limit).
 local function blocks_exist(f)
-  for first = 0, f.nb - 1, 500 do
+  if redis.call('EXISTS', KEYS[f.key0]) == 1 then return true end
+  for first = 1, f.nb - 1, 500 do
     local keys = {}
     for b = first, math.min(first + 499, f.nb - 1) do keys[#keys + 1] = KEYS[f.key0 + b] end
     if redis.call('EXISTS', unpack(keys)) > 0 then return true end
@@ -125,8 +128,9 @@ local function chain_consistent(c)
   -- past the keys passed (the caller then asks for more): the last filter passed must exist
   if holder > #fs then return blocks_exist(fs[#fs]) end
   if holder > 0 and not blocks_exist(fs[holder]) then return false end
-  if holder < #fs then return not blocks_exist(fs[holder + 1]) end
-  return not c.probe or redis.call('EXISTS', c.probe) == 0
+  -- the filter after: its first block, as the probe (a filter's blocks are created together)
+  local after = holder < #fs and KEYS[fs[holder + 1].key0] or c.probe
+  return not after or redis.call('EXISTS', after) == 0
 end
 
 -- A count for chain c from its blocks: the newest filter that exists is the one being filled; the ones
