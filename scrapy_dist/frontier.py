@@ -102,6 +102,29 @@ def queue_singles(member: bytes) -> list[bytes]:
     return out
 
 
+#: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
+LEASE_MARK = b"\0\xff"
+
+
+def lease_parts(key: bytes) -> tuple[bytes, bytes | None, bytes | None]:
+    """A lease key (what ``sync`` leases: the queue member followed by its tag, see lua/sync_sweep.lua)
+    as ``(member, score, worker id)``: ``score`` and ``worker`` are None when the key has no tag (it is
+    its own member: a lease filed by an older version, whose meta is in the lease meta HASH) or a tag
+    without a space. Finds the tag as ``lease_tag_at`` there does."""
+    size = len(key)
+    if size >= 6:
+        at = size - 4 - int.from_bytes(key[-2:], "big")
+        if at >= 1 and key[at : at + 2] == LEASE_MARK:
+            score, sep, worker = key[at + 2 : -2].partition(b" ")
+            return (key[:at], score, worker) if sep else (key[:at], None, None)
+    return key, None, None
+
+
+def lease_member(key: bytes) -> bytes:
+    """The queue member a lease key leases."""
+    return lease_parts(key)[0]
+
+
 @dataclass
 class SyncBatch:
     """Everything one ``sync`` call sends (encoded by :func:`encode_sync_sections`)."""
@@ -109,21 +132,22 @@ class SyncBatch:
     #: (t1, t2, score, payload, domain, limits); t1 == "" skips dedupe, payload == b"" dedupes only;
     #: domain and limits ("delay concurrency jitter") matter only with crawl-wide politeness
     enqueue: list[tuple[Any, Any, float, bytes, str, str]] = field(default_factory=list)
+    #: ack, renew, release, reject and revisit name leases by their lease keys (as ``leased`` answered)
     ack: list[bytes] = field(default_factory=list)
     renew: list[bytes] = field(default_factory=list)
     release: list[bytes] = field(default_factory=list)
     #: (score, payload, not_before, domain, limits) -- not_before in this machine's unix time; sent as a
     #: delay relative to now, so the Redis server's clock (which the script uses) decides, whatever the skew
     delay: list[tuple[float, bytes, float, str, str]] = field(default_factory=list)
-    #: (member, JSON record)
+    #: (lease key, JSON record)
     reject: list[tuple[bytes, str]] = field(default_factory=list)
     #: JSON records
     dead: list[str] = field(default_factory=list)
     #: (domain, seconds): push the domain's next allowed time back (429/503)
     penalize: list[tuple[str, float]] = field(default_factory=list)
     lease: int = 0
-    #: (member, delay in seconds, new member or b"" for the same): acks that file the request again in
-    #: the delayed set, due that long after the Redis server's now (revisits, see scrapy_dist/revisit.py)
+    #: (lease key, delay in seconds, new queue member or b"" for the same): acks that file the request
+    #: again in the delayed set, due that long after the Redis server's now (revisits, scrapy_dist/revisit.py)
     revisit: list[tuple[bytes, float, bytes]] = field(default_factory=list)
     #: (t1, t2) fingerprint tokens the dupefilter forgets (DEADLETTER_FORGET, with their dead letters)
     forget: list[tuple[Any, Any]] = field(default_factory=list)
@@ -140,6 +164,7 @@ class SyncResult:
     """What one ``sync`` call answers (decoded by name by :func:`decode_sync_result`)."""
 
     new: list[bool]
+    #: (lease key, queue score): the request is the lease key's member (:func:`lease_member`)
     leased: list[tuple[bytes, float]]
     requeued: int
     moved: int
@@ -351,7 +376,8 @@ class Frontier:
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
 
     def payload_of(self, member: bytes) -> bytes:
-        """The encoded request inside a queue member."""
+        """The encoded request inside a queue member or a lease key."""
+        member = lease_member(member)
         if self._polite:
             return member[member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES :]
         return member[SEQ_BYTES:]

@@ -90,10 +90,10 @@ queue            queue             ZSET of queued requests: member = 6-byte sequ
                                    score = -priority.
 queue_tails      queue:tails       HASH score -> the queue chunk of that score still open for appends.
 queue_rejected   queue:rejected    LIST of JSON records for queue entries that failed to decode.
-leases           leases            ZSET of leased (in-flight) members scored by lease deadline (unix
-                                   seconds).
-lease_meta       leases:meta       HASH member -> ``"<queue score> <worker id>"`` for leased members
-                                   (requeue with priority).
+leases           leases            ZSET of lease keys (an in-flight queue member + a tag naming its queue
+                                   score and holder, see lua/sync_sweep.lua) by lease deadline (unix s).
+lease_meta       leases:meta       HASH member -> ``"<queue score> <worker id>"`` for leases filed without
+                                   a tag (older versions; normally empty).
 seq              seq               STRING counter giving every enqueued entry its FIFO sequence number.
 delayed          delayed           ZSET of delayed (retry) members scored by their not-before time.
 delayed_meta     delayed:meta      HASH member -> queue score for delayed members.

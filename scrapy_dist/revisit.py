@@ -38,7 +38,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.codec import load_payload, split_payload
 from scrapy_dist.entrypolicy import VERSION_SIGNED, entry_policy
-from scrapy_dist.frontier import PRIORITY_KEY_BYTES, SEQ_BYTES
+from scrapy_dist.frontier import PRIORITY_KEY_BYTES, SEQ_BYTES, lease_member
 from scrapy_dist.settings_values import SettingsError
 
 if TYPE_CHECKING:
@@ -280,7 +280,7 @@ class Revisits:
             return None
         new = b""
         if self.conditional and validators is not None and self.policy is not None:
-            member = lease[1]
+            member = lease_member(lease[1])  # the lease key's queue member
             try:
                 prefix = member_prefix(member, self.polite)
                 payload = member[len(prefix) :]

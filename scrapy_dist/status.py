@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from scrapy_dist import defaults
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.extensions.control import ControlState, parse_control
 from scrapy_dist.extensions.workers import CLOSED, LOST, RUNNING, parse_worker_hash, worker_state
 from scrapy_dist.filterstatus import combine_filters, filter_figures
+from scrapy_dist.frontier import lease_parts
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.politeness import busiest_domains
 from scrapy_dist.replies import count as untrusted_count
@@ -97,12 +101,16 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
     }
 
 
-def leases_by_worker(meta_values: list[Any]) -> Counter[str]:
-    """Count lease index values (``"<score> <worker id>"``) per worker id."""
+def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ()) -> Counter[str]:
+    """Count leases per worker id: from the tags of lease keys (:func:`scrapy_dist.frontier.lease_parts`)
+    and from lease meta values (``"<score> <worker id>"``: leases filed without a tag)."""
     out: Counter[str] = Counter()
+    for key in lease_keys:
+        tagged = lease_parts(key if isinstance(key, bytes) else _text(key).encode())[2]
+        if tagged is not None:
+            out[_text(tagged)] += 1
     for value in meta_values:
-        _, _, worker = _text(value).partition(" ")
-        out[worker] += 1
+        out[_text(value).partition(" ")[2]] += 1
     return out
 
 
@@ -253,6 +261,17 @@ def _domains(client: Any, shards: list[CrawlKeys], now: float, limit: int) -> li
     return rows[:limit]
 
 
+def _scan_leases(client: Any, shards: list[CrawlKeys]) -> Counter[str] | None:
+    """Leases per worker: the lease keys' tags and the lease meta HASH (None if a key holds another type)."""
+    try:
+        return leases_by_worker(
+            [k for shard in shards for k, _ in client.zscan_iter(shard.leases, count=1000)],
+            [v for shard in shards for _, v in client.hscan_iter(shard.lease_meta, count=1000)],
+        )
+    except ResponseError:
+        return None
+
+
 def read_status(
     client: Any,
     keys: CrawlKeys,
@@ -284,7 +303,7 @@ def read_status(
     p.hgetall(keys.errors)
     p.zrevrange(keys.workers, 0, worker_limit - 1, withscores=True)
     p.zcard(keys.workers)
-    p.hlen(keys.lease_meta)
+    p.zcard(keys.leases)
     p.hget(keys.queue_tails, "count")  # requests queued (queue members may be chunks of several)
     p.zcard(keys.fingerprints_ttl)  # SetDupeFilter with DUPEFILTER_TTL
     (queued, inflight, delayed, dead, seeds_type, processing, seeds_rejected, queue_rejected, bloom,
@@ -314,7 +333,7 @@ def read_status(
         p.llen(shard.queue_rejected)
         p.hgetall(shard.bloom)
         p.scard(shard.fingerprints)
-        p.hlen(shard.lease_meta)
+        p.zcard(shard.leases)
         p.hget(shard.queue_tails, "count")
     fallbacks: list[Any] = [0] if count is not None else []
     fallbacks += [{}] * len(members) + [0, 0, 0, 0, {}, 0, 0, None] * len(shards[1:])
@@ -333,9 +352,7 @@ def read_status(
         filters.insert(1, filter_figures(s_bloom, int(s_fps)))
     leases = None
     if int(n_leases) <= lease_scan_limit:
-        leases = leases_by_worker(
-            [v for shard in shards for _, v in client.hscan_iter(shard.lease_meta, count=1000)]
-        )
+        leases = _scan_leases(client, shards)
 
     workers = worker_rows(members, replies, leases, now, default_interval)
     states = Counter(w["state"] for w in workers)

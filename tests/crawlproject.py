@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from helpers import wait_for_pages
 
 from scrapy_dist.codec import load_payload
-from scrapy_dist.frontier import SEQ_BYTES
+from scrapy_dist.frontier import SEQ_BYTES, lease_parts
 
 SPIDERS = '''
 import json
@@ -243,20 +243,22 @@ def lost_and_dupes(site: Any) -> tuple[int, int]:
 
 
 def kill_holding_leases(
-    project: Project, victim: subprocess.Popen[bytes], site: Any, client: Any, lease_metas: list[str],
+    project: Project, victim: subprocess.Popen[bytes], site: Any, client: Any, lease_sets: list[str],
     min_pages: int, timeout: float = 60,
 ) -> set[str]:
     """SIGKILL ``victim`` once ``site`` has answered ``min_pages`` pages and the victim holds leases;
-    returns the paths of the requests it held then (read from the ``lease_metas`` hashes, whose values
-    name the worker: ``"<score> host:pid:random"``). Frozen after the kill until the leases run out."""
+    returns the paths of the requests it held then (read from the ``lease_sets`` ZSETs, whose lease keys'
+    tags name the worker: ``host:pid:random``, see ``lease_parts``). Frozen after the kill until the
+    leases run out."""
     pid = f":{victim.pid}:".encode()
     deadline = time.monotonic() + timeout
 
     def held() -> set[str]:
         out = set()
-        for key in lease_metas:
-            for member, meta in client.hgetall(key).items():
-                if pid in meta:
+        for key in lease_sets:
+            for lease in client.zrange(key, 0, -1):
+                member, _, worker = lease_parts(lease)
+                if worker is not None and pid in worker:
                     out.add(urlparse(load_payload(member[SEQ_BYTES:])["u"]).path)
         return out
 
@@ -268,7 +270,7 @@ def kill_holding_leases(
 
 
 def kill_one_of_three(
-    root: Path, redis_url: str, site: Any, client: Any, lease_metas: list[str], min_pages: int,
+    root: Path, redis_url: str, site: Any, client: Any, lease_sets: list[str], min_pages: int,
     settings: dict[str, Any] | None = None,
 ) -> Project:
     """The SIGKILL scenario the kill tests share: three workers of 8 concurrent requests and 3 s leases
@@ -283,7 +285,7 @@ def kill_one_of_three(
     victim = project.crawl()
     project.crawl()
     project.wait_until_open()
-    held = kill_holding_leases(project, victim, site, client, lease_metas, min_pages)
+    held = kill_holding_leases(project, victim, site, client, lease_sets, min_pages)
     assert_survived_kill(project, site, held, timeout=150)
     return project
 

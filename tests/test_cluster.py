@@ -33,7 +33,7 @@ from scrapy_dist.cli import main
 from scrapy_dist.connection import get_async_redis, get_redis, is_cluster
 from scrapy_dist.deadletter import dead_letter_record
 from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
-from scrapy_dist.frontier import SEQ_BYTES, Frontier, SyncBatch
+from scrapy_dist.frontier import SEQ_BYTES, Frontier, SyncBatch, lease_member
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.pipelines import RedisPipeline
 from scrapy_dist.spiders import SeedReader
@@ -100,7 +100,7 @@ def test_frontier_sync_script_on_a_cluster(cluster_url: str) -> None:
 
     first, second, _ = asyncio.run(go())
     assert first.new == [True] * 20 + [False] * 5
-    assert [m[SEQ_BYTES:] for m, _ in first.leased] == [b"P" + u for u in _urls(8)]
+    assert [lease_member(m)[SEQ_BYTES:] for m, _ in first.leased] == [b"P" + u for u in _urls(8)]
     assert second.new == [False] * 3
     assert (second.queued, second.inflight, second.delayed) == (12, 6, 1)
     c = _client(cluster_url)
@@ -294,7 +294,7 @@ def test_sigkilled_worker_loses_nothing_on_a_cluster(
 ) -> None:
     site = site_factory(pages=600, delay=0.01)
     c = _client(cluster_url)
-    kill_one_of_three(tmp_path, cluster_url, site, c, [LINKS.lease_meta], min_pages=200)
+    kill_one_of_three(tmp_path, cluster_url, site, c, [LINKS.leases], min_pages=200)
     assert c.zcard(LINKS.queue) == 0 and c.zcard(LINKS.leases) == 0
     c.close()
 

@@ -16,6 +16,7 @@ from scrapy_dist import scripts
 from scrapy_dist.bloom import MAX_OVERSHOOT, BloomParameterError, BloomPlan, fingerprint_hashes
 from scrapy_dist.dupefilter import BloomDupeFilter
 from scrapy_dist.frontier import (
+    LEASE_MARK,
     SEQ_BYTES,
     SYNC_HEAD,
     SYNC_KEYS,
@@ -23,6 +24,7 @@ from scrapy_dist.frontier import (
     Frontier,
     FrontierStateError,
     SyncBatch,
+    lease_member,
 )
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.outage import Backoff, Outage
@@ -92,7 +94,7 @@ def test_an_oversized_single_and_truncated_chunk_are_rejected_in_redis(
         b"\0\0\0\0\0\x03\x01good": 2,
     })
     (res,) = run(_sync(redis_url, SyncBatch(lease=10), max_entry_bytes=1000))
-    assert [m[SEQ_BYTES:] for m, _ in res.leased] == [b"\x01good"]
+    assert [lease_member(m)[SEQ_BYTES:] for m, _ in res.leased] == [b"\x01good"]
     assert res.rejected == 2
     reasons = [json.loads(r)["reason"] for r in redis_client.lrange(KEYS.queue_rejected, 0, -1)]
     assert reasons == ["entry_too_large", "chunk_truncated"]
@@ -121,7 +123,7 @@ def test_a_garbage_tail_is_not_appended_to(redis_url: str, redis_client: Any) ->
     redis_client.zadd(KEYS.queue, {huge: 0})
     redis_client.hset(KEYS.queue_tails, "0.0", huge)
     res = run(_sync(redis_url, SyncBatch(enqueue=[("", "", 0, b"\x01new", "", "")]), SyncBatch(lease=5)))
-    assert [m[SEQ_BYTES:] for m, _ in res[1].leased] == [b"\x01new"]
+    assert [lease_member(m)[SEQ_BYTES:] for m, _ in res[1].leased] == [b"\x01new"]
     assert res[1].rejected == 1 and redis_client.zcard(KEYS.queue) == 0
 
 
@@ -135,7 +137,7 @@ def test_a_hostile_seq_loses_no_request(redis_url: str, redis_client: Any, seq: 
         redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01req", "", "")]), SyncBatch(lease=5), df=df
     ))
     assert first.new == [True] and KEYS.seq in first.repaired
-    assert [m[SEQ_BYTES:] for m, _ in leased.leased] == [b"\x01req"]  # seen AND queued
+    assert [lease_member(m)[SEQ_BYTES:] for m, _ in leased.leased] == [b"\x01req"]  # seen AND queued
     assert 0 < leased.seq < 2**47
 
 
@@ -146,8 +148,14 @@ def test_garbage_counters_and_meta_are_repaired_not_fatal(redis_url: str, redis_
         await f.sync(SyncBatch(enqueue=[("", "", -1, b"\x01a", "", ""), ("", "", -2, b"\x01b", "", "")],
                                delay=[(-3, b"\x01d", 50.0, "", "")]), now=10)
         taken = await f.sync(SyncBatch(lease=2), now=10)
-        for m, _ in taken.leased:
-            await client.hset(KEYS.lease_meta, m, "nan w1")
+        (a, _), (b, _) = taken.leased
+        # a's tag names a score that is no number; b is filed as an older version did, untagged, with
+        # garbage in the lease meta HASH
+        tag = b"nan w1"
+        await client.zrem(KEYS.leases, a, b)
+        await client.zadd(KEYS.leases, {lease_member(a) + LEASE_MARK + tag + len(tag).to_bytes(2, "big"): 20,
+                                         lease_member(b): 20})
+        await client.hset(KEYS.lease_meta, lease_member(b), "nan w1")
         (dm,) = await client.zrange(KEYS.delayed, 0, -1)
         await client.hset(KEYS.delayed_meta, dm, "1e999999")
         await client.hset(KEYS.queue_tails, "count", "lots")
@@ -158,8 +166,9 @@ def test_garbage_counters_and_meta_are_repaired_not_fatal(redis_url: str, redis_
 
     res = run(go())
     assert res.requeued == 2 and res.moved == 1 and not res.paused
-    assert sorted(m[SEQ_BYTES:] for m, _ in res.leased) == [b"\x01a", b"\x01b", b"\x01d"]
+    assert sorted(lease_member(m)[SEQ_BYTES:] for m, _ in res.leased) == [b"\x01a", b"\x01b", b"\x01d"]
     assert all(score == 0 for _, score in res.leased)  # unusable scores became 0, the requests stayed
+    assert redis_client.hlen(KEYS.lease_meta) == 0
 
 
 def test_garbage_domain_info_is_repaired(redis_url: str, redis_client: Any) -> None:
@@ -439,7 +448,7 @@ def test_an_oversized_member_is_rejected_with_crawl_wide_politeness(
     redis_client.zadd(KEYS.queue, {big: 0})
     redis_client.hincrby(KEYS.domain_info, "b:a.example", 1)
     (res,) = run(_sync(redis_url, SyncBatch(lease=5), politeness="cluster", max_entry_bytes=1000))
-    assert [m.endswith(b"\x01ok") for m, _ in res.leased] == [True] and res.rejected == 1
+    assert [lease_member(m).endswith(b"\x01ok") for m, _ in res.leased] == [True] and res.rejected == 1
     assert json.loads(redis_client.lindex(KEYS.queue_rejected, 0))["reason"] == "entry_too_large"
     assert redis_client.hget(KEYS.domain_info, "i:a.example") == b"1"  # one slot taken, not two
     assert redis_client.zcard(KEYS.queue) == 0

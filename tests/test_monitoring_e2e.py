@@ -19,6 +19,7 @@ import redis
 from crawlproject import SPIDERS, make_project
 from helpers import wait_for
 
+from scrapy_dist.frontier import lease_parts
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.status import read_status
 
@@ -96,9 +97,9 @@ def test_a_killed_worker_shows_as_lost(tmp_path: Path, redis_url: str, site_fact
     victim = project.crawl(args={"seed": site.page_url(0)})
     client = redis.Redis.from_url(redis_url)
     wait_for(lambda: client.zcard(LINKS.workers) == 2, 30, "two workers")
-    wait_for(lambda: client.hlen(LINKS.lease_meta) and any(
-        v.endswith(f":{victim.pid}:".encode()) or f":{victim.pid}:".encode() in v
-        for v in client.hvals(LINKS.lease_meta)), 30, "the victim to hold leases")
+    wait_for(lambda: any(
+        f":{victim.pid}:".encode() in (lease_parts(k)[2] or b"")
+        for k in client.zrange(LINKS.leases, 0, -1)), 30, "the victim to hold leases")
     project.kill(victim)
     # lost once unseen for three heartbeat intervals: read in-process until then, then through the CLI
     wait_for(lambda: worker_state_of(client, victim.pid) == "lost", 30, "the victim to show as lost")

@@ -20,7 +20,7 @@ from crawlproject import SPIDERS, make_project
 from helpers import wait_for
 
 from scrapy_dist.codec import load_payload
-from scrapy_dist.frontier import SEQ_BYTES, queue_singles
+from scrapy_dist.frontier import SEQ_BYTES, lease_member, queue_singles
 from scrapy_dist.keys import CrawlKeys
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ LINKS = CrawlKeys("links")
 def _urls_in_frontier(client: redis.Redis, keys: CrawlKeys) -> list[str]:
     members = [s for m in client.zrange(keys.queue, 0, -1) for s in queue_singles(m)]
     members += client.zrange(keys.leases, 0, -1) + client.zrange(keys.delayed, 0, -1)
-    return sorted(load_payload(m[SEQ_BYTES:])["u"] for m in members)
+    return sorted(load_payload(lease_member(m)[SEQ_BYTES:])["u"] for m in members)
 
 
 def test_revisits_survive_a_sigkilled_worker_and_are_never_doubled(

@@ -42,7 +42,7 @@ def test_three_workers_crawl_every_page(tmp_path: Path, redis_url: str, site_fac
 def test_sigkilled_worker_loses_nothing(tmp_path: Path, redis_url: str, site_factory: Any) -> None:
     site = site_factory(pages=1500, delay=0.01)
     client = redis.Redis.from_url(redis_url)
-    kill_one_of_three(tmp_path, redis_url, site, client, [LINKS.lease_meta], min_pages=500)
+    kill_one_of_three(tmp_path, redis_url, site, client, [LINKS.leases], min_pages=500)
     assert client.zcard(LINKS.queue) == 0 and client.zcard(LINKS.leases) == 0
 
 
@@ -55,7 +55,7 @@ def test_sigkilled_worker_loses_nothing_when_its_rounds_span_several_calls(
     site = site_factory(pages=1500, delay=0.01)
     client = redis.Redis.from_url(redis_url)
     kill_one_of_three(
-        tmp_path, redis_url, site, client, [LINKS.lease_meta], min_pages=500,
+        tmp_path, redis_url, site, client, [LINKS.leases], min_pages=500,
         settings={"SCHEDULER_FLUSH_INTERVAL": 1.0, "SCHEDULER_PREFETCH": 256, "SCHEDULER_FLUSH_BATCH": 5000},
     )
     assert client.zcard(LINKS.queue) == 0 and client.zcard(LINKS.leases) == 0

@@ -393,8 +393,9 @@ def test_sigkilled_sharded_worker_loses_nothing_on_a_cluster(
 ) -> None:
     site = site_factory(pages=600, delay=0.01)
     c = redis.cluster.RedisCluster.from_url(cluster_url)
-    metas = [k.lease_meta for k in LINKS.shards(3)]
-    kill_one_of_three(tmp_path, cluster_url, site, c, metas, min_pages=150, settings={"SCHEDULER_SHARDS": 3})
+    lease_sets = [k.leases for k in LINKS.shards(3)]
+    kill_one_of_three(tmp_path, cluster_url, site, c, lease_sets, min_pages=150,
+                      settings={"SCHEDULER_SHARDS": 3})
     for k in LINKS.shards(3):
         assert c.zcard(k.queue) == c.zcard(k.leases) == 0
     c.close()

@@ -139,9 +139,9 @@ local function pol_flush(domains_key, info_key, now)
   pol.touched = {}
 end
 
--- Lease up to n requests from domains that may be fetched now; returns a flat list member, score.
--- on_lease(m) takes a member out of the queue into a lease and returns true, or returns false when it
--- refused the member (rejected it: it leaves the queue without taking a slot).
+-- Lease up to n requests from domains that may be fetched now; returns a flat list lease key, score.
+-- on_lease(m) takes a member out of the queue into a lease and returns its lease key, or returns false
+-- when it refused the member (rejected it: it leaves the queue without taking a slot).
 local function pol_lease(queue_key, domains_key, info_key, n, now, on_lease)
   local out = {}
   local got = 0
@@ -161,8 +161,9 @@ local function pol_lease(queue_key, domains_key, info_key, n, now, on_lease)
       local taken = 0
       for _, m in ipairs(ms) do
         redis.call('ZREM', queue_key, m)
-        if on_lease(m) then
-          out[#out + 1] = m; out[#out + 1] = '0'
+        local key = on_lease(m)
+        if key then
+          out[#out + 1] = key; out[#out + 1] = '0'
           got = got + 1
           taken = taken + 1
         end

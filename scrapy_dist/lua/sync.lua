@@ -19,14 +19,14 @@
 --   dupe_mode; then P and P dupe params (dupe.lua); then SYNC_SECTIONS, each a count and its items:
 --   enqueue  t1, t2 (t1 == '' skips dedupe), score, payload (payload == '' dedupes only)
 --            [, domain, limits "delay concurrency jitter" with politeness]
---   ack, renew, release  member
+--   ack, renew, release  lease key (what 'leased' answered: sync_sweep.lua)
 --   delay    score, payload, delay in seconds from now (the server's clock decides) [, domain, limits]
---   reject   member, JSON record        dead  JSON record        penalize  domain, seconds
---   revisit  member, delay in seconds, new member ('' = unchanged): an ack that files it again
+--   reject   lease key, JSON record        dead  JSON record        penalize  domain, seconds
+--   revisit  lease key, delay in seconds, new member ('' = unchanged): an ack that files it again
 --   forget   t1, t2: a fingerprint made new again (dupe.lua's dupe_forget)
 -- Returns the flat list 'flags', f, 'leased', l, 'requeued', n, 'moved', n, 'queued', n, 'inflight', n,
 --   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys}: flags has
---   one '1'/'0' per enqueue item (new/duplicate); leased is member, score, member, score...; seq is the
+--   one '1'/'0' per enqueue item (new/duplicate); leased is lease key, score, lease key, score...; seq is the
 --   sequence counter (it grows with every entry created: two equal readings with nothing queued, leased
 --   or delayed in between prove the shard stayed empty); rejected counts queue members this call rejected
 --   whole (sync_lease); repaired names keys whose garbage this call repaired (sync_check).
@@ -38,7 +38,7 @@ local S = {
   now = now, worker = A.worker, lease_s = tonumber(A.lease_seconds), n_lease = tonumber(A.lease),
   order = A.order, polite = polite, chunked = A.order == 'asc' and not polite,
   max_entry = tonumber(A.max_entry_bytes), rejected_maxlen = tonumber(A.rejected_maxlen),
-  dead_maxlen = tonumber(A.dead_maxlen), queued_delta = 0, rejected = 0, repaired = {},
+  dead_maxlen = tonumber(A.dead_maxlen), queued_delta = 0, rejected = 0, repaired = {}, tags = {},
 }
 -- as the string Redis would make of it (once, not once per lease)
 S.deadline = string.format('%.17g', now + S.lease_s)

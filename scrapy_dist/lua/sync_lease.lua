@@ -1,6 +1,6 @@
 -- Fragment: step 11 of a sync call (KEYS/ARGV: see sync_common.lua).
 -- sync_lease(S) leases up to S.n_lease requests (none while the control HASH says paused = '1') and
--- returns the flat list member, score, member, score... A queue member that is not a well-formed single
+-- returns the flat list lease key, score, lease key, score... (lease keys: sync_sweep.lua). A queue member that is not a well-formed single
 -- or chunk (chunk_singles: too many records, truncated, larger than max_entry_bytes) is removed and
 -- rejected whole by the script itself, as ONE record of bounded size (its first 64 bytes in hex), so
 -- hostile members cost bounded work (S.rejected counts them).
@@ -13,9 +13,11 @@ local function sync_reject_member(S, member, reason)
   }), S.rejected_maxlen)
 end
 
+-- m leaves the queue into a lease; returns its lease key
 local function sync_take(S, m, score)
-  redis.call('ZADD', K.leases, S.deadline, m)
-  redis.call('HSET', K.lease_meta, m, score .. ' ' .. S.worker)
+  local L = lease_key(S, m, score)
+  redis.call('ZADD', K.leases, S.deadline, L)
+  return L
 end
 
 local function sync_lease(S)
@@ -33,8 +35,7 @@ local function sync_lease(S)
         sync_reject_member(S, m, 'entry_too_large')
         return false
       end
-      sync_take(S, m, '0')
-      return true
+      return sync_take(S, m, '0')
     end)
   end
   local got, tries = 0, 0
@@ -51,8 +52,7 @@ local function sync_lease(S)
     else
       local keep = math.min(#singles, n_lease - got)
       for i = 1, keep do
-        sync_take(S, singles[i], score)
-        leased[#leased + 1] = singles[i]; leased[#leased + 1] = score
+        leased[#leased + 1] = sync_take(S, singles[i], score); leased[#leased + 1] = score
       end
       got = got + keep
       if keep < #singles then

@@ -21,11 +21,11 @@ local function items(sec, width)
   end
 end
 
--- m's lease is over (1 if it was leased): with politeness, its domain has one slot free again
-local function lease_done(S, m)
-  local found = unlease(S, m)
+-- lease key L's lease is over (1 if it was leased): with politeness, its domain has one slot free again
+local function lease_done(S, L)
+  local found = unlease(S, L)
   if found == 1 and S.polite then
-    local dom = pol_domain(m)
+    local dom = pol_domain(L)
     if dom then pol_finished(K.domain_info, dom, S.now) end
   end
   return found
@@ -41,27 +41,30 @@ local function dequeued(S, m)
 end
 
 local function sync_ack(S, sec)
-  for m in items(sec, 1) do
+  for L in items(sec, 1) do
     -- a lease that ran out was moved back to the queue (sync_sweep): that copy need not run again. A
     -- lease still held has no copy there, which saves the ZREM (one command per page).
-    if lease_done(S, m) == 0 and redis.call('ZREM', K.queue, m) == 1 then dequeued(S, m) end
+    if lease_done(S, L) == 0 then
+      local m = lease_member(L)
+      if redis.call('ZREM', K.queue, m) == 1 then dequeued(S, m) end
+    end
   end
 end
 
 local function sync_renew(S, sec)
-  for m in items(sec, 1) do redis.call('ZADD', K.leases, 'XX', S.deadline, m) end
+  for L in items(sec, 1) do redis.call('ZADD', K.leases, 'XX', S.deadline, L) end
 end
 
 local function sync_release(S, sec)
-  for m in items(sec, 1) do
-    local score = lease_score(m)
-    if unlease(S, m) == 1 then to_queue(S, m, score) end
+  for L in items(sec, 1) do
+    local m, score = lease_entry(L)
+    if unlease(S, L) == 1 then to_queue(S, m, score) end
   end
 end
 
 local function sync_reject(S, sec)
-  for m, record in items(sec, 2) do
-    unlease(S, m)
+  for L, record in items(sec, 2) do
+    unlease(S, L)
     push_capped(K.rejected, record, S.rejected_maxlen)
   end
 end
@@ -103,10 +106,10 @@ end
 local function sync_revisit(S, sec)
   local pos = sec.pos
   for i = 1, sec.n do
-    local m, delay, new = ARGV[pos], score_of(ARGV[pos + 1]), ARGV[pos + 2]
+    local L, delay, new = ARGV[pos], score_of(ARGV[pos + 1]), ARGV[pos + 2]
     pos = pos + sec.w
-    local score = lease_score(m)
-    local found = lease_done(S, m)
+    local m, score = lease_entry(L)
+    local found = lease_done(S, L)
     local qs = redis.call('ZSCORE', K.queue, m)
     if qs and redis.call('ZREM', K.queue, m) == 1 then
       found = 1

@@ -1,8 +1,17 @@
--- Fragment: steps 1-2 of a sync call (KEYS/ARGV: see sync_common.lua).
+-- Fragment: steps 1-2 of a sync call (KEYS/ARGV: see sync_common.lua), and what a lease is.
 -- sync_sweep(S): leases of dead workers that ran out go back to the queue with their original score, and
 -- delayed retries that are due join the queue; at most 500 of each per call (bounded work). A score read
--- from lease or delayed meta that is not a finite number is replaced by 0 (the request is kept).
+-- from a lease's tag or delayed meta that is not a finite number is replaced by 0 (the request is kept).
 -- Sets S.requeued, S.moved.
+--
+-- Lease keys. A leased request is filed in the leases ZSET (score: its deadline) under a *lease key*: its
+-- queue member followed by a tag naming the queue score it goes back with and the worker holding it,
+--   <member> \0 \255 <score> ' ' <worker id> <2-byte length of "<score> <worker id>">
+-- The worker gets the lease key (sync_lease answers it) and settles the lease by it. Before (issue 19),
+-- the member itself was the lease and the score and worker went in the lease meta HASH: one HSET per
+-- lease and one HDEL per ack, ~1.2 us of Redis CPU per page. A key without a well-formed tag (a lease
+-- filed by an older version, whose meta is in that HASH, or anything someone else wrote there) is its
+-- own member, with the score its meta names, or 0: read as untrusted, it never fails a call.
 
 -- member layout: seq .. payload, or with politeness domain \0 priority-key seq payload (score 0)
 local function member_of(S, seq, score, payload, dom)
@@ -20,30 +29,75 @@ local function to_queue(S, m, score)
   end
 end
 
--- a member stops being leased (ack, release, expiry, rejection): 1 if it was leased
-local function unlease(S, m)
-  local was = redis.call('ZREM', K.leases, m)
-  redis.call('HDEL', K.lease_meta, m)
+local LEASE_MARK = '\0\255'  -- lease_tag_at tests its two bytes
+-- a tag longer than this (a worker id of kilobytes) is not written: such a lease uses the meta HASH
+local LEASE_TAG_MAX = 4096
+
+-- The lease key of member m leased now at queue score `score` (a string) by this call's worker. A
+-- call's leases share a few scores: each score's tag is built once per call (S.tags).
+local function lease_key(S, m, score)
+  local tail = S.tags[score]
+  if not tail then
+    local tag = score .. ' ' .. S.worker
+    tail = #tag <= LEASE_TAG_MAX and LEASE_MARK .. tag .. u16(#tag) or tag
+    S.tags[score] = tail
+  end
+  if #tail > LEASE_TAG_MAX then
+    redis.call('HSET', K.lease_meta, m, tail)
+    return m
+  end
+  return m .. tail
+end
+
+-- Where the tag of lease key L starts (the index of its mark), or nil: L has no well-formed tag.
+local function lease_tag_at(L)
+  local size = #L
+  if size < 6 then return nil end
+  local byte = string.byte
+  local at = size - 3 - (byte(L, size - 1) * 256 + byte(L, size))
+  if at < 2 or byte(L, at) ~= 0 or byte(L, at + 1) ~= 255 then return nil end
+  return at
+end
+
+-- The queue member of lease key L.
+local function lease_member(L)
+  local at = lease_tag_at(L)
+  if not at then return L end
+  return string.sub(L, 1, at - 1)
+end
+
+-- The queue member of lease key L and the score it goes back to the queue with ('0' if none is known).
+local function lease_entry(L)
+  local at = lease_tag_at(L)
+  local m, s = L, nil
+  if at then
+    m = string.sub(L, 1, at - 1)
+    s = string.match(string.sub(L, at + 2, -3), '^(%S+) ')
+  else
+    local meta = redis.call('HGET', K.lease_meta, L)
+    s = meta and string.match(meta, '^(%S+)')
+  end
+  if s and score_of(s) then return m, s end
+  return m, '0'
+end
+
+-- a lease key stops being leased (ack, release, expiry, rejection): 1 if it was leased
+local function unlease(S, L)
+  local was = redis.call('ZREM', K.leases, L)
+  if not lease_tag_at(L) then redis.call('HDEL', K.lease_meta, L) end
   if was == 1 and S.polite then
-    local dom = pol_domain(m)
+    local dom = pol_domain(L)
     if dom then pol_count(K.domain_info, dom, 0, -1) end
   end
   return was
 end
 
-local function lease_score(m)
-  local meta = redis.call('HGET', K.lease_meta, m)
-  local s = meta and string.match(meta, '^(%S+)')
-  if s and score_of(s) then return s end
-  return '0'
-end
-
 local function sync_sweep(S)
   S.requeued = 0
   local expired = redis.call('ZRANGEBYSCORE', K.leases, '-inf', S.now, 'LIMIT', 0, 500)
-  for _, m in ipairs(expired) do
-    local score = lease_score(m)
-    unlease(S, m)
+  for _, L in ipairs(expired) do
+    local m, score = lease_entry(L)
+    unlease(S, L)
     to_queue(S, m, score)
     S.requeued = S.requeued + 1
   end
