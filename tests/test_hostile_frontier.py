@@ -452,3 +452,63 @@ def test_an_oversized_member_is_rejected_with_crawl_wide_politeness(
     assert json.loads(redis_client.lindex(KEYS.queue_rejected, 0))["reason"] == "entry_too_large"
     assert redis_client.hget(KEYS.domain_info, "i:a.example") == b"1"  # one slot taken, not two
     assert redis_client.zcard(KEYS.queue) == 0
+
+
+# -- crawl-wide politeness: the queue must stay one score, its members leasable ------------------------
+def _polite_entries(n: int, domain: str = "a.example") -> list[Any]:
+    return [("", "", 0, b"\x01p%d" % i, domain, "0 0 0") for i in range(n)]
+
+
+@pytest.mark.parametrize(("member", "score"), [
+    (b"\xff", -1.0), (b"zz.example\0" + b"0" * 17 + b"\x01", float("-inf")), (b"\x00", 1.0),
+    (b"a.example\0junk", 1e300),
+])
+def test_one_queue_member_of_another_score_does_not_hide_the_frontier(
+    redis_url: str, redis_client: Any, member: bytes, score: float
+) -> None:
+    """ZRANGEBYLEX is only defined over members of one score: a single member written at another score
+    (ahead of the domain's requests, sorting after them) made the domain's range read empty, its backlog
+    was reset to 0, and no worker leased again."""
+    run(_sync(redis_url, SyncBatch(enqueue=_polite_entries(5)), politeness="cluster"))
+    redis_client.zadd(KEYS.queue, {member: score})
+    leased = []
+    for _ in range(3):
+        (res,) = run(_sync(redis_url, SyncBatch(lease=10), politeness="cluster"))
+        leased += [lease_member(m) for m, _ in res.leased]
+    ours = {m[m.index(b"\0") + 1 + 11 + SEQ_BYTES :] for m in leased if m.startswith(b"a.example\0")}
+    assert ours >= {b"\x01p%d" % i for i in range(5)}  # every queued request was leased
+    assert redis_client.zcount(KEYS.queue, "-inf", "(0") == redis_client.zcount(KEYS.queue, "(0", "+inf") == 0
+
+
+def test_queue_members_no_worker_would_lease_are_taken_up(redis_url: str, redis_client: Any) -> None:
+    """Members without a domain part are rejected whole; members of a domain without a backlog (written
+    by someone else, or its counter reset) get the backlog recounted, so they are leased; a domain with a
+    backlog that someone removed from the schedule is scheduled again. The queue drains."""
+    run(_sync(redis_url, SyncBatch(enqueue=_polite_entries(2, "b.example")), politeness="cluster"))
+    redis_client.zrem(KEYS.domains, "b.example")  # backlog 2, not scheduled
+    foreign = b"c.example\0" + b"0" * 11 + b"\0" * 6 + b"\x01x"  # a domain without a backlog
+    redis_client.zadd(KEYS.queue, {b"no domain part": 0, foreign: 0})
+    leased: list[bytes] = []
+    rejected = 0
+    for _ in range(40):
+        (res,) = run(_sync(redis_url, SyncBatch(lease=10), politeness="cluster"))
+        leased += [lease_member(m) for m, _ in res.leased]
+        rejected += res.rejected
+        if redis_client.zcard(KEYS.queue) == 0:
+            break
+    assert redis_client.zcard(KEYS.queue) == 0
+    assert rejected == 1 and json.loads(redis_client.lindex(KEYS.queue_rejected, -1))["reason"] == "no_domain"
+    assert sorted(m.split(b"\0")[0] for m in leased) == [b"b.example", b"b.example", b"c.example"]
+
+
+def test_a_lease_tag_cannot_requeue_at_another_score_with_politeness(
+    redis_url: str, redis_client: Any
+) -> None:
+    (_, taken) = run(_sync(redis_url, SyncBatch(enqueue=_polite_entries(1)), SyncBatch(lease=1), now=100,
+                          politeness="cluster", lease_seconds=10))
+    (key, _), = taken.leased
+    tag = b"-5 w1"
+    redis_client.zrem(KEYS.leases, key)
+    redis_client.zadd(KEYS.leases, {lease_member(key) + LEASE_MARK + tag + len(tag).to_bytes(2, "big"): 0})
+    (res,) = run(_sync(redis_url, SyncBatch(lease=5), now=200, politeness="cluster", lease_seconds=10))
+    assert res.requeued == 1 and [lease_member(m) for m, _ in res.leased] == [lease_member(key)]

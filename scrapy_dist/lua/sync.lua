@@ -74,6 +74,7 @@ sync_forget(d, sec.forget)
 local paused = redis.call('HGET', K.control, 'paused')
 if paused ~= '1' then paused = '0' end
 S.paused = paused
+if polite then sync_polite_queue(S) end
 local leased = sync_lease(S)
 if polite then
   pol_unstick(K.domains, K.domain_info, now)

@@ -13,6 +13,43 @@ local function sync_reject_member(S, member, reason)
   }), S.rejected_maxlen)
 end
 
+-- With crawl-wide politeness (polite.lua) every queue member has score 0 -- ZRANGEBYLEX reads a domain's
+-- requests, and is only defined over members of one score -- and belongs to a domain that is scheduled
+-- while it has a backlog. What someone else writes there must not hide the frontier from every worker:
+-- one member of another score made every domain's range read empty (pol_lease then reset the backlog to 0,
+-- and nothing was leased again), and members the workers never lease kept a crawl from finishing. So each
+-- call (bounded work): up to 64 members of another score on each side of 0 go back to score 0 (ours whose
+-- score was changed keep their place; anything else is rejected when leased), and 4 random members are
+-- looked at: one with no domain part is rejected whole, one whose domain has no backlog gets the backlog
+-- recounted (ZLEXCOUNT), so it is scheduled, leased, and decoded or rejected by a worker; a domain with a
+-- backlog missing from the domains ZSET is scheduled again.
+local POLITE_FOREIGN_SCORES = {{'-inf', '(0'}, {'(0', '+inf'}}
+
+local function sync_polite_queue(S)
+  for _, range in ipairs(POLITE_FOREIGN_SCORES) do
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', K.queue, range[1], range[2], 'LIMIT', 0, 64)) do
+      redis.call('ZADD', K.queue, 0, m)
+    end
+  end
+  for _, m in ipairs(redis.call('ZRANDMEMBER', K.queue, 4)) do
+    local dom = pol_domain(m)
+    if not dom then
+      redis.call('ZREM', K.queue, m)
+      S.queued_delta = S.queued_delta - 1
+      sync_reject_member(S, m, 'no_domain')
+    else
+      pol_check(K.domain_info, dom)
+      if (tonumber(redis.call('HGET', K.domain_info, 'b:' .. dom)) or 0) <= 0 then
+        redis.call('HSET', K.domain_info, 'b:' .. dom,
+                   redis.call('ZLEXCOUNT', K.queue, '[' .. dom .. '\0', '(' .. dom .. '\1'))
+        pol.touched[dom] = true
+      elseif not redis.call('ZSCORE', K.domains, dom) then
+        pol.touched[dom] = true  -- a backlog but not scheduled (someone removed it): scheduled again
+      end
+    end
+  end
+end
+
 -- m leaves the queue into a lease; returns its lease key
 local function sync_take(S, m, score)
   local L = lease_key(S, m, score)

@@ -19,8 +19,10 @@ local function member_of(S, seq, score, payload, dom)
   return dom .. '\0' .. string.format('%011d', tonumber(score) + 2147483648) .. seq .. payload, 0
 end
 
--- a member goes (back) into the queue
+-- a member goes (back) into the queue; with politeness at score 0 whatever a tag or meta says (a member
+-- of another score would break every domain's ZRANGEBYLEX: see sync_polite_queue)
 local function to_queue(S, m, score)
+  if S.polite then score = 0 end
   redis.call('ZADD', K.queue, score, m)
   S.queued_delta = S.queued_delta + 1
   if S.polite then
