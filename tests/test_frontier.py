@@ -225,3 +225,31 @@ def test_singles_written_by_others_mix_with_chunks(redis_url: str, redis_client:
     # the malformed chunk is rejected whole by the script, as one record (it is not handed out)
     assert len(got) == 2 and res.rejected == 1
     assert redis_client.llen(KEYS.queue_rejected) == 1
+
+
+@pytest.mark.parametrize("id_length", [4093, 4094, 5000])
+def test_worker_ids_near_and_past_the_lease_tag_limit(
+    redis_url: str, redis_client: Any, id_length: int
+) -> None:
+    """A tag ("<score> <worker id>") is at most 4096 bytes: a longer one leases untagged, with the score
+    and worker in the lease meta HASH. Either way leases are settled, swept and requeued with their score."""
+    long_id = "h" * id_length
+
+    async def go() -> tuple[Any, Any, Any]:
+        f = await _frontier(redis_url, worker=long_id, lease=10)
+        await f.sync(SyncBatch(enqueue=[("", "", -3, b"a", "", ""), ("", "", -3, b"b", "", "")]), now=100)
+        taken = await f.sync(SyncBatch(lease=2), now=100)
+        (a, _), (b, _) = taken.leased
+        acked = await f.sync(SyncBatch(ack=[a]), now=101)
+        swept = await f.sync(SyncBatch(lease=5), now=200)  # b's lease ran out
+        await f.redis.aclose()
+        return taken, acked, swept
+
+    taken, acked, swept = run(go())
+    tagged = id_length + 3 <= 4096  # "-3 " + the id
+    assert [lease_parts(m)[1] for m, _ in taken.leased] == [b"-3" if tagged else None] * 2
+    assert acked.inflight == 1
+    assert swept.requeued == 1
+    assert [(lease_member(m)[SEQ_BYTES:], s) for m, s in swept.leased] == [(b"b", -3.0)]
+    # only the untagged case writes meta: the new lease's (the two before were settled)
+    assert redis_client.hlen(KEYS.lease_meta) == (0 if tagged else 1)

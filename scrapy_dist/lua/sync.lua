@@ -26,8 +26,8 @@
 --   forget   t1, t2: a fingerprint made new again (dupe.lua's dupe_forget)
 -- Returns the flat list 'flags', f, 'leased', l, 'requeued', n, 'moved', n, 'queued', n, 'inflight', n,
 --   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys}: flags has
---   one '1'/'0' per enqueue item (new/duplicate); leased is lease key, score, lease key, score...; seq is the
---   sequence counter (it grows with every entry created: two equal readings with nothing queued, leased
+--   one '1'/'0' per enqueue item (new/duplicate); leased is lease key, score, lease key, score...; seq is
+--   the sequence counter (it grows with every entry created: two equal readings with nothing queued, leased
 --   or delayed in between prove the shard stayed empty); rejected counts queue members this call rejected
 --   whole (sync_lease); repaired names keys whose garbage this call repaired (sync_check).
 --   Or {-1, bloom_n} / {-2, reason, detail}: nothing written (see sync_common.lua).

@@ -1,9 +1,9 @@
 -- Fragment: step 11 of a sync call (KEYS/ARGV: see sync_common.lua).
 -- sync_lease(S) leases up to S.n_lease requests (none while the control HASH says paused = '1') and
--- returns the flat list lease key, score, lease key, score... (lease keys: sync_sweep.lua). A queue member that is not a well-formed single
--- or chunk (chunk_singles: too many records, truncated, larger than max_entry_bytes) is removed and
--- rejected whole by the script itself, as ONE record of bounded size (its first 64 bytes in hex), so
--- hostile members cost bounded work (S.rejected counts them).
+-- returns the flat list lease key, score, lease key, score... (lease keys: sync_sweep.lua). A queue member
+-- that is not a well-formed single or chunk (chunk_singles: too many records, truncated, larger than
+-- max_entry_bytes) is removed and rejected whole by the script itself, as ONE record of bounded size (its
+-- first 64 bytes in hex), so hostile members cost bounded work (S.rejected counts them).
 
 local function sync_reject_member(S, member, reason)
   S.rejected = S.rejected + 1

@@ -39,13 +39,13 @@ local LEASE_TAG_MAX = 4096
 -- call's leases share a few scores: each score's tag is built once per call (S.tags).
 local function lease_key(S, m, score)
   local tail = S.tags[score]
-  if not tail then
+  if tail == nil then
     local tag = score .. ' ' .. S.worker
-    tail = #tag <= LEASE_TAG_MAX and LEASE_MARK .. tag .. u16(#tag) or tag
+    tail = #tag <= LEASE_TAG_MAX and LEASE_MARK .. tag .. u16(#tag)
     S.tags[score] = tail
   end
-  if #tail > LEASE_TAG_MAX then
-    redis.call('HSET', K.lease_meta, m, tail)
+  if not tail then
+    redis.call('HSET', K.lease_meta, m, score .. ' ' .. S.worker)
     return m
   end
   return m .. tail
