@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from scrapy_dist.frontier import LEASE_MARK
+
 T = TypeVar("T")
 
 #: Source of a ``RedisSpider`` for ``crawlproject.make_project(spiders=...)``: follows every link from the
@@ -34,6 +36,13 @@ class SeedLinks(RedisSpider):
         for href in response.css("a::attr(href)").getall():
             yield response.follow(href)
 '''
+
+
+def lease_key(member: bytes, worker: str, score: str = "0") -> bytes:
+    """A lease key as the sync script files it (lua/sync_sweep.lua): ``member``, the mark, the tag
+    ``"<score> <worker>"`` and the tag's 2-byte length -- built by hand, to write hostile or older leases."""
+    tag = f"{score} {worker}".encode()
+    return member + LEASE_MARK + tag + len(tag).to_bytes(2, "big")
 
 
 def run(coro: Awaitable[T], timeout: float = 30) -> T:

@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 import redis.asyncio
-from helpers import run
+from helpers import lease_key, run
 
 from scrapy_dist import scripts
 from scrapy_dist.bloom import MAX_OVERSHOOT, BloomParameterError, BloomPlan, fingerprint_hashes
 from scrapy_dist.dupefilter import BloomDupeFilter
 from scrapy_dist.frontier import (
-    LEASE_MARK,
     SEQ_BYTES,
     SYNC_HEAD,
     SYNC_KEYS,
@@ -151,10 +150,8 @@ def test_garbage_counters_and_meta_are_repaired_not_fatal(redis_url: str, redis_
         (a, _), (b, _) = taken.leased
         # a's tag names a score that is no number; b is filed as an older version did, untagged, with
         # garbage in the lease meta HASH
-        tag = b"nan w1"
         await client.zrem(KEYS.leases, a, b)
-        await client.zadd(KEYS.leases, {lease_member(a) + LEASE_MARK + tag + len(tag).to_bytes(2, "big"): 20,
-                                         lease_member(b): 20})
+        await client.zadd(KEYS.leases, {lease_key(lease_member(a), "w1", "nan"): 20, lease_member(b): 20})
         await client.hset(KEYS.lease_meta, lease_member(b), "nan w1")
         (dm,) = await client.zrange(KEYS.delayed, 0, -1)
         await client.hset(KEYS.delayed_meta, dm, "1e999999")
@@ -507,8 +504,7 @@ def test_a_lease_tag_cannot_requeue_at_another_score_with_politeness(
     (_, taken) = run(_sync(redis_url, SyncBatch(enqueue=_polite_entries(1)), SyncBatch(lease=1), now=100,
                           politeness="cluster", lease_seconds=10))
     (key, _), = taken.leased
-    tag = b"-5 w1"
     redis_client.zrem(KEYS.leases, key)
-    redis_client.zadd(KEYS.leases, {lease_member(key) + LEASE_MARK + tag + len(tag).to_bytes(2, "big"): 0})
+    redis_client.zadd(KEYS.leases, {lease_key(lease_member(key), "w1", "-5"): 0})
     (res,) = run(_sync(redis_url, SyncBatch(lease=5), now=200, politeness="cluster", lease_seconds=10))
     assert res.requeued == 1 and [lease_member(m) for m, _ in res.leased] == [lease_member(key)]

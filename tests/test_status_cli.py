@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import redis
 from click.testing import CliRunner
+from helpers import lease_key
 
 from scrapy_dist import scripts
 from scrapy_dist.cli import main
-from scrapy_dist.frontier import LEASE_MARK
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.status import leases_by_worker, read_status, window_totals
 
@@ -44,11 +44,6 @@ def heartbeat(client: redis.Redis, worker: str, seq: int, fields: dict[str, str]
     script(keys=[KEYS.stats, KEYS.workers, KEYS.worker(worker)], args=args + ops)
 
 
-def _lease_key(member: bytes, worker: str, score: str = "0") -> bytes:
-    tag = f"{score} {worker}".encode()
-    return member + LEASE_MARK + tag + len(tag).to_bytes(2, "big")
-
-
 @pytest.fixture
 def crawl_state(redis_client: redis.Redis) -> redis.Redis:
     """A crawl in progress: 3 queued, 3 leased (2 by a running worker, 1 by a lost one), 1 delayed, dead
@@ -57,7 +52,7 @@ def crawl_state(redis_client: redis.Redis) -> redis.Redis:
     c.zadd(KEYS.queue, {b"q1": 0, b"q2": 0, b"q3": -1})
     # lease keys: two tagged with their holder (as sync files them), one untagged with its lease meta (as
     # an older version filed it)
-    c.zadd(KEYS.leases, {_lease_key(b"l1", RUNNING): 1e10, _lease_key(b"l2", RUNNING): 1e10, b"l3": 1e10})
+    c.zadd(KEYS.leases, {lease_key(b"l1", RUNNING): 1e10, lease_key(b"l2", RUNNING): 1e10, b"l3": 1e10})
     c.hset(KEYS.lease_meta, mapping={b"l3": f"0 {LOST}"})
     c.zadd(KEYS.delayed, {b"d1": 1e10})
     c.rpush(KEYS.deadletter, '{"reason": "a"}', '{"reason": "b"}')
@@ -96,7 +91,7 @@ def test_window_totals_count_only_the_window() -> None:
 
 
 def test_leases_by_worker() -> None:
-    tagged = [_lease_key(b"\0\0\0\0\0\1\1a", "w1", "-1"), _lease_key(b"m", "h:1:x"), b"untagged",
+    tagged = [lease_key(b"\0\0\0\0\0\1\1a", "w1", "-1"), lease_key(b"m", "h:1:x"), b"untagged",
               b"\0\xff\0\0"]
     assert leases_by_worker(tagged, [b"-1 w1", "3 h:1:x"]) == {"w1": 2, "h:1:x": 2}
 
