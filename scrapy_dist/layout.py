@@ -3,7 +3,9 @@
 * :meth:`CrawlLayout.join` (worker start, synchronous, before the reactor's loop runs a round): queue
   entries are laid out differently with crawl-wide politeness, and a request's shard depends on N, so a
   crawl has one ``SCHEDULER_POLITENESS`` mode and one ``SCHEDULER_SHARDS`` N, recorded in its control
-  hash by its first worker; a worker that differs is refused with one line.
+  hash by its first worker; a worker that differs is refused with one line. The control hash also
+  records the newest frontier format (:data:`FRONTIER_FORMAT`) that has joined the crawl, so that workers
+  of two versions that would misread each other's entries never run together (:func:`format_check`).
 * :meth:`CrawlLayout.delete` (``SCHEDULER_FLUSH_ON_START``): every shard's keys, of this worker's N and of
   the crawl's recorded N (a crawl restarted with another N leaves nothing behind).
 * :meth:`CrawlLayout.finish` (``SCHEDULER_PERSIST = False``): the last worker to leave a finished crawl
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
+
+import redis
 
 from scrapy_dist import scripts
 from scrapy_dist.exceptions import ScrapyDistError, ShardingRefused
@@ -29,14 +33,54 @@ logger = logging.getLogger(__name__)
 #: keys deleted per DEL command
 _DELETE_BATCH = 100
 
+#: how scrapy-dist lays a crawl out in Redis, recorded in the control hash (field ``format``) by every
+#: worker that joins: 1 = lease metadata in a HASH (before the control hash recorded it; still read),
+#: 2 = lease keys (a tag after the queue member, ``lua/sync_sweep.lua``). Bump it with any change an
+#: older worker would misread (it would reject the newer entries as garbage): such a worker refuses to
+#: join, and a newer one refuses while workers of an older format are running (docs/operations.md,
+#: "Upgrading").
+FRONTIER_FORMAT = 2
+#: values of the ``format`` field taken as a format; anything else is garbage (overwritten, warned)
+_FORMAT_LIMIT = 1000
+
+
+def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -> str | None:
+    """What a worker of frontier format ``ours`` does with the crawl's ``recorded`` format, while
+    ``running`` other workers have sent a heartbeat within a lease's time: ``None`` (join, nothing to
+    write), ``"write"`` (join and record ``ours``: a first worker, an upgrade of a crawl nobody runs, or
+    garbage in the field). Raises :class:`ScrapyDistError` (one line) when it must not join."""
+    if recorded is None:
+        return "write"
+    text = recorded.decode(errors="replace")
+    if not text.isdigit() or not 0 < int(text) < _FORMAT_LIMIT:
+        logger.warning("The crawl %r: its control hash's field format holds %r, not a frontier format;"
+                       " recorded %d (this worker's)", spider, text[:40], ours)
+        return "write"
+    theirs = int(text)
+    if theirs > ours:
+        raise ScrapyDistError(
+            f"The crawl {spider!r} was written by a newer scrapy-dist (frontier format {theirs}; this worker"
+            f" reads up to {ours}): upgrade this worker, or start afresh (SCHEDULER_FLUSH_ON_START)."
+        )
+    if theirs < ours and running:
+        raise ScrapyDistError(
+            f"The crawl {spider!r} has {running} worker(s) of an older scrapy-dist running (frontier format"
+            f" {theirs}; this worker writes {ours}, which they would misread): stop them, then start the"
+            " upgraded workers (docs/operations.md, Upgrading)."
+        )
+    return "write" if theirs < ours else None
+
 
 class CrawlLayout:
     """The shards of one crawl (``keys.shards(n)``) and the dupefilter of each."""
 
     def __init__(
-        self, keys: CrawlKeys, dupefilter: Any, shards: int = 1, politeness: str = "process"
+        self, keys: CrawlKeys, dupefilter: Any, shards: int = 1, politeness: str = "process",
+        lease_seconds: float = 60.0,
     ) -> None:
         self.keys = keys
+        #: a worker seen within this many seconds counts as running (its leases are still valid)
+        self.lease_seconds = lease_seconds
         self.df = dupefilter
         self.shards = shards
         self.politeness = politeness
@@ -54,6 +98,7 @@ class CrawlLayout:
 
         client = connection.get_redis(settings)
         try:
+            self.repair_control(client)
             if flush_on_start:
                 self.delete(client)
                 logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
@@ -63,6 +108,17 @@ class CrawlLayout:
             connection.abort_crawl(exc)
         finally:
             client.close()
+
+    def repair_control(self, client: Any) -> None:
+        """The control hash holding another Redis type is not ours (the sync script's policy for every
+        frontier key): moved aside to ``<key>:garbage`` with a warning, and the crawl goes on without it.
+        Reading it as a hash made every worker fail at start."""
+        key = self.keys.control
+        kind = client.type(key)
+        if kind not in (b"none", b"hash", "none", "hash"):
+            client.rename(key, f"{key}:garbage")
+            logger.warning("%s held another Redis type (%s): moved to %s:garbage", key,
+                           kind.decode(errors="replace") if isinstance(kind, bytes) else kind, key)
 
     def join(self, client: Any, batched: bool) -> None:
         """Record or check the crawl's mode and N (one round trip), then open every shard's dupefilter.
@@ -74,8 +130,15 @@ class CrawlLayout:
         pipe = client.pipeline(transaction=False)
         pipe.hsetnx(keys.control, "politeness", self.politeness)
         pipe.hsetnx(keys.control, "shards", self.shards)
-        pipe.hmget(keys.control, ["politeness", "shards"])
-        mode, shards = pipe.execute()[-1]
+        pipe.hmget(keys.control, ["politeness", "shards", "format"])
+        mode, shards, recorded = pipe.execute()[-1]
+        secs, micros = client.time()  # the clock heartbeats are written with (not pipelined: Cluster)
+        try:
+            running = client.zcount(keys.workers, secs + micros / 1e6 - self.lease_seconds, "+inf")
+        except redis.ResponseError:  # not a ZSET: garbage the first sync call moves aside; nobody runs
+            running = 0
+        if format_check(keys.spider, recorded, FRONTIER_FORMAT, running) == "write":
+            client.hset(keys.control, "format", FRONTIER_FORMAT)
         if shards is not None and not shards.isdigit():
             raise ScrapyDistError(
                 f"{keys.control!r} holds an invalid shards field"

@@ -144,7 +144,8 @@ class Scheduler:
     def _place(self, keys: CrawlKeys) -> None:
         """Use the crawl ``keys`` (at construction, or at :meth:`open` from the spider's name)."""
         self.keys = keys
-        self.layout = CrawlLayout(keys, self.df, self.config.shards, self.config.politeness)
+        self.layout = CrawlLayout(keys, self.df, self.config.shards, self.config.politeness,
+                                  self.config.lease_seconds)
         self.report.shard_keys = self.layout.shard_keys
 
     @classmethod
