@@ -36,8 +36,9 @@ class TakeResult:
     status: str
     #: entries taken (the seed; ``<score> <seed>`` for a ZSET)
     entries: list[bytes]
-    #: workers whose lease ran out
-    expired: list[str]
+    #: workers whose lease ran out (an id that is not UTF-8 -- garbage someone wrote -- stays ``bytes``, so
+    #: that :meth:`SeedReader.adopt` can still remove it)
+    expired: list[str | bytes]
     #: entries given back to the seeds key (``sweep``, ``leave``)
     returned: int
     #: the seeds key's type (``none`` if it does not exist)
@@ -46,6 +47,17 @@ class TakeResult:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _worker_id(value: Any) -> str | bytes:
+    """A worker id read from the workers ZSET: text, or the raw bytes of one that is not UTF-8 (anyone
+    who can write the ZSET can add such a member; decoding it must not fail every take)."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return value
+    return str(value)
 
 
 class SeedReader:
@@ -95,7 +107,7 @@ class SeedReader:
         )
         self.registered = mode != "leave"
         return TakeResult(
-            _text(raw[0]), list(raw[1]), [_text(w) for w in raw[2]], int(raw[3]), _text(raw[4])
+            _text(raw[0]), list(raw[1]), [_worker_id(w) for w in raw[2]], int(raw[3]), _text(raw[4])
         )
 
     async def wait(self, timeout: float = BLOCK_SECONDS) -> bool:
@@ -111,7 +123,7 @@ class SeedReader:
         k = self.keys.start_urls
         return await self.redis.blmove(k, k, timeout, "RIGHT", "LEFT") is not None
 
-    async def adopt(self, workers: Iterable[str], now: float | None = None) -> tuple[int, int]:
+    async def adopt(self, workers: Iterable[str | bytes], now: float | None = None) -> tuple[int, int]:
         """Give the seeds of ``workers`` (whose lease ran out) back to the seeds key:
         ``(workers adopted, seeds given back)``, one EVALSHA of ``seeds_adopt.lua``."""
         workers = list(workers)

@@ -465,6 +465,27 @@ def test_dead_workers_seeds_go_back_once_their_lease_runs_out(redis_url: str, re
     assert held(redis_client) == [b"alive\n" + e for e in (b"s4", b"s1", b"s2", b"s3", b"s5")]
 
 
+def test_a_worker_id_that_is_not_utf8_is_adopted_not_fatal(redis_url: str, redis_client: Any) -> None:
+    # anyone who can write the workers ZSET can add a member of any bytes: every take reported it as
+    # expired and failed to decode it, so no seed was read any more
+    redis_client.zadd(KEYS.start_urls_workers, {b"\xff\xfe": 0})
+    redis_client.rpush(KEYS.start_urls_processing, b"\xff\xfe\nhttp://a.example/held")
+    redis_client.rpush(KEYS.start_urls, b"http://a.example/1")
+
+    async def go() -> Any:
+        r = reader(redis_url, "alive")
+        first = await r.take(10, now=1000)
+        adopted = await r.adopt(first.expired, now=1000)
+        second = await r.take(10, now=1001)
+        await r.close()
+        return first, adopted, second
+
+    first, adopted, second = run(go())
+    assert first.entries == [b"http://a.example/1"] and first.expired == [b"\xff\xfe"]
+    assert adopted == (1, 1)
+    assert second.entries == [b"http://a.example/held"] and second.expired == []
+
+
 def test_a_stalled_worker_learns_its_seeds_were_adopted(redis_url: str, redis_client: Any) -> None:
     redis_client.rpush(KEYS.start_urls, b"s1", b"s2")
 
