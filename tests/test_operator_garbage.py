@@ -160,6 +160,29 @@ def test_idle_monitor_ignores_a_future_close_and_reports_garbage_once(
     assert len(warnings) == 1 and "close_at='NaN-garbage'" in warnings[0]
 
 
+def test_control_garbage_rewritten_at_every_poll_is_one_line(
+    redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a new garbage value at every poll was a new WARNING, and a new entry kept for the process's lifetime
+    from scrapy_dist.extensions import control
+
+    async def scenario() -> None:
+        m = make_idlemonitor(redis_url, SCHEDULER_IDLE_BEFORE_CLOSE=0)
+        await m.spider_opened(None)
+        with caplog.at_level(logging.WARNING):
+            for i in range(20):
+                redis_client.hset(KEYS.control, mapping={"paused": f"junk-{i}", "shards": f"-{i}"})
+                await m.check(now=i)
+        await m.spider_closed(None, "x")
+
+    control._reported -= {(KEYS.control, "paused"), (KEYS.control, "shards")}  # other tests' reports
+    before = len(control._reported)
+    asyncio.run(scenario())
+    warnings = [r.getMessage() for r in caplog.records if "garbage" in r.getMessage()]
+    assert len(warnings) == 2, warnings
+    assert len(control._reported) - before <= 2
+
+
 def test_idle_script_overwrites_a_future_or_garbage_close(redis_client: redis.Redis) -> None:
     script = scripts.register(redis_client, "idle")
     keys = [KEYS.queue, KEYS.leases, KEYS.delayed, KEYS.control]

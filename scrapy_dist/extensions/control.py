@@ -118,10 +118,13 @@ def parse_control(raw: Any) -> ControlState:
 
 
 def report_problems(control_key: str, state: ControlState, log: logging.Logger = logger) -> None:
-    """Log each garbage field of ``control_key`` once per process (WARNING), never once per poll."""
+    """Log each garbage field of ``control_key`` once per process (WARNING), never once per poll -- nor
+    once per value: a field rewritten with new garbage at every poll is still one line (and one entry of
+    the record of what was reported, which would otherwise grow without bound)."""
     for problem in state.problems:
-        if (control_key, problem) not in _reported:
-            _reported.add((control_key, problem))
+        field = problem.partition("=")[0]
+        if (control_key, field) not in _reported:
+            _reported.add((control_key, field))
             log.warning("Ignoring garbage in %s: %s", control_key, problem)
 
 
