@@ -48,11 +48,14 @@ _SIGNED_BYTE = bytes([VERSION_SIGNED])
 
 #: Meta keys an untrusted entry may set only if SEEDS_META_ALLOWED names them exactly (a wildcard is not
 #: enough): they route the request (proxy, source address, slot), carry credentials, switch Scrapy's
-#: safety checks off or reach into its private state.
+#: safety checks off or reach into its private state. The retry and redirect counters are Scrapy's
+#: state too: ``retry_times`` / ``redirect_times`` of -1e9 (with ``redirect_ttl`` 1e9) made a failing
+#: URL retried, or a redirect cycle followed, without end.
 DANGEROUS_META = (
     "proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar", "handle_httpstatus_all",
     "dont_*", "allow_offsite", "download_maxsize", "download_warnsize", "download_timeout",
-    "max_retry_times", "redirect_urls", "redirect_reasons", "splash", "playwright*", "zyte_api*",
+    "max_retry_times", "retry_times", "priority_adjust", "give_up_log_level", "redirect_times",
+    "redirect_ttl", "redirect_urls", "redirect_reasons", "splash", "playwright*", "zyte_api*",
     "impersonate", "is_start_request", "depth",
 )
 #: Headers an untrusted entry may never set: they frame the message or route it.

@@ -219,6 +219,11 @@ def test_requeued_dead_letters_stay_signed_only_if_their_tag_verifies() -> None:
         ({"meta": {"handle_httpstatus_all": True}}, "meta_not_allowed"),
         ({"meta": {"dont_redirect": True}}, "meta_not_allowed"),
         ({"meta": {"bindaddress": ["127.0.0.1", 0]}}, "meta_not_allowed"),
+        ({"meta": {"retry_times": -1000000000}}, "meta_not_allowed"),
+        ({"meta": {"redirect_times": -1000000000, "redirect_ttl": 10**9}}, "meta_not_allowed"),
+        ({"meta": {"redirect_ttl": 10**9}}, "meta_not_allowed"),
+        ({"meta": {"priority_adjust": 2**31 - 1}}, "meta_not_allowed"),
+        ({"meta": {"give_up_log_level": "junk"}}, "meta_not_allowed"),
         ({"headers": {"Host": "metadata.google.internal"}}, "header_not_allowed"),
         ({"headers": {"Content-Length": "0", "Transfer-Encoding": "chunked"}}, "header_not_allowed"),
         ({"headers": {"Connection": "close"}}, "header_not_allowed"),
@@ -364,6 +369,8 @@ def test_seeds_cannot_set_proxy_or_leave_allowed_domains(
             json.dumps({"url": site.page_url(1), "meta": {"proxy": "http://127.0.0.1:9/"}}),
             json.dumps({"url": site.page_url(2).replace("127.0.0.1", "localhost"), "dont_filter": True}),
             json.dumps({"url": site.page_url(3), "headers": {"Host": "metadata.google.internal"}}),
+            # retried for ever (each retry's counter starts a billion below RETRY_TIMES)
+            json.dumps({"url": site.page_url(5), "meta": {"retry_times": -1000000000}}),
             site.page_url(4),
         ],
     )
@@ -372,8 +379,11 @@ def test_seeds_cannot_set_proxy_or_leave_allowed_domains(
     assert project.wait_all(60) == [0], project.logs()[-3000:]
     assert set(site.fetch_counts()) == {"/page/4"}
     records = [json.loads(r) for r in client.lrange(keys.start_urls_rejected, 0, -1)]
-    assert sorted(r["reason"] for r in records) == ["header_not_allowed", "meta_not_allowed", "offsite"]
+    assert sorted(r["reason"] for r in records) == [
+        "header_not_allowed", "meta_not_allowed", "meta_not_allowed", "offsite"
+    ]
     assert any("'proxy'" in r["detail"] for r in records)
+    assert any("'retry_times'" in r["detail"] for r in records)
 
 
 @pytest.mark.slow
