@@ -63,6 +63,7 @@ from scrapy_dist.entrypolicy import (
     VERSION,
     VERSION_SIGNED,
     EntryPolicy,
+    check_cookies_allowed,
     check_header_names,
     check_meta_keys,
     check_offsite,
@@ -80,8 +81,9 @@ __all__ = [
     "MAX_HEADERS", "check_url", "decode_request", "encode_request", "load_payload", "split_payload",
     # from scrapy_dist.entrypolicy and scrapy_dist.callbacks, imported from here by other modules and users
     "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "FORBIDDEN_HEADERS", "HOOK_NAMES", "TAG_BYTES",
-    "VERSION", "VERSION_SIGNED", "EntryPolicy", "check_header_names", "check_meta_keys", "check_offsite",
-    "entry_policy", "host_allowed", "is_trusted", "spider_method", "user_defined",
+    "VERSION", "VERSION_SIGNED", "EntryPolicy", "check_cookies_allowed", "check_header_names",
+    "check_meta_keys", "check_offsite", "entry_policy", "host_allowed", "is_trusted", "spider_method",
+    "user_defined",
 ]
 
 _VERSION_BYTE = bytes([VERSION])
@@ -334,6 +336,8 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
         kw["body"] = _expect(d["b"], bytes, "bad_body", "body")
     if "c" in d:
         kw["cookies"] = _cookies(d["c"])
+        if not trusted:
+            check_cookies_allowed(policy.headers_allowed)
     if "M" in d:
         meta = _expect(d["M"], dict, "bad_meta", "meta")
         if not all(isinstance(k, str) for k in meta):

@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_POLICY",
     "FORBIDDEN_HEADERS",
     "EntryPolicy",
+    "check_cookies_allowed",
     "check_header_names",
     "check_meta_keys",
     "check_offsite",
@@ -91,6 +92,17 @@ def check_header_names(names: Iterable[Any], allowed: Iterable[str]) -> None:
         name = (raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)).lower()
         if _matches(name, FORBIDDEN_HEADERS) or (name in CREDENTIAL_HEADERS and name not in allowed_l):
             raise RejectedEntry("header_not_allowed", f"header {name[:40]!r} may not come from an entry")
+
+
+def check_cookies_allowed(allowed: Iterable[str]) -> None:
+    """Refuse (``header_not_allowed``) the cookies of an untrusted entry unless ``allowed`` names the
+    ``Cookie`` header: Scrapy's cookies middleware stores a request's cookies in the crawl's cookie jar,
+    which sends them with every later request to that site -- a seed could otherwise set (or replace) the
+    crawl's session cookie, which it may not do with a ``Cookie`` header."""
+    if "cookie" not in {a.lower() for a in allowed}:
+        raise RejectedEntry(
+            "header_not_allowed", "cookies may not come from an entry (SEEDS_HEADERS_ALLOWED: no Cookie)"
+        )
 
 
 def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:

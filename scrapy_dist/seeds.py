@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from scrapy_dist.codec import check_header_names, check_meta_keys, spider_method, user_defined
+from scrapy_dist.codec import (
+    check_cookies_allowed,
+    check_header_names,
+    check_meta_keys,
+    spider_method,
+    user_defined,
+)
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.seedfields import (
     check_callback_name,
@@ -70,7 +76,7 @@ REASONS = {
     "bad_meta": "meta is not an object, or holds integers msgpack cannot store",
     "meta_not_allowed": "a meta key SEEDS_META_ALLOWED does not allow (proxy, cookiejar, dont_*, _*, ...)",
     "header_not_allowed": "a framing/routing header (Host, Content-Length, Proxy-*, ...), or a credential"
-    " header (Authorization, Cookie) SEEDS_HEADERS_ALLOWED does not name",
+    " header (Authorization, Cookie) SEEDS_HEADERS_ALLOWED does not name; cookies unless it names Cookie",
     "offsite": "the URL's host is not in the spider's allowed_domains (dont_filter or not)",
     "bad_cb_kwargs": "cb_kwargs is not an object with identifier keys",
     "bad_priority": "priority is not an integer in the 32-bit range",
@@ -312,6 +318,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         seed.dont_filter = df
     if "cookies" in obj:
         seed.cookies = check_cookies(obj["cookies"])
+        check_cookies_allowed(rules.headers_allowed)
     if formdata:
         if seed.body is not None:
             raise RejectedEntry("bad_form_field", "form fields and body together (the form is the body)")

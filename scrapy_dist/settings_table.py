@@ -169,7 +169,7 @@ TABLE: tuple[Setting, ...] = (
     _s("SEEDS_META_ALLOWED", ["*"], "list", "Meta keys (fnmatch) a seed or an untagged queue entry may set;"
        " proxy, cookiejar, dont_*, _* and the other routing keys only if named exactly.", SE),
     _s("SEEDS_HEADERS_ALLOWED", [], "list", "Credential headers (Authorization, Cookie) a seed or an untagged"
-       " queue entry may set.", SE),
+       " queue entry may set (Cookie also allows its cookies field).", SE),
     # -- retries / dead letters
     _s("RETRY_BACKOFF_BASE", 1.0, "float", "First retry delay (seconds); doubles per attempt.", R, low=0),
     _s("RETRY_BACKOFF_MAX", 300.0, "float", "Longest retry delay (seconds).", R, low=0),

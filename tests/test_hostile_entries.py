@@ -176,6 +176,9 @@ def test_signed_entries_are_trusted_and_unsigned_ones_obey_the_seed_rules() -> N
             == "header_not_allowed"
         )
     assert _reason(_raw({"u": "https://evil.org/", "d": True}), policy) == "offsite"
+    # cookies go to the crawl's cookie jar (sent with every later request): a credential, as Cookie is
+    cookies = _raw({"u": "https://example.com/", "c": {"sessionid": "x"}})
+    assert _reason(cookies, policy) == "header_not_allowed"
     # what the allow-lists permit still goes through
     ok = decode_request(_raw({"u": "https://a.example.com/", "M": {"category": "x"}}), spider, policy)
     assert ok.meta == {"category": "x"}
@@ -371,6 +374,8 @@ def test_seeds_cannot_set_proxy_or_leave_allowed_domains(
             json.dumps({"url": site.page_url(3), "headers": {"Host": "metadata.google.internal"}}),
             # retried for ever (each retry's counter starts a billion below RETRY_TIMES)
             json.dumps({"url": site.page_url(5), "meta": {"retry_times": -1000000000}}),
+            # the crawl's cookie jar would send this cookie with every later request to the site
+            json.dumps({"url": site.page_url(6), "cookies": {"sessionid": "chosen-by-the-pusher"}}),
             site.page_url(4),
         ],
     )
@@ -380,7 +385,7 @@ def test_seeds_cannot_set_proxy_or_leave_allowed_domains(
     assert set(site.fetch_counts()) == {"/page/4"}
     records = [json.loads(r) for r in client.lrange(keys.start_urls_rejected, 0, -1)]
     assert sorted(r["reason"] for r in records) == [
-        "header_not_allowed", "meta_not_allowed", "meta_not_allowed", "offsite"
+        "header_not_allowed", "header_not_allowed", "meta_not_allowed", "meta_not_allowed", "offsite"
     ]
     assert any("'proxy'" in r["detail"] for r in records)
     assert any("'retry_times'" in r["detail"] for r in records)

@@ -102,7 +102,7 @@ def test_json_seed_with_every_field() -> None:
         "cookies": {"session": "s1", "n": 2},
     }
     assert set(raw) == FIELDS
-    seed = parse(json.dumps(raw))
+    seed = parse(json.dumps(raw), rules=SeedRules(headers_allowed=("Cookie",)))  # cookies: see below
     req = seed_request(seed, SPIDER)
     assert req.method == "POST" and req.body == "a=1&b=é".encode()
     assert req.headers.getlist("Accept") == [b"text/html", b"*/*"] and req.headers["X-Token"] == b"abc"
@@ -130,11 +130,20 @@ def test_seed_to_json_round_trip() -> None:
 
 
 def test_cookie_list_form_and_null_callback() -> None:
-    seed = parse(
+    raw = (
         '{"url": "http://a.example/", "callback": null,'
         ' "cookies": [{"name": "a", "value": "1", "domain": "a.example", "secure": true}]}'
     )
+    seed = parse(raw, rules=SeedRules(headers_allowed=("cookie",)))
     assert seed.callback is None and seed.cookies[0]["domain"] == "a.example"
+
+
+def test_cookies_need_the_cookie_header_allowed() -> None:
+    # a request's cookies go to the crawl's cookie jar, which sends them with every later request to the
+    # site: a seed could set the crawl's session cookie, which it may not do with a Cookie header
+    with pytest.raises(RejectedEntry) as info:
+        parse('{"url": "http://a.example/", "cookies": {"sessionid": "chosen-by-the-pusher"}}')
+    assert info.value.reason == "header_not_allowed" and "Cookie" in info.value.detail
 
 
 def test_idn_and_unicode_paths_are_fine() -> None:
