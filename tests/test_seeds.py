@@ -570,6 +570,31 @@ def test_zset_seeds_keep_their_score_through_a_dead_worker(redis_url: str, redis
     ]
 
 
+@pytest.mark.parametrize("score", [b"nan", b"-nan", b"1e999", b" 5", b"0x10", b"inf"])
+def test_a_garbage_score_in_processing_loses_no_other_seed(
+    redis_url: str, redis_client: Any, score: bytes
+) -> None:
+    # Lua's tonumber reads scores ZADD refuses ('nan', '1e999', ' 5'): the give-back failed after it had
+    # rewritten the processing list, so the dead worker's real seeds were lost and it stayed expired
+    redis_client.zadd(KEYS.start_urls_workers, {b"dead": 0})
+    redis_client.rpush(
+        KEYS.start_urls_processing, b"dead\n5 http://a.example/real", b"dead\n" + score + b" http://a.example/x"
+    )
+
+    async def go() -> Any:
+        alive = reader(redis_url, "alive", "zset")
+        seen = await alive.take(0, now=1000)
+        adopted = await alive.adopt(seen.expired, now=1000)
+        await alive.close()
+        return adopted
+
+    assert run(go())[0] == 1
+    back = dict(redis_client.zrange(KEYS.start_urls, 0, -1, withscores=True))
+    assert back[b"http://a.example/real"] == 5.0
+    assert set(back) <= {b"http://a.example/real", b"http://a.example/x"}
+    assert redis_client.zscore(KEYS.start_urls_workers, "dead") is None
+
+
 def test_set_seeds(redis_url: str, redis_client: Any) -> None:
     redis_client.sadd(KEYS.start_urls, b"x", b"y", b"z")
 

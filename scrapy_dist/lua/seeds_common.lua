@@ -57,11 +57,14 @@ local function seeds_return(seeds, kind, entries)
   elseif kind == 'set' then
     seeds_chunked('SADD', seeds, entries)
   else
+    -- the score as Lua read it, not as written: tonumber takes 'nan', '1e999', ' 5' that ZADD refuses,
+    -- and a refused ZADD here comes after seeds_extract rewrote the processing list (seeds lost)
     local args = {}
     for _, e in ipairs(entries) do
       local sp = string.find(e, ' ', 1, true)
-      if sp and tonumber(string.sub(e, 1, sp - 1)) then
-        args[#args + 1] = string.sub(e, 1, sp - 1)
+      local score = sp and tonumber(string.sub(e, 1, sp - 1))
+      if score and score == score then
+        args[#args + 1] = string.format('%.17g', score)
         args[#args + 1] = string.sub(e, sp + 1)
       end
     end
