@@ -66,6 +66,7 @@ from scrapy_dist.entrypolicy import (
     check_cookies_allowed,
     check_header_names,
     check_meta_keys,
+    check_no_userinfo,
     check_offsite,
     entry_policy,
     host_allowed,
@@ -82,8 +83,8 @@ __all__ = [
     # from scrapy_dist.entrypolicy and scrapy_dist.callbacks, imported from here by other modules and users
     "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "FORBIDDEN_HEADERS", "HOOK_NAMES", "TAG_BYTES",
     "VERSION", "VERSION_SIGNED", "EntryPolicy", "check_cookies_allowed", "check_header_names",
-    "check_meta_keys", "check_offsite", "entry_policy", "host_allowed", "is_trusted", "spider_method",
-    "user_defined",
+    "check_meta_keys", "check_no_userinfo", "check_offsite", "entry_policy", "host_allowed", "is_trusted",
+    "spider_method", "user_defined",
 ]
 
 _VERSION_BYTE = bytes([VERSION])
@@ -322,6 +323,8 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
     d = load_payload(data, policy.max_bytes)
     trusted = is_trusted(data, policy)
     url = check_url(d.get("u"), policy.allowed_schemes)
+    if not trusted:
+        check_no_userinfo(url)
     kw: dict[str, Any] = {"url": url}
     if "m" in d:
         method = _expect(d["m"], str, "bad_method", "method")

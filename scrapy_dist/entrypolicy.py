@@ -31,6 +31,7 @@ __all__ = [
     "FORBIDDEN_HEADERS",
     "EntryPolicy",
     "check_cookies_allowed",
+    "check_no_userinfo",
     "check_header_names",
     "check_meta_keys",
     "check_offsite",
@@ -103,6 +104,19 @@ def check_cookies_allowed(allowed: Iterable[str]) -> None:
         raise RejectedEntry(
             "header_not_allowed", "cookies may not come from an entry (SEEDS_HEADERS_ALLOWED: no Cookie)"
         )
+
+
+def check_no_userinfo(url: str) -> None:
+    """Refuse (``bad_url``) a URL of an untrusted entry with an ``@`` in its authority (up to the first
+    ``/``, ``?`` or ``#``): ``user[:password]@`` before the host -- credentials may not come from an entry,
+    and Scrapy does not send them either (such a request failed at download, with a traceback, instead
+    of being rejected with a reason) -- or ``a\\@b``, where parsers disagree on the host (``urlsplit``
+    says ``b``, a browser ``a``)."""
+    authority = url.partition("://")[2]
+    for end in "/?#":
+        authority = authority.partition(end)[0]
+    if "@" in authority:
+        raise RejectedEntry("bad_url", "'@' before the host: credentials may not come from an entry")
 
 
 def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:

@@ -29,6 +29,7 @@ from scrapy_dist.codec import (
     check_cookies_allowed,
     check_header_names,
     check_meta_keys,
+    check_no_userinfo,
     spider_method,
     user_defined,
 )
@@ -62,7 +63,8 @@ REASONS = {
     "too_large": "longer than REDIS_START_URLS_MAX_BYTES",
     "not_utf8": "not UTF-8 text",
     "empty": "empty or only whitespace",
-    "bad_url": "not a URL: no scheme or host, whitespace/control characters, bad port, over 8 KiB",
+    "bad_url": "not a URL: no scheme or host, whitespace/control characters, bad port, over 8 KiB,"
+    " user:password@ before the host",
     "bad_scheme": "a scheme other than the allowed ones (http, https)",
     "bad_json": "starts like JSON but does not parse, NaN/Infinity, nested over 32 levels",
     "not_object": "valid JSON that is not an object",
@@ -240,6 +242,8 @@ def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
         raise RejectedEntry("bad_scheme", f"scheme {scheme!r} not allowed")
     if scheme in ("http", "https") and not host:
         raise RejectedEntry("bad_url", "no host")
+    if "@" in url:
+        check_no_userinfo(url)
     return url
 
 

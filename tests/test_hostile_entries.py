@@ -176,6 +176,10 @@ def test_signed_entries_are_trusted_and_unsigned_ones_obey_the_seed_rules() -> N
             == "header_not_allowed"
         )
     assert _reason(_raw({"u": "https://evil.org/", "d": True}), policy) == "offsite"
+    assert _reason(_raw({"u": "https://user:pw@example.com/"}), policy) == "bad_url"  # credentials
+    # an '@' after the authority is a path or query like any other
+    at = decode_request(_raw({"u": "https://a.example.com/u/@me?to=x@y"}), spider, policy)
+    assert at.url.endswith("/u/@me?to=x@y")
     # cookies go to the crawl's cookie jar (sent with every later request): a credential, as Cookie is
     cookies = _raw({"u": "https://example.com/", "c": {"sessionid": "x"}})
     assert _reason(cookies, policy) == "header_not_allowed"

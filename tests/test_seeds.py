@@ -167,6 +167,10 @@ REJECTS = [
     ("http://a.example:99999/", "bad_url"),
     ("http://a.example/\u2028x", "bad_url"),
     ("http://a\u00a0b.example/", "bad_url"),
+    ("http://user:secret@a.example/", "bad_url"),
+    ("https://token@a.example:8443/x", "bad_url"),
+    ("http://a.example\\@b.example/", "bad_url"),
+    (_j(url="http://u:p@a.example/"), "bad_url"),
     ("ftp://a.example/file", "bad_scheme"),
     ("javascript:alert(1)", "bad_scheme"),
     ("file:///etc/passwd", "bad_scheme"),
@@ -343,6 +347,8 @@ def _reference_reason(url: str) -> str | None:
         return "bad_url"
     if parts.scheme.lower() not in ("http", "https"):
         return "bad_scheme"
+    if "@" in parts.netloc:  # user:password@ before the host (netloc ends at the first / ? #, as ours)
+        return "bad_url"
     return None if parts.hostname else "bad_url"
 
 
