@@ -95,10 +95,11 @@ class CrawlLayout:
         ``flush_on_start``, join it, and return its backlog (requests
         pending, fingerprints remembered). Anything refused ends the crawl with one line."""
         from scrapy_dist import connection
+        from scrapy_dist.extensions.control import move_aside_foreign  # extensions import the scheduler
 
         client = connection.get_redis(settings)
         try:
-            self.repair_control(client)
+            move_aside_foreign(client, self.keys.control)  # garbage there failed every worker
             if flush_on_start:
                 self.delete(client)
                 logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
@@ -108,17 +109,6 @@ class CrawlLayout:
             connection.abort_crawl(exc)
         finally:
             client.close()
-
-    def repair_control(self, client: Any) -> None:
-        """The control hash holding another Redis type is not ours (the sync script's policy for every
-        frontier key): moved aside to ``<key>:garbage`` with a warning, and the crawl goes on without it.
-        Reading it as a hash made every worker fail at start."""
-        key = self.keys.control
-        kind = client.type(key)
-        if kind not in (b"none", b"hash", "none", "hash"):
-            client.rename(key, f"{key}:garbage")
-            logger.warning("%s held another Redis type (%s): moved to %s:garbage", key,
-                           kind.decode(errors="replace") if isinstance(kind, bytes) else kind, key)
 
     def join(self, client: Any, batched: bool) -> None:
         """Record or check the crawl's mode and N (one round trip), then open every shard's dupefilter.

@@ -146,6 +146,18 @@ def test_pause_and_resume_commands(redis_client: redis.Redis, redis_url: str) ->
     assert not redis_client.exists(KEYS.errors)
 
 
+@pytest.mark.parametrize("command", ["pause", "resume"])
+def test_pause_and_resume_move_a_control_key_of_another_type_aside(
+    redis_client: redis.Redis, redis_url: str, command: str
+) -> None:
+    redis_client.rpush(KEYS.control, "someone else's")
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, command, "books"])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert redis_client.hget(KEYS.control, "paused") == (b"1" if command == "pause" else b"0")
+    assert redis_client.lrange(f"{KEYS.control}:garbage", 0, -1) == [b"someone else's"]
+
+
 def test_status_says_so_when_redis_is_unreachable() -> None:
     result = CliRunner().invoke(main, ["--redis-url", "redis://127.0.0.1:1/0", "status", "books"])
     assert result.exit_code == 1

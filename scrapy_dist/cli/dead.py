@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import click
+import redis
 from scrapy import Request
 from scrapy.utils.misc import load_object
 
@@ -152,7 +153,10 @@ async def requeue_letters(
     client = factory.async_client()
     ds = factory.dist
     sequence = queue_order(ds).sequence
-    control = parse_control(await client.hgetall(keys.control))  # the crawl's own mode and shards
+    try:
+        control = parse_control(await client.hgetall(keys.control))  # the crawl's own mode and shards
+    except redis.ResponseError:  # another Redis type: garbage (the workers move it aside); none recorded
+        control = parse_control({})
     politeness = control.politeness or ds.scheduler.politeness
     limits = DomainLimits.from_dist(ds)
     shards = keys.shards(control.shards or 1)

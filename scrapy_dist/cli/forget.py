@@ -33,7 +33,7 @@ from scrapy_dist.bloom import parse_bloom_record
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import printable
 from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
-from scrapy_dist.extensions.control import parse_control
+from scrapy_dist.extensions.control import move_aside_foreign, parse_control
 from scrapy_dist.frontier import domain_shard, shard_of
 
 #: longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ)
@@ -109,6 +109,7 @@ def forget_fingerprints(
     script (``dupe_batch`` "forget": ``lua/dupe.lua`` says what forgetting is for each kind); returns the
     kinds of filter told. ``domains``: each fingerprint's host (None: not known), for a sharded crawl
     routed by domain (crawl-wide politeness), where a fingerprint of unknown host goes to every shard."""
+    move_aside_foreign(client, keys.control)
     control = parse_control(client.hgetall(keys.control))
     shards = keys.shards(control.shards or 1)
     by_domain = control.politeness == "cluster" and len(shards) > 1

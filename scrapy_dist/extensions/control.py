@@ -128,15 +128,31 @@ def report_problems(control_key: str, state: ControlState, log: logging.Logger =
             log.warning("Ignoring garbage in %s: %s", control_key, problem)
 
 
+def move_aside_foreign(client: Any, control_key: str) -> bool:
+    """The control hash holding another Redis type is not ours (the sync script's policy for every key of
+    the frontier): moved aside to ``<key>:garbage`` with a warning, so that the worker or tool goes on
+    with it empty instead of failing on WRONGTYPE. Synchronous client; True if it moved it."""
+    kind = client.type(control_key)
+    kind = kind.decode(errors="replace") if isinstance(kind, bytes) else str(kind)
+    if kind in ("none", "hash"):
+        return False
+    client.rename(control_key, f"{control_key}:garbage")
+    logger.warning("%s held another Redis type (%s): moved to %s:garbage", control_key, kind, control_key)
+    return True
+
+
 def pause_crawl(client: Any, control_key: str, by: str = "cli") -> None:
-    """Pause the crawl: every worker stops taking new requests at its next sync (one round trip)."""
+    """Pause the crawl: every worker stops taking new requests at its next sync (one round trip, two
+    when the control hash holds another Redis type: moved aside first)."""
+    move_aside_foreign(client, control_key)
     client.hset(control_key, mapping={"paused": "1", "paused_by": by, "paused_at": repr(time.time())})
 
 
 def resume_crawl(client: Any, control_key: str, errors_key: str) -> None:
     """Resume a paused crawl and give it a fresh start: the pause and any close decision are lifted and the
     error window is emptied (else the errors that caused an automatic pause would trip it again at once).
-    One round trip."""
+    One round trip (two when the control hash holds another Redis type: moved aside first)."""
+    move_aside_foreign(client, control_key)
     pipe = client.pipeline(transaction=False)
     pipe.hset(control_key, "paused", "0")
     pipe.hdel(control_key, "paused_by", "paused_at", "close", "close_at", "errors_tripped_at")
