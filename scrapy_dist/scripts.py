@@ -2,7 +2,8 @@
 
 Scripts are plain ``.lua`` files with a header naming KEYS, ARGV and the return value. Fragments (files
 of functions, not scripts on their own) are prepended to the scripts that use them, in the order of
-:data:`_FRAGMENTS`: ``dupe.lua`` (the dupefilter's functions) to the scripts that deduplicate, so the
+:data:`_FRAGMENTS`: ``foreign.lua`` (a key of another Redis type moved aside) to the scripts that repair
+what they write, ``dupe.lua`` (the dupefilter's functions) to the scripts that deduplicate, so the
 frontier's batched path and the dupefilter's own path run the very same code; ``sync.lua`` is its steps
 (``sync_common``, ``sync_check``, ``sync_sweep``, ``sync_enqueue``, ``sync_settle``, ``sync_lease``).
 redis-py's ``register_script`` gives EVALSHA with a transparent reload on NOSCRIPT. Every key a script
@@ -18,10 +19,12 @@ from typing import Any
 #: script name -> fragments prepended to it
 _FRAGMENTS = {
     "sync": (
-        "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue", "sync_settle",
+        "foreign", "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue", "sync_settle",
         "sync_lease",
     ),
-    "dupe_batch": ("dupe",),
+    "dupe_batch": ("foreign", "dupe"),
+    "errors": ("foreign",),
+    "clusterstats": ("foreign",),
     "seeds_take": ("seeds_common",),
     "seeds_adopt": ("seeds_common",),
 }

@@ -43,6 +43,40 @@ def test_errors_window_survives_garbage_counters(redis_client: Any) -> None:
     assert got[b"errors"] == b"2" and got[b"attempts"] == b"4"
 
 
+def test_errors_window_examples_or_control_of_another_type_are_moved_aside(redis_client: Any) -> None:
+    """Before, each of them failed every call: the crawl-wide error monitor was off while they stayed."""
+    script = scripts.register(redis_client, "errors")
+    redis_client.set("win", "someone's")
+    redis_client.hset("ex", "a", "b")
+    redis_client.sadd("ctl", "x")
+    tripped, _, totals, control, _ = script(
+        keys=["win", "ex", "ctl"], args=[1000, 10, 60, 1, "", 1, "pause", 5, 1, "errors", 3, '{"k": 1}']
+    )
+    assert tripped == 1 and dict(zip(totals[::2], totals[1::2], strict=True))[b"errors"] == b"3"
+    assert control[2] == b"1" and redis_client.hget("ctl", "paused") == b"1"  # the action was taken
+    assert redis_client.lrange("ex", 0, -1) == [b'{"k": 1}']
+    assert redis_client.get("win:garbage") == b"someone's"
+    assert redis_client.hgetall("ex:garbage") == {b"a": b"b"}
+    assert redis_client.smembers("ctl:garbage") == {b"x"}
+
+
+def test_clusterstats_keys_of_another_type_are_moved_aside(redis_client: Any) -> None:
+    """Before, the crawl-wide stats (a stats key of another type) or the heartbeat (workers) stopped."""
+    script = scripts.register(redis_client, "clusterstats")
+    redis_client.set("stats", "x")
+    redis_client.hset("workers", "a", "b")
+    redis_client.rpush("worker", "l")
+    redis_client.set("history", "h")
+    applied, _ = script(keys=["stats", "workers", "worker", "history"],
+                        args=["w1", 1, 60, "0", 0, "sum", "pages", "2"])
+    assert applied == 1
+    assert redis_client.hget("stats", "pages") == b"2" and redis_client.zscore("workers", "w1") is not None
+    assert redis_client.hget("worker", "flush_seq") == b"1" and redis_client.xlen("history") == 1
+    assert {k for k in redis_client.keys("*:garbage")} == {
+        b"stats:garbage", b"workers:garbage", b"worker:garbage", b"history:garbage"
+    }
+
+
 def test_finish_writes_nothing_when_a_key_has_the_wrong_type(redis_client: Any) -> None:
     redis_client.zadd("workers", {"w1": 1e12})
     redis_client.set("queue", "a string")

@@ -16,6 +16,10 @@
 -- had been applied already, -1 when nothing was written because the crawl's keys are gone (the last
 -- flush of a worker of a non-persistent crawl that has finished and removed them).
 
+-- keys of another Redis type are someone else's: moved aside (each write below failed on them: the
+-- crawl-wide stats, the heartbeat or the history stopped while they stayed)
+types_ok(KEYS, {'hash', 'zset', 'hash', 'stream'}, {})
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local now_s = string.format('%.6f', now)
@@ -72,7 +76,7 @@ redis.call('HSET', KEYS[3], unpack(fields))
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 
--- the history sample; a history key of another type (written by someone else) is left alone
+-- the history sample (a history key of another type was moved aside above)
 local HISTORY_SECONDS, HISTORY_MAXLEN = 3600, 20000
 if KEYS[4] then
   local kind = redis.call('TYPE', KEYS[4]).ok

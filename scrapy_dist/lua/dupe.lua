@@ -73,16 +73,6 @@ end
 -- Keys repaired by this call (named in the sync answer's 'repaired'): bloom blocks and bloom HASHes.
 local DUPE_REPAIRED = {}
 
--- A key holding another Redis type than we ever write there is not ours: moved aside to <key>:garbage
--- (RENAME: the same hash slot; an older garbage copy is replaced, so memory stays bounded), named in
--- `repaired`, and the caller goes on with the key empty.
-local function move_aside(key, repaired)
-  redis.call('RENAME', key, key .. ':garbage')
-  repaired[#repaired + 1] = key
-  redis.log(redis.LOG_WARNING, 'scrapy-dist: ' .. key .. ' held another Redis type: moved to ' .. key ..
-            ':garbage')
-end
-
 -- Does any block of filter f exist? The first block answers in one EXISTS of one key (every call asks
 -- this of the filter its count names: blocks are created together); only when it is missing are the
 -- others asked (someone deleted it), over at most 500 keys at a time (unpack has a limit).

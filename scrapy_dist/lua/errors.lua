@@ -20,6 +20,10 @@
 --   control   {close reason or '', close_at or '', paused '0'/'1'}
 --   examples  the kept example records when tripped, else empty
 
+-- a window, examples list or control hash of another Redis type is someone else's: moved aside, so the
+-- crawl-wide monitor goes on (each command below failed on it: the monitor was off while it stayed)
+types_ok(KEYS, {'hash', 'list', 'hash'}, {})
+
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
