@@ -17,7 +17,9 @@ suffix depends on N, so tools read the crawl's N (``{<spider>}:control`` field `
 naming shard keys. A spider name containing ``#`` could in theory collide with another spider's shard;
 do not name two spiders ``books`` and ``books#1``.
 
-Nothing else in the package (and nothing inside Lua) builds a key name.
+Nothing else in the package (and nothing inside Lua) builds a key name, with one exception: a key that
+holds another Redis type than scrapy-dist writes there is renamed to ``<key>:garbage`` (:data:`GARBAGE`,
+``lua/foreign.lua``; the same slot as the key) where it is found, so that garbage never stops a worker.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from functools import cache
 from typing import Any
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+#: suffix of a key moved aside because it held another Redis type (``move_aside`` in lua/foreign.lua)
+GARBAGE = ":garbage"
 
 #: Names of the per-shard keys: each shard of a sharded frontier has its own (the rest is crawl-wide and
 #: lives with shard 0 only).

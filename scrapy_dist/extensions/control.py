@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from scrapy_dist.keys import GARBAGE
 from scrapy_dist.replies import hash_fields
 
 logger = logging.getLogger(__name__)
@@ -136,8 +137,8 @@ def move_aside_foreign(client: Any, control_key: str) -> bool:
     kind = kind.decode(errors="replace") if isinstance(kind, bytes) else str(kind)
     if kind in ("none", "hash"):
         return False
-    client.rename(control_key, f"{control_key}:garbage")
-    logger.warning("%s held another Redis type (%s): moved to %s:garbage", control_key, kind, control_key)
+    client.rename(control_key, control_key + GARBAGE)
+    logger.warning("%s held another Redis type (%s): moved to %s", control_key, kind, control_key + GARBAGE)
     return True
 
 
