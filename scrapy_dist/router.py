@@ -11,6 +11,7 @@ different moments, "the crawl is empty" needs proof from two rounds (a double co
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,13 @@ class FrontierState:
         return {"queued": self.queued, "inflight": self.inflight, "delayed": self.delayed}
 
 
+#: seconds after a sync call repaired a frontier key (moved a key of another Redis type aside) during which
+#: an empty frontier is not taken as drained: the repair itself empties that key, and whoever swapped it
+#: in may put the crawl's real one back a moment later (an empty reading then ended the crawl with
+#: hundreds of requests still queued: seen in the hostile-writer run with crawl-wide politeness)
+REPAIR_GRACE = 10.0
+
+
 class ShardRouter:
     """Routing and the crawl-wide view over ``shards`` shards (1 = unsharded)."""
 
@@ -72,6 +80,8 @@ class ShardRouter:
         self.by_domain = by_domain
         self.states: list[ShardState | None] = [None] * shards
         self._last_snapshot: tuple[ShardState | None, ...] | None = None
+        #: when (monotonic) a call last repaired a frontier key: no empty reading within REPAIR_GRACE counts
+        self._repaired_at: float | None = None
 
     def shard(self, request: Request, fingerprint: bytes | None = None) -> int:
         """The shard a new request (or a delayed retry) goes to: that of its fingerprint (pass it when
@@ -102,16 +112,19 @@ class ShardRouter:
             return [max(1, base + (i < extra)) for i in range(n)]
         return [max(1, want * q // total) if q else 0 for q in queued]
 
-    def observe(self, shard: int, result: SyncResult) -> None:
-        """Record a shard's answer."""
+    def observe(self, shard: int, result: SyncResult, now: float | None = None) -> None:
+        """Record a shard's answer (``now``: :func:`time.monotonic`, for tests)."""
         self.states[shard] = ShardState(result.queued, result.inflight, result.delayed, result.seq)
+        if result.repaired:
+            self._repaired_at = time.monotonic() if now is None else now
 
     def forget_snapshot(self) -> None:
         """A round failed somewhere: an earlier empty reading proves nothing any more."""
         self._last_snapshot = None
 
-    def settle(self) -> FrontierState:
-        """The crawl-wide state after a round that reached every shard."""
+    def settle(self, now: float | None = None) -> FrontierState:
+        """The crawl-wide state after a round that reached every shard (``now``: :func:`time.monotonic`).
+        Empty is confirmed only once :data:`REPAIR_GRACE` has passed since the last repair."""
         states = self.states
         queued, inflight, delayed = (
             sum(getattr(st, name) for st in states if st is not None)
@@ -124,4 +137,6 @@ class ShardRouter:
         # instant when every shard was empty.
         confirmed = empty if self.shards == 1 else empty and snapshot == self._last_snapshot
         self._last_snapshot = snapshot if empty else None
+        if confirmed and self._repaired_at is not None:
+            confirmed = (time.monotonic() if now is None else now) - self._repaired_at >= REPAIR_GRACE
         return FrontierState(queued, inflight, delayed, confirmed)

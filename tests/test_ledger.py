@@ -28,11 +28,14 @@ def _out(url: str, shard: int = 0, payload: bytes = b"\x01p", t1: str = "t") -> 
     return Outgoing(Request(url), t1, "", 0.0, payload, shard=shard)
 
 
-def _result(new: str = "", leased: list[tuple[bytes, float]] | None = None, **counts: int) -> SyncResult:
+def _result(
+    new: str = "", leased: list[tuple[bytes, float]] | None = None, repaired: list[str] | None = None,
+    **counts: int,
+) -> SyncResult:
     return SyncResult(
         [c == "1" for c in new], leased or [], counts.get("requeued", 0), 0, counts.get("queued", 0),
         counts.get("inflight", 0), counts.get("delayed", 0), 0, bool(counts.get("paused", 0)),
-        counts.get("seq", 0),
+        counts.get("seq", 0), repaired=repaired or [],
     )
 
 
@@ -330,6 +333,19 @@ def test_an_empty_sharded_frontier_needs_two_equal_readings() -> None:
     one.observe(0, _result(delayed=1))
     state = one.settle()
     assert not state.empty_confirmed and state.as_dict() == {"queued": 0, "inflight": 0, "delayed": 1}
+
+
+def test_an_empty_frontier_right_after_a_repair_is_not_drained_yet() -> None:
+    """A sync call that moved a key of another type aside (the queue, say) sees that key empty; whoever
+    swapped it in may put the crawl's own back a moment later. Empty counts again after REPAIR_GRACE."""
+    from scrapy_dist.router import REPAIR_GRACE
+
+    router = ShardRouter(1)
+    router.observe(0, _result(repaired=["{c}:queue"]), now=100.0)
+    assert not router.settle(now=100.0).empty_confirmed
+    router.observe(0, _result(), now=101.0)
+    assert not router.settle(now=100.0 + REPAIR_GRACE - 0.1).empty_confirmed
+    assert router.settle(now=100.0 + REPAIR_GRACE).empty_confirmed
 
 
 # -- loop timing -----------------------------------------------------------------------------------
