@@ -160,8 +160,10 @@ def resolve_target(settings: SettingsLike | DistSettings) -> RedisTarget:
     elif conn.url:
         target = RedisTarget(url=conn.url, setting=conn.source, params=params, cluster=conn.cluster)
     elif conn.host or conn.port:
+        # the db goes in the URL: from_url() lets a URL's db win over the db keyword, and scrapy-redis
+        # builds Redis(host=..., port=..., **REDIS_PARAMS), where REDIS_PARAMS["db"] applies
         target = RedisTarget(
-            url=f"redis://{conn.host or 'localhost'}:{conn.port or 6379}/0",
+            url=f"redis://{conn.host or 'localhost'}:{conn.port or 6379}/{params.get('db') or 0}",
             setting="REDIS_HOST/REDIS_PORT",
             params=params,
             cluster=conn.cluster,

@@ -94,6 +94,22 @@ def test_redis_host_and_port_reach_a_server(redis_server: RedisProcess) -> None:
         client.close()
 
 
+def test_redis_params_db_applies_to_host_and_port(redis_server: RedisProcess) -> None:
+    # scrapy-redis builds Redis(host=..., port=..., **REDIS_PARAMS): its db is the one used. A worker
+    # that wrote to db 0 instead would never see the seeds pushed to that db.
+    settings = {"REDIS_HOST": "127.0.0.1", "REDIS_PORT": redis_server.port, "REDIS_PARAMS": {"db": 6}}
+    assert resolve_target(settings).url == f"redis://127.0.0.1:{redis_server.port}/6"
+    client = get_redis(Settings(settings))
+    other = redis.Redis(port=redis_server.port, db=6)
+    try:
+        client.set("test_connection:params_db", "six")
+        assert other.get("test_connection:params_db") == b"six"
+    finally:
+        other.delete("test_connection:params_db")
+        other.close()
+        client.close()
+
+
 def test_url_with_db_selects_the_database(redis_server: RedisProcess) -> None:
     client = get_redis({"REDIS_URL": f"redis://127.0.0.1:{redis_server.port}/7"})
     try:
