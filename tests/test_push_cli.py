@@ -111,6 +111,16 @@ def test_no_seeds_is_a_usage_error(redis_url: str, outside_project: Path) -> Non
     assert run(redis_url, "books").exit_code == 2
 
 
+def test_a_missing_or_unreadable_file_is_a_usage_error(
+    redis_url: str, redis_client: Any, outside_project: Path
+) -> None:
+    # a typo'd --file was a FileNotFoundError traceback
+    for path in (outside_project / "no-such-seeds.txt", outside_project):
+        res = run(redis_url, "books", "--file", str(path))
+        assert res.exit_code == 2 and "--file" in res.output and "Traceback" not in res.output, res.output
+    assert not redis_client.exists(KEYS.start_urls)
+
+
 def test_a_key_of_another_type_is_refused(redis_url: str, redis_client: Any, outside_project: Path) -> None:
     redis_client.sadd(KEYS.start_urls, "x")
     res = run(redis_url, "books", "http://a.example/")

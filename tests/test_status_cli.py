@@ -133,6 +133,14 @@ def test_status_json_and_table(crawl_state: redis.Redis, redis_url: str) -> None
     assert "http/500 4" in out
 
 
+def test_status_watch_refuses_an_interval_below_a_tenth_of_a_second(redis_url: str) -> None:
+    # --interval -1 was a ValueError traceback from time.sleep() after the first refresh
+    for interval in ("-1", "0"):
+        result = CliRunner().invoke(main, ["--redis-url", redis_url, "status", "books", "--watch",
+                                           "--interval", interval])
+        assert result.exit_code == 2 and "--interval" in result.output, result.output
+
+
 def test_pause_and_resume_commands(redis_client: redis.Redis, redis_url: str) -> None:
     runner = CliRunner()
     result = runner.invoke(main, ["--redis-url", redis_url, "pause", "books"])

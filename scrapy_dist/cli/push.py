@@ -199,7 +199,7 @@ def _parse_meta(text: str | None) -> dict[str, Any] | None:
 @main.command()
 @click.argument("spider")
 @click.argument("urls", nargs=-1)
-@click.option("--file", "file", type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True),
               help="Read seeds from FILE, one a line ('-' = stdin; blank lines and # comments skipped).")
 @click.option("--priority", type=click.IntRange(-(2**31), 2**31 - 1),
               help="Priority of seeds that set none (the score, for a ZSET seeds key).")

@@ -162,7 +162,8 @@ def render(status: dict[str, Any]) -> Group:
 @click.argument("spider")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
-@click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes with --watch.")
+@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(0.1),
+              help="Seconds between refreshes with --watch.")
 @force_option
 @pass_redis
 def status(
