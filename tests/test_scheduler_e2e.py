@@ -157,3 +157,21 @@ def test_non_persistent_crawl_removes_its_keys_when_finished(
     assert len(site.fetch_counts()) == 50
     client = redis.Redis.from_url(redis_url)
     assert [k for k in client.keys("*") if b"{links}" in k] == []
+
+
+def test_a_worker_without_the_addon_is_not_shown_lost_after_a_clean_close(
+    tmp_path: Path, redis_url: str, site_factory: Any
+) -> None:
+    # the two classic settings, no add-on: no ClusterStats marks the worker closed, so its heartbeat in
+    # {links}:workers made `scrapy-dist status` show a worker that finished normally as lost
+    from scrapy_dist.status import read_status
+
+    site = site_factory(pages=20)
+    project = make_project(tmp_path, {"REDIS_URL": redis_url})
+    project.crawl(args={"seed": site.page_url(0)})
+    assert project.wait_all(60) == [0], project.logs()[-4000:]
+    assert project.stats(0)["finish_reason"] == "finished"
+    client = redis.Redis.from_url(redis_url)
+    assert read_status(client, LINKS)["workers_summary"]["lost"] == 0
+    assert client.zcard(LINKS.workers) == 0
+    client.close()
