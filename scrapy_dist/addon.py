@@ -14,12 +14,15 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from scrapy.settings import BaseSettings
 
 logger = logging.getLogger(__name__)
@@ -62,6 +65,31 @@ SWAPS = (
 )
 
 
+#: Scrapy's commands that fetch a page or two for a person, not a crawl (``view`` is a ``fetch``). With the
+#: add-on they would join the shared crawl: record their URLs in its dupefilter (the crawl then skips them,
+#: and a second ``scrapy parse`` of a URL gets no response) and log an ERROR for their callbacks, which are
+#: not spider methods.
+TOOL_COMMANDS = ("scrapy.commands.shell", "scrapy.commands.parse", "scrapy.commands.fetch",
+                 "scrapy.commands.check")
+
+
+def tool_command() -> str | None:
+    """The name of the Scrapy tool command (``parse``, ``shell``, ...) the add-on is loaded under; None for
+    ``scrapy crawl``, other commands and scripts. Scrapy's command line pops the command's name out of
+    ``sys.argv``, but every command starts its crawler from its ``run()``: the command is on the stack."""
+    from scrapy.commands import ScrapyCommand
+
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        command = frame.f_locals.get("self")
+        if isinstance(command, ScrapyCommand):
+            if isinstance(command, tuple(load_object(f"{m}.Command") for m in TOOL_COMMANDS)):
+                return type(command).__module__.rpartition(".")[2]
+            return None
+        frame = frame.f_back
+    return None
+
+
 def _user_set(settings: BaseSettings, name: str) -> bool:
     priority = settings.getpriority(name)
     return priority is not None and priority > SETTINGS_PRIORITIES["default"]
@@ -94,6 +122,10 @@ class Addon:
     """Scrapy add-on enabling scrapy-dist with sensible defaults (see the module docstring)."""
 
     def update_settings(self, settings: BaseSettings) -> None:
+        command = tool_command()
+        if command is not None:
+            logger.info("scrapy-dist add-on: off for `scrapy %s` (it stays out of the shared crawl)", command)
+            return
         for name, value in SETTINGS.items():
             if not _user_set(settings, name):
                 settings.set(name, value, priority="addon")

@@ -4,9 +4,12 @@ actions, the crawl-wide idle decision, control flags, and the add-on's settings.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -474,3 +477,30 @@ def test_addon_never_overrides_the_user() -> None:
     dl = s.getdict("DOWNLOADER_MIDDLEWARES")
     assert dl["scrapy.downloadermiddlewares.retry.RetryMiddleware"] is None
     assert not any("retry" in getattr(k, "__module__", str(k)) for k, v in dl.items() if v is not None)
+
+
+@pytest.mark.slow
+def test_scrapy_parse_and_fetch_with_the_addon_stay_out_of_the_shared_crawl(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, site_factory: Any
+) -> None:
+    # they joined the crawl: `scrapy parse` recorded its URL in the crawl-wide dupefilter (the crawl then
+    # skipped it, and the next `scrapy parse` of it got "No response downloaded"); their callbacks, not
+    # spider methods, logged an ERROR each
+    from crawlproject import make_project
+
+    site = site_factory(pages=5)
+    make_project(tmp_path)
+    url = site.page_url(1)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    env.pop("REDIS_URL", None)
+    settings = ["-s", 'ADDONS={"scrapy_dist.Addon": 0}', "-s", f"REDIS_URL={redis_url}"]
+    commands = [["parse", "--spider", "links", "-c", "parse", url]] * 2 + [["fetch", url]]
+    for command in commands:
+        out = subprocess.run([sys.executable, "-m", "scrapy", *command, *settings], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "] ERROR:" not in out.stderr, out.stderr[-3000:]
+        assert f"off for `scrapy {command[0]}`" in out.stderr
+        assert (f"'url': '{url}'" if command[0] == "parse" else "<html") in out.stdout, out.stderr[-3000:]
+    assert redis_client.keys("*") == []
