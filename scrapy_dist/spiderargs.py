@@ -21,13 +21,45 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import Settings
 
-__all__ = ["SpiderArguments", "apply_spider_arguments"]
+__all__ = ["SCRAPY_REDIS_HOOKS", "SpiderArguments", "apply_spider_arguments", "unused_hooks"]
 
 logger = logging.getLogger(__name__)
 
 #: Priority of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s`` on the
 #: command line (40), since in scrapy-redis the spider attribute overrides the setting.
 IDLE_PRIORITY = 50
+
+
+_SEEDS_IN_START = (
+    "seeds are read in async def start(); to yield requests of your own too, override start() and end it"
+    " with `async for request in super().start(): yield request`"
+)
+#: scrapy-redis RedisSpider methods a subclass may override, which scrapy-dist's RedisSpider never calls,
+#: and what to do instead.
+SCRAPY_REDIS_HOOKS: dict[str, str] = {
+    "start_requests": _SEEDS_IN_START,
+    "next_requests": _SEEDS_IN_START + "; override make_request_from_data to change what a seed becomes",
+    "schedule_next_requests": _SEEDS_IN_START,
+    "fetch_data": "seeds are taken by scrapy-dist (LPOP, SPOP or ZPOPMAX, recorded until they are in the"
+                  " frontier); override make_request_from_data to change what a seed becomes",
+    "pop_list_queue": "seeds are taken by scrapy-dist; override make_request_from_data instead",
+    "pop_priority_queue": "seeds are taken by scrapy-dist; override make_request_from_data instead",
+    "spider_idle": "when the crawl is idle is decided crawl-wide (SCHEDULER_IDLE_BEFORE_CLOSE); connect a"
+                   " handler to signals.spider_idle yourself if you need one",
+    "setup_redis": "there is no spider.server; a client of your own:"
+                   " scrapy_dist.connection.get_redis(settings)",
+}
+
+
+def unused_hooks(spider_cls: type) -> list[str]:
+    """The scrapy-redis hooks (:data:`SCRAPY_REDIS_HOOKS`) ``spider_cls`` defines that nothing calls; none
+    if it defines its own ``start()``, which may call them."""
+
+    def own(name: str) -> bool:
+        klass = next((k for k in spider_cls.__mro__ if name in vars(k)), None)
+        return klass is not None and klass.__module__.partition(".")[0] not in ("scrapy", "scrapy_dist")
+
+    return [] if own("start") else [name for name in SCRAPY_REDIS_HOOKS if own(name)]
 
 
 @dataclass(frozen=True)
@@ -107,6 +139,9 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
             "scrapy-dist: redis_encoding=%s is not applied: seeds are read as UTF-8 (others are rejected as"
             " not_utf8); override make_request_from_data to decode another encoding", encoding,
         )
+    for name in unused_hooks(type(spider)):
+        logger.warning("scrapy-dist: %s.%s() is never called: %s", type(spider).__name__, name,
+                       SCRAPY_REDIS_HOOKS[name])
     if args.redis_key is not None:
         spider.redis_key = args.redis_key
     if args.redis_batch_size is not None:

@@ -349,3 +349,31 @@ def test_redis_encoding_spider_attribute_other_than_utf8_is_warned(caplog: pytes
         caplog.clear()
         RedisSpider.from_crawler(Crawler(RedisSpider, {}), "foo", redis_encoding=encoding)
         assert any("redis_encoding" in r.getMessage() for r in caplog.records) is warned, encoding
+
+
+def test_scrapy_redis_hooks_a_spider_overrides_are_warned_once_each(caplog: pytest.LogCaptureFixture) -> None:
+    # a scrapy-redis RedisSpider's start_requests(), spider_idle(), ... overrides were silently never called
+    from scrapy.crawler import Crawler
+
+    from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider
+
+    class Legacy(RedisSpider):
+        name = "legacy"
+
+        def start_requests(self) -> Any:
+            yield scrapy.Request("http://a.example/")
+
+        def spider_idle(self) -> None:
+            pass
+
+    class Modern(Legacy):
+        async def start(self) -> Any:  # its own start() may call start_requests(): no warning
+            yield scrapy.Request("http://a.example/")
+
+    for cls, warned in ((Legacy, ["start_requests", "spider_idle"]), (Modern, []), (RedisSpider, []),
+                        (RedisCrawlSpider, [])):
+        caplog.clear()
+        cls.from_crawler(Crawler(cls, {}), "x")
+        messages = [r.getMessage() for r in caplog.records if "is never called" in r.getMessage()]
+        assert len(messages) == len(warned), messages
+        assert all(f".{name}() is never called" in m for name, m in zip(warned, messages, strict=True))
