@@ -182,6 +182,9 @@ def _embedded_target(conn: ConnectionSettings, params: dict[str, Any]) -> RedisT
     )
     directory = server.directory
     url, started = server.ensure_running()
+    # REDIS_DB / REDIS_PARAMS["db"]: from_url() lets the URL's ?db=0 win over the db keyword
+    if params.get("db"):
+        url = url.replace("?db=0", f"?db={params['db']}")
     target = RedisTarget(url=url, setting="embedded", params=params, cluster=False, embedded_dir=directory)
     if directory not in _announced:
         _announced.add(directory)

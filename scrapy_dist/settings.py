@@ -271,6 +271,9 @@ class DistSettings:
             url_source = "REDIS_URL environment variable"
         params = v("REDIS_PARAMS")
         params.pop("redis_cls", None)  # scrapy-redis lets it choose the client class; we build our own
+        # as in scrapy-redis: REDIS_DB wins over REDIS_PARAMS["db"], a REDIS_URL's own db over both
+        if v("REDIS_DB") is not None:
+            params["db"] = v("REDIS_DB")
         connection = ConnectionSettings(
             url=url, url_source=url_source, host=v("REDIS_HOST"), port=v("REDIS_PORT"),
             params=MappingProxyType(params), cluster=v("REDIS_CLUSTER"),

@@ -70,6 +70,8 @@ TABLE: tuple[Setting, ...] = (
        optional=True),
     _s("REDIS_PORT", None, "int", "Port of the Redis (when REDIS_URL is not set).", C, status=HONOURED,
        optional=True, low=1, high=65535),
+    _s("REDIS_DB", None, "int", "Database number (when REDIS_URL names none); wins over REDIS_PARAMS['db'].",
+       C, status=HONOURED, optional=True, low=0),
     _s("REDIS_PARAMS", {}, "dict", "Extra keyword arguments for the redis-py client (timeouts, TLS files,"
        " ...); a dict or a JSON object.", C, status=CHANGED,
        note="redis_cls is ignored: scrapy-dist builds its clients"),
@@ -217,6 +219,7 @@ SCRAPY_REDIS_IGNORED: Mapping[str, str] = MappingProxyType({
     "SCHEDULER_SERIALIZER": "requests are encoded as msgpack, never pickle",
     "REDIS_ENCODING": "seeds and keys are UTF-8",
     "STATS_KEY": "crawl-wide stats live in {<spider>}:stats (scrapy-dist status)",
+    "REDIS_DECODE_RESPONSES": "scrapy-dist builds its own clients, which need bytes; decode in your own code",
 })
 #: Other names for our settings (scrapy-redis spellings); the canonical name wins when both are set.
 ALIASES: Mapping[str, str] = MappingProxyType({"MAX_IDLE_TIME_BEFORE_CLOSE": "SCHEDULER_IDLE_BEFORE_CLOSE"})

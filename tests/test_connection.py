@@ -122,6 +122,33 @@ def test_url_with_db_selects_the_database(redis_server: RedisProcess) -> None:
         client.close()
 
 
+@pytest.mark.parametrize(
+    ("located", "db"),
+    [
+        ({"REDIS_HOST": "127.0.0.1"}, 5),
+        ({"REDIS_URL": "redis://127.0.0.1:{port}"}, 5),
+        ({"REDIS_URL": "redis://127.0.0.1:{port}/4"}, 4),  # a URL's own db wins, as in scrapy-redis
+    ],
+)
+def test_redis_db_selects_the_database_as_in_scrapy_redis(
+    redis_server: RedisProcess, located: dict[str, str], db: int
+) -> None:
+    # scrapy-redis's REDIS_DB was silently ignored: the crawl used db 0
+    settings: dict[str, object] = {k: v.format(port=redis_server.port) for k, v in located.items()}
+    settings.update(REDIS_PORT=redis_server.port, REDIS_DB="5", REDIS_PARAMS={"db": 6})
+    if "REDIS_URL" in settings:
+        del settings["REDIS_PORT"]
+    client = get_redis(Settings(settings))
+    other = redis.Redis(port=redis_server.port, db=db)
+    try:
+        client.set("test_connection:redis_db", "here")
+        assert other.get("test_connection:redis_db") == b"here"
+    finally:
+        other.delete("test_connection:redis_db")
+        other.close()
+        client.close()
+
+
 @pytest.fixture
 def acl_server(redis_servers: Callable[..., list[RedisProcess]]) -> RedisProcess:
     """A server where user ``alice`` (password ``wonder land``) exists and ``default`` needs ``topsecret``."""

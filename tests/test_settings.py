@@ -58,6 +58,8 @@ def refusal(settings: dict[str, Any], environ: dict[str, str] | None = None) -> 
         ("SCHEDULER_POLITENESS", "global", "unknown value"),
         ("ERRORMONITOR_ACTION", "explode", "unknown value"),
         ("REDIS_PORT", "70000", "out of range"),
+        ("REDIS_DB", "-1", "out of range"),
+        ("REDIS_DB", "one", "not an integer"),
         ("REDIS_CLUSTER", "sometimes", "not a boolean"),
         ("ERRORMONITOR_HTTP_ERRORS", "5xx,abc", "'abc' is not a status"),
         ("DOMAIN_LIMITS", '{"a.com": {"delay": -1}}', "out of range"),
@@ -185,9 +187,10 @@ def test_near_miss_names_get_a_suggestion_and_ours_or_scrapys_do_not() -> None:
 
 def test_scrapy_redis_settings_we_do_not_apply_are_named() -> None:
     ds = DistSettings.from_settings(
-        {"SCHEDULER_QUEUE_KEY": "%(spider)s:requests", "REDIS_ENCODING": "latin1"}, environ={}
+        {"SCHEDULER_QUEUE_KEY": "%(spider)s:requests", "REDIS_ENCODING": "latin1",
+         "REDIS_DECODE_RESPONSES": True}, environ={}
     )
-    assert len(ds.warnings) == 2
+    assert len(ds.warnings) == 3 and any("REDIS_DECODE_RESPONSES" in w for w in ds.warnings)
     assert all("scrapy-redis setting scrapy-dist does not apply" in w for w in ds.warnings)
 
 
