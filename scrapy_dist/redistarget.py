@@ -111,7 +111,9 @@ class RedisTarget:
                 f"Redis at {self.masked_url} refused the login ({reason}); check the user name and password"
                 f" in {where} and the user's ACL"
             )
-        if _TLS_PROBLEM.search(reason):
+        # rediss:// to a port without TLS: the handshake waits for an answer that never comes
+        tls_timeout = self.url.startswith("rediss:") and "Timeout" in reason
+        if _TLS_PROBLEM.search(reason) or tls_timeout:
             return RedisUnavailable(
                 f"Cannot reach Redis at {self.masked_url} over TLS ({reason}); check the certificate settings"
                 " in REDIS_PARAMS (ssl_ca_certs, ssl_certfile, ssl_keyfile) and that the URL is rediss://"

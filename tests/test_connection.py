@@ -228,6 +228,14 @@ def test_rediss_url_makes_a_tls_client() -> None:
     assert pool.connection_kwargs["port"] == 6380
 
 
+def test_rediss_url_to_a_plain_port_says_tls(redis_server: RedisProcess) -> None:
+    # the handshake times out: the line said only "Timeout connecting to server"
+    settings = {"REDIS_URL": f"rediss://127.0.0.1:{redis_server.port}/0",
+                "REDIS_PARAMS": {"socket_timeout": 0.3}}
+    with pytest.raises(RedisUnavailable, match=r"over TLS \(Timeout.*rediss:// only for a TLS port"):
+        check_reachable(settings)
+
+
 def test_outage_friendly_defaults_and_redis_params_override() -> None:
     client = get_redis({"REDIS_URL": "redis://127.0.0.1:1/0"})
     kwargs = client.connection_pool.connection_kwargs
