@@ -130,6 +130,12 @@ def test_requeue_and_purge_together_is_refused(redis_url: str) -> None:
     assert result.exit_code == 2 and "cannot be combined" in result.output
 
 
+def test_a_negative_limit_is_refused(redis_url: str, letters: list[str]) -> None:
+    # --limit -1 showed an empty table "showing the last 0"
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "dead", "retry", "--limit", "-1"], env=ENV)
+    assert result.exit_code == 2 and "--limit" in result.output, result.output
+
+
 @pytest.fixture
 def failing_site() -> Iterator[FailingSite]:
     with FailingSite() as site:

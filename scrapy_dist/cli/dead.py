@@ -211,7 +211,8 @@ def _purge(client: redis.Redis, key: str, letters: list[tuple[int, DeadLetter]])
 @click.argument("spider")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead of a table.")
 @click.option("--reason", metavar="R", help="Only records with this reason (e.g. 500, DownloadTimeoutError).")
-@click.option("--limit", type=int, help=f"Show only the last N records (table default: {TABLE_ROWS}).")
+@click.option("--limit", type=click.IntRange(0),
+              help=f"Show only the last N records (table default: {TABLE_ROWS}; 0: all).")
 @click.option("--requeue", is_flag=True, help="Put the requests back in the frontier, retry counts reset.")
 @click.option("--purge", is_flag=True, help="Delete the records (with --reason: only the matching ones).")
 @force_option
