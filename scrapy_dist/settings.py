@@ -261,7 +261,18 @@ class DistSettings:
             idle = math.inf  # a long-running crawl: every comparison with "seconds idle" says "not yet"
         # Redis: settings first, then the environment, then the embedded server
         url, url_source = v("REDIS_URL"), "REDIS_URL" if v("REDIS_URL") else ""
-        located = url or v("REDIS_SENTINELS") or v("REDIS_HOST") or v("REDIS_PORT")
+        params = v("REDIS_PARAMS")
+        params.pop("redis_cls", None)  # scrapy-redis lets it choose the client class; we build our own
+        # as in scrapy-redis: REDIS_DB wins over REDIS_PARAMS["db"], a REDIS_URL's own db over both
+        if v("REDIS_DB") is not None:
+            params["db"] = v("REDIS_DB")
+        # scrapy-redis builds Redis(**REDIS_PARAMS) with REDIS_HOST / REDIS_PORT over its host and port
+        host, port = v("REDIS_HOST"), v("REDIS_PORT")
+        if not host and params.get("host") not in (None, ""):
+            host = convert(replace(BY_NAME["REDIS_HOST"], name="REDIS_PARAMS['host']"), params["host"])
+        if not port and params.get("port") not in (None, ""):
+            port = convert(replace(BY_NAME["REDIS_PORT"], name="REDIS_PARAMS['port']"), params["port"])
+        located = url or v("REDIS_SENTINELS") or host or port
         if not located and env.get("REDIS_URL", "").strip():
             try:
                 url = check_url(env["REDIS_URL"])
@@ -269,13 +280,8 @@ class DistSettings:
                 raise SettingsError("REDIS_URL", exc.value, f"{exc.problem} (environment variable)",
                                     exc.expected) from None
             url_source = "REDIS_URL environment variable"
-        params = v("REDIS_PARAMS")
-        params.pop("redis_cls", None)  # scrapy-redis lets it choose the client class; we build our own
-        # as in scrapy-redis: REDIS_DB wins over REDIS_PARAMS["db"], a REDIS_URL's own db over both
-        if v("REDIS_DB") is not None:
-            params["db"] = v("REDIS_DB")
         connection = ConnectionSettings(
-            url=url, url_source=url_source, host=v("REDIS_HOST"), port=v("REDIS_PORT"),
+            url=url, url_source=url_source, host=host, port=port,
             params=MappingProxyType(params), cluster=v("REDIS_CLUSTER"),
             sentinels=sentinels(v("REDIS_SENTINELS")),
             sentinel_master=v("REDIS_SENTINEL_MASTER") or "mymaster",

@@ -42,6 +42,7 @@ from scrapy_dist.connection import (
 )
 from scrapy_dist.embedded import EmbeddedRedis, embedded_dir
 from scrapy_dist.exceptions import RedisUnavailable
+from scrapy_dist.settings_values import SettingsError
 
 # -- URLs and settings ----------------------------------------------------------------------------
 
@@ -147,6 +148,21 @@ def test_redis_db_selects_the_database_as_in_scrapy_redis(
         other.delete("test_connection:redis_db")
         other.close()
         client.close()
+
+
+def test_redis_params_host_and_port_locate_redis_as_in_scrapy_redis(redis_server: RedisProcess) -> None:
+    # scrapy-redis builds Redis(**REDIS_PARAMS): a project with only REDIS_PARAMS = {"host": ..., "port":
+    # ...} silently used the embedded Redis instead
+    settings = {"REDIS_PARAMS": {"host": "127.0.0.1", "port": str(redis_server.port), "db": 3}}
+    target = resolve_target(settings)
+    assert target.url == f"redis://127.0.0.1:{redis_server.port}/3"
+    client = get_redis(Settings(settings))
+    try:
+        assert client.ping() is True
+    finally:
+        client.close()
+    with pytest.raises(SettingsError, match=r"REDIS_PARAMS\['port'\]=x: not an integer"):
+        resolve_target({"REDIS_PARAMS": {"host": "127.0.0.1", "port": "x"}})
 
 
 @pytest.fixture
