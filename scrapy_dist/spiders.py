@@ -41,6 +41,9 @@ class RedisMixin:
     redis_batch_size: int | None = None
     #: seconds without work before the worker closes (scrapy-redis's; sets SCHEDULER_IDLE_BEFORE_CLOSE)
     max_idle_time: float | None = None
+    #: scrapy-redis's, for make_request_from_data overrides that decode with it: seeds are UTF-8 (another
+    #: value is warned about and not applied)
+    redis_encoding: str = "utf-8"
 
     name: str
     crawler: Crawler

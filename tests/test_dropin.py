@@ -377,3 +377,20 @@ def test_scrapy_redis_hooks_a_spider_overrides_are_warned_once_each(caplog: pyte
         messages = [r.getMessage() for r in caplog.records if "is never called" in r.getMessage()]
         assert len(messages) == len(warned), messages
         assert all(f".{name}() is never called" in m for name, m in zip(warned, messages, strict=True))
+
+
+def test_make_request_from_data_may_decode_with_redis_encoding_as_in_scrapy_redis() -> None:
+    # scrapy-redis's own make_request_from_data decodes with self.redis_encoding, and so do overrides
+    # copied from it: without the attribute every seed was rejected as hook_error (AttributeError)
+    from scrapy.crawler import Crawler
+
+    from scrapy_dist.spiders import RedisSpider
+
+    class Decoding(RedisSpider):
+        name = "decoding"
+
+        def make_request_from_data(self, data: bytes) -> scrapy.Request:
+            return scrapy.Request(data.decode(self.redis_encoding))
+
+    spider = Decoding.from_crawler(Crawler(Decoding, {}))
+    assert spider.make_request_from_data("http://a.example/é".encode()).url == "http://a.example/%C3%A9"
