@@ -187,6 +187,17 @@ def test_inside_a_project_the_spiders_key_kind_limits_and_callbacks_apply(
     assert "bad_callback 2" in res.output and "too_large 1" in res.output
 
 
+def test_status_counts_the_seeds_where_push_put_them(redis_url: str, project: Path) -> None:
+    # status read <name>:start_urls whatever the spider's redis_key and custom_settings: seeds waiting in
+    # feed:books (a ZSET) showed as 0
+    assert run(redis_url, "books", "http://a.example/1", "http://a.example/2").exit_code == 0
+    res = CliRunner().invoke(main, ["--redis-url", redis_url, "status", "books", "--json"],
+                             env={"REDIS_URL": None})
+    assert res.exit_code == 0, res.output
+    seeds = json.loads(res.output)["seeds"]
+    assert (seeds["key"], seeds["type"], seeds["waiting"]) == ("feed:books", "zset", 2)
+
+
 def test_push_seeds_pipelines_many_chunks(
     redis_url: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

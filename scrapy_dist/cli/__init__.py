@@ -34,6 +34,7 @@ Writing a subcommand::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -182,9 +183,25 @@ class ClientFactory:
             "--force to use the name anyway"
         )
 
+    def spider_settings(self, spider: str) -> tuple[type | None, DistSettings]:
+        """The project's spider class ``spider`` (None outside a project or for an unknown name) and the
+        settings its workers run with: the project's plus the class's ``custom_settings``."""
+        spidercls = spider_class(self.settings, spider)
+        if spidercls is None:
+            return None, self.dist
+        settings = self.settings.copy()
+        spidercls.update_settings(settings)  # type: ignore[attr-defined]
+        return spidercls, DistSettings.from_settings(settings, environ=self.environ)
+
     def keys(self, spider: str) -> CrawlKeys:
-        """Key names of the crawl of ``spider`` (honours ``REDIS_KEY_PREFIX`` and friends)."""
-        return crawl_keys(self.dist, spider)
+        """Key names of the crawl of ``spider`` as its workers name them: ``REDIS_KEY_PREFIX`` and friends,
+        the spider class's ``custom_settings`` and its ``redis_key`` (the seeds key)."""
+        spidercls, dist = self.spider_settings(spider)
+        keys = crawl_keys(dist, spider)
+        redis_key = getattr(spidercls, "redis_key", None)
+        if isinstance(redis_key, str) and redis_key.strip():
+            keys = dataclasses.replace(keys, start_urls_template=redis_key)
+        return keys
 
 
 def require_extra(module: str, package: str, extra: str) -> Any:
@@ -205,6 +222,18 @@ class NoCrawlHere(ScrapyDistError):
 
 class UnknownSpider(ScrapyDistError):
     """A spider name the project does not have."""
+
+
+def spider_class(settings: Any, name: str) -> type | None:
+    """The project's spider class ``name``, or ``None`` (outside a project, unknown name, import error)."""
+    if not settings.getlist("SPIDER_MODULES"):
+        return None
+    try:
+        from scrapy.spiderloader import get_spider_loader
+
+        return get_spider_loader(settings).load(name)  # type: ignore[no-any-return]
+    except Exception:  # a broken or missing spider: the crawl will say so; do not block the tools on it
+        return None
 
 
 def project_spiders(settings: Settings) -> list[str] | None:

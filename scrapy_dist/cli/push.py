@@ -16,7 +16,6 @@ seed at the head instead, to be taken next).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -31,7 +30,6 @@ import click
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.seeds import SeedRules, class_has_callback, iter_lines, parse_seed
-from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     import redis
@@ -158,18 +156,6 @@ def push_seeds(
     return report
 
 
-def _spider_class(settings: Any, name: str) -> type | None:
-    """The project's spider class ``name``, or ``None`` (outside a project, unknown name, import error)."""
-    if not settings.getlist("SPIDER_MODULES"):
-        return None
-    try:
-        from scrapy.spiderloader import get_spider_loader
-
-        return get_spider_loader(settings).load(name)  # type: ignore[no-any-return]
-    except Exception:  # a broken or missing spider only costs the callback check
-        return None
-
-
 def _file_seeds(
     fh: IO[bytes], label: str, on_bytes: Callable[[int], None] | None
 ) -> Iterator[tuple[str, bytes]]:
@@ -227,17 +213,9 @@ def push(
     if not dry_run:
         redis.require_configured()
     redis.check_spider(spider, force)
-    settings = redis.settings
-    spidercls = _spider_class(settings, spider)
+    # the spider's custom_settings may change the seeds settings: checked again, as its workers do
+    spidercls, ds = redis.spider_settings(spider)
     keys: CrawlKeys = redis.keys(spider)
-    if spidercls is not None:
-        settings = settings.copy()
-        spidercls.update_settings(settings)  # type: ignore[attr-defined]
-        redis_key = getattr(spidercls, "redis_key", None)
-        if redis_key:
-            keys = dataclasses.replace(keys, start_urls_template=redis_key)
-    # the spider's custom_settings may change the seeds settings: check them again, as its workers do
-    ds = redis.dist if spidercls is None else DistSettings.from_settings(settings, environ=redis.environ)
     kind = ds.seeds.kind
     opts = PushOptions(
         kind=kind,
