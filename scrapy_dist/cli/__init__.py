@@ -314,7 +314,7 @@ def pass_redis(f: F) -> F:
     "--redis-url",
     metavar="URL",
     help="Redis to use: redis://[user:password@]host:port/db, rediss://... or unix:///path. "
-    "Default: $REDIS_URL, else the Scrapy project's settings, else the embedded Redis.",
+    "Default: the Scrapy project's settings, else $REDIS_URL, else the embedded Redis (as workers do).",
 )
 @click.version_option(__version__, prog_name="scrapy-dist")
 @click.pass_context
