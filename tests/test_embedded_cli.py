@@ -7,11 +7,12 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from redis_servers import RedisProcess
 
 from scrapy_dist.cli.embedded import redis_cli_arguments
 from scrapy_dist.connection import resolve_target
@@ -78,6 +79,26 @@ def test_redis_cli_gets_the_password_by_environment(redis_url: str, redis_client
         assert result.stdout.strip() == "PONG", result
     finally:
         redis_client.acl_deluser("cli-user")
+
+
+def test_redis_cli_uses_the_user_password_and_db_of_redis_params(
+    tmp_path: Path, redis_servers: Callable[..., list[RedisProcess]]
+) -> None:
+    # a scrapy-redis project puts them in REDIS_PARAMS: `scrapy-dist redis-cli` got
+    # "SELECT 9 failed: NOAUTH Authentication required" where the workers connected
+    (server,) = redis_servers(1)
+    with redis.Redis(port=server.port) as admin:
+        admin.config_set("requirepass", "s3cret")
+    (tmp_path / "scrapy.cfg").write_text("[settings]\ndefault = paramsproj\n")
+    (tmp_path / "paramsproj.py").write_text(
+        f'REDIS_HOST = "127.0.0.1"\nREDIS_PORT = {server.port}\n'
+        'REDIS_PARAMS = {"password": "s3cret", "db": 9}\n'
+    )
+    result = run(tmp_path, "redis-cli", "set", "test_embedded_cli:params", "here")
+    assert result.stdout.strip() == "OK", result
+    other = redis.Redis(port=server.port, db=9, password="s3cret")
+    assert other.get("test_embedded_cli:params") == b"here"
+    other.close()
 
 
 def test_workers_warn_that_the_embedded_crawl_is_confined_to_this_machine(

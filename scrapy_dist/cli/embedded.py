@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -22,8 +23,12 @@ from scrapy_dist.embedded import EmbeddedRedis, redis_cli_binary
 from scrapy_dist.exceptions import ScrapyDistError
 
 
-def redis_cli_arguments(url: str) -> tuple[list[str], dict[str, str]]:
+def redis_cli_arguments(
+    url: str, params: Mapping[str, Any] | None = None
+) -> tuple[list[str], dict[str, str]]:
     """``redis-cli`` options reaching ``url``, and the environment variables to add (the password).
+    ``params`` (``REDIS_PARAMS``) give the user, password and db the URL does not, as they do to the
+    workers' clients.
 
     Raises :class:`ScrapyDistError` for a URL redis-cli cannot be pointed at this way."""
     from redis.connection import SSLConnection, parse_url
@@ -32,6 +37,10 @@ def redis_cli_arguments(url: str) -> tuple[list[str], dict[str, str]]:
         parts: dict[str, Any] = parse_url(url)
     except ValueError as exc:
         raise ScrapyDistError(f"redis-cli cannot use this Redis URL ({exc})") from None
+    given = params or {}
+    for name in ("username", "password", "db"):
+        if parts.get(name) in (None, "") and given.get(name) not in (None, ""):
+            parts[name] = given[name]
     args: list[str] = []
     if parts.get("path"):
         args += ["-s", str(parts["path"])]
@@ -111,7 +120,7 @@ def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
             "scrapy-dist redis-cli does not follow Sentinel; run redis-cli against the current master "
             "(redis-cli -h <sentinel> -p <port> sentinel get-master-addr-by-name <master> names it)"
         )
-    options, extra_env = redis_cli_arguments(target.url)
+    options, extra_env = redis_cli_arguments(target.url, target.params)
     if target.cluster:
         options.append("-c")  # follow MOVED redirections
     env = {**os.environ, **extra_env}
