@@ -36,7 +36,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.settings_reader import SettingsReader, importable
+from scrapy_dist.settings_reader import SettingsReader, importable, queue_order
 from scrapy_dist.settings_table import (
     ALIASES,
     BY_NAME,
@@ -302,7 +302,7 @@ class DistSettings:
                 raise SettingsError("SCHEDULER_DENY_NETWORKS", list(deny), f"{net!r} is not a network",
                                     'expected CIDR blocks like ["10.0.0.0/8", "fc00::/7"], or []') from None
         scheduler = SchedulerSettings(
-            queue_class=importable("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")),
+            queue_class=queue_order("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")),
             persist=v("SCHEDULER_PERSIST"),
             flush_on_start=v("SCHEDULER_FLUSH_ON_START"), idle_before_close=idle,
             lease_seconds=v("SCHEDULER_LEASE_SECONDS"),

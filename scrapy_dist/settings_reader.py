@@ -21,7 +21,7 @@ from scrapy_dist.settings_table import (
 )
 from scrapy_dist.settings_values import SettingsError, convert
 
-__all__ = ["SCRAPY_QUEUE_SETTINGS", "SettingsReader", "importable"]
+__all__ = ["SCRAPY_QUEUE_SETTINGS", "SettingsReader", "importable", "queue_order"]
 
 
 #: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
@@ -52,6 +52,31 @@ def importable(name: str, path: str | None) -> Any:
         problem = " ".join(str(exc).split()) or type(exc).__name__
         raise SettingsError(name, path, f"cannot be imported ({problem})",
                             "expected an import path like package.module.Name") from None
+    return path
+
+
+def queue_order(name: str, path: str) -> str:
+    """``path`` if it names a queue order (:class:`scrapy_dist.queue.QueueOrder`: ``score(request)`` and
+    ``sequence``, built without arguments) or a scrapy-redis alias of one. A scrapy-redis queue class of
+    one's own (``Base(server, spider, key)``) is refused: the frontier is one sorted set, not a queue
+    object."""
+    from scrapy.utils.misc import load_object
+
+    from scrapy_dist.queue import ALIASES as QUEUE_ALIASES
+
+    importable(name, path)
+    if path in QUEUE_ALIASES:
+        return path
+    cls = load_object(path)
+    try:
+        order = cls()
+        ok = callable(getattr(order, "score", None)) and getattr(order, "sequence", None) in ("asc", "desc")
+    except Exception:  # a constructor that wants arguments: a queue object, not an order
+        ok = False
+    if not ok:
+        raise SettingsError(name, path, "not a queue order (a class with score(request) and sequence)",
+                            "expected scrapy_dist.queue.PriorityQueue, FifoQueue or LifoQueue (or their"
+                            " scrapy_redis.queue names), or a class like them")
     return path
 
 

@@ -65,6 +65,10 @@ def refusal(settings: dict[str, Any], environ: dict[str, str] | None = None) -> 
         ("DOMAIN_LIMITS", '{"a.com": {"delay": -1}}', "out of range"),
         ("SCHEDULER_ALLOWED_SCHEMES", "", "not a list of URL schemes"),
         ("SCHEDULER_QUEUE_CLASS", "nope.Queue", "cannot be imported"),
+        # a queue object (scrapy-redis's Base(server, spider, key) and its subclasses) is not an order: it
+        # got past the start and failed in the scheduler with a traceback storm
+        ("SCHEDULER_QUEUE_CLASS", "datetime.date", "not a queue order"),
+        ("SCHEDULER_QUEUE_CLASS", "json.JSONDecoder", "not a queue order"),
         ("REDIS_ITEMS_SERIALIZER", "json.dumpz", "cannot be imported"),
     ],
 )
