@@ -149,7 +149,40 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
     if args.max_idle_time is not None:
         spider.max_idle_time = args.max_idle_time
         _set_idle(crawler.settings, args.max_idle_time)
+    else:
+        _warn_scrapy_redis_idle(crawler.settings)
     return args
+
+
+def _warn_scrapy_redis_idle(settings: Settings) -> None:
+    """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE``: there it was the blocking
+    pop's timeout, and a RedisSpider waited for seeds for ever (unless ``MAX_IDLE_TIME_BEFORE_CLOSE`` or
+    ``max_idle_time``); here the same name closes the workers once the crawl has had no work for that long.
+    Only for a value > 0 from the project's settings or the spider's ``custom_settings`` (a ``-s`` on the
+    command line is a choice made for this run, as in the quickstart), and not when
+    ``MAX_IDLE_TIME_BEFORE_CLOSE`` -- scrapy-redis's name for closing after idle time, the same meaning
+    here -- is set."""
+    from scrapy.settings import SETTINGS_PRIORITIES
+
+    if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None:
+        return
+    if settings.getpriority("SCHEDULER_IDLE_BEFORE_CLOSE") not in (
+        SETTINGS_PRIORITIES["project"], SETTINGS_PRIORITIES["spider"]
+    ):
+        return
+    value = settings.get("SCHEDULER_IDLE_BEFORE_CLOSE")
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return  # None (never close), or garbage the settings check reports
+    if seconds > 0:
+        logger.warning(
+            "scrapy-dist: SCHEDULER_IDLE_BEFORE_CLOSE = %s closes this RedisSpider's workers once the crawl"
+            " has had no work for %s s (in scrapy-redis it was a blocking pop timeout, and the spider waited"
+            " for seeds for ever): set it to 0 to wait for ever, or name it MAX_IDLE_TIME_BEFORE_CLOSE"
+            " (scrapy-redis's setting for closing after idle time) to keep closing without this warning",
+            value, value,
+        )
 
 
 def _set_idle(settings: Settings, seconds: float) -> None:

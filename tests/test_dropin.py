@@ -351,6 +351,44 @@ def test_redis_encoding_spider_attribute_other_than_utf8_is_warned(caplog: pytes
         assert any("redis_encoding" in r.getMessage() for r in caplog.records) is warned, encoding
 
 
+def test_scrapy_redis_idle_before_close_in_the_project_settings_is_warned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """scrapy-redis's SCHEDULER_IDLE_BEFORE_CLOSE was a pop timeout (its RedisSpider waited for seeds for
+    ever); here it closes idle workers: one WARNING when a project's settings set it, none for a -s of
+    this run, for MAX_IDLE_TIME_BEFORE_CLOSE (the same meaning in both) or for 0."""
+    from scrapy.crawler import Crawler
+    from scrapy.settings import Settings
+
+    from scrapy_dist.spiders import RedisSpider
+
+    class Custom(RedisSpider):
+        custom_settings = {"SCHEDULER_IDLE_BEFORE_CLOSE": 30}
+
+    def cmdline(**values: Any) -> Settings:
+        settings = Settings()
+        settings.setdict(values, priority="cmdline")
+        return settings
+
+    cases: list[tuple[type, Any, dict[str, Any], bool]] = [
+        (RedisSpider, {"SCHEDULER_IDLE_BEFORE_CLOSE": 10}, {}, True),
+        (Custom, {}, {}, True),
+        (RedisSpider, {"SCHEDULER_IDLE_BEFORE_CLOSE": 0}, {}, False),
+        (RedisSpider, {"MAX_IDLE_TIME_BEFORE_CLOSE": 10}, {}, False),
+        (RedisSpider, cmdline(SCHEDULER_IDLE_BEFORE_CLOSE=10), {}, False),
+        (RedisSpider, {"SCHEDULER_IDLE_BEFORE_CLOSE": 10}, {"max_idle_time": "10"}, False),
+        (RedisSpider, {}, {}, False),
+    ]
+    for cls, settings, kwargs, warned in cases:
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            cls.from_crawler(Crawler(cls, settings), "foo", **kwargs)
+        lines = [r.getMessage() for r in caplog.records if "SCHEDULER_IDLE_BEFORE_CLOSE" in r.getMessage()]
+        assert len(lines) == (1 if warned else 0), (cls, settings, kwargs, lines)
+        if warned:
+            assert "MAX_IDLE_TIME_BEFORE_CLOSE" in lines[0] and "set it to 0" in lines[0]
+
+
 def test_scrapy_redis_hooks_a_spider_overrides_are_warned_once_each(caplog: pytest.LogCaptureFixture) -> None:
     # a scrapy-redis RedisSpider's start_requests(), spider_idle(), ... overrides were silently never called
     from scrapy.crawler import Crawler
