@@ -96,8 +96,9 @@ TABLE: tuple[Setting, ...] = (
        " crawl-wide (0: a crawl waiting for seeds never closes, other spiders close once the frontier is"
        " empty; None: never close, a long-running crawl); alias MAX_IDLE_TIME_BEFORE_CLOSE.", S,
        status=CHANGED, low=0, optional=True,
-       note="seconds of crawl-wide idleness, not a blocking pop timeout; a RedisSpider whose settings.py"
-       " sets it > 0 gets one WARNING (MAX_IDLE_TIME_BEFORE_CLOSE: none)"),
+       note="seconds of crawl-wide idleness, not a blocking pop timeout; a RedisSpider project switched"
+       " with the two settings (no add-on) that sets it > 0 gets one WARNING (MAX_IDLE_TIME_BEFORE_CLOSE:"
+       " none)"),
     _s("SCHEDULER_LEASE_SECONDS", 60.0, "float", "A leased request returns to the queue if not acknowledged"
        " within this many seconds.", S, low=0, low_open=True),
     _s("SCHEDULER_PREFETCH", 0, "int", "Requests leased ahead of demand per worker (0: 2 x"

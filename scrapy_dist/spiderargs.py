@@ -158,13 +158,16 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
     """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE``: there it was the blocking
     pop's timeout, and a RedisSpider waited for seeds for ever (unless ``MAX_IDLE_TIME_BEFORE_CLOSE`` or
     ``max_idle_time``); here the same name closes the workers once the crawl has had no work for that long.
-    Only for a value > 0 from the project's settings or the spider's ``custom_settings`` (a ``-s`` on the
-    command line is a choice made for this run, as in the quickstart), and not when
-    ``MAX_IDLE_TIME_BEFORE_CLOSE`` -- scrapy-redis's name for closing after idle time, the same meaning
-    here -- is set."""
+    Only for a project switched the scrapy-redis way (``SCHEDULER`` set by hand, not by scrapy-dist's
+    add-on, which projects written for scrapy-dist use, as the quickstart and example_project do), a value
+    > 0 from the project's settings or the spider's ``custom_settings`` (a ``-s`` on the command line is
+    a choice made for this run), and not when ``MAX_IDLE_TIME_BEFORE_CLOSE`` -- scrapy-redis's name for
+    closing after idle time, the same meaning here -- is set."""
     from scrapy.settings import SETTINGS_PRIORITIES
 
     if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None:
+        return
+    if settings.getpriority("SCHEDULER") == SETTINGS_PRIORITIES["addon"]:
         return
     if settings.getpriority("SCHEDULER_IDLE_BEFORE_CLOSE") not in (
         SETTINGS_PRIORITIES["project"], SETTINGS_PRIORITIES["spider"]

@@ -355,8 +355,9 @@ def test_scrapy_redis_idle_before_close_in_the_project_settings_is_warned(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """scrapy-redis's SCHEDULER_IDLE_BEFORE_CLOSE was a pop timeout (its RedisSpider waited for seeds for
-    ever); here it closes idle workers: one WARNING when a project's settings set it, none for a -s of
-    this run, for MAX_IDLE_TIME_BEFORE_CLOSE (the same meaning in both) or for 0."""
+    ever); here it closes idle workers: one WARNING when the settings of a project switched the
+    scrapy-redis way set it, none for a -s of this run, for MAX_IDLE_TIME_BEFORE_CLOSE (the same meaning
+    in both), for 0, or in a project that uses scrapy-dist's add-on."""
     from scrapy.crawler import Crawler
     from scrapy.settings import Settings
 
@@ -379,6 +380,11 @@ def test_scrapy_redis_idle_before_close_in_the_project_settings_is_warned(
         (RedisSpider, {"SCHEDULER_IDLE_BEFORE_CLOSE": 10}, {"max_idle_time": "10"}, False),
         (RedisSpider, {}, {}, False),
     ]
+    from scrapy_dist import Addon
+
+    addon = Settings({"SCHEDULER_IDLE_BEFORE_CLOSE": 10}, priority="project")
+    Addon().update_settings(addon)  # what Crawler.crawl() runs for ADDONS = {"scrapy_dist.Addon": 0}
+    cases.append((RedisSpider, addon, {}, False))
     for cls, settings, kwargs, warned in cases:
         caplog.clear()
         with caplog.at_level("WARNING"):
