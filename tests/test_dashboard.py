@@ -165,7 +165,7 @@ def test_the_page_draws_a_running_crawl_and_pauses_only_with_the_token(
         served.close()
 
 
-def test_the_history_sample_is_written_bounded_and_skipped_on_a_foreign_key(redis_client: Any) -> None:
+def test_the_history_sample_is_written_bounded_and_a_foreign_key_moved_aside(redis_client: Any) -> None:
     from scrapy_dist import scripts
 
     script = scripts.register(redis_client, "clusterstats")
@@ -173,7 +173,8 @@ def test_the_history_sample_is_written_bounded_and_skipped_on_a_foreign_key(redi
     script(keys=["stats", "workers", "worker", "history"], args=["w1", 1, 60, "0", 4, *fields])
     ((_, sample),) = redis_client.xrange("history")
     assert sample[b"w"] == b"w1" and sample[b"p"] == b"7" and sample[b"q"] == b"40"
-    # someone else's string under the history key: the flush still merges, the history is left alone
+    # someone else's string under the history key: moved aside (kept), the flush merges, the history goes on
     redis_client.set("history2", "not a stream")
     applied, _ = script(keys=["stats", "workers", "worker", "history2"], args=["w1", 2, 60, "0", 4, *fields])
-    assert applied == 1 and redis_client.get("history2") == b"not a stream"
+    assert applied == 1 and redis_client.get("history2:garbage") == b"not a stream"
+    assert redis_client.xlen("history2") == 1
