@@ -14,6 +14,7 @@ from typing import Any
 from scrapy_dist.settings_table import (
     ALIASES,
     BY_NAME,
+    CONNECTION_GUESSES,
     OUR_PREFIXES,
     SCRAPY_OWN,
     SCRAPY_REDIS_IGNORED,
@@ -156,6 +157,10 @@ class SettingsReader:
                 if self.given(name):
                     out.append(f"scrapy-dist: {name} is a scrapy-redis setting scrapy-dist does not apply:"
                                f" {SCRAPY_REDIS_IGNORED[name]}")
+                continue
+            if name in CONNECTION_GUESSES:
+                if self.given(name):
+                    out.append(f"scrapy-dist: unknown setting {name}: {CONNECTION_GUESSES[name]}")
                 continue
             if name in known or not name.startswith(OUR_PREFIXES) or name in _scrapy_names():
                 continue

@@ -224,6 +224,20 @@ SCRAPY_REDIS_IGNORED: Mapping[str, str] = MappingProxyType({
     "STATS_KEY": "crawl-wide stats live in {<spider>}:stats (scrapy-dist status)",
     "REDIS_DECODE_RESPONSES": "scrapy-dist builds its own clients, which need bytes; decode in your own code",
 })
+_IN_URL = ("scrapy-dist (like scrapy-redis) reads no such setting: give it in REDIS_URL"
+           " (redis://user:password@host:port/db, rediss:// for TLS) or in REDIS_PARAMS")
+#: Setting names people plausibly write for the connection, which neither scrapy-redis nor scrapy-dist
+#: reads: where that value goes instead (a "did you mean" would name an unrelated setting).
+CONNECTION_GUESSES: Mapping[str, str] = MappingProxyType({
+    "REDIS_PASSWORD": f"{_IN_URL} ({{'password': ...}})",
+    "REDIS_PASS": f"{_IN_URL} ({{'password': ...}})",
+    "REDIS_USER": f"{_IN_URL} ({{'username': ...}})",
+    "REDIS_USERNAME": f"{_IN_URL} ({{'username': ...}})",
+    "REDIS_SSL": f"{_IN_URL} ({{'ssl_ca_certs': ...}}): TLS is a rediss:// URL",
+    "REDIS_TLS": f"{_IN_URL} ({{'ssl_ca_certs': ...}}): TLS is a rediss:// URL",
+    "REDIS_DATABASE": f"{_IN_URL} ({{'db': ...}}), or REDIS_DB",
+    "REDIS_SOCKET_TIMEOUT": f"{_IN_URL} ({{'socket_timeout': ...}})",
+})
 #: Other names for our settings (scrapy-redis spellings); the canonical name wins when both are set.
 ALIASES: Mapping[str, str] = MappingProxyType({"MAX_IDLE_TIME_BEFORE_CLOSE": "SCHEDULER_IDLE_BEFORE_CLOSE"})
 
@@ -335,6 +349,9 @@ def render_doc() -> str:
               for alias, name in ALIASES.items()]
     lines += ["", "## scrapy-redis settings not applied", "", "Each logs a WARNING when set.", ""]
     lines += [f"- `{name}`: {why}" for name, why in SCRAPY_REDIS_IGNORED.items()]
+    lines += ["", "## Connection settings that do not exist", "",
+              "Each logs a WARNING saying where the value goes (its value is not logged).", ""]
+    lines += [f"- `{name}`: {why}" for name, why in CONNECTION_GUESSES.items()]
     lines += ["", "## Stats", "", "| Stat | Meaning |", "|---|---|"]
     lines += [f"| `{name}` | {meaning} |" for name, meaning in STATS]
     return "\n".join(lines) + "\n"

@@ -189,6 +189,21 @@ def test_near_miss_names_get_a_suggestion_and_ours_or_scrapys_do_not() -> None:
     )
 
 
+def test_connection_settings_nobody_reads_say_where_the_value_goes() -> None:
+    """REDIS_PASSWORD & co. were silently ignored (no close match), or REDIS_USER got 'did you mean
+    REDIS_CLUSTER?'."""
+    ds = DistSettings.from_settings(
+        {"REDIS_URL": "redis://h:1/0", "REDIS_PASSWORD": "s3cret", "REDIS_USER": "crawler",
+         "REDIS_SSL": True},
+        environ={},
+    )
+    assert len(ds.warnings) == 3, ds.warnings
+    for name in ("REDIS_PASSWORD", "REDIS_USER", "REDIS_SSL"):
+        [line] = [w for w in ds.warnings if f"setting {name}:" in w]
+        assert "REDIS_URL" in line and "REDIS_PARAMS" in line and "did you mean" not in line
+    assert "s3cret" not in " ".join(ds.warnings)  # the value is not logged
+
+
 def test_scrapy_redis_settings_we_do_not_apply_are_named() -> None:
     ds = DistSettings.from_settings(
         {"SCHEDULER_QUEUE_KEY": "%(spider)s:requests", "REDIS_ENCODING": "latin1",
