@@ -179,6 +179,9 @@ class SyncResult:
     rejected: int = 0
     #: keys whose garbage the script repaired before writing (see lua/sync_check.lua)
     repaired: list[str] = field(default_factory=list)
+    #: one of them held work (the queue, the leases or the delayed set): moved aside, it reads empty
+    #: (set by :meth:`Frontier.sync`, which knows the keys)
+    work_repaired: bool = False
 
 
 # -- the wire layout of lua/sync.lua, in one place ----------------------------------------------------
@@ -340,6 +343,8 @@ class Frontier:
         self._rng = random.Random()
         self._script = scripts.register(self.redis, "sync")
         self._fixed_keys = [getattr(self.keys, name) for name in SYNC_KEYS]
+        #: the keys that hold requests (see SyncResult.work_repaired)
+        self._work_keys = frozenset((self.keys.queue, self.keys.leases, self.keys.delayed))
 
     def _head(self, batch: SyncBatch, now: float | None, mode: str) -> list[Any]:
         head = {
@@ -372,6 +377,8 @@ class Frontier:
             result = decode_sync_result(raw, len(batch.enqueue))
             if df is not None:
                 df.observe(result.bloom_n)
+            if result.repaired:
+                result.work_repaired = not self._work_keys.isdisjoint(result.repaired)
             return result
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
 

@@ -60,10 +60,12 @@ class FrontierState:
         return {"queued": self.queued, "inflight": self.inflight, "delayed": self.delayed}
 
 
-#: seconds after a sync call repaired a frontier key (moved a key of another Redis type aside) during which
-#: an empty frontier is not taken as drained: the repair itself empties that key, and whoever swapped it
-#: in may put the crawl's real one back a moment later (an empty reading then ended the crawl with
-#: hundreds of requests still queued: seen in the hostile-writer run with crawl-wide politeness)
+#: seconds after a sync call repaired a key that holds requests (moved a queue, leases or delayed key of
+#: another Redis type aside) during which an empty frontier is not taken as drained: the repair itself
+#: empties that key, and whoever swapped it in may put the crawl's real one back a moment later (an empty
+#: reading then ended the crawl with hundreds of requests still queued: seen in the hostile-writer run
+#: with crawl-wide politeness). Other repairs (counters, bloom blocks, ...) hide no work: a crawl they
+#: hit every second still finishes.
 REPAIR_GRACE = 10.0
 
 
@@ -80,7 +82,7 @@ class ShardRouter:
         self.by_domain = by_domain
         self.states: list[ShardState | None] = [None] * shards
         self._last_snapshot: tuple[ShardState | None, ...] | None = None
-        #: when (monotonic) a call last repaired a frontier key: no empty reading within REPAIR_GRACE counts
+        #: when (monotonic) a call last moved a key holding work aside: empty counts REPAIR_GRACE later
         self._repaired_at: float | None = None
 
     def shard(self, request: Request, fingerprint: bytes | None = None) -> int:
@@ -115,7 +117,7 @@ class ShardRouter:
     def observe(self, shard: int, result: SyncResult, now: float | None = None) -> None:
         """Record a shard's answer (``now``: :func:`time.monotonic`, for tests)."""
         self.states[shard] = ShardState(result.queued, result.inflight, result.delayed, result.seq)
-        if result.repaired:
+        if result.work_repaired:
             self._repaired_at = time.monotonic() if now is None else now
 
     def forget_snapshot(self) -> None:

@@ -135,7 +135,7 @@ def test_a_hostile_seq_loses_no_request(redis_url: str, redis_client: Any, seq: 
     first, leased = run(_sync(
         redis_url, SyncBatch(enqueue=[(t1, t2, 0, b"\x01req", "", "")]), SyncBatch(lease=5), df=df
     ))
-    assert first.new == [True] and KEYS.seq in first.repaired
+    assert first.new == [True] and KEYS.seq in first.repaired and not first.work_repaired
     assert [lease_member(m)[SEQ_BYTES:] for m, _ in leased.leased] == [b"\x01req"]  # seen AND queued
     assert 0 < leased.seq < 2**47
 
@@ -235,6 +235,8 @@ def test_a_frontier_key_of_another_type_is_moved_aside_and_the_crawl_goes_on(
     assert res.new == [True] and key in res.repaired
     assert redis_client.type(f"{key}:garbage") == kind  # kept for whoever wrote it, out of the way
     assert len(leased.leased) == 1
+    # only a key that holds requests reads empty for having been moved aside (router.REPAIR_GRACE)
+    assert res.work_repaired is (name in ("queue", "leases", "delayed"))
 
 
 def test_a_refused_write_is_one_line_in_the_log_not_a_traceback(

@@ -29,13 +29,13 @@ def _out(url: str, shard: int = 0, payload: bytes = b"\x01p", t1: str = "t") -> 
 
 
 def _result(
-    new: str = "", leased: list[tuple[bytes, float]] | None = None, repaired: list[str] | None = None,
+    new: str = "", leased: list[tuple[bytes, float]] | None = None, work_repaired: bool = False,
     **counts: int,
 ) -> SyncResult:
     return SyncResult(
         [c == "1" for c in new], leased or [], counts.get("requeued", 0), 0, counts.get("queued", 0),
         counts.get("inflight", 0), counts.get("delayed", 0), 0, bool(counts.get("paused", 0)),
-        counts.get("seq", 0), repaired=repaired or [],
+        counts.get("seq", 0), work_repaired=work_repaired,
     )
 
 
@@ -341,7 +341,7 @@ def test_an_empty_frontier_right_after_a_repair_is_not_drained_yet() -> None:
     from scrapy_dist.router import REPAIR_GRACE
 
     router = ShardRouter(1)
-    router.observe(0, _result(repaired=["{c}:queue"]), now=100.0)
+    router.observe(0, _result(work_repaired=True), now=100.0)
     assert not router.settle(now=100.0).empty_confirmed
     router.observe(0, _result(), now=101.0)
     assert not router.settle(now=100.0 + REPAIR_GRACE - 0.1).empty_confirmed
