@@ -223,6 +223,18 @@ class CrawlLayout:
                     await redis.delete(*names[i : i + _DELETE_BATCH])
             logger.info("SCHEDULER_PERSIST is off and the crawl has finished: removed its frontier keys")
 
+    async def leave_unmonitored(self, redis: Any, worker_id: str) -> None:
+        """Without ClusterStats (the two classic settings, no add-on) nothing tells ``scrapy-dist status``
+        this worker closed, and its heartbeat in the workers ZSET would show it lost: a worker without a
+        details hash (ClusterStats writes it at open) leaves the ZSET. EXISTS + ZREM."""
+        from scrapy_dist.connection import CONNECT_ERRORS
+
+        try:
+            if not await redis.exists(self.keys.worker(worker_id)):
+                await redis.zrem(self.keys.workers, worker_id)
+        except CONNECT_ERRORS:
+            pass  # Redis away: shown lost, as a worker that vanished
+
     def filter_stats(self) -> dict[str, float]:
         """The dupefilter's figures for the stats, summed over the shards' filters."""
         if self.shards == 1 or len(self.shard_dfs) == 1:

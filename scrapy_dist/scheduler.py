@@ -284,18 +284,8 @@ class Scheduler:
             for k, v in self.layout.filter_stats().items():
                 self.stats.set_value(k, v)
         if self.redis is not None:
-            await self._leave_unmonitored()
+            await self.layout.leave_unmonitored(self.redis, self.worker_id)
             await self.redis.aclose()
-
-    async def _leave_unmonitored(self) -> None:
-        """Without ClusterStats (the two classic settings, no add-on) nothing tells ``scrapy-dist status``
-        this worker closed, and its heartbeat in the workers ZSET would show it lost: a worker without a
-        details hash (ClusterStats writes it at open) leaves the ZSET. EXISTS + ZREM."""
-        try:
-            if not await self.redis.exists(self.keys.worker(self.worker_id)):
-                await self.redis.zrem(self.keys.workers, self.worker_id)
-        except connection.CONNECT_ERRORS:
-            pass  # Redis away: shown lost, as a worker that vanished
 
     # -- Scrapy's scheduler interface (reactor thread, no I/O) ---------------------------------------
     def has_pending_requests(self) -> bool:

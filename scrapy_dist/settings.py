@@ -36,7 +36,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.settings_reader import SettingsReader, importable, queue_order
+from scrapy_dist.settings_reader import SettingsReader, importable, queue_order, redis_location
 from scrapy_dist.settings_table import (
     ALIASES,
     BY_NAME,
@@ -261,17 +261,7 @@ class DistSettings:
             idle = math.inf  # a long-running crawl: every comparison with "seconds idle" says "not yet"
         # Redis: settings first, then the environment, then the embedded server
         url, url_source = v("REDIS_URL"), "REDIS_URL" if v("REDIS_URL") else ""
-        params = v("REDIS_PARAMS")
-        params.pop("redis_cls", None)  # scrapy-redis lets it choose the client class; we build our own
-        # as in scrapy-redis: REDIS_DB wins over REDIS_PARAMS["db"], a REDIS_URL's own db over both
-        if v("REDIS_DB") is not None:
-            params["db"] = v("REDIS_DB")
-        # scrapy-redis builds Redis(**REDIS_PARAMS) with REDIS_HOST / REDIS_PORT over its host and port
-        host, port = v("REDIS_HOST"), v("REDIS_PORT")
-        if not host and params.get("host") not in (None, ""):
-            host = convert(replace(BY_NAME["REDIS_HOST"], name="REDIS_PARAMS['host']"), params["host"])
-        if not port and params.get("port") not in (None, ""):
-            port = convert(replace(BY_NAME["REDIS_PORT"], name="REDIS_PARAMS['port']"), params["port"])
+        params, host, port = redis_location(v)
         located = url or v("REDIS_SENTINELS") or host or port
         if not located and env.get("REDIS_URL", "").strip():
             try:

@@ -7,7 +7,8 @@ has no effect with our scheduler.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -22,7 +23,7 @@ from scrapy_dist.settings_table import (
 )
 from scrapy_dist.settings_values import SettingsError, convert
 
-__all__ = ["SCRAPY_QUEUE_SETTINGS", "SettingsReader", "importable", "queue_order"]
+__all__ = ["SCRAPY_QUEUE_SETTINGS", "SettingsReader", "importable", "queue_order", "redis_location"]
 
 
 #: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
@@ -168,3 +169,21 @@ class SettingsReader:
             if close:
                 out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
         return out
+
+
+def redis_location(v: Callable[[str], Any]) -> tuple[dict[str, Any], Any, Any]:
+    """``(REDIS_PARAMS, host, port)`` as scrapy-redis combines them (``v``: a validated setting's value):
+    ``REDIS_DB`` wins over ``REDIS_PARAMS["db"]`` (a ``REDIS_URL``'s own db wins over both, in the
+    client), and ``REDIS_HOST`` / ``REDIS_PORT`` over ``REDIS_PARAMS``' host and port -- scrapy-redis
+    builds ``Redis(host=..., port=..., **REDIS_PARAMS)``. ``redis_cls`` is dropped: it chose
+    scrapy-redis's client class; we build our own."""
+    params = v("REDIS_PARAMS")
+    params.pop("redis_cls", None)
+    if v("REDIS_DB") is not None:
+        params["db"] = v("REDIS_DB")
+    host, port = v("REDIS_HOST"), v("REDIS_PORT")
+    if not host and params.get("host") not in (None, ""):
+        host = convert(replace(BY_NAME["REDIS_HOST"], name="REDIS_PARAMS['host']"), params["host"])
+    if not port and params.get("port") not in (None, ""):
+        port = convert(replace(BY_NAME["REDIS_PORT"], name="REDIS_PARAMS['port']"), params["port"])
+    return params, host, port
