@@ -167,7 +167,7 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
 
     if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None:
         return
-    if settings.getpriority("SCHEDULER") == SETTINGS_PRIORITIES["addon"]:
+    if _uses_addon(settings):
         return
     if settings.getpriority("SCHEDULER_IDLE_BEFORE_CLOSE") not in (
         SETTINGS_PRIORITIES["project"], SETTINGS_PRIORITIES["spider"]
@@ -186,6 +186,17 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
             " (scrapy-redis's setting for closing after idle time) to keep closing without this warning",
             value, value,
         )
+
+
+def _uses_addon(settings: Settings) -> bool:
+    """Whether ``ADDONS`` names scrapy-dist's add-on (by path or as the class): the spider is built before
+    Scrapy applies the add-ons, so the settings they fill are not there yet."""
+    from scrapy_dist.addon import Addon
+
+    for key in settings.getdict("ADDONS"):
+        if key is Addon or key in ("scrapy_dist.Addon", "scrapy_dist.addon.Addon"):
+            return True
+    return False
 
 
 def _set_idle(settings: Settings, seconds: float) -> None:

@@ -380,11 +380,10 @@ def test_scrapy_redis_idle_before_close_in_the_project_settings_is_warned(
         (RedisSpider, {"SCHEDULER_IDLE_BEFORE_CLOSE": 10}, {"max_idle_time": "10"}, False),
         (RedisSpider, {}, {}, False),
     ]
-    from scrapy_dist import Addon
-
-    addon = Settings({"SCHEDULER_IDLE_BEFORE_CLOSE": 10}, priority="project")
-    Addon().update_settings(addon)  # what Crawler.crawl() runs for ADDONS = {"scrapy_dist.Addon": 0}
-    cases.append((RedisSpider, addon, {}, False))
+    # the spider is built before Scrapy applies the add-ons (Crawler.crawl), as here
+    cases.append((RedisSpider, {"ADDONS": {"scrapy_dist.Addon": 0}, "SCHEDULER_IDLE_BEFORE_CLOSE": 10}, {},
+                  False))
+    cases.append((Custom, {"ADDONS": {"scrapy_dist.addon.Addon": 10}}, {}, False))
     for cls, settings, kwargs, warned in cases:
         caplog.clear()
         with caplog.at_level("WARNING"):
