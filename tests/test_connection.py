@@ -95,32 +95,29 @@ def test_redis_host_and_port_reach_a_server(redis_server: RedisProcess) -> None:
         client.close()
 
 
+def _writes_land_in_db(client: redis.Redis, port: int, db: int) -> None:
+    """A write through ``client`` is read back from database ``db`` of the server on ``port``."""
+    other = redis.Redis(port=port, db=db)
+    try:
+        client.set("test_connection:db", f"in {db}")
+        assert other.get("test_connection:db") == f"in {db}".encode()
+    finally:
+        other.delete("test_connection:db")
+        other.close()
+        client.close()
+
+
 def test_redis_params_db_applies_to_host_and_port(redis_server: RedisProcess) -> None:
     # scrapy-redis builds Redis(host=..., port=..., **REDIS_PARAMS): its db is the one used. A worker
     # that wrote to db 0 instead would never see the seeds pushed to that db.
     settings = {"REDIS_HOST": "127.0.0.1", "REDIS_PORT": redis_server.port, "REDIS_PARAMS": {"db": 6}}
     assert resolve_target(settings).url == f"redis://127.0.0.1:{redis_server.port}/6"
-    client = get_redis(Settings(settings))
-    other = redis.Redis(port=redis_server.port, db=6)
-    try:
-        client.set("test_connection:params_db", "six")
-        assert other.get("test_connection:params_db") == b"six"
-    finally:
-        other.delete("test_connection:params_db")
-        other.close()
-        client.close()
+    _writes_land_in_db(get_redis(Settings(settings)), redis_server.port, 6)
 
 
 def test_url_with_db_selects_the_database(redis_server: RedisProcess) -> None:
-    client = get_redis({"REDIS_URL": f"redis://127.0.0.1:{redis_server.port}/7"})
-    try:
-        client.set("test_connection:db", "seven")
-        other = redis.Redis(port=redis_server.port, db=7)
-        assert other.get("test_connection:db") == b"seven"
-        other.delete("test_connection:db")
-        other.close()
-    finally:
-        client.close()
+    url = f"redis://127.0.0.1:{redis_server.port}/7"
+    _writes_land_in_db(get_redis({"REDIS_URL": url}), redis_server.port, 7)
 
 
 @pytest.mark.parametrize(
@@ -139,15 +136,7 @@ def test_redis_db_selects_the_database_as_in_scrapy_redis(
     settings.update(REDIS_PORT=redis_server.port, REDIS_DB="5", REDIS_PARAMS={"db": 6})
     if "REDIS_URL" in settings:
         del settings["REDIS_PORT"]
-    client = get_redis(Settings(settings))
-    other = redis.Redis(port=redis_server.port, db=db)
-    try:
-        client.set("test_connection:redis_db", "here")
-        assert other.get("test_connection:redis_db") == b"here"
-    finally:
-        other.delete("test_connection:redis_db")
-        other.close()
-        client.close()
+    _writes_land_in_db(get_redis(Settings(settings)), redis_server.port, db)
 
 
 def test_redis_params_host_and_port_locate_redis_as_in_scrapy_redis(redis_server: RedisProcess) -> None:
