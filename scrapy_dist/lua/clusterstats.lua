@@ -79,19 +79,16 @@ redis.call('ZADD', KEYS[2], now, ARGV[1])
 -- the history sample (a history key of another type was moved aside above)
 local HISTORY_SECONDS, HISTORY_MAXLEN = 3600, 20000
 if KEYS[4] then
-  local kind = redis.call('TYPE', KEYS[4]).ok
-  if kind == 'stream' or kind == 'none' then
-    local f = {}
-    for i = 1, #fields, 2 do f[fields[i]] = fields[i + 1] end
-    local minid = string.format('%d', math.floor((now - HISTORY_SECONDS) * 1000))
-    redis.call('XADD', KEYS[4], 'MINID', '~', minid, '*',
-               'w', ARGV[1], 'p', f.pages or '', 'i', f.items or '', 'e', f.errors or '',
-               'P', redis.call('HGET', KEYS[1], 'response_received_count') or '0',
-               'I', redis.call('HGET', KEYS[1], 'item_scraped_count') or '0',
-               'q', f.frontier_queued or '', 'f', f.frontier_inflight or '', 'd', f.frontier_delayed or '')
-    if redis.call('XLEN', KEYS[4]) > HISTORY_MAXLEN then
-      redis.call('XTRIM', KEYS[4], 'MAXLEN', '~', HISTORY_MAXLEN)
-    end
+  local f = {}
+  for i = 1, #fields, 2 do f[fields[i]] = fields[i + 1] end
+  local minid = string.format('%d', math.floor((now - HISTORY_SECONDS) * 1000))
+  redis.call('XADD', KEYS[4], 'MINID', '~', minid, '*',
+             'w', ARGV[1], 'p', f.pages or '', 'i', f.items or '', 'e', f.errors or '',
+             'P', redis.call('HGET', KEYS[1], 'response_received_count') or '0',
+             'I', redis.call('HGET', KEYS[1], 'item_scraped_count') or '0',
+             'q', f.frontier_queued or '', 'f', f.frontier_inflight or '', 'd', f.frontier_delayed or '')
+  if redis.call('XLEN', KEYS[4]) > HISTORY_MAXLEN then
+    redis.call('XTRIM', KEYS[4], 'MAXLEN', '~', HISTORY_MAXLEN)
   end
 end
 return {applied, now_s}

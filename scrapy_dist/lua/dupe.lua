@@ -179,17 +179,12 @@ local function chain_open(d, hash_key, ki, params, p)
   return c, ki
 end
 
-local function dupe_type_ok(d, key, want)
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= want then move_aside(key, DUPE_REPAIRED) end
-end
-
 local function dupe_open(mode, key_index, params, now)
   local d = {mode = mode, forgotten = KEYS[key_index], key = KEYS[key_index + 1], now = now, fixed = {}}
-  if mode == 'set' then dupe_type_ok(d, d.key, 'set') end
+  if mode == 'set' then type_ok(d.key, 'set', DUPE_REPAIRED) end
   if mode == 'setttl' then
     d.ttl = tonumber(params[1])
-    dupe_type_ok(d, d.key, 'zset')
+    type_ok(d.key, 'zset', DUPE_REPAIRED)
   end
   if mode ~= 'bloom' and mode ~= 'bloomgen' then return d end
   -- FORGOTTEN of another type (someone else's data) is ignored, not a reason to stop deduplicating

@@ -4,8 +4,8 @@
 -- to <key>:garbage (RENAME: the same hash slot; an older garbage copy is replaced, so memory stays
 -- bounded), named in `repaired` (a list the caller reports), logged, and the caller goes on with the key
 -- empty. Refusing such a key stopped every worker of a crawl until someone deleted it by hand.
--- types_ok(keys, wants, repaired): move_aside each keys[i] whose type is neither 'none' nor wants[i] (a
--- keys[i] not passed is skipped).
+-- type_ok(key, want, repaired): move_aside the key if its type is neither 'none' nor `want`.
+-- types_ok(keys, wants, repaired): type_ok for each keys[i] and wants[i] (a keys[i] not passed is skipped).
 
 local function move_aside(key, repaired)
   redis.call('RENAME', key, key .. ':garbage')
@@ -14,11 +14,13 @@ local function move_aside(key, repaired)
             ':garbage')
 end
 
+local function type_ok(key, want, repaired)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= want then move_aside(key, repaired) end
+end
+
 local function types_ok(keys, wants, repaired)
   for i, want in ipairs(wants) do
-    if keys[i] then
-      local t = redis.call('TYPE', keys[i])['ok']
-      if t ~= 'none' and t ~= want then move_aside(keys[i], repaired) end
-    end
+    if keys[i] then type_ok(keys[i], want, repaired) end
   end
 end

@@ -50,10 +50,7 @@ local function largest_seq(S)
 end
 
 local function sync_check(S, sec)
-  for _, name in ipairs(SYNC_KEYS) do
-    local t = redis.call('TYPE', K[name])['ok']
-    if t ~= 'none' and t ~= SYNC_TYPES[name] then move_aside(K[name], S.repaired) end
-  end
+  for _, name in ipairs(SYNC_KEYS) do type_ok(K[name], SYNC_TYPES[name], S.repaired) end
   local creates = sec.enqueue.n + sec.delay.n
   local raw = redis.call('GET', K.seq)
   local seq = raw and int_of(raw, SEQ_LIMIT) or (raw == false and 0) or nil
