@@ -13,6 +13,7 @@ connection heals by itself and a client keeps working once Redis is back. Longer
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
@@ -70,6 +71,8 @@ _RETRIES = 3
 CONNECT_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 _cluster_detected: dict[str, bool] = {}
+#: rediss:// URLs whose port did not answer plain text (see _answers_plain)
+_tls_checked: set[str] = set()
 
 
 def _client_params(target: RedisTarget) -> dict[str, Any]:
@@ -109,6 +112,34 @@ def _detect_cluster(target: RedisTarget) -> bool:
         probe.close()
     _cluster_detected[target.url] = enabled
     return enabled
+
+
+#: how long the plain-text probe of a rediss:// port waits for an answer
+PLAIN_PROBE_SECONDS = 1.0
+
+
+def _answers_plain(target: RedisTarget) -> bool:
+    """Whether the host and port of a ``rediss://`` URL answer a plain-text ``PING`` as Redis does.
+
+    A client speaking TLS to a plain Redis port waits for a handshake reply that never comes: a socket
+    timeout per attempt, retries, about a minute and a half before anything is said. One plain ``PING``
+    tells it in a round trip. A TLS port closes the connection or answers a TLS alert, and a port that
+    says nothing within ``PLAIN_PROBE_SECONDS`` is left to the real client: both count as "not plain".
+    """
+    parts = urlsplit(target.url)
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        return False
+    if not parts.hostname:
+        return False
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=PLAIN_PROBE_SECONDS) as sock:
+            sock.sendall(b"PING\r\n")
+            answer = sock.recv(64)
+    except OSError:
+        return False
+    return answer.startswith((b"+PONG", b"-NOAUTH", b"-ERR", b"-WRONGPASS"))
 
 
 def _sentinel_kwargs(target: RedisTarget, retry: Any) -> dict[str, Any]:
@@ -171,6 +202,10 @@ def _build(target: RedisTarget, flavour: _Flavour) -> Any:
         kwargs = _master_kwargs(target)
         kwargs.setdefault("retry", flavour.retry(_backoff(), _RETRIES))
         return sentinel.master_for(target.sentinel_master, **kwargs)
+    if target.url.startswith("rediss:") and target.url not in _tls_checked:
+        if _answers_plain(target):
+            raise target.unreachable("the port speaks plain Redis, not TLS: use redis://")
+        _tls_checked.add(target.url)
     params = _client_params(target)
     params.setdefault("retry", flavour.retry(_backoff(), _RETRIES))
     if _detect_cluster(target):

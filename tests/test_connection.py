@@ -9,10 +9,12 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -233,12 +235,30 @@ def test_rediss_url_makes_a_tls_client() -> None:
     assert pool.connection_kwargs["port"] == 6380
 
 
-def test_rediss_url_to_a_plain_port_says_tls(redis_server: RedisProcess) -> None:
-    # the handshake times out: the line said only "Timeout connecting to server"
-    settings = {"REDIS_URL": f"rediss://127.0.0.1:{redis_server.port}/0",
-                "REDIS_PARAMS": {"socket_timeout": 0.3}}
-    with pytest.raises(RedisUnavailable, match=r"over TLS \(Timeout.*rediss:// only for a TLS port"):
+def test_rediss_url_to_a_plain_port_says_so_at_once(redis_server: RedisProcess) -> None:
+    # the TLS handshake waited for an answer a plain port never gives: socket timeout x retries, ~75 s,
+    # then "Timeout connecting to server"; one plain PING tells it
+    settings = {"REDIS_URL": f"rediss://127.0.0.1:{redis_server.port}/0"}
+    with pytest.raises(RedisUnavailable, match=r"over TLS \(the port speaks plain Redis, not TLS: use redis://\)"):
         check_reachable(settings)
+
+
+def test_rediss_url_to_a_silent_port_says_tls() -> None:
+    # a port that accepts and never answers is not known to be plain: the handshake's timeout says TLS
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    thread = threading.Thread(target=lambda: accepted.extend(listener.accept()[0] for _ in range(8)),
+                              daemon=True)
+    thread.start()
+    settings = {"REDIS_URL": f"rediss://127.0.0.1:{listener.getsockname()[1]}/0",
+                "REDIS_PARAMS": {"socket_timeout": 0.3}, "REDIS_CLUSTER": False}
+    try:
+        with pytest.raises(RedisUnavailable, match=r"over TLS \(Timeout.*rediss:// only for a TLS port"):
+            check_reachable(settings)
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
 
 
 def test_outage_friendly_defaults_and_redis_params_override() -> None:
