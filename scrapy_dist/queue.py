@@ -70,6 +70,12 @@ class LifoQueue:
         return _start_offset(request)
 
 
+#: scrapy-redis's other names of its three queues: a project switched by replacing ``scrapy_redis`` with
+#: ``scrapy_dist`` (``scrapy_dist.queue.SpiderQueue``, as in scrapy-redis's example settings) keeps its order
+SpiderQueue = FifoQueue
+SpiderStack = LifoQueue
+SpiderPriorityQueue = PriorityQueue
+
 #: scrapy-redis names, for ``SCHEDULER_QUEUE_CLASS`` values copied from a scrapy-redis project
 ALIASES = {
     "scrapy_redis.queue.PriorityQueue": PriorityQueue,

@@ -213,6 +213,24 @@ def test_scrapy_redis_settings_we_do_not_apply_are_named() -> None:
     assert all("scrapy-redis setting scrapy-dist does not apply" in w for w in ds.warnings)
 
 
+@pytest.mark.parametrize(
+    ("name", "order"),
+    [("SpiderQueue", "FifoQueue"), ("SpiderStack", "LifoQueue"), ("SpiderPriorityQueue", "PriorityQueue"),
+     ("FifoQueue", "FifoQueue"), ("LifoQueue", "LifoQueue"), ("PriorityQueue", "PriorityQueue")],
+)
+def test_scrapy_redis_queue_names_under_scrapy_dist_keep_their_order(name: str, order: str) -> None:
+    """scrapy-redis's example settings name SpiderQueue, SpiderStack and SpiderPriorityQueue; a project
+    switched by replacing scrapy_redis with scrapy_dist was refused ('cannot be imported')."""
+    from scrapy.utils.misc import load_object
+
+    from scrapy_dist import queue
+
+    for path in (f"scrapy_redis.queue.{name}", f"scrapy_dist.queue.{name}"):
+        ds = DistSettings.from_settings({"SCHEDULER_QUEUE_CLASS": path}, environ={})
+        assert ds.scheduler.queue_class == path
+        assert (queue.ALIASES.get(path) or load_object(path)) is getattr(queue, order)
+
+
 # -- which Redis --------------------------------------------------------------------------------
 def test_redis_order_settings_then_environment_then_embedded() -> None:
     env = {"REDIS_URL": "redis://env-host:1/0"}
