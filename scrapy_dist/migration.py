@@ -66,8 +66,10 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("`make_request_from_data(data)` returning a request or a list", "same (request, `None` or any"
      " iterable)", HONOURED, "raise `RejectedEntry` to park a seed with a reason"),
     ("`scrapy_redis.pipelines.RedisPipeline`, `item_key(item, spider)`",
-     "`scrapy_dist.pipelines.RedisPipeline`, `item_key(item)` or `item_key(item, spider)`", HONOURED,
-     "batched; optional STREAM"),
+     "`scrapy_dist.pipelines.RedisPipeline`, `item_key(item)` or `item_key(item, spider)`", CHANGED,
+     "batched; optional STREAM; `process_item` is async and `self.server` a redis.asyncio client: a"
+     " subclass overriding `_process_item` or using `self.server` in a plain `process_item` gets one"
+     " WARNING, one with scrapy-redis's `__init__(self, server)` one line and exit status 1"),
     ("`scrapy_redis.connection.get_redis(**kw)`, `get_redis_from_settings`, `from_settings`",
      "`scrapy_dist.connection.get_redis(url=..., host=..., port=..., db=...)`, `get_redis_from_settings`,"
      " `from_settings`", CHANGED, "client timeouts and retries added (with `redis_cls=`: built exactly as"

@@ -57,6 +57,16 @@ _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeE
 
 _default_encoder = ScrapyJSONEncoder()
 
+#: scrapy-redis RedisPipeline methods a subclass may override which scrapy-dist's never calls, and what to
+#: do instead (one WARNING per overridden method when the pipeline is built).
+SCRAPY_REDIS_PIPELINE_HOOKS: dict[str, str] = {
+    "_process_item": "items are written in batches by process_item(); route them with item_key(item,"
+                     " spider), change them in `async def process_item(self, item)` before `return await"
+                     " super().process_item(item)`, or write them with a client of your own"
+                     " (scrapy_dist.connection.get_redis(settings))",
+    "from_settings": "the pipeline is built by from_crawler(crawler); override that instead",
+}
+
 
 def default_serialize(item: Any) -> str:
     """JSON with Scrapy's encoder (items, dates, decimals, sets), as scrapy-redis does."""
@@ -154,17 +164,18 @@ class RedisPipeline:
         """Build from ``REDIS_ITEMS_*`` settings and the connection settings (``REDIS_URL``, ...)."""
         ds = DistSettings.for_crawler(crawler)
         items = ds.items
-        pipe = cls(
-            get_async_redis(ds),
-            crawler_keys(crawler).items,
-            stream=items.stream,
-            maxlen=items.maxlen,
-            batch_size=items.batch_size,
-            flush_interval=items.flush_interval,
-            serialize=load_object(items.serializer) if items.serializer else default_serialize,
-            stats=crawler.stats,
-            outage=Outage.for_crawler(crawler),
-        )
+        key = crawler_keys(crawler).items
+        options: dict[str, Any] = {
+            "stream": items.stream,
+            "maxlen": items.maxlen,
+            "batch_size": items.batch_size,
+            "flush_interval": items.flush_interval,
+            "serialize": load_object(items.serializer) if items.serializer else default_serialize,
+            "stats": crawler.stats,
+            "outage": Outage.for_crawler(crawler),
+        }
+        _check_subclass(cls, key, options)
+        pipe = cls(get_async_redis(ds), key, **options)
         pipe._crawler = crawler
         return pipe
 
@@ -186,8 +197,11 @@ class RedisPipeline:
                 )
         self.writer.start()
 
-    async def process_item(self, item: Any) -> Any:
-        """Buffer ``item`` and return it once the batch holding it is written to Redis."""
+    async def process_item(self, item: Any, spider: Any = None) -> Any:
+        """Buffer ``item`` and return it once the batch holding it is written to Redis.
+
+        ``spider`` is accepted (and unused) for scrapy-redis subclasses calling ``super().process_item(item,
+        spider)``; Scrapy passes only the item."""
         try:
             data = self.serialize(item)
         except _ENCODE_ERRORS as exc:
@@ -264,6 +278,39 @@ class RedisPipeline:
     def _inc(self, name: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(name, count)
+
+
+def _check_subclass(cls: type, key: str, options: dict[str, Any]) -> None:
+    """What a subclass written for scrapy-redis's RedisPipeline gets wrong here, said at start: one WARNING
+    per overridden scrapy-redis method nothing calls (:data:`SCRAPY_REDIS_PIPELINE_HOOKS`) and for a
+    blocking ``process_item`` that uses ``self.server`` (a redis.asyncio client here: its commands, not
+    awaited, would write nothing); one ERROR line and exit status 1 for a constructor that cannot be called
+    the way :meth:`RedisPipeline.from_crawler` calls it (scrapy-redis's ``__init__(self, server)``)."""
+    if cls is RedisPipeline:
+        return
+    name = cls.__name__
+    for hook, instead in SCRAPY_REDIS_PIPELINE_HOOKS.items():
+        if getattr(cls, hook, None) is not getattr(RedisPipeline, hook, None):
+            logger.warning("scrapy-dist: %s.%s() is never called: %s", name, hook, instead)
+    process_item = cls.process_item  # type: ignore[attr-defined]
+    if (process_item is not RedisPipeline.process_item and not inspect.iscoroutinefunction(process_item)
+            and "server" in getattr(getattr(process_item, "__code__", None), "co_names", ())):
+        logger.warning(
+            "scrapy-dist: %s.process_item() uses self.server without awaiting it: here it is a redis.asyncio"
+            " client (scrapy-redis: a blocking one), and a command that is not awaited does nothing; make it"
+            " `async def process_item(self, item)` and `await self.server.<command>(...)`", name,
+        )
+    try:
+        inspect.signature(cls).bind(None, key, **options)
+    except TypeError as exc:
+        from scrapy_dist.connection import abort_crawl
+
+        params = ", ".join(inspect.signature(cls).parameters)
+        abort_crawl(ScrapyDistError(
+            f"scrapy-dist: {name}.__init__({params}) cannot be called as RedisPipeline's from_crawler calls"
+            f" it ({exc}): cls(server, key, {', '.join(f'{k}=...' for k in options)});"
+            " take `*args, **kwargs` and pass them on to super().__init__, or override from_crawler"
+        ))
 
 
 def _wants_spider(method: Callable[..., Any]) -> bool:

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import datetime
 import json
+import logging
 import threading
 import time
 from collections import Counter
@@ -24,6 +25,7 @@ from redis_servers import RedisProcess
 from scrapy.exceptions import DropItem
 from scrapy.utils.test import get_crawler
 
+from scrapy_dist.connection import CrawlAborted
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.pipelines import RedisPipeline, find_unencodable
 
@@ -317,6 +319,88 @@ def test_item_key_can_route_items_to_several_keys(
     run(scenario())
     assert [i["n"] for i in _items(redis_client, "items:a", stream)] == [0, 2]
     assert [i["n"] for i in _items(redis_client, "items:b", stream)] == [1, 3]
+
+
+# -- subclasses written for scrapy-redis's RedisPipeline ----------------------------------------
+class _Spider(scrapy.Spider):
+    name = "books"
+
+
+def test_scrapy_redis_subclass_calling_process_item_with_the_spider_writes(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """``return RedisPipeline.process_item(self, item, spider)`` (scrapy-redis's signature) raised a
+    TypeError for every item."""
+
+    class Tagged(RedisPipeline):
+        def process_item(self, item: Any, spider: Any) -> Any:  # type: ignore[override]
+            item["by"] = spider.name
+            return RedisPipeline.process_item(self, item, spider)
+
+    async def scenario() -> None:
+        p = Tagged(redis.asyncio.Redis.from_url(redis_url), KEY, flush_interval=0.01)
+        await p.open_spider()
+        await p.process_item({"n": 1}, _Spider())
+        await p.close_spider()
+
+    run(scenario())
+    assert _items(redis_client, KEY, False) == [{"n": 1, "by": "books"}]
+
+
+def test_scrapy_redis_hooks_nothing_calls_are_named_at_start(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An overridden _process_item (scrapy-redis's write, in a thread) and a blocking process_item using
+    self.server (here an asyncio client: un-awaited commands write nothing) were silently ignored."""
+
+    class Private(RedisPipeline):
+        def _process_item(self, item: Any, spider: Any) -> Any:
+            self.server.rpush(f"{spider.name}:products", item["url"])
+            return item
+
+    class Blocking(RedisPipeline):
+        def process_item(self, item: Any, spider: Any) -> Any:  # type: ignore[override]
+            self.server.rpush(f"{spider.name}:raw", json.dumps(item))
+            return item
+
+    class Fine(RedisPipeline):
+        async def process_item(self, item: Any, spider: Any = None) -> Any:
+            await self.server.incr("count")
+            return await super().process_item(item)
+
+    crawler = get_crawler(_Spider, {"REDIS_URL": redis_url})
+    for cls in (Private, Blocking, Fine):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="scrapy_dist.pipelines"):
+            p = cls.from_crawler(crawler)
+        asyncio.run(p.server.aclose())
+        lines = [r.getMessage() for r in caplog.records]
+        if cls is Fine:
+            assert lines == []
+            continue
+        [line] = lines
+        hook = "_process_item() is never called" if cls is Private else "process_item() uses self.server"
+        assert line.startswith(f"scrapy-dist: {cls.__name__}.{hook}"), line
+        assert "process_item(self, item)" in line
+
+
+def test_scrapy_redis_constructor_is_one_line_and_exit_1(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``__init__(self, server)`` (scrapy-redis's constructor) ended the crawl with a TypeError
+    traceback."""
+
+    class Old(RedisPipeline):
+        def __init__(self, server: Any) -> None:
+            super().__init__(server, KEY)
+
+    crawler = get_crawler(_Spider, {"REDIS_URL": redis_url})
+    with caplog.at_level(logging.ERROR), pytest.raises(CrawlAborted) as info:
+        Old.from_crawler(crawler)
+    assert info.value.code == 1
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.startswith("scrapy-dist: ") and "Old.__init__(server)" in line and "\n" not in line
+    assert "**kwargs" in line
 
 
 # -- end to end: real scrapy crawl workers -----------------------------------------------------
