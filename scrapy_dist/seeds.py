@@ -279,9 +279,9 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         raise RejectedEntry("bad_json", str(exc)[:120]) from None
     if not isinstance(obj, dict):
         raise RejectedEntry("not_object", f"JSON {type(obj).__name__}, expected an object")
-    formdata = _form_fields(obj)
     if "url" not in obj:
         raise RejectedEntry("missing_url", "JSON seed without url")
+    formdata = _form_fields(obj)
     url = obj["url"]
     if isinstance(url, str):
         check_text(url, "bad_url", "url")

@@ -183,6 +183,9 @@ REJECTS = [
     ("42", "not_object"),
     ("null", "not_object"),
     ('{"meta": {}}', "missing_url"),
+    # the missing url is the problem, not the fields around it (they were named first: bad_form_field)
+    ('{"link": 5, "meta": {}}', "missing_url"),
+    ('{"urls": ["http://a.example/"], "priority": 5}', "missing_url"),
     (_j(formdata={"a": 1}), "bad_form_field"),
     (_j(url=5), "bad_url"),
     (_j(url="gopher://a.example/"), "bad_scheme"),
