@@ -37,6 +37,7 @@ __all__ = [
     "check_offsite",
     "entry_policy",
     "host_allowed",
+    "keep_allowed_domains",
     "is_trusted",
 ]
 
@@ -132,15 +133,26 @@ def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:
     return any(host == d or host.endswith("." + d) for d in domains)
 
 
-def check_offsite(url: str, spider: Any) -> None:
-    """Refuse (``offsite``) a URL outside the spider's ``allowed_domains``, ``dont_filter`` or not."""
+def keep_allowed_domains(spider: Any) -> Any:
+    """The spider's ``allowed_domains``, an iterator among them read once and kept as a list.
+
+    scrapy-redis's example spiders set ``filter(None, domain.split(","))``. Scrapy's offsite middleware
+    reads the attribute twice when the spider opens (``list()`` it, then build its regex from it): from an
+    iterator its regex matches no host; and a seed check reading the exhausted iterator then left ``[]``,
+    which made the middleware allow every host -- the crawl left its domains. Called when a
+    :class:`~scrapy_dist.spiders.RedisSpider` is built (before anything reads the attribute) and by every
+    check."""
     domains = getattr(spider, "allowed_domains", None)
     if isinstance(domains, str):
-        domains = [domains]
-    elif domains is not None and not isinstance(domains, (list, tuple, set, frozenset)):
-        # an iterator (scrapy-redis's example spiders set a filter object): read it once and keep the list,
-        # so that Scrapy's offsite middleware, which reads it later, still sees every domain
+        return [domains]
+    if domains is not None and not isinstance(domains, (list, tuple, set, frozenset)):
         domains = spider.allowed_domains = list(domains)
+    return domains
+
+
+def check_offsite(url: str, spider: Any) -> None:
+    """Refuse (``offsite``) a URL outside the spider's ``allowed_domains``, ``dont_filter`` or not."""
+    domains = keep_allowed_domains(spider)
     if domains and not host_allowed(url, domains):
         raise RejectedEntry("offsite", f"host of {url[:80]!r} is not in the spider's allowed_domains")
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request, Spider, signals
 from scrapy.spiders import CrawlSpider
 
+from scrapy_dist.entrypolicy import keep_allowed_domains
 from scrapy_dist.seedfeed import SeedFeed, SeedReader, TakeResult
 from scrapy_dist.seeds import SeedRules, parse_seed, seed_request, spider_has_callback
 from scrapy_dist.spiderargs import apply_spider_arguments
@@ -52,6 +53,7 @@ class RedisMixin:
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
         spider = super().from_crawler(crawler, *args, **kwargs)  # type: ignore[misc]
+        keep_allowed_domains(spider)  # an iterator (scrapy-redis's example) must outlive Scrapy's reads
         apply_spider_arguments(spider, crawler)  # -a values are strings: converted as scrapy-redis does
         crawler.signals.connect(spider._close_seed_feed, signal=signals.spider_closed)
         return spider

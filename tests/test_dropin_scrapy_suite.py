@@ -132,3 +132,30 @@ def test_allowed_domains_given_as_an_iterator_are_read_once_and_kept() -> None:
     assert spider.allowed_domains == ["shop.test", "other.test"]  # still there for Scrapy's offsite
     with pytest.raises(RejectedEntry):
         check_offsite("http://elsewhere.test/", spider)  # the second seed is checked as the first
+
+
+def test_an_iterator_allowed_domains_still_restricts_the_crawl_after_scrapy_read_it(redis_url: str) -> None:
+    """scrapy-redis's example spiders, in Scrapy's order: the offsite middleware reads ``allowed_domains``
+    when the spider opens, seeds are checked after. The seed check found the filter exhausted, set ``[]``,
+    and the middleware then let every host through (the example crawled far outside ``-a domain=``)."""
+    from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
+
+    from scrapy_dist.spiders import RedisSpider
+
+    class Example(RedisSpider):
+        name = "example"
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            domain = kwargs.pop("domain", "")
+            self.allowed_domains = filter(None, domain.split(","))  # type: ignore[assignment]
+            super().__init__(*args, **kwargs)
+
+    crawler = get_crawler(Example, {"REDIS_URL": redis_url})
+    offsite = OffsiteMiddleware.from_crawler(crawler)
+    spider = crawler.spider = Example.from_crawler(crawler, domain="shop.test,other.test")
+    offsite.spider_opened(spider)
+    with pytest.raises(RejectedEntry):
+        check_offsite("http://elsewhere.test/", spider)  # a seed outside the domains
+    check_offsite("http://www.other.test/", spider)
+    assert offsite.should_follow(Request("http://www.shop.test/a"), spider)
+    assert not offsite.should_follow(Request("http://elsewhere.test/a"), spider)
