@@ -90,7 +90,8 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
      " `start_requests()`", "—", REMOVED,
      "seeds are read in `async def start()` (Scrapy 2.13+); a client of your own:"
      " `scrapy_dist.connection.get_redis(settings)`; a spider that overrides one of these methods (and"
-     " not `start()`) gets one WARNING per method"),
+     " not `start()`) gets one WARNING per method, one that reads `self.server` without setting it one"
+     " WARNING naming where"),
     ("`scrapy_redis`'s pickle helpers, `scrapy_redis.utils`, `defaults.REDIS_CLS`, `__author__`, `__email__`",
      "—", REMOVED, "no pickle anywhere; `scrapy_dist.defaults.<SETTING>` holds every setting's default;"
      " package metadata through `importlib.metadata` (`scrapy_dist.__version__` is there)"),

@@ -10,6 +10,7 @@ worker closes once the crawl has been idle that long (:mod:`scrapy_dist.extensio
 
 from __future__ import annotations
 
+import dis
 import logging
 import math
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import Settings
 
-__all__ = ["SCRAPY_REDIS_HOOKS", "SpiderArguments", "apply_spider_arguments", "unused_hooks"]
+__all__ = ["SCRAPY_REDIS_HOOKS", "SpiderArguments", "apply_spider_arguments", "reads_missing_server",
+           "unused_hooks"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,38 @@ def unused_hooks(spider_cls: type) -> list[str]:
         return klass is not None and klass.__module__.partition(".")[0] not in ("scrapy", "scrapy_dist")
 
     return [] if own("start") else [name for name in SCRAPY_REDIS_HOOKS if own(name)]
+
+
+def reads_missing_server(spider: Any) -> list[str]:
+    """The methods of the spider's own classes that read ``self.server`` (scrapy-redis's blocking client of
+    the seeds' Redis), when nothing of the spider's sets it: scrapy-dist's RedisSpider has none, and each
+    call would fail with an AttributeError. Empty if the spider has its own ``server``."""
+    if "server" in vars(spider) or any("server" in vars(k) for k in type(spider).__mro__):
+        return []
+    readers: list[str] = []
+    for klass in type(spider).__mro__:
+        if klass.__module__.partition(".")[0] in ("scrapy", "scrapy_dist", "builtins"):
+            continue
+        for name, func in vars(klass).items():
+            code = getattr(getattr(func, "__func__", func), "__code__", None)
+            ops = {i.opname for c in _code_objects(code) for i in dis.get_instructions(c)
+                   if i.argval == "server"}
+            if "STORE_ATTR" in ops:
+                return []  # it makes its own
+            if "LOAD_ATTR" in ops or "LOAD_METHOD" in ops:
+                readers.append(f"{klass.__name__}.{name}")
+    return readers
+
+
+def _code_objects(code: Any) -> list[Any]:
+    """``code`` and the code objects nested in it (comprehensions, inner functions)."""
+    if code is None:
+        return []
+    out = [code]
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            out.extend(_code_objects(const))
+    return out
 
 
 @dataclass(frozen=True)
@@ -142,6 +176,14 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
     for name in unused_hooks(type(spider)):
         logger.warning("scrapy-dist: %s.%s() is never called: %s", type(spider).__name__, name,
                        SCRAPY_REDIS_HOOKS[name])
+    readers = reads_missing_server(spider)
+    if readers:
+        logger.warning(
+            "scrapy-dist: %s() reads self.server, which scrapy-dist's RedisSpider does not have"
+            " (scrapy-redis's client of the seeds' Redis): make your own, e.g. in from_crawler after"
+            " super(): `spider.server = scrapy_dist.connection.get_redis(crawler.settings)`",
+            "(), ".join(readers),
+        )
     if args.redis_key is not None:
         spider.redis_key = args.redis_key
     if args.redis_batch_size is not None:

@@ -437,3 +437,40 @@ def test_make_request_from_data_may_decode_with_redis_encoding_as_in_scrapy_redi
 
     spider = Decoding.from_crawler(Crawler(Decoding, {}))
     assert spider.make_request_from_data("http://a.example/é".encode()).url == "http://a.example/%C3%A9"
+
+
+def test_a_spider_reading_self_server_is_told_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    # scrapy-redis spiders push follow-up seeds with self.server.lpush(...) in a callback: here every
+    # response failed with an AttributeError traceback, and nothing said so at start
+    from scrapy.crawler import Crawler
+
+    from scrapy_dist.spiders import RedisSpider
+
+    class Pushing(RedisSpider):
+        name = "pushing"
+
+        def parse(self, response: Any) -> Any:
+            for href in response.css("a::attr(href)").getall():
+                self.server.lpush("detail:start_urls", response.urljoin(href))
+            yield {"url": response.url}
+
+    class OwnClient(Pushing):
+        @classmethod
+        def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> Any:
+            spider = super().from_crawler(crawler, *args, **kwargs)
+            spider.server = object()
+            return spider
+
+    class Assigns(Pushing):
+        def setup(self) -> None:
+            self.server = object()
+
+    for cls, warned in ((Pushing, True), (OwnClient, False), (Assigns, False), (RedisSpider, False)):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            cls.from_crawler(Crawler(cls, {}), "x")
+        lines = [r.getMessage() for r in caplog.records if "self.server" in r.getMessage()]
+        assert len(lines) == (1 if warned else 0), (cls, lines)
+        if warned:
+            assert lines[0].startswith("scrapy-dist: Pushing.parse() reads self.server")
+            assert "scrapy_dist.connection.get_redis(crawler.settings)" in lines[0]
