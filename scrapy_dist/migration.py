@@ -92,7 +92,11 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
      " `scrapy_dist.connection.get_redis(settings)`; a spider that overrides one of these methods (and"
      " not `start()`) gets one WARNING per method, one that reads `self.server` without setting it one"
      " WARNING naming where"),
-    ("`scrapy_redis`'s pickle helpers, `scrapy_redis.utils`, `defaults.REDIS_CLS`, `__author__`, `__email__`",
+    ("`scrapy_redis.utils.bytes_to_str`, `is_dict`, `convert_bytes_to_str`",
+     "`scrapy_dist.utils.bytes_to_str`, `is_dict`, `convert_bytes_to_str`", HONOURED,
+     "for `make_request_from_data` overrides; `TextColor` is not provided"),
+    ("`scrapy_redis`'s pickle helpers, `scrapy_redis.utils.TextColor`, `defaults.REDIS_CLS`, `__author__`,"
+     " `__email__`",
      "—", REMOVED, "no pickle anywhere; `scrapy_dist.defaults.<SETTING>` holds every setting's default;"
      " package metadata through `importlib.metadata` (`scrapy_dist.__version__` is there)"),
     ("`RFPDupeFilter(server, key, debug)`, `RFPDupeFilter.from_settings(settings)`, `clear()`",

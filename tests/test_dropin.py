@@ -439,6 +439,20 @@ def test_make_request_from_data_may_decode_with_redis_encoding_as_in_scrapy_redi
     assert spider.make_request_from_data("http://a.example/é".encode()).url == "http://a.example/%C3%A9"
 
 
+def test_scrapy_redis_text_helpers_import_after_the_naive_switch() -> None:
+    # `from scrapy_redis.utils import bytes_to_str` (common in make_request_from_data overrides) became
+    # `scrapy_dist.utils`, which did not exist: the spider's module failed to import
+    from scrapy_dist.utils import bytes_to_str, convert_bytes_to_str, is_dict
+
+    assert bytes_to_str(b"foo") == "foo"
+    assert bytes_to_str(b"\xc1", "latin1") == "\xc1"
+    assert bytes_to_str("already") == "already"
+    assert is_dict('{"url": "http://a.example/"}') and is_dict("[1]") and not is_dict("{oops")
+    assert not is_dict(None)
+    converted = convert_bytes_to_str({b"url": b"http://a.example/", b"n": 1})
+    assert converted == {"url": "http://a.example/", "n": 1}
+
+
 def test_a_spider_reading_self_server_is_told_at_start(caplog: pytest.LogCaptureFixture) -> None:
     # scrapy-redis spiders push follow-up seeds with self.server.lpush(...) in a callback: here every
     # response failed with an AttributeError traceback, and nothing said so at start
