@@ -25,7 +25,7 @@ _FRAGMENTS = {
     "dupe_batch": ("foreign", "dupe"),
     "errors": ("foreign",),
     "clusterstats": ("foreign",),
-    "seeds_take": ("seeds_common",),
+    "seeds_take": ("foreign", "seeds_common"),
     "seeds_adopt": ("seeds_common",),
 }
 

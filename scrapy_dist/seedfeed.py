@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 
-from scrapy_dist import _engine, connection
+from scrapy_dist import _engine, connection, seedreader
 from scrapy_dist.codec import check_offsite
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.keys import crawl_keys
@@ -103,8 +103,7 @@ class SeedFeed:
         self.keys = reader.keys
         self.rules = rules
         self.batch_size = max(1, batch_size)
-        #: unacknowledged seeds a worker may hold: enough to keep the frontier's flush batches full
-        self.max_unconfirmed = max(4 * self.batch_size, 2000)
+        self.max_unconfirmed = seedreader.held_most(self.batch_size)
         self.idle_before_close = idle_before_close
         self.block_seconds = block_seconds
         self.poll_seconds = poll_seconds
@@ -121,6 +120,7 @@ class SeedFeed:
         self._guard = Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger)
         self._reject_log = RateLimitedLog(logger)
         self._error_log = RateLimitedLog(logger)
+        self._garbage_log = RateLimitedLog.once(logger)
 
     @classmethod
     def from_spider(cls, spider: RedisMixin) -> SeedFeed:
@@ -141,6 +141,7 @@ class SeedFeed:
             kind=ds.seeds.kind,
             lease_seconds=ds.scheduler.lease_seconds,
             rejected_maxlen=ds.seeds.rejected_maxlen,
+            held_cap=seedreader.held_cap(batch),
         )
         return cls(
             spider, reader, rules=SeedRules.from_dist(ds), batch_size=batch, idle_before_close=idle
@@ -240,6 +241,7 @@ class SeedFeed:
                 return None
             if result.returned > 0:
                 self.stats.inc_value("seeds/returned", result.returned)
+            self._garbage(result.repaired, result.strays)
         except Exception as exc:
             await asyncio.sleep(self._failed(exc))
             return None
@@ -247,6 +249,8 @@ class SeedFeed:
         if result.expired:
             # after the take: its entries are ours whatever happens here (a failure is retried next time)
             adopted = await self._guarded(r.adopt(result.expired))
+            if adopted:
+                self._garbage([], adopted[2])
             if adopted and adopted[0]:
                 self.stats.inc_value("seeds/adopted", adopted[1])
                 logger.info(
@@ -254,6 +258,19 @@ class SeedFeed:
                     adopted[1], adopted[0], self.keys.start_urls,
                 )
         return result
+
+    def _garbage(self, repaired: list[str], strays: int) -> None:
+        """Name once what the seeds scripts repaired (someone else wrote there); count the rest."""
+        for key in repaired:
+            self._garbage_log.log(logging.WARNING, "Repaired garbage in %s (written by someone else?): it"
+                                  " held another Redis type; moved to %s:garbage", key, key, key=key)
+        if strays:
+            self.stats.inc_value("seeds/strays", strays)
+            self._garbage_log.log(
+                logging.WARNING, "%d entries in %s were no live worker's (written by someone else?): given"
+                " back to %r, where they are read as seeds (stat seeds/strays)", strays,
+                self.keys.start_urls_processing, self.keys.start_urls, key="strays",
+            )
 
     async def _guarded_raise(self, coro: Any) -> Any:
         """Await a Redis call, marking the feed busy (so :meth:`close` lets it finish first)."""

@@ -5,6 +5,7 @@ become is :mod:`scrapy_dist.seedfeed`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,10 @@ from scrapy_dist import defaults, scripts
 if TYPE_CHECKING:
     from scrapy_dist.keys import CrawlKeys
 
-__all__ = ["ADOPT_BATCH", "BLOCK_SECONDS", "CONFIRM_POLL", "POLL_SECONDS", "SeedReader", "TakeResult"]
+__all__ = [
+    "ADOPT_BATCH", "BLOCK_SECONDS", "CONFIRM_POLL", "HELD_CAP", "POLL_SECONDS", "SeedReader", "TakeResult",
+    "deadline_horizon", "held_cap", "held_most",
+]
 
 #: How long one blocking wait for a LIST seed lasts (seconds). A push wakes it at once; the timeout only
 #: bounds how late the spider notices it should close, and renews the processing lease that often.
@@ -26,6 +30,28 @@ POLL_SECONDS = 0.1
 ADOPT_BATCH = 10
 #: How often to look whether taken seeds have reached the frontier (seconds, local only).
 CONFIRM_POLL = 0.01
+#: Most processing-list entries one worker may hold (a worker holds at most ``SeedFeed.max_unconfirmed``
+#: plus a batch: 2,000 and some by default); entries past it are garbage someone else wrote there and go
+#: back to the seeds key (``seeds_pass`` in lua/seeds_common.lua). Raised for larger seed batches.
+HELD_CAP = 10_000
+
+
+def held_most(batch_size: int) -> int:
+    """Unacknowledged seeds a worker taking ``batch_size`` at a time may hold: enough to keep the
+    frontier's flush batches full."""
+    return max(4 * max(1, batch_size), 2000)
+
+
+def held_cap(batch_size: int) -> int:
+    """The ``held_cap`` of :class:`SeedReader` for workers taking ``batch_size`` seeds at a time."""
+    return max(HELD_CAP, 4 * held_most(batch_size))
+
+
+def deadline_horizon(lease_seconds: float) -> float:
+    """How far ahead of now a worker's deadline in the workers ZSET may lie before it counts as garbage
+    (``1e300``, ``inf``: a worker that never expires would keep its entries for ever): far past any lease
+    a worker writes (``now + SCHEDULER_LEASE_SECONDS``)."""
+    return max(100 * lease_seconds, 86_400.0)
 
 
 @dataclass
@@ -39,10 +65,14 @@ class TakeResult:
     #: workers whose lease ran out (an id that is not UTF-8 -- garbage someone wrote -- stays ``bytes``, so
     #: that :meth:`SeedReader.adopt` can still remove it)
     expired: list[str | bytes]
-    #: entries given back to the seeds key (``sweep``, ``leave``)
+    #: this worker's entries given back to the seeds key (``sweep``, ``leave``)
     returned: int
     #: the seeds key's type (``none`` if it does not exist)
     key_type: str = ""
+    #: the processing list and/or workers ZSET, if they held another Redis type (moved aside)
+    repaired: list[str] = dataclasses.field(default_factory=list)
+    #: entries of no live worker (garbage in the processing list) given back to the seeds key too
+    strays: int = 0
 
 
 def _text(value: Any) -> str:
@@ -77,6 +107,7 @@ class SeedReader:
         kind: str = "list",
         lease_seconds: float = 60.0,
         rejected_maxlen: int = defaults.REDIS_START_URLS_REJECTED_MAXLEN,
+        held_cap: int = HELD_CAP,
     ) -> None:
         if kind not in ("list", "set", "zset"):
             raise ValueError(f"kind must be list, set or zset, not {kind!r}")
@@ -88,6 +119,8 @@ class SeedReader:
         self.kind = kind
         self.lease_seconds = lease_seconds
         self.rejected_maxlen = rejected_maxlen
+        self.held_cap = held_cap
+        self._bounds = [repr(deadline_horizon(lease_seconds)), held_cap]
         self.registered = False
         self._keys = [keys.start_urls, keys.start_urls_processing, keys.start_urls_workers]
         self._take = scripts.register(redis, "seeds_take")
@@ -102,12 +135,13 @@ class SeedReader:
             keys=self._keys,
             args=[
                 "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), self.kind, count,
-                mode, "1" if self.registered else "0", ADOPT_BATCH, *acks,
+                mode, "1" if self.registered else "0", ADOPT_BATCH, *self._bounds, *acks,
             ],
         )
         self.registered = mode != "leave"
         return TakeResult(
-            _text(raw[0]), list(raw[1]), [_worker_id(w) for w in raw[2]], int(raw[3]), _text(raw[4])
+            _text(raw[0]), list(raw[1]), [_worker_id(w) for w in raw[2]], int(raw[3]), _text(raw[4]),
+            [_text(k) for k in raw[5]], int(raw[6]),
         )
 
     async def wait(self, timeout: float = BLOCK_SECONDS) -> bool:
@@ -123,14 +157,20 @@ class SeedReader:
         k = self.keys.start_urls
         return await self.redis.blmove(k, k, timeout, "RIGHT", "LEFT") is not None
 
-    async def adopt(self, workers: Iterable[str | bytes], now: float | None = None) -> tuple[int, int]:
-        """Give the seeds of ``workers`` (whose lease ran out) back to the seeds key:
-        ``(workers adopted, seeds given back)``, one EVALSHA of ``seeds_adopt.lua``."""
+    async def adopt(
+        self, workers: Iterable[str | bytes], now: float | None = None
+    ) -> tuple[int, int, int]:
+        """Give the seeds of ``workers`` (whose lease ran out) back to the seeds key, and any garbage of no
+        live worker's found on the way: ``(workers adopted, their entries given back, garbage given
+        back)``, one EVALSHA of ``seeds_adopt.lua`` (one pass over the processing list, whatever the
+        number of workers)."""
         workers = list(workers)
         if not workers:
-            return 0, 0
-        raw = await self._adopt(keys=self._keys, args=["" if now is None else repr(now), self.kind, *workers])
-        return int(raw[0]), int(raw[1])
+            return 0, 0, 0
+        raw = await self._adopt(
+            keys=self._keys, args=["" if now is None else repr(now), self.kind, *self._bounds, *workers]
+        )
+        return int(raw[0]), int(raw[1]), int(raw[2])
 
     async def record_rejections(self, records: Sequence[str]) -> None:
         """Append rejection records to ``<seeds key>:rejected``, keeping the newest

@@ -265,6 +265,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("seeds/rejected/<reason>", "the same, per reason"),
     ("seeds/returned", "taken seeds given back to the seeds key"),
     ("seeds/adopted", "seeds of dead workers taken over"),
+    ("seeds/strays", "garbage processing entries (of no live worker) given back to the seeds key"),
     ("deny_networks/refused", "requests refused because their host resolves into SCHEDULER_DENY_NETWORKS"),
     ("seeds/lease_lost", "seed leases that ran out before they were confirmed"),
     ("seeds/errors", "failed seed exchanges with Redis"),

@@ -168,7 +168,7 @@ def test_seeds_scripts_on_a_cluster(cluster_url: str) -> None:
     taken, later, adopted, again, (waited, pushed) = asyncio.run(go())
     assert taken.status == "ok" and len(taken.entries) == 4
     assert later.expired == ["dead"]
-    assert adopted == (1, 4)
+    assert adopted == (1, 4, 0)
     assert sorted(again.entries) == sorted(f"http://a.example/{i}".encode() for i in range(6))
     assert waited
     assert pushed.entries == [b"http://a.example/pushed"]

@@ -85,14 +85,16 @@ def test_finish_writes_nothing_when_a_key_has_the_wrong_type(redis_client: Any) 
     assert redis_client.zscore("workers", "w1") == 1e12
 
 
-def test_seeds_take_pops_nothing_when_processing_has_the_wrong_type(redis_client: Any) -> None:
+def test_seeds_take_moves_a_processing_key_of_the_wrong_type_aside_before_popping(redis_client: Any) -> None:
+    """Refused (nothing popped), it stopped every worker's seeds until someone deleted it by hand."""
     redis_client.rpush("seeds", "https://a.example/", "https://b.example/")
     redis_client.set("processing", "a string")
-    with pytest.raises(redis.ResponseError, match="scrapy-dist"):
-        scripts.register(redis_client, "seeds_take")(
-            keys=["seeds", "processing", "workers"], args=["", "w1", 60, "list", 2, "take", "0", 5]
-        )
-    assert redis_client.llen("seeds") == 2 and redis_client.zcard("workers") == 0
+    status, taken, _, _, _, repaired, _ = scripts.register(redis_client, "seeds_take")(
+        keys=["seeds", "processing", "workers"],
+        args=["", "w1", 60, "list", 2, "take", "0", 5, 86400, 10000],
+    )
+    assert status == b"ok" and repaired == [b"processing"] and redis_client.get("processing:garbage")
+    assert redis_client.lrange("processing", 0, -1) == [b"w1\n" + e for e in taken] and len(taken) == 2
 
 
 def test_items_xadd_refuses_a_wrong_type_before_writing(redis_client: Any) -> None:

@@ -476,7 +476,7 @@ def test_dead_workers_seeds_go_back_once_their_lease_runs_out(redis_url: str, re
     taken, mine, early, late, adopted, again, got = run(go())
     assert taken.entries == [b"s1", b"s2", b"s3"] and mine.entries == [b"s4"]
     assert early.expired == [] and late.expired == ["dead"]
-    assert adopted == (1, 3) and again == (0, 0)
+    assert adopted == (1, 3, 0) and again == (0, 0, 0)
     # back at the head, in their order, ahead of the seed nobody had taken
     assert got.entries == [b"s1", b"s2", b"s3", b"s5"]
     assert redis_client.zscore(KEYS.start_urls_workers, "dead") is None
@@ -500,7 +500,7 @@ def test_a_worker_id_that_is_not_utf8_is_adopted_not_fatal(redis_url: str, redis
 
     first, adopted, second = run(go())
     assert first.entries == [b"http://a.example/1"] and first.expired == [b"\xff\xfe"]
-    assert adopted == (1, 1)
+    assert adopted == (1, 1, 0)
     assert second.entries == [b"http://a.example/held"] and second.expired == []
 
 

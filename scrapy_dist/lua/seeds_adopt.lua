@@ -4,22 +4,26 @@
 --
 -- KEYS[1] seeds key (LIST, SET or ZSET)   KEYS[2] processing LIST   KEYS[3] workers ZSET
 -- ARGV[1] now (unix seconds; '' = server time)   ARGV[2] kind of the seeds key: 'list', 'set' or 'zset'
--- ARGV[3..] worker ids
--- Returns {workers adopted, entries given back}
+-- ARGV[3] horizon and ARGV[4] cap, as for seeds_take   ARGV[5..] worker ids
+-- Returns {workers adopted, their entries given back, entries of no live worker given back too (garbage,
+-- see seeds_pass)}
 
 local now = seeds_now(ARGV[1])
 local kind = ARGV[2]
-if not seeds_type_ok(KEYS[1], kind) then return {0, 0} end
-local workers, entries = 0, 0
-for i = 3, #ARGV do
+local horizon = now + tonumber(ARGV[3])
+if not seeds_type_ok(KEYS[1], kind) then return {0, 0, 0} end
+local adopt, workers = {}, 0
+for i = 5, #ARGV do
   local w = ARGV[i]
-  local deadline = redis.call('ZSCORE', KEYS[3], w)
-  if deadline and tonumber(deadline) < now then
-    local mine = seeds_extract(KEYS[2], w .. '\n')
-    seeds_return(KEYS[1], kind, mine)
+  local deadline = tonumber(redis.call('ZSCORE', KEYS[3], w))
+  if deadline and (deadline < now or deadline > horizon) then
+    adopt[w] = true
     redis.call('ZREM', KEYS[3], w)
     workers = workers + 1
-    entries = entries + #mine
   end
 end
-return {workers, entries}
+if workers == 0 then return {0, 0, 0} end
+-- one pass for every worker adopted here (it was one per worker)
+local out, strays = seeds_pass(KEYS[2], KEYS[3], adopt, horizon, tonumber(ARGV[4]))
+seeds_return(KEYS[1], kind, out)
+return {workers, #out - strays, strays}

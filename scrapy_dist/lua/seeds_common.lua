@@ -29,21 +29,42 @@ local function seeds_chunked(cmd, key, items)
   end
 end
 
--- Remove every entry of `prefix` ('<worker id>\n') from the processing LIST; returns them, unprefixed,
--- in their order. O(length of the list): only for give-backs and adoptions, never per seed.
-local function seeds_extract(processing, prefix)
+-- One pass over the processing LIST: takes out and returns (unprefixed, in their order) the entries of the
+-- workers in `adopt` (a table id -> true), and, since no worker files such entries, those of no worker
+-- registered in `workers` with a deadline up to `horizon`, those without a worker id, and those of one
+-- worker past the first `cap` (a worker holds far fewer): garbage someone else wrote there, which every
+-- acknowledgement (LREM) and every adoption would otherwise read again, for as long as it stays. Also
+-- returns how many entries were taken out that were not the adopted workers'. O(length of the list): only
+-- for give-backs, adoptions and a list grown past its bound, never per seed.
+local function seeds_pass(processing, workers, adopt, horizon, cap)
   local items = redis.call('LRANGE', processing, 0, -1)
-  local keep, mine = {}, {}
-  local n = #prefix
+  local keep, out, held, state = {}, {}, {}, {}
+  local strays = 0
   for _, e in ipairs(items) do
-    if string.sub(e, 1, n) == prefix then mine[#mine + 1] = string.sub(e, n + 1)
-    else keep[#keep + 1] = e end
+    local nl = string.find(e, '\n', 1, true)
+    local w = nl and string.sub(e, 1, nl - 1)
+    local s = w and state[w]
+    if w and not s then
+      if adopt[w] then s = 'adopt'
+      else
+        local deadline = tonumber(redis.call('ZSCORE', workers, w))
+        s = (deadline and deadline <= horizon) and 'live' or 'stray'
+      end
+      state[w], held[w] = s, 0
+    end
+    if s == 'live' and held[w] < cap then
+      held[w] = held[w] + 1
+      keep[#keep + 1] = e
+    else
+      if s ~= 'adopt' then strays = strays + 1 end
+      out[#out + 1] = nl and string.sub(e, nl + 1) or e
+    end
   end
-  if #mine > 0 then
+  if #out > 0 then
     redis.call('DEL', processing)
     seeds_chunked('RPUSH', processing, keep)
   end
-  return mine
+  return out, strays
 end
 
 -- Put `entries` back into the seeds key (a LIST gets them at its head, in their order, so they are taken
@@ -58,7 +79,7 @@ local function seeds_return(seeds, kind, entries)
     seeds_chunked('SADD', seeds, entries)
   else
     -- the score as Lua read it, not as written: tonumber takes 'nan', '1e999', ' 5' that ZADD refuses,
-    -- and a refused ZADD here comes after seeds_extract rewrote the processing list (seeds lost)
+    -- and a refused ZADD here comes after seeds_pass rewrote the processing list (seeds lost)
     local args = {}
     for _, e in ipairs(entries) do
       local sp = string.find(e, ' ', 1, true)

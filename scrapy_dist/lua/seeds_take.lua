@@ -13,13 +13,19 @@
 -- ARGV[7] '1' if the worker registered itself before: a missing ZSET entry then means another worker
 --         adopted its entries (status 'lost')
 -- ARGV[8] how many expired workers to report at most
--- ARGV[9..] acknowledged entries (as taken, without the worker prefix), each removed once
--- Returns {status, taken, expired, returned, type}:
+-- ARGV[9] horizon (seconds): a worker deadline further ahead than now + this is garbage, not a lease
+-- ARGV[10] cap: most entries one worker may hold (see seeds_pass); a list longer than cap x (workers + 1)
+--         is tidied in this call
+-- ARGV[11..] acknowledged entries (as taken, without the worker prefix), each removed once
+-- Returns {status, taken, expired, returned, type, repaired, strays}:
 --   status   'ok', 'lost', or 'wrongtype' (KEYS[1] holds another type: nothing taken or given back)
 --   taken    the entries taken, without the worker prefix
---   expired  ids of other workers whose lease ran out (adopt them with seeds_adopt)
---   returned how many entries went back to KEYS[1]
+--   expired  ids of other workers whose lease ran out, or whose deadline is garbage (adopt them with
+--            seeds_adopt)
+--   returned how many of this worker's entries went back to KEYS[1]
 --   type     the type of KEYS[1]
+--   repaired KEYS[2] and/or KEYS[3] if they held another Redis type (moved aside, see foreign.lua)
+--   strays   how many entries of no live worker went back to KEYS[1] too (garbage, see seeds_pass)
 
 local now = seeds_now(ARGV[1])
 local worker = ARGV[2]
@@ -28,34 +34,36 @@ local lease_s = tonumber(ARGV[3])
 local kind = ARGV[4]
 local count = tonumber(ARGV[5])
 local mode = ARGV[6]
+local horizon = now + tonumber(ARGV[9])
+local cap = tonumber(ARGV[10])
 
--- Read before the first write: a processing LIST or workers ZSET of another type would make the RPUSH
--- of popped seeds fail after the pop (seeds lost), so the call is refused first, nothing written.
-local ptype = redis.call('TYPE', KEYS[2])['ok']
-local wtype = redis.call('TYPE', KEYS[3])['ok']
-if (ptype ~= 'none' and ptype ~= 'list') or (wtype ~= 'none' and wtype ~= 'zset') then
-  return redis.error_reply('WRONGTYPE scrapy-dist: ' .. KEYS[2] .. ' must be a LIST and ' .. KEYS[3] .. ' a ZSET')
-end
+-- Before the first write: a processing LIST or workers ZSET of another type would make the RPUSH of
+-- popped seeds fail after the pop (seeds lost); refusing them stopped every worker's seeds for good.
+local repaired = {}
+types_ok({KEYS[2], KEYS[3]}, {'list', 'zset'}, repaired)
 
 local status = 'ok'
 if ARGV[7] == '1' and not redis.call('ZSCORE', KEYS[3], worker) then status = 'lost' end
 
-for i = 9, #ARGV do
+for i = 11, #ARGV do
   redis.call('LREM', KEYS[2], 1, prefix .. ARGV[i])
 end
 
 local ok, key_type = seeds_type_ok(KEYS[1], kind)
-local returned = 0
+local returned, strays = 0, 0
 local taken = {}
 if not ok then
   status = 'wrongtype'
   redis.call('ZADD', KEYS[3], now + lease_s, worker)
 else
+  local out = {}
   if mode ~= 'take' then
-    local mine = seeds_extract(KEYS[2], prefix)
-    seeds_return(KEYS[1], kind, mine)
-    returned = #mine
+    out, strays = seeds_pass(KEYS[2], KEYS[3], {[worker] = true}, horizon, cap)
+  elseif redis.call('LLEN', KEYS[2]) > cap * (redis.call('ZCARD', KEYS[3]) + 1) then
+    out, strays = seeds_pass(KEYS[2], KEYS[3], {}, horizon, cap)
   end
+  seeds_return(KEYS[1], kind, out)
+  returned = #out - strays
   if mode == 'leave' then
     redis.call('ZREM', KEYS[3], worker)
   else
@@ -81,9 +89,13 @@ local limit = tonumber(ARGV[8])
 if limit > 0 then
   local rows = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. string.format('%.6f', now),
                           'LIMIT', 0, limit + 1)
+  -- a deadline past the horizon (1e300, inf) never runs out: its worker's entries would stay for ever
+  local far = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. string.format('%.6f', horizon), '+inf', 'LIMIT', 0,
+                         limit)
+  for _, w in ipairs(far) do rows[#rows + 1] = w end
   for _, w in ipairs(rows) do
     if w ~= worker and #expired < limit then expired[#expired + 1] = w end
   end
 end
 
-return {status, taken, expired, returned, key_type}
+return {status, taken, expired, returned, key_type, repaired, strays}
