@@ -84,7 +84,8 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
             bucket, sep, name = field.partition("|")
             if not sep or not (bucket.isascii() and bucket.isdigit() and len(bucket) <= 15):
                 continue
-            fresh = (int(bucket) + 1) * bucket_s > now - window
+            # a bucket ahead of now is garbage (the error monitor's script deletes it), not fresh for ever
+            fresh = now - window < (int(bucket) + 1) * bucket_s and int(bucket) <= now // bucket_s + 1
             if fresh and value.isascii() and value.isdigit() and len(value) <= 15:
                 totals[name] += int(value)
     attempts, errors = totals.get("attempts", 0), totals.get("errors", 0)

@@ -4,6 +4,7 @@ actions, the crawl-wide idle decision, control flags, and the add-on's settings.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -303,6 +304,41 @@ def test_error_window_trips_once_and_pauses_the_crawl(redis_url: str, redis_clie
             await m.spider_closed(None, "finished")
 
     run(scenario())
+
+
+def test_garbage_in_the_error_window_is_deleted_once_and_trips_nothing(
+    redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a bucket ahead of now never left the window: it tripped the monitor (and paused the crawl) again
+    # after every resume; 'inf' made the totals unreadable; 100,000 other fields were read by every flush
+    t = 1_000_000.0
+    bucket = int(t // 2)  # a 60 s window has 2 s buckets
+    redis_client.hset(KEYS.errors, mapping={
+        "99999999999|errors": 5000, f"{bucket}|errors": "inf", f"{bucket}|attempts": "1e308",
+        f"{bucket - 1}|errors": -7, **{f"junk{i}": 1 for i in range(100_000)},
+    })
+    redis_client.rpush(KEYS.error_examples, *[json.dumps({"reason": str(i)}) for i in range(10_000)])
+
+    async def scenario() -> None:
+        m = make_errormonitor(redis_url, ERRORMONITOR_MAX_ERRORS=10, ERRORMONITOR_ACTION="pause",
+                              ERRORMONITOR_WINDOW=60)
+        await m.spider_opened(None)
+        m.events.response(200, "http://x/", t)
+        assert await m.flush(now=t) is False
+        assert m.totals == {"attempts": 1}
+        assert redis_client.hlen(KEYS.errors) == 3  # _bucket, _window and the one real count
+        for i in range(11):
+            m.events.response(500, f"http://x/{i}", t + 1)
+        assert await m.flush(now=t + 1) is True  # a real trip shows the examples kept, not 10,000
+        assert redis_client.hget(KEYS.control, "paused") == b"1"
+        await m.spider_closed(None, "finished")
+
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.extensions.errors"):
+        run(scenario())
+    assert sum("no worker writes" in r.getMessage() for r in caplog.records) == 1
+    assert "Deleted 100003 fields" in caplog.text  # the attempts count was rewritten by the flush itself
+    alert = next(r.getMessage() for r in caplog.records if "threshold" in r.getMessage())
+    assert alert.count("\n") < 100
 
 
 def test_error_rate_needs_enough_attempts_and_close_reaches_every_worker(

@@ -38,7 +38,7 @@ def test_errors_window_survives_garbage_counters(redis_client: Any) -> None:
     script(keys=["win", "ex", "ctl"], args=[*args, 1, "errors", 1])
     redis_client.hset("win", "100|errors", "lots")
     redis_client.hset("win", "100|attempts", "\xff")
-    _, _, totals, _, _ = script(keys=["win", "ex", "ctl"], args=[*args, 2, "errors", 2, "attempts", 4])
+    _, _, totals, _, _, _ = script(keys=["win", "ex", "ctl"], args=[*args, 2, "errors", 2, "attempts", 4])
     got = dict(zip(totals[::2], totals[1::2], strict=True))
     assert got[b"errors"] == b"2" and got[b"attempts"] == b"4"
 
@@ -49,7 +49,7 @@ def test_errors_window_examples_or_control_of_another_type_are_moved_aside(redis
     redis_client.set("win", "someone's")
     redis_client.hset("ex", "a", "b")
     redis_client.sadd("ctl", "x")
-    tripped, _, totals, control, _ = script(
+    tripped, _, totals, control, _, _ = script(
         keys=["win", "ex", "ctl"], args=[1000, 10, 60, 1, "", 1, "pause", 5, 1, "errors", 3, '{"k": 1}']
     )
     assert tripped == 1 and dict(zip(totals[::2], totals[1::2], strict=True))[b"errors"] == b"3"

@@ -83,7 +83,8 @@ def crawl_state(redis_client: redis.Redis) -> redis.Redis:
 
 def test_window_totals_count_only_the_window() -> None:
     raw = {b"_bucket": b"10", b"_window": b"60", b"100|attempts": b"20", b"100|errors": b"5",
-           b"100|r:http/503": b"5", b"94|errors": b"7", b"93|errors": b"1000"}
+           b"100|r:http/503": b"5", b"94|errors": b"7", b"93|errors": b"1000",
+           b"101|errors": b"0", b"99999999999|errors": b"5000"}  # a bucket ahead of now is garbage
     t = window_totals(raw, now=1005)  # the window starts at 945: bucket 94 (940..950) overlaps it
     assert (t["attempts"], t["errors"], t["error_rate"]) == (20, 12, 0.6)
     assert t["reasons"] == {"http/503": 5}

@@ -41,6 +41,7 @@ from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of, worker_id
 from scrapy_dist.keys import CrawlKeys, crawler_keys
 from scrapy_dist.outage import Outage
+from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
@@ -202,6 +203,7 @@ class ErrorMonitor:
         self._closing = False
         self._close_task: asyncio.Task[None] | None = None
         self._local_pause = False
+        self._garbage_log = RateLimitedLog.once(logger)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -279,13 +281,19 @@ class ErrorMonitor:
             args += [name, n]
         args += examples
         try:
-            tripped, server_now, flat, control, kept = await self._script(
+            tripped, server_now, flat, control, kept, garbage = await self._script(
                 keys=[self.keys.errors, self.keys.error_examples, self.keys.control], args=args
             )
         except BaseException:
             self.events.give_back(counts, examples)
             raise
         self.totals = {_text(flat[i]): int(float(flat[i + 1])) for i in range(0, len(flat), 2)}
+        if garbage:
+            self._garbage_log.log(
+                logging.WARNING, "Deleted %d fields of %s no worker writes (written by someone else?):"
+                " buckets ahead of now, counts that are not whole numbers, other names", garbage,
+                self.keys.errors,
+            )
         if tripped:
             self.crawler.stats.inc_value("errormonitor/tripped")
             logger.error(format_alert(self.keys.spider, self.totals, [_text(e) for e in kept], self.window,

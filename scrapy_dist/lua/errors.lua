@@ -12,13 +12,14 @@
 -- ARGV[6] fewest attempts in the window before the rate is judged
 -- ARGV[7] action: 'log', 'pause' or 'close'   ARGV[8] how many examples the LIST keeps
 -- ARGV[9] N, then N name/count pairs, then JSON example records (newest last)
--- Returns {tripped, now, totals, control, examples}:
+-- Returns {tripped, now, totals, control, examples, garbage}:
 --   tripped   1 if this call passed the threshold first (it took the action: for 'pause' HSET control
 --             paused 1, for 'close' HSET control close error_threshold; for 'log' nothing) -- the caller
 --             then logs the alert; 0 otherwise. One trip per window: control 'errors_tripped_at' holds it.
 --   totals    flat name, count list of the window's sums
 --   control   {close reason or '', close_at or '', paused '0'/'1'}
 --   examples  the kept example records when tripped, else empty
+--   garbage   how many fields of the window no worker writes were deleted (written by someone else)
 
 -- a window, examples list or control hash of another Redis type is someone else's: moved aside, so the
 -- crawl-wide monitor goes on (each command below failed on it: the monitor was off while it stayed)
@@ -55,21 +56,29 @@ if pos <= #ARGV then
   redis.call('EXPIRE', KEYS[2], 86400)
 end
 
--- sum the window, dropping buckets that have left it
+-- sum the window, dropping buckets that have left it, and fields no worker writes: a bucket ahead of now
+-- never left the window (5000 errors in bucket 99999999999 tripped the monitor again after every resume),
+-- a count that is not a whole number HINCRBY could have made ('inf' made the totals unreadable), any
+-- other name -- each read again by every call while it stayed
 local totals = {}
 local order = {}
 local stale = {}
+local garbage = 0
 local flat = redis.call('HGETALL', KEYS[1])
 for i = 1, #flat, 2 do
   local f = flat[i]
-  local b, name = string.match(f, '^(%d+)|(.*)$')
-  if b then
+  local b, name = string.match(f, '^(%d+)|(.+)$')
+  local count = b and string.match(flat[i + 1], '^%d+$') and #flat[i + 1] <= 15 and tonumber(flat[i + 1])
+  if b and count and tonumber(b) <= bucket + 1 then  -- one bucket of leeway: callers may pass their clock
     if (tonumber(b) + 1) * bucket_s <= now - window then
       stale[#stale + 1] = f
     else
       if not totals[name] then totals[name] = 0; order[#order + 1] = name end
-      totals[name] = totals[name] + (tonumber(flat[i + 1]) or 0)
+      totals[name] = totals[name] + count
     end
+  elseif f ~= '_bucket' and f ~= '_window' then
+    stale[#stale + 1] = f
+    garbage = garbage + 1
   end
 end
 for i = 1, #stale, 500 do
@@ -100,7 +109,7 @@ if over then
       elseif action == 'close' then
         redis.call('HSET', KEYS[3], 'close', 'error_threshold', 'close_at', now_s)
       end
-      examples = redis.call('LRANGE', KEYS[2], 0, -1)
+      examples = redis.call('LRANGE', KEYS[2], -keep, -1)  -- pushed by someone else, it may hold more
     end
   end
 end
@@ -109,4 +118,4 @@ local out = {}
 for _, name in ipairs(order) do out[#out + 1] = name; out[#out + 1] = tostring(totals[name]) end
 local control = redis.call('HMGET', KEYS[3], 'close', 'close_at')
 return {tripped, string.format('%.6f', now), out,
-        {control[1] or '', control[2] or '', paused == '1' and '1' or '0'}, examples}
+        {control[1] or '', control[2] or '', paused == '1' and '1' or '0'}, examples, garbage}
