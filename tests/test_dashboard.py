@@ -175,6 +175,6 @@ def test_the_history_sample_is_written_bounded_and_a_foreign_key_moved_aside(red
     assert sample[b"w"] == b"w1" and sample[b"p"] == b"7" and sample[b"q"] == b"40"
     # someone else's string under the history key: moved aside (kept), the flush merges, the history goes on
     redis_client.set("history2", "not a stream")
-    applied, _ = script(keys=["stats", "workers", "worker", "history2"], args=["w1", 2, 60, "0", 4, *fields])
+    applied = script(keys=["stats", "workers", "worker", "history2"], args=["w1", 2, 60, "0", 4, *fields])[0]
     assert applied == 1 and redis_client.get("history2:garbage") == b"not a stream"
     assert redis_client.xlen("history2") == 1

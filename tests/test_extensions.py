@@ -152,6 +152,43 @@ def test_a_flush_resent_after_a_lost_reply_counts_once(redis_url: str, redis_cli
     }
 
 
+@pytest.mark.parametrize("garbage", [b"1e308", b"inf", b"99999"])
+def test_a_garbage_flush_seq_does_not_silence_the_worker(
+    redis_url: str, redis_client: redis.Redis, garbage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    # anyone could set a worker's flush_seq past every number it would send: none of its flushes was
+    # merged again (the crawl-wide stats and the history lost it) for the rest of the crawl
+    async def scenario() -> list[int]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        script = scripts.register(client, "clusterstats")
+        keys = [KEYS.stats, KEYS.workers, KEYS.worker("w1")]
+        out = []
+        for seq in (1, 2, 2, 3):
+            if seq == 2 and not out[1:]:
+                redis_client.hset(KEYS.worker("w1"), "flush_seq", garbage)
+            out.append((await script(keys=keys, args=["w1", seq, 60, "0", 0, "sum", "pages", "4"]))[0])
+        await client.aclose()
+        return out
+
+    assert run(scenario()) == [1, 1, 0, 1]  # the resent 2 still counts once
+    assert h(redis_client, KEYS.stats) == {"pages": "12"}
+    assert h(redis_client, KEYS.worker("w1"))["flush_seq"] == "3"
+
+    # through the extension: merged, and named once however often it is written again
+    async def extension() -> None:
+        o = make_clusterstats(redis_url)
+        await o.spider_opened(None)
+        for _ in range(3):
+            redis_client.hset(KEYS.worker(o.worker), "flush_seq", garbage)
+            o.crawler.stats.inc_value("response_received_count", 1)
+            assert await o.flush() == 1
+        await o.spider_closed(None, "finished")
+
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.extensions.clusterstats"):
+        run(extension())
+    assert caplog.text.count("its flush_seq was not this worker's") == 1
+
+
 def test_last_flush_leaves_nothing_behind_once_the_crawl_keys_are_gone(
     redis_url: str, redis_client: redis.Redis
 ) -> None:

@@ -24,12 +24,13 @@ def test_clusterstats_repairs_garbage_instead_of_failing_half_way(redis_client: 
     redis_client.hset("worker", "flush_seq", "garbage")
     script = scripts.register(redis_client, "clusterstats")
     ops = ["sum", "a", "2", "sum", "b", "3", "sum", "c", "nan", "sum", "d", "1.5"]
-    applied, _ = script(keys=["stats", "workers", "worker"], args=["w1", 1, 60, "0", 0, *ops])
-    assert applied == 1
+    applied, _, garbage = script(keys=["stats", "workers", "worker"], args=["w1", 1, 60, "0", 0, *ops])
+    assert applied == 1 and garbage == 1
     assert redis_client.hgetall("stats") == {b"a": b"3", b"b": b"3", b"d": b"1.5"}
     assert redis_client.hget("worker", "flush_seq") == b"1"
-    applied, _ = script(keys=["stats", "workers", "worker"], args=["w1", 1, 60, "0", 0, *ops])
-    assert applied == 0 and redis_client.hget("stats", "a") == b"3"  # a resent flush counts once
+    applied, _, garbage = script(keys=["stats", "workers", "worker"], args=["w1", 1, 60, "0", 0, *ops])
+    # a resent flush counts once
+    assert applied == 0 and garbage == 0 and redis_client.hget("stats", "a") == b"3"
 
 
 def test_errors_window_survives_garbage_counters(redis_client: Any) -> None:
@@ -67,8 +68,8 @@ def test_clusterstats_keys_of_another_type_are_moved_aside(redis_client: Any) ->
     redis_client.hset("workers", "a", "b")
     redis_client.rpush("worker", "l")
     redis_client.set("history", "h")
-    applied, _ = script(keys=["stats", "workers", "worker", "history"],
-                        args=["w1", 1, 60, "0", 0, "sum", "pages", "2"])
+    applied, _, _ = script(keys=["stats", "workers", "worker", "history"],
+                           args=["w1", 1, 60, "0", 0, "sum", "pages", "2"])
     assert applied == 1
     assert redis_client.hget("stats", "pages") == b"2" and redis_client.zscore("workers", "w1") is not None
     assert redis_client.hget("worker", "flush_seq") == b"1" and redis_client.xlen("history") == 1

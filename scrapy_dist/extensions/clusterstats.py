@@ -45,6 +45,7 @@ from scrapy_dist.extensions.workers import (
 )
 from scrapy_dist.keys import CrawlKeys, crawler_keys
 from scrapy_dist.outage import Outage
+from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
@@ -165,6 +166,7 @@ class ClusterStats:
         self._seq = 0
         self._pending: tuple[int, list[tuple[str, str, str]]] | None = None
         self._task: PeriodicTask | None = None
+        self._garbage_log = RateLimitedLog.once(logger)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -270,6 +272,11 @@ class ClusterStats:
                 args=args,
             )
             self._pending = None
+            if int(result[2]):
+                self._garbage_log.log(
+                    logging.WARNING, "Repaired garbage in %s (written by someone else?): its flush_seq was"
+                    " not this worker's; the flush was merged", self.keys.worker(self.worker),
+                )
             # a resent flush predates the latest changes: at close they must go now, not next interval
             if fresh or not final:
                 return int(result[0])

@@ -4,7 +4,7 @@
 -- KEYS[1] crawl-wide stats HASH   KEYS[2] workers ZSET (id -> last seen)   KEYS[3] this worker's HASH
 -- KEYS[4] (optional) the crawl's history STREAM: one sample per flush, entries older than HISTORY_SECONDS
 --         dropped, never more than about HISTORY_MAXLEN (see docs/monitoring.md for its memory)
--- ARGV[1] worker id   ARGV[2] flush sequence number (1, 2, ...; a number already applied is not applied
+-- ARGV[1] worker id   ARGV[2] flush sequence number (1, 2, ...; the number last applied is not applied
 --         again, so a flush resent after a lost reply counts once)   ARGV[3] TTL of the worker hash (seconds)
 -- ARGV[4] '1' for the last flush of a closing worker, else '0'
 -- ARGV[5] H, then H field/value pairs for the worker hash
@@ -12,7 +12,8 @@
 --   'sum' (add the value: HINCRBY, or HINCRBYFLOAT for non-integers), 'max' / 'min' (keep the larger /
 --   smaller of stored and given value: numerically if both are numbers, else as strings -- timestamps are
 --   fixed-width ISO 8601 UTC, so they compare as strings), 'set' (store the value).
--- Returns {applied, server time}: applied is 1 when the stats were merged, 0 when this sequence number
+-- Returns {applied, server time, garbage}: garbage is 1 when the worker hash's flush_seq held a value this
+-- worker did not write there (repaired), else 0; applied is 1 when the stats were merged, 0 when this sequence number
 -- had been applied already, -1 when nothing was written because the crawl's keys are gone (the last
 -- flush of a worker of a non-persistent crawl that has finished and removed them).
 
@@ -26,7 +27,7 @@ local now_s = string.format('%.6f', now)
 
 if ARGV[4] == '1' and redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('DEL', KEYS[3])
-  return {-1, now_s}
+  return {-1, now_s, 0}
 end
 
 local h = tonumber(ARGV[5])
@@ -38,9 +39,14 @@ for i = 1, h do
 end
 local applied = 0
 local seq = tonumber(ARGV[2])
--- garbage in flush_seq (not a number) counts as 0: the flush is applied and the field repaired
-local done = tonumber(redis.call('HGET', KEYS[3], 'flush_seq') or '0') or 0
-if seq > done then
+-- Only the last number applied is skipped: a worker resends its last flush or sends the next one, so
+-- any other stored value (not a number, or past what it sends: 1e308, inf) is garbage someone wrote --
+-- skipping every number up to it silenced the worker's stats for the rest of the crawl. The flush is
+-- applied and the field repaired.
+local stored = redis.call('HGET', KEYS[3], 'flush_seq')
+local done = tonumber(stored or '0') or 0
+local garbage = (stored and not (tonumber(stored) and (done == seq or done == seq - 1))) and 1 or 0
+if seq ~= done then
   applied = 1
   fields[#fields + 1] = 'flush_seq'; fields[#fields + 1] = ARGV[2]
   while pos + 2 <= #ARGV do
@@ -91,4 +97,4 @@ if KEYS[4] then
     redis.call('XTRIM', KEYS[4], 'MAXLEN', '~', HISTORY_MAXLEN)
   end
 end
-return {applied, now_s}
+return {applied, now_s, garbage}
