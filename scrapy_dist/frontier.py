@@ -193,7 +193,7 @@ SYNC_KEYS = (
 #: the ARGV head, by name (``SYNC_HEAD`` of lua/sync_common.lua); then P and the P dupe params
 SYNC_HEAD = (
     "now", "worker", "lease_seconds", "lease", "order", "politeness", "seed", "heartbeat",
-    "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode",
+    "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound",
 )
 
 
@@ -332,6 +332,8 @@ class Frontier:
     sequence: str = "asc"
     lease_seconds: float = 60.0
     politeness: str = "process"
+    #: ``"<delay> <jitter>"`` no domain's limits exceed (:meth:`DomainLimits.bound`); "" = polite.lua's bounds
+    limits_bound: str = ""
     #: False for the shards > 0 of a sharded frontier: the worker's heartbeat is written by shard 0
     heartbeat: bool = True
     max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
@@ -353,6 +355,7 @@ class Frontier:
             "politeness": self.politeness, "seed": self._rng.randrange(2**31),
             "heartbeat": "1" if self.heartbeat else "0", "max_entry_bytes": self.max_entry_bytes,
             "rejected_maxlen": self.rejected_maxlen, "dead_maxlen": self.dead_maxlen, "dupe_mode": mode,
+            "limits_bound": self.limits_bound,
         }
         return [head[name] for name in SYNC_HEAD]
 

@@ -67,6 +67,14 @@ class DomainLimits:
 
         return cls.from_dist(DistSettings.coerce(settings))
 
+    def bound(self) -> str:
+        """``"<delay> <jitter>"``: the longest delay and the largest jitter any domain has here. The
+        frontier clamps a domain's limits read from Redis to it (garbage someone wrote there, ``86400 1
+        10``, held each request of the domain back for days)."""
+        rules = [self.default.delay, *(float(r.get("delay", self.default.delay)) for _, r in self.rules)]
+        jitters = [self.default.jitter, *(float(r.get("jitter", self.default.jitter)) for _, r in self.rules)]
+        return f"{max(rules)!r} {max(jitters)!r}"
+
     def for_domain(self, domain: str) -> DomainLimit:
         hit = self._cache.get(domain)
         if hit is not None:

@@ -239,6 +239,7 @@ class Scheduler:
                 sequence=self.order.sequence, lease_seconds=cfg.lease_seconds, politeness=cfg.politeness,
                 heartbeat=i == 0, max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
                 dead_maxlen=cfg.dead_maxlen,
+                limits_bound=self.domain_limits.bound() if self.domain_limits else "",
             )
             for i, (keys, df) in enumerate(zip(self.layout.shard_keys, self.layout.shard_dfs, strict=True))
         ]

@@ -182,7 +182,7 @@ async def _lease_all(url: str, calls: int) -> int:
     """Up to ``calls`` polite sync calls, each acknowledging what the one before leased: requests leased."""
     client = redis.asyncio.Redis.from_url(url)
     try:
-        f = Frontier(client, KEYS, "w1", None, politeness="cluster")
+        f = Frontier(client, KEYS, "w1", None, politeness="cluster", limits_bound="0 0.5")
         leased: list[bytes] = []
         for _ in range(calls):
             res = await f.sync(SyncBatch(ack=leased[-1:], lease=5))
@@ -212,6 +212,16 @@ def test_garbage_in_a_domain_does_not_stall_it_for_ever(
     else:
         redis_client.zadd(KEYS.domains, {"a.example": far if write["zadd"] == "+far" else write["zadd"]})
     assert run(_lease_all(redis_url, 5)) == 2
+
+
+def test_limits_no_worker_has_do_not_park_a_domain_for_days(redis_url: str, redis_client: Any) -> None:
+    # l:<domain> is rewritten only when a new request of the domain is enqueued: "86400 1 10" written
+    # after the last one held each of the domain's requests back up to 11 days (clamped to a day and 10)
+    entries = [("", "", 0, b"\x01p%d" % i, "a.example", "0 1 0") for i in range(3)]
+    run(_sync(redis_url, SyncBatch(enqueue=entries), politeness="cluster"))
+    redis_client.hset(KEYS.domain_info, "l:a.example", "86400 1 10")
+    assert run(_lease_all(redis_url, 6)) == 3
+    assert redis_client.hget(KEYS.domain_info, "l:a.example") == b"0 1 0.5"  # written back clamped, once
 
 
 @pytest.mark.parametrize("name", SYNC_KEYS)

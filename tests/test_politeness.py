@@ -22,6 +22,9 @@ def test_most_specific_rule_wins() -> None:
     assert limits.for_domain("other.com") == DomainLimit(9.0, 8, 0.0)
     assert limits.for_domain("example.org") == DomainLimit(0.0, 8, 0.0)
     assert DomainLimit(0.2, 1, 0.5).encode() == "0.2 1 0.5"
+    # the frontier clamps limits read from Redis to the largest delay and jitter any domain has here
+    assert limits.bound() == "9.0 0.0"
+    assert DomainLimits(DomainLimit(0.5, 2, 0.25), {"a.com": {"jitter": 2}}).bound() == "0.5 2.0"
 
 
 def _start(tmp_path: Path, redis_url: str, seeds: list[str], settings: dict[str, Any]) -> Project:

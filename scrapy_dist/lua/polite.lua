@@ -16,10 +16,13 @@ local BLOCKED = 1e15
 -- domain's limits: a next allowed time further ahead than that is garbage (see pol_check)
 local MAX_PENALTY = 3600
 -- bounds of the limits read from l:<domain> (written by the workers from their settings; garbage is
--- clamped into them): a delay of at most a day, a jitter of at most ten times the delay
+-- clamped into them): a delay of at most a day, a jitter of at most ten times the delay -- and at most
+-- pol.max_delay and pol.max_jitter, the largest the calling worker's settings give any domain (sync.lua's
+-- head 'limits_bound'): an l: written after a domain's last enqueue is never rewritten, and a day per
+-- request parked its backlog for weeks
 local MAX_DELAY, MAX_JITTER = 86400, 10
--- pol.queue, pol.leases, pol.now: set by sync.lua before the first call below
-local pol = {touched = {}, checked = {}}
+-- pol.queue, pol.leases, pol.now, pol.max_delay, pol.max_jitter: set by sync.lua before the first call below
+local pol = {touched = {}, checked = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER}
 
 local function finite_in(s, lo, hi)
   local x = tonumber(s)
@@ -27,12 +30,19 @@ local function finite_in(s, lo, hi)
   return math.min(hi, math.max(lo, x))
 end
 
+-- A domain's limits; a value past the bounds is written back clamped (once: pol.clamped makes sync.lua
+-- name the info HASH among the keys it repaired).
 local function pol_limits(info_key, dom)
   local l = redis.call('HGET', info_key, 'l:' .. dom)
   if not l then return 0, 0, 0 end
   local delay, conc, jitter = string.match(l, '^(%S+) (%S+) (%S+)$')
-  return finite_in(delay, 0, MAX_DELAY), math.floor(finite_in(conc, 0, 1e9)),
-         finite_in(jitter, 0, MAX_JITTER)
+  local d, c, j = finite_in(delay, 0, pol.max_delay), math.floor(finite_in(conc, 0, 1e9)),
+                  finite_in(jitter, 0, pol.max_jitter)
+  if d ~= tonumber(delay) or j ~= tonumber(jitter) or c ~= tonumber(conc) then
+    redis.call('HSET', info_key, 'l:' .. dom, string.format('%.17g %d %.17g', d, c, j))
+    pol.clamped = true
+  end
+  return d, c, j
 end
 
 local function int16(s)

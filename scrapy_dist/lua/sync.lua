@@ -16,7 +16,9 @@
 --   lease (how many to lease), order ('asc' FIFO/priority, 'desc' LIFO), politeness ('process' or
 --   'cluster'), seed (politeness jitter), heartbeat ('1'/'0'), max_entry_bytes (larger queue entries
 --   are rejected whole), rejected_maxlen and dead_maxlen (caps of the record LISTs, 0 = none),
---   dupe_mode; then P and P dupe params (dupe.lua); then SYNC_SECTIONS, each a count and its items:
+--   dupe_mode, limits_bound ('<delay> <jitter>' no domain's limits exceed in this worker's settings; ''
+--   = polite.lua's MAX_DELAY and MAX_JITTER); then P and P dupe params (dupe.lua); then SYNC_SECTIONS,
+--   each a count and its items:
 --   enqueue  t1, t2 (t1 == '' skips dedupe), score, payload (payload == '' dedupes only)
 --            [, domain, limits "delay concurrency jitter" with politeness]
 --   ack, renew, release  lease key (what 'leased' answered: sync_sweep.lua)
@@ -44,6 +46,11 @@ local S = {
 S.deadline = string.format('%.17g', now + S.lease_s)
 math.randomseed(tonumber(A.seed) or 0)
 pol.now, pol.queue, pol.leases = now, K.queue, K.leases
+-- limits read from l:<domain> are clamped to what the worker's settings give any domain (polite.lua)
+local bound_delay, bound_jitter = string.match(A.limits_bound or '', '^(%S+) (%S+)$')
+if bound_delay then
+  pol.max_delay, pol.max_jitter = finite_in(bound_delay, 0, MAX_DELAY), finite_in(bound_jitter, 0, MAX_JITTER)
+end
 local P = tonumber(ARGV[#SYNC_HEAD + 1])
 local params = {}
 for i = 1, P do params[i] = ARGV[#SYNC_HEAD + 1 + i] end
@@ -96,6 +103,7 @@ redis.call('HSET', K.tails, 'count', queued)
 if S.worker ~= '' and A.heartbeat ~= '0' then redis.call('ZADD', K.workers, now, S.worker) end
 local bloom_n = dupe_close(d)
 for _, key in ipairs(DUPE_REPAIRED) do S.repaired[#S.repaired + 1] = key end
+if pol.clamped then S.repaired[#S.repaired + 1] = K.domain_info end
 return {'flags', flags, 'leased', leased, 'requeued', S.requeued, 'moved', S.moved, 'queued', queued,
         'inflight', redis.call('ZCARD', K.leases), 'delayed', redis.call('ZCARD', K.delayed),
         'bloom_n', bloom_n, 'paused', paused, 'seq', redis.call('GET', K.seq) or '0',

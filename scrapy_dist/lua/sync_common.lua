@@ -15,7 +15,7 @@
 local SYNC_KEYS = {'queue', 'leases', 'lease_meta', 'seq', 'delayed', 'delayed_meta', 'rejected',
                    'deadletter', 'workers', 'control', 'domains', 'domain_info', 'tails'}
 local SYNC_HEAD = {'now', 'worker', 'lease_seconds', 'lease', 'order', 'politeness', 'seed', 'heartbeat',
-                   'max_entry_bytes', 'rejected_maxlen', 'dead_maxlen', 'dupe_mode'}
+                   'max_entry_bytes', 'rejected_maxlen', 'dead_maxlen', 'dupe_mode', 'limits_bound'}
 -- name, items' width without politeness, extra width with politeness
 local SYNC_SECTIONS = {{'enqueue', 4, 2}, {'ack', 1, 0}, {'renew', 1, 0}, {'release', 1, 0},
                        {'delay', 3, 2}, {'reject', 2, 0}, {'dead', 1, 0}, {'penalize', 2, 0},
