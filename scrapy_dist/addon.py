@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
+from scrapy_dist.connection import ensure_components
+
 if TYPE_CHECKING:
     from types import FrameType
 
@@ -143,3 +145,4 @@ class Addon:
                 continue
             settings.set_in_component_priority_dict(setting, load_object(theirs), None)
             settings.set_in_component_priority_dict(setting, load_object(ours), order)
+        ensure_components(settings)  # before Scrapy loads SCHEDULER and STATS_CLASS, with a traceback

@@ -41,6 +41,7 @@ from scrapy_dist.clients import (
 from scrapy_dist.exceptions import RedisUnavailable
 from scrapy_dist.redistarget import RedisTarget, resolve_target, resolve_url
 from scrapy_dist.settings import DistSettings, SettingsError, mask_url
+from scrapy_dist.settings_reader import check_components
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -57,6 +58,7 @@ __all__ = [
     "abort_crawl",
     "check_reachable",
     "check_reachable_async",
+    "ensure_components",
     "ensure_reachable",
     "from_settings",
     "get_async_redis",
@@ -177,4 +179,14 @@ def ensure_reachable(client_or_settings: Any, settings: SettingsLike | DistSetti
     try:
         check_reachable(client_or_settings, settings)
     except (RedisUnavailable, SettingsError) as exc:
+        abort_crawl(exc)
+
+
+def ensure_components(settings: SettingsLike) -> None:
+    """Start-up check for the components that run before Scrapy loads ``SCHEDULER`` and ``STATS_CLASS``
+    (a spider's ``from_crawler``, the add-on): a misspelt scrapy-dist class path there is one ERROR line
+    naming the setting and the closest name, and a non-zero exit, instead of Scrapy's traceback."""
+    try:
+        check_components(settings)
+    except SettingsError as exc:
         abort_crawl(exc)

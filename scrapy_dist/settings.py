@@ -247,6 +247,7 @@ class DistSettings:
         """
         env = os.environ if environ is None else environ
         raw = SettingsReader(settings)
+        raw.check_components()
         v = raw.value
         warnings: list[str] = []
         # aliases: the canonical name wins

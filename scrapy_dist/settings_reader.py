@@ -23,7 +23,10 @@ from scrapy_dist.settings_table import (
 )
 from scrapy_dist.settings_values import SettingsError, convert
 
-__all__ = ["SCRAPY_QUEUE_SETTINGS", "SettingsReader", "importable", "queue_order", "redis_location"]
+__all__ = [
+    "COMPONENT_SETTINGS", "SCRAPY_QUEUE_SETTINGS", "SettingsReader", "check_components", "importable",
+    "queue_order", "redis_location",
+]
 
 
 #: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
@@ -52,9 +55,56 @@ def importable(name: str, path: str | None) -> Any:
         load_object(path)
     except (ImportError, AttributeError, ValueError, NameError, TypeError) as exc:
         problem = " ".join(str(exc).split()) or type(exc).__name__
+        close = closest_path(path)
         raise SettingsError(name, path, f"cannot be imported ({problem})",
-                            "expected an import path like package.module.Name") from None
+                            f"did you mean {close}?" if close
+                            else "expected an import path like package.module.Name") from None
     return path
+
+
+def closest_path(path: str) -> str | None:
+    """The importable scrapy-dist name closest to ``path`` (``scrapy_dist.scheduler.Schedular``:
+    ``scrapy_dist.scheduler.Scheduler``), or None for a path outside scrapy-dist or nothing close."""
+    import importlib
+    import pkgutil
+
+    import scrapy_dist
+
+    module, _, name = path.rpartition(".")
+    if module != "scrapy_dist" and not module.startswith("scrapy_dist."):
+        return None
+    try:
+        found = importlib.import_module(module)
+    except ImportError:  # a misspelt module: the closest of scrapy-dist's modules, if it has the name
+        modules = [m.name for m in pkgutil.iter_modules(scrapy_dist.__path__)]
+        close = difflib.get_close_matches(module.partition(".")[2], modules, n=1, cutoff=0.6)
+        if not close:
+            return None
+        module = f"scrapy_dist.{close[0]}"
+        found = importlib.import_module(module)
+    names = [n for n in dir(found) if not n.startswith("_")]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f"{module}.{close[0]}" if close else None
+
+
+#: Scrapy's class-path settings a scrapy-dist project points at scrapy-dist's classes.
+COMPONENT_SETTINGS = ("SCHEDULER", "DUPEFILTER_CLASS", "STATS_CLASS")
+
+
+def check_components(settings: Any) -> None:
+    """Raise :class:`SettingsError` (one line, with the closest name) if ``SCHEDULER``,
+    ``DUPEFILTER_CLASS`` or ``STATS_CLASS`` names a scrapy-dist class that cannot be imported -- a typo
+    Scrapy itself reports with a traceback -- or if scrapy-dist's scheduler is to load a
+    ``DUPEFILTER_CLASS`` that cannot be imported."""
+    def path(name: str) -> str | None:
+        value = settings.get(name)
+        return value if isinstance(value, str) else None
+
+    ours = (path("SCHEDULER") or "").startswith("scrapy_dist.")
+    for name in COMPONENT_SETTINGS:
+        value = path(name)
+        if value and (value.startswith("scrapy_dist.") or (ours and name == "DUPEFILTER_CLASS")):
+            importable(name, value)
 
 
 def queue_order(name: str, path: str) -> str:
@@ -99,6 +149,10 @@ class SettingsReader:
 
     def raw(self, name: str) -> Any:
         return self.settings.get(name)
+
+    def check_components(self) -> None:
+        """:func:`check_components` of these settings."""
+        check_components(self.settings)
 
     def given(self, name: str) -> bool:
         return self.raw(name) is not None

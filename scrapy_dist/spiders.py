@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request, Spider, signals
 from scrapy.spiders import CrawlSpider
 
+from scrapy_dist.connection import ensure_components
 from scrapy_dist.entrypolicy import keep_allowed_domains
 from scrapy_dist.seedfeed import SeedFeed, SeedReader, TakeResult
 from scrapy_dist.seeds import SeedRules, parse_seed, seed_request, spider_has_callback
@@ -52,6 +53,7 @@ class RedisMixin:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
+        ensure_components(crawler.settings)  # Scrapy loads SCHEDULER after this, with a traceback
         spider = super().from_crawler(crawler, *args, **kwargs)  # type: ignore[misc]
         keep_allowed_domains(spider)  # an iterator (scrapy-redis's example) must outlive Scrapy's reads
         apply_spider_arguments(spider, crawler)  # -a values are strings: converted as scrapy-redis does

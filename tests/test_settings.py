@@ -339,3 +339,32 @@ def test_every_stat_the_package_writes_is_listed() -> None:
     assert len(written) > 20
     missing = sorted(name for name in written if not any(p.match(name) for p in patterns))
     assert not missing, missing
+
+
+@pytest.mark.parametrize(
+    ("settings", "name", "closest"),
+    [
+        ({"SCHEDULER": "scrapy_dist.scheduler.Schedular"}, "SCHEDULER", "scrapy_dist.scheduler.Scheduler"),
+        ({"SCHEDULER": "scrapy_dist.schedulr.Scheduler"}, "SCHEDULER", "scrapy_dist.scheduler.Scheduler"),
+        ({"SCHEDULER": "scrapy_dist.scheduler.Scheduler",
+          "DUPEFILTER_CLASS": "scrapy_dist.dupefilters.BloomDupeFilter"},
+         "DUPEFILTER_CLASS", "scrapy_dist.dupefilter.BloomDupeFilter"),
+        ({"STATS_CLASS": "scrapy_dist.stats.RedisStatsColector"}, "STATS_CLASS",
+         "scrapy_dist.stats.RedisStatsCollector"),
+        # the scrapy-dist scheduler loads DUPEFILTER_CLASS whatever it names
+        ({"SCHEDULER": "scrapy_dist.scheduler.Scheduler",
+          "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupefilter"}, "DUPEFILTER_CLASS", None),
+    ],
+)
+def test_a_misspelt_class_path_is_one_line_with_the_closest_name(
+    settings: dict[str, Any], name: str, closest: str | None
+) -> None:
+    text = refusal(settings)
+    assert text.startswith(f"scrapy-dist: {name}={settings[name]}: cannot be imported"), text
+    assert text.endswith(f"did you mean {closest}?" if closest else "like package.module.Name"), text
+
+
+def test_class_paths_outside_scrapy_dist_are_left_to_scrapy() -> None:
+    # without the scrapy-dist scheduler, Scrapy's own components are none of scrapy-dist's business
+    DistSettings.from_settings({"SCHEDULER": "scrapy.core.scheduler.Schedular",
+                                "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupefilter"}, environ={})

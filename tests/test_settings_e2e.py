@@ -12,10 +12,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.crawlproject import make_project
+from tests.crawlproject import SPIDERS, make_project
 
 #: (setting, value, what the line must say after "scrapy-dist: SETTING=value: ")
 CASES = [
@@ -74,6 +75,46 @@ def test_the_addon_alone_refuses_with_one_line_before_anything_opens(tmp_path: P
     output = project.logs()
     assert code != 0, output
     _one_line(output, "SCHEDULER_SHARDS", "out of range")
+
+
+REDIS_SPIDER = SPIDERS + '''
+
+from scrapy_dist.spiders import RedisSpider
+
+
+class SeededSpider(RedisSpider):
+    name = "seeded"
+'''
+ADDON = {"ADDONS": {"scrapy_dist.Addon": 0}, "SCHEDULER": None, "DUPEFILTER_CLASS": None}
+
+
+@pytest.mark.parametrize(
+    ("spider", "settings", "name", "closest"),
+    [
+        # the two classic lines: the scheduler loads DUPEFILTER_CLASS
+        ("nofollow", {"DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupefilter"}, "DUPEFILTER_CLASS",
+         "scrapy_dist.dupefilter.BloomDupeFilter"),
+        # Scrapy loads SCHEDULER before any scrapy-dist component but a RedisSpider or the add-on
+        ("seeded", {"SCHEDULER": "scrapy_dist.schedulr.Scheduler"}, "SCHEDULER",
+         "scrapy_dist.scheduler.Scheduler"),
+        ("nofollow", {**ADDON, "SCHEDULER": "scrapy_dist.scheduler.Schedular"}, "SCHEDULER",
+         "scrapy_dist.scheduler.Scheduler"),
+        ("nofollow", {**ADDON, "STATS_CLASS": "scrapy_dist.stats.RedisStatsColector"}, "STATS_CLASS",
+         "scrapy_dist.stats.RedisStatsCollector"),
+    ],
+)
+def test_a_misspelt_class_path_is_one_line_not_a_traceback(
+    tmp_path: Path, spider: str, settings: dict[str, Any], name: str, closest: str
+) -> None:
+    project = make_project(tmp_path, spiders=REDIS_SPIDER)
+    project.settings.update({k: v for k, v in settings.items() if v is not None})
+    for unset in [k for k, v in settings.items() if v is None]:
+        project.settings.pop(unset)
+    code = project.crawl(spider).wait(timeout=120)
+    output = project.logs()
+    assert code != 0, output
+    line = _one_line(output, name, "cannot be imported")
+    assert line.endswith(f"did you mean {closest}?"), line
 
 
 def test_scrapy_crawl_warns_about_a_misspelt_setting(tmp_path: Path, redis_url: str) -> None:
