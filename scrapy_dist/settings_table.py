@@ -14,7 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from scrapy_dist.bloom import MAX_GENERATIONS, MAX_TTL, MIN_GENERATIONS
+from scrapy_dist.bloom import MAX_CAPACITY, MAX_GENERATIONS, MAX_TTL, MIN_ERROR_RATE, MIN_GENERATIONS
 
 #: Status of a setting relative to scrapy-redis (the migration table's column).
 OURS, HONOURED, CHANGED, IGNORED = "new", "honoured", "changed", "ignored"
@@ -51,10 +51,24 @@ class Setting:
     note: str = ""
 
     @property
+    def range_words(self) -> str:
+        """The accepted range, in the words of a refusal (``from 1 up to 65,535``, ``above 0``); ""
+        without one."""
+        lo, hi = self.low, self.high
+        if lo is None:
+            return f"up to {_num(hi)}" if hi is not None else ""
+        start = f"{'above' if self.low_open else 'from' if hi is not None else 'of at least'} {_num(lo)}"
+        return f"{start} up to {_num(hi)}" if hi is not None else start
+
+    @property
     def type_name(self) -> str:
         base = {"auto_bool": "bool or None", "url": "str (URL)", "choice": "str", "size": "int or str (size)",
                 "secret": "str"}.get(self.kind, self.kind)
         return f"{base} or None" if self.optional and "None" not in base else base
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
 def _s(name: str, default: Any, kind: str, doc: str, section: str, **kw: Any) -> Setting:
@@ -144,11 +158,11 @@ TABLE: tuple[Setting, ...] = (
        low=0, low_open=True),
     # -- dupefilter
     _s("BLOOMFILTER_CAPACITY", 100_000_000, "int", "Fingerprints the filter holds at BLOOMFILTER_ERROR_RATE.",
-       D, low=1, high=2**40),
-    _s("BLOOMFILTER_ERROR_RATE", 0.001, "float", "False-positive rate at capacity (between 0 and 1).", D,
-       low=0, low_open=True, high=0.5),
-    _s("BLOOMFILTER_BLOCK_BITS", 2**31, "int", "Bits per bitmap block (one Redis string each).", D,
-       low=2**13, high=2**32),
+       D, low=1, high=MAX_CAPACITY),
+    _s("BLOOMFILTER_ERROR_RATE", 0.001, "float", "False-positive rate at capacity.", D,
+       low=MIN_ERROR_RATE, high=0.5),
+    _s("BLOOMFILTER_BLOCK_BITS", 2**31, "int", "Bits per bitmap block (one Redis string each), a multiple of"
+       " 4096.", D, low=2**13, high=2**32),
     _s("DUPEFILTER_TTL", None, "float", "Seconds a fingerprint is remembered: a URL seen longer ago is new"
        " again (None: forever). Bloom filter: forgotten between TTL and TTL*G/(G-1) after it was seen (G ="
        " BLOOMFILTER_GENERATIONS); SetDupeFilter: exactly TTL.", D, optional=True, low=0, low_open=True,
@@ -349,7 +363,8 @@ def render_doc() -> str:
             lines += ["", f"## {section.capitalize()}", "", "| Setting | Type | Default | Meaning | Status |",
                       "|---|---|---|---|---|"]
         status = STATUS_TEXT[spec.status] + (f": {spec.note}" if spec.note else "")
-        lines.append(f"| `{spec.name}` | {spec.type_name} | {_default_text(spec)} | {spec.doc} | {status} |")
+        kind = spec.type_name + (f", {spec.range_words.removeprefix('of ')}" if spec.range_words else "")
+        lines.append(f"| `{spec.name}` | {kind} | {_default_text(spec)} | {spec.doc} | {status} |")
     lines += ["", "## Aliases", ""]
     lines += [f"- `{alias}`: scrapy-redis name of `{name}` (which wins when both are set)"
               for alias, name in ALIASES.items()]

@@ -73,20 +73,11 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _num(x: float) -> str:
-    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
-
-
 def _expected_number(spec: Setting) -> str:
     noun = "an integer" if spec.kind == "int" else "a number"
-    lo, hi = spec.low, spec.high
-    if lo == 0 and spec.low_open and hi is None:
+    if spec.low == 0 and spec.low_open and spec.high is None:
         return f"expected a positive {noun[noun.index(' ') + 1:]}"
-    if lo is not None and hi is not None:
-        return f"expected {noun} {'above' if spec.low_open else 'from'} {_num(lo)} up to {_num(hi)}"
-    if lo is not None:
-        return f"expected {noun} {'above' if spec.low_open else 'of at least'} {_num(lo)}"
-    return f"expected {noun}"
+    return f"expected {noun} {spec.range_words}" if spec.range_words else f"expected {noun}"
 
 
 def _number(spec: Setting, value: Any) -> float | int:

@@ -368,3 +368,38 @@ def test_class_paths_outside_scrapy_dist_are_left_to_scrapy() -> None:
     # without the scrapy-dist scheduler, Scrapy's own components are none of scrapy-dist's business
     DistSettings.from_settings({"SCHEDULER": "scrapy.core.scheduler.Schedular",
                                 "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupefilter"}, environ={})
+
+
+@pytest.mark.parametrize("spec", [s for s in TABLE if s.kind in ("int", "float") and s.low is not None],
+                         ids=lambda s: s.name)
+def test_the_doc_states_the_range_the_code_accepts(spec: Any) -> None:
+    row = next(line for line in render_doc().splitlines() if line.startswith(f"| `{spec.name}` |"))
+    assert spec.range_words.removeprefix("of ") in row.split("|")[2], row
+    others = {"RETRY_BACKOFF_BASE": 0} if spec.name == "RETRY_BACKOFF_MAX" else {}  # MAX >= BASE
+    edges = [spec.low] + ([spec.high] if spec.high is not None else [])
+    if spec.kind == "int":
+        edges = [int(e) for e in edges]
+    for edge in edges:  # the edges the doc states are accepted (unless open) ...
+        if edge == spec.low and spec.low_open:
+            refusal({**others, spec.name: edge})
+        else:
+            DistSettings.from_settings({**others, spec.name: edge}, environ={})
+    beyond = [spec.low - (1 if spec.kind == "int" else spec.low / 2 or 1)]
+    if spec.high is not None:
+        beyond.append(spec.high + 1 if spec.kind == "int" else spec.high * 1.5)
+    noun = "an integer" if spec.kind == "int" else "a"
+    for value in beyond:  # ... and what lies beyond them is refused in the doc's words
+        assert f"out of range; expected {noun}" in refusal({**others, spec.name: value})
+
+
+def test_bloom_filter_settings_accept_no_value_the_filter_refuses() -> None:
+    from scrapy_dist.bloom import check_parameters
+    from scrapy_dist.settings_table import BY_NAME
+
+    capacity, rate, bits = (BY_NAME[f"BLOOMFILTER_{n}"] for n in ("CAPACITY", "ERROR_RATE", "BLOCK_BITS"))
+    for value in (capacity.low, capacity.high):
+        check_parameters(int(value), rate.default, bits.default)
+    for value in (rate.low, rate.high):
+        check_parameters(capacity.default, value, bits.default)
+    for value in (bits.low, bits.high):
+        check_parameters(capacity.default, rate.default, int(value))
