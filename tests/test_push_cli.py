@@ -70,6 +70,15 @@ def test_urls_and_file_are_validated_and_pushed_in_order(
     assert f"{seeds}:4: not_utf8" in res.output and f"{seeds}:6: bad_scheme" in res.output
 
 
+def test_rejections_beyond_the_examples_are_counted_not_hidden(redis_url: str, outside_project: Path) -> None:
+    res = run(redis_url, "books", *[f"bad-{i}.example" for i in range(push_module.EXAMPLES + 3)])
+    assert res.exit_code == 1, res.output
+    assert res.output.count("  argument ") == push_module.EXAMPLES, res.output
+    assert f"... and 3 more (only the first {push_module.EXAMPLES} are shown)" in res.output
+    res = run(redis_url, "books", "bad.example")
+    assert "more" not in res.output, res.output
+
+
 def test_all_valid_exits_zero_and_reads_stdin(
     redis_url: str, redis_client: Any, outside_project: Path
 ) -> None:

@@ -277,4 +277,8 @@ def push(
         click.echo(f"Rejected: {reasons}", err=True)
         for where, reason, detail in report.examples:
             click.echo(f"  {where}: {reason}" + (f" ({detail})" if detail else ""), err=True)
+        hidden = report.rejected_total - len(report.examples)
+        if hidden:
+            shown = len(report.examples)
+            click.echo(f"  ... and {hidden:,} more (only the first {shown} are shown)", err=True)
         raise SystemExit(1)
