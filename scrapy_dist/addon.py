@@ -146,3 +146,22 @@ class Addon:
             settings.set_in_component_priority_dict(setting, load_object(theirs), None)
             settings.set_in_component_priority_dict(setting, load_object(ours), order)
         ensure_components(settings)  # before Scrapy loads SCHEDULER and STATS_CLASS, with a traceback
+        _warn_foreign_scheduler(settings)
+
+
+def _warn_foreign_scheduler(settings: BaseSettings) -> None:
+    """One WARNING when the project keeps a SCHEDULER of its own (scrapy-redis's, from before the add-on,
+    or Scrapy's): the add-on leaves it, so the crawl has no shared frontier although the add-on is on."""
+    from scrapy_dist.scheduler import Scheduler
+
+    path = settings.get("SCHEDULER")
+    try:
+        ours = issubclass(load_object(path), Scheduler)
+    except (ImportError, AttributeError, ValueError, NameError, TypeError):
+        ours = False  # Scrapy refuses it when it builds the engine
+    if not ours:
+        logger.warning(
+            "scrapy-dist add-on: SCHEDULER = %r (set by the project) is not scrapy-dist's, so this crawl"
+            " does not share its frontier in Redis; remove that setting (the add-on sets"
+            " scrapy_dist.scheduler.Scheduler) unless that is what you want", path,
+        )

@@ -552,6 +552,29 @@ def test_addon_never_overrides_the_user() -> None:
     assert not any("retry" in getattr(k, "__module__", str(k)) for k, v in dl.items() if v is not None)
 
 
+@pytest.mark.parametrize("kept", ["scrapy_redis.scheduler.Scheduler", "scrapy.core.scheduler.Scheduler",
+                                  "myproject.MyScheduler"])
+def test_addon_warns_once_when_the_project_keeps_a_scheduler_of_its_own(
+    caplog: pytest.LogCaptureFixture, kept: str
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.addon"):
+        addon_settings({"SCHEDULER": kept})
+    lines = [r.getMessage() for r in caplog.records if "SCHEDULER" in r.getMessage()]
+    assert len(lines) == 1 and repr(kept) in lines[0] and "does not share its frontier" in lines[0], lines
+
+
+def test_addon_says_nothing_of_a_scrapy_dist_scheduler(caplog: pytest.LogCaptureFixture) -> None:
+    from scrapy_dist.scheduler import Scheduler
+
+    class Mine(Scheduler):
+        pass
+
+    for user in ({}, {"SCHEDULER": "scrapy_dist.scheduler.Scheduler"}, {"SCHEDULER": Mine}):
+        with caplog.at_level(logging.WARNING, logger="scrapy_dist.addon"):
+            addon_settings(user)
+    assert not [r for r in caplog.records if "SCHEDULER" in r.getMessage()]
+
+
 @pytest.mark.slow
 def test_scrapy_parse_and_fetch_with_the_addon_stay_out_of_the_shared_crawl(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis, site_factory: Any
