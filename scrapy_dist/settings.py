@@ -36,6 +36,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from scrapy_dist.clientoptions import check_client_options
 from scrapy_dist.settings_reader import SettingsReader, importable, queue_order, redis_location
 from scrapy_dist.settings_table import (
     ALIASES,
@@ -279,6 +280,7 @@ class DistSettings:
             key_prefix=v("REDIS_KEY_PREFIX") or "", embedded_dir=v("REDIS_EMBEDDED_DIR"),
             embedded_maxmemory=v("REDIS_EMBEDDED_MAXMEMORY"),
         )
+        check_client_options(url, params)
         concurrent = raw.scrapy_int("CONCURRENT_REQUESTS", 16, low=1)
         shards, politeness = v("SCHEDULER_SHARDS"), v("SCHEDULER_POLITENESS")
         schemes = tuple(str(s).strip().lower() for s in v("SCHEDULER_ALLOWED_SCHEMES"))

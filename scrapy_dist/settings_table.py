@@ -88,7 +88,9 @@ TABLE: tuple[Setting, ...] = (
        C, status=HONOURED, optional=True, low=0),
     _s("REDIS_PARAMS", {}, "dict", "Extra keyword arguments for the redis-py client (timeouts, TLS files,"
        " ...); a dict or a JSON object. Its host, port and db apply as in scrapy-redis (REDIS_HOST,"
-       " REDIS_PORT, REDIS_DB and a REDIS_URL win).", C, status=CHANGED,
+       " REDIS_PORT, REDIS_DB and a REDIS_URL win). A keyword no redis-py client takes, or a timeout that"
+       " is not a number, is refused at start (so are such options in a REDIS_URL's query).", C,
+       status=CHANGED,
        note="redis_cls is ignored: scrapy-dist builds its clients"),
     _s("REDIS_CLUSTER", None, "auto_bool", "Force (True/False) or auto-detect (None) a Redis Cluster.", C),
     _s("REDIS_SENTINELS", [], "list", "Sentinel addresses host:port; the master's credentials and db come"

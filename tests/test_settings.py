@@ -403,3 +403,34 @@ def test_bloom_filter_settings_accept_no_value_the_filter_refuses() -> None:
         check_parameters(capacity.default, value, bits.default)
     for value in (bits.low, bits.high):
         check_parameters(capacity.default, rate.default, int(value))
+
+
+@pytest.mark.parametrize(
+    ("settings", "start", "end"),
+    [
+        ({"REDIS_PARAMS": {"socket_timeout": "x"}}, "REDIS_PARAMS['socket_timeout']=x: socket_timeout is 'x'",
+         "expected e.g. socket_timeout=5"),
+        ({"REDIS_PARAMS": '{"max_connections": 0}'}, "REDIS_PARAMS['max_connections']=0:",
+         "expected e.g. max_connections=5"),
+        # the value of an unknown option is not shown: it may be a password under a misspelt name
+        ({"REDIS_PARAMS": {"passwrd": "s3cret"}}, "REDIS_PARAMS={'passwrd': ...}: 'passwrd' is not a",
+         "did you mean password?"),
+        ({"REDIS_URL": "unix:///tmp/r.sock?db=z"}, "REDIS_URL=unix:///tmp/r.sock?db=z: bad query", "=5"),
+        ({"REDIS_URL": "redis://:pw@h/0?sockettimeout=5"}, "REDIS_URL=redis://:***@h/0?sockettimeout=5:",
+         "did you mean socket_timeout?"),
+    ],
+)
+def test_redis_client_options_are_checked_at_start(settings: dict[str, Any], start: str, end: str) -> None:
+    text = refusal(settings)
+    assert text.startswith(f"scrapy-dist: {start}") and text.endswith(end), text
+    assert "s3cret" not in text
+
+
+def test_client_options_that_some_client_takes_are_accepted() -> None:
+    DistSettings.from_settings({"REDIS_PARAMS": {
+        "socket_timeout": 30, "socket_connect_timeout": 5.5, "retry_on_timeout": True, "encoding": "utf-8",
+        "ssl_cert_reqs": "none", "read_from_replicas": True, "sentinel_kwargs": {"password": "x"},
+        "max_connections": 10, "health_check_interval": 0, "redis_cls": "redis.Redis",
+    }}, environ={})
+    DistSettings.from_settings({"REDIS_URL": "rediss://h:6380/2?ssl_cert_reqs=none&socket_timeout=3"},
+                               environ={})

@@ -29,6 +29,9 @@ CASES = [
     ("BLOOMFILTER_ERROR_RATE", "2", "out of range"),
     ("REDIS_PARAMS", "{bad", "not a JSON object"),
     ("BLOOMFILTER_CAPACITY", str(10**400), "out of range"),
+    # redis-py's own refusals came from deep inside the crawler's start, as tracebacks
+    ("REDIS_PARAMS", '{"bogus_kw": 1}', "'bogus_kw' is not a redis-py client option"),
+    ("REDIS_URL", "redis://127.0.0.1:6380/0?socket_timeout=abc", "bad query option"),
 ]
 
 
