@@ -22,8 +22,10 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import Settings
 
-__all__ = ["SCRAPY_REDIS_HOOKS", "SpiderArguments", "apply_spider_arguments", "reads_missing_server",
-           "unused_hooks"]
+__all__ = [
+    "ARGUMENTS", "SCRAPY_REDIS_HOOKS", "SpiderArguments", "apply_spider_arguments", "misspelt_arguments",
+    "reads_missing_server", "unused_hooks",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +175,8 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
             "scrapy-dist: redis_encoding=%s is not applied: seeds are read as UTF-8 (others are rejected as"
             " not_utf8); override make_request_from_data to decode another encoding", encoding,
         )
+    for line in misspelt_arguments(spider):
+        logger.warning("%s", line)
     for name in unused_hooks(type(spider)):
         logger.warning("scrapy-dist: %s.%s() is never called: %s", type(spider).__name__, name,
                        SCRAPY_REDIS_HOOKS[name])
@@ -194,6 +198,24 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
     else:
         _warn_scrapy_redis_idle(crawler.settings)
     return args
+
+
+#: the spider attributes (``-a name=value``) a RedisSpider reads
+ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")
+
+
+def misspelt_arguments(spider: Any) -> list[str]:
+    """One warning per attribute of the spider object (``-a`` arguments land there) that is a near miss of
+    one a RedisSpider reads (``-a redis_kye=...``): Scrapy keeps any argument silently."""
+    import difflib
+
+    out = []
+    for name in sorted(vars(spider)):
+        close = [] if name in ARGUMENTS else difflib.get_close_matches(name, ARGUMENTS, n=1, cutoff=0.75)
+        if close:
+            out.append(f"scrapy-dist: spider argument {name} is not one {type(spider).__name__} reads; did"
+                       f" you mean {close[0]}?")
+    return out
 
 
 def _warn_scrapy_redis_idle(settings: Settings) -> None:

@@ -340,6 +340,22 @@ def test_from_crawler_converts_spider_arguments_in_place() -> None:
     assert crawler.settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE") == 100
 
 
+def test_a_misspelt_spider_argument_is_warned_with_the_name_it_misses(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from scrapy.crawler import Crawler
+
+    from scrapy_dist.spiders import RedisSpider
+
+    RedisSpider.from_crawler(Crawler(RedisSpider, {}), "foo", redis_kye="k", max_idle="3", category="books",
+                             redis_key="seeds", redis_batch_size="5")
+    lines = [r.getMessage() for r in caplog.records if "spider argument" in r.getMessage()]
+    assert lines == [
+        "scrapy-dist: spider argument max_idle is not one RedisSpider reads; did you mean max_idle_time?",
+        "scrapy-dist: spider argument redis_kye is not one RedisSpider reads; did you mean redis_key?",
+    ]
+
+
 def test_redis_encoding_spider_attribute_other_than_utf8_is_warned(caplog: pytest.LogCaptureFixture) -> None:
     from scrapy.crawler import Crawler
 
