@@ -49,6 +49,7 @@ class Setting:
     choices: tuple[str, ...] = ()
     optional: bool = False
     note: str = ""
+    multiple_of: int | None = None  # an int setting must be a multiple of this
 
     @property
     def range_words(self) -> str:
@@ -58,7 +59,8 @@ class Setting:
         if lo is None:
             return f"up to {_num(hi)}" if hi is not None else ""
         start = f"{'above' if self.low_open else 'from' if hi is not None else 'of at least'} {_num(lo)}"
-        return f"{start} up to {_num(hi)}" if hi is not None else start
+        words = f"{start} up to {_num(hi)}" if hi is not None else start
+        return f"{words}, a multiple of {_num(self.multiple_of)}" if self.multiple_of else words
 
     @property
     def type_name(self) -> str:
@@ -164,7 +166,7 @@ TABLE: tuple[Setting, ...] = (
     _s("BLOOMFILTER_ERROR_RATE", 0.001, "float", "False-positive rate at capacity.", D,
        low=MIN_ERROR_RATE, high=0.5),
     _s("BLOOMFILTER_BLOCK_BITS", 2**31, "int", "Bits per bitmap block (one Redis string each), a multiple of"
-       " 4096.", D, low=2**13, high=2**32),
+       " 4096.", D, low=2**13, high=2**32, multiple_of=4096),
     _s("DUPEFILTER_TTL", None, "float", "Seconds a fingerprint is remembered: a URL seen longer ago is new"
        " again (None: forever). Bloom filter: forgotten between TTL and TTL*G/(G-1) after it was seen (G ="
        " BLOOMFILTER_GENERATIONS); SetDupeFilter: exactly TTL.", D, optional=True, low=0, low_open=True,

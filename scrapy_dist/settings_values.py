@@ -111,6 +111,8 @@ def _number(spec: Setting, value: Any) -> float | int:
     too_low = lo is not None and (number <= lo if spec.low_open else number < lo)
     if too_low or (hi is not None and number > hi):
         raise SettingsError(spec.name, value, "out of range", expected)
+    if spec.multiple_of and number % spec.multiple_of:
+        raise SettingsError(spec.name, value, f"not a multiple of {spec.multiple_of:,}", expected)
     return int(number) if integer else float(number)
 
 

@@ -51,6 +51,7 @@ def refusal(settings: dict[str, Any], environ: dict[str, str] | None = None) -> 
         ("SCHEDULER_LEASE_SECONDS", "nan", "not a finite number"),
         ("BLOOMFILTER_ERROR_RATE", 2, "out of range"),
         ("BLOOMFILTER_CAPACITY", 10**400, "out of range"),
+        ("BLOOMFILTER_BLOCK_BITS", 10_000, "not a multiple of 4,096"),
         ("BLOOMFILTER_CAPACITY", "1.5", "not an integer"),
         ("REDIS_PARAMS", "{bad", "not a JSON object"),
         ("REDIS_PARAMS", "[1]", "not a dict but a list"),
