@@ -6,9 +6,10 @@ server's ``INFO cluster``; ``True``/``False`` force it) makes :func:`get_redis` 
 return ``redis.cluster.RedisCluster`` / ``redis.asyncio.cluster.RedisCluster``.
 
 Outages: clients get a connect timeout, a read timeout, TCP keepalive, a health check on connections
-idle for a while and a short retry (with backoff) on connection errors and timeouts, so one dropped
-connection heals by itself and a client keeps working once Redis is back. Longer outages surface as
-``redis.ConnectionError`` / ``redis.TimeoutError``; callers wait and retry.
+idle for a while and a short retry (with backoff) on connection errors -- not on timeouts, see
+:func:`_retry` -- so one dropped connection heals by itself and a client keeps working once Redis is
+back. Longer outages surface as ``redis.ConnectionError`` / ``redis.TimeoutError``; callers wait and
+retry.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def _detect_cluster(target: RedisTarget) -> bool:
     """Ask the server (``INFO cluster``) whether it runs in cluster mode; cached per URL.
 
     An unreachable server counts as "not a cluster" (and is not cached): the reachability check
-    reports it properly.
+    reports it properly. A server that accepts the connection but does not answer within
+    ``socket_timeout`` raises :class:`~scrapy_dist.exceptions.RedisUnavailable` at once.
     """
     if target.cluster is not None:
         return target.cluster
@@ -106,6 +108,10 @@ def _detect_cluster(target: RedisTarget) -> bool:
     probe = redis.Redis.from_url(target.url, **params)
     try:
         enabled = bool(probe.info("cluster").get("cluster_enabled"))
+    except (redis.exceptions.TimeoutError, TimeoutError) as exc:
+        # Connected but no answer (a stopped server, a silent network split): the reachability check
+        # would wait a socket_timeout more to say the same.
+        raise target.unreachable(exc) from exc
     except (redis.RedisError, OSError):
         return False
     finally:
@@ -194,20 +200,28 @@ def _backoff() -> ExponentialWithJitterBackoff:
     return ExponentialWithJitterBackoff(cap=1.0, base=0.05)
 
 
+def _retry(flavour: _Flavour) -> Any:
+    """redis-py's retry of one command: ``_RETRIES`` times on a lost connection (refused, reset, closed),
+    never on a timeout. A timeout has already waited ``socket_timeout``; retrying it (redis-py's default)
+    kept a caller silent for four of them (a minute) behind a silent network split or a stopped server,
+    and sent a write again that the server still executes when it wakes up (items written twice)."""
+    return flavour.retry(_backoff(), _RETRIES, supported_errors=(redis.exceptions.ConnectionError,))
+
+
 def _build(target: RedisTarget, flavour: _Flavour) -> Any:
     if target.sentinels:
         sentinel = flavour.sentinel(
             list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target, flavour.retry(NoBackoff(), 0))
         )
         kwargs = _master_kwargs(target)
-        kwargs.setdefault("retry", flavour.retry(_backoff(), _RETRIES))
+        kwargs.setdefault("retry", _retry(flavour))
         return sentinel.master_for(target.sentinel_master, **kwargs)
     if target.url.startswith("rediss:") and target.url not in _tls_checked:
         if _answers_plain(target):
             raise target.unreachable("the port speaks plain Redis, not TLS: use redis://")
         _tls_checked.add(target.url)
     params = _client_params(target)
-    params.setdefault("retry", flavour.retry(_backoff(), _RETRIES))
+    params.setdefault("retry", _retry(flavour))
     if _detect_cluster(target):
         try:
             return flavour.cluster.from_url(target.url, **params)

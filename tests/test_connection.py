@@ -24,6 +24,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
+from helpers import run, wait_for
 from redis.backoff import NoBackoff
 from redis.connection import SSLConnection, UnixDomainSocketConnection
 from redis.retry import Retry
@@ -315,6 +316,49 @@ def test_client_reconnects_after_a_redis_restart(redis_servers: Callable[..., li
     finally:
         client.close()
         restarted.stop()
+
+
+def test_a_stopped_server_is_noticed_after_one_socket_timeout_and_a_write_is_not_sent_again(
+    redis_servers: Callable[..., list[RedisProcess]],
+) -> None:
+    """A silent network split (here: redis-server under SIGSTOP) is a timeout. redis-py retried timeouts
+    three times: a caller -- a worker's frontier, the CLI's reachability check -- heard nothing for four
+    socket timeouts (a minute by default), and the command was sent again on a new connection each time,
+    so a write ran several times once the server woke up (items written twice)."""
+    (server,) = redis_servers(1)
+    settings = {"REDIS_URL": server.url, "REDIS_PARAMS": {"socket_timeout": 0.5}, "REDIS_CLUSTER": None}
+    client = get_async_redis(settings)
+
+    async def push_while_stopped() -> float:
+        await client.ping()
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        try:
+            with pytest.raises(redis.TimeoutError):
+                await client.rpush("stopped:items", "item")
+            return time.monotonic() - started
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+
+    try:
+        assert run(push_while_stopped()) < 1.5
+        with redis.Redis(port=server.port) as plain:
+            wait_for(lambda: plain.llen("stopped:items") > 0, 5, "the write sent before the stop")
+            time.sleep(0.3)
+            assert plain.llen("stopped:items") == 1
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        # the CLI's and a worker's start-up check, in a process that has not asked this URL about a cluster
+        fresh = {**settings, "REDIS_URL": f"redis://localhost:{server.port}/1"}
+        with pytest.raises(RedisUnavailable, match="Timeout"):
+            check_reachable(fresh)
+        assert time.monotonic() - started < 1.5
+    finally:
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGCONT)
+        run(client.aclose())
 
 
 # -- reachability ---------------------------------------------------------------------------------
