@@ -18,6 +18,11 @@ which errors mean "Redis is away", how long a loop waits before trying again, an
   first component that fails logs one WARNING for the whole worker; one INFO says when Redis is reachable
   again -- once every component that failed has succeeded since (or stopped trying), so a cluster whose
   nodes come back one by one is not reported as several outages.
+* **A close that waits on Redis.** Items and cookie writes wait for Redis, and Scrapy closes a spider only
+  once its responses are through the pipelines: a stop (SIGTERM, Ctrl-C, the crawl's end) during an outage
+  would wait for Redis for ever. :class:`CloseWatch` stops the worker once Redis has been away for
+  ``SCHEDULER_SHUTDOWN_GRACE`` seconds of its close, as a second SIGTERM does: nothing is acknowledged, so
+  what it held comes back to the queue when its leases expire.
 
 Time is a parameter (``now``, monotonic seconds) so tests need no sleeps.
 """
@@ -25,6 +30,7 @@ Time is a parameter (``now``, monotonic seconds) so tests need no sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import weakref
@@ -35,7 +41,7 @@ import redis.exceptions
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.ratelimit import RateLimitedLog
 
-__all__ = ["OUTAGE_ERRORS", "Backoff", "LoopGuard", "Outage", "is_outage"]
+__all__ = ["OUTAGE_ERRORS", "Backoff", "CloseWatch", "LoopGuard", "Outage", "is_outage"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +143,8 @@ class Outage:
         self._failing: dict[str, float] = {}
         #: components that failed during the current outage, in the order they noticed it
         self._noticed: dict[str, None] = {}
+        #: stops a close that waits on Redis for too long (:meth:`for_crawler` sets it)
+        self.close_watch: CloseWatch | None = None
 
     @classmethod
     def for_crawler(cls, crawler: Any) -> Outage:
@@ -146,6 +154,7 @@ class Outage:
         found = _by_crawler.get(crawler)
         if found is None:
             found = _by_crawler[crawler] = cls()
+            found.close_watch = CloseWatch(crawler)
         return found
 
     @property
@@ -158,6 +167,8 @@ class Outage:
         self._failing[component] = now
         self._noticed.setdefault(component)
         self.failures += 1
+        if self.close_watch is not None:
+            self.close_watch.check(now)
         if self.since is not None:
             return False
         self.since = now
@@ -171,6 +182,8 @@ class Outage:
 
     def succeeded(self, now: float, component: str) -> bool:
         """``component`` got an answer from Redis; returns whether this ended the outage (and logged)."""
+        if self.close_watch is not None:
+            self.close_watch.since = None
         if self.since is None:
             return False
         self._failing.pop(component, None)
@@ -241,3 +254,69 @@ class LoopGuard:
         """Report a call that Redis answered."""
         self.backoff.reset()
         self.outage.succeeded(now, self.component)
+
+
+class CloseWatch:
+    """Ends a worker's close that has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE`` seconds.
+
+    :meth:`check` is called with every failed call of any loop (:meth:`Outage.failed`); once the crawler is
+    closing (a stop was asked for, or the engine is closing the spider) and no call has reached Redis for
+    the grace, it logs one ERROR and stops the Twisted reactor, as Scrapy does on a second SIGTERM. The
+    stuck responses' requests are never acknowledged, so they come back when their leases expire."""
+
+    def __init__(self, crawler: Any, grace: float | None = None) -> None:
+        self._crawler = weakref.ref(crawler)
+        self._grace = grace
+        #: when a failed call was first seen during the close (reset by any answer from Redis)
+        self.since: float | None = None
+        self.stopped = False
+
+    def closing(self) -> bool:
+        """Whether the crawler is closing: a stop was asked for, or the engine is closing the spider."""
+        crawler = self._crawler()
+        if crawler is None:
+            return False
+        if getattr(crawler, "crawling", True) is False:
+            return True
+        slot = getattr(getattr(crawler, "engine", None), "_slot", None)
+        return getattr(slot, "closing", None) is not None
+
+    @property
+    def grace(self) -> float:
+        """``SCHEDULER_SHUTDOWN_GRACE``, at most ``SCHEDULER_LEASE_SECONDS`` (as the frontier's close)."""
+        if self._grace is None:
+            from scrapy_dist.settings import DistSettings
+
+            crawler = self._crawler()
+            sched = DistSettings.for_crawler(crawler).scheduler if crawler is not None else None
+            self._grace = min(sched.shutdown_grace, sched.lease_seconds) if sched is not None else 30.0
+        return self._grace
+
+    def check(self, now: float) -> bool:
+        """A call failed at ``now``; returns whether this stopped the worker."""
+        if self.stopped or not self.closing():
+            return False
+        if self.since is None:
+            self.since = now
+            return False
+        if now - self.since < self.grace:
+            return False
+        self.stopped = True
+        logger.error(
+            "Closing: Redis has not answered for the %.0fs of SCHEDULER_SHUTDOWN_GRACE; stopping this worker"
+            " without waiting for it. Its unwritten items and unacknowledged requests are not lost: the"
+            " requests come back to the queue when their leases expire", now - self.since,
+        )
+        self.stop()
+        return True
+
+    def stop(self) -> None:
+        """Stop the Twisted reactor (Scrapy's own forced shutdown); without one there is nothing to stop."""
+        from scrapy.utils.reactor import is_reactor_installed
+
+        if not is_reactor_installed():
+            return
+        from twisted.internet import reactor
+
+        with contextlib.suppress(RuntimeError):  # already stopping
+            reactor.stop()  # type: ignore[attr-defined,misc]

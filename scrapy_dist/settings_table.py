@@ -127,8 +127,9 @@ TABLE: tuple[Setting, ...] = (
     _s("SCHEDULER_IDLE_POLL", 0.25, "float", "Seconds between two requests for work of an idle worker.", S,
        low=0, low_open=True),
     _s("SCHEDULER_SHUTDOWN_GRACE", 30.0, "float", "Seconds a closing worker (SIGTERM, the crawl's end) keeps"
-       " trying to give back its leases and send what it owes while Redis is away; what is left then comes"
-       " back when its leases expire.", S, low=0),
+       " trying to give back its leases and send what it owes (items too) while Redis is away, at most"
+       " SCHEDULER_LEASE_SECONDS; then it stops (one ERROR line), and what is left comes back when its leases"
+       " expire.", S, low=0),
     _s("SCHEDULER_ALLOWED_SCHEMES", ["http", "https"], "list", "URL schemes a queue entry or seed may have.",
        S),
     _s("SCHEDULER_MAX_ENTRY_BYTES", 1024 * 1024, "int", "Largest encoded request accepted from the queue"

@@ -4,14 +4,19 @@ their unstarted leases back at once instead of leaving them to expire, so little
 
 from __future__ import annotations
 
+import json
 import re
 import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from crawlproject import make_project
 from helpers import wait_for_pages
+from redis_cluster import is_own, start_own
 
 pytestmark = pytest.mark.slow
 
@@ -50,3 +55,50 @@ def test_a_rolling_restart_of_three_workers_loses_nothing(
     print(f"rolling restart of 3 workers, {PAGES} pages: {sum(released)} leases given back at close,"
           f" {refetched} pages fetched twice")
     assert refetched <= 3 * 8  # at most what the stopped workers had in flight
+
+
+def test_a_worker_stopped_while_redis_is_down_exits_after_the_grace_and_loses_nothing(
+    tmp_path: Path, site_factory: Any
+) -> None:
+    """SIGTERM during a Redis outage: the item pipeline waits for Redis, and Scrapy closes only once every
+    response is through the pipelines, so the worker used to wait for Redis for ever. It now gives up
+    after SCHEDULER_SHUTDOWN_GRACE (one ERROR line) without acknowledging anything: a worker started once
+    Redis is back crawls what it held."""
+    server = start_own(["--appendonly", "yes", "--appendfsync", "always"])
+    try:
+        site = site_factory(pages=200, delay=0.05)
+        project = make_project(tmp_path, {
+            "REDIS_URL": server.url, "ADDONS": {"scrapy_dist.Addon": 0},
+            "ITEM_PIPELINES": {"scrapy_dist.pipelines.RedisPipeline": 300},
+            "CONCURRENT_REQUESTS": 8, "SCHEDULER_IDLE_BEFORE_CLOSE": 2,
+            "SCHEDULER_LEASE_SECONDS": 10, "SCHEDULER_SHUTDOWN_GRACE": 3,
+        })
+        worker = project.crawl(args={"seed": site.page_url(0)})
+        project.wait_until_open()
+        wait_for_pages(site, 30)
+        assert server.proc is not None
+        server.proc.kill()
+        server.proc.wait()
+        time.sleep(1)  # the worker's components notice the outage and keep their items
+        worker.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        try:
+            worker.wait(25)
+        except subprocess.TimeoutExpired:
+            project.dump_stacks(worker)
+            raise AssertionError("the stopped worker waited for Redis: " + project.logs()[-3000:]) from None
+        waited = time.monotonic() - started
+        log = project.logs()
+        assert len(re.findall(r"ERROR: Closing: Redis has not answered", log)) == 1, log[-3000:]
+        assert "Traceback" not in log
+        server.start()
+        assert is_own(server)
+        project.crawl(args={"seed": site.page_url(0)})
+        assert project.wait_all(90)[1] == 0, project.logs()[-3000:]
+        assert len(site.fetch_counts()) == 200  # nothing lost
+        with redis.Redis(port=server.port) as client:
+            urls = {json.loads(raw)["url"] for raw in client.lrange("links:items", 0, -1)}
+        assert urls == {site.page_url(i) for i in range(200)}  # every item written
+        print(f"stopped during an outage: exited after {waited:.1f}s (grace 3 s)")
+    finally:
+        server.stop()
