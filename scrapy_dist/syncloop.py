@@ -111,6 +111,8 @@ class SyncLoop:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._once = RateLimitedLog.once(logger)
+        #: the largest sequence number each shard has reported (it only grows while Redis keeps its data)
+        self._seq_seen: dict[int, int] = {}
 
     # -- the task -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -273,8 +275,11 @@ class SyncLoop:
                 error = results[call]
         answered = [(call, r) for call, r in enumerate(results) if not isinstance(r, BaseException)]
         # a shard's state is the one its last-executed call saw (the largest seq: it only grows)
+        seqs: dict[int, int] = {}
         for call, result in sorted(answered, key=lambda cr: cr[1].seq):
             router.observe(shard_of[call], result)
+            seqs[shard_of[call]] = result.seq
+        self._check_seq(seqs)
         for call, result in answered:
             applied = ledger.apply(call, batches[call], result, self.decode, now)
             got += applied.leased
@@ -295,6 +300,21 @@ class SyncLoop:
         else:
             router.forget_snapshot()
         return error
+
+    def _check_seq(self, seqs: dict[int, int]) -> None:
+        """Say so when a shard's sequence number went down: Redis lost the crawl's data (restarted without
+        persistence, a failover that lost writes, or its keys were deleted). One WARNING per drop."""
+        for shard, seq in seqs.items():
+            before = self._seq_seen.get(shard, 0)
+            self._seq_seen[shard] = seq
+            if seq < before:
+                logger.warning(
+                    "The frontier in Redis went back in time (shard %d's sequence number fell from %d to %d):"
+                    " Redis lost some or all of the crawl's data -- restarted without persistence, a failover"
+                    " that lost writes, or its keys were deleted. Requests queued there may be gone (this"
+                    " worker re-sends only what it holds) and pages the duplicate filter forgot are crawled"
+                    " again; see docs/operations.md#outages", shard, before, seq,
+                )
 
     async def drain(self, timeout: float) -> None:
         """At close: rounds until nothing is owed (held-back acks need one more round once their

@@ -247,3 +247,39 @@ def test_a_backlog_reaches_redis_in_short_calls_and_all_of_it_lands(redis_url: s
     assert len(sizes) == -(-500 // CALL_RECORDS) and CALLS_PER_ROUND * CALL_RECORDS < 500
     assert queued == 500
     assert flushed == [False, True]  # two rounds: 8 calls, then the remaining 3
+
+
+def test_a_redis_that_lost_the_crawls_data_is_said_once(
+    redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis restarted empty (no persistence) mid-crawl: the workers carried on without a word, the
+    frontier and the bloom filter gone. The shard's sequence number going down tells it: one WARNING."""
+
+    async def go() -> None:
+        crawler = get_crawler(_Spider, {"REDIS_URL": redis_url, "SCHEDULER_IDLE_POLL": 0.05})
+        crawler.spider = crawler._create_spider()
+        sched = Scheduler.from_crawler(crawler)
+        await sched.open_async(crawler.spider)
+        got: list[str] = []
+
+        def served(n: int) -> bool:
+            r = sched.next_request()
+            if r is not None:
+                got.append(r.url)
+            return len(got) >= n
+
+        for i in range(3):
+            sched.enqueue_request(Request(f"http://site.test/{i}"))
+        await _until(lambda: served(3))
+        redis_client.flushdb()  # what a restart without persistence leaves
+        sched.enqueue_request(Request("http://site.test/after"))
+        await _until(lambda: served(4))
+        sched.enqueue_request(Request("http://site.test/later"))
+        await _until(lambda: served(5))
+        await sched.close_async("finished")
+
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.syncloop"):
+        run(go())
+    said = [r.getMessage() for r in caplog.records if "went back in time" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "sequence number fell from 3 to 1" in said[0]
