@@ -44,6 +44,7 @@ from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.generations import Generations
 from scrapy_dist.keys import CrawlKeys, crawler_keys
 from scrapy_dist.ratelimit import RateLimitedLog
+from scrapy_dist.recent import RECENT_MAX_AGE
 from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
@@ -165,6 +166,11 @@ class RedisDupeFilter:
         """``dupe.lua``'s mode, KEYS (the forgotten set first) and params for a call at ``now`` (None:
         this machine's clock) that may insert up to ``pending`` fingerprints."""
         return self.mode, [self.keys.forgotten, self.keys.fingerprints], []
+
+    def recent_max_age(self) -> float:
+        """Seconds a worker may skip a fingerprint it sent itself (:mod:`scrapy_dist.recent`): a minute,
+        none with an exact TTL (a URL is new again exactly TTL seconds after it was seen)."""
+        return RECENT_MAX_AGE if self.ttl is None else 0.0
 
     def observe(self, bloom_n: int) -> None:
         """Take note of the filter's size as reported by a script call."""
@@ -324,6 +330,10 @@ class BloomDupeFilter(RedisDupeFilter):
                 rec.capacity, rec.error_rate, rec.block_bits, rec.hashing
             )
         self.observe(0 if self.gens else rec.n)
+
+    def recent_max_age(self) -> float:
+        # with a TTL: a quarter of a generation's span at most, well within the generations' imprecision
+        return RECENT_MAX_AGE if self.gens is None else min(RECENT_MAX_AGE, self.gens.span / 4)
 
     def fingerprint_tokens(self, fingerprint: bytes) -> tuple[Any, Any]:
         return fingerprint_hashes(fingerprint)

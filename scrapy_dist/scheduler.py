@@ -44,6 +44,7 @@ from scrapy_dist.layout import CrawlLayout
 from scrapy_dist.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.outage import Outage
 from scrapy_dist.politeness import DomainLimits, penalty_seconds
+from scrapy_dist.recent import RecentFingerprints
 from scrapy_dist.revisit import Revisits
 from scrapy_dist.router import ShardRouter, crawl_fingerprinter
 from scrapy_dist.settings import DistSettings, SchedulerSettings
@@ -59,10 +60,6 @@ if TYPE_CHECKING:
     from scrapy_dist._engine import Engine
 
 logger = logging.getLogger(__name__)
-
-#: most fingerprints remembered per process to skip links already sent (cleared when full)
-RECENT_LIMIT = 500_000
-
 
 def make_worker_id() -> str:
     """``host:pid:random`` -- unique per process, readable in ``scrapy-dist status``."""
@@ -127,8 +124,8 @@ class Scheduler:
         self.spider: Spider | None = None
         self._batched_df = isinstance(dupefilter, RedisDupeFilter)
         self._polite = cfg.politeness == "cluster"
-        #: fingerprints this process already sent (certainly seen crawl-wide)
-        self._recent: set[Any] = set()
+        #: fingerprints this process sent lately (certainly seen crawl-wide; bounded in time, see open())
+        self._recent = RecentFingerprints()
         self._local_pause = False
         self._empty_since: float | None = None
         #: revisits (scrapy_dist/revisit.py), wired by from_crawler
@@ -232,6 +229,8 @@ class Scheduler:
         pending, remembered = self.layout.open(settings, flush_on_start=cfg.flush_on_start,
                                                batched=self._batched_df)
         self.report.backlog(self.keys.spider, pending, remembered, cfg.persist)
+        if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
+            self._recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
         self.redis = connection.get_async_redis(settings)
         self.frontiers = [
             Frontier(
@@ -319,12 +318,9 @@ class Scheduler:
         if self._batched_df and not request.dont_filter:
             fp = self.df.fingerprint(request)
             t1, t2 = self.df.fingerprint_tokens(fp)
-            if t1 in self._recent:  # this process already sent it: certainly seen crawl-wide
+            if self._recent.seen(t1, time.monotonic()):  # this process sent it lately: seen crawl-wide
                 self.df.log(request, self.spider)
                 return False
-            if len(self._recent) >= RECENT_LIMIT:
-                self._recent.clear()
-            self._recent.add(t1)
         domain, limits = self._domain(request)
         score, now = self.order.score(request), time.monotonic()
         if self._batched_df and request.dont_filter and request.meta.get("is_start_request"):
@@ -333,7 +329,7 @@ class Scheduler:
             # fetch it once more: a dedupe-only entry travels with it
             fp = self.df.fingerprint(request)
             r1, r2 = self.df.fingerprint_tokens(fp)
-            self._recent.add(r1)
+            self._recent.add(r1, now)
             self.ledger.add(Outgoing(request, r1, r2, score, b"", shard=self.router.shard(request, fp),
                                      record_only=True), now)
         self.ledger.add(
@@ -395,6 +391,7 @@ class Scheduler:
         if request is not None and self.forget_dead and self._batched_df:
             shard = self.router.shard(request)
             forget = (shard, self.layout.shard_dfs[shard].tokens(request))
+            self._recent.discard(forget[1][0])  # a link to it found by this worker is new again too
         self.ledger.dead_letter(record, time.monotonic(), forget)
 
     def flushed_since(self, mark: float) -> bool:

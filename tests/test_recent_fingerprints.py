@@ -1,0 +1,107 @@
+"""A worker's memory of the links it sent (scrapy_dist/recent.py) must not hide what the crawl-wide filter
+forgets: ``DUPEFILTER_TTL``, ``DEADLETTER_FORGET`` and ``scrapy-dist forget`` make URLs new again, also
+for the worker that had found them before."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from helpers import run
+from scrapy import Request, Spider
+from scrapy.utils.test import get_crawler
+
+from scrapy_dist.recent import RECENT_MAX_AGE, RecentFingerprints
+from scrapy_dist.scheduler import Scheduler
+
+
+def test_a_sent_fingerprint_is_trusted_for_at_most_max_age() -> None:
+    recent = RecentFingerprints(max_age=10)
+    assert not recent.seen("a", now=100.0)  # first time: sent
+    assert recent.seen("a", now=104.0)
+    assert recent.seen("a", now=109.0)  # rotated once at 105: still in the previous generation
+    assert not recent.seen("a", now=115.0)  # at most 10 s: sent again
+    assert recent.seen("a", now=116.0)
+
+
+def test_no_memory_at_all_with_max_age_zero_and_discard() -> None:
+    none = RecentFingerprints(max_age=0)
+    assert not none.seen("a", 1.0) and not none.seen("a", 1.0) and len(none) == 0
+    recent = RecentFingerprints(max_age=60)
+    recent.add("b", 1.0)
+    recent.discard("b")
+    assert not recent.seen("b", 2.0)
+
+
+class _Spider(Spider):
+    name = "recent"
+
+
+async def _opened(redis_url: str, **settings: Any) -> Scheduler:
+    crawler = get_crawler(_Spider, {"REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": 10_000,
+                                    "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter", **settings})
+    crawler.spider = crawler._create_spider()
+    sched = Scheduler.from_crawler(crawler)
+    await sched.open_async(crawler.spider, start=False)
+    return sched
+
+
+def _queued(sched: Scheduler) -> int:
+    return int(sched.stats.get_value("scheduler/enqueued/redis", 0))
+
+
+def test_the_worker_that_dead_lettered_a_url_fetches_it_again_when_it_finds_it(redis_url: str) -> None:
+    async def go() -> tuple[int, int]:
+        sched = await _opened(redis_url, DEADLETTER_FORGET=True)
+        assert sched.loop is not None
+        sched.enqueue_request(Request("http://site.test/dead"))
+        await sched.loop.round(lease=0, renew=False)
+        sched.dead_letter('{"u": "http://site.test/dead"}', Request("http://site.test/dead"))
+        await sched.loop.round(lease=0, renew=False)
+        before = _queued(sched)
+        sched.enqueue_request(Request("http://site.test/dead"))  # the same worker finds a link to it
+        await sched.loop.round(lease=0, renew=False)
+        await sched.redis.aclose()
+        return before, _queued(sched)
+
+    before, after = run(go())
+    assert after == before + 1
+
+
+@pytest.mark.parametrize("dupefilter", ["BloomDupeFilter", "SetDupeFilter"])
+def test_with_a_ttl_the_same_worker_fetches_a_url_again_once_the_filter_forgot_it(
+    redis_url: str, dupefilter: str
+) -> None:
+    ttl = 1.0  # bloom: new again 1 to 1.33 s after it was seen; set: exactly 1 s after
+
+    async def go() -> tuple[int, int, float]:
+        sched = await _opened(redis_url, DUPEFILTER_TTL=ttl,
+                              DUPEFILTER_CLASS=f"scrapy_dist.dupefilter.{dupefilter}")
+        assert sched.loop is not None
+        sched.enqueue_request(Request("http://site.test/page"))
+        await sched.loop.round(lease=0, renew=False)
+        sched.enqueue_request(Request("http://site.test/page"))  # a link found at once: a duplicate
+        await sched.loop.round(lease=0, renew=False)
+        first = _queued(sched)
+        time.sleep(ttl * 4 / 3 + 0.2)
+        sched.enqueue_request(Request("http://site.test/page"))  # found again by the same worker
+        await sched.loop.round(lease=0, renew=False)
+        await sched.redis.aclose()
+        return first, _queued(sched), getattr(sched._recent, "max_age", -1)
+
+    first, second, max_age = run(go())
+    assert first == 1
+    assert second == 2
+    assert 0 <= max_age <= ttl / 3 / 4
+
+
+def test_without_a_ttl_a_worker_skips_links_it_sent_within_a_minute(redis_url: str) -> None:
+    async def go() -> tuple[bool, float]:
+        sched = await _opened(redis_url)
+        sched.enqueue_request(Request("http://site.test/a"))
+        skipped = not sched.enqueue_request(Request("http://site.test/a"))  # no trip to Redis
+        await sched.redis.aclose()
+        return skipped, sched._recent.max_age
+
+    assert run(go()) == (True, RECENT_MAX_AGE)
