@@ -20,6 +20,7 @@ from helpers import lease_key
 
 from scrapy_dist import scripts
 from scrapy_dist.cli import main
+from scrapy_dist.extensions.control import ControlState
 from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.status import leases_by_worker, read_status, window_totals
 
@@ -153,6 +154,27 @@ def test_pause_and_resume_commands(redis_client: redis.Redis, redis_url: str) ->
     assert result.exit_code == 0 and "Resumed 'books'" in result.output
     assert redis_client.hget(KEYS.control, "paused") == b"0"
     assert not redis_client.exists(KEYS.errors)
+
+
+def test_close_command_closes_the_workers_running_now(redis_client: redis.Redis, redis_url: str) -> None:
+    started = float(redis_client.time()[0]) - 1
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "close", "books"])
+    assert result.exit_code == 0 and "Closing 'books'" in result.output, result.output
+    control = ControlState.from_hash(redis_client.hgetall(KEYS.control))
+    now = float(redis_client.time()[0]) + 1
+    assert control.close_reason(started, now) == "shutdown"  # a worker running now closes
+    assert control.close_reason(now, now) == ""  # one started afterwards does not
+    assert read_status(redis_client, KEYS)["control"]["close"] == "shutdown"
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "close", "books", "--reason", "maintenance"])
+    assert ControlState.from_hash(redis_client.hgetall(KEYS.control)).close == "maintenance"
+    CliRunner().invoke(main, ["--redis-url", redis_url, "resume", "books"])
+    assert not redis_client.hexists(KEYS.control, "close")
+
+
+def test_close_command_refuses_a_bad_reason_in_one_line(redis_client: redis.Redis, redis_url: str) -> None:
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "close", "books", "--reason", "a b"])
+    assert result.exit_code == 2 and "--reason" in result.output and "Traceback" not in result.output
+    assert not redis_client.exists(KEYS.control)
 
 
 @pytest.mark.parametrize("command", ["pause", "resume"])

@@ -1,5 +1,5 @@
-"""``scrapy-dist status <spider>`` (one view of the whole crawl), ``scrapy-dist pause <spider>`` and
-``scrapy-dist resume <spider>``."""
+"""``scrapy-dist status <spider>`` (one view of the whole crawl), ``scrapy-dist pause <spider>``,
+``scrapy-dist resume <spider>`` and ``scrapy-dist close <spider>``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from rich.text import Text
 
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import console, json_safe, printable
-from scrapy_dist.extensions.control import pause_crawl, resume_crawl
+from scrapy_dist.extensions.control import close_crawl, pause_crawl, resume_crawl, valid_reason
 from scrapy_dist.status import read_status
 
 _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
@@ -231,3 +231,26 @@ resume = _control_command(
     lambda client, keys: resume_crawl(client, keys.control, keys.errors),
     "Resumed {quoted}: workers take new requests again (the error window starts afresh).",
 )
+
+
+def _reason(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    if not valid_reason(value):
+        raise click.BadParameter(f"{value!r}: letters, digits and _.:- only, at most 64 characters")
+    return value
+
+
+@main.command(name="close")
+@click.argument("spider")
+@click.option("--reason", default="shutdown", show_default=True, callback=_reason,
+              help="The finish reason the workers close with.")
+@force_option
+@pass_redis
+def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
+    """Close the crawl of SPIDER: every running worker closes gracefully (within a few seconds), also
+    those of a crawl that never closes on its own (SCHEDULER_IDLE_BEFORE_CLOSE = None)."""
+    redis.check_spider(spider, force)
+    redis.check()
+    close_crawl(redis.client(), redis.keys(spider).control, reason)
+    click.echo(f"Closing {spider!r}: every running worker closes (reason {reason}); what they hold goes"
+               f" back to the queue. Workers started from now on crawl again (`scrapy-dist resume {spider}`"
+               " clears the decision).")

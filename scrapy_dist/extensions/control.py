@@ -149,6 +149,22 @@ def pause_crawl(client: Any, control_key: str, by: str = "cli") -> None:
     client.hset(control_key, mapping={"paused": "1", "paused_by": by, "paused_at": repr(time.time())})
 
 
+def valid_reason(reason: str) -> bool:
+    """Whether ``reason`` may be a close reason (what :func:`parse_control` accepts)."""
+    return bool(_REASON.fullmatch(reason))
+
+
+def close_crawl(client: Any, control_key: str, reason: str = "shutdown") -> None:
+    """Decide that the crawl closes: every running worker's idle monitor sees the flag (within a few
+    seconds) and closes with ``reason``; workers started afterwards ignore it (``close_at`` is the Redis
+    server's time now). Two round trips (three when the control hash holds another Redis type)."""
+    if not valid_reason(reason):
+        raise ValueError(f"close reason {reason!r}: letters, digits and _.:- only, at most 64")
+    move_aside_foreign(client, control_key)
+    sec, usec = client.time()
+    client.hset(control_key, mapping={"close": reason, "close_at": f"{int(sec) + int(usec) / 1e6:.6f}"})
+
+
 def resume_crawl(client: Any, control_key: str, errors_key: str) -> None:
     """Resume a paused crawl and give it a fresh start: the pause and any close decision are lifted and the
     error window is emptied (else the errors that caused an automatic pause would trip it again at once).
