@@ -39,6 +39,7 @@ from scrapy_dist.deadletter import parse_record
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.extensions.control import pause_crawl, resume_crawl
 from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.outage import READ_ERRORS, ToolOutage, describe
 from scrapy_dist.status import read_status
 
 __all__ = ["BUCKET_SECONDS", "Dashboard", "DashboardThread", "check_binding", "history_series"]
@@ -134,6 +135,8 @@ class Dashboard:
     reads: int = field(default=0, init=False)
     _cache: dict[str, tuple[float, Any]] = field(default_factory=dict, init=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    #: one WARNING when Redis goes away, one INFO when it is back; the page says it meanwhile (503)
+    outage: ToolOutage = field(default_factory=lambda: ToolOutage("dashboard"), init=False, repr=False)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1024)
@@ -155,6 +158,16 @@ class Dashboard:
             self._cache[name] = (self.clock(), value)
             return value
 
+    async def _reply(self, name: str, read: Callable[[], Any], seconds: float) -> web.Response:
+        """The JSON of a cached read, or 503 with the reason in one line while Redis is away."""
+        try:
+            value = await self._cached(name, read, seconds)
+        except READ_ERRORS as exc:
+            self.outage.failed(exc, self.clock())
+            return web.json_response({"error": f"Redis unavailable ({describe(exc)[:200]})"}, status=503)
+        self.outage.succeeded(self.clock())
+        return web.json_response(value)
+
     def _read_status(self) -> dict[str, Any]:
         status = read_status(self.client, self.keys, lease_scan_limit=0)
         reasons: Counter[str] = Counter()
@@ -174,12 +187,12 @@ class Dashboard:
         return history_series(entries or [], now)
 
     async def status(self, request: web.Request) -> web.Response:
-        return web.json_response(await self._cached("status", self._read_status, self.cache_seconds))
+        return await self._reply("status", self._read_status, self.cache_seconds)
 
     async def history(self, request: web.Request) -> web.Response:
         # the history changes by one point per bucket: read it at most once a bucket
         seconds = max(self.cache_seconds, BUCKET_SECONDS / 2)
-        return web.json_response(await self._cached("history", self._read_history, seconds))
+        return await self._reply("history", self._read_history, seconds)
 
     # -- the page ------------------------------------------------------------------------------------------
     async def page(self, request: web.Request) -> web.Response:
@@ -208,7 +221,15 @@ class Dashboard:
     async def act(self, request: web.Request) -> web.Response:
         if not self._allowed(request):
             raise web.HTTPForbidden(text="a valid X-Dashboard-Token header from this page is needed")
-        action = request.match_info["action"]
+        try:
+            done = await self._act(request.match_info["action"])
+        except READ_ERRORS as exc:
+            self.outage.failed(exc, self.clock())
+            return web.json_response({"error": f"Redis unavailable ({describe(exc)[:200]})"}, status=503)
+        self._cache.clear()
+        return web.json_response({"done": done})
+
+    async def _act(self, action: str) -> Any:
         loop = asyncio.get_running_loop()
         if action == "pause":
             await loop.run_in_executor(
@@ -222,8 +243,7 @@ class Dashboard:
             if self.requeue is None:
                 raise web.HTTPNotImplemented(text="requeueing is not available here")
             done = await self.requeue()
-        self._cache.clear()
-        return web.json_response({"done": done})
+        return done
 
 
 class DashboardThread:

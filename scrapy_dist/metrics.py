@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 from scrapy_dist.deadletter import parse_record
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.outage import READ_ERRORS, ToolOutage
 from scrapy_dist.status import read_status
 
 __all__ = ["DEAD_LETTER_SAMPLE", "REASON_LIMIT", "CrawlCollector", "serve"]
@@ -87,6 +88,8 @@ class CrawlCollector(Collector):
         self.reads = 0
         self._cache: tuple[float, list[tuple[str, dict[str, Any] | None, Counter[str]]]] | None = None
         self._lock = threading.Lock()  # the HTTP server scrapes from several threads
+        #: one WARNING when Redis goes away, one INFO when it is back (scrapy_dist_up says it meanwhile)
+        self.outage = ToolOutage("metrics exporter")
 
     # -- reading ---------------------------------------------------------------------------------------
     def snapshots(self) -> list[tuple[str, dict[str, Any] | None, Counter[str]]]:
@@ -100,15 +103,15 @@ class CrawlCollector(Collector):
             return out
 
     def _read(self, spider: str) -> tuple[str, dict[str, Any] | None, Counter[str]]:
-        from redis.exceptions import RedisError
-
         keys = self.keys_of(spider)
         self.reads += 1
         try:
             status = read_status(self.client, keys, lease_scan_limit=0, domain_limit=self.top_domains)
             raw = self.client.lrange(keys.deadletter, 0, DEAD_LETTER_SAMPLE - 1)
-        except (RedisError, OSError):
+        except READ_ERRORS as exc:
+            self.outage.failed(exc, self.clock())
             return spider, None, Counter()
+        self.outage.succeeded(self.clock())
         reasons: Counter[str] = Counter()
         for record in raw or []:
             try:

@@ -41,7 +41,9 @@ import redis.exceptions
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.ratelimit import RateLimitedLog
 
-__all__ = ["OUTAGE_ERRORS", "Backoff", "CloseWatch", "LoopGuard", "Outage", "is_outage"]
+__all__ = [
+    "OUTAGE_ERRORS", "READ_ERRORS", "Backoff", "CloseWatch", "LoopGuard", "Outage", "ToolOutage", "is_outage",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -320,3 +322,44 @@ class CloseWatch:
 
         with contextlib.suppress(RuntimeError):  # already stopping
             reactor.stop()  # type: ignore[attr-defined,misc]
+
+
+#: What a read of an operator tool may raise from Redis: the outage errors and any error reply
+#: (``RedisClusterException`` is not a ``RedisError``)
+READ_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError,
+)
+
+
+class ToolOutage:
+    """The same policy for an operator tool that reads Redis on demand (the metrics exporter, the
+    dashboard): it goes on serving while Redis is away, logs one WARNING when the outage starts and one
+    INFO when a read works again -- no traceback per request. ``what`` names the tool in those lines."""
+
+    def __init__(self, what: str, log: logging.Logger = logger) -> None:
+        self.what = what
+        self.log = log
+        #: ``now`` of the first failed read of the current outage, ``None`` while Redis answers
+        self.since: float | None = None
+        self.failures = 0
+
+    def failed(self, exc: BaseException, now: float) -> None:
+        """A read failed with ``exc`` (an outage error, or another Redis error reply)."""
+        self.failures += 1
+        if self.since is not None:
+            return
+        self.since = now
+        cause = "unreachable" if is_outage(exc) else "answering with an error"
+        self.log.warning(
+            "Redis is %s (%s): the %s keeps serving without the crawl's figures and tries again at each"
+            " request; one line will say when Redis is back", cause, describe(exc), self.what,
+        )
+
+    def succeeded(self, now: float) -> None:
+        """A read worked."""
+        if self.since is None:
+            return
+        self.log.info("Redis is reachable again after %.1fs (%d failed reads); the %s shows the crawl again",
+                      max(0.0, now - self.since), self.failures, self.what)
+        self.since = None
+        self.failures = 0

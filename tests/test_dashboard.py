@@ -4,6 +4,7 @@ buttons, the bounded history, and the page itself in a real headless Chromium wh
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -178,3 +179,29 @@ def test_the_history_sample_is_written_bounded_and_a_foreign_key_moved_aside(red
     applied = script(keys=["stats", "workers", "worker", "history2"], args=["w1", 2, 60, "0", 4, *fields])[0]
     assert applied == 1 and redis_client.get("history2:garbage") == b"not a stream"
     assert redis_client.xlen("history2") == 1
+
+
+def test_redis_away_is_a_503_with_the_reason_and_one_warning(
+    redis_servers: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    (redis_server,) = redis_servers(1)
+    dash = Dashboard(redis.Redis(port=redis_server.port, socket_connect_timeout=0.5), LINKS, token=TOKEN,
+                     cache_seconds=0)
+    server = DashboardThread(dash)
+    caplog.set_level(logging.INFO, logger="scrapy_dist.outage")
+    try:
+        assert run(_call(server.url + "api/status"))[0] == 200
+        redis_server.kill()
+        for path in ("api/status", "api/history", "api/status"):
+            status, body, _ = run(_call(server.url + path))
+            assert status == 503 and body["error"].startswith("Redis unavailable (ConnectionError"), body
+        status, body, _ = run(_call(server.url + "api/pause", "POST", headers={"X-Dashboard-Token": TOKEN}))
+        assert status == 503 and "Redis unavailable" in body["error"]
+        redis_server.start()
+        assert run(_call(server.url + "api/status"))[0] == 200
+    finally:
+        server.close()
+    lines = [r for r in caplog.records if r.name == "scrapy_dist.outage"]
+    assert [r.levelname for r in lines] == ["WARNING", "INFO"], [r.getMessage() for r in lines]
+    assert "dashboard" in lines[0].getMessage()
+    assert not any(r.exc_info for r in caplog.records)

@@ -5,6 +5,7 @@ crashing on what is in Redis."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -164,3 +165,24 @@ def test_no_spider_outside_a_project_is_one_line(redis_url: str, tmp_path: Path)
     assert proc.returncode == 2
     assert "name the crawls to export: scrapy-dist metrics SPIDER..." in err
     assert "Traceback" not in err
+
+
+def test_redis_away_is_one_warning_and_one_line_when_back(
+    redis_servers: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    (server,) = redis_servers(1)
+    collector = CrawlCollector(redis.Redis(port=server.port, socket_connect_timeout=0.5), ["links"],
+                               cache_seconds=0)
+    caplog.set_level(logging.INFO, logger="scrapy_dist.outage")
+    list(collector.collect())
+    server.kill()
+    for _ in range(3):
+        families = {f.name: f for f in collector.collect()}
+        assert [s.value for s in families["scrapy_dist_up"].samples] == [0.0]
+    server.start()
+    families = {f.name: f for f in collector.collect()}
+    assert [s.value for s in families["scrapy_dist_up"].samples] == [1.0]
+    lines = [r for r in caplog.records if r.name == "scrapy_dist.outage"]
+    assert [r.levelname for r in lines] == ["WARNING", "INFO"], [r.getMessage() for r in lines]
+    assert "metrics exporter" in lines[0].getMessage() and "Redis is unreachable" in lines[0].getMessage()
+    assert not any(r.exc_info for r in caplog.records)

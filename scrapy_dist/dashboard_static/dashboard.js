@@ -35,8 +35,16 @@ function table(id, head, rows) {
 
 function clock(t) { return new Date(t * 1000).toLocaleTimeString(); }
 
+// the JSON of an endpoint; while Redis is away the server answers 503 with {"error": ...}
+async function getJSON(url) {
+  const reply = await fetch(url);
+  const body = await reply.json();
+  if (!reply.ok) throw new Error(body.error || `HTTP ${reply.status}`);
+  return body;
+}
+
 async function refreshStatus() {
-  const s = await (await fetch("/api/status")).json();
+  const s = await getJSON("/api/status");
   document.getElementById("state").textContent = `(${s.state}${s.control.paused ? ", paused" : ""})`;
   const f = document.getElementById("figures");
   f.replaceChildren();
@@ -57,7 +65,7 @@ async function refreshStatus() {
 }
 
 async function refreshHistory() {
-  const h = await (await fetch("/api/history")).json();
+  const h = await getJSON("/api/history");
   const labels = h.times.map(clock);
   const pages = charts.pages;
   pages.data.labels = labels;
@@ -74,8 +82,11 @@ async function refreshHistory() {
 }
 
 async function refresh() {
-  try { await Promise.all([refreshStatus(), refreshHistory()]); }
-  catch (e) { document.getElementById("message").textContent = "refresh failed: " + e; }
+  const msg = document.getElementById("message");
+  try {
+    await Promise.all([refreshStatus(), refreshHistory()]);
+    if (msg.textContent.startsWith("refresh failed")) msg.textContent = "";
+  } catch (e) { msg.textContent = "refresh failed: " + e.message; }
 }
 
 const tokenBox = document.getElementById("token");
@@ -85,7 +96,8 @@ tokenBox.addEventListener("change", () => sessionStorage.setItem("scrapy-dist-to
 async function act(action) {
   const reply = await fetch("/api/" + action, { method: "POST", headers: { "X-Dashboard-Token": tokenBox.value } });
   const msg = document.getElementById("message");
-  msg.textContent = reply.ok ? `${action}: ${(await reply.json()).done}` : `${action} refused (${reply.status})`;
+  const body = (reply.headers.get("Content-Type") || "").startsWith("application/json") ? await reply.json() : {};
+  msg.textContent = reply.ok ? `${action}: ${body.done}` : `${action} refused (${body.error || reply.status})`;
   refresh();
 }
 ["pause", "resume", "requeue"].forEach((a) => document.getElementById(a).addEventListener("click", () => act(a)));
