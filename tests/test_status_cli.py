@@ -271,3 +271,25 @@ def test_status_reads_garbage_written_by_others_without_a_traceback(
     result = CliRunner().invoke(main, ["--redis-url", redis_url, "status", "books", "--json"])
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
     assert json.loads(result.output)["frontier"]["queued"] >= 3
+
+
+def test_status_watch_json_rides_out_a_redis_outage(redis_servers: Any, tmp_path: Any) -> None:
+    (server,) = redis_servers(1)
+    env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scrapy_dist.cli", "--redis-url", server.url, "status", "books", "--watch",
+         "--json", "--interval", "0.2"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["spider"] == "books"
+        server.kill()
+        lines = [json.loads(proc.stdout.readline()) for _ in range(6)]
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        errors = [line for line in lines if "error" in line]
+        assert errors and errors[-1]["error"].startswith("Redis unavailable (ConnectionError")
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert "Traceback" not in err

@@ -10,7 +10,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import click
-from redis.exceptions import RedisError
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
@@ -19,6 +18,7 @@ from rich.text import Text
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import console, json_safe, printable
 from scrapy_dist.extensions.control import close_crawl, pause_crawl, resume_crawl, valid_reason
+from scrapy_dist.outage import READ_ERRORS, describe
 from scrapy_dist.status import read_status
 
 _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
@@ -189,14 +189,19 @@ def status(
     try:
         if as_json:
             while True:
-                click.echo(json_safe(json.dumps(read())))
+                try:
+                    data = read()
+                except READ_ERRORS as exc:  # one object per refresh all the same, saying why
+                    data = {"spider": spider, "time": time.time(),
+                            "error": f"Redis unavailable ({describe(exc)})"}
+                click.echo(json_safe(json.dumps(data)))
                 time.sleep(interval)
         with Live(render(read()), console=console(), auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
                 try:
                     live.update(render(read()), refresh=True)
-                except RedisError as exc:
+                except READ_ERRORS as exc:
                     live.update(Text(f"Redis unavailable ({exc}); retrying every {interval:g}s", style="red"),
                                 refresh=True)
     except KeyboardInterrupt:
