@@ -168,7 +168,7 @@ class RedisDupeFilter:
         return self.mode, [self.keys.forgotten, self.keys.fingerprints], []
 
     def recent_max_age(self) -> float:
-        """Seconds a worker may skip a fingerprint it sent itself (:mod:`scrapy_dist.recent`): a minute,
+        """Seconds a worker may skip a fingerprint it sent itself (:mod:`scrapy_dist.recent`): ten minutes,
         none with an exact TTL (a URL is new again exactly TTL seconds after it was seen)."""
         return RECENT_MAX_AGE if self.ttl is None else 0.0
 
