@@ -111,3 +111,21 @@ def dashboard_metrics() -> set[str]:
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     exprs.append(dash["templating"]["list"][0]["query"])
     return {m.removesuffix("_total") for e in exprs for m in re.findall(r"scrapy_dist_\w+", e)}
+
+
+async def open_bloom_scheduler(redis_url: str, name: str, **settings: Any) -> Any:
+    """A scrapy-dist ``Scheduler`` with a small bloom filter, opened for a plain spider called ``name``
+    (without reading seeds): for tests that enqueue and sync by hand."""
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_dist.scheduler import Scheduler
+
+    crawler = get_crawler(type("HelperSpider", (Spider,), {"name": name}), {
+        "REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": 10_000,
+        "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter", **settings,
+    })
+    crawler.spider = crawler._create_spider()
+    sched = Scheduler.from_crawler(crawler)
+    await sched.open_async(crawler.spider, start=False)
+    return sched

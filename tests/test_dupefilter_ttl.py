@@ -9,16 +9,15 @@ import logging
 import random
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 import redis.asyncio
 from click.testing import CliRunner
-from helpers import run
-from scrapy import Request, Spider
+from helpers import open_bloom_scheduler, run
+from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
-from scrapy.utils.test import get_crawler
 
 from scrapy_dist import scripts
 from scrapy_dist.bloom import BloomPlan, fingerprint_hashes
@@ -281,17 +280,8 @@ def test_forget_command_mistakes_are_one_line(redis_url: str, args: list[str], m
 
 # -- through the scheduler -----------------------------------------------------------------------------
 
-class _Spider(Spider):
-    name = "ttl"
-
-
 async def _opened(redis_url: str, **settings: Any) -> Scheduler:
-    crawler = get_crawler(_Spider, {"REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": 10_000,
-                                    "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter", **settings})
-    crawler.spider = crawler._create_spider()
-    sched = Scheduler.from_crawler(crawler)
-    await sched.open_async(crawler.spider, start=False)
-    return sched
+    return cast("Scheduler", await open_bloom_scheduler(redis_url, "ttl", **settings))
 
 
 @pytest.mark.parametrize("forget", [True, False])

@@ -5,12 +5,11 @@ for the worker that had found them before."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from helpers import run
-from scrapy import Request, Spider
-from scrapy.utils.test import get_crawler
+from helpers import open_bloom_scheduler, run
+from scrapy import Request
 
 from scrapy_dist.recent import RECENT_MAX_AGE, RecentFingerprints
 from scrapy_dist.scheduler import Scheduler
@@ -34,17 +33,8 @@ def test_no_memory_at_all_with_max_age_zero_and_discard() -> None:
     assert not recent.seen("b", 2.0)
 
 
-class _Spider(Spider):
-    name = "recent"
-
-
 async def _opened(redis_url: str, **settings: Any) -> Scheduler:
-    crawler = get_crawler(_Spider, {"REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": 10_000,
-                                    "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter", **settings})
-    crawler.spider = crawler._create_spider()
-    sched = Scheduler.from_crawler(crawler)
-    await sched.open_async(crawler.spider, start=False)
-    return sched
+    return cast("Scheduler", await open_bloom_scheduler(redis_url, "recent", **settings))
 
 
 def _queued(sched: Scheduler) -> int:
