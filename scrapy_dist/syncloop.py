@@ -308,6 +308,8 @@ class SyncLoop:
             before = self._seq_seen.get(shard, 0)
             self._seq_seen[shard] = seq
             if seq < before:
+                # what this worker remembers having sent is no longer certainly in the filter either
+                self.on_outage()
                 logger.warning(
                     "The frontier in Redis went back in time (shard %d's sequence number fell from %d to %d):"
                     " Redis lost some or all of the crawl's data -- restarted without persistence, a failover"
