@@ -27,9 +27,9 @@ import time
 import redis
 
 from benchmarks.redis_server import RedisProcess, used_memory
-from scrapy_dist.bloom import fingerprint_hashes
-from scrapy_dist.dupefilter import BloomDupeFilter
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.dupefilter.bloom import fingerprint_hashes
+from scrapy_dist.dupefilter.filters import BloomDupeFilter
+from scrapy_dist.redis.keys import CrawlKeys
 
 TITLE = "scrapy-dist BloomDupeFilter at declared capacity"
 BATCH = 500

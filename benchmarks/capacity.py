@@ -54,7 +54,7 @@ SPIDER = "cap"
 
 
 class _Engine:
-    """The :class:`scrapy_dist._engine.Engine` of a synthetic worker: what it holds is in progress."""
+    """The :class:`scrapy_dist.frontier.engine.Engine` of a synthetic worker: what it holds is in progress."""
 
     def __init__(self) -> None:
         self.held: set[Any] = set()
@@ -103,7 +103,7 @@ async def _worker(url: str, shards: int, politeness: str, index: int, stop_at: f
     from scrapy import Request, Spider
     from scrapy.utils.test import get_crawler
 
-    from scrapy_dist.scheduler import Scheduler
+    from scrapy_dist.frontier.scheduler import Scheduler
 
     settings = {
         "REDIS_URL": url, "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
@@ -172,7 +172,7 @@ def _run_process(args: tuple[str, int, str, int, int, tuple[float, float], Any])
 def _sync_sha() -> str:
     import hashlib
 
-    from scrapy_dist import scripts
+    from scrapy_dist.redis import scripts
 
     return hashlib.sha1(scripts.source("sync").encode()).hexdigest()
 

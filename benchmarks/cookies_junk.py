@@ -28,8 +28,8 @@ from redis_servers import RedisProcess  # noqa: E402
 from scrapy import Request  # noqa: E402
 from scrapy.http import Response  # noqa: E402
 
-from scrapy_dist.keys import CrawlKeys  # noqa: E402
 from scrapy_dist.middlewares.cookies import SharedCookiesMiddleware  # noqa: E402
+from scrapy_dist.redis.keys import CrawlKeys  # noqa: E402
 
 KEYS = CrawlKeys("shop")
 SITE = "http://shop.example"

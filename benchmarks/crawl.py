@@ -130,11 +130,11 @@ CONTESTANTS: dict[str, Contestant] = {
             "SCHEDULER_PERSIST": True,
         },
         unavailable=lambda: _missing(
-            "scrapy_dist.scheduler:Scheduler", "scrapy_dist.dupefilter:BloomDupeFilter"
+            "scrapy_dist.frontier.scheduler:Scheduler", "scrapy_dist.dupefilter.filters:BloomDupeFilter"
         ),
         dupefilter_keys=f"{{{SPIDER}}}:bloom*",  # CrawlKeys(SPIDER).bloom and its bitmap blocks
         queue_writer=redis_memory.scrapy_dist_queue,
-        queue_unavailable=lambda: _missing("scrapy_dist.codec:encode_request"),
+        queue_unavailable=lambda: _missing("scrapy_dist.wire.codec:encode_request"),
     ),
 }
 
@@ -440,7 +440,7 @@ def _network_label(rtt_ms: float) -> str:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from scrapy_dist.site import SiteGraph
+    from scrapy_dist.demo.site import SiteGraph
 
     pages = args.pages or (2_000 if args.quick else 20_000)
     rtts = [float(x) for x in (args.crawl_rtt or ("0" if args.quick else "0,1")).split(",")]

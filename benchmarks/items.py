@@ -102,7 +102,7 @@ async def _measure(impl: str, url: str, count: int) -> dict[str, Any]:
         await _drive(process, count)
         elapsed = time.perf_counter() - start
     else:
-        from scrapy_dist.pipelines import RedisPipeline
+        from scrapy_dist.pipelines.pipeline import RedisPipeline
 
         pipe = RedisPipeline.from_crawler(crawler)
         await pipe.open_spider()

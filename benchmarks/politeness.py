@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.redis_server import RedisProcess
-from scrapy_dist.site import SiteGraph, SiteServer
+from scrapy_dist.demo.site import SiteGraph, SiteServer
 
 TITLE = "Politeness: one host limited crawl-wide (0.2 s, 1 at a time) while another runs at full speed"
 

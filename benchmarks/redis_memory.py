@@ -101,7 +101,7 @@ def scrapy_redis_dupefilter(requests: list[Request]) -> Callable[[redis.Redis], 
 def scrapy_dist_queue(requests: list[Request]) -> Callable[[redis.Redis], None]:
     """HOOK (scrapy-dist frontier): write ``requests`` exactly as the scheduler queues them.
 
-    Uses the scheduler's own path: ``scrapy_dist.codec.encode_request`` payloads sent through
+    Uses the scheduler's own path: ``scrapy_dist.wire.codec.encode_request`` payloads sent through
     ``Frontier.sync(SyncBatch(enqueue=...))`` (the ``sync`` Lua script) in batches of
     ``SCHEDULER_FLUSH_BATCH``, dedupe skipped (the dupefilter is measured separately), so the figure counts
     every key the real path writes. If that API changes, adapt :func:`_frontier_enqueue`; the
@@ -111,17 +111,17 @@ def scrapy_dist_queue(requests: list[Request]) -> Callable[[redis.Redis], None]:
     """
 
     def write(client: redis.Redis) -> None:
-        from scrapy_dist.codec import encode_request
+        from scrapy_dist.wire.codec import encode_request
 
         spider = _spider()
         payloads = [(float(-r.priority), encode_request(r, spider)) for r in requests]
         try:
             _frontier_enqueue(client, payloads)
-            write.method = "scrapy_dist.frontier.Frontier.sync"  # type: ignore[attr-defined]
+            write.method = "scrapy_dist.frontier.shard.Frontier.sync"  # type: ignore[attr-defined]
         except ImportError:
             _layout_enqueue(client, payloads)
             write.method = "documented ZSET layout (frontier API not importable)"  # type: ignore[attr-defined]
-        from scrapy_dist.keys import CrawlKeys
+        from scrapy_dist.redis.keys import CrawlKeys
 
         queued = int(client.hget(CrawlKeys("bench").queue_tails, "count") or 0)  # members may be chunks
         assert queued == len(requests), "scrapy-dist queue lost entries"
@@ -134,9 +134,9 @@ def _frontier_enqueue(client: redis.Redis, payloads: list[tuple[float, bytes]]) 
 
     import redis.asyncio
 
-    from scrapy_dist import defaults
-    from scrapy_dist.frontier import Frontier, SyncBatch
-    from scrapy_dist.keys import CrawlKeys
+    from scrapy_dist.frontier.shard import Frontier, SyncBatch
+    from scrapy_dist.redis.keys import CrawlKeys
+    from scrapy_dist.settings import defaults
 
     batch_size = defaults.SCHEDULER_FLUSH_BATCH
     kw = client.connection_pool.connection_kwargs
@@ -155,7 +155,7 @@ def _frontier_enqueue(client: redis.Redis, payloads: list[tuple[float, bytes]]) 
 
 
 def _layout_enqueue(client: redis.Redis, payloads: list[tuple[float, bytes]]) -> None:
-    from scrapy_dist.keys import CrawlKeys
+    from scrapy_dist.redis.keys import CrawlKeys
 
     key = CrawlKeys("bench").queue
     pipe = client.pipeline(transaction=False)

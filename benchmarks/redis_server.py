@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from scrapy_dist.embedded import redis_server_binary as _embedded_server_binary
+from scrapy_dist.redis.embedded import redis_server_binary as _embedded_server_binary
 
 os.environ.setdefault("REDIS_SERVER", _embedded_server_binary())
 

@@ -3,9 +3,9 @@ local 3-master Redis Cluster, measured in the same run.
 
 ``DRIVERS`` driver processes (the same number in both configurations) each loop for ``seconds``: one round
 = new requests (fresh fingerprints, realistic ~50-byte payloads prepared before the clock starts) routed to
-their shard by fingerprint (:func:`scrapy_dist.frontier.shard_of`) and deduplicated by each shard's bloom
+their shard by fingerprint (:func:`scrapy_dist.frontier.shard.shard_of`) and deduplicated by each shard's bloom
 filter, the acknowledgement of what the previous round leased, and a lease of as many -- one
-:meth:`Frontier.sync <scrapy_dist.frontier.Frontier.sync>` per shard, sent concurrently, exactly what the
+:meth:`Frontier.sync <scrapy_dist.frontier.shard.Frontier.sync>` per shard, sent concurrently, exactly what the
 scheduler's batched path sends. The rate is (requests enqueued + requests acknowledged) per second, summed
 over the drivers.
 
@@ -40,7 +40,7 @@ SHARDS = 3
 
 
 def _payload(url: str) -> bytes:
-    """A wire-format payload (version byte + msgpack map), as :func:`scrapy_dist.codec.encode_request`
+    """A wire-format payload (version byte + msgpack map), as :func:`scrapy_dist.wire.codec.encode_request`
     writes a plain GET at depth 2."""
     return b"\x01" + msgpack.packb({"u": url, "M": {"depth": 2}})
 
@@ -51,10 +51,10 @@ async def _drive(
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
 
-    from scrapy_dist.bloom import fingerprint_hashes
-    from scrapy_dist.dupefilter import BloomDupeFilter
-    from scrapy_dist.frontier import Frontier, SyncBatch, shard_of
-    from scrapy_dist.keys import CrawlKeys
+    from scrapy_dist.dupefilter.bloom import fingerprint_hashes
+    from scrapy_dist.dupefilter.filters import BloomDupeFilter
+    from scrapy_dist.frontier.shard import Frontier, SyncBatch, shard_of
+    from scrapy_dist.redis.keys import CrawlKeys
 
     rng = random.Random(seed)
     # prepared before the clock starts: the drivers measure the frontier, not fingerprinting

@@ -1,4 +1,4 @@
-"""Serve a :class:`scrapy_dist.site.SiteGraph` fast enough that the crawler, not the server, is measured.
+"""Serve a :class:`scrapy_dist.demo.site.SiteGraph` fast enough that the crawler, not the server, is measured.
 
 nginx serves the pages as static files (written to a temporary directory, ``/page/<i>`` -> ``page/<i>``),
 started as a non-daemon child with its own config, pid, logs and temp paths. Without nginx a pre-forked
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.redis_server import free_port
-from scrapy_dist.site import SiteGraph
+from scrapy_dist.demo.site import SiteGraph
 
 NGINX_CONF = """\
 worker_processes {workers};

@@ -11,12 +11,12 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import RedisUnavailable, ScrapyDistError
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.redis.keys import CrawlKeys
 
 if TYPE_CHECKING:
     from scrapy_dist.addon import Addon
-    from scrapy_dist.dupefilter import BloomDupeFilter
-    from scrapy_dist.scheduler import Scheduler
+    from scrapy_dist.dupefilter.filters import BloomDupeFilter
+    from scrapy_dist.frontier.scheduler import Scheduler
 
 try:
     __version__ = version("scrapy-dist")
@@ -37,8 +37,8 @@ __all__ = [
 # ``scrapy-dist`` command) does not pull in the scheduler, the dupefilter and their dependencies.
 _LAZY = {
     "Addon": "scrapy_dist.addon",
-    "BloomDupeFilter": "scrapy_dist.dupefilter",
-    "Scheduler": "scrapy_dist.scheduler",
+    "BloomDupeFilter": "scrapy_dist.dupefilter.filters",
+    "Scheduler": "scrapy_dist.frontier.scheduler",
 }
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
-from scrapy_dist.connection import ensure_components
+from scrapy_dist.redis.connection import ensure_components
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -152,7 +152,7 @@ class Addon:
 def _warn_foreign_scheduler(settings: BaseSettings) -> None:
     """One WARNING when the project keeps a SCHEDULER of its own (scrapy-redis's, from before the add-on,
     or Scrapy's): the add-on leaves it, so the crawl has no shared frontier although the add-on is on."""
-    from scrapy_dist.scheduler import Scheduler
+    from scrapy_dist.frontier.scheduler import Scheduler
 
     path = settings.get("SCHEDULER")
     try:

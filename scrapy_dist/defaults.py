@@ -1,26 +1,6 @@
-"""Every scrapy-dist setting's default, by name: ``defaults.SCHEDULER_LEASE_SECONDS`` and so on.
-
-The values come from :data:`scrapy_dist.settings.TABLE`, the one place a setting is declared (with its
-type, range and documentation). Add a new setting there, not here. Components do not read these: they
-take typed values from :class:`scrapy_dist.settings.DistSettings`; constructors use them as parameter
-defaults.
-"""
+"""Every setting's default by name (``scrapy_dist.defaults.SCHEDULER_LEASE_SECONDS``), as scrapy-redis's
+``defaults`` module offers them: the public face of :data:`scrapy_dist.settings.table.TABLE`."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from scrapy_dist.settings import DEFAULTS
-
-
-def __getattr__(name: str) -> Any:
-    try:
-        value = DEFAULTS[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    # a copy of a mutable default, so a caller cannot change the table
-    return type(value)(value) if isinstance(value, (dict, list)) else value
-
-
-def __dir__() -> list[str]:
-    return sorted(DEFAULTS)
+from scrapy_dist.settings.defaults import __dir__, __getattr__  # noqa: F401

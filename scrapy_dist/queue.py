@@ -1,87 +1,16 @@
-"""Queue orders of the shared frontier, chosen with ``SCHEDULER_QUEUE_CLASS``.
-
-Every queue is the same Redis sorted set (``{spider}:queue``); a queue class only decides the *score* of
-an entry and the *order of its sequence prefix*. Redis orders members of equal score by their bytes, and
-every member starts with a 6-byte big-endian sequence number taken from ``{spider}:seq`` in the same
-atomic call that adds it, so:
-
-* :class:`PriorityQueue` (default): score ``-request.priority``; higher priority first, and within one
-  priority first-in first-out -- across all workers, in the order the frontier received them.
-* :class:`FifoQueue`: one score; first-in first-out, priority ignored.
-* :class:`LifoQueue`: one score, inverted sequence numbers; last-in first-out, priority ignored.
-
-Since the sequence number makes every member unique, two identical ``dont_filter`` requests are two
-entries. All three pop with ``ZPOPMIN`` inside the frontier's ``sync`` script, so leases work the same.
-"""
+"""``SCHEDULER_QUEUE_CLASS = "scrapy_dist.queue.PriorityQueue"`` (or ``FifoQueue``, ``LifoQueue`` and
+scrapy-redis's ``SpiderQueue``, ``SpiderStack``, ``SpiderPriorityQueue``): the public names of
+:mod:`scrapy_dist.frontier.orders`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from scrapy_dist.frontier.orders import (
+    FifoQueue,
+    LifoQueue,
+    PriorityQueue,
+    SpiderPriorityQueue,
+    SpiderQueue,
+    SpiderStack,
+)
 
-if TYPE_CHECKING:
-    from scrapy import Request
-
-
-class QueueOrder(Protocol):
-    """What the frontier asks of a queue class."""
-
-    #: ``"asc"``: sequence numbers grow (FIFO within a score); ``"desc"``: they shrink (LIFO).
-    sequence: str
-
-    def score(self, request: Request) -> float: ...
-
-
-def _start_offset(request: Request) -> float:
-    """Start requests yield to callback requests of equal priority, as in Scrapy >= 2.13 (whose
-    scheduler keeps them in separate start queues served after the others of the same priority):
-    half a priority step later, still before any lower priority."""
-    return START_REQUEST_OFFSET if request.meta.get("is_start_request") else 0.0
-
-
-#: added to the score of a start request (``meta["is_start_request"]``, set by Scrapy)
-START_REQUEST_OFFSET = 0.5
-
-
-class PriorityQueue:
-    """Higher ``request.priority`` first; FIFO within a priority; start requests after the others of
-    their priority."""
-
-    sequence = "asc"
-
-    def score(self, request: Request) -> float:
-        return -request.priority + _start_offset(request)
-
-
-class FifoQueue:
-    """First in, first out; priorities ignored; start requests after the others."""
-
-    sequence = "asc"
-
-    def score(self, request: Request) -> float:
-        return _start_offset(request)
-
-
-class LifoQueue:
-    """Last in, first out; priorities ignored; start requests after the others."""
-
-    sequence = "desc"
-
-    def score(self, request: Request) -> float:
-        return _start_offset(request)
-
-
-#: scrapy-redis's other names of its three queues: a project switched by replacing ``scrapy_redis`` with
-#: ``scrapy_dist`` (``scrapy_dist.queue.SpiderQueue``, as in scrapy-redis's example settings) keeps its order
-SpiderQueue = FifoQueue
-SpiderStack = LifoQueue
-SpiderPriorityQueue = PriorityQueue
-
-#: scrapy-redis names, for ``SCHEDULER_QUEUE_CLASS`` values copied from a scrapy-redis project
-ALIASES = {
-    "scrapy_redis.queue.PriorityQueue": PriorityQueue,
-    "scrapy_redis.queue.FifoQueue": FifoQueue,
-    "scrapy_redis.queue.LifoQueue": LifoQueue,
-    "scrapy_redis.queue.SpiderPriorityQueue": PriorityQueue,
-    "scrapy_redis.queue.SpiderQueue": FifoQueue,
-    "scrapy_redis.queue.SpiderStack": LifoQueue,
-}
+__all__ = ["FifoQueue", "LifoQueue", "PriorityQueue", "SpiderPriorityQueue", "SpiderQueue", "SpiderStack"]

@@ -12,7 +12,7 @@ import redis
 from redis_cluster import LocalCluster, SentinelGroup
 from redis_servers import RedisProcess
 
-from scrapy_dist.site import SiteGraph, SiteServer
+from scrapy_dist.demo.site import SiteGraph, SiteServer
 
 _db_numbers = itertools.cycle(range(1, 64))
 

@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 
 from helpers import wait_for_pages
 
-from scrapy_dist.codec import load_payload
-from scrapy_dist.frontier import SEQ_BYTES, lease_parts
+from scrapy_dist.frontier.shard import SEQ_BYTES, lease_parts
+from scrapy_dist.wire.codec import load_payload
 
 SPIDERS = '''
 import json
@@ -237,7 +237,7 @@ def log_problems(log: str) -> list[str]:
 
 
 def lost_and_dupes(site: Any) -> tuple[int, int]:
-    """(pages never fetched, extra fetches) of a crawled :class:`scrapy_dist.site.SiteServer`."""
+    """(pages never fetched, extra fetches) of a crawled :class:`scrapy_dist.demo.site.SiteServer`."""
     counts = site.fetch_counts(status=None)
     return site.graph.pages - len(counts), sum(c - 1 for c in counts.values())
 

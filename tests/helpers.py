@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from scrapy_dist.frontier import LEASE_MARK
+from scrapy_dist.frontier.shard import LEASE_MARK
 
 T = TypeVar("T")
 
@@ -23,7 +23,7 @@ T = TypeVar("T")
 #: seeds pushed to ``links:start_urls``; one item per page.
 SEED_LINKS_SPIDER = '''
 import scrapy
-from scrapy_dist.spiders import RedisSpider
+from scrapy_dist.spiders.mixin import RedisSpider
 
 
 class SeedLinks(RedisSpider):
@@ -72,7 +72,7 @@ def wait_for(
 
 
 def wait_for_pages(site: Any, n: int, timeout: float = 60) -> None:
-    """Until ``site`` (a :class:`scrapy_dist.site.SiteServer`) has answered ``n`` distinct pages."""
+    """Until ``site`` (a :class:`scrapy_dist.demo.site.SiteServer`) has answered ``n`` distinct pages."""
     try:
         wait_for(lambda: len(site.fetch_counts()) >= n, timeout, f"{n} pages")
     except AssertionError:
@@ -119,7 +119,7 @@ async def open_bloom_scheduler(redis_url: str, name: str, **settings: Any) -> An
     from scrapy import Spider
     from scrapy.utils.test import get_crawler
 
-    from scrapy_dist.scheduler import Scheduler
+    from scrapy_dist.frontier.scheduler import Scheduler
 
     crawler = get_crawler(type("HelperSpider", (Spider,), {"name": name}), {
         "REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": 10_000,

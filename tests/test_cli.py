@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from redis_servers import free_port
 
 from scrapy_dist.cli import ClientFactory, main, pass_redis
-from scrapy_dist.embedded import EmbeddedRedis
+from scrapy_dist.redis.embedded import EmbeddedRedis
 
 
 @pytest.fixture

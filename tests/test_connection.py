@@ -1,4 +1,4 @@
-"""scrapy_dist.connection and scrapy_dist.embedded against real redis-server processes."""
+"""scrapy_dist.redis.connection and scrapy_dist.redis.embedded against real redis-server processes."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from redis.retry import Retry
 from redis_servers import RedisProcess, cluster_port, free_port, redis_server_binary
 from scrapy.settings import Settings
 
-from scrapy_dist.connection import (
+from scrapy_dist.exceptions import RedisUnavailable
+from scrapy_dist.redis.connection import (
     CrawlAborted,
     check_reachable,
     check_reachable_async,
@@ -43,9 +44,8 @@ from scrapy_dist.connection import (
     resolve_target,
     resolve_url,
 )
-from scrapy_dist.embedded import EmbeddedRedis, embedded_dir
-from scrapy_dist.exceptions import RedisUnavailable
-from scrapy_dist.settings_values import SettingsError
+from scrapy_dist.redis.embedded import EmbeddedRedis, embedded_dir
+from scrapy_dist.settings.values import SettingsError
 
 # -- URLs and settings ----------------------------------------------------------------------------
 
@@ -440,7 +440,7 @@ SCHEDULERS = textwrap.dedent(
     """
     from scrapy.core.scheduler import Scheduler
 
-    from scrapy_dist.connection import ensure_reachable, get_redis
+    from scrapy_dist.redis.connection import ensure_reachable, get_redis
 
 
     class CheckInFromCrawler(Scheduler):
@@ -671,7 +671,7 @@ def project(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_embedded_server_is_the_default(no_project: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="scrapy_dist.connection"):
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.redis.connection"):
         client = get_redis({})
         async_client = get_async_redis({})
     target = resolve_target({})
@@ -680,7 +680,7 @@ def test_embedded_server_is_the_default(no_project: Path, caplog: pytest.LogCapt
     sock = EmbeddedRedis(no_project / ".scrapy" / "scrapy_dist").socket_path  # in the dir, unless too long
     assert target.url == f"unix://{sock}?db=0"
 
-    info = [r.getMessage() for r in caplog.records if r.name == "scrapy_dist.connection"]
+    info = [r.getMessage() for r in caplog.records if r.name == "scrapy_dist.redis.connection"]
     assert len(info) == 1  # once per process, although two clients were built
     assert "embedded Redis" in info[0] and "REDIS_URL" in info[0]
     assert str(target.embedded_dir) in info[0]
@@ -727,7 +727,7 @@ def test_explicit_settings_never_start_the_embedded_server(no_project: Path) -> 
 
 
 _RUN_ID = (
-    "from scrapy_dist.connection import get_redis\n"
+    "from scrapy_dist.redis.connection import get_redis\n"
     "c = get_redis({})\n"
     "print(c.info('server')['run_id'])\n"
 )

@@ -25,9 +25,9 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.middlewares import SharedCookiesMiddleware
 from scrapy_dist.middlewares.cookies import cookie_from_record, cookie_record, jar_name
+from scrapy_dist.redis.keys import CrawlKeys
 
 KEYS = CrawlKeys("shop")
 SITE = "http://shop.example"

@@ -13,8 +13,8 @@ from scrapy import Request
 from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.keys import CrawlKeys
 from scrapy_dist.middlewares import SharedCookiesMiddleware
+from scrapy_dist.redis.keys import CrawlKeys
 
 KEYS = CrawlKeys("shop")
 SITE = "http://shop.example"
@@ -140,7 +140,7 @@ def test_a_reader_ahead_of_the_jar_starts_afresh_when_the_keys_were_recreated(
 
 def test_the_cookie_scripts_run_on_a_cluster(cluster: Any) -> None:
     """Every key of a jar carries the crawl's hash tag: the read and write scripts run on Redis Cluster."""
-    from scrapy_dist.connection import get_async_redis
+    from scrapy_dist.redis.connection import get_async_redis
 
     cluster.flushall()
     clock = Clock()

@@ -16,9 +16,9 @@ from aiohttp import ClientSession
 from crawlproject import make_project
 from helpers import run, wait_for
 
-from scrapy_dist.dashboard import Dashboard, DashboardThread, check_binding, history_series
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.monitor.dashboard import Dashboard, DashboardThread, check_binding, history_series
+from scrapy_dist.redis.keys import CrawlKeys
 
 LINKS = CrawlKeys("links")
 TOKEN = "s3cret-token"
@@ -167,7 +167,7 @@ def test_the_page_draws_a_running_crawl_and_pauses_only_with_the_token(
 
 
 def test_the_history_sample_is_written_bounded_and_a_foreign_key_moved_aside(redis_client: Any) -> None:
-    from scrapy_dist import scripts
+    from scrapy_dist.redis import scripts
 
     script = scripts.register(redis_client, "clusterstats")
     fields = ["pages", "7", "items", "3", "errors", "1", "frontier_queued", "40"]
@@ -188,7 +188,7 @@ def test_redis_away_is_a_503_with_the_reason_and_one_warning(
     dash = Dashboard(redis.Redis(port=redis_server.port, socket_connect_timeout=0.5), LINKS, token=TOKEN,
                      cache_seconds=0)
     server = DashboardThread(dash)
-    caplog.set_level(logging.INFO, logger="scrapy_dist.outage")
+    caplog.set_level(logging.INFO, logger="scrapy_dist.redis.outage")
     try:
         assert run(_call(server.url + "api/status"))[0] == 200
         redis_server.kill()
@@ -201,7 +201,7 @@ def test_redis_away_is_a_503_with_the_reason_and_one_warning(
         assert run(_call(server.url + "api/status"))[0] == 200
     finally:
         server.close()
-    lines = [r for r in caplog.records if r.name == "scrapy_dist.outage"]
+    lines = [r for r in caplog.records if r.name == "scrapy_dist.redis.outage"]
     assert [r.levelname for r in lines] == ["WARNING", "INFO"], [r.getMessage() for r in lines]
     assert "dashboard" in lines[0].getMessage()
     assert not any(r.exc_info for r in caplog.records)

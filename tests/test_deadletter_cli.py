@@ -16,10 +16,10 @@ from scrapy import Request, Spider
 from test_retry import E2E_SETTINGS, SPIDERS, FailingSite, items
 
 from scrapy_dist.cli import main
-from scrapy_dist.codec import decode_request
-from scrapy_dist.deadletter import dead_letter_record, parse_record
-from scrapy_dist.frontier import SEQ_BYTES, queue_singles
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.frontier.deadletter import dead_letter_record, parse_record
+from scrapy_dist.frontier.shard import SEQ_BYTES, queue_singles
+from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.wire.codec import decode_request
 
 KEYS = CrawlKeys("retry")
 

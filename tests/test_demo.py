@@ -19,7 +19,7 @@ import redis
 from helpers import read_demo_until_crawling
 from rich.console import Console
 
-from scrapy_dist.demo import (
+from scrapy_dist.demo.run import (
     EXAMPLE_PROJECT,
     Demo,
     DemoOptions,
@@ -29,7 +29,7 @@ from scrapy_dist.demo import (
     render_summary,
     summarize,
 )
-from scrapy_dist.site import SiteGraph
+from scrapy_dist.demo.site import SiteGraph
 
 
 def _env() -> dict[str, str]:
@@ -98,7 +98,7 @@ def test_lost_pages_are_named_and_bloom_false_positives_told_apart(
     from scrapy import Request
     from scrapy.utils.request import RequestFingerprinter
 
-    from scrapy_dist.dupefilter import BloomDupeFilter
+    from scrapy_dist.dupefilter.filters import BloomDupeFilter
 
     demo = Demo(DemoOptions(pages=100, run_dir=tmp_path))
     demo.client = redis_client
@@ -130,7 +130,7 @@ def test_without_a_source_checkout_the_demo_uses_the_packaged_project(
 ) -> None:
     import shutil
 
-    import scrapy_dist.demo_workers as demo_workers
+    import scrapy_dist.demo.workers as demo_workers
 
     packaged = tmp_path / "_example_project"
     shutil.copytree(EXAMPLE_PROJECT, packaged, ignore=shutil.ignore_patterns(".scrapy", "__pycache__"))

@@ -26,13 +26,13 @@ from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.connection import CrawlAborted
-from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
-from scrapy_dist.entrypolicy import check_offsite
+from scrapy_dist.dupefilter.filters import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.frontier.scheduler import Scheduler
+from scrapy_dist.redis.connection import CrawlAborted
 from scrapy_dist.settings import DistSettings
-from scrapy_dist.settings_values import SettingsError
+from scrapy_dist.settings.values import SettingsError
+from scrapy_dist.wire.entrypolicy import check_offsite
 
 
 async def _crawl_three(sched: Scheduler, spider: Spider) -> list[str]:
@@ -140,7 +140,7 @@ def test_an_iterator_allowed_domains_still_restricts_the_crawl_after_scrapy_read
     and the middleware then let every host through (the example crawled far outside ``-a domain=``)."""
     from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
 
-    from scrapy_dist.spiders import RedisSpider
+    from scrapy_dist.spiders.mixin import RedisSpider
 
     class Example(RedisSpider):
         name = "example"

@@ -15,8 +15,8 @@ import redis
 from redis_servers import RedisProcess
 
 from scrapy_dist.cli.embedded import redis_cli_arguments
-from scrapy_dist.connection import resolve_target
-from scrapy_dist.embedded import EmbeddedRedis
+from scrapy_dist.redis.connection import resolve_target
+from scrapy_dist.redis.embedded import EmbeddedRedis
 
 SCRAPY_DIST = str(Path(sys.executable).with_name("scrapy-dist"))
 
@@ -107,7 +107,7 @@ def test_workers_warn_that_the_embedded_crawl_is_confined_to_this_machine(
     monkeypatch.setenv("SCRAPY_SETTINGS_MODULE", "unset")
     monkeypatch.delenv("SCRAPY_SETTINGS_MODULE")
     monkeypatch.chdir(outside)
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.connection"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.redis.connection"):
         resolve_target({})
     (message,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "confined to this machine" in message and "REDIS_URL" in message

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 
-from scrapy_dist.embedded import EmbeddedRedis, parse_maxmemory
 from scrapy_dist.exceptions import RedisUnavailable
+from scrapy_dist.redis.embedded import EmbeddedRedis, parse_maxmemory
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -23,7 +23,6 @@ from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 from twisted.python.failure import Failure
 
-from scrapy_dist import scripts
 from scrapy_dist.addon import Addon
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.extensions import ClusterStats, ErrorMonitor, IdleMonitor
@@ -32,7 +31,8 @@ from scrapy_dist.extensions.control import ControlState, pause_crawl, resume_cra
 from scrapy_dist.extensions.errors import ErrorCounts, format_alert, http_error_matcher
 from scrapy_dist.extensions.idle import IdleClock
 from scrapy_dist.extensions.workers import RateMeter, error_count, worker_state
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.redis import scripts
+from scrapy_dist.redis.keys import CrawlKeys
 
 KEYS = CrawlKeys("books")
 
@@ -564,7 +564,7 @@ def test_addon_warns_once_when_the_project_keeps_a_scheduler_of_its_own(
 
 
 def test_addon_says_nothing_of_a_scrapy_dist_scheduler(caplog: pytest.LogCaptureFixture) -> None:
-    from scrapy_dist.scheduler import Scheduler
+    from scrapy_dist.frontier.scheduler import Scheduler
 
     class Mine(Scheduler):
         pass

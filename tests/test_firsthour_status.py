@@ -16,10 +16,10 @@ import redis
 from crawlproject import make_project
 from helpers import wait_for, wait_for_pages
 
-from scrapy_dist import scripts
 from scrapy_dist.extensions.control import ControlState
-from scrapy_dist.keys import CrawlKeys
-from scrapy_dist.status import crawl_state
+from scrapy_dist.monitor.status import crawl_state
+from scrapy_dist.redis import scripts
+from scrapy_dist.redis.keys import CrawlKeys
 
 SCRAPY_DIST = str(Path(sys.executable).with_name("scrapy-dist"))
 KEYS = CrawlKeys("links")

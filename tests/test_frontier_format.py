@@ -15,9 +15,9 @@ from helpers import run
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.keys import CrawlKeys
-from scrapy_dist.layout import FRONTIER_FORMAT
-from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.frontier.layout import FRONTIER_FORMAT
+from scrapy_dist.frontier.scheduler import Scheduler
+from scrapy_dist.redis.keys import CrawlKeys
 
 KEYS = CrawlKeys("fmt")
 

@@ -8,9 +8,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scrapy_dist.bloom import MAX_OVERSHOOT, BloomParameterError, check_parameters, parse_bloom_record
+from scrapy_dist.dupefilter.bloom import (
+    MAX_OVERSHOOT,
+    BloomParameterError,
+    check_parameters,
+    parse_bloom_record,
+)
 from scrapy_dist.exceptions import FrontierScriptError
-from scrapy_dist.frontier import SYNC_RESULT, SyncResult, decode_sync_result
+from scrapy_dist.frontier.shard import SYNC_RESULT, SyncResult, decode_sync_result
 
 FIELDS = ["capacity", "error_rate", "block_bits", "n", "hashing", "filters"]
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

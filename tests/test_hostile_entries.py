@@ -15,18 +15,18 @@ import redis
 import scrapy
 from crawlproject import make_project
 
-from scrapy_dist.codec import DEFAULT_POLICY, EntryPolicy, decode_request, encode_request, load_payload
-from scrapy_dist.deadletter import parse_record, requeue_payload
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.frontier.deadletter import parse_record, requeue_payload
 from scrapy_dist.middlewares.networks import denied, parse_networks
-from scrapy_dist.seeds import SeedRules, parse_seed
+from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.seeds.parse import SeedRules, parse_seed
+from scrapy_dist.wire.codec import DEFAULT_POLICY, EntryPolicy, decode_request, encode_request, load_payload
 
 SECRET = "s3cret-of-the-crawl"
 
 SPIDERS = '''
 import scrapy
-from scrapy_dist.spiders import RedisSpider
+from scrapy_dist.spiders.mixin import RedisSpider
 
 
 class NoFollowSpider(scrapy.Spider):
@@ -260,7 +260,7 @@ def test_seed_allow_lists_are_settings() -> None:
 
 
 def test_deny_networks_match_resolved_addresses() -> None:
-    from scrapy_dist import defaults
+    from scrapy_dist.settings import defaults
 
     nets = parse_networks(defaults.SCHEDULER_DENY_NETWORKS)
     for address in (

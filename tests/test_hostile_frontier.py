@@ -12,10 +12,9 @@ import pytest
 import redis.asyncio
 from helpers import lease_key, run
 
-from scrapy_dist import scripts
-from scrapy_dist.bloom import MAX_OVERSHOOT, BloomParameterError, BloomPlan, fingerprint_hashes
-from scrapy_dist.dupefilter import BloomDupeFilter
-from scrapy_dist.frontier import (
+from scrapy_dist.dupefilter.bloom import MAX_OVERSHOOT, BloomParameterError, BloomPlan, fingerprint_hashes
+from scrapy_dist.dupefilter.filters import BloomDupeFilter
+from scrapy_dist.frontier.shard import (
     SEQ_BYTES,
     SYNC_HEAD,
     SYNC_KEYS,
@@ -25,8 +24,9 @@ from scrapy_dist.frontier import (
     SyncBatch,
     lease_member,
 )
-from scrapy_dist.keys import CrawlKeys
-from scrapy_dist.outage import Backoff, Outage
+from scrapy_dist.redis import scripts
+from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.redis.outage import Backoff, Outage
 
 KEYS = CrawlKeys("spider")
 

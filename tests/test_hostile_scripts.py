@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import redis
 
-from scrapy_dist import scripts
+from scrapy_dist.redis import scripts
 
 
 def test_idle_overwrites_a_garbage_close_at(redis_client: Any) -> None:

@@ -12,8 +12,8 @@ import redis.asyncio
 from crawlproject import log_problems, lost_and_dupes, make_project
 from helpers import SEED_LINKS_SPIDER, run
 
-from scrapy_dist.keys import CrawlKeys
-from scrapy_dist.seedreader import HELD_CAP, SeedReader
+from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.seeds.reader import HELD_CAP, SeedReader
 
 KEYS = CrawlKeys("books")
 LINKS = CrawlKeys("links")

@@ -9,7 +9,7 @@ import pytest
 from redis.crc import key_slot
 from scrapy.settings import Settings
 
-from scrapy_dist.keys import FRONTIER_KEY_NAMES, CrawlKeys, crawl_keys
+from scrapy_dist.redis.keys import FRONTIER_KEY_NAMES, CrawlKeys, crawl_keys
 
 
 def slot(key: str) -> int:

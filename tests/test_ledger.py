@@ -8,10 +8,9 @@ import json
 import pytest
 from scrapy import Request
 
-from scrapy_dist._engine import DetachedEngine
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.frontier import SyncResult
-from scrapy_dist.ledger import (
+from scrapy_dist.frontier.engine import DetachedEngine
+from scrapy_dist.frontier.ledger import (
     CALL_RECORDS,
     CALLS_PER_ROUND,
     SETTLE_MIN_RECORDS,
@@ -20,8 +19,9 @@ from scrapy_dist.ledger import (
     Ledger,
     Outgoing,
 )
-from scrapy_dist.router import ShardRouter
-from scrapy_dist.syncloop import SyncLoop
+from scrapy_dist.frontier.router import ShardRouter
+from scrapy_dist.frontier.shard import SyncResult
+from scrapy_dist.frontier.syncloop import SyncLoop
 
 
 def _out(url: str, shard: int = 0, payload: bytes = b"\x01p", t1: str = "t") -> Outgoing:
@@ -338,7 +338,7 @@ def test_an_empty_sharded_frontier_needs_two_equal_readings() -> None:
 def test_an_empty_frontier_right_after_a_repair_is_not_drained_yet() -> None:
     """A sync call that moved a key of another type aside (the queue, say) sees that key empty; whoever
     swapped it in may put the crawl's own back a moment later. Empty counts again after REPAIR_GRACE."""
-    from scrapy_dist.router import REPAIR_GRACE
+    from scrapy_dist.frontier.router import REPAIR_GRACE
 
     router = ShardRouter(1)
     router.observe(0, _result(work_repaired=True), now=100.0)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scrapy_dist.connection import mask_url
+from scrapy_dist.redis.connection import mask_url
 
 
 @pytest.mark.parametrize(

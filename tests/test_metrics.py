@@ -22,9 +22,9 @@ from helpers import dashboard_metrics
 from prometheus_client.parser import text_string_to_metric_families
 from scrapy import Request
 
-from scrapy_dist.deadletter import dead_letter_record
-from scrapy_dist.keys import CrawlKeys
-from scrapy_dist.metrics import REASON_LIMIT, CrawlCollector, serve
+from scrapy_dist.frontier.deadletter import dead_letter_record
+from scrapy_dist.monitor.metrics import REASON_LIMIT, CrawlCollector, serve
+from scrapy_dist.redis.keys import CrawlKeys
 
 LINKS = CrawlKeys("links")
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "monitoring.md"
@@ -173,7 +173,7 @@ def test_redis_away_is_one_warning_and_one_line_when_back(
     (server,) = redis_servers(1)
     collector = CrawlCollector(redis.Redis(port=server.port, socket_connect_timeout=0.5), ["links"],
                                cache_seconds=0)
-    caplog.set_level(logging.INFO, logger="scrapy_dist.outage")
+    caplog.set_level(logging.INFO, logger="scrapy_dist.redis.outage")
     list(collector.collect())
     server.kill()
     for _ in range(3):
@@ -182,7 +182,7 @@ def test_redis_away_is_one_warning_and_one_line_when_back(
     server.start()
     families = {f.name: f for f in collector.collect()}
     assert [s.value for s in families["scrapy_dist_up"].samples] == [1.0]
-    lines = [r for r in caplog.records if r.name == "scrapy_dist.outage"]
+    lines = [r for r in caplog.records if r.name == "scrapy_dist.redis.outage"]
     assert [r.levelname for r in lines] == ["WARNING", "INFO"], [r.getMessage() for r in lines]
     assert "metrics exporter" in lines[0].getMessage() and "Redis is unreachable" in lines[0].getMessage()
     assert not any(r.exc_info for r in caplog.records)

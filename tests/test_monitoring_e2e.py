@@ -19,9 +19,9 @@ import redis
 from crawlproject import SPIDERS, make_project
 from helpers import wait_for
 
-from scrapy_dist.frontier import lease_parts
-from scrapy_dist.keys import CrawlKeys
-from scrapy_dist.status import read_status
+from scrapy_dist.frontier.shard import lease_parts
+from scrapy_dist.monitor.status import read_status
+from scrapy_dist.redis.keys import CrawlKeys
 
 pytestmark = pytest.mark.slow
 

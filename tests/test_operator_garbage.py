@@ -15,12 +15,12 @@ from click.testing import CliRunner
 from scrapy import Request
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist import scripts
 from scrapy_dist.cli import main
-from scrapy_dist.deadletter import dead_letter_record
 from scrapy_dist.extensions import IdleMonitor
 from scrapy_dist.extensions.control import ControlState
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.frontier.deadletter import dead_letter_record
+from scrapy_dist.redis import scripts
+from scrapy_dist.redis.keys import CrawlKeys
 
 SPIDER = "junk"
 KEYS = CrawlKeys(SPIDER)

@@ -15,7 +15,7 @@ from crawlproject import make_project, two_workers_on_a_seed
 from helpers import SEED_LINKS_SPIDER
 from redis_cluster import is_own, start_own
 
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.redis.keys import CrawlKeys
 
 pytestmark = pytest.mark.slow
 
@@ -77,8 +77,8 @@ def test_an_outage_is_one_warning_and_one_info_per_worker(tmp_path: Path, site_f
         log = project.log_text(log_path)
         down, back = _outage_lines(log)
         # one WARNING and one INFO per worker, whichever component noticed first
-        assert [name for name, _ in down] == ["scrapy_dist.outage"], down
-        assert [name for name, _ in back] == ["scrapy_dist.outage"], back
+        assert [name for name, _ in down] == ["scrapy_dist.redis.outage"], down
+        assert [name for name, _ in back] == ["scrapy_dist.redis.outage"], back
         assert f"] INFO: {back[0][1]}" in log  # said at INFO, not WARNING
         # several components saw the outage, yet the worker said so once
         noticed = back[0][1].split("failed calls of the ", 1)[1]

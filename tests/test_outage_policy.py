@@ -1,4 +1,4 @@
-"""The outage policy (scrapy_dist.outage), the rate-limited log and the batched writer: unit tests with
+"""The outage policy (scrapy_dist.redis.outage), the rate-limited log and the batched writer: unit tests with
 time injected -- no Redis, no sleeps (but a few milliseconds in the test of stopping a task)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import redis.exceptions as rex
 
-from scrapy_dist.batchwriter import BatchWriter
 from scrapy_dist.extensions.periodic import PeriodicTask
-from scrapy_dist.outage import Backoff, Outage, is_outage
-from scrapy_dist.ratelimit import RateLimitedLog
+from scrapy_dist.pipelines.batchwriter import BatchWriter
+from scrapy_dist.redis.outage import Backoff, Outage, is_outage
+from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 DOWN = rex.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
@@ -116,7 +116,7 @@ def test_an_outage_seen_by_every_component_is_one_warning_and_one_info(
     outage = Outage()
     components = ["frontier", "seed reader", "idle monitor", "item pipeline", "crawl-wide stats"]
     guards = [outage.guard(name) for name in components]
-    with caplog.at_level(logging.DEBUG, logger="scrapy_dist.outage"):
+    with caplog.at_level(logging.DEBUG, logger="scrapy_dist.redis.outage"):
         for t in range(10):  # ten seconds down: every component fails, again and again
             for guard in guards:
                 guard.failed(DOWN, now=100.0 + t)
@@ -139,7 +139,7 @@ def test_the_outage_is_over_only_once_every_failing_component_got_through(
 ) -> None:
     outage = Outage(stale=30.0)
     seeds, items = outage.guard("seed reader"), outage.guard("item pipeline")
-    with caplog.at_level(logging.INFO, logger="scrapy_dist.outage"):
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.redis.outage"):
         seeds.failed(DOWN, now=0.0)
         items.failed(rex.ClusterDownError("The cluster is down"), now=1.0)
         # a cluster coming back node by node: the seeds' node answers, the items' node does not yet
@@ -171,7 +171,7 @@ def test_a_component_that_stopped_trying_does_not_keep_the_outage_open() -> None
 def test_a_second_outage_is_reported_again(caplog: pytest.LogCaptureFixture) -> None:
     outage = Outage()
     guard = outage.guard("frontier")
-    with caplog.at_level(logging.INFO, logger="scrapy_dist.outage"):
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.redis.outage"):
         for start in (0.0, 100.0):
             guard.failed(DOWN, now=start)
             guard.failed(DOWN, now=start + 1)
@@ -238,7 +238,7 @@ def test_monitors_share_the_workers_outage(caplog: pytest.LogCaptureFixture) -> 
         assert await stats.run_once(now=6.0)
         assert await idle.run_once(now=6.0)
 
-    with caplog.at_level(logging.INFO, logger="scrapy_dist.outage"):
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.redis.outage"):
         asyncio.run(scenario())
     assert len(records(caplog, logging.WARNING)) == 1
     assert len(records(caplog, logging.INFO)) == 1
@@ -373,7 +373,7 @@ def test_writer_keeps_everything_through_an_outage_and_retries_after_the_backoff
         assert not outage.down
         await w.close()
 
-    with caplog.at_level(logging.INFO, logger="scrapy_dist.outage"):
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.redis.outage"):
         asyncio.run(scenario())
     assert len(records(caplog, logging.WARNING)) == 1
     assert len(records(caplog, logging.INFO)) == 1

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from crawlproject import Project, make_project
 
-from scrapy_dist.politeness import DomainLimit, DomainLimits
-from scrapy_dist.site import SiteGraph, SiteServer
+from scrapy_dist.demo.site import SiteGraph, SiteServer
+from scrapy_dist.frontier.politeness import DomainLimit, DomainLimits
 
 
 def test_most_specific_rule_wins() -> None:
@@ -131,8 +131,8 @@ def test_status_shows_busiest_domains_with_limits_and_backlog(redis_url: str, re
     from click.testing import CliRunner
 
     from scrapy_dist.cli import main
-    from scrapy_dist.frontier import Frontier, SyncBatch
-    from scrapy_dist.keys import CrawlKeys
+    from scrapy_dist.frontier.shard import Frontier, SyncBatch
+    from scrapy_dist.redis.keys import CrawlKeys
 
     keys = CrawlKeys("polite")
 
@@ -162,7 +162,7 @@ def test_status_shows_busiest_domains_with_limits_and_backlog(redis_url: str, re
 def test_a_worker_in_another_politeness_mode_is_refused(
     tmp_path: Path, redis_url: str, redis_client: Any, site_factory: Any
 ) -> None:
-    from scrapy_dist.keys import CrawlKeys
+    from scrapy_dist.redis.keys import CrawlKeys
 
     redis_client.hset(CrawlKeys("links").control, "politeness", "cluster")
     site = site_factory(pages=5)

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from scrapy_dist.embedded import EmbeddedRedis
+from scrapy_dist.redis.embedded import EmbeddedRedis
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "quickstart.md"
 MARKER = re.compile(r"<!-- quickstart-test: (\w+)(?: (\S+))? -->\n```(\w+)\n(.*?)\n```", re.S)

@@ -35,14 +35,14 @@ from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 from twisted.internet.error import TimeoutError as TxTimeoutError
 
-from scrapy_dist import deadletter
-from scrapy_dist.codec import decode_request, encode_request
-from scrapy_dist.deadletter import dead_letter_record, parse_record, reason_matches, requeue_payload
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.frontier import deadletter
+from scrapy_dist.frontier.deadletter import dead_letter_record, parse_record, reason_matches, requeue_payload
+from scrapy_dist.frontier.retrytiming import backoff_delay, parse_retry_after, retry_delay
+from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.middlewares import HttpErrorMiddleware, RetryMiddleware, RetryScheduled
-from scrapy_dist.retrytiming import backoff_delay, parse_retry_after, retry_delay
-from scrapy_dist.scheduler import Scheduler
+from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.wire.codec import decode_request, encode_request
 
 NOW = 1_700_000_000.0
 

@@ -19,9 +19,9 @@ import redis
 from crawlproject import SPIDERS, make_project
 from helpers import wait_for
 
-from scrapy_dist.codec import load_payload
-from scrapy_dist.frontier import SEQ_BYTES, lease_member, queue_singles
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.frontier.shard import SEQ_BYTES, lease_member, queue_singles
+from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.wire.codec import load_payload
 
 pytestmark = pytest.mark.slow
 

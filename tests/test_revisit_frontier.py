@@ -9,8 +9,8 @@ from typing import Any
 import redis.asyncio
 from helpers import run
 
-from scrapy_dist.frontier import SEQ_BYTES, Frontier, SyncBatch, lease_member
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.frontier.shard import SEQ_BYTES, Frontier, SyncBatch, lease_member
+from scrapy_dist.redis.keys import CrawlKeys
 
 KEYS = CrawlKeys("rv")
 
@@ -157,7 +157,7 @@ def test_garbage_revisit_count_restarts_at_zero(redis_url: str, redis_client: An
 def test_a_revisit_travels_as_its_ack_and_survives_a_failed_round() -> None:
     from scrapy import Request
 
-    from scrapy_dist.ledger import Ledger
+    from scrapy_dist.frontier.ledger import Ledger
 
     ledger = Ledger()
     req, other = Request("http://site.test/a"), Request("http://site.test/b")
@@ -177,9 +177,9 @@ def test_validators_are_written_into_the_entry_and_trust_is_kept() -> None:
     from scrapy import Request
     from scrapy.http import HtmlResponse
 
-    from scrapy_dist.codec import encode_request, load_payload
-    from scrapy_dist.entrypolicy import EntryPolicy, is_trusted
-    from scrapy_dist.revisit import Revisits
+    from scrapy_dist.frontier.revisit import Revisits
+    from scrapy_dist.wire.codec import encode_request, load_payload
+    from scrapy_dist.wire.entrypolicy import EntryPolicy, is_trusted
 
     for policy in (EntryPolicy(), EntryPolicy(secret=b"s3cret")):
         req = Request("http://site.test/c", meta={"revisit_after": 30})

@@ -11,8 +11,8 @@ import redis
 from crawlproject import kill_one_of_three, lost_and_dupes, make_project
 from helpers import wait_for_pages
 
-from scrapy_dist.codec import encode_request
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.wire.codec import encode_request
 
 pytestmark = pytest.mark.slow
 
@@ -164,7 +164,7 @@ def test_a_worker_without_the_addon_is_not_shown_lost_after_a_clean_close(
 ) -> None:
     # the two classic settings, no add-on: no ClusterStats marks the worker closed, so its heartbeat in
     # {links}:workers made `scrapy-dist status` show a worker that finished normally as lost
-    from scrapy_dist.status import read_status
+    from scrapy_dist.monitor.status import read_status
 
     site = site_factory(pages=20)
     project = make_project(tmp_path, {"REDIS_URL": redis_url})

@@ -15,11 +15,9 @@ from helpers import run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scrapy_dist.codec import check_url, decode_request, encode_request
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.keys import CrawlKeys
-from scrapy_dist.rejections import rejection_record
-from scrapy_dist.seeds import (
+from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.seeds.parse import (
     FIELDS,
     REASONS,
     SeedRules,
@@ -32,7 +30,9 @@ from scrapy_dist.seeds import (
     spider_has_callback,
     validate_url,
 )
-from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider, SeedReader
+from scrapy_dist.spiders.mixin import RedisCrawlSpider, RedisSpider, SeedReader
+from scrapy_dist.wire.codec import check_url, decode_request, encode_request
+from scrapy_dist.wire.rejections import rejection_record
 
 
 class SeedSpider(scrapy.Spider):

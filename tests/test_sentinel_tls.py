@@ -32,9 +32,9 @@ from helpers import SEED_LINKS_SPIDER, wait_for
 from redis_servers import RedisProcess, free_port, redis_server_binary
 
 from scrapy_dist.cli import main
-from scrapy_dist.connection import check_reachable, get_async_redis, get_redis
 from scrapy_dist.exceptions import RedisUnavailable
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.redis.connection import check_reachable, get_async_redis, get_redis
+from scrapy_dist.redis.keys import CrawlKeys
 
 LINKS = CrawlKeys("links")
 USER, PASSWORD = "crawler", "s3cret pass"

@@ -11,13 +11,12 @@ import pytest
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist import defaults
-from scrapy_dist.connection import resolve_target
-from scrapy_dist.keys import crawl_keys
-from scrapy_dist.politeness import DomainLimits
-from scrapy_dist.settings import DistSettings, mask_url
-from scrapy_dist.settings_table import DOC_PATH, STATS, TABLE, render_doc
-from scrapy_dist.settings_values import SettingsError
+from scrapy_dist.frontier.politeness import DomainLimits
+from scrapy_dist.redis.connection import resolve_target
+from scrapy_dist.redis.keys import crawl_keys
+from scrapy_dist.settings import DistSettings, defaults, mask_url
+from scrapy_dist.settings.table import DOC_PATH, STATS, TABLE, render_doc
+from scrapy_dist.settings.values import SettingsError
 
 ONE_LINE = re.compile(
     r"^scrapy-dist: (?P<name>[A-Z_]+(?:\[[^]=]+\])*)=(?P<value>[^\n]*?): "
@@ -224,9 +223,9 @@ def test_scrapy_redis_queue_names_under_scrapy_dist_keep_their_order(name: str, 
     switched by replacing scrapy_redis with scrapy_dist was refused ('cannot be imported')."""
     from scrapy.utils.misc import load_object
 
-    from scrapy_dist import queue
+    from scrapy_dist.frontier import orders as queue
 
-    for path in (f"scrapy_redis.queue.{name}", f"scrapy_dist.queue.{name}"):
+    for path in (f"scrapy_redis.queue.{name}", f"scrapy_dist.frontier.orders.{name}"):
         ds = DistSettings.from_settings({"SCHEDULER_QUEUE_CLASS": path}, environ={})
         assert ds.scheduler.queue_class == path
         assert (queue.ALIASES.get(path) or load_object(path)) is getattr(queue, order)
@@ -258,7 +257,7 @@ def test_workers_honour_the_environment_variable(monkeypatch: pytest.MonkeyPatch
 
 def test_which_redis_is_logged_once_masked(caplog: pytest.LogCaptureFixture) -> None:
     url = "redis://u:p#w/d?x@logged-once:6391/0"
-    with caplog.at_level(logging.INFO, logger="scrapy_dist.connection"):
+    with caplog.at_level(logging.INFO, logger="scrapy_dist.redis.connection"):
         for _ in range(3):
             resolve_target({"REDIS_URL": url})
     lines = [r.getMessage() for r in caplog.records if "Using Redis at" in r.getMessage()]
@@ -318,7 +317,7 @@ def test_components_build_from_the_settings_object() -> None:
 
 # -- docs and stats -------------------------------------------------------------------------------
 def test_settings_doc_is_in_sync() -> None:
-    assert DOC_PATH.read_text(encoding="utf-8") == render_doc(), "run: python -m scrapy_dist.settings"
+    assert DOC_PATH.read_text(encoding="utf-8") == render_doc(), "run: python -m scrapy_dist.settings.table"
     for spec in TABLE:
         assert f"`{spec.name}`" in render_doc()
 
@@ -394,8 +393,8 @@ def test_the_doc_states_the_range_the_code_accepts(spec: Any) -> None:
 
 
 def test_bloom_filter_settings_accept_no_value_the_filter_refuses() -> None:
-    from scrapy_dist.bloom import check_parameters
-    from scrapy_dist.settings_table import BY_NAME
+    from scrapy_dist.dupefilter.bloom import check_parameters
+    from scrapy_dist.settings.table import BY_NAME
 
     capacity, rate, bits = (BY_NAME[f"BLOOMFILTER_{n}"] for n in ("CAPACITY", "ERROR_RATE", "BLOCK_BITS"))
     for value in (capacity.low, capacity.high):

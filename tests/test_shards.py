@@ -21,11 +21,11 @@ from redis_cluster import LocalCluster
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.deadletter import dead_letter_record
-from scrapy_dist.frontier import domain_shard, shard_of, shards_idle
-from scrapy_dist.keys import CrawlKeys
-from scrapy_dist.scheduler import Scheduler
-from scrapy_dist.status import read_status
+from scrapy_dist.frontier.deadletter import dead_letter_record
+from scrapy_dist.frontier.scheduler import Scheduler
+from scrapy_dist.frontier.shard import domain_shard, shard_of, shards_idle
+from scrapy_dist.monitor.status import read_status
+from scrapy_dist.redis.keys import CrawlKeys
 
 LINKS = CrawlKeys("links")
 UNIT = CrawlKeys("unit")

@@ -20,7 +20,7 @@ from crawlproject import make_project
 from helpers import wait_for
 from redis_servers import redis_server_binary
 
-from scrapy_dist.keys import CrawlKeys
+from scrapy_dist.redis.keys import CrawlKeys
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ SPIDERS = '''
 import time
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import Rule
-from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider
+from scrapy_dist.spiders.mixin import RedisCrawlSpider, RedisSpider
 
 
 class SeedsSpider(RedisSpider):

@@ -18,11 +18,11 @@ import redis
 from click.testing import CliRunner
 from helpers import lease_key
 
-from scrapy_dist import scripts
 from scrapy_dist.cli import main
 from scrapy_dist.extensions.control import ControlState
-from scrapy_dist.keys import CrawlKeys
-from scrapy_dist.status import leases_by_worker, read_status, window_totals
+from scrapy_dist.monitor.status import leases_by_worker, read_status, window_totals
+from scrapy_dist.redis import scripts
+from scrapy_dist.redis.keys import CrawlKeys
 
 KEYS = CrawlKeys("books")
 RUNNING, LOST, CLOSED = "hostA:111:aaaa", "hostB:222:bbbb", "hostC:333:cccc"

@@ -18,14 +18,14 @@ from helpers import run
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist._engine import DetachedEngine
-from scrapy_dist.frontier import SyncBatch, SyncResult
-from scrapy_dist.keys import CrawlKeys
-from scrapy_dist.ledger import Ledger
-from scrapy_dist.outage import Backoff
-from scrapy_dist.router import ShardRouter
-from scrapy_dist.scheduler import Scheduler
-from scrapy_dist.syncloop import FAILED_REASON, SyncLoop
+from scrapy_dist.frontier.engine import DetachedEngine
+from scrapy_dist.frontier.ledger import Ledger
+from scrapy_dist.frontier.router import ShardRouter
+from scrapy_dist.frontier.scheduler import Scheduler
+from scrapy_dist.frontier.shard import SyncBatch, SyncResult
+from scrapy_dist.frontier.syncloop import FAILED_REASON, SyncLoop
+from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.redis.outage import Backoff
 
 KEYS = CrawlKeys("loop")
 
@@ -120,7 +120,7 @@ def test_an_unexpected_error_is_logged_once_and_the_loop_goes_on(caplog: pytest.
         await _until(lambda: loop.state is not None)
         await loop.stop()
 
-    with caplog.at_level(logging.ERROR, logger="scrapy_dist.syncloop"):
+    with caplog.at_level(logging.ERROR, logger="scrapy_dist.frontier.syncloop"):
         run(go())
     assert frontier.calls >= 4 and engine.closed is None
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -135,7 +135,7 @@ def test_a_loop_that_dies_closes_the_worker_with_a_reason(caplog: pytest.LogCapt
         loop.start()
         await _until(lambda: engine.closed is not None)
 
-    with caplog.at_level(logging.CRITICAL, logger="scrapy_dist.syncloop"):
+    with caplog.at_level(logging.CRITICAL, logger="scrapy_dist.frontier.syncloop"):
         run(go())
     assert engine.closed == FAILED_REASON
     assert "frontier loop stopped unexpectedly" in caplog.text
@@ -215,7 +215,7 @@ def test_a_backlog_reaches_redis_in_short_calls_and_all_of_it_lands(redis_url: s
     """An outage's backlog (500 discovered requests) goes in calls of at most CALL_RECORDS, CALLS_PER_ROUND
     of them per round (sent together), every one of them lands, and the seeds' "flushed" mark moves only
     once the last part is in Redis."""
-    from scrapy_dist.ledger import CALL_RECORDS, CALLS_PER_ROUND
+    from scrapy_dist.frontier.ledger import CALL_RECORDS, CALLS_PER_ROUND
 
     async def go() -> tuple[list[int], int, list[bool]]:
         sched = await _opened(redis_url)
@@ -284,7 +284,7 @@ def test_a_redis_that_lost_the_crawls_data_is_said_once(
         await _until(lambda: served(6))
         await sched.close_async("finished")
 
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.syncloop"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.frontier.syncloop"):
         run(go())
     said = [r.getMessage() for r in caplog.records if "went back in time" in r.getMessage()]
     assert len(said) == 1, said

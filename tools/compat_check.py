@@ -44,18 +44,18 @@ TEST_DEPS = ["pytest-twisted>=1.14.3", "decorator", "greenlet", "pytest-timeout"
 #: (file, [(pattern, replacement)]) applied to Scrapy's tests.
 SCRAPY_SWAPS = {
     "tests/test_scheduler.py": [
-        (r"^from scrapy\.core\.scheduler import Scheduler$", "from scrapy_dist.scheduler import Scheduler"),
+        (r"^from scrapy\.core\.scheduler import Scheduler$", "from scrapy_dist.frontier.scheduler import Scheduler"),
     ],
     "tests/test_dupefilters.py": [
         (r"^from scrapy\.dupefilters import (.*)\bRFPDupeFilter\b(.*)$",
          r"from scrapy.dupefilters import \1BaseDupeFilter\2\n"
-         r"from scrapy_dist.dupefilter import BloomDupeFilter as RFPDupeFilter"),
+         r"from scrapy_dist.dupefilter.filters import BloomDupeFilter as RFPDupeFilter"),
     ],
 }
 #: Swaps applied to scrapy-redis's tests (order matters).
 SCRAPY_REDIS_SWAPS = [
     (r"from scrapy_redis\.dupefilter import RFPDupeFilter",
-     "from scrapy_dist.dupefilter import SetDupeFilter as RFPDupeFilter"),
+     "from scrapy_dist.dupefilter.filters import SetDupeFilter as RFPDupeFilter"),
     (r"\bscrapy_redis\b", "scrapy_dist"),
 ]
 
@@ -147,7 +147,7 @@ def run_example_project(python: str, redis_src: Path, env: dict[str, str], url: 
     import redis
 
     sys.path.insert(0, str(ROOT))
-    from scrapy_dist.site import SiteGraph, SiteServer
+    from scrapy_dist.demo.site import SiteGraph, SiteServer
 
     project = redis_src / "example-project"
     spiders = sorted((project / "example" / "spiders").glob("*.py"))

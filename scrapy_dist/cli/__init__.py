@@ -6,7 +6,7 @@ Every subcommand finds Redis the way workers do (first match wins; one function,
 
 1. ``--redis-url`` (given before or after the subcommand name; the command line's ``-s REDIS_URL``);
 2. the Scrapy project's settings, when run inside a project (``REDIS_URL``, ``REDIS_SENTINELS``,
-   ``REDIS_HOST``/``REDIS_PORT``, see :mod:`scrapy_dist.connection`);
+   ``REDIS_HOST``/``REDIS_PORT``, see :mod:`scrapy_dist.redis.connection`);
 3. the ``REDIS_URL`` environment variable;
 4. the embedded Redis (the project's, inside a project, so it is the one its crawls use).
 
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from scrapy_dist import __version__
-from scrapy_dist.connection import (
+from scrapy_dist.redis.connection import (
     check_reachable,
     get_async_redis,
     get_redis,
@@ -50,7 +50,7 @@ from scrapy_dist.connection import (
     resolve_target,
 )
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.keys import CrawlKeys, crawl_keys
+from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
 from scrapy_dist.settings import DistSettings, SettingsError
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""``scrapy-dist dashboard SPIDER``: a live web page of the crawl (:mod:`scrapy_dist.dashboard`)."""
+"""``scrapy-dist dashboard SPIDER``: a live web page of the crawl (:mod:`scrapy_dist.monitor.dashboard`)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def dashboard(
     letters) on http://HOST:PORT/ until Ctrl-C."""
     redis.check_spider(spider, force)
     redis.check()
-    dashboards = require_extra("scrapy_dist.dashboard", "aiohttp", "dashboard")
+    dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
     try:
         dashboards.check_binding(host, token)
     except ScrapyDistError as exc:
@@ -43,7 +43,7 @@ async def serve(redis: ClientFactory, spider: str, host: str, port: int, token: 
     from aiohttp import web
 
     from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
-    from scrapy_dist.dashboard import Dashboard
+    from scrapy_dist.monitor.dashboard import Dashboard
 
     keys = redis.keys(spider)
     client = redis.client()

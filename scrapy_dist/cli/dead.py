@@ -2,7 +2,7 @@
 
 Dead letters are the JSON records :class:`scrapy_dist.middlewares.RetryMiddleware` (and, with
 ``HTTPERROR_DEAD_LETTER``, :class:`scrapy_dist.middlewares.HttpErrorMiddleware`) append to
-``{spider}:deadletter`` for requests that finally failed; :mod:`scrapy_dist.deadletter` documents them.
+``{spider}:deadletter`` for requests that finally failed; :mod:`scrapy_dist.frontier.deadletter` documents them.
 
 * no option: a table (the last ``--limit`` records, 100 by default) and a count per reason;
 * ``--json``: one JSON object per line, every record (or ``--limit``);
@@ -33,21 +33,21 @@ import redis
 from scrapy import Request
 from scrapy.utils.misc import load_object
 
-from scrapy_dist import queue
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import console, json_safe, printable
-from scrapy_dist.codec import EntryPolicy
-from scrapy_dist.deadletter import DeadLetter, parse_record, reason_matches, requeue_payload
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.extensions.control import parse_control
-from scrapy_dist.frontier import Frontier, SyncBatch, domain_shard
-from scrapy_dist.politeness import DomainLimits
+from scrapy_dist.frontier import orders as queue
+from scrapy_dist.frontier.deadletter import DeadLetter, parse_record, reason_matches, requeue_payload
+from scrapy_dist.frontier.politeness import DomainLimits
+from scrapy_dist.frontier.shard import Frontier, SyncBatch, domain_shard
 from scrapy_dist.settings import DistSettings
+from scrapy_dist.wire.codec import EntryPolicy
 
 if TYPE_CHECKING:
     import redis
 
-    from scrapy_dist.keys import CrawlKeys
+    from scrapy_dist.redis.keys import CrawlKeys
 
 #: Malformed records named one by one on stderr (the rest are counted).
 BAD_SHOWN = 20
@@ -134,7 +134,7 @@ def requeue_targets(
             continue
         try:
             payload, priority = requeue_payload(d.payload, schemes, max_bytes, policy)
-            # the queue class scores a request from its priority (see scrapy_dist.queue)
+            # the queue class scores a request from its priority (see scrapy_dist.frontier.orders)
             score = float(order.score(Request(d.url or "http://x", priority=priority)))
         except RejectedEntry as exc:
             refused.append((d, str(exc)))

@@ -1,5 +1,5 @@
 """``scrapy-dist demo``: a live distributed crawl of a generated local site, a worker killed half way, and
-a summary that must say 0 lost. The logic lives in :mod:`scrapy_dist.demo`; this is the command line.
+a summary that must say 0 lost. The logic lives in :mod:`scrapy_dist.demo.run`; this is the command line.
 
 Redis: ``--redis-url`` or ``$REDIS_URL`` if given, else the embedded Redis of the demo's project
 (``example_project/.scrapy/scrapy_dist``) -- never the Redis of a project the command happens to run in.
@@ -33,7 +33,7 @@ def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: f
 
     Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
     """
-    from scrapy_dist.demo import Demo, DemoOptions
+    from scrapy_dist.demo.run import Demo, DemoOptions
 
     options = DemoOptions(workers=workers, pages=pages, chaos=chaos, timeout=timeout)
     if redis.source in _EXPLICIT:
@@ -44,7 +44,7 @@ def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: f
     served = None
     if dashboard_port is not None:
         try:
-            dashboards = require_extra("scrapy_dist.dashboard", "aiohttp", "dashboard")
+            dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
             served = dashboards.DashboardThread(dashboards.Dashboard(runner.client, runner.keys),
                                                 port=dashboard_port)
         except OSError as exc:

@@ -18,9 +18,9 @@ from typing import Any
 import click
 
 from scrapy_dist.cli import ClientFactory, main, pass_redis
-from scrapy_dist.connection import resolve_target
-from scrapy_dist.embedded import EmbeddedRedis, redis_cli_binary
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.redis.connection import resolve_target
+from scrapy_dist.redis.embedded import EmbeddedRedis, redis_cli_binary
 
 
 def redis_cli_arguments(

@@ -1,4 +1,4 @@
-"""``scrapy-dist metrics [SPIDER...]``: serve Prometheus metrics of crawls (:mod:`scrapy_dist.metrics`)."""
+"""``scrapy-dist metrics [SPIDER...]``: serve Prometheus metrics of crawls (:mod:`scrapy_dist.monitor.metrics`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
     for name in names:
         redis.check_spider(name, force)
     redis.check()
-    metrics = require_extra("scrapy_dist.metrics", "prometheus-client", "metrics")
+    metrics = require_extra("scrapy_dist.monitor.metrics", "prometheus-client", "metrics")
     collector = metrics.CrawlCollector(redis.client(), names, redis.keys, cache_seconds=cache_seconds,
                                        top_domains=top_domains)
     try:

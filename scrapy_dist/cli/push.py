@@ -1,6 +1,6 @@
 """``scrapy-dist push <spider> [URL ...] [--file FILE|-]``: validate seeds locally and push them fast.
 
-Seeds are checked with the very rules the spider applies (:mod:`scrapy_dist.seeds`): inside a Scrapy
+Seeds are checked with the very rules the spider applies (:mod:`scrapy_dist.seeds.parse`): inside a Scrapy
 project the spider class is loaded, so its ``redis_key``, its ``custom_settings`` (``REDIS_START_URLS_AS_SET``
 / ``AS_ZSET``, ``REDIS_START_URLS_MAX_BYTES``) and its callback names are honoured; outside one, callback
 names are checked for form only. Rejected seeds are counted per reason and shown (the first few, with their
@@ -29,12 +29,12 @@ import click
 
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.seeds import SeedRules, class_has_callback, iter_lines, parse_seed
+from scrapy_dist.seeds.parse import SeedRules, class_has_callback, iter_lines, parse_seed
 
 if TYPE_CHECKING:
     import redis
 
-    from scrapy_dist.keys import CrawlKeys
+    from scrapy_dist.redis.keys import CrawlKeys
 
 #: Seeds per RPUSH/SADD/ZADD command.
 CHUNK = 2000

@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from scrapy_dist.keys import GARBAGE
-from scrapy_dist.replies import hash_fields
+from scrapy_dist.redis.keys import GARBAGE
+from scrapy_dist.redis.replies import hash_fields
 
 logger = logging.getLogger(__name__)
 

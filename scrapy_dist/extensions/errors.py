@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
-from scrapy_dist import connection, defaults, scripts
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.extensions.control import ControlState, start_time
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of, worker_id
-from scrapy_dist.keys import CrawlKeys, crawler_keys
-from scrapy_dist.outage import Outage
-from scrapy_dist.ratelimit import RateLimitedLog
-from scrapy_dist.settings import DistSettings
+from scrapy_dist.redis import connection, scripts
+from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
+from scrapy_dist.redis.outage import Outage
+from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider

@@ -22,7 +22,7 @@ the scheduler as soon as the frontier drains.
 
 With a sharded frontier (``SCHEDULER_SHARDS = N``) the counts are summed over the N shards, and since no
 script can see several slots, the decision first checks with
-:func:`~scrapy_dist.frontier.shards_idle` (a double collect) that every shard was empty at one moment,
+:func:`~scrapy_dist.frontier.shard.shards_idle` (a double collect) that every shard was empty at one moment,
 then runs ``idle.lua`` on shard 0 -- so no crawl is called finished while any shard holds work.
 """
 
@@ -36,14 +36,15 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
-from scrapy_dist import _engine, connection, defaults, scripts
 from scrapy_dist.extensions.control import ControlState, report_problems, start_time
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of
-from scrapy_dist.frontier import shards_idle
-from scrapy_dist.keys import CrawlKeys, crawler_keys
-from scrapy_dist.outage import Outage
-from scrapy_dist.settings import DistSettings
+from scrapy_dist.frontier import engine as _engine
+from scrapy_dist.frontier.shard import shards_idle
+from scrapy_dist.redis import connection, scripts
+from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
+from scrapy_dist.redis.outage import Outage
+from scrapy_dist.settings import DistSettings, defaults
 
 if TYPE_CHECKING:
     from scrapy import Spider

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from scrapy_dist.outage import Backoff, Outage
+from scrapy_dist.redis.outage import Backoff, Outage
 
 #: seconds between two cancellations of a task that did not stop (see :meth:`PeriodicTask.stop`)
 STOP_RETRY = 0.5
@@ -16,7 +16,7 @@ STOP_RETRY = 0.5
 class PeriodicTask:
     """Await ``func()`` every ``interval`` seconds until :meth:`stop`.
 
-    A failing call never ends the task. Failures follow the outage policy (:mod:`scrapy_dist.outage`):
+    A failing call never ends the task. Failures follow the outage policy (:mod:`scrapy_dist.redis.outage`):
     an outage is reported to the worker's shared :class:`Outage` (one warning per worker, not per
     monitor), anything else is logged at ERROR at most once a minute per exception type. ``what`` names
     the task in those messages.

@@ -21,8 +21,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.replies import hash_fields
-from scrapy_dist.scheduler import get_scheduler, make_worker_id
+from scrapy_dist.frontier.scheduler import get_scheduler, make_worker_id
+from scrapy_dist.redis.replies import hash_fields
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

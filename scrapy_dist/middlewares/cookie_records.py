@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from scrapy.http.cookies import CookieJar
 
-    from scrapy_dist.keys import CrawlKeys
+    from scrapy_dist.redis.keys import CrawlKeys
 
 __all__ = [
     "CookieIdent",

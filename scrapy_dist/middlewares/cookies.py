@@ -37,10 +37,6 @@ from scrapy.http.cookies import CookieJar
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
-from scrapy_dist import defaults, scripts
-from scrapy_dist.batchwriter import BatchWriter
-from scrapy_dist.connection import get_async_redis, is_cluster
-from scrapy_dist.keys import crawler_keys
 from scrapy_dist.middlewares.cookie_records import (
     CookieIdent,
     apply_record,
@@ -51,9 +47,13 @@ from scrapy_dist.middlewares.cookie_records import (
     snapshot,
     write_calls,
 )
-from scrapy_dist.outage import Backoff, Outage
-from scrapy_dist.ratelimit import RateLimitedLog
-from scrapy_dist.settings import DistSettings
+from scrapy_dist.pipelines.batchwriter import BatchWriter
+from scrapy_dist.redis import scripts
+from scrapy_dist.redis.connection import get_async_redis, is_cluster
+from scrapy_dist.redis.keys import crawler_keys
+from scrapy_dist.redis.outage import Backoff, Outage
+from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     # typing.Self requires Python 3.11
     from typing_extensions import Self
 
-    from scrapy_dist.keys import CrawlKeys
+    from scrapy_dist.redis.keys import CrawlKeys
 
 __all__ = [
     "READ_LIMIT",
@@ -113,8 +113,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     Redis cost: one ``cookies_read`` script call per jar and worker every ``cache_seconds`` (concurrent
     readers share it), returning only the changes since the last one (at most ``read_limit``); one
     ``cookies_write`` script call per ``flush_interval`` and jar while cookies change
-    (:class:`~scrapy_dist.batchwriter.BatchWriter`). A response that changed cookies is held until its
-    changes are written. Redis errors (:mod:`scrapy_dist.outage`): reads fall back to the local copy,
+    (:class:`~scrapy_dist.pipelines.batchwriter.BatchWriter`). A response that changed cookies is held until its
+    changes are written. Redis errors (:mod:`scrapy_dist.redis.outage`): reads fall back to the local copy,
     writes are retried with capped backoff; an outage is one warning per worker.
 
     Stats: ``cookies/shared/loads``, ``cookies/shared/written``, ``cookies/shared/rejected``,

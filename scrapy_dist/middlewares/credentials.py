@@ -13,7 +13,7 @@ middleware. Without the middleware, :func:`as_scheduled` drops every credential 
 Requests a downloader middleware *creates* from a request it has seen (a same-site redirect keeps the
 ``Cookie`` and ``Authorization`` headers) reach the scheduler as new objects.
 :class:`AddedCredentialsMiddleware` (last in the chain) remembers the credential header values the
-middlewares added (the newest 1,000), and :func:`scrapy_dist.codec.encode_request` leaves those values
+middlewares added (the newest 1,000), and :func:`scrapy_dist.wire.codec.encode_request` leaves those values
 out of every payload: the middlewares add them again when the request is downloaded.
 """
 

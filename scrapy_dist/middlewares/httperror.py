@@ -19,9 +19,8 @@ from scrapy.spidermiddlewares.httperror import HttpError
 from scrapy.spidermiddlewares.httperror import HttpErrorMiddleware as ScrapyHttpErrorMiddleware
 from scrapy.utils.response import response_status_message
 
-from scrapy_dist import defaults
 from scrapy_dist.middlewares.retry import DeadLetterWriter
-from scrapy_dist.settings import DistSettings
+from scrapy_dist.settings import DistSettings, defaults
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

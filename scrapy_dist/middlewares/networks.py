@@ -31,8 +31,8 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import threads
 
-from scrapy_dist.ratelimit import RateLimitedLog
 from scrapy_dist.settings import DistSettings
+from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable

@@ -17,7 +17,7 @@ value is an ``IgnoreRequest`` is neither logged nor counted as a spider error
 errback, so the failed attempt's errback is removed first (the retry copy keeps it) -- as with Scrapy's
 middleware, an errback only ever sees a request's *final* failure.
 
-Dead letters (:mod:`scrapy_dist.deadletter` has the record format) are written for:
+Dead letters (:mod:`scrapy_dist.frontier.deadletter` has the record format) are written for:
 
 * retries exhausted (HTTP status or download exception) -- here, in ``process_response`` /
   ``process_exception``;
@@ -54,15 +54,14 @@ from scrapy.utils.misc import _load_objects
 from scrapy.utils.python import global_object_name
 from scrapy.utils.response import response_status_message
 
-from scrapy_dist import defaults
-from scrapy_dist.codec import entry_policy
-from scrapy_dist.deadletter import dead_letter_record
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.frontier.deadletter import dead_letter_record
+from scrapy_dist.frontier.retrytiming import retry_delay
+from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.middlewares.credentials import as_scheduled
-from scrapy_dist.ratelimit import RateLimitedLog
-from scrapy_dist.retrytiming import retry_delay
-from scrapy_dist.scheduler import get_scheduler
-from scrapy_dist.settings import DistSettings
+from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.wire.codec import entry_policy
 
 if TYPE_CHECKING:
     from scrapy import Request

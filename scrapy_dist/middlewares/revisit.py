@@ -1,7 +1,7 @@
 """Conditional revisits (``REVISIT_CONDITIONAL = True``): a 304 Not Modified ends the fetch quietly.
 
 A revisit entry carries its page's validators as ``If-None-Match`` / ``If-Modified-Since`` headers
-(written into the entry at ack time by :class:`scrapy_dist.revisit.Revisits`), so the request is already
+(written into the entry at ack time by :class:`scrapy_dist.frontier.revisit.Revisits`), so the request is already
 conditional when it is leased. This downloader middleware handles the answer:
 
 * **304** to a request that sent a validator: counted (``revisit/not_modified``), the page counts as
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 
-from scrapy_dist.revisit import VALIDATOR_HEADERS
+from scrapy_dist.frontier.revisit import VALIDATOR_HEADERS
 from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class ConditionalRevisitMiddleware:
             return response
         if self.stats is not None:
             self.stats.inc_value("revisit/not_modified")
-        from scrapy_dist.scheduler import get_scheduler
+        from scrapy_dist.frontier.scheduler import get_scheduler
 
         sched = get_scheduler(self.crawler)
         if sched is not None and sched.revisits is not None:

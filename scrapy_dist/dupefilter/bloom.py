@@ -1,0 +1,424 @@
+"""Sizing and hashing of the Redis scalable bloom filter (no Redis I/O here; see ``lua/dupe.lua``).
+
+The filter is a chain of classic bloom filters, each a set of equal bitmap *blocks* (Redis strings of at
+most ``BLOOMFILTER_BLOCK_BITS`` bits, far below the 512 MB string limit, sized to the allocator's size
+classes: see :func:`_layout`). Items go into the newest filter
+until it holds its capacity, then the next one starts; a lookup tests every filter.
+
+How the chain is planned, and why:
+
+* **Up to the declared capacity** the chain has ``L + 1`` filters whose capacities grow 16x
+  (``c_0 ... c_L``, ``sum = capacity``, ``c_0`` of about 1,000 to 16,000 items), so a small crawl only ever
+  allocates the small first filters. (Growth 16 rather than 8: the last filter then holds 15/16 of the
+  capacity, and the chain costs ~3.5% more bits than one filter instead of ~6%; a small crawl allocates
+  at most ~16x what it uses, which is kilobytes.) The error budget is shared in proportion to capacity
+  (``e_i = 0.95 * E * c_i / capacity``): the tiny early filters get tighter error rates (the chain's
+  error "tightens" going back), which is the allocation that minimises total bits for a fixed sum of
+  errors, and keeps a crawl far below its capacity practically free of false positives. The largest
+  filter uses its optimal number of hashes (10 at ``E = 0.001``), the small ones two fewer (8) and the
+  filters past the capacity at most as many as the largest: each hash of an insert is one ``SETBIT``, the
+  largest part of the Redis CPU a new URL costs, and most crawls live in the small filters, where the
+  bits this costs are few. At the declared capacity this plans 1.92-1.95 bytes per item at
+  ``E = 0.001`` (a single optimal unblocked filter needs 1.80; the classic 2x/0.5x scalable chain about
+  2.6). Layout 3, which crawls created before keep, did not cap the hashes: 1.3% fewer bits, but 17-24
+  hashes per insert in the small filters at the default capacity, three times the bit writes.
+* **Past the declared capacity** the chain keeps growing like a classic scalable bloom filter: each new
+  filter has twice the capacity of the one before and half the error, paid from the 5% reserve, so the
+  compound false-positive rate stays below ``E`` however far the crawl overshoots (a warning is logged
+  once, since memory per item rises).
+
+Bit positions (layouts 3 and 4, :data:`HASHING`): a *window-blocked* layout. Each filter is cut into
+windows of ``WINDOW_BITS`` (4,096 bits = 512 bytes) and all ``k`` bits of an item lie in one window, chosen by
+``h1 mod windows``; inside it, bit ``j`` is ``(a + j*b + j*j*c) mod 4096`` with ``a``, ``b`` (odd) and ``c``
+(even) taken from disjoint bits of ``h2``. ``b`` odd and ``c`` even make the ``k`` positions distinct, and
+the ``2**34`` patterns per window put the collision floor (two items sharing every bit) near ``1e-8``. Why:
+a test costs one ``GETRANGE`` per filter (and an insert one ``SETBIT`` per bit still clear) instead of
+one ``GETBIT`` per bit of every filter, which is what made the filter slow (each ``redis.call`` from Lua costs
+about a microsecond, whatever it does). The price is a little memory: items are not spread evenly over the
+windows, so for the same error a blocked filter needs more bits. The sizes below are solved with the exact
+blocked false-positive rate (:func:`window_fpr`), which at 4,096-bit windows asks about 1% more bits at
+``E = 0.001`` and 2-3% more at the tighter rates of the chain's small first filters. (Plain double hashing
+over the whole filter, the previous scheme, also had a false-positive floor of about ``n / m**2`` that the
+small filters hit.) The layout is recorded in the filter's hash (``hashing``), so a filter is always read
+with the plan and positions it was written with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from typing import Any
+
+from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.settings.table import MAX_CAPACITY, MAX_GENERATIONS, MAX_TTL, MIN_ERROR_RATE, MIN_GENERATIONS
+
+_LN2_SQ = math.log(2) ** 2
+_MASK46 = (1 << 46) - 1
+PLANNED_GROWTH = 16
+OVERFLOW_GROWTH = 2
+RESERVE = 0.05
+MIN_FIRST_CAPACITY = 1000
+#: version of the filter's layout, stored in ``{spider}:bloom`` as ``hashing``: new filters are written
+#: with it. 3: the bit positions below, errors shared in proportion to capacity, each filter's optimal
+#: hash count; 4: the same positions and errors, hash counts capped (see :class:`BloomPlan`). A crawl
+#: recorded with 3 keeps that plan.
+HASHING = 4
+#: layouts this version reads (the crawl's recorded ``hashing`` decides which plan its workers use)
+SCHEMES = (3, 4)
+#: layout 4: the small filters use this many hashes fewer than the largest one (fewer SETBITs per insert)
+SMALL_FILTER_HASH_CUT = 2
+#: all the bits of one item in one filter lie in one window of this many bits (512 bytes)
+WINDOW_BITS = 4096
+#: bytes a Redis string adds to its contents: the largest sds header (9) and the terminating NUL
+STRING_OVERHEAD = 10
+#: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
+KEY_OVERHEAD = 80
+#: the filter never holds more than this many times its declared capacity: a recorded item count past it,
+#: or an insert that would pass it, is refused (at 8x the chain is 3 filters past the planned ones and
+#: about 9x the planned memory -- with the 1/4 steps of a TTL generation, about 30 small filters; hostile
+#: counts cannot make a worker allocate or name more)
+MAX_OVERSHOOT = 8
+#: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
+MAX_BLOCK_BITS = 2**32
+
+
+class BloomParameterError(ScrapyDistError, ValueError):
+    """A bloom filter parameter (a setting, or a value recorded in ``{spider}:bloom``) is out of range;
+    the message names the setting or field and the accepted range, in one line."""
+
+
+def _show(value: Any) -> str:
+    """A value for a one-line message (a 400-digit number is not repeated in full)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
+def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tuple[str, str, str] = (
+    "BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BLOCK_BITS",
+)) -> tuple[int, float, int]:
+    """``(capacity, error_rate, block_bits)`` as numbers, or :class:`BloomParameterError` naming the
+    offending one (``names`` says how: settings by default, hash fields for recorded values)."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= MAX_CAPACITY:
+        raise BloomParameterError(
+            f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}"
+        )
+    if (
+        isinstance(error_rate, bool) or not isinstance(error_rate, (int, float))
+        or not math.isfinite(error_rate) or not MIN_ERROR_RATE <= error_rate < 1
+    ):
+        raise BloomParameterError(
+            f"{names[1]}={_show(error_rate)}: must be a number in [{MIN_ERROR_RATE}, 1)"
+        )
+    if (
+        isinstance(block_bits, bool) or not isinstance(block_bits, int)
+        or not WINDOW_BITS <= block_bits <= MAX_BLOCK_BITS or block_bits % WINDOW_BITS
+    ):
+        raise BloomParameterError(
+            f"{names[2]}={_show(block_bits)}: must be a multiple of {WINDOW_BITS} up to 2**32"
+        )
+    return capacity, float(error_rate), block_bits
+
+
+@dataclass(frozen=True)
+class BloomRecord:
+    """The parameters recorded in a crawl's ``{spider}:bloom`` HASH (see :func:`parse_bloom_record`)."""
+
+    capacity: int
+    error_rate: float
+    block_bits: int
+    n: int
+    hashing: int
+    #: DUPEFILTER_TTL the crawl was created with (0: remembered forever) and its BLOOMFILTER_GENERATIONS
+    ttl: float = 0.0
+    generations: int = 4
+    #: the recorded item count as it was, when it was not a count within the bound (``n`` is then 0):
+    #: the scripts recount it from the filter's blocks at the next write (lua/dupe.lua, chain_recount)
+    n_garbage: str | None = None
+
+
+def _field_int(fields: dict[Any, Any], name: str, key: str, default: str | None = None) -> int:
+    raw = fields.get(name, fields.get(name.encode(), default))
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit() or len(text) > 19:
+        raise BloomParameterError(f"{key} field {name}={_show(raw)}: not a non-negative decimal integer")
+    return int(text)
+
+
+def _field_float(fields: dict[Any, Any], name: str, key: str, default: str | None = None) -> float:
+    raw = fields.get(name, fields.get(name.encode(), default))
+    try:
+        text = raw.decode("ascii") if isinstance(raw, bytes) else raw
+        value = float(text) if isinstance(text, str) and len(text) <= 40 else None
+    except (UnicodeDecodeError, ValueError):
+        value = None
+    if value is None:
+        raise BloomParameterError(f"{key} field {name}={_show(raw)}: not a number")
+    return value
+
+
+def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> BloomRecord:
+    """Validate the fields of a ``{spider}:bloom`` HASH (as HGETALL gives them: bytes or str) -- data
+    anyone with write access may have changed. Raises :class:`BloomParameterError` naming ``key`` and the
+    field, and nothing else: capacity, error_rate, block_bits in range (:func:`check_parameters`), hashing
+    an integer. The item count ``n`` (missing = 0) is read as 0 when it is not a decimal integer of at
+    most :data:`MAX_OVERSHOOT` times the capacity, with :attr:`BloomRecord.n_garbage` set: the scripts
+    recount it."""
+    err = _field_float(fields, "error_rate", key)
+    capacity, error_rate, block_bits = check_parameters(
+        _field_int(fields, "capacity", key), err, _field_int(fields, "block_bits", key),
+        names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"),
+    )
+    # the item count changes with every insert: garbage there is repaired, not refused (see BloomRecord)
+    n_garbage = None
+    try:
+        n = _field_int(fields, "n", key, "0")
+    except BloomParameterError:
+        n, n_garbage = 0, _show(fields.get("n", fields.get(b"n")))
+    if n > capacity * MAX_OVERSHOOT:
+        n, n_garbage = 0, str(n)
+    ttl = _field_float(fields, "ttl", key, "0")
+    if not math.isfinite(ttl) or not 0 <= ttl <= MAX_TTL:
+        raise BloomParameterError(f"{key} field ttl={ttl!r}: not a number of seconds in 0 .. {MAX_TTL}")
+    generations = _field_int(fields, "generations", key, "4")
+    if not MIN_GENERATIONS <= generations <= MAX_GENERATIONS:
+        raise BloomParameterError(
+            f"{key} field generations={generations}: not in {MIN_GENERATIONS} .. {MAX_GENERATIONS}"
+        )
+    return BloomRecord(
+        capacity, error_rate, block_bits, n, _field_int(fields, "hashing", key), ttl, generations, n_garbage
+    )
+
+
+@dataclass(frozen=True)
+class FilterSpec:
+    """One filter of the chain."""
+
+    index: int
+    capacity: int
+    error_rate: float
+    bits: int
+    hashes: int
+    cumulative: int  # capacity of filters 0..index together
+    blocks: int  # Redis strings of the bitmap
+    block_windows: int  # windows per block (every block has the same size)
+
+
+def window_fpr(items: float, bits: int, hashes: int) -> float:
+    """False-positive rate of a filter of ``bits`` bits holding ``items`` items, each setting ``hashes``
+    distinct bits in one random window of ``WINDOW_BITS`` bits: the number of items sharing the probed
+    window is Poisson, and a window holding ``j`` items has each bit still clear with ``(1 - k/W)**j``."""
+    if items <= 0:
+        return 0.0
+    w = WINDOW_BITS
+    lam = items * w / bits
+    clear = math.log1p(-min(hashes, w - 1) / w)
+    spread = 12 * math.sqrt(lam) + 12
+    total = 0.0
+    for j in range(max(0, int(lam - spread)), int(lam + spread) + 1):
+        p = math.exp(j * math.log(lam) - lam - math.lgamma(j + 1))
+        total += p * (1 - math.exp(j * clear)) ** hashes
+    return total
+
+
+@lru_cache(maxsize=1024)
+def _size(capacity: int, error: float, max_hashes: int = 40) -> tuple[int, int]:
+    """The fewest windows, and the hash count (at most ``max_hashes``), that keep ``window_fpr`` at
+    ``capacity`` within ``error``."""
+    plain = capacity * math.log(1 / error) / _LN2_SQ  # an unblocked filter's optimum, a lower bound
+    k0 = max(1, round(math.log2(1 / error)))
+    best: tuple[int, int] | None = None
+    for k in range(max(1, min(k0 - 2, max_hashes)), min(40, k0 + 3, max_hashes) + 1):
+        lo, hi = max(1, math.floor(plain / WINDOW_BITS)), max(2, math.ceil(2 * plain / WINDOW_BITS) + 1)
+        while window_fpr(capacity, hi * WINDOW_BITS, k) > error and hi < 64 * (lo + 1):
+            hi *= 2  # fewer hashes than the optimum need more bits
+        if window_fpr(capacity, hi * WINDOW_BITS, k) > error:
+            continue
+        while lo < hi:  # smallest window count meeting the error
+            mid = (lo + hi) // 2
+            if window_fpr(capacity, mid * WINDOW_BITS, k) <= error:
+                hi = mid
+            else:
+                lo = mid + 1
+        if best is None or lo < best[0]:
+            best = (lo, k)
+    if best is None:  # pragma: no cover - the doubled unblocked size always suffices
+        raise ValueError(f"cannot size a filter for capacity={capacity} error={error}")
+    return best
+
+
+def alloc_size(size: int) -> int:
+    """Bytes jemalloc (Redis's allocator on Linux) really takes for a request of ``size`` bytes: above 64
+    bytes its size classes are four per doubling (and page multiples above 16 KiB)."""
+    if size <= 64:
+        return max(8, -(-size // 16) * 16)
+    step = (1 << ((size - 1).bit_length() - 1)) // 4
+    return -(-size // step) * step
+
+
+def _layout(windows: int, block_bits: int) -> tuple[int, int]:
+    """(blocks, windows per block) for a filter of at least ``windows`` windows.
+
+    A Redis string of ``n`` bytes takes a jemalloc size class of ``n + STRING_OVERHEAD`` bytes, up to 25%
+    more: one string per filter would waste that much (a 1.63 MB filter takes a 1.75 MB class). So the
+    bitmap is cut into the number of equal blocks (at most ``block_bits`` each) whose size classes waste
+    least, and each block is then widened to all the windows its class holds: that slack becomes bits
+    (a lower error rate) at no memory cost.
+    """
+    window_bytes = WINDOW_BITS // 8
+    max_per_block = block_bits // WINDOW_BITS
+    least = -(-windows // max_per_block)
+    best: tuple[int, int, int] | None = None  # (bytes, blocks, windows per block)
+    for blocks in range(least, min(windows, least + 63) + 1):
+        per = -(-windows // blocks)
+        size = alloc_size(per * window_bytes + STRING_OVERHEAD)
+        per = min(max_per_block, (size - STRING_OVERHEAD) // window_bytes)
+        cost = blocks * (size + KEY_OVERHEAD)
+        if best is None or cost < best[0]:
+            best = (cost, blocks, per)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _spec(
+    index: int, capacity: int, error: float, cumulative: int, block_bits: int, max_hashes: int = 40
+) -> FilterSpec:
+    windows, hashes = _size(capacity, error, max_hashes)
+    blocks, per_block = _layout(windows, block_bits)
+    bits = blocks * per_block * WINDOW_BITS
+    return FilterSpec(index, capacity, error, bits, hashes, cumulative, blocks, per_block)
+
+
+class BloomPlan:
+    """The chain of filters for a declared ``capacity`` and compound ``error_rate``."""
+
+    def __init__(
+        self, capacity: int, error_rate: float, block_bits: int = 2**31, overflow_step: float | None = None,
+        scheme: int = HASHING,
+    ) -> None:
+        self.capacity, self.error_rate, self.block_bits = check_parameters(capacity, error_rate, block_bits)
+        if scheme not in SCHEMES:
+            raise BloomParameterError(f"bloom filter layout {scheme!r}: this scrapy-dist reads {SCHEMES}")
+        #: the layout version (:data:`HASHING`) the chain is planned with
+        self.scheme = scheme
+        #: None: each filter past the capacity holds twice the one before (a classic scalable filter);
+        #: a fraction: each holds that fraction of the last planned filter's capacity (small steps, for
+        #: filters that are often a little past their capacity: the bloom generations of a TTL)
+        self.overflow_step = overflow_step
+        self._specs: list[FilterSpec] = []
+        planned = self._planned_capacities()
+        # the error budget, shared in proportion to capacity (the fewest bits for a fixed sum of errors)
+        errors = [(1 - RESERVE) * self.error_rate * c / self.capacity for c in planned]
+        # Layout 3 gave every filter the hash count its rate calls for: 17-24 in the small filters at the
+        # default capacity, where their tight rates put it, and each hash of an insert is one SETBIT -- a
+        # small crawl, which lives in those filters, paid the most Redis CPU per URL. Layout 4 keeps the
+        # rates and caps the hashes: SMALL_FILTER_HASH_CUT fewer than the largest filter's optimum in the
+        # small filters (8 at 0.1%), no more than it past the capacity; the small filters, 1/16 of the
+        # capacity, pay with more bits (1.3% more memory in all).
+        #: the most hashes any filter uses (layout 4: the largest planned filter's optimum)
+        self.max_hashes = 40 if scheme == 3 else _size(planned[-1], errors[-1])[1]
+        small = 40 if scheme == 3 else max(1, self.max_hashes - SMALL_FILTER_HASH_CUT)
+        cum = 0
+        for i, c in enumerate(planned):
+            cum += c
+            cap_k = self.max_hashes if i == len(planned) - 1 else small
+            self._specs.append(_spec(i, c, errors[i], cum, self.block_bits, cap_k))
+
+    def _planned_capacities(self) -> list[int]:
+        c, g = self.capacity, PLANNED_GROWTH
+        levels = 1
+        while c * (g - 1) / (g ** (levels + 1) - 1) >= MIN_FIRST_CAPACITY:
+            levels += 1
+        first = c * (g - 1) / (g**levels - 1)
+        caps = [max(1, round(first * g**i)) for i in range(levels)]
+        caps[-1] += c - sum(caps)  # the rounding remainder goes to the largest filter
+        return caps
+
+    @property
+    def max_items(self) -> int:
+        """The most items the filter may ever hold: :data:`MAX_OVERSHOOT` times its capacity."""
+        return self.capacity * MAX_OVERSHOOT
+
+    def check_items(self, items: int, key: str = "{spider}:bloom") -> None:
+        """:class:`BloomParameterError` if a chain of ``items`` items is past :attr:`max_items` -- checked
+        before anything is sized or named for it."""
+        if items > self.max_items:
+            raise BloomParameterError(
+                f"{key}: {items} items would pass {MAX_OVERSHOOT}x the filter's capacity {self.capacity}"
+                " (field n was changed, or the crawl outgrew BLOOMFILTER_CAPACITY: raise it for a new crawl)"
+            )
+
+    @property
+    def planned(self) -> int:
+        """Number of filters up to the declared capacity."""
+        return sum(1 for s in self._specs if s.cumulative <= self.capacity)
+
+    def spec(self, index: int) -> FilterSpec:
+        """Filter ``index`` (created on demand past the declared capacity)."""
+        while len(self._specs) <= index:
+            last = self._specs[-1]
+            j = len(self._specs) - self.planned + 1
+            if self.overflow_step is None:
+                cap = last.capacity * OVERFLOW_GROWTH
+                err = RESERVE * self.error_rate * 0.5**j
+            else:  # many small steps: errors shrinking as 1/j^2 (sum 6/pi^2 of the reserve) stay sizable
+                cap = max(1, round(self._specs[self.planned - 1].capacity * self.overflow_step))
+                err = RESERVE * self.error_rate * 6 / (math.pi**2 * j**2)
+            self._specs.append(
+                _spec(len(self._specs), cap, err, last.cumulative + cap, self.block_bits, self.max_hashes)
+            )
+        return self._specs[index]
+
+    def filters_for(self, items: int) -> list[FilterSpec]:
+        """Every filter a chain holding up to ``items`` items uses (at least the first)."""
+        out = [self.spec(0)]
+        while out[-1].cumulative <= items:
+            out.append(self.spec(len(out)))
+        return out
+
+    def script_params(self, items: int) -> list[int]:
+        """The flat ARGV parameters of ``dupe.lua`` for a chain that may grow to ``items`` items: the
+        filters it may use, then 1 (a probe key follows their blocks, see :meth:`block_coords`)."""
+        self.check_items(items)
+        specs = self.filters_for(items)
+        params = [len(specs), WINDOW_BITS, self.max_items]
+        for s in specs:
+            params += [s.bits, s.hashes, s.cumulative, s.blocks, s.block_windows]
+        return [*params, 1]
+
+    def block_coords(self, items: int) -> list[tuple[int, int]]:
+        """(filter, block) of every bitmap block, in the order ``dupe.lua`` expects them in KEYS; then the
+        probe: the first block of the filter after them, whose existence tells the script that the chain
+        has gone further than its recorded item count says (a count someone lowered: ``lua/dupe.lua``,
+        chain_consistent). One key, not the next filter's blocks: a filter may have hundreds."""
+        self.check_items(items)
+        specs = self.filters_for(items)
+        return [*((s.index, b) for s in specs for b in range(s.blocks)), (len(specs), 0)]
+
+    def false_positive_rate(self, items: int) -> float:
+        """Estimated compound false-positive rate with ``items`` items inserted."""
+        total, left = 0.0, items
+        for s in self.filters_for(items):
+            n = min(left, s.capacity)
+            if n <= 0:
+                break
+            total += window_fpr(n, s.bits, s.hashes)
+            left -= n
+        return total
+
+    def memory_bytes(self, items: int) -> int:
+        """Bytes of bitmap the chain allocates once it holds ``items`` items."""
+        specs = self.filters_for(items)
+        return sum(s.bits // 8 for s in specs if s.cumulative - s.capacity < items)
+
+    @cached_property
+    def bytes_per_item_at_capacity(self) -> float:
+        return self.memory_bytes(self.capacity) / self.capacity
+
+
+def fingerprint_hashes(fingerprint: bytes) -> tuple[int, int]:
+    """Two independent 46-bit hashes of a request fingerprint (``h2`` odd): ``h1`` picks the window,
+    ``h2`` the pattern of bits inside it (see ``dupe.lua``)."""
+    x = int.from_bytes(hashlib.blake2b(fingerprint, digest_size=12).digest(), "big")
+    return x >> 50, ((x >> 4) & _MASK46) | 1

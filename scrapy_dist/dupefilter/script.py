@@ -1,0 +1,110 @@
+"""The dupefilter's own script calls (``lua/dupe_batch.lua``): test-and-set, test or forget a batch of
+fingerprints, outside the frontier's ``sync`` call -- under Scrapy's scheduler (``request_seen``), for
+``contains`` checks, ``forget`` and the benchmarks. :class:`DupeScript` chunks, pipelines and retries;
+the filter (:class:`scrapy_dist.dupefilter.RedisDupeFilter`) says which keys and params to pass."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from scrapy_dist.dupefilter.bloom import BloomParameterError
+from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError, ScrapyDistError
+from scrapy_dist.redis import connection, scripts
+from scrapy_dist.redis.replies import text
+from scrapy_dist.utils.ratelimit import RateLimitedLog
+
+logger = logging.getLogger(__name__)
+
+#: fingerprints per script call: about 1 ms of Redis time each at most (the calls of one batch are
+#: pipelined, so a smaller call costs no round trip, and other clients' commands run between them)
+CALL_TOKENS = 48
+
+
+def refusal(reason: Any, detail: Any) -> ScrapyDistError:
+    """The error for a script's ``{-2, reason, detail}`` answer (nothing was written), in one line."""
+    reason = reason.decode() if isinstance(reason, bytes) else str(reason)
+    detail = detail.decode(errors="replace") if isinstance(detail, bytes) else str(detail)
+    if reason == "bloom_clock":
+        return ScrapyDistError(
+            f"{detail}: this machine's clock is more than DUPEFILTER_TTL/(BLOOMFILTER_GENERATIONS-1)"
+            " seconds off the Redis server's; set it right (NTP)"
+        )
+    if reason.startswith("bloom"):
+        return BloomParameterError(
+            f"{detail} field n: refused by the filter ({reason}): not a count within the filter's bound"
+            f" ({'the bound' if reason == 'bloom_bound' else 'garbage'})"
+        )
+    return FrontierStateError(reason, detail)
+
+
+class DupeScript:
+    """``dupe_batch.lua`` on one client."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self._repaired = RateLimitedLog(logger)
+        self.script = scripts.register(redis, "dupe_batch")
+        redis.script_load(self.script.script)  # the pipelined calls below are plain EVALSHA
+
+    def run(self, df: Any, op: str, tokens: list[tuple[Any, Any]], now: float | None = None) -> list[bool]:
+        """``op`` ("add", "check" or "forget") over ``tokens`` for filter ``df``: script calls of at most
+        :data:`CALL_TOKENS` fingerprints each, pipelined in one round trip (one per call on Redis
+        Cluster). Each fingerprint's test-and-set is atomic, and the calls run in order, so a fingerprint
+        twice in a batch is new only the first time. True where the fingerprint was already seen.
+
+        Why not one call for the whole batch: a script holds Redis for its whole run, so a batch of
+        thousands would stall every other worker's calls for tens of milliseconds, and a call slower than
+        ``slowlog-log-slower-than`` (10 ms by default) is copied into Redis's slow log, arguments and all
+        -- up to a few hundred KB of Redis memory that the filter does not need.
+        """
+        chunks = [
+            [x if isinstance(x, bytes) else str(x) for pair in tokens[i : i + CALL_TOKENS] for x in pair]
+            for i in range(0, len(tokens), CALL_TOKENS)
+        ]
+        flags: list[str | None] = [None] * len(chunks)
+        for _ in range(64):
+            todo = [i for i, f in enumerate(flags) if f is None]
+            if not todo:
+                return [f == "0" for chunk in flags for f in chunk or ""]
+            pending = sum(len(chunks[i]) // 2 for i in todo) if op == "add" else 0
+            mode, keys, params = df.script_args(pending, now)
+            head = [op, mode, "" if now is None else repr(now), len(params), *params]
+            answers = self.calls(keys, [[*head, *chunks[i]] for i in todo])
+            for i, answer in zip(todo, answers, strict=True):
+                if answer is None:  # Redis had lost the script: loaded again, run again
+                    continue
+                if answer[0] == -2:  # refused, nothing written (dupe.lua: garbage, past the bound, ...)
+                    raise refusal(answer[1], answer[2])
+                got, n = answer[0], answer[1]
+                for raw in answer[2] if len(answer) > 2 and isinstance(answer[2], list) else ():
+                    key = text(raw)
+                    self._repaired.log(
+                        logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing",
+                        key, key=key,
+                    )
+                df.observe(int(n))
+                if got != -1:  # -1: the chain grew past the keys passed (another worker): again with more
+                    flags[i] = got.decode() if isinstance(got, bytes) else got
+        raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
+
+    def calls(self, keys: list[str], argvs: list[list[Any]]) -> list[Any]:
+        """Answers of one script call per ``argvs`` entry, in order: pipelined (not as a transaction) in
+        one round trip, or on Redis Cluster one call after the other. None for a pipelined call Redis
+        refused with NOSCRIPT (a restart or SCRIPT FLUSH), once the script is loaded again."""
+        if len(argvs) == 1 or connection.is_cluster(self.redis):
+            # redis-py reloads the script by itself; its cluster pipelines refuse EVALSHA, so a cluster
+            # client makes one round trip per call (all the keys are on one node anyway)
+            return [self.script(keys=keys, args=args) for args in argvs]
+        pipe = self.redis.pipeline(transaction=False)
+        for args in argvs:
+            pipe.evalsha(self.script.sha, len(keys), *keys, *args)
+        answers = pipe.execute(raise_on_error=False)
+        for answer in answers:
+            if isinstance(answer, Exception) and not isinstance(answer, NoScriptError):
+                raise answer
+        if any(isinstance(a, NoScriptError) for a in answers):
+            self.redis.script_load(self.script.script)
+        return [None if isinstance(a, NoScriptError) else a for a in answers]

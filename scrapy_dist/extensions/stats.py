@@ -1,0 +1,88 @@
+"""``STATS_CLASS = "scrapy_dist.stats.RedisStatsCollector"``: scrapy-redis's stats collector, kept cheap.
+
+scrapy-redis's ``RedisStatsCollector`` writes every ``inc_value`` through to a Redis hash
+(``STATS_KEY``, ``<spider>:stats``) -- up to three round trips per increment, several per request, and
+racy between workers (read, compute, write back). Ours keeps Scrapy's in-memory collector for this worker
+(no round trip on the hot path) and makes sure the crawl-wide figures reach Redis through the existing
+:class:`~scrapy_dist.extensions.ClusterStats` machinery: every ``CLUSTERSTATS_INTERVAL`` seconds and at
+close, one atomic script call merges what changed (numbers summed over workers) into ``{<spider>}:stats``.
+
+Differences, deliberately: ``get_value``/``get_stats`` answer this worker's stats, as Scrapy's collector
+does (:meth:`RedisStatsCollector.crawl_stats` reads the crawl-wide hash, one round trip); the key is
+``{<spider>}:stats`` (``STATS_KEY`` is not read: see the migration table); the hash is not deleted when a
+worker closes (a crawl that does not persist has its keys removed once it finishes).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from scrapy.statscollectors import MemoryStatsCollector
+from scrapy.utils.misc import load_object
+
+from scrapy_dist.redis import connection
+from scrapy_dist.redis.keys import crawler_keys
+from scrapy_dist.settings import DistSettings
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+__all__ = ["CLUSTER_STATS", "RedisStatsCollector"]
+
+logger = logging.getLogger(__name__)
+
+#: The extension that writes the crawl-wide stats (enabled by this collector if the project has not).
+CLUSTER_STATS = "scrapy_dist.extensions.ClusterStats"
+#: Its order among extensions when this collector enables it (the add-on's value).
+CLUSTER_STATS_ORDER = 500
+
+
+class RedisStatsCollector(MemoryStatsCollector):
+    """Scrapy's in-memory stats for this worker, plus crawl-wide stats in Redis (see the module
+    docstring). Enables :class:`~scrapy_dist.extensions.ClusterStats` unless the project disabled it
+    (``EXTENSIONS = {"scrapy_dist.extensions.ClusterStats": None}``, which is then logged)."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        self.crawler = crawler
+        enable_cluster_stats(crawler)
+
+    def crawl_stats(self) -> dict[str, str]:
+        """The crawl-wide merged stats (every worker's, as last flushed): one ``HGETALL``."""
+        client = connection.get_redis(DistSettings.for_crawler(self.crawler))
+        try:
+            raw = client.hgetall(crawler_keys(self.crawler).stats)
+        finally:
+            client.close()
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def enable_cluster_stats(crawler: Crawler) -> bool:
+    """Add ClusterStats to the crawler's ``EXTENSIONS`` unless it is there (enabled: nothing to do;
+    disabled with ``None``: respected, with a WARNING). True if it will run. Settings must not be frozen
+    yet (a stats collector is built before they are)."""
+    from scrapy_dist.extensions.clusterstats import ClusterStats
+
+    settings = crawler.settings
+    for path, order in settings.getwithbase("EXTENSIONS").items():
+        try:
+            cls = load_object(path) if isinstance(path, str) else path
+        except (ImportError, NameError, ValueError):
+            continue
+        if cls is ClusterStats:
+            if order is None:
+                logger.warning(
+                    "scrapy-dist: STATS_CLASS=RedisStatsCollector keeps no crawl-wide stats because"
+                    " EXTENSIONS disables %s; enable it to get them in Redis", CLUSTER_STATS,
+                )
+                return False
+            return True
+    if getattr(settings, "frozen", False):
+        return False
+    settings["EXTENSIONS"].set(CLUSTER_STATS, CLUSTER_STATS_ORDER, priority="addon")
+    return True

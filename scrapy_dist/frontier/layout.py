@@ -1,0 +1,254 @@
+"""A crawl's layout in Redis: its shards, their keys and dupefilters -- joined at start, removed at the end.
+
+* :meth:`CrawlLayout.join` (worker start, synchronous, before the reactor's loop runs a round): queue
+  entries are laid out differently with crawl-wide politeness, and a request's shard depends on N, so a
+  crawl has one ``SCHEDULER_POLITENESS`` mode and one ``SCHEDULER_SHARDS`` N, recorded in its control
+  hash by its first worker; a worker that differs is refused with one line. The control hash also
+  records the newest frontier format (:data:`FRONTIER_FORMAT`) that has joined the crawl, so that workers
+  of two versions that would misread each other's entries never run together (:func:`format_check`).
+* :meth:`CrawlLayout.delete` (``SCHEDULER_FLUSH_ON_START``): every shard's keys, of this worker's N and of
+  the crawl's recorded N (a crawl restarted with another N leaves nothing behind).
+* :meth:`CrawlLayout.finish` (``SCHEDULER_PERSIST = False``): the last worker to leave a finished crawl
+  removes its keys.
+* :meth:`CrawlLayout.filter_stats`: the dupefilter figures for the stats, summed over the shards.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from scrapy_dist.exceptions import ScrapyDistError, ShardingRefused
+from scrapy_dist.frontier.shard import shards_idle
+from scrapy_dist.redis import scripts
+from scrapy_dist.redis.replies import count as untrusted_count
+
+if TYPE_CHECKING:
+    from scrapy_dist.redis.keys import CrawlKeys
+
+logger = logging.getLogger(__name__)
+
+#: keys deleted per DEL command
+_DELETE_BATCH = 100
+
+#: how scrapy-dist lays a crawl out in Redis, recorded in the control hash (field ``format``) by every
+#: worker that joins: 1 = lease metadata in a HASH (before the control hash recorded it; still read),
+#: 2 = lease keys (a tag after the queue member, ``lua/sync_sweep.lua``). Bump it with any change an
+#: older worker would misread (it would reject the newer entries as garbage): such a worker refuses to
+#: join, and a newer one refuses while workers of an older format are running (docs/operations.md,
+#: "Upgrading").
+FRONTIER_FORMAT = 2
+#: values of the ``format`` field taken as a format; anything else is garbage (overwritten, warned)
+_FORMAT_LIMIT = 1000
+
+
+def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -> str | None:
+    """What a worker of frontier format ``ours`` does with the crawl's ``recorded`` format, while
+    ``running`` other workers have sent a heartbeat within a lease's time: ``None`` (join, nothing to
+    write), ``"write"`` (join and record ``ours``: a first worker, an upgrade of a crawl nobody runs, or
+    garbage in the field). Raises :class:`ScrapyDistError` (one line) when it must not join."""
+    if recorded is None:
+        return "write"
+    text = recorded.decode(errors="replace")
+    if not text.isdigit() or not 0 < int(text) < _FORMAT_LIMIT:
+        logger.warning("The crawl %r: its control hash's field format holds %r, not a frontier format;"
+                       " recorded %d (this worker's)", spider, text[:40], ours)
+        return "write"
+    theirs = int(text)
+    if theirs > ours:
+        raise ScrapyDistError(
+            f"The crawl {spider!r} was written by a newer scrapy-dist (frontier format {theirs}; this worker"
+            f" reads up to {ours}): upgrade this worker, or start afresh (SCHEDULER_FLUSH_ON_START)."
+        )
+    if theirs < ours and running:
+        raise ScrapyDistError(
+            f"The crawl {spider!r} has {running} worker(s) of an older scrapy-dist running (frontier format"
+            f" {theirs}; this worker writes {ours}, which they would misread): stop them, then start the"
+            " upgraded workers (docs/operations.md, Upgrading)."
+        )
+    return "write" if theirs < ours else None
+
+
+class CrawlLayout:
+    """The shards of one crawl (``keys.shards(n)``) and the dupefilter of each."""
+
+    def __init__(
+        self, keys: CrawlKeys, dupefilter: Any, shards: int = 1, politeness: str = "process",
+        lease_seconds: float = 60.0,
+    ) -> None:
+        self.keys = keys
+        #: a worker seen within this many seconds counts as running (its leases are still valid)
+        self.lease_seconds = lease_seconds
+        self.df = dupefilter
+        self.shards = shards
+        self.politeness = politeness
+        #: the keys of every shard; shard 0 is the crawl's own keys
+        self.shard_keys = keys.shards(shards)
+        #: one dupefilter per shard (the crawl's own dupefilter with one shard)
+        self.shard_dfs: list[Any] = [dupefilter]
+
+    # -- start ----------------------------------------------------------------------------------------
+    def open(self, settings: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
+        """At a worker's start, through a short-lived client of ``settings``: clear the crawl first with
+        ``flush_on_start``, join it, and return its backlog (requests
+        pending, fingerprints remembered). Anything refused ends the crawl with one line."""
+        from scrapy_dist.extensions.control import move_aside_foreign  # extensions import the scheduler
+        from scrapy_dist.redis import connection
+
+        client = connection.get_redis(settings)
+        try:
+            move_aside_foreign(client, self.keys.control)  # garbage there failed every worker
+            if flush_on_start:
+                self.delete(client)
+                logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
+            self.join(client, batched)
+            return self.backlog(client)
+        except ScrapyDistError as exc:  # e.g. a bloom filter written with another bit layout
+            connection.abort_crawl(exc)
+        finally:
+            client.close()
+
+    def join(self, client: Any, batched: bool) -> None:
+        """Record or check the crawl's mode and N (one round trip), then open every shard's dupefilter.
+
+        ``batched``: the dupefilter is a scrapy-dist one (each shard gets its own). Raises
+        :class:`ScrapyDistError` with one line when this worker cannot join.
+        """
+        keys = self.keys
+        pipe = client.pipeline(transaction=False)
+        pipe.hsetnx(keys.control, "politeness", self.politeness)
+        pipe.hsetnx(keys.control, "shards", self.shards)
+        pipe.hmget(keys.control, ["politeness", "shards", "format"])
+        mode, shards, recorded = pipe.execute()[-1]
+        secs, micros = client.time()  # the clock heartbeats are written with (not pipelined: Cluster)
+        try:
+            running = client.zcount(keys.workers, secs + micros / 1e6 - self.lease_seconds, "+inf")
+        except redis.ResponseError:  # not a ZSET: garbage the first sync call moves aside; nobody runs
+            running = 0
+        if format_check(keys.spider, recorded, FRONTIER_FORMAT, running) == "write":
+            client.hset(keys.control, "format", FRONTIER_FORMAT)
+        if shards is not None and not shards.isdigit():
+            raise ScrapyDistError(
+                f"{keys.control!r} holds an invalid shards field"
+                f" {shards[:40].decode(errors='replace')!r}; start afresh (SCHEDULER_FLUSH_ON_START)"
+            )
+        if mode is not None and mode.decode(errors="replace") != self.politeness:
+            raise ScrapyDistError(
+                f"The crawl {keys.spider!r} runs with SCHEDULER_POLITENESS={mode.decode(errors='replace')!r};"
+                f" this worker has {self.politeness!r}. Use the crawl's mode, or start afresh"
+                " (SCHEDULER_FLUSH_ON_START)."
+            )
+        if shards is not None and int(shards) != self.shards:
+            raise ShardingRefused(
+                f"The crawl {keys.spider!r} runs with SCHEDULER_SHARDS={int(shards)}; this worker has"
+                f" {self.shards}. Every worker of a crawl must use the same number of shards (use"
+                f" {int(shards)}, or start afresh with SCHEDULER_FLUSH_ON_START)."
+            )
+        if self.shards > 1 and batched:
+            self.shard_dfs = [self.df.for_shard(k, self.shards) for k in self.shard_keys]
+        if hasattr(self.df, "open"):
+            for df in self.shard_dfs:
+                df.open()
+
+    def backlog(self, client: Any) -> tuple[int, int]:
+        """(requests queued, leased or delayed; fingerprints remembered) over every shard: what a worker
+        joining the crawl finds (one pipelined round trip)."""
+        pipe = client.pipeline(transaction=False)
+        for k in self.shard_keys:
+            pipe.hget(k.queue_tails, "count")  # queue members may be chunks of several requests
+            pipe.zcard(k.queue)
+            pipe.zcard(k.leases)
+            pipe.zcard(k.delayed)
+            pipe.hmget(k.bloom, ["n", "live"])  # live: the bloom generations' items (DUPEFILTER_TTL)
+            pipe.scard(k.fingerprints)
+            pipe.zcard(k.fingerprints_ttl)
+        replies = pipe.execute()
+        pending = remembered = 0
+        for i in range(0, len(replies), 7):
+            counted, members, leased, delayed, (bloom_n, live), fps, expiring = replies[i : i + 7]
+            pending += max(untrusted_count(counted), members) + leased + delayed
+            remembered += untrusted_count(bloom_n) + untrusted_count(live) + fps + expiring
+        return pending, remembered
+
+    # -- keys -----------------------------------------------------------------------------------------
+    @staticmethod
+    def key_names(keys: CrawlKeys, df: Any) -> list[str]:
+        """Every key of one shard (all of the crawl's frontier keys for shard 0), bloom blocks included."""
+        names = keys.frontier_keys()
+        own = getattr(df, "key_names", None)
+        return names + (own() if own is not None else [])
+
+    def layouts(self, shards: int) -> list[tuple[CrawlKeys, Any]]:
+        """(keys, dupefilter) of every shard of a frontier of ``shards`` shards."""
+        if shards == 1:
+            return [(self.keys, self.df)]
+        if shards == self.shards and len(self.shard_dfs) == shards:
+            return list(zip(self.shard_keys, self.shard_dfs, strict=True))
+        split = getattr(self.df, "for_shard", None)
+        return [(k, split(k, shards) if split else self.df) for k in self.keys.shards(shards)]
+
+    def delete(self, client: Any) -> None:
+        """``SCHEDULER_FLUSH_ON_START``: delete every shard's keys (synchronous client)."""
+        recorded = client.hget(self.keys.control, "shards")
+        recorded_n = int(recorded) if recorded is not None and recorded.isdigit() else 1
+        for shards in sorted({self.shards, max(1, min(recorded_n, 1024))}):
+            for keys, df in self.layouts(shards):
+                names = self.key_names(keys, df)
+                for i in range(0, len(names), _DELETE_BATCH):
+                    client.delete(*names[i : i + _DELETE_BATCH])
+
+    # -- end ------------------------------------------------------------------------------------------
+    async def finish(self, redis: Any, worker_id: str, lease_seconds: float) -> None:
+        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys.
+
+        With shards, ``finish.lua`` can only see shard 0 (one slot): the other shards are first checked
+        empty with :func:`~scrapy_dist.frontier.shard.shards_idle`, and deleted once shard 0's keys have been."""
+        keys = self.keys
+        if self.shards > 1 and not await shards_idle(redis, self.shard_keys):
+            await redis.zrem(keys.workers, worker_id)
+            return
+        layouts = self.layouts(self.shards)
+        script = scripts.register(redis, "finish")
+        first = [keys.workers, keys.queue, keys.leases, keys.delayed]
+        deleted = await script(
+            keys=first + [k for k in self.key_names(*layouts[0]) if k not in first],
+            args=[worker_id, repr(lease_seconds)],
+        )
+        if deleted:
+            for shard_keys, df in layouts[1:]:
+                names = self.key_names(shard_keys, df)
+                for i in range(0, len(names), _DELETE_BATCH):
+                    await redis.delete(*names[i : i + _DELETE_BATCH])
+            logger.info("SCHEDULER_PERSIST is off and the crawl has finished: removed its frontier keys")
+
+    async def leave_unmonitored(self, redis: Any, worker_id: str) -> None:
+        """Without ClusterStats (the two classic settings, no add-on) nothing tells ``scrapy-dist status``
+        this worker closed, and its heartbeat in the workers ZSET would show it lost: a worker without a
+        details hash (ClusterStats writes it at open) leaves the ZSET. EXISTS + ZREM."""
+        from scrapy_dist.redis.connection import CONNECT_ERRORS
+
+        try:
+            if not await redis.exists(self.keys.worker(worker_id)):
+                await redis.zrem(self.keys.workers, worker_id)
+        except CONNECT_ERRORS:
+            pass  # Redis away: shown lost, as a worker that vanished
+
+    def filter_stats(self) -> dict[str, float]:
+        """The dupefilter's figures for the stats, summed over the shards' filters."""
+        if self.shards == 1 or len(self.shard_dfs) == 1:
+            return dict(self.df.stats_snapshot()) if hasattr(self.df, "stats_snapshot") else {}
+        plans = [getattr(df, "plan", None) for df in self.shard_dfs]
+        if any(p is None for p in plans):
+            return {}
+        items = sum(df.n for df in self.shard_dfs)
+        capacity = sum(p.capacity for p in plans if p is not None)
+        return {
+            "dupefilter/bloom/items": items,
+            "dupefilter/bloom/fill_ratio": round(items / capacity, 6),
+            # a URL is looked up in one shard's filter only: the worst shard bounds the rate
+            "dupefilter/bloom/fpr_estimate": max(
+                p.false_positive_rate(df.n) for p, df in zip(plans, self.shard_dfs, strict=True) if p
+            ),
+        }

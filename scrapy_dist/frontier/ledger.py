@@ -1,0 +1,421 @@
+"""What one worker holds and owes the shared frontier: an I/O-free ledger.
+
+The scheduler's buffers, and every rule about them, live here; nothing in this module talks to Redis or
+to Scrapy's engine, and every method that needs the time takes ``now``, so the rules are unit-tested in
+milliseconds (tests/test_ledger.py). The :class:`~scrapy_dist.frontier.syncloop.SyncLoop` moves the ledger's
+contents to and from Redis:
+
+* **outgoing** -- discovered requests (:class:`Outgoing`), delayed retries, dead letters, rejections,
+  releases and politeness penalties wait here until the next round (:meth:`Ledger.take_batches`);
+* **ready** -- leased requests not yet handed to the engine (:class:`~scrapy_dist.frontier.leased.LeasedBuffer`),
+  served highest priority first, and **local** ones that could not be encoded (crawled by this worker
+  only);
+* **handed** -- requests the engine works on, with the lease they came from;
+* **acks** -- leases of finished requests. An ack may travel in the same atomic call as the requests its
+  callback produced (that is what makes a SIGKILL lose nothing); with a sharded frontier, when that output
+  goes to other shards, the ack is held back until a round carrying it has landed on every shard
+  (:meth:`Ledger.take_batches` / :meth:`Ledger.finish_round`).
+
+A round either lands on a shard (:meth:`Ledger.apply` takes in its answer) or fails there
+(:meth:`Ledger.restore` puts its batch back in front of what came since); nothing is ever dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.frontier.leased import Lease, LeasedBuffer
+from scrapy_dist.frontier.shard import SyncBatch
+from scrapy_dist.wire.rejections import rejection_record
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+    from scrapy_dist.frontier.shard import SyncResult
+
+
+#: most discovered requests one sync call carries to one shard. A script holds Redis for its whole run:
+#: a backlog (thousands of requests after an outage) goes in several short calls, not one long one that
+#: every other worker waits behind. 48 keep a call under 1 ms (the crawl benchmark's calls replayed back
+#: to back, as a busy server runs them: p99 0.59 ms with SETTLE_PER_RECORD; during one worker's crawl,
+#: caches cold, 0.91-1.02 ms).
+CALL_RECORDS = 48
+#: an ack, a lease or a renewal costs the script about a sixth of a discovered request's dedupe and
+#: enqueue (the crawl benchmark's calls, fitted per item: ~1.8 against ~10.6 us): the call that settles
+#: a shard's leases carries that many fewer discovered requests (the rest go in the round's other calls),
+#: so that a call leasing a whole prefetch is no longer than the others (its p99 set the crawl's).
+SETTLE_PER_RECORD = 6
+#: discovered requests the settling call always carries: a round makes progress whatever it settles
+SETTLE_MIN_RECORDS = 8
+#: most calls of one round to one shard: a worker that discovers more than ``CALL_RECORDS`` requests
+#: between two rounds (a busy reactor turns slowly: 50 ms and more) sends them in several short calls at
+#: once (concurrently, one round trip) instead of one call per round, which let a backlog grow for the
+#: whole crawl and held the acks back with it. What is left past them waits for the next round, at once.
+CALLS_PER_ROUND = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class Routed:
+    """Where an outgoing entry goes: its shard and, with crawl-wide politeness, its domain and limits
+    (``"delay concurrency jitter"``). Keyword-only, after the fields of :class:`Outgoing` / :class:`Delay`."""
+
+    domain: str = ""
+    limits: str = ""
+    shard: int = 0
+
+
+@dataclass(frozen=True)
+class Outgoing(Routed):
+    """A discovered request waiting to be sent to the frontier."""
+
+    request: Request
+    #: the dupefilter's two fingerprint tokens; ``t1 == ""`` skips dedupe (``dont_filter``)
+    t1: Any
+    t2: Any
+    #: queue score (``-priority`` for the priority queue)
+    score: float
+    #: encoded request; ``b""`` when it could not be encoded (deduped only, then crawled locally)
+    payload: bytes
+    #: only record the fingerprint (the request itself travels in another, unfiltered entry)
+    record_only: bool = False
+
+    def enqueue_item(self) -> tuple[Any, Any, float, bytes, str, str]:
+        """The item of ``SyncBatch.enqueue`` this request becomes."""
+        return (self.t1, self.t2, self.score, self.payload, self.domain, self.limits)
+
+
+@dataclass(frozen=True)
+class Delay(Routed):
+    """A request to put in the crawl's delayed set until ``not_before`` (unix time)."""
+
+    score: float
+    payload: bytes
+    not_before: float
+
+    def delay_item(self) -> tuple[float, bytes, float, str, str]:
+        return (self.score, self.payload, self.not_before, self.domain, self.limits)
+
+
+@dataclass
+class Applied:
+    """What one shard's answer changed, for the caller's stats and logs."""
+
+    #: discovered requests the frontier found new and stored
+    enqueued: int = 0
+    #: discovered requests the frontier found already seen (to log as filtered)
+    duplicates: list[Request] = field(default_factory=list)
+    #: requests leased (decodable or not)
+    leased: int = 0
+    #: leased entries that failed to become a request: (lease, why)
+    rejected: list[tuple[Lease, RejectedEntry]] = field(default_factory=list)
+
+
+class Ledger:
+    """One worker's account with the frontier (see the module docstring). Reactor thread only."""
+
+    def __init__(self, shards: int = 1, worker_id: str = "") -> None:
+        self.shards = shards
+        self.worker_id = worker_id
+        self.ready = LeasedBuffer()
+        #: new requests that could not be encoded: crawled by this worker only
+        self.local: deque[Request] = deque()
+        self.out: list[Outgoing] = []
+        self.handed: dict[Request, Lease] = {}
+        #: every lease this worker holds in Redis (renewed each renewal round)
+        self.held: set[Lease] = set()
+        #: acks whose requests' output is already in Redis (or travels in the same call)
+        self.acks: list[Lease] = []
+        #: acks of requests just finished: their output may still be in this worker's buffers
+        self.acks_new: list[Lease] = []
+        #: acks held back during the current round, sendable once it has landed on every shard
+        self.acks_waiting: list[Lease] = []
+        self.delays: list[Delay] = []
+        self.dead: list[str] = []
+        #: (shard, fingerprint tokens) the dupefilter forgets, with the dead letters (DEADLETTER_FORGET)
+        self.forgets: list[tuple[int, tuple[Any, Any]]] = []
+        self.rejects: list[tuple[Lease, str]] = []
+        self.releases: list[Lease] = []
+        self.penalties: list[tuple[int, tuple[str, float]]] = []
+        #: when the oldest unsent write was buffered (``None``: nothing waits)
+        self.first_pending: float | None = None
+        #: discovered requests the last :meth:`take_batches` left for the next round (0: it took all)
+        self.left_behind = 0
+        #: the best (lowest) score among ``out``: a discovered request may outrank everything leased
+        self.best_out = math.inf
+        #: what the current round took, per call (put back by :meth:`restore` if the call fails)
+        self._sent: list[list[Outgoing]] = []
+        #: the shard of each call of the current round (the first ``shards`` calls: shard = index)
+        self.call_shards: list[int] = list(range(shards))
+        #: revisits: acks that also file the request again (lease -> (delay seconds, new member or b""))
+        self.revisits: dict[Lease, tuple[float, bytes]] = {}
+        #: the revisit of a finished request, or None (set by the scheduler: scrapy_dist/frontier/revisit.py)
+        self.revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
+
+    # -- writes from the scheduler --------------------------------------------------------------------
+    def add(self, entry: Outgoing, now: float) -> None:
+        self.out.append(entry)
+        if entry.score < self.best_out:
+            self.best_out = entry.score
+        self._mark(now)
+
+    def delay(self, entry: Delay, now: float) -> None:
+        self.delays.append(entry)
+        self._mark(now)
+
+    def dead_letter(self, record: str, now: float, forget: tuple[int, tuple[Any, Any]] | None = None) -> None:
+        """A dead letter; ``forget``: (shard, tokens) of its fingerprint, forgotten in the same call."""
+        self.dead.append(record)
+        if forget is not None:
+            self.forgets.append(forget)
+        self._mark(now)
+
+    def penalize(self, domain: str, seconds: float, now: float, shard: int = 0) -> None:
+        """Push ``domain``'s next allowed time back (on the shard holding its politeness state)."""
+        self.penalties.append((shard, (domain, seconds)))
+        self._mark(now)
+
+    def reject(self, lease: Lease, exc: RejectedEntry, now: float, at: float | None = None) -> None:
+        """Drop a leased entry that is not a valid request; it is parked with a JSON record (``at``: its
+        unix time, default now)."""
+        _, member = lease
+        self.rejects.append((lease, rejection_record(exc.reason, member, self.worker_id, exc.detail, at)))
+        self._mark(now)
+
+    def _mark(self, now: float) -> None:
+        if self.first_pending is None:
+            self.first_pending = now
+
+    # -- the engine's side ----------------------------------------------------------------------------
+    def hand_out(self, load: Callable[[Request], int] | None = None) -> Request | None:
+        """The next request for the engine: a local one first, else the best leased one (with ``load``,
+        the best one of the least loaded download slot)."""
+        if self.local:
+            return self.local.popleft()
+        if not self.ready:
+            return None
+        request, lease = self.ready.pop() if load is None else self.ready.pop_least_loaded(load)
+        self.handed[request] = lease
+        return request
+
+    def collect_finished(self, busy: Collection[Request], now: float) -> int:
+        """Move requests the engine no longer works on from 'handed' to 'to acknowledge'."""
+        if not self.handed:
+            return 0
+        done = [r for r in self.handed if r not in busy]
+        for r in done:
+            lease = self.handed.pop(r)
+            self.acks_new.append(lease)
+            if self.revisit_of is not None:
+                revisit = self.revisit_of(r, lease)
+                if revisit is not None:
+                    self.revisits[lease] = revisit
+        if done:
+            self._mark(now)
+        return len(done)
+
+    def release_all(self, now: float) -> None:
+        """At close: unstarted and unfinished work goes straight back to the queue."""
+        self.releases += self.ready.leases() + list(self.handed.values())
+        self.ready.clear()
+        self.handed.clear()
+        if self.releases:
+            self._mark(now)
+
+    # -- state ----------------------------------------------------------------------------------------
+    def outranked(self) -> int:
+        """How many discovered, unsent requests outrank every leased one (0 in the common case, and
+        when nothing is leased: the check is one comparison). The engine should wait for them rather
+        than start a worse request: the next round stores them and, by leasing at least that many (up
+        to the prefetch), brings them back first."""
+        if not self.ready:
+            return 0  # nothing worse to hold back: the usual prefetch applies
+        best = self.ready.best_score()
+        if self.best_out >= best:
+            return 0
+        return sum(1 for e in self.out if e.score < best)
+
+    def has_writes(self) -> bool:
+        """Whether anything waits to be written (besides acks and releases)."""
+        return bool(self.out or self.delays or self.dead or self.rejects or self.penalties or self.forgets)
+
+    def owes(self) -> bool:
+        """Whether anything at all waits to be sent, acks held back included."""
+        return bool(
+            self.has_writes() or self.releases or self.acks or self.acks_new or self.acks_waiting
+        )
+
+    def busy(self) -> bool:
+        """Whether this worker has work of its own: buffered, in the engine, or to send."""
+        return bool(self.ready or self.local or self.handed) or self.owes()
+
+    # -- rounds ---------------------------------------------------------------------------------------
+    def take_batches(
+        self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS, max_calls: int = 1
+    ) -> list[SyncBatch]:
+        """The calls of one round: one batch per shard (index = shard) with everything buffered, then --
+        when a shard has more discovered requests than its first call takes -- up to ``max_calls - 1``
+        more calls to that shard of ``max_records`` each (:attr:`call_shards` names each call's shard).
+        The first call also settles the shard's leases, acks and renewals, so it takes fewer discovered
+        requests: ``max_records`` less one per :data:`SETTLE_PER_RECORD` of those, at least
+        :data:`SETTLE_MIN_RECORDS`. What is taken leaves the buffers (see :meth:`restore`); discovered
+        requests past that wait in order for the next round (:attr:`left_behind`).
+
+        An ack may travel with its request's output only in one atomic call: when every write of this
+        round is in the call that carries it. Else it waits in ``acks_waiting`` until :meth:`finish_round`
+        (one more round, once this one has landed everywhere). While discovered requests are left behind,
+        the acks of requests just finished wait in ``acks_new`` (their output may be among them).
+        """
+        n = self.shards
+        batches = [SyncBatch() for _ in range(n)]
+        shard_of = list(range(n))
+        sent: list[list[Outgoing]] = [[] for _ in range(n)]
+        filling, calls = list(range(n)), [1] * n  # per shard: the call being filled, calls used
+        # the first call of a shard settles its leases: it carries fewer discovered requests
+        settle = [0] * n
+        for i, leases in enumerate(lease_counts[:n]):
+            settle[i] += leases
+        for shard, _ in itertools.chain(self.acks, self.acks_new, self.held if renew else ()):
+            settle[shard] += 1
+        room = [max(SETTLE_MIN_RECORDS, max_records - load // SETTLE_PER_RECORD) for load in settle]
+        left: list[Outgoing] = []
+        for entry in self.out:
+            shard = entry.shard
+            call = filling[shard]
+            if len(sent[call]) >= (room[shard] if call < n else max_records):
+                if calls[shard] >= max_calls:
+                    left.append(entry)
+                    continue
+                call = filling[shard] = len(batches)
+                calls[shard] += 1
+                batches.append(SyncBatch())
+                sent.append([])
+                shard_of.append(shard)
+            batches[call].enqueue.append(entry.enqueue_item())
+            sent[call].append(entry)
+        self.left_behind = len(left)
+        self.call_shards = shard_of
+        for d in self.delays:
+            batches[d.shard].delay.append(d.delay_item())
+        for (shard, member), record in self.rejects:
+            batches[shard].reject.append((member, record))
+        for shard, member in self.releases:
+            batches[shard].release.append(member)
+        batches[0].dead = self.dead
+        for shard, penalty in self.penalties:
+            batches[shard].penalize.append(penalty)
+        for shard, tokens in self.forgets:
+            batches[shard].forget.append(tokens)
+        for shard, member in self.acks:
+            self._ack(batches[shard], (shard, member))
+        writes = {i for i, b in enumerate(batches) if b.enqueue or b.delay or b.dead or b.forget}
+        waiting, held_new = [], []
+        for shard, member in self.acks_new:
+            if left:
+                held_new.append((shard, member))
+            elif writes <= {shard}:
+                self._ack(batches[shard], (shard, member))
+            else:
+                waiting.append((shard, member))
+        self.acks_waiting = waiting
+        if renew:
+            for shard, member in self.held:
+                batches[shard].renew.append(member)
+        for batch, count in zip(batches, lease_counts, strict=False):
+            batch.lease = count
+        self._sent = sent
+        self.out, self.acks, self.acks_new, self.delays = left, [], held_new, []
+        self.best_out = min((e.score for e in left), default=math.inf)
+        self.rejects, self.dead, self.penalties, self.releases, self.forgets = [], [], [], [], []
+        if not left:
+            self.first_pending = None
+        return batches
+
+    def _ack(self, batch: SyncBatch, lease: Lease) -> None:
+        # a revisit is an ack that also files the request again (one item of the 'revisit' section)
+        revisit = self.revisits.pop(lease, None)
+        if revisit is None:
+            batch.ack.append(lease[1])
+        else:
+            batch.revisit.append((lease[1], revisit[0], revisit[1]))
+
+    def restore(self, call: int, batch: SyncBatch, now: float) -> None:
+        """Put a call's batch that could not be sent back in front of what came since."""
+        shard = self.call_shards[call]
+        self.out = self._sent[call] + self.out
+        self.best_out = min((e.score for e in self.out), default=math.inf)
+        for member, delay, new in batch.revisit:
+            self.revisits[(shard, member)] = (delay, new)
+        self.acks = [(shard, m) for m in batch.ack] + [(shard, m) for m, _, _ in batch.revisit] + self.acks
+        self.delays = [
+            Delay(score, payload, not_before, domain=domain, limits=limits, shard=shard)
+            for score, payload, not_before, domain, limits in batch.delay
+        ] + self.delays
+        self.rejects = [((shard, m), record) for m, record in batch.reject] + self.rejects
+        self.releases = [(shard, m) for m in batch.release] + self.releases
+        self.dead = batch.dead + self.dead
+        self.forgets = [(shard, t) for t in batch.forget] + self.forgets
+        self.penalties = [(shard, p) for p in batch.penalize] + self.penalties
+        self._mark(now)
+
+    def apply(
+        self,
+        call: int,
+        batch: SyncBatch,
+        result: SyncResult,
+        decode: Callable[[int, bytes], Request],
+        now: float,
+    ) -> Applied:
+        """Take in one call's answer (``call``: its index in the round, see :attr:`call_shards`): which
+        discovered requests were new, what was leased.
+
+        ``decode(shard, member)`` turns a leased member into a request; whatever it raises, the entry is
+        rejected (parked with a reason) and the round goes on -- one entry can never stop a worker.
+        """
+        applied = Applied()
+        shard = self.call_shards[call]
+        for entry, new in zip(self._sent[call], result.new, strict=True):
+            if entry.record_only:
+                continue
+            if new:
+                if entry.payload:
+                    applied.enqueued += 1
+                else:
+                    self.local.append(entry.request)  # unserializable but new: this worker crawls it
+            elif entry.t1 != "":
+                applied.duplicates.append(entry.request)
+        revisited = (m for m, _, _ in batch.revisit)
+        settled = (*batch.ack, *batch.release, *(m for m, _ in batch.reject), *revisited)
+        for member in settled:
+            self.held.discard((shard, member))
+        for member, score in result.leased:
+            lease = (shard, member)
+            self.held.add(lease)
+            try:
+                request = decode(shard, member)
+            except RejectedEntry as exc:
+                applied.rejected.append((lease, exc))
+            except Exception as exc:  # defence in depth: no entry may stop the worker
+                applied.rejected.append((lease, RejectedEntry("bad_entry", f"{type(exc).__name__}: {exc}")))
+            else:
+                self.ready.push(score, request, lease)
+        for lease, why in applied.rejected:
+            self.reject(lease, why, now)
+        applied.leased = len(result.leased)
+        return applied
+
+    def finish_round(self, landed: bool, now: float) -> None:
+        """After a round: acks held back may go once it landed on every shard; else they wait again."""
+        if landed:
+            self.acks = self.acks + self.acks_waiting
+        else:
+            self.acks_new = self.acks_waiting + self.acks_new
+        self.acks_waiting = []
+        self._sent = []
+        if self.acks:
+            self._mark(now)

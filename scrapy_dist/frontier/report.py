@@ -1,0 +1,97 @@
+"""What the scheduler tells the crawl's stats and log: each shard's answer, requests that cannot be encoded,
+and the backlog a worker finds when it joins. Stats are Scrapy's slash paths (docs/settings.md lists them);
+repetitive lines are logged a few times and then only counted."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.utils.ratelimit import RateLimitedLog
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+    from scrapy_dist.exceptions import UnserializableRequest
+    from scrapy_dist.frontier.ledger import Applied
+    from scrapy_dist.frontier.shard import SyncResult
+    from scrapy_dist.redis.keys import CrawlKeys
+
+logger = logging.getLogger("scrapy_dist.frontier.scheduler")
+
+
+class NoStats:
+    """Stats sink of a scheduler built without a stats collector."""
+
+    def inc_value(self, key: str, count: int = 1, start: int = 0) -> None:
+        pass
+
+    def set_value(self, key: str, value: Any) -> None:
+        pass
+
+
+class FrontierReport:
+    """Stats and log lines of one worker's frontier (``shard_keys``: every shard's keys, for messages)."""
+
+    def __init__(self, stats: Any, shard_keys: list[CrawlKeys], log_duplicate: Any) -> None:
+        self.stats = stats
+        self.shard_keys = shard_keys
+        #: ``log_duplicate(request)``: the dupefilter's log of a filtered request
+        self.log_duplicate = log_duplicate
+        self._log = RateLimitedLog(logger)
+        self._unserializable_log = RateLimitedLog.once(logger)
+
+    def applied(self, applied: Applied, result: SyncResult) -> None:
+        """Stats and logs of one shard's answer."""
+        stats = self.stats
+        for request in applied.duplicates:
+            self.log_duplicate(request)
+        if applied.enqueued:
+            stats.inc_value("scheduler/enqueued/redis", applied.enqueued)
+            stats.inc_value("scheduler/enqueued", applied.enqueued)
+        if result.requeued:
+            stats.inc_value("scheduler/requeued/lease_expired", result.requeued)
+        if result.moved:
+            stats.inc_value("scheduler/delayed/moved", result.moved)
+        if result.rejected:  # malformed members the script parked itself
+            stats.inc_value("scheduler/rejected", result.rejected)
+            stats.inc_value("scheduler/rejected/bad_member", result.rejected)
+        for key in result.repaired:
+            self._log.log(
+                logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing", key,
+                key=f"repaired:{key}",
+            )
+        for (shard, _), exc in applied.rejected:
+            stats.inc_value("scheduler/rejected")
+            stats.inc_value(f"scheduler/rejected/{exc.reason}")
+            keys = self.shard_keys[shard]
+            self._log.log(
+                logging.ERROR, "Rejected a queue entry of %r (%s); moved it to %s",
+                keys.queue, exc, keys.queue_rejected, key="rejected",
+            )
+
+    def unserializable(self, request: Request, exc: UnserializableRequest) -> None:
+        """A request that cannot go to Redis (crawled by this worker only): counted, logged once per key."""
+        self.stats.inc_value("scheduler/unserializable")
+        self._unserializable_log.log(
+            logging.ERROR,
+            "Unable to put %(request)s in the shared frontier: %(reason)s. It is crawled by this worker"
+            " only and is lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools, None,"
+            " lists, dicts) or pass a spider method name. Further requests failing on %(key)s are only"
+            " counted in scheduler/unserializable.",
+            {"request": request, "reason": exc, "key": exc.key}, key=exc.key,
+        )
+
+    @staticmethod
+    def backlog(spider: str, pending: int, remembered: int, persist: bool) -> None:
+        """The line scrapy-redis users look for, and a warning when joining a crawl that has finished."""
+        if pending:
+            logger.info("Resuming crawl (%d requests scheduled)", pending)
+        elif remembered and persist:
+            logger.warning(
+                "The crawl %r has run before and finished: %d fingerprints are remembered"
+                " (SCHEDULER_PERSIST=True), so requests already seen then are skipped now. To start"
+                " afresh: -s SCHEDULER_FLUSH_ON_START=True for this run, or SCHEDULER_PERSIST=False so"
+                " that a finished crawl removes its keys.",
+                spider, remembered,
+            )

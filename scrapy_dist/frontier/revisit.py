@@ -1,0 +1,294 @@
+"""Revisits: the frontier fetches a page again some time after it was fetched successfully.
+
+``request.meta["revisit_after"] = seconds`` (or a ``REVISIT_AFTER`` rule matching the request's URL or
+domain) makes the acknowledgement of that request also file it again in the crawl's delayed set, due
+that many seconds later: one item of the sync call's ``revisit`` section (``lua/sync_settle.lua``), so the
+ack and the re-schedule land together or not at all. A worker killed before the ack leaves its lease to
+run out (the page is fetched again, the revisit filed then); two workers acknowledging the same lease file
+one copy (the second finds the entry gone). Revisits come back through the delayed set, never through the
+dupefilter.
+
+A chain goes on while each fetch succeeds. It stops when
+
+* the callback sets ``response.meta["revisit_after"] = None`` (or the matching rule says ``None``);
+* the callback (or a spider middleware) raises: the ``spider_error`` signal;
+* the download fails, or its response is an error no callback sees (4xx/5xx dropped by
+  ``HttpErrorMiddleware``): only a response whose status is below 400 (or a 304 of a conditional revisit)
+  counts as a successful fetch.
+
+With ``REVISIT_CONDITIONAL = True`` the revisit entry carries the page's validators as request headers
+(``If-None-Match`` / ``If-Modified-Since``, bounded: see :func:`validators_of`), written into the entry's
+payload at ack time -- no extra key, no round trip; :class:`scrapy_dist.middlewares.revisit.
+ConditionalRevisitMiddleware` turns a 304 into "not modified" (counted, callback not called).
+
+:class:`Revisits` is what the scheduler's ledger asks when a request is finished (``Ledger.revisit_of``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+from scrapy import signals
+from scrapy.utils.httpobj import urlparse_cached
+
+from scrapy_dist.frontier.shard import PRIORITY_KEY_BYTES, SEQ_BYTES, lease_member
+from scrapy_dist.settings.values import SettingsError
+from scrapy_dist.wire.codec import load_payload, split_payload
+from scrapy_dist.wire.entrypolicy import VERSION_SIGNED, entry_policy
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from typing_extensions import Self
+
+    from scrapy_dist.wire.entrypolicy import EntryPolicy
+
+logger = logging.getLogger(__name__)
+
+#: the meta key a request (or its callback) sets: seconds, or None to stop
+META_KEY = "revisit_after"
+#: longest revisit delay accepted (ten years): a larger one is a mistake, not a schedule
+MAX_REVISIT_SECONDS = 10 * 365 * 86400.0
+#: validators longer than this are not stored (the page is revisited unconditionally)
+MAX_VALIDATOR_BYTES = 256
+VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
+_NOT_SET = object()
+
+
+def check_seconds(value: Any) -> float | None:
+    """``value`` as a revisit delay (None stays None); raises ValueError saying what is wrong."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{value!r} is not a number of seconds")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_REVISIT_SECONDS:
+        raise ValueError(f"{value!r} is not between 0 (excluded) and {MAX_REVISIT_SECONDS:.0f} seconds")
+    return seconds
+
+
+def revisit_rules(rules: Any) -> dict[str, float | None]:
+    """``REVISIT_AFTER`` checked: ``{glob: seconds or None}``; raises :class:`SettingsError` (one line)."""
+    expected = 'expected {"*.example.com": 3600, "https://example.com/item/*": 2592000, "*/login*": None}'
+    if not isinstance(rules, Mapping):
+        raise SettingsError("REVISIT_AFTER", rules, "not a dict", expected)
+    out: dict[str, float | None] = {}
+    for pattern, seconds in rules.items():
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r} is not a glob", expected)
+        try:
+            out[pattern.strip()] = check_seconds(seconds)
+        except ValueError as exc:
+            raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r}: {exc}", expected) from None
+    return out
+
+
+def _specificity(pattern: str) -> tuple[int, int]:
+    wild = sum(pattern.count(c) for c in "*?[")
+    return (0 if wild else 1, len(pattern) - wild)
+
+
+class RevisitRules:
+    """``REVISIT_AFTER`` rules: a glob with a ``/`` matches the whole URL, any other glob the host name
+    (case-insensitive). URL rules are tried before host rules (they name paths: a site's default is a
+    host rule, its exceptions URL rules); within each kind the most specific wins as for
+    ``DOMAIN_LIMITS`` (no wildcard first, then the most literal characters)."""
+
+    def __init__(self, rules: Mapping[str, float | None] | None = None) -> None:
+        ordered = sorted(
+            (rules or {}).items(), key=lambda kv: ("/" in kv[0], *_specificity(kv[0].lower())), reverse=True
+        )
+        self.rules = [(p.lower(), "/" in p, s) for p, s in ordered]
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def for_url(self, url: str, host: str) -> Any:
+        """The delay of the most specific matching rule (None: no revisit), or ``_NOT_SET``."""
+        low_url, low_host = url.lower(), host.lower()
+        for pattern, on_url, seconds in self.rules:
+            if fnmatch.fnmatchcase(low_url if on_url else low_host, pattern):
+                return seconds
+        return _NOT_SET
+
+
+def validators_of(headers: Any) -> dict[bytes, bytes]:
+    """The conditional request headers a response's ``ETag`` / ``Last-Modified`` allow (bounded, one line
+    each, printable ASCII); a validator failing that is left out."""
+    out = {}
+    for source, target in ((b"ETag", b"If-None-Match"), (b"Last-Modified", b"If-Modified-Since")):
+        value = headers.get(source)
+        if not value or len(value) > MAX_VALIDATOR_BYTES or any(c < 32 or c > 126 for c in value):
+            continue
+        out[target] = bytes(value)
+    return out
+
+
+def with_validators(payload: bytes, validators: Mapping[bytes, bytes], policy: EntryPolicy) -> bytes:
+    """``payload`` (an encoded request) with its conditional headers replaced by ``validators``; signed
+    again only if it was signed (an untrusted entry stays untrusted). Raises RejectedEntry for a payload
+    that does not decode (the caller keeps the old one)."""
+    version, _ = split_payload(payload, policy.max_bytes)
+    d = load_payload(payload, policy.max_bytes)
+    drop = {h.lower() for h in VALIDATOR_HEADERS}
+    headers = [pair for pair in d.get("h", []) if bytes(pair[0]).lower() not in drop]
+    headers += [[k, [v]] for k, v in validators.items()]
+    if headers:
+        d["h"] = headers
+    else:
+        d.pop("h", None)
+    body = msgpack.packb(d, use_bin_type=True)
+    if version == VERSION_SIGNED and policy.secret is not None:
+        return policy.seal(body)
+    return b"\x01" + body
+
+
+def member_prefix(member: bytes, polite: bool) -> bytes:
+    """The part of a queue member before its payload (seq, or domain, priority key and seq)."""
+    if polite:
+        return member[: member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES]
+    return member[:SEQ_BYTES]
+
+
+#: the downloader middleware that turns a conditional revisit's 304 into "not modified"
+MIDDLEWARE = "scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware"
+
+
+def _middleware_enabled(settings: Any) -> bool:
+    """Whether DOWNLOADER_MIDDLEWARES enables the middleware (or a subclass of it)."""
+    from scrapy.utils.misc import load_object
+
+    from scrapy_dist.middlewares.revisit import ConditionalRevisitMiddleware
+
+    for path, order in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items():
+        try:
+            cls = load_object(path) if isinstance(path, str) else path
+        except (ImportError, ValueError, NameError, AttributeError):
+            continue
+        if order is not None and isinstance(cls, type) and issubclass(cls, ConditionalRevisitMiddleware):
+            return True
+    return False
+
+
+class Revisits:
+    """Decides, when the engine has finished a request, whether and when the frontier fetches it again
+    (see the module docstring). Reactor thread only; no I/O.
+
+    Stats: ``revisit/scheduled``, ``revisit/stopped`` (the callback set ``revisit_after = None`` or
+    raised), ``revisit/invalid`` (a ``revisit_after`` that is not a number of seconds: logged once).
+    """
+
+    def __init__(
+        self,
+        rules: RevisitRules | None = None,
+        conditional: bool = False,
+        polite: bool = False,
+        policy: EntryPolicy | None = None,
+        stats: Any = None,
+    ) -> None:
+        self.rules = rules or RevisitRules()
+        self.conditional = conditional
+        self.polite = polite
+        self.policy = policy
+        self.stats = stats
+        #: request -> True (fetched; its callback did not raise) / False (the chain stops)
+        self.outcome: dict[Any, bool] = {}
+        #: request -> validators to carry into its revisit (REVISIT_CONDITIONAL)
+        self.validators: dict[Any, dict[bytes, bytes]] = {}
+        self._warned = False
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        from scrapy_dist.settings import DistSettings
+
+        cfg = DistSettings.for_crawler(crawler).scheduler
+        o = cls(
+            RevisitRules(cfg.revisit_after), cfg.revisit_conditional, cfg.politeness == "cluster",
+            entry_policy(crawler), crawler.stats,
+        )
+        crawler.signals.connect(o.response_received, signal=signals.response_received)
+        crawler.signals.connect(o.spider_error, signal=signals.spider_error)
+        if o.conditional and not _middleware_enabled(crawler.settings):
+            logger.warning(
+                "REVISIT_CONDITIONAL is on but %s is not in DOWNLOADER_MIDDLEWARES: revisits send"
+                " If-None-Match / If-Modified-Since, and their 304 answers reach HttpErrorMiddleware instead"
+                " of being counted as unchanged pages. Enable the add-on (ADDONS = {'scrapy_dist.Addon': 0})"
+                " or add the middleware at 580", MIDDLEWARE,
+            )
+        return o
+
+    # -- signals -------------------------------------------------------------------------------------
+    def response_received(self, response: Any, request: Request, spider: Any = None) -> None:
+        if response.status < 400 and self.wanted(request):
+            self.outcome.setdefault(request, True)
+            if self.conditional and response.status != 304:
+                self.validators[request] = validators_of(response.headers)
+
+    def spider_error(self, failure: Any, response: Any, spider: Any = None) -> None:
+        request = getattr(response, "request", None)
+        if request is not None and request in self.outcome:
+            self.outcome[request] = False
+
+    def not_modified(self, request: Request) -> None:
+        """A conditional revisit answered 304 (the middleware): the page counts as fetched, unchanged."""
+        if self.wanted(request):
+            self.outcome[request] = True
+
+    # -- decisions -----------------------------------------------------------------------------------
+    def delay_for(self, request: Request) -> float | None:
+        """The revisit delay of ``request``: its meta's ``revisit_after`` if set (None: no revisit), else
+        the most specific ``REVISIT_AFTER`` rule, else None."""
+        if META_KEY in request.meta:
+            try:
+                return check_seconds(request.meta[META_KEY])
+            except ValueError as exc:
+                if self.stats is not None:
+                    self.stats.inc_value("revisit/invalid")
+                if not self._warned:
+                    self._warned = True
+                    logger.warning(
+                        "meta['revisit_after'] of %s: %s; not revisited (logged once)", request, exc
+                    )
+                return None
+        if not self.rules:
+            return None
+        seconds = self.rules.for_url(request.url, urlparse_cached(request).hostname or "")
+        return None if seconds is _NOT_SET else seconds
+
+    def wanted(self, request: Request) -> bool:
+        """Whether ``request`` asked for a revisit (before its callback had a say)."""
+        return META_KEY in request.meta or bool(self.rules)
+
+    def plan(self, request: Request, lease: tuple[int, bytes]) -> tuple[float, bytes] | None:
+        """The ledger's question when ``request`` (leased as ``lease``) is finished: ``(delay, new
+        member or b"")`` to file it again, or None."""
+        ok = self.outcome.pop(request, None)
+        validators = self.validators.pop(request, None)
+        if not ok:
+            if ok is False and self.stats is not None:
+                self.stats.inc_value("revisit/stopped")
+            return None
+        delay = self.delay_for(request)
+        if delay is None:
+            if META_KEY in request.meta and self.stats is not None:
+                self.stats.inc_value("revisit/stopped")
+            return None
+        new = b""
+        if self.conditional and validators is not None and self.policy is not None:
+            member = lease_member(lease[1])  # the lease key's queue member
+            try:
+                prefix = member_prefix(member, self.polite)
+                payload = member[len(prefix) :]
+                patched = with_validators(payload, validators, self.policy)
+                if patched != payload and len(patched) <= self.policy.max_bytes:
+                    new = prefix + patched
+            except Exception:  # a member we cannot patch is revisited as it is  # noqa: BLE001
+                new = b""
+        if self.stats is not None:
+            self.stats.inc_value("revisit/scheduled")
+        return delay, new

@@ -1,0 +1,445 @@
+"""The shared frontier as a drop-in Scrapy scheduler: ``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``.
+
+Scrapy calls ``enqueue_request``, ``next_request`` and ``has_pending_requests`` synchronously on the
+reactor thread, many times per page. None of them touches Redis. :class:`Scheduler` is a thin facade
+(docs/architecture.md) over:
+
+* :class:`~scrapy_dist.frontier.ledger.Ledger` -- what this worker holds and owes (I/O-free);
+* :class:`~scrapy_dist.frontier.syncloop.SyncLoop` -- the background task that exchanges the ledger with Redis in
+  rounds of ``sync`` calls (:class:`~scrapy_dist.frontier.shard.Frontier`, one per shard), with outages;
+* :class:`~scrapy_dist.frontier.router.ShardRouter` -- which shard a request goes to, how leases are split, when
+  the crawl-wide frontier is empty;
+* :class:`~scrapy_dist.frontier.layout.CrawlLayout` -- joining the crawl at start, removing it at the end.
+
+A leased request is acknowledged only once the engine has finished it (download, callback and item
+pipelines), and the acknowledgement travels in the same atomic call as the requests its callback
+produced, so a worker killed at any moment loses nothing: what it held is requeued when its leases
+(``SCHEDULER_LEASE_SECONDS``, renewed while it works) run out.
+
+Longer than our ~400 lines for a module because :class:`Scheduler` is (its docstring says why).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import build_from_crawler, load_object
+
+from scrapy_dist.dupefilter.filters import RedisDupeFilter
+from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
+from scrapy_dist.frontier import engine as _engine
+from scrapy_dist.frontier import orders as queue
+from scrapy_dist.frontier.layout import CrawlLayout
+from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
+from scrapy_dist.frontier.politeness import DomainLimits, penalty_seconds
+from scrapy_dist.frontier.recent import RecentFingerprints
+from scrapy_dist.frontier.report import FrontierReport, NoStats
+from scrapy_dist.frontier.revisit import Revisits
+from scrapy_dist.frontier.router import ShardRouter, crawl_fingerprinter
+from scrapy_dist.frontier.shard import Frontier
+from scrapy_dist.frontier.syncloop import SyncLoop
+from scrapy_dist.redis import connection
+from scrapy_dist.redis.keys import CrawlKeys, crawl_keys, crawler_keys
+from scrapy_dist.redis.outage import Outage
+from scrapy_dist.settings import DistSettings, SchedulerSettings
+from scrapy_dist.wire.codec import EntryPolicy, decode_request, encode_request, entry_policy
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+    from twisted.internet.defer import Deferred
+    from typing_extensions import Self
+
+    from scrapy_dist.frontier.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+def make_worker_id() -> str:
+    """``host:pid:random`` -- unique per process, readable in ``scrapy-dist status``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+
+
+def get_scheduler(crawler: Crawler) -> Scheduler | None:
+    """The running scrapy-dist scheduler of ``crawler``, if it uses one."""
+    sched = _engine.scheduler(crawler)
+    return sched if isinstance(sched, Scheduler) else None
+
+
+class Scheduler:
+    """Scrapy scheduler backed by a Redis frontier shared by every worker of the crawl.
+
+    ``__init__`` takes plain objects (:meth:`from_crawler` wires them from a crawler): the dupefilter,
+    the crawl's keys, the settings, the queue order, where stats go, the :class:`~scrapy_dist.frontier.engine.Engine`
+    to wake and ask what is in progress, and what the Redis clients are built from (``redis_settings``:
+    Scrapy settings or a dict with ``REDIS_URL``...). As Scrapy's own scheduler, it can be built from a
+    dupefilter alone (``Scheduler(dupefilter)``, ``crawler`` None): the keys then come from the spider's
+    name at :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default.
+
+    Longer than our ~250 lines for a class: it is Scrapy's whole scheduler interface plus the services
+    other scrapy-dist components call (delays, dead letters, pauses, politeness); each method is a few
+    lines over the ledger, the loop, the router and the layout.
+    """
+
+    def __init__(
+        self,
+        dupefilter: Any,
+        keys: CrawlKeys | None = None,
+        redis_settings: Any = None,
+        *,
+        crawler: Crawler | None = None,
+        config: SchedulerSettings | None = None,
+        order: queue.QueueOrder | None = None,
+        stats: StatsCollector | None = None,
+        engine: Engine | None = None,
+        fingerprinter: Any = None,
+        domain_limits: DomainLimits | None = None,
+        worker_id: str | None = None,
+        outage: Outage | None = None,
+        policy: EntryPolicy | None = None,
+    ) -> None:
+        self.config = cfg = config or SchedulerSettings(downloader_aware=False)
+        #: what entries read from the queue must satisfy, and the secret signing what this worker writes
+        self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
+        self.df = dupefilter
+        self.crawler = crawler
+        self.redis_settings = {} if redis_settings is None else redis_settings
+        self.order = order or queue.PriorityQueue()
+        self.stats: Any = stats if stats is not None else NoStats()
+        self.engine: Engine = engine or _engine.DetachedEngine()
+        self.domain_limits = domain_limits
+        self.worker_id = worker_id or make_worker_id()
+        self.router = ShardRouter(cfg.shards, fingerprinter, by_domain=cfg.politeness == "cluster")
+        self.ledger = Ledger(cfg.shards, self.worker_id)
+        self.outage = outage or Outage()
+        self.redis: Any = None  # redis.asyncio client, created on the reactor's loop in open()
+        self.frontiers: list[Frontier] = []
+        self.loop: SyncLoop | None = None
+        self.spider: Spider | None = None
+        self._batched_df = isinstance(dupefilter, RedisDupeFilter)
+        self._polite = cfg.politeness == "cluster"
+        #: fingerprints this process sent lately (certainly seen crawl-wide; bounded in time, see open())
+        self._recent = RecentFingerprints()
+        self._local_pause = False
+        self._empty_since: float | None = None
+        #: revisits (scrapy_dist/frontier/revisit.py), wired by from_crawler
+        self.revisits: Revisits | None = None
+        #: DEADLETTER_FORGET, wired by from_crawler
+        self.forget_dead = False
+        self.report = FrontierReport(self.stats, [], lambda request: self.df.log(request, self.spider))
+        self.keys: CrawlKeys
+        self.layout: CrawlLayout
+        if keys is not None:
+            self._place(keys)
+
+    def _place(self, keys: CrawlKeys) -> None:
+        """Use the crawl ``keys`` (at construction, or at :meth:`open` from the spider's name)."""
+        self.keys = keys
+        self.layout = CrawlLayout(keys, self.df, self.config.shards, self.config.politeness,
+                                  self.config.lease_seconds)
+        self.report.shard_keys = self.layout.shard_keys
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        ds = DistSettings.for_crawler(crawler)
+        cfg = ds.scheduler
+        dupefilter = build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
+        qcls: Any = queue.ALIASES.get(cfg.queue_class) or load_object(cfg.queue_class)
+        try:
+            keys: CrawlKeys | None = crawler_keys(crawler)
+        except ValueError:  # no spider name yet (a harness that builds the scheduler first): at open()
+            keys = None
+        sched = cls(
+            dupefilter,
+            keys,
+            ds,
+            crawler=crawler,
+            config=cfg,
+            order=qcls(),
+            stats=crawler.stats,
+            engine=_engine.EngineView(crawler),
+            outage=Outage.for_crawler(crawler),
+            domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
+            policy=entry_policy(crawler),
+        )
+        sched.revisits = Revisits.from_crawler(crawler)
+        sched.ledger.revisit_of = sched.revisits.plan
+        sched.forget_dead = ds.dupefilter.forget_dead
+        if cfg.politeness == "cluster":
+            from scrapy import signals
+
+            crawler.signals.connect(sched.response_received, signal=signals.response_received)
+        return sched
+
+    # -- what other components read ----------------------------------------------------------------
+    @property
+    def shards(self) -> int:
+        return self.config.shards
+
+    @property
+    def idle_before_close(self) -> float:
+        return self.config.idle_before_close
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.config.lease_seconds
+
+    @property
+    def frontier(self) -> Frontier | None:
+        """Shard 0's frontier (the only one with one shard)."""
+        return self.frontiers[0] if self.frontiers else None
+
+    @property
+    def frontier_status(self) -> dict[str, int] | None:
+        """Last crawl-wide state reported by Redis: queued / inflight / delayed, or None before the first."""
+        state = self.loop.state if self.loop is not None else None
+        return state.as_dict() if state is not None else None
+
+    @property
+    def paused(self) -> bool:
+        """The crawl-wide pause flag (``scrapy-dist pause``)."""
+        return self.loop is not None and self.loop.paused
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def open(self, spider: Spider) -> Deferred[None]:
+        return deferred_from_coro(self.open_async(spider))
+
+    async def open_async(self, spider: Spider, start: bool = True) -> None:
+        """Join the crawl and start the background loop (``start=False``: the caller drives the rounds
+        with ``scheduler.loop.round()`` -- for tests and tools)."""
+        self.spider = spider
+        settings = self.redis_settings
+        cfg = self.config
+        if not hasattr(self, "keys"):
+            name = getattr(spider, "name", None)
+            if not name or not isinstance(name, str):
+                connection.abort_crawl(ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: "
+                                                       "the crawl's Redis keys are built from it"))
+            self._place(crawl_keys(settings, name))
+        if self.router.fingerprinter is None and self.crawler is not None:
+            self.router.fingerprinter = crawl_fingerprinter(self.crawler)
+        # one clear line and a non-zero exit if Redis is not there (building a client can fail too)
+        connection.ensure_reachable(settings)
+        pending, remembered = self.layout.open(settings, flush_on_start=cfg.flush_on_start,
+                                               batched=self._batched_df)
+        self.report.backlog(self.keys.spider, pending, remembered, cfg.persist)
+        if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
+            self._recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
+        self.redis = connection.get_async_redis(settings)
+        self.frontiers = [
+            Frontier(
+                self.redis, keys, self.worker_id, df if self._batched_df else None,
+                sequence=self.order.sequence, lease_seconds=cfg.lease_seconds, politeness=cfg.politeness,
+                heartbeat=i == 0, max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
+                dead_maxlen=cfg.dead_maxlen,
+                limits_bound=self.domain_limits.bound() if self.domain_limits else "",
+            )
+            for i, (keys, df) in enumerate(zip(self.layout.shard_keys, self.layout.shard_dfs, strict=True))
+        ]
+        self.loop = SyncLoop(
+            self.ledger, self.router, self.frontiers, self.engine,
+            decode=self._decode, on_applied=self.report.applied, prefetch=cfg.prefetch,
+            flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
+            lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,
+            idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
+        )
+        if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
+            logger.warning(
+                "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
+                " only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide deduplication.",
+                type(self.df).__name__,
+            )
+        if start:
+            self.loop.start()
+        shards = f" ({cfg.shards} shards)" if cfg.shards > 1 else ""
+        logger.info("scrapy-dist frontier %r open as worker %s%s", self.keys.queue, self.worker_id, shards)
+
+    def close(self, reason: str) -> Deferred[None]:
+        return deferred_from_coro(self.close_async(reason))
+
+    async def close_async(self, reason: str) -> None:
+        """Stop the loop, give back what was not started, send what is owed, leave the crawl."""
+        loop = self.loop
+        if loop is not None:
+            await loop.stop()
+            loop.collect_finished(time.monotonic())
+            self.ledger.release_all(time.monotonic())
+            released = len(self.ledger.releases)
+            await loop.drain(min(self.config.shutdown_grace, self.config.lease_seconds))
+            if released:
+                given = released - len(self.ledger.releases)
+                self.stats.set_value("scheduler/released_at_close", given)
+                logger.info("Closing (%s): gave %d leased requests back to the queue", reason, given)
+        if not self.config.persist and reason == "finished" and self.redis is not None:
+            await self.layout.finish(self.redis, self.worker_id, self.config.lease_seconds)
+        if hasattr(self.df, "close"):
+            self.df.close(reason)
+        if self._batched_df and hasattr(self, "layout"):  # opened
+            for k, v in self.layout.filter_stats().items():
+                self.stats.set_value(k, v)
+        if self.redis is not None:
+            await self.layout.leave_unmonitored(self.redis, self.worker_id)
+            await self.redis.aclose()
+
+    # -- Scrapy's scheduler interface (reactor thread, no I/O) ---------------------------------------
+    def has_pending_requests(self) -> bool:
+        loop = self.loop
+        if self.ledger.busy() or (loop is not None and loop.in_sync):
+            return True
+        if self.paused or self._local_pause:
+            return True
+        state = loop.state if loop is not None else None
+        if state is None or state.queued or state.inflight or state.delayed or not state.empty_confirmed:
+            self._empty_since = None
+            return True
+        now = time.monotonic()
+        if self._empty_since is None:
+            self._empty_since = now
+        return now - self._empty_since < self.config.idle_before_close
+
+    def enqueue_request(self, request: Request) -> bool:
+        if not self._batched_df and not request.dont_filter and self.df.request_seen(request):
+            self.df.log(request, self.spider)
+            return False
+        try:
+            payload = encode_request(request, self.spider, self.policy)
+        except UnserializableRequest as exc:
+            self.report.unserializable(request, exc)
+            payload = b""
+        t1: Any = ""
+        t2: Any = ""
+        fp: bytes | None = None
+        if self._batched_df and not request.dont_filter:
+            fp = self.df.fingerprint(request)
+            t1, t2 = self.df.fingerprint_tokens(fp)
+            if self._recent.seen(t1, time.monotonic()):  # this process sent it lately: seen crawl-wide
+                self.df.log(request, self.spider)
+                return False
+        domain, limits = self._domain(request)
+        score, now = self.order.score(request), time.monotonic()
+        if self._batched_df and request.dont_filter and request.meta.get("is_start_request"):
+            # a start request or seed that skips the filter (fetched again when pushed again, as in
+            # scrapy-redis) still records its fingerprint, so that a page linking back to it does not
+            # fetch it once more: a dedupe-only entry travels with it
+            fp = self.df.fingerprint(request)
+            r1, r2 = self.df.fingerprint_tokens(fp)
+            self._recent.add(r1, now)
+            self.ledger.add(Outgoing(request, r1, r2, score, b"", shard=self.router.shard(request, fp),
+                                     record_only=True), now)
+        self.ledger.add(
+            Outgoing(request, t1, t2, score, payload, domain=domain, limits=limits,
+                     shard=self.router.shard(request, fp)), now
+        )
+        if len(self.ledger.out) >= self.config.flush_batch:
+            self._wake()
+        return True
+
+    def next_request(self) -> Request | None:
+        if self.paused or self._local_pause:
+            return None
+        ledger = self.ledger
+        loop = self.loop
+        if not ledger.local and loop is not None and not loop.failing and ledger.outranked():
+            # a request just discovered outranks every leased one: wait the one round that stores it
+            # and leases it back, instead of starting a worse one (Scrapy's priority order)
+            loop.wake()
+            return None
+        local = bool(ledger.local)
+        request = ledger.hand_out(self.engine.slot_load if self.config.downloader_aware else None)
+        if request is None:
+            self._wake()
+            return None
+        if not local:
+            self.stats.inc_value("scheduler/dequeued/redis")
+            self.stats.inc_value("scheduler/dequeued")
+            if len(ledger.ready) < self.config.prefetch // 2:
+                self._wake()
+        return request
+
+    def __len__(self) -> int:
+        st = self.frontier_status or {}
+        ledger = self.ledger
+        return len(ledger.ready) + len(ledger.local) + len(ledger.out) + st.get("queued", 0)
+
+    # -- services for other scrapy-dist components -----------------------------------------------------
+    def delay_request(self, request: Request, not_before: float, reason: str = "") -> bool:
+        """Put ``request`` in the crawl's delayed set until ``not_before`` (unix time); any worker takes it
+        then. Batched: written in the next sync, atomically with the ack of the request that failed."""
+        try:
+            payload = encode_request(request, self.spider, self.policy)
+        except UnserializableRequest as exc:
+            self.report.unserializable(request, exc)
+            return False
+        domain, limits = self._domain(request)
+        self.ledger.delay(
+            Delay(self.order.score(request), payload, not_before, domain=domain, limits=limits,
+                  shard=self.router.shard(request)),
+            time.monotonic(),
+        )
+        return True
+
+    def dead_letter(self, record: str, request: Request | None = None) -> None:
+        """Append a JSON dead-letter record (batched, atomic with the failed request's ack); with
+        ``DEADLETTER_FORGET``, ``request``'s fingerprint is forgotten in the same call."""
+        forget = None
+        if request is not None and self.forget_dead and self._batched_df:
+            shard = self.router.shard(request)
+            forget = (shard, self.layout.shard_dfs[shard].tokens(request))
+            self._recent.discard(forget[1][0])  # a link to it found by this worker is new again too
+        self.ledger.dead_letter(record, time.monotonic(), forget)
+
+    def flushed_since(self, mark: float) -> bool:
+        """Whether a sync that started after ``mark`` (``time.monotonic()``) and took every buffered
+        request has succeeded: then every request enqueued before ``mark`` is in Redis (seeds rely on it)."""
+        return self.loop is not None and self.loop.drained_at > mark
+
+    def pause(self) -> None:
+        """Stop handing out requests from this worker (crawl-wide pause is the ``paused`` control flag)."""
+        self._local_pause = True
+        if self.loop is not None:
+            self.loop.local_pause = True
+
+    def resume(self) -> None:
+        self._local_pause = False
+        if self.loop is not None:
+            self.loop.local_pause = False
+        self.engine.wake()
+
+    def penalize_domain(self, domain: str, seconds: float) -> None:
+        """Crawl-wide politeness: no request of ``domain`` is leased for ``seconds`` (batched)."""
+        self.ledger.penalize(domain, seconds, time.monotonic(), self.router.domain(domain))
+
+    def response_received(self, response: Any, request: Request, spider: Any = None) -> None:
+        """Signal handler (crawl-wide politeness): 429 and 503 slow the whole crawl down on that domain."""
+        domain = (urlparse_cached(request).hostname or "").lower()
+        limit = self.domain_limits.for_domain(domain) if self.domain_limits else None
+        seconds = penalty_seconds(response.status, response.headers.get(b"Retry-After"), limit, time.time())
+        if seconds is None:
+            return
+        self.stats.inc_value(f"scheduler/politeness/penalized/{response.status}")
+        self.penalize_domain(domain, seconds)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self.loop is not None:
+            self.loop.wake()
+
+    def _domain(self, request: Request) -> tuple[str, str]:
+        if not self._polite or self.domain_limits is None:
+            return "", ""
+        domain = (urlparse_cached(request).hostname or "").lower()
+        return domain, self.domain_limits.for_domain(domain).encode()
+
+    def _decode(self, shard: int, member: bytes) -> Request:
+        """A leased member as a request (raises RejectedEntry, or anything: the ledger rejects it)."""
+        assert self.spider is not None
+        payload = self.frontiers[shard].payload_of(member)
+        return decode_request(payload, self.spider, self.policy)

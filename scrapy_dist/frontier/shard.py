@@ -1,0 +1,394 @@
+"""The Redis side of the shared frontier: one worker's batched exchange with the ``sync`` Lua script.
+
+:class:`Frontier` knows keys, the dupefilter's script arguments and the wire layout of ``sync.lua``; it
+holds no crawl state of its own (the scheduler does). One :meth:`Frontier.sync` call costs exactly one
+Redis round trip (EVALSHA) whatever it carries: requests to dedupe and enqueue, acknowledgements, lease
+renewals and releases, delayed retries, rejections, dead letters, and how many requests to lease.
+
+With a sharded frontier (``SCHEDULER_SHARDS = N``) there is one :class:`Frontier` per shard, each on that
+shard's keys (:meth:`scrapy_dist.redis.keys.CrawlKeys.shard`) and dupefilter; :func:`shard_of` says which shard
+a request belongs to. The scheduler talks to all of them each round (see docs/frontier.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError
+from scrapy_dist.redis import scripts
+from scrapy_dist.settings import defaults
+
+if TYPE_CHECKING:
+    from scrapy_dist.dupefilter.filters import RedisDupeFilter
+    from scrapy_dist.redis.keys import CrawlKeys
+
+#: length of the sequence prefix of every queue member
+SEQ_BYTES = 6
+#: with crawl-wide politeness, members start with "<domain>\0" and an 11-digit priority key
+PRIORITY_KEY_BYTES = 11
+#: records in one queue chunk (``CHUNK_RECORDS`` in lua/sync_common.lua): a chunk claiming more is rejected
+CHUNK_RECORDS = 16
+
+
+def domain_shard(domain: str, shards: int) -> int:
+    """The shard of every request of ``domain`` (lower-case host) when a sharded crawl routes by domain
+    (``SCHEDULER_POLITENESS = "cluster"``): stable across processes and machines, like :func:`shard_of`."""
+    if shards <= 1:
+        return 0
+    digest = hashlib.blake2b(domain.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards
+
+
+def shard_of(fingerprint: bytes, shards: int) -> int:
+    """The shard of a request of a sharded frontier: its fingerprint's first 8 bytes (big-endian) modulo
+    ``shards``. Stable across processes and machines (no hash randomisation), so every worker sends the
+    same URL to the same shard and that shard's dupefilter sees every copy of it."""
+    if shards <= 1:
+        return 0
+    return int.from_bytes(fingerprint[:8], "big") % shards
+
+
+async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
+    """Whether there was a moment when no shard held anything queued, leased or delayed.
+
+    Shards live in different slots (on a cluster, on different nodes), so no single call reads them all
+    atomically, and a request may move between two reads (its child enqueued in shard B, then the parent
+    acknowledged in shard A). Every way into a shard creates an entry and so increments that shard's
+    ``seq``; two collections (pipelined: ZCARD queue, leases, delayed and GET seq per shard, twice) that
+    both find every shard empty with the same ``seq`` values prove every shard was empty at any instant
+    between them (a "double collect"). Two round trips.
+    """
+
+    async def collect() -> list[Any]:
+        pipe = redis.pipeline(transaction=False)
+        for k in shard_keys:
+            pipe.zcard(k.queue)
+            pipe.zcard(k.leases)
+            pipe.zcard(k.delayed)
+            pipe.get(k.seq)
+        return list(await pipe.execute())
+
+    first = await collect()
+    if any(int(v) for i, v in enumerate(first) if i % 4 != 3):
+        return False
+    return await collect() == first
+
+
+def queue_singles(member: bytes) -> list[bytes]:
+    """The entries (``6-byte seq + payload``, as leased) inside one member of the queue ZSET.
+
+    Mirrors ``chunk_singles`` in ``lua/sync_common.lua`` (which rejects a malformed chunk whole, where
+    this lenient reader yields its rest as one entry): a member whose 7th byte is ``\\0`` is a chunk of
+    records ``<2-byte length><6-byte seq><payload>``; anything else is a single entry. For tools and tests.
+    """
+    if len(member) < 7 or member[6] != 0:
+        return [member]
+    out, p = [], 7
+    while p < len(member):
+        if p + 2 > len(member):
+            out.append(member[p:])
+            break
+        n = int.from_bytes(member[p : p + 2], "big")
+        if p + 2 + SEQ_BYTES + n > len(member):
+            out.append(member[p:])
+            break
+        out.append(member[p + 2 : p + 2 + SEQ_BYTES + n])
+        p += 2 + SEQ_BYTES + n
+    return out
+
+
+#: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
+LEASE_MARK = b"\0\xff"
+
+
+def lease_parts(key: bytes) -> tuple[bytes, bytes | None, bytes | None]:
+    """A lease key (what ``sync`` leases: the queue member followed by its tag, see lua/sync_sweep.lua)
+    as ``(member, score, worker id)``: ``score`` and ``worker`` are None when the key has no tag (it is
+    its own member: a lease filed by an older version, whose meta is in the lease meta HASH) or a tag
+    without a space. Finds the tag as ``lease_tag_at`` there does."""
+    size = len(key)
+    if size >= 6:
+        at = size - 4 - int.from_bytes(key[-2:], "big")
+        if at >= 1 and key[at : at + 2] == LEASE_MARK:
+            score, sep, worker = key[at + 2 : -2].partition(b" ")
+            return (key[:at], score, worker) if sep else (key[:at], None, None)
+    return key, None, None
+
+
+def lease_member(key: bytes) -> bytes:
+    """The queue member a lease key leases."""
+    return lease_parts(key)[0]
+
+
+@dataclass
+class SyncBatch:
+    """Everything one ``sync`` call sends (encoded by :func:`encode_sync_sections`)."""
+
+    #: (t1, t2, score, payload, domain, limits); t1 == "" skips dedupe, payload == b"" dedupes only;
+    #: domain and limits ("delay concurrency jitter") matter only with crawl-wide politeness
+    enqueue: list[tuple[Any, Any, float, bytes, str, str]] = field(default_factory=list)
+    #: ack, renew, release, reject and revisit name leases by their lease keys (as ``leased`` answered)
+    ack: list[bytes] = field(default_factory=list)
+    renew: list[bytes] = field(default_factory=list)
+    release: list[bytes] = field(default_factory=list)
+    #: (score, payload, not_before, domain, limits) -- not_before in this machine's unix time; sent as a
+    #: delay relative to now, so the Redis server's clock (which the script uses) decides, whatever the skew
+    delay: list[tuple[float, bytes, float, str, str]] = field(default_factory=list)
+    #: (lease key, JSON record)
+    reject: list[tuple[bytes, str]] = field(default_factory=list)
+    #: JSON records
+    dead: list[str] = field(default_factory=list)
+    #: (domain, seconds): push the domain's next allowed time back (429/503)
+    penalize: list[tuple[str, float]] = field(default_factory=list)
+    lease: int = 0
+    #: (lease key, delay in seconds, new queue member or b"" for the same): acks that file the request
+    #: again in the delayed set, due that long after the Redis server's now (revisits, scrapy_dist/frontier/revisit.py)
+    revisit: list[tuple[bytes, float, bytes]] = field(default_factory=list)
+    #: (t1, t2) fingerprint tokens the dupefilter forgets (DEADLETTER_FORGET, with their dead letters)
+    forget: list[tuple[Any, Any]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.enqueue or self.ack or self.renew or self.release or self.delay or self.reject
+            or self.dead or self.penalize or self.lease or self.revisit or self.forget
+        )
+
+
+@dataclass
+class SyncResult:
+    """What one ``sync`` call answers (decoded by name by :func:`decode_sync_result`)."""
+
+    new: list[bool]
+    #: (lease key, queue score): the request is the lease key's member (:func:`lease_member`)
+    leased: list[tuple[bytes, float]]
+    requeued: int
+    moved: int
+    queued: int
+    inflight: int
+    delayed: int
+    bloom_n: int
+    paused: bool
+    #: the shard's sequence counter (grows with every entry created; see sync.lua)
+    seq: int = 0
+    #: queue members the script rejected whole (malformed chunk, too large; see lua/sync_lease.lua)
+    rejected: int = 0
+    #: keys whose garbage the script repaired before writing (see lua/sync_check.lua)
+    repaired: list[str] = field(default_factory=list)
+    #: one of them held work (the queue, the leases or the delayed set): moved aside, it reads empty
+    #: (set by :meth:`Frontier.sync`, which knows the keys)
+    work_repaired: bool = False
+
+
+# -- the wire layout of lua/sync.lua, in one place ----------------------------------------------------
+#: KEYS of a sync call, in order (``SYNC_KEYS`` of lua/sync_common.lua), then the dupefilter's keys
+SYNC_KEYS = (
+    "queue", "leases", "lease_meta", "seq", "delayed", "delayed_meta", "queue_rejected", "deadletter",
+    "workers", "control", "domains", "domain_info", "queue_tails",
+)
+#: the ARGV head, by name (``SYNC_HEAD`` of lua/sync_common.lua); then P and the P dupe params
+SYNC_HEAD = (
+    "now", "worker", "lease_seconds", "lease", "order", "politeness", "seed", "heartbeat",
+    "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound",
+)
+
+
+@dataclass(frozen=True)
+class SyncSection:
+    """One section of a sync call: a count, then per item ``fields`` (and ``polite_fields`` too with
+    crawl-wide politeness), built from one :class:`SyncBatch` list item by ``encode``."""
+
+    name: str
+    fields: tuple[str, ...]
+    polite_fields: tuple[str, ...]
+    encode: Callable[[Any, float], tuple[Any, ...]]
+
+
+def _score(x: float) -> str:
+    # Redis refuses a NaN score, and a refusal half way through a script is a half-done call
+    x = float(x)
+    return repr(x) if math.isfinite(x) else "0.0"
+
+
+#: the sections, in ARGV order (``SYNC_SECTIONS`` of lua/sync_common.lua)
+SYNC_SECTIONS = (
+    SyncSection(
+        "enqueue", ("t1", "t2", "score", "payload"), ("domain", "limits"),
+        lambda e, now: (e[0], e[1], _score(e[2]), e[3], e[4], e[5]),
+    ),
+    SyncSection("ack", ("member",), (), lambda m, now: (m,)),
+    SyncSection("renew", ("member",), (), lambda m, now: (m,)),
+    SyncSection("release", ("member",), (), lambda m, now: (m,)),
+    SyncSection(
+        "delay", ("score", "payload", "delay"), ("domain", "limits"),
+        lambda e, now: (_score(e[0]), e[1], _score(max(0.0, float(e[2]) - now)), e[3], e[4]),
+    ),
+    SyncSection("reject", ("member", "record"), (), lambda e, now: (e[0], e[1])),
+    SyncSection("dead", ("record",), (), lambda r, now: (r,)),
+    SyncSection("penalize", ("domain", "seconds"), (), lambda e, now: (e[0], _score(e[1]))),
+    SyncSection(
+        "revisit", ("member", "delay", "new"), (), lambda e, now: (e[0], _score(max(0.0, float(e[1]))), e[2])
+    ),
+    SyncSection("forget", ("t1", "t2"), (), lambda e, now: (e[0], e[1])),
+)
+
+
+def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any]:
+    """The sections of ``batch`` as the sync script's ARGV (after the head and dupe params)."""
+    out: list[Any] = []
+    for sec in SYNC_SECTIONS:
+        items = getattr(batch, sec.name)
+        width = len(sec.fields) + (len(sec.polite_fields) if polite else 0)
+        out.append(len(items))
+        for item in items:
+            out += sec.encode(item, now)[:width]
+    return out
+
+
+#: the answer's names, in the order the script returns them (lua/sync.lua)
+SYNC_RESULT = (
+    "flags", "leased", "requeued", "moved", "queued", "inflight", "delayed", "bloom_n", "paused", "seq",
+    "rejected", "repaired",
+)
+
+
+def _text(x: Any) -> str:
+    if isinstance(x, bytes):
+        return x.decode("utf-8", "replace")
+    return "" if x is None else str(x)
+
+
+def _count(named: dict[str, Any], name: str) -> int:
+    value = named.get(name, 0)
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise FrontierScriptError(f"sync answered {name}={value!r}, not a count") from None
+    if n < 0:
+        raise FrontierScriptError(f"sync answered {name}={n}, a negative count")
+    return n
+
+
+def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
+    """The named :class:`SyncResult` of a sync script answer (the flat name, value list).
+
+    Raises :class:`FrontierStateError` for the script's ``{-2, reason, key}`` refusal and
+    :class:`FrontierScriptError` for anything else that is not a well-formed answer; nothing else escapes.
+    (The ``{-1, bloom_n}`` answer is handled by :meth:`Frontier.sync` before decoding.)
+    """
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise FrontierScriptError(f"sync answered {type(raw).__name__}, not a list")
+    if raw[0] == -2:
+        return_reason = _text(raw[1])[:100]
+        raise FrontierStateError(return_reason, _text(raw[2] if len(raw) > 2 else "")[:200])
+    if len(raw) % 2:
+        raise FrontierScriptError("sync answered an odd-length list")
+    named = {_text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
+    missing = [n for n in SYNC_RESULT[:10] if n not in named]
+    if missing:
+        raise FrontierScriptError(f"sync answered without {', '.join(missing)}")
+    flags = _text(named["flags"])
+    if len(flags) != n_enqueue or flags.strip("01"):
+        raise FrontierScriptError(f"sync returned {len(flags)} flags for {n_enqueue} requests")
+    flat = named["leased"]
+    if not isinstance(flat, list) or len(flat) % 2:
+        raise FrontierScriptError("sync answered a malformed leased list")
+    leased = []
+    for i in range(0, len(flat), 2):
+        member, score = flat[i], flat[i + 1]
+        if not isinstance(member, bytes):
+            raise FrontierScriptError("sync answered a leased member that is not bytes")
+        try:
+            value = float(score)
+        except (TypeError, ValueError):
+            raise FrontierScriptError(f"sync answered a lease score {score!r}") from None
+        leased.append((member, value if math.isfinite(value) else 0.0))
+    repaired = named.get("repaired", [])
+    return SyncResult(
+        [f == "1" for f in flags], leased,
+        _count(named, "requeued"), _count(named, "moved"), _count(named, "queued"),
+        _count(named, "inflight"), _count(named, "delayed"), _count(named, "bloom_n"),
+        named["paused"] in (b"1", "1"), _count(named, "seq"), _count(named, "rejected"),
+        [_text(k) for k in repaired] if isinstance(repaired, list) else [],
+    )
+
+
+@dataclass(eq=False)  # compared and hashed by identity
+class Frontier:
+    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client).
+
+    ``max_entry_bytes`` bounds a queue entry the script hands out (larger ones are rejected whole, in
+    Redis); ``rejected_maxlen`` and ``dead_maxlen`` cap ``{spider}:queue:rejected`` and
+    ``{spider}:deadletter`` (0 = no cap)."""
+
+    redis: Any
+    keys: CrawlKeys
+    worker_id: str
+    dupefilter: RedisDupeFilter | None
+    sequence: str = "asc"
+    lease_seconds: float = 60.0
+    politeness: str = "process"
+    #: ``"<delay> <jitter>"`` no domain's limits exceed (:meth:`DomainLimits.bound`); "" = polite.lua's bounds
+    limits_bound: str = ""
+    #: False for the shards > 0 of a sharded frontier: the worker's heartbeat is written by shard 0
+    heartbeat: bool = True
+    max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
+    rejected_maxlen: int = defaults.SCHEDULER_REJECTED_MAXLEN
+    dead_maxlen: int = defaults.DEADLETTER_MAXLEN
+
+    def __post_init__(self) -> None:
+        self._polite = self.politeness == "cluster"
+        self._rng = random.Random()
+        self._script = scripts.register(self.redis, "sync")
+        self._fixed_keys = [getattr(self.keys, name) for name in SYNC_KEYS]
+        #: the keys that hold requests (see SyncResult.work_repaired)
+        self._work_keys = frozenset((self.keys.queue, self.keys.leases, self.keys.delayed))
+
+    def _head(self, batch: SyncBatch, now: float | None, mode: str) -> list[Any]:
+        head = {
+            "now": "" if now is None else repr(now), "worker": self.worker_id,
+            "lease_seconds": repr(self.lease_seconds), "lease": batch.lease, "order": self.sequence,
+            "politeness": self.politeness, "seed": self._rng.randrange(2**31),
+            "heartbeat": "1" if self.heartbeat else "0", "max_entry_bytes": self.max_entry_bytes,
+            "rejected_maxlen": self.rejected_maxlen, "dead_maxlen": self.dead_maxlen, "dupe_mode": mode,
+            "limits_bound": self.limits_bound,
+        }
+        return [head[name] for name in SYNC_HEAD]
+
+    async def sync(self, batch: SyncBatch, now: float | None = None) -> SyncResult:
+        """Send ``batch`` in one atomic script call (retried with more bloom keys if the chain grew).
+
+        Raises :class:`FrontierStateError` when the script refused to write (see its ``reason``)."""
+        df = self.dupefilter
+        body = encode_sync_sections(batch, time.time() if now is None else now, self._polite)
+        for _ in range(64):
+            if df is not None:
+                mode, dkeys, params = df.script_args(len(batch.enqueue), now)
+            else:
+                mode, dkeys, params = "none", [self.keys.forgotten, self.keys.fingerprints], []
+            args = [*self._head(batch, now, mode), len(params), *params, *body]
+            raw = await self._script(keys=self._fixed_keys + dkeys, args=args)
+            if isinstance(raw, list) and len(raw) == 2 and raw[0] == -1:
+                if df is None:
+                    raise FrontierScriptError("sync script asked for bloom keys without a bloom filter")
+                df.observe(int(raw[1]))
+                continue
+            result = decode_sync_result(raw, len(batch.enqueue))
+            if df is not None:
+                df.observe(result.bloom_n)
+            if result.repaired:
+                result.work_repaired = not self._work_keys.isdisjoint(result.repaired)
+            return result
+        raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
+
+    def payload_of(self, member: bytes) -> bytes:
+        """The encoded request inside a queue member or a lease key."""
+        member = lease_member(member)
+        if self._polite:
+            return member[member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES :]
+        return member[SEQ_BYTES:]

@@ -1,0 +1,338 @@
+"""The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis.
+
+A round takes what the :class:`~scrapy_dist.frontier.ledger.Ledger` owes as one ``sync`` Lua call per shard --
+and, for a shard with more than :data:`~scrapy_dist.frontier.ledger.CALL_RECORDS` new requests, more calls of that
+many, up to :data:`~scrapy_dist.frontier.ledger.CALLS_PER_ROUND` (see :meth:`SyncLoop.calls_per_round`) -- sends them
+all concurrently (one round trip; each call short on the server) and takes the answers back in. A round
+is due when the engine runs low on leased requests (below half of ``SCHEDULER_PREFETCH``), when a
+write has waited ``SCHEDULER_FLUSH_INTERVAL`` or ``SCHEDULER_FLUSH_BATCH`` requests are buffered, when
+a backlog is being drained, when the crawl-wide view is older than ``SCHEDULER_IDLE_POLL``, and when
+leases are due for renewal (every third of ``SCHEDULER_LEASE_SECONDS``).
+
+Failures: a call that fails has its batch put back in the ledger; the loop waits with capped backoff and
+tries again. Redis being away is reported by the crawl's :class:`~scrapy_dist.redis.outage.Outage` (one
+warning per worker and outage); any other error is logged with its traceback (rate-limited) and the loop
+goes on -- no exception from an entry or a round stops it. Should the task itself ever end by accident,
+the worker closes with reason ``scheduler_failed`` instead of hanging without a frontier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.frontier.ledger import CALL_RECORDS, CALLS_PER_ROUND
+from scrapy_dist.redis.outage import Backoff, Outage, is_outage
+from scrapy_dist.utils.ratelimit import RateLimitedLog
+
+if TYPE_CHECKING:
+    from scrapy import Request
+
+    from scrapy_dist.frontier.engine import Engine
+    from scrapy_dist.frontier.ledger import Applied, Ledger
+    from scrapy_dist.frontier.router import FrontierState, ShardRouter
+    from scrapy_dist.frontier.shard import Frontier, SyncResult
+
+logger = logging.getLogger(__name__)
+
+#: close reason when the loop ends by accident
+FAILED_REASON = "scheduler_failed"
+
+
+class SyncLoop:
+    """Owns the asyncio task that exchanges a worker's :class:`Ledger` with its shards' frontiers."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        router: ShardRouter,
+        frontiers: list[Frontier],
+        engine: Engine,
+        *,
+        decode: Callable[[int, bytes], Request],
+        on_applied: Callable[[Applied, SyncResult], None],
+        prefetch: int = 64,
+        flush_interval: float = 0.05,
+        flush_batch: int = 500,
+        idle_poll: float = 0.25,
+        lease_seconds: float = 60.0,
+        idle_poll_max: float | None = None,
+        outage: Outage | None = None,
+        on_outage: Callable[[], None] = lambda: None,
+        backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ledger = ledger
+        self.router = router
+        self.frontiers = frontiers
+        self.engine = engine
+        self.decode = decode
+        self.on_applied = on_applied
+        self.prefetch = max(1, prefetch)
+        self.flush_interval = flush_interval
+        self.flush_batch = flush_batch
+        self.idle_poll = idle_poll
+        #: a worker that keeps finding nothing polls less and less often, up to this (long-running crawls)
+        self.idle_poll_max = max(idle_poll, idle_poll_max or idle_poll)
+        #: the current pace of an idle worker's polls (idle_poll, doubled per empty round up to the max)
+        self.poll_interval = idle_poll
+        self.lease_seconds = lease_seconds
+        self.outage = outage or Outage()
+        self.on_outage = on_outage
+        #: the loop's side of the outage policy: backoff, and errors that are not outages (rate-limited)
+        self.guard = self.outage.guard("frontier", backoff, logger)
+        self.clock = clock
+        #: crawl-wide state after the last round that reached every shard (``None`` before the first)
+        self.state: FrontierState | None = None
+        #: the crawl-wide pause flag (``scrapy-dist pause``), as shard 0 last reported it
+        self.paused = False
+        #: this worker's own pause (extensions pause a worker without touching the crawl)
+        self.local_pause = False
+        #: a round is under way (its requests are neither in the ledger nor known to be in Redis)
+        self.in_sync = False
+        #: the last round failed (Redis away or an error): buffered requests cannot reach Redis now
+        self.failing = False
+        #: when the last round that reached every shard started
+        self.last_sync = 0.0
+        #: start of the last successful round that took every discovered request buffered (see
+        #: :meth:`scrapy_dist.scheduler.Scheduler.flushed_since`)
+        self.drained_at = 0.0
+        #: when the rounds started leaving part of a backlog for the next one (None: none is left)
+        self.backlog_since: float | None = None
+        self.next_fetch = 0.0
+        self.next_renew = 0.0
+        #: (requests leased, requests asked for, queued crawl-wide) of the last complete round
+        self.lease_result = (0, 0, 0)
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._once = RateLimitedLog.once(logger)
+        #: the largest sequence number each shard has reported (it only grows while Redis keeps its data)
+        self._seq_seen: dict[int, int] = {}
+
+    # -- the task -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the background task on the running event loop."""
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task.add_done_callback(self._ended)
+
+    def wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def stop(self) -> None:
+        """Stop the task after its current round."""
+        self._closing = True
+        self.wake()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if self._closing or task.cancelled():
+            return
+        exc = task.exception()
+        logger.critical(
+            "The scheduler's frontier loop stopped unexpectedly (%s): closing this worker (reason %s); its"
+            " leases return to the queue when they expire",
+            f"{type(exc).__name__}: {exc}" if exc else "returned", FAILED_REASON, exc_info=exc,
+        )
+        self.engine.close(FAILED_REASON)
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        while not self._closing:
+            if not self.ledger.left_behind:  # a backlog goes on at once, in short calls
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=self.flush_interval)
+            self._wakeup.clear()
+            if self._closing:
+                break
+            try:
+                delay = await self._turn()
+            except Exception as exc:  # a bug must not stop the frontier: log it, back off, go on
+                delay = self.guard.failed(exc, self.clock())
+            if delay:
+                await asyncio.sleep(delay)
+
+    async def _turn(self) -> float:
+        """One turn of the loop; how long to wait before the next one (0 unless it failed)."""
+        now = self.clock()
+        self.collect_finished(now)
+        due, lease = self.due(now)
+        if not due:
+            return 0.0
+        renew = now >= self.next_renew
+        error = await self.round(lease, renew)
+        if error is not None:
+            if is_outage(error):
+                # Redis may come back with acknowledged writes rolled back (failover, lost AOF tail)
+                self.on_outage()
+            ledger = self.ledger
+            return self.guard.failed(
+                error, self.clock(),
+                detail=f"{len(ledger.out)} discovered requests and {len(ledger.held)} leases kept in memory",
+            )
+        self.guard.succeeded(self.clock())
+        if renew:
+            self.next_renew = now + self.lease_seconds / 3
+        self.last_sync = now
+        got, asked, queued = self.lease_result
+        if asked and got < asked and queued == 0:
+            if got == 0 and not self.ledger.busy():  # still nothing at all: poll less often
+                self.poll_interval = min(self.idle_poll_max, self.poll_interval * 2)
+            else:
+                self.poll_interval = self.idle_poll
+            self.next_fetch = now + self.poll_interval  # nothing to lease: poll gently
+        else:
+            self.poll_interval = self.idle_poll
+            self.next_fetch = now
+        return 0.0
+
+    # -- one round ------------------------------------------------------------------------------------
+    def collect_finished(self, now: float) -> None:
+        """Acknowledge requests the engine has finished (download, callback and pipelines)."""
+        if not self.ledger.handed:
+            return
+        busy = self.engine.inprogress()
+        if busy is None:
+            self._once.log(
+                logging.WARNING, "Cannot see the engine's requests in progress: acknowledging on hand-out",
+                key="inprogress",
+            )
+            busy = ()
+        self.ledger.collect_finished(busy, now)
+
+    def due(self, now: float) -> tuple[bool, int]:
+        """Whether a round is due now, and how many requests it should lease."""
+        ledger = self.ledger
+        want = 0
+        outranked = 0
+        if not (self.paused or self.local_pause):
+            if len(ledger.ready) < max(1, self.prefetch // 2):
+                want = self.prefetch - len(ledger.ready)
+            # discovered requests better than anything leased: store them now and lease them back
+            outranked = ledger.outranked()
+            want = max(want, min(outranked, self.prefetch))
+        fetch = want > 0 and now >= self.next_fetch
+        flush = ledger.first_pending is not None and (
+            now - ledger.first_pending >= self.flush_interval or len(ledger.out) >= self.flush_batch
+            or outranked > 0 or ledger.left_behind > 0
+        )
+        stale = now - self.last_sync >= self.poll_interval
+        return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
+
+    def calls_per_round(self, now: float) -> int:
+        """Most sync calls per shard this round, each of at most :data:`~scrapy_dist.frontier.ledger.CALL_RECORDS`
+        discovered requests: :data:`~scrapy_dist.frontier.ledger.CALLS_PER_ROUND` -- and eight times as many once
+        draining a backlog has taken a quarter of a lease (a Redis so far away that rounds cannot keep
+        up), so the acks it holds back go before their leases run out. Either way every call stays short:
+        a backlog never goes as one long call that every other worker waits behind."""
+        if self.backlog_since is not None and now - self.backlog_since >= self.lease_seconds / 4:
+            return CALLS_PER_ROUND * 8
+        return CALLS_PER_ROUND
+
+    async def round(self, lease: int, renew: bool) -> BaseException | None:
+        """One exchange with every shard (concurrently); returns the first error, or ``None`` if every
+        shard answered. A call that failed has its batch put back; the others' answers are applied."""
+        ledger, router = self.ledger, self.router
+        started = self.clock()
+        batches = ledger.take_batches(
+            router.lease_split(lease), renew, CALL_RECORDS, self.calls_per_round(started)
+        )
+        shard_of = ledger.call_shards
+        if not ledger.left_behind:
+            self.backlog_since = None
+        elif self.backlog_since is None:
+            self.backlog_since = started
+        self.in_sync = True
+        try:
+            if len(batches) == 1:
+                results: list[Any] = []
+                try:
+                    results.append(await self.frontiers[0].sync(batches[0]))
+                except Exception as exc:
+                    results.append(exc)
+            else:  # one call per shard, and more for a backlog: all sent at once, each short on the server
+                results = await asyncio.gather(
+                    *(self.frontiers[shard_of[i]].sync(b) for i, b in enumerate(batches)),
+                    return_exceptions=True,
+                )
+        finally:
+            self.in_sync = False
+        now = self.clock()
+        error: BaseException | None = None
+        got = 0
+        # failed calls go back in front of what came since, in their order; the first one's error is told
+        for call in reversed(range(len(batches))):
+            if isinstance(results[call], BaseException):
+                ledger.restore(call, batches[call], now)
+                error = results[call]
+        answered = [(call, r) for call, r in enumerate(results) if not isinstance(r, BaseException)]
+        # a shard's state is the one its last-executed call saw (the largest seq: it only grows)
+        seqs: dict[int, int] = {}
+        for call, result in sorted(answered, key=lambda cr: cr[1].seq):
+            router.observe(shard_of[call], result)
+            seqs[shard_of[call]] = result.seq
+        self._check_seq(seqs)
+        for call, result in answered:
+            applied = ledger.apply(call, batches[call], result, self.decode, now)
+            got += applied.leased
+            if call == 0:  # the crawl-wide pause flag lives with shard 0
+                was_paused, self.paused = self.paused, result.paused
+                if was_paused != self.paused:
+                    self.engine.wake()
+            self.on_applied(applied, result)
+        ledger.finish_round(error is None, now)
+        self.failing = error is not None
+        if error is None and not ledger.left_behind:
+            self.drained_at = started
+        if error is None:
+            self.state = state = router.settle()
+            if ledger.ready or not (state.queued or state.inflight):
+                self.engine.wake()
+            self.lease_result = (got, lease, state.queued)
+        else:
+            router.forget_snapshot()
+        return error
+
+    def _check_seq(self, seqs: dict[int, int]) -> None:
+        """Say so when a shard's sequence number went down: Redis lost the crawl's data (restarted without
+        persistence, a failover that lost writes, or its keys were deleted). One WARNING per drop."""
+        for shard, seq in seqs.items():
+            before = self._seq_seen.get(shard, 0)
+            self._seq_seen[shard] = seq
+            if seq < before:
+                # what this worker remembers having sent is no longer certainly in the filter either
+                self.on_outage()
+                logger.warning(
+                    "The frontier in Redis went back in time (shard %d's sequence number fell from %d to %d):"
+                    " Redis lost some or all of the crawl's data -- restarted without persistence, a failover"
+                    " that lost writes, or its keys were deleted. Requests queued there may be gone (this"
+                    " worker re-sends only what it holds) and pages the duplicate filter forgot are crawled"
+                    " again; see docs/operations.md#outages", shard, before, seq,
+                )
+
+    async def drain(self, timeout: float) -> None:
+        """At close: rounds until nothing is owed (held-back acks need one more round once their
+        requests' output has landed), for at most ``timeout`` seconds of Redis being away."""
+        deadline = self.clock() + timeout
+        ledger = self.ledger
+        while self.frontiers and ledger.owes():
+            error = await self.round(lease=0, renew=False)
+            if error is None:
+                continue
+            if not is_outage(error) or self.clock() > deadline:
+                logger.error(
+                    "%s at close (%s): %d leased requests will be requeued when their leases expire; %d"
+                    " discovered requests were not saved",
+                    "Redis unreachable" if is_outage(error) else "The frontier's last writes failed",
+                    error, len(ledger.held), len(ledger.out),
+                )
+                return
+            await asyncio.sleep(1.0)

@@ -1,0 +1,286 @@
+"""``scrapy-dist dashboard SPIDER``: a live web page of one crawl (aiohttp server, Chart.js charts).
+
+What the page shows comes from two JSON endpoints, polled every few seconds:
+
+* ``GET /api/status``: the snapshot ``scrapy-dist status`` reads (:func:`scrapy_dist.monitor.status.read_status`)
+  plus the newest dead letters by reason, cached for ``cache_seconds`` so any number of open pages cost one
+  read;
+* ``GET /api/history``: the last hour of the crawl's history stream (``{spider}:history``, one sample per
+  worker per ``CLUSTERSTATS_INTERVAL``, written by :class:`~scrapy_dist.extensions.ClusterStats`), cut into
+  :data:`BUCKET_SECONDS` buckets: pages/min crawl-wide and per worker, errors/min, the frontier's size.
+
+Read-only by default. Pausing, resuming and requeueing dead letters are POSTs that need the token
+(``--token`` or ``$SCRAPY_DIST_DASHBOARD_TOKEN``) in an ``X-Dashboard-Token`` header: a header a page of
+another origin cannot send without a CORS preflight this server never answers, so those POSTs are safe
+from cross-site request forgery; a POST whose ``Origin`` is not the dashboard's own is refused as well.
+The token is never put in the page: the user types it in, and it stays in the tab's sessionStorage.
+Listening anywhere but loopback requires a token (:func:`check_binding`).
+
+Everything read from Redis is untrusted: the history entries are parsed field by field and skipped when
+they do not parse; the status comes through the same parsers as ``scrapy-dist status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
+from scrapy_dist.extensions.control import pause_crawl, resume_crawl
+from scrapy_dist.frontier.deadletter import parse_record
+from scrapy_dist.monitor.status import read_status
+from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage, describe
+
+__all__ = ["BUCKET_SECONDS", "Dashboard", "DashboardThread", "check_binding", "history_series"]
+
+#: Width of one point of the history charts (seconds); an hour is 360 points.
+BUCKET_SECONDS = 10
+#: Points a history chart shows at least (a minute at the start of a crawl).
+MIN_POINTS = 6
+#: History entries read per refresh at most (the stream keeps about an hour, capped at 20,000 entries).
+HISTORY_READ = 20_000
+#: Dead letters read per refresh to count their reasons.
+DEAD_SAMPLE = 200
+TOKEN_HEADER = "X-Dashboard-Token"
+
+
+def check_binding(host: str, token: str | None) -> None:
+    """Refuse (one line) to listen beyond loopback without a token."""
+    if token:
+        return
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ScrapyDistError(f"scrapy-dist: the dashboard listens on {host} only with a token: add --token"
+                              " (or $SCRAPY_DIST_DASHBOARD_TOKEN), or keep the default --host 127.0.0.1")
+
+
+def _field(fields: dict[bytes, bytes], name: bytes) -> float | None:
+    raw = fields.get(name, b"")
+    if not (0 < len(raw) <= 20 and raw.isdigit()):
+        return None
+    return float(raw)
+
+
+def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
+                   span: float = 3600.0, bucket: float = BUCKET_SECONDS) -> dict[str, Any]:
+    """Chart series from history stream entries (``XRANGE`` replies): per bucket, pages/min crawl-wide and
+    per worker, errors/min, and the frontier as last reported, from the bucket before the first sample
+    (at least :data:`MIN_POINTS` buckets) to ``now``. Entries that do not parse are skipped."""
+    start = now - span
+    n = int(span // bucket)
+    times = [start + (i + 1) * bucket for i in range(n)]
+    last: dict[str, tuple[float, float, float]] = {}  # worker -> (time, pages, errors) of its last sample
+    pages = [0.0] * n
+    errors = [0.0] * n
+    per_worker: dict[str, list[float]] = defaultdict(lambda: [0.0] * n)
+    frontier = {k: [None] * n for k in ("queued", "inflight", "delayed")}
+    for entry_id, fields in entries:
+        try:
+            t = int(entry_id.split(b"-", 1)[0]) / 1000.0
+            worker = fields[b"w"].decode("utf-8", "replace")[:120]
+        except (ValueError, KeyError, AttributeError, IndexError):
+            continue
+        p, e = _field(fields, b"p"), _field(fields, b"e")
+        if p is None:
+            continue
+        i = int((t - start) // bucket)
+        prev = last.get(worker)
+        last[worker] = (t, p, e or 0.0)
+        for name, key in (("queued", b"q"), ("inflight", b"f"), ("delayed", b"d")):
+            value = _field(fields, key)
+            if value is not None and 0 <= i < n:
+                frontier[name][i] = value  # type: ignore[call-overload]
+        if prev is None or not 0 <= i < n or t <= prev[0]:
+            continue
+        dp, de = max(0.0, p - prev[1]), max(0.0, (e or 0.0) - prev[2])
+        per_min = 60.0 / bucket
+        pages[i] += dp * per_min
+        errors[i] += de * per_min
+        per_worker[worker][i] += dp * per_min
+    # the charts start at the first sample (a crawl younger than the hour does not sit in a corner)
+    first = min((i for i in range(n) if pages[i] or errors[i] or frontier["queued"][i] is not None),
+                default=n - 1)
+    cut = max(0, min(first - 1, n - MIN_POINTS))
+    return {"times": times[cut:], "pages_per_min": pages[cut:], "errors_per_min": errors[cut:],
+            "workers": {w: v[cut:] for w, v in per_worker.items()},
+            **{k: v[cut:] for k, v in frontier.items()}}
+
+
+@dataclass(eq=False)
+class Dashboard:
+    """The aiohttp application of one crawl's dashboard. ``client`` is a synchronous Redis client (reads
+    run in a thread); ``requeue`` requeues a list of dead letters (the CLI passes its own)."""
+
+    client: Any
+    keys: CrawlKeys
+    token: str | None = None
+    cache_seconds: float = 2.0
+    requeue: Callable[[], Any] | None = None
+    clock: Callable[[], float] = time.monotonic
+    #: Redis reads done (what the cache saves is visible)
+    reads: int = field(default=0, init=False)
+    _cache: dict[str, tuple[float, Any]] = field(default_factory=dict, init=False, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    #: one WARNING when Redis goes away, one INFO when it is back; the page says it meanwhile (503)
+    outage: ToolOutage = field(default_factory=lambda: ToolOutage("dashboard"), init=False, repr=False)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1024)
+        app.router.add_get("/", self.page)
+        app.router.add_get("/static/{name}", self.static)
+        app.router.add_get("/api/status", self.status)
+        app.router.add_get("/api/history", self.history)
+        app.router.add_post("/api/{action:pause|resume|requeue}", self.act)
+        return app
+
+    # -- reading -------------------------------------------------------------------------------------------
+    async def _cached(self, name: str, read: Callable[[], Any], seconds: float) -> Any:
+        async with self._lock:
+            hit = self._cache.get(name)
+            if hit is not None and self.clock() - hit[0] < seconds:
+                return hit[1]
+            self.reads += 1
+            value = await asyncio.get_running_loop().run_in_executor(None, read)
+            self._cache[name] = (self.clock(), value)
+            return value
+
+    async def _reply(self, name: str, read: Callable[[], Any], seconds: float) -> web.Response:
+        """The JSON of a cached read, or 503 with the reason in one line while Redis is away."""
+        try:
+            value = await self._cached(name, read, seconds)
+        except READ_ERRORS as exc:
+            self.outage.failed(exc, self.clock())
+            return web.json_response({"error": f"Redis unavailable ({describe(exc)[:200]})"}, status=503)
+        self.outage.succeeded(self.clock())
+        return web.json_response(value)
+
+    def _read_status(self) -> dict[str, Any]:
+        status = read_status(self.client, self.keys, lease_scan_limit=0)
+        reasons: Counter[str] = Counter()
+        for raw in self.client.lrange(self.keys.deadletter, 0, DEAD_SAMPLE - 1) or []:
+            try:
+                reasons[parse_record(raw).reason[:60]] += 1
+            except RejectedEntry:
+                reasons["unreadable"] += 1
+        status["dead_reasons"] = dict(reasons.most_common(20))
+        status.pop("stats", None)  # hundreds of fields the page does not show
+        return status
+
+    def _read_history(self) -> dict[str, Any]:
+        sec, usec = self.client.time()
+        now = int(sec) + int(usec) / 1e6
+        entries = self.client.xrange(self.keys.history, min=f"{int((now - 3600) * 1000)}", count=HISTORY_READ)
+        return history_series(entries or [], now)
+
+    async def status(self, request: web.Request) -> web.Response:
+        return await self._reply("status", self._read_status, self.cache_seconds)
+
+    async def history(self, request: web.Request) -> web.Response:
+        # the history changes by one point per bucket: read it at most once a bucket
+        seconds = max(self.cache_seconds, BUCKET_SECONDS / 2)
+        return await self._reply("history", self._read_history, seconds)
+
+    # -- the page ------------------------------------------------------------------------------------------
+    async def page(self, request: web.Request) -> web.Response:
+        html = resources.files("scrapy_dist.monitor.dashboard_static").joinpath("index.html").read_text()
+        html = html.replace("{{SPIDER}}", self.keys.spider.replace("<", "&lt;").replace("&", "&amp;"))
+        return web.Response(text=html, content_type="text/html", headers={
+            "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'",
+            "X-Frame-Options": "DENY",
+        })
+
+    async def static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in ("chart.umd.min.js", "dashboard.js"):
+            raise web.HTTPNotFound()
+        body = resources.files("scrapy_dist.monitor.dashboard_static").joinpath(name).read_bytes()
+        return web.Response(body=body, content_type="application/javascript")
+
+    # -- actions -------------------------------------------------------------------------------------------
+    def _allowed(self, request: web.Request) -> bool:
+        given = request.headers.get(TOKEN_HEADER, "")
+        if not self.token or not hmac.compare_digest(given.encode(), self.token.encode()):
+            return False
+        origin = request.headers.get("Origin")
+        return origin is None or origin == f"{request.scheme}://{request.host}"
+
+    async def act(self, request: web.Request) -> web.Response:
+        if not self._allowed(request):
+            raise web.HTTPForbidden(text="a valid X-Dashboard-Token header from this page is needed")
+        try:
+            done = await self._act(request.match_info["action"])
+        except READ_ERRORS as exc:
+            self.outage.failed(exc, self.clock())
+            return web.json_response({"error": f"Redis unavailable ({describe(exc)[:200]})"}, status=503)
+        self._cache.clear()
+        return web.json_response({"done": done})
+
+    async def _act(self, action: str) -> Any:
+        loop = asyncio.get_running_loop()
+        if action == "pause":
+            await loop.run_in_executor(
+                None, lambda: pause_crawl(self.client, self.keys.control, by="dashboard"))
+            done: Any = "paused"
+        elif action == "resume":
+            await loop.run_in_executor(None, lambda: resume_crawl(self.client, self.keys.control,
+                                                                  self.keys.errors))
+            done = "resumed"
+        else:
+            if self.requeue is None:
+                raise web.HTTPNotImplemented(text="requeueing is not available here")
+            done = await self.requeue()
+        return done
+
+
+class DashboardThread:
+    """``dashboard`` served on ``host:port`` (0: a free port) from a thread with its own event loop: for
+    ``scrapy-dist demo --dashboard`` and the tests. ``url`` is set once it listens; :meth:`close` stops it."""
+
+    def __init__(self, dashboard: Dashboard, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.url = ""
+        self._runner = web.AppRunner(dashboard.app(), access_log=None)
+        started = threading.Event()
+        failed: list[BaseException] = []
+
+        async def start() -> None:
+            await self._runner.setup()
+            await web.TCPSite(self._runner, host, port).start()
+            self.url = f"http://{host}:{self._runner.addresses[0][1]}/"
+
+        def main() -> None:
+            try:
+                self.loop.run_until_complete(start())
+            except BaseException as exc:  # reported to the caller below
+                failed.append(exc)
+                return
+            finally:
+                started.set()
+            self.loop.run_forever()
+
+        self._thread = threading.Thread(target=main, name="scrapy-dist dashboard", daemon=True)
+        self._thread.start()
+        started.wait(10)
+        if failed:
+            raise failed[0]
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(10)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+

@@ -1,0 +1,238 @@
+"""Prometheus metrics of running crawls, from the same snapshot ``scrapy-dist status`` reads.
+
+:class:`CrawlCollector` is a ``prometheus_client`` collector: on a scrape it reads each crawl's snapshot
+(:func:`scrapy_dist.monitor.status.read_status`, three or four pipelined round trips, no scan of the lease index)
+plus the newest :data:`DEAD_LETTER_SAMPLE` dead letters (their reasons), and turns them into metric
+families. Snapshots are cached for ``cache_seconds``, so several Prometheus servers (or a scrape and a
+dashboard) cost one read. ``scrapy-dist metrics SPIDER... --port 9410`` serves it (:func:`serve`).
+
+Names follow Prometheus's conventions: ``scrapy_dist_`` prefix, base units, ``_total`` for counters
+(values that only grow: the crawl-wide Scrapy stats, a worker's pages and items), gauges for the rest.
+Label cardinality is bounded: ``spider`` (the crawls named), ``worker`` (at most
+:data:`~scrapy_dist.monitor.status.WORKER_LIMIT` per crawl), ``domain`` (the ``top_domains`` busiest only),
+``reason`` (error and dead-letter reasons: the error monitor's and the dead-letter writer's own reason
+names, at most :data:`REASON_LIMIT` per crawl, the rest summed as ``other``). docs/monitoring.md has the
+table of every metric.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.frontier.deadletter import parse_record
+from scrapy_dist.monitor.status import read_status
+from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage
+
+__all__ = ["DEAD_LETTER_SAMPLE", "REASON_LIMIT", "CrawlCollector", "serve"]
+
+#: Dead letters read per scrape (the newest) to count them by reason.
+DEAD_LETTER_SAMPLE = 500
+#: Reasons listed per crawl and metric; the rarer ones are summed under ``reason="other"``.
+REASON_LIMIT = 20
+#: Crawl-wide Scrapy stats exported as counters: stat name -> metric name.
+STAT_COUNTERS = {
+    "response_received_count": "scrapy_dist_pages_total",
+    "item_scraped_count": "scrapy_dist_items_total",
+    "item_dropped_count": "scrapy_dist_items_dropped_total",
+    "scheduler/enqueued": "scrapy_dist_requests_enqueued_total",
+    "downloader/response_bytes": "scrapy_dist_downloaded_bytes_total",
+    "log_count/ERROR": "scrapy_dist_log_errors_total",
+}
+#: Prefixes of the Scrapy stats counted as errors, and the reason label they give.
+ERROR_STATS = {
+    "downloader/exception_type_count/": "download:",
+    "spider_exceptions/": "spider:",
+    "downloader/response_status_count/": "http:",
+}
+
+
+def _bounded(counts: Counter[str], limit: int = REASON_LIMIT) -> list[tuple[str, int]]:
+    top = counts.most_common(limit)
+    rest = sum(counts.values()) - sum(n for _, n in top)
+    return top + ([("other", rest)] if rest else [])
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class CrawlCollector(Collector):
+    """Metrics of the crawls of ``spiders`` (``keys_of(spider)`` gives a crawl's keys) in one Redis."""
+
+    def __init__(
+        self,
+        client: Any,
+        spiders: Iterable[str],
+        keys_of: Callable[[str], CrawlKeys] = CrawlKeys,
+        *,
+        cache_seconds: float = 5.0,
+        top_domains: int = 10,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.spiders = list(spiders)
+        self.keys_of = keys_of
+        self.cache_seconds = cache_seconds
+        self.top_domains = top_domains
+        self.clock = clock
+        #: Redis reads done (one per crawl and cache period): what the cache saves is visible
+        self.reads = 0
+        self._cache: tuple[float, list[tuple[str, dict[str, Any] | None, Counter[str]]]] | None = None
+        self._lock = threading.Lock()  # the HTTP server scrapes from several threads
+        #: one WARNING when Redis goes away, one INFO when it is back (scrapy_dist_up says it meanwhile)
+        self.outage = ToolOutage("metrics exporter")
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def snapshots(self) -> list[tuple[str, dict[str, Any] | None, Counter[str]]]:
+        """``(spider, status or None if Redis failed, dead letters by reason)`` per crawl, cached."""
+        with self._lock:
+            now = self.clock()
+            if self._cache is not None and now - self._cache[0] < self.cache_seconds:
+                return self._cache[1]
+            out = [self._read(spider) for spider in self.spiders]
+            self._cache = (now, out)
+            return out
+
+    def _read(self, spider: str) -> tuple[str, dict[str, Any] | None, Counter[str]]:
+        keys = self.keys_of(spider)
+        self.reads += 1
+        try:
+            status = read_status(self.client, keys, lease_scan_limit=0, domain_limit=self.top_domains)
+            raw = self.client.lrange(keys.deadletter, 0, DEAD_LETTER_SAMPLE - 1)
+        except READ_ERRORS as exc:
+            self.outage.failed(exc, self.clock())
+            return spider, None, Counter()
+        self.outage.succeeded(self.clock())
+        reasons: Counter[str] = Counter()
+        for record in raw or []:
+            try:
+                reasons[parse_record(record).reason[:60]] += 1
+            except RejectedEntry:
+                reasons["unreadable"] += 1
+        return spider, status, reasons
+
+    # -- the families ------------------------------------------------------------------------------------
+    def collect(self) -> Iterator[Metric]:
+        g = _Families()
+        for spider, s, dead_reasons in self.snapshots():
+            g.gauge("scrapy_dist_up", "1 if the crawl's state could be read from Redis", spider,
+                    0.0 if s is None else 1.0)
+            if s is None:
+                continue
+            front = s["frontier"]
+            for state in ("queued", "inflight", "delayed"):
+                g.gauge("scrapy_dist_frontier_requests", "Requests in the shared frontier, by state", spider,
+                        float(front[state]), state=state)
+            seeds = s["seeds"]
+            for state in ("waiting", "processing"):
+                g.gauge("scrapy_dist_seeds", "Seeds in the seeds key (waiting) or taken by a worker and not"
+                        " yet in the frontier (processing)", spider, float(seeds[state]), state=state)
+            for what, n in s["rejected"].items():
+                g.gauge("scrapy_dist_rejected_entries", "Seeds and queue entries parked as rejected (lists"
+                        " capped by their MAXLEN settings)", spider, float(n), kind=what)
+            g.gauge("scrapy_dist_dead_letters", "Requests in the dead-letter list", spider,
+                    float(s["deadletter"]))
+            for reason, n in _bounded(dead_reasons):
+                g.gauge("scrapy_dist_dead_letters_by_reason", f"Dead letters by reason, among the newest"
+                        f" {DEAD_LETTER_SAMPLE}", spider, float(n), reason=reason)
+            filt = s["filter"] or {}
+            for key, name, doc in (("items", "scrapy_dist_filter_items", "Fingerprints in the dupefilter"),
+                                   ("fill", "scrapy_dist_filter_fill_ratio", "Bloom filter items / capacity"),
+                                   ("fpr_estimate", "scrapy_dist_filter_false_positive_ratio",
+                                    "Estimated false-positive rate of the dupefilter at its current fill"),
+                                   ("memory_bytes", "scrapy_dist_filter_memory_bytes", "Bloom filter size")):
+                value = _number(filt.get(key))
+                if value is not None:
+                    g.gauge(name, doc, spider, value)
+            g.gauge("scrapy_dist_paused", "1 while the crawl is paused", spider,
+                    1.0 if s["control"]["paused"] else 0.0)
+            for state, n in s["workers_summary"].items():
+                if state != "total":
+                    g.gauge("scrapy_dist_workers", "Workers by state (running, lost, closed)", spider,
+                            float(n), state=state)
+            self._stats(g, spider, s["stats"])
+            errors = s["errors"]
+            if errors.get("error_rate") is not None:
+                g.gauge("scrapy_dist_error_ratio", "Errors / attempts over the error monitor's window",
+                        spider, float(errors["error_rate"]))
+            for w in s["workers"]:
+                self._worker(g, spider, w)
+            for d in s["domains"][: self.top_domains]:
+                g.gauge("scrapy_dist_domain_backlog_requests", f"Queued requests of the {self.top_domains}"
+                        " busiest domains (crawl-wide politeness)", spider, float(d["backlog"]),
+                        domain=d["domain"])
+        yield from g.families.values()
+
+    @staticmethod
+    def _stats(g: _Families, spider: str, stats: dict[str, Any]) -> None:
+        for stat, name in STAT_COUNTERS.items():
+            value = _number(stats.get(stat))
+            if value is not None:
+                g.counter(name, f"Scrapy stat {stat}, summed over every worker", spider, value)
+        reasons: Counter[str] = Counter()
+        for stat, value in stats.items():
+            for prefix, label in ERROR_STATS.items():
+                if stat.startswith(prefix) and _number(value) is not None:
+                    code = stat[len(prefix):]
+                    if label == "http:" and not code.startswith(("4", "5")):
+                        continue
+                    reasons[label + code.rsplit(".", 1)[-1][:60]] += int(value)
+        for reason, n in _bounded(reasons):
+            g.counter("scrapy_dist_errors_total", "Download exceptions, spider exceptions and HTTP 4xx/5xx"
+                      " responses, by reason", spider, float(n), reason=reason)
+
+    @staticmethod
+    def _worker(g: _Families, spider: str, w: dict[str, Any]) -> None:
+        labels = {"worker": w["id"]}
+        for key, name, doc in (("pages", "scrapy_dist_worker_pages_total", "Pages this worker crawled"),
+                               ("items", "scrapy_dist_worker_items_total", "Items this worker scraped")):
+            value = _number(w.get(key))
+            if value is not None:
+                g.counter(name, doc, spider, value, **labels)
+        leases = _number(w.get("leases"))
+        if leases is not None:
+            g.gauge("scrapy_dist_worker_leases", "Requests this worker holds (per its heartbeat)", spider,
+                    leases, **labels)
+        g.gauge("scrapy_dist_worker_last_seen_timestamp_seconds", "Unix time of the worker's last heartbeat",
+                spider, float(w["last_seen"]), **labels)
+        g.gauge("scrapy_dist_worker_up", "1 while the worker is running (not lost or closed)", spider,
+                1.0 if w["state"] == "running" else 0.0, **labels)
+
+
+class _Families:
+    """Metric families by name, built up one sample at a time (labels: ``spider`` then the rest)."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, Any] = {}
+
+    def _add(self, cls: type, name: str, doc: str, spider: str, value: float, labels: dict[str, str]) -> None:
+        family = self.families.get(name)
+        if family is None:
+            family = self.families[name] = cls(name, doc, labels=["spider", *labels])
+        family.add_metric([spider, *labels.values()], value)
+
+    def gauge(self, name: str, doc: str, spider: str, value: float, **labels: str) -> None:
+        self._add(GaugeMetricFamily, name, doc, spider, value, labels)
+
+    def counter(self, name: str, doc: str, spider: str, value: float, **labels: str) -> None:
+        # CounterMetricFamily takes the name without ``_total`` and adds it to the sample
+        self._add(CounterMetricFamily, name.removesuffix("_total"), doc, spider, value, labels)
+
+
+def serve(collector: CrawlCollector, host: str, port: int) -> Any:
+    """Serve ``/metrics`` for ``collector`` on ``host:port`` in a background thread; returns the server."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server

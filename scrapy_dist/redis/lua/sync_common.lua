@@ -1,0 +1,108 @@
+-- Fragment (not a script on its own): the sync script's arguments, checks and queue-member helpers,
+-- shared by the sync_*.lua fragments and sync.lua (scrapy_dist/redis/scripts.py puts them together).
+--
+-- KEYS (named in SYNC_KEYS below; the order is frontier.py's SYNC_KEYS, the one place that lists them):
+--   queue ZSET, leases ZSET, lease meta HASH, seq STRING, delayed ZSET, delayed meta HASH, rejected LIST,
+--   deadletter LIST, workers ZSET, control HASH, domains ZSET, domain info HASH, queue tails HASH, then
+--   the dupefilter keys (dupe.lua).
+-- ARGV: the head (SYNC_HEAD below, by name), P and P dupe params, then the sections (SYNC_SECTIONS:
+--   each a count followed by its items). frontier.py's SYNC_HEAD / SYNC_SECTIONS encode the same names
+--   in the same order (a test compares them with this file).
+-- Returns (sync.lua) a flat name, value list (frontier.py's decode_sync_result reads it by name), or
+--   {-1, bloom_n} (nothing written: the bloom filter needs keys for more filters), or
+--   {-2, reason, detail} (nothing written: a value read from Redis cannot be used; see sync_check).
+
+local SYNC_KEYS = {'queue', 'leases', 'lease_meta', 'seq', 'delayed', 'delayed_meta', 'rejected',
+                   'deadletter', 'workers', 'control', 'domains', 'domain_info', 'tails'}
+local SYNC_HEAD = {'now', 'worker', 'lease_seconds', 'lease', 'order', 'politeness', 'seed', 'heartbeat',
+                   'max_entry_bytes', 'rejected_maxlen', 'dead_maxlen', 'dupe_mode', 'limits_bound'}
+-- name, items' width without politeness, extra width with politeness
+local SYNC_SECTIONS = {{'enqueue', 4, 2}, {'ack', 1, 0}, {'renew', 1, 0}, {'release', 1, 0},
+                       {'delay', 3, 2}, {'reject', 2, 0}, {'dead', 1, 0}, {'penalize', 2, 0},
+                       {'revisit', 3, 0}, {'forget', 2, 0}}
+-- records in one queue chunk (a member holding several requests, see sync_enqueue.lua)
+local CHUNK_RECORDS = 16
+-- seqs are 6 bytes; the counter is refused (repaired) long before it could wrap
+local MAXSEQ = 281474976710655  -- 2^48 - 1
+local SEQ_LIMIT = 140737488355328  -- 2^47
+-- counters we HINCRBY stay far from Redis's 64-bit overflow (and exact in Lua's doubles)
+local COUNTER_LIMIT = 4503599627370496  -- 2^52
+
+local K = {}
+for i, name in ipairs(SYNC_KEYS) do K[name] = KEYS[i] end
+local A = {}
+for i, name in ipairs(SYNC_HEAD) do A[name] = ARGV[i] end
+local DUPE_KEY = #SYNC_KEYS + 1
+
+-- The sections: name -> {pos = ARGV index of the first item, n = items, w = width of an item}.
+local function sync_sections(pos, polite)
+  local out = {}
+  for _, s in ipairs(SYNC_SECTIONS) do
+    local n = tonumber(ARGV[pos])
+    local w = s[2] + (polite and s[3] or 0)
+    out[s[1]] = {pos = pos + 1, n = n, w = w}
+    pos = pos + 1 + n * w
+  end
+  return out
+end
+
+-- A finite number as Redis takes it for a score (nil if s is not one).
+local function score_of(s)
+  local x = tonumber(s)
+  if not x or x ~= x or x == math.huge or x == -math.huge then return nil end
+  return x
+end
+
+-- A decimal integer string within +-limit (nil if not).
+local function int_of(s, limit)
+  if type(s) ~= 'string' or not string.match(s, '^%-?%d+$') or #s > 17 then return nil end
+  local x = tonumber(s)
+  if math.abs(x) > limit then return nil end
+  return x
+end
+
+local function u16(n) return string.char(math.floor(n / 256), n % 256) end
+
+local function seq6(s)
+  return struct.pack('>I6', s)
+end
+
+local function seq_value(six)
+  local s = 0
+  for i = 1, 6 do s = s * 256 + string.byte(six, i) end
+  return s
+end
+
+-- A queue member split into its singles: {singles} or nil, reason. The shape is checked before anything
+-- is split, and the work is bounded: a chunk holds at most CHUNK_RECORDS records and must end exactly
+-- at its last record; a single is at most max_entry bytes of payload. A member failing that is rejected
+-- whole, as one record (sync_reject_member), whatever it holds.
+local function chunk_singles(member, max_entry)
+  local size = #member
+  if size < 7 or string.byte(member, 7) ~= 0 then
+    if size > max_entry + 6 then return nil, 'entry_too_large' end
+    return {member}
+  end
+  if size > 7 + CHUNK_RECORDS * (8 + max_entry) then return nil, 'chunk_too_large' end
+  local out, p = {}, 8
+  while p <= size do
+    if #out >= CHUNK_RECORDS then return nil, 'chunk_too_many_records' end
+    if p + 1 > size then return nil, 'chunk_truncated' end
+    local len = string.byte(member, p) * 256 + string.byte(member, p + 1)
+    if p + 7 + len > size then return nil, 'chunk_truncated' end
+    out[#out + 1] = string.sub(member, p + 2, p + 7 + len)
+    p = p + 8 + len
+  end
+  if #out == 0 then return nil, 'chunk_empty' end
+  return out
+end
+
+local function hex_head(s, n)
+  return (string.gsub(string.sub(s, 1, n), '.', function(c) return string.format('%02x', string.byte(c)) end))
+end
+
+-- A capped record list: push, then keep only the newest `maxlen` records (0 = no cap).
+local function push_capped(key, record, maxlen)
+  redis.call('RPUSH', key, record)
+  if maxlen > 0 then redis.call('LTRIM', key, -maxlen, -1) end
+end

@@ -1,0 +1,365 @@
+"""One outage policy for every background loop (frontier sync, seeds, monitors, item and cookie writers):
+which errors mean "Redis is away", how long a loop waits before trying again, and what is logged.
+
+* **Which errors.** :data:`OUTAGE_ERRORS`: Redis does not answer (connection refused or reset, timeouts),
+  is starting (``LOADING``), refuses writes for now (``READONLY`` from a demoted master, ``MASTERDOWN``,
+  ``OOM`` until memory is freed), or a cluster is re-forming (``CLUSTERDOWN``, ``TRYAGAIN``, no node
+  answering). All of these heal without a change to the crawl, so waiting loses nothing. Any other error
+  -- an error reply to a script or command (``ResponseError``: ``WRONGTYPE``, a Lua error), a bug in our
+  code -- will not go away by waiting: it is *not* an outage and is logged as an error of the component.
+  (``AuthenticationError`` is a ``ConnectionError`` in redis-py: a password rotated mid-crawl is waited
+  out too, with the reason in the warning.) One more: redis-py's asyncio client lets a ``TypeError`` or
+  ``AttributeError`` out of its own connection code when a connection is torn down under a command --
+  the peer reset it, or a cluster client closed its node connections after another command failed
+  (redis/redis-py#4287, 'NoneType' object has no attribute 'writelines'): a lost connection, so an
+  outage too (:func:`is_outage` tells it by where it was raised).
+* **How long to wait.** :class:`Backoff`, capped exponential, one per loop.
+* **What is logged.** One shared :class:`Outage` per worker process (:meth:`Outage.for_crawler`): the
+  first component that fails logs one WARNING for the whole worker; one INFO says when Redis is reachable
+  again -- once every component that failed has succeeded since (or stopped trying), so a cluster whose
+  nodes come back one by one is not reported as several outages.
+* **A close that waits on Redis.** Items and cookie writes wait for Redis, and Scrapy closes a spider only
+  once its responses are through the pipelines: a stop (SIGTERM, Ctrl-C, the crawl's end) during an outage
+  would wait for Redis for ever. :class:`CloseWatch` stops the worker once Redis has been away for
+  ``SCHEDULER_SHUTDOWN_GRACE`` seconds of its close, as a second SIGTERM does: nothing is acknowledged, so
+  what it held comes back to the queue when its leases expire.
+
+Time is a parameter (``now``, monotonic seconds) so tests need no sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import weakref
+from typing import Any
+
+import redis.exceptions
+
+from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.utils.ratelimit import RateLimitedLog
+
+__all__ = [
+    "OUTAGE_ERRORS", "READ_ERRORS", "Backoff", "CloseWatch", "LoopGuard", "Outage", "ToolOutage", "is_outage",
+]
+
+logger = logging.getLogger(__name__)
+
+#: What a client raises while Redis is down, restarting, failing over or full: catch these, keep the work in
+#: memory, wait and retry (see docs/operations.md). ``RedisClusterException`` is not a ``RedisError``: it is
+#: what a cluster no node of which answers raises ("Redis Cluster cannot be connected", an incomplete slot
+#: map after a failover); it also reports keys of several slots in one call, but every script runs on a
+#: real cluster in tests/test_cluster.py so that never reaches production. The builtin ``OSError`` family
+#: covers socket errors a client lets through unwrapped.
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,  # includes BusyLoadingError (LOADING) and AuthenticationError
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,  # includes MasterDownError
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.RedisClusterException,
+    ConnectionError,
+    TimeoutError,
+    asyncio.TimeoutError,  # not the builtin before Python 3.11
+    OSError,
+)
+
+
+#: redis-py's connection modules: a TypeError/AttributeError raised in there is a torn connection
+_REDIS_CONNECTION_FILES = (
+    os.path.join("redis", "asyncio", "connection.py"), os.path.join("redis", "connection.py"),
+)
+
+
+def _torn_connection(exc: BaseException) -> bool:
+    """A ``TypeError``/``AttributeError`` raised while redis-py's connection code was on the stack: the
+    transport was closed under the command (see the module docstring), not a bug of the caller."""
+    if not isinstance(exc, (TypeError, AttributeError)):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(_REDIS_CONNECTION_FILES):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` means "Redis is away for now" (wait and retry) rather than an error to report."""
+    return isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc)
+
+
+def describe(exc: BaseException) -> str:
+    """``ExceptionName: message`` on one line."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Backoff:
+    """Capped exponential backoff of one loop: ``first``, ``first * factor``, ... up to ``cap`` seconds."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0, factor: float = 2.0) -> None:
+        if first <= 0 or cap < first or factor < 1:
+            raise ValueError(f"Backoff needs 0 < first <= cap and factor >= 1, not {first}, {cap}, {factor}")
+        self.first = first
+        self.cap = cap
+        self.factor = factor
+        self.failures = 0
+
+    def failed(self) -> float:
+        """Count one more failure; returns how long to wait before the next attempt."""
+        delay = min(self.cap, self.first * self.factor ** min(self.failures, 64))
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        """The last attempt worked: the next failure waits ``first`` again."""
+        self.failures = 0
+
+
+_by_crawler: weakref.WeakKeyDictionary[Any, Outage] = weakref.WeakKeyDictionary()
+
+
+class Outage:
+    """Whether this worker sees Redis as away, shared by all its components: one WARNING when an outage
+    starts, one INFO when it is over.
+
+    An outage starts with the first :meth:`failed` call and is over at a :meth:`succeeded` call once every
+    component that failed during it has succeeded since, or has not failed for ``stale`` seconds (it
+    stopped trying: a loop that ended, a one-off call). Loops retry at least every few seconds (their
+    backoff cap), so ``stale`` only has to exceed that.
+    """
+
+    def __init__(self, log: logging.Logger = logger, stale: float = 30.0) -> None:
+        self.log = log
+        self.stale = stale
+        #: monotonic time the current outage started, ``None`` while Redis answers
+        self.since: float | None = None
+        #: how many outages this worker has seen
+        self.count = 0
+        #: failed calls during the current outage
+        self.failures = 0
+        self._failing: dict[str, float] = {}
+        #: components that failed during the current outage, in the order they noticed it
+        self._noticed: dict[str, None] = {}
+        #: stops a close that waits on Redis for too long (:meth:`for_crawler` sets it)
+        self.close_watch: CloseWatch | None = None
+
+    @classmethod
+    def for_crawler(cls, crawler: Any) -> Outage:
+        """The one :class:`Outage` of ``crawler`` (created on first use); a fresh one for ``None``."""
+        if crawler is None:
+            return cls()
+        found = _by_crawler.get(crawler)
+        if found is None:
+            found = _by_crawler[crawler] = cls()
+            found.close_watch = CloseWatch(crawler)
+        return found
+
+    @property
+    def down(self) -> bool:
+        return self.since is not None
+
+    def failed(self, exc: BaseException, now: float, component: str, detail: str = "") -> bool:
+        """``component`` could not reach Redis (``exc`` is an outage error); returns whether this call
+        started the outage (and logged its one WARNING). ``detail`` is appended to that warning."""
+        self._failing[component] = now
+        self._noticed.setdefault(component)
+        self.failures += 1
+        if self.close_watch is not None:
+            self.close_watch.check(now)
+        if self.since is not None:
+            return False
+        self.since = now
+        self.count += 1
+        self.log.warning(
+            "Redis is unreachable (%s; noticed by the %s): this worker keeps its work in memory and retries;"
+            " one line will say when Redis is back%s",
+            describe(exc), component, f" ({detail})" if detail else "",
+        )
+        return True
+
+    def succeeded(self, now: float, component: str) -> bool:
+        """``component`` got an answer from Redis; returns whether this ended the outage (and logged)."""
+        if self.close_watch is not None:
+            self.close_watch.since = None
+        if self.since is None:
+            return False
+        self._failing.pop(component, None)
+        if any(now - last < self.stale for last in self._failing.values()):
+            return False
+        self.log.info(
+            "Redis is reachable again after %.1fs (%d failed calls of the %s); the crawl continues",
+            max(0.0, now - self.since), self.failures, ", ".join(self._noticed),
+        )
+        self.since = None
+        self.failures = 0
+        self._failing.clear()
+        self._noticed.clear()
+        return True
+
+    def guard(
+        self, component: str, backoff: Backoff | None = None, log: logging.Logger | None = None
+    ) -> LoopGuard:
+        """The view of one loop (named ``component`` in messages) onto this outage."""
+        return LoopGuard(self, component, backoff or Backoff(), log or self.log)
+
+
+class LoopGuard:
+    """One background loop's side of the policy: report how each call to Redis went, learn how long to wait.
+
+    ::
+
+        guard = Outage.for_crawler(crawler).guard("item pipeline")
+        while True:
+            try:
+                await write()
+            except Exception as exc:
+                await asyncio.sleep(guard.failed(exc, time.monotonic()))
+                continue
+            guard.succeeded(time.monotonic())
+
+    An outage error goes to the shared :class:`Outage` (one WARNING per worker). Any other error is this
+    loop's own: logged at ERROR, at most once a minute per exception type -- as one line for an error reply
+    from Redis and for one of ours (a :class:`~scrapy_dist.exceptions.ScrapyDistError` says what is wrong
+    and what to do: e.g. a key holding garbage the frontier refuses to write on), with the traceback for
+    anything else (a bug).
+    """
+
+    def __init__(self, outage: Outage, component: str, backoff: Backoff, log: logging.Logger) -> None:
+        self.outage = outage
+        self.component = component
+        self.backoff = backoff
+        self.errors = RateLimitedLog(log, period=60.0, burst=1)
+
+    def failed(self, exc: BaseException, now: float, detail: str = "") -> float:
+        """Report a failed call; returns how long to wait before the next attempt (seconds)."""
+        if is_outage(exc):
+            self.outage.failed(exc, now, self.component, detail)
+        elif isinstance(exc, (redis.exceptions.RedisError, ScrapyDistError)):  # explained: one line
+            what = "got an error from Redis" if isinstance(exc, redis.exceptions.RedisError) else "failed"
+            self.errors.log(
+                logging.ERROR, "The %s %s (%s); retrying", self.component, what, describe(exc),
+                key=type(exc).__name__, now=now,
+            )
+        else:
+            self.errors.log(
+                logging.ERROR, "The %s failed (%s)", self.component, describe(exc),
+                key=type(exc).__name__, now=now, exc_info=exc,
+            )
+        return self.backoff.failed()
+
+    def succeeded(self, now: float) -> None:
+        """Report a call that Redis answered."""
+        self.backoff.reset()
+        self.outage.succeeded(now, self.component)
+
+
+class CloseWatch:
+    """Ends a worker's close that has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE`` seconds.
+
+    :meth:`check` is called with every failed call of any loop (:meth:`Outage.failed`); once the crawler is
+    closing (a stop was asked for, or the engine is closing the spider) and no call has reached Redis for
+    the grace, it logs one ERROR and stops the Twisted reactor, as Scrapy does on a second SIGTERM. The
+    stuck responses' requests are never acknowledged, so they come back when their leases expire."""
+
+    def __init__(self, crawler: Any, grace: float | None = None) -> None:
+        self._crawler = weakref.ref(crawler)
+        self._grace = grace
+        #: when a failed call was first seen during the close (reset by any answer from Redis)
+        self.since: float | None = None
+        self.stopped = False
+
+    def closing(self) -> bool:
+        """Whether the crawler is closing: a stop was asked for, or the engine is closing the spider."""
+        crawler = self._crawler()
+        if crawler is None:
+            return False
+        if getattr(crawler, "crawling", True) is False:
+            return True
+        slot = getattr(getattr(crawler, "engine", None), "_slot", None)
+        return getattr(slot, "closing", None) is not None
+
+    @property
+    def grace(self) -> float:
+        """``SCHEDULER_SHUTDOWN_GRACE``, at most ``SCHEDULER_LEASE_SECONDS`` (as the frontier's close)."""
+        if self._grace is None:
+            from scrapy_dist.settings import DistSettings
+
+            crawler = self._crawler()
+            sched = DistSettings.for_crawler(crawler).scheduler if crawler is not None else None
+            self._grace = min(sched.shutdown_grace, sched.lease_seconds) if sched is not None else 30.0
+        return self._grace
+
+    def check(self, now: float) -> bool:
+        """A call failed at ``now``; returns whether this stopped the worker."""
+        if self.stopped or not self.closing():
+            return False
+        if self.since is None:
+            self.since = now
+            return False
+        if now - self.since < self.grace:
+            return False
+        self.stopped = True
+        logger.error(
+            "Closing: Redis has not answered for the %.0fs of SCHEDULER_SHUTDOWN_GRACE; stopping this worker"
+            " without waiting for it. Its unwritten items and unacknowledged requests are not lost: the"
+            " requests come back to the queue when their leases expire", now - self.since,
+        )
+        self.stop()
+        return True
+
+    def stop(self) -> None:
+        """Stop the Twisted reactor (Scrapy's own forced shutdown); without one there is nothing to stop."""
+        from scrapy.utils.reactor import is_reactor_installed
+
+        if not is_reactor_installed():
+            return
+        from twisted.internet import reactor
+
+        with contextlib.suppress(RuntimeError):  # already stopping
+            reactor.stop()  # type: ignore[attr-defined,misc]
+
+
+#: What a read of an operator tool may raise from Redis: the outage errors and any error reply
+#: (``RedisClusterException`` is not a ``RedisError``)
+READ_ERRORS: tuple[type[BaseException], ...] = (
+    redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError,
+)
+
+
+class ToolOutage:
+    """The same policy for an operator tool that reads Redis on demand (the metrics exporter, the
+    dashboard): it goes on serving while Redis is away, logs one WARNING when the outage starts and one
+    INFO when a read works again -- no traceback per request. ``what`` names the tool in those lines."""
+
+    def __init__(self, what: str, log: logging.Logger = logger) -> None:
+        self.what = what
+        self.log = log
+        #: ``now`` of the first failed read of the current outage, ``None`` while Redis answers
+        self.since: float | None = None
+        self.failures = 0
+
+    def failed(self, exc: BaseException, now: float) -> None:
+        """A read failed with ``exc`` (an outage error, or another Redis error reply)."""
+        self.failures += 1
+        if self.since is not None:
+            return
+        self.since = now
+        cause = "unreachable" if is_outage(exc) else "answering with an error"
+        self.log.warning(
+            "Redis is %s (%s): the %s keeps serving without the crawl's figures and tries again at each"
+            " request; one line will say when Redis is back", cause, describe(exc), self.what,
+        )
+
+    def succeeded(self, now: float) -> None:
+        """A read worked."""
+        if self.since is None:
+            return
+        self.log.info("Redis is reachable again after %.1fs (%d failed reads); the %s shows the crawl again",
+                      max(0.0, now - self.since), self.failures, self.what)
+        self.since = None
+        self.failures = 0

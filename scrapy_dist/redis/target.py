@@ -1,0 +1,211 @@
+"""Which Redis a set of settings points at: :class:`RedisTarget` and :func:`resolve_target`.
+
+Which Redis (first match wins):
+
+1. ``REDIS_URL``: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS) or
+   ``unix://[[user]:password@]/path/to/socket[?db=N]``;
+2. ``REDIS_SENTINELS`` (``["host:port", ...]``) with ``REDIS_SENTINEL_MASTER``; user, password and db of
+   the master then come from ``REDIS_URL`` if that is set as well;
+3. ``REDIS_HOST`` / ``REDIS_PORT`` (scrapy-redis names, for people migrating);
+4. the ``REDIS_URL`` environment variable;
+5. nothing: the embedded Redis of this project (:mod:`scrapy_dist.redis.embedded`), started on first use.
+
+The settings are read and checked by :class:`scrapy_dist.settings.DistSettings` (every function here
+takes one, or Scrapy settings / a dict it is built from).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit
+
+import redis.asyncio.sentinel
+import redis.exceptions
+import redis.sentinel
+
+from scrapy_dist.exceptions import RedisUnavailable
+from scrapy_dist.redis.embedded import EmbeddedRedis
+from scrapy_dist.settings import ConnectionSettings, DistSettings, mask_url
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+
+    from scrapy.settings import BaseSettings
+
+    SettingsLike = BaseSettings | Mapping[str, Any]
+
+__all__ = ["RedisTarget", "resolve_target", "resolve_url"]
+
+# The lines users see keep the logger name the docs quote, whichever module writes them.
+logger = logging.getLogger("scrapy_dist.redis.connection")
+
+# A server that answers but will not let us in: wrong user or password, or an ACL without PING.
+_LOGIN_ERRORS = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+    redis.exceptions.NoPermissionError,
+)
+_NO_MASTER = (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError)
+_ERROR_NAME = re.compile(r"\b(\w+(?:Error|Exception))\b")
+_TLS_PROBLEM = re.compile(r"\bSSL\b|\bTLS\b|certificate", re.IGNORECASE)
+
+_announced: set[Path] = set()
+_announced_urls: set[str] = set()
+
+
+def _dist(settings: SettingsLike | DistSettings) -> DistSettings:
+    """The typed settings (a bad value raises :class:`~scrapy_dist.settings.SettingsError`, one line)."""
+    return DistSettings.coerce(settings)
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """The Redis a set of settings points at, and the client options to use for it.
+
+    ``url`` is what ``from_url`` gets (for Sentinel: the master's credentials and db); ``setting`` names
+    the setting that chose it, for error messages.
+    """
+
+    url: str
+    setting: str
+    params: dict[str, Any] = field(default_factory=dict)
+    cluster: bool | None = None
+    sentinels: tuple[tuple[str, int], ...] = ()
+    sentinel_master: str = "mymaster"
+    embedded_dir: Path | None = None
+
+    @property
+    def display_url(self) -> str:
+        """The URL as users should see it (for Sentinel: ``redis+sentinel://h1:p1,h2:p2/<master>/<db>``)."""
+        if not self.sentinels:
+            return self.url
+        parts = urlsplit(self.url)
+        userinfo = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+        hosts = ",".join(f"{h}:{p}" for h, p in self.sentinels)
+        db = parts.path.lstrip("/") or "0"
+        return f"redis+sentinel://{userinfo}{hosts}/{quote(self.sentinel_master)}/{db}"
+
+    @property
+    def masked_url(self) -> str:
+        return mask_url(self.display_url)
+
+    @property
+    def is_unix(self) -> bool:
+        return self.url.startswith("unix:")
+
+    def unreachable(self, exc: BaseException | str) -> RedisUnavailable:
+        """The one-line error for this target not answering (``exc`` is the underlying error)."""
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, _LOGIN_ERRORS):
+            if "must be called with the client already authenticated" in reason or "NOAUTH" in reason:
+                reason = "authentication required, and the URL has no user or password"
+            where = {
+                "REDIS_HOST/REDIS_PORT": "REDIS_PARAMS (username, password)",
+                "REDIS_SENTINELS": "REDIS_URL (the master's user and password)",
+            }.get(self.setting, "REDIS_URL")
+            return RedisUnavailable(
+                f"Redis at {self.masked_url} refused the login ({reason}); check the user name and password"
+                f" in {where} and the user's ACL"
+            )
+        # rediss:// to a port without TLS: the handshake waits for an answer that never comes
+        tls_timeout = self.url.startswith("rediss:") and "Timeout" in reason
+        if _TLS_PROBLEM.search(reason) or tls_timeout:
+            return RedisUnavailable(
+                f"Cannot reach Redis at {self.masked_url} over TLS ({reason}); check the certificate settings"
+                " in REDIS_PARAMS (ssl_ca_certs, ssl_certfile, ssl_keyfile) and that the URL is rediss://"
+                " only for a TLS port"
+            )
+        if self.setting == "embedded":
+            hint = (
+                f"the embedded Redis in {self.embedded_dir} is not answering (see its redis.log); "
+                "set REDIS_URL to use another Redis"
+            )
+        elif self.setting == "REDIS_SENTINELS":
+            hint = "check that the Sentinels are running or change REDIS_SENTINELS / REDIS_SENTINEL_MASTER"
+            if isinstance(exc, _NO_MASTER):
+                # redis-py's message holds the repr of every Sentinel client; keep the error kinds
+                kinds = sorted(set(_ERROR_NAME.findall(str(exc).partition(" : ")[2])))
+                reason = f"no Sentinel names a master {self.sentinel_master!r}"
+                reason += f" ({', '.join(kinds)})" if kinds else ""
+                if "AuthenticationError" in kinds:
+                    hint = "check the Sentinels' password in REDIS_PARAMS['sentinel_kwargs']"
+        elif self.setting == "REDIS_HOST/REDIS_PORT":
+            hint = "check that Redis is running or change REDIS_HOST/REDIS_PORT (or set REDIS_URL)"
+        else:
+            hint = "check that Redis is running or change REDIS_URL"
+        return RedisUnavailable(f"Cannot reach Redis at {self.masked_url} ({reason}); {hint}")
+
+
+def resolve_target(settings: SettingsLike | DistSettings) -> RedisTarget:
+    """Which Redis the settings point at (see the module docstring for the order); the one function
+    workers and the ``scrapy-dist`` command use.
+
+    The first time a process uses a Redis it logs one INFO line naming it (password masked) and the
+    setting that chose it. With no Redis setting this joins -- or starts -- the embedded server; it
+    raises :class:`RedisUnavailable` if that server cannot start.
+    """
+    conn = _dist(settings).connection
+    params = dict(conn.params)
+    if conn.sentinels:
+        target = RedisTarget(
+            url=conn.url or "redis:///0",
+            setting="REDIS_SENTINELS",
+            params=params,
+            cluster=False,
+            sentinels=conn.sentinels,
+            sentinel_master=conn.sentinel_master,
+        )
+    elif conn.url:
+        target = RedisTarget(url=conn.url, setting=conn.source, params=params, cluster=conn.cluster)
+    elif conn.host or conn.port:
+        # the db goes in the URL: from_url() lets a URL's db win over the db keyword, and scrapy-redis
+        # builds Redis(host=..., port=..., **REDIS_PARAMS), where REDIS_PARAMS["db"] applies
+        target = RedisTarget(
+            url=f"redis://{conn.host or 'localhost'}:{conn.port or 6379}/{params.get('db') or 0}",
+            setting="REDIS_HOST/REDIS_PORT",
+            params=params,
+            cluster=conn.cluster,
+        )
+    else:
+        return _embedded_target(conn, params)
+    if target.masked_url not in _announced_urls:
+        _announced_urls.add(target.masked_url)
+        logger.info("Using Redis at %s (from %s)", target.masked_url, target.setting)
+    return target
+
+
+def _embedded_target(conn: ConnectionSettings, params: dict[str, Any]) -> RedisTarget:
+    server = EmbeddedRedis.for_settings(
+        {"REDIS_EMBEDDED_DIR": conn.embedded_dir, "REDIS_EMBEDDED_MAXMEMORY": conn.embedded_maxmemory}
+    )
+    directory = server.directory
+    url, started = server.ensure_running()
+    # REDIS_DB / REDIS_PARAMS["db"]: from_url() lets the URL's ?db=0 win over the db keyword
+    if params.get("db"):
+        url = url.replace("?db=0", f"?db={params['db']}")
+    target = RedisTarget(url=url, setting="embedded", params=params, cluster=False, embedded_dir=directory)
+    if directory not in _announced:
+        _announced.add(directory)
+        # WARNING: a user who meant to share one Redis between machines must not miss it.
+        logger.warning(
+            "No REDIS_URL set: this crawl is confined to this machine, using the embedded Redis at %s (%s; "
+            "data in %s is kept between runs). Feed it seeds with: redis-cli -s %s lpush <spider>:start_urls "
+            "URL (or scrapy-dist redis-cli ...). Set REDIS_URL to share one Redis between machines.",
+            target.masked_url,
+            "started it" if started else "already running",
+            directory,
+            server.socket_path,
+        )
+    return target
+
+
+def resolve_url(settings: SettingsLike | DistSettings) -> str:
+    """The Redis URL the settings point at (starting the embedded server if none is configured).
+
+    For Sentinel it is the descriptive ``redis+sentinel://...`` form, not one ``from_url`` accepts.
+    """
+    return resolve_target(settings).display_url

@@ -1,0 +1,443 @@
+"""Every scrapy-dist setting, read, typed and validated once per crawler: :class:`DistSettings`.
+
+:data:`~scrapy_dist.settings.table.TABLE` is the one source of truth: each setting's default, type,
+range, doc line and status relative to scrapy-redis; ``scrapy_dist.settings.defaults`` and ``docs/settings.md``
+are made from it (``python -m scrapy_dist.settings.table`` rewrites the doc), and ``STATS`` there lists every
+stat the package writes. :mod:`scrapy_dist.settings.values` turns raw values into typed ones, read by
+:mod:`scrapy_dist.settings.reader`.
+
+Components take their values from ``DistSettings.for_crawler(crawler)`` in ``from_crawler`` and never
+read ``crawler.settings`` themselves. A bad value is refused with one line,
+``scrapy-dist: <SETTING>=<value>: <what is wrong>; <what is expected>`` (:class:`SettingsError`);
+``for_crawler`` logs it and stops ``scrapy crawl`` with exit status 1 before anything starts (see
+:func:`scrapy_dist.redis.connection.abort_crawl`). A setting name close to one of ours gets one WARNING.
+
+Which Redis (:attr:`ConnectionSettings.source`), the same in workers and in the ``scrapy-dist``
+command: ``REDIS_URL`` (``-s`` or the project's settings; ``REDIS_SENTINELS``, ``REDIS_HOST`` /
+``REDIS_PORT`` count as settings too), then the ``REDIS_URL`` environment variable, then the embedded
+Redis.
+
+Longer than our ~400 lines: one frozen dataclass per group of settings and the one function that fills
+them (the cross-setting checks included); the table is in settings_table.py, the converters in
+settings_values.py, the reading in settings_reader.py.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from scrapy_dist.settings.clientoptions import check_client_options
+from scrapy_dist.settings.reader import SettingsReader, importable, queue_order, redis_location
+from scrapy_dist.settings.table import (
+    ALIASES,
+    BY_NAME,
+    DEFAULTS,
+    SCRAPY_REDIS_IGNORED,
+    STATS,
+    TABLE,
+    Setting,
+    render_doc,
+    write_doc,
+)
+from scrapy_dist.settings.values import (
+    SettingsError,
+    check_url,
+    convert,
+    domain_limits,
+    mask_url,
+    sentinels,
+)
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+__all__ = [
+    "ALIASES",
+    "DEFAULTS",
+    "STATS",
+    "TABLE",
+    "SCRAPY_REDIS_IGNORED",
+    "ConnectionSettings",
+    "DistSettings",
+    "Setting",
+    "SettingsError",
+    "mask_url",
+    "render_doc",
+]
+
+logger = logging.getLogger(__name__)
+
+_ATTR = "_scrapy_dist_settings"
+
+
+# -- the object ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """Where Redis is and how to talk to it (see :mod:`scrapy_dist.redis.connection`)."""
+
+    #: the REDIS_URL to use, from the setting or the environment; None: Sentinels, host/port or embedded
+    url: str | None = None
+    #: where ``url`` came from: ``REDIS_URL`` (settings) or ``REDIS_URL environment variable``
+    url_source: str = ""
+    host: str | None = None
+    port: int | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    cluster: bool | None = None
+    sentinels: tuple[tuple[str, int], ...] = ()
+    sentinel_master: str = "mymaster"
+    key_prefix: str = ""
+    embedded_dir: str | None = None
+    #: REDIS_EMBEDDED_MAXMEMORY as given (bytes or "2gb"); parsed by scrapy_dist.redis.embedded
+    embedded_maxmemory: int | str | None = None
+
+    @property
+    def source(self) -> str:
+        """The setting that chose the Redis: ``REDIS_SENTINELS``, ``REDIS_URL``, ``REDIS_URL environment
+        variable``, ``REDIS_HOST/REDIS_PORT`` or ``embedded``."""
+        if self.sentinels:
+            return "REDIS_SENTINELS"
+        if self.url_source == "REDIS_URL":
+            return "REDIS_URL"
+        if self.host or self.port:
+            return "REDIS_HOST/REDIS_PORT"
+        return self.url_source or "embedded"
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """The frontier's settings, as :class:`scrapy_dist.scheduler.Scheduler` takes them."""
+
+    queue_class: str = "scrapy_dist.queue.PriorityQueue"
+    persist: bool = True
+    flush_on_start: bool = False
+    #: SCHEDULER_IDLE_BEFORE_CLOSE, else MAX_IDLE_TIME_BEFORE_CLOSE; None becomes inf: never close
+    idle_before_close: float = 0.0
+    lease_seconds: float = 60.0
+    prefetch: int = 16  # derived: SCHEDULER_PREFETCH, 0 -> max(16, 2 x CONCURRENT_REQUESTS)
+    flush_interval: float = 0.05
+    flush_batch: int = 500
+    idle_poll: float = 0.25
+    shutdown_grace: float = 30.0
+    allowed_schemes: tuple[str, ...] = ("http", "https")
+    max_entry_bytes: int = 1024 * 1024
+    rejected_maxlen: int = 100_000
+    dead_maxlen: int = 1_000_000
+    #: SCHEDULER_ENTRY_SECRET, else the SCRAPY_DIST_SECRET environment variable (never stored in Redis)
+    entry_secret: bytes | None = field(default=None, repr=False)
+    deny_networks: tuple[str, ...] = ()
+    #: Scrapy's SCHEDULER_PRIORITY_QUEUE is DownloaderAwarePriorityQueue (its default): hand out the best
+    #: leased request of the download slot with the fewest active downloads
+    downloader_aware: bool = True
+    shards: int = 1
+    politeness: str = "process"
+    domain_limits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Scrapy's per-domain defaults the crawl-wide politeness starts from
+    download_delay: float = 0.0
+    concurrent_requests_per_domain: int = 8
+    download_delay_jitter: float = 0.5
+    #: REVISIT_AFTER rules {glob: seconds or None} (scrapy_dist/frontier/revisit.py)
+    revisit_after: Mapping[str, float | None] = field(default_factory=dict)
+    revisit_conditional: bool = False
+    #: SCHEDULER_IDLE_POLL_MAX: slowest poll of an idle worker of a crawl that never closes
+    idle_poll_max: float = 5.0
+
+
+@dataclass(frozen=True)
+class DupefilterSettings:
+    capacity: int = 100_000_000
+    error_rate: float = 0.001
+    block_bits: int = 2**31
+    debug: bool = False  # Scrapy's DUPEFILTER_DEBUG
+    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever)
+    ttl: float | None = None
+    #: BLOOMFILTER_GENERATIONS: bloom generations with a TTL (scrapy_dist/dupefilter/generations.py)
+    generations: int = 4
+    #: DEADLETTER_FORGET: a dead-lettered request's fingerprint is forgotten with its dead letter
+    forget_dead: bool = False
+
+
+@dataclass(frozen=True)
+class SeedSettings:
+    key_template: str = "%(name)s:start_urls"
+    #: derived from REDIS_START_URLS_AS_SET / _AS_ZSET: ``list``, ``set`` or ``zset``
+    kind: str = "list"
+    #: derived: REDIS_START_URLS_BATCH_SIZE, 0 -> CONCURRENT_REQUESTS
+    batch_size: int = 16
+    max_bytes: int = 64 * 1024
+    rejected_maxlen: int = 100_000
+    meta_allowed: tuple[str, ...] = ("*",)
+    headers_allowed: tuple[str, ...] = ()
+    #: REDIS_START_URLS_DEDUPE: seeds without their own dont_filter go through the dupefilter
+    dedupe: bool = False
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    backoff_base: float = 1.0
+    backoff_max: float = 300.0
+    deadletter_ignored: bool = False
+    httperror_dead_letter: bool = False
+
+
+@dataclass(frozen=True)
+class MonitoringSettings:
+    interval: float = 5.0
+    max_stats: tuple[str, ...] = ()
+    min_stats: tuple[str, ...] = ()
+    max_error_rate: float | None = None
+    max_errors: int | None = None
+    window: float = 60.0
+    action: str = "log"
+    min_attempts: int = 20
+    http_errors: tuple[Any, ...] = ("5xx", 429)
+
+
+@dataclass(frozen=True)
+class ItemSettings:
+    key_template: str = "%(spider)s:items"
+    stream: bool = False
+    maxlen: int | None = None
+    flush_interval: float = 1.0
+    batch_size: int = 100
+    serializer: str | None = None
+
+
+@dataclass(frozen=True)
+class CookieSettings:
+    cache_seconds: float = 1.0
+    flush_interval: float = 0.05
+    enabled: bool = True  # Scrapy's COOKIES_ENABLED
+    debug: bool = False  # Scrapy's COOKIES_DEBUG
+
+
+@dataclass(frozen=True)
+class DistSettings:
+    """Every scrapy-dist setting, typed and validated; build with :meth:`from_settings` or
+    :meth:`for_crawler` (cached on the crawler)."""
+
+    connection: ConnectionSettings = field(default_factory=ConnectionSettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    dupefilter: DupefilterSettings = field(default_factory=DupefilterSettings)
+    seeds: SeedSettings = field(default_factory=SeedSettings)
+    retries: RetrySettings = field(default_factory=RetrySettings)
+    monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
+    items: ItemSettings = field(default_factory=ItemSettings)
+    cookies: CookieSettings = field(default_factory=CookieSettings)
+    #: Scrapy's CONCURRENT_REQUESTS (the prefetch and seed batch defaults derive from it)
+    concurrent_requests: int = 16
+    #: one line each: near-miss names, ignored scrapy-redis settings, aliases shadowed
+    warnings: tuple[str, ...] = ()
+
+    # -- building --------------------------------------------------------------------------------
+    @classmethod
+    def from_settings(cls, settings: Any, environ: Mapping[str, str] | None = None) -> DistSettings:
+        """Read, convert and check every scrapy-dist setting of ``settings`` (a Scrapy ``Settings`` or
+        a plain mapping); raise :class:`SettingsError` (one line) on the first bad value.
+
+        ``environ`` (default ``os.environ``) supplies ``REDIS_URL`` when no Redis setting is given.
+        """
+        env = os.environ if environ is None else environ
+        raw = SettingsReader(settings)
+        raw.check_components()
+        v = raw.value
+        warnings: list[str] = []
+        # aliases: the canonical name wins
+        for alias, canonical in ALIASES.items():
+            if raw.given(alias) and raw.given(canonical):
+                warnings.append(f"scrapy-dist: {alias} is ignored because {canonical} is set")
+        idle = v("SCHEDULER_IDLE_BEFORE_CLOSE")
+        if not raw.given("SCHEDULER_IDLE_BEFORE_CLOSE") and raw.given("MAX_IDLE_TIME_BEFORE_CLOSE"):
+            alias_spec = replace(BY_NAME["SCHEDULER_IDLE_BEFORE_CLOSE"], name="MAX_IDLE_TIME_BEFORE_CLOSE")
+            idle = convert(alias_spec, raw.raw("MAX_IDLE_TIME_BEFORE_CLOSE"))
+        if idle is None or _set_to_none(settings, "SCHEDULER_IDLE_BEFORE_CLOSE"):
+            idle = math.inf  # a long-running crawl: every comparison with "seconds idle" says "not yet"
+        # Redis: settings first, then the environment, then the embedded server
+        url, url_source = v("REDIS_URL"), "REDIS_URL" if v("REDIS_URL") else ""
+        params, host, port = redis_location(v)
+        located = url or v("REDIS_SENTINELS") or host or port
+        if not located and env.get("REDIS_URL", "").strip():
+            try:
+                url = check_url(env["REDIS_URL"])
+            except SettingsError as exc:
+                raise SettingsError("REDIS_URL", exc.value, f"{exc.problem} (environment variable)",
+                                    exc.expected) from None
+            url_source = "REDIS_URL environment variable"
+        connection = ConnectionSettings(
+            url=url, url_source=url_source, host=host, port=port,
+            params=MappingProxyType(params), cluster=v("REDIS_CLUSTER"),
+            sentinels=sentinels(v("REDIS_SENTINELS")),
+            sentinel_master=v("REDIS_SENTINEL_MASTER") or "mymaster",
+            key_prefix=v("REDIS_KEY_PREFIX") or "", embedded_dir=v("REDIS_EMBEDDED_DIR"),
+            embedded_maxmemory=v("REDIS_EMBEDDED_MAXMEMORY"),
+        )
+        check_client_options(url, params)
+        concurrent = raw.scrapy_int("CONCURRENT_REQUESTS", 16, low=1)
+        shards, politeness = v("SCHEDULER_SHARDS"), v("SCHEDULER_POLITENESS")
+        schemes = tuple(str(s).strip().lower() for s in v("SCHEDULER_ALLOWED_SCHEMES"))
+        if not schemes or any(not re.fullmatch(r"[a-z][a-z0-9+.-]*", s) for s in schemes):
+            raise SettingsError("SCHEDULER_ALLOWED_SCHEMES", v("SCHEDULER_ALLOWED_SCHEMES"),
+                                "not a list of URL schemes", 'expected e.g. ["http", "https"]')
+        deny = tuple(str(n).strip() for n in v("SCHEDULER_DENY_NETWORKS") if str(n).strip())
+        for net in deny:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise SettingsError("SCHEDULER_DENY_NETWORKS", list(deny), f"{net!r} is not a network",
+                                    'expected CIDR blocks like ["10.0.0.0/8", "fc00::/7"], or []') from None
+        scheduler = SchedulerSettings(
+            queue_class=queue_order("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")),
+            persist=v("SCHEDULER_PERSIST"),
+            flush_on_start=v("SCHEDULER_FLUSH_ON_START"), idle_before_close=idle,
+            lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
+            prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent),
+            flush_interval=v("SCHEDULER_FLUSH_INTERVAL"), flush_batch=v("SCHEDULER_FLUSH_BATCH"),
+            idle_poll=v("SCHEDULER_IDLE_POLL"), shutdown_grace=v("SCHEDULER_SHUTDOWN_GRACE"),
+            allowed_schemes=schemes,
+            max_entry_bytes=v("SCHEDULER_MAX_ENTRY_BYTES"), shards=shards, politeness=politeness,
+            rejected_maxlen=v("SCHEDULER_REJECTED_MAXLEN"), dead_maxlen=v("DEADLETTER_MAXLEN"),
+            entry_secret=v("SCHEDULER_ENTRY_SECRET") or env.get("SCRAPY_DIST_SECRET", "").encode() or None,
+            deny_networks=deny,
+            downloader_aware="DownloaderAwarePriorityQueue" in str(raw.raw("SCHEDULER_PRIORITY_QUEUE") or ""),
+            domain_limits=MappingProxyType(domain_limits(v("DOMAIN_LIMITS"))),
+            download_delay=raw.scrapy_float("DOWNLOAD_DELAY", 0.0),
+            concurrent_requests_per_domain=raw.scrapy_int("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
+            download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
+            revisit_after=MappingProxyType(_revisit_rules(v("REVISIT_AFTER"))),
+            revisit_conditional=v("REVISIT_CONDITIONAL"),
+            idle_poll_max=v("SCHEDULER_IDLE_POLL_MAX"),
+        )
+        if scheduler.downloader_aware and raw.scrapy_int("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
+            # as Scrapy's DownloaderAwarePriorityQueue: a request's IP (its download slot) is not known
+            # before its download, so the least busy slot cannot be picked
+            raise SettingsError("SCHEDULER_PRIORITY_QUEUE", raw.raw("SCHEDULER_PRIORITY_QUEUE"),
+                                "DownloaderAwarePriorityQueue does not support CONCURRENT_REQUESTS_PER_IP",
+                                "set CONCURRENT_REQUESTS_PER_IP = 0 or use the default priority queue")
+        if v("REDIS_START_URLS_AS_SET") and v("REDIS_START_URLS_AS_ZSET"):
+            raise SettingsError("REDIS_START_URLS_AS_SET", True, "cannot be combined with"
+                                " REDIS_START_URLS_AS_ZSET=True (the seeds key has one type)",
+                                "set only one of them")
+        kind = "zset" if v("REDIS_START_URLS_AS_ZSET") else "set" if v("REDIS_START_URLS_AS_SET") else "list"
+        seeds = SeedSettings(
+            key_template=v("REDIS_START_URLS_KEY"), kind=kind,
+            batch_size=v("REDIS_START_URLS_BATCH_SIZE") or concurrent,
+            max_bytes=v("REDIS_START_URLS_MAX_BYTES"), rejected_maxlen=v("REDIS_START_URLS_REJECTED_MAXLEN"),
+            meta_allowed=tuple(map(str, v("SEEDS_META_ALLOWED"))),
+            headers_allowed=tuple(map(str, v("SEEDS_HEADERS_ALLOWED"))),
+            dedupe=v("REDIS_START_URLS_DEDUPE"),
+        )
+        if not seeds.key_template:
+            raise SettingsError("REDIS_START_URLS_KEY", "", "empty",
+                                "expected a key like %(name)s:start_urls")
+        if v("RETRY_BACKOFF_MAX") < v("RETRY_BACKOFF_BASE"):
+            raise SettingsError("RETRY_BACKOFF_MAX", v("RETRY_BACKOFF_MAX"), "below RETRY_BACKOFF_BASE"
+                                f" ({v('RETRY_BACKOFF_BASE'):g})",
+                                "expected RETRY_BACKOFF_MAX >= RETRY_BACKOFF_BASE")
+        http_errors = tuple(v("ERRORMONITOR_HTTP_ERRORS"))
+        for code in http_errors:
+            if not re.fullmatch(r"[1-5](xx|\d\d)", str(code).strip().lower()):
+                raise SettingsError("ERRORMONITOR_HTTP_ERRORS", list(http_errors),
+                                    f"{code!r} is not a status",
+                                    'expected statuses like 503 or classes like "5xx"')
+        return cls(
+            connection=connection,
+            scheduler=scheduler,
+            dupefilter=DupefilterSettings(
+                capacity=v("BLOOMFILTER_CAPACITY"), error_rate=v("BLOOMFILTER_ERROR_RATE"),
+                block_bits=v("BLOOMFILTER_BLOCK_BITS"), debug=raw.scrapy_bool("DUPEFILTER_DEBUG", False),
+                ttl=v("DUPEFILTER_TTL"), generations=v("BLOOMFILTER_GENERATIONS"),
+                forget_dead=v("DEADLETTER_FORGET"),
+            ),
+            seeds=seeds,
+            retries=RetrySettings(
+                backoff_base=v("RETRY_BACKOFF_BASE"), backoff_max=v("RETRY_BACKOFF_MAX"),
+                deadletter_ignored=v("DEADLETTER_IGNORED"), httperror_dead_letter=v("HTTPERROR_DEAD_LETTER"),
+            ),
+            monitoring=MonitoringSettings(
+                interval=v("CLUSTERSTATS_INTERVAL"), max_stats=tuple(map(str, v("CLUSTERSTATS_MAX_STATS"))),
+                min_stats=tuple(map(str, v("CLUSTERSTATS_MIN_STATS"))),
+                max_error_rate=v("ERRORMONITOR_MAX_ERROR_RATE"), max_errors=v("ERRORMONITOR_MAX_ERRORS"),
+                window=v("ERRORMONITOR_WINDOW"), action=v("ERRORMONITOR_ACTION"),
+                min_attempts=v("ERRORMONITOR_MIN_ATTEMPTS"), http_errors=http_errors,
+            ),
+            items=ItemSettings(
+                key_template=v("REDIS_ITEMS_KEY"), stream=v("REDIS_ITEMS_STREAM"),
+                maxlen=v("REDIS_ITEMS_MAXLEN"),
+                flush_interval=v("REDIS_ITEMS_FLUSH_INTERVAL"), batch_size=v("REDIS_ITEMS_BATCH_SIZE"),
+                serializer=importable("REDIS_ITEMS_SERIALIZER", v("REDIS_ITEMS_SERIALIZER")),
+            ),
+            cookies=CookieSettings(
+                cache_seconds=v("REDIS_COOKIES_CACHE_SECONDS"),
+                flush_interval=v("REDIS_COOKIES_FLUSH_INTERVAL"),
+                enabled=raw.scrapy_bool("COOKIES_ENABLED", True),
+                debug=raw.scrapy_bool("COOKIES_DEBUG", False),
+            ),
+            concurrent_requests=concurrent,
+            warnings=tuple(warnings + raw.unknown_names() + raw.scrapy_queue_warnings()),
+        )
+
+    @classmethod
+    def coerce(cls, settings: Any) -> DistSettings:
+        """``settings`` itself if it is a :class:`DistSettings`, else :meth:`from_settings` of it."""
+        return settings if isinstance(settings, DistSettings) else cls.from_settings(settings)
+
+    @classmethod
+    def for_crawler(cls, crawler: Crawler) -> DistSettings:
+        """The crawler's settings object, read and checked on first use and then cached on the crawler.
+
+        A bad value is logged as one ERROR line and stops ``scrapy crawl`` with exit status 1 (a
+        ``SystemExit``, see :func:`scrapy_dist.redis.connection.abort_crawl`); the warnings are logged once.
+        Before the crawler's settings are frozen (a spider's ``from_crawler``) nothing is cached,
+        since add-ons may still change them.
+        """
+        cached = getattr(crawler, _ATTR, None)
+        if cached is not None:
+            return cached  # type: ignore[no-any-return]
+        try:
+            built = cls.from_settings(crawler.settings)
+        except SettingsError as exc:
+            from scrapy_dist.redis.connection import abort_crawl
+
+            abort_crawl(exc)
+        if getattr(crawler.settings, "frozen", True):
+            setattr(crawler, _ATTR, built)
+            for line in built.warnings:
+                logger.warning("%s", line)
+        return built
+
+
+def _set_to_none(settings: Any, name: str) -> bool:
+    # the reader takes None for "not set"; for this setting an explicit None means "never close"
+    try:
+        return settings is not None and name in settings and settings[name] is None
+    except (TypeError, KeyError):
+        return False
+
+
+def _revisit_rules(rules: Any) -> dict[str, float | None]:
+    from scrapy_dist.frontier.revisit import (
+        revisit_rules,  # revisit.py imports the codec, which reads settings
+    )
+
+    return revisit_rules(rules)
+
+
+def _field_names() -> list[str]:  # for the report and tests: every attribute path of DistSettings
+    out = []
+    for group in fields(DistSettings):
+        sub = group.default_factory() if callable(group.default_factory) else None  # type: ignore[misc]
+        if sub is None:
+            out.append(group.name)
+        else:
+            out += [f"{group.name}.{f.name}" for f in fields(sub)]
+    return out
+

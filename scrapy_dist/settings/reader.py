@@ -1,0 +1,243 @@
+"""Raw setting values as :class:`~scrapy_dist.settings.DistSettings` reads them: each converted per
+:data:`~scrapy_dist.settings.table.TABLE`, Scrapy's own settings it depends on, and the warnings about
+names -- a near miss of one of ours, a scrapy-redis setting we do not apply, a Scrapy queue setting that
+has no effect with our scheduler.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any
+
+from scrapy_dist.settings.table import (
+    ALIASES,
+    BY_NAME,
+    CONNECTION_GUESSES,
+    OUR_PREFIXES,
+    SCRAPY_OWN,
+    SCRAPY_REDIS_IGNORED,
+    Setting,
+)
+from scrapy_dist.settings.values import SettingsError, convert
+
+__all__ = [
+    "COMPONENT_SETTINGS", "SCRAPY_QUEUE_SETTINGS", "SettingsReader", "check_components", "importable",
+    "queue_order", "redis_location",
+]
+
+
+#: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
+SCRAPY_QUEUE_SETTINGS: Mapping[str, str] = MappingProxyType({
+    "SCHEDULER_MEMORY_QUEUE": "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)",
+    "SCHEDULER_DISK_QUEUE": "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)",
+    "SCHEDULER_START_MEMORY_QUEUE": "start requests share the Redis queue, after callback requests of"
+                                    " equal priority",
+    "SCHEDULER_START_DISK_QUEUE": "start requests share the Redis queue, after callback requests of"
+                                  " equal priority",
+    "JOBDIR": "the frontier is kept in Redis (SCHEDULER_PERSIST); JOBDIR keeps only Scrapy's own state",
+})
+
+
+def importable(name: str, path: str | None) -> Any:
+    """``path`` if it names an object that can be imported (or a scrapy-redis queue alias)."""
+    if path is None:
+        return None
+    from scrapy.utils.misc import load_object
+
+    from scrapy_dist.frontier.orders import ALIASES as QUEUE_ALIASES
+
+    if path in QUEUE_ALIASES:
+        return path
+    try:
+        load_object(path)
+    except (ImportError, AttributeError, ValueError, NameError, TypeError) as exc:
+        problem = " ".join(str(exc).split()) or type(exc).__name__
+        close = closest_path(path)
+        raise SettingsError(name, path, f"cannot be imported ({problem})",
+                            f"did you mean {close}?" if close
+                            else "expected an import path like package.module.Name") from None
+    return path
+
+
+def closest_path(path: str) -> str | None:
+    """The importable scrapy-dist name closest to ``path`` (``scrapy_dist.frontier.scheduler.Schedular``:
+    ``scrapy_dist.scheduler.Scheduler``), or None for a path outside scrapy-dist or nothing close."""
+    import importlib
+    import pkgutil
+
+    import scrapy_dist
+
+    module, _, name = path.rpartition(".")
+    if module != "scrapy_dist" and not module.startswith("scrapy_dist."):
+        return None
+    try:
+        found = importlib.import_module(module)
+    except ImportError:  # a misspelt module: the closest of scrapy-dist's modules, if it has the name
+        modules = [m.name for m in pkgutil.iter_modules(scrapy_dist.__path__)]
+        close = difflib.get_close_matches(module.partition(".")[2], modules, n=1, cutoff=0.6)
+        if not close:
+            return None
+        module = f"scrapy_dist.{close[0]}"
+        found = importlib.import_module(module)
+    names = [n for n in dir(found) if not n.startswith("_")]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f"{module}.{close[0]}" if close else None
+
+
+#: Scrapy's class-path settings a scrapy-dist project points at scrapy-dist's classes.
+COMPONENT_SETTINGS = ("SCHEDULER", "DUPEFILTER_CLASS", "STATS_CLASS")
+
+
+def check_components(settings: Any) -> None:
+    """Raise :class:`SettingsError` (one line, with the closest name) if ``SCHEDULER``,
+    ``DUPEFILTER_CLASS`` or ``STATS_CLASS`` names a scrapy-dist class that cannot be imported -- a typo
+    Scrapy itself reports with a traceback -- or if scrapy-dist's scheduler is to load a
+    ``DUPEFILTER_CLASS`` that cannot be imported."""
+    def path(name: str) -> str | None:
+        value = settings.get(name)
+        return value if isinstance(value, str) else None
+
+    ours = (path("SCHEDULER") or "").startswith("scrapy_dist.")
+    for name in COMPONENT_SETTINGS:
+        value = path(name)
+        if value and (value.startswith("scrapy_dist.") or (ours and name == "DUPEFILTER_CLASS")):
+            importable(name, value)
+
+
+def queue_order(name: str, path: str) -> str:
+    """``path`` if it names a queue order (:class:`scrapy_dist.frontier.orders.QueueOrder`: ``score(request)`` and
+    ``sequence``, built without arguments) or a scrapy-redis alias of one. A scrapy-redis queue class of
+    one's own (``Base(server, spider, key)``) is refused: the frontier is one sorted set, not a queue
+    object."""
+    from scrapy.utils.misc import load_object
+
+    from scrapy_dist.frontier.orders import ALIASES as QUEUE_ALIASES
+
+    importable(name, path)
+    if path in QUEUE_ALIASES:
+        return path
+    cls = load_object(path)
+    try:
+        order = cls()
+        ok = callable(getattr(order, "score", None)) and getattr(order, "sequence", None) in ("asc", "desc")
+    except Exception:  # a constructor that wants arguments: a queue object, not an order
+        ok = False
+    if not ok:
+        raise SettingsError(name, path, "not a queue order (a class with score(request) and sequence)",
+                            "expected scrapy_dist.queue.PriorityQueue, FifoQueue or LifoQueue (or their"
+                            " scrapy_redis.queue names), or a class like them")
+    return path
+
+
+def _scrapy_names() -> frozenset[str]:
+    """Scrapy's own setting names (never "did you mean" one of ours)."""
+    from scrapy.settings import default_settings
+
+    return SCRAPY_OWN | {n for n in dir(default_settings) if n.isupper()}
+
+
+class SettingsReader:
+    """Raw values of a Scrapy ``Settings`` or a plain mapping, converted per
+    :data:`~scrapy_dist.settings.table.TABLE`."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings if settings is not None else {}
+        self._cache: dict[str, Any] = {}
+
+    def raw(self, name: str) -> Any:
+        return self.settings.get(name)
+
+    def check_components(self) -> None:
+        """:func:`check_components` of these settings."""
+        check_components(self.settings)
+
+    def given(self, name: str) -> bool:
+        return self.raw(name) is not None
+
+    def value(self, name: str) -> Any:
+        if name not in self._cache:
+            spec = BY_NAME[name]
+            raw = self.raw(name)
+            value = spec.default if raw is None else raw
+            if isinstance(value, (dict, list)):
+                value = type(value)(value)  # a private copy: the table's defaults stay untouched
+            self._cache[name] = convert(spec, value)
+        return self._cache[name]
+
+    def _scrapy(self, name: str, default: Any, kind: str, low: float | None = None) -> Any:
+        raw = self.raw(name)
+        spec = Setting(name, default, kind, "", "scrapy", low=low)
+        return default if raw is None else convert(spec, raw)
+
+    def scrapy_int(self, name: str, default: int, low: float | None = None) -> int:
+        return int(self._scrapy(name, default, "int", low))
+
+    def scrapy_float(self, name: str, default: float) -> float:
+        return float(self._scrapy(name, default, "float", 0))
+
+    def scrapy_bool(self, name: str, default: bool) -> bool:
+        return bool(self._scrapy(name, default, "bool"))
+
+    def scrapy_queue_warnings(self) -> list[str]:
+        """One warning per Scrapy queue setting the scrapy-dist scheduler cannot honour (when it is the
+        crawl's SCHEDULER and the setting was changed from Scrapy's default)."""
+        if "scrapy_dist" not in str(self.raw("SCHEDULER") or ""):
+            return []
+        out = []
+        for name, instead in SCRAPY_QUEUE_SETTINGS.items():
+            priority = getattr(self.settings, "getpriority", lambda n: None)(name)
+            if priority is not None and priority > 0:  # set by the project, a spider or -s
+                out.append(f"scrapy-dist: {name} has no effect with the scrapy-dist scheduler: {instead}")
+        pq = str(self.raw("SCHEDULER_PRIORITY_QUEUE") or "")
+        if pq and not pq.endswith(("DownloaderAwarePriorityQueue", "ScrapyPriorityQueue")):
+            out.append(f"scrapy-dist: SCHEDULER_PRIORITY_QUEUE={pq} has no effect with the scrapy-dist"
+                       " scheduler: requests are served by priority (DownloaderAwarePriorityQueue: least"
+                       " busy download slot first); use SCHEDULER_QUEUE_CLASS for the shared queue's order")
+        return out
+
+    def unknown_names(self) -> list[str]:
+        """One warning per setting name that looks like one of ours but is not, and per ignored
+        scrapy-redis setting that is set."""
+        try:
+            names = [str(n) for n in self.settings]
+        except TypeError:
+            return []
+        known = set(BY_NAME) | set(ALIASES)
+        out = []
+        for name in sorted(names):
+            if name in SCRAPY_REDIS_IGNORED:
+                if self.given(name):
+                    out.append(f"scrapy-dist: {name} is a scrapy-redis setting scrapy-dist does not apply:"
+                               f" {SCRAPY_REDIS_IGNORED[name]}")
+                continue
+            if name in CONNECTION_GUESSES:
+                if self.given(name):
+                    out.append(f"scrapy-dist: unknown setting {name}: {CONNECTION_GUESSES[name]}")
+                continue
+            if name in known or not name.startswith(OUR_PREFIXES) or name in _scrapy_names():
+                continue
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
+            if close:
+                out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
+        return out
+
+
+def redis_location(v: Callable[[str], Any]) -> tuple[dict[str, Any], Any, Any]:
+    """``(REDIS_PARAMS, host, port)`` as scrapy-redis combines them (``v``: a validated setting's value):
+    ``REDIS_DB`` wins over ``REDIS_PARAMS["db"]`` (a ``REDIS_URL``'s own db wins over both, in the
+    client), and ``REDIS_HOST`` / ``REDIS_PORT`` over ``REDIS_PARAMS``' host and port -- scrapy-redis
+    builds ``Redis(host=..., port=..., **REDIS_PARAMS)``. ``redis_cls`` is dropped: it chose
+    scrapy-redis's client class; we build our own."""
+    params = v("REDIS_PARAMS")
+    params.pop("redis_cls", None)
+    if v("REDIS_DB") is not None:
+        params["db"] = v("REDIS_DB")
+    host, port = v("REDIS_HOST"), v("REDIS_PORT")
+    if not host and params.get("host") not in (None, ""):
+        host = convert(replace(BY_NAME["REDIS_HOST"], name="REDIS_PARAMS['host']"), params["host"])
+    if not port and params.get("port") not in (None, ""):
+        port = convert(replace(BY_NAME["REDIS_PORT"], name="REDIS_PARAMS['port']"), params["port"])
+    return params, host, port

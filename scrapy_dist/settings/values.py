@@ -1,0 +1,278 @@
+"""Turning raw setting values (Python objects or ``-s`` strings) into checked, typed ones.
+
+Every refusal is a :class:`SettingsError` whose text is the one line users see:
+``scrapy-dist: <SETTING>=<value>: <what is wrong>; <what is expected>``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.settings.table import Setting
+
+#: Longest value quoted in an error line.
+_SHOWN = 60
+
+
+class SettingsError(ScrapyDistError, ValueError):
+    """A setting has a value scrapy-dist refuses; ``str()`` is the one line users see. A ``ValueError`` too,
+    as Scrapy's own refusals of setting values are."""
+
+    def __init__(self, name: str, value: Any, problem: str, expected: str) -> None:
+        self.name, self.value, self.problem, self.expected = name, value, problem, expected
+        super().__init__(f"scrapy-dist: {name}={_show(name, value)}: {problem}; {expected}")
+
+
+def _show(name: str, value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    if name == "REDIS_URL" and isinstance(value, str):
+        text = mask_url(value)
+    text = " ".join(text.split()) if text.strip() else repr(text)
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN - 3]}..."
+
+
+# -- masking ------------------------------------------------------------------------------------
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
+_MASKED = r"\1***"
+_AUTHORITY = re.compile(r"([^/?#]*)(.*)", re.DOTALL)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (in the userinfo or a ``password=`` query argument) replaced by ``***``.
+    Everything else is left exactly as written.
+
+    >>> mask_url("redis://user:secret@host:6379/0")
+    'redis://user:***@host:6379/0'
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    # A password may hold unencoded '#', '/', '?' or '@' (redis-py accepts them), so the userinfo ends at
+    # the *last* '@' when what precedes it looks like "user:..." -- masking too much is the safe mistake.
+    userinfo, at, after = rest.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    if at and ":" in userinfo and not any(c in user for c in "/?#"):
+        match = _AUTHORITY.match(after)
+        hostinfo, tail = (match.group(1), match.group(2)) if match else (after, "")
+        authority = f"{user}:***@{hostinfo}"
+    else:
+        match = _AUTHORITY.match(rest)
+        authority, tail = (match.group(1), match.group(2)) if match else (rest, "")
+    tail = _QUERY_PASSWORD.sub(r"\1***", tail)
+    return f"{scheme}://{authority}{tail}"
+
+
+# -- converters ---------------------------------------------------------------------------------
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _expected_number(spec: Setting) -> str:
+    noun = "an integer" if spec.kind == "int" else "a number"
+    if spec.low == 0 and spec.low_open and spec.high is None:
+        return f"expected a positive {noun[noun.index(' ') + 1:]}"
+    return f"expected {noun} {spec.range_words}" if spec.range_words else f"expected {noun}"
+
+
+def _number(spec: Setting, value: Any) -> float | int:
+    integer = spec.kind == "int"
+    what = "an integer" if integer else "a number"
+    expected = _expected_number(spec)
+    if isinstance(value, bool):
+        raise SettingsError(spec.name, value, "not a number", expected)
+    number: float | int
+    if isinstance(value, (int, float)):
+        number = value
+    elif isinstance(value, str):
+        text = value.strip().replace("_", "")
+        try:
+            number = int(text) if integer else float(text)
+        except ValueError:
+            try:
+                number = float(text)
+            except ValueError:
+                raise SettingsError(spec.name, value, f"not {what}", expected) from None
+    else:
+        raise SettingsError(spec.name, value, f"not {what} but a {type(value).__name__}", expected)
+    if isinstance(number, float):
+        if not math.isfinite(number):
+            raise SettingsError(spec.name, value, "not a finite number", expected)
+        if integer:
+            if not number.is_integer():
+                raise SettingsError(spec.name, value, "not an integer", expected)
+            number = int(number)
+    lo, hi = spec.low, spec.high
+    too_low = lo is not None and (number <= lo if spec.low_open else number < lo)
+    if too_low or (hi is not None and number > hi):
+        raise SettingsError(spec.name, value, "out of range", expected)
+    if spec.multiple_of and number % spec.multiple_of:
+        raise SettingsError(spec.name, value, f"not a multiple of {spec.multiple_of:,}", expected)
+    return int(number) if integer else float(number)
+
+
+def _bool(spec: Setting, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise SettingsError(spec.name, value, "not a boolean", "expected True or False (1/0, true/false)")
+
+
+def _dict(spec: Setting, value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        if not value.strip():
+            return {}
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise SettingsError(spec.name, value, "not a JSON object",
+                                'expected a dict, or JSON like {"socket_timeout": 30}') from None
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise SettingsError(spec.name, value, f"not a dict but a {type(value).__name__}",
+                        'expected a dict, or JSON like {"socket_timeout": 30}')
+
+
+def _list(spec: Setting, value: Any) -> list[Any]:
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                loaded = json.loads(text)
+            except ValueError:
+                raise SettingsError(spec.name, value, "not a JSON list",
+                                    "expected a list, or comma-separated values") from None
+            return list(loaded)
+        return [part.strip() for part in text.split(",") if part.strip()]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    raise SettingsError(spec.name, value, f"not a list but a {type(value).__name__}",
+                        "expected a list, or comma-separated values")
+
+
+def check_url(value: Any) -> str:
+    name, expected = "REDIS_URL", "expected redis://[[user]:password@]host[:port][/db], rediss://... or" \
+                                  " unix:///path/to/socket[?db=N]"
+    if not isinstance(value, str):
+        raise SettingsError(name, value, f"not a string but a {type(value).__name__}", expected)
+    url = value.strip()
+    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):(//)?", url)
+    if match is None or not match.group(2):
+        # "127.0.0.1:6380" or "localhost:6379" parse as a scheme; "redis:/host" lacks a slash
+        looks_like_ours = match is not None and match.group(1).lower() in ("redis", "rediss", "unix")
+        problem = "malformed: the scheme must be followed by //" if looks_like_ours else "no scheme"
+        raise SettingsError(name, value, problem, expected)
+    scheme = match.group(1).lower()
+    if scheme not in ("redis", "rediss", "unix"):
+        raise SettingsError(name, value, f"scheme {scheme}:// is not Redis", expected)
+    rest = url[match.end():]
+    if scheme == "unix":
+        path = rest.rpartition("@")[2].split("?", 1)[0]
+        if not path.startswith("/"):
+            raise SettingsError(name, value, "no socket path", expected)
+        return url
+    hostinfo = rest.rpartition("@")[2]
+    hostport, _, tail = hostinfo.partition("/")
+    try:
+        port = urlsplit(f"redis://{hostport}").port
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(port)
+    except ValueError:
+        raise SettingsError(name, value, "the port is not a number from 1 to 65535", expected) from None
+    if hostport.endswith(":"):
+        raise SettingsError(name, value, "empty port", expected)
+    db = tail.split("?", 1)[0].split("#", 1)[0]
+    if db and not (db.isascii() and db.isdigit() and len(db) <= 9):
+        raise SettingsError(name, value, f"database {db!r} is not a number", expected)
+    return url
+
+
+def convert(spec: Setting, value: Any) -> Any:
+    if value is None or (spec.optional and isinstance(value, str) and value.strip().lower() in ("", "none")):
+        if spec.optional or spec.default is None:
+            return None
+        if spec.kind in ("dict", "list"):
+            return type(spec.default)()
+        raise SettingsError(spec.name, value, "missing", f"expected a {spec.type_name}")
+    kind = spec.kind
+    if kind in ("int", "float"):
+        return _number(spec, value)
+    if kind == "bool":
+        return _bool(spec, value)
+    if kind == "auto_bool":
+        if isinstance(value, str) and value.strip().lower() in ("", "auto", "none"):
+            return None
+        try:
+            return _bool(spec, value)
+        except SettingsError:
+            raise SettingsError(spec.name, value, "not a boolean",
+                                "expected True, False or None (auto-detect)") from None
+    if kind == "dict":
+        return _dict(spec, value)
+    if kind == "list":
+        return _list(spec, value)
+    if kind == "url":
+        return check_url(value)
+    if kind == "choice":
+        text = str(value).strip().lower()
+        if text not in spec.choices:
+            raise SettingsError(spec.name, value, "unknown value",
+                                f"expected one of {', '.join(spec.choices)}")
+        return text
+    if kind == "size":
+        text = str(value).strip().lower().replace("_", "")
+        if isinstance(value, bool) or not re.fullmatch(r"\d+(b|k|kb|m|mb|g|gb)?", text):
+            raise SettingsError(spec.name, value, "not a size", 'expected bytes or a size like "2gb"')
+        return value
+    if kind == "secret":
+        if isinstance(value, bytes):
+            return value or None
+        return str(value).encode("utf-8") or None
+    if not isinstance(value, str):
+        raise SettingsError(spec.name, value, f"not a string but a {type(value).__name__}",
+                            "expected a string")
+    return value
+
+
+def sentinels(entries: list[Any]) -> tuple[tuple[str, int], ...]:
+    out = []
+    for entry in entries:
+        try:
+            if isinstance(entry, (tuple, list)):
+                out.append((str(entry[0]), int(entry[1])))
+                continue
+            text = str(entry).strip()
+            parts = urlsplit(text if "://" in text else f"redis://{text}")
+            out.append((parts.hostname or "localhost", parts.port or 26379))
+        except (ValueError, IndexError, TypeError):
+            raise SettingsError("REDIS_SENTINELS", entries, f"{entry!r} is not an address",
+                                'expected ["host:port", ...]') from None
+    return tuple(out)
+
+
+def domain_limits(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    expected = 'expected {"*.example.com": {"delay": 1.0, "concurrency": 2, "jitter": 0.5}}'
+    out = {}
+    for pattern, rule in rules.items():
+        if not isinstance(rule, Mapping) or set(rule) - {"delay", "concurrency", "jitter"}:
+            raise SettingsError("DOMAIN_LIMITS", rules, f"rule {pattern!r} is not a dict of delay,"
+                                " concurrency, jitter", expected)
+        for key, value in rule.items():
+            kind = "int" if key == "concurrency" else "float"
+            convert(Setting(f"DOMAIN_LIMITS[{pattern!r}][{key!r}]", None, kind, "", "scheduler", low=1 if
+                             kind == "int" else 0), value)
+        out[str(pattern)] = dict(rule)
+    return out
+
+

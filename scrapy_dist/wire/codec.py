@@ -1,0 +1,387 @@
+"""The wire format of a request in Redis: versioned msgpack, never pickle.
+
+An encoded request (a *payload*) is ``b"\\x01" + msgpack(map)`` (version 1, unauthenticated) or
+``b"\\x02" + tag + msgpack(map)`` (version 2, written by a worker that has the crawl's secret,
+``SCHEDULER_ENTRY_SECRET`` / ``SCRAPY_DIST_SECRET``): ``tag`` is the 16-byte keyed BLAKE2b of the msgpack
+bytes. The map holds only the fields that differ from a plain ``Request``'s defaults, under short keys:
+
+=====  ================================  =========================================
+key    field                             type
+=====  ================================  =========================================
+``u``  url                               str (required)
+``m``  method                            str, omitted when ``GET``
+``h``  headers                           list of ``[name: bytes, [value: bytes, ...]]``
+``b``  body                              bytes
+``c``  cookies                           map or list of maps
+``M``  meta                              map (str keys, msgpack-encodable values)
+``k``  cb_kwargs                         map (str keys)
+``p``  priority                          int
+``d``  dont_filter                       bool
+``cb`` callback: spider method name      str
+``eb`` errback: spider method name       str
+``f``  flags                             list of str
+``e``  encoding                          str, omitted when ``utf-8``
+``C``  Request subclass, ``module.Name``  str, omitted for ``scrapy.Request``
+=====  ================================  =========================================
+
+Decoding treats the bytes as untrusted: every field is type-checked before use, any deviation raises
+:class:`RejectedEntry` with a short reason (the only exception :func:`decode_request` lets out, whatever the
+bytes), callbacks must name methods the spider's own code defines, and a request subclass is only accepted
+when its module is already imported (nothing is imported on behalf of data read from Redis).
+
+What an untrusted entry may ask for, and how an entry is signed, is :mod:`scrapy_dist.wire.entrypolicy`
+(re-exported here). An entry is *trusted* when its tag verifies with the crawl's secret, or when no
+secret is configured (the crawl then cannot tell its own entries from anyone else's: see
+``docs/security.md``). Untrusted entries must also pass the rules for seeds: meta keys allowed by
+``SEEDS_META_ALLOWED``, no framing or routing headers, the spider's ``allowed_domains`` (whatever
+``dont_filter`` says).
+
+Which spider methods an entry may name as callbacks is :mod:`scrapy_dist.wire.callbacks` (re-exported here too).
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+import re
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import msgpack
+from scrapy import Request
+from scrapy.http import Headers
+
+from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
+from scrapy_dist.middlewares.credentials import added_by_middleware
+from scrapy_dist.wire.callbacks import HOOK_NAMES, entry_callback, method_name, spider_method, user_defined
+from scrapy_dist.wire.entrypolicy import (
+    CREDENTIAL_HEADERS,
+    DANGEROUS_META,
+    DEFAULT_POLICY,
+    FORBIDDEN_HEADERS,
+    TAG_BYTES,
+    VERSION,
+    VERSION_SIGNED,
+    EntryPolicy,
+    check_cookies_allowed,
+    check_header_names,
+    check_meta_keys,
+    check_no_userinfo,
+    check_offsite,
+    entry_policy,
+    host_allowed,
+    is_trusted,
+)
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+
+__all__ = [
+    "MAX_HEADERS", "check_url", "decode_request", "encode_request", "load_payload", "split_payload",
+    # from scrapy_dist.wire.entrypolicy and scrapy_dist.wire.callbacks, imported from here by other modules and users
+    "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "FORBIDDEN_HEADERS", "HOOK_NAMES", "TAG_BYTES",
+    "VERSION", "VERSION_SIGNED", "EntryPolicy", "check_cookies_allowed", "check_header_names",
+    "check_meta_keys", "check_no_userinfo", "check_offsite", "entry_policy", "host_allowed", "is_trusted",
+    "spider_method", "user_defined",
+]
+
+_VERSION_BYTE = bytes([VERSION])
+_SIGNED_BYTE = bytes([VERSION_SIGNED])
+_PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
+_ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
+_BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
+_PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+MAX_HEADERS = 100
+
+def _check_encodable(value: Any, path: str) -> None:
+    """Raise :class:`UnserializableRequest` naming the first part of ``value`` msgpack cannot hold."""
+    if isinstance(value, _PLAIN_TYPES):
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+            raise UnserializableRequest(f"{path}: integer out of range", path)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_encodable(v, f"{path}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, (str, bytes, int)):
+                raise UnserializableRequest(f"{path}: key {k!r} is a {type(k).__name__}", path)
+            _check_encodable(v, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k!r}]")
+        return
+    raise UnserializableRequest(f"{path} holds a {type(value).__name__}, which cannot be encoded", path)
+
+
+def encode_request(
+    request: Request, spider: Spider | None = None, policy: EntryPolicy | None = None
+) -> bytes:
+    """Encode ``request`` as a versioned msgpack payload (signed when ``policy`` has a secret).
+
+    Raises :class:`UnserializableRequest` (with ``.key`` naming the field or meta key) when a callback is
+    not a spider method or meta / cb_kwargs / cookies hold values msgpack cannot represent.
+    """
+    d: dict[str, Any] = {"u": request.url}
+    if request.method != "GET":
+        d["m"] = request.method
+    if request.headers:
+        # credential values a downloader middleware added (a same-site redirect copies them) stay out
+        headers = [
+            [bytes(k), [bytes(v) for v in vs if not added_by_middleware(k, v)]]
+            for k, vs in request.headers.items()
+        ]
+        headers = [pair for pair in headers if pair[1]]
+        if headers:
+            d["h"] = headers
+    if request.body:
+        d["b"] = request.body
+    if request.cookies:
+        d["c"] = request.cookies
+    if request.meta:
+        d["M"] = request.meta
+    if request.cb_kwargs:
+        d["k"] = request.cb_kwargs
+    if request.priority:
+        d["p"] = request.priority
+    if request.dont_filter:
+        d["d"] = True
+    cb = method_name(request.callback, spider, "callback")
+    if cb is not None:
+        d["cb"] = cb
+    eb = method_name(request.errback, spider, "errback")
+    if eb is not None:
+        d["eb"] = eb
+    if request.flags:
+        d["f"] = list(request.flags)
+    if request.encoding != "utf-8":
+        d["e"] = request.encoding
+    cls = type(request)
+    if cls is not Request:
+        d["C"] = f"{cls.__module__}.{cls.__qualname__}"
+    try:
+        body = msgpack.packb(d, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):
+        for field, label in (("M", "meta"), ("k", "cb_kwargs"), ("c", "cookies")):
+            if field in d:
+                _check_encodable(d[field], label)
+        raise UnserializableRequest("request cannot be encoded", "request") from None
+    return (policy or DEFAULT_POLICY).seal(body)
+
+
+# -- decoding (untrusted input) -----------------------------------------------------------------
+
+
+def _expect(value: Any, types_: type | tuple[type, ...], reason: str, field: str) -> Any:
+    if not isinstance(value, types_) or (isinstance(value, bool) and bool not in _as_tuple(types_)):
+        raise RejectedEntry(reason, f"{field} has type {type(value).__name__}")
+    return value
+
+
+def _as_tuple(types_: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types_ if isinstance(types_, tuple) else (types_,)
+
+
+def check_url(url: Any, allowed_schemes: Iterable[str]) -> str:
+    """Validate an untrusted URL string: type, length, scheme, host, no whitespace/control chars."""
+    if not isinstance(url, str):
+        raise RejectedEntry("bad_url", f"url has type {type(url).__name__}")
+    if not url or len(url) > 8192 or _BAD_URL_CHARS.search(url):
+        raise RejectedEntry("bad_url", "empty, too long, or contains whitespace/control characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError as exc:
+        raise RejectedEntry("bad_url", str(exc)[:100]) from None
+    if parts.scheme.lower() not in set(allowed_schemes):
+        raise RejectedEntry("bad_scheme", f"scheme {parts.scheme[:20]!r} not allowed")
+    if parts.scheme.lower() in ("http", "https") and not parts.hostname:
+        raise RejectedEntry("bad_url", "no host")
+    return url
+
+
+def _headers(raw: Any) -> Headers:
+    _expect(raw, list, "bad_headers", "headers")
+    if len(raw) > MAX_HEADERS:
+        raise RejectedEntry("bad_headers", f"{len(raw)} headers (at most {MAX_HEADERS})")
+    headers = Headers()
+    for pair in raw:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise RejectedEntry("bad_headers", "header entry is not [name, values]")
+        name, values = pair
+        _expect(name, bytes, "bad_headers", "header name")
+        _expect(values, list, "bad_headers", "header values")
+        if not name or any(c in b"\r\n:" or c < 33 or c > 126 for c in name):
+            raise RejectedEntry("header_injection", f"header name {name[:40]!r}")
+        if len(values) > MAX_HEADERS:
+            raise RejectedEntry("bad_headers", f"header {name[:40]!r} has {len(values)} values")
+        for v in values:
+            _expect(v, bytes, "bad_headers", "header value")
+            if b"\r" in v or b"\n" in v or b"\0" in v:
+                raise RejectedEntry("header_injection", f"header {name[:40]!r} value has CR/LF/NUL")
+        headers.setlist(name, values)
+    return headers
+
+
+_COOKIE_KEYS = frozenset({"name", "value", "domain", "path", "secure", "expires"})
+
+
+def _cookie_text(value: Any, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (str, bytes, int, float)):
+        raise RejectedEntry("bad_cookies", f"cookie {what} has type {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RejectedEntry("bad_cookies", f"cookie {what} is not finite")
+    if isinstance(value, (str, bytes)):
+        text = value if isinstance(value, str) else value.decode("latin-1")
+        if any(c in text for c in "\r\n\0;"):
+            raise RejectedEntry("header_injection", f"cookie {what} holds CR/LF/NUL or ';'")
+
+
+def _cookies(raw: Any) -> dict[str, Any] | list[dict[str, Any]]:
+    """Cookies as Scrapy's ``Request`` takes them: ``{name: value}`` or a list of cookie maps."""
+    if isinstance(raw, dict):
+        if len(raw) > MAX_HEADERS:
+            raise RejectedEntry("bad_cookies", f"{len(raw)} cookies (at most {MAX_HEADERS})")
+        for name, value in raw.items():
+            _cookie_text(name, "name")
+            _cookie_text(value, "value")
+        return raw
+    if isinstance(raw, list):
+        if len(raw) > MAX_HEADERS:
+            raise RejectedEntry("bad_cookies", f"{len(raw)} cookies (at most {MAX_HEADERS})")
+        for c in raw:
+            if not isinstance(c, dict) or "name" not in c or "value" not in c or not set(c) <= _COOKIE_KEYS:
+                raise RejectedEntry("bad_cookies", "each cookie must be a map with name, value (domain, ...)")
+            for key, value in c.items():
+                if key == "secure":
+                    _expect(value, bool, "bad_cookies", "cookie secure")
+                else:
+                    _cookie_text(value, key)
+        return raw
+    raise RejectedEntry("bad_cookies", f"cookies has type {type(raw).__name__}")
+
+
+def _request_class(path: Any) -> type[Request]:
+    _expect(path, str, "bad_class", "class")
+    module_name, _, name = path.rpartition(".")
+    module = sys.modules.get(module_name)  # never import on behalf of untrusted data
+    cls = getattr(module, name, None) if module is not None and "." not in name else None
+    if not isinstance(cls, type) or not issubclass(cls, Request):
+        raise RejectedEntry("bad_class", f"{path[:80]!r} is not a loaded Request subclass")
+    return cls
+
+
+def _unpack(body: bytes) -> dict[str, Any]:
+    try:
+        d = msgpack.unpackb(body, raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage input
+        raise RejectedEntry("bad_msgpack", type(exc).__name__) from None
+    if not isinstance(d, dict):
+        raise RejectedEntry("bad_payload", f"payload is a {type(d).__name__}")
+    unknown = [k for k in d if not isinstance(k, str) or k not in _ALLOWED_KEYS]
+    if unknown:
+        raise RejectedEntry("bad_payload", f"unknown fields {sorted(map(str, unknown))[:5]}"[:200])
+    return d
+
+
+def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
+    """``(version, msgpack body)`` of an untrusted payload (size and version checked, tag not verified).
+    Raises :class:`RejectedEntry`."""
+    if not isinstance(data, bytes):
+        raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise RejectedEntry("too_large", f"{len(data)} bytes")
+    if data[:1] == _VERSION_BYTE:
+        return VERSION, data[1:]
+    if data[:1] == _SIGNED_BYTE and len(data) > 1 + TAG_BYTES:
+        return VERSION_SIGNED, data[1 + TAG_BYTES :]
+    raise RejectedEntry("bad_version", f"first byte {data[:1]!r}")
+
+
+def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
+    """The field map of an untrusted payload (version 1 or 2, the tag is not checked here): size, version
+    byte, msgpack and field names checked (values are checked by :func:`decode_request`). Raises
+    :class:`RejectedEntry`."""
+    return _unpack(split_payload(data, max_bytes)[1])
+
+
+def decode_request(data: bytes, spider: Spider, policy: EntryPolicy = DEFAULT_POLICY) -> Request:
+    """Turn an untrusted payload back into a :class:`~scrapy.Request` bound to ``spider``'s methods.
+
+    Raises :class:`RejectedEntry` with a short ``reason`` for anything that is not a valid payload, or that
+    an untrusted entry may not ask for (:class:`EntryPolicy`) -- and nothing else, whatever the bytes.
+    """
+    try:
+        return _decode(data, spider, policy)
+    except RejectedEntry:
+        raise
+    except Exception as exc:  # a check we did not think of must still not stop a worker
+        raise RejectedEntry("bad_entry", f"{type(exc).__name__}: {exc}"[:200]) from None
+
+
+def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
+    d = load_payload(data, policy.max_bytes)
+    trusted = is_trusted(data, policy)
+    url = check_url(d.get("u"), policy.allowed_schemes)
+    if not trusted:
+        check_no_userinfo(url)
+    kw: dict[str, Any] = {"url": url}
+    if "m" in d:
+        method = _expect(d["m"], str, "bad_method", "method")
+        if not method or len(method) > 32 or not all(c.isalnum() or c in "!#$%&'*+-.^_`|~" for c in method):
+            raise RejectedEntry("bad_method", f"method {method[:40]!r} is not a token")
+        kw["method"] = method
+    if "h" in d:
+        kw["headers"] = _headers(d["h"])
+        if not trusted:
+            check_header_names(kw["headers"].keys(), policy.headers_allowed)
+    if "b" in d:
+        kw["body"] = _expect(d["b"], bytes, "bad_body", "body")
+    if "c" in d:
+        kw["cookies"] = _cookies(d["c"])
+        if not trusted:
+            check_cookies_allowed(policy.headers_allowed)
+    if "M" in d:
+        meta = _expect(d["M"], dict, "bad_meta", "meta")
+        if not all(isinstance(k, str) for k in meta):
+            raise RejectedEntry("bad_meta", "meta keys must be strings")
+        if not trusted:
+            check_meta_keys(meta, policy.meta_allowed)
+        kw["meta"] = meta
+    if "k" in d:
+        cbk = _expect(d["k"], dict, "bad_cb_kwargs", "cb_kwargs")
+        if not all(isinstance(k, str) and k.isidentifier() for k in cbk):
+            raise RejectedEntry("bad_cb_kwargs", "cb_kwargs keys must be identifiers")
+        kw["cb_kwargs"] = cbk
+    if "p" in d:
+        priority = _expect(d["p"], int, "bad_priority", "priority")
+        if not _PRIORITY_RANGE[0] <= priority <= _PRIORITY_RANGE[1]:
+            raise RejectedEntry("bad_priority", "priority out of the 32-bit range")
+        kw["priority"] = priority
+    if "d" in d:
+        kw["dont_filter"] = _expect(d["d"], bool, "bad_dont_filter", "dont_filter")
+    if "cb" in d:
+        kw["callback"] = entry_callback(spider, d["cb"], "callback")
+    if "eb" in d:
+        kw["errback"] = entry_callback(spider, d["eb"], "errback")
+    if "f" in d:
+        flags = _expect(d["f"], list, "bad_flags", "flags")
+        if len(flags) > MAX_HEADERS or not all(isinstance(f, str) for f in flags):
+            raise RejectedEntry("bad_flags", "flags must be at most 100 strings")
+        kw["flags"] = flags
+    if "e" in d:
+        encoding = _expect(d["e"], str, "bad_encoding", "encoding")
+        try:
+            known = codecs.lookup(encoding)._is_text_encoding  # type: ignore[attr-defined]
+        except LookupError:
+            known = False
+        if not known:
+            raise RejectedEntry("bad_encoding", f"{encoding[:40]!r} is not a text encoding")
+        kw["encoding"] = encoding
+    cls = _request_class(d["C"]) if "C" in d else Request
+    if not trusted:
+        check_offsite(url, spider)
+    try:
+        return cls(**kw)
+    except Exception as exc:  # the Request constructor validates too (URL, encoding, ...)
+        raise RejectedEntry("bad_request", f"{type(exc).__name__}: {exc}"[:200]) from None
