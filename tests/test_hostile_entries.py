@@ -20,6 +20,7 @@ from scrapy_dist.frontier.deadletter import parse_record, requeue_payload
 from scrapy_dist.middlewares.networks import denied, parse_networks
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.seeds.parse import SeedRules, parse_seed
+from scrapy_dist.settings import DistSettings
 from scrapy_dist.wire.codec import DEFAULT_POLICY, EntryPolicy, decode_request, encode_request, load_payload
 
 SECRET = "s3cret-of-the-crawl"
@@ -464,10 +465,10 @@ def test_the_secret_comes_from_settings_or_the_environment(monkeypatch: pytest.M
     from scrapy.settings import Settings
 
     monkeypatch.delenv("SCRAPY_DIST_SECRET", raising=False)
-    assert EntryPolicy.from_settings(Settings()).secret is None
-    assert EntryPolicy.from_settings(Settings({"SCHEDULER_ENTRY_SECRET": 12345})).secret == b"12345"
+    assert EntryPolicy.from_dist(DistSettings.from_settings(Settings())).secret is None
+    assert EntryPolicy.from_dist(DistSettings.from_settings(Settings({"SCHEDULER_ENTRY_SECRET": 12345}))).secret == b"12345"
     monkeypatch.setenv("SCRAPY_DIST_SECRET", SECRET)
-    policy = EntryPolicy.from_settings(Settings())
+    policy = EntryPolicy.from_dist(DistSettings.from_settings(Settings()))
     assert policy.secret == SECRET.encode()
     assert policy.verify(encode_request(scrapy.Request("https://example.com/"), None, policy))
 

@@ -10,6 +10,7 @@ from redis.crc import key_slot
 from scrapy.settings import Settings
 
 from scrapy_dist.redis.keys import FRONTIER_KEY_NAMES, CrawlKeys, crawl_keys
+from scrapy_dist.settings import DistSettings
 
 
 def slot(key: str) -> int:
@@ -121,14 +122,14 @@ def test_crawl_keys_reads_the_settings() -> None:
             "REDIS_ITEMS_KEY": "%(spider)s:scraped",
         }
     )
-    k = crawl_keys(settings, "books")
+    k = crawl_keys(DistSettings.from_settings(settings), "books")
     assert k.queue == "t1:{books}:queue"
     assert k.start_urls == "t1:books:seeds"
     assert k.items == "t1:books:scraped"
 
 
 def test_crawl_keys_defaults_from_an_empty_dict() -> None:
-    k = crawl_keys({}, "books")
+    k = crawl_keys(DistSettings.from_settings({}), "books")
     assert k == CrawlKeys("books")
     assert k.start_urls == "books:start_urls"
     assert k.items == "books:items"

@@ -36,8 +36,8 @@ from scrapy.utils.misc import load_object
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import console, json_safe, printable
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.extensions.control import parse_control
 from scrapy_dist.frontier import orders as queue
+from scrapy_dist.frontier.control import parse_control
 from scrapy_dist.frontier.deadletter import DeadLetter, parse_record, reason_matches, requeue_payload
 from scrapy_dist.frontier.politeness import DomainLimits
 from scrapy_dist.frontier.shard import Frontier, SyncBatch, domain_shard
@@ -125,7 +125,7 @@ def requeue_targets(
     order = queue_order(ds)
     schemes = ds.scheduler.allowed_schemes
     max_bytes = ds.scheduler.max_entry_bytes
-    policy = EntryPolicy.from_settings(ds)  # re-signs only records whose tag verifies
+    policy = EntryPolicy.from_dist(ds)  # re-signs only records whose tag verifies
     ok: list[tuple[DeadLetter, bytes, float]] = []
     refused: list[tuple[DeadLetter, str]] = []
     for _, d in letters:

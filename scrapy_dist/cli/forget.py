@@ -33,7 +33,7 @@ from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import printable
 from scrapy_dist.dupefilter.bloom import parse_bloom_record
 from scrapy_dist.dupefilter.filters import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
-from scrapy_dist.extensions.control import move_aside_foreign, parse_control
+from scrapy_dist.frontier.control import move_aside_foreign, parse_control
 from scrapy_dist.frontier.shard import domain_shard, shard_of
 
 #: longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ)

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import console, json_safe, printable
-from scrapy_dist.extensions.control import close_crawl, pause_crawl, resume_crawl, valid_reason
+from scrapy_dist.frontier.control import close_crawl, pause_crawl, resume_crawl, valid_reason
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
 

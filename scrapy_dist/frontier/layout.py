@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from scrapy_dist.exceptions import ScrapyDistError, ShardingRefused
+from scrapy_dist.frontier.control import move_aside_foreign
 from scrapy_dist.frontier.shard import shards_idle
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.replies import count as untrusted_count
@@ -94,7 +95,6 @@ class CrawlLayout:
         """At a worker's start, through a short-lived client of ``settings``: clear the crawl first with
         ``flush_on_start``, join it, and return its backlog (requests
         pending, fingerprints remembered). Anything refused ends the crawl with one line."""
-        from scrapy_dist.extensions.control import move_aside_foreign  # extensions import the scheduler
         from scrapy_dist.redis import connection
 
         client = connection.get_redis(settings)

@@ -60,13 +60,6 @@ class DomainLimits:
         )
         return cls(default, {k: dict(v) for k, v in s.domain_limits.items()})
 
-    @classmethod
-    def from_settings(cls, settings: Any) -> DomainLimits:
-        """:meth:`from_dist` of Scrapy settings (or a dict, or a ``DistSettings``)."""
-        from scrapy_dist.settings import DistSettings
-
-        return cls.from_dist(DistSettings.coerce(settings))
-
     def bound(self) -> str:
         """``"<delay> <jitter>"``: the longest delay and the largest jitter any domain has here. The
         frontier clamps a domain's limits read from Redis to it (garbage someone wrote there, ``86400 1

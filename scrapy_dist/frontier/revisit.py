@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +36,7 @@ from scrapy import signals
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.frontier.shard import PRIORITY_KEY_BYTES, SEQ_BYTES, lease_member
-from scrapy_dist.settings.values import SettingsError
+from scrapy_dist.settings.values import check_seconds
 from scrapy_dist.wire.codec import load_payload, split_payload
 from scrapy_dist.wire.entrypolicy import VERSION_SIGNED, entry_policy
 
@@ -52,40 +51,12 @@ logger = logging.getLogger(__name__)
 
 #: the meta key a request (or its callback) sets: seconds, or None to stop
 META_KEY = "revisit_after"
-#: longest revisit delay accepted (ten years): a larger one is a mistake, not a schedule
-MAX_REVISIT_SECONDS = 10 * 365 * 86400.0
 #: validators longer than this are not stored (the page is revisited unconditionally)
 MAX_VALIDATOR_BYTES = 256
 VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
 _NOT_SET = object()
 
 
-def check_seconds(value: Any) -> float | None:
-    """``value`` as a revisit delay (None stays None); raises ValueError saying what is wrong."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{value!r} is not a number of seconds")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_REVISIT_SECONDS:
-        raise ValueError(f"{value!r} is not between 0 (excluded) and {MAX_REVISIT_SECONDS:.0f} seconds")
-    return seconds
-
-
-def revisit_rules(rules: Any) -> dict[str, float | None]:
-    """``REVISIT_AFTER`` checked: ``{glob: seconds or None}``; raises :class:`SettingsError` (one line)."""
-    expected = 'expected {"*.example.com": 3600, "https://example.com/item/*": 2592000, "*/login*": None}'
-    if not isinstance(rules, Mapping):
-        raise SettingsError("REVISIT_AFTER", rules, "not a dict", expected)
-    out: dict[str, float | None] = {}
-    for pattern, seconds in rules.items():
-        if not isinstance(pattern, str) or not pattern.strip():
-            raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r} is not a glob", expected)
-        try:
-            out[pattern.strip()] = check_seconds(seconds)
-        except ValueError as exc:
-            raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r}: {exc}", expected) from None
-    return out
 
 
 def _specificity(pattern: str) -> tuple[int, int]:
@@ -163,14 +134,12 @@ def _middleware_enabled(settings: Any) -> bool:
     """Whether DOWNLOADER_MIDDLEWARES enables the middleware (or a subclass of it)."""
     from scrapy.utils.misc import load_object
 
-    from scrapy_dist.middlewares.revisit import ConditionalRevisitMiddleware
-
     for path, order in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items():
         try:
             cls = load_object(path) if isinstance(path, str) else path
         except (ImportError, ValueError, NameError, AttributeError):
             continue
-        if order is not None and isinstance(cls, type) and issubclass(cls, ConditionalRevisitMiddleware):
+        if order is not None and getattr(cls, "turns_304_into_not_modified", False):
             return True
     return False
 

@@ -111,7 +111,12 @@ class Scheduler:
         self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
         self.df = dupefilter
         self.crawler = crawler
-        self.redis_settings = {} if redis_settings is None else redis_settings
+        #: the typed settings the Redis clients and keys are built from (a plain dict or Scrapy settings
+        #: are read once, here)
+        self.redis_settings: DistSettings = (
+            redis_settings if isinstance(redis_settings, DistSettings)
+            else DistSettings.from_settings(redis_settings or {})
+        )
         self.order = order or queue.PriorityQueue()
         self.stats: Any = stats if stats is not None else NoStats()
         self.engine: Engine = engine or _engine.DetachedEngine()

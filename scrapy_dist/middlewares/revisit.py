@@ -44,6 +44,9 @@ class ConditionalRevisitMiddleware:
     """Downloader middleware of ``REVISIT_CONDITIONAL`` (see the module docstring); the add-on enables
     it. Disabled (``NotConfigured``) without ``REVISIT_CONDITIONAL``."""
 
+    #: what the frontier's revisits look for in DOWNLOADER_MIDDLEWARES (it does not import this layer)
+    turns_304_into_not_modified = True
+
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
         self.stats = crawler.stats

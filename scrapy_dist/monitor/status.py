@@ -6,10 +6,10 @@ summed over its shards, whose number is read from the crawl's control hash); the
 replies into figures are pure functions of their input and ``now``.
 
 Everything read is untrusted: the control hash and worker hashes go through their one parser each
-(:func:`~scrapy_dist.extensions.control.parse_control`,
+(:func:`~scrapy_dist.frontier.control.parse_control`,
 :func:`~scrapy_dist.extensions.workers.parse_worker_hash`),
 garbage figures become ``None`` and are listed under ``"garbage"`` in the result, so ``status`` never
-crashes or stalls on them (a recorded ``shards`` beyond :data:`~scrapy_dist.extensions.control.MAX_SHARDS`
+crashes or stalls on them (a recorded ``shards`` beyond :data:`~scrapy_dist.frontier.control.MAX_SHARDS`
 is ignored rather than read as 100,000 shards).
 The dupefilter's figures come from :mod:`scrapy_dist.monitor.filterstatus`.
 """
@@ -24,8 +24,8 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
-from scrapy_dist.extensions.control import ControlState, parse_control
 from scrapy_dist.extensions.workers import CLOSED, LOST, RUNNING, parse_worker_hash, worker_state
+from scrapy_dist.frontier.control import ControlState, parse_control
 from scrapy_dist.frontier.politeness import busiest_domains
 from scrapy_dist.frontier.shard import lease_parts
 from scrapy_dist.monitor.filterstatus import combine_filters, filter_figures

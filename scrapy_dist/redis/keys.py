@@ -31,6 +31,8 @@ from typing import Any
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
+from scrapy_dist.settings import DistSettings
+
 #: suffix of a key moved aside because it held another Redis type (``move_aside`` in lua/foreign.lua)
 GARBAGE = ":garbage"
 
@@ -279,13 +281,9 @@ class CrawlKeys:
         return out
 
 
-def crawl_keys(settings: object, spider_name: str) -> CrawlKeys:
-    """Build :class:`CrawlKeys` from the settings (``REDIS_KEY_PREFIX``, ``REDIS_START_URLS_KEY``,
-    ``REDIS_ITEMS_KEY``); ``settings`` is a :class:`~scrapy_dist.settings.DistSettings`, or Scrapy
-    settings / a dict it is built from."""
-    from scrapy_dist.settings import DistSettings
-
-    ds = DistSettings.coerce(settings)
+def crawl_keys(ds: DistSettings, spider_name: str) -> CrawlKeys:
+    """Build :class:`CrawlKeys` from the typed settings (``REDIS_KEY_PREFIX``, ``REDIS_START_URLS_KEY``,
+    ``REDIS_ITEMS_KEY``)."""
     return CrawlKeys(
         spider=spider_name,
         prefix=ds.connection.key_prefix,
@@ -307,6 +305,4 @@ def spider_name(crawler: Any) -> str:
 
 def crawler_keys(crawler: Any) -> CrawlKeys:
     """:class:`CrawlKeys` of ``crawler``'s crawl (its settings and :func:`spider_name`)."""
-    from scrapy_dist.settings import DistSettings
-
     return crawl_keys(DistSettings.for_crawler(crawler), spider_name(crawler))

@@ -39,6 +39,7 @@ from typing import Any
 import redis.exceptions
 
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.settings import DistSettings
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 __all__ = [
@@ -287,8 +288,6 @@ class CloseWatch:
     def grace(self) -> float:
         """``SCHEDULER_SHUTDOWN_GRACE``, at most ``SCHEDULER_LEASE_SECONDS`` (as the frontier's close)."""
         if self._grace is None:
-            from scrapy_dist.settings import DistSettings
-
             crawler = self._crawler()
             sched = DistSettings.for_crawler(crawler).scheduler if crawler is not None else None
             self._grace = min(sched.shutdown_grace, sched.lease_seconds) if sched is not None else 30.0

@@ -131,13 +131,6 @@ class SeedRules:
             dedupe=ds.seeds.dedupe,
         )
 
-    @classmethod
-    def from_settings(cls, settings: Any) -> SeedRules:
-        """The rules a crawl's settings give (a Scrapy ``Settings``, a dict or a ``DistSettings``)."""
-        from scrapy_dist.settings import DistSettings
-
-        return cls.from_dist(DistSettings.coerce(settings))
-
 
 DEFAULT_RULES = SeedRules()
 

@@ -29,10 +29,8 @@ import logging
 import math
 import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +45,6 @@ from scrapy_dist.settings.table import (
     TABLE,
     Setting,
     render_doc,
-    write_doc,
 )
 from scrapy_dist.settings.values import (
     SettingsError,
@@ -55,6 +52,7 @@ from scrapy_dist.settings.values import (
     convert,
     domain_limits,
     mask_url,
+    revisit_rules,
     sentinels,
 )
 
@@ -312,7 +310,7 @@ class DistSettings:
             download_delay=raw.scrapy_float("DOWNLOAD_DELAY", 0.0),
             concurrent_requests_per_domain=raw.scrapy_int("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
             download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
-            revisit_after=MappingProxyType(_revisit_rules(v("REVISIT_AFTER"))),
+            revisit_after=MappingProxyType(revisit_rules(v("REVISIT_AFTER"))),
             revisit_conditional=v("REVISIT_CONDITIONAL"),
             idle_poll_max=v("SCHEDULER_IDLE_POLL_MAX"),
         )
@@ -422,13 +420,6 @@ def _set_to_none(settings: Any, name: str) -> bool:
     except (TypeError, KeyError):
         return False
 
-
-def _revisit_rules(rules: Any) -> dict[str, float | None]:
-    from scrapy_dist.frontier.revisit import (
-        revisit_rules,  # revisit.py imports the codec, which reads settings
-    )
-
-    return revisit_rules(rules)
 
 
 def _field_names() -> list[str]:  # for the report and tests: every attribute path of DistSettings

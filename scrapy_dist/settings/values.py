@@ -276,3 +276,31 @@ def domain_limits(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: longest revisit delay accepted (ten years): a larger one is a mistake, not a schedule
+MAX_REVISIT_SECONDS = 10 * 365 * 86400.0
+
+def check_seconds(value: Any) -> float | None:
+    """``value`` as a revisit delay (None stays None); raises ValueError saying what is wrong."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{value!r} is not a number of seconds")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_REVISIT_SECONDS:
+        raise ValueError(f"{value!r} is not between 0 (excluded) and {MAX_REVISIT_SECONDS:.0f} seconds")
+    return seconds
+
+def revisit_rules(rules: Any) -> dict[str, float | None]:
+    """``REVISIT_AFTER`` checked: ``{glob: seconds or None}``; raises :class:`SettingsError` (one line)."""
+    expected = 'expected {"*.example.com": 3600, "https://example.com/item/*": 2592000, "*/login*": None}'
+    if not isinstance(rules, Mapping):
+        raise SettingsError("REVISIT_AFTER", rules, "not a dict", expected)
+    out: dict[str, float | None] = {}
+    for pattern, seconds in rules.items():
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r} is not a glob", expected)
+        try:
+            out[pattern.strip()] = check_seconds(seconds)
+        except ValueError as exc:
+            raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r}: {exc}", expected) from None
+    return out

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -177,12 +178,9 @@ class EntryPolicy:
     secret: bytes | None = None
 
     @classmethod
-    def from_settings(cls, settings: Any) -> EntryPolicy:
-        """The policy of a crawl's settings (Scrapy ``Settings``, a dict or a ``DistSettings``; the secret
-        may come from the ``SCRAPY_DIST_SECRET`` environment variable)."""
-        from scrapy_dist.settings import DistSettings
-
-        ds = DistSettings.coerce(settings)
+    def from_dist(cls, ds: DistSettings) -> EntryPolicy:
+        """The policy of a crawl's typed settings (the secret may come from the ``SCRAPY_DIST_SECRET``
+        environment variable)."""
         return cls(
             allowed_schemes=ds.scheduler.allowed_schemes,
             max_bytes=ds.scheduler.max_entry_bytes,
@@ -219,9 +217,7 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
         return DEFAULT_POLICY
     policy = _POLICIES.get(crawler)
     if policy is None:
-        from scrapy_dist.settings import DistSettings
-
-        policy = _POLICIES[crawler] = EntryPolicy.from_settings(DistSettings.for_crawler(crawler))
+        policy = _POLICIES[crawler] = EntryPolicy.from_dist(DistSettings.for_crawler(crawler))
     return policy
 
 
