@@ -17,8 +17,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from scrapy_dist.demo.site import SiteGraph
-from scrapy_dist.demo.tally import PAGE_PATH
+from scrapy_dist.demo.site import PAGE_PATH, SiteGraph
 
 __all__ = [
     "LOST_SHOWN",

@@ -1,6 +1,6 @@
 """``scrapy-dist demo``: a distributed crawl of a generated local website, with a worker killed half way.
 
-What :class:`Demo` does, in order (the site is :mod:`scrapy_dist.demo.tally`, the workers
+What :class:`Demo` does, in order (the site is :mod:`scrapy_dist.demo.site`, the workers
 :mod:`scrapy_dist.demo.workers`, the live view and the summary :mod:`scrapy_dist.demo.report`):
 
 1. serves a generated site (:mod:`scrapy_dist.demo.site`: a link graph with a few slow, flaky and missing pages)
@@ -58,8 +58,7 @@ from scrapy_dist.demo.report import (
     summarize,
     verdict,
 )
-from scrapy_dist.demo.site import SiteServer
-from scrapy_dist.demo.tally import SiteTally, demo_graph, quiet
+from scrapy_dist.demo.site import SiteServer, SiteTally, demo_graph, quiet
 from scrapy_dist.demo.workers import (
     EXAMPLE_PROJECT,
     SPIDER,
@@ -134,7 +133,7 @@ class Demo:
 
     Longer than our ~250 lines for a class on purpose: it is the script of one run, step by step, over the
     state that every step shares (site, workers, client, keys, console); the pieces that stand alone live
-    in :mod:`~scrapy_dist.demo.tally`, :mod:`~scrapy_dist.demo.workers`, :mod:`~scrapy_dist.demo.redis_server` and
+    in :mod:`~scrapy_dist.demo.site`, :mod:`~scrapy_dist.demo.workers`, :mod:`~scrapy_dist.demo.redis_server` and
     :mod:`~scrapy_dist.demo.report`.
     """
 

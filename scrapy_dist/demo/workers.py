@@ -213,7 +213,7 @@ def fleet_rows(
     """Add one :class:`WorkerRow` per worker to ``snap`` from its process state and its row in the crawl's
     status (``status_rows`` by pid); a killed worker's leases count as orphaned until they expire.
     ``meters`` keeps a rate meter per pid between calls."""
-    from scrapy_dist.demo.tally import RATE_WINDOW
+    from scrapy_dist.demo.site import RATE_WINDOW
     from scrapy_dist.extensions.workers import RateMeter
 
     for w in workers:

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.settings.clientoptions import check_client_options
 from scrapy_dist.settings.reader import SettingsReader, importable, queue_order, redis_location
 from scrapy_dist.settings.table import (
     ALIASES,
@@ -48,6 +47,7 @@ from scrapy_dist.settings.table import (
 )
 from scrapy_dist.settings.values import (
     SettingsError,
+    check_client_options,
     check_url,
     convert,
     domain_limits,
