@@ -10,6 +10,7 @@ from scrapy import Request
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.engine import DetachedEngine
+from scrapy_dist.frontier.layout import ShardRouter
 from scrapy_dist.frontier.ledger import (
     CALL_RECORDS,
     CALLS_PER_ROUND,
@@ -19,7 +20,6 @@ from scrapy_dist.frontier.ledger import (
     Ledger,
     Outgoing,
 )
-from scrapy_dist.frontier.router import ShardRouter
 from scrapy_dist.frontier.shard import SyncResult
 from scrapy_dist.frontier.syncloop import SyncLoop
 
@@ -338,7 +338,7 @@ def test_an_empty_sharded_frontier_needs_two_equal_readings() -> None:
 def test_an_empty_frontier_right_after_a_repair_is_not_drained_yet() -> None:
     """A sync call that moved a key of another type aside (the queue, say) sees that key empty; whoever
     swapped it in may put the crawl's own back a moment later. Empty counts again after REPAIR_GRACE."""
-    from scrapy_dist.frontier.router import REPAIR_GRACE
+    from scrapy_dist.frontier.layout import REPAIR_GRACE
 
     router = ShardRouter(1)
     router.observe(0, _result(work_repaired=True), now=100.0)

@@ -19,8 +19,8 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_dist.frontier.engine import DetachedEngine
+from scrapy_dist.frontier.layout import ShardRouter
 from scrapy_dist.frontier.ledger import Ledger
-from scrapy_dist.frontier.router import ShardRouter
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.frontier.shard import SyncBatch, SyncResult
 from scrapy_dist.frontier.syncloop import FAILED_REASON, SyncLoop

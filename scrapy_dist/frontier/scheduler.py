@@ -7,7 +7,7 @@ reactor thread, many times per page. None of them touches Redis. :class:`Schedul
 * :class:`~scrapy_dist.frontier.ledger.Ledger` -- what this worker holds and owes (I/O-free);
 * :class:`~scrapy_dist.frontier.syncloop.SyncLoop` -- the background task that exchanges the ledger with Redis in
   rounds of ``sync`` calls (:class:`~scrapy_dist.frontier.shard.Frontier`, one per shard), with outages;
-* :class:`~scrapy_dist.frontier.router.ShardRouter` -- which shard a request goes to, how leases are split, when
+* :class:`~scrapy_dist.frontier.layout.ShardRouter` -- which shard a request goes to, how leases are split, when
   the crawl-wide frontier is empty;
 * :class:`~scrapy_dist.frontier.layout.CrawlLayout` -- joining the crawl at start, removing it at the end.
 
@@ -37,13 +37,12 @@ from scrapy_dist.dupefilter.filters import RedisDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
-from scrapy_dist.frontier.layout import CrawlLayout
+from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter, crawl_fingerprinter
 from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.frontier.politeness import DomainLimits, penalty_seconds
 from scrapy_dist.frontier.recent import RecentFingerprints
 from scrapy_dist.frontier.report import FrontierReport, NoStats
 from scrapy_dist.frontier.revisit import Revisits
-from scrapy_dist.frontier.router import ShardRouter, crawl_fingerprinter
 from scrapy_dist.frontier.shard import Frontier
 from scrapy_dist.frontier.syncloop import SyncLoop
 from scrapy_dist.redis import connection

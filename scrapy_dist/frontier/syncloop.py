@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from scrapy import Request
 
     from scrapy_dist.frontier.engine import Engine
+    from scrapy_dist.frontier.layout import FrontierState, ShardRouter
     from scrapy_dist.frontier.ledger import Applied, Ledger
-    from scrapy_dist.frontier.router import FrontierState, ShardRouter
     from scrapy_dist.frontier.shard import Frontier, SyncResult
 
 logger = logging.getLogger(__name__)
