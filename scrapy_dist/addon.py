@@ -44,9 +44,9 @@ EXTENSIONS = {
 #: first in the chain, so credentials are remembered as scheduled and denied networks refused before any work;
 #: last, to learn which credential values the middlewares added.
 DOWNLOADER_MIDDLEWARES = {
-    "scrapy_dist.middlewares.credentials.ScheduledHeadersMiddleware": 10,
+    "scrapy_dist.middlewares.ScheduledHeadersMiddleware": 10,
     "scrapy_dist.middlewares.networks.DenyNetworksMiddleware": 20,
-    "scrapy_dist.middlewares.credentials.AddedCredentialsMiddleware": 990,
+    "scrapy_dist.middlewares.AddedCredentialsMiddleware": 990,
     # REVISIT_CONDITIONAL: a 304 to a conditional revisit ends the request (off without the setting)
     "scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware": 580,
 }

@@ -13,7 +13,7 @@ import pytest
 import redis.exceptions as rex
 
 from scrapy_dist.extensions.periodic import PeriodicTask
-from scrapy_dist.pipelines.batchwriter import BatchWriter
+from scrapy_dist.redis.batchwriter import BatchWriter
 from scrapy_dist.redis.outage import Backoff, Outage, is_outage
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 

@@ -39,9 +39,9 @@ from scrapy_dist.dupefilter.bloom import (
     parse_bloom_record,
 )
 from scrapy_dist.dupefilter.generations import Generations
+from scrapy_dist.dupefilter.recent import RECENT_MAX_AGE
 from scrapy_dist.dupefilter.script import CALL_TOKENS, DupeScript
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.frontier.recent import RECENT_MAX_AGE
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.settings import DistSettings, defaults
@@ -168,7 +168,7 @@ class RedisDupeFilter:
         return self.mode, [self.keys.forgotten, self.keys.fingerprints], []
 
     def recent_max_age(self) -> float:
-        """Seconds a worker may skip a fingerprint it sent itself (:mod:`scrapy_dist.frontier.recent`): ten minutes,
+        """Seconds a worker may skip a fingerprint it sent itself (:mod:`scrapy_dist.dupefilter.recent`): ten minutes,
         none with an exact TTL (a URL is new again exactly TTL seconds after it was seen)."""
         return RECENT_MAX_AGE if self.ttl is None else 0.0
 

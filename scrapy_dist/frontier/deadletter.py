@@ -73,13 +73,13 @@ def dead_letter_record(
 ) -> str:
     """The JSON record for ``request``; ``attempts`` defaults to ``meta["retry_times"] + 1``. The request
     is recorded as scheduled: credential headers a downloader middleware added are left out
-    (:func:`scrapy_dist.middlewares.credentials.as_scheduled`); ``policy`` signs the payload.
+    (:func:`scrapy_dist.wire.credentials.as_scheduled`); ``policy`` signs the payload.
 
     A request that cannot be encoded (see :class:`~scrapy_dist.exceptions.UnserializableRequest`) is
     still recorded, with ``"request": null``, so an audit lists it.
     """
     from scrapy_dist.exceptions import UnserializableRequest
-    from scrapy_dist.middlewares.credentials import as_scheduled
+    from scrapy_dist.wire.credentials import as_scheduled
 
     try:
         encoded = encode_request(as_scheduled(request), spider, policy)

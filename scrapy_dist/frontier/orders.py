@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from scrapy_dist.settings.reader import QUEUE_ALIASES
+
 if TYPE_CHECKING:
     from scrapy import Request
 
@@ -77,11 +79,4 @@ SpiderStack = LifoQueue
 SpiderPriorityQueue = PriorityQueue
 
 #: scrapy-redis names, for ``SCHEDULER_QUEUE_CLASS`` values copied from a scrapy-redis project
-ALIASES = {
-    "scrapy_redis.queue.PriorityQueue": PriorityQueue,
-    "scrapy_redis.queue.FifoQueue": FifoQueue,
-    "scrapy_redis.queue.LifoQueue": LifoQueue,
-    "scrapy_redis.queue.SpiderPriorityQueue": PriorityQueue,
-    "scrapy_redis.queue.SpiderQueue": FifoQueue,
-    "scrapy_redis.queue.SpiderStack": LifoQueue,
-}
+ALIASES = {alias: globals()[name] for alias, name in QUEUE_ALIASES.items()}

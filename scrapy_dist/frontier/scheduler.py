@@ -34,13 +34,13 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.dupefilter.filters import RedisDupeFilter
+from scrapy_dist.dupefilter.recent import RecentFingerprints
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
 from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter, crawl_fingerprinter
 from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.frontier.politeness import DomainLimits, penalty_seconds
-from scrapy_dist.frontier.recent import RecentFingerprints
 from scrapy_dist.frontier.report import FrontierReport, NoStats
 from scrapy_dist.frontier.revisit import Revisits
 from scrapy_dist.frontier.shard import Frontier

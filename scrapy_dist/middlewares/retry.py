@@ -58,10 +58,10 @@ from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier.deadletter import dead_letter_record
 from scrapy_dist.frontier.retrytiming import retry_delay
 from scrapy_dist.frontier.scheduler import get_scheduler
-from scrapy_dist.middlewares.credentials import as_scheduled
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 from scrapy_dist.wire.codec import entry_policy
+from scrapy_dist.wire.credentials import as_scheduled
 
 if TYPE_CHECKING:
     from scrapy import Request

@@ -26,8 +26,8 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.pipelines.batchwriter import BatchWriter
 from scrapy_dist.redis import scripts
+from scrapy_dist.redis.batchwriter import BatchWriter
 from scrapy_dist.redis.connection import get_async_redis, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import Backoff, Outage
@@ -111,7 +111,7 @@ class RedisPipeline:
     items or ``flush_interval`` seconds after its first item, whichever comes first (taking along what
     else is buffered by then, up to 16 batches); the rest is written on close. A write is one round trip:
     one ``RPUSH`` with all its items, or one call of the ``items_xadd`` script running their ``XADD``
-    commands inside Redis -- never one per item (batching: :class:`~scrapy_dist.pipelines.batchwriter.BatchWriter`).
+    commands inside Redis -- never one per item (batching: :class:`~scrapy_dist.redis.batchwriter.BatchWriter`).
     Redis errors are retried with capped backoff, forever (:mod:`scrapy_dist.redis.outage`: an outage is one
     warning per worker): nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
 

@@ -28,6 +28,16 @@ __all__ = [
     "queue_order", "redis_location",
 ]
 
+#: scrapy-redis's queue classes -> the queue order of :mod:`scrapy_dist.queue` each one means
+QUEUE_ALIASES = {
+    "scrapy_redis.queue.PriorityQueue": "PriorityQueue",
+    "scrapy_redis.queue.FifoQueue": "FifoQueue",
+    "scrapy_redis.queue.LifoQueue": "LifoQueue",
+    "scrapy_redis.queue.SpiderPriorityQueue": "PriorityQueue",
+    "scrapy_redis.queue.SpiderQueue": "FifoQueue",
+    "scrapy_redis.queue.SpiderStack": "LifoQueue",
+}
+
 
 #: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
 SCRAPY_QUEUE_SETTINGS: Mapping[str, str] = MappingProxyType({
@@ -47,7 +57,6 @@ def importable(name: str, path: str | None) -> Any:
         return None
     from scrapy.utils.misc import load_object
 
-    from scrapy_dist.frontier.orders import ALIASES as QUEUE_ALIASES
 
     if path in QUEUE_ALIASES:
         return path
@@ -63,12 +72,11 @@ def importable(name: str, path: str | None) -> Any:
 
 
 def closest_path(path: str) -> str | None:
-    """The importable scrapy-dist name closest to ``path`` (``scrapy_dist.frontier.scheduler.Schedular``:
+    """The importable scrapy-dist name closest to ``path`` (``scrapy_dist.scheduler.Schedular``:
     ``scrapy_dist.scheduler.Scheduler``), or None for a path outside scrapy-dist or nothing close."""
     import importlib
+    import importlib.util
     import pkgutil
-
-    import scrapy_dist
 
     module, _, name = path.rpartition(".")
     if module != "scrapy_dist" and not module.startswith("scrapy_dist."):
@@ -76,7 +84,9 @@ def closest_path(path: str) -> str | None:
     try:
         found = importlib.import_module(module)
     except ImportError:  # a misspelt module: the closest of scrapy-dist's modules, if it has the name
-        modules = [m.name for m in pkgutil.iter_modules(scrapy_dist.__path__)]
+        spec = importlib.util.find_spec("scrapy_dist")
+        locations = spec.submodule_search_locations if spec is not None else None
+        modules = [m.name for m in pkgutil.iter_modules(locations)]
         close = difflib.get_close_matches(module.partition(".")[2], modules, n=1, cutoff=0.6)
         if not close:
             return None
@@ -114,7 +124,6 @@ def queue_order(name: str, path: str) -> str:
     object."""
     from scrapy.utils.misc import load_object
 
-    from scrapy_dist.frontier.orders import ALIASES as QUEUE_ALIASES
 
     importable(name, path)
     if path in QUEUE_ALIASES:

@@ -255,10 +255,10 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
 def _uses_addon(settings: Settings) -> bool:
     """Whether ``ADDONS`` names scrapy-dist's add-on (by path or as the class): the spider is built before
     Scrapy applies the add-ons, so the settings they fill are not there yet."""
-    from scrapy_dist.addon import Addon
-
+    names = ("scrapy_dist.Addon", "scrapy_dist.addon.Addon")
     for key in settings.getdict("ADDONS"):
-        if key is Addon or key in ("scrapy_dist.Addon", "scrapy_dist.addon.Addon"):
+        path = key if isinstance(key, str) else f"{getattr(key, '__module__', '')}.{getattr(key, '__qualname__', '')}"
+        if path in names:
             return True
     return False
 

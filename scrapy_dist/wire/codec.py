@@ -54,8 +54,8 @@ from scrapy import Request
 from scrapy.http import Headers
 
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
-from scrapy_dist.middlewares.credentials import added_by_middleware
 from scrapy_dist.wire.callbacks import HOOK_NAMES, entry_callback, method_name, spider_method, user_defined
+from scrapy_dist.wire.credentials import added_by_middleware
 from scrapy_dist.wire.entrypolicy import (
     CREDENTIAL_HEADERS,
     DANGEROUS_META,
