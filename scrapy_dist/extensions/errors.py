@@ -41,6 +41,7 @@ from scrapy_dist.frontier.control import ControlState, start_time
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage
+from scrapy_dist.redis.replies import text
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
@@ -287,7 +288,7 @@ class ErrorMonitor:
         except BaseException:
             self.events.give_back(counts, examples)
             raise
-        self.totals = {_text(flat[i]): int(float(flat[i + 1])) for i in range(0, len(flat), 2)}
+        self.totals = {text(flat[i]): int(float(flat[i + 1])) for i in range(0, len(flat), 2)}
         if garbage:
             self._garbage_log.log(
                 logging.WARNING, "Deleted %d fields of %s no worker writes (written by someone else?):"
@@ -296,9 +297,9 @@ class ErrorMonitor:
             )
         if tripped:
             self.crawler.stats.inc_value("errormonitor/tripped")
-            logger.error(format_alert(self.keys.spider, self.totals, [_text(e) for e in kept], self.window,
+            logger.error(format_alert(self.keys.spider, self.totals, [text(e) for e in kept], self.window,
                                       self.action))
-        close, close_at, paused = (_text(x) for x in control)
+        close, close_at, paused = (text(x) for x in control)
         if self._closing:
             return bool(tripped)
         self._follow_pause(paused == "1")
@@ -337,10 +338,7 @@ class ErrorMonitor:
 
 def _float_or_none(value: Any) -> float | None:
     try:
-        return float(_text(value))
+        return float(text(value))
     except ValueError:
         return None
 
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -16,13 +16,14 @@ worker closes (a crawl that does not persist has its keys removed once it finish
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import crawler_keys
+from scrapy_dist.redis.replies import text
 from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
@@ -55,11 +56,8 @@ class RedisStatsCollector(MemoryStatsCollector):
             raw = client.hgetall(crawler_keys(self.crawler).stats)
         finally:
             client.close()
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {text(k): text(v) for k, v in raw.items()}
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def enable_cluster_stats(crawler: Crawler) -> bool:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError
 from scrapy_dist.redis import scripts
+from scrapy_dist.redis.replies import text
 from scrapy_dist.settings import defaults
 
 if TYPE_CHECKING:
@@ -257,11 +258,6 @@ SYNC_RESULT = (
 )
 
 
-def _text(x: Any) -> str:
-    if isinstance(x, bytes):
-        return x.decode("utf-8", "replace")
-    return "" if x is None else str(x)
-
 
 def _count(named: dict[str, Any], name: str) -> int:
     value = named.get(name, 0)
@@ -284,15 +280,15 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
     if not isinstance(raw, list) or len(raw) < 2:
         raise FrontierScriptError(f"sync answered {type(raw).__name__}, not a list")
     if raw[0] == -2:
-        return_reason = _text(raw[1])[:100]
-        raise FrontierStateError(return_reason, _text(raw[2] if len(raw) > 2 else "")[:200])
+        return_reason = text(raw[1])[:100]
+        raise FrontierStateError(return_reason, text(raw[2] if len(raw) > 2 else "")[:200])
     if len(raw) % 2:
         raise FrontierScriptError("sync answered an odd-length list")
-    named = {_text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
+    named = {text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
     missing = [n for n in SYNC_RESULT[:10] if n not in named]
     if missing:
         raise FrontierScriptError(f"sync answered without {', '.join(missing)}")
-    flags = _text(named["flags"])
+    flags = text(named["flags"])
     if len(flags) != n_enqueue or flags.strip("01"):
         raise FrontierScriptError(f"sync returned {len(flags)} flags for {n_enqueue} requests")
     flat = named["leased"]
@@ -314,7 +310,7 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
         _count(named, "requeued"), _count(named, "moved"), _count(named, "queued"),
         _count(named, "inflight"), _count(named, "delayed"), _count(named, "bloom_n"),
         named["paused"] in (b"1", "1"), _count(named, "seq"), _count(named, "rejected"),
-        [_text(k) for k in repaired] if isinstance(repaired, list) else [],
+        [text(k) for k in repaired] if isinstance(repaired, list) else [],
     )
 
 

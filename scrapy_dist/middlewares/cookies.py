@@ -52,6 +52,7 @@ from scrapy_dist.redis.batchwriter import BatchWriter
 from scrapy_dist.redis.connection import get_async_redis, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import Backoff, Outage
+from scrapy_dist.redis.replies import text
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
@@ -275,7 +276,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             version = 0.0 if latest < state.version else state.version
             expired: list[str] = []
             for i in range(1, len(raw) - 2, 3):
-                field, version, data = _text(raw[i]), _number(raw[i + 1]), raw[i + 2]
+                field, version, data = text(raw[i]), _number(raw[i + 1]), raw[i + 2]
                 if data is None:  # deleted
                     apply_record(jar, field, None)
                     continue
@@ -350,9 +351,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         if self.stats is not None:
             self.stats.inc_value(name, count)
 
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _number(value: Any) -> float:

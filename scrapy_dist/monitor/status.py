@@ -31,6 +31,7 @@ from scrapy_dist.frontier.shard import lease_parts
 from scrapy_dist.monitor.filterstatus import combine_filters, filter_figures
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.replies import count as untrusted_count
+from scrapy_dist.redis.replies import text
 from scrapy_dist.settings import defaults
 
 #: Workers listed (most recently seen first); the summary counts all of them.
@@ -38,9 +39,6 @@ WORKER_LIMIT = 200
 #: The lease index is scanned for per-worker lease counts only while it is at most this big.
 LEASE_SCAN_LIMIT = 100_000
 
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _number(text: str) -> int | float | str:
@@ -57,7 +55,7 @@ def _number(text: str) -> int | float | str:
 
 def decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
     """An ``HGETALL`` reply as ``str -> str``."""
-    return {_text(k): _text(v) for k, v in (raw or {}).items()}
+    return {text(k): text(v) for k, v in (raw or {}).items()}
 
 
 def decode_stats(raw: dict[Any, Any]) -> dict[str, int | float | str]:
@@ -107,11 +105,11 @@ def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ())
     and from lease meta values (``"<score> <worker id>"``: leases filed without a tag)."""
     out: Counter[str] = Counter()
     for key in lease_keys:
-        tagged = lease_parts(key if isinstance(key, bytes) else _text(key).encode())[2]
+        tagged = lease_parts(key if isinstance(key, bytes) else text(key).encode())[2]
         if tagged is not None:
-            out[_text(tagged)] += 1
+            out[text(tagged)] += 1
     for value in meta_values:
-        out[_text(value).partition(" ")[2]] += 1
+        out[text(value).partition(" ")[2]] += 1
     return out
 
 
@@ -129,7 +127,7 @@ def worker_rows(
             info = parse_worker_hash(raw)
         except RejectedEntry:
             info = parse_worker_hash({})
-        wid = _text(member)
+        wid = text(member)
         seen = float(last_seen)
         if not math.isfinite(seen):  # ZADD accepts +inf: such a worker is never "seen" at any real time
             seen = 0.0
@@ -202,9 +200,9 @@ def revisit_figures(client: Any, shards: list[CrawlKeys], now: float) -> dict[st
     scheduled, due = 0, math.inf
     for i in range(0, len(replies), 2):
         raw, first = replies[i], replies[i + 1]
-        text = _text(raw) if raw is not None else ""
-        if text.isascii() and text.isdigit() and len(text) <= 15:
-            scheduled += int(text)
+        held = text(raw)
+        if held.isascii() and held.isdigit() and len(held) <= 15:
+            scheduled += int(held)
         if isinstance(first, list) and first and isinstance(first[0], (list, tuple)) and len(first[0]) == 2:
             try:
                 score = float(first[0][1])
@@ -320,13 +318,13 @@ def read_status(
     except RejectedEntry:
         control = ControlState(problems=("control hash unreadable",))
     shards = keys.shards(control.shards or 1)
-    seeds_type = _text(seeds_type)
+    seeds_type = text(seeds_type)
     p = client.pipeline(transaction=False)
     count = {"list": p.llen, "set": p.scard, "zset": p.zcard}.get(seeds_type)
     if count is not None:
         count(keys.start_urls)
     for member, _ in members:
-        p.hgetall(keys.worker(_text(member)))
+        p.hgetall(keys.worker(text(member)))
     for shard in shards[1:]:
         p.zcard(shard.queue)
         p.zcard(shard.leases)

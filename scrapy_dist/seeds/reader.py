@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.redis import scripts
+from scrapy_dist.redis.replies import text
 from scrapy_dist.settings import defaults
 
 if TYPE_CHECKING:
@@ -76,9 +77,6 @@ class TakeResult:
     strays: int = 0
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
 
 def _worker_id(value: Any) -> str | bytes:
     """A worker id read from the workers ZSET: text, or the raw bytes of one that is not UTF-8 (anyone
@@ -141,8 +139,8 @@ class SeedReader:
         )
         self.registered = mode != "leave"
         return TakeResult(
-            _text(raw[0]), list(raw[1]), [_worker_id(w) for w in raw[2]], int(raw[3]), _text(raw[4]),
-            [_text(k) for k in raw[5]], int(raw[6]),
+            text(raw[0]), list(raw[1]), [_worker_id(w) for w in raw[2]], int(raw[3]), text(raw[4]),
+            [text(k) for k in raw[5]], int(raw[6]),
         )
 
     async def wait(self, timeout: float = BLOCK_SECONDS) -> bool:
