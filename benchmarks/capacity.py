@@ -172,9 +172,10 @@ def _run_process(args: tuple[str, int, str, int, int, tuple[float, float], Any])
 def _sync_sha() -> str:
     import hashlib
 
+    from scrapy_dist.frontier.shard import sync_prelude
     from scrapy_dist.redis import scripts
 
-    return hashlib.sha1(scripts.source("sync").encode()).hexdigest()
+    return hashlib.sha1(scripts.source("sync", sync_prelude()).encode()).hexdigest()
 
 
 def measure(

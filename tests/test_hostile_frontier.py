@@ -23,6 +23,7 @@ from scrapy_dist.frontier.shard import (
     FrontierStateError,
     SyncBatch,
     lease_member,
+    sync_prelude,
 )
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
@@ -52,21 +53,21 @@ def _bloom(redis_client: Any, capacity: int = 10_000) -> BloomDupeFilter:
     return df
 
 
-# -- the protocol is described once ---------------------------------------------------------------
-def test_lua_reads_the_layout_python_encodes() -> None:
-    src = scripts.source("sync")
-    lua_list = {
-        name: re.findall(r"'(\w+)'", re.search(rf"local {name} = \{{(.*?)\}}\n", src, re.S).group(1))
-        for name in ("SYNC_KEYS", "SYNC_HEAD")
-    }
-    key_attrs = [k.replace("queue_rejected", "rejected").replace("queue_tails", "tails") for k in SYNC_KEYS]
-    assert lua_list["SYNC_KEYS"] == key_attrs
-    assert lua_list["SYNC_HEAD"] == list(SYNC_HEAD)
-    body = re.search(r"local SYNC_SECTIONS = \{(.*?)\}\n", src, re.S).group(1)
-    sections = re.findall(r"\{'(\w+)', (\d), (\d)\}", body)
-    assert [(n, int(w), int(p)) for n, w, p in sections] == [
-        (s.name, len(s.fields), len(s.polite_fields)) for s in SYNC_SECTIONS
-    ]
+# -- the protocol is declared once ---------------------------------------------------------------
+def test_the_sync_script_reads_only_names_the_python_declaration_has() -> None:
+    src = scripts.source("sync", sync_prelude())
+    assert len(re.findall(r"local SYNC_KEYS = ", src)) == 1, "declared in the generated prelude only"
+    assert set(re.findall(r"\bK\.(\w+)", src)) <= {name for name, _ in SYNC_KEYS}
+    assert set(re.findall(r"\bA\.(\w+)", src)) == set(SYNC_HEAD)
+    named = set(re.findall(r"\bsec\.(\w+)", src)) - {"n", "pos", "w"}  # a section's own fields
+    assert named == {s.name for s in SYNC_SECTIONS}
+
+
+def test_the_prelude_declares_each_key_with_its_type() -> None:
+    prelude = sync_prelude()
+    types = dict(re.findall(r"(\w+) = '(\w+)'", re.search(r"local SYNC_TYPES = \{(.*?)\}", prelude).group(1)))
+    assert types == dict(SYNC_KEYS)
+    assert "queue_rejected" in types and types["seq"] == "string"
 
 
 # -- bounded work per call ------------------------------------------------------------------------
@@ -224,7 +225,7 @@ def test_limits_no_worker_has_do_not_park_a_domain_for_days(redis_url: str, redi
     assert redis_client.hget(KEYS.domain_info, "l:a.example") == b"0 1 0.5"  # written back clamped, once
 
 
-@pytest.mark.parametrize("name", SYNC_KEYS)
+@pytest.mark.parametrize("name", [name for name, _ in SYNC_KEYS])
 @pytest.mark.parametrize("politeness", ["process", "cluster"])
 def test_a_frontier_key_of_another_type_is_moved_aside_and_the_crawl_goes_on(
     redis_url: str, redis_client: Any, name: str, politeness: str

@@ -187,12 +187,17 @@ class SyncResult:
 
 
 # -- the wire layout of lua/sync.lua, in one place ----------------------------------------------------
-#: KEYS of a sync call, in order (``SYNC_KEYS`` of lua/sync_common.lua), then the dupefilter's keys
+# The sync protocol is declared here only: :func:`sync_prelude` writes these declarations as the Lua
+# tables the script reads its KEYS and ARGV by (scrapy_dist/redis/lua/sync_common.lua uses them).
+
+#: KEYS of a sync call, in order, with the Redis type the script keeps there (another type is moved aside);
+#: then the dupefilter's keys
 SYNC_KEYS = (
-    "queue", "leases", "lease_meta", "seq", "delayed", "delayed_meta", "queue_rejected", "deadletter",
-    "workers", "control", "domains", "domain_info", "queue_tails",
+    ("queue", "zset"), ("leases", "zset"), ("lease_meta", "hash"), ("seq", "string"), ("delayed", "zset"),
+    ("delayed_meta", "hash"), ("queue_rejected", "list"), ("deadletter", "list"), ("workers", "zset"),
+    ("control", "hash"), ("domains", "zset"), ("domain_info", "hash"), ("queue_tails", "hash"),
 )
-#: the ARGV head, by name (``SYNC_HEAD`` of lua/sync_common.lua); then P and the P dupe params
+#: the ARGV head, by name; then P and the P dupe params
 SYNC_HEAD = (
     "now", "worker", "lease_seconds", "lease", "order", "politeness", "seed", "heartbeat",
     "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound",
@@ -216,7 +221,7 @@ def _score(x: float) -> str:
     return repr(x) if math.isfinite(x) else "0.0"
 
 
-#: the sections, in ARGV order (``SYNC_SECTIONS`` of lua/sync_common.lua)
+#: the sections, in ARGV order
 SYNC_SECTIONS = (
     SyncSection(
         "enqueue", ("t1", "t2", "score", "payload"), ("domain", "limits"),
@@ -237,6 +242,23 @@ SYNC_SECTIONS = (
     ),
     SyncSection("forget", ("t1", "t2"), (), lambda e, now: (e[0], e[1])),
 )
+
+
+def sync_prelude() -> str:
+    """The Lua declarations of the protocol above (``SYNC_KEYS``, ``SYNC_TYPES``, ``SYNC_HEAD``,
+    ``SYNC_SECTIONS``), put before the sync script's fragments when it is registered."""
+    keys = ", ".join(f"'{name}'" for name, _ in SYNC_KEYS)
+    types = ", ".join(f"{name} = '{kind}'" for name, kind in SYNC_KEYS)
+    head = ", ".join(f"'{name}'" for name in SYNC_HEAD)
+    sections = ", ".join(f"{{'{s.name}', {len(s.fields)}, {len(s.polite_fields)}}}" for s in SYNC_SECTIONS)
+    return (
+        "-- generated from scrapy_dist/frontier/shard.py (SYNC_KEYS, SYNC_HEAD, SYNC_SECTIONS)\n"
+        f"local SYNC_KEYS = {{{keys}}}\n"
+        f"local SYNC_TYPES = {{{types}}}\n"
+        f"local SYNC_HEAD = {{{head}}}\n"
+        "-- name, items' width without politeness, extra width with politeness\n"
+        f"local SYNC_SECTIONS = {{{sections}}}\n"
+    )
 
 
 def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any]:
@@ -340,8 +362,8 @@ class Frontier:
     def __post_init__(self) -> None:
         self._polite = self.politeness == "cluster"
         self._rng = random.Random()
-        self._script = scripts.register(self.redis, "sync")
-        self._fixed_keys = [getattr(self.keys, name) for name in SYNC_KEYS]
+        self._script = scripts.register(self.redis, "sync", sync_prelude())
+        self._fixed_keys = [getattr(self.keys, name) for name, _ in SYNC_KEYS]
         #: the keys that hold requests (see SyncResult.work_repaired)
         self._work_keys = frozenset((self.keys.queue, self.keys.leases, self.keys.delayed))
 

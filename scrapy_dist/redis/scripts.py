@@ -31,14 +31,16 @@ _FRAGMENTS = {
 
 
 @cache
-def source(name: str) -> str:
-    """The full Lua source of script ``name`` (fragments included)."""
+def source(name: str, prelude: str = "") -> str:
+    """The full Lua source of script ``name``: ``prelude`` (declarations its caller generates), then its
+    fragments, then the script."""
     lua = files("scrapy_dist.redis") / "lua"
-    parts = [(lua / f"{frag}.lua").read_text() for frag in _FRAGMENTS.get(name, ())]
+    parts = [prelude] if prelude else []
+    parts += [(lua / f"{frag}.lua").read_text() for frag in _FRAGMENTS.get(name, ())]
     parts.append((lua / f"{name}.lua").read_text())
     return "\n".join(parts)
 
 
-def register(client: Any, name: str) -> Any:
+def register(client: Any, name: str, prelude: str = "") -> Any:
     """``client.register_script`` for script ``name`` (works for sync, asyncio and cluster clients)."""
-    return client.register_script(source(name))
+    return client.register_script(source(name, prelude))

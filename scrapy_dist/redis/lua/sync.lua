@@ -6,12 +6,12 @@
 -- Put together from fragments (scrapy_dist/redis/scripts.py): dupe.lua, polite.lua, sync_common.lua (KEYS,
 -- ARGV head and sections by name, chunk checks), sync_check.lua (every value read before the first write),
 -- sync_sweep.lua, sync_enqueue.lua, sync_settle.lua, sync_lease.lua. The wire layout is encoded once in
--- Python (frontier.py: SYNC_KEYS, SYNC_HEAD, SYNC_SECTIONS, decode_sync_result) and read by name here.
+-- Python (frontier/shard.py: SYNC_KEYS, SYNC_HEAD, SYNC_SECTIONS, decode_sync_result) and read by name here.
 -- Sharded frontier: every KEYS of one call are one shard's (one hash slot); for a shard > 0 the
 -- crawl-wide keys (deadletter, workers, control, domains, domain info) are that shard's names and stay
 -- empty, and head 'heartbeat' is '0' (the worker's heartbeat is written by its shard-0 call).
 --
--- KEYS: SYNC_KEYS (sync_common.lua), then the dupefilter keys (dupe.lua).
+-- KEYS: SYNC_KEYS (declared in frontier/shard.py), then the dupefilter keys (dupe.lua).
 -- ARGV: SYNC_HEAD by name: now (unix seconds; '' = server time), worker ('' = a tool), lease_seconds,
 --   lease (how many to lease), order ('asc' FIFO/priority, 'desc' LIFO), politeness ('process' or
 --   'cluster'), seed (politeness jitter), heartbeat ('1'/'0'), max_entry_bytes (larger queue entries
@@ -98,7 +98,7 @@ if members_left > 0 then
     queued = members_left  -- written by someone else than this script: heal the counter
   end
 end
-redis.call('HSET', K.tails, 'count', queued)
+redis.call('HSET', K.queue_tails, 'count', queued)
 
 if S.worker ~= '' and A.heartbeat ~= '0' then redis.call('ZADD', K.workers, now, S.worker) end
 local bloom_n = dupe_close(d)

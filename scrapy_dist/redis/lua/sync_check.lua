@@ -13,10 +13,6 @@
 -- (sync_sweep); domain info in polite.lua (pol_check).
 -- KEYS/ARGV: see sync_common.lua.
 
-local SYNC_TYPES = {queue = 'zset', leases = 'zset', lease_meta = 'hash', seq = 'string', delayed = 'zset',
-                    delayed_meta = 'hash', rejected = 'list', deadletter = 'list', workers = 'zset',
-                    control = 'hash', domains = 'zset', domain_info = 'hash', tails = 'hash'}
-
 -- The seq of a queue member (0 if it has none we can read; values past SEQ_LIMIT are not ours).
 local function member_seq(S, m)
   local six
@@ -60,7 +56,7 @@ local function sync_check(S, sec)
     redis.call('SET', K.seq, fresh)
     S.repaired[#S.repaired + 1] = K.seq
   end
-  local count = redis.call('HGET', K.tails, 'count')
+  local count = redis.call('HGET', K.queue_tails, 'count')
   S.count0 = count and int_of(count, COUNTER_LIMIT) or (count == false and 0) or nil
   if S.count0 and S.count0 < 0 then S.count0 = nil end
   return nil

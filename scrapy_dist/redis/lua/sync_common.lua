@@ -1,25 +1,14 @@
--- Fragment (not a script on its own): the sync script's arguments, checks and queue-member helpers,
--- shared by the sync_*.lua fragments and sync.lua (scrapy_dist/redis/scripts.py puts them together).
+-- Fragment (not a script on its own): the sync script's argument checks and queue-member helpers, shared by
+-- the sync_*.lua fragments and sync.lua (scrapy_dist/redis/scripts.py puts them together).
 --
--- KEYS (named in SYNC_KEYS below; the order is frontier.py's SYNC_KEYS, the one place that lists them):
---   queue ZSET, leases ZSET, lease meta HASH, seq STRING, delayed ZSET, delayed meta HASH, rejected LIST,
---   deadletter LIST, workers ZSET, control HASH, domains ZSET, domain info HASH, queue tails HASH, then
---   the dupefilter keys (dupe.lua).
--- ARGV: the head (SYNC_HEAD below, by name), P and P dupe params, then the sections (SYNC_SECTIONS:
---   each a count followed by its items). frontier.py's SYNC_HEAD / SYNC_SECTIONS encode the same names
---   in the same order (a test compares them with this file).
--- Returns (sync.lua) a flat name, value list (frontier.py's decode_sync_result reads it by name), or
+-- KEYS, ARGV: SYNC_KEYS (with SYNC_TYPES), SYNC_HEAD and SYNC_SECTIONS are declared in Python
+--   (scrapy_dist/frontier/shard.py) and put before this fragment as Lua tables (sync_prelude): KEYS are the
+--   frontier keys then the dupefilter keys (dupe.lua); ARGV is the head by name, P and P dupe params, then
+--   the sections, each a count followed by its items.
+-- Returns (sync.lua) a flat name, value list (frontier/shard.py's decode_sync_result reads it by name), or
 --   {-1, bloom_n} (nothing written: the bloom filter needs keys for more filters), or
 --   {-2, reason, detail} (nothing written: a value read from Redis cannot be used; see sync_check).
 
-local SYNC_KEYS = {'queue', 'leases', 'lease_meta', 'seq', 'delayed', 'delayed_meta', 'rejected',
-                   'deadletter', 'workers', 'control', 'domains', 'domain_info', 'tails'}
-local SYNC_HEAD = {'now', 'worker', 'lease_seconds', 'lease', 'order', 'politeness', 'seed', 'heartbeat',
-                   'max_entry_bytes', 'rejected_maxlen', 'dead_maxlen', 'dupe_mode', 'limits_bound'}
--- name, items' width without politeness, extra width with politeness
-local SYNC_SECTIONS = {{'enqueue', 4, 2}, {'ack', 1, 0}, {'renew', 1, 0}, {'release', 1, 0},
-                       {'delay', 3, 2}, {'reject', 2, 0}, {'dead', 1, 0}, {'penalize', 2, 0},
-                       {'revisit', 3, 0}, {'forget', 2, 0}}
 -- records in one queue chunk (a member holding several requests, see sync_enqueue.lua)
 local CHUNK_RECORDS = 16
 -- seqs are 6 bytes; the counter is refused (repaired) long before it could wrap

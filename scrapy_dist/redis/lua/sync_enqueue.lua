@@ -29,7 +29,7 @@ end
 -- Append singles (a flat list seq, payload, seq, payload...) of one score to that score's open chunk,
 -- opening new ones.
 local function append_chunked(S, score, singles)
-  local tail = redis.call('HGET', K.tails, score)
+  local tail = redis.call('HGET', K.queue_tails, score)
   local records, count, head = {}, 0, nil
   if tail and redis.call('ZSCORE', K.queue, tail) then
     local held = chunk_singles(tail, S.max_entry)
@@ -52,7 +52,7 @@ local function append_chunked(S, score, singles)
     count = count + 1
   end
   close()
-  redis.call('HSET', K.tails, score, head .. table.concat(records))
+  redis.call('HSET', K.queue_tails, score, head .. table.concat(records))
 end
 
 local function sync_enqueue(S, d, sec)

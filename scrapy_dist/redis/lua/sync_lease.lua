@@ -7,7 +7,7 @@
 
 local function sync_reject_member(S, member, reason)
   S.rejected = S.rejected + 1
-  push_capped(K.rejected, cjson.encode({
+  push_capped(K.queue_rejected, cjson.encode({
     reason = reason, detail = 'queue member rejected whole by the sync script',
     raw = hex_head(member, 64), raw_encoding = 'hex', raw_bytes = #member, at = S.now, worker = S.worker,
   }), S.rejected_maxlen)
@@ -84,7 +84,7 @@ local function sync_lease(S)
     local singles, why = chunk_singles(member, S.max_entry)
     if not singles then
       S.queued_delta = S.queued_delta - 1
-      if redis.call('HGET', K.tails, score) == member then redis.call('HDEL', K.tails, score) end
+      if redis.call('HGET', K.queue_tails, score) == member then redis.call('HDEL', K.queue_tails, score) end
       sync_reject_member(S, member, why)
     else
       local keep = math.min(#singles, n_lease - got)
@@ -98,7 +98,7 @@ local function sync_lease(S)
         for i = keep + 1, #singles do rest[#rest + 1] = u16(#singles[i] - 6) .. singles[i] end
         local left = string.sub(singles[keep + 1], 1, 6) .. '\0' .. table.concat(rest)
         redis.call('ZADD', K.queue, score, left)
-        if redis.call('HGET', K.tails, score) == member then redis.call('HSET', K.tails, score, left) end
+        if redis.call('HGET', K.queue_tails, score) == member then redis.call('HSET', K.queue_tails, score, left) end
       end
     end
   end

@@ -65,7 +65,7 @@ end
 local function sync_reject(S, sec)
   for L, record in items(sec, 2) do
     unlease(S, L)
-    push_capped(K.rejected, record, S.rejected_maxlen)
+    push_capped(K.queue_rejected, record, S.rejected_maxlen)
   end
 end
 
