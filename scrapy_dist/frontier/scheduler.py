@@ -43,13 +43,13 @@ from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.frontier.politeness import DomainLimits, penalty_seconds
 from scrapy_dist.frontier.report import FrontierReport, NoStats
 from scrapy_dist.frontier.revisit import Revisits
-from scrapy_dist.frontier.shard import Frontier
+from scrapy_dist.frontier.shard import Frontier, RequestDecoder
 from scrapy_dist.frontier.syncloop import SyncLoop
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import CrawlKeys, crawl_keys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, SchedulerSettings
-from scrapy_dist.wire.codec import EntryPolicy, decode_request, encode_request, entry_policy
+from scrapy_dist.wire.codec import EntryPolicy, encode_request, entry_policy
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -250,7 +250,7 @@ class Scheduler:
         ]
         self.loop = SyncLoop(
             self.ledger, self.router, self.frontiers, self.engine,
-            decode=self._decode, on_applied=self.report.applied, prefetch=cfg.prefetch,
+            decode=RequestDecoder(self.spider, self.policy, cfg.politeness == "cluster"), on_applied=self.report.applied, prefetch=cfg.prefetch,
             flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
             lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,
             idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
@@ -441,9 +441,3 @@ class Scheduler:
             return "", ""
         domain = (urlparse_cached(request).hostname or "").lower()
         return domain, self.domain_limits.for_domain(domain).encode()
-
-    def _decode(self, shard: int, member: bytes) -> Request:
-        """A leased member as a request (raises RejectedEntry, or anything: the ledger rejects it)."""
-        assert self.spider is not None
-        payload = self.frontiers[shard].payload_of(member)
-        return decode_request(payload, self.spider, self.policy)

@@ -24,10 +24,14 @@ from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.replies import text
 from scrapy_dist.settings import defaults
+from scrapy_dist.wire.codec import decode_request
 
 if TYPE_CHECKING:
+    from scrapy import Request
+
     from scrapy_dist.dupefilter.filters import RedisDupeFilter
     from scrapy_dist.redis.keys import CrawlKeys
+    from scrapy_dist.wire.entrypolicy import EntryPolicy
 
 #: length of the sequence prefix of every queue member
 SEQ_BYTES = 6
@@ -404,9 +408,24 @@ class Frontier:
             return result
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
 
-    def payload_of(self, member: bytes) -> bytes:
-        """The encoded request inside a queue member or a lease key."""
-        member = lease_member(member)
-        if self._polite:
-            return member[member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES :]
-        return member[SEQ_BYTES:]
+
+def member_payload(member: bytes, polite: bool) -> bytes:
+    """The encoded request inside a queue member or a lease key (the member layouts of this module)."""
+    member = lease_member(member)
+    if polite:
+        return member[member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES :]
+    return member[SEQ_BYTES:]
+
+
+class RequestDecoder:
+    """Leased members as requests: the member layout (:func:`member_payload`) and the wire format
+    (:func:`~scrapy_dist.wire.codec.decode_request`) under the crawl's entry policy. Raises
+    :class:`~scrapy_dist.exceptions.RejectedEntry` (or anything: the ledger rejects the entry)."""
+
+    def __init__(self, spider: Any, policy: EntryPolicy, polite: bool) -> None:
+        self.spider = spider
+        self.policy = policy
+        self.polite = polite
+
+    def __call__(self, shard: int, member: bytes) -> Request:
+        return decode_request(member_payload(member, self.polite), self.spider, self.policy)
