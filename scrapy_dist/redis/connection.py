@@ -1,24 +1,11 @@
 """Redis clients built from Scrapy settings -- the one place every component gets its connection -- and
 the start-up check that Redis answers.
 
-Which Redis the settings point at is :mod:`scrapy_dist.redis.target` (:func:`resolve_target`, the order of
-the settings is in its docstring); the clients and their outage options are :mod:`scrapy_dist.redis.clients`.
-Both are re-exported here, the import path components and users have.
-
-Unreachable Redis at start (the mechanism, found by experiment with Scrapy 2.19 and ``scrapy crawl``):
-``scrapy crawl`` exits non-zero only when the crawl fails to start (``CrawlerProcess.bootstrap_failed``).
-An ordinary exception raised from a scheduler's ``from_crawler()`` or ``open()`` gets there, but Scrapy's
-clean-up of the half-opened engine then logs its own tracebacks ("Engine slot not assigned", "Scraper
-slot not assigned", a CoreStats assertion), and the failed crawl task is logged again by asyncio ("Task
-exception was never retrieved") or Twisted ("Unhandled error in Deferred"). Raising ``CloseSpider``
-closes cleanly but exits 0. What works: log the one ERROR line, then raise a ``SystemExit`` subclass
-(:class:`CrawlAborted`). Scrapy's start-up code only catches ``Exception``, so nothing half-open is torn
-down noisily; ``SystemExit`` propagates out of the event loop (asyncio re-raises it; Twisted lets it
-through) and ``scrapy crawl`` exits with status 1. The current asyncio task is marked as handled first,
-so asyncio does not print it on the way out. :func:`ensure_reachable` does all of this; call it from the
-component's ``from_crawler()`` or ``open()`` (both verified, with ``AsyncCrawlerProcess``, the default,
-and with ``FORCE_CRAWLER_PROCESS``). With ``TWISTED_REACTOR_ENABLED = False`` aiohttp may add "Unclosed
-client session" lines because the downloader is never opened far enough to be closed.
+Which Redis is :mod:`scrapy_dist.redis.target`, the clients and their outage options
+:mod:`scrapy_dist.redis.clients`; both are re-exported here, the import path components and users have.
+An unreachable Redis at start is one ERROR line and :class:`CrawlAborted`, a ``SystemExit`` so that
+``scrapy crawl`` exits 1 without Scrapy's clean-up tracebacks (why: docs/connection.md, "For component
+authors"); the current asyncio task is marked as handled first, so asyncio does not print it.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """One outage policy for every background loop (frontier sync, seeds, monitors, item and cookie writers):
-which errors mean "Redis is away", how long a loop waits before trying again, and what is logged.
+which errors mean "Redis is away", how long a loop waits before trying again, and what is logged
+(docs/operations.md, "Outages").
 
-* **Which errors.** :data:`OUTAGE_ERRORS`: Redis does not answer (connection refused or reset, timeouts),
-  is starting (``LOADING``), refuses writes for now (``READONLY`` from a demoted master, ``MASTERDOWN``,
-  ``OOM`` until memory is freed), or a cluster is re-forming (``CLUSTERDOWN``, ``TRYAGAIN``, no node
-  answering). All of these heal without a change to the crawl, so waiting loses nothing. Any other error
-  -- an error reply to a script or command (``ResponseError``: ``WRONGTYPE``, a Lua error), a bug in our
-  code -- will not go away by waiting: it is *not* an outage and is logged as an error of the component.
-  (``AuthenticationError`` is a ``ConnectionError`` in redis-py: a password rotated mid-crawl is waited
-  out too, with the reason in the warning.) One more: redis-py's asyncio client lets a ``TypeError`` or
-  ``AttributeError`` out of its own connection code when a connection is torn down under a command --
-  the peer reset it, or a cluster client closed its node connections after another command failed
-  (redis/redis-py#4287, 'NoneType' object has no attribute 'writelines'): a lost connection, so an
-  outage too (:func:`is_outage` tells it by where it was raised).
-* **How long to wait.** :class:`Backoff`, capped exponential, one per loop.
-* **What is logged.** One shared :class:`Outage` per worker process (:meth:`Outage.for_crawler`): the
-  first component that fails logs one WARNING for the whole worker; one INFO says when Redis is reachable
-  again -- once every component that failed has succeeded since (or stopped trying), so a cluster whose
-  nodes come back one by one is not reported as several outages.
-* **A close that waits on Redis.** Items and cookie writes wait for Redis, and Scrapy closes a spider only
-  once its responses are through the pipelines: a stop (SIGTERM, Ctrl-C, the crawl's end) during an outage
-  would wait for Redis for ever. :class:`CloseWatch` stops the worker once Redis has been away for
-  ``SCHEDULER_SHUTDOWN_GRACE`` seconds of its close, as a second SIGTERM does: nothing is acknowledged, so
-  what it held comes back to the queue when its leases expire.
+* **Which errors**: :data:`OUTAGE_ERRORS` and :func:`is_outage` -- errors that heal without a change to
+  the crawl (no answer, ``LOADING``, ``READONLY``, ``MASTERDOWN``, ``OOM``, ``CLUSTERDOWN``, ``TRYAGAIN``,
+  a rotated password), plus the ``TypeError``/``AttributeError`` redis-py's asyncio client lets out of its
+  own connection code when a connection is torn down under a command. An error reply (``WRONGTYPE``, a
+  Lua error) or a bug is not an outage: it is logged as an error of the component.
+* **How long to wait**: :class:`Backoff`, capped exponential, one per loop.
+* **What is logged**: one :class:`Outage` per worker: one WARNING when the first component fails, one
+  INFO once every component that failed has succeeded since (or stopped trying).
+* **A close that waits on Redis**: :class:`CloseWatch` stops the worker once Redis has been away for
+  ``SCHEDULER_SHUTDOWN_GRACE`` seconds of its close; its leases bring its work back.
 
 Time is a parameter (``now``, monotonic seconds) so tests need no sleeps.
 """
