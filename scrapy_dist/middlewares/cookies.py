@@ -1,23 +1,11 @@
-"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis.
+"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis (docs/items.md,
+"SharedCookiesMiddleware", has the trade-offs).
 
-Scrapy keeps cookies per process, so on a distributed crawl a login done by one worker is unknown to the
-others. :class:`SharedCookiesMiddleware` replaces ``scrapy.downloadermiddlewares.cookies.CookiesMiddleware``
-and keeps every cookiejar (``request.meta["cookiejar"]``) in Redis, one HASH per jar
-(:meth:`CrawlKeys.cookie_jar`), one field per cookie, so every worker sends the cookies any worker received.
-
-Trade-offs (see docs/items.md):
-
-* Reads are cached and incremental: a worker looks at a jar at most every ``REDIS_COOKIES_CACHE_SECONDS``,
-  so a cookie set on another worker reaches this one within that time, not at once. Every write logs its
-  changes with a version (a ZSET per jar); a read fetches only the changes since the reader's last one,
-  at most :data:`READ_LIMIT` (1,000) per refresh -- records planted in the jar by others without a
-  version are never read, and a bad record costs one rejection, not one per refresh.
-* Writes are batched (``REDIS_COOKIES_FLUSH_INTERVAL``), but a response that changed cookies reaches the
-  spider only after its changes are in Redis: the requests its callback yields -- on whichever worker they
-  run -- are sent with the new cookies, unless that worker still holds a fresh cached copy of the jar.
-* Cookies are merged per cookie (``domain``, ``path``, ``name``): two workers setting different cookies
-  at once both win; the same cookie set by two workers at once ends with the last write.
-* Records in Redis are JSON, checked field by field when read; invalid ones are skipped and counted.
+:class:`SharedCookiesMiddleware` replaces ``scrapy.downloadermiddlewares.cookies.CookiesMiddleware`` and
+keeps every cookiejar in Redis, one HASH per jar (:meth:`CrawlKeys.cookie_jar`), one field per cookie.
+Reads are cached and incremental (a versioned change log per jar, at most :data:`READ_LIMIT` changes per
+refresh), writes batched; a response that changed cookies reaches the spider only once its changes are in
+Redis. Records are JSON, checked field by field when read; invalid ones are skipped and counted.
 """
 
 from __future__ import annotations
