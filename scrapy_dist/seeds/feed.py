@@ -1,27 +1,12 @@
-"""The seed protocol: how one worker takes seeds from ``<spider>:start_urls`` and turns them into requests.
+"""The seed protocol: how one worker takes seeds from ``<spider>:start_urls`` and turns them into requests
+(docs/seeds.md, "How seeds are read" and "What happens when a worker dies").
 
 :class:`SeedReader` is the Redis side (one round trip per call): take seeds, recording them as in flight;
 wait for them; acknowledge them; adopt the seeds of vanished workers. :class:`SeedFeed` is the loop behind
-:meth:`scrapy_dist.spiders.RedisMixin.start`.
-
-A waiting spider blocks on the seeds key (``BLMOVE key key RIGHT LEFT`` with a 1-second timeout: it wakes on a
-push and moves nothing anywhere) instead of polling on ``spider_idle``, then takes up to
-``REDIS_START_URLS_BATCH_SIZE`` seeds per round trip. Every seed is validated (:mod:`scrapy_dist.seeds.parse`);
-a bad one is recorded in ``<seeds key>:rejected`` with its reason and never stops the spider or costs the
-other seeds of its batch.
-
-Not lost when a worker dies (the guarantee, precisely): a seed leaves the seeds key only inside
-``seeds_take.lua``, which records it in the processing LIST (tagged with the worker's id) in the same
-atomic step, and it leaves that list only once the scheduler has written its request to the frontier
-(after the first successful frontier sync that began after the request was handed to the scheduler). A
-worker killed at any moment in between leaves the seed in the processing list; once its lease
-(``SCHEDULER_LEASE_SECONDS``, renewed at every exchange -- at least once a second while the spider waits)
-runs out, the next exchange of any live worker gives it back to the seeds key. Seeds are delivered at
-least once: one can be taken twice if a worker stalls past its lease or loses a reply to a network error;
-the dupefilter drops the second copy only with ``REDIS_START_URLS_DEDUPE`` (seeds bypass it by default,
-as in scrapy-redis) and when the seed does not set ``dont_filter``. The guarantee needs
-:class:`scrapy_dist.scheduler.Scheduler`; with another scheduler a seed counts as done as soon as the
-engine has it.
+:meth:`scrapy_dist.spiders.RedisMixin.start`: it waits with ``BLMOVE key key RIGHT LEFT`` (wakes on a push,
+moves nothing out), validates every seed (:mod:`scrapy_dist.seeds.parse`; a bad one goes to
+``<seeds key>:rejected``), and acknowledges a seed only once the frontier has its request, so seeds are
+delivered at least once.
 """
 
 from __future__ import annotations
