@@ -15,8 +15,6 @@ A leased request is acknowledged only once the engine has finished it (download,
 pipelines), and the acknowledgement travels in the same atomic call as the requests its callback
 produced, so a worker killed at any moment loses nothing: what it held is requeued when its leases
 (``SCHEDULER_LEASE_SECONDS``, renewed while it works) run out.
-
-Longer than our ~400 lines for a module because :class:`Scheduler` is (its docstring says why).
 """
 
 from __future__ import annotations
@@ -82,11 +80,9 @@ class Scheduler:
     to wake and ask what is in progress, and what the Redis clients are built from (``redis_settings``:
     Scrapy settings or a dict with ``REDIS_URL``...). As Scrapy's own scheduler, it can be built from a
     dupefilter alone (``Scheduler(dupefilter)``, ``crawler`` None): the keys then come from the spider's
-    name at :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default.
-
-    Longer than our ~250 lines for a class: it is Scrapy's whole scheduler interface plus the services
-    other scrapy-dist components call (delays, dead letters, pauses, politeness); each method is a few
-    lines over the ledger, the loop, the router and the layout.
+    name at :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default. Besides Scrapy's
+    scheduler interface it owns the services other components call (delays, dead letters, pauses,
+    politeness), each a few lines over the ledger, the loop, the router and the layout.
     """
 
     def __init__(

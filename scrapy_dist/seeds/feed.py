@@ -66,10 +66,8 @@ class SeedFeed:
     Takes seeds in batches, validates them (``spider.make_request_from_data``), records rejections,
     acknowledges seeds once their requests are in the frontier, adopts dead workers' seeds, waits for
     new ones, and ends once the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds (never, if 0).
-
-    Longer than our ~250 lines for a class: it is one asynchronous loop whose steps share the in-flight
-    seed bookkeeping (taken, confirmed, rejected) that makes the no-loss guarantee above; the Redis side is
-    :class:`~scrapy_dist.seeds.reader.SeedReader` and the parsing :mod:`scrapy_dist.seeds.parse`.
+    Its steps share the in-flight seed bookkeeping (taken, confirmed, rejected) the no-loss guarantee
+    rests on.
     """
 
     def __init__(
