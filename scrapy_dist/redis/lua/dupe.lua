@@ -41,8 +41,8 @@
 -- A recorded item count ("n" of a bloom HASH) that is not a decimal integer in [0, max_items], or that
 --   the filter's blocks contradict (the filter holding item n does not exist, or the one after it does),
 --   is not refused but recounted from the blocks (chain_recount: the newest filter that exists, and the
---   fill of a sample of it) and written back by dupe_close; the HASH is named in DUPE_REPAIRED. Refusing
---   it stopped every worker of the crawl until someone repaired the field by hand: one HSET could.
+--   fill of a sample of it) and written back by dupe_close; the HASH is named in DUPE_REPAIRED: one HSET
+--   by anyone must not stop every worker of the crawl.
 -- A bloom block key holding another Redis type is not refused but repaired where it is read (window_read:
 --   replaced by an empty block, named in DUPE_REPAIRED, which sync.lua reports in 'repaired'), and a
 --   block cut short reads as clear bits past its end: neither can fail a call half way.
@@ -51,16 +51,12 @@
 --   (it decides how many keys the next call passes; 0 for other modes). A call that writes nothing answers
 --   {-1, dupe_count(d)}.
 --
--- Bloom layout (scrapy_dist/dupefilter/bloom.py, layouts 3 and 4): every filter is cut into windows of window_bits
--- (4096) bits, and all k bits of an item lie in one window: window h1 mod (m / window_bits), and inside it
--- bit j at (a + j*b + j^2*c) mod window_bits with a, b (odd), c (even) from disjoint bits of h2, so the k
--- positions are distinct (two of them differ by (j-i)*(b + (i+j)*c), an odd multiple of j-i). A test
--- reads the window with one GETRANGE; an insert then SETBITs only the bits still clear. Each redis.call
--- costs about a microsecond whatever it does, so one read per filter instead of one per bit is what makes
--- the filter fast. One BITFIELD SET u1 ... per insert instead of the SETBITs was tried (issue 19) and
--- measured slower: 17.0 against 13.1 us of Redis CPU per insert (200,000 inserts, Redis 6.2), because
--- building its argument table in Lua costs more than the ~10 SETBIT calls it saves (1.0 us in all). Most
--- of an insert's cost is the script's own Lua arithmetic, not the Redis commands it calls.
+-- Bloom layout (dupefilter/bloom.py; docs/frontier.md, "The bloom filter"): every filter is cut into
+-- windows of window_bits (4096) bits, and all k bits of an item lie in one window: window h1 mod
+-- (m / window_bits), and inside it bit j at (a + j*b + j^2*c) mod window_bits with a, b (odd), c (even)
+-- from disjoint bits of h2, so the k positions are distinct (two of them differ by (j-i)*(b + (i+j)*c),
+-- an odd multiple of j-i). A test reads the window with one GETRANGE; an insert then SETBITs only the bits
+-- still clear: one redis.call per filter instead of one per bit, since each call has a fixed cost.
 
 -- The call's time: `raw` (unix seconds a caller or a test injects), else the server's clock.
 local function call_now(raw)
@@ -323,8 +319,8 @@ local function bloom_has(c, f, it)
 end
 
 -- Sets the item's k bits in filter f, given its window string s as read just before: one SETBIT per
--- bit still clear (about half of them in a filter nearing its capacity). Measured: a SETRANGE of the
--- changed span costs more, because building a new string of a few hundred bytes in Lua does.
+-- bit still clear (about half of them in a filter nearing its capacity), cheaper than building the
+-- changed span in Lua for one SETRANGE.
 local function bloom_put(c, f, it, s)
   local fresh = #s == 0
   -- a window read back non-empty lies in a block that exists; an empty one may be a block not created yet
