@@ -1,18 +1,11 @@
-"""Crawl-wide politeness (``SCHEDULER_POLITENESS = "cluster"``): which limits apply to which domain.
+"""Crawl-wide politeness (``SCHEDULER_POLITENESS = "cluster"``): which limits apply to which domain
+(docs/politeness.md).
 
-The frontier enforces the limits (``lua/polite.lua``): a request of a domain that may not be fetched yet
-is simply not leased, so workers take other domains' requests meanwhile. This module only answers, for a
-domain, its ``(delay, concurrency, jitter)``:
-
-* defaults: ``DOWNLOAD_DELAY``, ``CONCURRENT_REQUESTS_PER_DOMAIN`` and ``DOWNLOAD_DELAY_JITTER``
-  (Scrapy's, default 0.5), held crawl-wide. The jitter only ever *lengthens* a delay, by up to that
-  fraction of it (Scrapy's per-process jitter is symmetric), so a rule's delay is a guaranteed minimum
-  gap between two fetches of the domain across all workers. A rule's ``concurrency: 0`` means no
-  crawl-wide cap (Scrapy's per-process ``CONCURRENT_REQUESTS_PER_DOMAIN`` still applies in each
-  worker; note that Scrapy itself reads 0 there as "no requests at all").
-* ``DOMAIN_LIMITS = {"*.example.com": {"delay": 1.0, "concurrency": 2, "jitter": 0.5}, ...}`` overrides
-  them per domain glob (``fnmatch``); the most specific rule wins: an exact name before any glob, then
-  the glob with the most literal characters. Keys a rule leaves out keep the defaults.
+The frontier enforces the limits (``lua/polite.lua``: a domain that may not be fetched yet is simply not
+leased); this module only answers a domain's ``(delay, concurrency, jitter)``: Scrapy's
+``DOWNLOAD_DELAY``, ``CONCURRENT_REQUESTS_PER_DOMAIN`` and ``DOWNLOAD_DELAY_JITTER`` held crawl-wide,
+overridden by the most specific ``DOMAIN_LIMITS`` glob. The jitter only lengthens a delay, so a delay is a
+guaranteed minimum gap across all workers; ``concurrency: 0`` means no crawl-wide cap.
 """
 
 from __future__ import annotations
