@@ -1,18 +1,11 @@
-"""Seeds: the untrusted entries people push to ``<spider>:start_urls``, parsed and validated.
+"""Seeds: the untrusted entries people push to ``<spider>:start_urls``, parsed and validated (the
+accepted forms and fields: docs/seeds.md, "Accepted seeds").
 
-Shared by the spider (:mod:`scrapy_dist.spiders.mixin`) and ``scrapy-dist push``, so a seed the CLI accepts is a
-seed the spider accepts. Pure functions, no I/O.
-
-A seed is UTF-8 text, surrounding whitespace ignored, in one of two forms:
-
-* a plain ``http(s)`` URL: ``https://example.com/``;
-* a JSON object with ``url`` and any of ``method``, ``headers``, ``body``, ``meta``, ``cb_kwargs``,
-  ``priority``, ``callback``, ``errback``, ``dont_filter``, ``cookies`` (see :data:`FIELDS`); any other
-  field is form data, as in scrapy-redis (``FormRequest(formdata=...)``: the query string of a GET, the
-  urlencoded body of a POST).
-
-Anything else raises :class:`~scrapy_dist.exceptions.RejectedEntry` whose ``reason`` is one of
-:data:`REASONS` -- never another exception, whatever the bytes (a hypothesis fuzz test holds us to that).
+Shared by the spider (:mod:`scrapy_dist.spiders.mixin`) and ``scrapy-dist push``, so a seed the CLI
+accepts is a seed the spider accepts. Pure functions, no I/O. A seed is a plain URL or a JSON object
+(:data:`FIELDS`, any other field is form data); anything else raises
+:class:`~scrapy_dist.exceptions.RejectedEntry` whose ``reason`` is one of :data:`REASONS`, never another
+exception, whatever the bytes.
 """
 
 from __future__ import annotations
