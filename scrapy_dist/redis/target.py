@@ -1,17 +1,9 @@
 """Which Redis a set of settings points at: :class:`RedisTarget` and :func:`resolve_target`.
 
-Which Redis (first match wins):
-
-1. ``REDIS_URL``: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS) or
-   ``unix://[[user]:password@]/path/to/socket[?db=N]``;
-2. ``REDIS_SENTINELS`` (``["host:port", ...]``) with ``REDIS_SENTINEL_MASTER``; user, password and db of
-   the master then come from ``REDIS_URL`` if that is set as well;
-3. ``REDIS_HOST`` / ``REDIS_PORT`` (scrapy-redis names, for people migrating);
-4. the ``REDIS_URL`` environment variable;
-5. nothing: the embedded Redis of this project (:mod:`scrapy_dist.redis.embedded`), started on first use.
-
-The settings are read and checked by :class:`scrapy_dist.settings.DistSettings` (every function here
-takes one, or Scrapy settings / a dict it is built from).
+First match wins: ``REDIS_URL``, ``REDIS_SENTINELS``, ``REDIS_HOST``/``REDIS_PORT``, the ``REDIS_URL``
+environment variable, then the project's embedded Redis (:mod:`scrapy_dist.redis.embedded`), started on
+first use (docs/connection.md, "Which Redis"). The settings are read and checked by
+:class:`scrapy_dist.settings.DistSettings`.
 """
 
 from __future__ import annotations
