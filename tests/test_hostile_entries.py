@@ -1,4 +1,4 @@
-"""Hostile entries in Redis (issue 15): no entry stops a worker, valid entries cannot hijack the crawl, no
+"""Hostile entries in Redis: no entry stops a worker, valid entries cannot hijack the crawl, no
 credential is written to Redis, denied networks are not reached. Real Redis, real ``scrapy crawl`` workers.
 """
 
