@@ -1,23 +1,14 @@
-"""What one worker holds and owes the shared frontier: an I/O-free ledger.
+"""What one worker holds and owes the shared frontier: an I/O-free ledger (every method that needs the
+time takes ``now``; tests/test_ledger.py).
 
-The scheduler's buffers, and every rule about them, live here; nothing in this module talks to Redis or
-to Scrapy's engine, and every method that needs the time takes ``now``, so the rules are unit-tested in
-milliseconds (tests/test_ledger.py). The :class:`~scrapy_dist.frontier.syncloop.SyncLoop` moves the ledger's
-contents to and from Redis:
-
-* **outgoing** -- discovered requests (:class:`Outgoing`), delayed retries, dead letters, rejections,
-  releases and politeness penalties wait here until the next round (:meth:`Ledger.take_batches`);
-* **ready** -- leased requests not yet handed to the engine (:class:`~scrapy_dist.frontier.leased.LeasedBuffer`),
-  served highest priority first, and **local** ones that could not be encoded (crawled by this worker
-  only);
-* **handed** -- requests the engine works on, with the lease they came from;
-* **acks** -- leases of finished requests. An ack may travel in the same atomic call as the requests its
-  callback produced (that is what makes a SIGKILL lose nothing); with a sharded frontier, when that output
-  goes to other shards, the ack is held back until a round carrying it has landed on every shard
-  (:meth:`Ledger.take_batches` / :meth:`Ledger.finish_round`).
-
-A round either lands on a shard (:meth:`Ledger.apply` takes in its answer) or fails there
-(:meth:`Ledger.restore` puts its batch back in front of what came since); nothing is ever dropped.
+Its buffers: **outgoing** (discovered requests, delayed retries, dead letters, rejections, releases,
+politeness penalties) until the next round; **ready** leased requests
+(:class:`~scrapy_dist.frontier.leased.LeasedBuffer`, best first) and **local** ones that could not be
+encoded; **handed** (in the engine, with their lease); **acks** of finished requests, which travel in the
+same atomic call as their callback's output, or with shards are held back until a round carrying it has
+landed on every shard (:meth:`Ledger.take_batches`, :meth:`Ledger.finish_round`). A round lands on a
+shard (:meth:`Ledger.apply`) or fails there (:meth:`Ledger.restore` puts its batch back in front); nothing
+is ever dropped. The :class:`~scrapy_dist.frontier.syncloop.SyncLoop` moves it to and from Redis.
 """
 
 from __future__ import annotations

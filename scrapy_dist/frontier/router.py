@@ -1,12 +1,10 @@
-"""Which shard a request belongs to, how many requests to lease from each, and when the crawl is empty.
+"""Which shard a request belongs to, how many requests to lease from each, and when the crawl is empty
+(docs/frontier.md, "Sharded frontier"). I/O-free.
 
-With one shard (the default) every answer is trivial. With ``SCHEDULER_SHARDS = N`` (docs/frontier.md,
-"Sharded frontier"): a discovered request or a delayed retry goes to the shard of its fingerprint
-(:func:`scrapy_dist.frontier.shard.shard_of`) -- or, with crawl-wide politeness, of its host
-(:func:`scrapy_dist.frontier.shard.domain_shard`) -- so one shard's dupefilter sees every copy of a URL (and
-one shard holds a domain's queue and limits); leases are
-split over the shards by their last reported queue lengths; and since the shards answer at slightly
-different moments, "the crawl is empty" needs proof from two rounds (a double collect). I/O-free.
+A request goes to the shard of its fingerprint (:func:`~scrapy_dist.frontier.shard.shard_of`), or with
+crawl-wide politeness of its host (:func:`~scrapy_dist.frontier.shard.domain_shard`); leases are split by
+the shards' last reported queue lengths; "the crawl is empty" needs proof from two rounds, since the
+shards answer at slightly different moments.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The shared frontier as a drop-in Scrapy scheduler: ``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``.
 
-Scrapy calls ``enqueue_request``, ``next_request`` and ``has_pending_requests`` synchronously on the
-reactor thread, many times per page. None of them touches Redis. :class:`Scheduler` is a thin facade
-(docs/architecture.md) over:
-
-* :class:`~scrapy_dist.frontier.ledger.Ledger` -- what this worker holds and owes (I/O-free);
-* :class:`~scrapy_dist.frontier.syncloop.SyncLoop` -- the background task that exchanges the ledger with Redis in
-  rounds of ``sync`` calls (:class:`~scrapy_dist.frontier.shard.Frontier`, one per shard), with outages;
-* :class:`~scrapy_dist.frontier.router.ShardRouter` -- which shard a request goes to, how leases are split, when
-  the crawl-wide frontier is empty;
-* :class:`~scrapy_dist.frontier.layout.CrawlLayout` -- joining the crawl at start, removing it at the end.
-
-A leased request is acknowledged only once the engine has finished it (download, callback and item
-pipelines), and the acknowledgement travels in the same atomic call as the requests its callback
-produced, so a worker killed at any moment loses nothing: what it held is requeued when its leases
-(``SCHEDULER_LEASE_SECONDS``, renewed while it works) run out.
+Scrapy calls ``enqueue_request``, ``next_request`` and ``has_pending_requests`` on the reactor thread many
+times per page, and none of them touches Redis: :class:`Scheduler` is a thin facade (docs/architecture.md)
+over the :class:`~scrapy_dist.frontier.ledger.Ledger`, the :class:`~scrapy_dist.frontier.syncloop.SyncLoop`,
+the :class:`~scrapy_dist.frontier.router.ShardRouter` and the :class:`~scrapy_dist.frontier.layout.CrawlLayout`.
+A leased request is acknowledged only once the engine has finished it, in the same atomic call as the
+requests its callback produced, so a worker killed at any moment loses nothing: its leases run out and
+what it held is requeued.
 """
 
 from __future__ import annotations
