@@ -1,15 +1,10 @@
 """Redis clients built for a :class:`~scrapy_dist.redis.target.RedisTarget`: sync or asyncio, plain,
-Sentinel or Cluster, with the options that let a client ride out an outage.
+Sentinel or Cluster (``REDIS_CLUSTER``; ``None`` asks ``INFO cluster``), ``REDIS_PARAMS`` applied.
 
-``REDIS_PARAMS`` adds or overrides client keyword arguments. ``REDIS_CLUSTER`` (``None`` = ask the
-server's ``INFO cluster``; ``True``/``False`` force it) makes :func:`get_redis` / :func:`get_async_redis`
-return ``redis.cluster.RedisCluster`` / ``redis.asyncio.cluster.RedisCluster``.
-
-Outages: clients get a connect timeout, a read timeout, TCP keepalive, a health check on connections
-idle for a while and a short retry (with backoff) on connection errors -- not on timeouts, see
-:func:`_retry` -- so one dropped connection heals by itself and a client keeps working once Redis is
-back. Longer outages surface as ``redis.ConnectionError`` / ``redis.TimeoutError``; callers wait and
-retry.
+Every client gets connect and read timeouts, TCP keepalive, a health check on idle connections and a
+short retry on connection errors (not on timeouts: :func:`_retry`), so a dropped connection heals by
+itself; longer outages surface as ``redis.ConnectionError`` / ``redis.TimeoutError`` for the caller's
+outage policy (docs/connection.md, "Client defaults").
 """
 
 from __future__ import annotations
