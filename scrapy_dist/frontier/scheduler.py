@@ -2,8 +2,9 @@
 
 Scrapy calls ``enqueue_request``, ``next_request`` and ``has_pending_requests`` on the reactor thread many
 times per page, and none of them touches Redis: :class:`Scheduler` is a thin facade (docs/architecture.md)
-over the :class:`~scrapy_dist.frontier.ledger.Ledger`, the :class:`~scrapy_dist.frontier.syncloop.SyncLoop`,
-the :class:`~scrapy_dist.frontier.router.ShardRouter` and the :class:`~scrapy_dist.frontier.layout.CrawlLayout`.
+over the :class:`~scrapy_dist.frontier.ledger.Ledger`, the
+:class:`~scrapy_dist.frontier.syncloop.SyncLoop`, the :class:`~scrapy_dist.frontier.router.ShardRouter`
+and the :class:`~scrapy_dist.frontier.layout.CrawlLayout`.
 A leased request is acknowledged only once the engine has finished it, in the same atomic call as the
 requests its callback produced, so a worker killed at any moment loses nothing: its leases run out and
 what it held is requeued.
@@ -68,8 +69,9 @@ class Scheduler:
     """Scrapy scheduler backed by a Redis frontier shared by every worker of the crawl.
 
     ``__init__`` takes plain objects (:meth:`from_crawler` wires them from a crawler): the dupefilter,
-    the crawl's keys, the settings, the queue order, where stats go, the :class:`~scrapy_dist.frontier.engine.Engine`
-    to wake and ask what is in progress, and what the Redis clients are built from (``redis_settings``:
+    the crawl's keys, the settings, the queue order, where stats go, the
+    :class:`~scrapy_dist.frontier.engine.Engine` to wake and ask what is in progress, and what the Redis
+    clients are built from (``redis_settings``:
     Scrapy settings or a dict with ``REDIS_URL``...). As Scrapy's own scheduler, it can be built from a
     dupefilter alone (``Scheduler(dupefilter)``, ``crawler`` None): the keys then come from the spider's
     name at :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default. Besides Scrapy's

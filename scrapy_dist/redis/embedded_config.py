@@ -116,7 +116,7 @@ def parse_maxmemory(value: Any) -> int:
 def server_config(directory: Path, socket_path: Path, pid_path: Path, log_path: Path, maxmemory: int) -> str:
     """The ``redis.conf`` of the embedded server: unix socket only, AOF persistence, bounded memory."""
     lines = [
-        # No TCP at all: only the unix socket, which only we can reach (see :mod:`scrapy_dist.redis.private_files`).
+        # No TCP at all: only the unix socket, which only we can reach (see redis/private_files.py).
         "port 0",
         f"unixsocket {_quote(str(socket_path))}",
         "unixsocketperm 700",
