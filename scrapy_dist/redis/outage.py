@@ -37,12 +37,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: What a client raises while Redis is down, restarting, failing over or full: catch these, keep the work in
-#: memory, wait and retry (see docs/operations.md). ``RedisClusterException`` is not a ``RedisError``: it is
-#: what a cluster no node of which answers raises ("Redis Cluster cannot be connected", an incomplete slot
-#: map after a failover); it also reports keys of several slots in one call, but every script runs on a
-#: real cluster in tests/test_cluster.py so that never reaches production. The builtin ``OSError`` family
-#: covers socket errors a client lets through unwrapped.
+#: What a client raises while Redis is down, restarting, failing over or full: keep the work in memory,
+#: wait and retry. ``RedisClusterException`` (not a ``RedisError``) is a cluster no node of which answers;
+#: ``OSError`` covers socket errors a client lets through unwrapped.
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,  # includes BusyLoadingError (LOADING) and AuthenticationError
     redis.exceptions.TimeoutError,
@@ -213,10 +210,8 @@ class LoopGuard:
             guard.succeeded(time.monotonic())
 
     An outage error goes to the shared :class:`Outage` (one WARNING per worker). Any other error is this
-    loop's own: logged at ERROR, at most once a minute per exception type -- as one line for an error reply
-    from Redis and for one of ours (a :class:`~scrapy_dist.exceptions.ScrapyDistError` says what is wrong
-    and what to do: e.g. a key holding garbage the frontier refuses to write on), with the traceback for
-    anything else (a bug).
+    loop's own: logged at ERROR at most once a minute per exception type, as one line for an error reply
+    or a :class:`~scrapy_dist.exceptions.ScrapyDistError`, with the traceback for anything else (a bug).
     """
 
     def __init__(self, outage: Outage, component: str, backoff: Backoff, log: logging.Logger) -> None:
