@@ -349,11 +349,8 @@ class SeedFeed:
     # -- shutdown ---------------------------------------------------------------------------------------
     async def close(self) -> None:
         """Stop reading; acknowledge what reached the frontier and give the rest back to the seeds key.
-
-        Called from ``spider_closed``: the loop may be parked in a blocking wait (which moves nothing),
-        at a ``yield`` the engine will never resume, or -- rarely -- in a take; that one is given a moment
-        to finish first, so that what it takes is given back too. A take that lands later anyway keeps
-        this worker's lease, and the seeds go back when it runs out.
+        Called from ``spider_closed``; a take in progress is given a moment to finish, so what it takes is
+        given back too (one that lands later keeps the lease, and its seeds go back when it runs out).
         """
         if self._finished:
             return

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
-# SeedFeed, SeedReader and TakeResult moved to scrapy_dist.seeds.feed; re-exported for old imports
+# SeedFeed, SeedReader and TakeResult live in scrapy_dist.seeds.feed; re-exported for imports from here
 __all__ = ["RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed", "SeedReader", "TakeResult"]
 
 
