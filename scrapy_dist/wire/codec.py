@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_HEADERS", "check_url", "decode_request", "encode_request", "load_payload", "split_payload",
-    # from scrapy_dist.wire.entrypolicy and scrapy_dist.wire.callbacks, imported from here by other modules and users
+    # from wire.entrypolicy and wire.callbacks, imported from here by other modules and users
     "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "FORBIDDEN_HEADERS", "HOOK_NAMES", "TAG_BYTES",
     "VERSION", "VERSION_SIGNED", "EntryPolicy", "check_cookies_allowed", "check_header_names",
     "check_meta_keys", "check_no_userinfo", "check_offsite", "entry_policy", "host_allowed", "is_trusted",
