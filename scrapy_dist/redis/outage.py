@@ -1,19 +1,14 @@
 """One outage policy for every background loop (frontier sync, seeds, monitors, item and cookie writers):
-which errors mean "Redis is away", how long a loop waits before trying again, and what is logged
-(docs/operations.md, "Outages").
+which errors mean "Redis is away", how long a loop waits, and what is logged (docs/operations.md,
+"Outages").
 
-* **Which errors**: :data:`OUTAGE_ERRORS` and :func:`is_outage` -- errors that heal without a change to
-  the crawl (no answer, ``LOADING``, ``READONLY``, ``MASTERDOWN``, ``OOM``, ``CLUSTERDOWN``, ``TRYAGAIN``,
-  a rotated password), plus the ``TypeError``/``AttributeError`` redis-py's asyncio client lets out of its
-  own connection code when a connection is torn down under a command. An error reply (``WRONGTYPE``, a
-  Lua error) or a bug is not an outage: it is logged as an error of the component.
-* **How long to wait**: :class:`Backoff`, capped exponential, one per loop.
-* **What is logged**: one :class:`Outage` per worker: one WARNING when the first component fails, one
-  INFO once every component that failed has succeeded since (or stopped trying).
-* **A close that waits on Redis**: :class:`CloseWatch` stops the worker once Redis has been away for
-  ``SCHEDULER_SHUTDOWN_GRACE`` seconds of its close; its leases bring its work back.
-
-Time is a parameter (``now``, monotonic seconds) so tests need no sleeps.
+:data:`OUTAGE_ERRORS` and :func:`is_outage` are the errors that heal without a change to the crawl (no
+answer, ``LOADING``, ``READONLY``, ``MASTERDOWN``, ``OOM``, ``CLUSTERDOWN``, ``TRYAGAIN``, a rotated
+password, and the ``TypeError``/``AttributeError`` redis-py's asyncio client lets out when a connection is
+torn down under a command); an error reply or a bug is the component's own error. Each loop waits with
+its :class:`Backoff`; one :class:`Outage` per worker logs one WARNING and one INFO per outage;
+:class:`CloseWatch` ends a close that has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE``. Time is a
+parameter (``now``, monotonic seconds).
 """
 
 from __future__ import annotations
