@@ -196,10 +196,9 @@ class CrawlLayout:
 
     # -- end ------------------------------------------------------------------------------------------
     async def finish(self, redis: Any, worker_id: str, lease_seconds: float) -> None:
-        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys.
-
-        With shards, ``finish.lua`` can only see shard 0 (one slot): the other shards are first checked
-        empty with :func:`~scrapy_dist.frontier.shard.shards_idle`, and deleted once shard 0's keys have been."""
+        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys. With
+        shards, ``finish.lua`` sees only shard 0: the others are first checked empty
+        (:func:`~scrapy_dist.frontier.shard.shards_idle`) and deleted once shard 0's keys have been."""
         keys = self.keys
         if self.shards > 1 and not await shards_idle(redis, self.shard_keys):
             await redis.zrem(keys.workers, worker_id)
