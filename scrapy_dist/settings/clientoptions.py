@@ -1,9 +1,6 @@
 """The redis-py options a user writes (``REDIS_PARAMS``, a ``REDIS_URL``'s query), checked when the settings
-are read: redis-py refuses a misspelt keyword or a value it cannot convert only when a component builds its
-client or first connects, with a traceback from deep inside the crawler's start.
-
-Lenient on purpose: a keyword is known if any client scrapy-dist may build (sync or asyncio, plain or
-cluster, over TCP, TLS or a unix socket) takes it, so nothing that works is refused.
+are read rather than with a traceback when a client is built. Lenient on purpose: a keyword is known if
+any client scrapy-dist may build (sync or asyncio, plain or cluster, TCP, TLS or unix socket) takes it.
 """
 
 from __future__ import annotations
