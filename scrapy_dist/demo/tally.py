@@ -1,7 +1,5 @@
-"""The demo's site: the generated link graph it serves and the tally of what it answered.
-
-The truth of :mod:`scrapy_dist.demo.run` comes from here, not from the crawler: a page counts as crawled only
-if the site answered it 200.
+"""The demo's site: the generated link graph it serves and the tally of what it answered, the demo's
+truth (a page counts as crawled only if the site answered it 200).
 """
 
 from __future__ import annotations
