@@ -10,18 +10,13 @@
 --                    blocks; together: a CHAIN's params). KEYS: the bloom HASH (field "n" = items
 --                    inserted), then the block bitmaps of filter 0, filter 1, ... in order (nblocks_i keys
 --                    each), then the probe: the first block of the filter after the last passed.
---   mode "bloomgen": DUPEFILTER_TTL with generations. params span, G, lo, count, then one chain's params
---                    (every generation has the same). Generation e covers [e*span, (e+1)*span); a call
---                    at `now` is in generation cur = floor(now / span), tests generations cur-G+1 .. cur
---                    (and cur+1, which only a worker whose clock is ahead writes) and inserts into cur.
---                    KEYS: the crawl's bloom HASH (field "live" written: items in the live
---                    generations), then for each generation e = lo .. lo+count-1 its HASH
---                    {spider}:bloom:g<e>, its blocks and its probe, as for "bloom". Generation e's keys
---                    are created with an expiry (e+G)*span - now seconds away: the moment lookups stop
---                    consulting it, Redis drops it whole. Nothing rotates, so nothing can rotate twice: the
---                    generation is a function of the clock. The live generations must be among those
---                    passed (d.err 'bloom_clock' otherwise: the worker's clock is more than a span off the
---                    server's).
+--   mode "bloomgen": DUPEFILTER_TTL (dupefilter/generations.py). params span, G, lo, count, then one
+--                    chain's params (every generation has the same). A call at `now` tests generations
+--                    cur-G+1 .. cur+1 (cur = floor(now / span); cur+1 only a worker whose clock is ahead
+--                    writes) and inserts into cur. KEYS: the crawl's bloom HASH (field "live" written),
+--                    then for each generation e = lo .. lo+count-1 its HASH {spider}:bloom:g<e>, blocks and
+--                    probe, as for "bloom", created to expire (e+G)*span - now seconds away. The live
+--                    generations must be among those passed (else d.err 'bloom_clock').
 --   mode "set":      KEYS: the SET of raw fingerprints; no params.
 --   mode "setttl":   params ttl; KEYS: the ZSET fingerprint -> unix time it expires. A fingerprint whose
 --                    time has passed is new again; dupe_close drops a bounded number of expired ones.
@@ -33,19 +28,13 @@
 --   FORGOTTEN, which dupe_add consults before the bloom and empties as it admits (each forgotten URL once).
 -- dupe_can_insert(d, count) is false when `count` new items could need a filter whose keys were not passed
 --   (or would take the filter past max_items: then d.err is set).
--- d.err / d.err_detail (reason, key) are set when an insert would pass max_items (the bound bloom.py
---   documents: a small multiple of the declared capacity), or the generations passed miss a live one
---   ('bloom_clock'); the caller then answers {-2, reason, detail} and writes nothing. Nothing here writes
---   before dupe_add but repairs: a key of the filter holding another Redis type (the bloom HASH, the
---   set modes' SET or ZSET) is moved aside to <key>:garbage (move_aside) and named in DUPE_REPAIRED.
--- A recorded item count ("n" of a bloom HASH) that is not a decimal integer in [0, max_items], or that
---   the filter's blocks contradict (the filter holding item n does not exist, or the one after it does),
---   is not refused but recounted from the blocks (chain_recount: the newest filter that exists, and the
---   fill of a sample of it) and written back by dupe_close; the HASH is named in DUPE_REPAIRED: one HSET
---   by anyone must not stop every worker of the crawl.
--- A bloom block key holding another Redis type is not refused but repaired where it is read (window_read:
---   replaced by an empty block, named in DUPE_REPAIRED, which sync.lua reports in 'repaired'), and a
---   block cut short reads as clear bits past its end: neither can fail a call half way.
+-- d.err / d.err_detail (reason, key) are set when an insert would pass max_items (bloom.py's
+--   MAX_OVERSHOOT) or the generations passed miss a live one ('bloom_clock'); the caller then answers
+--   {-2, reason, detail} and writes nothing. Nothing here writes before dupe_add but repairs, each named in
+--   DUPE_REPAIRED (docs/frontier.md, "Scripts validate before they write"): a key of another Redis type is
+--   moved aside (move_aside) or, for a block, replaced by an empty one (window_read); a block cut short
+--   reads as clear bits; an item count that is garbage or that the blocks contradict is recounted
+--   (chain_recount) and written back by dupe_close.
 -- dupe_contains(d, t1, t2) tests without adding (1 = probably seen).
 -- dupe_close(d) persists counters; returns dupe_count(d): the bloom item count of the fullest live chain
 --   (it decides how many keys the next call passes; 0 for other modes). A call that writes nothing answers
