@@ -65,11 +65,8 @@ OUTAGE_ERRORS = outage.OUTAGE_ERRORS
 
 
 class CrawlAborted(SystemExit):  # noqa: N818 - it is an exit, not an error to catch
-    """Stops ``scrapy crawl`` with exit status 1 after its cause was logged as one line.
-
-    A ``SystemExit`` on purpose: Scrapy's start-up only catches ``Exception``, see the module docstring.
-    ``error`` is the :class:`RedisUnavailable` (or other ``ScrapyDistError``) that caused it.
-    """
+    """Stops ``scrapy crawl`` with exit status 1 after its cause (``error``) was logged as one line; a
+    ``SystemExit`` because Scrapy's start-up only catches ``Exception`` (see the module docstring)."""
 
     def __init__(self, error: Exception) -> None:
         super().__init__(1)
@@ -101,11 +98,8 @@ def _is_settings(obj: Any) -> bool:
 
 def check_reachable(client_or_settings: Any, settings: SettingsLike | DistSettings | None = None) -> None:
     """Raise :class:`RedisUnavailable` -- one line naming the masked URL and the setting to change --
-    unless Redis answers ``PING``.
-
-    Pass a sync client (and, for a precise message, the settings it came from), or just the settings.
-    Costs one round trip.
-    """
+    unless Redis answers ``PING`` (one round trip). Pass a sync client (and, for a precise message, the
+    settings it came from), or just the settings."""
     if _is_settings(client_or_settings):
         target = resolve_target(client_or_settings)
         client = build_sync(target)
@@ -146,22 +140,17 @@ def _mark_task_handled() -> None:
 
 
 def abort_crawl(error: Exception) -> NoReturn:
-    """Log ``error`` as one ERROR line and stop the crawl so that ``scrapy crawl`` exits with status 1.
-
-    For a component's ``from_crawler()`` or ``open()`` only: it raises :class:`CrawlAborted`, a
-    ``SystemExit`` (see the module docstring for why).
-    """
+    """Log ``error`` as one ERROR line and raise :class:`CrawlAborted`, so that ``scrapy crawl`` exits with
+    status 1. For a component's ``from_crawler()`` or ``open()`` only."""
     logger.error("%s", error)
     _mark_task_handled()
     raise CrawlAborted(error) from error
 
 
 def ensure_reachable(client_or_settings: Any, settings: SettingsLike | DistSettings | None = None) -> None:
-    """Start-up check for components: if Redis does not answer (or the embedded server cannot start),
-    log one ERROR line naming the masked URL and the setting, and stop the crawl with a non-zero exit.
-
-    Call it from ``from_crawler()`` or ``open()``, e.g. ``ensure_reachable(client, crawler.settings)``
-    or ``ensure_reachable(crawler.settings)``. One round trip.
+    """Start-up check for ``from_crawler()`` or ``open()`` (one round trip): if Redis does not answer (or
+    the embedded server cannot start), :func:`abort_crawl` with the one line naming the masked URL and the
+    setting, e.g. ``ensure_reachable(client, crawler.settings)`` or ``ensure_reachable(crawler.settings)``.
     """
     try:
         check_reachable(client_or_settings, settings)

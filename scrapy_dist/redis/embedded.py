@@ -106,7 +106,6 @@ class EmbeddedRedis:
         path = Path(directory).absolute()
         # Parents resolved (macOS' /tmp is a link), the last component kept: it must not be a symlink.
         self.directory = path.parent.resolve() / path.name
-        # its files (see the module docstring)
         self.state_path = self.directory / "server.json"
         self.lock_path = self.directory / "server.lock"
         self.conf_path = self.directory / "redis.conf"
@@ -120,9 +119,8 @@ class EmbeddedRedis:
 
     @classmethod
     def for_settings(cls, settings: Any) -> EmbeddedRedis:
-        """The embedded server the given Scrapy settings would use.
-
-        Raises :class:`RedisUnavailable` (one line) for a bad ``REDIS_EMBEDDED_MAXMEMORY``."""
+        """The embedded server the given Scrapy settings would use; :class:`RedisUnavailable` (one line)
+        for a bad ``REDIS_EMBEDDED_MAXMEMORY``."""
         raw = settings.get("REDIS_EMBEDDED_MAXMEMORY", defaults.REDIS_EMBEDDED_MAXMEMORY)
         try:
             maxmemory = parse_maxmemory(raw)
@@ -189,10 +187,8 @@ class EmbeddedRedis:
         )
 
     def _answers(self, state: dict[str, Any], loading_timeout: float) -> bool:
-        """Whether the server in ``state`` is up and is ours (serves this directory).
-
-        Waits while it loads its data file (``LOADING``), up to ``loading_timeout`` seconds.
-        """
+        """Whether the server in ``state`` is up and is ours (serves this directory), waiting up to
+        ``loading_timeout`` seconds while it loads its data file (``LOADING``)."""
         if not self._socket_dir_ok():
             return False
         client = self._probe_client(state)
@@ -229,9 +225,8 @@ class EmbeddedRedis:
             client.close()
 
     def url(self, loading_timeout: float = 60.0) -> str | None:
-        """URL of the running server, or ``None`` if none answers. Never starts one.
-
-        Raises :class:`RedisUnavailable` if the directory is not one only we control."""
+        """URL of the running server, or ``None`` if none answers (never starts one);
+        :class:`RedisUnavailable` if the directory is not one only we control."""
         if not os.path.lexists(self.directory):
             return None
         check_private_dir(self.directory)
@@ -285,11 +280,9 @@ class EmbeddedRedis:
             os.close(fd)  # closing releases the flock
 
     def ensure_running(self, timeout: float = 60.0) -> tuple[str, bool]:
-        """Join the running server or start one. Returns ``(url, started_by_this_call)``.
-
-        Raises :class:`RedisUnavailable` (one line) if it cannot start, or if its directory (or the
-        socket's) is not one only we control.
-        """
+        """Join the running server or start one: ``(url, started_by_this_call)``. Raises
+        :class:`RedisUnavailable` (one line) if it cannot start, or its directory (or the socket's) is not
+        one only we control."""
         make_private_dir(self.directory)
         url = self.url()
         if url:
