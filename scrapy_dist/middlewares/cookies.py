@@ -89,21 +89,15 @@ class _SharedJar:
 
 # -- the middleware ------------------------------------------------------------------------------
 class SharedCookiesMiddleware(CookiesMiddleware):
-    """Drop-in for Scrapy's ``CookiesMiddleware`` whose cookiejars are shared by all workers via Redis.
-
-    Enable it in place of Scrapy's (same priority)::
-
-        DOWNLOADER_MIDDLEWARES = {
-            "scrapy.downloadermiddlewares.cookies.CookiesMiddleware": None,
-            "scrapy_dist.middlewares.SharedCookiesMiddleware": 700,
-        }
+    """Drop-in for Scrapy's ``CookiesMiddleware`` (same priority, 700, in its place: docs/items.md) whose
+    cookiejars are shared by all workers via Redis.
 
     Redis cost: one ``cookies_read`` script call per jar and worker every ``cache_seconds`` (concurrent
     readers share it), returning only the changes since the last one (at most ``read_limit``); one
     ``cookies_write`` script call per ``flush_interval`` and jar while cookies change
-    (:class:`~scrapy_dist.pipelines.batchwriter.BatchWriter`). A response that changed cookies is held until its
-    changes are written. Redis errors (:mod:`scrapy_dist.redis.outage`): reads fall back to the local copy,
-    writes are retried with capped backoff; an outage is one warning per worker.
+    (:class:`~scrapy_dist.pipelines.batchwriter.BatchWriter`). A response that changed cookies is held
+    until its changes are written. Redis errors (:mod:`scrapy_dist.redis.outage`): reads fall back to the
+    local copy, writes are retried with capped backoff; an outage is one warning per worker.
 
     Stats: ``cookies/shared/loads``, ``cookies/shared/written``, ``cookies/shared/rejected``,
     ``cookies/shared/redis_errors``.

@@ -63,10 +63,8 @@ def exception_reason(exc: BaseException | type[BaseException]) -> str:
 
 class DeadLetterWriter:
     """Appends dead-letter records for one crawler through its scrapy-dist scheduler (batched: the record
-    travels in the same ``sync`` call as the failed request's acknowledgement, or an earlier one).
-
-    Stats: ``deadletter/count``, ``deadletter/reason_count/<reason>``.
-    """
+    travels in the same ``sync`` call as the failed request's ack, or an earlier one). Stats:
+    ``deadletter/count``, ``deadletter/reason_count/<reason>``."""
 
     def __init__(self, crawler: Crawler, scheduler_of: Callable[[], Any] | None = None) -> None:
         self.crawler = crawler
