@@ -183,10 +183,9 @@ def requeue_payload(
     attempts), URL checked. Returns ``(payload, priority)``; raises :class:`RejectedEntry`.
 
     The new payload is signed only if ``policy`` has a secret and the record's own tag verifies with it:
-    a record someone else wrote stays unauthenticated, so workers hold it to the rules for seeds.
-
-    The payload is checked again by whichever worker leases it (:func:`scrapy_dist.wire.codec.decode_request`),
-    so this only needs to understand the map well enough to edit ``meta``.
+    a record someone else wrote stays unauthenticated, so workers hold it to the rules for seeds. The
+    payload is checked again by whichever worker leases it, so this only needs to understand the map well
+    enough to edit ``meta``.
     """
     d = load_payload(payload, max_bytes)
     check_url(d.get("u"), allowed_schemes)
