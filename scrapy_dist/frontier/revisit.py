@@ -131,10 +131,8 @@ def _middleware_enabled(settings: Any) -> bool:
 
 class Revisits:
     """Decides, when the engine has finished a request, whether and when the frontier fetches it again
-    (see the module docstring). Reactor thread only; no I/O.
-
-    Stats: ``revisit/scheduled``, ``revisit/stopped`` (the callback set ``revisit_after = None`` or
-    raised), ``revisit/invalid`` (a ``revisit_after`` that is not a number of seconds: logged once).
+    (see the module docstring). Reactor thread only; no I/O. Stats: ``revisit/scheduled``,
+    ``revisit/stopped`` (the callback stopped the chain or raised), ``revisit/invalid`` (logged once).
     """
 
     def __init__(
