@@ -65,7 +65,7 @@ __all__ = [
     "demo_graph",
     "locate_project",
     "summarize",
-    # from demo_report, imported from here by the tests
+    # from demo.report, imported from here by the tests
     "Snapshot",
     "WorkerRow",
     "combined_rate",

@@ -18,7 +18,7 @@ __all__ = ["check_client_options"]
 #: options that are numbers of seconds (or None)
 _SECONDS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
 #: options that are whole numbers (or None), with their least value; REDIS_PARAMS' host, port and db are
-#: read (and checked) as scrapy-redis reads them: settings_reader.redis_location
+#: read (and checked) as scrapy-redis reads them: settings.reader.redis_location
 _INTEGERS = {"max_connections": 1}
 #: read by scrapy-dist itself, not by a client
 _OURS = frozenset({"sentinel_kwargs"})

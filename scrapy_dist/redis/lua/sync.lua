@@ -6,7 +6,7 @@
 -- Put together from fragments (scrapy_dist/redis/scripts.py): dupe.lua, polite.lua, sync_common.lua (KEYS,
 -- ARGV head and sections by name, chunk checks), sync_check.lua (every value read before the first write),
 -- sync_sweep.lua, sync_enqueue.lua, sync_settle.lua, sync_lease.lua. The wire layout is encoded once in
--- Python (frontier.py: SYNC_KEYS, SYNC_HEAD, SYNC_SECTIONS, decode_sync_result) and read by name here.
+-- Python (frontier/shard.py: SYNC_KEYS, SYNC_HEAD, SYNC_SECTIONS, decode_sync_result) and read by name here.
 -- Sharded frontier: every KEYS of one call are one shard's (one hash slot); for a shard > 0 the
 -- crawl-wide keys (deadletter, workers, control, domains, domain info) are that shard's names and stay
 -- empty, and head 'heartbeat' is '0' (the worker's heartbeat is written by its shard-0 call).

@@ -1,14 +1,14 @@
 -- Fragment (not a script on its own): the sync script's arguments, checks and queue-member helpers,
 -- shared by the sync_*.lua fragments and sync.lua (scrapy_dist/redis/scripts.py puts them together).
 --
--- KEYS (named in SYNC_KEYS below; the order is frontier.py's SYNC_KEYS, the one place that lists them):
+-- KEYS (named in SYNC_KEYS below; the order is frontier/shard.py's SYNC_KEYS, the one place that lists them):
 --   queue ZSET, leases ZSET, lease meta HASH, seq STRING, delayed ZSET, delayed meta HASH, rejected LIST,
 --   deadletter LIST, workers ZSET, control HASH, domains ZSET, domain info HASH, queue tails HASH, then
 --   the dupefilter keys (dupe.lua).
 -- ARGV: the head (SYNC_HEAD below, by name), P and P dupe params, then the sections (SYNC_SECTIONS:
---   each a count followed by its items). frontier.py's SYNC_HEAD / SYNC_SECTIONS encode the same names
+--   each a count followed by its items). frontier/shard.py's SYNC_HEAD / SYNC_SECTIONS encode the same names
 --   in the same order (a test compares them with this file).
--- Returns (sync.lua) a flat name, value list (frontier.py's decode_sync_result reads it by name), or
+-- Returns (sync.lua) a flat name, value list (frontier/shard.py's decode_sync_result reads it by name), or
 --   {-1, bloom_n} (nothing written: the bloom filter needs keys for more filters), or
 --   {-2, reason, detail} (nothing written: a value read from Redis cannot be used; see sync_check).
 
