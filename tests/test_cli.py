@@ -92,7 +92,7 @@ def test_option_after_the_subcommand_wins_too(probe: None) -> None:
 
 
 def test_project_wins_over_environment_as_in_workers(inside_project: Path, probe: None) -> None:
-    # one order everywhere (issue 17): settings, then $REDIS_URL, then the embedded Redis
+    # one order everywhere: settings, then $REDIS_URL, then the embedded Redis
     result = run("probe", env={"REDIS_URL": "redis://env:2/0"})
     assert result.output.strip() == "project settings|redis://project-host:6390/4"
 

@@ -1,4 +1,4 @@
-"""Junk in the shared cookie jar (issue 15): reads are incremental and bounded, a bad record is rejected
+"""Junk in the shared cookie jar: reads are incremental and bounded, a bad record is rejected
 once, not at every refresh, and garbage versions do not stop the writers. Real Redis, time injected."""
 
 from __future__ import annotations

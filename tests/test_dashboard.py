@@ -1,4 +1,4 @@
-"""Issue 21, the live dashboard: its JSON endpoints against a real Redis, the token and CSRF rules of its
+"""The live dashboard: its JSON endpoints against a real Redis, the token and CSRF rules of its
 buttons, the bounded history, and the page itself in a real headless Chromium while a crawl runs
 (skipped, with the reason, where Debian's chromium and chromedriver are not installed)."""
 

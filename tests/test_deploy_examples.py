@@ -1,4 +1,4 @@
-"""Issue 21: the deployment examples under docs/deploy/ (docker-compose with Redis, workers, the metrics
+"""The deployment examples under docs/deploy/ (docker-compose with Redis, workers, the metrics
 exporter, Prometheus and Grafana; the Grafana dashboard) hang together: every file they mount exists,
 Prometheus scrapes the port the exporter listens on with options the CLI has, Grafana is provisioned
 with the dashboard, and the dashboard queries only metrics the exporter has (tests/test_metrics.py checks

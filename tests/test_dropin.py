@@ -1,4 +1,4 @@
-"""scrapy-redis's contract kept (issue 16): spider arguments given as strings, seeds that bypass the
+"""scrapy-redis's contract kept: spider arguments given as strings, seeds that bypass the
 dupefilter on a re-push, hooks with scrapy-redis's shapes. Real Redis, real ``scrapy crawl`` processes."""
 
 from __future__ import annotations

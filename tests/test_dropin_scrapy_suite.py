@@ -1,4 +1,4 @@
-"""Issue 16, Scrapy's own scheduler and dupefilter tests (tools/compat_check.py runs them): the contracts
+"""Scrapy's own scheduler and dupefilter tests (tools/compat_check.py runs them): the contracts
 they check that scrapy-dist keeps, each tested here against a real Redis.
 
 * ``Scheduler(dupefilter)`` builds without a crawler (``scheduler.crawler is None``); the keys then come

@@ -1,5 +1,5 @@
 """`scrapy-dist embedded status|stop`, `scrapy-dist redis-cli ...` and the embedded Redis' start-up
-warning (issue 17: the embedded default fits the `redis-cli lpush` workflow)."""
+warning (the embedded default fits the `redis-cli lpush` workflow)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_embedded_status_redis_cli_and_stop(outside: Path) -> None:
-    # a project: outside one, `scrapy-dist redis-cli` refuses to start a fresh embedded Redis (issue 17)
+    # a project: outside one, `scrapy-dist redis-cli` refuses to start a fresh embedded Redis
     (outside / "scrapy.cfg").write_text("[settings]\ndefault = embproj.settings\n")
     (outside / "embproj").mkdir()
     (outside / "embproj" / "__init__.py").write_text("")

@@ -1,4 +1,4 @@
-"""The embedded Redis trusts only itself: the attacks of issue 15 simulated as far as a root sandbox allows
+"""The embedded Redis trusts only itself: attacks by another user simulated as far as a root sandbox allows
 (another user is played by chown to a foreign uid), plus its maxmemory."""
 
 from __future__ import annotations

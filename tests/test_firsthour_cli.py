@@ -1,4 +1,4 @@
-"""Issue 17, "the CLI never works on the wrong thing quietly": the real ``scrapy-dist`` entry point outside
+"""The CLI never works on the wrong thing quietly: the real ``scrapy-dist`` entry point outside
 any project, in a fresh ``scrapy startproject`` project with a typo in the spider name, and one meaning per
 short flag."""
 

@@ -1,4 +1,4 @@
-"""Issue 17, the demo's tail: after the chaos kill the live view says it waits for the killed worker's
+"""The demo's tail: after the chaos kill the live view says it waits for the killed worker's
 leases to expire and counts them down; the crawl-wide rate is the sum of the per-worker rates. (That a
 real run says it is in tests/test_demo.py's run with a kill.)"""
 

@@ -1,4 +1,4 @@
-"""Issue 17, "status that tells the truth": a new run after a finished one is running, not
+"""Status that tells the truth: a new run after a finished one is running, not
 ``closing (finished)``; a paused crawl shows its prefetched leases as held, not in flight; piped output is
 not cut to 80 columns; no empty tables; thousands separators. Workers are real ``scrapy crawl`` processes,
 the CLI the real ``scrapy-dist`` entry point."""

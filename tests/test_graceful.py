@@ -1,4 +1,4 @@
-"""Issue 21, graceful deploys: a rolling restart (each of three workers sent SIGTERM in turn, as
+"""Graceful deploys: a rolling restart (each of three workers sent SIGTERM in turn, as
 Kubernetes, systemd and Docker stop a process, and replaced) loses nothing; the stopped workers give
 their unstarted leases back at once instead of leaving them to expire, so little is fetched twice."""
 
@@ -61,7 +61,7 @@ def test_a_worker_stopped_while_redis_is_down_exits_after_the_grace_and_loses_no
     tmp_path: Path, site_factory: Any
 ) -> None:
     """SIGTERM during a Redis outage: the item pipeline waits for Redis, and Scrapy closes only once every
-    response is through the pipelines, so the worker used to wait for Redis for ever. It now gives up
+    response is through the pipelines, so the worker would wait for Redis for ever. It gives up
     after SCHEDULER_SHUTDOWN_GRACE (one ERROR line) without acknowledging anything: a worker started once
     Redis is back crawls what it held."""
     server = start_own(["--appendonly", "yes", "--appendfsync", "always"])

@@ -1,4 +1,4 @@
-"""Hostile entries in Redis (issue 15): no entry stops a worker, valid entries cannot hijack the crawl, no
+"""Hostile entries in Redis: no entry stops a worker, valid entries cannot hijack the crawl, no
 credential is written to Redis, denied networks are not reached. Real Redis, real ``scrapy crawl`` workers.
 """
 
@@ -466,7 +466,8 @@ def test_the_secret_comes_from_settings_or_the_environment(monkeypatch: pytest.M
 
     monkeypatch.delenv("SCRAPY_DIST_SECRET", raising=False)
     assert EntryPolicy.from_dist(DistSettings.from_settings(Settings())).secret is None
-    assert EntryPolicy.from_dist(DistSettings.from_settings(Settings({"SCHEDULER_ENTRY_SECRET": 12345}))).secret == b"12345"
+    with_secret = DistSettings.from_settings(Settings({"SCHEDULER_ENTRY_SECRET": 12345}))
+    assert EntryPolicy.from_dist(with_secret).secret == b"12345"
     monkeypatch.setenv("SCRAPY_DIST_SECRET", SECRET)
     policy = EntryPolicy.from_dist(DistSettings.from_settings(Settings()))
     assert policy.secret == SECRET.encode()

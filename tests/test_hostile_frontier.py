@@ -1,4 +1,4 @@
-"""Hostile Redis contents against the frontier's scripts (issue 15): bounded work per call, capped record
+"""Hostile Redis contents against the frontier's scripts: bounded work per call, capped record
 lists, values checked before the first write, and bloom parameters bounded. Real Redis, real Frontier."""
 
 from __future__ import annotations
@@ -230,9 +230,8 @@ def test_limits_no_worker_has_do_not_park_a_domain_for_days(redis_url: str, redi
 def test_a_frontier_key_of_another_type_is_moved_aside_and_the_crawl_goes_on(
     redis_url: str, redis_client: Any, name: str, politeness: str
 ) -> None:
-    """A key of the frontier holding another Redis type than the frontier writes there is not ours: it
-    used to refuse every call (every worker stopped until someone deleted it); now it is moved to
-    <key>:garbage, named in the answer, and the call goes on with the key empty."""
+    """A key of the frontier holding another Redis type than the frontier writes there is not ours: it is
+    moved to <key>:garbage, named in the answer, and the call goes on with the key empty."""
     df = _bloom(redis_client)
     key = getattr(KEYS, name)
     if name == "seq":  # a string is the right type there
@@ -289,8 +288,8 @@ def _items(n: int, tag: bytes = b"") -> list[tuple[Any, ...]]:
 def test_a_bloom_block_of_another_type_is_repaired_and_loses_nothing(
     redis_url: str, redis_client: Any
 ) -> None:
-    # a block key replaced by a LIST used to fail the call half way: the requests before it marked seen in
-    # the bloom filter, none of them queued -- lost for good
+    # a block key replaced by a LIST must not fail the call half way: the requests before it would be
+    # marked seen in the bloom filter, none of them queued -- lost for good
     df, blocks = _small_blocks(redis_client)
     assert len(blocks) > 4
     redis_client.rpush(blocks[1], "junk")
@@ -306,8 +305,8 @@ def test_a_bloom_block_of_another_type_is_repaired_and_loses_nothing(
 
 
 def test_a_bloom_block_cut_short_reads_as_clear_bits(redis_url: str, redis_client: Any) -> None:
-    # every block's last window cut in half: a few lookups in ten read a window cut short, which used to be
-    # a Lua error half way through the call
+    # every block's last window cut in half: a few lookups in ten read a window cut short, which must not
+    # be a Lua error half way through the call
     df, blocks = _small_blocks(redis_client)
     run(_sync(redis_url, SyncBatch(enqueue=_items(1, b"first")), df=df))  # the blocks, at their full size
     blocks = [k for k in blocks if redis_client.exists(k)]  # not the next filter's (passed, not created)
@@ -382,9 +381,9 @@ def test_a_garbage_item_count_is_recounted_from_the_filter_and_the_crawl_goes_on
     redis_url: str, redis_client: Any, garbage: Any, fresh_worker: bool
 ) -> None:
     """A count someone wrote -- not a number, past the bound, or one the filter's blocks contradict (too
-    low: the filters after it exist; too high: the filter it names does not) -- used to stop every worker
-    until repaired by hand. Now the next call recounts it (the newest filter that exists and its fill),
-    writes it back and says so; nothing inserted before is forgotten."""
+    low: the filters after it exist; too high: the filter it names does not) -- does not stop the workers:
+    the next call recounts it (the newest filter that exists and its fill), writes it back and says so;
+    nothing inserted before is forgotten."""
     df, old = _filled_chain(redis_client, 2500)
     redis_client.hset(KEYS.bloom, "n", garbage)
     if fresh_worker:  # a worker started after the garbage: it knows no count but the garbage

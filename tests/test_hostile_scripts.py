@@ -1,4 +1,4 @@
-"""Scripts validate before they write (issue 15): the housekeeping scripts against hostile values, called
+"""Scripts validate before they write: the housekeeping scripts against hostile values, called
 directly on a real Redis. A bad value is repaired, or the call is refused with nothing written."""
 
 from __future__ import annotations

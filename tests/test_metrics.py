@@ -1,4 +1,4 @@
-"""Issue 21, Prometheus: ``scrapy-dist metrics`` serves the crawl-wide snapshot ``status`` reads, in the
+"""Prometheus: ``scrapy-dist metrics`` serves the crawl-wide snapshot ``status`` reads, in the
 Prometheus text format (parsed here with prometheus_client's own parser), cached, bounded, and never
 crashing on what is in Redis."""
 

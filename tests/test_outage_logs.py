@@ -1,4 +1,4 @@
-"""Quiet, truthful logs (issue 17): a Redis outage is one WARNING and one "reachable again" INFO per worker
+"""Quiet, truthful logs: a Redis outage is one WARNING and one "reachable again" INFO per worker
 -- not one per component -- and a worker start logs no redis-py maintenance-notification lines. Real
 ``scrapy crawl`` workers; the outage is a real redis-server stopped and started again on the same port."""
 

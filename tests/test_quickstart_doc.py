@@ -1,4 +1,4 @@
-"""Issue 17: the quickstart's own-project walk-through (docs/quickstart.md, section 3), run verbatim.
+"""The quickstart's own-project walk-through (docs/quickstart.md, section 3), run verbatim.
 
 Every fenced block after a ``<!-- quickstart-test: ... -->`` marker is taken from the document, in order:
 

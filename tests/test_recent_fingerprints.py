@@ -1,6 +1,6 @@
-"""A worker's memory of the links it sent (scrapy_dist/dupefilter/recent.py) must not hide what the crawl-wide filter
-forgets: ``DUPEFILTER_TTL``, ``DEADLETTER_FORGET`` and ``scrapy-dist forget`` make URLs new again, also
-for the worker that had found them before."""
+"""A worker's memory of the links it sent (scrapy_dist/dupefilter/recent.py) must not hide what the
+crawl-wide filter forgets: ``DUPEFILTER_TTL``, ``DEADLETTER_FORGET`` and ``scrapy-dist forget`` make URLs
+new again, also for the worker that had found them before."""
 
 from __future__ import annotations
 

@@ -1,26 +1,10 @@
 """The ``scrapy-dist`` command: a click group whose subcommands each live in ``scrapy_dist/cli/<name>.py``
 and are registered by one import line at the bottom of this file.
 
-Every subcommand finds Redis the way workers do (first match wins; one function,
-:func:`scrapy_dist.connection.resolve_target`):
-
-1. ``--redis-url`` (given before or after the subcommand name; the command line's ``-s REDIS_URL``);
-2. the Scrapy project's settings, when run inside a project (``REDIS_URL``, ``REDIS_SENTINELS``,
-   ``REDIS_HOST``/``REDIS_PORT``, see :mod:`scrapy_dist.redis.connection`);
-3. the ``REDIS_URL`` environment variable;
-4. the embedded Redis (the project's, inside a project, so it is the one its crawls use).
-
-Every setting is checked as a worker checks it: a bad value is the same one line, exit status 1.
-
-The CLI never works on the wrong thing quietly: outside a Scrapy project with no Redis named (no
-``--redis-url``, no ``$REDIS_URL``), commands that read or change a crawl refuse in one line rather than
-start a fresh, empty embedded Redis in the current directory; and a spider name the project does not have
-is refused with the closest name suggested (``--force`` goes ahead anyway).
-
-Short flags mean one thing in every subcommand: ``-f`` is ``--follow`` (``items``, as in ``tail -f``),
-``-j`` is ``--json-lines``, ``-h`` is ``--help``; ``--file`` and ``--force`` have no short form.
-
-The project's other settings (``REDIS_PARAMS``, ``REDIS_KEY_PREFIX``, ...) apply in every case.
+Every subcommand finds Redis as workers do (:func:`scrapy_dist.connection.resolve_target`; the order is in
+docs/connection.md, "Which Redis"), checks every setting as a worker does (one line, exit 1), refuses
+outside a project with no Redis named, and refuses a spider the project does not have (closest name
+suggested, ``--force`` goes ahead). Short flags mean one thing everywhere (docs/quickstart.md, section 5).
 
 Writing a subcommand::
 

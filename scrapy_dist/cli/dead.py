@@ -1,21 +1,10 @@
-"""``scrapy-dist dead <spider>``: list, requeue or purge the crawl's dead letters.
+"""``scrapy-dist dead <spider>``: list, requeue or purge the crawl's dead letters (docs/retries.md).
 
-Dead letters are the JSON records :class:`scrapy_dist.middlewares.RetryMiddleware` (and, with
-``HTTPERROR_DEAD_LETTER``, :class:`scrapy_dist.middlewares.HttpErrorMiddleware`) append to
-``{spider}:deadletter`` for requests that finally failed; :mod:`scrapy_dist.frontier.deadletter` documents them.
-
-* no option: a table (the last ``--limit`` records, 100 by default) and a count per reason;
-* ``--json``: one JSON object per line, every record (or ``--limit``);
-* ``--requeue``: the records' requests go back into the frontier queue with their retry counter reset,
-  through the frontier's own ``sync`` script (no deduplication: the URLs were seen before), then the
-  records are removed one by one with ``LREM`` -- so records appended meanwhile by running workers stay,
-  and a requeue interrupted half-way requeues some requests twice rather than losing any;
-* ``--purge``: the records are deleted (with ``--reason``, only the matching ones);
-* ``--reason R`` limits any of these to records whose reason is ``R`` (``500``, ``DownloadTimeoutError``
-  or the full ``scrapy.exceptions.DownloadTimeoutError``).
-
-The list is writable by anyone with access to Redis, so records are validated; malformed ones are reported
-on stderr, never requeued, and only purged by a ``--purge`` without ``--reason``.
+``--requeue`` goes through the frontier's own ``sync`` script (no deduplication), then removes the records
+one by one with ``LREM``, so records appended meanwhile stay and an interrupted requeue requeues some
+requests twice rather than losing any. Records are untrusted (:mod:`scrapy_dist.frontier.deadletter`
+parses them): malformed ones are reported on stderr, never requeued, and only purged by a ``--purge``
+without ``--reason``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""``scrapy-dist forget SPIDER URL... | --file F | --fingerprint HEX``: make URLs new again.
+"""``scrapy-dist forget SPIDER URL... | --file F | --fingerprint HEX``: make URLs new again
+(docs/continuous.md, "Forgetting URLs").
 
-After a forget, the next time a worker finds one of these URLs (a link, or a seed pushed again with
-``REDIS_START_URLS_DEDUPE``) it is fetched again. Whatever filter the crawl has in Redis is told:
-
-* the exact filters (``SetDupeFilter``: ``{spider}:fingerprints``, and ``{spider}:fingerprints:ttl`` with
-  ``DUPEFILTER_TTL``) remove the fingerprint;
-* the bloom filter cannot remove one item, so ``"<h1>:<h2>"`` of the fingerprint goes into the exact
-  ``{spider}:forgotten`` SET, which the filter consults before its bits and empties as it admits: each
-  forgotten URL is admitted once (``lua/dupe.lua``).
-
-With ``SCHEDULER_SHARDS``, each fingerprint is forgotten in the shard its URL is routed to (with crawl-wide
-politeness, its host's shard: a bare ``--fingerprint`` is then forgotten on every shard).
-
-Fingerprints are made as the workers make them: the project's ``REQUEST_FINGERPRINTER_CLASS`` (Scrapy's
-default outside a project). A URL alone stands for ``GET <url>`` with no body; a request the spider makes
-differently (POST, headers the fingerprinter includes) is named with ``--fingerprint`` (its hex, as
-``scrapy-dist dead --json`` or a log line shows it). A running worker of a crawl on Scrapy's own scheduler
-keeps a per-process first-level filter: there, a forget takes effect for new workers.
+The exact filters remove the fingerprint; the bloom filter cannot, so ``"<h1>:<h2>"`` goes into the
+``{spider}:forgotten`` SET it consults before its bits (``lua/dupe.lua``). With shards, each fingerprint is
+forgotten on its URL's shard. Fingerprints are made as the workers make them (the project's
+``REQUEST_FINGERPRINTER_CLASS``, for ``GET <url>``); other requests are named with ``--fingerprint``.
 """
 
 from __future__ import annotations

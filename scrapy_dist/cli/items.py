@@ -1,11 +1,8 @@
 """``scrapy-dist items <spider> [--follow] [--json-lines]``: print the items a crawl wrote to Redis.
 
-Reads the items key of :class:`scrapy_dist.pipelines.RedisPipeline` (``REDIS_ITEMS_KEY``) without
-consuming it: a LIST is read with ``LRANGE`` from an offset (``--follow`` polls ``LLEN``), a STREAM with
-``XRANGE`` (``--follow`` blocks in ``XREAD``). Whether the key is a LIST or a STREAM is detected.
-
-A LIST that a consumer pops from while ``--follow`` runs shifts under the offset, so items may be skipped
-or shown twice; use a STREAM (``REDIS_ITEMS_STREAM = True``) when items are consumed and watched at once.
+Reads ``REDIS_ITEMS_KEY`` without consuming it: a LIST with ``LRANGE`` from an offset (``--follow`` polls
+``LLEN``), a STREAM with ``XRANGE`` (``--follow`` blocks in ``XREAD``). A LIST a consumer pops from shifts
+under the offset (items skipped or shown twice): use a STREAM when items are consumed and watched at once.
 """
 
 from __future__ import annotations

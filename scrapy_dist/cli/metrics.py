@@ -1,4 +1,4 @@
-"""``scrapy-dist metrics [SPIDER...]``: serve Prometheus metrics of crawls (:mod:`scrapy_dist.monitor.metrics`)."""
+"""``scrapy-dist metrics [SPIDER...]``: serve Prometheus metrics of crawls (``monitor/metrics.py``)."""
 
 from __future__ import annotations
 

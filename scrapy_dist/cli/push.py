@@ -1,17 +1,10 @@
-"""``scrapy-dist push <spider> [URL ...] [--file FILE|-]``: validate seeds locally and push them fast.
+"""``scrapy-dist push <spider> [URL ...] [--file FILE|-]``: validate seeds locally and push them fast
+(docs/seeds.md, "scrapy-dist push").
 
-Seeds are checked with the very rules the spider applies (:mod:`scrapy_dist.seeds.parse`): inside a Scrapy
-project the spider class is loaded, so its ``redis_key``, its ``custom_settings`` (``REDIS_START_URLS_AS_SET``
-/ ``AS_ZSET``, ``REDIS_START_URLS_MAX_BYTES``) and its callback names are honoured; outside one, callback
-names are checked for form only. Rejected seeds are counted per reason and shown (the first few, with their
-line numbers); they are not pushed, and the command then exits with status 1 -- the valid ones are pushed
-anyway.
-
-Speed: seeds go out in multi-value ``RPUSH`` / ``SADD`` / ``ZADD`` commands of :data:`CHUNK` seeds,
-:data:`CHUNKS_PER_ROUND_TRIP` of them pipelined per round trip, so Redis costs a round trip per 20,000
-seeds and the limit is the local validation (well over 50,000 seeds/s). A LIST gets the seeds appended
-(``RPUSH``): workers take them in file order, after the seeds already waiting (``redis-cli lpush`` puts a
-seed at the head instead, to be taken next).
+Seeds are checked with the rules the spider applies (:mod:`scrapy_dist.seeds.parse`, with the project's
+spider class when there is one); rejected seeds are counted per reason, shown, not pushed, and make the
+exit status 1. Valid seeds go out in multi-value ``RPUSH`` / ``SADD`` / ``ZADD`` commands of :data:`CHUNK`
+seeds, :data:`CHUNKS_PER_ROUND_TRIP` pipelined per round trip, so local validation is the limit.
 """
 
 from __future__ import annotations

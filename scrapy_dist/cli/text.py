@@ -1,10 +1,6 @@
-"""Making text read from Redis safe to print.
-
-Anything in Redis may have been written by someone else: a worker id, a URL, a reason or an item can hold
-terminal escape sequences (``ESC [ 2 J`` clears the screen, OSC 52 writes the clipboard, a C1 ``CSI``
-byte does the same on some terminals), bidi overrides that reorder what the reader sees, and -- since the
-tools draw tables with rich -- console markup such as ``[/x]``. Every value the CLI prints from Redis goes
-through :func:`printable` (plain text) or :func:`json_safe` (inside JSON output), and is handed to rich as
+"""Making text read from Redis safe to print: anything there may hold terminal escape sequences (clear the
+screen, write the clipboard), bidi overrides or rich console markup. Every value the CLI prints from Redis
+goes through :func:`printable` (plain text) or :func:`json_safe` (inside JSON output), and reaches rich as
 a ``Text`` object, never as a markup string.
 """
 

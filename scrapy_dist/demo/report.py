@@ -1,7 +1,4 @@
-"""What the demo shows: the live view while it runs and the summary (the verdict) at the end.
-
-Pure: these functions take figures and return a summary, text or rich renderables; no I/O.
-"""
+"""What the demo shows: the live view while it runs and the summary (the verdict) at the end; no I/O."""
 
 from __future__ import annotations
 

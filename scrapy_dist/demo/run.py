@@ -1,30 +1,12 @@
-"""``scrapy-dist demo``: a distributed crawl of a generated local website, with a worker killed half way.
+"""``scrapy-dist demo``: a distributed crawl of a generated local website, with a worker killed half way
+(what it shows and what its summary means: docs/quickstart.md, "Watch the demo").
 
-What :class:`Demo` does, in order (the site is :mod:`scrapy_dist.demo.site`, the workers
-:mod:`scrapy_dist.demo.workers`, the live view and the summary :mod:`scrapy_dist.demo.report`):
-
-1. serves a generated site (:mod:`scrapy_dist.demo.site`: a link graph with a few slow, flaky and missing pages)
-   on 127.0.0.1, in a thread of this process, which records every answer it gives;
-2. starts the workers: real ``scrapy crawl demo`` processes of ``example_project`` (its ``demo`` spider is a
-   :class:`~scrapy_dist.spiders.RedisSpider`), each with its log file;
-3. pushes the seed with ``LPUSH <prefix>demo:start_urls <url>``, exactly what ``redis-cli lpush`` does;
-4. shows a live view (pages/s, the frontier's queued / in flight / delayed, one row per worker, a progress
-   bar to the site's size); with chaos on, SIGKILLs the busiest worker once half the site is crawled and
-   starts a fresh one;
-5. once every worker has closed (they close together once the crawl has been idle a few seconds), prints
-   the summary -- pages crawled, **lost** (pages that exist but were never answered 200: must be 0),
-   duplicate fetches, retries, dead letters, elapsed -- and returns exit status 1 if anything was lost, a
-   worker failed or the time ran out.
-
-The truth comes from the site, not from the crawler: a page counts as crawled only if the site answered
-it 200. Every run is a fresh crawl under its own key prefix (``demo-<time>-<random>:``), whose keys are
-deleted at the end; an embedded Redis the demo had to start is stopped again.
-
-Which project the workers run: ``example_project/`` next to the package (a source checkout installed with
-``pip install -e .``), or the copy of it that the wheel carries as ``scrapy_dist/_example_project`` (hatch
-``force-include`` in pyproject.toml), so there is one example project, never a second copy in code.
-
-This module is longer than our ~400 lines because :class:`Demo` is (its docstring says why).
+:class:`Demo` serves the site (:mod:`~scrapy_dist.demo.site`, in a thread that records every answer),
+starts the workers (:mod:`~scrapy_dist.demo.workers`: real ``scrapy crawl demo`` processes of
+``example_project``, from the checkout or the wheel's ``scrapy_dist/_example_project`` copy), pushes the
+seed, shows the live view and summary (:mod:`~scrapy_dist.demo.report`), and judges the run by the site's
+record (:mod:`~scrapy_dist.demo.site`), not the crawler's. Each run has its own key prefix, deleted at
+the end.
 """
 
 from __future__ import annotations
@@ -82,7 +64,7 @@ __all__ = [
     "demo_graph",
     "locate_project",
     "summarize",
-    # from demo_report, imported from here by the tests
+    # from demo.report, imported from here by the tests
     "Snapshot",
     "WorkerRow",
     "combined_rate",
@@ -129,13 +111,8 @@ class DemoOptions:
 
 
 class Demo:
-    """Runs one demo (see the module docstring). ``run()`` returns the exit status.
-
-    Longer than our ~250 lines for a class on purpose: it is the script of one run, step by step, over the
-    state that every step shares (site, workers, client, keys, console); the pieces that stand alone live
-    in :mod:`~scrapy_dist.demo.site`, :mod:`~scrapy_dist.demo.workers`, :mod:`~scrapy_dist.demo.redis_server` and
-    :mod:`~scrapy_dist.demo.report`.
-    """
+    """Runs one demo (see the module docstring) over the state every step shares (site, workers, client,
+    keys, console). ``run()`` returns the exit status."""
 
     def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
         self.options = options

@@ -1,15 +1,9 @@
 """A generated website served on 127.0.0.1, for the demo, the tests and the benchmarks.
 
-Pages ``/page/<i>`` for ``i`` in ``0..pages-1``; page ``i`` links to ``i+1`` (so every page is reachable
-from ``/page/0``) and to ``links - 1`` other pages chosen by a seeded RNG (so the graph is the same on
-every run). Optional ``slow``, ``flaky`` and ``missing`` page sets make it realistic:
-
-* slow pages answer after ``slow_delay`` seconds;
-* flaky pages answer 503 the first ``flaky_failures`` times they are requested, then 200;
-* missing pages answer 404 (they are still linked to).
-
-Every request is recorded in :attr:`SiteServer.log` as ``(monotonic time, path, status)`` so tests can
-check what was fetched, how often, and when.
+Page ``i`` of ``/page/0 .. /page/<pages-1>`` links to ``i+1`` (so every page is reachable from ``/page/0``)
+and to ``links - 1`` pages chosen by a seeded RNG (the same graph on every run). Optional ``slow``,
+``flaky`` (503 the first ``flaky_failures`` times) and ``missing`` (404) pages; every answer is recorded
+in :attr:`SiteServer.log` as ``(monotonic time, path, status)``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The demo's workers: real ``scrapy crawl demo`` processes of the example project, started, watched,
-stopped and (for chaos) killed by :mod:`scrapy_dist.demo.run`.
-
-How a worker reaches the demo's Redis without its password showing in the process list: an embedded
-server by its directory (``REDIS_EMBEDDED_DIR``), any other by an environment variable that a small
-settings module, written into the run directory, reads (see :func:`worker_env`).
+stopped and (for chaos) killed by :mod:`scrapy_dist.demo.run`. They reach the demo's Redis without its
+password in the process list (:func:`worker_env`).
 """
 
 from __future__ import annotations

@@ -1,46 +1,9 @@
-"""Sizing and hashing of the Redis scalable bloom filter (no Redis I/O here; see ``lua/dupe.lua``).
+"""Sizing and hashing of the Redis scalable bloom filter (no Redis I/O; the bits are set by ``lua/dupe.lua``).
 
-The filter is a chain of classic bloom filters, each a set of equal bitmap *blocks* (Redis strings of at
-most ``BLOOMFILTER_BLOCK_BITS`` bits, far below the 512 MB string limit, sized to the allocator's size
-classes: see :func:`_layout`). Items go into the newest filter
-until it holds its capacity, then the next one starts; a lookup tests every filter.
-
-How the chain is planned, and why:
-
-* **Up to the declared capacity** the chain has ``L + 1`` filters whose capacities grow 16x
-  (``c_0 ... c_L``, ``sum = capacity``, ``c_0`` of about 1,000 to 16,000 items), so a small crawl only ever
-  allocates the small first filters. (Growth 16 rather than 8: the last filter then holds 15/16 of the
-  capacity, and the chain costs ~3.5% more bits than one filter instead of ~6%; a small crawl allocates
-  at most ~16x what it uses, which is kilobytes.) The error budget is shared in proportion to capacity
-  (``e_i = 0.95 * E * c_i / capacity``): the tiny early filters get tighter error rates (the chain's
-  error "tightens" going back), which is the allocation that minimises total bits for a fixed sum of
-  errors, and keeps a crawl far below its capacity practically free of false positives. The largest
-  filter uses its optimal number of hashes (10 at ``E = 0.001``), the small ones two fewer (8) and the
-  filters past the capacity at most as many as the largest: each hash of an insert is one ``SETBIT``, the
-  largest part of the Redis CPU a new URL costs, and most crawls live in the small filters, where the
-  bits this costs are few. At the declared capacity this plans 1.92-1.95 bytes per item at
-  ``E = 0.001`` (a single optimal unblocked filter needs 1.80; the classic 2x/0.5x scalable chain about
-  2.6). Layout 3, which crawls created before keep, did not cap the hashes: 1.3% fewer bits, but 17-24
-  hashes per insert in the small filters at the default capacity, three times the bit writes.
-* **Past the declared capacity** the chain keeps growing like a classic scalable bloom filter: each new
-  filter has twice the capacity of the one before and half the error, paid from the 5% reserve, so the
-  compound false-positive rate stays below ``E`` however far the crawl overshoots (a warning is logged
-  once, since memory per item rises).
-
-Bit positions (layouts 3 and 4, :data:`HASHING`): a *window-blocked* layout. Each filter is cut into
-windows of ``WINDOW_BITS`` (4,096 bits = 512 bytes) and all ``k`` bits of an item lie in one window, chosen by
-``h1 mod windows``; inside it, bit ``j`` is ``(a + j*b + j*j*c) mod 4096`` with ``a``, ``b`` (odd) and ``c``
-(even) taken from disjoint bits of ``h2``. ``b`` odd and ``c`` even make the ``k`` positions distinct, and
-the ``2**34`` patterns per window put the collision floor (two items sharing every bit) near ``1e-8``. Why:
-a test costs one ``GETRANGE`` per filter (and an insert one ``SETBIT`` per bit still clear) instead of
-one ``GETBIT`` per bit of every filter, which is what made the filter slow (each ``redis.call`` from Lua costs
-about a microsecond, whatever it does). The price is a little memory: items are not spread evenly over the
-windows, so for the same error a blocked filter needs more bits. The sizes below are solved with the exact
-blocked false-positive rate (:func:`window_fpr`), which at 4,096-bit windows asks about 1% more bits at
-``E = 0.001`` and 2-3% more at the tighter rates of the chain's small first filters. (Plain double hashing
-over the whole filter, the previous scheme, also had a false-positive floor of about ``n / m**2`` that the
-small filters hit.) The layout is recorded in the filter's hash (``hashing``), so a filter is always read
-with the plan and positions it was written with.
+A chain of filters of equal bitmap blocks, all ``k`` bits of an item in one window of ``WINDOW_BITS``, sized
+with the exact blocked false-positive rate (:func:`window_fpr`); the plan and its figures are in
+docs/frontier.md, "The bloom filter". The layout version is recorded in ``{spider}:bloom`` (``hashing``),
+so a filter is always read with the plan and positions it was written with.
 """
 
 from __future__ import annotations
@@ -60,10 +23,8 @@ PLANNED_GROWTH = 16
 OVERFLOW_GROWTH = 2
 RESERVE = 0.05
 MIN_FIRST_CAPACITY = 1000
-#: version of the filter's layout, stored in ``{spider}:bloom`` as ``hashing``: new filters are written
-#: with it. 3: the bit positions below, errors shared in proportion to capacity, each filter's optimal
-#: hash count; 4: the same positions and errors, hash counts capped (see :class:`BloomPlan`). A crawl
-#: recorded with 3 keeps that plan.
+#: layout new filters are written with (``hashing`` in ``{spider}:bloom``); 3 gives each filter its optimal
+#: hash count, 4 caps the hash counts (see :class:`BloomPlan`); a crawl recorded with 3 keeps it
 HASHING = 4
 #: layouts this version reads (the crawl's recorded ``hashing`` decides which plan its workers use)
 SCHEMES = (3, 4)
@@ -75,10 +36,8 @@ WINDOW_BITS = 4096
 STRING_OVERHEAD = 10
 #: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
 KEY_OVERHEAD = 80
-#: the filter never holds more than this many times its declared capacity: a recorded item count past it,
-#: or an insert that would pass it, is refused (at 8x the chain is 3 filters past the planned ones and
-#: about 9x the planned memory -- with the 1/4 steps of a TTL generation, about 30 small filters; hostile
-#: counts cannot make a worker allocate or name more)
+#: the filter never holds more than this many times its declared capacity (a recorded count past it, or an
+#: insert that would pass it, is refused), so hostile counts cannot make a worker allocate or name more keys
 MAX_OVERSHOOT = 8
 #: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
 MAX_BLOCK_BITS = 2**32
@@ -258,14 +217,9 @@ def alloc_size(size: int) -> int:
 
 
 def _layout(windows: int, block_bits: int) -> tuple[int, int]:
-    """(blocks, windows per block) for a filter of at least ``windows`` windows.
-
-    A Redis string of ``n`` bytes takes a jemalloc size class of ``n + STRING_OVERHEAD`` bytes, up to 25%
-    more: one string per filter would waste that much (a 1.63 MB filter takes a 1.75 MB class). So the
-    bitmap is cut into the number of equal blocks (at most ``block_bits`` each) whose size classes waste
-    least, and each block is then widened to all the windows its class holds: that slack becomes bits
-    (a lower error rate) at no memory cost.
-    """
+    """(blocks, windows per block) for a filter of at least ``windows`` windows: the number of equal
+    blocks (at most ``block_bits`` each) whose jemalloc size classes waste least, each widened to all the
+    windows its class holds, so the allocator's slack becomes bits instead of waste."""
     window_bytes = WINDOW_BITS // 8
     max_per_block = block_bits // WINDOW_BITS
     least = -(-windows // max_per_block)
@@ -310,12 +264,8 @@ class BloomPlan:
         planned = self._planned_capacities()
         # the error budget, shared in proportion to capacity (the fewest bits for a fixed sum of errors)
         errors = [(1 - RESERVE) * self.error_rate * c / self.capacity for c in planned]
-        # Layout 3 gave every filter the hash count its rate calls for: 17-24 in the small filters at the
-        # default capacity, where their tight rates put it, and each hash of an insert is one SETBIT -- a
-        # small crawl, which lives in those filters, paid the most Redis CPU per URL. Layout 4 keeps the
-        # rates and caps the hashes: SMALL_FILTER_HASH_CUT fewer than the largest filter's optimum in the
-        # small filters (8 at 0.1%), no more than it past the capacity; the small filters, 1/16 of the
-        # capacity, pay with more bits (1.3% more memory in all).
+        # each hash of an insert is one SETBIT: layout 4 caps the small filters, where small crawls live,
+        # at SMALL_FILTER_HASH_CUT fewer than the largest filter's optimum, and paid for it with more bits
         #: the most hashes any filter uses (layout 4: the largest planned filter's optimum)
         self.max_hashes = 40 if scheme == 3 else _size(planned[-1], errors[-1])[1]
         small = 40 if scheme == 3 else max(1, self.max_hashes - SMALL_FILTER_HASH_CUT)

@@ -1,20 +1,10 @@
-"""Crawl-wide request deduplication in Redis.
+"""Crawl-wide request deduplication in Redis: :class:`BloomDupeFilter` (a scalable bloom filter in Redis
+bitmaps, :mod:`scrapy_dist.dupefilter.bloom`) and :class:`SetDupeFilter` (exact: a SET of raw fingerprints).
 
-* :class:`BloomDupeFilter` -- a scalable bloom filter in Redis bitmaps (see :mod:`scrapy_dist.dupefilter.bloom`):
-  about 1.92 bytes of Redis memory per URL at a 0.1% false-positive rate, versus ~85 for a fingerprint SET.
-* :class:`SetDupeFilter` -- exact: a SET of raw 20-byte fingerprints, for crawls that cannot accept false
-  positives.
-
-Both work in two places:
-
-* with :class:`scrapy_dist.scheduler.Scheduler`, which does not call :meth:`request_seen` but sends the
-  fingerprint *tokens* of a whole batch of discovered requests to its ``sync`` Lua script, where the
-  dedupe and the enqueue happen in one atomic call (the same ``dupe.lua`` code as here);
-* as the ``DUPEFILTER_CLASS`` of Scrapy's own scheduler, through the synchronous :meth:`request_seen`:
-  one atomic test-and-set per new fingerprint. That is a blocking round trip, so a per-process
-  first-level filter answers for fingerprints this process has already seen: a ``pybloom_live``
-  ScalableBloomFilter (error rate 1e-7, memory-bounded, ~15 us per check -- far cheaper than the round
-  trip it saves, and too slow for the scheduler's batched path, which does not use it).
+Both serve the scheduler, whose ``sync`` script deduplicates a batch's fingerprint *tokens* with the same
+``dupe.lua`` code, and Scrapy's own scheduler through :meth:`request_seen`: one atomic test-and-set per
+fingerprint, behind a per-process ``pybloom_live`` filter that answers for those this process has seen.
+Memory and error figures: docs/frontier.md, "The bloom filter".
 """
 
 from __future__ import annotations
@@ -79,7 +69,7 @@ class RedisDupeFilter:
     fingerprinter: Any
     stats: StatsCollector | None = None
     debug: bool = False
-    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever; see scrapy_dist/dupefilter/generations.py)
+    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever; see dupefilter/generations.py)
     ttl: float | None = None
     _logged_dupes: bool = field(default=False, init=False, repr=False)
     _script: Any = field(default=None, init=False, repr=False)
@@ -168,8 +158,8 @@ class RedisDupeFilter:
         return self.mode, [self.keys.forgotten, self.keys.fingerprints], []
 
     def recent_max_age(self) -> float:
-        """Seconds a worker may skip a fingerprint it sent itself (:mod:`scrapy_dist.dupefilter.recent`): ten minutes,
-        none with an exact TTL (a URL is new again exactly TTL seconds after it was seen)."""
+        """Seconds a worker may skip a fingerprint it sent itself (:mod:`scrapy_dist.dupefilter.recent`): ten
+        minutes, none with an exact TTL (a URL is new again exactly TTL seconds after it was seen)."""
         return RECENT_MAX_AGE if self.ttl is None else 0.0
 
     def observe(self, bloom_n: int) -> None:
@@ -182,14 +172,14 @@ class RedisDupeFilter:
 
     def run_batch(self, op: str, tokens: list[tuple[Any, Any]], now: float | None = None) -> list[bool]:
         """``dupe_batch.lua`` over ``tokens`` (``op``: "add", "check" or "forget"; ``now``: injected time,
-        None = the server's): see :meth:`scrapy_dist.dupefilter.script.DupeScript.run`. True where already seen."""
+        None = the server's): see :meth:`.script.DupeScript.run`. True where already seen."""
         if self._script is None:
             self._script = DupeScript(self.redis)
         return self._script.run(self, op, tokens, now)
 
     def key_names(self) -> list[str]:
-        """Every key of this filter beyond the fixed names of :data:`scrapy_dist.redis.keys.FRONTIER_KEY_NAMES`
-        (bloom blocks and generations), for a flush or the end of a crawl."""
+        """Every key of this filter beyond the fixed names of ``redis.keys.FRONTIER_KEY_NAMES`` (bloom
+        blocks and generations), for a flush or the end of a crawl."""
         return []
 
     def stats_snapshot(self) -> dict[str, float]:

@@ -1,25 +1,8 @@
 """Fingerprints with an age (``DUPEFILTER_TTL``): the bloom filter's generations (no Redis I/O here).
 
-A bloom filter cannot delete one item, so with a TTL it is cut in time: ``G`` generations
-(``BLOOMFILTER_GENERATIONS``), generation ``e`` covering ``[e*span, (e+1)*span)`` of the clock with
-``span = TTL / (G-1)``. A lookup at time ``t`` tests generations ``cur-G+1 .. cur`` (``cur = floor(t/span)``),
-an insert writes ``cur``, and Redis drops generation ``e``'s keys whole when it stops being live (they are
-created with that expiry, see ``lua/dupe.lua``) -- no scan, no rotation step that two workers could both
-run or both miss: the current generation is a function of the clock (the Redis server's, in the scripts).
-
-Precision: a URL seen at time ``t`` (in generation ``e``) is new again at ``(e+G)*span``, between ``TTL``
-and ``TTL * G/(G-1)`` after ``t``. Memory: each generation is a chain sized for the URLs first seen in
-one span (``BLOOMFILTER_CAPACITY / (G-1)``: the capacity is the URLs remembered over one TTL) at error
-rate ``BLOOMFILTER_ERROR_RATE / G`` (a lookup tests ``G`` generations, so their errors add up to the
-setting), and ``G`` generations exist where ``G-1`` spans of URLs are remembered. Measured at error rate
-0.001 (``python -m benchmarks --only continuous``): 4.24, 3.10 and 2.84 bytes per URL seen per TTL for
-``G`` = 2, 4 and 8, against 1.94 without a TTL. More generations: a sharper expiry and less memory, but
-more filters to test per lookup (Redis CPU).
-
-Why generations of the whole chain and not a counting filter or per-fingerprint expiry: a counting
-filter needs 4+ bits per cell and deletes by decrement, which a crash between two decrements corrupts; the
-chain keeps the filter's 1.9-byte-per-URL cost and its atomic test-and-set, and costs one extra read per
-live generation per lookup.
+Generation ``e`` covers ``[e*span, (e+1)*span)`` of the clock (``span = TTL / (G-1)``): lookups test the
+last ``G``, inserts write the current one, and Redis expires a generation's keys whole when it stops being
+live, so nothing rotates. Precision, memory and figures: docs/continuous.md, "Fingerprints that expire".
 """
 
 from __future__ import annotations
@@ -36,8 +19,7 @@ from scrapy_dist.dupefilter.bloom import (
 )
 
 #: a generation that receives more than its share of URLs grows by filters of this fraction of its last
-#: planned one, not by doubling: a span 25% busier than planned then costs ~30% more memory for that
-#: generation instead of ~3x (measured in ``python -m benchmarks --only continuous``)
+#: planned one, not by doubling, so a busy span costs some memory, not a cliff
 OVERFLOW_STEP = 0.25
 
 

@@ -18,8 +18,8 @@ from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 logger = logging.getLogger(__name__)
 
-#: fingerprints per script call: about 1 ms of Redis time each at most (the calls of one batch are
-#: pipelined, so a smaller call costs no round trip, and other clients' commands run between them)
+#: fingerprints per script call: short calls let other clients' commands run between them, and the calls
+#: of one batch are pipelined, so a smaller call costs no round trip
 CALL_TOKENS = 48
 
 
@@ -53,12 +53,8 @@ class DupeScript:
         """``op`` ("add", "check" or "forget") over ``tokens`` for filter ``df``: script calls of at most
         :data:`CALL_TOKENS` fingerprints each, pipelined in one round trip (one per call on Redis
         Cluster). Each fingerprint's test-and-set is atomic, and the calls run in order, so a fingerprint
-        twice in a batch is new only the first time. True where the fingerprint was already seen.
-
-        Why not one call for the whole batch: a script holds Redis for its whole run, so a batch of
-        thousands would stall every other worker's calls for tens of milliseconds, and a call slower than
-        ``slowlog-log-slower-than`` (10 ms by default) is copied into Redis's slow log, arguments and all
-        -- up to a few hundred KB of Redis memory that the filter does not need.
+        twice in a batch is new only the first time. True where the fingerprint was already seen. (One
+        call per batch would hold Redis for the whole batch, and land in its slow log, arguments and all.)
         """
         chunks = [
             [x if isinstance(x, bytes) else str(x) for pair in tokens[i : i + CALL_TOKENS] for x in pair]

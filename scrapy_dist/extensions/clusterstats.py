@@ -1,20 +1,11 @@
-"""Crawl-wide stats: every worker's Scrapy stats merged into one Redis hash, plus the worker heartbeat.
+"""Crawl-wide stats: every worker's Scrapy stats merged into one Redis hash, plus the worker heartbeat
+(docs/monitoring.md, "Crawl-wide stats").
 
-Unlike a stats collector that writes through to Redis (scrapy-redis reads, computes and writes back on
-every increment: racy, and up to three round trips each), :class:`ClusterStats` leaves Scrapy's in-memory
-stats collector alone and, every ``CLUSTERSTATS_INTERVAL`` seconds and once at close, sends what changed
-since its last flush in one atomic script call (``lua/clusterstats.lua``) that also writes the heartbeat:
-
-* numbers are *summed*: the worker sends the difference to what it flushed before (``HINCRBY`` /
-  ``HINCRBYFLOAT``), so the crawl-wide value is the sum of every worker's latest value;
-* ``start_time`` and names matching ``CLUSTERSTATS_MIN_STATS`` take the *minimum*; ``finish_time``,
-  ``elapsed_time_seconds``, ``memusage/max``, ``request_depth_max``, names with a ``max`` word, the bloom
-  filter's figures (the same crawl-wide value on every worker) and ``CLUSTERSTATS_MAX_STATS`` the *maximum*;
-  datetimes are stored as fixed-width ISO 8601 UTC strings;
-* strings (``finish_reason``) are stored as the last worker wrote them.
-
-Each flush carries a sequence number, so a flush resent after a lost reply is not counted twice. Nothing
-is deleted when a worker closes. A worker killed with SIGKILL loses at most the last interval of its stats.
+:class:`ClusterStats` leaves Scrapy's in-memory collector alone and, every ``CLUSTERSTATS_INTERVAL`` and
+once at close, sends what changed since its last flush in one ``lua/clusterstats.lua`` call: numbers
+summed as differences, start times and ``CLUSTERSTATS_MIN_STATS`` by minimum, finish times, ``max`` stats,
+the bloom figures and ``CLUSTERSTATS_MAX_STATS`` by maximum, strings as last written. A sequence number
+makes a resent flush count once; nothing is deleted when a worker closes.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Crawl-wide error monitoring: a sliding window of errors over every worker, and an action when it
-passes a threshold.
+passes a threshold (docs/monitoring.md, "Error monitor").
 
-Each worker counts, from Scrapy's signals, every download attempt and what went wrong:
-
-* **HTTP errors** -- responses whose status is in ``ERRORMONITOR_HTTP_ERRORS`` (default 5xx and 429),
-  counted as they come off the network, before any retry (``response_downloaded``);
-* **download errors** -- attempts that ended in an exception (timeouts, refused connections, DNS...):
-  ``request_left_downloader`` without a response;
-* **spider errors** -- exceptions raised by callbacks and errbacks (``spider_error``).
-
-Every ``CLUSTERSTATS_INTERVAL`` seconds the counts go into the crawl-wide window (one ``errors.lua``
-call: counters per time bucket, so the cost does not depend on how many errors there were), which answers
-with the window's totals. When the window holds more than ``ERRORMONITOR_MAX_ERRORS`` errors, or more than
-``ERRORMONITOR_MAX_ERROR_RATE`` of its attempts failed (judged from ``ERRORMONITOR_MIN_ATTEMPTS`` attempts
-on), exactly one worker -- the first to see it -- takes ``ERRORMONITOR_ACTION`` (at most once per window):
-
-* ``log``: an alert at ERROR level with the top error reasons and example URLs;
-* ``pause``: the alert, and the crawl-wide ``paused`` flag -- every worker stops taking new requests until
-  ``scrapy-dist resume <spider>``;
-* ``close``: the alert, and the crawl-wide close decision -- every worker closes with reason
-  ``error_threshold`` at its next flush.
+Each worker counts download attempts, HTTP errors (``ERRORMONITOR_HTTP_ERRORS``, before any retry),
+download errors and spider errors from Scrapy's signals; every ``CLUSTERSTATS_INTERVAL`` one ``errors.lua``
+call adds them to per-bucket counters and answers the window's totals. Past ``ERRORMONITOR_MAX_ERRORS`` or
+``ERRORMONITOR_MAX_ERROR_RATE``, exactly one worker takes ``ERRORMONITOR_ACTION`` (``log``, ``pause`` or
+``close``), at most once per window.
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
-"""Closing every worker together once the crawl has run out of work.
+"""Closing every worker together once the crawl has run out of work (docs/monitoring.md, "Closing
+together").
 
-The scheduler already closes a worker (reason ``finished``) once the crawl-wide frontier has been empty for
-``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds -- but only when nothing else keeps the engine open. A spider that
-waits for seeds (``RedisSpider``, whose ``start()`` never ends) or a ``spider_idle`` handler keeps it open
-forever, and each worker would decide on its own clock anyway.
-
-:class:`IdleMonitor` makes it one decision for the whole crawl. Every worker polls (one pipelined round
-trip per second at most) the frontier's queued, leased and delayed counts, the seeds still waiting
-(``<spider>:start_urls`` and the seeds being turned into requests) and the crawl-wide control flags:
-
-* once all of them have been zero for ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds and this worker has no
-  request of its own in progress, it runs ``idle.lua``, which checks the frontier again atomically and sets
-  the control flag ``close = finished``;
-* every worker that sees a ``close`` flag set after it started closes with that reason -- so all workers
-  close within about a second of each other;
-* seeds arriving in the meantime make the counts non-zero and restart the clock, so everyone keeps running.
-
-``SCHEDULER_IDLE_BEFORE_CLOSE = 0`` (the default) means "never close an idle crawl that waits for seeds":
-the monitor then only relays close decisions (``error_threshold``) and plain spiders still finish through
-the scheduler as soon as the frontier drains.
-
-With a sharded frontier (``SCHEDULER_SHARDS = N``) the counts are summed over the N shards, and since no
-script can see several slots, the decision first checks with
-:func:`~scrapy_dist.frontier.shard.shards_idle` (a double collect) that every shard was empty at one moment,
-then runs ``idle.lua`` on shard 0 -- so no crawl is called finished while any shard holds work.
+:class:`IdleMonitor` makes it one decision for the crawl: every worker polls the frontier's counts, the
+waiting seeds and the control flags; once all have been zero for ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds
+and this worker holds no request, ``idle.lua`` re-checks the frontier atomically and sets ``close =
+finished``, which every worker started before it obeys. With ``SCHEDULER_IDLE_BEFORE_CLOSE = 0`` it only
+relays close decisions. With shards, :func:`~scrapy_dist.frontier.shard.shards_idle` first proves every
+shard was empty at one moment (a double collect), then ``idle.lua`` runs on shard 0.
 """
 
 from __future__ import annotations

@@ -48,10 +48,9 @@ class PeriodicTask:
         """Stop the task and wait until it has: a stop flag, then a cancellation, sent again every
         :data:`STOP_RETRY` seconds while the task runs on.
 
-        One cancellation is not enough. On Python < 3.12, ``asyncio.wait_for`` -- which redis-py wraps
-        around every socket write -- swallows a cancellation that arrives just as the write completes: the
-        call then returns normally and the loop went on for ever, while the spider's close waited for it
-        (a worker that logged "Closing spider" and never exited; seen in CI)."""
+        One cancellation is not enough: on Python < 3.12, ``asyncio.wait_for`` (around every redis-py
+        socket write) swallows a cancellation that arrives just as the write completes, and the loop would
+        go on for ever while the spider's close waits for it."""
         task, self._task = self._task, None
         if task is None:
             return

@@ -1,16 +1,10 @@
-"""``STATS_CLASS = "scrapy_dist.stats.RedisStatsCollector"``: scrapy-redis's stats collector, kept cheap.
+"""``STATS_CLASS = "scrapy_dist.stats.RedisStatsCollector"``: scrapy-redis's stats collector, kept cheap
+(docs/monitoring.md).
 
-scrapy-redis's ``RedisStatsCollector`` writes every ``inc_value`` through to a Redis hash
-(``STATS_KEY``, ``<spider>:stats``) -- up to three round trips per increment, several per request, and
-racy between workers (read, compute, write back). Ours keeps Scrapy's in-memory collector for this worker
-(no round trip on the hot path) and makes sure the crawl-wide figures reach Redis through the existing
-:class:`~scrapy_dist.extensions.ClusterStats` machinery: every ``CLUSTERSTATS_INTERVAL`` seconds and at
-close, one atomic script call merges what changed (numbers summed over workers) into ``{<spider>}:stats``.
-
-Differences, deliberately: ``get_value``/``get_stats`` answer this worker's stats, as Scrapy's collector
-does (:meth:`RedisStatsCollector.crawl_stats` reads the crawl-wide hash, one round trip); the key is
-``{<spider>}:stats`` (``STATS_KEY`` is not read: see the migration table); the hash is not deleted when a
-worker closes (a crawl that does not persist has its keys removed once it finishes).
+Instead of writing every increment through to Redis as scrapy-redis does, it keeps Scrapy's in-memory
+collector and turns on :class:`~scrapy_dist.extensions.ClusterStats`, which merges what changed into
+``{<spider>}:stats`` every interval. ``get_value``/``get_stats`` answer this worker's stats;
+:meth:`RedisStatsCollector.crawl_stats` reads the crawl-wide hash; ``STATS_KEY`` is not read.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""The worker registry: who is crawling, and whether they are still alive.
-
-Two keys per crawl:
-
-* ``{spider}:workers`` -- ZSET worker id -> last seen (Redis server time). The scheduler's frontier sync
-  refreshes it several times a second; :class:`~scrapy_dist.extensions.ClusterStats` refreshes it with
-  every heartbeat (so it works with any scheduler).
-* ``{spider}:worker:<id>`` -- HASH with the worker's details, rewritten every ``CLUSTERSTATS_INTERVAL``
-  seconds by its heartbeat (see :func:`heartbeat_fields`) and expiring a week after the last one.
-
-A worker is *lost* when it has not been seen for :data:`LOST_AFTER_INTERVALS` heartbeat intervals, unless it
-said it closed; the leases a lost worker held are the ones the frontier requeues when they run out.
+"""The worker registry: who is crawling, and whether they are still alive (docs/monitoring.md, "Worker
+heartbeats"): ``{spider}:workers`` (id -> last seen) and one ``{spider}:worker:<id>`` HASH per worker,
+written by its heartbeat and read back through :func:`parse_worker_hash`. A worker unseen for
+:data:`LOST_AFTER_INTERVALS` heartbeat intervals, and that did not say it closed, is lost.
 """
 
 from __future__ import annotations

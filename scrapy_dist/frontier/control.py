@@ -1,24 +1,12 @@
-"""The crawl-wide control flags in ``{spider}:control`` (a HASH), read and written by the scheduler, the
-monitors and ``scrapy-dist pause|resume``.
+"""The crawl-wide control flags in ``{spider}:control`` (a HASH: ``paused``, ``close``/``close_at``,
+``errors_tripped_at``, ``shards``; docs/monitoring.md, "Control flags"), read and written by the scheduler,
+the monitors and ``scrapy-dist pause|resume|close``.
 
-Fields:
-
-* ``paused`` -- ``"1"`` while the crawl is paused: every worker's frontier sync sees it and stops leasing
-  and handing out requests (``paused_by`` = ``cli`` or ``errormonitor``, ``paused_at`` = server time);
-* ``close`` / ``close_at`` -- a crawl-wide decision to close every worker with reason ``close``
-  (``finished`` from the :class:`~scrapy_dist.extensions.IdleMonitor`, ``error_threshold`` from the
-  :class:`~scrapy_dist.extensions.ErrorMonitor`). A worker honours it only if it was set after the worker
-  started (server time), so workers started later for a new run of the crawl are not closed by an old
-  decision;
-* ``errors_tripped_at`` -- when the error monitor last passed its threshold (one action per window);
-* ``shards`` -- the crawl's number of frontier shards (written once by the first worker).
-
-Anything in this hash is untrusted: :func:`parse_control` is the one parser (used by the workers and by
-``scrapy-dist status``); it never raises for garbage field values -- a bad field is ignored and named in
-:attr:`ControlState.problems`, which callers report once (:func:`report_problems`). A close decision
-counts only if ``close`` is a reason slug and ``close_at`` a finite time between the worker's start and
-:data:`CLOSE_AT_SLACK` seconds past the current server time: a ``close_at`` far in the future (set by hand
-or by an attacker) would otherwise close every worker started later, forever.
+Anything in this hash is untrusted: :func:`parse_control` is the one parser; it never raises for garbage,
+it ignores a bad field and names it in :attr:`ControlState.problems` (reported once,
+:func:`report_problems`). A close decision counts only if ``close_at`` lies between the worker's start and
+:data:`CLOSE_AT_SLACK` seconds past the server's time, so a ``close_at`` set far in the future cannot close
+every worker started later.
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
-"""Dead letters: the record format of a request that finally failed (retry timing is in
-:mod:`scrapy_dist.frontier.retrytiming`).
-
-A dead letter is one JSON object in the crawl's ``{spider}:deadletter`` LIST (:attr:`CrawlKeys.deadletter`):
-
-============  =====================================================================================
-field         value
-============  =====================================================================================
-``request``   base64 of the wire payload (:func:`scrapy_dist.wire.codec.encode_request`); ``null`` when the
-              request could not be encoded (it can be listed, not requeued)
-``url``       the request URL
-``reason``    HTTP status (``"500"``) or exception class (``"scrapy.exceptions.DownloadTimeoutError"``)
-``attempts``  how many times it was downloaded (``retry_times + 1``)
-``worker``    id of the worker that gave up on it
-``at``        unix time it was recorded
-``status``    HTTP status of the last response (only when there was one)
-``detail``    first 300 characters of the exception message or status text (optional)
-============  =====================================================================================
-
-Records are read back by ``scrapy-dist dead``; since anyone with access to Redis can write that list,
-:func:`parse_record` and :func:`requeue_payload` treat them as untrusted and raise
+"""Dead letters: the record format of a request that finally failed, one JSON object in
+``{spider}:deadletter`` (fields: docs/retries.md, "Record format"; retry timing is
+:mod:`scrapy_dist.frontier.retrytiming`). Anyone with access to Redis can write that list, so
+:func:`parse_record` and :func:`requeue_payload` treat records as untrusted and raise
 :class:`~scrapy_dist.exceptions.RejectedEntry` for anything malformed.
 """
 
@@ -200,10 +183,9 @@ def requeue_payload(
     attempts), URL checked. Returns ``(payload, priority)``; raises :class:`RejectedEntry`.
 
     The new payload is signed only if ``policy`` has a secret and the record's own tag verifies with it:
-    a record someone else wrote stays unauthenticated, so workers hold it to the rules for seeds.
-
-    The payload is checked again by whichever worker leases it (:func:`scrapy_dist.wire.codec.decode_request`),
-    so this only needs to understand the map well enough to edit ``meta``.
+    a record someone else wrote stays unauthenticated, so workers hold it to the rules for seeds. The
+    payload is checked again by whichever worker leases it, so this only needs to understand the map well
+    enough to edit ``meta``.
     """
     d = load_payload(payload, max_bytes)
     check_url(d.get("u"), allowed_schemes)

@@ -1,16 +1,10 @@
-"""Everything scrapy-dist needs from Scrapy's engine that Scrapy does not expose publicly.
+"""Everything scrapy-dist needs from Scrapy's engine that Scrapy does not expose publicly: the one module
+that reads ``engine._slot``, so a Scrapy upgrade that moves it is a one-file fix.
 
-This is the one module that reads ``engine._slot``, so a Scrapy upgrade that moves it is a one-file fix:
-
-* which requests the engine is still working on (downloaded, callback and item pipelines running):
-  ``engine._slot.inprogress``; a request leaves it only after its callback's output has been handed to
-  the scheduler, which is when the frontier may acknowledge it;
-* a way to make the engine ask for requests *now* (``engine._slot.nextcall.schedule()``) instead of at
-  its next 5-second heartbeat, when prefetched requests arrive or the crawl turns idle;
-* the running scheduler (``engine._slot.scheduler``) and whether the engine is already closing.
-
-The scheduler does not take a crawler: it takes an :class:`Engine` -- :class:`EngineView` of a real
-crawler, or :class:`DetachedEngine` for a scheduler driven without a running engine (tests, tools).
+It tells which requests the engine still works on (``inprogress``: a request leaves it only once its
+callback's output reached the scheduler, when the frontier may acknowledge it), makes the engine ask for
+requests now (``nextcall.schedule()``), and finds the running scheduler. The scheduler takes an
+:class:`Engine`: :class:`EngineView` of a real crawler, or :class:`DetachedEngine` (tests, tools).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """A crawl's layout in Redis: its shards, their keys and dupefilters -- joined at start, removed at the end --
 and which shard a request goes to (:class:`Router`).
 
-* :meth:`CrawlLayout.join` (worker start, synchronous, before the reactor's loop runs a round): queue
-  entries are laid out differently with crawl-wide politeness, and a request's shard depends on N, so a
-  crawl has one ``SCHEDULER_POLITENESS`` mode and one ``SCHEDULER_SHARDS`` N, recorded in its control
-  hash by its first worker; a worker that differs is refused with one line. The control hash also
-  records the newest frontier format (:data:`FRONTIER_FORMAT`) that has joined the crawl, so that workers
-  of two versions that would misread each other's entries never run together (:func:`format_check`).
-* :meth:`CrawlLayout.delete` (``SCHEDULER_FLUSH_ON_START``): every shard's keys, of this worker's N and of
-  the crawl's recorded N (a crawl restarted with another N leaves nothing behind).
-* :meth:`CrawlLayout.finish` (``SCHEDULER_PERSIST = False``): the last worker to leave a finished crawl
-  removes its keys.
-* :meth:`CrawlLayout.filter_stats`: the dupefilter figures for the stats, summed over the shards.
+:meth:`CrawlLayout.join` records (first worker) or checks the crawl's ``SCHEDULER_POLITENESS`` mode, its
+``SCHEDULER_SHARDS`` N and the newest frontier format (:func:`format_check`) in the control hash, refusing
+a worker that differs in one line; :meth:`CrawlLayout.delete` clears every shard of this worker's and the
+recorded N (``SCHEDULER_FLUSH_ON_START``); :meth:`CrawlLayout.finish` lets the last worker remove a
+finished crawl (``SCHEDULER_PERSIST = False``); :meth:`CrawlLayout.filter_stats` sums the dupefilter
+figures over the shards.
 """
 
 from __future__ import annotations
@@ -210,10 +205,9 @@ class CrawlLayout:
 
     # -- end ------------------------------------------------------------------------------------------
     async def finish(self, redis: Any, worker_id: str, lease_seconds: float) -> None:
-        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys.
-
-        With shards, ``finish.lua`` can only see shard 0 (one slot): the other shards are first checked
-        empty with :func:`~scrapy_dist.frontier.shard.shards_idle`, and deleted once shard 0's keys have been."""
+        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys. With
+        shards, ``finish.lua`` sees only shard 0: the others are first checked empty
+        (:func:`~scrapy_dist.frontier.shard.shards_idle`) and deleted once shard 0's keys have been."""
         keys = self.keys
         if self.shards > 1 and not await shards_idle(redis, self.shard_keys):
             await redis.zrem(keys.workers, worker_id)

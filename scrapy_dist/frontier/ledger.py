@@ -1,23 +1,14 @@
-"""What one worker holds and owes the shared frontier: an I/O-free ledger.
+"""What one worker holds and owes the shared frontier: an I/O-free ledger (every method that needs the
+time takes ``now``; tests/test_ledger.py).
 
-The scheduler's buffers, and every rule about them, live here; nothing in this module talks to Redis or
-to Scrapy's engine, and every method that needs the time takes ``now``, so the rules are unit-tested in
-milliseconds (tests/test_ledger.py). The :class:`~scrapy_dist.frontier.syncloop.SyncLoop` moves the ledger's
-contents to and from Redis:
-
-* **outgoing** -- discovered requests (:class:`Outgoing`), delayed retries, dead letters, rejections,
-  releases and politeness penalties wait here until the next round (:meth:`Ledger.take_batches`);
-* **ready** -- leased requests not yet handed to the engine (:class:`~scrapy_dist.frontier.leased.LeasedBuffer`),
-  served highest priority first, and **local** ones that could not be encoded (crawled by this worker
-  only);
-* **handed** -- requests the engine works on, with the lease they came from;
-* **acks** -- leases of finished requests. An ack may travel in the same atomic call as the requests its
-  callback produced (that is what makes a SIGKILL lose nothing); with a sharded frontier, when that output
-  goes to other shards, the ack is held back until a round carrying it has landed on every shard
-  (:meth:`Ledger.take_batches` / :meth:`Ledger.finish_round`).
-
-A round either lands on a shard (:meth:`Ledger.apply` takes in its answer) or fails there
-(:meth:`Ledger.restore` puts its batch back in front of what came since); nothing is ever dropped.
+Its buffers: **outgoing** (discovered requests, delayed retries, dead letters, rejections, releases,
+politeness penalties) until the next round; **ready** leased requests
+(:class:`~scrapy_dist.frontier.leased.LeasedBuffer`, best first) and **local** ones that could not be
+encoded; **handed** (in the engine, with their lease); **acks** of finished requests, which travel in the
+same atomic call as their callback's output, or with shards are held back until a round carrying it has
+landed on every shard (:meth:`Ledger.take_batches`, :meth:`Ledger.finish_round`). A round lands on a
+shard (:meth:`Ledger.apply`) or fails there (:meth:`Ledger.restore` puts its batch back in front); nothing
+is ever dropped. The :class:`~scrapy_dist.frontier.syncloop.SyncLoop` moves it to and from Redis.
 """
 
 from __future__ import annotations
@@ -40,23 +31,19 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.shard import SyncResult
 
 
-#: most discovered requests one sync call carries to one shard. A script holds Redis for its whole run:
-#: a backlog (thousands of requests after an outage) goes in several short calls, not one long one that
-#: every other worker waits behind. 48 keep a call under 1 ms (the crawl benchmark's calls replayed back
-#: to back, as a busy server runs them: p99 0.59 ms with SETTLE_PER_RECORD; during one worker's crawl,
-#: caches cold, 0.91-1.02 ms).
+#: most discovered requests one sync call carries to one shard: a script holds Redis for its whole run,
+#: so a backlog goes in several short calls, not one long one every other worker waits behind (the call
+#: size is set by the sync p99 target, docs/capacity.md)
 CALL_RECORDS = 48
 #: an ack, a lease or a renewal costs the script about a sixth of a discovered request's dedupe and
-#: enqueue (the crawl benchmark's calls, fitted per item: ~1.8 against ~10.6 us): the call that settles
-#: a shard's leases carries that many fewer discovered requests (the rest go in the round's other calls),
-#: so that a call leasing a whole prefetch is no longer than the others (its p99 set the crawl's).
+#: enqueue (docs/capacity.md): the call that settles a shard's leases carries that many fewer discovered
+#: requests, so a call leasing a whole prefetch is no longer than the others
 SETTLE_PER_RECORD = 6
 #: discovered requests the settling call always carries: a round makes progress whatever it settles
 SETTLE_MIN_RECORDS = 8
 #: most calls of one round to one shard: a worker that discovers more than ``CALL_RECORDS`` requests
-#: between two rounds (a busy reactor turns slowly: 50 ms and more) sends them in several short calls at
-#: once (concurrently, one round trip) instead of one call per round, which let a backlog grow for the
-#: whole crawl and held the acks back with it. What is left past them waits for the next round, at once.
+#: between two rounds sends them in several short calls at once (concurrently, one round trip), so no
+#: backlog grows and holds the acks back; what is left waits for the next round, which comes at once
 CALLS_PER_ROUND = 8
 
 

@@ -1,17 +1,10 @@
 """Queue orders of the shared frontier, chosen with ``SCHEDULER_QUEUE_CLASS``.
 
-Every queue is the same Redis sorted set (``{spider}:queue``); a queue class only decides the *score* of
-an entry and the *order of its sequence prefix*. Redis orders members of equal score by their bytes, and
-every member starts with a 6-byte big-endian sequence number taken from ``{spider}:seq`` in the same
-atomic call that adds it, so:
-
-* :class:`PriorityQueue` (default): score ``-request.priority``; higher priority first, and within one
-  priority first-in first-out -- across all workers, in the order the frontier received them.
-* :class:`FifoQueue`: one score; first-in first-out, priority ignored.
-* :class:`LifoQueue`: one score, inverted sequence numbers; last-in first-out, priority ignored.
-
-Since the sequence number makes every member unique, two identical ``dont_filter`` requests are two
-entries. All three pop with ``ZPOPMIN`` inside the frontier's ``sync`` script, so leases work the same.
+Every queue is the same sorted set (``{spider}:queue``), and every member starts with a 6-byte big-endian
+sequence number from ``{spider}:seq``; a queue class only decides the score and the order of that prefix:
+:class:`PriorityQueue` (default; ``-priority``, FIFO within a priority, across all workers),
+:class:`FifoQueue` (one score) and :class:`LifoQueue` (one score, inverted sequence numbers). Two identical
+``dont_filter`` requests are two entries; all pop with ``ZPOPMIN`` inside the ``sync`` script.
 """
 
 from __future__ import annotations

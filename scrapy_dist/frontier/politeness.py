@@ -1,18 +1,11 @@
-"""Crawl-wide politeness (``SCHEDULER_POLITENESS = "cluster"``): which limits apply to which domain.
+"""Crawl-wide politeness (``SCHEDULER_POLITENESS = "cluster"``): which limits apply to which domain
+(docs/politeness.md).
 
-The frontier enforces the limits (``lua/polite.lua``): a request of a domain that may not be fetched yet
-is simply not leased, so workers take other domains' requests meanwhile. This module only answers, for a
-domain, its ``(delay, concurrency, jitter)``:
-
-* defaults: ``DOWNLOAD_DELAY``, ``CONCURRENT_REQUESTS_PER_DOMAIN`` and ``DOWNLOAD_DELAY_JITTER``
-  (Scrapy's, default 0.5), held crawl-wide. The jitter only ever *lengthens* a delay, by up to that
-  fraction of it (Scrapy's per-process jitter is symmetric), so a rule's delay is a guaranteed minimum
-  gap between two fetches of the domain across all workers. A rule's ``concurrency: 0`` means no
-  crawl-wide cap (Scrapy's per-process ``CONCURRENT_REQUESTS_PER_DOMAIN`` still applies in each
-  worker; note that Scrapy itself reads 0 there as "no requests at all").
-* ``DOMAIN_LIMITS = {"*.example.com": {"delay": 1.0, "concurrency": 2, "jitter": 0.5}, ...}`` overrides
-  them per domain glob (``fnmatch``); the most specific rule wins: an exact name before any glob, then
-  the glob with the most literal characters. Keys a rule leaves out keep the defaults.
+The frontier enforces the limits (``lua/polite.lua``: a domain that may not be fetched yet is simply not
+leased); this module only answers a domain's ``(delay, concurrency, jitter)``: Scrapy's
+``DOWNLOAD_DELAY``, ``CONCURRENT_REQUESTS_PER_DOMAIN`` and ``DOWNLOAD_DELAY_JITTER`` held crawl-wide,
+overridden by the most specific ``DOMAIN_LIMITS`` glob. The jitter only lengthens a delay, so a delay is a
+guaranteed minimum gap across all workers; ``concurrency: 0`` means no crawl-wide cap.
 """
 
 from __future__ import annotations
@@ -63,7 +56,7 @@ class DomainLimits:
     def bound(self) -> str:
         """``"<delay> <jitter>"``: the longest delay and the largest jitter any domain has here. The
         frontier clamps a domain's limits read from Redis to it (garbage someone wrote there, ``86400 1
-        10``, held each request of the domain back for days)."""
+        10``, would hold each request of the domain back for days)."""
         rules = [self.default.delay, *(float(r.get("delay", self.default.delay)) for _, r in self.rules)]
         jitters = [self.default.jitter, *(float(r.get("jitter", self.default.jitter)) for _, r in self.rules)]
         return f"{max(rules)!r} {max(jitters)!r}"
@@ -92,10 +85,8 @@ DOMAIN_SCAN_LIMIT = 20_000
 
 
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
-    """The domains with the largest backlog, with their limits and slots in use (for ``status``).
-
-    Reads at most :data:`DOMAIN_SCAN_LIMIT` fields of ``{spider}:domains:info`` (HSCAN), so on a crawl of
-    more domains than that the list is drawn from a sample.
+    """The domains with the largest backlog, with their limits and slots in use (for ``status``), from at
+    most :data:`DOMAIN_SCAN_LIMIT` fields of ``{spider}:domains:info`` (HSCAN: a sample on a larger crawl).
     """
     info: dict[str, dict[str, str]] = {}
     for n, (field, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
@@ -124,11 +115,9 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
 def penalty_seconds(
     status: int, retry_after: bytes | None, limit: DomainLimit | None, now: float
 ) -> float | None:
-    """How long the whole crawl stays off a domain after a response of ``status`` (``None``: no penalty).
-
-    429 and 503 push the domain's next allowed fetch back by ``Retry-After`` when the server gives one,
-    else by twice the domain's delay (at least a second); never more than an hour.
-    """
+    """How long the whole crawl stays off a domain after a response of ``status`` (``None``: no penalty):
+    for 429 and 503, ``Retry-After`` when the server gives one, else twice the domain's delay (at least a
+    second); never more than an hour."""
     if status not in (429, 503):
         return None
     seconds = max(1.0, 2 * limit.delay) if limit else 1.0

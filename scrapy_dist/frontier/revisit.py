@@ -1,26 +1,11 @@
-"""Revisits: the frontier fetches a page again some time after it was fetched successfully.
+"""Revisits: the frontier fetches a page again some time after it was fetched successfully
+(docs/continuous.md, "Revisits" and "Conditional revisits").
 
-``request.meta["revisit_after"] = seconds`` (or a ``REVISIT_AFTER`` rule matching the request's URL or
-domain) makes the acknowledgement of that request also file it again in the crawl's delayed set, due
-that many seconds later: one item of the sync call's ``revisit`` section (``lua/sync_settle.lua``), so the
-ack and the re-schedule land together or not at all. A worker killed before the ack leaves its lease to
-run out (the page is fetched again, the revisit filed then); two workers acknowledging the same lease file
-one copy (the second finds the entry gone). Revisits come back through the delayed set, never through the
-dupefilter.
-
-A chain goes on while each fetch succeeds. It stops when
-
-* the callback sets ``response.meta["revisit_after"] = None`` (or the matching rule says ``None``);
-* the callback (or a spider middleware) raises: the ``spider_error`` signal;
-* the download fails, or its response is an error no callback sees (4xx/5xx dropped by
-  ``HttpErrorMiddleware``): only a response whose status is below 400 (or a 304 of a conditional revisit)
-  counts as a successful fetch.
-
-With ``REVISIT_CONDITIONAL = True`` the revisit entry carries the page's validators as request headers
-(``If-None-Match`` / ``If-Modified-Since``, bounded: see :func:`validators_of`), written into the entry's
-payload at ack time -- no extra key, no round trip; :class:`scrapy_dist.middlewares.revisit.
-ConditionalRevisitMiddleware` turns a 304 into "not modified" (counted, callback not called).
-
+``request.meta["revisit_after"]`` or a matching ``REVISIT_AFTER`` rule makes the request's ack also file
+it again in the delayed set, in the same atomic sync call (``lua/sync_settle.lua``), so the ack and the
+re-schedule land together or not at all. A chain goes on while each fetch succeeds (status below 400, or
+a 304 of a conditional revisit) and its callback does not raise or set ``revisit_after = None``. With
+``REVISIT_CONDITIONAL`` the entry carries the page's validators (:func:`validators_of`) in its payload.
 :class:`Revisits` is what the scheduler's ledger asks when a request is finished (``Ledger.revisit_of``).
 """
 
@@ -146,10 +131,8 @@ def _middleware_enabled(settings: Any) -> bool:
 
 class Revisits:
     """Decides, when the engine has finished a request, whether and when the frontier fetches it again
-    (see the module docstring). Reactor thread only; no I/O.
-
-    Stats: ``revisit/scheduled``, ``revisit/stopped`` (the callback set ``revisit_after = None`` or
-    raised), ``revisit/invalid`` (a ``revisit_after`` that is not a number of seconds: logged once).
+    (see the module docstring). Reactor thread only; no I/O. Stats: ``revisit/scheduled``,
+    ``revisit/stopped`` (the callback stopped the chain or raised), ``revisit/invalid`` (logged once).
     """
 
     def __init__(

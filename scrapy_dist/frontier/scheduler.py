@@ -1,22 +1,13 @@
 """The shared frontier as a drop-in Scrapy scheduler: ``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``.
 
-Scrapy calls ``enqueue_request``, ``next_request`` and ``has_pending_requests`` synchronously on the
-reactor thread, many times per page. None of them touches Redis. :class:`Scheduler` is a thin facade
-(docs/architecture.md) over:
-
-* :class:`~scrapy_dist.frontier.ledger.Ledger` -- what this worker holds and owes (I/O-free);
-* :class:`~scrapy_dist.frontier.syncloop.SyncLoop` -- the background task that exchanges the ledger with Redis in
-  rounds of ``sync`` calls (:class:`~scrapy_dist.frontier.shard.Frontier`, one per shard), with outages;
-* :class:`~scrapy_dist.frontier.layout.ShardRouter` -- which shard a request goes to, how leases are split, when
-  the crawl-wide frontier is empty;
-* :class:`~scrapy_dist.frontier.layout.CrawlLayout` -- joining the crawl at start, removing it at the end.
-
-A leased request is acknowledged only once the engine has finished it (download, callback and item
-pipelines), and the acknowledgement travels in the same atomic call as the requests its callback
-produced, so a worker killed at any moment loses nothing: what it held is requeued when its leases
-(``SCHEDULER_LEASE_SECONDS``, renewed while it works) run out.
-
-Longer than our ~400 lines for a module because :class:`Scheduler` is (its docstring says why).
+Scrapy calls ``enqueue_request``, ``next_request`` and ``has_pending_requests`` on the reactor thread many
+times per page, and none of them touches Redis: :class:`Scheduler` is a thin facade (docs/architecture.md)
+over the :class:`~scrapy_dist.frontier.ledger.Ledger`, the
+:class:`~scrapy_dist.frontier.syncloop.SyncLoop`, the :class:`~scrapy_dist.frontier.layout.ShardRouter`
+and the :class:`~scrapy_dist.frontier.layout.CrawlLayout`.
+A leased request is acknowledged only once the engine has finished it, in the same atomic call as the
+requests its callback produced, so a worker killed at any moment loses nothing: its leases run out and
+what it held is requeued.
 """
 
 from __future__ import annotations
@@ -77,15 +68,14 @@ class Scheduler:
     """Scrapy scheduler backed by a Redis frontier shared by every worker of the crawl.
 
     ``__init__`` takes plain objects (:meth:`from_crawler` wires them from a crawler): the dupefilter,
-    the crawl's keys, the settings, the queue order, where stats go, the :class:`~scrapy_dist.frontier.engine.Engine`
-    to wake and ask what is in progress, and what the Redis clients are built from (``redis_settings``:
+    the crawl's keys, the settings, the queue order, where stats go, the
+    :class:`~scrapy_dist.frontier.engine.Engine` to wake and ask what is in progress, and what the Redis
+    clients are built from (``redis_settings``:
     Scrapy settings or a dict with ``REDIS_URL``...). As Scrapy's own scheduler, it can be built from a
     dupefilter alone (``Scheduler(dupefilter)``, ``crawler`` None): the keys then come from the spider's
-    name at :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default.
-
-    Longer than our ~250 lines for a class: it is Scrapy's whole scheduler interface plus the services
-    other scrapy-dist components call (delays, dead letters, pauses, politeness); each method is a few
-    lines over the ledger, the loop, the router and the layout.
+    name at :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default. Besides Scrapy's
+    scheduler interface it owns the services other components call (delays, dead letters, pauses,
+    politeness), each a few lines over the ledger, the loop, the router and the layout.
     """
 
     def __init__(
@@ -250,7 +240,8 @@ class Scheduler:
         ]
         self.loop = SyncLoop(
             self.ledger, self.router, self.frontiers, self.engine,
-            decode=RequestDecoder(self.spider, self.policy, cfg.politeness == "cluster"), on_applied=self.report.applied, prefetch=cfg.prefetch,
+            decode=RequestDecoder(self.spider, self.policy, cfg.politeness == "cluster"),
+            on_applied=self.report.applied, prefetch=cfg.prefetch,
             flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
             lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,
             idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,

@@ -6,8 +6,8 @@ Redis round trip (EVALSHA) whatever it carries: requests to dedupe and enqueue, 
 renewals and releases, delayed retries, rejections, dead letters, and how many requests to lease.
 
 With a sharded frontier (``SCHEDULER_SHARDS = N``) there is one :class:`Frontier` per shard, each on that
-shard's keys (:meth:`scrapy_dist.redis.keys.CrawlKeys.shard`) and dupefilter; :func:`shard_of` says which shard
-a request belongs to. The scheduler talks to all of them each round (see docs/frontier.md).
+shard's keys (:meth:`scrapy_dist.redis.keys.CrawlKeys.shard`) and dupefilter; :func:`shard_of` says which
+shard a request belongs to. The scheduler talks to all of them each round (see docs/frontier.md).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class SyncBatch:
     penalize: list[tuple[str, float]] = field(default_factory=list)
     lease: int = 0
     #: (lease key, delay in seconds, new queue member or b"" for the same): acks that file the request
-    #: again in the delayed set, due that long after the Redis server's now (revisits, scrapy_dist/frontier/revisit.py)
+    #: again in the delayed set, due that long after the Redis server's now (revisits, frontier/revisit.py)
     revisit: list[tuple[bytes, float, bytes]] = field(default_factory=list)
     #: (t1, t2) fingerprint tokens the dupefilter forgets (DEADLETTER_FORGET, with their dead letters)
     forget: list[tuple[Any, Any]] = field(default_factory=list)

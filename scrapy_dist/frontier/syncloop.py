@@ -1,19 +1,14 @@
 """The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis.
 
-A round takes what the :class:`~scrapy_dist.frontier.ledger.Ledger` owes as one ``sync`` Lua call per shard --
-and, for a shard with more than :data:`~scrapy_dist.frontier.ledger.CALL_RECORDS` new requests, more calls of that
-many, up to :data:`~scrapy_dist.frontier.ledger.CALLS_PER_ROUND` (see :meth:`SyncLoop.calls_per_round`) -- sends them
-all concurrently (one round trip; each call short on the server) and takes the answers back in. A round
-is due when the engine runs low on leased requests (below half of ``SCHEDULER_PREFETCH``), when a
-write has waited ``SCHEDULER_FLUSH_INTERVAL`` or ``SCHEDULER_FLUSH_BATCH`` requests are buffered, when
-a backlog is being drained, when the crawl-wide view is older than ``SCHEDULER_IDLE_POLL``, and when
-leases are due for renewal (every third of ``SCHEDULER_LEASE_SECONDS``).
+A round takes what the :class:`~scrapy_dist.frontier.ledger.Ledger` owes as one ``sync`` call per shard
+(more for a backlog: :meth:`SyncLoop.calls_per_round`), sends them concurrently and takes the answers back
+in. A round is due when the engine runs low on leased requests, a write has waited
+``SCHEDULER_FLUSH_INTERVAL`` or ``SCHEDULER_FLUSH_BATCH`` requests are buffered, a backlog is draining,
+the crawl-wide view is older than ``SCHEDULER_IDLE_POLL``, or leases need renewing.
 
-Failures: a call that fails has its batch put back in the ledger; the loop waits with capped backoff and
-tries again. Redis being away is reported by the crawl's :class:`~scrapy_dist.redis.outage.Outage` (one
-warning per worker and outage); any other error is logged with its traceback (rate-limited) and the loop
-goes on -- no exception from an entry or a round stops it. Should the task itself ever end by accident,
-the worker closes with reason ``scheduler_failed`` instead of hanging without a frontier.
+A failed call's batch goes back in the ledger and the loop retries with capped backoff (outages reported
+by :class:`~scrapy_dist.redis.outage.Outage`, other errors logged, rate-limited); nothing from an entry or
+a round stops it, and should the task end by accident the worker closes with ``scheduler_failed``.
 """
 
 from __future__ import annotations
@@ -228,8 +223,9 @@ class SyncLoop:
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
     def calls_per_round(self, now: float) -> int:
-        """Most sync calls per shard this round, each of at most :data:`~scrapy_dist.frontier.ledger.CALL_RECORDS`
-        discovered requests: :data:`~scrapy_dist.frontier.ledger.CALLS_PER_ROUND` -- and eight times as many once
+        """Most sync calls per shard this round, each of at most
+        :data:`~scrapy_dist.frontier.ledger.CALL_RECORDS` discovered requests:
+        :data:`~scrapy_dist.frontier.ledger.CALLS_PER_ROUND` -- and eight times as many once
         draining a backlog has taken a quarter of a lease (a Redis so far away that rounds cannot keep
         up), so the acks it holds back go before their leases run out. Either way every call stays short:
         a backlog never goes as one long call that every other worker waits behind."""

@@ -1,23 +1,11 @@
-"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis.
+"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis (docs/items.md,
+"SharedCookiesMiddleware", has the trade-offs).
 
-Scrapy keeps cookies per process, so on a distributed crawl a login done by one worker is unknown to the
-others. :class:`SharedCookiesMiddleware` replaces ``scrapy.downloadermiddlewares.cookies.CookiesMiddleware``
-and keeps every cookiejar (``request.meta["cookiejar"]``) in Redis, one HASH per jar
-(:meth:`CrawlKeys.cookie_jar`), one field per cookie, so every worker sends the cookies any worker received.
-
-Trade-offs (see docs/items.md):
-
-* Reads are cached and incremental: a worker looks at a jar at most every ``REDIS_COOKIES_CACHE_SECONDS``,
-  so a cookie set on another worker reaches this one within that time, not at once. Every write logs its
-  changes with a version (a ZSET per jar); a read fetches only the changes since the reader's last one,
-  at most :data:`READ_LIMIT` (1,000) per refresh -- records planted in the jar by others without a
-  version are never read, and a bad record costs one rejection, not one per refresh.
-* Writes are batched (``REDIS_COOKIES_FLUSH_INTERVAL``), but a response that changed cookies reaches the
-  spider only after its changes are in Redis: the requests its callback yields -- on whichever worker they
-  run -- are sent with the new cookies, unless that worker still holds a fresh cached copy of the jar.
-* Cookies are merged per cookie (``domain``, ``path``, ``name``): two workers setting different cookies
-  at once both win; the same cookie set by two workers at once ends with the last write.
-* Records in Redis are JSON, checked field by field when read; invalid ones are skipped and counted.
+:class:`SharedCookiesMiddleware` replaces ``scrapy.downloadermiddlewares.cookies.CookiesMiddleware`` and
+keeps every cookiejar in Redis, one HASH per jar (:meth:`CrawlKeys.cookie_jar`), one field per cookie.
+Reads are cached and incremental (a versioned change log per jar, at most :data:`READ_LIMIT` changes per
+refresh), writes batched; a response that changed cookies reaches the spider only once its changes are in
+Redis. Records are JSON, checked field by field when read; invalid ones are skipped and counted.
 """
 
 from __future__ import annotations
@@ -102,21 +90,15 @@ class _SharedJar:
 
 # -- the middleware ------------------------------------------------------------------------------
 class SharedCookiesMiddleware(CookiesMiddleware):
-    """Drop-in for Scrapy's ``CookiesMiddleware`` whose cookiejars are shared by all workers via Redis.
-
-    Enable it in place of Scrapy's (same priority)::
-
-        DOWNLOADER_MIDDLEWARES = {
-            "scrapy.downloadermiddlewares.cookies.CookiesMiddleware": None,
-            "scrapy_dist.middlewares.SharedCookiesMiddleware": 700,
-        }
+    """Drop-in for Scrapy's ``CookiesMiddleware`` (same priority, 700, in its place: docs/items.md) whose
+    cookiejars are shared by all workers via Redis.
 
     Redis cost: one ``cookies_read`` script call per jar and worker every ``cache_seconds`` (concurrent
     readers share it), returning only the changes since the last one (at most ``read_limit``); one
     ``cookies_write`` script call per ``flush_interval`` and jar while cookies change
-    (:class:`~scrapy_dist.redis.batchwriter.BatchWriter`). A response that changed cookies is held until its
-    changes are written. Redis errors (:mod:`scrapy_dist.redis.outage`): reads fall back to the local copy,
-    writes are retried with capped backoff; an outage is one warning per worker.
+    (:class:`~scrapy_dist.redis.batchwriter.BatchWriter`). A response that changed cookies is held
+    until its changes are written. Redis errors (:mod:`scrapy_dist.redis.outage`): reads fall back to the
+    local copy, writes are retried with capped backoff; an outage is one warning per worker.
 
     Stats: ``cookies/shared/loads``, ``cookies/shared/written``, ``cookies/shared/rejected``,
     ``cookies/shared/redis_errors``.

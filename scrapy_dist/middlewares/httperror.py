@@ -1,14 +1,9 @@
 """Scrapy's ``HttpErrorMiddleware`` that can also dead-letter the responses it ignores.
 
-With ``HTTPERROR_DEAD_LETTER = True`` every response filtered out for its status (not 2xx, not allowed by
-``HTTPERROR_ALLOWED_CODES`` / ``HTTPERROR_ALLOW_ALL`` / ``handle_httpstatus_list`` /
-``handle_httpstatus_all``) is appended to the crawl's dead-letter list, so an audit can list every URL that
-never got a usable response -- including the 404s and 403s that are never retried. A response whose retries
-ran out was already dead-lettered by :class:`~scrapy_dist.middlewares.retry.RetryMiddleware` and is not
-recorded twice.
-
-Stats are Scrapy's (``httperror/response_ignored_count``,
-``httperror/response_ignored_status_count/<status>``), which the cluster stats extension sums crawl-wide.
+With ``HTTPERROR_DEAD_LETTER = True`` every response filtered out for its status goes to the crawl's
+dead-letter list, so an audit lists every URL that never got a usable response, 404s and 403s included; a
+response whose retries ran out was dead-lettered by the retry middleware already and is not recorded
+twice. Stats are Scrapy's ``httperror/...``, summed crawl-wide by the cluster stats extension.
 """
 
 from __future__ import annotations

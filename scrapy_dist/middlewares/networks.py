@@ -1,19 +1,10 @@
-"""Refuse requests to networks a crawl must not reach (``SCHEDULER_DENY_NETWORKS``).
+"""Refuse requests to networks a crawl must not reach (``SCHEDULER_DENY_NETWORKS``; why and the limits:
+docs/security.md, "Networks a crawl may not reach").
 
-Anyone who can push a seed or a queue entry chooses URLs the workers fetch from inside your network:
-``http://169.254.169.254/`` (cloud metadata and its credentials), ``http://127.0.0.1:6379/`` (the Redis
-itself), an admin page on ``10.0.0.1``. :class:`DenyNetworksMiddleware` checks the address a request's
-host resolves to -- not only its spelling: ``http://2130706433/`` or a DNS name pointing at 127.0.0.1 are
-caught too -- before the request leaves the worker. A refused request fails with :class:`DeniedNetwork`
-(an ``IgnoreRequest``), is counted (``deny_networks/refused``) and dead-lettered with reason
-``denied_network``.
-
-The check resolves the host through the reactor's resolver, which with Scrapy's default
-``DNS_RESOLVER`` and ``DNSCACHE_ENABLED`` fills the DNS cache the download then uses: the address checked
-is the address connected to, so a DNS answer that changes between the check and the connection (DNS
-rebinding) does not get through. With another resolver every address ``getaddrinfo`` gives is checked,
-which leaves that window open; see ``docs/security.md``. A request sent through a proxy (``meta["proxy"]``)
-is checked by its target host: the proxy's own address is the operator's choice.
+:class:`DenyNetworksMiddleware` checks the address a request's host resolves to, through the reactor's
+resolver (which fills the DNS cache the download then uses, so DNS rebinding does not get through), before
+the request leaves the worker. A refused request fails with :class:`DeniedNetwork` (an ``IgnoreRequest``),
+is counted and dead-lettered with reason ``denied_network``. A proxied request is checked by its target.
 """
 
 from __future__ import annotations

@@ -1,40 +1,14 @@
 """Cluster-aware retries: a failed request goes back to the shared frontier with a delay, and a request
-that finally failed is kept in the crawl's dead-letter list.
+that finally failed is kept in the crawl's dead-letter list (docs/retries.md).
 
-Scrapy's ``RetryMiddleware`` retries at once, in the process that saw the failure. On a distributed crawl
-:class:`RetryMiddleware` (a drop-in at the same order, 550) instead puts the retry copy in the frontier's
-delayed set (``{spider}:delayed``) with a not-before time -- exponential backoff with jitter, or the
-response's ``Retry-After`` -- and ends the failed attempt with :class:`RetryScheduled`. So the failing
-worker's download slot is free at once, any worker may take the retry when it is due, and the delay
-survives the death of the worker that scheduled it. The delayed copy is written by the scheduler's next
-``sync`` call, in the same batch as (or a batch before) the acknowledgement of the failed request, so a
-worker killed at any moment leaves either the failed request leased (and requeued when its lease runs
-out) or its retry delayed -- never neither.
-
-Why ``RetryScheduled`` is an :class:`~scrapy.exceptions.IgnoreRequest`: in Scrapy 2.19 a failure whose
-value is an ``IgnoreRequest`` is neither logged nor counted as a spider error
-(``Scraper._scrape`` checks ``result.check(IgnoreRequest)``); it would still be handed to the request's
-errback, so the failed attempt's errback is removed first (the retry copy keeps it) -- as with Scrapy's
-middleware, an errback only ever sees a request's *final* failure.
-
-Dead letters (:mod:`scrapy_dist.frontier.deadletter` has the record format) are written for:
-
-* retries exhausted (HTTP status or download exception) -- here, in ``process_response`` /
-  ``process_exception``;
-* download exceptions that are not retried (not in ``RETRY_EXCEPTIONS``, or ``dont_retry``) -- in
-  ``process_exception``;
-* ``IgnoreRequest`` raised by a downloader middleware's ``process_request`` or the download handler
-  (robots.txt, offsite, your own filters), when ``DEADLETTER_IGNORED`` is on -- in ``process_exception``,
-  which Scrapy calls for every middleware whatever its order;
-* exceptions raised by a spider callback or errback -- on the ``spider_error`` signal, which Scrapy sends
-  only for errors no spider middleware handled;
-* responses ignored by :class:`~scrapy_dist.middlewares.httperror.HttpErrorMiddleware` when
-  ``HTTPERROR_DEAD_LETTER`` is on (that middleware uses :class:`DeadLetterWriter` too).
-
-A request is dead-lettered at most once per attempt, whichever of these sees it first.
-
-Without the scrapy-dist scheduler the middleware behaves exactly like Scrapy's (immediate retry in the same
-process) and writes no dead letters (it says so once).
+:class:`RetryMiddleware` (a drop-in for Scrapy's, at 550) puts the retry copy in ``{spider}:delayed`` with
+a not-before time (backoff with jitter, or ``Retry-After``) and ends the failed attempt with
+:class:`RetryScheduled`, an ``IgnoreRequest`` so Scrapy neither logs nor counts it; the attempt's errback
+is removed first, so an errback only sees a request's final failure. The scheduler writes the retry in
+the same batch as (or a batch before) the failed request's ack, so a killed worker loses neither. Which
+failures become dead letters, and where each is caught: docs/retries.md, "Dead letters"; a request is
+dead-lettered at most once per attempt. Without the scrapy-dist scheduler it retries like Scrapy's and
+writes no dead letters (it says so once).
 """
 
 from __future__ import annotations
@@ -89,10 +63,8 @@ def exception_reason(exc: BaseException | type[BaseException]) -> str:
 
 class DeadLetterWriter:
     """Appends dead-letter records for one crawler through its scrapy-dist scheduler (batched: the record
-    travels in the same ``sync`` call as the failed request's acknowledgement, or an earlier one).
-
-    Stats: ``deadletter/count``, ``deadletter/reason_count/<reason>``.
-    """
+    travels in the same ``sync`` call as the failed request's ack, or an earlier one). Stats:
+    ``deadletter/count``, ``deadletter/reason_count/<reason>``."""
 
     def __init__(self, crawler: Crawler, scheduler_of: Callable[[], Any] | None = None) -> None:
         self.crawler = crawler

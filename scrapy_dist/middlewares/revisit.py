@@ -1,20 +1,11 @@
-"""Conditional revisits (``REVISIT_CONDITIONAL = True``): a 304 Not Modified ends the fetch quietly.
+"""Conditional revisits (``REVISIT_CONDITIONAL = True``): a 304 Not Modified ends the fetch quietly
+(docs/continuous.md, "Conditional revisits").
 
-A revisit entry carries its page's validators as ``If-None-Match`` / ``If-Modified-Since`` headers
-(written into the entry at ack time by :class:`scrapy_dist.frontier.revisit.Revisits`), so the request is already
-conditional when it is leased. This downloader middleware handles the answer:
-
-* **304** to a request that sent a validator: counted (``revisit/not_modified``), the page counts as
-  fetched unchanged (the revisit chain goes on, with the same validators), the spider's
-  ``on_not_modified(response)`` is called if it defines one, and the request ends with
-  :class:`NotModified` (an ``IgnoreRequest``): the callback is not called, nothing is logged as an error,
-  Scrapy's ``HttpErrorMiddleware`` never sees the 304. A request with an ``errback`` gets the failure
-  there (``failure.check(NotModified)``).
-* anything else goes on as usual; a 200 brings new validators for the next revisit.
-
-Order 580: closer to the engine than the downloader's own middlewares (compression, redirects look at a
-304 as nothing of theirs). Scrapy's ``HttpCacheMiddleware`` answers its own 304s from its cache: do not
-combine the two for the same requests.
+A revisit entry already carries its page's validators (written at ack time by
+:class:`scrapy_dist.frontier.revisit.Revisits`). A 304 to a request that sent one is counted, keeps the
+revisit chain going, calls the spider's ``on_not_modified(response)`` if it has one, and ends the request
+with :class:`NotModified` (an ``IgnoreRequest``: no callback, no error, an errback may check for it).
+Order 580, so the downloader's own middlewares never see the 304 as theirs.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
-"""``scrapy-dist dashboard SPIDER``: a live web page of one crawl (aiohttp server, Chart.js charts).
+"""``scrapy-dist dashboard SPIDER``: a live web page of one crawl (aiohttp server, Chart.js charts;
+docs/monitoring.md, "Live dashboard").
 
-What the page shows comes from two JSON endpoints, polled every few seconds:
-
-* ``GET /api/status``: the snapshot ``scrapy-dist status`` reads (:func:`scrapy_dist.monitor.status.read_status`)
-  plus the newest dead letters by reason, cached for ``cache_seconds`` so any number of open pages cost one
-  read;
-* ``GET /api/history``: the last hour of the crawl's history stream (``{spider}:history``, one sample per
-  worker per ``CLUSTERSTATS_INTERVAL``, written by :class:`~scrapy_dist.extensions.ClusterStats`), cut into
-  :data:`BUCKET_SECONDS` buckets: pages/min crawl-wide and per worker, errors/min, the frontier's size.
-
-Read-only by default. Pausing, resuming and requeueing dead letters are POSTs that need the token
-(``--token`` or ``$SCRAPY_DIST_DASHBOARD_TOKEN``) in an ``X-Dashboard-Token`` header: a header a page of
-another origin cannot send without a CORS preflight this server never answers, so those POSTs are safe
-from cross-site request forgery; a POST whose ``Origin`` is not the dashboard's own is refused as well.
-The token is never put in the page: the user types it in, and it stays in the tab's sessionStorage.
-Listening anywhere but loopback requires a token (:func:`check_binding`).
-
-Everything read from Redis is untrusted: the history entries are parsed field by field and skipped when
-they do not parse; the status comes through the same parsers as ``scrapy-dist status``.
+Two JSON endpoints, cached so any number of open pages cost one read: ``GET /api/status`` (the snapshot
+``scrapy-dist status`` reads, :func:`scrapy_dist.monitor.status.read_status`, plus the newest dead letters)
+and ``GET /api/history`` (the last hour of ``{spider}:history`` in :data:`BUCKET_SECONDS` buckets). The
+POSTs that act on the crawl need the token in an ``X-Dashboard-Token`` header (no CSRF without a CORS
+preflight, which is never answered) and the dashboard's own ``Origin``; listening beyond loopback needs a
+token (:func:`check_binding`). History entries are untrusted: parsed field by field, skipped if bad.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""Prometheus metrics of running crawls, from the same snapshot ``scrapy-dist status`` reads.
+"""Prometheus metrics of running crawls, from the same snapshot ``scrapy-dist status`` reads (every metric:
+docs/monitoring.md, "Prometheus").
 
-:class:`CrawlCollector` is a ``prometheus_client`` collector: on a scrape it reads each crawl's snapshot
-(:func:`scrapy_dist.monitor.status.read_status`, three or four pipelined round trips, no scan of the lease index)
-plus the newest :data:`DEAD_LETTER_SAMPLE` dead letters (their reasons), and turns them into metric
-families. Snapshots are cached for ``cache_seconds``, so several Prometheus servers (or a scrape and a
-dashboard) cost one read. ``scrapy-dist metrics SPIDER... --port 9410`` serves it (:func:`serve`).
-
-Names follow Prometheus's conventions: ``scrapy_dist_`` prefix, base units, ``_total`` for counters
-(values that only grow: the crawl-wide Scrapy stats, a worker's pages and items), gauges for the rest.
-Label cardinality is bounded: ``spider`` (the crawls named), ``worker`` (at most
-:data:`~scrapy_dist.monitor.status.WORKER_LIMIT` per crawl), ``domain`` (the ``top_domains`` busiest only),
-``reason`` (error and dead-letter reasons: the error monitor's and the dead-letter writer's own reason
-names, at most :data:`REASON_LIMIT` per crawl, the rest summed as ``other``). docs/monitoring.md has the
-table of every metric.
+:class:`CrawlCollector` reads each crawl's snapshot (:func:`scrapy_dist.monitor.status.read_status`) plus
+the newest :data:`DEAD_LETTER_SAMPLE` dead letters on a scrape, cached for ``cache_seconds`` so several
+scrapers cost one read; :func:`serve` serves it. Names follow Prometheus's conventions (``scrapy_dist_``
+prefix, base units, ``_total`` counters), and label cardinality is bounded: workers by
+:data:`~scrapy_dist.monitor.status.WORKER_LIMIT`, domains by ``top_domains``, reasons by
+:data:`REASON_LIMIT` (the rest summed as ``other``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The crawl-wide state of one crawl, read from Redis for ``scrapy-dist status`` (and for scripts).
 
-:func:`read_status` costs three or four round trips (a time check, two pipelines, and an ``HSCAN`` of
-the lease index while it is small) and returns plain, JSON-ready data (a sharded frontier's figures are
-summed over its shards, whose number is read from the crawl's control hash); the helpers that turn raw Redis
-replies into figures are pure functions of their input and ``now``.
-
-Everything read is untrusted: the control hash and worker hashes go through their one parser each
-(:func:`~scrapy_dist.frontier.control.parse_control`,
-:func:`~scrapy_dist.extensions.workers.parse_worker_hash`),
-garbage figures become ``None`` and are listed under ``"garbage"`` in the result, so ``status`` never
-crashes or stalls on them (a recorded ``shards`` beyond :data:`~scrapy_dist.frontier.control.MAX_SHARDS`
-is ignored rather than read as 100,000 shards).
-The dupefilter's figures come from :mod:`scrapy_dist.monitor.filterstatus`.
+:func:`read_status` costs three or four round trips (a time check, two pipelines, and an ``HSCAN`` of the
+lease index while it is small) and returns plain, JSON-ready data, summed over a sharded frontier's
+shards; the helpers that turn raw replies into figures are pure functions of their input and ``now``.
+Everything read is untrusted: control and worker hashes go through their one parser each, and garbage
+figures become ``None``, listed under ``"garbage"``, so ``status`` never crashes or stalls on them. The
+dupefilter's figures come from :mod:`scrapy_dist.monitor.filterstatus`.
 """
 
 from __future__ import annotations
@@ -101,8 +95,9 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
 
 
 def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ()) -> Counter[str]:
-    """Count leases per worker id: from the tags of lease keys (:func:`scrapy_dist.frontier.shard.lease_parts`)
-    and from lease meta values (``"<score> <worker id>"``: leases filed without a tag)."""
+    """Count leases per worker id: from the tags of lease keys
+    (:func:`scrapy_dist.frontier.shard.lease_parts`) and from lease meta values (``"<score> <worker
+    id>"``: leases filed without a tag)."""
     out: Counter[str] = Counter()
     for key in lease_keys:
         tagged = lease_parts(key if isinstance(key, bytes) else text(key).encode())[2]

@@ -1,14 +1,9 @@
-"""Items out of the cluster: a batched Redis item pipeline, LIST (scrapy-redis compatible) or STREAM.
+"""Items out of the cluster: a batched Redis item pipeline, LIST (scrapy-redis compatible) or STREAM
+(docs/items.md).
 
-Every worker appends its items to one Redis key (``REDIS_ITEMS_KEY``, default ``"%(spider)s:items"``) where
-downstream consumers pick them up. Unlike scrapy-redis, which pays one ``RPUSH`` round trip per item, items
-are buffered and written in batches, and an item is *reported scraped only once its batch is in Redis*:
-:meth:`RedisPipeline.process_item` awaits the write, Scrapy finishes a response only after its items went
-through the pipelines, and the frontier acknowledges a request only after the engine finished it. A worker
-killed mid-batch therefore loses nothing: the unacknowledged requests are crawled again by another worker.
-
-Delivery is at-least-once: a connection lost while a batch is being written (after Redis executed it but
-before the reply arrived) makes the batch be written again.
+Items are buffered and written in batches to ``REDIS_ITEMS_KEY``, and an item is reported scraped only once
+its batch is in Redis (:meth:`RedisPipeline.process_item` awaits the write), so the frontier acknowledges
+its request only after that and a worker killed mid-batch loses nothing. Delivery is at-least-once.
 """
 
 from __future__ import annotations
@@ -111,8 +106,8 @@ class RedisPipeline:
     items or ``flush_interval`` seconds after its first item, whichever comes first (taking along what
     else is buffered by then, up to 16 batches); the rest is written on close. A write is one round trip:
     one ``RPUSH`` with all its items, or one call of the ``items_xadd`` script running their ``XADD``
-    commands inside Redis -- never one per item (batching: :class:`~scrapy_dist.redis.batchwriter.BatchWriter`).
-    Redis errors are retried with capped backoff, forever (:mod:`scrapy_dist.redis.outage`: an outage is one
+    commands inside Redis -- never one per item (batching:
+    :class:`~scrapy_dist.redis.batchwriter.BatchWriter`). Redis errors are retried with capped backoff, forever (:mod:`scrapy_dist.redis.outage`: an outage is one
     warning per worker): nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
 
     An item the serializer cannot encode is dropped (``DropItem``, logged at ERROR with the offending

@@ -1,13 +1,12 @@
 """A background writer that gathers entries into batches and writes them to Redis one round trip at a time:
 what the item pipeline and the shared cookie jar both need.
 
-Entries are written in the order they were added, by one task, so batches reach Redis in order. A batch is
-written when it is full or ``flush_interval`` seconds after its first entry, whichever comes first,
-taking along what else is buffered by then (up to ``max_batches`` batches, so a backlog built up during a
-Redis outage drains in bounded round trips). Each :meth:`BatchWriter.add` returns a future that resolves
-once its entry is in Redis. Failures follow the outage policy (:mod:`scrapy_dist.redis.outage`): an outage or an
-error reply from Redis is retried with capped backoff -- nothing buffered is dropped -- while any other
-exception (a bug in the write function) fails the batches' futures and the writer goes on.
+One task writes batches in the order their entries were added: a batch when it is full or
+``flush_interval`` seconds after its first entry, with what else is buffered by then (up to
+``max_batches``, so a backlog after an outage drains in bounded round trips). :meth:`BatchWriter.add`
+returns a future resolved once the entry is in Redis. An outage or an error reply is retried with capped
+backoff (:mod:`scrapy_dist.redis.outage`) and nothing buffered is dropped; any other exception (a bug in
+the write function) fails the batches' futures and the writer goes on.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Redis clients built for a :class:`~scrapy_dist.redis.target.RedisTarget`: sync or asyncio, plain,
-Sentinel or Cluster, with the options that let a client ride out an outage.
+Sentinel or Cluster (``REDIS_CLUSTER``; ``None`` asks ``INFO cluster``), ``REDIS_PARAMS`` applied.
 
-``REDIS_PARAMS`` adds or overrides client keyword arguments. ``REDIS_CLUSTER`` (``None`` = ask the
-server's ``INFO cluster``; ``True``/``False`` force it) makes :func:`get_redis` / :func:`get_async_redis`
-return ``redis.cluster.RedisCluster`` / ``redis.asyncio.cluster.RedisCluster``.
-
-Outages: clients get a connect timeout, a read timeout, TCP keepalive, a health check on connections
-idle for a while and a short retry (with backoff) on connection errors -- not on timeouts, see
-:func:`_retry` -- so one dropped connection heals by itself and a client keeps working once Redis is
-back. Longer outages surface as ``redis.ConnectionError`` / ``redis.TimeoutError``; callers wait and
-retry.
+Every client gets connect and read timeouts, TCP keepalive, a health check on idle connections and a
+short retry on connection errors (not on timeouts: :func:`_retry`), so a dropped connection heals by
+itself; longer outages surface as ``redis.ConnectionError`` / ``redis.TimeoutError`` for the caller's
+outage policy (docs/connection.md, "Client defaults").
 """
 
 from __future__ import annotations
@@ -125,13 +120,9 @@ PLAIN_PROBE_SECONDS = 1.0
 
 
 def _answers_plain(target: RedisTarget) -> bool:
-    """Whether the host and port of a ``rediss://`` URL answer a plain-text ``PING`` as Redis does.
-
-    A client speaking TLS to a plain Redis port waits for a handshake reply that never comes: a socket
-    timeout per attempt, retries, about a minute and a half before anything is said. One plain ``PING``
-    tells it in a round trip. A TLS port closes the connection or answers a TLS alert, and a port that
-    says nothing within ``PLAIN_PROBE_SECONDS`` is left to the real client: both count as "not plain".
-    """
+    """Whether the host and port of a ``rediss://`` URL answer a plain-text ``PING`` as Redis does: a TLS
+    client there would wait for a handshake reply that never comes, timeout after timeout. A TLS port, or
+    one silent for ``PLAIN_PROBE_SECONDS``, counts as "not plain" and is left to the real client."""
     parts = urlsplit(target.url)
     try:
         port = parts.port or 6379
@@ -243,19 +234,11 @@ def build_async(target: RedisTarget) -> redis.asyncio.Redis:
 
 
 def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: Any) -> redis.Redis:
-    """A synchronous client for the Redis the settings point at.
-
-    A ``redis.cluster.RedisCluster`` when the target is a cluster (typed as ``redis.Redis``; use
-    :func:`is_cluster` to tell). Does not check that Redis answers (see :func:`ensure_reachable`), except
-    that a cluster client connects when built and raises :class:`RedisUnavailable` if it cannot.
-
-    scrapy-redis's keyword call works too: ``get_redis(url=...)``, ``get_redis(host=..., port=..., db=...)``,
-    other keywords are client options (``REDIS_PARAMS``). With ``redis_cls`` (a class or its path) the
-    client is built exactly as scrapy-redis builds it: ``redis_cls.from_url(url, **kw)`` or
-    ``redis_cls(**kw)``, without scrapy-dist's timeouts and retries.
-    ``get_redis()`` with nothing at all is the Redis a crawl without Redis settings uses (the
-    ``REDIS_URL`` environment variable, else the embedded Redis) -- not scrapy-redis's ``localhost:6379``,
-    so that a script and a crawl agree.
+    """A synchronous client for the Redis the settings point at (a ``RedisCluster`` for a cluster, typed
+    as ``redis.Redis``: :func:`is_cluster` tells). Does not check that Redis answers, except that a cluster
+    client connects when built. scrapy-redis's keyword call works too (``url=``, ``host=``, ``port=``,
+    ``db=``, ``redis_cls=`` builds exactly as scrapy-redis does); with nothing at all it is the Redis a
+    crawl without settings uses, not ``localhost:6379`` (docs/connection.md, "For component authors").
     """
     if settings is not None and kwargs:
         raise TypeError("get_redis() takes settings or scrapy-redis keywords (url=, host=, ...), not both")

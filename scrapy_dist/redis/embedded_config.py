@@ -1,11 +1,6 @@
-"""How the embedded Redis (:mod:`scrapy_dist.redis.embedded`) is started: which ``redis-server`` binary, how
-much memory it may use, and its ``redis.conf``.
-
-Memory: the server runs with ``maxmemory`` (``REDIS_EMBEDDED_MAXMEMORY``; default a quarter of the RAM,
-at most 2 GB) and ``maxmemory-policy noeviction``, so a runaway crawl (or a bug) gets ``OOM`` errors from
-Redis instead of swapping the user's machine to a halt; a frontier must never lose entries to eviction.
-The limit is applied when the server starts, and to a running server when a process that sets
-``REDIS_EMBEDDED_MAXMEMORY`` to another value joins it.
+"""How the embedded Redis (:mod:`scrapy_dist.redis.embedded`) is started: which ``redis-server`` binary,
+its ``maxmemory`` (``REDIS_EMBEDDED_MAXMEMORY``, with ``noeviction``: a frontier must never lose entries
+to eviction; docs/connection.md) and its ``redis.conf``.
 """
 
 from __future__ import annotations
@@ -121,7 +116,7 @@ def parse_maxmemory(value: Any) -> int:
 def server_config(directory: Path, socket_path: Path, pid_path: Path, log_path: Path, maxmemory: int) -> str:
     """The ``redis.conf`` of the embedded server: unix socket only, AOF persistence, bounded memory."""
     lines = [
-        # No TCP at all: only the unix socket, which only we can reach (see :mod:`scrapy_dist.redis.private_files`).
+        # No TCP at all: only the unix socket, which only we can reach (see redis/private_files.py).
         "port 0",
         f"unixsocket {_quote(str(socket_path))}",
         "unixsocketperm 700",

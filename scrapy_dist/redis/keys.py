@@ -1,25 +1,11 @@
-"""The single place where scrapy-dist makes Redis key names.
+"""The single place where scrapy-dist makes Redis key names (the list: docs/frontier.md, "Keys").
 
-Every per-crawl key starts with ``<prefix>{<spider>}:`` -- the braces are a Redis Cluster *hash tag*, so
-all keys of one crawl live in one hash slot and a Lua script may touch several of them. Seeds are the
-exception: they keep the plain ``<prefix><spider>:start_urls`` name (configurable with
-``REDIS_START_URLS_KEY``) that users type into ``redis-cli``; keys derived from a seeds key use the seeds
-key itself as hash tag (``{<seeds key>}:...``) so they share its slot.
-
-Sharded frontier (``SCHEDULER_SHARDS = N``): shard 0 is the crawl itself and keeps every name above.
-Shard ``i`` (1 <= i < N) has its own hash tag ``<prefix>{<spider>#<i>}`` -- or ``{<spider>#<i>.<k>}``
-with the smallest ``k >= 1`` that moves it to the right part of the slot space (see :func:`shard_suffix`):
-the 16384 slots are cut into N equal ranges, shard 0 sits wherever ``{<spider>}`` hashes, and the
-other shards take the remaining ranges in order. On a cluster whose slots are split evenly over N
-masters (what ``redis-cli --cluster create`` does) the N shards of any spider name therefore land on N
-different masters; with another split they land on different slots, usually on different masters. The
-suffix depends on N, so tools read the crawl's N (``{<spider>}:control`` field ``shards``) before
-naming shard keys. A spider name containing ``#`` could in theory collide with another spider's shard;
-do not name two spiders ``books`` and ``books#1``.
-
-Nothing else in the package (and nothing inside Lua) builds a key name, with one exception: a key that
-holds another Redis type than scrapy-dist writes there is renamed to ``<key>:garbage`` (:data:`GARBAGE`,
-``lua/foreign.lua``; the same slot as the key) where it is found, so that garbage never stops a worker.
+Every per-crawl key starts with ``<prefix>{<spider>}:`` -- a Redis Cluster hash tag, so a Lua script may
+touch several keys of one crawl. Seeds keep the plain ``<prefix><spider>:start_urls`` users type into
+``redis-cli``, and keys derived from them use the seeds key as hash tag. Shard ``i >= 1`` of a sharded
+frontier uses ``{<spider>#<i>}`` or ``{<spider>#<i>.<k>}`` (:func:`shard_suffix`; the suffix depends on
+N, so tools read the crawl's ``shards`` first). Nothing else, not even Lua, builds a key name, except
+``<key>:garbage`` (:data:`GARBAGE`, ``lua/foreign.lua``), where a key of another Redis type is moved aside.
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """One outage policy for every background loop (frontier sync, seeds, monitors, item and cookie writers):
-which errors mean "Redis is away", how long a loop waits before trying again, and what is logged.
+which errors mean "Redis is away", how long a loop waits, and what is logged (docs/operations.md,
+"Outages").
 
-* **Which errors.** :data:`OUTAGE_ERRORS`: Redis does not answer (connection refused or reset, timeouts),
-  is starting (``LOADING``), refuses writes for now (``READONLY`` from a demoted master, ``MASTERDOWN``,
-  ``OOM`` until memory is freed), or a cluster is re-forming (``CLUSTERDOWN``, ``TRYAGAIN``, no node
-  answering). All of these heal without a change to the crawl, so waiting loses nothing. Any other error
-  -- an error reply to a script or command (``ResponseError``: ``WRONGTYPE``, a Lua error), a bug in our
-  code -- will not go away by waiting: it is *not* an outage and is logged as an error of the component.
-  (``AuthenticationError`` is a ``ConnectionError`` in redis-py: a password rotated mid-crawl is waited
-  out too, with the reason in the warning.) One more: redis-py's asyncio client lets a ``TypeError`` or
-  ``AttributeError`` out of its own connection code when a connection is torn down under a command --
-  the peer reset it, or a cluster client closed its node connections after another command failed
-  (redis/redis-py#4287, 'NoneType' object has no attribute 'writelines'): a lost connection, so an
-  outage too (:func:`is_outage` tells it by where it was raised).
-* **How long to wait.** :class:`Backoff`, capped exponential, one per loop.
-* **What is logged.** One shared :class:`Outage` per worker process (:meth:`Outage.for_crawler`): the
-  first component that fails logs one WARNING for the whole worker; one INFO says when Redis is reachable
-  again -- once every component that failed has succeeded since (or stopped trying), so a cluster whose
-  nodes come back one by one is not reported as several outages.
-* **A close that waits on Redis.** Items and cookie writes wait for Redis, and Scrapy closes a spider only
-  once its responses are through the pipelines: a stop (SIGTERM, Ctrl-C, the crawl's end) during an outage
-  would wait for Redis for ever. :class:`CloseWatch` stops the worker once Redis has been away for
-  ``SCHEDULER_SHUTDOWN_GRACE`` seconds of its close, as a second SIGTERM does: nothing is acknowledged, so
-  what it held comes back to the queue when its leases expire.
-
-Time is a parameter (``now``, monotonic seconds) so tests need no sleeps.
+:data:`OUTAGE_ERRORS` and :func:`is_outage` are the errors that heal without a change to the crawl (no
+answer, ``LOADING``, ``READONLY``, ``MASTERDOWN``, ``OOM``, ``CLUSTERDOWN``, ``TRYAGAIN``, a rotated
+password, and the ``TypeError``/``AttributeError`` redis-py's asyncio client lets out when a connection is
+torn down under a command); an error reply or a bug is the component's own error. Each loop waits with
+its :class:`Backoff`; one :class:`Outage` per worker logs one WARNING and one INFO per outage;
+:class:`CloseWatch` ends a close that has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE``. Time is a
+parameter (``now``, monotonic seconds).
 """
 
 from __future__ import annotations
@@ -48,12 +32,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: What a client raises while Redis is down, restarting, failing over or full: catch these, keep the work in
-#: memory, wait and retry (see docs/operations.md). ``RedisClusterException`` is not a ``RedisError``: it is
-#: what a cluster no node of which answers raises ("Redis Cluster cannot be connected", an incomplete slot
-#: map after a failover); it also reports keys of several slots in one call, but every script runs on a
-#: real cluster in tests/test_cluster.py so that never reaches production. The builtin ``OSError`` family
-#: covers socket errors a client lets through unwrapped.
+#: What a client raises while Redis is down, restarting, failing over or full: keep the work in memory,
+#: wait and retry. ``RedisClusterException`` (not a ``RedisError``) is a cluster no node of which answers;
+#: ``OSError`` covers socket errors a client lets through unwrapped.
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,  # includes BusyLoadingError (LOADING) and AuthenticationError
     redis.exceptions.TimeoutError,
@@ -224,10 +205,8 @@ class LoopGuard:
             guard.succeeded(time.monotonic())
 
     An outage error goes to the shared :class:`Outage` (one WARNING per worker). Any other error is this
-    loop's own: logged at ERROR, at most once a minute per exception type -- as one line for an error reply
-    from Redis and for one of ours (a :class:`~scrapy_dist.exceptions.ScrapyDistError` says what is wrong
-    and what to do: e.g. a key holding garbage the frontier refuses to write on), with the traceback for
-    anything else (a bug).
+    loop's own: logged at ERROR at most once a minute per exception type, as one line for an error reply
+    or a :class:`~scrapy_dist.exceptions.ScrapyDistError`, with the traceback for anything else (a bug).
     """
 
     def __init__(self, outage: Outage, component: str, backoff: Backoff, log: logging.Logger) -> None:

@@ -1,31 +1,7 @@
-"""The trust checks of the embedded Redis (:mod:`scrapy_dist.redis.embedded`): directories only we can change,
-files only we can read.
-
-Whom it trusts, and why a unix socket (no TCP port, no password). The threat is another user of this
-machine. A loopback TCP port cannot be protected against them: when our server dies, anyone can bind its
-port and every client that reconnects -- at start or after an outage, from any of our processes -- would
-hand that squatter the password in ``HELLO``/``AUTH`` (Redis has no challenge-response), and checking the
-port's owner before each connect leaves a race and needs per-OS code. A unix socket inside a directory
-that only we can write is different in kind: nobody else can create, replace or squat a file there, and
-nobody else can connect to it (socket mode 0700, server started with umask 077), so a client that
-connects to that path reaches a server that a process of ours started -- before any byte is sent, on
-every reconnect, with nothing to verify at run time. A password would add nothing (whoever can use the
-socket can read the state file), so there is none, which also makes a plain ``redis-cli -s <socket>``
-work. The directories are checked, never repaired:
-
-* the state directory must be a real directory (not a symlink), owned by us, not writable by group or
-  others; each of its parents must be owned by us or root and not writable by others unless sticky
-  (``/tmp``). Otherwise one line names the directory and the fix -- so a ``./.scrapy/scrapy_dist``
-  planted by someone else (e.g. in ``/tmp``) is refused, not trusted. We create missing directories with
-  mode 0700 but never ``chmod`` an existing one (it may be one the user pointed ``REDIS_EMBEDDED_DIR``
-  at);
-* files holding anything private are created with ``O_CREAT|O_EXCL|O_NOFOLLOW`` (mode 0600) under a
-  random name and renamed into place, so a symlink planted at the path is replaced, never followed; the
-  state file is read with ``O_NOFOLLOW`` and must be ours and private;
-* a socket path longer than :data:`~scrapy_dist.redis.embedded.MAX_SOCKET_PATH` bytes (``sun_path`` is 104-108
-  bytes) goes to ``$XDG_RUNTIME_DIR/scrapy-dist/`` or ``/tmp/scrapy-dist-<uid>/`` under a hash of the
-  state directory, checked the same way.
-"""
+"""The trust checks of the embedded Redis (:mod:`scrapy_dist.redis.embedded`): directories only we can
+change (checked, never repaired), private files created ``O_EXCL|O_NOFOLLOW`` and renamed into place, and
+the short socket path for a deep directory. The threat model and each rule: docs/security.md, "The
+embedded Redis"."""
 
 from __future__ import annotations
 

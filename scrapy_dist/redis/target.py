@@ -1,17 +1,9 @@
 """Which Redis a set of settings points at: :class:`RedisTarget` and :func:`resolve_target`.
 
-Which Redis (first match wins):
-
-1. ``REDIS_URL``: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS) or
-   ``unix://[[user]:password@]/path/to/socket[?db=N]``;
-2. ``REDIS_SENTINELS`` (``["host:port", ...]``) with ``REDIS_SENTINEL_MASTER``; user, password and db of
-   the master then come from ``REDIS_URL`` if that is set as well;
-3. ``REDIS_HOST`` / ``REDIS_PORT`` (scrapy-redis names, for people migrating);
-4. the ``REDIS_URL`` environment variable;
-5. nothing: the embedded Redis of this project (:mod:`scrapy_dist.redis.embedded`), started on first use.
-
-The settings are read and checked by :class:`scrapy_dist.settings.DistSettings` (every function here
-takes one, or Scrapy settings / a dict it is built from).
+First match wins: ``REDIS_URL``, ``REDIS_SENTINELS``, ``REDIS_HOST``/``REDIS_PORT``, the ``REDIS_URL``
+environment variable, then the project's embedded Redis (:mod:`scrapy_dist.redis.embedded`), started on
+first use (docs/connection.md, "Which Redis"). The settings are read and checked by
+:class:`scrapy_dist.settings.DistSettings`.
 """
 
 from __future__ import annotations
@@ -64,10 +56,8 @@ def _dist(settings: SettingsLike | DistSettings) -> DistSettings:
 
 @dataclass(frozen=True)
 class RedisTarget:
-    """The Redis a set of settings points at, and the client options to use for it.
-
-    ``url`` is what ``from_url`` gets (for Sentinel: the master's credentials and db); ``setting`` names
-    the setting that chose it, for error messages.
+    """The Redis a set of settings points at, and the client options to use for it: ``url`` is what
+    ``from_url`` gets (for Sentinel: the master's credentials and db), ``setting`` the setting that chose it.
     """
 
     url: str
@@ -141,12 +131,10 @@ class RedisTarget:
 
 
 def resolve_target(settings: SettingsLike | DistSettings) -> RedisTarget:
-    """Which Redis the settings point at (see the module docstring for the order); the one function
-    workers and the ``scrapy-dist`` command use.
-
-    The first time a process uses a Redis it logs one INFO line naming it (password masked) and the
-    setting that chose it. With no Redis setting this joins -- or starts -- the embedded server; it
-    raises :class:`RedisUnavailable` if that server cannot start.
+    """Which Redis the settings point at (the order: module docstring), for workers and the ``scrapy-dist``
+    command alike. The first use of a Redis in a process logs one INFO line naming it (password masked)
+    and the setting that chose it; with no Redis setting this joins or starts the embedded server
+    (:class:`RedisUnavailable` if it cannot start).
     """
     conn = _dist(settings).connection
     params = dict(conn.params)
@@ -204,8 +192,6 @@ def _embedded_target(conn: ConnectionSettings, params: dict[str, Any]) -> RedisT
 
 
 def resolve_url(settings: SettingsLike | DistSettings) -> str:
-    """The Redis URL the settings point at (starting the embedded server if none is configured).
-
-    For Sentinel it is the descriptive ``redis+sentinel://...`` form, not one ``from_url`` accepts.
-    """
+    """The Redis URL the settings point at (starting the embedded server if none is configured); for
+    Sentinel the descriptive ``redis+sentinel://...`` form, not one ``from_url`` accepts."""
     return resolve_target(settings).display_url

@@ -1,27 +1,12 @@
-"""The seed protocol: how one worker takes seeds from ``<spider>:start_urls`` and turns them into requests.
+"""The seed protocol: how one worker takes seeds from ``<spider>:start_urls`` and turns them into requests
+(docs/seeds.md, "How seeds are read" and "What happens when a worker dies").
 
 :class:`SeedReader` is the Redis side (one round trip per call): take seeds, recording them as in flight;
 wait for them; acknowledge them; adopt the seeds of vanished workers. :class:`SeedFeed` is the loop behind
-:meth:`scrapy_dist.spiders.RedisMixin.start`.
-
-A waiting spider blocks on the seeds key (``BLMOVE key key RIGHT LEFT`` with a 1-second timeout: it wakes on a
-push and moves nothing anywhere) instead of polling on ``spider_idle``, then takes up to
-``REDIS_START_URLS_BATCH_SIZE`` seeds per round trip. Every seed is validated (:mod:`scrapy_dist.seeds.parse`);
-a bad one is recorded in ``<seeds key>:rejected`` with its reason and never stops the spider or costs the
-other seeds of its batch.
-
-Not lost when a worker dies (the guarantee, precisely): a seed leaves the seeds key only inside
-``seeds_take.lua``, which records it in the processing LIST (tagged with the worker's id) in the same
-atomic step, and it leaves that list only once the scheduler has written its request to the frontier
-(after the first successful frontier sync that began after the request was handed to the scheduler). A
-worker killed at any moment in between leaves the seed in the processing list; once its lease
-(``SCHEDULER_LEASE_SECONDS``, renewed at every exchange -- at least once a second while the spider waits)
-runs out, the next exchange of any live worker gives it back to the seeds key. Seeds are delivered at
-least once: one can be taken twice if a worker stalls past its lease or loses a reply to a network error;
-the dupefilter drops the second copy only with ``REDIS_START_URLS_DEDUPE`` (seeds bypass it by default,
-as in scrapy-redis) and when the seed does not set ``dont_filter``. The guarantee needs
-:class:`scrapy_dist.scheduler.Scheduler`; with another scheduler a seed counts as done as soon as the
-engine has it.
+:meth:`scrapy_dist.spiders.RedisMixin.start`: it waits with ``BLMOVE key key RIGHT LEFT`` (wakes on a push,
+moves nothing out), validates every seed (:mod:`scrapy_dist.seeds.parse`; a bad one goes to
+``<seeds key>:rejected``), and acknowledges a seed only once the frontier has its request, so seeds are
+delivered at least once.
 """
 
 from __future__ import annotations
@@ -81,10 +66,8 @@ class SeedFeed:
     Takes seeds in batches, validates them (``spider.make_request_from_data``), records rejections,
     acknowledges seeds once their requests are in the frontier, adopts dead workers' seeds, waits for
     new ones, and ends once the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds (never, if 0).
-
-    Longer than our ~250 lines for a class: it is one asynchronous loop whose steps share the in-flight
-    seed bookkeeping (taken, confirmed, rejected) that makes the no-loss guarantee above; the Redis side is
-    :class:`~scrapy_dist.seeds.reader.SeedReader` and the parsing :mod:`scrapy_dist.seeds.parse`.
+    Its steps share the in-flight seed bookkeeping (taken, confirmed, rejected) the no-loss guarantee
+    rests on.
     """
 
     def __init__(
@@ -366,11 +349,8 @@ class SeedFeed:
     # -- shutdown ---------------------------------------------------------------------------------------
     async def close(self) -> None:
         """Stop reading; acknowledge what reached the frontier and give the rest back to the seeds key.
-
-        Called from ``spider_closed``: the loop may be parked in a blocking wait (which moves nothing),
-        at a ``yield`` the engine will never resume, or -- rarely -- in a take; that one is given a moment
-        to finish first, so that what it takes is given back too. A take that lands later anyway keeps
-        this worker's lease, and the seeds go back when it runs out.
+        Called from ``spider_closed``; a take in progress is given a moment to finish, so what it takes is
+        given back too (one that lands later keeps the lease, and its seeds go back when it runs out).
         """
         if self._finished:
             return

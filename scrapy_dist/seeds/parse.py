@@ -1,18 +1,11 @@
-"""Seeds: the untrusted entries people push to ``<spider>:start_urls``, parsed and validated.
+"""Seeds: the untrusted entries people push to ``<spider>:start_urls``, parsed and validated (the
+accepted forms and fields: docs/seeds.md, "Accepted seeds").
 
-Shared by the spider (:mod:`scrapy_dist.spiders.mixin`) and ``scrapy-dist push``, so a seed the CLI accepts is a
-seed the spider accepts. Pure functions, no I/O.
-
-A seed is UTF-8 text, surrounding whitespace ignored, in one of two forms:
-
-* a plain ``http(s)`` URL: ``https://example.com/``;
-* a JSON object with ``url`` and any of ``method``, ``headers``, ``body``, ``meta``, ``cb_kwargs``,
-  ``priority``, ``callback``, ``errback``, ``dont_filter``, ``cookies`` (see :data:`FIELDS`); any other
-  field is form data, as in scrapy-redis (``FormRequest(formdata=...)``: the query string of a GET, the
-  urlencoded body of a POST).
-
-Anything else raises :class:`~scrapy_dist.exceptions.RejectedEntry` whose ``reason`` is one of
-:data:`REASONS` -- never another exception, whatever the bytes (a hypothesis fuzz test holds us to that).
+Shared by the spider (:mod:`scrapy_dist.spiders.mixin`) and ``scrapy-dist push``, so a seed the CLI
+accepts is a seed the spider accepts. Pure functions, no I/O. A seed is a plain URL or a JSON object
+(:data:`FIELDS`, any other field is form data); anything else raises
+:class:`~scrapy_dist.exceptions.RejectedEntry` whose ``reason`` is one of :data:`REASONS`, never another
+exception, whatever the bytes.
 """
 
 from __future__ import annotations
@@ -45,7 +38,7 @@ from scrapy_dist.wire.seedfields import (
     priority_from_score,
 )
 
-# the field checks moved to scrapy_dist.wire.seedfields; the ones callers import from here stay importable
+# the field checks live in scrapy_dist.wire.seedfields; those callers import from here are re-exported
 __all__ = [
     "DEFAULT_RULES", "FIELDS", "REASONS", "Seed", "SeedRules", "check_callback_name", "check_cookies",
     "check_headers", "check_method", "check_priority", "class_has_callback", "iter_lines", "parse_seed",
@@ -200,14 +193,10 @@ def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> Non
 
 
 def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
-    """Validate an untrusted URL: the rules of :func:`scrapy_dist.wire.codec.check_url` (a string of at most
-    8 KiB, no whitespace or control characters, an allowed scheme, a host for http(s)), plus what Scrapy's
-    ``Request`` would trip on later: a missing scheme, a port out of range, non-printable non-ASCII
-    characters (Unicode spaces and separators, format and private-use characters, lone surrogates).
-
-    Written out rather than calling ``check_url`` because the CLI validates every seed it pushes: the
-    common URL shape is read with one regex match instead of ``urlsplit``. A test holds it at least as
-    strict as ``check_url``.
+    """Validate an untrusted URL: the rules of :func:`scrapy_dist.wire.codec.check_url`, plus what Scrapy's
+    ``Request`` would trip on later (a missing scheme, a port out of range, non-printable non-ASCII
+    characters). Written out, with one regex for the common shape, because the CLI validates every seed it
+    pushes; a test holds it at least as strict as ``check_url``.
     """
     if not isinstance(url, str):
         raise RejectedEntry("bad_url", f"url has type {type(url).__name__}")
@@ -218,7 +207,7 @@ def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
         cat = unicodedata.category(ch)
         raise RejectedEntry("bad_url", f"contains {cat} character U+{ord(ch):04X}")
     simple = _SIMPLE_URL.match(url)
-    if simple is not None:  # the common shape, read without urlsplit (same answers, 3x faster)
+    if simple is not None:  # the common shape, read without urlsplit (same answers, faster)
         scheme, host, port = simple.group(1).lower(), simple.group(2), simple.group(3)
         if port is not None and int(port) > 65535:
             raise RejectedEntry("bad_url", "Port out of range 0-65535")

@@ -32,9 +32,8 @@ POLL_SECONDS = 0.1
 ADOPT_BATCH = 10
 #: How often to look whether taken seeds have reached the frontier (seconds, local only).
 CONFIRM_POLL = 0.01
-#: Most processing-list entries one worker may hold (a worker holds at most ``SeedFeed.max_unconfirmed``
-#: plus a batch: 2,000 and some by default); entries past it are garbage someone else wrote there and go
-#: back to the seeds key (``seeds_pass`` in lua/seeds_common.lua). Raised for larger seed batches.
+#: Most processing-list entries one worker may hold (it holds at most ``SeedFeed.max_unconfirmed`` plus a
+#: batch); entries past it are garbage someone wrote there and go back to the seeds key (``seeds_pass``).
 HELD_CAP = 10_000
 
 
@@ -146,12 +145,9 @@ class SeedReader:
     async def wait(self, timeout: float = BLOCK_SECONDS) -> bool:
         """Block until the seeds key (a LIST) holds a seed or ``timeout`` passes; True if it does.
 
-        ``BLMOVE key key RIGHT LEFT`` rotates the list onto itself -- the only blocking list command that
-        leaves the seed in Redis whatever happens to this worker: it wakes on the push and the next
-        :meth:`take` pops the seed and records it atomically. (The last seed moves to the head: order is
-        kept except for that one.) The list stays non-empty after the rotation, so every worker waiting
-        on it wakes and tries a take; one gets the seed, the others wait again -- a few cheap calls per
-        push, only while the crawl is idle.
+        ``BLMOVE key key RIGHT LEFT`` rotates the list onto itself, the only blocking list command that
+        leaves the seed in Redis whatever happens to this worker (the last seed moves to the head); the
+        next :meth:`take` pops and records it atomically. Every waiting worker wakes and tries a take.
         """
         k = self.keys.start_urls
         return await self.redis.blmove(k, k, timeout, "RIGHT", "LEFT") is not None

@@ -1,25 +1,13 @@
-"""Every scrapy-dist setting, read, typed and validated once per crawler: :class:`DistSettings`.
+"""Every scrapy-dist setting, read, typed and validated once per crawler: :class:`DistSettings`, one frozen
+dataclass per group of settings and the one function that fills them (cross-setting checks included).
 
-:data:`~scrapy_dist.settings.table.TABLE` is the one source of truth: each setting's default, type,
-range, doc line and status relative to scrapy-redis; ``scrapy_dist.settings.defaults`` and ``docs/settings.md``
-are made from it (``python -m scrapy_dist.settings.table`` rewrites the doc), and ``STATS`` there lists every
-stat the package writes. :mod:`scrapy_dist.settings.values` turns raw values into typed ones, read by
-:mod:`scrapy_dist.settings.reader`.
-
-Components take their values from ``DistSettings.for_crawler(crawler)`` in ``from_crawler`` and never
-read ``crawler.settings`` themselves. A bad value is refused with one line,
-``scrapy-dist: <SETTING>=<value>: <what is wrong>; <what is expected>`` (:class:`SettingsError`);
-``for_crawler`` logs it and stops ``scrapy crawl`` with exit status 1 before anything starts (see
-:func:`scrapy_dist.redis.connection.abort_crawl`). A setting name close to one of ours gets one WARNING.
-
-Which Redis (:attr:`ConnectionSettings.source`), the same in workers and in the ``scrapy-dist``
-command: ``REDIS_URL`` (``-s`` or the project's settings; ``REDIS_SENTINELS``, ``REDIS_HOST`` /
-``REDIS_PORT`` count as settings too), then the ``REDIS_URL`` environment variable, then the embedded
-Redis.
-
-Longer than our ~400 lines: one frozen dataclass per group of settings and the one function that fills
-them (the cross-setting checks included); the table is in settings_table.py, the converters in
-settings_values.py, the reading in settings_reader.py.
+:data:`~scrapy_dist.settings.table.TABLE` is the source of truth (defaults, types, ranges, doc lines,
+``STATS``; ``python -m scrapy_dist.settings.table`` writes docs/settings.md from it);
+:mod:`~scrapy_dist.settings.values` converts raw values, :mod:`~scrapy_dist.settings.reader` reads them.
+Components take their values from ``DistSettings.for_crawler(crawler)`` in ``from_crawler`` and never read
+``crawler.settings`` themselves. A bad value is one line, ``scrapy-dist: <SETTING>=<value>: <what is
+wrong>; <what is expected>`` (:class:`SettingsError`), and ``for_crawler`` stops ``scrapy crawl`` with exit
+status 1 before anything starts; a name close to one of ours gets one WARNING.
 """
 
 from __future__ import annotations

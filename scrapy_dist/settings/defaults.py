@@ -1,9 +1,6 @@
-"""Every scrapy-dist setting's default, by name: ``defaults.SCHEDULER_LEASE_SECONDS`` and so on.
-
-The values come from :data:`scrapy_dist.settings.TABLE`, the one place a setting is declared (with its
-type, range and documentation). Add a new setting there, not here. Components do not read these: they
-take typed values from :class:`scrapy_dist.settings.DistSettings`; constructors use them as parameter
-defaults.
+"""Every scrapy-dist setting's default, by name (``defaults.SCHEDULER_LEASE_SECONDS`` ...), made from
+:data:`scrapy_dist.settings.TABLE`, where settings are declared. Constructors use them as parameter
+defaults; components take typed values from :class:`scrapy_dist.settings.DistSettings`.
 """
 
 from __future__ import annotations

@@ -118,10 +118,10 @@ def check_components(settings: Any) -> None:
 
 
 def queue_order(name: str, path: str) -> str:
-    """``path`` if it names a queue order (:class:`scrapy_dist.frontier.orders.QueueOrder`: ``score(request)`` and
-    ``sequence``, built without arguments) or a scrapy-redis alias of one. A scrapy-redis queue class of
-    one's own (``Base(server, spider, key)``) is refused: the frontier is one sorted set, not a queue
-    object."""
+    """``path`` if it names a queue order (:class:`scrapy_dist.frontier.orders.QueueOrder`:
+    ``score(request)`` and ``sequence``, built without arguments) or a scrapy-redis alias of one. A
+    scrapy-redis queue class of one's own (``Base(server, spider, key)``) is refused: the frontier is one
+    sorted set, not a queue object."""
     from scrapy.utils.misc import load_object
 
 

@@ -219,14 +219,11 @@ def misspelt_arguments(spider: Any) -> list[str]:
 
 
 def _warn_scrapy_redis_idle(settings: Settings) -> None:
-    """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE``: there it was the blocking
-    pop's timeout, and a RedisSpider waited for seeds for ever (unless ``MAX_IDLE_TIME_BEFORE_CLOSE`` or
-    ``max_idle_time``); here the same name closes the workers once the crawl has had no work for that long.
-    Only for a project switched the scrapy-redis way (``SCHEDULER`` set by hand, not by scrapy-dist's
-    add-on, which projects written for scrapy-dist use, as the quickstart and example_project do), a value
-    > 0 from the project's settings or the spider's ``custom_settings`` (a ``-s`` on the command line is
-    a choice made for this run), and not when ``MAX_IDLE_TIME_BEFORE_CLOSE`` -- scrapy-redis's name for
-    closing after idle time, the same meaning here -- is set."""
+    """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE``, which there was the
+    blocking pop's timeout and here closes the workers once the crawl has had no work for that long. Only
+    for a project switched the scrapy-redis way (``SCHEDULER`` set by hand, not by the add-on), a value > 0
+    from the project's settings or ``custom_settings`` (not ``-s``), and no ``MAX_IDLE_TIME_BEFORE_CLOSE``
+    (scrapy-redis's name for the same meaning)."""
     from scrapy.settings import SETTINGS_PRIORITIES
 
     if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None:
@@ -257,7 +254,7 @@ def _uses_addon(settings: Settings) -> bool:
     Scrapy applies the add-ons, so the settings they fill are not there yet."""
     names = ("scrapy_dist.Addon", "scrapy_dist.addon.Addon")
     for key in settings.getdict("ADDONS"):
-        path = key if isinstance(key, str) else f"{getattr(key, '__module__', '')}.{getattr(key, '__qualname__', '')}"
+        path = key if isinstance(key, str) else f"{getattr(key, '__module__', '')}.{getattr(key, '__name__', '')}"
         if path in names:
             return True
     return False

@@ -1,9 +1,6 @@
 """Spiders fed from Redis: ``redis-cli lpush <spider>:start_urls <url-or-json>`` and the running crawl
-requests the seed within a second (about 60 ms on loopback; see docs/seeds.md).
-
-:class:`RedisSpider` and :class:`RedisCrawlSpider` read seeds in ``async def start()`` through
-:class:`scrapy_dist.seeds.feed.SeedFeed` (the seed protocol, and what "not lost" means for a seed, are
-described there).
+requests the seed at once (docs/seeds.md). :class:`RedisSpider` and :class:`RedisCrawlSpider` read seeds in
+``async def start()`` through :class:`scrapy_dist.seeds.feed.SeedFeed`, which owns the seed protocol.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
-# SeedFeed, SeedReader and TakeResult moved to scrapy_dist.seeds.feed; re-exported for old imports
+# SeedFeed, SeedReader and TakeResult live in scrapy_dist.seeds.feed; re-exported for imports from here
 __all__ = ["RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed", "SeedReader", "TakeResult"]
 
 

@@ -1,42 +1,12 @@
-"""The wire format of a request in Redis: versioned msgpack, never pickle.
+"""The wire format of a request in Redis: versioned msgpack, never pickle (the field table is in
+docs/frontier.md, "Wire format").
 
-An encoded request (a *payload*) is ``b"\\x01" + msgpack(map)`` (version 1, unauthenticated) or
-``b"\\x02" + tag + msgpack(map)`` (version 2, written by a worker that has the crawl's secret,
-``SCHEDULER_ENTRY_SECRET`` / ``SCRAPY_DIST_SECRET``): ``tag`` is the 16-byte keyed BLAKE2b of the msgpack
-bytes. The map holds only the fields that differ from a plain ``Request``'s defaults, under short keys:
-
-=====  ================================  =========================================
-key    field                             type
-=====  ================================  =========================================
-``u``  url                               str (required)
-``m``  method                            str, omitted when ``GET``
-``h``  headers                           list of ``[name: bytes, [value: bytes, ...]]``
-``b``  body                              bytes
-``c``  cookies                           map or list of maps
-``M``  meta                              map (str keys, msgpack-encodable values)
-``k``  cb_kwargs                         map (str keys)
-``p``  priority                          int
-``d``  dont_filter                       bool
-``cb`` callback: spider method name      str
-``eb`` errback: spider method name       str
-``f``  flags                             list of str
-``e``  encoding                          str, omitted when ``utf-8``
-``C``  Request subclass, ``module.Name``  str, omitted for ``scrapy.Request``
-=====  ================================  =========================================
-
-Decoding treats the bytes as untrusted: every field is type-checked before use, any deviation raises
-:class:`RejectedEntry` with a short reason (the only exception :func:`decode_request` lets out, whatever the
-bytes), callbacks must name methods the spider's own code defines, and a request subclass is only accepted
-when its module is already imported (nothing is imported on behalf of data read from Redis).
-
-What an untrusted entry may ask for, and how an entry is signed, is :mod:`scrapy_dist.wire.entrypolicy`
-(re-exported here). An entry is *trusted* when its tag verifies with the crawl's secret, or when no
-secret is configured (the crawl then cannot tell its own entries from anyone else's: see
-``docs/security.md``). Untrusted entries must also pass the rules for seeds: meta keys allowed by
-``SEEDS_META_ALLOWED``, no framing or routing headers, the spider's ``allowed_domains`` (whatever
-``dont_filter`` says).
-
-Which spider methods an entry may name as callbacks is :mod:`scrapy_dist.wire.callbacks` (re-exported here too).
+A *payload* is ``b"\\x01" + msgpack(map)``, or ``b"\\x02" + tag + msgpack(map)`` when written with the
+crawl's secret (``tag``: 16-byte keyed BLAKE2b of the msgpack bytes). Decoding treats the bytes as
+untrusted: every field is type-checked, and any deviation is :class:`RejectedEntry` with a short reason,
+the only exception :func:`decode_request` lets out. What an untrusted entry may ask for is
+:mod:`scrapy_dist.wire.entrypolicy`, which callbacks it may name :mod:`scrapy_dist.wire.callbacks` (both
+re-exported here); the trust model is docs/security.md.
 """
 
 from __future__ import annotations
@@ -80,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_HEADERS", "check_url", "decode_request", "encode_request", "load_payload", "split_payload",
-    # from scrapy_dist.wire.entrypolicy and scrapy_dist.wire.callbacks, imported from here by other modules and users
+    # from wire.entrypolicy and wire.callbacks, imported from here by other modules and users
     "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "FORBIDDEN_HEADERS", "HOOK_NAMES", "TAG_BYTES",
     "VERSION", "VERSION_SIGNED", "EntryPolicy", "check_cookies_allowed", "check_header_names",
     "check_meta_keys", "check_no_userinfo", "check_offsite", "entry_policy", "host_allowed", "is_trusted",

@@ -1,20 +1,11 @@
-"""Keep credentials out of Redis: what a request looked like when the scheduler handed it out.
+"""Keep credentials out of Redis: what a request looked like when the scheduler handed it out
+(docs/security.md, "No credentials written to Redis").
 
-Downloader middlewares add ``Authorization`` (``HttpAuthMiddleware``), ``Cookie`` (``CookiesMiddleware``)
-and ``Proxy-Authorization`` (``HttpProxyMiddleware``) to the request object in place. A retry written to
-``{spider}:delayed`` or a dead letter written to ``{spider}:deadletter`` must not carry them: Redis is
-shared, ``scrapy-dist dead --json`` prints records, and the middlewares add them again on the next attempt.
-
-:class:`ScheduledHeadersMiddleware` (first in the downloader chain; the add-on installs it) remembers the
-credential headers a request had when it entered the downloader -- the ones the spider set -- and
-:func:`as_scheduled` gives the copy to persist: credential headers as the spider set them, none added by a
-middleware. Without the middleware, :func:`as_scheduled` drops every credential header.
-
-Requests a downloader middleware *creates* from a request it has seen (a same-site redirect keeps the
-``Cookie`` and ``Authorization`` headers) reach the scheduler as new objects.
-:class:`AddedCredentialsMiddleware` (last in the chain) remembers the credential header values the
-middlewares added (the newest 1,000), and :func:`scrapy_dist.wire.codec.encode_request` leaves those values
-out of every payload: the middlewares add them again when the request is downloaded.
+:class:`ScheduledHeadersMiddleware` (first in the downloader chain) remembers the credential headers a
+request had when it entered the downloader, and :func:`as_scheduled` gives the copy a retry or dead letter
+persists (without the middleware, no credential header at all). :class:`AddedCredentialsMiddleware` (last)
+remembers the credential values the middlewares added, which
+:func:`scrapy_dist.wire.codec.encode_request` leaves out of every payload (a redirect's new request).
 """
 
 from __future__ import annotations

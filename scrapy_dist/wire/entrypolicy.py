@@ -52,9 +52,8 @@ _SIGNED_BYTE = bytes([VERSION_SIGNED])
 
 #: Meta keys an untrusted entry may set only if SEEDS_META_ALLOWED names them exactly (a wildcard is not
 #: enough): they route the request (proxy, source address, slot), carry credentials, switch Scrapy's
-#: safety checks off or reach into its private state. The retry and redirect counters are Scrapy's
-#: state too: ``retry_times`` / ``redirect_times`` of -1e9 (with ``redirect_ttl`` 1e9) made a failing
-#: URL retried, or a redirect cycle followed, without end.
+#: safety checks off or reach into its private state -- the retry and redirect counters too (a
+#: ``retry_times`` of -1e9 would retry a failing URL without end).
 DANGEROUS_META = (
     "proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar", "handle_httpstatus_all",
     "dont_*", "allow_offsite", "download_maxsize", "download_warnsize", "download_timeout",
@@ -110,10 +109,8 @@ def check_cookies_allowed(allowed: Iterable[str]) -> None:
 
 def check_no_userinfo(url: str) -> None:
     """Refuse (``bad_url``) a URL of an untrusted entry with an ``@`` in its authority (up to the first
-    ``/``, ``?`` or ``#``): ``user[:password]@`` before the host -- credentials may not come from an entry,
-    and Scrapy does not send them either (such a request failed at download, with a traceback, instead
-    of being rejected with a reason) -- or ``a\\@b``, where parsers disagree on the host (``urlsplit``
-    says ``b``, a browser ``a``)."""
+    ``/``, ``?`` or ``#``): credentials may not come from an entry (and Scrapy would fail the download
+    with a traceback), and for ``a\\@b`` parsers disagree on the host."""
     authority = url.partition("://")[2]
     for end in "/?#":
         authority = authority.partition(end)[0]
@@ -135,14 +132,10 @@ def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:
 
 
 def keep_allowed_domains(spider: Any) -> Any:
-    """The spider's ``allowed_domains``, an iterator among them read once and kept as a list.
-
-    scrapy-redis's example spiders set ``filter(None, domain.split(","))``. Scrapy's offsite middleware
-    reads the attribute twice when the spider opens (``list()`` it, then build its regex from it): from an
-    iterator its regex matches no host; and a seed check reading the exhausted iterator then left ``[]``,
-    which made the middleware allow every host -- the crawl left its domains. Called when a
-    :class:`~scrapy_dist.spiders.RedisSpider` is built (before anything reads the attribute) and by every
-    check."""
+    """The spider's ``allowed_domains``, an iterator among them (scrapy-redis's examples set
+    ``filter(None, ...)``) read once and kept as a list: Scrapy's offsite middleware and the seed checks
+    each read the attribute, and an exhausted iterator reads as ``[]``, which allows every host. Called
+    when a :class:`~scrapy_dist.spiders.RedisSpider` is built and by every check."""
     domains = getattr(spider, "allowed_domains", None)
     if isinstance(domains, str):
         return [domains]

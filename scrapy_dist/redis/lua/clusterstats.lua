@@ -17,8 +17,8 @@
 -- had been applied already, -1 when nothing was written because the crawl's keys are gone (the last
 -- flush of a worker of a non-persistent crawl that has finished and removed them).
 
--- keys of another Redis type are someone else's: moved aside (each write below failed on them: the
--- crawl-wide stats, the heartbeat or the history stopped while they stayed)
+-- keys of another Redis type are someone else's: moved aside, so the crawl-wide stats, the heartbeat and
+-- the history go on
 types_ok(KEYS, {'hash', 'zset', 'hash', 'stream'}, {})
 
 local t = redis.call('TIME')
@@ -40,9 +40,8 @@ end
 local applied = 0
 local seq = tonumber(ARGV[2])
 -- Only the last number applied is skipped: a worker resends its last flush or sends the next one, so
--- any other stored value (not a number, or past what it sends: 1e308, inf) is garbage someone wrote --
--- skipping every number up to it silenced the worker's stats for the rest of the crawl. The flush is
--- applied and the field repaired.
+-- any other stored value (not a number, or past what it sends: 1e308, inf) is garbage someone wrote,
+-- which must not silence the worker's stats: the flush is applied and the field repaired.
 local stored = redis.call('HGET', KEYS[3], 'flush_seq')
 local done = tonumber(stored or '0') or 0
 local garbage = (stored and not (tonumber(stored) and (done == seq or done == seq - 1))) and 1 or 0

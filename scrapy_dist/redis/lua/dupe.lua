@@ -10,18 +10,13 @@
 --                    blocks; together: a CHAIN's params). KEYS: the bloom HASH (field "n" = items
 --                    inserted), then the block bitmaps of filter 0, filter 1, ... in order (nblocks_i keys
 --                    each), then the probe: the first block of the filter after the last passed.
---   mode "bloomgen": DUPEFILTER_TTL with generations. params span, G, lo, count, then one chain's params
---                    (every generation has the same). Generation e covers [e*span, (e+1)*span); a call
---                    at `now` is in generation cur = floor(now / span), tests generations cur-G+1 .. cur
---                    (and cur+1, which only a worker whose clock is ahead writes) and inserts into cur.
---                    KEYS: the crawl's bloom HASH (field "live" written: items in the live
---                    generations), then for each generation e = lo .. lo+count-1 its HASH
---                    {spider}:bloom:g<e>, its blocks and its probe, as for "bloom". Generation e's keys
---                    are created with an expiry (e+G)*span - now seconds away: the moment lookups stop
---                    consulting it, Redis drops it whole. Nothing rotates, so nothing can rotate twice: the
---                    generation is a function of the clock. The live generations must be among those
---                    passed (d.err 'bloom_clock' otherwise: the worker's clock is more than a span off the
---                    server's).
+--   mode "bloomgen": DUPEFILTER_TTL (dupefilter/generations.py). params span, G, lo, count, then one
+--                    chain's params (every generation has the same). A call at `now` tests generations
+--                    cur-G+1 .. cur+1 (cur = floor(now / span); cur+1 only a worker whose clock is ahead
+--                    writes) and inserts into cur. KEYS: the crawl's bloom HASH (field "live" written),
+--                    then for each generation e = lo .. lo+count-1 its HASH {spider}:bloom:g<e>, blocks and
+--                    probe, as for "bloom", created to expire (e+G)*span - now seconds away. The live
+--                    generations must be among those passed (else d.err 'bloom_clock').
 --   mode "set":      KEYS: the SET of raw fingerprints; no params.
 --   mode "setttl":   params ttl; KEYS: the ZSET fingerprint -> unix time it expires. A fingerprint whose
 --                    time has passed is new again; dupe_close drops a bounded number of expired ones.
@@ -33,34 +28,24 @@
 --   FORGOTTEN, which dupe_add consults before the bloom and empties as it admits (each forgotten URL once).
 -- dupe_can_insert(d, count) is false when `count` new items could need a filter whose keys were not passed
 --   (or would take the filter past max_items: then d.err is set).
--- d.err / d.err_detail (reason, key) are set when an insert would pass max_items (the bound bloom.py
---   documents: a small multiple of the declared capacity), or the generations passed miss a live one
---   ('bloom_clock'); the caller then answers {-2, reason, detail} and writes nothing. Nothing here writes
---   before dupe_add but repairs: a key of the filter holding another Redis type (the bloom HASH, the
---   set modes' SET or ZSET) is moved aside to <key>:garbage (move_aside) and named in DUPE_REPAIRED.
--- A recorded item count ("n" of a bloom HASH) that is not a decimal integer in [0, max_items], or that
---   the filter's blocks contradict (the filter holding item n does not exist, or the one after it does),
---   is not refused but recounted from the blocks (chain_recount: the newest filter that exists, and the
---   fill of a sample of it) and written back by dupe_close; the HASH is named in DUPE_REPAIRED. Refusing
---   it stopped every worker of the crawl until someone repaired the field by hand: one HSET could.
--- A bloom block key holding another Redis type is not refused but repaired where it is read (window_read:
---   replaced by an empty block, named in DUPE_REPAIRED, which sync.lua reports in 'repaired'), and a
---   block cut short reads as clear bits past its end: neither can fail a call half way.
+-- d.err / d.err_detail (reason, key) are set when an insert would pass max_items (bloom.py's
+--   MAX_OVERSHOOT) or the generations passed miss a live one ('bloom_clock'); the caller then answers
+--   {-2, reason, detail} and writes nothing. Nothing here writes before dupe_add but repairs, each named in
+--   DUPE_REPAIRED (docs/frontier.md, "Scripts validate before they write"): a key of another Redis type is
+--   moved aside (move_aside) or, for a block, replaced by an empty one (window_read); a block cut short
+--   reads as clear bits; an item count that is garbage or that the blocks contradict is recounted
+--   (chain_recount) and written back by dupe_close.
 -- dupe_contains(d, t1, t2) tests without adding (1 = probably seen).
 -- dupe_close(d) persists counters; returns dupe_count(d): the bloom item count of the fullest live chain
 --   (it decides how many keys the next call passes; 0 for other modes). A call that writes nothing answers
 --   {-1, dupe_count(d)}.
 --
--- Bloom layout (scrapy_dist/dupefilter/bloom.py, layouts 3 and 4): every filter is cut into windows of window_bits
--- (4096) bits, and all k bits of an item lie in one window: window h1 mod (m / window_bits), and inside it
--- bit j at (a + j*b + j^2*c) mod window_bits with a, b (odd), c (even) from disjoint bits of h2, so the k
--- positions are distinct (two of them differ by (j-i)*(b + (i+j)*c), an odd multiple of j-i). A test
--- reads the window with one GETRANGE; an insert then SETBITs only the bits still clear. Each redis.call
--- costs about a microsecond whatever it does, so one read per filter instead of one per bit is what makes
--- the filter fast. One BITFIELD SET u1 ... per insert instead of the SETBITs was tried (issue 19) and
--- measured slower: 17.0 against 13.1 us of Redis CPU per insert (200,000 inserts, Redis 6.2), because
--- building its argument table in Lua costs more than the ~10 SETBIT calls it saves (1.0 us in all). Most
--- of an insert's cost is the script's own Lua arithmetic, not the Redis commands it calls.
+-- Bloom layout (dupefilter/bloom.py; docs/frontier.md, "The bloom filter"): every filter is cut into
+-- windows of window_bits (4096) bits, and all k bits of an item lie in one window: window h1 mod
+-- (m / window_bits), and inside it bit j at (a + j*b + j^2*c) mod window_bits with a, b (odd), c (even)
+-- from disjoint bits of h2, so the k positions are distinct (two of them differ by (j-i)*(b + (i+j)*c),
+-- an odd multiple of j-i). A test reads the window with one GETRANGE; an insert then SETBITs only the bits
+-- still clear: one redis.call per filter instead of one per bit, since each call has a fixed cost.
 
 -- The call's time: `raw` (unix seconds a caller or a test injects), else the server's clock.
 local function call_now(raw)
@@ -323,8 +308,8 @@ local function bloom_has(c, f, it)
 end
 
 -- Sets the item's k bits in filter f, given its window string s as read just before: one SETBIT per
--- bit still clear (about half of them in a filter nearing its capacity). Measured: a SETRANGE of the
--- changed span costs more, because building a new string of a few hundred bytes in Lua does.
+-- bit still clear (about half of them in a filter nearing its capacity), cheaper than building the
+-- changed span in Lua for one SETRANGE.
 local function bloom_put(c, f, it, s)
   local fresh = #s == 0
   -- a window read back non-empty lies in a block that exists; an empty one may be a block not created yet

@@ -22,7 +22,7 @@
 --   garbage   how many fields of the window no worker writes were deleted (written by someone else)
 
 -- a window, examples list or control hash of another Redis type is someone else's: moved aside, so the
--- crawl-wide monitor goes on (each command below failed on it: the monitor was off while it stayed)
+-- crawl-wide monitor goes on (each command below would fail on it)
 types_ok(KEYS, {'hash', 'list', 'hash'}, {})
 
 local now = tonumber(ARGV[1])
@@ -57,9 +57,8 @@ if pos <= #ARGV then
 end
 
 -- sum the window, dropping buckets that have left it, and fields no worker writes: a bucket ahead of now
--- never left the window (5000 errors in bucket 99999999999 tripped the monitor again after every resume),
--- a count that is not a whole number HINCRBY could have made ('inf' made the totals unreadable), any
--- other name -- each read again by every call while it stayed
+-- (it would never leave the window, and trip the monitor again after every resume), a count that is not
+-- a whole number HINCRBY could have made, any other name -- each read again by every call while it stayed
 local totals = {}
 local order = {}
 local stale = {}

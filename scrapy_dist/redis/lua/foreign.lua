@@ -3,7 +3,7 @@
 -- move_aside(key, repaired): the key is not ours -- someone else's data, or garbage -- so it is moved aside
 -- to <key>:garbage (RENAME: the same hash slot; an older garbage copy is replaced, so memory stays
 -- bounded), named in `repaired` (a list the caller reports), logged, and the caller goes on with the key
--- empty. Refusing such a key stopped every worker of a crawl until someone deleted it by hand.
+-- empty, rather than stop every worker of the crawl until someone deletes it by hand.
 -- type_ok(key, want, repaired): move_aside the key if its type is neither 'none' nor `want`.
 -- types_ok(keys, wants, repaired): type_ok for each keys[i] and wants[i] (a keys[i] not passed is skipped).
 

@@ -18,8 +18,8 @@ local MAX_PENALTY = 3600
 -- bounds of the limits read from l:<domain> (written by the workers from their settings; garbage is
 -- clamped into them): a delay of at most a day, a jitter of at most ten times the delay -- and at most
 -- pol.max_delay and pol.max_jitter, the largest the calling worker's settings give any domain (sync.lua's
--- head 'limits_bound'): an l: written after a domain's last enqueue is never rewritten, and a day per
--- request parked its backlog for weeks
+-- head 'limits_bound'): an l: written after a domain's last enqueue is never rewritten, so garbage there
+-- must not park its backlog
 local MAX_DELAY, MAX_JITTER = 86400, 10
 -- pol.queue, pol.leases, pol.now, pol.max_delay, pol.max_jitter: set by sync.lua before the first call below
 local pol = {touched = {}, checked = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER}

@@ -38,7 +38,7 @@ local horizon = now + tonumber(ARGV[9])
 local cap = tonumber(ARGV[10])
 
 -- Before the first write: a processing LIST or workers ZSET of another type would make the RPUSH of
--- popped seeds fail after the pop (seeds lost); refusing them stopped every worker's seeds for good.
+-- popped seeds fail after the pop (seeds lost), and refusing them would stop every worker's seeds.
 local repaired = {}
 types_ok({KEYS[2], KEYS[3]}, {'list', 'zset'}, repaired)
 

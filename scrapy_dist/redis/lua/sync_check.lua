@@ -5,8 +5,8 @@
 --   seq        the seq counter cannot be repaired (detail: the key)
 -- Repairs: a key of the frontier holding another Redis type than the frontier ever writes there is not
 -- ours: it is moved aside to <key>:garbage (RENAME, same hash slot; an older garbage copy is replaced, so
--- memory stays bounded) and the frontier goes on with the key empty -- refusing it stopped every worker of
--- the crawl until someone deleted the key by hand; a seq counter that is not a decimal integer in
+-- memory stays bounded) and the frontier goes on with the key empty, rather than stop every worker of
+-- the crawl until someone deletes the key by hand; a seq counter that is not a decimal integer in
 -- [0, 2^47) (or would pass 2^47 with this call) restarts past the largest seq found in a bounded sample of
 -- the queue, leases and delayed ZSETs, plus 2^32 (S.repaired names it); a queue count (tails 'count')
 -- that is not an integer is recounted; lease and delayed meta are checked where they are read

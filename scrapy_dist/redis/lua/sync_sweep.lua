@@ -7,11 +7,10 @@
 -- Lease keys. A leased request is filed in the leases ZSET (score: its deadline) under a *lease key*: its
 -- queue member followed by a tag naming the queue score it goes back with and the worker holding it,
 --   <member> \0 \255 <score> ' ' <worker id> <2-byte length of "<score> <worker id>">
--- The worker gets the lease key (sync_lease answers it) and settles the lease by it. Before (issue 19),
--- the member itself was the lease and the score and worker went in the lease meta HASH: one HSET per
--- lease and one HDEL per ack, ~1.2 us of Redis CPU per page. A key without a well-formed tag (a lease
--- filed by an older version, whose meta is in that HASH, or anything someone else wrote there) is its
--- own member, with the score its meta names, or 0: read as untrusted, it never fails a call.
+-- The worker gets the lease key (sync_lease answers it) and settles the lease by it, so a lease costs one
+-- ZADD and an ack one ZREM. A key without a well-formed tag (its score and worker then in the lease meta
+-- HASH, or anything someone else wrote there) is its own member, with the score its meta names, or 0:
+-- read as untrusted, it never fails a call.
 
 -- member layout: seq .. payload, or with politeness domain \0 priority-key seq payload (score 0)
 local function member_of(S, seq, score, payload, dom)
