@@ -405,6 +405,6 @@ def test_a_recorded_ttl_no_worker_could_use_is_rewritten_with_a_warning(
     assert _add(later, fps, time.time()) == [True] * 5
 
 
-def test_a_ttl_whose_generations_span_less_than_a_second_is_refused_at_start() -> None:
+def test_a_ttl_whose_generations_span_a_moment_is_refused_at_start() -> None:
     with pytest.raises(ScrapyDistError, match="DUPEFILTER_TTL"):
         Generations(0.001, 4)

@@ -83,7 +83,7 @@ MAX_OVERSHOOT = 8
 #: shortest time one generation of a DUPEFILTER_TTL filter covers: the generations a worker passes to a
 #: script are the live ones by its own clock, one span either side, so a shorter span than the clocks'
 #: difference (and the call's latency) finds none of them and every write is refused (``bloom_clock``)
-MIN_SPAN = 1.0
+MIN_SPAN = 0.25
 #: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
 MAX_BLOCK_BITS = 2**32
 

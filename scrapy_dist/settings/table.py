@@ -178,7 +178,8 @@ TABLE: tuple[Setting, ...] = (
        " 4096.", D, low=2**13, high=2**32, multiple_of=4096),
     _s("DUPEFILTER_TTL", None, "float", "Seconds a fingerprint is remembered: a URL seen longer ago is new"
        " again (None: forever). Bloom filter: forgotten between TTL and TTL*G/(G-1) after it was seen (G ="
-       " BLOOMFILTER_GENERATIONS, and TTL/(G-1) at least 1 s); SetDupeFilter: exactly TTL.", D, optional=True, low=0, low_open=True,
+       " BLOOMFILTER_GENERATIONS, and TTL/(G-1) at least 0.25 s); SetDupeFilter: exactly TTL.", D,
+       optional=True, low=0, low_open=True,
        high=MAX_TTL),
     _s("BLOOMFILTER_GENERATIONS", 4, "int", "With DUPEFILTER_TTL: the bloom filter is this many generations,"
        " each covering TTL/(G-1) seconds; the oldest expires whole.", D, low=MIN_GENERATIONS,
