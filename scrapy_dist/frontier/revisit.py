@@ -38,8 +38,8 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.frontier.shard import PRIORITY_KEY_BYTES, SEQ_BYTES, lease_member
 from scrapy_dist.settings.values import SettingsError
-from scrapy_dist.wire.codec import load_payload, split_payload
-from scrapy_dist.wire.entrypolicy import VERSION_SIGNED, entry_policy
+from scrapy_dist.wire.codec import load_payload
+from scrapy_dist.wire.entrypolicy import DEFAULT_POLICY, entry_policy
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -133,7 +133,7 @@ def with_validators(payload: bytes, validators: Mapping[bytes, bytes], policy: E
     """``payload`` (an encoded request) with its conditional headers replaced by ``validators``; signed
     again only if it was signed (an untrusted entry stays untrusted). Raises RejectedEntry for a payload
     that does not decode (the caller keeps the old one)."""
-    version, _ = split_payload(payload, policy.max_bytes)
+    signed = policy.verify(payload)
     d = load_payload(payload, policy.max_bytes)
     drop = {h.lower() for h in VALIDATOR_HEADERS}
     headers = [pair for pair in d.get("h", []) if bytes(pair[0]).lower() not in drop]
@@ -143,9 +143,7 @@ def with_validators(payload: bytes, validators: Mapping[bytes, bytes], policy: E
     else:
         d.pop("h", None)
     body = msgpack.packb(d, use_bin_type=True)
-    if version == VERSION_SIGNED and policy.secret is not None:
-        return policy.seal(body)
-    return b"\x01" + body
+    return policy.seal(body) if signed else DEFAULT_POLICY.seal(body)
 
 
 def member_prefix(member: bytes, polite: bool) -> bytes:
@@ -222,6 +220,25 @@ class Revisits:
             )
         return o
 
+    def _refiled(self, member: bytes, validators: dict[bytes, bytes] | None) -> bytes:
+        """The queue member a revisit files (b"": ``member`` itself): with the page's validators
+        (``REVISIT_CONDITIONAL``), and signed afresh -- a new nonce, so that the acknowledged entry,
+        remembered by the sync script, is not taken for its revisit."""
+        policy = self.policy
+        assert policy is not None
+        try:
+            prefix = member_prefix(member, self.polite)
+            payload = member[len(prefix) :]
+            if self.conditional and validators is not None:
+                patched = with_validators(payload, validators, policy)
+            else:
+                patched = policy.renew(payload)
+            if patched != payload and len(patched) <= policy.max_bytes:
+                return prefix + patched
+        except Exception:  # a member we cannot patch is revisited as it is  # noqa: BLE001
+            pass
+        return b""
+
     # -- signals -------------------------------------------------------------------------------------
     def response_received(self, response: Any, request: Request, spider: Any = None) -> None:
         if response.status < 400 and self.wanted(request):
@@ -279,16 +296,8 @@ class Revisits:
                 self.stats.inc_value("revisit/stopped")
             return None
         new = b""
-        if self.conditional and validators is not None and self.policy is not None:
-            member = lease_member(lease[1])  # the lease key's queue member
-            try:
-                prefix = member_prefix(member, self.polite)
-                payload = member[len(prefix) :]
-                patched = with_validators(payload, validators, self.policy)
-                if patched != payload and len(patched) <= self.policy.max_bytes:
-                    new = prefix + patched
-            except Exception:  # a member we cannot patch is revisited as it is  # noqa: BLE001
-                new = b""
+        if self.policy is not None and (self.policy.secret is not None or validators is not None):
+            new = self._refiled(lease_member(lease[1]), validators)
         if self.stats is not None:
             self.stats.inc_value("revisit/scheduled")
         return delay, new

@@ -15,8 +15,6 @@ A leased request is acknowledged only once the engine has finished it (download,
 pipelines), and the acknowledgement travels in the same atomic call as the requests its callback
 produced, so a worker killed at any moment loses nothing: what it held is requeued when its leases
 (``SCHEDULER_LEASE_SECONDS``, renewed while it works) run out.
-
-Longer than our ~400 lines for a module because :class:`Scheduler` is (its docstring says why).
 """
 
 from __future__ import annotations
@@ -51,6 +49,7 @@ from scrapy_dist.redis.keys import CrawlKeys, crawl_keys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, SchedulerSettings
 from scrapy_dist.wire.codec import EntryPolicy, decode_request, encode_request, entry_policy
+from scrapy_dist.wire.entrypolicy import DEAD
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -82,11 +81,9 @@ class Scheduler:
     to wake and ask what is in progress, and what the Redis clients are built from (``redis_settings``:
     Scrapy settings or a dict with ``REDIS_URL``...). As Scrapy's own scheduler, it can be built from a
     dupefilter alone (``Scheduler(dupefilter)``, ``crawler`` None): the keys then come from the spider's
-    name at :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default.
-
-    Longer than our ~250 lines for a class: it is Scrapy's whole scheduler interface plus the services
-    other scrapy-dist components call (delays, dead letters, pauses, politeness); each method is a few
-    lines over the ledger, the loop, the router and the layout.
+    name at :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default. It is Scrapy's whole
+    scheduler interface plus the services other scrapy-dist components call (delays, dead letters,
+    pauses, politeness), each a few lines over the ledger, the loop, the router and the layout.
     """
 
     def __init__(
@@ -143,6 +140,12 @@ class Scheduler:
     def _place(self, keys: CrawlKeys) -> None:
         """Use the crawl ``keys`` (at construction, or at :meth:`open` from the spider's name)."""
         self.keys = keys
+        # what this worker signs is bound to the crawl: another crawl's entries do not verify here
+        self.policy = self.policy.bound(crawl=keys.shard(0, 1).tag)
+        #: the policy dead letters are signed with (only ``scrapy-dist dead --requeue`` reads them back)
+        self.dead_policy = self.policy.bound(kind=DEAD)
+        if self.revisits is not None:
+            self.revisits.policy = self.policy
         self.layout = CrawlLayout(keys, self.df, self.config.shards, self.config.politeness,
                                   self.config.lease_seconds)
         self.report.shard_keys = self.layout.shard_keys
@@ -171,6 +174,7 @@ class Scheduler:
             policy=entry_policy(crawler),
         )
         sched.revisits = Revisits.from_crawler(crawler)
+        sched.revisits.policy = sched.policy if keys is not None else None
         sched.ledger.revisit_of = sched.revisits.plan
         sched.forget_dead = ds.dupefilter.forget_dead
         if cfg.politeness == "cluster":
@@ -239,7 +243,7 @@ class Scheduler:
                 self.redis, keys, self.worker_id, df if self._batched_df else None,
                 sequence=self.order.sequence, lease_seconds=cfg.lease_seconds, politeness=cfg.politeness,
                 heartbeat=i == 0, max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
-                dead_maxlen=cfg.dead_maxlen,
+                dead_maxlen=cfg.dead_maxlen, replay_memory=cfg.replay_memory,
                 limits_bound=self.domain_limits.bound() if self.domain_limits else "",
             )
             for i, (keys, df) in enumerate(zip(self.layout.shard_keys, self.layout.shard_dfs, strict=True))

@@ -189,12 +189,12 @@ class SyncResult:
 #: KEYS of a sync call, in order (``SYNC_KEYS`` of lua/sync_common.lua), then the dupefilter's keys
 SYNC_KEYS = (
     "queue", "leases", "lease_meta", "seq", "delayed", "delayed_meta", "queue_rejected", "deadletter",
-    "workers", "control", "domains", "domain_info", "queue_tails",
+    "workers", "control", "domains", "domain_info", "queue_tails", "acked",
 )
 #: the ARGV head, by name (``SYNC_HEAD`` of lua/sync_common.lua); then P and the P dupe params
 SYNC_HEAD = (
     "now", "worker", "lease_seconds", "lease", "order", "politeness", "seed", "heartbeat",
-    "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound",
+    "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound", "replay_memory",
 )
 
 
@@ -340,6 +340,8 @@ class Frontier:
     max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
     rejected_maxlen: int = defaults.SCHEDULER_REJECTED_MAXLEN
     dead_maxlen: int = defaults.DEADLETTER_MAXLEN
+    #: acknowledged signed entries remembered (``{spider}:acked``, SCHEDULER_REPLAY_MEMORY; 0 = none)
+    replay_memory: int = defaults.SCHEDULER_REPLAY_MEMORY
 
     def __post_init__(self) -> None:
         self._polite = self.politeness == "cluster"
@@ -356,7 +358,7 @@ class Frontier:
             "politeness": self.politeness, "seed": self._rng.randrange(2**31),
             "heartbeat": "1" if self.heartbeat else "0", "max_entry_bytes": self.max_entry_bytes,
             "rejected_maxlen": self.rejected_maxlen, "dead_maxlen": self.dead_maxlen, "dupe_mode": mode,
-            "limits_bound": self.limits_bound,
+            "limits_bound": self.limits_bound, "replay_memory": self.replay_memory,
         }
         return [head[name] for name in SYNC_HEAD]
 

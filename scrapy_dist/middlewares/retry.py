@@ -61,7 +61,6 @@ from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.middlewares.credentials import as_scheduled
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.utils.ratelimit import RateLimitedLog
-from scrapy_dist.wire.codec import entry_policy
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -129,7 +128,7 @@ class DeadLetterWriter:
             status=status,
             detail=detail,
             attempts=attempts,
-            policy=entry_policy(self.crawler),
+            policy=scheduler.dead_policy,
         )
         scheduler.dead_letter(record, request)
         _dead_lettered.add(request)

@@ -132,6 +132,8 @@ class SchedulerSettings:
     max_entry_bytes: int = 1024 * 1024
     rejected_maxlen: int = 100_000
     dead_maxlen: int = 1_000_000
+    #: SCHEDULER_REPLAY_MEMORY: acknowledged signed entries remembered per shard ({spider}:acked)
+    replay_memory: int = 250_000
     #: SCHEDULER_ENTRY_SECRET, else the SCRAPY_DIST_SECRET environment variable (never stored in Redis)
     entry_secret: bytes | None = field(default=None, repr=False)
     deny_networks: tuple[str, ...] = ()
@@ -305,6 +307,7 @@ class DistSettings:
             allowed_schemes=schemes,
             max_entry_bytes=v("SCHEDULER_MAX_ENTRY_BYTES"), shards=shards, politeness=politeness,
             rejected_maxlen=v("SCHEDULER_REJECTED_MAXLEN"), dead_maxlen=v("DEADLETTER_MAXLEN"),
+            replay_memory=v("SCHEDULER_REPLAY_MEMORY"),
             entry_secret=v("SCHEDULER_ENTRY_SECRET") or env.get("SCRAPY_DIST_SECRET", "").encode() or None,
             deny_networks=deny,
             downloader_aware="DownloaderAwarePriorityQueue" in str(raw.raw("SCHEDULER_PRIORITY_QUEUE") or ""),

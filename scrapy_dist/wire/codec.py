@@ -1,9 +1,11 @@
 """The wire format of a request in Redis: versioned msgpack, never pickle.
 
 An encoded request (a *payload*) is ``b"\\x01" + msgpack(map)`` (version 1, unauthenticated) or
-``b"\\x02" + tag + msgpack(map)`` (version 2, written by a worker that has the crawl's secret,
-``SCHEDULER_ENTRY_SECRET`` / ``SCRAPY_DIST_SECRET``): ``tag`` is the 16-byte keyed BLAKE2b of the msgpack
-bytes. The map holds only the fields that differ from a plain ``Request``'s defaults, under short keys:
+``b"\\x03" + tag + nonce + msgpack(map)`` (version 3, written by a worker that has the crawl's secret,
+``SCHEDULER_ENTRY_SECRET`` / ``SCRAPY_DIST_SECRET``): ``tag`` is the 16-byte keyed BLAKE2b of the crawl, the
+kind of key, the 8-byte ``nonce`` and the msgpack bytes (:mod:`scrapy_dist.wire.entrypolicy`). Version 2
+(``b"\\x02" + tag + msgpack``, a tag of the body alone) is still read, as untrusted. The map holds only the
+fields that differ from a plain ``Request``'s defaults, under short keys:
 
 =====  ================================  =========================================
 key    field                             type
@@ -61,8 +63,10 @@ from scrapy_dist.wire.entrypolicy import (
     DANGEROUS_META,
     DEFAULT_POLICY,
     FORBIDDEN_HEADERS,
+    SIGNED_HEAD,
     TAG_BYTES,
     VERSION,
+    VERSION_BODY_TAG,
     VERSION_SIGNED,
     EntryPolicy,
     check_cookies_allowed,
@@ -82,13 +86,15 @@ __all__ = [
     "MAX_HEADERS", "check_url", "decode_request", "encode_request", "load_payload", "split_payload",
     # from scrapy_dist.wire.entrypolicy and scrapy_dist.wire.callbacks, imported from here by other modules and users
     "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "FORBIDDEN_HEADERS", "HOOK_NAMES", "TAG_BYTES",
-    "VERSION", "VERSION_SIGNED", "EntryPolicy", "check_cookies_allowed", "check_header_names",
+    "SIGNED_HEAD", "VERSION", "VERSION_BODY_TAG", "VERSION_SIGNED", "EntryPolicy", "check_cookies_allowed",
+    "check_header_names",
     "check_meta_keys", "check_no_userinfo", "check_offsite", "entry_policy", "host_allowed", "is_trusted",
     "spider_method", "user_defined",
 ]
 
 _VERSION_BYTE = bytes([VERSION])
 _SIGNED_BYTE = bytes([VERSION_SIGNED])
+_BODY_TAG_BYTE = bytes([VERSION_BODY_TAG])
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
@@ -293,13 +299,15 @@ def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes
         raise RejectedEntry("too_large", f"{len(data)} bytes")
     if data[:1] == _VERSION_BYTE:
         return VERSION, data[1:]
-    if data[:1] == _SIGNED_BYTE and len(data) > 1 + TAG_BYTES:
-        return VERSION_SIGNED, data[1 + TAG_BYTES :]
+    if data[:1] == _SIGNED_BYTE and len(data) > SIGNED_HEAD:
+        return VERSION_SIGNED, data[SIGNED_HEAD:]
+    if data[:1] == _BODY_TAG_BYTE and len(data) > 1 + TAG_BYTES:
+        return VERSION_BODY_TAG, data[1 + TAG_BYTES :]
     raise RejectedEntry("bad_version", f"first byte {data[:1]!r}")
 
 
 def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
-    """The field map of an untrusted payload (version 1 or 2, the tag is not checked here): size, version
+    """The field map of an untrusted payload (any version, the tag is not checked here): size, version
     byte, msgpack and field names checked (values are checked by :func:`decode_request`). Raises
     :class:`RejectedEntry`."""
     return _unpack(split_payload(data, max_bytes)[1])

@@ -3,8 +3,8 @@
 --
 -- KEYS (named in SYNC_KEYS below; the order is frontier.py's SYNC_KEYS, the one place that lists them):
 --   queue ZSET, leases ZSET, lease meta HASH, seq STRING, delayed ZSET, delayed meta HASH, rejected LIST,
---   deadletter LIST, workers ZSET, control HASH, domains ZSET, domain info HASH, queue tails HASH, then
---   the dupefilter keys (dupe.lua).
+--   deadletter LIST, workers ZSET, control HASH, domains ZSET, domain info HASH, queue tails HASH, acked
+--   ZSET (nonces of acknowledged signed entries, see entry_nonce), then the dupefilter keys (dupe.lua).
 -- ARGV: the head (SYNC_HEAD below, by name), P and P dupe params, then the sections (SYNC_SECTIONS:
 --   each a count followed by its items). frontier.py's SYNC_HEAD / SYNC_SECTIONS encode the same names
 --   in the same order (a test compares them with this file).
@@ -13,9 +13,10 @@
 --   {-2, reason, detail} (nothing written: a value read from Redis cannot be used; see sync_check).
 
 local SYNC_KEYS = {'queue', 'leases', 'lease_meta', 'seq', 'delayed', 'delayed_meta', 'rejected',
-                   'deadletter', 'workers', 'control', 'domains', 'domain_info', 'tails'}
+                   'deadletter', 'workers', 'control', 'domains', 'domain_info', 'tails', 'acked'}
 local SYNC_HEAD = {'now', 'worker', 'lease_seconds', 'lease', 'order', 'politeness', 'seed', 'heartbeat',
-                   'max_entry_bytes', 'rejected_maxlen', 'dead_maxlen', 'dupe_mode', 'limits_bound'}
+                   'max_entry_bytes', 'rejected_maxlen', 'dead_maxlen', 'dupe_mode', 'limits_bound',
+                   'replay_memory'}
 -- name, items' width without politeness, extra width with politeness
 local SYNC_SECTIONS = {{'enqueue', 4, 2}, {'ack', 1, 0}, {'renew', 1, 0}, {'release', 1, 0},
                        {'delay', 3, 2}, {'reject', 2, 0}, {'dead', 1, 0}, {'penalize', 2, 0},
@@ -95,6 +96,39 @@ local function chunk_singles(member, max_entry)
   end
   if #out == 0 then return nil, 'chunk_empty' end
   return out
+end
+
+-- The nonce of a queue member's signed payload (version 3: version, 16-byte tag, 8-byte nonce, body;
+-- scrapy_dist/wire/entrypolicy.py), or nil: an unsigned entry has none. The tag itself cannot be checked
+-- here (Lua has no secret): a member whose nonce was forged was never the crawl's own, and the worker
+-- that decodes it rejects it (bad_tag); a genuine nonce cannot be changed without breaking the tag.
+local function entry_nonce(S, m)
+  local p = 7
+  if S.polite then
+    local z = string.find(m, '\0', 1, true)
+    if not z then return nil end
+    p = z + 18
+  end
+  if string.byte(m, p) ~= 3 or #m < p + 24 then return nil end
+  return string.sub(m, p + 17, p + 24)
+end
+
+-- Remember that the entry of member m was acknowledged (its nonce, scored by now): a copy of it put back
+-- is rejected when leased (sync_lease). Trimmed to the newest replay_memory by sync.lua.
+local function remember_acked(S, m)
+  if S.replay_memory <= 0 then return end
+  local nonce = entry_nonce(S, m)
+  if nonce then
+    redis.call('ZADD', K.acked, S.now, nonce)
+    S.acked = S.acked + 1
+  end
+end
+
+-- Whether member m is a copy of an entry already acknowledged.
+local function replayed(S, m)
+  if S.replay_memory <= 0 then return false end
+  local nonce = entry_nonce(S, m)
+  return nonce ~= nil and redis.call('ZSCORE', K.acked, nonce) ~= false
 end
 
 local function hex_head(s, n)
