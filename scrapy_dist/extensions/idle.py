@@ -188,6 +188,8 @@ class IdleMonitor:
             return ""
         work, control = await self.read()
         reason = control.close_reason(self.started_at, getattr(self, "server_now", None))
+        if reason:
+            _end_revisits(self.crawler)
         if not reason and self.clock.idle_before_close > 0 and self.judges_idleness():
             now = time.monotonic() if now is None else now
             # a paused crawl is waiting for `scrapy-dist resume`, not finished
@@ -219,3 +221,12 @@ class IdleMonitor:
             return
         logger.info("Closing: the crawl was closed crawl-wide (reason %s)", reason)
         self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
+
+
+def _end_revisits(crawler: Any) -> None:
+    """A crawl closed crawl-wide (``scrapy-dist close``) ends its revisit chains: what this worker is
+    still fetching is acknowledged without being filed again."""
+    sched = _engine.scheduler(crawler)
+    revisits = getattr(sched, "revisits", None)
+    if revisits is not None:
+        revisits.stop()

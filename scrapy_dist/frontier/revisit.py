@@ -72,8 +72,9 @@ def check_seconds(value: Any) -> float | None:
     return seconds
 
 
-def revisit_rules(rules: Any) -> dict[str, float | None]:
-    """``REVISIT_AFTER`` checked: ``{glob: seconds or None}``; raises :class:`SettingsError` (one line)."""
+def revisit_rules(rules: Any, floor: float = 0.0) -> dict[str, float | None]:
+    """``REVISIT_AFTER`` checked: ``{glob: seconds or None}``, none below ``floor``
+    (``REVISIT_MIN_INTERVAL``); raises :class:`SettingsError` (one line)."""
     expected = 'expected {"*.example.com": 3600, "https://example.com/item/*": 2592000, "*/login*": None}'
     if not isinstance(rules, Mapping):
         raise SettingsError("REVISIT_AFTER", rules, "not a dict", expected)
@@ -82,9 +83,13 @@ def revisit_rules(rules: Any) -> dict[str, float | None]:
         if not isinstance(pattern, str) or not pattern.strip():
             raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r} is not a glob", expected)
         try:
-            out[pattern.strip()] = check_seconds(seconds)
+            out[pattern.strip()] = checked = check_seconds(seconds)
         except ValueError as exc:
             raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r}: {exc}", expected) from None
+        if checked is not None and checked < floor:
+            raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r}: {checked:g} s is below"
+                                f" REVISIT_MIN_INTERVAL ({floor:g} s)",
+                                "raise it, or lower REVISIT_MIN_INTERVAL")
     return out
 
 
@@ -178,7 +183,8 @@ class Revisits:
     (see the module docstring). Reactor thread only; no I/O.
 
     Stats: ``revisit/scheduled``, ``revisit/stopped`` (the callback set ``revisit_after = None`` or
-    raised), ``revisit/invalid`` (a ``revisit_after`` that is not a number of seconds: logged once).
+    raised), ``revisit/invalid`` (a ``revisit_after`` that is not a number of seconds: logged once),
+    ``revisit/raised`` (a ``revisit_after`` below ``REVISIT_MIN_INTERVAL``, raised to it).
     """
 
     def __init__(
@@ -188,8 +194,13 @@ class Revisits:
         polite: bool = False,
         policy: EntryPolicy | None = None,
         stats: Any = None,
+        min_interval: float = 0.0,
     ) -> None:
         self.rules = rules or RevisitRules()
+        #: REVISIT_MIN_INTERVAL: a shorter ``revisit_after`` is raised to it
+        self.min_interval = min_interval
+        #: set by :meth:`stop`: the crawl was closed, no chain goes on
+        self.stopped = False
         self.conditional = conditional
         self.polite = polite
         self.policy = policy
@@ -207,7 +218,7 @@ class Revisits:
         cfg = DistSettings.for_crawler(crawler).scheduler
         o = cls(
             RevisitRules(cfg.revisit_after), cfg.revisit_conditional, cfg.politeness == "cluster",
-            entry_policy(crawler), crawler.stats,
+            entry_policy(crawler), crawler.stats, cfg.revisit_min_interval,
         )
         crawler.signals.connect(o.response_received, signal=signals.response_received)
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
@@ -262,7 +273,12 @@ class Revisits:
         the most specific ``REVISIT_AFTER`` rule, else None."""
         if META_KEY in request.meta:
             try:
-                return check_seconds(request.meta[META_KEY])
+                seconds = check_seconds(request.meta[META_KEY])
+                if seconds is not None and seconds < self.min_interval:
+                    if self.stats is not None:
+                        self.stats.inc_value("revisit/raised")
+                    return self.min_interval
+                return seconds
             except ValueError as exc:
                 if self.stats is not None:
                     self.stats.inc_value("revisit/invalid")
@@ -277,6 +293,11 @@ class Revisits:
         seconds = self.rules.for_url(request.url, urlparse_cached(request).hostname or "")
         return None if seconds is _NOT_SET else seconds
 
+    def stop(self) -> None:
+        """End every chain this worker would go on with (``scrapy-dist close``): finished requests are
+        acknowledged without being filed again."""
+        self.stopped = True
+
     def wanted(self, request: Request) -> bool:
         """Whether ``request`` asked for a revisit (before its callback had a say)."""
         return META_KEY in request.meta or bool(self.rules)
@@ -284,7 +305,7 @@ class Revisits:
     def plan(self, request: Request, lease: tuple[int, bytes]) -> tuple[float, bytes] | None:
         """The ledger's question when ``request`` (leased as ``lease``) is finished: ``(delay, new
         member or b"")`` to file it again, or None."""
-        ok = self.outcome.pop(request, None)
+        ok = self.outcome.pop(request, None) and not self.stopped
         validators = self.validators.pop(request, None)
         if not ok:
             if ok is False and self.stats is not None:

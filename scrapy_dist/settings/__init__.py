@@ -150,6 +150,8 @@ class SchedulerSettings:
     #: REVISIT_AFTER rules {glob: seconds or None} (scrapy_dist/frontier/revisit.py)
     revisit_after: Mapping[str, float | None] = field(default_factory=dict)
     revisit_conditional: bool = False
+    #: REVISIT_MIN_INTERVAL: no revisit is due sooner than this many seconds after its fetch
+    revisit_min_interval: float = 300.0
     #: SCHEDULER_IDLE_POLL_MAX: slowest poll of an idle worker of a crawl that never closes
     idle_poll_max: float = 5.0
 
@@ -315,8 +317,8 @@ class DistSettings:
             download_delay=raw.scrapy_float("DOWNLOAD_DELAY", 0.0),
             concurrent_requests_per_domain=raw.scrapy_int("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
             download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
-            revisit_after=MappingProxyType(_revisit_rules(v("REVISIT_AFTER"))),
-            revisit_conditional=v("REVISIT_CONDITIONAL"),
+            revisit_after=MappingProxyType(_revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL"))),
+            revisit_conditional=v("REVISIT_CONDITIONAL"), revisit_min_interval=v("REVISIT_MIN_INTERVAL"),
             idle_poll_max=v("SCHEDULER_IDLE_POLL_MAX"),
         )
         if scheduler.downloader_aware and raw.scrapy_int("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
@@ -426,12 +428,12 @@ def _set_to_none(settings: Any, name: str) -> bool:
         return False
 
 
-def _revisit_rules(rules: Any) -> dict[str, float | None]:
+def _revisit_rules(rules: Any, floor: float) -> dict[str, float | None]:
     from scrapy_dist.frontier.revisit import (
         revisit_rules,  # revisit.py imports the codec, which reads settings
     )
 
-    return revisit_rules(rules)
+    return revisit_rules(rules, floor)
 
 
 def _field_names() -> list[str]:  # for the report and tests: every attribute path of DistSettings

@@ -169,6 +169,9 @@ TABLE: tuple[Setting, ...] = (
        " wins).", S),
     _s("REVISIT_CONDITIONAL", False, "bool", "Revisits send If-None-Match / If-Modified-Since from the last"
        " ETag / Last-Modified; a 304 does not call the callback (see docs/continuous.md).", S),
+    _s("REVISIT_MIN_INTERVAL", 300.0, "float", "No revisit is due sooner than this many seconds after its"
+       " fetch: a smaller meta['revisit_after'] is raised to it, a smaller REVISIT_AFTER rule is refused.",
+       S, low=0),
     _s("SCHEDULER_IDLE_POLL_MAX", 5.0, "float", "With SCHEDULER_IDLE_BEFORE_CLOSE = None (never close): an"
        " idle worker's polls slow down to one per this many seconds (seeds it reads are sent at once).", S,
        low=0, low_open=True),
@@ -315,6 +318,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("revisit/scheduled", "requests filed again in the delayed set by their ack (REVISIT_AFTER, meta)"),
     ("revisit/stopped", "revisit chains ended by the callback (revisit_after = None, or an exception)"),
     ("revisit/invalid", "meta['revisit_after'] values that are not a number of seconds (not revisited)"),
+    ("revisit/raised", "meta['revisit_after'] values below REVISIT_MIN_INTERVAL (revisited after it)"),
     ("revisit/not_modified", "conditional revisits answered 304 Not Modified (callback not called)"),
     ("revisit/conditional", "revisits sent with If-None-Match / If-Modified-Since"),
 )

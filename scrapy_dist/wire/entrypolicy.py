@@ -77,13 +77,14 @@ _NONCES = itertools.count(int.from_bytes(secrets.token_bytes(8), "big"))
 #: enough): they route the request (proxy, source address, slot), carry credentials, switch Scrapy's
 #: safety checks off or reach into its private state. The retry and redirect counters are Scrapy's
 #: state too: ``retry_times`` / ``redirect_times`` of -1e9 (with ``redirect_ttl`` 1e9) made a failing
-#: URL retried, or a redirect cycle followed, without end.
+#: URL retried, or a redirect cycle followed, without end; ``revisit_after`` of 0.001 made one seed fetched
+#: again and again for ever.
 DANGEROUS_META = (
     "proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar", "handle_httpstatus_all",
     "dont_*", "allow_offsite", "download_maxsize", "download_warnsize", "download_timeout",
     "max_retry_times", "retry_times", "priority_adjust", "give_up_log_level", "redirect_times",
     "redirect_ttl", "redirect_urls", "redirect_reasons", "splash", "playwright*", "zyte_api*",
-    "impersonate", "is_start_request", "depth",
+    "impersonate", "is_start_request", "depth", "revisit_after",
 )
 #: Headers an untrusted entry may never set: they frame the message or route it.
 FORBIDDEN_HEADERS = (
