@@ -8,6 +8,7 @@ import json
 import time
 from typing import Any, cast
 
+import pytest
 import redis
 from click.testing import CliRunner
 from helpers import open_bloom_scheduler, run
@@ -69,12 +70,19 @@ def test_an_entry_signed_by_another_crawl_with_the_same_secret_is_not_trusted(re
     assert _reasons(client, b_keys.queue_rejected) == ["bad_tag"]
 
 
-def test_an_acknowledged_entry_copied_back_is_not_fetched_again(redis_url: str) -> None:
+@pytest.mark.parametrize("layout", [
+    {},  # FIFO by priority: queue chunks
+    {"SCHEDULER_QUEUE_CLASS": "scrapy_redis.queue.LifoQueue"},  # one member per request
+    {"SCHEDULER_POLITENESS": "cluster"},  # members prefixed with their domain
+])
+def test_an_acknowledged_entry_copied_back_is_not_fetched_again(
+    redis_url: str, layout: dict[str, Any]
+) -> None:
     client = redis.Redis.from_url(redis_url)
     keys = CrawlKeys("once")
 
     async def go() -> tuple[list[Request], list[Request]]:
-        sched = await _opened(redis_url, "once")
+        sched = await _opened(redis_url, "once", **layout)
         assert sched.loop is not None
         sched.enqueue_request(Request("http://site.test/a", dont_filter=True))
         sched.enqueue_request(Request("http://site.test/a", dont_filter=True))  # a twin: fetched twice
