@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import pytest
 import redis
+import redis.asyncio
 from click.testing import CliRunner
 from helpers import open_bloom_scheduler, run
 from scrapy import Request
@@ -17,7 +18,9 @@ from scrapy import Request
 from scrapy_dist.cli import main
 from scrapy_dist.frontier.deadletter import dead_letter_record
 from scrapy_dist.frontier.scheduler import Scheduler
+from scrapy_dist.frontier.shard import Frontier, SyncBatch, lease_member
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.wire.codec import EntryPolicy
 
 SECRET = "one-secret-for-two-crawls"
 HOSTILE = Request(
@@ -75,7 +78,7 @@ def test_an_entry_signed_by_another_crawl_with_the_same_secret_is_not_trusted(re
     {"SCHEDULER_QUEUE_CLASS": "scrapy_redis.queue.LifoQueue"},  # one member per request
     {"SCHEDULER_POLITENESS": "cluster"},  # members prefixed with their domain
 ])
-def test_an_acknowledged_entry_copied_back_is_not_fetched_again(
+def test_a_copy_of_an_entry_handed_out_is_not_fetched_again(
     redis_url: str, layout: dict[str, Any]
 ) -> None:
     client = redis.Redis.from_url(redis_url)
@@ -88,7 +91,12 @@ def test_an_acknowledged_entry_copied_back_is_not_fetched_again(
         sched.enqueue_request(Request("http://site.test/a", dont_filter=True))  # a twin: fetched twice
         await sched.loop.round(lease=0, renew=False)
         copies = client.zrange(keys.queue, 0, -1, withscores=True)
-        first = await _fetched(sched)
+        assert sched.loop is not None
+        await sched.loop.round(lease=10, renew=False)
+        first = [r for r in iter(sched.next_request, None)]  # in flight, not acknowledged yet
+        for member, score in copies:  # copies put back while the originals are in flight
+            client.zadd(keys.queue, {member: score})
+        first += await _fetched(sched)
         for _ in range(3):  # the same members, put back after their requests were acknowledged
             for member, score in copies:
                 client.zadd(keys.queue, {member: score})
@@ -168,3 +176,30 @@ def test_a_dead_letter_payload_planted_in_the_queue_is_not_trusted(redis_url: st
 
     assert run(go()) == []
     assert _reasons(client, keys.queue_rejected) == ["bad_tag"]
+
+
+def test_a_lease_that_ran_out_or_was_released_is_leased_again(redis_url: str) -> None:
+    """Going back to the queue unfinished is not a replay: the next lease of the same member is fetched."""
+    keys = CrawlKeys("again")
+    payload = EntryPolicy(secret=SECRET.encode()).bound(crawl=keys.tag).seal(b"\x81\xa1u\xa1x")
+
+    async def go() -> list[int]:
+        f = Frontier(redis.asyncio.Redis.from_url(redis_url), keys, "w1", None, lease_seconds=10.0)
+        await f.sync(SyncBatch(enqueue=[("", "", 0, payload, "", "")]), now=1000)
+        got = [len((await f.sync(SyncBatch(lease=5), now=1000)).leased)]
+        expired = await f.sync(SyncBatch(lease=5), now=1011)  # ran out: requeued and leased again
+        got.append(len(expired.leased))
+        (key, _), = expired.leased
+        released = await f.sync(SyncBatch(release=[key], lease=5), now=1012)  # given back, leased again
+        got.append(len(released.leased))
+        (key, _), = released.leased
+        await f.sync(SyncBatch(ack=[key]), now=1013)
+        await f.redis.aclose()
+        client = redis.Redis.from_url(redis_url)
+        client.zadd(keys.queue, {lease_member(key): 0})  # a copy after the acknowledgement
+        f = Frontier(redis.asyncio.Redis.from_url(redis_url), keys, "w1", None, lease_seconds=10.0)
+        replay = await f.sync(SyncBatch(lease=5), now=1014)
+        await f.redis.aclose()
+        return [*got, len(replay.leased), replay.rejected]
+
+    assert run(go()) == [1, 1, 1, 0, 1]

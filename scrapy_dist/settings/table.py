@@ -144,9 +144,9 @@ TABLE: tuple[Setting, ...] = (
        " (bytes).", S, low=64),
     _s("SCHEDULER_REJECTED_MAXLEN", 100_000, "int", "Newest records kept in {spider}:queue:rejected (0: no"
        " cap).", S, low=0),
-    _s("SCHEDULER_REPLAY_MEMORY", 250_000, "int", "Signed queue entries each shard remembers having"
-       " acknowledged (about 104 bytes each in Redis), so that a copy put back is not fetched again; a copy"
-       " older than that many acknowledgements is fetched once more (0: off).", S, low=0),
+    _s("SCHEDULER_REPLAY_MEMORY", 250_000, "int", "Signed queue entries each shard remembers having handed"
+       " out (about 104 bytes each in Redis), so that a copy put back is not fetched again; a copy older"
+       " than that many leases is fetched once more (0: off).", S, low=0),
     _s("DEADLETTER_MAXLEN", 1_000_000, "int", "Newest dead letters kept in {spider}:deadletter (0: no cap).",
        S, low=0),
     _s("SCHEDULER_ENTRY_SECRET", None, "secret", "Key of the tag workers put on the queue entries they write"

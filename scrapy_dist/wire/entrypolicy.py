@@ -12,8 +12,8 @@ written for (:data:`FRONTIER`: the queue, the delayed set, the leases -- the syn
 between those three and has no secret, so they are one kind -- or :data:`DEAD`: a dead letter, which only
 ``scrapy-dist dead --requeue`` turns back into a queue entry, signing it again), the nonce and the body. So
 a signed entry copied into another crawl's keys, or a dead letter's payload copied into the queue, does not
-verify. The nonce (8 bytes, unique per entry written) is what the sync script remembers when it
-acknowledges an entry, so that a copy put back afterwards is not fetched again (``lua/sync_settle.lua``).
+verify. The nonce (8 bytes, unique per entry written) is what the sync script remembers when it leases
+an entry, so that a copy put back is not fetched again (``remember`` in ``lua/sync_common.lua``).
 Version 2 payloads (a tag of the body alone, written before entries were bound) are read as untrusted.
 """
 

@@ -17,8 +17,8 @@
 --   'cluster'), seed (politeness jitter), heartbeat ('1'/'0'), max_entry_bytes (larger queue entries
 --   are rejected whole), rejected_maxlen and dead_maxlen (caps of the record LISTs, 0 = none),
 --   dupe_mode, limits_bound ('<delay> <jitter>' no domain's limits exceed in this worker's settings; ''
---   = polite.lua's MAX_DELAY and MAX_JITTER), replay_memory (acknowledged nonces kept in KEYS acked, 0 =
---   none); then P and P dupe params (dupe.lua); then SYNC_SECTIONS,
+--   = polite.lua's MAX_DELAY and MAX_JITTER), replay_memory (nonces of entries handed out kept in
+--   KEYS acked, 0 = none); then P and P dupe params (dupe.lua); then SYNC_SECTIONS,
 --   each a count and its items:
 --   enqueue  t1, t2 (t1 == '' skips dedupe), score, payload (payload == '' dedupes only)
 --            [, domain, limits "delay concurrency jitter" with politeness]
@@ -32,7 +32,7 @@
 --   one '1'/'0' per enqueue item (new/duplicate); leased is lease key, score, lease key, score...; seq is
 --   the sequence counter (it grows with every entry created: two equal readings with nothing queued, leased
 --   or delayed in between prove the shard stayed empty); rejected counts queue members this call rejected
---   whole (sync_lease: malformed, or a copy of an acknowledged entry); repaired names keys whose garbage
+--   whole (sync_lease: malformed, or a copy of an entry handed out); repaired names keys whose garbage
 --   this call repaired (sync_check).
 --   Or {-1, bloom_n} / {-2, reason, detail}: nothing written (see sync_common.lua).
 
@@ -43,7 +43,7 @@ local S = {
   order = A.order, polite = polite, chunked = A.order == 'asc' and not polite,
   max_entry = tonumber(A.max_entry_bytes), rejected_maxlen = tonumber(A.rejected_maxlen),
   dead_maxlen = tonumber(A.dead_maxlen), queued_delta = 0, rejected = 0, repaired = {}, tags = {},
-  replay_memory = tonumber(A.replay_memory) or 0, acked = 0,
+  replay_memory = tonumber(A.replay_memory) or 0, remembered = 0,
 }
 -- as the string Redis would make of it (once, not once per lease)
 S.deadline = string.format('%.17g', now + S.lease_s)
@@ -91,8 +91,8 @@ if polite then
   pol_flush(K.domains, K.domain_info, now)
 end
 
--- the acknowledged nonces stay bounded: the oldest beyond replay_memory are forgotten
-if S.acked > 0 then
+-- the nonces handed out stay bounded: the oldest beyond replay_memory are forgotten
+if S.remembered > 0 then
   local over = redis.call('ZCARD', K.acked) - S.replay_memory
   if over > 0 then redis.call('ZREMRANGEBYRANK', K.acked, 0, over - 1) end
 end

@@ -4,7 +4,7 @@
 -- KEYS (named in SYNC_KEYS below; the order is frontier.py's SYNC_KEYS, the one place that lists them):
 --   queue ZSET, leases ZSET, lease meta HASH, seq STRING, delayed ZSET, delayed meta HASH, rejected LIST,
 --   deadletter LIST, workers ZSET, control HASH, domains ZSET, domain info HASH, queue tails HASH, acked
---   ZSET (nonces of acknowledged signed entries, see entry_nonce), then the dupefilter keys (dupe.lua).
+--   ZSET (nonces of signed entries handed out, see remember), then the dupefilter keys (dupe.lua).
 -- ARGV: the head (SYNC_HEAD below, by name), P and P dupe params, then the sections (SYNC_SECTIONS:
 --   each a count followed by its items). frontier.py's SYNC_HEAD / SYNC_SECTIONS encode the same names
 --   in the same order (a test compares them with this file).
@@ -113,18 +113,26 @@ local function entry_nonce(S, m)
   return string.sub(m, p + 17, p + 24)
 end
 
--- Remember that the entry of member m was acknowledged (its nonce, scored by now): a copy of it put back
--- is rejected when leased (sync_lease). Trimmed to the newest replay_memory by sync.lua.
-local function remember_acked(S, m)
+-- Remember that the entry of member m was handed out (its nonce, scored by now): a copy of it is rejected
+-- when leased (replayed) while it is in flight and after it was acknowledged. Forgotten again only when
+-- the lease goes back to the queue unfinished (unremember: a lease that ran out, a release). Trimmed to
+-- the newest replay_memory by sync.lua.
+local function remember(S, m)
   if S.replay_memory <= 0 then return end
   local nonce = entry_nonce(S, m)
   if nonce then
     redis.call('ZADD', K.acked, S.now, nonce)
-    S.acked = S.acked + 1
+    S.remembered = S.remembered + 1
   end
 end
 
--- Whether member m is a copy of an entry already acknowledged.
+local function unremember(S, m)
+  if S.replay_memory <= 0 then return end
+  local nonce = entry_nonce(S, m)
+  if nonce then redis.call('ZREM', K.acked, nonce) end
+end
+
+-- Whether member m is a copy of an entry already handed out (in flight or acknowledged).
 local function replayed(S, m)
   if S.replay_memory <= 0 then return false end
   local nonce = entry_nonce(S, m)

@@ -4,7 +4,8 @@
 -- that is not a well-formed single or chunk (chunk_singles: too many records, truncated, larger than
 -- max_entry_bytes) is removed and rejected whole by the script itself, as ONE record of bounded size (its
 -- first 64 bytes in hex), so hostile members cost bounded work (S.rejected counts them). So is a copy of
--- an entry already acknowledged (its nonce is in KEYS acked: sync_settle.lua), reason 'replayed'.
+-- an entry already handed out (its nonce is in KEYS acked: remember in sync_common.lua), reason
+-- 'replayed'.
 
 local function sync_reject_member(S, member, reason)
   S.rejected = S.rejected + 1
@@ -53,6 +54,7 @@ end
 
 -- m leaves the queue into a lease; returns its lease key
 local function sync_take(S, m, score)
+  remember(S, m)
   local L = lease_key(S, m, score)
   redis.call('ZADD', K.leases, S.deadline, L)
   return L

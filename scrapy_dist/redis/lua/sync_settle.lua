@@ -42,13 +42,13 @@ end
 
 local function sync_ack(S, sec)
   for L in items(sec, 1) do
-    local m = lease_member(L)
     -- a lease that ran out was moved back to the queue (sync_sweep): that copy need not run again. A
     -- lease still held has no copy there, which saves the ZREM (one command per page).
     if lease_done(S, L) == 0 then
+      local m = lease_member(L)
       if redis.call('ZREM', K.queue, m) == 1 then dequeued(S, m) end
+      remember(S, m)  -- the sweep forgot it when it requeued it
     end
-    remember_acked(S, m)
   end
 end
 
@@ -59,7 +59,10 @@ end
 local function sync_release(S, sec)
   for L in items(sec, 1) do
     local m, score = lease_entry(L)
-    if unlease(S, L) == 1 then to_queue(S, m, score) end
+    if unlease(S, L) == 1 then
+      to_queue(S, m, score)
+      unremember(S, m)
+    end
   end
 end
 
@@ -126,8 +129,7 @@ local function sync_revisit(S, sec)
       if meta and string.match(meta, ' r$') then revisits_add(-1) end
     end
     if found == 1 and delay and delay >= 0 then
-      -- filed again under a new nonce (the worker signed it afresh): the acknowledged one is done
-      if new == '' then new = m else remember_acked(S, m) end
+      if new == '' then new = m end
       if redis.call('ZADD', K.delayed, S.now + delay, new) == 1 then
         revisits_add(1)
       end
