@@ -189,7 +189,7 @@ class SyncResult:
 #: KEYS of a sync call, in order (``SYNC_KEYS`` of lua/sync_common.lua), then the dupefilter's keys
 SYNC_KEYS = (
     "queue", "leases", "lease_meta", "seq", "delayed", "delayed_meta", "queue_rejected", "deadletter",
-    "workers", "control", "domains", "domain_info", "queue_tails", "acked",
+    "workers", "control", "domains", "domain_info", "queue_tails", "spent",
 )
 #: the ARGV head, by name (``SYNC_HEAD`` of lua/sync_common.lua); then P and the P dupe params
 SYNC_HEAD = (
@@ -340,7 +340,7 @@ class Frontier:
     max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
     rejected_maxlen: int = defaults.SCHEDULER_REJECTED_MAXLEN
     dead_maxlen: int = defaults.DEADLETTER_MAXLEN
-    #: acknowledged signed entries remembered (``{spider}:acked``, SCHEDULER_REPLAY_MEMORY; 0 = none)
+    #: signed entries handed out remembered (``{spider}:spent``, SCHEDULER_REPLAY_MEMORY; 0 = none)
     replay_memory: int = defaults.SCHEDULER_REPLAY_MEMORY
 
     def __post_init__(self) -> None:

@@ -132,7 +132,7 @@ class SchedulerSettings:
     max_entry_bytes: int = 1024 * 1024
     rejected_maxlen: int = 100_000
     dead_maxlen: int = 1_000_000
-    #: SCHEDULER_REPLAY_MEMORY: acknowledged signed entries remembered per shard ({spider}:acked)
+    #: SCHEDULER_REPLAY_MEMORY: signed entries handed out remembered per shard ({spider}:spent)
     replay_memory: int = 250_000
     #: SCHEDULER_ENTRY_SECRET, else the SCRAPY_DIST_SECRET environment variable (never stored in Redis)
     entry_secret: bytes | None = field(default=None, repr=False)

@@ -18,7 +18,7 @@
 --   are rejected whole), rejected_maxlen and dead_maxlen (caps of the record LISTs, 0 = none),
 --   dupe_mode, limits_bound ('<delay> <jitter>' no domain's limits exceed in this worker's settings; ''
 --   = polite.lua's MAX_DELAY and MAX_JITTER), replay_memory (nonces of entries handed out kept in
---   KEYS acked, 0 = none); then P and P dupe params (dupe.lua); then SYNC_SECTIONS,
+--   KEYS spent, 0 = none); then P and P dupe params (dupe.lua); then SYNC_SECTIONS,
 --   each a count and its items:
 --   enqueue  t1, t2 (t1 == '' skips dedupe), score, payload (payload == '' dedupes only)
 --            [, domain, limits "delay concurrency jitter" with politeness]
@@ -93,8 +93,8 @@ end
 
 -- the nonces handed out stay bounded: the oldest beyond replay_memory are forgotten
 if S.remembered > 0 then
-  local over = redis.call('ZCARD', K.acked) - S.replay_memory
-  if over > 0 then redis.call('ZREMRANGEBYRANK', K.acked, 0, over - 1) end
+  local over = redis.call('ZCARD', K.spent) - S.replay_memory
+  if over > 0 then redis.call('ZREMRANGEBYRANK', K.spent, 0, over - 1) end
 end
 S.queued_delta = S.queued_delta - #leased / 2
 local members_left = redis.call('ZCARD', K.queue)

@@ -16,7 +16,7 @@
 local SYNC_TYPES = {queue = 'zset', leases = 'zset', lease_meta = 'hash', seq = 'string', delayed = 'zset',
                     delayed_meta = 'hash', rejected = 'list', deadletter = 'list', workers = 'zset',
                     control = 'hash', domains = 'zset', domain_info = 'hash', tails = 'hash',
-                    acked = 'zset'}
+                    spent = 'zset'}
 
 -- The seq of a queue member (0 if it has none we can read; values past SEQ_LIMIT are not ours).
 local function member_seq(S, m)

@@ -3,7 +3,7 @@
 --
 -- KEYS (named in SYNC_KEYS below; the order is frontier.py's SYNC_KEYS, the one place that lists them):
 --   queue ZSET, leases ZSET, lease meta HASH, seq STRING, delayed ZSET, delayed meta HASH, rejected LIST,
---   deadletter LIST, workers ZSET, control HASH, domains ZSET, domain info HASH, queue tails HASH, acked
+--   deadletter LIST, workers ZSET, control HASH, domains ZSET, domain info HASH, queue tails HASH, spent
 --   ZSET (nonces of signed entries handed out, see remember), then the dupefilter keys (dupe.lua).
 -- ARGV: the head (SYNC_HEAD below, by name), P and P dupe params, then the sections (SYNC_SECTIONS:
 --   each a count followed by its items). frontier.py's SYNC_HEAD / SYNC_SECTIONS encode the same names
@@ -13,7 +13,7 @@
 --   {-2, reason, detail} (nothing written: a value read from Redis cannot be used; see sync_check).
 
 local SYNC_KEYS = {'queue', 'leases', 'lease_meta', 'seq', 'delayed', 'delayed_meta', 'rejected',
-                   'deadletter', 'workers', 'control', 'domains', 'domain_info', 'tails', 'acked'}
+                   'deadletter', 'workers', 'control', 'domains', 'domain_info', 'tails', 'spent'}
 local SYNC_HEAD = {'now', 'worker', 'lease_seconds', 'lease', 'order', 'politeness', 'seed', 'heartbeat',
                    'max_entry_bytes', 'rejected_maxlen', 'dead_maxlen', 'dupe_mode', 'limits_bound',
                    'replay_memory'}
@@ -121,7 +121,7 @@ local function remember(S, m)
   if S.replay_memory <= 0 then return end
   local nonce = entry_nonce(S, m)
   if nonce then
-    redis.call('ZADD', K.acked, S.now, nonce)
+    redis.call('ZADD', K.spent, S.now, nonce)
     S.remembered = S.remembered + 1
   end
 end
@@ -129,14 +129,14 @@ end
 local function unremember(S, m)
   if S.replay_memory <= 0 then return end
   local nonce = entry_nonce(S, m)
-  if nonce then redis.call('ZREM', K.acked, nonce) end
+  if nonce then redis.call('ZREM', K.spent, nonce) end
 end
 
 -- Whether member m is a copy of an entry already handed out (in flight or acknowledged).
 local function replayed(S, m)
   if S.replay_memory <= 0 then return false end
   local nonce = entry_nonce(S, m)
-  return nonce ~= nil and redis.call('ZSCORE', K.acked, nonce) ~= false
+  return nonce ~= nil and redis.call('ZSCORE', K.spent, nonce) ~= false
 end
 
 local function hex_head(s, n)

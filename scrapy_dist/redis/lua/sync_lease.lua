@@ -4,7 +4,7 @@
 -- that is not a well-formed single or chunk (chunk_singles: too many records, truncated, larger than
 -- max_entry_bytes) is removed and rejected whole by the script itself, as ONE record of bounded size (its
 -- first 64 bytes in hex), so hostile members cost bounded work (S.rejected counts them). So is a copy of
--- an entry already handed out (its nonce is in KEYS acked: remember in sync_common.lua), reason
+-- an entry already handed out (its nonce is in KEYS spent: remember in sync_common.lua), reason
 -- 'replayed'.
 
 local function sync_reject_member(S, member, reason)
