@@ -113,10 +113,11 @@ local function entry_nonce(S, m)
   return string.sub(m, p + 17, p + 24)
 end
 
--- Remember that the entry of member m was handed out (its nonce, scored by now): a copy of it is rejected
--- when leased (replayed) while it is in flight and after it was acknowledged. Forgotten again only when
--- the lease goes back to the queue unfinished (unremember: a lease that ran out, a release). Trimmed to
--- the newest replay_memory by sync.lua.
+-- The nonces of the entries handed out (KEYS spent, nonce -> when): claim remembers one when it leases
+-- it, and a copy of it is rejected when leased (replayed) while it is in flight and after it was
+-- acknowledged. Forgotten again only when the lease goes back to the queue unfinished (unremember: a
+-- lease that ran out, a release); remember records it again (a late ack of such a lease). Trimmed to the
+-- newest replay_memory by sync.lua.
 local function remember(S, m)
   if S.replay_memory <= 0 then return end
   local nonce = entry_nonce(S, m)
@@ -132,11 +133,15 @@ local function unremember(S, m)
   if nonce then redis.call('ZREM', K.spent, nonce) end
 end
 
--- Whether member m is a copy of an entry already handed out (in flight or acknowledged).
-local function replayed(S, m)
-  if S.replay_memory <= 0 then return false end
+-- Whether member m may be leased, remembering it if so (one ZADD NX): false for a copy of an entry
+-- already handed out (in flight or acknowledged).
+local function claim(S, m)
+  if S.replay_memory <= 0 then return true end
   local nonce = entry_nonce(S, m)
-  return nonce ~= nil and redis.call('ZSCORE', K.spent, nonce) ~= false
+  if not nonce then return true end
+  if redis.call('ZADD', K.spent, 'NX', S.now, nonce) == 0 then return false end
+  S.remembered = S.remembered + 1
+  return true
 end
 
 local function hex_head(s, n)

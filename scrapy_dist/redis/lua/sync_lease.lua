@@ -4,8 +4,7 @@
 -- that is not a well-formed single or chunk (chunk_singles: too many records, truncated, larger than
 -- max_entry_bytes) is removed and rejected whole by the script itself, as ONE record of bounded size (its
 -- first 64 bytes in hex), so hostile members cost bounded work (S.rejected counts them). So is a copy of
--- an entry already handed out (its nonce is in KEYS spent: remember in sync_common.lua), reason
--- 'replayed'.
+-- an entry already handed out (its nonce is in KEYS spent: claim in sync_common.lua), reason 'replayed'.
 
 local function sync_reject_member(S, member, reason)
   S.rejected = S.rejected + 1
@@ -54,7 +53,6 @@ end
 
 -- m leaves the queue into a lease; returns its lease key
 local function sync_take(S, m, score)
-  remember(S, m)
   local L = lease_key(S, m, score)
   redis.call('ZADD', K.leases, S.deadline, L)
   return L
@@ -70,7 +68,7 @@ local function sync_lease(S)
     -- a member is <domain>\0<11-digit priority key><seq><payload>: bound it like a single (+ its domain)
     local limit = S.max_entry + 6 + 12 + 1024
     return pol_lease(K.queue, K.domains, K.domain_info, n_lease, S.now, function(m)
-      if #m > limit or replayed(S, m) then
+      if #m > limit or not claim(S, m) then
         S.queued_delta = S.queued_delta - 1
         sync_reject_member(S, m, #m > limit and 'entry_too_large' or 'replayed')
         return false
@@ -92,7 +90,7 @@ local function sync_lease(S)
     else
       local keep = math.min(#singles, n_lease - got)
       for i = 1, keep do
-        if replayed(S, singles[i]) then
+        if not claim(S, singles[i]) then
           S.queued_delta = S.queued_delta - 1
           sync_reject_member(S, singles[i], 'replayed')
         else
