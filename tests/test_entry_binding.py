@@ -203,3 +203,25 @@ def test_a_lease_that_ran_out_or_was_released_is_leased_again(redis_url: str) ->
         return [*got, len(replay.leased), replay.rejected]
 
     assert run(go()) == [1, 1, 1, 0, 1]
+
+
+def test_a_revisit_chain_of_a_signed_entry_goes_on(redis_url: str) -> None:
+    """A revisit is signed afresh: the acknowledged entry's nonce does not stop its next fetch."""
+    keys = CrawlKeys("chain")
+
+    async def go() -> list[str]:
+        sched = await _opened(redis_url, "chain", REVISIT_MIN_INTERVAL=0.2)
+        assert sched.revisits is not None
+        sched.enqueue_request(Request("http://site.test/r", meta={"revisit_after": 0.3}))
+        urls = []
+        for _ in range(3):
+            for request in await _fetched(sched, rounds=1):
+                sched.revisits.outcome[request] = True  # fetched successfully
+                urls.append(request.url)
+            await _fetched(sched, rounds=1)  # acknowledges it, filing its revisit
+            time.sleep(0.4)
+        await sched.redis.aclose()
+        return urls
+
+    assert run(go()) == ["http://site.test/r"] * 3
+    assert redis.Redis.from_url(redis_url).llen(keys.queue_rejected) == 0
