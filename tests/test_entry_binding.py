@@ -84,7 +84,7 @@ def test_a_copy_of_an_entry_handed_out_is_not_fetched_again(
     client = redis.Redis.from_url(redis_url)
     keys = CrawlKeys("once")
 
-    async def go() -> tuple[list[Request], list[Request]]:
+    async def go() -> tuple[list[Request], int]:
         sched = await _opened(redis_url, "once", **layout)
         assert sched.loop is not None
         sched.enqueue_request(Request("http://site.test/a", dont_filter=True))
@@ -102,9 +102,10 @@ def test_a_copy_of_an_entry_handed_out_is_not_fetched_again(
                 client.zadd(keys.queue, {member: score})
             first += await _fetched(sched)
         await sched.redis.aclose()
-        return first, []
+        return first, sched.stats.get_value("scheduler/rejected/replayed")
 
-    fetched, _ = run(go())
+    fetched, replayed = run(go())
+    assert replayed == len(client.lrange(keys.queue_rejected, 0, -1)) >= 4
     assert [r.url for r in fetched] == ["http://site.test/a"] * 2
     assert set(_reasons(client, keys.queue_rejected)) == {"replayed"}
 

@@ -178,6 +178,8 @@ class SyncResult:
     seq: int = 0
     #: queue members the script rejected whole (malformed chunk, too large; see lua/sync_lease.lua)
     rejected: int = 0
+    #: of which copies of a signed entry already handed out (reason ``replayed``)
+    replayed: int = 0
     #: keys whose garbage the script repaired before writing (see lua/sync_check.lua)
     repaired: list[str] = field(default_factory=list)
     #: one of them held work (the queue, the leases or the delayed set): moved aside, it reads empty
@@ -253,7 +255,7 @@ def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any
 #: the answer's names, in the order the script returns them (lua/sync.lua)
 SYNC_RESULT = (
     "flags", "leased", "requeued", "moved", "queued", "inflight", "delayed", "bloom_n", "paused", "seq",
-    "rejected", "repaired",
+    "rejected", "repaired", "replayed",
 )
 
 
@@ -314,7 +316,8 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
         _count(named, "requeued"), _count(named, "moved"), _count(named, "queued"),
         _count(named, "inflight"), _count(named, "delayed"), _count(named, "bloom_n"),
         named["paused"] in (b"1", "1"), _count(named, "seq"), _count(named, "rejected"),
-        [_text(k) for k in repaired] if isinstance(repaired, list) else [],
+        replayed=_count(named, "replayed"),
+        repaired=[_text(k) for k in repaired] if isinstance(repaired, list) else [],
     )
 
 

@@ -286,6 +286,8 @@ STATS: tuple[tuple[str, str], ...] = (
     ("scheduler/delayed/moved", "retries whose delay ran out, moved back to the queue"),
     ("scheduler/rejected", "queue entries refused as invalid"),
     ("scheduler/rejected/<reason>", "the same, per reason"),
+    ("scheduler/rejected/replayed", "copies of a signed entry already handed out (in flight or acknowledged),"
+     " removed when leased"),
     ("scheduler/unserializable", "requests that could not be encoded (dropped)"),
     ("scheduler/politeness/penalized/<status>", "responses that slowed a domain down (429, 503)"),
     ("dupefilter/filtered", "requests dropped as already seen"),

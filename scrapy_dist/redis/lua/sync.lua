@@ -28,7 +28,8 @@
 --   revisit  lease key, delay in seconds, new member ('' = unchanged): an ack that files it again
 --   forget   t1, t2: a fingerprint made new again (dupe.lua's dupe_forget)
 -- Returns the flat list 'flags', f, 'leased', l, 'requeued', n, 'moved', n, 'queued', n, 'inflight', n,
---   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys}: flags has
+--   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys},
+--   'replayed', n (of the rejected, copies of entries handed out): flags has
 --   one '1'/'0' per enqueue item (new/duplicate); leased is lease key, score, lease key, score...; seq is
 --   the sequence counter (it grows with every entry created: two equal readings with nothing queued, leased
 --   or delayed in between prove the shard stayed empty); rejected counts queue members this call rejected
@@ -43,7 +44,7 @@ local S = {
   order = A.order, polite = polite, chunked = A.order == 'asc' and not polite,
   max_entry = tonumber(A.max_entry_bytes), rejected_maxlen = tonumber(A.rejected_maxlen),
   dead_maxlen = tonumber(A.dead_maxlen), queued_delta = 0, rejected = 0, repaired = {}, tags = {},
-  replay_memory = tonumber(A.replay_memory) or 0, remembered = 0,
+  replay_memory = tonumber(A.replay_memory) or 0, remembered = 0, replayed = 0,
 }
 -- as the string Redis would make of it (once, not once per lease)
 S.deadline = string.format('%.17g', now + S.lease_s)
@@ -115,4 +116,4 @@ if pol.clamped then S.repaired[#S.repaired + 1] = K.domain_info end
 return {'flags', flags, 'leased', leased, 'requeued', S.requeued, 'moved', S.moved, 'queued', queued,
         'inflight', redis.call('ZCARD', K.leases), 'delayed', redis.call('ZCARD', K.delayed),
         'bloom_n', bloom_n, 'paused', paused, 'seq', redis.call('GET', K.seq) or '0',
-        'rejected', S.rejected, 'repaired', S.repaired}
+        'rejected', S.rejected, 'repaired', S.repaired, 'replayed', S.replayed}

@@ -8,6 +8,7 @@
 
 local function sync_reject_member(S, member, reason)
   S.rejected = S.rejected + 1
+  if reason == 'replayed' then S.replayed = S.replayed + 1 end
   push_capped(K.rejected, cjson.encode({
     reason = reason, detail = 'queue member rejected whole by the sync script',
     raw = hex_head(member, 64), raw_encoding = 'hex', raw_bytes = #member, at = S.now, worker = S.worker,
