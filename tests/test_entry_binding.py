@@ -226,3 +226,17 @@ def test_a_revisit_chain_of_a_signed_entry_goes_on(redis_url: str) -> None:
 
     assert run(go()) == ["http://site.test/r"] * 3
     assert redis.Redis.from_url(redis_url).llen(keys.queue_rejected) == 0
+
+
+def test_a_forked_worker_does_not_repeat_its_parents_nonces() -> None:
+    import os
+
+    policy = EntryPolicy(secret=SECRET.encode())
+    read, write = os.pipe()
+    pid = os.fork()
+    nonce = policy.seal(b"\x80")[17:25]
+    if pid == 0:  # pragma: no cover - the child
+        os.write(write, nonce)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 8) != nonce

@@ -24,6 +24,7 @@ import fnmatch
 import hashlib
 import hmac
 import itertools
+import os
 import secrets
 import weakref
 from collections.abc import Iterable
@@ -70,8 +71,18 @@ SIGNED_HEAD = 1 + TAG_BYTES + NONCE_BYTES
 FRONTIER, DEAD = "frontier", "dead"
 _VERSION_BYTE = bytes([VERSION])
 _SIGNED_BYTE = bytes([VERSION_SIGNED])
-#: nonces: a random 64-bit start per process, then one more per entry (unique without a syscall each)
-_NONCES = itertools.count(int.from_bytes(secrets.token_bytes(8), "big"))
+
+
+def _fresh_nonces() -> None:
+    """Nonces from a random 64-bit start, then one more per entry (unique without a syscall each); a
+    forked child starts afresh, or it would repeat its parent's and its entries would be taken for copies."""
+    global _NONCES
+    _NONCES = itertools.count(int.from_bytes(secrets.token_bytes(8), "big"))
+
+
+_NONCES: itertools.count[int]
+_fresh_nonces()
+os.register_at_fork(after_in_child=_fresh_nonces)
 
 #: Meta keys an untrusted entry may set only if SEEDS_META_ALLOWED names them exactly (a wildcard is not
 #: enough): they route the request (proxy, source address, slot), carry credentials, switch Scrapy's
