@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import msgpack
 import pytest
 import redis
 from click.testing import CliRunner
-from helpers import open_bloom_scheduler, run
+from crawlproject import make_project
+from helpers import open_bloom_scheduler, run, wait_for
 from scrapy import Request
 
 from scrapy_dist.cli import main
@@ -135,3 +137,23 @@ def test_a_worker_closing_by_decision_files_no_more_revisits(redis_url: str) -> 
 
     run(go())
     assert _revisits(client, keys) == []
+
+
+@pytest.mark.slow
+def test_close_leaves_no_chain_behind_a_running_crawl(
+    tmp_path: Path, redis_url: str, site_factory: Any
+) -> None:
+    pages = 6
+    site = site_factory(pages=pages, links=2, delay=0.1)
+    project = make_project(tmp_path, {
+        "REDIS_URL": redis_url, "ADDONS": {"scrapy_dist.Addon": 0}, "SCHEDULER_DENY_NETWORKS": [],
+        "CONCURRENT_REQUESTS": 4, "REVISIT_AFTER": {"*": 0.5},
+        "REVISIT_MIN_INTERVAL": 0.1, "SCHEDULER_IDLE_POLL": 0.1, "SCHEDULER_IDLE_BEFORE_CLOSE": "none",
+    })
+    project.crawl(args={"seed": site.page_url(0)})
+    wait_for(lambda: len(site.fetch_counts()) == pages and max(site.fetch_counts().values()) >= 3, 60,
+             "every page fetched, and revisits running")
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "close", "links"])
+    assert result.exit_code == 0, result.output
+    assert project.wait_all(60) == [0], project.logs()[-3000:]
+    assert _revisits(redis.Redis.from_url(redis_url), CrawlKeys("links")) == []
