@@ -113,15 +113,18 @@ def dashboard_metrics() -> set[str]:
     return {m.removesuffix("_total") for e in exprs for m in re.findall(r"scrapy_dist_\w+", e)}
 
 
-async def open_bloom_scheduler(redis_url: str, name: str, **settings: Any) -> Any:
+async def open_bloom_scheduler(
+    redis_url: str, name: str, spider_attrs: dict[str, Any] | None = None, **settings: Any
+) -> Any:
     """A scrapy-dist ``Scheduler`` with a small bloom filter, opened for a plain spider called ``name``
-    (without reading seeds): for tests that enqueue and sync by hand."""
+    (with ``spider_attrs`` as class attributes, without reading seeds): for tests that enqueue and sync
+    by hand."""
     from scrapy import Spider
     from scrapy.utils.test import get_crawler
 
     from scrapy_dist.frontier.scheduler import Scheduler
 
-    crawler = get_crawler(type("HelperSpider", (Spider,), {"name": name}), {
+    crawler = get_crawler(type("HelperSpider", (Spider,), {"name": name, **(spider_attrs or {})}), {
         "REDIS_URL": redis_url, "BLOOMFILTER_CAPACITY": 10_000,
         "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter", **settings,
     })

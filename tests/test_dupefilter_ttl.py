@@ -385,3 +385,26 @@ def test_forget_command_moves_a_key_of_the_wrong_type_aside_and_says_so(
     assert "forgot 1 fingerprints of 'junk'" in result.output
     assert any("Repaired garbage in {junk}:fingerprints" in r.getMessage() for r in caplog.records)
     assert redis_client.get("{junk}:fingerprints:garbage") == b"not a set"
+
+
+@pytest.mark.parametrize("garbage", ["0.001", "nan", "-5", "1e300", "soon"])
+def test_a_recorded_ttl_no_worker_could_use_is_rewritten_with_a_warning(
+    redis_client: Any, caplog: Any, garbage: str
+) -> None:
+    _bloom(redis_client, ttl=None)
+    redis_client.hset(KEYS.bloom, "ttl", garbage)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        later = _bloom(redis_client, ttl=None)  # a worker started after the write
+    assert later.gens is None
+    assert redis_client.hget(KEYS.bloom, "ttl") == b"0.0"
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "ttl" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    fps = _fps(5, 11)
+    assert _add(later, fps, time.time()) == [False] * 5  # it deduplicates: no bloom_clock refusal
+    assert _add(later, fps, time.time()) == [True] * 5
+
+
+def test_a_ttl_whose_generations_span_a_moment_is_refused_at_start() -> None:
+    with pytest.raises(ScrapyDistError, match="DUPEFILTER_TTL"):
+        Generations(0.001, 4)

@@ -155,14 +155,19 @@ def test_signed_entries_are_trusted_and_unsigned_ones_obey_the_seed_rules() -> N
         headers={"Authorization": "Basic abc"},
     )
     signed = encode_request(own, spider, policy)
-    assert signed[0] == 2 and len(signed) == len(encode_request(own, spider)) + 16
+    assert signed[0] == 3 and len(signed) == len(encode_request(own, spider)) + 16 + 8
     back = decode_request(signed, spider, policy)
     assert back.meta["proxy"] == "http://proxy.internal:3128" and back.url == "https://other.org/x"
     # the same map without a tag (or with a forged one) is somebody else's
-    body = signed[17:]
+    body = signed[25:]
     assert _reason(b"\x01" + body, policy) == "header_not_allowed"  # Authorization, before the meta
-    assert _reason(b"\x02" + b"\0" * 16 + body, policy) == "bad_tag"
+    assert _reason(b"\x03" + b"\0" * 24 + body, policy) == "bad_tag"
     assert _reason(encode_request(own, spider, EntryPolicy(secret=b"another")), policy) == "bad_tag"
+    # signed for another crawl, or as a dead letter: not this crawl's queue entry
+    assert _reason(encode_request(own, spider, policy.bound(crawl="{other}")), policy) == "bad_tag"
+    assert _reason(encode_request(own, spider, policy.bound(kind="dead")), policy) == "bad_tag"
+    # a tag of the body alone (version 2, older workers) proves nothing about the crawl: untrusted
+    assert _reason(b"\x02" + b"\0" * 16 + body, policy) == "header_not_allowed"
     # unsigned: meta allow-list, framing/credential headers, allowed_domains whatever dont_filter says
     assert (
         _reason(_raw({"u": "https://example.com/", "M": {"_auth_proxy": "x"}}), policy) == "meta_not_allowed"
@@ -200,16 +205,23 @@ def test_signed_entries_are_trusted_and_unsigned_ones_obey_the_seed_rules() -> N
     assert decode_request(b"\x01" + body, spider).meta["proxy"] == "http://proxy.internal:3128"
 
 
-def test_requeued_dead_letters_stay_signed_only_if_their_tag_verifies() -> None:
+def test_requeued_dead_letters_are_signed_again_only_if_their_tag_verifies() -> None:
     policy = EntryPolicy(secret=SECRET.encode())
     spider = _Spider()
-    signed = encode_request(
-        scrapy.Request("https://example.com/", meta={"proxy": "http://p:1", "retry_times": 3}), spider, policy
-    )
+    request = scrapy.Request("https://example.com/", meta={"proxy": "http://p:1", "retry_times": 3})
+    signed = encode_request(request, spider, policy.bound(kind="dead"))
     payload, _ = requeue_payload(signed, policy=policy)
     assert decode_request(payload, spider, policy).meta == {"proxy": "http://p:1"}
-    forged = b"\x02" + b"\0" * 16 + signed[17:]
-    payload, _ = requeue_payload(forged, policy=policy)
+    for forged in (
+        b"\x03" + b"\0" * 24 + signed[25:],  # a forged tag
+        encode_request(request, spider, policy.bound(crawl="{other}", kind="dead")),  # another crawl's
+        encode_request(request, spider, policy),  # a queue entry, not a dead letter
+        b"\x02" + b"\0" * 16 + signed[25:],  # version 2: its tag cannot say whose it is
+    ):
+        with pytest.raises(RejectedEntry, match="bad_tag"):
+            requeue_payload(forged, policy=policy)
+    # an unsigned record stays unsigned: workers hold it to the seed rules
+    payload, _ = requeue_payload(b"\x01" + signed[25:], policy=policy)
     assert payload[0] == 1 and _reason(payload, policy) == "meta_not_allowed"
 
 
@@ -334,8 +346,9 @@ def test_unsigned_queue_entries_cannot_hijack_a_crawl_with_a_secret(
         client,
         NOFOLLOW,
         [
-            # the crawl's own entry (signed by a worker with the secret): its meta is obeyed
-            encode_request(scrapy.Request(site.page_url(1), meta={"download_slot": "mine"}), None, policy),
+            # the crawl's own entry (signed by a worker of this crawl with the secret): its meta is obeyed
+            encode_request(scrapy.Request(site.page_url(1), meta={"download_slot": "mine"}), None,
+                           policy.bound(crawl=NOFOLLOW.tag)),
             _raw({"u": site.page_url(2), "M": {"category": "fine"}}),  # unsigned but harmless
             _raw({"u": site.page_url(3), "M": {"proxy": "http://127.0.0.1:9/"}}),
             _raw({"u": site.page_url(4), "h": [[b"Host", [b"metadata.google.internal"]]]}),
@@ -345,7 +358,7 @@ def test_unsigned_queue_entries_cannot_hijack_a_crawl_with_a_secret(
                     "h": [[b"Content-Length", [b"0"]], [b"Transfer-Encoding", [b"chunked"]]],
                 }
             ),
-            b"\x02" + b"\0" * 16 + msgpack.packb({"u": site.page_url(6)}),  # forged tag
+            b"\x03" + b"\0" * 24 + msgpack.packb({"u": site.page_url(6)}),  # forged tag
             _raw({"u": offsite, "d": True}),  # dont_filter must not get past allowed_domains
         ],
     )

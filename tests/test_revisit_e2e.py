@@ -41,7 +41,7 @@ def test_revisits_survive_a_sigkilled_worker_and_are_never_doubled(
     site = site_factory(pages=pages, links=3, delay=0.2)
     project = make_project(tmp_path, {
         "REDIS_URL": redis_url, "CONCURRENT_REQUESTS": 4, "SCHEDULER_LEASE_SECONDS": 2,
-        "REVISIT_AFTER": {"*": 1.5}, "SCHEDULER_IDLE_POLL": 0.1,
+        "REVISIT_AFTER": {"*": 1.5}, "REVISIT_MIN_INTERVAL": 0.1, "SCHEDULER_IDLE_POLL": 0.1,
     })
     first = project.crawl(args={"seed": site.page_url(0)}, settings={"SCHEDULER_IDLE_BEFORE_CLOSE": "none"})
     # every page fetched once, and some fetched again: revisits are running; kill while pages are in flight
@@ -131,7 +131,8 @@ class RevisitSpider(scrapy.Spider):
 def test_conditional_revisits_and_chain_stops(tmp_path: Path, redis_url: str) -> None:
     site = _EtagSite()
     project = make_project(tmp_path, {
-        "REDIS_URL": redis_url, "REVISIT_CONDITIONAL": True, "SCHEDULER_IDLE_POLL": 0.1,
+        "REDIS_URL": redis_url, "REVISIT_CONDITIONAL": True, "REVISIT_MIN_INTERVAL": 0.1,
+        "SCHEDULER_IDLE_POLL": 0.1,
         "CLOSESPIDER_TIMEOUT": 5, "SCHEDULER_IDLE_BEFORE_CLOSE": "none",
         "DOWNLOADER_MIDDLEWARES": {"scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware": 580},
     }, spiders=REVISIT_SPIDER)

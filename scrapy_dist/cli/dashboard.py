@@ -51,7 +51,7 @@ async def serve(redis: ClientFactory, spider: str, host: str, port: int, token: 
     async def requeue() -> str:
         loop = asyncio.get_running_loop()
         letters, _ = await loop.run_in_executor(None, select, client, keys.deadletter, None)
-        targets, refused = requeue_targets(letters, redis.dist)
+        targets, refused = requeue_targets(letters, redis.dist, keys)
         done = await requeue_letters(redis, keys, targets) if targets else 0
         return f"requeued {done}, kept {len(refused)}"
 

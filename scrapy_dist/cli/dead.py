@@ -108,13 +108,14 @@ def queue_order(ds: DistSettings) -> queue.QueueOrder:
 
 
 def requeue_targets(
-    letters: list[tuple[int, DeadLetter]], ds: DistSettings
+    letters: list[tuple[int, DeadLetter]], ds: DistSettings, keys: CrawlKeys
 ) -> tuple[list[tuple[DeadLetter, bytes, float]], list[tuple[DeadLetter, str]]]:
     """``(record, payload, queue score)`` for each requeueable record, and why the others are not."""
     order = queue_order(ds)
     schemes = ds.scheduler.allowed_schemes
     max_bytes = ds.scheduler.max_entry_bytes
-    policy = EntryPolicy.from_dist(ds)  # re-signs only records whose tag verifies
+    # re-signs only records whose tag verifies as this crawl's dead letters
+    policy = EntryPolicy.from_dist(ds).bound(crawl=keys.shard(0, 1).tag)
     ok: list[tuple[DeadLetter, bytes, float]] = []
     refused: list[tuple[DeadLetter, str]] = []
     for _, d in letters:
@@ -234,7 +235,7 @@ def dead(
             click.echo(f"purged {removed:,} dead letters with reason {reason!r} from {key!r}")
             return
         if requeue:
-            targets, refused = requeue_targets(letters, redis.dist)
+            targets, refused = requeue_targets(letters, redis.dist, keys)
             for d, why in refused:
                 click.echo(f"kept {printable(d.url, 300)} (cannot be requeued: {printable(why, 300)})",
                            err=True)

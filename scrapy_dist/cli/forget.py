@@ -1,5 +1,5 @@
-"""``scrapy-dist forget SPIDER URL... | --file F | --fingerprint HEX``: make URLs new again
-(docs/continuous.md, "Forgetting URLs").
+"""``scrapy-dist forget SPIDER URL... | --file F | --fingerprint HEX``: make URLs new again and end their
+revisit chains (docs/continuous.md, "Forgetting URLs").
 
 The exact filters remove the fingerprint; the bloom filter cannot, so ``"<h1>:<h2>"`` goes into the
 ``{spider}:forgotten`` SET it consults before its bits (``lua/dupe.lua``). With shards, each fingerprint is
@@ -21,6 +21,7 @@ from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import printable
 from scrapy_dist.dupefilter.bloom import parse_bloom_record
 from scrapy_dist.dupefilter.filters import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
+from scrapy_dist.frontier.chains import end_chains
 from scrapy_dist.frontier.control import move_aside_foreign, parse_control
 from scrapy_dist.frontier.shard import domain_shard, shard_of
 
@@ -145,9 +146,13 @@ def forget(
     client = redis.client()
     try:
         kinds = forget_fingerprints(client, keys, fps, domains)
+        control = parse_control(client.hgetall(keys.control))
+        ended = end_chains(client, keys.shards(control.shards or 1), control.politeness == "cluster",
+                           {u for w in wanted for u in (w, Request(w).url)}) if wanted else 0
     finally:
         client.close()
+    chains = f"; ended {ended:,} scheduled revisits" if ended else ""
     if not kinds:
-        click.echo(f"nothing to forget: the crawl of {spider!r} has no dupefilter in Redis")
+        click.echo(f"nothing to forget: the crawl of {spider!r} has no dupefilter in Redis{chains}")
         return
-    click.echo(f"forgot {len(fps):,} fingerprints of {spider!r} ({' and '.join(kinds)} filter)")
+    click.echo(f"forgot {len(fps):,} fingerprints of {spider!r} ({' and '.join(kinds)} filter){chains}")

@@ -17,7 +17,8 @@ from rich.text import Text
 
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import console, json_safe, printable
-from scrapy_dist.frontier.control import close_crawl, pause_crawl, resume_crawl, valid_reason
+from scrapy_dist.frontier.chains import end_chains
+from scrapy_dist.frontier.control import close_crawl, parse_control, pause_crawl, resume_crawl, valid_reason
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
 
@@ -255,7 +256,10 @@ def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
     those of a crawl that never closes on its own (SCHEDULER_IDLE_BEFORE_CLOSE = None)."""
     redis.check_spider(spider, force)
     redis.check()
-    close_crawl(redis.client(), redis.keys(spider).control, reason)
+    client, keys = redis.client(), redis.keys(spider)
+    close_crawl(client, keys.control, reason)
+    control = parse_control(client.hgetall(keys.control))
+    ended = end_chains(client, keys.shards(control.shards or 1), control.politeness == "cluster")
     click.echo(f"Closing {spider!r}: every running worker closes (reason {reason}); what they hold goes"
-               f" back to the queue. Workers started from now on crawl again (`scrapy-dist resume {spider}`"
-               " clears the decision).")
+               f" back to the queue, and {ended:,} scheduled revisits end. Workers started from now on crawl"
+               f" again (`scrapy-dist resume {spider}` clears the decision).")

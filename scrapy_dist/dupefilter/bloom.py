@@ -39,6 +39,10 @@ KEY_OVERHEAD = 80
 #: the filter never holds more than this many times its declared capacity (a recorded count past it, or an
 #: insert that would pass it, is refused), so hostile counts cannot make a worker allocate or name more keys
 MAX_OVERSHOOT = 8
+#: shortest time one generation of a DUPEFILTER_TTL filter covers: the generations a worker passes to a
+#: script are the live ones by its own clock, one span either side, so a shorter span than the clocks'
+#: difference (and the call's latency) finds none of them and every write is refused (``bloom_clock``)
+MIN_SPAN = 0.25
 #: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
 MAX_BLOCK_BITS = 2**32
 
@@ -95,6 +99,10 @@ class BloomRecord:
     #: the recorded item count as it was, when it was not a count within the bound (``n`` is then 0):
     #: the scripts recount it from the filter's blocks at the next write (lua/dupe.lua, chain_recount)
     n_garbage: str | None = None
+    #: the recorded ``ttl`` / ``generations`` as they were, when no worker could have written them (not a
+    #: number of seconds in range, or generations spanning less than :data:`MIN_SPAN`; ``ttl`` and
+    #: ``generations`` are then 0 and 4): the worker that reads them records its own (``open``)
+    schedule_garbage: str | None = None
 
 
 def _field_int(fields: dict[Any, Any], name: str, key: str, default: str | None = None) -> int:
@@ -137,17 +145,28 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
         n, n_garbage = 0, _show(fields.get("n", fields.get(b"n")))
     if n > capacity * MAX_OVERSHOOT:
         n, n_garbage = 0, str(n)
-    ttl = _field_float(fields, "ttl", key, "0")
-    if not math.isfinite(ttl) or not 0 <= ttl <= MAX_TTL:
-        raise BloomParameterError(f"{key} field ttl={ttl!r}: not a number of seconds in 0 .. {MAX_TTL}")
-    generations = _field_int(fields, "generations", key, "4")
-    if not MIN_GENERATIONS <= generations <= MAX_GENERATIONS:
-        raise BloomParameterError(
-            f"{key} field generations={generations}: not in {MIN_GENERATIONS} .. {MAX_GENERATIONS}"
-        )
+    ttl, generations, schedule_garbage = _schedule(fields, key)
     return BloomRecord(
-        capacity, error_rate, block_bits, n, _field_int(fields, "hashing", key), ttl, generations, n_garbage
+        capacity, error_rate, block_bits, n, _field_int(fields, "hashing", key), ttl, generations, n_garbage,
+        schedule_garbage,
     )
+
+
+def _schedule(fields: dict[Any, Any], key: str) -> tuple[float, int, str | None]:
+    """``(ttl, generations, None)`` as recorded, or ``(0.0, 4, what was recorded)`` when no worker could
+    have recorded them: the forgetting schedule is repaired by the next worker, not refused (one write
+    there stopped every worker started after it)."""
+    try:
+        ttl = _field_float(fields, "ttl", key, "0")
+        generations = _field_int(fields, "generations", key, "4")
+    except BloomParameterError:
+        ttl, generations = math.nan, 0
+    ok = math.isfinite(ttl) and 0 <= ttl <= MAX_TTL and MIN_GENERATIONS <= generations <= MAX_GENERATIONS
+    if ok and (ttl == 0 or ttl / (generations - 1) >= MIN_SPAN):
+        return ttl, generations, None
+    shown = f"ttl={_show(fields.get('ttl', fields.get(b'ttl')))}"
+    shown += f" generations={_show(fields.get('generations', fields.get(b'generations')))}"
+    return 0.0, 4, shown
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ Memory and error figures: docs/frontier.md, "The bloom filter".
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 import warnings
@@ -291,12 +292,26 @@ class BloomDupeFilter(RedisDupeFilter):
                 "%s field n=%s is not an item count of this filter (written by someone else?): the frontier"
                 " recounts it from the filter's bits at its next write", self.keys.bloom, rec.n_garbage,
             )
+        if rec.schedule_garbage is not None:
+            rec = self._repair_schedule(rec, mine)
         if rec.hashing not in SCHEMES:
             raise ScrapyDistError(
                 f"The bloom filter {self.keys.bloom!r} was written with layout {rec.hashing},"
                 f" this scrapy-dist reads {', '.join(map(str, SCHEMES))}: {way_out}"
             )
         self.adopt(rec)
+
+    def _repair_schedule(self, rec: BloomRecord, mine: dict[str, Any]) -> BloomRecord:
+        """Record this worker's ``ttl`` and ``generations`` over ones no worker could have written (one
+        HSET), and use them."""
+        self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
+        logger.warning(
+            "%s field %s is not a schedule any worker could have recorded (written by someone else?):"
+            " replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
+            self.keys.bloom, rec.schedule_garbage, self.ttl, mine["generations"],
+        )
+        return dataclasses.replace(rec, ttl=float(self.ttl or 0), generations=int(mine["generations"]),
+                                   schedule_garbage=None)
 
     def adopt(self, rec: BloomRecord) -> None:
         """Use the parameters recorded for the crawl, warning when they differ from this worker's."""

@@ -14,6 +14,7 @@ from scrapy_dist.dupefilter.bloom import (
     HASHING,
     MAX_GENERATIONS,
     MIN_GENERATIONS,
+    MIN_SPAN,
     BloomParameterError,
     BloomPlan,
 )
@@ -39,6 +40,12 @@ class Generations:
             raise BloomParameterError(
                 f"BLOOMFILTER_GENERATIONS={self.count!r}: must be an integer in"
                 f" {MIN_GENERATIONS} .. {MAX_GENERATIONS}"
+            )
+        if self.ttl / (self.count - 1) < MIN_SPAN:
+            raise BloomParameterError(
+                f"DUPEFILTER_TTL={self.ttl!r}: each of the {self.count} generations would span less than"
+                f" {MIN_SPAN:g} s (a worker's clock a moment off the server's finds none of them); use at"
+                f" least {MIN_SPAN * (self.count - 1):g}"
             )
 
     @property

@@ -17,11 +17,13 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+import redis
 from scrapy import signals
 
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of
 from scrapy_dist.frontier import engine as _engine
+from scrapy_dist.frontier.chains import end_chains
 from scrapy_dist.frontier.control import ControlState, report_problems, start_time
 from scrapy_dist.frontier.shard import shards_idle
 from scrapy_dist.redis import connection, scripts
@@ -91,6 +93,8 @@ class IdleMonitor:
         self._script: Any = None
         self._task: PeriodicTask | None = None
         self._close_task: asyncio.Task[None] | None = None
+        #: closed by ``scrapy-dist close``: the revisit chains end (see spider_closed)
+        self._ends_chains = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -118,8 +122,27 @@ class IdleMonitor:
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         if self._task is not None:
             await self._task.stop()
+        if self._ends_chains:
+            await self._end_chains()
         if self.redis is not None:
             await self.redis.aclose()
+
+    async def _end_chains(self) -> None:
+        """After this worker's last sync: remove the revisits filed crawl-wide between the close decision
+        and the moment the workers saw it (``scrapy-dist close`` removed the ones before)."""
+        ds = DistSettings.for_crawler(self.crawler)
+        client = connection.get_redis(ds)
+        try:
+            ended = await asyncio.to_thread(
+                end_chains, client, self.shard_keys, ds.scheduler.politeness == "cluster"
+            )
+        except redis.RedisError as exc:
+            logger.warning("Could not end the crawl's revisit chains at close: %s", exc)
+            return
+        finally:
+            client.close()
+        if ended:
+            logger.info("The crawl was closed: %d scheduled revisits filed since removed", ended)
 
     # -- one poll -----------------------------------------------------------------------------------
     async def read(self) -> tuple[int, ControlState]:
@@ -171,6 +194,8 @@ class IdleMonitor:
             return ""
         work, control = await self.read()
         reason = control.close_reason(self.started_at, getattr(self, "server_now", None))
+        if reason:
+            self._ends_chains = _end_revisits(self.crawler)
         if not reason and self.clock.idle_before_close > 0 and self.judges_idleness():
             now = time.monotonic() if now is None else now
             # a paused crawl is waiting for `scrapy-dist resume`, not finished
@@ -202,3 +227,13 @@ class IdleMonitor:
             return
         logger.info("Closing: the crawl was closed crawl-wide (reason %s)", reason)
         self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
+
+
+def _end_revisits(crawler: Any) -> bool:
+    """A crawl closed crawl-wide (``scrapy-dist close``) ends its revisit chains: what this worker is
+    still fetching is acknowledged without being filed again. Whether this worker revisits at all."""
+    sched = _engine.scheduler(crawler)
+    revisits = getattr(sched, "revisits", None)
+    if revisits is not None:
+        revisits.stop()
+    return revisits is not None

@@ -20,13 +20,16 @@ import msgpack
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.wire.codec import (
     DEFAULT_POLICY,
-    VERSION_SIGNED,
+    SIGNED_HEAD,
+    TAG_BYTES,
+    VERSION,
     EntryPolicy,
     check_url,
     encode_request,
     load_payload,
     split_payload,
 )
+from scrapy_dist.wire.entrypolicy import DEAD, FRONTIER
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -182,14 +185,23 @@ def requeue_payload(
     """A dead letter's payload made ready to enqueue again: retry counter removed (a fresh set of
     attempts), URL checked. Returns ``(payload, priority)``; raises :class:`RejectedEntry`.
 
-    The new payload is signed only if ``policy`` has a secret and the record's own tag verifies with it:
-    a record someone else wrote stays unauthenticated, so workers hold it to the rules for seeds. The
-    payload is checked again by whichever worker leases it, so this only needs to understand the map well
-    enough to edit ``meta``.
+    With a secret (``policy``, bound to the crawl), a signed record is requeued only if its tag verifies
+    as this crawl's dead letter -- signed again as a queue entry, with the same nonce, so that the same
+    record requeued twice is fetched once -- and refused (``bad_tag``) otherwise: a record another crawl
+    or another secret signed is never laundered into this crawl's queue. An unsigned record is requeued
+    unsigned, so workers hold it to the rules for seeds.
+
+    The payload is checked again by whichever worker leases it (:func:`scrapy_dist.wire.codec.decode_request`),
+    so this only needs to understand the map well enough to edit ``meta``.
     """
     d = load_payload(payload, max_bytes)
     check_url(d.get("u"), allowed_schemes)
-    signed = split_payload(payload, max_bytes)[0] == VERSION_SIGNED and policy.verify(payload)
+    version = split_payload(payload, max_bytes)[0]
+    signed = policy.secret is not None and version != VERSION
+    if signed and not policy.bound(kind=DEAD).verify(payload):
+        raise RejectedEntry(
+            "bad_tag", "its tag does not verify as a dead letter of this crawl (another crawl or secret)"
+        )
     meta = d.get("M")
     if isinstance(meta, dict):
         meta.pop("retry_times", None)
@@ -197,7 +209,9 @@ def requeue_payload(
             del d["M"]
     priority = _int(d.get("p"), 0)
     body = msgpack.packb(d, use_bin_type=True)
-    return (policy.seal(body) if signed else DEFAULT_POLICY.seal(body)), priority
+    if not signed:
+        return DEFAULT_POLICY.seal(body), priority
+    return policy.bound(kind=FRONTIER).seal(body, payload[1 + TAG_BYTES : SIGNED_HEAD]), priority
 
 
 def reason_matches(reason: str, wanted: str) -> bool:

@@ -53,9 +53,12 @@ class FrontierReport:
             stats.inc_value("scheduler/requeued/lease_expired", result.requeued)
         if result.moved:
             stats.inc_value("scheduler/delayed/moved", result.moved)
-        if result.rejected:  # malformed members the script parked itself
+        if result.rejected:  # malformed members, and copies of entries handed out, the script parked itself
             stats.inc_value("scheduler/rejected", result.rejected)
-            stats.inc_value("scheduler/rejected/bad_member", result.rejected)
+            if result.rejected > result.replayed:
+                stats.inc_value("scheduler/rejected/bad_member", result.rejected - result.replayed)
+            if result.replayed:
+                stats.inc_value("scheduler/rejected/replayed", result.replayed)
         for key in result.repaired:
             self._log.log(
                 logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing", key,

@@ -22,8 +22,8 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.frontier.shard import PRIORITY_KEY_BYTES, SEQ_BYTES, lease_member
 from scrapy_dist.settings.values import check_seconds
-from scrapy_dist.wire.codec import load_payload, split_payload
-from scrapy_dist.wire.entrypolicy import VERSION_SIGNED, entry_policy
+from scrapy_dist.wire.codec import load_payload
+from scrapy_dist.wire.entrypolicy import DEFAULT_POLICY, entry_policy
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -89,7 +89,7 @@ def with_validators(payload: bytes, validators: Mapping[bytes, bytes], policy: E
     """``payload`` (an encoded request) with its conditional headers replaced by ``validators``; signed
     again only if it was signed (an untrusted entry stays untrusted). Raises RejectedEntry for a payload
     that does not decode (the caller keeps the old one)."""
-    version, _ = split_payload(payload, policy.max_bytes)
+    signed = policy.verify(payload)
     d = load_payload(payload, policy.max_bytes)
     drop = {h.lower() for h in VALIDATOR_HEADERS}
     headers = [pair for pair in d.get("h", []) if bytes(pair[0]).lower() not in drop]
@@ -99,9 +99,7 @@ def with_validators(payload: bytes, validators: Mapping[bytes, bytes], policy: E
     else:
         d.pop("h", None)
     body = msgpack.packb(d, use_bin_type=True)
-    if version == VERSION_SIGNED and policy.secret is not None:
-        return policy.seal(body)
-    return b"\x01" + body
+    return policy.seal(body) if signed else DEFAULT_POLICY.seal(body)
 
 
 def member_prefix(member: bytes, polite: bool) -> bytes:
@@ -131,8 +129,11 @@ def _middleware_enabled(settings: Any) -> bool:
 
 class Revisits:
     """Decides, when the engine has finished a request, whether and when the frontier fetches it again
-    (see the module docstring). Reactor thread only; no I/O. Stats: ``revisit/scheduled``,
-    ``revisit/stopped`` (the callback stopped the chain or raised), ``revisit/invalid`` (logged once).
+    (see the module docstring). Reactor thread only; no I/O.
+
+    Stats: ``revisit/scheduled``, ``revisit/stopped`` (the callback set ``revisit_after = None`` or
+    raised), ``revisit/invalid`` (a ``revisit_after`` that is not a number of seconds: logged once),
+    ``revisit/raised`` (a ``revisit_after`` below ``REVISIT_MIN_INTERVAL``, raised to it).
     """
 
     def __init__(
@@ -142,8 +143,13 @@ class Revisits:
         polite: bool = False,
         policy: EntryPolicy | None = None,
         stats: Any = None,
+        min_interval: float = 0.0,
     ) -> None:
         self.rules = rules or RevisitRules()
+        #: REVISIT_MIN_INTERVAL: a shorter ``revisit_after`` is raised to it
+        self.min_interval = min_interval
+        #: set by :meth:`stop`: the crawl was closed, no chain goes on
+        self.stopped = False
         self.conditional = conditional
         self.polite = polite
         self.policy = policy
@@ -161,7 +167,7 @@ class Revisits:
         cfg = DistSettings.for_crawler(crawler).scheduler
         o = cls(
             RevisitRules(cfg.revisit_after), cfg.revisit_conditional, cfg.politeness == "cluster",
-            entry_policy(crawler), crawler.stats,
+            entry_policy(crawler), crawler.stats, cfg.revisit_min_interval,
         )
         crawler.signals.connect(o.response_received, signal=signals.response_received)
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
@@ -173,6 +179,25 @@ class Revisits:
                 " or add the middleware at 580", MIDDLEWARE,
             )
         return o
+
+    def _refiled(self, member: bytes, validators: dict[bytes, bytes] | None) -> bytes:
+        """The queue member a revisit files (b"": ``member`` itself): with the page's validators
+        (``REVISIT_CONDITIONAL``), and signed afresh -- a new nonce, so that the acknowledged entry,
+        remembered by the sync script, is not taken for its revisit."""
+        policy = self.policy
+        assert policy is not None
+        try:
+            prefix = member_prefix(member, self.polite)
+            payload = member[len(prefix) :]
+            if self.conditional and validators is not None:
+                patched = with_validators(payload, validators, policy)
+            else:
+                patched = policy.renew(payload)
+            if patched != payload and len(patched) <= policy.max_bytes:
+                return prefix + patched
+        except Exception:  # a member we cannot patch is revisited as it is  # noqa: BLE001
+            pass
+        return b""
 
     # -- signals -------------------------------------------------------------------------------------
     def response_received(self, response: Any, request: Request, spider: Any = None) -> None:
@@ -197,7 +222,12 @@ class Revisits:
         the most specific ``REVISIT_AFTER`` rule, else None."""
         if META_KEY in request.meta:
             try:
-                return check_seconds(request.meta[META_KEY])
+                seconds = check_seconds(request.meta[META_KEY])
+                if seconds is not None and seconds < self.min_interval:
+                    if self.stats is not None:
+                        self.stats.inc_value("revisit/raised")
+                    return self.min_interval
+                return seconds
             except ValueError as exc:
                 if self.stats is not None:
                     self.stats.inc_value("revisit/invalid")
@@ -212,6 +242,11 @@ class Revisits:
         seconds = self.rules.for_url(request.url, urlparse_cached(request).hostname or "")
         return None if seconds is _NOT_SET else seconds
 
+    def stop(self) -> None:
+        """End every chain this worker would go on with (``scrapy-dist close``): finished requests are
+        acknowledged without being filed again."""
+        self.stopped = True
+
     def wanted(self, request: Request) -> bool:
         """Whether ``request`` asked for a revisit (before its callback had a say)."""
         return META_KEY in request.meta or bool(self.rules)
@@ -219,7 +254,7 @@ class Revisits:
     def plan(self, request: Request, lease: tuple[int, bytes]) -> tuple[float, bytes] | None:
         """The ledger's question when ``request`` (leased as ``lease``) is finished: ``(delay, new
         member or b"")`` to file it again, or None."""
-        ok = self.outcome.pop(request, None)
+        ok = self.outcome.pop(request, None) and not self.stopped
         validators = self.validators.pop(request, None)
         if not ok:
             if ok is False and self.stats is not None:
@@ -231,16 +266,8 @@ class Revisits:
                 self.stats.inc_value("revisit/stopped")
             return None
         new = b""
-        if self.conditional and validators is not None and self.policy is not None:
-            member = lease_member(lease[1])  # the lease key's queue member
-            try:
-                prefix = member_prefix(member, self.polite)
-                payload = member[len(prefix) :]
-                patched = with_validators(payload, validators, self.policy)
-                if patched != payload and len(patched) <= self.policy.max_bytes:
-                    new = prefix + patched
-            except Exception:  # a member we cannot patch is revisited as it is  # noqa: BLE001
-                new = b""
+        if self.policy is not None and (self.policy.secret is not None or validators is not None):
+            new = self._refiled(lease_member(lease[1]), validators)
         if self.stats is not None:
             self.stats.inc_value("revisit/scheduled")
         return delay, new

@@ -41,6 +41,7 @@ from scrapy_dist.redis.keys import CrawlKeys, crawl_keys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, SchedulerSettings
 from scrapy_dist.wire.codec import EntryPolicy, encode_request, entry_policy
+from scrapy_dist.wire.entrypolicy import DEAD
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -137,6 +138,12 @@ class Scheduler:
     def _place(self, keys: CrawlKeys) -> None:
         """Use the crawl ``keys`` (at construction, or at :meth:`open` from the spider's name)."""
         self.keys = keys
+        # what this worker signs is bound to the crawl: another crawl's entries do not verify here
+        self.policy = self.policy.bound(crawl=keys.shard(0, 1).tag)
+        #: the policy dead letters are signed with (only ``scrapy-dist dead --requeue`` reads them back)
+        self.dead_policy = self.policy.bound(kind=DEAD)
+        if self.revisits is not None:
+            self.revisits.policy = self.policy
         self.layout = CrawlLayout(keys, self.df, self.config.shards, self.config.politeness,
                                   self.config.lease_seconds)
         self.report.shard_keys = self.layout.shard_keys
@@ -165,6 +172,7 @@ class Scheduler:
             policy=entry_policy(crawler),
         )
         sched.revisits = Revisits.from_crawler(crawler)
+        sched.revisits.policy = sched.policy if keys is not None else None
         sched.ledger.revisit_of = sched.revisits.plan
         sched.forget_dead = ds.dupefilter.forget_dead
         if cfg.politeness == "cluster":
@@ -233,7 +241,7 @@ class Scheduler:
                 self.redis, keys, self.worker_id, df if self._batched_df else None,
                 sequence=self.order.sequence, lease_seconds=cfg.lease_seconds, politeness=cfg.politeness,
                 heartbeat=i == 0, max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
-                dead_maxlen=cfg.dead_maxlen,
+                dead_maxlen=cfg.dead_maxlen, replay_memory=cfg.replay_memory,
                 limits_bound=self.domain_limits.bound() if self.domain_limits else "",
             )
             for i, (keys, df) in enumerate(zip(self.layout.shard_keys, self.layout.shard_dfs, strict=True))

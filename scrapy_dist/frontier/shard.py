@@ -183,6 +183,8 @@ class SyncResult:
     seq: int = 0
     #: queue members the script rejected whole (malformed chunk, too large; see lua/sync_lease.lua)
     rejected: int = 0
+    #: of which copies of a signed entry already handed out (reason ``replayed``)
+    replayed: int = 0
     #: keys whose garbage the script repaired before writing (see lua/sync_check.lua)
     repaired: list[str] = field(default_factory=list)
     #: one of them held work (the queue, the leases or the delayed set): moved aside, it reads empty
@@ -199,12 +201,12 @@ class SyncResult:
 SYNC_KEYS = (
     ("queue", "zset"), ("leases", "zset"), ("lease_meta", "hash"), ("seq", "string"), ("delayed", "zset"),
     ("delayed_meta", "hash"), ("queue_rejected", "list"), ("deadletter", "list"), ("workers", "zset"),
-    ("control", "hash"), ("domains", "zset"), ("domain_info", "hash"), ("queue_tails", "hash"),
+    ("control", "hash"), ("domains", "zset"), ("domain_info", "hash"), ("queue_tails", "hash"), ("spent", "zset"),
 )
 #: the ARGV head, by name; then P and the P dupe params
 SYNC_HEAD = (
     "now", "worker", "lease_seconds", "lease", "order", "politeness", "seed", "heartbeat",
-    "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound",
+    "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound", "replay_memory",
 )
 
 
@@ -280,7 +282,7 @@ def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any
 #: the answer's names, in the order the script returns them (lua/sync.lua)
 SYNC_RESULT = (
     "flags", "leased", "requeued", "moved", "queued", "inflight", "delayed", "bloom_n", "paused", "seq",
-    "rejected", "repaired",
+    "rejected", "repaired", "replayed",
 )
 
 
@@ -336,7 +338,8 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
         _count(named, "requeued"), _count(named, "moved"), _count(named, "queued"),
         _count(named, "inflight"), _count(named, "delayed"), _count(named, "bloom_n"),
         named["paused"] in (b"1", "1"), _count(named, "seq"), _count(named, "rejected"),
-        [text(k) for k in repaired] if isinstance(repaired, list) else [],
+        replayed=_count(named, "replayed"),
+        repaired=[text(k) for k in repaired] if isinstance(repaired, list) else [],
     )
 
 
@@ -362,6 +365,8 @@ class Frontier:
     max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
     rejected_maxlen: int = defaults.SCHEDULER_REJECTED_MAXLEN
     dead_maxlen: int = defaults.DEADLETTER_MAXLEN
+    #: signed entries handed out remembered (``{spider}:spent``, SCHEDULER_REPLAY_MEMORY; 0 = none)
+    replay_memory: int = defaults.SCHEDULER_REPLAY_MEMORY
 
     def __post_init__(self) -> None:
         self._polite = self.politeness == "cluster"
@@ -378,7 +383,7 @@ class Frontier:
             "politeness": self.politeness, "seed": self._rng.randrange(2**31),
             "heartbeat": "1" if self.heartbeat else "0", "max_entry_bytes": self.max_entry_bytes,
             "rejected_maxlen": self.rejected_maxlen, "dead_maxlen": self.dead_maxlen, "dupe_mode": mode,
-            "limits_bound": self.limits_bound,
+            "limits_bound": self.limits_bound, "replay_memory": self.replay_memory,
         }
         return [head[name] for name in SYNC_HEAD]
 

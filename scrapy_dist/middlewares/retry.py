@@ -34,7 +34,6 @@ from scrapy_dist.frontier.retrytiming import retry_delay
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.utils.ratelimit import RateLimitedLog
-from scrapy_dist.wire.codec import entry_policy
 from scrapy_dist.wire.credentials import as_scheduled
 
 if TYPE_CHECKING:
@@ -101,7 +100,7 @@ class DeadLetterWriter:
             status=status,
             detail=detail,
             attempts=attempts,
-            policy=entry_policy(self.crawler),
+            policy=scheduler.dead_policy,
         )
         scheduler.dead_letter(record, request)
         _dead_lettered.add(request)

@@ -26,7 +26,7 @@ GARBAGE = ":garbage"
 #: lives with shard 0 only).
 SHARD_KEY_NAMES = (
     "queue", "queue_tails", "queue_rejected", "leases", "lease_meta", "seq", "delayed", "delayed_meta",
-    "bloom", "fingerprints", "fingerprints_ttl", "forgotten", "domains", "domain_info",
+    "bloom", "fingerprints", "fingerprints_ttl", "forgotten", "domains", "domain_info", "spent",
 )
 
 
@@ -60,6 +60,7 @@ FRONTIER_KEY_NAMES = (
     "seq",
     "delayed",
     "delayed_meta",
+    "spent",
     "bloom",
     "fingerprints",
     "fingerprints_ttl",
@@ -90,6 +91,8 @@ lease_meta       leases:meta       HASH member -> ``"<queue score> <worker id>"`
 seq              seq               STRING counter giving every enqueued entry its FIFO sequence number.
 delayed          delayed           ZSET of delayed (retry) members scored by their not-before time.
 delayed_meta     delayed:meta      HASH member -> queue score for delayed members.
+spent            spent             ZSET nonce of a signed entry handed out -> when (unix s): a copy put
+                                   back is rejected (``replayed``); the newest SCHEDULER_REPLAY_MEMORY.
 domains          domains           ZSET domain -> when it may next be leased from (crawl-wide politeness).
 domain_info      domains:info      HASH ``b:/i:/n:/l:<domain>`` -> backlog, slots in use, next allowed
                                    time, limits.

@@ -118,6 +118,8 @@ class SchedulerSettings:
     max_entry_bytes: int = 1024 * 1024
     rejected_maxlen: int = 100_000
     dead_maxlen: int = 1_000_000
+    #: SCHEDULER_REPLAY_MEMORY: signed entries handed out remembered per shard ({spider}:spent)
+    replay_memory: int = 250_000
     #: SCHEDULER_ENTRY_SECRET, else the SCRAPY_DIST_SECRET environment variable (never stored in Redis)
     entry_secret: bytes | None = field(default=None, repr=False)
     deny_networks: tuple[str, ...] = ()
@@ -134,6 +136,8 @@ class SchedulerSettings:
     #: REVISIT_AFTER rules {glob: seconds or None} (scrapy_dist/frontier/revisit.py)
     revisit_after: Mapping[str, float | None] = field(default_factory=dict)
     revisit_conditional: bool = False
+    #: REVISIT_MIN_INTERVAL: no revisit is due sooner than this many seconds after its fetch
+    revisit_min_interval: float = 300.0
     #: SCHEDULER_IDLE_POLL_MAX: slowest poll of an idle worker of a crawl that never closes
     idle_poll_max: float = 5.0
 
@@ -291,6 +295,7 @@ class DistSettings:
             allowed_schemes=schemes,
             max_entry_bytes=v("SCHEDULER_MAX_ENTRY_BYTES"), shards=shards, politeness=politeness,
             rejected_maxlen=v("SCHEDULER_REJECTED_MAXLEN"), dead_maxlen=v("DEADLETTER_MAXLEN"),
+            replay_memory=v("SCHEDULER_REPLAY_MEMORY"),
             entry_secret=v("SCHEDULER_ENTRY_SECRET") or env.get("SCRAPY_DIST_SECRET", "").encode() or None,
             deny_networks=deny,
             downloader_aware="DownloaderAwarePriorityQueue" in str(raw.raw("SCHEDULER_PRIORITY_QUEUE") or ""),
@@ -298,8 +303,8 @@ class DistSettings:
             download_delay=raw.scrapy_float("DOWNLOAD_DELAY", 0.0),
             concurrent_requests_per_domain=raw.scrapy_int("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
             download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
-            revisit_after=MappingProxyType(revisit_rules(v("REVISIT_AFTER"))),
-            revisit_conditional=v("REVISIT_CONDITIONAL"),
+            revisit_after=MappingProxyType(revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL"))),
+            revisit_conditional=v("REVISIT_CONDITIONAL"), revisit_min_interval=v("REVISIT_MIN_INTERVAL"),
             idle_poll_max=v("SCHEDULER_IDLE_POLL_MAX"),
         )
         if scheduler.downloader_aware and raw.scrapy_int("CONCURRENT_REQUESTS_PER_IP", 0, low=0):

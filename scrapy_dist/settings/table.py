@@ -144,6 +144,9 @@ TABLE: tuple[Setting, ...] = (
        " (bytes).", S, low=64),
     _s("SCHEDULER_REJECTED_MAXLEN", 100_000, "int", "Newest records kept in {spider}:queue:rejected (0: no"
        " cap).", S, low=0),
+    _s("SCHEDULER_REPLAY_MEMORY", 250_000, "int", "Signed queue entries each shard remembers having handed"
+       " out (about 104 bytes each in Redis), so that a copy put back is not fetched again; a copy older"
+       " than that many leases is fetched once more (0: off).", S, low=0),
     _s("DEADLETTER_MAXLEN", 1_000_000, "int", "Newest dead letters kept in {spider}:deadletter (0: no cap).",
        S, low=0),
     _s("SCHEDULER_ENTRY_SECRET", None, "secret", "Key of the tag workers put on the queue entries they write"
@@ -166,6 +169,9 @@ TABLE: tuple[Setting, ...] = (
        " wins).", S),
     _s("REVISIT_CONDITIONAL", False, "bool", "Revisits send If-None-Match / If-Modified-Since from the last"
        " ETag / Last-Modified; a 304 does not call the callback (see docs/continuous.md).", S),
+    _s("REVISIT_MIN_INTERVAL", 300.0, "float", "No revisit is due sooner than this many seconds after its"
+       " fetch: a smaller meta['revisit_after'] is raised to it, a smaller REVISIT_AFTER rule is refused.",
+       S, low=0),
     _s("SCHEDULER_IDLE_POLL_MAX", 5.0, "float", "With SCHEDULER_IDLE_BEFORE_CLOSE = None (never close): an"
        " idle worker's polls slow down to one per this many seconds (seeds it reads are sent at once).", S,
        low=0, low_open=True),
@@ -178,7 +184,8 @@ TABLE: tuple[Setting, ...] = (
        " 4096.", D, low=2**13, high=2**32, multiple_of=4096),
     _s("DUPEFILTER_TTL", None, "float", "Seconds a fingerprint is remembered: a URL seen longer ago is new"
        " again (None: forever). Bloom filter: forgotten between TTL and TTL*G/(G-1) after it was seen (G ="
-       " BLOOMFILTER_GENERATIONS); SetDupeFilter: exactly TTL.", D, optional=True, low=0, low_open=True,
+       " BLOOMFILTER_GENERATIONS, and TTL/(G-1) at least 0.25 s); SetDupeFilter: exactly TTL.", D,
+       optional=True, low=0, low_open=True,
        high=MAX_TTL),
     _s("BLOOMFILTER_GENERATIONS", 4, "int", "With DUPEFILTER_TTL: the bloom filter is this many generations,"
        " each covering TTL/(G-1) seconds; the oldest expires whole.", D, low=MIN_GENERATIONS,
@@ -279,6 +286,8 @@ STATS: tuple[tuple[str, str], ...] = (
     ("scheduler/delayed/moved", "retries whose delay ran out, moved back to the queue"),
     ("scheduler/rejected", "queue entries refused as invalid"),
     ("scheduler/rejected/<reason>", "the same, per reason"),
+    ("scheduler/rejected/replayed", "copies of a signed entry already handed out (in flight or acknowledged),"
+     " removed when leased"),
     ("scheduler/unserializable", "requests that could not be encoded (dropped)"),
     ("scheduler/politeness/penalized/<status>", "responses that slowed a domain down (429, 503)"),
     ("dupefilter/filtered", "requests dropped as already seen"),
@@ -311,6 +320,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("revisit/scheduled", "requests filed again in the delayed set by their ack (REVISIT_AFTER, meta)"),
     ("revisit/stopped", "revisit chains ended by the callback (revisit_after = None, or an exception)"),
     ("revisit/invalid", "meta['revisit_after'] values that are not a number of seconds (not revisited)"),
+    ("revisit/raised", "meta['revisit_after'] values below REVISIT_MIN_INTERVAL (revisited after it)"),
     ("revisit/not_modified", "conditional revisits answered 304 Not Modified (callback not called)"),
     ("revisit/conditional", "revisits sent with If-None-Match / If-Modified-Since"),
 )

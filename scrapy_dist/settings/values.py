@@ -295,8 +295,9 @@ def check_seconds(value: Any) -> float | None:
     return seconds
 
 
-def revisit_rules(rules: Any) -> dict[str, float | None]:
-    """``REVISIT_AFTER`` checked: ``{glob: seconds or None}``; raises :class:`SettingsError` (one line)."""
+def revisit_rules(rules: Any, floor: float = 0.0) -> dict[str, float | None]:
+    """``REVISIT_AFTER`` checked: ``{glob: seconds or None}``, none below ``floor``
+    (``REVISIT_MIN_INTERVAL``); raises :class:`SettingsError` (one line)."""
     expected = 'expected {"*.example.com": 3600, "https://example.com/item/*": 2592000, "*/login*": None}'
     if not isinstance(rules, Mapping):
         raise SettingsError("REVISIT_AFTER", rules, "not a dict", expected)
@@ -305,9 +306,13 @@ def revisit_rules(rules: Any) -> dict[str, float | None]:
         if not isinstance(pattern, str) or not pattern.strip():
             raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r} is not a glob", expected)
         try:
-            out[pattern.strip()] = check_seconds(seconds)
+            out[pattern.strip()] = checked = check_seconds(seconds)
         except ValueError as exc:
             raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r}: {exc}", expected) from None
+        if checked is not None and checked < floor:
+            raise SettingsError("REVISIT_AFTER", dict(rules), f"rule {pattern!r}: {checked:g} s is below"
+                                f" REVISIT_MIN_INTERVAL ({floor:g} s)",
+                                "raise it, or lower REVISIT_MIN_INTERVAL")
     return out
 
 

@@ -1,10 +1,12 @@
 """The wire format of a request in Redis: versioned msgpack, never pickle (the field table is in
 docs/frontier.md, "Wire format").
 
-A *payload* is ``b"\\x01" + msgpack(map)``, or ``b"\\x02" + tag + msgpack(map)`` when written with the
-crawl's secret (``tag``: 16-byte keyed BLAKE2b of the msgpack bytes). Decoding treats the bytes as
-untrusted: every field is type-checked, and any deviation is :class:`RejectedEntry` with a short reason,
-the only exception :func:`decode_request` lets out. What an untrusted entry may ask for is
+A *payload* is ``b"\x01" + msgpack(map)`` (unauthenticated) or ``b"\x03" + tag + nonce + msgpack(map)``
+when written with the crawl's secret (``tag``: 16-byte keyed BLAKE2b of the crawl, the kind of key, the
+8-byte ``nonce`` and the msgpack bytes; version 2, a tag of the body alone, is read as untrusted). The
+map's short keys are listed in docs/frontier.md ("Wire format"). Decoding treats the bytes as untrusted:
+every field is type-checked, and any deviation is :class:`RejectedEntry` with a short reason, the only
+exception :func:`decode_request` lets out. What an untrusted entry may ask for is
 :mod:`scrapy_dist.wire.entrypolicy`, which callbacks it may name :mod:`scrapy_dist.wire.callbacks` (both
 re-exported here); the trust model is docs/security.md.
 """
@@ -31,8 +33,10 @@ from scrapy_dist.wire.entrypolicy import (
     DANGEROUS_META,
     DEFAULT_POLICY,
     FORBIDDEN_HEADERS,
+    SIGNED_HEAD,
     TAG_BYTES,
     VERSION,
+    VERSION_BODY_TAG,
     VERSION_SIGNED,
     EntryPolicy,
     check_cookies_allowed,
@@ -52,13 +56,15 @@ __all__ = [
     "MAX_HEADERS", "check_url", "decode_request", "encode_request", "load_payload", "split_payload",
     # from wire.entrypolicy and wire.callbacks, imported from here by other modules and users
     "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "FORBIDDEN_HEADERS", "HOOK_NAMES", "TAG_BYTES",
-    "VERSION", "VERSION_SIGNED", "EntryPolicy", "check_cookies_allowed", "check_header_names",
+    "SIGNED_HEAD", "VERSION", "VERSION_BODY_TAG", "VERSION_SIGNED", "EntryPolicy", "check_cookies_allowed",
+    "check_header_names",
     "check_meta_keys", "check_no_userinfo", "check_offsite", "entry_policy", "host_allowed", "is_trusted",
     "spider_method", "user_defined",
 ]
 
 _VERSION_BYTE = bytes([VERSION])
 _SIGNED_BYTE = bytes([VERSION_SIGNED])
+_BODY_TAG_BYTE = bytes([VERSION_BODY_TAG])
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
@@ -263,13 +269,15 @@ def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes
         raise RejectedEntry("too_large", f"{len(data)} bytes")
     if data[:1] == _VERSION_BYTE:
         return VERSION, data[1:]
-    if data[:1] == _SIGNED_BYTE and len(data) > 1 + TAG_BYTES:
-        return VERSION_SIGNED, data[1 + TAG_BYTES :]
+    if data[:1] == _SIGNED_BYTE and len(data) > SIGNED_HEAD:
+        return VERSION_SIGNED, data[SIGNED_HEAD:]
+    if data[:1] == _BODY_TAG_BYTE and len(data) > 1 + TAG_BYTES:
+        return VERSION_BODY_TAG, data[1 + TAG_BYTES :]
     raise RejectedEntry("bad_version", f"first byte {data[:1]!r}")
 
 
 def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
-    """The field map of an untrusted payload (version 1 or 2, the tag is not checked here): size, version
+    """The field map of an untrusted payload (any version, the tag is not checked here): size, version
     byte, msgpack and field names checked (values are checked by :func:`decode_request`). Raises
     :class:`RejectedEntry`."""
     return _unpack(split_payload(data, max_bytes)[1])

@@ -2,20 +2,34 @@
 its own entries from anyone else's.
 
 Payloads are sealed here (:meth:`EntryPolicy.seal`: ``b"\\x01" + body``, or with a secret
-``b"\\x02" + tag + body``, ``tag`` the 16-byte keyed BLAKE2b of the body) and read by
-:mod:`scrapy_dist.wire.codec`, which applies this policy to every entry it decodes: an untrusted entry (no tag
-that verifies, while the crawl has a secret) must pass the rules for seeds -- meta keys allowed by
-``SEEDS_META_ALLOWED``, no framing or routing headers, the spider's ``allowed_domains``.
+``b"\\x03" + tag + nonce + body``) and read by :mod:`scrapy_dist.wire.codec`, which applies this policy to
+every entry it decodes: an untrusted entry (no tag that verifies, while the crawl has a secret) must pass
+the rules for seeds -- meta keys allowed by ``SEEDS_META_ALLOWED``, no framing or routing headers, the
+spider's ``allowed_domains``.
+
+The tag is the 16-byte keyed BLAKE2b of the crawl (``<prefix>{<spider>}``), the kind of key the entry was
+written for (:data:`FRONTIER`: the queue, the delayed set, the leases -- the sync script moves entries
+between those three and has no secret, so they are one kind -- or :data:`DEAD`: a dead letter, which only
+``scrapy-dist dead --requeue`` turns back into a queue entry, signing it again), the nonce and the body. So
+a signed entry copied into another crawl's keys, or a dead letter's payload copied into the queue, does not
+verify. The nonce (8 bytes, unique per entry written) is what the sync script remembers when it leases
+an entry, so that a copy put back is not fetched again (``remember`` in ``lua/sync_common.lua``).
+Version 2 payloads (a tag of the body alone, written before entries were bound) are read as untrusted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import hashlib
 import hmac
+import itertools
+import os
+import secrets
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -28,7 +42,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CREDENTIAL_HEADERS",
     "DANGEROUS_META",
+    "DEAD",
     "DEFAULT_POLICY",
+    "FRONTIER",
     "FORBIDDEN_HEADERS",
     "EntryPolicy",
     "check_cookies_allowed",
@@ -44,22 +60,42 @@ __all__ = [
 
 #: version byte of an unauthenticated payload
 VERSION = 1
-#: version byte of a payload carrying a tag made with the crawl's secret
-VERSION_SIGNED = 2
+#: version byte of a payload whose tag covers its body only (older workers): read as untrusted
+VERSION_BODY_TAG = 2
+#: version byte of a payload carrying a tag made with the crawl's secret, bound to crawl, kind and nonce
+VERSION_SIGNED = 3
 TAG_BYTES = 16
+NONCE_BYTES = 8
+#: bytes before the msgpack body of a version-3 payload
+SIGNED_HEAD = 1 + TAG_BYTES + NONCE_BYTES
+#: the kinds of key an entry is signed for (see the module docstring)
+FRONTIER, DEAD = "frontier", "dead"
 _VERSION_BYTE = bytes([VERSION])
 _SIGNED_BYTE = bytes([VERSION_SIGNED])
+
+
+def _fresh_nonces() -> None:
+    """Nonces from a random 64-bit start, then one more per entry (unique without a syscall each); a
+    forked child starts afresh, or it would repeat its parent's and its entries would be taken for copies."""
+    global _NONCES
+    _NONCES = itertools.count(int.from_bytes(secrets.token_bytes(8), "big"))
+
+
+_NONCES: itertools.count[int]
+_fresh_nonces()
+os.register_at_fork(after_in_child=_fresh_nonces)
 
 #: Meta keys an untrusted entry may set only if SEEDS_META_ALLOWED names them exactly (a wildcard is not
 #: enough): they route the request (proxy, source address, slot), carry credentials, switch Scrapy's
 #: safety checks off or reach into its private state -- the retry and redirect counters too (a
-#: ``retry_times`` of -1e9 would retry a failing URL without end).
+#: ``retry_times`` of -1e9 would retry a failing URL without end), and ``revisit_after`` (a tiny one would
+#: fetch one seed again and again).
 DANGEROUS_META = (
     "proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar", "handle_httpstatus_all",
     "dont_*", "allow_offsite", "download_maxsize", "download_warnsize", "download_timeout",
     "max_retry_times", "retry_times", "priority_adjust", "give_up_log_level", "redirect_times",
     "redirect_ttl", "redirect_urls", "redirect_reasons", "splash", "playwright*", "zyte_api*",
-    "impersonate", "is_start_request", "depth",
+    "impersonate", "is_start_request", "depth", "revisit_after",
 )
 #: Headers an untrusted entry may never set: they frame the message or route it.
 FORBIDDEN_HEADERS = (
@@ -151,15 +187,11 @@ def check_offsite(url: str, spider: Any) -> None:
         raise RejectedEntry("offsite", f"host of {url[:80]!r} is not in the spider's allowed_domains")
 
 
-def _secret_key(secret: bytes) -> bytes:
-    # BLAKE2b keys are at most 64 bytes: a longer secret is hashed down to 64
-    return secret if len(secret) <= 64 else hashlib.blake2b(secret).digest()
-
-
 @dataclass(frozen=True)
 class EntryPolicy:
     """What an entry read from the queue must satisfy, and the secret that tells the crawl's own entries
-    from others. Built once per crawler (:func:`entry_policy`)."""
+    from others. Built once per crawler (:func:`entry_policy`) and bound to the crawl's keys by the
+    scheduler (:meth:`bound`)."""
 
     allowed_schemes: tuple[str, ...] = ("http", "https")
     max_bytes: int = 1024 * 1024
@@ -169,6 +201,10 @@ class EntryPolicy:
     headers_allowed: tuple[str, ...] = ()
     #: the crawl's secret; ``None``: every queue entry is trusted as the crawl's own
     secret: bytes | None = None
+    #: the crawl the tags are bound to (``CrawlKeys.tag`` of shard 0: ``<prefix>{<spider>}``)
+    crawl: str = ""
+    #: the kind of key the entries are signed for: :data:`FRONTIER` or :data:`DEAD`
+    kind: str = FRONTIER
 
     @classmethod
     def from_dist(cls, ds: DistSettings) -> EntryPolicy:
@@ -182,22 +218,52 @@ class EntryPolicy:
             secret=ds.scheduler.entry_secret,
         )
 
-    def tag(self, body: bytes) -> bytes:
-        """The tag of a msgpack body (requires a secret)."""
-        assert self.secret is not None
-        return hashlib.blake2b(body, key=_secret_key(self.secret), digest_size=TAG_BYTES).digest()
+    def bound(self, crawl: str | None = None, kind: str | None = None) -> EntryPolicy:
+        """This policy signing and verifying for ``crawl`` and ``kind`` (None: unchanged)."""
+        return dataclasses.replace(
+            self, crawl=self.crawl if crawl is None else crawl, kind=self.kind if kind is None else kind
+        )
 
-    def seal(self, body: bytes) -> bytes:
-        """A payload of ``body``: signed with the secret if there is one, else version 1."""
+    @cached_property
+    def _keyed(self) -> Any:
+        # the hash state after the secret and the context: copied per entry rather than rebuilt
+        assert self.secret is not None
+        key = self.secret if len(self.secret) <= 64 else hashlib.blake2b(self.secret).digest()
+        h = hashlib.blake2b(key=key, digest_size=TAG_BYTES)
+        context = f"{self.kind}\0{self.crawl}".encode("utf-8", "surrogatepass")
+        h.update(b"scrapy-dist entry\0" + len(context).to_bytes(4, "big") + context)
+        return h
+
+    def tag(self, nonce: bytes, body: bytes) -> bytes:
+        """The tag of ``nonce`` and a msgpack body for this policy's crawl and kind (requires a secret)."""
+        h = self._keyed.copy()
+        h.update(nonce)
+        h.update(body)
+        return h.digest()
+
+    def seal(self, body: bytes, nonce: bytes | None = None) -> bytes:
+        """A payload of ``body``: signed (with a fresh nonce unless one is given) if there is a secret,
+        else version 1."""
         if self.secret is None:
             return _VERSION_BYTE + body
-        return _SIGNED_BYTE + self.tag(body) + body
+        if nonce is None:
+            nonce = (next(_NONCES) % 2**64).to_bytes(NONCE_BYTES, "big")
+        return _SIGNED_BYTE + self.tag(nonce, body) + nonce + body
 
     def verify(self, data: bytes) -> bool:
-        """Whether ``data`` is a version-2 payload whose tag verifies with this policy's secret."""
-        if self.secret is None or len(data) < 1 + TAG_BYTES or data[0] != VERSION_SIGNED:
+        """Whether ``data`` is a version-3 payload whose tag verifies for this policy's secret, crawl and
+        kind."""
+        if self.secret is None or len(data) < SIGNED_HEAD or data[0] != VERSION_SIGNED:
             return False
-        return hmac.compare_digest(data[1 : 1 + TAG_BYTES], self.tag(data[1 + TAG_BYTES :]))
+        nonce = data[1 + TAG_BYTES : SIGNED_HEAD]
+        return hmac.compare_digest(data[1 : 1 + TAG_BYTES], self.tag(nonce, data[SIGNED_HEAD:]))
+
+    def renew(self, data: bytes) -> bytes:
+        """``data`` with a fresh nonce (and tag) if it is a payload this policy verifies, else unchanged:
+        an entry filed again after its acknowledgement (a revisit) counts as a new entry."""
+        if not self.verify(data):
+            return data
+        return self.seal(data[SIGNED_HEAD:])
 
 
 DEFAULT_POLICY = EntryPolicy()
@@ -217,11 +283,14 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
 
 def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
     """Whether an entry counts as the crawl's own: its tag verifies, or the crawl has no secret.
-    Raises :class:`RejectedEntry` (``bad_tag``) for a version-2 entry whose tag does not verify."""
+    Raises :class:`RejectedEntry` (``bad_tag``) for a version-3 entry whose tag does not verify (another
+    secret, another crawl, another kind of key)."""
     if policy.secret is None:
         return True
     if data[:1] != _SIGNED_BYTE:
         return False
     if not policy.verify(data):
-        raise RejectedEntry("bad_tag", "the entry's tag does not verify with the crawl's secret")
+        raise RejectedEntry(
+            "bad_tag", "the entry's tag does not verify for this crawl (another secret, crawl or kind of key)"
+        )
     return True

@@ -17,7 +17,8 @@
 --   'cluster'), seed (politeness jitter), heartbeat ('1'/'0'), max_entry_bytes (larger queue entries
 --   are rejected whole), rejected_maxlen and dead_maxlen (caps of the record LISTs, 0 = none),
 --   dupe_mode, limits_bound ('<delay> <jitter>' no domain's limits exceed in this worker's settings; ''
---   = polite.lua's MAX_DELAY and MAX_JITTER); then P and P dupe params (dupe.lua); then SYNC_SECTIONS,
+--   = polite.lua's MAX_DELAY and MAX_JITTER), replay_memory (nonces of entries handed out kept in
+--   KEYS spent, 0 = none); then P and P dupe params (dupe.lua); then SYNC_SECTIONS,
 --   each a count and its items:
 --   enqueue  t1, t2 (t1 == '' skips dedupe), score, payload (payload == '' dedupes only)
 --            [, domain, limits "delay concurrency jitter" with politeness]
@@ -27,11 +28,13 @@
 --   revisit  lease key, delay in seconds, new member ('' = unchanged): an ack that files it again
 --   forget   t1, t2: a fingerprint made new again (dupe.lua's dupe_forget)
 -- Returns the flat list 'flags', f, 'leased', l, 'requeued', n, 'moved', n, 'queued', n, 'inflight', n,
---   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys}: flags has
+--   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys},
+--   'replayed', n (of the rejected, copies of entries handed out): flags has
 --   one '1'/'0' per enqueue item (new/duplicate); leased is lease key, score, lease key, score...; seq is
 --   the sequence counter (it grows with every entry created: two equal readings with nothing queued, leased
 --   or delayed in between prove the shard stayed empty); rejected counts queue members this call rejected
---   whole (sync_lease); repaired names keys whose garbage this call repaired (sync_check).
+--   whole (sync_lease: malformed, or a copy of an entry handed out); repaired names keys whose garbage
+--   this call repaired (sync_check).
 --   Or {-1, bloom_n} / {-2, reason, detail}: nothing written (see sync_common.lua).
 
 local now = call_now(A.now)
@@ -41,6 +44,7 @@ local S = {
   order = A.order, polite = polite, chunked = A.order == 'asc' and not polite,
   max_entry = tonumber(A.max_entry_bytes), rejected_maxlen = tonumber(A.rejected_maxlen),
   dead_maxlen = tonumber(A.dead_maxlen), queued_delta = 0, rejected = 0, repaired = {}, tags = {},
+  replay_memory = tonumber(A.replay_memory) or 0, remembered = 0, replayed = 0,
 }
 -- as the string Redis would make of it (once, not once per lease)
 S.deadline = string.format('%.17g', now + S.lease_s)
@@ -88,6 +92,11 @@ if polite then
   pol_flush(K.domains, K.domain_info, now)
 end
 
+-- the nonces handed out stay bounded: the oldest beyond replay_memory are forgotten
+if S.remembered > 0 then
+  local over = redis.call('ZCARD', K.spent) - S.replay_memory
+  if over > 0 then redis.call('ZREMRANGEBYRANK', K.spent, 0, over - 1) end
+end
 S.queued_delta = S.queued_delta - #leased / 2
 local members_left = redis.call('ZCARD', K.queue)
 local queued = 0
@@ -107,4 +116,4 @@ if pol.clamped then S.repaired[#S.repaired + 1] = K.domain_info end
 return {'flags', flags, 'leased', leased, 'requeued', S.requeued, 'moved', S.moved, 'queued', queued,
         'inflight', redis.call('ZCARD', K.leases), 'delayed', redis.call('ZCARD', K.delayed),
         'bloom_n', bloom_n, 'paused', paused, 'seq', redis.call('GET', K.seq) or '0',
-        'rejected', S.rejected, 'repaired', S.repaired}
+        'rejected', S.rejected, 'repaired', S.repaired, 'replayed', S.replayed}

@@ -86,6 +86,52 @@ local function chunk_singles(member, max_entry)
   return out
 end
 
+-- The nonce of a queue member's signed payload (version 3: version, 16-byte tag, 8-byte nonce, body;
+-- scrapy_dist/wire/entrypolicy.py), or nil: an unsigned entry has none. The tag itself cannot be checked
+-- here (Lua has no secret): a member whose nonce was forged was never the crawl's own, and the worker
+-- that decodes it rejects it (bad_tag); a genuine nonce cannot be changed without breaking the tag.
+local function entry_nonce(S, m)
+  local p = 7
+  if S.polite then
+    local z = string.find(m, '\0', 1, true)
+    if not z then return nil end
+    p = z + 18
+  end
+  if string.byte(m, p) ~= 3 or #m < p + 24 then return nil end
+  return string.sub(m, p + 17, p + 24)
+end
+
+-- The nonces of the entries handed out (KEYS spent, nonce -> when): claim remembers one when it leases
+-- it, and a copy of it is rejected when leased (replayed) while it is in flight and after it was
+-- acknowledged. Forgotten again only when the lease goes back to the queue unfinished (unremember: a
+-- lease that ran out, a release); remember records it again (a late ack of such a lease). Trimmed to the
+-- newest replay_memory by sync.lua.
+local function remember(S, m)
+  if S.replay_memory <= 0 then return end
+  local nonce = entry_nonce(S, m)
+  if nonce then
+    redis.call('ZADD', K.spent, S.now, nonce)
+    S.remembered = S.remembered + 1
+  end
+end
+
+local function unremember(S, m)
+  if S.replay_memory <= 0 then return end
+  local nonce = entry_nonce(S, m)
+  if nonce then redis.call('ZREM', K.spent, nonce) end
+end
+
+-- Whether member m may be leased, remembering it if so (one ZADD NX): false for a copy of an entry
+-- already handed out (in flight or acknowledged).
+local function claim(S, m)
+  if S.replay_memory <= 0 then return true end
+  local nonce = entry_nonce(S, m)
+  if not nonce then return true end
+  if redis.call('ZADD', K.spent, 'NX', S.now, nonce) == 0 then return false end
+  S.remembered = S.remembered + 1
+  return true
+end
+
 local function hex_head(s, n)
   return (string.gsub(string.sub(s, 1, n), '.', function(c) return string.format('%02x', string.byte(c)) end))
 end

@@ -2,7 +2,7 @@
 -- sync_enqueue(S, d, sec) dedupes the discovered requests (dupe.lua) and queues the new ones; returns
 -- the flags string ('1' new / '0' seen per item). sync_delay(S, sec) files delayed retries.
 --
--- Queue members. A *single* is <6-byte seq><payload> (payloads start with version byte 0x01); that is
+-- Queue members. A *single* is <6-byte seq><payload> (payloads start with a version byte); that is
 -- also what a lease holds and what anyone may ZADD. With 'asc' order and no politeness, new entries of
 -- one score are packed into *chunks*: <6-byte seq of the first record>\0 then records
 -- <2-byte length><6-byte seq><payload>, up to CHUNK_RECORDS per chunk. A chunk costs the sorted set's

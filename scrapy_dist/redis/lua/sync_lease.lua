@@ -3,10 +3,12 @@
 -- returns the flat list lease key, score, lease key, score... (lease keys: sync_sweep.lua). A queue member
 -- that is not a well-formed single or chunk (chunk_singles: too many records, truncated, larger than
 -- max_entry_bytes) is removed and rejected whole by the script itself, as ONE record of bounded size (its
--- first 64 bytes in hex), so hostile members cost bounded work (S.rejected counts them).
+-- first 64 bytes in hex), so hostile members cost bounded work (S.rejected counts them). So is a copy of
+-- an entry already handed out (its nonce is in KEYS spent: claim in sync_common.lua), reason 'replayed'.
 
 local function sync_reject_member(S, member, reason)
   S.rejected = S.rejected + 1
+  if reason == 'replayed' then S.replayed = S.replayed + 1 end
   push_capped(K.queue_rejected, cjson.encode({
     reason = reason, detail = 'queue member rejected whole by the sync script',
     raw = hex_head(member, 64), raw_encoding = 'hex', raw_bytes = #member, at = S.now, worker = S.worker,
@@ -66,9 +68,9 @@ local function sync_lease(S)
     -- a member is <domain>\0<11-digit priority key><seq><payload>: bound it like a single (+ its domain)
     local limit = S.max_entry + 6 + 12 + 1024
     return pol_lease(K.queue, K.domains, K.domain_info, n_lease, S.now, function(m)
-      if #m > limit then
+      if #m > limit or not claim(S, m) then
         S.queued_delta = S.queued_delta - 1
-        sync_reject_member(S, m, 'entry_too_large')
+        sync_reject_member(S, m, #m > limit and 'entry_too_large' or 'replayed')
         return false
       end
       return sync_take(S, m, '0')
@@ -88,9 +90,14 @@ local function sync_lease(S)
     else
       local keep = math.min(#singles, n_lease - got)
       for i = 1, keep do
-        leased[#leased + 1] = sync_take(S, singles[i], score); leased[#leased + 1] = score
+        if not claim(S, singles[i]) then
+          S.queued_delta = S.queued_delta - 1
+          sync_reject_member(S, singles[i], 'replayed')
+        else
+          leased[#leased + 1] = sync_take(S, singles[i], score); leased[#leased + 1] = score
+          got = got + 1
+        end
       end
-      got = got + keep
       if keep < #singles then
         -- the rest goes back as a chunk headed by its first record's seq (same place in the order)
         local rest = {}

@@ -47,6 +47,7 @@ local function sync_ack(S, sec)
     if lease_done(S, L) == 0 then
       local m = lease_member(L)
       if redis.call('ZREM', K.queue, m) == 1 then dequeued(S, m) end
+      remember(S, m)  -- the sweep forgot it when it requeued it
     end
   end
 end
@@ -58,7 +59,10 @@ end
 local function sync_release(S, sec)
   for L in items(sec, 1) do
     local m, score = lease_entry(L)
-    if unlease(S, L) == 1 then to_queue(S, m, score) end
+    if unlease(S, L) == 1 then
+      to_queue(S, m, score)
+      unremember(S, m)
+    end
   end
 end
 

@@ -100,6 +100,7 @@ local function sync_sweep(S)
     local m, score = lease_entry(L)
     unlease(S, L)
     to_queue(S, m, score)
+    unremember(S, m)  -- not finished: its next lease is not a replay
     S.requeued = S.requeued + 1
   end
   S.moved = 0
