@@ -15,8 +15,6 @@ A leased request is acknowledged only once the engine has finished it (download,
 pipelines), and the acknowledgement travels in the same atomic call as the requests its callback
 produced, so a worker killed at any moment loses nothing: what it held is requeued when its leases
 (``SCHEDULER_LEASE_SECONDS``, renewed while it works) run out.
-
-Longer than our ~400 lines for a module because :class:`Scheduler` is (its docstring says why).
 """
 
 from __future__ import annotations
@@ -34,7 +32,8 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.dupefilter.filters import RedisDupeFilter
-from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
+from scrapy_dist.egress import enforce, request_refusal
+from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
 from scrapy_dist.frontier.layout import CrawlLayout
@@ -132,8 +131,9 @@ class Scheduler:
         self._empty_since: float | None = None
         #: revisits (scrapy_dist/frontier/revisit.py), wired by from_crawler
         self.revisits: Revisits | None = None
-        #: DEADLETTER_FORGET, wired by from_crawler
+        #: DEADLETTER_FORGET and SCHEDULER_DENY_NETWORKS, wired by from_crawler
         self.forget_dead = False
+        self.networks: list[Any] = []
         self.report = FrontierReport(self.stats, [], lambda request: self.df.log(request, self.spider))
         self.keys: CrawlKeys
         self.layout: CrawlLayout
@@ -173,6 +173,7 @@ class Scheduler:
         sched.revisits = Revisits.from_crawler(crawler)
         sched.ledger.revisit_of = sched.revisits.plan
         sched.forget_dead = ds.dupefilter.forget_dead
+        sched.networks = enforce(crawler, cfg.deny_networks)  # SCHEDULER_DENY_NETWORKS holds without the add-on too
         if cfg.politeness == "cluster":
             from scrapy import signals
 
@@ -441,5 +442,8 @@ class Scheduler:
     def _decode(self, shard: int, member: bytes) -> Request:
         """A leased member as a request (raises RejectedEntry, or anything: the ledger rejects it)."""
         assert self.spider is not None
-        payload = self.frontiers[shard].payload_of(member)
-        return decode_request(payload, self.spider, self.policy)
+        request = decode_request(self.frontiers[shard].payload_of(member), self.spider, self.policy)
+        if why := request_refusal(request, self.networks):  # an IP address needs no resolver: refused here
+            self.stats.inc_value("deny_networks/refused")
+            raise RejectedEntry("denied_network", why)
+        return request
