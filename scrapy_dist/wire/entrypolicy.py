@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
+import logging
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -179,7 +180,9 @@ class EntryPolicy:
     @classmethod
     def from_settings(cls, settings: Any) -> EntryPolicy:
         """The policy of a crawl's settings (Scrapy ``Settings``, a dict or a ``DistSettings``; the secret
-        may come from the ``SCRAPY_DIST_SECRET`` environment variable)."""
+        may come from the ``SCRAPY_DIST_SECRET`` environment variable, and on the embedded Redis, without
+        either, is the one it keeps with its private files)."""
+        from scrapy_dist.redis.target import embedded_secret
         from scrapy_dist.settings import DistSettings
 
         ds = DistSettings.coerce(settings)
@@ -188,7 +191,7 @@ class EntryPolicy:
             max_bytes=ds.scheduler.max_entry_bytes,
             meta_allowed=ds.seeds.meta_allowed,
             headers_allowed=ds.seeds.headers_allowed,
-            secret=ds.scheduler.entry_secret,
+            secret=ds.scheduler.entry_secret or embedded_secret(ds),
         )
 
     def tag(self, body: bytes) -> bytes:
@@ -221,8 +224,29 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
     if policy is None:
         from scrapy_dist.settings import DistSettings
 
-        policy = _POLICIES[crawler] = EntryPolicy.from_settings(DistSettings.for_crawler(crawler))
+        ds = DistSettings.for_crawler(crawler)
+        policy = _POLICIES[crawler] = EntryPolicy.from_settings(ds)
+        if policy.secret is None:
+            _warn_unsigned(ds.connection.source)
     return policy
+
+
+_warned_unsigned: list[bool] = []
+
+
+def _warn_unsigned(source: str) -> None:
+    """One WARNING per process: a shared Redis and no secret."""
+    if _warned_unsigned:
+        return
+    _warned_unsigned.append(True)
+    logging.getLogger(__name__).warning(
+        "No SCHEDULER_ENTRY_SECRET (or SCRAPY_DIST_SECRET) set while using a shared Redis (from %s): every"
+        " entry in the crawl's queue counts as this crawl's own, so anyone who can write to that Redis can"
+        " make the workers send requests through a proxy of theirs, with any Host header and with your"
+        " spider's Authorization header and cookies. Set the same secret on every worker, e.g."
+        " SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))') (docs/security.md)",
+        source,
+    )
 
 
 
