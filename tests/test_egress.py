@@ -224,6 +224,9 @@ def test_the_two_card_lines_refuse_denied_networks_by_name_and_by_address(
     stats = project.stats(0)
     assert stats["deny_networks/refused"] == 2, stats
     assert stats["scheduler/rejected/denied_network"] == 1, stats  # 127.0.0.1, refused before any DNS
+    # localhost: refused by the resolver, and reported as a refusal, not as a name that does not resolve
+    assert stats["downloader/exception_type_count/scrapy_dist.egress.networks.DeniedNetwork"] == 1, stats
+    assert not any("CannotResolveHostError" in k for k in stats), stats
     rejected = client.lrange(CrawlKeys("open").queue + ":rejected", 0, -1)
     assert len(rejected) == 1 and b"denied_network" in rejected[0]
     assert "Refused to connect: localhost resolves to 127.0.0.1" in project.logs()
@@ -283,3 +286,23 @@ def test_a_dns_failure_is_reported_as_one(tmp_path: Path, redis_url: str) -> Non
     assert "deny_networks/refused" not in stats, stats
     assert stats.get("downloader/exception_type_count/scrapy.exceptions.CannotResolveHostError") == 1, stats
     assert "SCHEDULER_DENY_NETWORKS" not in project.logs()
+
+
+@pytest.mark.slow
+def test_a_resolver_of_the_user_s_own_is_wrapped_and_named_once(
+    tmp_path: Path, redis_url: str, site_factory: Any
+) -> None:
+    site = site_factory(pages=10)
+    project = make_project(tmp_path, {
+        "REDIS_URL": redis_url, "SCHEDULER_DENY_NETWORKS": DENY, "RETRY_ENABLED": False,
+        "TWISTED_DNS_RESOLVER": "scrapy.resolver.CachingHostnameResolver",  # IPv6-capable, a name resolver
+    }, spiders=SPIDERS)
+    by_name = [site.page_url(i).replace("127.0.0.1", "localhost") for i in (1, 2)]
+    project.crawl("open", args={"urls": ",".join(by_name)})
+    assert project.wait_all(60) == [0], project.logs()[-3000:]
+    assert site.fetch_counts(status=None) == {}
+    stats = project.stats(0)
+    assert stats["deny_networks/refused"] >= 2, stats
+    assert stats["downloader/exception_type_count/scrapy_dist.egress.networks.DeniedNetwork"] == 2, stats
+    logs = project.logs()
+    assert logs.count("'scrapy.resolver.CachingHostnameResolver' is not scrapy-dist's") == 1, logs[-3000:]
