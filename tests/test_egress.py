@@ -306,3 +306,21 @@ def test_a_resolver_of_the_user_s_own_is_wrapped_and_named_once(
     assert stats["downloader/exception_type_count/scrapy_dist.egress.networks.DeniedNetwork"] == 2, stats
     logs = project.logs()
     assert logs.count("'scrapy.resolver.CachingHostnameResolver' is not scrapy-dist's") == 1, logs[-3000:]
+
+
+def test_a_proxy_of_the_environment_in_a_denied_network_is_named_once_per_variable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from scrapy_dist.egress import resolver
+
+    monkeypatch.setattr(resolver, "_warned", set())
+    monkeypatch.setenv("HTTP_PROXY", "http://10.1.2.3:3128")
+    monkeypatch.setenv("HTTPS_PROXY", "10.1.2.4:3128")
+    monkeypatch.setenv("http_proxy", "http://proxy.example:3128")  # a name: checked on each connection
+    monkeypatch.delenv("https_proxy", raising=False)
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            resolver._check_env_proxies(parse_networks(DENY))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "HTTP_PROXY: proxy 10.1.2.3 is in denied network 10.0.0.0/8" in lines[0]

@@ -281,9 +281,10 @@ def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
 
 
 def _warn_once(message: str, *args: Any) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logger.warning(message, *args)
+    text = message % args
+    if text not in _warned:
+        _warned.add(text)
+        logger.warning("%s", text)
 
 
 def _check_reactor(crawler: Crawler) -> None:
