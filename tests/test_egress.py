@@ -324,3 +324,16 @@ def test_a_proxy_of_the_environment_in_a_denied_network_is_named_once_per_variab
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2, lines
     assert "HTTP_PROXY: proxy 10.1.2.3 is in denied network 10.0.0.0/8" in lines[0]
+
+
+def test_the_add_on_sets_the_process_resolver_unless_the_project_chose_one() -> None:
+    from scrapy.settings import Settings
+
+    from scrapy_dist.addon import Addon
+
+    settings = Settings()
+    Addon.update_pre_crawler_settings(settings)
+    assert settings["TWISTED_DNS_RESOLVER"] == "scrapy_dist.egress.DenyNetworksResolver"
+    mine = Settings({"TWISTED_DNS_RESOLVER": "scrapy.resolver.CachingHostnameResolver"})
+    Addon.update_pre_crawler_settings(mine)
+    assert mine["TWISTED_DNS_RESOLVER"] == "scrapy.resolver.CachingHostnameResolver"
