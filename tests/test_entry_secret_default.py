@@ -73,3 +73,15 @@ def test_an_unsigned_entry_cannot_route_a_crawl_on_the_embedded_redis(
         assert "No SCHEDULER_ENTRY_SECRET" not in project.logs()
     finally:
         server.shutdown(save=False)
+
+
+def test_a_planted_secret_file_is_refused_not_followed(tmp_path: Path) -> None:
+    from scrapy_dist.exceptions import RedisUnavailable
+
+    directory = tmp_path / "embedded"
+    directory.mkdir(mode=0o700)
+    theirs = tmp_path / "theirs"
+    theirs.write_text("a" * 64)
+    (directory / SECRET_FILE).symlink_to(theirs)
+    with pytest.raises(RedisUnavailable, match="remove it"):
+        EntryPolicy.from_settings({"REDIS_EMBEDDED_DIR": str(directory)})
