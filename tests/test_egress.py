@@ -337,3 +337,26 @@ def test_the_add_on_sets_the_process_resolver_unless_the_project_chose_one() -> 
     mine = Settings({"TWISTED_DNS_RESOLVER": "scrapy.resolver.CachingHostnameResolver"})
     Addon.update_pre_crawler_settings(mine)
     assert mine["TWISTED_DNS_RESOLVER"] == "scrapy.resolver.CachingHostnameResolver"
+
+
+@pytest.mark.parametrize("url, proxy, refused", [
+    ("http://127.0.0.1:8000/", None, "host 127.0.0.1 is in denied network 127.0.0.0/8"),
+    ("http://[::1]/", None, "host ::1 is in denied network ::1/128"),
+    ("http://[::ffff:169.254.169.254]/", None, "169.254.0.0/16"),
+    ("http://10.0.0.1./", None, "10.0.0.0/8"),
+    ("http://93.184.216.34/", "127.0.0.1:8080", "proxy 127.0.0.1 is in denied network"),
+    ("http://93.184.216.34/", "http://[fd00::1]:3128", "proxy fd00::1"),
+    ("http://93.184.216.34/", "http://93.184.216.35:3128", ""),
+    ("http://2130706433/", None, ""),  # not an address to Twisted either: the resolver answers 127.0.0.1
+    ("http://localhost/", "http://proxy.example:3128", ""),  # names: the resolver's
+])
+def test_hosts_and_proxies_written_as_addresses_are_refused_before_any_dns(
+    url: str, proxy: str | None, refused: str
+) -> None:
+    from scrapy import Request
+
+    from scrapy_dist.egress import request_refusal
+
+    request = Request(url, meta={"proxy": proxy} if proxy else {})
+    why = request_refusal(request, parse_networks(DENY))
+    assert (refused in why) if refused else why == "", why
