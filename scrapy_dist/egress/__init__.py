@@ -4,13 +4,14 @@ them on the address each connection uses (:class:`DenyNetworksResolver`, Scrapy'
 The scheduler and the add-on's middleware put the policy in force with :func:`enforce`; the check itself
 sits in the resolver the download connects through, so a name that answers differently from one lookup
 to the next (DNS rebinding) meets the check on the answer that is used.
-May import: ``settings``, ``utils`` and the root's exceptions.
+May import: ``utils`` and the root's exceptions.
 """
 
 from __future__ import annotations
 
 from scrapy_dist.egress.networks import (
     DeniedNetwork,
+    checked_request,
     denied,
     literal_refusal,
     parse_networks,
@@ -23,6 +24,7 @@ __all__ = [
     "DeniedNetwork",
     "DenyNetworksResolver",
     "DenyPolicy",
+    "checked_request",
     "denied",
     "enforce",
     "install",

@@ -9,13 +9,15 @@ from typing import TYPE_CHECKING, Any
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.httpobj import urlparse_cached
 
+from scrapy_dist.exceptions import RejectedEntry
+
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
     from scrapy import Request
 
-__all__ = ["Address", "DeniedNetwork", "Network", "denied", "literal_refusal", "parse_networks",
-           "request_refusal"]
+__all__ = ["Address", "DeniedNetwork", "Network", "checked_request", "denied", "literal_refusal",
+           "parse_networks", "request_refusal"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -65,7 +67,7 @@ def literal_refusal(host: str, networks: Iterable[Network], what: str = "host") 
     return f"{what} {host} is in denied network {net}" if net is not None else ""
 
 
-def request_refusal(request: Request, networks: Iterable[Network]) -> str:
+def request_refusal(request: Request, networks: Sequence[Network]) -> str:
     """Why ``request`` is refused before any DNS: its host, or the host of its ``meta["proxy"]``, is an IP
     address in ``networks`` (``""``: not refused here)."""
     if not networks:
@@ -75,6 +77,18 @@ def request_refusal(request: Request, networks: Iterable[Network]) -> str:
     if not why and isinstance(proxy, str) and proxy:
         why = literal_refusal(proxy_host(proxy), networks, "proxy")
     return why
+
+
+def checked_request(request: Request, networks: Sequence[Network], stats: Any = None) -> Request:
+    """``request``, read from the queue, unless :func:`request_refusal` refuses it: then it is counted
+    (``deny_networks/refused``) and :class:`RejectedEntry` (``denied_network``) is raised, so the frontier
+    moves the entry to its rejected list."""
+    why = request_refusal(request, networks)
+    if not why:
+        return request
+    if stats is not None:
+        stats.inc_value("deny_networks/refused")
+    raise RejectedEntry("denied_network", why)
 
 
 def proxy_host(proxy: str) -> str:

@@ -32,8 +32,8 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.dupefilter.filters import RedisDupeFilter
-from scrapy_dist.egress import enforce, request_refusal
-from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError, UnserializableRequest
+from scrapy_dist.egress import checked_request, enforce
+from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
 from scrapy_dist.frontier.layout import CrawlLayout
@@ -443,7 +443,4 @@ class Scheduler:
         """A leased member as a request (raises RejectedEntry, or anything: the ledger rejects it)."""
         assert self.spider is not None
         request = decode_request(self.frontiers[shard].payload_of(member), self.spider, self.policy)
-        if why := request_refusal(request, self.networks):  # an IP address needs no resolver: refused here
-            self.stats.inc_value("deny_networks/refused")
-            raise RejectedEntry("denied_network", why)
-        return request
+        return checked_request(request, self.networks, self.stats)  # an IP address skips the resolver

@@ -113,9 +113,9 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     Redis cost: one ``cookies_read`` script call per jar and worker every ``cache_seconds`` (concurrent
     readers share it), returning only the changes since the last one (at most ``read_limit``); one
     ``cookies_write`` script call per ``flush_interval`` and jar while cookies change
-    (:class:`~scrapy_dist.pipelines.batchwriter.BatchWriter`). A response that changed cookies is held until its
-    changes are written. Redis errors (:mod:`scrapy_dist.redis.outage`): reads fall back to the local copy,
-    writes are retried with capped backoff; an outage is one warning per worker.
+    (:class:`~scrapy_dist.pipelines.batchwriter.BatchWriter`). A response that changed cookies is held
+    until its changes are written. Redis errors (:mod:`scrapy_dist.redis.outage`): reads fall back to the
+    local copy, writes are retried with capped backoff; an outage is one warning per worker.
 
     Stats: ``cookies/shared/loads``, ``cookies/shared/written``, ``cookies/shared/rejected``,
     ``cookies/shared/redis_errors``.
