@@ -6,7 +6,9 @@ Scrapy's), the credential-keeping and deny-networks downloader middlewares and t
 extensions -- and never overrides a setting the user set: a setting is filled in only while it still has
 Scrapy's default value, a component is added only if the user's component dict does not mention it, and
 Scrapy's middleware is swapped for ours only if the user's dict does not mention either of them (so
-``{"scrapy...RetryMiddleware": None}`` keeps retries off).
+``{"scrapy...RetryMiddleware": None}`` keeps retries off). In the process's settings it sets
+``TWISTED_DNS_RESOLVER`` to the resolver that refuses ``SCHEDULER_DENY_NETWORKS`` (unless the project
+set a resolver).
 """
 
 from __future__ import annotations
@@ -120,8 +122,19 @@ def _available(path: str) -> bool:
         return False
 
 
+#: The resolver that checks SCHEDULER_DENY_NETWORKS on the address each connection uses.
+RESOLVER = "scrapy_dist.egress.DenyNetworksResolver"
+
+
 class Addon:
     """Scrapy add-on enabling scrapy-dist with sensible defaults (see the module docstring)."""
+
+    @classmethod
+    def update_pre_crawler_settings(cls, settings: BaseSettings) -> None:
+        """The process's settings, read before any crawler: Scrapy installs the reactor's DNS resolver from
+        them, so ours goes there unless the project chose one (``TWISTED_DNS_RESOLVER``/``DNS_RESOLVER``)."""
+        if not (_user_set(settings, "TWISTED_DNS_RESOLVER") or _user_set(settings, "DNS_RESOLVER")):
+            settings.set("TWISTED_DNS_RESOLVER", RESOLVER, priority="addon")
 
     def update_settings(self, settings: BaseSettings) -> None:
         command = tool_command()

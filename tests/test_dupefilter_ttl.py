@@ -278,6 +278,17 @@ def test_forget_command_mistakes_are_one_line(redis_url: str, args: list[str], m
     assert "Traceback" not in result.output
 
 
+def test_forget_on_a_bloom_key_of_another_type_is_one_line(redis_url: str, redis_client: Any) -> None:
+    keys = CrawlKeys("books")
+    redis_client.set(keys.bloom, "someone else's")
+    result = CliRunner().invoke(main, ["--redis-url", redis_url, "forget", "books", "https://books.example/"])
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "{books}:bloom is a string" in lines[0], result.output
+    assert redis_client.get(keys.bloom) == b"someone else's"  # left for the operator to look at
+
+
 # -- through the scheduler -----------------------------------------------------------------------------
 
 async def _opened(redis_url: str, **settings: Any) -> Scheduler:

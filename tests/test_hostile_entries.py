@@ -470,19 +470,24 @@ def test_denied_networks_are_not_requested(tmp_path: Path, redis_url: str, site_
     assert project.wait_all(60) == [0], project.logs()[-3000:]
     assert site.fetch_counts(status=None) == {}
     assert project.stats(0)["deny_networks/refused"] == 2
+    # by name: the resolver refused the connection (a dead letter); by address: refused when read
     reasons = [parse_record(r).reason for r in client.lrange(CrawlKeys("open").deadletter, 0, -1)]
-    assert reasons == ["denied_network", "denied_network"]
+    assert reasons == ["denied_network"]
+    assert project.stats(0)["scheduler/rejected/denied_network"] == 1
 
 
 def test_the_secret_comes_from_settings_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from scrapy.settings import Settings
 
     monkeypatch.delenv("SCRAPY_DIST_SECRET", raising=False)
-    assert EntryPolicy.from_dist(DistSettings.from_settings(Settings())).secret is None
-    with_secret = DistSettings.from_settings(Settings({"SCHEDULER_ENTRY_SECRET": 12345}))
+    shared = DistSettings.from_settings(Settings({"REDIS_URL": "redis://localhost:1/0"}))  # embedded: always one
+    assert EntryPolicy.from_dist(shared).secret is None
+    with_secret = DistSettings.from_settings(
+        Settings({"REDIS_URL": "redis://localhost:1/0", "SCHEDULER_ENTRY_SECRET": 12345})
+    )
     assert EntryPolicy.from_dist(with_secret).secret == b"12345"
-    monkeypatch.setenv("SCRAPY_DIST_SECRET", SECRET)
-    policy = EntryPolicy.from_dist(DistSettings.from_settings(Settings()))
+    monkeypatch.setenv("SCRAPY_DIST_SECRET", SECRET)  # read when the settings are
+    policy = EntryPolicy.from_dist(DistSettings.from_settings(Settings({"REDIS_URL": "redis://localhost:1/0"})))
     assert policy.secret == SECRET.encode()
     assert policy.verify(encode_request(scrapy.Request("https://example.com/"), None, policy))
 

@@ -75,6 +75,14 @@ def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
     """The dupefilters one shard holds in Redis, built from what they recorded (a bloom filter's
     parameters are validated as untrusted: garbage stops the command in one line)."""
     out: list[RedisDupeFilter] = []
+    found = _text(client.type(keys.bloom))
+    if found not in ("none", "hash"):  # the filter's parameters are unknown: nothing can be forgotten in it
+        key = printable(keys.bloom, 200)
+        raise click.ClickException(
+            f"{key} is a {printable(found, 20)}, not the hash of the bloom filter's parameters (written by"
+            f" someone else?): nothing was forgotten; look at it, then move it aside (RENAME {key}"
+            f" {key}:garbage) or delete it"
+        )
     fields = client.hgetall(keys.bloom)
     if fields:
         rec = parse_bloom_record(fields, keys.bloom)
@@ -89,6 +97,10 @@ def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
     if client.exists(keys.fingerprints_ttl):  # the TTL only matters to inserts, not to a forget
         out.append(SetDupeFilter(client, keys, None, ttl=1.0))
     return out
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def forget_fingerprints(

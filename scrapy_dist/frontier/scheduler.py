@@ -26,6 +26,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.dupefilter.filters import RedisDupeFilter
 from scrapy_dist.dupefilter.recent import RecentFingerprints
+from scrapy_dist.egress import checked_request, enforce
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
@@ -127,8 +128,9 @@ class Scheduler:
         self._empty_since: float | None = None
         #: revisits (scrapy_dist/frontier/revisit.py), wired by from_crawler
         self.revisits: Revisits | None = None
-        #: DEADLETTER_FORGET, wired by from_crawler
+        #: DEADLETTER_FORGET and SCHEDULER_DENY_NETWORKS, wired by from_crawler
         self.forget_dead = False
+        self.networks: list[Any] = []
         self.report = FrontierReport(self.stats, [], lambda request: self.df.log(request, self.spider))
         self.keys: CrawlKeys
         self.layout: CrawlLayout
@@ -175,6 +177,7 @@ class Scheduler:
         sched.revisits.policy = sched.policy if keys is not None else None
         sched.ledger.revisit_of = sched.revisits.plan
         sched.forget_dead = ds.dupefilter.forget_dead
+        sched.networks = enforce(crawler, cfg.deny_networks)  # SCHEDULER_DENY_NETWORKS holds without the add-on too
         if cfg.politeness == "cluster":
             from scrapy import signals
 
@@ -248,7 +251,10 @@ class Scheduler:
         ]
         self.loop = SyncLoop(
             self.ledger, self.router, self.frontiers, self.engine,
-            decode=RequestDecoder(self.spider, self.policy, cfg.politeness == "cluster"),
+            decode=RequestDecoder(
+                self.spider, self.policy, cfg.politeness == "cluster",
+                check=lambda request: checked_request(request, self.networks, self.stats),
+            ),
             on_applied=self.report.applied, prefetch=cfg.prefetch,
             flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
             lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,

@@ -427,10 +427,16 @@ class RequestDecoder:
     (:func:`~scrapy_dist.wire.codec.decode_request`) under the crawl's entry policy. Raises
     :class:`~scrapy_dist.exceptions.RejectedEntry` (or anything: the ledger rejects the entry)."""
 
-    def __init__(self, spider: Any, policy: EntryPolicy, polite: bool) -> None:
+    def __init__(
+        self, spider: Any, policy: EntryPolicy, polite: bool, check: Callable[[Request], Request] | None = None
+    ) -> None:
         self.spider = spider
         self.policy = policy
         self.polite = polite
+        #: a last check of the decoded request (a host written as a denied IP address: the resolver never
+        #: sees it), raising RejectedEntry
+        self.check = check
 
     def __call__(self, shard: int, member: bytes) -> Request:
-        return decode_request(member_payload(member, self.polite), self.spider, self.policy)
+        request = decode_request(member_payload(member, self.polite), self.spider, self.policy)
+        return self.check(request) if self.check is not None else request

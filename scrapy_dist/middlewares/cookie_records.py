@@ -1,11 +1,18 @@
 """How a cookie is kept in Redis by :class:`~scrapy_dist.middlewares.cookies.SharedCookiesMiddleware`:
 the jar's name, the HASH field of a cookie and its JSON record, which is untrusted when read back and
 checked field by field (``ValueError`` says what is wrong).
+
+With the crawl's secret (``SCHEDULER_ENTRY_SECRET``), a record is sealed as queue entries are: a ``"tag"``
+member, the keyed BLAKE2b of the jar's key, the field and the record, so a record written by anyone without
+the secret -- or copied to another jar, cookie or crawl -- does not verify (:class:`RecordSeal`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+from dataclasses import dataclass
 from http.cookiejar import Cookie
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CookieIdent",
+    "RecordSeal",
     "apply_record",
     "cookie_field",
     "cookie_from_record",
@@ -116,6 +124,48 @@ def cookie_from_record(data: bytes | str) -> Cookie:
         rest=rest,
         rfc2109=rec.get("rfc2109", False),
     )
+
+
+@dataclass(frozen=True)
+class RecordSeal:
+    """Which records of a jar a worker believes: with a ``secret``, those whose tag verifies -- and, if
+    ``unsigned_ok`` (the crawl lets untrusted entries set cookies: ``SEEDS_HEADERS_ALLOWED`` names
+    ``Cookie``), also those without a tag; without a secret, every record, as every queue entry."""
+
+    secret: bytes | None = None
+    unsigned_ok: bool = True
+
+    def _tag(self, jar_key: str, field: str, body: str) -> str:
+        assert self.secret is not None
+        key = self.secret if len(self.secret) <= 64 else hashlib.blake2b(self.secret).digest()
+        message = b"\0".join((b"cookie", jar_key.encode(), field.encode(), body.encode()))
+        return hashlib.blake2b(message, key=key, digest_size=16).hexdigest()
+
+    def seal(self, jar_key: str, field: str, record: dict[str, Any]) -> str:
+        """The JSON text of ``record`` to write at ``field`` of ``jar_key``, tagged if there is a secret."""
+        body = json.dumps(record, separators=(",", ":"))
+        if self.secret is None:
+            return body
+        return json.dumps({**record, "tag": self._tag(jar_key, field, body)}, separators=(",", ":"))
+
+    def open(self, jar_key: str, field: str, data: bytes | str) -> Cookie:
+        """The cookie of a record read from Redis; ``ValueError`` if it is invalid or not to be believed."""
+        cookie = cookie_from_record(data)
+        if self.secret is None:
+            return cookie
+        rec = json.loads(data)
+        tag = rec.pop("tag", None)
+        if tag is None:
+            if self.unsigned_ok:
+                return cookie
+            raise ValueError(
+                "no tag: a record the crawl's workers did not write (with SCHEDULER_ENTRY_SECRET set,"
+                " cookies may come from elsewhere only if SEEDS_HEADERS_ALLOWED names Cookie)"
+            )
+        body = json.dumps(rec, separators=(",", ":"))
+        if not isinstance(tag, str) or not hmac.compare_digest(tag, self._tag(jar_key, field, body)):
+            raise ValueError("its tag does not verify with the crawl's secret (SCHEDULER_ENTRY_SECRET)")
+        return cookie
 
 
 def snapshot(jar: CookieJar) -> dict[CookieIdent, dict[str, Any]]:

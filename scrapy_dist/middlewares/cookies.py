@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from scrapy.utils.misc import load_object
 
 from scrapy_dist.middlewares.cookie_records import (
     CookieIdent,
+    RecordSeal,
     apply_record,
     cookie_field,
     cookie_from_record,
@@ -117,8 +117,11 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         wallclock: Callable[[], float] = time.time,
         outage: Outage | None = None,
         read_limit: int = READ_LIMIT,
+        seal: RecordSeal | None = None,
     ) -> None:
         super().__init__(debug)
+        #: which records of the jar are believed (the crawl's secret; see cookie_records)
+        self.seal = seal or RecordSeal()
         self.server = server
         self.keys = keys
         self.cache_seconds = cache_seconds
@@ -168,6 +171,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             flush_interval=ds.cookies.flush_interval,
             stats=crawler.stats,
             outage=Outage.for_crawler(crawler),
+            seal=_seal(crawler),
         )
         o.crawler = crawler
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
@@ -263,7 +267,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                     apply_record(jar, field, None)
                     continue
                 try:
-                    cookie = cookie_from_record(data)
+                    cookie = self.seal.open(self.keys.cookie_jar(name), field, data)
                 except ValueError as exc:
                     self._inc("cookies/shared/rejected")
                     self._reject_log.log(
@@ -294,8 +298,9 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     ) -> asyncio.Future[None] | None:
         """Queue the difference between ``before`` and the jar; the future resolves once it is written."""
         after = snapshot(jar)
+        jar_key = self.keys.cookie_jar(name)
         ops: dict[str, str | None] = {
-            cookie_field(ident): json.dumps(rec, separators=(",", ":"))
+            (f := cookie_field(ident)): self.seal.seal(jar_key, f, rec)
             for ident, rec in after.items()
             if before.get(ident) != rec
         }
@@ -332,6 +337,14 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     def _inc(self, name: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(name, count)
+
+
+def _seal(crawler: Crawler) -> RecordSeal:
+    """The crawl's rule for records in its jars: its secret, and whether untrusted entries may set cookies."""
+    from scrapy_dist.wire.entrypolicy import entry_policy
+
+    policy = entry_policy(crawler)
+    return RecordSeal(policy.secret, "cookie" in {h.lower() for h in policy.headers_allowed})
 
 
 

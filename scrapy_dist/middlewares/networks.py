@@ -1,74 +1,51 @@
-"""Refuse requests to networks a crawl must not reach (``SCHEDULER_DENY_NETWORKS``; why and the limits:
-docs/security.md, "Networks a crawl may not reach").
+"""Refuse requests to networks a crawl must not reach (``SCHEDULER_DENY_NETWORKS``), with a dead letter.
 
-:class:`DenyNetworksMiddleware` checks the address a request's host resolves to, through the reactor's
-resolver (which fills the DNS cache the download then uses, so DNS rebinding does not get through), before
-the request leaves the worker. A refused request fails with :class:`DeniedNetwork` (an ``IgnoreRequest``),
-is counted and dead-lettered with reason ``denied_network``. A proxied request is checked by its target.
+Anyone who can push a seed or a queue entry chooses URLs the workers fetch from inside your network:
+``http://169.254.169.254/`` (cloud metadata and its credentials), ``http://127.0.0.1:6379/`` (the Redis
+itself), an admin page on ``10.0.0.1``. The check that counts is made on the address each connection uses,
+in the DNS resolver (:mod:`scrapy_dist.egress.resolver`), which :func:`~scrapy_dist.egress.enforce` puts in
+place -- with this middleware (installed by the add-on) or with the scheduler alone. This middleware adds
+what a resolver cannot do:
+
+* a host or ``meta["proxy"]`` written as an IP address (Twisted connects to it without asking the
+  resolver) is refused before the download;
+* a request the resolver refused (:class:`DeniedNetwork`, an ``IgnoreRequest``) is dead-lettered with
+  reason ``denied_network``, as are the requests refused here (also counted: ``deny_networks/refused``);
+* a request sent through a proxy is also checked by its target host, resolved here: the proxy resolves it
+  for the download, so this is a best effort (a name that does not resolve here is left to the proxy).
+
+A host that does not resolve fails as Scrapy reports it (``DNSLookupError``), not as a refusal.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import socket
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import NotConfigured
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import threads
 
+from scrapy_dist.egress import DeniedNetwork, denied, enforce, parse_networks, request_refusal
+from scrapy_dist.egress.networks import Network
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
 
     from scrapy import Request
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
+__all__ = ["DeniedNetwork", "DenyNetworksMiddleware", "denied", "parse_networks"]
+
 logger = logging.getLogger(__name__)
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-class DeniedNetwork(IgnoreRequest):
-    """A request whose host resolves into ``SCHEDULER_DENY_NETWORKS``."""
-
-
-def parse_networks(values: Iterable[Any]) -> list[Network]:
-    """CIDR strings as networks; raises ``ValueError`` naming the first bad one."""
-    out: list[Network] = []
-    for v in values:
-        try:
-            out.append(ipaddress.ip_network(str(v).strip(), strict=False))
-        except ValueError:
-            raise ValueError(
-                f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network (CIDR, e.g. 10.0.0.0/8)"
-            ) from None
-    return out
-
-
-def denied(address: str, networks: list[Network]) -> Network | None:
-    """The network of ``networks`` holding ``address`` (an IPv4-mapped IPv6 address counts as its IPv4
-    address), or ``None``."""
-    try:
-        ip: Address = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return None
-    candidates = [ip]
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        candidates.append(ip.ipv4_mapped)
-    for net in networks:
-        if any(c.version == net.version and c in net for c in candidates):
-            return net
-    return None
 
 
 def _getaddrinfo(host: str) -> list[str]:
@@ -76,9 +53,9 @@ def _getaddrinfo(host: str) -> list[str]:
 
 
 class DenyNetworksMiddleware:
-    """Downloader middleware refusing requests whose host resolves into ``SCHEDULER_DENY_NETWORKS``
-    (see the module docstring). A host's verdict is cached for ``ttl`` seconds (at most 10,000 hosts), so
-    the cost is one resolution per host and minute, not per request."""
+    """Downloader middleware refusing requests to ``SCHEDULER_DENY_NETWORKS`` that the resolver cannot see,
+    and dead-lettering every refused request (see the module docstring). The verdict on a proxied
+    request's target host is cached for ``ttl`` seconds (at most 10,000 hosts)."""
 
     def __init__(
         self,
@@ -93,7 +70,7 @@ class DenyNetworksMiddleware:
         self.crawler = crawler
         self.ttl = ttl
         self.clock = clock
-        #: host -> (expires, denial detail or "")
+        #: proxied target host -> (expires, denial detail or "")
         self._verdicts: OrderedDict[str, tuple[float, str]] = OrderedDict()
         self._dead_letters: Any = None
         self._log = RateLimitedLog(logger)
@@ -101,62 +78,52 @@ class DenyNetworksMiddleware:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         # checked (one line on a bad value) when the crawl's settings were read
-        networks = parse_networks(DistSettings.for_crawler(crawler).scheduler.deny_networks)
-        o = cls(networks, crawler)
+        o = cls(enforce(crawler, DistSettings.for_crawler(crawler).scheduler.deny_networks), crawler)
         from scrapy_dist.middlewares.retry import DeadLetterWriter
 
         o._dead_letters = DeadLetterWriter(crawler)
         return o
 
-    async def verdict(self, host: str) -> str:
-        """Why ``host`` is denied (``""`` if it is not); resolves it unless the answer is cached."""
+    async def target_verdict(self, host: str) -> str:
+        """Why a proxied request's target ``host`` is denied (``""`` if it is not, or does not resolve
+        here); resolves it unless the answer is cached."""
         now = self.clock()
         cached = self._verdicts.get(host)
         if cached is not None and cached[0] > now:
             return cached[1]
-        addresses = await self._resolve(host)
+        addresses: list[str] = []
+        with contextlib.suppress(OSError, UnicodeError):
+            addresses = await maybe_deferred_to_future(threads.deferToThread(_getaddrinfo, host))
         why = ""
         for address in addresses:
             net = denied(address, self.networks)
             if net is not None:
                 why = f"{host} resolves to {address}, in denied network {net}"
                 break
-        if not addresses:
-            why = f"{host} does not resolve"
         self._verdicts[host] = (now + self.ttl, why)
         self._verdicts.move_to_end(host)
         while len(self._verdicts) > 10_000:
             self._verdicts.popitem(last=False)
         return why
 
-    async def _resolve(self, host: str) -> list[str]:
-        try:
-            ipaddress.ip_address(host.split("%", 1)[0])
-            return [host]
-        except ValueError:
-            pass
-        from twisted.internet import reactor as _reactor
-
-        reactor: Any = _reactor
-        out: set[str] = set()
-        # the reactor's resolver: with Scrapy's caching resolver the download connects to this address;
-        # it fails for a host without IPv4 address, and getaddrinfo below still answers
-        with contextlib.suppress(Exception):
-            out.add(str(await maybe_deferred_to_future(reactor.resolve(host))))
-        with contextlib.suppress(OSError, UnicodeError):
-            out.update(await maybe_deferred_to_future(threads.deferToThread(_getaddrinfo, host)))
-        return sorted(out)
-
     async def process_request(self, request: Request) -> None:
-        host = (urlparse_cached(request).hostname or "").rstrip(".").lower()
-        if not host:
-            return None
-        why = await self.verdict(host)
+        why = request_refusal(request, self.networks)
+        if not why and request.meta.get("proxy"):
+            host = (urlparse_cached(request).hostname or "").rstrip(".").lower()
+            why = await self.target_verdict(host) if host else ""
         if not why:
             return None
         if self.crawler is not None and self.crawler.stats is not None:
             self.crawler.stats.inc_value("deny_networks/refused")
+        self._log.log(logging.WARNING, "Refused %s: %s (SCHEDULER_DENY_NETWORKS)", request, why)
+        self._dead_letter(request, why)
+        raise DeniedNetwork(why)
+
+    def process_exception(self, request: Request, exception: BaseException) -> None:
+        """A connection the resolver refused (counted and logged there): dead-lettered here."""
+        if isinstance(exception, DeniedNetwork):
+            self._dead_letter(request, str(exception))
+
+    def _dead_letter(self, request: Request, why: str) -> None:
         if self._dead_letters is not None:
             self._dead_letters.write(request, "denied_network", detail=why)
-        self._log.log(logging.WARNING, "Refused %s: %s (SCHEDULER_DENY_NETWORKS)", request, why)
-        raise DeniedNetwork(why)

@@ -1,11 +1,11 @@
 """The embedded Redis: one private ``redis-server`` per Scrapy project, shared by every crawl process of
 that project on this machine and kept running between crawls so a stopped crawl resumes.
 
-Used when no Redis setting is given; where it lives, its files and its guarantees are in
-docs/connection.md, "The embedded Redis". This module owns the server's life cycle (find it through
-``server.json``, probe it, start it under ``server.lock``, stop it); the trust checks are
-:mod:`~scrapy_dist.redis.private_files`, its binary and ``redis.conf``
-:mod:`~scrapy_dist.redis.embedded_config`, which pid is one of its servers
+Used when no Redis setting is given; where it lives, its files (``entry.secret`` among them: the crawls'
+``SCHEDULER_ENTRY_SECRET`` when none is set) and its guarantees are in docs/connection.md, "The embedded
+Redis". This module owns the server's life cycle (find it through ``server.json``, probe it, start it under
+``server.lock``, stop it); the trust checks are :mod:`~scrapy_dist.redis.private_files`, its binary and
+``redis.conf`` :mod:`~scrapy_dist.redis.embedded_config`, which pid is one of its servers
 :mod:`~scrapy_dist.redis.embedded_process`.
 """
 

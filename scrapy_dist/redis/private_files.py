@@ -13,7 +13,9 @@ from pathlib import Path
 
 from scrapy_dist.exceptions import RedisUnavailable
 
-__all__ = ["check_private_dir", "make_private_dir", "read_private", "unsafe", "write_private"]
+__all__ = [
+    "check_private_dir", "make_private_dir", "private_secret", "read_private", "unsafe", "write_private",
+]
 
 
 def unsafe(message: str) -> RedisUnavailable:
@@ -106,3 +108,30 @@ def read_private(path: Path) -> str | None:
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
             return None
         return fh.read(65536).decode("utf-8", "replace")
+
+
+def private_secret(path: Path) -> bytes:
+    """The random secret kept in ``path`` (in a private directory), made on first use: 32 random bytes as
+    hex, written to a fresh file (``O_EXCL|O_NOFOLLOW``, mode 0600) and linked into place, so two processes
+    starting at once agree on one secret. A file at ``path`` that is not private (see
+    :func:`read_private`) or holds too little is refused in one line."""
+    text = read_private(path)
+    if text is None and not os.path.lexists(path):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32))
+            with contextlib.suppress(FileExistsError):  # another process made it first: its secret wins
+                os.link(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        text = read_private(path)
+    secret = (text or "").strip()
+    if len(secret) < 32:
+        raise unsafe(
+            f"The embedded Redis's entry secret {path} is not a private file of yours with a secret in it;"
+            " remove it (a new one is made)"
+        )
+    return secret.encode()

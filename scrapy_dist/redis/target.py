@@ -19,7 +19,8 @@ import redis.exceptions
 import redis.sentinel
 
 from scrapy_dist.exceptions import RedisUnavailable
-from scrapy_dist.redis.embedded import EmbeddedRedis
+from scrapy_dist.redis.embedded import EmbeddedRedis, embedded_dir
+from scrapy_dist.redis.private_files import make_private_dir, private_secret
 from scrapy_dist.settings import ConnectionSettings, DistSettings, mask_url
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
     SettingsLike = BaseSettings | Mapping[str, Any]
 
-__all__ = ["RedisTarget", "resolve_target", "resolve_url"]
+__all__ = ["SECRET_FILE", "RedisTarget", "embedded_secret", "resolve_target", "resolve_url"]
 
 # The lines users see keep the logger name the docs quote, whichever module writes them.
 logger = logging.getLogger("scrapy_dist.redis.connection")
@@ -189,6 +190,22 @@ def _embedded_target(conn: ConnectionSettings, params: dict[str, Any]) -> RedisT
             server.socket_path,
         )
     return target
+
+
+#: The embedded Redis's entry secret, next to its other private files.
+SECRET_FILE = "entry.secret"
+
+
+def embedded_secret(settings: SettingsLike | DistSettings) -> bytes | None:
+    """The entry secret of the embedded Redis these settings use (made on first use, kept in its
+    directory as :data:`SECRET_FILE`), or None when they name another Redis: every process of a project
+    reaches its embedded Redis from this machine, so they all read the same file and sign alike."""
+    conn = _dist(settings).connection
+    if conn.source != "embedded":
+        return None
+    directory = embedded_dir({"REDIS_EMBEDDED_DIR": conn.embedded_dir})
+    make_private_dir(directory)
+    return private_secret(directory / SECRET_FILE)
 
 
 def resolve_url(settings: SettingsLike | DistSettings) -> str:

@@ -302,7 +302,8 @@ STATS: tuple[tuple[str, str], ...] = (
     ("seeds/returned", "taken seeds given back to the seeds key"),
     ("seeds/adopted", "seeds of dead workers taken over"),
     ("seeds/strays", "garbage processing entries (of no live worker) given back to the seeds key"),
-    ("deny_networks/refused", "requests refused because their host resolves into SCHEDULER_DENY_NETWORKS"),
+    ("deny_networks/refused", "connections refused because the host or proxy is (or resolves to) an"
+     " address in SCHEDULER_DENY_NETWORKS"),
     ("seeds/lease_lost", "seed leases that ran out before they were confirmed"),
     ("seeds/errors", "failed seed exchanges with Redis"),
     ("retry/delayed", "retries parked in the delayed set until their backoff runs out"),

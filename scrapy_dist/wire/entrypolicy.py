@@ -24,6 +24,7 @@ import fnmatch
 import hashlib
 import hmac
 import itertools
+import logging
 import os
 import secrets
 import weakref
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.redis.target import embedded_secret
 from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
@@ -209,13 +211,14 @@ class EntryPolicy:
     @classmethod
     def from_dist(cls, ds: DistSettings) -> EntryPolicy:
         """The policy of a crawl's typed settings (the secret may come from the ``SCRAPY_DIST_SECRET``
-        environment variable)."""
+        environment variable, and on the embedded Redis, without either, is the one it keeps with its
+        private files)."""
         return cls(
             allowed_schemes=ds.scheduler.allowed_schemes,
             max_bytes=ds.scheduler.max_entry_bytes,
             meta_allowed=ds.seeds.meta_allowed,
             headers_allowed=ds.seeds.headers_allowed,
-            secret=ds.scheduler.entry_secret,
+            secret=ds.scheduler.entry_secret or embedded_secret(ds),
         )
 
     def bound(self, crawl: str | None = None, kind: str | None = None) -> EntryPolicy:
@@ -276,8 +279,29 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
         return DEFAULT_POLICY
     policy = _POLICIES.get(crawler)
     if policy is None:
-        policy = _POLICIES[crawler] = EntryPolicy.from_dist(DistSettings.for_crawler(crawler))
+        ds = DistSettings.for_crawler(crawler)
+        policy = _POLICIES[crawler] = EntryPolicy.from_dist(ds)
+        if policy.secret is None:
+            _warn_unsigned(ds.connection.source)
     return policy
+
+
+_warned_unsigned: list[bool] = []
+
+
+def _warn_unsigned(source: str) -> None:
+    """One WARNING per process: a shared Redis and no secret."""
+    if _warned_unsigned:
+        return
+    _warned_unsigned.append(True)
+    logging.getLogger(__name__).warning(
+        "No SCHEDULER_ENTRY_SECRET (or SCRAPY_DIST_SECRET) set while using a shared Redis (from %s): every"
+        " entry in the crawl's queue counts as this crawl's own, so anyone who can write to that Redis can"
+        " make the workers send requests through a proxy of theirs, with any Host header and with your"
+        " spider's Authorization header and cookies. Set the same secret on every worker, e.g."
+        " SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))') (docs/security.md)",
+        source,
+    )
 
 
 
