@@ -149,10 +149,13 @@ def render(status: dict[str, Any]) -> Group:
             )
         parts.append(domains)
     garbage = status.get("garbage") or {}
-    if garbage.get("control") or garbage.get("workers"):
+    if garbage.get("control") or garbage.get("workers") or garbage.get("stats"):
         what = [printable(p, 120) for p in garbage.get("control", [])]
         if garbage.get("workers"):
             what.append(f"{garbage['workers']:,} worker hashes with garbage fields (shown as -)")
+        if garbage.get("stats"):
+            what.append(f"{garbage['stats']:,} stats fields (numbers out of range, overlong names, over the"
+                        " limit)")
         lines.append(Text.assemble(("Ignored garbage  ", "bold yellow"), "; ".join(what)))
     stamp = datetime.fromtimestamp(status["time"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     return Group(headline, Text(stamp, style="dim"), overview, *lines, *parts)

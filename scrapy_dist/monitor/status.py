@@ -28,6 +28,7 @@ from scrapy_dist.extensions.control import ControlState, parse_control
 from scrapy_dist.extensions.workers import CLOSED, LOST, RUNNING, parse_worker_hash, worker_state
 from scrapy_dist.frontier.politeness import busiest_domains
 from scrapy_dist.frontier.shard import lease_parts
+from scrapy_dist.monitor.bounds import bounded_id, bounded_text, decode_hash, decode_stats, top_counts
 from scrapy_dist.monitor.filterstatus import combine_filters, filter_figures
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.replies import count as untrusted_count
@@ -41,28 +42,6 @@ LEASE_SCAN_LIMIT = 100_000
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _number(text: str) -> int | float | str:
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return value if math.isfinite(value) else text
-
-
-def decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
-    """An ``HGETALL`` reply as ``str -> str``."""
-    return {_text(k): _text(v) for k, v in (raw or {}).items()}
-
-
-def decode_stats(raw: dict[Any, Any]) -> dict[str, int | float | str]:
-    """The crawl-wide stats hash with numbers as numbers, sorted by name (Scrapy's stat names)."""
-    return {k: _number(v) for k, v in sorted(decode_hash(raw).items())}
 
 
 def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
@@ -89,7 +68,7 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
             if fresh and value.isascii() and value.isdigit() and len(value) <= 15:
                 totals[name] += int(value)
     attempts, errors = totals.get("attempts", 0), totals.get("errors", 0)
-    reasons = {k[2:]: n for k, n in totals.most_common() if k.startswith("r:")}
+    reasons = dict(top_counts((k[2:], n) for k, n in totals.items() if k.startswith("r:")))
     return {
         "window": window or None,
         "attempts": attempts,
@@ -103,8 +82,9 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
 
 
 def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ()) -> Counter[str]:
-    """Count leases per worker id: from the tags of lease keys (:func:`scrapy_dist.frontier.shard.lease_parts`)
-    and from lease meta values (``"<score> <worker id>"``: leases filed without a tag)."""
+    """Count leases per worker id: from the tags of lease keys
+    (:func:`scrapy_dist.frontier.shard.lease_parts`) and from lease meta values (``"<score> <worker id>"``:
+    leases filed without a tag)."""
     out: Counter[str] = Counter()
     for key in lease_keys:
         tagged = lease_parts(key if isinstance(key, bytes) else _text(key).encode())[2]
@@ -129,7 +109,7 @@ def worker_rows(
             info = parse_worker_hash(raw)
         except RejectedEntry:
             info = parse_worker_hash({})
-        wid = _text(member)
+        wid = bounded_id(member)
         seen = float(last_seen)
         if not math.isfinite(seen):  # ZADD accepts +inf: such a worker is never "seen" at any real time
             seen = 0.0
@@ -138,7 +118,7 @@ def worker_rows(
             seen, now, default_interval,
         )
         if leases is not None:
-            inflight: int | None = leases.get(wid, 0)
+            inflight: int | None = leases.get(_text(member), 0)
         elif info.inflight is not None:
             inflight = info.inflight + (info.prefetched or 0)
         else:
@@ -146,7 +126,7 @@ def worker_rows(
         running = state == RUNNING
         row: dict[str, Any] = {
             "id": wid,
-            "host": info.host or wid.split(":", 1)[0],
+            "host": info.host or bounded_text(wid.split(":", 1)[0]),
             "pid": info.pid,
             "state": state,
             "last_seen": round(seen, 3),
@@ -255,9 +235,10 @@ def _domains(client: Any, shards: list[CrawlKeys], now: float, limit: int) -> li
     rows: list[dict[str, Any]] = []
     for keys in shards:
         try:
-            rows += busiest_domains(client, keys, now, limit)
+            found = busiest_domains(client, keys, now, limit)
         except (ValueError, TypeError, ArithmeticError, ScrapyDistError, ResponseError):
             continue  # garbage in the politeness keys: the rest of the status is still worth showing
+        rows += [{**row, "domain": bounded_text(row["domain"])} for row in found]
     rows.sort(key=lambda r: (r["backlog"], r["in_flight"]), reverse=True)
     return rows[:limit]
 
@@ -358,6 +339,7 @@ def read_status(
     workers = worker_rows(members, replies, leases, now, default_interval)
     states = Counter(w["state"] for w in workers)
     errors = window_totals(errors_raw, now)
+    stats, stats_skipped = decode_stats(stats_raw)
     return {
         "spider": keys.spider,
         "time": round(now, 3),
@@ -400,6 +382,8 @@ def read_status(
         "garbage": {
             "control": list(control.problems),
             "workers": sum(1 for w in workers if w.get("garbage")),
+            # stats fields skipped: numbers not finite or out of range, overlong names, over the limit
+            "stats": stats_skipped,
         },
-        "stats": decode_stats(stats_raw),
+        "stats": stats,
     }
