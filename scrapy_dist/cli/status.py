@@ -42,15 +42,38 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.0f}h ago"
 
 
+def back_in(leases: dict[str, Any]) -> str:
+    """When held leases come back to the queue: ``back in the queue in 42 s (the last in 58 s)``."""
+    first, last = leases.get("first_in"), leases.get("last_in")
+    if first is None:
+        return "back in the queue when the leases expire"
+    if not last:
+        return "their leases have run out: back in the queue at the next sync of any worker"
+    text = f"back in the queue in {first:,.0f} s"
+    return text + (f" (the last in {last:,.0f} s)" if last - first >= 1 else "")
+
+
 def _held(leases: dict[str, Any], state: str) -> Text:
     """Leases not in flight: prefetched by running workers (all that a paused crawl holds), and those of
     lost workers, which come back to the queue when they expire."""
     parts = [f"{leases['prefetched']:,} prefetched" + (" (paused: held, not crawled)" if state == "paused"
                                                        and leases["prefetched"] else "")]
     if leases["other"]:
-        parts.append(f"{leases['other']:,} by lost or just-started workers (back in the queue when the"
-                     " leases expire)")
+        parts.append(f"{leases['other']:,} by lost or just-started workers ({back_in(leases)})")
     return Text(", ".join(parts))
+
+
+def held_text(status: dict[str, Any]) -> str:
+    """``31 leased requests held by lost workers, back in the queue in 42 s`` while no worker runs and
+    leases are held (a crawl stopped by a kill), else ``""``."""
+    leases = status.get("leases") or {}
+    if status["state"] != "stopped" or not leases.get("other"):
+        return ""
+    n = leases["other"]
+    text = f"{n:,} leased request{'s' if n != 1 else ''} held by lost workers, {back_in(leases)}"
+    if leases.get("first_in") is not None:
+        text += "; a worker must run to requeue them"
+    return text
 
 
 def idle_text(status: dict[str, Any]) -> str:
@@ -68,7 +91,7 @@ def render(status: dict[str, Any]) -> Group:
     rates, errors, front, seeds = status["rates"], status["errors"], status["frontier"], status["seeds"]
     spider = printable(status["spider"], 120)
     state = status["state"]
-    idle = idle_text(status)
+    idle = idle_text(status) or held_text(status)
     headline = Text.assemble(
         (spider, "bold"), "  ",
         (state, "bold yellow" if state == "paused" else "bold"), "  ",

@@ -170,29 +170,50 @@ def crawl_state(control: ControlState, running: int, started: list[float | None]
     return "running" if running else "stopped"
 
 
-def revisit_figures(client: Any, shards: list[CrawlKeys], now: float) -> dict[str, Any]:
-    """Scheduled revisits (the delayed meta field ``revisits`` of each shard, see lua/sync_settle.lua) and
-    how soon the delayed set's next entry (revisit or retry) comes due: ``{"scheduled": n, "next_in":
-    seconds or None}``. One pipelined round trip; garbage counts as 0 / no time."""
+def _first_score(reply: Any) -> float | None:
+    """The score of a one-member ``ZRANGE ... WITHSCORES`` reply, if it is a finite number."""
+    if not (isinstance(reply, list) and reply and isinstance(reply[0], (list, tuple)) and len(reply[0]) == 2):
+        return None
+    try:
+        score = float(reply[0][1])
+    except (TypeError, ValueError):
+        return None
+    return score if math.isfinite(score) else None
+
+
+def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """When things come due, in one pipelined round trip; garbage counts as 0 / no time.
+
+    Scheduled revisits (the delayed meta field ``revisits`` of each shard, see lua/sync_settle.lua) and how
+    soon the delayed set's next entry (revisit or retry) comes due: ``{"scheduled": n, "next_in": seconds
+    or None}``; and when the first and the last lease runs out (a lease that ran out goes back to the queue
+    at the next sync of any worker): ``{"first_in": seconds or None, "last_in": seconds or None}``."""
     p = client.pipeline(transaction=False)
     for shard in shards:
         p.hget(shard.delayed_meta, "revisits")
         p.zrange(shard.delayed, 0, 0, withscores=True)
-    replies = _replies(p, [None, []] * len(shards))
-    scheduled, due = 0, math.inf
-    for i in range(0, len(replies), 2):
-        raw, first = replies[i], replies[i + 1]
+        p.zrange(shard.leases, 0, 0, withscores=True)
+        p.zrange(shard.leases, -1, -1, withscores=True)
+    replies = _replies(p, [None, [], [], []] * len(shards))
+    scheduled = 0
+    due: list[float] = []
+    first: list[float] = []
+    last: list[float] = []
+    for i in range(0, len(replies), 4):
+        raw = replies[i]
         text = _text(raw) if raw is not None else ""
         if text.isascii() and text.isdigit() and len(text) <= 15:
             scheduled += int(text)
-        if isinstance(first, list) and first and isinstance(first[0], (list, tuple)) and len(first[0]) == 2:
-            try:
-                score = float(first[0][1])
-            except (TypeError, ValueError):
-                continue
-            if math.isfinite(score):
-                due = min(due, score)
-    return {"scheduled": scheduled, "next_in": None if due == math.inf else round(max(0.0, due - now), 1)}
+        for found, reply in ((due, replies[i + 1]), (first, replies[i + 2]), (last, replies[i + 3])):
+            score = _first_score(reply)
+            if score is not None:
+                found.append(score)
+
+    def seconds(scores: list[float], pick: Any) -> float | None:
+        return round(min(max(0.0, pick(scores) - now), 1e10), 1) if scores else None
+
+    return ({"scheduled": scheduled, "next_in": seconds(due, min)},
+            {"first_in": seconds(first, min), "last_in": seconds(last, max)})
 
 
 def lease_breakdown(leased: int, workers: list[dict[str, Any]]) -> dict[str, int | None]:
@@ -340,6 +361,7 @@ def read_status(
     states = Counter(w["state"] for w in workers)
     errors = window_totals(errors_raw, now)
     stats, stats_skipped = decode_stats(stats_raw)
+    revisits, expiry = due_figures(client, shards, now)
     return {
         "spider": keys.spider,
         "time": round(now, 3),
@@ -347,8 +369,9 @@ def read_status(
                              [w["started"] for w in workers if w["state"] == RUNNING], now),
         # "inflight": every lease (kept for scripts); "leases": what holds them
         "frontier": {"queued": int(queued), "inflight": int(inflight), "delayed": int(delayed)},
-        "revisits": revisit_figures(client, shards, now),
-        "leases": lease_breakdown(int(inflight), workers),
+        "revisits": revisits,
+        # what holds the leases, and when the first and the last run out (back in the queue then)
+        "leases": {**lease_breakdown(int(inflight), workers), **expiry},
         "shards": len(shards),
         "deadletter": int(dead),
         "seeds": {
