@@ -21,6 +21,7 @@ from helpers import wait_for
 from redis_servers import redis_server_binary
 
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.wire.rejections import preview
 
 pytestmark = pytest.mark.slow
 
@@ -227,6 +228,10 @@ def test_seeds_pushed_with_redis_cli_are_crawled_and_malformed_ones_rejected(
     assert stats["finish_reason"] == "finished"
     for reason in bad:
         assert stats[f"seeds/rejected/{reason}"] == 1, reason
+    # each logged rejection quotes its seed, escaped and cut (the log keeps one line per rejection)
+    quoted = {preview(raw if isinstance(raw, bytes) else raw.encode()) for raw in bad.values()}
+    lines = [line for line in project.logs().splitlines() if "Rejected a seed from" in line]
+    assert lines and all(any(f": {q}; recorded in" in line for q in quoted) for line in lines), lines
 
     items = {(i["url"], i["via"]): i for i in _items(project)}
     assert items[(page(30), "parse")]["tag"] == "m30"

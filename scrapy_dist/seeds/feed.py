@@ -49,7 +49,7 @@ from scrapy_dist.seeds.reader import BLOCK_SECONDS, CONFIRM_POLL, POLL_SECONDS, 
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 from scrapy_dist.wire.codec import check_offsite
-from scrapy_dist.wire.rejections import rejection_record
+from scrapy_dist.wire.rejections import preview, rejection_record
 from scrapy_dist.wire.seedfields import priority_from_score
 
 if TYPE_CHECKING:
@@ -359,8 +359,8 @@ class SeedFeed:
         self.stats.inc_value(f"seeds/rejected/{reason}")
         self._records.append(rejection_record(reason, raw, self.reader.worker_id, exc.detail))
         self._reject_log.log(
-            logging.WARNING, "Rejected a seed from %r (%s: %s); recorded in %r",
-            self.keys.start_urls, reason, exc.detail, self.keys.start_urls_rejected,
+            logging.WARNING, "Rejected a seed from %r (%s: %s): %s; recorded in %r", self.keys.start_urls,
+            reason, preview(exc.detail, 200, quote=False), preview(raw), self.keys.start_urls_rejected,
         )
 
     # -- shutdown ---------------------------------------------------------------------------------------
