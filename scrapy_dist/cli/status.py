@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -15,11 +16,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
+from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis, project_spiders
 from scrapy_dist.cli.text import console, json_safe, printable
 from scrapy_dist.extensions.control import close_crawl, pause_crawl, resume_crawl, valid_reason
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
+from scrapy_dist.seeds import nearmiss
 
 _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
 
@@ -136,6 +138,9 @@ def render(status: dict[str, Any]) -> Group:
     lines = [Text.assemble(("Filter  ", "bold"), filt)]
     if known and (leases["prefetched"] or leases["other"]):
         lines.append(Text.assemble(("Held  ", "bold"), _held(leases, state)))
+    for hint in status.get("seed_hints") or []:
+        lines.append(Text.assemble(("Seeds elsewhere  ", "bold yellow"),
+                                   nearmiss.NearMiss(**hint).hint() + " (no crawl reads that key)"))
     if errors["reasons"]:
         top = ", ".join(f"{printable(r, 80)} {n:,}" for r, n in list(errors["reasons"].items())[:5])
         lines.append(Text.assemble(("Top errors  ", "bold"), top))
@@ -186,6 +191,21 @@ def render(status: dict[str, Any]) -> Group:
     return Group(headline, Text(stamp, style="dim"), overview, *lines, *parts)
 
 
+def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.NearMiss]:
+    """Keys holding seeds that no crawl reads, close to the seeds key of ``keys`` (none if this Redis user
+    may not ``SCAN``); inside a project, the seeds keys of its spiders count as read."""
+    from redis.exceptions import ResponseError
+
+    try:
+        misses = nearmiss.find(client, keys)
+    except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error
+        return []
+    if misses and redis.inside_project:
+        read = {redis.keys(name).start_urls for name in project_spiders(redis.settings) or []}
+        misses = [m for m in misses if m.key not in read]
+    return misses
+
+
 @main.command()
 @click.argument("spider")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
@@ -204,9 +224,11 @@ def status(
     client = redis.client()
     default_interval = redis.dist.monitoring.interval or 5.0
     where = {"url": redis.masked_url, "source": redis.source}
+    hints = [dataclasses.asdict(m) for m in seed_hints(redis, client, keys)]  # once, not every refresh
 
     def read() -> dict[str, Any]:
-        return {**read_status(client, keys, default_interval=default_interval), "redis": where}
+        status = read_status(client, keys, default_interval=default_interval)
+        return {**status, "redis": where, "seed_hints": hints}
 
     if not watch:
         data = read()

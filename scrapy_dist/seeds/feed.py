@@ -43,6 +43,7 @@ from scrapy_dist.frontier.scheduler import Scheduler, get_scheduler, make_worker
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import crawl_keys
 from scrapy_dist.redis.outage import Backoff, Outage, is_outage
+from scrapy_dist.seeds import nearmiss
 from scrapy_dist.seeds import reader as seedreader
 from scrapy_dist.seeds.parse import SeedRules, reason_slug, validate_url
 from scrapy_dist.seeds.reader import BLOCK_SECONDS, CONFIRM_POLL, POLL_SECONDS, SeedReader, TakeResult
@@ -164,6 +165,7 @@ class SeedFeed:
             "Reading seeds from %r (%s) as worker %s; rejected seeds go to %r",
             self.keys.start_urls, r.kind, r.worker_id, self.keys.start_urls_rejected,
         )
+        await nearmiss.warn_at_start(r.redis, self.keys)  # seeds pushed to a misspelt key wait for ever
         while not self._closing:
             self._collect_confirmed(sched)
             unconfirmed = sum(len(t.entries) for t in self._taken)
