@@ -177,3 +177,28 @@ def test_dashboard_allows_the_names_given(redis_url: str) -> None:
         assert run(_get(server.url + "api/status", host="other.internal"))[0] == 421
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("flag, env_hosts, name", [
+    (["--allow-host", "crawl-box.internal"], "", "crawl-box.internal"),
+    ([], "crawl-box.internal other.internal", "other.internal"),
+])
+def test_the_dashboard_command_takes_allow_host(
+    redis_url: str, tmp_path: Any, flag: list[str], env_hosts: str, name: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
+    env["SCRAPY_DIST_DASHBOARD_HOSTS"] = env_hosts
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scrapy_dist.cli", "--redis-url", redis_url, "dashboard", "site",
+         "--port", "0", *flag],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = line.split(" on ", 1)[1].split(" ", 1)[0]
+        assert run(_get(url + "api/status", host=name))[0] == 200, line
+        assert run(_get(url + "api/status", host="evil.example"))[0] == 421
+    finally:
+        proc.terminate()
+        proc.wait(10)
