@@ -6,7 +6,7 @@ wait for them; acknowledge them; adopt the seeds of vanished workers. :class:`Se
 
 A waiting spider blocks on the seeds key (``BLMOVE key key RIGHT LEFT`` with a 1-second timeout: it wakes on a
 push and moves nothing anywhere) instead of polling on ``spider_idle``, then takes up to
-``REDIS_START_URLS_BATCH_SIZE`` seeds per round trip. Every seed is validated (:mod:`scrapy_dist.seeds.parse`);
+``REDIS_START_URLS_BATCH_SIZE`` seeds per round trip. Each seed is validated (:mod:`scrapy_dist.seeds.parse`);
 a bad one is recorded in ``<seeds key>:rejected`` with its reason and never stops the spider or costs the
 other seeds of its batch.
 
