@@ -308,7 +308,7 @@ def test_status_after_a_kill_says_when_the_lost_workers_leases_come_back(
     out = CliRunner().invoke(main, ["--redis-url", redis_url, "status", "books"]).output
     headline = out.splitlines()[0]
     assert "stopped" in headline and "31 leased requests held by lost workers" in headline, out
-    assert "back in the queue in 4" in headline and "(the last in 5" in headline, out
+    assert "back in the queue in 4" in headline and ", the last in 5" in headline, out
     redis_client.zadd(KEYS.leases, {lease_key(f"m{i}".encode(), LOST): now - 1 for i in range(31)})
     out = CliRunner().invoke(main, ["--redis-url", redis_url, "status", "books"]).output
     assert "leases have run out: back in the queue at the next sync of any worker" in out.splitlines()[0]

@@ -45,14 +45,14 @@ def _ago(seconds: float) -> str:
 
 
 def back_in(leases: dict[str, Any]) -> str:
-    """When held leases come back to the queue: ``back in the queue in 42 s (the last in 58 s)``."""
+    """When held leases come back to the queue: ``back in the queue in 42 s, the last in 58 s``."""
     first, last = leases.get("first_in"), leases.get("last_in")
     if first is None:
         return "back in the queue when the leases expire"
     if not last:
         return "their leases have run out: back in the queue at the next sync of any worker"
     text = f"back in the queue in {first:,.0f} s"
-    return text + (f" (the last in {last:,.0f} s)" if last - first >= 1 else "")
+    return text + (f", the last in {last:,.0f} s" if last - first >= 1 else "")
 
 
 def _held(leases: dict[str, Any], state: str) -> Text:
@@ -60,6 +60,8 @@ def _held(leases: dict[str, Any], state: str) -> Text:
     lost workers, which come back to the queue when they expire."""
     parts = [f"{leases['prefetched']:,} prefetched" + (" (paused: held, not crawled)" if state == "paused"
                                                        and leases["prefetched"] else "")]
+    if leases["other"] and not leases["prefetched"]:
+        parts = []
     if leases["other"]:
         parts.append(f"{leases['other']:,} by lost or just-started workers ({back_in(leases)})")
     return Text(", ".join(parts))
