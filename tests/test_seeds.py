@@ -32,7 +32,7 @@ from scrapy_dist.seeds.parse import (
 )
 from scrapy_dist.spiders.mixin import RedisCrawlSpider, RedisSpider, SeedReader
 from scrapy_dist.wire.codec import check_url, decode_request, encode_request
-from scrapy_dist.wire.rejections import rejection_record
+from scrapy_dist.wire.rejections import preview, rejection_record
 
 
 class SeedSpider(scrapy.Spider):
@@ -291,6 +291,15 @@ def test_rejection_record_shape() -> None:
     rec = json.loads(rejection_record("not_utf8", b"\xff" * 2000, "w1", "bad byte", now=12.5))
     assert rec["reason"] == "not_utf8" and rec["at"] == 12.5 and rec["worker"] == "w1"
     assert rec["raw_encoding"] == "base64" and len(base64.b64decode(rec["raw"])) == 1024
+
+
+def test_a_rejected_seed_is_quoted_in_one_escaped_bounded_line() -> None:
+    raw = "http://a/\x1b]52;c;evil\x07\r\nFAKE LOG \u202e".encode() + b"\xff" + b"x" * 10_000
+    shown = preview(raw)
+    assert shown.startswith(r"'http://a/\x1b]52;c;evil\x07\x0d\x0aFAKE LOG \u202e\xffxxx")
+    assert shown.endswith("'…") and len(shown) < 200 and shown.isprintable()
+    assert preview("ftp://127.0.0.1/file") == "'ftp://127.0.0.1/file'"
+    assert preview("bidi \u202e here", quote=False) == r"bidi \u202e here"
 
 
 # -- fuzz ---------------------------------------------------------------------------------------------

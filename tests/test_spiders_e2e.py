@@ -21,6 +21,7 @@ from helpers import wait_for
 from redis_servers import redis_server_binary
 
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.wire.rejections import preview
 
 pytestmark = pytest.mark.slow
 
@@ -163,6 +164,7 @@ def test_seeds_pushed_with_redis_cli_are_crawled_and_malformed_ones_rejected(
     page = site.page_url
     # seeds waiting before the worker starts: read by the first take, several per round trip
     cli(redis_url, "lpush", key, page(0), page(1), page(2))
+    cli(redis_url, "lpush", "seeds:start_url", page(59))  # a misspelt key: the worker says so at start
     project = make_project(tmp_path, _settings(redis_url, SCHEDULER_IDLE_BEFORE_CLOSE=2), spiders=SPIDERS)
     project.crawl("seeds")
     wait_for(lambda: len(site.fetch_counts()) >= 3, 30, "the waiting seeds")
@@ -227,6 +229,12 @@ def test_seeds_pushed_with_redis_cli_are_crawled_and_malformed_ones_rejected(
     assert stats["finish_reason"] == "finished"
     for reason in bad:
         assert stats[f"seeds/rejected/{reason}"] == 1, reason
+    assert "1 entry in 'seeds:start_url' (list) -- did you mean 'seeds:start_urls'?" in project.logs()
+    assert "/page/59" not in counts
+    # each logged rejection quotes its seed, escaped and cut (the log keeps one line per rejection)
+    quoted = {preview(raw if isinstance(raw, bytes) else raw.encode()) for raw in bad.values()}
+    lines = [line for line in project.logs().splitlines() if "Rejected a seed from" in line]
+    assert lines and all(any(f": {q}; recorded in" in line for q in quoted) for line in lines), lines
 
     items = {(i["url"], i["via"]): i for i in _items(project)}
     assert items[(page(30), "parse")]["tag"] == "m30"

@@ -293,3 +293,22 @@ def test_status_watch_json_rides_out_a_redis_outage(redis_servers: Any, tmp_path
         proc.kill()
         _, err = proc.communicate()
     assert "Traceback" not in err
+
+
+def test_status_after_a_kill_says_when_the_lost_workers_leases_come_back(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    now = time.time()
+    redis_client.zadd(KEYS.workers, {LOST: now - 100})
+    redis_client.hset(KEYS.worker(LOST), mapping={"interval": "5.0", "state": "running", "inflight": "31"})
+    redis_client.zadd(KEYS.leases, {lease_key(f"m{i}".encode(), LOST): now + 42 + i / 2 for i in range(31)})
+    s = read_status(redis_client, KEYS)
+    assert s["state"] == "stopped" and s["leases"]["other"] == 31
+    assert 40 <= s["leases"]["first_in"] <= 42 and 55 <= s["leases"]["last_in"] <= 57
+    out = CliRunner().invoke(main, ["--redis-url", redis_url, "status", "books"]).output
+    headline = out.splitlines()[0]
+    assert "stopped" in headline and "31 leased requests held by lost workers" in headline, out
+    assert "back in the queue in 4" in headline and ", the last in 5" in headline, out
+    redis_client.zadd(KEYS.leases, {lease_key(f"m{i}".encode(), LOST): now - 1 for i in range(31)})
+    out = CliRunner().invoke(main, ["--redis-url", redis_url, "status", "books"]).output
+    assert "leases have run out: back in the queue at the next sync of any worker" in out.splitlines()[0]

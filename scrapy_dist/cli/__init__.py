@@ -26,13 +26,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from scrapy_dist import __version__
-from scrapy_dist.redis.connection import (
-    check_reachable,
-    get_async_redis,
-    get_redis,
-    mask_url,
-    resolve_target,
-)
+from scrapy_dist.redis.clients import CONNECT_ERRORS, build_async, build_sync
+from scrapy_dist.redis.connection import mask_url, resolve_target
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
 from scrapy_dist.settings import DistSettings, SettingsError
@@ -41,6 +36,8 @@ if TYPE_CHECKING:
     import redis
     import redis.asyncio
     from scrapy.settings import Settings
+
+    from scrapy_dist.redis.target import RedisTarget
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,6 +57,8 @@ class ClientFactory:
         self._settings: Settings | None = None
         self._dist: DistSettings | None = None
         self._source = ""
+        self._target: RedisTarget | None = None
+        self._noticed = False
         self.inside_project = False
 
     def override_url(self, redis_url: str) -> None:
@@ -114,10 +113,18 @@ class ClientFactory:
         _ = self.settings
         return self._source
 
+    def target(self) -> RedisTarget:
+        """The Redis in use, resolved once (starts the embedded Redis if that is the one in use). The
+        workers' long WARNING about the embedded Redis is not logged here: :meth:`check` says it in one
+        short line, or the command's own output names the Redis."""
+        if self._target is None:
+            self._target = resolve_target(self.dist, notice=False)
+        return self._target
+
     @property
     def url(self) -> str:
         """The Redis URL, with its password (starts the embedded Redis if that is the one in use)."""
-        return resolve_target(self.dist).display_url
+        return self.target().display_url
 
     @property
     def masked_url(self) -> str:
@@ -126,17 +133,37 @@ class ClientFactory:
 
     def client(self) -> redis.Redis:
         """A new synchronous client."""
-        return get_redis(self.dist)
+        return build_sync(self.target())
 
     def async_client(self) -> redis.asyncio.Redis:
         """A new ``redis.asyncio`` client."""
-        return get_async_redis(self.dist)
+        return build_async(self.target())
 
-    def check(self) -> None:
+    def check(self, notice: bool = True) -> None:
         """Raise :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) unless Redis answers, and
-        :class:`NoCrawlHere` outside a project with no Redis named (see :meth:`require_configured`)."""
+        :class:`NoCrawlHere` outside a project with no Redis named (see :meth:`require_configured`).
+
+        With the embedded Redis, ``notice`` prints one short line to stderr naming it (once per process);
+        a command whose output names the Redis itself passes ``False``."""
         self.require_configured()
-        check_reachable(self.dist)
+        target = self.target()
+        client = build_sync(target)
+        try:
+            client.ping()
+        except CONNECT_ERRORS as exc:
+            raise target.unreachable(exc) from exc
+        finally:
+            client.close()
+        if notice:
+            self.notice()
+
+    def notice(self) -> None:
+        """One short stderr line, once per process, when the Redis in use is the project's embedded one."""
+        if self._noticed or self.source != "embedded Redis":
+            return
+        self._noticed = True
+        click.echo(f"scrapy-dist: using this project's embedded Redis ({self.masked_url}); --redis-url or"
+                   " $REDIS_URL for another", err=True)
 
     def require_configured(self) -> None:
         """Raise :class:`NoCrawlHere` when no project is here and no Redis is named: the embedded Redis of

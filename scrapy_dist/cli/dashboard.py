@@ -19,10 +19,15 @@ from scrapy_dist.exceptions import ScrapyDistError
               help="TCP port (0: any free port, printed).")
 @click.option("--token", envvar="SCRAPY_DIST_DASHBOARD_TOKEN", default=None,
               help="Secret the page's Pause / Resume / Requeue buttons must send (else read-only).")
+@click.option("--allow-host", "allowed_hosts", multiple=True, metavar="NAME",
+              envvar="SCRAPY_DIST_DASHBOARD_HOSTS",
+              help="Another host name the page is opened by (a DNS name of this machine, a proxy's); the"
+              " dashboard answers only to loopback names, the --host address and these. Repeatable.")
 @force_option
 @pass_redis
 def dashboard(
-    redis: ClientFactory, spider: str, host: str, port: int, token: str | None, force: bool
+    redis: ClientFactory, spider: str, host: str, port: int, token: str | None,
+    allowed_hosts: tuple[str, ...], force: bool,
 ) -> None:
     """Serve a live dashboard of the crawl of SPIDER (charts of the last hour, workers, domains, dead
     letters) on http://HOST:PORT/ until Ctrl-C."""
@@ -34,11 +39,11 @@ def dashboard(
     except ScrapyDistError as exc:
         raise click.ClickException(str(exc).removeprefix("scrapy-dist: ")) from None
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(redis, spider, host, port, token))
+        asyncio.run(serve(redis, spider, host, port, token, allowed_hosts=allowed_hosts))
 
 
 async def serve(redis: ClientFactory, spider: str, host: str, port: int, token: str | None,
-                ready: asyncio.Event | None = None) -> None:
+                ready: asyncio.Event | None = None, allowed_hosts: tuple[str, ...] = ()) -> None:
     """Run the dashboard until cancelled (prints its URL once listening)."""
     from aiohttp import web
 
@@ -55,7 +60,8 @@ async def serve(redis: ClientFactory, spider: str, host: str, port: int, token: 
         done = await requeue_letters(redis, keys, targets) if targets else 0
         return f"requeued {done}, kept {len(refused)}"
 
-    runner = web.AppRunner(Dashboard(client, keys, token=token, requeue=requeue).app(), access_log=None)
+    dash = Dashboard(client, keys, token=token, requeue=requeue, host=host, allowed_hosts=allowed_hosts)
+    runner = web.AppRunner(dash.app(), access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

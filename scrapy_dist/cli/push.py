@@ -21,6 +21,7 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
+from scrapy_dist.cli.status import seed_hints
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.seeds.parse import SeedRules, class_has_callback, iter_lines, parse_seed
 
@@ -255,6 +256,7 @@ def push(
             report = push_seeds(client, keys.start_urls, sources(lambda n: bar.advance(task, n)), opts)
     else:
         report = push_seeds(client, keys.start_urls, sources(None), opts)
+    hints = [] if dry_run else seed_hints(redis, client, keys)
     client.close()
 
     seen = report.accepted + report.rejected_total
@@ -265,6 +267,8 @@ def push(
         plural = "" if report.pushed == 1 else "s"
         head = f"Pushed {report.pushed:,} seed{plural} to {keys.start_urls!r} ({kind})"
     click.echo(f"{head} in {report.seconds:.2f}s ({rate:,.0f} seeds/s); rejected {report.rejected_total:,}.")
+    for hint in hints:
+        click.echo(f"Note: {hint.hint()} No crawl reads that key: its seeds wait there for ever.", err=True)
     if report.rejected:
         reasons = ", ".join(f"{reason} {n:,}" for reason, n in report.rejected.most_common())
         click.echo(f"Rejected: {reasons}", err=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -15,12 +16,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
+from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis, project_spiders
 from scrapy_dist.cli.text import console, json_safe, printable
 from scrapy_dist.frontier.chains import end_chains
 from scrapy_dist.frontier.control import close_crawl, parse_control, pause_crawl, resume_crawl, valid_reason
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
+from scrapy_dist.seeds import nearmiss
 
 _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
 
@@ -43,15 +45,40 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.0f}h ago"
 
 
+def back_in(leases: dict[str, Any]) -> str:
+    """When held leases come back to the queue: ``back in the queue in 42 s, the last in 58 s``."""
+    first, last = leases.get("first_in"), leases.get("last_in")
+    if first is None:
+        return "back in the queue when the leases expire"
+    if not last:
+        return "their leases have run out: back in the queue at the next sync of any worker"
+    text = f"back in the queue in {first:,.0f} s"
+    return text + (f", the last in {last:,.0f} s" if last - first >= 1 else "")
+
+
 def _held(leases: dict[str, Any], state: str) -> Text:
     """Leases not in flight: prefetched by running workers (all that a paused crawl holds), and those of
     lost workers, which come back to the queue when they expire."""
     parts = [f"{leases['prefetched']:,} prefetched" + (" (paused: held, not crawled)" if state == "paused"
                                                        and leases["prefetched"] else "")]
+    if leases["other"] and not leases["prefetched"]:
+        parts = []
     if leases["other"]:
-        parts.append(f"{leases['other']:,} by lost or just-started workers (back in the queue when the"
-                     " leases expire)")
+        parts.append(f"{leases['other']:,} by lost or just-started workers ({back_in(leases)})")
     return Text(", ".join(parts))
+
+
+def held_text(status: dict[str, Any]) -> str:
+    """``31 leased requests held by lost workers, back in the queue in 42 s`` while no worker runs and
+    leases are held (a crawl stopped by a kill), else ``""``."""
+    leases = status.get("leases") or {}
+    if status["state"] != "stopped" or not leases.get("other"):
+        return ""
+    n = leases["other"]
+    text = f"{n:,} leased request{'s' if n != 1 else ''} held by lost workers, {back_in(leases)}"
+    if leases.get("first_in") is not None:
+        text += "; a worker must run to requeue them"
+    return text
 
 
 def idle_text(status: dict[str, Any]) -> str:
@@ -69,7 +96,7 @@ def render(status: dict[str, Any]) -> Group:
     rates, errors, front, seeds = status["rates"], status["errors"], status["frontier"], status["seeds"]
     spider = printable(status["spider"], 120)
     state = status["state"]
-    idle = idle_text(status)
+    idle = idle_text(status) or held_text(status)
     headline = Text.assemble(
         (spider, "bold"), "  ",
         (state, "bold yellow" if state == "paused" else "bold"), "  ",
@@ -114,6 +141,9 @@ def render(status: dict[str, Any]) -> Group:
     lines = [Text.assemble(("Filter  ", "bold"), filt)]
     if known and (leases["prefetched"] or leases["other"]):
         lines.append(Text.assemble(("Held  ", "bold"), _held(leases, state)))
+    for hint in status.get("seed_hints") or []:
+        lines.append(Text.assemble(("Seeds elsewhere  ", "bold yellow"),
+                                   nearmiss.NearMiss(**hint).hint() + " (no crawl reads that key)"))
     if errors["reasons"]:
         top = ", ".join(f"{printable(r, 80)} {n:,}" for r, n in list(errors["reasons"].items())[:5])
         lines.append(Text.assemble(("Top errors  ", "bold"), top))
@@ -150,13 +180,33 @@ def render(status: dict[str, Any]) -> Group:
             )
         parts.append(domains)
     garbage = status.get("garbage") or {}
-    if garbage.get("control") or garbage.get("workers"):
+    if garbage.get("control") or garbage.get("workers") or garbage.get("stats"):
         what = [printable(p, 120) for p in garbage.get("control", [])]
         if garbage.get("workers"):
             what.append(f"{garbage['workers']:,} worker hashes with garbage fields (shown as -)")
+        if garbage.get("stats"):
+            what.append(f"{garbage['stats']:,} stats fields (numbers out of range, overlong names, over the"
+                        " limit)")
         lines.append(Text.assemble(("Ignored garbage  ", "bold yellow"), "; ".join(what)))
     stamp = datetime.fromtimestamp(status["time"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if status.get("redis"):
+        stamp += f"  Redis {status['redis']['url']} ({status['redis']['source']})"
     return Group(headline, Text(stamp, style="dim"), overview, *lines, *parts)
+
+
+def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.NearMiss]:
+    """Keys holding seeds that no crawl reads, close to the seeds key of ``keys`` (none if this Redis user
+    may not ``SCAN``); inside a project, the seeds keys of its spiders count as read."""
+    from redis.exceptions import ResponseError
+
+    try:
+        misses = nearmiss.find(client, keys)
+    except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error
+        return []
+    if misses and redis.inside_project:
+        read = {redis.keys(name).start_urls for name in project_spiders(redis.settings) or []}
+        misses = [m for m in misses if m.key not in read]
+    return misses
 
 
 @main.command()
@@ -172,13 +222,16 @@ def status(
 ) -> None:
     """Show the crawl of SPIDER: frontier, seeds, dead letters, filter, rates, workers and stats."""
     redis.check_spider(spider, force)
-    redis.check()
+    redis.check(notice=False)  # the output names the Redis
     keys = redis.keys(spider)
     client = redis.client()
     default_interval = redis.dist.monitoring.interval or 5.0
+    where = {"url": redis.masked_url, "source": redis.source}
+    hints = [dataclasses.asdict(m) for m in seed_hints(redis, client, keys)]  # once, not every refresh
 
     def read() -> dict[str, Any]:
-        return read_status(client, keys, default_interval=default_interval)
+        status = read_status(client, keys, default_interval=default_interval)
+        return {**status, "redis": where, "seed_hints": hints}
 
     if not watch:
         data = read()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import socket
 import threading
 import time
 from collections import Counter, defaultdict
@@ -27,6 +28,7 @@ from aiohttp import web
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.frontier.control import pause_crawl, resume_crawl
 from scrapy_dist.frontier.deadletter import parse_record
+from scrapy_dist.monitor.bounds import REASON_LIMIT, bounded_id, top_counts
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage, describe
@@ -41,7 +43,11 @@ MIN_POINTS = 6
 HISTORY_READ = 20_000
 #: Dead letters read per refresh to count their reasons.
 DEAD_SAMPLE = 200
+#: Workers charted one by one (the busiest); the others are summed as one series, ``other``.
+WORKER_SERIES = 20
 TOKEN_HEADER = "X-Dashboard-Token"
+#: Host names the dashboard always answers to (it may be reached as any of them on loopback).
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def check_binding(host: str, token: str | None) -> None:
@@ -80,7 +86,7 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
     for entry_id, fields in entries:
         try:
             t = int(entry_id.split(b"-", 1)[0]) / 1000.0
-            worker = fields[b"w"].decode("utf-8", "replace")[:120]
+            worker = bounded_id(fields[b"w"])
         except (ValueError, KeyError, AttributeError, IndexError):
             continue
         p, e = _field(fields, b"p"), _field(fields, b"e")
@@ -105,8 +111,50 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
                 default=n - 1)
     cut = max(0, min(first - 1, n - MIN_POINTS))
     return {"times": times[cut:], "pages_per_min": pages[cut:], "errors_per_min": errors[cut:],
-            "workers": {w: v[cut:] for w, v in per_worker.items()},
+            "workers": {w: v[cut:] for w, v in _top_series(per_worker, n).items()},
             **{k: v[cut:] for k, v in frontier.items()}}
+
+
+def _top_series(per_worker: dict[str, list[float]], n: int,
+                limit: int = WORKER_SERIES) -> dict[str, list[float]]:
+    """The ``limit`` series of the most pages, the others summed point by point as ``other``."""
+    if len(per_worker) <= limit:
+        return per_worker
+    ranked = sorted(per_worker, key=lambda w: sum(per_worker[w]), reverse=True)
+    out = {w: per_worker[w] for w in ranked[:limit]}
+    other = [0.0] * n
+    for w in ranked[limit:]:
+        other = [a + b for a, b in zip(other, per_worker[w], strict=True)]
+    out["other"] = [a + b for a, b in zip(out.get("other", [0.0] * n), other, strict=True)]
+    return out
+
+
+def host_name(header: str) -> str:
+    """The name of a ``Host`` header: no port, no IPv6 brackets, lower case, no trailing dot."""
+    name = header.strip().lower()
+    if name.startswith("["):
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    return name.rstrip(".")
+
+
+def allowed_host(name: str, bound: str, extra: frozenset[str]) -> bool:
+    """Whether the dashboard bound to ``bound`` answers a request whose ``Host`` names ``name`` (see
+    :func:`host_name`): loopback names, the bound address, ``extra``; bound to every interface (``0.0.0.0``,
+    ``::``), also any IP address and this machine's names -- a DNS name of someone else's never (a page of
+    theirs that rebinds it to this address must not read the dashboard)."""
+    if not name:
+        return False
+    if name in LOOPBACK_NAMES or name == host_name(bound) or name in extra:
+        return True
+    if host_name(bound) not in ("0.0.0.0", "::", ""):
+        return False
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return name in {socket.gethostname().lower(), socket.getfqdn().lower().rstrip(".")}
 
 
 @dataclass(eq=False)
@@ -117,6 +165,9 @@ class Dashboard:
     client: Any
     keys: CrawlKeys
     token: str | None = None
+    #: the address it listens on, and other host names it is reached by (``--allow-host``)
+    host: str = "127.0.0.1"
+    allowed_hosts: tuple[str, ...] = ()
     cache_seconds: float = 2.0
     requeue: Callable[[], Any] | None = None
     clock: Callable[[], float] = time.monotonic
@@ -128,7 +179,16 @@ class Dashboard:
     outage: ToolOutage = field(default_factory=lambda: ToolOutage("dashboard"), init=False, repr=False)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1024)
+        extra = frozenset(host_name(h) for h in self.allowed_hosts)
+
+        @web.middleware
+        async def check_host(request: web.Request, handler: Any) -> web.StreamResponse:
+            if not allowed_host(host_name(request.headers.get("Host", "")), self.host, extra):
+                return web.Response(status=421, text="This dashboard does not answer to that host name;"
+                                    " add it with --allow-host NAME if it is yours.\n")
+            return await handler(request)  # type: ignore[no-any-return]
+
+        app = web.Application(client_max_size=1024, middlewares=[check_host])
         app.router.add_get("/", self.page)
         app.router.add_get("/static/{name}", self.static)
         app.router.add_get("/api/status", self.status)
@@ -165,7 +225,7 @@ class Dashboard:
                 reasons[parse_record(raw).reason[:60]] += 1
             except RejectedEntry:
                 reasons["unreadable"] += 1
-        status["dead_reasons"] = dict(reasons.most_common(20))
+        status["dead_reasons"] = dict(top_counts(reasons, REASON_LIMIT, 60))
         status.pop("stats", None)  # hundreds of fields the page does not show
         return status
 
@@ -239,7 +299,8 @@ class DashboardThread:
     """``dashboard`` served on ``host:port`` (0: a free port) from a thread with its own event loop: for
     ``scrapy-dist demo --dashboard`` and the tests. ``url`` is set once it listens; :meth:`close` stops it."""
 
-    def __init__(self, dashboard: Dashboard, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, dashboard: Dashboard, host: str | None = None, port: int = 0) -> None:
+        host = dashboard.host if host is None else host
         self.loop = asyncio.new_event_loop()
         self.url = ""
         self._runner = web.AppRunner(dashboard.app(), access_log=None)

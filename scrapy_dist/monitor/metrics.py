@@ -11,6 +11,7 @@ prefix, base units, ``_total`` counters), and label cardinality is bounded: work
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -22,16 +23,16 @@ from prometheus_client.registry import Collector
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.deadletter import parse_record
+from scrapy_dist.monitor.bounds import REASON_LIMIT, finite, top_counts
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage
+from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 __all__ = ["DEAD_LETTER_SAMPLE", "REASON_LIMIT", "CrawlCollector", "serve"]
 
 #: Dead letters read per scrape (the newest) to count them by reason.
 DEAD_LETTER_SAMPLE = 500
-#: Reasons listed per crawl and metric; the rarer ones are summed under ``reason="other"``.
-REASON_LIMIT = 20
 #: Crawl-wide Scrapy stats exported as counters: stat name -> metric name.
 STAT_COUNTERS = {
     "response_received_count": "scrapy_dist_pages_total",
@@ -49,14 +50,8 @@ ERROR_STATS = {
 }
 
 
-def _bounded(counts: Counter[str], limit: int = REASON_LIMIT) -> list[tuple[str, int]]:
-    top = counts.most_common(limit)
-    rest = sum(counts.values()) - sum(n for _, n in top)
-    return top + ([("other", rest)] if rest else [])
+logger = logging.getLogger(__name__)
 
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 class CrawlCollector(Collector):
@@ -84,6 +79,8 @@ class CrawlCollector(Collector):
         self._lock = threading.Lock()  # the HTTP server scrapes from several threads
         #: one WARNING when Redis goes away, one INFO when it is back (scrapy_dist_up says it meanwhile)
         self.outage = ToolOutage("metrics exporter")
+        #: an unforeseen error building a crawl's metrics: logged once per crawl, then only counted
+        self.errors = RateLimitedLog.once(logger)
 
     # -- reading ---------------------------------------------------------------------------------------
     def snapshots(self) -> list[tuple[str, dict[str, Any] | None, Counter[str]]]:
@@ -105,6 +102,10 @@ class CrawlCollector(Collector):
         except READ_ERRORS as exc:
             self.outage.failed(exc, self.clock())
             return spider, None, Counter()
+        except Exception:  # garbage no parser foresaw: this crawl reads as down, the others are served
+            self.errors.log(logging.ERROR, "The state of %r could not be read", spider, key=spider,
+                            exc_info=True)
+            return spider, None, Counter()
         self.outage.succeeded(self.clock())
         reasons: Counter[str] = Counter()
         for record in raw or []:
@@ -116,108 +117,127 @@ class CrawlCollector(Collector):
 
     # -- the families ------------------------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
-        g = _Families()
+        families: dict[str, Any] = {}
         for spider, s, dead_reasons in self.snapshots():
+            g = _Families()
+            try:
+                if s is not None:
+                    self._crawl(g, spider, s, dead_reasons)
+            except Exception:  # a value no check foresaw: this crawl's figures are lost, not the others'
+                self.errors.log(logging.ERROR, "Metrics of %r could not be built", spider, key=spider,
+                                exc_info=True)
+                g = _Families()
+                s = None
             g.gauge("scrapy_dist_up", "1 if the crawl's state could be read from Redis", spider,
                     0.0 if s is None else 1.0)
-            if s is None:
-                continue
-            front = s["frontier"]
-            for state in ("queued", "inflight", "delayed"):
-                g.gauge("scrapy_dist_frontier_requests", "Requests in the shared frontier, by state", spider,
-                        float(front[state]), state=state)
-            seeds = s["seeds"]
-            for state in ("waiting", "processing"):
-                g.gauge("scrapy_dist_seeds", "Seeds in the seeds key (waiting) or taken by a worker and not"
-                        " yet in the frontier (processing)", spider, float(seeds[state]), state=state)
-            for what, n in s["rejected"].items():
-                g.gauge("scrapy_dist_rejected_entries", "Seeds and queue entries parked as rejected (lists"
-                        " capped by their MAXLEN settings)", spider, float(n), kind=what)
-            g.gauge("scrapy_dist_dead_letters", "Requests in the dead-letter list", spider,
-                    float(s["deadletter"]))
-            for reason, n in _bounded(dead_reasons):
-                g.gauge("scrapy_dist_dead_letters_by_reason", f"Dead letters by reason, among the newest"
-                        f" {DEAD_LETTER_SAMPLE}", spider, float(n), reason=reason)
-            filt = s["filter"] or {}
-            for key, name, doc in (("items", "scrapy_dist_filter_items", "Fingerprints in the dupefilter"),
-                                   ("fill", "scrapy_dist_filter_fill_ratio", "Bloom filter items / capacity"),
-                                   ("fpr_estimate", "scrapy_dist_filter_false_positive_ratio",
-                                    "Estimated false-positive rate of the dupefilter at its current fill"),
-                                   ("memory_bytes", "scrapy_dist_filter_memory_bytes", "Bloom filter size")):
-                value = _number(filt.get(key))
-                if value is not None:
-                    g.gauge(name, doc, spider, value)
-            g.gauge("scrapy_dist_paused", "1 while the crawl is paused", spider,
-                    1.0 if s["control"]["paused"] else 0.0)
-            for state, n in s["workers_summary"].items():
-                if state != "total":
-                    g.gauge("scrapy_dist_workers", "Workers by state (running, lost, closed)", spider,
-                            float(n), state=state)
-            self._stats(g, spider, s["stats"])
-            errors = s["errors"]
-            if errors.get("error_rate") is not None:
-                g.gauge("scrapy_dist_error_ratio", "Errors / attempts over the error monitor's window",
-                        spider, float(errors["error_rate"]))
-            for w in s["workers"]:
-                self._worker(g, spider, w)
-            for d in s["domains"][: self.top_domains]:
-                g.gauge("scrapy_dist_domain_backlog_requests", f"Queued requests of the {self.top_domains}"
-                        " busiest domains (crawl-wide politeness)", spider, float(d["backlog"]),
-                        domain=d["domain"])
-        yield from g.families.values()
+            if s is not None:
+                g.gauge("scrapy_dist_skipped_values", "Values read from Redis and left out: numbers not"
+                        " finite or out of range, overlong stats names, stats beyond the limit", spider,
+                        float(g.skipped + s["garbage"].get("stats", 0)))
+            for name, family in g.families.items():
+                if name in families:
+                    families[name].samples.extend(family.samples)
+                else:
+                    families[name] = family
+        yield from families.values()
+
+    def _crawl(self, g: _Families, spider: str, s: dict[str, Any], dead_reasons: Counter[str]) -> None:
+        """The samples of one crawl's snapshot."""
+        front = s["frontier"]
+        for state in ("queued", "inflight", "delayed"):
+            g.gauge("scrapy_dist_frontier_requests", "Requests in the shared frontier, by state", spider,
+                    front[state], state=state)
+        seeds = s["seeds"]
+        for state in ("waiting", "processing"):
+            g.gauge("scrapy_dist_seeds", "Seeds in the seeds key (waiting) or taken by a worker and not"
+                    " yet in the frontier (processing)", spider, seeds[state], state=state)
+        for what, n in s["rejected"].items():
+            g.gauge("scrapy_dist_rejected_entries", "Seeds and queue entries parked as rejected (lists"
+                    " capped by their MAXLEN settings)", spider, n, kind=what)
+        g.gauge("scrapy_dist_dead_letters", "Requests in the dead-letter list", spider, s["deadletter"])
+        for reason, n in top_counts(dead_reasons, REASON_LIMIT, 60):
+            g.gauge("scrapy_dist_dead_letters_by_reason", f"Dead letters by reason, among the newest"
+                    f" {DEAD_LETTER_SAMPLE}", spider, n, reason=reason)
+        filt = s["filter"] or {}
+        for key, name, doc in (("items", "scrapy_dist_filter_items", "Fingerprints in the dupefilter"),
+                               ("fill", "scrapy_dist_filter_fill_ratio", "Bloom filter items / capacity"),
+                               ("fpr_estimate", "scrapy_dist_filter_false_positive_ratio",
+                                "Estimated false-positive rate of the dupefilter at its current fill"),
+                               ("memory_bytes", "scrapy_dist_filter_memory_bytes", "Bloom filter size")):
+            if filt.get(key) is not None:
+                g.gauge(name, doc, spider, filt[key])
+        g.gauge("scrapy_dist_paused", "1 while the crawl is paused", spider,
+                1.0 if s["control"]["paused"] else 0.0)
+        for state, n in s["workers_summary"].items():
+            if state != "total":
+                g.gauge("scrapy_dist_workers", "Workers by state (running, lost, closed)", spider,
+                        n, state=state)
+        self._stats(g, spider, s["stats"])
+        errors = s["errors"]
+        if errors.get("error_rate") is not None:
+            g.gauge("scrapy_dist_error_ratio", "Errors / attempts over the error monitor's window",
+                    spider, errors["error_rate"])
+        for w in s["workers"]:
+            self._worker(g, spider, w)
+        for d in s["domains"][: self.top_domains]:
+            g.gauge("scrapy_dist_domain_backlog_requests", f"Queued requests of the {self.top_domains}"
+                    " busiest domains (crawl-wide politeness)", spider, d["backlog"], domain=d["domain"])
 
     @staticmethod
     def _stats(g: _Families, spider: str, stats: dict[str, Any]) -> None:
         for stat, name in STAT_COUNTERS.items():
-            value = _number(stats.get(stat))
-            if value is not None:
-                g.counter(name, f"Scrapy stat {stat}, summed over every worker", spider, value)
+            if stat in stats:
+                g.counter(name, f"Scrapy stat {stat}, summed over every worker", spider, stats[stat])
         reasons: Counter[str] = Counter()
         for stat, value in stats.items():
             for prefix, label in ERROR_STATS.items():
-                if stat.startswith(prefix) and _number(value) is not None:
+                if stat.startswith(prefix) and finite(value) is not None:
                     code = stat[len(prefix):]
                     if label == "http:" and not code.startswith(("4", "5")):
                         continue
                     reasons[label + code.rsplit(".", 1)[-1][:60]] += int(value)
-        for reason, n in _bounded(reasons):
+        for reason, n in top_counts(reasons, REASON_LIMIT, 70):
             g.counter("scrapy_dist_errors_total", "Download exceptions, spider exceptions and HTTP 4xx/5xx"
-                      " responses, by reason", spider, float(n), reason=reason)
+                      " responses, by reason", spider, n, reason=reason)
 
     @staticmethod
     def _worker(g: _Families, spider: str, w: dict[str, Any]) -> None:
         labels = {"worker": w["id"]}
         for key, name, doc in (("pages", "scrapy_dist_worker_pages_total", "Pages this worker crawled"),
                                ("items", "scrapy_dist_worker_items_total", "Items this worker scraped")):
-            value = _number(w.get(key))
-            if value is not None:
-                g.counter(name, doc, spider, value, **labels)
-        leases = _number(w.get("leases"))
-        if leases is not None:
+            if w.get(key) is not None:
+                g.counter(name, doc, spider, w[key], **labels)
+        if w.get("leases") is not None:
             g.gauge("scrapy_dist_worker_leases", "Requests this worker holds (per its heartbeat)", spider,
-                    leases, **labels)
+                    w["leases"], **labels)
         g.gauge("scrapy_dist_worker_last_seen_timestamp_seconds", "Unix time of the worker's last heartbeat",
-                spider, float(w["last_seen"]), **labels)
+                spider, w["last_seen"], **labels)
         g.gauge("scrapy_dist_worker_up", "1 while the worker is running (not lost or closed)", spider,
                 1.0 if w["state"] == "running" else 0.0, **labels)
 
 
 class _Families:
-    """Metric families by name, built up one sample at a time (labels: ``spider`` then the rest)."""
+    """Metric families by name, built up one sample at a time (labels: ``spider`` then the rest); a value
+    that is no finite number within range is left out and counted in ``skipped``."""
 
     def __init__(self) -> None:
         self.families: dict[str, Any] = {}
+        self.skipped = 0
 
-    def _add(self, cls: type, name: str, doc: str, spider: str, value: float, labels: dict[str, str]) -> None:
+    def _add(self, cls: type, name: str, doc: str, spider: str, raw: Any, labels: dict[str, str]) -> None:
+        value = finite(raw)
+        if value is None:
+            self.skipped += 1
+            return
         family = self.families.get(name)
         if family is None:
             family = self.families[name] = cls(name, doc, labels=["spider", *labels])
         family.add_metric([spider, *labels.values()], value)
 
-    def gauge(self, name: str, doc: str, spider: str, value: float, **labels: str) -> None:
+    def gauge(self, name: str, doc: str, spider: str, value: Any, **labels: str) -> None:
         self._add(GaugeMetricFamily, name, doc, spider, value, labels)
 
-    def counter(self, name: str, doc: str, spider: str, value: float, **labels: str) -> None:
+    def counter(self, name: str, doc: str, spider: str, value: Any, **labels: str) -> None:
         # CounterMetricFamily takes the name without ``_total`` and adds it to the sample
         self._add(CounterMetricFamily, name.removesuffix("_total"), doc, spider, value, labels)
 

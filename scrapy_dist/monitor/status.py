@@ -22,6 +22,7 @@ from scrapy_dist.extensions.workers import CLOSED, LOST, RUNNING, parse_worker_h
 from scrapy_dist.frontier.control import ControlState, parse_control
 from scrapy_dist.frontier.politeness import busiest_domains
 from scrapy_dist.frontier.shard import lease_parts
+from scrapy_dist.monitor.bounds import bounded_id, bounded_text, decode_hash, decode_stats, top_counts
 from scrapy_dist.monitor.filterstatus import combine_filters, filter_figures
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.replies import count as untrusted_count
@@ -33,28 +34,6 @@ WORKER_LIMIT = 200
 #: The lease index is scanned for per-worker lease counts only while it is at most this big.
 LEASE_SCAN_LIMIT = 100_000
 
-
-
-def _number(text: str) -> int | float | str:
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return value if math.isfinite(value) else text
-
-
-def decode_hash(raw: dict[Any, Any]) -> dict[str, str]:
-    """An ``HGETALL`` reply as ``str -> str``."""
-    return {text(k): text(v) for k, v in (raw or {}).items()}
-
-
-def decode_stats(raw: dict[Any, Any]) -> dict[str, int | float | str]:
-    """The crawl-wide stats hash with numbers as numbers, sorted by name (Scrapy's stat names)."""
-    return {k: _number(v) for k, v in sorted(decode_hash(raw).items())}
 
 
 def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
@@ -81,7 +60,7 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
             if fresh and value.isascii() and value.isdigit() and len(value) <= 15:
                 totals[name] += int(value)
     attempts, errors = totals.get("attempts", 0), totals.get("errors", 0)
-    reasons = {k[2:]: n for k, n in totals.most_common() if k.startswith("r:")}
+    reasons = dict(top_counts((k[2:], n) for k, n in totals.items() if k.startswith("r:")))
     return {
         "window": window or None,
         "attempts": attempts,
@@ -96,8 +75,8 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
 
 def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ()) -> Counter[str]:
     """Count leases per worker id: from the tags of lease keys
-    (:func:`scrapy_dist.frontier.shard.lease_parts`) and from lease meta values (``"<score> <worker
-    id>"``: leases filed without a tag)."""
+    (:func:`scrapy_dist.frontier.shard.lease_parts`) and from lease meta values (``"<score> <worker id>"``:
+    leases filed without a tag)."""
     out: Counter[str] = Counter()
     for key in lease_keys:
         tagged = lease_parts(key if isinstance(key, bytes) else text(key).encode())[2]
@@ -122,7 +101,7 @@ def worker_rows(
             info = parse_worker_hash(raw)
         except RejectedEntry:
             info = parse_worker_hash({})
-        wid = text(member)
+        wid = bounded_id(member)
         seen = float(last_seen)
         if not math.isfinite(seen):  # ZADD accepts +inf: such a worker is never "seen" at any real time
             seen = 0.0
@@ -131,7 +110,7 @@ def worker_rows(
             seen, now, default_interval,
         )
         if leases is not None:
-            inflight: int | None = leases.get(wid, 0)
+            inflight: int | None = leases.get(text(member), 0)
         elif info.inflight is not None:
             inflight = info.inflight + (info.prefetched or 0)
         else:
@@ -139,7 +118,7 @@ def worker_rows(
         running = state == RUNNING
         row: dict[str, Any] = {
             "id": wid,
-            "host": info.host or wid.split(":", 1)[0],
+            "host": info.host or bounded_text(wid.split(":", 1)[0]),
             "pid": info.pid,
             "state": state,
             "last_seen": round(seen, 3),
@@ -183,29 +162,50 @@ def crawl_state(control: ControlState, running: int, started: list[float | None]
     return "running" if running else "stopped"
 
 
-def revisit_figures(client: Any, shards: list[CrawlKeys], now: float) -> dict[str, Any]:
-    """Scheduled revisits (the delayed meta field ``revisits`` of each shard, see lua/sync_settle.lua) and
-    how soon the delayed set's next entry (revisit or retry) comes due: ``{"scheduled": n, "next_in":
-    seconds or None}``. One pipelined round trip; garbage counts as 0 / no time."""
+def _first_score(reply: Any) -> float | None:
+    """The score of a one-member ``ZRANGE ... WITHSCORES`` reply, if it is a finite number."""
+    if not (isinstance(reply, list) and reply and isinstance(reply[0], (list, tuple)) and len(reply[0]) == 2):
+        return None
+    try:
+        score = float(reply[0][1])
+    except (TypeError, ValueError):
+        return None
+    return score if math.isfinite(score) else None
+
+
+def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """When things come due, in one pipelined round trip; garbage counts as 0 / no time.
+
+    Scheduled revisits (the delayed meta field ``revisits`` of each shard, see lua/sync_settle.lua) and how
+    soon the delayed set's next entry (revisit or retry) comes due: ``{"scheduled": n, "next_in": seconds
+    or None}``; and when the first and the last lease runs out (a lease that ran out goes back to the queue
+    at the next sync of any worker): ``{"first_in": seconds or None, "last_in": seconds or None}``."""
     p = client.pipeline(transaction=False)
     for shard in shards:
         p.hget(shard.delayed_meta, "revisits")
         p.zrange(shard.delayed, 0, 0, withscores=True)
-    replies = _replies(p, [None, []] * len(shards))
-    scheduled, due = 0, math.inf
-    for i in range(0, len(replies), 2):
-        raw, first = replies[i], replies[i + 1]
+        p.zrange(shard.leases, 0, 0, withscores=True)
+        p.zrange(shard.leases, -1, -1, withscores=True)
+    replies = _replies(p, [None, [], [], []] * len(shards))
+    scheduled = 0
+    due: list[float] = []
+    first: list[float] = []
+    last: list[float] = []
+    for i in range(0, len(replies), 4):
+        raw = replies[i]
         held = text(raw)
         if held.isascii() and held.isdigit() and len(held) <= 15:
             scheduled += int(held)
-        if isinstance(first, list) and first and isinstance(first[0], (list, tuple)) and len(first[0]) == 2:
-            try:
-                score = float(first[0][1])
-            except (TypeError, ValueError):
-                continue
-            if math.isfinite(score):
-                due = min(due, score)
-    return {"scheduled": scheduled, "next_in": None if due == math.inf else round(max(0.0, due - now), 1)}
+        for found, reply in ((due, replies[i + 1]), (first, replies[i + 2]), (last, replies[i + 3])):
+            score = _first_score(reply)
+            if score is not None:
+                found.append(score)
+
+    def seconds(scores: list[float], pick: Any) -> float | None:
+        return round(min(max(0.0, pick(scores) - now), 1e10), 1) if scores else None
+
+    return ({"scheduled": scheduled, "next_in": seconds(due, min)},
+            {"first_in": seconds(first, min), "last_in": seconds(last, max)})
 
 
 def lease_breakdown(leased: int, workers: list[dict[str, Any]]) -> dict[str, int | None]:
@@ -248,9 +248,10 @@ def _domains(client: Any, shards: list[CrawlKeys], now: float, limit: int) -> li
     rows: list[dict[str, Any]] = []
     for keys in shards:
         try:
-            rows += busiest_domains(client, keys, now, limit)
+            found = busiest_domains(client, keys, now, limit)
         except (ValueError, TypeError, ArithmeticError, ScrapyDistError, ResponseError):
             continue  # garbage in the politeness keys: the rest of the status is still worth showing
+        rows += [{**row, "domain": bounded_text(row["domain"])} for row in found]
     rows.sort(key=lambda r: (r["backlog"], r["in_flight"]), reverse=True)
     return rows[:limit]
 
@@ -351,6 +352,8 @@ def read_status(
     workers = worker_rows(members, replies, leases, now, default_interval)
     states = Counter(w["state"] for w in workers)
     errors = window_totals(errors_raw, now)
+    stats, stats_skipped = decode_stats(stats_raw)
+    revisits, expiry = due_figures(client, shards, now)
     return {
         "spider": keys.spider,
         "time": round(now, 3),
@@ -358,8 +361,9 @@ def read_status(
                              [w["started"] for w in workers if w["state"] == RUNNING], now),
         # "inflight": every lease (kept for scripts); "leases": what holds them
         "frontier": {"queued": int(queued), "inflight": int(inflight), "delayed": int(delayed)},
-        "revisits": revisit_figures(client, shards, now),
-        "leases": lease_breakdown(int(inflight), workers),
+        "revisits": revisits,
+        # what holds the leases, and when the first and the last run out (back in the queue then)
+        "leases": {**lease_breakdown(int(inflight), workers), **expiry},
         "shards": len(shards),
         "deadletter": int(dead),
         "seeds": {
@@ -393,6 +397,8 @@ def read_status(
         "garbage": {
             "control": list(control.problems),
             "workers": sum(1 for w in workers if w.get("garbage")),
+            # stats fields skipped: numbers not finite or out of range, overlong names, over the limit
+            "stats": stats_skipped,
         },
-        "stats": decode_stats(stats_raw),
+        "stats": stats,
     }

@@ -131,11 +131,15 @@ class RedisTarget:
         return RedisUnavailable(f"Cannot reach Redis at {self.masked_url} ({reason}); {hint}")
 
 
-def resolve_target(settings: SettingsLike | DistSettings) -> RedisTarget:
-    """Which Redis the settings point at (the order: module docstring), for workers and the ``scrapy-dist``
-    command alike. The first use of a Redis in a process logs one INFO line naming it (password masked)
-    and the setting that chose it; with no Redis setting this joins or starts the embedded server
-    (:class:`RedisUnavailable` if it cannot start).
+def resolve_target(settings: SettingsLike | DistSettings, *, notice: bool = True) -> RedisTarget:
+    """Which Redis the settings point at (see the module docstring for the order); the one function
+    workers and the ``scrapy-dist`` command use.
+
+    The first time a process uses a Redis it logs one INFO line naming it (password masked) and the
+    setting that chose it. With no Redis setting this joins -- or starts -- the embedded server (and
+    logs one WARNING saying the crawl is confined to this machine, unless ``notice`` is false: the
+    ``scrapy-dist`` command says which Redis it uses in its own words); it raises
+    :class:`RedisUnavailable` if that server cannot start.
     """
     conn = _dist(settings).connection
     params = dict(conn.params)
@@ -160,14 +164,14 @@ def resolve_target(settings: SettingsLike | DistSettings) -> RedisTarget:
             cluster=conn.cluster,
         )
     else:
-        return _embedded_target(conn, params)
+        return _embedded_target(conn, params, notice)
     if target.masked_url not in _announced_urls:
         _announced_urls.add(target.masked_url)
         logger.info("Using Redis at %s (from %s)", target.masked_url, target.setting)
     return target
 
 
-def _embedded_target(conn: ConnectionSettings, params: dict[str, Any]) -> RedisTarget:
+def _embedded_target(conn: ConnectionSettings, params: dict[str, Any], notice: bool) -> RedisTarget:
     server = EmbeddedRedis.for_settings(
         {"REDIS_EMBEDDED_DIR": conn.embedded_dir, "REDIS_EMBEDDED_MAXMEMORY": conn.embedded_maxmemory}
     )
@@ -177,7 +181,7 @@ def _embedded_target(conn: ConnectionSettings, params: dict[str, Any]) -> RedisT
     if params.get("db"):
         url = url.replace("?db=0", f"?db={params['db']}")
     target = RedisTarget(url=url, setting="embedded", params=params, cluster=False, embedded_dir=directory)
-    if directory not in _announced:
+    if notice and directory not in _announced:
         _announced.add(directory)
         # WARNING: a user who meant to share one Redis between machines must not miss it.
         logger.warning(

@@ -28,13 +28,14 @@ from scrapy_dist.frontier.scheduler import Scheduler, get_scheduler, make_worker
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import crawl_keys
 from scrapy_dist.redis.outage import Backoff, Outage, is_outage
+from scrapy_dist.seeds import nearmiss
 from scrapy_dist.seeds import reader as seedreader
 from scrapy_dist.seeds.parse import SeedRules, reason_slug, validate_url
 from scrapy_dist.seeds.reader import BLOCK_SECONDS, CONFIRM_POLL, POLL_SECONDS, SeedReader, TakeResult
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 from scrapy_dist.wire.codec import check_offsite
-from scrapy_dist.wire.rejections import rejection_record
+from scrapy_dist.wire.rejections import preview, rejection_record
 from scrapy_dist.wire.seedfields import priority_from_score
 
 if TYPE_CHECKING:
@@ -147,6 +148,7 @@ class SeedFeed:
             "Reading seeds from %r (%s) as worker %s; rejected seeds go to %r",
             self.keys.start_urls, r.kind, r.worker_id, self.keys.start_urls_rejected,
         )
+        await nearmiss.warn_at_start(r.redis, self.keys)  # seeds pushed to a misspelt key wait for ever
         while not self._closing:
             self._collect_confirmed(sched)
             unconfirmed = sum(len(t.entries) for t in self._taken)
@@ -342,8 +344,8 @@ class SeedFeed:
         self.stats.inc_value(f"seeds/rejected/{reason}")
         self._records.append(rejection_record(reason, raw, self.reader.worker_id, exc.detail))
         self._reject_log.log(
-            logging.WARNING, "Rejected a seed from %r (%s: %s); recorded in %r",
-            self.keys.start_urls, reason, exc.detail, self.keys.start_urls_rejected,
+            logging.WARNING, "Rejected a seed from %r (%s: %s): %s; recorded in %r", self.keys.start_urls,
+            reason, preview(exc.detail, 200, quote=False), preview(raw), self.keys.start_urls_rejected,
         )
 
     # -- shutdown ---------------------------------------------------------------------------------------

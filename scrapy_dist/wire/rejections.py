@@ -12,9 +12,25 @@ import base64
 import json
 import time
 
-__all__ = ["RAW_LIMIT", "rejection_record"]
+__all__ = ["PREVIEW_LIMIT", "RAW_LIMIT", "preview", "rejection_record"]
 
 RAW_LIMIT = 1024
+#: Characters of a refused entry quoted in a log line.
+PREVIEW_LIMIT = 100
+
+
+def preview(raw: bytes | str, limit: int = PREVIEW_LIMIT, quote: bool = True) -> str:
+    """The head of refused input for a log line (quoted unless not ``quote``): at most ``limit`` characters
+    (then ``…``), undecodable bytes
+    as ``\\xNN`` and every character that is not printable (newlines, terminal escapes, bidi controls) as
+    an escape, so one entry is one line that shows what it was and cannot rewrite the log or terminal."""
+    text = raw[: limit * 4].decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
+    cut = len(text) > limit or len(raw) > limit * 4
+    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+                    for c in text[:limit])
+    if quote:
+        return "'" + shown.replace("'", "\\'") + ("'…" if cut else "'")
+    return shown + ("…" if cut else "")
 
 
 def rejection_record(reason: str, raw: bytes, worker: str, detail: str = "", now: float | None = None) -> str:
