@@ -56,6 +56,19 @@ class FrontierReport:
         if result.rejected:  # malformed members the script parked itself
             stats.inc_value("scheduler/rejected", result.rejected)
             stats.inc_value("scheduler/rejected/bad_member", result.rejected)
+        if result.items:
+            stats.inc_value("redis_items/written", result.items)
+        if result.acks_refused:
+            stats.inc_value("scheduler/acks_refused", result.acks_refused)
+            if result.items_refused:
+                stats.inc_value("redis_items/refused", result.items_refused)
+            logger.warning(
+                "The frontier refused %d acknowledgements and their %d items: those leases were no longer"
+                " this worker's (it was stopped or cut off longer than SCHEDULER_LEASE_SECONDS and another"
+                " worker took them, or an earlier call had already acknowledged them). Their items come"
+                " from the other fetch, once; feed exports may hold these pages' items twice",
+                result.acks_refused, result.items_refused,
+            )
         for key in result.repaired:
             self._log.log(
                 logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing", key,

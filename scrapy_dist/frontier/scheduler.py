@@ -37,6 +37,7 @@ from scrapy_dist.dupefilter.filters import RedisDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
+from scrapy_dist.frontier.feeds import FeedBarrier
 from scrapy_dist.frontier.layout import CrawlLayout
 from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.frontier.politeness import DomainLimits, penalty_seconds
@@ -251,6 +252,8 @@ class Scheduler:
             lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,
             idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
         )
+        if self.crawler is not None:  # local feed files are on disk before their pages' acks
+            FeedBarrier.install(self.crawler, self.loop)
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
             logger.warning(
                 "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"

@@ -15,11 +15,12 @@
 local SYNC_KEYS = {'queue', 'leases', 'lease_meta', 'seq', 'delayed', 'delayed_meta', 'rejected',
                    'deadletter', 'workers', 'control', 'domains', 'domain_info', 'tails'}
 local SYNC_HEAD = {'now', 'worker', 'lease_seconds', 'lease', 'order', 'politeness', 'seed', 'heartbeat',
-                   'max_entry_bytes', 'rejected_maxlen', 'dead_maxlen', 'dupe_mode', 'limits_bound'}
+                   'max_entry_bytes', 'rejected_maxlen', 'dead_maxlen', 'dupe_mode', 'limits_bound',
+                   'items_mode', 'items_maxlen'}
 -- name, items' width without politeness, extra width with politeness
 local SYNC_SECTIONS = {{'enqueue', 4, 2}, {'ack', 1, 0}, {'renew', 1, 0}, {'release', 1, 0},
                        {'delay', 3, 2}, {'reject', 2, 0}, {'dead', 1, 0}, {'penalize', 2, 0},
-                       {'revisit', 3, 0}, {'forget', 2, 0}}
+                       {'revisit', 3, 0}, {'forget', 2, 0}, {'items', 2, 0}}
 -- records in one queue chunk (a member holding several requests, see sync_enqueue.lua)
 local CHUNK_RECORDS = 16
 -- seqs are 6 bytes; the counter is refused (repaired) long before it could wrap
