@@ -126,3 +126,93 @@ def test_feed_exports_lose_no_item_through_kill_and_stop(
     expected = {(site.page_url(i), part) for i in range(PAGES) for part in range(3)}
     assert set(seen) == expected, f"lost {len(expected - set(seen))}: {sorted(expected - set(seen))[:5]}"
     assert project.stats(0).get("feeds/fsyncs", 0) > 0
+
+
+PIPELINES = '''
+
+import asyncio
+import os
+
+from twisted.internet import defer
+
+
+class _Record:
+    def __init__(self, path):
+        self.path = path
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        return cls(os.path.join(crawler.settings["RECORD_DIR"], f"{cls.__name__}-{os.getpid()}.txt"))
+
+    def record(self, item):
+        # one line per finished process_item, on disk before it returns (a SIGKILL keeps it)
+        with open(self.path, "a") as fh:
+            fh.write(f"{item['url']} {item['part']}\\n")
+
+
+class RaisingPipeline(_Record):
+    def process_item(self, item):
+        if item["part"] == 1:
+            self.record(item)
+            raise ValueError("part 1 is refused")
+        return item
+
+
+class SlowAsyncPipeline(_Record):
+    async def process_item(self, item):
+        await asyncio.sleep(0.3)
+        self.record(item)
+        return item
+
+
+class SlowDeferredPipeline(_Record):
+    def process_item(self, item):
+        from twisted.internet import reactor
+
+        d = defer.Deferred()
+        reactor.callLater(0.2, d.callback, item)
+        d.addCallback(lambda it: (self.record(it), it)[1])
+        return d
+'''
+
+
+def _records(root: Path, name: str) -> Counter[tuple[str, int]]:
+    out: Counter[tuple[str, int]] = Counter()
+    for path in root.glob(f"{name}*.txt"):
+        for line in path.read_text().splitlines():
+            url, _, part = line.rpartition(" ")
+            if url:
+                out[(url, int(part))] += 1
+    return out
+
+
+@pytest.mark.slow
+def test_a_page_is_acknowledged_only_once_every_pipeline_finished_its_items(
+    tmp_path: Path, site_factory: Any, redis_url: str
+) -> None:
+    """Slow pipelines (a coroutine, a Deferred) and one that raises: a worker SIGKILLed mid-crawl has
+    acknowledged no page whose items were still in a pipeline, so each item finished every pipeline."""
+    site = site_factory(pages=150, links=6)
+    mod = "proj.spiders.test_spiders"
+    project = make_project(tmp_path, {
+        "REDIS_URL": redis_url, "CONCURRENT_REQUESTS": 8, "SCHEDULER_LEASE_SECONDS": LEASE,
+        "SCHEDULER_IDLE_BEFORE_CLOSE": 2, "RECORD_DIR": str(tmp_path),
+        "ITEM_PIPELINES": {f"{mod}.RaisingPipeline": 100, f"{mod}.SlowAsyncPipeline": 200,
+                           f"{mod}.SlowDeferredPipeline": 300},
+    }, spiders=SPIDER + PIPELINES)
+    try:
+        project.crawl("pages", args={"seed": site.page_url(0)})
+        victim = project.crawl("pages")
+        project.wait_until_open()
+        mine = f"SlowDeferredPipeline-{victim.pid}"
+        _wait(lambda: len(_records(tmp_path, mine)) >= 20, "the victim's items did not go through", project)
+        victim.send_signal(signal.SIGKILL)
+        assert project.wait_all(timeout=150)[0] == 0, project.logs()[-4000:]
+    finally:
+        project.stop_all()
+    urls = {site.page_url(i) for i in range(150)}
+    for name, parts in (("RaisingPipeline", (1,)), ("SlowAsyncPipeline", (0, 2)),
+                        ("SlowDeferredPipeline", (0, 2))):
+        done = _records(tmp_path, name)
+        missing = {(u, p) for u in urls for p in parts} - set(done)
+        assert not missing, f"{name}: {len(missing)} items never finished: {sorted(missing)[:5]}"
