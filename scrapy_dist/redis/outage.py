@@ -90,7 +90,11 @@ def _torn_connection(exc: BaseException) -> bool:
 
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` means "Redis is away for now" (wait and retry) rather than an error to report."""
-    return isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc)
+    if isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc):
+        return True
+    # a script's write refused for lack of memory or on a replica heals by waiting, as the plain command
+    what = refusal(exc) if isinstance(exc, redis.exceptions.ResponseError) else None
+    return what is not None and not what.startswith("NOPERM")
 
 
 #: Redis's own refusals, named as such: Redis answers, but will not take this write (yet)
@@ -104,12 +108,22 @@ _REFUSALS: tuple[tuple[type[BaseException], str], ...] = (
 )
 
 
+#: how a refusal reads inside a script's error reply (a write inside a Lua script refused by Redis)
+_SCRIPT_REFUSALS = (("-OOM ", 0), ("-READONLY ", 1), ("-NOPERM ", 2))
+
+
 def refusal(exc: BaseException) -> str | None:
-    """What Redis refused, when ``exc`` is one of its own refusals (OOM, READONLY, NOPERM): Redis is there
-    and said no, which is no outage to report as one; None for anything else."""
+    """What Redis refused, when ``exc`` is one of its own refusals (OOM, READONLY, NOPERM), raised by a
+    command or by a write inside a script: Redis is there and said no, which is no outage to report as
+    one; None for anything else."""
     for kind, what in _REFUSALS:
         if isinstance(exc, kind):
             return what
+    if isinstance(exc, redis.exceptions.ResponseError):
+        text = str(exc)
+        for mark, index in _SCRIPT_REFUSALS:
+            if mark in text:
+                return _REFUSALS[index][1]
     return None
 
 
