@@ -29,7 +29,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-TITLE = "Items through chaos: RedisPipeline LIST/STREAM and FEEDS jsonl under SIGKILL, SIGSTOP and a Redis restart"
+TITLE = ("Items through chaos: RedisPipeline LIST/STREAM and FEEDS jsonl under SIGKILL, SIGSTOP and a Redis"
+         " restart")
 OUTPUTS = ("list", "stream", "feeds")
 LEASE = 4
 ITEMS_PER_PAGE = 3
@@ -60,7 +61,8 @@ class ChaosSpider(scrapy.Spider):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("chaos benchmark")
-    group.add_argument("--chaos-runs", type=int, metavar="N", help="crawls per output (default 3; 1 with --quick)")
+    group.add_argument("--chaos-runs", type=int, metavar="N",
+                       help="crawls per output (default 3; 1 with --quick)")
     group.add_argument("--chaos-outputs", default=",".join(OUTPUTS), metavar="NAME[,NAME]",
                        help=f"which of {', '.join(OUTPUTS)} (default: all)")
 
@@ -103,7 +105,8 @@ class _Workers:
             cmd += ["-s", f"{k}={v}"]
         if seed:
             cmd += ["-a", f"seed={seed}"]
-        env = {**os.environ, "PYTHONPATH": f"{self.root}{os.pathsep}{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        path = os.pathsep.join([str(self.root), str(REPO), os.environ.get("PYTHONPATH", "")])
+        env = {**os.environ, "PYTHONPATH": path}
         env.pop("SCRAPY_SETTINGS_MODULE", None)
         with open(self.root / f"worker-{n}.log", "wb") as log:
             proc = subprocess.Popen(cmd, cwd=self.root, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -131,7 +134,8 @@ def _items(output: str, client: Any, root: Path) -> list[tuple[str, int]]:
                     continue
                 out.append((item["url"], item["part"]))
     elif output == "stream":
-        out = [(d["url"], d["part"]) for d in (json.loads(f[b"item"]) for _, f in client.xrange("chaos:items"))]
+        rows = client.xrange("chaos:items")
+        out = [(d["url"], d["part"]) for d in (json.loads(f[b"item"]) for _, f in rows)]
     else:
         out = [(d["url"], d["part"]) for d in (json.loads(v) for v in client.lrange("chaos:items", 0, -1))]
     return out
@@ -239,7 +243,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       r["duplicate_fetches"], r["items_per_s"], r["seconds"], chaos_text(r["chaos"])]
                      for r in rows],
         }],
-        "notes": ["feeds: at least once by design (a page fetched again after a kill writes its items again)"],
+        "notes": ["feeds: at least once by design (a page fetched again after a kill writes its items"
+                  " again)"],
         "data": {"rows": rows},
         "failed": failed,
     }

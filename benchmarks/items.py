@@ -139,11 +139,13 @@ async def _ride_acks(crawler: Any, url: str, count: int, stream: bool) -> float:
     frontier = Frontier(client, CrawlKeys("bench"), "bench:1:w", None,
                         items=ItemRoute(KEY, "stream" if stream else "list"))
     for first in range(0, count, 500):
-        pages = [("", "", float(i), b"\x01page-%d" % i, "", "") for i in range(first, min(count, first + 500))]
+        last = min(count, first + 500)
+        pages = [("", "", float(i), b"\x01page-%d" % i, "", "") for i in range(first, last)]
         await frontier.sync(SyncBatch(enqueue=pages))
     leases: list[bytes] = []
     while len(leases) < count:
-        leases += [m for m, _ in (await frontier.sync(SyncBatch(lease=min(1000, count - len(leases))))).leased]
+        got = await frontier.sync(SyncBatch(lease=min(1000, count - len(leases))))
+        leases += [m for m, _ in got.leased]
     pipe = RedisPipeline.from_crawler(crawler)
     await pipe.open_spider()
     pipe.outbox = outbox = ItemOutbox()

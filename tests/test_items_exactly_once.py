@@ -96,7 +96,9 @@ def test_a_zombie_whose_page_nobody_took_yet_still_acks_it(redis_url: str, redis
     assert _items(redis_client, False) == ['"a"']
 
 
-def test_a_call_sent_again_after_a_lost_answer_writes_its_items_once(redis_url: str, redis_client: Any) -> None:
+def test_a_call_sent_again_after_a_lost_answer_writes_its_items_once(
+    redis_url: str, redis_client: Any
+) -> None:
     async def go() -> None:
         client, a, _ = await _workers(redis_url, False)
         try:

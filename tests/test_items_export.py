@@ -11,8 +11,8 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from scrapy_dist.cli import main
 from scrapy_dist.cli import export as export_mod
+from scrapy_dist.cli import main
 
 
 def _fill(client: redis.Redis, stream: bool, n: int) -> None:

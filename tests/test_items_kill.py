@@ -4,6 +4,7 @@ once. Feed exports (one local JSON Lines file per worker): every item at least o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -53,10 +54,8 @@ def _feed_items(root: Path) -> list[dict[str, Any]]:
     out = []
     for path in sorted(root.glob("feed-*.jsonl")):
         for line in path.read_text().splitlines():
-            try:
+            with contextlib.suppress(ValueError):  # a killed worker's last line may be cut short
                 out.append(json.loads(line))
-            except ValueError:  # the last line of a killed worker's file may be cut short
-                pass
     return out
 
 
@@ -78,7 +77,8 @@ def _crawl_with_kill_and_stop(tmp_path: Path, site: Any, redis_url: str, output:
     project = make_project(tmp_path, settings, spiders=SPIDER)
 
     def crawl(i: int, seed: str | None = None) -> Any:
-        extra = {"FEEDS": {str(tmp_path / f"feed-{i}.jsonl"): {"format": "jsonlines"}}} if output == "feed" else {}
+        feed = {str(tmp_path / f"feed-{i}.jsonl"): {"format": "jsonlines"}}
+        extra = {"FEEDS": feed} if output == "feed" else {}
         return project.crawl("pages", args={"seed": seed} if seed else {}, settings=extra)
 
     try:

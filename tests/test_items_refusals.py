@@ -105,7 +105,8 @@ def test_redis_refusals_are_named_not_reported_as_an_outage(caplog: pytest.LogCa
     outage = Outage(log)
     guard = outage.guard("item pipeline", Backoff(), log)
     with caplog.at_level(logging.WARNING, logger="test.refusals"):
-        guard.failed(redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'"), 0.0)
+        oom = "command not allowed when used memory > 'maxmemory'"
+        guard.failed(redis.exceptions.OutOfMemoryError(oom), 0.0)
         outage.since = None
         guard.failed(redis.exceptions.ReadOnlyError("You can't write against a read only replica."), 1.0)
         guard.failed(redis.exceptions.NoPermissionError("this user has no permissions to run 'rpush'"), 2.0)

@@ -61,7 +61,9 @@ class Exporter:
 
     def remaining(self) -> int:
         kind = self.kind()
-        return int(self.client.llen(self.key) if kind == "list" else self.client.xlen(self.key) if kind == "stream" else 0)
+        if kind not in ("list", "stream"):
+            return 0
+        return int(self.client.llen(self.key) if kind == "list" else self.client.xlen(self.key))
 
     # -- the journal ------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -133,7 +135,8 @@ class Exporter:
         if fresh:
             writer.writeheader()
         for item in items:
-            writer.writerow({k: v if isinstance(v, (str, int, float)) else json.dumps(v) for k, v in item.items()})
+            writer.writerow({k: v if isinstance(v, (str, int, float)) else json.dumps(v)
+                             for k, v in item.items()})
         return out.getvalue().encode()
 
     def _header(self) -> list[str]:

@@ -115,8 +115,8 @@ def _format(position: str, raw: bytes, json_lines: bool) -> tuple[str | None, st
 @click.option("--follow", "-f", is_flag=True, help="Keep printing items as they arrive (Ctrl-C stops).")
 @click.option("--json-lines", "-j", is_flag=True, help="One compact JSON document per line, nothing else.")
 @click.option("--export", "export_to", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Move the items to this file (JSON Lines, or CSV for a .csv name), removing each chunk from"
-                   " Redis only once the file is fsynced; run again to resume.")
+              help="Move the items to this file (JSON Lines, or CSV for a .csv name), removing each chunk"
+                   " from Redis only once the file is fsynced; run again to resume.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default=None,
               help="--export's format (default: from the file name).")
 @force_option

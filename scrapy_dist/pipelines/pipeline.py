@@ -107,13 +107,16 @@ def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = ""
 
 
 class RedisPipeline:
-    """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``), in batches.
+    """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``).
 
-    ``process_item`` returns once the item is in Redis. A batch is written when it holds ``batch_size``
+    With the scrapy-dist scheduler (:attr:`outbox` set at open), ``process_item`` encodes the item and the
+    ``item_scraped`` signal stages it under its response's request; it rides that request's ack and is
+    appended only if the ack is accepted (exactly once). Otherwise ``process_item`` returns once the item
+    is in Redis, written in batches: a batch is written when it holds ``batch_size``
     items or ``flush_interval`` seconds after its first item, whichever comes first (taking along what
     else is buffered by then, up to 16 batches); the rest is written on close. A write is one round trip:
     one ``RPUSH`` with all its items, or one call of the ``items_xadd`` script running their ``XADD``
-    commands inside Redis -- never one per item (batching: :class:`~scrapy_dist.pipelines.batchwriter.BatchWriter`).
+    commands inside Redis -- never one per item (:class:`~scrapy_dist.pipelines.batchwriter.BatchWriter`).
     Redis errors are retried with capped backoff, forever (:mod:`scrapy_dist.redis.outage`: an outage is one
     warning per worker): nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
 
@@ -222,8 +225,8 @@ class RedisPipeline:
         if not self.exactly_once or sched is None:
             return None
         if type(self).item_key is not RedisPipeline.item_key:
-            logger.warning("%s overrides item_key(): items are written at least once, in batches of their own",
-                           type(self).__name__)
+            logger.warning("%s overrides item_key(): items are written at least once, in batches of"
+                           " their own", type(self).__name__)
             return None
         found = _outbox.attach(sched, ItemRoute(self.key, "stream" if self.stream else "list", self.maxlen))
         if found is None:
