@@ -153,3 +153,48 @@ def test_items_key_of_another_type_is_moved_aside_not_half_written(redis_url: st
     run(go())
     assert redis_client.get(f"{ITEMS}:garbage") == b"someone's string"
     assert _items(redis_client, False) == ['"x"']
+
+
+LOCAL_SPIDER = '''
+import scrapy
+
+
+class LocalSpider(scrapy.Spider):
+    """The seed's one link carries what the frontier cannot encode: this worker crawls it itself."""
+
+    name = "local"
+
+    def __init__(self, seed=None, **kw):
+        super().__init__(**kw)
+        self.seed = seed
+
+    async def start(self):
+        yield scrapy.Request(self.seed)
+        yield {"from": "start"}
+
+    def parse(self, response):
+        yield {"url": response.url}
+        if response.url == self.seed:
+            yield response.follow(response.css("a::attr(href)").get(), meta={"handle": object()})
+'''
+
+
+@pytest.mark.slow
+def test_items_of_requests_no_lease_covers_are_written_too(
+    tmp_path: Any, site_factory: Any, redis_url: str, redis_client: Any
+) -> None:
+    from crawlproject import make_project
+
+    site = site_factory(pages=5, links=1)
+    project = make_project(tmp_path, {
+        "REDIS_URL": redis_url, "ITEM_PIPELINES": {"scrapy_dist.pipelines.RedisPipeline": 300},
+    }, spiders=LOCAL_SPIDER)
+    try:
+        project.crawl("local", args={"seed": site.page_url(0)})
+        assert project.wait_all(timeout=60) == [0], project.logs()[-3000:]
+    finally:
+        project.stop_all()
+    items = [json.loads(v) for v in redis_client.lrange("local:items", 0, -1)]
+    assert {"from": "start"} in items
+    assert len([i for i in items if "url" in i]) == 2  # the seed (leased) and its link (local)
+    assert project.stats(0).get("redis_items/unbound") == 2

@@ -8,6 +8,7 @@ them to the items key only if the ack is accepted (lua/sync_items.lua). Nothing 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scrapy_dist.redis.connection import is_cluster
@@ -22,15 +23,21 @@ if TYPE_CHECKING:
 class ItemOutbox:
     """Encoded items by the request they came from (reactor thread only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, leased: Callable[[Request], bool] = lambda request: True) -> None:
         self._items: dict[Request, list[bytes | str]] = {}
+        #: whether a request came from a lease (only those are acknowledged, so only their items can ride)
+        self.leased = leased
         #: items staged since the start
         self.staged = 0
 
-    def stage(self, request: Request, data: bytes | str) -> None:
-        """Keep ``data`` until ``request``'s ack takes it."""
+    def stage(self, request: Request, data: bytes | str) -> bool:
+        """Keep ``data`` until ``request``'s ack takes it; False (nothing kept) for a request of no lease
+        (one crawled by this worker only): its items must be written otherwise."""
+        if not self.leased(request):
+            return False
         self._items.setdefault(request, []).append(data)
         self.staged += 1
+        return True
 
     def take(self, request: Request) -> list[bytes | str]:
         """The items ``request`` produced (once; ``[]`` for none)."""
@@ -53,7 +60,8 @@ def attach(scheduler: Scheduler, route: ItemRoute) -> ItemOutbox | None:
     key lives in another hash slot than the crawl's keys, and a script touches one slot)."""
     if not scheduler.frontiers or is_cluster(scheduler.redis):
         return None
-    outbox = ItemOutbox()
+    ledger = scheduler.ledger
+    outbox = ItemOutbox(lambda request: request in ledger.handed)
     for frontier in scheduler.frontiers:
         frontier.items = route
     scheduler.ledger.items_of = outbox.take

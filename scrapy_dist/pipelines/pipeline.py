@@ -272,8 +272,8 @@ class RedisPipeline:
 
     def item_scraped(self, item: Any, response: Any = None, spider: Any = None) -> None:
         """Signal handler: stage the item under the request of its response, to ride that request's ack
-        (the engine finishes a request only after this). An item of no response (``start()``) is written
-        on its own, at least once."""
+        (the engine finishes a request only after this). An item of no leased request (``start()``, a
+        request crawled by this worker only) is written on its own, at least once."""
         if self.outbox is None:
             return
         entry = self._pending.pop(id(item), None)
@@ -287,11 +287,9 @@ class RedisPipeline:
                 logger.error("RedisPipeline cannot encode an item a later pipeline returned: %s", exc)
                 return
         request = getattr(response, "request", None)
-        if request is None:
+        if request is None or not self.outbox.stage(request, data):
             self._inc("redis_items/unbound")
             self.writer.add((self.key, data))
-            return
-        self.outbox.stage(request, data)
 
     def item_left(self, item: Any, **kwargs: Any) -> None:
         """Signal handler (item dropped, or a pipeline raised): forget what process_item encoded."""

@@ -311,7 +311,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("redis_items/redis_errors", "failed item batch writes (retried)"),
     ("redis_items/too_large", "items larger than REDIS_ITEMS_MAX_BYTES (dropped)"),
     ("redis_items/refused", "items refused with their page's ack (the lease was another worker's by then)"),
-    ("redis_items/unbound", "items not from a response (start()): written at least once, apart"),
+    ("redis_items/unbound", "items of no leased request (start(), local requests): written at least once"),
     ("scheduler/acks_refused", "acks the frontier refused: the lease had run out and was another worker's"),
     ("feeds/fsyncs", "feed files flushed and fsynced before an acknowledging round"),
     ("cookies/shared/loads", "shared cookie jars read from Redis"),
