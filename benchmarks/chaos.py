@@ -173,7 +173,8 @@ def crawl_once(output: str, pages: int, seed: int) -> dict[str, Any]:
                 server._spawn(30)  # same port, same directory: it loads the AOF
                 restarted = True
                 chaos["redis restarts"] += 1
-            if time.monotonic() < next_chaos or done >= pages * 0.95:
+            # chaos starts once the seed's page is in (a worker killed before that takes the seed along)
+            if time.monotonic() < next_chaos or done < 20 or done >= pages * 0.95:
                 continue
             next_chaos = time.monotonic() + rng.uniform(2, 4)
             victims = workers.alive()
