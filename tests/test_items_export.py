@@ -83,3 +83,18 @@ def test_export_shows_a_progress_bar_on_a_terminal(
     moved, _ = export_mod.export(redis_client, "books:items", tmp_path / "x.jsonl", None, progress=True)
     assert moved == 5
     assert "exporting" in capsys.readouterr().out
+
+
+def test_feeds_stored_only_at_close_are_named_at_risk() -> None:
+    from scrapy_dist.frontier.feeds import at_risk
+
+    feeds = {
+        "items.jsonl": {}, "file:///data/items.csv": {}, "stdout:": {}, "C:\\\\out\\\\items.jsonl": {},
+        "s3://bucket/items.jsonl": {}, "ftp://host/items.jsonl": {}, "gs://b/x.jsonl": {},
+        "local.jsonl.gz": {"postprocessing": ["scrapy.extensions.postprocessing.GzipPlugin"]},
+    }
+    risky = dict(at_risk(feeds))
+    assert set(risky) == {
+        "s3://bucket/items.jsonl", "ftp://host/items.jsonl", "gs://b/x.jsonl", "local.jsonl.gz"
+    }
+    assert "only at close" in risky["s3://bucket/items.jsonl"]
