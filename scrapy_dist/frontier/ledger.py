@@ -114,6 +114,8 @@ class Applied:
     leased: int = 0
     #: leased entries that failed to become a request: (lease, why)
     rejected: list[tuple[Lease, RejectedEntry]] = field(default_factory=list)
+    #: acks the call carried (plain and revisits)
+    acked: int = 0
 
 
 class Ledger:
@@ -391,7 +393,7 @@ class Ledger:
         ``decode(shard, member)`` turns a leased member into a request; whatever it raises, the entry is
         rejected (parked with a reason) and the round goes on -- one entry can never stop a worker.
         """
-        applied = Applied()
+        applied = Applied(acked=len(batch.ack) + len(batch.revisit))
         shard = self.call_shards[call]
         for entry, new in zip(self._sent[call], result.new, strict=True):
             if entry.record_only:

@@ -277,6 +277,7 @@ class Scheduler:
             self.ledger.release_all(time.monotonic())
             released = len(self.ledger.releases)
             await loop.drain(min(self.config.shutdown_grace, self.config.lease_seconds))
+            self.report.refusals_done()
             if released:
                 given = released - len(self.ledger.releases)
                 self.stats.set_value("scheduler/released_at_close", given)
