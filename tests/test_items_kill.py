@@ -128,6 +128,8 @@ def test_feed_exports_lose_no_item_through_kill_and_stop(
     expected = {(site.page_url(i), part) for i in range(PAGES) for part in range(3)}
     assert set(seen) == expected, f"lost {len(expected - set(seen))}: {sorted(expected - set(seen))[:5]}"
     assert project.stats(0).get("feeds/fsyncs", 0) > 0
+    # the resumed worker knows which of its exported pages another fetch exports again
+    assert project.stats(2).get("feeds/duplicate_pages", 0) > 0
 
 
 PIPELINES = '''

@@ -42,6 +42,8 @@ class FrontierReport:
         self._unserializable_log = RateLimitedLog.once(logger)
         #: acks and items refused since this worker's acks were last accepted (told once, see refusals_done)
         self._refused = [0, 0]
+        #: the crawl exports feeds: a refused ack is a page whose items another fetch writes there again
+        self.feeds = False
 
     def applied(self, applied: Applied, result: SyncResult) -> None:
         """Stats and logs of one shard's answer."""
@@ -64,6 +66,8 @@ class FrontierReport:
             stats.inc_value("scheduler/acks_refused", result.acks_refused)
             if result.items_refused:
                 stats.inc_value("redis_items/refused", result.items_refused)
+            if self.feeds:
+                stats.inc_value("feeds/duplicate_pages", result.acks_refused)
             self._refused[0] += result.acks_refused
             self._refused[1] += result.items_refused
         if applied.acked > result.acks_refused:  # this worker's acks count again: the episode is over

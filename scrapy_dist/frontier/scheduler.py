@@ -253,7 +253,7 @@ class Scheduler:
             idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
         )
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
-            FeedBarrier.install(self.crawler, self.loop)
+            self.report.feeds = FeedBarrier.install(self.crawler, self.loop) is not None
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
             logger.warning(
                 "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"

@@ -314,6 +314,8 @@ STATS: tuple[tuple[str, str], ...] = (
     ("redis_items/unbound", "items of no leased request (start(), local requests): written at least once"),
     ("scheduler/acks_refused", "acks the frontier refused: the lease had run out and was another worker's"),
     ("feeds/fsyncs", "feed files flushed and fsynced before an acknowledging round"),
+    ("feeds/duplicate_pages", "pages whose items this worker exported but whose ack was refused: another"
+     " fetch exports them again"),
     ("cookies/shared/loads", "shared cookie jars read from Redis"),
     ("cookies/shared/written", "cookie changes written to Redis"),
     ("cookies/shared/rejected", "invalid cookie records read from Redis (skipped)"),
