@@ -33,4 +33,6 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("shards", "benchmarks.shards"),
     ("continuous", "benchmarks.continuous"),
     ("capacity", "benchmarks.capacity"),
+    ("items", "benchmarks.items"),
+    ("chaos", "benchmarks.chaos"),
 ]

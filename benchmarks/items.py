@@ -35,7 +35,10 @@ from typing import Any
 TITLE = "Item pipeline: scrapy-dist RedisPipeline vs scrapy-redis RedisPipeline"
 IN_FLIGHT = 100  # Scrapy's CONCURRENT_ITEMS
 RTT_MS = 1.0
-IMPLEMENTATIONS = ["scrapy-redis", "scrapy-dist list", "scrapy-dist stream"]
+IMPLEMENTATIONS = [
+    "scrapy-redis", "scrapy-dist list", "scrapy-dist stream", "scrapy-dist list riding acks",
+    "scrapy-dist stream riding acks",
+]
 KEY = "bench:items"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -87,9 +90,12 @@ async def _measure(impl: str, url: str, count: int) -> dict[str, Any]:
     class BenchSpider(scrapy.Spider):
         name = "bench"
 
-    settings = {"REDIS_URL": url, "REDIS_ITEMS_KEY": KEY, "REDIS_ITEMS_STREAM": impl.endswith("stream")}
+    stream = "stream" in impl
+    settings = {"REDIS_URL": url, "REDIS_ITEMS_KEY": KEY, "REDIS_ITEMS_STREAM": stream}
     crawler = get_crawler(BenchSpider, settings)
-    if impl == "scrapy-redis":
+    if impl.endswith("riding acks"):
+        elapsed = await _ride_acks(crawler, url, count, stream)
+    elif impl == "scrapy-redis":
         from scrapy_redis.pipelines import RedisPipeline as ScrapyRedisPipeline
 
         spider = BenchSpider()
@@ -111,9 +117,52 @@ async def _measure(impl: str, url: str, count: int) -> dict[str, Any]:
         await pipe.close_spider()
         elapsed = time.perf_counter() - start
     client = redis.Redis.from_url(url)
-    stored = client.xlen(KEY) if impl.endswith("stream") else client.llen(KEY)
+    stored = client.xlen(KEY) if stream else client.llen(KEY)
     client.close()
     return {"seconds": elapsed, "stored": stored, "stats": crawler.stats.get_stats()}
+
+
+async def _ride_acks(crawler: Any, url: str, count: int, stream: bool) -> float:
+    """The exactly-once path: ``count`` pages of one item each, leased beforehand (not timed); each item
+    goes through ``process_item`` and the ``item_scraped`` staging, and every ``IN_FLIGHT`` pages are
+    acknowledged with their items in one ``sync`` call, as a worker's round does."""
+    from types import SimpleNamespace
+
+    import redis.asyncio
+
+    from scrapy_dist.frontier.outbox import ItemOutbox
+    from scrapy_dist.frontier.shard import Frontier, ItemRoute, SyncBatch
+    from scrapy_dist.pipelines.pipeline import RedisPipeline
+    from scrapy_dist.redis.keys import CrawlKeys
+
+    client = redis.asyncio.Redis.from_url(url)
+    frontier = Frontier(client, CrawlKeys("bench"), "bench:1:w", None,
+                        items=ItemRoute(KEY, "stream" if stream else "list"))
+    for first in range(0, count, 500):
+        last = min(count, first + 500)
+        pages = [("", "", float(i), b"\x01page-%d" % i, "", "") for i in range(first, last)]
+        await frontier.sync(SyncBatch(enqueue=pages))
+    leases: list[bytes] = []
+    while len(leases) < count:
+        got = await frontier.sync(SyncBatch(lease=min(1000, count - len(leases))))
+        leases += [m for m, _ in got.leased]
+    pipe = RedisPipeline.from_crawler(crawler)
+    await pipe.open_spider()
+    pipe.outbox = outbox = ItemOutbox()
+    start = time.perf_counter()
+    for first in range(0, count, IN_FLIGHT):
+        batch = SyncBatch()
+        for i in range(first, min(count, first + IN_FLIGHT)):
+            response = SimpleNamespace(request=object())
+            item = await pipe.process_item(make_item(i))
+            pipe.item_scraped(item, response)
+            batch.ack.append(leases[i])
+            batch.items += [(leases[i], data) for data in outbox.take(response.request)]
+        await frontier.sync(batch)
+    elapsed = time.perf_counter() - start
+    await pipe.close_spider()
+    await client.aclose()
+    return elapsed
 
 
 def _child(spec: dict[str, Any]) -> None:

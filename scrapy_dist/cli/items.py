@@ -1,4 +1,5 @@
-"""``scrapy-dist items <spider> [--follow] [--json-lines]``: print the items a crawl wrote to Redis.
+"""``scrapy-dist items <spider> [--follow] [--json-lines] [--export FILE]``: print the items a crawl wrote
+to Redis, or move them to a file (:mod:`scrapy_dist.cli.export`).
 
 Reads ``REDIS_ITEMS_KEY`` without consuming it: a LIST with ``LRANGE`` from an offset (``--follow`` polls
 ``LLEN``), a STREAM with ``XRANGE`` (``--follow`` blocks in ``XREAD``). A LIST a consumer pops from shifts
@@ -12,11 +13,13 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
+from scrapy_dist.cli.export import export
 from scrapy_dist.cli.text import json_safe, printable
 from scrapy_dist.pipelines.pipeline import STREAM_FIELD
 
@@ -108,14 +111,29 @@ def _format(position: str, raw: bytes, json_lines: bool) -> tuple[str | None, st
 @click.argument("spider")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing items as they arrive (Ctrl-C stops).")
 @click.option("--json-lines", "-j", is_flag=True, help="One compact JSON document per line, nothing else.")
+@click.option("--export", "export_to", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Move the items to this file (JSON Lines, or CSV for a .csv name), removing each chunk"
+                   " from Redis only once the file is fsynced; run again to resume.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default=None,
+              help="--export's format (default: from the file name).")
 @force_option
 @pass_redis
-def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, force: bool) -> None:
-    """Print the items SPIDER's crawl wrote to Redis (RedisPipeline's REDIS_ITEMS_KEY)."""
+def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, force: bool,
+          export_to: Path | None, fmt: str | None) -> None:
+    """Print the items SPIDER's crawl wrote to Redis (RedisPipeline's REDIS_ITEMS_KEY), or move them to a
+    file (--export)."""
     redis.check_spider(spider, force)
     redis.check()
     key = redis.keys(spider).items
     client = redis.client()
+    if export_to is not None:
+        try:
+            moved, skipped = export(client, key, export_to, fmt, progress=sys.stderr.isatty())
+        finally:
+            client.close()
+        extra = f" ({skipped:,} not JSON objects, left out of the CSV)" if skipped else ""
+        click.echo(f"{moved:,} items moved from {key!r} to {export_to}{extra}", err=True)
+        return
     count = 0
     try:
         for position, raw in entries(client, key, follow):

@@ -101,6 +101,8 @@ class Applied:
     leased: int = 0
     #: leased entries that failed to become a request: (lease, why)
     rejected: list[tuple[Lease, RejectedEntry]] = field(default_factory=list)
+    #: acks the call carried (plain and revisits)
+    acked: int = 0
 
 
 class Ledger:
@@ -143,6 +145,10 @@ class Ledger:
         self.revisits: dict[Lease, tuple[float, bytes]] = {}
         #: the revisit of a finished request, or None (set by the scheduler: scrapy_dist/frontier/revisit.py)
         self.revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
+        #: encoded items that ride a finished request's ack (lease -> items; lua/sync_items.lua)
+        self.lease_items: dict[Lease, list[bytes | str]] = {}
+        #: the items a finished request produced, taken once (set by the scheduler: frontier/outbox.py)
+        self.items_of: Callable[[Request], list[bytes | str]] | None = None
 
     # -- writes from the scheduler --------------------------------------------------------------------
     def add(self, entry: Outgoing, now: float) -> None:
@@ -198,6 +204,10 @@ class Ledger:
         for r in done:
             lease = self.handed.pop(r)
             self.acks_new.append(lease)
+            if self.items_of is not None:
+                items = self.items_of(r)
+                if items:
+                    self.lease_items.setdefault(lease, []).extend(items)
             if self.revisit_of is not None:
                 revisit = self.revisit_of(r, lease)
                 if revisit is not None:
@@ -330,6 +340,10 @@ class Ledger:
             batch.ack.append(lease[1])
         else:
             batch.revisit.append((lease[1], revisit[0], revisit[1]))
+        # the page's items ride its ack: appended only if the ack is accepted, in the same call
+        items = self.lease_items.pop(lease, None)
+        if items:
+            batch.items += [(lease[1], data) for data in items]
 
     def restore(self, call: int, batch: SyncBatch, now: float) -> None:
         """Put a call's batch that could not be sent back in front of what came since."""
@@ -338,6 +352,8 @@ class Ledger:
         self.best_out = min((e.score for e in self.out), default=math.inf)
         for member, delay, new in batch.revisit:
             self.revisits[(shard, member)] = (delay, new)
+        for member, data in batch.items:
+            self.lease_items.setdefault((shard, member), []).append(data)
         self.acks = [(shard, m) for m in batch.ack] + [(shard, m) for m, _, _ in batch.revisit] + self.acks
         self.delays = [
             Delay(score, payload, not_before, domain=domain, limits=limits, shard=shard)
@@ -364,7 +380,7 @@ class Ledger:
         ``decode(shard, member)`` turns a leased member into a request; whatever it raises, the entry is
         rejected (parked with a reason) and the round goes on -- one entry can never stop a worker.
         """
-        applied = Applied()
+        applied = Applied(acked=len(batch.ack) + len(batch.revisit))
         shard = self.call_shards[call]
         for entry, new in zip(self._sent[call], result.new, strict=True):
             if entry.record_only:

@@ -40,6 +40,10 @@ class FrontierReport:
         self.log_duplicate = log_duplicate
         self._log = RateLimitedLog(logger)
         self._unserializable_log = RateLimitedLog.once(logger)
+        #: acks and items refused since this worker's acks were last accepted (told once, see refusals_done)
+        self._refused = [0, 0]
+        #: the crawl exports feeds: a refused ack is a page whose items another fetch writes there again
+        self.feeds = False
 
     def applied(self, applied: Applied, result: SyncResult) -> None:
         """Stats and logs of one shard's answer."""
@@ -59,6 +63,18 @@ class FrontierReport:
                 stats.inc_value("scheduler/rejected/bad_member", result.rejected - result.replayed)
             if result.replayed:
                 stats.inc_value("scheduler/rejected/replayed", result.replayed)
+        if result.items:
+            stats.inc_value("redis_items/written", result.items)
+        if result.acks_refused:
+            stats.inc_value("scheduler/acks_refused", result.acks_refused)
+            if result.items_refused:
+                stats.inc_value("redis_items/refused", result.items_refused)
+            if self.feeds:
+                stats.inc_value("feeds/duplicate_pages", result.acks_refused)
+            self._refused[0] += result.acks_refused
+            self._refused[1] += result.items_refused
+        if applied.acked > result.acks_refused:  # this worker's acks count again: the episode is over
+            self.refusals_done()
         for key in result.repaired:
             self._log.log(
                 logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing", key,
@@ -72,6 +88,20 @@ class FrontierReport:
                 logging.ERROR, "Rejected a queue entry of %r (%s); moved it to %s",
                 keys.queue, exc, keys.queue_rejected, key="rejected",
             )
+
+    def refusals_done(self) -> None:
+        """One WARNING for a run of refused acks (a worker stopped past its leases refuses them over a few
+        rounds, until an ack of a lease it took since is accepted; also called at close)."""
+        acks, items = self._refused
+        if not acks:
+            return
+        self._refused = [0, 0]
+        logger.warning(
+            "The frontier refused %d acknowledgements and their %d items: those leases were no longer this"
+            " worker's (it was stopped or cut off longer than SCHEDULER_LEASE_SECONDS and another worker"
+            " took them, or an earlier call had already acknowledged them). Their items come from the other"
+            " fetch, once; feed exports may hold these pages' items twice", acks, items,
+        )
 
     def unserializable(self, request: Request, exc: UnserializableRequest) -> None:
         """A request that cannot go to Redis (crawled by this worker only): counted, logged once per key."""

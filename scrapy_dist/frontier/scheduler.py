@@ -30,6 +30,7 @@ from scrapy_dist.egress import checked_request, enforce
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
+from scrapy_dist.frontier.feeds import FeedBarrier
 from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter, crawl_fingerprinter
 from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.frontier.politeness import DomainLimits, penalty_seconds
@@ -260,6 +261,8 @@ class Scheduler:
             lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,
             idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
         )
+        if self.crawler is not None:  # local feed files are on disk before their pages' acks
+            self.report.feeds = FeedBarrier.install(self.crawler, self.loop) is not None
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
             logger.warning(
                 "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
@@ -283,6 +286,7 @@ class Scheduler:
             self.ledger.release_all(time.monotonic())
             released = len(self.ledger.releases)
             await loop.drain(min(self.config.shutdown_grace, self.config.lease_seconds))
+            self.report.refusals_done()
             if released:
                 given = released - len(self.ledger.releases)
                 self.stats.set_value("scheduler/released_at_close", given)

@@ -131,6 +131,16 @@ def lease_member(key: bytes) -> bytes:
     return lease_parts(key)[0]
 
 
+@dataclass(frozen=True)
+class ItemRoute:
+    """The items key that items riding their page's ack are appended to: ``mode`` "list" (RPUSH) or
+    "stream" (XADD, ``maxlen``: approximate cap or None)."""
+
+    key: str
+    mode: str = "list"
+    maxlen: int | None = None
+
+
 @dataclass
 class SyncBatch:
     """Everything one ``sync`` call sends (encoded by :func:`encode_sync_sections`)."""
@@ -157,11 +167,14 @@ class SyncBatch:
     revisit: list[tuple[bytes, float, bytes]] = field(default_factory=list)
     #: (t1, t2) fingerprint tokens the dupefilter forgets (DEADLETTER_FORGET, with their dead letters)
     forget: list[tuple[Any, Any]] = field(default_factory=list)
+    #: (lease key, encoded item): items appended only if that lease's ack (in ``ack`` or ``revisit``) is
+    #: accepted in the same call (lua/sync_items.lua)
+    items: list[tuple[bytes, bytes | str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
             self.enqueue or self.ack or self.renew or self.release or self.delay or self.reject
-            or self.dead or self.penalize or self.lease or self.revisit or self.forget
+            or self.dead or self.penalize or self.lease or self.revisit or self.forget or self.items
         )
 
 
@@ -190,6 +203,10 @@ class SyncResult:
     #: one of them held work (the queue, the leases or the delayed set): moved aside, it reads empty
     #: (set by :meth:`Frontier.sync`, which knows the keys)
     work_repaired: bool = False
+    #: items appended to the items key, items refused with their ack, acks refused (lua/sync_items.lua)
+    items: int = 0
+    items_refused: int = 0
+    acks_refused: int = 0
 
 
 # -- the wire layout of lua/sync.lua, in one place ----------------------------------------------------
@@ -207,6 +224,7 @@ SYNC_KEYS = (
 SYNC_HEAD = (
     "now", "worker", "lease_seconds", "lease", "order", "politeness", "seed", "heartbeat",
     "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound", "replay_memory",
+    "items_mode", "items_maxlen",
 )
 
 
@@ -247,6 +265,7 @@ SYNC_SECTIONS = (
         "revisit", ("member", "delay", "new"), (), lambda e, now: (e[0], _score(max(0.0, float(e[1]))), e[2])
     ),
     SyncSection("forget", ("t1", "t2"), (), lambda e, now: (e[0], e[1])),
+    SyncSection("items", ("member", "data"), (), lambda e, now: (e[0], e[1])),
 )
 
 
@@ -282,7 +301,7 @@ def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any
 #: the answer's names, in the order the script returns them (lua/sync.lua)
 SYNC_RESULT = (
     "flags", "leased", "requeued", "moved", "queued", "inflight", "delayed", "bloom_n", "paused", "seq",
-    "rejected", "repaired", "replayed",
+    "rejected", "repaired", "replayed", "items", "items_refused", "acks_refused",
 )
 
 
@@ -340,6 +359,8 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
         named["paused"] in (b"1", "1"), _count(named, "seq"), _count(named, "rejected"),
         replayed=_count(named, "replayed"),
         repaired=[text(k) for k in repaired] if isinstance(repaired, list) else [],
+        items=_count(named, "items"), items_refused=_count(named, "items_refused"),
+        acks_refused=_count(named, "acks_refused"),
     )
 
 
@@ -367,6 +388,8 @@ class Frontier:
     dead_maxlen: int = defaults.DEADLETTER_MAXLEN
     #: signed entries handed out remembered (``{spider}:spent``, SCHEDULER_REPLAY_MEMORY; 0 = none)
     replay_memory: int = defaults.SCHEDULER_REPLAY_MEMORY
+    #: where the items riding the acks go (:class:`ItemRoute`); None: calls carry no items
+    items: ItemRoute | None = None
 
     def __post_init__(self) -> None:
         self._polite = self.politeness == "cluster"
@@ -384,6 +407,8 @@ class Frontier:
             "heartbeat": "1" if self.heartbeat else "0", "max_entry_bytes": self.max_entry_bytes,
             "rejected_maxlen": self.rejected_maxlen, "dead_maxlen": self.dead_maxlen, "dupe_mode": mode,
             "limits_bound": self.limits_bound, "replay_memory": self.replay_memory,
+            "items_mode": "" if self.items is None else self.items.mode,
+            "items_maxlen": "" if self.items is None or self.items.maxlen is None else self.items.maxlen,
         }
         return [head[name] for name in SYNC_HEAD]
 
@@ -399,7 +424,8 @@ class Frontier:
             else:
                 mode, dkeys, params = "none", [self.keys.forgotten, self.keys.fingerprints], []
             args = [*self._head(batch, now, mode), len(params), *params, *body]
-            raw = await self._script(keys=self._fixed_keys + dkeys, args=args)
+            tail = [] if self.items is None else [self.items.key]
+            raw = await self._script(keys=self._fixed_keys + dkeys + tail, args=args)
             if isinstance(raw, list) and len(raw) == 2 and raw[0] == -1:
                 if df is None:
                     raise FrontierScriptError("sync script asked for bloom keys without a bloom filter")

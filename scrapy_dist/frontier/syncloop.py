@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.frontier.ledger import CALL_RECORDS, CALLS_PER_ROUND
@@ -108,6 +108,9 @@ class SyncLoop:
         self._once = RateLimitedLog.once(logger)
         #: the largest sequence number each shard has reported (it only grows while Redis keeps its data)
         self._seq_seen: dict[int, int] = {}
+        #: awaited before a round that acknowledges newly finished requests: what must be durable before
+        #: an ack (feed exports' files, scrapy_dist/extensions/feeds.py); one that raises holds the acks back
+        self.ack_barriers: list[Callable[[], Awaitable[None]]] = []
 
     # -- the task -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -237,6 +240,12 @@ class SyncLoop:
         """One exchange with every shard (concurrently); returns the first error, or ``None`` if every
         shard answered. A call that failed has its batch put back; the others' answers are applied."""
         ledger, router = self.ledger, self.router
+        if self.ack_barriers and ledger.acks_new:
+            try:
+                for barrier in self.ack_barriers:
+                    await barrier()
+            except Exception as exc:  # nothing taken yet: every ack stays owed
+                return exc
         started = self.clock()
         batches = ledger.take_batches(
             router.lease_split(lease), renew, CALL_RECORDS, self.calls_per_round(started)

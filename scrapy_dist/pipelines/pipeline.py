@@ -1,9 +1,11 @@
-"""Items out of the cluster: a batched Redis item pipeline, LIST (scrapy-redis compatible) or STREAM
-(docs/items.md).
+"""Items out of the cluster: a Redis item pipeline, LIST (scrapy-redis compatible) or STREAM.
 
-Items are buffered and written in batches to ``REDIS_ITEMS_KEY``, and an item is reported scraped only once
-its batch is in Redis (:meth:`RedisPipeline.process_item` awaits the write), so the frontier acknowledges
-its request only after that and a worker killed mid-batch loses nothing. Delivery is at-least-once.
+Every worker appends its items to one Redis key (``REDIS_ITEMS_KEY``, default ``"%(spider)s:items"``) where
+downstream consumers pick them up. With the scrapy-dist scheduler (and ``REDIS_ITEMS_EXACTLY_ONCE``, the
+default), a page's items ride the ``sync`` call that acknowledges the page and are appended only if that
+ack is accepted (:mod:`scrapy_dist.frontier.outbox`): exactly once per acknowledged fetch, whatever happens
+to the workers. Otherwise items are buffered and written in batches of their own, and an item is reported
+scraped only once its batch is in Redis: at least once (a page crawled again writes its items again).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.frontier import outbox as _outbox
+from scrapy_dist.frontier.scheduler import get_scheduler
+from scrapy_dist.frontier.shard import ItemRoute
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.batchwriter import BatchWriter
 from scrapy_dist.redis.connection import get_async_redis, is_cluster
@@ -47,6 +52,8 @@ _MAX_BATCHES_PER_FLUSH = 16
 # Backoff between attempts to write a batch while Redis fails (seconds); capped so recovery is noticed fast.
 _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
+# Items encoded by process_item kept for their item_scraped signal; past this, the oldest are re-encoded then.
+_MAX_PENDING = 10_000
 # What an encoder raises on a value it cannot represent.
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeError)
 
@@ -100,14 +107,17 @@ def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = ""
 
 
 class RedisPipeline:
-    """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``), in batches.
+    """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``).
 
-    ``process_item`` returns once the item is in Redis. A batch is written when it holds ``batch_size``
+    With the scrapy-dist scheduler (:attr:`outbox` set at open), ``process_item`` encodes the item and the
+    ``item_scraped`` signal stages it under its response's request; it rides that request's ack and is
+    appended only if the ack is accepted (exactly once). Otherwise ``process_item`` returns once the item
+    is in Redis, written in batches: a batch is written when it holds ``batch_size``
     items or ``flush_interval`` seconds after its first item, whichever comes first (taking along what
     else is buffered by then, up to 16 batches); the rest is written on close. A write is one round trip:
     one ``RPUSH`` with all its items, or one call of the ``items_xadd`` script running their ``XADD``
-    commands inside Redis -- never one per item (batching:
-    :class:`~scrapy_dist.redis.batchwriter.BatchWriter`). Redis errors are retried with capped backoff, forever (:mod:`scrapy_dist.redis.outage`: an outage is one
+    commands inside Redis -- never one per item (:class:`~scrapy_dist.redis.batchwriter.BatchWriter`).
+    Redis errors are retried with capped backoff, forever (:mod:`scrapy_dist.redis.outage`: an outage is one
     warning per worker): nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
 
     An item the serializer cannot encode is dropped (``DropItem``, logged at ERROR with the offending
@@ -129,6 +139,8 @@ class RedisPipeline:
         serialize: Callable[[Any], str | bytes] = default_serialize,
         stats: StatsCollector | None = None,
         outage: Outage | None = None,
+        exactly_once: bool = True,
+        max_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"REDIS_ITEMS_BATCH_SIZE must be at least 1, got {batch_size}")
@@ -153,6 +165,12 @@ class RedisPipeline:
         #: scrapy-redis's ``item_key(self, item, spider)`` overrides get the spider (see :meth:`item_key`)
         self._key_wants_spider = _wants_spider(self.item_key)
         self._crawler: Crawler | None = None
+        self.exactly_once = exactly_once
+        self.max_bytes = max_bytes
+        #: items staged by the page they came from, riding its ack (None: written in batches of their own)
+        self.outbox: _outbox.ItemOutbox | None = None
+        #: id(item) -> (item, encoded) between process_item and the item_scraped signal
+        self._pending: dict[int, tuple[Any, str | bytes]] = {}
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -172,6 +190,13 @@ class RedisPipeline:
         _check_subclass(cls, key, options)
         pipe = cls(get_async_redis(ds), key, **options)
         pipe._crawler = crawler
+        pipe.exactly_once = items.exactly_once
+        pipe.max_bytes = items.max_bytes
+        from scrapy import signals
+
+        crawler.signals.connect(pipe.item_scraped, signal=signals.item_scraped)
+        crawler.signals.connect(pipe.item_left, signal=signals.item_dropped)
+        crawler.signals.connect(pipe.item_left, signal=signals.item_error)
         return pipe
 
     # -- Scrapy hooks ---------------------------------------------------------------------------
@@ -190,7 +215,24 @@ class RedisPipeline:
                     f"REDIS_ITEMS_KEY {self.key!r} holds a Redis {found}, but the pipeline writes a "
                     f"{expected} (REDIS_ITEMS_STREAM={self.stream}); delete the key or change the setting"
                 )
+        self.outbox = self._ride_acks()
         self.writer.start()
+
+    def _ride_acks(self) -> _outbox.ItemOutbox | None:
+        """The outbox of the running scrapy-dist scheduler, when items can ride its acks: exactly once is
+        on, ``item_key`` is not overridden (one key per call) and the frontier is not on a Redis Cluster."""
+        sched = get_scheduler(self._crawler) if self._crawler is not None else None
+        if not self.exactly_once or sched is None:
+            return None
+        if type(self).item_key is not RedisPipeline.item_key:
+            logger.warning("%s overrides item_key(): items are written at least once, in batches of"
+                           " their own", type(self).__name__)
+            return None
+        found = _outbox.attach(sched, ItemRoute(self.key, "stream" if self.stream else "list", self.maxlen))
+        if found is None:
+            logger.warning("REDIS_ITEMS_EXACTLY_ONCE: the items key cannot share the frontier's calls on a"
+                           " Redis Cluster: items are written at least once, in batches of their own")
+        return found
 
     async def process_item(self, item: Any, spider: Any = None) -> Any:
         """Buffer ``item`` and return it once the batch holding it is written to Redis.
@@ -207,14 +249,51 @@ class RedisPipeline:
                 f"RedisPipeline cannot encode {where}: {error.__class__.__name__}: {error}",
                 log_level="ERROR",
             ) from exc
+        if len(data) > self.max_bytes:
+            self._inc("redis_items/too_large")
+            raise DropItem(
+                f"RedisPipeline: the item encodes to {len(data)} bytes, more than REDIS_ITEMS_MAX_BYTES"
+                f" ({self.max_bytes})", log_level="ERROR",
+            )
         if self.writer.closing:
             raise RuntimeError("RedisPipeline.process_item() called after close_spider()")
+        if self.outbox is not None:
+            # staged by its page when the item_scraped signal names the response (item_scraped)
+            if len(self._pending) >= _MAX_PENDING:
+                self._pending.clear()
+            self._pending[id(item)] = (item, data)
+            return item
         if self._key_wants_spider:
             key = self.item_key(item, getattr(self._crawler, "spider", None))  # type: ignore[call-arg]
         else:
             key = self.item_key(item)
         await asyncio.shield(self.writer.add((key, data)))
         return item
+
+    def item_scraped(self, item: Any, response: Any = None, spider: Any = None) -> None:
+        """Signal handler: stage the item under the request of its response, to ride that request's ack
+        (the engine finishes a request only after this). An item of no leased request (``start()``, a
+        request crawled by this worker only) is written on its own, at least once."""
+        if self.outbox is None:
+            return
+        entry = self._pending.pop(id(item), None)
+        if entry is not None and entry[0] is item:
+            data = entry[1]
+        else:  # a later pipeline returned another object: write what came out of the chain
+            try:
+                data = self.serialize(item)
+            except _ENCODE_ERRORS as exc:
+                self._inc("redis_items/unserializable")
+                logger.error("RedisPipeline cannot encode an item a later pipeline returned: %s", exc)
+                return
+        request = getattr(response, "request", None)
+        if request is None or not self.outbox.stage(request, data):
+            self._inc("redis_items/unbound")
+            self.writer.add((self.key, data))
+
+    def item_left(self, item: Any, **kwargs: Any) -> None:
+        """Signal handler (item dropped, or a pipeline raised): forget what process_item encoded."""
+        self._pending.pop(id(item), None)
 
     async def close_spider(self) -> None:
         """Write everything still buffered (waiting for Redis if it is down), then close the client."""

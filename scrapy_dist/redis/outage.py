@@ -28,6 +28,7 @@ from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 __all__ = [
     "OUTAGE_ERRORS", "READ_ERRORS", "Backoff", "CloseWatch", "LoopGuard", "Outage", "ToolOutage", "is_outage",
+    "refusal",
 ]
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,41 @@ def _torn_connection(exc: BaseException) -> bool:
 
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` means "Redis is away for now" (wait and retry) rather than an error to report."""
-    return isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc)
+    if isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc):
+        return True
+    # a script's write refused for lack of memory or on a replica heals by waiting, as the plain command
+    what = refusal(exc) if isinstance(exc, redis.exceptions.ResponseError) else None
+    return what is not None and not what.startswith("NOPERM")
+
+
+#: Redis's own refusals, named as such: Redis answers, but will not take this write (yet)
+_REFUSALS: tuple[tuple[type[BaseException], str], ...] = (
+    (redis.exceptions.OutOfMemoryError, "OOM: Redis is at its maxmemory and refuses writes (free memory,"
+     " raise maxmemory, or look for oversized values)"),
+    (redis.exceptions.ReadOnlyError, "READONLY: this server is a replica and refuses writes (point"
+     " REDIS_URL at the master, or wait for the failover)"),
+    (redis.exceptions.NoPermissionError, "NOPERM: the Redis user lacks an ACL permission this write"
+     " needs (grant it: see docs/security.md)"),
+)
+
+
+#: how a refusal reads inside a script's error reply (a write inside a Lua script refused by Redis)
+_SCRIPT_REFUSALS = (("-OOM ", 0), ("-READONLY ", 1), ("-NOPERM ", 2))
+
+
+def refusal(exc: BaseException) -> str | None:
+    """What Redis refused, when ``exc`` is one of its own refusals (OOM, READONLY, NOPERM), raised by a
+    command or by a write inside a script: Redis is there and said no, which is no outage to report as
+    one; None for anything else."""
+    for kind, what in _REFUSALS:
+        if isinstance(exc, kind):
+            return what
+    if isinstance(exc, redis.exceptions.ResponseError):
+        text = str(exc)
+        for mark, index in _SCRIPT_REFUSALS:
+            if mark in text:
+                return _REFUSALS[index][1]
+    return None
 
 
 def describe(exc: BaseException) -> str:
@@ -157,6 +192,14 @@ class Outage:
             return False
         self.since = now
         self.count += 1
+        refused = refusal(exc)
+        if refused is not None:
+            self.log.warning(
+                "Redis refuses writes (%s; noticed by the %s): this worker keeps its work in memory and"
+                " retries; one line will say when Redis takes writes again%s",
+                refused, component, f" ({detail})" if detail else "",
+            )
+            return True
         self.log.warning(
             "Redis is unreachable (%s; noticed by the %s): this worker keeps its work in memory and retries;"
             " one line will say when Redis is back%s",
@@ -221,10 +264,14 @@ class LoopGuard:
             self.outage.failed(exc, now, self.component, detail)
         elif isinstance(exc, (redis.exceptions.RedisError, ScrapyDistError)):  # explained: one line
             what = "got an error from Redis" if isinstance(exc, redis.exceptions.RedisError) else "failed"
+            refused = refusal(exc)
             self.errors.log(
-                logging.ERROR, "The %s %s (%s); retrying", self.component, what, describe(exc),
-                key=type(exc).__name__, now=now,
+                logging.ERROR, "The %s %s (%s); retrying", self.component, what,
+                describe(exc) if refused is None else refused, key=type(exc).__name__, now=now,
             )
+            # a close must not wait for ever on a write Redis keeps refusing
+            if self.outage.close_watch is not None:
+                self.outage.close_watch.check(now)
         else:
             self.errors.log(
                 logging.ERROR, "The %s failed (%s)", self.component, describe(exc),

@@ -5,7 +5,8 @@ of functions, not scripts on their own) are prepended to the scripts that use th
 :data:`_FRAGMENTS`: ``foreign.lua`` (a key of another Redis type moved aside) to the scripts that repair
 what they write, ``dupe.lua`` (the dupefilter's functions) to the scripts that deduplicate, so the
 frontier's batched path and the dupefilter's own path run the very same code; ``sync.lua`` is its steps
-(``sync_common``, ``sync_check``, ``sync_sweep``, ``sync_enqueue``, ``sync_settle``, ``sync_lease``).
+(``sync_common``, ``sync_check``, ``sync_sweep``, ``sync_enqueue``, ``sync_items``, ``sync_settle``,
+``sync_lease``).
 redis-py's ``register_script`` gives EVALSHA with a transparent reload on NOSCRIPT. Every key a script
 touches is passed in KEYS and shares the crawl's hash tag, so the scripts run unchanged on Redis Cluster.
 """
@@ -19,8 +20,8 @@ from typing import Any
 #: script name -> fragments prepended to it
 _FRAGMENTS = {
     "sync": (
-        "foreign", "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue", "sync_settle",
-        "sync_lease",
+        "foreign", "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue", "sync_items",
+        "sync_settle", "sync_lease",
     ),
     "dupe_batch": ("foreign", "dupe"),
     "errors": ("foreign",),

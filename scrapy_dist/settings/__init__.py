@@ -200,6 +200,8 @@ class ItemSettings:
     flush_interval: float = 1.0
     batch_size: int = 100
     serializer: str | None = None
+    exactly_once: bool = True
+    max_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -365,6 +367,7 @@ class DistSettings:
                 maxlen=v("REDIS_ITEMS_MAXLEN"),
                 flush_interval=v("REDIS_ITEMS_FLUSH_INTERVAL"), batch_size=v("REDIS_ITEMS_BATCH_SIZE"),
                 serializer=importable("REDIS_ITEMS_SERIALIZER", v("REDIS_ITEMS_SERIALIZER")),
+                exactly_once=v("REDIS_ITEMS_EXACTLY_ONCE"), max_bytes=v("REDIS_ITEMS_MAX_BYTES"),
             ),
             cookies=CookieSettings(
                 cache_seconds=v("REDIS_COOKIES_CACHE_SECONDS"),

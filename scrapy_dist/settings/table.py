@@ -241,6 +241,11 @@ TABLE: tuple[Setting, ...] = (
     _s("REDIS_ITEMS_BATCH_SIZE", 100, "int", "... or as soon as it holds this many.", I_, low=1),
     _s("REDIS_ITEMS_SERIALIZER", None, "str", "Import path of a function item -> str/bytes (default JSON).",
        I_, status=HONOURED, optional=True),
+    _s("REDIS_ITEMS_EXACTLY_ONCE", True, "bool", "RedisPipeline: a page's items are appended in the sync call"
+       " that acknowledges the page, only if that ack is accepted (exactly once per acknowledged fetch;"
+       " docs/items.md). False: written in batches of their own, at least once.", I_),
+    _s("REDIS_ITEMS_MAX_BYTES", 8 * 1024 * 1024, "int", "RedisPipeline: an item whose encoding is larger is"
+       " dropped (ERROR, stat redis_items/too_large) instead of being written.", I_, low=1),
     _s("REDIS_COOKIES_CACHE_SECONDS", 1.0, "float", "SharedCookiesMiddleware: re-read a jar older than this"
        " (seconds).", "cookies", low=0),
     _s("REDIS_COOKIES_FLUSH_INTERVAL", 0.05, "float", "SharedCookiesMiddleware: cookie changes are written at"
@@ -314,6 +319,13 @@ STATS: tuple[tuple[str, str], ...] = (
     ("redis_items/batches", "item batches written"),
     ("redis_items/unserializable", "items the serializer could not encode (dropped)"),
     ("redis_items/redis_errors", "failed item batch writes (retried)"),
+    ("redis_items/too_large", "items larger than REDIS_ITEMS_MAX_BYTES (dropped)"),
+    ("redis_items/refused", "items refused with their page's ack (the lease was another worker's by then)"),
+    ("redis_items/unbound", "items of no leased request (start(), local requests): written at least once"),
+    ("scheduler/acks_refused", "acks the frontier refused: the lease had run out and was another worker's"),
+    ("feeds/fsyncs", "feed files flushed and fsynced before an acknowledging round"),
+    ("feeds/duplicate_pages", "pages whose items this worker exported but whose ack was refused: another"
+     " fetch exports them again"),
     ("cookies/shared/loads", "shared cookie jars read from Redis"),
     ("cookies/shared/written", "cookie changes written to Redis"),
     ("cookies/shared/rejected", "invalid cookie records read from Redis (skipped)"),

@@ -5,8 +5,9 @@
 --
 -- Put together from fragments (scrapy_dist/redis/scripts.py): dupe.lua, polite.lua, sync_common.lua (KEYS,
 -- ARGV head and sections by name, chunk checks), sync_check.lua (every value read before the first write),
--- sync_sweep.lua, sync_enqueue.lua, sync_settle.lua, sync_lease.lua. The wire layout is encoded once in
--- Python (frontier/shard.py: SYNC_KEYS, SYNC_HEAD, SYNC_SECTIONS, decode_sync_result) and read by name here.
+-- sync_sweep.lua, sync_enqueue.lua, sync_items.lua, sync_settle.lua, sync_lease.lua. The wire layout is
+-- encoded once in Python (frontier/shard.py: SYNC_KEYS, SYNC_HEAD, SYNC_SECTIONS, decode_sync_result) and
+-- read by name here.
 -- Sharded frontier: every KEYS of one call are one shard's (one hash slot); for a shard > 0 the
 -- crawl-wide keys (deadletter, workers, control, domains, domain info) are that shard's names and stay
 -- empty, and head 'heartbeat' is '0' (the worker's heartbeat is written by its shard-0 call).
@@ -27,6 +28,8 @@
 --   reject   lease key, JSON record        dead  JSON record        penalize  domain, seconds
 --   revisit  lease key, delay in seconds, new member ('' = unchanged): an ack that files it again
 --   forget   t1, t2: a fingerprint made new again (dupe.lua's dupe_forget)
+--   items    lease key, encoded item: appended to the items key (the call's last key) only if that
+--            lease's ack in this call was accepted (sync_items.lua; head items_mode, items_maxlen)
 -- Returns the flat list 'flags', f, 'leased', l, 'requeued', n, 'moved', n, 'queued', n, 'inflight', n,
 --   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys},
 --   'replayed', n (of the rejected, copies of entries handed out): flags has
@@ -34,7 +37,8 @@
 --   the sequence counter (it grows with every entry created: two equal readings with nothing queued, leased
 --   or delayed in between prove the shard stayed empty); rejected counts queue members this call rejected
 --   whole (sync_lease: malformed, or a copy of an entry handed out); repaired names keys whose garbage
---   this call repaired (sync_check).
+--   this call repaired (sync_check); items, items_refused and acks_refused count the items appended and
+--   refused and the acks refused (sync_items).
 --   Or {-1, bloom_n} / {-2, reason, detail}: nothing written (see sync_common.lua).
 
 local now = call_now(A.now)
@@ -69,6 +73,7 @@ if not dupe_can_insert(d, sec.enqueue.n) then
 end
 local bad, detail = sync_check(S, sec)
 if bad then return {-2, bad, detail} end
+sync_items_check(S)
 
 sync_sweep(S)
 local flags = sync_enqueue(S, d, sec.enqueue)
@@ -81,6 +86,7 @@ sync_dead(S, sec.dead)
 sync_penalize(S, sec.penalize)
 sync_revisit(S, sec.revisit)
 sync_forget(d, sec.forget)
+sync_items(S, sec.items)
 
 local paused = redis.call('HGET', K.control, 'paused')
 if paused ~= '1' then paused = '0' end
@@ -116,4 +122,5 @@ if pol.clamped then S.repaired[#S.repaired + 1] = K.domain_info end
 return {'flags', flags, 'leased', leased, 'requeued', S.requeued, 'moved', S.moved, 'queued', queued,
         'inflight', redis.call('ZCARD', K.leases), 'delayed', redis.call('ZCARD', K.delayed),
         'bloom_n', bloom_n, 'paused', paused, 'seq', redis.call('GET', K.seq) or '0',
-        'rejected', S.rejected, 'repaired', S.repaired, 'replayed', S.replayed}
+        'rejected', S.rejected, 'repaired', S.repaired, 'replayed', S.replayed,
+        'items', S.items_written, 'items_refused', S.items_refused, 'acks_refused', S.acks_refused}

@@ -44,11 +44,16 @@ local function sync_ack(S, sec)
   for L in items(sec, 1) do
     -- a lease that ran out was moved back to the queue (sync_sweep): that copy need not run again. A
     -- lease still held has no copy there, which saves the ZREM (one command per page).
-    if lease_done(S, L) == 0 then
+    local ok = lease_done(S, L) == 1
+    if not ok then
       local m = lease_member(L)
-      if redis.call('ZREM', K.queue, m) == 1 then dequeued(S, m) end
+      if redis.call('ZREM', K.queue, m) == 1 then
+        dequeued(S, m)
+        ok = true
+      end
       remember(S, m)  -- the sweep forgot it when it requeued it
     end
+    items_acked(S, L, ok)
   end
 end
 
@@ -120,6 +125,7 @@ local function sync_revisit(S, sec)
       score = qs
       dequeued(S, m)
     end
+    items_acked(S, L, found == 1)
     if redis.call('ZREM', K.delayed, m) == 1 then
       found = 1
       local meta = redis.call('HGET', K.delayed_meta, m)
