@@ -57,9 +57,10 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("spider attributes / `-a` `redis_key`, `redis_batch_size`, `max_idle_time`", "same", HONOURED,
      "strings converted as scrapy-redis does; a bad value is one line and exit status 1;"
      " `max_idle_time` sets `SCHEDULER_IDLE_BEFORE_CLOSE`"),
-    ("seeds bypass the dupefilter (`dont_filter=True`)", "same by default", HONOURED,
-     "a pushed URL is fetched again; its fingerprint is recorded, so links back to it are not;"
-     " `REDIS_START_URLS_DEDUPE = True` (or `\"dont_filter\": false` in a JSON seed) deduplicates seeds"),
+    ("seeds bypass the dupefilter (`dont_filter=True`): neither consulted nor recorded", "same by default",
+     HONOURED, "a pushed URL is fetched again, and a link to it (a `RedisCrawlSpider`'s `Rule`) fetches it"
+     " again; `REDIS_START_URLS_DEDUPE = True` (or `\"dont_filter\": false` in a JSON seed) deduplicates"
+     " seeds, `SEEDS_RECORD_FINGERPRINT = True` records them without consulting the filter"),
     ("JSON seed `{\"url\", \"method\", \"meta\", <other fields>}`", "same, plus `headers`, `body`,"
      " `cb_kwargs`, `priority`, `callback`, `errback`, `dont_filter`, `cookies`", HONOURED,
      "other fields are form data as in scrapy-redis (must be strings); plain-URL seeds are not deprecated"),

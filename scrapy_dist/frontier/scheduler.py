@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
 def make_worker_id() -> str:
     """``host:pid:random`` -- unique per process, readable in ``scrapy-dist status``."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
@@ -134,6 +135,9 @@ class Scheduler:
         self.revisits: Revisits | None = None
         #: DEADLETTER_FORGET, wired by from_crawler
         self.forget_dead = False
+        #: SEEDS_RECORD_FINGERPRINT (wired by from_crawler): a dont_filter start request records its
+        #: fingerprint; off, it neither consults nor records the filter, as in Scrapy
+        self.record_start = False
         self.report = FrontierReport(self.stats, [], lambda request: self.df.log(request, self.spider))
         self.keys: CrawlKeys
         self.layout: CrawlLayout
@@ -173,6 +177,7 @@ class Scheduler:
         sched.revisits = Revisits.from_crawler(crawler)
         sched.ledger.revisit_of = sched.revisits.plan
         sched.forget_dead = ds.dupefilter.forget_dead
+        sched.record_start = sched._batched_df and ds.seeds.record_fingerprint
         if cfg.politeness == "cluster":
             from scrapy import signals
 
@@ -325,10 +330,9 @@ class Scheduler:
                 return False
         domain, limits = self._domain(request)
         score, now = self.order.score(request), time.monotonic()
-        if self._batched_df and request.dont_filter and request.meta.get("is_start_request"):
-            # a start request or seed that skips the filter (fetched again when pushed again, as in
-            # scrapy-redis) still records its fingerprint, so that a page linking back to it does not
-            # fetch it once more: a dedupe-only entry travels with it
+        if self.record_start and request.dont_filter and request.meta.get("is_start_request"):
+            # SEEDS_RECORD_FINGERPRINT: a dedupe-only entry travels with the start request, so that a
+            # page linking back to it is not fetched once more
             fp = self.df.fingerprint(request)
             r1, r2 = self.df.fingerprint_tokens(fp)
             self._recent.add(r1, now)

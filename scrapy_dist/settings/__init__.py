@@ -179,6 +179,8 @@ class SeedSettings:
     headers_allowed: tuple[str, ...] = ()
     #: REDIS_START_URLS_DEDUPE: seeds without their own dont_filter go through the dupefilter
     dedupe: bool = False
+    #: SEEDS_RECORD_FINGERPRINT: a start request that skips the dupefilter still records its fingerprint
+    record_fingerprint: bool = False
 
 
 @dataclass(frozen=True)
@@ -333,7 +335,7 @@ class DistSettings:
             max_bytes=v("REDIS_START_URLS_MAX_BYTES"), rejected_maxlen=v("REDIS_START_URLS_REJECTED_MAXLEN"),
             meta_allowed=tuple(map(str, v("SEEDS_META_ALLOWED"))),
             headers_allowed=tuple(map(str, v("SEEDS_HEADERS_ALLOWED"))),
-            dedupe=v("REDIS_START_URLS_DEDUPE"),
+            dedupe=v("REDIS_START_URLS_DEDUPE"), record_fingerprint=v("SEEDS_RECORD_FINGERPRINT"),
         )
         if not seeds.key_template:
             raise SettingsError("REDIS_START_URLS_KEY", "", "empty",
