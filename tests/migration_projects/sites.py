@@ -77,7 +77,8 @@ def yellow_pages(details: int = 40, seed: int = 11) -> dict[str, str]:
         links = "".join(f'<a href="{p}">related</a>' for p in nxt)
         contact = (
             "" if k % 5 == 4 else
-            f'<div class="ptlxfsC"><ul><li><p>联系人：张{"三四五六七"[k % 5]}</p><p>电话：0759-{7100000 + k}</p>'
+            f'<div class="ptlxfsC"><ul><li><p>联系人：张{"三四五六七"[k % 5]}</p>'
+            f"<p>电话：0759-{7100000 + k}</p>"
             f"<p>手机：{13800000000 + k}</p><p>地址：广东湛江{k}号</p></li></ul></div>"
         )
         pages[path] = _html(f"shop {k}", contact + links)

@@ -43,5 +43,6 @@ class JobSpider(RedisCrawlSpider):
         exp = response.xpath('//div[@class="t1"]/span[1]/text()').get().strip("年经验")
         item["exp"] = 0 if "无" in exp else int(exp)
         item["degree"] = response.xpath('//div[@class="t1"]/span[2]/text()').get()
-        item["minmoney"], item["maxmoney"] = salary(response.xpath('//div[@class="cn"]/strong/text()').get(""))
+        pay = response.xpath('//div[@class="cn"]/strong/text()').get("")
+        item["minmoney"], item["maxmoney"] = salary(pay)
         yield item
