@@ -70,6 +70,26 @@ def test_a_nameless_spider_class_gets_the_name_given_to_its_instance(redis_url: 
     assert sched.keys.spider == "named-later"
 
 
+@pytest.mark.parametrize("dupefilter", ["scrapy_dist.dupefilter.BloomDupeFilter",
+                                        "scrapy_dist.dupefilter.SetDupeFilter"])
+def test_keys_follow_a_name_given_after_the_scheduler_was_built(
+    redis_url: str, redis_client: Any, dupefilter: str
+) -> None:
+    """Scrapy's harness builds the scheduler from the crawler, then the spider under another name: the
+    crawl (queue, filter, control) lives under the final name, as ``process.crawl(Spider, name=...)``."""
+
+    class Named(Spider):
+        name = "classname"
+
+    crawler = get_crawler(Named, {"REDIS_URL": redis_url, "DUPEFILTER_CLASS": dupefilter})
+    sched = build_from_crawler(Scheduler, crawler)
+    spider = Named.from_crawler(crawler, name="final")
+    assert len(run(_crawl_three(sched, spider))) == 3
+    assert sched.keys.spider == "final" and sched.df.keys.spider == "final"
+    names = {k.decode().split("}")[0] for k in redis_client.keys("*")}
+    assert names == {"{final"}
+
+
 def test_a_spider_without_any_name_is_one_line(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     sched = Scheduler(BaseDupeFilter(), redis_settings={"REDIS_URL": redis_url})
     nameless = Spider.__new__(Spider)  # Scrapy refuses to build one; a custom __init__ may not

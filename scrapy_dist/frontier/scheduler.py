@@ -15,8 +15,6 @@ A leased request is acknowledged only once the engine has finished it (download,
 pipelines), and the acknowledgement travels in the same atomic call as the requests its callback
 produced, so a worker killed at any moment loses nothing: what it held is requeued when its leases
 (``SCHEDULER_LEASE_SECONDS``, renewed while it works) run out.
-
-Longer than our ~400 lines for a module because :class:`Scheduler` is (its docstring says why).
 """
 
 from __future__ import annotations
@@ -84,10 +82,6 @@ class Scheduler:
     Scrapy settings or a dict with ``REDIS_URL``...). As Scrapy's own scheduler, it can be built from a
     dupefilter alone (``Scheduler(dupefilter)``, ``crawler`` None): the keys then come from the spider's
     name at :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default.
-
-    Longer than our ~250 lines for a class: it is Scrapy's whole scheduler interface plus the services
-    other scrapy-dist components call (delays, dead letters, pauses, politeness); each method is a few
-    lines over the ledger, the loop, the router and the layout.
     """
 
     def __init__(
@@ -223,12 +217,15 @@ class Scheduler:
         self.spider = spider
         settings = self.redis_settings
         cfg = self.config
-        if not hasattr(self, "keys"):
-            name = getattr(spider, "name", None)
-            if not name or not isinstance(name, str):
-                connection.abort_crawl(ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: "
-                                                       "the crawl's Redis keys are built from it"))
-            self._place(crawl_keys(settings, name))
+        name = getattr(spider, "name", None)
+        if (not name or not isinstance(name, str)) and not hasattr(self, "keys"):
+            connection.abort_crawl(ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: "
+                                                   "the crawl's Redis keys are built from it"))
+        if not hasattr(self, "keys") or (self.crawler is not None and name and name != self.keys.spider):
+            # the keys follow the spider's final name (a harness may rename it after building us)
+            self._place(crawl_keys(settings, str(name)))
+            if self._batched_df:
+                self.df.keys = self.keys
         if self.router.fingerprinter is None and self.crawler is not None:
             self.router.fingerprinter = crawl_fingerprinter(self.crawler)
         # one clear line and a non-zero exit if Redis is not there (building a client can fail too)
