@@ -7,6 +7,8 @@ they check that scrapy-dist keeps, each tested here against a real Redis.
 * A spider with no name at all is one line and a non-zero exit, not a traceback.
 * Duplicate lines are logged where Scrapy's ``RFPDupeFilter`` logs them (``scrapy.dupefilters``), and an
   overridden ``request_fingerprint()`` is used with Scrapy's deprecation warning.
+* Start requests are sent in Scrapy's order: the first at once when the worker has room (as Scrapy's engine
+  sends it before reading the next), the others after the requests of their priority enqueued otherwise.
 * ``DownloaderAwarePriorityQueue`` with ``CONCURRENT_REQUESTS_PER_IP`` is refused, as Scrapy refuses it.
 * scrapy-redis's example project (run by tools/compat_check.py): its spiders set ``allowed_domains`` to a
   ``filter`` object, which the seed checks must not exhaust before Scrapy's offsite middleware reads it.
@@ -16,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
+from crawlproject import make_project
 from helpers import run
 from scrapy import Request, Spider
 from scrapy.dupefilters import BaseDupeFilter
@@ -179,3 +183,56 @@ def test_an_iterator_allowed_domains_still_restricts_the_crawl_after_scrapy_read
     check_offsite("http://www.other.test/", spider)
     assert offsite.should_follow(Request("http://www.shop.test/a"), spider)
     assert not offsite.should_follow(Request("http://elsewhere.test/a"), spider)
+
+
+ORDER_SPIDER = """
+import scrapy
+from scrapy import signals
+
+
+class Order(scrapy.Spider):
+    name = "order"
+
+    def __init__(self, site="", **kw):
+        super().__init__(**kw)
+        self.site = site
+        self.sent = []
+
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        crawler.signals.connect(spider.reached, signal=signals.request_reached_downloader)
+        return spider
+
+    def reached(self, request, spider):
+        self.sent.append(int(request.url.rsplit("/", 1)[1]))
+
+    def closed(self, reason):
+        self.logger.info("ORDER %s", self.sent)
+
+    def page(self, num, priority=0):
+        return scrapy.Request(f"{self.site}/page/{num}", priority=priority)
+
+    async def start(self):
+        yield self.page(1)
+        for request in (self.page(2, priority=1), self.page(5)):
+            self.crawler.engine._slot.scheduler.enqueue_request(request)
+        yield self.page(6)
+        yield self.page(3, priority=1)
+        yield self.page(4, priority=1)
+
+    def parse(self, response):
+        return None
+"""
+
+
+def test_start_requests_are_sent_in_scrapys_order(
+    tmp_path: Path, redis_url: str, site_factory: Any
+) -> None:
+    """Scrapy's own engine test: one download at a time; the first start request is sent at once, then
+    priority 1 before 0, and within a priority the requests enqueued by other means before start requests."""
+    site = site_factory(pages=10, links=0)
+    project = make_project(tmp_path, {"REDIS_URL": redis_url, "CONCURRENT_REQUESTS": 1}, spiders=ORDER_SPIDER)
+    project.crawl("order", args={"site": site.url})
+    assert project.wait_all(60) == [0], project.logs()[-3000:]
+    assert "ORDER [1, 2, 3, 4, 5, 6]" in project.logs(), project.logs()[-3000:]

@@ -10,6 +10,10 @@ atomic call that adds it, so:
 * :class:`FifoQueue`: one score; first-in first-out, priority ignored.
 * :class:`LifoQueue`: one score, inverted sequence numbers; last-in first-out, priority ignored.
 
+Start requests follow Scrapy's order: after the other requests of their priority
+(:data:`START_REQUEST_OFFSET`), except one enqueued while the worker has room for it and holds nothing
+better, which Scrapy's engine would send at once: the scheduler scores it :data:`START_NOW`.
+
 Since the sequence number makes every member unique, two identical ``dont_filter`` requests are two
 entries. All three pop with ``ZPOPMIN`` inside the frontier's ``sync`` script, so leases work the same.
 """
@@ -40,6 +44,9 @@ def _start_offset(request: Request) -> float:
 
 #: added to the score of a start request (``meta["is_start_request"]``, set by Scrapy)
 START_REQUEST_OFFSET = 0.5
+#: the score of a start request Scrapy's engine would send at once (the worker has room and holds nothing
+#: better): ahead of every priority, as the engine takes it before any request enqueued after it
+START_NOW = -1e15
 
 
 class PriorityQueue:

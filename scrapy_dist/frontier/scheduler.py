@@ -327,6 +327,9 @@ class Scheduler:
                 return False
         domain, limits = self._domain(request)
         score, now = self.order.score(request), time.monotonic()
+        if request.meta.get("is_start_request") and not (self.frontier_status or {}).get("queued") \
+                and self.ledger.starts_now(self.config.concurrent_requests):
+            score = queue.START_NOW
         if self.record_start and request.dont_filter and request.meta.get("is_start_request"):
             # SEEDS_RECORD_FINGERPRINT: a dedupe-only entry travels with the start request, so that a
             # page linking back to it is not fetched once more

@@ -124,6 +124,7 @@ class SchedulerSettings:
     idle_before_close: float = 0.0
     lease_seconds: float = 60.0
     prefetch: int = 16  # derived: SCHEDULER_PREFETCH, 0 -> max(16, 2 x CONCURRENT_REQUESTS)
+    concurrent_requests: int = 16  # Scrapy's CONCURRENT_REQUESTS
     flush_interval: float = 0.05
     flush_batch: int = 500
     idle_poll: float = 0.25
@@ -301,7 +302,7 @@ class DistSettings:
             persist=v("SCHEDULER_PERSIST"),
             flush_on_start=v("SCHEDULER_FLUSH_ON_START"), idle_before_close=idle,
             lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
-            prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent),
+            prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent), concurrent_requests=concurrent,
             flush_interval=v("SCHEDULER_FLUSH_INTERVAL"), flush_batch=v("SCHEDULER_FLUSH_BATCH"),
             idle_poll=v("SCHEDULER_IDLE_POLL"), shutdown_grace=v("SCHEDULER_SHUTDOWN_GRACE"),
             allowed_schemes=schemes,
