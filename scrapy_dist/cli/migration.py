@@ -123,7 +123,8 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
      " test_engine_loop.py with scrapy-dist's scheduler made the default (tools/compat_check.py), these three"
      " reasons are the 6 of 36 that fail"),
     ("Scrapy's `DownloaderAwarePriorityQueue` refusing `CONCURRENT_REQUESTS_PER_IP` (a ValueError)", "the"
-     " same refusal", HONOURED, "one line and exit status 1 instead of a traceback"),
+     " same refusal", CHANGED, "one line and exit status 1 instead of a traceback; it is a `SystemExit`"
+     " (`CrawlAborted`), not the `ValueError`, for code that builds the scheduler itself"),
 )
 
 #: What the migration table adds to a setting's own note.
