@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from scrapy import Request
 
+    from scrapy_dist.frontier.ledger import Ledger
+    from scrapy_dist.frontier.syncloop import SyncLoop
+
 
 class QueueOrder(Protocol):
     """What the frontier asks of a queue class."""
@@ -47,6 +50,16 @@ START_REQUEST_OFFSET = 0.5
 #: the score of a start request Scrapy's engine would send at once (the worker has room and holds nothing
 #: better): ahead of every priority, as the engine takes it before any request enqueued after it
 START_NOW = -1e15
+
+
+def sends_now(request: Request, ledger: Ledger, loop: SyncLoop | None, concurrency: int) -> bool:
+    """Whether ``request`` is a start request Scrapy's engine would send at once (score it
+    :data:`START_NOW`): the crawl is not paused, nothing is queued crawl-wide as far as this worker knows,
+    and the worker has room for it (:meth:`~scrapy_dist.frontier.ledger.Ledger.starts_now`)."""
+    if not request.meta.get("is_start_request") or loop is None or loop.paused or loop.local_pause:
+        return False
+    queued = loop.state.queued if loop.state is not None else loop.backlog
+    return not queued and ledger.starts_now(concurrency)
 
 
 class PriorityQueue:

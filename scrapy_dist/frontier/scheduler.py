@@ -253,6 +253,7 @@ class Scheduler:
             lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,
             idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
         )
+        self.loop.paused, self.loop.backlog = self.layout.paused, pending
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
             logger.warning(
                 "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
@@ -327,8 +328,7 @@ class Scheduler:
                 return False
         domain, limits = self._domain(request)
         score, now = self.order.score(request), time.monotonic()
-        if request.meta.get("is_start_request") and not (self.frontier_status or {}).get("queued") \
-                and self.ledger.starts_now(self.config.concurrent_requests):
+        if queue.sends_now(request, self.ledger, self.loop, self.config.concurrent_requests):
             score = queue.START_NOW
         if self.record_start and request.dont_filter and request.meta.get("is_start_request"):
             # SEEDS_RECORD_FINGERPRINT: a dedupe-only entry travels with the start request, so that a
