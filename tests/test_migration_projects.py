@@ -24,12 +24,10 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from migration_sites import PagesServer, jobs_board, yellow_pages
 from redis_servers import RedisProcess
 
-sys.path.insert(0, str(Path(__file__).parent / "migration_projects"))
-from sites import PagesServer, jobs_board, yellow_pages  # noqa: E402
-
-from scrapy_dist.demo.site import SiteGraph, SiteServer  # noqa: E402
+from scrapy_dist.demo.site import SiteGraph, SiteServer
 
 PROJECTS = Path(__file__).parent / "migration_projects"
 HAS_SCRAPY_REDIS = importlib.util.find_spec("scrapy_redis") is not None
