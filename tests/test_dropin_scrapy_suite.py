@@ -226,6 +226,7 @@ class Order(scrapy.Spider):
 """
 
 
+@pytest.mark.slow
 def test_start_requests_are_sent_in_scrapys_order(
     tmp_path: Path, redis_url: str, site_factory: Any
 ) -> None:

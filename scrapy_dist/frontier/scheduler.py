@@ -218,12 +218,12 @@ class Scheduler:
         settings = self.redis_settings
         cfg = self.config
         name = getattr(spider, "name", None)
-        if (not name or not isinstance(name, str)) and not hasattr(self, "keys"):
+        named = isinstance(name, str) and bool(name)
+        if not named and not hasattr(self, "keys"):
             connection.abort_crawl(ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: "
                                                    "the crawl's Redis keys are built from it"))
-        if not hasattr(self, "keys") or (self.crawler is not None and name and name != self.keys.spider):
-            # the keys follow the spider's final name (a harness may rename it after building us)
-            self._place(crawl_keys(settings, str(name)))
+        if not hasattr(self, "keys") or (named and self.crawler is not None and name != self.keys.spider):
+            self._place(crawl_keys(settings, str(name)))  # the keys follow the spider's final name
             if self._batched_df:
                 self.df.keys = self.keys
         if self.router.fingerprinter is None and self.crawler is not None:
