@@ -237,3 +237,46 @@ def test_start_requests_are_sent_in_scrapys_order(
     project.crawl("order", args={"site": site.url})
     assert project.wait_all(60) == [0], project.logs()[-3000:]
     assert "ORDER [1, 2, 3, 4, 5, 6]" in project.logs(), project.logs()[-3000:]
+
+
+RENAMED = """
+import sys
+from scrapy import Spider
+from scrapy.crawler import CrawlerProcess
+
+
+class Named(Spider):
+    name = "classname"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if getattr(self, "rename", None):
+            self.name = self.rename
+
+    async def start(self):
+        return
+        yield
+
+
+process = CrawlerProcess({
+    "SCHEDULER": "scrapy_dist.scheduler.Scheduler",
+    "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
+    "REDIS_URL": sys.argv[1], "LOG_LEVEL": "WARNING", "TELNETCONSOLE_ENABLED": False,
+})
+process.crawl(Named, name="given")
+process.crawl(Named, rename="initname")
+process.start()
+"""
+
+
+@pytest.mark.slow
+def test_names_given_to_process_crawl_or_set_in_init_name_the_keys(redis_url: str, redis_client: Any) -> None:
+    """``process.crawl(Spider, name=...)`` and a name set in ``__init__``: each crawl lives under its final
+    name, as Scrapy names it."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", RENAMED, redis_url], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert {k.decode().split("}")[0] + "}" for k in redis_client.keys("*")} == {"{given}", "{initname}"}
