@@ -1,9 +1,10 @@
-"""Issue 16, Scrapy's own scheduler and dupefilter tests (tools/compat_check.py runs them): the contracts
+"""Scrapy's own scheduler, engine and dupefilter tests (tools/compat_check.py runs them): the contracts
 they check that scrapy-dist keeps, each tested here against a real Redis.
 
 * ``Scheduler(dupefilter)`` builds without a crawler (``scheduler.crawler is None``); the keys then come
-  from the spider's name at ``open()``, and a scheduler built from a crawler whose spider class has no name
-  yet (``process.crawl(Spider, name=...)``, Scrapy's harness) takes the name of the spider it is opened for.
+  from the spider's name at ``open()``, and a scheduler built from a crawler before its spider (Scrapy's
+  harness) takes the name of the spider it is opened for, as ``process.crawl(Spider, name=...)`` and a
+  name set in ``__init__`` do.
 * A spider with no name at all is one line and a non-zero exit, not a traceback.
 * Duplicate lines are logged where Scrapy's ``RFPDupeFilter`` logs them (``scrapy.dupefilters``), and an
   overridden ``request_fingerprint()`` is used with Scrapy's deprecation warning.
