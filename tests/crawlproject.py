@@ -242,6 +242,12 @@ def lost_and_dupes(site: Any) -> tuple[int, int]:
     return site.graph.pages - len(counts), sum(c - 1 for c in counts.values())
 
 
+def links_back(graph: Any, page: int = 0) -> int:
+    """1 if a page that answers links to ``page``, else 0: how many more times a seed's page is fetched
+    (a seed neither consults nor records the dupefilter, so the link's request is new)."""
+    return int(any(page in graph.links_of(i) for i in range(graph.pages) if i not in graph.missing))
+
+
 def kill_holding_leases(
     project: Project, victim: subprocess.Popen[bytes], site: Any, client: Any, lease_sets: list[str],
     min_pages: int, timeout: float = 60,

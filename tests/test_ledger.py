@@ -430,3 +430,23 @@ def test_a_record_only_entry_is_deduped_and_then_forgotten() -> None:
         assert batch.enqueue == [("t", "u", 0.0, b"", "", ""), ("", "", 0.0, b"\x01p", "", "")]
         applied = ledger.apply(0, batch, _result(flags), _decode, now=1.0)
         assert applied.enqueued == 1 and not applied.duplicates and not ledger.local
+
+
+def test_a_start_request_is_sent_now_only_while_the_engine_has_room() -> None:
+    """As Scrapy's engine: a start request goes first while fewer requests than the engine downloads at a
+    time are in it or on their way to it, and nothing leased waits."""
+    from scrapy_dist.frontier.orders import START_NOW
+
+    ledger = Ledger()
+    assert ledger.starts_now(1) and ledger.starts_now(2)
+    ledger.add(Outgoing(Request("http://a/1"), "", "", START_NOW, b"\x01p"), now=0.0)
+    ledger.add(Outgoing(Request("http://a/1"), "t", "u", START_NOW, b"", record_only=True), now=0.0)
+    ledger.add(Outgoing(Request("http://a/2"), "", "", 0.5, b"\x01p"), now=0.0)
+    assert not ledger.starts_now(1) and ledger.starts_now(2)  # one on its way; the record is not a request
+    [batch] = ledger.take_batches([1], renew=False)
+    assert not ledger.starts_now(1) and ledger.starts_now(2)  # in a round still
+    ledger.apply(0, batch, _result("111", leased=[(b"m1", START_NOW)]), _decode, now=1.0)
+    ledger.finish_round(True, now=1.0)
+    assert not ledger.starts_now(2)  # leased, waiting for the engine: the engine takes that first
+    assert ledger.hand_out() is not None
+    assert not ledger.starts_now(1) and ledger.starts_now(2)  # in the engine

@@ -344,3 +344,4 @@ from scrapy_dist.cli import push  # noqa: E402, F401
 from scrapy_dist.cli import embedded  # noqa: E402, F401
 from scrapy_dist.cli import metrics  # noqa: E402, F401
 from scrapy_dist.cli import dashboard  # noqa: E402, F401
+from scrapy_dist.cli import check_migration  # noqa: E402, F401

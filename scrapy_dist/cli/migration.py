@@ -57,9 +57,10 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("spider attributes / `-a` `redis_key`, `redis_batch_size`, `max_idle_time`", "same", HONOURED,
      "strings converted as scrapy-redis does; a bad value is one line and exit status 1;"
      " `max_idle_time` sets `SCHEDULER_IDLE_BEFORE_CLOSE`"),
-    ("seeds bypass the dupefilter (`dont_filter=True`)", "same by default", HONOURED,
-     "a pushed URL is fetched again; its fingerprint is recorded, so links back to it are not;"
-     " `REDIS_START_URLS_DEDUPE = True` (or `\"dont_filter\": false` in a JSON seed) deduplicates seeds"),
+    ("seeds bypass the dupefilter (`dont_filter=True`): neither consulted nor recorded", "same by default",
+     HONOURED, "a pushed URL is fetched again, and a link to it (a `RedisCrawlSpider`'s `Rule`) fetches it"
+     " again; `REDIS_START_URLS_DEDUPE = True` (or `\"dont_filter\": false` in a JSON seed) deduplicates"
+     " seeds, `SEEDS_RECORD_FINGERPRINT = True` records them without consulting the filter"),
     ("JSON seed `{\"url\", \"method\", \"meta\", <other fields>}`", "same, plus `headers`, `body`,"
      " `cb_kwargs`, `priority`, `callback`, `errback`, `dont_filter`, `cookies`", HONOURED,
      "other fields are form data as in scrapy-redis (must be strings); plain-URL seeds are not deprecated"),
@@ -114,8 +115,16 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
      " Scrapy's tests that enqueue and dequeue in one synchronous loop (16 of its test_scheduler.py's 19,"
      " including the JOBDIR migration test) fail for this reason; tests/test_dropin_scrapy_suite.py drives"
      " the same steps round by round"),
+    ("Scrapy's engine: start requests sent at once while the downloader has room, then by priority; LIFO"
+     " within a priority (its default `SCHEDULER_MEMORY_QUEUE`); `data:` URLs; each run a fresh crawl",
+     "the same order of start requests; FIFO within a priority; `http`/`https` only; a crawl persists",
+     CHANGED, "FIFO within a priority is scrapy-redis's order; `SCHEDULER_ALLOWED_SCHEMES` and"
+     " `SCHEDULER_PERSIST` (default `True`) are the other two. Of Scrapy 2.19's tests/test_engine.py and"
+     " test_engine_loop.py with scrapy-dist's scheduler made the default (tools/compat_check.py), these three"
+     " reasons are the 6 of 36 that fail"),
     ("Scrapy's `DownloaderAwarePriorityQueue` refusing `CONCURRENT_REQUESTS_PER_IP` (a ValueError)", "the"
-     " same refusal", HONOURED, "one line and exit status 1 instead of a traceback"),
+     " same refusal", CHANGED, "one line and exit status 1 instead of a traceback; it is a `SystemExit`"
+     " (`CrawlAborted`), not the `ValueError`, for code that builds the scheduler itself"),
 )
 
 #: What the migration table adds to a setting's own note.

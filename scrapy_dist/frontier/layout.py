@@ -93,6 +93,8 @@ class CrawlLayout:
         self.shard_keys = keys.shards(shards)
         #: one dupefilter per shard (the crawl's own dupefilter with one shard)
         self.shard_dfs: list[Any] = [dupefilter]
+        #: the crawl-wide pause flag when this worker joined
+        self.paused = False
 
     # -- start ----------------------------------------------------------------------------------------
     def open(self, settings: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
@@ -124,8 +126,9 @@ class CrawlLayout:
         pipe = client.pipeline(transaction=False)
         pipe.hsetnx(keys.control, "politeness", self.politeness)
         pipe.hsetnx(keys.control, "shards", self.shards)
-        pipe.hmget(keys.control, ["politeness", "shards", "format"])
-        mode, shards, recorded = pipe.execute()[-1]
+        pipe.hmget(keys.control, ["politeness", "shards", "format", "paused"])
+        mode, shards, recorded, paused = pipe.execute()[-1]
+        self.paused = paused == b"1"
         secs, micros = client.time()  # the clock heartbeats are written with (not pipelined: Cluster)
         try:
             running = client.zcount(keys.workers, secs + micros / 1e6 - self.lease_seconds, "+inf")

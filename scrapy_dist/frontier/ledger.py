@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.leased import Lease, LeasedBuffer
+from scrapy_dist.frontier.orders import START_NOW
 from scrapy_dist.frontier.shard import SyncBatch
 from scrapy_dist.wire.rejections import rejection_record
 
@@ -236,6 +237,16 @@ class Ledger:
         if self.best_out >= best:
             return 0
         return sum(1 for e in self.out if e.score < best)
+
+    def starts_now(self, concurrency: int) -> bool:
+        """Whether Scrapy's engine, downloading ``concurrency`` requests at a time, would send a start
+        request enqueued now at once: nothing leased waits, and fewer requests are in the engine or on
+        their way to it than it downloads (those sent this way counted, in this batch or in a round)."""
+        if self.ready or self.local:
+            return False
+        entries = itertools.chain(self.out, *self._sent)
+        sending = sum(1 for e in entries if e.score <= START_NOW and not e.record_only)
+        return len(self.handed) + sending < concurrency
 
     def has_writes(self) -> bool:
         """Whether anything waits to be written (besides acks and releases)."""

@@ -5,6 +5,10 @@ sequence number from ``{spider}:seq``; a queue class only decides the score and 
 :class:`PriorityQueue` (default; ``-priority``, FIFO within a priority, across all workers),
 :class:`FifoQueue` (one score) and :class:`LifoQueue` (one score, inverted sequence numbers). Two identical
 ``dont_filter`` requests are two entries; all pop with ``ZPOPMIN`` inside the ``sync`` script.
+
+Start requests follow Scrapy's order: after the other requests of their priority
+(:data:`START_REQUEST_OFFSET`), except one enqueued while the worker has room for it and holds nothing
+better, which Scrapy's engine would send at once: the scheduler scores it :data:`START_NOW`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from scrapy_dist.settings.reader import QUEUE_ALIASES
 
 if TYPE_CHECKING:
     from scrapy import Request
+
+    from scrapy_dist.frontier.ledger import Ledger
+    from scrapy_dist.frontier.syncloop import SyncLoop
 
 
 class QueueOrder(Protocol):
@@ -35,6 +42,19 @@ def _start_offset(request: Request) -> float:
 
 #: added to the score of a start request (``meta["is_start_request"]``, set by Scrapy)
 START_REQUEST_OFFSET = 0.5
+#: the score of a start request Scrapy's engine would send at once (the worker has room and holds nothing
+#: better): ahead of every priority, as the engine takes it before any request enqueued after it
+START_NOW = -1e15
+
+
+def sends_now(request: Request, ledger: Ledger, loop: SyncLoop | None, concurrency: int) -> bool:
+    """Whether ``request`` is a start request Scrapy's engine would send at once (score it
+    :data:`START_NOW`): the crawl is not paused, nothing is queued crawl-wide as far as this worker knows,
+    and the worker has room for it (:meth:`~scrapy_dist.frontier.ledger.Ledger.starts_now`)."""
+    if not request.meta.get("is_start_request") or loop is None or loop.paused or loop.local_pause:
+        return False
+    queued = loop.state.queued if loop.state is not None else loop.backlog
+    return not queued and ledger.starts_now(concurrency)
 
 
 class PriorityQueue:

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
 def make_worker_id() -> str:
     """``host:pid:random`` -- unique per process, readable in ``scrapy-dist status``."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
@@ -132,6 +133,9 @@ class Scheduler:
         #: DEADLETTER_FORGET and SCHEDULER_DENY_NETWORKS, wired by from_crawler
         self.forget_dead = False
         self.networks: list[Any] = []
+        #: SEEDS_RECORD_FINGERPRINT (wired by from_crawler): a dont_filter start request records its
+        #: fingerprint; off, it neither consults nor records the filter, as in Scrapy
+        self.record_start = False
         self.report = FrontierReport(self.stats, [], lambda request: self.df.log(request, self.spider))
         self.keys: CrawlKeys
         self.layout: CrawlLayout
@@ -179,6 +183,7 @@ class Scheduler:
         sched.ledger.revisit_of = sched.revisits.plan
         sched.forget_dead = ds.dupefilter.forget_dead
         sched.networks = enforce(crawler, cfg.deny_networks)  # SCHEDULER_DENY_NETWORKS holds without the add-on too
+        sched.record_start = sched._batched_df and ds.seeds.record_fingerprint
         if cfg.politeness == "cluster":
             from scrapy import signals
 
@@ -224,12 +229,15 @@ class Scheduler:
         self.spider = spider
         settings = self.redis_settings
         cfg = self.config
-        if not hasattr(self, "keys"):
-            name = getattr(spider, "name", None)
-            if not name or not isinstance(name, str):
-                connection.abort_crawl(ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: "
-                                                       "the crawl's Redis keys are built from it"))
-            self._place(crawl_keys(settings, name))
+        name = getattr(spider, "name", None)
+        named = isinstance(name, str) and bool(name)
+        if not named and not hasattr(self, "keys"):
+            connection.abort_crawl(ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: "
+                                                   "the crawl's Redis keys are built from it"))
+        if not hasattr(self, "keys") or (named and self.crawler is not None and name != self.keys.spider):
+            self._place(crawl_keys(settings, str(name)))  # the keys follow the spider's final name
+            if self._batched_df:
+                self.df.keys = self.keys
         if self.router.fingerprinter is None and self.crawler is not None:
             self.router.fingerprinter = crawl_fingerprinter(self.crawler)
         # one clear line and a non-zero exit if Redis is not there (building a client can fail too)
@@ -263,6 +271,7 @@ class Scheduler:
         )
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
             self.report.feeds = FeedBarrier.install(self.crawler, self.loop) is not None
+        self.loop.paused, self.loop.backlog = self.layout.paused, pending
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
             logger.warning(
                 "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
@@ -338,10 +347,11 @@ class Scheduler:
                 return False
         domain, limits = self._domain(request)
         score, now = self.order.score(request), time.monotonic()
-        if self._batched_df and request.dont_filter and request.meta.get("is_start_request"):
-            # a start request or seed that skips the filter (fetched again when pushed again, as in
-            # scrapy-redis) still records its fingerprint, so that a page linking back to it does not
-            # fetch it once more: a dedupe-only entry travels with it
+        if queue.sends_now(request, self.ledger, self.loop, self.config.concurrent_requests):
+            score = queue.START_NOW
+        if self.record_start and request.dont_filter and request.meta.get("is_start_request"):
+            # SEEDS_RECORD_FINGERPRINT: a dedupe-only entry travels with the start request, so that a
+            # page linking back to it is not fetched once more
             fp = self.df.fingerprint(request)
             r1, r2 = self.df.fingerprint_tokens(fp)
             self._recent.add(r1, now)

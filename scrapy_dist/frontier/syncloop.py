@@ -85,6 +85,8 @@ class SyncLoop:
         self.state: FrontierState | None = None
         #: the crawl-wide pause flag (``scrapy-dist pause``), as shard 0 last reported it
         self.paused = False
+        #: requests queued, leased or delayed crawl-wide when the worker joined (until ``state`` is known)
+        self.backlog = 0
         #: this worker's own pause (extensions pause a worker without touching the crawl)
         self.local_pause = False
         #: a round is under way (its requests are neither in the ledger nor known to be in Redis)

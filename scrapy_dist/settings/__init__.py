@@ -110,6 +110,7 @@ class SchedulerSettings:
     idle_before_close: float = 0.0
     lease_seconds: float = 60.0
     prefetch: int = 16  # derived: SCHEDULER_PREFETCH, 0 -> max(16, 2 x CONCURRENT_REQUESTS)
+    concurrent_requests: int = 16  # Scrapy's CONCURRENT_REQUESTS
     flush_interval: float = 0.05
     flush_batch: int = 500
     idle_poll: float = 0.25
@@ -169,6 +170,8 @@ class SeedSettings:
     headers_allowed: tuple[str, ...] = ()
     #: REDIS_START_URLS_DEDUPE: seeds without their own dont_filter go through the dupefilter
     dedupe: bool = False
+    #: SEEDS_RECORD_FINGERPRINT: a start request that skips the dupefilter still records its fingerprint
+    record_fingerprint: bool = False
 
 
 @dataclass(frozen=True)
@@ -291,7 +294,7 @@ class DistSettings:
             persist=v("SCHEDULER_PERSIST"),
             flush_on_start=v("SCHEDULER_FLUSH_ON_START"), idle_before_close=idle,
             lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
-            prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent),
+            prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent), concurrent_requests=concurrent,
             flush_interval=v("SCHEDULER_FLUSH_INTERVAL"), flush_batch=v("SCHEDULER_FLUSH_BATCH"),
             idle_poll=v("SCHEDULER_IDLE_POLL"), shutdown_grace=v("SCHEDULER_SHUTDOWN_GRACE"),
             allowed_schemes=schemes,
@@ -326,7 +329,7 @@ class DistSettings:
             max_bytes=v("REDIS_START_URLS_MAX_BYTES"), rejected_maxlen=v("REDIS_START_URLS_REJECTED_MAXLEN"),
             meta_allowed=tuple(map(str, v("SEEDS_META_ALLOWED"))),
             headers_allowed=tuple(map(str, v("SEEDS_HEADERS_ALLOWED"))),
-            dedupe=v("REDIS_START_URLS_DEDUPE"),
+            dedupe=v("REDIS_START_URLS_DEDUPE"), record_fingerprint=v("SEEDS_RECORD_FINGERPRINT"),
         )
         if not seeds.key_template:
             raise SettingsError("REDIS_START_URLS_KEY", "", "empty",

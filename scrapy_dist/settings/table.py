@@ -202,6 +202,9 @@ TABLE: tuple[Setting, ...] = (
        status=HONOURED, low=0),
     _s("REDIS_START_URLS_DEDUPE", False, "bool", "Seeds go through the dupefilter (a URL pushed again is"
        " skipped). Off: every push is fetched, as in scrapy-redis; a seed's own dont_filter wins.", SE),
+    _s("SEEDS_RECORD_FINGERPRINT", False, "bool", "A start request or seed that skips the dupefilter"
+       " (dont_filter) still records its fingerprint, so a page linking to it is not fetched again. Off:"
+       " as in Scrapy and scrapy-redis, a dont_filter request neither consults nor records the filter.", SE),
     _s("REDIS_START_URLS_MAX_BYTES", 64 * 1024, "int", "Largest seed accepted (bytes).", SE, low=16),
     _s("REDIS_START_URLS_REJECTED_MAXLEN", 100_000, "int", "Newest rejection records kept in"
        " <seeds key>:rejected.", SE, low=0),
