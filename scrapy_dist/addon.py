@@ -20,12 +20,15 @@ from typing import TYPE_CHECKING, Any
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
-from scrapy_dist.redis.connection import ensure_components
+from scrapy_dist.settings.reader import check_components
+from scrapy_dist.settings.refusal import refuse_misspelt_components
 
 if TYPE_CHECKING:
     from types import FrameType
 
+    from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
+    from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +126,13 @@ def _available(path: str) -> bool:
 class Addon:
     """Scrapy add-on enabling scrapy-dist with sensible defaults (see the module docstring)."""
 
+    def __init__(self, crawler: Crawler | None = None) -> None:
+        self.crawler = crawler
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler)
+
     def update_settings(self, settings: BaseSettings) -> None:
         command = tool_command()
         if command is not None:
@@ -145,7 +155,11 @@ class Addon:
                 continue
             settings.set_in_component_priority_dict(setting, load_object(theirs), None)
             settings.set_in_component_priority_dict(setting, load_object(ours), order)
-        ensure_components(settings)  # before Scrapy loads SCHEDULER and STATS_CLASS, with a traceback
+        # before Scrapy loads SCHEDULER and STATS_CLASS, which would fail with a traceback
+        if self.crawler is not None:
+            refuse_misspelt_components(self.crawler)
+        else:
+            check_components(settings)
         _warn_foreign_scheduler(settings)
 
 

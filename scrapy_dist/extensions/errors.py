@@ -42,6 +42,7 @@ from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings.refusal import refusing, start_error
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -206,6 +207,7 @@ class ErrorMonitor:
         self._garbage_log = RateLimitedLog.once(logger)
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
         m = ds.monitoring
@@ -247,6 +249,8 @@ class ErrorMonitor:
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def spider_opened(self, spider: Spider) -> None:
+        if start_error(self.crawler) is not None:  # the crawl stops as it opens
+            return
         self.events.worker = worker_id(self.crawler)
         self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))
         self._script = scripts.register(self.redis, "errors")

@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
-from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.dupefilter.filters import RedisDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
+from scrapy_dist.frontier import wiring
 from scrapy_dist.frontier.layout import CrawlLayout
 from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.frontier.politeness import DomainLimits, penalty_seconds
@@ -47,10 +47,11 @@ from scrapy_dist.frontier.router import ShardRouter, crawl_fingerprinter
 from scrapy_dist.frontier.shard import Frontier
 from scrapy_dist.frontier.syncloop import SyncLoop
 from scrapy_dist.redis import connection
-from scrapy_dist.redis.keys import CrawlKeys, crawl_keys, crawler_keys
+from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
 from scrapy_dist.redis.outage import Outage
-from scrapy_dist.settings import DistSettings, SchedulerSettings
-from scrapy_dist.wire.codec import EntryPolicy, decode_request, encode_request, entry_policy
+from scrapy_dist.settings import SchedulerSettings
+from scrapy_dist.settings.refusal import refuse_start, start_error
+from scrapy_dist.wire.codec import EntryPolicy, decode_request, encode_request
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -130,6 +131,8 @@ class Scheduler:
         self._recent = RecentFingerprints()
         self._local_pause = False
         self._empty_since: float | None = None
+        #: the crawl's start was refused (:mod:`scrapy_dist.settings.refusal`): open nothing
+        self.refused = False
         #: revisits (scrapy_dist/frontier/revisit.py), wired by from_crawler
         self.revisits: Revisits | None = None
         #: DEADLETTER_FORGET, wired by from_crawler
@@ -149,35 +152,8 @@ class Scheduler:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        ds = DistSettings.for_crawler(crawler)
-        cfg = ds.scheduler
-        dupefilter = build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
-        qcls: Any = queue.ALIASES.get(cfg.queue_class) or load_object(cfg.queue_class)
-        try:
-            keys: CrawlKeys | None = crawler_keys(crawler)
-        except ValueError:  # no spider name yet (a harness that builds the scheduler first): at open()
-            keys = None
-        sched = cls(
-            dupefilter,
-            keys,
-            ds,
-            crawler=crawler,
-            config=cfg,
-            order=qcls(),
-            stats=crawler.stats,
-            engine=_engine.EngineView(crawler),
-            outage=Outage.for_crawler(crawler),
-            domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
-            policy=entry_policy(crawler),
-        )
-        sched.revisits = Revisits.from_crawler(crawler)
-        sched.ledger.revisit_of = sched.revisits.plan
-        sched.forget_dead = ds.dupefilter.forget_dead
-        if cfg.politeness == "cluster":
-            from scrapy import signals
-
-            crawler.signals.connect(sched.response_received, signal=signals.response_received)
-        return sched
+        """The scheduler of ``crawler``, wired by :func:`scrapy_dist.frontier.wiring.build`."""
+        return wiring.build(cls, crawler)
 
     # -- what other components read ----------------------------------------------------------------
     @property
@@ -216,20 +192,19 @@ class Scheduler:
         """Join the crawl and start the background loop (``start=False``: the caller drives the rounds
         with ``scheduler.loop.round()`` -- for tests and tools)."""
         self.spider = spider
+        if self.refused or (self.crawler is not None and start_error(self.crawler) is not None):
+            self.refused = True
+            return
+        try:
+            pending, remembered = self._join(spider)
+        except ScrapyDistError as exc:
+            if self.crawler is None:
+                raise
+            refuse_start(self.crawler, exc)  # one line, and the crawl stops as it opens
+            self.refused = True
+            return
         settings = self.redis_settings
         cfg = self.config
-        if not hasattr(self, "keys"):
-            name = getattr(spider, "name", None)
-            if not name or not isinstance(name, str):
-                connection.abort_crawl(ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: "
-                                                       "the crawl's Redis keys are built from it"))
-            self._place(crawl_keys(settings, name))
-        if self.router.fingerprinter is None and self.crawler is not None:
-            self.router.fingerprinter = crawl_fingerprinter(self.crawler)
-        # one clear line and a non-zero exit if Redis is not there (building a client can fail too)
-        connection.ensure_reachable(settings)
-        pending, remembered = self.layout.open(settings, flush_on_start=cfg.flush_on_start,
-                                               batched=self._batched_df)
         self.report.backlog(self.keys.spider, pending, remembered, cfg.persist)
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
             self._recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
@@ -262,11 +237,28 @@ class Scheduler:
         shards = f" ({cfg.shards} shards)" if cfg.shards > 1 else ""
         logger.info("scrapy-dist frontier %r open as worker %s%s", self.keys.queue, self.worker_id, shards)
 
+    def _join(self, spider: Spider) -> tuple[int, int]:
+        """Find the crawl's keys, check Redis answers (building a client can fail too) and join the
+        crawl; raises :class:`ScrapyDistError` (one line) if anything is refused."""
+        settings = self.redis_settings
+        if not hasattr(self, "keys"):
+            name = getattr(spider, "name", None)
+            if not name or not isinstance(name, str):
+                raise ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: the crawl's Redis"
+                                      " keys are built from it")
+            self._place(crawl_keys(settings, name))
+        if self.router.fingerprinter is None and self.crawler is not None:
+            self.router.fingerprinter = crawl_fingerprinter(self.crawler)
+        connection.check_reachable(settings)
+        return self.layout.open(settings, flush_on_start=self.config.flush_on_start, batched=self._batched_df)
+
     def close(self, reason: str) -> Deferred[None]:
         return deferred_from_coro(self.close_async(reason))
 
     async def close_async(self, reason: str) -> None:
         """Stop the loop, give back what was not started, send what is owed, leave the crawl."""
+        if self.refused:
+            return
         loop = self.loop
         if loop is not None:
             await loop.stop()

@@ -32,6 +32,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import threads
 
 from scrapy_dist.settings import DistSettings
+from scrapy_dist.settings.refusal import refusing
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ class DenyNetworksMiddleware:
         self._log = RateLimitedLog(logger)
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         # checked (one line on a bad value) when the crawl's settings were read
         networks = parse_networks(DistSettings.for_crawler(crawler).scheduler.deny_networks)

@@ -60,6 +60,7 @@ from scrapy_dist.frontier.retrytiming import retry_delay
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.middlewares.credentials import as_scheduled
 from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings.refusal import refusing
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 from scrapy_dist.wire.codec import entry_policy
 
@@ -183,6 +184,7 @@ class RetryMiddleware:
         self.rng = rng
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         s = crawler.settings  # Scrapy's own RETRY_* settings, read as Scrapy's RetryMiddleware does
         if not s.getbool("RETRY_ENABLED"):

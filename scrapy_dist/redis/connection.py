@@ -5,29 +5,19 @@ Which Redis the settings point at is :mod:`scrapy_dist.redis.target` (:func:`res
 the settings is in its docstring); the clients and their outage options are :mod:`scrapy_dist.redis.clients`.
 Both are re-exported here, the import path components and users have.
 
-Unreachable Redis at start (the mechanism, found by experiment with Scrapy 2.19 and ``scrapy crawl``):
-``scrapy crawl`` exits non-zero only when the crawl fails to start (``CrawlerProcess.bootstrap_failed``).
-An ordinary exception raised from a scheduler's ``from_crawler()`` or ``open()`` gets there, but Scrapy's
-clean-up of the half-opened engine then logs its own tracebacks ("Engine slot not assigned", "Scraper
-slot not assigned", a CoreStats assertion), and the failed crawl task is logged again by asyncio ("Task
-exception was never retrieved") or Twisted ("Unhandled error in Deferred"). Raising ``CloseSpider``
-closes cleanly but exits 0. What works: log the one ERROR line, then raise a ``SystemExit`` subclass
-(:class:`CrawlAborted`). Scrapy's start-up code only catches ``Exception``, so nothing half-open is torn
-down noisily; ``SystemExit`` propagates out of the event loop (asyncio re-raises it; Twisted lets it
-through) and ``scrapy crawl`` exits with status 1. The current asyncio task is marked as handled first,
-so asyncio does not print it on the way out. :func:`ensure_reachable` does all of this; call it from the
-component's ``from_crawler()`` or ``open()`` (both verified, with ``AsyncCrawlerProcess``, the default,
-and with ``FORCE_CRAWLER_PROCESS``). With ``TWISTED_REACTOR_ENABLED = False`` aiohttp may add "Unclosed
-client session" lines because the downloader is never opened far enough to be closed.
+Unreachable Redis at start: :func:`check_reachable` raises :class:`RedisUnavailable` (one line naming the
+masked URL and the setting to change); a component handed the crawler calls :func:`ensure_reachable`,
+which refuses the crawl's start with it (:mod:`scrapy_dist.settings.refusal`: one ERROR line, a clean
+stop, exit status 1 for ``scrapy crawl``, no traceback and no process exit in a script).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.exceptions import RedisUnavailable
+from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis import outage
 from scrapy_dist.redis.clients import (
     CONNECT_ERRORS,
@@ -40,12 +30,13 @@ from scrapy_dist.redis.clients import (
     is_cluster,
 )
 from scrapy_dist.redis.target import RedisTarget, resolve_target, resolve_url
-from scrapy_dist.settings import DistSettings, SettingsError, mask_url
-from scrapy_dist.settings.reader import check_components
+from scrapy_dist.settings import DistSettings, mask_url
+from scrapy_dist.settings.refusal import refuse_start
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
 
     SettingsLike = BaseSettings | Mapping[str, Any]
@@ -53,12 +44,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CLIENT_PARAMS",
     "OUTAGE_ERRORS",
-    "CrawlAborted",
     "RedisTarget",
-    "abort_crawl",
     "check_reachable",
     "check_reachable_async",
-    "ensure_components",
     "ensure_reachable",
     "from_settings",
     "get_async_redis",
@@ -75,19 +63,6 @@ logger = logging.getLogger(__name__)
 #: What a client raises while Redis is down, restarting or failing over: the one definition lives in
 #: :mod:`scrapy_dist.redis.outage` (re-exported here for callers that imported it from this module).
 OUTAGE_ERRORS = outage.OUTAGE_ERRORS
-
-
-class CrawlAborted(SystemExit):  # noqa: N818 - it is an exit, not an error to catch
-    """Stops ``scrapy crawl`` with exit status 1 after its cause was logged as one line.
-
-    A ``SystemExit`` on purpose: Scrapy's start-up only catches ``Exception``, see the module docstring.
-    ``error`` is the :class:`RedisUnavailable` (or other ``ScrapyDistError``) that caused it.
-    """
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(1)
-        self.error = error
-
 
 
 def _describe(client: Any) -> RedisTarget:
@@ -148,45 +123,15 @@ async def check_reachable_async(client: Any, settings: SettingsLike | DistSettin
         raise target.unreachable(exc) from exc
 
 
-def _mark_task_handled() -> None:
-    """Keep asyncio from printing the crawl task that CrawlAborted ends ("exception never retrieved")."""
+def ensure_reachable(crawler: Crawler) -> bool:
+    """Start-up check for a component handed the crawler (in ``from_crawler()`` or ``open()``): True if
+    the crawl's Redis answers ``PING``; otherwise (or if the embedded server cannot start, or a setting is
+    bad) the crawl's start is refused -- one ERROR line naming the masked URL and the setting, a clean
+    stop, exit status 1 for ``scrapy crawl`` -- and False: the component then opens nothing. One round
+    trip. Without a crawler, call :func:`check_reachable` and decide what its exception means."""
     try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop
-        return
-    if task is not None:
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-
-def abort_crawl(error: Exception) -> NoReturn:
-    """Log ``error`` as one ERROR line and stop the crawl so that ``scrapy crawl`` exits with status 1.
-
-    For a component's ``from_crawler()`` or ``open()`` only: it raises :class:`CrawlAborted`, a
-    ``SystemExit`` (see the module docstring for why).
-    """
-    logger.error("%s", error)
-    _mark_task_handled()
-    raise CrawlAborted(error) from error
-
-
-def ensure_reachable(client_or_settings: Any, settings: SettingsLike | DistSettings | None = None) -> None:
-    """Start-up check for components: if Redis does not answer (or the embedded server cannot start),
-    log one ERROR line naming the masked URL and the setting, and stop the crawl with a non-zero exit.
-
-    Call it from ``from_crawler()`` or ``open()``, e.g. ``ensure_reachable(client, crawler.settings)``
-    or ``ensure_reachable(crawler.settings)``. One round trip.
-    """
-    try:
-        check_reachable(client_or_settings, settings)
-    except (RedisUnavailable, SettingsError) as exc:
-        abort_crawl(exc)
-
-
-def ensure_components(settings: SettingsLike) -> None:
-    """Start-up check for the components that run before Scrapy loads ``SCHEDULER`` and ``STATS_CLASS``
-    (a spider's ``from_crawler``, the add-on): a misspelt scrapy-dist class path there is one ERROR line
-    naming the setting and the closest name, and a non-zero exit, instead of Scrapy's traceback."""
-    try:
-        check_components(settings)
-    except SettingsError as exc:
-        abort_crawl(exc)
+        check_reachable(DistSettings.for_crawler(crawler))
+    except ScrapyDistError as exc:
+        refuse_start(crawler, exc)
+        return False
+    return True

@@ -9,8 +9,9 @@ stat the package writes. :mod:`scrapy_dist.settings.values` turns raw values int
 Components take their values from ``DistSettings.for_crawler(crawler)`` in ``from_crawler`` and never
 read ``crawler.settings`` themselves. A bad value is refused with one line,
 ``scrapy-dist: <SETTING>=<value>: <what is wrong>; <what is expected>`` (:class:`SettingsError`);
-``for_crawler`` logs it and stops ``scrapy crawl`` with exit status 1 before anything starts (see
-:func:`scrapy_dist.redis.connection.abort_crawl`). A setting name close to one of ours gets one WARNING.
+``for_crawler`` raises it, and the component that asked refuses the crawl's start with it
+(:mod:`scrapy_dist.settings.refusal`: one ERROR line, a clean stop, exit status 1 for ``scrapy crawl``).
+A setting name close to one of ours gets one WARNING.
 
 Which Redis (:attr:`ConnectionSettings.source`), the same in workers and in the ``scrapy-dist``
 command: ``REDIS_URL`` (``-s`` or the project's settings; ``REDIS_SENTINELS``, ``REDIS_HOST`` /
@@ -394,20 +395,15 @@ class DistSettings:
     def for_crawler(cls, crawler: Crawler) -> DistSettings:
         """The crawler's settings object, read and checked on first use and then cached on the crawler.
 
-        A bad value is logged as one ERROR line and stops ``scrapy crawl`` with exit status 1 (a
-        ``SystemExit``, see :func:`scrapy_dist.redis.connection.abort_crawl`); the warnings are logged once.
+        A bad value raises :class:`SettingsError` (the caller refuses the start with it, see
+        :mod:`scrapy_dist.settings.refusal`); the warnings are logged once.
         Before the crawler's settings are frozen (a spider's ``from_crawler``) nothing is cached,
         since add-ons may still change them.
         """
         cached = getattr(crawler, _ATTR, None)
         if cached is not None:
             return cached  # type: ignore[no-any-return]
-        try:
-            built = cls.from_settings(crawler.settings)
-        except SettingsError as exc:
-            from scrapy_dist.redis.connection import abort_crawl
-
-            abort_crawl(exc)
+        built = cls.from_settings(crawler.settings)
         if getattr(crawler.settings, "frozen", True):
             setattr(crawler, _ATTR, built)
             for line in built.warnings:
