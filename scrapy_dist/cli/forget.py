@@ -16,11 +16,15 @@ Fingerprints are made as the workers make them: the project's ``REQUEST_FINGERPR
 default outside a project). A URL alone stands for ``GET <url>`` with no body; a request the spider makes
 differently (POST, headers the fingerprinter includes) is named with ``--fingerprint`` (its hex, as
 ``scrapy-dist dead --json`` or a log line shows it). A running worker of a crawl on Scrapy's own scheduler
-keeps a per-process first-level filter: there, a forget takes effect for new workers.
+keeps a per-process first-level filter: there, a forget takes effect for new workers. A scrapy-dist worker
+also skips, for a while, links it sent itself (certainly known crawl-wide); a forget writes a new token
+to the control hash's ``forgets`` field, which every worker's next sync answers, and a worker seeing it
+change drops that memory: the forgotten URLs are fetched when found again, by any worker.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -36,6 +40,8 @@ from scrapy_dist.dupefilter.filters import BloomDupeFilter, RedisDupeFilter, Set
 from scrapy_dist.extensions.control import move_aside_foreign, parse_control
 from scrapy_dist.frontier.shard import domain_shard, shard_of
 
+#: the control hash's field naming the last forget (a random token; the sync script answers it, lua/sync.lua)
+FORGETS_FIELD = "forgets"
 #: longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ)
 MAX_FINGERPRINT_BYTES = 64
 
@@ -127,6 +133,8 @@ def forget_fingerprints(
         for df in shard_filters(client, shards[index]):
             df.run_batch("forget", [df.fingerprint_tokens(fp) for fp in fps])
             kinds.add("bloom" if isinstance(df, BloomDupeFilter) else "exact")
+    if kinds:  # a new forget generation: every worker drops its memory of the links it sent, at its next sync
+        client.hset(keys.control, FORGETS_FIELD, secrets.token_hex(8))
     return sorted(kinds)
 
 

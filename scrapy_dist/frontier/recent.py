@@ -5,7 +5,8 @@ scheduler skips a fingerprint this process sent a moment ago, since the crawl-wi
 That memory must not outlive what the crawl-wide filter remembers, nor hide what it forgets: with
 ``DUPEFILTER_TTL`` a URL is new again after a while, and ``scrapy-dist forget`` / ``DEADLETTER_FORGET``
 make URLs new again on demand -- a memory kept for the life of the process made both miss every link the
-worker had sent before. So it is kept for a bounded time only: two generations of a set, the older one
+worker had sent before. A forget clears it at the worker's next sync (the control hash's ``forgets``
+token, answered by the sync script); for the rest it is kept for a bounded time only: two generations of a set, the older one
 dropped every ``max_age / 2`` seconds, so an entry is trusted between ``max_age / 2`` and ``max_age``
 seconds after it was sent.
 """
@@ -18,10 +19,8 @@ __all__ = ["RECENT_LIMIT", "RECENT_MAX_AGE", "RecentFingerprints"]
 
 #: most fingerprints remembered per generation (the memory is cleared when one is full)
 RECENT_LIMIT = 500_000
-#: seconds a sent fingerprint is trusted when the filter remembers forever: the longest a worker that sent
-#: a link itself may still skip it after ``scrapy-dist forget`` (docs/continuous.md, "Forgetting URLs").
-#: Ten minutes, not one: with a minute, a one-worker crawl of the benchmark site sent its links again every
-#: 30-60 s, 30% more sync calls and 18.4 -> 23.0 us of Redis CPU per page (issue 19's figure)
+#: seconds a sent fingerprint is trusted when the filter remembers forever: long, since a shorter memory
+#: makes a worker send its menus' links again and again (docs/continuous.md)
 RECENT_MAX_AGE = 600.0
 
 

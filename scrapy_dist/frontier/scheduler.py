@@ -224,6 +224,7 @@ class Scheduler:
             decode=self._decode, on_applied=self.report.applied, prefetch=cfg.prefetch,
             flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
             lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,
+            on_forget=self._recent.clear,
             idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
         )
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":

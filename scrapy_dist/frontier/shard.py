@@ -180,6 +180,9 @@ class SyncResult:
     rejected: int = 0
     #: keys whose garbage the script repaired before writing (see lua/sync_check.lua)
     repaired: list[str] = field(default_factory=list)
+    #: the control hash's forget generation as written (untrusted text, at most 32 characters; compared
+    #: only): it changes with every ``scrapy-dist forget``
+    forgets: str = ""
     #: one of them held work (the queue, the leases or the delayed set): moved aside, it reads empty
     #: (set by :meth:`Frontier.sync`, which knows the keys)
     work_repaired: bool = False
@@ -253,7 +256,7 @@ def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any
 #: the answer's names, in the order the script returns them (lua/sync.lua)
 SYNC_RESULT = (
     "flags", "leased", "requeued", "moved", "queued", "inflight", "delayed", "bloom_n", "paused", "seq",
-    "rejected", "repaired",
+    "rejected", "repaired", "forgets",
 )
 
 
@@ -315,6 +318,7 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
         _count(named, "inflight"), _count(named, "delayed"), _count(named, "bloom_n"),
         named["paused"] in (b"1", "1"), _count(named, "seq"), _count(named, "rejected"),
         [_text(k) for k in repaired] if isinstance(repaired, list) else [],
+        _text(named.get("forgets"))[:32],
     )
 
 

@@ -27,11 +27,13 @@
 --   revisit  lease key, delay in seconds, new member ('' = unchanged): an ack that files it again
 --   forget   t1, t2: a fingerprint made new again (dupe.lua's dupe_forget)
 -- Returns the flat list 'flags', f, 'leased', l, 'requeued', n, 'moved', n, 'queued', n, 'inflight', n,
---   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys}: flags has
+--   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys},
+--   'forgets', g: flags has
 --   one '1'/'0' per enqueue item (new/duplicate); leased is lease key, score, lease key, score...; seq is
 --   the sequence counter (it grows with every entry created: two equal readings with nothing queued, leased
 --   or delayed in between prove the shard stayed empty); rejected counts queue members this call rejected
---   whole (sync_lease); repaired names keys whose garbage this call repaired (sync_check).
+--   whole (sync_lease); repaired names keys whose garbage this call repaired (sync_check); forgets is the
+--   control hash's 'forgets' field as written ('' when absent): it changes with every `scrapy-dist forget`.
 --   Or {-1, bloom_n} / {-2, reason, detail}: nothing written (see sync_common.lua).
 
 local now = call_now(A.now)
@@ -107,4 +109,5 @@ if pol.clamped then S.repaired[#S.repaired + 1] = K.domain_info end
 return {'flags', flags, 'leased', leased, 'requeued', S.requeued, 'moved', S.moved, 'queued', queued,
         'inflight', redis.call('ZCARD', K.leases), 'delayed', redis.call('ZCARD', K.delayed),
         'bloom_n', bloom_n, 'paused', paused, 'seq', redis.call('GET', K.seq) or '0',
-        'rejected', S.rejected, 'repaired', S.repaired}
+        'rejected', S.rejected, 'repaired', S.repaired,
+        'forgets', redis.call('HGET', K.control, 'forgets') or ''}
