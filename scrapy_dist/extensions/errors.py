@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
-from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.exceptions import ReleasedAtClose, ScrapyDistError
 from scrapy_dist.extensions.control import ControlState, start_time
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of, worker_id
@@ -240,6 +240,8 @@ class ErrorMonitor:
             return
         # sent from the downloader's `finally`: the download's exception, if any, is still in flight
         exc = sys.exc_info()[1]
+        if isinstance(exc, ReleasedAtClose):  # not an error: given back to the queue as the worker closes
+            return
         name = type(exc).__name__ if exc is not None else "error"
         self.events.download_error(name, request.url, time.time())
 

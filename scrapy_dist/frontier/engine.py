@@ -7,7 +7,9 @@ This is the one module that reads ``engine._slot``, so a Scrapy upgrade that mov
   the scheduler, which is when the frontier may acknowledge it;
 * a way to make the engine ask for requests *now* (``engine._slot.nextcall.schedule()``) instead of at
   its next 5-second heartbeat, when prefetched requests arrive or the crawl turns idle;
-* the running scheduler (``engine._slot.scheduler``) and whether the engine is already closing.
+* the running scheduler (``engine._slot.scheduler``) and whether the engine is already closing;
+* the requests waiting in the downloader's slot queues (``slot.queue``), taken out once the engine
+  closes: with a download delay they would otherwise be fetched one by one before it may close.
 
 The scheduler does not take a crawler: it takes an :class:`Engine` -- :class:`EngineView` of a real
 crawler, or :class:`DetachedEngine` for a scheduler driven without a running engine (tests, tools).
@@ -17,7 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
+
+from twisted.python.failure import Failure
+
+from scrapy_dist.exceptions import ReleasedAtClose
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +60,31 @@ def is_closing(crawler: Any) -> bool:
     return slot is not None and getattr(slot, "closing", None) is not None
 
 
+def take_unstarted(crawler: Any, which: Callable[[Any], bool]) -> list[Any]:
+    """Once the engine is closing: the requests ``which`` accepts that wait in the downloader's slot queues
+    (not started), taken out and failed with :class:`ReleasedAtClose`, so the engine stops waiting for
+    them; ``[]`` before."""
+    if not is_closing(crawler):
+        return []
+    slots = getattr(getattr(crawler.engine, "downloader", None), "slots", None) or {}
+    taken = []
+    for slot in list(slots.values()):
+        queue = getattr(slot, "queue", None)
+        if not queue:
+            continue
+        kept = []
+        while queue:
+            request, dfd = queue.popleft()
+            if which(request):
+                taken.append((request, dfd))
+            else:
+                kept.append((request, dfd))
+        queue.extend(kept)
+    for request, dfd in taken:
+        dfd.errback(Failure(ReleasedAtClose(f"given back to the queue at close: {request.url}")))
+    return [request for request, _ in taken]
+
+
 def locally_idle(crawler: Any) -> bool:
     """Whether the engine's own scheduler has nothing pending and its downloader nothing active."""
     slot = _slot(crawler)
@@ -75,6 +107,10 @@ class Engine(Protocol):
 
     def slot_load(self, request: Any) -> int:
         """Requests the downloader is fetching in the download slot ``request`` would use."""
+
+    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]:
+        """Once the engine closes, the requests ``which`` accepts that have not started downloading, taken
+        back (the engine no longer waits for them); ``[]`` before."""
 
 
 class EngineView:
@@ -108,6 +144,9 @@ class EngineView:
         slot = downloader.slots.get(downloader.get_slot_key(request))
         return len(slot.active) if slot is not None else 0
 
+    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]:
+        return take_unstarted(self.crawler, which)
+
 
 class DetachedEngine:
     """:class:`Engine` for a scheduler driven without Scrapy's engine: nothing is ever in progress (a
@@ -127,3 +166,6 @@ class DetachedEngine:
 
     def slot_load(self, request: Any) -> int:
         return 0
+
+    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]:
+        return []

@@ -267,8 +267,8 @@ class Scheduler:
             self.ledger.release_all(time.monotonic())
             released = len(self.ledger.releases)
             await loop.drain(min(self.config.shutdown_grace, self.config.lease_seconds))
-            if released:
-                given = released - len(self.ledger.releases)
+            if released or loop.released_at_close:
+                given = released - len(self.ledger.releases) + loop.released_at_close
                 self.stats.set_value("scheduler/released_at_close", given)
                 logger.info("Closing (%s): gave %d leased requests back to the queue", reason, given)
         if not self.config.persist and reason == "finished" and self.redis is not None:

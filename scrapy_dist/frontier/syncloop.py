@@ -87,6 +87,8 @@ class SyncLoop:
         #: called when the crawl's forget generation changes (``scrapy-dist forget``)
         self.on_forget = on_forget
         self._forgets: str | None = None
+        #: leases given back while the engine closed (requests taken out of the downloader's queues)
+        self.released_at_close = 0
         #: the loop's side of the outage policy: backoff, and errors that are not outages (rate-limited)
         self.guard = self.outage.guard("frontier", backoff, logger)
         self.clock = clock
@@ -167,6 +169,10 @@ class SyncLoop:
     async def _turn(self) -> float:
         """One turn of the loop; how long to wait before the next one (0 unless it failed)."""
         now = self.clock()
+        # closing: what waits in the downloader is given back now, not fetched one per download delay
+        taken = self.engine.take_unstarted(self.ledger.handed.__contains__)
+        if taken:
+            self.released_at_close += self.ledger.release(taken, now)
         self.collect_finished(now)
         due, lease = self.due(now)
         if not due:
