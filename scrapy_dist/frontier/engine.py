@@ -8,6 +8,8 @@ This is the one module that reads ``engine._slot``, so a Scrapy upgrade that mov
 * a way to make the engine ask for requests *now* (``engine._slot.nextcall.schedule()``) instead of at
   its next 5-second heartbeat, when prefetched requests arrive or the crawl turns idle;
 * the running scheduler (``engine._slot.scheduler``) and whether the engine is already closing;
+* the running downloader's middleware chain (``middleware.methods``), where the scheduler puts a
+  middleware the project's settings lack (the two-line setup without the add-on);
 * the requests waiting in the downloader's slot queues (``slot.queue``), taken out once the engine
   closes: with a download delay they would otherwise be fetched one by one before it may close.
 
@@ -83,6 +85,33 @@ def take_unstarted(crawler: Any, which: Callable[[Any], bool]) -> list[Any]:
     for request, dfd in taken:
         dfd.errback(Failure(ReleasedAtClose(f"given back to the queue at close: {request.url}")))
     return [request for request, _ in taken]
+
+
+def add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
+    """Put ``mw`` first in the running downloader's middleware chain (its ``process_request`` before every
+    other one's, its ``process_response`` / ``process_exception`` last); False if the chain cannot be
+    found (nothing was changed)."""
+    try:
+        engine = crawler.engine
+    except (AttributeError, RuntimeError):  # Crawler.engine raises until the crawl starts
+        return False
+    manager = getattr(getattr(engine, "downloader", None), "middleware", None)
+    methods = getattr(manager, "methods", None)
+    if manager is None or not isinstance(methods, dict):
+        return False
+    for name, first in (("process_request", True), ("process_response", False),
+                        ("process_exception", False)):
+        method = getattr(mw, name, None)
+        if method is None:
+            continue
+        if name not in methods:
+            return False
+        if first:
+            methods[name].appendleft(method)
+        else:
+            methods[name].append(method)
+    manager.middlewares = (mw, *manager.middlewares)
+    return True
 
 
 def locally_idle(crawler: Any) -> bool:

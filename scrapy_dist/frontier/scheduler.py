@@ -131,6 +131,8 @@ class Scheduler:
         self._recent = RecentFingerprints()
         self._local_pause = False
         self._empty_since: float | None = None
+        #: what the scheduler runs for a project without the add-on (scrapy_dist/frontier/wiring.py)
+        self.components: list[Any] = []
         #: the crawl's start was refused (:mod:`scrapy_dist.settings.refusal`): open nothing
         self.refused = False
         #: revisits (scrapy_dist/frontier/revisit.py), wired by from_crawler
