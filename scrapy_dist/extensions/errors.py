@@ -205,6 +205,8 @@ class ErrorMonitor:
         self._close_task: asyncio.Task[None] | None = None
         self._local_pause = False
         self._garbage_log = RateLimitedLog.once(logger)
+        #: SCHEDULER_PERSIST: a finished crawl that does not persist has its keys removed at close
+        self.persist = True
 
     @classmethod
     @refusing
@@ -222,6 +224,7 @@ class ErrorMonitor:
             action=m.action,
             http_errors=list(m.http_errors),
         )
+        o.persist = ds.scheduler.persist
         crawler.signals.connect(o.response_downloaded, signal=signals.response_downloaded)
         crawler.signals.connect(o.request_left_downloader, signal=signals.request_left_downloader)
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
@@ -267,7 +270,8 @@ class ErrorMonitor:
             await self._task.stop()
         if self.redis is not None:
             try:
-                await self.flush()
+                if self.persist or reason != "finished":  # else the crawl's keys are gone: write none back
+                    await self.flush()
             except Exception as exc:
                 logger.warning("Could not send the last error counts to %s: %s", self.keys.errors, exc)
             await self.redis.aclose()
