@@ -64,7 +64,7 @@ COMPONENTS = (
               "delayed retries through the shared frontier (Scrapy's RetryMiddleware retries at once, on"
               " this worker)", replaces="scrapy.downloadermiddlewares.retry.RetryMiddleware"),
     Component("scrapy_dist.middlewares.httperror.HttpErrorMiddleware", "SPIDER_MIDDLEWARES", 50, "position",
-              "dead letters for HTTP errors (HTTPERROR_DEAD_LETTER)",
+              "dead letters for HTTP error responses",
               replaces="scrapy.spidermiddlewares.httperror.HttpErrorMiddleware"),
 )
 
