@@ -17,56 +17,28 @@ import importlib
 import importlib.util
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
-from scrapy_dist.redis.connection import ensure_components
+from scrapy_dist.settings import components
+from scrapy_dist.settings.reader import check_components
+from scrapy_dist.settings.refusal import refuse_misspelt_components
 
 if TYPE_CHECKING:
     from types import FrameType
 
+    from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
+    from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
-#: Plain settings: filled in while they hold Scrapy's default.
-SETTINGS = {
-    "SCHEDULER": "scrapy_dist.scheduler.Scheduler",
-    "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
-}
-#: Extensions added with their order, unless the user's EXTENSIONS mentions them (even as None).
-EXTENSIONS = {
-    "scrapy_dist.extensions.ClusterStats": 500,
-    "scrapy_dist.extensions.IdleMonitor": 500,
-    "scrapy_dist.extensions.ErrorMonitor": 500,
-}
-#: Downloader middlewares added with their order, unless the user's DOWNLOADER_MIDDLEWARES mentions them:
-#: first in the chain, so credentials are remembered as scheduled and denied networks refused before any work;
-#: last, to learn which credential values the middlewares added.
-DOWNLOADER_MIDDLEWARES = {
-    "scrapy_dist.middlewares.ScheduledHeadersMiddleware": 10,
-    "scrapy_dist.middlewares.networks.DenyNetworksMiddleware": 20,
-    "scrapy_dist.middlewares.AddedCredentialsMiddleware": 990,
-    # REVISIT_CONDITIONAL: a 304 to a conditional revisit ends the request (off without the setting)
-    "scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware": 580,
-}
-#: (setting, Scrapy's component, ours, our order): ours replaces Scrapy's when its module is available.
-SWAPS = (
-    (
-        "DOWNLOADER_MIDDLEWARES",
-        "scrapy.downloadermiddlewares.retry.RetryMiddleware",
-        "scrapy_dist.middlewares.retry.RetryMiddleware",
-        550,
-    ),
-    (
-        "SPIDER_MIDDLEWARES",
-        "scrapy.spidermiddlewares.httperror.HttpErrorMiddleware",
-        "scrapy_dist.middlewares.httperror.HttpErrorMiddleware",
-        50,
-    ),
-)
+#: Plain settings (filled in while they hold Scrapy's default) and components: one list, shared with the
+#: scheduler, which runs what it can of them on the two-line path (scrapy_dist/settings/components.py).
+SETTINGS = components.SETTINGS
+COMPONENTS = components.COMPONENTS
 
 
 #: Scrapy's commands that fetch a page or two for a person, not a crawl (``view`` is a ``fetch``). With the
@@ -99,17 +71,6 @@ def _user_set(settings: BaseSettings, name: str) -> bool:
     return priority is not None and priority > SETTINGS_PRIORITIES["default"]
 
 
-def _mentions(component_dict: dict[Any, Any], path: str) -> bool:
-    target = load_object(path)
-    for key in component_dict:
-        try:
-            if (load_object(key) if isinstance(key, str) else key) is target:
-                return True
-        except (ImportError, AttributeError, ValueError, NameError):
-            continue
-    return False
-
-
 def _available(path: str) -> bool:
     """Whether the class at ``path`` can be imported (a missing optional module is not an error)."""
     module, _, name = path.rpartition(".")
@@ -129,6 +90,12 @@ RESOLVER = "scrapy_dist.egress.DenyNetworksResolver"
 class Addon:
     """Scrapy add-on enabling scrapy-dist with sensible defaults (see the module docstring)."""
 
+    def __init__(self, crawler: Crawler | None = None) -> None:
+        self.crawler = crawler
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler)
     @classmethod
     def update_pre_crawler_settings(cls, settings: BaseSettings) -> None:
         """The process's settings, read before any crawler: Scrapy installs the reactor's DNS resolver from
@@ -144,21 +111,20 @@ class Addon:
         for name, value in SETTINGS.items():
             if not _user_set(settings, name):
                 settings.set(name, value, priority="addon")
-        user_extensions = settings.getdict("EXTENSIONS")
-        for path, order in EXTENSIONS.items():
-            if not _mentions(user_extensions, path):
-                settings.set_in_component_priority_dict("EXTENSIONS", load_object(path), order)
-        user_dmw = settings.getdict("DOWNLOADER_MIDDLEWARES")
-        for path, order in DOWNLOADER_MIDDLEWARES.items():
-            if not _mentions(user_dmw, path):
-                settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", load_object(path), order)
-        for setting, theirs, ours, order in SWAPS:
-            user = settings.getdict(setting)
-            if _mentions(user, theirs) or not _available(ours) or _mentions(user, ours):
+        for c in COMPONENTS:
+            user = settings.getdict(c.setting)
+            if c.replaces:  # ours in place of Scrapy's, unless the user's dict names either
+                if components.mentions(user, c.replaces) or not _available(c.path) or components.mentions(user, c.path):
+                    continue
+                settings.set_in_component_priority_dict(c.setting, load_object(c.replaces), None)
+            elif components.mentions(user, c.path):
                 continue
-            settings.set_in_component_priority_dict(setting, load_object(theirs), None)
-            settings.set_in_component_priority_dict(setting, load_object(ours), order)
-        ensure_components(settings)  # before Scrapy loads SCHEDULER and STATS_CLASS, with a traceback
+            settings.set_in_component_priority_dict(c.setting, load_object(c.path), c.order)
+        # before Scrapy loads SCHEDULER and STATS_CLASS, which would fail with a traceback
+        if self.crawler is not None:
+            refuse_misspelt_components(self.crawler)
+        else:
+            check_components(settings)
         _warn_foreign_scheduler(settings)
 
 

@@ -4,6 +4,8 @@ input carry a short ``reason``, also used in stats (``.../rejected/<reason>``) a
 
 from __future__ import annotations
 
+from scrapy.exceptions import IgnoreRequest
+
 
 class ScrapyDistError(Exception):
     """Root of every scrapy-dist exception."""
@@ -31,6 +33,11 @@ class RejectedEntry(ScrapyDistError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+
+
+class ReleasedAtClose(ScrapyDistError, IgnoreRequest):
+    """A leased request that waited in the downloader when the worker began to close: given back to the
+    queue instead of fetched (an ``IgnoreRequest``, so Scrapy drops it quietly)."""
 
 
 class FrontierScriptError(ScrapyDistError):

@@ -30,10 +30,10 @@ from redis.connection import SSLConnection, UnixDomainSocketConnection
 from redis.retry import Retry
 from redis_servers import RedisProcess, cluster_port, free_port, redis_server_binary
 from scrapy.settings import Settings
+from scrapy.utils.test import get_crawler
 
 from scrapy_dist.exceptions import RedisUnavailable
 from scrapy_dist.redis.connection import (
-    CrawlAborted,
     check_reachable,
     check_reachable_async,
     ensure_reachable,
@@ -45,6 +45,7 @@ from scrapy_dist.redis.connection import (
     resolve_url,
 )
 from scrapy_dist.redis.embedded import EmbeddedRedis, embedded_dir
+from scrapy_dist.settings.refusal import start_error
 from scrapy_dist.settings.values import SettingsError
 
 # -- URLs and settings ----------------------------------------------------------------------------
@@ -395,7 +396,6 @@ def test_unreachable_client_without_settings_is_described_from_the_client() -> N
 def test_reachable_redis_passes(redis_url: str, redis_client: redis.Redis) -> None:
     check_reachable({"REDIS_URL": redis_url})
     check_reachable(redis_client)
-    ensure_reachable(redis_client, {"REDIS_URL": redis_url})
 
 
 def test_check_reachable_async(redis_url: str) -> None:
@@ -422,37 +422,43 @@ def test_check_reachable_refuses_an_async_client(redis_url: str) -> None:
         check_reachable(client)
 
 
-def test_ensure_reachable_logs_one_error_and_exits_non_zero(caplog: pytest.LogCaptureFixture) -> None:
+def test_ensure_reachable_refuses_the_start_with_one_error_line(caplog: pytest.LogCaptureFixture) -> None:
     port = free_port()
-    settings = {"REDIS_URL": f"redis://:s3cret@127.0.0.1:{port}/0"}
-    with caplog.at_level(logging.INFO), pytest.raises(CrawlAborted) as info:
-        ensure_reachable(settings)
-    assert isinstance(info.value, SystemExit)
-    assert info.value.code == 1
-    assert isinstance(info.value.error, RedisUnavailable)
+    crawler = get_crawler(settings_dict={"REDIS_URL": f"redis://:s3cret@127.0.0.1:{port}/0"})
+    with caplog.at_level(logging.INFO):
+        assert ensure_reachable(crawler) is False
+        assert ensure_reachable(crawler) is False  # a consequence: not logged again
+    assert isinstance(start_error(crawler), RedisUnavailable)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1
     assert f"redis://:***@127.0.0.1:{port}/0" in errors[0].getMessage()
     assert "s3cret" not in caplog.text
 
 
+def test_ensure_reachable_passes(redis_url: str) -> None:
+    crawler = get_crawler(settings_dict={"REDIS_URL": redis_url})
+    assert ensure_reachable(crawler) is True
+    assert start_error(crawler) is None
+
+
 SCHEDULERS = textwrap.dedent(
     """
     from scrapy.core.scheduler import Scheduler
 
-    from scrapy_dist.redis.connection import ensure_reachable, get_redis
+    from scrapy_dist.redis.connection import ensure_reachable
 
 
     class CheckInFromCrawler(Scheduler):
         @classmethod
         def from_crawler(cls, crawler):
-            ensure_reachable(get_redis(crawler.settings), crawler.settings)
+            ensure_reachable(crawler)
             return super().from_crawler(crawler)
 
 
     class CheckInOpen(Scheduler):
         def open(self, spider):
-            ensure_reachable(self.crawler.settings)
+            if not ensure_reachable(self.crawler):
+                return None
             return super().open(spider)
     """
 )

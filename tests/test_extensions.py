@@ -18,6 +18,7 @@ import redis
 import redis.asyncio
 from helpers import run
 from scrapy import Request
+from scrapy.exceptions import NotConfigured
 from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
@@ -33,6 +34,7 @@ from scrapy_dist.extensions.workers import RateMeter, error_count, worker_state
 from scrapy_dist.frontier.control import ControlState, pause_crawl, resume_crawl
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.settings.refusal import start_error
 
 KEYS = CrawlKeys("books")
 
@@ -407,11 +409,14 @@ def test_error_rate_needs_enough_attempts_and_close_reaches_every_worker(
 
 
 def test_error_monitor_rejects_bad_settings(redis_url: str) -> None:
-    # refused at start-up by DistSettings: one line, then the crawl stops (CrawlAborted, exit status 1)
-    with pytest.raises(SystemExit) as info:
-        make_errormonitor(redis_url, ERRORMONITOR_ACTION="explode")
-    assert isinstance(info.value.__cause__, ScrapyDistError)
-    assert "ERRORMONITOR_ACTION=explode" in str(info.value.__cause__)
+    # refused at start-up: the monitor is disabled without a word, the crawl's start refused with one line
+    crawler = get_crawler(settings_dict={"REDIS_URL": redis_url, "ERRORMONITOR_ACTION": "explode"})
+    with pytest.raises(NotConfigured) as info:
+        ErrorMonitor.from_crawler(crawler)
+    assert not info.value.args  # Scrapy logs a NotConfigured with a message
+    error = start_error(crawler)
+    assert isinstance(error, ScrapyDistError)
+    assert "ERRORMONITOR_ACTION=explode" in str(error)
 
 
 # -- control flags ------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_dist.frontier.layout import FRONTIER_FORMAT
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.settings.refusal import start_error
 
 KEYS = CrawlKeys("fmt")
 
@@ -52,8 +53,8 @@ def _joins(redis_url: str) -> None:
 
 
 async def _refused(redis_url: str) -> None:
-    with pytest.raises(SystemExit):  # inside the loop, as scrapy's own start-up sees it
-        await _open(redis_url)
+    sched = await _open(redis_url)  # inside the loop, as scrapy's own start-up sees it
+    assert sched.refused and sched.loop is None and start_error(sched.crawler) is not None
 
 
 def test_the_first_worker_records_its_format_and_the_next_ones_join(

@@ -102,3 +102,40 @@ def test_a_worker_stopped_while_redis_is_down_exits_after_the_grace_and_loses_no
         print(f"stopped during an outage: exited after {waited:.1f}s (grace 3 s)")
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("how", ["sigterm", "close"])
+def test_a_worker_with_a_download_delay_closes_within_seconds_and_gives_back_what_it_queued(
+    tmp_path: Path, redis_url: str, site_factory: Any, how: str
+) -> None:
+    """Scrapy's template settings (DOWNLOAD_DELAY = 1, one request per domain at a time): the requests
+    queued in the downloader's slot, leased but not started, are given back instead of being fetched one
+    a second before the worker may close."""
+    site = site_factory(pages=200)
+    project = make_project(tmp_path, {
+        "REDIS_URL": redis_url, "ADDONS": {"scrapy_dist.Addon": 0}, "DOWNLOAD_DELAY": 1,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 1, "SCHEDULER_IDLE_BEFORE_CLOSE": None,
+    })
+    worker = project.crawl(args={"seed": site.page_url(0)})
+    project.wait_until_open()
+    wait_for_pages(site, 3, timeout=60)
+    time.sleep(1)
+    if how == "sigterm":
+        worker.send_signal(signal.SIGTERM)
+    else:
+        subprocess.run(["scrapy-dist", "--redis-url", redis_url, "close", "links"], check=True,
+                       cwd=tmp_path, capture_output=True)
+    started = time.monotonic()  # the command's own start-up is not the worker's close
+    try:
+        code = worker.wait(30)
+    except subprocess.TimeoutExpired:
+        project.dump_stacks(worker)
+        raise
+    waited = time.monotonic() - started
+    log = project.logs()
+    assert code == 0, log[-3000:]
+    assert waited < 6, (waited, [line for line in log.splitlines() if "] INFO" in line][-12:])
+    released = [int(m) for m in re.findall(r"gave (\d+) leased requests back to the queue", log)]
+    assert released and released[0] >= 5, log[-3000:]
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+    print(f"DOWNLOAD_DELAY = 1, {how}: closed after {waited:.1f}s, gave back {released[0]} requests")

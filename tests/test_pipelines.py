@@ -22,12 +22,12 @@ import scrapy
 from crawlproject import make_project
 from helpers import run
 from redis_servers import RedisProcess
-from scrapy.exceptions import DropItem
+from scrapy.exceptions import DropItem, NotConfigured
 from scrapy.utils.test import get_crawler
 
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.pipelines.pipeline import RedisPipeline, find_unencodable
-from scrapy_dist.redis.connection import CrawlAborted
+from scrapy_dist.settings.refusal import start_error
 
 KEY = "books:items"
 
@@ -395,9 +395,9 @@ def test_scrapy_redis_constructor_is_one_line_and_exit_1(
             super().__init__(server, KEY)
 
     crawler = get_crawler(_Spider, {"REDIS_URL": redis_url})
-    with caplog.at_level(logging.ERROR), pytest.raises(CrawlAborted) as info:
+    with caplog.at_level(logging.ERROR), pytest.raises(NotConfigured):
         Old.from_crawler(crawler)
-    assert info.value.code == 1
+    assert start_error(crawler) is not None
     [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert line.startswith("scrapy-dist: ") and "Old.__init__(server)" in line and "\n" not in line
     assert "**kwargs" in line

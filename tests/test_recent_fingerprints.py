@@ -95,3 +95,33 @@ def test_without_a_ttl_a_worker_skips_links_it_sent_within_a_minute(redis_url: s
         return skipped, sched._recent.max_age
 
     assert run(go()) == (True, RECENT_MAX_AGE)
+
+
+def test_scrapy_dist_forget_reaches_a_running_workers_memory_at_its_next_sync(redis_url: str) -> None:
+    from click.testing import CliRunner
+
+    from scrapy_dist.cli import main
+
+    async def go() -> tuple[int, int, int]:
+        sched = await _opened(redis_url)
+        assert sched.loop is not None
+        sched.enqueue_request(Request("http://site.test/forget-me"))
+        await sched.loop.round(lease=0, renew=False)
+        sched.enqueue_request(Request("http://site.test/forget-me"))  # remembered: skipped
+        await sched.loop.round(lease=0, renew=False)
+        first = _queued(sched)
+        result = CliRunner().invoke(
+            main, ["--redis-url", redis_url, "forget", "recent", "--force", "http://site.test/forget-me"],
+            env={"SCRAPY_SETTINGS_MODULE": None},
+        )
+        assert result.exit_code == 0, result.output
+        await sched.loop.round(lease=0, renew=False)  # the next sync: it answers the new forget token
+        sched.enqueue_request(Request("http://site.test/forget-me"))  # found again by the same worker
+        await sched.loop.round(lease=0, renew=False)
+        second = _queued(sched)
+        sched.enqueue_request(Request("http://site.test/forget-me"))  # and remembered again afterwards
+        await sched.loop.round(lease=0, renew=False)
+        await sched.redis.aclose()
+        return first, second, _queued(sched)
+
+    assert run(go()) == (1, 2, 2)

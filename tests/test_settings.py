@@ -294,14 +294,12 @@ def test_for_crawler_reads_once_and_warns_once(caplog: pytest.LogCaptureFixture)
     ]
 
 
-def test_for_crawler_stops_the_crawl_with_one_error_line(caplog: pytest.LogCaptureFixture) -> None:
+def test_for_crawler_raises_the_one_line_and_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     crawler = get_crawler(settings_dict={"SCHEDULER_LEASE_SECONDS": "abc"})
-    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as info:
+    with caplog.at_level(logging.ERROR), pytest.raises(SettingsError) as info:
         DistSettings.for_crawler(crawler)
-    assert info.value.code == 1
-    assert [r.getMessage() for r in caplog.records] == [
-        "scrapy-dist: SCHEDULER_LEASE_SECONDS=abc: not a number; expected a positive number"
-    ]
+    assert str(info.value) == "scrapy-dist: SCHEDULER_LEASE_SECONDS=abc: not a number; expected a positive number"
+    assert not caplog.records  # the component that asked decides (it refuses the crawl's start)
 
 
 def test_components_build_from_the_settings_object() -> None:

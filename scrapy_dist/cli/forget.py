@@ -4,11 +4,14 @@ revisit chains (docs/continuous.md, "Forgetting URLs").
 The exact filters remove the fingerprint; the bloom filter cannot, so ``"<h1>:<h2>"`` goes into the
 ``{spider}:forgotten`` SET it consults before its bits (``lua/dupe.lua``). With shards, each fingerprint is
 forgotten on its URL's shard. Fingerprints are made as the workers make them (the project's
-``REQUEST_FINGERPRINTER_CLASS``, for ``GET <url>``); other requests are named with ``--fingerprint``.
+``REQUEST_FINGERPRINTER_CLASS``, for ``GET <url>``); other requests are named with ``--fingerprint``. A
+forget also writes a new token to the control hash's ``forgets`` field: every worker's next sync sees it
+change and drops its memory of the links it sent, so the URLs are fetched when found again, by any worker.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -26,6 +29,8 @@ from scrapy_dist.frontier.control import move_aside_foreign, parse_control
 from scrapy_dist.frontier.shard import domain_shard, shard_of
 from scrapy_dist.redis.replies import text
 
+#: the control hash's field naming the last forget (a random token; the sync script answers it, lua/sync.lua)
+FORGETS_FIELD = "forgets"
 #: longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ)
 MAX_FINGERPRINT_BYTES = 64
 
@@ -126,6 +131,8 @@ def forget_fingerprints(
         for df in shard_filters(client, shards[index]):
             df.run_batch("forget", [df.fingerprint_tokens(fp) for fp in fps])
             kinds.add("bloom" if isinstance(df, BloomDupeFilter) else "exact")
+    if kinds:  # a new forget generation: every worker drops its memory of the links it sent, at its next sync
+        client.hset(keys.control, FORGETS_FIELD, secrets.token_hex(8))
     return sorted(kinds)
 
 

@@ -18,6 +18,7 @@ from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pybloom_live import ScalableBloomFilter
+from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import ScrapyDeprecationWarning
 
 from scrapy_dist.dupefilter.bloom import (
@@ -36,6 +37,7 @@ from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings.refusal import refuse_start, start_error
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -83,19 +85,27 @@ class RedisDupeFilter:
                 " REQUEST_FINGERPRINTER_CLASS setting instead; scrapy-dist still uses the override meanwhile",
                 ScrapyDeprecationWarning, stacklevel=2,
             )
+        # a setting refused here (e.g. BLOOMFILTER_CAPACITY = 10**400) refuses the crawl's start: the
+        # scheduler building this filter, ours or Scrapy's, gets one that filters nothing and is never used
+        if start_error(crawler) is None:
+            try:
+                return cls._build(crawler)
+            except ScrapyDistError as exc:
+                refuse_start(crawler, exc)
+        return BaseDupeFilter()  # type: ignore[return-value]
+
+    @classmethod
+    def _build(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
-        try:
-            return cls(
-                connection.get_redis(ds),
-                crawler_keys(crawler),
-                crawler.request_fingerprinter,
-                stats=crawler.stats,
-                debug=ds.dupefilter.debug,
-                ttl=ds.dupefilter.ttl,
-                **cls._extra_kwargs(ds),
-            )
-        except BloomParameterError as exc:  # e.g. BLOOMFILTER_CAPACITY = 10**400: one line, no traceback
-            connection.abort_crawl(exc)
+        return cls(
+            connection.get_redis(ds),
+            crawler_keys(crawler),
+            crawler.request_fingerprinter,
+            stats=crawler.stats,
+            debug=ds.dupefilter.debug,
+            ttl=ds.dupefilter.ttl,
+            **cls._extra_kwargs(ds),
+        )
 
     @classmethod
     def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:

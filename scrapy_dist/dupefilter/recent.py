@@ -1,9 +1,10 @@
 """A worker's short memory of the fingerprints it sent to the frontier (no Redis I/O here).
 
 A link every page carries (a menu, a footer) would otherwise travel to Redis with every page, so the
-scheduler skips a fingerprint this process sent a moment ago. The memory is bounded in time, so it never
-hides a URL that ``DUPEFILTER_TTL``, ``scrapy-dist forget`` or ``DEADLETTER_FORGET`` made new again: two
-generations of a set, the older dropped every ``max_age / 2`` seconds.
+scheduler skips a fingerprint this process sent a moment ago. The memory never hides a URL that
+``DUPEFILTER_TTL``, ``scrapy-dist forget`` or ``DEADLETTER_FORGET`` made new again: a forget clears it at
+the worker's next sync (the control hash's ``forgets`` token, answered by the sync script), and otherwise it
+is bounded in time: two generations of a set, the older dropped every ``max_age / 2`` seconds.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ __all__ = ["RECENT_LIMIT", "RECENT_MAX_AGE", "RecentFingerprints"]
 
 #: most fingerprints remembered per generation (the memory is cleared when one is full)
 RECENT_LIMIT = 500_000
-#: seconds a sent fingerprint is trusted when the filter remembers forever: the longest a worker that sent
-#: a link itself may still skip it after ``scrapy-dist forget`` (why ten minutes: docs/continuous.md,
-#: "Forgetting URLs")
+#: seconds a sent fingerprint is trusted when the filter remembers forever: long, since a shorter memory
+#: makes a worker send its menus' links again and again (docs/continuous.md)
 RECENT_MAX_AGE = 600.0
 
 

@@ -37,6 +37,7 @@ from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings.refusal import refusing, start_error
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -160,6 +161,7 @@ class ClusterStats:
         self._garbage_log = RateLimitedLog.once(logger)
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
         interval = ds.monitoring.interval
@@ -172,6 +174,8 @@ class ClusterStats:
         return o
 
     async def spider_opened(self, spider: Spider) -> None:
+        if start_error(self.crawler) is not None:  # the crawl stops as it opens
+            return
         self.worker = worker_id(self.crawler)
         self.started = time.time()
         self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))

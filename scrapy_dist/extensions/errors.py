@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
-from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.exceptions import ReleasedAtClose, ScrapyDistError
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.extensions.workers import engine_of, scheduler_of, worker_id
 from scrapy_dist.frontier.control import ControlState, start_time
@@ -29,6 +29,7 @@ from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.redis.replies import text
 from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings.refusal import refusing, start_error
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -191,8 +192,11 @@ class ErrorMonitor:
         self._close_task: asyncio.Task[None] | None = None
         self._local_pause = False
         self._garbage_log = RateLimitedLog.once(logger)
+        #: SCHEDULER_PERSIST: a finished crawl that does not persist has its keys removed at close
+        self.persist = True
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
         m = ds.monitoring
@@ -207,6 +211,7 @@ class ErrorMonitor:
             action=m.action,
             http_errors=list(m.http_errors),
         )
+        o.persist = ds.scheduler.persist
         crawler.signals.connect(o.response_downloaded, signal=signals.response_downloaded)
         crawler.signals.connect(o.request_left_downloader, signal=signals.request_left_downloader)
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
@@ -225,6 +230,8 @@ class ErrorMonitor:
             return
         # sent from the downloader's `finally`: the download's exception, if any, is still in flight
         exc = sys.exc_info()[1]
+        if isinstance(exc, ReleasedAtClose):  # not an error: given back to the queue as the worker closes
+            return
         name = type(exc).__name__ if exc is not None else "error"
         self.events.download_error(name, request.url, time.time())
 
@@ -234,6 +241,8 @@ class ErrorMonitor:
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def spider_opened(self, spider: Spider) -> None:
+        if start_error(self.crawler) is not None:  # the crawl stops as it opens
+            return
         self.events.worker = worker_id(self.crawler)
         self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))
         self._script = scripts.register(self.redis, "errors")
@@ -248,7 +257,8 @@ class ErrorMonitor:
             await self._task.stop()
         if self.redis is not None:
             try:
-                await self.flush()
+                if self.persist or reason != "finished":  # else the crawl's keys are gone: write none back
+                    await self.flush()
             except Exception as exc:
                 logger.warning("Could not send the last error counts to %s: %s", self.keys.errors, exc)
             await self.redis.aclose()

@@ -30,6 +30,7 @@ from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings.refusal import refusing, start_error
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -97,6 +98,7 @@ class IdleMonitor:
         self._ends_chains = False
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
         o = cls(
@@ -111,6 +113,8 @@ class IdleMonitor:
         return o
 
     async def spider_opened(self, spider: Spider) -> None:
+        if start_error(self.crawler) is not None:  # the crawl stops as it opens
+            return
         self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))
         self._script = scripts.register(self.redis, "idle")
         self.started_at = await start_time(self.redis)

@@ -100,7 +100,7 @@ class CrawlLayout:
     def open(self, settings: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
         """At a worker's start, through a short-lived client of ``settings``: clear the crawl first with
         ``flush_on_start``, join it, and return its backlog (requests
-        pending, fingerprints remembered). Anything refused ends the crawl with one line."""
+        pending, fingerprints remembered). Anything refused raises a :class:`ScrapyDistError` (one line)."""
         from scrapy_dist.redis import connection
 
         client = connection.get_redis(settings)
@@ -111,8 +111,6 @@ class CrawlLayout:
                 logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
             self.join(client, batched)
             return self.backlog(client)
-        except ScrapyDistError as exc:  # e.g. a bloom filter written with another bit layout
-            connection.abort_crawl(exc)
         finally:
             client.close()
 

@@ -217,6 +217,18 @@ class Ledger:
             self._mark(now)
         return len(done)
 
+    def release(self, requests: list[Request], now: float) -> int:
+        """Give back the leases of handed ``requests`` the engine will not start (closing); how many."""
+        given = 0
+        for request in requests:
+            lease = self.handed.pop(request, None)
+            if lease is not None:
+                self.releases.append(lease)
+                given += 1
+        if given:
+            self._mark(now)
+        return given
+
     def release_all(self, now: float) -> None:
         """At close: unstarted and unfinished work goes straight back to the queue."""
         self.releases += self.ready.leases() + list(self.handed.values())

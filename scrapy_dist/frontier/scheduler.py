@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
-from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.dupefilter.filters import RedisDupeFilter
 from scrapy_dist.dupefilter.recent import RecentFingerprints
-from scrapy_dist.egress import checked_request, enforce
+from scrapy_dist.egress import checked_request
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
+from scrapy_dist.frontier import wiring
 from scrapy_dist.frontier.feeds import FeedBarrier
 from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter, crawl_fingerprinter
 from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
@@ -39,10 +39,11 @@ from scrapy_dist.frontier.revisit import Revisits
 from scrapy_dist.frontier.shard import Frontier, RequestDecoder
 from scrapy_dist.frontier.syncloop import SyncLoop
 from scrapy_dist.redis import connection
-from scrapy_dist.redis.keys import CrawlKeys, crawl_keys, crawler_keys
+from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, SchedulerSettings
-from scrapy_dist.wire.codec import EntryPolicy, encode_request, entry_policy
+from scrapy_dist.settings.refusal import refuse_start, start_error
+from scrapy_dist.wire.codec import EntryPolicy, encode_request
 from scrapy_dist.wire.entrypolicy import DEAD
 
 if TYPE_CHECKING:
@@ -128,6 +129,10 @@ class Scheduler:
         self._recent = RecentFingerprints()
         self._local_pause = False
         self._empty_since: float | None = None
+        #: what the scheduler runs for a project without the add-on (scrapy_dist/frontier/wiring.py)
+        self.components: list[Any] = []
+        #: the crawl's start was refused (:mod:`scrapy_dist.settings.refusal`): open nothing
+        self.refused = False
         #: revisits (scrapy_dist/frontier/revisit.py), wired by from_crawler
         self.revisits: Revisits | None = None
         #: DEADLETTER_FORGET and SCHEDULER_DENY_NETWORKS, wired by from_crawler
@@ -157,38 +162,8 @@ class Scheduler:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        ds = DistSettings.for_crawler(crawler)
-        cfg = ds.scheduler
-        dupefilter = build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
-        qcls: Any = queue.ALIASES.get(cfg.queue_class) or load_object(cfg.queue_class)
-        try:
-            keys: CrawlKeys | None = crawler_keys(crawler)
-        except ValueError:  # no spider name yet (a harness that builds the scheduler first): at open()
-            keys = None
-        sched = cls(
-            dupefilter,
-            keys,
-            ds,
-            crawler=crawler,
-            config=cfg,
-            order=qcls(),
-            stats=crawler.stats,
-            engine=_engine.EngineView(crawler),
-            outage=Outage.for_crawler(crawler),
-            domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
-            policy=entry_policy(crawler),
-        )
-        sched.revisits = Revisits.from_crawler(crawler)
-        sched.revisits.policy = sched.policy if keys is not None else None
-        sched.ledger.revisit_of = sched.revisits.plan
-        sched.forget_dead = ds.dupefilter.forget_dead
-        sched.networks = enforce(crawler, cfg.deny_networks)  # SCHEDULER_DENY_NETWORKS holds without the add-on too
-        sched.record_start = sched._batched_df and ds.seeds.record_fingerprint
-        if cfg.politeness == "cluster":
-            from scrapy import signals
-
-            crawler.signals.connect(sched.response_received, signal=signals.response_received)
-        return sched
+        """The scheduler of ``crawler``, wired by :func:`scrapy_dist.frontier.wiring.build`."""
+        return wiring.build(cls, crawler)
 
     # -- what other components read ----------------------------------------------------------------
     @property
@@ -227,23 +202,19 @@ class Scheduler:
         """Join the crawl and start the background loop (``start=False``: the caller drives the rounds
         with ``scheduler.loop.round()`` -- for tests and tools)."""
         self.spider = spider
+        if self.refused or (self.crawler is not None and start_error(self.crawler) is not None):
+            self.refused = True
+            return
+        try:
+            pending, remembered = self._join(spider)
+        except ScrapyDistError as exc:
+            if self.crawler is None:
+                raise
+            refuse_start(self.crawler, exc)  # one line, and the crawl stops as it opens
+            self.refused = True
+            return
         settings = self.redis_settings
         cfg = self.config
-        name = getattr(spider, "name", None)
-        named = isinstance(name, str) and bool(name)
-        if not named and not hasattr(self, "keys"):
-            connection.abort_crawl(ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: "
-                                                   "the crawl's Redis keys are built from it"))
-        if not hasattr(self, "keys") or (named and self.crawler is not None and name != self.keys.spider):
-            self._place(crawl_keys(settings, str(name)))  # the keys follow the spider's final name
-            if self._batched_df:
-                self.df.keys = self.keys
-        if self.router.fingerprinter is None and self.crawler is not None:
-            self.router.fingerprinter = crawl_fingerprinter(self.crawler)
-        # one clear line and a non-zero exit if Redis is not there (building a client can fail too)
-        connection.ensure_reachable(settings)
-        pending, remembered = self.layout.open(settings, flush_on_start=cfg.flush_on_start,
-                                               batched=self._batched_df)
         self.report.backlog(self.keys.spider, pending, remembered, cfg.persist)
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
             self._recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
@@ -267,6 +238,7 @@ class Scheduler:
             on_applied=self.report.applied, prefetch=cfg.prefetch,
             flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
             lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,
+            on_forget=self._recent.clear,
             idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
         )
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
@@ -283,11 +255,31 @@ class Scheduler:
         shards = f" ({cfg.shards} shards)" if cfg.shards > 1 else ""
         logger.info("scrapy-dist frontier %r open as worker %s%s", self.keys.queue, self.worker_id, shards)
 
+    def _join(self, spider: Spider) -> tuple[int, int]:
+        """Find the crawl's keys, check Redis answers (building a client can fail too) and join the
+        crawl; raises :class:`ScrapyDistError` (one line) if anything is refused."""
+        settings = self.redis_settings
+        name = getattr(spider, "name", None)
+        named = isinstance(name, str) and bool(name)
+        if not named and not hasattr(self, "keys"):
+            raise ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: the crawl's Redis"
+                                  " keys are built from it")
+        if not hasattr(self, "keys") or (named and self.crawler is not None and name != self.keys.spider):
+            self._place(crawl_keys(settings, str(name)))  # the keys follow the spider's final name
+            if self._batched_df:
+                self.df.keys = self.keys
+        if self.router.fingerprinter is None and self.crawler is not None:
+            self.router.fingerprinter = crawl_fingerprinter(self.crawler)
+        connection.check_reachable(settings)
+        return self.layout.open(settings, flush_on_start=self.config.flush_on_start, batched=self._batched_df)
+
     def close(self, reason: str) -> Deferred[None]:
         return deferred_from_coro(self.close_async(reason))
 
     async def close_async(self, reason: str) -> None:
         """Stop the loop, give back what was not started, send what is owed, leave the crawl."""
+        if self.refused:
+            return
         loop = self.loop
         if loop is not None:
             await loop.stop()
@@ -296,8 +288,8 @@ class Scheduler:
             released = len(self.ledger.releases)
             await loop.drain(min(self.config.shutdown_grace, self.config.lease_seconds))
             self.report.refusals_done()
-            if released:
-                given = released - len(self.ledger.releases)
+            if released or loop.released_at_close:
+                given = released - len(self.ledger.releases) + loop.released_at_close
                 self.stats.set_value("scheduler/released_at_close", given)
                 logger.info("Closing (%s): gave %d leased requests back to the queue", reason, given)
         if not self.config.persist and reason == "finished" and self.redis is not None:

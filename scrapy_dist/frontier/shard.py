@@ -200,6 +200,9 @@ class SyncResult:
     replayed: int = 0
     #: keys whose garbage the script repaired before writing (see lua/sync_check.lua)
     repaired: list[str] = field(default_factory=list)
+    #: the control hash's forget generation as written (untrusted text, at most 32 characters; compared
+    #: only): it changes with every ``scrapy-dist forget``
+    forgets: str = ""
     #: one of them held work (the queue, the leases or the delayed set): moved aside, it reads empty
     #: (set by :meth:`Frontier.sync`, which knows the keys)
     work_repaired: bool = False
@@ -301,7 +304,7 @@ def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any
 #: the answer's names, in the order the script returns them (lua/sync.lua)
 SYNC_RESULT = (
     "flags", "leased", "requeued", "moved", "queued", "inflight", "delayed", "bloom_n", "paused", "seq",
-    "rejected", "repaired", "replayed", "items", "items_refused", "acks_refused",
+    "rejected", "repaired", "replayed", "items", "items_refused", "acks_refused", "forgets",
 )
 
 
@@ -361,6 +364,7 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
         repaired=[text(k) for k in repaired] if isinstance(repaired, list) else [],
         items=_count(named, "items"), items_refused=_count(named, "items_refused"),
         acks_refused=_count(named, "acks_refused"),
+        forgets=text(named.get("forgets"))[:32],
     )
 
 

@@ -58,6 +58,7 @@ class SyncLoop:
         idle_poll_max: float | None = None,
         outage: Outage | None = None,
         on_outage: Callable[[], None] = lambda: None,
+        on_forget: Callable[[], None] = lambda: None,
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -78,6 +79,11 @@ class SyncLoop:
         self.lease_seconds = lease_seconds
         self.outage = outage or Outage()
         self.on_outage = on_outage
+        #: called when the crawl's forget generation changes (``scrapy-dist forget``)
+        self.on_forget = on_forget
+        self._forgets: str | None = None
+        #: leases given back while the engine closed (requests taken out of the downloader's queues)
+        self.released_at_close = 0
         #: the loop's side of the outage policy: backoff, and errors that are not outages (rate-limited)
         self.guard = self.outage.guard("frontier", backoff, logger)
         self.clock = clock
@@ -163,6 +169,10 @@ class SyncLoop:
     async def _turn(self) -> float:
         """One turn of the loop; how long to wait before the next one (0 unless it failed)."""
         now = self.clock()
+        # closing: what waits in the downloader is given back now, not fetched one per download delay
+        taken = self.engine.take_unstarted(self.ledger.handed.__contains__)
+        if taken:
+            self.released_at_close += self.ledger.release(taken, now)
         self.collect_finished(now)
         due, lease = self.due(now)
         if not due:
@@ -294,6 +304,9 @@ class SyncLoop:
                 was_paused, self.paused = self.paused, result.paused
                 if was_paused != self.paused:
                     self.engine.wake()
+                if self._forgets is not None and result.forgets != self._forgets:
+                    self.on_forget()  # URLs this worker sent lately may be new again
+                self._forgets = result.forgets
             self.on_applied(applied, result)
         ledger.finish_round(error is None, now)
         self.failing = error is not None

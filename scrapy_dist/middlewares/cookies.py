@@ -42,6 +42,7 @@ from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import Backoff, Outage
 from scrapy_dist.redis.replies import text
 from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings.refusal import refusing
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -148,6 +149,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self._reject_log = RateLimitedLog(logger)
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
         if not ds.cookies.enabled:

@@ -16,6 +16,7 @@ from scrapy.utils.response import response_status_message
 
 from scrapy_dist.middlewares.retry import DeadLetterWriter
 from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings.refusal import refusing
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -41,6 +42,7 @@ class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
         self.dead_letter = dead_letter
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
         # Scrapy's HTTPERROR_ALLOW* settings go to Scrapy's middleware as they are

@@ -34,6 +34,7 @@ from twisted.internet import threads
 from scrapy_dist.egress import DeniedNetwork, denied, enforce, parse_networks, request_refusal
 from scrapy_dist.egress.networks import Network
 from scrapy_dist.settings import DistSettings
+from scrapy_dist.settings.refusal import refusing
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ class DenyNetworksMiddleware:
         self._log = RateLimitedLog(logger)
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         # checked (one line on a bad value) when the crawl's settings were read
         o = cls(enforce(crawler, DistSettings.for_crawler(crawler).scheduler.deny_networks), crawler)

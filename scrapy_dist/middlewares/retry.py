@@ -33,6 +33,7 @@ from scrapy_dist.frontier.deadletter import dead_letter_record
 from scrapy_dist.frontier.retrytiming import retry_delay
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings.refusal import refusing
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 from scrapy_dist.wire.credentials import as_scheduled
 
@@ -154,6 +155,7 @@ class RetryMiddleware:
         self.rng = rng
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         s = crawler.settings  # Scrapy's own RETRY_* settings, read as Scrapy's RetryMiddleware does
         if not s.getbool("RETRY_ENABLED"):

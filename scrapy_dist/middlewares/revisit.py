@@ -17,6 +17,7 @@ from scrapy.exceptions import IgnoreRequest, NotConfigured
 
 from scrapy_dist.frontier.revisit import VALIDATOR_HEADERS
 from scrapy_dist.settings import DistSettings
+from scrapy_dist.settings.refusal import refusing
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -43,6 +44,7 @@ class ConditionalRevisitMiddleware:
         self.stats = crawler.stats
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         if not DistSettings.for_crawler(crawler).scheduler.revisit_conditional:
             raise NotConfigured  # no message: Scrapy would log it as a WARNING in every crawl

@@ -32,6 +32,7 @@ from scrapy_dist.redis.connection import get_async_redis, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import Backoff, Outage
 from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings.refusal import refuse_start, refusing
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -173,6 +174,7 @@ class RedisPipeline:
         self._pending: dict[int, tuple[Any, str | bytes]] = {}
 
     @classmethod
+    @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``REDIS_ITEMS_*`` settings and the connection settings (``REDIS_URL``, ...)."""
         ds = DistSettings.for_crawler(crawler)
@@ -211,10 +213,14 @@ class RedisPipeline:
         else:
             found = found.decode() if isinstance(found, bytes) else found
             if found not in ("none", expected):
-                raise ScrapyDistError(
+                error = ScrapyDistError(
                     f"REDIS_ITEMS_KEY {self.key!r} holds a Redis {found}, but the pipeline writes a "
                     f"{expected} (REDIS_ITEMS_STREAM={self.stream}); delete the key or change the setting"
                 )
+                if self._crawler is None:
+                    raise error
+                refuse_start(self._crawler, error)
+                return
         self.outbox = self._ride_acks()
         self.writer.start()
 
@@ -377,14 +383,12 @@ def _check_subclass(cls: type, key: str, options: dict[str, Any]) -> None:
     try:
         inspect.signature(cls).bind(None, key, **options)
     except TypeError as exc:
-        from scrapy_dist.redis.connection import abort_crawl
-
         params = ", ".join(inspect.signature(cls).parameters)
-        abort_crawl(ScrapyDistError(
+        raise ScrapyDistError(
             f"scrapy-dist: {name}.__init__({params}) cannot be called as RedisPipeline's from_crawler calls"
             f" it ({exc}): cls(server, key, {', '.join(f'{k}=...' for k in options)});"
             " take `*args, **kwargs` and pass them on to super().__init__, or override from_crawler"
-        ))
+        ) from exc
 
 
 def _wants_spider(method: Callable[..., Any]) -> bool:

@@ -1,20 +1,23 @@
 """Redis clients built from Scrapy settings -- the one place every component gets its connection -- and
 the start-up check that Redis answers.
 
-Which Redis is :mod:`scrapy_dist.redis.target`, the clients and their outage options
-:mod:`scrapy_dist.redis.clients`; both are re-exported here, the import path components and users have.
-An unreachable Redis at start is one ERROR line and :class:`CrawlAborted`, a ``SystemExit`` so that
-``scrapy crawl`` exits 1 without Scrapy's clean-up tracebacks (why: docs/connection.md, "For component
-authors"); the current asyncio task is marked as handled first, so asyncio does not print it.
+Which Redis the settings point at is :mod:`scrapy_dist.redis.target` (:func:`resolve_target`, the order of
+the settings is in its docstring); the clients and their outage options are :mod:`scrapy_dist.redis.clients`.
+Both are re-exported here, the import path components and users have.
+
+Unreachable Redis at start: :func:`check_reachable` raises :class:`RedisUnavailable` (one line naming the
+masked URL and the setting to change); a component handed the crawler calls :func:`ensure_reachable`,
+which refuses the crawl's start with it (:mod:`scrapy_dist.settings.refusal`: one ERROR line, a clean
+stop, exit status 1 for ``scrapy crawl``, no traceback and no process exit in a script).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.exceptions import RedisUnavailable
+from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis import outage
 from scrapy_dist.redis.clients import (
     CONNECT_ERRORS,
@@ -27,12 +30,13 @@ from scrapy_dist.redis.clients import (
     is_cluster,
 )
 from scrapy_dist.redis.target import RedisTarget, resolve_target, resolve_url
-from scrapy_dist.settings import DistSettings, SettingsError, mask_url
-from scrapy_dist.settings.reader import check_components
+from scrapy_dist.settings import DistSettings, mask_url
+from scrapy_dist.settings.refusal import refuse_start
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
 
     SettingsLike = BaseSettings | Mapping[str, Any]
@@ -40,12 +44,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CLIENT_PARAMS",
     "OUTAGE_ERRORS",
-    "CrawlAborted",
     "RedisTarget",
-    "abort_crawl",
     "check_reachable",
     "check_reachable_async",
-    "ensure_components",
     "ensure_reachable",
     "from_settings",
     "get_async_redis",
@@ -62,16 +63,6 @@ logger = logging.getLogger(__name__)
 #: What a client raises while Redis is down, restarting or failing over: the one definition lives in
 #: :mod:`scrapy_dist.redis.outage` (re-exported here for callers that imported it from this module).
 OUTAGE_ERRORS = outage.OUTAGE_ERRORS
-
-
-class CrawlAborted(SystemExit):  # noqa: N818 - it is an exit, not an error to catch
-    """Stops ``scrapy crawl`` with exit status 1 after its cause (``error``) was logged as one line; a
-    ``SystemExit`` because Scrapy's start-up only catches ``Exception`` (see the module docstring)."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(1)
-        self.error = error
-
 
 
 def _describe(client: Any) -> RedisTarget:
@@ -129,40 +120,15 @@ async def check_reachable_async(client: Any, settings: SettingsLike | DistSettin
         raise target.unreachable(exc) from exc
 
 
-def _mark_task_handled() -> None:
-    """Keep asyncio from printing the crawl task that CrawlAborted ends ("exception never retrieved")."""
+def ensure_reachable(crawler: Crawler) -> bool:
+    """Start-up check for a component handed the crawler (in ``from_crawler()`` or ``open()``): True if
+    the crawl's Redis answers ``PING``; otherwise (or if the embedded server cannot start, or a setting is
+    bad) the crawl's start is refused -- one ERROR line naming the masked URL and the setting, a clean
+    stop, exit status 1 for ``scrapy crawl`` -- and False: the component then opens nothing. One round
+    trip. Without a crawler, call :func:`check_reachable` and decide what its exception means."""
     try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop
-        return
-    if task is not None:
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-
-def abort_crawl(error: Exception) -> NoReturn:
-    """Log ``error`` as one ERROR line and raise :class:`CrawlAborted`, so that ``scrapy crawl`` exits with
-    status 1. For a component's ``from_crawler()`` or ``open()`` only."""
-    logger.error("%s", error)
-    _mark_task_handled()
-    raise CrawlAborted(error) from error
-
-
-def ensure_reachable(client_or_settings: Any, settings: SettingsLike | DistSettings | None = None) -> None:
-    """Start-up check for ``from_crawler()`` or ``open()`` (one round trip): if Redis does not answer (or
-    the embedded server cannot start), :func:`abort_crawl` with the one line naming the masked URL and the
-    setting, e.g. ``ensure_reachable(client, crawler.settings)`` or ``ensure_reachable(crawler.settings)``.
-    """
-    try:
-        check_reachable(client_or_settings, settings)
-    except (RedisUnavailable, SettingsError) as exc:
-        abort_crawl(exc)
-
-
-def ensure_components(settings: SettingsLike) -> None:
-    """Start-up check for the components that run before Scrapy loads ``SCHEDULER`` and ``STATS_CLASS``
-    (a spider's ``from_crawler``, the add-on): a misspelt scrapy-dist class path there is one ERROR line
-    naming the setting and the closest name, and a non-zero exit, instead of Scrapy's traceback."""
-    try:
-        check_components(settings)
-    except SettingsError as exc:
-        abort_crawl(exc)
+        check_reachable(DistSettings.for_crawler(crawler))
+    except ScrapyDistError as exc:
+        refuse_start(crawler, exc)
+        return False
+    return True

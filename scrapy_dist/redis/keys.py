@@ -105,8 +105,9 @@ forgotten        forgotten         SET of ``"<h1>:<h2>"`` bloom hashes of finger
                                    (``scrapy-dist forget``, ``DEADLETTER_FORGET``); each is admitted once.
 workers          workers           ZSET worker id -> last heartbeat (unix seconds).
 stats            stats             HASH of crawl-wide merged Scrapy stats.
-control          control           HASH of crawl-wide control flags (``paused``, ...) and the crawl's
-                                   layout (``politeness``, ``shards``, frontier ``format``).
+control          control           HASH of crawl-wide control flags (``paused``, ...), the crawl's
+                                   layout (``politeness``, ``shards``, frontier ``format``) and
+                                   ``forgets`` (a token each ``scrapy-dist forget`` renews).
 errors           errors            HASH of error counters per time bucket: the error monitor's crawl-wide
                                    sliding window.
 error_examples   errors:examples   LIST of recent JSON error records (kind, reason, url) quoted by the

@@ -6,8 +6,9 @@ dataclass per group of settings and the one function that fills them (cross-sett
 :mod:`~scrapy_dist.settings.values` converts raw values, :mod:`~scrapy_dist.settings.reader` reads them.
 Components take their values from ``DistSettings.for_crawler(crawler)`` in ``from_crawler`` and never read
 ``crawler.settings`` themselves. A bad value is one line, ``scrapy-dist: <SETTING>=<value>: <what is
-wrong>; <what is expected>`` (:class:`SettingsError`), and ``for_crawler`` stops ``scrapy crawl`` with exit
-status 1 before anything starts; a name close to one of ours gets one WARNING.
+wrong>; <what is expected>`` (:class:`SettingsError`): ``for_crawler`` raises it, and the component that
+asked refuses the crawl's start with it (:mod:`scrapy_dist.settings.refusal`). A name close to one of ours
+gets one WARNING.
 """
 
 from __future__ import annotations
@@ -391,20 +392,15 @@ class DistSettings:
     def for_crawler(cls, crawler: Crawler) -> DistSettings:
         """The crawler's settings object, read and checked on first use and then cached on the crawler.
 
-        A bad value is logged as one ERROR line and stops ``scrapy crawl`` with exit status 1 (a
-        ``SystemExit``, see :func:`scrapy_dist.redis.connection.abort_crawl`); the warnings are logged once.
+        A bad value raises :class:`SettingsError` (the caller refuses the start with it, see
+        :mod:`scrapy_dist.settings.refusal`); the warnings are logged once.
         Before the crawler's settings are frozen (a spider's ``from_crawler``) nothing is cached,
         since add-ons may still change them.
         """
         cached = getattr(crawler, _ATTR, None)
         if cached is not None:
             return cached  # type: ignore[no-any-return]
-        try:
-            built = cls.from_settings(crawler.settings)
-        except SettingsError as exc:
-            from scrapy_dist.redis.connection import abort_crawl
-
-            abort_crawl(exc)
+        built = cls.from_settings(crawler.settings)
         if getattr(crawler.settings, "frozen", True):
             setattr(crawler, _ATTR, built)
             for line in built.warnings:

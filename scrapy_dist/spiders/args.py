@@ -162,13 +162,8 @@ def _idle(value: Any) -> float | None:
 
 def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
     """Convert the spider's scrapy-redis attributes in place and let ``max_idle_time`` set
-    ``SCHEDULER_IDLE_BEFORE_CLOSE``; a bad value stops the crawl (one ERROR line, exit status 1)."""
-    try:
-        args = SpiderArguments.of(spider)
-    except SettingsError as exc:
-        from scrapy_dist.redis.connection import abort_crawl
-
-        abort_crawl(exc)
+    ``SCHEDULER_IDLE_BEFORE_CLOSE``; a bad value raises :class:`SettingsError` (one line)."""
+    args = SpiderArguments.of(spider)
     encoding = getattr(spider, "redis_encoding", None)
     if encoding is not None and str(encoding).strip().lower().replace("-", "").replace("_", "") != "utf8":
         logger.warning(

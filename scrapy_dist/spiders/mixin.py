@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request, Spider, signals
 from scrapy.spiders import CrawlSpider
 
-from scrapy_dist.redis.connection import ensure_components
 from scrapy_dist.seeds.feed import SeedFeed, SeedReader, TakeResult
 from scrapy_dist.seeds.parse import SeedRules, parse_seed, seed_request, spider_has_callback
+from scrapy_dist.settings import SettingsError
+from scrapy_dist.settings.refusal import refuse_misspelt_components, refuse_start, start_error
 from scrapy_dist.spiders.args import apply_spider_arguments
 from scrapy_dist.wire.entrypolicy import keep_allowed_domains
 
@@ -50,10 +51,13 @@ class RedisMixin:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
-        ensure_components(crawler.settings)  # Scrapy loads SCHEDULER after this, with a traceback
+        refuse_misspelt_components(crawler)  # before Scrapy loads SCHEDULER, which would fail noisily
         spider = super().from_crawler(crawler, *args, **kwargs)  # type: ignore[misc]
         keep_allowed_domains(spider)  # an iterator (scrapy-redis's example) must outlive Scrapy's reads
-        apply_spider_arguments(spider, crawler)  # -a values are strings: converted as scrapy-redis does
+        try:
+            apply_spider_arguments(spider, crawler)  # -a values are strings: converted as scrapy-redis does
+        except SettingsError as exc:
+            refuse_start(crawler, exc)
         crawler.signals.connect(spider._close_seed_feed, signal=signals.spider_closed)
         return spider
 
@@ -63,6 +67,8 @@ class RedisMixin:
         Ends only when ``SCHEDULER_IDLE_BEFORE_CLOSE`` (or scrapy-redis's ``MAX_IDLE_TIME_BEFORE_CLOSE``)
         is above 0 and neither a seed arrived nor the frontier held anything for that long.
         """
+        if start_error(self.crawler) is not None:  # the crawl stops as it opens: no seed is taken
+            return
         feed = self._seed_feed = SeedFeed.from_spider(self)
         async for request in feed.requests():
             yield request

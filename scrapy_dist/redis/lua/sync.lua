@@ -32,13 +32,14 @@
 --            lease's ack in this call was accepted (sync_items.lua; head items_mode, items_maxlen)
 -- Returns the flat list 'flags', f, 'leased', l, 'requeued', n, 'moved', n, 'queued', n, 'inflight', n,
 --   'delayed', n, 'bloom_n', n, 'paused', '0'/'1', 'seq', s, 'rejected', n, 'repaired', {keys},
---   'replayed', n (of the rejected, copies of entries handed out): flags has
+--   'replayed', n, 'items', n, 'items_refused', n, 'acks_refused', n, 'forgets', g: flags has
 --   one '1'/'0' per enqueue item (new/duplicate); leased is lease key, score, lease key, score...; seq is
 --   the sequence counter (it grows with every entry created: two equal readings with nothing queued, leased
 --   or delayed in between prove the shard stayed empty); rejected counts queue members this call rejected
 --   whole (sync_lease: malformed, or a copy of an entry handed out); repaired names keys whose garbage
 --   this call repaired (sync_check); items, items_refused and acks_refused count the items appended and
---   refused and the acks refused (sync_items).
+--   refused and the acks refused (sync_items); forgets is the control hash's 'forgets' field as written
+--   ('' when absent): it changes with every `scrapy-dist forget`.
 --   Or {-1, bloom_n} / {-2, reason, detail}: nothing written (see sync_common.lua).
 
 local now = call_now(A.now)
@@ -123,4 +124,5 @@ return {'flags', flags, 'leased', leased, 'requeued', S.requeued, 'moved', S.mov
         'inflight', redis.call('ZCARD', K.leases), 'delayed', redis.call('ZCARD', K.delayed),
         'bloom_n', bloom_n, 'paused', paused, 'seq', redis.call('GET', K.seq) or '0',
         'rejected', S.rejected, 'repaired', S.repaired, 'replayed', S.replayed,
-        'items', S.items_written, 'items_refused', S.items_refused, 'acks_refused', S.acks_refused}
+        'items', S.items_written, 'items_refused', S.items_refused, 'acks_refused', S.acks_refused,
+        'forgets', redis.call('HGET', K.control, 'forgets') or ''}
