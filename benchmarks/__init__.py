@@ -33,4 +33,5 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("shards", "benchmarks.shards"),
     ("continuous", "benchmarks.continuous"),
     ("capacity", "benchmarks.capacity"),
+    ("faults", "benchmarks.faults"),
 ]
