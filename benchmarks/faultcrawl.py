@@ -256,6 +256,14 @@ class FaultCrawl:
         self._wait_until(lambda: self.fetched() >= 1, 60, "the first page")
         for i in range(2, self.cfg.workers + 1):
             self.start_worker(f"w{i}")
+        for name, proc in self.workers.items():
+            log = self.worker_log(name)
+            self._wait_until(
+                lambda: proc.poll() is not None or "open as worker" in log.read_text(errors="replace"), 60,
+                f"worker {name} to open",
+            )
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker {name} exited at start: {log.read_text(errors='replace')[-2000:]}")
 
     def wait_workers(self, timeout: float) -> dict[str, int | None]:
         """Each worker's exit status; None for one still running after ``timeout`` (then killed)."""
