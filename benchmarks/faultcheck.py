@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 _LEVEL = re.compile(r"\[([\w.]+)\] (WARNING|ERROR|CRITICAL): (.*)")
+_BACK = re.compile(r"Redis is reachable again after ([\d.]+)s")
 
 
 @dataclass
@@ -26,6 +27,7 @@ class LogSummary:
     errors: list[str] = field(default_factory=list)
     tracebacks: int = 0
     finished: bool = False
+    outages_s: list[float] = field(default_factory=list)  # "reachable again after N s" lines
 
 
 @dataclass
@@ -81,6 +83,9 @@ def summarize_log(text: str) -> LogSummary:
             (out.warnings if match.group(2) == "WARNING" else out.errors).append(message)
         elif line.startswith("Traceback"):
             out.tracebacks += 1
+        back = _BACK.search(line)
+        if back:
+            out.outages_s.append(float(back.group(1)))
     out.finished = "Spider closed (finished)" in text
     return out
 

@@ -261,7 +261,8 @@ def _row(r: FaultRun) -> list[Any]:
     v = r.verdict
     return [r.fault, v.pages_never_fetched, v.items_lost, v.duplicate_items, v.duplicate_fetches,
             v.duplicate_fetch_bound, r.nominal_bound, r.held_at_fault, "yes" if v.closed_by_itself else "NO", v.warnings,
-            v.tracebacks, r.duration_s, "; ".join(r.problems()) or "ok"]
+            v.tracebacks, max((o for s in v.logs.values() for o in s.outages_s), default=0.0), r.duration_s,
+            "; ".join(r.problems()) or "ok"]
 
 
 def _report(cfg: CrawlConfig, runs: list[FaultRun]) -> dict[str, Any]:
@@ -287,7 +288,8 @@ def _report(cfg: CrawlConfig, runs: list[FaultRun]) -> dict[str, Any]:
             "title": "Faults survived",
             "columns": ["fault", "pages never fetched", "items lost", "duplicate items", "duplicate fetches",
                         "bound", "faulted x (prefetch + in flight)", "leases held at fault", "closed by itself",
-                        "WARNING lines", "tracebacks", "seconds", "problems"],
+                        "WARNING lines", "tracebacks", "longest outage logged (s)", "seconds",
+                        "problems"],
             "rows": rows,
             "notes": [f"{f.name}: {f.title}" for f in FAULTS.values() if f.name in by_fault] + [
                 "bound: the leases the faulted workers held when the fault struck, or their prefetch + in "
