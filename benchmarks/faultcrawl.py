@@ -62,7 +62,7 @@ LOG_LEVEL = "INFO"
 TELNETCONSOLE_ENABLED = False
 ADDONS = {"scrapy_dist.Addon": 0}
 ITEM_PIPELINES = {"scrapy_dist.pipelines.RedisPipeline": 300}
-# the site lives on a private address, which the default SCHEDULER_DENY_NETWORKS refuses (link-local stays denied)
+# the site lives on a private address, which the default SCHEDULER_DENY_NETWORKS refuses
 SCHEDULER_DENY_NETWORKS = ["169.254.0.0/16"]
 '''
 
@@ -139,7 +139,7 @@ class FaultCrawl:
         self._wait_log(self.root / "site.log", "ready")
         self.wait_redis(self.master)
         if self.cfg.sentinel:
-            self._wait_until(lambda: self.sentinel_master() is not None, 30, "the Sentinels to see the master")
+            self._wait_until(lambda: self.sentinel_master() is not None, 30, "the Sentinels' master")
 
     def start_redis(self, host: str, replica_of: str | None = None) -> None:
         """(Re)start the Redis of ``host``, keeping its data directory (AOF) across restarts."""
@@ -219,7 +219,9 @@ class FaultCrawl:
             "SCHEDULER_LEASE_SECONDS": cfg.lease,
             "SCHEDULER_IDLE_BEFORE_CLOSE": cfg.idle_close,
             "BLOOMFILTER_CAPACITY": max(10_000, cfg.pages * 4),
-            "REDIS_PARAMS": {"socket_timeout": cfg.socket_timeout, "socket_connect_timeout": cfg.socket_timeout},
+            "REDIS_PARAMS": {
+                "socket_timeout": cfg.socket_timeout, "socket_connect_timeout": cfg.socket_timeout,
+            },
         }
         redis_host = self.net.hosts["redis"].data_addr
         if cfg.sentinel:
@@ -239,11 +241,12 @@ class FaultCrawl:
         if seed:
             site = self.net.hosts["site"].web_addr
             cmd += ["-a", f"seed=http://{site}:{SITE_PORT}/page/0"]
-        pythonpath = os.pathsep.join(p for p in (str(self.root), str(REPO), os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "PYTHONPATH": pythonpath}
+        env = {**os.environ, "PYTHONPATH": _pythonpath(self.root, REPO)}
         for var in ("REDIS_URL", "SCRAPY_SETTINGS_MODULE"):
             env.pop(var, None)
-        proc = self.net.spawn(name, cmd, self.worker_log(name), hostname=f"fault-{name}", env=env, cwd=self.root)
+        proc = self.net.spawn(
+            name, cmd, self.worker_log(name), hostname=f"fault-{name}", env=env, cwd=self.root
+        )
         self.workers[name] = proc
         return proc
 
@@ -258,12 +261,14 @@ class FaultCrawl:
             self.start_worker(f"w{i}")
         for name, proc in self.workers.items():
             log = self.worker_log(name)
-            self._wait_until(
-                lambda: proc.poll() is not None or "open as worker" in log.read_text(errors="replace"), 60,
-                f"worker {name} to open",
-            )
+
+            def opened(proc: subprocess.Popen[bytes] = proc, log: Path = log) -> bool:
+                return proc.poll() is not None or "open as worker" in log.read_text(errors="replace")
+
+            self._wait_until(opened, 60, f"worker {name} to open")
             if proc.poll() is not None:
-                raise RuntimeError(f"worker {name} exited at start: {log.read_text(errors='replace')[-2000:]}")
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"worker {name} exited at start: {tail}")
 
     def wait_workers(self, timeout: float) -> dict[str, int | None]:
         """Each worker's exit status; None for one still running after ``timeout`` (then killed)."""
@@ -315,8 +320,9 @@ class FaultCrawl:
     def status(self) -> dict[str, Any]:
         """``scrapy-dist status --json`` run in the current master's host (or its error, as a dict)."""
         cmd = ["ip", "netns", "exec", self.net.hosts[self.master].namespace, sys.executable, "-m",
-               "scrapy_dist.cli", "--redis-url", f"redis://127.0.0.1:{REDIS_PORT}/0", "status", SPIDER, "--json"]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+               "scrapy_dist.cli", "--redis-url", f"redis://127.0.0.1:{REDIS_PORT}/0", "status", SPIDER,
+               "--json"]
+        env = {**os.environ, "PYTHONPATH": _pythonpath(REPO)}
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env, cwd=self.root)
             return json.loads(done.stdout)
@@ -342,3 +348,8 @@ class FaultCrawl:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {timeout:g} s for {what}")
             time.sleep(0.1)
+
+
+def _pythonpath(*first: Path) -> str:
+    """``first`` ahead of the inherited PYTHONPATH (the worktree under test stays importable)."""
+    return os.pathsep.join(p for p in (*map(str, first), os.environ.get("PYTHONPATH")) if p)

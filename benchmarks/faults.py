@@ -119,7 +119,11 @@ def _redis_kill(crawl: FaultCrawl) -> dict[str, Any]:
 def _failover(crawl: FaultCrawl) -> dict[str, Any]:
     """Cut the master's host off, wait for the Sentinels to promote the replica, heal the old master a
     few seconds later and wait until it is a replica again; counts the writes the cut master held."""
-    before = crawl.redis("redis", lambda c: c.info("replication"))
+
+    def _replication(host: str) -> dict[str, Any]:
+        return dict(crawl.redis(host, lambda c: c.info("replication")))
+
+    before = _replication("redis")
     crawl.net.cut("redis")
     started = time.monotonic()
     crawl._wait_until(lambda: crawl.sentinel_master() == "replica", 60, "the replica's promotion")
@@ -127,15 +131,14 @@ def _failover(crawl: FaultCrawl) -> dict[str, Any]:
     crawl.master = "replica"
     # the replica's offset when it was promoted: what the old master had beyond it is what Redis drops
     crawl._wait_until(
-        lambda: int(crawl.redis("replica", lambda c: c.info("replication")).get("second_repl_offset", -1)) > 0,
-        30, "the promoted replica's offset",
+        lambda: _replication("replica").get("second_repl_offset", -1) > 0, 30, "the promoted replica's offset"
     )
-    promoted_at = int(crawl.redis("replica", lambda c: c.info("replication"))["second_repl_offset"])
+    promoted_at = int(_replication("replica")["second_repl_offset"])
     time.sleep(5.0)
-    old = crawl.redis("redis", lambda c: c.info("replication"))
+    old = _replication("redis")
     crawl.net.heal("redis")
     crawl._wait_until(
-        lambda: crawl.redis("redis", lambda c: c.info("replication")).get("role") == "slave", 60,
+        lambda: _replication("redis").get("role") == "slave", 60,
         "the old master to become a replica",
     )
     return {
@@ -198,7 +201,7 @@ def run_fault(name: str, cfg: CrawlConfig, root: Path) -> FaultRun:
         crawl.start_workers()
         crawl.wait_pages(max(1, cfg.pages // 4), timeout=cfg.timeout)
         if fault.victims is _one or fault.killed:
-            crawl._wait_until(lambda: all(crawl.held_by(v) > 0 for v in victims), 30, "leases held by the victim")
+            crawl._wait_until(lambda: all(crawl.held_by(v) > 0 for v in victims), 30, "the victim's leases")
         held = sum(crawl.held_by(v) for v in victims)
         info = fault.inject(crawl)
         codes = crawl.wait_workers(cfg.timeout)
@@ -229,8 +232,10 @@ def _status_digest(status: dict[str, Any]) -> dict[str, Any]:
 
 # -- the benchmark -----------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--faults", metavar="NAME[,NAME]", help=f"faults to run (default all: {', '.join(FAULTS)})")
-    parser.add_argument("--faults-repeat", type=int, default=1, metavar="N", help="runs of each fault (default 1)")
+    parser.add_argument("--faults", metavar="NAME[,NAME]",
+                        help=f"faults to run (default all: {', '.join(FAULTS)})")
+    parser.add_argument("--faults-repeat", type=int, default=1, metavar="N",
+                        help="runs of each fault (default 1)")
     parser.add_argument("--faults-lease", type=float, default=40.0, metavar="S",
                         help="SCHEDULER_LEASE_SECONDS of the faulted crawls (default 40)")
 
@@ -260,9 +265,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _row(r: FaultRun) -> list[Any]:
     v = r.verdict
     return [r.fault, v.pages_never_fetched, v.items_lost, v.duplicate_items, v.duplicate_fetches,
-            v.duplicate_fetch_bound, r.nominal_bound, r.held_at_fault, "yes" if v.closed_by_itself else "NO", v.warnings,
-            v.tracebacks, max((o for s in v.logs.values() for o in s.outages_s), default=0.0), r.duration_s,
-            "; ".join(r.problems()) or "ok"]
+            v.duplicate_fetch_bound, r.nominal_bound, r.held_at_fault, "yes" if v.closed_by_itself else "NO",
+            v.warnings, v.tracebacks, max((o for s in v.logs.values() for o in s.outages_s), default=0.0),
+            r.duration_s, "; ".join(r.problems()) or "ok"]
 
 
 def _report(cfg: CrawlConfig, runs: list[FaultRun]) -> dict[str, Any]:
@@ -287,7 +292,8 @@ def _report(cfg: CrawlConfig, runs: list[FaultRun]) -> dict[str, Any]:
         "tables": [{
             "title": "Faults survived",
             "columns": ["fault", "pages never fetched", "items lost", "duplicate items", "duplicate fetches",
-                        "bound", "faulted x (prefetch + in flight)", "leases held at fault", "closed by itself",
+                        "bound", "faulted x (prefetch + in flight)", "leases held at fault",
+                        "closed by itself",
                         "WARNING lines", "tracebacks", "longest outage logged (s)", "seconds",
                         "problems"],
             "rows": rows,

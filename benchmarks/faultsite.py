@@ -21,7 +21,7 @@ FLUSH_EVERY = 0.2
 
 def read_access_log(path: Path) -> list[tuple[float, int, str]]:
     """The access log's complete lines as ``(unix time, status, path)``."""
-    out = []
+    out: list[tuple[float, int, str]] = []
     if not path.exists():
         return out
     for line in path.read_text().splitlines():

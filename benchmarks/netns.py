@@ -75,10 +75,8 @@ def remove_namespace(name: str) -> None:
     """Kill what still runs in namespace ``name`` (SIGKILL) and delete it."""
     pids = _ip("netns", "pids", name, check=False).stdout.split()
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
     _ip("netns", "del", name, check=False)
 
 
@@ -178,7 +176,8 @@ class Network:
             subnet = DATA_NET if net == "data" else WEB_NET
             port = f"{net[0]}{index}"
             addr = f"{subnet}.{index}"
-            _ip("-n", self.hub, "link", "add", port, "type", "veth", "peer", "name", net, "netns", host.namespace)
+            _ip("-n", self.hub, "link", "add", port, "type", "veth",
+                "peer", "name", net, "netns", host.namespace)
             _ip("-n", self.hub, "link", "set", port, "master", net)
             _ip("-n", self.hub, "link", "set", port, "up")
             _ip("-n", host.namespace, "addr", "add", f"{addr}/24", "dev", net)
@@ -226,10 +225,8 @@ class Network:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGCONT)
                     proc.kill()
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    pass
         for name in reversed(self._made):
             remove_namespace(name)
         self._made.clear()

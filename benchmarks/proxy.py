@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target", required=True, help="HOST:PORT to forward to")
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0 = free)")
     parser.add_argument("--rtt-ms", type=float, default=1.0, help="added round-trip time (default 1.0)")
-    parser.add_argument("--jitter-ms", type=float, default=0.0, help="round trips vary by +- this (default 0)")
+    parser.add_argument("--jitter-ms", type=float, default=0.0, help="round trips vary by +- this")
     args = parser.parse_args(argv)
     host, port = _parse_hostport(args.target)
     listen_host, listen_port = _parse_hostport(args.listen)

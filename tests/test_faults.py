@@ -99,6 +99,7 @@ def test_checker_sees_a_worker_that_did_not_close_and_a_traceback() -> None:
         "Traceback (most recent call last):\n"
         "2026-01-01 00:00:01 [scrapy.core.engine] INFO: Spider closed (finished)\n"
     )
-    v = check(1, _access(["/page/0"]), ["http://s/page/0"], {"w1": log, "w2": ""}, {"w1": 0, "w2": None}, [], 0)
+    logs, codes = {"w1": log, "w2": ""}, {"w1": 0, "w2": None}
+    v = check(1, _access(["/page/0"]), ["http://s/page/0"], logs, codes, [], 0)
     assert not v.closed_by_itself and v.tracebacks == 1 and v.warnings == 1
     assert summarize_log(log).finished and not v.logs["w2"].finished
