@@ -313,6 +313,7 @@ def _report(cfg: CrawlConfig, runs: list[FaultRun]) -> dict[str, Any]:
                 "duplicate items": worst(lambda r: r.verdict.duplicate_items),
             },
         }],
+        "notes": [] if _has_matplotlib() else ["chart skipped: matplotlib is not installed"],
         "data": {"runs": [{
             "fault": r.fault, "verdict": r.verdict.as_dict(), "duration_s": r.duration_s,
             "held_at_fault": r.held_at_fault, "info": r.info, "exit_codes": r.exit_codes,
@@ -320,3 +321,11 @@ def _report(cfg: CrawlConfig, runs: list[FaultRun]) -> dict[str, Any]:
         } for r in runs]},
         "failed": failed,
     }
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
