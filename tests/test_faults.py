@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,7 @@ def test_redis_cut_from_every_worker(namespaces: None, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_jittery_latency_to_redis_for_the_whole_crawl(namespaces: None, tmp_path: Path) -> None:
-    run = run_fault("latency", SMALL, tmp_path)
+    run = run_fault("latency", replace(SMALL, pages=200), tmp_path)  # each sync waits 20 ms: fewer pages
     survived(run)
     assert run.verdict.duplicate_items == 0 and run.verdict.duplicate_fetches == 0
     assert run.verdict.warnings == 0, run.verdict.logs
