@@ -104,3 +104,10 @@ def test_checker_sees_a_worker_that_did_not_close_and_a_traceback() -> None:
     v = check(1, _access(["/page/0"]), ["http://s/page/0"], logs, codes, [], 0)
     assert not v.closed_by_itself and v.tracebacks == 1 and v.warnings == 1
     assert summarize_log(log).finished and not v.logs["w2"].finished
+
+
+def test_without_root_the_harness_stops_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(HarnessUnavailable) as info:
+        check_available()
+    assert "needs root" in str(info.value) and "\n" not in str(info.value)
