@@ -35,4 +35,5 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("capacity", "benchmarks.capacity"),
     ("items", "benchmarks.items"),
     ("chaos", "benchmarks.chaos"),
+    ("faults", "benchmarks.faults"),
 ]

@@ -11,6 +11,9 @@ port and sending ``stats`` (or ``reset``, which also zeroes the counters) answer
 not serialized behind each other: the proxy keeps reading while earlier chunks wait, so a pipeline of 1,000
 commands costs one delay, not 1,000 (a delay line, not a queue with one slot).
 
+**Jitter.** With ``--jitter-ms J`` each chunk's one-way delay is drawn uniformly from ``rtt/2 +- J/2`` (so a
+round trip takes ``rtt +- J``), never earlier than the chunk before it: a TCP stream keeps its order.
+
 The event loop uses ``select()`` rather than ``epoll``: ``epoll_wait`` takes whole milliseconds and asyncio
 rounds a timer *up* to the next one, which would turn a 0.5 ms delay into 1 ms; ``select`` takes
 microseconds. (A proxy has a handful of sockets, far below select's FD limit.)
@@ -30,6 +33,7 @@ import collections
 import contextlib
 import json
 import os
+import random
 import selectors
 import signal
 import socket
@@ -60,9 +64,13 @@ class ProxyStats:
 class _DelayLine:
     """Forwards chunks to ``transport`` ``delay`` seconds after they were pushed, preserving order."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, delay: float, on_deliver=None) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, delay: float, on_deliver=None, jitter: float = 0.0
+    ) -> None:
         self.loop = loop
         self.delay = delay
+        self.jitter = jitter
+        self._last_due = 0.0
         self.transport: asyncio.Transport | None = None
         self.source: asyncio.Transport | None = None  # paused when too much is buffered
         self.on_deliver = on_deliver
@@ -73,10 +81,13 @@ class _DelayLine:
         self.closing = False
 
     def push(self, data: bytes) -> None:
-        if self.delay <= 0 and not self._chunks and self.transport is not None:
+        if self.delay <= 0 and not self.jitter and not self._chunks and self.transport is not None:
             self._write(data)
             return
         due = self.loop.time() + self.delay
+        if self.jitter:
+            due = max(self._last_due, due + random.uniform(-self.jitter, self.jitter))
+            self._last_due = due
         self._chunks.append((due, data))
         self._buffered += len(data)
         if self._buffered > MAX_BUFFERED and self.source is not None and not self._source_paused:
@@ -154,8 +165,8 @@ class _ProxiedConnection(asyncio.Protocol):
     def __init__(self, proxy: LatencyProxy) -> None:
         self.proxy = proxy
         loop = proxy.loop
-        self.up = _DelayLine(loop, proxy.one_way)  # client -> server
-        self.down = _DelayLine(loop, proxy.one_way, on_deliver=self._delivered)  # server -> client
+        self.up = _DelayLine(loop, proxy.one_way, jitter=proxy.jitter)  # client -> server
+        self.down = _DelayLine(loop, proxy.one_way, self._delivered, proxy.jitter)  # server -> client
         # True until the first send, so the first burst counts as a round trip.
         self._client_got_reply = True
         self.client: asyncio.Transport | None = None
@@ -221,10 +232,12 @@ class LatencyProxy:
         rtt_ms: float = 1.0,
         listen_host: str = "127.0.0.1",
         listen_port: int = 0,
+        jitter_ms: float = 0.0,
     ) -> None:
         self.target_host = target_host
         self.target_port = target_port
         self.one_way = rtt_ms / 2000.0
+        self.jitter = jitter_ms / 2000.0
         self.listen_host = listen_host
         self.listen_port = listen_port
         self.stats = ProxyStats()
@@ -278,10 +291,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target", required=True, help="HOST:PORT to forward to")
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0 = free)")
     parser.add_argument("--rtt-ms", type=float, default=1.0, help="added round-trip time (default 1.0)")
+    parser.add_argument("--jitter-ms", type=float, default=0.0, help="round trips vary by +- this")
     args = parser.parse_args(argv)
     host, port = _parse_hostport(args.target)
     listen_host, listen_port = _parse_hostport(args.listen)
-    proxy = LatencyProxy(host, port, args.rtt_ms, listen_host, listen_port)
+    proxy = LatencyProxy(host, port, args.rtt_ms, listen_host, listen_port, args.jitter_ms)
 
     def ready(port: int, control_port: int) -> None:
         print(json.dumps({"listen_port": port, "control_port": control_port}), flush=True)
