@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import textwrap
@@ -106,6 +107,8 @@ class FaultCrawl:
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.servers: dict[str, subprocess.Popen[bytes]] = {}
         self.master = "redis"
+        #: the crawl's SCHEDULER_ENTRY_SECRET, new for every run
+        self.secret = secrets.token_hex(16)
 
     # -- hosts and servers ---------------------------------------------------------------------
     def build(self) -> None:
@@ -219,6 +222,8 @@ class FaultCrawl:
             "SCHEDULER_LEASE_SECONDS": cfg.lease,
             "SCHEDULER_IDLE_BEFORE_CLOSE": cfg.idle_close,
             "BLOOMFILTER_CAPACITY": max(10_000, cfg.pages * 4),
+            # as a deployment on a shared Redis sets one: queue entries are signed and bound to the crawl
+            "SCHEDULER_ENTRY_SECRET": self.secret,
             "REDIS_PARAMS": {
                 "socket_timeout": cfg.socket_timeout, "socket_connect_timeout": cfg.socket_timeout,
             },
