@@ -17,6 +17,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_dist.redis.embedded import EmbeddedRedis
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.target import SECRET_FILE
+from scrapy_dist.settings import DistSettings
 from scrapy_dist.wire import entrypolicy
 from scrapy_dist.wire.codec import DEFAULT_POLICY, EntryPolicy, encode_request
 
@@ -24,13 +25,15 @@ from scrapy_dist.wire.codec import DEFAULT_POLICY, EntryPolicy, encode_request
 def test_the_embedded_redis_keeps_one_secret_of_its_own(tmp_path: Path) -> None:
     directory = tmp_path / "embedded"
     settings = {"REDIS_EMBEDDED_DIR": str(directory)}
-    first = EntryPolicy.from_settings(settings).secret
+    first = EntryPolicy.from_dist(DistSettings.from_settings(settings)).secret
     assert first is not None and len(first) == 64
-    assert EntryPolicy.from_settings(settings).secret == first  # every process of the project: the same
+    again = EntryPolicy.from_dist(DistSettings.from_settings(settings)).secret
+    assert again == first  # every process of the project: the same
     mode = (directory / SECRET_FILE).stat().st_mode
     assert stat.S_IMODE(mode) == 0o600
-    assert EntryPolicy.from_settings({**settings, "SCHEDULER_ENTRY_SECRET": "mine"}).secret == b"mine"
-    assert EntryPolicy.from_settings({"REDIS_URL": "redis://localhost:1/0"}).secret is None
+    mine = DistSettings.from_settings({**settings, "SCHEDULER_ENTRY_SECRET": "mine"})
+    assert EntryPolicy.from_dist(mine).secret == b"mine"
+    assert EntryPolicy.from_dist(DistSettings.from_settings({"REDIS_URL": "redis://localhost:1/0"})).secret is None
 
 
 def test_a_worker_on_a_shared_redis_without_a_secret_warns_once(
@@ -84,4 +87,4 @@ def test_a_planted_secret_file_is_refused_not_followed(tmp_path: Path) -> None:
     theirs.write_text("a" * 64)
     (directory / SECRET_FILE).symlink_to(theirs)
     with pytest.raises(RedisUnavailable, match="remove it"):
-        EntryPolicy.from_settings({"REDIS_EMBEDDED_DIR": str(directory)})
+        EntryPolicy.from_dist(DistSettings.from_settings({"REDIS_EMBEDDED_DIR": str(directory)}))

@@ -98,6 +98,12 @@ def _misses(names: list[str], types: list[Any], lengths: list[Any], meant: str) 
     return out
 
 
+def _scanned(cursor: Any) -> bool:
+    """Whether a ``SCAN`` is over: cursor 0, or a Redis Cluster's cursors by node (one call there: each
+    node is scanned from its start, and a hint needs no more)."""
+    return isinstance(cursor, dict) or not int(cursor)
+
+
 def _types(replies: list[Any]) -> list[str]:
     return [r.decode() if isinstance(r, bytes) else str(r) for r in replies]
 
@@ -110,7 +116,7 @@ def find(client: Any, keys: CrawlKeys, read: Iterable[str] = (),
     for _ in range(calls):
         cursor, batch = client.scan(cursor, count=SCAN_COUNT)
         seen += batch
-        if not int(cursor):
+        if _scanned(cursor):
             break
     names = candidates(seen, keys, read)[:MAX_HINTS]
     if not names:
@@ -130,7 +136,7 @@ async def find_async(client: Any, keys: CrawlKeys, calls: int = 1) -> list[NearM
     for _ in range(calls):
         cursor, batch = await client.scan(cursor, count=SCAN_COUNT)
         seen += batch
-        if not int(cursor):
+        if _scanned(cursor):
             break
     names = candidates(seen, keys)[:MAX_HINTS]
     if not names:
