@@ -196,6 +196,33 @@ def test_status_says_so_when_redis_is_unreachable() -> None:
 
 
 @pytest.mark.slow
+def _drain(fd: int, seconds: float = 20.0) -> bytes:
+    """What the child still writes after Ctrl-C: read, so that it never blocks on a full terminal."""
+    out, deadline = b"", time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    return out
+
+
+def _reaped(pid: int, seconds: float = 10.0) -> int:
+    """The child's wait status (SIGKILLed, and so failing the test, if it has not exited by then)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
 def test_status_watch_renders_live_in_a_terminal(crawl_state: redis.Redis, redis_url: str) -> None:
     pid, fd = pty.fork()
     if pid == 0:  # the child: the CLI on a pseudo-terminal
@@ -224,7 +251,7 @@ def test_status_watch_renders_live_in_a_terminal(crawl_state: redis.Redis, redis
                 break
     finally:
         os.kill(pid, signal.SIGINT)
-        _, status = os.waitpid(pid, 0)
+        out, status = out + _drain(fd), _reaped(pid)
         os.close(fd)
     text = out.decode(errors="replace")
     assert "\x1b[" in text  # drawn with terminal control sequences (a live display)
