@@ -29,6 +29,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks.processes import link_spider
+
 TITLE = ("Items through chaos: RedisPipeline LIST/STREAM and FEEDS jsonl under SIGKILL, SIGSTOP and a Redis"
          " restart")
 OUTPUTS = ("list", "stream", "feeds")
@@ -36,27 +38,8 @@ LEASE = 4
 ITEMS_PER_PAGE = 3
 REPO = Path(__file__).resolve().parent.parent
 
-SPIDER = '''
-import scrapy
+SPIDER = link_spider('ChaosSpider', 'chaos', ITEMS_PER_PAGE)
 
-
-class ChaosSpider(scrapy.Spider):
-    name = "chaos"
-
-    def __init__(self, seed=None, **kw):
-        super().__init__(**kw)
-        self.seed = seed
-
-    async def start(self):
-        if self.seed:
-            yield scrapy.Request(self.seed)
-
-    def parse(self, response):
-        for part in range(3):
-            yield {"url": response.url, "part": part}
-        for href in response.css("a::attr(href)").getall():
-            yield response.follow(href)
-'''
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmarks.faultsite import read_access_log
 from benchmarks.netns import Network
+from benchmarks.processes import link_spider
 
 REPO = Path(__file__).resolve().parent.parent
 SPIDER = "links"
@@ -32,28 +33,7 @@ SITE_PORT = 8000
 SENTINEL_PORTS = (26379, 26380, 26381)
 MASTER_NAME = "faults"
 
-SPIDER_CODE = '''
-import scrapy
-
-
-class LinkSpider(scrapy.Spider):
-    """Follows every link from the seed page; one item per page."""
-
-    name = "links"
-
-    def __init__(self, seed=None, **kw):
-        super().__init__(**kw)
-        self.seed = seed
-
-    async def start(self):
-        if self.seed:
-            yield scrapy.Request(self.seed)
-
-    def parse(self, response):
-        yield {"url": response.url}
-        for href in response.css("a::attr(href)").getall():
-            yield response.follow(href)
-'''
+SPIDER_CODE = link_spider('LinkSpider', 'links', 1)
 
 SETTINGS_CODE = '''
 BOT_NAME = "faultbot"

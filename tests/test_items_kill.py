@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,29 +17,11 @@ import pytest
 import redis
 from crawlproject import make_project
 
-SPIDER = '''
-import scrapy
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package beside tests/
 
+from benchmarks.processes import link_spider  # noqa: E402
 
-class ItemsSpider(scrapy.Spider):
-    """Follows links; each page yields 3 items."""
-
-    name = "pages"
-
-    def __init__(self, seed=None, **kw):
-        super().__init__(**kw)
-        self.seed = seed
-
-    async def start(self):
-        if self.seed:
-            yield scrapy.Request(self.seed)
-
-    def parse(self, response):
-        for part in range(3):
-            yield {"url": response.url, "part": part}
-        for href in response.css("a::attr(href)").getall():
-            yield response.follow(href)
-'''
+SPIDER = link_spider('ItemsSpider', 'pages', 3)
 
 PAGES = 300
 LEASE = 3
