@@ -63,6 +63,8 @@ import scrapy.settings.default_settings as defaults
 
 defaults.SCHEDULER = "scrapy_dist.scheduler.Scheduler"
 defaults.DUPEFILTER_CLASS = "scrapy_dist.dupefilter.BloomDupeFilter"
+# Scrapy's mock server listens on loopback, which SCHEDULER_DENY_NETWORKS refuses by default
+defaults.SCHEDULER_DENY_NETWORKS = []
 '''
 #: Swaps applied to scrapy-redis's tests (order matters).
 SCRAPY_REDIS_SWAPS = [
