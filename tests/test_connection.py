@@ -457,8 +457,7 @@ SCHEDULERS = textwrap.dedent(
 
     class CheckInOpen(Scheduler):
         def open(self, spider):
-            if not ensure_reachable(self.crawler):
-                return None
+            ensure_reachable(self.crawler)  # refused or not, Scrapy closes what it opened
             return super().open(spider)
     """
 )
