@@ -15,6 +15,7 @@ from helpers import lease_key, run
 from scrapy_dist.dupefilter.bloom import MAX_OVERSHOOT, BloomParameterError, BloomPlan, fingerprint_hashes
 from scrapy_dist.dupefilter.filters import BloomDupeFilter
 from scrapy_dist.frontier.shard import (
+    PRIORITY_KEY_BYTES,
     SEQ_BYTES,
     SYNC_HEAD,
     SYNC_KEYS,
@@ -69,6 +70,15 @@ def test_the_prelude_declares_each_key_with_its_type() -> None:
     types = dict(re.findall(r"(\w+) = '(\w+)'", re.search(r"local SYNC_TYPES = \{(.*?)\}", prelude).group(1)))
     assert types == dict(SYNC_KEYS)
     assert "queue_rejected" in types and types["seq"] == "string"
+
+
+def test_a_score_beyond_a_priority_keeps_the_polite_member_layout(redis_url: str, redis_client: Any) -> None:
+    entries = [("", "", score, b"\x01p%d" % i, "a.example", "0 1 0") for i, score in enumerate((-1e15, 1e15))]
+    run(_sync(redis_url, SyncBatch(enqueue=entries), politeness="cluster"))
+    members = redis_client.zrange(KEYS.queue, 0, -1)
+    keys = sorted(m[m.index(b"\0") + 1 : m.index(b"\0") + 1 + PRIORITY_KEY_BYTES] for m in members)
+    assert keys == [b"00000000000", b"04294967295"]  # clamped to the ends, never longer
+    assert run(_lease_all(redis_url, 3)) == 2
 
 
 # -- bounded work per call ------------------------------------------------------------------------

@@ -339,7 +339,9 @@ class Scheduler:
                 return False
         domain, limits = self._domain(request)
         score, now = self.order.score(request), time.monotonic()
-        if queue.sends_now(request, self.ledger, self.loop, self.config.concurrent_requests):
+        # with crawl-wide politeness a domain's requests are ordered by its own schedule, not Scrapy's
+        sends_now = queue.sends_now(request, self.ledger, self.loop, self.config.concurrent_requests)
+        if sends_now and not self._polite:
             score = queue.START_NOW
         if self.record_start and request.dont_filter and request.meta.get("is_start_request"):
             # SEEDS_RECORD_FINGERPRINT: a dedupe-only entry travels with the start request, so that a

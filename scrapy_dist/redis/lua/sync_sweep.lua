@@ -15,7 +15,9 @@
 -- member layout: seq .. payload, or with politeness domain \0 priority-key seq payload (score 0)
 local function member_of(S, seq, score, payload, dom)
   if not S.polite then return seq .. payload, score end
-  return dom .. '\0' .. string.format('%011d', tonumber(score) + 2147483648) .. seq .. payload, 0
+  -- the priority key has 11 digits: a score outside a 32-bit priority's range is clamped to its ends
+  local key = math.max(0, math.min(tonumber(score) + 2147483648, 4294967295))
+  return dom .. '\0' .. string.format('%011d', key) .. seq .. payload, 0
 end
 
 -- a member goes (back) into the queue; with politeness at score 0 whatever a tag or meta says (a member
