@@ -228,6 +228,8 @@ def test_status_watch_renders_live_in_a_terminal(crawl_state: redis.Redis, redis
     if pid == 0:  # the child: the CLI on a pseudo-terminal
         os.environ.update({"COLUMNS": "140", "LINES": "50", "TERM": "xterm"})
         os.environ.pop("SCRAPY_SETTINGS_MODULE", None)
+        # a test worker may ignore SIGINT, and an ignored SIGINT survives exec: Ctrl-C would do nothing
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execv(sys.executable, [
             sys.executable, "-c", "from scrapy_dist.cli import main; main()",
             "--redis-url", redis_url, "status", "books", "--watch", "--interval", "0.3",
