@@ -89,7 +89,11 @@ def test_a_worker_stopped_while_redis_is_down_exits_after_the_grace_and_loses_no
             raise AssertionError("the stopped worker waited for Redis: " + project.logs()[-3000:]) from None
         waited = time.monotonic() - started
         log = project.logs()
-        assert len(re.findall(r"ERROR: Closing: Redis has not answered", log)) == 1, log[-3000:]
+        # the close watch gives up once the grace is over; a worker whose pipelines held nothing for Redis
+        # closes before that, and says at close what it could not send
+        watch = len(re.findall(r"ERROR: Closing: Redis has not answered", log))
+        at_close = len(re.findall(r"ERROR: Redis unreachable at close", log))
+        assert watch <= 1 and watch + at_close >= 1, log[-3000:]
         assert "Traceback" not in log
         server.start()
         assert is_own(server)
