@@ -173,6 +173,7 @@ def crawl_continuously(args: argparse.Namespace, conditional: bool, tag: str) ->
         "REDIS_URL": f"redis://127.0.0.1:{server.port}",
         "REVISIT_AFTER": json.dumps({"*": cycle}),
         "REVISIT_MIN_INTERVAL": 0,  # a cycle of seconds stands in for a day
+        "SCHEDULER_DENY_NETWORKS": "[]",  # the local site is on loopback: denied by default
         "REVISIT_CONDITIONAL": conditional,
         "DOWNLOADER_MIDDLEWARES": json.dumps({MIDDLEWARE: 580}),
         "SCHEDULER_IDLE_BEFORE_CLOSE": "none",

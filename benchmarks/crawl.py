@@ -113,6 +113,7 @@ CONTESTANTS: dict[str, Contestant] = {
             "REDIS_URL": url,
             # keep the keys after the crawl so the dupefilter's memory can be measured
             "SCHEDULER_PERSIST": True,
+            "SCHEDULER_DENY_NETWORKS": "[]",  # the local site is on loopback: denied by default
         },
         unavailable=_scrapy_redis_unavailable,
         dupefilter_keys=f"{SPIDER}:dupefilter",

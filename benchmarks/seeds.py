@@ -77,6 +77,7 @@ CONTESTANTS = [
             "SCHEDULER": "scrapy_dist.scheduler.Scheduler",
             "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
             "BLOOMFILTER_CAPACITY": 1_000_000,
+            "SCHEDULER_DENY_NETWORKS": "[]",  # the local site is on loopback: denied by default
         },
     ),
     (
@@ -88,6 +89,7 @@ CONTESTANTS = [
             "SCHEDULER": "scrapy_dist.scheduler.Scheduler",
             "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
             "BLOOMFILTER_CAPACITY": 1_000_000,
+            "SCHEDULER_DENY_NETWORKS": "[]",  # the local site is on loopback: denied by default
         },
     ),
     (
