@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from scrapy_dist.redis.embedded_process import pid_alive
+
 T = TypeVar("T")
 
 DATA_NET = "10.213.0"
@@ -61,16 +63,6 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=20)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_namespace(name: str) -> None:
     """Kill what still runs in namespace ``name`` (SIGKILL) and delete it."""
     pids = _ip("netns", "pids", name, check=False).stdout.split()
@@ -86,7 +78,7 @@ def remove_leftovers() -> list[str]:
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         match = _NAME.match(name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             remove_namespace(name)
             out.append(name)
     return out

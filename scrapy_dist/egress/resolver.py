@@ -116,8 +116,26 @@ _MARK_SUFFIX = ".denied.scrapy-dist.invalid"
 POLICY = DenyPolicy()
 
 
+class _CheckedAnswers:
+    """``getHostByName`` as the subclass's ``lookup`` answers it, checked against ``policy`` (a name the
+    connection path already refused is answered with that refusal)."""
+
+    policy: DenyPolicy
+
+    def lookup(self, name: str, timeout: Sequence[int]) -> Deferred[str]:
+        raise NotImplementedError
+
+    def getHostByName(self, name: str, timeout: Sequence[int] = (1, 3, 11, 45)) -> Deferred[str]:
+        refused = self.policy.unmark(name)
+        if refused is not None:
+            return refused
+        d = self.lookup(name, timeout)
+        d.addCallback(self.policy.check, name)
+        return d
+
+
 @implementer(IResolverSimple)
-class DenyNetworksResolver(CachingThreadedResolver):
+class DenyNetworksResolver(_CheckedAnswers, CachingThreadedResolver):
     """Scrapy's default resolver (thread pool, DNS cache, ``DNS_TIMEOUT``) whose every answer, cached or
     fresh, is checked against the process's :class:`DenyPolicy` before a connection uses it. Set it with
     ``TWISTED_DNS_RESOLVER = "scrapy_dist.egress.DenyNetworksResolver"`` (the add-on does);
@@ -128,22 +146,14 @@ class DenyNetworksResolver(CachingThreadedResolver):
 
     def lookup(self, name: str, timeout: Sequence[int] = ()) -> Deferred[str]:
         """The answer, unchecked."""
-        return super().getHostByName(name, timeout)
-
-    def getHostByName(self, name: str, timeout: Sequence[int] = ()) -> Deferred[str]:
-        refused = self.policy.unmark(name)
-        if refused is not None:
-            return refused
-        d = self.lookup(name, timeout)
-        d.addCallback(self.policy.check, name)
-        return d
+        return CachingThreadedResolver.getHostByName(self, name, timeout)
 
     def install_on_reactor(self) -> None:
         install(self.reactor, self.policy, self)
 
 
 @implementer(IResolverSimple)
-class DenyingResolver:
+class DenyingResolver(_CheckedAnswers):
     """Any ``IResolverSimple`` (``inner``) whose answers are checked as :class:`DenyNetworksResolver`'s."""
 
     def __init__(self, inner: Any, policy: DenyPolicy = POLICY) -> None:
@@ -153,13 +163,6 @@ class DenyingResolver:
     def lookup(self, name: str, timeout: Sequence[int] = (1, 3, 11, 45)) -> Deferred[str]:
         return self.inner.getHostByName(name, timeout)  # type: ignore[no-any-return]
 
-    def getHostByName(self, name: str, timeout: Sequence[int] = (1, 3, 11, 45)) -> Deferred[str]:
-        refused = self.policy.unmark(name)
-        if refused is not None:
-            return refused
-        d = self.lookup(name, timeout)
-        d.addCallback(self.policy.check, name)
-        return d
 
 
 @implementer(IResolverSimple)
