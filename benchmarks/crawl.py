@@ -113,7 +113,6 @@ CONTESTANTS: dict[str, Contestant] = {
             "REDIS_URL": url,
             # keep the keys after the crawl so the dupefilter's memory can be measured
             "SCHEDULER_PERSIST": True,
-            "SCHEDULER_DENY_NETWORKS": "[]",  # the local site is on loopback: denied by default
         },
         unavailable=_scrapy_redis_unavailable,
         dupefilter_keys=f"{SPIDER}:dupefilter",
@@ -129,6 +128,7 @@ CONTESTANTS: dict[str, Contestant] = {
             "BLOOMFILTER_CAPACITY": 1_000_000,
             "REDIS_URL": url,
             "SCHEDULER_PERSIST": True,
+            "SCHEDULER_DENY_NETWORKS": "[]",  # the local site is on loopback: denied by default
         },
         unavailable=lambda: _missing(
             "scrapy_dist.frontier.scheduler:Scheduler", "scrapy_dist.dupefilter.filters:BloomDupeFilter"
