@@ -254,11 +254,15 @@ class Ledger:
         """Whether Scrapy's engine, downloading ``concurrency`` requests at a time, would send a start
         request enqueued now at once: nothing leased waits, and fewer requests are in the engine or on
         their way to it than it downloads (those sent this way counted, in this batch or in a round)."""
-        if self.ready or self.local:
+        room = concurrency - len(self.handed)
+        if self.ready or self.local or room <= 0:
             return False
-        entries = itertools.chain(self.out, *self._sent)
-        sending = sum(1 for e in entries if e.score <= START_NOW and not e.record_only)
-        return len(self.handed) + sending < concurrency
+        for e in itertools.chain(self.out, *self._sent):  # stops once the engine would be full
+            if e.score <= START_NOW and not e.record_only:
+                room -= 1
+                if room <= 0:
+                    return False
+        return True
 
     def has_writes(self) -> bool:
         """Whether anything waits to be written (besides acks and releases)."""
