@@ -89,7 +89,8 @@ sync_revisit(S, sec.revisit)
 sync_forget(d, sec.forget)
 sync_items(S, sec.items)
 
-local paused = redis.call('HGET', K.control, 'paused')
+local control = redis.call('HMGET', K.control, 'paused', 'forgets')  -- one read of the crawl's decisions
+local paused, forgets = control[1], control[2]
 if paused ~= '1' then paused = '0' end
 S.paused = paused
 if polite then sync_polite_queue(S) end
@@ -125,4 +126,4 @@ return {'flags', flags, 'leased', leased, 'requeued', S.requeued, 'moved', S.mov
         'bloom_n', bloom_n, 'paused', paused, 'seq', redis.call('GET', K.seq) or '0',
         'rejected', S.rejected, 'repaired', S.repaired, 'replayed', S.replayed,
         'items', S.items_written, 'items_refused', S.items_refused, 'acks_refused', S.acks_refused,
-        'forgets', redis.call('HGET', K.control, 'forgets') or ''}
+        'forgets', forgets or ''}
