@@ -460,6 +460,7 @@ def test_idle_monitor_decides_once_the_frontier_and_seeds_stay_empty(
     async def scenario() -> None:
         m = make_idlemonitor(redis_url, SCHEDULER_IDLE_BEFORE_CLOSE=2)
         await m.spider_opened(None)
+        redis_client.zadd(KEYS.workers, {"worker-1": time.time()})  # its scheduler's heartbeat
         redis_client.rpush(KEYS.start_urls, "http://x/")
         assert await m.check(now=0) == ""
         assert await m.check(now=5) == ""  # seeds waiting: not idle
@@ -504,7 +505,8 @@ def test_a_seeds_key_of_another_type_does_not_stop_the_idle_monitor(
 
 def test_idle_script_refuses_while_the_frontier_holds_work(redis_url: str, redis_client: redis.Redis) -> None:
     script = scripts.register(redis_client, "idle")
-    keys = [KEYS.queue, KEYS.leases, KEYS.delayed, KEYS.control]
+    keys = [KEYS.queue, KEYS.leases, KEYS.delayed, KEYS.control, KEYS.workers]
+    redis_client.zadd(KEYS.workers, {"worker-1": 1})
     redis_client.zadd(KEYS.delayed, {b"m": 1})
     assert script(keys=keys, args=["finished", "0"])[0] == 0
     assert not redis_client.exists(KEYS.control)
@@ -512,6 +514,15 @@ def test_idle_script_refuses_while_the_frontier_holds_work(redis_url: str, redis
     assert script(keys=keys, args=["finished", "0"])[0] == 1
     decided, reason, _ = script(keys=keys, args=["finished", "0"])
     assert (decided, reason) == (0, b"finished")  # already decided
+
+
+def test_idle_script_writes_nothing_once_the_last_worker_has_left(redis_client: redis.Redis) -> None:
+    # A poll racing the last worker's finish (which deleted every key of the crawl) must not
+    # recreate the control hash: a crawl with no registered worker has ended.
+    script = scripts.register(redis_client, "idle")
+    keys = [KEYS.queue, KEYS.leases, KEYS.delayed, KEYS.control, KEYS.workers]
+    assert script(keys=keys, args=["finished", "0"])[0] == 0
+    assert not redis_client.exists(KEYS.control)
 
 
 # -- the add-on ---------------------------------------------------------------------------------------

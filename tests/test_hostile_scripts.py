@@ -13,8 +13,9 @@ from scrapy_dist.redis import scripts
 
 def test_idle_overwrites_a_garbage_close_at(redis_client: Any) -> None:
     redis_client.hset("c", mapping={"close": "finished", "close_at": "\x1b[2Jsoon"})
+    redis_client.zadd("w", {"worker-1": 1})
     idle = scripts.register(redis_client, "idle")
-    decided, reason, _ = idle(keys=["q", "l", "d", "c"], args=["finished", 100])
+    decided, reason, _ = idle(keys=["q", "l", "d", "c", "w"], args=["finished", 100])
     assert decided == 1 and reason == b"finished"
     assert float(redis_client.hget("c", "close_at")) > 100
 

@@ -185,7 +185,8 @@ def test_control_garbage_rewritten_at_every_poll_is_one_line(
 
 def test_idle_script_overwrites_a_future_or_garbage_close(redis_client: redis.Redis) -> None:
     script = scripts.register(redis_client, "idle")
-    keys = [KEYS.queue, KEYS.leases, KEYS.delayed, KEYS.control]
+    keys = [KEYS.queue, KEYS.leases, KEYS.delayed, KEYS.control, KEYS.workers]
+    redis_client.zadd(KEYS.workers, {"worker-1": 1})
     for at in ("1e12", "nan", "garbage"):
         redis_client.hset(KEYS.control, mapping={"close": "bogus", "close_at": at})
         decided, reason, _ = script(keys=keys, args=["finished", "0"])

@@ -194,7 +194,7 @@ class IdleMonitor:
 
     async def check(self, now: float | None = None) -> str:
         """One poll: returns the reason this worker is closing for, or ``""``."""
-        if self._close_task is not None:
+        if self._close_task is not None or _engine.is_closing(self.crawler):
             return ""
         work, control = await self.read()
         reason = control.close_reason(self.started_at, getattr(self, "server_now", None))
@@ -208,7 +208,8 @@ class IdleMonitor:
                     self.clock.since = None  # a request was moving between shards
                     return ""
                 decided, reason_b, _ = await self._script(
-                    keys=[self.keys.queue, self.keys.leases, self.keys.delayed, self.keys.control],
+                    keys=[self.keys.queue, self.keys.leases, self.keys.delayed, self.keys.control,
+                          self.keys.workers],
                     args=["finished", repr(self.started_at)],
                 )
                 reason = reason_b.decode() if isinstance(reason_b, bytes) else str(reason_b or "")
