@@ -40,7 +40,7 @@ class BenchStats:
         ext = cls(path, crawler)
         crawler.signals.connect(ext.engine_started_, signal=signals.engine_started)
         crawler.signals.connect(ext.response_received, signal=signals.response_received)
-        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(ext.engine_stopped, signal=signals.engine_stopped)  # after every last flush
         return ext
 
     def engine_started_(self) -> None:
@@ -129,17 +129,19 @@ class RecordScriptCalls:
             return await original(script, keys=keys, args=args, client=client)
 
         AsyncScript.__call__ = call  # type: ignore[method-assign]
-        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(ext.engine_stopped, signal=signals.engine_stopped)  # after every last flush
         return ext
 
     def record(self, script: Any, keys: list[Any], args: list[Any]) -> None:
+        if self.out.closed:
+            return
         sha = script.sha
         if sha not in self.sources:
             self.sources[sha] = script.script if isinstance(script.script, str) else script.script.decode()
         text = [_latin1(v) for v in keys], [_latin1(v) for v in args]
         self.out.write(json.dumps({"sha": sha, "keys": text[0], "args": text[1]}) + "\n")
 
-    def spider_closed(self, reason: str) -> None:
+    def engine_stopped(self) -> None:
         self.out.close()
         with open(f"{self.path}.scripts.json", "w") as f:
             json.dump(self.sources, f)
