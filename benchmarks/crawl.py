@@ -339,6 +339,12 @@ def _redis_cost_table(runs: list[dict]) -> dict | None:
     gap = f"~{min(gaps):.0f} ms (crawl time / calls)" if gaps else "few tens of ms"
     spread = []
     for r in runs:
+        parts = (r.get("replayed") or {}).get("by_script")
+        if r["contestant"] == "scrapy-dist" and not r.get("rtt_ms") and parts:
+            spread.append("Back to back, by script (calls, µs/page): " + "; ".join(
+                f"{name} {v['calls']}, {v['us_per_page']:.1f}"
+                for name, v in sorted(parts.items(), key=lambda kv: -kv[1]["us_per_page"])))
+    for r in runs:
         repeated = r.get("repeats_redis_cpu_us_per_page")
         if r["contestant"] == "scrapy-dist" and not r.get("rtt_ms") and repeated:
             spread.append(

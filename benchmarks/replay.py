@@ -14,6 +14,7 @@ the other, and measures the server's CPU (``INFO cpu``) per crawled page and eac
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,13 @@ from benchmarks.redis_server import (
     server_cpu,
     time_script_calls,
 )
+
+
+#: The scripts a crawl calls, by the names their header lines give (fragments have other names).
+SCRIPT_NAMES = frozenset({
+    "sync", "clusterstats", "errors", "idle", "finish", "seeds_take", "seeds_adopt", "dupe", "dupe_batch",
+    "items_xadd", "cookies_read", "cookies_write", "polite", "foreign",
+})
 
 
 def _load(path: Path) -> tuple[dict[str, str], list[tuple[str, list[bytes], list[bytes]]]]:
@@ -58,6 +66,7 @@ def replay(path: Path, pages: int, idle: float = 0.0) -> dict[str, Any]:
         cpu = server_cpu(client) - cpu0
         seconds = time.monotonic() - t0
         durations = script_call_durations(client)
+        by_script = _by_script(client, sources, calls, pages)
         stats = client.info("commandstats")
         client.close()
     finally:
@@ -69,4 +78,95 @@ def replay(path: Path, pages: int, idle: float = 0.0) -> dict[str, Any]:
         "idle_us_per_page": 1e6 * idle * seconds / pages,
         "evalsha_us_per_page": evalsha.get("usec", 0) / pages,
         **call_percentiles(durations),
+        "by_script": by_script,
     }
+
+
+def script_name(source: str) -> str:
+    """A script's name: the first ``-- <name>: ...`` header line naming one of the package's scripts (a
+    script assembled from fragments starts with theirs), else ``?``."""
+    for line in source.splitlines():
+        m = re.match(r"-- (\w+): ", line)
+        if m and m.group(1) in SCRIPT_NAMES:
+            return m.group(1)
+    return "sync" if "(sync.lua)" in source else "?"
+
+
+def _by_script(client: Any, sources: dict[str, str], calls: list[Any], pages: int) -> dict[str, dict]:
+    """Per script (by name): calls and the SLOWLOG time of its calls per crawled page -- which part of
+    the replay is the frontier's sync rounds and which the monitoring extensions' flushes."""
+    out: dict[str, dict] = {}
+    for sha, source in sources.items():
+        n = sum(1 for c in calls if c[0] == sha)
+        if not n:
+            continue
+        us = sum(script_call_durations(client, sha))
+        row = out.setdefault(script_name(source), {"calls": 0, "us_per_page": 0.0})
+        row["calls"] += n
+        row["us_per_page"] += us / pages
+    return out
+
+
+def replay_instructions(path: Path, pages: int, only: str | None = None) -> dict[str, Any]:
+    """The same replay on a redis-server run under ``valgrind --tool=callgrind``: instructions the server
+    executes per crawled page for the recorded calls (of script ``only`` if given), less what the same
+    server executes starting, loading the scripts and shutting down with no call at all. Instruction counts
+    do not move with what else the machine is doing, so two trees compare on a busy machine."""
+    sources, calls = _load(path)
+    if only:
+        calls = [c for c in calls if script_name(sources[c[0]]) == only]
+    with_calls = _callgrind_run(sources, calls)
+    baseline = _callgrind_run(sources, [])
+    return {"calls": len(calls), "instructions_per_page": (with_calls - baseline) / pages,
+            "only": only or "all scripts"}
+
+
+def _callgrind_run(sources: dict[str, str], calls: list[Any]) -> int:
+    import subprocess
+    import tempfile
+
+    from benchmarks.redis_server import free_port, redis_server_binary
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        port = free_port()
+        proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", redis_server_binary(),
+             "--port", str(port), "--save", "", "--appendonly", "no", "--dir", tmp],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    raise
+                time.sleep(0.2)
+        for source in sources.values():
+            client.script_load(source)
+        for sha, keys, args in calls:
+            client.evalsha(sha, len(keys), *keys, *args)
+        try:
+            client.shutdown(nosave=True)
+        except redis.ConnectionError:
+            pass
+        proc.wait(timeout=120)
+        for line in out.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError("callgrind wrote no instruction total")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Replay recorded script calls: server instructions per page")
+    parser.add_argument("calls", type=Path, help="a BENCH_SCRIPT_CALLS_FILE of a crawl")
+    parser.add_argument("--pages", type=int, required=True, help="pages that crawl fetched")
+    parser.add_argument("--only", help="one script's calls (its name: sync, clusterstats, errors, ...)")
+    a = parser.parse_args()
+    print(json.dumps(replay_instructions(a.calls, a.pages, a.only)))

@@ -40,7 +40,7 @@ class BenchStats:
         ext = cls(path, crawler)
         crawler.signals.connect(ext.engine_started_, signal=signals.engine_started)
         crawler.signals.connect(ext.response_received, signal=signals.response_received)
-        crawler.signals.connect(ext.engine_stopped, signal=signals.engine_stopped)  # after every last flush
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         return ext
 
     def engine_started_(self) -> None:
