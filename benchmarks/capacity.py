@@ -27,7 +27,9 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import glob
 import hashlib
+import json
 import multiprocessing
 import os
 import statistics
@@ -72,6 +74,9 @@ class _Engine:
     def slot_load(self, request: Any) -> int:
         return 0
 
+    def take_unstarted(self, which: Any) -> list[Any]:
+        return []  # nothing waits in a downloader: a held request is being "fetched"
+
 
 def _cumulative_zipf() -> list[float]:
     weights = [1 / (r + 1) for r in range(HOSTS)]  # Zipf, s = 1
@@ -90,12 +95,15 @@ def _url(page: int, zipf: list[float]) -> str:
 
 def _links(page: int, zipf: list[float]) -> list[str]:
     """A binary tree (children 2p+1, 2p+2: new pages, so the frontier grows by one per page) plus
-    ``LINKS - 2`` links to pages found earlier (ancestors and older ids: the dupefilter's daily work)."""
+    ``LINKS - 2`` links to the page's ancestors (the dupefilter's daily work). Every ancestor was fetched
+    before the page (a page is found only from its parent), so each page inserts exactly two new requests
+    whatever order the frontier hands pages out in -- politeness changes that order, and links to pages
+    merely older by id would make it insert more."""
     targets = [2 * page + 1, 2 * page + 2]
     up = page
     while len(targets) < LINKS:
         up = (up - 1) // 2 if up > 0 else 0
-        targets.append(up if len(targets) % 2 else (page * 7919 + len(targets)) % (page + 1))
+        targets.append(up)
     return [_url(t, zipf) for t in targets]
 
 
@@ -162,11 +170,54 @@ async def _process(
         mark("start", window[0]), mark("end", window[1]),
         *(_worker(url, shards, politeness, first + i, window[1], counts) for i in range(count)),
     )
-    out.put(marks["end"] - marks["start"])
+    out.put((marks["end"] - marks["start"], counts["pages"]))
 
 
-def _run_process(args: tuple[str, int, str, int, int, tuple[float, float], Any]) -> None:
+def _run_process(args: tuple[str, int, str, int, int, tuple[float, float], Any], record: str = "") -> None:
+    calls: list[tuple[float, str, list[Any], list[Any]]] = []
+    sources: dict[str, str] = {}
+    if record:
+        from redis.commands.core import AsyncScript
+
+        original = AsyncScript.__call__
+
+        async def call(script: Any, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+            text = script.script
+            sources.setdefault(script.sha, text if isinstance(text, str) else text.decode())
+            calls.append((time.monotonic(), script.sha, [_latin1(k) for k in keys or []],
+                          [_latin1(a) for a in args or []]))
+            return await original(script, keys=keys, args=args, client=client)
+
+        AsyncScript.__call__ = call  # type: ignore[method-assign]
     asyncio.run(_process(*args))
+    if record:
+        with open(f"{record}.{args[3]}.json", "w") as f:
+            json.dump({"sources": sources, "calls": calls}, f)
+
+
+def _latin1(v: Any) -> str:
+    return v.decode("latin-1") if isinstance(v, bytes) else str(v)
+
+
+def _instructions(record: str, parts: int, pages: int) -> float:
+    """Server instructions per page for the recorded calls of every process, replayed in the order they
+    were made on a redis-server under callgrind (benchmarks/replay.py): a figure that does not move with
+    what else the machine does."""
+    from benchmarks.replay import callgrind_instructions
+
+    sources: dict[str, str] = {}
+    calls: list[Any] = []
+    for path in sorted(glob.glob(f"{record}.*.json"))[:parts]:
+        with open(path) as f:
+            got = json.load(f)
+        sources.update(got["sources"])
+        calls += got["calls"]
+        if not os.environ.get("BENCH_CALLGRIND_KEEP"):
+            os.unlink(path)
+    calls.sort(key=lambda c: c[0])
+    enc = [(sha, [k.encode("latin-1") for k in keys], [a.encode("latin-1") for a in args])
+           for _, sha, keys, args in calls]
+    return callgrind_instructions(sources, enc) / pages
 
 
 def _sync_sha() -> str:
@@ -180,7 +231,7 @@ def _sync_sha() -> str:
 
 def measure(
     url: str, ports: list[int], shards: int, workers: int, seconds: float, warmup: float,
-    politeness: str = "process",
+    politeness: str = "process", record: str = "",
 ) -> dict:
     nodes = [redis.Redis(port=p) for p in ports]
     for c in nodes:
@@ -194,7 +245,8 @@ def measure(
     window = (start, start + seconds)
     procs, first = [], 0
     for count in per:
-        p = ctx.Process(target=_run_process, args=((url, shards, politeness, first, count, window, out),))
+        work = (url, shards, politeness, first, count, window, out)
+        p = ctx.Process(target=_run_process, args=(work, record))
         p.start()
         procs.append(p)
         first += count
@@ -213,14 +265,17 @@ def measure(
             calls_usec[1] += st["usec"]
     sha = _sync_sha()
     durations = sorted(d for c in nodes for d in script_call_durations(c, sha))
-    total_pages = sum(out.get(timeout=120) for _ in procs)
+    got = [out.get(timeout=120) for _ in procs]
+    total_pages = sum(window_pages for window_pages, _ in got)
     for p in procs:
         p.join(60)
     for c in nodes:
         c.config_set("slowlog-log-slower-than", 10_000)
         c.close()
     rate = total_pages / seconds
+    instructions = _instructions(record, len(procs), sum(n for _, n in got)) if record else None
     return {
+        "server_instructions_per_page": instructions,
         "workers": workers, "shards": shards, "politeness": politeness, "processes": processes,
         "pages": total_pages,
         "pages_per_s": rate, "redis_cpu_s": cpu1 - cpu0,
@@ -240,6 +295,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("capacity")
     g.add_argument("--capacity-seconds", type=float, metavar="S", help="measured seconds per N (default 12)")
     g.add_argument("--capacity-workers", metavar="N,N", help="worker counts (default 1,2,4,8,16,32,64)")
+    g.add_argument("--capacity-instructions", action="store_true",
+                   help="also replay each point's script calls under callgrind: server instructions per page"
+                        " (a figure a busy machine does not move; needs valgrind)")
+    g.add_argument("--capacity-modes", metavar="M,M",
+                   help=f"frontiers to measure, of {','.join(MODES)} (default all)")
+
+
+#: mode -> (label, shards, SCHEDULER_POLITENESS); the sharded modes run on a local 3-master cluster at the
+#: last three worker counts only.
+MODES = {
+    "plain": ("1 master", 1, "process"),
+    "polite": ("1 master, crawl-wide politeness", 1, "cluster"),
+    "sharded": ("3 shards, 3-master cluster", 3, "process"),
+    "sharded-polite": ("3 shards, crawl-wide politeness (by domain)", 3, "cluster"),
+}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -247,60 +317,100 @@ def run(args: argparse.Namespace) -> dict:
     seconds = getattr(args, "capacity_seconds", None) or (4.0 if quick else 12.0)
     counts = [int(x) for x in (getattr(args, "capacity_workers", None) or ("1,4,16" if quick else
                                                                           "1,2,4,8,16,32,64")).split(",")]
-    rows, single, sharded = [], [], []
-    server = RedisProcess().start()
-    try:
-        for n in counts:
-            r = measure(server.url, [server.port], 1, n, seconds, warmup=2.0)
-            single.append(r)
-            print(f"  N={n}: {r['pages_per_s']:.0f} pages/s, {r['redis_cpu_us_per_page']:.1f} us/page,"
-                  f" sync p50 {r['sync_p50_us']} p99 {r['sync_p99_us']} us", flush=True)
-    finally:
-        server.stop()
-    polite: list[dict] = []
-    cluster = local_cluster()(masters=3).start()
-    try:
-        ports = [node.port for node in cluster.nodes]
-        for politeness, results in (("process", sharded), ("cluster", polite)):
+    modes = (getattr(args, "capacity_modes", None) or ",".join(MODES)).split(",")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise SystemExit(f"--capacity-modes: unknown {', '.join(unknown)} (known: {', '.join(MODES)})")
+    results: dict[str, list[dict]] = {m: [] for m in modes}
+    record = ""
+    if getattr(args, "capacity_instructions", False):
+        import tempfile
+
+        record = os.path.join(tempfile.mkdtemp(prefix="capacity-calls-"), "calls")
+    single = [m for m in modes if MODES[m][1] == 1]
+    if single:
+        server = RedisProcess().start()
+        try:
+            for n in counts:
+                for m in single:
+                    r = measure(server.url, [server.port], 1, n, seconds, 2.0, MODES[m][2], record)
+                    results[m].append(r)
+                    print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {r['redis_cpu_us_per_page']:.1f}"
+                          f" us/page, sync p50 {r['sync_p50_us']} p99 {r['sync_p99_us']} us", flush=True)
+        finally:
+            server.stop()
+    sharded = [m for m in modes if MODES[m][1] > 1]
+    if sharded:
+        cluster = local_cluster()(masters=3).start()
+        try:
+            ports = [node.port for node in cluster.nodes]
             for n in counts[-3:]:
-                r = measure(cluster.nodes[0].url, ports, 3, n, seconds, 2.0, politeness)
-                results.append(r)
-                print(f"  3 shards ({politeness}) N={n}: {r['pages_per_s']:.0f} pages/s,"
-                      f" {r['redis_cpu_us_per_page']:.1f} us/page", flush=True)
-    finally:
-        cluster.stop()
-    for label, results in (("1 master", single), ("3 shards, 3-master cluster", sharded),
-                           ("3 shards, crawl-wide politeness (by domain)", polite)):
-        for r in results:
-            rows.append([label, r["workers"], round(r["pages_per_s"]), _round(r["redis_cpu_us_per_page"]),
-                         r["sync_calls"], r["sync_p50_us"], r["sync_p99_us"], r["sync_max_us"]])
-    figures = [r["redis_cpu_us_per_page"] for r in single if r["redis_cpu_us_per_page"]]
+                for m in sharded:
+                    r = measure(cluster.nodes[0].url, ports, 3, n, seconds, 2.0, MODES[m][2], record)
+                    results[m].append(r)
+                    print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {r['redis_cpu_us_per_page']:.1f}"
+                          f" us/page, sync p99 {r['sync_p99_us']} us", flush=True)
+        finally:
+            cluster.stop()
+    rows = [[MODES[m][0], r["workers"], round(r["pages_per_s"]), _round(r["redis_cpu_us_per_page"]),
+             _round(r["server_instructions_per_page"] and r["server_instructions_per_page"] / 1000),
+             r["sync_calls"], r["sync_p50_us"], r["sync_p99_us"], r["sync_max_us"]]
+            for m in modes for r in results[m]]
+    plain = results.get("plain", [])
+    figures = [r["redis_cpu_us_per_page"] for r in plain if r["redis_cpu_us_per_page"]]
     best, worst = (min(figures), max(figures)) if figures else (None, None)
     return {
         "title": TITLE,
         "summary": (
-            f"Redis CPU per page {', '.join(str(_round(r['redis_cpu_us_per_page'])) for r in single)} us for"
-            f" N = {', '.join(str(r['workers']) for r in single)} workers on one master"
+            f"Redis CPU per page {', '.join(str(_round(r['redis_cpu_us_per_page'])) for r in plain)} us for"
+            f" N = {', '.join(str(r['workers']) for r in plain)} workers on one master"
             + (f": one master core carries {1e6 / worst:,.0f}-{1e6 / best:,.0f} pages/s at 100%"
                " (docs/capacity.md plans at 70% of the worst)" if best and worst else "") + "."
         ),
         "tables": [{
             "title": f"Synthetic workers (real scheduler, no HTTP; {CONCURRENCY} requests in flight each,"
                      f" {LINKS} links/page, {HOSTS:,} Zipf hosts), {seconds:g} s each",
-            "columns": ["Redis", "workers", "pages/s", "Redis CPU µs/page", "sync calls", "sync p50 µs",
-                        "sync p99 µs", "sync max µs"],
+            "columns": ["Redis", "workers", "pages/s", "Redis CPU µs/page", "server k-instructions/page",
+                        "sync calls", "sync p50 µs", "sync p99 µs", "sync max µs"],
             "rows": rows,
             "notes": [f"{os.cpu_count()} cores run the workers and Redis together: pages/s is bound by the"
                       " machine; Redis CPU per page and the call durations are the frontier's own figures."],
-        }],
+        }, *_ratio_table(results)],
         "charts": [{
             "title": "Redis CPU per page and sync p99 against workers (one master)",
-            "ylabel": "µs", "categories": [str(r["workers"]) for r in single],
-            "series": {"Redis CPU µs/page": [r["redis_cpu_us_per_page"] for r in single],
-                       "sync p99 µs / 10": [(r["sync_p99_us"] or 0) / 10 for r in single]},
-        }],
-        "data": {"single": single, "sharded": sharded, "polite": polite, "seconds": seconds},
+            "ylabel": "µs", "categories": [str(r["workers"]) for r in plain],
+            "series": {"Redis CPU µs/page": [r["redis_cpu_us_per_page"] for r in plain],
+                       "sync p99 µs / 10": [(r["sync_p99_us"] or 0) / 10 for r in plain]},
+        }] if plain else [],
+        "data": {**results, "seconds": seconds},
     }
+
+
+def _ratio_table(results: dict[str, list[dict]]) -> list[dict]:
+    """The frontier's costs against each other at the same worker counts: politeness vs plain (same
+    shards), 3 shards vs one master."""
+    pairs = [("polite", "plain", "crawl-wide politeness / plain, one master", "≤ 1.25"),
+             ("sharded-polite", "sharded", "crawl-wide politeness / plain, 3 shards", "≤ 1.25"),
+             ("sharded", "plain", "3 shards / one master (all masters' CPU)", "≤ 1.15")]
+    rows = []
+    for a, b, label, target in pairs:
+        base = {r["workers"]: r for r in results.get(b, [])}
+        for r in results.get(a, []):
+            other = base.get(r["workers"])
+            if other:
+                rows.append([label, r["workers"], _ratio(r, other, "redis_cpu_us_per_page"),
+                             _ratio(r, other, "server_instructions_per_page"), target])
+    if not rows:
+        return []
+    return [{"title": "Redis cost per page, one frontier against another (same run, same worker count)",
+             "columns": ["ratio", "workers", "Redis CPU", "server instructions", "target"], "rows": rows,
+             "notes": ["Redis CPU moves with what else the machine runs (the workers share its cores);"
+                       " instructions, counted by replaying the recorded calls under callgrind"
+                       " (--capacity-instructions), do not."]}]
+
+
+def _ratio(a: dict, b: dict, key: str) -> float | None:
+    return round(a[key] / b[key], 2) if a.get(key) and b.get(key) else None
 
 
 def _round(x: float | None) -> float | None:

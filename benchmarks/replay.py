@@ -13,8 +13,11 @@ the other, and measures the server's CPU (``INFO cpu``) per crawled page and eac
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,6 @@ from benchmarks.redis_server import (
     server_cpu,
     time_script_calls,
 )
-
 
 #: The scripts a crawl calls, by the names their header lines give (fragments have other names).
 SCRIPT_NAMES = frozenset({
@@ -115,10 +117,14 @@ def replay_instructions(path: Path, pages: int, only: str | None = None) -> dict
     sources, calls = _load(path)
     if only:
         calls = [c for c in calls if script_name(sources[c[0]]) == only]
-    with_calls = _callgrind_run(sources, calls)
-    baseline = _callgrind_run(sources, [])
-    return {"calls": len(calls), "instructions_per_page": (with_calls - baseline) / pages,
+    return {"calls": len(calls), "instructions_per_page": callgrind_instructions(sources, calls) / pages,
             "only": only or "all scripts"}
+
+
+def callgrind_instructions(sources: dict[str, str], calls: list[Any]) -> int:
+    """Instructions a fresh redis-server under callgrind executes for ``calls`` (sha, keys, args), less
+    what it executes starting, loading ``sources`` and shutting down without them."""
+    return _callgrind_run(sources, calls) - _callgrind_run(sources, [])
 
 
 def _callgrind_run(sources: dict[str, str], calls: list[Any]) -> int:
@@ -150,11 +156,12 @@ def _callgrind_run(sources: dict[str, str], calls: list[Any]) -> int:
             client.script_load(source)
         for sha, keys, args in calls:
             client.evalsha(sha, len(keys), *keys, *args)
-        try:
+        with contextlib.suppress(redis.ConnectionError):
             client.shutdown(nosave=True)
-        except redis.ConnectionError:
-            pass
-        proc.wait(timeout=120)
+        proc.wait(timeout=600)
+        keep = os.environ.get("BENCH_CALLGRIND_KEEP")  # a path: keep the profile (callgrind_annotate it)
+        if keep and calls:
+            shutil.copy(out, keep)
         for line in out.read_text().splitlines():
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])

@@ -6,14 +6,18 @@
 --   b:<domain>  backlog (queued requests)      i:<domain>  leased requests (concurrency slots in use)
 --   n:<domain>  next allowed lease time        l:<domain>  limits "delay concurrency jitter"
 -- and the domains ZSET (KEYS[11]) holds every domain with a backlog, scored by when it may next be
--- leased from (BLOCKED while all its slots are taken). Slots are leases: a dead worker's expire, and
--- the sweep gives them back. The next allowed time moves to (lease time + delay) on lease and to
--- (finish time + delay) on acknowledgement, so two fetches of a domain are at least `delay` apart
--- even when a leased request waits in a worker's prefetch buffer.
+-- leased from (BLOCKED while all its slots are taken): a lease looks only at the domains that are due.
+-- Slots are leases: a dead worker's expire, and the sweep gives them back. The next allowed time moves
+-- to (lease time + delay) on lease and to (finish time + delay) on acknowledgement, so two fetches of a
+-- domain are at least `delay` apart even when a leased request waits in a worker's prefetch buffer.
+--
+-- A call reads a domain's four fields once (one HMGET, checked: pol_state), keeps them in pol.st while it
+-- counts, leases and finishes, and writes back what changed in one HSET and the domain's schedule in one
+-- ZADD or ZREM (pol_flush): a page costs a few commands per domain per call, not a few per request.
 
 local BLOCKED = 1e15
 -- a penalty (429/503, Retry-After) pushes a domain back by at most an hour (politeness.py), a delay by the
--- domain's limits: a next allowed time further ahead than that is garbage (see pol_check)
+-- domain's limits: a next allowed time further ahead than that is garbage (see pol_state)
 local MAX_PENALTY = 3600
 -- bounds of the limits read from l:<domain> (written by the workers from their settings; garbage is
 -- clamped into them): a delay of at most a day, a jitter of at most ten times the delay -- and at most
@@ -21,8 +25,9 @@ local MAX_PENALTY = 3600
 -- head 'limits_bound'): an l: written after a domain's last enqueue is never rewritten, so garbage there
 -- must not park its backlog
 local MAX_DELAY, MAX_JITTER = 86400, 10
--- pol.queue, pol.leases, pol.now, pol.max_delay, pol.max_jitter: set by sync.lua before the first call below
-local pol = {touched = {}, checked = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER}
+-- pol.queue, pol.leases, pol.now, pol.max_delay, pol.max_jitter: set by sync.lua before the first call below.
+-- pol.st[dom]: the domain's fields as this call knows them; pol.touched[dom]: its schedule is to be redone.
+local pol = {st = {}, touched = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER}
 
 local function finite_in(s, lo, hi)
   local x = tonumber(s)
@@ -30,71 +35,76 @@ local function finite_in(s, lo, hi)
   return math.min(hi, math.max(lo, x))
 end
 
--- A domain's limits; a value past the bounds is written back clamped (once: pol.clamped makes sync.lua
--- name the info HASH among the keys it repaired).
-local function pol_limits(info_key, dom)
-  local l = redis.call('HGET', info_key, 'l:' .. dom)
-  if not l then return 0, 0, 0 end
-  local delay, conc, jitter = string.match(l, '^(%S+) (%S+) (%S+)$')
-  local d, c, j = finite_in(delay, 0, pol.max_delay), math.floor(finite_in(conc, 0, 1e9)),
-                  finite_in(jitter, 0, pol.max_jitter)
-  if d ~= tonumber(delay) or j ~= tonumber(jitter) or c ~= tonumber(conc) then
-    redis.call('HSET', info_key, 'l:' .. dom, string.format('%.17g %d %.17g', d, c, j))
-    pol.clamped = true
-  end
-  return d, c, j
-end
-
 local function int16(s)
   return s and string.match(s, '^%-?%d+$') and #s <= 16 and tonumber(s) or nil
 end
 
--- The latest next allowed time a domain can legitimately have now.
-local function pol_horizon(info_key, dom)
-  local delay, _, jitter = pol_limits(info_key, dom)
-  return pol.now + math.max(MAX_PENALTY, delay * (1 + jitter)) + 1
+-- Parse limits "delay concurrency jitter" into st, clamped into the bounds; a value past them is written
+-- back clamped (pol.clamped makes sync.lua name the info HASH among the keys it repaired).
+local function pol_parse_limits(st, l)
+  st.l = l
+  if not l then st.d, st.c, st.j = 0, 0, 0; return end
+  local delay, conc, jitter = string.match(l, '^(%S+) (%S+) (%S+)$')
+  st.d, st.c, st.j = finite_in(delay, 0, pol.max_delay), math.floor(finite_in(conc, 0, 1e9)),
+                     finite_in(jitter, 0, pol.max_jitter)
+  if st.d ~= tonumber(delay) or st.j ~= tonumber(jitter) or st.c ~= tonumber(conc) then
+    st.l = string.format('%.17g %d %.17g', st.d, st.c, st.j)
+    st.dirty.l = true
+    pol.clamped = true
+  end
 end
 
--- Scripts validate before they write: the first time a call touches a domain, its counters b: and i:
--- must be integers Redis can HINCRBY (|x| < 2^52), not negative, and n: a finite number no further ahead
--- than the domain's limits allow (pol_horizon). A garbage or negative backlog is recounted (ZLEXCOUNT
--- over the domain's range of the queue, O(log N)), garbage slots and next time reset to 0 (and a backlog
--- that finds nothing is reset by pol_lease). One HMGET per domain per call. (A count of slots too high
--- is pol_unstick's: only at the end of a call is "no more slots in use than leases" exact.)
-local function pol_check(info_key, dom)
-  if pol.checked[dom] then return end
-  pol.checked[dom] = true
-  local v = redis.call('HMGET', info_key, 'b:' .. dom, 'i:' .. dom, 'n:' .. dom)
+-- The domain's fields, read once per call and validated before anything is written: counters b: and i:
+-- integers Redis can hold (|x| < 2^52), not negative, and n: a finite number no further ahead than the
+-- domain's limits allow. A garbage or negative backlog is recounted (ZLEXCOUNT over the domain's range
+-- of the queue, O(log N)), garbage slots and next time reset to 0 (a backlog that finds nothing is reset
+-- by pol_lease; slots in use past the leases there are, by pol_unstick).
+local function pol_state(dom)
+  local st = pol.st[dom]
+  if st then return st end
+  local info = pol.info
+  local v = redis.call('HMGET', info, 'b:' .. dom, 'i:' .. dom, 'n:' .. dom, 'l:' .. dom)
+  st = {dirty = {}}
+  pol.st[dom] = st
+  pol_parse_limits(st, v[4])
   local b, i = int16(v[1]), int16(v[2])
   if v[1] and not (b and b >= 0) then
-    redis.call('HSET', info_key, 'b:' .. dom,
-               redis.call('ZLEXCOUNT', pol.queue, '[' .. dom .. '\0', '(' .. dom .. '\1'))
+    b = redis.call('ZLEXCOUNT', pol.queue, '[' .. dom .. '\0', '(' .. dom .. '\1')
+    st.dirty.b = true
   end
-  if v[2] and not (i and i >= 0) then redis.call('HSET', info_key, 'i:' .. dom, 0) end
+  if v[2] and not (i and i >= 0) then i = 0; st.dirty.i = true end
+  st.b, st.i = b or 0, i or 0
   local n = v[3] and tonumber(v[3])
-  -- (the limits are read only for a time more than a penalty ahead: a long delay)
-  if v[3] and not (n and n == n and n > -1e15
-                   and (n <= pol.now + MAX_PENALTY or n <= pol_horizon(info_key, dom))) then
-    redis.call('HSET', info_key, 'n:' .. dom, 0)
-  end
+  local horizon = pol.now + math.max(MAX_PENALTY, st.d * (1 + st.j)) + 1
+  if v[3] and not (n and n == n and n > -1e15 and n <= horizon) then n = 0; st.dirty.n = true end
+  st.n = n or 0
+  return st
 end
 
 local function pol_domain(member)
   return string.match(member, '^([^%z]*)%z')
 end
 
+-- A worker's limits for the domain, as it enqueues one of its requests (the last writer's hold).
+local function pol_remember_limits(dom, limits)
+  local st = pol_state(dom)
+  if st.l ~= limits then
+    st.dirty.l = true
+    pol_parse_limits(st, limits)
+  end
+end
+
 -- Count a change of backlog (db) and slots in use (di) for a domain; rescheduled in pol_flush.
-local function pol_count(info_key, dom, db, di)
-  pol_check(info_key, dom)
-  if db ~= 0 then redis.call('HINCRBY', info_key, 'b:' .. dom, db) end
-  if di ~= 0 then redis.call('HINCRBY', info_key, 'i:' .. dom, di) end
+local function pol_count(dom, db, di)
+  local st = pol_state(dom)
+  if db ~= 0 then st.b = st.b + db; st.dirty.b = true end
+  if di ~= 0 then st.i = st.i + di; st.dirty.i = true end
   pol.touched[dom] = true
 end
 
-local function pol_push_next(info_key, dom, t)
-  pol_check(info_key, dom)
-  local cur = tonumber(redis.call('HGET', info_key, 'n:' .. dom) or '0')
-  if t > cur then redis.call('HSET', info_key, 'n:' .. dom, t) end
+local function pol_push_next(dom, t)
+  local st = pol_state(dom)
+  if t > st.n then st.n = t; st.dirty.n = true end
   pol.touched[dom] = true
 end
 
@@ -105,84 +115,89 @@ local function pol_jitter(delay, jitter)
 end
 
 -- A request of `dom` finished (acknowledged): its slot is free, its delay runs from now.
-local function pol_finished(info_key, dom, now)
-  local delay, _, jitter = pol_limits(info_key, dom)
-  if delay > 0 then pol_push_next(info_key, dom, now + delay + pol_jitter(delay, jitter)) end
-end
-
-local function pol_schedule(domains_key, info_key, dom, now)
-  local backlog = tonumber(redis.call('HGET', info_key, 'b:' .. dom) or '0')
-  if backlog <= 0 then
-    redis.call('ZREM', domains_key, dom)
-    return
-  end
-  local _, conc = pol_limits(info_key, dom)
-  local used = tonumber(redis.call('HGET', info_key, 'i:' .. dom) or '0')
-  if conc > 0 and used >= conc then
-    redis.call('ZADD', domains_key, BLOCKED, dom)
-  else
-    local nxt = tonumber(redis.call('HGET', info_key, 'n:' .. dom) or '0')
-    redis.call('ZADD', domains_key, math.max(nxt, 0), dom)
-  end
+local function pol_finished(dom, now)
+  local st = pol_state(dom)
+  if st.d > 0 then pol_push_next(dom, now + st.d + pol_jitter(st.d, st.j)) end
 end
 
 -- A domain scheduled more than MAX_PENALTY ahead (BLOCKED included) is taken up again only when a call
 -- touches it: one whose counters or score someone wrote garbage into would wait for ever. Each call checks
 -- one such domain, picked at random: slots in use past the leases there are (garbage) come down to that
 -- count, and pol_flush schedules it again from its (checked) counters.
-local function pol_unstick(domains_key, info_key, now)
+local function pol_unstick(domains_key, now)
   local first = redis.call('ZCOUNT', domains_key, '-inf', now + MAX_PENALTY)
   local total = redis.call('ZCARD', domains_key)
   if total <= first then return end
   local rank = first + math.random(0, total - first - 1)
   local dom = redis.call('ZRANGE', domains_key, rank, rank)[1]
   if not dom then return end
-  pol_check(info_key, dom)
-  local used = int16(redis.call('HGET', info_key, 'i:' .. dom)) or 0
+  local st = pol_state(dom)
   local leases = redis.call('ZCARD', pol.leases)
-  if used > leases then redis.call('HSET', info_key, 'i:' .. dom, leases) end
+  if st.i > leases then st.i = leases; st.dirty.i = true end
   pol.touched[dom] = true
 end
 
-local function pol_flush(domains_key, info_key, now)
-  for dom in pairs(pol.touched) do pol_schedule(domains_key, info_key, dom, now) end
+-- Write back what changed (one HSET per domain) and schedule every touched domain (one ZADD or ZREM,
+-- skipped when its score is the one this call already wrote).
+local function pol_flush(domains_key, now)
+  for dom, st in pairs(pol.st) do
+    local args = {}
+    for field in pairs(st.dirty) do
+      args[#args + 1] = field .. ':' .. dom
+      args[#args + 1] = field == 'l' and st.l or string.format('%.17g', st[field])
+    end
+    if #args > 0 then
+      redis.call('HSET', pol.info, unpack(args))
+      st.dirty = {}
+    end
+  end
+  for dom in pairs(pol.touched) do
+    local st = pol.st[dom]
+    local score
+    if st.b > 0 then
+      if st.c > 0 and st.i >= st.c then score = BLOCKED else score = math.max(st.n, 0) end
+    end
+    local mark = score or 'none'
+    if st.scheduled ~= mark then
+      if score then redis.call('ZADD', domains_key, score, dom) else redis.call('ZREM', domains_key, dom) end
+      st.scheduled = mark
+    end
+  end
   pol.touched = {}
 end
 
 -- Lease up to n requests from domains that may be fetched now; returns a flat list lease key, score.
 -- on_lease(m) takes a member out of the queue into a lease and returns its lease key, or returns false
 -- when it refused the member (rejected it: it leaves the queue without taking a slot).
-local function pol_lease(queue_key, domains_key, info_key, n, now, on_lease)
+local function pol_lease(queue_key, domains_key, n, now, on_lease)
   local out = {}
   local got = 0
-  local ready = redis.call('ZRANGEBYSCORE', domains_key, '-inf', now, 'LIMIT', 0, 256)
+  -- a due domain gives at least one request (a full one is scheduled BLOCKED, not due): n names suffice,
+  -- a few more cover domains whose backlog was gone
+  local ready = redis.call('ZRANGEBYSCORE', domains_key, '-inf', now, 'LIMIT', 0, math.min(256, n + 8))
   for _, dom in ipairs(ready) do
     if got >= n then break end
-    pol_check(info_key, dom)
-    local delay, conc, jitter = pol_limits(info_key, dom)
+    local st = pol_state(dom)
     local can = n - got
-    if conc > 0 then
-      local used = tonumber(redis.call('HGET', info_key, 'i:' .. dom) or '0')
-      can = math.min(can, conc - used)
-    end
-    if delay > 0 then can = math.min(can, 1) end
+    if st.c > 0 then can = math.min(can, st.c - st.i) end
+    if st.d > 0 then can = math.min(can, 1) end
     if can > 0 then
       local ms = redis.call('ZRANGEBYLEX', queue_key, '[' .. dom .. '\0', '(' .. dom .. '\1', 'LIMIT', 0, can)
-      local taken = 0
-      for _, m in ipairs(ms) do
-        redis.call('ZREM', queue_key, m)
-        local key = on_lease(m)
-        if key then
-          out[#out + 1] = key; out[#out + 1] = '0'
-          got = got + 1
-          taken = taken + 1
-        end
-      end
       if #ms == 0 then
-        redis.call('HSET', info_key, 'b:' .. dom, 0)  -- heal a drifted counter rather than spin on it
+        st.b = 0; st.dirty.b = true  -- heal a drifted counter rather than spin on it
       else
-        pol_count(info_key, dom, -#ms, taken)
-        if delay > 0 and taken > 0 then pol_push_next(info_key, dom, now + delay + pol_jitter(delay, jitter)) end
+        redis.call('ZREM', queue_key, unpack(ms))
+        local taken = 0
+        for _, m in ipairs(ms) do
+          local key = on_lease(m)
+          if key then
+            out[#out + 1] = key; out[#out + 1] = '0'
+            got = got + 1
+            taken = taken + 1
+          end
+        end
+        pol_count(dom, -#ms, taken)
+        if st.d > 0 and taken > 0 then pol_push_next(dom, now + st.d + pol_jitter(st.d, st.j)) end
       end
     end
     pol.touched[dom] = true

@@ -54,7 +54,7 @@ local S = {
 -- as the string Redis would make of it (once, not once per lease)
 S.deadline = string.format('%.17g', now + S.lease_s)
 math.randomseed(tonumber(A.seed) or 0)
-pol.now, pol.queue, pol.leases = now, K.queue, K.leases
+pol.now, pol.queue, pol.leases, pol.info = now, K.queue, K.leases, K.domain_info
 -- limits read from l:<domain> are clamped to what the worker's settings give any domain (polite.lua)
 local bound_delay, bound_jitter = string.match(A.limits_bound or '', '^(%S+) (%S+)$')
 if bound_delay then
@@ -96,8 +96,8 @@ S.paused = paused
 if polite then sync_polite_queue(S) end
 local leased = sync_lease(S)
 if polite then
-  pol_unstick(K.domains, K.domain_info, now)
-  pol_flush(K.domains, K.domain_info, now)
+  pol_unstick(K.domains, now)
+  pol_flush(K.domains, now)
 end
 
 -- the nonces handed out stay bounded: the oldest beyond replay_memory are forgotten

@@ -10,7 +10,7 @@
 -- [0, 2^47) (or would pass 2^47 with this call) restarts past the largest seq found in a bounded sample of
 -- the queue, leases and delayed ZSETs, plus 2^32 (S.repaired names it); a queue count (tails 'count')
 -- that is not an integer is recounted; lease and delayed meta are checked where they are read
--- (sync_sweep); domain info in polite.lua (pol_check).
+-- (sync_sweep); domain info in polite.lua (pol_state).
 -- KEYS/ARGV: see sync_common.lua.
 
 -- The seq of a queue member (0 if it has none we can read; values past SEQ_LIMIT are not ours).

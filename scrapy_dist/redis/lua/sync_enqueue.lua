@@ -22,10 +22,6 @@ local function new_seqs(S, count)
   return out
 end
 
-local function remember_limits(dom, limits)
-  redis.call('HSET', K.domain_info, 'l:' .. dom, limits)
-end
-
 -- Append singles (a flat list seq, payload, seq, payload...) of one score to that score's open chunk,
 -- opening new ones.
 local function append_chunked(S, score, singles)
@@ -85,8 +81,8 @@ local function sync_enqueue(S, d, sec)
       local m, score = member_of(S, seqs[i], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4])
       args[#args + 1] = score; args[#args + 1] = m
       if S.polite then
-        remember_limits(ARGV[p + 4], ARGV[p + 5])
-        pol_count(K.domain_info, ARGV[p + 4], 1, 0)
+        pol_remember_limits(ARGV[p + 4], ARGV[p + 5])
+        pol_count(ARGV[p + 4], 1, 0)
       end
     end
     for i = 1, #args, 7998 do
@@ -103,7 +99,7 @@ local function sync_delay(S, sec)
   for i = 1, sec.n do
     local score, payload, delay = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
     local m, qscore = member_of(S, seqs[i], score, payload, ARGV[pos + 3])
-    if S.polite then remember_limits(ARGV[pos + 3], ARGV[pos + 4]) end
+    if S.polite then pol_remember_limits(ARGV[pos + 3], ARGV[pos + 4]) end
     redis.call('ZADD', K.delayed, S.now + delay, m)
     redis.call('HSET', K.delayed_meta, m, qscore)
     pos = pos + sec.w

@@ -39,10 +39,10 @@ local function sync_polite_queue(S)
       S.queued_delta = S.queued_delta - 1
       sync_reject_member(S, m, 'no_domain')
     else
-      pol_check(K.domain_info, dom)
-      if (tonumber(redis.call('HGET', K.domain_info, 'b:' .. dom)) or 0) <= 0 then
-        redis.call('HSET', K.domain_info, 'b:' .. dom,
-                   redis.call('ZLEXCOUNT', K.queue, '[' .. dom .. '\0', '(' .. dom .. '\1'))
+      local st = pol_state(dom)
+      if st.b <= 0 then
+        st.b = redis.call('ZLEXCOUNT', K.queue, '[' .. dom .. '\0', '(' .. dom .. '\1')
+        st.dirty.b = true
         pol.touched[dom] = true
       elseif not redis.call('ZSCORE', K.domains, dom) then
         pol.touched[dom] = true  -- a backlog but not scheduled (someone removed it): scheduled again
@@ -64,10 +64,10 @@ local function sync_lease(S)
   if S.paused == '1' then n_lease = 0 end
   if n_lease <= 0 then return leased end
   if S.polite then
-    pol_flush(K.domains, K.domain_info, S.now)
+    pol_flush(K.domains, S.now)
     -- a member is <domain>\0<11-digit priority key><seq><payload>: bound it like a single (+ its domain)
     local limit = S.max_entry + 6 + 12 + 1024
-    return pol_lease(K.queue, K.domains, K.domain_info, n_lease, S.now, function(m)
+    return pol_lease(K.queue, K.domains, n_lease, S.now, function(m)
       if #m > limit or not claim(S, m) then
         S.queued_delta = S.queued_delta - 1
         sync_reject_member(S, m, #m > limit and 'entry_too_large' or 'replayed')

@@ -26,7 +26,7 @@ local function lease_done(S, L)
   local found = unlease(S, L)
   if found == 1 and S.polite then
     local dom = pol_domain(L)
-    if dom then pol_finished(K.domain_info, dom, S.now) end
+    if dom then pol_finished(dom, S.now) end
   end
   return found
 end
@@ -36,7 +36,7 @@ local function dequeued(S, m)
   S.queued_delta = S.queued_delta - 1
   if S.polite then
     local dom = pol_domain(m)
-    if dom then pol_count(K.domain_info, dom, -1, 0) end
+    if dom then pol_count(dom, -1, 0) end
   end
 end
 
@@ -94,7 +94,7 @@ local function sync_penalize(S, sec)
   local pos = sec.pos
   for i = 1, sec.n do
     local seconds = score_of(ARGV[pos + 1])
-    if seconds then pol_push_next(K.domain_info, ARGV[pos], S.now + seconds) end
+    if seconds then pol_push_next(ARGV[pos], S.now + seconds) end
     pos = pos + 2
   end
 end

@@ -28,7 +28,7 @@ local function to_queue(S, m, score)
   S.queued_delta = S.queued_delta + 1
   if S.polite then
     local dom = pol_domain(m)
-    if dom then pol_count(K.domain_info, dom, 1, 0) end
+    if dom then pol_count(dom, 1, 0) end
   end
 end
 
@@ -90,7 +90,7 @@ local function unlease(S, L)
   if not lease_tag_at(L) then redis.call('HDEL', K.lease_meta, L) end
   if was == 1 and S.polite then
     local dom = pol_domain(L)
-    if dom then pol_count(K.domain_info, dom, 0, -1) end
+    if dom then pol_count(dom, 0, -1) end
   end
   return was
 end
