@@ -27,12 +27,11 @@ from scrapy_dist.dupefilter.bloom import (
     BloomParameterError,
     BloomPlan,
     BloomRecord,
+    Generations,
     fingerprint_hashes,
     parse_bloom_record,
 )
-from scrapy_dist.dupefilter.generations import Generations
-from scrapy_dist.dupefilter.recent import RECENT_MAX_AGE
-from scrapy_dist.dupefilter.script import CALL_TOKENS, DupeScript
+from scrapy_dist.dupefilter.script import CALL_TOKENS, RECENT_MAX_AGE, DupeScript
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
@@ -72,7 +71,7 @@ class RedisDupeFilter:
     fingerprinter: Any
     stats: StatsCollector | None = None
     debug: bool = False
-    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever; see dupefilter/generations.py)
+    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever; see bloom.Generations)
     ttl: float | None = None
     _logged_dupes: bool = field(default=False, init=False, repr=False)
     _script: Any = field(default=None, init=False, repr=False)
@@ -169,7 +168,7 @@ class RedisDupeFilter:
         return self.mode, [self.keys.forgotten, self.keys.fingerprints], []
 
     def recent_max_age(self) -> float:
-        """Seconds a worker may skip a fingerprint it sent itself (:mod:`scrapy_dist.dupefilter.recent`): ten
+        """Seconds a worker may skip a fingerprint it sent itself (:mod:`scrapy_dist.dupefilter.script`): ten
         minutes, none with an exact TTL (a URL is new again exactly TTL seconds after it was seen)."""
         return RECENT_MAX_AGE if self.ttl is None else 0.0
 
@@ -246,7 +245,7 @@ class BloomDupeFilter(RedisDupeFilter):
 
     Settings: ``BLOOMFILTER_CAPACITY`` (default 100,000,000), ``BLOOMFILTER_ERROR_RATE`` (0.001),
     ``BLOOMFILTER_BLOCK_BITS``, and with ``DUPEFILTER_TTL`` ``BLOOMFILTER_GENERATIONS``
-    (:mod:`scrapy_dist.dupefilter.generations`). The first worker to open a crawl records them in the
+    (:mod:`scrapy_dist.dupefilter.bloom`). The first worker to open a crawl records them in the
     ``{spider}:bloom`` hash; later workers use the recorded values, so the chain is the same everywhere.
     """
 

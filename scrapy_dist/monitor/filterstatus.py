@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scrapy_dist.dupefilter.bloom import SCHEMES, BloomPlan
-from scrapy_dist.dupefilter.generations import Generations
+from scrapy_dist.dupefilter.bloom import SCHEMES, BloomPlan, Generations
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis.replies import hash_fields
 from scrapy_dist.settings import defaults

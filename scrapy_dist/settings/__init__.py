@@ -152,7 +152,7 @@ class DupefilterSettings:
     debug: bool = False  # Scrapy's DUPEFILTER_DEBUG
     #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever)
     ttl: float | None = None
-    #: BLOOMFILTER_GENERATIONS: bloom generations with a TTL (scrapy_dist/dupefilter/generations.py)
+    #: BLOOMFILTER_GENERATIONS: bloom generations with a TTL (scrapy_dist/dupefilter/bloom.py)
     generations: int = 4
     #: DEADLETTER_FORGET: a dead-lettered request's fingerprint is forgotten with its dead letter
     forget_dead: bool = False
