@@ -3,7 +3,7 @@
 Anyone who can push a seed or a queue entry chooses URLs the workers fetch from inside your network:
 ``http://169.254.169.254/`` (cloud metadata and its credentials), ``http://127.0.0.1:6379/`` (the Redis
 itself), an admin page on ``10.0.0.1``. The check that counts is made on the address each connection uses,
-in the DNS resolver (:mod:`scrapy_dist.egress.resolver`), which :func:`~scrapy_dist.egress.enforce` puts in
+in the DNS resolver (:mod:`scrapy_dist.egress.networks`), which :func:`~scrapy_dist.egress.enforce` puts in
 place -- with this middleware (installed by the add-on) or with the scheduler alone. This middleware adds
 what a resolver cannot do:
 
