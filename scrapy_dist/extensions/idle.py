@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import redis
 from scrapy import signals
 
+from scrapy_dist.extensions.clusterstats import engine_of, scheduler_of
 from scrapy_dist.extensions.periodic import PeriodicTask
-from scrapy_dist.extensions.workers import engine_of, scheduler_of
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier.chains import end_chains
 from scrapy_dist.frontier.control import ControlState, report_problems, start_time

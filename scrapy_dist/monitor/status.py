@@ -18,7 +18,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
-from scrapy_dist.extensions.workers import CLOSED, LOST, RUNNING, parse_worker_hash, worker_state
+from scrapy_dist.extensions.clusterstats import CLOSED, LOST, RUNNING, parse_worker_hash, worker_state
 from scrapy_dist.frontier.control import ControlState, parse_control
 from scrapy_dist.frontier.politeness import busiest_domains
 from scrapy_dist.frontier.shard import lease_parts
