@@ -45,7 +45,7 @@ PROJECT = Path(__file__).resolve().parent / "bench_project"
 PAGE_BYTES = 12_000
 LINKS = 5
 #: turns a conditional revisit's 304 into "not modified" (the add-on enables it; the bench project has none)
-MIDDLEWARE = "scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware"
+MIDDLEWARE = "scrapy_dist.middlewares.ConditionalRevisitMiddleware"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -541,8 +541,7 @@ def addon_settings(user: dict[str, Any]) -> Settings:
 
 
 def test_addon_fills_in_defaults() -> None:
-    from scrapy_dist.middlewares.httperror import HttpErrorMiddleware
-    from scrapy_dist.middlewares.retry import RetryMiddleware
+    from scrapy_dist.middlewares.retry import HttpErrorMiddleware, RetryMiddleware
 
     s = addon_settings({})
     assert s["SCHEDULER"] == "scrapy_dist.scheduler.Scheduler"

@@ -51,19 +51,19 @@ COMPONENTS = (
     Component("scrapy_dist.middlewares.ScheduledHeadersMiddleware", "DOWNLOADER_MIDDLEWARES", 10,
               "position", "credential headers the spider set kept apart from those middlewares add"),
     # denied networks refused before any work; anywhere in the chain, it refuses before the download
-    Component("scrapy_dist.middlewares.networks.DenyNetworksMiddleware", "DOWNLOADER_MIDDLEWARES", 20,
+    Component("scrapy_dist.middlewares.DenyNetworksMiddleware", "DOWNLOADER_MIDDLEWARES", 20,
               "chain", "SCHEDULER_DENY_NETWORKS"),
     # last, to learn which credential values the middlewares added
     Component("scrapy_dist.middlewares.AddedCredentialsMiddleware", "DOWNLOADER_MIDDLEWARES", 990,
               "position", "credential headers added by middlewares kept out of the shared queue"),
     # REVISIT_CONDITIONAL: a 304 to a conditional revisit ends the request (off without the setting)
-    Component("scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware", "DOWNLOADER_MIDDLEWARES", 580,
+    Component("scrapy_dist.middlewares.ConditionalRevisitMiddleware", "DOWNLOADER_MIDDLEWARES", 580,
               "position", "REVISIT_CONDITIONAL (a 304 ends a conditional revisit)",
               when="scheduler.revisit_conditional"),
     Component("scrapy_dist.middlewares.retry.RetryMiddleware", "DOWNLOADER_MIDDLEWARES", 550, "position",
               "delayed retries through the shared frontier (Scrapy's RetryMiddleware retries at once, on"
               " this worker)", replaces="scrapy.downloadermiddlewares.retry.RetryMiddleware"),
-    Component("scrapy_dist.middlewares.httperror.HttpErrorMiddleware", "SPIDER_MIDDLEWARES", 50, "position",
+    Component("scrapy_dist.middlewares.HttpErrorMiddleware", "SPIDER_MIDDLEWARES", 50, "position",
               "dead letters for HTTP error responses",
               replaces="scrapy.spidermiddlewares.httperror.HttpErrorMiddleware"),
 )
