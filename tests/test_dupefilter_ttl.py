@@ -25,7 +25,7 @@ from scrapy_dist.dupefilter.filters import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.frontier.shard import Frontier, SyncBatch
-from scrapy_dist.monitor.filterstatus import filter_figures
+from scrapy_dist.monitor.status import filter_figures
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
 
