@@ -18,7 +18,7 @@ from test_spiders_e2e import EchoServer, echo  # noqa: F401 (the fixture)
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.pipelines import RedisPipeline
-from scrapy_dist.seeds.parse import parse_seed, seed_request
+from scrapy_dist.seeds import parse_seed, seed_request
 from scrapy_dist.settings.values import SettingsError
 from scrapy_dist.spiders.args import SpiderArguments
 

@@ -19,7 +19,7 @@ from scrapy_dist.egress import denied, parse_networks
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.deadletter import parse_record, requeue_payload
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.seeds.parse import SeedRules, parse_seed
+from scrapy_dist.seeds import SeedRules, parse_seed
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.wire.codec import DEFAULT_POLICY, EntryPolicy, decode_request, encode_request, load_payload
 

@@ -16,7 +16,7 @@ from scrapy_dist.cli import main
 from scrapy_dist.cli import push as push_module
 from scrapy_dist.cli.push import PushOptions, push_seeds
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.seeds.parse import SeedRules
+from scrapy_dist.seeds import SeedRules
 
 KEYS = CrawlKeys("books")
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.seeds.parse import (
+from scrapy_dist.seeds import (
     FIELDS,
     REASONS,
     SeedRules,

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request, Spider, signals
 from scrapy.spiders import CrawlSpider
 
+from scrapy_dist.seeds import SeedRules, parse_seed, seed_request, spider_has_callback
 from scrapy_dist.seeds.feed import SeedFeed, SeedReader, TakeResult
-from scrapy_dist.seeds.parse import SeedRules, parse_seed, seed_request, spider_has_callback
 from scrapy_dist.settings import SettingsError
 from scrapy_dist.settings.refusal import refuse_misspelt_components, refuse_start, start_error
 from scrapy_dist.spiders.args import apply_spider_arguments
@@ -77,7 +77,7 @@ class RedisMixin:
         """The request for one raw seed (or ``None`` to skip it). Raise
         :class:`~scrapy_dist.exceptions.RejectedEntry` (``reason``, ``detail``) to reject it; any other
         exception rejects it as ``hook_error``. The default accepts a plain URL or a JSON object (see
-        :mod:`scrapy_dist.seeds.parse`)."""
+        :mod:`scrapy_dist.seeds`)."""
         feed = self._seed_feed
         rules = feed.rules if feed is not None else SeedRules()
         seed = parse_seed(data, rules, has_callback=spider_has_callback(self))  # type: ignore[arg-type]
