@@ -39,7 +39,7 @@ from scrapy_dist.extensions.idle import IdleClock
 from scrapy_dist.frontier.control import ControlState, pause_crawl, resume_crawl
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.settings.refusal import start_error
+from scrapy_dist.settings.reader import start_error
 
 KEYS = CrawlKeys("books")
 

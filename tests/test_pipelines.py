@@ -27,7 +27,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.pipelines import RedisPipeline, find_unencodable
-from scrapy_dist.settings.refusal import start_error
+from scrapy_dist.settings.reader import start_error
 
 KEY = "books:items"
 

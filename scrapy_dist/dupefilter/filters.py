@@ -36,7 +36,7 @@ from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.settings import DistSettings, defaults
-from scrapy_dist.settings.refusal import refuse_start, start_error
+from scrapy_dist.settings.reader import refuse_start, start_error
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:

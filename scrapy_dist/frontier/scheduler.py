@@ -42,7 +42,7 @@ from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, SchedulerSettings
-from scrapy_dist.settings.refusal import refuse_start, start_error
+from scrapy_dist.settings.reader import refuse_start, start_error
 from scrapy_dist.wire.codec import EntryPolicy, encode_request
 from scrapy_dist.wire.entrypolicy import DEAD
 
@@ -131,7 +131,7 @@ class Scheduler:
         self._empty_since: float | None = None
         #: what the scheduler runs for a project without the add-on (scrapy_dist/frontier/wiring.py)
         self.components: list[Any] = []
-        #: the crawl's start was refused (:mod:`scrapy_dist.settings.refusal`): open nothing
+        #: the crawl's start was refused (:mod:`scrapy_dist.settings.reader`): open nothing
         self.refused = False
         #: revisits (scrapy_dist/frontier/revisit.py), wired by from_crawler
         self.revisits: Revisits | None = None

@@ -45,7 +45,7 @@ from scrapy_dist.egress import DeniedNetwork, denied, enforce, request_refusal
 from scrapy_dist.egress.networks import Network
 from scrapy_dist.frontier.revisit import VALIDATOR_HEADERS
 from scrapy_dist.settings import DistSettings
-from scrapy_dist.settings.refusal import refusing
+from scrapy_dist.settings.reader import refusing
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ from scrapy_dist.frontier.deadletter import dead_letter_record
 from scrapy_dist.frontier.retrytiming import retry_delay
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.settings import DistSettings, defaults
-from scrapy_dist.settings.refusal import refusing
+from scrapy_dist.settings.reader import refusing
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 from scrapy_dist.wire.credentials import as_scheduled
 

@@ -35,7 +35,7 @@ from scrapy_dist.redis.connection import get_async_redis, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import Backoff, Outage
 from scrapy_dist.settings import DistSettings, defaults
-from scrapy_dist.settings.refusal import refuse_start, refusing
+from scrapy_dist.settings.reader import refuse_start, refusing
 
 if TYPE_CHECKING:
     import redis.asyncio

@@ -14,7 +14,7 @@ from scrapy.spiders import CrawlSpider
 from scrapy_dist.seeds import SeedRules, parse_seed, seed_request, spider_has_callback
 from scrapy_dist.seeds.feed import SeedFeed, SeedReader, TakeResult
 from scrapy_dist.settings import SettingsError
-from scrapy_dist.settings.refusal import refuse_misspelt_components, refuse_start, start_error
+from scrapy_dist.settings.reader import refuse_misspelt_components, refuse_start, start_error
 from scrapy_dist.spiders.args import apply_spider_arguments
 from scrapy_dist.wire.entrypolicy import keep_allowed_domains
 
