@@ -36,7 +36,7 @@ from scrapy_dist.frontier.shard import SEQ_BYTES, Frontier, SyncBatch, lease_mem
 from scrapy_dist.pipelines import RedisPipeline
 from scrapy_dist.redis.connection import get_async_redis, get_redis, is_cluster
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.spiders.mixin import SeedReader
+from scrapy_dist.spiders import SeedReader
 
 LINKS = CrawlKeys("links")
 BOOKS = CrawlKeys("books")

@@ -163,7 +163,7 @@ def test_an_iterator_allowed_domains_still_restricts_the_crawl_after_scrapy_read
     and the middleware then let every host through (the example crawled far outside ``-a domain=``)."""
     from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
 
-    from scrapy_dist.spiders.mixin import RedisSpider
+    from scrapy_dist.spiders import RedisSpider
 
     class Example(RedisSpider):
         name = "example"

@@ -27,7 +27,7 @@ SECRET = "s3cret-of-the-crawl"
 
 SPIDERS = '''
 import scrapy
-from scrapy_dist.spiders.mixin import RedisSpider
+from scrapy_dist.spiders import RedisSpider
 
 
 class NoFollowSpider(scrapy.Spider):

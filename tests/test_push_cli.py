@@ -152,7 +152,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     (pkg / "spiders" / "books.py").write_text(
         textwrap.dedent(
             """
-            from scrapy_dist.spiders.mixin import RedisSpider
+            from scrapy_dist.spiders import RedisSpider
 
             class Books(RedisSpider):
                 name = "books"

@@ -30,7 +30,7 @@ from scrapy_dist.seeds import (
     spider_has_callback,
     validate_url,
 )
-from scrapy_dist.spiders.mixin import RedisCrawlSpider, RedisSpider, SeedReader
+from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider, SeedReader
 from scrapy_dist.wire.codec import check_url, decode_request, encode_request
 from scrapy_dist.wire.rejections import preview, rejection_record
 

@@ -41,7 +41,7 @@ from scrapy_dist.wire.seedfields import priority_from_score
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.spiders.mixin import RedisMixin
+    from scrapy_dist.spiders import RedisMixin
 
 __all__ = ["SeedFeed", "SeedReader", "TakeResult"]  # the reader and its result re-exported
 
@@ -116,7 +116,7 @@ class SeedFeed:
         sched = get_scheduler(crawler)
         keys = crawl_keys(ds, spider.name)
         if spider.redis_key:
-            # spider.redis_key is the key itself (scrapy_dist.spiders.args replaced %(name)s): no template
+            # spider.redis_key is the key itself (scrapy_dist.spiders replaced %(name)s): no template
             keys = dataclasses.replace(keys, start_urls_template=spider.redis_key.replace("%", "%%"))
         batch = spider.redis_batch_size or ds.seeds.batch_size
         idle = sched.idle_before_close if sched is not None else ds.scheduler.idle_before_close
