@@ -227,7 +227,7 @@ def memory_per_url(urls: int, ttl: float | None, generations: int, load: float =
     """Redis memory of a filter with ``BLOOMFILTER_CAPACITY = urls``: for a TTL, ``load * urls`` URLs
     arrive per TTL, evenly (each generation gets its share), for two TTLs, so every live generation has
     filled; without one, ``urls`` URLs are inserted. Memory is ``MEMORY USAGE`` of the live keys."""
-    from scrapy_dist.dupefilter.filters import BloomDupeFilter
+    from scrapy_dist.dupefilter import BloomDupeFilter
     from scrapy_dist.redis.keys import CrawlKeys
 
     server = RedisProcess().start()

@@ -29,8 +29,8 @@ from scrapy import Request
 from scrapy.utils.test import get_crawler
 
 from scrapy_dist.cli import main
+from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import fingerprint_hashes
-from scrapy_dist.dupefilter.filters import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.frontier.deadletter import dead_letter_record
 from scrapy_dist.frontier.shard import SEQ_BYTES, Frontier, SyncBatch, lease_member
 from scrapy_dist.pipelines import RedisPipeline

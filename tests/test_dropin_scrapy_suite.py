@@ -31,7 +31,7 @@ from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.dupefilter.filters import BloomDupeFilter, SetDupeFilter
+from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.settings import DistSettings

@@ -20,8 +20,8 @@ from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_dist.cli import main
+from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import BloomPlan, Generations, fingerprint_hashes
-from scrapy_dist.dupefilter.filters import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.frontier.shard import Frontier, SyncBatch

@@ -67,7 +67,7 @@ def test_with_a_ttl_the_same_worker_fetches_a_url_again_once_the_filter_forgot_i
 
     async def go() -> tuple[int, int, float]:
         sched = await _opened(redis_url, DUPEFILTER_TTL=ttl,
-                              DUPEFILTER_CLASS=f"scrapy_dist.dupefilter.filters.{dupefilter}")
+                              DUPEFILTER_CLASS=f"scrapy_dist.dupefilter.{dupefilter}")
         assert sched.loop is not None
         sched.enqueue_request(Request("http://site.test/page"))
         await sched.loop.round(lease=0, renew=False)
