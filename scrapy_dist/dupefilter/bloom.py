@@ -397,6 +397,7 @@ def fingerprint_hashes(fingerprint: bytes) -> tuple[int, int]:
     return x >> 50, ((x >> 4) & _MASK46) | 1
 
 
+# -- generations (DUPEFILTER_TTL) --------------------------------------------------------------------------
 #: a generation that receives more than its share of URLs grows by filters of this fraction of its last
 #: planned one, not by doubling, so a busy span costs some memory, not a cliff
 OVERFLOW_STEP = 0.25

@@ -111,6 +111,7 @@ class DupeScript:
         return [None if isinstance(a, NoScriptError) else a for a in answers]
 
 
+# -- the fingerprints this worker sent ---------------------------------------------------------------------
 #: most fingerprints remembered per generation (the memory is cleared when one is full)
 RECENT_LIMIT = 500_000
 #: seconds a sent fingerprint is trusted when the filter remembers forever: long, since a shorter memory

@@ -406,6 +406,7 @@ def read_status(
     }
 
 
+# -- the dupefilter's figures ------------------------------------------------------------------------------
 def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
     """Fill and estimated false-positive rate of the crawl's dupefilter (bloom hash or fingerprint SET);
     ``{"kind": "garbage"}`` if the bloom hash holds parameters no filter could have."""

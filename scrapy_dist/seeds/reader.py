@@ -38,6 +38,8 @@ __all__ = [
     "warn_at_start",
 ]
 
+logger = logging.getLogger(__name__)
+
 #: How long one blocking wait for a LIST seed lasts (seconds). A push wakes it at once; the timeout only
 #: bounds how late the spider notices it should close, and renews the processing lease that often.
 BLOCK_SECONDS = 1.0
@@ -198,8 +200,7 @@ class SeedReader:
         await self.redis.aclose()
 
 
-logger = logging.getLogger(__name__)
-
+# -- seeds pushed to a near-miss key -----------------------------------------------------------------------
 #: Keys a ``SCAN`` call looks at.
 SCAN_COUNT = 1000
 #: ``SCAN`` calls the command-line tools make at most (the worker makes one).

@@ -61,6 +61,8 @@ __all__ = [
     "redis_location", "refuse_misspelt_components", "refuse_start", "refusing", "start_error",
 ]
 
+logger = logging.getLogger(__name__)
+
 #: scrapy-redis's queue classes -> the queue order of :mod:`scrapy_dist.queue` each one means
 QUEUE_ALIASES = {
     "scrapy_redis.queue.PriorityQueue": "PriorityQueue",
@@ -285,8 +287,7 @@ def redis_location(v: Callable[[str], Any]) -> tuple[dict[str, Any], Any, Any]:
     return params, host, port
 
 
-logger = logging.getLogger(__name__)
-
+# -- refusing a crawl's start ------------------------------------------------------------------------------
 #: The close reason (``finish_reason``) of a crawl refused at start.
 REASON = "scrapy_dist_refused"
 _ATTR = "_scrapy_dist_start_error"
@@ -355,6 +356,7 @@ def refuse_misspelt_components(crawler: Crawler) -> None:
                          priority=settings.getpriority(exc.name) or "default")
 
 
+# -- the components a crawl runs ---------------------------------------------------------------------------
 #: the add-on line that enables everything below
 ADDON_LINE = 'ADDONS = {"scrapy_dist.Addon": 0}'
 
