@@ -353,19 +353,9 @@ def error_count(stats: dict[str, Any]) -> int:
 
 
 def heartbeat_fields(
-    *,
-    worker: str,
-    spider: str,
-    started: float,
-    stats: dict[str, Any],
-    inflight: int | None,
-    pages_per_min: float,
-    prefetched: int | None = None,
-    interval: float,
-    state: str = RUNNING,
-    finish_reason: str = "",
-    host: str | None = None,
-    pid: int | None = None,
+    *, worker: str, spider: str, started: float, stats: dict[str, Any], inflight: int | None,
+    pages_per_min: float, prefetched: int | None = None, interval: float, state: str = RUNNING,
+    finish_reason: str = "", host: str | None = None, pid: int | None = None,
 ) -> dict[str, str]:
     """The fields of a worker's heartbeat HASH (``last_seen`` is added by Redis, in server time)."""
     fields = {
