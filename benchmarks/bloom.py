@@ -27,8 +27,8 @@ import time
 import redis
 
 from benchmarks.redis_server import RedisProcess, used_memory
+from scrapy_dist.dupefilter import BloomDupeFilter
 from scrapy_dist.dupefilter.bloom import fingerprint_hashes
-from scrapy_dist.dupefilter.filters import BloomDupeFilter
 from scrapy_dist.redis.keys import CrawlKeys
 
 TITLE = "scrapy-dist BloomDupeFilter at declared capacity"

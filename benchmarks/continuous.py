@@ -45,7 +45,7 @@ PROJECT = Path(__file__).resolve().parent / "bench_project"
 PAGE_BYTES = 12_000
 LINKS = 5
 #: turns a conditional revisit's 304 into "not modified" (the add-on enables it; the bench project has none)
-MIDDLEWARE = "scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware"
+MIDDLEWARE = "scrapy_dist.middlewares.ConditionalRevisitMiddleware"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -227,7 +227,7 @@ def memory_per_url(urls: int, ttl: float | None, generations: int, load: float =
     """Redis memory of a filter with ``BLOOMFILTER_CAPACITY = urls``: for a TTL, ``load * urls`` URLs
     arrive per TTL, evenly (each generation gets its share), for two TTLs, so every live generation has
     filled; without one, ``urls`` URLs are inserted. Memory is ``MEMORY USAGE`` of the live keys."""
-    from scrapy_dist.dupefilter.filters import BloomDupeFilter
+    from scrapy_dist.dupefilter import BloomDupeFilter
     from scrapy_dist.redis.keys import CrawlKeys
 
     server = RedisProcess().start()

@@ -131,7 +131,7 @@ CONTESTANTS: dict[str, Contestant] = {
             "SCHEDULER_DENY_NETWORKS": "[]",  # the local site is on loopback: denied by default
         },
         unavailable=lambda: _missing(
-            "scrapy_dist.frontier.scheduler:Scheduler", "scrapy_dist.dupefilter.filters:BloomDupeFilter"
+            "scrapy_dist.frontier.scheduler:Scheduler", "scrapy_dist.dupefilter:BloomDupeFilter"
         ),
         dupefilter_keys=f"{{{SPIDER}}}:bloom*",  # CrawlKeys(SPIDER).bloom and its bitmap blocks
         queue_writer=redis_memory.scrapy_dist_queue,

@@ -66,10 +66,10 @@ def scrapy_dist_side(n: int, unseen: int) -> dict:
     try:
         bloom = importlib.import_module("benchmarks.bloom")
     except ModuleNotFoundError as exc:
-        if exc.name not in ("benchmarks.bloom", "scrapy_dist.dupefilter.bloom", "scrapy_dist.dupefilter.filters"):
+        if exc.name not in ("benchmarks.bloom", "scrapy_dist.dupefilter.bloom", "scrapy_dist.dupefilter"):
             raise
         return {"skipped": f"{exc.name} does not exist yet"}
-    except ImportError as exc:  # scrapy_dist.dupefilter.filters exists but lacks what bloom.py imports
+    except ImportError as exc:  # scrapy_dist.dupefilter exists but lacks what bloom.py imports
         return {"skipped": f"benchmarks.bloom cannot be imported yet ({exc})"}
     if not hasattr(bloom, "measure"):
         return {"skipped": "benchmarks.bloom has no measure(capacity, unseen=...) yet"}

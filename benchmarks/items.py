@@ -108,7 +108,7 @@ async def _measure(impl: str, url: str, count: int) -> dict[str, Any]:
         await _drive(process, count)
         elapsed = time.perf_counter() - start
     else:
-        from scrapy_dist.pipelines.pipeline import RedisPipeline
+        from scrapy_dist.pipelines import RedisPipeline
 
         pipe = RedisPipeline.from_crawler(crawler)
         await pipe.open_spider()
@@ -132,7 +132,7 @@ async def _ride_acks(crawler: Any, url: str, count: int, stream: bool) -> float:
 
     from scrapy_dist.frontier.outbox import ItemOutbox
     from scrapy_dist.frontier.shard import Frontier, ItemRoute, SyncBatch
-    from scrapy_dist.pipelines.pipeline import RedisPipeline
+    from scrapy_dist.pipelines import RedisPipeline
     from scrapy_dist.redis.keys import CrawlKeys
 
     client = redis.asyncio.Redis.from_url(url)

@@ -40,7 +40,7 @@ from benchmarks.redis_server import RedisProcess
 TITLE = "Seeds: push throughput (scrapy-dist push) and push-to-request latency"
 
 SPIDERS = """
-from scrapy_dist.spiders.mixin import RedisSpider
+from scrapy_dist.spiders import RedisSpider
 
 
 class BenchSeeds(RedisSpider):

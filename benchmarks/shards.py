@@ -51,8 +51,8 @@ async def _drive(
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
 
+    from scrapy_dist.dupefilter import BloomDupeFilter
     from scrapy_dist.dupefilter.bloom import fingerprint_hashes
-    from scrapy_dist.dupefilter.filters import BloomDupeFilter
     from scrapy_dist.frontier.shard import Frontier, SyncBatch, shard_of
     from scrapy_dist.redis.keys import CrawlKeys
 

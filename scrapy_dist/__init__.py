@@ -15,7 +15,7 @@ from scrapy_dist.redis.keys import CrawlKeys
 
 if TYPE_CHECKING:
     from scrapy_dist.addon import Addon
-    from scrapy_dist.dupefilter.filters import BloomDupeFilter
+    from scrapy_dist.dupefilter import BloomDupeFilter
     from scrapy_dist.frontier.scheduler import Scheduler
 
 try:
@@ -37,7 +37,7 @@ __all__ = [
 # ``scrapy-dist`` command) does not pull in the scheduler, the dupefilter and their dependencies.
 _LAZY = {
     "Addon": "scrapy_dist.addon",
-    "BloomDupeFilter": "scrapy_dist.dupefilter.filters",
+    "BloomDupeFilter": "scrapy_dist.dupefilter",
     "Scheduler": "scrapy_dist.frontier.scheduler",
 }
 

@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
-from scrapy_dist.settings import components
-from scrapy_dist.settings.reader import check_components
-from scrapy_dist.settings.refusal import refuse_misspelt_components
+from scrapy_dist.settings import reader as components
+from scrapy_dist.settings.reader import check_components, refuse_misspelt_components
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: Plain settings (filled in while they hold Scrapy's default) and components: one list, shared with the
-#: scheduler, which runs what it can of them on the two-line path (scrapy_dist/settings/components.py).
+#: scheduler, which runs what it can of them on the two-line path (scrapy_dist/settings/reader.py).
 SETTINGS = components.SETTINGS
 COMPONENTS = components.COMPONENTS
 

@@ -1,8 +1,8 @@
 """``STATS_CLASS = "scrapy_dist.stats.RedisStatsCollector"``: the public name of
-:mod:`scrapy_dist.extensions.stats`."""
+:class:`scrapy_dist.extensions.RedisStatsCollector`."""
 
 from __future__ import annotations
 
-from scrapy_dist.extensions.stats import RedisStatsCollector
+from scrapy_dist.extensions import RedisStatsCollector
 
 __all__ = ["RedisStatsCollector"]

@@ -23,7 +23,7 @@ T = TypeVar("T")
 #: seeds pushed to ``links:start_urls``; one item per page.
 SEED_LINKS_SPIDER = '''
 import scrapy
-from scrapy_dist.spiders.mixin import RedisSpider
+from scrapy_dist.spiders import RedisSpider
 
 
 class SeedLinks(RedisSpider):

@@ -45,7 +45,7 @@ from scrapy_dist.redis.connection import (
     resolve_url,
 )
 from scrapy_dist.redis.embedded import EmbeddedRedis, embedded_dir
-from scrapy_dist.settings.refusal import start_error
+from scrapy_dist.settings.reader import start_error
 from scrapy_dist.settings.values import SettingsError
 
 # -- URLs and settings ----------------------------------------------------------------------------

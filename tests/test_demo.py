@@ -98,7 +98,7 @@ def test_lost_pages_are_named_and_bloom_false_positives_told_apart(
     from scrapy import Request
     from scrapy.utils.request import RequestFingerprinter
 
-    from scrapy_dist.dupefilter.filters import BloomDupeFilter
+    from scrapy_dist.dupefilter import BloomDupeFilter
 
     demo = Demo(DemoOptions(pages=100, run_dir=tmp_path))
     demo.client = redis_client

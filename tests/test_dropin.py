@@ -17,14 +17,14 @@ from scrapy.utils.test import get_crawler
 from test_spiders_e2e import EchoServer, echo  # noqa: F401 (the fixture)
 
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.pipelines.pipeline import RedisPipeline
-from scrapy_dist.seeds.parse import parse_seed, seed_request
+from scrapy_dist.pipelines import RedisPipeline
+from scrapy_dist.seeds import parse_seed, seed_request
 from scrapy_dist.settings.values import SettingsError
-from scrapy_dist.spiders.args import SpiderArguments
+from scrapy_dist.spiders import SpiderArguments
 
 SPIDERS = '''
 import scrapy
-from scrapy_dist.spiders.mixin import RedisSpider
+from scrapy_dist.spiders import RedisSpider
 
 
 class Plain(RedisSpider):
@@ -330,7 +330,7 @@ def test_from_crawler_converts_spider_arguments_in_place() -> None:
     """What scrapy-redis's own test_from_crawler_with_spider_arguments checks."""
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.spiders.mixin import RedisSpider
+    from scrapy_dist.spiders import RedisSpider
 
     crawler = Crawler(RedisSpider, {})  # as in `scrapy crawl`: the spider is built before settings freeze
     spider = RedisSpider.from_crawler(crawler, "foo", redis_key="key:%(name)s", redis_batch_size="2000",
@@ -345,7 +345,7 @@ def test_a_misspelt_spider_argument_is_warned_with_the_name_it_misses(
 ) -> None:
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.spiders.mixin import RedisSpider
+    from scrapy_dist.spiders import RedisSpider
 
     RedisSpider.from_crawler(Crawler(RedisSpider, {}), "foo", redis_kye="k", max_idle="3", category="books",
                              redis_key="seeds", redis_batch_size="5")
@@ -359,7 +359,7 @@ def test_a_misspelt_spider_argument_is_warned_with_the_name_it_misses(
 def test_redis_encoding_spider_attribute_other_than_utf8_is_warned(caplog: pytest.LogCaptureFixture) -> None:
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.spiders.mixin import RedisSpider
+    from scrapy_dist.spiders import RedisSpider
 
     for encoding, warned in (("latin-1", True), ("utf-8", False), ("UTF8", False)):
         caplog.clear()
@@ -377,7 +377,7 @@ def test_scrapy_redis_idle_before_close_in_the_project_settings_is_warned(
     from scrapy.crawler import Crawler
     from scrapy.settings import Settings
 
-    from scrapy_dist.spiders.mixin import RedisSpider
+    from scrapy_dist.spiders import RedisSpider
 
     class Custom(RedisSpider):
         custom_settings = {"SCHEDULER_IDLE_BEFORE_CLOSE": 30}
@@ -414,7 +414,7 @@ def test_scrapy_redis_hooks_a_spider_overrides_are_warned_once_each(caplog: pyte
     # a scrapy-redis RedisSpider's start_requests(), spider_idle(), ... overrides were silently never called
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.spiders.mixin import RedisCrawlSpider, RedisSpider
+    from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider
 
     class Legacy(RedisSpider):
         name = "legacy"
@@ -443,7 +443,7 @@ def test_make_request_from_data_may_decode_with_redis_encoding_as_in_scrapy_redi
     # copied from it: without the attribute every seed was rejected as hook_error (AttributeError)
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.spiders.mixin import RedisSpider
+    from scrapy_dist.spiders import RedisSpider
 
     class Decoding(RedisSpider):
         name = "decoding"
@@ -474,7 +474,7 @@ def test_a_spider_reading_self_server_is_told_at_start(caplog: pytest.LogCapture
     # response failed with an AttributeError traceback, and nothing said so at start
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.spiders.mixin import RedisSpider
+    from scrapy_dist.spiders import RedisSpider
 
     class Pushing(RedisSpider):
         name = "pushing"

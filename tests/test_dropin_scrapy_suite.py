@@ -31,7 +31,7 @@ from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.utils.misc import build_from_crawler
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.dupefilter.filters import BloomDupeFilter, SetDupeFilter
+from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.settings import DistSettings
@@ -163,7 +163,7 @@ def test_an_iterator_allowed_domains_still_restricts_the_crawl_after_scrapy_read
     and the middleware then let every host through (the example crawled far outside ``-a domain=``)."""
     from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
 
-    from scrapy_dist.spiders.mixin import RedisSpider
+    from scrapy_dist.spiders import RedisSpider
 
     class Example(RedisSpider):
         name = "example"

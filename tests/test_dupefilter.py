@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import redis
 
+from scrapy_dist.dupefilter import CALL_TOKENS, BloomDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import WINDOW_BITS, BloomPlan, fingerprint_hashes
-from scrapy_dist.dupefilter.filters import CALL_TOKENS, BloomDupeFilter, SetDupeFilter
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis.keys import CrawlKeys
 

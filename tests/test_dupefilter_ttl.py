@@ -20,13 +20,12 @@ from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_dist.cli import main
-from scrapy_dist.dupefilter.bloom import BloomPlan, fingerprint_hashes
-from scrapy_dist.dupefilter.filters import BloomDupeFilter, SetDupeFilter
-from scrapy_dist.dupefilter.generations import Generations
+from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
+from scrapy_dist.dupefilter.bloom import BloomPlan, Generations, fingerprint_hashes
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.frontier.shard import Frontier, SyncBatch
-from scrapy_dist.monitor.filterstatus import filter_figures
+from scrapy_dist.monitor.status import filter_figures
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
 

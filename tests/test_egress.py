@@ -15,7 +15,7 @@ from twisted.internet import defer
 from twisted.internet.error import DNSLookupError
 
 from scrapy_dist.egress import DeniedNetwork, DenyNetworksResolver, DenyPolicy, install, parse_networks
-from scrapy_dist.egress.resolver import DenyingNameResolver, DenyingResolver
+from scrapy_dist.egress.networks import DenyingNameResolver, DenyingResolver
 from scrapy_dist.frontier.deadletter import parse_record
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.settings import defaults
@@ -311,7 +311,7 @@ def test_a_resolver_of_the_user_s_own_is_wrapped_and_named_once(
 def test_a_proxy_of_the_environment_in_a_denied_network_is_named_once_per_variable(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from scrapy_dist.egress import resolver
+    from scrapy_dist.egress import networks as resolver
 
     monkeypatch.setattr(resolver, "_warned", set())
     monkeypatch.setenv("HTTP_PROXY", "http://10.1.2.3:3128")

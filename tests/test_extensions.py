@@ -27,14 +27,19 @@ from twisted.python.failure import Failure
 from scrapy_dist.addon import Addon
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.extensions import ClusterStats, ErrorMonitor, IdleMonitor
-from scrapy_dist.extensions.clusterstats import StatsMerger, encode_datetime
+from scrapy_dist.extensions.clusterstats import (
+    RateMeter,
+    StatsMerger,
+    encode_datetime,
+    error_count,
+    worker_state,
+)
 from scrapy_dist.extensions.errors import ErrorCounts, format_alert, http_error_matcher
 from scrapy_dist.extensions.idle import IdleClock
-from scrapy_dist.extensions.workers import RateMeter, error_count, worker_state
 from scrapy_dist.frontier.control import ControlState, pause_crawl, resume_crawl
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.settings.refusal import start_error
+from scrapy_dist.settings.reader import start_error
 
 KEYS = CrawlKeys("books")
 
@@ -536,8 +541,7 @@ def addon_settings(user: dict[str, Any]) -> Settings:
 
 
 def test_addon_fills_in_defaults() -> None:
-    from scrapy_dist.middlewares.httperror import HttpErrorMiddleware
-    from scrapy_dist.middlewares.retry import RetryMiddleware
+    from scrapy_dist.middlewares.retry import HttpErrorMiddleware, RetryMiddleware
 
     s = addon_settings({})
     assert s["SCHEDULER"] == "scrapy_dist.scheduler.Scheduler"

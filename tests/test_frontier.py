@@ -8,8 +8,8 @@ import pytest
 import redis.asyncio
 from helpers import run
 
+from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import fingerprint_hashes
-from scrapy_dist.dupefilter.filters import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.frontier.shard import SEQ_BYTES, Frontier, SyncBatch, lease_member, lease_parts
 from scrapy_dist.redis.keys import CrawlKeys
 

@@ -18,7 +18,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_dist.frontier.layout import FRONTIER_FORMAT
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.settings.refusal import start_error
+from scrapy_dist.settings.reader import start_error
 
 KEYS = CrawlKeys("fmt")
 

@@ -15,11 +15,11 @@ import redis
 import scrapy
 from crawlproject import make_project
 
+from scrapy_dist.egress import denied, parse_networks
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.deadletter import parse_record, requeue_payload
-from scrapy_dist.middlewares.networks import denied, parse_networks
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.seeds.parse import SeedRules, parse_seed
+from scrapy_dist.seeds import SeedRules, parse_seed
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.wire.codec import DEFAULT_POLICY, EntryPolicy, decode_request, encode_request, load_payload
 
@@ -27,7 +27,7 @@ SECRET = "s3cret-of-the-crawl"
 
 SPIDERS = '''
 import scrapy
-from scrapy_dist.spiders.mixin import RedisSpider
+from scrapy_dist.spiders import RedisSpider
 
 
 class NoFollowSpider(scrapy.Spider):

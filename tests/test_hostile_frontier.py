@@ -12,8 +12,8 @@ import pytest
 import redis.asyncio
 from helpers import lease_key, run
 
+from scrapy_dist.dupefilter import BloomDupeFilter
 from scrapy_dist.dupefilter.bloom import MAX_OVERSHOOT, BloomParameterError, BloomPlan, fingerprint_hashes
-from scrapy_dist.dupefilter.filters import BloomDupeFilter
 from scrapy_dist.frontier.shard import (
     PRIORITY_KEY_BYTES,
     SEQ_BYTES,

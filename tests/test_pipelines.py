@@ -26,8 +26,8 @@ from scrapy.exceptions import DropItem, NotConfigured
 from scrapy.utils.test import get_crawler
 
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.pipelines.pipeline import RedisPipeline, find_unencodable
-from scrapy_dist.settings.refusal import start_error
+from scrapy_dist.pipelines import RedisPipeline, find_unencodable
+from scrapy_dist.settings.reader import start_error
 
 KEY = "books:items"
 
@@ -230,7 +230,7 @@ def test_unencodable_item_is_dropped_naming_the_field(redis_url: str, redis_clie
 
 
 def test_find_unencodable_reports_the_value_itself_when_no_part_is_to_blame() -> None:
-    from scrapy_dist.pipelines.pipeline import default_serialize
+    from scrapy_dist.pipelines import default_serialize
 
     # every key and value encodes alone, but a tuple key cannot be a JSON object key
     path, error = find_unencodable({"a": {(1, 2): "x"}}, default_serialize)
@@ -371,7 +371,7 @@ def test_scrapy_redis_hooks_nothing_calls_are_named_at_start(
     crawler = get_crawler(_Spider, {"REDIS_URL": redis_url})
     for cls in (Private, Blocking, Fine):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="scrapy_dist.pipelines.pipeline"):
+        with caplog.at_level(logging.WARNING, logger="scrapy_dist.pipelines"):
             p = cls.from_crawler(crawler)
         asyncio.run(p.server.aclose())
         lines = [r.getMessage() for r in caplog.records]

@@ -16,7 +16,7 @@ from scrapy_dist.cli import main
 from scrapy_dist.cli import push as push_module
 from scrapy_dist.cli.push import PushOptions, push_seeds
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.seeds.parse import SeedRules
+from scrapy_dist.seeds import SeedRules
 
 KEYS = CrawlKeys("books")
 
@@ -152,7 +152,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     (pkg / "spiders" / "books.py").write_text(
         textwrap.dedent(
             """
-            from scrapy_dist.spiders.mixin import RedisSpider
+            from scrapy_dist.spiders import RedisSpider
 
             class Books(RedisSpider):
                 name = "books"

@@ -1,4 +1,4 @@
-"""A worker's memory of the links it sent (scrapy_dist/dupefilter/recent.py) must not hide what the
+"""A worker's memory of the links it sent (scrapy_dist/dupefilter/script.py) must not hide what the
 crawl-wide filter forgets: ``DUPEFILTER_TTL``, ``DEADLETTER_FORGET`` and ``scrapy-dist forget`` make URLs
 new again, also for the worker that had found them before."""
 
@@ -11,7 +11,7 @@ import pytest
 from helpers import open_bloom_scheduler, run
 from scrapy import Request
 
-from scrapy_dist.dupefilter.recent import RECENT_MAX_AGE, RecentFingerprints
+from scrapy_dist.dupefilter.script import RECENT_MAX_AGE, RecentFingerprints
 from scrapy_dist.frontier.scheduler import Scheduler
 
 
@@ -67,7 +67,7 @@ def test_with_a_ttl_the_same_worker_fetches_a_url_again_once_the_filter_forgot_i
 
     async def go() -> tuple[int, int, float]:
         sched = await _opened(redis_url, DUPEFILTER_TTL=ttl,
-                              DUPEFILTER_CLASS=f"scrapy_dist.dupefilter.filters.{dupefilter}")
+                              DUPEFILTER_CLASS=f"scrapy_dist.dupefilter.{dupefilter}")
         assert sched.loop is not None
         sched.enqueue_request(Request("http://site.test/page"))
         await sched.loop.round(lease=0, renew=False)

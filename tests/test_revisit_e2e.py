@@ -134,7 +134,7 @@ def test_conditional_revisits_and_chain_stops(tmp_path: Path, redis_url: str) ->
         "REDIS_URL": redis_url, "REVISIT_CONDITIONAL": True, "REVISIT_MIN_INTERVAL": 0.1,
         "SCHEDULER_IDLE_POLL": 0.1,
         "CLOSESPIDER_TIMEOUT": 5, "SCHEDULER_IDLE_BEFORE_CLOSE": "none",
-        "DOWNLOADER_MIDDLEWARES": {"scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware": 580},
+        "DOWNLOADER_MIDDLEWARES": {"scrapy_dist.middlewares.ConditionalRevisitMiddleware": 580},
     }, spiders=REVISIT_SPIDER)
     proc = project.crawl("revisit", args={"base": site.url})
     assert proc.wait(60) == 0, project.logs()[-3000:]

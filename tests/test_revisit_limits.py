@@ -21,7 +21,7 @@ from scrapy_dist.cli import main
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.seeds.parse import SeedRules, parse_seed
+from scrapy_dist.seeds import SeedRules, parse_seed
 from scrapy_dist.settings import DistSettings, SettingsError
 
 SECRET = "revisit-secret"

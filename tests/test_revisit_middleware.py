@@ -14,7 +14,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.middlewares.revisit import ConditionalRevisitMiddleware, NotModified
+from scrapy_dist.middlewares import ConditionalRevisitMiddleware, NotModified
 
 
 class _Spider(Spider):
@@ -78,6 +78,6 @@ def test_conditional_revisits_without_the_middleware_warn_once(caplog: Any) -> N
     assert caplog.text.count("REVISIT_CONDITIONAL is on but") == 1
     caplog.clear()
     crawler = get_crawler(settings_dict={"REVISIT_CONDITIONAL": True, "DOWNLOADER_MIDDLEWARES": {
-        "scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware": 580}})
+        "scrapy_dist.middlewares.ConditionalRevisitMiddleware": 580}})
     Revisits.from_crawler(crawler)
     assert "REVISIT_CONDITIONAL is on but" not in caplog.text

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.seeds.parse import (
+from scrapy_dist.seeds import (
     FIELDS,
     REASONS,
     SeedRules,
@@ -30,7 +30,7 @@ from scrapy_dist.seeds.parse import (
     spider_has_callback,
     validate_url,
 )
-from scrapy_dist.spiders.mixin import RedisCrawlSpider, RedisSpider, SeedReader
+from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider, SeedReader
 from scrapy_dist.wire.codec import check_url, decode_request, encode_request
 from scrapy_dist.wire.rejections import preview, rejection_record
 

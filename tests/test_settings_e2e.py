@@ -82,7 +82,7 @@ def test_the_addon_alone_refuses_with_one_line_before_anything_opens(tmp_path: P
 
 REDIS_SPIDER = SPIDERS + '''
 
-from scrapy_dist.spiders.mixin import RedisSpider
+from scrapy_dist.spiders import RedisSpider
 
 
 class SeededSpider(RedisSpider):

@@ -32,7 +32,7 @@ SPIDERS = '''
 import time
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import Rule
-from scrapy_dist.spiders.mixin import RedisCrawlSpider, RedisSpider
+from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider
 
 
 class SeedsSpider(RedisSpider):

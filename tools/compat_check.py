@@ -52,7 +52,7 @@ SCRAPY_SWAPS = {
     "tests/test_dupefilters.py": [
         (r"^from scrapy\.dupefilters import (.*)\bRFPDupeFilter\b(.*)$",
          r"from scrapy.dupefilters import \1BaseDupeFilter\2\n"
-         r"from scrapy_dist.dupefilter.filters import BloomDupeFilter as RFPDupeFilter"),
+         r"from scrapy_dist.dupefilter import BloomDupeFilter as RFPDupeFilter"),
     ],
 }
 #: Scrapy's engine tests, run with scrapy-dist's scheduler as the default ``SCHEDULER`` (DIST_PLUGIN).
@@ -69,7 +69,7 @@ defaults.SCHEDULER_DENY_NETWORKS = []
 #: Swaps applied to scrapy-redis's tests (order matters).
 SCRAPY_REDIS_SWAPS = [
     (r"from scrapy_redis\.dupefilter import RFPDupeFilter",
-     "from scrapy_dist.dupefilter.filters import SetDupeFilter as RFPDupeFilter"),
+     "from scrapy_dist.dupefilter import SetDupeFilter as RFPDupeFilter"),
     (r"\bscrapy_redis\b", "scrapy_dist"),
 ]
 

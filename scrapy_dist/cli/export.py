@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from scrapy_dist.pipelines.pipeline import STREAM_FIELD
+from scrapy_dist.pipelines import STREAM_FIELD
 
 #: items moved per round (a chunk is one append, one fsync, one removal)
 CHUNK = 1000

@@ -21,7 +21,7 @@ import click
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.export import export
 from scrapy_dist.cli.text import json_safe, printable
-from scrapy_dist.pipelines.pipeline import STREAM_FIELD
+from scrapy_dist.pipelines import STREAM_FIELD
 
 #: Items read per round trip.
 CHUNK = 500

@@ -1,7 +1,7 @@
 """``scrapy-dist push <spider> [URL ...] [--file FILE|-]``: validate seeds locally and push them fast
 (docs/seeds.md, "scrapy-dist push").
 
-Seeds are checked with the rules the spider applies (:mod:`scrapy_dist.seeds.parse`, with the project's
+Seeds are checked with the rules the spider applies (:mod:`scrapy_dist.seeds`, with the project's
 spider class when there is one); rejected seeds are counted per reason, shown, not pushed, and make the
 exit status 1. Valid seeds go out in multi-value ``RPUSH`` / ``SADD`` / ``ZADD`` commands of :data:`CHUNK`
 seeds, :data:`CHUNKS_PER_ROUND_TRIP` pipelined per round trip, so local validation is the limit.
@@ -23,7 +23,7 @@ import click
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.status import seed_hints
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.seeds.parse import SeedRules, class_has_callback, iter_lines, parse_seed
+from scrapy_dist.seeds import SeedRules, class_has_callback, iter_lines, parse_seed
 
 if TYPE_CHECKING:
     import redis

@@ -22,7 +22,7 @@ from scrapy_dist.frontier.chains import end_chains
 from scrapy_dist.frontier.control import close_crawl, parse_control, pause_crawl, resume_crawl, valid_reason
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
-from scrapy_dist.seeds import nearmiss
+from scrapy_dist.seeds import reader as nearmiss
 
 _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
 

@@ -73,7 +73,7 @@ def bloom_claims(client: Any, keys: CrawlKeys, urls: list[str]) -> list[bool] | 
     from scrapy import Request
     from scrapy.utils.request import RequestFingerprinter
 
-    from scrapy_dist.dupefilter.filters import BloomDupeFilter
+    from scrapy_dist.dupefilter import BloomDupeFilter
 
     capacity, error_rate, block_bits, n = client.hmget(
         keys.bloom, ["capacity", "error_rate", "block_bits", "n"]

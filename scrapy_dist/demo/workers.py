@@ -211,7 +211,7 @@ def fleet_rows(
     status (``status_rows`` by pid); a killed worker's leases count as orphaned until they expire.
     ``meters`` keeps a rate meter per pid between calls."""
     from scrapy_dist.demo.site import RATE_WINDOW
-    from scrapy_dist.extensions.workers import RateMeter
+    from scrapy_dist.extensions.clusterstats import RateMeter
 
     for w in workers:
         row = status_rows.get(w.pid)

@@ -1,12 +1,440 @@
-"""The crawl-wide duplicate filter in Redis: the bloom filter (with generations for ``DUPEFILTER_TTL``),
-the exact set filter, and the Lua calls they share with the frontier.
+"""Crawl-wide request deduplication in Redis: :class:`BloomDupeFilter` (a scalable bloom filter in Redis
+bitmaps, :mod:`scrapy_dist.dupefilter.bloom`) and :class:`SetDupeFilter` (exact: a SET of raw fingerprints).
 
-``DUPEFILTER_CLASS = "scrapy_dist.dupefilter.BloomDupeFilter"`` names the class exported here.
-May import: ``settings``, ``redis``, ``utils`` and the root's exceptions.
+Both serve the scheduler, whose ``sync`` script deduplicates a batch's fingerprint *tokens* with the same
+``dupe.lua`` code, and Scrapy's own scheduler through :meth:`request_seen`: one atomic test-and-set per
+fingerprint, behind a per-process ``pybloom_live`` filter that answers for those this process has seen.
+Memory and error figures: docs/frontier.md, "The bloom filter". ``bloom`` sizes and hashes the filter (and
+ages it for ``DUPEFILTER_TTL``); ``script`` holds the Lua calls the filters make outside the frontier's.
+
+``DUPEFILTER_CLASS = "scrapy_dist.dupefilter.BloomDupeFilter"`` names the class defined here.
+May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions.
 """
 
 from __future__ import annotations
 
-from scrapy_dist.dupefilter.filters import BloomDupeFilter, RedisDupeFilter, RFPDupeFilter, SetDupeFilter
+import copy
+import dataclasses
+import logging
+import time
+import warnings
+from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
-__all__ = ["BloomDupeFilter", "RFPDupeFilter", "RedisDupeFilter", "SetDupeFilter"]
+from pybloom_live import ScalableBloomFilter
+from scrapy.dupefilters import BaseDupeFilter
+from scrapy.exceptions import ScrapyDeprecationWarning
+
+from scrapy_dist.dupefilter.bloom import (
+    HASHING,
+    SCHEMES,
+    BloomParameterError,
+    BloomPlan,
+    BloomRecord,
+    Generations,
+    fingerprint_hashes,
+    parse_bloom_record,
+)
+from scrapy_dist.dupefilter.script import CALL_TOKENS, RECENT_MAX_AGE, DupeScript
+from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.redis import connection
+from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
+from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings.reader import refuse_start, start_error
+from scrapy_dist.utils.ratelimit import RateLimitedLog
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+    from typing_extensions import Self
+
+__all__ = ["CALL_TOKENS", "BloomDupeFilter", "RFPDupeFilter", "RedisDupeFilter", "SetDupeFilter"]
+
+logger = logging.getLogger(__name__)
+#: duplicate lines go where Scrapy's RFPDupeFilter logs them, so log filters written for Scrapy still apply
+dupes_logger = logging.getLogger("scrapy.dupefilters")
+
+
+
+@dataclass(eq=False)  # compared and hashed by identity, as before
+class RedisDupeFilter:
+    """Shared base: fingerprints, logging and stats; subclasses choose how Redis stores them."""
+
+    #: ``mode`` argument of ``dupe.lua``
+    mode: ClassVar[str] = "none"
+    #: the class overrides ``request_fingerprint()`` (decided once per class, not per request)
+    legacy_fingerprint: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.legacy_fingerprint = cls.request_fingerprint is not RedisDupeFilter.request_fingerprint
+
+    redis: Any
+    keys: CrawlKeys
+    fingerprinter: Any
+    stats: StatsCollector | None = None
+    debug: bool = False
+    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever; see bloom.Generations)
+    ttl: float | None = None
+    _logged_dupes: bool = field(default=False, init=False, repr=False)
+    _script: Any = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        if cls.legacy_fingerprint:
+            warnings.warn(
+                f"Overriding RFPDupeFilter.request_fingerprint() is deprecated (in {cls.__name__}), set the"
+                " REQUEST_FINGERPRINTER_CLASS setting instead; scrapy-dist still uses the override meanwhile",
+                ScrapyDeprecationWarning, stacklevel=2,
+            )
+        # a setting refused here (e.g. BLOOMFILTER_CAPACITY = 10**400) refuses the crawl's start: the
+        # scheduler building this filter, ours or Scrapy's, gets one that filters nothing and is never used
+        if start_error(crawler) is None:
+            try:
+                return cls._build(crawler)
+            except ScrapyDistError as exc:
+                refuse_start(crawler, exc)
+        return BaseDupeFilter()  # type: ignore[return-value]
+
+    @classmethod
+    def _build(cls, crawler: Crawler) -> Self:
+        ds = DistSettings.for_crawler(crawler)
+        return cls(
+            connection.get_redis(ds),
+            crawler_keys(crawler),
+            crawler.request_fingerprinter,
+            stats=crawler.stats,
+            debug=ds.dupefilter.debug,
+            ttl=ds.dupefilter.ttl,
+            **cls._extra_kwargs(ds),
+        )
+
+    @classmethod
+    def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
+        return {}
+
+    # -- Scrapy's BaseDupeFilter interface --------------------------------------------------------
+    def open(self) -> None:
+        """Called by the scheduler when the spider opens."""
+
+    def close(self, reason: str) -> None:
+        """Called by the scheduler when the spider closes; the filter itself stays in Redis."""
+
+    def request_seen(self, request: Request) -> bool:
+        """Test-and-set ``request``'s fingerprint (one atomic Redis call when not seen locally)."""
+        t1, t2 = self.tokens(request)
+        return self.seen_tokens([(t1, t2)])[0]
+
+    def log(self, request: Request, spider: Spider) -> None:
+        """Log (all with DUPEFILTER_DEBUG, else only the first) and count a filtered request."""
+        if self.debug:
+            referer = request.headers.get("Referer")
+            dupes_logger.debug(
+                "Filtered duplicate request: %(request)s (referer: %(referer)s)",
+                {"request": request, "referer": referer.decode(errors="replace") if referer else None},
+                extra={"spider": spider},
+            )
+        elif not self._logged_dupes:
+            dupes_logger.debug(
+                "Filtered duplicate request: %(request)s - no more duplicates will be shown"
+                " (see DUPEFILTER_DEBUG to show all duplicates)",
+                {"request": request},
+                extra={"spider": spider},
+            )
+            self._logged_dupes = True
+        if self.stats is not None:
+            self.stats.inc_value("dupefilter/filtered")
+
+    # -- the batched interface the scheduler uses -------------------------------------------------
+    def fingerprint(self, request: Request) -> bytes:
+        if self.legacy_fingerprint:
+            return bytes.fromhex(self.request_fingerprint(request))
+        return bytes(self.fingerprinter.fingerprint(request))
+
+    def request_fingerprint(self, request: Request) -> str:
+        """The request's fingerprint as hex. Overriding it is deprecated, as in Scrapy's RFPDupeFilter (set
+        ``REQUEST_FINGERPRINTER_CLASS``); an override is used, with a warning when the filter is built."""
+        return bytes(self.fingerprinter.fingerprint(request)).hex()
+
+
+    def tokens(self, request: Request) -> tuple[Any, Any]:
+        """The two values ``dupe.lua`` needs for ``request`` (see its header)."""
+        return self.fingerprint_tokens(self.fingerprint(request))
+
+    def fingerprint_tokens(self, fingerprint: bytes) -> tuple[Any, Any]:
+        """The two values ``dupe.lua`` needs for a request of this fingerprint."""
+        raise NotImplementedError
+
+    def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
+        """``dupe.lua``'s mode, KEYS (the forgotten set first) and params for a call at ``now`` (None:
+        this machine's clock) that may insert up to ``pending`` fingerprints."""
+        return self.mode, [self.keys.forgotten, self.keys.fingerprints], []
+
+    def recent_max_age(self) -> float:
+        """Seconds a worker may skip a fingerprint it sent itself (:mod:`scrapy_dist.dupefilter.script`): ten
+        minutes, none with an exact TTL (a URL is new again exactly TTL seconds after it was seen)."""
+        return RECENT_MAX_AGE if self.ttl is None else 0.0
+
+    def observe(self, bloom_n: int) -> None:
+        """Take note of the filter's size as reported by a script call."""
+
+    def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
+        """Test-and-set (or with ``add=False`` only test) a batch of fingerprints in one round trip, each
+        fingerprint atomically; True where already seen."""
+        return self.run_batch("add" if add else "check", tokens)
+
+    def run_batch(self, op: str, tokens: list[tuple[Any, Any]], now: float | None = None) -> list[bool]:
+        """``dupe_batch.lua`` over ``tokens`` (``op``: "add", "check" or "forget"; ``now``: injected time,
+        None = the server's): see :meth:`.script.DupeScript.run`. True where already seen."""
+        if self._script is None:
+            self._script = DupeScript(self.redis)
+        return self._script.run(self, op, tokens, now)
+
+    def key_names(self) -> list[str]:
+        """Every key of this filter beyond the fixed names of ``redis.keys.FRONTIER_KEY_NAMES`` (bloom
+        blocks and generations), for a flush or the end of a crawl."""
+        return []
+
+    def stats_snapshot(self) -> dict[str, float]:
+        """Filter figures for the crawl's stats (``dupefilter/...``)."""
+        return {}
+
+    def for_shard(self, keys: CrawlKeys, shards: int) -> Self:
+        """This filter on the keys of one shard of a sharded frontier (``SCHEDULER_SHARDS``): each shard
+        deduplicates exactly the requests routed to it (by fingerprint), so it has a filter of its own."""
+        clone = copy.copy(self)
+        clone.keys = keys
+        return clone
+
+
+class SetDupeFilter(RedisDupeFilter):
+    """Exact crawl-wide dupefilter: a Redis SET of raw 20-byte fingerprints (``{spider}:fingerprints``).
+
+    With ``DUPEFILTER_TTL``, a ZSET fingerprint -> expiry time (``{spider}:fingerprints:ttl``) instead:
+    exactly TTL seconds after it was seen, a URL is new again; the expired entries are removed a bounded
+    number per script call (expired or not, a lookup compares the time)."""
+
+    mode = "set"
+
+    def fingerprint_tokens(self, fingerprint: bytes) -> tuple[Any, Any]:
+        return fingerprint, ""
+
+    def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
+        if self.ttl is None:
+            return super().script_args(pending, now)
+        return "setttl", [self.keys.forgotten, self.keys.fingerprints_ttl], [repr(float(self.ttl))]
+
+    def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
+        if self.ttl is not None:
+            return super().seen_tokens(tokens, add)
+        if not add:
+            return [bool(x) for x in self.redis.smismember(self.keys.fingerprints, [t for t, _ in tokens])]
+        if len(tokens) == 1:
+            return [self.redis.sadd(self.keys.fingerprints, tokens[0][0]) == 0]
+        pipe = self.redis.pipeline(transaction=False)
+        for t1, _ in tokens:
+            pipe.sadd(self.keys.fingerprints, t1)
+        return [added == 0 for added in pipe.execute()]
+
+
+#: scrapy-redis's name for its exact, set-based filter: ``DUPEFILTER_CLASS =
+#: "scrapy_dist.dupefilter.RFPDupeFilter"`` (scrapy-redis's setting with the package name swapped) works.
+RFPDupeFilter = SetDupeFilter
+
+
+@dataclass(eq=False)
+class BloomDupeFilter(RedisDupeFilter):
+    """Crawl-wide scalable bloom filter in Redis bitmaps (see the module docstring).
+
+    Settings: ``BLOOMFILTER_CAPACITY`` (default 100,000,000), ``BLOOMFILTER_ERROR_RATE`` (0.001),
+    ``BLOOMFILTER_BLOCK_BITS``, and with ``DUPEFILTER_TTL`` ``BLOOMFILTER_GENERATIONS``
+    (:mod:`scrapy_dist.dupefilter.bloom`). The first worker to open a crawl records them in the
+    ``{spider}:bloom`` hash; later workers use the recorded values, so the chain is the same everywhere.
+    """
+
+    mode: ClassVar[str] = "bloom"
+
+    # the requested sizes: the crawl's own (recorded by its first worker) may differ, see open()
+    capacity: InitVar[int] = defaults.BLOOMFILTER_CAPACITY
+    error_rate: InitVar[float] = defaults.BLOOMFILTER_ERROR_RATE
+    block_bits: InitVar[int] = defaults.BLOOMFILTER_BLOCK_BITS
+    generations: InitVar[int] = 4
+
+    def __post_init__(self, capacity: int, error_rate: float, block_bits: int, generations: int) -> None:
+        self.base = BloomPlan(capacity, error_rate, block_bits)
+        self.gens = None if self.ttl is None else Generations(self.ttl, generations)
+        self.plan = self.base if self.gens is None else self.gens.plan(capacity, error_rate, block_bits)
+        self.n = 0  # items in the filter (its fullest live generation), as last reported by Redis
+        self._capacity_log = RateLimitedLog.once(logger)
+        self._local: ScalableBloomFilter | None = None
+
+    @classmethod
+    def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
+        f = ds.dupefilter
+        return {
+            "capacity": f.capacity, "error_rate": f.error_rate, "block_bits": f.block_bits,
+            "generations": f.generations,
+        }
+
+    def open(self) -> None:
+        """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        b = self.base
+        mine = {
+            "capacity": b.capacity, "error_rate": repr(b.error_rate), "block_bits": b.block_bits,
+            "hashing": HASHING, "ttl": repr(float(self.ttl or 0)),
+            "generations": self.gens.count if self.gens else 4,
+        }
+        for name, value in mine.items():
+            pipe.hsetnx(self.keys.bloom, name, value)
+        names = [*mine, "n"]
+        pipe.hmget(self.keys.bloom, names)
+        values = pipe.execute()[-1]
+        way_out = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
+        try:
+            rec = parse_bloom_record(
+                {k: v for k, v in zip(names, values, strict=True) if v is not None}, self.keys.bloom
+            )
+        except BloomParameterError as exc:
+            raise BloomParameterError(
+                f"The bloom filter holds invalid parameters: {exc}; {way_out}"
+            ) from None
+        if rec.n_garbage is not None:
+            logger.warning(
+                "%s field n=%s is not an item count of this filter (written by someone else?): the frontier"
+                " recounts it from the filter's bits at its next write", self.keys.bloom, rec.n_garbage,
+            )
+        if rec.schedule_garbage is not None:
+            rec = self._repair_schedule(rec, mine)
+        if rec.hashing not in SCHEMES:
+            raise ScrapyDistError(
+                f"The bloom filter {self.keys.bloom!r} was written with layout {rec.hashing},"
+                f" this scrapy-dist reads {', '.join(map(str, SCHEMES))}: {way_out}"
+            )
+        self.adopt(rec)
+
+    def _repair_schedule(self, rec: BloomRecord, mine: dict[str, Any]) -> BloomRecord:
+        """Record this worker's ``ttl`` and ``generations`` over ones no worker could have written (one
+        HSET), and use them."""
+        self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
+        logger.warning(
+            "%s field %s is not a schedule any worker could have recorded (written by someone else?):"
+            " replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
+            self.keys.bloom, rec.schedule_garbage, self.ttl, mine["generations"],
+        )
+        return dataclasses.replace(rec, ttl=float(self.ttl or 0), generations=int(mine["generations"]),
+                                   schedule_garbage=None)
+
+    def adopt(self, rec: BloomRecord) -> None:
+        """Use the parameters recorded for the crawl, warning when they differ from this worker's."""
+        b = self.base
+        ttl = rec.ttl or None
+        mine = (b.capacity, b.error_rate, b.block_bits, self.ttl, self.gens.count if self.gens else None)
+        theirs = (rec.capacity, rec.error_rate, rec.block_bits, ttl, rec.generations if ttl else None)
+        if mine != theirs or rec.hashing != b.scheme:
+            if mine != theirs:
+                logger.warning(
+                    "The bloom filter of this crawl was created with capacity=%d error_rate=%g ttl=%s"
+                    " generations=%s; using those, not this worker's BLOOMFILTER_CAPACITY=%d"
+                    " BLOOMFILTER_ERROR_RATE=%g DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
+                    rec.capacity, rec.error_rate, ttl, theirs[4], b.capacity, b.error_rate, self.ttl, mine[4],
+                )
+            # a crawl keeps the layout it was created with (an older one: scheme 3's plan)
+            self.ttl = ttl
+            self.base = BloomPlan(rec.capacity, rec.error_rate, rec.block_bits, scheme=rec.hashing)
+            self.gens = None if ttl is None else Generations(ttl, rec.generations)
+            self.plan = self.base if self.gens is None else self.gens.plan(
+                rec.capacity, rec.error_rate, rec.block_bits, rec.hashing
+            )
+        self.observe(0 if self.gens else rec.n)
+
+    def recent_max_age(self) -> float:
+        # with a TTL: a quarter of a generation's span at most, well within the generations' imprecision
+        return RECENT_MAX_AGE if self.gens is None else min(RECENT_MAX_AGE, self.gens.span / 4)
+
+    def fingerprint_tokens(self, fingerprint: bytes) -> tuple[Any, Any]:
+        return fingerprint_hashes(fingerprint)
+
+    def for_shard(self, keys: CrawlKeys, shards: int) -> Self:
+        """A shard's filter holds about 1/shards of the crawl's URLs: its chain is sized for that."""
+        clone = super().for_shard(keys, shards)
+        b = self.base
+        clone.base = BloomPlan(max(1, b.capacity // shards), b.error_rate, b.block_bits, scheme=b.scheme)
+        clone.plan = clone.base if self.gens is None else self.gens.plan(
+            clone.base.capacity, b.error_rate, b.block_bits, b.scheme
+        )
+        clone.n, clone._local, clone._script = 0, None, None
+        clone._capacity_log = RateLimitedLog.once(logger)
+        return clone
+
+    def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
+        """Keys and params for ``pending`` more inserts, for a chain of at most the filter's bound
+        (:data:`scrapy_dist.dupefilter.bloom.MAX_OVERSHOOT`; the script refuses an insert past it);
+        :class:`BloomParameterError` (before a key name is built) when this worker's count is past it."""
+        self.plan.check_items(self.n, self.keys.bloom)
+        horizon = min(self.n + pending, self.plan.max_items)
+        now = time.time() if now is None else now
+        keys = [self.keys.forgotten, self.keys.bloom, *self._chain_keys(horizon, now)]
+        params = self.plan.script_params(horizon)
+        if self.gens is None:
+            return "bloom", keys, params
+        gens = self.gens.passed(now)
+        return "bloomgen", keys, [repr(self.gens.span), self.gens.count, gens.start, len(gens), *params]
+
+    def _chain_keys(self, horizon: int, now: float) -> list[str]:
+        """Every key of the chain (of each generation passed at ``now``, with a TTL) up to ``horizon``
+        items: a generation's HASH, then its blocks in ``dupe.lua``'s order."""
+        coords = self.plan.block_coords(horizon)
+        if self.gens is None:
+            return [self.keys.bloom_block(f, b) for f, b in coords]
+        out = []
+        for e in self.gens.passed(now):
+            out.append(self.keys.bloom_generation(e))
+            out += [self.keys.bloom_generation_block(e, f, b) for f, b in coords]
+        return out
+
+    def key_names(self) -> list[str]:
+        return self._chain_keys(max(self.n, self.plan.capacity), time.time())
+
+    def observe(self, bloom_n: int) -> None:
+        self.n = max(self.n, int(bloom_n))
+        if self.n > self.plan.capacity:
+            self._capacity_log.log(
+                logging.WARNING,
+                "The bloom filter holds %d fingerprints%s, past its capacity %d (BLOOMFILTER_CAPACITY%s): it"
+                " keeps growing within the error rate, but each further item costs more memory; raise the"
+                " capacity for the next crawl",
+                self.n, " in one generation" if self.gens else "", self.plan.capacity,
+                "/(BLOOMFILTER_GENERATIONS-1)" if self.gens else "",
+            )
+
+    def request_seen(self, request: Request) -> bool:
+        """Scrapy-scheduler path: local first-level filter (not with ``DUPEFILTER_TTL``: it would remember
+        for ever), then one atomic Redis test-and-set."""
+        fp = self.fingerprint(request)
+        if self.gens is not None:
+            return self.seen_tokens([fingerprint_hashes(fp)])[0]
+        if self._local is None:
+            self._local = ScalableBloomFilter(
+                initial_capacity=100_000, error_rate=1e-7, mode=ScalableBloomFilter.LARGE_SET_GROWTH
+            )
+        if fp in self._local:
+            return True
+        seen = self.seen_tokens([fingerprint_hashes(fp)])[0]
+        self._local.add(fp)
+        return seen
+
+    def stats_snapshot(self) -> dict[str, float]:
+        return {
+            "dupefilter/bloom/items": self.n,
+            "dupefilter/bloom/fill_ratio": round(self.n / self.plan.capacity, 6),
+            "dupefilter/bloom/fpr_estimate": self.plan.false_positive_rate(self.n) * (
+                self.gens.count if self.gens else 1
+            ),
+        }
+
+    def close(self, reason: str) -> None:
+        if self.stats is not None:
+            for k, v in self.stats_snapshot().items():
+                self.stats.set_value(k, v)

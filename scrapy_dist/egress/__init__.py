@@ -10,14 +10,18 @@ May import: ``utils`` and the root's exceptions.
 from __future__ import annotations
 
 from scrapy_dist.egress.networks import (
+    POLICY,
     DeniedNetwork,
+    DenyNetworksResolver,
+    DenyPolicy,
     checked_request,
     denied,
+    enforce,
+    install,
     literal_refusal,
     parse_networks,
     request_refusal,
 )
-from scrapy_dist.egress.resolver import POLICY, DenyNetworksResolver, DenyPolicy, enforce, install
 
 __all__ = [
     "POLICY",

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 
 from scrapy_dist.exceptions import ReleasedAtClose, ScrapyDistError
+from scrapy_dist.extensions.clusterstats import engine_of, scheduler_of, worker_id
 from scrapy_dist.extensions.periodic import PeriodicTask
-from scrapy_dist.extensions.workers import engine_of, scheduler_of, worker_id
 from scrapy_dist.frontier.control import ControlState, start_time
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.redis.replies import text
 from scrapy_dist.settings import DistSettings, defaults
-from scrapy_dist.settings.refusal import refusing, start_error
+from scrapy_dist.settings.reader import refusing, start_error
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:

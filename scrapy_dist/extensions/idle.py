@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import redis
 from scrapy import signals
 
+from scrapy_dist.extensions.clusterstats import engine_of, scheduler_of
 from scrapy_dist.extensions.periodic import PeriodicTask
-from scrapy_dist.extensions.workers import engine_of, scheduler_of
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier.chains import end_chains
 from scrapy_dist.frontier.control import ControlState, report_problems, start_time
@@ -30,7 +30,7 @@ from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, defaults
-from scrapy_dist.settings.refusal import refusing, start_error
+from scrapy_dist.settings.reader import refusing, start_error
 
 if TYPE_CHECKING:
     from scrapy import Spider

@@ -110,7 +110,7 @@ def member_prefix(member: bytes, polite: bool) -> bytes:
 
 
 #: the downloader middleware that turns a conditional revisit's 304 into "not modified"
-MIDDLEWARE = "scrapy_dist.middlewares.revisit.ConditionalRevisitMiddleware"
+MIDDLEWARE = "scrapy_dist.middlewares.ConditionalRevisitMiddleware"
 
 
 def _middleware_enabled(settings: Any) -> bool:

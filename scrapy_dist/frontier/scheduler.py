@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
-from scrapy_dist.dupefilter.filters import RedisDupeFilter
-from scrapy_dist.dupefilter.recent import RecentFingerprints
+from scrapy_dist.dupefilter import RedisDupeFilter
+from scrapy_dist.dupefilter.script import RecentFingerprints
 from scrapy_dist.egress import checked_request
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
@@ -42,7 +42,7 @@ from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, SchedulerSettings
-from scrapy_dist.settings.refusal import refuse_start, start_error
+from scrapy_dist.settings.reader import refuse_start, start_error
 from scrapy_dist.wire.codec import EntryPolicy, encode_request
 from scrapy_dist.wire.entrypolicy import DEAD
 
@@ -131,7 +131,7 @@ class Scheduler:
         self._empty_since: float | None = None
         #: what the scheduler runs for a project without the add-on (scrapy_dist/frontier/wiring.py)
         self.components: list[Any] = []
-        #: the crawl's start was refused (:mod:`scrapy_dist.settings.refusal`): open nothing
+        #: the crawl's start was refused (:mod:`scrapy_dist.settings.reader`): open nothing
         self.refused = False
         #: revisits (scrapy_dist/frontier/revisit.py), wired by from_crawler
         self.revisits: Revisits | None = None

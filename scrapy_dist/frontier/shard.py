@@ -29,7 +29,7 @@ from scrapy_dist.wire.codec import decode_request
 if TYPE_CHECKING:
     from scrapy import Request
 
-    from scrapy_dist.dupefilter.filters import RedisDupeFilter
+    from scrapy_dist.dupefilter import RedisDupeFilter
     from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.wire.entrypolicy import EntryPolicy
 

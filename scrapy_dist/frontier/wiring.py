@@ -4,10 +4,10 @@ what the scheduler runs for it when the project has no add-on.
 :func:`build` is :meth:`Scheduler.from_crawler <scrapy_dist.frontier.scheduler.Scheduler.from_crawler>`:
 the scheduler's ``__init__`` takes plain objects, this module reads them from the crawler. A setting
 refused on the way (the scheduler's own, the dupefilter's, ...) refuses the crawl's start
-(:mod:`scrapy_dist.settings.refusal`), and the scheduler built then opens nothing.
+(:mod:`scrapy_dist.settings.reader`), and the scheduler built then opens nothing.
 
 :func:`run_components` gives the two-line setup (``SCHEDULER`` and ``DUPEFILTER_CLASS`` without the
-add-on) what the add-on would enable (:mod:`scrapy_dist.settings.components`): the extensions are built and
+add-on) what the add-on would enable (:mod:`scrapy_dist.settings.reader`): the extensions are built and
 connected to the crawler's signals here, the networks check is put into the running downloader's chain,
 and what needs a place among Scrapy's middlewares is named in one WARNING with the add-on's line.
 """
@@ -31,8 +31,7 @@ from scrapy_dist.frontier.revisit import Revisits
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings
-from scrapy_dist.settings.components import ADDON_LINE, COMPONENTS, Component, mentions
-from scrapy_dist.settings.refusal import refuse_start, start_error
+from scrapy_dist.settings.reader import ADDON_LINE, COMPONENTS, Component, mentions, refuse_start, start_error
 from scrapy_dist.wire.codec import entry_policy
 
 if TYPE_CHECKING:

@@ -1,16 +1,63 @@
-"""scrapy-dist's Scrapy middlewares, one module each; names are imported on first use only, so a missing
-or broken module does not break the others."""
+"""scrapy-dist's Scrapy middlewares: the shared cookie jar (``cookies``), delayed retries and dead-lettered
+HTTP errors (``retry``), imported on first use only, so a missing or broken module does not break the
+others; and here the two small guards the add-on installs.
+
+:class:`DenyNetworksMiddleware` refuses requests to ``SCHEDULER_DENY_NETWORKS``. Anyone who can push a seed
+or a queue entry chooses URLs the workers fetch from inside your network (cloud metadata at
+``169.254.169.254``, the Redis itself, an admin page on ``10.0.0.1``). The check that counts is made on the
+address each connection uses, in the DNS resolver (:mod:`scrapy_dist.egress.networks`), which
+:func:`~scrapy_dist.egress.enforce` puts in place -- with this middleware or with the scheduler alone. The
+middleware adds what a resolver cannot do:
+
+* a host or ``meta["proxy"]`` written as an IP address (Twisted connects to it without asking the
+  resolver) is refused before the download;
+* a request the resolver refused (:class:`DeniedNetwork`, an ``IgnoreRequest``) is dead-lettered with
+  reason ``denied_network``, as are the requests refused here (also counted: ``deny_networks/refused``);
+* a request sent through a proxy is also checked by its target host, resolved here: the proxy resolves it
+  for the download, so this is a best effort (a name that does not resolve here is left to the proxy).
+
+A host that does not resolve fails as Scrapy reports it (``DNSLookupError``), not as a refusal.
+
+:class:`ConditionalRevisitMiddleware` (``REVISIT_CONDITIONAL = True``, docs/continuous.md): a revisit entry
+carries its page's validators (written at ack time by :class:`scrapy_dist.frontier.revisit.Revisits`). A
+304 to a request that sent one is counted, keeps the revisit chain going, calls the spider's
+``on_not_modified(response)`` if it has one, and ends the request with :class:`NotModified` (an
+``IgnoreRequest``: no callback, no error, an errback may check for it). Order 580, so the downloader's own
+middlewares never see the 304 as theirs.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import socket
+import time
+from collections import OrderedDict
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet import threads
+
+from scrapy_dist.egress import DeniedNetwork, denied, enforce, request_refusal
+from scrapy_dist.egress.networks import Network
+from scrapy_dist.frontier.revisit import VALIDATOR_HEADERS
+from scrapy_dist.settings import DistSettings
+from scrapy_dist.settings.reader import refusing
+from scrapy_dist.utils.ratelimit import RateLimitedLog
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from typing_extensions import Self
+
     from scrapy_dist.middlewares.cookies import SharedCookiesMiddleware
-    from scrapy_dist.middlewares.httperror import HttpErrorMiddleware
-    from scrapy_dist.middlewares.networks import DenyNetworksMiddleware
-    from scrapy_dist.middlewares.retry import RetryMiddleware, RetryScheduled
+    from scrapy_dist.middlewares.retry import HttpErrorMiddleware, RetryMiddleware, RetryScheduled
     from scrapy_dist.wire.credentials import AddedCredentialsMiddleware, ScheduledHeadersMiddleware
 
 #: public name -> module under scrapy_dist.middlewares, or a full module path (add one line per middleware)
@@ -18,21 +65,23 @@ _EXPORTS = {
     "SharedCookiesMiddleware": "cookies",
     "RetryMiddleware": "retry",
     "RetryScheduled": "retry",
-    "HttpErrorMiddleware": "httperror",
+    "HttpErrorMiddleware": "retry",
     "ScheduledHeadersMiddleware": "scrapy_dist.wire.credentials",
     "AddedCredentialsMiddleware": "scrapy_dist.wire.credentials",
-    "DenyNetworksMiddleware": "networks",
 }
 
 # keep in step with _EXPORTS
 __all__ = [
-    "SharedCookiesMiddleware",
+    "AddedCredentialsMiddleware",
+    "ConditionalRevisitMiddleware",
+    "DeniedNetwork",
+    "DenyNetworksMiddleware",
+    "HttpErrorMiddleware",
+    "NotModified",
     "RetryMiddleware",
     "RetryScheduled",
-    "HttpErrorMiddleware",
     "ScheduledHeadersMiddleware",
-    "AddedCredentialsMiddleware",
-    "DenyNetworksMiddleware",
+    "SharedCookiesMiddleware",
 ]
 
 
@@ -41,3 +90,140 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(import_module(module if "." in module else f"{__name__}.{module}"), name)
+
+
+logger = logging.getLogger(__name__)
+
+
+def _getaddrinfo(host: str) -> list[str]:
+    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
+
+
+class DenyNetworksMiddleware:
+    """Downloader middleware refusing requests to ``SCHEDULER_DENY_NETWORKS`` that the resolver cannot see,
+    and dead-lettering every refused request (see the package docstring). The verdict on a proxied
+    request's target host is cached for ``ttl`` seconds (at most 10,000 hosts)."""
+
+    def __init__(
+        self,
+        networks: list[Network],
+        crawler: Crawler | None = None,
+        ttl: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not networks:
+            raise NotConfigured("SCHEDULER_DENY_NETWORKS is empty")
+        self.networks = networks
+        self.crawler = crawler
+        self.ttl = ttl
+        self.clock = clock
+        #: proxied target host -> (expires, denial detail or "")
+        self._verdicts: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._dead_letters: Any = None
+        self._log = RateLimitedLog(logger)
+
+    @classmethod
+    @refusing
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        # checked (one line on a bad value) when the crawl's settings were read
+        o = cls(enforce(crawler, DistSettings.for_crawler(crawler).scheduler.deny_networks), crawler)
+        from scrapy_dist.middlewares.retry import DeadLetterWriter
+
+        o._dead_letters = DeadLetterWriter(crawler)
+        return o
+
+    async def target_verdict(self, host: str) -> str:
+        """Why a proxied request's target ``host`` is denied (``""`` if it is not, or does not resolve
+        here); resolves it unless the answer is cached."""
+        now = self.clock()
+        cached = self._verdicts.get(host)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        addresses: list[str] = []
+        with contextlib.suppress(OSError, UnicodeError):
+            addresses = await maybe_deferred_to_future(threads.deferToThread(_getaddrinfo, host))
+        why = ""
+        for address in addresses:
+            net = denied(address, self.networks)
+            if net is not None:
+                why = f"{host} resolves to {address}, in denied network {net}"
+                break
+        self._verdicts[host] = (now + self.ttl, why)
+        self._verdicts.move_to_end(host)
+        while len(self._verdicts) > 10_000:
+            self._verdicts.popitem(last=False)
+        return why
+
+    async def process_request(self, request: Request) -> None:
+        why = request_refusal(request, self.networks)
+        if not why and request.meta.get("proxy"):
+            host = (urlparse_cached(request).hostname or "").rstrip(".").lower()
+            why = await self.target_verdict(host) if host else ""
+        if not why:
+            return None
+        if self.crawler is not None and self.crawler.stats is not None:
+            self.crawler.stats.inc_value("deny_networks/refused")
+        self._log.log(logging.WARNING, "Refused %s: %s (SCHEDULER_DENY_NETWORKS)", request, why)
+        self._dead_letter(request, why)
+        raise DeniedNetwork(why)
+
+    def process_exception(self, request: Request, exception: BaseException) -> None:
+        """A connection the resolver refused (counted and logged there): dead-lettered here."""
+        if isinstance(exception, DeniedNetwork):
+            self._dead_letter(request, str(exception))
+
+    def _dead_letter(self, request: Request, why: str) -> None:
+        if self._dead_letters is not None:
+            self._dead_letters.write(request, "denied_network", detail=why)
+
+
+class NotModified(IgnoreRequest):
+    """A conditional revisit was answered 304 Not Modified: the page did not change."""
+
+
+class ConditionalRevisitMiddleware:
+    """Downloader middleware of ``REVISIT_CONDITIONAL`` (see the package docstring); the add-on enables
+    it. Disabled (``NotConfigured``) without ``REVISIT_CONDITIONAL``."""
+
+    #: what the frontier's revisits look for in DOWNLOADER_MIDDLEWARES (it does not import this layer)
+    turns_304_into_not_modified = True
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self.stats = crawler.stats
+
+    @classmethod
+    @refusing
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        if not DistSettings.for_crawler(crawler).scheduler.revisit_conditional:
+            raise NotConfigured  # no message: Scrapy would log it as a WARNING in every crawl
+        return cls(crawler)
+
+    @staticmethod
+    def conditional(request: Request) -> bool:
+        return any(request.headers.get(h) for h in VALIDATOR_HEADERS)
+
+    def process_request(self, request: Request) -> None:
+        if self.conditional(request) and self.stats is not None:
+            self.stats.inc_value("revisit/conditional")
+
+    def process_response(self, request: Request, response: Response) -> Response:
+        if response.status != 304 or not self.conditional(request):
+            return response
+        if self.stats is not None:
+            self.stats.inc_value("revisit/not_modified")
+        from scrapy_dist.frontier.scheduler import get_scheduler
+
+        sched = get_scheduler(self.crawler)
+        if sched is not None and sched.revisits is not None:
+            sched.revisits.not_modified(request)
+        hook = getattr(self.crawler.spider, "on_not_modified", None)
+        if callable(hook):
+            try:
+                hook(response)
+            except Exception:
+                logger.exception("on_not_modified(%s) raised", response)
+        raise NotModified(f"304 Not Modified: {request.url}")
+
+    def process_exception(self, request: Request, exception: BaseException) -> Any:
+        return None

@@ -42,7 +42,7 @@ from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import Backoff, Outage
 from scrapy_dist.redis.replies import text
 from scrapy_dist.settings import DistSettings, defaults
-from scrapy_dist.settings.refusal import refusing
+from scrapy_dist.settings.reader import refusing
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:

@@ -9,6 +9,11 @@ the same batch as (or a batch before) the failed request's ack, so a killed work
 failures become dead letters, and where each is caught: docs/retries.md, "Dead letters"; a request is
 dead-lettered at most once per attempt. Without the scrapy-dist scheduler it retries like Scrapy's and
 writes no dead letters (it says so once).
+
+:class:`HttpErrorMiddleware` is Scrapy's (at 50) that can also dead-letter the responses it ignores: with
+``HTTPERROR_DEAD_LETTER = True`` every response filtered out for its status goes to the dead-letter list,
+so an audit lists every URL that never got a usable response, 404s and 403s included; a response whose
+retries ran out was dead-lettered by :class:`RetryMiddleware` already and is not recorded twice.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from scrapy import signals
 from scrapy.downloadermiddlewares.retry import get_retry_request
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
+from scrapy.spidermiddlewares.httperror import HttpError
+from scrapy.spidermiddlewares.httperror import HttpErrorMiddleware as ScrapyHttpErrorMiddleware
 from scrapy.utils.misc import _load_objects
 from scrapy.utils.python import global_object_name
 from scrapy.utils.response import response_status_message
@@ -33,13 +40,14 @@ from scrapy_dist.frontier.deadletter import dead_letter_record
 from scrapy_dist.frontier.retrytiming import retry_delay
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.settings import DistSettings, defaults
-from scrapy_dist.settings.refusal import refusing
+from scrapy_dist.settings.reader import refusing
 from scrapy_dist.utils.ratelimit import RateLimitedLog
 from scrapy_dist.wire.credentials import as_scheduled
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
     from twisted.python.failure import Failure
 
     # typing.Self requires Python 3.11
@@ -267,3 +275,41 @@ class RetryMiddleware:
         # this attempt ends here; only the retry copy (which keeps the errback) may see a final failure
         request.errback = None
         raise RetryScheduled(f"retry in {delay:.2f}s")
+
+
+
+class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
+    """Drop-in for ``scrapy.spidermiddlewares.httperror.HttpErrorMiddleware`` (order 50); same settings
+    and meta keys, plus ``HTTPERROR_DEAD_LETTER``."""
+
+    dead_letters: DeadLetterWriter | None = None
+
+    def __init__(self, settings: BaseSettings, dead_letter: bool = defaults.HTTPERROR_DEAD_LETTER) -> None:
+        super().__init__(settings)
+        self.dead_letter = dead_letter
+
+    @classmethod
+    @refusing
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        ds = DistSettings.for_crawler(crawler)
+        # Scrapy's HTTPERROR_ALLOW* settings go to Scrapy's middleware as they are
+        o = cls(crawler.settings, dead_letter=ds.retries.httperror_dead_letter)
+        o.crawler = crawler
+        if o.dead_letter:
+            o.dead_letters = DeadLetterWriter(crawler)
+        return o
+
+    # no ``spider`` parameter: Scrapy 2.19 deprecates it (the supertype still accepts it)
+    def process_spider_exception(  # type: ignore[override]
+        self, response: Response, exception: Exception
+    ) -> Iterable[Any] | None:
+        result = super().process_spider_exception(response, exception)
+        request = response.request
+        if isinstance(exception, HttpError) and self.dead_letters is not None and request is not None:
+            self.dead_letters.write(
+                request,
+                str(response.status),
+                status=response.status,
+                detail=response_status_message(response.status),
+            )
+        return result

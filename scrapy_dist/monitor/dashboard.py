@@ -28,13 +28,15 @@ from aiohttp import web
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.frontier.control import pause_crawl, resume_crawl
 from scrapy_dist.frontier.deadletter import parse_record
-from scrapy_dist.monitor.bounds import REASON_LIMIT, bounded_id, top_counts
+from scrapy_dist.monitor import REASON_LIMIT, bounded_id, top_counts
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage, describe
 
 __all__ = ["BUCKET_SECONDS", "Dashboard", "DashboardThread", "check_binding", "history_series"]
 
+#: The page and its scripts: data files of the package (no Python there).
+STATIC = resources.files("scrapy_dist.monitor").joinpath("dashboard_static")
 #: Width of one point of the history charts (seconds); an hour is 360 points.
 BUCKET_SECONDS = 10
 #: Points a history chart shows at least (a minute at the start of a crawl).
@@ -245,7 +247,7 @@ class Dashboard:
 
     # -- the page ------------------------------------------------------------------------------------------
     async def page(self, request: web.Request) -> web.Response:
-        html = resources.files("scrapy_dist.monitor.dashboard_static").joinpath("index.html").read_text()
+        html = STATIC.joinpath("index.html").read_text()
         html = html.replace("{{SPIDER}}", self.keys.spider.replace("<", "&lt;").replace("&", "&amp;"))
         return web.Response(text=html, content_type="text/html", headers={
             "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'",
@@ -256,7 +258,7 @@ class Dashboard:
         name = request.match_info["name"]
         if name not in ("chart.umd.min.js", "dashboard.js"):
             raise web.HTTPNotFound()
-        body = resources.files("scrapy_dist.monitor.dashboard_static").joinpath(name).read_bytes()
+        body = STATIC.joinpath(name).read_bytes()
         return web.Response(body=body, content_type="application/javascript")
 
     # -- actions -------------------------------------------------------------------------------------------

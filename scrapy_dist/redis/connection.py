@@ -7,7 +7,7 @@ Both are re-exported here, the import path components and users have.
 
 Unreachable Redis at start: :func:`check_reachable` raises :class:`RedisUnavailable` (one line naming the
 masked URL and the setting to change); a component handed the crawler calls :func:`ensure_reachable`,
-which refuses the crawl's start with it (:mod:`scrapy_dist.settings.refusal`: one ERROR line, a clean
+which refuses the crawl's start with it (:mod:`scrapy_dist.settings.reader`: one ERROR line, a clean
 stop, exit status 1 for ``scrapy crawl``, no traceback and no process exit in a script).
 """
 
@@ -31,7 +31,7 @@ from scrapy_dist.redis.clients import (
 )
 from scrapy_dist.redis.target import RedisTarget, resolve_target, resolve_url
 from scrapy_dist.settings import DistSettings, mask_url
-from scrapy_dist.settings.refusal import refuse_start
+from scrapy_dist.settings.reader import refuse_start
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -1,5 +1,411 @@
-"""Seeds: the untrusted entries pushed to ``<spider>:start_urls``, parsed, validated and read in batches
-by the spiders and ``scrapy-dist push``.
+"""Seeds: the untrusted entries people push to ``<spider>:start_urls``, parsed and validated here (the
+accepted forms and fields: docs/seeds.md, "Accepted seeds"), read in batches by the spiders
+(``reader``: the Redis side of the key; ``feed``: what the seeds become) and ``scrapy-dist push``.
+
+The parsing is shared by the spider and ``scrapy-dist push``, so a seed the CLI accepts is a seed the
+spider accepts. Pure functions, no I/O. A seed is a plain URL or a JSON object
+(:data:`FIELDS`, any other field is form data); anything else raises
+:class:`~scrapy_dist.exceptions.RejectedEntry` whose ``reason`` is one of :data:`REASONS`, never another
+exception, whatever the bytes.
 
 May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions.
 """
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.wire.codec import (
+    check_cookies_allowed,
+    check_header_names,
+    check_meta_keys,
+    check_no_userinfo,
+    spider_method,
+    user_defined,
+)
+from scrapy_dist.wire.seedfields import (
+    check_callback_name,
+    check_cookies,
+    check_headers,
+    check_method,
+    check_priority,
+    check_text,
+    json_type,
+    priority_from_score,
+)
+
+# the field checks live in scrapy_dist.wire.seedfields; those callers import from here are re-exported
+__all__ = [
+    "DEFAULT_RULES", "FIELDS", "REASONS", "Seed", "SeedRules", "check_callback_name", "check_cookies",
+    "check_headers", "check_method", "check_priority", "class_has_callback", "iter_lines", "parse_seed",
+    "priority_from_score", "reason_slug", "resolve_callback", "seed_request", "spider_has_callback",
+    "validate_url",
+]
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+
+    from scrapy_dist.settings import DistSettings
+
+#: Every rejection reason a seed can get (stats ``seeds/rejected/<reason>``, ``reason`` of the records).
+REASONS = {
+    "too_large": "longer than REDIS_START_URLS_MAX_BYTES",
+    "not_utf8": "not UTF-8 text",
+    "empty": "empty or only whitespace",
+    "bad_url": "not a URL: no scheme or host, whitespace/control characters, bad port, over 8 KiB,"
+    " user:password@ before the host",
+    "bad_scheme": "a scheme other than the allowed ones (http, https)",
+    "bad_json": "starts like JSON but does not parse, NaN/Infinity, nested over 32 levels",
+    "not_object": "valid JSON that is not an object",
+    "missing_url": "a JSON object without url",
+    "bad_form_field": "a JSON field outside FIELDS (form data, as in scrapy-redis) that is not a string or a"
+    " list of strings, or combined with body",
+    "bad_method": "method is not an HTTP token (letters, digits, !#$%&'*+-.^_`|~; at most 32)",
+    "bad_headers": "headers is not an object of name -> string or list of strings, or a bad name",
+    "header_injection": "CR, LF or NUL in a header (or cookie) name or value",
+    "bad_body": "body is not a string",
+    "bad_meta": "meta is not an object, or holds integers msgpack cannot store",
+    "meta_not_allowed": "a meta key SEEDS_META_ALLOWED does not allow (proxy, cookiejar, dont_*, _*, ...)",
+    "header_not_allowed": "a framing/routing header (Host, Content-Length, Proxy-*, ...), or a credential"
+    " header (Authorization, Cookie) SEEDS_HEADERS_ALLOWED does not name; cookies unless it names Cookie",
+    "offsite": "the URL's host is not in the spider's allowed_domains (dont_filter or not)",
+    "bad_cb_kwargs": "cb_kwargs is not an object with identifier keys",
+    "bad_priority": "priority is not an integer in the 32-bit range",
+    "bad_callback": "callback is not a public method defined by the spider",
+    "bad_errback": "errback is not a public method defined by the spider",
+    "bad_dont_filter": "dont_filter is not a boolean",
+    "bad_cookies": "cookies is not an object of name -> value or a list of cookie objects",
+    "bad_request": "Scrapy's Request refused the values",
+    "hook_error": "the spider's make_request_from_data() raised",
+    "bad_hook_result": "make_request_from_data() returned something that is not a Request, None or an"
+    " iterable of Requests",
+}
+
+#: The fields a JSON seed may have.
+FIELDS = frozenset(
+    [
+        "url", "method", "headers", "body", "meta", "cb_kwargs", "priority", "callback", "errback",
+        "dont_filter", "cookies",
+    ]
+)
+
+#: Nesting limit of JSON seeds: far above any real meta, far below Python's and msgpack's recursion limits.
+MAX_DEPTH = 32
+_WS = b" \t\r\n\x0b\x0c"
+#: ASCII control characters and space (codec.check_url's rule, as one regex)
+_CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")
+#: ``scheme://[user@]host[:port]`` followed by ``/``, ``?``, ``#`` or the end, with a plain host name: what
+#: urlsplit would make of it is certain, so validate_url reads scheme, host and port from the match
+_SIMPLE_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#@\[\]]*@)?([A-Za-z0-9.-]+)(?::(\d{1,5}))?(?=[/?#]|$)")
+
+
+@dataclass(frozen=True)
+class SeedRules:
+    """The limits every seed is checked against (``REDIS_START_URLS_MAX_BYTES``,
+    ``SCHEDULER_ALLOWED_SCHEMES``, ``SEEDS_META_ALLOWED``, ``SEEDS_HEADERS_ALLOWED``)."""
+
+    max_bytes: int = 64 * 1024
+    allowed_schemes: tuple[str, ...] = ("http", "https")
+    meta_allowed: tuple[str, ...] = ("*",)
+    headers_allowed: tuple[str, ...] = ()
+    #: REDIS_START_URLS_DEDUPE: whether a seed that does not say ``dont_filter`` is deduplicated
+    dedupe: bool = False
+
+    @classmethod
+    def from_dist(cls, ds: DistSettings) -> SeedRules:
+        """The rules a crawl's typed settings give."""
+        return cls(
+            max_bytes=ds.seeds.max_bytes, allowed_schemes=ds.scheduler.allowed_schemes,
+            meta_allowed=ds.seeds.meta_allowed, headers_allowed=ds.seeds.headers_allowed,
+            dedupe=ds.seeds.dedupe,
+        )
+
+
+DEFAULT_RULES = SeedRules()
+
+
+@dataclass
+class Seed:
+    """A validated seed: everything needed to build its request, nothing unchecked."""
+
+    url: str
+    method: str = "GET"
+    #: header name -> values
+    headers: dict[str, list[str]] | None = None
+    body: str | None = None
+    meta: dict[str, Any] | None = None
+    cb_kwargs: dict[str, Any] | None = None
+    #: ``None`` when the seed does not set it (a ZSET score may then give it)
+    priority: int | None = None
+    callback: str | None = None
+    errback: str | None = None
+    #: ``None`` when the seed does not say (REDIS_START_URLS_DEDUPE decides)
+    dont_filter: bool | None = None
+    cookies: dict[str, Any] | list[dict[str, Any]] | None = None
+    #: fields outside FIELDS: form data (scrapy-redis's README seed ``{"url": ..., "url_cookie_key": ...}``)
+    formdata: dict[str, str | list[str]] | None = None
+    #: whether the seed was a JSON object (else a plain URL)
+    is_json: bool = field(default=False, compare=False)
+
+    def to_json(self) -> str:
+        """The seed as a JSON object holding only what differs from the defaults."""
+        d: dict[str, Any] = {"url": self.url}
+        if self.method != "GET":
+            d["method"] = self.method
+        for name in ("headers", "body", "meta", "cb_kwargs", "priority", "callback", "errback", "cookies"):
+            value = getattr(self, name)
+            if value is not None:
+                d[name] = value
+        if self.dont_filter is not None:
+            d["dont_filter"] = self.dont_filter
+        for name, value in (self.formdata or {}).items():
+            d.setdefault(name, value)
+        return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
+
+
+# -- parsing ------------------------------------------------------------------------------------
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> None:
+    """Walk a JSON value (iteratively bounded by ``MAX_DEPTH``): strings encodable, integers storable."""
+    if depth > MAX_DEPTH:
+        raise RejectedEntry("bad_json", f"{what} nested deeper than {MAX_DEPTH}")
+    if isinstance(value, str):
+        check_text(value, reason, what)
+    elif isinstance(value, bool) or value is None or isinstance(value, float):
+        return
+    elif isinstance(value, int):
+        if not -(2**63) <= value < 2**64:  # msgpack's integer range
+            raise RejectedEntry(reason, f"{what} holds an integer out of range")
+    elif isinstance(value, list):
+        for v in value:
+            _check_json_value(v, reason, what, depth + 1)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_text(k, reason, what)
+            _check_json_value(v, reason, what, depth + 1)
+
+
+def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
+    """Validate an untrusted URL: the rules of :func:`scrapy_dist.wire.codec.check_url`, plus what Scrapy's
+    ``Request`` would trip on later (a missing scheme, a port out of range, non-printable non-ASCII
+    characters). Written out, with one regex for the common shape, because the CLI validates every seed it
+    pushes; a test holds it at least as strict as ``check_url``.
+    """
+    if not isinstance(url, str):
+        raise RejectedEntry("bad_url", f"url has type {type(url).__name__}")
+    if not url or len(url) > 8192 or _CONTROL_OR_SPACE.search(url):
+        raise RejectedEntry("bad_url", "empty, too long, or contains whitespace/control characters")
+    if not url.isascii() and not url.isprintable():
+        ch = next(c for c in url if not c.isprintable())
+        cat = unicodedata.category(ch)
+        raise RejectedEntry("bad_url", f"contains {cat} character U+{ord(ch):04X}")
+    simple = _SIMPLE_URL.match(url)
+    if simple is not None:  # the common shape, read without urlsplit (same answers, faster)
+        scheme, host, port = simple.group(1).lower(), simple.group(2), simple.group(3)
+        if port is not None and int(port) > 65535:
+            raise RejectedEntry("bad_url", "Port out of range 0-65535")
+    else:
+        try:
+            parts = urlsplit(url)
+            port = parts.port  # raises ValueError for a port out of range
+        except ValueError as exc:
+            raise RejectedEntry("bad_url", str(exc)[:100]) from None
+        scheme, host = parts.scheme.lower(), parts.hostname
+    if not scheme:
+        raise RejectedEntry("bad_url", "not a URL (no scheme)")
+    if scheme not in rules.allowed_schemes:
+        raise RejectedEntry("bad_scheme", f"scheme {scheme!r} not allowed")
+    if scheme in ("http", "https") and not host:
+        raise RejectedEntry("bad_url", "no host")
+    if "@" in url:
+        check_no_userinfo(url)
+    return url
+
+
+def parse_seed(
+    data: bytes, rules: SeedRules = DEFAULT_RULES, has_callback: Callable[[str], bool] | None = None
+) -> Seed:
+    """Parse and validate one raw seed.
+
+    ``has_callback(name)`` says whether the spider has a public callback method ``name``; ``None`` checks
+    only that callback/errback names could be public method names (the CLI outside a project).
+    Raises :class:`RejectedEntry`; nothing else.
+    """
+    if len(data) > rules.max_bytes:
+        raise RejectedEntry("too_large", f"{len(data)} bytes > {rules.max_bytes}")
+    try:
+        text = data.strip(_WS).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RejectedEntry("not_utf8", f"invalid byte at {exc.start}") from None
+    if not text:
+        raise RejectedEntry("empty")
+    first = text[0]
+    if first in '{["' or first.isdigit() or first == "-" or text in ("null", "true", "false"):
+        return _parse_json(text, rules, has_callback)
+    return Seed(validate_url(text, rules))
+
+
+def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool] | None) -> Seed:
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise RejectedEntry("bad_json", "nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, or int too long for the str -> int limit
+        raise RejectedEntry("bad_json", str(exc)[:120]) from None
+    if not isinstance(obj, dict):
+        raise RejectedEntry("not_object", f"JSON {type(obj).__name__}, expected an object")
+    if "url" not in obj:
+        raise RejectedEntry("missing_url", "JSON seed without url")
+    formdata = _form_fields(obj)
+    url = obj["url"]
+    if isinstance(url, str):
+        check_text(url, "bad_url", "url")
+    seed = Seed(validate_url(url, rules), is_json=True)
+    if "method" in obj:
+        seed.method = check_method(obj["method"])
+    if "headers" in obj:
+        seed.headers = check_headers(obj["headers"])
+        check_header_names(seed.headers, rules.headers_allowed)
+    if "body" in obj:
+        body = obj["body"]
+        if not isinstance(body, str):
+            raise RejectedEntry("bad_body", f"body is a {json_type(body)}, expected a string")
+        check_text(body, "bad_body", "body")
+        seed.body = body
+    if "meta" in obj:
+        meta = obj["meta"]
+        if not isinstance(meta, dict):
+            raise RejectedEntry("bad_meta", f"meta is a {json_type(meta)}, expected an object")
+        _check_json_value(meta, "bad_meta", "meta")
+        check_meta_keys(meta, rules.meta_allowed)
+        seed.meta = meta
+    if "cb_kwargs" in obj:
+        kw = obj["cb_kwargs"]
+        if not isinstance(kw, dict) or not all(k.isidentifier() for k in kw):
+            raise RejectedEntry("bad_cb_kwargs", "cb_kwargs must be an object with identifier keys")
+        _check_json_value(kw, "bad_cb_kwargs", "cb_kwargs")
+        seed.cb_kwargs = kw
+    if "priority" in obj:
+        seed.priority = check_priority(obj["priority"])
+    for what in ("callback", "errback"):
+        if what in obj and obj[what] is not None:
+            setattr(seed, what, check_callback_name(obj[what], what, has_callback))
+    if "dont_filter" in obj:
+        df = obj["dont_filter"]
+        if not isinstance(df, bool):
+            raise RejectedEntry("bad_dont_filter", f"dont_filter is a {json_type(df)}, expected true/false")
+        seed.dont_filter = df
+    if "cookies" in obj:
+        seed.cookies = check_cookies(obj["cookies"])
+        check_cookies_allowed(rules.headers_allowed)
+    if formdata:
+        if seed.body is not None:
+            raise RejectedEntry("bad_form_field", "form fields and body together (the form is the body)")
+        seed.formdata = formdata
+    return seed
+
+
+def _form_fields(obj: dict[str, Any]) -> dict[str, str | list[str]]:
+    """The fields of a JSON seed outside :data:`FIELDS`: form data, as scrapy-redis sends them."""
+    out: dict[str, str | list[str]] = {}
+    for name, value in obj.items():
+        if name in FIELDS:
+            continue
+        check_text(name, "bad_form_field", "a form field name")
+        ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+        if not ok:
+            raise RejectedEntry(
+                "bad_form_field",
+                f"form field {name[:40]!r} is a {json_type(value)}, expected a string or a list"
+                " of strings (a field outside url, method, meta, ... is sent as form data)",
+            )
+        _check_json_value(value, "bad_form_field", "a form field")
+        out[name] = value
+    return out
+
+
+# -- callbacks ----------------------------------------------------------------------------------
+def class_has_callback(spidercls: type) -> Callable[[str], bool]:
+    """``has_callback`` for :func:`parse_seed` from a spider class (what the CLI has)."""
+    return lambda name: user_defined(spidercls, name)
+
+
+def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
+    """``has_callback`` for :func:`parse_seed` from a running spider."""
+
+    def check(name: str) -> bool:
+        try:
+            spider_method(spider, name, "callback")
+        except RejectedEntry:
+            return False
+        return user_defined(type(spider), name)
+
+    return check
+
+
+def resolve_callback(spider: Spider, name: str, what: str) -> Any:
+    """The bound method ``name`` of ``spider`` (validated as in :func:`spider_has_callback`)."""
+    method = spider_method(spider, name, what)
+    if not user_defined(type(spider), name):
+        raise RejectedEntry(f"bad_{what}", f"{name!r} is not a callback method defined by the spider")
+    return method
+
+
+# -- requests -----------------------------------------------------------------------------------
+def seed_request(
+    seed: Seed, spider: Spider | None = None, request_cls: type[Request] | None = None, dedupe: bool = False
+) -> Request:
+    """Build the request of ``seed``; callbacks are resolved on ``spider`` (required if the seed names
+    one). Raises :class:`RejectedEntry` (``bad_callback``, ``bad_errback``, ``bad_request``).
+
+    A seed that does not set ``dont_filter`` bypasses the dupefilter unless ``dedupe``
+    (``REDIS_START_URLS_DEDUPE``): as in scrapy-redis, pushing a URL again fetches it again."""
+    from scrapy import Request
+
+    dont_filter = (not dedupe) if seed.dont_filter is None else seed.dont_filter
+    kw: dict[str, Any] = {"url": seed.url, "method": seed.method, "dont_filter": dont_filter}
+    for name in ("headers", "body", "meta", "cb_kwargs", "priority", "cookies"):  # unset: Request's default
+        value = getattr(seed, name)
+        if value is not None:
+            kw[name] = value
+    if seed.formdata:
+        from scrapy import FormRequest
+
+        kw["formdata"] = seed.formdata
+        if request_cls is None or not issubclass(request_cls, FormRequest):
+            request_cls = FormRequest
+    for what in ("callback", "errback"):
+        name = getattr(seed, what)
+        if name is not None:
+            if spider is None:
+                raise RejectedEntry(f"bad_{what}", f"no spider to resolve {what} {name!r}")
+            kw[what] = resolve_callback(spider, name, what)
+    try:
+        return (request_cls or Request)(**kw)
+    except Exception as exc:  # Request validates too (URL, port, encodings); it must never crash us
+        raise RejectedEntry("bad_request", f"{type(exc).__name__}: {exc}"[:200]) from None
+
+
+def reason_slug(reason: Any) -> str:
+    """A rejection reason safe for a stats key: lowercase letters, digits and ``_``, at most 40."""
+    text = str(reason).lower()[:40]
+    slug = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in text)
+    return slug or "rejected"
+
+
+def iter_lines(chunks: Iterable[bytes]) -> Iterable[bytes]:
+    """Seeds of a file, one a line (blank lines and ``#`` comments skipped); used by the CLI."""
+    for line in chunks:
+        stripped = line.strip(_WS)
+        if stripped and not stripped.startswith(b"#"):
+            yield stripped

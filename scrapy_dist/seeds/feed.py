@@ -4,7 +4,7 @@
 :class:`SeedReader` is the Redis side (one round trip per call): take seeds, recording them as in flight;
 wait for them; acknowledge them; adopt the seeds of vanished workers. :class:`SeedFeed` is the loop behind
 :meth:`scrapy_dist.spiders.RedisMixin.start`: it waits with ``BLMOVE key key RIGHT LEFT`` (wakes on a push,
-moves nothing out), validates every seed (:mod:`scrapy_dist.seeds.parse`; a bad one goes to
+moves nothing out), validates every seed (:mod:`scrapy_dist.seeds`; a bad one goes to
 ``<seeds key>:rejected``), and acknowledges a seed only once the frontier has its request, so seeds are
 delivered at least once.
 """
@@ -28,9 +28,9 @@ from scrapy_dist.frontier.scheduler import Scheduler, get_scheduler, make_worker
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import crawl_keys
 from scrapy_dist.redis.outage import Backoff, Outage, is_outage
-from scrapy_dist.seeds import nearmiss
+from scrapy_dist.seeds import SeedRules, reason_slug, validate_url
+from scrapy_dist.seeds import reader as nearmiss
 from scrapy_dist.seeds import reader as seedreader
-from scrapy_dist.seeds.parse import SeedRules, reason_slug, validate_url
 from scrapy_dist.seeds.reader import BLOCK_SECONDS, CONFIRM_POLL, POLL_SECONDS, SeedReader, TakeResult
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.utils.ratelimit import RateLimitedLog
@@ -41,7 +41,7 @@ from scrapy_dist.wire.seedfields import priority_from_score
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-    from scrapy_dist.spiders.mixin import RedisMixin
+    from scrapy_dist.spiders import RedisMixin
 
 __all__ = ["SeedFeed", "SeedReader", "TakeResult"]  # the reader and its result re-exported
 
@@ -116,7 +116,7 @@ class SeedFeed:
         sched = get_scheduler(crawler)
         keys = crawl_keys(ds, spider.name)
         if spider.redis_key:
-            # spider.redis_key is the key itself (scrapy_dist.spiders.args replaced %(name)s): no template
+            # spider.redis_key is the key itself (scrapy_dist.spiders replaced %(name)s): no template
             keys = dataclasses.replace(keys, start_urls_template=spider.redis_key.replace("%", "%%"))
         batch = spider.redis_batch_size or ds.seeds.batch_size
         idle = sched.idle_before_close if sched is not None else ds.scheduler.idle_before_close

@@ -3,11 +3,12 @@ dataclass per group of settings and the one function that fills them (cross-sett
 
 :data:`~scrapy_dist.settings.table.TABLE` is the source of truth (defaults, types, ranges, doc lines,
 ``STATS``; ``python -m scrapy_dist.settings.table`` writes docs/settings.md from it);
-:mod:`~scrapy_dist.settings.values` converts raw values, :mod:`~scrapy_dist.settings.reader` reads them.
+:mod:`~scrapy_dist.settings.values` converts raw values, :mod:`~scrapy_dist.settings.reader` reads them
+and holds the components a crawl runs.
 Components take their values from ``DistSettings.for_crawler(crawler)`` in ``from_crawler`` and never read
 ``crawler.settings`` themselves. A bad value is one line, ``scrapy-dist: <SETTING>=<value>: <what is
 wrong>; <what is expected>`` (:class:`SettingsError`): ``for_crawler`` raises it, and the component that
-asked refuses the crawl's start with it (:mod:`scrapy_dist.settings.refusal`). A name close to one of ours
+asked refuses the crawl's start with it (:func:`refuse_start`). A name close to one of ours
 gets one WARNING.
 """
 
@@ -23,7 +24,15 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.settings.reader import SettingsReader, importable, queue_order, redis_location
+from scrapy_dist.settings.reader import (
+    SettingsReader,
+    importable,
+    queue_order,
+    redis_location,
+    refuse_start,
+    refusing,
+    start_error,
+)
 from scrapy_dist.settings.table import (
     ALIASES,
     BY_NAME,
@@ -59,7 +68,10 @@ __all__ = [
     "Setting",
     "SettingsError",
     "mask_url",
+    "refuse_start",
+    "refusing",
     "render_doc",
+    "start_error",
 ]
 
 logger = logging.getLogger(__name__)
@@ -152,7 +164,7 @@ class DupefilterSettings:
     debug: bool = False  # Scrapy's DUPEFILTER_DEBUG
     #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever)
     ttl: float | None = None
-    #: BLOOMFILTER_GENERATIONS: bloom generations with a TTL (scrapy_dist/dupefilter/generations.py)
+    #: BLOOMFILTER_GENERATIONS: bloom generations with a TTL (scrapy_dist/dupefilter/bloom.py)
     generations: int = 4
     #: DEADLETTER_FORGET: a dead-lettered request's fingerprint is forgotten with its dead letter
     forget_dead: bool = False
@@ -393,7 +405,7 @@ class DistSettings:
         """The crawler's settings object, read and checked on first use and then cached on the crawler.
 
         A bad value raises :class:`SettingsError` (the caller refuses the start with it, see
-        :mod:`scrapy_dist.settings.refusal`); the warnings are logged once.
+        :func:`refuse_start`); the warnings are logged once.
         Before the crawler's settings are frozen (a spider's ``from_crawler``) nothing is cached,
         since add-ons may still change them.
         """

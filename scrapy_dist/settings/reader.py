@@ -1,17 +1,46 @@
-"""Raw setting values as :class:`~scrapy_dist.settings.DistSettings` reads them: each converted per
-:data:`~scrapy_dist.settings.table.TABLE`, Scrapy's own settings it depends on, and the warnings about
-names -- a near miss of one of ours, a scrapy-redis setting we do not apply, a Scrapy queue setting that
-has no effect with our scheduler.
+"""Raw setting values as :class:`~scrapy_dist.settings.DistSettings` reads them, the components a crawl
+runs, and the refusal of a crawl that cannot start.
+
+:class:`SettingsReader` converts each value per :data:`~scrapy_dist.settings.table.TABLE`, reads Scrapy's
+own settings it depends on, and warns about names -- a near miss of one of ours, a scrapy-redis setting we
+do not apply, a Scrapy queue setting that has no effect with our scheduler.
+
+:data:`COMPONENTS` is the one list of components the add-on enables (``ADDONS = {"scrapy_dist.Addon":
+0}``) and the scheduler checks on the two-line path (``SCHEDULER`` and ``DUPEFILTER_CLASS`` only), so that
+both give the same crawl. Each :class:`Component` says how the scheduler can run it without the add-on:
+``signals`` (an extension: built and connected to the crawler's signals by the scheduler itself),
+``chain`` (a downloader middleware whose place in the chain does not matter for what it guards: put into
+the running downloader's chain) or ``position`` (it must sit at its place among Scrapy's middlewares, or
+replace one of Scrapy's: only the add-on can; the scheduler names it in one WARNING).
+
+A crawl that cannot start (a bad setting, Redis not answering) gets one ERROR line, a clean stop, and a
+failed start as Scrapy counts it. An exception raised while the crawl starts makes Scrapy log tracebacks
+of its own or leaves a failed task or Deferred, and a ``SystemExit`` ends an application that embeds
+Scrapy; a ``CloseSpider`` raised by a ``spider_opened`` handler is the one exit Scrapy's engine takes
+cleanly at start, and every Scrapy runner sets ``bootstrap_failed`` when the crawler has no spider once
+the crawl is over (``scrapy crawl`` then exits with status 1). So :func:`refuse_start` logs the error as
+one line, connects a ``spider_opened`` handler raising ``CloseSpider(REASON)`` and a ``spider_closed``
+handler that clears ``crawler.spider``. Components call it instead of raising, and then stay inert: an
+extension, middleware or pipeline raises a bare ``NotConfigured`` (:func:`refusing` does both), the
+scheduler opens nothing. A script sees ``bootstrap_failed`` on its runner and the error in
+:func:`start_error`.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
+import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from scrapy import signals
+from scrapy.exceptions import CloseSpider, NotConfigured
+from scrapy.utils.misc import load_object
+
+from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.settings.table import (
     ALIASES,
     BY_NAME,
@@ -23,10 +52,16 @@ from scrapy_dist.settings.table import (
 )
 from scrapy_dist.settings.values import SettingsError, convert
 
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
 __all__ = [
-    "COMPONENT_SETTINGS", "SCRAPY_QUEUE_SETTINGS", "SettingsReader", "check_components", "importable",
-    "queue_order", "redis_location",
+    "ADDON_LINE", "COMPONENTS", "COMPONENT_SETTINGS", "REASON", "SCRAPY_QUEUE_SETTINGS", "SETTINGS",
+    "Component", "SettingsReader", "check_components", "importable", "mentions", "queue_order",
+    "redis_location", "refuse_misspelt_components", "refuse_start", "refusing", "start_error",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: scrapy-redis's queue classes -> the queue order of :mod:`scrapy_dist.queue` each one means
 QUEUE_ALIASES = {
@@ -250,3 +285,139 @@ def redis_location(v: Callable[[str], Any]) -> tuple[dict[str, Any], Any, Any]:
     if not port and params.get("port") not in (None, ""):
         port = convert(replace(BY_NAME["REDIS_PORT"], name="REDIS_PARAMS['port']"), params["port"])
     return params, host, port
+
+
+# -- refusing a crawl's start ------------------------------------------------------------------------------
+#: The close reason (``finish_reason``) of a crawl refused at start.
+REASON = "scrapy_dist_refused"
+_ATTR = "_scrapy_dist_start_error"
+F = TypeVar("F", bound="Callable[..., Any]")
+
+
+def start_error(crawler: Any) -> ScrapyDistError | None:
+    """The error that stopped ``crawler`` at start (the first one), or None."""
+    return getattr(crawler, _ATTR, None)
+
+
+def refuse_start(crawler: Crawler, error: ScrapyDistError) -> None:
+    """Log ``error`` as one ERROR line and stop the crawl cleanly once it is open (see the module
+    docstring); ``scrapy crawl`` then exits with status 1. Only the first error of a crawler is logged:
+    later ones are its consequences."""
+    if start_error(crawler) is not None:
+        return
+    logger.error("%s", error)
+    setattr(crawler, _ATTR, error)
+
+    def opened(spider: Any) -> None:
+        raise CloseSpider(REASON)
+
+    def closed(spider: Any, reason: str) -> None:
+        crawler.spider = None  # Scrapy's runners count a crawl that ends without a spider as a failed start
+
+    crawler.signals.connect(opened, signal=signals.spider_opened, weak=False)
+    crawler.signals.connect(closed, signal=signals.spider_closed, weak=False)
+
+
+def refusing(from_crawler: F) -> F:
+    """Decorate an extension's, middleware's or pipeline's ``from_crawler``: a :class:`ScrapyDistError`
+    it raises refuses the crawl's start and disables the component; a crawl already refused does not
+    build it (so nothing of it touches Redis)."""
+
+    @functools.wraps(from_crawler)
+    def wrapper(cls: Any, crawler: Crawler, *args: Any, **kwargs: Any) -> Any:
+        if start_error(crawler) is not None:
+            raise NotConfigured
+        try:
+            return from_crawler(cls, crawler, *args, **kwargs)
+        except ScrapyDistError as exc:
+            refuse_start(crawler, exc)
+            raise NotConfigured from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def refuse_misspelt_components(crawler: Crawler) -> None:
+    """Refuse the start if ``SCHEDULER``, ``DUPEFILTER_CLASS`` or ``STATS_CLASS`` names a scrapy-dist class
+    that does not exist, and put Scrapy's default in its place, so that Scrapy does not fail with a
+    traceback loading it before the crawl can stop. Settings must not be frozen yet (an add-on, a
+    spider's ``from_crawler``)."""
+    from scrapy.settings import default_settings
+
+    settings = crawler.settings
+    for _ in COMPONENT_SETTINGS:
+        try:
+            check_components(settings)
+            return
+        except SettingsError as exc:
+            refuse_start(crawler, exc)
+            if getattr(settings, "frozen", True):
+                return
+            settings.set(exc.name, getattr(default_settings, exc.name),
+                         priority=settings.getpriority(exc.name) or "default")
+
+
+# -- the components a crawl runs ---------------------------------------------------------------------------
+#: the add-on line that enables everything below
+ADDON_LINE = 'ADDONS = {"scrapy_dist.Addon": 0}'
+
+
+@dataclass(frozen=True)
+class Component:
+    """One component: its class path, the component setting it goes in, its order, how the scheduler runs
+    it on the two-line path (``signals``, ``chain`` or ``position``), Scrapy's component it replaces, and
+    what a crawl lacks without it (for the WARNING)."""
+
+    path: str
+    setting: str
+    order: int
+    attach: str
+    lacks: str = ""
+    replaces: str = ""
+    #: a DistSettings attribute path (``scheduler.revisit_conditional``): the component does nothing while
+    #: it is false, so the two-line path lacks nothing then
+    when: str = ""
+
+
+#: Plain settings the add-on fills in while they hold Scrapy's default.
+SETTINGS = {
+    "SCHEDULER": "scrapy_dist.scheduler.Scheduler",
+    "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
+}
+
+COMPONENTS = (
+    Component("scrapy_dist.extensions.ClusterStats", "EXTENSIONS", 500, "signals"),
+    Component("scrapy_dist.extensions.IdleMonitor", "EXTENSIONS", 500, "signals"),
+    Component("scrapy_dist.extensions.ErrorMonitor", "EXTENSIONS", 500, "signals"),
+    # first in the chain, so credentials are remembered as scheduled before other middlewares add theirs
+    Component("scrapy_dist.middlewares.ScheduledHeadersMiddleware", "DOWNLOADER_MIDDLEWARES", 10,
+              "position", "credential headers the spider set kept apart from those middlewares add"),
+    # denied networks refused before any work; anywhere in the chain, it refuses before the download
+    Component("scrapy_dist.middlewares.DenyNetworksMiddleware", "DOWNLOADER_MIDDLEWARES", 20,
+              "chain", "SCHEDULER_DENY_NETWORKS"),
+    # last, to learn which credential values the middlewares added
+    Component("scrapy_dist.middlewares.AddedCredentialsMiddleware", "DOWNLOADER_MIDDLEWARES", 990,
+              "position", "credential headers added by middlewares kept out of the shared queue"),
+    # REVISIT_CONDITIONAL: a 304 to a conditional revisit ends the request (off without the setting)
+    Component("scrapy_dist.middlewares.ConditionalRevisitMiddleware", "DOWNLOADER_MIDDLEWARES", 580,
+              "position", "REVISIT_CONDITIONAL (a 304 ends a conditional revisit)",
+              when="scheduler.revisit_conditional"),
+    Component("scrapy_dist.middlewares.retry.RetryMiddleware", "DOWNLOADER_MIDDLEWARES", 550, "position",
+              "delayed retries through the shared frontier (Scrapy's RetryMiddleware retries at once, on"
+              " this worker)", replaces="scrapy.downloadermiddlewares.retry.RetryMiddleware"),
+    Component("scrapy_dist.middlewares.HttpErrorMiddleware", "SPIDER_MIDDLEWARES", 50, "position",
+              "dead letters for HTTP error responses",
+              replaces="scrapy.spidermiddlewares.httperror.HttpErrorMiddleware"),
+)
+
+
+def mentions(component_dict: dict[Any, Any], path: str) -> bool:
+    """Whether a component dict (a project's ``EXTENSIONS``, ...) names the class at ``path``, enabled or
+    disabled with ``None``, by any import path or as the class itself."""
+    target = load_object(path)
+    for key in component_dict:
+        try:
+            if (load_object(key) if isinstance(key, str) else key) is target:
+                return True
+        except (ImportError, AttributeError, ValueError, NameError):
+            continue
+    return False

@@ -20,7 +20,7 @@ MAX_CAPACITY = 10**12
 MIN_ERROR_RATE = 1e-12
 #: longest DUPEFILTER_TTL a filter may record (100 years)
 MAX_TTL = 100 * 365 * 86400
-#: BLOOMFILTER_GENERATIONS allowed (scrapy_dist/dupefilter/generations.py)
+#: BLOOMFILTER_GENERATIONS allowed (scrapy_dist/dupefilter/bloom.py)
 MIN_GENERATIONS, MAX_GENERATIONS = 2, 64
 
 

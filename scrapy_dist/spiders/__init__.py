@@ -1,11 +1,369 @@
-"""``RedisSpider`` and ``RedisCrawlSpider``: spiders that read their seeds from Redis, and the checks of
-the arguments scrapy-redis spiders take.
+"""``RedisSpider`` and ``RedisCrawlSpider``: spiders fed from Redis. ``redis-cli lpush <spider>:start_urls
+<url-or-json>`` and the running crawl requests the seed at once (docs/seeds.md); seeds are read in ``async
+def start()`` through :class:`scrapy_dist.seeds.feed.SeedFeed`, which owns the seed protocol.
+
+Also the spider attributes scrapy-redis users set, often as ``scrapy crawl s -a name=value`` (always a
+string): ``redis_key``, ``redis_batch_size`` and ``max_idle_time`` are read and converted once, when the
+spider is built (:meth:`RedisMixin.from_crawler`), as scrapy-redis does in ``setup_redis``: a string
+``"10"`` becomes ``10``; a value that cannot be converted stops the crawl with one line in the format of
+:class:`~scrapy_dist.settings.values.SettingsError`. ``max_idle_time`` (seconds) feeds
+``SCHEDULER_IDLE_BEFORE_CLOSE`` -- the spider attribute wins over the setting, as in scrapy-redis -- so the
+worker closes once the crawl has been idle that long (:class:`scrapy_dist.extensions.IdleMonitor`).
 
 May import: ``settings``, ``redis``, ``wire``, ``seeds``, ``frontier``, ``utils`` and the root's exceptions.
 """
 
 from __future__ import annotations
 
-from scrapy_dist.spiders.mixin import RedisCrawlSpider, RedisMixin, RedisSpider
+import dis
+import logging
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["RedisCrawlSpider", "RedisMixin", "RedisSpider"]
+from scrapy import Request, Spider, signals
+from scrapy.spiders import CrawlSpider
+
+from scrapy_dist.seeds import SeedRules, parse_seed, seed_request, spider_has_callback
+from scrapy_dist.seeds.feed import SeedFeed, SeedReader, TakeResult
+from scrapy_dist.settings import SettingsError
+from scrapy_dist.settings.reader import refuse_misspelt_components, refuse_start, start_error
+from scrapy_dist.wire.entrypolicy import keep_allowed_domains
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from scrapy.settings import Settings
+    from typing_extensions import Self
+
+__all__ = [
+    "ARGUMENTS", "SCRAPY_REDIS_HOOKS", "RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed",
+    "SeedReader", "SpiderArguments", "TakeResult", "apply_spider_arguments", "misspelt_arguments",
+    "reads_missing_server", "unused_hooks",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Priority of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s`` on the
+#: command line (40), since in scrapy-redis the spider attribute overrides the setting.
+IDLE_PRIORITY = 50
+
+
+_SEEDS_IN_START = (
+    "seeds are read in async def start(); to yield requests of your own too, override start() and end it"
+    " with `async for request in super().start(): yield request`"
+)
+#: scrapy-redis RedisSpider methods a subclass may override, which scrapy-dist's RedisSpider never calls,
+#: and what to do instead.
+SCRAPY_REDIS_HOOKS: dict[str, str] = {
+    "start_requests": _SEEDS_IN_START,
+    "next_requests": _SEEDS_IN_START + "; override make_request_from_data to change what a seed becomes",
+    "schedule_next_requests": _SEEDS_IN_START,
+    "fetch_data": "seeds are taken by scrapy-dist (LPOP, SPOP or ZPOPMAX, recorded until they are in the"
+                  " frontier); override make_request_from_data to change what a seed becomes",
+    "pop_list_queue": "seeds are taken by scrapy-dist; override make_request_from_data instead",
+    "pop_priority_queue": "seeds are taken by scrapy-dist; override make_request_from_data instead",
+    "spider_idle": "when the crawl is idle is decided crawl-wide (SCHEDULER_IDLE_BEFORE_CLOSE); connect a"
+                   " handler to signals.spider_idle yourself if you need one",
+    "setup_redis": "there is no spider.server; a client of your own:"
+                   " scrapy_dist.connection.get_redis(settings)",
+}
+
+
+def unused_hooks(spider_cls: type) -> list[str]:
+    """The scrapy-redis hooks (:data:`SCRAPY_REDIS_HOOKS`) ``spider_cls`` defines that nothing calls; none
+    if it defines its own ``start()``, which may call them."""
+
+    def own(name: str) -> bool:
+        klass = next((k for k in spider_cls.__mro__ if name in vars(k)), None)
+        return klass is not None and klass.__module__.partition(".")[0] not in ("scrapy", "scrapy_dist")
+
+    return [] if own("start") else [name for name in SCRAPY_REDIS_HOOKS if own(name)]
+
+
+def reads_missing_server(spider: Any) -> list[str]:
+    """The methods of the spider's own classes that read ``self.server`` (scrapy-redis's blocking client of
+    the seeds' Redis), when nothing of the spider's sets it: scrapy-dist's RedisSpider has none, and each
+    call would fail with an AttributeError. Empty if the spider has its own ``server``."""
+    if "server" in vars(spider) or any("server" in vars(k) for k in type(spider).__mro__):
+        return []
+    readers: list[str] = []
+    for klass in type(spider).__mro__:
+        if klass.__module__.partition(".")[0] in ("scrapy", "scrapy_dist", "builtins"):
+            continue
+        for name, func in vars(klass).items():
+            code = getattr(getattr(func, "__func__", func), "__code__", None)
+            ops = {i.opname for c in _code_objects(code) for i in dis.get_instructions(c)
+                   if i.argval == "server"}
+            if "STORE_ATTR" in ops:
+                return []  # it makes its own
+            if "LOAD_ATTR" in ops or "LOAD_METHOD" in ops:
+                readers.append(f"{klass.__name__}.{name}")
+    return readers
+
+
+def _code_objects(code: Any) -> list[Any]:
+    """``code`` and the code objects nested in it (comprehensions, inner functions)."""
+    if code is None:
+        return []
+    out = [code]
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            out.extend(_code_objects(const))
+    return out
+
+
+@dataclass(frozen=True)
+class SpiderArguments:
+    """The converted values (``None``: the spider does not set it, the setting applies)."""
+
+    #: the seeds key, ``%(name)s`` already replaced (as scrapy-redis leaves ``spider.redis_key``)
+    redis_key: str | None = None
+    redis_batch_size: int | None = None
+    max_idle_time: float | None = None
+
+    @classmethod
+    def of(cls, spider: Any) -> SpiderArguments:
+        """Read and convert the spider's attributes; raise :class:`SettingsError` (one line) if one is
+        unusable."""
+        return cls(
+            redis_key=_key(getattr(spider, "redis_key", None), getattr(spider, "name", "")),
+            redis_batch_size=_batch(getattr(spider, "redis_batch_size", None)),
+            max_idle_time=_idle(getattr(spider, "max_idle_time", None)),
+        )
+
+
+def _key(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SettingsError("redis_key", value, f"a {type(value).__name__}, not a string",
+                            "expected a key name such as '%(name)s:start_urls'")
+    try:
+        expanded = value % {"name": name, "spider": name}
+    except (TypeError, ValueError, KeyError) as exc:
+        raise SettingsError("redis_key", value, f"bad %-template ({exc})",
+                            "only %(name)s is replaced; write a literal % as %%") from None
+    if not expanded.strip():
+        raise SettingsError("redis_key", value, "an empty key",
+                            "expected a key name such as '%(name)s:start_urls', or leave it unset")
+    return expanded
+
+
+def _number(name: str, value: Any, integer: bool, low: int, problem: str, hint: str) -> Any:
+    """``value`` (a number or a ``-a`` string) as an int (``integer``) or a float of at least ``low``;
+    ``None`` stays ``None``. Raises :class:`SettingsError` with ``problem`` and ``hint`` otherwise."""
+    if value is None:
+        return None
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        number = math.nan
+    whole = number.is_integer() if math.isfinite(number) else False
+    if isinstance(value, bool) or not math.isfinite(number) or number < low or (integer and not whole):
+        raise SettingsError(name, value, problem, hint)
+    return int(number) if integer else number
+
+
+def _batch(value: Any) -> int | None:
+    return _number("redis_batch_size", value, True, 1, "not a whole number of at least 1",
+                   "expected seeds per round trip, e.g. -a redis_batch_size=16")
+
+
+def _idle(value: Any) -> float | None:
+    return _number("max_idle_time", value, False, 0, "not a number of seconds >= 0",
+                   "expected e.g. -a max_idle_time=30 (0: never close an idle crawl)")
+
+
+def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
+    """Convert the spider's scrapy-redis attributes in place and let ``max_idle_time`` set
+    ``SCHEDULER_IDLE_BEFORE_CLOSE``; a bad value raises :class:`SettingsError` (one line)."""
+    args = SpiderArguments.of(spider)
+    encoding = getattr(spider, "redis_encoding", None)
+    if encoding is not None and str(encoding).strip().lower().replace("-", "").replace("_", "") != "utf8":
+        logger.warning(
+            "scrapy-dist: redis_encoding=%s is not applied: seeds are read as UTF-8 (others are rejected as"
+            " not_utf8); override make_request_from_data to decode another encoding", encoding,
+        )
+    for line in misspelt_arguments(spider):
+        logger.warning("%s", line)
+    for name in unused_hooks(type(spider)):
+        logger.warning("scrapy-dist: %s.%s() is never called: %s", type(spider).__name__, name,
+                       SCRAPY_REDIS_HOOKS[name])
+    readers = reads_missing_server(spider)
+    if readers:
+        logger.warning(
+            "scrapy-dist: %s() reads self.server, which scrapy-dist's RedisSpider does not have"
+            " (scrapy-redis's client of the seeds' Redis): make your own, e.g. in from_crawler after"
+            " super(): `spider.server = scrapy_dist.connection.get_redis(crawler.settings)`",
+            "(), ".join(readers),
+        )
+    if args.redis_key is not None:
+        spider.redis_key = args.redis_key
+    if args.redis_batch_size is not None:
+        spider.redis_batch_size = args.redis_batch_size
+    if args.max_idle_time is not None:
+        spider.max_idle_time = args.max_idle_time
+        _set_idle(crawler.settings, args.max_idle_time)
+    else:
+        _warn_scrapy_redis_idle(crawler.settings)
+    return args
+
+
+#: the spider attributes (``-a name=value``) a RedisSpider reads
+ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")
+
+
+def misspelt_arguments(spider: Any) -> list[str]:
+    """One warning per attribute of the spider object (``-a`` arguments land there) that is a near miss of
+    one a RedisSpider reads (``-a redis_kye=...``): Scrapy keeps any argument silently."""
+    import difflib
+
+    out = []
+    for name in sorted(vars(spider)):
+        close = [] if name in ARGUMENTS else difflib.get_close_matches(name, ARGUMENTS, n=1, cutoff=0.75)
+        if close:
+            out.append(f"scrapy-dist: spider argument {name} is not one {type(spider).__name__} reads; did"
+                       f" you mean {close[0]}?")
+    return out
+
+
+def _warn_scrapy_redis_idle(settings: Settings) -> None:
+    """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE``, which there was the
+    blocking pop's timeout and here closes the workers once the crawl has had no work for that long. Only
+    for a project switched the scrapy-redis way (``SCHEDULER`` set by hand, not by the add-on), a value > 0
+    from the project's settings or ``custom_settings`` (not ``-s``), and no ``MAX_IDLE_TIME_BEFORE_CLOSE``
+    (scrapy-redis's name for the same meaning)."""
+    from scrapy.settings import SETTINGS_PRIORITIES
+
+    if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None:
+        return
+    if _uses_addon(settings):
+        return
+    if settings.getpriority("SCHEDULER_IDLE_BEFORE_CLOSE") not in (
+        SETTINGS_PRIORITIES["project"], SETTINGS_PRIORITIES["spider"]
+    ):
+        return
+    value = settings.get("SCHEDULER_IDLE_BEFORE_CLOSE")
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return  # None (never close), or garbage the settings check reports
+    if seconds > 0:
+        logger.warning(
+            "scrapy-dist: SCHEDULER_IDLE_BEFORE_CLOSE = %s closes this RedisSpider's workers once the crawl"
+            " has had no work for %s s (in scrapy-redis it was a blocking pop timeout, and the spider waited"
+            " for seeds for ever): set it to 0 to wait for ever, or name it MAX_IDLE_TIME_BEFORE_CLOSE"
+            " (scrapy-redis's setting for closing after idle time) to keep closing without this warning",
+            value, value,
+        )
+
+
+def _uses_addon(settings: Settings) -> bool:
+    """Whether ``ADDONS`` names scrapy-dist's add-on (by path or as the class): the spider is built before
+    Scrapy applies the add-ons, so the settings they fill are not there yet."""
+    names = ("scrapy_dist.Addon", "scrapy_dist.addon.Addon")
+    for key in settings.getdict("ADDONS"):
+        path = key if isinstance(key, str) else (
+            f"{getattr(key, '__module__', '')}.{getattr(key, '__name__', '')}"
+        )
+        if path in names:
+            return True
+    return False
+
+
+def _set_idle(settings: Settings, seconds: float) -> None:
+    if getattr(settings, "frozen", False):  # built outside Crawler.crawl(): too late to feed the setting
+        logger.warning(
+            "scrapy-dist: max_idle_time=%s is ignored: the settings were already frozen; set"
+            " SCHEDULER_IDLE_BEFORE_CLOSE instead", seconds,
+        )
+        return
+    settings.set("SCHEDULER_IDLE_BEFORE_CLOSE", seconds, priority=IDLE_PRIORITY)
+
+
+
+class RedisMixin:
+    """Reads the spider's seeds from Redis in ``async def start()`` (see the package docstring).
+
+    Attributes: ``redis_key`` (the seeds key, ``%(name)s`` replaced by the spider name; default
+    ``REDIS_START_URLS_KEY``), ``redis_batch_size`` (seeds per round trip; default
+    ``REDIS_START_URLS_BATCH_SIZE``, else ``CONCURRENT_REQUESTS``), ``max_idle_time`` (seconds without
+    work before the worker closes; sets ``SCHEDULER_IDLE_BEFORE_CLOSE``). All three may be given as
+    ``-a name=value`` (see the package docstring). Override
+    :meth:`make_request_from_data` to read another seed format.
+    """
+
+    redis_key: str | None = None
+    redis_batch_size: int | None = None
+    #: seconds without work before the worker closes (scrapy-redis's; sets SCHEDULER_IDLE_BEFORE_CLOSE)
+    max_idle_time: float | None = None
+    #: scrapy-redis's, for make_request_from_data overrides that decode with it: seeds are UTF-8 (another
+    #: value is warned about and not applied)
+    redis_encoding: str = "utf-8"
+
+    name: str
+    crawler: Crawler
+    _seed_feed: SeedFeed | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
+        refuse_misspelt_components(crawler)  # before Scrapy loads SCHEDULER, which would fail noisily
+        spider = super().from_crawler(crawler, *args, **kwargs)  # type: ignore[misc]
+        keep_allowed_domains(spider)  # an iterator (scrapy-redis's example) must outlive Scrapy's reads
+        try:
+            apply_spider_arguments(spider, crawler)  # -a values are strings: converted as scrapy-redis does
+        except SettingsError as exc:
+            refuse_start(crawler, exc)
+        crawler.signals.connect(spider._close_seed_feed, signal=signals.spider_closed)
+        return spider
+
+    async def start(self) -> AsyncIterator[Any]:
+        """Yield requests for the seeds pushed to the seeds key, as they arrive (see :class:`SeedFeed`).
+
+        Ends only when ``SCHEDULER_IDLE_BEFORE_CLOSE`` (or scrapy-redis's ``MAX_IDLE_TIME_BEFORE_CLOSE``)
+        is above 0 and neither a seed arrived nor the frontier held anything for that long.
+        """
+        if start_error(self.crawler) is not None:  # the crawl stops as it opens: no seed is taken
+            return
+        feed = self._seed_feed = SeedFeed.from_spider(self)
+        async for request in feed.requests():
+            yield request
+
+    def make_request_from_data(self, data: bytes) -> Request | None:
+        """The request for one raw seed (or ``None`` to skip it). Raise
+        :class:`~scrapy_dist.exceptions.RejectedEntry` (``reason``, ``detail``) to reject it; any other
+        exception rejects it as ``hook_error``. The default accepts a plain URL or a JSON object (see
+        :mod:`scrapy_dist.seeds`)."""
+        feed = self._seed_feed
+        rules = feed.rules if feed is not None else SeedRules()
+        seed = parse_seed(data, rules, has_callback=spider_has_callback(self))  # type: ignore[arg-type]
+        return seed_request(seed, self, dedupe=rules.dedupe)  # type: ignore[arg-type]
+
+    async def _close_seed_feed(self, spider: Spider, reason: str) -> None:
+        if spider is self and self._seed_feed is not None:
+            await self._seed_feed.close()
+
+
+class RedisSpider(RedisMixin, Spider):
+    """A :class:`scrapy.Spider` whose start requests come from Redis (``<name>:start_urls``)."""
+
+
+class RedisCrawlSpider(RedisMixin, CrawlSpider):
+    """A :class:`scrapy.spiders.CrawlSpider` (rules followed from every seed without a callback) whose
+    start requests come from Redis."""
+
+    def _build_request(self, rule_index: int, link: Any) -> Request:
+        # CrawlSpider aims rule requests at its private _callback/_errback, and the frontier's wire format
+        # refuses private method names (a name read from Redis must not reach private methods): the
+        # requests name these public stand-ins instead
+        request = super()._build_request(rule_index, link)
+        return request.replace(callback=self.rule_callback, errback=self.rule_errback)
+
+    def rule_callback(self, response: Any, **cb_kwargs: Any) -> Any:
+        """The callback of requests made by ``rules`` (CrawlSpider's own, under a public name)."""
+        return self._callback(response, **cb_kwargs)
+
+    def rule_errback(self, failure: Any) -> Any:
+        """The errback of requests made by ``rules`` (CrawlSpider's own, under a public name)."""
+        return self._errback(failure)

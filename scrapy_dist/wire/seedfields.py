@@ -1,5 +1,5 @@
 """The checks every field of a seed (or a queue entry's header, priority, cookies) must pass: what the
-parser of :mod:`scrapy_dist.seeds.parse` applies to each field; each raises
+parser of :mod:`scrapy_dist.seeds` applies to each field; each raises
 :class:`~scrapy_dist.exceptions.RejectedEntry` with the field's reason (``bad_method``, ``bad_headers``,
 ``bad_priority``, ``bad_callback``, ``bad_cookies``...)."""
 

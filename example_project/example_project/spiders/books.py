@@ -10,7 +10,7 @@ every worker end up in one place.
 
 from __future__ import annotations
 
-from scrapy_dist.spiders.mixin import RedisSpider
+from scrapy_dist.spiders import RedisSpider
 
 
 class BooksSpider(RedisSpider):

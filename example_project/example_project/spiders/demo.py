@@ -7,7 +7,7 @@ workers started later -- all take their requests from the one shared frontier.
 
 from __future__ import annotations
 
-from scrapy_dist.spiders.mixin import RedisSpider
+from scrapy_dist.spiders import RedisSpider
 
 
 class DemoSpider(RedisSpider):
