@@ -3,7 +3,7 @@ time takes ``now``; tests/test_ledger.py).
 
 Its buffers: **outgoing** (discovered requests, delayed retries, dead letters, rejections, releases,
 politeness penalties) until the next round; **ready** leased requests
-(:class:`~scrapy_dist.frontier.leased.LeasedBuffer`, best first) and **local** ones that could not be
+(:class:`LeasedBuffer`, best first) and **local** ones that could not be
 encoded; **handed** (in the engine, with their lease); **acks** of finished requests, which travel in the
 same atomic call as their callback's output, or with shards are held back until a round carrying it has
 landed on every shard (:meth:`Ledger.take_batches`, :meth:`Ledger.finish_round`). A round lands on a
@@ -13,6 +13,7 @@ is ever dropped. The :class:`~scrapy_dist.frontier.syncloop.SyncLoop` moves it t
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections import deque
@@ -21,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.frontier.leased import Lease, LeasedBuffer
 from scrapy_dist.frontier.orders import START_NOW
 from scrapy_dist.frontier.shard import SyncBatch
 from scrapy_dist.wire.rejections import rejection_record
@@ -30,6 +30,55 @@ if TYPE_CHECKING:
     from scrapy import Request
 
     from scrapy_dist.frontier.shard import SyncResult
+
+
+#: A leased member and the shard it was leased from (always 0 with one shard).
+Lease = tuple[int, bytes]
+
+
+class LeasedBuffer:
+    """Leased requests waiting to be handed to the engine: a heap on the queue score (``-priority``),
+    ties in the order leased (which is the queue's own order within a score). Whatever round or shard a
+    request came from, the worker starts the best one it holds first."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Request, Lease]] = []
+        self._count = itertools.count()
+
+    def push(self, score: float, request: Request, lease: Lease) -> None:
+        heapq.heappush(self._heap, (score, next(self._count), request, lease))
+
+    def pop(self) -> tuple[Request, Lease]:
+        _, _, request, lease = heapq.heappop(self._heap)
+        return request, lease
+
+    def pop_least_loaded(self, load: Callable[[Request], int]) -> tuple[Request, Lease]:
+        """The best request of the download slot with the fewest active downloads (Scrapy's
+        ``DownloaderAwarePriorityQueue``): a scan of the buffer, which holds at most a prefetch."""
+        heap = self._heap
+        best = min(range(len(heap)), key=lambda i: (load(heap[i][2]), heap[i][0], heap[i][1]))
+        entry = heap[best]
+        heap[best] = heap[-1]
+        heap.pop()
+        heapq.heapify(heap)
+        return entry[2], entry[3]
+
+    def best_score(self) -> float:
+        """The score of the request :meth:`pop` returns next (``inf`` when empty)."""
+        return self._heap[0][0] if self._heap else math.inf
+
+    def leases(self) -> list[Lease]:
+        """Every lease in the buffer (for releasing them at close)."""
+        return [e[-1] for e in self._heap]
+
+    def clear(self) -> None:
+        self._heap.clear()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
 
 
 #: most discovered requests one sync call carries to one shard: a script holds Redis for its whole run,
@@ -148,7 +197,7 @@ class Ledger:
         self.revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
         #: encoded items that ride a finished request's ack (lease -> items; lua/sync_items.lua)
         self.lease_items: dict[Lease, list[bytes | str]] = {}
-        #: the items a finished request produced, taken once (set by the scheduler: frontier/outbox.py)
+        #: the items a finished request produced, taken once (set by the scheduler: frontier/engine.py)
         self.items_of: Callable[[Request], list[bytes | str]] | None = None
 
     # -- writes from the scheduler --------------------------------------------------------------------

@@ -29,12 +29,11 @@ from scrapy_dist.egress import checked_request
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
-from scrapy_dist.frontier import wiring
-from scrapy_dist.frontier.feeds import FeedBarrier
+from scrapy_dist.frontier.control import FrontierReport, NoStats
+from scrapy_dist.frontier.engine import FeedBarrier
 from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter, crawl_fingerprinter
 from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
-from scrapy_dist.frontier.politeness import DomainLimits, penalty_seconds
-from scrapy_dist.frontier.report import FrontierReport, NoStats
+from scrapy_dist.frontier.orders import DomainLimits, penalty_seconds
 from scrapy_dist.frontier.revisit import Revisits
 from scrapy_dist.frontier.shard import Frontier, RequestDecoder
 from scrapy_dist.frontier.syncloop import SyncLoop
@@ -129,7 +128,7 @@ class Scheduler:
         self._recent = RecentFingerprints()
         self._local_pause = False
         self._empty_since: float | None = None
-        #: what the scheduler runs for a project without the add-on (scrapy_dist/frontier/wiring.py)
+        #: what the scheduler runs for a project without the add-on (scrapy_dist/frontier/engine.py)
         self.components: list[Any] = []
         #: the crawl's start was refused (:mod:`scrapy_dist.settings.refusal`): open nothing
         self.refused = False
@@ -162,8 +161,8 @@ class Scheduler:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        """The scheduler of ``crawler``, wired by :func:`scrapy_dist.frontier.wiring.build`."""
-        return wiring.build(cls, crawler)
+        """The scheduler of ``crawler``, wired by :func:`scrapy_dist.frontier.engine.build`."""
+        return _engine.build(cls, crawler)
 
     # -- what other components read ----------------------------------------------------------------
     @property
