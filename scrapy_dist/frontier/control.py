@@ -466,6 +466,11 @@ class FrontierReport:
             " fetch, once; feed exports may hold these pages' items twice", acks, items,
         )
 
+    def released(self, reason: str, given: int) -> None:
+        """The leases a closing worker gave back to the queue."""
+        self.stats.set_value("scheduler/released_at_close", given)
+        report_logger.info("Closing (%s): gave %d leased requests back to the queue", reason, given)
+
     def unserializable(self, request: Request, exc: UnserializableRequest) -> None:
         """A request that cannot go to Redis (crawled by this worker only): counted, logged once per key."""
         self.stats.inc_value("scheduler/unserializable")

@@ -268,12 +268,12 @@ def _wired(cls: type[S], crawler: Crawler) -> S:
     )
     sched.revisits = Revisits.from_crawler(crawler)
     sched.revisits.policy = sched.policy if keys is not None else None
-    sched.ledger.revisit_of = sched.revisits.plan
-    sched.forget_dead = ds.dupefilter.forget_dead
+    sched.ledger.riders.revisit_of = sched.revisits.plan
+    sched.encoder.forget_dead = ds.dupefilter.forget_dead
     sched.networks = enforce(crawler, cfg.deny_networks)  # holds without the add-on too
-    sched.record_start = sched._batched_df and ds.seeds.record_fingerprint
+    sched.encoder.record_start = sched._batched_df and ds.seeds.record_fingerprint
     if cfg.politeness == "cluster":
-        crawler.signals.connect(sched.response_received, signal=signals.response_received)
+        crawler.signals.connect(sched.penalties.response_received, signal=signals.response_received)
     sched.components = run_components(crawler, ds)
     return sched
 
@@ -440,5 +440,5 @@ def attach(scheduler: Scheduler, route: ItemRoute) -> ItemOutbox | None:
     outbox = ItemOutbox(lambda request: request in ledger.handed)
     for frontier in scheduler.frontiers:
         frontier.items = route
-    scheduler.ledger.items_of = outbox.take
+    scheduler.ledger.riders.items_of = outbox.take
     return outbox

@@ -1,4 +1,4 @@
-"""Which request goes when: queue orders, crawl-wide politeness and retry timing.
+"""Which request goes when: queue orders, leased requests best first, crawl-wide politeness, retry timing.
 
 **Queue orders** (``SCHEDULER_QUEUE_CLASS``). Every queue is the same sorted set (``{spider}:queue``), and
 every member starts with a 6-byte big-endian sequence number from ``{spider}:seq``; a queue class only
@@ -13,12 +13,16 @@ answers a domain's ``(delay, concurrency, jitter)``: Scrapy's ``DOWNLOAD_DELAY``
 ``CONCURRENT_REQUESTS_PER_DOMAIN`` and ``DOWNLOAD_DELAY_JITTER`` held crawl-wide, overridden by the most
 specific ``DOMAIN_LIMITS`` glob. The jitter only lengthens a delay; ``concurrency: 0`` means no cap.
 
+**Leased requests** wait for the engine in a :class:`LeasedBuffer`, best first.
+
 **Retry timing**: pure functions of the attempt number, the settings and the server's ``Retry-After``
 (used by the retry middleware and by politeness penalties).
 """
 from __future__ import annotations
 
 import fnmatch
+import heapq
+import itertools
 import math
 import random
 import time
@@ -28,11 +32,14 @@ from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from scrapy.utils.httpobj import urlparse_cached
+
 from scrapy_dist.settings.reader import QUEUE_ALIASES
 
 if TYPE_CHECKING:
     from scrapy import Request
 
+    from scrapy_dist.frontier.layout import ShardRouter
     from scrapy_dist.frontier.ledger import Ledger
     from scrapy_dist.frontier.syncloop import SyncLoop
     from scrapy_dist.settings import DistSettings
@@ -109,6 +116,55 @@ SpiderPriorityQueue = PriorityQueue
 ALIASES = {alias: globals()[name] for alias, name in QUEUE_ALIASES.items()}
 
 
+# -- leased requests, best first ---------------------------------------------------------------------
+#: A leased member and the shard it was leased from (always 0 with one shard).
+Lease = tuple[int, bytes]
+
+
+class LeasedBuffer:
+    """Leased requests waiting for the engine: a heap on the queue score, ties in the order leased; the
+    worker starts the best one it holds first, whatever round or shard it came from."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Request, Lease]] = []
+        self._count = itertools.count()
+
+    def push(self, score: float, request: Request, lease: Lease) -> None:
+        heapq.heappush(self._heap, (score, next(self._count), request, lease))
+
+    def pop(self) -> tuple[Request, Lease]:
+        _, _, request, lease = heapq.heappop(self._heap)
+        return request, lease
+
+    def pop_least_loaded(self, load: Callable[[Request], int]) -> tuple[Request, Lease]:
+        """The best request of the download slot with the fewest active downloads (Scrapy's
+        ``DownloaderAwarePriorityQueue``): a scan of the buffer, which holds at most a prefetch."""
+        heap = self._heap
+        best = min(range(len(heap)), key=lambda i: (load(heap[i][2]), heap[i][0], heap[i][1]))
+        entry = heap[best]
+        heap[best] = heap[-1]
+        heap.pop()
+        heapq.heapify(heap)
+        return entry[2], entry[3]
+
+    def best_score(self) -> float:
+        """The score of the request :meth:`pop` returns next (``inf`` when empty)."""
+        return self._heap[0][0] if self._heap else math.inf
+
+    def leases(self) -> list[Lease]:
+        """Every lease in the buffer (for releasing them at close)."""
+        return [e[-1] for e in self._heap]
+
+    def clear(self) -> None:
+        self._heap.clear()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+
 # -- crawl-wide politeness ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DomainLimit:
@@ -170,6 +226,31 @@ class DomainLimits:
             self._cache.clear()
         self._cache[domain] = limit
         return limit
+
+
+class DomainPenalties:
+    """Crawl-wide politeness as responses come: after a 429 or 503 (:func:`penalty_seconds`) no worker
+    leases a request of that domain for a while; written through the ledger in the next round."""
+
+    def __init__(self, limits: DomainLimits | None, ledger: Ledger, router: ShardRouter, stats: Any) -> None:
+        self.limits = limits
+        self.ledger = ledger
+        self.router = router
+        self.stats = stats
+
+    def penalize(self, domain: str, seconds: float) -> None:
+        """No request of ``domain`` is leased for ``seconds`` (on the shard holding its politeness state)."""
+        self.ledger.penalize(domain, seconds, time.monotonic(), self.router.domain(domain))
+
+    def response_received(self, response: Any, request: Request, spider: Any = None) -> None:
+        """Signal handler: 429 and 503 slow the whole crawl down on that domain."""
+        domain = (urlparse_cached(request).hostname or "").lower()
+        limit = self.limits.for_domain(domain) if self.limits else None
+        seconds = penalty_seconds(response.status, response.headers.get(b"Retry-After"), limit, time.time())
+        if seconds is None:
+            return
+        self.stats.inc_value(f"scheduler/politeness/penalized/{response.status}")
+        self.penalize(domain, seconds)
 
 
 #: fields of the domain info hash read by :func:`busiest_domains` at most (it is a scan)

@@ -6,7 +6,7 @@ it again in the delayed set, in the same atomic sync call (``lua/sync_settle.lua
 re-schedule land together or not at all. A chain goes on while each fetch succeeds (status below 400, or
 a 304 of a conditional revisit) and its callback does not raise or set ``revisit_after = None``. With
 ``REVISIT_CONDITIONAL`` the entry carries the page's validators (:func:`validators_of`) in its payload.
-:class:`Revisits` is what the scheduler's ledger asks when a request is finished (``Ledger.revisit_of``).
+:class:`Revisits` is what the scheduler's ledger asks when a request is finished (``Ledger.riders``).
 
 A chain lives as one scheduled revisit in a shard's delayed set (delayed meta ``"<score> r"``) or as the
 request a worker is fetching: ``scrapy-dist close`` and ``scrapy-dist forget URL`` remove the first kind
