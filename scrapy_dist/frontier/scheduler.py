@@ -106,10 +106,8 @@ class RequestEncoder:
                 type(self.df).__name__,
             )
 
-    def forgotten(self, request: Request, shard_dfs: list[Any]) -> tuple[int, tuple[Any, Any]] | None:
-        """``DEADLETTER_FORGET``: the shard and fingerprint tokens of ``request`` to forget, or None."""
-        if not (self.forget_dead and self.batched):
-            return None
+    def forgotten(self, request: Request, shard_dfs: list[Any]) -> tuple[int, tuple[Any, Any]]:
+        """``DEADLETTER_FORGET``: the shard and fingerprint tokens of ``request`` to forget."""
         shard = self.router.shard(request)
         tokens = shard_dfs[shard].tokens(request)
         self.recent.discard(tokens[0])  # a link to it found by this worker is new again too
@@ -415,8 +413,7 @@ class Scheduler:
     def next_request(self) -> Request | None:
         if self.paused or self._local_pause:
             return None
-        ledger = self.ledger
-        loop = self.loop
+        ledger, loop = self.ledger, self.loop
         if not ledger.local and loop is not None and not loop.failing and ledger.outranked():
             # a request just discovered outranks every leased one: wait the round that leases it back
             loop.wake()
@@ -434,8 +431,7 @@ class Scheduler:
         return request
 
     def __len__(self) -> int:
-        st = self.frontier_status or {}
-        ledger = self.ledger
+        ledger, st = self.ledger, self.frontier_status or {}
         return len(ledger.ready) + len(ledger.local) + len(ledger.out) + st.get("queued", 0)
 
     # -- services for other scrapy-dist components -----------------------------------------------------
@@ -449,7 +445,9 @@ class Scheduler:
 
     def dead_letter(self, record: str, request: Request | None = None) -> None:
         """Append a JSON dead-letter record (batched, atomic with the failed request's ack)."""
-        forget = None if request is None else self.encoder.forgotten(request, self.layout.shard_dfs)
+        forget = None
+        if request is not None and self.encoder.forget_dead and self._batched_df:
+            forget = self.encoder.forgotten(request, self.layout.shard_dfs)
         self.ledger.dead_letter(record, time.monotonic(), forget)
 
     def flushed_since(self, mark: float) -> bool:
