@@ -130,7 +130,7 @@ async def _ride_acks(crawler: Any, url: str, count: int, stream: bool) -> float:
 
     import redis.asyncio
 
-    from scrapy_dist.frontier.outbox import ItemOutbox
+    from scrapy_dist.frontier.engine import ItemOutbox
     from scrapy_dist.frontier.shard import Frontier, ItemRoute, SyncBatch
     from scrapy_dist.pipelines import RedisPipeline
     from scrapy_dist.redis.keys import CrawlKeys

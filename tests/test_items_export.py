@@ -86,7 +86,7 @@ def test_export_shows_a_progress_bar_on_a_terminal(
 
 
 def test_feeds_stored_only_at_close_are_named_at_risk() -> None:
-    from scrapy_dist.frontier.feeds import at_risk
+    from scrapy_dist.frontier.engine import at_risk
 
     feeds = {
         "items.jsonl": {}, "file:///data/items.csv": {}, "stdout:": {}, "C:\\\\out\\\\items.jsonl": {},

@@ -17,8 +17,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_dist.cli import main
 from scrapy_dist.extensions import IdleMonitor
-from scrapy_dist.frontier.control import ControlState
-from scrapy_dist.frontier.deadletter import dead_letter_record
+from scrapy_dist.frontier.control import ControlState, dead_letter_record
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
 

@@ -9,7 +9,7 @@ import pytest
 from crawlproject import Project, make_project
 
 from scrapy_dist.demo.site import SiteGraph, SiteServer
-from scrapy_dist.frontier.politeness import DomainLimit, DomainLimits
+from scrapy_dist.frontier.orders import DomainLimit, DomainLimits
 
 
 def test_most_specific_rule_wins() -> None:

@@ -11,7 +11,7 @@ import pytest
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.frontier.politeness import DomainLimits
+from scrapy_dist.frontier.orders import DomainLimits
 from scrapy_dist.redis.connection import resolve_target
 from scrapy_dist.redis.keys import crawl_keys
 from scrapy_dist.settings import DistSettings, defaults, mask_url

@@ -2,7 +2,7 @@
 
 ``--requeue`` goes through the frontier's own ``sync`` script (no deduplication), then removes the records
 one by one with ``LREM``, so records appended meanwhile stay and an interrupted requeue requeues some
-requests twice rather than losing any. Records are untrusted (:mod:`scrapy_dist.frontier.deadletter`
+requests twice rather than losing any. Records are untrusted (:mod:`scrapy_dist.frontier.control`
 parses them): malformed ones are reported on stderr, never requeued, and only purged by a ``--purge``
 without ``--reason``.
 """
@@ -26,9 +26,14 @@ from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import console, json_safe, printable
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import orders as queue
-from scrapy_dist.frontier.control import parse_control
-from scrapy_dist.frontier.deadletter import DeadLetter, parse_record, reason_matches, requeue_payload
-from scrapy_dist.frontier.politeness import DomainLimits
+from scrapy_dist.frontier.control import (
+    DeadLetter,
+    parse_control,
+    parse_record,
+    reason_matches,
+    requeue_payload,
+)
+from scrapy_dist.frontier.orders import DomainLimits
 from scrapy_dist.frontier.shard import Frontier, SyncBatch, domain_shard
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.wire.codec import EntryPolicy

@@ -24,8 +24,8 @@ from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.text import printable
 from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import parse_bloom_record
-from scrapy_dist.frontier.chains import end_chains
 from scrapy_dist.frontier.control import move_aside_foreign, parse_control
+from scrapy_dist.frontier.revisit import end_chains
 from scrapy_dist.frontier.shard import domain_shard, shard_of
 from scrapy_dist.redis.replies import text
 

@@ -18,8 +18,8 @@ from rich.text import Text
 
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis, project_spiders
 from scrapy_dist.cli.text import console, json_safe, printable
-from scrapy_dist.frontier.chains import end_chains
 from scrapy_dist.frontier.control import close_crawl, parse_control, pause_crawl, resume_crawl, valid_reason
+from scrapy_dist.frontier.revisit import end_chains
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
 from scrapy_dist.seeds import reader as nearmiss

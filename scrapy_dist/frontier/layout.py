@@ -21,7 +21,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.exceptions import ScrapyDistError, ShardingRefused
 from scrapy_dist.frontier.control import move_aside_foreign
-from scrapy_dist.frontier.shard import domain_shard, shard_of, shards_idle
+from scrapy_dist.frontier.shard import Frontier, domain_shard, shard_of, shards_idle
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.replies import count as untrusted_count
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from scrapy_dist.frontier.shard import SyncResult
     from scrapy_dist.redis.keys import CrawlKeys
+    from scrapy_dist.settings import SchedulerSettings
 
 
 
@@ -176,6 +177,21 @@ class CrawlLayout:
             pending += max(untrusted_count(counted), members) + leased + delayed
             remembered += untrusted_count(bloom_n) + untrusted_count(live) + fps + expiring
         return pending, remembered
+
+    def frontiers(
+        self, redis: Any, worker_id: str, cfg: SchedulerSettings, sequence: str, *, batched: bool,
+        limits_bound: str = "",
+    ) -> list[Frontier]:
+        """One :class:`Frontier` per shard on ``redis`` (the worker's heartbeat written by shard 0's)."""
+        return [
+            Frontier(
+                redis, keys, worker_id, df if batched else None, sequence=sequence,
+                lease_seconds=cfg.lease_seconds, politeness=cfg.politeness, heartbeat=i == 0,
+                max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
+                dead_maxlen=cfg.dead_maxlen, replay_memory=cfg.replay_memory, limits_bound=limits_bound,
+            )
+            for i, (keys, df) in enumerate(zip(self.shard_keys, self.shard_dfs, strict=True))
+        ]
 
     # -- keys -----------------------------------------------------------------------------------------
     @staticmethod

@@ -1,14 +1,12 @@
-"""What one worker holds and owes the shared frontier: an I/O-free ledger (every method that needs the
-time takes ``now``; tests/test_ledger.py).
+"""What one worker holds and owes the shared frontier: an I/O-free ledger (methods take ``now``).
 
-Its buffers: **outgoing** (discovered requests, delayed retries, dead letters, rejections, releases,
-politeness penalties) until the next round; **ready** leased requests
-(:class:`~scrapy_dist.frontier.leased.LeasedBuffer`, best first) and **local** ones that could not be
-encoded; **handed** (in the engine, with their lease); **acks** of finished requests, which travel in the
-same atomic call as their callback's output, or with shards are held back until a round carrying it has
-landed on every shard (:meth:`Ledger.take_batches`, :meth:`Ledger.finish_round`). A round lands on a
-shard (:meth:`Ledger.apply`) or fails there (:meth:`Ledger.restore` puts its batch back in front); nothing
-is ever dropped. The :class:`~scrapy_dist.frontier.syncloop.SyncLoop` moves it to and from Redis.
+Its buffers: **outgoing** writes (discovered requests, delayed retries, dead letters, rejections,
+releases, penalties) until the next round; **ready** leased requests
+(:class:`~scrapy_dist.frontier.orders.LeasedBuffer`) and **local** ones that could not be encoded;
+**handed** (in the engine); **acks** of finished requests, which travel in the same atomic call as their
+callback's output (with shards, once a round carrying it has landed on every shard). A failed call's
+batch goes back in front (:meth:`Ledger.restore`): nothing is ever dropped. The
+:class:`~scrapy_dist.frontier.syncloop.SyncLoop` moves it to and from Redis.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.frontier.leased import Lease, LeasedBuffer
-from scrapy_dist.frontier.orders import START_NOW
+from scrapy_dist.frontier.orders import START_NOW, Lease, LeasedBuffer
 from scrapy_dist.frontier.shard import SyncBatch
 from scrapy_dist.wire.rejections import rejection_record
 
@@ -33,25 +30,21 @@ if TYPE_CHECKING:
 
 
 #: most discovered requests one sync call carries to one shard: a script holds Redis for its whole run,
-#: so a backlog goes in several short calls, not one long one every other worker waits behind (the call
-#: size is set by the sync p99 target, docs/capacity.md)
+#: so a backlog goes in several short calls (docs/capacity.md)
 CALL_RECORDS = 48
-#: an ack, a lease or a renewal costs the script about a sixth of a discovered request's dedupe and
-#: enqueue (docs/capacity.md): the call that settles a shard's leases carries that many fewer discovered
-#: requests, so a call leasing a whole prefetch is no longer than the others
+#: an ack, a lease or a renewal costs the script about a sixth of a discovered request: the call that
+#: settles a shard's leases carries that many fewer discovered requests
 SETTLE_PER_RECORD = 6
 #: discovered requests the settling call always carries: a round makes progress whatever it settles
 SETTLE_MIN_RECORDS = 8
-#: most calls of one round to one shard: a worker that discovers more than ``CALL_RECORDS`` requests
-#: between two rounds sends them in several short calls at once (concurrently, one round trip), so no
-#: backlog grows and holds the acks back; what is left waits for the next round, which comes at once
+#: most calls of one round to one shard (sent concurrently, one round trip)
 CALLS_PER_ROUND = 8
 
 
 @dataclass(frozen=True, kw_only=True)
 class Routed:
     """Where an outgoing entry goes: its shard and, with crawl-wide politeness, its domain and limits
-    (``"delay concurrency jitter"``). Keyword-only, after the fields of :class:`Outgoing` / :class:`Delay`."""
+    (``"delay concurrency jitter"``)."""
 
     domain: str = ""
     limits: str = ""
@@ -94,16 +87,82 @@ class Delay(Routed):
 class Applied:
     """What one shard's answer changed, for the caller's stats and logs."""
 
-    #: discovered requests the frontier found new and stored
-    enqueued: int = 0
-    #: discovered requests the frontier found already seen (to log as filtered)
-    duplicates: list[Request] = field(default_factory=list)
-    #: requests leased (decodable or not)
-    leased: int = 0
-    #: leased entries that failed to become a request: (lease, why)
-    rejected: list[tuple[Lease, RejectedEntry]] = field(default_factory=list)
-    #: acks the call carried (plain and revisits)
-    acked: int = 0
+    enqueued: int = 0  # discovered requests found new and stored
+    duplicates: list[Request] = field(default_factory=list)  # found already seen (logged as filtered)
+    leased: int = 0  # decodable or not
+    rejected: list[tuple[Lease, RejectedEntry]] = field(default_factory=list)  # leased, not a request
+    acked: int = 0  # acks the call carried (plain and revisits)
+
+
+def split_calls(
+    out: list[Outgoing], shards: int, settle: list[int], max_records: int = CALL_RECORDS, max_calls: int = 1
+) -> tuple[list[list[Outgoing]], list[int], list[Outgoing]]:
+    """How a round's discovered requests ``out`` go into calls: one call per shard (index = shard), then
+    -- for a shard with more than its first call takes -- up to ``max_calls - 1`` more calls to it of
+    ``max_records`` each. The first call of a shard also settles ``settle[shard]`` leases, acks and
+    renewals, so it takes ``max_records`` less one per :data:`SETTLE_PER_RECORD` of those, at least
+    :data:`SETTLE_MIN_RECORDS`. Returns each call's requests, each call's shard, and what is left."""
+    sent: list[list[Outgoing]] = [[] for _ in range(shards)]
+    shard_of = list(range(shards))
+    filling, calls = list(range(shards)), [1] * shards  # per shard: the call being filled, calls used
+    room = [max(SETTLE_MIN_RECORDS, max_records - load // SETTLE_PER_RECORD) for load in settle]
+    left: list[Outgoing] = []
+    for entry in out:
+        shard = entry.shard
+        call = filling[shard]
+        if len(sent[call]) >= (room[shard] if call < shards else max_records):
+            if calls[shard] >= max_calls:
+                left.append(entry)
+                continue
+            call = filling[shard] = len(sent)
+            calls[shard] += 1
+            sent.append([])
+            shard_of.append(shard)
+        sent[call].append(entry)
+    return sent, shard_of, left
+
+
+class AckRiders:
+    """What rides a finished request's ack in the same atomic call: its revisit (an ack that also files
+    the request again, :class:`~scrapy_dist.frontier.revisit.Revisits`) and the items its page produced
+    (appended only if the ack is accepted, :class:`~scrapy_dist.frontier.engine.ItemOutbox`)."""
+
+    def __init__(self) -> None:
+        #: lease -> (delay seconds, new member or b"")
+        self.revisits: dict[Lease, tuple[float, bytes]] = {}
+        self.revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
+        #: lease -> encoded items (lua/sync_items.lua)
+        self.items: dict[Lease, list[bytes | str]] = {}
+        self.items_of: Callable[[Request], list[bytes | str]] | None = None
+
+    def collect(self, request: Request, lease: Lease) -> None:
+        """Take what rides the ack of ``request``, just finished."""
+        if self.items_of is not None:
+            items = self.items_of(request)
+            if items:
+                self.items.setdefault(lease, []).extend(items)
+        if self.revisit_of is not None:
+            revisit = self.revisit_of(request, lease)
+            if revisit is not None:
+                self.revisits[lease] = revisit
+
+    def ack(self, batch: SyncBatch, lease: Lease) -> None:
+        """Put the ack of ``lease`` in ``batch``, with what rides it."""
+        revisit = self.revisits.pop(lease, None)
+        if revisit is None:
+            batch.ack.append(lease[1])
+        else:
+            batch.revisit.append((lease[1], revisit[0], revisit[1]))
+        items = self.items.pop(lease, None)
+        if items:
+            batch.items += [(lease[1], data) for data in items]
+
+    def restore(self, shard: int, batch: SyncBatch) -> None:
+        """Keep what rode the acks of a call that could not be sent."""
+        for member, delay, new in batch.revisit:
+            self.revisits[(shard, member)] = (delay, new)
+        for member, data in batch.items:
+            self.items.setdefault((shard, member), []).append(data)
 
 
 class Ledger:
@@ -113,12 +172,10 @@ class Ledger:
         self.shards = shards
         self.worker_id = worker_id
         self.ready = LeasedBuffer()
-        #: new requests that could not be encoded: crawled by this worker only
-        self.local: deque[Request] = deque()
+        self.local: deque[Request] = deque()  # could not be encoded: crawled by this worker only
         self.out: list[Outgoing] = []
         self.handed: dict[Request, Lease] = {}
-        #: every lease this worker holds in Redis (renewed each renewal round)
-        self.held: set[Lease] = set()
+        self.held: set[Lease] = set()  # every lease held in Redis (renewed each renewal round)
         #: acks whose requests' output is already in Redis (or travels in the same call)
         self.acks: list[Lease] = []
         #: acks of requests just finished: their output may still be in this worker's buffers
@@ -127,29 +184,27 @@ class Ledger:
         self.acks_waiting: list[Lease] = []
         self.delays: list[Delay] = []
         self.dead: list[str] = []
-        #: (shard, fingerprint tokens) the dupefilter forgets, with the dead letters (DEADLETTER_FORGET)
-        self.forgets: list[tuple[int, tuple[Any, Any]]] = []
+        self.forgets: list[tuple[int, tuple[Any, Any]]] = []  # (shard, tokens), DEADLETTER_FORGET
         self.rejects: list[tuple[Lease, str]] = []
         self.releases: list[Lease] = []
         self.penalties: list[tuple[int, tuple[str, float]]] = []
-        #: when the oldest unsent write was buffered (``None``: nothing waits)
-        self.first_pending: float | None = None
-        #: discovered requests the last :meth:`take_batches` left for the next round (0: it took all)
-        self.left_behind = 0
+        self.first_pending: float | None = None  # when the oldest unsent write was buffered
+        self.left_behind = 0  # discovered requests the last round left for the next one
         #: the best (lowest) score among ``out``: a discovered request may outrank everything leased
         self.best_out = math.inf
         #: what the current round took, per call (put back by :meth:`restore` if the call fails)
         self._sent: list[list[Outgoing]] = []
         #: the shard of each call of the current round (the first ``shards`` calls: shard = index)
         self.call_shards: list[int] = list(range(shards))
-        #: revisits: acks that also file the request again (lease -> (delay seconds, new member or b""))
-        self.revisits: dict[Lease, tuple[float, bytes]] = {}
-        #: the revisit of a finished request, or None (set by the scheduler: scrapy_dist/frontier/revisit.py)
-        self.revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
-        #: encoded items that ride a finished request's ack (lease -> items; lua/sync_items.lua)
-        self.lease_items: dict[Lease, list[bytes | str]] = {}
-        #: the items a finished request produced, taken once (set by the scheduler: frontier/outbox.py)
-        self.items_of: Callable[[Request], list[bytes | str]] | None = None
+        self.riders = AckRiders()
+
+    @property
+    def revisit_of(self) -> Callable[[Request, Lease], tuple[float, bytes] | None] | None:
+        return self.riders.revisit_of
+
+    @revisit_of.setter
+    def revisit_of(self, plan: Callable[[Request, Lease], tuple[float, bytes] | None] | None) -> None:
+        self.riders.revisit_of = plan
 
     # -- writes from the scheduler --------------------------------------------------------------------
     def add(self, entry: Outgoing, now: float) -> None:
@@ -205,14 +260,7 @@ class Ledger:
         for r in done:
             lease = self.handed.pop(r)
             self.acks_new.append(lease)
-            if self.items_of is not None:
-                items = self.items_of(r)
-                if items:
-                    self.lease_items.setdefault(lease, []).extend(items)
-            if self.revisit_of is not None:
-                revisit = self.revisit_of(r, lease)
-                if revisit is not None:
-                    self.revisits[lease] = revisit
+            self.riders.collect(r, lease)
         if done:
             self._mark(now)
         return len(done)
@@ -239,10 +287,8 @@ class Ledger:
 
     # -- state ----------------------------------------------------------------------------------------
     def outranked(self) -> int:
-        """How many discovered, unsent requests outrank every leased one (0 in the common case, and
-        when nothing is leased: the check is one comparison). The engine should wait for them rather
-        than start a worse request: the next round stores them and, by leasing at least that many (up
-        to the prefetch), brings them back first."""
+        """How many discovered, unsent requests outrank every leased one (usually 0, in one comparison):
+        the engine waits for the round that stores and leases them back rather than start a worse one."""
         if not self.ready:
             return 0  # nothing worse to hold back: the usual prefetch applies
         best = self.ready.best_score()
@@ -251,9 +297,8 @@ class Ledger:
         return sum(1 for e in self.out if e.score < best)
 
     def starts_now(self, concurrency: int) -> bool:
-        """Whether Scrapy's engine, downloading ``concurrency`` requests at a time, would send a start
-        request enqueued now at once: nothing leased waits, and fewer requests are in the engine or on
-        their way to it than it downloads (those sent this way counted, in this batch or in a round)."""
+        """Whether Scrapy's engine (``concurrency`` downloads) would send a start request enqueued now at
+        once: nothing leased waits, and fewer requests are in the engine or on their way to it."""
         room = concurrency - len(self.handed)
         if self.ready or self.local or room <= 0:
             return False
@@ -282,13 +327,10 @@ class Ledger:
     def take_batches(
         self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS, max_calls: int = 1
     ) -> list[SyncBatch]:
-        """The calls of one round: one batch per shard (index = shard) with everything buffered, then --
-        when a shard has more discovered requests than its first call takes -- up to ``max_calls - 1``
-        more calls to that shard of ``max_records`` each (:attr:`call_shards` names each call's shard).
-        The first call also settles the shard's leases, acks and renewals, so it takes fewer discovered
-        requests: ``max_records`` less one per :data:`SETTLE_PER_RECORD` of those, at least
-        :data:`SETTLE_MIN_RECORDS`. What is taken leaves the buffers (see :meth:`restore`); discovered
-        requests past that wait in order for the next round (:attr:`left_behind`).
+        """The calls of one round: one batch per shard (index = shard) with everything buffered, then more
+        calls for a shard's backlog (:func:`split_calls`; :attr:`call_shards` names each call's shard).
+        What is taken leaves the buffers (see :meth:`restore`); discovered requests past that wait in
+        order for the next round (:attr:`left_behind`).
 
         An ack may travel with its request's output only in one atomic call: when every write of this
         round is in the call that carries it. Else it waits in ``acks_waiting`` until :meth:`finish_round`
@@ -296,32 +338,13 @@ class Ledger:
         the acks of requests just finished wait in ``acks_new`` (their output may be among them).
         """
         n = self.shards
-        batches = [SyncBatch() for _ in range(n)]
-        shard_of = list(range(n))
-        sent: list[list[Outgoing]] = [[] for _ in range(n)]
-        filling, calls = list(range(n)), [1] * n  # per shard: the call being filled, calls used
-        # the first call of a shard settles its leases: it carries fewer discovered requests
-        settle = [0] * n
+        settle = [0] * n  # what the first call of each shard settles besides its discovered requests
         for i, leases in enumerate(lease_counts[:n]):
             settle[i] += leases
         for shard, _ in itertools.chain(self.acks, self.acks_new, self.held if renew else ()):
             settle[shard] += 1
-        room = [max(SETTLE_MIN_RECORDS, max_records - load // SETTLE_PER_RECORD) for load in settle]
-        left: list[Outgoing] = []
-        for entry in self.out:
-            shard = entry.shard
-            call = filling[shard]
-            if len(sent[call]) >= (room[shard] if call < n else max_records):
-                if calls[shard] >= max_calls:
-                    left.append(entry)
-                    continue
-                call = filling[shard] = len(batches)
-                calls[shard] += 1
-                batches.append(SyncBatch())
-                sent.append([])
-                shard_of.append(shard)
-            batches[call].enqueue.append(entry.enqueue_item())
-            sent[call].append(entry)
+        sent, shard_of, left = split_calls(self.out, n, settle, max_records, max_calls)
+        batches = [SyncBatch(enqueue=[e.enqueue_item() for e in call]) for call in sent]
         self.left_behind = len(left)
         self.call_shards = shard_of
         for d in self.delays:
@@ -336,14 +359,14 @@ class Ledger:
         for shard, tokens in self.forgets:
             batches[shard].forget.append(tokens)
         for shard, member in self.acks:
-            self._ack(batches[shard], (shard, member))
+            self.riders.ack(batches[shard], (shard, member))
         writes = {i for i, b in enumerate(batches) if b.enqueue or b.delay or b.dead or b.forget}
         waiting, held_new = [], []
         for shard, member in self.acks_new:
             if left:
                 held_new.append((shard, member))
             elif writes <= {shard}:
-                self._ack(batches[shard], (shard, member))
+                self.riders.ack(batches[shard], (shard, member))
             else:
                 waiting.append((shard, member))
         self.acks_waiting = waiting
@@ -360,27 +383,12 @@ class Ledger:
             self.first_pending = None
         return batches
 
-    def _ack(self, batch: SyncBatch, lease: Lease) -> None:
-        # a revisit is an ack that also files the request again (one item of the 'revisit' section)
-        revisit = self.revisits.pop(lease, None)
-        if revisit is None:
-            batch.ack.append(lease[1])
-        else:
-            batch.revisit.append((lease[1], revisit[0], revisit[1]))
-        # the page's items ride its ack: appended only if the ack is accepted, in the same call
-        items = self.lease_items.pop(lease, None)
-        if items:
-            batch.items += [(lease[1], data) for data in items]
-
     def restore(self, call: int, batch: SyncBatch, now: float) -> None:
         """Put a call's batch that could not be sent back in front of what came since."""
         shard = self.call_shards[call]
         self.out = self._sent[call] + self.out
         self.best_out = min((e.score for e in self.out), default=math.inf)
-        for member, delay, new in batch.revisit:
-            self.revisits[(shard, member)] = (delay, new)
-        for member, data in batch.items:
-            self.lease_items.setdefault((shard, member), []).append(data)
+        self.riders.restore(shard, batch)
         self.acks = [(shard, m) for m in batch.ack] + [(shard, m) for m, _, _ in batch.revisit] + self.acks
         self.delays = [
             Delay(score, payload, not_before, domain=domain, limits=limits, shard=shard)
@@ -401,12 +409,9 @@ class Ledger:
         decode: Callable[[int, bytes], Request],
         now: float,
     ) -> Applied:
-        """Take in one call's answer (``call``: its index in the round, see :attr:`call_shards`): which
-        discovered requests were new, what was leased.
-
-        ``decode(shard, member)`` turns a leased member into a request; whatever it raises, the entry is
-        rejected (parked with a reason) and the round goes on -- one entry can never stop a worker.
-        """
+        """Take in one call's answer (``call``: its index in the round): which discovered requests were
+        new, what was leased. ``decode(shard, member)`` turns a leased member into a request; whatever it
+        raises, the entry is rejected (parked with a reason): one entry can never stop a worker."""
         applied = Applied(acked=len(batch.ack) + len(batch.revisit))
         shard = self.call_shards[call]
         for entry, new in zip(self._sent[call], result.new, strict=True):

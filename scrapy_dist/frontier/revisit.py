@@ -6,20 +6,26 @@ it again in the delayed set, in the same atomic sync call (``lua/sync_settle.lua
 re-schedule land together or not at all. A chain goes on while each fetch succeeds (status below 400, or
 a 304 of a conditional revisit) and its callback does not raise or set ``revisit_after = None``. With
 ``REVISIT_CONDITIONAL`` the entry carries the page's validators (:func:`validators_of`) in its payload.
-:class:`Revisits` is what the scheduler's ledger asks when a request is finished (``Ledger.revisit_of``).
+:class:`Revisits` is what the scheduler's ledger asks when a request is finished (``Ledger.riders``).
+
+A chain lives as one scheduled revisit in a shard's delayed set (delayed meta ``"<score> r"``) or as the
+request a worker is fetching: ``scrapy-dist close`` and ``scrapy-dist forget URL`` remove the first kind
+(:func:`end_chains`), a closing worker ends the second (:meth:`Revisits.stop`).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgpack
+import redis
 from scrapy import signals
 from scrapy.utils.httpobj import urlparse_cached
 
+from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.shard import PRIORITY_KEY_BYTES, SEQ_BYTES, lease_member
 from scrapy_dist.settings.values import check_seconds
 from scrapy_dist.wire.codec import load_payload
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
+    from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.wire.entrypolicy import EntryPolicy
 
 logger = logging.getLogger(__name__)
@@ -40,8 +47,6 @@ META_KEY = "revisit_after"
 MAX_VALIDATOR_BYTES = 256
 VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
 _NOT_SET = object()
-
-
 
 
 def _specificity(pattern: str) -> tuple[int, int]:
@@ -271,3 +276,57 @@ class Revisits:
         if self.stats is not None:
             self.stats.inc_value("revisit/scheduled")
         return delay, new
+
+
+# -- ending chains from outside the workers -------------------------------------------------------
+#: delayed meta fields read per HSCAN call
+SCAN_COUNT = 1000
+
+
+def entry_url(member: bytes, polite: bool) -> str | None:
+    """The URL of a queue or delayed member (None if it does not decode: it names no URL)."""
+    try:
+        url = load_payload(member[len(member_prefix(member, polite)) :]).get("u")
+    except (RejectedEntry, ValueError):
+        return None
+    return url if isinstance(url, str) else None
+
+
+def end_chains(
+    client: Any, shard_keys: list[CrawlKeys], polite: bool, urls: Collection[str] | None = None
+) -> int:
+    """Remove the scheduled revisits of ``urls`` (None: all of them) from every shard's delayed set;
+    returns how many. Costs an HSCAN of each shard's delayed meta and one pipelined round trip per
+    batch removed; a delayed meta of another Redis type holds no chain (the workers move it aside)."""
+    ended = 0
+    for keys in shard_keys:
+        found: list[bytes] = []
+        try:
+            for member, meta in client.hscan_iter(keys.delayed_meta, count=SCAN_COUNT):
+                if not (isinstance(meta, bytes) and meta.endswith(b" r")) or member == b"revisits":
+                    continue
+                if urls is None or entry_url(member, polite) in urls:
+                    found.append(member)
+        except redis.ResponseError:  # WRONGTYPE
+            continue
+        removed = 0
+        for i in range(0, len(found), SCAN_COUNT):
+            pipe = client.pipeline(transaction=False)
+            for member in found[i : i + SCAN_COUNT]:
+                pipe.zrem(keys.delayed, member)
+                pipe.hdel(keys.delayed_meta, member)
+            removed += sum(pipe.execute()[::2])
+        if removed:
+            _uncount(client, keys.delayed_meta, removed)
+        ended += removed
+    return ended
+
+
+def _uncount(client: Any, key: str, n: int) -> None:
+    """Take ``n`` off the scheduled revisit count (read as untrusted: garbage restarts at 0)."""
+    raw = client.hget(key, "revisits")
+    try:
+        left = int(raw or 0)
+    except ValueError:
+        left = 0
+    client.hset(key, "revisits", max(0, left - n))

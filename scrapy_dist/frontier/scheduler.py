@@ -2,22 +2,23 @@
 
 Scrapy calls ``enqueue_request``, ``next_request`` and ``has_pending_requests`` on the reactor thread many
 times per page, and none of them touches Redis: :class:`Scheduler` is a thin facade (docs/architecture.md)
-over the :class:`~scrapy_dist.frontier.ledger.Ledger`, the
-:class:`~scrapy_dist.frontier.syncloop.SyncLoop`, the :class:`~scrapy_dist.frontier.layout.ShardRouter`
-and the :class:`~scrapy_dist.frontier.layout.CrawlLayout`.
+over the :class:`RequestEncoder` (what a request becomes in the ledger), the
+:class:`~scrapy_dist.frontier.ledger.Ledger`, the :class:`~scrapy_dist.frontier.syncloop.SyncLoop`, the
+:class:`~scrapy_dist.frontier.layout.ShardRouter` and the :class:`~scrapy_dist.frontier.layout.CrawlLayout`.
 A leased request is acknowledged only once the engine has finished it, in the same atomic call as the
-requests its callback produced, so a worker killed at any moment loses nothing: its leases run out and
-what it held is requeued.
+requests its callback produced, so a worker killed at any moment loses nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.defer import deferred_from_coro
@@ -29,12 +30,11 @@ from scrapy_dist.egress import checked_request
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
-from scrapy_dist.frontier import wiring
-from scrapy_dist.frontier.feeds import FeedBarrier
+from scrapy_dist.frontier.control import FrontierReport, NoStats
+from scrapy_dist.frontier.engine import FeedBarrier
 from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter, crawl_fingerprinter
 from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
-from scrapy_dist.frontier.politeness import DomainLimits, penalty_seconds
-from scrapy_dist.frontier.report import FrontierReport, NoStats
+from scrapy_dist.frontier.orders import START_NOW, DomainLimits, DomainPenalties
 from scrapy_dist.frontier.revisit import Revisits
 from scrapy_dist.frontier.shard import Frontier, RequestDecoder
 from scrapy_dist.frontier.syncloop import SyncLoop
@@ -69,18 +69,120 @@ def get_scheduler(crawler: Crawler) -> Scheduler | None:
     return sched if isinstance(sched, Scheduler) else None
 
 
+class RequestEncoder:
+    """What a request becomes in the ledger: filtered (Scrapy's dupefilter, or the fingerprints this
+    process sent lately), encoded under the crawl's entry policy, scored by the queue order and routed to
+    its shard -- with crawl-wide politeness, with its domain and that domain's limits. No I/O."""
+
+    def __init__(
+        self, dupefilter: Any, order: queue.QueueOrder, router: ShardRouter, report: FrontierReport,
+        policy: EntryPolicy, domain_limits: DomainLimits | None = None, *, batched: bool = False,
+        polite: bool = False,
+    ) -> None:
+        self.df = dupefilter
+        self.order = order
+        self.router = router
+        self.report = report
+        self.policy = policy
+        self.domain_limits = domain_limits
+        #: the dupefilter is a scrapy-dist one: fingerprints are checked crawl-wide, in the sync call
+        self.batched = batched
+        self.polite = polite
+        self.spider: Spider | None = None
+        #: fingerprints this process sent lately (certainly seen crawl-wide; bounded in time)
+        self.recent = RecentFingerprints()
+        #: SEEDS_RECORD_FINGERPRINT: a dont_filter start request records its fingerprint; off, it neither
+        #: consults nor records the filter, as in Scrapy
+        self.record_start = False
+        #: DEADLETTER_FORGET: a dead letter's fingerprint is forgotten with it
+        self.forget_dead = False
+
+    def warn_local_filter(self) -> None:
+        """One WARNING when the dupefilter is Scrapy's own kind: it filters per worker only."""
+        if not self.batched and type(self.df).__name__ != "BaseDupeFilter":
+            logger.warning(
+                "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
+                " only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide deduplication.",
+                type(self.df).__name__,
+            )
+
+    def forgotten(self, request: Request, shard_dfs: list[Any]) -> tuple[int, tuple[Any, Any]]:
+        """``DEADLETTER_FORGET``: the shard and fingerprint tokens of ``request`` to forget."""
+        shard = self.router.shard(request)
+        tokens = shard_dfs[shard].tokens(request)
+        self.recent.discard(tokens[0])  # a link to it found by this worker is new again too
+        return shard, tokens
+
+    def filtered(self, request: Request) -> None:
+        """Log ``request`` as a duplicate (the dupefilter's own line)."""
+        self.df.log(request, self.spider)
+
+    def encode(self, request: Request) -> bytes | None:
+        """The encoded request, or None (counted and logged) when it cannot go to Redis."""
+        try:
+            return encode_request(request, self.spider, self.policy)
+        except UnserializableRequest as exc:
+            self.report.unserializable(request, exc)
+            return None
+
+    def outgoing(self, request: Request, now: float, starts_now: Callable[[Request], bool]) -> list[Outgoing]:
+        """The ledger entries of a discovered request; ``[]`` when it is filtered here. ``starts_now``:
+        whether the engine would send it at once (scored :data:`~scrapy_dist.frontier.orders.START_NOW`)."""
+        if not self.batched and not request.dont_filter and self.df.request_seen(request):
+            self.filtered(request)
+            return []
+        payload = self.encode(request) or b""  # b"": deduped only, then crawled by this worker
+        t1: Any = ""
+        t2: Any = ""
+        fp: bytes | None = None
+        if self.batched and not request.dont_filter:
+            fp = self.df.fingerprint(request)
+            t1, t2 = self.df.fingerprint_tokens(fp)
+            if self.recent.seen(t1, now):  # this process sent it lately: seen crawl-wide
+                self.filtered(request)
+                return []
+        domain, limits = self.domain(request)
+        score = self.order.score(request)
+        # with crawl-wide politeness a domain's requests are ordered by its own schedule, not Scrapy's
+        if not self.polite and starts_now(request):
+            score = START_NOW
+        entries = []
+        if self.record_start and request.dont_filter and request.meta.get("is_start_request"):
+            # a dedupe-only entry travels with the start request: a page linking back to it is not
+            # fetched once more
+            fp = self.df.fingerprint(request)
+            r1, r2 = self.df.fingerprint_tokens(fp)
+            self.recent.add(r1, now)
+            shard = self.router.shard(request, fp)
+            entries.append(Outgoing(request, r1, r2, score, b"", shard=shard, record_only=True))
+        shard = self.router.shard(request, fp)
+        entries.append(Outgoing(request, t1, t2, score, payload, domain=domain, limits=limits, shard=shard))
+        return entries
+
+    def delayed(self, request: Request, not_before: float) -> Delay | None:
+        """The delayed-set entry of ``request`` (None when it cannot be encoded)."""
+        payload = self.encode(request)
+        if payload is None:
+            return None
+        domain, limits = self.domain(request)
+        return Delay(self.order.score(request), payload, not_before, domain=domain, limits=limits,
+                     shard=self.router.shard(request))
+
+    def domain(self, request: Request) -> tuple[str, str]:
+        """With crawl-wide politeness, the request's domain and its encoded limits; else ``("", "")``."""
+        if not self.polite or self.domain_limits is None:
+            return "", ""
+        domain = (urlparse_cached(request).hostname or "").lower()
+        return domain, self.domain_limits.for_domain(domain).encode()
+
+
 class Scheduler:
     """Scrapy scheduler backed by a Redis frontier shared by every worker of the crawl.
 
-    ``__init__`` takes plain objects (:meth:`from_crawler` wires them from a crawler): the dupefilter,
-    the crawl's keys, the settings, the queue order, where stats go, the
-    :class:`~scrapy_dist.frontier.engine.Engine` to wake and ask what is in progress, and what the Redis
-    clients are built from (``redis_settings``:
-    Scrapy settings or a dict with ``REDIS_URL``...). As Scrapy's own scheduler, it can be built from a
-    dupefilter alone (``Scheduler(dupefilter)``, ``crawler`` None): the keys then come from the spider's
-    name at :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default. Besides Scrapy's
-    scheduler interface it owns the services other components call (delays, dead letters, pauses,
-    politeness), each a few lines over the ledger, the loop, the router and the layout.
+    ``__init__`` takes plain objects (:meth:`from_crawler` wires them from a crawler); as Scrapy's own
+    scheduler, it can be built from a dupefilter alone: the keys then come from the spider's name at
+    :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default. Besides Scrapy's interface it
+    offers other components delays, dead letters, pauses and politeness penalties.
     """
 
     def __init__(
@@ -105,43 +207,33 @@ class Scheduler:
         self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
         self.df = dupefilter
         self.crawler = crawler
-        #: the typed settings the Redis clients and keys are built from (a plain dict or Scrapy settings
-        #: are read once, here)
-        self.redis_settings: DistSettings = (
-            redis_settings if isinstance(redis_settings, DistSettings)
-            else DistSettings.from_settings(redis_settings or {})
-        )
+        rs = redis_settings
+        self.redis_settings = rs if isinstance(rs, DistSettings) else DistSettings.from_settings(rs or {})
         self.order = order or queue.PriorityQueue()
         self.stats: Any = stats if stats is not None else NoStats()
         self.engine: Engine = engine or _engine.DetachedEngine()
-        self.domain_limits = domain_limits
         self.worker_id = worker_id or make_worker_id()
-        self.router = ShardRouter(cfg.shards, fingerprinter, by_domain=cfg.politeness == "cluster")
+        polite = cfg.politeness == "cluster"
+        self.router = ShardRouter(cfg.shards, fingerprinter, by_domain=polite)
         self.ledger = Ledger(cfg.shards, self.worker_id)
         self.outage = outage or Outage()
         self.redis: Any = None  # redis.asyncio client, created on the reactor's loop in open()
         self.frontiers: list[Frontier] = []
         self.loop: SyncLoop | None = None
-        self.spider: Spider | None = None
         self._batched_df = isinstance(dupefilter, RedisDupeFilter)
-        self._polite = cfg.politeness == "cluster"
-        #: fingerprints this process sent lately (certainly seen crawl-wide; bounded in time, see open())
-        self._recent = RecentFingerprints()
+        self.report = FrontierReport(self.stats, [], None)
+        self.encoder = RequestEncoder(dupefilter, self.order, self.router, self.report, self.policy,
+                                      domain_limits, batched=self._batched_df, polite=polite)
+        self.report.log_duplicate = self.encoder.filtered
+        self.penalties = DomainPenalties(domain_limits, self.ledger, self.router, self.stats)
+        self._recent = self.encoder.recent
         self._local_pause = False
         self._empty_since: float | None = None
-        #: what the scheduler runs for a project without the add-on (scrapy_dist/frontier/wiring.py)
+        #: wired by from_crawler (``refused``: the crawl's start was refused, open nothing)
         self.components: list[Any] = []
-        #: the crawl's start was refused (:mod:`scrapy_dist.settings.reader`): open nothing
         self.refused = False
-        #: revisits (scrapy_dist/frontier/revisit.py), wired by from_crawler
         self.revisits: Revisits | None = None
-        #: DEADLETTER_FORGET and SCHEDULER_DENY_NETWORKS, wired by from_crawler
-        self.forget_dead = False
         self.networks: list[Any] = []
-        #: SEEDS_RECORD_FINGERPRINT (wired by from_crawler): a dont_filter start request records its
-        #: fingerprint; off, it neither consults nor records the filter, as in Scrapy
-        self.record_start = False
-        self.report = FrontierReport(self.stats, [], lambda request: self.df.log(request, self.spider))
         self.keys: CrawlKeys
         self.layout: CrawlLayout
         if keys is not None:
@@ -151,7 +243,7 @@ class Scheduler:
         """Use the crawl ``keys`` (at construction, or at :meth:`open` from the spider's name)."""
         self.keys = keys
         # what this worker signs is bound to the crawl: another crawl's entries do not verify here
-        self.policy = self.policy.bound(crawl=keys.shard(0, 1).tag)
+        self.policy = self.encoder.policy = self.policy.bound(crawl=keys.shard(0, 1).tag)
         #: the policy dead letters are signed with (only ``scrapy-dist dead --requeue`` reads them back)
         self.dead_policy = self.policy.bound(kind=DEAD)
         if self.revisits is not None:
@@ -162,10 +254,18 @@ class Scheduler:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        """The scheduler of ``crawler``, wired by :func:`scrapy_dist.frontier.wiring.build`."""
-        return wiring.build(cls, crawler)
+        """The scheduler of ``crawler``, wired by :func:`scrapy_dist.frontier.engine.build`."""
+        return _engine.build(cls, crawler)
 
     # -- what other components read ----------------------------------------------------------------
+    @property
+    def spider(self) -> Spider | None:
+        return self.encoder.spider
+
+    @spider.setter
+    def spider(self, spider: Spider | None) -> None:
+        self.encoder.spider = spider
+
     @property
     def shards(self) -> int:
         return self.config.shards
@@ -199,8 +299,7 @@ class Scheduler:
         return deferred_from_coro(self.open_async(spider))
 
     async def open_async(self, spider: Spider, start: bool = True) -> None:
-        """Join the crawl and start the background loop (``start=False``: the caller drives the rounds
-        with ``scheduler.loop.round()`` -- for tests and tools)."""
+        """Join the crawl and start the loop (``start=False``: the caller drives ``loop.round()``)."""
         self.spider = spider
         if self.refused or (self.crawler is not None and start_error(self.crawler) is not None):
             self.refused = True
@@ -213,27 +312,20 @@ class Scheduler:
             refuse_start(self.crawler, exc)  # one line, and the crawl stops as it opens
             self.refused = True
             return
-        settings = self.redis_settings
         cfg = self.config
         self.report.backlog(self.keys.spider, pending, remembered, cfg.persist)
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
             self._recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
-        self.redis = connection.get_async_redis(settings)
-        self.frontiers = [
-            Frontier(
-                self.redis, keys, self.worker_id, df if self._batched_df else None,
-                sequence=self.order.sequence, lease_seconds=cfg.lease_seconds, politeness=cfg.politeness,
-                heartbeat=i == 0, max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
-                dead_maxlen=cfg.dead_maxlen, replay_memory=cfg.replay_memory,
-                limits_bound=self.domain_limits.bound() if self.domain_limits else "",
-            )
-            for i, (keys, df) in enumerate(zip(self.layout.shard_keys, self.layout.shard_dfs, strict=True))
-        ]
+        self.redis = connection.get_async_redis(self.redis_settings)
+        self.frontiers = self.layout.frontiers(
+            self.redis, self.worker_id, cfg, self.order.sequence, batched=self._batched_df,
+            limits_bound=self.encoder.domain_limits.bound() if self.encoder.domain_limits else "",
+        )
         self.loop = SyncLoop(
             self.ledger, self.router, self.frontiers, self.engine,
             decode=RequestDecoder(
                 self.spider, self.policy, cfg.politeness == "cluster",
-                check=lambda request: checked_request(request, self.networks, self.stats),
+                check=functools.partial(checked_request, networks=self.networks, stats=self.stats),
             ),
             on_applied=self.report.applied, prefetch=cfg.prefetch,
             flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
@@ -244,20 +336,14 @@ class Scheduler:
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
             self.report.feeds = FeedBarrier.install(self.crawler, self.loop) is not None
         self.loop.paused, self.loop.backlog = self.layout.paused, pending
-        if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
-            logger.warning(
-                "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
-                " only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide deduplication.",
-                type(self.df).__name__,
-            )
+        self.encoder.warn_local_filter()
         if start:
             self.loop.start()
         shards = f" ({cfg.shards} shards)" if cfg.shards > 1 else ""
         logger.info("scrapy-dist frontier %r open as worker %s%s", self.keys.queue, self.worker_id, shards)
 
     def _join(self, spider: Spider) -> tuple[int, int]:
-        """Find the crawl's keys, check Redis answers (building a client can fail too) and join the
-        crawl; raises :class:`ScrapyDistError` (one line) if anything is refused."""
+        """Find the crawl's keys, check Redis answers and join the crawl; raises :class:`ScrapyDistError`."""
         settings = self.redis_settings
         name = getattr(spider, "name", None)
         named = isinstance(name, str) and bool(name)
@@ -289,9 +375,7 @@ class Scheduler:
             await loop.drain(min(self.config.shutdown_grace, self.config.lease_seconds))
             self.report.refusals_done()
             if released or loop.released_at_close:
-                given = released - len(self.ledger.releases) + loop.released_at_close
-                self.stats.set_value("scheduler/released_at_close", given)
-                logger.info("Closing (%s): gave %d leased requests back to the queue", reason, given)
+                self.report.released(reason, released - len(self.ledger.releases) + loop.released_at_close)
         if not self.config.persist and reason == "finished" and self.redis is not None:
             await self.layout.finish(self.redis, self.worker_id, self.config.lease_seconds)
         if hasattr(self.df, "close"):
@@ -306,9 +390,7 @@ class Scheduler:
     # -- Scrapy's scheduler interface (reactor thread, no I/O) ---------------------------------------
     def has_pending_requests(self) -> bool:
         loop = self.loop
-        if self.ledger.busy() or (loop is not None and loop.in_sync):
-            return True
-        if self.paused or self._local_pause:
+        if self.ledger.busy() or (loop is not None and loop.in_sync) or self.paused or self._local_pause:
             return True
         state = loop.state if loop is not None else None
         if state is None or state.queued or state.inflight or state.delayed or not state.empty_confirmed:
@@ -320,53 +402,20 @@ class Scheduler:
         return now - self._empty_since < self.config.idle_before_close
 
     def enqueue_request(self, request: Request) -> bool:
-        if not self._batched_df and not request.dont_filter and self.df.request_seen(request):
-            self.df.log(request, self.spider)
-            return False
-        try:
-            payload = encode_request(request, self.spider, self.policy)
-        except UnserializableRequest as exc:
-            self.report.unserializable(request, exc)
-            payload = b""
-        t1: Any = ""
-        t2: Any = ""
-        fp: bytes | None = None
-        if self._batched_df and not request.dont_filter:
-            fp = self.df.fingerprint(request)
-            t1, t2 = self.df.fingerprint_tokens(fp)
-            if self._recent.seen(t1, time.monotonic()):  # this process sent it lately: seen crawl-wide
-                self.df.log(request, self.spider)
-                return False
-        domain, limits = self._domain(request)
-        score, now = self.order.score(request), time.monotonic()
-        # with crawl-wide politeness a domain's requests are ordered by its own schedule, not Scrapy's
-        sends_now = queue.sends_now(request, self.ledger, self.loop, self.config.concurrent_requests)
-        if sends_now and not self._polite:
-            score = queue.START_NOW
-        if self.record_start and request.dont_filter and request.meta.get("is_start_request"):
-            # SEEDS_RECORD_FINGERPRINT: a dedupe-only entry travels with the start request, so that a
-            # page linking back to it is not fetched once more
-            fp = self.df.fingerprint(request)
-            r1, r2 = self.df.fingerprint_tokens(fp)
-            self._recent.add(r1, now)
-            self.ledger.add(Outgoing(request, r1, r2, score, b"", shard=self.router.shard(request, fp),
-                                     record_only=True), now)
-        self.ledger.add(
-            Outgoing(request, t1, t2, score, payload, domain=domain, limits=limits,
-                     shard=self.router.shard(request, fp)), now
-        )
+        now = time.monotonic()
+        entries = self.encoder.outgoing(request, now, self._starts_now)
+        for entry in entries:
+            self.ledger.add(entry, now)
         if len(self.ledger.out) >= self.config.flush_batch:
             self._wake()
-        return True
+        return bool(entries)
 
     def next_request(self) -> Request | None:
         if self.paused or self._local_pause:
             return None
-        ledger = self.ledger
-        loop = self.loop
+        ledger, loop = self.ledger, self.loop
         if not ledger.local and loop is not None and not loop.failing and ledger.outranked():
-            # a request just discovered outranks every leased one: wait the one round that stores it
-            # and leases it back, instead of starting a worse one (Scrapy's priority order)
+            # a request just discovered outranks every leased one: wait the round that leases it back
             loop.wake()
             return None
         local = bool(ledger.local)
@@ -382,40 +431,27 @@ class Scheduler:
         return request
 
     def __len__(self) -> int:
-        st = self.frontier_status or {}
-        ledger = self.ledger
+        ledger, st = self.ledger, self.frontier_status or {}
         return len(ledger.ready) + len(ledger.local) + len(ledger.out) + st.get("queued", 0)
 
     # -- services for other scrapy-dist components -----------------------------------------------------
     def delay_request(self, request: Request, not_before: float, reason: str = "") -> bool:
-        """Put ``request`` in the crawl's delayed set until ``not_before`` (unix time); any worker takes it
-        then. Batched: written in the next sync, atomically with the ack of the request that failed."""
-        try:
-            payload = encode_request(request, self.spider, self.policy)
-        except UnserializableRequest as exc:
-            self.report.unserializable(request, exc)
-            return False
-        domain, limits = self._domain(request)
-        self.ledger.delay(
-            Delay(self.order.score(request), payload, not_before, domain=domain, limits=limits,
-                  shard=self.router.shard(request)),
-            time.monotonic(),
-        )
-        return True
+        """Put ``request`` in the crawl's delayed set until ``not_before`` (unix time), batched: written
+        atomically with the ack of the request that failed; any worker takes it then."""
+        entry = self.encoder.delayed(request, not_before)
+        if entry is not None:
+            self.ledger.delay(entry, time.monotonic())
+        return entry is not None
 
     def dead_letter(self, record: str, request: Request | None = None) -> None:
-        """Append a JSON dead-letter record (batched, atomic with the failed request's ack); with
-        ``DEADLETTER_FORGET``, ``request``'s fingerprint is forgotten in the same call."""
+        """Append a JSON dead-letter record (batched, atomic with the failed request's ack)."""
         forget = None
-        if request is not None and self.forget_dead and self._batched_df:
-            shard = self.router.shard(request)
-            forget = (shard, self.layout.shard_dfs[shard].tokens(request))
-            self._recent.discard(forget[1][0])  # a link to it found by this worker is new again too
+        if request is not None and self.encoder.forget_dead and self._batched_df:
+            forget = self.encoder.forgotten(request, self.layout.shard_dfs)
         self.ledger.dead_letter(record, time.monotonic(), forget)
 
     def flushed_since(self, mark: float) -> bool:
-        """Whether a sync that started after ``mark`` (``time.monotonic()``) and took every buffered
-        request has succeeded: then every request enqueued before ``mark`` is in Redis (seeds rely on it)."""
+        """Whether every request enqueued before ``mark`` (``time.monotonic()``) is in Redis."""
         return self.loop is not None and self.loop.drained_at > mark
 
     def pause(self) -> None:
@@ -432,25 +468,11 @@ class Scheduler:
 
     def penalize_domain(self, domain: str, seconds: float) -> None:
         """Crawl-wide politeness: no request of ``domain`` is leased for ``seconds`` (batched)."""
-        self.ledger.penalize(domain, seconds, time.monotonic(), self.router.domain(domain))
+        self.penalties.penalize(domain, seconds)
 
-    def response_received(self, response: Any, request: Request, spider: Any = None) -> None:
-        """Signal handler (crawl-wide politeness): 429 and 503 slow the whole crawl down on that domain."""
-        domain = (urlparse_cached(request).hostname or "").lower()
-        limit = self.domain_limits.for_domain(domain) if self.domain_limits else None
-        seconds = penalty_seconds(response.status, response.headers.get(b"Retry-After"), limit, time.time())
-        if seconds is None:
-            return
-        self.stats.inc_value(f"scheduler/politeness/penalized/{response.status}")
-        self.penalize_domain(domain, seconds)
-
-    # -- helpers ---------------------------------------------------------------------------------------
     def _wake(self) -> None:
         if self.loop is not None:
             self.loop.wake()
 
-    def _domain(self, request: Request) -> tuple[str, str]:
-        if not self._polite or self.domain_limits is None:
-            return "", ""
-        domain = (urlparse_cached(request).hostname or "").lower()
-        return domain, self.domain_limits.for_domain(domain).encode()
+    def _starts_now(self, request: Request) -> bool:
+        return queue.sends_now(request, self.ledger, self.loop, self.config.concurrent_requests)

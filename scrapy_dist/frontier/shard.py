@@ -1,13 +1,10 @@
 """The Redis side of the shared frontier: one worker's batched exchange with the ``sync`` Lua script.
 
 :class:`Frontier` knows keys, the dupefilter's script arguments and the wire layout of ``sync.lua``; it
-holds no crawl state of its own (the scheduler does). One :meth:`Frontier.sync` call costs exactly one
-Redis round trip (EVALSHA) whatever it carries: requests to dedupe and enqueue, acknowledgements, lease
-renewals and releases, delayed retries, rejections, dead letters, and how many requests to lease.
-
-With a sharded frontier (``SCHEDULER_SHARDS = N``) there is one :class:`Frontier` per shard, each on that
-shard's keys (:meth:`scrapy_dist.redis.keys.CrawlKeys.shard`) and dupefilter; :func:`shard_of` says which
-shard a request belongs to. The scheduler talks to all of them each round (see docs/frontier.md).
+holds no crawl state. One :meth:`Frontier.sync` call costs one round trip (EVALSHA) whatever it carries:
+requests to dedupe and enqueue, acks, lease renewals and releases, delayed retries, rejections, dead
+letters, and how many requests to lease. With ``SCHEDULER_SHARDS = N`` there is one :class:`Frontier` per
+shard, on that shard's keys and dupefilter; :func:`shard_of` says which shard a request belongs to.
 """
 
 from __future__ import annotations
@@ -62,12 +59,9 @@ def shard_of(fingerprint: bytes, shards: int) -> int:
 async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
     """Whether there was a moment when no shard held anything queued, leased or delayed.
 
-    Shards live in different slots (on a cluster, on different nodes), so no single call reads them all
-    atomically, and a request may move between two reads (its child enqueued in shard B, then the parent
-    acknowledged in shard A). Every way into a shard creates an entry and so increments that shard's
-    ``seq``; two collections (pipelined: ZCARD queue, leases, delayed and GET seq per shard, twice) that
-    both find every shard empty with the same ``seq`` values prove every shard was empty at any instant
-    between them (a "double collect"). Two round trips.
+    No single call reads every shard, and a request may move between two reads; but every way into a
+    shard increments its ``seq``, so two collections that both find every shard empty with the same
+    ``seq`` values prove an instant when all were empty ("double collect"). Two round trips.
     """
 
     async def collect() -> list[Any]:
@@ -86,12 +80,9 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
 
 
 def queue_singles(member: bytes) -> list[bytes]:
-    """The entries (``6-byte seq + payload``, as leased) inside one member of the queue ZSET.
-
-    Mirrors ``chunk_singles`` in ``lua/sync_common.lua`` (which rejects a malformed chunk whole, where
-    this lenient reader yields its rest as one entry): a member whose 7th byte is ``\\0`` is a chunk of
-    records ``<2-byte length><6-byte seq><payload>``; anything else is a single entry. For tools and tests.
-    """
+    """The entries (``6-byte seq + payload``, as leased) inside one member of the queue ZSET: a member
+    whose 7th byte is ``\\0`` is a chunk of records ``<2-byte length><6-byte seq><payload>``, anything
+    else one entry (``chunk_singles`` in ``lua/sync_common.lua``, but lenient). For tools and tests."""
     if len(member) < 7 or member[6] != 0:
         return [member]
     out, p = [], 7
@@ -113,10 +104,9 @@ LEASE_MARK = b"\0\xff"
 
 
 def lease_parts(key: bytes) -> tuple[bytes, bytes | None, bytes | None]:
-    """A lease key (what ``sync`` leases: the queue member followed by its tag, see lua/sync_sweep.lua)
-    as ``(member, score, worker id)``: ``score`` and ``worker`` are None when the key has no tag (it is
-    its own member: a lease filed by an older version, whose meta is in the lease meta HASH) or a tag
-    without a space. Finds the tag as ``lease_tag_at`` there does."""
+    """A lease key (the queue member followed by its tag, lua/sync_sweep.lua) as ``(member, score,
+    worker id)``; ``score`` and ``worker`` are None for a key without a tag (an older lease, its own
+    member) or a tag without a space."""
     size = len(key)
     if size >= 6:
         at = size - 4 - int.from_bytes(key[-2:], "big")
@@ -152,23 +142,17 @@ class SyncBatch:
     ack: list[bytes] = field(default_factory=list)
     renew: list[bytes] = field(default_factory=list)
     release: list[bytes] = field(default_factory=list)
-    #: (score, payload, not_before, domain, limits) -- not_before in this machine's unix time; sent as a
-    #: delay relative to now, so the Redis server's clock (which the script uses) decides, whatever the skew
+    #: (score, payload, not_before, domain, limits): not_before in this machine's unix time, sent as a
+    #: delay relative to now (the server's clock decides, whatever the skew)
     delay: list[tuple[float, bytes, float, str, str]] = field(default_factory=list)
-    #: (lease key, JSON record)
-    reject: list[tuple[bytes, str]] = field(default_factory=list)
-    #: JSON records
-    dead: list[str] = field(default_factory=list)
-    #: (domain, seconds): push the domain's next allowed time back (429/503)
-    penalize: list[tuple[str, float]] = field(default_factory=list)
+    reject: list[tuple[bytes, str]] = field(default_factory=list)  # (lease key, JSON record)
+    dead: list[str] = field(default_factory=list)  # JSON records
+    penalize: list[tuple[str, float]] = field(default_factory=list)  # (domain, seconds) (429/503)
     lease: int = 0
-    #: (lease key, delay in seconds, new queue member or b"" for the same): acks that file the request
-    #: again in the delayed set, due that long after the Redis server's now (revisits, frontier/revisit.py)
+    #: (lease key, delay in seconds, new queue member or b""): acks that file the request again (revisits)
     revisit: list[tuple[bytes, float, bytes]] = field(default_factory=list)
-    #: (t1, t2) fingerprint tokens the dupefilter forgets (DEADLETTER_FORGET, with their dead letters)
-    forget: list[tuple[Any, Any]] = field(default_factory=list)
-    #: (lease key, encoded item): items appended only if that lease's ack (in ``ack`` or ``revisit``) is
-    #: accepted in the same call (lua/sync_items.lua)
+    forget: list[tuple[Any, Any]] = field(default_factory=list)  # (t1, t2) tokens, DEADLETTER_FORGET
+    #: (lease key, encoded item): appended only if that lease's ack is accepted (lua/sync_items.lua)
     items: list[tuple[bytes, bytes | str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
@@ -192,19 +176,13 @@ class SyncResult:
     delayed: int
     bloom_n: int
     paused: bool
-    #: the shard's sequence counter (grows with every entry created; see sync.lua)
-    seq: int = 0
-    #: queue members the script rejected whole (malformed chunk, too large; see lua/sync_lease.lua)
-    rejected: int = 0
-    #: of which copies of a signed entry already handed out (reason ``replayed``)
-    replayed: int = 0
-    #: keys whose garbage the script repaired before writing (see lua/sync_check.lua)
-    repaired: list[str] = field(default_factory=list)
-    #: the control hash's forget generation as written (untrusted text, at most 32 characters; compared
-    #: only): it changes with every ``scrapy-dist forget``
+    seq: int = 0  # the shard's sequence counter (grows with every entry created)
+    rejected: int = 0  # queue members the script rejected whole (lua/sync_lease.lua)
+    replayed: int = 0  # of which copies of a signed entry already handed out
+    repaired: list[str] = field(default_factory=list)  # keys whose garbage the script repaired
+    #: the control hash's forget generation (untrusted, compared only): changes with ``scrapy-dist forget``
     forgets: str = ""
-    #: one of them held work (the queue, the leases or the delayed set): moved aside, it reads empty
-    #: (set by :meth:`Frontier.sync`, which knows the keys)
+    #: a repaired key held work (queue, leases or delayed set): moved aside, it reads empty
     work_repaired: bool = False
     #: items appended to the items key, items refused with their ack, acks refused (lua/sync_items.lua)
     items: int = 0
@@ -212,16 +190,15 @@ class SyncResult:
     acks_refused: int = 0
 
 
-# -- the wire layout of lua/sync.lua, in one place ----------------------------------------------------
-# The sync protocol is declared here only: :func:`sync_prelude` writes these declarations as the Lua
-# tables the script reads its KEYS and ARGV by (scrapy_dist/redis/lua/sync_common.lua uses them).
+# -- the wire layout of lua/sync.lua, declared here only: :func:`sync_prelude` writes it as Lua tables ---
 
 #: KEYS of a sync call, in order, with the Redis type the script keeps there (another type is moved aside);
 #: then the dupefilter's keys
 SYNC_KEYS = (
     ("queue", "zset"), ("leases", "zset"), ("lease_meta", "hash"), ("seq", "string"), ("delayed", "zset"),
     ("delayed_meta", "hash"), ("queue_rejected", "list"), ("deadletter", "list"), ("workers", "zset"),
-    ("control", "hash"), ("domains", "zset"), ("domain_info", "hash"), ("queue_tails", "hash"), ("spent", "zset"),
+    ("control", "hash"), ("domains", "zset"), ("domain_info", "hash"), ("queue_tails", "hash"),
+    ("spent", "zset"),
 )
 #: the ARGV head, by name; then P and the P dupe params
 SYNC_HEAD = (
@@ -370,11 +347,9 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
 
 @dataclass(eq=False)  # compared and hashed by identity
 class Frontier:
-    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client).
-
-    ``max_entry_bytes`` bounds a queue entry the script hands out (larger ones are rejected whole, in
-    Redis); ``rejected_maxlen`` and ``dead_maxlen`` cap ``{spider}:queue:rejected`` and
-    ``{spider}:deadletter`` (0 = no cap)."""
+    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client). ``max_entry_bytes``
+    bounds a queue entry the script hands out; ``rejected_maxlen`` and ``dead_maxlen`` cap the rejected
+    and dead-letter lists (0 = no cap)."""
 
     redis: Any
     keys: CrawlKeys
@@ -458,7 +433,8 @@ class RequestDecoder:
     :class:`~scrapy_dist.exceptions.RejectedEntry` (or anything: the ledger rejects the entry)."""
 
     def __init__(
-        self, spider: Any, policy: EntryPolicy, polite: bool, check: Callable[[Request], Request] | None = None
+        self, spider: Any, policy: EntryPolicy, polite: bool,
+        check: Callable[[Request], Request] | None = None,
     ) -> None:
         self.spider = spider
         self.policy = policy

@@ -3,7 +3,7 @@
 Every worker appends its items to one Redis key (``REDIS_ITEMS_KEY``, default ``"%(spider)s:items"``) where
 downstream consumers pick them up. With the scrapy-dist scheduler (and ``REDIS_ITEMS_EXACTLY_ONCE``, the
 default), a page's items ride the ``sync`` call that acknowledges the page and are appended only if that
-ack is accepted (:mod:`scrapy_dist.frontier.outbox`): exactly once per acknowledged fetch, whatever happens
+ack is accepted (:mod:`scrapy_dist.frontier.engine`): exactly once per acknowledged fetch, whatever happens
 to the workers. Otherwise items are buffered and written in batches of their own, and an item is reported
 scraped only once its batch is in Redis: at least once (a page crawled again writes its items again).
 
@@ -26,7 +26,7 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
 
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.frontier import outbox as _outbox
+from scrapy_dist.frontier import engine as _outbox
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.frontier.shard import ItemRoute
 from scrapy_dist.redis import scripts
