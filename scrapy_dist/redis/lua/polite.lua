@@ -27,7 +27,7 @@ local MAX_PENALTY = 3600
 local MAX_DELAY, MAX_JITTER = 86400, 10
 -- pol.queue, pol.leases, pol.now, pol.max_delay, pol.max_jitter: set by sync.lua before the first call below.
 -- pol.st[dom]: the domain's fields as this call knows them; pol.touched[dom]: its schedule is to be redone.
-local pol = {st = {}, touched = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER}
+local pol = {st = {}, touched = {}, limits = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER}
 
 local function finite_in(s, lo, hi)
   local x = tonumber(s)
@@ -35,8 +35,11 @@ local function finite_in(s, lo, hi)
   return math.min(hi, math.max(lo, x))
 end
 
-local function int16(s)
-  return s and string.match(s, '^%-?%d+$') and #s <= 16 and tonumber(s) or nil
+-- a counter as written: an integer Redis can hold (|x| < 2^52), or nil
+local function int_of52(s)
+  local x = s and tonumber(s)
+  if x and x == math.floor(x) and x > -4503599627370496 and x < 4503599627370496 then return x end
+  return nil
 end
 
 -- Parse limits "delay concurrency jitter" into st, clamped into the bounds; a value past them is written
@@ -44,11 +47,18 @@ end
 local function pol_parse_limits(st, l)
   st.l = l
   if not l then st.d, st.c, st.j = 0, 0, 0; return end
-  local delay, conc, jitter = string.match(l, '^(%S+) (%S+) (%S+)$')
-  st.d, st.c, st.j = finite_in(delay, 0, pol.max_delay), math.floor(finite_in(conc, 0, 1e9)),
-                     finite_in(jitter, 0, pol.max_jitter)
-  if st.d ~= tonumber(delay) or st.j ~= tonumber(jitter) or st.c ~= tonumber(conc) then
-    st.l = string.format('%.17g %d %.17g', st.d, st.c, st.j)
+  local known = pol.limits[l]  -- most domains share a few limit strings: parsed once per call
+  if not known then
+    local delay, conc, jitter = string.match(l, '^(%S+) (%S+) (%S+)$')
+    local d, c, j = finite_in(delay, 0, pol.max_delay), math.floor(finite_in(conc, 0, 1e9)),
+                    finite_in(jitter, 0, pol.max_jitter)
+    local clean = d == tonumber(delay) and j == tonumber(jitter) and c == tonumber(conc)
+    known = {d, c, j, not clean and string.format('%.17g %d %.17g', d, c, j)}
+    pol.limits[l] = known
+  end
+  st.d, st.c, st.j = known[1], known[2], known[3]
+  if known[4] then
+    st.l = known[4]
     st.dirty.l = true
     pol.clamped = true
   end
@@ -67,7 +77,7 @@ local function pol_state(dom)
   st = {dirty = {}}
   pol.st[dom] = st
   pol_parse_limits(st, v[4])
-  local b, i = int16(v[1]), int16(v[2])
+  local b, i = int_of52(v[1]), int_of52(v[2])
   if v[1] and not (b and b >= 0) then
     b = redis.call('ZLEXCOUNT', pol.queue, '[' .. dom .. '\0', '(' .. dom .. '\1')
     st.dirty.b = true
@@ -144,7 +154,12 @@ local function pol_flush(domains_key, now)
     local args = {}
     for field in pairs(st.dirty) do
       args[#args + 1] = field .. ':' .. dom
-      args[#args + 1] = field == 'l' and st.l or string.format('%.17g', st[field])
+      local value = st[field]
+      if field == 'l' then value = st.l
+      elseif field ~= 'n' then value = string.format('%d', value)  -- counters: no float formatting
+      elseif value == 0 then value = '0'
+      else value = string.format('%.17g', value) end
+      args[#args + 1] = value
     end
     if #args > 0 then
       redis.call('HSET', pol.info, unpack(args))
@@ -159,7 +174,13 @@ local function pol_flush(domains_key, now)
     end
     local mark = score or 'none'
     if st.scheduled ~= mark then
-      if score then redis.call('ZADD', domains_key, score, dom) else redis.call('ZREM', domains_key, dom) end
+      if score == 0 then
+        redis.call('ZADD', domains_key, '0', dom)
+      elseif score then
+        redis.call('ZADD', domains_key, score, dom)
+      else
+        redis.call('ZREM', domains_key, dom)
+      end
       st.scheduled = mark
     end
   end
