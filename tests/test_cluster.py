@@ -291,6 +291,36 @@ def test_crawl_with_every_feature_on_a_cluster(tmp_path: Path, cluster_url: str,
 
 
 @pytest.mark.slow
+def test_items_ride_the_acks_on_a_cluster_with_the_crawls_hash_tag(
+    tmp_path: Path, cluster_url: str, site_factory: Any
+) -> None:
+    """An items key carrying the crawl's hash tag shares the frontier's slot: items are written by the
+    acknowledging sync call (no batches of their own), once per page; the default key says why not."""
+    site = site_factory(pages=60)
+    base = {"REDIS_URL": cluster_url, "ITEM_PIPELINES": {"scrapy_dist.pipelines.RedisPipeline": 300},
+            "SCHEDULER_IDLE_BEFORE_CLOSE": 1}
+    project = make_project(tmp_path, {**base, "REDIS_ITEMS_KEY": "{%(spider)s}:items"},
+                           spiders=SEED_LINKS_SPIDER)
+    c = _client(cluster_url)
+    c.rpush(LINKS.start_urls, site.page_url(0))
+    project.crawl()
+    assert project.wait_all(60) == [0], project.logs()[-3000:]
+    assert "at least once" not in project.logs()
+    stats = project.stats(0)
+    assert stats.get("redis_items/batches") is None  # every item rode its page's ack
+    items = [json.loads(x)["url"] for x in c.lrange("{links}:items", 0, -1)]
+    assert len(items) == site.graph.ok_pages + links_back(site.graph)  # the seed's page twice if linked
+    assert len(set(items)) == site.graph.ok_pages
+    other = make_project(tmp_path / "default-key", base, spiders=SEED_LINKS_SPIDER)
+    c.rpush(LINKS.start_urls, site.page_url(1))
+    other.crawl()
+    assert other.wait_all(60) == [0], other.logs()[-3000:]
+    assert 'REDIS_ITEMS_KEY = "{%(spider)s}:items"' in other.logs()
+    assert other.stats(0).get("redis_items/batches")  # there, items went in batches of their own
+    c.close()
+
+
+@pytest.mark.slow
 def test_sigkilled_worker_loses_nothing_on_a_cluster(
     tmp_path: Path, cluster_url: str, site_factory: Any
 ) -> None:

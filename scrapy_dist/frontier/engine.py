@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
+from redis.crc import key_slot
 from scrapy import signals
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import NotConfigured
@@ -431,10 +432,15 @@ class ItemOutbox:
 
 def attach(scheduler: Scheduler, route: ItemRoute) -> ItemOutbox | None:
     """Make ``scheduler``'s acks carry the items of their pages to ``route``; the outbox to stage them in,
-    or None when they cannot ride the acks: the frontier is not open, or Redis is a cluster (the items
-    key lives in another hash slot than the crawl's keys, and a script touches one slot)."""
-    if not scheduler.frontiers or is_cluster(scheduler.redis):
+    or None when they cannot ride the acks: the frontier is not open, or Redis is a cluster and the items
+    key lives in another hash slot than a shard's keys (a script touches one slot: on a cluster, items ride
+    the acks only with one shard and an items key carrying the crawl's hash tag, ``{spider}:items``)."""
+    if not scheduler.frontiers:
         return None
+    if is_cluster(scheduler.redis):
+        slot = key_slot(route.key.encode())
+        if any(key_slot(f.keys.queue.encode()) != slot for f in scheduler.frontiers):
+            return None
     ledger = scheduler.ledger
     outbox = ItemOutbox(lambda request: request in ledger.handed)
     for frontier in scheduler.frontiers:

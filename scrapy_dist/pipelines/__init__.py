@@ -231,7 +231,8 @@ class RedisPipeline:
 
     def _ride_acks(self) -> _outbox.ItemOutbox | None:
         """The outbox of the running scrapy-dist scheduler, when items can ride its acks: exactly once is
-        on, ``item_key`` is not overridden (one key per call) and the frontier is not on a Redis Cluster."""
+        on, ``item_key`` is not overridden (one key per call) and, on a Redis Cluster, the items key shares
+        the frontier's hash slot."""
         sched = get_scheduler(self._crawler) if self._crawler is not None else None
         if not self.exactly_once or sched is None:
             return None
@@ -241,8 +242,11 @@ class RedisPipeline:
             return None
         found = _outbox.attach(sched, ItemRoute(self.key, "stream" if self.stream else "list", self.maxlen))
         if found is None:
-            logger.warning("REDIS_ITEMS_EXACTLY_ONCE: the items key cannot share the frontier's calls on a"
-                           " Redis Cluster: items are written at least once, in batches of their own")
+            logger.warning("REDIS_ITEMS_EXACTLY_ONCE: on a Redis Cluster the items key %s is in another hash"
+                           " slot than the frontier's keys: items are written at least once, in batches of"
+                           " their own. For exactly once, give it the crawl's hash tag"
+                           " (REDIS_ITEMS_KEY = \"{%%(spider)s}:items\") and keep SCHEDULER_SHARDS = 1",
+                           self.key)
         return found
 
     async def process_item(self, item: Any, spider: Any = None) -> Any:
