@@ -27,7 +27,7 @@ from scrapy_dist.dupefilter.bloom import parse_bloom_record
 from scrapy_dist.frontier.control import move_aside_foreign, parse_control
 from scrapy_dist.frontier.revisit import end_chains
 from scrapy_dist.frontier.shard import domain_shard, shard_of
-from scrapy_dist.redis.replies import text
+from scrapy_dist.redis.scripts import text
 
 #: the control hash's field naming the last forget (a random token; the sync script answers it, lua/sync.lua)
 FORGETS_FIELD = "forgets"

@@ -27,7 +27,7 @@ from scrapy_dist.extensions.errors import ErrorMonitor
 from scrapy_dist.extensions.idle import IdleMonitor
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import crawler_keys
-from scrapy_dist.redis.replies import text
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from scrapy_dist.frontier.scheduler import get_scheduler, make_worker_id
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage
-from scrapy_dist.redis.replies import hash_fields
+from scrapy_dist.redis.scripts import hash_fields
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refusing, start_error
 from scrapy_dist.utils.ratelimit import RateLimitedLog

@@ -27,7 +27,7 @@ from scrapy_dist.frontier.control import ControlState, start_time
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage
-from scrapy_dist.redis.replies import text
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refusing, start_error
 from scrapy_dist.utils.ratelimit import RateLimitedLog

@@ -23,7 +23,7 @@ from scrapy_dist.exceptions import ScrapyDistError, ShardingRefused
 from scrapy_dist.frontier.control import move_aside_foreign
 from scrapy_dist.frontier.shard import Frontier, domain_shard, shard_of, shards_idle
 from scrapy_dist.redis import scripts
-from scrapy_dist.redis.replies import count as untrusted_count
+from scrapy_dist.redis.scripts import count as untrusted_count
 
 if TYPE_CHECKING:
     from scrapy import Request

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError
 from scrapy_dist.redis import scripts
-from scrapy_dist.redis.replies import text
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import defaults
 from scrapy_dist.wire.codec import decode_request
 

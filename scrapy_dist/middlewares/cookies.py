@@ -40,7 +40,7 @@ from scrapy_dist.redis.batchwriter import BatchWriter
 from scrapy_dist.redis.connection import get_async_redis, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import Backoff, Outage
-from scrapy_dist.redis.replies import text
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refusing
 from scrapy_dist.utils.ratelimit import RateLimitedLog

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from scrapy_dist.redis.replies import text
+from scrapy_dist.redis.scripts import text
 
 __all__ = [
     "ID_LIMIT", "MAX_VALUE", "REASON_LIMIT", "STAT_LIMIT", "TEXT_LIMIT", "bounded_id", "bounded_text",

@@ -27,8 +27,8 @@ from scrapy_dist.frontier.orders import busiest_domains
 from scrapy_dist.frontier.shard import lease_parts
 from scrapy_dist.monitor import bounded_id, bounded_text, decode_hash, decode_stats, top_counts
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.redis.replies import count as untrusted_count
-from scrapy_dist.redis.replies import hash_fields, text
+from scrapy_dist.redis.scripts import count as untrusted_count
+from scrapy_dist.redis.scripts import hash_fields, text
 from scrapy_dist.settings import defaults
 
 #: Workers listed (most recently seen first); the summary counts all of them.

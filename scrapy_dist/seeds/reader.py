@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.redis import scripts
-from scrapy_dist.redis.replies import text
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import defaults
 
 if TYPE_CHECKING:
