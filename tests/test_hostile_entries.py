@@ -500,7 +500,7 @@ def test_same_site_redirects_do_not_carry_middleware_credentials_into_the_queue(
     from scrapy.http import Response
     from scrapy.utils.test import get_crawler
 
-    from scrapy_dist.wire.credentials import AddedCredentialsMiddleware, ScheduledHeadersMiddleware
+    from scrapy_dist.wire.entrypolicy import AddedCredentialsMiddleware, ScheduledHeadersMiddleware
 
     crawler = get_crawler(
         _Spider,

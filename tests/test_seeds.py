@@ -31,8 +31,7 @@ from scrapy_dist.seeds import (
     validate_url,
 )
 from scrapy_dist.spiders import RedisCrawlSpider, RedisSpider, SeedReader
-from scrapy_dist.wire.codec import check_url, decode_request, encode_request
-from scrapy_dist.wire.rejections import preview, rejection_record
+from scrapy_dist.wire.codec import check_url, decode_request, encode_request, preview, rejection_record
 
 
 class SeedSpider(scrapy.Spider):

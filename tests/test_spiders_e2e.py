@@ -21,7 +21,7 @@ from helpers import wait_for
 from redis_servers import redis_server_binary
 
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.wire.rejections import preview
+from scrapy_dist.wire.codec import preview
 
 pytestmark = pytest.mark.slow
 

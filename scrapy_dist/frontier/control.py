@@ -227,7 +227,7 @@ def dead_letter_record(
     """The JSON record for ``request`` as scheduled (credential headers a middleware added left out),
     signed by ``policy``; ``attempts`` defaults to ``meta["retry_times"] + 1``. A request that cannot be
     encoded is recorded with ``"request": null``."""
-    from scrapy_dist.wire.credentials import as_scheduled
+    from scrapy_dist.wire.entrypolicy import as_scheduled
 
     try:
         encoded = encode_request(as_scheduled(request), spider, policy)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.orders import START_NOW, Lease, LeasedBuffer
 from scrapy_dist.frontier.shard import SyncBatch
-from scrapy_dist.wire.rejections import rejection_record
+from scrapy_dist.wire.codec import rejection_record
 
 if TYPE_CHECKING:
     from scrapy import Request

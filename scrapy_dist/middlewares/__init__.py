@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
     from scrapy_dist.middlewares.cookies import SharedCookiesMiddleware
     from scrapy_dist.middlewares.retry import HttpErrorMiddleware, RetryMiddleware, RetryScheduled
-    from scrapy_dist.wire.credentials import AddedCredentialsMiddleware, ScheduledHeadersMiddleware
+    from scrapy_dist.wire.entrypolicy import AddedCredentialsMiddleware, ScheduledHeadersMiddleware
 
 #: public name -> module under scrapy_dist.middlewares, or a full module path (add one line per middleware)
 _EXPORTS = {
@@ -66,8 +66,8 @@ _EXPORTS = {
     "RetryMiddleware": "retry",
     "RetryScheduled": "retry",
     "HttpErrorMiddleware": "retry",
-    "ScheduledHeadersMiddleware": "scrapy_dist.wire.credentials",
-    "AddedCredentialsMiddleware": "scrapy_dist.wire.credentials",
+    "ScheduledHeadersMiddleware": "scrapy_dist.wire.entrypolicy",
+    "AddedCredentialsMiddleware": "scrapy_dist.wire.entrypolicy",
 }
 
 # keep in step with _EXPORTS

@@ -42,7 +42,7 @@ from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refusing
 from scrapy_dist.utils.ratelimit import RateLimitedLog
-from scrapy_dist.wire.credentials import as_scheduled
+from scrapy_dist.wire.entrypolicy import as_scheduled
 
 if TYPE_CHECKING:
     from scrapy import Request

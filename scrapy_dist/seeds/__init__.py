@@ -30,7 +30,7 @@ from scrapy_dist.wire.codec import (
     spider_method,
     user_defined,
 )
-from scrapy_dist.wire.seedfields import (
+from scrapy_dist.wire.entrypolicy import (
     check_callback_name,
     check_cookies,
     check_headers,
@@ -41,7 +41,7 @@ from scrapy_dist.wire.seedfields import (
     priority_from_score,
 )
 
-# the field checks live in scrapy_dist.wire.seedfields; those callers import from here are re-exported
+# the field checks live in scrapy_dist.wire.entrypolicy; those callers import from here are re-exported
 __all__ = [
     "DEFAULT_RULES", "FIELDS", "REASONS", "Seed", "SeedRules", "check_callback_name", "check_cookies",
     "check_headers", "check_method", "check_priority", "class_has_callback", "iter_lines", "parse_seed",

@@ -34,9 +34,8 @@ from scrapy_dist.seeds import reader as seedreader
 from scrapy_dist.seeds.reader import BLOCK_SECONDS, CONFIRM_POLL, POLL_SECONDS, SeedReader, TakeResult
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.utils.ratelimit import RateLimitedLog
-from scrapy_dist.wire.codec import check_offsite
-from scrapy_dist.wire.rejections import preview, rejection_record
-from scrapy_dist.wire.seedfields import priority_from_score
+from scrapy_dist.wire.codec import check_offsite, preview, rejection_record
+from scrapy_dist.wire.entrypolicy import priority_from_score
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

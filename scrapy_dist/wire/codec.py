@@ -7,16 +7,21 @@ when written with the crawl's secret (``tag``: 16-byte keyed BLAKE2b of the craw
 map's short keys are listed in docs/frontier.md ("Wire format"). Decoding treats the bytes as untrusted:
 every field is type-checked, and any deviation is :class:`RejectedEntry` with a short reason, the only
 exception :func:`decode_request` lets out. What an untrusted entry may ask for is
-:mod:`scrapy_dist.wire.entrypolicy`, which callbacks it may name :mod:`scrapy_dist.wire.callbacks` (both
-re-exported here); the trust model is docs/security.md.
+:mod:`scrapy_dist.wire.entrypolicy` (re-exported here). Also here: which spider methods an entry may name
+as callback, and the records of refused input.
 """
 
 from __future__ import annotations
 
+import base64
 import codecs
+import inspect
+import json
 import math
 import re
 import sys
+import time
+import types
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -24,10 +29,9 @@ from urllib.parse import urlsplit
 import msgpack
 from scrapy import Request
 from scrapy.http import Headers
+from scrapy.spiders import CrawlSpider
 
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
-from scrapy_dist.wire.callbacks import HOOK_NAMES, entry_callback, method_name, spider_method, user_defined
-from scrapy_dist.wire.credentials import added_by_middleware
 from scrapy_dist.wire.entrypolicy import (
     CREDENTIAL_HEADERS,
     DANGEROUS_META,
@@ -39,6 +43,7 @@ from scrapy_dist.wire.entrypolicy import (
     VERSION_BODY_TAG,
     VERSION_SIGNED,
     EntryPolicy,
+    added_by_middleware,
     check_cookies_allowed,
     check_header_names,
     check_meta_keys,
@@ -53,14 +58,87 @@ if TYPE_CHECKING:
     from scrapy import Spider
 
 __all__ = [
-    "MAX_HEADERS", "check_url", "decode_request", "encode_request", "load_payload", "split_payload",
-    # from wire.entrypolicy and wire.callbacks, imported from here by other modules and users
-    "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "FORBIDDEN_HEADERS", "HOOK_NAMES", "TAG_BYTES",
-    "SIGNED_HEAD", "VERSION", "VERSION_BODY_TAG", "VERSION_SIGNED", "EntryPolicy", "check_cookies_allowed",
-    "check_header_names",
-    "check_meta_keys", "check_no_userinfo", "check_offsite", "entry_policy", "host_allowed", "is_trusted",
-    "spider_method", "user_defined",
+    "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "EntryPolicy", "FORBIDDEN_HEADERS",
+    "HOOK_NAMES", "MAX_HEADERS", "PREVIEW_LIMIT", "RAW_LIMIT", "SIGNED_HEAD", "TAG_BYTES", "VERSION",
+    "VERSION_BODY_TAG", "VERSION_SIGNED", "check_cookies_allowed", "check_header_names",
+    "check_meta_keys", "check_no_userinfo", "check_offsite", "check_url", "decode_request",
+    "encode_request", "entry_callback", "entry_policy", "host_allowed", "is_trusted", "load_payload",
+    "method_name", "preview", "rejection_record", "spider_method", "split_payload", "user_defined",
 ]
+
+
+#: private dispatchers of CrawlSpider rules: rule requests name them, with the rule index in meta
+_CRAWLSPIDER_METHODS = frozenset({"_callback", "_errback"})
+#: RedisCrawlSpider's public stand-ins for them (defined by scrapy-dist, so not "user-defined")
+_RULE_METHODS = frozenset({"rule_callback", "rule_errback"})
+
+
+def method_name(func: Any, spider: Spider | None, what: str) -> str | None:
+    """The name a request stores for its callback/errback ``func``: a method of ``spider`` (or a name
+    already); raises :class:`UnserializableRequest` for anything else."""
+    if func is None:
+        return None
+    if isinstance(func, str):
+        return func
+    owner = getattr(func, "__self__", None)
+    name = getattr(func, "__name__", None)
+    bound_to_spider = owner is not None and (spider is None or owner is spider)
+    if bound_to_spider and name and getattr(owner, name, None) == func:
+        return str(name)
+    raise UnserializableRequest(f"{what} {func!r} is not a method of the spider", what)
+
+
+def _framework_module(module: Any) -> bool:
+    return not isinstance(module, str) or module.split(".", 1)[0] in ("scrapy", "scrapy_dist")
+
+
+#: Scrapy's hooks and spider plumbing: never a callback, even where the spider's own code overrides them
+HOOK_NAMES = frozenset({
+    "start", "start_requests", "closed", "close", "log", "make_request_from_data", "from_crawler",
+    "update_settings", "handles_request", "set_crawler", "make_requests_from_url", "parse_start_url",
+    "process_results", "process_start", "process_start_requests", "spider_opened", "spider_idle",
+    "spider_closed", "has_callback",
+})
+
+
+def user_defined(cls: type, name: str) -> bool:
+    """Whether ``name`` is a plain function defined by a class of the user's, not by Scrapy or
+    scrapy-dist: ``start``, ``log``, ``make_request_from_data``, ``closed``, ``Spider.parse`` (which only
+    raises) are methods of every spider, but no entry read from Redis has any business calling them --
+    nor the hooks of :data:`HOOK_NAMES` where the spider's code overrides them."""
+    if not isinstance(name, str) or name.startswith("_") or not name.isidentifier() or name in HOOK_NAMES:
+        return False
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            value = inspect.getattr_static(klass, name)
+            return isinstance(value, types.FunctionType) and not _framework_module(klass.__module__)
+    return False
+
+
+def spider_method(spider: Spider, name: Any, what: str) -> Any:
+    """Resolve ``name`` to a public method of ``spider``; reject anything else (shared with seeds)."""
+    if not isinstance(name, str):  # checked first: a list or map is not even hashable
+        raise RejectedEntry(f"bad_{what}", f"{what} has type {type(name).__name__}")
+    if name in _CRAWLSPIDER_METHODS and isinstance(spider, CrawlSpider):
+        pass  # CrawlSpider routes rule requests through these two
+    elif not name.isidentifier() or name.startswith("_"):
+        raise RejectedEntry(f"bad_{what}", f"{what} {name[:40]!r} is not a public method name")
+    method = getattr(spider, name, None)
+    if method is None or not callable(method) or getattr(method, "__self__", None) is not spider:
+        raise RejectedEntry(f"bad_{what}", f"spider has no method {name[:40]!r}")
+    return method
+
+
+def entry_callback(spider: Spider, name: Any, what: str) -> Any:
+    """The callback/errback a queue entry names: a method the spider's own code defines (as for seeds),
+    or one of CrawlSpider's rule dispatchers."""
+    method = spider_method(spider, name, what)
+    if isinstance(spider, CrawlSpider) and (name in _CRAWLSPIDER_METHODS or name in _RULE_METHODS):
+        return method
+    if not user_defined(type(spider), name):
+        raise RejectedEntry(f"bad_{what}", f"{name!r} is not a method defined by the spider's code")
+    return method
+
 
 _VERSION_BYTE = bytes([VERSION])
 _SIGNED_BYTE = bytes([VERSION_SIGNED])
@@ -363,3 +441,42 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
         return cls(**kw)
     except Exception as exc:  # the Request constructor validates too (URL, encoding, ...)
         raise RejectedEntry("bad_request", f"{type(exc).__name__}: {exc}"[:200]) from None
+
+
+RAW_LIMIT = 1024
+#: Characters of a refused entry quoted in a log line.
+PREVIEW_LIMIT = 100
+
+
+def preview(raw: bytes | str, limit: int = PREVIEW_LIMIT, quote: bool = True) -> str:
+    """The head of refused input for a log line (quoted unless not ``quote``): at most ``limit`` characters
+    (then ``…``), undecodable bytes
+    as ``\\xNN`` and every character that is not printable (newlines, terminal escapes, bidi controls) as
+    an escape, so one entry is one line that shows what it was and cannot rewrite the log or terminal."""
+    text = raw[: limit * 4].decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
+    cut = len(text) > limit or len(raw) > limit * 4
+    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+                    for c in text[:limit])
+    if quote:
+        return "'" + shown.replace("'", "\\'") + ("'…" if cut else "'")
+    return shown + ("…" if cut else "")
+
+
+def rejection_record(reason: str, raw: bytes, worker: str, detail: str = "", now: float | None = None) -> str:
+    """The JSON record pushed to a ``:rejected`` key."""
+    head = raw[:RAW_LIMIT]
+    try:
+        text, enc = head.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        text, enc = base64.b64encode(head).decode("ascii"), "base64"
+    return json.dumps(
+        {
+            "reason": reason,
+            "detail": detail[:500],
+            "raw": text,
+            "raw_encoding": enc,
+            "raw_bytes": len(raw),
+            "at": time.time() if now is None else now,
+            "worker": worker,
+        }
+    )

@@ -1,20 +1,14 @@
-"""The entry policy: what an entry read from the queue may ask for, and the crawl's secret that tells
-its own entries from anyone else's.
+"""What an untrusted entry may carry: the entry policy and the crawl's secret that tells its own entries
+from anyone else's, the credential headers a middleware added (never stored), and the checks of seed
+fields.
 
 Payloads are sealed here (:meth:`EntryPolicy.seal`: ``b"\\x01" + body``, or with a secret
 ``b"\\x03" + tag + nonce + body``) and read by :mod:`scrapy_dist.wire.codec`, which applies this policy to
-every entry it decodes: an untrusted entry (no tag that verifies, while the crawl has a secret) must pass
-the rules for seeds -- meta keys allowed by ``SEEDS_META_ALLOWED``, no framing or routing headers, the
-spider's ``allowed_domains``.
-
-The tag is the 16-byte keyed BLAKE2b of the crawl (``<prefix>{<spider>}``), the kind of key the entry was
-written for (:data:`FRONTIER`: the queue, the delayed set, the leases -- the sync script moves entries
-between those three and has no secret, so they are one kind -- or :data:`DEAD`: a dead letter, which only
-``scrapy-dist dead --requeue`` turns back into a queue entry, signing it again), the nonce and the body. So
-a signed entry copied into another crawl's keys, or a dead letter's payload copied into the queue, does not
-verify. The nonce (8 bytes, unique per entry written) is what the sync script remembers when it leases
-an entry, so that a copy put back is not fetched again (``remember`` in ``lua/sync_common.lua``).
-Version 2 payloads (a tag of the body alone, written before entries were bound) are read as untrusted.
+every entry it decodes: an untrusted entry must pass the rules for seeds (``SEEDS_META_ALLOWED`` meta keys,
+no framing or routing headers, the spider's ``allowed_domains``). The tag is the 16-byte keyed BLAKE2b of
+the crawl, the kind of key (:data:`FRONTIER` or :data:`DEAD`), the nonce and the body, so a signed entry
+copied into another crawl or from the dead letters into the queue does not verify. Version 2 payloads are
+read as untrusted.
 """
 
 from __future__ import annotations
@@ -25,10 +19,12 @@ import hashlib
 import hmac
 import itertools
 import logging
+import math
 import os
 import secrets
 import weakref
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -39,25 +35,13 @@ from scrapy_dist.redis.target import embedded_secret
 from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
+    from scrapy import Request
     from scrapy.crawler import Crawler
 
 __all__ = [
-    "CREDENTIAL_HEADERS",
-    "DANGEROUS_META",
-    "DEAD",
-    "DEFAULT_POLICY",
-    "FRONTIER",
-    "FORBIDDEN_HEADERS",
-    "EntryPolicy",
-    "check_cookies_allowed",
-    "check_no_userinfo",
-    "check_header_names",
-    "check_meta_keys",
-    "check_offsite",
-    "entry_policy",
-    "host_allowed",
-    "keep_allowed_domains",
-    "is_trusted",
+    "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEAD", "DEFAULT_POLICY", "EntryPolicy", "FORBIDDEN_HEADERS",
+    "FRONTIER", "check_cookies_allowed", "check_header_names", "check_meta_keys", "check_no_userinfo",
+    "check_offsite", "entry_policy", "host_allowed", "is_trusted", "keep_allowed_domains",
 ]
 
 #: version byte of an unauthenticated payload
@@ -318,3 +302,187 @@ def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
             "bad_tag", "the entry's tag does not verify for this crawl (another secret, crawl or kind of key)"
         )
     return True
+
+
+#: headers only a middleware (or the spider itself) may put on a request, never an entry from Redis
+CREDENTIAL_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")
+
+#: request -> its credential headers when it entered the downloader (only requests that had some)
+_scheduled: weakref.WeakKeyDictionary[Request, dict[bytes, list[bytes]]] = weakref.WeakKeyDictionary()
+#: requests seen by the middleware (with or without credentials)
+_seen: weakref.WeakSet[Request] = weakref.WeakSet()
+#: (lower-case header name, value) pairs downloader middlewares added to requests, newest last
+_added: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
+ADDED_LIMIT = 1000
+
+
+class ScheduledHeadersMiddleware:
+    """Downloader middleware remembering the credential headers each request had as scheduled."""
+
+    def process_request(self, request: Request) -> None:
+        _seen.add(request)
+        headers = request.headers
+        own = {name: list(headers.getlist(name)) for name in CREDENTIAL_HEADERS if name in headers}
+        if own:
+            _scheduled[request] = own
+        return None
+
+
+def as_scheduled(request: Request, original: Request | None = None) -> Request:
+    """``request`` with the credential headers of ``original`` (default: ``request``) as scheduled; the
+    same object when there is nothing to change."""
+    source = original if original is not None else request
+    own = _scheduled.get(source, {}) if source in _seen else {}
+    if all(list(request.headers.getlist(n)) == own.get(n, []) for n in CREDENTIAL_HEADERS):
+        return request
+    headers = request.headers.copy()
+    for name in CREDENTIAL_HEADERS:
+        headers.pop(name, None)
+        if name in own:
+            headers.setlist(name, own[name])
+    return request.replace(headers=headers)
+
+
+class AddedCredentialsMiddleware:
+    """Downloader middleware (last in the chain) remembering the credential header values the
+    middlewares before it added, so that no payload carries them (see the module docstring)."""
+
+    def process_request(self, request: Request) -> None:
+        own = _scheduled.get(request, {}) if request in _seen else {}
+        for name in CREDENTIAL_HEADERS:
+            for value in request.headers.getlist(name):
+                if value not in own.get(name, ()):
+                    key = (name.lower(), bytes(value))
+                    _added[key] = None
+                    _added.move_to_end(key)
+        while len(_added) > ADDED_LIMIT:
+            _added.popitem(last=False)
+        return None
+
+
+def added_by_middleware(name: bytes, value: bytes) -> bool:
+    """Whether a downloader middleware added header ``name: value`` to a request of this process."""
+    return bool(_added) and (name.lower(), value) in _added
+
+
+_PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def check_text(s: str, reason: str, what: str) -> None:
+    """Strings from JSON may hold lone surrogates (``"\\ud800"``), which no encoder accepts later."""
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RejectedEntry(reason, f"{what} holds a lone surrogate") from None
+
+
+def json_type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number"
+    )
+
+
+def check_method(method: Any) -> str:
+    """An HTTP method must be a token (RFC 9110), at most 32 characters; returned upper-cased."""
+    if not isinstance(method, str) or not method or len(method) > 32 or not set(method) <= _TOKEN_CHARS:
+        raise RejectedEntry("bad_method", f"method {str(method)[:40]!r} is not an HTTP token")
+    return method.upper()
+
+
+def _check_header_text(text: str, what: str) -> None:
+    if "\r" in text or "\n" in text or "\0" in text:
+        raise RejectedEntry("header_injection", f"CR/LF/NUL in {what} {text[:40]!r}")
+
+
+def check_headers(headers: Any) -> dict[str, list[str]]:
+    """``{"Name": "value" | ["v1", "v2"]}``; names are tokens, values hold no CR/LF/NUL."""
+    if not isinstance(headers, dict):
+        raise RejectedEntry("bad_headers", f"headers is a {json_type(headers)}, expected an object")
+    if len(headers) > 100:
+        raise RejectedEntry("bad_headers", f"{len(headers)} headers (at most 100)")
+    out: dict[str, list[str]] = {}
+    for name, values in headers.items():
+        _check_header_text(name, "header name")
+        if not name or not set(name) <= _TOKEN_CHARS:
+            raise RejectedEntry("bad_headers", f"header name {name[:40]!r} is not a token")
+        if isinstance(values, str):
+            values = [values]
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise RejectedEntry("bad_headers", f"header {name[:40]!r}: values must be strings")
+        for v in values:
+            _check_header_text(v, f"header {name[:40]!r} value")
+            check_text(v, "bad_headers", "header value")
+            if any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in v):
+                raise RejectedEntry("bad_headers", f"header {name[:40]!r} value has control characters")
+        out[name] = values
+    return out
+
+
+def check_priority(priority: Any) -> int:
+    """An integer (not a boolean, not a float) in the 32-bit range."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise RejectedEntry("bad_priority", f"priority is a {json_type(priority)}, expected an integer")
+    if not _PRIORITY_RANGE[0] <= priority <= _PRIORITY_RANGE[1]:
+        raise RejectedEntry("bad_priority", "priority out of the 32-bit range")
+    return priority
+
+
+def priority_from_score(score: float) -> int:
+    """A ZSET score as a request priority (rounded, clamped to the 32-bit range, NaN -> 0)."""
+    if math.isnan(score):
+        return 0
+    return round(max(_PRIORITY_RANGE[0], min(_PRIORITY_RANGE[1], score)))
+
+
+def check_callback_name(name: Any, what: str, has_callback: Callable[[str], bool] | None = None) -> str:
+    """A public method name (identifier, no leading underscore) the spider has, if ``has_callback`` can
+    tell."""
+    if not isinstance(name, str) or not name.isidentifier() or not name.isascii() or name.startswith("_"):
+        raise RejectedEntry(f"bad_{what}", f"{what} {str(name)[:40]!r} is not a public method name")
+    if has_callback is not None and not has_callback(name):
+        raise RejectedEntry(f"bad_{what}", f"the spider has no callback method {name!r}")
+    return name
+
+
+_COOKIE_KEYS = frozenset({"name", "value", "domain", "path", "secure", "expires"})
+
+
+def _check_cookie_text(value: Any, what: str) -> None:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise RejectedEntry("bad_cookies", f"cookie {what} is a {json_type(value)}")
+    if isinstance(value, str):
+        _check_header_text(value, f"cookie {what}")
+        check_text(value, "bad_cookies", f"cookie {what}")
+        if ";" in value:
+            raise RejectedEntry("bad_cookies", f"';' in cookie {what} {value[:40]!r}")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise RejectedEntry("bad_cookies", f"cookie {what} is not finite")
+
+
+def check_cookies(cookies: Any) -> dict[str, Any] | list[dict[str, Any]]:
+    """``{"name": "value"}`` or ``[{"name": ..., "value": ..., "domain": ..., "path": ...}]``."""
+    if isinstance(cookies, dict):
+        for name, value in cookies.items():
+            _check_cookie_text(name, "name")
+            if not name or "=" in name:
+                raise RejectedEntry("bad_cookies", f"cookie name {name[:40]!r}")
+            _check_cookie_text(value, "value")
+        return cookies
+    if isinstance(cookies, list):
+        for c in cookies:
+            if not isinstance(c, dict) or "name" not in c or "value" not in c or set(c) - _COOKIE_KEYS:
+                raise RejectedEntry(
+                    "bad_cookies", "each cookie must be an object with name, value (domain, path, ...)"
+                )
+            for key, value in c.items():
+                if key == "secure":
+                    if not isinstance(value, bool):
+                        raise RejectedEntry("bad_cookies", "cookie secure must be true/false")
+                else:
+                    _check_cookie_text(value, key)
+            if not isinstance(c["name"], str) or not c["name"] or "=" in c["name"]:
+                raise RejectedEntry("bad_cookies", f"cookie name {str(c['name'])[:40]!r}")
+        return cookies
+    raise RejectedEntry("bad_cookies", f"cookies is a {json_type(cookies)}, expected an object or an array")
