@@ -305,7 +305,7 @@ def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
 
 
 #: headers only a middleware (or the spider itself) may put on a request, never an entry from Redis
-CREDENTIAL_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")
+SECRET_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")
 
 #: request -> its credential headers when it entered the downloader (only requests that had some)
 _scheduled: weakref.WeakKeyDictionary[Request, dict[bytes, list[bytes]]] = weakref.WeakKeyDictionary()
@@ -322,7 +322,7 @@ class ScheduledHeadersMiddleware:
     def process_request(self, request: Request) -> None:
         _seen.add(request)
         headers = request.headers
-        own = {name: list(headers.getlist(name)) for name in CREDENTIAL_HEADERS if name in headers}
+        own = {name: list(headers.getlist(name)) for name in SECRET_HEADERS if name in headers}
         if own:
             _scheduled[request] = own
         return None
@@ -333,10 +333,10 @@ def as_scheduled(request: Request, original: Request | None = None) -> Request:
     same object when there is nothing to change."""
     source = original if original is not None else request
     own = _scheduled.get(source, {}) if source in _seen else {}
-    if all(list(request.headers.getlist(n)) == own.get(n, []) for n in CREDENTIAL_HEADERS):
+    if all(list(request.headers.getlist(n)) == own.get(n, []) for n in SECRET_HEADERS):
         return request
     headers = request.headers.copy()
-    for name in CREDENTIAL_HEADERS:
+    for name in SECRET_HEADERS:
         headers.pop(name, None)
         if name in own:
             headers.setlist(name, own[name])
@@ -349,7 +349,7 @@ class AddedCredentialsMiddleware:
 
     def process_request(self, request: Request) -> None:
         own = _scheduled.get(request, {}) if request in _seen else {}
-        for name in CREDENTIAL_HEADERS:
+        for name in SECRET_HEADERS:
             for value in request.headers.getlist(name):
                 if value not in own.get(name, ()):
                     key = (name.lower(), bytes(value))
