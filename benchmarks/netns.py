@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from scrapy_dist.redis.embedded_process import pid_alive
+from scrapy_dist.redis.embedded import pid_alive
 
 T = TypeVar("T")
 

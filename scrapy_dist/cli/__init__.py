@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from scrapy_dist import __version__
-from scrapy_dist.redis.clients import CONNECT_ERRORS, build_async, build_sync
+from scrapy_dist.redis.connection import CONNECT_ERRORS, build_async, build_sync
 from scrapy_dist.redis.connection import mask_url, resolve_target
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis.keys import CrawlKeys, crawl_keys

@@ -1,12 +1,10 @@
 """The embedded Redis: one private ``redis-server`` per Scrapy project, shared by every crawl process of
 that project on this machine and kept running between crawls so a stopped crawl resumes.
 
-Used when no Redis setting is given; where it lives, its files (``entry.secret`` among them: the crawls'
-``SCHEDULER_ENTRY_SECRET`` when none is set) and its guarantees are in docs/connection.md, "The embedded
-Redis". This module owns the server's life cycle (find it through ``server.json``, probe it, start it under
-``server.lock``, stop it); the trust checks are :mod:`~scrapy_dist.redis.private_files`, its binary and
-``redis.conf`` :mod:`~scrapy_dist.redis.embedded_config`, which pid is one of its servers
-:mod:`~scrapy_dist.redis.embedded_process`.
+Used when no Redis setting is given (docs/connection.md, "The embedded Redis"). This module owns the
+server's life cycle (find it through ``server.json``, probe it, start it under ``server.lock``, stop it)
+and which pid is one of its servers; its files, binary and ``redis.conf`` are
+:mod:`~scrapy_dist.redis.private_files`.
 """
 
 from __future__ import annotations
@@ -28,20 +26,17 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from scrapy_dist.exceptions import RedisUnavailable
-from scrapy_dist.redis.embedded_config import (
+from scrapy_dist.redis.private_files import (
     DEFAULT_MAXMEMORY_CAP,
+    check_private_dir,
     default_maxmemory,
+    make_private_dir,
     parse_maxmemory,
+    read_private,
     redis_cli_binary,
     redis_server_binary,
     server_config,
     total_memory,
-)
-from scrapy_dist.redis.embedded_process import children, pid_alive, pid_is_redis
-from scrapy_dist.redis.private_files import (
-    check_private_dir,
-    make_private_dir,
-    read_private,
     unsafe,
     write_private,
 )
@@ -51,18 +46,54 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 __all__ = [
-    "DEFAULT_DIRNAME",
-    "MAX_SOCKET_PATH",
-    "EmbeddedRedis",
-    "embedded_dir",
-    # from scrapy_dist.redis.embedded_config, imported from here by the CLI, the tests, the docs and users
-    "DEFAULT_MAXMEMORY_CAP",
-    "default_maxmemory",
-    "parse_maxmemory",
-    "redis_cli_binary",
-    "redis_server_binary",
-    "total_memory",
+    "DEFAULT_DIRNAME", "DEFAULT_MAXMEMORY_CAP", "EmbeddedRedis", "MAX_SOCKET_PATH", "children",
+    "default_maxmemory", "embedded_dir", "parse_maxmemory", "pid_alive", "pid_is_redis",
+    "redis_cli_binary", "redis_server_binary", "total_memory",
 ]
+
+
+# Popen handles of servers this process started: kept so they are reaped after shutdown() and never
+# garbage-collected while running (which would only warn; the server keeps running either way).
+children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):
+        return False
+    child = children.get(pid)
+    # An exited process is a zombie until its parent reaps it: kill(0) succeeds but it is dead.
+    if child is not None:
+        return child.poll() is None
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def pid_is_redis(pid: int, directory: Path) -> bool:
+    """Whether ``pid`` is a live redis-server working in ``directory`` (so a recycled pid, or another
+    project's server, is not mistaken for ours)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        if "redis" not in Path(f"/proc/{pid}/comm").read_text():
+            return False
+        return os.path.realpath(f"/proc/{pid}/cwd") == os.path.realpath(directory)
+    except OSError:  # no /proc (macOS) or not ours to inspect: ask ps for the name only
+        try:
+            out = subprocess.run(
+                ["ps", "-o", "comm=", "-p", str(pid)], capture_output=True, text=True, timeout=5
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return True
+        return "redis" in out
+
 
 logger = logging.getLogger(__name__)
 
