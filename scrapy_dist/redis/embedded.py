@@ -10,8 +10,6 @@ and which pid is one of its servers; its files, binary and ``redis.conf`` are
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -28,22 +26,24 @@ from redis.retry import Retry
 from scrapy_dist.exceptions import RedisUnavailable
 from scrapy_dist.redis.private_files import (
     DEFAULT_MAXMEMORY_CAP,
+    MAX_SOCKET_PATH,
     check_private_dir,
     default_maxmemory,
+    file_lock,
     make_private_dir,
     parse_maxmemory,
     read_private,
     redis_cli_binary,
     redis_server_binary,
     server_config,
+    socket_path_for,
     total_memory,
-    unsafe,
     write_private,
 )
 from scrapy_dist.settings import defaults
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    pass
 
 __all__ = [
     "DEFAULT_DIRNAME", "DEFAULT_MAXMEMORY_CAP", "EmbeddedRedis", "MAX_SOCKET_PATH", "children",
@@ -99,8 +99,6 @@ logger = logging.getLogger(__name__)
 
 #: Directory name under the project's ``.scrapy`` data directory.
 DEFAULT_DIRNAME = "scrapy_dist"
-#: Longest unix socket path we use inside the state directory (``sun_path`` is 104 bytes on macOS).
-MAX_SOCKET_PATH = 100
 
 #: Serializes starting a server between the threads of this process (server.lock is per process).
 _thread_lock = threading.Lock()
@@ -120,6 +118,16 @@ def embedded_dir(settings: Any) -> Path:
         path = Path(".scrapy", configured)
     path = path.absolute()
     return path.parent.resolve() / path.name
+
+
+def _probe_client(state: dict[str, Any]) -> redis.Redis:
+    return redis.Redis(
+        unix_socket_path=state["socket"],
+        socket_connect_timeout=2,
+        socket_timeout=5,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+    )
 
 
 class EmbeddedRedis:
@@ -162,22 +170,8 @@ class EmbeddedRedis:
     # -- files ----------------------------------------------------------------------------------
     @property
     def socket_path(self) -> Path:
-        """Where the server listens: ``redis.sock`` in the directory, or -- if that path is too long for
-        a unix socket -- a name derived from the directory in a private per-user runtime directory."""
-        inside = self.directory / "redis.sock"
-        if len(os.fsencode(inside)) <= MAX_SOCKET_PATH:
-            return inside
-        digest = hashlib.sha256(os.fsencode(self.directory)).hexdigest()[:16]
-        return self._runtime_dir() / f"{digest}.sock"
-
-    @staticmethod
-    def _runtime_dir() -> Path:
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
-        if runtime and os.path.isabs(runtime):
-            candidate = Path(runtime, "scrapy-dist")
-            if len(os.fsencode(candidate)) + 22 <= MAX_SOCKET_PATH:  # + /<16 hex>.sock
-                return candidate
-        return Path("/tmp", f"scrapy-dist-{os.geteuid()}")
+        """Where the server listens (:func:`~scrapy_dist.redis.private_files.socket_path_for`)."""
+        return socket_path_for(self.directory)
 
     def _read_state(self) -> dict[str, Any] | None:
         text = read_private(self.state_path)
@@ -208,21 +202,12 @@ class EmbeddedRedis:
         return True
 
     # -- probing --------------------------------------------------------------------------------
-    def _probe_client(self, state: dict[str, Any]) -> redis.Redis:
-        return redis.Redis(
-            unix_socket_path=state["socket"],
-            socket_connect_timeout=2,
-            socket_timeout=5,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=True,
-        )
-
     def _answers(self, state: dict[str, Any], loading_timeout: float) -> bool:
         """Whether the server in ``state`` is up and is ours (serves this directory), waiting up to
         ``loading_timeout`` seconds while it loads its data file (``LOADING``)."""
         if not self._socket_dir_ok():
             return False
-        client = self._probe_client(state)
+        client = _probe_client(state)
         deadline = time.monotonic() + loading_timeout
         try:
             while True:
@@ -241,7 +226,7 @@ class EmbeddedRedis:
 
     def _apply_maxmemory(self, state: dict[str, Any]) -> None:
         """Give a running server this process's ``maxmemory`` if it differs (it was started by another)."""
-        client = self._probe_client(state)
+        client = _probe_client(state)
         try:
             current = int(client.config_get("maxmemory").get("maxmemory") or 0)
             if current != self.maxmemory:
@@ -274,7 +259,7 @@ class EmbeddedRedis:
         if state is None:
             return out
         out.update(running=True, url=url, socket=state["socket"], pid=state.get("pid"))
-        client = self._probe_client(state)
+        client = _probe_client(state)
         try:
             info = client.info("memory")
             out["used_memory"] = info.get("used_memory")
@@ -287,29 +272,6 @@ class EmbeddedRedis:
         return out
 
     # -- starting -------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _locked(self, timeout: float) -> Iterator[None]:
-        try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            raise unsafe(f"Cannot open {self.lock_path} ({exc.strerror}): remove it") from None
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise RedisUnavailable(
-                            f"Timed out waiting for {self.lock_path} while starting the embedded Redis; "
-                            "set REDIS_URL to use another Redis"
-                        ) from None
-                    time.sleep(0.05)
-            yield
-        finally:
-            os.close(fd)  # closing releases the flock
-
     def ensure_running(self, timeout: float = 60.0) -> tuple[str, bool]:
         """Join the running server or start one: ``(url, started_by_this_call)``. Raises
         :class:`RedisUnavailable` (one line) if it cannot start, or its directory (or the socket's) is not
@@ -322,7 +284,7 @@ class EmbeddedRedis:
         socket_dir = self.socket_path.parent
         if socket_dir != self.directory:
             make_private_dir(socket_dir)
-        with _thread_lock, self._locked(timeout):
+        with _thread_lock, file_lock(self.lock_path, timeout):
             # Another process may have started it while we waited for the lock.
             url = self.url()
             if url:
@@ -411,7 +373,7 @@ class EmbeddedRedis:
         state = self._read_state()
         if state is None:
             return False
-        client = self._probe_client(state)
+        client = _probe_client(state)
         try:
             client.shutdown(save=save, nosave=not save)
         except redis.RedisError:

@@ -6,12 +6,16 @@ docs/security.md, "The embedded Redis"."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
 import stat
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +270,51 @@ def server_config(directory: Path, socket_path: Path, pid_path: Path, log_path: 
 def _quote(value: str) -> str:
     # redis.conf understands C-style double-quoted strings, the same escapes JSON uses for paths.
     return json.dumps(value)
+
+
+#: Longest unix socket path we use inside the state directory (``sun_path`` is 104 bytes on macOS).
+MAX_SOCKET_PATH = 100
+
+
+def socket_path_for(directory: Path) -> Path:
+    """Where the embedded server in ``directory`` listens: ``redis.sock`` in it, or -- if that path is too
+    long for a unix socket -- a name derived from the directory in a private per-user runtime directory."""
+    inside = directory / "redis.sock"
+    if len(os.fsencode(inside)) <= MAX_SOCKET_PATH:
+        return inside
+    digest = hashlib.sha256(os.fsencode(directory)).hexdigest()[:16]
+    return _runtime_dir() / f"{digest}.sock"
+
+
+def _runtime_dir() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        candidate = Path(runtime, "scrapy-dist")
+        if len(os.fsencode(candidate)) + 22 <= MAX_SOCKET_PATH:  # + /<16 hex>.sock
+            return candidate
+    return Path("/tmp", f"scrapy-dist-{os.geteuid()}")
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, timeout: float) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created ``0600``, never through a symlink) for the block."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise unsafe(f"Cannot open {path} ({exc.strerror}): remove it") from None
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RedisUnavailable(
+                        f"Timed out waiting for {path} while starting the embedded Redis; "
+                        "set REDIS_URL to use another Redis"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
