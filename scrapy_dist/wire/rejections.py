@@ -1,5 +1,5 @@
 """Records for untrusted input that was refused (queue entries, seeds); their rate-limited logging is
-:class:`scrapy_dist.utils.ratelimit.RateLimitedLog`.
+:class:`scrapy_dist.utils.RateLimitedLog`.
 
 A record is JSON: ``{"reason": ..., "detail": ..., "raw": ..., "raw_encoding": "utf-8"|"base64",
 "at": <unix time>, "worker": <worker id>}`` where ``raw`` is the first 1 KiB of the refused bytes (as text
