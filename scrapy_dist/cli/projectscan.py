@@ -1,10 +1,12 @@
-"""What a scrapy-redis project uses and what each use becomes on scrapy-dist, read from its source.
+"""What a scrapy-redis project uses and what each use becomes on scrapy-dist, read from its source, and the
+``scrapy-dist check-migration [PROJECT_DIR]`` command that prints it.
 
-:func:`scan_project` parses the project's Python files (``ast``: nothing of the project is imported or
-run) and returns one :class:`Finding` per setting, import, class and hook it finds that concerns
-scrapy-redis, each with a status -- ``same``, ``changed`` (works, differently: read the note) or
-``action`` (edit the project) -- and the note the README's migration table gives
-(:mod:`scrapy_dist.cli.migration`, :mod:`scrapy_dist.settings.table`), so the two never disagree.
+:func:`scan_project` parses the project's Python files (``ast``: nothing is imported or run) and returns one
+:class:`Finding` per setting, import, class and hook that concerns scrapy-redis, with a status -- ``same``,
+``changed`` (works differently: read the note) or ``action`` (edit the project) -- and the note of the
+README's migration table (:mod:`scrapy_dist.cli.migration`), so the two never disagree. The command prints
+``<file>:<line>: <status> <what> -- <what changes>`` per finding, then a count; exit 0 when nothing needs
+action, 1 when something does, 2 when the directory cannot be read.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
+
+from scrapy_dist.cli import main
 from scrapy_dist.cli.migration import API_ROWS, FIRST_ROW
 from scrapy_dist.frontier.orders import ALIASES as QUEUE_ALIASES
 from scrapy_dist.settings.table import (
@@ -26,8 +31,6 @@ from scrapy_dist.settings.table import (
     SCRAPY_REDIS_IGNORED,
     TABLE,
 )
-
-__all__ = ["ACTION", "CHANGE", "SAME", "Finding", "scan_project"]
 
 SAME, CHANGE, ACTION = "same", "changed", "action"
 #: directories never read (virtualenvs, caches, VCS)
@@ -266,3 +269,27 @@ def scan_project(root: Path) -> list[Finding]:
             persist = {s.name: s for s in TABLE}["SCHEDULER_PERSIST"]
             findings.append(Finding(rel, 0, "SCHEDULER_PERSIST not set", CHANGE, persist.note))
     return findings
+
+
+@main.command("check-migration")
+@click.argument("project_dir", default=".", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--quiet", "-q", is_flag=True, help="Print only what needs action (and the count).")
+def check_migration(project_dir: Path, quiet: bool) -> None:
+    """List every scrapy-redis setting, import, spider pattern and hook of the project in PROJECT_DIR
+    (default: here) with what changes on scrapy-dist; exit status 1 if anything needs action."""
+    try:
+        findings = scan_project(project_dir)
+    except (FileNotFoundError, OSError) as exc:
+        raise click.UsageError(str(exc)) from None
+    counts = {ACTION: 0, CHANGE: 0, SAME: 0}
+    for finding in findings:
+        counts[finding.status] += 1
+        if not quiet or finding.status == ACTION:
+            click.echo(str(finding))
+    if not findings:
+        click.echo(f"{project_dir}: no scrapy-redis setting, import or spider found")
+        return
+    click.echo(f"{len(findings)} found: {counts[ACTION]} need action, {counts[CHANGE]} changed,"
+               f" {counts[SAME]} same (the README's migration table says more)")
+    if counts[ACTION]:
+        raise SystemExit(1)
