@@ -1,5 +1,5 @@
 """``scrapy-dist status|pause|resume|close <spider>`` and ``scrapy-dist items <spider>`` (print the items a
-crawl wrote to Redis, or move them to a file with ``--export``, :mod:`scrapy_dist.cli.export`).
+crawl wrote to Redis, or move them to a file with ``--export``, :func:`scrapy_dist.cli.push.export`).
 
 ``items`` reads ``REDIS_ITEMS_KEY`` without consuming it: a LIST with ``LRANGE`` from an offset (``--follow``
 polls ``LLEN``), a STREAM with ``XRANGE`` (``--follow`` blocks in ``XREAD``). A LIST a consumer pops from
@@ -34,7 +34,6 @@ from scrapy_dist.cli import (
     printable,
     project_spiders,
 )
-from scrapy_dist.cli.export import export
 from scrapy_dist.frontier.control import close_crawl, parse_control, pause_crawl, resume_crawl, valid_reason
 from scrapy_dist.frontier.revisit import end_chains
 from scrapy_dist.monitor.status import read_status
@@ -442,6 +441,8 @@ def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, for
     key = redis.keys(spider).items
     client = redis.client()
     if export_to is not None:
+        from scrapy_dist.cli.push import export  # push imports this module
+
         try:
             moved, skipped = export(client, key, export_to, fmt, progress=sys.stderr.isatty())
         finally:
