@@ -384,4 +384,4 @@ from scrapy_dist.cli import servers  # noqa: E402, F401
 from scrapy_dist.cli import status  # noqa: E402, F401
 from scrapy_dist.cli import dead  # noqa: E402, F401
 from scrapy_dist.cli import push  # noqa: E402, F401
-from scrapy_dist.cli import projectscan  # noqa: E402, F401
+from scrapy_dist.cli import migration  # noqa: E402, F401
