@@ -3,8 +3,8 @@ scrapy-redis's text helpers (``bytes_to_str`` & co., so ``from scrapy_redis.util
 working after switching to ``scrapy_dist``; scrapy-redis's ``TextColor`` is not provided).
 
 ``RateLimitedLog`` logs each kind of message (a *key*) at most ``burst`` times per ``period`` seconds and then
-only counts; a summary line says how many were left out once the next period starts. ``RateLimitedLog.once(logger)``
-logs each key once, then only counts (``reset(key)`` re-arms it).
+only counts; a summary line says how many were left out once the next period starts.
+``RateLimitedLog.once(logger)`` logs each key once, then only counts (``reset(key)`` re-arms it).
 """
 
 from __future__ import annotations
