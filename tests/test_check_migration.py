@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from scrapy_dist.cli import main
-from scrapy_dist.cli.projectscan import ACTION, CHANGE, SAME, scan_project
+from scrapy_dist.cli.migration import ACTION, CHANGE, SAME, scan_project
 
 PROJECTS = Path(__file__).parent / "migration_projects"
 

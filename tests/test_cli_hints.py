@@ -17,7 +17,7 @@ import pytest
 import redis
 from helpers import run as run_async
 
-from scrapy_dist.cli.embedded import shadowing_copies
+from scrapy_dist.cli.servers import shadowing_copies
 from scrapy_dist.redis.embedded import EmbeddedRedis
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.seeds import reader as nearmiss

@@ -130,7 +130,7 @@ def test_without_a_source_checkout_the_demo_uses_the_packaged_project(
 ) -> None:
     import shutil
 
-    import scrapy_dist.demo.workers as demo_workers
+    import scrapy_dist.demo.site as demo_workers
 
     packaged = tmp_path / "_example_project"
     shutil.copytree(EXAMPLE_PROJECT, packaged, ignore=shutil.ignore_patterns(".scrapy", "__pycache__"))

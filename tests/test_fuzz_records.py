@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scrapy_dist.cli.text import json_safe, printable
+from scrapy_dist.cli import json_safe, printable
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.extensions.clusterstats import parse_worker_hash
 from scrapy_dist.frontier.control import MAX_AT, MAX_SHARDS, parse_control, parse_record

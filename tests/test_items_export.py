@@ -11,8 +11,8 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from scrapy_dist.cli import export as export_mod
 from scrapy_dist.cli import main
+from scrapy_dist.cli import push as export_mod
 
 
 def _fill(client: redis.Redis, stream: bool, n: int) -> None:
@@ -28,7 +28,7 @@ def _fill(client: redis.Redis, stream: bool, n: int) -> None:
 def test_export_moves_every_item_to_json_lines(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis, stream: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(export_mod, "CHUNK", 7)
+    monkeypatch.setattr(export_mod, "EXPORT_CHUNK", 7)
     _fill(redis_client, stream, 30)
     out = tmp_path / "items.jsonl"
     result = CliRunner().invoke(main, ["--redis-url", redis_url, "items", "books", "--export", str(out)])
@@ -43,7 +43,7 @@ def test_export_moves_every_item_to_json_lines(
 def test_an_export_stopped_after_the_fsync_resumes_without_doubling(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis, stream: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(export_mod, "CHUNK", 10)
+    monkeypatch.setattr(export_mod, "EXPORT_CHUNK", 10)
     _fill(redis_client, stream, 25)
     out = tmp_path / "items.jsonl"
     exporter = export_mod.Exporter(redis_client, "books:items", out, "jsonl")
@@ -65,7 +65,7 @@ def test_an_export_stopped_after_the_fsync_resumes_without_doubling(
 def test_export_to_csv_writes_a_header_once_across_resumes(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(export_mod, "CHUNK", 4)
+    monkeypatch.setattr(export_mod, "EXPORT_CHUNK", 4)
     _fill(redis_client, False, 6)
     out = tmp_path / "items.csv"
     export_mod.export(redis_client, "books:items", out, None, progress=False)

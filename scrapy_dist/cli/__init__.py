@@ -1,5 +1,5 @@
-"""The ``scrapy-dist`` command: a click group whose subcommands each live in ``scrapy_dist/cli/<name>.py``
-and are registered by one import line at the bottom of this file.
+"""The ``scrapy-dist`` command: a click group whose subcommands live in ``scrapy_dist/cli/<concern>.py`` and
+are registered by one import line each at the bottom of this file, and the safe-text helpers they print with.
 
 Every subcommand finds Redis as workers do (:func:`scrapy_dist.connection.resolve_target`; the order is in
 docs/connection.md, "Which Redis"), checks every setting as a worker does (one line, exit 1), refuses
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -35,6 +37,7 @@ from scrapy_dist.settings import DistSettings, SettingsError
 if TYPE_CHECKING:
     import redis
     import redis.asyncio
+    from rich.console import Console
     from scrapy.settings import Settings
 
     from scrapy_dist.redis.target import RedisTarget
@@ -334,14 +337,51 @@ def main(ctx: click.Context, redis_url: str | None) -> None:
     ctx.obj = ClientFactory(redis_url)
 
 
+# Text read from Redis may hold terminal escapes, bidi overrides or rich markup: every value the CLI prints
+# from Redis goes through printable() or json_safe() and reaches rich as a Text, never as markup.
+
+#: Width of tables printed to a pipe or file: nothing is cut to fit an imagined 80-column terminal.
+PIPE_WIDTH = 1000
+
+# C0 controls (ESC, BEL, CR, ...), DEL, C1 controls, bidi embeddings/overrides/isolates and LRM/RLM.
+_TERMINAL = "\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
+_UNSAFE = re.compile(f"[\x00-\x1f{_TERMINAL}]")
+_UNSAFE_KEEP_LINES = re.compile(f"[\x00-\x08\x0b-\x1f{_TERMINAL}]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console: the terminal's width on a terminal; on a pipe or file, wide enough that no cell
+    is cut (``closed (finis…``) -- tables still take only the width their contents need."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else PIPE_WIDTH)
+
+
+def printable(value: Any, limit: int | None = None, keep_newlines: bool = False) -> str:
+    """``value`` as text with every control or bidi character shown as an escape (``\\x1b``), cut to
+    ``limit`` characters (with ``…``) if given. Bytes are decoded as UTF-8 with replacement."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "…"
+    return (_UNSAFE_KEEP_LINES if keep_newlines else _UNSAFE).sub(_escape, text)
+
+
+def json_safe(document: str) -> str:
+    """A JSON document (from ``json.dumps(..., ensure_ascii=False)``) with the characters JSON leaves
+    unescaped but a terminal obeys (DEL, C1 controls, bidi controls) written as ``\\uXXXX`` escapes --
+    still the same JSON (they can only occur inside strings)."""
+    return re.sub(f"[{_TERMINAL}]", lambda m: f"\\u{ord(m.group(0)):04x}", document)
+
+
 # Subcommands: one import line each (the module registers itself with @main.command()).
-from scrapy_dist.cli import demo  # noqa: E402, F401
-from scrapy_dist.cli import items  # noqa: E402, F401
-from scrapy_dist.cli import dead  # noqa: E402, F401
-from scrapy_dist.cli import forget  # noqa: E402, F401
+from scrapy_dist.cli import servers  # noqa: E402, F401
 from scrapy_dist.cli import status  # noqa: E402, F401
+from scrapy_dist.cli import dead  # noqa: E402, F401
 from scrapy_dist.cli import push  # noqa: E402, F401
-from scrapy_dist.cli import embedded  # noqa: E402, F401
-from scrapy_dist.cli import metrics  # noqa: E402, F401
-from scrapy_dist.cli import dashboard  # noqa: E402, F401
-from scrapy_dist.cli import check_migration  # noqa: E402, F401
+from scrapy_dist.cli import migration  # noqa: E402, F401

@@ -2,9 +2,9 @@
 (what it shows and what its summary means: docs/quickstart.md, "Watch the demo").
 
 :class:`Demo` serves the site (:mod:`~scrapy_dist.demo.site`, in a thread that records every answer),
-starts the workers (:mod:`~scrapy_dist.demo.workers`: real ``scrapy crawl demo`` processes of
+starts the workers (:mod:`~scrapy_dist.demo.site`: real ``scrapy crawl demo`` processes of
 ``example_project``, from the checkout or the wheel's ``scrapy_dist/_example_project`` copy), pushes the
-seed, shows the live view and summary (:mod:`~scrapy_dist.demo.report`), and judges the run by the site's
+seed, shows the live view and summary (:mod:`scrapy_dist.demo`), and judges the run by the site's
 record (:mod:`~scrapy_dist.demo.site`), not the crawler's. Each run has its own key prefix, deleted at
 the end.
 """
@@ -26,28 +26,33 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from scrapy_dist.demo.redis_server import bloom_claims, open_redis, release_run
-from scrapy_dist.demo.report import (
+from scrapy_dist.demo import (
     Snapshot,
     Summary,
     WorkerRow,
+    bloom_claims,
     combined_rate,
     dead_letter_reasons,
     lost_lines,
+    open_redis,
     progress_line,
+    release_run,
     render_live,
     render_summary,
     summarize,
     verdict,
 )
-from scrapy_dist.demo.site import SiteServer, SiteTally, demo_graph, quiet
-from scrapy_dist.demo.workers import (
+from scrapy_dist.demo.site import (
     EXAMPLE_PROJECT,
     SPIDER,
+    SiteServer,
+    SiteTally,
     Worker,
     WorkerFleet,
+    demo_graph,
     fleet_rows,
     locate_project,
+    quiet,
     worker_env,
     worker_settings,
 )
@@ -64,7 +69,7 @@ __all__ = [
     "demo_graph",
     "locate_project",
     "summarize",
-    # from demo.report, imported from here by the tests
+    # from scrapy_dist.demo, imported from here by the tests
     "Snapshot",
     "WorkerRow",
     "combined_rate",

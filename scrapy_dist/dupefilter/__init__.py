@@ -41,7 +41,7 @@ from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refuse_start, start_error
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider

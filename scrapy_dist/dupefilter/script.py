@@ -19,7 +19,7 @@ from scrapy_dist.dupefilter.bloom import BloomParameterError
 from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError, ScrapyDistError
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.scripts import text
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from twisted.internet.interfaces import IHostnameResolver, IResolutionReceiver, 
 from zope.interface import implementer, provider
 
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

@@ -40,7 +40,7 @@ from scrapy_dist.redis.outage import Outage
 from scrapy_dist.redis.scripts import hash_fields
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refusing, start_error
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 
 if TYPE_CHECKING:
     from scrapy import Spider

@@ -30,7 +30,7 @@ from scrapy_dist.redis.outage import Outage
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refusing, start_error
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider

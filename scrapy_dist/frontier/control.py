@@ -32,7 +32,7 @@ import msgpack
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.redis.keys import GARBAGE
 from scrapy_dist.redis.scripts import hash_fields
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 from scrapy_dist.wire.codec import (
     DEFAULT_POLICY,
     SIGNED_HEAD,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.frontier.ledger import CALL_RECORDS, CALLS_PER_ROUND
 from scrapy_dist.redis.outage import Backoff, Outage, is_outage
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 
 if TYPE_CHECKING:
     from scrapy import Request

@@ -46,7 +46,7 @@ from scrapy_dist.egress.networks import Network
 from scrapy_dist.frontier.revisit import VALIDATOR_HEADERS
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import refusing
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 
 if TYPE_CHECKING:
     from collections.abc import Callable

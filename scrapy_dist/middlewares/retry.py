@@ -41,7 +41,7 @@ from scrapy_dist.frontier.orders import retry_delay
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refusing
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 from scrapy_dist.wire.entrypolicy import as_scheduled
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from scrapy_dist.monitor import REASON_LIMIT, finite, top_counts
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 
 __all__ = ["DEAD_LETTER_SAMPLE", "REASON_LIMIT", "CrawlCollector", "serve"]
 

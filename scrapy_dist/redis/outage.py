@@ -24,7 +24,7 @@ import redis.exceptions
 
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.settings import DistSettings
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 
 __all__ = [
     "OUTAGE_ERRORS", "READ_ERRORS", "Backoff", "CloseWatch", "LoopGuard", "Outage", "ToolOutage", "is_outage",

@@ -33,7 +33,7 @@ from scrapy_dist.seeds import reader as nearmiss
 from scrapy_dist.seeds import reader as seedreader
 from scrapy_dist.seeds.reader import BLOCK_SECONDS, CONFIRM_POLL, POLL_SECONDS, SeedReader, TakeResult
 from scrapy_dist.settings import DistSettings
-from scrapy_dist.utils.ratelimit import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog
 from scrapy_dist.wire.codec import check_offsite, preview, rejection_record
 from scrapy_dist.wire.entrypolicy import priority_from_score
 

@@ -1,17 +1,85 @@
-"""scrapy-redis's small text helpers, for projects switched by replacing ``scrapy_redis`` by ``scrapy_dist``.
+"""Small shared helpers: ``RateLimitedLog`` (one rate-limited logger for every repetitive message) and
+scrapy-redis's text helpers (``bytes_to_str`` & co., so ``from scrapy_redis.utils import bytes_to_str`` keeps
+working after switching to ``scrapy_dist``; scrapy-redis's ``TextColor`` is not provided).
 
-Spiders written for scrapy-redis often decode seeds in ``make_request_from_data`` with
-``from scrapy_redis.utils import bytes_to_str``; with these here that import keeps working after the switch
-instead of failing the spider's import. scrapy-dist's own code does not use them. scrapy-redis's
-``TextColor`` (terminal colour codes) is not provided.
+``RateLimitedLog`` logs each kind of message (a *key*) at most ``burst`` times per ``period`` seconds and then
+only counts; a summary line says how many were left out once the next period starts.
+``RateLimitedLog.once(logger)`` logs each key once, then only counts (``reset(key)`` re-arms it).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import time
 from typing import Any
 
-__all__ = ["bytes_to_str", "convert_bytes_to_str", "is_dict"]
+__all__ = ["RateLimitedLog", "bytes_to_str", "convert_bytes_to_str", "is_dict"]
+
+
+class _Window:
+    __slots__ = ("start", "logged", "suppressed")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.logged = 0
+        self.suppressed = 0
+
+
+class RateLimitedLog:
+    """Log at most ``burst`` messages per ``period`` seconds per key; count and summarise the rest.
+
+    ``now`` (monotonic seconds) may be passed for tests; ``key`` separates kinds of messages (by default
+    all share one budget).
+    """
+
+    def __init__(self, logger: logging.Logger, period: float = 60.0, burst: int = 5) -> None:
+        self.logger = logger
+        self.period = period
+        self.burst = burst
+        self._windows: dict[str, _Window] = {}
+
+    @classmethod
+    def once(cls, logger: logging.Logger) -> RateLimitedLog:
+        """A log that says each key once and then only counts (until :meth:`reset`)."""
+        return cls(logger, period=math.inf, burst=1)
+
+    def log(
+        self, level: int, msg: str, *args: Any, key: str = "", now: float | None = None, exc_info: Any = None
+    ) -> bool:
+        """Log unless over the limit; returns whether it logged."""
+        now = time.monotonic() if now is None else now
+        window = self._windows.get(key)
+        if window is None:
+            window = self._windows[key] = _Window(now)
+        elif now - window.start >= self.period:
+            if window.suppressed:
+                self.logger.log(
+                    level, "%d similar messages were suppressed in the last %.0fs", window.suppressed,
+                    now - window.start,
+                )
+            window.start, window.logged, window.suppressed = now, 0, 0
+        if window.logged < self.burst:
+            window.logged += 1
+            self.logger.log(level, msg, *args, exc_info=exc_info)
+            return True
+        window.suppressed += 1
+        return False
+
+    def suppressed(self, key: str = "") -> int:
+        """How many messages of ``key`` were left out in the current period."""
+        window = self._windows.get(key)
+        return window.suppressed if window is not None else 0
+
+    def reset(self, key: str = "") -> None:
+        """Forget ``key``: its next message is logged (e.g. a failure again after a recovery)."""
+        self._windows.pop(key, None)
+
+    def seen(self, key: str = "") -> bool:
+        """Whether a message of ``key`` was logged (or counted) since the last :meth:`reset`."""
+        return key in self._windows
+
 
 
 def bytes_to_str(s: Any, encoding: str = "utf-8") -> Any:
