@@ -310,11 +310,11 @@ def test_writer_writes_a_partial_batch_only_after_the_flush_interval() -> None:
         assert sink.batches == [] and not any(d.done() for d in done)
         assert w.due_in(clock()) == 2.0
         clock.t += 1.9
-        w.kick()
+        w.wake()
         await settle()
         assert sink.batches == [] and w.buffered == 5
         clock.t += 0.1
-        w.kick()
+        w.wake()
         await settle()
         assert sink.batches == [[0, 1, 2, 3, 4]] and all(d.done() for d in done)
         await w.close()
@@ -361,13 +361,13 @@ def test_writer_keeps_everything_through_an_outage_and_retries_after_the_backoff
         assert w.due_in(clock()) == 0.5  # waits the backoff, not a busy loop
         later = w.add("c")  # joins a new batch: the failed one is sealed
         clock.t += 0.5
-        w.kick()
+        w.wake()
         await settle()
         assert len(failures) == 2 and w.due_in(clock()) == 1.0
         assert list(w.pending()) == ["a", "b", "c"] and not first.done()
         sink.fail = None
         clock.t += 1.0
-        w.kick()
+        w.wake()
         await settle()
         assert sink.batches == [["a", "b", "c"]] and first.done() and later.done()
         assert not outage.down
@@ -414,7 +414,7 @@ def test_writer_close_waits_until_redis_takes_everything() -> None:
         assert not closing.done() and sink.batches == [] and w.due_in(clock()) == 5.0
         sink.fail = None
         clock.t += 5.0
-        w.kick()
+        w.wake()
         await asyncio.wait_for(closing, 5)
         assert sink.batches == [[1]]
 

@@ -6,22 +6,21 @@ in. A round is due when the engine runs low on leased requests, a write has wait
 ``SCHEDULER_FLUSH_INTERVAL`` or ``SCHEDULER_FLUSH_BATCH`` requests are buffered, a backlog is draining,
 the crawl-wide view is older than ``SCHEDULER_IDLE_POLL``, or leases need renewing.
 
-A failed call's batch goes back in the ledger and the loop retries with capped backoff (outages reported
-by :class:`~scrapy_dist.redis.outage.Outage`, other errors logged, rate-limited); nothing from an entry or
-a round stops it, and should the task end by accident the worker closes with ``scheduler_failed``.
+A failed call's batch goes back in the ledger and the loop retries with capped backoff
+(:class:`~scrapy_dist.redis.outage.BackgroundTask`); should the task end by accident the worker closes with
+``scheduler_failed``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.frontier.ledger import CALL_RECORDS, CALLS_PER_ROUND
-from scrapy_dist.redis.outage import Backoff, Outage, is_outage
+from scrapy_dist.redis.outage import BackgroundTask, Backoff, Outage, is_outage
 from scrapy_dist.utils import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -38,8 +37,8 @@ logger = logging.getLogger(__name__)
 FAILED_REASON = "scheduler_failed"
 
 
-class SyncLoop:
-    """Owns the asyncio task that exchanges a worker's :class:`Ledger` with its shards' frontiers."""
+class SyncLoop(BackgroundTask):
+    """The asyncio task that exchanges a worker's :class:`Ledger` with its shards' frontiers."""
 
     def __init__(
         self,
@@ -62,6 +61,8 @@ class SyncLoop:
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.outage = outage or Outage()
+        super().__init__(self.outage.guard("frontier", backoff, logger), clock)
         self.ledger = ledger
         self.router = router
         self.frontiers = frontiers
@@ -77,16 +78,12 @@ class SyncLoop:
         #: the current pace of an idle worker's polls (idle_poll, doubled per empty round up to the max)
         self.poll_interval = idle_poll
         self.lease_seconds = lease_seconds
-        self.outage = outage or Outage()
         self.on_outage = on_outage
         #: called when the crawl's forget generation changes (``scrapy-dist forget``)
         self.on_forget = on_forget
         self._forgets: str | None = None
         #: leases given back while the engine closed (requests taken out of the downloader's queues)
         self.released_at_close = 0
-        #: the loop's side of the outage policy: backoff, and errors that are not outages (rate-limited)
-        self.guard = self.outage.guard("frontier", backoff, logger)
-        self.clock = clock
         #: crawl-wide state after the last round that reached every shard (``None`` before the first)
         self.state: FrontierState | None = None
         #: the crawl-wide pause flag (``scrapy-dist pause``), as shard 0 last reported it
@@ -110,9 +107,6 @@ class SyncLoop:
         self.next_renew = 0.0
         #: (requests leased, requests asked for, queued crawl-wide) of the last complete round
         self.lease_result = (0, 0, 0)
-        self._wakeup: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
         self._once = RateLimitedLog.once(logger)
         #: the largest sequence number each shard has reported (it only grows while Redis keeps its data)
         self._seq_seen: dict[int, int] = {}
@@ -121,28 +115,23 @@ class SyncLoop:
         self.ack_barriers: list[Callable[[], Awaitable[None]]] = []
 
     # -- the task -------------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the background task on the running event loop."""
-        self._wakeup = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run())
-        self._task.add_done_callback(self._ended)
+    async def step(self) -> bool:
+        """Rest until woken or ``flush_interval`` (a backlog goes on at once), then one turn; raises the
+        error of a failed round (the task backs off)."""
+        await self.rest(0.0 if self.ledger.left_behind else self.flush_interval)
+        if self.closing:
+            return False
+        await self._turn()
+        return True
 
-    def wake(self) -> None:
-        if self._wakeup is not None:
-            self._wakeup.set()
+    def failed(self, exc: BaseException, now: float | None = None, detail: str = "") -> float:
+        if is_outage(exc):  # Redis may come back with acknowledged writes rolled back (failover, lost AOF)
+            self.on_outage()
+        ledger = self.ledger
+        held = f"{len(ledger.out)} discovered requests and {len(ledger.held)} leases kept in memory"
+        return super().failed(exc, now, detail or held)
 
-    async def stop(self) -> None:
-        """Stop the task after its current round."""
-        self._closing = True
-        self.wake()
-        if self._task is not None:
-            with contextlib.suppress(Exception):
-                await self._task
-
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        if self._closing or task.cancelled():
-            return
-        exc = task.exception()
+    def crashed(self, exc: BaseException | None) -> None:
         logger.critical(
             "The scheduler's frontier loop stopped unexpectedly (%s): closing this worker (reason %s); its"
             " leases return to the queue when they expire",
@@ -150,24 +139,8 @@ class SyncLoop:
         )
         self.engine.close(FAILED_REASON)
 
-    async def _run(self) -> None:
-        assert self._wakeup is not None
-        while not self._closing:
-            if not self.ledger.left_behind:  # a backlog goes on at once, in short calls
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), timeout=self.flush_interval)
-            self._wakeup.clear()
-            if self._closing:
-                break
-            try:
-                delay = await self._turn()
-            except Exception as exc:  # a bug must not stop the frontier: log it, back off, go on
-                delay = self.guard.failed(exc, self.clock())
-            if delay:
-                await asyncio.sleep(delay)
-
-    async def _turn(self) -> float:
-        """One turn of the loop; how long to wait before the next one (0 unless it failed)."""
+    async def _turn(self) -> None:
+        """One turn of the loop: a round if one is due."""
         now = self.clock()
         # closing: what waits in the downloader is given back now, not fetched one per download delay
         taken = self.engine.take_unstarted(self.ledger.handed.__contains__)
@@ -176,19 +149,12 @@ class SyncLoop:
         self.collect_finished(now)
         due, lease = self.due(now)
         if not due:
-            return 0.0
+            return
         renew = now >= self.next_renew
         error = await self.round(lease, renew)
         if error is not None:
-            if is_outage(error):
-                # Redis may come back with acknowledged writes rolled back (failover, lost AOF tail)
-                self.on_outage()
-            ledger = self.ledger
-            return self.guard.failed(
-                error, self.clock(),
-                detail=f"{len(ledger.out)} discovered requests and {len(ledger.held)} leases kept in memory",
-            )
-        self.guard.succeeded(self.clock())
+            raise error
+        self.succeeded()
         if renew:
             self.next_renew = now + self.lease_seconds / 3
         self.last_sync = now
@@ -202,7 +168,6 @@ class SyncLoop:
         else:
             self.poll_interval = self.idle_poll
             self.next_fetch = now
-        return 0.0
 
     # -- one round ------------------------------------------------------------------------------------
     def collect_finished(self, now: float) -> None:

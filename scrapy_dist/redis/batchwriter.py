@@ -5,14 +5,13 @@ One task writes batches in the order their entries were added: a batch when it i
 ``flush_interval`` seconds after its first entry, with what else is buffered by then (up to
 ``max_batches``, so a backlog after an outage drains in bounded round trips). :meth:`BatchWriter.add`
 returns a future resolved once the entry is in Redis. An outage or an error reply is retried with capped
-backoff (:mod:`scrapy_dist.redis.outage`) and nothing buffered is dropped; any other exception (a bug in
-the write function) fails the batches' futures and the writer goes on.
+backoff (:class:`~scrapy_dist.redis.outage.BackgroundTask`) and nothing buffered is dropped; any other
+exception (a bug in the write function) fails the batches' futures and the writer goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
@@ -20,7 +19,7 @@ from typing import Generic, TypeVar
 
 import redis.exceptions
 
-from scrapy_dist.redis.outage import LoopGuard, Outage, is_outage
+from scrapy_dist.redis.outage import BackgroundTask, LoopGuard, Outage, is_outage
 
 __all__ = ["BatchWriter"]
 
@@ -40,11 +39,11 @@ class _Batch(Generic[T]):
         self.sealed = False
 
 
-class BatchWriter(Generic[T]):
+class BatchWriter(BackgroundTask, Generic[T]):
     """Buffer entries and write them with ``write(entries)`` (one round trip) in the background.
 
     ``on_failure(exc)`` is called for every failed attempt (for a stat). ``clock`` is monotonic seconds;
-    tests may pass their own and call :meth:`kick` after moving it.
+    tests may pass their own and call :meth:`wake` after moving it.
     """
 
     def __init__(
@@ -60,24 +59,20 @@ class BatchWriter(Generic[T]):
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        super().__init__(guard or Outage().guard("batch writer"), clock)
         self.write = write
-        self.guard = guard or Outage().guard("batch writer")
         self.batch_size = batch_size
         self.flush_interval = flush_interval
         self.max_batches = max(1, max_batches)
         self.on_failure = on_failure
-        self.clock = clock
         self._batches: deque[_Batch[T]] = deque()
-        self._kick: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
         #: the writer is waiting ``_retry_at`` (monotonic) before the next attempt after a failure
         self._retry_at: float | None = None
 
     # -- adding -----------------------------------------------------------------------------------
     def add(self, entry: T) -> asyncio.Future[None]:
         """Buffer ``entry``; the future resolves once it is written (starts the writer task if needed)."""
-        if self._closing:
+        if self.closing:
             raise RuntimeError("BatchWriter.add() called after close()")
         self.start()
         now = self.clock()
@@ -85,7 +80,7 @@ class BatchWriter(Generic[T]):
             self._batches.append(_Batch(asyncio.get_running_loop(), now))
             # the writer sleeps with nothing to do or waits for the interval of the first batch: a new
             # batch either starts that wait or completes a full one
-            self.kick()
+            self.wake()
         batch = self._batches[-1]
         batch.entries.append(entry)
         return batch.done
@@ -94,11 +89,6 @@ class BatchWriter(Generic[T]):
         """Every entry not yet known to be written, oldest first (those being written included)."""
         for batch in self._batches:
             yield from batch.entries
-
-    @property
-    def closing(self) -> bool:
-        """Whether :meth:`close` was called (no more :meth:`add`)."""
-        return self._closing
 
     @property
     def buffered(self) -> int:
@@ -113,41 +103,28 @@ class BatchWriter(Generic[T]):
         if self._retry_at is not None and now < self._retry_at:
             return self._retry_at - now
         first = self._batches[0]
-        if self._closing or first.sealed or len(first.entries) >= self.batch_size:
+        if self.closing or first.sealed or len(first.entries) >= self.batch_size:
             return 0.0
         return max(0.0, first.first_at + self.flush_interval - now)
 
     # -- the task ---------------------------------------------------------------------------------
-    def start(self) -> None:
-        if self._task is None:
-            self._kick = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._run())
-
-    def kick(self) -> None:
-        """Make the writer look again at what is due (after new entries, or a test moving the clock)."""
-        if self._kick is not None:
-            self._kick.set()
+    #: look again at what is due (after new entries, or a test moving the clock)
+    kick = BackgroundTask.wake
 
     async def close(self) -> None:
         """Write everything buffered (waiting through a Redis outage), then stop the task."""
-        self._closing = True
         self._retry_at = None
-        if self._task is not None:
-            self.kick()
-            await self._task
+        await self.stop()
 
-    async def _run(self) -> None:
-        assert self._kick is not None
-        while True:
-            wait = self.due_in(self.clock())
-            if wait is None and self._closing:
-                return
-            if wait is None or wait > 0:
-                self._kick.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), wait)
-                continue
+    async def step(self) -> bool:
+        wait = self.due_in(self.clock())
+        if wait is None and self.closing:
+            return False
+        if wait is None or wait > 0:
+            await self.rest(wait)
+        else:
             await self.flush_once()
+        return True
 
     async def flush_once(self) -> bool:
         """One write of what is due (up to ``max_batches`` batches); returns whether it worked."""
@@ -163,7 +140,7 @@ class BatchWriter(Generic[T]):
         except Exception as exc:
             if self.on_failure is not None:
                 self.on_failure(exc)
-            delay = self.guard.failed(exc, self.clock())
+            delay = self.failed(exc)
             if is_outage(exc) or isinstance(exc, redis.exceptions.RedisError):
                 # Redis answered with an error or is away: keep everything, try again after the backoff
                 self._retry_at = self.clock() + delay
@@ -174,7 +151,7 @@ class BatchWriter(Generic[T]):
                 batch.done.set_exception(exc)
             return False
         self._retry_at = None
-        self.guard.succeeded(self.clock())
+        self.succeeded()
         for batch in taken:
             self._batches.popleft()
             if not batch.done.done():

@@ -1,14 +1,13 @@
 """One outage policy for every background loop (frontier sync, seeds, monitors, item and cookie writers):
-which errors mean "Redis is away", how long a loop waits, and what is logged (docs/operations.md,
-"Outages").
+which errors mean "Redis is away", how long a loop waits, what is logged (docs/operations.md, "Outages"),
+and :class:`BackgroundTask`, the one way such a loop runs through outages.
 
-:data:`OUTAGE_ERRORS` and :func:`is_outage` are the errors that heal without a change to the crawl (no
-answer, ``LOADING``, ``READONLY``, ``MASTERDOWN``, ``OOM``, ``CLUSTERDOWN``, ``TRYAGAIN``, a rotated
-password, and the ``TypeError``/``AttributeError`` redis-py's asyncio client lets out when a connection is
-torn down under a command); an error reply or a bug is the component's own error. Each loop waits with
-its :class:`Backoff`; one :class:`Outage` per worker logs one WARNING and one INFO per outage;
-:class:`CloseWatch` ends a close that has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE``. Time is a
-parameter (``now``, monotonic seconds).
+:func:`is_outage` names the errors that heal without a change to the crawl (no answer, ``LOADING``,
+``READONLY``, ``MASTERDOWN``, ``OOM``, ``CLUSTERDOWN``, ``TRYAGAIN``, a rotated password, and the
+``TypeError``/``AttributeError`` redis-py's asyncio client lets out when a connection is torn down under a
+command). Each loop waits with its :class:`Backoff`; one :class:`Outage` per worker logs one WARNING and
+one INFO per outage; :class:`CloseWatch` ends a close that has waited on Redis for
+``SCHEDULER_SHUTDOWN_GRACE``. Time is a parameter (``now``, monotonic seconds).
 """
 
 from __future__ import annotations
@@ -17,8 +16,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import weakref
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import redis.exceptions
 
@@ -27,15 +28,20 @@ from scrapy_dist.settings import DistSettings
 from scrapy_dist.utils import RateLimitedLog
 
 __all__ = [
-    "OUTAGE_ERRORS", "READ_ERRORS", "Backoff", "CloseWatch", "LoopGuard", "Outage", "ToolOutage", "is_outage",
-    "refusal",
+    "OUTAGE_ERRORS", "READ_ERRORS", "BackgroundTask", "Backoff", "CloseWatch", "LoopGuard", "Outage",
+    "ToolOutage", "is_outage", "refusal",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: What a client raises while Redis is down, restarting, failing over or full: keep the work in memory,
-#: wait and retry. ``RedisClusterException`` (not a ``RedisError``) is a cluster no node of which answers;
-#: ``OSError`` covers socket errors a client lets through unwrapped.
+T = TypeVar("T")
+B = TypeVar("B", bound="BackgroundTask")
+
+#: seconds between two cancellations of a task that did not stop (see :meth:`BackgroundTask.stop`)
+STOP_RETRY = 0.5
+
+#: What a client raises while Redis is down, restarting, failing over or full (``RedisClusterException``
+#: is not a ``RedisError``; ``OSError`` covers socket errors a client lets through unwrapped).
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,  # includes BusyLoadingError (LOADING) and AuthenticationError
     redis.exceptions.TimeoutError,
@@ -58,8 +64,7 @@ _REDIS_CONNECTION_FILES = (
 
 
 def _torn_connection(exc: BaseException) -> bool:
-    """A ``TypeError``/``AttributeError`` raised while redis-py's connection code was on the stack: the
-    transport was closed under the command (see the module docstring), not a bug of the caller."""
+    """A ``TypeError``/``AttributeError`` raised inside redis-py's connection code: a torn connection."""
     if not isinstance(exc, (TypeError, AttributeError)):
         return False
     tb = exc.__traceback__
@@ -95,9 +100,8 @@ _SCRIPT_REFUSALS = (("-OOM ", 0), ("-READONLY ", 1), ("-NOPERM ", 2))
 
 
 def refusal(exc: BaseException) -> str | None:
-    """What Redis refused, when ``exc`` is one of its own refusals (OOM, READONLY, NOPERM), raised by a
-    command or by a write inside a script: Redis is there and said no, which is no outage to report as
-    one; None for anything else."""
+    """What Redis refused (OOM, READONLY, NOPERM), raised by a command or by a write inside a script; None
+    for anything else."""
     for kind, what in _REFUSALS:
         if isinstance(exc, kind):
             return what
@@ -142,12 +146,8 @@ _by_crawler: weakref.WeakKeyDictionary[Any, Outage] = weakref.WeakKeyDictionary(
 
 class Outage:
     """Whether this worker sees Redis as away, shared by all its components: one WARNING when an outage
-    starts, one INFO when it is over.
-
-    An outage starts with the first :meth:`failed` call and is over at a :meth:`succeeded` call once every
-    component that failed during it has succeeded since, or has not failed for ``stale`` seconds (it
-    stopped trying: a loop that ended, a one-off call). Loops retry at least every few seconds (their
-    backoff cap), so ``stale`` only has to exceed that.
+    starts, one INFO when it is over: at a :meth:`succeeded` call once every component that failed during
+    it has succeeded since, or has not failed for ``stale`` seconds (longer than any loop's backoff cap).
     """
 
     def __init__(self, log: logging.Logger = logger, stale: float = 30.0) -> None:
@@ -236,17 +236,6 @@ class Outage:
 class LoopGuard:
     """One background loop's side of the policy: report how each call to Redis went, learn how long to wait.
 
-    ::
-
-        guard = Outage.for_crawler(crawler).guard("item pipeline")
-        while True:
-            try:
-                await write()
-            except Exception as exc:
-                await asyncio.sleep(guard.failed(exc, time.monotonic()))
-                continue
-            guard.succeeded(time.monotonic())
-
     An outage error goes to the shared :class:`Outage` (one WARNING per worker). Any other error is this
     loop's own: logged at ERROR at most once a minute per exception type, as one line for an error reply
     or a :class:`~scrapy_dist.exceptions.ScrapyDistError`, with the traceback for anything else (a bug).
@@ -256,6 +245,7 @@ class LoopGuard:
         self.outage = outage
         self.component = component
         self.backoff = backoff
+        self.log = log
         self.errors = RateLimitedLog(log, period=60.0, burst=1)
 
     def failed(self, exc: BaseException, now: float, detail: str = "") -> float:
@@ -285,13 +275,125 @@ class LoopGuard:
         self.outage.succeeded(now, self.component)
 
 
-class CloseWatch:
-    """Ends a worker's close that has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE`` seconds.
+class BackgroundTask:
+    """An asyncio task that repeats :meth:`step` until it returns ``False``, through outages and bugs.
 
-    :meth:`check` is called with every failed call of any loop (:meth:`Outage.failed`); once the crawler is
-    closing (a stop was asked for, or the engine is closing the spider) and no call has reached Redis for
-    the grace, it logs one ERROR and stops the Twisted reactor, as Scrapy does on a second SIGTERM. The
-    stuck responses' requests are never acknowledged, so they come back when their leases expire."""
+    A step that raises is reported to the :class:`LoopGuard` and the task waits its backoff; a step rests
+    with :meth:`rest`, which :meth:`wake` cuts short. :meth:`stop` sets :attr:`closing` and waits for the
+    task; should the task end otherwise, :meth:`crashed` says so. A loop its caller drives (an async
+    generator) iterates :meth:`turns` instead of calling :meth:`start`.
+    """
+
+    #: :meth:`stop` cancels the step in progress instead of letting it finish
+    interrupt = False
+
+    def __init__(self, guard: LoopGuard, clock: Callable[[], float] = time.monotonic) -> None:
+        self.guard = guard
+        self.clock = clock
+        #: :meth:`stop` was called: the next step should end the loop (or drain, then end it)
+        self.closing = False
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def step(self) -> Any:
+        """One turn of the loop, its rest included: what :meth:`turns` yields; ``False`` or ``None`` ends
+        the loop."""
+        raise NotImplementedError
+
+    def start(self: B) -> B:
+        """Start the task on the running event loop (once); returns ``self``."""
+        if self._task is None:
+            self._wakeup = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task.add_done_callback(self._ended)
+        return self
+
+    def wake(self) -> None:
+        """End the current :meth:`rest` now (new work, or a test that moved the clock)."""
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def rest(self, timeout: float | None) -> None:
+        """Wait ``timeout`` seconds (``None``: without end) or until :meth:`wake`, whichever comes first; a
+        wake since the last rest ends it at once."""
+        if self._wakeup is None:
+            self._wakeup = asyncio.Event()
+        if not self._wakeup.is_set() and (timeout is None or timeout > 0):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+        self._wakeup.clear()
+
+    async def stop(self) -> None:
+        """Set :attr:`closing`, wake the task and wait until it has ended. With :attr:`interrupt`, the step
+        in progress is cancelled, again every :data:`STOP_RETRY` seconds while the task runs on: on Python
+        < 3.12 ``asyncio.wait_for`` (around every redis-py socket write) swallows a cancellation that
+        arrives just as the write completes."""
+        self.closing = True
+        self.wake()
+        task = self._task
+        if task is None:
+            return
+        if not self.interrupt:
+            with contextlib.suppress(Exception):
+                await task
+            return
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_RETRY)
+        if not task.cancelled():
+            task.exception()  # retrieved, so that asyncio does not report it at exit
+
+    async def turns(self) -> AsyncGenerator[Any, None]:
+        """The loop as an async generator of what each step returns (``False`` or ``None`` ends it)."""
+        while True:
+            try:
+                out = await self.step()
+            except Exception as exc:  # a bug or an outage must not end the loop: report, back off, go on
+                await asyncio.sleep(self.failed(exc))
+                continue
+            if out is False or out is None:
+                return
+            yield out
+
+    async def _run(self) -> None:
+        async for _ in self.turns():
+            pass
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if self.closing or task.cancelled():
+            return
+        self.crashed(task.exception())
+
+    def crashed(self, exc: BaseException | None) -> None:
+        """The task ended without :meth:`stop` (``exc``, or ``None`` if it returned)."""
+        self.guard.log.critical(
+            "The %s stopped unexpectedly (%s)", self.guard.component, describe(exc) if exc else "returned",
+            exc_info=exc,
+        )
+
+    def failed(self, exc: BaseException, now: float | None = None, detail: str = "") -> float:
+        """Report a failed call to the outage policy; returns the backoff to wait."""
+        return self.guard.failed(exc, self.clock() if now is None else now, detail)
+
+    def succeeded(self, now: float | None = None) -> None:
+        """Report a call that Redis answered."""
+        self.guard.succeeded(self.clock() if now is None else now)
+
+    async def attempt(self, call: Awaitable[T]) -> T | None:
+        """Await one call to Redis: reported either way; after a failure, the backoff and ``None``."""
+        try:
+            result = await call
+        except Exception as exc:
+            await asyncio.sleep(self.failed(exc))
+            return None
+        self.succeeded()
+        return result
+
+
+class CloseWatch:
+    """Ends a worker's close that has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE`` seconds: once the
+    crawler is closing and no call has reached Redis for the grace, :meth:`check` (called with every failed
+    call) logs one ERROR and stops the Twisted reactor, as Scrapy does on a second SIGTERM."""
 
     def __init__(self, crawler: Any, grace: float | None = None) -> None:
         self._crawler = weakref.ref(crawler)
@@ -350,16 +452,14 @@ class CloseWatch:
 
 
 #: What a read of an operator tool may raise from Redis: the outage errors and any error reply
-#: (``RedisClusterException`` is not a ``RedisError``)
 READ_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError,
 )
 
 
 class ToolOutage:
-    """The same policy for an operator tool that reads Redis on demand (the metrics exporter, the
-    dashboard): it goes on serving while Redis is away, logs one WARNING when the outage starts and one
-    INFO when a read works again -- no traceback per request. ``what`` names the tool in those lines."""
+    """The same policy for an operator tool that reads Redis on demand (metrics exporter, dashboard): one
+    WARNING when an outage starts, one INFO when a read works again. ``what`` names the tool."""
 
     def __init__(self, what: str, log: logging.Logger = logger) -> None:
         self.what = what

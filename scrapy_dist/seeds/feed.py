@@ -12,13 +12,14 @@ delivered at least once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import Request
 
@@ -27,9 +28,8 @@ from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier.scheduler import Scheduler, get_scheduler, make_worker_id
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import crawl_keys
-from scrapy_dist.redis.outage import Backoff, Outage, is_outage
+from scrapy_dist.redis.outage import BackgroundTask, Backoff, Outage, is_outage
 from scrapy_dist.seeds import SeedRules, reason_slug, validate_url
-from scrapy_dist.seeds import reader as nearmiss
 from scrapy_dist.seeds import reader as seedreader
 from scrapy_dist.seeds.reader import BLOCK_SECONDS, CONFIRM_POLL, POLL_SECONDS, SeedReader, TakeResult
 from scrapy_dist.settings import DistSettings
@@ -46,6 +46,8 @@ __all__ = ["SeedFeed", "SeedReader", "TakeResult"]  # the reader and its result 
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 @dataclass
 class _Taken:
     """Processing-list entries whose requests were handed to the scheduler by ``mark`` (monotonic)."""
@@ -60,14 +62,13 @@ def _flushed_since(scheduler: Scheduler | None, mark: float) -> bool:
     return scheduler is None or scheduler.flushed_since(mark)
 
 
-class SeedFeed:
-    """Turns the seeds of one worker into requests: the loop behind :meth:`RedisMixin.start`.
+class SeedFeed(BackgroundTask):
+    """Turns the seeds of one worker into requests: the loop behind :meth:`RedisMixin.start`, which
+    iterates its :meth:`~BackgroundTask.turns` (the spider's generator drives it, not a task of its own).
 
     Takes seeds in batches, validates them (``spider.make_request_from_data``), records rejections,
     acknowledges seeds once their requests are in the frontier, adopts dead workers' seeds, waits for
     new ones, and ends once the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds (never, if 0).
-    Its steps share the in-flight seed bookkeeping (taken, confirmed, rejected) the no-loss guarantee
-    rests on.
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class SeedFeed:
     ) -> None:
         self.spider = spider
         self.crawler: Crawler = spider.crawler
+        super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
         self.stats = self.crawler.stats
         self.reader = reader
         self.keys = reader.keys
@@ -97,12 +99,10 @@ class SeedFeed:
         self._records: list[str] = []
         self._last_seed = time.monotonic()
         self._last_exchange = 0.0
-        self._closing = False
         self._busy = False
         self._uncertain = False
         self._finished = False
-        # one outage policy for the worker (scrapy_dist.redis.outage): one warning per outage, capped backoff
-        self._guard = Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger)
+        self._sched: Scheduler | None = None
         self._reject_log = RateLimitedLog(logger)
         self._error_log = RateLimitedLog(logger)
         self._garbage_log = RateLimitedLog.once(logger)
@@ -120,23 +120,17 @@ class SeedFeed:
         batch = spider.redis_batch_size or ds.seeds.batch_size
         idle = sched.idle_before_close if sched is not None else ds.scheduler.idle_before_close
         reader = SeedReader(
-            connection.get_async_redis(ds),
-            keys,
-            sched.worker_id if sched is not None else make_worker_id(),
-            kind=ds.seeds.kind,
-            lease_seconds=ds.scheduler.lease_seconds,
-            rejected_maxlen=ds.seeds.rejected_maxlen,
-            held_cap=seedreader.held_cap(batch),
+            connection.get_async_redis(ds), keys, sched.worker_id if sched is not None else make_worker_id(),
+            kind=ds.seeds.kind, lease_seconds=ds.scheduler.lease_seconds,
+            rejected_maxlen=ds.seeds.rejected_maxlen, held_cap=seedreader.held_cap(batch),
         )
-        return cls(
-            spider, reader, rules=SeedRules.from_dist(ds), batch_size=batch, idle_before_close=idle
-        )
+        return cls(spider, reader, rules=SeedRules.from_dist(ds), batch_size=batch, idle_before_close=idle)
 
     # -- the loop -----------------------------------------------------------------------------------
     async def requests(self) -> AsyncIterator[Request]:
         """Yield the requests of the seeds, forever or until the crawl is idle (see class docstring)."""
         r = self.reader
-        sched = get_scheduler(self.crawler)
+        sched = self._sched = get_scheduler(self.crawler)
         if sched is None:
             logger.warning(
                 "%s does not use scrapy_dist.scheduler.Scheduler: a seed counts as done once the engine"
@@ -147,94 +141,98 @@ class SeedFeed:
             "Reading seeds from %r (%s) as worker %s; rejected seeds go to %r",
             self.keys.start_urls, r.kind, r.worker_id, self.keys.start_urls_rejected,
         )
-        await nearmiss.warn_at_start(r.redis, self.keys)  # seeds pushed to a misspelt key wait for ever
-        while not self._closing:
-            self._collect_confirmed(sched)
-            unconfirmed = sum(len(t.entries) for t in self._taken)
-            want = self.batch_size if unconfirmed < self.max_unconfirmed else 0
-            now = time.monotonic()
-            if not want and not self._acks and now - self._last_exchange < r.lease_seconds / 4:
-                await asyncio.sleep(CONFIRM_POLL)  # full: wait for the frontier to take what we hold
-                continue
-            # after a failed exchange (its reply lost, perhaps after it took seeds) and once nothing of
-            # ours awaits confirmation, whatever of ours the processing list still holds is unknown to
-            # us: a sweep gives it back
-            mode = "sweep" if self._uncertain and not self._taken else "take"
-            result = await self._exchange(want, mode)
-            if result is None or self._closing:
-                continue
-            if mode == "sweep":
-                self._uncertain = False
-            entries = result.entries
-            if not entries and r.kind == "list" and not self._taken and not self._idle_done():
-                await self._guarded(r.wait(self.block_seconds))
-                continue  # the next take pops what woke us (or renews the lease after the timeout)
-            if entries:
-                self._last_seed = time.monotonic()
+        await seedreader.warn_at_start(r.redis, self.keys)  # seeds pushed to a misspelt key wait for ever
+        async with contextlib.aclosing(self.turns()) as turns:
+            async for entries in turns:
                 for entry in entries:
                     for request in self._requests(entry):
                         self.stats.inc_value("seeds/requests")
                         yield request
-                self._taken.append(_Taken(entries, time.monotonic()))
-                continue
-            if self._idle_done():
-                logger.info(
-                    "No seeds for %.1fs and the frontier is empty: %s stops reading %r",
-                    self.idle_before_close, type(self.spider).__name__, self.keys.start_urls,
-                )
-                await self._finish("leave")
-                return
-            if self._taken:
-                await asyncio.sleep(CONFIRM_POLL)
-            elif r.kind != "list":
-                await asyncio.sleep(self.poll_seconds)
+                if entries:
+                    self._taken.append(_Taken(entries, time.monotonic()))
+
+    async def step(self) -> list[bytes] | None:
+        """One exchange with Redis and the wait after it: the entries taken (``[]``: none this time), or
+        ``None`` once the feed is done. A failed call raises (the loop backs off)."""
+        if self.closing:
+            return None
+        r = self.reader
+        self._collect_confirmed(self._sched)
+        unconfirmed = sum(len(t.entries) for t in self._taken)
+        want = self.batch_size if unconfirmed < self.max_unconfirmed else 0
+        if not want and not self._acks and time.monotonic() - self._last_exchange < r.lease_seconds / 4:
+            await asyncio.sleep(CONFIRM_POLL)  # full: wait for the frontier to take what we hold
+            return []
+        # after a failed exchange (its reply lost, perhaps after it took seeds) and once nothing of ours
+        # awaits confirmation, whatever of ours the processing list still holds is unknown to us: a sweep
+        # gives it back
+        mode = "sweep" if self._uncertain and not self._taken else "take"
+        result = await self._exchange(want, mode)
+        if result is None or self.closing:
+            return []
+        if mode == "sweep":
+            self._uncertain = False
+        if not result.entries and r.kind == "list" and not self._taken and not self._idle_done():
+            await self.attempt(self._call(r.wait(self.block_seconds)))
+            return []  # the next take pops what woke us (or renews the lease after the timeout)
+        if result.entries:
+            self._last_seed = time.monotonic()
+            return result.entries
+        if self._idle_done():
+            logger.info(
+                "No seeds for %.1fs and the frontier is empty: %s stops reading %r",
+                self.idle_before_close, type(self.spider).__name__, self.keys.start_urls,
+            )
+            await self._finish("leave")
+            return None
+        if self._taken:
+            await asyncio.sleep(CONFIRM_POLL)
+        elif r.kind != "list":
+            await asyncio.sleep(self.poll_seconds)
+        return []
 
     async def _exchange(self, want: int, mode: str) -> TakeResult | None:
-        """One take (plus pending rejection records and adoptions); ``None`` if Redis failed."""
+        """One take (plus pending rejection records and adoptions); ``None`` for a key of the wrong type."""
         r = self.reader
         acks = self._acks
-        try:
-            if self._records:
-                records, self._records = self._records, []
-                try:
-                    await self._guarded_raise(r.record_rejections(records))
-                except BaseException:
-                    self._records = records + self._records
-                    raise
-            self._acks = []
+        if self._records:
+            records, self._records = self._records, []
             try:
-                result = await self._guarded_raise(r.take(want, acks, mode))
+                await self._call(r.record_rejections(records))
             except BaseException:
-                self._acks = acks + self._acks  # LREM is idempotent: resend them next time
-                self._uncertain = True
+                self._records = records + self._records
                 raise
-            self._last_exchange = time.monotonic()
-            if result.status == "lost":
-                self.stats.inc_value("seeds/lease_lost")
-                logger.warning(
-                    "The processing lease of worker %s on %r ran out (stalled over %.0fs?): its unconfirmed"
-                    " seeds went back to the seeds key and may be crawled twice",
-                    r.worker_id, self.keys.start_urls, r.lease_seconds,
-                )
-            elif result.status == "wrongtype":
-                self._error_log.log(
-                    logging.ERROR,
-                    "The seeds key %r is a %s, but %s reads a %s (REDIS_START_URLS_AS_SET /"
-                    " REDIS_START_URLS_AS_ZSET): not reading seeds until that is fixed",
-                    self.keys.start_urls, result.key_type, type(self.spider).__name__, r.kind,
-                )
-                await asyncio.sleep(self.block_seconds)
-                return None
-            if result.returned > 0:
-                self.stats.inc_value("seeds/returned", result.returned)
-            self._garbage(result.repaired, result.strays)
-        except Exception as exc:
-            await asyncio.sleep(self._failed(exc))
+        self._acks = []
+        try:
+            result = await self._call(r.take(want, acks, mode))
+        except BaseException:
+            self._acks = acks + self._acks  # LREM is idempotent: resend them next time
+            self._uncertain = True
+            raise
+        self._last_exchange = time.monotonic()
+        if result.status == "lost":
+            self.stats.inc_value("seeds/lease_lost")
+            logger.warning(
+                "The processing lease of worker %s on %r ran out (stalled over %.0fs?): its unconfirmed"
+                " seeds went back to the seeds key and may be crawled twice",
+                r.worker_id, self.keys.start_urls, r.lease_seconds,
+            )
+        elif result.status == "wrongtype":
+            self._error_log.log(
+                logging.ERROR,
+                "The seeds key %r is a %s, but %s reads a %s (REDIS_START_URLS_AS_SET /"
+                " REDIS_START_URLS_AS_ZSET): not reading seeds until that is fixed",
+                self.keys.start_urls, result.key_type, type(self.spider).__name__, r.kind,
+            )
+            await asyncio.sleep(self.block_seconds)
             return None
-        self._guard.succeeded(time.monotonic())
+        if result.returned > 0:
+            self.stats.inc_value("seeds/returned", result.returned)
+        self._garbage(result.repaired, result.strays)
+        self.succeeded()
         if result.expired:
             # after the take: its entries are ours whatever happens here (a failure is retried next time)
-            adopted = await self._guarded(r.adopt(result.expired))
+            adopted = await self.attempt(self._call(r.adopt(result.expired)))
             if adopted:
                 self._garbage([], adopted[2])
             if adopted and adopted[0]:
@@ -258,7 +256,7 @@ class SeedFeed:
                 self.keys.start_urls_processing, self.keys.start_urls, key="strays",
             )
 
-    async def _guarded_raise(self, coro: Any) -> Any:
+    async def _call(self, coro: Awaitable[T]) -> T:
         """Await a Redis call, marking the feed busy (so :meth:`close` lets it finish first)."""
         self._busy = True
         try:
@@ -266,22 +264,10 @@ class SeedFeed:
         finally:
             self._busy = False
 
-    async def _guarded(self, coro: Any) -> Any:
-        """:meth:`_guarded_raise` that turns an outage or error into ``None`` (after a pause)."""
-        try:
-            result = await self._guarded_raise(coro)
-        except Exception as exc:
-            await asyncio.sleep(self._failed(exc))
-            return None
-        self._guard.succeeded(time.monotonic())
-        return result
-
-    def _failed(self, exc: BaseException) -> float:
-        """Report a failed call to the outage policy (an outage: one warning per worker; anything else --
-        a bug, a Redis error reply -- an error logged at most once a minute); returns the pause to make."""
-        if not is_outage(exc):
+    def failed(self, exc: BaseException, now: float | None = None, detail: str = "") -> float:
+        if not is_outage(exc):  # a bug or a Redis error reply
             self.stats.inc_value("seeds/errors")
-        return self._guard.failed(exc, time.monotonic())
+        return super().failed(exc, now, detail)
 
     # -- acknowledgement and idleness --------------------------------------------------------------
     def _collect_confirmed(self, sched: Any) -> None:
@@ -300,9 +286,7 @@ class SeedFeed:
 
     # -- seeds -> requests ----------------------------------------------------------------------------
     def _requests(self, entry: bytes) -> list[Request]:
-        """The requests of one processing-list entry: ``make_request_from_data`` may return one request,
-        ``None`` or an iterable of them (as in scrapy-redis); none if the seed is rejected (recorded) or
-        skipped. One bad request rejects the whole seed."""
+        """The requests of one processing-list entry (none if its seed is rejected, recorded, or skipped)."""
         score: float | None = None
         raw = entry
         if self.reader.kind == "zset":
@@ -313,29 +297,13 @@ class SeedFeed:
                 score = 0.0
         self.stats.inc_value("seeds/received")
         try:
-            if len(raw) > self.rules.max_bytes:
-                raise RejectedEntry("too_large", f"{len(raw)} bytes > {self.rules.max_bytes}")
-            try:
-                result = self.spider.make_request_from_data(raw)
-                requests = _as_requests(result)
-            except RejectedEntry:
-                raise
-            except Exception as exc:  # the spider's own hook: its bugs must not stop the seeds
-                raise RejectedEntry("hook_error", f"{type(exc).__name__}: {exc}"[:200]) from None
-            if not requests:
-                self.stats.inc_value("seeds/skipped")
-                return []
-            out = []
-            for request in requests:
-                validate_url(request.url, self.rules)
-                check_offsite(request.url, self.spider)  # dont_filter must not get one past allowed_domains
-                if score is not None and not request.priority:
-                    request = request.replace(priority=priority_from_score(score))
-                out.append(request)
-            return out
+            requests = seed_requests(self.spider, raw, self.rules, score)
         except RejectedEntry as exc:
             self._reject(raw, exc)
             return []
+        if not requests:
+            self.stats.inc_value("seeds/skipped")
+        return requests
 
     def _reject(self, raw: bytes, exc: RejectedEntry) -> None:
         reason = reason_slug(exc.reason)
@@ -355,7 +323,7 @@ class SeedFeed:
         """
         if self._finished:
             return
-        self._closing = True
+        await self.stop()
         deadline = time.monotonic() + self.block_seconds + 2.0
         while self._busy and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -364,7 +332,7 @@ class SeedFeed:
 
     async def _finish(self, mode: str) -> None:
         self._finished = True
-        self._closing = True
+        self.closing = True
         r = self.reader
         # only what the frontier has is acknowledged; the mode gives everything else back
         acks = self._acks
@@ -394,6 +362,28 @@ class SeedFeed:
 
 #: Most requests one seed may give (a hook yielding without end must not stall the feed).
 MAX_REQUESTS_PER_SEED = 10_000
+
+
+def seed_requests(spider: Any, raw: bytes, rules: SeedRules, score: float | None) -> list[Request]:
+    """The requests of one seed: ``make_request_from_data`` may return one request, ``None`` or an
+    iterable of them (as in scrapy-redis). Raises :class:`RejectedEntry` for a seed too large, a hook that
+    fails or a request refused by the rules; one bad request rejects the whole seed."""
+    if len(raw) > rules.max_bytes:
+        raise RejectedEntry("too_large", f"{len(raw)} bytes > {rules.max_bytes}")
+    try:
+        requests = _as_requests(spider.make_request_from_data(raw))
+    except RejectedEntry:
+        raise
+    except Exception as exc:  # the spider's own hook: its bugs must not stop the seeds
+        raise RejectedEntry("hook_error", f"{type(exc).__name__}: {exc}"[:200]) from None
+    out = []
+    for request in requests:
+        validate_url(request.url, rules)
+        check_offsite(request.url, spider)  # dont_filter must not get one past allowed_domains
+        if score is not None and not request.priority:
+            request = request.replace(priority=priority_from_score(score))
+        out.append(request)
+    return out
 
 
 def _as_requests(result: Any) -> list[Request]:
