@@ -3,10 +3,10 @@ local 3-master Redis Cluster, measured in the same run.
 
 ``DRIVERS`` driver processes (the same number in both configurations) each loop for ``seconds``: one round
 = new requests (fresh fingerprints, realistic ~50-byte payloads prepared before the clock starts) routed to
-their shard by fingerprint (:func:`scrapy_dist.frontier.shard.shard_of`) and deduplicated by each shard's bloom
-filter, the acknowledgement of what the previous round leased, and a lease of as many -- one
-:meth:`Frontier.sync <scrapy_dist.frontier.shard.Frontier.sync>` per shard, sent concurrently, exactly what the
-scheduler's batched path sends. The rate is (requests enqueued + requests acknowledged) per second, summed
+their shard by fingerprint (:func:`scrapy_dist.frontier.shard.shard_of`) and deduplicated by each shard's
+bloom filter, the acknowledgement of what the previous round leased, and a lease of as many -- one
+:meth:`Frontier.sync <scrapy_dist.frontier.shard.Frontier.sync>` per shard, sent concurrently, exactly what
+the scheduler's batched path sends. The rate is (requests enqueued + requests acknowledged) per second, summed
 over the drivers.
 
 Beside the rate it records CPU: each server's ``used_cpu_user + used_cpu_sys`` and each driver's process

@@ -113,7 +113,8 @@ class Addon:
         for c in COMPONENTS:
             user = settings.getdict(c.setting)
             if c.replaces:  # ours in place of Scrapy's, unless the user's dict names either
-                if components.mentions(user, c.replaces) or not _available(c.path) or components.mentions(user, c.path):
+                mentioned = components.mentions(user, c.replaces) or components.mentions(user, c.path)
+                if mentioned or not _available(c.path):
                     continue
                 settings.set_in_component_priority_dict(c.setting, load_object(c.replaces), None)
             elif components.mentions(user, c.path):

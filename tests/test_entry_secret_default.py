@@ -33,7 +33,8 @@ def test_the_embedded_redis_keeps_one_secret_of_its_own(tmp_path: Path) -> None:
     assert stat.S_IMODE(mode) == 0o600
     mine = DistSettings.from_settings({**settings, "SCHEDULER_ENTRY_SECRET": "mine"})
     assert EntryPolicy.from_dist(mine).secret == b"mine"
-    assert EntryPolicy.from_dist(DistSettings.from_settings({"REDIS_URL": "redis://localhost:1/0"})).secret is None
+    shared = DistSettings.from_settings({"REDIS_URL": "redis://localhost:1/0"})
+    assert EntryPolicy.from_dist(shared).secret is None
 
 
 def test_a_worker_on_a_shared_redis_without_a_secret_warns_once(

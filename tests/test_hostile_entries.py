@@ -480,7 +480,8 @@ def test_the_secret_comes_from_settings_or_the_environment(monkeypatch: pytest.M
     from scrapy.settings import Settings
 
     monkeypatch.delenv("SCRAPY_DIST_SECRET", raising=False)
-    shared = DistSettings.from_settings(Settings({"REDIS_URL": "redis://localhost:1/0"}))  # embedded: always one
+    # (the embedded Redis always has one)
+    shared = DistSettings.from_settings(Settings({"REDIS_URL": "redis://localhost:1/0"}))
     assert EntryPolicy.from_dist(shared).secret is None
     with_secret = DistSettings.from_settings(
         Settings({"REDIS_URL": "redis://localhost:1/0", "SCHEDULER_ENTRY_SECRET": 12345})

@@ -68,7 +68,8 @@ def _check_crawl(project: Project, site: Any, client: Any, stopped_at: int) -> N
         log = project.log_text(log_path)
         lines = log.splitlines()
         # the worker's one outage pair (scrapy_dist.redis.outage)
-        policy = [line for line in lines if re.search(r"\[scrapy_dist\.(redis\.outage|frontier\.scheduler)\]", line)]
+        named = r"\[scrapy_dist\.(redis\.outage|frontier\.scheduler)\]"
+        policy = [line for line in lines if re.search(named, line)]
         assert 1 <= sum("Redis is unreachable" in line for line in policy) <= 2, policy
         assert 1 <= sum("Redis is reachable again" in line for line in policy) <= 2, policy
         assert "Traceback" not in log, log[-3000:]

@@ -298,7 +298,9 @@ def test_for_crawler_raises_the_one_line_and_logs_nothing(caplog: pytest.LogCapt
     crawler = get_crawler(settings_dict={"SCHEDULER_LEASE_SECONDS": "abc"})
     with caplog.at_level(logging.ERROR), pytest.raises(SettingsError) as info:
         DistSettings.for_crawler(crawler)
-    assert str(info.value) == "scrapy-dist: SCHEDULER_LEASE_SECONDS=abc: not a number; expected a positive number"
+    assert str(info.value) == (
+        "scrapy-dist: SCHEDULER_LEASE_SECONDS=abc: not a number; expected a positive number"
+    )
     assert not caplog.records  # the component that asked decides (it refuses the crawl's start)
 
 

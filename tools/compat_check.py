@@ -47,7 +47,8 @@ TEST_DEPS = ["pytest-twisted>=1.14.3", "decorator", "greenlet", "pytest-timeout"
 #: (file, [(pattern, replacement)]) applied to Scrapy's tests.
 SCRAPY_SWAPS = {
     "tests/test_scheduler.py": [
-        (r"^from scrapy\.core\.scheduler import Scheduler$", "from scrapy_dist.frontier.scheduler import Scheduler"),
+        (r"^from scrapy\.core\.scheduler import Scheduler$",
+         "from scrapy_dist.frontier.scheduler import Scheduler"),
     ],
     "tests/test_dupefilters.py": [
         (r"^from scrapy\.dupefilters import (.*)\bRFPDupeFilter\b(.*)$",
