@@ -199,7 +199,7 @@ def _latin1(v: Any) -> str:
     return v.decode("latin-1") if isinstance(v, bytes) else str(v)
 
 
-def _instructions(record: str, parts: int, pages: int) -> float:
+def _instructions(record: str, pages: int) -> float:
     """Server instructions per page for the recorded calls of every process, replayed in the order they
     were made on a redis-server under callgrind (benchmarks/replay.py): a figure that does not move with
     what else the machine does."""
@@ -207,7 +207,7 @@ def _instructions(record: str, parts: int, pages: int) -> float:
 
     sources: dict[str, str] = {}
     calls: list[Any] = []
-    for path in sorted(glob.glob(f"{record}.*.json"))[:parts]:
+    for path in sorted(glob.glob(f"{record}.*.json")):
         with open(path) as f:
             got = json.load(f)
         sources.update(got["sources"])
@@ -244,6 +244,8 @@ def measure(
     start = time.monotonic() + 6 + warmup
     window = (start, start + seconds)
     procs, first = [], 0
+    if record:  # one prefix per point: files kept for a profile (BENCH_CALLGRIND_KEEP) are never read again
+        record = f"{record}.{shards}-{politeness}-{workers}"
     for count in per:
         work = (url, shards, politeness, first, count, window, out)
         p = ctx.Process(target=_run_process, args=(work, record))
@@ -273,7 +275,7 @@ def measure(
         c.config_set("slowlog-log-slower-than", 10_000)
         c.close()
     rate = total_pages / seconds
-    instructions = _instructions(record, len(procs), sum(n for _, n in got)) if record else None
+    instructions = _instructions(record, sum(n for _, n in got)) if record else None
     return {
         "server_instructions_per_page": instructions,
         "workers": workers, "shards": shards, "politeness": politeness, "processes": processes,
