@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -851,3 +852,56 @@ def test_embedded_start_failure_is_one_clear_error(tmp_path: Path) -> None:
     assert "REDIS_URL" in message
     assert str(server.directory) in message
 
+
+
+def test_one_client_pool_per_crawler_shared_by_its_components(redis_url: str) -> None:
+    from scrapy_dist.dupefilter import BloomDupeFilter
+    from scrapy_dist.pipelines import RedisPipeline
+    from scrapy_dist.redis.connection import ClientPool
+
+    crawler = get_crawler(settings_dict={"REDIS_URL": redis_url})
+    other = get_crawler(settings_dict={"REDIS_URL": redis_url})
+    pool = ClientPool.of(crawler)
+    assert ClientPool.of(crawler) is pool and ClientPool.of(other) is not pool
+    df = BloomDupeFilter.from_crawler(crawler)
+    assert df.redis is pool.sync_client()
+    assert RedisPipeline.from_crawler(crawler).server is pool.async_client()
+
+    async def use_then_close() -> list[int]:
+        client = pool.async_client()
+        await client.set("shared", 1)
+        await client.aclose()  # a component closing what it was given: the others keep their client
+        seen = [int(await client.get("shared"))]
+        pool.sync_client().close()
+        seen.append(int(pool.sync_client().get("shared")))
+        await pool.close()  # what the engine's stop does
+        return seen
+
+    assert run(use_then_close()) == [1, 1]
+    plain = redis.Redis.from_url(redis_url)
+    names = [c.get("name") for c in plain.client_list()]
+    assert len(names) == 1, names  # only this client: the pool's connections are closed
+    plain.close()
+
+
+@pytest.mark.slow
+def test_a_crawl_with_every_component_connects_through_one_pool(tmp_path: Path, redis_url: str,
+                                                               site_factory: Any) -> None:
+    from crawlproject import make_project
+
+    site = site_factory(pages=150, delay=0.002)
+    extensions = {f"scrapy_dist.extensions.{name}": 500 for name in ("ClusterStats", "IdleMonitor", "ErrorMonitor")}
+    project = make_project(tmp_path, {
+        "REDIS_URL": redis_url, "EXTENSIONS": extensions, "CLUSTERSTATS_INTERVAL": 1,
+        "ITEM_PIPELINES": {"scrapy_dist.pipelines.RedisPipeline": 300},
+        "DOWNLOADER_MIDDLEWARES": {"scrapy.downloadermiddlewares.cookies.CookiesMiddleware": None,
+                                   "scrapy_dist.middlewares.SharedCookiesMiddleware": 700},
+    })
+    client = redis.Redis.from_url(redis_url)
+    before = int(client.info("stats")["total_connections_received"])
+    project.crawl(args={"seed": site.page_url(0)})
+    assert project.wait_all(90) == [0], project.logs()[-4000:]
+    assert len(site.fetch_counts()) == 150
+    opened = int(client.info("stats")["total_connections_received"]) - before
+    print("connections opened by the crawl:", opened)
+    assert opened <= 6, opened

@@ -101,7 +101,7 @@ class RedisDupeFilter:
     def _build(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
         return cls(
-            connection.get_redis(ds),
+            connection.ClientPool.of(crawler).sync_client(),
             crawler_keys(crawler),
             crawler.request_fingerprinter,
             stats=crawler.stats,

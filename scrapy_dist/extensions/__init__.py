@@ -28,7 +28,6 @@ from scrapy_dist.extensions.idle import IdleMonitor
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.scripts import text
-from scrapy_dist.settings import DistSettings
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -56,11 +55,7 @@ class RedisStatsCollector(MemoryStatsCollector):
 
     def crawl_stats(self) -> dict[str, str]:
         """The crawl-wide merged stats (every worker's, as last flushed): one ``HGETALL``."""
-        client = connection.get_redis(DistSettings.for_crawler(self.crawler))
-        try:
-            raw = client.hgetall(crawler_keys(self.crawler).stats)
-        finally:
-            client.close()
+        raw = connection.ClientPool.of(self.crawler).sync_client().hgetall(crawler_keys(self.crawler).stats)
         return {text(k): text(v) for k, v in raw.items()}
 
 

@@ -180,7 +180,7 @@ class ClusterStats:
             return
         self.worker = worker_id(self.crawler)
         self.started = time.time()
-        self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))
+        self.redis = connection.ClientPool.of(self.crawler).async_client()
         self._script = scripts.register(self.redis, "clusterstats")
         self._task = PeriodicTask(
             self.flush, self.interval, "crawl-wide stats", logger, Outage.for_crawler(self.crawler)

@@ -244,7 +244,7 @@ class ErrorMonitor:
         if start_error(self.crawler) is not None:  # the crawl stops as it opens
             return
         self.events.worker = worker_id(self.crawler)
-        self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))
+        self.redis = connection.ClientPool.of(self.crawler).async_client()
         self._script = scripts.register(self.redis, "errors")
         self.started_at = await start_time(self.redis)
         self._task = PeriodicTask(

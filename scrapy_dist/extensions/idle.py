@@ -115,7 +115,7 @@ class IdleMonitor:
     async def spider_opened(self, spider: Spider) -> None:
         if start_error(self.crawler) is not None:  # the crawl stops as it opens
             return
-        self.redis = connection.get_async_redis(DistSettings.for_crawler(self.crawler))
+        self.redis = connection.ClientPool.of(self.crawler).async_client()
         self._script = scripts.register(self.redis, "idle")
         self.started_at = await start_time(self.redis)
         self._opened_mono = time.monotonic()
@@ -135,7 +135,7 @@ class IdleMonitor:
         """After this worker's last sync: remove the revisits filed crawl-wide between the close decision
         and the moment the workers saw it (``scrapy-dist close`` removed the ones before)."""
         ds = DistSettings.for_crawler(self.crawler)
-        client = connection.get_redis(ds)
+        client = connection.ClientPool.of(self.crawler).sync_client()
         try:
             ended = await asyncio.to_thread(
                 end_chains, client, self.shard_keys, ds.scheduler.politeness == "cluster"
@@ -143,8 +143,6 @@ class IdleMonitor:
         except redis.RedisError as exc:
             logger.warning("Could not end the crawl's revisit chains at close: %s", exc)
             return
-        finally:
-            client.close()
         if ended:
             logger.info("The crawl was closed: %d scheduled revisits filed since removed", ended)
 

@@ -98,22 +98,16 @@ class CrawlLayout:
         self.paused = False
 
     # -- start ----------------------------------------------------------------------------------------
-    def open(self, settings: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
-        """At a worker's start, through a short-lived client of ``settings``: clear the crawl first with
-        ``flush_on_start``, join it, and return its backlog (requests
-        pending, fingerprints remembered). Anything refused raises a :class:`ScrapyDistError` (one line)."""
-        from scrapy_dist.redis import connection
-
-        client = connection.get_redis(settings)
-        try:
-            move_aside_foreign(client, self.keys.control)  # garbage there failed every worker
-            if flush_on_start:
-                self.delete(client)
-                logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
-            self.join(client, batched)
-            return self.backlog(client)
-        finally:
-            client.close()
+    def open(self, client: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
+        """At a worker's start, through the sync ``client``: clear the crawl first with ``flush_on_start``,
+        join it, and return its backlog (requests pending, fingerprints remembered). Anything refused
+        raises a :class:`ScrapyDistError` (one line)."""
+        move_aside_foreign(client, self.keys.control)  # garbage there failed every worker
+        if flush_on_start:
+            self.delete(client)
+            logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
+        self.join(client, batched)
+        return self.backlog(client)
 
     def join(self, client: Any, batched: bool) -> None:
         """Record or check the crawl's mode and N (one round trip), then open every shard's dupefilter.

@@ -316,7 +316,7 @@ class Scheduler:
         self.report.backlog(self.keys.spider, pending, remembered, cfg.persist)
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
             self._recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
-        self.redis = connection.get_async_redis(self.redis_settings)
+        self.redis = self._client(sync=False)
         self.frontiers = self.layout.frontiers(
             self.redis, self.worker_id, cfg, self.order.sequence, batched=self._batched_df,
             limits_bound=self.encoder.domain_limits.bound() if self.encoder.domain_limits else "",
@@ -356,8 +356,20 @@ class Scheduler:
                 self.df.keys = self.keys
         if self.router.fingerprinter is None and self.crawler is not None:
             self.router.fingerprinter = crawl_fingerprinter(self.crawler)
-        connection.check_reachable(settings)
-        return self.layout.open(settings, flush_on_start=self.config.flush_on_start, batched=self._batched_df)
+        client = self._client(sync=True)
+        try:
+            connection.check_reachable(client, settings)
+            flush = self.config.flush_on_start
+            return self.layout.open(client, flush_on_start=flush, batched=self._batched_df)
+        finally:
+            client.close()  # a no-op for the crawler's shared client
+
+    def _client(self, sync: bool) -> Any:
+        """The crawler's shared client (:class:`ClientPool`); without a crawler, one of its own."""
+        if self.crawler is not None:
+            pool = connection.ClientPool.of(self.crawler)
+            return pool.sync_client() if sync else pool.async_client()
+        return (connection.get_redis if sync else connection.get_async_redis)(self.redis_settings)
 
     def close(self, reason: str) -> Deferred[None]:
         return deferred_from_coro(self.close_async(reason))

@@ -37,7 +37,7 @@ from scrapy_dist.middlewares.cookie_records import (
 )
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.batchwriter import BatchWriter
-from scrapy_dist.redis.connection import get_async_redis, is_cluster
+from scrapy_dist.redis.connection import ClientPool, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import Backoff, Outage
 from scrapy_dist.redis.scripts import text
@@ -166,7 +166,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                 scrapy_mw,
             )
         o = cls(
-            get_async_redis(ds),
+            ClientPool.of(crawler).async_client(),
             crawler_keys(crawler),
             debug=ds.cookies.debug,
             cache_seconds=ds.cookies.cache_seconds,

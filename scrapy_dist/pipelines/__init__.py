@@ -31,7 +31,7 @@ from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.frontier.shard import ItemRoute
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.batchwriter import BatchWriter
-from scrapy_dist.redis.connection import get_async_redis, is_cluster
+from scrapy_dist.redis.connection import ClientPool, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import Backoff, Outage
 from scrapy_dist.settings import DistSettings, defaults
@@ -195,7 +195,7 @@ class RedisPipeline:
             "outage": Outage.for_crawler(crawler),
         }
         _check_subclass(cls, key, options)
-        pipe = cls(get_async_redis(ds), key, **options)
+        pipe = cls(ClientPool.of(crawler).async_client(), key, **options)
         pipe._crawler = crawler
         pipe.exactly_once = items.exactly_once
         pipe.max_bytes = items.max_bytes

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     SettingsLike = BaseSettings | Mapping[str, Any]
 
 __all__ = [
-    "CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "OUTAGE_ERRORS", "RedisTarget", "build_async",
+    "CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "OUTAGE_ERRORS", "ClientPool", "RedisTarget", "build_async",
     "build_sync", "check_reachable", "check_reachable_async", "ensure_reachable", "from_settings",
     "get_async_redis", "get_redis", "get_redis_from_settings", "is_cluster", "mask_url", "resolve_target",
     "resolve_url",
@@ -206,7 +207,7 @@ def _build(target: RedisTarget, flavour: _Flavour) -> Any:
         )
         kwargs = _master_kwargs(target)
         kwargs.setdefault("retry", _retry(flavour))
-        return sentinel.master_for(target.sentinel_master, **kwargs)
+        return sentinel.master_for(target.sentinel_master, redis_class=flavour.client, **kwargs)
     if target.url.startswith("rediss:") and target.url not in _tls_checked:
         if _answers_plain(target):
             raise target.unreachable("the port speaks plain Redis, not TLS: use redis://")
@@ -231,6 +232,84 @@ def build_sync(target: RedisTarget) -> redis.Redis:
 def build_async(target: RedisTarget) -> redis.asyncio.Redis:
     """An asyncio client for ``target`` (see :func:`build_sync`)."""
     return cast("redis.asyncio.Redis", _build(target, _ASYNC))
+
+
+class _SharedSync:
+    """A client of a :class:`ClientPool`: ``close()`` leaves it open for the crawler's other components."""
+
+    def close(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def close_shared(self) -> None:
+        super().close()  # type: ignore[misc]
+
+
+class _SharedAsync:
+    """An asyncio client of a :class:`ClientPool`: ``aclose()`` leaves it open for the other components."""
+
+    async def aclose(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def close(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def close_shared(self) -> None:
+        await super().aclose()  # type: ignore[misc]
+
+
+def _shared(flavour: _Flavour, mixin: type) -> _Flavour:
+    def sub(cls: type) -> type:
+        return type(f"Shared{cls.__name__}", (mixin, cls), {})
+
+    return _Flavour(sub(flavour.client), sub(flavour.cluster), flavour.sentinel, flavour.retry)
+
+
+_SHARED_SYNC = _shared(_SYNC, _SharedSync)
+_SHARED_ASYNC = _shared(_ASYNC, _SharedAsync)
+_POOLS: weakref.WeakKeyDictionary[Any, ClientPool] = weakref.WeakKeyDictionary()
+
+
+class ClientPool:
+    """One crawler's Redis clients -- one synchronous, one asyncio, each with its connection pool -- built
+    on first use and shared by every component of the crawler (:meth:`of` in ``from_crawler``).
+
+    Closing one of them is a no-op, so a component that closes what it was given (as scrapy-redis's do)
+    cannot cut the others off; the pool closes both once the engine has stopped.
+    """
+
+    def __init__(self, target: RedisTarget) -> None:
+        self.target = target
+        self._sync: Any = None
+        self._async: Any = None
+
+    @classmethod
+    def of(cls, crawler: Crawler) -> ClientPool:
+        """The pool of ``crawler``, made on first use and closed when its engine stops."""
+        pool = _POOLS.get(crawler)
+        if pool is None:
+            from scrapy import signals
+
+            pool = _POOLS[crawler] = cls(resolve_target(DistSettings.for_crawler(crawler)))
+            crawler.signals.connect(pool.close, signal=signals.engine_stopped)
+        return pool
+
+    def sync_client(self) -> redis.Redis:
+        if self._sync is None:
+            self._sync = _build(self.target, _SHARED_SYNC)
+        return cast("redis.Redis", self._sync)
+
+    def async_client(self) -> redis.asyncio.Redis:
+        if self._async is None:
+            self._async = _build(self.target, _SHARED_ASYNC)
+        return cast("redis.asyncio.Redis", self._async)
+
+    async def close(self) -> None:
+        sync, self._sync = self._sync, None
+        client, self._async = self._async, None
+        if sync is not None:
+            sync.close_shared()
+        if client is not None:
+            await client.close_shared()
 
 
 def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: Any) -> redis.Redis:

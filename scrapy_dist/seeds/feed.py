@@ -120,7 +120,8 @@ class SeedFeed(BackgroundTask):
         batch = spider.redis_batch_size or ds.seeds.batch_size
         idle = sched.idle_before_close if sched is not None else ds.scheduler.idle_before_close
         reader = SeedReader(
-            connection.get_async_redis(ds), keys, sched.worker_id if sched is not None else make_worker_id(),
+            connection.ClientPool.of(crawler).async_client(), keys,
+            sched.worker_id if sched is not None else make_worker_id(),
             kind=ds.seeds.kind, lease_seconds=ds.scheduler.lease_seconds,
             rejected_maxlen=ds.seeds.rejected_maxlen, held_cap=seedreader.held_cap(batch),
         )
