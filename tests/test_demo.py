@@ -19,17 +19,8 @@ import redis
 from helpers import read_demo_until_crawling
 from rich.console import Console
 
-from scrapy_dist.demo.run import (
-    EXAMPLE_PROJECT,
-    Demo,
-    DemoOptions,
-    SiteTally,
-    demo_graph,
-    locate_project,
-    render_summary,
-    summarize,
-)
-from scrapy_dist.demo.site import SiteGraph
+from scrapy_dist.demo import Demo, DemoOptions, render_summary, summarize
+from scrapy_dist.demo.site import EXAMPLE_PROJECT, SiteGraph, SiteTally, demo_graph, locate_project
 
 
 def _env() -> dict[str, str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scrapy_dist.demo import open_redis, release_run
+from scrapy_dist.demo.site import open_redis, release_run
 from scrapy_dist.exceptions import RedisUnavailable
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from scrapy_dist.demo.run import Snapshot, WorkerRow, combined_rate, progress_line, render_live
+from scrapy_dist.demo import Snapshot, WorkerRow, combined_rate, progress_line, render_live
 
 
 def _snapshot(**kw: object) -> Snapshot:

@@ -1,19 +1,9 @@
-"""The ``scrapy-dist`` command: a click group whose subcommands live in ``scrapy_dist/cli/<concern>.py`` and
-are registered by one import line each at the bottom of this file, and the safe-text helpers they print with.
+"""The ``scrapy-dist`` command: a click group, the Redis its subcommands share, and the safe-text helpers they
+print with. Each ``cli/<concern>.py`` registers its subcommands on import (one line each, at the bottom).
 
-Every subcommand finds Redis as workers do (:func:`scrapy_dist.connection.resolve_target`; the order is in
-docs/connection.md, "Which Redis"), checks every setting as a worker does (one line, exit 1), refuses
-outside a project with no Redis named, and refuses a spider the project does not have (closest name
-suggested, ``--force`` goes ahead). Short flags mean one thing everywhere (docs/quickstart.md, section 5).
-
-Writing a subcommand::
-
-    from scrapy_dist.cli import ClientFactory, main, pass_redis
-
-    @main.command()
-    @pass_redis
-    def status(redis: ClientFactory) -> None:
-        client = redis.client()
+Every subcommand finds Redis as workers do (docs/connection.md, "Which Redis"), checks every setting as a
+worker does (one line, exit 1), refuses outside a project with no Redis named, and refuses a spider the
+project does not have (closest name suggested, ``--force`` goes ahead).
 """
 
 from __future__ import annotations
@@ -28,9 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from scrapy_dist import __version__
-from scrapy_dist.redis.connection import CONNECT_ERRORS, build_async, build_sync
-from scrapy_dist.redis.connection import mask_url, resolve_target
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.redis.connection import CONNECT_ERRORS, build_async, build_sync, mask_url, resolve_target
 from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
 from scrapy_dist.settings import DistSettings, SettingsError
 
@@ -44,15 +33,22 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Settings that name a Redis; an explicit --redis-url / $REDIS_URL replaces all of them.
-_REDIS_LOCATION_SETTINGS = ("REDIS_URL", "REDIS_SENTINELS", "REDIS_HOST", "REDIS_PORT")
+#: Settings that name a Redis; an explicit --redis-url replaces all of them.
+LOCATION_SETTINGS = ("REDIS_URL", "REDIS_SENTINELS", "REDIS_HOST", "REDIS_PORT")
+_ENV_SOURCE = "REDIS_URL environment variable"
+
+
+class NoCrawlHere(ScrapyDistError):
+    """No Scrapy project in the current directory and no Redis named: nothing to work on."""
+
+
+class UnknownSpider(ScrapyDistError):
+    """A spider name the project does not have."""
 
 
 class ClientFactory:
-    """The Redis every subcommand uses (resolved once, lazily) and the settings it came from.
-
-    Lives on the click context (``ctx.obj``); subcommands get it through :func:`pass_redis`.
-    """
+    """The Redis every subcommand uses (resolved once, lazily) and the settings it came from; lives on the
+    click context (``ctx.obj``), handed to subcommands by :func:`pass_redis`."""
 
     def __init__(self, redis_url: str | None = None, environ: Mapping[str, str] | None = None) -> None:
         self.redis_url = redis_url
@@ -64,47 +60,31 @@ class ClientFactory:
         self._noticed = False
         self.inside_project = False
 
-    def override_url(self, redis_url: str) -> None:
-        """A subcommand's own ``--redis-url`` (wins over the group's)."""
-        if self._settings is not None:
-            raise RuntimeError("--redis-url given after the settings were resolved")
-        self.redis_url = redis_url
-
-    def _resolve(self) -> Settings:
-        from scrapy.settings import Settings
-        from scrapy.utils.project import inside_project
-
-        self.inside_project = inside_project()
-        settings = _project_settings() if self.inside_project else Settings()
-        if self.redis_url:
-            for name in _REDIS_LOCATION_SETTINGS:
-                settings.set(name, None, priority="cmdline")
-            settings.set("REDIS_URL", self.redis_url, priority="cmdline")
-        # checked as a worker checks them (SettingsError: one line), with the same Redis order
-        self._dist = DistSettings.from_settings(settings, environ=self.environ)
-        for line in self._dist.warnings:
-            click.echo(f"Warning: {line}", err=True)
-        source = self._dist.connection.source
-        if self.redis_url:
-            self._source = "--redis-url"
-        elif source == "embedded":
-            self._source = "embedded Redis"
-        elif source == "REDIS_URL environment variable":
-            self._source = source
-        else:
-            self._source = "project settings"
-        return settings
-
     @property
     def settings(self) -> Settings:
         """Scrapy settings (the project's, if inside one) with the resolved Redis location."""
         if self._settings is None:
-            self._settings = self._resolve()
+            from scrapy.settings import Settings
+            from scrapy.utils.project import inside_project
+
+            self.inside_project = inside_project()
+            settings = _project_settings() if self.inside_project else Settings()
+            if self.redis_url:
+                for name in LOCATION_SETTINGS:
+                    settings.set(name, None, priority="cmdline")
+                settings.set("REDIS_URL", self.redis_url, priority="cmdline")
+            self._dist = DistSettings.from_settings(settings, environ=self.environ)
+            for line in self._dist.warnings:
+                click.echo(f"Warning: {line}", err=True)
+            source = self._dist.connection.source
+            self._source = "--redis-url" if self.redis_url else {
+                "embedded": "embedded Redis", _ENV_SOURCE: _ENV_SOURCE}.get(source, "project settings")
+            self._settings = settings
         return self._settings
 
     @property
     def dist(self) -> DistSettings:
-        """The typed, checked scrapy-dist settings (:class:`~scrapy_dist.settings.DistSettings`)."""
+        """The typed, checked scrapy-dist settings."""
         _ = self.settings
         assert self._dist is not None
         return self._dist
@@ -117,37 +97,30 @@ class ClientFactory:
         return self._source
 
     def target(self) -> RedisTarget:
-        """The Redis in use, resolved once (starts the embedded Redis if that is the one in use). The
-        workers' long WARNING about the embedded Redis is not logged here: :meth:`check` says it in one
-        short line, or the command's own output names the Redis."""
+        """The Redis in use, resolved once (starts the embedded Redis if that is the one in use; its long
+        worker WARNING is left to :meth:`notice`)."""
         if self._target is None:
             self._target = resolve_target(self.dist, notice=False)
         return self._target
 
     @property
     def url(self) -> str:
-        """The Redis URL, with its password (starts the embedded Redis if that is the one in use)."""
+        """The Redis URL, with its password (:attr:`masked_url` without)."""
         return self.target().display_url
 
     @property
     def masked_url(self) -> str:
-        """:attr:`url` with the password masked, for output."""
         return mask_url(self.url)
 
     def client(self) -> redis.Redis:
-        """A new synchronous client."""
         return build_sync(self.target())
 
     def async_client(self) -> redis.asyncio.Redis:
-        """A new ``redis.asyncio`` client."""
         return build_async(self.target())
 
     def check(self, notice: bool = True) -> None:
         """Raise :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) unless Redis answers, and
-        :class:`NoCrawlHere` outside a project with no Redis named (see :meth:`require_configured`).
-
-        With the embedded Redis, ``notice`` prints one short line to stderr naming it (once per process);
-        a command whose output names the Redis itself passes ``False``."""
+        :class:`NoCrawlHere` as :meth:`require_configured` does; ``notice``: :meth:`notice` too."""
         self.require_configured()
         target = self.target()
         client = build_sync(target)
@@ -172,15 +145,13 @@ class ClientFactory:
         """Raise :class:`NoCrawlHere` when no project is here and no Redis is named: the embedded Redis of
         the current directory would be a fresh, empty one, not the crawl the user means."""
         if self.source == "embedded Redis" and not self.inside_project:  # source resolves inside_project
-            raise NoCrawlHere(
-                f"scrapy-dist: no Scrapy project here ({os.getcwd()} has no scrapy.cfg above it) and no "
-                "Redis configured; run this inside the project, or name the Redis: "
-                "--redis-url URL or $REDIS_URL"
-            )
+            raise NoCrawlHere(f"scrapy-dist: no Scrapy project here ({os.getcwd()} has no scrapy.cfg above"
+                              " it) and no Redis configured; run this inside the project, or name the Redis:"
+                              " --redis-url URL or $REDIS_URL")
 
     def check_spider(self, name: str, force: bool = False) -> None:
-        """Raise :class:`UnknownSpider` if the project here has no spider ``name`` (with the closest name
-        suggested), unless ``force``. Outside a project (a Redis named explicitly) any name goes."""
+        """Raise :class:`UnknownSpider` (closest name suggested) if the project here has no spider ``name``,
+        unless ``force``. Outside a project (a Redis named explicitly) any name goes."""
         settings = self.settings  # resolves inside_project too
         if force or not self.inside_project:
             return
@@ -192,10 +163,8 @@ class ClientFactory:
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
         hint = f"did you mean {close[0]!r}? " if close else ""
         have = ", ".join(sorted(names)[:10]) or "none"
-        raise UnknownSpider(
-            f"scrapy-dist: no spider {name!r} in this project ({hint}it has: {have}); "
-            "--force to use the name anyway"
-        )
+        raise UnknownSpider(f"scrapy-dist: no spider {name!r} in this project ({hint}it has: {have});"
+                            " --force to use the name anyway")
 
     def spider_settings(self, spider: str) -> tuple[type | None, DistSettings]:
         """The project's spider class ``spider`` (None outside a project or for an unknown name) and the
@@ -208,8 +177,8 @@ class ClientFactory:
         return spidercls, DistSettings.from_settings(settings, environ=self.environ)
 
     def keys(self, spider: str) -> CrawlKeys:
-        """Key names of the crawl of ``spider`` as its workers name them: ``REDIS_KEY_PREFIX`` and friends,
-        the spider class's ``custom_settings`` and its ``redis_key`` (the seeds key)."""
+        """Key names of the crawl of ``spider`` as its workers name them (``custom_settings`` and the
+        spider's ``redis_key`` included)."""
         spidercls, dist = self.spider_settings(spider)
         keys = crawl_keys(dist, spider)
         redis_key = getattr(spidercls, "redis_key", None)
@@ -219,48 +188,37 @@ class ClientFactory:
 
 
 def require_extra(module: str, package: str, extra: str) -> Any:
-    """Import ``module``, which needs the optional extra ``extra``, or stop with one line naming what to
-    install."""
+    """Import ``module`` of the optional extra ``extra``, or stop with one line naming what to install."""
     import importlib
 
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise click.ClickException(
-            f"{package} is not installed: pip install 'scrapy-dist[{extra}]'") from None
+        message = f"{package} is not installed: pip install 'scrapy-dist[{extra}]'"
+        raise click.ClickException(message) from None
 
 
-class NoCrawlHere(ScrapyDistError):
-    """No Scrapy project in the current directory and no Redis named: nothing to work on."""
+def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:
+    """``use(the project's spider loader)``, or None without ``SPIDER_MODULES`` or when a spider module
+    does not import (the crawl will say so; the tools are not blocked on it)."""
+    if not settings.getlist("SPIDER_MODULES"):
+        return None
+    try:
+        from scrapy.spiderloader import get_spider_loader
 
-
-class UnknownSpider(ScrapyDistError):
-    """A spider name the project does not have."""
+        return use(get_spider_loader(settings))
+    except Exception:
+        return None
 
 
 def spider_class(settings: Any, name: str) -> type | None:
-    """The project's spider class ``name``, or ``None`` (outside a project, unknown name, import error)."""
-    if not settings.getlist("SPIDER_MODULES"):
-        return None
-    try:
-        from scrapy.spiderloader import get_spider_loader
-
-        return get_spider_loader(settings).load(name)  # type: ignore[no-any-return]
-    except Exception:  # a broken or missing spider: the crawl will say so; do not block the tools on it
-        return None
+    """The project's spider class ``name``, or ``None``."""
+    return _from_loader(settings, lambda loader: loader.load(name))  # type: ignore[no-any-return]
 
 
 def project_spiders(settings: Settings) -> list[str] | None:
-    """Names of the project's spiders, or ``None`` when they cannot be listed (no ``SPIDER_MODULES``,
-    a spider module that does not import)."""
-    if not settings.getlist("SPIDER_MODULES"):
-        return None
-    try:
-        from scrapy.spiderloader import get_spider_loader
-
-        return list(get_spider_loader(settings).list())
-    except Exception:  # a broken spider module: the crawl will say so; do not block the tools on it
-        return None
+    """Names of the project's spiders, or ``None`` when they cannot be listed."""
+    return _from_loader(settings, lambda loader: list(loader.list()))  # type: ignore[no-any-return]
 
 
 def force_option(f: F) -> F:
@@ -271,8 +229,8 @@ def force_option(f: F) -> F:
 
 
 def _project_settings() -> Settings:
-    """The project's settings, without leaving ``SCRAPY_SETTINGS_MODULE`` behind in ``os.environ``
-    (``get_project_settings()`` sets it; commands run in-process, e.g. in tests, must not inherit it)."""
+    """The project's settings, without leaving the ``SCRAPY_SETTINGS_MODULE`` that
+    ``get_project_settings()`` sets in ``os.environ`` (commands run in-process, e.g. in tests)."""
     from scrapy.utils.project import get_project_settings
 
     saved = os.environ.get("SCRAPY_SETTINGS_MODULE")
@@ -286,7 +244,7 @@ def _project_settings() -> Settings:
 
 
 class _OneLine(click.ClickException):
-    """A settings error: printed as the very line a worker logs (no ``Error:`` prefix), exit status 1."""
+    """Printed as the very line a worker logs (no ``Error:`` prefix), exit status 1."""
 
     def show(self, file: Any = None) -> None:
         click.echo(self.message, err=True)
@@ -305,22 +263,16 @@ class _Group(click.Group):
 
 
 def _set_subcommand_url(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    if value:
-        ctx.ensure_object(ClientFactory).override_url(value)
+    if value:  # a subcommand's own --redis-url wins over the group's
+        ctx.ensure_object(ClientFactory).redis_url = value
 
 
 def pass_redis(f: F) -> F:
     """Subcommand decorator: accept ``--redis-url`` after the subcommand name too, and pass the shared
     :class:`ClientFactory` as the first argument."""
-    passing = click.pass_obj(f)
-    option = click.option(
-        "--redis-url",
-        metavar="URL",
-        expose_value=False,
-        callback=_set_subcommand_url,
-        help="Redis to use (overrides the one given before the subcommand).",
-    )
-    return option(passing)  # type: ignore[return-value]
+    option = click.option("--redis-url", metavar="URL", expose_value=False, callback=_set_subcommand_url,
+                          help="Redis to use (overrides the one given before the subcommand).")
+    return option(click.pass_obj(f))  # type: ignore[return-value]
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -340,9 +292,6 @@ def main(ctx: click.Context, redis_url: str | None) -> None:
 # Text read from Redis may hold terminal escapes, bidi overrides or rich markup: every value the CLI prints
 # from Redis goes through printable() or json_safe() and reaches rich as a Text, never as markup.
 
-#: Width of tables printed to a pipe or file: nothing is cut to fit an imagined 80-column terminal.
-PIPE_WIDTH = 1000
-
 # C0 controls (ESC, BEL, CR, ...), DEL, C1 controls, bidi embeddings/overrides/isolates and LRM/RLM.
 _TERMINAL = "\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
 _UNSAFE = re.compile(f"[\x00-\x1f{_TERMINAL}]")
@@ -355,12 +304,12 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def console(stderr: bool = False) -> Console:
-    """A rich console: the terminal's width on a terminal; on a pipe or file, wide enough that no cell
-    is cut (``closed (finis…``) -- tables still take only the width their contents need."""
+    """A rich console: the terminal's width on a terminal; on a pipe or file, wide enough that no cell is
+    cut (tables still take only the width their contents need)."""
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else PIPE_WIDTH)
+    return Console(stderr=stderr, width=None if stream.isatty() else 1000)
 
 
 def printable(value: Any, limit: int | None = None, keep_newlines: bool = False) -> str:
@@ -373,9 +322,8 @@ def printable(value: Any, limit: int | None = None, keep_newlines: bool = False)
 
 
 def json_safe(document: str) -> str:
-    """A JSON document (from ``json.dumps(..., ensure_ascii=False)``) with the characters JSON leaves
-    unescaped but a terminal obeys (DEL, C1 controls, bidi controls) written as ``\\uXXXX`` escapes --
-    still the same JSON (they can only occur inside strings)."""
+    """A JSON document (``json.dumps(..., ensure_ascii=False)``) with the characters JSON leaves unescaped
+    but a terminal obeys (DEL, C1 and bidi controls) written as ``\\uXXXX``: still the same JSON."""
     return re.sub(f"[{_TERMINAL}]", lambda m: f"\\u{ord(m.group(0)):04x}", document)
 
 

@@ -7,66 +7,49 @@ untrusted: malformed ones are reported on stderr, never requeued, and only purge
 ``--reason``.
 
 ``forget``: the exact filters remove the fingerprint; the bloom filter cannot, so ``"<h1>:<h2>"`` goes into
-the ``{spider}:forgotten`` SET it consults first. With shards, each fingerprint is forgotten on its URL's
-shard. Fingerprints are made as workers make them (``REQUEST_FINGERPRINTER_CLASS``, ``GET <url>``); other
-requests are named with ``--fingerprint``. A new token in the control hash's ``forgets`` field makes every
-worker drop its memory of the links it sent.
+the ``{spider}:forgotten`` SET it consults first. Fingerprints are made as workers make them
+(``REQUEST_FINGERPRINTER_CLASS``, ``GET <url>``); other requests are named with ``--fingerprint``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
+import secrets
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import click
 import redis
-from scrapy import Request
-from scrapy.utils.misc import load_object
+from scrapy import Request, Spider
+from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.cli import ClientFactory, console, force_option, json_safe, main, pass_redis, printable
+from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
+from scrapy_dist.dupefilter.bloom import parse_bloom_record
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import orders as queue
 from scrapy_dist.frontier.control import (
     DeadLetter,
+    move_aside_foreign,
     parse_control,
     parse_record,
     reason_matches,
     requeue_payload,
 )
-from scrapy_dist.frontier.orders import DomainLimits
-from scrapy_dist.frontier.shard import Frontier, SyncBatch, domain_shard
-from scrapy_dist.settings import DistSettings
+from scrapy_dist.frontier.revisit import end_chains
+from scrapy_dist.frontier.shard import Frontier, SyncBatch, domain_shard, shard_of
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.wire.codec import EntryPolicy
 
 if TYPE_CHECKING:
-    import redis
-
     from scrapy_dist.redis.keys import CrawlKeys
+    from scrapy_dist.settings import DistSettings
 
 #: Malformed records named one by one on stderr (the rest are counted).
-
-import secrets
-from collections import defaultdict
-from typing import IO
-
-from scrapy import Spider
-from scrapy.utils.misc import build_from_crawler
-
-from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
-from scrapy_dist.dupefilter.bloom import parse_bloom_record
-from scrapy_dist.frontier.control import move_aside_foreign
-from scrapy_dist.frontier.revisit import end_chains
-from scrapy_dist.frontier.shard import shard_of
-from scrapy_dist.redis.scripts import text
-
-#: the control hash's field naming the last forget (a random token; the sync script answers it, lua/sync.lua)
-
-
 BAD_SHOWN = 20
 #: Records read per round trip, and requeued per ``sync`` call.
 CHUNK = 500
@@ -119,19 +102,17 @@ def _table(letters: list[tuple[int, DeadLetter]], key: str) -> None:
     table = Table(title=f"dead letters in {key}", title_justify="left")
     for name in ("#", "at (UTC)", "reason", "status", "attempts", "worker", "url"):
         table.add_column(name, overflow="fold", no_wrap=name not in ("url", "reason"))
-    for index, d in letters:
-        table.add_row(  # Text, never markup: a worker id like "[/x]" is data
-            f"{index:,}", _when(d.at), Text(printable(d.reason, 200)),
-            "" if d.status is None else str(d.status), f"{d.attempts:,}", Text(printable(d.worker, 120)),
-            Text(printable(d.url, 2000) + ("" if d.payload is not None else "  (not requeueable)")),
-        )
+    for index, d in letters:  # Text, never markup: a worker id like "[/x]" is data
+        table.add_row(f"{index:,}", _when(d.at), Text(printable(d.reason, 200)),
+                      "" if d.status is None else str(d.status), f"{d.attempts:,}",
+                      Text(printable(d.worker, 120)),
+                      Text(printable(d.url, 2000) + ("" if d.payload is not None else "  (not requeueable)")))
     console().print(table)
 
 
 def queue_order(ds: DistSettings) -> queue.QueueOrder:
     """The crawl's queue class (``SCHEDULER_QUEUE_CLASS``), which scores and sequences entries."""
-    path = ds.scheduler.queue_class
-    cls: Any = queue.ALIASES.get(path) or load_object(path)
+    cls: Any = queue.ALIASES.get(ds.scheduler.queue_class) or load_object(ds.scheduler.queue_class)
     return cast("queue.QueueOrder", cls())
 
 
@@ -140,8 +121,6 @@ def requeue_targets(
 ) -> tuple[list[tuple[DeadLetter, bytes, float]], list[tuple[DeadLetter, str]]]:
     """``(record, payload, queue score)`` for each requeueable record, and why the others are not."""
     order = queue_order(ds)
-    schemes = ds.scheduler.allowed_schemes
-    max_bytes = ds.scheduler.max_entry_bytes
     # re-signs only records whose tag verifies as this crawl's dead letters
     policy = EntryPolicy.from_dist(ds).bound(crawl=keys.shard(0, 1).tag)
     ok: list[tuple[DeadLetter, bytes, float]] = []
@@ -151,7 +130,8 @@ def requeue_targets(
             refused.append((d, "the request could not be encoded when it failed"))
             continue
         try:
-            payload, priority = requeue_payload(d.payload, schemes, max_bytes, policy)
+            payload, priority = requeue_payload(d.payload, ds.scheduler.allowed_schemes,
+                                                ds.scheduler.max_entry_bytes, policy)
             # the queue class scores a request from its priority (see scrapy_dist.frontier.orders)
             score = float(order.score(Request(d.url or "http://x", priority=priority)))
         except RejectedEntry as exc:
@@ -164,9 +144,8 @@ def requeue_targets(
     return ok, refused
 
 
-async def requeue_letters(
-    factory: ClientFactory, keys: CrawlKeys, targets: list[tuple[DeadLetter, bytes, float]]
-) -> int:
+async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
+                          targets: list[tuple[DeadLetter, bytes, float]]) -> int:
     """Enqueue ``targets`` with the frontier's sync script, then remove their records; returns how many."""
     client = factory.async_client()
     ds = factory.dist
@@ -176,31 +155,22 @@ async def requeue_letters(
     except redis.ResponseError:  # another Redis type: garbage (the workers move it aside); none recorded
         control = parse_control({})
     politeness = control.politeness or ds.scheduler.politeness
-    limits = DomainLimits.from_dist(ds)
+    limits = queue.DomainLimits.from_dist(ds)
     shards = keys.shards(control.shards or 1)
     # "" as worker id: a tool, not a worker of the crawl; requests need no dedupe, so any shard takes
     # them -- but with crawl-wide politeness a domain's requests belong to its shard
-    frontiers = [
-        Frontier(client, k, "", None, sequence=sequence, politeness=politeness, heartbeat=i == 0)
-        for i, k in enumerate(shards)
-    ]
-    by_domain = politeness == "cluster"
-
-    def domain_of(d: DeadLetter) -> str:
-        return (urlsplit(d.url or "").hostname or "").lower()
-
-    def entry(d: DeadLetter, payload: bytes, score: float) -> tuple[str, str, float, bytes, str, str]:
-        domain = domain_of(d)
-        return ("", "", score, payload, domain, limits.for_domain(domain).encode())
-
+    frontiers = [Frontier(client, k, "", None, sequence=sequence, politeness=politeness, heartbeat=i == 0)
+                 for i, k in enumerate(shards)]
     done = 0
     try:
         for i in range(0, len(targets), CHUNK):
             chunk = targets[i : i + CHUNK]
             batches = [SyncBatch() for _ in shards]
             for d, payload, score in chunk:
-                shard = domain_shard(domain_of(d), len(shards)) if by_domain else 0
-                batches[shard].enqueue.append(entry(d, payload, score))
+                domain = (urlsplit(d.url or "").hostname or "").lower()
+                shard = domain_shard(domain, len(shards)) if politeness == "cluster" else 0
+                batches[shard].enqueue.append(("", "", score, payload, domain,
+                                               limits.for_domain(domain).encode()))
             for frontier, batch in zip(frontiers, batches, strict=True):
                 if batch.enqueue:
                     await frontier.sync(batch)
@@ -235,10 +205,8 @@ def _purge(client: redis.Redis, key: str, letters: list[tuple[int, DeadLetter]])
 @click.option("--purge", is_flag=True, help="Delete the records (with --reason: only the matching ones).")
 @force_option
 @pass_redis
-def dead(
-    redis: ClientFactory, spider: str, as_json: bool, reason: str | None, limit: int | None,
-    requeue: bool, purge: bool, force: bool,
-) -> None:
+def dead(redis: ClientFactory, spider: str, as_json: bool, reason: str | None, limit: int | None,
+         requeue: bool, purge: bool, force: bool) -> None:
     """List (or --requeue, or --purge) the dead letters of SPIDER's crawl: requests that finally failed."""
     if requeue and purge:
         raise click.UsageError("--requeue and --purge cannot be combined")
@@ -295,6 +263,8 @@ def _show(letters: list[tuple[int, DeadLetter]], key: str, as_json: bool, limit:
     click.echo(f"{total:,} {noun}{hidden}" + (f" -- {summary}" if summary else ""))
 
 
+#: the control hash's field naming the last forget: a new token makes every worker drop its memory of the
+#: links it sent (the sync script answers it)
 FORGETS_FIELD = "forgets"
 #: longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ)
 MAX_FINGERPRINT_BYTES = 64
@@ -335,9 +305,8 @@ def hex_fingerprints(values: tuple[str, ...]) -> list[bytes]:
         except ValueError:
             fp = b""
         if not 1 <= len(fp) <= MAX_FINGERPRINT_BYTES:
-            raise click.ClickException(
-                f"--fingerprint {printable(value, 200)}: not a hexadecimal fingerprint"
-            )
+            raise click.ClickException(f"--fingerprint {printable(value, 200)}: not a hexadecimal"
+                                       " fingerprint")
         out.append(fp)
     return out
 
@@ -357,10 +326,9 @@ def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
     fields = client.hgetall(keys.bloom)
     if fields:
         rec = parse_bloom_record(fields, keys.bloom)
-        bloom = BloomDupeFilter(
-            client, keys, None, ttl=rec.ttl or None, capacity=rec.capacity, error_rate=rec.error_rate,
-            block_bits=rec.block_bits, generations=rec.generations,
-        )
+        bloom = BloomDupeFilter(client, keys, None, ttl=rec.ttl or None, capacity=rec.capacity,
+                                error_rate=rec.error_rate, block_bits=rec.block_bits,
+                                generations=rec.generations)
         bloom.adopt(rec)
         out.append(bloom)
     if client.exists(keys.fingerprints):
@@ -370,14 +338,12 @@ def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
     return out
 
 
-
-def forget_fingerprints(
-    client: Any, keys: Any, fingerprints: list[bytes], domains: list[str | None] | None = None
-) -> list[str]:
+def forget_fingerprints(client: Any, keys: Any, fingerprints: list[bytes],
+                        domains: list[str | None] | None = None) -> list[str]:
     """Forget ``fingerprints`` in every filter the crawl has, shard by shard, through each filter's own
-    script (``dupe_batch`` "forget": ``lua/dupe.lua`` says what forgetting is for each kind); returns the
-    kinds of filter told. ``domains``: each fingerprint's host (None: not known), for a sharded crawl
-    routed by domain (crawl-wide politeness), where a fingerprint of unknown host goes to every shard."""
+    script (``lua/dupe.lua`` says what forgetting is for each kind); returns the kinds of filter told.
+    ``domains``: each fingerprint's host (None: not known), for a crawl sharded by domain (crawl-wide
+    politeness), where a fingerprint of unknown host goes to every shard."""
     move_aside_foreign(client, keys.control)
     control = parse_control(client.hgetall(keys.control))
     shards = keys.shards(control.shards or 1)
@@ -396,7 +362,7 @@ def forget_fingerprints(
         for df in shard_filters(client, shards[index]):
             df.run_batch("forget", [df.fingerprint_tokens(fp) for fp in fps])
             kinds.add("bloom" if isinstance(df, BloomDupeFilter) else "exact")
-    if kinds:  # a new forget generation: every worker drops its memory of the links it sent, at its next sync
+    if kinds:
         client.hset(keys.control, FORGETS_FIELD, secrets.token_hex(8))
     return sorted(kinds)
 
@@ -409,10 +375,8 @@ def forget_fingerprints(
               help="A request fingerprint (hex) to forget; repeatable.")
 @force_option
 @pass_redis
-def forget(
-    redis: ClientFactory, spider: str, urls: tuple[str, ...], url_file: IO[str] | None,
-    fingerprints: tuple[str, ...], force: bool,
-) -> None:
+def forget(redis: ClientFactory, spider: str, urls: tuple[str, ...], url_file: IO[str] | None,
+           fingerprints: tuple[str, ...], force: bool) -> None:
     """Make URLs new again for SPIDER's dupefilter: the next time they are found, they are fetched."""
     wanted = list(urls) + ([line.strip() for line in url_file if line.strip()] if url_file else [])
     if not wanted and not fingerprints:

@@ -1,22 +1,14 @@
-"""Migrating from scrapy-redis: the README's "Migrating from scrapy-redis" table and
-``scrapy-dist check-migration [PROJECT_DIR]``, both from the code's own lists (so they never disagree).
+"""Migrating from scrapy-redis: the README's migration table and ``scrapy-dist check-migration``, both from
+the code's own lists (the settings rows from :mod:`scrapy_dist.settings.table`, the rest :data:`API_ROWS`), so
+they never disagree. ``python -m scrapy_dist.cli.migration`` rewrites README.md between :data:`START` and
+:data:`END`.
 
-The table's settings rows come from :mod:`scrapy_dist.settings.table` (``TABLE``, ``ALIASES``,
-``SCRAPY_REDIS_IGNORED``), the rows for classes, hooks and behaviour are :data:`API_ROWS`;
-``python -m scrapy_dist.cli.migration`` rewrites README.md between :data:`START` and :data:`END` (a test keeps
-them in sync).
-
-:func:`scan_project` parses a project's Python files (``ast``: nothing is imported or run) and returns one
-:class:`Finding` per setting, import, class and hook that concerns scrapy-redis, with a status -- ``same``,
-``changed`` (works differently: read the note) or ``action`` (edit the project) -- and the table's note.
-``check-migration`` prints ``<file>:<line>: <status> <what> -- <what changes>`` per finding, then a count;
-exit 0 when nothing needs action, 1 when something does, 2 when the directory cannot be read.
+:func:`scan_project` parses a project's Python files (``ast``: nothing is imported or run) into one
+:class:`Finding` per setting, import, class and hook that concerns scrapy-redis: ``same``, ``changed`` (read
+the note) or ``action`` (edit the project). ``check-migration`` exits 1 when something needs action.
 """
 
 from __future__ import annotations
-
-__all__ = ["API_ROWS", "END", "FIRST_ROW", "README_PATH", "START", "render_table", "update_readme",
-           "ACTION", "CHANGE", "SAME", "Finding", "scan_project"]
 
 import ast
 import configparser
@@ -26,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from scrapy_dist.cli import main
+from scrapy_dist.cli import LOCATION_SETTINGS, main
 from scrapy_dist.frontier.orders import ALIASES as QUEUE_ALIASES
 from scrapy_dist.settings.table import (
     ALIASES,
@@ -203,13 +195,9 @@ def update_readme(path: Path = README_PATH) -> bool:
     return True
 
 
-
-
 SAME, CHANGE, ACTION = "same", "changed", "action"
 #: directories never read (virtualenvs, caches, VCS)
 SKIP_DIRS = {".git", ".hg", ".tox", ".venv", "venv", "env", "__pycache__", "node_modules", "build", "dist"}
-#: settings that say where Redis is; a project with none of them talked to localhost:6379
-LOCATION_SETTINGS = ("REDIS_URL", "REDIS_HOST", "REDIS_PORT", "REDIS_SENTINELS")
 #: scrapy-redis spider methods scrapy-dist never calls (seeds are read in ``async def start()``)
 REMOVED_HOOKS = ("start_requests", "next_requests", "schedule_next_requests", "spider_idle", "setup_redis")
 SPIDER_ATTRIBUTES = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")
@@ -231,13 +219,9 @@ class Finding:
         return f"{self.path}:{self.line}: {self.status:<7} {self.subject} -- {self.note}"
 
 
-def _row(needle: str) -> tuple[str, str] | None:
-    """(status word, note) of the first migration-table row whose scrapy-redis column names ``needle``."""
-    for left, _right, status, note in API_ROWS:
-        if needle in left:
-            word = SAME if status == HONOURED else CHANGE if status == CHANGED else ACTION
-            return word, note
-    return None
+def _note(needle: str) -> str:
+    """The note of the first migration-table row whose scrapy-redis column names ``needle``."""
+    return next((note for left, _right, _status, note in API_ROWS if needle in left), "")
 
 
 def _counterpart(dotted: str) -> str | None:
@@ -261,8 +245,7 @@ def _dotted_finding(path: str, line: int, dotted: str, setting: str = "") -> Fin
         return Finding(path, line, subject, SAME, "accepted as written (the same order of the shared"
                        " frontier); `scrapy_dist.queue." + dotted.rsplit(".", 1)[1] + "` is its new name")
     target = _counterpart(dotted)
-    row = _row(dotted.rsplit(".", 1)[0]) if target is None else _row(dotted)
-    note = row[1] if row else ""
+    note = _note(dotted.rsplit(".", 1)[0] if target is None else dotted)
     if target is None:
         return Finding(path, line, subject, ACTION,
                        "no counterpart in scrapy-dist" + (f": {note}" if note else ""))
@@ -337,31 +320,25 @@ def _base_name(node: ast.expr) -> str:
 
 
 def _spider_findings(cls: ast.ClassDef, rel: str, kind: str) -> list[Finding]:
-    row = _row("RedisSpider")
-    out = [Finding(rel, cls.lineno, f"class {cls.name}({kind})", SAME, row[1] if row else "")]
+    out = [Finding(rel, cls.lineno, f"class {cls.name}({kind})", SAME, _note("RedisSpider"))]
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
-    hooks = _row("next_requests()")
     for name in REMOVED_HOOKS:
         if name in methods and "start" not in methods:
             out.append(Finding(rel, methods[name].lineno, f"{cls.name}.{name}()", ACTION,
-                               "never called (one WARNING at start): " + (hooks[1] if hooks else "")))
+                               "never called (one WARNING at start): " + _note("next_requests()")))
     if "make_request_from_data" in methods:
-        made = _row("make_request_from_data")
         out.append(Finding(rel, methods["make_request_from_data"].lineno,
-                           f"{cls.name}.make_request_from_data()", SAME, made[1] if made else ""))
-    attrs = _row("redis_key")
+                           f"{cls.name}.make_request_from_data()", SAME, _note("make_request_from_data")))
     for node in cls.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in SPIDER_ATTRIBUTES
-                                                 for t in node.targets):
-            names = ", ".join(t.id for t in node.targets if isinstance(t, ast.Name))
-            out.append(Finding(rel, node.lineno, f"{cls.name}.{names}", SAME, attrs[1] if attrs else ""))
-        is_rules = isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "rules" for t in node.targets)
-        if (is_rules and isinstance(node, ast.Assign)
-                and any(isinstance(k, ast.keyword) and k.arg == "callback" for k in ast.walk(node.value))):
-            seeds = _row("seeds bypass the dupefilter")
+        if not isinstance(node, ast.Assign):
+            continue
+        names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        if set(names) & set(SPIDER_ATTRIBUTES):
+            out.append(Finding(rel, node.lineno, f"{cls.name}.{', '.join(names)}", SAME, _note("redis_key")))
+        if "rules" in names and any(isinstance(k, ast.keyword) and k.arg == "callback"
+                                    for k in ast.walk(node.value)):
             out.append(Finding(rel, node.lineno, f"{cls.name}.rules with a callback", SAME,
-                               seeds[1] if seeds else ""))
+                               _note("seeds bypass the dupefilter")))
     sets_server = any(isinstance(n, ast.Attribute) and n.attr == "server" and isinstance(n.ctx, ast.Store)
                       for n in ast.walk(cls))
     reads = sorted({n.lineno for n in ast.walk(cls)
@@ -375,13 +352,10 @@ def _spider_findings(cls: ast.ClassDef, rel: str, kind: str) -> list[Finding]:
 
 
 def _pipeline_findings(cls: ast.ClassDef, rel: str) -> list[Finding]:
-    row = _row("RedisPipeline")
-    note = row[1] if row else ""
     methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     uses_server = any(isinstance(n, ast.Attribute) and n.attr == "server" for n in ast.walk(cls))
-    if "_process_item" in methods or ("__init__" in methods and uses_server):
-        return [Finding(rel, cls.lineno, f"class {cls.name}(RedisPipeline)", ACTION, note)]
-    return [Finding(rel, cls.lineno, f"class {cls.name}(RedisPipeline)", CHANGE, note)]
+    status = ACTION if "_process_item" in methods or ("__init__" in methods and uses_server) else CHANGE
+    return [Finding(rel, cls.lineno, f"class {cls.name}(RedisPipeline)", status, _note("RedisPipeline"))]
 
 
 def scan_source(path: Path, rel: str, located: bool) -> list[Finding]:
@@ -429,7 +403,7 @@ def scan_project(root: Path) -> list[Finding]:
     if settings is not None:
         rel = settings.relative_to(root).as_posix()
         findings, names = scan_settings(settings, rel)
-    located = bool(names.intersection(LOCATION_SETTINGS))
+    located = bool(names.intersection(LOCATION_SETTINGS))  # else the project talked to localhost:6379
     for path in _python_files(root):
         if path != settings:
             findings.extend(scan_source(path, path.relative_to(root).as_posix(), located))

