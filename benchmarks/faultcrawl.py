@@ -304,9 +304,9 @@ class FaultCrawl:
 
     def status(self) -> dict[str, Any]:
         """``scrapy-dist status --json`` run in the current master's host (or its error, as a dict)."""
-        cmd = ["ip", "netns", "exec", self.net.hosts[self.master].namespace, sys.executable, "-m",
-               "scrapy_dist.cli", "--redis-url", f"redis://127.0.0.1:{REDIS_PORT}/0", "status", SPIDER,
-               "--json"]
+        cmd = ["ip", "netns", "exec", self.net.hosts[self.master].namespace, sys.executable, "-c",
+               "from scrapy_dist.cli import main; main()", "--redis-url", f"redis://127.0.0.1:{REDIS_PORT}/0",
+               "status", SPIDER, "--json"]
         env = {**os.environ, "PYTHONPATH": _pythonpath(REPO)}
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env, cwd=self.root)

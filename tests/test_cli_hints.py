@@ -17,18 +17,20 @@ import pytest
 import redis
 from helpers import run as run_async
 
-from scrapy_dist.cli.servers import shadowing_copies
+from scrapy_dist.cli import shadowing_copies
 from scrapy_dist.redis.embedded import EmbeddedRedis
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.seeds import reader as nearmiss
 from scrapy_dist.seeds.reader import candidates
+
+CLI = [sys.executable, "-c", "from scrapy_dist.cli import main; main()"]  # the scrapy-dist command
 
 SCRAPY_DIST = str(Path(sys.executable).with_name("scrapy-dist"))
 
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SCRAPY_SETTINGS_MODULE")}
-    return subprocess.run([sys.executable, "-m", "scrapy_dist.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([*CLI, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -75,7 +77,7 @@ def test_embedded_status_names_the_bundled_copies_that_hide_a_system_redis(tmp_p
                                                (str(scripts / "redis-cli"), str(system / "redis-cli"))]
     assert shadowing_copies(os.pathsep.join([str(system), str(scripts)]), scripts) == []
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SCRAPY_SETTINGS_MODULE")}
-    res = subprocess.run([sys.executable, "-m", "scrapy_dist.cli", "embedded", "status"], cwd=tmp_path,
+    res = subprocess.run([*CLI, "embedded", "status"], cwd=tmp_path,
                          env={**env, "PATH": path}, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert f"rm {scripts / 'redis-server'}" in res.stderr and str(system / "redis-server") in res.stderr
@@ -105,7 +107,7 @@ def test_status_and_push_point_at_seeds_pushed_to_a_misspelt_key(
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SCRAPY_SETTINGS_MODULE")}
 
     def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "scrapy_dist.cli", "--redis-url", redis_url, *args],
+        return subprocess.run([*CLI, "--redis-url", redis_url, *args],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
     res = run_cli("status", "site")

@@ -14,7 +14,7 @@ import pytest
 import redis
 from redis_servers import RedisProcess
 
-from scrapy_dist.cli.servers import redis_cli_arguments
+from scrapy_dist.cli import redis_cli_arguments
 from scrapy_dist.redis.connection import resolve_target
 from scrapy_dist.redis.embedded import EmbeddedRedis
 

@@ -24,6 +24,8 @@ from scrapy_dist.monitor.dashboard import Dashboard, DashboardThread
 from scrapy_dist.monitor.metrics import CrawlCollector, serve
 from scrapy_dist.redis.keys import CrawlKeys
 
+CLI = [sys.executable, "-c", "from scrapy_dist.cli import main; main()"]  # the scrapy-dist command
+
 SITE, OTHER = CrawlKeys("site"), CrawlKeys("other")
 #: What a scrape, an API answer or a status document may weigh whatever Redis holds.
 BOUND = 1_000_000
@@ -141,13 +143,13 @@ def test_status_json_stays_small_on_hostile_contents(redis_client: redis.Redis, 
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
     for args in (["--json"], []):
         out = subprocess.run(
-            [sys.executable, "-m", "scrapy_dist.cli", "--redis-url", redis_url, "status", "site", *args],
+            [*CLI, "--redis-url", redis_url, "status", "site", *args],
             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
         )
         assert out.returncode == 0, out.stderr[-2000:]
         assert len(out.stdout) < BOUND, (args, len(out.stdout))
     doc = json.loads(subprocess.run(
-        [sys.executable, "-m", "scrapy_dist.cli", "--redis-url", redis_url, "status", "site", "--json"],
+        [*CLI, "--redis-url", redis_url, "status", "site", "--json"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120).stdout)
     assert doc["stats"]["response_received_count"] == 7
     assert "nan_stat" not in doc["stats"] and "huge" not in doc["stats"]
@@ -189,7 +191,7 @@ def test_the_dashboard_command_takes_allow_host(
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
     env["SCRAPY_DIST_DASHBOARD_HOSTS"] = env_hosts
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scrapy_dist.cli", "--redis-url", redis_url, "dashboard", "site",
+        [*CLI, "--redis-url", redis_url, "dashboard", "site",
          "--port", "0", *flag],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
     )

@@ -24,6 +24,8 @@ from scrapy_dist.monitor.status import leases_by_worker, read_status, window_tot
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
 
+CLI = [sys.executable, "-c", "from scrapy_dist.cli import main; main()"]  # the scrapy-dist command
+
 KEYS = CrawlKeys("books")
 RUNNING, LOST, CLOSED = "hostA:111:aaaa", "hostB:222:bbbb", "hostC:333:cccc"
 
@@ -266,7 +268,7 @@ def test_status_watch_renders_live_in_a_terminal(crawl_state: redis.Redis, redis
 
 def test_status_subprocess_entry_point(crawl_state: redis.Redis, redis_url: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-c", "from scrapy_dist.cli import main; main()", "--redis-url", redis_url,
+        [*CLI, "--redis-url", redis_url,
          "status", "books", "--json"], capture_output=True, text=True, timeout=60,
         env={k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"},
     )
@@ -306,7 +308,7 @@ def test_status_watch_json_rides_out_a_redis_outage(redis_servers: Any, tmp_path
     (server,) = redis_servers(1)
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scrapy_dist.cli", "--redis-url", server.url, "status", "books", "--watch",
+        [*CLI, "--redis-url", server.url, "status", "books", "--watch",
          "--json", "--interval", "0.2"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

