@@ -174,6 +174,12 @@ class ClientFactory:
         raise UnknownSpider(f"scrapy-dist: no spider {name!r} in this project ({hint}it has: {have});"
                             " --force to use the name anyway")
 
+    def crawl(self, spider: str, force: bool, notice: bool = True) -> CrawlKeys:
+        """The keys of the crawl of ``spider``, once :meth:`check_spider` and :meth:`check` have passed."""
+        self.check_spider(spider, force)
+        self.check(notice)
+        return self.keys(spider)
+
     def spider_settings(self, spider: str) -> tuple[type | None, DistSettings]:
         """The project's spider class ``spider`` (None outside a project or for an unknown name) and the
         settings its workers run with: the project's plus the class's ``custom_settings``."""

@@ -17,7 +17,6 @@ import asyncio
 import json
 import secrets
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import IO, TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
@@ -28,6 +27,7 @@ from scrapy import Request, Spider
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.cli import ClientFactory, console, force_option, json_safe, main, pass_redis, printable
+from scrapy_dist.cli.push import list_entries
 from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import parse_bloom_record
 from scrapy_dist.exceptions import RejectedEntry
@@ -51,22 +51,10 @@ if TYPE_CHECKING:
 
 #: Malformed records named one by one on stderr (the rest are counted).
 BAD_SHOWN = 20
-#: Records read per round trip, and requeued per ``sync`` call.
+#: Records requeued per ``sync`` call.
 CHUNK = 500
 #: Rows of the table when ``--limit`` is not given.
 TABLE_ROWS = 100
-
-
-def read_records(client: redis.Redis, key: str) -> Iterator[tuple[int, bytes]]:
-    """``(index, raw record)`` for every element of the dead-letter LIST, ``CHUNK`` per round trip."""
-    offset = 0
-    while True:
-        chunk: list[bytes] = client.lrange(key, offset, offset + CHUNK - 1)  # type: ignore[assignment]
-        for i, raw in enumerate(chunk):
-            yield offset + i, raw
-        offset += len(chunk)
-        if len(chunk) < CHUNK:
-            return
 
 
 def select(
@@ -75,7 +63,7 @@ def select(
     """The valid records matching ``reason`` (all if ``None``), and the malformed ones."""
     good: list[tuple[int, DeadLetter]] = []
     bad: list[tuple[int, bytes, str]] = []
-    for index, raw in read_records(client, key):
+    for index, raw in list_entries(client, key, follow=False):
         try:
             letter = parse_record(raw)
         except RejectedEntry as exc:
@@ -210,9 +198,7 @@ def dead(redis: ClientFactory, spider: str, as_json: bool, reason: str | None, l
     """List (or --requeue, or --purge) the dead letters of SPIDER's crawl: requests that finally failed."""
     if requeue and purge:
         raise click.UsageError("--requeue and --purge cannot be combined")
-    redis.check_spider(spider, force)
-    redis.check()
-    keys = redis.keys(spider)
+    keys = redis.crawl(spider, force)
     key = keys.deadletter
     client = redis.client()
     try:

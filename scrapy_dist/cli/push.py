@@ -1,20 +1,11 @@
-"""Moving data between files and Redis: ``scrapy-dist push <spider> [URL ...] [--file FILE|-]`` (seeds in,
-docs/seeds.md) and ``scrapy-dist items <spider>`` (items out: printed, or moved to a file with ``--export``).
+"""Moving data between files and Redis: ``scrapy-dist push`` (seeds in, checked with the rules the spider
+applies; a rejected seed makes the exit status 1) and ``scrapy-dist items`` (items out).
 
-``push`` checks seeds with the rules the spider applies (:mod:`scrapy_dist.seeds`); rejected seeds are counted
-per reason, shown, not pushed, and make the exit status 1. Valid seeds go out in multi-value ``RPUSH`` /
-``SADD`` / ``ZADD`` commands of :data:`CHUNK` seeds, :data:`CHUNKS_PER_ROUND_TRIP` pipelined per round trip.
-
-``export`` takes items from the head of the items key in chunks: each is appended to FILE (JSON Lines, or CSV
-for a ``.csv`` name or ``--format csv``), flushed and fsynced, and only then removed from Redis (LIST:
-``LTRIM``, STREAM: ``XDEL``). A journal beside the file (``FILE.export``) names the chunk in between, so an
-export stopped at any point is resumed by the same command without writing a chunk twice. The removal checks
-(a script) that the head is still the exported one, so a concurrent consumer popping the LIST stops the export
-with an error rather than losing items.
-
-``items`` reads ``REDIS_ITEMS_KEY`` without consuming it: a LIST with ``LRANGE`` from an offset (``--follow``
-polls ``LLEN``), a STREAM with ``XRANGE`` (``--follow`` blocks in ``XREAD``). A LIST a consumer pops from
-shifts under the offset: use a STREAM when items are consumed and watched at once.
+``items`` reads ``REDIS_ITEMS_KEY`` without consuming it (a LIST from an offset, which a consumer popping it
+shifts; a STREAM by id). ``items --export`` moves items to a file chunk by chunk: appended, fsynced, and only
+then removed from Redis, with a journal (``FILE.export``) naming the chunk in between, so an export stopped
+at any point resumes without writing a chunk twice; a concurrent consumer popping the LIST stops it with an
+error.
 """
 
 from __future__ import annotations
@@ -91,15 +82,13 @@ def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
     ``--priority`` / ``--meta`` change it (then as a JSON object). Raises :class:`RejectedEntry`."""
     seed = parse_seed(raw, opts.rules, opts.has_callback)
     score = float(seed.priority if seed.priority is not None else opts.priority or 0)
-    changed = False
-    if opts.priority is not None and seed.priority is None and opts.kind != "zset":
+    fill = opts.priority is not None and seed.priority is None and opts.kind != "zset"
+    if not fill and not opts.meta:
+        return raw, score
+    if fill:
         seed.priority = opts.priority
-        changed = True
     if opts.meta:
         seed.meta = {**opts.meta, **(seed.meta or {})}
-        changed = True
-    if not changed:
-        return raw, score
     out = seed.to_json().encode()
     if len(out) > opts.rules.max_bytes:
         raise RejectedEntry("too_large", f"{len(out)} bytes with --meta/--priority > {opts.rules.max_bytes}")
@@ -108,9 +97,9 @@ def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
 
 def push_seeds(client: redis.Redis, key: str, seeds: Iterable[tuple[str, bytes]],
                opts: PushOptions = PushOptions()) -> PushReport:
-    """Validate ``seeds`` (``(where, raw)`` pairs, ``where`` naming the seed in messages) and push the
-    valid ones to ``key`` with ``client`` (a synchronous redis-py client), pipelined (see the module
-    docstring): one round trip per ``CHUNK * CHUNKS_PER_ROUND_TRIP`` seeds."""
+    """Validate ``seeds`` (``(where, raw)`` pairs, ``where`` naming the seed in messages) and push the valid
+    ones to ``key``: multi-value RPUSH / SADD / ZADD of ``CHUNK`` seeds, ``CHUNKS_PER_ROUND_TRIP`` a round
+    trip."""
     report = PushReport()
     started = time.perf_counter()
     pipe = client.pipeline(transaction=False)
@@ -262,19 +251,19 @@ BLOCK_MS = 1000
 # Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
 def list_entries(
     client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
-) -> Iterator[tuple[str, bytes]]:
-    """``(position, raw item)`` for each LIST element from the first; with ``follow``, forever."""
+) -> Iterator[tuple[int, bytes]]:
+    """``(index, raw item)`` for each LIST element from the first, ``ITEMS_CHUNK`` per round trip; with
+    ``follow``, forever."""
     offset = 0
     while True:
         chunk = client.lrange(key, offset, offset + ITEMS_CHUNK - 1)
         for i, raw in enumerate(chunk):
-            yield str(offset + i), raw
+            yield offset + i, raw
         offset += len(chunk)
-        if len(chunk) == ITEMS_CHUNK:
-            continue
-        if not follow:
-            return
-        time.sleep(poll)
+        if len(chunk) < ITEMS_CHUNK:
+            if not follow:
+                return
+            time.sleep(poll)
 
 
 def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
@@ -285,17 +274,14 @@ def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, b
         for entry_id, fields in chunk:
             last = entry_id.decode()
             yield last, fields.get(STREAM_FIELD.encode(), b"")
-        if len(chunk) == ITEMS_CHUNK:
-            continue
-        if not follow:
-            return
-        start = "0-0" if last == "-" else last
-        while True:
-            got = client.xread({key: start}, count=ITEMS_CHUNK, block=BLOCK_MS)
-            if got:
-                for entry_id, fields in got[0][1]:
-                    start = entry_id.decode()
-                    yield start, fields.get(STREAM_FIELD.encode(), b"")
+        if len(chunk) < ITEMS_CHUNK:
+            break
+    start = "0-0" if last == "-" else last
+    while follow:
+        for _key, rows in client.xread({key: start}, count=ITEMS_CHUNK, block=BLOCK_MS) or []:
+            for entry_id, fields in rows:
+                start = entry_id.decode()
+                yield start, fields.get(STREAM_FIELD.encode(), b"")
 
 
 def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
@@ -305,7 +291,7 @@ def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
         time.sleep(POLL_SECONDS)
         kind = text(client.type(key))
     if kind == "list":
-        yield from list_entries(client, key, follow)
+        yield from ((str(index), raw) for index, raw in list_entries(client, key, follow))
     elif kind == "stream":
         yield from stream_entries(client, key, follow)
     elif kind != "none":
@@ -344,9 +330,7 @@ def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, for
           export_to: Path | None, fmt: str | None) -> None:
     """Print the items SPIDER's crawl wrote to Redis (RedisPipeline's REDIS_ITEMS_KEY), or move them to a
     file (--export)."""
-    redis.check_spider(spider, force)
-    redis.check()
-    key = redis.keys(spider).items
+    key = redis.crawl(spider, force).items
     client = redis.client()
     if export_to is not None:
         try:
@@ -445,19 +429,12 @@ class Exporter:
             raise click.ClickException(f"{self.key!r} is a Redis {kind}, not an items LIST or STREAM")
         if not values:
             return 0
-        self._append(values)
-        self.journal.write_text(json.dumps(entry))
-        _fsync_path(self.journal)
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        _write_synced(self.path, self._encode(values, fresh), "ab")
+        _write_synced(self.journal, json.dumps(entry).encode(), "wb")
         self._remove(entry)
         self.journal.unlink()
         return len(values)
-
-    def _append(self, values: list[bytes]) -> None:
-        fresh = not self.path.exists() or self.path.stat().st_size == 0
-        with open(self.path, "ab") as fh:
-            fh.write(self._encode(values, fresh))
-            fh.flush()
-            os.fsync(fh.fileno())
 
     def _encode(self, values: list[bytes], fresh: bool) -> bytes:
         if self.fmt == "jsonl":
@@ -488,12 +465,11 @@ class Exporter:
             return next(csv.reader(fh), [])
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _write_synced(path: Path, data: bytes, mode: str) -> None:
+    with open(path, mode) as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def export(client: Any, key: str, path: Path, fmt: str | None, progress: bool = True) -> tuple[int, int]:

@@ -227,9 +227,7 @@ def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.Ne
 def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interval: float,
            force: bool) -> None:
     """Show the crawl of SPIDER: frontier, seeds, dead letters, filter, rates, workers and stats."""
-    redis.check_spider(spider, force)
-    redis.check(notice=False)  # the output names the Redis
-    keys = redis.keys(spider)
+    keys = redis.crawl(spider, force, notice=False)  # the output names the Redis
     client = redis.client()
     default_interval = redis.dist.monitoring.interval or 5.0
     where = {"url": redis.masked_url, "source": redis.source}
@@ -277,9 +275,8 @@ def _control_command(name: str, doc: str, act: Callable[[Any, Any], None], done:
     @force_option
     @pass_redis
     def command(redis: ClientFactory, spider: str, force: bool) -> None:
-        redis.check_spider(spider, force)
-        redis.check()
-        act(redis.client(), redis.keys(spider))
+        keys = redis.crawl(spider, force)
+        act(redis.client(), keys)
         click.echo(done.format(name=spider, quoted=repr(spider)))
 
     return command
@@ -313,9 +310,8 @@ def _reason(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
 def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
     """Close the crawl of SPIDER: every running worker closes gracefully (within a few seconds), also
     those of a crawl that never closes on its own (SCHEDULER_IDLE_BEFORE_CLOSE = None)."""
-    redis.check_spider(spider, force)
-    redis.check()
-    client, keys = redis.client(), redis.keys(spider)
+    keys = redis.crawl(spider, force)
+    client = redis.client()
     close_crawl(client, keys.control, reason)
     control = parse_control(client.hgetall(keys.control))
     ended = end_chains(client, keys.shards(control.shards or 1), control.politeness == "cluster")

@@ -25,13 +25,11 @@ from rich.table import Table
 from rich.text import Text
 
 from scrapy_dist.demo import site
-from scrapy_dist.demo.site import PAGE_PATH, SPIDER, SiteGraph
+from scrapy_dist.demo.site import SPIDER, Summary, summarize
 from scrapy_dist.redis.connection import mask_url
 from scrapy_dist.redis.embedded import EmbeddedRedis
 from scrapy_dist.redis.keys import CrawlKeys
 
-#: Lost pages named (and explained) below the summary.
-LOST_SHOWN = 10
 #: Seconds between two refreshes of the live view ...
 REFRESH = 0.25
 #: ... and between two plain progress lines when the output is not a terminal (CI, a pipe).
@@ -44,69 +42,6 @@ DEMO_LEASE_SECONDS = 10.0
 LOADING_TIMEOUT = 60.0
 
 
-@dataclass(frozen=True)
-class Summary:
-    """The demo's verdict. ``lost`` must be 0."""
-
-    site_pages: int
-    ok_pages: int  #: pages that exist (answer 200 in the end)
-    missing: int  #: pages that answer 404
-    crawled: int  #: existing pages the site answered 200 at least once
-    lost: int  #: existing pages never answered 200
-    duplicates: int  #: 200 answers beyond the first per page (at-least-once delivery)
-    retried: int  #: 503 answers (flaky pages), each retried through the frontier
-    dead_letters: int
-    dead_reasons: dict[str, int]
-    elapsed: float  #: seconds from the seed push until every worker had closed
-    crawl_seconds: float | None  #: seconds from the seed push until the last new page was answered
-    workers_started: int
-    workers_killed: int
-    workers_failed: list[str]  #: "worker 2 (pid 123): exit status 1"
-    timed_out: bool
-    lost_pages: list[int] = field(default_factory=list)  #: the first :data:`LOST_SHOWN` lost pages
-
-    @property
-    def ok(self) -> bool:
-        return self.lost == 0 and not self.workers_failed and not self.timed_out
-
-
-def summarize(graph: SiteGraph, answers_200: Mapping[str, int], answers_503: Mapping[str, int],
-              dead_reasons: Mapping[str, int], *, elapsed: float, crawl_seconds: float | None = None,
-              workers_started: int = 0, workers_killed: int = 0, workers_failed: list[str] | None = None,
-              timed_out: bool = False) -> Summary:
-    """The summary from what the site answered (path -> count, e.g. ``SiteServer.fetch_counts(200)``) and
-    the dead-letter reasons. Pure: no I/O."""
-    ok_counts: Counter[int] = Counter()
-    for path, n in answers_200.items():
-        m = PAGE_PATH.match(path)
-        if m is not None and n > 0:
-            ok_counts[int(m.group(1))] += n
-    crawled = len([i for i in ok_counts if 0 <= i < graph.pages and i not in graph.missing])
-    lost_pages: list[int] = []
-    if crawled < graph.ok_pages:
-        lost_pages = [i for i in range(graph.pages) if i not in graph.missing and i not in ok_counts]
-    return Summary(
-        site_pages=graph.pages, ok_pages=graph.ok_pages, missing=len(graph.missing), crawled=crawled,
-        lost=graph.ok_pages - crawled, duplicates=sum(n - 1 for n in ok_counts.values()),
-        retried=sum(n for path, n in answers_503.items() if PAGE_PATH.match(path)),
-        dead_letters=sum(dead_reasons.values()), dead_reasons=dict(dead_reasons), elapsed=elapsed,
-        crawl_seconds=crawl_seconds, workers_started=workers_started, workers_killed=workers_killed,
-        workers_failed=list(workers_failed or []), timed_out=timed_out, lost_pages=lost_pages[:LOST_SHOWN],
-    )
-
-
-def dead_letter_reasons(records: list[Any]) -> Counter[str]:
-    """Dead-letter records (JSON, as read from the list) per ``reason``; unreadable ones as ``unreadable``."""
-    out: Counter[str] = Counter()
-    for raw in records:
-        try:
-            reason = json.loads(raw)["reason"]
-        except (ValueError, TypeError, KeyError):
-            reason = "unreadable"
-        out[str(reason)] += 1
-    return out
-
-
 def verdict(s: Summary) -> tuple[str, str]:
     """The last line of the summary and its style: OK, or what failed."""
     if s.ok:
@@ -114,22 +49,6 @@ def verdict(s: Summary) -> tuple[str, str]:
     failed = ((f"{s.lost:,} pages lost", s.lost), (f"{len(s.workers_failed)} workers failed",
                                                    s.workers_failed), ("timed out", s.timed_out))
     return "FAILED: " + "; ".join(reason for reason, bad in failed if bad) + ".", "bold red"
-
-
-def lost_lines(urls: list[str], claimed: list[bool] | None, total: int) -> list[str]:
-    """One line per lost page: did the crawl's bloom filter take it for a page already seen (``claimed``,
-    ``None`` if that could not be read); then how many more were lost than are named."""
-    lines = []
-    for i, url in enumerate(urls):
-        if claimed is not None and claimed[i]:
-            why = ("the crawl's bloom filter took it for a page already seen (a false positive:"
-                   " it was never queued; see BLOOMFILTER_ERROR_RATE)")
-        else:
-            why = "never answered 200 and not in the bloom filter: see the worker logs"
-        lines.append(f"lost: {url} -- {why}")
-    if total > len(urls):
-        lines.append(f"... and {total - len(urls):,} more lost pages")
-    return lines
 
 
 def render_summary(s: Summary) -> Table:
@@ -292,7 +211,7 @@ class Demo:
         self.tally = site.SiteTally(self.site)
         self.prefix = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}:"
         self.keys = CrawlKeys(SPIDER, prefix=self.prefix)
-        self.fleet = site.WorkerFleet(self.project, self.run_dir, {}, {})  # configured by connect()
+        self.fleet = site.WorkerFleet(self.project, self.run_dir)  # configured by connect()
         self.embedded: EmbeddedRedis | None = None
         self.started_redis = self.stopped_redis = self._site_started = self._chaos_done = False
         self.redis_url = ""
@@ -307,10 +226,8 @@ class Demo:
         :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) if that fails."""
         self.client, self.redis_url, self.embedded, self.started_redis = site.open_redis(
             self.options.redis_url, self.project, LOADING_TIMEOUT)
-        embedded_dir = None if self.embedded is None else self.embedded.directory
-        self.fleet.settings = site.worker_settings(self.prefix, embedded_dir)
-        url = None if self.embedded is not None else self.redis_url
-        self.fleet.env = site.worker_env(self.project, self.run_dir, url)
+        self.fleet.configure(self.prefix, None if self.embedded is None else self.embedded.directory,
+                             self.redis_url)
 
     def chaos(self, leases: Mapping[int, int]) -> None:
         """SIGKILL the running worker holding the most leases and start a fresh one."""
@@ -497,11 +414,17 @@ class Demo:
     def summary(self, timed_out: bool) -> Summary:
         """The summary of the finished run (reads the dead letters from Redis)."""
         self.tally.update()
+        reasons: Counter[str] = Counter()
         try:
-            reasons = dead_letter_reasons(self.client.lrange(self.keys.deadletter, 0, -1))
+            records = self.client.lrange(self.keys.deadletter, 0, -1)
         except Exception as exc:  # the summary must come out even if Redis went away
             self.say(Text(f"Could not read the dead letters: {exc}", style="red"))
-            reasons = Counter()
+            records = []
+        for raw in records:
+            try:
+                reasons[str(json.loads(raw)["reason"])] += 1
+            except (ValueError, TypeError, KeyError):
+                reasons["unreadable"] += 1
         crawl_seconds = None
         if self.tally.last_new is not None and self._seeded_at is not None:
             crawl_seconds = max(0.0, self.tally.last_new - self._seeded_at)
@@ -518,14 +441,34 @@ class Demo:
 
     def explain_lost(self, pages: list[int], total: int) -> list[str]:
         """One line per lost page: did the crawl's bloom filter take it for a page already seen (a false
-        positive, so it was never queued)? Must run before the run's keys are deleted."""
+        positive, so it was never queued)? Then how many more were lost than are named. Reads the filter
+        (no writes) as the workers fingerprint, so it must run before the run's keys are deleted."""
+        from scrapy import Request
+        from scrapy.utils.request import RequestFingerprinter
+
+        from scrapy_dist.dupefilter import BloomDupeFilter
+
         urls = [self.site.page_url(i) for i in pages]
+        claimed = [False] * len(urls)
         try:
-            claimed = site.bloom_claims(self.client, self.keys, urls)
+            fields = ["capacity", "error_rate", "block_bits", "n"]
+            capacity, rate, bits, n = self.client.hmget(self.keys.bloom, fields)
+            if capacity is not None:
+                df = BloomDupeFilter(self.client, self.keys, RequestFingerprinter(), capacity=int(capacity),
+                                     error_rate=float(rate), block_bits=int(bits))
+                df.observe(int(n or 0))
+                claimed = df.seen_tokens([df.tokens(Request(u)) for u in urls], add=False)
         except Exception as exc:  # an explanation, not the verdict: never fail the summary over it
-            claimed = None
             self.say(Text(f"Could not check the bloom filter: {exc}", style="red"))
-        return lost_lines(urls, claimed, total)
+        lines = []
+        for url, bloom in zip(urls, claimed, strict=True):
+            why = ("the crawl's bloom filter took it for a page already seen (a false positive: it was never"
+                   " queued; see BLOOMFILTER_ERROR_RATE)" if bloom else
+                   "never answered 200 and not in the bloom filter: see the worker logs")
+            lines.append(f"lost: {url} -- {why}")
+        if total > len(urls):
+            lines.append(f"... and {total - len(urls):,} more lost pages")
+        return lines
 
     def shutdown(self) -> None:
         """Stop everything the demo started: workers, site, this run's keys, an embedded Redis it started."""

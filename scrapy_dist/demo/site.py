@@ -1,5 +1,6 @@
-"""What the demo runs: a generated website on 127.0.0.1 (also crawled by the tests and benchmarks), the
-worker processes (real ``scrapy crawl demo`` of ``example_project``) and the demo's side of its Redis.
+"""What the demo runs: a generated website on 127.0.0.1 (also crawled by the tests and benchmarks) and the
+:class:`Summary` of what it answered, the worker processes (real ``scrapy crawl demo`` of
+``example_project``) and the demo's side of its Redis.
 
 Page ``i`` of ``/page/0 .. /page/<pages-1>`` links to ``i+1`` (every page is reachable from ``/page/0``) and
 to ``links - 1`` pages chosen by a seeded RNG (the same graph on every run). Optional ``slow``, ``flaky``
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,10 +28,11 @@ from typing import Any
 
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis.embedded import DEFAULT_DIRNAME, EmbeddedRedis
-from scrapy_dist.redis.keys import CrawlKeys
 
 #: The path of a page of the site; other paths (``/robots.txt``) do not count.
 PAGE_PATH = re.compile(r"/page/(\d+)$")
+#: Lost pages named (and explained) below the summary.
+LOST_SHOWN = 10
 #: Window of the crawl-wide pages/s figure (seconds).
 RATE_WINDOW = 2.0
 #: The spider every worker runs.
@@ -225,18 +228,64 @@ class SiteTally:
         return len(self._recent) / self.window
 
 
-def _is_project(path: Path) -> bool:
-    return (path / "scrapy.cfg").is_file() and (path / "example_project" / "spiders" / "demo.py").is_file()
+@dataclass(frozen=True)
+class Summary:
+    """The demo's verdict. ``lost`` must be 0."""
+
+    site_pages: int
+    ok_pages: int  #: pages that exist (answer 200 in the end)
+    missing: int  #: pages that answer 404
+    crawled: int  #: existing pages the site answered 200 at least once
+    lost: int  #: existing pages never answered 200
+    duplicates: int  #: 200 answers beyond the first per page (at-least-once delivery)
+    retried: int  #: 503 answers (flaky pages), each retried through the frontier
+    dead_letters: int
+    dead_reasons: dict[str, int]
+    elapsed: float  #: seconds from the seed push until every worker had closed
+    crawl_seconds: float | None  #: seconds from the seed push until the last new page was answered
+    workers_started: int
+    workers_killed: int
+    workers_failed: list[str]  #: "worker 2 (pid 123): exit status 1"
+    timed_out: bool
+    lost_pages: list[int] = field(default_factory=list)  #: the first :data:`LOST_SHOWN` lost pages
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and not self.workers_failed and not self.timed_out
+
+
+def summarize(graph: SiteGraph, answers_200: Mapping[str, int], answers_503: Mapping[str, int],
+              dead_reasons: Mapping[str, int], *, elapsed: float, crawl_seconds: float | None = None,
+              workers_started: int = 0, workers_killed: int = 0, workers_failed: list[str] | None = None,
+              timed_out: bool = False) -> Summary:
+    """The summary from what the site answered (path -> count, e.g. ``SiteServer.fetch_counts(200)``) and
+    the dead-letter reasons. Pure: no I/O."""
+    ok_counts: Counter[int] = Counter()
+    for path, n in answers_200.items():
+        m = PAGE_PATH.match(path)
+        if m is not None and n > 0:
+            ok_counts[int(m.group(1))] += n
+    crawled = len([i for i in ok_counts if 0 <= i < graph.pages and i not in graph.missing])
+    lost_pages: list[int] = []
+    if crawled < graph.ok_pages:
+        lost_pages = [i for i in range(graph.pages) if i not in graph.missing and i not in ok_counts]
+    return Summary(
+        site_pages=graph.pages, ok_pages=graph.ok_pages, missing=len(graph.missing), crawled=crawled,
+        lost=graph.ok_pages - crawled, duplicates=sum(n - 1 for n in ok_counts.values()),
+        retried=sum(n for path, n in answers_503.items() if PAGE_PATH.match(path)),
+        dead_letters=sum(dead_reasons.values()), dead_reasons=dict(dead_reasons), elapsed=elapsed,
+        crawl_seconds=crawl_seconds, workers_started=workers_started, workers_killed=workers_killed,
+        workers_failed=list(workers_failed or []), timed_out=timed_out, lost_pages=lost_pages[:LOST_SHOWN],
+    )
 
 
 def locate_project(run_dir: Path, example: Path | None = None) -> tuple[Path, bool]:
     """The project directory the workers run in (``example_project/`` of the source checkout, else the
     wheel's packaged copy), and whether it is the packaged copy."""
     example = EXAMPLE_PROJECT if example is None else example
-    if _is_project(example):
-        return example, False
-    if _is_project(PACKAGED_PROJECT):
-        return PACKAGED_PROJECT, True
+    for path, packaged in ((example, False), (PACKAGED_PROJECT, True)):
+        if (path / "scrapy.cfg").is_file() and (path / "example_project" / "spiders" / "demo.py").is_file():
+            return path, packaged
     raise ScrapyDistError(f"example_project not found (looked in {example} and {PACKAGED_PROJECT})")
 
 
@@ -265,45 +314,6 @@ class Worker:
         return "\n".join([head, *(f"    {line}" for line in tail)])
 
 
-def worker_settings(prefix: str, embedded_dir: Path | None) -> dict[str, str]:
-    """``-s`` settings of every worker: this run's key prefix and the demo's Redis (``embedded_dir``: the
-    embedded Redis's directory, ``None`` for a Redis given by URL)."""
-    # the demo site is on 127.0.0.1, which the default SCHEDULER_DENY_NETWORKS refuses
-    out = {"REDIS_KEY_PREFIX": prefix, "SCHEDULER_DENY_NETWORKS": "", "REDIS_SENTINELS": ""}
-    if embedded_dir is not None:
-        # By directory rather than URL, so its password stays out of the process list; the other Redis
-        # settings blanked so that a REDIS_URL in the project's settings.py cannot send the workers elsewhere.
-        out.update(REDIS_URL="", REDIS_HOST="", REDIS_PORT="", REDIS_EMBEDDED_DIR=str(embedded_dir))
-    # else the URL (and its password) reaches the workers by environment (worker_env), never on a command
-    # line every local user can read with `ps`
-    return out
-
-
-def worker_env(project: Path, run_dir: Path, redis_url: str | None) -> dict[str, str]:
-    """Environment of every worker. With a ``redis_url`` (``None``: the embedded Redis) the URL goes in
-    ``SCRAPY_DIST_DEMO_REDIS_URL`` (a process's environment is readable only by its user) and
-    ``SCRAPY_SETTINGS_MODULE`` names a small settings module, written once into ``run_dir``, that loads the
-    project's settings and takes ``REDIS_URL`` from that variable."""
-    env = {k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")}
-    if redis_url is None:
-        return env
-    module_dir = run_dir / "worker-settings"
-    module_dir.mkdir(mode=0o700, exist_ok=True)
-    cfg = configparser.ConfigParser()
-    cfg.read(project / "scrapy.cfg")
-    base = cfg.get("settings", "default", fallback="example_project.settings")
-    (module_dir / f"{_WORKER_SETTINGS_MODULE}.py").write_text(
-        f"import os\n\nfrom {base} import *  # noqa: F403\n\n"
-        f'REDIS_URL = os.environ["{_WORKER_URL_VARIABLE}"]\nREDIS_HOST = REDIS_PORT = None\n'
-    )
-    env[_WORKER_URL_VARIABLE] = redis_url
-    env["SCRAPY_SETTINGS_MODULE"] = _WORKER_SETTINGS_MODULE
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(module_dir), str(project), os.environ.get("PYTHONPATH", "")) if p
-    )
-    return env
-
-
 @dataclass
 class WorkerFleet:
     """The workers of one demo run, all started in ``project`` with the same settings and environment,
@@ -311,9 +321,36 @@ class WorkerFleet:
 
     project: Path
     run_dir: Path
-    settings: dict[str, str]
-    env: dict[str, str]
+    settings: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     workers: list[Worker] = field(default_factory=list)
+
+    def configure(self, prefix: str, embedded_dir: Path | None, redis_url: str) -> None:
+        """Every worker's ``-s`` settings (this run's key prefix, the demo's Redis) and environment. No
+        password on a command line (which every local user can read with ``ps``): the embedded Redis is
+        named by its directory, another by ``SCRAPY_DIST_DEMO_REDIS_URL`` (a process's environment is
+        readable only by its user), which a settings module written into ``run_dir`` reads on top of the
+        project's settings."""
+        # the demo site is on 127.0.0.1, which the default SCHEDULER_DENY_NETWORKS refuses
+        self.settings = {"REDIS_KEY_PREFIX": prefix, "SCHEDULER_DENY_NETWORKS": "", "REDIS_SENTINELS": ""}
+        project_vars = ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")
+        self.env = {k: v for k, v in os.environ.items() if k not in project_vars}
+        if embedded_dir is not None:  # and no REDIS_URL of the project's settings.py sends them elsewhere
+            self.settings.update(REDIS_URL="", REDIS_HOST="", REDIS_PORT="",
+                                 REDIS_EMBEDDED_DIR=str(embedded_dir))
+            return
+        module_dir = self.run_dir / "worker-settings"
+        module_dir.mkdir(mode=0o700, exist_ok=True)
+        cfg = configparser.ConfigParser()
+        cfg.read(self.project / "scrapy.cfg")
+        base = cfg.get("settings", "default", fallback="example_project.settings")
+        (module_dir / f"{_WORKER_SETTINGS_MODULE}.py").write_text(
+            f"import os\n\nfrom {base} import *  # noqa: F403\n\n"
+            f'REDIS_URL = os.environ["{_WORKER_URL_VARIABLE}"]\nREDIS_HOST = REDIS_PORT = None\n'
+        )
+        path = (str(module_dir), str(self.project), os.environ.get("PYTHONPATH", ""))
+        self.env.update({_WORKER_URL_VARIABLE: redis_url, "SCRAPY_SETTINGS_MODULE": _WORKER_SETTINGS_MODULE,
+                         "PYTHONPATH": os.pathsep.join(p for p in path if p)})
 
     def start(self) -> Worker:
         """Start one more ``scrapy crawl demo``."""
@@ -372,6 +409,8 @@ def open_redis(
     URL, the embedded server (or ``None``) and whether this call started it. Raises
     :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line naming the URL), stopping a server it
     started, if it does not answer."""
+    from redis.exceptions import BusyLoadingError, RedisError
+
     from scrapy_dist.redis.connection import check_reachable, get_redis
 
     embedded, started = None, False
@@ -381,7 +420,17 @@ def open_redis(
         redis_url, started = embedded.ensure_running()
     settings = {"REDIS_URL": redis_url}
     client = get_redis(settings)
-    wait_loaded(client, loading_timeout)
+    deadline = time.monotonic() + loading_timeout
+    while True:  # a server that just started may still be loading its data file: PING answers LOADING
+        try:
+            client.ping()
+            break
+        except BusyLoadingError:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        except (RedisError, OSError):  # reported by the check below
+            break
     try:
         check_reachable(client, settings)
     except Exception:
@@ -392,79 +441,34 @@ def open_redis(
     return client, redis_url, embedded, started
 
 
-def wait_loaded(client: Any, timeout: float) -> None:
-    """Wait up to ``timeout`` seconds while a server that just started loads its data file (PING answers
-    LOADING); any other error ends the wait, for the caller's reachability check to report."""
-    from redis.exceptions import BusyLoadingError, RedisError
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            client.ping()
-            return
-        except BusyLoadingError:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.1)
-        except (RedisError, OSError):
-            return
-
-
-def bloom_claims(client: Any, keys: CrawlKeys, urls: list[str]) -> list[bool] | None:
-    """Whether the crawl's bloom filter holds each URL (no writes; Scrapy's default fingerprinter, as the
-    workers use), or ``None`` if the crawl has no bloom filter."""
-    from scrapy import Request
-    from scrapy.utils.request import RequestFingerprinter
-
-    from scrapy_dist.dupefilter import BloomDupeFilter
-
-    capacity, rate, bits, n = client.hmget(keys.bloom, ["capacity", "error_rate", "block_bits", "n"])
-    if capacity is None:
-        return None
-    df = BloomDupeFilter(client, keys, RequestFingerprinter(), capacity=int(capacity), error_rate=float(rate),
-                         block_bits=int(bits))
-    df.observe(int(n or 0))
-    return df.seen_tokens([df.tokens(Request(u)) for u in urls], add=False)
-
-
-def compact(client: Any, timeout: float = 10.0) -> None:
-    """Rewrite the embedded server's append-only file before stopping it: every run writes (and deletes)
-    tens of thousands of entries, which the file would otherwise keep and replay at every start."""
-    client.bgrewriteaof()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = client.info("persistence")
-        if not info.get("aof_rewrite_in_progress") and not info.get("aof_rewrite_scheduled"):
-            return
-        time.sleep(0.05)
-
-
-def delete_keys(client: Any, prefix: str) -> int:
-    """Delete a run's keys (every key holding its unique ``prefix``); how many."""
-    deleted = 0
-    batch: list[Any] = []
-    for key in client.scan_iter(match=f"*{prefix}*", count=1000):
-        batch.append(key)
-        if len(batch) >= 500:
-            deleted += client.delete(*batch)
-            batch = []
-    return deleted + (client.delete(*batch) if batch else 0)
-
-
 def release_run(client: Any, prefix: str, started_redis: bool) -> bool:
-    """After a run: delete its keys and close ``client``; if the demo started the server and nobody else
-    uses it now (another demo or crawl may have joined), compact its data file first. Returns whether the
-    server should be stopped. Never raises: the clean-up must finish whatever state Redis is in."""
-    stop = started_redis
+    """After a run: delete its keys (every key holding its unique ``prefix``) and close ``client``; if the
+    demo started the server and nobody else uses it now (another demo or crawl may have joined), compact its
+    append-only file first (every run writes and deletes tens of thousands of entries, which it would keep
+    and replay at every start). Whether to stop the server. Never raises, whatever state Redis is in."""
     with contextlib.suppress(Exception):
-        delete_keys(client, prefix)
+        batch: list[Any] = []
+        for key in client.scan_iter(match=f"*{prefix}*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                client.delete(*batch)
+                batch = []
+        if batch:
+            client.delete(*batch)
+    stop = started_redis
     if stop:
         with contextlib.suppress(Exception):
             me = client.client_id()
             stop = not any(int(c.get("id", me)) != me for c in client.client_list())
     if stop:
         with contextlib.suppress(Exception):
-            compact(client)
+            client.bgrewriteaof()
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                info = client.info("persistence")
+                if not info.get("aof_rewrite_in_progress") and not info.get("aof_rewrite_scheduled"):
+                    break
+                time.sleep(0.05)
     with contextlib.suppress(Exception):
         client.close()
     return stop
