@@ -14,6 +14,7 @@ the ``{spider}:forgotten`` SET it consults first. Fingerprints are made as worke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from collections import Counter, defaultdict
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
 #: Malformed records named one by one on stderr (the rest are counted).
 BAD_SHOWN = 20
-#: Records requeued per ``sync`` call.
+#: Records requeued per ``sync`` call, or purged per round trip.
 CHUNK = 500
 #: Rows of the table when ``--limit`` is not given.
 TABLE_ROWS = 100
@@ -75,27 +76,10 @@ def select(
 
 
 def _when(at: float) -> str:
-    try:
+    with contextlib.suppress(ValueError, OverflowError, OSError):
         if at > 0:
             return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    except (ValueError, OverflowError, OSError):
-        pass
     return "?"
-
-
-def _table(letters: list[tuple[int, DeadLetter]], key: str) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=f"dead letters in {key}", title_justify="left")
-    for name in ("#", "at (UTC)", "reason", "status", "attempts", "worker", "url"):
-        table.add_column(name, overflow="fold", no_wrap=name not in ("url", "reason"))
-    for index, d in letters:  # Text, never markup: a worker id like "[/x]" is data
-        table.add_row(f"{index:,}", _when(d.at), Text(printable(d.reason, 200)),
-                      "" if d.status is None else str(d.status), f"{d.attempts:,}",
-                      Text(printable(d.worker, 120)),
-                      Text(printable(d.url, 2000) + ("" if d.payload is not None else "  (not requeueable)")))
-    console().print(table)
 
 
 def queue_order(ds: DistSettings) -> queue.QueueOrder:
@@ -173,16 +157,6 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
     return done
 
 
-def _purge(client: redis.Redis, key: str, letters: list[tuple[int, DeadLetter]]) -> int:
-    removed = 0
-    for i in range(0, len(letters), CHUNK):
-        pipe = client.pipeline(transaction=False)
-        for _, d in letters[i : i + CHUNK]:
-            pipe.lrem(key, 1, d.raw)  # type: ignore[arg-type]  # bytes work
-        removed += sum(pipe.execute())
-    return removed
-
-
 @main.command()
 @click.argument("spider")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead of a table.")
@@ -213,7 +187,12 @@ def dead(redis: ClientFactory, spider: str, as_json: bool, reason: str | None, l
         if len(bad) > BAD_SHOWN:
             click.echo(f"... and {len(bad) - BAD_SHOWN:,} more malformed records skipped", err=True)
         if purge:
-            removed = _purge(client, key, letters)
+            removed = 0
+            for i in range(0, len(letters), CHUNK):
+                pipe = client.pipeline(transaction=False)
+                for _, d in letters[i : i + CHUNK]:
+                    pipe.lrem(key, 1, d.raw)  # type: ignore[arg-type]  # bytes work
+                removed += sum(pipe.execute())
             click.echo(f"purged {removed:,} dead letters with reason {reason!r} from {key!r}")
             return
         if requeue:
@@ -241,7 +220,18 @@ def _show(letters: list[tuple[int, DeadLetter]], key: str, as_json: bool, limit:
     if not total:  # no empty table
         click.echo(f"0 dead letters in {key!r}")
         return
-    _table(shown, key)
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"dead letters in {key}", title_justify="left")
+    for name in ("#", "at (UTC)", "reason", "status", "attempts", "worker", "url"):
+        table.add_column(name, overflow="fold", no_wrap=name not in ("url", "reason"))
+    for index, d in shown:  # Text, never markup: a worker id like "[/x]" is data
+        table.add_row(f"{index:,}", _when(d.at), Text(printable(d.reason, 200)),
+                      "" if d.status is None else str(d.status), f"{d.attempts:,}",
+                      Text(printable(d.worker, 120)),
+                      Text(printable(d.url, 2000) + ("" if d.payload is not None else "  (not requeueable)")))
+    console().print(table)
     counts = Counter(d.reason for _, d in letters)
     summary = ", ".join(f"{printable(r, 80)}: {n:,}" for r, n in counts.most_common(20))
     hidden = f" (showing the last {len(shown):,}; --limit 0 shows all)" if len(shown) < total else ""

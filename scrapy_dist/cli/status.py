@@ -386,17 +386,9 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
         dashboards.check_binding(host, token)
     except ScrapyDistError as exc:
         raise click.ClickException(str(exc).removeprefix("scrapy-dist: ")) from None
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(redis, spider, host, port, token, allowed_hosts=allowed_hosts))
-
-
-async def serve(redis: ClientFactory, spider: str, host: str, port: int, token: str | None,
-                ready: asyncio.Event | None = None, allowed_hosts: tuple[str, ...] = ()) -> None:
-    """Run the dashboard until cancelled (prints its URL once listening)."""
     from aiohttp import web
 
     from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
-    from scrapy_dist.monitor.dashboard import Dashboard
 
     keys = redis.keys(spider)
     client = redis.client()
@@ -408,23 +400,26 @@ async def serve(redis: ClientFactory, spider: str, host: str, port: int, token: 
         done = await requeue_letters(redis, keys, targets) if targets else 0
         return f"requeued {done}, kept {len(refused)}"
 
-    dash = Dashboard(client, keys, token=token, requeue=requeue, host=host, allowed_hosts=allowed_hosts)
-    runner = web.AppRunner(dash.app(), access_log=None)
-    await runner.setup()
-    try:
+    async def serve() -> None:
+        dash = dashboards.Dashboard(client, keys, token=token, requeue=requeue, host=host,
+                                    allowed_hosts=allowed_hosts)
+        runner = web.AppRunner(dash.app(), access_log=None)
+        await runner.setup()
         try:
-            await web.TCPSite(runner, host, port).start()
-        except OSError as exc:
-            raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-        bound = runner.addresses[0][1] if runner.addresses else port
-        mode = "the buttons need the token" if token else "read-only: no --token"
-        click.echo(f"Dashboard of {spider!r} on http://{host}:{bound}/ ({mode}; Ctrl-C stops)")
-        if ready is not None:
-            ready.set()
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
-        client.close()
+            try:
+                await web.TCPSite(runner, host, port).start()
+            except OSError as exc:
+                raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+            bound = runner.addresses[0][1] if runner.addresses else port
+            mode = "the buttons need the token" if token else "read-only: no --token"
+            click.echo(f"Dashboard of {spider!r} on http://{host}:{bound}/ ({mode}; Ctrl-C stops)")
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+            client.close()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
 
 
 @main.command()
