@@ -245,14 +245,13 @@ def _dotted_finding(path: str, line: int, dotted: str, setting: str = "") -> Fin
         return Finding(path, line, subject, SAME, "accepted as written (the same order of the shared"
                        " frontier); `scrapy_dist.queue." + dotted.rsplit(".", 1)[1] + "` is its new name")
     target = _counterpart(dotted)
-    note = _note(dotted.rsplit(".", 1)[0] if target is None else dotted)
     if target is None:
-        return Finding(path, line, subject, ACTION,
-                       "no counterpart in scrapy-dist" + (f": {note}" if note else ""))
-    return Finding(path, line, subject, ACTION, f"write `{target}`" + (f"; {note}" if note else ""))
+        note = _note(dotted.rsplit(".", 1)[0])
+        return Finding(path, line, subject, ACTION, "no counterpart in scrapy-dist" + (note and f": {note}"))
+    note = _note(dotted)
+    return Finding(path, line, subject, ACTION, f"write `{target}`" + (note and f"; {note}"))
 
 
-# -- settings --------------------------------------------------------------------------------------
 def _settings_module(root: Path) -> Path | None:
     """The settings file ``scrapy.cfg`` names, else the only ``settings.py`` of the project."""
     cfg = root / "scrapy.cfg"
@@ -306,17 +305,12 @@ def scan_settings(path: Path, rel: str) -> tuple[list[Finding], set[str]]:
     return out, names
 
 
-# -- Python files ----------------------------------------------------------------------------------
 def _python_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if not SKIP_DIRS.intersection(p.relative_to(root).parts))
 
 
 def _base_name(node: ast.expr) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    return ""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
 def _spider_findings(cls: ast.ClassDef, rel: str, kind: str) -> list[Finding]:

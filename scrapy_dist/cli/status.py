@@ -112,10 +112,8 @@ def render(status: dict[str, Any]) -> Group:
     state = status["state"]
     idle = idle_text(status) or held_text(status)
     headline = Text.assemble(
-        (spider, "bold"), "  ",
-        (state, "bold yellow" if state == "paused" else "bold"), "  ",
-        (f"{idle}  " if idle else ""),
-        f"{_num(rates['pages_per_min'])} pages/min  ",
+        (spider, "bold"), "  ", (state, "bold yellow" if state == "paused" else "bold"), "  ",
+        (f"{idle}  " if idle else ""), f"{_num(rates['pages_per_min'])} pages/min  ",
         "error rate " + ("-" if rates["error_rate"] is None else f"{rates['error_rate']:.1%}"),
         f" ({errors['errors']:,} errors / {errors['attempts']:,} attempts in {errors['window']:,.0f}s)"
         if errors["window"] else "",
@@ -160,11 +158,9 @@ def render(status: dict[str, Any]) -> Group:
     if errors["reasons"]:
         top = ", ".join(f"{printable(r, 80)} {n:,}" for r, n in list(errors["reasons"].items())[:5])
         lines.append(Text.assemble(("Top errors  ", "bold"), top))
-
-    summary = status["workers_summary"]
-    title = (f"Workers: {summary['running']:,} running, {summary['lost']:,} lost, "
-             f"{summary['closed']:,} closed")
-    workers = Table(title=title, title_justify="left")
+    n = status["workers_summary"]
+    workers = Table(title=f"Workers: {n['running']:,} running, {n['lost']:,} lost, {n['closed']:,} closed",
+                    title_justify="left")
     workers.add_column("Worker", no_wrap=True)
     for name in ("State", "Seen", "Pages", "Items", "Errors", "Leases", "Pages/min"):
         workers.add_column(name, justify="left" if name == "State" else "right")
