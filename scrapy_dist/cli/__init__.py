@@ -183,7 +183,7 @@ class ClientFactory:
     def spider_settings(self, spider: str) -> tuple[type | None, DistSettings]:
         """The project's spider class ``spider`` (None outside a project or for an unknown name) and the
         settings its workers run with: the project's plus the class's ``custom_settings``."""
-        spidercls = spider_class(self.settings, spider)
+        spidercls: type | None = _from_loader(self.settings, lambda loader: loader.load(spider))
         if spidercls is None:
             return None, self.dist
         settings = self.settings.copy()
@@ -223,11 +223,6 @@ def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:
         return use(get_spider_loader(settings))
     except Exception:
         return None
-
-
-def spider_class(settings: Any, name: str) -> type | None:
-    """The project's spider class ``name``, or ``None``."""
-    return _from_loader(settings, lambda loader: loader.load(name))  # type: ignore[no-any-return]
 
 
 def project_spiders(settings: Settings) -> list[str] | None:
