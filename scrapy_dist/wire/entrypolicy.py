@@ -365,7 +365,7 @@ def added_by_middleware(name: bytes, value: bytes) -> bool:
     return bool(_added) and (name.lower(), value) in _added
 
 
-_PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -424,7 +424,7 @@ def check_priority(priority: Any) -> int:
     """An integer (not a boolean, not a float) in the 32-bit range."""
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise RejectedEntry("bad_priority", f"priority is a {json_type(priority)}, expected an integer")
-    if not _PRIORITY_RANGE[0] <= priority <= _PRIORITY_RANGE[1]:
+    if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
         raise RejectedEntry("bad_priority", "priority out of the 32-bit range")
     return priority
 
@@ -433,7 +433,7 @@ def priority_from_score(score: float) -> int:
     """A ZSET score as a request priority (rounded, clamped to the 32-bit range, NaN -> 0)."""
     if math.isnan(score):
         return 0
-    return round(max(_PRIORITY_RANGE[0], min(_PRIORITY_RANGE[1], score)))
+    return round(max(PRIORITY_RANGE[0], min(PRIORITY_RANGE[1], score)))
 
 
 def check_callback_name(name: Any, what: str, has_callback: Callable[[str], bool] | None = None) -> str:
@@ -446,7 +446,7 @@ def check_callback_name(name: Any, what: str, has_callback: Callable[[str], bool
     return name
 
 
-_COOKIE_KEYS = frozenset({"name", "value", "domain", "path", "secure", "expires"})
+COOKIE_KEYS = frozenset({"name", "value", "domain", "path", "secure", "expires"})
 
 
 def _check_cookie_text(value: Any, what: str) -> None:
@@ -472,7 +472,7 @@ def check_cookies(cookies: Any) -> dict[str, Any] | list[dict[str, Any]]:
         return cookies
     if isinstance(cookies, list):
         for c in cookies:
-            if not isinstance(c, dict) or "name" not in c or "value" not in c or set(c) - _COOKIE_KEYS:
+            if not isinstance(c, dict) or "name" not in c or "value" not in c or set(c) - COOKIE_KEYS:
                 raise RejectedEntry(
                     "bad_cookies", "each cookie must be an object with name, value (domain, path, ...)"
                 )
