@@ -136,8 +136,9 @@ def entry_callback(spider: Spider, name: Any, what: str) -> Any:
     return method
 
 
-_VERSION_BYTE, _SIGNED_BYTE, _BODY_TAG_BYTE = (bytes([v]) for v in (VERSION, VERSION_SIGNED,
-                                                                   VERSION_BODY_TAG))
+_VERSION_BYTE = bytes([VERSION])
+_SIGNED_BYTE = bytes([VERSION_SIGNED])
+_BODY_TAG_BYTE = bytes([VERSION_BODY_TAG])
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
