@@ -24,10 +24,8 @@ class UnserializableRequest(ScrapyDistError):
 
 
 class RejectedEntry(ScrapyDistError):
-    """Untrusted data read from Redis (a queue entry, a seed) failed validation.
-
-    ``reason`` is a short slug (``not_utf8``, ``bad_scheme``, ...) used in stats and rejection records.
-    """
+    """Untrusted data read from Redis (a queue entry, a seed) failed validation; ``reason`` is a short slug
+    (``not_utf8``, ``bad_scheme``, ...) used in stats and rejection records."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -54,9 +52,8 @@ class FrontierStateError(FrontierScriptError):
     wrong type, a bloom count past its bound, ...). ``reason`` is the script's slug, ``key`` the key."""
 
     def __init__(self, reason: str, key: str) -> None:
-        super().__init__(
-            f"The frontier refused to write: {key!r} holds an unusable value ({reason}); nothing was"
-            " written. Repair or delete that key (SCHEDULER_FLUSH_ON_START clears the crawl)"
-        )
+        super().__init__(f"The frontier refused to write: {key!r} holds an unusable value ({reason});"
+                         " nothing was written. Repair or delete that key (SCHEDULER_FLUSH_ON_START clears the"
+                         " crawl)")
         self.reason = reason
         self.key = key

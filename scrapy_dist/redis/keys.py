@@ -55,64 +55,33 @@ FRONTIER_KEY_NAMES = (
 )
 
 
-#: Every fixed-name per-crawl key: the :class:`CrawlKeys` attribute, the name after the crawl's hash tag, and
-#: the key's Redis type and what it holds (continued on indented lines).
-KEY_TABLE = """
-queue            queue             ZSET of queued requests: member = 6-byte sequence + encoded request,
-                                   score = -priority.
-queue_tails      queue:tails       HASH score -> the queue chunk of that score still open for appends.
-queue_rejected   queue:rejected    LIST of JSON records for queue entries that failed to decode.
-leases           leases            ZSET of lease keys (an in-flight queue member + a tag naming its queue
-                                   score and holder, see lua/sync_sweep.lua) by lease deadline (unix s).
-lease_meta       leases:meta       HASH member -> ``"<queue score> <worker id>"`` for leases filed without
-                                   a tag (older versions; normally empty).
-seq              seq               STRING counter giving every enqueued entry its FIFO sequence number.
-delayed          delayed           ZSET of delayed (retry) members scored by their not-before time.
-delayed_meta     delayed:meta      HASH member -> queue score for delayed members.
-spent            spent             ZSET nonce of a signed entry handed out -> when (unix s): a copy put
-                                   back is rejected (``replayed``); the newest SCHEDULER_REPLAY_MEMORY.
-domains          domains           ZSET domain -> when it may next be leased from (crawl-wide politeness).
-domain_info      domains:info      HASH ``b:/i:/n:/l:<domain>`` -> backlog, slots in use, next allowed
-                                   time, limits.
-deadletter       deadletter        LIST of JSON dead-letter records.
-bloom            bloom             HASH with the bloom filter's parameters and insert count.
-fingerprints     fingerprints      SET of raw 20-byte request fingerprints (exact ``SetDupeFilter``).
-fingerprints_ttl fingerprints:ttl  ZSET raw fingerprint -> unix time it expires (``SetDupeFilter`` with
-                                   ``DUPEFILTER_TTL``).
-forgotten        forgotten         SET of ``"<h1>:<h2>"`` bloom hashes of fingerprints made new again
-                                   (``scrapy-dist forget``, ``DEADLETTER_FORGET``); each is admitted once.
-workers          workers           ZSET worker id -> last heartbeat (unix seconds).
-stats            stats             HASH of crawl-wide merged Scrapy stats.
-control          control           HASH of crawl-wide control flags (``paused``, ...), the crawl's
-                                   layout (``politeness``, ``shards``, frontier ``format``) and
-                                   ``forgets`` (a token each ``scrapy-dist forget`` renews).
-errors           errors            HASH of error counters per time bucket: the error monitor's crawl-wide
-                                   sliding window.
-error_examples   errors:examples   LIST of recent JSON error records (kind, reason, url) quoted by the
-                                   error monitor's alerts.
-cookies          cookies           HASH cookiejar name -> last write (unix seconds): the index of the
-                                   shared cookie jars.
-history          history           STREAM of the workers' periodic samples (pages, items, errors, the
-                                   frontier as each saw it) over the last hour, for the dashboard.
-"""
-
-
-def _parse_key_table(text: str) -> dict[str, tuple[str, str]]:
-    """``attribute -> (name, description)`` from :data:`KEY_TABLE`."""
-    out: dict[str, tuple[str, str]] = {}
-    last = ""
-    for line in text.strip("\n").splitlines():
-        if line.startswith(" "):
-            name, doc = out[last]
-            out[last] = (name, f"{doc} {line.strip()}")
-        else:
-            last, name, doc = line.split(None, 2)
-            out[last] = (name, doc)
-    return out
-
-
-#: :data:`KEY_TABLE` parsed: attribute -> (name after the tag, description).
-CRAWL_KEY_NAMES = _parse_key_table(KEY_TABLE)
+#: Every fixed-name per-crawl key: :class:`CrawlKeys` attribute -> name after the crawl's hash tag, with its
+#: Redis type and what it holds (the full list: docs/frontier.md, "Keys").
+CRAWL_KEY_NAMES = {
+    "queue": "queue",  # ZSET of queued requests (6-byte sequence + encoded request), score -priority
+    "queue_tails": "queue:tails",  # HASH score -> the queue chunk of that score still open for appends
+    "queue_rejected": "queue:rejected",  # LIST of JSON records of queue entries that failed to decode
+    "leases": "leases",  # ZSET of lease keys (member + tag of queue score and holder) by deadline
+    "lease_meta": "leases:meta",  # HASH member -> "<queue score> <worker id>" of a lease without a tag
+    "seq": "seq",  # STRING counter: the FIFO sequence number of every enqueued entry
+    "delayed": "delayed",  # ZSET of delayed (retry) members by not-before time
+    "delayed_meta": "delayed:meta",  # HASH member -> queue score of a delayed member
+    "spent": "spent",  # ZSET nonce of a signed entry handed out -> when (a copy put back is replayed)
+    "domains": "domains",  # ZSET domain -> when it may next be leased from (crawl-wide politeness)
+    "domain_info": "domains:info",  # HASH b:/i:/n:/l:<domain> -> backlog, slots, next time, limits
+    "deadletter": "deadletter",  # LIST of JSON dead-letter records
+    "bloom": "bloom",  # HASH of the bloom filter's parameters and insert count
+    "fingerprints": "fingerprints",  # SET of raw 20-byte request fingerprints (SetDupeFilter)
+    "fingerprints_ttl": "fingerprints:ttl",  # ZSET raw fingerprint -> expiry (DUPEFILTER_TTL)
+    "forgotten": "forgotten",  # SET of "<h1>:<h2>" bloom hashes made new again, each admitted once
+    "workers": "workers",  # ZSET worker id -> last heartbeat (unix seconds)
+    "stats": "stats",  # HASH of crawl-wide merged Scrapy stats
+    "control": "control",  # HASH of control flags (paused, ...), the crawl's layout and forget token
+    "errors": "errors",  # HASH of error counters per time bucket (the error monitor's window)
+    "error_examples": "errors:examples",  # LIST of recent JSON error records quoted by alerts
+    "cookies": "cookies",  # HASH cookiejar name -> last write: the index of the shared cookie jars
+    "history": "history",  # STREAM of the workers' periodic samples over the last hour (dashboard)
+}
 
 
 @dataclass(frozen=True)
@@ -160,9 +129,9 @@ class CrawlKeys:
         return f"{self.tag}:{name}"
 
     def __getattr__(self, attribute: str) -> str:
-        """The fixed-name keys of :data:`KEY_TABLE` (``keys.queue`` is ``<tag>:queue``)."""
+        """The fixed-name keys of :data:`CRAWL_KEY_NAMES` (``keys.queue`` is ``<tag>:queue``)."""
         try:
-            name = CRAWL_KEY_NAMES[attribute][0]
+            name = CRAWL_KEY_NAMES[attribute]
         except KeyError:
             raise AttributeError(f"{type(self).__name__} has no key {attribute!r}") from None
         return self._k(name)
