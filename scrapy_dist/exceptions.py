@@ -52,8 +52,9 @@ class FrontierStateError(FrontierScriptError):
     wrong type, a bloom count past its bound, ...). ``reason`` is the script's slug, ``key`` the key."""
 
     def __init__(self, reason: str, key: str) -> None:
-        super().__init__(f"The frontier refused to write: {key!r} holds an unusable value ({reason});"
-                         " nothing was written. Repair or delete that key (SCHEDULER_FLUSH_ON_START clears the"
-                         " crawl)")
+        super().__init__(
+            f"The frontier refused to write: {key!r} holds an unusable value ({reason}); nothing was"
+            " written. Repair or delete that key (SCHEDULER_FLUSH_ON_START clears the crawl)"
+        )
         self.reason = reason
         self.key = key
