@@ -148,11 +148,8 @@ class EmbeddedRedis:
         return socket_path_for(self.directory)
 
     def _read_state(self) -> dict[str, Any] | None:
-        text = read_private(self.state_path)
-        if text is None:
-            return None
         try:
-            state = json.loads(text)
+            state = json.loads(read_private(self.state_path) or "null")
         except ValueError:
             return None
         # only where we would have put the socket ourselves (an older state file's TCP port may be anyone's)
@@ -177,9 +174,8 @@ class EmbeddedRedis:
         seconds while it loads its data (``LOADING``)."""
         if not self._socket_dir_ok():
             return False
-        client = _probe_client(state)
         deadline = time.monotonic() + loading_timeout
-        try:
+        with _probe_client(state) as client:
             while True:
                 try:
                     served = str(client.config_get("dir").get("dir") or "")
@@ -191,22 +187,19 @@ class EmbeddedRedis:
                 except (redis.RedisError, OSError):
                     return False
                 return os.path.realpath(served) == os.path.realpath(self.directory)
-        finally:
-            client.close()
 
-    def _apply_maxmemory(self, state: dict[str, Any]) -> None:
-        """Give a running server this process's ``maxmemory`` if it differs (it was started by another)."""
-        client = _probe_client(state)
-        try:
+    def _apply_maxmemory(self) -> None:
+        """Give the running server (another process may have started it) the ``maxmemory`` the caller
+        chose, if it differs."""
+        state = self._read_state() if self.maxmemory_explicit else None
+        if state is None:
+            return
+        with _probe_client(state) as client, contextlib.suppress(redis.RedisError, OSError, ValueError):
             current = int(client.config_get("maxmemory").get("maxmemory") or 0)
             if current != self.maxmemory:
                 client.config_set("maxmemory", self.maxmemory)
                 logger.info("Embedded Redis in %s: maxmemory set to %d bytes (was %d)", self.directory,
                             self.maxmemory, current)
-        except (redis.RedisError, OSError, ValueError):
-            pass
-        finally:
-            client.close()
 
     def url(self, loading_timeout: float = 60.0) -> str | None:
         """URL of the running server, or ``None`` if none answers (never starts one);
@@ -227,15 +220,10 @@ class EmbeddedRedis:
         if state is None:
             return out
         out.update(running=True, url=url, socket=state["socket"], pid=state.get("pid"))
-        client = _probe_client(state)
-        try:
+        with _probe_client(state) as client, contextlib.suppress(redis.RedisError, OSError):
             info = client.info("memory")
             out.update(used_memory=info.get("used_memory"), maxmemory=info.get("maxmemory"),
                        keys=client.dbsize())
-        except (redis.RedisError, OSError):
-            pass
-        finally:
-            client.close()
         return out
 
     def ensure_running(self, timeout: float = 60.0) -> tuple[str, bool]:
@@ -244,7 +232,7 @@ class EmbeddedRedis:
         make_private_dir(self.directory)
         url = self.url()
         if url:
-            self._apply_maxmemory_from_state()
+            self._apply_maxmemory()
             return url, False
         socket_dir = self.socket_path.parent
         if socket_dir != self.directory:
@@ -252,17 +240,10 @@ class EmbeddedRedis:
         with _thread_lock, file_lock(self.lock_path, timeout):
             url = self.url()  # another process may have started it meanwhile
             if url:
-                self._apply_maxmemory_from_state()
+                self._apply_maxmemory()
                 return url, False
             self._wait_for_old_server()
             return self._start(timeout), True
-
-    def _apply_maxmemory_from_state(self) -> None:
-        if not self.maxmemory_explicit:
-            return
-        state = self._read_state()
-        if state is not None:
-            self._apply_maxmemory(state)
 
     def _wait_for_old_server(self, grace: float = 10.0) -> None:
         """Refuse to start a second server on the same data files while an old one still runs."""
@@ -318,20 +299,14 @@ class EmbeddedRedis:
     def shutdown(self, save: bool = True, timeout: float = 10.0) -> bool:
         """Stop the server (saving its data unless ``save=False``). Returns whether one was running."""
         try:
-            if self.url(loading_timeout=timeout) is None:
-                return False
+            state = self._read_state() if self.url(loading_timeout=timeout) else None
         except RedisUnavailable:
             return False
-        state = self._read_state()
         if state is None:
             return False
-        client = _probe_client(state)
-        try:
+        # the connection drops as the server exits
+        with _probe_client(state) as client, contextlib.suppress(redis.RedisError):
             client.shutdown(save=save, nosave=not save)
-        except redis.RedisError:
-            pass  # the connection drops as the server exits
-        finally:
-            client.close()
         pid = state.get("pid")
         if isinstance(pid, int):
             child = children.pop(pid, None)
