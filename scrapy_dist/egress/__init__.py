@@ -1,13 +1,9 @@
 """Where a worker may connect: the networks of ``SCHEDULER_DENY_NETWORKS``, the checks that need no DNS (a
 host or proxy written as an IP address), and the DNS resolver that refuses denied answers on the address
-each connection uses (:class:`DenyNetworksResolver`, Scrapy's ``TWISTED_DNS_RESOLVER``).
-
-The check sits in the resolver because a check before the download and the download itself would get two
-answers, and a name that answers a public address first and 127.0.0.1 a moment later (DNS rebinding) would
-pass. Scrapy connects to hosts and proxies through the reactor's resolver, which Scrapy installs from the
-process's settings, so :func:`enforce` (called by the scheduler and the add-on's middleware) installs ours
-when the engine starts, or wraps any other resolver (with one WARNING naming it). The resolver is the
-process's: it refuses the networks of every crawl running in it.
+each connection uses (:class:`DenyNetworksResolver`), so that a name answering differently from one lookup
+to the next (DNS rebinding) meets the check on the answer used. :func:`enforce` (called by the scheduler
+and the add-on's middleware) installs it on the reactor when the engine starts, or wraps any other
+resolver; it refuses the networks of every crawl running in the process.
 
 May import: ``utils`` and the root's exceptions.
 """
@@ -164,9 +160,8 @@ class DenyPolicy:
         raise DeniedNetwork(why)
 
     def mark(self, why: str) -> str:
-        """A host name standing in for a refused address: an ``IHostnameResolver`` can only drop an address,
-        which its caller reports as a DNS failure, so it passes this name, whose lookup fails with
-        :class:`DeniedNetwork` (:meth:`unmark`; the newest 10,000 are kept)."""
+        """A host name standing in for a refused address (an ``IHostnameResolver`` could only drop it, a DNS
+        failure), whose lookup fails with :class:`DeniedNetwork` (:meth:`unmark`; the newest 10,000 kept)."""
         name = f"denied-{secrets.token_hex(8)}{_MARK_SUFFIX}"
         self._marks[name] = why
         while len(self._marks) > 10_000:
@@ -198,9 +193,7 @@ class _CheckedAnswers:
         refused = self.policy.unmark(name)
         if refused is not None:
             return refused
-        d = self.lookup(name, timeout)
-        d.addCallback(self.policy.check, name)
-        return d
+        return self.lookup(name, timeout).addCallback(self.policy.check, name)
 
 
 @implementer(IResolverSimple)
@@ -223,8 +216,7 @@ class DenyingResolver(_CheckedAnswers):
     """Any ``IResolverSimple`` (``inner``) whose answers are checked as :class:`DenyNetworksResolver`'s."""
 
     def __init__(self, inner: Any, policy: DenyPolicy = POLICY) -> None:
-        self.inner = inner
-        self.policy = policy
+        self.inner, self.policy = inner, policy
 
     def lookup(self, name: str, timeout: Sequence[int] = (1, 3, 11, 45)) -> Deferred[str]:
         return self.inner.getHostByName(name, timeout)  # type: ignore[no-any-return]
@@ -246,9 +238,7 @@ class _DenyingReceiver:
     """Passes on the addresses of a resolution; a denied one becomes a stand-in that fails to connect."""
 
     def __init__(self, receiver: Any, name: str, policy: DenyPolicy) -> None:
-        self.receiver = receiver
-        self.name = name
-        self.policy = policy
+        self.receiver, self.name, self.policy = receiver, name, policy
 
     def resolutionBegan(self, resolution: IHostResolution) -> None:
         self.receiver.resolutionBegan(resolution)
@@ -270,8 +260,7 @@ class DenyingNameResolver:
     stand-in (:meth:`DenyPolicy.mark`) that the reactor's simple resolver (one of ours) refuses."""
 
     def __init__(self, inner: Any, policy: DenyPolicy = POLICY) -> None:
-        self.inner = inner
-        self.policy = policy
+        self.inner, self.policy = inner, policy
 
     def resolveHostName(
         self, resolutionReceiver: Any, hostName: str, portNumber: int = 0,
