@@ -5,8 +5,7 @@ to the next (DNS rebinding) meets the check on the answer used. :func:`enforce` 
 and the add-on's middleware) installs it on the reactor when the engine starts, or wraps any other
 resolver; it refuses the networks of every crawl running in the process.
 
-May import: ``utils`` and the root's exceptions.
-"""
+May import: ``utils`` and the root's exceptions."""
 
 from __future__ import annotations
 

@@ -152,7 +152,7 @@ class EmbeddedRedis:
             state = json.loads(read_private(self.state_path) or "null")
         except ValueError:
             return None
-        # only where we would have put the socket ourselves (an older state file's TCP port may be anyone's)
+        # only where we would put the socket ourselves: never a TCP port, which anyone may hold
         if not isinstance(state, dict) or state.get("socket") != str(self.socket_path):
             return None
         return state

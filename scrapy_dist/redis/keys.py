@@ -4,8 +4,7 @@ Every per-crawl key starts with ``<prefix>{<spider>}:`` -- a Redis Cluster hash 
 touch several keys of one crawl; shard ``i >= 1`` of a sharded frontier uses ``{<spider>#<i>...}``
 (:func:`shard_suffix`). Seeds keep the plain ``<prefix><spider>:start_urls`` users type into ``redis-cli``.
 Nothing else, not even Lua, builds a key name, except ``<key>:garbage`` (:data:`GARBAGE`), where a key of
-another Redis type is moved aside.
-"""
+another Redis type is moved aside."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ format"). A *payload* is ``b"\x01" + msgpack(map)``, or ``b"\x03" + tag + nonce 
 signed with the crawl's secret (:mod:`scrapy_dist.wire.entrypolicy`, re-exported here, also says what an
 untrusted entry may ask for). Decoding treats the bytes as untrusted: every field is type-checked, and any
 deviation is :class:`RejectedEntry` with a short reason, the only exception :func:`decode_request` lets
-out. Also here: which spider methods an entry may name as callback, and the records of refused input.
-"""
+out. Also here: which spider methods an entry may name as callback, and the records of refused input."""
 
 from __future__ import annotations
 

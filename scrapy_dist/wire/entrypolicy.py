@@ -1,13 +1,10 @@
 """What an untrusted entry may carry: the entry policy and the crawl's secret that tells its own entries
 from anyone else's, the credential headers a middleware added (never stored), and the checks of seed fields.
 
-Payloads are sealed here (:meth:`EntryPolicy.seal`: ``b"\\x01" + body``, or with a secret ``b"\\x03" + tag +
-nonce + body``) and read by :mod:`scrapy_dist.wire.codec`, which holds every untrusted entry to the rules
-for seeds (``SEEDS_META_ALLOWED`` meta keys, no framing or routing headers, the spider's
-``allowed_domains``). The tag is the 16-byte keyed BLAKE2b of the crawl, the kind of key (:data:`FRONTIER`
-or :data:`DEAD`), the nonce and the body, so a signed entry copied into another crawl or from the dead
-letters into the queue does not verify. Version 2 payloads (a tag of the body alone) are read as untrusted.
-"""
+Payloads are sealed here (:meth:`EntryPolicy.seal`) and read by :mod:`scrapy_dist.wire.codec`, which holds
+every untrusted entry to the rules for seeds. The tag is the 16-byte keyed BLAKE2b of the crawl, the kind
+of key (:data:`FRONTIER` or :data:`DEAD`), the nonce and the body, so a signed entry copied into another
+crawl or from the dead letters into the queue does not verify."""
 
 from __future__ import annotations
 
@@ -166,28 +163,19 @@ class EntryPolicy:
 
     allowed_schemes: tuple[str, ...] = ("http", "https")
     max_bytes: int = 1024 * 1024
-    #: fnmatch patterns of the meta keys an untrusted entry may set (see :func:`check_meta_keys`)
-    meta_allowed: tuple[str, ...] = ("*",)
-    #: credential headers (Authorization, Cookie) an untrusted entry may set
-    headers_allowed: tuple[str, ...] = ()
-    #: the crawl's secret; ``None``: every queue entry is trusted as the crawl's own
-    secret: bytes | None = None
-    #: the crawl the tags are bound to (``CrawlKeys.tag`` of shard 0: ``<prefix>{<spider>}``)
-    crawl: str = ""
-    #: the kind of key the entries are signed for: :data:`FRONTIER` or :data:`DEAD`
-    kind: str = FRONTIER
+    meta_allowed: tuple[str, ...] = ("*",)  # fnmatch patterns of the meta keys an untrusted entry may set
+    headers_allowed: tuple[str, ...] = ()  # credential headers (Authorization, Cookie) it may set
+    secret: bytes | None = None  # the crawl's secret; None: every queue entry counts as the crawl's own
+    crawl: str = ""  # the crawl the tags are bound to (shard 0's CrawlKeys.tag: <prefix>{<spider>})
+    kind: str = FRONTIER  # the kind of key the entries are signed for: FRONTIER or DEAD
 
     @classmethod
     def from_dist(cls, ds: DistSettings) -> EntryPolicy:
         """The policy of a crawl's typed settings (on the embedded Redis without a secret, the one it keeps
         with its private files)."""
-        return cls(
-            allowed_schemes=ds.scheduler.allowed_schemes,
-            max_bytes=ds.scheduler.max_entry_bytes,
-            meta_allowed=ds.seeds.meta_allowed,
-            headers_allowed=ds.seeds.headers_allowed,
-            secret=ds.scheduler.entry_secret or embedded_secret(ds),
-        )
+        return cls(allowed_schemes=ds.scheduler.allowed_schemes, max_bytes=ds.scheduler.max_entry_bytes,
+                   meta_allowed=ds.seeds.meta_allowed, headers_allowed=ds.seeds.headers_allowed,
+                   secret=ds.scheduler.entry_secret or embedded_secret(ds))
 
     def bound(self, crawl: str | None = None, kind: str | None = None) -> EntryPolicy:
         """This policy signing and verifying for ``crawl`` and ``kind`` (None: unchanged)."""
@@ -276,9 +264,8 @@ def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
     if data[:1] != _SIGNED_BYTE:
         return False
     if not policy.verify(data):
-        raise RejectedEntry(
-            "bad_tag", "the entry's tag does not verify for this crawl (another secret, crawl or kind of key)"
-        )
+        raise RejectedEntry("bad_tag", "the entry's tag does not verify for this crawl (another secret, crawl"
+                                       " or kind of key)")
     return True
 
 
