@@ -5,7 +5,7 @@ others; and here the two small guards the add-on installs.
 :class:`DenyNetworksMiddleware` refuses requests to ``SCHEDULER_DENY_NETWORKS``. Anyone who can push a seed
 or a queue entry chooses URLs the workers fetch from inside your network (cloud metadata at
 ``169.254.169.254``, the Redis itself, an admin page on ``10.0.0.1``). The check that counts is made on the
-address each connection uses, in the DNS resolver (:mod:`scrapy_dist.egress.networks`), which
+address each connection uses, in the DNS resolver (:mod:`scrapy_dist.egress`), which
 :func:`~scrapy_dist.egress.enforce` puts in place -- with this middleware or with the scheduler alone. The
 middleware adds what a resolver cannot do:
 
@@ -41,8 +41,7 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import threads
 
-from scrapy_dist.egress import DeniedNetwork, denied, enforce, request_refusal
-from scrapy_dist.egress.networks import Network
+from scrapy_dist.egress import DeniedNetwork, Network, denied, enforce, request_refusal
 from scrapy_dist.frontier.revisit import VALIDATOR_HEADERS
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import refusing
