@@ -16,7 +16,7 @@ from twisted.internet.error import DNSLookupError
 
 from scrapy_dist.egress import DeniedNetwork, DenyNetworksResolver, DenyPolicy, install, parse_networks
 from scrapy_dist.egress.networks import DenyingNameResolver, DenyingResolver
-from scrapy_dist.frontier.control import parse_record
+from scrapy_dist.frontier.orders import parse_record
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.settings import defaults
 

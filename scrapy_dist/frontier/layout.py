@@ -1,17 +1,21 @@
-"""A crawl's layout in Redis: its shards, their keys and dupefilters -- joined at start, removed at the end --
-and which shard a request goes to (:class:`Router`).
+"""A crawl's layout in Redis: its shards, their keys and dupefilters -- joined at start, removed at the end
+-- which shard a request goes to (:class:`ShardRouter`), and the control hash.
 
-:meth:`CrawlLayout.join` records (first worker) or checks the crawl's ``SCHEDULER_POLITENESS`` mode, its
-``SCHEDULER_SHARDS`` N and the newest frontier format (:func:`format_check`) in the control hash, refusing
-a worker that differs in one line; :meth:`CrawlLayout.delete` clears every shard of this worker's and the
-recorded N (``SCHEDULER_FLUSH_ON_START``); :meth:`CrawlLayout.finish` lets the last worker remove a
-finished crawl (``SCHEDULER_PERSIST = False``); :meth:`CrawlLayout.filter_stats` sums the dupefilter
-figures over the shards.
+:meth:`CrawlLayout.join` records (first worker) or checks the crawl's ``SCHEDULER_POLITENESS``, its
+``SCHEDULER_SHARDS`` and its frontier format (:func:`format_check`) in the control hash, refusing a worker
+that differs in one line.
+
+**Control flags**: ``{spider}:control`` (a HASH: ``paused``, ``close``/``close_at``, ``errors_tripped_at``,
+``shards``; docs/monitoring.md), read and written by the scheduler, the monitors and ``scrapy-dist
+pause|resume|close``. Anything in it is untrusted: :func:`parse_control` never raises for garbage, it
+ignores a bad field and names it in :attr:`ControlState.problems`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,10 +24,11 @@ import redis
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.exceptions import ScrapyDistError, ShardingRefused
-from scrapy_dist.frontier.control import move_aside_foreign
 from scrapy_dist.frontier.shard import Frontier, domain_shard, shard_of, shards_idle
 from scrapy_dist.redis import scripts
+from scrapy_dist.redis.keys import GARBAGE
 from scrapy_dist.redis.scripts import count as untrusted_count
+from scrapy_dist.redis.scripts import hash_fields
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -32,29 +37,22 @@ if TYPE_CHECKING:
     from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.settings import SchedulerSettings
 
-
-
 logger = logging.getLogger(__name__)
 
 #: keys deleted per DEL command
 _DELETE_BATCH = 100
-
-#: how scrapy-dist lays a crawl out in Redis, recorded in the control hash (field ``format``) by every
-#: worker that joins: 1 = lease metadata in a HASH (before the control hash recorded it; still read),
-#: 2 = lease keys (a tag after the queue member, ``lua/sync_sweep.lua``). Bump it with any change an
-#: older worker would misread (it would reject the newer entries as garbage): such a worker refuses to
-#: join, and a newer one refuses while workers of an older format are running (docs/operations.md,
-#: "Upgrading").
+#: how scrapy-dist lays a crawl out in Redis, recorded in the control hash (field ``format``): bump it with
+#: any change an older worker would misread; such a worker refuses to join, and a newer one refuses while
+#: workers of an older format run (docs/operations.md, "Upgrading")
 FRONTIER_FORMAT = 2
 #: values of the ``format`` field taken as a format; anything else is garbage (overwritten, warned)
 _FORMAT_LIMIT = 1000
 
 
 def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -> str | None:
-    """What a worker of frontier format ``ours`` does with the crawl's ``recorded`` format, while
-    ``running`` other workers have sent a heartbeat within a lease's time: ``None`` (join, nothing to
-    write), ``"write"`` (join and record ``ours``: a first worker, an upgrade of a crawl nobody runs, or
-    garbage in the field). Raises :class:`ScrapyDistError` (one line) when it must not join."""
+    """What a worker of format ``ours`` does with the crawl's ``recorded`` format while ``running`` workers
+    hold leases: ``None`` (join), ``"write"`` (join and record ``ours``); raises :class:`ScrapyDistError`
+    when it must not join."""
     if recorded is None:
         return "write"
     text = recorded.decode(errors="replace")
@@ -85,24 +83,18 @@ class CrawlLayout:
         lease_seconds: float = 60.0,
     ) -> None:
         self.keys = keys
-        #: a worker seen within this many seconds counts as running (its leases are still valid)
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = lease_seconds  # a worker seen within it counts as running
         self.df = dupefilter
         self.shards = shards
         self.politeness = politeness
-        #: the keys of every shard; shard 0 is the crawl's own keys
-        self.shard_keys = keys.shards(shards)
-        #: one dupefilter per shard (the crawl's own dupefilter with one shard)
+        self.shard_keys = keys.shards(shards)  # shard 0 is the crawl's own keys
         self.shard_dfs: list[Any] = [dupefilter]
-        #: the crawl-wide pause flag when this worker joined
-        self.paused = False
+        self.paused = False  # the crawl-wide pause flag when this worker joined
 
-    # -- start ----------------------------------------------------------------------------------------
     def open(self, client: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
-        """At a worker's start, through the sync ``client``: clear the crawl first with ``flush_on_start``,
-        join it, and return its backlog (requests pending, fingerprints remembered). Anything refused
-        raises a :class:`ScrapyDistError` (one line)."""
-        move_aside_foreign(client, self.keys.control)  # garbage there failed every worker
+        """Clear the crawl first with ``flush_on_start``, join it, and return its backlog (requests
+        pending, fingerprints remembered); raises :class:`ScrapyDistError` (one line)."""
+        move_aside_foreign(client, self.keys.control)
         if flush_on_start:
             self.delete(client)
             logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
@@ -110,11 +102,8 @@ class CrawlLayout:
         return self.backlog(client)
 
     def join(self, client: Any, batched: bool) -> None:
-        """Record or check the crawl's mode and N (one round trip), then open every shard's dupefilter.
-
-        ``batched``: the dupefilter is a scrapy-dist one (each shard gets its own). Raises
-        :class:`ScrapyDistError` with one line when this worker cannot join.
-        """
+        """Record or check the crawl's mode and N, then open every shard's dupefilter (``batched``: a
+        scrapy-dist one, split per shard)."""
         keys = self.keys
         pipe = client.pipeline(transaction=False)
         pipe.hsetnx(keys.control, "politeness", self.politeness)
@@ -153,8 +142,7 @@ class CrawlLayout:
                 df.open()
 
     def backlog(self, client: Any) -> tuple[int, int]:
-        """(requests queued, leased or delayed; fingerprints remembered) over every shard: what a worker
-        joining the crawl finds (one pipelined round trip)."""
+        """(requests queued, leased or delayed; fingerprints remembered) over every shard."""
         pipe = client.pipeline(transaction=False)
         for k in self.shard_keys:
             pipe.hget(k.queue_tails, "count")  # queue members may be chunks of several requests
@@ -176,7 +164,7 @@ class CrawlLayout:
         self, redis: Any, worker_id: str, cfg: SchedulerSettings, sequence: str, *, batched: bool,
         limits_bound: str = "",
     ) -> list[Frontier]:
-        """One :class:`Frontier` per shard on ``redis`` (the worker's heartbeat written by shard 0's)."""
+        """One :class:`Frontier` per shard (the worker's heartbeat written by shard 0's)."""
         return [
             Frontier(
                 redis, keys, worker_id, df if batched else None, sequence=sequence,
@@ -187,13 +175,11 @@ class CrawlLayout:
             for i, (keys, df) in enumerate(zip(self.shard_keys, self.shard_dfs, strict=True))
         ]
 
-    # -- keys -----------------------------------------------------------------------------------------
     @staticmethod
     def key_names(keys: CrawlKeys, df: Any) -> list[str]:
         """Every key of one shard (all of the crawl's frontier keys for shard 0), bloom blocks included."""
-        names = keys.frontier_keys()
         own = getattr(df, "key_names", None)
-        return names + (own() if own is not None else [])
+        return keys.frontier_keys() + (own() if own is not None else [])
 
     def layouts(self, shards: int) -> list[tuple[CrawlKeys, Any]]:
         """(keys, dupefilter) of every shard of a frontier of ``shards`` shards."""
@@ -205,7 +191,7 @@ class CrawlLayout:
         return [(k, split(k, shards) if split else self.df) for k in self.keys.shards(shards)]
 
     def delete(self, client: Any) -> None:
-        """``SCHEDULER_FLUSH_ON_START``: delete every shard's keys (synchronous client)."""
+        """``SCHEDULER_FLUSH_ON_START``: delete every shard's keys (of this worker's N and the recorded N)."""
         recorded = client.hget(self.keys.control, "shards")
         recorded_n = int(recorded) if recorded is not None and recorded.isdigit() else 1
         for shards in sorted({self.shards, max(1, min(recorded_n, 1024))}):
@@ -214,19 +200,16 @@ class CrawlLayout:
                 for i in range(0, len(names), _DELETE_BATCH):
                     client.delete(*names[i : i + _DELETE_BATCH])
 
-    # -- end ------------------------------------------------------------------------------------------
     async def finish(self, redis: Any, worker_id: str, lease_seconds: float) -> None:
-        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys. With
-        shards, ``finish.lua`` sees only shard 0: the others are first checked empty
-        (:func:`~scrapy_dist.frontier.shard.shards_idle`) and deleted once shard 0's keys have been."""
+        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys.
+        ``finish.lua`` sees only shard 0: the others are checked empty first and deleted after it."""
         keys = self.keys
         if self.shards > 1 and not await shards_idle(redis, self.shard_keys):
             await redis.zrem(keys.workers, worker_id)
             return
         layouts = self.layouts(self.shards)
-        script = scripts.register(redis, "finish")
         first = [keys.workers, keys.queue, keys.leases, keys.delayed]
-        deleted = await script(
+        deleted = await scripts.register(redis, "finish")(
             keys=first + [k for k in self.key_names(*layouts[0]) if k not in first],
             args=[worker_id, repr(lease_seconds)],
         )
@@ -238,9 +221,8 @@ class CrawlLayout:
             logger.info("SCHEDULER_PERSIST is off and the crawl has finished: removed its frontier keys")
 
     async def leave_unmonitored(self, redis: Any, worker_id: str) -> None:
-        """Without ClusterStats (the two classic settings, no add-on) nothing tells ``scrapy-dist status``
-        this worker closed, and its heartbeat in the workers ZSET would show it lost: a worker without a
-        details hash (ClusterStats writes it at open) leaves the ZSET. EXISTS + ZREM."""
+        """Without ClusterStats nothing tells ``status`` this worker closed: a worker without a details
+        hash leaves the workers ZSET (else it would show lost). EXISTS + ZREM."""
         from scrapy_dist.redis.connection import CONNECT_ERRORS
 
         try:
@@ -269,8 +251,7 @@ class CrawlLayout:
 
 
 def crawl_fingerprinter(crawler: Any) -> Any:
-    """The crawl's request fingerprinter; Scrapy's default one where the crawler has none yet (a scheduler
-    opened outside a crawl, as Scrapy's own scheduler tests do)."""
+    """The crawl's request fingerprinter; Scrapy's default one where the crawler has none yet."""
     try:
         return crawler.request_fingerprinter
     except (AttributeError, RuntimeError):
@@ -303,12 +284,8 @@ class FrontierState:
         return {"queued": self.queued, "inflight": self.inflight, "delayed": self.delayed}
 
 
-#: seconds after a sync call repaired a key that holds requests (moved a queue, leases or delayed key of
-#: another Redis type aside) during which an empty frontier is not taken as drained: the repair itself
-#: empties that key, and whoever swapped it in may put the crawl's real one back a moment later (an empty
-#: reading then ended the crawl with hundreds of requests still queued: seen in the hostile-writer run
-#: with crawl-wide politeness). Other repairs (counters, bloom blocks, ...) hide no work: a crawl they
-#: hit every second still finishes.
+#: seconds after a sync call moved aside a key that holds requests during which an empty frontier is not
+#: taken as drained: whoever swapped it in may put the crawl's real one back a moment later
 REPAIR_GRACE = 10.0
 
 
@@ -320,17 +297,14 @@ class ShardRouter:
             raise ValueError(f"SCHEDULER_SHARDS must be >= 1, not {shards!r}")
         self.shards = shards
         self.fingerprinter = fingerprinter
-        #: route by the request's host, not its fingerprint (crawl-wide politeness with shards: a domain's
-        #: queue, limits and fingerprints live on one shard)
+        #: route by host (crawl-wide politeness: a domain's queue, limits and fingerprints on one shard)
         self.by_domain = by_domain
         self.states: list[ShardState | None] = [None] * shards
         self._last_snapshot: tuple[ShardState | None, ...] | None = None
-        #: when (monotonic) a call last moved a key holding work aside: empty counts REPAIR_GRACE later
         self._repaired_at: float | None = None
 
     def shard(self, request: Request, fingerprint: bytes | None = None) -> int:
-        """The shard a new request (or a delayed retry) goes to: that of its fingerprint (pass it when
-        already computed), or of its host when routing by domain."""
+        """The shard of a new request: that of its fingerprint, or of its host when routing by domain."""
         if self.shards == 1:
             return 0
         if self.by_domain:
@@ -344,9 +318,9 @@ class ShardRouter:
         return domain_shard(domain, self.shards) if self.by_domain else 0
 
     def lease_split(self, want: int) -> list[int]:
-        """How many of ``want`` requests to lease from each shard: in proportion to each shard's last
-        reported queue length, at least 1 from any non-empty shard; evenly (at least 1 each) while no
-        shard is known to hold anything, so that new work anywhere is found in one round."""
+        """How many of ``want`` requests to lease from each shard: in proportion to each one's last queue
+        length, at least 1 from a non-empty shard; evenly (at least 1 each) while none is known to hold
+        anything, so that new work anywhere is found in one round."""
         n = self.shards
         if n == 1 or want <= 0:
             return [want] + [0] * (n - 1)
@@ -368,8 +342,9 @@ class ShardRouter:
         self._last_snapshot = None
 
     def settle(self, now: float | None = None) -> FrontierState:
-        """The crawl-wide state after a round that reached every shard (``now``: :func:`time.monotonic`).
-        Empty is confirmed only once :data:`REPAIR_GRACE` has passed since the last repair."""
+        """The crawl-wide state after a round that reached every shard. With shards, empty is confirmed
+        by two empty rounds with no sequence counter moved in between, and :data:`REPAIR_GRACE` after
+        the last repair."""
         states = self.states
         queued, inflight, delayed = (
             sum(getattr(st, name) for st in states if st is not None)
@@ -377,11 +352,150 @@ class ShardRouter:
         )
         empty = not (queued or inflight or delayed)
         snapshot = tuple(states)
-        # With shards, a request could move from one shard to another between two answers. Empty twice
-        # with no entry created anywhere in between (the sequence counters did not move) proves an
-        # instant when every shard was empty.
         confirmed = empty if self.shards == 1 else empty and snapshot == self._last_snapshot
         self._last_snapshot = snapshot if empty else None
         if confirmed and self._repaired_at is not None:
             confirmed = (time.monotonic() if now is None else now) - self._repaired_at >= REPAIR_GRACE
         return FrontierState(queued, inflight, delayed, confirmed)
+
+
+# -- the control hash ----------------------------------------------------------------------------
+#: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
+CLOSE_AT_SLACK = 60.0
+#: the most shards a control hash may record (more is garbage)
+MAX_SHARDS = 1024
+_REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_reported: set[tuple[str, str]] = set()
+
+
+@dataclass(frozen=True)
+class ControlState:
+    """The control flags as read from Redis (see :func:`parse_control`)."""
+
+    paused: bool = False
+    paused_by: str = ""
+    close: str = ""
+    close_at: float | None = None
+    #: the crawl's recorded shard count, None if absent or garbage
+    shards: int | None = None
+    #: the crawl's recorded SCHEDULER_POLITENESS, "" if absent or garbage
+    politeness: str = ""
+    #: one short description per garbage field, for a one-time warning
+    problems: tuple[str, ...] = ()
+
+    @classmethod
+    def from_hash(cls, raw: Any) -> ControlState:
+        return parse_control(raw)
+
+    def close_reason(self, started_at: float, now: float | None = None) -> str:
+        """The close reason a worker started at ``started_at`` (server time) must act on, or ``""``: only
+        a decision taken since, and at most :data:`CLOSE_AT_SLACK` past ``now`` (None: no upper bound)."""
+        if not self.close or self.close_at is None or self.close_at < started_at:
+            return ""
+        if now is not None and self.close_at > now + CLOSE_AT_SLACK:
+            return ""
+        return self.close
+
+
+def parse_control(raw: Any) -> ControlState:
+    """The one parser of ``{spider}:control``. Raises :class:`RejectedEntry` (reason ``not_a_hash``) only
+    if ``raw`` is not a mapping; a garbage field is ignored and named in ``problems``."""
+    d = hash_fields(raw, "control")
+    problems: list[str] = []
+    paused_text = d.get("paused", "")
+    if paused_text not in ("", "0", "1"):
+        problems.append(f"paused={paused_text[:40]!r} (expected 0 or 1)")
+    close = d.get("close", "")
+    if close and not _REASON.fullmatch(close):
+        problems.append(f"close={close[:40]!r} (not a close reason)")
+        close = ""
+    at: float | None = None
+    close_at = d.get("close_at", "")
+    if close_at:
+        try:
+            at = float(close_at)
+        except ValueError:
+            at = None
+        if at is None or not math.isfinite(at) or at < 0:
+            problems.append(f"close_at={close_at[:40]!r} (not a time)")
+            at = None
+    shards: int | None = None
+    shards_text = d.get("shards", "")
+    if shards_text:
+        digits = shards_text.isascii() and shards_text.isdigit() and len(shards_text) <= 6
+        if digits and 1 <= int(shards_text) <= MAX_SHARDS:
+            shards = int(shards_text)
+        else:
+            problems.append(f"shards={shards_text[:40]!r} (expected 1 to {MAX_SHARDS})")
+    paused_by = d.get("paused_by", "")
+    if paused_by and not _REASON.fullmatch(paused_by):
+        problems.append(f"paused_by={paused_by[:40]!r}")
+        paused_by = "?"
+    politeness = d.get("politeness", "")
+    if politeness not in ("", "process", "cluster"):
+        problems.append(f"politeness={politeness[:40]!r} (expected process or cluster)")
+        politeness = ""
+    return ControlState(paused_text == "1", paused_by, close, at, shards, politeness, tuple(problems))
+
+
+def report_problems(control_key: str, state: ControlState, log: logging.Logger = logger) -> None:
+    """Log each garbage field of ``control_key`` once per process (WARNING), whatever values it takes."""
+    for problem in state.problems:
+        field = problem.partition("=")[0]
+        if (control_key, field) not in _reported:
+            _reported.add((control_key, field))
+            log.warning("Ignoring garbage in %s: %s", control_key, problem)
+
+
+def move_aside_foreign(client: Any, control_key: str) -> bool:
+    """Move a control hash of another Redis type aside to ``<key>:garbage`` (with a warning) instead of
+    failing on WRONGTYPE. Synchronous client; True if moved."""
+    kind = client.type(control_key)
+    kind = kind.decode(errors="replace") if isinstance(kind, bytes) else str(kind)
+    if kind in ("none", "hash"):
+        return False
+    client.rename(control_key, control_key + GARBAGE)
+    logger.warning("%s held another Redis type (%s): moved to %s", control_key, kind, control_key + GARBAGE)
+    return True
+
+
+def pause_crawl(client: Any, control_key: str, by: str = "cli") -> None:
+    """Pause the crawl: every worker stops taking new requests at its next sync (one round trip)."""
+    move_aside_foreign(client, control_key)
+    client.hset(control_key, mapping={"paused": "1", "paused_by": by, "paused_at": repr(time.time())})
+
+
+def valid_reason(reason: str) -> bool:
+    """Whether ``reason`` may be a close reason (what :func:`parse_control` accepts)."""
+    return bool(_REASON.fullmatch(reason))
+
+
+def close_crawl(client: Any, control_key: str, reason: str = "shutdown") -> None:
+    """Decide that the crawl closes: every running worker's idle monitor closes with ``reason``; workers
+    started afterwards ignore it (``close_at`` is the server's time now)."""
+    if not valid_reason(reason):
+        raise ValueError(f"close reason {reason!r}: letters, digits and _.:- only, at most 64")
+    move_aside_foreign(client, control_key)
+    sec, usec = client.time()
+    client.hset(control_key, mapping={"close": reason, "close_at": f"{int(sec) + int(usec) / 1e6:.6f}"})
+
+
+def resume_crawl(client: Any, control_key: str, errors_key: str) -> None:
+    """Lift the pause and any close decision and empty the error window (else the errors that paused the
+    crawl would trip it again at once). One round trip."""
+    move_aside_foreign(client, control_key)
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(control_key, "paused", "0")
+    pipe.hdel(control_key, "paused_by", "paused_at", "close", "close_at", "errors_tripped_at")
+    pipe.delete(errors_key)
+    pipe.execute()
+
+
+async def start_time(redis: Any) -> float:
+    """Redis server time (unix seconds, the clock every worker and the CLI agree on); this machine's if
+    Redis is away."""
+    try:
+        sec, usec = await redis.time()
+        return int(sec) + int(usec) / 1e6
+    except Exception:
+        return time.time()

@@ -1,12 +1,9 @@
 """What one worker holds and owes the shared frontier: an I/O-free ledger (methods take ``now``).
 
-Its buffers: **outgoing** writes (discovered requests, delayed retries, dead letters, rejections,
-releases, penalties) until the next round; **ready** leased requests
-(:class:`~scrapy_dist.frontier.orders.LeasedBuffer`) and **local** ones that could not be encoded;
+Its buffers: **outgoing** writes (discovered requests, delayed retries, dead letters, rejections, releases,
+penalties) until the next round; **ready** leased requests and **local** ones that could not be encoded;
 **handed** (in the engine); **acks** of finished requests, which travel in the same atomic call as their
-callback's output (with shards, once a round carrying it has landed on every shard). A failed call's
-batch goes back in front (:meth:`Ledger.restore`): nothing is ever dropped. The
-:class:`~scrapy_dist.frontier.syncloop.SyncLoop` moves it to and from Redis.
+callback's output. A failed call's batch goes back in front (:meth:`Ledger.restore`): nothing is dropped.
 """
 
 from __future__ import annotations
@@ -28,14 +25,12 @@ if TYPE_CHECKING:
 
     from scrapy_dist.frontier.shard import SyncResult
 
-
-#: most discovered requests one sync call carries to one shard: a script holds Redis for its whole run,
-#: so a backlog goes in several short calls (docs/capacity.md)
+#: most discovered requests one sync call carries to one shard: a script holds Redis for its whole run
+#: (docs/capacity.md)
 CALL_RECORDS = 48
-#: an ack, a lease or a renewal costs the script about a sixth of a discovered request: the call that
-#: settles a shard's leases carries that many fewer discovered requests
+#: an ack, a lease or a renewal costs the script about a sixth of a discovered request
 SETTLE_PER_RECORD = 6
-#: discovered requests the settling call always carries: a round makes progress whatever it settles
+#: discovered requests the call settling a shard's leases always carries
 SETTLE_MIN_RECORDS = 8
 #: most calls of one round to one shard (sent concurrently, one round trip)
 CALLS_PER_ROUND = 8
@@ -43,8 +38,7 @@ CALLS_PER_ROUND = 8
 
 @dataclass(frozen=True, kw_only=True)
 class Routed:
-    """Where an outgoing entry goes: its shard and, with crawl-wide politeness, its domain and limits
-    (``"delay concurrency jitter"``)."""
+    """Where an outgoing entry goes: its shard and, with crawl-wide politeness, its domain and limits."""
 
     domain: str = ""
     limits: str = ""
@@ -59,7 +53,6 @@ class Outgoing(Routed):
     #: the dupefilter's two fingerprint tokens; ``t1 == ""`` skips dedupe (``dont_filter``)
     t1: Any
     t2: Any
-    #: queue score (``-priority`` for the priority queue)
     score: float
     #: encoded request; ``b""`` when it could not be encoded (deduped only, then crawled locally)
     payload: bytes
@@ -67,7 +60,6 @@ class Outgoing(Routed):
     record_only: bool = False
 
     def enqueue_item(self) -> tuple[Any, Any, float, bytes, str, str]:
-        """The item of ``SyncBatch.enqueue`` this request becomes."""
         return (self.t1, self.t2, self.score, self.payload, self.domain, self.limits)
 
 
@@ -97,11 +89,10 @@ class Applied:
 def split_calls(
     out: list[Outgoing], shards: int, settle: list[int], max_records: int = CALL_RECORDS, max_calls: int = 1
 ) -> tuple[list[list[Outgoing]], list[int], list[Outgoing]]:
-    """How a round's discovered requests ``out`` go into calls: one call per shard (index = shard), then
-    -- for a shard with more than its first call takes -- up to ``max_calls - 1`` more calls to it of
-    ``max_records`` each. The first call of a shard also settles ``settle[shard]`` leases, acks and
-    renewals, so it takes ``max_records`` less one per :data:`SETTLE_PER_RECORD` of those, at least
-    :data:`SETTLE_MIN_RECORDS`. Returns each call's requests, each call's shard, and what is left."""
+    """How a round's discovered requests go into calls: one call per shard (index = shard), then up to
+    ``max_calls - 1`` more calls of ``max_records`` to a shard with more. A shard's first call also settles
+    ``settle[shard]`` leases, acks and renewals, so it takes fewer (at least :data:`SETTLE_MIN_RECORDS`).
+    Returns each call's requests, each call's shard, and what is left."""
     sent: list[list[Outgoing]] = [[] for _ in range(shards)]
     shard_of = list(range(shards))
     filling, calls = list(range(shards)), [1] * shards  # per shard: the call being filled, calls used
@@ -123,15 +114,13 @@ def split_calls(
 
 
 class AckRiders:
-    """What rides a finished request's ack in the same atomic call: its revisit (an ack that also files
-    the request again, :class:`~scrapy_dist.frontier.revisit.Revisits`) and the items its page produced
-    (appended only if the ack is accepted, :class:`~scrapy_dist.frontier.engine.ItemOutbox`)."""
+    """What rides a finished request's ack in the same atomic call: its revisit (the ack also files the
+    request again) and the items its page produced (appended only if the ack is accepted)."""
 
     def __init__(self) -> None:
         #: lease -> (delay seconds, new member or b"")
         self.revisits: dict[Lease, tuple[float, bytes]] = {}
         self.revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
-        #: lease -> encoded items (lua/sync_items.lua)
         self.items: dict[Lease, list[bytes | str]] = {}
         self.items_of: Callable[[Request], list[bytes | str]] | None = None
 
@@ -166,7 +155,7 @@ class AckRiders:
 
 
 class Ledger:
-    """One worker's account with the frontier (see the module docstring). Reactor thread only."""
+    """One worker's account with the frontier. Reactor thread only."""
 
     def __init__(self, shards: int = 1, worker_id: str = "") -> None:
         self.shards = shards
@@ -190,8 +179,7 @@ class Ledger:
         self.penalties: list[tuple[int, tuple[str, float]]] = []
         self.first_pending: float | None = None  # when the oldest unsent write was buffered
         self.left_behind = 0  # discovered requests the last round left for the next one
-        #: the best (lowest) score among ``out``: a discovered request may outrank everything leased
-        self.best_out = math.inf
+        self.best_out = math.inf  # the best (lowest) score among ``out``
         #: what the current round took, per call (put back by :meth:`restore` if the call fails)
         self._sent: list[list[Outgoing]] = []
         #: the shard of each call of the current round (the first ``shards`` calls: shard = index)
@@ -206,7 +194,6 @@ class Ledger:
     def revisit_of(self, plan: Callable[[Request, Lease], tuple[float, bytes] | None] | None) -> None:
         self.riders.revisit_of = plan
 
-    # -- writes from the scheduler --------------------------------------------------------------------
     def add(self, entry: Outgoing, now: float) -> None:
         self.out.append(entry)
         if entry.score < self.best_out:
@@ -230,8 +217,7 @@ class Ledger:
         self._mark(now)
 
     def reject(self, lease: Lease, exc: RejectedEntry, now: float, at: float | None = None) -> None:
-        """Drop a leased entry that is not a valid request; it is parked with a JSON record (``at``: its
-        unix time, default now)."""
+        """Park a leased entry that is not a valid request with a JSON record (``at``: unix time)."""
         _, member = lease
         self.rejects.append((lease, rejection_record(exc.reason, member, self.worker_id, exc.detail, at)))
         self._mark(now)
@@ -240,7 +226,6 @@ class Ledger:
         if self.first_pending is None:
             self.first_pending = now
 
-    # -- the engine's side ----------------------------------------------------------------------------
     def hand_out(self, load: Callable[[Request], int] | None = None) -> Request | None:
         """The next request for the engine: a local one first, else the best leased one (with ``load``,
         the best one of the least loaded download slot)."""
@@ -285,10 +270,9 @@ class Ledger:
         if self.releases:
             self._mark(now)
 
-    # -- state ----------------------------------------------------------------------------------------
     def outranked(self) -> int:
-        """How many discovered, unsent requests outrank every leased one (usually 0, in one comparison):
-        the engine waits for the round that stores and leases them back rather than start a worse one."""
+        """How many unsent requests outrank every leased one: the engine waits for the round that leases
+        them back rather than start a worse one."""
         if not self.ready:
             return 0  # nothing worse to hold back: the usual prefetch applies
         best = self.ready.best_score()
@@ -315,27 +299,21 @@ class Ledger:
 
     def owes(self) -> bool:
         """Whether anything at all waits to be sent, acks held back included."""
-        return bool(
-            self.has_writes() or self.releases or self.acks or self.acks_new or self.acks_waiting
-        )
+        return bool(self.has_writes() or self.releases or self.acks or self.acks_new or self.acks_waiting)
 
     def busy(self) -> bool:
         """Whether this worker has work of its own: buffered, in the engine, or to send."""
         return bool(self.ready or self.local or self.handed) or self.owes()
 
-    # -- rounds ---------------------------------------------------------------------------------------
     def take_batches(
         self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS, max_calls: int = 1
     ) -> list[SyncBatch]:
-        """The calls of one round: one batch per shard (index = shard) with everything buffered, then more
-        calls for a shard's backlog (:func:`split_calls`; :attr:`call_shards` names each call's shard).
-        What is taken leaves the buffers (see :meth:`restore`); discovered requests past that wait in
-        order for the next round (:attr:`left_behind`).
+        """The calls of one round (:func:`split_calls`; :attr:`call_shards` names each call's shard); what
+        is taken leaves the buffers, discovered requests past it wait for the next round.
 
-        An ack may travel with its request's output only in one atomic call: when every write of this
-        round is in the call that carries it. Else it waits in ``acks_waiting`` until :meth:`finish_round`
-        (one more round, once this one has landed everywhere). While discovered requests are left behind,
-        the acks of requests just finished wait in ``acks_new`` (their output may be among them).
+        An ack travels with its request's output only in one atomic call: when every write of this round
+        is in the call that carries it. Else it waits in ``acks_waiting`` until :meth:`finish_round`. While
+        discovered requests are left behind, the acks of requests just finished wait in ``acks_new``.
         """
         n = self.shards
         settle = [0] * n  # what the first call of each shard settles besides its discovered requests
@@ -402,16 +380,11 @@ class Ledger:
         self._mark(now)
 
     def apply(
-        self,
-        call: int,
-        batch: SyncBatch,
-        result: SyncResult,
-        decode: Callable[[int, bytes], Request],
+        self, call: int, batch: SyncBatch, result: SyncResult, decode: Callable[[int, bytes], Request],
         now: float,
     ) -> Applied:
-        """Take in one call's answer (``call``: its index in the round): which discovered requests were
-        new, what was leased. ``decode(shard, member)`` turns a leased member into a request; whatever it
-        raises, the entry is rejected (parked with a reason): one entry can never stop a worker."""
+        """Take in one call's answer: which discovered requests were new, what was leased. Whatever
+        ``decode(shard, member)`` raises, the entry is rejected: one entry can never stop a worker."""
         applied = Applied(acked=len(batch.ack) + len(batch.revisit))
         shard = self.call_shards[call]
         for entry, new in zip(self._sent[call], result.new, strict=True):
@@ -445,7 +418,7 @@ class Ledger:
         return applied
 
     def finish_round(self, landed: bool, now: float) -> None:
-        """After a round: acks held back may go once it landed on every shard; else they wait again."""
+        """Acks held back may go once the round landed on every shard; else they wait again."""
         if landed:
             self.acks = self.acks + self.acks_waiting
         else:

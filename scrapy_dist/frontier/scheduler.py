@@ -1,12 +1,12 @@
 """The shared frontier as a drop-in Scrapy scheduler: ``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``.
 
 Scrapy calls ``enqueue_request``, ``next_request`` and ``has_pending_requests`` on the reactor thread many
-times per page, and none of them touches Redis: :class:`Scheduler` is a thin facade (docs/architecture.md)
-over the :class:`RequestEncoder` (what a request becomes in the ledger), the
-:class:`~scrapy_dist.frontier.ledger.Ledger`, the :class:`~scrapy_dist.frontier.syncloop.SyncLoop`, the
-:class:`~scrapy_dist.frontier.layout.ShardRouter` and the :class:`~scrapy_dist.frontier.layout.CrawlLayout`.
-A leased request is acknowledged only once the engine has finished it, in the same atomic call as the
-requests its callback produced, so a worker killed at any moment loses nothing.
+times per page, and none of them touches Redis: :class:`Scheduler` is a thin facade over the
+:class:`RequestEncoder`, the :class:`~scrapy_dist.frontier.ledger.Ledger`, the
+:class:`~scrapy_dist.frontier.syncloop.SyncLoop` and the shard router and crawl layout of
+:mod:`~scrapy_dist.frontier.layout`. A leased request is acknowledged only once the engine has finished it,
+in the same atomic call as the requests its callback produced, so a worker killed at any moment loses
+nothing. :class:`FrontierReport` turns each shard's answer into stats and rate-limited log lines.
 """
 
 from __future__ import annotations
@@ -21,29 +21,31 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from scrapy import signals
+from scrapy.dupefilters import BaseDupeFilter
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.dupefilter import RedisDupeFilter
 from scrapy_dist.dupefilter.script import RecentFingerprints
-from scrapy_dist.egress import checked_request
+from scrapy_dist.egress import checked_request, enforce
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
-from scrapy_dist.frontier.control import FrontierReport, NoStats
-from scrapy_dist.frontier.engine import FeedBarrier
+from scrapy_dist.frontier.engine import EngineView, FeedBarrier, Revisits
 from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter, crawl_fingerprinter
 from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
 from scrapy_dist.frontier.orders import START_NOW, DomainLimits, DomainPenalties
-from scrapy_dist.frontier.revisit import Revisits
 from scrapy_dist.frontier.shard import Frontier, RequestDecoder
 from scrapy_dist.frontier.syncloop import SyncLoop
 from scrapy_dist.redis import connection
-from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
+from scrapy_dist.redis.keys import CrawlKeys, crawl_keys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, SchedulerSettings
 from scrapy_dist.settings.reader import refuse_start, start_error
-from scrapy_dist.wire.codec import EntryPolicy, encode_request
+from scrapy_dist.utils import RateLimitedLog
+from scrapy_dist.wire.codec import EntryPolicy, encode_request, entry_policy
 from scrapy_dist.wire.entrypolicy import DEAD
 
 if TYPE_CHECKING:
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_dist.frontier.engine import Engine
+    from scrapy_dist.frontier.ledger import Applied
+    from scrapy_dist.frontier.shard import SyncResult
 
 logger = logging.getLogger(__name__)
 
@@ -85,20 +89,17 @@ class RequestEncoder:
         self.report = report
         self.policy = policy
         self.domain_limits = domain_limits
-        #: the dupefilter is a scrapy-dist one: fingerprints are checked crawl-wide, in the sync call
-        self.batched = batched
+        self.batched = batched  # a scrapy-dist dupefilter: fingerprints are checked in the sync call
         self.polite = polite
         self.spider: Spider | None = None
         #: fingerprints this process sent lately (certainly seen crawl-wide; bounded in time)
         self.recent = RecentFingerprints()
-        #: SEEDS_RECORD_FINGERPRINT: a dont_filter start request records its fingerprint; off, it neither
-        #: consults nor records the filter, as in Scrapy
+        #: SEEDS_RECORD_FINGERPRINT: a dont_filter start request records its fingerprint
         self.record_start = False
         #: DEADLETTER_FORGET: a dead letter's fingerprint is forgotten with it
         self.forget_dead = False
 
     def warn_local_filter(self) -> None:
-        """One WARNING when the dupefilter is Scrapy's own kind: it filters per worker only."""
         if not self.batched and type(self.df).__name__ != "BaseDupeFilter":
             logger.warning(
                 "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
@@ -114,7 +115,6 @@ class RequestEncoder:
         return shard, tokens
 
     def filtered(self, request: Request) -> None:
-        """Log ``request`` as a duplicate (the dupefilter's own line)."""
         self.df.log(request, self.spider)
 
     def encode(self, request: Request) -> bytes | None:
@@ -148,8 +148,7 @@ class RequestEncoder:
             score = START_NOW
         entries = []
         if self.record_start and request.dont_filter and request.meta.get("is_start_request"):
-            # a dedupe-only entry travels with the start request: a page linking back to it is not
-            # fetched once more
+            # a dedupe-only entry travels with the start request: a page linking back to it is not fetched
             fp = self.df.fingerprint(request)
             r1, r2 = self.df.fingerprint_tokens(fp)
             self.recent.add(r1, now)
@@ -186,21 +185,11 @@ class Scheduler:
     """
 
     def __init__(
-        self,
-        dupefilter: Any,
-        keys: CrawlKeys | None = None,
-        redis_settings: Any = None,
-        *,
-        crawler: Crawler | None = None,
-        config: SchedulerSettings | None = None,
-        order: queue.QueueOrder | None = None,
-        stats: StatsCollector | None = None,
-        engine: Engine | None = None,
-        fingerprinter: Any = None,
-        domain_limits: DomainLimits | None = None,
-        worker_id: str | None = None,
-        outage: Outage | None = None,
-        policy: EntryPolicy | None = None,
+        self, dupefilter: Any, keys: CrawlKeys | None = None, redis_settings: Any = None, *,
+        crawler: Crawler | None = None, config: SchedulerSettings | None = None,
+        order: queue.QueueOrder | None = None, stats: StatsCollector | None = None,
+        engine: Engine | None = None, fingerprinter: Any = None, domain_limits: DomainLimits | None = None,
+        worker_id: str | None = None, outage: Outage | None = None, policy: EntryPolicy | None = None,
     ) -> None:
         self.config = cfg = config or SchedulerSettings(downloader_aware=False)
         #: what entries read from the queue must satisfy, and the secret signing what this worker writes
@@ -254,10 +243,46 @@ class Scheduler:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        """The scheduler of ``crawler``, wired by :func:`scrapy_dist.frontier.engine.build`."""
-        return _engine.build(cls, crawler)
+        """The scheduler of ``crawler``; if the crawl's start is (or gets) refused, one that opens nothing
+        while the crawl stops."""
+        if start_error(crawler) is None:
+            try:
+                sched = cls._wired(crawler)
+            except ScrapyDistError as exc:
+                refuse_start(crawler, exc)
+            else:
+                if start_error(crawler) is None:  # the dupefilter may have refused it
+                    return sched
+        sched = cls(BaseDupeFilter(), None, crawler=crawler)
+        sched.refused = True
+        return sched
 
-    # -- what other components read ----------------------------------------------------------------
+    @classmethod
+    def _wired(cls, crawler: Crawler) -> Self:
+        ds = DistSettings.for_crawler(crawler)
+        cfg = ds.scheduler
+        dupefilter = build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
+        qcls: Any = queue.ALIASES.get(cfg.queue_class) or load_object(cfg.queue_class)
+        try:
+            keys: CrawlKeys | None = crawler_keys(crawler)
+        except ValueError:  # no spider name yet (a harness that builds the scheduler first): at open()
+            keys = None
+        sched = cls(
+            dupefilter, keys, ds, crawler=crawler, config=cfg, order=qcls(), stats=crawler.stats,
+            engine=EngineView(crawler), outage=Outage.for_crawler(crawler), policy=entry_policy(crawler),
+            domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
+        )
+        sched.revisits = Revisits.from_crawler(crawler)
+        sched.revisits.policy = sched.policy if keys is not None else None
+        sched.ledger.riders.revisit_of = sched.revisits.plan
+        sched.encoder.forget_dead = ds.dupefilter.forget_dead
+        sched.networks = enforce(crawler, cfg.deny_networks)  # holds without the add-on too
+        sched.encoder.record_start = sched._batched_df and ds.seeds.record_fingerprint
+        if cfg.politeness == "cluster":
+            crawler.signals.connect(sched.penalties.response_received, signal=signals.response_received)
+        sched.components = _engine.run_components(crawler, ds)
+        return sched
+
     @property
     def spider(self) -> Spider | None:
         return self.encoder.spider
@@ -294,7 +319,6 @@ class Scheduler:
         """The crawl-wide pause flag (``scrapy-dist pause``)."""
         return self.loop is not None and self.loop.paused
 
-    # -- lifecycle ---------------------------------------------------------------------------------
     def open(self, spider: Spider) -> Deferred[None]:
         return deferred_from_coro(self.open_async(spider))
 
@@ -448,8 +472,8 @@ class Scheduler:
 
     # -- services for other scrapy-dist components -----------------------------------------------------
     def delay_request(self, request: Request, not_before: float, reason: str = "") -> bool:
-        """Put ``request`` in the crawl's delayed set until ``not_before`` (unix time), batched: written
-        atomically with the ack of the request that failed; any worker takes it then."""
+        """Put ``request`` in the crawl's delayed set until ``not_before`` (unix time), written atomically
+        with the ack of the request that failed."""
         entry = self.encoder.delayed(request, not_before)
         if entry is not None:
             self.ledger.delay(entry, time.monotonic())
@@ -488,3 +512,111 @@ class Scheduler:
 
     def _starts_now(self, request: Request) -> bool:
         return queue.sends_now(request, self.ledger, self.loop, self.config.concurrent_requests)
+
+
+class NoStats:
+    """Stats sink of a scheduler built without a stats collector."""
+
+    def inc_value(self, key: str, count: int = 1, start: int = 0) -> None:
+        pass
+
+    def set_value(self, key: str, value: Any) -> None:
+        pass
+
+
+class FrontierReport:
+    """Stats and log lines of one worker's frontier (``shard_keys``: every shard's keys, for messages)."""
+
+    def __init__(self, stats: Any, shard_keys: list[CrawlKeys], log_duplicate: Any) -> None:
+        self.stats = stats
+        self.shard_keys = shard_keys
+        self.log_duplicate = log_duplicate  # the dupefilter's log of a filtered request
+        self._log = RateLimitedLog(logger)
+        self._unserializable_log = RateLimitedLog.once(logger)
+        #: acks and items refused since this worker's acks were last accepted (told once, refusals_done)
+        self._refused = [0, 0]
+        #: the crawl exports feeds: a refused ack is a page whose items another fetch writes there again
+        self.feeds = False
+
+    def applied(self, applied: Applied, result: SyncResult) -> None:
+        """Stats and logs of one shard's answer."""
+        stats = self.stats
+        for request in applied.duplicates:
+            self.log_duplicate(request)
+        if applied.enqueued:
+            stats.inc_value("scheduler/enqueued/redis", applied.enqueued)
+            stats.inc_value("scheduler/enqueued", applied.enqueued)
+        if result.requeued:
+            stats.inc_value("scheduler/requeued/lease_expired", result.requeued)
+        if result.moved:
+            stats.inc_value("scheduler/delayed/moved", result.moved)
+        if result.rejected:  # malformed members, and copies of entries handed out, the script parked itself
+            stats.inc_value("scheduler/rejected", result.rejected)
+            if result.rejected > result.replayed:
+                stats.inc_value("scheduler/rejected/bad_member", result.rejected - result.replayed)
+            if result.replayed:
+                stats.inc_value("scheduler/rejected/replayed", result.replayed)
+        if result.items:
+            stats.inc_value("redis_items/written", result.items)
+        if result.acks_refused:
+            stats.inc_value("scheduler/acks_refused", result.acks_refused)
+            if result.items_refused:
+                stats.inc_value("redis_items/refused", result.items_refused)
+            if self.feeds:
+                stats.inc_value("feeds/duplicate_pages", result.acks_refused)
+            self._refused[0] += result.acks_refused
+            self._refused[1] += result.items_refused
+        if applied.acked > result.acks_refused:  # this worker's acks count again: the episode is over
+            self.refusals_done()
+        for key in result.repaired:
+            self._log.log(logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing",
+                          key, key=f"repaired:{key}")
+        for (shard, _), exc in applied.rejected:
+            stats.inc_value("scheduler/rejected")
+            stats.inc_value(f"scheduler/rejected/{exc.reason}")
+            keys = self.shard_keys[shard]
+            self._log.log(logging.ERROR, "Rejected a queue entry of %r (%s); moved it to %s",
+                          keys.queue, exc, keys.queue_rejected, key="rejected")
+
+    def refusals_done(self) -> None:
+        """One WARNING for a run of refused acks (until an ack is accepted again, or at close)."""
+        acks, items = self._refused
+        if not acks:
+            return
+        self._refused = [0, 0]
+        logger.warning(
+            "The frontier refused %d acknowledgements and their %d items: those leases were no longer this"
+            " worker's (it was stopped or cut off longer than SCHEDULER_LEASE_SECONDS and another worker"
+            " took them, or an earlier call had already acknowledged them). Their items come from the other"
+            " fetch, once; feed exports may hold these pages' items twice", acks, items,
+        )
+
+    def released(self, reason: str, given: int) -> None:
+        self.stats.set_value("scheduler/released_at_close", given)
+        logger.info("Closing (%s): gave %d leased requests back to the queue", reason, given)
+
+    def unserializable(self, request: Request, exc: UnserializableRequest) -> None:
+        """A request that cannot go to Redis (crawled by this worker only): counted, logged once per key."""
+        self.stats.inc_value("scheduler/unserializable")
+        self._unserializable_log.log(
+            logging.ERROR,
+            "Unable to put %(request)s in the shared frontier: %(reason)s. It is crawled by this worker"
+            " only and is lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools, None,"
+            " lists, dicts) or pass a spider method name. Further requests failing on %(key)s are only"
+            " counted in scheduler/unserializable.",
+            {"request": request, "reason": exc, "key": exc.key}, key=exc.key,
+        )
+
+    @staticmethod
+    def backlog(spider: str, pending: int, remembered: int, persist: bool) -> None:
+        """The line scrapy-redis users look for, and a warning when joining a crawl that has finished."""
+        if pending:
+            logger.info("Resuming crawl (%d requests scheduled)", pending)
+        elif remembered and persist:
+            logger.warning(
+                "The crawl %r has run before and finished: %d fingerprints are remembered"
+                " (SCHEDULER_PERSIST=True), so requests already seen then are skipped now. To start"
+                " afresh: -s SCHEDULER_FLUSH_ON_START=True for this run, or SCHEDULER_PERSIST=False so"
+                " that a finished crawl removes its keys.",
+                spider, remembered,
+            )
