@@ -59,8 +59,7 @@ from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import parse_bloom_record
-from scrapy_dist.frontier.engine import end_chains
-from scrapy_dist.frontier.layout import move_aside_foreign
+from scrapy_dist.frontier.layout import end_chains, move_aside_foreign
 from scrapy_dist.frontier.shard import shard_of
 from scrapy_dist.redis.scripts import text
 

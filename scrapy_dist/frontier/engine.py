@@ -1,20 +1,8 @@
 """What the frontier takes from Scrapy's running crawler, and what rides a finished request's ack.
 
-**Engine access**: the one place that reads ``engine._slot`` (a Scrapy upgrade that moves it is a one-file
-fix). The scheduler takes an :class:`Engine`: :class:`EngineView` of a real crawler, or
-:class:`DetachedEngine` for one driven without an engine (tests, tools).
-
-**Item output**: :class:`ItemOutbox` holds the items ``RedisPipeline`` writes until their page's ack carries
-them in the same ``sync`` call (lua/sync_items.lua); :class:`FeedBarrier` flushes and fsyncs local feed
-files before a round acknowledges their pages. Storages that store only at close (S3, FTP, post-processed
-files) cannot be made durable before an ack: one WARNING at start names each.
-
-**Revisits** (docs/continuous.md): ``request.meta["revisit_after"]`` or a matching ``REVISIT_AFTER`` rule
-makes the request's ack also file it again in the delayed set, in the same atomic call
-(``lua/sync_settle.lua``). A chain goes on while each fetch succeeds (status below 400, or a 304 of a
-conditional revisit) and its callback does not raise or set ``revisit_after = None``. It lives as one
-scheduled revisit in a shard's delayed set (delayed meta ``"<score> r"``), which :func:`end_chains`
-removes, or as the request a worker is fetching, which :meth:`Revisits.stop` ends.
+The one place that reads ``engine._slot`` (a Scrapy upgrade that moves it is a one-file fix). Items
+(:class:`ItemOutbox`) and revisits (:class:`Revisits`, docs/continuous.md) ride the ack of their page in the
+same atomic ``sync`` call; local feed files are fsynced before it (:class:`FeedBarrier`).
 """
 
 from __future__ import annotations
@@ -22,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import functools
 import logging
 import os
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 import msgpack
-import redis
 from redis.crc import key_slot
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
@@ -37,9 +25,10 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.python.failure import Failure
 
-from scrapy_dist.exceptions import RejectedEntry, ReleasedAtClose
+from scrapy_dist.exceptions import ReleasedAtClose
+from scrapy_dist.frontier.layout import member_prefix
 from scrapy_dist.frontier.orders import specificity
-from scrapy_dist.frontier.shard import PRIORITY_KEY_BYTES, SEQ_BYTES, lease_member
+from scrapy_dist.frontier.shard import lease_member
 from scrapy_dist.redis.connection import is_cluster
 from scrapy_dist.settings.reader import ADDON_LINE, COMPONENTS, Component, mentions
 from scrapy_dist.settings.values import check_seconds
@@ -54,7 +43,6 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.scheduler import Scheduler
     from scrapy_dist.frontier.shard import ItemRoute
     from scrapy_dist.frontier.syncloop import SyncLoop
-    from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.settings import DistSettings
     from scrapy_dist.wire.entrypolicy import EntryPolicy
 
@@ -70,18 +58,15 @@ def _slot(crawler: Any) -> Any:
 
 
 def inprogress(crawler: Any) -> Any:
-    """The engine's set of requests in progress (a request leaves it once its callback's output reached
-    the scheduler), or ``None`` if it cannot be found."""
+    """The engine's set of requests in progress (left once the callback's output reached the scheduler)."""
     return getattr(_slot(crawler), "inprogress", None)
 
 
 def scheduler(crawler: Any) -> Any:
-    """The engine's scheduler object, or ``None`` before the crawl starts."""
     return getattr(_slot(crawler), "scheduler", None)
 
 
 def is_closing(crawler: Any) -> bool:
-    """Whether the engine has started closing the spider."""
     slot = _slot(crawler)
     return slot is not None and getattr(slot, "closing", None) is not None
 
@@ -95,23 +80,19 @@ def locally_idle(crawler: Any) -> bool:
 
 
 class Engine(Protocol):
-    """What the scheduler needs of the engine."""
+    """What the scheduler needs of the engine: the requests it still works on (``None``: unknown), a wake
+    up, closing the spider, the active downloads of a request's slot, and -- once closing -- the requests
+    ``which`` accepts that have not started downloading, taken back."""
 
-    def inprogress(self) -> Any:
-        """Requests the engine still works on (a container), or ``None`` when that cannot be known."""
+    def inprogress(self) -> Any: ...
 
-    def wake(self) -> None:
-        """Make the engine ask for requests soon."""
+    def wake(self) -> None: ...
 
-    def close(self, reason: str) -> None:
-        """Close the spider (the scheduler cannot go on)."""
+    def close(self, reason: str) -> None: ...
 
-    def slot_load(self, request: Any) -> int:
-        """Requests the downloader is fetching in the download slot ``request`` would use."""
+    def slot_load(self, request: Any) -> int: ...
 
-    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]:
-        """Once the engine closes, the requests ``which`` accepts that have not started downloading, taken
-        back (the engine no longer waits for them); ``[]`` before."""
+    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]: ...
 
 
 class EngineView:
@@ -146,7 +127,7 @@ class EngineView:
         return len(slot.active) if slot is not None else 0
 
     def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]:
-        """The requests waiting in the downloader's slot queues, failed with :class:`ReleasedAtClose`."""
+        # taken out of the downloader's slot queues and failed: the engine stops waiting for them
         if not is_closing(self.crawler):
             return []
         slots = getattr(getattr(self.crawler.engine, "downloader", None), "slots", None) or {}
@@ -166,8 +147,8 @@ class EngineView:
 
 
 class DetachedEngine:
-    """:class:`Engine` for a scheduler driven without Scrapy's engine: nothing is ever in progress (a
-    request handed out is finished at the next round), ``close`` is recorded."""
+    """:class:`Engine` for a scheduler driven without Scrapy's engine (tests, tools): nothing is ever in
+    progress, ``close`` is recorded."""
 
     def __init__(self) -> None:
         self.closed: str | None = None
@@ -188,11 +169,9 @@ class DetachedEngine:
         return []
 
 
-# -- components the add-on would enable ----------------------------------------------------------
-
 def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
-    """Build what the add-on would enable and the project's settings lack (the two-line setup); returns
-    the components built (kept by the scheduler: signals hold their handlers weakly)."""
+    """Build what the add-on would enable and the two-line setup lacks; returns the components built (the
+    scheduler keeps them: signals hold their handlers weakly)."""
     built: list[Any] = []
     lacking: list[Component] = []
     try:
@@ -204,7 +183,7 @@ def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
         if mentions(user, c.path) or (c.replaces and mentions(user, c.replaces)):
             continue  # enabled, or left out on purpose
         if c.attach == "position":
-            if not c.when or _attr(ds, c.when):
+            if not c.when or functools.reduce(getattr, c.when.split("."), ds):
                 lacking.append(c)
             continue
         try:
@@ -224,15 +203,8 @@ def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
     return built
 
 
-def _attr(obj: Any, path: str) -> Any:
-    for name in path.split("."):
-        obj = getattr(obj, name)
-    return obj
-
-
 def _add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
-    """Put ``mw`` first in the running downloader's middleware chain (its ``process_request`` before every
-    other one's); False if the chain cannot be found (nothing was changed)."""
+    """Put ``mw`` first in the running downloader's middleware chain; False if it cannot be found."""
     manager = getattr(getattr(crawler.engine, "downloader", None), "middleware", None)
     methods = getattr(manager, "methods", None)
     if manager is None or not isinstance(methods, dict):
@@ -243,23 +215,17 @@ def _add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
             continue
         if name not in methods:
             return False
-        if first:
-            methods[name].appendleft(method)
-        else:
-            methods[name].append(method)
+        (methods[name].appendleft if first else methods[name].append)(method)
     manager.middlewares = (mw, *manager.middlewares)
     return True
 
 
 # -- item output durable before its page's ack ------------------------------------------------------
 def feed_exporter(crawler: Crawler) -> Any:
-    """Scrapy's running FeedExporter extension, or None."""
     from scrapy.extensions.feedexport import FeedExporter
 
-    for ext in getattr(getattr(crawler, "extensions", None), "middlewares", ()):
-        if isinstance(ext, FeedExporter):
-            return ext
-    return None
+    extensions = getattr(getattr(crawler, "extensions", None), "middlewares", ())
+    return next((ext for ext in extensions if isinstance(ext, FeedExporter)), None)
 
 
 def at_risk(feeds: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
@@ -289,7 +255,6 @@ class FeedBarrier:
 
     @classmethod
     def install(cls, crawler: Crawler, loop: SyncLoop) -> FeedBarrier | None:
-        """Put a barrier on ``loop`` when the crawl exports feeds; warn about those at risk."""
         exporter = feed_exporter(crawler)
         if exporter is None or not getattr(exporter, "feeds", None):
             return None
@@ -331,15 +296,13 @@ class ItemOutbox:
         self.leased = leased
 
     def stage(self, request: Request, data: bytes | str) -> bool:
-        """Keep ``data`` until ``request``'s ack takes it; False (nothing kept) for a request of no lease:
-        its items must be written otherwise."""
+        """Keep ``data`` until ``request``'s ack takes it; False for a request of no lease (not kept)."""
         if not self.leased(request):
             return False
         self._items.setdefault(request, []).append(data)
         return True
 
     def take(self, request: Request) -> list[bytes | str]:
-        """The items ``request`` produced (once; ``[]`` for none)."""
         return self._items.pop(request, [])
 
     def clear(self) -> int:
@@ -382,8 +345,8 @@ _NOT_SET = object()
 
 
 class RevisitRules:
-    """``REVISIT_AFTER`` rules: a glob with a ``/`` matches the whole URL, any other the host name
-    (case-insensitive). URL rules are tried first; within each kind the most specific wins."""
+    """``REVISIT_AFTER`` rules: a glob with a ``/`` matches the URL, any other the host (case-insensitive).
+    URL rules are tried first; within each kind the most specific wins."""
 
     def __init__(self, rules: Mapping[str, float | None] | None = None) -> None:
         ordered = sorted(
@@ -404,8 +367,7 @@ class RevisitRules:
 
 
 def validators_of(headers: Any) -> dict[bytes, bytes]:
-    """The conditional request headers a response's ``ETag`` / ``Last-Modified`` allow (bounded, one line
-    each, printable ASCII)."""
+    """The conditional request headers a response's ``ETag`` / ``Last-Modified`` allow."""
     out = {}
     for source, target in ((b"ETag", b"If-None-Match"), (b"Last-Modified", b"If-Modified-Since")):
         value = headers.get(source)
@@ -430,15 +392,7 @@ def with_validators(payload: bytes, validators: Mapping[bytes, bytes], policy: E
     return policy.seal(body) if signed else DEFAULT_POLICY.seal(body)
 
 
-def member_prefix(member: bytes, polite: bool) -> bytes:
-    """The part of a queue member before its payload (seq, or domain, priority key and seq)."""
-    if polite:
-        return member[: member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES]
-    return member[:SEQ_BYTES]
-
-
 def _middleware_enabled(settings: Any) -> bool:
-    """Whether DOWNLOADER_MIDDLEWARES enables the middleware (or a subclass of it)."""
     for path, order in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items():
         try:
             cls = load_object(path) if isinstance(path, str) else path
@@ -450,9 +404,9 @@ def _middleware_enabled(settings: Any) -> bool:
 
 
 class Revisits:
-    """Decides, when the engine has finished a request, whether and when the frontier fetches it again.
-    Reactor thread only; no I/O. Stats: ``revisit/scheduled``, ``revisit/stopped``, ``revisit/invalid``
-    (not a number of seconds: logged once), ``revisit/raised`` (raised to ``REVISIT_MIN_INTERVAL``)."""
+    """Whether and when a finished request is fetched again: a chain goes on while each fetch succeeds
+    (below 400, or a conditional revisit's 304) and its callback neither raises nor sets ``revisit_after =
+    None``. A scheduled revisit waits in a shard's delayed set (meta ``"<score> r"``)."""
 
     def __init__(
         self, rules: RevisitRules | None = None, conditional: bool = False, polite: bool = False,
@@ -492,8 +446,8 @@ class Revisits:
         return o
 
     def _refiled(self, member: bytes, validators: dict[bytes, bytes] | None) -> bytes:
-        """The queue member a revisit files (b"": ``member`` itself), with the page's validators and signed
-        afresh: a new nonce, so that the acknowledged entry the sync script remembers is not taken for it."""
+        """The member a revisit files (b"": ``member`` itself), signed afresh: a new nonce, so that the sync
+        script does not take it for the acknowledged entry."""
         policy = self.policy
         assert policy is not None
         try:
@@ -530,8 +484,7 @@ class Revisits:
             self.stats.inc_value(stat)
 
     def delay_for(self, request: Request) -> float | None:
-        """The revisit delay of ``request``: its meta's ``revisit_after`` if set, else the most specific
-        ``REVISIT_AFTER`` rule, else None (no revisit)."""
+        """``meta["revisit_after"]`` if set, else the most specific ``REVISIT_AFTER`` rule (None: none)."""
         if META_KEY in request.meta:
             try:
                 seconds = check_seconds(request.meta[META_KEY])
@@ -552,16 +505,13 @@ class Revisits:
         return None if seconds is _NOT_SET else seconds
 
     def stop(self) -> None:
-        """End every chain this worker would go on with: finished requests are acknowledged only."""
         self.stopped = True
 
     def wanted(self, request: Request) -> bool:
-        """Whether ``request`` asked for a revisit (before its callback had a say)."""
         return META_KEY in request.meta or bool(self.rules)
 
     def plan(self, request: Request, lease: tuple[int, bytes]) -> tuple[float, bytes] | None:
-        """The ledger's question when ``request`` is finished: ``(delay, new member or b"")`` to file it
-        again, or None."""
+        """When ``request`` is finished: ``(delay, new member or b"")`` to file it again, or None."""
         ok = self.outcome.pop(request, None) and not self.stopped
         validators = self.validators.pop(request, None)
         if not ok:
@@ -579,46 +529,3 @@ class Revisits:
         self._count("revisit/scheduled")
         return delay, new
 
-
-def entry_url(member: bytes, polite: bool) -> str | None:
-    """The URL of a queue or delayed member (None if it does not decode)."""
-    try:
-        url = load_payload(member[len(member_prefix(member, polite)) :]).get("u")
-    except (RejectedEntry, ValueError):
-        return None
-    return url if isinstance(url, str) else None
-
-
-def end_chains(
-    client: Any, shard_keys: list[CrawlKeys], polite: bool, urls: Collection[str] | None = None
-) -> int:
-    """Remove the scheduled revisits of ``urls`` (None: all) from every shard's delayed set; returns how
-    many. An HSCAN of each shard's delayed meta and one pipelined round trip per 1000 removed; a delayed
-    meta of another Redis type holds no chain (the workers move it aside)."""
-    ended = 0
-    for keys in shard_keys:
-        found: list[bytes] = []
-        try:
-            for member, meta in client.hscan_iter(keys.delayed_meta, count=1000):
-                if not (isinstance(meta, bytes) and meta.endswith(b" r")) or member == b"revisits":
-                    continue
-                if urls is None or entry_url(member, polite) in urls:
-                    found.append(member)
-        except redis.ResponseError:  # WRONGTYPE
-            continue
-        removed = 0
-        for i in range(0, len(found), 1000):
-            pipe = client.pipeline(transaction=False)
-            for member in found[i : i + 1000]:
-                pipe.zrem(keys.delayed, member)
-                pipe.hdel(keys.delayed_meta, member)
-            removed += sum(pipe.execute()[::2])
-        if removed:  # the scheduled revisit count, read as untrusted: garbage restarts at 0
-            raw = client.hget(keys.delayed_meta, "revisits")
-            try:
-                left = int(raw or 0)
-            except ValueError:
-                left = 0
-            client.hset(keys.delayed_meta, "revisits", max(0, left - removed))
-        ended += removed
-    return ended

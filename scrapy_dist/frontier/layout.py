@@ -1,14 +1,7 @@
-"""A crawl's layout in Redis: its shards, their keys and dupefilters -- joined at start, removed at the end
--- which shard a request goes to (:class:`ShardRouter`), and the control hash.
-
-:meth:`CrawlLayout.join` records (first worker) or checks the crawl's ``SCHEDULER_POLITENESS``, its
-``SCHEDULER_SHARDS`` and its frontier format (:func:`format_check`) in the control hash, refusing a worker
-that differs in one line.
-
-**Control flags**: ``{spider}:control`` (a HASH: ``paused``, ``close``/``close_at``, ``errors_tripped_at``,
-``shards``; docs/monitoring.md), read and written by the scheduler, the monitors and ``scrapy-dist
-pause|resume|close``. Anything in it is untrusted: :func:`parse_control` never raises for garbage, it
-ignores a bad field and names it in :attr:`ControlState.problems`.
+"""A crawl's layout in Redis: its shards, their keys and dupefilters (joined at start, removed at the end),
+which shard a request goes to (:class:`ShardRouter`), and the control hash ``{spider}:control``
+(docs/monitoring.md): the mode, N and format workers must share, the pause and close flags. Anything in it
+is untrusted: :func:`parse_control` ignores a garbage field and names it in ``problems``.
 """
 
 from __future__ import annotations
@@ -23,14 +16,24 @@ from typing import TYPE_CHECKING, Any
 import redis
 from scrapy.utils.httpobj import urlparse_cached
 
-from scrapy_dist.exceptions import ScrapyDistError, ShardingRefused
-from scrapy_dist.frontier.shard import Frontier, domain_shard, shard_of, shards_idle
+from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError, ShardingRefused
+from scrapy_dist.frontier.shard import (
+    PRIORITY_KEY_BYTES,
+    SEQ_BYTES,
+    Frontier,
+    domain_shard,
+    shard_of,
+    shards_idle,
+)
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import GARBAGE
 from scrapy_dist.redis.scripts import count as untrusted_count
 from scrapy_dist.redis.scripts import hash_fields
+from scrapy_dist.wire.codec import load_payload
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from scrapy import Request
 
     from scrapy_dist.frontier.shard import SyncResult
@@ -50,9 +53,8 @@ _FORMAT_LIMIT = 1000
 
 
 def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -> str | None:
-    """What a worker of format ``ours`` does with the crawl's ``recorded`` format while ``running`` workers
-    hold leases: ``None`` (join), ``"write"`` (join and record ``ours``); raises :class:`ScrapyDistError`
-    when it must not join."""
+    """``None`` (join) or ``"write"`` (join and record ``ours``) for the crawl's ``recorded`` format while
+    ``running`` workers hold leases; raises :class:`ScrapyDistError` when this worker must not join."""
     if recorded is None:
         return "write"
     text = recorded.decode(errors="replace")
@@ -92,8 +94,7 @@ class CrawlLayout:
         self.paused = False  # the crawl-wide pause flag when this worker joined
 
     def open(self, client: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
-        """Clear the crawl first with ``flush_on_start``, join it, and return its backlog (requests
-        pending, fingerprints remembered); raises :class:`ScrapyDistError` (one line)."""
+        """Clear the crawl first with ``flush_on_start``, join it, and return its backlog."""
         move_aside_foreign(client, self.keys.control)
         if flush_on_start:
             self.delete(client)
@@ -102,8 +103,7 @@ class CrawlLayout:
         return self.backlog(client)
 
     def join(self, client: Any, batched: bool) -> None:
-        """Record or check the crawl's mode and N, then open every shard's dupefilter (``batched``: a
-        scrapy-dist one, split per shard)."""
+        """Record or check the crawl's mode, N and format, then open every shard's dupefilter."""
         keys = self.keys
         pipe = client.pipeline(transaction=False)
         pipe.hsetnx(keys.control, "politeness", self.politeness)
@@ -164,7 +164,6 @@ class CrawlLayout:
         self, redis: Any, worker_id: str, cfg: SchedulerSettings, sequence: str, *, batched: bool,
         limits_bound: str = "",
     ) -> list[Frontier]:
-        """One :class:`Frontier` per shard (the worker's heartbeat written by shard 0's)."""
         return [
             Frontier(
                 redis, keys, worker_id, df if batched else None, sequence=sequence,
@@ -177,12 +176,10 @@ class CrawlLayout:
 
     @staticmethod
     def key_names(keys: CrawlKeys, df: Any) -> list[str]:
-        """Every key of one shard (all of the crawl's frontier keys for shard 0), bloom blocks included."""
         own = getattr(df, "key_names", None)
         return keys.frontier_keys() + (own() if own is not None else [])
 
     def layouts(self, shards: int) -> list[tuple[CrawlKeys, Any]]:
-        """(keys, dupefilter) of every shard of a frontier of ``shards`` shards."""
         if shards == 1:
             return [(self.keys, self.df)]
         if shards == self.shards and len(self.shard_dfs) == shards:
@@ -221,8 +218,7 @@ class CrawlLayout:
             logger.info("SCHEDULER_PERSIST is off and the crawl has finished: removed its frontier keys")
 
     async def leave_unmonitored(self, redis: Any, worker_id: str) -> None:
-        """Without ClusterStats nothing tells ``status`` this worker closed: a worker without a details
-        hash leaves the workers ZSET (else it would show lost). EXISTS + ZREM."""
+        """A worker without a details hash (no ClusterStats) leaves the workers ZSET, else shown lost."""
         from scrapy_dist.redis.connection import CONNECT_ERRORS
 
         try:
@@ -232,7 +228,6 @@ class CrawlLayout:
             pass  # Redis away: shown lost, as a worker that vanished
 
     def filter_stats(self) -> dict[str, float]:
-        """The dupefilter's figures for the stats, summed over the shards' filters."""
         if self.shards == 1 or len(self.shard_dfs) == 1:
             return dict(self.df.stats_snapshot()) if hasattr(self.df, "stats_snapshot") else {}
         plans = [getattr(df, "plan", None) for df in self.shard_dfs]
@@ -251,7 +246,6 @@ class CrawlLayout:
 
 
 def crawl_fingerprinter(crawler: Any) -> Any:
-    """The crawl's request fingerprinter; Scrapy's default one where the crawler has none yet."""
     try:
         return crawler.request_fingerprinter
     except (AttributeError, RuntimeError):
@@ -262,8 +256,6 @@ def crawl_fingerprinter(crawler: Any) -> Any:
 
 @dataclass(frozen=True)
 class ShardState:
-    """One shard's last answer: counts crawl-wide and its sequence counter."""
-
     queued: int
     inflight: int
     delayed: int
@@ -304,7 +296,6 @@ class ShardRouter:
         self._repaired_at: float | None = None
 
     def shard(self, request: Request, fingerprint: bytes | None = None) -> int:
-        """The shard of a new request: that of its fingerprint, or of its host when routing by domain."""
         if self.shards == 1:
             return 0
         if self.by_domain:
@@ -314,13 +305,11 @@ class ShardRouter:
         return shard_of(fingerprint, self.shards)
 
     def domain(self, domain: str) -> int:
-        """The shard of a domain's politeness state (shard 0 unless routing by domain)."""
         return domain_shard(domain, self.shards) if self.by_domain else 0
 
     def lease_split(self, want: int) -> list[int]:
-        """How many of ``want`` requests to lease from each shard: in proportion to each one's last queue
-        length, at least 1 from a non-empty shard; evenly (at least 1 each) while none is known to hold
-        anything, so that new work anywhere is found in one round."""
+        """How many of ``want`` requests to lease from each shard: in proportion to their last queue length,
+        at least 1 from a non-empty shard; evenly (at least 1 each) while none is known to hold anything."""
         n = self.shards
         if n == 1 or want <= 0:
             return [want] + [0] * (n - 1)
@@ -332,7 +321,6 @@ class ShardRouter:
         return [max(1, want * q // total) if q else 0 for q in queued]
 
     def observe(self, shard: int, result: SyncResult, now: float | None = None) -> None:
-        """Record a shard's answer (``now``: :func:`time.monotonic`, for tests)."""
         self.states[shard] = ShardState(result.queued, result.inflight, result.delayed, result.seq)
         if result.work_repaired:
             self._repaired_at = time.monotonic() if now is None else now
@@ -370,8 +358,6 @@ _reported: set[tuple[str, str]] = set()
 
 @dataclass(frozen=True)
 class ControlState:
-    """The control flags as read from Redis (see :func:`parse_control`)."""
-
     paused: bool = False
     paused_by: str = ""
     close: str = ""
@@ -398,8 +384,7 @@ class ControlState:
 
 
 def parse_control(raw: Any) -> ControlState:
-    """The one parser of ``{spider}:control``. Raises :class:`RejectedEntry` (reason ``not_a_hash``) only
-    if ``raw`` is not a mapping; a garbage field is ignored and named in ``problems``."""
+    """The one parser of ``{spider}:control``; raises :class:`RejectedEntry` only if ``raw`` is not a hash."""
     d = hash_fields(raw, "control")
     problems: list[str] = []
     paused_text = d.get("paused", "")
@@ -448,8 +433,7 @@ def report_problems(control_key: str, state: ControlState, log: logging.Logger =
 
 
 def move_aside_foreign(client: Any, control_key: str) -> bool:
-    """Move a control hash of another Redis type aside to ``<key>:garbage`` (with a warning) instead of
-    failing on WRONGTYPE. Synchronous client; True if moved."""
+    """Move a control hash of another Redis type aside to ``<key>:garbage`` (with a warning)."""
     kind = client.type(control_key)
     kind = kind.decode(errors="replace") if isinstance(kind, bytes) else str(kind)
     if kind in ("none", "hash"):
@@ -460,7 +444,7 @@ def move_aside_foreign(client: Any, control_key: str) -> bool:
 
 
 def pause_crawl(client: Any, control_key: str, by: str = "cli") -> None:
-    """Pause the crawl: every worker stops taking new requests at its next sync (one round trip)."""
+    """Every worker stops taking new requests at its next sync."""
     move_aside_foreign(client, control_key)
     client.hset(control_key, mapping={"paused": "1", "paused_by": by, "paused_at": repr(time.time())})
 
@@ -471,8 +455,7 @@ def valid_reason(reason: str) -> bool:
 
 
 def close_crawl(client: Any, control_key: str, reason: str = "shutdown") -> None:
-    """Decide that the crawl closes: every running worker's idle monitor closes with ``reason``; workers
-    started afterwards ignore it (``close_at`` is the server's time now)."""
+    """Every running worker's idle monitor closes with ``reason``; workers started afterwards ignore it."""
     if not valid_reason(reason):
         raise ValueError(f"close reason {reason!r}: letters, digits and _.:- only, at most 64")
     move_aside_foreign(client, control_key)
@@ -481,8 +464,7 @@ def close_crawl(client: Any, control_key: str, reason: str = "shutdown") -> None
 
 
 def resume_crawl(client: Any, control_key: str, errors_key: str) -> None:
-    """Lift the pause and any close decision and empty the error window (else the errors that paused the
-    crawl would trip it again at once). One round trip."""
+    """Lift the pause and any close decision and empty the error window (which would pause it again)."""
     move_aside_foreign(client, control_key)
     pipe = client.pipeline(transaction=False)
     pipe.hset(control_key, "paused", "0")
@@ -492,10 +474,58 @@ def resume_crawl(client: Any, control_key: str, errors_key: str) -> None:
 
 
 async def start_time(redis: Any) -> float:
-    """Redis server time (unix seconds, the clock every worker and the CLI agree on); this machine's if
-    Redis is away."""
+    """Redis server time (the clock every worker and the CLI agree on); this machine's if Redis is away."""
     try:
         sec, usec = await redis.time()
         return int(sec) + int(usec) / 1e6
     except Exception:
         return time.time()
+
+
+def member_prefix(member: bytes, polite: bool) -> bytes:
+    """The part of a queue member before its payload (seq, or domain, priority key and seq)."""
+    if polite:
+        return member[: member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES]
+    return member[:SEQ_BYTES]
+
+
+def entry_url(member: bytes, polite: bool) -> str | None:
+    try:
+        url = load_payload(member[len(member_prefix(member, polite)) :]).get("u")
+    except (RejectedEntry, ValueError):
+        return None
+    return url if isinstance(url, str) else None
+
+
+def end_chains(
+    client: Any, shard_keys: list[CrawlKeys], polite: bool, urls: Collection[str] | None = None
+) -> int:
+    """Remove the scheduled revisits of ``urls`` (None: all) from every shard's delayed set; how many. An
+    HSCAN of each shard's delayed meta, one round trip per 1000 removed."""
+    ended = 0
+    for keys in shard_keys:
+        found: list[bytes] = []
+        try:
+            for member, meta in client.hscan_iter(keys.delayed_meta, count=1000):
+                if not (isinstance(meta, bytes) and meta.endswith(b" r")) or member == b"revisits":
+                    continue
+                if urls is None or entry_url(member, polite) in urls:
+                    found.append(member)
+        except redis.ResponseError:  # WRONGTYPE
+            continue
+        removed = 0
+        for i in range(0, len(found), 1000):
+            pipe = client.pipeline(transaction=False)
+            for member in found[i : i + 1000]:
+                pipe.zrem(keys.delayed, member)
+                pipe.hdel(keys.delayed_meta, member)
+            removed += sum(pipe.execute()[::2])
+        if removed:  # the scheduled revisit count, read as untrusted: garbage restarts at 0
+            raw = client.hget(keys.delayed_meta, "revisits")
+            try:
+                left = int(raw or 0)
+            except ValueError:
+                left = 0
+            client.hset(keys.delayed_meta, "revisits", max(0, left - removed))
+        ended += removed
+    return ended

@@ -1,4 +1,5 @@
-"""What one worker holds and owes the shared frontier: an I/O-free ledger (methods take ``now``).
+"""What one worker holds and owes the shared frontier: an I/O-free ledger (methods take ``now``), and the
+:class:`RequestEncoder` that turns a request into its entries.
 
 Its buffers: **outgoing** writes (discovered requests, delayed retries, dead letters, rejections, releases,
 penalties) until the next round; **ready** leased requests and **local** ones that could not be encoded;
@@ -15,15 +16,22 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.exceptions import RejectedEntry
+from scrapy.utils.httpobj import urlparse_cached
+
+from scrapy_dist.dupefilter.script import RecentFingerprints
+from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.frontier.orders import START_NOW, Lease, LeasedBuffer
 from scrapy_dist.frontier.shard import SyncBatch
-from scrapy_dist.wire.codec import rejection_record
+from scrapy_dist.wire.codec import encode_request, rejection_record
 
 if TYPE_CHECKING:
-    from scrapy import Request
+    from scrapy import Request, Spider
 
+    from scrapy_dist.frontier import orders
+    from scrapy_dist.frontier.layout import ShardRouter
+    from scrapy_dist.frontier.scheduler import FrontierReport
     from scrapy_dist.frontier.shard import SyncResult
+    from scrapy_dist.wire.codec import EntryPolicy
 
 #: most discovered requests one sync call carries to one shard: a script holds Redis for its whole run
 #: (docs/capacity.md)
@@ -77,7 +85,7 @@ class Delay(Routed):
 
 @dataclass
 class Applied:
-    """What one shard's answer changed, for the caller's stats and logs."""
+    """What one shard's answer changed, for stats and logs."""
 
     enqueued: int = 0  # discovered requests found new and stored
     duplicates: list[Request] = field(default_factory=list)  # found already seen (logged as filtered)
@@ -205,14 +213,12 @@ class Ledger:
         self._mark(now)
 
     def dead_letter(self, record: str, now: float, forget: tuple[int, tuple[Any, Any]] | None = None) -> None:
-        """A dead letter; ``forget``: (shard, tokens) of its fingerprint, forgotten in the same call."""
         self.dead.append(record)
         if forget is not None:
             self.forgets.append(forget)
         self._mark(now)
 
     def penalize(self, domain: str, seconds: float, now: float, shard: int = 0) -> None:
-        """Push ``domain``'s next allowed time back (on the shard holding its politeness state)."""
         self.penalties.append((shard, (domain, seconds)))
         self._mark(now)
 
@@ -227,8 +233,7 @@ class Ledger:
             self.first_pending = now
 
     def hand_out(self, load: Callable[[Request], int] | None = None) -> Request | None:
-        """The next request for the engine: a local one first, else the best leased one (with ``load``,
-        the best one of the least loaded download slot)."""
+        """A local request first, else the best leased one (with ``load``: of the least loaded slot)."""
         if self.local:
             return self.local.popleft()
         if not self.ready:
@@ -238,7 +243,7 @@ class Ledger:
         return request
 
     def collect_finished(self, busy: Collection[Request], now: float) -> int:
-        """Move requests the engine no longer works on from 'handed' to 'to acknowledge'."""
+        """Requests the engine no longer works on are to be acknowledged."""
         if not self.handed:
             return 0
         done = [r for r in self.handed if r not in busy]
@@ -251,7 +256,7 @@ class Ledger:
         return len(done)
 
     def release(self, requests: list[Request], now: float) -> int:
-        """Give back the leases of handed ``requests`` the engine will not start (closing); how many."""
+        """Give back the leases of handed ``requests`` the engine will not start; how many."""
         given = 0
         for request in requests:
             lease = self.handed.pop(request, None)
@@ -294,11 +299,9 @@ class Ledger:
         return True
 
     def has_writes(self) -> bool:
-        """Whether anything waits to be written (besides acks and releases)."""
         return bool(self.out or self.delays or self.dead or self.rejects or self.penalties or self.forgets)
 
     def owes(self) -> bool:
-        """Whether anything at all waits to be sent, acks held back included."""
         return bool(self.has_writes() or self.releases or self.acks or self.acks_new or self.acks_waiting)
 
     def busy(self) -> bool:
@@ -362,7 +365,7 @@ class Ledger:
         return batches
 
     def restore(self, call: int, batch: SyncBatch, now: float) -> None:
-        """Put a call's batch that could not be sent back in front of what came since."""
+        """A call's batch that could not be sent goes back in front of what came since."""
         shard = self.call_shards[call]
         self.out = self._sent[call] + self.out
         self.best_out = min((e.score for e in self.out), default=math.inf)
@@ -427,3 +430,93 @@ class Ledger:
         self._sent = []
         if self.acks:
             self._mark(now)
+
+
+class RequestEncoder:
+    """What a request becomes in the ledger: filtered, encoded under the crawl's entry policy, scored by the
+    queue order and routed to its shard (with crawl-wide politeness, with its domain's limits). No I/O."""
+
+    def __init__(
+        self, dupefilter: Any, order: orders.QueueOrder, router: ShardRouter, report: FrontierReport,
+        policy: EntryPolicy, domain_limits: orders.DomainLimits | None = None, *, batched: bool = False,
+        polite: bool = False,
+    ) -> None:
+        self.df = dupefilter
+        self.order = order
+        self.router = router
+        self.report = report
+        self.policy = policy
+        self.domain_limits = domain_limits
+        self.batched = batched  # a scrapy-dist dupefilter: fingerprints are checked in the sync call
+        self.polite = polite
+        self.spider: Spider | None = None
+        #: fingerprints this process sent lately (certainly seen crawl-wide; bounded in time)
+        self.recent = RecentFingerprints()
+        #: SEEDS_RECORD_FINGERPRINT: a dont_filter start request records its fingerprint
+        self.record_start = False
+        #: DEADLETTER_FORGET: a dead letter's fingerprint is forgotten with it
+        self.forget_dead = False
+
+    def forgotten(self, request: Request, shard_dfs: list[Any]) -> tuple[int, tuple[Any, Any]]:
+        """``DEADLETTER_FORGET``: the shard and fingerprint tokens of ``request`` to forget."""
+        shard = self.router.shard(request)
+        tokens = shard_dfs[shard].tokens(request)
+        self.recent.discard(tokens[0])  # a link to it found by this worker is new again too
+        return shard, tokens
+
+    def filtered(self, request: Request) -> None:
+        self.df.log(request, self.spider)
+
+    def encode(self, request: Request) -> bytes | None:
+        """The encoded request, or None (counted and logged) when it cannot go to Redis."""
+        try:
+            return encode_request(request, self.spider, self.policy)
+        except UnserializableRequest as exc:
+            self.report.unserializable(request, exc)
+            return None
+
+    def outgoing(self, request: Request, now: float, starts_now: Callable[[Request], bool]) -> list[Outgoing]:
+        """The ledger entries of a discovered request; ``[]`` when it is filtered here."""
+        if not self.batched and not request.dont_filter and self.df.request_seen(request):
+            self.filtered(request)
+            return []
+        payload = self.encode(request) or b""  # b"": deduped only, then crawled by this worker
+        t1: Any = ""
+        t2: Any = ""
+        fp: bytes | None = None
+        if self.batched and not request.dont_filter:
+            fp = self.df.fingerprint(request)
+            t1, t2 = self.df.fingerprint_tokens(fp)
+            if self.recent.seen(t1, now):  # this process sent it lately: seen crawl-wide
+                self.filtered(request)
+                return []
+        domain, limits = self.domain(request)
+        score = self.order.score(request)
+        # with crawl-wide politeness a domain's requests are ordered by its own schedule, not Scrapy's
+        if not self.polite and starts_now(request):
+            score = START_NOW
+        entries = []
+        if self.record_start and request.dont_filter and request.meta.get("is_start_request"):
+            # a dedupe-only entry travels with the start request: a page linking back to it is not fetched
+            fp = self.df.fingerprint(request)
+            r1, r2 = self.df.fingerprint_tokens(fp)
+            self.recent.add(r1, now)
+            shard = self.router.shard(request, fp)
+            entries.append(Outgoing(request, r1, r2, score, b"", shard=shard, record_only=True))
+        shard = self.router.shard(request, fp)
+        entries.append(Outgoing(request, t1, t2, score, payload, domain=domain, limits=limits, shard=shard))
+        return entries
+
+    def delayed(self, request: Request, not_before: float) -> Delay | None:
+        payload = self.encode(request)
+        if payload is None:
+            return None
+        domain, limits = self.domain(request)
+        return Delay(self.order.score(request), payload, not_before, domain=domain, limits=limits,
+                     shard=self.router.shard(request))
+
+    def domain(self, request: Request) -> tuple[str, str]:
+        if not self.polite or self.domain_limits is None:
+            return "", ""
+        domain = (urlparse_cached(request).hostname or "").lower()
+        return domain, self.domain_limits.for_domain(domain).encode()

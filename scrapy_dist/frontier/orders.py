@@ -1,19 +1,7 @@
-"""Which request goes when: queue orders, leased requests best first, crawl-wide politeness, retry timing,
-and the dead letter a request becomes when it finally fails.
-
-**Queue orders** (``SCHEDULER_QUEUE_CLASS``). Every queue is the same sorted set (``{spider}:queue``) whose
-members start with a 6-byte sequence number from ``{spider}:seq``; a queue class only decides the score and
-the order of that prefix. Start requests come after the other requests of their priority
-(:data:`START_REQUEST_OFFSET`), except one the engine would send at once (:data:`START_NOW`).
-
-**Crawl-wide politeness** (``SCHEDULER_POLITENESS = "cluster"``, docs/politeness.md): ``lua/polite.lua``
-leases no request of a domain that may not be fetched yet; :class:`DomainLimits` answers a domain's
-``(delay, concurrency, jitter)`` from Scrapy's per-domain settings, overridden by the most specific
-``DOMAIN_LIMITS`` glob. The jitter only lengthens a delay; ``concurrency: 0`` means no cap.
-
-**Dead letters**: one JSON record per request that finally failed, in ``{spider}:deadletter`` (fields:
-docs/retries.md). Anyone with access to Redis can write that list, so :func:`parse_record` and
-:func:`requeue_payload` raise :class:`~scrapy_dist.exceptions.RejectedEntry` for anything malformed.
+"""Which request goes when: queue orders (``SCHEDULER_QUEUE_CLASS``: a queue class decides a member's score
+and whether its sequence prefix grows or shrinks), leased requests best first, crawl-wide politeness
+(docs/politeness.md), retry timing, and the dead letter a request becomes when it finally fails
+(docs/retries.md; anyone with access to Redis can write that list, so its parsers refuse anything malformed).
 """
 
 from __future__ import annotations
@@ -71,8 +59,8 @@ def _start_offset(request: Request) -> float:
 
 
 def sends_now(request: Request, ledger: Ledger, loop: SyncLoop | None, concurrency: int) -> bool:
-    """Whether ``request`` is a start request Scrapy's engine would send at once: the crawl is not paused,
-    nothing is queued crawl-wide as far as this worker knows, and the worker has room for it."""
+    """Whether ``request`` is a start request Scrapy's engine would send at once: nothing is queued
+    crawl-wide as far as this worker knows, and it has room."""
     if not request.meta.get("is_start_request") or loop is None or loop.paused or loop.local_pause:
         return False
     queued = loop.state.queued if loop.state is not None else loop.backlog
@@ -133,8 +121,7 @@ class LeasedBuffer:
         return request, lease
 
     def pop_least_loaded(self, load: Callable[[Request], int]) -> tuple[Request, Lease]:
-        """The best request of the download slot with the fewest active downloads (Scrapy's
-        ``DownloaderAwarePriorityQueue``): a scan of the buffer, which holds at most a prefetch."""
+        """The best request of the least busy download slot (Scrapy's ``DownloaderAwarePriorityQueue``)."""
         heap = self._heap
         best = min(range(len(heap)), key=lambda i: (load(heap[i][2]), heap[i][0], heap[i][1]))
         entry = heap[best]
@@ -169,13 +156,13 @@ class DomainLimit:
 
 
 def specificity(pattern: str) -> tuple[int, int]:
-    """Sort key of a glob: no wildcard first, then the most literal characters."""
     wild = sum(pattern.count(c) for c in "*?[")
     return (0 if wild else 1, len(pattern) - wild)
 
 
 class DomainLimits:
-    """Limits per domain from settings; answers are cached per domain."""
+    """A domain's ``(delay, concurrency, jitter)``: Scrapy's per-domain settings, overridden by the most
+    specific ``DOMAIN_LIMITS`` glob. Jitter only lengthens a delay; ``concurrency: 0`` means no cap."""
 
     def __init__(self, default: DomainLimit, rules: dict[str, dict[str, Any]] | None = None) -> None:
         self.default = default
@@ -189,8 +176,7 @@ class DomainLimits:
         return cls(default, {k: dict(v) for k, v in s.domain_limits.items()})
 
     def bound(self) -> str:
-        """``"<delay> <jitter>"``: the largest any domain has here. The frontier clamps limits read from
-        Redis to it (garbage there could hold a domain back for days)."""
+        """``"<delay> <jitter>"``, the largest here: the frontier clamps limits read from Redis to it."""
         rules = [self.default.delay, *(float(r.get("delay", self.default.delay)) for _, r in self.rules)]
         jitters = [self.default.jitter, *(float(r.get("jitter", self.default.jitter)) for _, r in self.rules)]
         return f"{max(rules)!r} {max(jitters)!r}"
@@ -242,8 +228,8 @@ DOMAIN_SCAN_LIMIT = 20_000
 
 
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
-    """The domains with the largest backlog, with their limits and slots in use (for ``status``), from at
-    most :data:`DOMAIN_SCAN_LIMIT` fields of ``{spider}:domains:info`` (HSCAN: a sample on a larger crawl)."""
+    """The domains with the largest backlog, their limits and slots in use (for ``status``), from at most
+    :data:`DOMAIN_SCAN_LIMIT` fields of ``{spider}:domains:info``."""
     info: dict[str, dict[str, str]] = {}
     for n, (field, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
         if n >= DOMAIN_SCAN_LIMIT:
@@ -348,9 +334,8 @@ def dead_letter_record(
     detail: str = "", attempts: int | None = None, now: float | None = None,
     policy: EntryPolicy | None = None,
 ) -> str:
-    """The JSON record of ``request`` as scheduled (credential headers a middleware added left out), signed
-    by ``policy``; ``attempts`` defaults to ``meta["retry_times"] + 1``; ``"request": null`` if it cannot
-    be encoded."""
+    """The JSON record of ``request`` as scheduled (without credential headers a middleware added), signed
+    by ``policy``; ``"request": null`` if it cannot be encoded."""
     from scrapy_dist.wire.entrypolicy import as_scheduled
 
     try:
@@ -377,7 +362,7 @@ def _int(value: Any, default: int) -> int:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """A dead-letter record read back from Redis; ``raw`` is the exact list element (for ``LREM``)."""
+    """A dead-letter record read back; ``raw`` is the exact list element (for ``LREM``)."""
 
     raw: bytes
     url: str
@@ -390,7 +375,6 @@ class DeadLetter:
     payload: bytes | None
 
     def as_dict(self) -> dict[str, Any]:
-        """The record's fields (payload as base64), for ``--json`` output."""
         return {
             "url": self.url, "reason": self.reason, "attempts": self.attempts, "worker": self.worker,
             "at": self.at, "status": self.status, "detail": self.detail,
@@ -451,13 +435,9 @@ def requeue_payload(
     payload: bytes, allowed_schemes: tuple[str, ...] = ("http", "https"), max_bytes: int = 1024 * 1024,
     policy: EntryPolicy = codec.DEFAULT_POLICY,
 ) -> tuple[bytes, int]:
-    """A dead letter's payload ready to enqueue again (retry counter removed, URL checked):
-    ``(payload, priority)``; raises :class:`RejectedEntry`.
-
-    With a secret, a signed record is requeued only if its tag verifies as this crawl's dead letter --
-    signed again as a queue entry with the same nonce, so a record requeued twice is fetched once -- and
-    refused (``bad_tag``) otherwise. An unsigned record is requeued unsigned (held to the rules for seeds).
-    """
+    """``(payload, priority)`` of a dead letter to enqueue again (retry counter removed, URL checked).
+    With a secret, a signed record must verify as this crawl's dead letter and is signed again as a queue
+    entry with the same nonce (requeued twice, fetched once); an unsigned one stays unsigned."""
     d = codec.load_payload(payload, max_bytes)
     codec.check_url(d.get("u"), allowed_schemes)
     version = codec.split_payload(payload, max_bytes)[0]
