@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import functools
 import logging
 import os
@@ -27,9 +26,10 @@ from twisted.python.failure import Failure
 
 from scrapy_dist.exceptions import ReleasedAtClose
 from scrapy_dist.frontier.layout import member_prefix
-from scrapy_dist.frontier.orders import specificity
+from scrapy_dist.frontier.orders import NOT_SET, RevisitRules
 from scrapy_dist.frontier.shard import lease_member
 from scrapy_dist.redis.connection import is_cluster
+from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import ADDON_LINE, COMPONENTS, Component, mentions
 from scrapy_dist.settings.values import check_seconds
 from scrapy_dist.wire.codec import load_payload
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.scheduler import Scheduler
     from scrapy_dist.frontier.shard import ItemRoute
     from scrapy_dist.frontier.syncloop import SyncLoop
-    from scrapy_dist.settings import DistSettings
     from scrapy_dist.wire.entrypolicy import EntryPolicy
 
 logger = logging.getLogger(__name__)
@@ -58,7 +57,7 @@ def _slot(crawler: Any) -> Any:
 
 
 def inprogress(crawler: Any) -> Any:
-    """The engine's set of requests in progress (left once the callback's output reached the scheduler)."""
+    """The engine's requests in progress (left once the callback's output reached the scheduler)."""
     return getattr(_slot(crawler), "inprogress", None)
 
 
@@ -339,31 +338,6 @@ META_KEY = "revisit_after"
 #: validators longer than this are not stored (the page is revisited unconditionally)
 MAX_VALIDATOR_BYTES = 256
 VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
-#: the downloader middleware that turns a conditional revisit's 304 into "not modified"
-MIDDLEWARE = "scrapy_dist.middlewares.ConditionalRevisitMiddleware"
-_NOT_SET = object()
-
-
-class RevisitRules:
-    """``REVISIT_AFTER`` rules: a glob with a ``/`` matches the URL, any other the host (case-insensitive).
-    URL rules are tried first; within each kind the most specific wins."""
-
-    def __init__(self, rules: Mapping[str, float | None] | None = None) -> None:
-        ordered = sorted(
-            (rules or {}).items(), key=lambda kv: ("/" in kv[0], *specificity(kv[0].lower())), reverse=True
-        )
-        self.rules = [(p.lower(), "/" in p, s) for p, s in ordered]
-
-    def __bool__(self) -> bool:
-        return bool(self.rules)
-
-    def for_url(self, url: str, host: str) -> Any:
-        """The delay of the most specific matching rule (None: no revisit), or ``_NOT_SET``."""
-        low_url, low_host = url.lower(), host.lower()
-        for pattern, on_url, seconds in self.rules:
-            if fnmatch.fnmatchcase(low_url if on_url else low_host, pattern):
-                return seconds
-        return _NOT_SET
 
 
 def validators_of(headers: Any) -> dict[bytes, bytes]:
@@ -419,16 +393,12 @@ class Revisits:
         self.polite = polite
         self.policy = policy
         self.stats = stats
-        #: request -> True (fetched; its callback did not raise) / False (the chain stops)
-        self.outcome: dict[Any, bool] = {}
-        #: request -> validators to carry into its revisit (REVISIT_CONDITIONAL)
-        self.validators: dict[Any, dict[bytes, bytes]] = {}
+        self.outcome: dict[Any, bool] = {}  # False: the callback raised, the chain stops
+        self.validators: dict[Any, dict[bytes, bytes]] = {}  # to carry into the revisit
         self._warned = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        from scrapy_dist.settings import DistSettings
-
         cfg = DistSettings.for_crawler(crawler).scheduler
         o = cls(
             RevisitRules(cfg.revisit_after), cfg.revisit_conditional, cfg.politeness == "cluster",
@@ -441,7 +411,7 @@ class Revisits:
                 "REVISIT_CONDITIONAL is on but %s is not in DOWNLOADER_MIDDLEWARES: revisits send"
                 " If-None-Match / If-Modified-Since, and their 304 answers reach HttpErrorMiddleware instead"
                 " of being counted as unchanged pages. Enable the add-on (ADDONS = {'scrapy_dist.Addon': 0})"
-                " or add the middleware at 580", MIDDLEWARE,
+                " or add the middleware at 580", "scrapy_dist.middlewares.ConditionalRevisitMiddleware",
             )
         return o
 
@@ -502,7 +472,7 @@ class Revisits:
         if not self.rules:
             return None
         seconds = self.rules.for_url(request.url, urlparse_cached(request).hostname or "")
-        return None if seconds is _NOT_SET else seconds
+        return None if seconds is NOT_SET else seconds
 
     def stop(self) -> None:
         self.stopped = True

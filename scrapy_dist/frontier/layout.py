@@ -15,17 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError, ShardingRefused
-from scrapy_dist.frontier.shard import (
-    PRIORITY_KEY_BYTES,
-    SEQ_BYTES,
-    Frontier,
-    domain_shard,
-    shard_of,
-    shards_idle,
-)
+from scrapy_dist.frontier import shard as _shard
 from scrapy_dist.redis import scripts
+from scrapy_dist.redis.connection import CONNECT_ERRORS
 from scrapy_dist.redis.keys import GARBAGE
 from scrapy_dist.redis.scripts import count as untrusted_count
 from scrapy_dist.redis.scripts import hash_fields
@@ -44,17 +39,15 @@ logger = logging.getLogger(__name__)
 
 #: keys deleted per DEL command
 _DELETE_BATCH = 100
-#: how scrapy-dist lays a crawl out in Redis, recorded in the control hash (field ``format``): bump it with
-#: any change an older worker would misread; such a worker refuses to join, and a newer one refuses while
-#: workers of an older format run (docs/operations.md, "Upgrading")
+#: how scrapy-dist lays a crawl out in Redis (control hash field ``format``): bump it with any change an
+#: older worker would misread (docs/operations.md, "Upgrading")
 FRONTIER_FORMAT = 2
 #: values of the ``format`` field taken as a format; anything else is garbage (overwritten, warned)
 _FORMAT_LIMIT = 1000
 
 
 def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -> str | None:
-    """``None`` (join) or ``"write"`` (join and record ``ours``) for the crawl's ``recorded`` format while
-    ``running`` workers hold leases; raises :class:`ScrapyDistError` when this worker must not join."""
+    """``None`` (join), ``"write"`` (join and record ``ours``), or :class:`ScrapyDistError` (do not join)."""
     if recorded is None:
         return "write"
     text = recorded.decode(errors="replace")
@@ -80,10 +73,8 @@ def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -
 class CrawlLayout:
     """The shards of one crawl (``keys.shards(n)``) and the dupefilter of each."""
 
-    def __init__(
-        self, keys: CrawlKeys, dupefilter: Any, shards: int = 1, politeness: str = "process",
-        lease_seconds: float = 60.0,
-    ) -> None:
+    def __init__(self, keys: CrawlKeys, dupefilter: Any, shards: int = 1, politeness: str = "process",
+                 lease_seconds: float = 60.0) -> None:
         self.keys = keys
         self.lease_seconds = lease_seconds  # a worker seen within it counts as running
         self.df = dupefilter
@@ -94,7 +85,7 @@ class CrawlLayout:
         self.paused = False  # the crawl-wide pause flag when this worker joined
 
     def open(self, client: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
-        """Clear the crawl first with ``flush_on_start``, join it, and return its backlog."""
+        """Join the crawl (cleared first with ``flush_on_start``); its backlog."""
         move_aside_foreign(client, self.keys.control)
         if flush_on_start:
             self.delete(client)
@@ -163,9 +154,9 @@ class CrawlLayout:
     def frontiers(
         self, redis: Any, worker_id: str, cfg: SchedulerSettings, sequence: str, *, batched: bool,
         limits_bound: str = "",
-    ) -> list[Frontier]:
+    ) -> list[_shard.Frontier]:
         return [
-            Frontier(
+            _shard.Frontier(
                 redis, keys, worker_id, df if batched else None, sequence=sequence,
                 lease_seconds=cfg.lease_seconds, politeness=cfg.politeness, heartbeat=i == 0,
                 max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
@@ -198,10 +189,9 @@ class CrawlLayout:
                     client.delete(*names[i : i + _DELETE_BATCH])
 
     async def finish(self, redis: Any, worker_id: str, lease_seconds: float) -> None:
-        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys.
-        ``finish.lua`` sees only shard 0: the others are checked empty first and deleted after it."""
+        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys."""
         keys = self.keys
-        if self.shards > 1 and not await shards_idle(redis, self.shard_keys):
+        if self.shards > 1 and not await _shard.shards_idle(redis, self.shard_keys):
             await redis.zrem(keys.workers, worker_id)
             return
         layouts = self.layouts(self.shards)
@@ -219,8 +209,6 @@ class CrawlLayout:
 
     async def leave_unmonitored(self, redis: Any, worker_id: str) -> None:
         """A worker without a details hash (no ClusterStats) leaves the workers ZSET, else shown lost."""
-        from scrapy_dist.redis.connection import CONNECT_ERRORS
-
         try:
             if not await redis.exists(self.keys.worker(worker_id)):
                 await redis.zrem(self.keys.workers, worker_id)
@@ -249,8 +237,6 @@ def crawl_fingerprinter(crawler: Any) -> Any:
     try:
         return crawler.request_fingerprinter
     except (AttributeError, RuntimeError):
-        from scrapy.utils.request import RequestFingerprinter
-
         return RequestFingerprinter(crawler)
 
 
@@ -269,15 +255,13 @@ class FrontierState:
     queued: int
     inflight: int
     delayed: int
-    #: every shard was seen empty at one instant (with shards: twice, nothing created in between)
-    empty_confirmed: bool
+    empty_confirmed: bool  # every shard was seen empty at one instant
 
     def as_dict(self) -> dict[str, int]:
         return {"queued": self.queued, "inflight": self.inflight, "delayed": self.delayed}
 
 
-#: seconds after a sync call moved aside a key that holds requests during which an empty frontier is not
-#: taken as drained: whoever swapped it in may put the crawl's real one back a moment later
+#: seconds after a key holding requests was moved aside during which an empty frontier is not drained
 REPAIR_GRACE = 10.0
 
 
@@ -289,8 +273,7 @@ class ShardRouter:
             raise ValueError(f"SCHEDULER_SHARDS must be >= 1, not {shards!r}")
         self.shards = shards
         self.fingerprinter = fingerprinter
-        #: route by host (crawl-wide politeness: a domain's queue, limits and fingerprints on one shard)
-        self.by_domain = by_domain
+        self.by_domain = by_domain  # route by host: a domain's queue, limits and fingerprints on one shard
         self.states: list[ShardState | None] = [None] * shards
         self._last_snapshot: tuple[ShardState | None, ...] | None = None
         self._repaired_at: float | None = None
@@ -299,17 +282,16 @@ class ShardRouter:
         if self.shards == 1:
             return 0
         if self.by_domain:
-            return domain_shard((urlparse_cached(request).hostname or "").lower(), self.shards)
+            return _shard.domain_shard((urlparse_cached(request).hostname or "").lower(), self.shards)
         if fingerprint is None:
             fingerprint = bytes(self.fingerprinter.fingerprint(request))
-        return shard_of(fingerprint, self.shards)
+        return _shard.shard_of(fingerprint, self.shards)
 
     def domain(self, domain: str) -> int:
-        return domain_shard(domain, self.shards) if self.by_domain else 0
+        return _shard.domain_shard(domain, self.shards) if self.by_domain else 0
 
     def lease_split(self, want: int) -> list[int]:
-        """How many of ``want`` requests to lease from each shard: in proportion to their last queue length,
-        at least 1 from a non-empty shard; evenly (at least 1 each) while none is known to hold anything."""
+        """``want`` split over the shards by their last queue length (evenly while all look empty)."""
         n = self.shards
         if n == 1 or want <= 0:
             return [want] + [0] * (n - 1)
@@ -326,13 +308,10 @@ class ShardRouter:
             self._repaired_at = time.monotonic() if now is None else now
 
     def forget_snapshot(self) -> None:
-        """A round failed somewhere: an earlier empty reading proves nothing any more."""
         self._last_snapshot = None
 
     def settle(self, now: float | None = None) -> FrontierState:
-        """The crawl-wide state after a round that reached every shard. With shards, empty is confirmed
-        by two empty rounds with no sequence counter moved in between, and :data:`REPAIR_GRACE` after
-        the last repair."""
+        """The crawl-wide state; with shards, empty twice with no sequence counter moved in between."""
         states = self.states
         queued, inflight, delayed = (
             sum(getattr(st, name) for st in states if st is not None)
@@ -362,20 +341,16 @@ class ControlState:
     paused_by: str = ""
     close: str = ""
     close_at: float | None = None
-    #: the crawl's recorded shard count, None if absent or garbage
-    shards: int | None = None
-    #: the crawl's recorded SCHEDULER_POLITENESS, "" if absent or garbage
+    shards: int | None = None  # None (and politeness "") if absent or garbage
     politeness: str = ""
-    #: one short description per garbage field, for a one-time warning
-    problems: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()  # one short description per garbage field
 
     @classmethod
     def from_hash(cls, raw: Any) -> ControlState:
         return parse_control(raw)
 
     def close_reason(self, started_at: float, now: float | None = None) -> str:
-        """The close reason a worker started at ``started_at`` (server time) must act on, or ``""``: only
-        a decision taken since, and at most :data:`CLOSE_AT_SLACK` past ``now`` (None: no upper bound)."""
+        """The close reason decided since ``started_at`` and not past ``now`` + :data:`CLOSE_AT_SLACK`."""
         if not self.close or self.close_at is None or self.close_at < started_at:
             return ""
         if now is not None and self.close_at > now + CLOSE_AT_SLACK:
@@ -450,7 +425,6 @@ def pause_crawl(client: Any, control_key: str, by: str = "cli") -> None:
 
 
 def valid_reason(reason: str) -> bool:
-    """Whether ``reason`` may be a close reason (what :func:`parse_control` accepts)."""
     return bool(_REASON.fullmatch(reason))
 
 
@@ -485,23 +459,14 @@ async def start_time(redis: Any) -> float:
 def member_prefix(member: bytes, polite: bool) -> bytes:
     """The part of a queue member before its payload (seq, or domain, priority key and seq)."""
     if polite:
-        return member[: member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES]
-    return member[:SEQ_BYTES]
-
-
-def entry_url(member: bytes, polite: bool) -> str | None:
-    try:
-        url = load_payload(member[len(member_prefix(member, polite)) :]).get("u")
-    except (RejectedEntry, ValueError):
-        return None
-    return url if isinstance(url, str) else None
+        return member[: member.index(b"\0") + 1 + _shard.PRIORITY_KEY_BYTES + _shard.SEQ_BYTES]
+    return member[: _shard.SEQ_BYTES]
 
 
 def end_chains(
     client: Any, shard_keys: list[CrawlKeys], polite: bool, urls: Collection[str] | None = None
 ) -> int:
-    """Remove the scheduled revisits of ``urls`` (None: all) from every shard's delayed set; how many. An
-    HSCAN of each shard's delayed meta, one round trip per 1000 removed."""
+    """Remove the scheduled revisits of ``urls`` (None: all) from every shard's delayed set; how many."""
     ended = 0
     for keys in shard_keys:
         found: list[bytes] = []
@@ -509,7 +474,7 @@ def end_chains(
             for member, meta in client.hscan_iter(keys.delayed_meta, count=1000):
                 if not (isinstance(meta, bytes) and meta.endswith(b" r")) or member == b"revisits":
                     continue
-                if urls is None or entry_url(member, polite) in urls:
+                if urls is None or _entry_url(member, polite) in urls:
                     found.append(member)
         except redis.ResponseError:  # WRONGTYPE
             continue
@@ -520,12 +485,16 @@ def end_chains(
                 pipe.zrem(keys.delayed, member)
                 pipe.hdel(keys.delayed_meta, member)
             removed += sum(pipe.execute()[::2])
-        if removed:  # the scheduled revisit count, read as untrusted: garbage restarts at 0
-            raw = client.hget(keys.delayed_meta, "revisits")
-            try:
-                left = int(raw or 0)
-            except ValueError:
-                left = 0
+        if removed:  # the scheduled revisit count (garbage restarts at 0)
+            left = untrusted_count(client.hget(keys.delayed_meta, "revisits"))
             client.hset(keys.delayed_meta, "revisits", max(0, left - removed))
         ended += removed
     return ended
+
+
+def _entry_url(member: bytes, polite: bool) -> str | None:
+    try:
+        url = load_payload(member[len(member_prefix(member, polite)) :]).get("u")
+    except (RejectedEntry, ValueError):
+        return None
+    return url if isinstance(url, str) else None

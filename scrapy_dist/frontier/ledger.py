@@ -1,10 +1,6 @@
-"""What one worker holds and owes the shared frontier: an I/O-free ledger (methods take ``now``), and the
-:class:`RequestEncoder` that turns a request into its entries.
-
-Its buffers: **outgoing** writes (discovered requests, delayed retries, dead letters, rejections, releases,
-penalties) until the next round; **ready** leased requests and **local** ones that could not be encoded;
-**handed** (in the engine); **acks** of finished requests, which travel in the same atomic call as their
-callback's output. A failed call's batch goes back in front (:meth:`Ledger.restore`): nothing is dropped.
+"""What one worker holds and owes the shared frontier (an I/O-free :class:`Ledger`, methods take ``now``)
+and the :class:`RequestEncoder` that turns a request into ledger entries. Acks of finished requests travel in
+the same atomic call as their callback's output; a failed call's batch goes back in front: nothing is dropped.
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.shard import SyncResult
     from scrapy_dist.wire.codec import EntryPolicy
 
-#: most discovered requests one sync call carries to one shard: a script holds Redis for its whole run
-#: (docs/capacity.md)
+#: most discovered requests one sync call carries to one shard (a script holds Redis; docs/capacity.md)
 CALL_RECORDS = 48
 #: an ack, a lease or a renewal costs the script about a sixth of a discovered request
 SETTLE_PER_RECORD = 6
@@ -133,7 +128,6 @@ class AckRiders:
         self.items_of: Callable[[Request], list[bytes | str]] | None = None
 
     def collect(self, request: Request, lease: Lease) -> None:
-        """Take what rides the ack of ``request``, just finished."""
         if self.items_of is not None:
             items = self.items_of(request)
             if items:
@@ -144,7 +138,6 @@ class AckRiders:
                 self.revisits[lease] = revisit
 
     def ack(self, batch: SyncBatch, lease: Lease) -> None:
-        """Put the ack of ``lease`` in ``batch``, with what rides it."""
         revisit = self.revisits.pop(lease, None)
         if revisit is None:
             batch.ack.append(lease[1])
@@ -155,7 +148,6 @@ class AckRiders:
             batch.items += [(lease[1], data) for data in items]
 
     def restore(self, shard: int, batch: SyncBatch) -> None:
-        """Keep what rode the acks of a call that could not be sent."""
         for member, delay, new in batch.revisit:
             self.revisits[(shard, member)] = (delay, new)
         for member, data in batch.items:
@@ -173,11 +165,10 @@ class Ledger:
         self.out: list[Outgoing] = []
         self.handed: dict[Request, Lease] = {}
         self.held: set[Lease] = set()  # every lease held in Redis (renewed each renewal round)
-        #: acks whose requests' output is already in Redis (or travels in the same call)
+        #: acks: their requests' output is in Redis; acks_new: just finished, output may still be buffered
+        #: here; acks_waiting: held back during the round, sendable once it has landed on every shard
         self.acks: list[Lease] = []
-        #: acks of requests just finished: their output may still be in this worker's buffers
         self.acks_new: list[Lease] = []
-        #: acks held back during the current round, sendable once it has landed on every shard
         self.acks_waiting: list[Lease] = []
         self.delays: list[Delay] = []
         self.dead: list[str] = []
@@ -188,10 +179,8 @@ class Ledger:
         self.first_pending: float | None = None  # when the oldest unsent write was buffered
         self.left_behind = 0  # discovered requests the last round left for the next one
         self.best_out = math.inf  # the best (lowest) score among ``out``
-        #: what the current round took, per call (put back by :meth:`restore` if the call fails)
-        self._sent: list[list[Outgoing]] = []
-        #: the shard of each call of the current round (the first ``shards`` calls: shard = index)
-        self.call_shards: list[int] = list(range(shards))
+        self._sent: list[list[Outgoing]] = []  # what the current round took, per call
+        self.call_shards: list[int] = list(range(shards))  # each call's shard (first ones: the index)
         self.riders = AckRiders()
 
     @property
@@ -311,13 +300,9 @@ class Ledger:
     def take_batches(
         self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS, max_calls: int = 1
     ) -> list[SyncBatch]:
-        """The calls of one round (:func:`split_calls`; :attr:`call_shards` names each call's shard); what
-        is taken leaves the buffers, discovered requests past it wait for the next round.
-
-        An ack travels with its request's output only in one atomic call: when every write of this round
-        is in the call that carries it. Else it waits in ``acks_waiting`` until :meth:`finish_round`. While
-        discovered requests are left behind, the acks of requests just finished wait in ``acks_new``.
-        """
+        """The calls of one round (:func:`split_calls`). An ack travels with its request's output only in one
+        atomic call: when every write of this round is in the call that carries it; else it waits in
+        ``acks_waiting`` until :meth:`finish_round`, or in ``acks_new`` while requests are left behind."""
         n = self.shards
         settle = [0] * n  # what the first call of each shard settles besides its discovered requests
         for i, leases in enumerate(lease_counts[:n]):
@@ -433,8 +418,7 @@ class Ledger:
 
 
 class RequestEncoder:
-    """What a request becomes in the ledger: filtered, encoded under the crawl's entry policy, scored by the
-    queue order and routed to its shard (with crawl-wide politeness, with its domain's limits). No I/O."""
+    """A request filtered, encoded under the crawl's entry policy, scored and routed to its shard. No I/O."""
 
     def __init__(
         self, dupefilter: Any, order: orders.QueueOrder, router: ShardRouter, report: FrontierReport,
@@ -450,15 +434,11 @@ class RequestEncoder:
         self.batched = batched  # a scrapy-dist dupefilter: fingerprints are checked in the sync call
         self.polite = polite
         self.spider: Spider | None = None
-        #: fingerprints this process sent lately (certainly seen crawl-wide; bounded in time)
-        self.recent = RecentFingerprints()
-        #: SEEDS_RECORD_FINGERPRINT: a dont_filter start request records its fingerprint
-        self.record_start = False
-        #: DEADLETTER_FORGET: a dead letter's fingerprint is forgotten with it
-        self.forget_dead = False
+        self.recent = RecentFingerprints()  # fingerprints this process sent lately: seen crawl-wide
+        self.record_start = False  # SEEDS_RECORD_FINGERPRINT
+        self.forget_dead = False  # DEADLETTER_FORGET
 
     def forgotten(self, request: Request, shard_dfs: list[Any]) -> tuple[int, tuple[Any, Any]]:
-        """``DEADLETTER_FORGET``: the shard and fingerprint tokens of ``request`` to forget."""
         shard = self.router.shard(request)
         tokens = shard_dfs[shard].tokens(request)
         self.recent.discard(tokens[0])  # a link to it found by this worker is new again too
@@ -468,7 +448,6 @@ class RequestEncoder:
         self.df.log(request, self.spider)
 
     def encode(self, request: Request) -> bytes | None:
-        """The encoded request, or None (counted and logged) when it cannot go to Redis."""
         try:
             return encode_request(request, self.spider, self.policy)
         except UnserializableRequest as exc:

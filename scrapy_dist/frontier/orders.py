@@ -15,7 +15,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timezone
 from email.utils import parsedate_to_datetime
@@ -198,6 +198,32 @@ class DomainLimits:
             self._cache.clear()
         self._cache[domain] = limit
         return limit
+
+
+#: what :meth:`RevisitRules.for_url` answers when no rule matches
+NOT_SET = object()
+
+
+class RevisitRules:
+    """``REVISIT_AFTER`` rules: a glob with a ``/`` matches the URL, any other the host (case-insensitive).
+    URL rules are tried first; within each kind the most specific wins."""
+
+    def __init__(self, rules: Mapping[str, float | None] | None = None) -> None:
+        ordered = sorted(
+            (rules or {}).items(), key=lambda kv: ("/" in kv[0], *specificity(kv[0].lower())), reverse=True
+        )
+        self.rules = [(p.lower(), "/" in p, s) for p, s in ordered]
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def for_url(self, url: str, host: str) -> Any:
+        """The delay of the most specific matching rule (None: no revisit), or ``NOT_SET``."""
+        low_url, low_host = url.lower(), host.lower()
+        for pattern, on_url, seconds in self.rules:
+            if fnmatch.fnmatchcase(low_url if on_url else low_host, pattern):
+                return seconds
+        return NOT_SET
 
 
 class DomainPenalties:

@@ -1,8 +1,5 @@
-"""The shared frontier as a drop-in Scrapy scheduler: ``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``.
-
-None of Scrapy's calls touches Redis: :class:`Scheduler` is a thin facade over the request encoder and the
-ledger, the sync loop, the shard router and the crawl layout. A leased request is acknowledged only in
-the same atomic call as the requests its callback produced, so a worker killed at any moment loses nothing.
+"""The shared frontier as a drop-in Scrapy scheduler: ``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``, a
+thin facade (none of Scrapy's calls touches Redis) over the ledger, the sync loop and the crawl layout.
 """
 
 from __future__ import annotations
@@ -157,13 +154,11 @@ class Scheduler:
 
     @property
     def frontier_status(self) -> dict[str, int] | None:
-        """Last crawl-wide queued / inflight / delayed reported by Redis, or None before the first."""
         state = self.loop.state if self.loop is not None else None
         return state.as_dict() if state is not None else None
 
     @property
     def paused(self) -> bool:
-        """The crawl-wide pause flag (``scrapy-dist pause``)."""
         return self.loop is not None and self.loop.paused
 
     def open(self, spider: Spider) -> Deferred[None]:
@@ -336,7 +331,7 @@ class Scheduler:
         self.ledger.dead_letter(record, time.monotonic(), forget)
 
     def flushed_since(self, mark: float) -> bool:
-        """Whether every request enqueued before ``mark`` (``time.monotonic()``) is in Redis."""
+        """Whether every request enqueued before ``mark`` (monotonic) is in Redis."""
         return self.loop is not None and self.loop.drained_at > mark
 
     def pause(self) -> None:
@@ -404,8 +399,6 @@ def _wired(cls: type[S], crawler: Crawler) -> S:
 
 
 class NoStats:
-    """Stats sink of a scheduler built without a stats collector."""
-
     def inc_value(self, key: str, count: int = 1, start: int = 0) -> None:
         pass
 
@@ -419,13 +412,11 @@ class FrontierReport:
     def __init__(self, stats: Any, shard_keys: list[CrawlKeys], log_duplicate: Any) -> None:
         self.stats = stats
         self.shard_keys = shard_keys
-        self.log_duplicate = log_duplicate  # the dupefilter's log of a filtered request
+        self.log_duplicate = log_duplicate
         self._log = RateLimitedLog(logger)
         self._unserializable_log = RateLimitedLog.once(logger)
-        #: acks and items refused since this worker's acks were last accepted (told once, refusals_done)
-        self._refused = [0, 0]
-        #: the crawl exports feeds: a refused ack is a page whose items another fetch writes there again
-        self.feeds = False
+        self._refused = [0, 0]  # acks and items refused since an ack was last accepted
+        self.feeds = False  # the crawl exports feeds: a refused ack's items are written there twice
 
     def applied(self, applied: Applied, result: SyncResult) -> None:
         """Stats and logs of one shard's answer."""
@@ -483,7 +474,7 @@ class FrontierReport:
         logger.info("Closing (%s): gave %d leased requests back to the queue", reason, given)
 
     def unserializable(self, request: Request, exc: UnserializableRequest) -> None:
-        """A request that cannot go to Redis (crawled by this worker only): counted, logged once per key."""
+        """A request that cannot go to Redis (crawled by this worker only): logged once per key."""
         self.stats.inc_value("scheduler/unserializable")
         self._unserializable_log.log(
             logging.ERROR,
@@ -496,7 +487,6 @@ class FrontierReport:
 
     @staticmethod
     def backlog(spider: str, pending: int, remembered: int, persist: bool) -> None:
-        """The line scrapy-redis users look for, and a warning when joining a crawl that has finished."""
         if pending:
             logger.info("Resuming crawl (%d requests scheduled)", pending)
         elif remembered and persist:
