@@ -62,10 +62,12 @@ def inprogress(crawler: Any) -> Any:
 
 
 def scheduler(crawler: Any) -> Any:
+    """The engine's scheduler, or ``None`` before the crawl starts."""
     return getattr(_slot(crawler), "scheduler", None)
 
 
 def is_closing(crawler: Any) -> bool:
+    """Whether the engine has started closing the spider."""
     slot = _slot(crawler)
     return slot is not None and getattr(slot, "closing", None) is not None
 
@@ -79,9 +81,8 @@ def locally_idle(crawler: Any) -> bool:
 
 
 class Engine(Protocol):
-    """What the scheduler needs of the engine: the requests it still works on (``None``: unknown), a wake
-    up, closing the spider, the active downloads of a request's slot, and -- once closing -- the requests
-    ``which`` accepts that have not started downloading, taken back."""
+    """What the scheduler needs of the engine: the requests it works on (``None``: unknown), a wake up, a
+    close, a slot's active downloads and, once closing, the unstarted requests ``which`` accepts."""
 
     def inprogress(self) -> Any: ...
 
@@ -146,8 +147,7 @@ class EngineView:
 
 
 class DetachedEngine:
-    """:class:`Engine` for a scheduler driven without Scrapy's engine (tests, tools): nothing is ever in
-    progress, ``close`` is recorded."""
+    """:class:`Engine` without Scrapy's engine (tests, tools): nothing in progress, ``close`` recorded."""
 
     def __init__(self) -> None:
         self.closed: str | None = None
@@ -169,8 +169,7 @@ class DetachedEngine:
 
 
 def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
-    """Build what the add-on would enable and the two-line setup lacks; returns the components built (the
-    scheduler keeps them: signals hold their handlers weakly)."""
+    """Build what the add-on would enable and the two-line setup lacks (kept: signals hold them weakly)."""
     built: list[Any] = []
     lacking: list[Component] = []
     try:
@@ -303,15 +302,6 @@ class ItemOutbox:
 
     def take(self, request: Request) -> list[bytes | str]:
         return self._items.pop(request, [])
-
-    def clear(self) -> int:
-        """Forget every staged item (their requests are crawled again); returns how many."""
-        n = len(self)
-        self._items.clear()
-        return n
-
-    def __len__(self) -> int:
-        return sum(len(v) for v in self._items.values())
 
 
 def attach(scheduler: Scheduler, route: ItemRoute) -> ItemOutbox | None:
@@ -469,12 +459,11 @@ class Revisits:
                 self._count("revisit/raised")
                 return self.min_interval
             return seconds
-        if not self.rules:
-            return None
         seconds = self.rules.for_url(request.url, urlparse_cached(request).hostname or "")
         return None if seconds is NOT_SET else seconds
 
     def stop(self) -> None:
+        """End every chain this worker would go on with (``scrapy-dist close``)."""
         self.stopped = True
 
     def wanted(self, request: Request) -> bool:

@@ -1,11 +1,11 @@
 """A crawl's layout in Redis: its shards, their keys and dupefilters (joined at start, removed at the end),
 which shard a request goes to (:class:`ShardRouter`), and the control hash ``{spider}:control``
-(docs/monitoring.md): the mode, N and format workers must share, the pause and close flags. Anything in it
-is untrusted: :func:`parse_control` ignores a garbage field and names it in ``problems``.
+(docs/monitoring.md; untrusted: :func:`parse_control` ignores a garbage field and names it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -22,8 +22,6 @@ from scrapy_dist.frontier import shard as _shard
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.connection import CONNECT_ERRORS
 from scrapy_dist.redis.keys import GARBAGE
-from scrapy_dist.redis.scripts import count as untrusted_count
-from scrapy_dist.redis.scripts import hash_fields
 from scrapy_dist.wire.codec import load_payload
 
 if TYPE_CHECKING:
@@ -37,13 +35,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: keys deleted per DEL command
-_DELETE_BATCH = 100
+_DELETE_BATCH = 100  # keys per DEL
 #: how scrapy-dist lays a crawl out in Redis (control hash field ``format``): bump it with any change an
 #: older worker would misread (docs/operations.md, "Upgrading")
 FRONTIER_FORMAT = 2
-#: values of the ``format`` field taken as a format; anything else is garbage (overwritten, warned)
-_FORMAT_LIMIT = 1000
+_FORMAT_LIMIT = 1000  # a larger ``format`` field is garbage (overwritten, warned)
 
 
 def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -> str | None:
@@ -147,8 +143,8 @@ class CrawlLayout:
         pending = remembered = 0
         for i in range(0, len(replies), 7):
             counted, members, leased, delayed, (bloom_n, live), fps, expiring = replies[i : i + 7]
-            pending += max(untrusted_count(counted), members) + leased + delayed
-            remembered += untrusted_count(bloom_n) + untrusted_count(live) + fps + expiring
+            pending += max(scripts.count(counted), members) + leased + delayed
+            remembered += scripts.count(bloom_n) + scripts.count(live) + fps + expiring
         return pending, remembered
 
     def frontiers(
@@ -234,6 +230,7 @@ class CrawlLayout:
 
 
 def crawl_fingerprinter(crawler: Any) -> Any:
+    """The crawl's request fingerprinter; Scrapy's default one where the crawler has none yet."""
     try:
         return crawler.request_fingerprinter
     except (AttributeError, RuntimeError):
@@ -242,6 +239,8 @@ def crawl_fingerprinter(crawler: Any) -> Any:
 
 @dataclass(frozen=True)
 class ShardState:
+    """One shard's last answer: crawl-wide counts and its sequence counter."""
+
     queued: int
     inflight: int
     delayed: int
@@ -261,8 +260,7 @@ class FrontierState:
         return {"queued": self.queued, "inflight": self.inflight, "delayed": self.delayed}
 
 
-#: seconds after a key holding requests was moved aside during which an empty frontier is not drained
-REPAIR_GRACE = 10.0
+REPAIR_GRACE = 10.0  # seconds after a key holding requests was moved aside: empty is not drained yet
 
 
 class ShardRouter:
@@ -329,14 +327,15 @@ class ShardRouter:
 # -- the control hash ----------------------------------------------------------------------------
 #: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
 CLOSE_AT_SLACK = 60.0
-#: the most shards a control hash may record (more is garbage)
-MAX_SHARDS = 1024
+MAX_SHARDS = 1024  # the most shards a control hash may record (more is garbage)
 _REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _reported: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)
 class ControlState:
+    """The control flags as :func:`parse_control` read them."""
+
     paused: bool = False
     paused_by: str = ""
     close: str = ""
@@ -360,7 +359,7 @@ class ControlState:
 
 def parse_control(raw: Any) -> ControlState:
     """The one parser of ``{spider}:control``; raises :class:`RejectedEntry` only if ``raw`` is not a hash."""
-    d = hash_fields(raw, "control")
+    d = scripts.hash_fields(raw, "control")
     problems: list[str] = []
     paused_text = d.get("paused", "")
     if paused_text not in ("", "0", "1"):
@@ -372,10 +371,8 @@ def parse_control(raw: Any) -> ControlState:
     at: float | None = None
     close_at = d.get("close_at", "")
     if close_at:
-        try:
+        with contextlib.suppress(ValueError):
             at = float(close_at)
-        except ValueError:
-            at = None
         if at is None or not math.isfinite(at) or at < 0:
             problems.append(f"close_at={close_at[:40]!r} (not a time)")
             at = None
@@ -425,6 +422,7 @@ def pause_crawl(client: Any, control_key: str, by: str = "cli") -> None:
 
 
 def valid_reason(reason: str) -> bool:
+    """Whether ``reason`` may be a close reason."""
     return bool(_REASON.fullmatch(reason))
 
 
@@ -486,7 +484,7 @@ def end_chains(
                 pipe.hdel(keys.delayed_meta, member)
             removed += sum(pipe.execute()[::2])
         if removed:  # the scheduled revisit count (garbage restarts at 0)
-            left = untrusted_count(client.hget(keys.delayed_meta, "revisits"))
+            left = scripts.count(client.hget(keys.delayed_meta, "revisits"))
             client.hset(keys.delayed_meta, "revisits", max(0, left - removed))
         ended += removed
     return ended

@@ -53,14 +53,11 @@ class Outgoing(Routed):
     """A discovered request waiting to be sent to the frontier."""
 
     request: Request
-    #: the dupefilter's two fingerprint tokens; ``t1 == ""`` skips dedupe (``dont_filter``)
-    t1: Any
+    t1: Any  # the dupefilter's fingerprint tokens; t1 == "" skips dedupe (dont_filter)
     t2: Any
     score: float
-    #: encoded request; ``b""`` when it could not be encoded (deduped only, then crawled locally)
-    payload: bytes
-    #: only record the fingerprint (the request itself travels in another, unfiltered entry)
-    record_only: bool = False
+    payload: bytes  # b"" when it could not be encoded: deduped only, then crawled locally
+    record_only: bool = False  # only record the fingerprint (the request travels in another entry)
 
     def enqueue_item(self) -> tuple[Any, Any, float, bytes, str, str]:
         return (self.t1, self.t2, self.score, self.payload, self.domain, self.limits)

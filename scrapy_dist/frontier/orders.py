@@ -85,13 +85,10 @@ class FifoQueue:
         return _start_offset(request)
 
 
-class LifoQueue:
+class LifoQueue(FifoQueue):
     """Last in, first out; priorities ignored."""
 
     sequence = "desc"
-
-    def score(self, request: Request) -> float:
-        return _start_offset(request)
 
 
 #: scrapy-redis's other names of its three queues (``scrapy_dist.queue.SpiderQueue`` and so on)
@@ -146,6 +143,8 @@ class LeasedBuffer:
 # -- crawl-wide politeness ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DomainLimit:
+    """One domain's limits."""
+
     delay: float
     concurrency: int
     jitter: float

@@ -159,6 +159,7 @@ class Scheduler:
 
     @property
     def paused(self) -> bool:
+        """The crawl-wide pause flag (``scrapy-dist pause``)."""
         return self.loop is not None and self.loop.paused
 
     def open(self, spider: Spider) -> Deferred[None]:
@@ -347,6 +348,7 @@ class Scheduler:
         self.engine.wake()
 
     def penalize_domain(self, domain: str, seconds: float) -> None:
+        """Crawl-wide politeness: no request of ``domain`` is leased for ``seconds``."""
         self.penalties.penalize(domain, seconds)
 
     def _wake(self) -> None:
@@ -399,6 +401,8 @@ def _wired(cls: type[S], crawler: Crawler) -> S:
 
 
 class NoStats:
+    """Stats sink of a scheduler built without a stats collector."""
+
     def inc_value(self, key: str, count: int = 1, start: int = 0) -> None:
         pass
 
@@ -423,26 +427,21 @@ class FrontierReport:
         stats = self.stats
         for request in applied.duplicates:
             self.log_duplicate(request)
-        if applied.enqueued:
-            stats.inc_value("scheduler/enqueued/redis", applied.enqueued)
-            stats.inc_value("scheduler/enqueued", applied.enqueued)
-        for stat, n in (("scheduler/requeued/lease_expired", result.requeued),
-                        ("scheduler/delayed/moved", result.moved), ("redis_items/written", result.items)):
-            if n:
+        # rejected: malformed members, and copies of entries handed out, the script parked itself
+        rejected, refused = result.rejected, result.acks_refused
+        for stat, n in (
+            ("scheduler/enqueued/redis", applied.enqueued), ("scheduler/enqueued", applied.enqueued),
+            ("scheduler/requeued/lease_expired", result.requeued), ("scheduler/delayed/moved", result.moved),
+            ("scheduler/rejected", rejected), ("scheduler/rejected/bad_member", rejected - result.replayed),
+            ("scheduler/rejected/replayed", result.replayed if rejected else 0),
+            ("redis_items/written", result.items), ("scheduler/acks_refused", refused),
+            ("redis_items/refused", result.items_refused if refused else 0),
+            ("feeds/duplicate_pages", refused if self.feeds else 0),
+        ):
+            if n > 0:
                 stats.inc_value(stat, n)
-        if result.rejected:  # malformed members, and copies of entries handed out, the script parked itself
-            stats.inc_value("scheduler/rejected", result.rejected)
-            if result.rejected > result.replayed:
-                stats.inc_value("scheduler/rejected/bad_member", result.rejected - result.replayed)
-            if result.replayed:
-                stats.inc_value("scheduler/rejected/replayed", result.replayed)
-        if result.acks_refused:
-            stats.inc_value("scheduler/acks_refused", result.acks_refused)
-            if result.items_refused:
-                stats.inc_value("redis_items/refused", result.items_refused)
-            if self.feeds:
-                stats.inc_value("feeds/duplicate_pages", result.acks_refused)
-            self._refused[0] += result.acks_refused
+        if refused:
+            self._refused[0] += refused
             self._refused[1] += result.items_refused
         if applied.acked > result.acks_refused:  # this worker's acks count again: the episode is over
             self.refusals_done()
