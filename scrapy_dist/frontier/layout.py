@@ -277,6 +277,7 @@ class ShardRouter:
         self._repaired_at: float | None = None
 
     def shard(self, request: Request, fingerprint: bytes | None = None) -> int:
+        """The shard of a new request: its fingerprint's, or its host's when routing by domain."""
         if self.shards == 1:
             return 0
         if self.by_domain:
