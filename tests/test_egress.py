@@ -23,7 +23,7 @@ from scrapy_dist.egress import (
     install,
     parse_networks,
 )
-from scrapy_dist.frontier.control import parse_record
+from scrapy_dist.frontier.orders import parse_record
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.settings import defaults
 

@@ -19,7 +19,7 @@ middleware adds what a resolver cannot do:
 A host that does not resolve fails as Scrapy reports it (``DNSLookupError``), not as a refusal.
 
 :class:`ConditionalRevisitMiddleware` (``REVISIT_CONDITIONAL = True``, docs/continuous.md): a revisit entry
-carries its page's validators (written at ack time by :class:`scrapy_dist.frontier.revisit.Revisits`). A
+carries its page's validators (written at ack time by :class:`scrapy_dist.frontier.engine.Revisits`). A
 304 to a request that sent one is counted, keeps the revisit chain going, calls the spider's
 ``on_not_modified(response)`` if it has one, and ends the request with :class:`NotModified` (an
 ``IgnoreRequest``: no callback, no error, an errback may check for it). Order 580, so the downloader's own
@@ -42,7 +42,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import threads
 
 from scrapy_dist.egress import DeniedNetwork, Network, denied, enforce, request_refusal
-from scrapy_dist.frontier.revisit import VALIDATOR_HEADERS
+from scrapy_dist.frontier.engine import VALIDATOR_HEADERS
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import refusing
 from scrapy_dist.utils import RateLimitedLog
