@@ -33,15 +33,8 @@ from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilt
 from scrapy_dist.dupefilter.bloom import parse_bloom_record
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import orders as queue
-from scrapy_dist.frontier.control import (
-    DeadLetter,
-    move_aside_foreign,
-    parse_control,
-    parse_record,
-    reason_matches,
-    requeue_payload,
-)
-from scrapy_dist.frontier.revisit import end_chains
+from scrapy_dist.frontier.layout import end_chains, move_aside_foreign, parse_control
+from scrapy_dist.frontier.orders import DeadLetter, parse_record, reason_matches, requeue_payload
 from scrapy_dist.frontier.shard import Frontier, SyncBatch, domain_shard, shard_of
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.wire.codec import EntryPolicy

@@ -147,7 +147,7 @@ class SchedulerSettings:
     download_delay: float = 0.0
     concurrent_requests_per_domain: int = 8
     download_delay_jitter: float = 0.5
-    #: REVISIT_AFTER rules {glob: seconds or None} (scrapy_dist/frontier/revisit.py)
+    #: REVISIT_AFTER rules {glob: seconds or None} (scrapy_dist/frontier/orders.py)
     revisit_after: Mapping[str, float | None] = field(default_factory=dict)
     revisit_conditional: bool = False
     #: REVISIT_MIN_INTERVAL: no revisit is due sooner than this many seconds after its fetch
