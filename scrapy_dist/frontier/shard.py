@@ -1,10 +1,11 @@
 """The Redis side of the shared frontier: one worker's batched exchange with the ``sync`` Lua script.
 
 :class:`Frontier` knows keys, the dupefilter's script arguments and the wire layout of ``sync.lua``; it
-holds no crawl state. One :meth:`Frontier.sync` call costs one round trip (EVALSHA) whatever it carries:
-requests to dedupe and enqueue, acks, lease renewals and releases, delayed retries, rejections, dead
-letters, and how many requests to lease. With ``SCHEDULER_SHARDS = N`` there is one :class:`Frontier` per
-shard, on that shard's keys and dupefilter; :func:`shard_of` says which shard a request belongs to.
+holds no crawl state. One :meth:`Frontier.sync` call costs one round trip (FCALL, or EVALSHA before Redis
+7: :class:`~scrapy_dist.redis.scripts.Library`) whatever it carries: requests to dedupe and enqueue, acks,
+lease renewals and releases, delayed retries, rejections, dead letters, and how many requests to lease.
+With ``SCHEDULER_SHARDS = N`` there is one :class:`Frontier` per shard, on that shard's keys and
+dupefilter; :func:`shard_of` says which shard a request belongs to.
 """
 
 from __future__ import annotations
@@ -369,11 +370,13 @@ class Frontier:
     replay_memory: int = defaults.SCHEDULER_REPLAY_MEMORY
     #: where the items riding the acks go (:class:`ItemRoute`); None: calls carry no items
     items: ItemRoute | None = None
+    #: False: EVALSHA even where the server has FUNCTION libraries (the same answers, more server work)
+    functions: bool = True
 
     def __post_init__(self) -> None:
         self._polite = self.politeness == "cluster"
         self._rng = random.Random()
-        self._script = scripts.register(self.redis, "sync", sync_prelude())
+        self._script = scripts.Library(self.redis, "sync", sync_prelude(), self.functions)
         self._fixed_keys = [getattr(self.keys, name) for name, _ in SYNC_KEYS]
         #: the keys that hold requests (see SyncResult.work_repaired)
         self._work_keys = frozenset((self.keys.queue, self.keys.leases, self.keys.delayed))

@@ -27,7 +27,11 @@ local MAX_PENALTY = 3600
 local MAX_DELAY, MAX_JITTER = 86400, 10
 -- pol.queue, pol.leases, pol.now, pol.max_delay, pol.max_jitter: set by sync.lua before the first call below.
 -- pol.st[dom]: the domain's fields as this call knows them; pol.touched[dom]: its schedule is to be redone.
-local pol = {st = {}, touched = {}, limits = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER}
+-- pol is the call's own: pol_reset() at the start of every call (a FUNCTION library keeps it between calls).
+local pol
+local function pol_reset()
+  pol = {st = {}, touched = {}, limits = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER}
+end
 
 local function finite_in(s, lo, hi)
   local x = tonumber(s)

@@ -17,10 +17,8 @@ local SEQ_LIMIT = 140737488355328  -- 2^47
 -- counters we HINCRBY stay far from Redis's 64-bit overflow (and exact in Lua's doubles)
 local COUNTER_LIMIT = 4503599627370496  -- 2^52
 
-local K = {}
-for i, name in ipairs(SYNC_KEYS) do K[name] = KEYS[i] end
-local A = {}
-for i, name in ipairs(SYNC_HEAD) do A[name] = ARGV[i] end
+-- KEYS and ARGV by name: set by sync_call (sync.lua) at the start of every call
+local K, A
 local DUPE_KEY = #SYNC_KEYS + 1
 
 -- The sections: name -> {pos = ARGV index of the first item, n = items, w = width of an item}.
