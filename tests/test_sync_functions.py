@@ -45,7 +45,8 @@ def redis7() -> Iterator[int]:
     tmp = tempfile.mkdtemp(prefix="scrapy-dist-redis7-")
     port = free_port()
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp, "--save", "", "--appendonly", "no"],
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp, "--save", "",
+         "--appendonly", "no"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     client = redis.Redis(port=port)
@@ -144,7 +145,8 @@ def test_a_library_the_server_lost_is_loaded_again(redis7: int) -> None:
 
     first, second, functions = asyncio.run(go())
     assert first.queued == 1 and len(second.leased) == 1 and functions is True
-    libraries = [dict(zip(lib[::2], lib[1::2], strict=True)) for lib in redis.Redis(port=redis7).function_list()]
+    listed = redis.Redis(port=redis7).function_list()
+    libraries = [dict(zip(lib[::2], lib[1::2], strict=True)) for lib in listed]
     name = scripts.library_name(scripts.source("sync", sync_prelude(), library=True))
     assert [lib[b"library_name"] for lib in libraries] == [name.encode()]
     assert name.startswith("scrapy_dist_sync_") and len(name) == len("scrapy_dist_sync_") + 16
