@@ -252,11 +252,14 @@ SYNC_SECTIONS = (
 
 def sync_prelude() -> str:
     """The Lua declarations of the protocol above (``SYNC_KEYS``, ``SYNC_TYPES``, ``SYNC_HEAD``,
-    ``SYNC_SECTIONS``), put before the sync script's fragments when it is registered."""
+    ``SYNC_SECTIONS``, ``sync_names``), put before the sync script's fragments when it is registered."""
     keys = ", ".join(f"'{name}'" for name, _ in SYNC_KEYS)
     types = ", ".join(f"{name} = '{kind}'" for name, kind in SYNC_KEYS)
     head = ", ".join(f"'{name}'" for name in SYNC_HEAD)
     sections = ", ".join(f"{{'{s.name}', {len(s.fields)}, {len(s.polite_fields)}}}" for s in SYNC_SECTIONS)
+    by_name = ", ".join(f"{name} = keys[{i}]" for i, (name, _) in enumerate(SYNC_KEYS, 1))
+    head_by_name = ", ".join(f"{name} = argv[{i}]" for i, name in enumerate(SYNC_HEAD, 1))
+    no_sections = ", ".join(f"{s.name} = false" for s in SYNC_SECTIONS)
     return (
         "-- generated from scrapy_dist/frontier/shard.py (SYNC_KEYS, SYNC_HEAD, SYNC_SECTIONS)\n"
         f"local SYNC_KEYS = {{{keys}}}\n"
@@ -264,6 +267,9 @@ def sync_prelude() -> str:
         f"local SYNC_HEAD = {{{head}}}\n"
         "-- name, items' width without politeness, extra width with politeness\n"
         f"local SYNC_SECTIONS = {{{sections}}}\n"
+        "-- KEYS, the ARGV head and (to fill) the sections by name: tables built whole, one allocation each\n"
+        f"local function sync_names(keys, argv)\n  return {{{by_name}}},\n    {{{head_by_name}}},\n"
+        f"    {{{no_sections}}}\nend\n"
     )
 
 

@@ -46,10 +46,9 @@
 -- and registers it as the function of the FUNCTION library, whose top level (every helper, every
 -- constant) runs once at load; so everything a call owns is made anew here.
 local function sync_call(keys, argv)
-  KEYS, ARGV, K, A, DUPE_REPAIRED = keys, argv, {}, {}, {}
-  for i, name in ipairs(SYNC_KEYS) do K[name] = keys[i] end
-  for i, name in ipairs(SYNC_HEAD) do A[name] = argv[i] end
-  pol_reset()
+  KEYS, ARGV, DUPE_REPAIRED = keys, argv, {}
+  local sec
+  K, A, sec = sync_names(keys, argv)
   local now = call_now(A.now)
   local polite = A.politeness == 'cluster'
   local S = {
@@ -59,10 +58,10 @@ local function sync_call(keys, argv)
     dead_maxlen = tonumber(A.dead_maxlen), queued_delta = 0, rejected = 0, repaired = {}, tags = {},
     replay_memory = tonumber(A.replay_memory) or 0, remembered = 0, replayed = 0,
   }
-  -- as the string Redis would make of it (once, not once per lease)
-  S.deadline = string.format('%.17g', now + S.lease_s)
+  -- as the strings Redis would make of them (once, not once per command: each is a printf)
+  S.now_s, S.deadline = string.format('%.17g', now), string.format('%.17g', now + S.lease_s)
   math.randomseed(tonumber(A.seed) or 0)
-  pol.now, pol.queue, pol.leases, pol.info = now, K.queue, K.leases, K.domain_info
+  pol_reset(now, S.now_s, K.queue, K.leases, K.domain_info)
   -- limits read from l:<domain> are clamped to what the worker's settings give any domain (polite.lua)
   local bound_delay, bound_jitter = string.match(A.limits_bound or '', '^(%S+) (%S+)$')
   if bound_delay then
@@ -72,7 +71,7 @@ local function sync_call(keys, argv)
   local P = tonumber(ARGV[#SYNC_HEAD + 1])
   local params = {}
   for i = 1, P do params[i] = ARGV[#SYNC_HEAD + 1 + i] end
-  local sec = sync_sections(#SYNC_HEAD + 2 + P, polite)
+  sync_sections(sec, #SYNC_HEAD + 2 + P, polite)
 
   -- nothing is written before these checks
   local d = dupe_open(A.dupe_mode, DUPE_KEY, params, now)
@@ -126,7 +125,7 @@ local function sync_call(keys, argv)
   end
   redis.call('HSET', K.queue_tails, 'count', queued)
 
-  if S.worker ~= '' and A.heartbeat ~= '0' then redis.call('ZADD', K.workers, now, S.worker) end
+  if S.worker ~= '' and A.heartbeat ~= '0' then redis.call('ZADD', K.workers, S.now_s, S.worker) end
   local bloom_n = dupe_close(d)
   for _, key in ipairs(DUPE_REPAIRED) do S.repaired[#S.repaired + 1] = key end
   if pol.clamped then S.repaired[#S.repaired + 1] = K.domain_info end
