@@ -117,7 +117,7 @@ def record_library_calls(record: Any) -> None:
             record(at, FCALL + lib.function, lib.code, keys, args)
         return result
 
-    Library.__call__ = call  # type: ignore[method-assign]
+    Library.__call__ = call  # type: ignore[method-assign,assignment]
 
 
 def script_name(source: str) -> str:
