@@ -189,6 +189,14 @@ def _run_process(args: tuple[str, int, str, int, int, tuple[float, float], Any],
             return await original(script, keys=keys, args=args, client=client)
 
         AsyncScript.__call__ = call  # type: ignore[method-assign]
+
+        def fcall(at: float, key: str, code: str, keys: Any, args: Any) -> None:
+            sources.setdefault(key, code)
+            calls.append((at, key, [_latin1(k) for k in keys], [_latin1(a) for a in args]))
+
+        from benchmarks.replay import record_library_calls
+
+        record_library_calls(fcall)
     asyncio.run(_process(*args))
     if record:
         with open(f"{record}.{args[3]}.json", "w") as f:
@@ -220,13 +228,16 @@ def _instructions(record: str, pages: int) -> float:
     return callgrind_instructions(sources, enc) / pages
 
 
-def _sync_sha() -> str:
+def _sync_names() -> tuple[str, str]:
+    """The sync script's SHA1 (EVALSHA) and its library function's name (FCALL)."""
     import hashlib
 
     from scrapy_dist.frontier.shard import sync_prelude
     from scrapy_dist.redis import scripts
 
-    return hashlib.sha1(scripts.source("sync", sync_prelude()).encode()).hexdigest()
+    prelude = sync_prelude()
+    return (hashlib.sha1(scripts.source("sync", prelude).encode()).hexdigest(),
+            scripts.library_name(scripts.source("sync", prelude, library=True)))
 
 
 def measure(
@@ -265,8 +276,8 @@ def measure(
             calls_usec = commands.setdefault(name.removeprefix("cmdstat_"), [0.0, 0.0])
             calls_usec[0] += st["calls"]
             calls_usec[1] += st["usec"]
-    sha = _sync_sha()
-    durations = sorted(d for c in nodes for d in script_call_durations(c, sha))
+    names = _sync_names()
+    durations = sorted(d for c in nodes for d in script_call_durations(c, names))
     got = [out.get(timeout=120) for _ in procs]
     total_pages = sum(window_pages for window_pages, _ in got)
     for p in procs:

@@ -78,15 +78,19 @@ def time_script_calls(client, max_len: int = 1_000_000) -> None:
     client.slowlog_reset()
 
 
-def script_call_durations(client, sha: str | None = None, max_len: int = 1_000_000) -> list[int]:
-    """Sorted durations (us) of the EVALSHA calls logged since :func:`time_script_calls` (of script
-    ``sha`` only, if given)."""
+def script_call_durations(
+    client, sha: str | tuple[str, ...] | None = None, max_len: int = 1_000_000
+) -> list[int]:
+    """Sorted durations (us) of the EVALSHA and FCALL calls logged since :func:`time_script_calls` (of
+    script ``sha`` only, if given: a SHA1 or function name, or a tuple of them)."""
+    names = None if sha is None else {n.encode() for n in ((sha,) if isinstance(sha, str) else sha)}
     out = []
     for entry in client.slowlog_get(max_len):
         cmd = entry.get("command") or b""
-        if not isinstance(cmd, bytes) or cmd.split(b" ", 1)[0].upper() != b"EVALSHA":
+        if not isinstance(cmd, bytes) or cmd.split(b" ", 1)[0].upper() not in (b"EVALSHA", b"FCALL"):
             continue
-        if sha is None or cmd.split(b" ", 2)[1:2] == [sha.encode()]:
+        parts = cmd.split(b" ", 2)
+        if names is None or (len(parts) > 1 and parts[1] in names):
             out.append(entry["duration"])
     return sorted(out)
 

@@ -57,14 +57,12 @@ def replay(path: Path, pages: int, idle: float = 0.0) -> dict[str, Any]:
     server = RedisProcess().start()
     try:
         client = redis.Redis(port=server.port)
-        for sha, source in sources.items():
-            if client.script_load(source) != sha:
-                raise ValueError(f"recorded script {sha} does not hash to its SHA1")
+        load_sources(client, sources)
         time_script_calls(client)
         client.config_resetstat()
         t0, cpu0 = time.monotonic(), server_cpu(client)
         for sha, keys, args in calls:
-            client.evalsha(sha, len(keys), *keys, *args)
+            send(client, sha, keys, args)
         cpu = server_cpu(client) - cpu0
         seconds = time.monotonic() - t0
         durations = script_call_durations(client)
@@ -82,6 +80,44 @@ def replay(path: Path, pages: int, idle: float = 0.0) -> dict[str, Any]:
         **call_percentiles(durations),
         "by_script": by_script,
     }
+
+
+#: a recorded call's script key for a FUNCTION library's function (FCALL) rather than a SHA1 (EVALSHA)
+FCALL = "fcall:"
+
+
+def load_sources(client: Any, sources: dict[str, str]) -> None:
+    """Load recorded scripts (SCRIPT LOAD, checked against their SHA1) and libraries (FUNCTION LOAD)."""
+    for key, source in sources.items():
+        if key.startswith(FCALL):
+            client.function_load(source, replace=True)
+        elif client.script_load(source) != key:
+            raise ValueError(f"recorded script {key} does not hash to its SHA1")
+
+
+def send(client: Any, key: str, keys: list[bytes], args: list[bytes]) -> Any:
+    """One recorded call: FCALL of a library's function or EVALSHA of a script (by its recorded key)."""
+    if key.startswith(FCALL):
+        return client.fcall(key.removeprefix(FCALL), len(keys), *keys, *args)
+    return client.evalsha(key, len(keys), *keys, *args)
+
+
+def record_library_calls(record: Any) -> None:
+    """Make ``record(at, key, source, keys, args)`` (``at``: monotonic time it was sent) see every FCALL
+    of :class:`scrapy_dist.redis.scripts.Library` in this process (its EVALSHA fallback goes through
+    redis-py's ``AsyncScript``, hooked apart)."""
+    from scrapy_dist.redis.scripts import Library
+
+    original = Library.__call__
+
+    async def call(lib: Any, keys: Any, args: Any) -> Any:
+        at = time.monotonic()
+        result = await original(lib, keys, args)
+        if lib.functions:
+            record(at, FCALL + lib.function, lib.code, keys, args)
+        return result
+
+    Library.__call__ = call  # type: ignore[method-assign,assignment]
 
 
 def script_name(source: str) -> str:
@@ -152,10 +188,9 @@ def _callgrind_run(sources: dict[str, str], calls: list[Any]) -> int:
                     proc.kill()
                     raise
                 time.sleep(0.2)
-        for source in sources.values():
-            client.script_load(source)
+        load_sources(client, sources)
         for sha, keys, args in calls:
-            client.evalsha(sha, len(keys), *keys, *args)
+            send(client, sha, keys, args)
         with contextlib.suppress(redis.ConnectionError):
             client.shutdown(nosave=True)
         proc.wait(timeout=600)

@@ -1,10 +1,11 @@
 """The Redis side of the shared frontier: one worker's batched exchange with the ``sync`` Lua script.
 
 :class:`Frontier` knows keys, the dupefilter's script arguments and the wire layout of ``sync.lua``; it
-holds no crawl state. One :meth:`Frontier.sync` call costs one round trip (EVALSHA) whatever it carries:
-requests to dedupe and enqueue, acks, lease renewals and releases, delayed retries, rejections, dead
-letters, and how many requests to lease. With ``SCHEDULER_SHARDS = N`` there is one :class:`Frontier` per
-shard, on that shard's keys and dupefilter; :func:`shard_of` says which shard a request belongs to.
+holds no crawl state. One :meth:`Frontier.sync` call costs one round trip (FCALL, or EVALSHA before Redis
+7: :class:`~scrapy_dist.redis.scripts.Library`) whatever it carries: requests to dedupe and enqueue, acks,
+lease renewals and releases, delayed retries, rejections, dead letters, and how many requests to lease.
+With ``SCHEDULER_SHARDS = N`` there is one :class:`Frontier` per shard, on that shard's keys and
+dupefilter; :func:`shard_of` says which shard a request belongs to.
 """
 
 from __future__ import annotations
@@ -251,11 +252,14 @@ SYNC_SECTIONS = (
 
 def sync_prelude() -> str:
     """The Lua declarations of the protocol above (``SYNC_KEYS``, ``SYNC_TYPES``, ``SYNC_HEAD``,
-    ``SYNC_SECTIONS``), put before the sync script's fragments when it is registered."""
+    ``SYNC_SECTIONS``, ``sync_names``), put before the sync script's fragments when it is registered."""
     keys = ", ".join(f"'{name}'" for name, _ in SYNC_KEYS)
     types = ", ".join(f"{name} = '{kind}'" for name, kind in SYNC_KEYS)
     head = ", ".join(f"'{name}'" for name in SYNC_HEAD)
     sections = ", ".join(f"{{'{s.name}', {len(s.fields)}, {len(s.polite_fields)}}}" for s in SYNC_SECTIONS)
+    by_name = ", ".join(f"{name} = keys[{i}]" for i, (name, _) in enumerate(SYNC_KEYS, 1))
+    head_by_name = ", ".join(f"{name} = argv[{i}]" for i, name in enumerate(SYNC_HEAD, 1))
+    no_sections = ", ".join(f"{s.name} = false" for s in SYNC_SECTIONS)
     return (
         "-- generated from scrapy_dist/frontier/shard.py (SYNC_KEYS, SYNC_HEAD, SYNC_SECTIONS)\n"
         f"local SYNC_KEYS = {{{keys}}}\n"
@@ -263,6 +267,9 @@ def sync_prelude() -> str:
         f"local SYNC_HEAD = {{{head}}}\n"
         "-- name, items' width without politeness, extra width with politeness\n"
         f"local SYNC_SECTIONS = {{{sections}}}\n"
+        "-- KEYS, the ARGV head and (to fill) the sections by name: tables built whole, one allocation each\n"
+        f"local function sync_names(keys, argv)\n  return {{{by_name}}},\n    {{{head_by_name}}},\n"
+        f"    {{{no_sections}}}\nend\n"
     )
 
 
@@ -369,11 +376,13 @@ class Frontier:
     replay_memory: int = defaults.SCHEDULER_REPLAY_MEMORY
     #: where the items riding the acks go (:class:`ItemRoute`); None: calls carry no items
     items: ItemRoute | None = None
+    #: False: EVALSHA even where the server has FUNCTION libraries (the same answers, more server work)
+    functions: bool = True
 
     def __post_init__(self) -> None:
         self._polite = self.politeness == "cluster"
         self._rng = random.Random()
-        self._script = scripts.register(self.redis, "sync", sync_prelude())
+        self._script = scripts.Library(self.redis, "sync", sync_prelude(), self.functions)
         self._fixed_keys = [getattr(self.keys, name) for name, _ in SYNC_KEYS]
         #: the keys that hold requests (see SyncResult.work_repaired)
         self._work_keys = frozenset((self.keys.queue, self.keys.leases, self.keys.delayed))

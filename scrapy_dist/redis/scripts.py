@@ -1,13 +1,21 @@
 """Lua scripts and untrusted replies: loads ``scrapy_dist/redis/lua/*.lua`` (fragments listed in
 :data:`_FRAGMENTS` are prepended to the scripts that use them), registers them with a client (EVALSHA,
 reloaded on NOSCRIPT; every key in KEYS shares the crawl's hash tag, so they run on Redis Cluster), and
-reads untrusted Redis replies as text."""
+reads untrusted Redis replies as text.
+
+A script in :data:`_LIBRARIES` is also a FUNCTION library (Redis >= 7), called by :class:`Library`: the
+library's top level -- every helper closure and constant table of the fragments -- runs once at load
+instead of on every call; the script ends in ``local function <name>_call(keys, argv)``, the one thing a
+call runs either way, so both paths answer the same."""
 
 from __future__ import annotations
 
+import hashlib
 from functools import cache
 from importlib.resources import files
 from typing import Any
+
+from redis.exceptions import NoPermissionError, ResponseError
 
 from scrapy_dist.exceptions import RejectedEntry
 
@@ -25,15 +33,77 @@ _FRAGMENTS = {
 }
 
 
+#: scripts that are also a FUNCTION library (see the module docstring)
+_LIBRARIES = frozenset({"sync"})
+
+
 @cache
-def source(name: str, prelude: str = "") -> str:
+def source(name: str, prelude: str = "", library: bool = False) -> str:
     """The full Lua source of script ``name``: ``prelude`` (declarations its caller generates), then its
-    fragments, then the script."""
+    fragments, then the script; ``library``: as the FUNCTION library of a script in :data:`_LIBRARIES`
+    (its one function is named like the library: :func:`library_name`)."""
     lua = files("scrapy_dist.redis") / "lua"
     parts = [prelude] if prelude else []
     parts += [(lua / f"{frag}.lua").read_text() for frag in _FRAGMENTS.get(name, ())]
     parts.append((lua / f"{name}.lua").read_text())
-    return "\n".join(parts)
+    if name not in _LIBRARIES:
+        return "\n".join(parts)
+    # the fragments read KEYS and ARGV as upvalues, which <name>_call sets on every call
+    body = "\n".join(["local KEYS, ARGV" + ("" if library else " = KEYS, ARGV"), *parts])
+    if not library:
+        return f"{body}\nreturn {name}_call(KEYS, ARGV)\n"
+    # named by its content: workers of different versions each call their own
+    tag = f"scrapy_dist_{name}_{hashlib.sha1(body.encode()).hexdigest()[:16]}"
+    return f"#!lua name={tag}\n{body}\nredis.register_function('{tag}', {name}_call)\n"
+
+
+def library_name(code: str) -> str:
+    """The name of a FUNCTION library (and of its one function) from its ``#!lua name=`` line."""
+    return code.split("\n", 1)[0].partition("name=")[2].strip()
+
+
+class Library:
+    """Script ``name`` (one of :data:`_LIBRARIES`) for an asyncio client (plain or cluster): FCALL of its
+    FUNCTION library, loaded on first use (on every primary of a cluster) and again when the server has
+    lost it (restart, failover, FUNCTION FLUSH); EVALSHA when ``functions`` is False or the server
+    refuses FUNCTION LOAD or FCALL (Redis < 7, an ACL), for good after the first refusal."""
+
+    def __init__(self, client: Any, name: str, prelude: str = "", functions: bool = True) -> None:
+        self.client = client
+        self.script = client.register_script(source(name, prelude))
+        self.code = source(name, prelude, library=True)
+        self.function = library_name(self.code)
+        #: None: not loaded yet; True: FCALL; False: EVALSHA
+        self.functions: bool | None = None if functions else False
+
+    async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
+        for _ in range(2):
+            if self.functions is None and not await self._load():
+                break
+            if not self.functions:
+                break
+            try:
+                return await self.client.fcall(self.function, len(keys), *keys, *args)
+            except NoPermissionError:
+                self.functions = False
+            except ResponseError as exc:
+                message = str(exc)
+                if "unknown command" in message.lower():
+                    self.functions = False
+                elif "Function not found" in message:
+                    self.functions = None  # lost by the server: loaded again
+                else:
+                    raise
+        return await self.script(keys=keys, args=args)
+
+    async def _load(self) -> bool:
+        try:
+            await self.client.function_load(self.code, replace=True)
+        except ResponseError:  # no FUNCTION here (Redis < 7, an ACL, a proxy): EVALSHA it is
+            self.functions = False
+        else:
+            self.functions = True
+        return bool(self.functions)
 
 
 def register(client: Any, name: str, prelude: str = "") -> Any:

@@ -129,8 +129,28 @@ class RecordScriptCalls:
             return await original(script, keys=keys, args=args, client=client)
 
         AsyncScript.__call__ = call  # type: ignore[method-assign]
+        ext.hook_library()
         crawler.signals.connect(ext.engine_stopped, signal=signals.engine_stopped)  # after every last flush
         return ext
+
+    def hook_library(self) -> None:
+        """Record the sync library's FCALLs too (Redis >= 7), as ``fcall:<function>`` with the library's
+        code as its source (``benchmarks/replay.py`` loads and calls it by that name)."""
+        from scrapy_dist.redis.scripts import Library
+
+        original = Library.__call__
+        ext = self
+
+        async def call(lib: Any, keys: Any, args: Any) -> Any:
+            result = await original(lib, keys, args)
+            if lib.functions and not ext.out.closed:
+                key = "fcall:" + lib.function
+                ext.sources.setdefault(key, lib.code)
+                text = [_latin1(v) for v in keys], [_latin1(v) for v in args]
+                ext.out.write(json.dumps({"sha": key, "keys": text[0], "args": text[1]}) + "\n")
+            return result
+
+        Library.__call__ = call  # type: ignore[method-assign,assignment]
 
     def record(self, script: Any, keys: list[Any], args: list[Any]) -> None:
         if self.out.closed:

@@ -25,9 +25,15 @@ local MAX_PENALTY = 3600
 -- head 'limits_bound'): an l: written after a domain's last enqueue is never rewritten, so garbage there
 -- must not park its backlog
 local MAX_DELAY, MAX_JITTER = 86400, 10
--- pol.queue, pol.leases, pol.now, pol.max_delay, pol.max_jitter: set by sync.lua before the first call below.
+-- pol.queue, pol.leases, pol.now (and now_s, as Redis writes it), pol.max_delay, pol.max_jitter: set by
+-- sync.lua (pol_reset) before the first call below.
 -- pol.st[dom]: the domain's fields as this call knows them; pol.touched[dom]: its schedule is to be redone.
-local pol = {st = {}, touched = {}, limits = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER}
+-- pol is the call's own: pol_reset() at the start of every call (a FUNCTION library keeps it between calls).
+local pol
+local function pol_reset(now, now_s, queue, leases, info)
+  pol = {st = {}, touched = {}, limits = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER, now = now,
+         now_s = now_s, queue = queue, leases = leases, info = info}
+end
 
 local function finite_in(s, lo, hi)
   local x = tonumber(s)
@@ -195,7 +201,7 @@ local function pol_lease(queue_key, domains_key, n, now, on_lease)
   local got = 0
   -- a due domain gives at least one request (a full one is scheduled BLOCKED, not due): n names suffice,
   -- a few more cover domains whose backlog was gone
-  local ready = redis.call('ZRANGEBYSCORE', domains_key, '-inf', now, 'LIMIT', 0, math.min(256, n + 8))
+  local ready = redis.call('ZRANGEBYSCORE', domains_key, '-inf', pol.now_s, 'LIMIT', '0', math.min(256, n + 8))
   for _, dom in ipairs(ready) do
     if got >= n then break end
     local st = pol_state(dom)
@@ -203,7 +209,7 @@ local function pol_lease(queue_key, domains_key, n, now, on_lease)
     if st.c > 0 then can = math.min(can, st.c - st.i) end
     if st.d > 0 then can = math.min(can, 1) end
     if can > 0 then
-      local ms = redis.call('ZRANGEBYLEX', queue_key, '[' .. dom .. '\0', '(' .. dom .. '\1', 'LIMIT', 0, can)
+      local ms = redis.call('ZRANGEBYLEX', queue_key, '[' .. dom .. '\0', '(' .. dom .. '\1', 'LIMIT', '0', can)
       if #ms == 0 then
         st.b = 0; st.dirty.b = true  -- heal a drifted counter rather than spin on it
       else

@@ -17,15 +17,13 @@ local SEQ_LIMIT = 140737488355328  -- 2^47
 -- counters we HINCRBY stay far from Redis's 64-bit overflow (and exact in Lua's doubles)
 local COUNTER_LIMIT = 4503599627370496  -- 2^52
 
-local K = {}
-for i, name in ipairs(SYNC_KEYS) do K[name] = KEYS[i] end
-local A = {}
-for i, name in ipairs(SYNC_HEAD) do A[name] = ARGV[i] end
+-- KEYS and ARGV by name: set by sync_call (sync.lua) at the start of every call
+local K, A
 local DUPE_KEY = #SYNC_KEYS + 1
 
--- The sections: name -> {pos = ARGV index of the first item, n = items, w = width of an item}.
-local function sync_sections(pos, polite)
-  local out = {}
+-- The sections: name -> {pos = ARGV index of the first item, n = items, w = width of an item}, in `out`
+-- (sync_names' third table).
+local function sync_sections(out, pos, polite)
   for _, s in ipairs(SYNC_SECTIONS) do
     local n = tonumber(ARGV[pos])
     local w = s[2] + (polite and s[3] or 0)
@@ -110,7 +108,7 @@ local function remember(S, m)
   if S.replay_memory <= 0 then return end
   local nonce = entry_nonce(S, m)
   if nonce then
-    redis.call('ZADD', K.spent, S.now, nonce)
+    redis.call('ZADD', K.spent, S.now_s, nonce)
     S.remembered = S.remembered + 1
   end
 end
@@ -127,7 +125,7 @@ local function claim(S, m)
   if S.replay_memory <= 0 then return true end
   local nonce = entry_nonce(S, m)
   if not nonce then return true end
-  if redis.call('ZADD', K.spent, 'NX', S.now, nonce) == 0 then return false end
+  if redis.call('ZADD', K.spent, 'NX', S.now_s, nonce) == 0 then return false end
   S.remembered = S.remembered + 1
   return true
 end

@@ -28,7 +28,7 @@ local POLITE_FOREIGN_SCORES = {{'-inf', '(0'}, {'(0', '+inf'}}
 
 local function sync_polite_queue(S)
   for _, range in ipairs(POLITE_FOREIGN_SCORES) do
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', K.queue, range[1], range[2], 'LIMIT', 0, 64)) do
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', K.queue, range[1], range[2], 'LIMIT', '0', '64')) do
       redis.call('ZADD', K.queue, 0, m)
     end
   end

@@ -97,7 +97,7 @@ end
 
 local function sync_sweep(S)
   S.requeued = 0
-  local expired = redis.call('ZRANGEBYSCORE', K.leases, '-inf', S.now, 'LIMIT', 0, 500)
+  local expired = redis.call('ZRANGEBYSCORE', K.leases, '-inf', S.now_s, 'LIMIT', '0', '500')
   for _, L in ipairs(expired) do
     local m, score = lease_entry(L)
     unlease(S, L)
@@ -106,7 +106,7 @@ local function sync_sweep(S)
     S.requeued = S.requeued + 1
   end
   S.moved = 0
-  local due = redis.call('ZRANGEBYSCORE', K.delayed, '-inf', S.now, 'LIMIT', 0, 500)
+  local due = redis.call('ZRANGEBYSCORE', K.delayed, '-inf', S.now_s, 'LIMIT', '0', '500')
   local revisits = 0
   for _, m in ipairs(due) do
     local meta = redis.call('HGET', K.delayed_meta, m)
