@@ -854,11 +854,12 @@ def test_embedded_start_failure_is_one_clear_error(tmp_path: Path) -> None:
 
 
 
-def test_one_client_pool_per_crawler_shared_by_its_components(redis_url: str) -> None:
+def test_one_client_pool_per_crawler_shared_by_its_components(redis_servers: Any) -> None:
     from scrapy_dist.dupefilter import BloomDupeFilter
     from scrapy_dist.pipelines import RedisPipeline
     from scrapy_dist.redis.connection import ClientPool
 
+    redis_url = redis_servers(1)[0].url  # a server of its own: its client list is this test's alone
     crawler = get_crawler(settings_dict={"REDIS_URL": redis_url})
     other = get_crawler(settings_dict={"REDIS_URL": redis_url})
     pool = ClientPool.of(crawler)
@@ -885,10 +886,11 @@ def test_one_client_pool_per_crawler_shared_by_its_components(redis_url: str) ->
 
 
 @pytest.mark.slow
-def test_a_crawl_with_every_component_connects_through_one_pool(tmp_path: Path, redis_url: str,
+def test_a_crawl_with_every_component_connects_through_one_pool(tmp_path: Path, redis_servers: Any,
                                                                site_factory: Any) -> None:
     from crawlproject import make_project
 
+    redis_url = redis_servers(1)[0].url  # a server of its own: only this crawl connects to it
     site = site_factory(pages=150, delay=0.002)
     extensions = {f"scrapy_dist.extensions.{name}": 500
                   for name in ("ClusterStats", "IdleMonitor", "ErrorMonitor")}

@@ -59,8 +59,8 @@ def test_the_sync_script_reads_only_names_the_python_declaration_has() -> None:
     src = scripts.source("sync", sync_prelude())
     assert len(re.findall(r"local SYNC_KEYS = ", src)) == 1, "declared in the generated prelude only"
     # the items key rides after the dupefilter's keys, only in calls that carry items
-    assert set(re.findall(r"\bK\.(\w+)", src)) <= {name for name, _ in SYNC_KEYS} | {"items"}
-    assert set(re.findall(r"\bA\.(\w+)", src)) == set(SYNC_HEAD)
+    assert set(re.findall(r"\bkey_of\.(\w+)", src)) <= {name for name, _ in SYNC_KEYS} | {"items"}
+    assert set(re.findall(r"\bcall_args\.(\w+)", src)) == set(SYNC_HEAD)
     named = set(re.findall(r"\bsec\.(\w+)", src)) - {"n", "pos", "w"}  # a section's own fields
     assert named == {s.name for s in SYNC_SECTIONS}
 

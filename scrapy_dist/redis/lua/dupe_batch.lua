@@ -14,10 +14,10 @@
 local op = ARGV[1]
 local mode = ARGV[2]
 local now = call_now(ARGV[3])
-local P = tonumber(ARGV[4])
+local n_params = tonumber(ARGV[4])
 local params = {}
-for i = 1, P do params[i] = ARGV[4 + i] end
-local first = 5 + P
+for i = 1, n_params do params[i] = ARGV[4 + i] end
+local first = 5 + n_params
 local count = (#ARGV - first + 1) / 2
 local d = dupe_open(mode, 1, params, now)
 if d.err then return {-2, d.err, d.err_detail} end

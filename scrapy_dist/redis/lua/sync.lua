@@ -19,7 +19,7 @@
 --   are rejected whole), rejected_maxlen and dead_maxlen (caps of the record LISTs, 0 = none),
 --   dupe_mode, limits_bound ('<delay> <jitter>' no domain's limits exceed in this worker's settings; ''
 --   = polite.lua's MAX_DELAY and MAX_JITTER), replay_memory (nonces of entries handed out kept in
---   KEYS spent, 0 = none); then P and P dupe params (dupe.lua); then SYNC_SECTIONS,
+--   KEYS spent, 0 = none); then n_params and n_params dupe params (dupe.lua); then SYNC_SECTIONS,
 --   each a count and its items:
 --   enqueue  t1, t2 (t1 == '' skips dedupe), score, payload (payload == '' dedupes only)
 --            [, domain, limits "delay concurrency jitter" with politeness]
@@ -48,91 +48,91 @@
 local function sync_call(keys, argv)
   KEYS, ARGV, DUPE_REPAIRED = keys, argv, {}
   local sec
-  K, A, sec = sync_names(keys, argv)
-  local now = call_now(A.now)
-  local polite = A.politeness == 'cluster'
-  local S = {
-    now = now, worker = A.worker, lease_s = tonumber(A.lease_seconds), n_lease = tonumber(A.lease),
-    order = A.order, polite = polite, chunked = A.order == 'asc' and not polite,
-    max_entry = tonumber(A.max_entry_bytes), rejected_maxlen = tonumber(A.rejected_maxlen),
-    dead_maxlen = tonumber(A.dead_maxlen), queued_delta = 0, rejected = 0, repaired = {}, tags = {},
-    replay_memory = tonumber(A.replay_memory) or 0, remembered = 0, replayed = 0,
+  key_of, call_args, sec = sync_names(keys, argv)
+  local now = call_now(call_args.now)
+  local polite = call_args.politeness == 'cluster'
+  local state = {
+    now = now, worker = call_args.worker, lease_s = tonumber(call_args.lease_seconds), n_lease = tonumber(call_args.lease),
+    order = call_args.order, polite = polite, chunked = call_args.order == 'asc' and not polite,
+    max_entry = tonumber(call_args.max_entry_bytes), rejected_maxlen = tonumber(call_args.rejected_maxlen),
+    dead_maxlen = tonumber(call_args.dead_maxlen), queued_delta = 0, rejected = 0, repaired = {}, tags = {},
+    replay_memory = tonumber(call_args.replay_memory) or 0, remembered = 0, replayed = 0,
   }
   -- as the strings Redis would make of them (once, not once per command: each is a printf)
-  S.now_s, S.deadline = string.format('%.17g', now), string.format('%.17g', now + S.lease_s)
-  math.randomseed(tonumber(A.seed) or 0)
-  pol_reset(now, S.now_s, K.queue, K.leases, K.domain_info)
+  state.now_s, state.deadline = string.format('%.17g', now), string.format('%.17g', now + state.lease_s)
+  math.randomseed(tonumber(call_args.seed) or 0)
+  pol_reset(now, state.now_s, key_of.queue, key_of.leases, key_of.domain_info)
   -- limits read from l:<domain> are clamped to what the worker's settings give any domain (polite.lua)
-  local bound_delay, bound_jitter = string.match(A.limits_bound or '', '^(%S+) (%S+)$')
+  local bound_delay, bound_jitter = string.match(call_args.limits_bound or '', '^(%S+) (%S+)$')
   if bound_delay then
     pol.max_delay = finite_in(bound_delay, 0, MAX_DELAY)
     pol.max_jitter = finite_in(bound_jitter, 0, MAX_JITTER)
   end
-  local P = tonumber(ARGV[#SYNC_HEAD + 1])
+  local n_params = tonumber(ARGV[#SYNC_HEAD + 1])
   local params = {}
-  for i = 1, P do params[i] = ARGV[#SYNC_HEAD + 1 + i] end
-  sync_sections(sec, #SYNC_HEAD + 2 + P, polite)
+  for i = 1, n_params do params[i] = ARGV[#SYNC_HEAD + 1 + i] end
+  sync_sections(sec, #SYNC_HEAD + 2 + n_params, polite)
 
   -- nothing is written before these checks
-  local d = dupe_open(A.dupe_mode, DUPE_KEY, params, now)
+  local d = dupe_open(call_args.dupe_mode, DUPE_KEY, params, now)
   if d.err then return {-2, d.err, d.err_detail} end
   if not dupe_can_insert(d, sec.enqueue.n) then
     if d.err then return {-2, d.err, d.err_detail} end
     return {-1, dupe_count(d)}
   end
-  local bad, detail = sync_check(S, sec)
+  local bad, detail = sync_check(state, sec)
   if bad then return {-2, bad, detail} end
-  sync_items_check(S)
+  sync_items_check(state)
 
-  sync_sweep(S)
-  local flags = sync_enqueue(S, d, sec.enqueue)
-  sync_ack(S, sec.ack)
-  sync_renew(S, sec.renew)
-  sync_release(S, sec.release)
-  sync_delay(S, sec.delay)
-  sync_reject(S, sec.reject)
-  sync_dead(S, sec.dead)
-  sync_penalize(S, sec.penalize)
-  sync_revisit(S, sec.revisit)
+  sync_sweep(state)
+  local flags = sync_enqueue(state, d, sec.enqueue)
+  sync_ack(state, sec.ack)
+  sync_renew(state, sec.renew)
+  sync_release(state, sec.release)
+  sync_delay(state, sec.delay)
+  sync_reject(state, sec.reject)
+  sync_dead(state, sec.dead)
+  sync_penalize(state, sec.penalize)
+  sync_revisit(state, sec.revisit)
   sync_forget(d, sec.forget)
-  sync_items(S, sec.items)
+  sync_items(state, sec.items)
 
-  local control = redis.call('HMGET', K.control, 'paused', 'forgets')  -- one read of the crawl's decisions
+  local control = redis.call('HMGET', key_of.control, 'paused', 'forgets')  -- one read of the crawl's decisions
   local paused, forgets = control[1], control[2]
   if paused ~= '1' then paused = '0' end
-  S.paused = paused
-  if polite then sync_polite_queue(S) end
-  local leased = sync_lease(S)
+  state.paused = paused
+  if polite then sync_polite_queue(state) end
+  local leased = sync_lease(state)
   if polite then
-    pol_unstick(K.domains, now)
-    pol_flush(K.domains, now)
+    pol_unstick(key_of.domains, now)
+    pol_flush(key_of.domains, now)
   end
 
   -- the nonces handed out stay bounded: the oldest beyond replay_memory are forgotten
-  if S.remembered > 0 then
-    local over = redis.call('ZCARD', K.spent) - S.replay_memory
-    if over > 0 then redis.call('ZREMRANGEBYRANK', K.spent, 0, over - 1) end
+  if state.remembered > 0 then
+    local over = redis.call('ZCARD', key_of.spent) - state.replay_memory
+    if over > 0 then redis.call('ZREMRANGEBYRANK', key_of.spent, 0, over - 1) end
   end
-  S.queued_delta = S.queued_delta - #leased / 2
-  local members_left = redis.call('ZCARD', K.queue)
+  state.queued_delta = state.queued_delta - #leased / 2
+  local members_left = redis.call('ZCARD', key_of.queue)
   local queued = 0
   if members_left > 0 then
     -- requests in the queue (chunks hold several, so ZCARD undercounts): tails field 'count'
-    queued = (S.count0 or 0) + S.queued_delta
-    if not S.count0 or queued < members_left then
+    queued = (state.count0 or 0) + state.queued_delta
+    if not state.count0 or queued < members_left then
       queued = members_left  -- written by someone else than this script: heal the counter
     end
   end
-  redis.call('HSET', K.queue_tails, 'count', queued)
+  redis.call('HSET', key_of.queue_tails, 'count', queued)
 
-  if S.worker ~= '' and A.heartbeat ~= '0' then redis.call('ZADD', K.workers, S.now_s, S.worker) end
+  if state.worker ~= '' and call_args.heartbeat ~= '0' then redis.call('ZADD', key_of.workers, state.now_s, state.worker) end
   local bloom_n = dupe_close(d)
-  for _, key in ipairs(DUPE_REPAIRED) do S.repaired[#S.repaired + 1] = key end
-  if pol.clamped then S.repaired[#S.repaired + 1] = K.domain_info end
-  return {'flags', flags, 'leased', leased, 'requeued', S.requeued, 'moved', S.moved, 'queued', queued,
-          'inflight', redis.call('ZCARD', K.leases), 'delayed', redis.call('ZCARD', K.delayed),
-          'bloom_n', bloom_n, 'paused', paused, 'seq', redis.call('GET', K.seq) or '0',
-          'rejected', S.rejected, 'repaired', S.repaired, 'replayed', S.replayed,
-          'items', S.items_written, 'items_refused', S.items_refused, 'acks_refused', S.acks_refused,
+  for _, key in ipairs(DUPE_REPAIRED) do state.repaired[#state.repaired + 1] = key end
+  if pol.clamped then state.repaired[#state.repaired + 1] = key_of.domain_info end
+  return {'flags', flags, 'leased', leased, 'requeued', state.requeued, 'moved', state.moved, 'queued', queued,
+          'inflight', redis.call('ZCARD', key_of.leases), 'delayed', redis.call('ZCARD', key_of.delayed),
+          'bloom_n', bloom_n, 'paused', paused, 'seq', redis.call('GET', key_of.seq) or '0',
+          'rejected', state.rejected, 'repaired', state.repaired, 'replayed', state.replayed,
+          'items', state.items_written, 'items_refused', state.items_refused, 'acks_refused', state.acks_refused,
           'forgets', forgets or ''}
 end

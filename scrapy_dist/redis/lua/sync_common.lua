@@ -3,7 +3,7 @@
 --
 -- KEYS, ARGV: SYNC_KEYS (with SYNC_TYPES), SYNC_HEAD and SYNC_SECTIONS are declared in Python
 --   (scrapy_dist/frontier/shard.py) and put before this fragment as Lua tables (sync_prelude): KEYS are the
---   frontier keys then the dupefilter keys (dupe.lua); ARGV is the head by name, P and P dupe params, then
+--   frontier keys then the dupefilter keys (dupe.lua); ARGV is the head by name, n_params and n_params dupe params, then
 --   the sections, each a count followed by its items.
 -- Returns (sync.lua) a flat name, value list (frontier/shard.py's decode_sync_result reads it by name), or
 --   {-1, bloom_n} (nothing written: the bloom filter needs keys for more filters), or
@@ -18,7 +18,7 @@ local SEQ_LIMIT = 140737488355328  -- 2^47
 local COUNTER_LIMIT = 4503599627370496  -- 2^52
 
 -- KEYS and ARGV by name: set by sync_call (sync.lua) at the start of every call
-local K, A
+local key_of, call_args
 local DUPE_KEY = #SYNC_KEYS + 1
 
 -- The sections: name -> {pos = ARGV index of the first item, n = items, w = width of an item}, in `out`
@@ -88,9 +88,9 @@ end
 -- scrapy_dist/wire/entrypolicy.py), or nil: an unsigned entry has none. The tag itself cannot be checked
 -- here (Lua has no secret): a member whose nonce was forged was never the crawl's own, and the worker
 -- that decodes it rejects it (bad_tag); a genuine nonce cannot be changed without breaking the tag.
-local function entry_nonce(S, m)
+local function entry_nonce(state, m)
   local p = 7
-  if S.polite then
+  if state.polite then
     local z = string.find(m, '\0', 1, true)
     if not z then return nil end
     p = z + 18
@@ -104,29 +104,29 @@ end
 -- acknowledged. Forgotten again only when the lease goes back to the queue unfinished (unremember: a
 -- lease that ran out, a release); remember records it again (a late ack of such a lease). Trimmed to the
 -- newest replay_memory by sync.lua.
-local function remember(S, m)
-  if S.replay_memory <= 0 then return end
-  local nonce = entry_nonce(S, m)
+local function remember(state, m)
+  if state.replay_memory <= 0 then return end
+  local nonce = entry_nonce(state, m)
   if nonce then
-    redis.call('ZADD', K.spent, S.now_s, nonce)
-    S.remembered = S.remembered + 1
+    redis.call('ZADD', key_of.spent, state.now_s, nonce)
+    state.remembered = state.remembered + 1
   end
 end
 
-local function unremember(S, m)
-  if S.replay_memory <= 0 then return end
-  local nonce = entry_nonce(S, m)
-  if nonce then redis.call('ZREM', K.spent, nonce) end
+local function unremember(state, m)
+  if state.replay_memory <= 0 then return end
+  local nonce = entry_nonce(state, m)
+  if nonce then redis.call('ZREM', key_of.spent, nonce) end
 end
 
 -- Whether member m may be leased, remembering it if so (one ZADD NX): false for a copy of an entry
 -- already handed out (in flight or acknowledged).
-local function claim(S, m)
-  if S.replay_memory <= 0 then return true end
-  local nonce = entry_nonce(S, m)
+local function claim(state, m)
+  if state.replay_memory <= 0 then return true end
+  local nonce = entry_nonce(state, m)
   if not nonce then return true end
-  if redis.call('ZADD', K.spent, 'NX', S.now_s, nonce) == 0 then return false end
-  S.remembered = S.remembered + 1
+  if redis.call('ZADD', key_of.spent, 'NX', state.now_s, nonce) == 0 then return false end
+  state.remembered = state.remembered + 1
   return true
 end
 

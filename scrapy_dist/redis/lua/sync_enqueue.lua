@@ -1,6 +1,6 @@
 -- Fragment: step 3 (enqueue) and step 7 (delay) of a sync call (KEYS/ARGV: see sync_common.lua).
--- sync_enqueue(S, d, sec) dedupes the discovered requests (dupe.lua) and queues the new ones; returns
--- the flags string ('1' new / '0' seen per item). sync_delay(S, sec) files delayed retries.
+-- sync_enqueue(state, d, sec) dedupes the discovered requests (dupe.lua) and queues the new ones; returns
+-- the flags string ('1' new / '0' seen per item). sync_delay(state, sec) files delayed retries.
 --
 -- Queue members. A *single* is <6-byte seq><payload> (payloads start with a version byte); that is
 -- also what a lease holds and what anyone may ZADD. With 'asc' order and no politeness, new entries of
@@ -10,13 +10,13 @@
 -- tails HASH maps a score to the chunk still open for appends; a tail that is not a well-formed chunk
 -- in the queue (chunk_singles) is not appended to (a new chunk is opened).
 
-local function new_seqs(S, count)
-  local last = redis.call('INCRBY', K.seq, count)
+local function new_seqs(state, count)
+  local last = redis.call('INCRBY', key_of.seq, count)
   local first = last - count + 1
   local out = {}
   for i = 0, count - 1 do
     local s = first + i
-    if S.order == 'desc' then s = MAXSEQ - s end
+    if state.order == 'desc' then s = MAXSEQ - s end
     out[i + 1] = seq6(s)
   end
   return out
@@ -24,19 +24,19 @@ end
 
 -- Append singles (a flat list seq, payload, seq, payload...) of one score to that score's open chunk,
 -- opening new ones.
-local function append_chunked(S, score, singles)
-  local tail = redis.call('HGET', K.queue_tails, score)
+local function append_chunked(state, score, singles)
+  local tail = redis.call('HGET', key_of.queue_tails, score)
   local records, count, head = {}, 0, nil
-  if tail and redis.call('ZSCORE', K.queue, tail) then
-    local held = chunk_singles(tail, S.max_entry)
+  if tail and redis.call('ZSCORE', key_of.queue, tail) then
+    local held = chunk_singles(tail, state.max_entry)
     if held and string.byte(tail, 7) == 0 then
-      redis.call('ZREM', K.queue, tail)
+      redis.call('ZREM', key_of.queue, tail)
       head = tail
       count = #held
     end
   end
   local function close()
-    if head then redis.call('ZADD', K.queue, score, head .. table.concat(records)) end
+    if head then redis.call('ZADD', key_of.queue, score, head .. table.concat(records)) end
   end
   for i = 1, #singles, 2 do
     local seq, payload = singles[i], singles[i + 1]
@@ -48,10 +48,10 @@ local function append_chunked(S, score, singles)
     count = count + 1
   end
   close()
-  redis.call('HSET', K.queue_tails, score, head .. table.concat(records))
+  redis.call('HSET', key_of.queue_tails, score, head .. table.concat(records))
 end
 
-local function sync_enqueue(S, d, sec)
+local function sync_enqueue(state, d, sec)
   local flags, to_add = {}, {}
   local pos, w = sec.pos, sec.w
   for i = 1, sec.n do
@@ -63,9 +63,9 @@ local function sync_enqueue(S, d, sec)
     pos = pos + w
   end
   if #to_add == 0 then return table.concat(flags) end
-  S.queued_delta = S.queued_delta + #to_add
-  local seqs = new_seqs(S, #to_add)
-  if S.chunked then
+  state.queued_delta = state.queued_delta + #to_add
+  local seqs = new_seqs(state, #to_add)
+  if state.chunked then
     local by_score, scores = {}, {}
     for i, p in ipairs(to_add) do
       local score = ARGV[p + 2]
@@ -74,34 +74,34 @@ local function sync_enqueue(S, d, sec)
       group[#group + 1] = seqs[i]
       group[#group + 1] = ARGV[p + 3]
     end
-    for _, score in ipairs(scores) do append_chunked(S, score, by_score[score]) end
+    for _, score in ipairs(scores) do append_chunked(state, score, by_score[score]) end
   else
     local args = {}
     for i, p in ipairs(to_add) do
-      local m, score = member_of(S, seqs[i], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4])
+      local m, score = member_of(state, seqs[i], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4])
       args[#args + 1] = score; args[#args + 1] = m
-      if S.polite then
+      if state.polite then
         pol_remember_limits(ARGV[p + 4], ARGV[p + 5])
         pol_count(ARGV[p + 4], 1, 0)
       end
     end
     for i = 1, #args, 7998 do
-      redis.call('ZADD', K.queue, unpack(args, i, math.min(i + 7997, #args)))
+      redis.call('ZADD', key_of.queue, unpack(args, i, math.min(i + 7997, #args)))
     end
   end
   return table.concat(flags)
 end
 
-local function sync_delay(S, sec)
+local function sync_delay(state, sec)
   if sec.n == 0 then return end
-  local seqs = new_seqs(S, sec.n)
+  local seqs = new_seqs(state, sec.n)
   local pos = sec.pos
   for i = 1, sec.n do
     local score, payload, delay = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
-    local m, qscore = member_of(S, seqs[i], score, payload, ARGV[pos + 3])
-    if S.polite then pol_remember_limits(ARGV[pos + 3], ARGV[pos + 4]) end
-    redis.call('ZADD', K.delayed, S.now + delay, m)
-    redis.call('HSET', K.delayed_meta, m, qscore)
+    local m, qscore = member_of(state, seqs[i], score, payload, ARGV[pos + 3])
+    if state.polite then pol_remember_limits(ARGV[pos + 3], ARGV[pos + 4]) end
+    redis.call('ZADD', key_of.delayed, state.now + delay, m)
+    redis.call('HSET', key_of.delayed_meta, m, qscore)
     pos = pos + sec.w
   end
 end

@@ -1,18 +1,18 @@
 -- Fragment: step 11 of a sync call (KEYS/ARGV: see sync_common.lua).
--- sync_lease(S) leases up to S.n_lease requests (none while the control HASH says paused = '1') and
+-- sync_lease(state) leases up to state.n_lease requests (none while the control HASH says paused = '1') and
 -- returns the flat list lease key, score, lease key, score... (lease keys: sync_sweep.lua). A queue member
 -- that is not a well-formed single or chunk (chunk_singles: too many records, truncated, larger than
 -- max_entry_bytes) is removed and rejected whole by the script itself, as ONE record of bounded size (its
--- first 64 bytes in hex), so hostile members cost bounded work (S.rejected counts them). So is a copy of
+-- first 64 bytes in hex), so hostile members cost bounded work (state.rejected counts them). So is a copy of
 -- an entry already handed out (its nonce is in KEYS spent: claim in sync_common.lua), reason 'replayed'.
 
-local function sync_reject_member(S, member, reason)
-  S.rejected = S.rejected + 1
-  if reason == 'replayed' then S.replayed = S.replayed + 1 end
-  push_capped(K.queue_rejected, cjson.encode({
+local function sync_reject_member(state, member, reason)
+  state.rejected = state.rejected + 1
+  if reason == 'replayed' then state.replayed = state.replayed + 1 end
+  push_capped(key_of.queue_rejected, cjson.encode({
     reason = reason, detail = 'queue member rejected whole by the sync script',
-    raw = hex_head(member, 64), raw_encoding = 'hex', raw_bytes = #member, at = S.now, worker = S.worker,
-  }), S.rejected_maxlen)
+    raw = hex_head(member, 64), raw_encoding = 'hex', raw_bytes = #member, at = state.now, worker = state.worker,
+  }), state.rejected_maxlen)
 end
 
 -- With crawl-wide politeness (polite.lua) every queue member has score 0 -- ZRANGEBYLEX reads a domain's
@@ -26,25 +26,25 @@ end
 -- backlog missing from the domains ZSET is scheduled again.
 local POLITE_FOREIGN_SCORES = {{'-inf', '(0'}, {'(0', '+inf'}}
 
-local function sync_polite_queue(S)
+local function sync_polite_queue(state)
   for _, range in ipairs(POLITE_FOREIGN_SCORES) do
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', K.queue, range[1], range[2], 'LIMIT', '0', '64')) do
-      redis.call('ZADD', K.queue, 0, m)
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', key_of.queue, range[1], range[2], 'LIMIT', '0', '64')) do
+      redis.call('ZADD', key_of.queue, 0, m)
     end
   end
-  for _, m in ipairs(redis.call('ZRANDMEMBER', K.queue, 4)) do
+  for _, m in ipairs(redis.call('ZRANDMEMBER', key_of.queue, 4)) do
     local dom = pol_domain(m)
     if not dom then
-      redis.call('ZREM', K.queue, m)
-      S.queued_delta = S.queued_delta - 1
-      sync_reject_member(S, m, 'no_domain')
+      redis.call('ZREM', key_of.queue, m)
+      state.queued_delta = state.queued_delta - 1
+      sync_reject_member(state, m, 'no_domain')
     else
       local st = pol_state(dom)
       if st.b <= 0 then
-        st.b = redis.call('ZLEXCOUNT', K.queue, '[' .. dom .. '\0', '(' .. dom .. '\1')
+        st.b = redis.call('ZLEXCOUNT', key_of.queue, '[' .. dom .. '\0', '(' .. dom .. '\1')
         st.dirty.b = true
         pol.touched[dom] = true
-      elseif not redis.call('ZSCORE', K.domains, dom) then
+      elseif not redis.call('ZSCORE', key_of.domains, dom) then
         pol.touched[dom] = true  -- a backlog but not scheduled (someone removed it): scheduled again
       end
     end
@@ -52,49 +52,49 @@ local function sync_polite_queue(S)
 end
 
 -- m leaves the queue into a lease; returns its lease key
-local function sync_take(S, m, score)
-  local L = lease_key(S, m, score)
-  redis.call('ZADD', K.leases, S.deadline, L)
+local function sync_take(state, m, score)
+  local L = lease_key(state, m, score)
+  redis.call('ZADD', key_of.leases, state.deadline, L)
   return L
 end
 
-local function sync_lease(S)
+local function sync_lease(state)
   local leased = {}
-  local n_lease = S.n_lease
-  if S.paused == '1' then n_lease = 0 end
+  local n_lease = state.n_lease
+  if state.paused == '1' then n_lease = 0 end
   if n_lease <= 0 then return leased end
-  if S.polite then
-    pol_flush(K.domains, S.now)
+  if state.polite then
+    pol_flush(key_of.domains, state.now)
     -- a member is <domain>\0<11-digit priority key><seq><payload>: bound it like a single (+ its domain)
-    local limit = S.max_entry + 6 + 12 + 1024
-    return pol_lease(K.queue, K.domains, n_lease, S.now, function(m)
-      if #m > limit or not claim(S, m) then
-        S.queued_delta = S.queued_delta - 1
-        sync_reject_member(S, m, #m > limit and 'entry_too_large' or 'replayed')
+    local limit = state.max_entry + 6 + 12 + 1024
+    return pol_lease(key_of.queue, key_of.domains, n_lease, state.now, function(m)
+      if #m > limit or not claim(state, m) then
+        state.queued_delta = state.queued_delta - 1
+        sync_reject_member(state, m, #m > limit and 'entry_too_large' or 'replayed')
         return false
       end
-      return sync_take(S, m, '0')
+      return sync_take(state, m, '0')
     end)
   end
   local got, tries = 0, 0
   while got < n_lease and tries < n_lease + 64 do
     tries = tries + 1
-    local popped = redis.call('ZPOPMIN', K.queue, 1)
+    local popped = redis.call('ZPOPMIN', key_of.queue, 1)
     if #popped == 0 then break end
     local member, score = popped[1], popped[2]
-    local singles, why = chunk_singles(member, S.max_entry)
+    local singles, why = chunk_singles(member, state.max_entry)
     if not singles then
-      S.queued_delta = S.queued_delta - 1
-      if redis.call('HGET', K.queue_tails, score) == member then redis.call('HDEL', K.queue_tails, score) end
-      sync_reject_member(S, member, why)
+      state.queued_delta = state.queued_delta - 1
+      if redis.call('HGET', key_of.queue_tails, score) == member then redis.call('HDEL', key_of.queue_tails, score) end
+      sync_reject_member(state, member, why)
     else
       local keep = math.min(#singles, n_lease - got)
       for i = 1, keep do
-        if not claim(S, singles[i]) then
-          S.queued_delta = S.queued_delta - 1
-          sync_reject_member(S, singles[i], 'replayed')
+        if not claim(state, singles[i]) then
+          state.queued_delta = state.queued_delta - 1
+          sync_reject_member(state, singles[i], 'replayed')
         else
-          leased[#leased + 1] = sync_take(S, singles[i], score); leased[#leased + 1] = score
+          leased[#leased + 1] = sync_take(state, singles[i], score); leased[#leased + 1] = score
           got = got + 1
         end
       end
@@ -103,8 +103,8 @@ local function sync_lease(S)
         local rest = {}
         for i = keep + 1, #singles do rest[#rest + 1] = u16(#singles[i] - 6) .. singles[i] end
         local left = string.sub(singles[keep + 1], 1, 6) .. '\0' .. table.concat(rest)
-        redis.call('ZADD', K.queue, score, left)
-        if redis.call('HGET', K.queue_tails, score) == member then redis.call('HSET', K.queue_tails, score, left) end
+        redis.call('ZADD', key_of.queue, score, left)
+        if redis.call('HGET', key_of.queue_tails, score) == member then redis.call('HSET', key_of.queue_tails, score, left) end
       end
     end
   end

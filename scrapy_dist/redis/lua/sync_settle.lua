@@ -22,66 +22,66 @@ local function items(sec, width)
 end
 
 -- lease key L's lease is over (1 if it was leased): with politeness, its domain has one slot free again
-local function lease_done(S, L)
-  local found = unlease(S, L)
-  if found == 1 and S.polite then
+local function lease_done(state, L)
+  local found = unlease(state, L)
+  if found == 1 and state.polite then
     local dom = pol_domain(L)
-    if dom then pol_finished(dom, S.now) end
+    if dom then pol_finished(dom, state.now) end
   end
   return found
 end
 
 -- m was taken out of the queue: one less queued, and with politeness one less in its domain's backlog
-local function dequeued(S, m)
-  S.queued_delta = S.queued_delta - 1
-  if S.polite then
+local function dequeued(state, m)
+  state.queued_delta = state.queued_delta - 1
+  if state.polite then
     local dom = pol_domain(m)
     if dom then pol_count(dom, -1, 0) end
   end
 end
 
-local function sync_ack(S, sec)
+local function sync_ack(state, sec)
   for L in items(sec, 1) do
     -- a lease that ran out was moved back to the queue (sync_sweep): that copy need not run again. A
     -- lease still held has no copy there, which saves the ZREM (one command per page).
-    local ok = lease_done(S, L) == 1
+    local ok = lease_done(state, L) == 1
     if not ok then
       local m = lease_member(L)
-      if redis.call('ZREM', K.queue, m) == 1 then
-        dequeued(S, m)
+      if redis.call('ZREM', key_of.queue, m) == 1 then
+        dequeued(state, m)
         ok = true
       end
-      remember(S, m)  -- the sweep forgot it when it requeued it
+      remember(state, m)  -- the sweep forgot it when it requeued it
     end
-    items_acked(S, L, ok)
+    items_acked(state, L, ok)
   end
 end
 
-local function sync_renew(S, sec)
-  for L in items(sec, 1) do redis.call('ZADD', K.leases, 'XX', S.deadline, L) end
+local function sync_renew(state, sec)
+  for L in items(sec, 1) do redis.call('ZADD', key_of.leases, 'XX', state.deadline, L) end
 end
 
-local function sync_release(S, sec)
+local function sync_release(state, sec)
   for L in items(sec, 1) do
     local m, score = lease_entry(L)
-    if unlease(S, L) == 1 then
-      to_queue(S, m, score)
-      unremember(S, m)
+    if unlease(state, L) == 1 then
+      to_queue(state, m, score)
+      unremember(state, m)
     end
   end
 end
 
-local function sync_reject(S, sec)
+local function sync_reject(state, sec)
   for L, record in items(sec, 2) do
-    unlease(S, L)
-    push_capped(K.queue_rejected, record, S.rejected_maxlen)
+    unlease(state, L)
+    push_capped(key_of.queue_rejected, record, state.rejected_maxlen)
   end
 end
 
-local function sync_dead(S, sec)
+local function sync_dead(state, sec)
   local pos = sec.pos
   for i = 1, sec.n do
-    push_capped(K.deadletter, ARGV[pos], S.dead_maxlen); pos = pos + 1
+    push_capped(key_of.deadletter, ARGV[pos], state.dead_maxlen); pos = pos + 1
   end
 end
 
@@ -89,12 +89,12 @@ local function sync_forget(d, sec)
   for t1, t2 in items(sec, 2) do dupe_forget(d, t1, t2) end
 end
 
-local function sync_penalize(S, sec)
-  if not S.polite then return end
+local function sync_penalize(state, sec)
+  if not state.polite then return end
   local pos = sec.pos
   for i = 1, sec.n do
     local seconds = score_of(ARGV[pos + 1])
-    if seconds then pol_push_next(ARGV[pos], S.now + seconds) end
+    if seconds then pol_push_next(ARGV[pos], state.now + seconds) end
     pos = pos + 2
   end
 end
@@ -108,38 +108,38 @@ end
 -- field 'revisits', decremented by sync_sweep when one comes due).
 -- the count of scheduled revisits (delayed meta field 'revisits'), read as untrusted: garbage restarts at 0
 local function revisits_add(n)
-  local left = int_of(redis.call('HGET', K.delayed_meta, 'revisits'), COUNTER_LIMIT) or 0
-  redis.call('HSET', K.delayed_meta, 'revisits', math.max(0, left + n))
+  local left = int_of(redis.call('HGET', key_of.delayed_meta, 'revisits'), COUNTER_LIMIT) or 0
+  redis.call('HSET', key_of.delayed_meta, 'revisits', math.max(0, left + n))
 end
 
-local function sync_revisit(S, sec)
+local function sync_revisit(state, sec)
   local pos = sec.pos
   for i = 1, sec.n do
     local L, delay, new = ARGV[pos], score_of(ARGV[pos + 1]), ARGV[pos + 2]
     pos = pos + sec.w
     local m, score = lease_entry(L)
-    local found = lease_done(S, L)
-    local qs = redis.call('ZSCORE', K.queue, m)
-    if qs and redis.call('ZREM', K.queue, m) == 1 then
+    local found = lease_done(state, L)
+    local qs = redis.call('ZSCORE', key_of.queue, m)
+    if qs and redis.call('ZREM', key_of.queue, m) == 1 then
       found = 1
       score = qs
-      dequeued(S, m)
+      dequeued(state, m)
     end
-    items_acked(S, L, found == 1)
-    if redis.call('ZREM', K.delayed, m) == 1 then
+    items_acked(state, L, found == 1)
+    if redis.call('ZREM', key_of.delayed, m) == 1 then
       found = 1
-      local meta = redis.call('HGET', K.delayed_meta, m)
+      local meta = redis.call('HGET', key_of.delayed_meta, m)
       local s = meta and string.match(meta, '^(%S+)')
       if s and score_of(s) then score = s end
-      redis.call('HDEL', K.delayed_meta, m)
+      redis.call('HDEL', key_of.delayed_meta, m)
       if meta and string.match(meta, ' r$') then revisits_add(-1) end
     end
     if found == 1 and delay and delay >= 0 then
       if new == '' then new = m end
-      if redis.call('ZADD', K.delayed, S.now + delay, new) == 1 then
+      if redis.call('ZADD', key_of.delayed, state.now + delay, new) == 1 then
         revisits_add(1)
       end
-      redis.call('HSET', K.delayed_meta, new, score .. ' r')
+      redis.call('HSET', key_of.delayed_meta, new, score .. ' r')
     end
   end
 end

@@ -1,8 +1,8 @@
 -- Fragment: steps 1-2 of a sync call (KEYS/ARGV: see sync_common.lua), and what a lease is.
--- sync_sweep(S): leases of dead workers that ran out go back to the queue with their original score, and
+-- sync_sweep(state): leases of dead workers that ran out go back to the queue with their original score, and
 -- delayed retries that are due join the queue; at most 500 of each per call (bounded work). A score read
 -- from a lease's tag or delayed meta that is not a finite number is replaced by 0 (the request is kept).
--- Sets S.requeued, S.moved.
+-- Sets state.requeued, state.moved.
 --
 -- Lease keys. A leased request is filed in the leases ZSET (score: its deadline) under a *lease key*: its
 -- queue member followed by a tag naming the queue score it goes back with and the worker holding it,
@@ -13,8 +13,8 @@
 -- read as untrusted, it never fails a call.
 
 -- member layout: seq .. payload, or with politeness domain \0 priority-key seq payload (score 0)
-local function member_of(S, seq, score, payload, dom)
-  if not S.polite then return seq .. payload, score end
+local function member_of(state, seq, score, payload, dom)
+  if not state.polite then return seq .. payload, score end
   -- the priority key has 11 digits: a score outside a 32-bit priority's range is clamped to its ends
   local key = math.max(0, math.min(tonumber(score) + 2147483648, 4294967295))
   return dom .. '\0' .. string.format('%011d', key) .. seq .. payload, 0
@@ -22,11 +22,11 @@ end
 
 -- a member goes (back) into the queue; with politeness at score 0 whatever a tag or meta says (a member
 -- of another score would break every domain's ZRANGEBYLEX: see sync_polite_queue)
-local function to_queue(S, m, score)
-  if S.polite then score = 0 end
-  redis.call('ZADD', K.queue, score, m)
-  S.queued_delta = S.queued_delta + 1
-  if S.polite then
+local function to_queue(state, m, score)
+  if state.polite then score = 0 end
+  redis.call('ZADD', key_of.queue, score, m)
+  state.queued_delta = state.queued_delta + 1
+  if state.polite then
     local dom = pol_domain(m)
     if dom then pol_count(dom, 1, 0) end
   end
@@ -37,16 +37,16 @@ local LEASE_MARK = '\0\255'  -- lease_tag_at tests its two bytes
 local LEASE_TAG_MAX = 4096
 
 -- The lease key of member m leased now at queue score `score` (a string) by this call's worker. A
--- call's leases share a few scores: each score's tag is built once per call (S.tags).
-local function lease_key(S, m, score)
-  local tail = S.tags[score]
+-- call's leases share a few scores: each score's tag is built once per call (state.tags).
+local function lease_key(state, m, score)
+  local tail = state.tags[score]
   if tail == nil then
-    local tag = score .. ' ' .. S.worker
+    local tag = score .. ' ' .. state.worker
     tail = #tag <= LEASE_TAG_MAX and LEASE_MARK .. tag .. u16(#tag)
-    S.tags[score] = tail
+    state.tags[score] = tail
   end
   if not tail then
-    redis.call('HSET', K.lease_meta, m, score .. ' ' .. S.worker)
+    redis.call('HSET', key_of.lease_meta, m, score .. ' ' .. state.worker)
     return m
   end
   return m .. tail
@@ -77,7 +77,7 @@ local function lease_entry(L)
     m = string.sub(L, 1, at - 1)
     s = string.match(string.sub(L, at + 2, -3), '^(%S+) ')
   else
-    local meta = redis.call('HGET', K.lease_meta, L)
+    local meta = redis.call('HGET', key_of.lease_meta, L)
     s = meta and string.match(meta, '^(%S+)')
   end
   if s and score_of(s) then return m, s end
@@ -85,43 +85,43 @@ local function lease_entry(L)
 end
 
 -- a lease key stops being leased (ack, release, expiry, rejection): 1 if it was leased
-local function unlease(S, L)
-  local was = redis.call('ZREM', K.leases, L)
-  if not lease_tag_at(L) then redis.call('HDEL', K.lease_meta, L) end
-  if was == 1 and S.polite then
+local function unlease(state, L)
+  local was = redis.call('ZREM', key_of.leases, L)
+  if not lease_tag_at(L) then redis.call('HDEL', key_of.lease_meta, L) end
+  if was == 1 and state.polite then
     local dom = pol_domain(L)
     if dom then pol_count(dom, 0, -1) end
   end
   return was
 end
 
-local function sync_sweep(S)
-  S.requeued = 0
-  local expired = redis.call('ZRANGEBYSCORE', K.leases, '-inf', S.now_s, 'LIMIT', '0', '500')
+local function sync_sweep(state)
+  state.requeued = 0
+  local expired = redis.call('ZRANGEBYSCORE', key_of.leases, '-inf', state.now_s, 'LIMIT', '0', '500')
   for _, L in ipairs(expired) do
     local m, score = lease_entry(L)
-    unlease(S, L)
-    to_queue(S, m, score)
-    unremember(S, m)  -- not finished: its next lease is not a replay
-    S.requeued = S.requeued + 1
+    unlease(state, L)
+    to_queue(state, m, score)
+    unremember(state, m)  -- not finished: its next lease is not a replay
+    state.requeued = state.requeued + 1
   end
-  S.moved = 0
-  local due = redis.call('ZRANGEBYSCORE', K.delayed, '-inf', S.now_s, 'LIMIT', '0', '500')
+  state.moved = 0
+  local due = redis.call('ZRANGEBYSCORE', key_of.delayed, '-inf', state.now_s, 'LIMIT', '0', '500')
   local revisits = 0
   for _, m in ipairs(due) do
-    local meta = redis.call('HGET', K.delayed_meta, m)
+    local meta = redis.call('HGET', key_of.delayed_meta, m)
     -- "<score>" for a retry, "<score> r" for a revisit (sync_revisit)
     local score, tag = nil, nil
     if meta then score, tag = string.match(meta, '^(%S+)( ?r?)$') end
     if tag == ' r' then revisits = revisits + 1 end
     if not (score and score_of(score)) then score = '0' end
-    redis.call('ZREM', K.delayed, m)
-    redis.call('HDEL', K.delayed_meta, m)
-    to_queue(S, m, score)
-    S.moved = S.moved + 1
+    redis.call('ZREM', key_of.delayed, m)
+    redis.call('HDEL', key_of.delayed_meta, m)
+    to_queue(state, m, score)
+    state.moved = state.moved + 1
   end
   if revisits > 0 then
-    local left = int_of(redis.call('HGET', K.delayed_meta, 'revisits'), COUNTER_LIMIT) or 0
-    redis.call('HSET', K.delayed_meta, 'revisits', math.max(0, left - revisits))
+    local left = int_of(redis.call('HGET', key_of.delayed_meta, 'revisits'), COUNTER_LIMIT) or 0
+    redis.call('HSET', key_of.delayed_meta, 'revisits', math.max(0, left - revisits))
   end
 end
