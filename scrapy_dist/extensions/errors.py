@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 
 from scrapy_dist.exceptions import ReleasedAtClose, ScrapyDistError
-from scrapy_dist.extensions.clusterstats import engine_of, scheduler_of, worker_id
-from scrapy_dist.extensions.periodic import PeriodicTask
+from scrapy_dist.extensions.clusterstats import PeriodicTask, engine_of, scheduler_of, worker_id
 from scrapy_dist.frontier.control import ControlState, start_time
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
