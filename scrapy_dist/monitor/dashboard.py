@@ -2,7 +2,7 @@
 docs/monitoring.md, "Live dashboard").
 
 Two JSON endpoints, cached so any number of open pages cost one read: ``GET /api/status`` (the snapshot
-``scrapy-dist status`` reads, :func:`scrapy_dist.monitor.status.read_status`, plus the newest dead letters)
+``scrapy-dist status`` reads, :func:`scrapy_dist.monitor.read_status`, plus the newest dead letters)
 and ``GET /api/history`` (the last hour of ``{spider}:history`` in :data:`BUCKET_SECONDS` buckets). The
 POSTs that act on the crawl need the token in an ``X-Dashboard-Token`` header (no CSRF without a CORS
 preflight, which is never answered) and the dashboard's own ``Origin``; listening beyond loopback needs a
@@ -27,8 +27,7 @@ from aiohttp import web
 
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.frontier.control import parse_record, pause_crawl, resume_crawl
-from scrapy_dist.monitor import REASON_LIMIT, bounded_id, top_counts
-from scrapy_dist.monitor.status import read_status
+from scrapy_dist.monitor import REASON_LIMIT, bounded_id, read_status, top_counts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage, describe
 

@@ -1,11 +1,11 @@
 """Prometheus metrics of running crawls, from the same snapshot ``scrapy-dist status`` reads (every metric:
 docs/monitoring.md, "Prometheus").
 
-:class:`CrawlCollector` reads each crawl's snapshot (:func:`scrapy_dist.monitor.status.read_status`) plus
+:class:`CrawlCollector` reads each crawl's snapshot (:func:`scrapy_dist.monitor.read_status`) plus
 the newest :data:`DEAD_LETTER_SAMPLE` dead letters on a scrape, cached for ``cache_seconds`` so several
 scrapers cost one read; :func:`serve` serves it. Names follow Prometheus's conventions (``scrapy_dist_``
 prefix, base units, ``_total`` counters), and label cardinality is bounded: workers by
-:data:`~scrapy_dist.monitor.status.WORKER_LIMIT`, domains by ``top_domains``, reasons by
+:data:`~scrapy_dist.monitor.WORKER_LIMIT`, domains by ``top_domains``, reasons by
 :data:`REASON_LIMIT` (the rest summed as ``other``).
 """
 
@@ -23,8 +23,7 @@ from prometheus_client.registry import Collector
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.control import parse_record
-from scrapy_dist.monitor import REASON_LIMIT, finite, top_counts
-from scrapy_dist.monitor.status import read_status
+from scrapy_dist.monitor import REASON_LIMIT, finite, read_status, top_counts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage
 from scrapy_dist.utils import RateLimitedLog
