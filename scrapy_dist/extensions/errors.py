@@ -62,9 +62,8 @@ def http_error_matcher(spec: list[Any]) -> Any:
         elif text.isascii() and text.isdigit():
             codes.add(int(text))
         elif text:
-            raise ScrapyDistError(
-                f"ERRORMONITOR_HTTP_ERRORS: {item!r} is neither a status code nor like '5xx'"
-            )
+            raise ScrapyDistError(f"ERRORMONITOR_HTTP_ERRORS: {item!r} is neither a status code nor"
+                                  " like '5xx'")
     return lambda status: status in codes or status // 100 in classes
 
 
@@ -153,17 +152,10 @@ class ErrorMonitor:
     """
 
     def __init__(
-        self,
-        crawler: Crawler,
-        keys: CrawlKeys,
-        *,
-        interval: float = defaults.CLUSTERSTATS_INTERVAL,
-        window: float = defaults.ERRORMONITOR_WINDOW,
-        max_errors: int | None = None,
-        max_rate: float | None = None,
-        min_attempts: int = defaults.ERRORMONITOR_MIN_ATTEMPTS,
-        action: str = defaults.ERRORMONITOR_ACTION,
-        http_errors: list[Any] | None = None,
+        self, crawler: Crawler, keys: CrawlKeys, *, interval: float = defaults.CLUSTERSTATS_INTERVAL,
+        window: float = defaults.ERRORMONITOR_WINDOW, max_errors: int | None = None,
+        max_rate: float | None = None, min_attempts: int = defaults.ERRORMONITOR_MIN_ATTEMPTS,
+        action: str = defaults.ERRORMONITOR_ACTION, http_errors: list[Any] | None = None,
     ) -> None:
         if action not in ACTIONS:
             raise ScrapyDistError(f"ERRORMONITOR_ACTION must be one of {', '.join(ACTIONS)}, not {action!r}")
@@ -200,14 +192,8 @@ class ErrorMonitor:
         ds = DistSettings.for_crawler(crawler)
         m = ds.monitoring
         o = cls(
-            crawler,
-            crawler_keys(crawler),
-            interval=m.interval or 5.0,
-            window=m.window,
-            max_errors=m.max_errors,
-            max_rate=m.max_error_rate,
-            min_attempts=m.min_attempts,
-            action=m.action,
+            crawler, crawler_keys(crawler), interval=m.interval or 5.0, window=m.window,
+            max_errors=m.max_errors, max_rate=m.max_error_rate, min_attempts=m.min_attempts, action=m.action,
             http_errors=list(m.http_errors),
         )
         o.persist = ds.scheduler.persist
@@ -315,9 +301,8 @@ class ErrorMonitor:
         self._local_pause = paused
         if paused:
             engine.pause()
-            logger.warning(
-                "The crawl is paused crawl-wide; `scrapy-dist resume %s` resumes it", self.keys.spider
-            )
+            logger.warning("The crawl is paused crawl-wide; `scrapy-dist resume %s` resumes it",
+                           self.keys.spider)
         else:
             engine.unpause()
             logger.info("The crawl was resumed")

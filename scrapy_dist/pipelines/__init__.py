@@ -8,7 +8,6 @@ to the workers. Otherwise items are buffered and written in batches of their own
 scraped only once its batch is in Redis: at least once (a page crawled again writes its items again).
 
 ``ITEM_PIPELINES = {"scrapy_dist.pipelines.RedisPipeline": 300}``.
-May import: ``settings``, ``redis``, ``wire``, ``frontier``, ``utils`` and the root's exceptions.
 """
 
 from __future__ import annotations
@@ -40,8 +39,6 @@ if TYPE_CHECKING:
     import redis.asyncio
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
-
-    # typing.Self requires Python 3.11
     from typing_extensions import Self
 
 __all__ = ["RedisPipeline"]
@@ -51,10 +48,9 @@ logger = logging.getLogger(__name__)
 #: Field of each stream entry that holds the JSON item (``XADD <key> * item <json>``).
 STREAM_FIELD = "item"
 
-# A flush writes at most this many batches in one round trip, so a backlog built up during a Redis
-# outage drains in bounded transactions instead of one huge one.
+# Batches per round trip at most, so a backlog built up during an outage drains in bounded transactions.
 _MAX_BATCHES_PER_FLUSH = 16
-# Backoff between attempts to write a batch while Redis fails (seconds); capped so recovery is noticed fast.
+# Backoff between attempts to write a batch while Redis fails (seconds).
 _RETRY_FIRST = 0.1
 _RETRY_MAX = 5.0
 # Items encoded by process_item kept for their item_scraped signal; past this, the oldest are re-encoded then.
@@ -81,12 +77,8 @@ def default_serialize(item: Any) -> str:
 
 
 def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = "") -> tuple[str, Exception]:
-    """Return ``(path, error)`` for the innermost part of ``value`` that ``serialize`` rejects.
-
-    ``path`` is dotted for mapping keys and fields (``price.amount``) and indexed for sequences
-    (``tags[2]``); ``""`` means ``value`` itself. Called only after ``serialize(value)`` failed, so its
-    cost (one encode per field, recursively along the failing branch) is paid for broken items only.
-    """
+    """``(path, error)`` for the innermost part of ``value`` that ``serialize`` rejects: ``price.amount``,
+    ``tags[2]``, or ``""`` for ``value`` itself. Called only once ``serialize(value)`` failed."""
     try:
         serialize(value)
     except _ENCODE_ERRORS as exc:
@@ -114,38 +106,23 @@ def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = ""
 class RedisPipeline:
     """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``).
 
-    With the scrapy-dist scheduler (:attr:`outbox` set at open), ``process_item`` encodes the item and the
-    ``item_scraped`` signal stages it under its response's request; it rides that request's ack and is
-    appended only if the ack is accepted (exactly once). Otherwise ``process_item`` returns once the item
-    is in Redis, written in batches: a batch is written when it holds ``batch_size``
-    items or ``flush_interval`` seconds after its first item, whichever comes first (taking along what
-    else is buffered by then, up to 16 batches); the rest is written on close. A write is one round trip:
-    one ``RPUSH`` with all its items, or one call of the ``items_xadd`` script running their ``XADD``
-    commands inside Redis -- never one per item (:class:`~scrapy_dist.redis.outage.BatchWriter`).
-    Redis errors are retried with capped backoff, forever (:mod:`scrapy_dist.redis.outage`: an outage is one
-    warning per worker): nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
-
-    An item the serializer cannot encode is dropped (``DropItem``, logged at ERROR with the offending
-    field) and counted in ``redis_items/unserializable``; the crawl goes on.
+    With the scrapy-dist scheduler (:attr:`outbox` set at open), the ``item_scraped`` signal stages the
+    encoded item under its response's request, to be appended only if that request's ack is accepted.
+    Otherwise ``process_item`` returns once the item is in Redis, written in batches (``batch_size`` items
+    or ``flush_interval`` seconds after the first, one round trip each: one ``RPUSH``, or one
+    ``items_xadd`` script call); Redis errors are retried with capped backoff, forever, dropping nothing.
+    An item the serializer cannot encode is dropped (``DropItem``, logged at ERROR with the offending field).
 
     Stats: ``redis_items/written``, ``redis_items/batches``, ``redis_items/unserializable``,
     ``redis_items/redis_errors``.
     """
 
     def __init__(
-        self,
-        server: redis.asyncio.Redis,
-        key: str,
-        *,
-        stream: bool = defaults.REDIS_ITEMS_STREAM,
-        maxlen: int | None = defaults.REDIS_ITEMS_MAXLEN,
-        batch_size: int = defaults.REDIS_ITEMS_BATCH_SIZE,
+        self, server: redis.asyncio.Redis, key: str, *, stream: bool = defaults.REDIS_ITEMS_STREAM,
+        maxlen: int | None = defaults.REDIS_ITEMS_MAXLEN, batch_size: int = defaults.REDIS_ITEMS_BATCH_SIZE,
         flush_interval: float = defaults.REDIS_ITEMS_FLUSH_INTERVAL,
-        serialize: Callable[[Any], str | bytes] = default_serialize,
-        stats: StatsCollector | None = None,
-        outage: Outage | None = None,
-        exactly_once: bool = True,
-        max_bytes: int = 8 * 1024 * 1024,
+        serialize: Callable[[Any], str | bytes] = default_serialize, stats: StatsCollector | None = None,
+        outage: Outage | None = None, exactly_once: bool = True, max_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"REDIS_ITEMS_BATCH_SIZE must be at least 1, got {batch_size}")
@@ -161,9 +138,7 @@ class RedisPipeline:
         self.writer: BatchWriter[tuple[str, str | bytes]] = BatchWriter(
             self._write,
             guard=self.outage.guard("item pipeline", Backoff(_RETRY_FIRST, _RETRY_MAX), logger),
-            batch_size=batch_size,
-            flush_interval=flush_interval,
-            max_batches=_MAX_BATCHES_PER_FLUSH,
+            batch_size=batch_size, flush_interval=flush_interval, max_batches=_MAX_BATCHES_PER_FLUSH,
             on_failure=lambda exc: self._inc("redis_items/redis_errors"),
         )
         self._xadd: Any = None  # the items_xadd script, registered on first use
@@ -185,13 +160,10 @@ class RedisPipeline:
         items = ds.items
         key = crawler_keys(crawler).items
         options: dict[str, Any] = {
-            "stream": items.stream,
-            "maxlen": items.maxlen,
-            "batch_size": items.batch_size,
+            "stream": items.stream, "maxlen": items.maxlen, "batch_size": items.batch_size,
             "flush_interval": items.flush_interval,
             "serialize": load_object(items.serializer) if items.serializer else default_serialize,
-            "stats": crawler.stats,
-            "outage": Outage.for_crawler(crawler),
+            "stats": crawler.stats, "outage": Outage.for_crawler(crawler),
         }
         _check_subclass(cls, key, options)
         pipe = cls(ClientPool.of(crawler).async_client(), key, **options)
@@ -249,10 +221,8 @@ class RedisPipeline:
         return found
 
     async def process_item(self, item: Any, spider: Any = None) -> Any:
-        """Buffer ``item`` and return it once the batch holding it is written to Redis.
-
-        ``spider`` is accepted (and unused) for scrapy-redis subclasses calling ``super().process_item(item,
-        spider)``; Scrapy passes only the item."""
+        """Buffer ``item`` and return it once the batch holding it is written to Redis (``spider``: for
+        scrapy-redis subclasses calling ``super().process_item(item, spider)``)."""
         try:
             data = self.serialize(item)
         except _ENCODE_ERRORS as exc:
@@ -316,20 +286,14 @@ class RedisPipeline:
 
     # -- extension points -----------------------------------------------------------------------
     def item_key(self, item: Any) -> str:
-        """Redis key for ``item`` (override to route items to several keys, as in scrapy-redis).
-
-        An override with scrapy-redis's signature, ``item_key(self, item, spider)``, keeps working: it is
-        called with the crawler's spider (and with ``%(spider)s`` formatting left to it, as there)."""
+        """Redis key for ``item`` (override to route items to several keys). An override with scrapy-redis's
+        signature, ``item_key(self, item, spider)``, is called with the crawler's spider."""
         return self.key
 
     # -- writing --------------------------------------------------------------------------------
     async def _write(self, entries: list[tuple[str, str | bytes]]) -> None:
-        """Write ``entries`` in one round trip (the writer retries a failure).
-
-        Per key, one ``RPUSH`` (LIST) or one ``items_xadd`` script call (STREAM: the ``XADD`` commands
-        run inside Redis). Several keys (an ``item_key`` override) go in one ``MULTI``/``EXEC`` (on a Redis
-        Cluster: one call per key, sent together, since their slots differ).
-        """
+        """Write ``entries`` in one round trip (the writer retries a failure): per key one ``RPUSH`` or one
+        ``items_xadd`` call; several keys in one ``MULTI``/``EXEC`` (on a cluster: one call per key)."""
         by_key: dict[str, list[str | bytes]] = {}
         for key, data in entries:
             by_key.setdefault(key, []).append(data)
@@ -337,8 +301,7 @@ class RedisPipeline:
             ((key, values),) = by_key.items()
             await self._append(key, values, self.server)
         elif is_cluster(self.server):
-            # Keys of several slots cannot share a MULTI (nor a pipelined script) on a cluster: one call
-            # per key, all at once. A retry after a partial failure writes some again.
+            # several slots share no MULTI on a cluster; a retry after a partial failure writes some again
             await asyncio.gather(*(self._append(k, v, self.server) for k, v in by_key.items()))
         else:
             async with self.server.pipeline(transaction=True) as pipe:
@@ -369,11 +332,9 @@ class RedisPipeline:
 
 
 def _check_subclass(cls: type, key: str, options: dict[str, Any]) -> None:
-    """What a subclass written for scrapy-redis's RedisPipeline gets wrong here, said at start: one WARNING
-    per overridden scrapy-redis method nothing calls (:data:`SCRAPY_REDIS_PIPELINE_HOOKS`) and for a
-    blocking ``process_item`` that uses ``self.server`` (a redis.asyncio client here: its commands, not
-    awaited, would write nothing); one ERROR line and exit status 1 for a constructor that cannot be called
-    the way :meth:`RedisPipeline.from_crawler` calls it (scrapy-redis's ``__init__(self, server)``)."""
+    """What a subclass written for scrapy-redis's RedisPipeline gets wrong here, said at start: a WARNING per
+    overridden method nothing calls and for a blocking ``process_item`` using ``self.server``; an error for
+    a constructor :meth:`RedisPipeline.from_crawler` cannot call (scrapy-redis's ``__init__(server)``)."""
     if cls is RedisPipeline:
         return
     name = cls.__name__
