@@ -239,15 +239,12 @@ class _SharedJar:
 
 
 class SharedCookiesMiddleware(CookiesMiddleware):
-    """Drop-in for Scrapy's ``CookiesMiddleware`` (same priority, 700, in its place: docs/items.md) whose
-    cookiejars are shared by all workers via Redis.
+    """Drop-in for Scrapy's ``CookiesMiddleware`` (in its place, 700) whose jars all workers share.
 
-    Redis cost: one ``cookies_read`` script call per jar and worker every ``cache_seconds`` (concurrent
-    readers share it), returning only the changes since the last one (at most ``read_limit``); one
-    ``cookies_write`` script call per ``flush_interval`` and jar while cookies change
-    (:class:`~scrapy_dist.redis.outage.BatchWriter`). A response that changed cookies is held
-    until its changes are written. Redis errors (:mod:`scrapy_dist.redis.outage`): reads fall back to the
-    local copy, writes are retried with capped backoff; an outage is one warning per worker.
+    Redis cost: one ``cookies_read`` call per jar and worker every ``cache_seconds`` (the changes since the
+    last one, at most ``read_limit``); one ``cookies_write`` call per ``flush_interval`` and jar while
+    cookies change. On Redis errors reads fall back to the local copy and writes are retried with capped
+    backoff.
 
     Stats: ``cookies/shared/loads``, ``cookies/shared/written``, ``cookies/shared/rejected``,
     ``cookies/shared/redis_errors``.

@@ -140,10 +140,9 @@ def host_name(header: str) -> str:
 
 
 def allowed_host(name: str, bound: str, extra: frozenset[str]) -> bool:
-    """Whether the dashboard bound to ``bound`` answers a request whose ``Host`` names ``name`` (see
-    :func:`host_name`): loopback names, the bound address, ``extra``; bound to every interface (``0.0.0.0``,
-    ``::``), also any IP address and this machine's names -- a DNS name of someone else's never (a page of
-    theirs that rebinds it to this address must not read the dashboard)."""
+    """Whether the dashboard bound to ``bound`` answers a request whose ``Host`` names ``name``: loopback
+    names, the bound address, ``extra``; bound to every interface, also any IP address and this machine's
+    names -- never someone else's DNS name (a page of theirs rebinding it here must not read this)."""
     if not name:
         return False
     if name in LOOPBACK_NAMES or name == host_name(bound) or name in extra:
@@ -196,7 +195,6 @@ class Dashboard:
         app.router.add_post("/api/{action:pause|resume|requeue}", self.act)
         return app
 
-    # -- reading -------------------------------------------------------------------------------------------
     async def _cached(self, name: str, read: Callable[[], Any], seconds: float) -> Any:
         async with self._lock:
             hit = self._cache.get(name)
@@ -243,7 +241,6 @@ class Dashboard:
         seconds = max(self.cache_seconds, BUCKET_SECONDS / 2)
         return await self._reply("history", self._read_history, seconds)
 
-    # -- the page ------------------------------------------------------------------------------------------
     async def page(self, request: web.Request) -> web.Response:
         html = STATIC.joinpath("index.html").read_text()
         html = html.replace("{{SPIDER}}", self.keys.spider.replace("<", "&lt;").replace("&", "&amp;"))
@@ -259,7 +256,6 @@ class Dashboard:
         body = STATIC.joinpath(name).read_bytes()
         return web.Response(body=body, content_type="application/javascript")
 
-    # -- actions -------------------------------------------------------------------------------------------
     def _allowed(self, request: web.Request) -> bool:
         given = request.headers.get(TOKEN_HEADER, "")
         if not self.token or not hmac.compare_digest(given.encode(), self.token.encode()):

@@ -34,8 +34,7 @@ __all__ = ["DEAD_LETTER_SAMPLE", "REASON_LIMIT", "CrawlCollector", "serve"]
 DEAD_LETTER_SAMPLE = 500
 #: Crawl-wide Scrapy stats exported as counters: stat name -> metric name.
 STAT_COUNTERS = {
-    "response_received_count": "scrapy_dist_pages_total",
-    "item_scraped_count": "scrapy_dist_items_total",
+    "response_received_count": "scrapy_dist_pages_total", "item_scraped_count": "scrapy_dist_items_total",
     "item_dropped_count": "scrapy_dist_items_dropped_total",
     "scheduler/enqueued": "scrapy_dist_requests_enqueued_total",
     "downloader/response_bytes": "scrapy_dist_downloaded_bytes_total",
@@ -43,8 +42,7 @@ STAT_COUNTERS = {
 }
 #: Prefixes of the Scrapy stats counted as errors, and the reason label they give.
 ERROR_STATS = {
-    "downloader/exception_type_count/": "download:",
-    "spider_exceptions/": "spider:",
+    "downloader/exception_type_count/": "download:", "spider_exceptions/": "spider:",
     "downloader/response_status_count/": "http:",
 }
 
@@ -52,19 +50,12 @@ ERROR_STATS = {
 logger = logging.getLogger(__name__)
 
 
-
 class CrawlCollector(Collector):
     """Metrics of the crawls of ``spiders`` (``keys_of(spider)`` gives a crawl's keys) in one Redis."""
 
     def __init__(
-        self,
-        client: Any,
-        spiders: Iterable[str],
-        keys_of: Callable[[str], CrawlKeys] = CrawlKeys,
-        *,
-        cache_seconds: float = 5.0,
-        top_domains: int = 10,
-        clock: Callable[[], float] = time.monotonic,
+        self, client: Any, spiders: Iterable[str], keys_of: Callable[[str], CrawlKeys] = CrawlKeys, *,
+        cache_seconds: float = 5.0, top_domains: int = 10, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.spiders = list(spiders)

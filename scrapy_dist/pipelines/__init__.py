@@ -1,14 +1,6 @@
-"""Items out of the cluster: a Redis item pipeline, LIST (scrapy-redis compatible) or STREAM.
-
-Every worker appends its items to one Redis key (``REDIS_ITEMS_KEY``, default ``"%(spider)s:items"``) where
-downstream consumers pick them up. With the scrapy-dist scheduler (and ``REDIS_ITEMS_EXACTLY_ONCE``, the
-default), a page's items ride the ``sync`` call that acknowledges the page and are appended only if that
-ack is accepted (:mod:`scrapy_dist.frontier.engine`): exactly once per acknowledged fetch, whatever happens
-to the workers. Otherwise items are buffered and written in batches of their own, and an item is reported
-scraped only once its batch is in Redis: at least once (a page crawled again writes its items again).
-
-``ITEM_PIPELINES = {"scrapy_dist.pipelines.RedisPipeline": 300}``.
-"""
+"""Items out of the cluster: ``RedisPipeline`` appends them to a Redis LIST (scrapy-redis compatible) or
+STREAM at ``REDIS_ITEMS_KEY``; with the scrapy-dist scheduler a page's items ride its ack (exactly once),
+otherwise they are written in batches of their own (at least once)."""
 
 from __future__ import annotations
 
@@ -48,14 +40,9 @@ logger = logging.getLogger(__name__)
 #: Field of each stream entry that holds the JSON item (``XADD <key> * item <json>``).
 STREAM_FIELD = "item"
 
-# Batches per round trip at most, so a backlog built up during an outage drains in bounded transactions.
-_MAX_BATCHES_PER_FLUSH = 16
-# Backoff between attempts to write a batch while Redis fails (seconds).
-_RETRY_FIRST = 0.1
-_RETRY_MAX = 5.0
-# Items encoded by process_item kept for their item_scraped signal; past this, the oldest are re-encoded then.
-_MAX_PENDING = 10_000
-# What an encoder raises on a value it cannot represent.
+_MAX_BATCHES_PER_FLUSH = 16  # so a backlog built up during an outage drains in bounded transactions
+_RETRY_FIRST, _RETRY_MAX = 0.1, 5.0  # backoff while Redis fails (seconds)
+_MAX_PENDING = 10_000  # items encoded by process_item kept for their item_scraped signal
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeError)
 
 _default_encoder = ScrapyJSONEncoder()
@@ -104,18 +91,9 @@ def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = ""
 
 
 class RedisPipeline:
-    """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``).
-
-    With the scrapy-dist scheduler (:attr:`outbox` set at open), the ``item_scraped`` signal stages the
-    encoded item under its response's request, to be appended only if that request's ack is accepted.
-    Otherwise ``process_item`` returns once the item is in Redis, written in batches (``batch_size`` items
-    or ``flush_interval`` seconds after the first, one round trip each: one ``RPUSH``, or one
-    ``items_xadd`` script call); Redis errors are retried with capped backoff, forever, dropping nothing.
-    An item the serializer cannot encode is dropped (``DropItem``, logged at ERROR with the offending field).
-
-    Stats: ``redis_items/written``, ``redis_items/batches``, ``redis_items/unserializable``,
-    ``redis_items/redis_errors``.
-    """
+    """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``): staged under its
+    response's request to ride that ack (:attr:`outbox`), or in batches retried with capped backoff, dropping
+    nothing. An item the serializer cannot encode is dropped at ERROR naming the offending field."""
 
     def __init__(
         self, server: redis.asyncio.Redis, key: str, *, stream: bool = defaults.REDIS_ITEMS_STREAM,
@@ -126,14 +104,9 @@ class RedisPipeline:
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"REDIS_ITEMS_BATCH_SIZE must be at least 1, got {batch_size}")
-        self.server = server
-        self.key = key
-        self.stream = stream
-        self.maxlen = maxlen
-        self.batch_size = batch_size
-        self.flush_interval = flush_interval
-        self.serialize = serialize
-        self.stats = stats
+        self.server, self.key, self.stream, self.maxlen = server, key, stream, maxlen
+        self.batch_size, self.flush_interval = batch_size, flush_interval
+        self.serialize, self.stats = serialize, stats
         self.outage = outage or Outage()
         self.writer: BatchWriter[tuple[str, str | bytes]] = BatchWriter(
             self._write,
@@ -145,8 +118,7 @@ class RedisPipeline:
         #: scrapy-redis's ``item_key(self, item, spider)`` overrides get the spider (see :meth:`item_key`)
         self._key_wants_spider = _wants_spider(self.item_key)
         self._crawler: Crawler | None = None
-        self.exactly_once = exactly_once
-        self.max_bytes = max_bytes
+        self.exactly_once, self.max_bytes = exactly_once, max_bytes
         #: items staged by the page they came from, riding its ack (None: written in batches of their own)
         self.outbox: _outbox.ItemOutbox | None = None
         #: id(item) -> (item, encoded) between process_item and the item_scraped signal
@@ -156,8 +128,7 @@ class RedisPipeline:
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``REDIS_ITEMS_*`` settings and the connection settings (``REDIS_URL``, ...)."""
-        ds = DistSettings.for_crawler(crawler)
-        items = ds.items
+        items = DistSettings.for_crawler(crawler).items
         key = crawler_keys(crawler).items
         options: dict[str, Any] = {
             "stream": items.stream, "maxlen": items.maxlen, "batch_size": items.batch_size,
@@ -167,9 +138,7 @@ class RedisPipeline:
         }
         _check_subclass(cls, key, options)
         pipe = cls(ClientPool.of(crawler).async_client(), key, **options)
-        pipe._crawler = crawler
-        pipe.exactly_once = items.exactly_once
-        pipe.max_bytes = items.max_bytes
+        pipe._crawler, pipe.exactly_once, pipe.max_bytes = crawler, items.exactly_once, items.max_bytes
         from scrapy import signals
 
         crawler.signals.connect(pipe.item_scraped, signal=signals.item_scraped)
@@ -177,7 +146,6 @@ class RedisPipeline:
         crawler.signals.connect(pipe.item_left, signal=signals.item_error)
         return pipe
 
-    # -- Scrapy hooks ---------------------------------------------------------------------------
     async def open_spider(self) -> None:
         """Check the items key holds the expected type (1 round trip) and start the writer task."""
         expected = "stream" if self.stream else "list"
@@ -229,16 +197,12 @@ class RedisPipeline:
             self._inc("redis_items/unserializable")
             path, error = find_unencodable(item, self.serialize)
             where = f"field {path!r}" if path else "the item itself"
-            raise DropItem(
-                f"RedisPipeline cannot encode {where}: {error.__class__.__name__}: {error}",
-                log_level="ERROR",
-            ) from exc
+            raise DropItem(f"RedisPipeline cannot encode {where}: {error.__class__.__name__}: {error}",
+                           log_level="ERROR") from exc
         if len(data) > self.max_bytes:
             self._inc("redis_items/too_large")
-            raise DropItem(
-                f"RedisPipeline: the item encodes to {len(data)} bytes, more than REDIS_ITEMS_MAX_BYTES"
-                f" ({self.max_bytes})", log_level="ERROR",
-            )
+            raise DropItem(f"RedisPipeline: the item encodes to {len(data)} bytes, more than"
+                           f" REDIS_ITEMS_MAX_BYTES ({self.max_bytes})", log_level="ERROR")
         if self.writer.closing:
             raise RuntimeError("RedisPipeline.process_item() called after close_spider()")
         if self.outbox is not None:
@@ -284,13 +248,11 @@ class RedisPipeline:
         await self.writer.close()
         await self.server.aclose()
 
-    # -- extension points -----------------------------------------------------------------------
     def item_key(self, item: Any) -> str:
         """Redis key for ``item`` (override to route items to several keys). An override with scrapy-redis's
         signature, ``item_key(self, item, spider)``, is called with the crawler's spider."""
         return self.key
 
-    # -- writing --------------------------------------------------------------------------------
     async def _write(self, entries: list[tuple[str, str | bytes]]) -> None:
         """Write ``entries`` in one round trip (the writer retries a failure): per key one ``RPUSH`` or one
         ``items_xadd`` call; several keys in one ``MULTI``/``EXEC`` (on a cluster: one call per key)."""
@@ -325,7 +287,6 @@ class RedisPipeline:
         if inspect.iscoroutine(result):
             await result
 
-    # -- helpers --------------------------------------------------------------------------------
     def _inc(self, name: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(name, count)

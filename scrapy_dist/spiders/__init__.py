@@ -1,13 +1,7 @@
-"""``RedisSpider`` and ``RedisCrawlSpider``: spiders fed from Redis. ``redis-cli lpush <spider>:start_urls
-<url-or-json>`` and the running crawl requests the seed at once (docs/seeds.md); seeds are read in ``async
-def start()`` through :class:`scrapy_dist.seeds.feed.SeedFeed`, which owns the seed protocol.
-
-The spider attributes scrapy-redis users set, often as ``-a name=value`` (a string): ``redis_key``,
-``redis_batch_size`` and ``max_idle_time`` are converted once, when the spider is built, as scrapy-redis
-does in ``setup_redis``; a value that cannot be converted stops the crawl with one line
-(:class:`~scrapy_dist.settings.values.SettingsError`). ``max_idle_time`` (seconds) sets
-``SCHEDULER_IDLE_BEFORE_CLOSE``, winning over the setting as in scrapy-redis.
-"""
+"""``RedisSpider`` and ``RedisCrawlSpider``: spiders whose seeds are pushed to Redis (docs/seeds.md) and
+read in ``async def start()`` through :class:`~scrapy_dist.seeds.feed.SeedFeed`; the scrapy-redis attributes
+``redis_key``, ``redis_batch_size`` and ``max_idle_time`` (often ``-a`` strings) are converted once, when the
+spider is built, and a bad value stops the crawl with one line."""
 
 from __future__ import annotations
 
@@ -98,11 +92,7 @@ def _code_objects(code: Any) -> list[Any]:
     """``code`` and the code objects nested in it (comprehensions, inner functions)."""
     if code is None:
         return []
-    out = [code]
-    for const in code.co_consts:
-        if hasattr(const, "co_code"):
-            out.extend(_code_objects(const))
-    return out
+    return [code, *(c for const in code.co_consts if hasattr(const, "co_code") for c in _code_objects(const))]
 
 
 @dataclass(frozen=True)
@@ -172,10 +162,9 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
     args = SpiderArguments.of(spider)
     encoding = getattr(spider, "redis_encoding", None)
     if encoding is not None and str(encoding).strip().lower().replace("-", "").replace("_", "") != "utf8":
-        logger.warning(
-            "scrapy-dist: redis_encoding=%s is not applied: seeds are read as UTF-8 (others are rejected as"
-            " not_utf8); override make_request_from_data to decode another encoding", encoding,
-        )
+        logger.warning("scrapy-dist: redis_encoding=%s is not applied: seeds are read as UTF-8 (others are"
+                       " rejected as not_utf8); override make_request_from_data to decode another encoding",
+                       encoding)
     for line in misspelt_arguments(spider):
         logger.warning("%s", line)
     for name in unused_hooks(type(spider)):
@@ -227,9 +216,8 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
 
     if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None or _uses_addon(settings):
         return
-    if settings.getpriority("SCHEDULER_IDLE_BEFORE_CLOSE") not in (
-        SETTINGS_PRIORITIES["project"], SETTINGS_PRIORITIES["spider"]
-    ):
+    if settings.getpriority("SCHEDULER_IDLE_BEFORE_CLOSE") not in (SETTINGS_PRIORITIES["project"],
+                                                                   SETTINGS_PRIORITIES["spider"]):
         return
     value = settings.get("SCHEDULER_IDLE_BEFORE_CLOSE")
     try:
@@ -248,34 +236,22 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
 
 def _uses_addon(settings: Settings) -> bool:
     """Whether ``ADDONS`` names scrapy-dist's add-on (the spider is built before add-ons fill settings)."""
-    names = ("scrapy_dist.Addon", "scrapy_dist.addon.Addon")
-    for key in settings.getdict("ADDONS"):
-        path = key if isinstance(key, str) else (
-            f"{getattr(key, '__module__', '')}.{getattr(key, '__name__', '')}"
-        )
-        if path in names:
-            return True
-    return False
+    paths = {k if isinstance(k, str) else f"{getattr(k, '__module__', '')}.{getattr(k, '__name__', '')}"
+             for k in settings.getdict("ADDONS")}
+    return bool(paths & {"scrapy_dist.Addon", "scrapy_dist.addon.Addon"})
 
 
 def _set_idle(settings: Settings, seconds: float) -> None:
     if getattr(settings, "frozen", False):  # built outside Crawler.crawl(): too late to feed the setting
-        logger.warning(
-            "scrapy-dist: max_idle_time=%s is ignored: the settings were already frozen; set"
-            " SCHEDULER_IDLE_BEFORE_CLOSE instead", seconds,
-        )
+        logger.warning("scrapy-dist: max_idle_time=%s is ignored: the settings were already frozen; set"
+                       " SCHEDULER_IDLE_BEFORE_CLOSE instead", seconds)
         return
     settings.set("SCHEDULER_IDLE_BEFORE_CLOSE", seconds, priority=IDLE_PRIORITY)
 
 
 class RedisMixin:
-    """Reads the spider's seeds from Redis in ``async def start()``.
-
-    Attributes (also as ``-a name=value``): ``redis_key`` (the seeds key, ``%(name)s`` replaced; default
-    ``REDIS_START_URLS_KEY``), ``redis_batch_size`` (seeds per round trip; default
-    ``REDIS_START_URLS_BATCH_SIZE``, else ``CONCURRENT_REQUESTS``), ``max_idle_time``. Override
-    :meth:`make_request_from_data` to read another seed format.
-    """
+    """Reads the spider's seeds from Redis in ``async def start()``; ``redis_key``, ``redis_batch_size`` and
+    ``max_idle_time`` may be set as attributes or ``-a name=value``."""
 
     redis_key: str | None = None
     redis_batch_size: int | None = None
