@@ -198,7 +198,6 @@ class IdleMonitor:
         if ended:
             logger.info("The crawl was closed: %d scheduled revisits filed since removed", ended)
 
-    # -- one poll -----------------------------------------------------------------------------------
     async def read(self) -> tuple[int, ControlState]:
         """Work left crawl-wide (queued + leased + delayed + waiting seeds) and the control flags: one
         pipelined round trip."""

@@ -292,7 +292,6 @@ class ClusterStats:
                 return int(result[0])
 
 
-# -- the worker registry -----------------------------------------------------------------------------------
 #: A worker unseen for this many of its heartbeat intervals is shown as lost.
 LOST_AFTER_INTERVALS = 3
 #: Seconds a worker's details stay in Redis after its last heartbeat.

@@ -204,7 +204,6 @@ class ErrorMonitor:
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
 
-    # -- counting (reactor thread, no I/O) ----------------------------------------------------------
     def response_downloaded(self, response: Response, request: Request) -> None:
         self._answered.add(id(request))
         self.events.response(response.status, response.url, time.time())
@@ -224,7 +223,6 @@ class ErrorMonitor:
         url = getattr(response, "url", "") or getattr(getattr(failure, "request", None), "url", "")
         self.events.spider_error(type(failure.value).__name__, url, time.time())
 
-    # -- lifecycle ------------------------------------------------------------------------------------
     async def spider_opened(self, spider: Spider) -> None:
         if start_error(self.crawler) is not None:  # the crawl stops as it opens
             return
@@ -248,7 +246,6 @@ class ErrorMonitor:
                 logger.warning("Could not send the last error counts to %s: %s", self.keys.errors, exc)
             await self.redis.aclose()
 
-    # -- the crawl-wide window ---------------------------------------------------------------------
     async def flush(self, now: float | None = None) -> bool:
         """Send the counts since the last flush, get the window's totals back, act on them (one script
         call). Returns whether this call took the action."""

@@ -309,7 +309,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
 
-    # -- Scrapy hooks ---------------------------------------------------------------------------
     async def process_request(self, request: Request) -> None:  # type: ignore[override]
         """Add the shared jar's cookies to ``request`` (reading the jar from Redis if the copy is stale)."""
         if request.meta.get("dont_merge_cookies", False):
@@ -352,7 +351,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         await self.writer.close()
         await self.server.aclose()
 
-    # -- reading --------------------------------------------------------------------------------
     def _state(self, cookiejar: Any) -> tuple[str, _SharedJar]:
         name = jar_name(cookiejar)
         state = self._shared.get(name)
@@ -424,7 +422,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         finally:
             state.loading = None
 
-    # -- writing --------------------------------------------------------------------------------
     def _record_changes(
         self, name: str, before: dict[CookieIdent, dict[str, Any]], jar: CookieJar
     ) -> asyncio.Future[None] | None:
@@ -465,7 +462,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                 await pipe.execute()
         self._inc("cookies/shared/written", written)
 
-    # -- helpers --------------------------------------------------------------------------------
     def _inc(self, name: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(name, count)

@@ -160,7 +160,6 @@ class RetryMiddleware:
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
         return o
 
-    # -- downloader middleware hooks ------------------------------------------------------------------
     def process_response(self, request: Request, response: Response) -> Request | Response:
         if request.meta.get("dont_retry", False) or response.status not in self.retry_http_codes:
             return response
@@ -183,7 +182,6 @@ class RetryMiddleware:
         self.dead_letters.write(request, exception_reason(exception), detail=str(exception))
         return None
 
-    # -- signal handlers ------------------------------------------------------------------------------
     def spider_error(self, failure: Failure, response: Response | Failure, spider: Any = None) -> None:
         """A callback or errback raised: the request failed for good (nothing retries those)."""
         if isinstance(response, Response):
@@ -195,7 +193,6 @@ class RetryMiddleware:
         exc = failure.value
         self.dead_letters.write(request, exception_reason(exc), status=status, detail=str(exc))
 
-    # -- internals ------------------------------------------------------------------------------------
     def _retry(
         self, request: Request, reason: str | Exception, *, dead_reason: str, status: int | None = None,
         retry_after: bytes | None = None, detail: str = "",

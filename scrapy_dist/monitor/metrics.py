@@ -72,7 +72,6 @@ class CrawlCollector(Collector):
         #: an unforeseen error building a crawl's metrics: logged once per crawl, then only counted
         self.errors = RateLimitedLog.once(logger)
 
-    # -- reading ---------------------------------------------------------------------------------------
     def snapshots(self) -> list[tuple[str, dict[str, Any] | None, Counter[str]]]:
         """``(spider, status or None if Redis failed, dead letters by reason)`` per crawl, cached."""
         with self._lock:
@@ -105,7 +104,6 @@ class CrawlCollector(Collector):
                 reasons["unreadable"] += 1
         return spider, status, reasons
 
-    # -- the families ------------------------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Any] = {}
         for spider, s, dead_reasons in self.snapshots():
