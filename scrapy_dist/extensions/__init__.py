@@ -71,9 +71,8 @@ class RedisStatsCollector(MemoryStatsCollector):
 
 
 def enable_cluster_stats(crawler: Crawler) -> bool:
-    """Add ClusterStats to the crawler's ``EXTENSIONS`` unless it is there (enabled: nothing to do;
-    disabled with ``None``: respected, with a WARNING). True if it will run. Settings must not be frozen
-    yet (a stats collector is built before they are)."""
+    """Add ClusterStats to the crawler's (not yet frozen) ``EXTENSIONS`` unless there; one disabled with
+    ``None`` stays so, with a WARNING. True if it will run."""
     settings = crawler.settings
     for path, order in settings.getwithbase("EXTENSIONS").items():
         try:
@@ -184,8 +183,8 @@ class IdleMonitor:
             await self.redis.aclose()
 
     async def _end_chains(self) -> None:
-        """After this worker's last sync: remove the revisits filed crawl-wide between the close decision
-        and the moment the workers saw it (``scrapy-dist close`` removed the ones before)."""
+        """After this worker's last sync: remove the revisits filed since ``scrapy-dist close`` removed the
+        others."""
         ds = DistSettings.for_crawler(self.crawler)
         client = connection.ClientPool.of(self.crawler).sync_client()
         try:
@@ -218,8 +217,8 @@ class IdleMonitor:
         *counts, control = await pipe.execute(raise_on_error=False)
         if isinstance(control, Exception):
             raise control
-        # Server time now, from the server time at start plus the time elapsed since (no TIME round trip;
-        # a cluster pipeline cannot send TIME): bounds how far in the future a close decision may lie.
+        # server time now, from the server time at start (a cluster pipeline cannot send TIME): bounds how
+        # far in the future a close decision may lie
         opened = getattr(self, "_opened_mono", None)
         self.server_now = None if opened is None else self.started_at + (time.monotonic() - opened)
         state = ControlState.from_hash(control)
@@ -284,8 +283,8 @@ class IdleMonitor:
 
 
 def _end_revisits(crawler: Any) -> bool:
-    """A crawl closed crawl-wide (``scrapy-dist close``) ends its revisit chains: what this worker is
-    still fetching is acknowledged without being filed again. Whether this worker revisits at all."""
+    """End the revisit chains of a crawl closed crawl-wide: what this worker still fetches is not filed
+    again. Whether this worker revisits at all."""
     sched = _engine.scheduler(crawler)
     revisits = getattr(sched, "revisits", None)
     if revisits is not None:

@@ -1,11 +1,10 @@
 """Crawl-wide error monitoring: a sliding window of errors over every worker, and an action when it
 passes a threshold (docs/monitoring.md, "Error monitor").
 
-Each worker counts download attempts, HTTP errors (``ERRORMONITOR_HTTP_ERRORS``, before any retry),
-download errors and spider errors from Scrapy's signals; every ``CLUSTERSTATS_INTERVAL`` one ``errors.lua``
-call adds them to per-bucket counters and answers the window's totals. Past ``ERRORMONITOR_MAX_ERRORS`` or
-``ERRORMONITOR_MAX_ERROR_RATE``, exactly one worker takes ``ERRORMONITOR_ACTION`` (``log``, ``pause`` or
-``close``), at most once per window.
+Each worker counts attempts and errors from Scrapy's signals; every ``CLUSTERSTATS_INTERVAL`` one
+``errors.lua`` call adds them to per-bucket counters and answers the window's totals. Past
+``ERRORMONITOR_MAX_ERRORS`` or ``ERRORMONITOR_MAX_ERROR_RATE``, exactly one worker takes
+``ERRORMONITOR_ACTION`` (``log``, ``pause`` or ``close``), at most once per window.
 """
 
 from __future__ import annotations
