@@ -16,7 +16,7 @@ from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
 from scrapy_dist.middlewares import SharedCookiesMiddleware
-from scrapy_dist.middlewares.cookie_records import RecordSeal, cookie_field, write_calls
+from scrapy_dist.middlewares.cookies import RecordSeal, cookie_field, write_calls
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
 

@@ -25,7 +25,7 @@ from scrapy_dist.dupefilter.bloom import BloomPlan, Generations, fingerprint_has
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.frontier.shard import Frontier, SyncBatch
-from scrapy_dist.monitor.status import filter_figures
+from scrapy_dist.monitor import filter_figures
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
 

@@ -26,7 +26,7 @@ from twisted.python.failure import Failure
 
 from scrapy_dist.addon import Addon
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.extensions import ClusterStats, ErrorMonitor, IdleMonitor
+from scrapy_dist.extensions import ClusterStats, ErrorMonitor, IdleClock, IdleMonitor
 from scrapy_dist.extensions.clusterstats import (
     RateMeter,
     StatsMerger,
@@ -35,7 +35,6 @@ from scrapy_dist.extensions.clusterstats import (
     worker_state,
 )
 from scrapy_dist.extensions.errors import ErrorCounts, format_alert, http_error_matcher
-from scrapy_dist.extensions.idle import IdleClock
 from scrapy_dist.frontier.layout import ControlState, pause_crawl, resume_crawl
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys

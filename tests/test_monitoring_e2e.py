@@ -20,7 +20,7 @@ from crawlproject import SPIDERS, make_project
 from helpers import wait_for
 
 from scrapy_dist.frontier.shard import lease_parts
-from scrapy_dist.monitor.status import read_status
+from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.keys import CrawlKeys
 
 pytestmark = pytest.mark.slow

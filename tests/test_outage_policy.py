@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis.exceptions as rex
 
-from scrapy_dist.extensions.periodic import PeriodicTask
+from scrapy_dist.extensions.clusterstats import PeriodicTask
 from scrapy_dist.redis.outage import Backoff, BatchWriter, Outage, is_outage
 from scrapy_dist.utils import RateLimitedLog
 

@@ -164,7 +164,7 @@ def test_a_worker_without_the_addon_is_not_shown_lost_after_a_clean_close(
 ) -> None:
     # the two classic settings, no add-on: the scheduler runs ClusterStats itself, which marks the worker
     # closed, as with the add-on (without it, a worker that finished normally was shown lost)
-    from scrapy_dist.monitor.status import read_status
+    from scrapy_dist.monitor import read_status
 
     site = site_factory(pages=20)
     project = make_project(tmp_path, {"REDIS_URL": redis_url})

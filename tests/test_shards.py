@@ -24,7 +24,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_dist.frontier.orders import dead_letter_record
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.frontier.shard import domain_shard, shard_of, shards_idle
-from scrapy_dist.monitor.status import read_status
+from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.keys import CrawlKeys
 
 LINKS = CrawlKeys("links")

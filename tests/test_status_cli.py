@@ -20,7 +20,7 @@ from helpers import lease_key
 
 from scrapy_dist.cli import main
 from scrapy_dist.frontier.layout import ControlState
-from scrapy_dist.monitor.status import leases_by_worker, read_status, window_totals
+from scrapy_dist.monitor import leases_by_worker, read_status, window_totals
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
 

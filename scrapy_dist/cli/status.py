@@ -40,7 +40,7 @@ from scrapy_dist.frontier.layout import (
     resume_crawl,
     valid_reason,
 )
-from scrapy_dist.monitor.status import read_status
+from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
 from scrapy_dist.seeds import reader as nearmiss
 

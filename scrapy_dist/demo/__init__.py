@@ -259,7 +259,7 @@ class Demo:
         """Read the site's tally and the crawl's state in Redis (a few pipelined round trips)."""
         from redis.exceptions import RedisError
 
-        from scrapy_dist.monitor.status import read_status
+        from scrapy_dist.monitor import read_status
 
         now = time.monotonic()
         self.tally.update()

@@ -1,16 +1,10 @@
-"""Crawl-wide stats: every worker's Scrapy stats merged into one Redis hash, plus the worker heartbeat
-(docs/monitoring.md, "Crawl-wide stats") and the worker registry it feeds.
+"""Crawl-wide stats, the worker heartbeat and registry, and the periodic task the extensions run on.
 
-:class:`ClusterStats` leaves Scrapy's in-memory collector alone and, every ``CLUSTERSTATS_INTERVAL`` and
-once at close, sends what changed since its last flush in one ``lua/clusterstats.lua`` call: numbers
-summed as differences, start times and ``CLUSTERSTATS_MIN_STATS`` by minimum, finish times, ``max`` stats,
-the bloom figures and ``CLUSTERSTATS_MAX_STATS`` by maximum, strings as last written. A sequence number
-makes a resent flush count once; nothing is deleted when a worker closes.
-
-The registry (docs/monitoring.md, "Worker heartbeats"): ``{spider}:workers`` (id -> last seen) and one
-``{spider}:worker:<id>`` HASH per worker, written by its heartbeat and read back through
-:func:`parse_worker_hash`. A worker unseen for :data:`LOST_AFTER_INTERVALS` heartbeat intervals, and that
-did not say it closed, is lost.
+:class:`ClusterStats` sends, every ``CLUSTERSTATS_INTERVAL`` and at close, what changed in Scrapy's stats
+since its last flush in one ``clusterstats.lua`` call (numbers summed as differences, min/max stats by
+minimum/maximum, strings as last written); a sequence number makes a resent flush count once. The
+registry: ``{spider}:workers`` (id -> last seen) and one ``{spider}:worker:<id>`` HASH per worker, read
+back through :func:`parse_worker_hash`.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ import re
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -32,11 +26,10 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
-from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.frontier.scheduler import get_scheduler, make_worker_id
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
-from scrapy_dist.redis.outage import Outage
+from scrapy_dist.redis.outage import BackgroundTask, Backoff, Outage
 from scrapy_dist.redis.scripts import hash_fields
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refusing, start_error
@@ -50,11 +43,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: Stats merged as the maximum over workers (fnmatch patterns), besides names with a ``max`` word.
-MAX_STATS = (
-    "finish_time",
-    "elapsed_time_seconds",
-    "dupefilter/bloom/*",
-)
+MAX_STATS = ("finish_time", "elapsed_time_seconds", "dupefilter/bloom/*")
 #: Stats merged as the minimum over workers.
 MIN_STATS = ("start_time",)
 #: A name whose last segment has ``max`` / ``min`` as a word (``memusage/max``, ``request_depth_max``).
@@ -66,6 +55,45 @@ CLOSE_FLUSH_TIMEOUT = 10.0
 CLOSED_TTL_NOT_PERSISTENT = 60
 
 
+class PeriodicTask(BackgroundTask):
+    """Await ``func()`` every ``interval`` seconds until :meth:`stop` (which cancels a call in progress).
+
+    A failing call never ends the task: an outage goes to the worker's shared :class:`Outage`, anything
+    else is logged at ERROR at most once a minute per exception type; ``what`` names the task.
+    """
+
+    interrupt = True
+
+    def __init__(
+        self, func: Callable[[], Awaitable[object]], interval: float, what: str, logger: logging.Logger,
+        outage: Outage | None = None,
+    ) -> None:
+        # the task runs every interval whatever happens: the backoff only names the policy's wait
+        every = max(interval, 0.01)
+        super().__init__((outage or Outage()).guard(what, Backoff(every, every), logger))
+        self.func = func
+        self.interval = interval
+        self.what = what
+        self.logger = logger
+
+    async def step(self) -> bool:
+        await self.rest(self.interval)
+        if self.closing:
+            return False
+        await self.run_once()
+        return True
+
+    async def run_once(self, now: float | None = None) -> bool:
+        """One call with the task's error handling; returns whether it succeeded."""
+        try:
+            await self.func()
+        except Exception as exc:
+            self.failed(exc, now)
+            return False
+        self.succeeded(now)
+        return True
+
+
 def encode_datetime(value: datetime) -> str:
     """Fixed-width ISO 8601 in UTC, so that stored timestamps compare correctly as strings."""
     if value.tzinfo is None:
@@ -74,11 +102,8 @@ def encode_datetime(value: datetime) -> str:
 
 
 class StatsMerger:
-    """Turns successive snapshots of one worker's stats into merge operations for ``clusterstats.lua``.
-
-    Pure (no I/O): :meth:`operations` returns ``(mode, name, value)`` triples for what changed since the
-    previous call and remembers the snapshot.
-    """
+    """Successive snapshots of one worker's stats as ``(mode, name, value)`` merge operations for
+    ``clusterstats.lua`` (pure: what changed since the previous snapshot)."""
 
     def __init__(self, max_stats: Iterable[str] = (), min_stats: Iterable[str] = ()) -> None:
         self.max_stats = (*MAX_STATS, *max_stats)
@@ -139,12 +164,8 @@ class ClusterStats:
     """
 
     def __init__(
-        self,
-        crawler: Crawler,
-        keys: CrawlKeys,
-        interval: float = defaults.CLUSTERSTATS_INTERVAL,
-        merger: StatsMerger | None = None,
-        persist: bool = defaults.SCHEDULER_PERSIST,
+        self, crawler: Crawler, keys: CrawlKeys, interval: float = defaults.CLUSTERSTATS_INTERVAL,
+        merger: StatsMerger | None = None, persist: bool = defaults.SCHEDULER_PERSIST,
     ) -> None:
         self.crawler = crawler
         self.keys = keys
@@ -230,11 +251,9 @@ class ClusterStats:
         return len(ledger.ready) if ledger is not None else None
 
     async def flush(self, final: bool = False, reason: str = "") -> int:
-        """Send the heartbeat and the stats changed since the last flush (one script call).
-
-        A flush that failed is sent again unchanged (same sequence number) before anything newer, so
-        nothing is counted twice or lost. Returns what the script answered: 1 merged, 0 already merged,
-        -1 nothing written because the crawl's keys are gone."""
+        """Send the heartbeat and the stats changed since the last flush (one script call). A failed flush
+        is resent unchanged (same sequence number) before anything newer. Returns 1 merged, 0 already
+        merged, -1 nothing written because the crawl's keys are gone."""
         pages = self.crawler.stats.get_value("response_received_count", 0) or 0
         self.rate.add(float(pages), time.monotonic())
         while True:
@@ -246,16 +265,10 @@ class ClusterStats:
             assert self._pending is not None
             seq, ops = self._pending
             fields = heartbeat_fields(
-                worker=self.worker,
-                spider=self.keys.spider,
-                started=self.started,
-                stats=stats,
-                inflight=0 if final else self._inflight(),
-                prefetched=0 if final else self._prefetched(),
-                pages_per_min=0.0 if final else self.rate.per_minute(),
-                interval=self.interval,
-                state=CLOSED if final else RUNNING,
-                finish_reason=reason,
+                worker=self.worker, spider=self.keys.spider, started=self.started, stats=stats,
+                inflight=0 if final else self._inflight(), prefetched=0 if final else self._prefetched(),
+                pages_per_min=0.0 if final else self.rate.per_minute(), interval=self.interval,
+                state=CLOSED if final else RUNNING, finish_reason=reason,
             )
             fields.update(self._frontier())
             ttl = self.closed_ttl if final else WORKER_TTL
@@ -279,7 +292,6 @@ class ClusterStats:
                 return int(result[0])
 
 
-# -- the worker registry -----------------------------------------------------------------------------------
 #: A worker unseen for this many of its heartbeat intervals is shown as lost.
 LOST_AFTER_INTERVALS = 3
 #: Seconds a worker's details stay in Redis after its last heartbeat.
@@ -400,8 +412,7 @@ def _finite(text: str, low: float, high: float) -> float | None:
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """A worker's heartbeat HASH (``{spider}:worker:<id>``) as parsed by :func:`parse_worker_hash`:
-    every field typed and in range, ``None`` where the hash held nothing usable."""
+    """A worker's heartbeat HASH, every field typed and in range, ``None`` where it held nothing usable."""
 
     host: str = ""
     pid: int | None = None
@@ -421,10 +432,9 @@ class WorkerInfo:
 
 
 def parse_worker_hash(raw: Any) -> WorkerInfo:
-    """The one parser of a worker's heartbeat HASH (an ``HGETALL`` reply). Raises :class:`RejectedEntry`
-    (reason ``not_a_hash``) only if ``raw`` is not a mapping; a garbage field becomes ``None``/empty and
-    is named in ``garbage``. Texts are cut to :data:`MAX_TEXT` characters (they are not made printable:
-    that is the printing side's job)."""
+    """The one parser of a worker's heartbeat HASH (an ``HGETALL`` reply); :class:`RejectedEntry` only if
+    ``raw`` is not a mapping. A garbage field becomes ``None``/empty and is named in ``garbage``; texts
+    are cut to :data:`MAX_TEXT` characters (not made printable: the printer's job)."""
     d = hash_fields(raw, "worker")
     garbage: list[str] = []
 

@@ -1,11 +1,10 @@
 """Crawl-wide error monitoring: a sliding window of errors over every worker, and an action when it
 passes a threshold (docs/monitoring.md, "Error monitor").
 
-Each worker counts download attempts, HTTP errors (``ERRORMONITOR_HTTP_ERRORS``, before any retry),
-download errors and spider errors from Scrapy's signals; every ``CLUSTERSTATS_INTERVAL`` one ``errors.lua``
-call adds them to per-bucket counters and answers the window's totals. Past ``ERRORMONITOR_MAX_ERRORS`` or
-``ERRORMONITOR_MAX_ERROR_RATE``, exactly one worker takes ``ERRORMONITOR_ACTION`` (``log``, ``pause`` or
-``close``), at most once per window.
+Each worker counts attempts and errors from Scrapy's signals; every ``CLUSTERSTATS_INTERVAL`` one
+``errors.lua`` call adds them to per-bucket counters and answers the window's totals. Past
+``ERRORMONITOR_MAX_ERRORS`` or ``ERRORMONITOR_MAX_ERROR_RATE``, exactly one worker takes
+``ERRORMONITOR_ACTION`` (``log``, ``pause`` or ``close``), at most once per window.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 
 from scrapy_dist.exceptions import ReleasedAtClose, ScrapyDistError
-from scrapy_dist.extensions.clusterstats import engine_of, scheduler_of, worker_id
-from scrapy_dist.extensions.periodic import PeriodicTask
+from scrapy_dist.extensions.clusterstats import PeriodicTask, engine_of, scheduler_of, worker_id
 from scrapy_dist.frontier.layout import ControlState, start_time
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
@@ -63,9 +61,8 @@ def http_error_matcher(spec: list[Any]) -> Any:
         elif text.isascii() and text.isdigit():
             codes.add(int(text))
         elif text:
-            raise ScrapyDistError(
-                f"ERRORMONITOR_HTTP_ERRORS: {item!r} is neither a status code nor like '5xx'"
-            )
+            raise ScrapyDistError(f"ERRORMONITOR_HTTP_ERRORS: {item!r} is neither a status code nor"
+                                  " like '5xx'")
     return lambda status: status in codes or status // 100 in classes
 
 
@@ -154,17 +151,10 @@ class ErrorMonitor:
     """
 
     def __init__(
-        self,
-        crawler: Crawler,
-        keys: CrawlKeys,
-        *,
-        interval: float = defaults.CLUSTERSTATS_INTERVAL,
-        window: float = defaults.ERRORMONITOR_WINDOW,
-        max_errors: int | None = None,
-        max_rate: float | None = None,
-        min_attempts: int = defaults.ERRORMONITOR_MIN_ATTEMPTS,
-        action: str = defaults.ERRORMONITOR_ACTION,
-        http_errors: list[Any] | None = None,
+        self, crawler: Crawler, keys: CrawlKeys, *, interval: float = defaults.CLUSTERSTATS_INTERVAL,
+        window: float = defaults.ERRORMONITOR_WINDOW, max_errors: int | None = None,
+        max_rate: float | None = None, min_attempts: int = defaults.ERRORMONITOR_MIN_ATTEMPTS,
+        action: str = defaults.ERRORMONITOR_ACTION, http_errors: list[Any] | None = None,
     ) -> None:
         if action not in ACTIONS:
             raise ScrapyDistError(f"ERRORMONITOR_ACTION must be one of {', '.join(ACTIONS)}, not {action!r}")
@@ -201,14 +191,8 @@ class ErrorMonitor:
         ds = DistSettings.for_crawler(crawler)
         m = ds.monitoring
         o = cls(
-            crawler,
-            crawler_keys(crawler),
-            interval=m.interval or 5.0,
-            window=m.window,
-            max_errors=m.max_errors,
-            max_rate=m.max_error_rate,
-            min_attempts=m.min_attempts,
-            action=m.action,
+            crawler, crawler_keys(crawler), interval=m.interval or 5.0, window=m.window,
+            max_errors=m.max_errors, max_rate=m.max_error_rate, min_attempts=m.min_attempts, action=m.action,
             http_errors=list(m.http_errors),
         )
         o.persist = ds.scheduler.persist
@@ -219,7 +203,6 @@ class ErrorMonitor:
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
 
-    # -- counting (reactor thread, no I/O) ----------------------------------------------------------
     def response_downloaded(self, response: Response, request: Request) -> None:
         self._answered.add(id(request))
         self.events.response(response.status, response.url, time.time())
@@ -239,7 +222,6 @@ class ErrorMonitor:
         url = getattr(response, "url", "") or getattr(getattr(failure, "request", None), "url", "")
         self.events.spider_error(type(failure.value).__name__, url, time.time())
 
-    # -- lifecycle ------------------------------------------------------------------------------------
     async def spider_opened(self, spider: Spider) -> None:
         if start_error(self.crawler) is not None:  # the crawl stops as it opens
             return
@@ -263,7 +245,6 @@ class ErrorMonitor:
                 logger.warning("Could not send the last error counts to %s: %s", self.keys.errors, exc)
             await self.redis.aclose()
 
-    # -- the crawl-wide window ---------------------------------------------------------------------
     async def flush(self, now: float | None = None) -> bool:
         """Send the counts since the last flush, get the window's totals back, act on them (one script
         call). Returns whether this call took the action."""
@@ -316,9 +297,8 @@ class ErrorMonitor:
         self._local_pause = paused
         if paused:
             engine.pause()
-            logger.warning(
-                "The crawl is paused crawl-wide; `scrapy-dist resume %s` resumes it", self.keys.spider
-            )
+            logger.warning("The crawl is paused crawl-wide; `scrapy-dist resume %s` resumes it",
+                           self.keys.spider)
         else:
             engine.unpause()
             logger.info("The crawl was resumed")

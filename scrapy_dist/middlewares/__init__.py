@@ -2,28 +2,18 @@
 HTTP errors (``retry``), imported on first use only, so a missing or broken module does not break the
 others; and here the two small guards the add-on installs.
 
-:class:`DenyNetworksMiddleware` refuses requests to ``SCHEDULER_DENY_NETWORKS``. Anyone who can push a seed
-or a queue entry chooses URLs the workers fetch from inside your network (cloud metadata at
-``169.254.169.254``, the Redis itself, an admin page on ``10.0.0.1``). The check that counts is made on the
-address each connection uses, in the DNS resolver (:mod:`scrapy_dist.egress`), which
-:func:`~scrapy_dist.egress.enforce` puts in place -- with this middleware or with the scheduler alone. The
-middleware adds what a resolver cannot do:
+:class:`DenyNetworksMiddleware` refuses requests to ``SCHEDULER_DENY_NETWORKS``: anyone who can push a seed
+or a queue entry chooses URLs the workers fetch from inside your network. The check that counts is made on
+the address each connection uses, in the DNS resolver (:func:`~scrapy_dist.egress.enforce`); the middleware
+adds what a resolver cannot do: a host or ``meta["proxy"]`` written as an IP address is refused before the
+download; every refused request is dead-lettered with reason ``denied_network``; a proxied request is also
+checked by its target host, resolved here (a best effort: a name that does not resolve is left to the
+proxy).
 
-* a host or ``meta["proxy"]`` written as an IP address (Twisted connects to it without asking the
-  resolver) is refused before the download;
-* a request the resolver refused (:class:`DeniedNetwork`, an ``IgnoreRequest``) is dead-lettered with
-  reason ``denied_network``, as are the requests refused here (also counted: ``deny_networks/refused``);
-* a request sent through a proxy is also checked by its target host, resolved here: the proxy resolves it
-  for the download, so this is a best effort (a name that does not resolve here is left to the proxy).
-
-A host that does not resolve fails as Scrapy reports it (``DNSLookupError``), not as a refusal.
-
-:class:`ConditionalRevisitMiddleware` (``REVISIT_CONDITIONAL = True``, docs/continuous.md): a revisit entry
-carries its page's validators (written at ack time by :class:`scrapy_dist.frontier.engine.Revisits`). A
-304 to a request that sent one is counted, keeps the revisit chain going, calls the spider's
+:class:`ConditionalRevisitMiddleware` (``REVISIT_CONDITIONAL = True``, docs/continuous.md): a 304 to a
+revisit that sent its page's validators is counted, keeps the revisit chain going, calls the spider's
 ``on_not_modified(response)`` if it has one, and ends the request with :class:`NotModified` (an
-``IgnoreRequest``: no callback, no error, an errback may check for it). Order 580, so the downloader's own
-middlewares never see the 304 as theirs.
+``IgnoreRequest``). Order 580, so the downloader's own middlewares never see the 304 as theirs.
 """
 
 from __future__ import annotations
@@ -71,15 +61,8 @@ _EXPORTS = {
 
 # keep in step with _EXPORTS
 __all__ = [
-    "AddedCredentialsMiddleware",
-    "ConditionalRevisitMiddleware",
-    "DeniedNetwork",
-    "DenyNetworksMiddleware",
-    "HttpErrorMiddleware",
-    "NotModified",
-    "RetryMiddleware",
-    "RetryScheduled",
-    "ScheduledHeadersMiddleware",
+    "AddedCredentialsMiddleware", "ConditionalRevisitMiddleware", "DeniedNetwork", "DenyNetworksMiddleware",
+    "HttpErrorMiddleware", "NotModified", "RetryMiddleware", "RetryScheduled", "ScheduledHeadersMiddleware",
     "SharedCookiesMiddleware",
 ]
 
@@ -104,10 +87,7 @@ class DenyNetworksMiddleware:
     request's target host is cached for ``ttl`` seconds (at most 10,000 hosts)."""
 
     def __init__(
-        self,
-        networks: list[Network],
-        crawler: Crawler | None = None,
-        ttl: float = 60.0,
+        self, networks: list[Network], crawler: Crawler | None = None, ttl: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not networks:

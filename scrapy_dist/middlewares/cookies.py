@@ -1,20 +1,27 @@
 """A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis (docs/items.md,
 "SharedCookiesMiddleware", has the trade-offs).
 
-:class:`SharedCookiesMiddleware` replaces ``scrapy.downloadermiddlewares.cookies.CookiesMiddleware`` and
-keeps every cookiejar in Redis, one HASH per jar (:meth:`CrawlKeys.cookie_jar`), one field per cookie.
-Reads are cached and incremental (a versioned change log per jar, at most :data:`READ_LIMIT` changes per
-refresh), writes batched; a response that changed cookies reaches the spider only once its changes are in
-Redis. Records are JSON, checked field by field when read; invalid ones are skipped and counted.
+:class:`SharedCookiesMiddleware` keeps every cookiejar in Redis, one HASH per jar
+(:meth:`CrawlKeys.cookie_jar`), one field per cookie holding its JSON record. Reads are cached and
+incremental (a versioned change log per jar, at most :data:`READ_LIMIT` changes per refresh), writes
+batched; a response that changed cookies reaches the spider only once its changes are in Redis. Records
+read back are untrusted: checked field by field, invalid ones skipped and counted. With the crawl's secret
+(``SCHEDULER_ENTRY_SECRET``) a record is sealed as queue entries are (:class:`RecordSeal`), so one written
+without the secret, or copied to another jar, cookie or crawl, does not verify.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import inspect
+import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from http.cookiejar import Cookie
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -24,17 +31,6 @@ from scrapy.http.cookies import CookieJar
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
-from scrapy_dist.middlewares.cookie_records import (
-    CookieIdent,
-    RecordSeal,
-    apply_record,
-    cookie_field,
-    cookie_from_record,
-    cookie_record,
-    jar_name,
-    snapshot,
-    write_calls,
-)
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.connection import ClientPool, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
@@ -50,16 +46,15 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from scrapy.statscollectors import StatsCollector
-
-    # typing.Self requires Python 3.11
     from typing_extensions import Self
 
     from scrapy_dist.redis.keys import CrawlKeys
 
 __all__ = [
     "READ_LIMIT",
+    "RecordSeal",
     "SharedCookiesMiddleware",
-    # from scrapy_dist.middlewares.cookie_records, imported from here by the tests and users
+    "cookie_field",
     "cookie_from_record",
     "cookie_record",
     "jar_name",
@@ -75,6 +70,161 @@ _WRITE_BATCH = 1000
 READ_LIMIT = 1000
 
 
+_BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure")
+_OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
+
+CookieIdent = tuple[str, str, str]
+
+
+def jar_name(cookiejar: Any) -> str:
+    """Name of the shared jar for a ``meta["cookiejar"]`` value: ``None`` -> ``"default"``, text as is,
+    anything else by ``repr`` (so ``1`` and ``"1"`` share a jar: ids are compared as text)."""
+    if cookiejar is None:
+        return "default"
+    return cookiejar if isinstance(cookiejar, str) else repr(cookiejar)
+
+
+def cookie_field(ident: CookieIdent) -> str:
+    """The HASH field of a cookie: JSON ``[domain, path, name]``."""
+    return json.dumps(list(ident), separators=(",", ":"))
+
+
+#: A cookie's attributes in the order its record lists them (``rest`` comes before the last one).
+_RECORD_FIELDS = (
+    "version", "name", "value", "port", "port_specified", "domain", "domain_specified", "domain_initial_dot",
+    "path", "path_specified", "secure", "expires", "discard", "comment", "comment_url",
+)
+
+
+def cookie_record(cookie: Cookie) -> dict[str, Any]:
+    """Everything needed to rebuild ``cookie`` on another worker, as a JSON-able dict."""
+    record = {name: getattr(cookie, name) for name in _RECORD_FIELDS}
+    record["rest"] = dict(cookie._rest)  # type: ignore[attr-defined]  # the only way to read all of them
+    record["rfc2109"] = cookie.rfc2109
+    return record
+
+
+def cookie_from_record(data: bytes | str) -> Cookie:
+    """Rebuild a cookie from its stored JSON record; ``ValueError`` says what is wrong (untrusted input)."""
+    try:
+        rec = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(rec, dict):
+        raise ValueError("not a JSON object")
+    for name in ("name", "domain", "path"):
+        if not isinstance(rec.get(name), str):
+            raise ValueError(f"{name!r} must be a string")
+    if not rec["name"]:
+        raise ValueError("empty cookie name")
+    for name in _OPTIONAL_STR_FIELDS:
+        if not isinstance(rec.get(name), (str, type(None))):
+            raise ValueError(f"{name!r} must be a string or null")
+    for name in (*_BOOL_FIELDS, "discard", "rfc2109"):
+        if not isinstance(rec.get(name, False), bool):
+            raise ValueError(f"{name!r} must be a boolean")
+    version = rec.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError("'version' must be a non-negative integer")
+    expires = rec.get("expires")
+    if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int)):
+        raise ValueError("'expires' must be an integer or null")
+    rest = rec.get("rest") or {}
+    if not isinstance(rest, dict) or not all(
+        isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in rest.items()
+    ):
+        raise ValueError("'rest' must map strings to strings or null")
+    return Cookie(
+        version=version, name=rec["name"], value=rec.get("value"), port=rec.get("port"),
+        port_specified=rec.get("port_specified", False), domain=rec["domain"],
+        domain_specified=rec.get("domain_specified", False),
+        domain_initial_dot=rec.get("domain_initial_dot", False), path=rec["path"],
+        path_specified=rec.get("path_specified", False), secure=rec.get("secure", False), expires=expires,
+        discard=rec.get("discard", False), comment=rec.get("comment"), comment_url=rec.get("comment_url"),
+        rest=rest, rfc2109=rec.get("rfc2109", False),
+    )
+
+
+@dataclass(frozen=True)
+class RecordSeal:
+    """Which records of a jar a worker believes: with a ``secret``, those whose tag verifies -- and, if
+    ``unsigned_ok`` (the crawl lets untrusted entries set cookies: ``SEEDS_HEADERS_ALLOWED`` names
+    ``Cookie``), also those without a tag; without a secret, every record, as every queue entry."""
+
+    secret: bytes | None = None
+    unsigned_ok: bool = True
+
+    def _tag(self, jar_key: str, field: str, body: str) -> str:
+        assert self.secret is not None
+        key = self.secret if len(self.secret) <= 64 else hashlib.blake2b(self.secret).digest()
+        message = b"\0".join((b"cookie", jar_key.encode(), field.encode(), body.encode()))
+        return hashlib.blake2b(message, key=key, digest_size=16).hexdigest()
+
+    def seal(self, jar_key: str, field: str, record: dict[str, Any]) -> str:
+        """The JSON text of ``record`` to write at ``field`` of ``jar_key``, tagged if there is a secret."""
+        body = json.dumps(record, separators=(",", ":"))
+        if self.secret is None:
+            return body
+        return json.dumps({**record, "tag": self._tag(jar_key, field, body)}, separators=(",", ":"))
+
+    def open(self, jar_key: str, field: str, data: bytes | str) -> Cookie:
+        """The cookie of a record read from Redis; ``ValueError`` if it is invalid or not to be believed."""
+        cookie = cookie_from_record(data)
+        if self.secret is None:
+            return cookie
+        rec = json.loads(data)
+        tag = rec.pop("tag", None)
+        if tag is None:
+            if self.unsigned_ok:
+                return cookie
+            raise ValueError(
+                "no tag: a record the crawl's workers did not write (with SCHEDULER_ENTRY_SECRET set,"
+                " cookies may come from elsewhere only if SEEDS_HEADERS_ALLOWED names Cookie)"
+            )
+        body = json.dumps(rec, separators=(",", ":"))
+        if not isinstance(tag, str) or not hmac.compare_digest(tag, self._tag(jar_key, field, body)):
+            raise ValueError("its tag does not verify with the crawl's secret (SCHEDULER_ENTRY_SECRET)")
+        return cookie
+
+
+def snapshot(jar: CookieJar) -> dict[CookieIdent, dict[str, Any]]:
+    """Every cookie of ``jar`` as its record, by (domain, path, name)."""
+    return {(c.domain, c.path, c.name): cookie_record(c) for c in jar}
+
+
+def apply_record(jar: CookieJar, field: str, record: str | None) -> None:
+    """Apply one change read from (or about to go to) Redis to ``jar``: set the cookie of ``record``, or
+    with ``None`` delete the cookie of HASH ``field``."""
+    if record is None:
+        try:
+            domain, path, cookie_name = json.loads(field)
+            jar.clear(domain, path, cookie_name)
+        except (ValueError, TypeError, KeyError):  # already gone, or not a field we write
+            pass
+    else:
+        jar.set_cookie(cookie_from_record(record))
+
+
+def write_calls(
+    keys: CrawlKeys, ops: list[tuple[str, str, str | None]], now: str
+) -> tuple[list[tuple[list[str], list[str]]], int]:
+    """The ``cookies_write`` script calls (KEYS, ARGV) for ``ops`` (jar name, HASH field, record or
+    ``None`` to delete): one per jar, the last change of a cookie winning; and how many cookies they write.
+    """
+    by_jar: dict[str, dict[str, str | None]] = {}
+    for name, field, record in ops:
+        by_jar.setdefault(name, {})[field] = record
+    calls: list[tuple[list[str], list[str]]] = []
+    for name, fields in by_jar.items():
+        sets = [(f, r) for f, r in fields.items() if r is not None]
+        args: list[str] = [name, now, str(len(sets))]
+        for f, r in sets:
+            args += [f, r]
+        args += [f for f, r in fields.items() if r is None]
+        calls.append(([keys.cookie_jar(name), keys.cookie_changes(name), keys.cookies], args))
+    return calls, sum(len(f) for f in by_jar.values())
+
+
 class _SharedJar:
     """This worker's copy of one shared jar, when it was last read and up to which version."""
 
@@ -88,39 +238,27 @@ class _SharedJar:
         self.version = 0.0
 
 
-# -- the middleware ------------------------------------------------------------------------------
 class SharedCookiesMiddleware(CookiesMiddleware):
-    """Drop-in for Scrapy's ``CookiesMiddleware`` (same priority, 700, in its place: docs/items.md) whose
-    cookiejars are shared by all workers via Redis.
+    """Drop-in for Scrapy's ``CookiesMiddleware`` (in its place, 700) whose jars all workers share.
 
-    Redis cost: one ``cookies_read`` script call per jar and worker every ``cache_seconds`` (concurrent
-    readers share it), returning only the changes since the last one (at most ``read_limit``); one
-    ``cookies_write`` script call per ``flush_interval`` and jar while cookies change
-    (:class:`~scrapy_dist.redis.outage.BatchWriter`). A response that changed cookies is held
-    until its changes are written. Redis errors (:mod:`scrapy_dist.redis.outage`): reads fall back to the
-    local copy, writes are retried with capped backoff; an outage is one warning per worker.
+    Redis cost: one ``cookies_read`` call per jar and worker every ``cache_seconds`` (the changes since the
+    last one, at most ``read_limit``); one ``cookies_write`` call per ``flush_interval`` and jar while
+    cookies change. On Redis errors reads fall back to the local copy and writes are retried with capped
+    backoff.
 
     Stats: ``cookies/shared/loads``, ``cookies/shared/written``, ``cookies/shared/rejected``,
     ``cookies/shared/redis_errors``.
     """
 
     def __init__(
-        self,
-        server: redis.asyncio.Redis,
-        keys: CrawlKeys,
-        *,
-        debug: bool = False,
+        self, server: redis.asyncio.Redis, keys: CrawlKeys, *, debug: bool = False,
         cache_seconds: float = defaults.REDIS_COOKIES_CACHE_SECONDS,
-        flush_interval: float = defaults.REDIS_COOKIES_FLUSH_INTERVAL,
-        stats: StatsCollector | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
-        wallclock: Callable[[], float] = time.time,
-        outage: Outage | None = None,
-        read_limit: int = READ_LIMIT,
-        seal: RecordSeal | None = None,
+        flush_interval: float = defaults.REDIS_COOKIES_FLUSH_INTERVAL, stats: StatsCollector | None = None,
+        monotonic: Callable[[], float] = time.monotonic, wallclock: Callable[[], float] = time.time,
+        outage: Outage | None = None, read_limit: int = READ_LIMIT, seal: RecordSeal | None = None,
     ) -> None:
         super().__init__(debug)
-        #: which records of the jar are believed (the crawl's secret; see cookie_records)
+        #: which records of the jar are believed (the crawl's secret)
         self.seal = seal or RecordSeal()
         self.server = server
         self.keys = keys
@@ -160,25 +298,17 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         if any(load_object(path) is CookiesMiddleware for path in enabled):
             logger.warning(
                 "SharedCookiesMiddleware is enabled together with %s: the two overwrite each other's Cookie"
-                " headers. Disable Scrapy's: DOWNLOADER_MIDDLEWARES = {%r: None, ...}",
-                scrapy_mw,
-                scrapy_mw,
+                " headers. Disable Scrapy's: DOWNLOADER_MIDDLEWARES = {%r: None, ...}", scrapy_mw, scrapy_mw,
             )
         o = cls(
-            ClientPool.of(crawler).async_client(),
-            crawler_keys(crawler),
-            debug=ds.cookies.debug,
-            cache_seconds=ds.cookies.cache_seconds,
-            flush_interval=ds.cookies.flush_interval,
-            stats=crawler.stats,
-            outage=Outage.for_crawler(crawler),
-            seal=_seal(crawler),
+            ClientPool.of(crawler).async_client(), crawler_keys(crawler), debug=ds.cookies.debug,
+            cache_seconds=ds.cookies.cache_seconds, flush_interval=ds.cookies.flush_interval,
+            stats=crawler.stats, outage=Outage.for_crawler(crawler), seal=_seal(crawler),
         )
         o.crawler = crawler
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
 
-    # -- Scrapy hooks ---------------------------------------------------------------------------
     async def process_request(self, request: Request) -> None:  # type: ignore[override]
         """Add the shared jar's cookies to ``request`` (reading the jar from Redis if the copy is stale)."""
         if request.meta.get("dont_merge_cookies", False):
@@ -221,7 +351,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         await self.writer.close()
         await self.server.aclose()
 
-    # -- reading --------------------------------------------------------------------------------
     def _state(self, cookiejar: Any) -> tuple[str, _SharedJar]:
         name = jar_name(cookiejar)
         state = self._shared.get(name)
@@ -293,7 +422,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         finally:
             state.loading = None
 
-    # -- writing --------------------------------------------------------------------------------
     def _record_changes(
         self, name: str, before: dict[CookieIdent, dict[str, Any]], jar: CookieJar
     ) -> asyncio.Future[None] | None:
@@ -334,7 +462,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                 await pipe.execute()
         self._inc("cookies/shared/written", written)
 
-    # -- helpers --------------------------------------------------------------------------------
     def _inc(self, name: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(name, count)
@@ -346,7 +473,6 @@ def _seal(crawler: Crawler) -> RecordSeal:
 
     policy = entry_policy(crawler)
     return RecordSeal(policy.secret, "cookie" in {h.lower() for h in policy.headers_allowed})
-
 
 
 def _number(value: Any) -> float:

@@ -3,17 +3,12 @@ that finally failed is kept in the crawl's dead-letter list (docs/retries.md).
 
 :class:`RetryMiddleware` (a drop-in for Scrapy's, at 550) puts the retry copy in ``{spider}:delayed`` with
 a not-before time (backoff with jitter, or ``Retry-After``) and ends the failed attempt with
-:class:`RetryScheduled`, an ``IgnoreRequest`` so Scrapy neither logs nor counts it; the attempt's errback
-is removed first, so an errback only sees a request's final failure. The scheduler writes the retry in
-the same batch as (or a batch before) the failed request's ack, so a killed worker loses neither. Which
-failures become dead letters, and where each is caught: docs/retries.md, "Dead letters"; a request is
-dead-lettered at most once per attempt. Without the scrapy-dist scheduler it retries like Scrapy's and
-writes no dead letters (it says so once).
+:class:`RetryScheduled`; the attempt's errback is removed first, so an errback only sees a request's final
+failure. A request is dead-lettered at most once per attempt. Without the scrapy-dist scheduler it retries
+like Scrapy's and writes no dead letters (it says so once).
 
-:class:`HttpErrorMiddleware` is Scrapy's (at 50) that can also dead-letter the responses it ignores: with
-``HTTPERROR_DEAD_LETTER = True`` every response filtered out for its status goes to the dead-letter list,
-so an audit lists every URL that never got a usable response, 404s and 403s included; a response whose
-retries ran out was dead-lettered by :class:`RetryMiddleware` already and is not recorded twice.
+:class:`HttpErrorMiddleware` is Scrapy's (at 50), which with ``HTTPERROR_DEAD_LETTER = True`` also
+dead-letters every response it filters out for its status.
 """
 
 from __future__ import annotations
@@ -48,8 +43,6 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
     from twisted.python.failure import Failure
-
-    # typing.Self requires Python 3.11
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
@@ -80,12 +73,7 @@ class DeadLetterWriter:
         self._no_frontier_log = RateLimitedLog.once(logger)
 
     def write(
-        self,
-        request: Request,
-        reason: str,
-        *,
-        status: int | None = None,
-        detail: str = "",
+        self, request: Request, reason: str, *, status: int | None = None, detail: str = "",
         attempts: int | None = None,
     ) -> bool:
         """Dead-letter ``request``; ``False`` if it already was, or if there is no frontier to keep it."""
@@ -101,14 +89,8 @@ class DeadLetterWriter:
             )
             return False
         record = dead_letter_record(
-            request,
-            reason=reason,
-            worker=scheduler.worker_id,
-            spider=self.crawler.spider,
-            status=status,
-            detail=detail,
-            attempts=attempts,
-            policy=scheduler.dead_policy,
+            request, reason=reason, worker=scheduler.worker_id, spider=self.crawler.spider, status=status,
+            detail=detail, attempts=attempts, policy=scheduler.dead_policy,
         )
         scheduler.dead_letter(record, request)
         _dead_lettered.add(request)
@@ -137,18 +119,13 @@ class RetryMiddleware:
     dead_letters: DeadLetterWriter
 
     def __init__(
-        self,
-        *,
-        max_retry_times: int = 2,
+        self, *, max_retry_times: int = 2,
         retry_http_codes: Iterable[int] = (500, 502, 503, 504, 522, 524, 408, 429),
-        exceptions_to_retry: tuple[type[BaseException], ...] = (),
-        priority_adjust: int = -1,
-        give_up_log_level: int | str = "ERROR",
-        backoff_base: float = defaults.RETRY_BACKOFF_BASE,
+        exceptions_to_retry: tuple[type[BaseException], ...] = (), priority_adjust: int = -1,
+        give_up_log_level: int | str = "ERROR", backoff_base: float = defaults.RETRY_BACKOFF_BASE,
         backoff_max: float = defaults.RETRY_BACKOFF_MAX,
         deadletter_ignored: bool = defaults.DEADLETTER_IGNORED,
-        clock: Callable[[], float] = time.time,
-        rng: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.time, rng: Callable[[], float] = random.random,
     ) -> None:
         self.max_retry_times = max_retry_times
         self.retry_http_codes = {int(c) for c in retry_http_codes}
@@ -174,8 +151,7 @@ class RetryMiddleware:
             exceptions_to_retry=tuple(_load_objects(s.getlist("RETRY_EXCEPTIONS"))),
             priority_adjust=s.getint("RETRY_PRIORITY_ADJUST"),
             give_up_log_level=s["RETRY_GIVE_UP_LOG_LEVEL"],
-            backoff_base=ds.retries.backoff_base,
-            backoff_max=ds.retries.backoff_max,
+            backoff_base=ds.retries.backoff_base, backoff_max=ds.retries.backoff_max,
             deadletter_ignored=ds.retries.deadletter_ignored,
         )
         o.crawler = crawler
@@ -183,16 +159,12 @@ class RetryMiddleware:
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
         return o
 
-    # -- downloader middleware hooks ------------------------------------------------------------------
     def process_response(self, request: Request, response: Response) -> Request | Response:
         if request.meta.get("dont_retry", False) or response.status not in self.retry_http_codes:
             return response
         retry = self._retry(
-            request,
-            response_status_message(response.status),
-            dead_reason=str(response.status),
-            status=response.status,
-            retry_after=response.headers.get(b"Retry-After"),
+            request, response_status_message(response.status), dead_reason=str(response.status),
+            status=response.status, retry_after=response.headers.get(b"Retry-After"),
         )
         return retry or response
 
@@ -203,14 +175,12 @@ class RetryMiddleware:
                 self.dead_letters.write(request, exception_reason(exception), detail=str(exception))
             return None
         if isinstance(exception, self.exceptions_to_retry) and not request.meta.get("dont_retry", False):
-            return self._retry(
-                request, exception, dead_reason=exception_reason(exception), detail=str(exception)
-            )
+            reason = exception_reason(exception)
+            return self._retry(request, exception, dead_reason=reason, detail=str(exception))
         # a failure that is not retried is final
         self.dead_letters.write(request, exception_reason(exception), detail=str(exception))
         return None
 
-    # -- signal handlers ------------------------------------------------------------------------------
     def spider_error(self, failure: Failure, response: Response | Failure, spider: Any = None) -> None:
         """A callback or errback raised: the request failed for good (nothing retries those)."""
         if isinstance(response, Response):
@@ -219,28 +189,18 @@ class RetryMiddleware:
             request, status = getattr(response, "request", None), None
         if request is None:
             return
-        self.dead_letters.write(
-            request, exception_reason(failure.value), status=status, detail=str(failure.value)
-        )
+        exc = failure.value
+        self.dead_letters.write(request, exception_reason(exc), status=status, detail=str(exc))
 
-    # -- internals ------------------------------------------------------------------------------------
     def _retry(
-        self,
-        request: Request,
-        reason: str | Exception,
-        *,
-        dead_reason: str,
-        status: int | None = None,
-        retry_after: bytes | None = None,
-        detail: str = "",
+        self, request: Request, reason: str | Exception, *, dead_reason: str, status: int | None = None,
+        retry_after: bytes | None = None, detail: str = "",
     ) -> Request | None:
         """The retry to return for an immediate retry, ``None`` when retries are exhausted (the request is
         then dead-lettered); raises :class:`RetryScheduled` once a delayed retry is queued."""
         assert self.crawler.spider is not None
         new = get_retry_request(
-            request,
-            reason=reason,
-            spider=self.crawler.spider,
+            request, reason=reason, spider=self.crawler.spider,
             max_retry_times=request.meta.get("max_retry_times", self.max_retry_times),
             priority_adjust=request.meta.get("priority_adjust", self.priority_adjust),
             give_up_log_level=request.meta.get("give_up_log_level", self.give_up_log_level),
@@ -252,15 +212,8 @@ class RetryMiddleware:
         if scheduler is None:
             return new  # Scrapy's behaviour: retried at once, in this process
         now = self.clock()
-        delay = retry_delay(
-            new.meta["retry_times"],
-            self.backoff_base,
-            self.backoff_max,
-            status=status,
-            retry_after=retry_after,
-            now=now,
-            rng=self.rng,
-        )
+        delay = retry_delay(new.meta["retry_times"], self.backoff_base, self.backoff_max, status=status,
+                            retry_after=retry_after, now=now, rng=self.rng)
         # persisted as scheduled: no Authorization/Cookie a downloader middleware added goes to Redis
         persisted = as_scheduled(new, request)
         if not scheduler.delay_request(persisted, not_before=now + delay, reason=dead_reason):
@@ -274,7 +227,6 @@ class RetryMiddleware:
         # this attempt ends here; only the retry copy (which keeps the errback) may see a final failure
         request.errback = None
         raise RetryScheduled(f"retry in {delay:.2f}s")
-
 
 
 class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
@@ -305,10 +257,6 @@ class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
         result = super().process_spider_exception(response, exception)
         request = response.request
         if isinstance(exception, HttpError) and self.dead_letters is not None and request is not None:
-            self.dead_letters.write(
-                request,
-                str(response.status),
-                status=response.status,
-                detail=response_status_message(response.status),
-            )
+            self.dead_letters.write(request, str(response.status), status=response.status,
+                                    detail=response_status_message(response.status))
         return result

@@ -2,7 +2,7 @@
 docs/monitoring.md, "Live dashboard").
 
 Two JSON endpoints, cached so any number of open pages cost one read: ``GET /api/status`` (the snapshot
-``scrapy-dist status`` reads, :func:`scrapy_dist.monitor.status.read_status`, plus the newest dead letters)
+``scrapy-dist status`` reads, :func:`scrapy_dist.monitor.read_status`, plus the newest dead letters)
 and ``GET /api/history`` (the last hour of ``{spider}:history`` in :data:`BUCKET_SECONDS` buckets). The
 POSTs that act on the crawl need the token in an ``X-Dashboard-Token`` header (no CSRF without a CORS
 preflight, which is never answered) and the dashboard's own ``Origin``; listening beyond loopback needs a
@@ -28,8 +28,7 @@ from aiohttp import web
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.frontier.layout import pause_crawl, resume_crawl
 from scrapy_dist.frontier.orders import parse_record
-from scrapy_dist.monitor import REASON_LIMIT, bounded_id, top_counts
-from scrapy_dist.monitor.status import read_status
+from scrapy_dist.monitor import REASON_LIMIT, bounded_id, read_status, top_counts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage, describe
 
@@ -142,10 +141,9 @@ def host_name(header: str) -> str:
 
 
 def allowed_host(name: str, bound: str, extra: frozenset[str]) -> bool:
-    """Whether the dashboard bound to ``bound`` answers a request whose ``Host`` names ``name`` (see
-    :func:`host_name`): loopback names, the bound address, ``extra``; bound to every interface (``0.0.0.0``,
-    ``::``), also any IP address and this machine's names -- a DNS name of someone else's never (a page of
-    theirs that rebinds it to this address must not read the dashboard)."""
+    """Whether the dashboard bound to ``bound`` answers a request whose ``Host`` names ``name``: loopback
+    names, the bound address, ``extra``; bound to every interface, also any IP address and this machine's
+    names -- never someone else's DNS name (a page of theirs rebinding it here must not read this)."""
     if not name:
         return False
     if name in LOOPBACK_NAMES or name == host_name(bound) or name in extra:
@@ -198,7 +196,6 @@ class Dashboard:
         app.router.add_post("/api/{action:pause|resume|requeue}", self.act)
         return app
 
-    # -- reading -------------------------------------------------------------------------------------------
     async def _cached(self, name: str, read: Callable[[], Any], seconds: float) -> Any:
         async with self._lock:
             hit = self._cache.get(name)
@@ -245,7 +242,6 @@ class Dashboard:
         seconds = max(self.cache_seconds, BUCKET_SECONDS / 2)
         return await self._reply("history", self._read_history, seconds)
 
-    # -- the page ------------------------------------------------------------------------------------------
     async def page(self, request: web.Request) -> web.Response:
         html = STATIC.joinpath("index.html").read_text()
         html = html.replace("{{SPIDER}}", self.keys.spider.replace("<", "&lt;").replace("&", "&amp;"))
@@ -261,7 +257,6 @@ class Dashboard:
         body = STATIC.joinpath(name).read_bytes()
         return web.Response(body=body, content_type="application/javascript")
 
-    # -- actions -------------------------------------------------------------------------------------------
     def _allowed(self, request: web.Request) -> bool:
         given = request.headers.get(TOKEN_HEADER, "")
         if not self.token or not hmac.compare_digest(given.encode(), self.token.encode()):

@@ -1,11 +1,11 @@
 """Prometheus metrics of running crawls, from the same snapshot ``scrapy-dist status`` reads (every metric:
 docs/monitoring.md, "Prometheus").
 
-:class:`CrawlCollector` reads each crawl's snapshot (:func:`scrapy_dist.monitor.status.read_status`) plus
+:class:`CrawlCollector` reads each crawl's snapshot (:func:`scrapy_dist.monitor.read_status`) plus
 the newest :data:`DEAD_LETTER_SAMPLE` dead letters on a scrape, cached for ``cache_seconds`` so several
 scrapers cost one read; :func:`serve` serves it. Names follow Prometheus's conventions (``scrapy_dist_``
 prefix, base units, ``_total`` counters), and label cardinality is bounded: workers by
-:data:`~scrapy_dist.monitor.status.WORKER_LIMIT`, domains by ``top_domains``, reasons by
+:data:`~scrapy_dist.monitor.WORKER_LIMIT`, domains by ``top_domains``, reasons by
 :data:`REASON_LIMIT` (the rest summed as ``other``).
 """
 
@@ -23,8 +23,7 @@ from prometheus_client.registry import Collector
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.orders import parse_record
-from scrapy_dist.monitor import REASON_LIMIT, finite, top_counts
-from scrapy_dist.monitor.status import read_status
+from scrapy_dist.monitor import REASON_LIMIT, finite, read_status, top_counts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage
 from scrapy_dist.utils import RateLimitedLog
@@ -35,8 +34,7 @@ __all__ = ["DEAD_LETTER_SAMPLE", "REASON_LIMIT", "CrawlCollector", "serve"]
 DEAD_LETTER_SAMPLE = 500
 #: Crawl-wide Scrapy stats exported as counters: stat name -> metric name.
 STAT_COUNTERS = {
-    "response_received_count": "scrapy_dist_pages_total",
-    "item_scraped_count": "scrapy_dist_items_total",
+    "response_received_count": "scrapy_dist_pages_total", "item_scraped_count": "scrapy_dist_items_total",
     "item_dropped_count": "scrapy_dist_items_dropped_total",
     "scheduler/enqueued": "scrapy_dist_requests_enqueued_total",
     "downloader/response_bytes": "scrapy_dist_downloaded_bytes_total",
@@ -44,8 +42,7 @@ STAT_COUNTERS = {
 }
 #: Prefixes of the Scrapy stats counted as errors, and the reason label they give.
 ERROR_STATS = {
-    "downloader/exception_type_count/": "download:",
-    "spider_exceptions/": "spider:",
+    "downloader/exception_type_count/": "download:", "spider_exceptions/": "spider:",
     "downloader/response_status_count/": "http:",
 }
 
@@ -53,19 +50,12 @@ ERROR_STATS = {
 logger = logging.getLogger(__name__)
 
 
-
 class CrawlCollector(Collector):
     """Metrics of the crawls of ``spiders`` (``keys_of(spider)`` gives a crawl's keys) in one Redis."""
 
     def __init__(
-        self,
-        client: Any,
-        spiders: Iterable[str],
-        keys_of: Callable[[str], CrawlKeys] = CrawlKeys,
-        *,
-        cache_seconds: float = 5.0,
-        top_domains: int = 10,
-        clock: Callable[[], float] = time.monotonic,
+        self, client: Any, spiders: Iterable[str], keys_of: Callable[[str], CrawlKeys] = CrawlKeys, *,
+        cache_seconds: float = 5.0, top_domains: int = 10, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.spiders = list(spiders)
@@ -82,7 +72,6 @@ class CrawlCollector(Collector):
         #: an unforeseen error building a crawl's metrics: logged once per crawl, then only counted
         self.errors = RateLimitedLog.once(logger)
 
-    # -- reading ---------------------------------------------------------------------------------------
     def snapshots(self) -> list[tuple[str, dict[str, Any] | None, Counter[str]]]:
         """``(spider, status or None if Redis failed, dead letters by reason)`` per crawl, cached."""
         with self._lock:
@@ -115,7 +104,6 @@ class CrawlCollector(Collector):
                 reasons["unreadable"] += 1
         return spider, status, reasons
 
-    # -- the families ------------------------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Any] = {}
         for spider, s, dead_reasons in self.snapshots():

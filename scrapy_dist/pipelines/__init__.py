@@ -1,15 +1,6 @@
-"""Items out of the cluster: a Redis item pipeline, LIST (scrapy-redis compatible) or STREAM.
-
-Every worker appends its items to one Redis key (``REDIS_ITEMS_KEY``, default ``"%(spider)s:items"``) where
-downstream consumers pick them up. With the scrapy-dist scheduler (and ``REDIS_ITEMS_EXACTLY_ONCE``, the
-default), a page's items ride the ``sync`` call that acknowledges the page and are appended only if that
-ack is accepted (:mod:`scrapy_dist.frontier.engine`): exactly once per acknowledged fetch, whatever happens
-to the workers. Otherwise items are buffered and written in batches of their own, and an item is reported
-scraped only once its batch is in Redis: at least once (a page crawled again writes its items again).
-
-``ITEM_PIPELINES = {"scrapy_dist.pipelines.RedisPipeline": 300}``.
-May import: ``settings``, ``redis``, ``wire``, ``frontier``, ``utils`` and the root's exceptions.
-"""
+"""Items out of the cluster: ``RedisPipeline`` appends them to a Redis LIST (scrapy-redis compatible) or
+STREAM at ``REDIS_ITEMS_KEY``; with the scrapy-dist scheduler a page's items ride its ack (exactly once),
+otherwise they are written in batches of their own (at least once)."""
 
 from __future__ import annotations
 
@@ -40,8 +31,6 @@ if TYPE_CHECKING:
     import redis.asyncio
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
-
-    # typing.Self requires Python 3.11
     from typing_extensions import Self
 
 __all__ = ["RedisPipeline"]
@@ -51,15 +40,9 @@ logger = logging.getLogger(__name__)
 #: Field of each stream entry that holds the JSON item (``XADD <key> * item <json>``).
 STREAM_FIELD = "item"
 
-# A flush writes at most this many batches in one round trip, so a backlog built up during a Redis
-# outage drains in bounded transactions instead of one huge one.
-_MAX_BATCHES_PER_FLUSH = 16
-# Backoff between attempts to write a batch while Redis fails (seconds); capped so recovery is noticed fast.
-_RETRY_FIRST = 0.1
-_RETRY_MAX = 5.0
-# Items encoded by process_item kept for their item_scraped signal; past this, the oldest are re-encoded then.
-_MAX_PENDING = 10_000
-# What an encoder raises on a value it cannot represent.
+_MAX_BATCHES_PER_FLUSH = 16  # so a backlog built up during an outage drains in bounded transactions
+_RETRY_FIRST, _RETRY_MAX = 0.1, 5.0  # backoff while Redis fails (seconds)
+_MAX_PENDING = 10_000  # items encoded by process_item kept for their item_scraped signal
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeError)
 
 _default_encoder = ScrapyJSONEncoder()
@@ -81,12 +64,8 @@ def default_serialize(item: Any) -> str:
 
 
 def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = "") -> tuple[str, Exception]:
-    """Return ``(path, error)`` for the innermost part of ``value`` that ``serialize`` rejects.
-
-    ``path`` is dotted for mapping keys and fields (``price.amount``) and indexed for sequences
-    (``tags[2]``); ``""`` means ``value`` itself. Called only after ``serialize(value)`` failed, so its
-    cost (one encode per field, recursively along the failing branch) is paid for broken items only.
-    """
+    """``(path, error)`` for the innermost part of ``value`` that ``serialize`` rejects: ``price.amount``,
+    ``tags[2]``, or ``""`` for ``value`` itself. Called only once ``serialize(value)`` failed."""
     try:
         serialize(value)
     except _ENCODE_ERRORS as exc:
@@ -112,66 +91,34 @@ def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = ""
 
 
 class RedisPipeline:
-    """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``).
-
-    With the scrapy-dist scheduler (:attr:`outbox` set at open), ``process_item`` encodes the item and the
-    ``item_scraped`` signal stages it under its response's request; it rides that request's ack and is
-    appended only if the ack is accepted (exactly once). Otherwise ``process_item`` returns once the item
-    is in Redis, written in batches: a batch is written when it holds ``batch_size``
-    items or ``flush_interval`` seconds after its first item, whichever comes first (taking along what
-    else is buffered by then, up to 16 batches); the rest is written on close. A write is one round trip:
-    one ``RPUSH`` with all its items, or one call of the ``items_xadd`` script running their ``XADD``
-    commands inside Redis -- never one per item (:class:`~scrapy_dist.redis.outage.BatchWriter`).
-    Redis errors are retried with capped backoff, forever (:mod:`scrapy_dist.redis.outage`: an outage is one
-    warning per worker): nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
-
-    An item the serializer cannot encode is dropped (``DropItem``, logged at ERROR with the offending
-    field) and counted in ``redis_items/unserializable``; the crawl goes on.
-
-    Stats: ``redis_items/written``, ``redis_items/batches``, ``redis_items/unserializable``,
-    ``redis_items/redis_errors``.
-    """
+    """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``): staged under its
+    response's request to ride that ack (:attr:`outbox`), or in batches retried with capped backoff, dropping
+    nothing. An item the serializer cannot encode is dropped at ERROR naming the offending field."""
 
     def __init__(
-        self,
-        server: redis.asyncio.Redis,
-        key: str,
-        *,
-        stream: bool = defaults.REDIS_ITEMS_STREAM,
-        maxlen: int | None = defaults.REDIS_ITEMS_MAXLEN,
-        batch_size: int = defaults.REDIS_ITEMS_BATCH_SIZE,
+        self, server: redis.asyncio.Redis, key: str, *, stream: bool = defaults.REDIS_ITEMS_STREAM,
+        maxlen: int | None = defaults.REDIS_ITEMS_MAXLEN, batch_size: int = defaults.REDIS_ITEMS_BATCH_SIZE,
         flush_interval: float = defaults.REDIS_ITEMS_FLUSH_INTERVAL,
-        serialize: Callable[[Any], str | bytes] = default_serialize,
-        stats: StatsCollector | None = None,
-        outage: Outage | None = None,
-        exactly_once: bool = True,
-        max_bytes: int = 8 * 1024 * 1024,
+        serialize: Callable[[Any], str | bytes] = default_serialize, stats: StatsCollector | None = None,
+        outage: Outage | None = None, exactly_once: bool = True, max_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"REDIS_ITEMS_BATCH_SIZE must be at least 1, got {batch_size}")
-        self.server = server
-        self.key = key
-        self.stream = stream
-        self.maxlen = maxlen
-        self.batch_size = batch_size
-        self.flush_interval = flush_interval
-        self.serialize = serialize
-        self.stats = stats
+        self.server, self.key, self.stream, self.maxlen = server, key, stream, maxlen
+        self.batch_size, self.flush_interval = batch_size, flush_interval
+        self.serialize, self.stats = serialize, stats
         self.outage = outage or Outage()
         self.writer: BatchWriter[tuple[str, str | bytes]] = BatchWriter(
             self._write,
             guard=self.outage.guard("item pipeline", Backoff(_RETRY_FIRST, _RETRY_MAX), logger),
-            batch_size=batch_size,
-            flush_interval=flush_interval,
-            max_batches=_MAX_BATCHES_PER_FLUSH,
+            batch_size=batch_size, flush_interval=flush_interval, max_batches=_MAX_BATCHES_PER_FLUSH,
             on_failure=lambda exc: self._inc("redis_items/redis_errors"),
         )
         self._xadd: Any = None  # the items_xadd script, registered on first use
         #: scrapy-redis's ``item_key(self, item, spider)`` overrides get the spider (see :meth:`item_key`)
         self._key_wants_spider = _wants_spider(self.item_key)
         self._crawler: Crawler | None = None
-        self.exactly_once = exactly_once
-        self.max_bytes = max_bytes
+        self.exactly_once, self.max_bytes = exactly_once, max_bytes
         #: items staged by the page they came from, riding its ack (None: written in batches of their own)
         self.outbox: _outbox.ItemOutbox | None = None
         #: id(item) -> (item, encoded) between process_item and the item_scraped signal
@@ -181,23 +128,17 @@ class RedisPipeline:
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``REDIS_ITEMS_*`` settings and the connection settings (``REDIS_URL``, ...)."""
-        ds = DistSettings.for_crawler(crawler)
-        items = ds.items
+        items = DistSettings.for_crawler(crawler).items
         key = crawler_keys(crawler).items
         options: dict[str, Any] = {
-            "stream": items.stream,
-            "maxlen": items.maxlen,
-            "batch_size": items.batch_size,
+            "stream": items.stream, "maxlen": items.maxlen, "batch_size": items.batch_size,
             "flush_interval": items.flush_interval,
             "serialize": load_object(items.serializer) if items.serializer else default_serialize,
-            "stats": crawler.stats,
-            "outage": Outage.for_crawler(crawler),
+            "stats": crawler.stats, "outage": Outage.for_crawler(crawler),
         }
         _check_subclass(cls, key, options)
         pipe = cls(ClientPool.of(crawler).async_client(), key, **options)
-        pipe._crawler = crawler
-        pipe.exactly_once = items.exactly_once
-        pipe.max_bytes = items.max_bytes
+        pipe._crawler, pipe.exactly_once, pipe.max_bytes = crawler, items.exactly_once, items.max_bytes
         from scrapy import signals
 
         crawler.signals.connect(pipe.item_scraped, signal=signals.item_scraped)
@@ -205,7 +146,6 @@ class RedisPipeline:
         crawler.signals.connect(pipe.item_left, signal=signals.item_error)
         return pipe
 
-    # -- Scrapy hooks ---------------------------------------------------------------------------
     async def open_spider(self) -> None:
         """Check the items key holds the expected type (1 round trip) and start the writer task."""
         expected = "stream" if self.stream else "list"
@@ -249,26 +189,20 @@ class RedisPipeline:
         return found
 
     async def process_item(self, item: Any, spider: Any = None) -> Any:
-        """Buffer ``item`` and return it once the batch holding it is written to Redis.
-
-        ``spider`` is accepted (and unused) for scrapy-redis subclasses calling ``super().process_item(item,
-        spider)``; Scrapy passes only the item."""
+        """Buffer ``item`` and return it once the batch holding it is written to Redis (``spider``: for
+        scrapy-redis subclasses calling ``super().process_item(item, spider)``)."""
         try:
             data = self.serialize(item)
         except _ENCODE_ERRORS as exc:
             self._inc("redis_items/unserializable")
             path, error = find_unencodable(item, self.serialize)
             where = f"field {path!r}" if path else "the item itself"
-            raise DropItem(
-                f"RedisPipeline cannot encode {where}: {error.__class__.__name__}: {error}",
-                log_level="ERROR",
-            ) from exc
+            raise DropItem(f"RedisPipeline cannot encode {where}: {error.__class__.__name__}: {error}",
+                           log_level="ERROR") from exc
         if len(data) > self.max_bytes:
             self._inc("redis_items/too_large")
-            raise DropItem(
-                f"RedisPipeline: the item encodes to {len(data)} bytes, more than REDIS_ITEMS_MAX_BYTES"
-                f" ({self.max_bytes})", log_level="ERROR",
-            )
+            raise DropItem(f"RedisPipeline: the item encodes to {len(data)} bytes, more than"
+                           f" REDIS_ITEMS_MAX_BYTES ({self.max_bytes})", log_level="ERROR")
         if self.writer.closing:
             raise RuntimeError("RedisPipeline.process_item() called after close_spider()")
         if self.outbox is not None:
@@ -314,22 +248,14 @@ class RedisPipeline:
         await self.writer.close()
         await self.server.aclose()
 
-    # -- extension points -----------------------------------------------------------------------
     def item_key(self, item: Any) -> str:
-        """Redis key for ``item`` (override to route items to several keys, as in scrapy-redis).
-
-        An override with scrapy-redis's signature, ``item_key(self, item, spider)``, keeps working: it is
-        called with the crawler's spider (and with ``%(spider)s`` formatting left to it, as there)."""
+        """Redis key for ``item`` (override to route items to several keys). An override with scrapy-redis's
+        signature, ``item_key(self, item, spider)``, is called with the crawler's spider."""
         return self.key
 
-    # -- writing --------------------------------------------------------------------------------
     async def _write(self, entries: list[tuple[str, str | bytes]]) -> None:
-        """Write ``entries`` in one round trip (the writer retries a failure).
-
-        Per key, one ``RPUSH`` (LIST) or one ``items_xadd`` script call (STREAM: the ``XADD`` commands
-        run inside Redis). Several keys (an ``item_key`` override) go in one ``MULTI``/``EXEC`` (on a Redis
-        Cluster: one call per key, sent together, since their slots differ).
-        """
+        """Write ``entries`` in one round trip (the writer retries a failure): per key one ``RPUSH`` or one
+        ``items_xadd`` call; several keys in one ``MULTI``/``EXEC`` (on a cluster: one call per key)."""
         by_key: dict[str, list[str | bytes]] = {}
         for key, data in entries:
             by_key.setdefault(key, []).append(data)
@@ -337,8 +263,7 @@ class RedisPipeline:
             ((key, values),) = by_key.items()
             await self._append(key, values, self.server)
         elif is_cluster(self.server):
-            # Keys of several slots cannot share a MULTI (nor a pipelined script) on a cluster: one call
-            # per key, all at once. A retry after a partial failure writes some again.
+            # several slots share no MULTI on a cluster; a retry after a partial failure writes some again
             await asyncio.gather(*(self._append(k, v, self.server) for k, v in by_key.items()))
         else:
             async with self.server.pipeline(transaction=True) as pipe:
@@ -362,18 +287,15 @@ class RedisPipeline:
         if inspect.iscoroutine(result):
             await result
 
-    # -- helpers --------------------------------------------------------------------------------
     def _inc(self, name: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(name, count)
 
 
 def _check_subclass(cls: type, key: str, options: dict[str, Any]) -> None:
-    """What a subclass written for scrapy-redis's RedisPipeline gets wrong here, said at start: one WARNING
-    per overridden scrapy-redis method nothing calls (:data:`SCRAPY_REDIS_PIPELINE_HOOKS`) and for a
-    blocking ``process_item`` that uses ``self.server`` (a redis.asyncio client here: its commands, not
-    awaited, would write nothing); one ERROR line and exit status 1 for a constructor that cannot be called
-    the way :meth:`RedisPipeline.from_crawler` calls it (scrapy-redis's ``__init__(self, server)``)."""
+    """What a subclass written for scrapy-redis's RedisPipeline gets wrong here, said at start: a WARNING per
+    overridden method nothing calls and for a blocking ``process_item`` using ``self.server``; an error for
+    a constructor :meth:`RedisPipeline.from_crawler` cannot call (scrapy-redis's ``__init__(server)``)."""
     if cls is RedisPipeline:
         return
     name = cls.__name__

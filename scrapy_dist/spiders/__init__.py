@@ -1,17 +1,7 @@
-"""``RedisSpider`` and ``RedisCrawlSpider``: spiders fed from Redis. ``redis-cli lpush <spider>:start_urls
-<url-or-json>`` and the running crawl requests the seed at once (docs/seeds.md); seeds are read in ``async
-def start()`` through :class:`scrapy_dist.seeds.feed.SeedFeed`, which owns the seed protocol.
-
-Also the spider attributes scrapy-redis users set, often as ``scrapy crawl s -a name=value`` (always a
-string): ``redis_key``, ``redis_batch_size`` and ``max_idle_time`` are read and converted once, when the
-spider is built (:meth:`RedisMixin.from_crawler`), as scrapy-redis does in ``setup_redis``: a string
-``"10"`` becomes ``10``; a value that cannot be converted stops the crawl with one line in the format of
-:class:`~scrapy_dist.settings.values.SettingsError`. ``max_idle_time`` (seconds) feeds
-``SCHEDULER_IDLE_BEFORE_CLOSE`` -- the spider attribute wins over the setting, as in scrapy-redis -- so the
-worker closes once the crawl has been idle that long (:class:`scrapy_dist.extensions.IdleMonitor`).
-
-May import: ``settings``, ``redis``, ``wire``, ``seeds``, ``frontier``, ``utils`` and the root's exceptions.
-"""
+"""``RedisSpider`` and ``RedisCrawlSpider``: spiders whose seeds are pushed to Redis (docs/seeds.md) and
+read in ``async def start()`` through :class:`~scrapy_dist.seeds.feed.SeedFeed`; the scrapy-redis attributes
+``redis_key``, ``redis_batch_size`` and ``max_idle_time`` (often ``-a`` strings) are converted once, when the
+spider is built, and a bad value stops the crawl with one line."""
 
 from __future__ import annotations
 
@@ -44,17 +34,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Priority of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s`` on the
-#: command line (40), since in scrapy-redis the spider attribute overrides the setting.
+#: Priority of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s`` (40).
 IDLE_PRIORITY = 50
-
 
 _SEEDS_IN_START = (
     "seeds are read in async def start(); to yield requests of your own too, override start() and end it"
     " with `async for request in super().start(): yield request`"
 )
-#: scrapy-redis RedisSpider methods a subclass may override, which scrapy-dist's RedisSpider never calls,
-#: and what to do instead.
+#: scrapy-redis RedisSpider methods that scrapy-dist's never calls, and what to do instead.
 SCRAPY_REDIS_HOOKS: dict[str, str] = {
     "start_requests": _SEEDS_IN_START,
     "next_requests": _SEEDS_IN_START + "; override make_request_from_data to change what a seed becomes",
@@ -82,9 +69,8 @@ def unused_hooks(spider_cls: type) -> list[str]:
 
 
 def reads_missing_server(spider: Any) -> list[str]:
-    """The methods of the spider's own classes that read ``self.server`` (scrapy-redis's blocking client of
-    the seeds' Redis), when nothing of the spider's sets it: scrapy-dist's RedisSpider has none, and each
-    call would fail with an AttributeError. Empty if the spider has its own ``server``."""
+    """The methods of the spider's own classes that read ``self.server`` (scrapy-redis's client of the
+    seeds' Redis, which scrapy-dist's RedisSpider has not), unless something of the spider's sets it."""
     if "server" in vars(spider) or any("server" in vars(k) for k in type(spider).__mro__):
         return []
     readers: list[str] = []
@@ -106,11 +92,7 @@ def _code_objects(code: Any) -> list[Any]:
     """``code`` and the code objects nested in it (comprehensions, inner functions)."""
     if code is None:
         return []
-    out = [code]
-    for const in code.co_consts:
-        if hasattr(const, "co_code"):
-            out.extend(_code_objects(const))
-    return out
+    return [code, *(c for const in code.co_consts if hasattr(const, "co_code") for c in _code_objects(const))]
 
 
 @dataclass(frozen=True)
@@ -124,8 +106,7 @@ class SpiderArguments:
 
     @classmethod
     def of(cls, spider: Any) -> SpiderArguments:
-        """Read and convert the spider's attributes; raise :class:`SettingsError` (one line) if one is
-        unusable."""
+        """Read and convert the spider's attributes; :class:`SettingsError` if one is unusable."""
         return cls(
             redis_key=_key(getattr(spider, "redis_key", None), getattr(spider, "name", "")),
             redis_batch_size=_batch(getattr(spider, "redis_batch_size", None)),
@@ -151,8 +132,8 @@ def _key(value: Any, name: str) -> str | None:
 
 
 def _number(name: str, value: Any, integer: bool, low: int, problem: str, hint: str) -> Any:
-    """``value`` (a number or a ``-a`` string) as an int (``integer``) or a float of at least ``low``;
-    ``None`` stays ``None``. Raises :class:`SettingsError` with ``problem`` and ``hint`` otherwise."""
+    """``value`` (a number or a ``-a`` string) as an int or a float of at least ``low``, else
+    :class:`SettingsError` with ``problem`` and ``hint``; ``None`` stays ``None``."""
     if value is None:
         return None
     try:
@@ -181,10 +162,9 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
     args = SpiderArguments.of(spider)
     encoding = getattr(spider, "redis_encoding", None)
     if encoding is not None and str(encoding).strip().lower().replace("-", "").replace("_", "") != "utf8":
-        logger.warning(
-            "scrapy-dist: redis_encoding=%s is not applied: seeds are read as UTF-8 (others are rejected as"
-            " not_utf8); override make_request_from_data to decode another encoding", encoding,
-        )
+        logger.warning("scrapy-dist: redis_encoding=%s is not applied: seeds are read as UTF-8 (others are"
+                       " rejected as not_utf8); override make_request_from_data to decode another encoding",
+                       encoding)
     for line in misspelt_arguments(spider):
         logger.warning("%s", line)
     for name in unused_hooks(type(spider)):
@@ -229,20 +209,15 @@ def misspelt_arguments(spider: Any) -> list[str]:
 
 
 def _warn_scrapy_redis_idle(settings: Settings) -> None:
-    """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE``, which there was the
-    blocking pop's timeout and here closes the workers once the crawl has had no work for that long. Only
-    for a project switched the scrapy-redis way (``SCHEDULER`` set by hand, not by the add-on), a value > 0
-    from the project's settings or ``custom_settings`` (not ``-s``), and no ``MAX_IDLE_TIME_BEFORE_CLOSE``
-    (scrapy-redis's name for the same meaning)."""
+    """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE`` (there a blocking pop's
+    timeout, here closing after idle time): without the add-on, a value > 0 from the project or spider
+    settings (not ``-s``), and no ``MAX_IDLE_TIME_BEFORE_CLOSE``."""
     from scrapy.settings import SETTINGS_PRIORITIES
 
-    if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None:
+    if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None or _uses_addon(settings):
         return
-    if _uses_addon(settings):
-        return
-    if settings.getpriority("SCHEDULER_IDLE_BEFORE_CLOSE") not in (
-        SETTINGS_PRIORITIES["project"], SETTINGS_PRIORITIES["spider"]
-    ):
+    if settings.getpriority("SCHEDULER_IDLE_BEFORE_CLOSE") not in (SETTINGS_PRIORITIES["project"],
+                                                                   SETTINGS_PRIORITIES["spider"]):
         return
     value = settings.get("SCHEDULER_IDLE_BEFORE_CLOSE")
     try:
@@ -260,39 +235,23 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
 
 
 def _uses_addon(settings: Settings) -> bool:
-    """Whether ``ADDONS`` names scrapy-dist's add-on (by path or as the class): the spider is built before
-    Scrapy applies the add-ons, so the settings they fill are not there yet."""
-    names = ("scrapy_dist.Addon", "scrapy_dist.addon.Addon")
-    for key in settings.getdict("ADDONS"):
-        path = key if isinstance(key, str) else (
-            f"{getattr(key, '__module__', '')}.{getattr(key, '__name__', '')}"
-        )
-        if path in names:
-            return True
-    return False
+    """Whether ``ADDONS`` names scrapy-dist's add-on (the spider is built before add-ons fill settings)."""
+    paths = {k if isinstance(k, str) else f"{getattr(k, '__module__', '')}.{getattr(k, '__name__', '')}"
+             for k in settings.getdict("ADDONS")}
+    return bool(paths & {"scrapy_dist.Addon", "scrapy_dist.addon.Addon"})
 
 
 def _set_idle(settings: Settings, seconds: float) -> None:
     if getattr(settings, "frozen", False):  # built outside Crawler.crawl(): too late to feed the setting
-        logger.warning(
-            "scrapy-dist: max_idle_time=%s is ignored: the settings were already frozen; set"
-            " SCHEDULER_IDLE_BEFORE_CLOSE instead", seconds,
-        )
+        logger.warning("scrapy-dist: max_idle_time=%s is ignored: the settings were already frozen; set"
+                       " SCHEDULER_IDLE_BEFORE_CLOSE instead", seconds)
         return
     settings.set("SCHEDULER_IDLE_BEFORE_CLOSE", seconds, priority=IDLE_PRIORITY)
 
 
-
 class RedisMixin:
-    """Reads the spider's seeds from Redis in ``async def start()`` (see the package docstring).
-
-    Attributes: ``redis_key`` (the seeds key, ``%(name)s`` replaced by the spider name; default
-    ``REDIS_START_URLS_KEY``), ``redis_batch_size`` (seeds per round trip; default
-    ``REDIS_START_URLS_BATCH_SIZE``, else ``CONCURRENT_REQUESTS``), ``max_idle_time`` (seconds without
-    work before the worker closes; sets ``SCHEDULER_IDLE_BEFORE_CLOSE``). All three may be given as
-    ``-a name=value`` (see the package docstring). Override
-    :meth:`make_request_from_data` to read another seed format.
-    """
+    """Reads the spider's seeds from Redis in ``async def start()``; ``redis_key``, ``redis_batch_size`` and
+    ``max_idle_time`` may be set as attributes or ``-a name=value``."""
 
     redis_key: str | None = None
     redis_batch_size: int | None = None
@@ -319,11 +278,8 @@ class RedisMixin:
         return spider
 
     async def start(self) -> AsyncIterator[Any]:
-        """Yield requests for the seeds pushed to the seeds key, as they arrive (see :class:`SeedFeed`).
-
-        Ends only when ``SCHEDULER_IDLE_BEFORE_CLOSE`` (or scrapy-redis's ``MAX_IDLE_TIME_BEFORE_CLOSE``)
-        is above 0 and neither a seed arrived nor the frontier held anything for that long.
-        """
+        """Yield requests for the seeds pushed to the seeds key, as they arrive; ends only once the crawl
+        has been idle for ``SCHEDULER_IDLE_BEFORE_CLOSE`` (> 0) seconds."""
         if start_error(self.crawler) is not None:  # the crawl stops as it opens: no seed is taken
             return
         feed = self._seed_feed = SeedFeed.from_spider(self)
@@ -354,9 +310,8 @@ class RedisCrawlSpider(RedisMixin, CrawlSpider):
     start requests come from Redis."""
 
     def _build_request(self, rule_index: int, link: Any) -> Request:
-        # CrawlSpider aims rule requests at its private _callback/_errback, and the frontier's wire format
-        # refuses private method names (a name read from Redis must not reach private methods): the
-        # requests name these public stand-ins instead
+        # the wire format refuses private method names (a name read from Redis must not reach private
+        # methods): rule requests name public stand-ins for CrawlSpider's _callback/_errback
         request = super()._build_request(rule_index, link)
         return request.replace(callback=self.rule_callback, errback=self.rule_errback)
 
