@@ -39,7 +39,7 @@ from scrapy_dist.frontier.revisit import end_chains
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.pipelines import STREAM_FIELD
 from scrapy_dist.redis.outage import READ_ERRORS, describe
-from scrapy_dist.seeds import reader as nearmiss
+from scrapy_dist import seeds as nearmiss
 
 #: Items read per round trip.
 
