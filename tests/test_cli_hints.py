@@ -17,10 +17,10 @@ import pytest
 import redis
 from helpers import run as run_async
 
+from scrapy_dist import seeds as nearmiss
 from scrapy_dist.cli.servers import shadowing_copies
 from scrapy_dist.redis.embedded import EmbeddedRedis
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist import seeds as nearmiss
 from scrapy_dist.seeds import candidates
 
 SCRAPY_DIST = str(Path(sys.executable).with_name("scrapy-dist"))

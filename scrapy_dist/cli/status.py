@@ -24,6 +24,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from scrapy_dist import seeds as nearmiss
 from scrapy_dist.cli import (
     ClientFactory,
     console,
@@ -39,7 +40,6 @@ from scrapy_dist.frontier.revisit import end_chains
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.pipelines import STREAM_FIELD
 from scrapy_dist.redis.outage import READ_ERRORS, describe
-from scrapy_dist import seeds as nearmiss
 
 #: Items read per round trip.
 

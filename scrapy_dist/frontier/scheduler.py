@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
-from scrapy_dist.dupefilter import RedisDupeFilter
-from scrapy_dist.dupefilter import RecentFingerprints
+from scrapy_dist.dupefilter import RecentFingerprints, RedisDupeFilter
 from scrapy_dist.egress import checked_request
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
