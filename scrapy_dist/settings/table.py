@@ -342,8 +342,7 @@ def default_value(name: str) -> Any:
 
 #: ``scrapy_dist.settings.defaults.NAME``: every setting's default by name, as scrapy-redis's ``defaults``.
 defaults = ModuleType("scrapy_dist.settings.defaults", "Every scrapy-dist setting's default, by name.")
-defaults.__getattr__ = default_value  # type: ignore[attr-defined]
-defaults.__dir__ = lambda: sorted(DEFAULTS)  # type: ignore[method-assign]
+defaults.__dict__.update(__getattr__=default_value, __dir__=lambda: sorted(DEFAULTS))
 sys.modules.setdefault(defaults.__name__, defaults)
 #: an unknown setting with one of these prefixes may be a typo of ours
 OUR_PREFIXES = ("REDIS_", "SCHEDULER_", "BLOOMFILTER_", "DUPEFILTER_", "CLUSTERSTATS_", "ERRORMONITOR_",
