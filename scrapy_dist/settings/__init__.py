@@ -253,15 +253,13 @@ class DistSettings:
                                     exc.expected) from None
             url_source = "REDIS_URL environment variable"
         connection = ConnectionSettings(
-            url=url, url_source=url_source, host=host, port=port,
-            params=MappingProxyType(params), cluster=v("REDIS_CLUSTER"),
-            sentinels=sentinels(v("REDIS_SENTINELS")),
-            sentinel_master=v("REDIS_SENTINEL_MASTER") or "mymaster",
-            key_prefix=v("REDIS_KEY_PREFIX") or "", embedded_dir=v("REDIS_EMBEDDED_DIR"),
-            embedded_maxmemory=v("REDIS_EMBEDDED_MAXMEMORY"),
+            url=url, url_source=url_source, host=host, port=port, params=MappingProxyType(params),
+            cluster=v("REDIS_CLUSTER"), sentinels=sentinels(v("REDIS_SENTINELS")),
+            sentinel_master=v("REDIS_SENTINEL_MASTER") or "mymaster", key_prefix=v("REDIS_KEY_PREFIX") or "",
+            embedded_dir=v("REDIS_EMBEDDED_DIR"), embedded_maxmemory=v("REDIS_EMBEDDED_MAXMEMORY"),
         )
         check_client_options(url, params)
-        concurrent = raw.scrapy_int("CONCURRENT_REQUESTS", 16, low=1)
+        concurrent = raw.scrapy("CONCURRENT_REQUESTS", 16, low=1)
         shards, politeness = v("SCHEDULER_SHARDS"), v("SCHEDULER_POLITENESS")
         schemes = tuple(str(s).strip().lower() for s in v("SCHEDULER_ALLOWED_SCHEMES"))
         if not schemes or any(not re.fullmatch(r"[a-z][a-z0-9+.-]*", s) for s in schemes):
@@ -276,28 +274,26 @@ class DistSettings:
                                     'expected CIDR blocks like ["10.0.0.0/8", "fc00::/7"], or []') from None
         scheduler = SchedulerSettings(
             queue_class=queue_order("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")),
-            persist=v("SCHEDULER_PERSIST"),
-            flush_on_start=v("SCHEDULER_FLUSH_ON_START"), idle_before_close=idle,
-            lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
+            persist=v("SCHEDULER_PERSIST"), flush_on_start=v("SCHEDULER_FLUSH_ON_START"),
+            idle_before_close=idle, lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
             prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent), concurrent_requests=concurrent,
             flush_interval=v("SCHEDULER_FLUSH_INTERVAL"), flush_batch=v("SCHEDULER_FLUSH_BATCH"),
             idle_poll=v("SCHEDULER_IDLE_POLL"), shutdown_grace=v("SCHEDULER_SHUTDOWN_GRACE"),
-            allowed_schemes=schemes,
-            max_entry_bytes=v("SCHEDULER_MAX_ENTRY_BYTES"), shards=shards, politeness=politeness,
-            rejected_maxlen=v("SCHEDULER_REJECTED_MAXLEN"), dead_maxlen=v("DEADLETTER_MAXLEN"),
-            replay_memory=v("SCHEDULER_REPLAY_MEMORY"),
+            allowed_schemes=schemes, max_entry_bytes=v("SCHEDULER_MAX_ENTRY_BYTES"), shards=shards,
+            politeness=politeness, rejected_maxlen=v("SCHEDULER_REJECTED_MAXLEN"),
+            dead_maxlen=v("DEADLETTER_MAXLEN"), replay_memory=v("SCHEDULER_REPLAY_MEMORY"),
             entry_secret=v("SCHEDULER_ENTRY_SECRET") or env.get("SCRAPY_DIST_SECRET", "").encode() or None,
             deny_networks=deny,
             downloader_aware="DownloaderAwarePriorityQueue" in str(raw.raw("SCHEDULER_PRIORITY_QUEUE") or ""),
             domain_limits=MappingProxyType(domain_limits(v("DOMAIN_LIMITS"))),
-            download_delay=raw.scrapy_float("DOWNLOAD_DELAY", 0.0),
-            concurrent_requests_per_domain=raw.scrapy_int("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
-            download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
+            download_delay=raw.scrapy("DOWNLOAD_DELAY", 0.0, low=0),
+            concurrent_requests_per_domain=raw.scrapy("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
+            download_delay_jitter=raw.scrapy("DOWNLOAD_DELAY_JITTER", 0.5, low=0),
             revisit_after=MappingProxyType(revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL"))),
             revisit_conditional=v("REVISIT_CONDITIONAL"), revisit_min_interval=v("REVISIT_MIN_INTERVAL"),
             idle_poll_max=v("SCHEDULER_IDLE_POLL_MAX"),
         )
-        if scheduler.downloader_aware and raw.scrapy_int("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
+        if scheduler.downloader_aware and raw.scrapy("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
             # as Scrapy's DownloaderAwarePriorityQueue: a request's IP (its download slot) is not known
             # before its download, so the least busy slot cannot be picked
             raise SettingsError("SCHEDULER_PRIORITY_QUEUE", raw.raw("SCHEDULER_PRIORITY_QUEUE"),
@@ -330,15 +326,13 @@ class DistSettings:
                                     f"{code!r} is not a status",
                                     'expected statuses like 503 or classes like "5xx"')
         return cls(
-            connection=connection,
-            scheduler=scheduler,
+            connection=connection, scheduler=scheduler, seeds=seeds,
             dupefilter=DupefilterSettings(
                 capacity=v("BLOOMFILTER_CAPACITY"), error_rate=v("BLOOMFILTER_ERROR_RATE"),
-                block_bits=v("BLOOMFILTER_BLOCK_BITS"), debug=raw.scrapy_bool("DUPEFILTER_DEBUG", False),
+                block_bits=v("BLOOMFILTER_BLOCK_BITS"), debug=raw.scrapy("DUPEFILTER_DEBUG", False),
                 ttl=v("DUPEFILTER_TTL"), generations=v("BLOOMFILTER_GENERATIONS"),
                 forget_dead=v("DEADLETTER_FORGET"),
             ),
-            seeds=seeds,
             retries=RetrySettings(
                 backoff_base=v("RETRY_BACKOFF_BASE"), backoff_max=v("RETRY_BACKOFF_MAX"),
                 deadletter_ignored=v("DEADLETTER_IGNORED"), httperror_dead_letter=v("HTTPERROR_DEAD_LETTER"),
@@ -358,10 +352,8 @@ class DistSettings:
                 exactly_once=v("REDIS_ITEMS_EXACTLY_ONCE"), max_bytes=v("REDIS_ITEMS_MAX_BYTES"),
             ),
             cookies=CookieSettings(
-                cache_seconds=v("REDIS_COOKIES_CACHE_SECONDS"),
-                flush_interval=v("REDIS_COOKIES_FLUSH_INTERVAL"),
-                enabled=raw.scrapy_bool("COOKIES_ENABLED", True),
-                debug=raw.scrapy_bool("COOKIES_DEBUG", False),
+                cache_seconds=v("REDIS_COOKIES_CACHE_SECONDS"), enabled=raw.scrapy("COOKIES_ENABLED", True),
+                flush_interval=v("REDIS_COOKIES_FLUSH_INTERVAL"), debug=raw.scrapy("COOKIES_DEBUG", False),
             ),
             concurrent_requests=concurrent,
             warnings=tuple(warnings + raw.unknown_names() + raw.scrapy_queue_warnings()),

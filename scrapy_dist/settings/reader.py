@@ -52,23 +52,17 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: scrapy-redis's queue classes -> the queue order of :mod:`scrapy_dist.queue` each one means
-QUEUE_ALIASES = {
-    "scrapy_redis.queue.PriorityQueue": "PriorityQueue",
-    "scrapy_redis.queue.FifoQueue": "FifoQueue",
-    "scrapy_redis.queue.LifoQueue": "LifoQueue",
-    "scrapy_redis.queue.SpiderPriorityQueue": "PriorityQueue",
-    "scrapy_redis.queue.SpiderQueue": "FifoQueue",
-    "scrapy_redis.queue.SpiderStack": "LifoQueue",
-}
+QUEUE_ALIASES = {f"scrapy_redis.queue.{old}": new for old, new in (
+    ("PriorityQueue", "PriorityQueue"), ("FifoQueue", "FifoQueue"), ("LifoQueue", "LifoQueue"),
+    ("SpiderPriorityQueue", "PriorityQueue"), ("SpiderQueue", "FifoQueue"), ("SpiderStack", "LifoQueue"),
+)}
 
 #: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
+_IN_REDIS = "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)"
+_STARTS = "start requests share the Redis queue, after callback requests of equal priority"
 SCRAPY_QUEUE_SETTINGS: Mapping[str, str] = MappingProxyType({
-    "SCHEDULER_MEMORY_QUEUE": "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)",
-    "SCHEDULER_DISK_QUEUE": "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)",
-    "SCHEDULER_START_MEMORY_QUEUE": "start requests share the Redis queue, after callback requests of"
-                                    " equal priority",
-    "SCHEDULER_START_DISK_QUEUE": "start requests share the Redis queue, after callback requests of"
-                                  " equal priority",
+    "SCHEDULER_MEMORY_QUEUE": _IN_REDIS, "SCHEDULER_DISK_QUEUE": _IN_REDIS,
+    "SCHEDULER_START_MEMORY_QUEUE": _STARTS, "SCHEDULER_START_DISK_QUEUE": _STARTS,
     "JOBDIR": "the frontier is kept in Redis (SCHEDULER_PERSIST); JOBDIR keeps only Scrapy's own state",
 })
 
@@ -183,19 +177,11 @@ class SettingsReader:
             self._cache[name] = convert(spec, value)
         return self._cache[name]
 
-    def _scrapy(self, name: str, default: Any, kind: str, low: float | None = None) -> Any:
+    def scrapy(self, name: str, default: Any, low: float | None = None) -> Any:
+        """One of Scrapy's own settings, checked as the type of ``default``."""
         raw = self.raw(name)
-        spec = Setting(name, default, kind, "", "scrapy", low=low)
+        spec = Setting(name, default, type(default).__name__, "", "scrapy", low=low)
         return default if raw is None else convert(spec, raw)
-
-    def scrapy_int(self, name: str, default: int, low: float | None = None) -> int:
-        return int(self._scrapy(name, default, "int", low))
-
-    def scrapy_float(self, name: str, default: float) -> float:
-        return float(self._scrapy(name, default, "float", 0))
-
-    def scrapy_bool(self, name: str, default: bool) -> bool:
-        return bool(self._scrapy(name, default, "bool"))
 
     def scrapy_queue_warnings(self) -> list[str]:
         """One warning per Scrapy queue setting the project changed that our scheduler cannot honour."""
