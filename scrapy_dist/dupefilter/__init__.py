@@ -253,8 +253,7 @@ class RedisDupeFilter:
         """Take note of the filter's size as reported by a script call."""
 
     def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
-        """Test-and-set (``add=False``: only test) a batch of fingerprints in one round trip; True where
-        already seen."""
+        """Test-and-set (``add=False``: only test) fingerprints in one round trip; True where seen."""
         return self.run_batch("add" if add else "check", tokens)
 
     def run_batch(self, op: str, tokens: list[tuple[Any, Any]], now: float | None = None) -> list[bool]:

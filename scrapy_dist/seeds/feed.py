@@ -60,8 +60,7 @@ HELD_CAP = 10_000
 
 
 def held_most(batch_size: int) -> int:
-    """Unacknowledged seeds a worker taking ``batch_size`` at a time may hold (the frontier's flush batches
-    stay full)."""
+    """Unacknowledged seeds a worker taking ``batch_size`` at a time may hold (flush batches stay full)."""
     return max(4 * max(1, batch_size), 2000)
 
 
@@ -363,8 +362,7 @@ class SeedFeed(BackgroundTask):
             self._acks.extend(self._taken.popleft().entries)
 
     def _idle_done(self) -> bool:
-        """Whether to stop reading seeds: idle closing is on, no seed for that long, nothing held, and
-        the whole frontier empty."""
+        """Whether to stop reading seeds: idle closing on, nothing held, no seed and the frontier empty."""
         if self.idle_before_close <= 0 or self._taken or self._acks or self._records:
             return False
         if time.monotonic() - self._last_seed < self.idle_before_close:

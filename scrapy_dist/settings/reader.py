@@ -154,8 +154,7 @@ def _scrapy_names() -> frozenset[str]:
 
 
 class SettingsReader:
-    """Raw values of a Scrapy ``Settings`` or a plain mapping, converted per
-    :data:`~scrapy_dist.settings.table.TABLE`."""
+    """Raw values of a Scrapy ``Settings`` or a plain mapping, converted per :data:`.table.TABLE`."""
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings if settings is not None else {}
@@ -359,8 +358,7 @@ COMPONENTS = (
 
 
 def mentions(component_dict: dict[Any, Any], path: str) -> bool:
-    """Whether a component dict (``EXTENSIONS``, ...) names the class at ``path`` (enabled or ``None``), by
-    any import path or as the class itself."""
+    """Whether a component dict names the class at ``path`` (enabled or ``None``), by any import path."""
     target = load_object(path)
     for key in component_dict:
         try:

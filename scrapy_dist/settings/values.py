@@ -20,8 +20,7 @@ _SHOWN = 60  # longest value quoted in an error line
 
 
 class SettingsError(ScrapyDistError, ValueError):
-    """A setting value scrapy-dist refuses; ``str()`` is the one line users see (a ``ValueError``, as
-    Scrapy's own refusals are)."""
+    """A setting value scrapy-dist refuses (a ``ValueError``); ``str()`` is the one line users see."""
 
     def __init__(self, name: str, value: Any, problem: str, expected: str) -> None:
         self.name, self.value, self.problem, self.expected = name, value, problem, expected
