@@ -24,10 +24,8 @@ class UnserializableRequest(ScrapyDistError):
 
 
 class RejectedEntry(ScrapyDistError):
-    """Untrusted data read from Redis (a queue entry, a seed) failed validation.
-
-    ``reason`` is a short slug (``not_utf8``, ``bad_scheme``, ...) used in stats and rejection records.
-    """
+    """Untrusted data read from Redis (a queue entry, a seed) failed validation; ``reason`` is a short slug
+    (``not_utf8``, ``bad_scheme``, ...) used in stats and rejection records."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)

@@ -31,7 +31,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_dist.cli import main
 from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import fingerprint_hashes
-from scrapy_dist.frontier.control import dead_letter_record
+from scrapy_dist.frontier.orders import dead_letter_record
 from scrapy_dist.frontier.shard import SEQ_BYTES, Frontier, SyncBatch, lease_member
 from scrapy_dist.pipelines import RedisPipeline
 from scrapy_dist.redis.connection import get_async_redis, get_redis, is_cluster

@@ -890,7 +890,8 @@ def test_a_crawl_with_every_component_connects_through_one_pool(tmp_path: Path, 
     from crawlproject import make_project
 
     site = site_factory(pages=150, delay=0.002)
-    extensions = {f"scrapy_dist.extensions.{name}": 500 for name in ("ClusterStats", "IdleMonitor", "ErrorMonitor")}
+    extensions = {f"scrapy_dist.extensions.{name}": 500
+                  for name in ("ClusterStats", "IdleMonitor", "ErrorMonitor")}
     project = make_project(tmp_path, {
         "REDIS_URL": redis_url, "EXTENSIONS": extensions, "CLUSTERSTATS_INTERVAL": 1,
         "ITEM_PIPELINES": {"scrapy_dist.pipelines.RedisPipeline": 300},

@@ -14,9 +14,16 @@ from scrapy.resolver import CachingThreadedResolver, dnscache
 from twisted.internet import defer
 from twisted.internet.error import DNSLookupError
 
-from scrapy_dist.egress import DeniedNetwork, DenyNetworksResolver, DenyPolicy, install, parse_networks
-from scrapy_dist.egress.networks import DenyingNameResolver, DenyingResolver
-from scrapy_dist.frontier.control import parse_record
+from scrapy_dist.egress import (
+    DeniedNetwork,
+    DenyingNameResolver,
+    DenyingResolver,
+    DenyNetworksResolver,
+    DenyPolicy,
+    install,
+    parse_networks,
+)
+from scrapy_dist.frontier.orders import parse_record
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.settings import defaults
 
@@ -225,7 +232,7 @@ def test_the_two_card_lines_refuse_denied_networks_by_name_and_by_address(
     assert stats["deny_networks/refused"] == 2, stats
     assert stats["scheduler/rejected/denied_network"] == 1, stats  # 127.0.0.1, refused before any DNS
     # localhost: refused by the resolver, and reported as a refusal, not as a name that does not resolve
-    assert stats["downloader/exception_type_count/scrapy_dist.egress.networks.DeniedNetwork"] == 1, stats
+    assert stats["downloader/exception_type_count/scrapy_dist.egress.DeniedNetwork"] == 1, stats
     assert not any("CannotResolveHostError" in k for k in stats), stats
     rejected = client.lrange(CrawlKeys("open").queue + ":rejected", 0, -1)
     assert len(rejected) == 1 and b"denied_network" in rejected[0]
@@ -303,7 +310,7 @@ def test_a_resolver_of_the_user_s_own_is_wrapped_and_named_once(
     assert site.fetch_counts(status=None) == {}
     stats = project.stats(0)
     assert stats["deny_networks/refused"] >= 2, stats
-    assert stats["downloader/exception_type_count/scrapy_dist.egress.networks.DeniedNetwork"] == 2, stats
+    assert stats["downloader/exception_type_count/scrapy_dist.egress.DeniedNetwork"] == 2, stats
     logs = project.logs()
     assert logs.count("'scrapy.resolver.CachingHostnameResolver' is not scrapy-dist's") == 1, logs[-3000:]
 
@@ -311,7 +318,7 @@ def test_a_resolver_of_the_user_s_own_is_wrapped_and_named_once(
 def test_a_proxy_of_the_environment_in_a_denied_network_is_named_once_per_variable(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from scrapy_dist.egress import networks as resolver
+    import scrapy_dist.egress as resolver
 
     monkeypatch.setattr(resolver, "_warned", set())
     monkeypatch.setenv("HTTP_PROXY", "http://10.1.2.3:3128")

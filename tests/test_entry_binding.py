@@ -16,7 +16,7 @@ from helpers import open_bloom_scheduler, run
 from scrapy import Request
 
 from scrapy_dist.cli import main
-from scrapy_dist.frontier.control import dead_letter_record
+from scrapy_dist.frontier.orders import dead_letter_record
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.frontier.shard import Frontier, SyncBatch, lease_member
 from scrapy_dist.redis.keys import CrawlKeys

@@ -36,7 +36,7 @@ from scrapy_dist.extensions.clusterstats import (
 )
 from scrapy_dist.extensions.errors import ErrorCounts, format_alert, http_error_matcher
 from scrapy_dist.extensions.idle import IdleClock
-from scrapy_dist.frontier.control import ControlState, pause_crawl, resume_crawl
+from scrapy_dist.frontier.layout import ControlState, pause_crawl, resume_crawl
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.settings.reader import start_error

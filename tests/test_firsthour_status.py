@@ -16,7 +16,7 @@ import redis
 from crawlproject import make_project
 from helpers import wait_for, wait_for_pages
 
-from scrapy_dist.frontier.control import ControlState
+from scrapy_dist.frontier.layout import ControlState
 from scrapy_dist.monitor.status import crawl_state
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from scrapy_dist.cli import json_safe, printable
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.extensions.clusterstats import parse_worker_hash
-from scrapy_dist.frontier.control import MAX_AT, MAX_SHARDS, parse_control, parse_record
+from scrapy_dist.frontier.layout import MAX_SHARDS, parse_control
+from scrapy_dist.frontier.orders import MAX_AT, parse_record
 from scrapy_dist.monitor.status import worker_rows
 
 FUZZ = settings(max_examples=200, deadline=None)

@@ -17,7 +17,7 @@ from crawlproject import make_project
 
 from scrapy_dist.egress import denied, parse_networks
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.frontier.control import parse_record, requeue_payload
+from scrapy_dist.frontier.orders import parse_record, requeue_payload
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.seeds import SeedRules, parse_seed
 from scrapy_dist.settings import DistSettings

@@ -22,7 +22,7 @@ from helpers import dashboard_metrics
 from prometheus_client.parser import text_string_to_metric_families
 from scrapy import Request
 
-from scrapy_dist.frontier.control import dead_letter_record
+from scrapy_dist.frontier.orders import dead_letter_record
 from scrapy_dist.monitor.metrics import REASON_LIMIT, CrawlCollector, serve
 from scrapy_dist.redis.keys import CrawlKeys
 

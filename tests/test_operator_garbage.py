@@ -17,7 +17,8 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_dist.cli import main
 from scrapy_dist.extensions import IdleMonitor
-from scrapy_dist.frontier.control import ControlState, dead_letter_record
+from scrapy_dist.frontier.layout import ControlState
+from scrapy_dist.frontier.orders import dead_letter_record
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
 
@@ -163,7 +164,7 @@ def test_control_garbage_rewritten_at_every_poll_is_one_line(
     redis_url: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     # a new garbage value at every poll was a new WARNING, and a new entry kept for the process's lifetime
-    from scrapy_dist.frontier import control
+    from scrapy_dist.frontier import layout as control
 
     async def scenario() -> None:
         m = make_idlemonitor(redis_url, SCHEDULER_IDLE_BEFORE_CLOSE=0)

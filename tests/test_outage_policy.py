@@ -13,8 +13,7 @@ import pytest
 import redis.exceptions as rex
 
 from scrapy_dist.extensions.periodic import PeriodicTask
-from scrapy_dist.redis.batchwriter import BatchWriter
-from scrapy_dist.redis.outage import Backoff, Outage, is_outage
+from scrapy_dist.redis.outage import Backoff, BatchWriter, Outage, is_outage
 from scrapy_dist.utils import RateLimitedLog
 
 DOWN = rex.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")

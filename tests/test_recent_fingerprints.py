@@ -78,7 +78,7 @@ def test_with_a_ttl_the_same_worker_fetches_a_url_again_once_the_filter_forgot_i
         sched.enqueue_request(Request("http://site.test/page"))  # found again by the same worker
         await sched.loop.round(lease=0, renew=False)
         await sched.redis.aclose()
-        return first, _queued(sched), getattr(sched._recent, "max_age", -1)
+        return first, _queued(sched), getattr(sched.encoder.recent, "max_age", -1)
 
     first, second, max_age = run(go())
     assert first == 1
@@ -92,7 +92,7 @@ def test_without_a_ttl_a_worker_skips_links_it_sent_within_a_minute(redis_url: s
         sched.enqueue_request(Request("http://site.test/a"))
         skipped = not sched.enqueue_request(Request("http://site.test/a"))  # no trip to Redis
         await sched.redis.aclose()
-        return skipped, sched._recent.max_age
+        return skipped, sched.encoder.recent.max_age
 
     assert run(go()) == (True, RECENT_MAX_AGE)
 

@@ -36,9 +36,16 @@ from scrapy.utils.test import get_crawler
 from twisted.internet.error import TimeoutError as TxTimeoutError
 
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.frontier import control as deadletter
-from scrapy_dist.frontier.control import dead_letter_record, parse_record, reason_matches, requeue_payload
-from scrapy_dist.frontier.orders import backoff_delay, parse_retry_after, retry_delay
+from scrapy_dist.frontier import orders as deadletter
+from scrapy_dist.frontier.orders import (
+    backoff_delay,
+    dead_letter_record,
+    parse_record,
+    parse_retry_after,
+    reason_matches,
+    requeue_payload,
+    retry_delay,
+)
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.middlewares import HttpErrorMiddleware, RetryMiddleware, RetryScheduled
 from scrapy_dist.redis.keys import CrawlKeys

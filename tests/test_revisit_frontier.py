@@ -177,7 +177,7 @@ def test_validators_are_written_into_the_entry_and_trust_is_kept() -> None:
     from scrapy import Request
     from scrapy.http import HtmlResponse
 
-    from scrapy_dist.frontier.revisit import Revisits
+    from scrapy_dist.frontier.engine import Revisits
     from scrapy_dist.wire.codec import encode_request, load_payload
     from scrapy_dist.wire.entrypolicy import EntryPolicy, is_trusted
 

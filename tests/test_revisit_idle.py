@@ -16,7 +16,7 @@ from crawlproject import make_project
 from helpers import wait_for
 
 from scrapy_dist.cli.status import idle_text
-from scrapy_dist.frontier.revisit import RevisitRules
+from scrapy_dist.frontier.orders import RevisitRules
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.settings import DistSettings, SettingsError

@@ -71,7 +71,7 @@ def test_everything_else_passes_through() -> None:
 
 
 def test_conditional_revisits_without_the_middleware_warn_once(caplog: Any) -> None:
-    from scrapy_dist.frontier.revisit import Revisits
+    from scrapy_dist.frontier.engine import Revisits
 
     crawler = get_crawler(settings_dict={"REVISIT_CONDITIONAL": True})
     Revisits.from_crawler(crawler)

@@ -21,7 +21,7 @@ from redis_cluster import LocalCluster
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.frontier.control import dead_letter_record
+from scrapy_dist.frontier.orders import dead_letter_record
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.frontier.shard import domain_shard, shard_of, shards_idle
 from scrapy_dist.monitor.status import read_status

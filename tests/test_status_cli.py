@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from helpers import lease_key
 
 from scrapy_dist.cli import main
-from scrapy_dist.frontier.control import ControlState
+from scrapy_dist.frontier.layout import ControlState
 from scrapy_dist.monitor.status import leases_by_worker, read_status, window_totals
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys

@@ -31,14 +31,14 @@ from scrapy.utils.misc import load_object
 from scrapy_dist.cli import ClientFactory, console, force_option, json_safe, main, pass_redis, printable
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import orders as queue
-from scrapy_dist.frontier.control import (
+from scrapy_dist.frontier.layout import parse_control
+from scrapy_dist.frontier.orders import (
     DeadLetter,
-    parse_control,
+    DomainLimits,
     parse_record,
     reason_matches,
     requeue_payload,
 )
-from scrapy_dist.frontier.orders import DomainLimits
 from scrapy_dist.frontier.shard import Frontier, SyncBatch, domain_shard
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.wire.codec import EntryPolicy
@@ -59,8 +59,7 @@ from scrapy.utils.misc import build_from_crawler
 
 from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import parse_bloom_record
-from scrapy_dist.frontier.control import move_aside_foreign
-from scrapy_dist.frontier.revisit import end_chains
+from scrapy_dist.frontier.layout import end_chains, move_aside_foreign
 from scrapy_dist.frontier.shard import shard_of
 from scrapy_dist.redis.scripts import text
 

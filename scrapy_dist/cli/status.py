@@ -35,8 +35,14 @@ from scrapy_dist.cli import (
     printable,
     project_spiders,
 )
-from scrapy_dist.frontier.control import close_crawl, parse_control, pause_crawl, resume_crawl, valid_reason
-from scrapy_dist.frontier.revisit import end_chains
+from scrapy_dist.frontier.layout import (
+    close_crawl,
+    end_chains,
+    parse_control,
+    pause_crawl,
+    resume_crawl,
+    valid_reason,
+)
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.pipelines import STREAM_FIELD
 from scrapy_dist.redis.outage import READ_ERRORS, describe

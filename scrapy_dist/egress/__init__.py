@@ -1,38 +1,370 @@
-"""Where a worker may connect: the networks of ``SCHEDULER_DENY_NETWORKS`` and the DNS resolver that refuses
-them on the address each connection uses (:class:`DenyNetworksResolver`, Scrapy's ``TWISTED_DNS_RESOLVER``).
+"""Where a worker may connect: the networks of ``SCHEDULER_DENY_NETWORKS``, the checks that need no DNS (a
+host or proxy written as an IP address), and the DNS resolver that refuses denied answers on the address
+each connection uses (:class:`DenyNetworksResolver`), so that a name answering differently from one lookup
+to the next (DNS rebinding) meets the check on the answer used. :func:`enforce` (called by the scheduler
+and the add-on's middleware) installs it on the reactor when the engine starts, or wraps any other
+resolver; it refuses the networks of every crawl running in the process.
 
-The scheduler and the add-on's middleware put the policy in force with :func:`enforce`; the check itself
-sits in the resolver the download connects through, so a name that answers differently from one lookup
-to the next (DNS rebinding) meets the check on the answer that is used.
-May import: ``utils`` and the root's exceptions.
-"""
+May import: ``utils`` and the root's exceptions."""
 
 from __future__ import annotations
 
-from scrapy_dist.egress.networks import (
-    POLICY,
-    DeniedNetwork,
-    DenyNetworksResolver,
-    DenyPolicy,
-    checked_request,
-    denied,
-    enforce,
-    install,
-    literal_refusal,
-    parse_networks,
-    request_refusal,
-)
+import ipaddress
+import logging
+import os
+import secrets
+import weakref
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-__all__ = [
-    "POLICY",
-    "DeniedNetwork",
-    "DenyNetworksResolver",
-    "DenyPolicy",
-    "checked_request",
-    "denied",
-    "enforce",
-    "install",
-    "literal_refusal",
-    "parse_networks",
-    "request_refusal",
-]
+from scrapy import signals
+from scrapy.exceptions import IgnoreRequest
+from scrapy.resolver import CachingThreadedResolver, dnscache
+from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet import defer
+from twisted.internet._resolver import ComplexResolverSimplifier, SimpleResolverComplexifier
+from twisted.internet.address import IPv4Address
+from twisted.internet.interfaces import IHostnameResolver, IResolutionReceiver, IResolverSimple
+from zope.interface import implementer, provider
+
+from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.utils import RateLimitedLog
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from twisted.internet.defer import Deferred
+    from twisted.internet.interfaces import IHostResolution
+
+__all__ = ["POLICY", "Address", "DeniedNetwork", "DenyNetworksResolver", "DenyPolicy", "DenyingNameResolver",
+           "DenyingResolver", "Network", "checked_request", "denied", "enforce", "install", "literal_refusal",
+           "parse_networks", "request_refusal"]
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+logger = logging.getLogger(__name__)
+
+
+class DeniedNetwork(IgnoreRequest):
+    """A connection (to a request's host or its proxy) to an address in ``SCHEDULER_DENY_NETWORKS``."""
+
+
+def parse_networks(values: Iterable[Any]) -> list[Network]:
+    """CIDR strings as networks; raises ``ValueError`` naming the first bad one."""
+    out: list[Network] = []
+    for v in values:
+        try:
+            out.append(ipaddress.ip_network(str(v).strip(), strict=False))
+        except ValueError:
+            raise ValueError(
+                f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network (CIDR, e.g. 10.0.0.0/8)"
+            ) from None
+    return out
+
+
+def denied(address: str, networks: Iterable[Network]) -> Network | None:
+    """The network holding ``address`` (an IPv4-mapped IPv6 address counts as its IPv4 address), or
+    ``None`` (also for text that is no IP address)."""
+    try:
+        ip: Address = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return None
+    candidates = [ip]
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        candidates.append(ip.ipv4_mapped)
+    for net in networks:
+        if any(c.version == net.version and c in net for c in candidates):
+            return net
+    return None
+
+
+def literal_refusal(host: str, networks: Iterable[Network], what: str = "host") -> str:
+    """Why ``host`` written as an IP address is refused (``""``: allowed, or a name the resolver checks):
+    Twisted connects to an IP address without asking the resolver."""
+    host = host.strip("[]").rstrip(".").lower()
+    if not host or not (host[0].isdigit() or ":" in host):
+        return ""
+    net = denied(host, networks)
+    return f"{what} {host} is in denied network {net}" if net is not None else ""
+
+
+def request_refusal(request: Request, networks: Sequence[Network]) -> str:
+    """Why ``request`` is refused before any DNS: its host, or its ``meta["proxy"]``'s, is an IP address in
+    ``networks`` (``""``: not refused here)."""
+    if not networks:
+        return ""
+    why = literal_refusal(urlparse_cached(request).hostname or "", networks)
+    proxy = request.meta.get("proxy")
+    if not why and isinstance(proxy, str) and proxy:
+        why = literal_refusal(proxy_host(proxy), networks, "proxy")
+    return why
+
+
+def checked_request(request: Request, networks: Sequence[Network], stats: Any = None) -> Request:
+    """``request``, read from the queue, unless :func:`request_refusal` refuses it: then it is counted
+    (``deny_networks/refused``) and :class:`RejectedEntry` (``denied_network``) is raised."""
+    why = request_refusal(request, networks)
+    if not why:
+        return request
+    if stats is not None:
+        stats.inc_value("deny_networks/refused")
+    raise RejectedEntry("denied_network", why)
+
+
+def proxy_host(proxy: str) -> str:
+    """The host of a proxy URL as Scrapy's ``HttpProxyMiddleware`` reads it (a scheme is optional)."""
+    try:
+        return urlsplit(proxy if "://" in proxy else f"http://{proxy}").hostname or ""
+    except ValueError:
+        return ""
+
+
+class DenyPolicy:
+    """The networks this process refuses to connect to: the union of the deny lists of the crawls running
+    in it (each joins when its engine starts and leaves when it stops), plus ``networks`` given here."""
+
+    def __init__(self, networks: Sequence[Network] = ()) -> None:
+        self.fixed = list(networks)
+        self._crawls: dict[int, tuple[list[Network], Any]] = {}  # crawl -> (networks, stats or None)
+        self._marks: OrderedDict[str, str] = OrderedDict()  # stand-in host name -> why (see mark())
+        self._log = RateLimitedLog(logger)
+
+    def join(self, key: int, networks: Sequence[Network], stats: Any = None) -> None:
+        self._crawls[key] = (list(networks), stats)
+
+    def leave(self, key: int) -> None:
+        self._crawls.pop(key, None)
+
+    @property
+    def networks(self) -> list[Network]:
+        out = list(self.fixed)
+        for nets, _ in self._crawls.values():
+            out += [n for n in nets if n not in out]
+        return out
+
+    def check(self, address: str, name: str) -> str:
+        """``address`` (an answer for ``name``) if no deny list holds it; else count, log (rate-limited)
+        and raise :class:`DeniedNetwork`."""
+        net = denied(address, self.networks)
+        if net is None:
+            return address
+        why = f"{name} resolves to {address}, in denied network {net}"
+        for _, stats in self._crawls.values():
+            if stats is not None:
+                stats.inc_value("deny_networks/refused")
+        self._log.log(logging.WARNING, "Refused to connect: %s (SCHEDULER_DENY_NETWORKS)", why)
+        raise DeniedNetwork(why)
+
+    def mark(self, why: str) -> str:
+        """A host name standing in for a refused address (an ``IHostnameResolver`` could only drop it, a DNS
+        failure), whose lookup fails with :class:`DeniedNetwork` (:meth:`unmark`; the newest 10,000 kept)."""
+        name = f"denied-{secrets.token_hex(8)}{_MARK_SUFFIX}"
+        self._marks[name] = why
+        while len(self._marks) > 10_000:
+            self._marks.popitem(last=False)
+        return name
+
+    def unmark(self, name: str) -> Deferred[str] | None:
+        """For a name made by :meth:`mark`, the failed lookup that refuses the connection; else None."""
+        if not name.endswith(_MARK_SUFFIX):
+            return None
+        return defer.fail(DeniedNetwork(self._marks.get(name, "refused address (SCHEDULER_DENY_NETWORKS)")))
+
+
+_MARK_SUFFIX = ".denied.scrapy-dist.invalid"
+
+#: The policy of this process, which the resolvers of this module consult.
+POLICY = DenyPolicy()
+
+
+class _CheckedAnswers:
+    """``getHostByName`` as the subclass's ``lookup`` answers it, checked against ``policy``."""
+
+    policy: DenyPolicy
+
+    def lookup(self, name: str, timeout: Sequence[int]) -> Deferred[str]:
+        raise NotImplementedError
+
+    def getHostByName(self, name: str, timeout: Sequence[int] = (1, 3, 11, 45)) -> Deferred[str]:
+        refused = self.policy.unmark(name)
+        if refused is not None:
+            return refused
+        return self.lookup(name, timeout).addCallback(self.policy.check, name)
+
+
+@implementer(IResolverSimple)
+class DenyNetworksResolver(_CheckedAnswers, CachingThreadedResolver):
+    """Scrapy's default resolver (thread pool, DNS cache, ``DNS_TIMEOUT``) whose every answer, cached or
+    fresh, is checked against the process's :class:`DenyPolicy`. Set it with ``TWISTED_DNS_RESOLVER =
+    "scrapy_dist.egress.DenyNetworksResolver"`` (the add-on does)."""
+
+    policy: DenyPolicy = POLICY
+
+    def lookup(self, name: str, timeout: Sequence[int] = ()) -> Deferred[str]:
+        return CachingThreadedResolver.getHostByName(self, name, timeout)
+
+    def install_on_reactor(self) -> None:
+        install(self.reactor, self.policy, self)
+
+
+@implementer(IResolverSimple)
+class DenyingResolver(_CheckedAnswers):
+    """Any ``IResolverSimple`` (``inner``) whose answers are checked as :class:`DenyNetworksResolver`'s."""
+
+    def __init__(self, inner: Any, policy: DenyPolicy = POLICY) -> None:
+        self.inner, self.policy = inner, policy
+
+    def lookup(self, name: str, timeout: Sequence[int] = (1, 3, 11, 45)) -> Deferred[str]:
+        return self.inner.getHostByName(name, timeout)  # type: ignore[no-any-return]
+
+
+@implementer(IResolverSimple)
+class _Unchecked:
+    """A checking resolver's plain lookups, for the name resolver that does its own checking."""
+
+    def __init__(self, resolver: DenyNetworksResolver | DenyingResolver) -> None:
+        self.resolver = resolver
+
+    def getHostByName(self, name: str, timeout: Sequence[int] = (1, 3, 11, 45)) -> Deferred[str]:
+        return self.resolver.lookup(name, timeout)
+
+
+@provider(IResolutionReceiver)
+class _DenyingReceiver:
+    """Passes on the addresses of a resolution; a denied one becomes a stand-in that fails to connect."""
+
+    def __init__(self, receiver: Any, name: str, policy: DenyPolicy) -> None:
+        self.receiver, self.name, self.policy = receiver, name, policy
+
+    def resolutionBegan(self, resolution: IHostResolution) -> None:
+        self.receiver.resolutionBegan(resolution)
+
+    def addressResolved(self, address: Any) -> None:
+        try:
+            self.policy.check(str(getattr(address, "host", "")), self.name)
+        except DeniedNetwork as exc:
+            address = IPv4Address("TCP", self.policy.mark(str(exc)), getattr(address, "port", 0))
+        self.receiver.addressResolved(address)
+
+    def resolutionComplete(self) -> None:
+        self.receiver.resolutionComplete()
+
+
+@implementer(IHostnameResolver)
+class DenyingNameResolver:
+    """Any ``IHostnameResolver`` (``inner``) whose addresses are checked: a denied one is replaced by a
+    stand-in (:meth:`DenyPolicy.mark`) that the reactor's simple resolver (one of ours) refuses."""
+
+    def __init__(self, inner: Any, policy: DenyPolicy = POLICY) -> None:
+        self.inner, self.policy = inner, policy
+
+    def resolveHostName(
+        self, resolutionReceiver: Any, hostName: str, portNumber: int = 0,
+        addressTypes: Any = None, transportSemantics: str = "TCP",
+    ) -> IHostResolution:
+        receiver = _DenyingReceiver(resolutionReceiver, hostName, self.policy)
+        return self.inner.resolveHostName(  # type: ignore[no-any-return]
+            receiver, hostName, portNumber, addressTypes, transportSemantics
+        )
+
+
+def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolver | None = None) -> str:
+    """Make every name ``reactor`` resolves for a connection pass ``policy``, both ways Twisted resolves
+    (``reactor.resolver`` and ``reactor.nameResolver``): Scrapy's default is replaced by
+    :class:`DenyNetworksResolver` (``ours``, or one with the same cache and timeout), any other is wrapped.
+    Returns the dotted name of a wrapped resolver that is neither Scrapy's nor Twisted's (else ``""``)."""
+    if isinstance(reactor.resolver, (DenyNetworksResolver, DenyingResolver)) and isinstance(
+        reactor.nameResolver, DenyingNameResolver
+    ):
+        return ""
+    current = reactor.resolver
+    checking: DenyNetworksResolver | DenyingResolver
+    if ours is None and isinstance(current, ComplexResolverSimplifier):  # a name resolver was installed
+        inner: Any = current._nameResolver
+        checking = DenyingResolver(current, policy)
+        names = DenyingNameResolver(inner, policy)
+    else:
+        inner = current
+        if ours is not None:
+            checking = ours
+        elif type(current) is CachingThreadedResolver:
+            checking = DenyNetworksResolver(reactor, dnscache.limit or 0, current.timeout)
+        else:
+            checking = DenyingResolver(current, policy)
+        checking.policy = policy
+        unchecked: Any = _Unchecked(checking)
+        names = DenyingNameResolver(SimpleResolverComplexifier(unchecked), policy)
+    reactor.installNameResolver(names)
+    reactor.resolver = checking  # installNameResolver set a plain wrapper of names: ours reads stand-ins
+    if ours is not None or type(inner) is CachingThreadedResolver:
+        return ""
+    path = f"{type(inner).__module__}.{type(inner).__qualname__}"
+    return "" if path.startswith("twisted.") else path
+
+
+_enforced: weakref.WeakSet[Any] = weakref.WeakSet()
+_warned: set[str] = set()
+
+
+def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
+    """Put ``crawler``'s ``SCHEDULER_DENY_NETWORKS`` in force on its connections (once per crawler): from
+    the engine's start to its stop, :data:`POLICY` holds its networks and the reactor's resolver checks
+    them. Returns the networks (empty: nothing to do)."""
+    networks = parse_networks(deny_networks)
+    if not networks or crawler in _enforced:
+        return networks
+    _enforced.add(crawler)
+    key = id(crawler)
+
+    def started() -> None:
+        POLICY.join(key, networks, crawler.stats)
+        _check_reactor(crawler)
+        _check_env_proxies(networks)
+
+    crawler.signals.connect(started, signal=signals.engine_started, weak=False)
+    crawler.signals.connect(lambda: POLICY.leave(key), signal=signals.engine_stopped, weak=False)
+    return networks
+
+
+def _warn_once(message: str, *args: Any) -> None:
+    text = message % args
+    if text not in _warned:
+        _warned.add(text)
+        logger.warning("%s", text)
+
+
+def _check_reactor(crawler: Crawler) -> None:
+    if not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True):
+        _warn_once(
+            "SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False there is no Twisted resolver to"
+            " check connections in; only hosts and proxies written as IP addresses are refused before the"
+            " download, and a DNS name pointing into a denied network is fetched -- deny those networks at"
+            " the firewall as well"
+        )
+        return
+    from twisted.internet import reactor
+
+    wrapped = install(reactor)
+    if wrapped:
+        _warn_once(
+            "TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's: scrapy-dist wraps it so that"
+            " every address it returns is checked against SCHEDULER_DENY_NETWORKS; to keep Scrapy's DNS"
+            " cache with the check, use TWISTED_DNS_RESOLVER = 'scrapy_dist.egress.DenyNetworksResolver'",
+            wrapped,
+        )
+
+
+def _check_env_proxies(networks: list[Network]) -> None:
+    """One WARNING per environment proxy written as an address in a denied network (used all the same:
+    the environment is the operator's)."""
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        value = os.environ.get(var, "")
+        why = literal_refusal(proxy_host(value), networks, "proxy") if value else ""
+        if why:
+            _warn_once(
+                "%s: %s (SCHEDULER_DENY_NETWORKS); it is used, being the operator's setting -- only a proxy"
+                " named in the environment by a DNS name is checked on each connection", var, why,
+            )

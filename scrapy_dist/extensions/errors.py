@@ -23,7 +23,7 @@ from scrapy import signals
 from scrapy_dist.exceptions import ReleasedAtClose, ScrapyDistError
 from scrapy_dist.extensions.clusterstats import engine_of, scheduler_of, worker_id
 from scrapy_dist.extensions.periodic import PeriodicTask
-from scrapy_dist.frontier.control import ControlState, start_time
+from scrapy_dist.frontier.layout import ControlState, start_time
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage

@@ -23,8 +23,7 @@ from scrapy import signals
 from scrapy_dist.extensions.clusterstats import engine_of, scheduler_of
 from scrapy_dist.extensions.periodic import PeriodicTask
 from scrapy_dist.frontier import engine as _engine
-from scrapy_dist.frontier.control import ControlState, report_problems, start_time
-from scrapy_dist.frontier.revisit import end_chains
+from scrapy_dist.frontier.layout import ControlState, end_chains, report_problems, start_time
 from scrapy_dist.frontier.shard import shards_idle
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys

@@ -1,61 +1,51 @@
-"""What the frontier takes from Scrapy's running crawler: its engine, its settings (``from_crawler``
-wiring), and the durability of its item output.
+"""What the frontier takes from Scrapy's running crawler, and what rides a finished request's ack.
 
-**Engine access**: the one place that reads ``engine._slot`` (a Scrapy upgrade that moves it is a one-file
-fix): the requests in progress (a request leaves ``inprogress`` only once its callback's output reached
-the scheduler: then it may be acknowledged), waking the engine, the running scheduler, the downloader's
-middleware chain and its slot queues. The scheduler takes an :class:`Engine`: :class:`EngineView` of a
-real crawler, or :class:`DetachedEngine` for one driven without an engine (tests, tools).
-
-**Wiring**: :func:`build` is ``Scheduler.from_crawler``: the scheduler's ``__init__`` takes plain objects,
-read here from the crawler; a refused setting refuses the crawl's start (:mod:`scrapy_dist.settings.reader`).
-:func:`run_components` gives the two-line setup (no add-on) what the add-on would enable.
-
-**Item output**: :class:`ItemOutbox` holds the items ``RedisPipeline`` writes until their page's ack,
-which carries them in the same ``sync`` call (lua/sync_items.lua); :class:`FeedBarrier` flushes and fsyncs
-local feed files before a round acknowledges their pages. Storages that store only at close (S3, FTP,
-post-processed files) cannot be made durable before an ack: one WARNING at start names each.
+The one place that reads ``engine._slot`` (a Scrapy upgrade that moves it is a one-file fix). Items
+(:class:`ItemOutbox`) and revisits (:class:`Revisits`, docs/continuous.md) ride the ack of their page in the
+same atomic ``sync`` call; local feed files are fsynced before it (:class:`FeedBarrier`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
+import msgpack
 from redis.crc import key_slot
 from scrapy import signals
-from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import NotConfigured
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.python.failure import Failure
 
-from scrapy_dist.egress import enforce
-from scrapy_dist.exceptions import ReleasedAtClose, ScrapyDistError
-from scrapy_dist.frontier import orders
-from scrapy_dist.frontier.orders import DomainLimits
-from scrapy_dist.frontier.revisit import Revisits
+from scrapy_dist.exceptions import ReleasedAtClose
+from scrapy_dist.frontier.layout import member_prefix
+from scrapy_dist.frontier.orders import NOT_SET, RevisitRules
+from scrapy_dist.frontier.shard import lease_member
 from scrapy_dist.redis.connection import is_cluster
-from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
-from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings
-from scrapy_dist.settings.reader import ADDON_LINE, COMPONENTS, Component, mentions, refuse_start, start_error
-from scrapy_dist.wire.codec import entry_policy
+from scrapy_dist.settings.reader import ADDON_LINE, COMPONENTS, Component, mentions
+from scrapy_dist.settings.values import check_seconds
+from scrapy_dist.wire.codec import load_payload
+from scrapy_dist.wire.entrypolicy import DEFAULT_POLICY, entry_policy
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
+    from typing_extensions import Self
 
     from scrapy_dist.frontier.scheduler import Scheduler
     from scrapy_dist.frontier.shard import ItemRoute
     from scrapy_dist.frontier.syncloop import SyncLoop
+    from scrapy_dist.wire.entrypolicy import EntryPolicy
 
 logger = logging.getLogger(__name__)
-S = TypeVar("S", bound="Scheduler")
 
 
 def _slot(crawler: Any) -> Any:
@@ -67,19 +57,12 @@ def _slot(crawler: Any) -> Any:
 
 
 def inprogress(crawler: Any) -> Any:
-    """The engine's set of requests in progress, or ``None`` if it cannot be found."""
+    """The engine's requests in progress (left once the callback's output reached the scheduler)."""
     return getattr(_slot(crawler), "inprogress", None)
 
 
-def wake(crawler: Any) -> None:
-    """Ask the engine to call ``next_request`` soon."""
-    nextcall = getattr(_slot(crawler), "nextcall", None)
-    if nextcall is not None:
-        nextcall.schedule()
-
-
 def scheduler(crawler: Any) -> Any:
-    """The engine's scheduler object, or ``None`` before the crawl starts."""
+    """The engine's scheduler, or ``None`` before the crawl starts."""
     return getattr(_slot(crawler), "scheduler", None)
 
 
@@ -87,58 +70,6 @@ def is_closing(crawler: Any) -> bool:
     """Whether the engine has started closing the spider."""
     slot = _slot(crawler)
     return slot is not None and getattr(slot, "closing", None) is not None
-
-
-def take_unstarted(crawler: Any, which: Callable[[Any], bool]) -> list[Any]:
-    """Once the engine is closing: the requests ``which`` accepts that wait in the downloader's slot queues
-    (not started), taken out and failed with :class:`ReleasedAtClose`, so the engine stops waiting for
-    them; ``[]`` before."""
-    if not is_closing(crawler):
-        return []
-    slots = getattr(getattr(crawler.engine, "downloader", None), "slots", None) or {}
-    taken = []
-    for slot in list(slots.values()):
-        queue = getattr(slot, "queue", None)
-        if not queue:
-            continue
-        kept = []
-        while queue:
-            request, dfd = queue.popleft()
-            if which(request):
-                taken.append((request, dfd))
-            else:
-                kept.append((request, dfd))
-        queue.extend(kept)
-    for request, dfd in taken:
-        dfd.errback(Failure(ReleasedAtClose(f"given back to the queue at close: {request.url}")))
-    return [request for request, _ in taken]
-
-
-def add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
-    """Put ``mw`` first in the running downloader's middleware chain (its ``process_request`` before every
-    other one's, its ``process_response`` / ``process_exception`` last); False if the chain cannot be
-    found (nothing was changed)."""
-    try:
-        engine = crawler.engine
-    except (AttributeError, RuntimeError):  # Crawler.engine raises until the crawl starts
-        return False
-    manager = getattr(getattr(engine, "downloader", None), "middleware", None)
-    methods = getattr(manager, "methods", None)
-    if manager is None or not isinstance(methods, dict):
-        return False
-    for name, first in (("process_request", True), ("process_response", False),
-                        ("process_exception", False)):
-        method = getattr(mw, name, None)
-        if method is None:
-            continue
-        if name not in methods:
-            return False
-        if first:
-            methods[name].appendleft(method)
-        else:
-            methods[name].append(method)
-    manager.middlewares = (mw, *manager.middlewares)
-    return True
 
 
 def locally_idle(crawler: Any) -> bool:
@@ -150,23 +81,18 @@ def locally_idle(crawler: Any) -> bool:
 
 
 class Engine(Protocol):
-    """What the scheduler needs of the engine."""
+    """What the scheduler needs of the engine: the requests it works on (``None``: unknown), a wake up, a
+    close, a slot's active downloads and, once closing, the unstarted requests ``which`` accepts."""
 
-    def inprogress(self) -> Any:
-        """Requests the engine still works on (a container), or ``None`` when that cannot be known."""
+    def inprogress(self) -> Any: ...
 
-    def wake(self) -> None:
-        """Make the engine ask for requests soon."""
+    def wake(self) -> None: ...
 
-    def close(self, reason: str) -> None:
-        """Close the spider (the scheduler cannot go on)."""
+    def close(self, reason: str) -> None: ...
 
-    def slot_load(self, request: Any) -> int:
-        """Requests the downloader is fetching in the download slot ``request`` would use."""
+    def slot_load(self, request: Any) -> int: ...
 
-    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]:
-        """Once the engine closes, the requests ``which`` accepts that have not started downloading, taken
-        back (the engine no longer waits for them); ``[]`` before."""
+    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]: ...
 
 
 class EngineView:
@@ -179,21 +105,21 @@ class EngineView:
         return inprogress(self.crawler)
 
     def wake(self) -> None:
-        wake(self.crawler)
+        nextcall = getattr(_slot(self.crawler), "nextcall", None)
+        if nextcall is not None:
+            nextcall.schedule()
 
     def close(self, reason: str) -> None:
         engine = getattr(self.crawler, "engine", None)
         if engine is None or engine.spider is None or is_closing(self.crawler):
             return
-        task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
         # keep a reference: the loop holds tasks weakly
-        self._closing_task = task
+        self._closing_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
 
     def slot_load(self, request: Any) -> int:
-        # Downloader.get_slot_key and Downloader.slots are public
         try:
             downloader = self.crawler.engine.downloader
-        except (AttributeError, RuntimeError):  # Crawler.engine raises until the crawl starts
+        except (AttributeError, RuntimeError):
             return 0
         if downloader is None:
             return 0
@@ -201,12 +127,27 @@ class EngineView:
         return len(slot.active) if slot is not None else 0
 
     def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]:
-        return take_unstarted(self.crawler, which)
+        # taken out of the downloader's slot queues and failed: the engine stops waiting for them
+        if not is_closing(self.crawler):
+            return []
+        slots = getattr(getattr(self.crawler.engine, "downloader", None), "slots", None) or {}
+        taken: list[tuple[Any, Any]] = []
+        for slot in list(slots.values()):
+            queue = getattr(slot, "queue", None)
+            if not queue:
+                continue
+            kept: list[tuple[Any, Any]] = []
+            while queue:
+                request, dfd = queue.popleft()
+                (taken if which(request) else kept).append((request, dfd))
+            queue.extend(kept)
+        for request, dfd in taken:
+            dfd.errback(Failure(ReleasedAtClose(f"given back to the queue at close: {request.url}")))
+        return [request for request, _ in taken]
 
 
 class DetachedEngine:
-    """:class:`Engine` for a scheduler driven without Scrapy's engine: nothing is ever in progress (a
-    request handed out is finished at the next round), waking is a no-op, ``close`` is recorded."""
+    """:class:`Engine` without Scrapy's engine (tests, tools): nothing in progress, ``close`` recorded."""
 
     def __init__(self) -> None:
         self.closed: str | None = None
@@ -227,60 +168,8 @@ class DetachedEngine:
         return []
 
 
-# -- wiring from a crawler -----------------------------------------------------------------------
-def build(cls: type[S], crawler: Crawler) -> S:
-    """A ``cls`` scheduler wired from ``crawler``; if the crawl's start is (or gets) refused, one that opens
-    nothing while the crawl stops."""
-    if start_error(crawler) is None:
-        try:
-            sched = _wired(cls, crawler)
-        except ScrapyDistError as exc:
-            refuse_start(crawler, exc)
-        else:
-            if start_error(crawler) is None:  # the dupefilter may have refused it
-                return sched
-    sched = cls(BaseDupeFilter(), None, crawler=crawler)
-    sched.refused = True
-    return sched
-
-
-def _wired(cls: type[S], crawler: Crawler) -> S:
-    ds = DistSettings.for_crawler(crawler)
-    cfg = ds.scheduler
-    dupefilter = build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
-    qcls: Any = orders.ALIASES.get(cfg.queue_class) or load_object(cfg.queue_class)
-    try:
-        keys: CrawlKeys | None = crawler_keys(crawler)
-    except ValueError:  # no spider name yet (a harness that builds the scheduler first): at open()
-        keys = None
-    sched = cls(
-        dupefilter,
-        keys,
-        ds,
-        crawler=crawler,
-        config=cfg,
-        order=qcls(),
-        stats=crawler.stats,
-        engine=EngineView(crawler),
-        outage=Outage.for_crawler(crawler),
-        domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
-        policy=entry_policy(crawler),
-    )
-    sched.revisits = Revisits.from_crawler(crawler)
-    sched.revisits.policy = sched.policy if keys is not None else None
-    sched.ledger.riders.revisit_of = sched.revisits.plan
-    sched.encoder.forget_dead = ds.dupefilter.forget_dead
-    sched.networks = enforce(crawler, cfg.deny_networks)  # holds without the add-on too
-    sched.encoder.record_start = sched._batched_df and ds.seeds.record_fingerprint
-    if cfg.politeness == "cluster":
-        crawler.signals.connect(sched.penalties.response_received, signal=signals.response_received)
-    sched.components = run_components(crawler, ds)
-    return sched
-
-
 def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
-    """Build what the add-on would enable and the project's settings lack (see the module docstring);
-    returns the components built (kept by the scheduler: signals hold their handlers weakly)."""
+    """Build what the add-on would enable and the two-line setup lacks (kept: signals hold them weakly)."""
     built: list[Any] = []
     lacking: list[Component] = []
     try:
@@ -292,14 +181,14 @@ def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
         if mentions(user, c.path) or (c.replaces and mentions(user, c.replaces)):
             continue  # enabled, or left out on purpose
         if c.attach == "position":
-            if not c.when or _attr(ds, c.when):
+            if not c.when or functools.reduce(getattr, c.when.split("."), ds):
                 lacking.append(c)
             continue
         try:
             component = build_from_crawler(load_object(c.path), crawler)
         except NotConfigured:
             continue
-        if c.attach == "chain" and not add_first_downloader_middleware(crawler, component):
+        if c.attach == "chain" and not _add_first_downloader_middleware(crawler, component):
             lacking.append(c)
             continue
         built.append(component)
@@ -312,44 +201,46 @@ def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
     return built
 
 
-def _attr(obj: Any, path: str) -> Any:
-    for name in path.split("."):
-        obj = getattr(obj, name)
-    return obj
+def _add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
+    """Put ``mw`` first in the running downloader's middleware chain; False if it cannot be found."""
+    manager = getattr(getattr(crawler.engine, "downloader", None), "middleware", None)
+    methods = getattr(manager, "methods", None)
+    if manager is None or not isinstance(methods, dict):
+        return False
+    for name, first in (("process_request", True), ("process_response", False), ("process_exception", False)):
+        method = getattr(mw, name, None)
+        if method is None:
+            continue
+        if name not in methods:
+            return False
+        (methods[name].appendleft if first else methods[name].append)(method)
+    manager.middlewares = (mw, *manager.middlewares)
+    return True
 
 
 # -- item output durable before its page's ack ------------------------------------------------------
-#: URI schemes whose file this barrier can flush and fsync (a Windows drive letter parses as a scheme)
-LOCAL_SCHEMES = frozenset(("", "file"))
-
-
 def feed_exporter(crawler: Crawler) -> Any:
-    """Scrapy's running FeedExporter extension, or None."""
     from scrapy.extensions.feedexport import FeedExporter
 
-    manager = getattr(crawler, "extensions", None)
-    for ext in getattr(manager, "middlewares", ()):
-        if isinstance(ext, FeedExporter):
-            return ext
-    return None
+    extensions = getattr(getattr(crawler, "extensions", None), "middlewares", ())
+    return next((ext for ext in extensions if isinstance(ext, FeedExporter)), None)
 
 
 def at_risk(feeds: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     """(uri, why) of each feed whose items cannot be on disk before their pages are acknowledged."""
     out = []
     for uri, options in feeds.items():
-        scheme = urlparse(uri).scheme
+        scheme = urlparse(uri).scheme  # a Windows drive letter parses as a scheme
         if options.get("postprocessing"):
             out.append((uri, "post-processed (compressed) as it is written, complete only at close"))
-        elif scheme not in LOCAL_SCHEMES and len(scheme) != 1 and scheme != "stdout":
+        elif scheme not in ("", "file") and len(scheme) != 1 and scheme != "stdout":
             out.append((uri, f"a {scheme}:// storage, which stores the file only at close or per batch"))
     return out
 
 
 def _fsync_all(fds: list[int]) -> None:
     for fd in fds:
-        # a file closed meanwhile (a batch rotated) was flushed by its close
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # a file closed meanwhile (a batch rotated) was flushed
             os.fsync(fd)
 
 
@@ -362,7 +253,6 @@ class FeedBarrier:
 
     @classmethod
     def install(cls, crawler: Crawler, loop: SyncLoop) -> FeedBarrier | None:
-        """Put a barrier on ``loop`` when the crawl exports feeds; warn about those at risk."""
         exporter = feed_exporter(crawler)
         if exporter is None or not getattr(exporter, "feeds", None):
             return None
@@ -379,9 +269,8 @@ class FeedBarrier:
         return barrier
 
     async def __call__(self) -> None:
-        exporter = feed_exporter(self.crawler)
         fds = []
-        for slot in getattr(exporter, "slots", ()):
+        for slot in getattr(feed_exporter(self.crawler), "slots", ()):
             file = slot.file
             if file is None or getattr(file, "closed", False):
                 continue
@@ -403,38 +292,22 @@ class ItemOutbox:
         self._items: dict[Request, list[bytes | str]] = {}
         #: whether a request came from a lease (only those are acknowledged, so only their items can ride)
         self.leased = leased
-        #: items staged since the start
-        self.staged = 0
 
     def stage(self, request: Request, data: bytes | str) -> bool:
-        """Keep ``data`` until ``request``'s ack takes it; False (nothing kept) for a request of no lease
-        (one crawled by this worker only): its items must be written otherwise."""
+        """Keep ``data`` until ``request``'s ack takes it; False for a request of no lease (not kept)."""
         if not self.leased(request):
             return False
         self._items.setdefault(request, []).append(data)
-        self.staged += 1
         return True
 
     def take(self, request: Request) -> list[bytes | str]:
-        """The items ``request`` produced (once; ``[]`` for none)."""
         return self._items.pop(request, [])
-
-    def clear(self) -> int:
-        """Forget every staged item (their requests were not acknowledged: they are crawled again);
-        returns how many."""
-        n = sum(len(v) for v in self._items.values())
-        self._items.clear()
-        return n
-
-    def __len__(self) -> int:
-        return sum(len(v) for v in self._items.values())
 
 
 def attach(scheduler: Scheduler, route: ItemRoute) -> ItemOutbox | None:
     """Make ``scheduler``'s acks carry the items of their pages to ``route``; the outbox to stage them in,
-    or None when they cannot ride the acks: the frontier is not open, or Redis is a cluster and the items
-    key lives in another hash slot than a shard's keys (a script touches one slot: on a cluster, items ride
-    the acks only with one shard and an items key carrying the crawl's hash tag, ``{spider}:items``)."""
+    or None when the frontier is not open, or the items key lives in another cluster hash slot than a
+    shard's keys (on a cluster, items ride the acks only with one shard and ``{spider}:items``)."""
     if not scheduler.frontiers:
         return None
     if is_cluster(scheduler.redis):
@@ -445,5 +318,173 @@ def attach(scheduler: Scheduler, route: ItemRoute) -> ItemOutbox | None:
     outbox = ItemOutbox(lambda request: request in ledger.handed)
     for frontier in scheduler.frontiers:
         frontier.items = route
-    scheduler.ledger.riders.items_of = outbox.take
+    ledger.riders.items_of = outbox.take
     return outbox
+
+
+# -- revisits ------------------------------------------------------------------------------------
+#: the meta key a request (or its callback) sets: seconds, or None to stop
+META_KEY = "revisit_after"
+#: validators longer than this are not stored (the page is revisited unconditionally)
+MAX_VALIDATOR_BYTES = 256
+VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
+
+
+def validators_of(headers: Any) -> dict[bytes, bytes]:
+    """The conditional request headers a response's ``ETag`` / ``Last-Modified`` allow."""
+    out = {}
+    for source, target in ((b"ETag", b"If-None-Match"), (b"Last-Modified", b"If-Modified-Since")):
+        value = headers.get(source)
+        if value and len(value) <= MAX_VALIDATOR_BYTES and all(32 <= c <= 126 for c in value):
+            out[target] = bytes(value)
+    return out
+
+
+def with_validators(payload: bytes, validators: Mapping[bytes, bytes], policy: EntryPolicy) -> bytes:
+    """``payload`` with its conditional headers replaced by ``validators``; signed again only if it was
+    signed. Raises RejectedEntry for a payload that does not decode."""
+    signed = policy.verify(payload)
+    d = load_payload(payload, policy.max_bytes)
+    drop = {h.lower() for h in VALIDATOR_HEADERS}
+    headers = [pair for pair in d.get("h", []) if bytes(pair[0]).lower() not in drop]
+    headers += [[k, [v]] for k, v in validators.items()]
+    if headers:
+        d["h"] = headers
+    else:
+        d.pop("h", None)
+    body = msgpack.packb(d, use_bin_type=True)
+    return policy.seal(body) if signed else DEFAULT_POLICY.seal(body)
+
+
+def _middleware_enabled(settings: Any) -> bool:
+    for path, order in settings.getwithbase("DOWNLOADER_MIDDLEWARES").items():
+        try:
+            cls = load_object(path) if isinstance(path, str) else path
+        except (ImportError, ValueError, NameError, AttributeError):
+            continue
+        if order is not None and getattr(cls, "turns_304_into_not_modified", False):
+            return True
+    return False
+
+
+class Revisits:
+    """Whether and when a finished request is fetched again: a chain goes on while each fetch succeeds
+    (below 400, or a conditional revisit's 304) and its callback neither raises nor sets ``revisit_after =
+    None``. A scheduled revisit waits in a shard's delayed set (meta ``"<score> r"``)."""
+
+    def __init__(
+        self, rules: RevisitRules | None = None, conditional: bool = False, polite: bool = False,
+        policy: EntryPolicy | None = None, stats: Any = None, min_interval: float = 0.0,
+    ) -> None:
+        self.rules = rules or RevisitRules()
+        self.min_interval = min_interval
+        self.stopped = False  # the crawl was closed: no chain goes on
+        self.conditional = conditional
+        self.polite = polite
+        self.policy = policy
+        self.stats = stats
+        self.outcome: dict[Any, bool] = {}  # False: the callback raised, the chain stops
+        self.validators: dict[Any, dict[bytes, bytes]] = {}  # to carry into the revisit
+        self._warned = False
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        cfg = DistSettings.for_crawler(crawler).scheduler
+        o = cls(
+            RevisitRules(cfg.revisit_after), cfg.revisit_conditional, cfg.politeness == "cluster",
+            entry_policy(crawler), crawler.stats, cfg.revisit_min_interval,
+        )
+        crawler.signals.connect(o.response_received, signal=signals.response_received)
+        crawler.signals.connect(o.spider_error, signal=signals.spider_error)
+        if o.conditional and not _middleware_enabled(crawler.settings):
+            logger.warning(
+                "REVISIT_CONDITIONAL is on but %s is not in DOWNLOADER_MIDDLEWARES: revisits send"
+                " If-None-Match / If-Modified-Since, and their 304 answers reach HttpErrorMiddleware instead"
+                " of being counted as unchanged pages. Enable the add-on (ADDONS = {'scrapy_dist.Addon': 0})"
+                " or add the middleware at 580", "scrapy_dist.middlewares.ConditionalRevisitMiddleware",
+            )
+        return o
+
+    def _refiled(self, member: bytes, validators: dict[bytes, bytes] | None) -> bytes:
+        """The member a revisit files (b"": ``member`` itself), signed afresh: a new nonce, so that the sync
+        script does not take it for the acknowledged entry."""
+        policy = self.policy
+        assert policy is not None
+        try:
+            prefix = member_prefix(member, self.polite)
+            payload = member[len(prefix) :]
+            if self.conditional and validators is not None:
+                patched = with_validators(payload, validators, policy)
+            else:
+                patched = policy.renew(payload)
+            if patched != payload and len(patched) <= policy.max_bytes:
+                return prefix + patched
+        except Exception:  # a member we cannot patch is revisited as it is  # noqa: BLE001
+            pass
+        return b""
+
+    def response_received(self, response: Any, request: Request, spider: Any = None) -> None:
+        if response.status < 400 and self.wanted(request):
+            self.outcome.setdefault(request, True)
+            if self.conditional and response.status != 304:
+                self.validators[request] = validators_of(response.headers)
+
+    def spider_error(self, failure: Any, response: Any, spider: Any = None) -> None:
+        request = getattr(response, "request", None)
+        if request is not None and request in self.outcome:
+            self.outcome[request] = False
+
+    def not_modified(self, request: Request) -> None:
+        """A conditional revisit answered 304 (the middleware): the page counts as fetched, unchanged."""
+        if self.wanted(request):
+            self.outcome[request] = True
+
+    def _count(self, stat: str) -> None:
+        if self.stats is not None:
+            self.stats.inc_value(stat)
+
+    def delay_for(self, request: Request) -> float | None:
+        """``meta["revisit_after"]`` if set, else the most specific ``REVISIT_AFTER`` rule (None: none)."""
+        if META_KEY in request.meta:
+            try:
+                seconds = check_seconds(request.meta[META_KEY])
+            except ValueError as exc:
+                self._count("revisit/invalid")
+                if not self._warned:
+                    self._warned = True
+                    logger.warning("meta['revisit_after'] of %s: %s; not revisited (logged once)",
+                                   request, exc)
+                return None
+            if seconds is not None and seconds < self.min_interval:
+                self._count("revisit/raised")
+                return self.min_interval
+            return seconds
+        seconds = self.rules.for_url(request.url, urlparse_cached(request).hostname or "")
+        return None if seconds is NOT_SET else seconds
+
+    def stop(self) -> None:
+        """End every chain this worker would go on with (``scrapy-dist close``)."""
+        self.stopped = True
+
+    def wanted(self, request: Request) -> bool:
+        return META_KEY in request.meta or bool(self.rules)
+
+    def plan(self, request: Request, lease: tuple[int, bytes]) -> tuple[float, bytes] | None:
+        """When ``request`` is finished: ``(delay, new member or b"")`` to file it again, or None."""
+        ok = self.outcome.pop(request, None) and not self.stopped
+        validators = self.validators.pop(request, None)
+        if not ok:
+            if ok is False:
+                self._count("revisit/stopped")
+            return None
+        delay = self.delay_for(request)
+        if delay is None:
+            if META_KEY in request.meta:
+                self._count("revisit/stopped")
+            return None
+        new = b""
+        if self.policy is not None and (self.policy.secret is not None or validators is not None):
+            new = self._refiled(lease_member(lease[1]), validators)
+        self._count("revisit/scheduled")
+        return delay, new
+

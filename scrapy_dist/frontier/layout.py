@@ -1,60 +1,49 @@
-"""A crawl's layout in Redis: its shards, their keys and dupefilters -- joined at start, removed at the end --
-and which shard a request goes to (:class:`Router`).
-
-:meth:`CrawlLayout.join` records (first worker) or checks the crawl's ``SCHEDULER_POLITENESS`` mode, its
-``SCHEDULER_SHARDS`` N and the newest frontier format (:func:`format_check`) in the control hash, refusing
-a worker that differs in one line; :meth:`CrawlLayout.delete` clears every shard of this worker's and the
-recorded N (``SCHEDULER_FLUSH_ON_START``); :meth:`CrawlLayout.finish` lets the last worker remove a
-finished crawl (``SCHEDULER_PERSIST = False``); :meth:`CrawlLayout.filter_stats` sums the dupefilter
-figures over the shards.
+"""A crawl's layout in Redis: its shards, their keys and dupefilters (joined at start, removed at the end),
+which shard a request goes to (:class:`ShardRouter`), and the control hash ``{spider}:control``
+(docs/monitoring.md; untrusted: :func:`parse_control` ignores a garbage field and names it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
 from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.request import RequestFingerprinter
 
-from scrapy_dist.exceptions import ScrapyDistError, ShardingRefused
-from scrapy_dist.frontier.control import move_aside_foreign
-from scrapy_dist.frontier.shard import Frontier, domain_shard, shard_of, shards_idle
+from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError, ShardingRefused
+from scrapy_dist.frontier import shard as _shard
 from scrapy_dist.redis import scripts
-from scrapy_dist.redis.scripts import count as untrusted_count
+from scrapy_dist.redis.connection import CONNECT_ERRORS
+from scrapy_dist.redis.keys import GARBAGE
+from scrapy_dist.wire.codec import load_payload
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from scrapy import Request
 
     from scrapy_dist.frontier.shard import SyncResult
     from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.settings import SchedulerSettings
 
-
-
 logger = logging.getLogger(__name__)
 
-#: keys deleted per DEL command
-_DELETE_BATCH = 100
-
-#: how scrapy-dist lays a crawl out in Redis, recorded in the control hash (field ``format``) by every
-#: worker that joins: 1 = lease metadata in a HASH (before the control hash recorded it; still read),
-#: 2 = lease keys (a tag after the queue member, ``lua/sync_sweep.lua``). Bump it with any change an
-#: older worker would misread (it would reject the newer entries as garbage): such a worker refuses to
-#: join, and a newer one refuses while workers of an older format are running (docs/operations.md,
-#: "Upgrading").
+_DELETE_BATCH = 100  # keys per DEL
+#: how scrapy-dist lays a crawl out in Redis (control hash field ``format``): bump it with any change an
+#: older worker would misread (docs/operations.md, "Upgrading")
 FRONTIER_FORMAT = 2
-#: values of the ``format`` field taken as a format; anything else is garbage (overwritten, warned)
-_FORMAT_LIMIT = 1000
+_FORMAT_LIMIT = 1000  # a larger ``format`` field is garbage (overwritten, warned)
 
 
 def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -> str | None:
-    """What a worker of frontier format ``ours`` does with the crawl's ``recorded`` format, while
-    ``running`` other workers have sent a heartbeat within a lease's time: ``None`` (join, nothing to
-    write), ``"write"`` (join and record ``ours``: a first worker, an upgrade of a crawl nobody runs, or
-    garbage in the field). Raises :class:`ScrapyDistError` (one line) when it must not join."""
+    """``None`` (join), ``"write"`` (join and record ``ours``), or :class:`ScrapyDistError` (do not join)."""
     if recorded is None:
         return "write"
     text = recorded.decode(errors="replace")
@@ -80,29 +69,20 @@ def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -
 class CrawlLayout:
     """The shards of one crawl (``keys.shards(n)``) and the dupefilter of each."""
 
-    def __init__(
-        self, keys: CrawlKeys, dupefilter: Any, shards: int = 1, politeness: str = "process",
-        lease_seconds: float = 60.0,
-    ) -> None:
+    def __init__(self, keys: CrawlKeys, dupefilter: Any, shards: int = 1, politeness: str = "process",
+                 lease_seconds: float = 60.0) -> None:
         self.keys = keys
-        #: a worker seen within this many seconds counts as running (its leases are still valid)
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = lease_seconds  # a worker seen within it counts as running
         self.df = dupefilter
         self.shards = shards
         self.politeness = politeness
-        #: the keys of every shard; shard 0 is the crawl's own keys
-        self.shard_keys = keys.shards(shards)
-        #: one dupefilter per shard (the crawl's own dupefilter with one shard)
+        self.shard_keys = keys.shards(shards)  # shard 0 is the crawl's own keys
         self.shard_dfs: list[Any] = [dupefilter]
-        #: the crawl-wide pause flag when this worker joined
-        self.paused = False
+        self.paused = False  # the crawl-wide pause flag when this worker joined
 
-    # -- start ----------------------------------------------------------------------------------------
     def open(self, client: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
-        """At a worker's start, through the sync ``client``: clear the crawl first with ``flush_on_start``,
-        join it, and return its backlog (requests pending, fingerprints remembered). Anything refused
-        raises a :class:`ScrapyDistError` (one line)."""
-        move_aside_foreign(client, self.keys.control)  # garbage there failed every worker
+        """Join the crawl (cleared first with ``flush_on_start``); its backlog."""
+        move_aside_foreign(client, self.keys.control)
         if flush_on_start:
             self.delete(client)
             logger.info("SCHEDULER_FLUSH_ON_START: cleared the frontier of %r", self.keys.spider)
@@ -110,11 +90,7 @@ class CrawlLayout:
         return self.backlog(client)
 
     def join(self, client: Any, batched: bool) -> None:
-        """Record or check the crawl's mode and N (one round trip), then open every shard's dupefilter.
-
-        ``batched``: the dupefilter is a scrapy-dist one (each shard gets its own). Raises
-        :class:`ScrapyDistError` with one line when this worker cannot join.
-        """
+        """Record or check the crawl's mode, N and format, then open every shard's dupefilter."""
         keys = self.keys
         pipe = client.pipeline(transaction=False)
         pipe.hsetnx(keys.control, "politeness", self.politeness)
@@ -153,8 +129,7 @@ class CrawlLayout:
                 df.open()
 
     def backlog(self, client: Any) -> tuple[int, int]:
-        """(requests queued, leased or delayed; fingerprints remembered) over every shard: what a worker
-        joining the crawl finds (one pipelined round trip)."""
+        """(requests queued, leased or delayed; fingerprints remembered) over every shard."""
         pipe = client.pipeline(transaction=False)
         for k in self.shard_keys:
             pipe.hget(k.queue_tails, "count")  # queue members may be chunks of several requests
@@ -168,17 +143,16 @@ class CrawlLayout:
         pending = remembered = 0
         for i in range(0, len(replies), 7):
             counted, members, leased, delayed, (bloom_n, live), fps, expiring = replies[i : i + 7]
-            pending += max(untrusted_count(counted), members) + leased + delayed
-            remembered += untrusted_count(bloom_n) + untrusted_count(live) + fps + expiring
+            pending += max(scripts.count(counted), members) + leased + delayed
+            remembered += scripts.count(bloom_n) + scripts.count(live) + fps + expiring
         return pending, remembered
 
     def frontiers(
         self, redis: Any, worker_id: str, cfg: SchedulerSettings, sequence: str, *, batched: bool,
         limits_bound: str = "",
-    ) -> list[Frontier]:
-        """One :class:`Frontier` per shard on ``redis`` (the worker's heartbeat written by shard 0's)."""
+    ) -> list[_shard.Frontier]:
         return [
-            Frontier(
+            _shard.Frontier(
                 redis, keys, worker_id, df if batched else None, sequence=sequence,
                 lease_seconds=cfg.lease_seconds, politeness=cfg.politeness, heartbeat=i == 0,
                 max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
@@ -187,16 +161,12 @@ class CrawlLayout:
             for i, (keys, df) in enumerate(zip(self.shard_keys, self.shard_dfs, strict=True))
         ]
 
-    # -- keys -----------------------------------------------------------------------------------------
     @staticmethod
     def key_names(keys: CrawlKeys, df: Any) -> list[str]:
-        """Every key of one shard (all of the crawl's frontier keys for shard 0), bloom blocks included."""
-        names = keys.frontier_keys()
         own = getattr(df, "key_names", None)
-        return names + (own() if own is not None else [])
+        return keys.frontier_keys() + (own() if own is not None else [])
 
     def layouts(self, shards: int) -> list[tuple[CrawlKeys, Any]]:
-        """(keys, dupefilter) of every shard of a frontier of ``shards`` shards."""
         if shards == 1:
             return [(self.keys, self.df)]
         if shards == self.shards and len(self.shard_dfs) == shards:
@@ -205,7 +175,7 @@ class CrawlLayout:
         return [(k, split(k, shards) if split else self.df) for k in self.keys.shards(shards)]
 
     def delete(self, client: Any) -> None:
-        """``SCHEDULER_FLUSH_ON_START``: delete every shard's keys (synchronous client)."""
+        """``SCHEDULER_FLUSH_ON_START``: delete every shard's keys (of this worker's N and the recorded N)."""
         recorded = client.hget(self.keys.control, "shards")
         recorded_n = int(recorded) if recorded is not None and recorded.isdigit() else 1
         for shards in sorted({self.shards, max(1, min(recorded_n, 1024))}):
@@ -214,19 +184,15 @@ class CrawlLayout:
                 for i in range(0, len(names), _DELETE_BATCH):
                     client.delete(*names[i : i + _DELETE_BATCH])
 
-    # -- end ------------------------------------------------------------------------------------------
     async def finish(self, redis: Any, worker_id: str, lease_seconds: float) -> None:
-        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys. With
-        shards, ``finish.lua`` sees only shard 0: the others are first checked empty
-        (:func:`~scrapy_dist.frontier.shard.shards_idle`) and deleted once shard 0's keys have been."""
+        """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys."""
         keys = self.keys
-        if self.shards > 1 and not await shards_idle(redis, self.shard_keys):
+        if self.shards > 1 and not await _shard.shards_idle(redis, self.shard_keys):
             await redis.zrem(keys.workers, worker_id)
             return
         layouts = self.layouts(self.shards)
-        script = scripts.register(redis, "finish")
         first = [keys.workers, keys.queue, keys.leases, keys.delayed]
-        deleted = await script(
+        deleted = await scripts.register(redis, "finish")(
             keys=first + [k for k in self.key_names(*layouts[0]) if k not in first],
             args=[worker_id, repr(lease_seconds)],
         )
@@ -238,11 +204,7 @@ class CrawlLayout:
             logger.info("SCHEDULER_PERSIST is off and the crawl has finished: removed its frontier keys")
 
     async def leave_unmonitored(self, redis: Any, worker_id: str) -> None:
-        """Without ClusterStats (the two classic settings, no add-on) nothing tells ``scrapy-dist status``
-        this worker closed, and its heartbeat in the workers ZSET would show it lost: a worker without a
-        details hash (ClusterStats writes it at open) leaves the ZSET. EXISTS + ZREM."""
-        from scrapy_dist.redis.connection import CONNECT_ERRORS
-
+        """A worker without a details hash (no ClusterStats) leaves the workers ZSET, else shown lost."""
         try:
             if not await redis.exists(self.keys.worker(worker_id)):
                 await redis.zrem(self.keys.workers, worker_id)
@@ -250,7 +212,6 @@ class CrawlLayout:
             pass  # Redis away: shown lost, as a worker that vanished
 
     def filter_stats(self) -> dict[str, float]:
-        """The dupefilter's figures for the stats, summed over the shards' filters."""
         if self.shards == 1 or len(self.shard_dfs) == 1:
             return dict(self.df.stats_snapshot()) if hasattr(self.df, "stats_snapshot") else {}
         plans = [getattr(df, "plan", None) for df in self.shard_dfs]
@@ -269,19 +230,16 @@ class CrawlLayout:
 
 
 def crawl_fingerprinter(crawler: Any) -> Any:
-    """The crawl's request fingerprinter; Scrapy's default one where the crawler has none yet (a scheduler
-    opened outside a crawl, as Scrapy's own scheduler tests do)."""
+    """The crawl's request fingerprinter; Scrapy's default one where the crawler has none yet."""
     try:
         return crawler.request_fingerprinter
     except (AttributeError, RuntimeError):
-        from scrapy.utils.request import RequestFingerprinter
-
         return RequestFingerprinter(crawler)
 
 
 @dataclass(frozen=True)
 class ShardState:
-    """One shard's last answer: counts crawl-wide and its sequence counter."""
+    """One shard's last answer: crawl-wide counts and its sequence counter."""
 
     queued: int
     inflight: int
@@ -296,20 +254,13 @@ class FrontierState:
     queued: int
     inflight: int
     delayed: int
-    #: every shard was seen empty at one instant (with shards: twice, nothing created in between)
-    empty_confirmed: bool
+    empty_confirmed: bool  # every shard was seen empty at one instant
 
     def as_dict(self) -> dict[str, int]:
         return {"queued": self.queued, "inflight": self.inflight, "delayed": self.delayed}
 
 
-#: seconds after a sync call repaired a key that holds requests (moved a queue, leases or delayed key of
-#: another Redis type aside) during which an empty frontier is not taken as drained: the repair itself
-#: empties that key, and whoever swapped it in may put the crawl's real one back a moment later (an empty
-#: reading then ended the crawl with hundreds of requests still queued: seen in the hostile-writer run
-#: with crawl-wide politeness). Other repairs (counters, bloom blocks, ...) hide no work: a crawl they
-#: hit every second still finishes.
-REPAIR_GRACE = 10.0
+REPAIR_GRACE = 10.0  # seconds after a key holding requests was moved aside: empty is not drained yet
 
 
 class ShardRouter:
@@ -320,33 +271,26 @@ class ShardRouter:
             raise ValueError(f"SCHEDULER_SHARDS must be >= 1, not {shards!r}")
         self.shards = shards
         self.fingerprinter = fingerprinter
-        #: route by the request's host, not its fingerprint (crawl-wide politeness with shards: a domain's
-        #: queue, limits and fingerprints live on one shard)
-        self.by_domain = by_domain
+        self.by_domain = by_domain  # route by host: a domain's queue, limits and fingerprints on one shard
         self.states: list[ShardState | None] = [None] * shards
         self._last_snapshot: tuple[ShardState | None, ...] | None = None
-        #: when (monotonic) a call last moved a key holding work aside: empty counts REPAIR_GRACE later
         self._repaired_at: float | None = None
 
     def shard(self, request: Request, fingerprint: bytes | None = None) -> int:
-        """The shard a new request (or a delayed retry) goes to: that of its fingerprint (pass it when
-        already computed), or of its host when routing by domain."""
+        """The shard of a new request: its fingerprint's, or its host's when routing by domain."""
         if self.shards == 1:
             return 0
         if self.by_domain:
-            return domain_shard((urlparse_cached(request).hostname or "").lower(), self.shards)
+            return _shard.domain_shard((urlparse_cached(request).hostname or "").lower(), self.shards)
         if fingerprint is None:
             fingerprint = bytes(self.fingerprinter.fingerprint(request))
-        return shard_of(fingerprint, self.shards)
+        return _shard.shard_of(fingerprint, self.shards)
 
     def domain(self, domain: str) -> int:
-        """The shard of a domain's politeness state (shard 0 unless routing by domain)."""
-        return domain_shard(domain, self.shards) if self.by_domain else 0
+        return _shard.domain_shard(domain, self.shards) if self.by_domain else 0
 
     def lease_split(self, want: int) -> list[int]:
-        """How many of ``want`` requests to lease from each shard: in proportion to each shard's last
-        reported queue length, at least 1 from any non-empty shard; evenly (at least 1 each) while no
-        shard is known to hold anything, so that new work anywhere is found in one round."""
+        """``want`` split over the shards by their last queue length (evenly while all look empty)."""
         n = self.shards
         if n == 1 or want <= 0:
             return [want] + [0] * (n - 1)
@@ -358,18 +302,15 @@ class ShardRouter:
         return [max(1, want * q // total) if q else 0 for q in queued]
 
     def observe(self, shard: int, result: SyncResult, now: float | None = None) -> None:
-        """Record a shard's answer (``now``: :func:`time.monotonic`, for tests)."""
         self.states[shard] = ShardState(result.queued, result.inflight, result.delayed, result.seq)
         if result.work_repaired:
             self._repaired_at = time.monotonic() if now is None else now
 
     def forget_snapshot(self) -> None:
-        """A round failed somewhere: an earlier empty reading proves nothing any more."""
         self._last_snapshot = None
 
     def settle(self, now: float | None = None) -> FrontierState:
-        """The crawl-wide state after a round that reached every shard (``now``: :func:`time.monotonic`).
-        Empty is confirmed only once :data:`REPAIR_GRACE` has passed since the last repair."""
+        """The crawl-wide state; with shards, empty twice with no sequence counter moved in between."""
         states = self.states
         queued, inflight, delayed = (
             sum(getattr(st, name) for st in states if st is not None)
@@ -377,11 +318,182 @@ class ShardRouter:
         )
         empty = not (queued or inflight or delayed)
         snapshot = tuple(states)
-        # With shards, a request could move from one shard to another between two answers. Empty twice
-        # with no entry created anywhere in between (the sequence counters did not move) proves an
-        # instant when every shard was empty.
         confirmed = empty if self.shards == 1 else empty and snapshot == self._last_snapshot
         self._last_snapshot = snapshot if empty else None
         if confirmed and self._repaired_at is not None:
             confirmed = (time.monotonic() if now is None else now) - self._repaired_at >= REPAIR_GRACE
         return FrontierState(queued, inflight, delayed, confirmed)
+
+
+# -- the control hash ----------------------------------------------------------------------------
+#: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
+CLOSE_AT_SLACK = 60.0
+MAX_SHARDS = 1024  # the most shards a control hash may record (more is garbage)
+_REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_reported: set[tuple[str, str]] = set()
+
+
+@dataclass(frozen=True)
+class ControlState:
+    """The control flags as :func:`parse_control` read them."""
+
+    paused: bool = False
+    paused_by: str = ""
+    close: str = ""
+    close_at: float | None = None
+    shards: int | None = None  # None (and politeness "") if absent or garbage
+    politeness: str = ""
+    problems: tuple[str, ...] = ()  # one short description per garbage field
+
+    @classmethod
+    def from_hash(cls, raw: Any) -> ControlState:
+        return parse_control(raw)
+
+    def close_reason(self, started_at: float, now: float | None = None) -> str:
+        """The close reason decided since ``started_at`` and not past ``now`` + :data:`CLOSE_AT_SLACK`."""
+        if not self.close or self.close_at is None or self.close_at < started_at:
+            return ""
+        if now is not None and self.close_at > now + CLOSE_AT_SLACK:
+            return ""
+        return self.close
+
+
+def parse_control(raw: Any) -> ControlState:
+    """The one parser of ``{spider}:control``; raises :class:`RejectedEntry` only if ``raw`` is not a hash."""
+    d = scripts.hash_fields(raw, "control")
+    problems: list[str] = []
+    paused_text = d.get("paused", "")
+    if paused_text not in ("", "0", "1"):
+        problems.append(f"paused={paused_text[:40]!r} (expected 0 or 1)")
+    close = d.get("close", "")
+    if close and not _REASON.fullmatch(close):
+        problems.append(f"close={close[:40]!r} (not a close reason)")
+        close = ""
+    at: float | None = None
+    close_at = d.get("close_at", "")
+    if close_at:
+        with contextlib.suppress(ValueError):
+            at = float(close_at)
+        if at is None or not math.isfinite(at) or at < 0:
+            problems.append(f"close_at={close_at[:40]!r} (not a time)")
+            at = None
+    shards: int | None = None
+    shards_text = d.get("shards", "")
+    if shards_text:
+        digits = shards_text.isascii() and shards_text.isdigit() and len(shards_text) <= 6
+        if digits and 1 <= int(shards_text) <= MAX_SHARDS:
+            shards = int(shards_text)
+        else:
+            problems.append(f"shards={shards_text[:40]!r} (expected 1 to {MAX_SHARDS})")
+    paused_by = d.get("paused_by", "")
+    if paused_by and not _REASON.fullmatch(paused_by):
+        problems.append(f"paused_by={paused_by[:40]!r}")
+        paused_by = "?"
+    politeness = d.get("politeness", "")
+    if politeness not in ("", "process", "cluster"):
+        problems.append(f"politeness={politeness[:40]!r} (expected process or cluster)")
+        politeness = ""
+    return ControlState(paused_text == "1", paused_by, close, at, shards, politeness, tuple(problems))
+
+
+def report_problems(control_key: str, state: ControlState, log: logging.Logger = logger) -> None:
+    """Log each garbage field of ``control_key`` once per process (WARNING), whatever values it takes."""
+    for problem in state.problems:
+        field = problem.partition("=")[0]
+        if (control_key, field) not in _reported:
+            _reported.add((control_key, field))
+            log.warning("Ignoring garbage in %s: %s", control_key, problem)
+
+
+def move_aside_foreign(client: Any, control_key: str) -> bool:
+    """Move a control hash of another Redis type aside to ``<key>:garbage`` (with a warning)."""
+    kind = client.type(control_key)
+    kind = kind.decode(errors="replace") if isinstance(kind, bytes) else str(kind)
+    if kind in ("none", "hash"):
+        return False
+    client.rename(control_key, control_key + GARBAGE)
+    logger.warning("%s held another Redis type (%s): moved to %s", control_key, kind, control_key + GARBAGE)
+    return True
+
+
+def pause_crawl(client: Any, control_key: str, by: str = "cli") -> None:
+    """Every worker stops taking new requests at its next sync."""
+    move_aside_foreign(client, control_key)
+    client.hset(control_key, mapping={"paused": "1", "paused_by": by, "paused_at": repr(time.time())})
+
+
+def valid_reason(reason: str) -> bool:
+    """Whether ``reason`` may be a close reason."""
+    return bool(_REASON.fullmatch(reason))
+
+
+def close_crawl(client: Any, control_key: str, reason: str = "shutdown") -> None:
+    """Every running worker's idle monitor closes with ``reason``; workers started afterwards ignore it."""
+    if not valid_reason(reason):
+        raise ValueError(f"close reason {reason!r}: letters, digits and _.:- only, at most 64")
+    move_aside_foreign(client, control_key)
+    sec, usec = client.time()
+    client.hset(control_key, mapping={"close": reason, "close_at": f"{int(sec) + int(usec) / 1e6:.6f}"})
+
+
+def resume_crawl(client: Any, control_key: str, errors_key: str) -> None:
+    """Lift the pause and any close decision and empty the error window (which would pause it again)."""
+    move_aside_foreign(client, control_key)
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(control_key, "paused", "0")
+    pipe.hdel(control_key, "paused_by", "paused_at", "close", "close_at", "errors_tripped_at")
+    pipe.delete(errors_key)
+    pipe.execute()
+
+
+async def start_time(redis: Any) -> float:
+    """Redis server time (the clock every worker and the CLI agree on); this machine's if Redis is away."""
+    try:
+        sec, usec = await redis.time()
+        return int(sec) + int(usec) / 1e6
+    except Exception:
+        return time.time()
+
+
+def member_prefix(member: bytes, polite: bool) -> bytes:
+    """The part of a queue member before its payload (seq, or domain, priority key and seq)."""
+    if polite:
+        return member[: member.index(b"\0") + 1 + _shard.PRIORITY_KEY_BYTES + _shard.SEQ_BYTES]
+    return member[: _shard.SEQ_BYTES]
+
+
+def end_chains(
+    client: Any, shard_keys: list[CrawlKeys], polite: bool, urls: Collection[str] | None = None
+) -> int:
+    """Remove the scheduled revisits of ``urls`` (None: all) from every shard's delayed set; how many."""
+    ended = 0
+    for keys in shard_keys:
+        found: list[bytes] = []
+        try:
+            for member, meta in client.hscan_iter(keys.delayed_meta, count=1000):
+                if not (isinstance(meta, bytes) and meta.endswith(b" r")) or member == b"revisits":
+                    continue
+                if urls is None or _entry_url(member, polite) in urls:
+                    found.append(member)
+        except redis.ResponseError:  # WRONGTYPE
+            continue
+        removed = 0
+        for i in range(0, len(found), 1000):
+            pipe = client.pipeline(transaction=False)
+            for member in found[i : i + 1000]:
+                pipe.zrem(keys.delayed, member)
+                pipe.hdel(keys.delayed_meta, member)
+            removed += sum(pipe.execute()[::2])
+        if removed:  # the scheduled revisit count (garbage restarts at 0)
+            left = scripts.count(client.hget(keys.delayed_meta, "revisits"))
+            client.hset(keys.delayed_meta, "revisits", max(0, left - removed))
+        ended += removed
+    return ended
+
+
+def _entry_url(member: bytes, polite: bool) -> str | None:
+    try:
+        url = load_payload(member[len(member_prefix(member, polite)) :]).get("u")
+    except (RejectedEntry, ValueError):
+        return None
+    return url if isinstance(url, str) else None

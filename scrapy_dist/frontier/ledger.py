@@ -1,12 +1,6 @@
-"""What one worker holds and owes the shared frontier: an I/O-free ledger (methods take ``now``).
-
-Its buffers: **outgoing** writes (discovered requests, delayed retries, dead letters, rejections,
-releases, penalties) until the next round; **ready** leased requests
-(:class:`~scrapy_dist.frontier.orders.LeasedBuffer`) and **local** ones that could not be encoded;
-**handed** (in the engine); **acks** of finished requests, which travel in the same atomic call as their
-callback's output (with shards, once a round carrying it has landed on every shard). A failed call's
-batch goes back in front (:meth:`Ledger.restore`): nothing is ever dropped. The
-:class:`~scrapy_dist.frontier.syncloop.SyncLoop` moves it to and from Redis.
+"""What one worker holds and owes the shared frontier (an I/O-free :class:`Ledger`, methods take ``now``)
+and the :class:`RequestEncoder` that turns a request into ledger entries. Acks of finished requests travel in
+the same atomic call as their callback's output; a failed call's batch goes back in front: nothing is dropped.
 """
 
 from __future__ import annotations
@@ -18,24 +12,28 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.exceptions import RejectedEntry
+from scrapy.utils.httpobj import urlparse_cached
+
+from scrapy_dist.dupefilter import RecentFingerprints
+from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.frontier.orders import START_NOW, Lease, LeasedBuffer
 from scrapy_dist.frontier.shard import SyncBatch
-from scrapy_dist.wire.codec import rejection_record
+from scrapy_dist.wire.codec import encode_request, rejection_record
 
 if TYPE_CHECKING:
-    from scrapy import Request
+    from scrapy import Request, Spider
 
+    from scrapy_dist.frontier import orders
+    from scrapy_dist.frontier.layout import ShardRouter
+    from scrapy_dist.frontier.scheduler import FrontierReport
     from scrapy_dist.frontier.shard import SyncResult
+    from scrapy_dist.wire.codec import EntryPolicy
 
-
-#: most discovered requests one sync call carries to one shard: a script holds Redis for its whole run,
-#: so a backlog goes in several short calls (docs/capacity.md)
+#: most discovered requests one sync call carries to one shard (a script holds Redis; docs/capacity.md)
 CALL_RECORDS = 48
-#: an ack, a lease or a renewal costs the script about a sixth of a discovered request: the call that
-#: settles a shard's leases carries that many fewer discovered requests
+#: an ack, a lease or a renewal costs the script about a sixth of a discovered request
 SETTLE_PER_RECORD = 6
-#: discovered requests the settling call always carries: a round makes progress whatever it settles
+#: discovered requests the call settling a shard's leases always carries
 SETTLE_MIN_RECORDS = 8
 #: most calls of one round to one shard (sent concurrently, one round trip)
 CALLS_PER_ROUND = 8
@@ -43,8 +41,7 @@ CALLS_PER_ROUND = 8
 
 @dataclass(frozen=True, kw_only=True)
 class Routed:
-    """Where an outgoing entry goes: its shard and, with crawl-wide politeness, its domain and limits
-    (``"delay concurrency jitter"``)."""
+    """Where an outgoing entry goes: its shard and, with crawl-wide politeness, its domain and limits."""
 
     domain: str = ""
     limits: str = ""
@@ -56,18 +53,13 @@ class Outgoing(Routed):
     """A discovered request waiting to be sent to the frontier."""
 
     request: Request
-    #: the dupefilter's two fingerprint tokens; ``t1 == ""`` skips dedupe (``dont_filter``)
-    t1: Any
+    t1: Any  # the dupefilter's fingerprint tokens; t1 == "" skips dedupe (dont_filter)
     t2: Any
-    #: queue score (``-priority`` for the priority queue)
     score: float
-    #: encoded request; ``b""`` when it could not be encoded (deduped only, then crawled locally)
-    payload: bytes
-    #: only record the fingerprint (the request itself travels in another, unfiltered entry)
-    record_only: bool = False
+    payload: bytes  # b"" when it could not be encoded: deduped only, then crawled locally
+    record_only: bool = False  # only record the fingerprint (the request travels in another entry)
 
     def enqueue_item(self) -> tuple[Any, Any, float, bytes, str, str]:
-        """The item of ``SyncBatch.enqueue`` this request becomes."""
         return (self.t1, self.t2, self.score, self.payload, self.domain, self.limits)
 
 
@@ -85,7 +77,7 @@ class Delay(Routed):
 
 @dataclass
 class Applied:
-    """What one shard's answer changed, for the caller's stats and logs."""
+    """What one shard's answer changed, for stats and logs."""
 
     enqueued: int = 0  # discovered requests found new and stored
     duplicates: list[Request] = field(default_factory=list)  # found already seen (logged as filtered)
@@ -97,11 +89,10 @@ class Applied:
 def split_calls(
     out: list[Outgoing], shards: int, settle: list[int], max_records: int = CALL_RECORDS, max_calls: int = 1
 ) -> tuple[list[list[Outgoing]], list[int], list[Outgoing]]:
-    """How a round's discovered requests ``out`` go into calls: one call per shard (index = shard), then
-    -- for a shard with more than its first call takes -- up to ``max_calls - 1`` more calls to it of
-    ``max_records`` each. The first call of a shard also settles ``settle[shard]`` leases, acks and
-    renewals, so it takes ``max_records`` less one per :data:`SETTLE_PER_RECORD` of those, at least
-    :data:`SETTLE_MIN_RECORDS`. Returns each call's requests, each call's shard, and what is left."""
+    """How a round's discovered requests go into calls: one call per shard (index = shard), then up to
+    ``max_calls - 1`` more calls of ``max_records`` to a shard with more. A shard's first call also settles
+    ``settle[shard]`` leases, acks and renewals, so it takes fewer (at least :data:`SETTLE_MIN_RECORDS`).
+    Returns each call's requests, each call's shard, and what is left."""
     sent: list[list[Outgoing]] = [[] for _ in range(shards)]
     shard_of = list(range(shards))
     filling, calls = list(range(shards)), [1] * shards  # per shard: the call being filled, calls used
@@ -123,20 +114,17 @@ def split_calls(
 
 
 class AckRiders:
-    """What rides a finished request's ack in the same atomic call: its revisit (an ack that also files
-    the request again, :class:`~scrapy_dist.frontier.revisit.Revisits`) and the items its page produced
-    (appended only if the ack is accepted, :class:`~scrapy_dist.frontier.engine.ItemOutbox`)."""
+    """What rides a finished request's ack in the same atomic call: its revisit (the ack also files the
+    request again) and the items its page produced (appended only if the ack is accepted)."""
 
     def __init__(self) -> None:
         #: lease -> (delay seconds, new member or b"")
         self.revisits: dict[Lease, tuple[float, bytes]] = {}
         self.revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
-        #: lease -> encoded items (lua/sync_items.lua)
         self.items: dict[Lease, list[bytes | str]] = {}
         self.items_of: Callable[[Request], list[bytes | str]] | None = None
 
     def collect(self, request: Request, lease: Lease) -> None:
-        """Take what rides the ack of ``request``, just finished."""
         if self.items_of is not None:
             items = self.items_of(request)
             if items:
@@ -147,7 +135,6 @@ class AckRiders:
                 self.revisits[lease] = revisit
 
     def ack(self, batch: SyncBatch, lease: Lease) -> None:
-        """Put the ack of ``lease`` in ``batch``, with what rides it."""
         revisit = self.revisits.pop(lease, None)
         if revisit is None:
             batch.ack.append(lease[1])
@@ -158,7 +145,6 @@ class AckRiders:
             batch.items += [(lease[1], data) for data in items]
 
     def restore(self, shard: int, batch: SyncBatch) -> None:
-        """Keep what rode the acks of a call that could not be sent."""
         for member, delay, new in batch.revisit:
             self.revisits[(shard, member)] = (delay, new)
         for member, data in batch.items:
@@ -166,7 +152,7 @@ class AckRiders:
 
 
 class Ledger:
-    """One worker's account with the frontier (see the module docstring). Reactor thread only."""
+    """One worker's account with the frontier. Reactor thread only."""
 
     def __init__(self, shards: int = 1, worker_id: str = "") -> None:
         self.shards = shards
@@ -176,11 +162,10 @@ class Ledger:
         self.out: list[Outgoing] = []
         self.handed: dict[Request, Lease] = {}
         self.held: set[Lease] = set()  # every lease held in Redis (renewed each renewal round)
-        #: acks whose requests' output is already in Redis (or travels in the same call)
+        #: acks: their requests' output is in Redis; acks_new: just finished, output may still be buffered
+        #: here; acks_waiting: held back during the round, sendable once it has landed on every shard
         self.acks: list[Lease] = []
-        #: acks of requests just finished: their output may still be in this worker's buffers
         self.acks_new: list[Lease] = []
-        #: acks held back during the current round, sendable once it has landed on every shard
         self.acks_waiting: list[Lease] = []
         self.delays: list[Delay] = []
         self.dead: list[str] = []
@@ -190,12 +175,9 @@ class Ledger:
         self.penalties: list[tuple[int, tuple[str, float]]] = []
         self.first_pending: float | None = None  # when the oldest unsent write was buffered
         self.left_behind = 0  # discovered requests the last round left for the next one
-        #: the best (lowest) score among ``out``: a discovered request may outrank everything leased
-        self.best_out = math.inf
-        #: what the current round took, per call (put back by :meth:`restore` if the call fails)
-        self._sent: list[list[Outgoing]] = []
-        #: the shard of each call of the current round (the first ``shards`` calls: shard = index)
-        self.call_shards: list[int] = list(range(shards))
+        self.best_out = math.inf  # the best (lowest) score among ``out``
+        self._sent: list[list[Outgoing]] = []  # what the current round took, per call
+        self.call_shards: list[int] = list(range(shards))  # each call's shard (first ones: the index)
         self.riders = AckRiders()
 
     @property
@@ -206,7 +188,6 @@ class Ledger:
     def revisit_of(self, plan: Callable[[Request, Lease], tuple[float, bytes] | None] | None) -> None:
         self.riders.revisit_of = plan
 
-    # -- writes from the scheduler --------------------------------------------------------------------
     def add(self, entry: Outgoing, now: float) -> None:
         self.out.append(entry)
         if entry.score < self.best_out:
@@ -218,20 +199,17 @@ class Ledger:
         self._mark(now)
 
     def dead_letter(self, record: str, now: float, forget: tuple[int, tuple[Any, Any]] | None = None) -> None:
-        """A dead letter; ``forget``: (shard, tokens) of its fingerprint, forgotten in the same call."""
         self.dead.append(record)
         if forget is not None:
             self.forgets.append(forget)
         self._mark(now)
 
     def penalize(self, domain: str, seconds: float, now: float, shard: int = 0) -> None:
-        """Push ``domain``'s next allowed time back (on the shard holding its politeness state)."""
         self.penalties.append((shard, (domain, seconds)))
         self._mark(now)
 
     def reject(self, lease: Lease, exc: RejectedEntry, now: float, at: float | None = None) -> None:
-        """Drop a leased entry that is not a valid request; it is parked with a JSON record (``at``: its
-        unix time, default now)."""
+        """Park a leased entry that is not a valid request with a JSON record (``at``: unix time)."""
         _, member = lease
         self.rejects.append((lease, rejection_record(exc.reason, member, self.worker_id, exc.detail, at)))
         self._mark(now)
@@ -240,10 +218,8 @@ class Ledger:
         if self.first_pending is None:
             self.first_pending = now
 
-    # -- the engine's side ----------------------------------------------------------------------------
     def hand_out(self, load: Callable[[Request], int] | None = None) -> Request | None:
-        """The next request for the engine: a local one first, else the best leased one (with ``load``,
-        the best one of the least loaded download slot)."""
+        """A local request first, else the best leased one (with ``load``: of the least loaded slot)."""
         if self.local:
             return self.local.popleft()
         if not self.ready:
@@ -253,7 +229,7 @@ class Ledger:
         return request
 
     def collect_finished(self, busy: Collection[Request], now: float) -> int:
-        """Move requests the engine no longer works on from 'handed' to 'to acknowledge'."""
+        """Requests the engine no longer works on are to be acknowledged."""
         if not self.handed:
             return 0
         done = [r for r in self.handed if r not in busy]
@@ -266,7 +242,7 @@ class Ledger:
         return len(done)
 
     def release(self, requests: list[Request], now: float) -> int:
-        """Give back the leases of handed ``requests`` the engine will not start (closing); how many."""
+        """Give back the leases of handed ``requests`` the engine will not start; how many."""
         given = 0
         for request in requests:
             lease = self.handed.pop(request, None)
@@ -285,10 +261,9 @@ class Ledger:
         if self.releases:
             self._mark(now)
 
-    # -- state ----------------------------------------------------------------------------------------
     def outranked(self) -> int:
-        """How many discovered, unsent requests outrank every leased one (usually 0, in one comparison):
-        the engine waits for the round that stores and leases them back rather than start a worse one."""
+        """How many unsent requests outrank every leased one: the engine waits for the round that leases
+        them back rather than start a worse one."""
         if not self.ready:
             return 0  # nothing worse to hold back: the usual prefetch applies
         best = self.ready.best_score()
@@ -310,33 +285,21 @@ class Ledger:
         return True
 
     def has_writes(self) -> bool:
-        """Whether anything waits to be written (besides acks and releases)."""
         return bool(self.out or self.delays or self.dead or self.rejects or self.penalties or self.forgets)
 
     def owes(self) -> bool:
-        """Whether anything at all waits to be sent, acks held back included."""
-        return bool(
-            self.has_writes() or self.releases or self.acks or self.acks_new or self.acks_waiting
-        )
+        return bool(self.has_writes() or self.releases or self.acks or self.acks_new or self.acks_waiting)
 
     def busy(self) -> bool:
         """Whether this worker has work of its own: buffered, in the engine, or to send."""
         return bool(self.ready or self.local or self.handed) or self.owes()
 
-    # -- rounds ---------------------------------------------------------------------------------------
     def take_batches(
         self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS, max_calls: int = 1
     ) -> list[SyncBatch]:
-        """The calls of one round: one batch per shard (index = shard) with everything buffered, then more
-        calls for a shard's backlog (:func:`split_calls`; :attr:`call_shards` names each call's shard).
-        What is taken leaves the buffers (see :meth:`restore`); discovered requests past that wait in
-        order for the next round (:attr:`left_behind`).
-
-        An ack may travel with its request's output only in one atomic call: when every write of this
-        round is in the call that carries it. Else it waits in ``acks_waiting`` until :meth:`finish_round`
-        (one more round, once this one has landed everywhere). While discovered requests are left behind,
-        the acks of requests just finished wait in ``acks_new`` (their output may be among them).
-        """
+        """The calls of one round (:func:`split_calls`). An ack travels with its request's output only in one
+        atomic call: when every write of this round is in the call that carries it; else it waits in
+        ``acks_waiting`` until :meth:`finish_round`, or in ``acks_new`` while requests are left behind."""
         n = self.shards
         settle = [0] * n  # what the first call of each shard settles besides its discovered requests
         for i, leases in enumerate(lease_counts[:n]):
@@ -384,7 +347,7 @@ class Ledger:
         return batches
 
     def restore(self, call: int, batch: SyncBatch, now: float) -> None:
-        """Put a call's batch that could not be sent back in front of what came since."""
+        """A call's batch that could not be sent goes back in front of what came since."""
         shard = self.call_shards[call]
         self.out = self._sent[call] + self.out
         self.best_out = min((e.score for e in self.out), default=math.inf)
@@ -402,16 +365,11 @@ class Ledger:
         self._mark(now)
 
     def apply(
-        self,
-        call: int,
-        batch: SyncBatch,
-        result: SyncResult,
-        decode: Callable[[int, bytes], Request],
+        self, call: int, batch: SyncBatch, result: SyncResult, decode: Callable[[int, bytes], Request],
         now: float,
     ) -> Applied:
-        """Take in one call's answer (``call``: its index in the round): which discovered requests were
-        new, what was leased. ``decode(shard, member)`` turns a leased member into a request; whatever it
-        raises, the entry is rejected (parked with a reason): one entry can never stop a worker."""
+        """Take in one call's answer: which discovered requests were new, what was leased. Whatever
+        ``decode(shard, member)`` raises, the entry is rejected: one entry can never stop a worker."""
         applied = Applied(acked=len(batch.ack) + len(batch.revisit))
         shard = self.call_shards[call]
         for entry, new in zip(self._sent[call], result.new, strict=True):
@@ -445,7 +403,7 @@ class Ledger:
         return applied
 
     def finish_round(self, landed: bool, now: float) -> None:
-        """After a round: acks held back may go once it landed on every shard; else they wait again."""
+        """Acks held back may go once the round landed on every shard; else they wait again."""
         if landed:
             self.acks = self.acks + self.acks_waiting
         else:
@@ -454,3 +412,87 @@ class Ledger:
         self._sent = []
         if self.acks:
             self._mark(now)
+
+
+class RequestEncoder:
+    """A request filtered, encoded under the crawl's entry policy, scored and routed to its shard. No I/O."""
+
+    def __init__(
+        self, dupefilter: Any, order: orders.QueueOrder, router: ShardRouter, report: FrontierReport,
+        policy: EntryPolicy, domain_limits: orders.DomainLimits | None = None, *, batched: bool = False,
+        polite: bool = False,
+    ) -> None:
+        self.df = dupefilter
+        self.order = order
+        self.router = router
+        self.report = report
+        self.policy = policy
+        self.domain_limits = domain_limits
+        self.batched = batched  # a scrapy-dist dupefilter: fingerprints are checked in the sync call
+        self.polite = polite
+        self.spider: Spider | None = None
+        self.recent = RecentFingerprints()  # fingerprints this process sent lately: seen crawl-wide
+        self.record_start = False  # SEEDS_RECORD_FINGERPRINT
+        self.forget_dead = False  # DEADLETTER_FORGET
+
+    def forgotten(self, request: Request, shard_dfs: list[Any]) -> tuple[int, tuple[Any, Any]]:
+        shard = self.router.shard(request)
+        tokens = shard_dfs[shard].tokens(request)
+        self.recent.discard(tokens[0])  # a link to it found by this worker is new again too
+        return shard, tokens
+
+    def filtered(self, request: Request) -> None:
+        self.df.log(request, self.spider)
+
+    def encode(self, request: Request) -> bytes | None:
+        try:
+            return encode_request(request, self.spider, self.policy)
+        except UnserializableRequest as exc:
+            self.report.unserializable(request, exc)
+            return None
+
+    def outgoing(self, request: Request, now: float, starts_now: Callable[[Request], bool]) -> list[Outgoing]:
+        """The ledger entries of a discovered request; ``[]`` when it is filtered here."""
+        if not self.batched and not request.dont_filter and self.df.request_seen(request):
+            self.filtered(request)
+            return []
+        payload = self.encode(request) or b""  # b"": deduped only, then crawled by this worker
+        t1: Any = ""
+        t2: Any = ""
+        fp: bytes | None = None
+        if self.batched and not request.dont_filter:
+            fp = self.df.fingerprint(request)
+            t1, t2 = self.df.fingerprint_tokens(fp)
+            if self.recent.seen(t1, now):  # this process sent it lately: seen crawl-wide
+                self.filtered(request)
+                return []
+        domain, limits = self.domain(request)
+        score = self.order.score(request)
+        # with crawl-wide politeness a domain's requests are ordered by its own schedule, not Scrapy's
+        if not self.polite and starts_now(request):
+            score = START_NOW
+        entries = []
+        if self.record_start and request.dont_filter and request.meta.get("is_start_request"):
+            # a dedupe-only entry travels with the start request: a page linking back to it is not fetched
+            fp = self.df.fingerprint(request)
+            r1, r2 = self.df.fingerprint_tokens(fp)
+            self.recent.add(r1, now)
+            shard = self.router.shard(request, fp)
+            entries.append(Outgoing(request, r1, r2, score, b"", shard=shard, record_only=True))
+        shard = self.router.shard(request, fp)
+        entries.append(Outgoing(request, t1, t2, score, payload, domain=domain, limits=limits, shard=shard))
+        return entries
+
+    def delayed(self, request: Request, not_before: float) -> Delay | None:
+        payload = self.encode(request)
+        if payload is None:
+            return None
+        domain, limits = self.domain(request)
+        return Delay(self.order.score(request), payload, not_before, domain=domain, limits=limits,
+                     shard=self.router.shard(request))
+
+    def domain(self, request: Request) -> tuple[str, str]:
+        if not self.polite or self.domain_limits is None:
+            return "", ""
+        domain = (urlparse_cached(request).hostname or "").lower()
+        return domain, self.domain_limits.for_domain(domain).encode()

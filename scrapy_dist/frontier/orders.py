@@ -1,43 +1,37 @@
-"""Which request goes when: queue orders, leased requests best first, crawl-wide politeness, retry timing.
-
-**Queue orders** (``SCHEDULER_QUEUE_CLASS``). Every queue is the same sorted set (``{spider}:queue``), and
-every member starts with a 6-byte big-endian sequence number from ``{spider}:seq``; a queue class only
-decides the score and the order of that prefix: :class:`PriorityQueue` (default; ``-priority``, FIFO
-within a priority, across all workers), :class:`FifoQueue` (one score) and :class:`LifoQueue` (one score,
-inverted sequence numbers). Start requests follow Scrapy's order: after the other requests of their
-priority (:data:`START_REQUEST_OFFSET`), except one the engine would send at once (:data:`START_NOW`).
-
-**Crawl-wide politeness** (``SCHEDULER_POLITENESS = "cluster"``, docs/politeness.md). The frontier enforces
-the limits (``lua/polite.lua``: a domain that may not be fetched yet is not leased); :class:`DomainLimits`
-answers a domain's ``(delay, concurrency, jitter)``: Scrapy's ``DOWNLOAD_DELAY``,
-``CONCURRENT_REQUESTS_PER_DOMAIN`` and ``DOWNLOAD_DELAY_JITTER`` held crawl-wide, overridden by the most
-specific ``DOMAIN_LIMITS`` glob. The jitter only lengthens a delay; ``concurrency: 0`` means no cap.
-
-**Leased requests** wait for the engine in a :class:`LeasedBuffer`, best first.
-
-**Retry timing**: pure functions of the attempt number, the settings and the server's ``Retry-After``
-(used by the retry middleware and by politeness penalties).
+"""Which request goes when: queue orders (``SCHEDULER_QUEUE_CLASS``: a queue class decides a member's score
+and whether its sequence prefix grows or shrinks), leased requests best first, crawl-wide politeness
+(docs/politeness.md), retry timing, and the dead letter a request becomes when it finally fails
+(docs/retries.md; anyone with access to Redis can write that list, so its parsers refuse anything malformed).
 """
+
 from __future__ import annotations
 
+import base64
+import binascii
 import fnmatch
 import heapq
 import itertools
+import json
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgpack
 from scrapy.utils.httpobj import urlparse_cached
 
+from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.settings.reader import QUEUE_ALIASES
+from scrapy_dist.wire import codec
+from scrapy_dist.wire.codec import EntryPolicy
+from scrapy_dist.wire.entrypolicy import DEAD, FRONTIER
 
 if TYPE_CHECKING:
-    from scrapy import Request
+    from scrapy import Request, Spider
 
     from scrapy_dist.frontier.layout import ShardRouter
     from scrapy_dist.frontier.ledger import Ledger
@@ -54,24 +48,19 @@ class QueueOrder(Protocol):
     def score(self, request: Request) -> float: ...
 
 
-def _start_offset(request: Request) -> float:
-    """Start requests yield to callback requests of equal priority, as in Scrapy >= 2.13 (whose
-    scheduler keeps them in separate start queues served after the others of the same priority):
-    half a priority step later, still before any lower priority."""
-    return START_REQUEST_OFFSET if request.meta.get("is_start_request") else 0.0
-
-
-#: added to the score of a start request (``meta["is_start_request"]``, set by Scrapy)
+#: added to a start request's score: it yields to the others of its priority, as in Scrapy >= 2.13
 START_REQUEST_OFFSET = 0.5
-#: the score of a start request Scrapy's engine would send at once (the worker has room and holds nothing
-#: better): ahead of every priority, as the engine takes it before any request enqueued after it
+#: the score of a start request Scrapy's engine would send at once: ahead of every priority
 START_NOW = -1e15
 
 
+def _start_offset(request: Request) -> float:
+    return START_REQUEST_OFFSET if request.meta.get("is_start_request") else 0.0
+
+
 def sends_now(request: Request, ledger: Ledger, loop: SyncLoop | None, concurrency: int) -> bool:
-    """Whether ``request`` is a start request Scrapy's engine would send at once (score it
-    :data:`START_NOW`): the crawl is not paused, nothing is queued crawl-wide as far as this worker knows,
-    and the worker has room for it (:meth:`~scrapy_dist.frontier.ledger.Ledger.starts_now`)."""
+    """Whether ``request`` is a start request Scrapy's engine would send at once: nothing is queued
+    crawl-wide as far as this worker knows, and it has room."""
     if not request.meta.get("is_start_request") or loop is None or loop.paused or loop.local_pause:
         return False
     queued = loop.state.queued if loop.state is not None else loop.backlog
@@ -79,8 +68,7 @@ def sends_now(request: Request, ledger: Ledger, loop: SyncLoop | None, concurren
 
 
 class PriorityQueue:
-    """Higher ``request.priority`` first; FIFO within a priority; start requests after the others of
-    their priority."""
+    """Higher ``request.priority`` first; FIFO within a priority."""
 
     sequence = "asc"
 
@@ -89,7 +77,7 @@ class PriorityQueue:
 
 
 class FifoQueue:
-    """First in, first out; priorities ignored; start requests after the others."""
+    """First in, first out; priorities ignored."""
 
     sequence = "asc"
 
@@ -97,33 +85,26 @@ class FifoQueue:
         return _start_offset(request)
 
 
-class LifoQueue:
-    """Last in, first out; priorities ignored; start requests after the others."""
+class LifoQueue(FifoQueue):
+    """Last in, first out; priorities ignored."""
 
     sequence = "desc"
 
-    def score(self, request: Request) -> float:
-        return _start_offset(request)
 
-
-#: scrapy-redis's other names of its three queues: a project switched by replacing ``scrapy_redis`` with
-#: ``scrapy_dist`` (``scrapy_dist.queue.SpiderQueue``, as in scrapy-redis's example settings) keeps its order
+#: scrapy-redis's other names of its three queues (``scrapy_dist.queue.SpiderQueue`` and so on)
 SpiderQueue = FifoQueue
 SpiderStack = LifoQueue
 SpiderPriorityQueue = PriorityQueue
 
-#: scrapy-redis names, for ``SCHEDULER_QUEUE_CLASS`` values copied from a scrapy-redis project
+#: scrapy-redis paths, for ``SCHEDULER_QUEUE_CLASS`` values copied from a scrapy-redis project
 ALIASES = {alias: globals()[name] for alias, name in QUEUE_ALIASES.items()}
 
-
-# -- leased requests, best first ---------------------------------------------------------------------
 #: A leased member and the shard it was leased from (always 0 with one shard).
 Lease = tuple[int, bytes]
 
 
 class LeasedBuffer:
-    """Leased requests waiting for the engine: a heap on the queue score, ties in the order leased; the
-    worker starts the best one it holds first, whatever round or shard it came from."""
+    """Leased requests waiting for the engine: a heap on the queue score, ties in the order leased."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Request, Lease]] = []
@@ -137,8 +118,7 @@ class LeasedBuffer:
         return request, lease
 
     def pop_least_loaded(self, load: Callable[[Request], int]) -> tuple[Request, Lease]:
-        """The best request of the download slot with the fewest active downloads (Scrapy's
-        ``DownloaderAwarePriorityQueue``): a scan of the buffer, which holds at most a prefetch."""
+        """The best request of the least busy download slot (Scrapy's ``DownloaderAwarePriorityQueue``)."""
         heap = self._heap
         best = min(range(len(heap)), key=lambda i: (load(heap[i][2]), heap[i][0], heap[i][1]))
         entry = heap[best]
@@ -148,11 +128,9 @@ class LeasedBuffer:
         return entry[2], entry[3]
 
     def best_score(self) -> float:
-        """The score of the request :meth:`pop` returns next (``inf`` when empty)."""
         return self._heap[0][0] if self._heap else math.inf
 
     def leases(self) -> list[Lease]:
-        """Every lease in the buffer (for releasing them at close)."""
         return [e[-1] for e in self._heap]
 
     def clear(self) -> None:
@@ -161,13 +139,12 @@ class LeasedBuffer:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def __bool__(self) -> bool:
-        return bool(self._heap)
-
 
 # -- crawl-wide politeness ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DomainLimit:
+    """One domain's limits."""
+
     delay: float
     concurrency: int
     jitter: float
@@ -177,34 +154,28 @@ class DomainLimit:
         return f"{self.delay!r} {self.concurrency} {self.jitter!r}"
 
 
-def _specificity(pattern: str) -> tuple[int, int]:
+def specificity(pattern: str) -> tuple[int, int]:
     wild = sum(pattern.count(c) for c in "*?[")
     return (0 if wild else 1, len(pattern) - wild)
 
 
 class DomainLimits:
-    """Limits per domain from settings (see the module docstring); answers are cached per domain."""
+    """A domain's ``(delay, concurrency, jitter)``: Scrapy's per-domain settings, overridden by the most
+    specific ``DOMAIN_LIMITS`` glob. Jitter only lengthens a delay; ``concurrency: 0`` means no cap."""
 
     def __init__(self, default: DomainLimit, rules: dict[str, dict[str, Any]] | None = None) -> None:
         self.default = default
-        self.rules = sorted((rules or {}).items(), key=lambda kv: _specificity(kv[0].lower()), reverse=True)
+        self.rules = sorted((rules or {}).items(), key=lambda kv: specificity(kv[0].lower()), reverse=True)
         self._cache: dict[str, DomainLimit] = {}
 
     @classmethod
     def from_dist(cls, ds: DistSettings) -> DomainLimits:
-        """The limits of a crawl's typed settings (``DOMAIN_LIMITS`` over Scrapy's per-domain ones)."""
         s = ds.scheduler
-        default = DomainLimit(
-            delay=s.download_delay,
-            concurrency=s.concurrent_requests_per_domain,
-            jitter=s.download_delay_jitter,
-        )
+        default = DomainLimit(s.download_delay, s.concurrent_requests_per_domain, s.download_delay_jitter)
         return cls(default, {k: dict(v) for k, v in s.domain_limits.items()})
 
     def bound(self) -> str:
-        """``"<delay> <jitter>"``: the longest delay and the largest jitter any domain has here. The
-        frontier clamps a domain's limits read from Redis to it (garbage someone wrote there, ``86400 1
-        10``, would hold each request of the domain back for days)."""
+        """``"<delay> <jitter>"``, the largest here: the frontier clamps limits read from Redis to it."""
         rules = [self.default.delay, *(float(r.get("delay", self.default.delay)) for _, r in self.rules)]
         jitters = [self.default.jitter, *(float(r.get("jitter", self.default.jitter)) for _, r in self.rules)]
         return f"{max(rules)!r} {max(jitters)!r}"
@@ -228,9 +199,35 @@ class DomainLimits:
         return limit
 
 
+#: what :meth:`RevisitRules.for_url` answers when no rule matches
+NOT_SET = object()
+
+
+class RevisitRules:
+    """``REVISIT_AFTER`` rules: a glob with a ``/`` matches the URL, any other the host (case-insensitive).
+    URL rules are tried first; within each kind the most specific wins."""
+
+    def __init__(self, rules: Mapping[str, float | None] | None = None) -> None:
+        ordered = sorted(
+            (rules or {}).items(), key=lambda kv: ("/" in kv[0], *specificity(kv[0].lower())), reverse=True
+        )
+        self.rules = [(p.lower(), "/" in p, s) for p, s in ordered]
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def for_url(self, url: str, host: str) -> Any:
+        """The delay of the most specific matching rule (None: no revisit), or ``NOT_SET``."""
+        low_url, low_host = url.lower(), host.lower()
+        for pattern, on_url, seconds in self.rules:
+            if fnmatch.fnmatchcase(low_url if on_url else low_host, pattern):
+                return seconds
+        return NOT_SET
+
+
 class DomainPenalties:
-    """Crawl-wide politeness as responses come: after a 429 or 503 (:func:`penalty_seconds`) no worker
-    leases a request of that domain for a while; written through the ledger in the next round."""
+    """After a 429 or 503 no worker leases a request of that domain for a while (:func:`penalty_seconds`);
+    written through the ledger in the next round."""
 
     def __init__(self, limits: DomainLimits | None, ledger: Ledger, router: ShardRouter, stats: Any) -> None:
         self.limits = limits
@@ -239,11 +236,9 @@ class DomainPenalties:
         self.stats = stats
 
     def penalize(self, domain: str, seconds: float) -> None:
-        """No request of ``domain`` is leased for ``seconds`` (on the shard holding its politeness state)."""
         self.ledger.penalize(domain, seconds, time.monotonic(), self.router.domain(domain))
 
     def response_received(self, response: Any, request: Request, spider: Any = None) -> None:
-        """Signal handler: 429 and 503 slow the whole crawl down on that domain."""
         domain = (urlparse_cached(request).hostname or "").lower()
         limit = self.limits.for_domain(domain) if self.limits else None
         seconds = penalty_seconds(response.status, response.headers.get(b"Retry-After"), limit, time.time())
@@ -258,9 +253,8 @@ DOMAIN_SCAN_LIMIT = 20_000
 
 
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
-    """The domains with the largest backlog, with their limits and slots in use (for ``status``), from at
-    most :data:`DOMAIN_SCAN_LIMIT` fields of ``{spider}:domains:info`` (HSCAN: a sample on a larger crawl).
-    """
+    """The domains with the largest backlog, their limits and slots in use (for ``status``), from at most
+    :data:`DOMAIN_SCAN_LIMIT` fields of ``{spider}:domains:info``."""
     info: dict[str, dict[str, str]] = {}
     for n, (field, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
         if n >= DOMAIN_SCAN_LIMIT:
@@ -273,12 +267,8 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
     for domain, d in info.items():
         delay, conc, jitter = (d.get("l") or "0 0 0").split(" ")
         rows.append({
-            "domain": domain,
-            "backlog": int(float(d.get("b", 0))),
-            "in_flight": int(float(d.get("i", 0))),
-            "delay": float(delay),
-            "concurrency": int(conc),
-            "jitter": float(jitter),
+            "domain": domain, "backlog": int(float(d.get("b", 0))), "in_flight": int(float(d.get("i", 0))),
+            "delay": float(delay), "concurrency": int(conc), "jitter": float(jitter),
             "next_in": max(0.0, round(float(d.get("n", 0)) - now, 3)),
         })
     rows.sort(key=lambda r: (r["backlog"], r["in_flight"]), reverse=True)
@@ -288,9 +278,8 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
 def penalty_seconds(
     status: int, retry_after: bytes | None, limit: DomainLimit | None, now: float
 ) -> float | None:
-    """How long the whole crawl stays off a domain after a response of ``status`` (``None``: no penalty):
-    for 429 and 503, ``Retry-After`` when the server gives one, else twice the domain's delay (at least a
-    second); never more than an hour."""
+    """How long the crawl stays off a domain after a 429 or 503 (``None``: no penalty): ``Retry-After``
+    if given, else twice the domain's delay (at least a second); at most an hour."""
     if status not in (429, 503):
         return None
     seconds = max(1.0, 2 * limit.delay) if limit else 1.0
@@ -311,33 +300,22 @@ RETRY_AFTER_STATUSES = frozenset({429, 503})
 def backoff_delay(
     retry_times: int, base: float, cap: float, rng: Callable[[], float] = random.random
 ) -> float:
-    """Seconds to wait before retry number ``retry_times`` (1 for the first retry).
-
-    Exponential with upward jitter: ``base * 2 ** (retry_times - 1)`` times a random factor in
-    ``[1, 1 + JITTER)``, never more than ``cap``. The jitter only adds, so ``base * 2 ** (n - 1)`` (or
-    ``cap``) is a guaranteed minimum gap, while retries of requests that failed together spread out.
-    """
+    """Seconds before retry number ``retry_times`` (1 for the first): ``base * 2 ** (retry_times - 1)``
+    times a random factor in ``[1, 1 + JITTER)``, at most ``cap``; the jitter only adds."""
     if base <= 0 or cap <= 0:
         return 0.0
     exponent = max(0, retry_times - 1)
-    # 2**1024 overflows a float; anything that large is over any sensible cap anyway
-    nominal = cap if exponent >= 1000 else base * 2.0**exponent
+    nominal = cap if exponent >= 1000 else base * 2.0**exponent  # 2**1024 overflows a float
     return min(cap, nominal * (1.0 + JITTER * rng()))
 
 
 def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
-    """Seconds to wait according to a ``Retry-After`` header value, or ``None`` if it is absent or invalid.
-
-    Accepts delay-seconds (``"120"``, leniently ``"1.5"``) and an HTTP date (``"Wed, 21 Oct 2015 07:28:00
-    GMT"``, compared with ``now``, unix time). A date in the past gives ``0.0``.
-    """
+    """Seconds to wait according to a ``Retry-After`` value (delay-seconds, leniently ``"1.5"``, or an HTTP
+    date compared with ``now``, unix time; a past date gives 0.0), or ``None`` if absent or invalid."""
     if value is None:
         return None
     if isinstance(value, bytes):
-        try:
-            value = value.decode("latin-1")
-        except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-            return None
+        value = value.decode("latin-1")
     text = value.strip()
     if not text:
         return None
@@ -348,28 +326,167 @@ def parse_retry_after(value: bytes | str | None, now: float | None = None) -> fl
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when is None:  # pragma: no cover - older Pythons returned None for garbage
-        return None
-    if when.tzinfo is None:  # RFC 9110 dates are GMT; a date without zone is read as such
+    if when.tzinfo is None:  # RFC 9110 dates are GMT
         when = when.replace(tzinfo=timezone.utc)
     now = time.time() if now is None else now
     return max(0.0, when.timestamp() - now)
 
 
 def retry_delay(
-    retry_times: int,
-    base: float,
-    cap: float,
-    *,
-    status: int | None = None,
-    retry_after: bytes | str | None = None,
-    now: float | None = None,
+    retry_times: int, base: float, cap: float, *, status: int | None = None,
+    retry_after: bytes | str | None = None, now: float | None = None,
     rng: Callable[[], float] = random.random,
 ) -> float:
-    """The delay of a retry: ``Retry-After`` (on 429/503, capped by ``cap``) if given and valid, else
-    :func:`backoff_delay`."""
+    """``Retry-After`` (on 429/503, capped by ``cap``) if given and valid, else :func:`backoff_delay`."""
     if status in RETRY_AFTER_STATUSES:
         hinted = parse_retry_after(retry_after, now=now)
         if hinted is not None:
             return min(cap, hinted) if cap > 0 else hinted
     return backoff_delay(retry_times, base, cap, rng)
+
+
+# -- dead letters --------------------------------------------------------------------------------
+#: longest exception message kept in a record
+DETAIL_LIMIT = 300
+#: largest record ``scrapy-dist dead`` accepts (a 1 MiB payload in base64 plus the other fields)
+MAX_RECORD_BYTES = 2 * 1024 * 1024
+#: latest ``at`` a record may carry (year 5138): later is garbage
+MAX_AT = 1e11
+
+
+def dead_letter_record(
+    request: Request, *, reason: str, worker: str, spider: Spider | None = None, status: int | None = None,
+    detail: str = "", attempts: int | None = None, now: float | None = None,
+    policy: EntryPolicy | None = None,
+) -> str:
+    """The JSON record of ``request`` as scheduled (without credential headers a middleware added), signed
+    by ``policy``; ``"request": null`` if it cannot be encoded."""
+    from scrapy_dist.wire.entrypolicy import as_scheduled
+
+    try:
+        encoded = codec.encode_request(as_scheduled(request), spider, policy)
+        payload: str | None = base64.b64encode(encoded).decode("ascii")
+    except UnserializableRequest:
+        payload = None
+    if attempts is None:
+        attempts = _int(request.meta.get("retry_times"), 0) + 1
+    record: dict[str, Any] = {
+        "request": payload, "url": request.url, "reason": reason, "attempts": attempts, "worker": worker,
+        "at": time.time() if now is None else now,
+    }
+    if status is not None:
+        record["status"] = status
+    if detail:
+        record["detail"] = detail[:DETAIL_LIMIT]
+    return json.dumps(record)
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A dead-letter record read back; ``raw`` is the exact list element (for ``LREM``)."""
+
+    raw: bytes
+    url: str
+    reason: str
+    attempts: int
+    worker: str
+    at: float
+    status: int | None
+    detail: str
+    payload: bytes | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url, "reason": self.reason, "attempts": self.attempts, "worker": self.worker,
+            "at": self.at, "status": self.status, "detail": self.detail,
+            "request": base64.b64encode(self.payload).decode("ascii") if self.payload is not None else None,
+        }
+
+
+def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
+    """The one parser of a dead-letter record. Raises only :class:`RejectedEntry` (``bad_deadletter``), for
+    anything but a JSON object whose fields have their documented types and ranges."""
+    if not isinstance(raw, (bytes, bytearray)):
+        raise RejectedEntry("bad_deadletter", f"record of type {type(raw).__name__}")
+    raw = bytes(raw)
+    if len(raw) > max_bytes:
+        raise RejectedEntry("bad_deadletter", f"record of {len(raw)} bytes")
+    try:
+        d = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RejectedEntry("bad_deadletter", f"not JSON: {exc}"[:200]) from None
+    except RecursionError:
+        raise RejectedEntry("bad_deadletter", "not JSON: nested too deep") from None
+    if not isinstance(d, dict):
+        raise RejectedEntry("bad_deadletter", f"record is a {type(d).__name__}")
+
+    def field(name: str, types: type | tuple[type, ...], default: Any) -> Any:
+        value = d.get(name, default)
+        if value is not default and (not isinstance(value, types) or isinstance(value, bool)):
+            raise RejectedEntry("bad_deadletter", f"{name} has type {type(value).__name__}")
+        return value
+
+    url = field("url", str, "")
+    encoded = field("request", str, None)
+    payload = None
+    if encoded is not None:
+        try:
+            payload = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise RejectedEntry("bad_deadletter", "request is not base64") from None
+    status = field("status", int, None)
+    if status is not None and not 0 <= status <= 999:
+        raise RejectedEntry("bad_deadletter", "status out of range")
+    attempts = field("attempts", int, 0)
+    if not 0 <= attempts <= 10**9:
+        raise RejectedEntry("bad_deadletter", "attempts out of range")
+    try:
+        at = float(field("at", (int, float), 0.0))
+    except OverflowError:  # an integer too big for a float
+        at = math.inf
+    if not (math.isfinite(at) and 0 <= at <= MAX_AT):
+        raise RejectedEntry("bad_deadletter", "at is not a time")
+    return DeadLetter(
+        raw=raw, url=url, reason=str(field("reason", str, "")), attempts=attempts, at=at, status=status,
+        worker=field("worker", str, ""), detail=field("detail", str, ""), payload=payload,
+    )
+
+
+def requeue_payload(
+    payload: bytes, allowed_schemes: tuple[str, ...] = ("http", "https"), max_bytes: int = 1024 * 1024,
+    policy: EntryPolicy = codec.DEFAULT_POLICY,
+) -> tuple[bytes, int]:
+    """``(payload, priority)`` of a dead letter to enqueue again (retry counter removed, URL checked).
+    With a secret, a signed record must verify as this crawl's dead letter and is signed again as a queue
+    entry with the same nonce (requeued twice, fetched once); an unsigned one stays unsigned."""
+    d = codec.load_payload(payload, max_bytes)
+    codec.check_url(d.get("u"), allowed_schemes)
+    version = codec.split_payload(payload, max_bytes)[0]
+    signed = policy.secret is not None and version != codec.VERSION
+    if signed and not policy.bound(kind=DEAD).verify(payload):
+        raise RejectedEntry(
+            "bad_tag", "its tag does not verify as a dead letter of this crawl (another crawl or secret)"
+        )
+    meta = d.get("M")
+    if isinstance(meta, dict):
+        meta.pop("retry_times", None)
+        if not meta:
+            del d["M"]
+    priority = _int(d.get("p"), 0)
+    body = msgpack.packb(d, use_bin_type=True)
+    if not signed:
+        return codec.DEFAULT_POLICY.seal(body), priority
+    nonce = payload[1 + codec.TAG_BYTES : codec.SIGNED_HEAD]
+    return policy.bound(kind=FRONTIER).seal(body, nonce), priority
+
+
+def reason_matches(reason: str, wanted: str) -> bool:
+    """Whether a record's ``reason`` is ``wanted``, case-insensitively: the exact reason, or the last
+    dotted part of an exception name (``DownloadTimeoutError`` matches
+    ``scrapy.exceptions.DownloadTimeoutError``)."""
+    r, w = reason.lower(), wanted.lower()
+    return r == w or r.rsplit(".", 1)[-1] == w

@@ -1,12 +1,5 @@
-"""The shared frontier as a drop-in Scrapy scheduler: ``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``.
-
-Scrapy calls ``enqueue_request``, ``next_request`` and ``has_pending_requests`` on the reactor thread many
-times per page, and none of them touches Redis: :class:`Scheduler` is a thin facade (docs/architecture.md)
-over the :class:`RequestEncoder` (what a request becomes in the ledger), the
-:class:`~scrapy_dist.frontier.ledger.Ledger`, the :class:`~scrapy_dist.frontier.syncloop.SyncLoop`, the
-:class:`~scrapy_dist.frontier.layout.ShardRouter` and the :class:`~scrapy_dist.frontier.layout.CrawlLayout`.
-A leased request is acknowledged only once the engine has finished it, in the same atomic call as the
-requests its callback produced, so a worker killed at any moment loses nothing.
+"""The shared frontier as a drop-in Scrapy scheduler: ``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``, a
+thin facade (none of Scrapy's calls touches Redis) over the ledger, the sync loop and the crawl layout.
 """
 
 from __future__ import annotations
@@ -18,31 +11,31 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from scrapy import signals
+from scrapy.dupefilters import BaseDupeFilter
 from scrapy.utils.defer import deferred_from_coro
-from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_dist.dupefilter import RecentFingerprints, RedisDupeFilter
-from scrapy_dist.egress import checked_request
+from scrapy_dist.dupefilter import RedisDupeFilter
+from scrapy_dist.egress import checked_request, enforce
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
-from scrapy_dist.frontier.control import FrontierReport, NoStats
-from scrapy_dist.frontier.engine import FeedBarrier
+from scrapy_dist.frontier.engine import EngineView, FeedBarrier, Revisits
 from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter, crawl_fingerprinter
-from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
-from scrapy_dist.frontier.orders import START_NOW, DomainLimits, DomainPenalties
-from scrapy_dist.frontier.revisit import Revisits
+from scrapy_dist.frontier.ledger import Ledger, RequestEncoder
+from scrapy_dist.frontier.orders import DomainLimits, DomainPenalties
 from scrapy_dist.frontier.shard import Frontier, RequestDecoder
 from scrapy_dist.frontier.syncloop import SyncLoop
 from scrapy_dist.redis import connection
-from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
+from scrapy_dist.redis.keys import CrawlKeys, crawl_keys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, SchedulerSettings
 from scrapy_dist.settings.reader import refuse_start, start_error
-from scrapy_dist.wire.codec import EntryPolicy, encode_request
+from scrapy_dist.utils import RateLimitedLog
+from scrapy_dist.wire.codec import EntryPolicy, entry_policy
 from scrapy_dist.wire.entrypolicy import DEAD
 
 if TYPE_CHECKING:
@@ -53,8 +46,11 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_dist.frontier.engine import Engine
+    from scrapy_dist.frontier.ledger import Applied
+    from scrapy_dist.frontier.shard import SyncResult
 
 logger = logging.getLogger(__name__)
+S = TypeVar("S", bound="Scheduler")
 
 
 def make_worker_id() -> str:
@@ -68,138 +64,17 @@ def get_scheduler(crawler: Crawler) -> Scheduler | None:
     return sched if isinstance(sched, Scheduler) else None
 
 
-class RequestEncoder:
-    """What a request becomes in the ledger: filtered (Scrapy's dupefilter, or the fingerprints this
-    process sent lately), encoded under the crawl's entry policy, scored by the queue order and routed to
-    its shard -- with crawl-wide politeness, with its domain and that domain's limits. No I/O."""
-
-    def __init__(
-        self, dupefilter: Any, order: queue.QueueOrder, router: ShardRouter, report: FrontierReport,
-        policy: EntryPolicy, domain_limits: DomainLimits | None = None, *, batched: bool = False,
-        polite: bool = False,
-    ) -> None:
-        self.df = dupefilter
-        self.order = order
-        self.router = router
-        self.report = report
-        self.policy = policy
-        self.domain_limits = domain_limits
-        #: the dupefilter is a scrapy-dist one: fingerprints are checked crawl-wide, in the sync call
-        self.batched = batched
-        self.polite = polite
-        self.spider: Spider | None = None
-        #: fingerprints this process sent lately (certainly seen crawl-wide; bounded in time)
-        self.recent = RecentFingerprints()
-        #: SEEDS_RECORD_FINGERPRINT: a dont_filter start request records its fingerprint; off, it neither
-        #: consults nor records the filter, as in Scrapy
-        self.record_start = False
-        #: DEADLETTER_FORGET: a dead letter's fingerprint is forgotten with it
-        self.forget_dead = False
-
-    def warn_local_filter(self) -> None:
-        """One WARNING when the dupefilter is Scrapy's own kind: it filters per worker only."""
-        if not self.batched and type(self.df).__name__ != "BaseDupeFilter":
-            logger.warning(
-                "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
-                " only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide deduplication.",
-                type(self.df).__name__,
-            )
-
-    def forgotten(self, request: Request, shard_dfs: list[Any]) -> tuple[int, tuple[Any, Any]]:
-        """``DEADLETTER_FORGET``: the shard and fingerprint tokens of ``request`` to forget."""
-        shard = self.router.shard(request)
-        tokens = shard_dfs[shard].tokens(request)
-        self.recent.discard(tokens[0])  # a link to it found by this worker is new again too
-        return shard, tokens
-
-    def filtered(self, request: Request) -> None:
-        """Log ``request`` as a duplicate (the dupefilter's own line)."""
-        self.df.log(request, self.spider)
-
-    def encode(self, request: Request) -> bytes | None:
-        """The encoded request, or None (counted and logged) when it cannot go to Redis."""
-        try:
-            return encode_request(request, self.spider, self.policy)
-        except UnserializableRequest as exc:
-            self.report.unserializable(request, exc)
-            return None
-
-    def outgoing(self, request: Request, now: float, starts_now: Callable[[Request], bool]) -> list[Outgoing]:
-        """The ledger entries of a discovered request; ``[]`` when it is filtered here. ``starts_now``:
-        whether the engine would send it at once (scored :data:`~scrapy_dist.frontier.orders.START_NOW`)."""
-        if not self.batched and not request.dont_filter and self.df.request_seen(request):
-            self.filtered(request)
-            return []
-        payload = self.encode(request) or b""  # b"": deduped only, then crawled by this worker
-        t1: Any = ""
-        t2: Any = ""
-        fp: bytes | None = None
-        if self.batched and not request.dont_filter:
-            fp = self.df.fingerprint(request)
-            t1, t2 = self.df.fingerprint_tokens(fp)
-            if self.recent.seen(t1, now):  # this process sent it lately: seen crawl-wide
-                self.filtered(request)
-                return []
-        domain, limits = self.domain(request)
-        score = self.order.score(request)
-        # with crawl-wide politeness a domain's requests are ordered by its own schedule, not Scrapy's
-        if not self.polite and starts_now(request):
-            score = START_NOW
-        entries = []
-        if self.record_start and request.dont_filter and request.meta.get("is_start_request"):
-            # a dedupe-only entry travels with the start request: a page linking back to it is not
-            # fetched once more
-            fp = self.df.fingerprint(request)
-            r1, r2 = self.df.fingerprint_tokens(fp)
-            self.recent.add(r1, now)
-            shard = self.router.shard(request, fp)
-            entries.append(Outgoing(request, r1, r2, score, b"", shard=shard, record_only=True))
-        shard = self.router.shard(request, fp)
-        entries.append(Outgoing(request, t1, t2, score, payload, domain=domain, limits=limits, shard=shard))
-        return entries
-
-    def delayed(self, request: Request, not_before: float) -> Delay | None:
-        """The delayed-set entry of ``request`` (None when it cannot be encoded)."""
-        payload = self.encode(request)
-        if payload is None:
-            return None
-        domain, limits = self.domain(request)
-        return Delay(self.order.score(request), payload, not_before, domain=domain, limits=limits,
-                     shard=self.router.shard(request))
-
-    def domain(self, request: Request) -> tuple[str, str]:
-        """With crawl-wide politeness, the request's domain and its encoded limits; else ``("", "")``."""
-        if not self.polite or self.domain_limits is None:
-            return "", ""
-        domain = (urlparse_cached(request).hostname or "").lower()
-        return domain, self.domain_limits.for_domain(domain).encode()
-
-
 class Scheduler:
-    """Scrapy scheduler backed by a Redis frontier shared by every worker of the crawl.
-
-    ``__init__`` takes plain objects (:meth:`from_crawler` wires them from a crawler); as Scrapy's own
-    scheduler, it can be built from a dupefilter alone: the keys then come from the spider's name at
-    :meth:`open`, and Redis from ``$REDIS_URL`` or the embedded default. Besides Scrapy's interface it
-    offers other components delays, dead letters, pauses and politeness penalties.
-    """
+    """Scrapy scheduler backed by a Redis frontier shared by every worker of the crawl. Like Scrapy's own,
+    it can be built from a dupefilter alone: the keys then come from the spider's name at :meth:`open`,
+    and Redis from ``$REDIS_URL`` or the embedded default."""
 
     def __init__(
-        self,
-        dupefilter: Any,
-        keys: CrawlKeys | None = None,
-        redis_settings: Any = None,
-        *,
-        crawler: Crawler | None = None,
-        config: SchedulerSettings | None = None,
-        order: queue.QueueOrder | None = None,
-        stats: StatsCollector | None = None,
-        engine: Engine | None = None,
-        fingerprinter: Any = None,
-        domain_limits: DomainLimits | None = None,
-        worker_id: str | None = None,
-        outage: Outage | None = None,
-        policy: EntryPolicy | None = None,
+        self, dupefilter: Any, keys: CrawlKeys | None = None, redis_settings: Any = None, *,
+        crawler: Crawler | None = None, config: SchedulerSettings | None = None,
+        order: queue.QueueOrder | None = None, stats: StatsCollector | None = None,
+        engine: Engine | None = None, fingerprinter: Any = None, domain_limits: DomainLimits | None = None,
+        worker_id: str | None = None, outage: Outage | None = None, policy: EntryPolicy | None = None,
     ) -> None:
         self.config = cfg = config or SchedulerSettings(downloader_aware=False)
         #: what entries read from the queue must satisfy, and the secret signing what this worker writes
@@ -225,7 +100,6 @@ class Scheduler:
                                       domain_limits, batched=self._batched_df, polite=polite)
         self.report.log_duplicate = self.encoder.filtered
         self.penalties = DomainPenalties(domain_limits, self.ledger, self.router, self.stats)
-        self._recent = self.encoder.recent
         self._local_pause = False
         self._empty_since: float | None = None
         #: wired by from_crawler (``refused``: the crawl's start was refused, open nothing)
@@ -239,7 +113,6 @@ class Scheduler:
             self._place(keys)
 
     def _place(self, keys: CrawlKeys) -> None:
-        """Use the crawl ``keys`` (at construction, or at :meth:`open` from the spider's name)."""
         self.keys = keys
         # what this worker signs is bound to the crawl: another crawl's entries do not verify here
         self.policy = self.encoder.policy = self.policy.bound(crawl=keys.shard(0, 1).tag)
@@ -253,10 +126,8 @@ class Scheduler:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        """The scheduler of ``crawler``, wired by :func:`scrapy_dist.frontier.engine.build`."""
-        return _engine.build(cls, crawler)
+        return _build(cls, crawler)
 
-    # -- what other components read ----------------------------------------------------------------
     @property
     def spider(self) -> Spider | None:
         return self.encoder.spider
@@ -279,12 +150,10 @@ class Scheduler:
 
     @property
     def frontier(self) -> Frontier | None:
-        """Shard 0's frontier (the only one with one shard)."""
         return self.frontiers[0] if self.frontiers else None
 
     @property
     def frontier_status(self) -> dict[str, int] | None:
-        """Last crawl-wide state reported by Redis: queued / inflight / delayed, or None before the first."""
         state = self.loop.state if self.loop is not None else None
         return state.as_dict() if state is not None else None
 
@@ -293,7 +162,6 @@ class Scheduler:
         """The crawl-wide pause flag (``scrapy-dist pause``)."""
         return self.loop is not None and self.loop.paused
 
-    # -- lifecycle ---------------------------------------------------------------------------------
     def open(self, spider: Spider) -> Deferred[None]:
         return deferred_from_coro(self.open_async(spider))
 
@@ -314,7 +182,7 @@ class Scheduler:
         cfg = self.config
         self.report.backlog(self.keys.spider, pending, remembered, cfg.persist)
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
-            self._recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
+            self.encoder.recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
         self.redis = self._client(sync=False)
         self.frontiers = self.layout.frontiers(
             self.redis, self.worker_id, cfg, self.order.sequence, batched=self._batched_df,
@@ -328,21 +196,25 @@ class Scheduler:
             ),
             on_applied=self.report.applied, prefetch=cfg.prefetch,
             flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
-            lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self._recent.clear,
-            on_forget=self._recent.clear,
+            lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self.encoder.recent.clear,
+            on_forget=self.encoder.recent.clear,
             idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
         )
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
             self.report.feeds = FeedBarrier.install(self.crawler, self.loop) is not None
         self.loop.paused, self.loop.backlog = self.layout.paused, pending
-        self.encoder.warn_local_filter()
+        if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
+            logger.warning(
+                "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
+                " only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide deduplication.",
+                type(self.df).__name__,
+            )
         if start:
             self.loop.start()
         shards = f" ({cfg.shards} shards)" if cfg.shards > 1 else ""
         logger.info("scrapy-dist frontier %r open as worker %s%s", self.keys.queue, self.worker_id, shards)
 
     def _join(self, spider: Spider) -> tuple[int, int]:
-        """Find the crawl's keys, check Redis answers and join the crawl; raises :class:`ScrapyDistError`."""
         settings = self.redis_settings
         name = getattr(spider, "name", None)
         named = isinstance(name, str) and bool(name)
@@ -364,7 +236,6 @@ class Scheduler:
             client.close()  # a no-op for the crawler's shared client
 
     def _client(self, sync: bool) -> Any:
-        """The crawler's shared client (:class:`ClientPool`); without a crawler, one of its own."""
         if self.crawler is not None:
             pool = connection.ClientPool.of(self.crawler)
             return pool.sync_client() if sync else pool.async_client()
@@ -447,22 +318,21 @@ class Scheduler:
 
     # -- services for other scrapy-dist components -----------------------------------------------------
     def delay_request(self, request: Request, not_before: float, reason: str = "") -> bool:
-        """Put ``request`` in the crawl's delayed set until ``not_before`` (unix time), batched: written
-        atomically with the ack of the request that failed; any worker takes it then."""
+        """Put ``request`` in the delayed set until ``not_before`` (unix time), with the failed one's ack."""
         entry = self.encoder.delayed(request, not_before)
         if entry is not None:
             self.ledger.delay(entry, time.monotonic())
         return entry is not None
 
     def dead_letter(self, record: str, request: Request | None = None) -> None:
-        """Append a JSON dead-letter record (batched, atomic with the failed request's ack)."""
+        """Append a JSON dead-letter record (atomic with the failed request's ack)."""
         forget = None
         if request is not None and self.encoder.forget_dead and self._batched_df:
             forget = self.encoder.forgotten(request, self.layout.shard_dfs)
         self.ledger.dead_letter(record, time.monotonic(), forget)
 
     def flushed_since(self, mark: float) -> bool:
-        """Whether every request enqueued before ``mark`` (``time.monotonic()``) is in Redis."""
+        """Whether every request enqueued before ``mark`` (monotonic) is in Redis."""
         return self.loop is not None and self.loop.drained_at > mark
 
     def pause(self) -> None:
@@ -478,7 +348,7 @@ class Scheduler:
         self.engine.wake()
 
     def penalize_domain(self, domain: str, seconds: float) -> None:
-        """Crawl-wide politeness: no request of ``domain`` is leased for ``seconds`` (batched)."""
+        """Crawl-wide politeness: no request of ``domain`` is leased for ``seconds``."""
         self.penalties.penalize(domain, seconds)
 
     def _wake(self) -> None:
@@ -487,3 +357,142 @@ class Scheduler:
 
     def _starts_now(self, request: Request) -> bool:
         return queue.sends_now(request, self.ledger, self.loop, self.config.concurrent_requests)
+
+
+def _build(cls: type[S], crawler: Crawler) -> S:
+    """The scheduler of ``crawler``; if the crawl's start is (or gets) refused, one that opens nothing."""
+    if start_error(crawler) is None:
+        try:
+            sched = _wired(cls, crawler)
+        except ScrapyDistError as exc:
+            refuse_start(crawler, exc)
+        else:
+            if start_error(crawler) is None:  # the dupefilter may have refused it
+                return sched
+    sched = cls(BaseDupeFilter(), None, crawler=crawler)
+    sched.refused = True
+    return sched
+
+
+def _wired(cls: type[S], crawler: Crawler) -> S:
+    ds = DistSettings.for_crawler(crawler)
+    cfg = ds.scheduler
+    dupefilter = build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
+    qcls: Any = queue.ALIASES.get(cfg.queue_class) or load_object(cfg.queue_class)
+    try:
+        keys: CrawlKeys | None = crawler_keys(crawler)
+    except ValueError:  # no spider name yet (a harness that builds the scheduler first): at open()
+        keys = None
+    sched = cls(
+        dupefilter, keys, ds, crawler=crawler, config=cfg, order=qcls(), stats=crawler.stats,
+        engine=EngineView(crawler), outage=Outage.for_crawler(crawler), policy=entry_policy(crawler),
+        domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
+    )
+    sched.revisits = Revisits.from_crawler(crawler)
+    sched.revisits.policy = sched.policy if keys is not None else None
+    sched.ledger.riders.revisit_of = sched.revisits.plan
+    sched.encoder.forget_dead = ds.dupefilter.forget_dead
+    sched.networks = enforce(crawler, cfg.deny_networks)  # holds without the add-on too
+    sched.encoder.record_start = sched._batched_df and ds.seeds.record_fingerprint
+    if cfg.politeness == "cluster":
+        crawler.signals.connect(sched.penalties.response_received, signal=signals.response_received)
+    sched.components = _engine.run_components(crawler, ds)
+    return sched
+
+
+class NoStats:
+    """Stats sink of a scheduler built without a stats collector."""
+
+    def inc_value(self, key: str, count: int = 1, start: int = 0) -> None:
+        pass
+
+    def set_value(self, key: str, value: Any) -> None:
+        pass
+
+
+class FrontierReport:
+    """Stats and log lines of one worker's frontier (``shard_keys``: every shard's keys, for messages)."""
+
+    def __init__(self, stats: Any, shard_keys: list[CrawlKeys], log_duplicate: Any) -> None:
+        self.stats = stats
+        self.shard_keys = shard_keys
+        self.log_duplicate = log_duplicate
+        self._log = RateLimitedLog(logger)
+        self._unserializable_log = RateLimitedLog.once(logger)
+        self._refused = [0, 0]  # acks and items refused since an ack was last accepted
+        self.feeds = False  # the crawl exports feeds: a refused ack's items are written there twice
+
+    def applied(self, applied: Applied, result: SyncResult) -> None:
+        """Stats and logs of one shard's answer."""
+        stats = self.stats
+        for request in applied.duplicates:
+            self.log_duplicate(request)
+        # rejected: malformed members, and copies of entries handed out, the script parked itself
+        rejected, refused = result.rejected, result.acks_refused
+        for stat, n in (
+            ("scheduler/enqueued/redis", applied.enqueued), ("scheduler/enqueued", applied.enqueued),
+            ("scheduler/requeued/lease_expired", result.requeued), ("scheduler/delayed/moved", result.moved),
+            ("scheduler/rejected", rejected), ("scheduler/rejected/bad_member", rejected - result.replayed),
+            ("scheduler/rejected/replayed", result.replayed if rejected else 0),
+            ("redis_items/written", result.items), ("scheduler/acks_refused", refused),
+            ("redis_items/refused", result.items_refused if refused else 0),
+            ("feeds/duplicate_pages", refused if self.feeds else 0),
+        ):
+            if n > 0:
+                stats.inc_value(stat, n)
+        if refused:
+            self._refused[0] += refused
+            self._refused[1] += result.items_refused
+        if applied.acked > result.acks_refused:  # this worker's acks count again: the episode is over
+            self.refusals_done()
+        for key in result.repaired:
+            self._log.log(logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing",
+                          key, key=f"repaired:{key}")
+        for (shard, _), exc in applied.rejected:
+            stats.inc_value("scheduler/rejected")
+            stats.inc_value(f"scheduler/rejected/{exc.reason}")
+            keys = self.shard_keys[shard]
+            self._log.log(logging.ERROR, "Rejected a queue entry of %r (%s); moved it to %s",
+                          keys.queue, exc, keys.queue_rejected, key="rejected")
+
+    def refusals_done(self) -> None:
+        """One WARNING for a run of refused acks (until an ack is accepted again, or at close)."""
+        acks, items = self._refused
+        if not acks:
+            return
+        self._refused = [0, 0]
+        logger.warning(
+            "The frontier refused %d acknowledgements and their %d items: those leases were no longer this"
+            " worker's (it was stopped or cut off longer than SCHEDULER_LEASE_SECONDS and another worker"
+            " took them, or an earlier call had already acknowledged them). Their items come from the other"
+            " fetch, once; feed exports may hold these pages' items twice", acks, items,
+        )
+
+    def released(self, reason: str, given: int) -> None:
+        self.stats.set_value("scheduler/released_at_close", given)
+        logger.info("Closing (%s): gave %d leased requests back to the queue", reason, given)
+
+    def unserializable(self, request: Request, exc: UnserializableRequest) -> None:
+        """A request that cannot go to Redis (crawled by this worker only): logged once per key."""
+        self.stats.inc_value("scheduler/unserializable")
+        self._unserializable_log.log(
+            logging.ERROR,
+            "Unable to put %(request)s in the shared frontier: %(reason)s. It is crawled by this worker"
+            " only and is lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools, None,"
+            " lists, dicts) or pass a spider method name. Further requests failing on %(key)s are only"
+            " counted in scheduler/unserializable.",
+            {"request": request, "reason": exc, "key": exc.key}, key=exc.key,
+        )
+
+    @staticmethod
+    def backlog(spider: str, pending: int, remembered: int, persist: bool) -> None:
+        if pending:
+            logger.info("Resuming crawl (%d requests scheduled)", pending)
+        elif remembered and persist:
+            logger.warning(
+                "The crawl %r has run before and finished: %d fingerprints are remembered"
+                " (SCHEDULER_PERSIST=True), so requests already seen then are skipped now. To start"
+                " afresh: -s SCHEDULER_FLUSH_ON_START=True for this run, or SCHEDULER_PERSIST=False so"
+                " that a finished crawl removes its keys.",
+                spider, remembered,
+            )

@@ -5,7 +5,7 @@ others; and here the two small guards the add-on installs.
 :class:`DenyNetworksMiddleware` refuses requests to ``SCHEDULER_DENY_NETWORKS``. Anyone who can push a seed
 or a queue entry chooses URLs the workers fetch from inside your network (cloud metadata at
 ``169.254.169.254``, the Redis itself, an admin page on ``10.0.0.1``). The check that counts is made on the
-address each connection uses, in the DNS resolver (:mod:`scrapy_dist.egress.networks`), which
+address each connection uses, in the DNS resolver (:mod:`scrapy_dist.egress`), which
 :func:`~scrapy_dist.egress.enforce` puts in place -- with this middleware or with the scheduler alone. The
 middleware adds what a resolver cannot do:
 
@@ -19,7 +19,7 @@ middleware adds what a resolver cannot do:
 A host that does not resolve fails as Scrapy reports it (``DNSLookupError``), not as a refusal.
 
 :class:`ConditionalRevisitMiddleware` (``REVISIT_CONDITIONAL = True``, docs/continuous.md): a revisit entry
-carries its page's validators (written at ack time by :class:`scrapy_dist.frontier.revisit.Revisits`). A
+carries its page's validators (written at ack time by :class:`scrapy_dist.frontier.engine.Revisits`). A
 304 to a request that sent one is counted, keeps the revisit chain going, calls the spider's
 ``on_not_modified(response)`` if it has one, and ends the request with :class:`NotModified` (an
 ``IgnoreRequest``: no callback, no error, an errback may check for it). Order 580, so the downloader's own
@@ -41,9 +41,8 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import threads
 
-from scrapy_dist.egress import DeniedNetwork, denied, enforce, request_refusal
-from scrapy_dist.egress.networks import Network
-from scrapy_dist.frontier.revisit import VALIDATOR_HEADERS
+from scrapy_dist.egress import DeniedNetwork, Network, denied, enforce, request_refusal
+from scrapy_dist.frontier.engine import VALIDATOR_HEADERS
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import refusing
 from scrapy_dist.utils import RateLimitedLog

@@ -36,10 +36,9 @@ from scrapy_dist.middlewares.cookie_records import (
     write_calls,
 )
 from scrapy_dist.redis import scripts
-from scrapy_dist.redis.batchwriter import BatchWriter
 from scrapy_dist.redis.connection import ClientPool, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
-from scrapy_dist.redis.outage import Backoff, Outage
+from scrapy_dist.redis.outage import Backoff, BatchWriter, Outage
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refusing
@@ -97,7 +96,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     Redis cost: one ``cookies_read`` script call per jar and worker every ``cache_seconds`` (concurrent
     readers share it), returning only the changes since the last one (at most ``read_limit``); one
     ``cookies_write`` script call per ``flush_interval`` and jar while cookies change
-    (:class:`~scrapy_dist.redis.batchwriter.BatchWriter`). A response that changed cookies is held
+    (:class:`~scrapy_dist.redis.outage.BatchWriter`). A response that changed cookies is held
     until its changes are written. Redis errors (:mod:`scrapy_dist.redis.outage`): reads fall back to the
     local copy, writes are retried with capped backoff; an outage is one warning per worker.
 

@@ -36,8 +36,7 @@ from scrapy.utils.python import global_object_name
 from scrapy.utils.response import response_status_message
 
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.frontier.control import dead_letter_record
-from scrapy_dist.frontier.orders import retry_delay
+from scrapy_dist.frontier.orders import dead_letter_record, retry_delay
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refusing

@@ -26,7 +26,8 @@ from typing import Any
 from aiohttp import web
 
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
-from scrapy_dist.frontier.control import parse_record, pause_crawl, resume_crawl
+from scrapy_dist.frontier.layout import pause_crawl, resume_crawl
+from scrapy_dist.frontier.orders import parse_record
 from scrapy_dist.monitor import REASON_LIMIT, bounded_id, top_counts
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.keys import CrawlKeys

@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.frontier.control import parse_record
+from scrapy_dist.frontier.orders import parse_record
 from scrapy_dist.monitor import REASON_LIMIT, finite, top_counts
 from scrapy_dist.monitor.status import read_status
 from scrapy_dist.redis.keys import CrawlKeys

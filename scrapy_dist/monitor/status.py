@@ -22,7 +22,7 @@ from redis.exceptions import ResponseError
 from scrapy_dist.dupefilter.bloom import SCHEMES, BloomPlan, Generations
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.extensions.clusterstats import CLOSED, LOST, RUNNING, parse_worker_hash, worker_state
-from scrapy_dist.frontier.control import ControlState, parse_control
+from scrapy_dist.frontier.layout import ControlState, parse_control
 from scrapy_dist.frontier.orders import busiest_domains
 from scrapy_dist.frontier.shard import lease_parts
 from scrapy_dist.monitor import bounded_id, bounded_text, decode_hash, decode_stats, top_counts

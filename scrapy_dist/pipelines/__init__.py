@@ -30,10 +30,9 @@ from scrapy_dist.frontier import engine as _outbox
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.frontier.shard import ItemRoute
 from scrapy_dist.redis import scripts
-from scrapy_dist.redis.batchwriter import BatchWriter
 from scrapy_dist.redis.connection import ClientPool, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
-from scrapy_dist.redis.outage import Backoff, Outage
+from scrapy_dist.redis.outage import Backoff, BatchWriter, Outage
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refuse_start, refusing
 
@@ -122,7 +121,7 @@ class RedisPipeline:
     items or ``flush_interval`` seconds after its first item, whichever comes first (taking along what
     else is buffered by then, up to 16 batches); the rest is written on close. A write is one round trip:
     one ``RPUSH`` with all its items, or one call of the ``items_xadd`` script running their ``XADD``
-    commands inside Redis -- never one per item (:class:`~scrapy_dist.redis.batchwriter.BatchWriter`).
+    commands inside Redis -- never one per item (:class:`~scrapy_dist.redis.outage.BatchWriter`).
     Redis errors are retried with capped backoff, forever (:mod:`scrapy_dist.redis.outage`: an outage is one
     warning per worker): nothing buffered is dropped, and the items' requests stay unacknowledged meanwhile.
 

@@ -1,15 +1,10 @@
 """Redis clients built from Scrapy settings -- the one place every component gets its connection (plain,
-Sentinel or Cluster, with their outage options) -- and the start-up check that Redis answers.
-
-Which Redis the settings point at is :mod:`scrapy_dist.redis.target` (re-exported here). Unreachable Redis
-at start: :func:`check_reachable` raises :class:`RedisUnavailable` (one line naming the masked URL and the
-setting to change); :func:`ensure_reachable` refuses the crawl's start with it.
-"""
+Sentinel or Cluster, with their outage options; which Redis is :mod:`scrapy_dist.redis.target`) -- and the
+start-up check that Redis answers (:class:`RedisUnavailable`: one line naming the masked URL and setting)."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import weakref
 from dataclasses import dataclass
@@ -49,27 +44,23 @@ __all__ = [
     "resolve_url",
 ]
 
-
-#: Client options applied before ``REDIS_PARAMS`` (which wins). Why these values: a dead host is
-#: noticed within seconds (connect timeout, keepalive), a connection that sat idle across an outage is
-#: checked before use (health check), and one dropped connection is retried instead of failing.
+#: Client options applied before ``REDIS_PARAMS`` (which wins): a dead host is noticed within seconds, a
+#: connection idle across an outage is checked before use, and ``socket_timeout`` is long enough for a big
+#: pipeline or Lua call, short enough to notice a silent network split.
 DEFAULT_CLIENT_PARAMS: dict[str, Any] = {
-    "socket_connect_timeout": 5.0,
-    # Long enough for a big pipeline or Lua call, short enough to notice a silent network split.
-    "socket_timeout": 15.0,
-    "socket_keepalive": True,
+    "socket_connect_timeout": 5.0, "socket_timeout": 15.0, "socket_keepalive": True,
     "health_check_interval": 15,
 }
-# Options a unix-socket connection does not accept.
-_TCP_ONLY_PARAMS = ("socket_keepalive", "socket_keepalive_options")
+_TCP_ONLY_PARAMS = ("socket_keepalive", "socket_keepalive_options")  # refused by a unix-socket connection
 _RETRIES = 3
 
 #: What "Redis did not answer" looks like; RedisClusterException is not a RedisError.
 CONNECT_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
+#: What a client raises while Redis is down, restarting or failing over (defined by the outage policy).
+OUTAGE_ERRORS = outage.OUTAGE_ERRORS
 
 _cluster_detected: dict[str, bool] = {}
-#: rediss:// URLs whose port did not answer plain text (see _answers_plain)
-_tls_checked: set[str] = set()
+_tls_checked: set[str] = set()  # rediss:// URLs whose port did not answer plain text
 
 
 def _client_params(target: RedisTarget) -> dict[str, Any]:
@@ -86,27 +77,19 @@ def _client_params(target: RedisTarget) -> dict[str, Any]:
 
 
 def _detect_cluster(target: RedisTarget) -> bool:
-    """Ask the server (``INFO cluster``) whether it runs in cluster mode; cached per URL.
-
-    An unreachable server counts as "not a cluster" (and is not cached): the reachability check
-    reports it properly. A server that accepts the connection but does not answer within
-    ``socket_timeout`` raises :class:`~scrapy_dist.exceptions.RedisUnavailable` at once.
-    """
-    if target.cluster is not None:
-        return target.cluster
-    if target.is_unix:
-        return False
-    cached = _cluster_detected.get(target.url)
-    if cached is not None:
-        return cached
+    """Whether the server runs in cluster mode (``INFO cluster``; cached per URL). An unreachable server
+    counts as "not a cluster" (not cached: the reachability check reports it); one that does not answer
+    within ``socket_timeout`` raises :class:`RedisUnavailable` at once."""
+    if target.cluster is not None or target.is_unix:
+        return bool(target.cluster)
+    if target.url in _cluster_detected:
+        return _cluster_detected[target.url]
     params = _client_params(target)
     params["retry"] = Retry(_backoff(), 0)
     probe = redis.Redis.from_url(target.url, **params)
     try:
         enabled = bool(probe.info("cluster").get("cluster_enabled"))
-    except (redis.exceptions.TimeoutError, TimeoutError) as exc:
-        # Connected but no answer (a stopped server, a silent network split): the reachability check
-        # would wait a socket_timeout more to say the same.
+    except (redis.exceptions.TimeoutError, TimeoutError) as exc:  # a stopped server, a silent split
         raise target.unreachable(exc) from exc
     except (redis.RedisError, OSError):
         return False
@@ -121,9 +104,8 @@ PLAIN_PROBE_SECONDS = 1.0
 
 
 def _answers_plain(target: RedisTarget) -> bool:
-    """Whether the host and port of a ``rediss://`` URL answer a plain-text ``PING`` as Redis does: a TLS
-    client there would wait for a handshake reply that never comes, timeout after timeout. A TLS port, or
-    one silent for ``PLAIN_PROBE_SECONDS``, counts as "not plain" and is left to the real client."""
+    """Whether the host and port of a ``rediss://`` URL answer a plain-text ``PING`` as Redis does (a TLS
+    client there would wait for a handshake reply that never comes). A silent port counts as "not plain"."""
     parts = urlsplit(target.url)
     try:
         port = parts.port or 6379
@@ -141,24 +123,18 @@ def _answers_plain(target: RedisTarget) -> bool:
 
 
 def _sentinel_kwargs(target: RedisTarget, retry: Any) -> dict[str, Any]:
-    """Options of the connections to the Sentinels themselves: the socket timeouts, plus
-    ``REDIS_PARAMS["sentinel_kwargs"]`` (redis-py's name) for Sentinels that need a password or TLS.
-
-    ``retry``: none by default -- there are other Sentinels to ask, and redis-py's default (up to ~10 s
-    of backoff per Sentinel) would make a wrong Sentinel password take a minute to report.
-    """
+    """Options of the connections to the Sentinels themselves: the socket timeouts, ``retry`` (none: there
+    are other Sentinels to ask), plus ``REDIS_PARAMS["sentinel_kwargs"]`` for a password or TLS."""
     params = _client_params(target)
     kwargs = {k: v for k, v in params.items() if k.startswith("socket_")}
-    kwargs["retry"] = retry
-    kwargs["maint_notifications_config"] = params["maint_notifications_config"]
+    kwargs.update(retry=retry, maint_notifications_config=params["maint_notifications_config"])
     kwargs.update(target.params.get("sentinel_kwargs") or {})
     return kwargs
 
 
 def _master_kwargs(target: RedisTarget) -> dict[str, Any]:
     parts = urlsplit(target.url)
-    kwargs = _client_params(target)
-    # percent-decoded, as redis-py's from_url() does for a URL with a host
+    kwargs = _client_params(target)  # credentials percent-decoded, as from_url() does
     if parts.username:
         kwargs.setdefault("username", unquote(parts.username))
     if parts.password:
@@ -182,10 +158,8 @@ class _Flavour:
 
 
 _SYNC = _Flavour(redis.Redis, redis.cluster.RedisCluster, redis.sentinel.Sentinel, Retry)
-_ASYNC = _Flavour(
-    redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster, redis.asyncio.sentinel.Sentinel,
-    redis.asyncio.retry.Retry,
-)
+_ASYNC = _Flavour(redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster, redis.asyncio.sentinel.Sentinel,
+                  redis.asyncio.retry.Retry)
 
 
 def _backoff() -> ExponentialWithJitterBackoff:
@@ -193,10 +167,8 @@ def _backoff() -> ExponentialWithJitterBackoff:
 
 
 def _retry(flavour: _Flavour) -> Any:
-    """redis-py's retry of one command: ``_RETRIES`` times on a lost connection (refused, reset, closed),
-    never on a timeout. A timeout has already waited ``socket_timeout``; retrying it (redis-py's default)
-    kept a caller silent for four of them (a minute) behind a silent network split or a stopped server,
-    and sent a write again that the server still executes when it wakes up (items written twice)."""
+    """redis-py's retry of one command: ``_RETRIES`` times on a lost connection, never on a timeout, which
+    has already waited ``socket_timeout`` and may be a write the server still executes when it wakes up."""
     return flavour.retry(_backoff(), _RETRIES, supported_errors=(redis.exceptions.ConnectionError,))
 
 
@@ -215,17 +187,15 @@ def _build(target: RedisTarget, flavour: _Flavour) -> Any:
     params = _client_params(target)
     params.setdefault("retry", _retry(flavour))
     if _detect_cluster(target):
-        try:
+        try:  # the sync cluster client connects when it is built
             return flavour.cluster.from_url(target.url, **params)
         except CONNECT_ERRORS as exc:
-            # The sync cluster client connects when it is built (the asyncio one on first use).
             raise target.unreachable(exc) from exc
     return flavour.client.from_url(target.url, **params)
 
 
 def build_sync(target: RedisTarget) -> redis.Redis:
-    """A sync client for ``target``; a ``RedisCluster`` is typed as ``redis.Redis`` (the same command API),
-    so callers need no union checks."""
+    """A sync client for ``target`` (a ``RedisCluster`` is typed as ``redis.Redis``: the same command API)."""
     return cast("redis.Redis", _build(target, _SYNC))
 
 
@@ -270,12 +240,9 @@ _POOLS: weakref.WeakKeyDictionary[Any, ClientPool] = weakref.WeakKeyDictionary()
 
 
 class ClientPool:
-    """One crawler's Redis clients -- one synchronous, one asyncio, each with its connection pool -- built
-    on first use and shared by every component of the crawler (:meth:`of` in ``from_crawler``).
-
-    Closing one of them is a no-op, so a component that closes what it was given (as scrapy-redis's do)
-    cannot cut the others off; the pool closes both once the engine has stopped.
-    """
+    """One crawler's Redis clients -- one synchronous, one asyncio -- built on first use and shared by every
+    component of the crawler (:meth:`of` in ``from_crawler``). Closing one of them is a no-op, so a component
+    that closes what it was given cannot cut the others off; the pool closes both when the engine stops."""
 
     def __init__(self, target: RedisTarget) -> None:
         self.target = target
@@ -294,11 +261,13 @@ class ClientPool:
         return pool
 
     def sync_client(self) -> redis.Redis:
+        """The crawler's sync client (built on first use)."""
         if self._sync is None:
             self._sync = _build(self.target, _SHARED_SYNC)
         return cast("redis.Redis", self._sync)
 
     def async_client(self) -> redis.asyncio.Redis:
+        """The crawler's asyncio client (built on first use)."""
         if self._async is None:
             self._async = _build(self.target, _SHARED_ASYNC)
         return cast("redis.asyncio.Redis", self._async)
@@ -313,17 +282,13 @@ class ClientPool:
 
 
 def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: Any) -> redis.Redis:
-    """A synchronous client for the Redis the settings point at (a ``RedisCluster`` for a cluster, typed
-    as ``redis.Redis``: :func:`is_cluster` tells). Does not check that Redis answers, except that a cluster
-    client connects when built. scrapy-redis's keyword call works too (``url=``, ``host=``, ``port=``,
-    ``db=``, ``redis_cls=`` builds exactly as scrapy-redis does); with nothing at all it is the Redis a
-    crawl without settings uses, not ``localhost:6379`` (docs/connection.md, "For component authors").
-    """
+    """A synchronous client for the Redis the settings point at (:func:`is_cluster` tells a cluster), not
+    checked to answer. scrapy-redis's keyword call works too (``url=``, ``host=``, ``port=``, ``db=``;
+    ``redis_cls=`` builds exactly as scrapy-redis does); with nothing at all it is the Redis a crawl without
+    settings uses, not ``localhost:6379`` (docs/connection.md, "For component authors")."""
     if settings is not None and kwargs:
         raise TypeError("get_redis() takes settings or scrapy-redis keywords (url=, host=, ...), not both")
-    if settings is None:
-        return _redis_from_keywords(dict(kwargs))
-    return build_sync(resolve_target(settings))
+    return _redis_from_keywords(dict(kwargs)) if settings is None else build_sync(resolve_target(settings))
 
 
 #: scrapy-redis's ``get_redis(**kwargs)`` keywords that name a setting here.
@@ -337,30 +302,26 @@ def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
         from scrapy.utils.misc import load_object
 
         redis_cls = load_object(redis_cls)
-    if redis_cls is not None:
-        # a client class of one's own: built exactly as scrapy-redis builds it, no options added
+    if redis_cls is not None:  # built exactly as scrapy-redis builds it, no options added
         url = kwargs.pop("url", None)
         return cast("redis.Redis", redis_cls.from_url(url, **kwargs) if url else redis_cls(**kwargs))
     settings: dict[str, Any] = {}
     for word, name in _KEYWORD_SETTINGS.items():
-        if kwargs.get(word) not in (None, ""):
-            settings[name] = kwargs.pop(word)
-        kwargs.pop(word, None)
+        value = kwargs.pop(word, None)
+        if value not in (None, ""):
+            settings[name] = value
     db = kwargs.pop("db", None)
     if db is not None:
         if "REDIS_URL" in settings:
             kwargs["db"] = db  # redis-py: a db keyword wins over the URL's
         else:
-            settings["REDIS_URL"] = _url_with_db(settings, db)
-            settings.pop("REDIS_HOST", None)
-            settings.pop("REDIS_PORT", None)
+            settings = {"REDIS_URL": _url_with_db(settings, db)}
     settings["REDIS_PARAMS"] = kwargs
     return build_sync(resolve_target(settings))
 
 
 def _url_with_db(settings: dict[str, Any], db: Any) -> str:
-    host = settings.get("REDIS_HOST") or "localhost"
-    port = settings.get("REDIS_PORT") or 6379
+    host, port = settings.get("REDIS_HOST") or "localhost", settings.get("REDIS_PORT") or 6379
     host = f"[{host}]" if ":" in str(host) else host
     return f"redis://{host}:{int(port)}/{int(db)}"
 
@@ -375,8 +336,7 @@ from_settings = get_redis_from_settings
 
 
 def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redis:
-    """A ``redis.asyncio`` client with the same configuration as :func:`get_redis` (or a
-    ``redis.asyncio.cluster.RedisCluster``). Connects lazily, on first use."""
+    """A ``redis.asyncio`` client configured as :func:`get_redis`'s; connects on first use."""
     return build_async(resolve_target(settings))
 
 
@@ -385,23 +345,14 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
 
 
-logger = logging.getLogger(__name__)
-
-#: What a client raises while Redis is down, restarting or failing over: the one definition lives in
-#: :mod:`scrapy_dist.redis.outage` (re-exported here for callers that imported it from this module).
-OUTAGE_ERRORS = outage.OUTAGE_ERRORS
-
-
 def _describe(client: Any) -> RedisTarget:
-    """A best-effort target description of a client built elsewhere (for the error message)."""
+    """A best-effort description of a client built elsewhere (for the error message)."""
     if is_cluster(client):
         node = client.get_default_node()
         url = f"redis://{node.host}:{node.port}/0" if node else "redis://<cluster>"
         return RedisTarget(url=url, setting="REDIS_URL")
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    userinfo = ""
-    if kwargs.get("password"):
-        userinfo = f"{kwargs.get('username') or ''}:{kwargs['password']}@"
+    userinfo = f"{kwargs.get('username') or ''}:{kwargs['password']}@" if kwargs.get("password") else ""
     if kwargs.get("path"):
         url = f"unix://{userinfo}{kwargs['path']}?db={kwargs.get('db', 0)}"
     else:
@@ -415,17 +366,15 @@ def _is_settings(obj: Any) -> bool:
 
 
 def check_reachable(client_or_settings: Any, settings: SettingsLike | DistSettings | None = None) -> None:
-    """Raise :class:`RedisUnavailable` -- one line naming the masked URL and the setting to change --
-    unless Redis answers ``PING`` (one round trip). Pass a sync client (and, for a precise message, the
-    settings it came from), or just the settings."""
-    if _is_settings(client_or_settings):
+    """Raise :class:`RedisUnavailable` (one line naming the masked URL and the setting to change) unless
+    Redis answers ``PING``. Pass a sync client (and, for a precise message, its settings), or the settings."""
+    owned = _is_settings(client_or_settings)
+    if owned:
         target = resolve_target(client_or_settings)
         client = build_sync(target)
-        owned = True
     else:
         client = client_or_settings
         target = resolve_target(settings) if settings is not None else _describe(client)
-        owned = False
     try:
         answer = client.ping()
     except CONNECT_ERRORS as exc:
@@ -448,11 +397,9 @@ async def check_reachable_async(client: Any, settings: SettingsLike | DistSettin
 
 
 def ensure_reachable(crawler: Crawler) -> bool:
-    """Start-up check for a component handed the crawler (in ``from_crawler()`` or ``open()``): True if
-    the crawl's Redis answers ``PING``; otherwise (or if the embedded server cannot start, or a setting is
-    bad) the crawl's start is refused -- one ERROR line naming the masked URL and the setting, a clean
-    stop, exit status 1 for ``scrapy crawl`` -- and False: the component then opens nothing. One round
-    trip. Without a crawler, call :func:`check_reachable` and decide what its exception means."""
+    """Start-up check for a component handed the crawler: True if the crawl's Redis answers ``PING``; else
+    (or for a bad setting, or an embedded server that cannot start) the crawl's start is refused -- one
+    ERROR line, a clean stop, exit status 1 -- and False: the component then opens nothing."""
     try:
         check_reachable(DistSettings.for_crawler(crawler))
     except ScrapyDistError as exc:

@@ -1,11 +1,7 @@
-"""The embedded Redis: one private ``redis-server`` per Scrapy project, shared by every crawl process of
-that project on this machine and kept running between crawls so a stopped crawl resumes.
-
-Used when no Redis setting is given (docs/connection.md, "The embedded Redis"). This module owns the
-server's life cycle (find it through ``server.json``, probe it, start it under ``server.lock``, stop it)
-and which pid is one of its servers; its files, binary and ``redis.conf`` are
-:mod:`~scrapy_dist.redis.private_files`.
-"""
+"""The embedded Redis, used when no Redis setting is given: one private ``redis-server`` per Scrapy
+project, shared by its crawl processes on this machine and kept running between crawls (docs/connection.md,
+"The embedded Redis"). This module owns the server's life cycle (found through ``server.json``, started
+under ``server.lock``); its files, binary and ``redis.conf`` are :mod:`~scrapy_dist.redis.private_files`."""
 
 from __future__ import annotations
 
@@ -17,7 +13,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -42,22 +38,18 @@ from scrapy_dist.redis.private_files import (
 )
 from scrapy_dist.settings import defaults
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = [
     "DEFAULT_DIRNAME", "DEFAULT_MAXMEMORY_CAP", "EmbeddedRedis", "MAX_SOCKET_PATH", "children",
     "default_maxmemory", "embedded_dir", "parse_maxmemory", "pid_alive", "pid_is_redis",
     "redis_cli_binary", "redis_server_binary", "total_memory",
 ]
 
-
-# Popen handles of servers this process started: kept so they are reaped after shutdown() and never
-# garbage-collected while running (which would only warn; the server keeps running either way).
+#: Popen handles of the servers this process started, kept so that they are reaped after shutdown()
 children: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -67,7 +59,6 @@ def pid_alive(pid: int) -> bool:
     except (OverflowError, ValueError):
         return False
     child = children.get(pid)
-    # An exited process is a zombie until its parent reaps it: kill(0) succeeds but it is dead.
     if child is not None:
         return child.poll() is None
     try:
@@ -77,8 +68,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def pid_is_redis(pid: int, directory: Path) -> bool:
-    """Whether ``pid`` is a live redis-server working in ``directory`` (so a recycled pid, or another
-    project's server, is not mistaken for ours)."""
+    """Whether ``pid`` is a live redis-server working in ``directory`` (not a recycled pid, not another
+    project's server)."""
     if not pid_alive(pid):
         return False
     try:
@@ -87,21 +78,17 @@ def pid_is_redis(pid: int, directory: Path) -> bool:
         return os.path.realpath(f"/proc/{pid}/cwd") == os.path.realpath(directory)
     except OSError:  # no /proc (macOS) or not ours to inspect: ask ps for the name only
         try:
-            out = subprocess.run(
-                ["ps", "-o", "comm=", "-p", str(pid)], capture_output=True, text=True, timeout=5
-            ).stdout
+            out = subprocess.run(["ps", "-o", "comm=", "-p", str(pid)], capture_output=True, text=True,
+                                 timeout=5).stdout
         except (OSError, subprocess.SubprocessError):
             return True
         return "redis" in out
 
 
 logger = logging.getLogger(__name__)
-
 #: Directory name under the project's ``.scrapy`` data directory.
 DEFAULT_DIRNAME = "scrapy_dist"
-
-#: Serializes starting a server between the threads of this process (server.lock is per process).
-_thread_lock = threading.Lock()
+_thread_lock = threading.Lock()  # between the threads of this process (server.lock is per process)
 
 
 def embedded_dir(settings: Any) -> Path:
@@ -113,38 +100,27 @@ def embedded_dir(settings: Any) -> Path:
     configured = settings.get("REDIS_EMBEDDED_DIR", defaults.REDIS_EMBEDDED_DIR) or DEFAULT_DIRNAME
     try:
         path = Path(data_path(configured))
-    except NotConfigured:
-        # SCRAPY_SETTINGS_MODULE is set but there is no scrapy.cfg to anchor .scrapy to.
+    except NotConfigured:  # SCRAPY_SETTINGS_MODULE set, but no scrapy.cfg to anchor .scrapy to
         path = Path(".scrapy", configured)
     path = path.absolute()
     return path.parent.resolve() / path.name
 
 
 def _probe_client(state: dict[str, Any]) -> redis.Redis:
-    return redis.Redis(
-        unix_socket_path=state["socket"],
-        socket_connect_timeout=2,
-        socket_timeout=5,
-        retry=Retry(NoBackoff(), 0),
-        decode_responses=True,
-    )
+    return redis.Redis(unix_socket_path=state["socket"], socket_connect_timeout=2, socket_timeout=5,
+                       retry=Retry(NoBackoff(), 0), decode_responses=True)
 
 
 class EmbeddedRedis:
-    """The private redis-server whose data and state files live in ``directory``.
-
-    ``ensure_running()`` joins the server if one answers, else starts one (under a file lock);
-    ``shutdown()`` stops it. The server is not tied to the process that started it. ``maxmemory`` is in
-    bytes (0 = no limit; ``None`` = :func:`default_maxmemory`). Every step reads the same state file and
-    re-checks the same trust rules.
-    """
+    """The private redis-server whose data and state files live in ``directory``: :meth:`ensure_running`
+    joins it or starts one (not tied to this process), :meth:`shutdown` stops it; every step re-reads the
+    state file and re-checks the trust rules. ``maxmemory`` in bytes (0: no limit; ``None``: the default)."""
 
     def __init__(
         self, directory: str | os.PathLike[str], binary: str | None = None, maxmemory: int | None = None
     ) -> None:
         path = Path(directory).absolute()
-        # Parents resolved (macOS' /tmp is a link), the last component kept: it must not be a symlink.
-        self.directory = path.parent.resolve() / path.name
+        self.directory = path.parent.resolve() / path.name  # the last component must not be a symlink
         self.state_path = self.directory / "server.json"
         self.lock_path = self.directory / "server.lock"
         self.conf_path = self.directory / "redis.conf"
@@ -152,8 +128,7 @@ class EmbeddedRedis:
         self.pid_path = self.directory / "redis.pid"
         self.binary = binary
         self.maxmemory = default_maxmemory() if maxmemory is None else maxmemory
-        # Only a limit the caller chose is pushed onto a running server it joins (a CLI command without
-        # the setting must not undo the limit a crawl was started with).
+        # only a limit the caller chose is pushed onto a running server it joins
         self.maxmemory_explicit = maxmemory is not None
 
     @classmethod
@@ -167,26 +142,19 @@ class EmbeddedRedis:
             raise RedisUnavailable(f"scrapy-dist: {exc}") from None
         return cls(embedded_dir(settings), maxmemory=None if raw in (None, "") else maxmemory)
 
-    # -- files ----------------------------------------------------------------------------------
     @property
     def socket_path(self) -> Path:
         """Where the server listens (:func:`~scrapy_dist.redis.private_files.socket_path_for`)."""
         return socket_path_for(self.directory)
 
     def _read_state(self) -> dict[str, Any] | None:
-        text = read_private(self.state_path)
-        if text is None:
-            return None
         try:
-            state = json.loads(text)
+            state = json.loads(read_private(self.state_path) or "null")
         except ValueError:
             return None
-        # A state file of an older version (TCP port and password) is stale: never connect to its port,
-        # someone else may hold it now.
-        if not isinstance(state, dict) or not isinstance(state.get("socket"), str):
+        # only where we would put the socket ourselves: never a TCP port, which anyone may hold
+        if not isinstance(state, dict) or state.get("socket") != str(self.socket_path):
             return None
-        if state["socket"] != str(self.socket_path):
-            return None  # we only ever connect where we would have put the socket ourselves
         return state
 
     @staticmethod
@@ -201,15 +169,13 @@ class EmbeddedRedis:
             return False
         return True
 
-    # -- probing --------------------------------------------------------------------------------
     def _answers(self, state: dict[str, Any], loading_timeout: float) -> bool:
-        """Whether the server in ``state`` is up and is ours (serves this directory), waiting up to
-        ``loading_timeout`` seconds while it loads its data file (``LOADING``)."""
+        """Whether the server in ``state`` is up and serves this directory, waiting up to ``loading_timeout``
+        seconds while it loads its data (``LOADING``)."""
         if not self._socket_dir_ok():
             return False
-        client = _probe_client(state)
         deadline = time.monotonic() + loading_timeout
-        try:
+        with _probe_client(state) as client:
             while True:
                 try:
                     served = str(client.config_get("dir").get("dir") or "")
@@ -221,24 +187,19 @@ class EmbeddedRedis:
                 except (redis.RedisError, OSError):
                     return False
                 return os.path.realpath(served) == os.path.realpath(self.directory)
-        finally:
-            client.close()
 
-    def _apply_maxmemory(self, state: dict[str, Any]) -> None:
-        """Give a running server this process's ``maxmemory`` if it differs (it was started by another)."""
-        client = _probe_client(state)
-        try:
+    def _apply_maxmemory(self) -> None:
+        """Give the running server (another process may have started it) the ``maxmemory`` the caller
+        chose, if it differs."""
+        state = self._read_state() if self.maxmemory_explicit else None
+        if state is None:
+            return
+        with _probe_client(state) as client, contextlib.suppress(redis.RedisError, OSError, ValueError):
             current = int(client.config_get("maxmemory").get("maxmemory") or 0)
             if current != self.maxmemory:
                 client.config_set("maxmemory", self.maxmemory)
-                logger.info(
-                    "Embedded Redis in %s: maxmemory set to %d bytes (was %d)",
-                    self.directory, self.maxmemory, current,
-                )
-        except (redis.RedisError, OSError, ValueError):
-            pass
-        finally:
-            client.close()
+                logger.info("Embedded Redis in %s: maxmemory set to %d bytes (was %d)", self.directory,
+                            self.maxmemory, current)
 
     def url(self, loading_timeout: float = 60.0) -> str | None:
         """URL of the running server, or ``None`` if none answers (never starts one);
@@ -259,46 +220,30 @@ class EmbeddedRedis:
         if state is None:
             return out
         out.update(running=True, url=url, socket=state["socket"], pid=state.get("pid"))
-        client = _probe_client(state)
-        try:
+        with _probe_client(state) as client, contextlib.suppress(redis.RedisError, OSError):
             info = client.info("memory")
-            out["used_memory"] = info.get("used_memory")
-            out["maxmemory"] = info.get("maxmemory")
-            out["keys"] = client.dbsize()
-        except (redis.RedisError, OSError):
-            pass
-        finally:
-            client.close()
+            out.update(used_memory=info.get("used_memory"), maxmemory=info.get("maxmemory"),
+                       keys=client.dbsize())
         return out
 
-    # -- starting -------------------------------------------------------------------------------
     def ensure_running(self, timeout: float = 60.0) -> tuple[str, bool]:
-        """Join the running server or start one: ``(url, started_by_this_call)``. Raises
-        :class:`RedisUnavailable` (one line) if it cannot start, or its directory (or the socket's) is not
-        one only we control."""
+        """Join the running server or start one: ``(url, started_by_this_call)``; :class:`RedisUnavailable`
+        (one line) if it cannot start or a directory is not one only we control."""
         make_private_dir(self.directory)
         url = self.url()
         if url:
-            self._apply_maxmemory_from_state()
+            self._apply_maxmemory()
             return url, False
         socket_dir = self.socket_path.parent
         if socket_dir != self.directory:
             make_private_dir(socket_dir)
         with _thread_lock, file_lock(self.lock_path, timeout):
-            # Another process may have started it while we waited for the lock.
-            url = self.url()
+            url = self.url()  # another process may have started it meanwhile
             if url:
-                self._apply_maxmemory_from_state()
+                self._apply_maxmemory()
                 return url, False
             self._wait_for_old_server()
             return self._start(timeout), True
-
-    def _apply_maxmemory_from_state(self) -> None:
-        if not self.maxmemory_explicit:
-            return
-        state = self._read_state()
-        if state is not None:
-            self._apply_maxmemory(state)
 
     def _wait_for_old_server(self, grace: float = 10.0) -> None:
         """Refuse to start a second server on the same data files while an old one still runs."""
@@ -311,8 +256,7 @@ class EmbeddedRedis:
             if time.monotonic() > deadline:
                 raise RedisUnavailable(
                     f"The embedded redis-server (pid {pid}) in {self.directory} is running but does not "
-                    f"answer (an older version's server?); stop it with: kill {pid}"
-                )
+                    f"answer (an older version's server?); stop it with: kill {pid}")
             time.sleep(0.1)
 
     def _log_tail(self, lines: int = 3) -> str:
@@ -328,17 +272,10 @@ class EmbeddedRedis:
         state: dict[str, Any] = {"socket": str(socket_path)}
         config = server_config(self.directory, socket_path, self.pid_path, self.log_path, self.maxmemory)
         write_private(self.conf_path, config)
-        proc = subprocess.Popen(
-            [binary, str(self.conf_path)],
-            cwd=self.directory,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            # Own session: it outlives us and does not get the terminal's Ctrl-C / hangup.
-            start_new_session=True,
-            # Data files and the socket are created private before any chmod.
-            umask=0o077,
-        )
+        # its own session: it outlives us and does not get the terminal's Ctrl-C; its files private at birth
+        proc = subprocess.Popen([binary, str(self.conf_path)], cwd=self.directory, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                umask=0o077)
         children[proc.pid] = proc
         state["pid"] = proc.pid
         deadline = time.monotonic() + timeout
@@ -354,32 +291,22 @@ class EmbeddedRedis:
                 proc.terminate()
                 raise RedisUnavailable(
                     f"The embedded Redis in {self.directory} did not start within {timeout:.0f}s "
-                    f"(see {self.log_path}); set REDIS_URL to use another Redis"
-                )
+                    f"(see {self.log_path}); set REDIS_URL to use another Redis")
             time.sleep(0.02)
-        raise RedisUnavailable(
-            f"The embedded Redis in {self.directory} failed to start ({last_error}); "
-            f"see {self.log_path} or set REDIS_URL to use another Redis"
-        )
+        raise RedisUnavailable(f"The embedded Redis in {self.directory} failed to start ({last_error}); "
+                               f"see {self.log_path} or set REDIS_URL to use another Redis")
 
-    # -- stopping -------------------------------------------------------------------------------
     def shutdown(self, save: bool = True, timeout: float = 10.0) -> bool:
         """Stop the server (saving its data unless ``save=False``). Returns whether one was running."""
         try:
-            if self.url(loading_timeout=timeout) is None:
-                return False
+            state = self._read_state() if self.url(loading_timeout=timeout) else None
         except RedisUnavailable:
             return False
-        state = self._read_state()
         if state is None:
             return False
-        client = _probe_client(state)
-        try:
+        # the connection drops as the server exits
+        with _probe_client(state) as client, contextlib.suppress(redis.RedisError):
             client.shutdown(save=save, nosave=not save)
-        except redis.RedisError:
-            pass  # the connection drops as the server exits
-        finally:
-            client.close()
         pid = state.get("pid")
         if isinstance(pid, int):
             child = children.pop(pid, None)
@@ -388,12 +315,9 @@ class EmbeddedRedis:
                     child.wait(timeout)
             deadline = time.monotonic() + timeout
             while pid_alive(pid):
-                if time.monotonic() > deadline:
-                    # Redis refuses to exit when its final save fails; keep the state file pointing at it.
-                    raise RedisUnavailable(
-                        f"The embedded redis-server (pid {pid}) in {self.directory} did not stop "
-                        f"(see {self.log_path})"
-                    )
+                if time.monotonic() > deadline:  # a failed final save: keep the state file pointing at it
+                    raise RedisUnavailable(f"The embedded redis-server (pid {pid}) in {self.directory} did "
+                                           f"not stop (see {self.log_path})")
                 time.sleep(0.05)
         with contextlib.suppress(OSError):
             self.state_path.unlink()

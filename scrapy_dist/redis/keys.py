@@ -1,12 +1,10 @@
 """The single place where scrapy-dist makes Redis key names (the list: docs/frontier.md, "Keys").
 
 Every per-crawl key starts with ``<prefix>{<spider>}:`` -- a Redis Cluster hash tag, so a Lua script may
-touch several keys of one crawl. Seeds keep the plain ``<prefix><spider>:start_urls`` users type into
-``redis-cli``, and keys derived from them use the seeds key as hash tag. Shard ``i >= 1`` of a sharded
-frontier uses ``{<spider>#<i>}`` or ``{<spider>#<i>.<k>}`` (:func:`shard_suffix`; the suffix depends on
-N, so tools read the crawl's ``shards`` first). Nothing else, not even Lua, builds a key name, except
-``<key>:garbage`` (:data:`GARBAGE`, ``lua/foreign.lua``), where a key of another Redis type is moved aside.
-"""
+touch several keys of one crawl; shard ``i >= 1`` of a sharded frontier uses ``{<spider>#<i>...}``
+(:func:`shard_suffix`). Seeds keep the plain ``<prefix><spider>:start_urls`` users type into ``redis-cli``.
+Nothing else, not even Lua, builds a key name, except ``<key>:garbage`` (:data:`GARBAGE`), where a key of
+another Redis type is moved aside."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ from scrapy_dist.settings import DistSettings
 #: suffix of a key moved aside because it held another Redis type (``move_aside`` in lua/foreign.lua)
 GARBAGE = ":garbage"
 
-#: Names of the per-shard keys: each shard of a sharded frontier has its own (the rest is crawl-wide and
-#: lives with shard 0 only).
+#: Names of the keys each shard of a sharded frontier has (the rest are crawl-wide, on shard 0).
 SHARD_KEY_NAMES = (
     "queue", "queue_tails", "queue_rejected", "leases", "lease_meta", "seq", "delayed", "delayed_meta",
     "bloom", "fingerprints", "fingerprints_ttl", "forgotten", "domains", "domain_info", "spent",
@@ -32,13 +29,10 @@ SHARD_KEY_NAMES = (
 
 @cache
 def shard_suffix(spider: str, index: int, shards: int) -> str:
-    """What follows the spider name inside the hash tag of shard ``index`` of ``shards`` (``""`` for 0).
-
-    ``#<index>``, or ``#<index>.<k>`` for the smallest ``k`` whose slot falls in the slot range this
-    shard is given: range ``r`` is ``[r * 16384 / shards, (r + 1) * 16384 / shards)``; shard 0 has the
-    range ``{<spider>}`` falls in, shards 1.. take the other ranges in ascending order. Stable: the same
-    in every process (CRC16, no randomness).
-    """
+    """What follows the spider name inside the hash tag of shard ``index`` of ``shards`` (``""`` for 0):
+    ``#<index>``, or ``#<index>.<k>`` for the smallest ``k`` whose slot falls in this shard's slot range
+    (range ``r`` is ``[r * 16384 / shards, (r + 1) * 16384 / shards)``; shard 0 has the one ``{<spider>}``
+    falls in, shards 1.. the others in ascending order). The same in every process (CRC16)."""
     if index == 0:
         return ""
     home = key_slot(spider.encode()) * shards // REDIS_CLUSTER_HASH_SLOTS
@@ -50,91 +44,43 @@ def shard_suffix(spider: str, index: int, shards: int) -> str:
             return suffix
     return f"#{index}"  # pragma: no cover -- CRC16 reaches every range long before
 
+
 #: Names of the per-crawl keys that the frontier owns (deleted by SCHEDULER_FLUSH_ON_START and by a
 #: non-persistent crawl once it has finished).
 FRONTIER_KEY_NAMES = (
-    "queue",
-    "queue_tails",
-    "leases",
-    "lease_meta",
-    "seq",
-    "delayed",
-    "delayed_meta",
-    "spent",
-    "bloom",
-    "fingerprints",
-    "fingerprints_ttl",
-    "forgotten",
-    "domains",
-    "domain_info",
-    "workers",
-    "stats",
-    "control",
-    "errors",
-    "error_examples",
-    "history",
+    "queue", "queue_tails", "leases", "lease_meta", "seq", "delayed", "delayed_meta", "spent", "bloom",
+    "fingerprints", "fingerprints_ttl", "forgotten", "domains", "domain_info", "workers", "stats", "control",
+    "errors", "error_examples", "history",
 )
 
 
-#: Every fixed-name per-crawl key, one line each: the :class:`CrawlKeys` attribute, the name after the crawl's
-#: ``<prefix>{<spider>}:`` hash tag, and the key's Redis type and what it holds (continued on indented lines).
-#: One table rather than one property per key, so that the names stand together and are read in one place.
-KEY_TABLE = """
-queue            queue             ZSET of queued requests: member = 6-byte sequence + encoded request,
-                                   score = -priority.
-queue_tails      queue:tails       HASH score -> the queue chunk of that score still open for appends.
-queue_rejected   queue:rejected    LIST of JSON records for queue entries that failed to decode.
-leases           leases            ZSET of lease keys (an in-flight queue member + a tag naming its queue
-                                   score and holder, see lua/sync_sweep.lua) by lease deadline (unix s).
-lease_meta       leases:meta       HASH member -> ``"<queue score> <worker id>"`` for leases filed without
-                                   a tag (older versions; normally empty).
-seq              seq               STRING counter giving every enqueued entry its FIFO sequence number.
-delayed          delayed           ZSET of delayed (retry) members scored by their not-before time.
-delayed_meta     delayed:meta      HASH member -> queue score for delayed members.
-spent            spent             ZSET nonce of a signed entry handed out -> when (unix s): a copy put
-                                   back is rejected (``replayed``); the newest SCHEDULER_REPLAY_MEMORY.
-domains          domains           ZSET domain -> when it may next be leased from (crawl-wide politeness).
-domain_info      domains:info      HASH ``b:/i:/n:/l:<domain>`` -> backlog, slots in use, next allowed
-                                   time, limits.
-deadletter       deadletter        LIST of JSON dead-letter records.
-bloom            bloom             HASH with the bloom filter's parameters and insert count.
-fingerprints     fingerprints      SET of raw 20-byte request fingerprints (exact ``SetDupeFilter``).
-fingerprints_ttl fingerprints:ttl  ZSET raw fingerprint -> unix time it expires (``SetDupeFilter`` with
-                                   ``DUPEFILTER_TTL``).
-forgotten        forgotten         SET of ``"<h1>:<h2>"`` bloom hashes of fingerprints made new again
-                                   (``scrapy-dist forget``, ``DEADLETTER_FORGET``); each is admitted once.
-workers          workers           ZSET worker id -> last heartbeat (unix seconds).
-stats            stats             HASH of crawl-wide merged Scrapy stats.
-control          control           HASH of crawl-wide control flags (``paused``, ...), the crawl's
-                                   layout (``politeness``, ``shards``, frontier ``format``) and
-                                   ``forgets`` (a token each ``scrapy-dist forget`` renews).
-errors           errors            HASH of error counters per time bucket: the error monitor's crawl-wide
-                                   sliding window.
-error_examples   errors:examples   LIST of recent JSON error records (kind, reason, url) quoted by the
-                                   error monitor's alerts.
-cookies          cookies           HASH cookiejar name -> last write (unix seconds): the index of the
-                                   shared cookie jars.
-history          history           STREAM of the workers' periodic samples (pages, items, errors, the
-                                   frontier as each saw it) over the last hour, for the dashboard.
-"""
-
-
-def _parse_key_table(text: str) -> dict[str, tuple[str, str]]:
-    """``attribute -> (name, description)`` from :data:`KEY_TABLE`."""
-    out: dict[str, tuple[str, str]] = {}
-    last = ""
-    for line in text.strip("\n").splitlines():
-        if line.startswith(" "):
-            name, doc = out[last]
-            out[last] = (name, f"{doc} {line.strip()}")
-        else:
-            last, name, doc = line.split(None, 2)
-            out[last] = (name, doc)
-    return out
-
-
-#: :data:`KEY_TABLE` parsed: attribute -> (name after the tag, description).
-CRAWL_KEY_NAMES = _parse_key_table(KEY_TABLE)
+#: Every fixed-name per-crawl key: :class:`CrawlKeys` attribute -> name after the crawl's hash tag, with its
+#: Redis type and what it holds (the full list: docs/frontier.md, "Keys").
+CRAWL_KEY_NAMES = {
+    "queue": "queue",  # ZSET of queued requests (6-byte sequence + encoded request), score -priority
+    "queue_tails": "queue:tails",  # HASH score -> the queue chunk of that score still open for appends
+    "queue_rejected": "queue:rejected",  # LIST of JSON records of queue entries that failed to decode
+    "leases": "leases",  # ZSET of lease keys (member + tag of queue score and holder) by deadline
+    "lease_meta": "leases:meta",  # HASH member -> "<queue score> <worker id>" of a lease without a tag
+    "seq": "seq",  # STRING counter: the FIFO sequence number of every enqueued entry
+    "delayed": "delayed",  # ZSET of delayed (retry) members by not-before time
+    "delayed_meta": "delayed:meta",  # HASH member -> queue score of a delayed member
+    "spent": "spent",  # ZSET nonce of a signed entry handed out -> when (a copy put back is replayed)
+    "domains": "domains",  # ZSET domain -> when it may next be leased from (crawl-wide politeness)
+    "domain_info": "domains:info",  # HASH b:/i:/n:/l:<domain> -> backlog, slots, next time, limits
+    "deadletter": "deadletter",  # LIST of JSON dead-letter records
+    "bloom": "bloom",  # HASH of the bloom filter's parameters and insert count
+    "fingerprints": "fingerprints",  # SET of raw 20-byte request fingerprints (SetDupeFilter)
+    "fingerprints_ttl": "fingerprints:ttl",  # ZSET raw fingerprint -> expiry (DUPEFILTER_TTL)
+    "forgotten": "forgotten",  # SET of "<h1>:<h2>" bloom hashes made new again, each admitted once
+    "workers": "workers",  # ZSET worker id -> last heartbeat (unix seconds)
+    "stats": "stats",  # HASH of crawl-wide merged Scrapy stats
+    "control": "control",  # HASH of control flags (paused, ...), the crawl's layout and forget token
+    "errors": "errors",  # HASH of error counters per time bucket (the error monitor's window)
+    "error_examples": "errors:examples",  # LIST of recent JSON error records quoted by alerts
+    "cookies": "cookies",  # HASH cookiejar name -> last write: the index of the shared cookie jars
+    "history": "history",  # STREAM of the workers' periodic samples over the last hour (dashboard)
+}
 
 
 @dataclass(frozen=True)
@@ -154,7 +100,7 @@ class CrawlKeys:
     start_urls_template: str = "%(name)s:start_urls"
     #: Items key template (``REDIS_ITEMS_KEY``), scrapy-redis compatible.
     items_template: str = "%(spider)s:items"
-    #: ``""`` for the crawl (= shard 0); ``#<i>...`` for shard i of a sharded frontier (see :meth:`shard`)
+    #: ``""`` for the crawl (= shard 0); ``#<i>...`` for shard i of a sharded frontier
     shard_suffix: str = ""
 
     @property
@@ -163,22 +109,16 @@ class CrawlKeys:
         return f"{self.prefix}{{{self.spider}{self.shard_suffix}}}"
 
     def shard(self, index: int, shards: int) -> CrawlKeys:
-        """The keys of shard ``index`` of a frontier of ``shards`` shards; shard 0 is the crawl itself.
+        """The keys of shard ``index`` of a frontier of ``shards`` shards (shard 0 is the crawl itself; on
+        the others only :data:`SHARD_KEY_NAMES` are meaningful).
 
-        >>> CrawlKeys("books").shard(0, 3).queue
-        '{books}:queue'
         >>> CrawlKeys("books").shard(1, 3).queue
         '{books#1}:queue'
-
-        Only the names in :data:`SHARD_KEY_NAMES` are meaningful on a shard > 0; crawl-wide keys (control,
-        dead letters, workers, stats, ...) are read and written through shard 0's keys.
         """
         if not 0 <= index < shards:
             raise ValueError(f"shard {index} of {shards}")
-        base = self if not self.shard_suffix else dataclasses.replace(self, shard_suffix="")
-        if index == 0:
-            return base
-        return dataclasses.replace(base, shard_suffix=shard_suffix(self.spider, index, shards))
+        suffix = shard_suffix(self.spider, index, shards)
+        return self if suffix == self.shard_suffix else dataclasses.replace(self, shard_suffix=suffix)
 
     def shards(self, shards: int) -> list[CrawlKeys]:
         """The keys of every shard, shard 0 (the crawl's own keys) first."""
@@ -188,14 +128,13 @@ class CrawlKeys:
         return f"{self.tag}:{name}"
 
     def __getattr__(self, attribute: str) -> str:
-        """The fixed-name keys of :data:`KEY_TABLE` (``keys.queue`` is ``<tag>:queue``)."""
+        """The fixed-name keys of :data:`CRAWL_KEY_NAMES` (``keys.queue`` is ``<tag>:queue``)."""
         try:
-            name = CRAWL_KEY_NAMES[attribute][0]
+            name = CRAWL_KEY_NAMES[attribute]
         except KeyError:
             raise AttributeError(f"{type(self).__name__} has no key {attribute!r}") from None
         return self._k(name)
 
-    # -- keys with a parameter (the fixed names are in KEY_TABLE) -----------------------------------
     def bloom_block(self, filter_index: int, block_index: int) -> str:
         """STRING bitmap: block ``block_index`` of filter ``filter_index`` of the scalable bloom chain."""
         return self._k(f"bloom:{filter_index}:{block_index}")
@@ -205,8 +144,7 @@ class CrawlKeys:
         return self._k(f"bloom:g{generation}")
 
     def bloom_generation_block(self, generation: int, filter_index: int, block_index: int) -> str:
-        """STRING bitmap: block ``block_index`` of filter ``filter_index`` of bloom generation
-        ``generation``."""
+        """STRING bitmap: block ``block_index`` of filter ``filter_index`` of generation ``generation``."""
         return self._k(f"bloom:g{generation}:{filter_index}:{block_index}")
 
     def worker(self, worker_id: str) -> str:
@@ -218,11 +156,9 @@ class CrawlKeys:
         return self._k(f"cookies:{name}")
 
     def cookie_changes(self, name: str) -> str:
-        """ZSET of one shared cookie jar's changes: HASH field -> version of its last change (readers fetch
-        only what changed since their last read)."""
+        """ZSET of one shared cookie jar's changes: HASH field -> version of its last change."""
         return self._k(f"cookie_changes:{name}")
 
-    # -- seeds and items (plain names users type) -----------------------------------------------
     @property
     def start_urls(self) -> str:
         """The seeds key (LIST by default; SET or ZSET if configured)."""
@@ -236,8 +172,8 @@ class CrawlKeys:
 
     @property
     def _start_urls_stem(self) -> str:
-        """Stem of keys that must share the seeds key's hash slot: the seeds key itself when it already
-        holds a hash tag (``{books}:start_urls``), else the seeds key as the tag."""
+        """Stem of keys that share the seeds key's hash slot: the seeds key if it holds a hash tag, else
+        the seeds key as the tag."""
         s = self.start_urls
         open_at = s.find("{")
         if open_at >= 0 and s.find("}", open_at + 2) > 0:
@@ -264,28 +200,22 @@ class CrawlKeys:
 
     def frontier_keys(self) -> list[str]:
         """Every fixed-name key the frontier owns (bloom blocks are listed by the dupefilter); on a shard
-        > 0, only the per-shard ones (:data:`SHARD_KEY_NAMES`; rejected entries are kept, as on shard 0)."""
+        > 0, only the per-shard ones (rejected entries are kept, as on shard 0)."""
         names = [n for n in FRONTIER_KEY_NAMES if not self.shard_suffix or n in SHARD_KEY_NAMES]
-        out = [getattr(self, name) for name in names if name != "bloom"]
-        out.append(self.bloom)
-        return out
+        return [getattr(self, name) for name in names if name != "bloom"] + [self.bloom]
 
 
 def crawl_keys(ds: DistSettings, spider_name: str) -> CrawlKeys:
-    """Build :class:`CrawlKeys` from the typed settings (``REDIS_KEY_PREFIX``, ``REDIS_START_URLS_KEY``,
+    """:class:`CrawlKeys` of the typed settings (``REDIS_KEY_PREFIX``, ``REDIS_START_URLS_KEY``,
     ``REDIS_ITEMS_KEY``)."""
-    return CrawlKeys(
-        spider=spider_name,
-        prefix=ds.connection.key_prefix,
-        start_urls_template=ds.seeds.key_template,
-        items_template=ds.items.key_template,
-    )
+    return CrawlKeys(spider=spider_name, prefix=ds.connection.key_prefix,
+                     start_urls_template=ds.seeds.key_template, items_template=ds.items.key_template)
 
 
 def spider_name(crawler: Any) -> str:
-    """The name every key of a crawl is built from: the running spider's ``name`` (set on the class, in
-    ``__init__`` or by ``process.crawl(Spider, name=...)``), else its class's. One function, so that the
-    scheduler, the dupefilter, the seeds and the pipelines never split a crawl over two key sets."""
+    """The name every key of a crawl is built from: the running spider's ``name`` (also one set in
+    ``__init__`` or by ``process.crawl(Spider, name=...)``), else its class's; one function, so no two
+    components split a crawl over two key sets."""
     spider = getattr(crawler, "spider", None)
     name = getattr(spider, "name", None) or getattr(crawler.spidercls, "name", None)
     if not name or not isinstance(name, str):

@@ -1,14 +1,8 @@
-"""One outage policy for every background loop (frontier sync, seeds, monitors, item and cookie writers):
-which errors mean "Redis is away", how long a loop waits, what is logged (docs/operations.md, "Outages"),
-and :class:`BackgroundTask`, the one way such a loop runs through outages.
-
-:func:`is_outage` names the errors that heal without a change to the crawl (no answer, ``LOADING``,
-``READONLY``, ``MASTERDOWN``, ``OOM``, ``CLUSTERDOWN``, ``TRYAGAIN``, a rotated password, and the
-``TypeError``/``AttributeError`` redis-py's asyncio client lets out when a connection is torn down under a
-command). Each loop waits with its :class:`Backoff`; one :class:`Outage` per worker logs one WARNING and
-one INFO per outage; :class:`CloseWatch` ends a close that has waited on Redis for
-``SCHEDULER_SHUTDOWN_GRACE``. Time is a parameter (``now``, monotonic seconds).
-"""
+"""One outage policy for every background loop: which errors mean "Redis is away" (:func:`is_outage`), how
+long a loop waits (:class:`Backoff`), what is logged (one WARNING and one INFO per outage per worker,
+:class:`Outage`; docs/operations.md, "Outages"), when a close stops waiting (:class:`CloseWatch`), and
+:class:`BackgroundTask`, the one way such a loop runs, with :class:`BatchWriter`, the background writer of
+items and cookies. Time is a parameter (``now``, monotonic seconds)."""
 
 from __future__ import annotations
 
@@ -18,8 +12,10 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
 
 import redis.exceptions
 
@@ -27,90 +23,62 @@ from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.utils import RateLimitedLog
 
-__all__ = [
-    "OUTAGE_ERRORS", "READ_ERRORS", "BackgroundTask", "Backoff", "CloseWatch", "LoopGuard", "Outage",
-    "ToolOutage", "is_outage", "refusal",
-]
+__all__ = ["OUTAGE_ERRORS", "READ_ERRORS", "BackgroundTask", "Backoff", "BatchWriter", "CloseWatch",
+           "LoopGuard", "Outage", "ToolOutage", "is_outage", "refusal"]
 
 logger = logging.getLogger(__name__)
-
 T = TypeVar("T")
 B = TypeVar("B", bound="BackgroundTask")
 
 #: seconds between two cancellations of a task that did not stop (see :meth:`BackgroundTask.stop`)
 STOP_RETRY = 0.5
 
-#: What a client raises while Redis is down, restarting, failing over or full (``RedisClusterException``
-#: is not a ``RedisError``; ``OSError`` covers socket errors a client lets through unwrapped).
+#: What a client raises while Redis is down, restarting, failing over or full (ConnectionError includes
+#: LOADING and a rotated password, ClusterDownError MASTERDOWN; asyncio's TimeoutError is not the builtin
+#: before Python 3.11).
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
-    redis.exceptions.ConnectionError,  # includes BusyLoadingError (LOADING) and AuthenticationError
-    redis.exceptions.TimeoutError,
-    redis.exceptions.ClusterDownError,  # includes MasterDownError
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.OutOfMemoryError,
-    redis.exceptions.RedisClusterException,
-    ConnectionError,
-    TimeoutError,
-    asyncio.TimeoutError,  # not the builtin before Python 3.11
-    OSError,
+    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError, redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError,
+    redis.exceptions.RedisClusterException, ConnectionError, TimeoutError, asyncio.TimeoutError, OSError,
 )
-
-
-#: redis-py's connection modules: a TypeError/AttributeError raised in there is a torn connection
-_REDIS_CONNECTION_FILES = (
-    os.path.join("redis", "asyncio", "connection.py"), os.path.join("redis", "connection.py"),
-)
+_REDIS_CONNECTION_FILES = tuple(os.path.join("redis", *p, "connection.py") for p in ((), ("asyncio",)))
 
 
 def _torn_connection(exc: BaseException) -> bool:
-    """A ``TypeError``/``AttributeError`` raised inside redis-py's connection code: a torn connection."""
-    if not isinstance(exc, (TypeError, AttributeError)):
-        return False
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename.endswith(_REDIS_CONNECTION_FILES):
-            return True
+    """A ``TypeError``/``AttributeError`` raised in redis-py's connection code: a torn-down connection."""
+    tb = exc.__traceback__ if isinstance(exc, (TypeError, AttributeError)) else None
+    while tb is not None and not tb.tb_frame.f_code.co_filename.endswith(_REDIS_CONNECTION_FILES):
         tb = tb.tb_next
-    return False
+    return tb is not None
 
 
 def is_outage(exc: BaseException) -> bool:
-    """Whether ``exc`` means "Redis is away for now" (wait and retry) rather than an error to report."""
+    """Whether ``exc`` means "Redis is away for now" (wait and retry) rather than an error to report; a
+    script's write refused for lack of memory or on a replica heals by waiting, as the plain command."""
     if isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc):
         return True
-    # a script's write refused for lack of memory or on a replica heals by waiting, as the plain command
     what = refusal(exc) if isinstance(exc, redis.exceptions.ResponseError) else None
     return what is not None and not what.startswith("NOPERM")
 
 
-#: Redis's own refusals, named as such: Redis answers, but will not take this write (yet)
-_REFUSALS: tuple[tuple[type[BaseException], str], ...] = (
-    (redis.exceptions.OutOfMemoryError, "OOM: Redis is at its maxmemory and refuses writes (free memory,"
-     " raise maxmemory, or look for oversized values)"),
-    (redis.exceptions.ReadOnlyError, "READONLY: this server is a replica and refuses writes (point"
-     " REDIS_URL at the master, or wait for the failover)"),
-    (redis.exceptions.NoPermissionError, "NOPERM: the Redis user lacks an ACL permission this write"
-     " needs (grant it: see docs/security.md)"),
+#: Redis answers, but will not take this write (yet): the error, and its mark in a script's error reply
+_REFUSALS: tuple[tuple[type[BaseException], str, str], ...] = (
+    (redis.exceptions.OutOfMemoryError, "-OOM ", "OOM: Redis is at its maxmemory and refuses writes (free"
+     " memory, raise maxmemory, or look for oversized values)"),
+    (redis.exceptions.ReadOnlyError, "-READONLY ", "READONLY: this server is a replica and refuses writes"
+     " (point REDIS_URL at the master, or wait for the failover)"),
+    (redis.exceptions.NoPermissionError, "-NOPERM ", "NOPERM: the Redis user lacks an ACL permission this"
+     " write needs (grant it: see docs/security.md)"),
 )
 
 
-#: how a refusal reads inside a script's error reply (a write inside a Lua script refused by Redis)
-_SCRIPT_REFUSALS = (("-OOM ", 0), ("-READONLY ", 1), ("-NOPERM ", 2))
-
-
 def refusal(exc: BaseException) -> str | None:
-    """What Redis refused (OOM, READONLY, NOPERM), raised by a command or by a write inside a script; None
-    for anything else."""
-    for kind, what in _REFUSALS:
+    """What Redis refused (OOM, READONLY, NOPERM) to a command or a script's write; None for anything else."""
+    for kind, _, what in _REFUSALS:
         if isinstance(exc, kind):
             return what
-    if isinstance(exc, redis.exceptions.ResponseError):
-        text = str(exc)
-        for mark, index in _SCRIPT_REFUSALS:
-            if mark in text:
-                return _REFUSALS[index][1]
-    return None
+    text = str(exc) if isinstance(exc, redis.exceptions.ResponseError) else ""
+    return next((what for _, mark, what in _REFUSALS if mark in text), None)
 
 
 def describe(exc: BaseException) -> str:
@@ -125,9 +93,7 @@ class Backoff:
     def __init__(self, first: float = 0.1, cap: float = 5.0, factor: float = 2.0) -> None:
         if first <= 0 or cap < first or factor < 1:
             raise ValueError(f"Backoff needs 0 < first <= cap and factor >= 1, not {first}, {cap}, {factor}")
-        self.first = first
-        self.cap = cap
-        self.factor = factor
+        self.first, self.cap, self.factor = first, cap, factor
         self.failures = 0
 
     def failed(self) -> float:
@@ -141,38 +107,29 @@ class Backoff:
         self.failures = 0
 
 
-_by_crawler: weakref.WeakKeyDictionary[Any, Outage] = weakref.WeakKeyDictionary()
-
-
 class Outage:
     """Whether this worker sees Redis as away, shared by all its components: one WARNING when an outage
-    starts, one INFO when it is over: at a :meth:`succeeded` call once every component that failed during
-    it has succeeded since, or has not failed for ``stale`` seconds (longer than any loop's backoff cap).
-    """
+    starts, one INFO when it is over (once every component that failed during it has succeeded since, or
+    has not failed for ``stale`` seconds, longer than any loop's backoff cap)."""
+
+    _by_crawler: ClassVar[weakref.WeakKeyDictionary[Any, Outage]] = weakref.WeakKeyDictionary()
 
     def __init__(self, log: logging.Logger = logger, stale: float = 30.0) -> None:
-        self.log = log
-        self.stale = stale
-        #: monotonic time the current outage started, ``None`` while Redis answers
-        self.since: float | None = None
-        #: how many outages this worker has seen
-        self.count = 0
-        #: failed calls during the current outage
-        self.failures = 0
+        self.log, self.stale = log, stale
+        self.since: float | None = None  # when the current outage started; None while Redis answers
+        self.count = self.failures = 0  # outages seen; failed calls during the current one
         self._failing: dict[str, float] = {}
-        #: components that failed during the current outage, in the order they noticed it
-        self._noticed: dict[str, None] = {}
-        #: stops a close that waits on Redis for too long (:meth:`for_crawler` sets it)
-        self.close_watch: CloseWatch | None = None
+        self._noticed: dict[str, None] = {}  # components that failed during it, in order
+        self.close_watch: CloseWatch | None = None  # set by for_crawler()
 
     @classmethod
     def for_crawler(cls, crawler: Any) -> Outage:
         """The one :class:`Outage` of ``crawler`` (created on first use); a fresh one for ``None``."""
         if crawler is None:
             return cls()
-        found = _by_crawler.get(crawler)
+        found = cls._by_crawler.get(crawler)
         if found is None:
-            found = _by_crawler[crawler] = cls()
+            found = cls._by_crawler[crawler] = cls()
             found.close_watch = CloseWatch(crawler)
         return found
 
@@ -181,8 +138,7 @@ class Outage:
         return self.since is not None
 
     def failed(self, exc: BaseException, now: float, component: str, detail: str = "") -> bool:
-        """``component`` could not reach Redis (``exc`` is an outage error); returns whether this call
-        started the outage (and logged its one WARNING). ``detail`` is appended to that warning."""
+        """``component`` could not reach Redis; returns whether this started the outage (and logged)."""
         self._failing[component] = now
         self._noticed.setdefault(component)
         self.failures += 1
@@ -190,21 +146,16 @@ class Outage:
             self.close_watch.check(now)
         if self.since is not None:
             return False
-        self.since = now
-        self.count += 1
-        refused = refusal(exc)
+        self.since, self.count = now, self.count + 1
+        refused, extra = refusal(exc), f" ({detail})" if detail else ""
         if refused is not None:
-            self.log.warning(
-                "Redis refuses writes (%s; noticed by the %s): this worker keeps its work in memory and"
-                " retries; one line will say when Redis takes writes again%s",
-                refused, component, f" ({detail})" if detail else "",
-            )
-            return True
-        self.log.warning(
-            "Redis is unreachable (%s; noticed by the %s): this worker keeps its work in memory and retries;"
-            " one line will say when Redis is back%s",
-            describe(exc), component, f" ({detail})" if detail else "",
-        )
+            self.log.warning("Redis refuses writes (%s; noticed by the %s): this worker keeps its work in"
+                             " memory and retries; one line will say when Redis takes writes again%s",
+                             refused, component, extra)
+        else:
+            self.log.warning("Redis is unreachable (%s; noticed by the %s): this worker keeps its work in"
+                             " memory and retries; one line will say when Redis is back%s", describe(exc),
+                             component, extra)
         return True
 
     def succeeded(self, now: float, component: str) -> bool:
@@ -216,14 +167,9 @@ class Outage:
         self._failing.pop(component, None)
         if any(now - last < self.stale for last in self._failing.values()):
             return False
-        self.log.info(
-            "Redis is reachable again after %.1fs (%d failed calls of the %s); the crawl continues",
-            max(0.0, now - self.since), self.failures, ", ".join(self._noticed),
-        )
-        self.since = None
-        self.failures = 0
-        self._failing.clear()
-        self._noticed.clear()
+        self.log.info("Redis is reachable again after %.1fs (%d failed calls of the %s); the crawl continues",
+                      max(0.0, now - self.since), self.failures, ", ".join(self._noticed))
+        self.since, self.failures, self._failing, self._noticed = None, 0, {}, {}
         return True
 
     def guard(
@@ -234,18 +180,12 @@ class Outage:
 
 
 class LoopGuard:
-    """One background loop's side of the policy: report how each call to Redis went, learn how long to wait.
-
-    An outage error goes to the shared :class:`Outage` (one WARNING per worker). Any other error is this
-    loop's own: logged at ERROR at most once a minute per exception type, as one line for an error reply
-    or a :class:`~scrapy_dist.exceptions.ScrapyDistError`, with the traceback for anything else (a bug).
-    """
+    """One loop's side of the policy: an outage error goes to the shared :class:`Outage`; any other is
+    logged at ERROR at most once a minute per exception type (one line for an error reply or a
+    ``ScrapyDistError``, with the traceback for a bug). :meth:`failed` says how long to wait."""
 
     def __init__(self, outage: Outage, component: str, backoff: Backoff, log: logging.Logger) -> None:
-        self.outage = outage
-        self.component = component
-        self.backoff = backoff
-        self.log = log
+        self.outage, self.component, self.backoff, self.log = outage, component, backoff, log
         self.errors = RateLimitedLog(log, period=60.0, burst=1)
 
     def failed(self, exc: BaseException, now: float, detail: str = "") -> float:
@@ -254,19 +194,13 @@ class LoopGuard:
             self.outage.failed(exc, now, self.component, detail)
         elif isinstance(exc, (redis.exceptions.RedisError, ScrapyDistError)):  # explained: one line
             what = "got an error from Redis" if isinstance(exc, redis.exceptions.RedisError) else "failed"
-            refused = refusal(exc)
-            self.errors.log(
-                logging.ERROR, "The %s %s (%s); retrying", self.component, what,
-                describe(exc) if refused is None else refused, key=type(exc).__name__, now=now,
-            )
-            # a close must not wait for ever on a write Redis keeps refusing
+            self.errors.log(logging.ERROR, "The %s %s (%s); retrying", self.component, what,
+                            refusal(exc) or describe(exc), key=type(exc).__name__, now=now)
             if self.outage.close_watch is not None:
                 self.outage.close_watch.check(now)
         else:
-            self.errors.log(
-                logging.ERROR, "The %s failed (%s)", self.component, describe(exc),
-                key=type(exc).__name__, now=now, exc_info=exc,
-            )
+            self.errors.log(logging.ERROR, "The %s failed (%s)", self.component, describe(exc),
+                            key=type(exc).__name__, now=now, exc_info=exc)
         return self.backoff.failed()
 
     def succeeded(self, now: float) -> None:
@@ -276,28 +210,20 @@ class LoopGuard:
 
 
 class BackgroundTask:
-    """An asyncio task that repeats :meth:`step` until it returns ``False``, through outages and bugs.
+    """An asyncio task that repeats :meth:`step` until it returns ``False``, through outages and bugs: a
+    step that raises is reported to the :class:`LoopGuard` and the task waits its backoff. A loop its caller
+    drives iterates :meth:`turns` instead of calling :meth:`start`."""
 
-    A step that raises is reported to the :class:`LoopGuard` and the task waits its backoff; a step rests
-    with :meth:`rest`, which :meth:`wake` cuts short. :meth:`stop` sets :attr:`closing` and waits for the
-    task; should the task end otherwise, :meth:`crashed` says so. A loop its caller drives (an async
-    generator) iterates :meth:`turns` instead of calling :meth:`start`.
-    """
-
-    #: :meth:`stop` cancels the step in progress instead of letting it finish
-    interrupt = False
+    interrupt = False  #: :meth:`stop` cancels the step in progress instead of letting it finish
 
     def __init__(self, guard: LoopGuard, clock: Callable[[], float] = time.monotonic) -> None:
-        self.guard = guard
-        self.clock = clock
-        #: :meth:`stop` was called: the next step should end the loop (or drain, then end it)
-        self.closing = False
+        self.guard, self.clock = guard, clock
+        self.closing = False  # stop() was called: the next step ends the loop (or drains, then ends it)
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def step(self) -> Any:
-        """One turn of the loop, its rest included: what :meth:`turns` yields; ``False`` or ``None`` ends
-        the loop."""
+        """One turn of the loop, its rest included; ``False`` or ``None`` ends it."""
         raise NotImplementedError
 
     def start(self: B) -> B:
@@ -314,8 +240,7 @@ class BackgroundTask:
             self._wakeup.set()
 
     async def rest(self, timeout: float | None) -> None:
-        """Wait ``timeout`` seconds (``None``: without end) or until :meth:`wake`, whichever comes first; a
-        wake since the last rest ends it at once."""
+        """Wait ``timeout`` seconds (``None``: without end) or until :meth:`wake` (also an earlier one)."""
         if self._wakeup is None:
             self._wakeup = asyncio.Event()
         if not self._wakeup.is_set() and (timeout is None or timeout > 0):
@@ -324,27 +249,23 @@ class BackgroundTask:
         self._wakeup.clear()
 
     async def stop(self) -> None:
-        """Set :attr:`closing`, wake the task and wait until it has ended. With :attr:`interrupt`, the step
-        in progress is cancelled, again every :data:`STOP_RETRY` seconds while the task runs on: on Python
-        < 3.12 ``asyncio.wait_for`` (around every redis-py socket write) swallows a cancellation that
-        arrives just as the write completes."""
+        """Set :attr:`closing`, wake the task and wait for its end. With :attr:`interrupt`, cancel the step
+        again every :data:`STOP_RETRY` s: Python < 3.12 may swallow a cancellation (``asyncio.wait_for``)."""
         self.closing = True
         self.wake()
         task = self._task
-        if task is None:
-            return
-        if not self.interrupt:
+        if task is not None and not self.interrupt:
             with contextlib.suppress(Exception):
                 await task
-            return
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=STOP_RETRY)
-        if not task.cancelled():
-            task.exception()  # retrieved, so that asyncio does not report it at exit
+        elif task is not None:
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=STOP_RETRY)
+            if not task.cancelled():
+                task.exception()  # retrieved, so that asyncio does not report it at exit
 
     async def turns(self) -> AsyncGenerator[Any, None]:
-        """The loop as an async generator of what each step returns (``False`` or ``None`` ends it)."""
+        """The loop as an async generator of what each step returns."""
         while True:
             try:
                 out = await self.step()
@@ -360,19 +281,16 @@ class BackgroundTask:
             pass
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        if self.closing or task.cancelled():
-            return
-        self.crashed(task.exception())
+        if not (self.closing or task.cancelled()):
+            self.crashed(task.exception())
 
     def crashed(self, exc: BaseException | None) -> None:
         """The task ended without :meth:`stop` (``exc``, or ``None`` if it returned)."""
-        self.guard.log.critical(
-            "The %s stopped unexpectedly (%s)", self.guard.component, describe(exc) if exc else "returned",
-            exc_info=exc,
-        )
+        self.guard.log.critical("The %s stopped unexpectedly (%s)", self.guard.component,
+                                describe(exc) if exc else "returned", exc_info=exc)
 
     def failed(self, exc: BaseException, now: float | None = None, detail: str = "") -> float:
-        """Report a failed call to the outage policy; returns the backoff to wait."""
+        """Report a failed call; returns the backoff to wait."""
         return self.guard.failed(exc, self.clock() if now is None else now, detail)
 
     def succeeded(self, now: float | None = None) -> None:
@@ -380,7 +298,7 @@ class BackgroundTask:
         self.guard.succeeded(self.clock() if now is None else now)
 
     async def attempt(self, call: Awaitable[T]) -> T | None:
-        """Await one call to Redis: reported either way; after a failure, the backoff and ``None``."""
+        """Await one call to Redis, reported either way; after a failure, the backoff and ``None``."""
         try:
             result = await call
         except Exception as exc:
@@ -391,24 +309,19 @@ class BackgroundTask:
 
 
 class CloseWatch:
-    """Ends a worker's close that has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE`` seconds: once the
-    crawler is closing and no call has reached Redis for the grace, :meth:`check` (called with every failed
-    call) logs one ERROR and stops the Twisted reactor, as Scrapy does on a second SIGTERM."""
+    """Ends a worker's close that has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE`` seconds: :meth:`check`
+    (called with every failed call) logs one ERROR and stops the reactor, as Scrapy's second SIGTERM does."""
 
     def __init__(self, crawler: Any, grace: float | None = None) -> None:
-        self._crawler = weakref.ref(crawler)
-        self._grace = grace
-        #: when a failed call was first seen during the close (reset by any answer from Redis)
-        self.since: float | None = None
+        self._crawler, self._grace = weakref.ref(crawler), grace
+        self.since: float | None = None  # first failed call during the close (reset by any answer)
         self.stopped = False
 
     def closing(self) -> bool:
         """Whether the crawler is closing: a stop was asked for, or the engine is closing the spider."""
         crawler = self._crawler()
-        if crawler is None:
-            return False
-        if getattr(crawler, "crawling", True) is False:
-            return True
+        if crawler is None or getattr(crawler, "crawling", True) is False:
+            return crawler is not None
         slot = getattr(getattr(crawler, "engine", None), "_slot", None)
         return getattr(slot, "closing", None) is not None
 
@@ -431,60 +344,156 @@ class CloseWatch:
         if now - self.since < self.grace:
             return False
         self.stopped = True
-        logger.error(
-            "Closing: Redis has not answered for the %.0fs of SCHEDULER_SHUTDOWN_GRACE; stopping this worker"
-            " without waiting for it. Its unwritten items and unacknowledged requests are not lost: the"
-            " requests come back to the queue when their leases expire", now - self.since,
-        )
+        logger.error("Closing: Redis has not answered for the %.0fs of SCHEDULER_SHUTDOWN_GRACE; stopping"
+                     " this worker without waiting for it. Its unwritten items and unacknowledged requests"
+                     " are not lost: the requests come back to the queue when their leases expire",
+                     now - self.since)
         self.stop()
         return True
 
     def stop(self) -> None:
-        """Stop the Twisted reactor (Scrapy's own forced shutdown); without one there is nothing to stop."""
+        """Stop the Twisted reactor, if there is one (Scrapy's own forced shutdown)."""
         from scrapy.utils.reactor import is_reactor_installed
 
-        if not is_reactor_installed():
-            return
-        from twisted.internet import reactor
+        if is_reactor_installed():
+            from twisted.internet import reactor
 
-        with contextlib.suppress(RuntimeError):  # already stopping
-            reactor.stop()  # type: ignore[attr-defined,misc]
+            with contextlib.suppress(RuntimeError):  # already stopping
+                reactor.stop()  # type: ignore[attr-defined,misc]
 
 
-#: What a read of an operator tool may raise from Redis: the outage errors and any error reply
-READ_ERRORS: tuple[type[BaseException], ...] = (
-    redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError,
-)
+#: What a read of an operator tool may raise from Redis
+READ_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 
 class ToolOutage:
-    """The same policy for an operator tool that reads Redis on demand (metrics exporter, dashboard): one
-    WARNING when an outage starts, one INFO when a read works again. ``what`` names the tool."""
+    """The policy for an operator tool that reads Redis on demand (metrics exporter, dashboard, named by
+    ``what``): one WARNING when an outage starts, one INFO when a read works again."""
 
     def __init__(self, what: str, log: logging.Logger = logger) -> None:
-        self.what = what
-        self.log = log
-        #: ``now`` of the first failed read of the current outage, ``None`` while Redis answers
+        self.what, self.log = what, log
         self.since: float | None = None
         self.failures = 0
 
     def failed(self, exc: BaseException, now: float) -> None:
         """A read failed with ``exc`` (an outage error, or another Redis error reply)."""
         self.failures += 1
-        if self.since is not None:
-            return
-        self.since = now
-        cause = "unreachable" if is_outage(exc) else "answering with an error"
-        self.log.warning(
-            "Redis is %s (%s): the %s keeps serving without the crawl's figures and tries again at each"
-            " request; one line will say when Redis is back", cause, describe(exc), self.what,
-        )
+        if self.since is None:
+            self.since = now
+            self.log.warning("Redis is %s (%s): the %s keeps serving without the crawl's figures and tries"
+                             " again at each request; one line will say when Redis is back",
+                             "unreachable" if is_outage(exc) else "answering with an error", describe(exc),
+                             self.what)
 
     def succeeded(self, now: float) -> None:
         """A read worked."""
-        if self.since is None:
-            return
-        self.log.info("Redis is reachable again after %.1fs (%d failed reads); the %s shows the crawl again",
-                      max(0.0, now - self.since), self.failures, self.what)
-        self.since = None
-        self.failures = 0
+        if self.since is not None:
+            self.log.info("Redis is reachable again after %.1fs (%d failed reads); the %s shows the crawl"
+                          " again", max(0.0, now - self.since), self.failures, self.what)
+        self.since, self.failures = None, 0
+
+
+@dataclass(eq=False)
+class _Batch(Generic[T]):
+    """Up to ``batch_size`` entries and the future their writers wait on."""
+
+    done: asyncio.Future[None]
+    first_at: float
+    entries: list[T] = field(default_factory=list)
+    sealed: bool = False  # taken by a write (in progress or retried): nothing may join it any more
+
+
+class BatchWriter(BackgroundTask, Generic[T]):
+    """Writes entries with ``write(entries)``, one round trip at a time, in order: a batch when it is full or
+    ``flush_interval`` s after its first entry, with what else is buffered (up to ``max_batches``). An outage
+    or error reply is retried with the backoff, nothing dropped; any other exception (a bug in ``write``)
+    fails those entries. ``on_failure(exc)`` is called for every failed attempt."""
+
+    def __init__(
+        self, write: Callable[[list[T]], Awaitable[None]], *, guard: LoopGuard | None = None,
+        batch_size: int = 1000, flush_interval: float = 1.0, max_batches: int = 16,
+        on_failure: Callable[[BaseException], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        super().__init__(guard or Outage().guard("batch writer"), clock)
+        self.write, self.batch_size, self.flush_interval = write, batch_size, flush_interval
+        self.max_batches, self.on_failure = max(1, max_batches), on_failure
+        self._batches: deque[_Batch[T]] = deque()
+        self._retry_at: float | None = None  # after a failure: no attempt before then
+
+    def add(self, entry: T) -> asyncio.Future[None]:
+        """Buffer ``entry``; the future resolves once it is written (starts the writer task if needed)."""
+        if self.closing:
+            raise RuntimeError("BatchWriter.add() called after close()")
+        self.start()
+        batches = self._batches
+        if not batches or batches[-1].sealed or len(batches[-1].entries) >= self.batch_size:
+            batches.append(_Batch(asyncio.get_running_loop().create_future(), self.clock()))
+            self.wake()  # a new batch starts the wait for its interval, or completes a full one
+        batches[-1].entries.append(entry)
+        return batches[-1].done
+
+    def pending(self) -> Iterator[T]:
+        """Every entry not yet known to be written, oldest first (those being written included)."""
+        yield from (entry for batch in self._batches for entry in batch.entries)
+
+    @property
+    def buffered(self) -> int:
+        return sum(len(b.entries) for b in self._batches)
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until the next write is due (``0``: now), or ``None`` with nothing buffered."""
+        if not self._batches:
+            return None
+        if self._retry_at is not None and now < self._retry_at:
+            return self._retry_at - now
+        first = self._batches[0]
+        if self.closing or first.sealed or len(first.entries) >= self.batch_size:
+            return 0.0
+        return max(0.0, first.first_at + self.flush_interval - now)
+
+    kick = BackgroundTask.wake
+
+    async def close(self) -> None:
+        """Write everything buffered (waiting through a Redis outage), then stop the task."""
+        self._retry_at = None
+        await self.stop()
+
+    async def step(self) -> bool:
+        wait = self.due_in(self.clock())
+        if wait is None and self.closing:
+            return False
+        await (self.rest(wait) if wait is None or wait > 0 else self.flush_once())
+        return True
+
+    async def flush_once(self) -> bool:
+        """One write of what is due (up to ``max_batches`` batches); returns whether it worked."""
+        taken = list(self._batches)[: self.max_batches]
+        for batch in taken:
+            batch.sealed = True
+        try:
+            await self.write([entry for batch in taken for entry in batch.entries])
+        except asyncio.CancelledError:
+            for batch in self._batches:
+                batch.done.cancel()
+            raise
+        except Exception as exc:
+            if self.on_failure is not None:
+                self.on_failure(exc)
+            delay = self.failed(exc)
+            if is_outage(exc) or isinstance(exc, redis.exceptions.RedisError):
+                self._retry_at = self.clock() + delay  # keep everything, try again after the backoff
+            else:
+                for batch in taken:  # a bug in the write function: fail these rather than retry for ever
+                    self._batches.popleft()
+                    batch.done.set_exception(exc)
+            return False
+        self._retry_at = None
+        self.succeeded()
+        for batch in taken:
+            self._batches.popleft()
+            if not batch.done.done():
+                batch.done.set_result(None)
+        return True

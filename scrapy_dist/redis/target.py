@@ -1,10 +1,6 @@
-"""Which Redis a set of settings points at: :class:`RedisTarget` and :func:`resolve_target`.
-
-First match wins: ``REDIS_URL``, ``REDIS_SENTINELS``, ``REDIS_HOST``/``REDIS_PORT``, the ``REDIS_URL``
-environment variable, then the project's embedded Redis (:mod:`scrapy_dist.redis.embedded`), started on
-first use (docs/connection.md, "Which Redis"). The settings are read and checked by
-:class:`scrapy_dist.settings.DistSettings`.
-"""
+"""Which Redis a set of settings points at (:func:`resolve_target`): first match of ``REDIS_URL``,
+``REDIS_SENTINELS``, ``REDIS_HOST``/``REDIS_PORT``, the ``REDIS_URL`` environment variable, then the
+project's embedded Redis, started on first use (docs/connection.md, "Which Redis")."""
 
 from __future__ import annotations
 
@@ -33,10 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SECRET_FILE", "RedisTarget", "embedded_secret", "resolve_target", "resolve_url"]
 
-# The lines users see keep the logger name the docs quote, whichever module writes them.
 logger = logging.getLogger("scrapy_dist.redis.connection")
 
-# A server that answers but will not let us in: wrong user or password, or an ACL without PING.
 _LOGIN_ERRORS = (
     redis.exceptions.AuthenticationError,
     redis.exceptions.AuthenticationWrongNumberOfArgsError,
@@ -50,16 +44,10 @@ _announced: set[Path] = set()
 _announced_urls: set[str] = set()
 
 
-def _dist(settings: SettingsLike | DistSettings) -> DistSettings:
-    """The typed settings (a bad value raises :class:`~scrapy_dist.settings.SettingsError`, one line)."""
-    return DistSettings.coerce(settings)
-
-
 @dataclass(frozen=True)
 class RedisTarget:
-    """The Redis a set of settings points at, and the client options to use for it: ``url`` is what
-    ``from_url`` gets (for Sentinel: the master's credentials and db), ``setting`` the setting that chose it.
-    """
+    """The Redis a set of settings points at and its client options: ``url`` is what ``from_url`` gets (for
+    Sentinel: the master's credentials and db), ``setting`` the setting that chose it."""
 
     url: str
     setting: str
@@ -103,18 +91,15 @@ class RedisTarget:
                 f" in {where} and the user's ACL"
             )
         # rediss:// to a port without TLS: the handshake waits for an answer that never comes
-        tls_timeout = self.url.startswith("rediss:") and "Timeout" in reason
-        if _TLS_PROBLEM.search(reason) or tls_timeout:
+        if _TLS_PROBLEM.search(reason) or (self.url.startswith("rediss:") and "Timeout" in reason):
             return RedisUnavailable(
                 f"Cannot reach Redis at {self.masked_url} over TLS ({reason}); check the certificate settings"
                 " in REDIS_PARAMS (ssl_ca_certs, ssl_certfile, ssl_keyfile) and that the URL is rediss://"
                 " only for a TLS port"
             )
         if self.setting == "embedded":
-            hint = (
-                f"the embedded Redis in {self.embedded_dir} is not answering (see its redis.log); "
-                "set REDIS_URL to use another Redis"
-            )
+            hint = (f"the embedded Redis in {self.embedded_dir} is not answering (see its redis.log); "
+                    "set REDIS_URL to use another Redis")
         elif self.setting == "REDIS_SENTINELS":
             hint = "check that the Sentinels are running or change REDIS_SENTINELS / REDIS_SENTINEL_MASTER"
             if isinstance(exc, _NO_MASTER):
@@ -132,37 +117,22 @@ class RedisTarget:
 
 
 def resolve_target(settings: SettingsLike | DistSettings, *, notice: bool = True) -> RedisTarget:
-    """Which Redis the settings point at (see the module docstring for the order); the one function
-    workers and the ``scrapy-dist`` command use.
-
-    The first time a process uses a Redis it logs one INFO line naming it (password masked) and the
-    setting that chose it. With no Redis setting this joins -- or starts -- the embedded server (and
-    logs one WARNING saying the crawl is confined to this machine, unless ``notice`` is false: the
-    ``scrapy-dist`` command says which Redis it uses in its own words); it raises
-    :class:`RedisUnavailable` if that server cannot start.
-    """
-    conn = _dist(settings).connection
+    """Which Redis the settings point at; the one function workers and the ``scrapy-dist`` command use.
+    The first use of a Redis logs one INFO line naming it (masked) and the setting that chose it. With no
+    Redis setting this joins or starts the embedded server (:class:`RedisUnavailable` if it cannot), with
+    one WARNING that the crawl is confined to this machine unless ``notice`` is false."""
+    conn = DistSettings.coerce(settings).connection
     params = dict(conn.params)
     if conn.sentinels:
-        target = RedisTarget(
-            url=conn.url or "redis:///0",
-            setting="REDIS_SENTINELS",
-            params=params,
-            cluster=False,
-            sentinels=conn.sentinels,
-            sentinel_master=conn.sentinel_master,
-        )
+        target = RedisTarget(url=conn.url or "redis:///0", setting="REDIS_SENTINELS", params=params,
+                             cluster=False, sentinels=conn.sentinels, sentinel_master=conn.sentinel_master)
     elif conn.url:
         target = RedisTarget(url=conn.url, setting=conn.source, params=params, cluster=conn.cluster)
     elif conn.host or conn.port:
         # the db goes in the URL: from_url() lets a URL's db win over the db keyword, and scrapy-redis
         # builds Redis(host=..., port=..., **REDIS_PARAMS), where REDIS_PARAMS["db"] applies
-        target = RedisTarget(
-            url=f"redis://{conn.host or 'localhost'}:{conn.port or 6379}/{params.get('db') or 0}",
-            setting="REDIS_HOST/REDIS_PORT",
-            params=params,
-            cluster=conn.cluster,
-        )
+        url = f"redis://{conn.host or 'localhost'}:{conn.port or 6379}/{params.get('db') or 0}"
+        target = RedisTarget(url=url, setting="REDIS_HOST/REDIS_PORT", params=params, cluster=conn.cluster)
     else:
         return _embedded_target(conn, params, notice)
     if target.masked_url not in _announced_urls:
@@ -177,21 +147,16 @@ def _embedded_target(conn: ConnectionSettings, params: dict[str, Any], notice: b
     )
     directory = server.directory
     url, started = server.ensure_running()
-    # REDIS_DB / REDIS_PARAMS["db"]: from_url() lets the URL's ?db=0 win over the db keyword
-    if params.get("db"):
+    if params.get("db"):  # from_url() lets the URL's ?db=0 win over the db keyword
         url = url.replace("?db=0", f"?db={params['db']}")
     target = RedisTarget(url=url, setting="embedded", params=params, cluster=False, embedded_dir=directory)
     if notice and directory not in _announced:
         _announced.add(directory)
-        # WARNING: a user who meant to share one Redis between machines must not miss it.
-        logger.warning(
+        logger.warning(  # a WARNING: a user who meant to share one Redis between machines must not miss it
             "No REDIS_URL set: this crawl is confined to this machine, using the embedded Redis at %s (%s; "
             "data in %s is kept between runs). Feed it seeds with: redis-cli -s %s lpush <spider>:start_urls "
             "URL (or scrapy-dist redis-cli ...). Set REDIS_URL to share one Redis between machines.",
-            target.masked_url,
-            "started it" if started else "already running",
-            directory,
-            server.socket_path,
+            target.masked_url, "started it" if started else "already running", directory, server.socket_path,
         )
     return target
 
@@ -201,10 +166,9 @@ SECRET_FILE = "entry.secret"
 
 
 def embedded_secret(settings: SettingsLike | DistSettings) -> bytes | None:
-    """The entry secret of the embedded Redis these settings use (made on first use, kept in its
-    directory as :data:`SECRET_FILE`), or None when they name another Redis: every process of a project
-    reaches its embedded Redis from this machine, so they all read the same file and sign alike."""
-    conn = _dist(settings).connection
+    """The entry secret of the embedded Redis these settings use (made on first use, kept in its directory
+    as :data:`SECRET_FILE`, so every process of the project signs alike), or None for another Redis."""
+    conn = DistSettings.coerce(settings).connection
     if conn.source != "embedded":
         return None
     directory = embedded_dir({"REDIS_EMBEDDED_DIR": conn.embedded_dir})
@@ -214,5 +178,5 @@ def embedded_secret(settings: SettingsLike | DistSettings) -> bytes | None:
 
 def resolve_url(settings: SettingsLike | DistSettings) -> str:
     """The Redis URL the settings point at (starting the embedded server if none is configured); for
-    Sentinel the descriptive ``redis+sentinel://...`` form, not one ``from_url`` accepts."""
+    Sentinel the ``redis+sentinel://...`` form users read, not one ``from_url`` accepts."""
     return resolve_target(settings).display_url

@@ -1,11 +1,5 @@
-"""Small shared helpers: ``RateLimitedLog`` (one rate-limited logger for every repetitive message) and
-scrapy-redis's text helpers (``bytes_to_str`` & co., so ``from scrapy_redis.utils import bytes_to_str`` keeps
-working after switching to ``scrapy_dist``; scrapy-redis's ``TextColor`` is not provided).
-
-``RateLimitedLog`` logs each kind of message (a *key*) at most ``burst`` times per ``period`` seconds and then
-only counts; a summary line says how many were left out once the next period starts.
-``RateLimitedLog.once(logger)`` logs each key once, then only counts (``reset(key)`` re-arms it).
-"""
+"""Small shared helpers: :class:`RateLimitedLog` (one rate-limited logger for every repetitive message) and
+scrapy-redis's text helpers (``bytes_to_str`` & co.; scrapy-redis's ``TextColor`` is not provided)."""
 
 from __future__ import annotations
 
@@ -13,31 +7,26 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["RateLimitedLog", "bytes_to_str", "convert_bytes_to_str", "is_dict"]
 
 
+@dataclass
 class _Window:
-    __slots__ = ("start", "logged", "suppressed")
-
-    def __init__(self, start: float) -> None:
-        self.start = start
-        self.logged = 0
-        self.suppressed = 0
+    start: float
+    logged: int = 0
+    suppressed: int = 0
 
 
 class RateLimitedLog:
-    """Log at most ``burst`` messages per ``period`` seconds per key; count and summarise the rest.
-
-    ``now`` (monotonic seconds) may be passed for tests; ``key`` separates kinds of messages (by default
-    all share one budget).
-    """
+    """Log at most ``burst`` messages per ``period`` seconds per ``key`` (a kind of message; by default all
+    share one budget), then only count; a summary line says how many were left out once the next period
+    starts. ``now`` (monotonic seconds) may be passed for tests."""
 
     def __init__(self, logger: logging.Logger, period: float = 60.0, burst: int = 5) -> None:
-        self.logger = logger
-        self.period = period
-        self.burst = burst
+        self.logger, self.period, self.burst = logger, period, burst
         self._windows: dict[str, _Window] = {}
 
     @classmethod
@@ -45,9 +34,8 @@ class RateLimitedLog:
         """A log that says each key once and then only counts (until :meth:`reset`)."""
         return cls(logger, period=math.inf, burst=1)
 
-    def log(
-        self, level: int, msg: str, *args: Any, key: str = "", now: float | None = None, exc_info: Any = None
-    ) -> bool:
+    def log(self, level: int, msg: str, *args: Any, key: str = "", now: float | None = None,
+            exc_info: Any = None) -> bool:
         """Log unless over the limit; returns whether it logged."""
         now = time.monotonic() if now is None else now
         window = self._windows.get(key)
@@ -55,10 +43,8 @@ class RateLimitedLog:
             window = self._windows[key] = _Window(now)
         elif now - window.start >= self.period:
             if window.suppressed:
-                self.logger.log(
-                    level, "%d similar messages were suppressed in the last %.0fs", window.suppressed,
-                    now - window.start,
-                )
+                self.logger.log(level, "%d similar messages were suppressed in the last %.0fs",
+                                window.suppressed, now - window.start)
             window.start, window.logged, window.suppressed = now, 0, 0
         if window.logged < self.burst:
             window.logged += 1
@@ -79,7 +65,6 @@ class RateLimitedLog:
     def seen(self, key: str = "") -> bool:
         """Whether a message of ``key`` was logged (or counted) since the last :meth:`reset`."""
         return key in self._windows
-
 
 
 def bytes_to_str(s: Any, encoding: str = "utf-8") -> Any:

@@ -1,15 +1,9 @@
-"""The wire format of a request in Redis: versioned msgpack, never pickle (the field table is in
-docs/frontier.md, "Wire format").
-
-A *payload* is ``b"\x01" + msgpack(map)`` (unauthenticated) or ``b"\x03" + tag + nonce + msgpack(map)``
-when written with the crawl's secret (``tag``: 16-byte keyed BLAKE2b of the crawl, the kind of key, the
-8-byte ``nonce`` and the msgpack bytes; version 2, a tag of the body alone, is read as untrusted). The
-map's short keys are listed in docs/frontier.md ("Wire format"). Decoding treats the bytes as untrusted:
-every field is type-checked, and any deviation is :class:`RejectedEntry` with a short reason, the only
-exception :func:`decode_request` lets out. What an untrusted entry may ask for is
-:mod:`scrapy_dist.wire.entrypolicy` (re-exported here). Also here: which spider methods an entry may name
-as callback, and the records of refused input.
-"""
+"""The wire format of a request in Redis: versioned msgpack, never pickle (fields: docs/frontier.md, "Wire
+format"). A *payload* is ``b"\x01" + msgpack(map)``, or ``b"\x03" + tag + nonce + msgpack(map)`` when
+signed with the crawl's secret (:mod:`scrapy_dist.wire.entrypolicy`, re-exported here, also says what an
+untrusted entry may ask for). Decoding treats the bytes as untrusted: every field is type-checked, and any
+deviation is :class:`RejectedEntry` with a short reason, the only exception :func:`decode_request` lets
+out. Also here: which spider methods an entry may name as callback, and the records of refused input."""
 
 from __future__ import annotations
 
@@ -33,10 +27,12 @@ from scrapy.spiders import CrawlSpider
 
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.wire.entrypolicy import (
+    COOKIE_KEYS,
     CREDENTIAL_HEADERS,
     DANGEROUS_META,
     DEFAULT_POLICY,
     FORBIDDEN_HEADERS,
+    PRIORITY_RANGE,
     SIGNED_HEAD,
     TAG_BYTES,
     VERSION,
@@ -74,8 +70,8 @@ _RULE_METHODS = frozenset({"rule_callback", "rule_errback"})
 
 
 def method_name(func: Any, spider: Spider | None, what: str) -> str | None:
-    """The name a request stores for its callback/errback ``func``: a method of ``spider`` (or a name
-    already); raises :class:`UnserializableRequest` for anything else."""
+    """The name a request stores for its callback/errback ``func`` (a method of ``spider``, or a name);
+    raises :class:`UnserializableRequest` for anything else."""
     if func is None:
         return None
     if isinstance(func, str):
@@ -102,10 +98,9 @@ HOOK_NAMES = frozenset({
 
 
 def user_defined(cls: type, name: str) -> bool:
-    """Whether ``name`` is a plain function defined by a class of the user's, not by Scrapy or
-    scrapy-dist: ``start``, ``log``, ``make_request_from_data``, ``closed``, ``Spider.parse`` (which only
-    raises) are methods of every spider, but no entry read from Redis has any business calling them --
-    nor the hooks of :data:`HOOK_NAMES` where the spider's code overrides them."""
+    """Whether ``name`` is a plain function defined by a class of the user's, not by Scrapy or scrapy-dist
+    (``start``, ``log``, ``Spider.parse``... are methods of every spider, which no entry read from Redis may
+    call), and not one of the :data:`HOOK_NAMES` even where the spider's code overrides them."""
     if not isinstance(name, str) or name.startswith("_") or not name.isidentifier() or name in HOOK_NAMES:
         return False
     for klass in cls.__mro__:
@@ -130,8 +125,8 @@ def spider_method(spider: Spider, name: Any, what: str) -> Any:
 
 
 def entry_callback(spider: Spider, name: Any, what: str) -> Any:
-    """The callback/errback a queue entry names: a method the spider's own code defines (as for seeds),
-    or one of CrawlSpider's rule dispatchers."""
+    """The callback/errback a queue entry names: a method the spider's own code defines, or one of
+    CrawlSpider's rule dispatchers."""
     method = spider_method(spider, name, what)
     if isinstance(spider, CrawlSpider) and (name in _CRAWLSPIDER_METHODS or name in _RULE_METHODS):
         return method
@@ -146,8 +141,8 @@ _BODY_TAG_BYTE = bytes([VERSION_BODY_TAG])
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
-_PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 MAX_HEADERS = 100
+
 
 def _check_encodable(value: Any, path: str) -> None:
     """Raise :class:`UnserializableRequest` naming the first part of ``value`` msgpack cannot hold."""
@@ -171,16 +166,13 @@ def _check_encodable(value: Any, path: str) -> None:
 def encode_request(
     request: Request, spider: Spider | None = None, policy: EntryPolicy | None = None
 ) -> bytes:
-    """Encode ``request`` as a versioned msgpack payload (signed when ``policy`` has a secret).
-
-    Raises :class:`UnserializableRequest` (with ``.key`` naming the field or meta key) when a callback is
-    not a spider method or meta / cb_kwargs / cookies hold values msgpack cannot represent.
-    """
+    """``request`` as a versioned msgpack payload (signed when ``policy`` has a secret); raises
+    :class:`UnserializableRequest` (``.key`` naming the field or meta key) when a callback is not a spider
+    method or meta / cb_kwargs / cookies hold values msgpack cannot represent."""
     d: dict[str, Any] = {"u": request.url}
     if request.method != "GET":
         d["m"] = request.method
-    if request.headers:
-        # credential values a downloader middleware added (a same-site redirect copies them) stay out
+    if request.headers:  # credential values a downloader middleware added stay out
         headers = [
             [bytes(k), [bytes(v) for v in vs if not added_by_middleware(k, v)]]
             for k, vs in request.headers.items()
@@ -200,19 +192,16 @@ def encode_request(
         d["p"] = request.priority
     if request.dont_filter:
         d["d"] = True
-    cb = method_name(request.callback, spider, "callback")
-    if cb is not None:
-        d["cb"] = cb
-    eb = method_name(request.errback, spider, "errback")
-    if eb is not None:
-        d["eb"] = eb
+    for field, func in (("cb", request.callback), ("eb", request.errback)):
+        name = method_name(func, spider, "callback" if field == "cb" else "errback")
+        if name is not None:
+            d[field] = name
     if request.flags:
         d["f"] = list(request.flags)
     if request.encoding != "utf-8":
         d["e"] = request.encoding
-    cls = type(request)
-    if cls is not Request:
-        d["C"] = f"{cls.__module__}.{cls.__qualname__}"
+    if type(request) is not Request:
+        d["C"] = f"{type(request).__module__}.{type(request).__qualname__}"
     try:
         body = msgpack.packb(d, use_bin_type=True)
     except (TypeError, ValueError, OverflowError):
@@ -223,21 +212,15 @@ def encode_request(
     return (policy or DEFAULT_POLICY).seal(body)
 
 
-# -- decoding (untrusted input) -----------------------------------------------------------------
-
-
-def _expect(value: Any, types_: type | tuple[type, ...], reason: str, field: str) -> Any:
-    if not isinstance(value, types_) or (isinstance(value, bool) and bool not in _as_tuple(types_)):
+def _expect(value: Any, types_: type, reason: str, field: str) -> Any:
+    """``value`` if it is a ``types_`` (a bool only where ``types_`` is bool), else :class:`RejectedEntry`."""
+    if not isinstance(value, types_) or (isinstance(value, bool) and types_ is not bool):
         raise RejectedEntry(reason, f"{field} has type {type(value).__name__}")
     return value
 
 
-def _as_tuple(types_: type | tuple[type, ...]) -> tuple[type, ...]:
-    return types_ if isinstance(types_, tuple) else (types_,)
-
-
 def check_url(url: Any, allowed_schemes: Iterable[str]) -> str:
-    """Validate an untrusted URL string: type, length, scheme, host, no whitespace/control chars."""
+    """An untrusted URL string, checked: type, length, scheme, host, no whitespace/control chars."""
     if not isinstance(url, str):
         raise RejectedEntry("bad_url", f"url has type {type(url).__name__}")
     if not url or len(url) > 8192 or _BAD_URL_CHARS.search(url):
@@ -277,9 +260,6 @@ def _headers(raw: Any) -> Headers:
     return headers
 
 
-_COOKIE_KEYS = frozenset({"name", "value", "domain", "path", "secure", "expires"})
-
-
 def _cookie_text(value: Any, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (str, bytes, int, float)):
         raise RejectedEntry("bad_cookies", f"cookie {what} has type {type(value).__name__}")
@@ -293,18 +273,16 @@ def _cookie_text(value: Any, what: str) -> None:
 
 def _cookies(raw: Any) -> dict[str, Any] | list[dict[str, Any]]:
     """Cookies as Scrapy's ``Request`` takes them: ``{name: value}`` or a list of cookie maps."""
+    if isinstance(raw, (dict, list)) and len(raw) > MAX_HEADERS:
+        raise RejectedEntry("bad_cookies", f"{len(raw)} cookies (at most {MAX_HEADERS})")
     if isinstance(raw, dict):
-        if len(raw) > MAX_HEADERS:
-            raise RejectedEntry("bad_cookies", f"{len(raw)} cookies (at most {MAX_HEADERS})")
         for name, value in raw.items():
             _cookie_text(name, "name")
             _cookie_text(value, "value")
         return raw
     if isinstance(raw, list):
-        if len(raw) > MAX_HEADERS:
-            raise RejectedEntry("bad_cookies", f"{len(raw)} cookies (at most {MAX_HEADERS})")
         for c in raw:
-            if not isinstance(c, dict) or "name" not in c or "value" not in c or not set(c) <= _COOKIE_KEYS:
+            if not isinstance(c, dict) or "name" not in c or "value" not in c or not set(c) <= COOKIE_KEYS:
                 raise RejectedEntry("bad_cookies", "each cookie must be a map with name, value (domain, ...)")
             for key, value in c.items():
                 if key == "secure":
@@ -339,8 +317,8 @@ def _unpack(body: bytes) -> dict[str, Any]:
 
 
 def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
-    """``(version, msgpack body)`` of an untrusted payload (size and version checked, tag not verified).
-    Raises :class:`RejectedEntry`."""
+    """``(version, msgpack body)`` of an untrusted payload (size and version checked, tag not verified);
+    raises :class:`RejectedEntry`."""
     if not isinstance(data, bytes):
         raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
     if len(data) > max_bytes:
@@ -355,18 +333,15 @@ def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes
 
 
 def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
-    """The field map of an untrusted payload (any version, the tag is not checked here): size, version
-    byte, msgpack and field names checked (values are checked by :func:`decode_request`). Raises
-    :class:`RejectedEntry`."""
+    """The field map of an untrusted payload (any version, tag not checked): size, version byte, msgpack and
+    field names checked, values not (:func:`decode_request` does); raises :class:`RejectedEntry`."""
     return _unpack(split_payload(data, max_bytes)[1])
 
 
 def decode_request(data: bytes, spider: Spider, policy: EntryPolicy = DEFAULT_POLICY) -> Request:
-    """Turn an untrusted payload back into a :class:`~scrapy.Request` bound to ``spider``'s methods.
-
-    Raises :class:`RejectedEntry` with a short ``reason`` for anything that is not a valid payload, or that
-    an untrusted entry may not ask for (:class:`EntryPolicy`) -- and nothing else, whatever the bytes.
-    """
+    """An untrusted payload as a :class:`~scrapy.Request` bound to ``spider``'s methods. Raises
+    :class:`RejectedEntry` with a short ``reason`` for anything that is not a valid payload, or that an
+    untrusted entry may not ask for (:class:`EntryPolicy`) -- and nothing else, whatever the bytes."""
     try:
         return _decode(data, spider, policy)
     except RejectedEntry:
@@ -411,7 +386,7 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
         kw["cb_kwargs"] = cbk
     if "p" in d:
         priority = _expect(d["p"], int, "bad_priority", "priority")
-        if not _PRIORITY_RANGE[0] <= priority <= _PRIORITY_RANGE[1]:
+        if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
             raise RejectedEntry("bad_priority", "priority out of the 32-bit range")
         kw["priority"] = priority
     if "d" in d:
@@ -443,16 +418,14 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
         raise RejectedEntry("bad_request", f"{type(exc).__name__}: {exc}"[:200]) from None
 
 
-RAW_LIMIT = 1024
-#: Characters of a refused entry quoted in a log line.
-PREVIEW_LIMIT = 100
+#: Bytes of a refused entry kept in its record; characters of it quoted in a log line.
+RAW_LIMIT, PREVIEW_LIMIT = 1024, 100
 
 
 def preview(raw: bytes | str, limit: int = PREVIEW_LIMIT, quote: bool = True) -> str:
     """The head of refused input for a log line (quoted unless not ``quote``): at most ``limit`` characters
-    (then ``…``), undecodable bytes
-    as ``\\xNN`` and every character that is not printable (newlines, terminal escapes, bidi controls) as
-    an escape, so one entry is one line that shows what it was and cannot rewrite the log or terminal."""
+    (then ``…``), every undecodable byte and unprintable character (newline, terminal escape, bidi control)
+    escaped, so one entry is one line that cannot rewrite the log or terminal."""
     text = raw[: limit * 4].decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
     cut = len(text) > limit or len(raw) > limit * 4
     shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
@@ -469,14 +442,7 @@ def rejection_record(reason: str, raw: bytes, worker: str, detail: str = "", now
         text, enc = head.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         text, enc = base64.b64encode(head).decode("ascii"), "base64"
-    return json.dumps(
-        {
-            "reason": reason,
-            "detail": detail[:500],
-            "raw": text,
-            "raw_encoding": enc,
-            "raw_bytes": len(raw),
-            "at": time.time() if now is None else now,
-            "worker": worker,
-        }
-    )
+    return json.dumps({
+        "reason": reason, "detail": detail[:500], "raw": text, "raw_encoding": enc, "raw_bytes": len(raw),
+        "at": time.time() if now is None else now, "worker": worker,
+    })

@@ -1,15 +1,10 @@
 """What an untrusted entry may carry: the entry policy and the crawl's secret that tells its own entries
-from anyone else's, the credential headers a middleware added (never stored), and the checks of seed
-fields.
+from anyone else's, the credential headers a middleware added (never stored), and the checks of seed fields.
 
-Payloads are sealed here (:meth:`EntryPolicy.seal`: ``b"\\x01" + body``, or with a secret
-``b"\\x03" + tag + nonce + body``) and read by :mod:`scrapy_dist.wire.codec`, which applies this policy to
-every entry it decodes: an untrusted entry must pass the rules for seeds (``SEEDS_META_ALLOWED`` meta keys,
-no framing or routing headers, the spider's ``allowed_domains``). The tag is the 16-byte keyed BLAKE2b of
-the crawl, the kind of key (:data:`FRONTIER` or :data:`DEAD`), the nonce and the body, so a signed entry
-copied into another crawl or from the dead letters into the queue does not verify. Version 2 payloads are
-read as untrusted.
-"""
+Payloads are sealed here (:meth:`EntryPolicy.seal`) and read by :mod:`scrapy_dist.wire.codec`, which holds
+every untrusted entry to the rules for seeds. The tag is the 16-byte keyed BLAKE2b of the crawl, the kind
+of key (:data:`FRONTIER` or :data:`DEAD`), the nonce and the body, so a signed entry copied into another
+crawl or from the dead letters into the queue does not verify."""
 
 from __future__ import annotations
 
@@ -44,18 +39,11 @@ __all__ = [
     "check_offsite", "entry_policy", "host_allowed", "is_trusted", "keep_allowed_domains",
 ]
 
-#: version byte of an unauthenticated payload
-VERSION = 1
-#: version byte of a payload whose tag covers its body only (older workers): read as untrusted
-VERSION_BODY_TAG = 2
-#: version byte of a payload carrying a tag made with the crawl's secret, bound to crawl, kind and nonce
-VERSION_SIGNED = 3
-TAG_BYTES = 16
-NONCE_BYTES = 8
-#: bytes before the msgpack body of a version-3 payload
-SIGNED_HEAD = 1 + TAG_BYTES + NONCE_BYTES
-#: the kinds of key an entry is signed for (see the module docstring)
-FRONTIER, DEAD = "frontier", "dead"
+#: version bytes: unauthenticated, tag of the body only (read as untrusted), signed (crawl, kind and nonce)
+VERSION, VERSION_BODY_TAG, VERSION_SIGNED = 1, 2, 3
+TAG_BYTES, NONCE_BYTES = 16, 8
+SIGNED_HEAD = 1 + TAG_BYTES + NONCE_BYTES  #: bytes before the msgpack body of a version-3 payload
+FRONTIER, DEAD = "frontier", "dead"  #: the kinds of key an entry is signed for
 _VERSION_BYTE = bytes([VERSION])
 _SIGNED_BYTE = bytes([VERSION_SIGNED])
 
@@ -71,11 +59,10 @@ _NONCES: itertools.count[int]
 _fresh_nonces()
 os.register_at_fork(after_in_child=_fresh_nonces)
 
-#: Meta keys an untrusted entry may set only if SEEDS_META_ALLOWED names them exactly (a wildcard is not
-#: enough): they route the request (proxy, source address, slot), carry credentials, switch Scrapy's
-#: safety checks off or reach into its private state -- the retry and redirect counters too (a
-#: ``retry_times`` of -1e9 would retry a failing URL without end), and ``revisit_after`` (a tiny one would
-#: fetch one seed again and again).
+#: Meta keys an untrusted entry may set only if SEEDS_META_ALLOWED names them exactly (not by a wildcard):
+#: they route the request, carry credentials, switch Scrapy's safety checks off or reach into its state --
+#: the retry and redirect counters too (a ``retry_times`` of -1e9 would retry without end), and
+#: ``revisit_after`` (a tiny one would fetch one seed again and again).
 DANGEROUS_META = (
     "proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar", "handle_httpstatus_all",
     "dont_*", "allow_offsite", "download_maxsize", "download_warnsize", "download_timeout",
@@ -103,9 +90,8 @@ def check_meta_keys(meta: dict[Any, Any], allowed: Iterable[str]) -> None:
     for key in meta:
         name = str(key)
         if not _matches(name, allowed) or (_matches(name, DANGEROUS_META) and name not in allowed):
-            raise RejectedEntry(
-                "meta_not_allowed", f"meta key {name[:40]!r} is not allowed (SEEDS_META_ALLOWED)"
-            )
+            raise RejectedEntry("meta_not_allowed",
+                                f"meta key {name[:40]!r} is not allowed (SEEDS_META_ALLOWED)")
 
 
 def check_header_names(names: Iterable[Any], allowed: Iterable[str]) -> None:
@@ -120,19 +106,17 @@ def check_header_names(names: Iterable[Any], allowed: Iterable[str]) -> None:
 
 def check_cookies_allowed(allowed: Iterable[str]) -> None:
     """Refuse (``header_not_allowed``) the cookies of an untrusted entry unless ``allowed`` names the
-    ``Cookie`` header: Scrapy's cookies middleware stores a request's cookies in the crawl's cookie jar,
-    which sends them with every later request to that site -- a seed could otherwise set (or replace) the
-    crawl's session cookie, which it may not do with a ``Cookie`` header."""
+    ``Cookie`` header: Scrapy stores them in the crawl's cookie jar, so an entry could otherwise replace the
+    crawl's session cookie."""
     if "cookie" not in {a.lower() for a in allowed}:
-        raise RejectedEntry(
-            "header_not_allowed", "cookies may not come from an entry (SEEDS_HEADERS_ALLOWED: no Cookie)"
-        )
+        raise RejectedEntry("header_not_allowed",
+                            "cookies may not come from an entry (SEEDS_HEADERS_ALLOWED: no Cookie)")
 
 
 def check_no_userinfo(url: str) -> None:
     """Refuse (``bad_url``) a URL of an untrusted entry with an ``@`` in its authority (up to the first
-    ``/``, ``?`` or ``#``): credentials may not come from an entry (and Scrapy would fail the download
-    with a traceback), and for ``a\\@b`` parsers disagree on the host."""
+    ``/``, ``?`` or ``#``): credentials may not come from an entry, and for ``a\\@b`` parsers disagree on
+    the host."""
     authority = url.partition("://")[2]
     for end in "/?#":
         authority = authority.partition(end)[0]
@@ -154,10 +138,9 @@ def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:
 
 
 def keep_allowed_domains(spider: Any) -> Any:
-    """The spider's ``allowed_domains``, an iterator among them (scrapy-redis's examples set
-    ``filter(None, ...)``) read once and kept as a list: Scrapy's offsite middleware and the seed checks
-    each read the attribute, and an exhausted iterator reads as ``[]``, which allows every host. Called
-    when a :class:`~scrapy_dist.spiders.RedisSpider` is built and by every check."""
+    """The spider's ``allowed_domains``, an iterator (scrapy-redis's examples set ``filter(None, ...)``)
+    read once and kept as a list: exhausted by its first reader, it would read as ``[]``, which allows
+    every host."""
     domains = getattr(spider, "allowed_domains", None)
     if isinstance(domains, str):
         return [domains]
@@ -176,34 +159,23 @@ def check_offsite(url: str, spider: Any) -> None:
 @dataclass(frozen=True)
 class EntryPolicy:
     """What an entry read from the queue must satisfy, and the secret that tells the crawl's own entries
-    from others. Built once per crawler (:func:`entry_policy`) and bound to the crawl's keys by the
-    scheduler (:meth:`bound`)."""
+    from others; built once per crawler (:func:`entry_policy`), bound to the crawl's keys (:meth:`bound`)."""
 
     allowed_schemes: tuple[str, ...] = ("http", "https")
     max_bytes: int = 1024 * 1024
-    #: fnmatch patterns of the meta keys an untrusted entry may set (see :func:`check_meta_keys`)
-    meta_allowed: tuple[str, ...] = ("*",)
-    #: credential headers (Authorization, Cookie) an untrusted entry may set
-    headers_allowed: tuple[str, ...] = ()
-    #: the crawl's secret; ``None``: every queue entry is trusted as the crawl's own
-    secret: bytes | None = None
-    #: the crawl the tags are bound to (``CrawlKeys.tag`` of shard 0: ``<prefix>{<spider>}``)
-    crawl: str = ""
-    #: the kind of key the entries are signed for: :data:`FRONTIER` or :data:`DEAD`
-    kind: str = FRONTIER
+    meta_allowed: tuple[str, ...] = ("*",)  # fnmatch patterns of the meta keys an untrusted entry may set
+    headers_allowed: tuple[str, ...] = ()  # credential headers (Authorization, Cookie) it may set
+    secret: bytes | None = None  # the crawl's secret; None: every queue entry counts as the crawl's own
+    crawl: str = ""  # the crawl the tags are bound to (shard 0's CrawlKeys.tag: <prefix>{<spider>})
+    kind: str = FRONTIER  # the kind of key the entries are signed for: FRONTIER or DEAD
 
     @classmethod
     def from_dist(cls, ds: DistSettings) -> EntryPolicy:
-        """The policy of a crawl's typed settings (the secret may come from the ``SCRAPY_DIST_SECRET``
-        environment variable, and on the embedded Redis, without either, is the one it keeps with its
-        private files)."""
-        return cls(
-            allowed_schemes=ds.scheduler.allowed_schemes,
-            max_bytes=ds.scheduler.max_entry_bytes,
-            meta_allowed=ds.seeds.meta_allowed,
-            headers_allowed=ds.seeds.headers_allowed,
-            secret=ds.scheduler.entry_secret or embedded_secret(ds),
-        )
+        """The policy of a crawl's typed settings (on the embedded Redis without a secret, the one it keeps
+        with its private files)."""
+        return cls(allowed_schemes=ds.scheduler.allowed_schemes, max_bytes=ds.scheduler.max_entry_bytes,
+                   meta_allowed=ds.seeds.meta_allowed, headers_allowed=ds.seeds.headers_allowed,
+                   secret=ds.scheduler.entry_secret or embedded_secret(ds))
 
     def bound(self, crawl: str | None = None, kind: str | None = None) -> EntryPolicy:
         """This policy signing and verifying for ``crawl`` and ``kind`` (None: unchanged)."""
@@ -213,7 +185,7 @@ class EntryPolicy:
 
     @cached_property
     def _keyed(self) -> Any:
-        # the hash state after the secret and the context: copied per entry rather than rebuilt
+        """The hash state after the secret and the context, copied per entry."""
         assert self.secret is not None
         key = self.secret if len(self.secret) <= 64 else hashlib.blake2b(self.secret).digest()
         h = hashlib.blake2b(key=key, digest_size=TAG_BYTES)
@@ -229,8 +201,7 @@ class EntryPolicy:
         return h.digest()
 
     def seal(self, body: bytes, nonce: bytes | None = None) -> bytes:
-        """A payload of ``body``: signed (with a fresh nonce unless one is given) if there is a secret,
-        else version 1."""
+        """A payload of ``body``: signed (with a fresh nonce unless given) if there is a secret, else v1."""
         if self.secret is None:
             return _VERSION_BYTE + body
         if nonce is None:
@@ -238,19 +209,16 @@ class EntryPolicy:
         return _SIGNED_BYTE + self.tag(nonce, body) + nonce + body
 
     def verify(self, data: bytes) -> bool:
-        """Whether ``data`` is a version-3 payload whose tag verifies for this policy's secret, crawl and
-        kind."""
+        """Whether ``data`` is a version-3 payload whose tag verifies for this secret, crawl and kind."""
         if self.secret is None or len(data) < SIGNED_HEAD or data[0] != VERSION_SIGNED:
             return False
         nonce = data[1 + TAG_BYTES : SIGNED_HEAD]
         return hmac.compare_digest(data[1 : 1 + TAG_BYTES], self.tag(nonce, data[SIGNED_HEAD:]))
 
     def renew(self, data: bytes) -> bytes:
-        """``data`` with a fresh nonce (and tag) if it is a payload this policy verifies, else unchanged:
-        an entry filed again after its acknowledgement (a revisit) counts as a new entry."""
-        if not self.verify(data):
-            return data
-        return self.seal(data[SIGNED_HEAD:])
+        """``data`` with a fresh nonce (and tag) if this policy verifies it, else unchanged: an entry filed
+        again after its acknowledgement (a revisit) counts as a new entry."""
+        return self.seal(data[SIGNED_HEAD:]) if self.verify(data) else data
 
 
 DEFAULT_POLICY = EntryPolicy()
@@ -258,7 +226,7 @@ _POLICIES: weakref.WeakKeyDictionary[Any, EntryPolicy] = weakref.WeakKeyDictiona
 
 
 def entry_policy(crawler: Crawler | None) -> EntryPolicy:
-    """The :class:`EntryPolicy` of ``crawler``, built on first use and kept (one dict lookup after)."""
+    """The :class:`EntryPolicy` of ``crawler``, built on first use and kept."""
     if crawler is None:
         return DEFAULT_POLICY
     policy = _POLICIES.get(crawler)
@@ -288,19 +256,16 @@ def _warn_unsigned(source: str) -> None:
     )
 
 
-
 def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
-    """Whether an entry counts as the crawl's own: its tag verifies, or the crawl has no secret.
-    Raises :class:`RejectedEntry` (``bad_tag``) for a version-3 entry whose tag does not verify (another
-    secret, another crawl, another kind of key)."""
+    """Whether an entry counts as the crawl's own: its tag verifies, or the crawl has no secret; raises
+    :class:`RejectedEntry` (``bad_tag``) for a version-3 entry whose tag does not verify."""
     if policy.secret is None:
         return True
     if data[:1] != _SIGNED_BYTE:
         return False
     if not policy.verify(data):
-        raise RejectedEntry(
-            "bad_tag", "the entry's tag does not verify for this crawl (another secret, crawl or kind of key)"
-        )
+        raise RejectedEntry("bad_tag", "the entry's tag does not verify for this crawl (another secret, crawl"
+                                       " or kind of key)")
     return True
 
 
@@ -309,8 +274,7 @@ SECRET_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")
 
 #: request -> its credential headers when it entered the downloader (only requests that had some)
 _scheduled: weakref.WeakKeyDictionary[Request, dict[bytes, list[bytes]]] = weakref.WeakKeyDictionary()
-#: requests seen by the middleware (with or without credentials)
-_seen: weakref.WeakSet[Request] = weakref.WeakSet()
+_seen: weakref.WeakSet[Request] = weakref.WeakSet()  # requests seen by the middleware
 #: (lower-case header name, value) pairs downloader middlewares added to requests, newest last
 _added: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
 ADDED_LIMIT = 1000
@@ -325,7 +289,6 @@ class ScheduledHeadersMiddleware:
         own = {name: list(headers.getlist(name)) for name in SECRET_HEADERS if name in headers}
         if own:
             _scheduled[request] = own
-        return None
 
 
 def as_scheduled(request: Request, original: Request | None = None) -> Request:
@@ -345,7 +308,7 @@ def as_scheduled(request: Request, original: Request | None = None) -> Request:
 
 class AddedCredentialsMiddleware:
     """Downloader middleware (last in the chain) remembering the credential header values the
-    middlewares before it added, so that no payload carries them (see the module docstring)."""
+    middlewares before it added, so that no payload carries them."""
 
     def process_request(self, request: Request) -> None:
         own = _scheduled.get(request, {}) if request in _seen else {}
@@ -357,7 +320,6 @@ class AddedCredentialsMiddleware:
                     _added.move_to_end(key)
         while len(_added) > ADDED_LIMIT:
             _added.popitem(last=False)
-        return None
 
 
 def added_by_middleware(name: bytes, value: bytes) -> bool:
@@ -365,12 +327,12 @@ def added_by_middleware(name: bytes, value: bytes) -> bool:
     return bool(_added) and (name.lower(), value) in _added
 
 
-_PRIORITY_RANGE = (-(2**31), 2**31 - 1)
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
 def check_text(s: str, reason: str, what: str) -> None:
-    """Strings from JSON may hold lone surrogates (``"\\ud800"``), which no encoder accepts later."""
+    """Refuse a lone surrogate (JSON allows ``"\\ud800"``; no encoder accepts it later)."""
     if not s.isascii():
         try:
             s.encode("utf-8")
@@ -379,9 +341,9 @@ def check_text(s: str, reason: str, what: str) -> None:
 
 
 def json_type(value: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number"
-    )
+    """The JSON name of ``value``'s type."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
 
 
 def check_method(method: Any) -> str:
@@ -424,7 +386,7 @@ def check_priority(priority: Any) -> int:
     """An integer (not a boolean, not a float) in the 32-bit range."""
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise RejectedEntry("bad_priority", f"priority is a {json_type(priority)}, expected an integer")
-    if not _PRIORITY_RANGE[0] <= priority <= _PRIORITY_RANGE[1]:
+    if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
         raise RejectedEntry("bad_priority", "priority out of the 32-bit range")
     return priority
 
@@ -433,7 +395,7 @@ def priority_from_score(score: float) -> int:
     """A ZSET score as a request priority (rounded, clamped to the 32-bit range, NaN -> 0)."""
     if math.isnan(score):
         return 0
-    return round(max(_PRIORITY_RANGE[0], min(_PRIORITY_RANGE[1], score)))
+    return round(max(PRIORITY_RANGE[0], min(PRIORITY_RANGE[1], score)))
 
 
 def check_callback_name(name: Any, what: str, has_callback: Callable[[str], bool] | None = None) -> str:
@@ -446,7 +408,7 @@ def check_callback_name(name: Any, what: str, has_callback: Callable[[str], bool
     return name
 
 
-_COOKIE_KEYS = frozenset({"name", "value", "domain", "path", "secure", "expires"})
+COOKIE_KEYS = frozenset({"name", "value", "domain", "path", "secure", "expires"})
 
 
 def _check_cookie_text(value: Any, what: str) -> None:
@@ -472,10 +434,9 @@ def check_cookies(cookies: Any) -> dict[str, Any] | list[dict[str, Any]]:
         return cookies
     if isinstance(cookies, list):
         for c in cookies:
-            if not isinstance(c, dict) or "name" not in c or "value" not in c or set(c) - _COOKIE_KEYS:
-                raise RejectedEntry(
-                    "bad_cookies", "each cookie must be an object with name, value (domain, path, ...)"
-                )
+            if not isinstance(c, dict) or "name" not in c or "value" not in c or set(c) - COOKIE_KEYS:
+                raise RejectedEntry("bad_cookies",
+                                    "each cookie must be an object with name, value (domain, path, ...)")
             for key, value in c.items():
                 if key == "secure":
                     if not isinstance(value, bool):
