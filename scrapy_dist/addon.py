@@ -1,10 +1,8 @@
 """The scrapy-dist Scrapy add-on: ``ADDONS = {"scrapy_dist.Addon": 0}`` is all a project needs.
 
-It switches on the shared frontier, the bloom dupefilter, our retry and HTTP-error middlewares (in place of
-Scrapy's), the credential-keeping and deny-networks middlewares, the monitoring extensions and the resolver
-that refuses ``SCHEDULER_DENY_NETWORKS``, and never overrides what the user set: a setting is filled in only
-while it has Scrapy's default, a component added only if the user's dict does not mention it (or, for a
-replacement, Scrapy's: ``{"scrapy...RetryMiddleware": None}`` keeps retries off).
+It enables the shared frontier, the bloom dupefilter, :data:`COMPONENTS` and the resolver that refuses
+``SCHEDULER_DENY_NETWORKS``, never over what the user set: a setting is filled in only while it has Scrapy's
+default, a component added only if the user's dict mentions neither it nor the Scrapy one it replaces.
 """
 
 from __future__ import annotations

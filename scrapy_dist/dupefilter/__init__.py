@@ -1,11 +1,6 @@
-"""Crawl-wide request deduplication in Redis: :class:`BloomDupeFilter` (a scalable bloom filter in Redis
-bitmaps, sized and hashed by :mod:`scrapy_dist.dupefilter.bloom`) and :class:`SetDupeFilter` (exact: a SET
-of raw fingerprints).
-
-Both serve the scheduler, whose ``sync`` script deduplicates fingerprint *tokens* with the same ``dupe.lua``
-code, and Scrapy's own scheduler through :meth:`~RedisDupeFilter.request_seen`. :class:`DupeScript` runs
-``dupe_batch.lua`` outside the frontier's ``sync``; :class:`RecentFingerprints` lets the scheduler skip a
-fingerprint this process sent a moment ago.
+"""Crawl-wide request deduplication in Redis: :class:`BloomDupeFilter` (a scalable bloom filter, sized by
+:mod:`.bloom`) and :class:`SetDupeFilter` (exact: a SET of fingerprints), both through ``dupe.lua``;
+:class:`DupeScript` runs ``dupe_batch.lua`` for Scrapy's scheduler and the tools.
 
 May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions.
 """
@@ -174,19 +169,13 @@ class RedisDupeFilter:
         # a refused setting refuses the crawl's start: the scheduler gets a filter that is never used
         if start_error(crawler) is None:
             try:
-                return cls._build(crawler)
+                ds = DistSettings.for_crawler(crawler)
+                return cls(connection.ClientPool.of(crawler).sync_client(), crawler_keys(crawler),
+                           crawler.request_fingerprinter, stats=crawler.stats, debug=ds.dupefilter.debug,
+                           ttl=ds.dupefilter.ttl, **cls._extra_kwargs(ds))
             except ScrapyDistError as exc:
                 refuse_start(crawler, exc)
         return BaseDupeFilter()  # type: ignore[return-value]
-
-    @classmethod
-    def _build(cls, crawler: Crawler) -> Self:
-        ds = DistSettings.for_crawler(crawler)
-        return cls(
-            connection.ClientPool.of(crawler).sync_client(), crawler_keys(crawler),
-            crawler.request_fingerprinter, stats=crawler.stats, debug=ds.dupefilter.debug,
-            ttl=ds.dupefilter.ttl, **cls._extra_kwargs(ds),
-        )
 
     @classmethod
     def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:

@@ -404,17 +404,13 @@ class NearMiss:
         return f"{self.entries:,} {plural} in {self.key!r} ({self.type}) -- did you mean {self.meant!r}?"
 
 
-def _template_pattern(keys: CrawlKeys) -> re.Pattern[str]:
-    """A pattern matching the seeds key of any crawl (``%(name)s`` / ``%(spider)s`` as any text)."""
-    parts = re.split(r"%\((?:name|spider)\)s", keys.start_urls_template)
-    literal = [re.escape(p.replace("%%", "%")) for p in parts]
-    return re.compile(re.escape(keys.prefix) + ".+".join(literal) + r"\Z", re.DOTALL)
-
-
 def candidates(names: Iterable[bytes | str], keys: CrawlKeys, read: Iterable[str] = ()) -> list[str]:
     """Names like a misspelling of ``keys.start_urls``, most alike first (``read``: keys known to be read)."""
     meant = keys.start_urls
-    other_crawl = _template_pattern(keys)
+    # the seeds key of any crawl: %(name)s / %(spider)s as any text
+    parts = re.split(r"%\((?:name|spider)\)s", keys.start_urls_template)
+    literal = ".+".join(re.escape(p.replace("%%", "%")) for p in parts)
+    other_crawl = re.compile(re.escape(keys.prefix) + literal + r"\Z", re.DOTALL)
     skip = {meant, *read}
     scored = []
     for raw in names:

@@ -367,7 +367,9 @@ class SeedFeed(BackgroundTask):
             return False
         if time.monotonic() - self._last_seed < self.idle_before_close:
             return False
-        return _frontier_idle(self.crawler)
+        # our scheduler: the frontier is empty; another: nothing local
+        sched = get_scheduler(self.crawler)
+        return not sched.has_pending_requests() if sched is not None else _engine.locally_idle(self.crawler)
 
     # -- seeds -> requests ----------------------------------------------------------------------------
     def _requests(self, entry: bytes) -> list[Request]:
@@ -483,11 +485,3 @@ def _as_requests(result: Any) -> list[Request]:
         if len(out) > MAX_REQUESTS_PER_SEED:
             raise RejectedEntry("bad_hook_result", f"over {MAX_REQUESTS_PER_SEED} requests from one seed")
     return out
-
-
-def _frontier_idle(crawler: Crawler) -> bool:
-    """Whether the crawl has nothing to do (our scheduler: the frontier is empty; another: nothing local)."""
-    sched = get_scheduler(crawler)
-    if sched is not None:
-        return not sched.has_pending_requests()
-    return _engine.locally_idle(crawler)

@@ -1,17 +1,9 @@
-"""Raw setting values as :class:`~scrapy_dist.settings.DistSettings` reads them, the components a crawl
-runs, and the refusal of a crawl that cannot start.
+"""Raw setting values (:class:`SettingsReader`, with warnings about near-miss, scrapy-redis and Scrapy queue
+setting names), the components a crawl runs (:data:`COMPONENTS`: the add-on enables them, the scheduler
+checks them without it), and the refusal of a crawl that cannot start.
 
-:class:`SettingsReader` converts each value per :data:`~scrapy_dist.settings.table.TABLE` and warns about
-names (a near miss of ours, a scrapy-redis setting we do not apply, a Scrapy queue setting without effect).
-:data:`COMPONENTS` is the one list the add-on enables and the scheduler checks on the two-line path
-(``SCHEDULER`` and ``DUPEFILTER_CLASS`` only); :attr:`Component.attach` says how the scheduler runs each
-without the add-on.
-
-A crawl that cannot start gets one ERROR line, a clean stop and a failed start as Scrapy counts it:
-:func:`refuse_start` logs the error and connects a ``spider_opened`` handler raising
-``CloseSpider(REASON)`` (the one exit Scrapy's engine takes cleanly at start) and a ``spider_closed``
-handler that clears ``crawler.spider`` (Scrapy's runners then set ``bootstrap_failed``; ``scrapy crawl``
-exits with status 1). Components call it instead of raising and stay inert (:func:`refusing`).
+:func:`refuse_start` logs one ERROR line, closes the spider with ``CloseSpider(REASON)`` once it opens and
+then clears ``crawler.spider``, so Scrapy counts a failed start (``scrapy crawl`` exits with status 1).
 """
 
 from __future__ import annotations
