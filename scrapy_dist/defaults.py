@@ -3,14 +3,4 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from scrapy_dist.settings.table import DEFAULTS, default_value
-
-
-def __getattr__(name: str) -> Any:
-    return default_value(name)
-
-
-def __dir__() -> list[str]:
-    return sorted(DEFAULTS)
+from scrapy_dist.settings.defaults import __dir__, __getattr__  # noqa: F401
