@@ -54,20 +54,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 __all__ = [
-    "ALIASES",
-    "DEFAULTS",
-    "STATS",
-    "TABLE",
-    "SCRAPY_REDIS_IGNORED",
-    "ConnectionSettings",
-    "DistSettings",
-    "defaults",
-    "Setting",
-    "SettingsError",
-    "mask_url",
-    "refuse_start",
-    "refusing",
-    "render_doc",
+    "ALIASES", "DEFAULTS", "STATS", "TABLE", "SCRAPY_REDIS_IGNORED", "ConnectionSettings", "DistSettings",
+    "defaults", "Setting", "SettingsError", "mask_url", "refuse_start", "refusing", "render_doc",
     "start_error",
 ]
 
