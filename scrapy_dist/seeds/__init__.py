@@ -1,10 +1,7 @@
-"""Seeds: the untrusted entries people push to ``<spider>:start_urls``, parsed and validated here for the
-spiders and ``scrapy-dist push`` alike (accepted forms: docs/seeds.md, "Accepted seeds"), and the hints for
-seeds pushed to a key no crawl reads; :mod:`scrapy_dist.seeds.feed` reads them in a crawl.
-
-A seed is a plain URL or a JSON object (:data:`FIELDS`, any other field is form data); anything else raises
-:class:`~scrapy_dist.exceptions.RejectedEntry` with a ``reason`` from :data:`REASONS`, never another
-exception, whatever the bytes.
+"""Seeds: the untrusted entries pushed to ``<spider>:start_urls``, parsed and validated for the spiders and
+``scrapy-dist push`` alike (docs/seeds.md, "Accepted seeds"), and hints for seeds pushed to a key no crawl
+reads; :mod:`.feed` reads them in a crawl. A bad seed raises :class:`~scrapy_dist.exceptions.RejectedEntry`
+with a ``reason`` from :data:`REASONS`, never another exception, whatever the bytes.
 
 May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions.
 """

@@ -1,9 +1,7 @@
 """The seed protocol (docs/seeds.md, "How seeds are read"): :class:`SeedReader` is one worker's Redis side of
-``<spider>:start_urls`` (take seeds and record them as in flight, wait, acknowledge, adopt the seeds of
-vanished workers, give seeds back: one round trip per call, ``lua/seeds_take.lua`` and
-``lua/seeds_adopt.lua``); :class:`SeedFeed` is the loop behind :meth:`scrapy_dist.spiders.RedisMixin.start`,
-which validates every seed (a bad one goes to ``<seeds key>:rejected``) and acknowledges it only once the
-frontier has its request, so seeds are delivered at least once.
+``<spider>:start_urls`` (``lua/seeds_take.lua``, ``lua/seeds_adopt.lua``: one round trip per call);
+:class:`SeedFeed` is the loop behind ``RedisMixin.start()``: it validates every seed (a bad one goes to
+``<seeds key>:rejected``) and acknowledges it once the frontier has its request (at-least-once delivery).
 """
 
 from __future__ import annotations
