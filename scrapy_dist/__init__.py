@@ -23,23 +23,12 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
-__all__ = [
-    "Addon",
-    "BloomDupeFilter",
-    "CrawlKeys",
-    "RedisUnavailable",
-    "Scheduler",
-    "ScrapyDistError",
-    "__version__",
-]
+__all__ = ["Addon", "BloomDupeFilter", "CrawlKeys", "RedisUnavailable", "Scheduler", "ScrapyDistError",
+           "__version__"]
 
-# name -> module it lives in; imported on first access (PEP 562) so ``import scrapy_dist`` (and the
-# ``scrapy-dist`` command) does not pull in the scheduler, the dupefilter and their dependencies.
-_LAZY = {
-    "Addon": "scrapy_dist.addon",
-    "BloomDupeFilter": "scrapy_dist.dupefilter",
-    "Scheduler": "scrapy_dist.frontier.scheduler",
-}
+# imported on first access (PEP 562): ``import scrapy_dist`` does not pull in Scrapy's components
+_LAZY = {"Addon": "scrapy_dist.addon", "BloomDupeFilter": "scrapy_dist.dupefilter",
+         "Scheduler": "scrapy_dist.frontier.scheduler"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,14 +1,8 @@
 """The scrapy-dist Scrapy add-on: ``ADDONS = {"scrapy_dist.Addon": 0}`` is all a project needs.
 
-It switches on, with their defaults, the shared frontier (``SCHEDULER``), the crawl-wide bloom
-dupefilter (``DUPEFILTER_CLASS``), the cluster-aware retry and HTTP-error middlewares (in place of
-Scrapy's), the credential-keeping and deny-networks downloader middlewares and the monitoring
-extensions -- and never overrides a setting the user set: a setting is filled in only while it still has
-Scrapy's default value, a component is added only if the user's component dict does not mention it, and
-Scrapy's middleware is swapped for ours only if the user's dict does not mention either of them (so
-``{"scrapy...RetryMiddleware": None}`` keeps retries off). In the process's settings it sets
-``TWISTED_DNS_RESOLVER`` to the resolver that refuses ``SCHEDULER_DENY_NETWORKS`` (unless the project
-set a resolver).
+It enables the shared frontier, the bloom dupefilter, :data:`COMPONENTS` and the resolver that refuses
+``SCHEDULER_DENY_NETWORKS``, never over what the user set: a setting is filled in only while it has Scrapy's
+default, a component added only if the user's dict mentions neither it nor the Scrapy one it replaces.
 """
 
 from __future__ import annotations
@@ -34,24 +28,19 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Plain settings (filled in while they hold Scrapy's default) and components: one list, shared with the
-#: scheduler, which runs what it can of them on the two-line path (scrapy_dist/settings/reader.py).
+#: shared with the scheduler, which runs what it can of them without the add-on (settings/reader.py)
 SETTINGS = components.SETTINGS
 COMPONENTS = components.COMPONENTS
 
-
-#: Scrapy's commands that fetch a page or two for a person, not a crawl (``view`` is a ``fetch``). With the
-#: add-on they would join the shared crawl: record their URLs in its dupefilter (the crawl then skips them,
-#: and a second ``scrapy parse`` of a URL gets no response) and log an ERROR for their callbacks, which are
-#: not spider methods.
+#: Scrapy's commands that fetch a page or two for a person (``view`` is a ``fetch``): with the add-on they
+#: would join the shared crawl and record their URLs in its dupefilter.
 TOOL_COMMANDS = ("scrapy.commands.shell", "scrapy.commands.parse", "scrapy.commands.fetch",
                  "scrapy.commands.check")
 
 
 def tool_command() -> str | None:
-    """The name of the Scrapy tool command (``parse``, ``shell``, ...) the add-on is loaded under; None for
-    ``scrapy crawl``, other commands and scripts. Scrapy's command line pops the command's name out of
-    ``sys.argv``, but every command starts its crawler from its ``run()``: the command is on the stack."""
+    """The Scrapy tool command (``parse``, ``shell``, ...) the add-on is loaded under, else None. Scrapy pops
+    the command's name out of ``sys.argv``, but every command starts its crawler from its ``run()``."""
     from scrapy.commands import ScrapyCommand
 
     frame: FrameType | None = sys._getframe(1)
@@ -82,7 +71,7 @@ def _available(path: str) -> bool:
         return False
 
 
-#: The resolver that checks SCHEDULER_DENY_NETWORKS on the address each connection uses.
+#: checks SCHEDULER_DENY_NETWORKS on the address each connection uses
 RESOLVER = "scrapy_dist.egress.DenyNetworksResolver"
 
 
@@ -95,10 +84,11 @@ class Addon:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler)
+
     @classmethod
     def update_pre_crawler_settings(cls, settings: BaseSettings) -> None:
-        """The process's settings, read before any crawler: Scrapy installs the reactor's DNS resolver from
-        them, so ours goes there unless the project chose one (``TWISTED_DNS_RESOLVER``/``DNS_RESOLVER``)."""
+        """The process's settings, whence Scrapy installs the reactor's DNS resolver: ours, unless the
+        project chose one (``TWISTED_DNS_RESOLVER``/``DNS_RESOLVER``)."""
         if not (_user_set(settings, "TWISTED_DNS_RESOLVER") or _user_set(settings, "DNS_RESOLVER")):
             settings.set("TWISTED_DNS_RESOLVER", RESOLVER, priority="addon")
 
@@ -129,8 +119,7 @@ class Addon:
 
 
 def _warn_foreign_scheduler(settings: BaseSettings) -> None:
-    """One WARNING when the project keeps a SCHEDULER of its own (scrapy-redis's, from before the add-on,
-    or Scrapy's): the add-on leaves it, so the crawl has no shared frontier although the add-on is on."""
+    """One WARNING when the project keeps a SCHEDULER of its own: the crawl then has no shared frontier."""
     from scrapy_dist.frontier.scheduler import Scheduler
 
     path = settings.get("SCHEDULER")

@@ -3,4 +3,7 @@
 
 from __future__ import annotations
 
-from scrapy_dist.settings.defaults import __dir__, __getattr__  # noqa: F401
+from scrapy_dist.settings.table import default_value as __getattr__  # noqa: F401
+from scrapy_dist.settings.table import defaults as _defaults
+
+__dir__ = _defaults.__dir__

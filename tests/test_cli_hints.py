@@ -17,11 +17,11 @@ import pytest
 import redis
 from helpers import run as run_async
 
+from scrapy_dist import seeds as nearmiss
 from scrapy_dist.cli import shadowing_copies
 from scrapy_dist.redis.embedded import EmbeddedRedis
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.seeds import reader as nearmiss
-from scrapy_dist.seeds.reader import candidates
+from scrapy_dist.seeds import candidates
 
 CLI = [sys.executable, "-c", "from scrapy_dist.cli import main; main()"]  # the scrapy-dist command
 
@@ -134,7 +134,7 @@ def test_a_worker_warns_once_at_start_about_a_misspelt_seeds_key(
         await nearmiss.warn_at_start(client, SITE)
         await client.aclose()
 
-    with caplog.at_level(logging.WARNING, logger="scrapy_dist.seeds.reader"):
+    with caplog.at_level(logging.WARNING, logger="scrapy_dist.seeds"):
         run_async(start())
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("1 entry in 'Site:start_urls' (list) -- did you mean 'site:start_urls'?")

@@ -13,7 +13,7 @@ from crawlproject import links_back, log_problems, lost_and_dupes, make_project
 from helpers import SEED_LINKS_SPIDER, run
 
 from scrapy_dist.redis.keys import CrawlKeys
-from scrapy_dist.seeds.reader import HELD_CAP, SeedReader
+from scrapy_dist.seeds.feed import HELD_CAP, SeedReader
 
 KEYS = CrawlKeys("books")
 LINKS = CrawlKeys("links")

@@ -1,4 +1,4 @@
-"""A worker's memory of the links it sent (scrapy_dist/dupefilter/script.py) must not hide what the
+"""A worker's memory of the links it sent (scrapy_dist/dupefilter/__init__.py) must not hide what the
 crawl-wide filter forgets: ``DUPEFILTER_TTL``, ``DEADLETTER_FORGET`` and ``scrapy-dist forget`` make URLs
 new again, also for the worker that had found them before."""
 
@@ -11,7 +11,7 @@ import pytest
 from helpers import open_bloom_scheduler, run
 from scrapy import Request
 
-from scrapy_dist.dupefilter.script import RECENT_MAX_AGE, RecentFingerprints
+from scrapy_dist.dupefilter import RECENT_MAX_AGE, RecentFingerprints
 from scrapy_dist.frontier.scheduler import Scheduler
 
 

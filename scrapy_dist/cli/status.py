@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from scrapy_dist import seeds as nearmiss
 from scrapy_dist.cli import (
     ClientFactory,
     console,
@@ -42,7 +43,6 @@ from scrapy_dist.frontier.layout import (
 )
 from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
-from scrapy_dist.seeds import reader as nearmiss
 
 _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
 

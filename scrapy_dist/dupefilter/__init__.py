@@ -1,13 +1,7 @@
-"""Crawl-wide request deduplication in Redis: :class:`BloomDupeFilter` (a scalable bloom filter in Redis
-bitmaps, :mod:`scrapy_dist.dupefilter.bloom`) and :class:`SetDupeFilter` (exact: a SET of raw fingerprints).
+"""Crawl-wide request deduplication in Redis: :class:`BloomDupeFilter` (a scalable bloom filter, sized by
+:mod:`.bloom`) and :class:`SetDupeFilter` (exact: a SET of fingerprints), both through ``dupe.lua``;
+:class:`DupeScript` runs ``dupe_batch.lua`` for Scrapy's scheduler and the tools.
 
-Both serve the scheduler, whose ``sync`` script deduplicates a batch's fingerprint *tokens* with the same
-``dupe.lua`` code, and Scrapy's own scheduler through :meth:`request_seen`: one atomic test-and-set per
-fingerprint, behind a per-process ``pybloom_live`` filter that answers for those this process has seen.
-Memory and error figures: docs/frontier.md, "The bloom filter". ``bloom`` sizes and hashes the filter (and
-ages it for ``DUPEFILTER_TTL``); ``script`` holds the Lua calls the filters make outside the frontier's.
-
-``DUPEFILTER_CLASS = "scrapy_dist.dupefilter.BloomDupeFilter"`` names the class defined here.
 May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions.
 """
 
@@ -22,23 +16,26 @@ from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pybloom_live import ScalableBloomFilter
+from redis.exceptions import NoScriptError
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import ScrapyDeprecationWarning
 
 from scrapy_dist.dupefilter.bloom import (
     HASHING,
+    RECENT_MAX_AGE,
     SCHEMES,
     BloomParameterError,
     BloomPlan,
     BloomRecord,
     Generations,
+    RecentFingerprints,
     fingerprint_hashes,
     parse_bloom_record,
 )
-from scrapy_dist.dupefilter.script import CALL_TOKENS, RECENT_MAX_AGE, DupeScript
-from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.redis import connection
+from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError, ScrapyDistError
+from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refuse_start, start_error
 from scrapy_dist.utils import RateLimitedLog
@@ -49,15 +46,96 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from typing_extensions import Self
 
-__all__ = ["CALL_TOKENS", "BloomDupeFilter", "RFPDupeFilter", "RedisDupeFilter", "SetDupeFilter"]
+__all__ = [
+    "CALL_TOKENS", "RECENT_MAX_AGE", "BloomDupeFilter", "DupeScript", "RFPDupeFilter", "RecentFingerprints",
+    "RedisDupeFilter", "SetDupeFilter",
+]
 
 logger = logging.getLogger(__name__)
 #: duplicate lines go where Scrapy's RFPDupeFilter logs them, so log filters written for Scrapy still apply
 dupes_logger = logging.getLogger("scrapy.dupefilters")
 
+#: fingerprints per script call: short calls let other clients' commands run between them, and the calls
+#: of one batch are pipelined, so a smaller call costs no round trip
+CALL_TOKENS = 48
 
 
-@dataclass(eq=False)  # compared and hashed by identity, as before
+def refusal(reason: Any, detail: Any) -> ScrapyDistError:
+    """The error for a script's ``{-2, reason, detail}`` answer (nothing was written), in one line."""
+    reason = reason.decode() if isinstance(reason, bytes) else str(reason)
+    detail = detail.decode(errors="replace") if isinstance(detail, bytes) else str(detail)
+    if reason == "bloom_clock":
+        return ScrapyDistError(
+            f"{detail}: this machine's clock is more than DUPEFILTER_TTL/(BLOOMFILTER_GENERATIONS-1)"
+            " seconds off the Redis server's; set it right (NTP)"
+        )
+    if reason.startswith("bloom"):
+        return BloomParameterError(
+            f"{detail} field n: refused by the filter ({reason}): not a count within the filter's bound"
+            f" ({'the bound' if reason == 'bloom_bound' else 'garbage'})"
+        )
+    return FrontierStateError(reason, detail)
+
+
+class DupeScript:
+    """``dupe_batch.lua`` (test-and-set, test or forget a batch of fingerprints) on one client."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self._repaired = RateLimitedLog(logger)
+        self.script = scripts.register(redis, "dupe_batch")
+        redis.script_load(self.script.script)  # the pipelined calls below are plain EVALSHA
+
+    def run(self, df: Any, op: str, tokens: list[tuple[Any, Any]], now: float | None = None) -> list[bool]:
+        """``op`` ("add", "check" or "forget") over ``tokens`` for filter ``df``, in script calls of at most
+        :data:`CALL_TOKENS` fingerprints pipelined in one round trip; True where already seen. The calls run
+        in order, so a fingerprint twice in a batch is new only the first time."""
+        chunks = [
+            [x if isinstance(x, bytes) else str(x) for pair in tokens[i : i + CALL_TOKENS] for x in pair]
+            for i in range(0, len(tokens), CALL_TOKENS)
+        ]
+        flags: list[str | None] = [None] * len(chunks)
+        for _ in range(64):
+            todo = [i for i, f in enumerate(flags) if f is None]
+            if not todo:
+                return [f == "0" for chunk in flags for f in chunk or ""]
+            pending = sum(len(chunks[i]) // 2 for i in todo) if op == "add" else 0
+            mode, keys, params = df.script_args(pending, now)
+            head = [op, mode, "" if now is None else repr(now), len(params), *params]
+            answers = self.calls(keys, [[*head, *chunks[i]] for i in todo])
+            for i, answer in zip(todo, answers, strict=True):
+                if answer is None:  # Redis had lost the script: loaded again, run again
+                    continue
+                if answer[0] == -2:  # refused, nothing written
+                    raise refusal(answer[1], answer[2])
+                got, n = answer[0], answer[1]
+                for raw in answer[2] if len(answer) > 2 and isinstance(answer[2], list) else ():
+                    key = text(raw)
+                    self._repaired.log(logging.WARNING, "Repaired garbage in %s (written by someone else?)"
+                                       " before writing", key, key=key)
+                df.observe(int(n))
+                if got != -1:  # -1: the chain grew past the keys passed (another worker): again with more
+                    flags[i] = got.decode() if isinstance(got, bytes) else got
+        raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
+
+    def calls(self, keys: list[str], argvs: list[list[Any]]) -> list[Any]:
+        """One script call per ``argvs`` entry, pipelined (one after the other on Redis Cluster, whose
+        pipelines refuse EVALSHA); None for a call refused with NOSCRIPT, once the script is loaded again."""
+        if len(argvs) == 1 or connection.is_cluster(self.redis):
+            return [self.script(keys=keys, args=args) for args in argvs]
+        pipe = self.redis.pipeline(transaction=False)
+        for args in argvs:
+            pipe.evalsha(self.script.sha, len(keys), *keys, *args)
+        answers = pipe.execute(raise_on_error=False)
+        for answer in answers:
+            if isinstance(answer, Exception) and not isinstance(answer, NoScriptError):
+                raise answer
+        if any(isinstance(a, NoScriptError) for a in answers):
+            self.redis.script_load(self.script.script)
+        return [None if isinstance(a, NoScriptError) else a for a in answers]
+
+
+@dataclass(eq=False)  # compared and hashed by identity
 class RedisDupeFilter:
     """Shared base: fingerprints, logging and stats; subclasses choose how Redis stores them."""
 
@@ -75,7 +153,7 @@ class RedisDupeFilter:
     fingerprinter: Any
     stats: StatsCollector | None = None
     debug: bool = False
-    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever; see bloom.Generations)
+    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever)
     ttl: float | None = None
     _logged_dupes: bool = field(default=False, init=False, repr=False)
     _script: Any = field(default=None, init=False, repr=False)
@@ -88,27 +166,16 @@ class RedisDupeFilter:
                 " REQUEST_FINGERPRINTER_CLASS setting instead; scrapy-dist still uses the override meanwhile",
                 ScrapyDeprecationWarning, stacklevel=2,
             )
-        # a setting refused here (e.g. BLOOMFILTER_CAPACITY = 10**400) refuses the crawl's start: the
-        # scheduler building this filter, ours or Scrapy's, gets one that filters nothing and is never used
+        # a refused setting refuses the crawl's start: the scheduler gets a filter that is never used
         if start_error(crawler) is None:
             try:
-                return cls._build(crawler)
+                ds = DistSettings.for_crawler(crawler)
+                return cls(connection.ClientPool.of(crawler).sync_client(), crawler_keys(crawler),
+                           crawler.request_fingerprinter, stats=crawler.stats, debug=ds.dupefilter.debug,
+                           ttl=ds.dupefilter.ttl, **cls._extra_kwargs(ds))
             except ScrapyDistError as exc:
                 refuse_start(crawler, exc)
         return BaseDupeFilter()  # type: ignore[return-value]
-
-    @classmethod
-    def _build(cls, crawler: Crawler) -> Self:
-        ds = DistSettings.for_crawler(crawler)
-        return cls(
-            connection.ClientPool.of(crawler).sync_client(),
-            crawler_keys(crawler),
-            crawler.request_fingerprinter,
-            stats=crawler.stats,
-            debug=ds.dupefilter.debug,
-            ttl=ds.dupefilter.ttl,
-            **cls._extra_kwargs(ds),
-        )
 
     @classmethod
     def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
@@ -122,9 +189,8 @@ class RedisDupeFilter:
         """Called by the scheduler when the spider closes; the filter itself stays in Redis."""
 
     def request_seen(self, request: Request) -> bool:
-        """Test-and-set ``request``'s fingerprint (one atomic Redis call when not seen locally)."""
-        t1, t2 = self.tokens(request)
-        return self.seen_tokens([(t1, t2)])[0]
+        """Test-and-set ``request``'s fingerprint (one atomic Redis call)."""
+        return self.seen_tokens([self.tokens(request)])[0]
 
     def log(self, request: Request, spider: Spider) -> None:
         """Log (all with DUPEFILTER_DEBUG, else only the first) and count a filtered request."""
@@ -139,8 +205,7 @@ class RedisDupeFilter:
             dupes_logger.debug(
                 "Filtered duplicate request: %(request)s - no more duplicates will be shown"
                 " (see DUPEFILTER_DEBUG to show all duplicates)",
-                {"request": request},
-                extra={"spider": spider},
+                {"request": request}, extra={"spider": spider},
             )
             self._logged_dupes = True
         if self.stats is not None:
@@ -153,10 +218,8 @@ class RedisDupeFilter:
         return bytes(self.fingerprinter.fingerprint(request))
 
     def request_fingerprint(self, request: Request) -> str:
-        """The request's fingerprint as hex. Overriding it is deprecated, as in Scrapy's RFPDupeFilter (set
-        ``REQUEST_FINGERPRINTER_CLASS``); an override is used, with a warning when the filter is built."""
+        """The request's fingerprint as hex. Overriding it is deprecated, as in Scrapy's RFPDupeFilter."""
         return bytes(self.fingerprinter.fingerprint(request)).hex()
-
 
     def tokens(self, request: Request) -> tuple[Any, Any]:
         """The two values ``dupe.lua`` needs for ``request`` (see its header)."""
@@ -172,28 +235,24 @@ class RedisDupeFilter:
         return self.mode, [self.keys.forgotten, self.keys.fingerprints], []
 
     def recent_max_age(self) -> float:
-        """Seconds a worker may skip a fingerprint it sent itself (:mod:`scrapy_dist.dupefilter.script`): ten
-        minutes, none with an exact TTL (a URL is new again exactly TTL seconds after it was seen)."""
+        """Seconds a worker may skip a fingerprint it sent itself; none with an exact TTL."""
         return RECENT_MAX_AGE if self.ttl is None else 0.0
 
     def observe(self, bloom_n: int) -> None:
         """Take note of the filter's size as reported by a script call."""
 
     def seen_tokens(self, tokens: list[tuple[Any, Any]], add: bool = True) -> list[bool]:
-        """Test-and-set (or with ``add=False`` only test) a batch of fingerprints in one round trip, each
-        fingerprint atomically; True where already seen."""
+        """Test-and-set (``add=False``: only test) fingerprints in one round trip; True where seen."""
         return self.run_batch("add" if add else "check", tokens)
 
     def run_batch(self, op: str, tokens: list[tuple[Any, Any]], now: float | None = None) -> list[bool]:
-        """``dupe_batch.lua`` over ``tokens`` (``op``: "add", "check" or "forget"; ``now``: injected time,
-        None = the server's): see :meth:`.script.DupeScript.run`. True where already seen."""
+        """:meth:`DupeScript.run` of ``op`` ("add", "check" or "forget") over ``tokens``."""
         if self._script is None:
             self._script = DupeScript(self.redis)
         return self._script.run(self, op, tokens, now)
 
     def key_names(self) -> list[str]:
-        """Every key of this filter beyond the fixed names of ``redis.keys.FRONTIER_KEY_NAMES`` (bloom
-        blocks and generations), for a flush or the end of a crawl."""
+        """Every key of this filter beyond ``redis.keys.FRONTIER_KEY_NAMES`` (bloom blocks, generations)."""
         return []
 
     def stats_snapshot(self) -> dict[str, float]:
@@ -201,8 +260,8 @@ class RedisDupeFilter:
         return {}
 
     def for_shard(self, keys: CrawlKeys, shards: int) -> Self:
-        """This filter on the keys of one shard of a sharded frontier (``SCHEDULER_SHARDS``): each shard
-        deduplicates exactly the requests routed to it (by fingerprint), so it has a filter of its own."""
+        """This filter on the keys of one shard (``SCHEDULER_SHARDS``): each shard deduplicates the
+        requests routed to it, so it has a filter of its own."""
         clone = copy.copy(self)
         clone.keys = keys
         return clone
@@ -211,9 +270,8 @@ class RedisDupeFilter:
 class SetDupeFilter(RedisDupeFilter):
     """Exact crawl-wide dupefilter: a Redis SET of raw 20-byte fingerprints (``{spider}:fingerprints``).
 
-    With ``DUPEFILTER_TTL``, a ZSET fingerprint -> expiry time (``{spider}:fingerprints:ttl``) instead:
-    exactly TTL seconds after it was seen, a URL is new again; the expired entries are removed a bounded
-    number per script call (expired or not, a lookup compares the time)."""
+    With ``DUPEFILTER_TTL``, a ZSET fingerprint -> expiry time (``{spider}:fingerprints:ttl``): exactly TTL
+    seconds after it was seen, a URL is new again; expired entries are removed a bounded number per call."""
 
     mode = "set"
 
@@ -238,19 +296,16 @@ class SetDupeFilter(RedisDupeFilter):
         return [added == 0 for added in pipe.execute()]
 
 
-#: scrapy-redis's name for its exact, set-based filter: ``DUPEFILTER_CLASS =
-#: "scrapy_dist.dupefilter.RFPDupeFilter"`` (scrapy-redis's setting with the package name swapped) works.
+#: scrapy-redis's name for its exact, set-based filter
 RFPDupeFilter = SetDupeFilter
 
 
 @dataclass(eq=False)
 class BloomDupeFilter(RedisDupeFilter):
-    """Crawl-wide scalable bloom filter in Redis bitmaps (see the module docstring).
+    """Crawl-wide scalable bloom filter in Redis bitmaps (``BLOOMFILTER_*`` settings, ``DUPEFILTER_TTL``).
 
-    Settings: ``BLOOMFILTER_CAPACITY`` (default 100,000,000), ``BLOOMFILTER_ERROR_RATE`` (0.001),
-    ``BLOOMFILTER_BLOCK_BITS``, and with ``DUPEFILTER_TTL`` ``BLOOMFILTER_GENERATIONS``
-    (:mod:`scrapy_dist.dupefilter.bloom`). The first worker to open a crawl records them in the
-    ``{spider}:bloom`` hash; later workers use the recorded values, so the chain is the same everywhere.
+    The first worker to open a crawl records its parameters in the ``{spider}:bloom`` hash; later workers
+    use the recorded values, so the chain is the same everywhere.
     """
 
     mode: ClassVar[str] = "bloom"
@@ -272,10 +327,8 @@ class BloomDupeFilter(RedisDupeFilter):
     @classmethod
     def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
         f = ds.dupefilter
-        return {
-            "capacity": f.capacity, "error_rate": f.error_rate, "block_bits": f.block_bits,
-            "generations": f.generations,
-        }
+        return {"capacity": f.capacity, "error_rate": f.error_rate, "block_bits": f.block_bits,
+                "generations": f.generations}
 
     def open(self) -> None:
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""
@@ -297,9 +350,8 @@ class BloomDupeFilter(RedisDupeFilter):
                 {k: v for k, v in zip(names, values, strict=True) if v is not None}, self.keys.bloom
             )
         except BloomParameterError as exc:
-            raise BloomParameterError(
-                f"The bloom filter holds invalid parameters: {exc}; {way_out}"
-            ) from None
+            raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {way_out}") \
+                from None
         if rec.n_garbage is not None:
             logger.warning(
                 "%s field n=%s is not an item count of this filter (written by someone else?): the frontier"
@@ -315,8 +367,7 @@ class BloomDupeFilter(RedisDupeFilter):
         self.adopt(rec)
 
     def _repair_schedule(self, rec: BloomRecord, mine: dict[str, Any]) -> BloomRecord:
-        """Record this worker's ``ttl`` and ``generations`` over ones no worker could have written (one
-        HSET), and use them."""
+        """Record this worker's ``ttl`` and ``generations`` over ones no worker could have written."""
         self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
         logger.warning(
             "%s field %s is not a schedule any worker could have recorded (written by someone else?):"
@@ -340,7 +391,7 @@ class BloomDupeFilter(RedisDupeFilter):
                     " BLOOMFILTER_ERROR_RATE=%g DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
                     rec.capacity, rec.error_rate, ttl, theirs[4], b.capacity, b.error_rate, self.ttl, mine[4],
                 )
-            # a crawl keeps the layout it was created with (an older one: scheme 3's plan)
+            # a crawl keeps the layout it was created with
             self.ttl = ttl
             self.base = BloomPlan(rec.capacity, rec.error_rate, rec.block_bits, scheme=rec.hashing)
             self.gens = None if ttl is None else Generations(ttl, rec.generations)
@@ -369,8 +420,7 @@ class BloomDupeFilter(RedisDupeFilter):
         return clone
 
     def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
-        """Keys and params for ``pending`` more inserts, for a chain of at most the filter's bound
-        (:data:`scrapy_dist.dupefilter.bloom.MAX_OVERSHOOT`; the script refuses an insert past it);
+        """Keys and params for ``pending`` more inserts, up to the filter's bound (``bloom.MAX_OVERSHOOT``);
         :class:`BloomParameterError` (before a key name is built) when this worker's count is past it."""
         self.plan.check_items(self.n, self.keys.bloom)
         horizon = min(self.n + pending, self.plan.max_items)
@@ -383,8 +433,8 @@ class BloomDupeFilter(RedisDupeFilter):
         return "bloomgen", keys, [repr(self.gens.span), self.gens.count, gens.start, len(gens), *params]
 
     def _chain_keys(self, horizon: int, now: float) -> list[str]:
-        """Every key of the chain (of each generation passed at ``now``, with a TTL) up to ``horizon``
-        items: a generation's HASH, then its blocks in ``dupe.lua``'s order."""
+        """Every key of the chain up to ``horizon`` items (with a TTL: of each generation passed at
+        ``now``, its HASH then its blocks), in ``dupe.lua``'s order."""
         coords = self.plan.block_coords(horizon)
         if self.gens is None:
             return [self.keys.bloom_block(f, b) for f, b in coords]
@@ -410,8 +460,8 @@ class BloomDupeFilter(RedisDupeFilter):
             )
 
     def request_seen(self, request: Request) -> bool:
-        """Scrapy-scheduler path: local first-level filter (not with ``DUPEFILTER_TTL``: it would remember
-        for ever), then one atomic Redis test-and-set."""
+        """A per-process filter first (not with ``DUPEFILTER_TTL``: it would remember for ever), then one
+        atomic Redis test-and-set."""
         fp = self.fingerprint(request)
         if self.gens is not None:
             return self.seen_tokens([fingerprint_hashes(fp)])[0]
@@ -426,13 +476,10 @@ class BloomDupeFilter(RedisDupeFilter):
         return seen
 
     def stats_snapshot(self) -> dict[str, float]:
-        return {
-            "dupefilter/bloom/items": self.n,
-            "dupefilter/bloom/fill_ratio": round(self.n / self.plan.capacity, 6),
-            "dupefilter/bloom/fpr_estimate": self.plan.false_positive_rate(self.n) * (
-                self.gens.count if self.gens else 1
-            ),
-        }
+        fpr = self.plan.false_positive_rate(self.n) * (self.gens.count if self.gens else 1)
+        fill = round(self.n / self.plan.capacity, 6)
+        return {"dupefilter/bloom/items": self.n, "dupefilter/bloom/fill_ratio": fill,
+                "dupefilter/bloom/fpr_estimate": fpr}
 
     def close(self, reason: str) -> None:
         if self.stats is not None:

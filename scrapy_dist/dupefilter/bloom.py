@@ -1,19 +1,14 @@
-"""Sizing and hashing of the Redis scalable bloom filter (no Redis I/O; the bits are set by ``lua/dupe.lua``).
-
-A chain of filters of equal bitmap blocks, all ``k`` bits of an item in one window of ``WINDOW_BITS``, sized
-with the exact blocked false-positive rate (:func:`window_fpr`); the plan and its figures are in
-docs/frontier.md, "The bloom filter". The layout version is recorded in ``{spider}:bloom`` (``hashing``),
-so a filter is always read with the plan and positions it was written with.
-
-:class:`Generations` ages fingerprints for ``DUPEFILTER_TTL``: generation ``e`` covers ``[e*span,
-(e+1)*span)`` of the clock, lookups test the last ``G``, inserts write the current one, and Redis expires a
-generation's keys whole, so nothing rotates (docs/continuous.md, "Fingerprints that expire").
+"""The bloom filter's arithmetic, no Redis I/O (the bits are set by ``lua/dupe.lua``): a chain of filters of
+equal bitmap blocks, an item's ``k`` bits in one window of ``WINDOW_BITS`` (docs/frontier.md, "The bloom
+filter"), the ``{spider}:bloom`` record, :class:`Generations` for ``DUPEFILTER_TTL`` (docs/continuous.md)
+and :class:`RecentFingerprints`, a worker's memory of the fingerprints it sent.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any
@@ -27,10 +22,9 @@ PLANNED_GROWTH = 16
 OVERFLOW_GROWTH = 2
 RESERVE = 0.05
 MIN_FIRST_CAPACITY = 1000
-#: layout new filters are written with (``hashing`` in ``{spider}:bloom``); 3 gives each filter its optimal
-#: hash count, 4 caps the hash counts (see :class:`BloomPlan`); a crawl recorded with 3 keeps it
+#: layout new filters are written with (``hashing`` in ``{spider}:bloom``): 3 gives each filter its optimal
+#: hash count, 4 caps them (see :class:`BloomPlan`); a crawl keeps the layout it was recorded with
 HASHING = 4
-#: layouts this version reads (the crawl's recorded ``hashing`` decides which plan its workers use)
 SCHEMES = (3, 4)
 #: layout 4: the small filters use this many hashes fewer than the largest one (fewer SETBITs per insert)
 SMALL_FILTER_HASH_CUT = 2
@@ -40,24 +34,21 @@ WINDOW_BITS = 4096
 STRING_OVERHEAD = 10
 #: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
 KEY_OVERHEAD = 80
-#: the filter never holds more than this many times its declared capacity (a recorded count past it, or an
-#: insert that would pass it, is refused), so hostile counts cannot make a worker allocate or name more keys
+#: the filter never holds more than this many times its capacity, so hostile counts cannot make a worker
+#: allocate or name more keys
 MAX_OVERSHOOT = 8
-#: shortest time one generation of a DUPEFILTER_TTL filter covers: the generations a worker passes to a
-#: script are the live ones by its own clock, one span either side, so a shorter span than the clocks'
-#: difference (and the call's latency) finds none of them and every write is refused (``bloom_clock``)
+#: shortest span of one generation of a DUPEFILTER_TTL filter: a worker passes the generations live by its
+#: own clock, one span either side, so a span shorter than the clocks' difference finds none of them
 MIN_SPAN = 0.25
 #: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
 MAX_BLOCK_BITS = 2**32
 
 
 class BloomParameterError(ScrapyDistError, ValueError):
-    """A bloom filter parameter (a setting, or a value recorded in ``{spider}:bloom``) is out of range;
-    the message names the setting or field and the accepted range, in one line."""
+    """A bloom filter setting or recorded field is out of range (one line naming it and the range)."""
 
 
 def _show(value: Any) -> str:
-    """A value for a one-line message (a 400-digit number is not repeated in full)."""
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
@@ -65,8 +56,8 @@ def _show(value: Any) -> str:
 def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tuple[str, str, str] = (
     "BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BLOCK_BITS",
 )) -> tuple[int, float, int]:
-    """``(capacity, error_rate, block_bits)`` as numbers, or :class:`BloomParameterError` naming the
-    offending one (``names`` says how: settings by default, hash fields for recorded values)."""
+    """``(capacity, error_rate, block_bits)`` checked; :class:`BloomParameterError` names the offending
+    one as ``names`` says (settings, or hash fields)."""
     if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= MAX_CAPACITY:
         raise BloomParameterError(
             f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}"
@@ -90,7 +81,7 @@ def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tup
 
 @dataclass(frozen=True)
 class BloomRecord:
-    """The parameters recorded in a crawl's ``{spider}:bloom`` HASH (see :func:`parse_bloom_record`)."""
+    """The parameters recorded in a crawl's ``{spider}:bloom`` HASH."""
 
     capacity: int
     error_rate: float
@@ -100,12 +91,10 @@ class BloomRecord:
     #: DUPEFILTER_TTL the crawl was created with (0: remembered forever) and its BLOOMFILTER_GENERATIONS
     ttl: float = 0.0
     generations: int = 4
-    #: the recorded item count as it was, when it was not a count within the bound (``n`` is then 0):
-    #: the scripts recount it from the filter's blocks at the next write (lua/dupe.lua, chain_recount)
+    #: the recorded ``n`` when it was not a count within the bound (``n`` is then 0; the scripts recount)
     n_garbage: str | None = None
-    #: the recorded ``ttl`` / ``generations`` as they were, when no worker could have written them (not a
-    #: number of seconds in range, or generations spanning less than :data:`MIN_SPAN`; ``ttl`` and
-    #: ``generations`` are then 0 and 4): the worker that reads them records its own (``open``)
+    #: the recorded ``ttl`` / ``generations`` when no worker could have written them (then 0 and 4; the
+    #: worker that reads them records its own)
     schedule_garbage: str | None = None
 
 
@@ -130,18 +119,14 @@ def _field_float(fields: dict[Any, Any], name: str, key: str, default: str | Non
 
 
 def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> BloomRecord:
-    """Validate the fields of a ``{spider}:bloom`` HASH (as HGETALL gives them: bytes or str) -- data
-    anyone with write access may have changed. Raises :class:`BloomParameterError` naming ``key`` and the
-    field, and nothing else: capacity, error_rate, block_bits in range (:func:`check_parameters`), hashing
-    an integer. The item count ``n`` (missing = 0) is read as 0 when it is not a decimal integer of at
-    most :data:`MAX_OVERSHOOT` times the capacity, with :attr:`BloomRecord.n_garbage` set: the scripts
-    recount it."""
+    """Validate the fields of a ``{spider}:bloom`` HASH (bytes or str; untrusted): raises only
+    :class:`BloomParameterError` naming ``key`` and the field. A bad item count ``n`` is read as 0 with
+    :attr:`BloomRecord.n_garbage` set."""
     err = _field_float(fields, "error_rate", key)
     capacity, error_rate, block_bits = check_parameters(
         _field_int(fields, "capacity", key), err, _field_int(fields, "block_bits", key),
         names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"),
     )
-    # the item count changes with every insert: garbage there is repaired, not refused (see BloomRecord)
     n_garbage = None
     try:
         n = _field_int(fields, "n", key, "0")
@@ -158,8 +143,7 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
 
 def _schedule(fields: dict[Any, Any], key: str) -> tuple[float, int, str | None]:
     """``(ttl, generations, None)`` as recorded, or ``(0.0, 4, what was recorded)`` when no worker could
-    have recorded them: the forgetting schedule is repaired by the next worker, not refused (one write
-    there stopped every worker started after it)."""
+    have recorded them (repaired by the next worker, not refused)."""
     try:
         ttl = _field_float(fields, "ttl", key, "0")
         generations = _field_int(fields, "generations", key, "4")
@@ -231,8 +215,7 @@ def _size(capacity: int, error: float, max_hashes: int = 40) -> tuple[int, int]:
 
 
 def alloc_size(size: int) -> int:
-    """Bytes jemalloc (Redis's allocator on Linux) really takes for a request of ``size`` bytes: above 64
-    bytes its size classes are four per doubling (and page multiples above 16 KiB)."""
+    """Bytes jemalloc (Redis's allocator) takes for ``size`` bytes: four size classes per doubling."""
     if size <= 64:
         return max(8, -(-size // 16) * 16)
     step = (1 << ((size - 1).bit_length() - 1)) // 4
@@ -240,9 +223,8 @@ def alloc_size(size: int) -> int:
 
 
 def _layout(windows: int, block_bits: int) -> tuple[int, int]:
-    """(blocks, windows per block) for a filter of at least ``windows`` windows: the number of equal
-    blocks (at most ``block_bits`` each) whose jemalloc size classes waste least, each widened to all the
-    windows its class holds, so the allocator's slack becomes bits instead of waste."""
+    """(blocks, windows per block) for at least ``windows`` windows: the equal blocks (at most
+    ``block_bits`` each) whose jemalloc size classes waste least, widened to fill their class."""
     window_bytes = WINDOW_BITS // 8
     max_per_block = block_bits // WINDOW_BITS
     least = -(-windows // max_per_block)
@@ -277,19 +259,15 @@ class BloomPlan:
         self.capacity, self.error_rate, self.block_bits = check_parameters(capacity, error_rate, block_bits)
         if scheme not in SCHEMES:
             raise BloomParameterError(f"bloom filter layout {scheme!r}: this scrapy-dist reads {SCHEMES}")
-        #: the layout version (:data:`HASHING`) the chain is planned with
         self.scheme = scheme
-        #: None: each filter past the capacity holds twice the one before (a classic scalable filter);
-        #: a fraction: each holds that fraction of the last planned filter's capacity (small steps, for
-        #: filters that are often a little past their capacity: the bloom generations of a TTL)
+        #: None: each filter past the capacity holds twice the one before; a fraction: each holds that
+        #: fraction of the last planned filter's (small steps, for the generations of a TTL)
         self.overflow_step = overflow_step
         self._specs: list[FilterSpec] = []
         planned = self._planned_capacities()
         # the error budget, shared in proportion to capacity (the fewest bits for a fixed sum of errors)
         errors = [(1 - RESERVE) * self.error_rate * c / self.capacity for c in planned]
-        # each hash of an insert is one SETBIT: layout 4 caps the small filters, where small crawls live,
-        # at SMALL_FILTER_HASH_CUT fewer than the largest filter's optimum, and paid for it with more bits
-        #: the most hashes any filter uses (layout 4: the largest planned filter's optimum)
+        # each hash is one SETBIT: layout 4 gives the small filters fewer hashes and more bits
         self.max_hashes = 40 if scheme == 3 else _size(planned[-1], errors[-1])[1]
         small = 40 if scheme == 3 else max(1, self.max_hashes - SMALL_FILTER_HASH_CUT)
         cum = 0
@@ -314,8 +292,7 @@ class BloomPlan:
         return self.capacity * MAX_OVERSHOOT
 
     def check_items(self, items: int, key: str = "{spider}:bloom") -> None:
-        """:class:`BloomParameterError` if a chain of ``items`` items is past :attr:`max_items` -- checked
-        before anything is sized or named for it."""
+        """:class:`BloomParameterError` if ``items`` is past :attr:`max_items` (before anything is sized)."""
         if items > self.max_items:
             raise BloomParameterError(
                 f"{key}: {items} items would pass {MAX_OVERSHOOT}x the filter's capacity {self.capacity}"
@@ -361,10 +338,8 @@ class BloomPlan:
         return [*params, 1]
 
     def block_coords(self, items: int) -> list[tuple[int, int]]:
-        """(filter, block) of every bitmap block, in the order ``dupe.lua`` expects them in KEYS; then the
-        probe: the first block of the filter after them, whose existence tells the script that the chain
-        has gone further than its recorded item count says (a count someone lowered: ``lua/dupe.lua``,
-        chain_consistent). One key, not the next filter's blocks: a filter may have hundreds."""
+        """(filter, block) of every bitmap block, in ``dupe.lua``'s KEYS order; then the probe, the first
+        block of the next filter, which tells the script the chain went past its recorded count."""
         self.check_items(items)
         specs = self.filters_for(items)
         return [*((s.index, b) for s in specs for b in range(s.blocks)), (len(specs), 0)]
@@ -398,8 +373,7 @@ def fingerprint_hashes(fingerprint: bytes) -> tuple[int, int]:
 
 
 # -- generations (DUPEFILTER_TTL) --------------------------------------------------------------------------
-#: a generation that receives more than its share of URLs grows by filters of this fraction of its last
-#: planned one, not by doubling, so a busy span costs some memory, not a cliff
+#: a generation past its share grows by filters of this fraction of its last planned one, not by doubling
 OVERFLOW_STEP = 0.25
 
 
@@ -458,3 +432,67 @@ class Generations:
             max(1, math.ceil(capacity / (self.count - 1))), error_rate / self.count, block_bits,
             overflow_step=OVERFLOW_STEP, scheme=scheme,
         )
+
+
+# -- the fingerprints this worker sent ---------------------------------------------------------------------
+#: most fingerprints remembered per generation (the memory is cleared when one is full)
+RECENT_LIMIT = 500_000
+#: seconds a sent fingerprint is trusted when the filter remembers forever (docs/continuous.md)
+RECENT_MAX_AGE = 600.0
+
+
+class RecentFingerprints:
+    """Fingerprint tokens this process sent, each trusted for at most ``max_age`` seconds (``0``: none
+    is kept), in two generations. Methods take ``now`` (``time.monotonic()``)."""
+
+    def __init__(self, max_age: float = RECENT_MAX_AGE, limit: int = RECENT_LIMIT) -> None:
+        self.max_age = max_age
+        self.limit = limit
+        self._current: set[Hashable] = set()
+        self._previous: set[Hashable] = set()
+        self._since: float | None = None
+
+    def _rotate(self, now: float) -> None:
+        if self._since is None:
+            self._since = now
+            return
+        age = now - self._since
+        if age >= self.max_age:  # both generations are too old
+            self.clear()
+            self._since = now
+        elif age >= self.max_age / 2:
+            self._previous, self._current = self._current, set()
+            self._since = now
+
+    def seen(self, token: Hashable, now: float) -> bool:
+        """Whether ``token`` was sent recently; remembers it if not (the caller sends it)."""
+        if self.max_age <= 0:
+            return False
+        self._rotate(now)
+        if token in self._current or token in self._previous:
+            return True
+        self.add(token, now)
+        return False
+
+    def add(self, token: Hashable, now: float) -> None:
+        """Remember ``token`` as sent at ``now``."""
+        if self.max_age <= 0:
+            return
+        self._rotate(now)
+        if len(self._current) >= self.limit:
+            self.clear()
+            self._since = now
+        self._current.add(token)
+
+    def discard(self, token: Hashable) -> None:
+        """Forget ``token`` (its URL was made new again by this worker)."""
+        self._current.discard(token)
+        self._previous.discard(token)
+
+    def clear(self) -> None:
+        """Forget everything (after an outage: what was sent may not have arrived)."""
+        self._current.clear()
+        self._previous.clear()
+
+    def __len__(self) -> int:
+        return len(self._current) + len(self._previous)

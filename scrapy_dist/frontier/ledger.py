@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.httpobj import urlparse_cached
 
-from scrapy_dist.dupefilter.script import RecentFingerprints
+from scrapy_dist.dupefilter import RecentFingerprints
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.frontier.orders import START_NOW, Lease, LeasedBuffer
 from scrapy_dist.frontier.shard import SyncBatch

@@ -1,19 +1,16 @@
-"""Seeds: the untrusted entries people push to ``<spider>:start_urls``, parsed and validated here (the
-accepted forms and fields: docs/seeds.md, "Accepted seeds"), read in batches by the spiders
-(``reader``: the Redis side of the key; ``feed``: what the seeds become) and ``scrapy-dist push``.
-
-The parsing is shared by the spider and ``scrapy-dist push``, so a seed the CLI accepts is a seed the
-spider accepts. Pure functions, no I/O. A seed is a plain URL or a JSON object
-(:data:`FIELDS`, any other field is form data); anything else raises
-:class:`~scrapy_dist.exceptions.RejectedEntry` whose ``reason`` is one of :data:`REASONS`, never another
-exception, whatever the bytes.
+"""Seeds: the untrusted entries pushed to ``<spider>:start_urls``, parsed and validated for the spiders and
+``scrapy-dist push`` alike (docs/seeds.md, "Accepted seeds"), and hints for seeds pushed to a key no crawl
+reads; :mod:`.feed` reads them in a crawl. A bad seed raises :class:`~scrapy_dist.exceptions.RejectedEntry`
+with a ``reason`` from :data:`REASONS`, never another exception, whatever the bytes.
 
 May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import re
 import unicodedata
 from collections.abc import Callable, Iterable
@@ -41,18 +38,21 @@ from scrapy_dist.wire.entrypolicy import (
     priority_from_score,
 )
 
-# the field checks live in scrapy_dist.wire.entrypolicy; those callers import from here are re-exported
+# the field checks of scrapy_dist.wire.entrypolicy are re-exported
 __all__ = [
-    "DEFAULT_RULES", "FIELDS", "REASONS", "Seed", "SeedRules", "check_callback_name", "check_cookies",
-    "check_headers", "check_method", "check_priority", "class_has_callback", "iter_lines", "parse_seed",
-    "priority_from_score", "reason_slug", "resolve_callback", "seed_request", "spider_has_callback",
-    "validate_url",
+    "DEFAULT_RULES", "FIELDS", "REASONS", "NearMiss", "Seed", "SeedRules", "candidates",
+    "check_callback_name", "check_cookies", "check_headers", "check_method", "check_priority",
+    "class_has_callback", "find", "find_async", "iter_lines", "parse_seed", "priority_from_score",
+    "reason_slug", "resolve_callback", "seed_request", "spider_has_callback", "validate_url", "warn_at_start",
 ]
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
 
+    from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.settings import DistSettings
+
+logger = logging.getLogger(__name__)
 
 #: Every rejection reason a seed can get (stats ``seeds/rejected/<reason>``, ``reason`` of the records).
 REASONS = {
@@ -89,27 +89,20 @@ REASONS = {
 }
 
 #: The fields a JSON seed may have.
-FIELDS = frozenset(
-    [
-        "url", "method", "headers", "body", "meta", "cb_kwargs", "priority", "callback", "errback",
-        "dont_filter", "cookies",
-    ]
-)
+FIELDS = frozenset(["url", "method", "headers", "body", "meta", "cb_kwargs", "priority", "callback",
+                    "errback", "dont_filter", "cookies"])
 
-#: Nesting limit of JSON seeds: far above any real meta, far below Python's and msgpack's recursion limits.
+#: Nesting limit of JSON seeds (far below Python's and msgpack's recursion limits).
 MAX_DEPTH = 32
 _WS = b" \t\r\n\x0b\x0c"
-#: ASCII control characters and space (codec.check_url's rule, as one regex)
-_CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")
-#: ``scheme://[user@]host[:port]`` followed by ``/``, ``?``, ``#`` or the end, with a plain host name: what
-#: urlsplit would make of it is certain, so validate_url reads scheme, host and port from the match
+_CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")  # codec.check_url's rule
+#: ``scheme://[user@]host[:port]`` then ``/``, ``?``, ``#`` or the end: read without urlsplit
 _SIMPLE_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#@\[\]]*@)?([A-Za-z0-9.-]+)(?::(\d{1,5}))?(?=[/?#]|$)")
 
 
 @dataclass(frozen=True)
 class SeedRules:
-    """The limits every seed is checked against (``REDIS_START_URLS_MAX_BYTES``,
-    ``SCHEDULER_ALLOWED_SCHEMES``, ``SEEDS_META_ALLOWED``, ``SEEDS_HEADERS_ALLOWED``)."""
+    """The limits every seed is checked against (``REDIS_START_URLS_*``, ``SEEDS_*_ALLOWED``)."""
 
     max_bytes: int = 64 * 1024
     allowed_schemes: tuple[str, ...] = ("http", "https")
@@ -120,12 +113,9 @@ class SeedRules:
 
     @classmethod
     def from_dist(cls, ds: DistSettings) -> SeedRules:
-        """The rules a crawl's typed settings give."""
-        return cls(
-            max_bytes=ds.seeds.max_bytes, allowed_schemes=ds.scheduler.allowed_schemes,
-            meta_allowed=ds.seeds.meta_allowed, headers_allowed=ds.seeds.headers_allowed,
-            dedupe=ds.seeds.dedupe,
-        )
+        return cls(max_bytes=ds.seeds.max_bytes, allowed_schemes=ds.scheduler.allowed_schemes,
+                   meta_allowed=ds.seeds.meta_allowed, headers_allowed=ds.seeds.headers_allowed,
+                   dedupe=ds.seeds.dedupe)
 
 
 DEFAULT_RULES = SeedRules()
@@ -137,7 +127,6 @@ class Seed:
 
     url: str
     method: str = "GET"
-    #: header name -> values
     headers: dict[str, list[str]] | None = None
     body: str | None = None
     meta: dict[str, Any] | None = None
@@ -149,34 +138,29 @@ class Seed:
     #: ``None`` when the seed does not say (REDIS_START_URLS_DEDUPE decides)
     dont_filter: bool | None = None
     cookies: dict[str, Any] | list[dict[str, Any]] | None = None
-    #: fields outside FIELDS: form data (scrapy-redis's README seed ``{"url": ..., "url_cookie_key": ...}``)
+    #: fields outside FIELDS: form data, as in scrapy-redis
     formdata: dict[str, str | list[str]] | None = None
-    #: whether the seed was a JSON object (else a plain URL)
     is_json: bool = field(default=False, compare=False)
 
     def to_json(self) -> str:
         """The seed as a JSON object holding only what differs from the defaults."""
         d: dict[str, Any] = {"url": self.url}
-        if self.method != "GET":
-            d["method"] = self.method
-        for name in ("headers", "body", "meta", "cb_kwargs", "priority", "callback", "errback", "cookies"):
+        for name in ("method", "headers", "body", "meta", "cb_kwargs", "priority", "callback", "errback",
+                     "cookies", "dont_filter"):
             value = getattr(self, name)
-            if value is not None:
+            if value is not None and (name, value) != ("method", "GET"):
                 d[name] = value
-        if self.dont_filter is not None:
-            d["dont_filter"] = self.dont_filter
         for name, value in (self.formdata or {}).items():
             d.setdefault(name, value)
         return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
-# -- parsing ------------------------------------------------------------------------------------
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
 def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> None:
-    """Walk a JSON value (iteratively bounded by ``MAX_DEPTH``): strings encodable, integers storable."""
+    """Walk a JSON value (up to ``MAX_DEPTH``): strings encodable, integers storable."""
     if depth > MAX_DEPTH:
         raise RejectedEntry("bad_json", f"{what} nested deeper than {MAX_DEPTH}")
     if isinstance(value, str):
@@ -196,19 +180,15 @@ def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> Non
 
 
 def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
-    """Validate an untrusted URL: the rules of :func:`scrapy_dist.wire.codec.check_url`, plus what Scrapy's
-    ``Request`` would trip on later (a missing scheme, a port out of range, non-printable non-ASCII
-    characters). Written out, with one regex for the common shape, because the CLI validates every seed it
-    pushes; a test holds it at least as strict as ``check_url``.
-    """
+    """Validate an untrusted URL: :func:`scrapy_dist.wire.codec.check_url`'s rules (a test holds it at least
+    as strict), plus what Scrapy's ``Request`` would trip on (no scheme, a bad port, non-printables)."""
     if not isinstance(url, str):
         raise RejectedEntry("bad_url", f"url has type {type(url).__name__}")
     if not url or len(url) > 8192 or _CONTROL_OR_SPACE.search(url):
         raise RejectedEntry("bad_url", "empty, too long, or contains whitespace/control characters")
     if not url.isascii() and not url.isprintable():
         ch = next(c for c in url if not c.isprintable())
-        cat = unicodedata.category(ch)
-        raise RejectedEntry("bad_url", f"contains {cat} character U+{ord(ch):04X}")
+        raise RejectedEntry("bad_url", f"contains {unicodedata.category(ch)} character U+{ord(ch):04X}")
     simple = _SIMPLE_URL.match(url)
     if simple is not None:  # the common shape, read without urlsplit (same answers, faster)
         scheme, host, port = simple.group(1).lower(), simple.group(2), simple.group(3)
@@ -232,15 +212,10 @@ def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
     return url
 
 
-def parse_seed(
-    data: bytes, rules: SeedRules = DEFAULT_RULES, has_callback: Callable[[str], bool] | None = None
-) -> Seed:
-    """Parse and validate one raw seed.
-
-    ``has_callback(name)`` says whether the spider has a public callback method ``name``; ``None`` checks
-    only that callback/errback names could be public method names (the CLI outside a project).
-    Raises :class:`RejectedEntry`; nothing else.
-    """
+def parse_seed(data: bytes, rules: SeedRules = DEFAULT_RULES,
+               has_callback: Callable[[str], bool] | None = None) -> Seed:
+    """Parse and validate one raw seed; raises :class:`RejectedEntry`, nothing else. ``has_callback(name)``
+    says whether the spider has a public callback ``name`` (``None``: any public method name passes)."""
     if len(data) > rules.max_bytes:
         raise RejectedEntry("too_large", f"{len(data)} bytes > {rules.max_bytes}")
     try:
@@ -316,7 +291,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
 
 
 def _form_fields(obj: dict[str, Any]) -> dict[str, str | list[str]]:
-    """The fields of a JSON seed outside :data:`FIELDS`: form data, as scrapy-redis sends them."""
+    """The fields of a JSON seed outside :data:`FIELDS`: form data."""
     out: dict[str, str | list[str]] = {}
     for name, value in obj.items():
         if name in FIELDS:
@@ -324,17 +299,14 @@ def _form_fields(obj: dict[str, Any]) -> dict[str, str | list[str]]:
         check_text(name, "bad_form_field", "a form field name")
         ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
         if not ok:
-            raise RejectedEntry(
-                "bad_form_field",
-                f"form field {name[:40]!r} is a {json_type(value)}, expected a string or a list"
-                " of strings (a field outside url, method, meta, ... is sent as form data)",
-            )
+            raise RejectedEntry("bad_form_field", f"form field {name[:40]!r} is a {json_type(value)},"
+                                " expected a string or a list of strings (a field outside url, method,"
+                                " meta, ... is sent as form data)")
         _check_json_value(value, "bad_form_field", "a form field")
         out[name] = value
     return out
 
 
-# -- callbacks ----------------------------------------------------------------------------------
 def class_has_callback(spidercls: type) -> Callable[[str], bool]:
     """``has_callback`` for :func:`parse_seed` from a spider class (what the CLI has)."""
     return lambda name: user_defined(spidercls, name)
@@ -361,15 +333,10 @@ def resolve_callback(spider: Spider, name: str, what: str) -> Any:
     return method
 
 
-# -- requests -----------------------------------------------------------------------------------
-def seed_request(
-    seed: Seed, spider: Spider | None = None, request_cls: type[Request] | None = None, dedupe: bool = False
-) -> Request:
-    """Build the request of ``seed``; callbacks are resolved on ``spider`` (required if the seed names
-    one). Raises :class:`RejectedEntry` (``bad_callback``, ``bad_errback``, ``bad_request``).
-
-    A seed that does not set ``dont_filter`` bypasses the dupefilter unless ``dedupe``
-    (``REDIS_START_URLS_DEDUPE``): as in scrapy-redis, pushing a URL again fetches it again."""
+def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Request] | None = None,
+                 dedupe: bool = False) -> Request:
+    """Build the request of ``seed``, callbacks resolved on ``spider``; raises :class:`RejectedEntry`. A seed
+    without ``dont_filter`` bypasses the dupefilter unless ``dedupe`` (``REDIS_START_URLS_DEDUPE``)."""
     from scrapy import Request
 
     dont_filter = (not dedupe) if seed.dont_filter is None else seed.dont_filter
@@ -392,7 +359,7 @@ def seed_request(
             kw[what] = resolve_callback(spider, name, what)
     try:
         return (request_cls or Request)(**kw)
-    except Exception as exc:  # Request validates too (URL, port, encodings); it must never crash us
+    except Exception as exc:  # Request validates too; it must never crash us
         raise RejectedEntry("bad_request", f"{type(exc).__name__}: {exc}"[:200]) from None
 
 
@@ -409,3 +376,116 @@ def iter_lines(chunks: Iterable[bytes]) -> Iterable[bytes]:
         stripped = line.strip(_WS)
         if stripped and not stripped.startswith(b"#"):
             yield stripped
+
+
+# -- seeds pushed to a near-miss key -----------------------------------------------------------------------
+# A near miss: a LIST, SET or ZSET with entries, named like the seeds key (within LENGTH_SLACK characters,
+# a SequenceMatcher ratio of SIMILARITY, case-insensitively) but no crawl's seeds key by the template.
+SCAN_COUNT, TOOL_SCAN_CALLS, MAX_HINTS = 1000, 10, 5  # keys per SCAN call, SCAN calls of the CLI, hints
+SIMILARITY, LENGTH_SLACK = 0.85, 3
+_LENGTH = {"list": "llen", "set": "scard", "zset": "zcard"}
+
+
+@dataclass(frozen=True)
+class NearMiss:
+    """A key holding seeds that no crawl reads, and the seeds key it was meant to be."""
+
+    key: str
+    type: str
+    entries: int
+    meant: str
+
+    def hint(self) -> str:
+        """``3 entries in 'site:start_url' (list) -- did you mean 'site:start_urls'?``"""
+        plural = "entry" if self.entries == 1 else "entries"
+        return f"{self.entries:,} {plural} in {self.key!r} ({self.type}) -- did you mean {self.meant!r}?"
+
+
+def candidates(names: Iterable[bytes | str], keys: CrawlKeys, read: Iterable[str] = ()) -> list[str]:
+    """Names like a misspelling of ``keys.start_urls``, most alike first (``read``: keys known to be read)."""
+    meant = keys.start_urls
+    # the seeds key of any crawl: %(name)s / %(spider)s as any text
+    parts = re.split(r"%\((?:name|spider)\)s", keys.start_urls_template)
+    literal = ".+".join(re.escape(p.replace("%%", "%")) for p in parts)
+    other_crawl = re.compile(re.escape(keys.prefix) + literal + r"\Z", re.DOTALL)
+    skip = {meant, *read}
+    scored = []
+    for raw in names:
+        name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        if abs(len(name) - len(meant)) > LENGTH_SLACK or name in skip:
+            continue
+        if other_crawl.match(name) and name.lower() != meant.lower():  # Site:start_urls is no other crawl
+            continue
+        ratio = difflib.SequenceMatcher(None, name.lower(), meant.lower()).ratio()
+        if ratio >= SIMILARITY:
+            scored.append((-ratio, name))
+    return [name for _, name in sorted(set(scored))]
+
+
+def _type_pipeline(client: Any, names: list[str]) -> Any:
+    p = client.pipeline(transaction=False)
+    for name in names:
+        p.type(name)
+    return p
+
+
+def _length_pipeline(client: Any, names: list[str], replies: list[Any]) -> tuple[list[tuple[str, str]], Any]:
+    types = [r.decode() if isinstance(r, bytes) else str(r) for r in replies]
+    kept = [(n, t) for n, t in zip(names, types, strict=True) if t in _LENGTH]
+    p = client.pipeline(transaction=False)
+    for name, kind in kept:
+        getattr(p, _LENGTH[kind])(name)
+    return kept, p
+
+
+def _scanned(cursor: Any) -> bool:
+    """Whether a ``SCAN`` is over: cursor 0, or a Redis Cluster's cursors by node (one call there)."""
+    return isinstance(cursor, dict) or not int(cursor)
+
+
+def find(client: Any, keys: CrawlKeys, read: Iterable[str] = (), calls: int = TOOL_SCAN_CALLS,
+         ) -> list[NearMiss]:
+    """Near misses of ``keys.start_urls`` (at most ``calls`` ``SCAN`` calls, then two round trips)."""
+    cursor, seen = 0, []
+    for _ in range(calls):
+        cursor, batch = client.scan(cursor, count=SCAN_COUNT)
+        seen += batch
+        if _scanned(cursor):
+            break
+    names = candidates(seen, keys, read)[:MAX_HINTS]
+    if not names:
+        return []
+    kept, p = _length_pipeline(client, names, _type_pipeline(client, names).execute(raise_on_error=False))
+    return _misses(kept, p.execute(raise_on_error=False) if kept else [], keys.start_urls)
+
+
+def _misses(kept: list[tuple[str, str]], lengths: list[Any], meant: str) -> list[NearMiss]:
+    return [NearMiss(name, kind, n, meant) for (name, kind), n in zip(kept, lengths, strict=True)
+            if isinstance(n, int) and n > 0]
+
+
+async def find_async(client: Any, keys: CrawlKeys, calls: int = 1) -> list[NearMiss]:
+    """:func:`find` for a ``redis.asyncio`` client (a worker: one ``SCAN`` call)."""
+    cursor, seen = 0, []
+    for _ in range(calls):
+        cursor, batch = await client.scan(cursor, count=SCAN_COUNT)
+        seen += batch
+        if _scanned(cursor):
+            break
+    names = candidates(seen, keys)[:MAX_HINTS]
+    if not names:
+        return []
+    replies = await _type_pipeline(client, names).execute(raise_on_error=False)
+    kept, p = _length_pipeline(client, names, replies)
+    return _misses(kept, await p.execute(raise_on_error=False) if kept else [], keys.start_urls)
+
+
+async def warn_at_start(client: Any, keys: CrawlKeys) -> None:
+    """Log one WARNING per near miss of the seeds key (an error is only logged at DEBUG)."""
+    try:
+        misses = await find_async(client, keys)
+    except Exception:
+        logger.debug("Looking for misspelt seeds keys failed", exc_info=True)
+        return
+    for miss in misses:
+        logger.warning("%s This spider reads %r; seeds elsewhere are never crawled.", miss.hint(), miss.meant)

@@ -1,12 +1,7 @@
-"""The seed protocol: how one worker takes seeds from ``<spider>:start_urls`` and turns them into requests
-(docs/seeds.md, "How seeds are read" and "What happens when a worker dies").
-
-:class:`SeedReader` is the Redis side (one round trip per call): take seeds, recording them as in flight;
-wait for them; acknowledge them; adopt the seeds of vanished workers. :class:`SeedFeed` is the loop behind
-:meth:`scrapy_dist.spiders.RedisMixin.start`: it waits with ``BLMOVE key key RIGHT LEFT`` (wakes on a push,
-moves nothing out), validates every seed (:mod:`scrapy_dist.seeds`; a bad one goes to
-``<seeds key>:rejected``), and acknowledges a seed only once the frontier has its request, so seeds are
-delivered at least once.
+"""The seed protocol (docs/seeds.md, "How seeds are read"): :class:`SeedReader` is one worker's Redis side of
+``<spider>:start_urls`` (``lua/seeds_take.lua``, ``lua/seeds_adopt.lua``: one round trip per call);
+:class:`SeedFeed` is the loop behind ``RedisMixin.start()``: it validates every seed (a bad one goes to
+``<seeds key>:rejected``) and acknowledges it once the frontier has its request (at-least-once delivery).
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,13 +21,12 @@ from scrapy import Request
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier.scheduler import Scheduler, get_scheduler, make_worker_id
-from scrapy_dist.redis import connection
+from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import crawl_keys
 from scrapy_dist.redis.outage import BackgroundTask, Backoff, Outage, is_outage
-from scrapy_dist.seeds import SeedRules, reason_slug, validate_url
-from scrapy_dist.seeds import reader as seedreader
-from scrapy_dist.seeds.reader import BLOCK_SECONDS, CONFIRM_POLL, POLL_SECONDS, SeedReader, TakeResult
-from scrapy_dist.settings import DistSettings
+from scrapy_dist.redis.scripts import text
+from scrapy_dist.seeds import SeedRules, reason_slug, validate_url, warn_at_start
+from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.utils import RateLimitedLog
 from scrapy_dist.wire.codec import check_offsite, preview, rejection_record
 from scrapy_dist.wire.entrypolicy import priority_from_score
@@ -40,13 +34,133 @@ from scrapy_dist.wire.entrypolicy import priority_from_score
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
+    from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.spiders import RedisMixin
 
-__all__ = ["SeedFeed", "SeedReader", "TakeResult"]  # the reader and its result re-exported
+__all__ = ["HELD_CAP", "SeedFeed", "SeedReader", "TakeResult"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: One blocking wait for a LIST seed (seconds): a push wakes it at once; the timeout bounds how late the
+#: spider notices it should close, and renews the processing lease that often.
+BLOCK_SECONDS = 1.0
+#: SET and ZSET seeds cannot be waited for atomically, so they are polled this often (seconds).
+POLL_SECONDS = 0.1
+#: Workers whose lease ran out are reported and adopted this many at a time.
+ADOPT_BATCH = 10
+#: How often to look whether taken seeds have reached the frontier (seconds, local only).
+CONFIRM_POLL = 0.01
+#: Most processing-list entries one worker may hold; entries past it are garbage someone wrote there and go
+#: back to the seeds key.
+HELD_CAP = 10_000
+
+
+def held_most(batch_size: int) -> int:
+    """Unacknowledged seeds a worker taking ``batch_size`` at a time may hold (flush batches stay full)."""
+    return max(4 * max(1, batch_size), 2000)
+
+
+@dataclass
+class TakeResult:
+    """What one :meth:`SeedReader.take` answers."""
+
+    #: ``ok``, ``lost`` (another worker adopted this one's seeds) or ``wrongtype``
+    status: str
+    #: entries taken (the seed; ``<score> <seed>`` for a ZSET)
+    entries: list[bytes]
+    #: workers whose lease ran out (an id that is not UTF-8, garbage someone wrote, stays ``bytes``)
+    expired: list[str | bytes]
+    #: this worker's entries given back to the seeds key (``sweep``, ``leave``)
+    returned: int
+    #: the seeds key's type (``none`` if it does not exist)
+    key_type: str = ""
+    #: the processing list and/or workers ZSET, if they held another Redis type (moved aside)
+    repaired: list[str] = dataclasses.field(default_factory=list)
+    #: entries of no live worker (garbage in the processing list) given back to the seeds key too
+    strays: int = 0
+
+
+def _worker_id(value: Any) -> str | bytes:
+    """A worker id read from the workers ZSET: text, or the raw bytes of one that is not UTF-8."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return value
+    return str(value)
+
+
+class SeedReader:
+    """One worker's Redis side of the seeds key (see the module docstring); one round trip per call.
+
+    ``kind`` is the seeds key's type: ``list``, ``set`` (``REDIS_START_URLS_AS_SET``) or ``zset``
+    (``REDIS_START_URLS_AS_ZSET``; the score is the priority).
+    """
+
+    def __init__(
+        self, redis: Any, keys: CrawlKeys, worker_id: str, kind: str = "list", lease_seconds: float = 60.0,
+        rejected_maxlen: int = defaults.REDIS_START_URLS_REJECTED_MAXLEN, held_cap: int = HELD_CAP,
+    ) -> None:
+        if kind not in ("list", "set", "zset"):
+            raise ValueError(f"kind must be list, set or zset, not {kind!r}")
+        if "\n" in worker_id:
+            raise ValueError("a worker id cannot hold a newline (it prefixes processing entries)")
+        self.redis, self.keys, self.worker_id, self.kind = redis, keys, worker_id, kind
+        self.lease_seconds, self.rejected_maxlen, self.held_cap = lease_seconds, rejected_maxlen, held_cap
+        # a deadline in the workers ZSET further ahead than any lease a worker writes is garbage
+        self._bounds = [repr(max(100 * lease_seconds, 86_400.0)), held_cap]
+        self.registered = False
+        self._keys = [keys.start_urls, keys.start_urls_processing, keys.start_urls_workers]
+        self._take = scripts.register(redis, "seeds_take")
+        self._adopt = scripts.register(redis, "seeds_adopt")
+
+    async def take(
+        self, count: int, acks: Sequence[bytes] = (), mode: str = "take", now: float | None = None
+    ) -> TakeResult:
+        """Acknowledge ``acks``, renew the lease, take up to ``count`` seeds: one EVALSHA of
+        ``seeds_take.lua`` (which documents ``mode``: ``take``, ``sweep``, ``leave``)."""
+        raw = await self._take(keys=self._keys, args=[
+            "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), self.kind, count,
+            mode, "1" if self.registered else "0", ADOPT_BATCH, *self._bounds, *acks,
+        ])
+        self.registered = mode != "leave"
+        return TakeResult(
+            text(raw[0]), list(raw[1]), [_worker_id(w) for w in raw[2]], int(raw[3]), text(raw[4]),
+            [text(k) for k in raw[5]], int(raw[6]),
+        )
+
+    async def wait(self, timeout: float = BLOCK_SECONDS) -> bool:
+        """Block until the seeds key (a LIST) holds a seed or ``timeout`` passes; True if it does.
+        ``BLMOVE key key RIGHT LEFT`` rotates the list onto itself, so the seed stays in Redis whatever
+        happens to this worker; the next :meth:`take` pops and records it atomically."""
+        k = self.keys.start_urls
+        return await self.redis.blmove(k, k, timeout, "RIGHT", "LEFT") is not None
+
+    async def adopt(self, workers: Iterable[str | bytes], now: float | None = None) -> tuple[int, int, int]:
+        """Give the seeds of ``workers`` (whose lease ran out), and any garbage of no live worker's, back to
+        the seeds key: ``(workers adopted, their entries, garbage)``, one EVALSHA of ``seeds_adopt.lua``."""
+        workers = list(workers)
+        if not workers:
+            return 0, 0, 0
+        raw = await self._adopt(
+            keys=self._keys, args=["" if now is None else repr(now), self.kind, *self._bounds, *workers]
+        )
+        return int(raw[0]), int(raw[1]), int(raw[2])
+
+    async def record_rejections(self, records: Sequence[str]) -> None:
+        """Append rejection records to ``<seeds key>:rejected``, keeping the newest ``rejected_maxlen``."""
+        if not records:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.rpush(self.keys.start_urls_rejected, *records)
+        if self.rejected_maxlen > 0:
+            pipe.ltrim(self.keys.start_urls_rejected, -self.rejected_maxlen, -1)
+        await pipe.execute()
+
+    async def close(self) -> None:
+        await self.redis.aclose()
 
 @dataclass
 class _Taken:
@@ -56,52 +170,31 @@ class _Taken:
     mark: float
 
 
-def _flushed_since(scheduler: Scheduler | None, mark: float) -> bool:
-    """Whether every request handed to the scheduler before ``mark`` (monotonic) is in Redis (with
-    another scheduler than scrapy-dist's, a request counts as done once the engine has it)."""
-    return scheduler is None or scheduler.flushed_since(mark)
-
-
 class SeedFeed(BackgroundTask):
-    """Turns the seeds of one worker into requests: the loop behind :meth:`RedisMixin.start`, which
-    iterates its :meth:`~BackgroundTask.turns` (the spider's generator drives it, not a task of its own).
-
-    Takes seeds in batches, validates them (``spider.make_request_from_data``), records rejections,
-    acknowledges seeds once their requests are in the frontier, adopts dead workers' seeds, waits for
-    new ones, and ends once the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds (never, if 0).
-    """
+    """Turns the seeds of one worker into requests: the spider's ``start()`` iterates its
+    :meth:`~BackgroundTask.turns`. Ends once the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE``
+    seconds (never, if 0)."""
 
     def __init__(
-        self,
-        spider: RedisMixin,
-        reader: SeedReader,
-        *,
-        rules: SeedRules,
-        batch_size: int = 16,
-        idle_before_close: float = 0.0,
-        block_seconds: float = BLOCK_SECONDS,
+        self, spider: RedisMixin, reader: SeedReader, *, rules: SeedRules, batch_size: int = 16,
+        idle_before_close: float = 0.0, block_seconds: float = BLOCK_SECONDS,
         poll_seconds: float = POLL_SECONDS,
     ) -> None:
         self.spider = spider
         self.crawler: Crawler = spider.crawler
         super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
         self.stats = self.crawler.stats
-        self.reader = reader
-        self.keys = reader.keys
-        self.rules = rules
+        self.reader, self.keys, self.rules = reader, reader.keys, rules
         self.batch_size = max(1, batch_size)
-        self.max_unconfirmed = seedreader.held_most(self.batch_size)
+        self.max_unconfirmed = held_most(self.batch_size)
         self.idle_before_close = idle_before_close
-        self.block_seconds = block_seconds
-        self.poll_seconds = poll_seconds
+        self.block_seconds, self.poll_seconds = block_seconds, poll_seconds
         self._taken: deque[_Taken] = deque()
         self._acks: list[bytes] = []
         self._records: list[str] = []
         self._last_seed = time.monotonic()
         self._last_exchange = 0.0
-        self._busy = False
-        self._uncertain = False
-        self._finished = False
+        self._busy = self._uncertain = self._finished = False
         self._sched: Scheduler | None = None
         self._reject_log = RateLimitedLog(logger)
         self._error_log = RateLimitedLog(logger)
@@ -109,7 +202,7 @@ class SeedFeed(BackgroundTask):
 
     @classmethod
     def from_spider(cls, spider: RedisMixin) -> SeedFeed:
-        """Build the feed from the spider's settings; creates the async client on the running loop."""
+        """The feed from the spider's settings (the async client is made on the running loop)."""
         crawler = spider.crawler
         ds = DistSettings.for_crawler(crawler)
         sched = get_scheduler(crawler)
@@ -123,26 +216,22 @@ class SeedFeed(BackgroundTask):
             connection.ClientPool.of(crawler).async_client(), keys,
             sched.worker_id if sched is not None else make_worker_id(),
             kind=ds.seeds.kind, lease_seconds=ds.scheduler.lease_seconds,
-            rejected_maxlen=ds.seeds.rejected_maxlen, held_cap=seedreader.held_cap(batch),
+            rejected_maxlen=ds.seeds.rejected_maxlen, held_cap=max(HELD_CAP, 4 * held_most(batch)),
         )
         return cls(spider, reader, rules=SeedRules.from_dist(ds), batch_size=batch, idle_before_close=idle)
 
     # -- the loop -----------------------------------------------------------------------------------
     async def requests(self) -> AsyncIterator[Request]:
-        """Yield the requests of the seeds, forever or until the crawl is idle (see class docstring)."""
+        """Yield the requests of the seeds, forever or until the crawl is idle."""
         r = self.reader
         sched = self._sched = get_scheduler(self.crawler)
         if sched is None:
-            logger.warning(
-                "%s does not use scrapy_dist.scheduler.Scheduler: a seed counts as done once the engine"
-                " has it, and is lost if this worker dies before crawling it",
-                type(self.spider).__name__,
-            )
-        logger.info(
-            "Reading seeds from %r (%s) as worker %s; rejected seeds go to %r",
-            self.keys.start_urls, r.kind, r.worker_id, self.keys.start_urls_rejected,
-        )
-        await seedreader.warn_at_start(r.redis, self.keys)  # seeds pushed to a misspelt key wait for ever
+            logger.warning("%s does not use scrapy_dist.scheduler.Scheduler: a seed counts as done once the"
+                           " engine has it, and is lost if this worker dies before crawling it",
+                           type(self.spider).__name__)
+        logger.info("Reading seeds from %r (%s) as worker %s; rejected seeds go to %r",
+                    self.keys.start_urls, r.kind, r.worker_id, self.keys.start_urls_rejected)
+        await warn_at_start(r.redis, self.keys)  # seeds pushed to a misspelt key wait for ever
         async with contextlib.aclosing(self.turns()) as turns:
             async for entries in turns:
                 for entry in entries:
@@ -164,9 +253,8 @@ class SeedFeed(BackgroundTask):
         if not want and not self._acks and time.monotonic() - self._last_exchange < r.lease_seconds / 4:
             await asyncio.sleep(CONFIRM_POLL)  # full: wait for the frontier to take what we hold
             return []
-        # after a failed exchange (its reply lost, perhaps after it took seeds) and once nothing of ours
-        # awaits confirmation, whatever of ours the processing list still holds is unknown to us: a sweep
-        # gives it back
+        # after a failed exchange (its reply lost, perhaps after it took seeds), once nothing of ours awaits
+        # confirmation, a sweep gives back whatever of ours the processing list still holds
         mode = "sweep" if self._uncertain and not self._taken else "take"
         result = await self._exchange(want, mode)
         if result is None or self.closing:
@@ -180,10 +268,8 @@ class SeedFeed(BackgroundTask):
             self._last_seed = time.monotonic()
             return result.entries
         if self._idle_done():
-            logger.info(
-                "No seeds for %.1fs and the frontier is empty: %s stops reading %r",
-                self.idle_before_close, type(self.spider).__name__, self.keys.start_urls,
-            )
+            logger.info("No seeds for %.1fs and the frontier is empty: %s stops reading %r",
+                        self.idle_before_close, type(self.spider).__name__, self.keys.start_urls)
             await self._finish("leave")
             return None
         if self._taken:
@@ -213,11 +299,9 @@ class SeedFeed(BackgroundTask):
         self._last_exchange = time.monotonic()
         if result.status == "lost":
             self.stats.inc_value("seeds/lease_lost")
-            logger.warning(
-                "The processing lease of worker %s on %r ran out (stalled over %.0fs?): its unconfirmed"
-                " seeds went back to the seeds key and may be crawled twice",
-                r.worker_id, self.keys.start_urls, r.lease_seconds,
-            )
+            logger.warning("The processing lease of worker %s on %r ran out (stalled over %.0fs?): its"
+                           " unconfirmed seeds went back to the seeds key and may be crawled twice",
+                           r.worker_id, self.keys.start_urls, r.lease_seconds)
         elif result.status == "wrongtype":
             self._error_log.log(
                 logging.ERROR,
@@ -238,10 +322,8 @@ class SeedFeed(BackgroundTask):
                 self._garbage([], adopted[2])
             if adopted and adopted[0]:
                 self.stats.inc_value("seeds/adopted", adopted[1])
-                logger.info(
-                    "Gave %d seeds held by %d vanished worker(s) back to %r",
-                    adopted[1], adopted[0], self.keys.start_urls,
-                )
+                logger.info("Gave %d seeds held by %d vanished worker(s) back to %r",
+                            adopted[1], adopted[0], self.keys.start_urls)
         return result
 
     def _garbage(self, repaired: list[str], strays: int) -> None:
@@ -273,17 +355,19 @@ class SeedFeed(BackgroundTask):
     # -- acknowledgement and idleness --------------------------------------------------------------
     def _collect_confirmed(self, sched: Any) -> None:
         """Move seeds whose requests are now in the frontier to the acknowledgements (in order)."""
-        while self._taken and _flushed_since(sched, self._taken[0].mark):
+        # with another scheduler than ours, a request counts as done once the engine has it
+        while self._taken and (sched is None or sched.flushed_since(self._taken[0].mark)):
             self._acks.extend(self._taken.popleft().entries)
 
     def _idle_done(self) -> bool:
-        """Whether to stop reading seeds: idle closing is on, no seed for that long, nothing held, and
-        the whole frontier has been empty for that long too."""
+        """Whether to stop reading seeds: idle closing on, nothing held, no seed and the frontier empty."""
         if self.idle_before_close <= 0 or self._taken or self._acks or self._records:
             return False
         if time.monotonic() - self._last_seed < self.idle_before_close:
             return False
-        return _frontier_idle(self.crawler)
+        # our scheduler: the frontier is empty; another: nothing local
+        sched = get_scheduler(self.crawler)
+        return not sched.has_pending_requests() if sched is not None else _engine.locally_idle(self.crawler)
 
     # -- seeds -> requests ----------------------------------------------------------------------------
     def _requests(self, entry: bytes) -> list[Request]:
@@ -318,10 +402,8 @@ class SeedFeed(BackgroundTask):
 
     # -- shutdown ---------------------------------------------------------------------------------------
     async def close(self) -> None:
-        """Stop reading; acknowledge what reached the frontier and give the rest back to the seeds key.
-        Called from ``spider_closed``; a take in progress is given a moment to finish, so what it takes is
-        given back too (one that lands later keeps the lease, and its seeds go back when it runs out).
-        """
+        """Stop reading (``spider_closed``); acknowledge what reached the frontier and give the rest back.
+        A take in progress is given a moment to finish, so what it takes is given back too."""
         if self._finished:
             return
         await self.stop()
@@ -347,11 +429,9 @@ class SeedFeed(BackgroundTask):
                 logger.info("Gave %d unfinished seeds back to %r", result.returned, self.keys.start_urls)
         except Exception as exc:
             held = sum(len(t.entries) for t in self._taken)
-            logger.warning(
-                "Could not release the seeds of worker %s (%s: %s): %d seeds go back to %r when its lease"
-                " runs out (%.0fs)",
-                r.worker_id, type(exc).__name__, exc, held, self.keys.start_urls, r.lease_seconds,
-            )
+            logger.warning("Could not release the seeds of worker %s (%s: %s): %d seeds go back to %r when"
+                           " its lease runs out (%.0fs)", r.worker_id, type(exc).__name__, exc, held,
+                           self.keys.start_urls, r.lease_seconds)
         finally:
             self._acks = []
             self._taken.clear()
@@ -366,9 +446,8 @@ MAX_REQUESTS_PER_SEED = 10_000
 
 
 def seed_requests(spider: Any, raw: bytes, rules: SeedRules, score: float | None) -> list[Request]:
-    """The requests of one seed: ``make_request_from_data`` may return one request, ``None`` or an
-    iterable of them (as in scrapy-redis). Raises :class:`RejectedEntry` for a seed too large, a hook that
-    fails or a request refused by the rules; one bad request rejects the whole seed."""
+    """The requests of one seed (``make_request_from_data``); raises :class:`RejectedEntry` for a seed too
+    large, a hook that fails or a request the rules refuse (one bad request rejects the whole seed)."""
     if len(raw) > rules.max_bytes:
         raise RejectedEntry("too_large", f"{len(raw)} bytes > {rules.max_bytes}")
     try:
@@ -388,8 +467,7 @@ def seed_requests(spider: Any, raw: bytes, rules: SeedRules, score: float | None
 
 
 def _as_requests(result: Any) -> list[Request]:
-    """``make_request_from_data``'s answer as a list: a request, ``None``, or an iterable of requests
-    (a generator is run here, inside the hook's error handling). Raises :class:`RejectedEntry`."""
+    """``make_request_from_data``'s answer (a request, ``None`` or an iterable of them) as a list."""
     if result is None:
         return []
     if isinstance(result, Request):
@@ -399,20 +477,9 @@ def _as_requests(result: Any) -> list[Request]:
     out: list[Request] = []
     for item in result:
         if not isinstance(item, Request):
-            raise RejectedEntry(
-                "bad_hook_result", f"make_request_from_data yielded a {type(item).__name__}, not a Request"
-            )
+            raise RejectedEntry("bad_hook_result",
+                                f"make_request_from_data yielded a {type(item).__name__}, not a Request")
         out.append(item)
         if len(out) > MAX_REQUESTS_PER_SEED:
             raise RejectedEntry("bad_hook_result", f"over {MAX_REQUESTS_PER_SEED} requests from one seed")
     return out
-
-
-def _frontier_idle(crawler: Crawler) -> bool:
-    """Whether the crawl has nothing to do: scrapy-dist's scheduler reports the whole frontier empty for
-    ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds; another scheduler has no pending requests and the engine
-    downloads nothing."""
-    sched = get_scheduler(crawler)
-    if sched is not None:
-        return not sched.has_pending_requests()
-    return _engine.locally_idle(crawler)

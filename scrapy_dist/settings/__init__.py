@@ -1,15 +1,9 @@
-"""Every scrapy-dist setting, read, typed and validated once per crawler: :class:`DistSettings`, one frozen
-dataclass per group of settings and the one function that fills them (cross-setting checks included).
+"""Every scrapy-dist setting, read, typed and validated once per crawler: :class:`DistSettings`.
 
-:data:`~scrapy_dist.settings.table.TABLE` is the source of truth (defaults, types, ranges, doc lines,
-``STATS``; ``python -m scrapy_dist.settings.table`` writes docs/settings.md from it);
-:mod:`~scrapy_dist.settings.values` converts raw values, :mod:`~scrapy_dist.settings.reader` reads them
-and holds the components a crawl runs.
-Components take their values from ``DistSettings.for_crawler(crawler)`` in ``from_crawler`` and never read
-``crawler.settings`` themselves. A bad value is one line, ``scrapy-dist: <SETTING>=<value>: <what is
-wrong>; <what is expected>`` (:class:`SettingsError`): ``for_crawler`` raises it, and the component that
-asked refuses the crawl's start with it (:func:`refuse_start`). A name close to one of ours
-gets one WARNING.
+:data:`~.table.TABLE` declares them (``python -m scrapy_dist.settings.table`` writes docs/settings.md),
+:mod:`~.values` converts raw values, :mod:`~.reader` reads them and holds the components a crawl runs.
+Components call ``DistSettings.for_crawler(crawler)``; a bad value is one line (:class:`SettingsError`)
+that refuses the start (:func:`refuse_start`).
 """
 
 from __future__ import annotations
@@ -20,12 +14,13 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.settings.reader import (
     SettingsReader,
+    check_components,
     importable,
     queue_order,
     redis_location,
@@ -41,6 +36,7 @@ from scrapy_dist.settings.table import (
     STATS,
     TABLE,
     Setting,
+    defaults,
     render_doc,
 )
 from scrapy_dist.settings.values import (
@@ -58,19 +54,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 __all__ = [
-    "ALIASES",
-    "DEFAULTS",
-    "STATS",
-    "TABLE",
-    "SCRAPY_REDIS_IGNORED",
-    "ConnectionSettings",
-    "DistSettings",
-    "Setting",
-    "SettingsError",
-    "mask_url",
-    "refuse_start",
-    "refusing",
-    "render_doc",
+    "ALIASES", "DEFAULTS", "STATS", "TABLE", "SCRAPY_REDIS_IGNORED", "ConnectionSettings", "DistSettings",
+    "defaults", "Setting", "SettingsError", "mask_url", "refuse_start", "refusing", "render_doc",
     "start_error",
 ]
 
@@ -79,15 +64,13 @@ logger = logging.getLogger(__name__)
 _ATTR = "_scrapy_dist_settings"
 
 
-# -- the object ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ConnectionSettings:
     """Where Redis is and how to talk to it (see :mod:`scrapy_dist.redis.connection`)."""
 
-    #: the REDIS_URL to use, from the setting or the environment; None: Sentinels, host/port or embedded
+    #: from the setting or the environment; None: Sentinels, host/port or embedded
     url: str | None = None
-    #: where ``url`` came from: ``REDIS_URL`` (settings) or ``REDIS_URL environment variable``
-    url_source: str = ""
+    url_source: str = ""  # REDIS_URL or "REDIS_URL environment variable"
     host: str | None = None
     port: int | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -96,13 +79,11 @@ class ConnectionSettings:
     sentinel_master: str = "mymaster"
     key_prefix: str = ""
     embedded_dir: str | None = None
-    #: REDIS_EMBEDDED_MAXMEMORY as given (bytes or "2gb"); parsed by scrapy_dist.redis.embedded
     embedded_maxmemory: int | str | None = None
 
     @property
     def source(self) -> str:
-        """The setting that chose the Redis: ``REDIS_SENTINELS``, ``REDIS_URL``, ``REDIS_URL environment
-        variable``, ``REDIS_HOST/REDIS_PORT`` or ``embedded``."""
+        """The setting that chose the Redis (``REDIS_SENTINELS``, ``REDIS_URL``, ..., ``embedded``)."""
         if self.sentinels:
             return "REDIS_SENTINELS"
         if self.url_source == "REDIS_URL":
@@ -114,12 +95,11 @@ class ConnectionSettings:
 
 @dataclass(frozen=True)
 class SchedulerSettings:
-    """The frontier's settings, as :class:`scrapy_dist.scheduler.Scheduler` takes them."""
+    """The frontier's settings."""
 
     queue_class: str = "scrapy_dist.queue.PriorityQueue"
     persist: bool = True
     flush_on_start: bool = False
-    #: SCHEDULER_IDLE_BEFORE_CLOSE, else MAX_IDLE_TIME_BEFORE_CLOSE; None becomes inf: never close
     idle_before_close: float = 0.0
     lease_seconds: float = 60.0
     prefetch: int = 16  # derived: SCHEDULER_PREFETCH, 0 -> max(16, 2 x CONCURRENT_REQUESTS)
@@ -132,27 +112,20 @@ class SchedulerSettings:
     max_entry_bytes: int = 1024 * 1024
     rejected_maxlen: int = 100_000
     dead_maxlen: int = 1_000_000
-    #: SCHEDULER_REPLAY_MEMORY: signed entries handed out remembered per shard ({spider}:spent)
     replay_memory: int = 250_000
-    #: SCHEDULER_ENTRY_SECRET, else the SCRAPY_DIST_SECRET environment variable (never stored in Redis)
     entry_secret: bytes | None = field(default=None, repr=False)
     deny_networks: tuple[str, ...] = ()
-    #: Scrapy's SCHEDULER_PRIORITY_QUEUE is DownloaderAwarePriorityQueue (its default): hand out the best
-    #: leased request of the download slot with the fewest active downloads
+    #: Scrapy's SCHEDULER_PRIORITY_QUEUE is DownloaderAwarePriorityQueue: least busy download slot first
     downloader_aware: bool = True
     shards: int = 1
     politeness: str = "process"
     domain_limits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: Scrapy's per-domain defaults the crawl-wide politeness starts from
     download_delay: float = 0.0
     concurrent_requests_per_domain: int = 8
     download_delay_jitter: float = 0.5
-    #: REVISIT_AFTER rules {glob: seconds or None} (scrapy_dist/frontier/orders.py)
     revisit_after: Mapping[str, float | None] = field(default_factory=dict)
     revisit_conditional: bool = False
-    #: REVISIT_MIN_INTERVAL: no revisit is due sooner than this many seconds after its fetch
     revisit_min_interval: float = 300.0
-    #: SCHEDULER_IDLE_POLL_MAX: slowest poll of an idle worker of a crawl that never closes
     idle_poll_max: float = 5.0
 
 
@@ -162,28 +135,21 @@ class DupefilterSettings:
     error_rate: float = 0.001
     block_bits: int = 2**31
     debug: bool = False  # Scrapy's DUPEFILTER_DEBUG
-    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever)
     ttl: float | None = None
-    #: BLOOMFILTER_GENERATIONS: bloom generations with a TTL (scrapy_dist/dupefilter/bloom.py)
     generations: int = 4
-    #: DEADLETTER_FORGET: a dead-lettered request's fingerprint is forgotten with its dead letter
     forget_dead: bool = False
 
 
 @dataclass(frozen=True)
 class SeedSettings:
     key_template: str = "%(name)s:start_urls"
-    #: derived from REDIS_START_URLS_AS_SET / _AS_ZSET: ``list``, ``set`` or ``zset``
-    kind: str = "list"
-    #: derived: REDIS_START_URLS_BATCH_SIZE, 0 -> CONCURRENT_REQUESTS
+    kind: str = "list"  # from REDIS_START_URLS_AS_SET / _AS_ZSET
     batch_size: int = 16
     max_bytes: int = 64 * 1024
     rejected_maxlen: int = 100_000
     meta_allowed: tuple[str, ...] = ("*",)
     headers_allowed: tuple[str, ...] = ()
-    #: REDIS_START_URLS_DEDUPE: seeds without their own dont_filter go through the dupefilter
     dedupe: bool = False
-    #: SEEDS_RECORD_FINGERPRINT: a start request that skips the dupefilter still records its fingerprint
     record_fingerprint: bool = False
 
 
@@ -230,8 +196,7 @@ class CookieSettings:
 
 @dataclass(frozen=True)
 class DistSettings:
-    """Every scrapy-dist setting, typed and validated; build with :meth:`from_settings` or
-    :meth:`for_crawler` (cached on the crawler)."""
+    """Every scrapy-dist setting, typed and validated (:meth:`from_settings`, :meth:`for_crawler`)."""
 
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
@@ -241,22 +206,17 @@ class DistSettings:
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
     items: ItemSettings = field(default_factory=ItemSettings)
     cookies: CookieSettings = field(default_factory=CookieSettings)
-    #: Scrapy's CONCURRENT_REQUESTS (the prefetch and seed batch defaults derive from it)
     concurrent_requests: int = 16
     #: one line each: near-miss names, ignored scrapy-redis settings, aliases shadowed
     warnings: tuple[str, ...] = ()
 
-    # -- building --------------------------------------------------------------------------------
     @classmethod
     def from_settings(cls, settings: Any, environ: Mapping[str, str] | None = None) -> DistSettings:
-        """Read, convert and check every scrapy-dist setting of ``settings`` (a Scrapy ``Settings`` or
-        a plain mapping); raise :class:`SettingsError` (one line) on the first bad value.
-
-        ``environ`` (default ``os.environ``) supplies ``REDIS_URL`` when no Redis setting is given.
-        """
+        """Read and check every setting of ``settings`` (Scrapy ``Settings`` or a mapping); raise
+        :class:`SettingsError` on the first bad value. ``environ`` may supply ``REDIS_URL``."""
         env = os.environ if environ is None else environ
         raw = SettingsReader(settings)
-        raw.check_components()
+        check_components(raw.settings)
         v = raw.value
         warnings: list[str] = []
         # aliases: the canonical name wins
@@ -281,15 +241,13 @@ class DistSettings:
                                     exc.expected) from None
             url_source = "REDIS_URL environment variable"
         connection = ConnectionSettings(
-            url=url, url_source=url_source, host=host, port=port,
-            params=MappingProxyType(params), cluster=v("REDIS_CLUSTER"),
-            sentinels=sentinels(v("REDIS_SENTINELS")),
-            sentinel_master=v("REDIS_SENTINEL_MASTER") or "mymaster",
-            key_prefix=v("REDIS_KEY_PREFIX") or "", embedded_dir=v("REDIS_EMBEDDED_DIR"),
-            embedded_maxmemory=v("REDIS_EMBEDDED_MAXMEMORY"),
+            url=url, url_source=url_source, host=host, port=port, params=MappingProxyType(params),
+            cluster=v("REDIS_CLUSTER"), sentinels=sentinels(v("REDIS_SENTINELS")),
+            sentinel_master=v("REDIS_SENTINEL_MASTER") or "mymaster", key_prefix=v("REDIS_KEY_PREFIX") or "",
+            embedded_dir=v("REDIS_EMBEDDED_DIR"), embedded_maxmemory=v("REDIS_EMBEDDED_MAXMEMORY"),
         )
         check_client_options(url, params)
-        concurrent = raw.scrapy_int("CONCURRENT_REQUESTS", 16, low=1)
+        concurrent = raw.scrapy("CONCURRENT_REQUESTS", 16, low=1)
         shards, politeness = v("SCHEDULER_SHARDS"), v("SCHEDULER_POLITENESS")
         schemes = tuple(str(s).strip().lower() for s in v("SCHEDULER_ALLOWED_SCHEMES"))
         if not schemes or any(not re.fullmatch(r"[a-z][a-z0-9+.-]*", s) for s in schemes):
@@ -304,28 +262,26 @@ class DistSettings:
                                     'expected CIDR blocks like ["10.0.0.0/8", "fc00::/7"], or []') from None
         scheduler = SchedulerSettings(
             queue_class=queue_order("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")),
-            persist=v("SCHEDULER_PERSIST"),
-            flush_on_start=v("SCHEDULER_FLUSH_ON_START"), idle_before_close=idle,
-            lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
+            persist=v("SCHEDULER_PERSIST"), flush_on_start=v("SCHEDULER_FLUSH_ON_START"),
+            idle_before_close=idle, lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
             prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent), concurrent_requests=concurrent,
             flush_interval=v("SCHEDULER_FLUSH_INTERVAL"), flush_batch=v("SCHEDULER_FLUSH_BATCH"),
             idle_poll=v("SCHEDULER_IDLE_POLL"), shutdown_grace=v("SCHEDULER_SHUTDOWN_GRACE"),
-            allowed_schemes=schemes,
-            max_entry_bytes=v("SCHEDULER_MAX_ENTRY_BYTES"), shards=shards, politeness=politeness,
-            rejected_maxlen=v("SCHEDULER_REJECTED_MAXLEN"), dead_maxlen=v("DEADLETTER_MAXLEN"),
-            replay_memory=v("SCHEDULER_REPLAY_MEMORY"),
+            allowed_schemes=schemes, max_entry_bytes=v("SCHEDULER_MAX_ENTRY_BYTES"), shards=shards,
+            politeness=politeness, rejected_maxlen=v("SCHEDULER_REJECTED_MAXLEN"),
+            dead_maxlen=v("DEADLETTER_MAXLEN"), replay_memory=v("SCHEDULER_REPLAY_MEMORY"),
             entry_secret=v("SCHEDULER_ENTRY_SECRET") or env.get("SCRAPY_DIST_SECRET", "").encode() or None,
             deny_networks=deny,
             downloader_aware="DownloaderAwarePriorityQueue" in str(raw.raw("SCHEDULER_PRIORITY_QUEUE") or ""),
             domain_limits=MappingProxyType(domain_limits(v("DOMAIN_LIMITS"))),
-            download_delay=raw.scrapy_float("DOWNLOAD_DELAY", 0.0),
-            concurrent_requests_per_domain=raw.scrapy_int("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
-            download_delay_jitter=raw.scrapy_float("DOWNLOAD_DELAY_JITTER", 0.5),
+            download_delay=raw.scrapy("DOWNLOAD_DELAY", 0.0, low=0),
+            concurrent_requests_per_domain=raw.scrapy("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
+            download_delay_jitter=raw.scrapy("DOWNLOAD_DELAY_JITTER", 0.5, low=0),
             revisit_after=MappingProxyType(revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL"))),
             revisit_conditional=v("REVISIT_CONDITIONAL"), revisit_min_interval=v("REVISIT_MIN_INTERVAL"),
             idle_poll_max=v("SCHEDULER_IDLE_POLL_MAX"),
         )
-        if scheduler.downloader_aware and raw.scrapy_int("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
+        if scheduler.downloader_aware and raw.scrapy("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
             # as Scrapy's DownloaderAwarePriorityQueue: a request's IP (its download slot) is not known
             # before its download, so the least busy slot cannot be picked
             raise SettingsError("SCHEDULER_PRIORITY_QUEUE", raw.raw("SCHEDULER_PRIORITY_QUEUE"),
@@ -358,15 +314,13 @@ class DistSettings:
                                     f"{code!r} is not a status",
                                     'expected statuses like 503 or classes like "5xx"')
         return cls(
-            connection=connection,
-            scheduler=scheduler,
+            connection=connection, scheduler=scheduler, seeds=seeds,
             dupefilter=DupefilterSettings(
                 capacity=v("BLOOMFILTER_CAPACITY"), error_rate=v("BLOOMFILTER_ERROR_RATE"),
-                block_bits=v("BLOOMFILTER_BLOCK_BITS"), debug=raw.scrapy_bool("DUPEFILTER_DEBUG", False),
+                block_bits=v("BLOOMFILTER_BLOCK_BITS"), debug=raw.scrapy("DUPEFILTER_DEBUG", False),
                 ttl=v("DUPEFILTER_TTL"), generations=v("BLOOMFILTER_GENERATIONS"),
                 forget_dead=v("DEADLETTER_FORGET"),
             ),
-            seeds=seeds,
             retries=RetrySettings(
                 backoff_base=v("RETRY_BACKOFF_BASE"), backoff_max=v("RETRY_BACKOFF_MAX"),
                 deadletter_ignored=v("DEADLETTER_IGNORED"), httperror_dead_letter=v("HTTPERROR_DEAD_LETTER"),
@@ -386,10 +340,8 @@ class DistSettings:
                 exactly_once=v("REDIS_ITEMS_EXACTLY_ONCE"), max_bytes=v("REDIS_ITEMS_MAX_BYTES"),
             ),
             cookies=CookieSettings(
-                cache_seconds=v("REDIS_COOKIES_CACHE_SECONDS"),
-                flush_interval=v("REDIS_COOKIES_FLUSH_INTERVAL"),
-                enabled=raw.scrapy_bool("COOKIES_ENABLED", True),
-                debug=raw.scrapy_bool("COOKIES_DEBUG", False),
+                cache_seconds=v("REDIS_COOKIES_CACHE_SECONDS"), enabled=raw.scrapy("COOKIES_ENABLED", True),
+                flush_interval=v("REDIS_COOKIES_FLUSH_INTERVAL"), debug=raw.scrapy("COOKIES_DEBUG", False),
             ),
             concurrent_requests=concurrent,
             warnings=tuple(warnings + raw.unknown_names() + raw.scrapy_queue_warnings()),
@@ -402,13 +354,8 @@ class DistSettings:
 
     @classmethod
     def for_crawler(cls, crawler: Crawler) -> DistSettings:
-        """The crawler's settings object, read and checked on first use and then cached on the crawler.
-
-        A bad value raises :class:`SettingsError` (the caller refuses the start with it, see
-        :func:`refuse_start`); the warnings are logged once.
-        Before the crawler's settings are frozen (a spider's ``from_crawler``) nothing is cached,
-        since add-ons may still change them.
-        """
+        """:meth:`from_settings` of the crawler's settings, cached (and its warnings logged once) once they
+        are frozen; a bad value raises :class:`SettingsError`."""
         cached = getattr(crawler, _ATTR, None)
         if cached is not None:
             return cached  # type: ignore[no-any-return]
@@ -426,16 +373,4 @@ def _set_to_none(settings: Any, name: str) -> bool:
         return settings is not None and name in settings and settings[name] is None
     except (TypeError, KeyError):
         return False
-
-
-
-def _field_names() -> list[str]:  # for the report and tests: every attribute path of DistSettings
-    out = []
-    for group in fields(DistSettings):
-        sub = group.default_factory() if callable(group.default_factory) else None  # type: ignore[misc]
-        if sub is None:
-            out.append(group.name)
-        else:
-            out += [f"{group.name}.{f.name}" for f in fields(sub)]
-    return out
 

@@ -1,29 +1,9 @@
-"""Raw setting values as :class:`~scrapy_dist.settings.DistSettings` reads them, the components a crawl
-runs, and the refusal of a crawl that cannot start.
+"""Raw setting values (:class:`SettingsReader`, with warnings about near-miss, scrapy-redis and Scrapy queue
+setting names), the components a crawl runs (:data:`COMPONENTS`: the add-on enables them, the scheduler
+checks them without it), and the refusal of a crawl that cannot start.
 
-:class:`SettingsReader` converts each value per :data:`~scrapy_dist.settings.table.TABLE`, reads Scrapy's
-own settings it depends on, and warns about names -- a near miss of one of ours, a scrapy-redis setting we
-do not apply, a Scrapy queue setting that has no effect with our scheduler.
-
-:data:`COMPONENTS` is the one list of components the add-on enables (``ADDONS = {"scrapy_dist.Addon":
-0}``) and the scheduler checks on the two-line path (``SCHEDULER`` and ``DUPEFILTER_CLASS`` only), so that
-both give the same crawl. Each :class:`Component` says how the scheduler can run it without the add-on:
-``signals`` (an extension: built and connected to the crawler's signals by the scheduler itself),
-``chain`` (a downloader middleware whose place in the chain does not matter for what it guards: put into
-the running downloader's chain) or ``position`` (it must sit at its place among Scrapy's middlewares, or
-replace one of Scrapy's: only the add-on can; the scheduler names it in one WARNING).
-
-A crawl that cannot start (a bad setting, Redis not answering) gets one ERROR line, a clean stop, and a
-failed start as Scrapy counts it. An exception raised while the crawl starts makes Scrapy log tracebacks
-of its own or leaves a failed task or Deferred, and a ``SystemExit`` ends an application that embeds
-Scrapy; a ``CloseSpider`` raised by a ``spider_opened`` handler is the one exit Scrapy's engine takes
-cleanly at start, and every Scrapy runner sets ``bootstrap_failed`` when the crawler has no spider once
-the crawl is over (``scrapy crawl`` then exits with status 1). So :func:`refuse_start` logs the error as
-one line, connects a ``spider_opened`` handler raising ``CloseSpider(REASON)`` and a ``spider_closed``
-handler that clears ``crawler.spider``. Components call it instead of raising, and then stay inert: an
-extension, middleware or pipeline raises a bare ``NotConfigured`` (:func:`refusing` does both), the
-scheduler opens nothing. A script sees ``bootstrap_failed`` on its runner and the error in
-:func:`start_error`.
+:func:`refuse_start` logs one ERROR line, closes the spider with ``CloseSpider(REASON)`` once it opens and
+then clears ``crawler.spider``, so Scrapy counts a failed start (``scrapy crawl`` exits with status 1).
 """
 
 from __future__ import annotations
@@ -64,24 +44,17 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: scrapy-redis's queue classes -> the queue order of :mod:`scrapy_dist.queue` each one means
-QUEUE_ALIASES = {
-    "scrapy_redis.queue.PriorityQueue": "PriorityQueue",
-    "scrapy_redis.queue.FifoQueue": "FifoQueue",
-    "scrapy_redis.queue.LifoQueue": "LifoQueue",
-    "scrapy_redis.queue.SpiderPriorityQueue": "PriorityQueue",
-    "scrapy_redis.queue.SpiderQueue": "FifoQueue",
-    "scrapy_redis.queue.SpiderStack": "LifoQueue",
-}
-
+QUEUE_ALIASES = {f"scrapy_redis.queue.{old}": new for old, new in (
+    ("PriorityQueue", "PriorityQueue"), ("FifoQueue", "FifoQueue"), ("LifoQueue", "LifoQueue"),
+    ("SpiderPriorityQueue", "PriorityQueue"), ("SpiderQueue", "FifoQueue"), ("SpiderStack", "LifoQueue"),
+)}
 
 #: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
+_IN_REDIS = "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)"
+_STARTS = "start requests share the Redis queue, after callback requests of equal priority"
 SCRAPY_QUEUE_SETTINGS: Mapping[str, str] = MappingProxyType({
-    "SCHEDULER_MEMORY_QUEUE": "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)",
-    "SCHEDULER_DISK_QUEUE": "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)",
-    "SCHEDULER_START_MEMORY_QUEUE": "start requests share the Redis queue, after callback requests of"
-                                    " equal priority",
-    "SCHEDULER_START_DISK_QUEUE": "start requests share the Redis queue, after callback requests of"
-                                  " equal priority",
+    "SCHEDULER_MEMORY_QUEUE": _IN_REDIS, "SCHEDULER_DISK_QUEUE": _IN_REDIS,
+    "SCHEDULER_START_MEMORY_QUEUE": _STARTS, "SCHEDULER_START_DISK_QUEUE": _STARTS,
     "JOBDIR": "the frontier is kept in Redis (SCHEDULER_PERSIST); JOBDIR keeps only Scrapy's own state",
 })
 
@@ -90,9 +63,6 @@ def importable(name: str, path: str | None) -> Any:
     """``path`` if it names an object that can be imported (or a scrapy-redis queue alias)."""
     if path is None:
         return None
-    from scrapy.utils.misc import load_object
-
-
     if path in QUEUE_ALIASES:
         return path
     try:
@@ -107,8 +77,7 @@ def importable(name: str, path: str | None) -> Any:
 
 
 def closest_path(path: str) -> str | None:
-    """The importable scrapy-dist name closest to ``path`` (``scrapy_dist.scheduler.Schedular``:
-    ``scrapy_dist.scheduler.Scheduler``), or None for a path outside scrapy-dist or nothing close."""
+    """The importable scrapy-dist name closest to ``path``, or None (outside scrapy-dist, nothing close)."""
     import importlib
     import importlib.util
     import pkgutil
@@ -137,10 +106,8 @@ COMPONENT_SETTINGS = ("SCHEDULER", "DUPEFILTER_CLASS", "STATS_CLASS")
 
 
 def check_components(settings: Any) -> None:
-    """Raise :class:`SettingsError` (one line, with the closest name) if ``SCHEDULER``,
-    ``DUPEFILTER_CLASS`` or ``STATS_CLASS`` names a scrapy-dist class that cannot be imported -- a typo
-    Scrapy itself reports with a traceback -- or if scrapy-dist's scheduler is to load a
-    ``DUPEFILTER_CLASS`` that cannot be imported."""
+    """Raise :class:`SettingsError` (with the closest name) if a :data:`COMPONENT_SETTINGS` names a
+    scrapy-dist class that cannot be imported, or our scheduler's ``DUPEFILTER_CLASS`` cannot be."""
     def path(name: str) -> str | None:
         value = settings.get(name)
         return value if isinstance(value, str) else None
@@ -153,13 +120,8 @@ def check_components(settings: Any) -> None:
 
 
 def queue_order(name: str, path: str) -> str:
-    """``path`` if it names a queue order (:class:`scrapy_dist.frontier.orders.QueueOrder`:
-    ``score(request)`` and ``sequence``, built without arguments) or a scrapy-redis alias of one. A
-    scrapy-redis queue class of one's own (``Base(server, spider, key)``) is refused: the frontier is one
-    sorted set, not a queue object."""
-    from scrapy.utils.misc import load_object
-
-
+    """``path`` if it names a queue order (``score(request)`` and ``sequence``, built without arguments) or
+    a scrapy-redis alias of one; a queue class of one's own is refused (the frontier is one sorted set)."""
     importable(name, path)
     if path in QUEUE_ALIASES:
         return path
@@ -184,8 +146,7 @@ def _scrapy_names() -> frozenset[str]:
 
 
 class SettingsReader:
-    """Raw values of a Scrapy ``Settings`` or a plain mapping, converted per
-    :data:`~scrapy_dist.settings.table.TABLE`."""
+    """Raw values of a Scrapy ``Settings`` or a plain mapping, converted per :data:`.table.TABLE`."""
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings if settings is not None else {}
@@ -193,10 +154,6 @@ class SettingsReader:
 
     def raw(self, name: str) -> Any:
         return self.settings.get(name)
-
-    def check_components(self) -> None:
-        """:func:`check_components` of these settings."""
-        check_components(self.settings)
 
     def given(self, name: str) -> bool:
         return self.raw(name) is not None
@@ -211,23 +168,14 @@ class SettingsReader:
             self._cache[name] = convert(spec, value)
         return self._cache[name]
 
-    def _scrapy(self, name: str, default: Any, kind: str, low: float | None = None) -> Any:
+    def scrapy(self, name: str, default: Any, low: float | None = None) -> Any:
+        """One of Scrapy's own settings, checked as the type of ``default``."""
         raw = self.raw(name)
-        spec = Setting(name, default, kind, "", "scrapy", low=low)
+        spec = Setting(name, default, type(default).__name__, "", "scrapy", low=low)
         return default if raw is None else convert(spec, raw)
 
-    def scrapy_int(self, name: str, default: int, low: float | None = None) -> int:
-        return int(self._scrapy(name, default, "int", low))
-
-    def scrapy_float(self, name: str, default: float) -> float:
-        return float(self._scrapy(name, default, "float", 0))
-
-    def scrapy_bool(self, name: str, default: bool) -> bool:
-        return bool(self._scrapy(name, default, "bool"))
-
     def scrapy_queue_warnings(self) -> list[str]:
-        """One warning per Scrapy queue setting the scrapy-dist scheduler cannot honour (when it is the
-        crawl's SCHEDULER and the setting was changed from Scrapy's default)."""
+        """One warning per Scrapy queue setting the project changed that our scheduler cannot honour."""
         if "scrapy_dist" not in str(self.raw("SCHEDULER") or ""):
             return []
         out = []
@@ -243,8 +191,7 @@ class SettingsReader:
         return out
 
     def unknown_names(self) -> list[str]:
-        """One warning per setting name that looks like one of ours but is not, and per ignored
-        scrapy-redis setting that is set."""
+        """One warning per name like one of ours but not ours, and per ignored scrapy-redis setting set."""
         try:
             names = [str(n) for n in self.settings]
         except TypeError:
@@ -270,11 +217,8 @@ class SettingsReader:
 
 
 def redis_location(v: Callable[[str], Any]) -> tuple[dict[str, Any], Any, Any]:
-    """``(REDIS_PARAMS, host, port)`` as scrapy-redis combines them (``v``: a validated setting's value):
-    ``REDIS_DB`` wins over ``REDIS_PARAMS["db"]`` (a ``REDIS_URL``'s own db wins over both, in the
-    client), and ``REDIS_HOST`` / ``REDIS_PORT`` over ``REDIS_PARAMS``' host and port -- scrapy-redis
-    builds ``Redis(host=..., port=..., **REDIS_PARAMS)``. ``redis_cls`` is dropped: it chose
-    scrapy-redis's client class; we build our own."""
+    """``(REDIS_PARAMS, host, port)`` as scrapy-redis combines them: ``REDIS_DB``, ``REDIS_HOST`` and
+    ``REDIS_PORT`` win over ``REDIS_PARAMS``' (``redis_cls`` is dropped: we build our own clients)."""
     params = v("REDIS_PARAMS")
     params.pop("redis_cls", None)
     if v("REDIS_DB") is not None:
@@ -287,7 +231,6 @@ def redis_location(v: Callable[[str], Any]) -> tuple[dict[str, Any], Any, Any]:
     return params, host, port
 
 
-# -- refusing a crawl's start ------------------------------------------------------------------------------
 #: The close reason (``finish_reason``) of a crawl refused at start.
 REASON = "scrapy_dist_refused"
 _ATTR = "_scrapy_dist_start_error"
@@ -301,8 +244,7 @@ def start_error(crawler: Any) -> ScrapyDistError | None:
 
 def refuse_start(crawler: Crawler, error: ScrapyDistError) -> None:
     """Log ``error`` as one ERROR line and stop the crawl cleanly once it is open (see the module
-    docstring); ``scrapy crawl`` then exits with status 1. Only the first error of a crawler is logged:
-    later ones are its consequences."""
+    docstring). Only the first error of a crawler is logged: later ones are its consequences."""
     if start_error(crawler) is not None:
         return
     logger.error("%s", error)
@@ -337,10 +279,9 @@ def refusing(from_crawler: F) -> F:
 
 
 def refuse_misspelt_components(crawler: Crawler) -> None:
-    """Refuse the start if ``SCHEDULER``, ``DUPEFILTER_CLASS`` or ``STATS_CLASS`` names a scrapy-dist class
-    that does not exist, and put Scrapy's default in its place, so that Scrapy does not fail with a
-    traceback loading it before the crawl can stop. Settings must not be frozen yet (an add-on, a
-    spider's ``from_crawler``)."""
+    """Refuse the start if a :data:`COMPONENT_SETTINGS` names a scrapy-dist class that does not exist, and
+    put Scrapy's default in its place, so Scrapy does not fail with a traceback loading it (settings not
+    frozen yet: an add-on, a spider's ``from_crawler``)."""
     from scrapy.settings import default_settings
 
     settings = crawler.settings
@@ -356,25 +297,23 @@ def refuse_misspelt_components(crawler: Crawler) -> None:
                          priority=settings.getpriority(exc.name) or "default")
 
 
-# -- the components a crawl runs ---------------------------------------------------------------------------
 #: the add-on line that enables everything below
 ADDON_LINE = 'ADDONS = {"scrapy_dist.Addon": 0}'
 
 
 @dataclass(frozen=True)
 class Component:
-    """One component: its class path, the component setting it goes in, its order, how the scheduler runs
-    it on the two-line path (``signals``, ``chain`` or ``position``), Scrapy's component it replaces, and
-    what a crawl lacks without it (for the WARNING)."""
+    """One component. ``attach``: how the scheduler runs it without the add-on: ``signals`` (an extension
+    it connects itself), ``chain`` (a downloader middleware put anywhere in the running chain) or
+    ``position`` (only the add-on can place it; the scheduler names ``lacks`` in one WARNING)."""
 
     path: str
     setting: str
     order: int
     attach: str
     lacks: str = ""
-    replaces: str = ""
-    #: a DistSettings attribute path (``scheduler.revisit_conditional``): the component does nothing while
-    #: it is false, so the two-line path lacks nothing then
+    replaces: str = ""  # Scrapy's component it replaces
+    #: a DistSettings attribute path: while it is false the component does nothing (nothing is lacking)
     when: str = ""
 
 
@@ -411,8 +350,7 @@ COMPONENTS = (
 
 
 def mentions(component_dict: dict[Any, Any], path: str) -> bool:
-    """Whether a component dict (a project's ``EXTENSIONS``, ...) names the class at ``path``, enabled or
-    disabled with ``None``, by any import path or as the class itself."""
+    """Whether a component dict names the class at ``path`` (enabled or ``None``), by any import path."""
     target = load_object(path)
     for key in component_dict:
         try:

@@ -1,28 +1,21 @@
-"""The table of every scrapy-dist setting (:data:`TABLE`) and every stat (:data:`STATS`).
-
-The one place a setting is declared: its default, type, range, doc line and status relative to
-scrapy-redis. :mod:`scrapy_dist.settings` reads settings by it, :mod:`scrapy_dist.settings.defaults` and
-``docs/settings.md`` are made from it. A new setting is one line here plus its field in
-:class:`scrapy_dist.settings.DistSettings`.
+"""The table of every scrapy-dist setting (:data:`TABLE`) and every stat (:data:`STATS`): the one place a
+setting is declared (default, type, range, doc line, status relative to scrapy-redis). ``defaults`` and
+``docs/settings.md`` are made from it; a new setting is one line here plus its field in ``DistSettings``.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
-#: largest BLOOMFILTER_CAPACITY accepted (10^12 URLs is ~2 TB of filter; more is a typo)
-MAX_CAPACITY = 10**12
-#: smallest BLOOMFILTER_ERROR_RATE accepted (tighter rates need more hashes than a window holds)
-MIN_ERROR_RATE = 1e-12
-#: longest DUPEFILTER_TTL a filter may record (100 years)
-MAX_TTL = 100 * 365 * 86400
-#: BLOOMFILTER_GENERATIONS allowed (scrapy_dist/dupefilter/bloom.py)
-MIN_GENERATIONS, MAX_GENERATIONS = 2, 64
-
+MAX_CAPACITY = 10**12  # BLOOMFILTER_CAPACITY: more is a typo
+MIN_ERROR_RATE = 1e-12  # BLOOMFILTER_ERROR_RATE: tighter rates need more hashes than a window holds
+MAX_TTL = 100 * 365 * 86400  # DUPEFILTER_TTL: 100 years
+MIN_GENERATIONS, MAX_GENERATIONS = 2, 64  # BLOOMFILTER_GENERATIONS
 
 #: Status of a setting relative to scrapy-redis (the migration table's column).
 OURS, HONOURED, CHANGED, IGNORED = "new", "honoured", "changed", "ignored"
@@ -34,16 +27,10 @@ STATUS_TEXT = {
 }
 
 
-
-# -- settings ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Setting:
-    """One setting: its default, type, range and documentation.
-
-    ``kind``: ``str``, ``int``, ``float``, ``bool``, ``dict``, ``list``, ``url``, ``auto_bool`` (True,
-    False or None = detect) or ``choice``. ``optional``: None is a valid value ("no limit", "unset").
-    ``status``: new / honoured / changed / ignored, relative to scrapy-redis; ``note`` says what differs.
-    """
+    """One setting. ``kind``: ``str``, ``int``, ``float``, ``bool``, ``dict``, ``list``, ``url``, ``size``,
+    ``secret``, ``auto_bool`` (None = detect) or ``choice``; ``optional``: None is a valid value."""
 
     name: str
     default: Any
@@ -61,8 +48,7 @@ class Setting:
 
     @property
     def range_words(self) -> str:
-        """The accepted range, in the words of a refusal (``from 1 up to 65,535``, ``above 0``); ""
-        without one."""
+        """The accepted range in words (``from 1 up to 65,535``, ``above 0``), or ""."""
         lo, hi = self.low, self.high
         if lo is None:
             return f"up to {_num(hi)}" if hi is not None else ""
@@ -342,13 +328,25 @@ STATS: tuple[tuple[str, str], ...] = (
 )
 
 BY_NAME: Mapping[str, Setting] = MappingProxyType({s.name: s for s in TABLE})
-#: Every setting's default (what ``scrapy_dist.settings.defaults.NAME`` returns).
 DEFAULTS: Mapping[str, Any] = MappingProxyType({s.name: s.default for s in TABLE})
-#: Prefixes of our setting names: an unknown setting with one of them may be a typo of ours.
+
+
+def default_value(name: str) -> Any:
+    """The default of setting ``name`` (a copy of a mutable one, so a caller cannot change the table)."""
+    try:
+        value = DEFAULTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'scrapy_dist.settings.defaults' has no attribute {name!r}") from None
+    return type(value)(value) if isinstance(value, (dict, list)) else value
+
+
+#: ``scrapy_dist.settings.defaults.NAME``: every setting's default by name, as scrapy-redis's ``defaults``.
+defaults = ModuleType("scrapy_dist.settings.defaults", "Every scrapy-dist setting's default, by name.")
+defaults.__dict__.update(__getattr__=default_value, __dir__=lambda: sorted(DEFAULTS))
+sys.modules.setdefault(defaults.__name__, defaults)
+#: an unknown setting with one of these prefixes may be a typo of ours
 OUR_PREFIXES = ("REDIS_", "SCHEDULER_", "BLOOMFILTER_", "DUPEFILTER_", "CLUSTERSTATS_", "ERRORMONITOR_",
                  "RETRY_", "DEADLETTER_", "HTTPERROR_", "DOMAIN_", "MAX_IDLE")
-
-
 # Scrapy's own settings with our prefixes (never "did you mean" them).
 SCRAPY_OWN = frozenset({
     "RETRY_ENABLED", "RETRY_TIMES", "RETRY_HTTP_CODES", "RETRY_PRIORITY_ADJUST", "RETRY_EXCEPTIONS",
@@ -358,10 +356,6 @@ SCRAPY_OWN = frozenset({
     "HTTPERROR_ALLOW_ALL", "REFERER_ENABLED", "REFERRER_POLICY",
 })
 
-
-
-
-# -- docs ---------------------------------------------------------------------------------------
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 
 

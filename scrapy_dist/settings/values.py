@@ -1,8 +1,5 @@
-"""Turning raw setting values (Python objects or ``-s`` strings) into checked, typed ones.
-
-Every refusal is a :class:`SettingsError` whose text is the one line users see:
-``scrapy-dist: <SETTING>=<value>: <what is wrong>; <what is expected>``.
-"""
+"""Turning raw setting values (Python objects or ``-s`` strings) into checked, typed ones; every refusal is
+a :class:`SettingsError`: ``scrapy-dist: <SETTING>=<value>: <what is wrong>; <what is expected>``."""
 
 from __future__ import annotations
 
@@ -19,13 +16,11 @@ from urllib.parse import urlsplit
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.settings.table import Setting
 
-#: Longest value quoted in an error line.
-_SHOWN = 60
+_SHOWN = 60  # longest value quoted in an error line
 
 
 class SettingsError(ScrapyDistError, ValueError):
-    """A setting has a value scrapy-dist refuses; ``str()`` is the one line users see. A ``ValueError`` too,
-    as Scrapy's own refusals of setting values are."""
+    """A setting value scrapy-dist refuses (a ``ValueError``); ``str()`` is the one line users see."""
 
     def __init__(self, name: str, value: Any, problem: str, expected: str) -> None:
         self.name, self.value, self.problem, self.expected = name, value, problem, expected
@@ -40,24 +35,18 @@ def _show(name: str, value: Any) -> str:
     return text if len(text) <= _SHOWN else f"{text[:_SHOWN - 3]}..."
 
 
-# -- masking ------------------------------------------------------------------------------------
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
-_MASKED = r"\1***"
 _AUTHORITY = re.compile(r"([^/?#]*)(.*)", re.DOTALL)
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password (in the userinfo or a ``password=`` query argument) replaced by ``***``.
-    Everything else is left exactly as written.
-
-    >>> mask_url("redis://user:secret@host:6379/0")
-    'redis://user:***@host:6379/0'
-    """
+    """``url`` with its password (userinfo or ``password=`` query argument) replaced by ``***``, the rest
+    exactly as written: ``redis://user:***@host:6379/0``."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    # A password may hold unencoded '#', '/', '?' or '@' (redis-py accepts them), so the userinfo ends at
-    # the *last* '@' when what precedes it looks like "user:..." -- masking too much is the safe mistake.
+    # a password may hold unencoded '#', '/', '?' or '@': the userinfo ends at the *last* '@' when what
+    # precedes it looks like "user:..." (masking too much is the safe mistake)
     userinfo, at, after = rest.rpartition("@")
     user = userinfo.split(":", 1)[0]
     if at and ":" in userinfo and not any(c in user for c in "/?#"):
@@ -71,7 +60,6 @@ def mask_url(url: str) -> str:
     return f"{scheme}://{authority}{tail}"
 
 
-# -- converters ---------------------------------------------------------------------------------
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -279,7 +267,6 @@ def domain_limits(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-#: longest revisit delay accepted (ten years): a larger one is a mistake, not a schedule
 MAX_REVISIT_SECONDS = 10 * 365 * 86400.0
 
 
@@ -296,8 +283,7 @@ def check_seconds(value: Any) -> float | None:
 
 
 def revisit_rules(rules: Any, floor: float = 0.0) -> dict[str, float | None]:
-    """``REVISIT_AFTER`` checked: ``{glob: seconds or None}``, none below ``floor``
-    (``REVISIT_MIN_INTERVAL``); raises :class:`SettingsError` (one line)."""
+    """``REVISIT_AFTER`` checked: ``{glob: seconds or None}``, none below ``floor`` (REVISIT_MIN_INTERVAL)."""
     expected = 'expected {"*.example.com": 3600, "https://example.com/item/*": 2592000, "*/login*": None}'
     if not isinstance(rules, Mapping):
         raise SettingsError("REVISIT_AFTER", rules, "not a dict", expected)
@@ -316,12 +302,10 @@ def revisit_rules(rules: Any, floor: float = 0.0) -> dict[str, float | None]:
     return out
 
 
-#: options that are numbers of seconds (or None)
+# client options checked for a number of seconds, for a whole number (with its least value), and read by
+# scrapy-dist itself (REDIS_PARAMS' host, port and db: reader.redis_location)
 _SECONDS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
-#: options that are whole numbers (or None), with their least value; REDIS_PARAMS' host, port and db are
-#: read (and checked) as scrapy-redis reads them: settings_reader.redis_location
 _INTEGERS = {"max_connections": 1}
-#: read by scrapy-dist itself, not by a client
 _OURS = frozenset({"sentinel_kwargs"})
 
 
@@ -344,11 +328,6 @@ def known_options() -> frozenset[str]:
     return frozenset(names)
 
 
-def _refuse(name: str, value: Any, option: str, problem: str, expected: str) -> SettingsError:
-    where = f"{name}[{option!r}]" if name == "REDIS_PARAMS" else name
-    return SettingsError(where, value, problem, expected)
-
-
 def _check(name: str, value: Any, options: Mapping[str, Any]) -> None:
     known = known_options()
     for option, given in options.items():
@@ -367,13 +346,14 @@ def _check(name: str, value: Any, options: Mapping[str, Any]) -> None:
         if not ok:
             shown = value if name != "REDIS_PARAMS" else given
             kind = "a whole number" if whole else "a number of seconds"
-            raise _refuse(name, shown, str(option), f"{option} is {given!r}, not {kind} >= {low}",
-                          f"expected e.g. {option}={max(low, 5)}")
+            where = f"{name}[{option!r}]" if name == "REDIS_PARAMS" else name
+            raise SettingsError(where, shown, f"{option} is {given!r}, not {kind} >= {low}",
+                                f"expected e.g. {option}={max(low, 5)}")
 
 
 def check_client_options(url: str | None, params: Mapping[str, Any]) -> None:
-    """Raise :class:`SettingsError` (one line) if ``params`` (``REDIS_PARAMS``) or the query of ``url``
-    (``REDIS_URL``) holds an option no client takes, or a timeout or pool size that is not a number."""
+    """Raise :class:`SettingsError` if ``REDIS_PARAMS`` or the query of ``REDIS_URL`` holds an option no
+    client takes, or a timeout or pool size that is not a number."""
     query = url.rpartition("@")[2].partition("?")[2] if url else ""  # a password may hold '?' or '/'
     if query:
         from redis.connection import parse_url
