@@ -62,14 +62,26 @@ def _every(cfg: CrawlConfig) -> list[str]:
     return [f"w{i}" for i in range(1, cfg.workers + 1)]
 
 
+#: after a fault cuts a worker off, a command it sent just before may still run: the leases it holds are
+#: counted once that had time to land (well within a lease, before any of them can expire)
+HELD_SETTLE = 0.3
+
+
+def _held_once_cut(crawl: FaultCrawl, names: list[str]) -> int:
+    """What the workers ``names`` hold once the fault took them off Redis: what the fault can cost."""
+    time.sleep(HELD_SETTLE)
+    return sum(crawl.held_by(name) for name in names)
+
+
 def _partition(nets: tuple[str, ...] | None, lease_fraction: float) -> Callable[[FaultCrawl], dict[str, Any]]:
     def inject(crawl: FaultCrawl) -> dict[str, Any]:
         seconds = lease_fraction * crawl.cfg.lease
         crawl.net.cut(VICTIM, nets)
-        time.sleep(seconds)
+        held = _held_once_cut(crawl, [VICTIM])
+        time.sleep(seconds - HELD_SETTLE)
         status = crawl.status()
         crawl.net.heal(VICTIM, nets)
-        return {"fault_seconds": seconds, "status_during": status}
+        return {"fault_seconds": seconds, "status_during": status, "held_at_fault": held}
 
     return inject
 
@@ -78,10 +90,11 @@ def _pause(crawl: FaultCrawl) -> dict[str, Any]:
     seconds = 1.5 * crawl.cfg.lease
     proc = crawl.workers[VICTIM]
     proc.send_signal(signal.SIGSTOP)
-    time.sleep(seconds)
+    held = _held_once_cut(crawl, [VICTIM])
+    time.sleep(seconds - HELD_SETTLE)
     status = crawl.status()
     proc.send_signal(signal.SIGCONT)
-    return {"fault_seconds": seconds, "status_during": status}
+    return {"fault_seconds": seconds, "status_during": status, "held_at_fault": held}
 
 
 def _kill(count: int) -> Callable[[FaultCrawl], dict[str, Any]]:
@@ -91,8 +104,9 @@ def _kill(count: int) -> Callable[[FaultCrawl], dict[str, Any]]:
             crawl.workers[name].send_signal(signal.SIGKILL)
         for name in names:
             crawl.workers[name].wait()
-        time.sleep(min(5.0, crawl.cfg.lease / 2))
-        return {"fault_seconds": 0.0, "status_during": crawl.status()}
+        held = _held_once_cut(crawl, names)
+        time.sleep(max(0.0, min(5.0, crawl.cfg.lease / 2) - HELD_SETTLE))
+        return {"fault_seconds": 0.0, "status_during": crawl.status(), "held_at_fault": held}
 
     return inject
 
@@ -204,6 +218,8 @@ def run_fault(name: str, cfg: CrawlConfig, root: Path) -> FaultRun:
             crawl._wait_until(lambda: all(crawl.held_by(v) > 0 for v in victims), 30, "the victim's leases")
         held = sum(crawl.held_by(v) for v in victims)
         info = fault.inject(crawl)
+        # what they held when the fault hit (a sync may land between the count above and the fault)
+        held = max(held, info.pop("held_at_fault", 0))
         codes = crawl.wait_workers(cfg.timeout)
         info["status_after"] = _status_digest(crawl.status())
         if "status_during" in info:
