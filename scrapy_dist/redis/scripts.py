@@ -11,6 +11,7 @@ call runs either way, so both paths answer the same."""
 from __future__ import annotations
 
 import hashlib
+import logging
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 from redis.exceptions import NoPermissionError, ResponseError
 
 from scrapy_dist.exceptions import RejectedEntry
+
+logger = logging.getLogger(__name__)
 
 #: script name -> fragments prepended to it
 _FRAGMENTS = {
@@ -99,8 +102,12 @@ class Library:
     async def _load(self) -> bool:
         try:
             await self.client.function_load(self.code, replace=True)
-        except ResponseError:  # no FUNCTION here (Redis < 7, an ACL, a proxy): EVALSHA it is
+        except ResponseError as exc:  # no FUNCTION here (Redis < 7, an ACL, a proxy): EVALSHA it is
             self.functions = False
+            if not isinstance(exc, NoPermissionError) and "unknown command" not in str(exc).lower():
+                # anything else (a library Redis would not compile, say) is worth a look
+                logger.warning("Could not load the %s FUNCTION library (%s): calling it by EVALSHA instead",
+                               self.function, exc)
         else:
             self.functions = True
         return bool(self.functions)
