@@ -1,23 +1,20 @@
-"""The scrapy-dist Scrapy add-on: ``ADDONS = {"scrapy_dist.Addon": 0}`` is all a project needs.
-
-It enables the shared frontier, the bloom dupefilter, :data:`COMPONENTS` and the resolver that refuses
-``SCHEDULER_DENY_NETWORKS``, never over what the user set: a setting is filled in only while it has Scrapy's
-default, a component added only if the user's dict mentions neither it nor the Scrapy one it replaces.
-"""
+"""The scrapy-dist Scrapy add-on: ``ADDONS = {"scrapy_dist.Addon": 0}`` enables the shared frontier, the
+bloom dupefilter, the components and the resolver that refuses ``SCHEDULER_DENY_NETWORKS``, never over what
+the user set: a setting is filled in only while it has Scrapy's default, a component added only if the
+user's dict mentions neither it nor the Scrapy one it replaces."""
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import logging
 import sys
 from typing import TYPE_CHECKING
 
+from scrapy.commands import ScrapyCommand
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.settings import reader as components
-from scrapy_dist.settings.reader import check_components, refuse_misspelt_components
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -28,10 +25,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: shared with the scheduler, which runs what it can of them without the add-on (settings/reader.py)
-SETTINGS = components.SETTINGS
-COMPONENTS = components.COMPONENTS
-
 #: Scrapy's commands that fetch a page or two for a person (``view`` is a ``fetch``): with the add-on they
 #: would join the shared crawl and record their URLs in its dupefilter.
 TOOL_COMMANDS = ("scrapy.commands.shell", "scrapy.commands.parse", "scrapy.commands.fetch",
@@ -41,8 +34,6 @@ TOOL_COMMANDS = ("scrapy.commands.shell", "scrapy.commands.parse", "scrapy.comma
 def tool_command() -> str | None:
     """The Scrapy tool command (``parse``, ``shell``, ...) the add-on is loaded under, else None. Scrapy pops
     the command's name out of ``sys.argv``, but every command starts its crawler from its ``run()``."""
-    from scrapy.commands import ScrapyCommand
-
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         command = frame.f_locals.get("self")
@@ -63,16 +54,10 @@ def _available(path: str) -> bool:
     """Whether the class at ``path`` can be imported (a missing optional module is not an error)."""
     module, _, name = path.rpartition(".")
     try:
-        if importlib.util.find_spec(module) is None:
-            return False
-        return hasattr(importlib.import_module(module), name)
+        return importlib.util.find_spec(module) is not None and hasattr(importlib.import_module(module), name)
     except ImportError as exc:
         logger.warning("scrapy-dist add-on: cannot import %s (%s); keeping Scrapy's component", path, exc)
         return False
-
-
-#: checks SCHEDULER_DENY_NETWORKS on the address each connection uses
-RESOLVER = "scrapy_dist.egress.DenyNetworksResolver"
 
 
 class Addon:
@@ -87,20 +72,19 @@ class Addon:
 
     @classmethod
     def update_pre_crawler_settings(cls, settings: BaseSettings) -> None:
-        """The process's settings, whence Scrapy installs the reactor's DNS resolver: ours, unless the
-        project chose one (``TWISTED_DNS_RESOLVER``/``DNS_RESOLVER``)."""
+        """The reactor's DNS resolver: ours, unless the project chose one (``TWISTED_DNS_RESOLVER``)."""
         if not (_user_set(settings, "TWISTED_DNS_RESOLVER") or _user_set(settings, "DNS_RESOLVER")):
-            settings.set("TWISTED_DNS_RESOLVER", RESOLVER, priority="addon")
+            settings.set("TWISTED_DNS_RESOLVER", "scrapy_dist.egress.DenyNetworksResolver", priority="addon")
 
     def update_settings(self, settings: BaseSettings) -> None:
         command = tool_command()
         if command is not None:
             logger.info("scrapy-dist add-on: off for `scrapy %s` (it stays out of the shared crawl)", command)
             return
-        for name, value in SETTINGS.items():
+        for name, value in components.SETTINGS.items():
             if not _user_set(settings, name):
                 settings.set(name, value, priority="addon")
-        for c in COMPONENTS:
+        for c in components.COMPONENTS:
             user = settings.getdict(c.setting)
             if c.replaces:  # ours in place of Scrapy's, unless the user's dict names either
                 mentioned = components.mentions(user, c.replaces) or components.mentions(user, c.path)
@@ -112,9 +96,9 @@ class Addon:
             settings.set_in_component_priority_dict(c.setting, load_object(c.path), c.order)
         # before Scrapy loads SCHEDULER and STATS_CLASS, which would fail with a traceback
         if self.crawler is not None:
-            refuse_misspelt_components(self.crawler)
+            components.refuse_misspelt_components(self.crawler)
         else:
-            check_components(settings)
+            components.check_components(settings)
         _warn_foreign_scheduler(settings)
 
 

@@ -1,6 +1,4 @@
-"""The single exception root of scrapy-dist, :class:`ScrapyDistError`. Errors that stand for a rejected
-input carry a short ``reason``, also used in stats (``.../rejected/<reason>``) and in ``:rejected`` records.
-"""
+"""scrapy-dist's exceptions, all under :class:`ScrapyDistError`."""
 
 from __future__ import annotations
 
@@ -25,12 +23,11 @@ class UnserializableRequest(ScrapyDistError):
 
 class RejectedEntry(ScrapyDistError):
     """Untrusted data read from Redis (a queue entry, a seed) failed validation; ``reason`` is a short slug
-    (``not_utf8``, ``bad_scheme``, ...) used in stats and rejection records."""
+    (``not_utf8``, ...) used in stats (``.../rejected/<reason>``) and rejection records."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
+        self.reason, self.detail = reason, detail
 
 
 class ReleasedAtClose(ScrapyDistError, IgnoreRequest):
@@ -56,5 +53,4 @@ class FrontierStateError(FrontierScriptError):
             f"The frontier refused to write: {key!r} holds an unusable value ({reason}); nothing was"
             " written. Repair or delete that key (SCHEDULER_FLUSH_ON_START clears the crawl)"
         )
-        self.reason = reason
-        self.key = key
+        self.reason, self.key = reason, key

@@ -271,11 +271,9 @@ def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolve
     (``reactor.resolver`` and ``reactor.nameResolver``): Scrapy's default is replaced by
     :class:`DenyNetworksResolver` (``ours``, or one with the same cache and timeout), any other is wrapped.
     Returns the dotted name of a wrapped resolver that is neither Scrapy's nor Twisted's (else ``""``)."""
-    if isinstance(reactor.resolver, (DenyNetworksResolver, DenyingResolver)) and isinstance(
-        reactor.nameResolver, DenyingNameResolver
-    ):
-        return ""
     current = reactor.resolver
+    if isinstance(current, _CheckedAnswers) and isinstance(reactor.nameResolver, DenyingNameResolver):
+        return ""
     checking: DenyNetworksResolver | DenyingResolver
     if ours is None and isinstance(current, ComplexResolverSimplifier):  # a name resolver was installed
         inner: Any = current._nameResolver

@@ -21,9 +21,10 @@ import redis.sentinel
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
+from scrapy import signals
+from scrapy.utils.misc import load_object
 
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.redis import outage
 from scrapy_dist.redis.target import RedisTarget, resolve_target, resolve_url
 from scrapy_dist.settings import DistSettings, mask_url
 from scrapy_dist.settings.reader import refuse_start
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     SettingsLike = BaseSettings | Mapping[str, Any]
 
 __all__ = [
-    "CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "OUTAGE_ERRORS", "ClientPool", "RedisTarget", "build_async",
+    "CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget", "build_async",
     "build_sync", "check_reachable", "check_reachable_async", "ensure_reachable", "from_settings",
     "get_async_redis", "get_redis", "get_redis_from_settings", "is_cluster", "mask_url", "resolve_target",
     "resolve_url",
@@ -54,8 +55,6 @@ _RETRIES = 3
 
 #: What "Redis did not answer" looks like; RedisClusterException is not a RedisError.
 CONNECT_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
-#: What a client raises while Redis is down, restarting or failing over (defined by the outage policy).
-OUTAGE_ERRORS = outage.OUTAGE_ERRORS
 
 _cluster_detected: dict[str, bool] = {}
 _tls_checked: set[str] = set()  # rediss:// URLs whose port did not answer plain text
@@ -240,8 +239,6 @@ class ClientPool:
         """The pool of ``crawler``, made on first use and closed when its engine stops."""
         pool = _POOLS.get(crawler)
         if pool is None:
-            from scrapy import signals
-
             pool = _POOLS[crawler] = cls(resolve_target(DistSettings.for_crawler(crawler)))
             crawler.signals.connect(pool.close, signal=signals.engine_stopped)
         return pool
@@ -259,8 +256,7 @@ class ClientPool:
         return cast("redis.asyncio.Redis", self._async)
 
     async def close(self) -> None:
-        sync, self._sync = self._sync, None
-        client, self._async = self._async, None
+        sync, client, self._sync, self._async = self._sync, self._async, None, None
         if sync is not None:
             sync.close_shared()
         if client is not None:
@@ -276,25 +272,16 @@ def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: 
     return _redis_from_keywords(dict(kwargs)) if settings is None else build_sync(resolve_target(settings))
 
 
-#: scrapy-redis's ``get_redis(**kwargs)`` keywords that name a setting here.
-_KEYWORD_SETTINGS = {"url": "REDIS_URL", "host": "REDIS_HOST", "port": "REDIS_PORT"}
-
-
 def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
     """scrapy-redis's ``get_redis(url=..., host=..., port=..., db=..., redis_cls=..., **params)``."""
     redis_cls = kwargs.pop("redis_cls", None)
     if isinstance(redis_cls, str):
-        from scrapy.utils.misc import load_object
-
         redis_cls = load_object(redis_cls)
     if redis_cls is not None:  # built exactly as scrapy-redis builds it, no options added
         url = kwargs.pop("url", None)
         return cast("redis.Redis", redis_cls.from_url(url, **kwargs) if url else redis_cls(**kwargs))
-    settings: dict[str, Any] = {}
-    for word, name in _KEYWORD_SETTINGS.items():
-        value = kwargs.pop(word, None)
-        if value not in (None, ""):
-            settings[name] = value
+    given = {word: kwargs.pop(word, None) for word in ("url", "host", "port")}  # REDIS_URL, REDIS_HOST, ...
+    settings: dict[str, Any] = {f"REDIS_{w.upper()}": v for w, v in given.items() if v not in (None, "")}
     db = kwargs.pop("db", None)
     if db is not None and "REDIS_URL" in settings:
         kwargs["db"] = db  # redis-py: a db keyword wins over the URL's
@@ -341,14 +328,11 @@ def _describe(client: Any) -> RedisTarget:
     return RedisTarget(url=url, setting="REDIS_URL")
 
 
-def _is_settings(obj: Any) -> bool:
-    return isinstance(obj, DistSettings) or (not hasattr(obj, "ping") and hasattr(obj, "get"))
-
-
 def check_reachable(client_or_settings: Any, settings: SettingsLike | DistSettings | None = None) -> None:
-    """Raise :class:`RedisUnavailable` (one line naming the masked URL and the setting to change) unless
-    Redis answers ``PING``. Pass a sync client (and, for a precise message, its settings), or the settings."""
-    owned = _is_settings(client_or_settings)
+    """Raise :class:`RedisUnavailable` (one line naming the masked URL and the setting) unless Redis answers
+    ``PING``. Pass a sync client (and, for a precise message, its settings), or the settings."""
+    obj = client_or_settings
+    owned = isinstance(obj, DistSettings) or (not hasattr(obj, "ping") and hasattr(obj, "get"))
     if owned:
         target = resolve_target(client_or_settings)
         client = build_sync(target)

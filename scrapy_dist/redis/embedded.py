@@ -17,6 +17,8 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.project import data_path
 
 from scrapy_dist.exceptions import RedisUnavailable
 from scrapy_dist.redis import private_files as files
@@ -74,9 +76,6 @@ _thread_lock = threading.Lock()  # between the threads of this process (server.l
 def embedded_dir(settings: Any) -> Path:
     """The embedded server's directory for these settings (``REDIS_EMBEDDED_DIR``, absolute or relative to
     the project's ``.scrapy`` directory; ``./.scrapy/scrapy_dist`` outside a project)."""
-    from scrapy.exceptions import NotConfigured
-    from scrapy.utils.project import data_path
-
     configured = settings.get("REDIS_EMBEDDED_DIR", defaults.REDIS_EMBEDDED_DIR) or DEFAULT_DIRNAME
     try:
         path = Path(data_path(configured))

@@ -1,10 +1,6 @@
-"""The single place where scrapy-dist makes Redis key names (the list: docs/frontier.md, "Keys").
-
-Every per-crawl key starts with ``<prefix>{<spider>}:`` -- a Redis Cluster hash tag, so a Lua script may
-touch several keys of one crawl; shard ``i >= 1`` of a sharded frontier uses ``{<spider>#<i>...}``
-(:func:`shard_suffix`). Seeds keep the plain ``<prefix><spider>:start_urls`` users type into ``redis-cli``.
-Nothing else, not even Lua, builds a key name, except ``<key>:garbage`` (:data:`GARBAGE`), where a key of
-another Redis type is moved aside."""
+"""The one place that makes Redis key names (the list: docs/frontier.md, "Keys"). Every per-crawl key starts
+with the hash tag ``<prefix>{<spider>}:`` (``{<spider>#<i>...}`` for shard ``i >= 1``), so a Lua script may
+touch several keys of a crawl on Redis Cluster; seeds keep the plain ``<prefix><spider>:start_urls``."""
 
 from __future__ import annotations
 
@@ -29,10 +25,9 @@ SHARD_KEY_NAMES = (
 
 @cache
 def shard_suffix(spider: str, index: int, shards: int) -> str:
-    """What follows the spider name inside the hash tag of shard ``index`` of ``shards`` (``""`` for 0):
-    ``#<index>``, or ``#<index>.<k>`` for the smallest ``k`` whose slot falls in this shard's slot range
-    (range ``r`` is ``[r * 16384 / shards, (r + 1) * 16384 / shards)``; shard 0 has the one ``{<spider>}``
-    falls in, shards 1.. the others in ascending order). The same in every process (CRC16)."""
+    """What follows the spider name in the hash tag of shard ``index`` (``""`` for 0): ``#<index>``, or
+    ``#<index>.<k>`` for the smallest ``k`` whose slot falls in this shard's share of the 16384 slots (shard
+    0 has the share ``{<spider>}`` falls in, shards 1.. the others in ascending order)."""
     if index == 0:
         return ""
     home = key_slot(spider.encode()) * shards // REDIS_CLUSTER_HASH_SLOTS
@@ -85,14 +80,8 @@ CRAWL_KEY_NAMES = {
 
 @dataclass(frozen=True)
 class CrawlKeys:
-    """Key names of one crawl (one spider name) under an optional key prefix.
-
-    >>> k = CrawlKeys("books")
-    >>> k.queue
-    '{books}:queue'
-    >>> CrawlKeys("books", prefix="shop:").start_urls
-    'shop:books:start_urls'
-    """
+    """Key names of one crawl (one spider name) under an optional key prefix: ``CrawlKeys("books").queue``
+    is ``{books}:queue``."""
 
     spider: str
     prefix: str = ""
@@ -109,14 +98,8 @@ class CrawlKeys:
         return f"{self.prefix}{{{self.spider}{self.shard_suffix}}}"
 
     def shard(self, index: int, shards: int) -> CrawlKeys:
-        """The keys of shard ``index`` of a frontier of ``shards`` shards (shard 0 is the crawl itself; on
-        the others only :data:`SHARD_KEY_NAMES` are meaningful).
-
-        >>> CrawlKeys("books").shard(1, 3).queue
-        '{books#1}:queue'
-        """
-        if not 0 <= index < shards:
-            raise ValueError(f"shard {index} of {shards}")
+        """The keys of shard ``index`` of ``shards`` (shard 0 is the crawl itself; on the others only
+        :data:`SHARD_KEY_NAMES` are meaningful)."""
         suffix = shard_suffix(self.spider, index, shards)
         return self if suffix == self.shard_suffix else dataclasses.replace(self, shard_suffix=suffix)
 
@@ -130,10 +113,9 @@ class CrawlKeys:
     def __getattr__(self, attribute: str) -> str:
         """The fixed-name keys of :data:`CRAWL_KEY_NAMES` (``keys.queue`` is ``<tag>:queue``)."""
         try:
-            name = CRAWL_KEY_NAMES[attribute]
+            return self._k(CRAWL_KEY_NAMES[attribute])
         except KeyError:
             raise AttributeError(f"{type(self).__name__} has no key {attribute!r}") from None
-        return self._k(name)
 
     def bloom_block(self, filter_index: int, block_index: int) -> str:
         """STRING bitmap: block ``block_index`` of filter ``filter_index`` of the scalable bloom chain."""
@@ -162,8 +144,7 @@ class CrawlKeys:
     @property
     def start_urls(self) -> str:
         """The seeds key (LIST by default; SET or ZSET if configured)."""
-        name = self.start_urls_template % {"name": self.spider, "spider": self.spider}
-        return f"{self.prefix}{name}"
+        return self.prefix + self.start_urls_template % {"name": self.spider, "spider": self.spider}
 
     @property
     def start_urls_rejected(self) -> str:
@@ -172,50 +153,42 @@ class CrawlKeys:
 
     @property
     def _start_urls_stem(self) -> str:
-        """Stem of keys that share the seeds key's hash slot: the seeds key if it holds a hash tag, else
-        the seeds key as the tag."""
+        """Stem of keys in the seeds key's hash slot: the seeds key if it holds a hash tag, else it as one."""
         s = self.start_urls
         open_at = s.find("{")
-        if open_at >= 0 and s.find("}", open_at + 2) > 0:
-            return s
-        return f"{{{s}}}"
+        return s if open_at >= 0 and s.find("}", open_at + 2) > 0 else f"{{{s}}}"
 
     @property
     def start_urls_processing(self) -> str:
-        """LIST of seeds popped but not yet turned into frontier entries, each as ``<worker id>\\n<seed>``
-        (same slot as the seeds key; ``LLEN`` = seeds in flight crawl-wide)."""
+        """LIST of seeds popped but not yet turned into frontier entries, each ``<worker id>\\n<seed>``."""
         return f"{self._start_urls_stem}:processing"
 
     @property
     def start_urls_workers(self) -> str:
-        """ZSET worker id -> lease deadline (unix seconds) of the workers reading seeds: a worker whose
-        lease ran out has its processing entries given back to the seeds key (same slot as the seeds key)."""
+        """ZSET worker id -> lease deadline (unix seconds) of the workers reading seeds."""
         return f"{self._start_urls_stem}:workers"
 
     @property
     def items(self) -> str:
         """The items LIST or STREAM (``REDIS_ITEMS_KEY``)."""
-        name = self.items_template % {"spider": self.spider, "name": self.spider}
-        return f"{self.prefix}{name}"
+        return self.prefix + self.items_template % {"spider": self.spider, "name": self.spider}
 
     def frontier_keys(self) -> list[str]:
         """Every fixed-name key the frontier owns (bloom blocks are listed by the dupefilter); on a shard
-        > 0, only the per-shard ones (rejected entries are kept, as on shard 0)."""
+        > 0, only the per-shard ones."""
         names = [n for n in FRONTIER_KEY_NAMES if not self.shard_suffix or n in SHARD_KEY_NAMES]
         return [getattr(self, name) for name in names if name != "bloom"] + [self.bloom]
 
 
 def crawl_keys(ds: DistSettings, spider_name: str) -> CrawlKeys:
-    """:class:`CrawlKeys` of the typed settings (``REDIS_KEY_PREFIX``, ``REDIS_START_URLS_KEY``,
-    ``REDIS_ITEMS_KEY``)."""
+    """:class:`CrawlKeys` of the typed settings (prefix, seeds and items key templates)."""
     return CrawlKeys(spider=spider_name, prefix=ds.connection.key_prefix,
                      start_urls_template=ds.seeds.key_template, items_template=ds.items.key_template)
 
 
 def spider_name(crawler: Any) -> str:
     """The name every key of a crawl is built from: the running spider's ``name`` (also one set in
-    ``__init__`` or by ``process.crawl(Spider, name=...)``), else its class's; one function, so no two
-    components split a crawl over two key sets."""
+    ``__init__``), else its class's; one function, so no two components split a crawl over two key sets."""
     spider = getattr(crawler, "spider", None)
     name = getattr(spider, "name", None) or getattr(crawler.spidercls, "name", None)
     if not name or not isinstance(name, str):

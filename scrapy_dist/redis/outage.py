@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 import redis.exceptions
+from scrapy.utils.reactor import is_reactor_installed
 
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.utils import RateLimitedLog
-
-__all__ = ["OUTAGE_ERRORS", "READ_ERRORS", "BackgroundTask", "Backoff", "BatchWriter", "CloseWatch",
-           "LoopGuard", "Outage", "ToolOutage", "is_outage", "refusal"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -141,15 +139,11 @@ class Outage:
         if self.since is not None:
             return False
         self.since, self.count = now, self.count + 1
-        refused, extra = refusal(exc), f" ({detail})" if detail else ""
-        if refused is not None:
-            self.log.warning("Redis refuses writes (%s; noticed by the %s): this worker keeps its work in"
-                             " memory and retries; one line will say when Redis takes writes again%s",
-                             refused, component, extra)
-        else:
-            self.log.warning("Redis is unreachable (%s; noticed by the %s): this worker keeps its work in"
-                             " memory and retries; one line will say when Redis is back%s", describe(exc),
-                             component, extra)
+        refused = refusal(exc)
+        what, back = ("refuses writes", "takes writes again") if refused else ("is unreachable", "is back")
+        self.log.warning("Redis %s (%s; noticed by the %s): this worker keeps its work in memory and"
+                         " retries; one line will say when Redis %s%s", what, refused or describe(exc),
+                         component, back, f" ({detail})" if detail else "")
         return True
 
     def succeeded(self, now: float, component: str) -> bool:
@@ -340,8 +334,6 @@ class CloseWatch:
                      " this worker without waiting for it. Its unwritten items and unacknowledged requests"
                      " are not lost: the requests come back to the queue when their leases expire",
                      now - self.since)
-        from scrapy.utils.reactor import is_reactor_installed
-
         if is_reactor_installed():  # Scrapy's own forced shutdown
             from twisted.internet import reactor
 
@@ -403,8 +395,6 @@ class BatchWriter(BackgroundTask, Generic[T]):
         on_failure: Callable[[BaseException], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
         super().__init__(guard or Outage().guard("batch writer"), clock)
         self.write, self.batch_size, self.flush_interval = write, batch_size, flush_interval
         self.max_batches, self.on_failure = max(1, max_batches), on_failure

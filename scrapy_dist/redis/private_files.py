@@ -74,30 +74,26 @@ def make_private_dir(path: Path) -> None:
     check_private_dir(path)
 
 
-def _fresh_file(path: Path, text: str) -> Path:
-    """A new file next to ``path`` (random name, ``O_EXCL|O_NOFOLLOW``, mode 0600) holding ``text``."""
+@contextlib.contextmanager
+def _fresh_file(path: Path, text: str) -> Iterator[Path]:
+    """A new file next to ``path`` (random name, ``O_EXCL|O_NOFOLLOW``, mode 0600) holding ``text`` for the
+    block, then removed unless the block moved it into place."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
-    except BaseException:
+        yield tmp
+    finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise
-    return tmp
 
 
 def write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically, readable only by us: a fresh file renamed over ``path`` -- a
     symlink planted at either name is never followed."""
-    tmp = _fresh_file(path, text)
-    try:
+    with _fresh_file(path, text) as tmp:
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def read_private(path: Path) -> str | None:
@@ -119,13 +115,8 @@ def private_secret(path: Path) -> bytes:
     processes starting at once agree on one); refused if not private or too short."""
     text = read_private(path)
     if text is None and not os.path.lexists(path):
-        tmp = _fresh_file(path, secrets.token_hex(32))
-        try:
-            with contextlib.suppress(FileExistsError):  # another process made it first: its secret wins
-                os.link(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        with _fresh_file(path, secrets.token_hex(32)) as tmp, contextlib.suppress(FileExistsError):
+            os.link(tmp, path)  # FileExistsError: another process made it first, its secret wins
         text = read_private(path)
     secret = (text or "").strip()
     if len(secret) < 32:

@@ -1,12 +1,9 @@
-"""Lua scripts and untrusted replies: loads ``scrapy_dist/redis/lua/*.lua`` (fragments listed in
-:data:`_FRAGMENTS` are prepended to the scripts that use them), registers them with a client (EVALSHA,
-reloaded on NOSCRIPT; every key in KEYS shares the crawl's hash tag, so they run on Redis Cluster), and
-reads untrusted Redis replies as text.
+"""Lua scripts and untrusted replies: loads ``lua/*.lua`` (with the fragments of :data:`_FRAGMENTS`
+prepended), registers them with a client (EVALSHA, reloaded on NOSCRIPT), and reads Redis replies as text.
 
-A script in :data:`_LIBRARIES` is also a FUNCTION library (Redis >= 7), called by :class:`Library`: the
-library's top level -- every helper closure and constant table of the fragments -- runs once at load
-instead of on every call; the script ends in ``local function <name>_call(keys, argv)``, the one thing a
-call runs either way, so both paths answer the same."""
+A script in :data:`_LIBRARIES` is also a FUNCTION library (Redis >= 7), called by :class:`Library`: its top
+level (the fragments' helpers and tables) runs once at load; the script ends in ``local function
+<name>_call(keys, argv)``, what a call runs either way, so both paths answer the same."""
 
 from __future__ import annotations
 
@@ -42,9 +39,8 @@ _LIBRARIES = frozenset({"sync"})
 
 @cache
 def source(name: str, prelude: str = "", library: bool = False) -> str:
-    """The full Lua source of script ``name``: ``prelude`` (declarations its caller generates), then its
-    fragments, then the script; ``library``: as the FUNCTION library of a script in :data:`_LIBRARIES`
-    (its one function is named like the library: :func:`library_name`)."""
+    """The Lua source of script ``name``: ``prelude`` (declarations its caller generates), its fragments, the
+    script; ``library``: as a FUNCTION library whose one function is named like it (:func:`library_name`)."""
     lua = files("scrapy_dist.redis") / "lua"
     parts = [prelude] if prelude else []
     parts += [(lua / f"{frag}.lua").read_text() for frag in _FRAGMENTS.get(name, ())]
@@ -66,10 +62,9 @@ def library_name(code: str) -> str:
 
 
 class Library:
-    """Script ``name`` (one of :data:`_LIBRARIES`) for an asyncio client (plain or cluster): FCALL of its
-    FUNCTION library, loaded on first use (on every primary of a cluster) and again when the server has
-    lost it (restart, failover, FUNCTION FLUSH); EVALSHA when ``functions`` is False or the server
-    refuses FUNCTION LOAD or FCALL (Redis < 7, an ACL), for good after the first refusal."""
+    """Script ``name`` (one of :data:`_LIBRARIES`) for an asyncio client: FCALL of its FUNCTION library,
+    loaded on first use and again when the server lost it; EVALSHA when ``functions`` is False or the
+    server refuses FUNCTION LOAD or FCALL (Redis < 7, an ACL), for good after the first refusal."""
 
     def __init__(self, client: Any, name: str, prelude: str = "", functions: bool = True) -> None:
         self.client = client
@@ -126,9 +121,8 @@ def text(value: Any) -> str:
 
 
 def count(value: Any) -> int:
-    """A counter someone else may have written (a queue's request count, a bloom item count): a
-    non-negative decimal integer of at most 18 digits, else 0 -- the scripts heal such counters at their
-    next call, and a reader meanwhile falls back on what it counts itself."""
+    """A counter someone else may have written: a non-negative decimal integer of at most 18 digits, else 0
+    (the scripts heal such counters at their next call)."""
     t = text(value)
     return int(t) if t.isascii() and t.isdigit() and len(t) <= 18 else 0
 

@@ -27,21 +27,15 @@ if TYPE_CHECKING:
 
     SettingsLike = BaseSettings | Mapping[str, Any]
 
-__all__ = ["SECRET_FILE", "RedisTarget", "embedded_secret", "resolve_target", "resolve_url"]
-
 logger = logging.getLogger("scrapy_dist.redis.connection")
 
-_LOGIN_ERRORS = (
-    redis.exceptions.AuthenticationError,
-    redis.exceptions.AuthenticationWrongNumberOfArgsError,
-    redis.exceptions.NoPermissionError,
-)
+_LOGIN_ERRORS = (redis.exceptions.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError,
+                 redis.exceptions.NoPermissionError)
 _NO_MASTER = (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError)
 _ERROR_NAME = re.compile(r"\b(\w+(?:Error|Exception))\b")
 _TLS_PROBLEM = re.compile(r"\bSSL\b|\bTLS\b|certificate", re.IGNORECASE)
 
-_announced: set[Path] = set()
-_announced_urls: set[str] = set()
+_announced: set[Path | str] = set()  # embedded directories and masked URLs logged once
 
 
 @dataclass(frozen=True)
@@ -117,10 +111,9 @@ class RedisTarget:
 
 
 def resolve_target(settings: SettingsLike | DistSettings, *, notice: bool = True) -> RedisTarget:
-    """Which Redis the settings point at; the one function workers and the ``scrapy-dist`` command use.
-    The first use of a Redis logs one INFO line naming it (masked) and the setting that chose it. With no
-    Redis setting this joins or starts the embedded server (:class:`RedisUnavailable` if it cannot), with
-    one WARNING that the crawl is confined to this machine unless ``notice`` is false."""
+    """Which Redis the settings point at (its first use logs one INFO line naming it). With no Redis setting,
+    the embedded server, joined or started, with one WARNING that the crawl is confined to this machine
+    unless ``notice`` is false."""
     conn = DistSettings.coerce(settings).connection
     params = dict(conn.params)
     if conn.sentinels:
@@ -135,8 +128,8 @@ def resolve_target(settings: SettingsLike | DistSettings, *, notice: bool = True
         target = RedisTarget(url=url, setting="REDIS_HOST/REDIS_PORT", params=params, cluster=conn.cluster)
     else:
         return _embedded_target(conn, params, notice)
-    if target.masked_url not in _announced_urls:
-        _announced_urls.add(target.masked_url)
+    if target.masked_url not in _announced:
+        _announced.add(target.masked_url)
         logger.info("Using Redis at %s (from %s)", target.masked_url, target.setting)
     return target
 
@@ -166,8 +159,8 @@ SECRET_FILE = "entry.secret"
 
 
 def embedded_secret(settings: SettingsLike | DistSettings) -> bytes | None:
-    """The entry secret of the embedded Redis these settings use (made on first use, kept in its directory
-    as :data:`SECRET_FILE`, so every process of the project signs alike), or None for another Redis."""
+    """The entry secret of the embedded Redis these settings use (kept in its directory, so every process
+    of the project signs alike), or None for another Redis."""
     conn = DistSettings.coerce(settings).connection
     if conn.source != "embedded":
         return None
@@ -177,6 +170,5 @@ def embedded_secret(settings: SettingsLike | DistSettings) -> bytes | None:
 
 
 def resolve_url(settings: SettingsLike | DistSettings) -> str:
-    """The Redis URL the settings point at (starting the embedded server if none is configured); for
-    Sentinel the ``redis+sentinel://...`` form users read, not one ``from_url`` accepts."""
+    """The Redis URL the settings point at, as users read it (see :attr:`RedisTarget.display_url`)."""
     return resolve_target(settings).display_url

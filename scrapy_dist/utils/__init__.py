@@ -1,5 +1,5 @@
-"""Small shared helpers: :class:`RateLimitedLog` (one rate-limited logger for every repetitive message) and
-scrapy-redis's text helpers (``bytes_to_str`` & co.; scrapy-redis's ``TextColor`` is not provided)."""
+"""Small shared helpers: :class:`RateLimitedLog` for every repetitive message, and scrapy-redis's text
+helpers (``bytes_to_str`` & co.; not its ``TextColor``)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,8 @@ class _Window:
 
 
 class RateLimitedLog:
-    """Log at most ``burst`` messages per ``period`` seconds per ``key`` (a kind of message; by default all
-    share one budget), then only count; a summary line says how many were left out once the next period
-    starts. ``now`` (monotonic seconds) may be passed for tests."""
+    """Log at most ``burst`` messages per ``period`` seconds per ``key`` (by default all share one), then
+    only count; a summary line says how many were left out once the next period starts."""
 
     def __init__(self, logger: logging.Logger, period: float = 60.0, burst: int = 5) -> None:
         self.logger, self.period, self.burst = logger, period, burst
