@@ -31,8 +31,7 @@ class RejectedEntry(ScrapyDistError):
 
 
 class ReleasedAtClose(ScrapyDistError, IgnoreRequest):
-    """A leased request that waited in the downloader when the worker began to close: given back to the
-    queue instead of fetched (an ``IgnoreRequest``, so Scrapy drops it quietly)."""
+    """A leased request still waiting in the downloader at close: given back, not fetched."""
 
 
 class FrontierScriptError(ScrapyDistError):
@@ -40,13 +39,11 @@ class FrontierScriptError(ScrapyDistError):
 
 
 class ShardingRefused(ScrapyDistError):
-    """A worker cannot join a sharded frontier as configured (``SCHEDULER_SHARDS`` differing from the
-    crawl's recorded value, or combined with ``SCHEDULER_POLITENESS = "cluster"``)."""
+    """A worker cannot join a sharded frontier as configured (``SCHEDULER_SHARDS``)."""
 
 
 class FrontierStateError(FrontierScriptError):
-    """The sync script refused to write because a value it read from Redis cannot be used (a key of the
-    wrong type, a bloom count past its bound, ...). ``reason`` is the script's slug, ``key`` the key."""
+    """The sync script refused to write: a value it read from Redis (``key``) is unusable."""
 
     def __init__(self, reason: str, key: str) -> None:
         super().__init__(

@@ -63,8 +63,7 @@ def parse_networks(values: Iterable[Any]) -> list[Network]:
 
 
 def denied(address: str, networks: Iterable[Network]) -> Network | None:
-    """The network holding ``address`` (an IPv4-mapped IPv6 address counts as its IPv4 address), or
-    ``None`` (also for text that is no IP address)."""
+    """The network holding ``address`` (an IPv4-mapped address as its IPv4 one), or ``None``."""
     try:
         ip: Address = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
@@ -87,8 +86,7 @@ def literal_refusal(host: str, networks: Iterable[Network], what: str = "host") 
 
 
 def request_refusal(request: Request, networks: Sequence[Network]) -> str:
-    """Why ``request`` is refused before any DNS: its host, or its ``meta["proxy"]``'s, is an IP address in
-    ``networks`` (``""``: not refused here)."""
+    """Why ``request``'s host or ``meta["proxy"]``, written as an IP address, is refused (or ``""``)."""
     if not networks:
         return ""
     why = literal_refusal(urlparse_cached(request).hostname or "", networks)
@@ -141,8 +139,7 @@ class DenyPolicy:
         return out
 
     def check(self, address: str, name: str) -> str:
-        """``address`` (an answer for ``name``) if no deny list holds it; else count, log (rate-limited)
-        and raise :class:`DeniedNetwork`."""
+        """``address`` (an answer for ``name``) unless denied: then count, log and raise DeniedNetwork."""
         net = denied(address, self.networks)
         if net is None:
             return address
@@ -175,56 +172,36 @@ _MARK_SUFFIX = ".denied.scrapy-dist.invalid"
 POLICY = DenyPolicy()
 
 
-class _CheckedAnswers:
-    """``getHostByName`` as the subclass's ``lookup`` answers it, checked against ``policy``."""
+@implementer(IResolverSimple)
+class DenyingResolver:
+    """Any ``IResolverSimple`` (``inner``) whose every answer, cached or fresh, is checked against ``policy``
+    (also when a name answers differently from one lookup to the next)."""
 
-    policy: DenyPolicy
-
-    def lookup(self, name: str, timeout: Sequence[int]) -> Deferred[str]:
-        raise NotImplementedError
+    def __init__(self, inner: Any, policy: DenyPolicy = POLICY) -> None:
+        self.inner, self.policy = inner, policy
 
     def getHostByName(self, name: str, timeout: Sequence[int] = (1, 3, 11, 45)) -> Deferred[str]:
         refused = self.policy.unmark(name)
         if refused is not None:
             return refused
-        return self.lookup(name, timeout).addCallback(self.policy.check, name)
+        answer: Deferred[str] = self.inner.getHostByName(name, timeout)
+        return answer.addCallback(self.policy.check, name)
 
 
-@implementer(IResolverSimple)
-class DenyNetworksResolver(_CheckedAnswers, CachingThreadedResolver):
-    """Scrapy's default resolver (thread pool, DNS cache, ``DNS_TIMEOUT``) whose every answer, cached or
-    fresh, is checked against the process's :class:`DenyPolicy`. Set it with ``TWISTED_DNS_RESOLVER =
-    "scrapy_dist.egress.DenyNetworksResolver"`` (the add-on does)."""
+class DenyNetworksResolver(DenyingResolver):
+    """Scrapy's default resolver (thread pool, DNS cache, ``DNS_TIMEOUT``), checked against the process's
+    :class:`DenyPolicy`: ``TWISTED_DNS_RESOLVER = "scrapy_dist.egress.DenyNetworksResolver"`` (the add-on
+    sets it)."""
 
-    policy: DenyPolicy = POLICY
+    def __init__(self, reactor: Any, cache_size: int, timeout: float) -> None:
+        super().__init__(CachingThreadedResolver(reactor, cache_size, timeout))
+        self.reactor, self.timeout = reactor, timeout
 
-    def lookup(self, name: str, timeout: Sequence[int] = ()) -> Deferred[str]:
-        return CachingThreadedResolver.getHostByName(self, name, timeout)
+    #: Scrapy's: ``cls(reactor, DNSCACHE_SIZE or 0, DNS_TIMEOUT)``
+    from_crawler = CachingThreadedResolver.__dict__["from_crawler"]
 
     def install_on_reactor(self) -> None:
         install(self.reactor, self.policy, self)
-
-
-@implementer(IResolverSimple)
-class DenyingResolver(_CheckedAnswers):
-    """Any ``IResolverSimple`` (``inner``) whose answers are checked as :class:`DenyNetworksResolver`'s."""
-
-    def __init__(self, inner: Any, policy: DenyPolicy = POLICY) -> None:
-        self.inner, self.policy = inner, policy
-
-    def lookup(self, name: str, timeout: Sequence[int] = (1, 3, 11, 45)) -> Deferred[str]:
-        return self.inner.getHostByName(name, timeout)  # type: ignore[no-any-return]
-
-
-@implementer(IResolverSimple)
-class _Unchecked:
-    """A checking resolver's plain lookups, for the name resolver that does its own checking."""
-
-    def __init__(self, resolver: DenyNetworksResolver | DenyingResolver) -> None:
-        self.resolver = resolver
-
-    def getHostByName(self, name: str, timeout: Sequence[int] = (1, 3, 11, 45)) -> Deferred[str]:
-        return self.resolver.lookup(name, timeout)
 
 
 @provider(IResolutionReceiver)
@@ -272,9 +249,9 @@ def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolve
     :class:`DenyNetworksResolver` (``ours``, or one with the same cache and timeout), any other is wrapped.
     Returns the dotted name of a wrapped resolver that is neither Scrapy's nor Twisted's (else ``""``)."""
     current = reactor.resolver
-    if isinstance(current, _CheckedAnswers) and isinstance(reactor.nameResolver, DenyingNameResolver):
+    if isinstance(current, DenyingResolver) and isinstance(reactor.nameResolver, DenyingNameResolver):
         return ""
-    checking: DenyNetworksResolver | DenyingResolver
+    checking: DenyingResolver
     if ours is None and isinstance(current, ComplexResolverSimplifier):  # a name resolver was installed
         inner: Any = current._nameResolver
         checking = DenyingResolver(current, policy)
@@ -288,8 +265,7 @@ def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolve
         else:
             checking = DenyingResolver(current, policy)
         checking.policy = policy
-        unchecked: Any = _Unchecked(checking)
-        names = DenyingNameResolver(SimpleResolverComplexifier(unchecked), policy)
+        names = DenyingNameResolver(SimpleResolverComplexifier(checking.inner), policy)
     reactor.installNameResolver(names)
     reactor.resolver = checking  # installNameResolver set a plain wrapper of names: ours reads stand-ins
     if ours is not None or type(inner) is CachingThreadedResolver:

@@ -71,8 +71,7 @@ def _client_params(target: RedisTarget) -> dict[str, Any]:
 
 
 def _detect_cluster(target: RedisTarget) -> bool:
-    """Whether the server runs in cluster mode (``INFO cluster``; cached per URL). An unreachable server
-    counts as "not a cluster" (not cached); one that times out raises :class:`RedisUnavailable`."""
+    """Whether the server runs in cluster mode (cached per URL; an unreachable one is not)."""
     if target.cluster is not None or target.is_unix:
         return bool(target.cluster)
     if target.url in _cluster_detected:
@@ -93,8 +92,7 @@ def _detect_cluster(target: RedisTarget) -> bool:
 
 
 def _answers_plain(target: RedisTarget) -> bool:
-    """Whether the host and port of a ``rediss://`` URL answer a plain-text ``PING`` within a second (a TLS
-    client there would wait for a handshake reply that never comes)."""
+    """Whether a ``rediss://`` URL's port answers a plain-text ``PING`` (TLS would wait for ever)."""
     parts = urlsplit(target.url)
     try:
         if not parts.hostname:
@@ -108,8 +106,7 @@ def _answers_plain(target: RedisTarget) -> bool:
 
 
 def _sentinel_kwargs(target: RedisTarget, retry: Any) -> dict[str, Any]:
-    """Options of the connections to the Sentinels themselves: the socket timeouts, ``retry`` (none: there
-    are other Sentinels to ask), plus ``REDIS_PARAMS["sentinel_kwargs"]`` for a password or TLS."""
+    """Options of the connections to the Sentinels, plus ``REDIS_PARAMS["sentinel_kwargs"]``."""
     params = _client_params(target)
     kwargs = {k: v for k, v in params.items() if k.startswith("socket_")}
     kwargs.update(retry=retry, maint_notifications_config=params["maint_notifications_config"])
@@ -152,8 +149,7 @@ def _backoff() -> ExponentialWithJitterBackoff:
 
 
 def _retry(flavour: _Flavour) -> Any:
-    """redis-py's retry of one command: ``_RETRIES`` times on a lost connection, never on a timeout, which
-    has already waited ``socket_timeout`` and may be a write the server still executes when it wakes up."""
+    """Retry a command on a lost connection, never on a timeout (a write the server may still run)."""
     return flavour.retry(_backoff(), _RETRIES, supported_errors=(redis.exceptions.ConnectionError,))
 
 
@@ -329,8 +325,7 @@ def _describe(client: Any) -> RedisTarget:
 
 
 def check_reachable(client_or_settings: Any, settings: SettingsLike | DistSettings | None = None) -> None:
-    """Raise :class:`RedisUnavailable` (one line naming the masked URL and the setting) unless Redis answers
-    ``PING``. Pass a sync client (and, for a precise message, its settings), or the settings."""
+    """Raise :class:`RedisUnavailable` unless Redis answers ``PING`` (a sync client, or settings)."""
     obj = client_or_settings
     owned = isinstance(obj, DistSettings) or (not hasattr(obj, "ping") and hasattr(obj, "get"))
     if owned:

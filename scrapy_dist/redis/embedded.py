@@ -50,8 +50,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def pid_is_redis(pid: int, directory: Path) -> bool:
-    """Whether ``pid`` is a live redis-server working in ``directory`` (not a recycled pid, not another
-    project's server)."""
+    """Whether ``pid`` is a live redis-server working in ``directory`` (not a recycled pid)."""
     if not pid_alive(pid):
         return False
     try:
@@ -112,8 +111,7 @@ class EmbeddedRedis:
 
     @classmethod
     def for_settings(cls, settings: Any) -> EmbeddedRedis:
-        """The embedded server the given Scrapy settings would use; :class:`RedisUnavailable` (one line)
-        for a bad ``REDIS_EMBEDDED_MAXMEMORY``."""
+        """The embedded server the given Scrapy settings would use."""
         raw = settings.get("REDIS_EMBEDDED_MAXMEMORY", defaults.REDIS_EMBEDDED_MAXMEMORY)
         try:
             maxmemory = parse_maxmemory(raw)
@@ -140,8 +138,7 @@ class EmbeddedRedis:
         return f"unix://{state['socket']}?db=0"
 
     def _answers(self, state: dict[str, Any], loading_timeout: float) -> bool:
-        """Whether the server in ``state`` is up and serves this directory, waiting up to ``loading_timeout``
-        seconds while it loads its data (``LOADING``)."""
+        """Whether the server in ``state`` serves this directory, waiting while it loads (``LOADING``)."""
         try:
             files.check_private_dir(self.socket_path.parent)  # still one only we control
         except RedisUnavailable:
@@ -173,8 +170,7 @@ class EmbeddedRedis:
                             self.maxmemory, current)
 
     def url(self, loading_timeout: float = 60.0) -> str | None:
-        """URL of the running server, or ``None`` if none answers (never starts one);
-        :class:`RedisUnavailable` if the directory is not one only we control."""
+        """URL of the running server, or ``None`` if none answers (never starts one)."""
         if not os.path.lexists(self.directory):
             return None
         files.check_private_dir(self.directory)
@@ -198,8 +194,7 @@ class EmbeddedRedis:
         return out
 
     def ensure_running(self, timeout: float = 60.0) -> tuple[str, bool]:
-        """Join the running server or start one: ``(url, started_by_this_call)``; :class:`RedisUnavailable`
-        (one line) if it cannot start or a directory is not one only we control."""
+        """Join the running server or start one: ``(url, started_by_this_call)``."""
         files.make_private_dir(self.directory)
         url = self.url()
         if url:

@@ -80,8 +80,7 @@ CRAWL_KEY_NAMES = {
 
 @dataclass(frozen=True)
 class CrawlKeys:
-    """Key names of one crawl (one spider name) under an optional key prefix: ``CrawlKeys("books").queue``
-    is ``{books}:queue``."""
+    """Key names of one crawl (one spider name) under an optional key prefix."""
 
     spider: str
     prefix: str = ""
@@ -98,8 +97,7 @@ class CrawlKeys:
         return f"{self.prefix}{{{self.spider}{self.shard_suffix}}}"
 
     def shard(self, index: int, shards: int) -> CrawlKeys:
-        """The keys of shard ``index`` of ``shards`` (shard 0 is the crawl itself; on the others only
-        :data:`SHARD_KEY_NAMES` are meaningful)."""
+        """The keys of shard ``index`` of ``shards`` (shard 0 is the crawl itself)."""
         suffix = shard_suffix(self.spider, index, shards)
         return self if suffix == self.shard_suffix else dataclasses.replace(self, shard_suffix=suffix)
 

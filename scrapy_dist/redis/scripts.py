@@ -128,8 +128,7 @@ def count(value: Any) -> int:
 
 
 def hash_fields(raw: Any, what: str) -> dict[str, str]:
-    """An ``HGETALL`` reply as text -> text (``None``: an empty hash). Raises :class:`RejectedEntry`
-    (reason ``not_a_hash``, naming ``what``) if ``raw`` is not a mapping."""
+    """An ``HGETALL`` reply as text -> text; :class:`RejectedEntry` if it is not a mapping."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):

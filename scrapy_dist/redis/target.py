@@ -159,8 +159,7 @@ SECRET_FILE = "entry.secret"
 
 
 def embedded_secret(settings: SettingsLike | DistSettings) -> bytes | None:
-    """The entry secret of the embedded Redis these settings use (kept in its directory, so every process
-    of the project signs alike), or None for another Redis."""
+    """The entry secret of the embedded Redis these settings use, or None for another Redis."""
     conn = DistSettings.coerce(settings).connection
     if conn.source != "embedded":
         return None
