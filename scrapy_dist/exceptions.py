@@ -46,8 +46,7 @@ class FrontierStateError(FrontierScriptError):
     """The sync script refused to write: a value it read from Redis (``key``) is unusable."""
 
     def __init__(self, reason: str, key: str) -> None:
-        super().__init__(
-            f"The frontier refused to write: {key!r} holds an unusable value ({reason}); nothing was"
-            " written. Repair or delete that key (SCHEDULER_FLUSH_ON_START clears the crawl)"
-        )
+        super().__init__(f"The frontier refused to write: {key!r} holds an unusable value ({reason}); "
+                         "nothing was written. Repair or delete that key (SCHEDULER_FLUSH_ON_START clears "
+                         "the crawl)")
         self.reason, self.key = reason, key

@@ -50,7 +50,7 @@ def make_pipeline(url: str, **kw: Any) -> RedisPipeline:
 
 
 class Clock:
-    """The writer's monotonic clock, moved by hand (then ``writer.kick()`` makes it look again)."""
+    """The writer's monotonic clock, moved by hand (then ``writer.wake()`` makes it look again)."""
 
     def __init__(self) -> None:
         self.t = 1000.0
@@ -76,7 +76,7 @@ def test_items_are_not_returned_before_their_batch_is_written(
         tasks = [asyncio.ensure_future(p.process_item({"n": i})) for i in range(5)]
         await settle()
         clock.t += 3599
-        p.writer.kick()
+        p.writer.wake()
         await settle()
         # neither interval nor batch size reached: nothing written, nothing reported
         assert not any(t.done() for t in tasks)

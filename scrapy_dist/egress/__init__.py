@@ -233,10 +233,8 @@ class DenyingNameResolver:
     def __init__(self, inner: Any, policy: DenyPolicy = POLICY) -> None:
         self.inner, self.policy = inner, policy
 
-    def resolveHostName(
-        self, resolutionReceiver: Any, hostName: str, portNumber: int = 0,
-        addressTypes: Any = None, transportSemantics: str = "TCP",
-    ) -> IHostResolution:
+    def resolveHostName(self, resolutionReceiver: Any, hostName: str, portNumber: int = 0,
+                        addressTypes: Any = None, transportSemantics: str = "TCP") -> IHostResolution:
         receiver = _DenyingReceiver(resolutionReceiver, hostName, self.policy)
         return self.inner.resolveHostName(  # type: ignore[no-any-return]
             receiver, hostName, portNumber, addressTypes, transportSemantics
@@ -285,15 +283,14 @@ def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
     if not networks or crawler in _enforced:
         return networks
     _enforced.add(crawler)
-    key = id(crawler)
 
     def started() -> None:
-        POLICY.join(key, networks, crawler.stats)
+        POLICY.join(id(crawler), networks, crawler.stats)
         _check_reactor(crawler)
         _check_env_proxies(networks)
 
     crawler.signals.connect(started, signal=signals.engine_started, weak=False)
-    crawler.signals.connect(lambda: POLICY.leave(key), signal=signals.engine_stopped, weak=False)
+    crawler.signals.connect(lambda: POLICY.leave(id(crawler)), signal=signals.engine_stopped, weak=False)
     return networks
 
 
@@ -306,23 +303,19 @@ def _warn_once(message: str, *args: Any) -> None:
 
 def _check_reactor(crawler: Crawler) -> None:
     if not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True):
-        _warn_once(
-            "SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False there is no Twisted resolver to"
-            " check connections in; only hosts and proxies written as IP addresses are refused before the"
-            " download, and a DNS name pointing into a denied network is fetched -- deny those networks at"
-            " the firewall as well"
-        )
+        _warn_once("SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False there is no Twisted"
+                   " resolver to check connections in; only hosts and proxies written as IP addresses are"
+                   " refused before the download, and a DNS name pointing into a denied network is fetched"
+                   " -- deny those networks at the firewall as well")
         return
     from twisted.internet import reactor
 
     wrapped = install(reactor)
     if wrapped:
-        _warn_once(
-            "TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's: scrapy-dist wraps it so that"
-            " every address it returns is checked against SCHEDULER_DENY_NETWORKS; to keep Scrapy's DNS"
-            " cache with the check, use TWISTED_DNS_RESOLVER = 'scrapy_dist.egress.DenyNetworksResolver'",
-            wrapped,
-        )
+        _warn_once("TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's: scrapy-dist wraps it"
+                   " so that every address it returns is checked against SCHEDULER_DENY_NETWORKS; to keep"
+                   " Scrapy's DNS cache with the check, use TWISTED_DNS_RESOLVER ="
+                   " 'scrapy_dist.egress.DenyNetworksResolver'", wrapped)
 
 
 def _check_env_proxies(networks: list[Network]) -> None:
@@ -331,7 +324,6 @@ def _check_env_proxies(networks: list[Network]) -> None:
         value = os.environ.get(var, "")
         why = literal_refusal(proxy_host(value), networks, "proxy") if value else ""
         if why:
-            _warn_once(
-                "%s: %s (SCHEDULER_DENY_NETWORKS); it is used, being the operator's setting -- only a proxy"
-                " named in the environment by a DNS name is checked on each connection", var, why,
-            )
+            _warn_once("%s: %s (SCHEDULER_DENY_NETWORKS); it is used, being the operator's setting -- only"
+                       " a proxy named in the environment by a DNS name is checked on each connection",
+                       var, why)

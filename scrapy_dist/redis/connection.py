@@ -37,19 +37,15 @@ if TYPE_CHECKING:
 
     SettingsLike = BaseSettings | Mapping[str, Any]
 
-__all__ = [
-    "CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget", "build_async",
-    "build_sync", "check_reachable", "check_reachable_async", "ensure_reachable", "from_settings",
-    "get_async_redis", "get_redis", "get_redis_from_settings", "is_cluster", "mask_url", "resolve_target",
-    "resolve_url",
-]
+__all__ = ["CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget", "build_async",
+           "build_sync", "check_reachable", "check_reachable_async", "ensure_reachable", "from_settings",
+           "get_async_redis", "get_redis", "get_redis_from_settings", "is_cluster", "mask_url",
+           "resolve_target", "resolve_url"]
 
 #: Client options ``REDIS_PARAMS`` may override: ``socket_timeout`` long enough for a big pipeline or Lua
 #: call, short enough to notice a silent network split.
-DEFAULT_CLIENT_PARAMS: dict[str, Any] = {
-    "socket_connect_timeout": 5.0, "socket_timeout": 15.0, "socket_keepalive": True,
-    "health_check_interval": 15,
-}
+DEFAULT_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": 15.0,
+                                         "socket_keepalive": True, "health_check_interval": 15}
 _TCP_ONLY = ("socket_keepalive", "socket_keepalive_options")  # refused by a unix-socket connection
 _RETRIES = 3
 
@@ -155,9 +151,8 @@ def _retry(flavour: _Flavour) -> Any:
 
 def _build(target: RedisTarget, flavour: _Flavour) -> Any:
     if target.sentinels:
-        sentinel = flavour.sentinel(
-            list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target, flavour.retry(NoBackoff(), 0))
-        )
+        retry = flavour.retry(NoBackoff(), 0)  # none for the Sentinels: there are others to ask
+        sentinel = flavour.sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target, retry))
         kwargs = _master_kwargs(target)
         kwargs.setdefault("retry", _retry(flavour))
         return sentinel.master_for(target.sentinel_master, redis_class=flavour.client, **kwargs)
@@ -191,9 +186,6 @@ class _SharedSync:
     def close(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    def close_shared(self) -> None:
-        super().close()  # type: ignore[misc]
-
 
 class _SharedAsync:
     """An asyncio client of a :class:`ClientPool`: ``aclose()`` leaves it open for the other components."""
@@ -204,15 +196,10 @@ class _SharedAsync:
     async def close(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    async def close_shared(self) -> None:
-        await super().aclose()  # type: ignore[misc]
-
 
 def _shared(flavour: _Flavour, mixin: type) -> _Flavour:
-    def sub(cls: type) -> type:
-        return type(f"Shared{cls.__name__}", (mixin, cls), {})
-
-    return _Flavour(sub(flavour.client), sub(flavour.cluster), flavour.sentinel, flavour.retry)
+    client, cluster = (type(f"Shared{c.__name__}", (mixin, c), {}) for c in (flavour.client, flavour.cluster))
+    return _Flavour(client, cluster, flavour.sentinel, flavour.retry)
 
 
 _SHARED_SYNC = _shared(_SYNC, _SharedSync)
@@ -253,10 +240,10 @@ class ClientPool:
 
     async def close(self) -> None:
         sync, client, self._sync, self._async = self._sync, self._async, None, None
-        if sync is not None:
-            sync.close_shared()
+        if sync is not None:  # the client's own close, past the no-op of the mixin
+            super(_SharedSync, sync).close()  # type: ignore[misc]
         if client is not None:
-            await client.close_shared()
+            await super(_SharedAsync, client).aclose()  # type: ignore[misc]
 
 
 def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: Any) -> redis.Redis:

@@ -94,9 +94,8 @@ class EmbeddedRedis:
     joins it or starts one (not tied to this process), :meth:`shutdown` stops it; every step re-reads the
     state file and re-checks the trust rules. ``maxmemory`` in bytes (0: no limit; ``None``: the default)."""
 
-    def __init__(
-        self, directory: str | os.PathLike[str], binary: str | None = None, maxmemory: int | None = None
-    ) -> None:
+    def __init__(self, directory: str | os.PathLike[str], binary: str | None = None,
+                 maxmemory: int | None = None) -> None:
         path = Path(directory).absolute()
         self.directory = path.parent.resolve() / path.name  # the last component must not be a symlink
         self.state_path = self.directory / "server.json"
@@ -129,9 +128,7 @@ class EmbeddedRedis:
         except ValueError:
             return None
         # only where we would put the socket ourselves: never a TCP port, which anyone may hold
-        if not isinstance(state, dict) or state.get("socket") != str(self.socket_path):
-            return None
-        return state
+        return state if isinstance(state, dict) and state.get("socket") == str(self.socket_path) else None
 
     @staticmethod
     def _url(state: dict[str, Any]) -> str:

@@ -17,10 +17,9 @@ from scrapy_dist.settings import DistSettings
 GARBAGE = ":garbage"
 
 #: Names of the keys each shard of a sharded frontier has (the rest are crawl-wide, on shard 0).
-SHARD_KEY_NAMES = (
-    "queue", "queue_tails", "queue_rejected", "leases", "lease_meta", "seq", "delayed", "delayed_meta",
-    "bloom", "fingerprints", "fingerprints_ttl", "forgotten", "domains", "domain_info", "spent",
-)
+SHARD_KEY_NAMES = ("queue", "queue_tails", "queue_rejected", "leases", "lease_meta", "seq", "delayed",
+                   "delayed_meta", "bloom", "fingerprints", "fingerprints_ttl", "forgotten", "domains",
+                   "domain_info", "spent")
 
 
 @cache
@@ -42,11 +41,9 @@ def shard_suffix(spider: str, index: int, shards: int) -> str:
 
 #: Names of the per-crawl keys that the frontier owns (deleted by SCHEDULER_FLUSH_ON_START and by a
 #: non-persistent crawl once it has finished).
-FRONTIER_KEY_NAMES = (
-    "queue", "queue_tails", "leases", "lease_meta", "seq", "delayed", "delayed_meta", "spent", "bloom",
-    "fingerprints", "fingerprints_ttl", "forgotten", "domains", "domain_info", "workers", "stats", "control",
-    "errors", "error_examples", "history",
-)
+FRONTIER_KEY_NAMES = ("queue", "queue_tails", "leases", "lease_meta", "seq", "delayed", "delayed_meta",
+                      "spent", "bloom", "fingerprints", "fingerprints_ttl", "forgotten", "domains",
+                      "domain_info", "workers", "stats", "control", "errors", "error_examples", "history")
 
 
 #: Every fixed-name per-crawl key: :class:`CrawlKeys` attribute -> name after the crawl's hash tag, with its

@@ -32,8 +32,7 @@ B = TypeVar("B", bound="BackgroundTask")
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ClusterDownError,
     redis.exceptions.TryAgainError, redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError,
-    redis.exceptions.RedisClusterException, ConnectionError, TimeoutError, asyncio.TimeoutError, OSError,
-)
+    redis.exceptions.RedisClusterException, ConnectionError, TimeoutError, asyncio.TimeoutError, OSError)
 _REDIS_CONNECTION_FILES = tuple(os.path.join("redis", *p, "connection.py") for p in ((), ("asyncio",)))
 
 
@@ -159,9 +158,8 @@ class Outage:
         self.since, self.failures, self._failing, self._noticed = None, 0, {}, {}
         return True
 
-    def guard(
-        self, component: str, backoff: Backoff | None = None, log: logging.Logger | None = None
-    ) -> LoopGuard:
+    def guard(self, component: str, backoff: Backoff | None = None,
+              log: logging.Logger | None = None) -> LoopGuard:
         """The view of one loop (named ``component`` in messages) onto this outage."""
         return LoopGuard(self, component, backoff or Backoff(), log or self.log)
 
@@ -385,12 +383,10 @@ class BatchWriter(BackgroundTask, Generic[T]):
     or error reply is retried with the backoff, nothing dropped; any other exception (a bug in ``write``)
     fails those entries. ``on_failure(exc)`` is called for every failed attempt."""
 
-    def __init__(
-        self, write: Callable[[list[T]], Awaitable[None]], *, guard: LoopGuard | None = None,
-        batch_size: int = 1000, flush_interval: float = 1.0, max_batches: int = 16,
-        on_failure: Callable[[BaseException], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, write: Callable[[list[T]], Awaitable[None]], *, guard: LoopGuard | None = None,
+                 batch_size: int = 1000, flush_interval: float = 1.0, max_batches: int = 16,
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(guard or Outage().guard("batch writer"), clock)
         self.write, self.batch_size, self.flush_interval = write, batch_size, flush_interval
         self.max_batches, self.on_failure = max(1, max_batches), on_failure
@@ -427,8 +423,6 @@ class BatchWriter(BackgroundTask, Generic[T]):
         if self.closing or first.sealed or len(first.entries) >= self.batch_size:
             return 0.0
         return max(0.0, first.first_at + self.flush_interval - now)
-
-    kick = BackgroundTask.wake
 
     async def close(self) -> None:
         """Write everything buffered (waiting through a Redis outage), then stop the task."""

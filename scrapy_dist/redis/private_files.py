@@ -125,7 +125,6 @@ def private_secret(path: Path) -> bytes:
 
 #: Upper bound of the default ``maxmemory`` (bytes).
 DEFAULT_MAXMEMORY_CAP = 2 * 1024**3
-_FALLBACK_MAXMEMORY = 1024**3
 
 _SIZE = re.compile(r"\s*(\d+)\s*(b|k|kb|m|mb|g|gb)?\s*", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g": 1000**3, "gb": 1024**3}
@@ -169,9 +168,7 @@ def total_memory() -> int | None:
 def default_maxmemory() -> int:
     """A quarter of the RAM, at most :data:`DEFAULT_MAXMEMORY_CAP` (1 GB if the RAM is unknown)."""
     ram = total_memory()
-    if not ram or ram <= 0:
-        return _FALLBACK_MAXMEMORY
-    return max(64 * 1024**2, min(DEFAULT_MAXMEMORY_CAP, ram // 4))
+    return max(64 * 1024**2, min(DEFAULT_MAXMEMORY_CAP, ram // 4)) if ram and ram > 0 else 1024**3
 
 
 def parse_maxmemory(value: Any) -> int:

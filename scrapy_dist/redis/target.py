@@ -80,17 +80,13 @@ class RedisTarget:
                 "REDIS_HOST/REDIS_PORT": "REDIS_PARAMS (username, password)",
                 "REDIS_SENTINELS": "REDIS_URL (the master's user and password)",
             }.get(self.setting, "REDIS_URL")
-            return RedisUnavailable(
-                f"Redis at {self.masked_url} refused the login ({reason}); check the user name and password"
-                f" in {where} and the user's ACL"
-            )
+            return RedisUnavailable(f"Redis at {self.masked_url} refused the login ({reason}); check the user"
+                                    f" name and password in {where} and the user's ACL")
         # rediss:// to a port without TLS: the handshake waits for an answer that never comes
         if _TLS_PROBLEM.search(reason) or (self.url.startswith("rediss:") and "Timeout" in reason):
-            return RedisUnavailable(
-                f"Cannot reach Redis at {self.masked_url} over TLS ({reason}); check the certificate settings"
-                " in REDIS_PARAMS (ssl_ca_certs, ssl_certfile, ssl_keyfile) and that the URL is rediss://"
-                " only for a TLS port"
-            )
+            return RedisUnavailable(f"Cannot reach Redis at {self.masked_url} over TLS ({reason}); check the"
+                                    " certificate settings in REDIS_PARAMS (ssl_ca_certs, ssl_certfile,"
+                                    " ssl_keyfile) and that the URL is rediss:// only for a TLS port")
         if self.setting == "embedded":
             hint = (f"the embedded Redis in {self.embedded_dir} is not answering (see its redis.log); "
                     "set REDIS_URL to use another Redis")
@@ -135,9 +131,8 @@ def resolve_target(settings: SettingsLike | DistSettings, *, notice: bool = True
 
 
 def _embedded_target(conn: ConnectionSettings, params: dict[str, Any], notice: bool) -> RedisTarget:
-    server = EmbeddedRedis.for_settings(
-        {"REDIS_EMBEDDED_DIR": conn.embedded_dir, "REDIS_EMBEDDED_MAXMEMORY": conn.embedded_maxmemory}
-    )
+    server = EmbeddedRedis.for_settings({"REDIS_EMBEDDED_DIR": conn.embedded_dir,
+                                         "REDIS_EMBEDDED_MAXMEMORY": conn.embedded_maxmemory})
     directory = server.directory
     url, started = server.ensure_running()
     if params.get("db"):  # from_url() lets the URL's ?db=0 win over the db keyword

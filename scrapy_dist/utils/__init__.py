@@ -54,8 +54,7 @@ class RateLimitedLog:
 
     def suppressed(self, key: str = "") -> int:
         """How many messages of ``key`` were left out in the current period."""
-        window = self._windows.get(key)
-        return window.suppressed if window is not None else 0
+        return self._windows[key].suppressed if key in self._windows else 0
 
     def reset(self, key: str = "") -> None:
         """Forget ``key``: its next message is logged (e.g. a failure again after a recovery)."""
