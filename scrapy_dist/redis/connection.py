@@ -153,15 +153,13 @@ def _build(target: RedisTarget, flavour: _Flavour) -> Any:
     if target.sentinels:
         retry = flavour.retry(NoBackoff(), 0)  # none for the Sentinels: there are others to ask
         sentinel = flavour.sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target, retry))
-        kwargs = _master_kwargs(target)
-        kwargs.setdefault("retry", _retry(flavour))
+        kwargs = {"retry": _retry(flavour), **_master_kwargs(target)}  # REDIS_PARAMS may set its own
         return sentinel.master_for(target.sentinel_master, redis_class=flavour.client, **kwargs)
     if target.url.startswith("rediss:") and target.url not in _tls_checked:
         if _answers_plain(target):
             raise target.unreachable("the port speaks plain Redis, not TLS: use redis://")
         _tls_checked.add(target.url)
-    params = _client_params(target)
-    params.setdefault("retry", _retry(flavour))
+    params = {"retry": _retry(flavour), **_client_params(target)}
     if _detect_cluster(target):
         try:  # the sync cluster client connects when it is built
             return flavour.cluster.from_url(target.url, **params)

@@ -172,9 +172,7 @@ class EmbeddedRedis:
             return None
         files.check_private_dir(self.directory)
         state = self._read_state()
-        if state is None or not self._answers(state, loading_timeout):
-            return None
-        return self._url(state)
+        return self._url(state) if state is not None and self._answers(state, loading_timeout) else None
 
     def status(self) -> dict[str, Any]:
         """What ``scrapy-dist embedded status`` shows: directory, running, socket, pid, memory."""
@@ -264,8 +262,7 @@ class EmbeddedRedis:
             return False
         if state is None:
             return False
-        # the connection drops as the server exits
-        with _probe_client(state) as client, contextlib.suppress(redis.RedisError):
+        with _probe_client(state) as client, contextlib.suppress(redis.RedisError):  # dropped as it exits
             client.shutdown(save=save, nosave=not save)
         pid = state.get("pid")
         if isinstance(pid, int):

@@ -65,11 +65,8 @@ _REFUSALS: tuple[tuple[type[BaseException], str, str], ...] = (
 
 def refusal(exc: BaseException) -> str | None:
     """What Redis refused (OOM, READONLY, NOPERM) to a command or a script's write; None for anything else."""
-    for kind, _, what in _REFUSALS:
-        if isinstance(exc, kind):
-            return what
     text = str(exc) if isinstance(exc, redis.exceptions.ResponseError) else ""
-    return next((what for _, mark, what in _REFUSALS if mark in text), None)
+    return next((what for kind, mark, what in _REFUSALS if isinstance(exc, kind) or mark in text), None)
 
 
 def describe(exc: BaseException) -> str:

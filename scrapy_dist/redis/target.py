@@ -87,22 +87,21 @@ class RedisTarget:
             return RedisUnavailable(f"Cannot reach Redis at {self.masked_url} over TLS ({reason}); check the"
                                     " certificate settings in REDIS_PARAMS (ssl_ca_certs, ssl_certfile,"
                                     " ssl_keyfile) and that the URL is rediss:// only for a TLS port")
-        if self.setting == "embedded":
-            hint = (f"the embedded Redis in {self.embedded_dir} is not answering (see its redis.log); "
-                    "set REDIS_URL to use another Redis")
-        elif self.setting == "REDIS_SENTINELS":
-            hint = "check that the Sentinels are running or change REDIS_SENTINELS / REDIS_SENTINEL_MASTER"
-            if isinstance(exc, _NO_MASTER):
-                # redis-py's message holds the repr of every Sentinel client; keep the error kinds
-                kinds = sorted(set(_ERROR_NAME.findall(str(exc).partition(" : ")[2])))
-                reason = f"no Sentinel names a master {self.sentinel_master!r}"
-                reason += f" ({', '.join(kinds)})" if kinds else ""
-                if "AuthenticationError" in kinds:
-                    hint = "check the Sentinels' password in REDIS_PARAMS['sentinel_kwargs']"
-        elif self.setting == "REDIS_HOST/REDIS_PORT":
-            hint = "check that Redis is running or change REDIS_HOST/REDIS_PORT (or set REDIS_URL)"
-        else:
-            hint = "check that Redis is running or change REDIS_URL"
+        hint = {
+            "embedded": f"the embedded Redis in {self.embedded_dir} is not answering (see its redis.log); set"
+                        " REDIS_URL to use another Redis",
+            "REDIS_SENTINELS": "check that the Sentinels are running or change REDIS_SENTINELS /"
+                               " REDIS_SENTINEL_MASTER",
+            "REDIS_HOST/REDIS_PORT": "check that Redis is running or change REDIS_HOST/REDIS_PORT (or set"
+                                     " REDIS_URL)",
+        }.get(self.setting, "check that Redis is running or change REDIS_URL")
+        if self.setting == "REDIS_SENTINELS" and isinstance(exc, _NO_MASTER):
+            # redis-py's message holds the repr of every Sentinel client; keep the error kinds
+            kinds = sorted(set(_ERROR_NAME.findall(str(exc).partition(" : ")[2])))
+            reason = f"no Sentinel names a master {self.sentinel_master!r}"
+            reason += f" ({', '.join(kinds)})" if kinds else ""
+            if "AuthenticationError" in kinds:
+                hint = "check the Sentinels' password in REDIS_PARAMS['sentinel_kwargs']"
         return RedisUnavailable(f"Cannot reach Redis at {self.masked_url} ({reason}); {hint}")
 
 
