@@ -241,10 +241,9 @@ class DenyingNameResolver:
 
 
 def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolver | None = None) -> str:
-    """Make every name ``reactor`` resolves for a connection pass ``policy``, both ways Twisted resolves
-    (``reactor.resolver`` and ``reactor.nameResolver``): Scrapy's default is replaced by
-    :class:`DenyNetworksResolver` (``ours``, or one with the same cache and timeout), any other is wrapped.
-    Returns the dotted name of a wrapped resolver that is neither Scrapy's nor Twisted's (else ``""``)."""
+    """Make every name ``reactor`` resolves pass ``policy``, both ways Twisted resolves: Scrapy's default
+    resolver is replaced by :class:`DenyNetworksResolver` (``ours``), any other wrapped. Returns the dotted
+    name of a wrapped resolver that is neither Scrapy's nor Twisted's (else ``""``)."""
     current = reactor.resolver
     if isinstance(current, DenyingResolver) and isinstance(reactor.nameResolver, DenyingNameResolver):
         return ""

@@ -206,9 +206,8 @@ _POOLS: weakref.WeakKeyDictionary[Any, ClientPool] = weakref.WeakKeyDictionary()
 
 
 class ClientPool:
-    """One crawler's Redis clients, one sync and one asyncio, built on first use and shared by its components
-    (:meth:`of` in ``from_crawler``). Closing one of them is a no-op: the pool closes both when the engine
-    stops."""
+    """One crawler's Redis clients, one sync and one asyncio, shared by its components (:meth:`of`);
+    closing one is a no-op: the pool closes both when the engine stops."""
 
     def __init__(self, target: RedisTarget) -> None:
         self.target = target
@@ -314,11 +313,10 @@ def check_reachable(client_or_settings: Any, settings: SettingsLike | DistSettin
     obj = client_or_settings
     owned = isinstance(obj, DistSettings) or (not hasattr(obj, "ping") and hasattr(obj, "get"))
     if owned:
-        target = resolve_target(client_or_settings)
+        target = resolve_target(obj)
         client = build_sync(target)
     else:
-        client = client_or_settings
-        target = resolve_target(settings) if settings is not None else _describe(client)
+        client, target = obj, resolve_target(settings) if settings is not None else _describe(obj)
     try:
         answer = client.ping()
     except CONNECT_ERRORS as exc:

@@ -54,9 +54,8 @@ def pid_is_redis(pid: int, directory: Path) -> bool:
     if not pid_alive(pid):
         return False
     try:
-        if "redis" not in Path(f"/proc/{pid}/comm").read_text():
-            return False
-        return os.path.realpath(f"/proc/{pid}/cwd") == os.path.realpath(directory)
+        return ("redis" in Path(f"/proc/{pid}/comm").read_text()
+                and os.path.realpath(f"/proc/{pid}/cwd") == os.path.realpath(directory))
     except OSError:  # no /proc (macOS) or not ours to inspect: ask ps for the name only
         try:
             out = subprocess.run(["ps", "-o", "comm=", "-p", str(pid)], capture_output=True, text=True,
@@ -90,9 +89,9 @@ def _probe_client(state: dict[str, Any]) -> redis.Redis:
 
 
 class EmbeddedRedis:
-    """The private redis-server whose data and state files live in ``directory``: :meth:`ensure_running`
-    joins it or starts one (not tied to this process), :meth:`shutdown` stops it; every step re-reads the
-    state file and re-checks the trust rules. ``maxmemory`` in bytes (0: no limit; ``None``: the default)."""
+    """The private redis-server whose files live in ``directory``: joined or started (not tied to this
+    process) by :meth:`ensure_running`, stopped by :meth:`shutdown`; every step re-checks the trust rules.
+    ``maxmemory`` in bytes (0: no limit; ``None``: the default)."""
 
     def __init__(self, directory: str | os.PathLike[str], binary: str | None = None,
                  maxmemory: int | None = None) -> None:

@@ -95,9 +95,8 @@ class Backoff:
 
 
 class Outage:
-    """Whether this worker sees Redis as away, shared by all its components: one WARNING when an outage
-    starts, one INFO when it is over (once every component that failed during it has succeeded since, or
-    has not failed for ``stale`` seconds, longer than any loop's backoff cap)."""
+    """Whether this worker sees Redis as away, shared by its components: one WARNING when an outage starts,
+    one INFO when every component that failed has succeeded since or not failed for ``stale`` seconds."""
 
     _by_crawler: ClassVar[weakref.WeakKeyDictionary[Any, Outage]] = weakref.WeakKeyDictionary()
 
@@ -162,9 +161,8 @@ class Outage:
 
 
 class LoopGuard:
-    """One loop's side of the policy: an outage error goes to the shared :class:`Outage`; any other is
-    logged at ERROR at most once a minute per exception type (one line for an error reply or a
-    ``ScrapyDistError``, with the traceback for a bug). :meth:`failed` says how long to wait."""
+    """One loop's side of the policy: an outage goes to the shared :class:`Outage`; any other error is
+    logged at ERROR at most once a minute per type (with the traceback for a bug)."""
 
     def __init__(self, outage: Outage, component: str, backoff: Backoff, log: logging.Logger) -> None:
         self.outage, self.component, self.backoff, self.log = outage, component, backoff, log
@@ -375,10 +373,9 @@ class _Batch(Generic[T]):
 
 
 class BatchWriter(BackgroundTask, Generic[T]):
-    """Writes entries with ``write(entries)``, one round trip at a time, in order: a batch when it is full or
-    ``flush_interval`` s after its first entry, with what else is buffered (up to ``max_batches``). An outage
-    or error reply is retried with the backoff, nothing dropped; any other exception (a bug in ``write``)
-    fails those entries. ``on_failure(exc)`` is called for every failed attempt."""
+    """Writes entries with ``write(entries)``, in order, one round trip at a time: a batch when full or
+    ``flush_interval`` s after its first entry. An outage or error reply is retried with the backoff; any
+    other exception (a bug in ``write``) fails those entries. ``on_failure(exc)`` hears of every failure."""
 
     def __init__(self, write: Callable[[list[T]], Awaitable[None]], *, guard: LoopGuard | None = None,
                  batch_size: int = 1000, flush_interval: float = 1.0, max_batches: int = 16,
