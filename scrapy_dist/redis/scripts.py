@@ -21,8 +21,10 @@ logger = logging.getLogger(__name__)
 
 #: script name -> fragments prepended to it
 _FRAGMENTS = {
-    "sync": ("foreign", "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue",
-             "sync_items", "sync_settle", "sync_lease"),
+    "sync": (
+        "foreign", "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue", "sync_items",
+        "sync_settle", "sync_lease",
+    ),
     "dupe_batch": ("foreign", "dupe"),
     "errors": ("foreign",),
     "clusterstats": ("foreign",),
