@@ -317,9 +317,15 @@ class BloomDupeFilter(RedisDupeFilter):
     generations: InitVar[int] = 4
 
     def __post_init__(self, capacity: int, error_rate: float, block_bits: int, generations: int) -> None:
-        self.base = BloomPlan(capacity, error_rate, block_bits)
         self.gens = None if self.ttl is None else Generations(self.ttl, generations)
-        self.plan = self.base if self.gens is None else self.gens.plan(capacity, error_rate, block_bits)
+        self._size(BloomPlan(capacity, error_rate, block_bits))
+
+    def _size(self, base: BloomPlan) -> None:
+        """Size the filter for ``base`` (with a TTL: one generation's chain), counting from 0."""
+        self.base = base
+        self.plan = base if self.gens is None else self.gens.plan(
+            base.capacity, base.error_rate, base.block_bits, base.scheme
+        )
         self.n = 0  # items in the filter (its fullest live generation), as last reported by Redis
         self._capacity_log = RateLimitedLog.once(logger)
         self._local: ScalableBloomFilter | None = None
@@ -357,25 +363,21 @@ class BloomDupeFilter(RedisDupeFilter):
                 "%s field n=%s is not an item count of this filter (written by someone else?): the frontier"
                 " recounts it from the filter's bits at its next write", self.keys.bloom, rec.n_garbage,
             )
-        if rec.schedule_garbage is not None:
-            rec = self._repair_schedule(rec, mine)
+        if rec.schedule_garbage is not None:  # record this worker's schedule over one no worker wrote
+            self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
+            logger.warning(
+                "%s field %s is not a schedule any worker could have recorded (written by someone else?):"
+                " replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
+                self.keys.bloom, rec.schedule_garbage, self.ttl, mine["generations"],
+            )
+            rec = dataclasses.replace(rec, ttl=float(self.ttl or 0), generations=int(mine["generations"]),
+                                      schedule_garbage=None)
         if rec.hashing not in SCHEMES:
             raise ScrapyDistError(
                 f"The bloom filter {self.keys.bloom!r} was written with layout {rec.hashing},"
                 f" this scrapy-dist reads {', '.join(map(str, SCHEMES))}: {way_out}"
             )
         self.adopt(rec)
-
-    def _repair_schedule(self, rec: BloomRecord, mine: dict[str, Any]) -> BloomRecord:
-        """Record this worker's ``ttl`` and ``generations`` over ones no worker could have written."""
-        self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
-        logger.warning(
-            "%s field %s is not a schedule any worker could have recorded (written by someone else?):"
-            " replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
-            self.keys.bloom, rec.schedule_garbage, self.ttl, mine["generations"],
-        )
-        return dataclasses.replace(rec, ttl=float(self.ttl or 0), generations=int(mine["generations"]),
-                                   schedule_garbage=None)
 
     def adopt(self, rec: BloomRecord) -> None:
         """Use the parameters recorded for the crawl, warning when they differ from this worker's."""
@@ -393,11 +395,8 @@ class BloomDupeFilter(RedisDupeFilter):
                 )
             # a crawl keeps the layout it was created with
             self.ttl = ttl
-            self.base = BloomPlan(rec.capacity, rec.error_rate, rec.block_bits, scheme=rec.hashing)
             self.gens = None if ttl is None else Generations(ttl, rec.generations)
-            self.plan = self.base if self.gens is None else self.gens.plan(
-                rec.capacity, rec.error_rate, rec.block_bits, rec.hashing
-            )
+            self._size(BloomPlan(rec.capacity, rec.error_rate, rec.block_bits, scheme=rec.hashing))
         self.observe(0 if self.gens else rec.n)
 
     def recent_max_age(self) -> float:
@@ -411,12 +410,8 @@ class BloomDupeFilter(RedisDupeFilter):
         """A shard's filter holds about 1/shards of the crawl's URLs: its chain is sized for that."""
         clone = super().for_shard(keys, shards)
         b = self.base
-        clone.base = BloomPlan(max(1, b.capacity // shards), b.error_rate, b.block_bits, scheme=b.scheme)
-        clone.plan = clone.base if self.gens is None else self.gens.plan(
-            clone.base.capacity, b.error_rate, b.block_bits, b.scheme
-        )
-        clone.n, clone._local, clone._script = 0, None, None
-        clone._capacity_log = RateLimitedLog.once(logger)
+        clone._size(BloomPlan(max(1, b.capacity // shards), b.error_rate, b.block_bits, scheme=b.scheme))
+        clone._script = None
         return clone
 
     def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
