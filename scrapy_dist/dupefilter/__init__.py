@@ -340,7 +340,7 @@ class BloomDupeFilter(RedisDupeFilter):
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""
         pipe = self.redis.pipeline(transaction=False)
         b = self.base
-        mine = {
+        mine: dict[str, Any] = {
             "capacity": b.capacity, "error_rate": repr(b.error_rate), "block_bits": b.block_bits,
             "hashing": HASHING, "ttl": repr(float(self.ttl or 0)),
             "generations": self.gens.count if self.gens else 4,

@@ -13,6 +13,7 @@ without the secret, or copied to another jar, cookie or crawl, does not verify.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import inspect
@@ -51,26 +52,21 @@ if TYPE_CHECKING:
     from scrapy_dist.redis.keys import CrawlKeys
 
 __all__ = [
-    "READ_LIMIT",
-    "RecordSeal",
-    "SharedCookiesMiddleware",
-    "cookie_field",
-    "cookie_from_record",
-    "cookie_record",
-    "jar_name",
+    "READ_LIMIT", "RecordSeal", "SharedCookiesMiddleware", "cookie_field", "cookie_from_record",
+    "cookie_record", "jar_name",
 ]
 
 logger = logging.getLogger(__name__)
 
-_RETRY_FIRST = 0.1
-_RETRY_MAX = 5.0
 # Cookie changes per write (one script call); a backlog after an outage goes in several.
 _WRITE_BATCH = 1000
 #: Changes read per refresh of a jar at most (a bigger backlog is read over the next refreshes).
 READ_LIMIT = 1000
 
-
-_BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure")
+_BOOL_FIELDS = (
+    "port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure", "discard",
+    "rfc2109",
+)
 _OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
 
 CookieIdent = tuple[str, str, str]
@@ -120,7 +116,7 @@ def cookie_from_record(data: bytes | str) -> Cookie:
     for name in _OPTIONAL_STR_FIELDS:
         if not isinstance(rec.get(name), (str, type(None))):
             raise ValueError(f"{name!r} must be a string or null")
-    for name in (*_BOOL_FIELDS, "discard", "rfc2109"):
+    for name in _BOOL_FIELDS:
         if not isinstance(rec.get(name, False), bool):
             raise ValueError(f"{name!r} must be a boolean")
     version = rec.get("version", 0)
@@ -134,15 +130,8 @@ def cookie_from_record(data: bytes | str) -> Cookie:
         isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in rest.items()
     ):
         raise ValueError("'rest' must map strings to strings or null")
-    return Cookie(
-        version=version, name=rec["name"], value=rec.get("value"), port=rec.get("port"),
-        port_specified=rec.get("port_specified", False), domain=rec["domain"],
-        domain_specified=rec.get("domain_specified", False),
-        domain_initial_dot=rec.get("domain_initial_dot", False), path=rec["path"],
-        path_specified=rec.get("path_specified", False), secure=rec.get("secure", False), expires=expires,
-        discard=rec.get("discard", False), comment=rec.get("comment"), comment_url=rec.get("comment_url"),
-        rest=rest, rfc2109=rec.get("rfc2109", False),
-    )
+    attributes = {name: rec.get(name, False if name in _BOOL_FIELDS else None) for name in _RECORD_FIELDS}
+    return Cookie(**{**attributes, "version": version, "rest": rest, "rfc2109": rec.get("rfc2109", False)})
 
 
 @dataclass(frozen=True)
@@ -225,17 +214,15 @@ def write_calls(
     return calls, sum(len(f) for f in by_jar.values())
 
 
+@dataclass(slots=True)
 class _SharedJar:
     """This worker's copy of one shared jar, when it was last read and up to which version."""
 
-    __slots__ = ("jar", "loaded_at", "loading", "version")
-
-    def __init__(self) -> None:
-        self.jar = CookieJar()
-        self.loaded_at: float | None = None
-        self.loading: asyncio.Future[None] | None = None
-        #: the jar's changes up to this version are in the copy
-        self.version = 0.0
+    jar: CookieJar = dataclasses.field(default_factory=CookieJar)
+    loaded_at: float | None = None
+    loading: asyncio.Future[None] | None = None
+    #: the jar's changes up to this version are in the copy
+    version: float = 0.0
 
 
 class SharedCookiesMiddleware(CookiesMiddleware):
@@ -260,13 +247,9 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         super().__init__(debug)
         #: which records of the jar are believed (the crawl's secret)
         self.seal = seal or RecordSeal()
-        self.server = server
-        self.keys = keys
-        self.cache_seconds = cache_seconds
-        self.flush_interval = flush_interval
-        self.stats = stats
-        self._monotonic = monotonic
-        self._wallclock = wallclock
+        self.server, self.keys, self.stats = server, keys, stats
+        self.cache_seconds, self.flush_interval = cache_seconds, flush_interval
+        self._monotonic, self._wallclock = monotonic, wallclock
         #: meta["cookiejar"] -> this worker's copy (the same objects as in ``_shared``), as in Scrapy.
         self.jars: dict[Any, CookieJar] = {}  # type: ignore[assignment]
         self._shared: dict[str, _SharedJar] = {}
@@ -275,10 +258,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self._read_guard = self.outage.guard("shared cookie jar (reading)", log=logger)
         # (jar name, HASH field, JSON record or None to delete), waiting for / being written
         self.writer: BatchWriter[tuple[str, str, str | None]] = BatchWriter(
-            self._write,
-            guard=self.outage.guard("shared cookie jar (writing)", Backoff(_RETRY_FIRST, _RETRY_MAX), logger),
-            batch_size=_WRITE_BATCH,
-            flush_interval=flush_interval,
+            self._write, guard=self.outage.guard("shared cookie jar (writing)", Backoff(0.1, 5.0), logger),
+            batch_size=_WRITE_BATCH, flush_interval=flush_interval,
             on_failure=lambda exc: self._inc("cookies/shared/redis_errors"),
         )
         self._read_script: Any = None
@@ -319,8 +300,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         if request.cookies:
             # Cookies given on a request join the jar, crawl-wide; written in the background.
             before = snapshot(jar)
-            cookies = self._get_request_cookies(jar, request)
-            self._process_cookies(cookies, jar=jar, request=request)
+            self._process_cookies(self._get_request_cookies(jar, request), jar=jar, request=request)
             self._record_changes(name, before, jar)
         request.headers.pop("Cookie", None)
         jar.add_cookie_header(request)
@@ -338,8 +318,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         jar = state.jar
         before = snapshot(jar)
         # make_cookies also deletes the cookies the response expires
-        cookies = jar.make_cookies(response, request)
-        self._process_cookies(cookies, jar=jar, request=request)
+        self._process_cookies(jar.make_cookies(response, request), jar=jar, request=request)
         written = self._record_changes(name, before, jar)
         if written is not None:
             # Held until written, so whatever the callback yields finds the cookies in Redis.

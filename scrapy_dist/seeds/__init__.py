@@ -155,10 +155,6 @@ class Seed:
         return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> None:
     """Walk a JSON value (up to ``MAX_DEPTH``): strings encodable, integers storable."""
     if depth > MAX_DEPTH:
@@ -230,9 +226,13 @@ def parse_seed(data: bytes, rules: SeedRules = DEFAULT_RULES,
     return Seed(validate_url(text, rules))
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool] | None) -> Seed:
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=_not_json)
     except RecursionError:
         raise RejectedEntry("bad_json", "nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, or int too long for the str -> int limit
@@ -252,34 +252,31 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         seed.headers = check_headers(obj["headers"])
         check_header_names(seed.headers, rules.headers_allowed)
     if "body" in obj:
-        body = obj["body"]
-        if not isinstance(body, str):
-            raise RejectedEntry("bad_body", f"body is a {json_type(body)}, expected a string")
-        check_text(body, "bad_body", "body")
-        seed.body = body
+        seed.body = obj["body"]
+        if not isinstance(seed.body, str):
+            raise RejectedEntry("bad_body", f"body is a {json_type(seed.body)}, expected a string")
+        check_text(seed.body, "bad_body", "body")
     if "meta" in obj:
-        meta = obj["meta"]
-        if not isinstance(meta, dict):
-            raise RejectedEntry("bad_meta", f"meta is a {json_type(meta)}, expected an object")
-        _check_json_value(meta, "bad_meta", "meta")
-        check_meta_keys(meta, rules.meta_allowed)
-        seed.meta = meta
+        seed.meta = obj["meta"]
+        if not isinstance(seed.meta, dict):
+            raise RejectedEntry("bad_meta", f"meta is a {json_type(seed.meta)}, expected an object")
+        _check_json_value(seed.meta, "bad_meta", "meta")
+        check_meta_keys(seed.meta, rules.meta_allowed)
     if "cb_kwargs" in obj:
-        kw = obj["cb_kwargs"]
-        if not isinstance(kw, dict) or not all(k.isidentifier() for k in kw):
+        seed.cb_kwargs = obj["cb_kwargs"]
+        if not isinstance(seed.cb_kwargs, dict) or not all(k.isidentifier() for k in seed.cb_kwargs):
             raise RejectedEntry("bad_cb_kwargs", "cb_kwargs must be an object with identifier keys")
-        _check_json_value(kw, "bad_cb_kwargs", "cb_kwargs")
-        seed.cb_kwargs = kw
+        _check_json_value(seed.cb_kwargs, "bad_cb_kwargs", "cb_kwargs")
     if "priority" in obj:
         seed.priority = check_priority(obj["priority"])
     for what in ("callback", "errback"):
         if what in obj and obj[what] is not None:
             setattr(seed, what, check_callback_name(obj[what], what, has_callback))
     if "dont_filter" in obj:
-        df = obj["dont_filter"]
-        if not isinstance(df, bool):
-            raise RejectedEntry("bad_dont_filter", f"dont_filter is a {json_type(df)}, expected true/false")
-        seed.dont_filter = df
+        seed.dont_filter = obj["dont_filter"]
+        if not isinstance(seed.dont_filter, bool):
+            raise RejectedEntry("bad_dont_filter", f"dont_filter is a {json_type(seed.dont_filter)},"
+                                " expected true/false")
     if "cookies" in obj:
         seed.cookies = check_cookies(obj["cookies"])
         check_cookies_allowed(rules.headers_allowed)
@@ -297,8 +294,7 @@ def _form_fields(obj: dict[str, Any]) -> dict[str, str | list[str]]:
         if name in FIELDS:
             continue
         check_text(name, "bad_form_field", "a form field name")
-        ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
-        if not ok:
+        if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise RejectedEntry("bad_form_field", f"form field {name[:40]!r} is a {json_type(value)},"
                                 " expected a string or a list of strings (a field outside url, method,"
                                 " meta, ... is sent as form data)")
@@ -341,10 +337,9 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
 
     dont_filter = (not dedupe) if seed.dont_filter is None else seed.dont_filter
     kw: dict[str, Any] = {"url": seed.url, "method": seed.method, "dont_filter": dont_filter}
-    for name in ("headers", "body", "meta", "cb_kwargs", "priority", "cookies"):  # unset: Request's default
-        value = getattr(seed, name)
-        if value is not None:
-            kw[name] = value
+    # unset: Request's default
+    kw.update((k, getattr(seed, k)) for k in ("headers", "body", "meta", "cb_kwargs", "priority", "cookies")
+              if getattr(seed, k) is not None)
     if seed.formdata:
         from scrapy import FormRequest
 
@@ -438,21 +433,15 @@ def _length_pipeline(client: Any, names: list[str], replies: list[Any]) -> tuple
     return kept, p
 
 
-def _scanned(cursor: Any) -> bool:
-    """Whether a ``SCAN`` is over: cursor 0, or a Redis Cluster's cursors by node (one call there)."""
-    return isinstance(cursor, dict) or not int(cursor)
-
-
-def find(client: Any, keys: CrawlKeys, read: Iterable[str] = (), calls: int = TOOL_SCAN_CALLS,
-         ) -> list[NearMiss]:
+def find(client: Any, keys: CrawlKeys, calls: int = TOOL_SCAN_CALLS) -> list[NearMiss]:
     """Near misses of ``keys.start_urls`` (at most ``calls`` ``SCAN`` calls, then two round trips)."""
     cursor, seen = 0, []
     for _ in range(calls):
         cursor, batch = client.scan(cursor, count=SCAN_COUNT)
         seen += batch
-        if _scanned(cursor):
+        if isinstance(cursor, dict) or not int(cursor):  # over (a Redis Cluster's cursors: one call there)
             break
-    names = candidates(seen, keys, read)[:MAX_HINTS]
+    names = candidates(seen, keys)[:MAX_HINTS]
     if not names:
         return []
     kept, p = _length_pipeline(client, names, _type_pipeline(client, names).execute(raise_on_error=False))
@@ -464,15 +453,9 @@ def _misses(kept: list[tuple[str, str]], lengths: list[Any], meant: str) -> list
             if isinstance(n, int) and n > 0]
 
 
-async def find_async(client: Any, keys: CrawlKeys, calls: int = 1) -> list[NearMiss]:
+async def find_async(client: Any, keys: CrawlKeys) -> list[NearMiss]:
     """:func:`find` for a ``redis.asyncio`` client (a worker: one ``SCAN`` call)."""
-    cursor, seen = 0, []
-    for _ in range(calls):
-        cursor, batch = await client.scan(cursor, count=SCAN_COUNT)
-        seen += batch
-        if _scanned(cursor):
-            break
-    names = candidates(seen, keys)[:MAX_HINTS]
+    names = candidates((await client.scan(0, count=SCAN_COUNT))[1], keys)[:MAX_HINTS]
     if not names:
         return []
     replies = await _type_pipeline(client, names).execute(raise_on_error=False)

@@ -32,7 +32,6 @@ from scrapy_dist.wire.codec import check_offsite, preview, rejection_record
 from scrapy_dist.wire.entrypolicy import priority_from_score
 
 if TYPE_CHECKING:
-    from scrapy.crawler import Crawler
 
     from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.spiders import RedisMixin
@@ -162,6 +161,7 @@ class SeedReader:
     async def close(self) -> None:
         await self.redis.aclose()
 
+
 @dataclass
 class _Taken:
     """Processing-list entries whose requests were handed to the scheduler by ``mark`` (monotonic)."""
@@ -180,8 +180,7 @@ class SeedFeed(BackgroundTask):
         idle_before_close: float = 0.0, block_seconds: float = BLOCK_SECONDS,
         poll_seconds: float = POLL_SECONDS,
     ) -> None:
-        self.spider = spider
-        self.crawler: Crawler = spider.crawler
+        self.spider, self.crawler = spider, spider.crawler
         super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
         self.stats = self.crawler.stats
         self.reader, self.keys, self.rules = reader, reader.keys, rules
@@ -196,16 +195,14 @@ class SeedFeed(BackgroundTask):
         self._last_exchange = 0.0
         self._busy = self._uncertain = self._finished = False
         self._sched: Scheduler | None = None
-        self._reject_log = RateLimitedLog(logger)
-        self._error_log = RateLimitedLog(logger)
+        self._reject_log, self._error_log = RateLimitedLog(logger), RateLimitedLog(logger)
         self._garbage_log = RateLimitedLog.once(logger)
 
     @classmethod
     def from_spider(cls, spider: RedisMixin) -> SeedFeed:
         """The feed from the spider's settings (the async client is made on the running loop)."""
         crawler = spider.crawler
-        ds = DistSettings.for_crawler(crawler)
-        sched = get_scheduler(crawler)
+        ds, sched = DistSettings.for_crawler(crawler), get_scheduler(crawler)
         keys = crawl_keys(ds, spider.name)
         if spider.redis_key:
             # spider.redis_key is the key itself (scrapy_dist.spiders replaced %(name)s): no template
