@@ -62,8 +62,7 @@ CALL_TOKENS = 48
 
 def refusal(reason: Any, detail: Any) -> ScrapyDistError:
     """The error for a script's ``{-2, reason, detail}`` answer (nothing was written), in one line."""
-    reason = reason.decode() if isinstance(reason, bytes) else str(reason)
-    detail = detail.decode(errors="replace") if isinstance(detail, bytes) else str(detail)
+    reason, detail = text(reason), text(detail)
     if reason == "bloom_clock":
         return ScrapyDistError(
             f"{detail}: this machine's clock is more than DUPEFILTER_TTL/(BLOOMFILTER_GENERATIONS-1)"
@@ -108,14 +107,12 @@ class DupeScript:
                     continue
                 if answer[0] == -2:  # refused, nothing written
                     raise refusal(answer[1], answer[2])
-                got, n = answer[0], answer[1]
                 for raw in answer[2] if len(answer) > 2 and isinstance(answer[2], list) else ():
-                    key = text(raw)
                     self._repaired.log(logging.WARNING, "Repaired garbage in %s (written by someone else?)"
-                                       " before writing", key, key=key)
-                df.observe(int(n))
-                if got != -1:  # -1: the chain grew past the keys passed (another worker): again with more
-                    flags[i] = got.decode() if isinstance(got, bytes) else got
+                                       " before writing", text(raw), key=text(raw))
+                df.observe(int(answer[1]))
+                if answer[0] != -1:  # -1: the chain grew past the keys passed (another worker): again, more
+                    flags[i] = text(answer[0])
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
 
     def calls(self, keys: list[str], argvs: list[list[Any]]) -> list[Any]:

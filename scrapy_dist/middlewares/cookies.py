@@ -262,8 +262,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             batch_size=_WRITE_BATCH, flush_interval=flush_interval,
             on_failure=lambda exc: self._inc("cookies/shared/redis_errors"),
         )
-        self._read_script: Any = None
-        self._write_script: Any = None
+        self._read_script = scripts.register(server, "cookies_read")
+        self._write_script = scripts.register(server, "cookies_write")
         self._reject_log = RateLimitedLog(logger)
 
     @classmethod
@@ -349,8 +349,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         """Bring the local copy of jar ``name`` up to date: apply the changes since the last read (1 script
         call, at most ``read_limit`` changes), keeping this worker's unwritten changes on top."""
         try:
-            if self._read_script is None:
-                self._read_script = scripts.register(self.server, "cookies_read")
             try:
                 raw = await self._read_script(
                     keys=[self.keys.cookie_jar(name), self.keys.cookie_changes(name)],
@@ -379,10 +377,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                     cookie = self.seal.open(self.keys.cookie_jar(name), field, data)
                 except ValueError as exc:
                     self._inc("cookies/shared/rejected")
-                    self._reject_log.log(
-                        logging.WARNING, "Skipped an invalid record in %s: %s", self.keys.cookie_jar(name),
-                        exc,
-                    )
+                    self._reject_log.log(logging.WARNING, "Skipped an invalid record in %s: %s",
+                                         self.keys.cookie_jar(name), exc)
                     continue
                 if cookie.is_expired(now):
                     expired.append(field)
@@ -409,13 +405,10 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         jar_key = self.keys.cookie_jar(name)
         ops: dict[str, str | None] = {
             (f := cookie_field(ident)): self.seal.seal(jar_key, f, rec)
-            for ident, rec in after.items()
-            if before.get(ident) != rec
+            for ident, rec in after.items() if before.get(ident) != rec
         }
         ops.update((cookie_field(ident), None) for ident in before.keys() - after.keys())
-        if not ops:
-            return None
-        return self._queue(name, ops)
+        return self._queue(name, ops) if ops else None
 
     def _queue(self, name: str, ops: dict[str, str | None]) -> asyncio.Future[None]:
         done: asyncio.Future[None] | None = None
@@ -426,8 +419,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
 
     async def _write(self, ops: list[tuple[str, str, str | None]]) -> None:
         """Write every changed cookie, one ``cookies_write`` call per jar, pipelined (the writer retries)."""
-        if self._write_script is None:
-            self._write_script = scripts.register(self.server, "cookies_write")
         calls, written = write_calls(self.keys, ops, repr(self._wallclock()))
         if len(calls) == 1 or is_cluster(self.server):
             # a redis.asyncio cluster pipeline does not load scripts: one call per jar, sent together

@@ -32,7 +32,6 @@ from scrapy_dist.wire.codec import check_offsite, preview, rejection_record
 from scrapy_dist.wire.entrypolicy import priority_from_score
 
 if TYPE_CHECKING:
-
     from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.spiders import RedisMixin
 
