@@ -61,15 +61,13 @@ def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tup
     if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= MAX_CAPACITY:
         raise BloomParameterError(
             f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}")
-    if (
-        isinstance(error_rate, bool) or not isinstance(error_rate, (int, float))
-        or not math.isfinite(error_rate) or not MIN_ERROR_RATE <= error_rate < 1
+    if isinstance(error_rate, bool) or not isinstance(error_rate, (int, float)) or not (
+        math.isfinite(error_rate) and MIN_ERROR_RATE <= error_rate < 1
     ):
         raise BloomParameterError(
             f"{names[1]}={_show(error_rate)}: must be a number in [{MIN_ERROR_RATE}, 1)")
-    if (
-        isinstance(block_bits, bool) or not isinstance(block_bits, int)
-        or not WINDOW_BITS <= block_bits <= MAX_BLOCK_BITS or block_bits % WINDOW_BITS
+    if isinstance(block_bits, bool) or not isinstance(block_bits, int) or block_bits % WINDOW_BITS or not (
+        WINDOW_BITS <= block_bits <= MAX_BLOCK_BITS
     ):
         raise BloomParameterError(
             f"{names[2]}={_show(block_bits)}: must be a multiple of {WINDOW_BITS} up to 2**32")
@@ -377,10 +375,8 @@ class Generations:
         if isinstance(self.count, bool) or not isinstance(self.count, int) or not (
             MIN_GENERATIONS <= self.count <= MAX_GENERATIONS
         ):
-            raise BloomParameterError(
-                f"BLOOMFILTER_GENERATIONS={self.count!r}: must be an integer in"
-                f" {MIN_GENERATIONS} .. {MAX_GENERATIONS}"
-            )
+            raise BloomParameterError(f"BLOOMFILTER_GENERATIONS={self.count!r}: must be an integer in"
+                                      f" {MIN_GENERATIONS} .. {MAX_GENERATIONS}")
         if self.ttl / (self.count - 1) < MIN_SPAN:
             raise BloomParameterError(
                 f"DUPEFILTER_TTL={self.ttl!r}: each of the {self.count} generations would span less than"

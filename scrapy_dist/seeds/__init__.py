@@ -161,11 +161,8 @@ def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> Non
         raise RejectedEntry("bad_json", f"{what} nested deeper than {MAX_DEPTH}")
     if isinstance(value, str):
         check_text(value, reason, what)
-    elif isinstance(value, bool) or value is None or isinstance(value, float):
-        return
-    elif isinstance(value, int):
-        if not -(2**63) <= value < 2**64:  # msgpack's integer range
-            raise RejectedEntry(reason, f"{what} holds an integer out of range")
+    elif isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        raise RejectedEntry(reason, f"{what} holds an integer out of range")  # msgpack's integer range
     elif isinstance(value, list):
         for v in value:
             _check_json_value(v, reason, what, depth + 1)

@@ -277,15 +277,8 @@ class SeedFeed(BackgroundTask):
     async def _exchange(self, want: int, mode: str) -> TakeResult | None:
         """One take (plus pending rejection records and adoptions); ``None`` for a key of the wrong type."""
         r = self.reader
-        acks = self._acks
-        if self._records:
-            records, self._records = self._records, []
-            try:
-                await self._call(r.record_rejections(records))
-            except BaseException:
-                self._records = records + self._records
-                raise
-        self._acks = []
+        await self._send_records()
+        acks, self._acks = self._acks, []
         try:
             result = await self._call(r.take(want, acks, mode))
         except BaseException:
@@ -321,6 +314,15 @@ class SeedFeed(BackgroundTask):
                 logger.info("Gave %d seeds held by %d vanished worker(s) back to %r",
                             adopted[1], adopted[0], self.keys.start_urls)
         return result
+
+    async def _send_records(self) -> None:
+        """Append the pending rejection records to ``<seeds key>:rejected`` (kept to retry on failure)."""
+        records, self._records = self._records, []
+        try:
+            await self._call(self.reader.record_rejections(records))
+        except BaseException:
+            self._records = records + self._records
+            raise
 
     def _garbage(self, repaired: list[str], strays: int) -> None:
         """Name once what the seeds scripts repaired (someone else wrote there); count the rest."""
@@ -414,12 +416,9 @@ class SeedFeed(BackgroundTask):
         self.closing = True
         r = self.reader
         # only what the frontier has is acknowledged; the mode gives everything else back
-        acks = self._acks
         try:
-            if self._records:
-                await r.record_rejections(self._records)
-                self._records = []
-            result = await r.take(0, acks, mode)
+            await self._send_records()
+            result = await r.take(0, self._acks, mode)
             if result.returned > 0:
                 self.stats.inc_value("seeds/returned", result.returned)
                 logger.info("Gave %d unfinished seeds back to %r", result.returned, self.keys.start_urls)
