@@ -1,13 +1,10 @@
-"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis (docs/items.md,
-"SharedCookiesMiddleware", has the trade-offs).
-
-:class:`SharedCookiesMiddleware` keeps every cookiejar in Redis, one HASH per jar
-(:meth:`CrawlKeys.cookie_jar`), one field per cookie holding its JSON record. Reads are cached and
-incremental (a versioned change log per jar, at most :data:`READ_LIMIT` changes per refresh), writes
-batched; a response that changed cookies reaches the spider only once its changes are in Redis. Records
-read back are untrusted: checked field by field, invalid ones skipped and counted. With the crawl's secret
-(``SCHEDULER_ENTRY_SECRET``) a record is sealed as queue entries are (:class:`RecordSeal`), so one written
-without the secret, or copied to another jar, cookie or crawl, does not verify.
+"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis, one HASH per jar
+(:meth:`CrawlKeys.cookie_jar`), one field per cookie holding its JSON record (docs/items.md,
+"SharedCookiesMiddleware", has the trade-offs). Reads are cached and incremental (a versioned change log per
+jar), writes batched; a response that changed cookies reaches the spider only once its changes are in Redis.
+Records read back are untrusted: checked field by field, invalid ones skipped and counted. With the crawl's
+secret (``SCHEDULER_ENTRY_SECRET``) a record is sealed as queue entries are (:class:`RecordSeal`), so one
+written without the secret, or copied to another jar, cookie or crawl, does not verify.
 """
 
 from __future__ import annotations
