@@ -249,31 +249,34 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         seed.headers = check_headers(obj["headers"])
         check_header_names(seed.headers, rules.headers_allowed)
     if "body" in obj:
-        seed.body = obj["body"]
-        if not isinstance(seed.body, str):
-            raise RejectedEntry("bad_body", f"body is a {json_type(seed.body)}, expected a string")
-        check_text(seed.body, "bad_body", "body")
+        body = obj["body"]
+        if not isinstance(body, str):
+            raise RejectedEntry("bad_body", f"body is a {json_type(body)}, expected a string")
+        check_text(body, "bad_body", "body")
+        seed.body = body
     if "meta" in obj:
-        seed.meta = obj["meta"]
-        if not isinstance(seed.meta, dict):
-            raise RejectedEntry("bad_meta", f"meta is a {json_type(seed.meta)}, expected an object")
-        _check_json_value(seed.meta, "bad_meta", "meta")
-        check_meta_keys(seed.meta, rules.meta_allowed)
+        meta = obj["meta"]
+        if not isinstance(meta, dict):
+            raise RejectedEntry("bad_meta", f"meta is a {json_type(meta)}, expected an object")
+        _check_json_value(meta, "bad_meta", "meta")
+        check_meta_keys(meta, rules.meta_allowed)
+        seed.meta = meta
     if "cb_kwargs" in obj:
-        seed.cb_kwargs = obj["cb_kwargs"]
-        if not isinstance(seed.cb_kwargs, dict) or not all(k.isidentifier() for k in seed.cb_kwargs):
+        kw = obj["cb_kwargs"]
+        if not isinstance(kw, dict) or not all(k.isidentifier() for k in kw):
             raise RejectedEntry("bad_cb_kwargs", "cb_kwargs must be an object with identifier keys")
-        _check_json_value(seed.cb_kwargs, "bad_cb_kwargs", "cb_kwargs")
+        _check_json_value(kw, "bad_cb_kwargs", "cb_kwargs")
+        seed.cb_kwargs = kw
     if "priority" in obj:
         seed.priority = check_priority(obj["priority"])
     for what in ("callback", "errback"):
         if what in obj and obj[what] is not None:
             setattr(seed, what, check_callback_name(obj[what], what, has_callback))
     if "dont_filter" in obj:
-        seed.dont_filter = obj["dont_filter"]
-        if not isinstance(seed.dont_filter, bool):
-            raise RejectedEntry("bad_dont_filter", f"dont_filter is a {json_type(seed.dont_filter)},"
-                                " expected true/false")
+        df = obj["dont_filter"]
+        if not isinstance(df, bool):
+            raise RejectedEntry("bad_dont_filter", f"dont_filter is a {json_type(df)}, expected true/false")
+        seed.dont_filter = df
     if "cookies" in obj:
         seed.cookies = check_cookies(obj["cookies"])
         check_cookies_allowed(rules.headers_allowed)
@@ -334,9 +337,10 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
 
     dont_filter = (not dedupe) if seed.dont_filter is None else seed.dont_filter
     kw: dict[str, Any] = {"url": seed.url, "method": seed.method, "dont_filter": dont_filter}
-    # unset: Request's default
-    kw.update((k, getattr(seed, k)) for k in ("headers", "body", "meta", "cb_kwargs", "priority", "cookies")
-              if getattr(seed, k) is not None)
+    for name in ("headers", "body", "meta", "cb_kwargs", "priority", "cookies"):  # unset: Request's default
+        value = getattr(seed, name)
+        if value is not None:
+            kw[name] = value
     if seed.formdata:
         from scrapy import FormRequest
 

@@ -210,14 +210,14 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
     """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE`` (there a blocking pop's
     timeout, here closing after idle time): without the add-on, a value > 0 from the project or spider
     settings (not ``-s``), and no ``MAX_IDLE_TIME_BEFORE_CLOSE``."""
+    if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None:
+        return
     # the spider is built before add-ons fill settings: ADDONS is read as written
     addons = {k if isinstance(k, str) else f"{getattr(k, '__module__', '')}.{getattr(k, '__name__', '')}"
               for k in settings.getdict("ADDONS")}
-    from_project = settings.getpriority("SCHEDULER_IDLE_BEFORE_CLOSE") in (SETTINGS_PRIORITIES["project"],
-                                                                          SETTINGS_PRIORITIES["spider"])
-    if not from_project or settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None or addons & {
-        "scrapy_dist.Addon", "scrapy_dist.addon.Addon"
-    }:
+    if addons & {"scrapy_dist.Addon", "scrapy_dist.addon.Addon"} or settings.getpriority(
+        "SCHEDULER_IDLE_BEFORE_CLOSE"
+    ) not in (SETTINGS_PRIORITIES["project"], SETTINGS_PRIORITIES["spider"]):
         return
     value = settings.get("SCHEDULER_IDLE_BEFORE_CLOSE")
     try:
