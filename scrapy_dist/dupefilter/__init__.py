@@ -62,8 +62,7 @@ CALL_TOKENS = 48
 
 def refusal(reason: Any, detail: Any) -> ScrapyDistError:
     """The error for a script's ``{-2, reason, detail}`` answer (nothing was written), in one line."""
-    reason = reason.decode() if isinstance(reason, bytes) else str(reason)
-    detail = detail.decode(errors="replace") if isinstance(detail, bytes) else str(detail)
+    reason, detail = text(reason), text(detail)
     if reason == "bloom_clock":
         return ScrapyDistError(
             f"{detail}: this machine's clock is more than DUPEFILTER_TTL/(BLOOMFILTER_GENERATIONS-1)"
@@ -108,14 +107,12 @@ class DupeScript:
                     continue
                 if answer[0] == -2:  # refused, nothing written
                     raise refusal(answer[1], answer[2])
-                got, n = answer[0], answer[1]
                 for raw in answer[2] if len(answer) > 2 and isinstance(answer[2], list) else ():
-                    key = text(raw)
                     self._repaired.log(logging.WARNING, "Repaired garbage in %s (written by someone else?)"
-                                       " before writing", key, key=key)
-                df.observe(int(n))
-                if got != -1:  # -1: the chain grew past the keys passed (another worker): again with more
-                    flags[i] = got.decode() if isinstance(got, bytes) else got
+                                       " before writing", text(raw), key=text(raw))
+                df.observe(int(answer[1]))
+                if answer[0] != -1:  # -1: the chain grew past the keys passed (another worker): again, more
+                    flags[i] = text(answer[0])
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
 
     def calls(self, keys: list[str], argvs: list[list[Any]]) -> list[Any]:
@@ -317,9 +314,15 @@ class BloomDupeFilter(RedisDupeFilter):
     generations: InitVar[int] = 4
 
     def __post_init__(self, capacity: int, error_rate: float, block_bits: int, generations: int) -> None:
-        self.base = BloomPlan(capacity, error_rate, block_bits)
         self.gens = None if self.ttl is None else Generations(self.ttl, generations)
-        self.plan = self.base if self.gens is None else self.gens.plan(capacity, error_rate, block_bits)
+        self._size(BloomPlan(capacity, error_rate, block_bits))
+
+    def _size(self, base: BloomPlan) -> None:
+        """Size the filter for ``base`` (with a TTL: one generation's chain), counting from 0."""
+        self.base = base
+        self.plan = base if self.gens is None else self.gens.plan(
+            base.capacity, base.error_rate, base.block_bits, base.scheme
+        )
         self.n = 0  # items in the filter (its fullest live generation), as last reported by Redis
         self._capacity_log = RateLimitedLog.once(logger)
         self._local: ScalableBloomFilter | None = None
@@ -334,7 +337,7 @@ class BloomDupeFilter(RedisDupeFilter):
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""
         pipe = self.redis.pipeline(transaction=False)
         b = self.base
-        mine = {
+        mine: dict[str, Any] = {
             "capacity": b.capacity, "error_rate": repr(b.error_rate), "block_bits": b.block_bits,
             "hashing": HASHING, "ttl": repr(float(self.ttl or 0)),
             "generations": self.gens.count if self.gens else 4,
@@ -357,25 +360,21 @@ class BloomDupeFilter(RedisDupeFilter):
                 "%s field n=%s is not an item count of this filter (written by someone else?): the frontier"
                 " recounts it from the filter's bits at its next write", self.keys.bloom, rec.n_garbage,
             )
-        if rec.schedule_garbage is not None:
-            rec = self._repair_schedule(rec, mine)
+        if rec.schedule_garbage is not None:  # record this worker's schedule over one no worker wrote
+            self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
+            logger.warning(
+                "%s field %s is not a schedule any worker could have recorded (written by someone else?):"
+                " replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
+                self.keys.bloom, rec.schedule_garbage, self.ttl, mine["generations"],
+            )
+            rec = dataclasses.replace(rec, ttl=float(self.ttl or 0), generations=int(mine["generations"]),
+                                      schedule_garbage=None)
         if rec.hashing not in SCHEMES:
             raise ScrapyDistError(
                 f"The bloom filter {self.keys.bloom!r} was written with layout {rec.hashing},"
                 f" this scrapy-dist reads {', '.join(map(str, SCHEMES))}: {way_out}"
             )
         self.adopt(rec)
-
-    def _repair_schedule(self, rec: BloomRecord, mine: dict[str, Any]) -> BloomRecord:
-        """Record this worker's ``ttl`` and ``generations`` over ones no worker could have written."""
-        self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
-        logger.warning(
-            "%s field %s is not a schedule any worker could have recorded (written by someone else?):"
-            " replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
-            self.keys.bloom, rec.schedule_garbage, self.ttl, mine["generations"],
-        )
-        return dataclasses.replace(rec, ttl=float(self.ttl or 0), generations=int(mine["generations"]),
-                                   schedule_garbage=None)
 
     def adopt(self, rec: BloomRecord) -> None:
         """Use the parameters recorded for the crawl, warning when they differ from this worker's."""
@@ -393,11 +392,8 @@ class BloomDupeFilter(RedisDupeFilter):
                 )
             # a crawl keeps the layout it was created with
             self.ttl = ttl
-            self.base = BloomPlan(rec.capacity, rec.error_rate, rec.block_bits, scheme=rec.hashing)
             self.gens = None if ttl is None else Generations(ttl, rec.generations)
-            self.plan = self.base if self.gens is None else self.gens.plan(
-                rec.capacity, rec.error_rate, rec.block_bits, rec.hashing
-            )
+            self._size(BloomPlan(rec.capacity, rec.error_rate, rec.block_bits, scheme=rec.hashing))
         self.observe(0 if self.gens else rec.n)
 
     def recent_max_age(self) -> float:
@@ -411,12 +407,8 @@ class BloomDupeFilter(RedisDupeFilter):
         """A shard's filter holds about 1/shards of the crawl's URLs: its chain is sized for that."""
         clone = super().for_shard(keys, shards)
         b = self.base
-        clone.base = BloomPlan(max(1, b.capacity // shards), b.error_rate, b.block_bits, scheme=b.scheme)
-        clone.plan = clone.base if self.gens is None else self.gens.plan(
-            clone.base.capacity, b.error_rate, b.block_bits, b.scheme
-        )
-        clone.n, clone._local, clone._script = 0, None, None
-        clone._capacity_log = RateLimitedLog.once(logger)
+        clone._size(BloomPlan(max(1, b.capacity // shards), b.error_rate, b.block_bits, scheme=b.scheme))
+        clone._script = None
         return clone
 
     def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:

@@ -60,22 +60,17 @@ def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tup
     one as ``names`` says (settings, or hash fields)."""
     if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= MAX_CAPACITY:
         raise BloomParameterError(
-            f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}"
-        )
-    if (
-        isinstance(error_rate, bool) or not isinstance(error_rate, (int, float))
-        or not math.isfinite(error_rate) or not MIN_ERROR_RATE <= error_rate < 1
+            f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}")
+    if isinstance(error_rate, bool) or not isinstance(error_rate, (int, float)) or not (
+        math.isfinite(error_rate) and MIN_ERROR_RATE <= error_rate < 1
     ):
         raise BloomParameterError(
-            f"{names[1]}={_show(error_rate)}: must be a number in [{MIN_ERROR_RATE}, 1)"
-        )
-    if (
-        isinstance(block_bits, bool) or not isinstance(block_bits, int)
-        or not WINDOW_BITS <= block_bits <= MAX_BLOCK_BITS or block_bits % WINDOW_BITS
+            f"{names[1]}={_show(error_rate)}: must be a number in [{MIN_ERROR_RATE}, 1)")
+    if isinstance(block_bits, bool) or not isinstance(block_bits, int) or block_bits % WINDOW_BITS or not (
+        WINDOW_BITS <= block_bits <= MAX_BLOCK_BITS
     ):
         raise BloomParameterError(
-            f"{names[2]}={_show(block_bits)}: must be a multiple of {WINDOW_BITS} up to 2**32"
-        )
+            f"{names[2]}={_show(block_bits)}: must be a multiple of {WINDOW_BITS} up to 2**32")
     return capacity, float(error_rate), block_bits
 
 
@@ -98,63 +93,53 @@ class BloomRecord:
     schedule_garbage: str | None = None
 
 
-def _field_int(fields: dict[Any, Any], name: str, key: str, default: str | None = None) -> int:
-    raw = fields.get(name, fields.get(name.encode(), default))
-    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
-    if not isinstance(text, str) or not text.isascii() or not text.isdigit() or len(text) > 19:
-        raise BloomParameterError(f"{key} field {name}={_show(raw)}: not a non-negative decimal integer")
-    return int(text)
-
-
-def _field_float(fields: dict[Any, Any], name: str, key: str, default: str | None = None) -> float:
-    raw = fields.get(name, fields.get(name.encode(), default))
-    try:
-        text = raw.decode("ascii") if isinstance(raw, bytes) else raw
-        value = float(text) if isinstance(text, str) and len(text) <= 40 else None
-    except (UnicodeDecodeError, ValueError):
-        value = None
-    if value is None:
-        raise BloomParameterError(f"{key} field {name}={_show(raw)}: not a number")
-    return value
-
-
 def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> BloomRecord:
     """Validate the fields of a ``{spider}:bloom`` HASH (bytes or str; untrusted): raises only
     :class:`BloomParameterError` naming ``key`` and the field. A bad item count ``n`` is read as 0 with
-    :attr:`BloomRecord.n_garbage` set."""
-    err = _field_float(fields, "error_rate", key)
+    :attr:`BloomRecord.n_garbage` set; a ``ttl`` / ``generations`` no worker could have recorded as 0 and 4
+    with :attr:`BloomRecord.schedule_garbage` set (repaired by the next worker, not refused)."""
+    raw = {k.decode("utf-8", "replace") if isinstance(k, bytes) else k: v for k, v in fields.items()}
+
+    def integer(name: str, default: str | None = None) -> int:
+        value = raw.get(name, default)
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        if not isinstance(text, str) or not text.isascii() or not text.isdigit() or len(text) > 19:
+            raise BloomParameterError(f"{key} field {name}={_show(value)}: not a non-negative decimal"
+                                      " integer")
+        return int(text)
+
+    def number(name: str, default: str | None = None) -> float:
+        value = raw.get(name, default)
+        try:
+            text = value.decode("ascii") if isinstance(value, bytes) else value
+            if isinstance(text, str) and len(text) <= 40:
+                return float(text)
+        except (UnicodeDecodeError, ValueError):
+            pass
+        raise BloomParameterError(f"{key} field {name}={_show(value)}: not a number")
+
+    err = number("error_rate")
     capacity, error_rate, block_bits = check_parameters(
-        _field_int(fields, "capacity", key), err, _field_int(fields, "block_bits", key),
+        integer("capacity"), err, integer("block_bits"),
         names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"),
     )
-    n_garbage = None
+    n_garbage = schedule_garbage = None
     try:
-        n = _field_int(fields, "n", key, "0")
+        n = integer("n", "0")
     except BloomParameterError:
-        n, n_garbage = 0, _show(fields.get("n", fields.get(b"n")))
+        n, n_garbage = 0, _show(raw.get("n"))
     if n > capacity * MAX_OVERSHOOT:
         n, n_garbage = 0, str(n)
-    ttl, generations, schedule_garbage = _schedule(fields, key)
-    return BloomRecord(
-        capacity, error_rate, block_bits, n, _field_int(fields, "hashing", key), ttl, generations, n_garbage,
-        schedule_garbage,
-    )
-
-
-def _schedule(fields: dict[Any, Any], key: str) -> tuple[float, int, str | None]:
-    """``(ttl, generations, None)`` as recorded, or ``(0.0, 4, what was recorded)`` when no worker could
-    have recorded them (repaired by the next worker, not refused)."""
     try:
-        ttl = _field_float(fields, "ttl", key, "0")
-        generations = _field_int(fields, "generations", key, "4")
+        ttl, generations = number("ttl", "0"), integer("generations", "4")
     except BloomParameterError:
         ttl, generations = math.nan, 0
     ok = math.isfinite(ttl) and 0 <= ttl <= MAX_TTL and MIN_GENERATIONS <= generations <= MAX_GENERATIONS
-    if ok and (ttl == 0 or ttl / (generations - 1) >= MIN_SPAN):
-        return ttl, generations, None
-    shown = f"ttl={_show(fields.get('ttl', fields.get(b'ttl')))}"
-    shown += f" generations={_show(fields.get('generations', fields.get(b'generations')))}"
-    return 0.0, 4, shown
+    if not ok or (ttl != 0 and ttl / (generations - 1) < MIN_SPAN):
+        schedule_garbage = f"ttl={_show(raw.get('ttl'))} generations={_show(raw.get('generations'))}"
+        ttl, generations = 0.0, 4
+    return BloomRecord(capacity, error_rate, block_bits, n, integer("hashing"), ttl, generations, n_garbage,
+                       schedule_garbage)
 
 
 @dataclass(frozen=True)
@@ -390,10 +375,8 @@ class Generations:
         if isinstance(self.count, bool) or not isinstance(self.count, int) or not (
             MIN_GENERATIONS <= self.count <= MAX_GENERATIONS
         ):
-            raise BloomParameterError(
-                f"BLOOMFILTER_GENERATIONS={self.count!r}: must be an integer in"
-                f" {MIN_GENERATIONS} .. {MAX_GENERATIONS}"
-            )
+            raise BloomParameterError(f"BLOOMFILTER_GENERATIONS={self.count!r}: must be an integer in"
+                                      f" {MIN_GENERATIONS} .. {MAX_GENERATIONS}")
         if self.ttl / (self.count - 1) < MIN_SPAN:
             raise BloomParameterError(
                 f"DUPEFILTER_TTL={self.ttl!r}: each of the {self.count} generations would span less than"
@@ -446,22 +429,18 @@ class RecentFingerprints:
     is kept), in two generations. Methods take ``now`` (``time.monotonic()``)."""
 
     def __init__(self, max_age: float = RECENT_MAX_AGE, limit: int = RECENT_LIMIT) -> None:
-        self.max_age = max_age
-        self.limit = limit
+        self.max_age, self.limit = max_age, limit
         self._current: set[Hashable] = set()
         self._previous: set[Hashable] = set()
         self._since: float | None = None
 
     def _rotate(self, now: float) -> None:
-        if self._since is None:
-            self._since = now
-            return
-        age = now - self._since
+        age = 0.0 if self._since is None else now - self._since
         if age >= self.max_age:  # both generations are too old
             self.clear()
-            self._since = now
         elif age >= self.max_age / 2:
             self._previous, self._current = self._current, set()
+        if self._since is None or age >= self.max_age / 2:
             self._since = now
 
     def seen(self, token: Hashable, now: float) -> bool:

@@ -1,19 +1,6 @@
 """scrapy-dist's Scrapy middlewares: the shared cookie jar (``cookies``), delayed retries and dead-lettered
 HTTP errors (``retry``), imported on first use only, so a missing or broken module does not break the
 others; and here the two small guards the add-on installs.
-
-:class:`DenyNetworksMiddleware` refuses requests to ``SCHEDULER_DENY_NETWORKS``: anyone who can push a seed
-or a queue entry chooses URLs the workers fetch from inside your network. The check that counts is made on
-the address each connection uses, in the DNS resolver (:func:`~scrapy_dist.egress.enforce`); the middleware
-adds what a resolver cannot do: a host or ``meta["proxy"]`` written as an IP address is refused before the
-download; every refused request is dead-lettered with reason ``denied_network``; a proxied request is also
-checked by its target host, resolved here (a best effort: a name that does not resolve is left to the
-proxy).
-
-:class:`ConditionalRevisitMiddleware` (``REVISIT_CONDITIONAL = True``, docs/continuous.md): a 304 to a
-revisit that sent its page's validators is counted, keeps the revisit chain going, calls the spider's
-``on_not_modified(response)`` if it has one, and ends the request with :class:`NotModified` (an
-``IgnoreRequest``). Order 580, so the downloader's own middlewares never see the 304 as theirs.
 """
 
 from __future__ import annotations
@@ -51,11 +38,8 @@ if TYPE_CHECKING:
 
 #: public name -> module under scrapy_dist.middlewares, or a full module path (add one line per middleware)
 _EXPORTS = {
-    "SharedCookiesMiddleware": "cookies",
-    "RetryMiddleware": "retry",
-    "RetryScheduled": "retry",
-    "HttpErrorMiddleware": "retry",
-    "ScheduledHeadersMiddleware": "scrapy_dist.wire.entrypolicy",
+    "SharedCookiesMiddleware": "cookies", "RetryMiddleware": "retry", "RetryScheduled": "retry",
+    "HttpErrorMiddleware": "retry", "ScheduledHeadersMiddleware": "scrapy_dist.wire.entrypolicy",
     "AddedCredentialsMiddleware": "scrapy_dist.wire.entrypolicy",
 }
 
@@ -82,9 +66,13 @@ def _getaddrinfo(host: str) -> list[str]:
 
 
 class DenyNetworksMiddleware:
-    """Downloader middleware refusing requests to ``SCHEDULER_DENY_NETWORKS`` that the resolver cannot see,
-    and dead-lettering every refused request (see the package docstring). The verdict on a proxied
-    request's target host is cached for ``ttl`` seconds (at most 10,000 hosts)."""
+    """Refuses requests to ``SCHEDULER_DENY_NETWORKS``: anyone who can push a seed or a queue entry chooses
+    URLs the workers fetch from inside your network. The check that counts is made on the address each
+    connection uses, in the DNS resolver (:func:`~scrapy_dist.egress.enforce`); this adds what a resolver
+    cannot do: a host or ``meta["proxy"]`` written as an IP address is refused before the download; every
+    refused request is dead-lettered with reason ``denied_network``; a proxied request is also checked by
+    its target host, resolved here (a best effort: a name that does not resolve is left to the proxy), the
+    verdict cached for ``ttl`` seconds (at most 10,000 hosts)."""
 
     def __init__(
         self, networks: list[Network], crawler: Crawler | None = None, ttl: float = 60.0,
@@ -92,10 +80,7 @@ class DenyNetworksMiddleware:
     ) -> None:
         if not networks:
             raise NotConfigured("SCHEDULER_DENY_NETWORKS is empty")
-        self.networks = networks
-        self.crawler = crawler
-        self.ttl = ttl
-        self.clock = clock
+        self.networks, self.crawler, self.ttl, self.clock = networks, crawler, ttl, clock
         #: proxied target host -> (expires, denial detail or "")
         self._verdicts: OrderedDict[str, tuple[float, str]] = OrderedDict()
         self._dead_letters: Any = None
@@ -105,9 +90,9 @@ class DenyNetworksMiddleware:
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         # checked (one line on a bad value) when the crawl's settings were read
-        o = cls(enforce(crawler, DistSettings.for_crawler(crawler).scheduler.deny_networks), crawler)
         from scrapy_dist.middlewares.retry import DeadLetterWriter
 
+        o = cls(enforce(crawler, DistSettings.for_crawler(crawler).scheduler.deny_networks), crawler)
         o._dead_letters = DeadLetterWriter(crawler)
         return o
 
@@ -161,15 +146,16 @@ class NotModified(IgnoreRequest):
 
 
 class ConditionalRevisitMiddleware:
-    """Downloader middleware of ``REVISIT_CONDITIONAL`` (see the package docstring); the add-on enables
-    it. Disabled (``NotConfigured``) without ``REVISIT_CONDITIONAL``."""
+    """``REVISIT_CONDITIONAL`` (docs/continuous.md; the add-on enables it at 580, so the downloader's own
+    middlewares never see the 304 as theirs): a 304 to a revisit that sent its page's validators is
+    counted, keeps the revisit chain going, calls the spider's ``on_not_modified(response)`` if it has one,
+    and ends the request with :class:`NotModified`."""
 
     #: what the frontier's revisits look for in DOWNLOADER_MIDDLEWARES (it does not import this layer)
     turns_304_into_not_modified = True
 
     def __init__(self, crawler: Crawler) -> None:
-        self.crawler = crawler
-        self.stats = crawler.stats
+        self.crawler, self.stats = crawler, crawler.stats
 
     @classmethod
     @refusing

@@ -1,18 +1,16 @@
-"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis (docs/items.md,
-"SharedCookiesMiddleware", has the trade-offs).
-
-:class:`SharedCookiesMiddleware` keeps every cookiejar in Redis, one HASH per jar
-(:meth:`CrawlKeys.cookie_jar`), one field per cookie holding its JSON record. Reads are cached and
-incremental (a versioned change log per jar, at most :data:`READ_LIMIT` changes per refresh), writes
-batched; a response that changed cookies reaches the spider only once its changes are in Redis. Records
-read back are untrusted: checked field by field, invalid ones skipped and counted. With the crawl's secret
-(``SCHEDULER_ENTRY_SECRET``) a record is sealed as queue entries are (:class:`RecordSeal`), so one written
-without the secret, or copied to another jar, cookie or crawl, does not verify.
+"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis, one HASH per jar
+(:meth:`CrawlKeys.cookie_jar`), one field per cookie holding its JSON record (docs/items.md,
+"SharedCookiesMiddleware", has the trade-offs). Reads are cached and incremental (a versioned change log per
+jar), writes batched; a response that changed cookies reaches the spider only once its changes are in Redis.
+Records read back are untrusted: checked field by field, invalid ones skipped and counted. With the crawl's
+secret (``SCHEDULER_ENTRY_SECRET``) a record is sealed as queue entries are (:class:`RecordSeal`), so one
+written without the secret, or copied to another jar, cookie or crawl, does not verify.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import inspect
@@ -51,26 +49,21 @@ if TYPE_CHECKING:
     from scrapy_dist.redis.keys import CrawlKeys
 
 __all__ = [
-    "READ_LIMIT",
-    "RecordSeal",
-    "SharedCookiesMiddleware",
-    "cookie_field",
-    "cookie_from_record",
-    "cookie_record",
-    "jar_name",
+    "READ_LIMIT", "RecordSeal", "SharedCookiesMiddleware", "cookie_field", "cookie_from_record",
+    "cookie_record", "jar_name",
 ]
 
 logger = logging.getLogger(__name__)
 
-_RETRY_FIRST = 0.1
-_RETRY_MAX = 5.0
 # Cookie changes per write (one script call); a backlog after an outage goes in several.
 _WRITE_BATCH = 1000
 #: Changes read per refresh of a jar at most (a bigger backlog is read over the next refreshes).
 READ_LIMIT = 1000
 
-
-_BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure")
+_BOOL_FIELDS = (
+    "port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure", "discard",
+    "rfc2109",
+)
 _OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
 
 CookieIdent = tuple[str, str, str]
@@ -120,7 +113,7 @@ def cookie_from_record(data: bytes | str) -> Cookie:
     for name in _OPTIONAL_STR_FIELDS:
         if not isinstance(rec.get(name), (str, type(None))):
             raise ValueError(f"{name!r} must be a string or null")
-    for name in (*_BOOL_FIELDS, "discard", "rfc2109"):
+    for name in _BOOL_FIELDS:
         if not isinstance(rec.get(name, False), bool):
             raise ValueError(f"{name!r} must be a boolean")
     version = rec.get("version", 0)
@@ -134,15 +127,8 @@ def cookie_from_record(data: bytes | str) -> Cookie:
         isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in rest.items()
     ):
         raise ValueError("'rest' must map strings to strings or null")
-    return Cookie(
-        version=version, name=rec["name"], value=rec.get("value"), port=rec.get("port"),
-        port_specified=rec.get("port_specified", False), domain=rec["domain"],
-        domain_specified=rec.get("domain_specified", False),
-        domain_initial_dot=rec.get("domain_initial_dot", False), path=rec["path"],
-        path_specified=rec.get("path_specified", False), secure=rec.get("secure", False), expires=expires,
-        discard=rec.get("discard", False), comment=rec.get("comment"), comment_url=rec.get("comment_url"),
-        rest=rest, rfc2109=rec.get("rfc2109", False),
-    )
+    attributes = {name: rec.get(name, False if name in _BOOL_FIELDS else None) for name in _RECORD_FIELDS}
+    return Cookie(**{**attributes, "version": version, "rest": rest, "rfc2109": rec.get("rfc2109", False)})
 
 
 @dataclass(frozen=True)
@@ -225,17 +211,15 @@ def write_calls(
     return calls, sum(len(f) for f in by_jar.values())
 
 
+@dataclass(slots=True)
 class _SharedJar:
     """This worker's copy of one shared jar, when it was last read and up to which version."""
 
-    __slots__ = ("jar", "loaded_at", "loading", "version")
-
-    def __init__(self) -> None:
-        self.jar = CookieJar()
-        self.loaded_at: float | None = None
-        self.loading: asyncio.Future[None] | None = None
-        #: the jar's changes up to this version are in the copy
-        self.version = 0.0
+    jar: CookieJar = dataclasses.field(default_factory=CookieJar)
+    loaded_at: float | None = None
+    loading: asyncio.Future[None] | None = None
+    #: the jar's changes up to this version are in the copy
+    version: float = 0.0
 
 
 class SharedCookiesMiddleware(CookiesMiddleware):
@@ -260,13 +244,9 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         super().__init__(debug)
         #: which records of the jar are believed (the crawl's secret)
         self.seal = seal or RecordSeal()
-        self.server = server
-        self.keys = keys
-        self.cache_seconds = cache_seconds
-        self.flush_interval = flush_interval
-        self.stats = stats
-        self._monotonic = monotonic
-        self._wallclock = wallclock
+        self.server, self.keys, self.stats = server, keys, stats
+        self.cache_seconds, self.flush_interval = cache_seconds, flush_interval
+        self._monotonic, self._wallclock = monotonic, wallclock
         #: meta["cookiejar"] -> this worker's copy (the same objects as in ``_shared``), as in Scrapy.
         self.jars: dict[Any, CookieJar] = {}  # type: ignore[assignment]
         self._shared: dict[str, _SharedJar] = {}
@@ -275,14 +255,12 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self._read_guard = self.outage.guard("shared cookie jar (reading)", log=logger)
         # (jar name, HASH field, JSON record or None to delete), waiting for / being written
         self.writer: BatchWriter[tuple[str, str, str | None]] = BatchWriter(
-            self._write,
-            guard=self.outage.guard("shared cookie jar (writing)", Backoff(_RETRY_FIRST, _RETRY_MAX), logger),
-            batch_size=_WRITE_BATCH,
-            flush_interval=flush_interval,
+            self._write, guard=self.outage.guard("shared cookie jar (writing)", Backoff(0.1, 5.0), logger),
+            batch_size=_WRITE_BATCH, flush_interval=flush_interval,
             on_failure=lambda exc: self._inc("cookies/shared/redis_errors"),
         )
-        self._read_script: Any = None
-        self._write_script: Any = None
+        self._read_script = scripts.register(server, "cookies_read")
+        self._write_script = scripts.register(server, "cookies_write")
         self._reject_log = RateLimitedLog(logger)
 
     @classmethod
@@ -319,8 +297,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         if request.cookies:
             # Cookies given on a request join the jar, crawl-wide; written in the background.
             before = snapshot(jar)
-            cookies = self._get_request_cookies(jar, request)
-            self._process_cookies(cookies, jar=jar, request=request)
+            self._process_cookies(self._get_request_cookies(jar, request), jar=jar, request=request)
             self._record_changes(name, before, jar)
         request.headers.pop("Cookie", None)
         jar.add_cookie_header(request)
@@ -338,8 +315,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         jar = state.jar
         before = snapshot(jar)
         # make_cookies also deletes the cookies the response expires
-        cookies = jar.make_cookies(response, request)
-        self._process_cookies(cookies, jar=jar, request=request)
+        self._process_cookies(jar.make_cookies(response, request), jar=jar, request=request)
         written = self._record_changes(name, before, jar)
         if written is not None:
             # Held until written, so whatever the callback yields finds the cookies in Redis.
@@ -370,8 +346,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         """Bring the local copy of jar ``name`` up to date: apply the changes since the last read (1 script
         call, at most ``read_limit`` changes), keeping this worker's unwritten changes on top."""
         try:
-            if self._read_script is None:
-                self._read_script = scripts.register(self.server, "cookies_read")
             try:
                 raw = await self._read_script(
                     keys=[self.keys.cookie_jar(name), self.keys.cookie_changes(name)],
@@ -400,10 +374,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                     cookie = self.seal.open(self.keys.cookie_jar(name), field, data)
                 except ValueError as exc:
                     self._inc("cookies/shared/rejected")
-                    self._reject_log.log(
-                        logging.WARNING, "Skipped an invalid record in %s: %s", self.keys.cookie_jar(name),
-                        exc,
-                    )
+                    self._reject_log.log(logging.WARNING, "Skipped an invalid record in %s: %s",
+                                         self.keys.cookie_jar(name), exc)
                     continue
                 if cookie.is_expired(now):
                     expired.append(field)
@@ -430,13 +402,10 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         jar_key = self.keys.cookie_jar(name)
         ops: dict[str, str | None] = {
             (f := cookie_field(ident)): self.seal.seal(jar_key, f, rec)
-            for ident, rec in after.items()
-            if before.get(ident) != rec
+            for ident, rec in after.items() if before.get(ident) != rec
         }
         ops.update((cookie_field(ident), None) for ident in before.keys() - after.keys())
-        if not ops:
-            return None
-        return self._queue(name, ops)
+        return self._queue(name, ops) if ops else None
 
     def _queue(self, name: str, ops: dict[str, str | None]) -> asyncio.Future[None]:
         done: asyncio.Future[None] | None = None
@@ -447,8 +416,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
 
     async def _write(self, ops: list[tuple[str, str, str | None]]) -> None:
         """Write every changed cookie, one ``cookies_write`` call per jar, pipelined (the writer retries)."""
-        if self._write_script is None:
-            self._write_script = scripts.register(self.server, "cookies_write")
         calls, written = write_calls(self.keys, ops, repr(self._wallclock()))
         if len(calls) == 1 or is_cluster(self.server):
             # a redis.asyncio cluster pipeline does not load scripts: one call per jar, sent together

@@ -1,15 +1,5 @@
 """Cluster-aware retries: a failed request goes back to the shared frontier with a delay, and a request
-that finally failed is kept in the crawl's dead-letter list (docs/retries.md).
-
-:class:`RetryMiddleware` (a drop-in for Scrapy's, at 550) puts the retry copy in ``{spider}:delayed`` with
-a not-before time (backoff with jitter, or ``Retry-After``) and ends the failed attempt with
-:class:`RetryScheduled`; the attempt's errback is removed first, so an errback only sees a request's final
-failure. A request is dead-lettered at most once per attempt. Without the scrapy-dist scheduler it retries
-like Scrapy's and writes no dead letters (it says so once).
-
-:class:`HttpErrorMiddleware` is Scrapy's (at 50), which with ``HTTPERROR_DEAD_LETTER = True`` also
-dead-letters every response it filters out for its status.
-"""
+that finally failed is kept in the crawl's dead-letter list (docs/retries.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +7,8 @@ import logging
 import random
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -94,17 +85,20 @@ class DeadLetterWriter:
         )
         scheduler.dead_letter(record, request)
         _dead_lettered.add(request)
-        stats = self.crawler.stats
-        assert stats is not None
-        stats.inc_value("deadletter/count")
-        stats.inc_value(f"deadletter/reason_count/{reason}")
+        assert self.crawler.stats is not None
+        self.crawler.stats.inc_value("deadletter/count")
+        self.crawler.stats.inc_value(f"deadletter/reason_count/{reason}")
         logger.debug("Dead-lettered %(request)s: %(reason)s", {"request": request, "reason": reason})
         return True
 
 
+@dataclass(eq=False, kw_only=True)
 class RetryMiddleware:
-    """Drop-in for ``scrapy.downloadermiddlewares.retry.RetryMiddleware`` (order 550) that delays retries
-    in the shared frontier and dead-letters what finally fails.
+    """Drop-in for ``scrapy.downloadermiddlewares.retry.RetryMiddleware`` (order 550): the retry copy waits
+    in ``{spider}:delayed`` for its not-before time (backoff with jitter, or ``Retry-After``) and the failed
+    attempt ends with :class:`RetryScheduled`, its errback removed first, so an errback only sees a
+    request's final failure, which is dead-lettered (at most once per attempt). Without the scrapy-dist
+    scheduler it retries like Scrapy's and writes no dead letters (it says so once).
 
     Settings: Scrapy's ``RETRY_ENABLED``, ``RETRY_TIMES``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``,
     ``RETRY_PRIORITY_ADJUST``, ``RETRY_GIVE_UP_LOG_LEVEL``; ``RETRY_BACKOFF_BASE``, ``RETRY_BACKOFF_MAX``,
@@ -115,28 +109,21 @@ class RetryMiddleware:
     ``retry/delayed`` and the :class:`DeadLetterWriter` stats.
     """
 
-    crawler: Crawler
-    dead_letters: DeadLetterWriter
+    max_retry_times: int = 2
+    retry_http_codes: Collection[int] = (500, 502, 503, 504, 522, 524, 408, 429)
+    exceptions_to_retry: tuple[type[BaseException], ...] = ()
+    priority_adjust: int = -1
+    give_up_log_level: int | str = "ERROR"
+    backoff_base: float = defaults.RETRY_BACKOFF_BASE
+    backoff_max: float = defaults.RETRY_BACKOFF_MAX
+    deadletter_ignored: bool = defaults.DEADLETTER_IGNORED
+    clock: Callable[[], float] = time.time
+    rng: Callable[[], float] = random.random
+    crawler: Crawler = field(init=False, repr=False)
+    dead_letters: DeadLetterWriter = field(init=False, repr=False)
 
-    def __init__(
-        self, *, max_retry_times: int = 2,
-        retry_http_codes: Iterable[int] = (500, 502, 503, 504, 522, 524, 408, 429),
-        exceptions_to_retry: tuple[type[BaseException], ...] = (), priority_adjust: int = -1,
-        give_up_log_level: int | str = "ERROR", backoff_base: float = defaults.RETRY_BACKOFF_BASE,
-        backoff_max: float = defaults.RETRY_BACKOFF_MAX,
-        deadletter_ignored: bool = defaults.DEADLETTER_IGNORED,
-        clock: Callable[[], float] = time.time, rng: Callable[[], float] = random.random,
-    ) -> None:
-        self.max_retry_times = max_retry_times
-        self.retry_http_codes = {int(c) for c in retry_http_codes}
-        self.exceptions_to_retry = exceptions_to_retry
-        self.priority_adjust = priority_adjust
-        self.give_up_log_level = give_up_log_level
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.deadletter_ignored = deadletter_ignored
-        self.clock = clock
-        self.rng = rng
+    def __post_init__(self) -> None:
+        self.retry_http_codes = {int(c) for c in self.retry_http_codes}
 
     @classmethod
     @refusing
@@ -147,7 +134,7 @@ class RetryMiddleware:
         ds = DistSettings.for_crawler(crawler)
         o = cls(
             max_retry_times=s.getint("RETRY_TIMES"),
-            retry_http_codes=(int(x) for x in s.getlist("RETRY_HTTP_CODES")),
+            retry_http_codes=[int(x) for x in s.getlist("RETRY_HTTP_CODES")],
             exceptions_to_retry=tuple(_load_objects(s.getlist("RETRY_EXCEPTIONS"))),
             priority_adjust=s.getint("RETRY_PRIORITY_ADJUST"),
             give_up_log_level=s["RETRY_GIVE_UP_LOG_LEVEL"],
@@ -162,23 +149,21 @@ class RetryMiddleware:
     def process_response(self, request: Request, response: Response) -> Request | Response:
         if request.meta.get("dont_retry", False) or response.status not in self.retry_http_codes:
             return response
-        retry = self._retry(
+        return self._retry(
             request, response_status_message(response.status), dead_reason=str(response.status),
             status=response.status, retry_after=response.headers.get(b"Retry-After"),
-        )
-        return retry or response
+        ) or response
 
     def process_exception(self, request: Request, exception: Exception) -> Request | Response | None:
+        reason, detail = exception_reason(exception), str(exception)
         if isinstance(exception, IgnoreRequest):
             # raised by a downloader middleware's process_request (robots.txt, offsite, ...)
             if self.deadletter_ignored and not isinstance(exception, RetryScheduled):
-                self.dead_letters.write(request, exception_reason(exception), detail=str(exception))
+                self.dead_letters.write(request, reason, detail=detail)
             return None
         if isinstance(exception, self.exceptions_to_retry) and not request.meta.get("dont_retry", False):
-            reason = exception_reason(exception)
-            return self._retry(request, exception, dead_reason=reason, detail=str(exception))
-        # a failure that is not retried is final
-        self.dead_letters.write(request, exception_reason(exception), detail=str(exception))
+            return self._retry(request, exception, dead_reason=reason, detail=detail)
+        self.dead_letters.write(request, reason, detail=detail)  # a failure that is not retried is final
         return None
 
     def spider_error(self, failure: Failure, response: Response | Failure, spider: Any = None) -> None:
@@ -187,10 +172,9 @@ class RetryMiddleware:
             request, status = response.request, response.status
         else:  # an errback raised; Scrapy sets the request on the download failure
             request, status = getattr(response, "request", None), None
-        if request is None:
-            return
-        exc = failure.value
-        self.dead_letters.write(request, exception_reason(exc), status=status, detail=str(exc))
+        if request is not None:
+            exc = failure.value
+            self.dead_letters.write(request, exception_reason(exc), status=status, detail=str(exc))
 
     def _retry(
         self, request: Request, reason: str | Exception, *, dead_reason: str, status: int | None = None,
@@ -231,7 +215,8 @@ class RetryMiddleware:
 
 class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
     """Drop-in for ``scrapy.spidermiddlewares.httperror.HttpErrorMiddleware`` (order 50); same settings
-    and meta keys, plus ``HTTPERROR_DEAD_LETTER``."""
+    and meta keys, plus ``HTTPERROR_DEAD_LETTER``: every response it filters out for its status is then
+    dead-lettered too."""
 
     dead_letters: DeadLetterWriter | None = None
 

@@ -155,21 +155,14 @@ class Seed:
         return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> None:
     """Walk a JSON value (up to ``MAX_DEPTH``): strings encodable, integers storable."""
     if depth > MAX_DEPTH:
         raise RejectedEntry("bad_json", f"{what} nested deeper than {MAX_DEPTH}")
     if isinstance(value, str):
         check_text(value, reason, what)
-    elif isinstance(value, bool) or value is None or isinstance(value, float):
-        return
-    elif isinstance(value, int):
-        if not -(2**63) <= value < 2**64:  # msgpack's integer range
-            raise RejectedEntry(reason, f"{what} holds an integer out of range")
+    elif isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        raise RejectedEntry(reason, f"{what} holds an integer out of range")  # msgpack's integer range
     elif isinstance(value, list):
         for v in value:
             _check_json_value(v, reason, what, depth + 1)
@@ -230,9 +223,13 @@ def parse_seed(data: bytes, rules: SeedRules = DEFAULT_RULES,
     return Seed(validate_url(text, rules))
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool] | None) -> Seed:
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=_not_json)
     except RecursionError:
         raise RejectedEntry("bad_json", "nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, or int too long for the str -> int limit
@@ -297,8 +294,7 @@ def _form_fields(obj: dict[str, Any]) -> dict[str, str | list[str]]:
         if name in FIELDS:
             continue
         check_text(name, "bad_form_field", "a form field name")
-        ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
-        if not ok:
+        if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise RejectedEntry("bad_form_field", f"form field {name[:40]!r} is a {json_type(value)},"
                                 " expected a string or a list of strings (a field outside url, method,"
                                 " meta, ... is sent as form data)")
@@ -438,21 +434,15 @@ def _length_pipeline(client: Any, names: list[str], replies: list[Any]) -> tuple
     return kept, p
 
 
-def _scanned(cursor: Any) -> bool:
-    """Whether a ``SCAN`` is over: cursor 0, or a Redis Cluster's cursors by node (one call there)."""
-    return isinstance(cursor, dict) or not int(cursor)
-
-
-def find(client: Any, keys: CrawlKeys, read: Iterable[str] = (), calls: int = TOOL_SCAN_CALLS,
-         ) -> list[NearMiss]:
+def find(client: Any, keys: CrawlKeys, calls: int = TOOL_SCAN_CALLS) -> list[NearMiss]:
     """Near misses of ``keys.start_urls`` (at most ``calls`` ``SCAN`` calls, then two round trips)."""
     cursor, seen = 0, []
     for _ in range(calls):
         cursor, batch = client.scan(cursor, count=SCAN_COUNT)
         seen += batch
-        if _scanned(cursor):
+        if isinstance(cursor, dict) or not int(cursor):  # over (a Redis Cluster's cursors: one call there)
             break
-    names = candidates(seen, keys, read)[:MAX_HINTS]
+    names = candidates(seen, keys)[:MAX_HINTS]
     if not names:
         return []
     kept, p = _length_pipeline(client, names, _type_pipeline(client, names).execute(raise_on_error=False))
@@ -464,15 +454,9 @@ def _misses(kept: list[tuple[str, str]], lengths: list[Any], meant: str) -> list
             if isinstance(n, int) and n > 0]
 
 
-async def find_async(client: Any, keys: CrawlKeys, calls: int = 1) -> list[NearMiss]:
+async def find_async(client: Any, keys: CrawlKeys) -> list[NearMiss]:
     """:func:`find` for a ``redis.asyncio`` client (a worker: one ``SCAN`` call)."""
-    cursor, seen = 0, []
-    for _ in range(calls):
-        cursor, batch = await client.scan(cursor, count=SCAN_COUNT)
-        seen += batch
-        if _scanned(cursor):
-            break
-    names = candidates(seen, keys)[:MAX_HINTS]
+    names = candidates((await client.scan(0, count=SCAN_COUNT))[1], keys)[:MAX_HINTS]
     if not names:
         return []
     replies = await _type_pipeline(client, names).execute(raise_on_error=False)

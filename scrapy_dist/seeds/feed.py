@@ -32,8 +32,6 @@ from scrapy_dist.wire.codec import check_offsite, preview, rejection_record
 from scrapy_dist.wire.entrypolicy import priority_from_score
 
 if TYPE_CHECKING:
-    from scrapy.crawler import Crawler
-
     from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.spiders import RedisMixin
 
@@ -162,6 +160,7 @@ class SeedReader:
     async def close(self) -> None:
         await self.redis.aclose()
 
+
 @dataclass
 class _Taken:
     """Processing-list entries whose requests were handed to the scheduler by ``mark`` (monotonic)."""
@@ -180,8 +179,7 @@ class SeedFeed(BackgroundTask):
         idle_before_close: float = 0.0, block_seconds: float = BLOCK_SECONDS,
         poll_seconds: float = POLL_SECONDS,
     ) -> None:
-        self.spider = spider
-        self.crawler: Crawler = spider.crawler
+        self.spider, self.crawler = spider, spider.crawler
         super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
         self.stats = self.crawler.stats
         self.reader, self.keys, self.rules = reader, reader.keys, rules
@@ -196,16 +194,14 @@ class SeedFeed(BackgroundTask):
         self._last_exchange = 0.0
         self._busy = self._uncertain = self._finished = False
         self._sched: Scheduler | None = None
-        self._reject_log = RateLimitedLog(logger)
-        self._error_log = RateLimitedLog(logger)
+        self._reject_log, self._error_log = RateLimitedLog(logger), RateLimitedLog(logger)
         self._garbage_log = RateLimitedLog.once(logger)
 
     @classmethod
     def from_spider(cls, spider: RedisMixin) -> SeedFeed:
         """The feed from the spider's settings (the async client is made on the running loop)."""
         crawler = spider.crawler
-        ds = DistSettings.for_crawler(crawler)
-        sched = get_scheduler(crawler)
+        ds, sched = DistSettings.for_crawler(crawler), get_scheduler(crawler)
         keys = crawl_keys(ds, spider.name)
         if spider.redis_key:
             # spider.redis_key is the key itself (scrapy_dist.spiders replaced %(name)s): no template
@@ -281,15 +277,8 @@ class SeedFeed(BackgroundTask):
     async def _exchange(self, want: int, mode: str) -> TakeResult | None:
         """One take (plus pending rejection records and adoptions); ``None`` for a key of the wrong type."""
         r = self.reader
-        acks = self._acks
-        if self._records:
-            records, self._records = self._records, []
-            try:
-                await self._call(r.record_rejections(records))
-            except BaseException:
-                self._records = records + self._records
-                raise
-        self._acks = []
+        await self._send_records()
+        acks, self._acks = self._acks, []
         try:
             result = await self._call(r.take(want, acks, mode))
         except BaseException:
@@ -325,6 +314,15 @@ class SeedFeed(BackgroundTask):
                 logger.info("Gave %d seeds held by %d vanished worker(s) back to %r",
                             adopted[1], adopted[0], self.keys.start_urls)
         return result
+
+    async def _send_records(self) -> None:
+        """Append the pending rejection records to ``<seeds key>:rejected`` (kept to retry on failure)."""
+        records, self._records = self._records, []
+        try:
+            await self._call(self.reader.record_rejections(records))
+        except BaseException:
+            self._records = records + self._records
+            raise
 
     def _garbage(self, repaired: list[str], strays: int) -> None:
         """Name once what the seeds scripts repaired (someone else wrote there); count the rest."""
@@ -418,12 +416,9 @@ class SeedFeed(BackgroundTask):
         self.closing = True
         r = self.reader
         # only what the frontier has is acknowledged; the mode gives everything else back
-        acks = self._acks
         try:
-            if self._records:
-                await r.record_rejections(self._records)
-                self._records = []
-            result = await r.take(0, acks, mode)
+            await self._send_records()
+            result = await r.take(0, self._acks, mode)
             if result.returned > 0:
                 self.stats.inc_value("seeds/returned", result.returned)
                 logger.info("Gave %d unfinished seeds back to %r", result.returned, self.keys.start_urls)

@@ -5,6 +5,8 @@ spider is built, and a bad value stops the crawl with one line."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import dis
 import logging
 import math
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider, signals
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.spiders import CrawlSpider
 
 from scrapy_dist.seeds import SeedRules, parse_seed, seed_request, spider_has_callback
@@ -36,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 #: Priority of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s`` (40).
 IDLE_PRIORITY = 50
+#: the spider attributes (``-a name=value``) a RedisSpider reads
+ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")
 
 _SEEDS_IN_START = (
     "seeds are read in async def start(); to yield requests of your own too, override start() and end it"
@@ -57,13 +62,17 @@ SCRAPY_REDIS_HOOKS: dict[str, str] = {
 }
 
 
+def _users_class(klass: type) -> bool:
+    return klass.__module__.partition(".")[0] not in ("scrapy", "scrapy_dist", "builtins")
+
+
 def unused_hooks(spider_cls: type) -> list[str]:
     """The scrapy-redis hooks (:data:`SCRAPY_REDIS_HOOKS`) ``spider_cls`` defines that nothing calls; none
     if it defines its own ``start()``, which may call them."""
 
     def own(name: str) -> bool:
         klass = next((k for k in spider_cls.__mro__ if name in vars(k)), None)
-        return klass is not None and klass.__module__.partition(".")[0] not in ("scrapy", "scrapy_dist")
+        return klass is not None and _users_class(klass)
 
     return [] if own("start") else [name for name in SCRAPY_REDIS_HOOKS if own(name)]
 
@@ -74,9 +83,7 @@ def reads_missing_server(spider: Any) -> list[str]:
     if "server" in vars(spider) or any("server" in vars(k) for k in type(spider).__mro__):
         return []
     readers: list[str] = []
-    for klass in type(spider).__mro__:
-        if klass.__module__.partition(".")[0] in ("scrapy", "scrapy_dist", "builtins"):
-            continue
+    for klass in filter(_users_class, type(spider).__mro__):
         for name, func in vars(klass).items():
             code = getattr(getattr(func, "__func__", func), "__code__", None)
             ops = {i.opname for c in _code_objects(code) for i in dis.get_instructions(c)
@@ -109,8 +116,12 @@ class SpiderArguments:
         """Read and convert the spider's attributes; :class:`SettingsError` if one is unusable."""
         return cls(
             redis_key=_key(getattr(spider, "redis_key", None), getattr(spider, "name", "")),
-            redis_batch_size=_batch(getattr(spider, "redis_batch_size", None)),
-            max_idle_time=_idle(getattr(spider, "max_idle_time", None)),
+            redis_batch_size=_number("redis_batch_size", getattr(spider, "redis_batch_size", None), True, 1,
+                                     "not a whole number of at least 1",
+                                     "expected seeds per round trip, e.g. -a redis_batch_size=16"),
+            max_idle_time=_number("max_idle_time", getattr(spider, "max_idle_time", None), False, 0,
+                                  "not a number of seconds >= 0",
+                                  "expected e.g. -a max_idle_time=30 (0: never close an idle crawl)"),
         )
 
 
@@ -140,20 +151,11 @@ def _number(name: str, value: Any, integer: bool, low: int, problem: str, hint: 
         number = float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
         number = math.nan
-    whole = number.is_integer() if math.isfinite(number) else False
-    if isinstance(value, bool) or not math.isfinite(number) or number < low or (integer and not whole):
+    if isinstance(value, bool) or not math.isfinite(number) or number < low or (
+        integer and not number.is_integer()
+    ):
         raise SettingsError(name, value, problem, hint)
     return int(number) if integer else number
-
-
-def _batch(value: Any) -> int | None:
-    return _number("redis_batch_size", value, True, 1, "not a whole number of at least 1",
-                   "expected seeds per round trip, e.g. -a redis_batch_size=16")
-
-
-def _idle(value: Any) -> float | None:
-    return _number("max_idle_time", value, False, 0, "not a number of seconds >= 0",
-                   "expected e.g. -a max_idle_time=30 (0: never close an idle crawl)")
 
 
 def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
@@ -178,27 +180,23 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
             " super(): `spider.server = scrapy_dist.connection.get_redis(crawler.settings)`",
             "(), ".join(readers),
         )
-    if args.redis_key is not None:
-        spider.redis_key = args.redis_key
-    if args.redis_batch_size is not None:
-        spider.redis_batch_size = args.redis_batch_size
-    if args.max_idle_time is not None:
-        spider.max_idle_time = args.max_idle_time
-        _set_idle(crawler.settings, args.max_idle_time)
+    for name, value in dataclasses.asdict(args).items():
+        if value is not None:
+            setattr(spider, name, value)
+    settings = crawler.settings
+    if args.max_idle_time is None:
+        _warn_scrapy_redis_idle(settings)
+    elif getattr(settings, "frozen", False):  # built outside Crawler.crawl(): too late to feed the setting
+        logger.warning("scrapy-dist: max_idle_time=%s is ignored: the settings were already frozen; set"
+                       " SCHEDULER_IDLE_BEFORE_CLOSE instead", args.max_idle_time)
     else:
-        _warn_scrapy_redis_idle(crawler.settings)
+        settings.set("SCHEDULER_IDLE_BEFORE_CLOSE", args.max_idle_time, priority=IDLE_PRIORITY)
     return args
-
-
-#: the spider attributes (``-a name=value``) a RedisSpider reads
-ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")
 
 
 def misspelt_arguments(spider: Any) -> list[str]:
     """One warning per attribute of the spider object (``-a`` arguments land there) that is a near miss of
     one a RedisSpider reads (``-a redis_kye=...``): Scrapy keeps any argument silently."""
-    import difflib
-
     out = []
     for name in sorted(vars(spider)):
         close = [] if name in ARGUMENTS else difflib.get_close_matches(name, ARGUMENTS, n=1, cutoff=0.75)
@@ -212,12 +210,14 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
     """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE`` (there a blocking pop's
     timeout, here closing after idle time): without the add-on, a value > 0 from the project or spider
     settings (not ``-s``), and no ``MAX_IDLE_TIME_BEFORE_CLOSE``."""
-    from scrapy.settings import SETTINGS_PRIORITIES
-
-    if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None or _uses_addon(settings):
+    if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None:
         return
-    if settings.getpriority("SCHEDULER_IDLE_BEFORE_CLOSE") not in (SETTINGS_PRIORITIES["project"],
-                                                                   SETTINGS_PRIORITIES["spider"]):
+    # the spider is built before add-ons fill settings: ADDONS is read as written
+    addons = {k if isinstance(k, str) else f"{getattr(k, '__module__', '')}.{getattr(k, '__name__', '')}"
+              for k in settings.getdict("ADDONS")}
+    if addons & {"scrapy_dist.Addon", "scrapy_dist.addon.Addon"} or settings.getpriority(
+        "SCHEDULER_IDLE_BEFORE_CLOSE"
+    ) not in (SETTINGS_PRIORITIES["project"], SETTINGS_PRIORITIES["spider"]):
         return
     value = settings.get("SCHEDULER_IDLE_BEFORE_CLOSE")
     try:
@@ -232,21 +232,6 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
             " (scrapy-redis's setting for closing after idle time) to keep closing without this warning",
             value, value,
         )
-
-
-def _uses_addon(settings: Settings) -> bool:
-    """Whether ``ADDONS`` names scrapy-dist's add-on (the spider is built before add-ons fill settings)."""
-    paths = {k if isinstance(k, str) else f"{getattr(k, '__module__', '')}.{getattr(k, '__name__', '')}"
-             for k in settings.getdict("ADDONS")}
-    return bool(paths & {"scrapy_dist.Addon", "scrapy_dist.addon.Addon"})
-
-
-def _set_idle(settings: Settings, seconds: float) -> None:
-    if getattr(settings, "frozen", False):  # built outside Crawler.crawl(): too late to feed the setting
-        logger.warning("scrapy-dist: max_idle_time=%s is ignored: the settings were already frozen; set"
-                       " SCHEDULER_IDLE_BEFORE_CLOSE instead", seconds)
-        return
-    settings.set("SCHEDULER_IDLE_BEFORE_CLOSE", seconds, priority=IDLE_PRIORITY)
 
 
 class RedisMixin:
@@ -282,8 +267,8 @@ class RedisMixin:
         has been idle for ``SCHEDULER_IDLE_BEFORE_CLOSE`` (> 0) seconds."""
         if start_error(self.crawler) is not None:  # the crawl stops as it opens: no seed is taken
             return
-        feed = self._seed_feed = SeedFeed.from_spider(self)
-        async for request in feed.requests():
+        self._seed_feed = SeedFeed.from_spider(self)
+        async for request in self._seed_feed.requests():
             yield request
 
     def make_request_from_data(self, data: bytes) -> Request | None:
@@ -291,8 +276,7 @@ class RedisMixin:
         :class:`~scrapy_dist.exceptions.RejectedEntry` (``reason``, ``detail``) to reject it; any other
         exception rejects it as ``hook_error``. The default accepts a plain URL or a JSON object (see
         :mod:`scrapy_dist.seeds`)."""
-        feed = self._seed_feed
-        rules = feed.rules if feed is not None else SeedRules()
+        rules = self._seed_feed.rules if self._seed_feed is not None else SeedRules()
         seed = parse_seed(data, rules, has_callback=spider_has_callback(self))  # type: ignore[arg-type]
         return seed_request(seed, self, dedupe=rules.dedupe)  # type: ignore[arg-type]
 
