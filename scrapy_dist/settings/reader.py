@@ -160,12 +160,8 @@ class SettingsReader:
 
     def value(self, name: str) -> Any:
         if name not in self._cache:
-            spec = BY_NAME[name]
-            raw = self.raw(name)
-            value = spec.default if raw is None else raw
-            if isinstance(value, (dict, list)):
-                value = type(value)(value)  # a private copy: the table's defaults stay untouched
-            self._cache[name] = convert(spec, value)
+            spec, raw = BY_NAME[name], self.raw(name)
+            self._cache[name] = convert(spec, spec.default if raw is None else raw)  # a dict or list: a copy
         return self._cache[name]
 
     def scrapy(self, name: str, default: Any, low: float | None = None) -> Any:

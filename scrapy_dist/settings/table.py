@@ -408,13 +408,7 @@ def render_doc() -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_doc(path: Path = DOC_PATH) -> Path:
-    """Write :func:`render_doc` to ``path`` (``docs/settings.md``)."""
-    path.write_text(render_doc(), encoding="utf-8")
-    return path
-
-
 if __name__ == "__main__":  # pragma: no cover
-    import sys
-
-    print(write_doc(*(Path(arg) for arg in sys.argv[1:2])))
+    target = Path(sys.argv[1]) if sys.argv[1:] else DOC_PATH
+    target.write_text(render_doc(), encoding="utf-8")
+    print(target)

@@ -64,17 +64,13 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _expected_number(spec: Setting) -> str:
-    noun = "an integer" if spec.kind == "int" else "a number"
-    if spec.low == 0 and spec.low_open and spec.high is None:
-        return f"expected a positive {noun[noun.index(' ') + 1:]}"
-    return f"expected {noun} {spec.range_words}" if spec.range_words else f"expected {noun}"
-
-
 def _number(spec: Setting, value: Any) -> float | int:
     integer = spec.kind == "int"
     what = "an integer" if integer else "a number"
-    expected = _expected_number(spec)
+    if spec.low == 0 and spec.low_open and spec.high is None:
+        expected = f"expected a positive {what.split()[1]}"
+    else:
+        expected = f"expected {what} {spec.range_words}".rstrip()
     if isinstance(value, bool):
         raise SettingsError(spec.name, value, "not a number", expected)
     number: float | int
