@@ -25,20 +25,9 @@ from scrapy_dist.settings.reader import (
     queue_order,
     redis_location,
     refuse_start,
-    refusing,
     start_error,
 )
-from scrapy_dist.settings.table import (
-    ALIASES,
-    BY_NAME,
-    DEFAULTS,
-    SCRAPY_REDIS_IGNORED,
-    STATS,
-    TABLE,
-    Setting,
-    defaults,
-    render_doc,
-)
+from scrapy_dist.settings.table import ALIASES, BY_NAME, DEFAULTS, defaults
 from scrapy_dist.settings.values import (
     SettingsError,
     check_client_options,
@@ -54,9 +43,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 __all__ = [
-    "ALIASES", "DEFAULTS", "STATS", "TABLE", "SCRAPY_REDIS_IGNORED", "ConnectionSettings", "DistSettings",
-    "defaults", "Setting", "SettingsError", "mask_url", "refuse_start", "refusing", "render_doc",
-    "start_error",
+    "ConnectionSettings", "DistSettings", "SchedulerSettings", "SettingsError", "defaults", "mask_url",
+    "refuse_start", "start_error",
 ]
 
 logger = logging.getLogger(__name__)

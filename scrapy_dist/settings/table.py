@@ -344,14 +344,6 @@ sys.modules.setdefault(defaults.__name__, defaults)
 #: an unknown setting with one of these prefixes may be a typo of ours
 OUR_PREFIXES = ("REDIS_", "SCHEDULER_", "BLOOMFILTER_", "DUPEFILTER_", "CLUSTERSTATS_", "ERRORMONITOR_",
                  "RETRY_", "DEADLETTER_", "HTTPERROR_", "DOMAIN_", "MAX_IDLE")
-# Scrapy's own settings with our prefixes (never "did you mean" them).
-SCRAPY_OWN = frozenset({
-    "RETRY_ENABLED", "RETRY_TIMES", "RETRY_HTTP_CODES", "RETRY_PRIORITY_ADJUST", "RETRY_EXCEPTIONS",
-    "SCHEDULER_DEBUG", "SCHEDULER_DISK_QUEUE", "SCHEDULER_MEMORY_QUEUE", "SCHEDULER_PRIORITY_QUEUE",
-    "SCHEDULER_START_DISK_QUEUE", "SCHEDULER_START_MEMORY_QUEUE", "DUPEFILTER_CLASS", "DUPEFILTER_DEBUG",
-    "REDIRECT_ENABLED", "REDIRECT_MAX_TIMES", "REDIRECT_PRIORITY_ADJUST", "HTTPERROR_ALLOWED_CODES",
-    "HTTPERROR_ALLOW_ALL", "REFERER_ENABLED", "REFERRER_POLICY",
-})
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 
