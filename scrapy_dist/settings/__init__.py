@@ -1,9 +1,9 @@
 """Every scrapy-dist setting, read, typed and validated once per crawler: :class:`DistSettings`.
 
-:data:`~.table.TABLE` declares them (``python -m scrapy_dist.settings.table`` writes docs/settings.md),
-:mod:`~.values` converts raw values, :mod:`~.reader` reads them and holds the components a crawl runs.
-Components call ``DistSettings.for_crawler(crawler)``; a bad value is one line (:class:`SettingsError`)
-that refuses the start (:func:`refuse_start`).
+:data:`~.table.TABLE` declares each setting (default, type, range, doc: ``python -m
+scrapy_dist.settings.table`` writes docs/settings.md); each field of the typed groups below names the setting
+that fills it. :mod:`~.values` converts raw values, :mod:`~.reader` reads them. Components call
+``DistSettings.for_crawler(crawler)``; a bad value is one line (:class:`SettingsError`) refusing the start.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class SchedulerSettings:
     dead_maxlen: int = _setting("DEADLETTER_MAXLEN")
     replay_memory: int = _setting("SCHEDULER_REPLAY_MEMORY")
     entry_secret: bytes | None = field(default=None, repr=False)
-    deny_networks: tuple[str, ...] = ()
+    deny_networks: tuple[str, ...] = _setting("SCHEDULER_DENY_NETWORKS")
     #: Scrapy's SCHEDULER_PRIORITY_QUEUE is DownloaderAwarePriorityQueue: least busy download slot first
     downloader_aware: bool = True
     shards: int = _setting("SCHEDULER_SHARDS")

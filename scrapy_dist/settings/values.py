@@ -104,16 +104,10 @@ def _number(spec: Setting, value: Any) -> float | int:
 
 
 def _bool(spec: Setting, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise SettingsError(spec.name, value, "not a boolean", "expected True or False (1/0, true/false)")
+    text = str(value).strip().lower()  # True, 1 and "on" alike
+    if text not in (*_TRUE, *_FALSE):
+        raise SettingsError(spec.name, value, "not a boolean", "expected True or False (1/0, true/false)")
+    return text in _TRUE
 
 
 def _dict(spec: Setting, value: Any) -> dict[str, Any]:

@@ -179,9 +179,7 @@ class EntryPolicy:
 
     def bound(self, crawl: str | None = None, kind: str | None = None) -> EntryPolicy:
         """This policy signing and verifying for ``crawl`` and ``kind`` (None: unchanged)."""
-        return dataclasses.replace(
-            self, crawl=self.crawl if crawl is None else crawl, kind=self.kind if kind is None else kind
-        )
+        return dataclasses.replace(self, crawl=crawl or self.crawl, kind=kind or self.kind)
 
     @cached_property
     def _keyed(self) -> Any:
