@@ -141,18 +141,16 @@ def _check_encodable(value: Any, path: str) -> None:
     if isinstance(value, _PLAIN_TYPES):
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
             raise UnserializableRequest(f"{path}: integer out of range", path)
-        return
-    if isinstance(value, (list, tuple)):
+    elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             _check_encodable(v, f"{path}[{i}]")
-        return
-    if isinstance(value, dict):
+    elif isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, (str, bytes, int)):
                 raise UnserializableRequest(f"{path}: key {k!r} is a {type(k).__name__}", path)
             _check_encodable(v, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k!r}]")
-        return
-    raise UnserializableRequest(f"{path} holds a {type(value).__name__}, which cannot be encoded", path)
+    else:
+        raise UnserializableRequest(f"{path} holds a {type(value).__name__}, which cannot be encoded", path)
 
 
 def encode_request(request: Request, spider: Spider | None = None,
@@ -274,19 +272,6 @@ def _request_class(path: Any) -> type[Request]:
     return cls
 
 
-def _unpack(body: bytes) -> dict[str, Any]:
-    try:
-        d = msgpack.unpackb(body, raw=False, strict_map_key=False, use_list=True)
-    except Exception as exc:  # msgpack raises several unrelated types for garbage input
-        raise RejectedEntry("bad_msgpack", type(exc).__name__) from None
-    if not isinstance(d, dict):
-        raise RejectedEntry("bad_payload", f"payload is a {type(d).__name__}")
-    unknown = [k for k in d if not isinstance(k, str) or k not in _ALLOWED_KEYS]
-    if unknown:
-        raise RejectedEntry("bad_payload", f"unknown fields {sorted(map(str, unknown))[:5]}"[:200])
-    return d
-
-
 def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
     """``(version, msgpack body)`` of an untrusted payload (size and version checked, tag not verified);
     raises :class:`RejectedEntry`."""
@@ -307,7 +292,17 @@ def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes
 def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
     """The field map of an untrusted payload (any version, tag not checked): size, version byte, msgpack and
     field names checked, values not (:func:`decode_request` does); raises :class:`RejectedEntry`."""
-    return _unpack(split_payload(data, max_bytes)[1])
+    body = split_payload(data, max_bytes)[1]
+    try:
+        d = msgpack.unpackb(body, raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage input
+        raise RejectedEntry("bad_msgpack", type(exc).__name__) from None
+    if not isinstance(d, dict):
+        raise RejectedEntry("bad_payload", f"payload is a {type(d).__name__}")
+    unknown = [k for k in d if not isinstance(k, str) or k not in _ALLOWED_KEYS]
+    if unknown:
+        raise RejectedEntry("bad_payload", f"unknown fields {sorted(map(str, unknown))[:5]}"[:200])
+    return d
 
 
 def decode_request(data: bytes, spider: Spider, policy: EntryPolicy = DEFAULT_POLICY) -> Request:
