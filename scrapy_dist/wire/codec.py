@@ -51,10 +51,11 @@ if TYPE_CHECKING:
     from scrapy import Spider
 
 __all__ = [
-    "DANGEROUS_META", "DEFAULT_POLICY", "EntryPolicy", "HOOK_NAMES", "MAX_HEADERS", "PREVIEW_LIMIT",
-    "RAW_LIMIT", "check_cookies_allowed", "check_header_names", "check_meta_keys", "check_no_userinfo",
-    "check_url", "decode_request", "encode_request", "entry_callback", "entry_policy", "load_payload",
-    "method_name", "preview", "rejection_record", "spider_method", "split_payload", "user_defined",
+    "DANGEROUS_META", "DEFAULT_POLICY", "HOOK_NAMES", "MAX_HEADERS", "PREVIEW_LIMIT", "RAW_LIMIT",
+    "SIGNED_HEAD", "TAG_BYTES", "VERSION", "EntryPolicy", "check_cookies_allowed", "check_header_names",
+    "check_meta_keys", "check_no_userinfo", "check_url", "decode_request", "encode_request", "entry_callback",
+    "entry_policy", "load_payload", "method_name", "preview", "rejection_record", "spider_method",
+    "split_payload", "user_defined",
 ]
 
 
