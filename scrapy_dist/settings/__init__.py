@@ -1,9 +1,9 @@
 """Every scrapy-dist setting, read, typed and validated once per crawler: :class:`DistSettings`.
 
-:data:`~.table.TABLE` declares them (``python -m scrapy_dist.settings.table`` writes docs/settings.md),
-:mod:`~.values` converts raw values, :mod:`~.reader` reads them and holds the components a crawl runs.
-Components call ``DistSettings.for_crawler(crawler)``; a bad value is one line (:class:`SettingsError`)
-that refuses the start (:func:`refuse_start`).
+:data:`~.table.TABLE` declares each setting (default, type, range, doc: ``python -m
+scrapy_dist.settings.table`` writes docs/settings.md); each field of the typed groups below names the setting
+that fills it. :mod:`~.values` converts raw values, :mod:`~.reader` reads them. Components call
+``DistSettings.for_crawler(crawler)``; a bad value is one line (:class:`SettingsError`) refusing the start.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy_dist.settings.reader import (
     SettingsReader,
@@ -25,20 +25,9 @@ from scrapy_dist.settings.reader import (
     queue_order,
     redis_location,
     refuse_start,
-    refusing,
     start_error,
 )
-from scrapy_dist.settings.table import (
-    ALIASES,
-    BY_NAME,
-    DEFAULTS,
-    SCRAPY_REDIS_IGNORED,
-    STATS,
-    TABLE,
-    Setting,
-    defaults,
-    render_doc,
-)
+from scrapy_dist.settings.table import ALIASES, BY_NAME, DEFAULTS, defaults
 from scrapy_dist.settings.values import (
     SettingsError,
     check_client_options,
@@ -54,14 +43,39 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 __all__ = [
-    "ALIASES", "DEFAULTS", "STATS", "TABLE", "SCRAPY_REDIS_IGNORED", "ConnectionSettings", "DistSettings",
-    "defaults", "Setting", "SettingsError", "mask_url", "refuse_start", "refusing", "render_doc",
-    "start_error",
+    "ConnectionSettings", "DistSettings", "SchedulerSettings", "SettingsError", "defaults", "mask_url",
+    "refuse_start", "start_error",
 ]
 
 logger = logging.getLogger(__name__)
 
 _ATTR = "_scrapy_dist_settings"
+_T = TypeVar("_T")
+
+
+def _setting(name: str) -> Any:
+    """A field filled from setting ``name`` of :data:`.table.TABLE`, with its default (a list as a tuple)."""
+    default = DEFAULTS[name]
+    return field(default=tuple(default) if isinstance(default, list) else default, metadata={"setting": name})
+
+
+def _scrapy(name: str, default: Any, low: float | None = None) -> Any:
+    """A field filled from Scrapy's own setting ``name``."""
+    return field(default=default, metadata={"scrapy": name, "low": low})
+
+
+def _build(cls: type[_T], raw: SettingsReader, **derived: Any) -> _T:
+    """``cls`` with every field of :func:`_setting` or :func:`_scrapy` read from ``raw``, but ``derived``."""
+    values: dict[str, Any] = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        if f.name in derived:
+            continue
+        if "setting" in f.metadata:
+            value = raw.value(f.metadata["setting"])
+            values[f.name] = tuple(map(str, value)) if isinstance(value, list) else value
+        elif "scrapy" in f.metadata:
+            values[f.name] = raw.scrapy(f.metadata["scrapy"], f.default, low=f.metadata["low"])
+    return cls(**values, **derived)
 
 
 @dataclass(frozen=True)
@@ -74,12 +88,12 @@ class ConnectionSettings:
     host: str | None = None
     port: int | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
-    cluster: bool | None = None
+    cluster: bool | None = _setting("REDIS_CLUSTER")
     sentinels: tuple[tuple[str, int], ...] = ()
-    sentinel_master: str = "mymaster"
-    key_prefix: str = ""
-    embedded_dir: str | None = None
-    embedded_maxmemory: int | str | None = None
+    sentinel_master: str = _setting("REDIS_SENTINEL_MASTER")
+    key_prefix: str = _setting("REDIS_KEY_PREFIX")
+    embedded_dir: str | None = _setting("REDIS_EMBEDDED_DIR")
+    embedded_maxmemory: int | str | None = _setting("REDIS_EMBEDDED_MAXMEMORY")
 
     @property
     def source(self) -> str:
@@ -97,101 +111,101 @@ class ConnectionSettings:
 class SchedulerSettings:
     """The frontier's settings."""
 
-    queue_class: str = "scrapy_dist.queue.PriorityQueue"
-    persist: bool = True
-    flush_on_start: bool = False
-    idle_before_close: float = 0.0
-    lease_seconds: float = 60.0
+    queue_class: str = _setting("SCHEDULER_QUEUE_CLASS")
+    persist: bool = _setting("SCHEDULER_PERSIST")
+    flush_on_start: bool = _setting("SCHEDULER_FLUSH_ON_START")
+    idle_before_close: float = _setting("SCHEDULER_IDLE_BEFORE_CLOSE")
+    lease_seconds: float = _setting("SCHEDULER_LEASE_SECONDS")
     prefetch: int = 16  # derived: SCHEDULER_PREFETCH, 0 -> max(16, 2 x CONCURRENT_REQUESTS)
-    concurrent_requests: int = 16  # Scrapy's CONCURRENT_REQUESTS
-    flush_interval: float = 0.05
-    flush_batch: int = 500
-    idle_poll: float = 0.25
-    shutdown_grace: float = 30.0
-    allowed_schemes: tuple[str, ...] = ("http", "https")
-    max_entry_bytes: int = 1024 * 1024
-    rejected_maxlen: int = 100_000
-    dead_maxlen: int = 1_000_000
-    replay_memory: int = 250_000
+    concurrent_requests: int = _scrapy("CONCURRENT_REQUESTS", 16, low=1)
+    flush_interval: float = _setting("SCHEDULER_FLUSH_INTERVAL")
+    flush_batch: int = _setting("SCHEDULER_FLUSH_BATCH")
+    idle_poll: float = _setting("SCHEDULER_IDLE_POLL")
+    shutdown_grace: float = _setting("SCHEDULER_SHUTDOWN_GRACE")
+    allowed_schemes: tuple[str, ...] = _setting("SCHEDULER_ALLOWED_SCHEMES")
+    max_entry_bytes: int = _setting("SCHEDULER_MAX_ENTRY_BYTES")
+    rejected_maxlen: int = _setting("SCHEDULER_REJECTED_MAXLEN")
+    dead_maxlen: int = _setting("DEADLETTER_MAXLEN")
+    replay_memory: int = _setting("SCHEDULER_REPLAY_MEMORY")
     entry_secret: bytes | None = field(default=None, repr=False)
-    deny_networks: tuple[str, ...] = ()
+    deny_networks: tuple[str, ...] = _setting("SCHEDULER_DENY_NETWORKS")
     #: Scrapy's SCHEDULER_PRIORITY_QUEUE is DownloaderAwarePriorityQueue: least busy download slot first
     downloader_aware: bool = True
-    shards: int = 1
-    politeness: str = "process"
+    shards: int = _setting("SCHEDULER_SHARDS")
+    politeness: str = _setting("SCHEDULER_POLITENESS")
     domain_limits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    download_delay: float = 0.0
-    concurrent_requests_per_domain: int = 8
-    download_delay_jitter: float = 0.5
+    download_delay: float = _scrapy("DOWNLOAD_DELAY", 0.0, low=0)
+    concurrent_requests_per_domain: int = _scrapy("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1)
+    download_delay_jitter: float = _scrapy("DOWNLOAD_DELAY_JITTER", 0.5, low=0)
     revisit_after: Mapping[str, float | None] = field(default_factory=dict)
-    revisit_conditional: bool = False
-    revisit_min_interval: float = 300.0
-    idle_poll_max: float = 5.0
+    revisit_conditional: bool = _setting("REVISIT_CONDITIONAL")
+    revisit_min_interval: float = _setting("REVISIT_MIN_INTERVAL")
+    idle_poll_max: float = _setting("SCHEDULER_IDLE_POLL_MAX")
 
 
 @dataclass(frozen=True)
 class DupefilterSettings:
-    capacity: int = 100_000_000
-    error_rate: float = 0.001
-    block_bits: int = 2**31
-    debug: bool = False  # Scrapy's DUPEFILTER_DEBUG
-    ttl: float | None = None
-    generations: int = 4
-    forget_dead: bool = False
+    capacity: int = _setting("BLOOMFILTER_CAPACITY")
+    error_rate: float = _setting("BLOOMFILTER_ERROR_RATE")
+    block_bits: int = _setting("BLOOMFILTER_BLOCK_BITS")
+    debug: bool = _scrapy("DUPEFILTER_DEBUG", False)
+    ttl: float | None = _setting("DUPEFILTER_TTL")
+    generations: int = _setting("BLOOMFILTER_GENERATIONS")
+    forget_dead: bool = _setting("DEADLETTER_FORGET")
 
 
 @dataclass(frozen=True)
 class SeedSettings:
-    key_template: str = "%(name)s:start_urls"
+    key_template: str = _setting("REDIS_START_URLS_KEY")
     kind: str = "list"  # from REDIS_START_URLS_AS_SET / _AS_ZSET
-    batch_size: int = 16
-    max_bytes: int = 64 * 1024
-    rejected_maxlen: int = 100_000
-    meta_allowed: tuple[str, ...] = ("*",)
-    headers_allowed: tuple[str, ...] = ()
-    dedupe: bool = False
-    record_fingerprint: bool = False
+    batch_size: int = 16  # derived: REDIS_START_URLS_BATCH_SIZE, 0 -> CONCURRENT_REQUESTS
+    max_bytes: int = _setting("REDIS_START_URLS_MAX_BYTES")
+    rejected_maxlen: int = _setting("REDIS_START_URLS_REJECTED_MAXLEN")
+    meta_allowed: tuple[str, ...] = _setting("SEEDS_META_ALLOWED")
+    headers_allowed: tuple[str, ...] = _setting("SEEDS_HEADERS_ALLOWED")
+    dedupe: bool = _setting("REDIS_START_URLS_DEDUPE")
+    record_fingerprint: bool = _setting("SEEDS_RECORD_FINGERPRINT")
 
 
 @dataclass(frozen=True)
 class RetrySettings:
-    backoff_base: float = 1.0
-    backoff_max: float = 300.0
-    deadletter_ignored: bool = False
-    httperror_dead_letter: bool = False
+    backoff_base: float = _setting("RETRY_BACKOFF_BASE")
+    backoff_max: float = _setting("RETRY_BACKOFF_MAX")
+    deadletter_ignored: bool = _setting("DEADLETTER_IGNORED")
+    httperror_dead_letter: bool = _setting("HTTPERROR_DEAD_LETTER")
 
 
 @dataclass(frozen=True)
 class MonitoringSettings:
-    interval: float = 5.0
-    max_stats: tuple[str, ...] = ()
-    min_stats: tuple[str, ...] = ()
-    max_error_rate: float | None = None
-    max_errors: int | None = None
-    window: float = 60.0
-    action: str = "log"
-    min_attempts: int = 20
-    http_errors: tuple[Any, ...] = ("5xx", 429)
+    interval: float = _setting("CLUSTERSTATS_INTERVAL")
+    max_stats: tuple[str, ...] = _setting("CLUSTERSTATS_MAX_STATS")
+    min_stats: tuple[str, ...] = _setting("CLUSTERSTATS_MIN_STATS")
+    max_error_rate: float | None = _setting("ERRORMONITOR_MAX_ERROR_RATE")
+    max_errors: int | None = _setting("ERRORMONITOR_MAX_ERRORS")
+    window: float = _setting("ERRORMONITOR_WINDOW")
+    action: str = _setting("ERRORMONITOR_ACTION")
+    min_attempts: int = _setting("ERRORMONITOR_MIN_ATTEMPTS")
+    http_errors: tuple[Any, ...] = _setting("ERRORMONITOR_HTTP_ERRORS")  # numbers stay numbers
 
 
 @dataclass(frozen=True)
 class ItemSettings:
-    key_template: str = "%(spider)s:items"
-    stream: bool = False
-    maxlen: int | None = None
-    flush_interval: float = 1.0
-    batch_size: int = 100
-    serializer: str | None = None
-    exactly_once: bool = True
-    max_bytes: int = 8 * 1024 * 1024
+    key_template: str = _setting("REDIS_ITEMS_KEY")
+    stream: bool = _setting("REDIS_ITEMS_STREAM")
+    maxlen: int | None = _setting("REDIS_ITEMS_MAXLEN")
+    flush_interval: float = _setting("REDIS_ITEMS_FLUSH_INTERVAL")
+    batch_size: int = _setting("REDIS_ITEMS_BATCH_SIZE")
+    serializer: str | None = _setting("REDIS_ITEMS_SERIALIZER")
+    exactly_once: bool = _setting("REDIS_ITEMS_EXACTLY_ONCE")
+    max_bytes: int = _setting("REDIS_ITEMS_MAX_BYTES")
 
 
 @dataclass(frozen=True)
 class CookieSettings:
-    cache_seconds: float = 1.0
-    flush_interval: float = 0.05
-    enabled: bool = True  # Scrapy's COOKIES_ENABLED
-    debug: bool = False  # Scrapy's COOKIES_DEBUG
+    cache_seconds: float = _setting("REDIS_COOKIES_CACHE_SECONDS")
+    flush_interval: float = _setting("REDIS_COOKIES_FLUSH_INTERVAL")
+    enabled: bool = _scrapy("COOKIES_ENABLED", True)
+    debug: bool = _scrapy("COOKIES_DEBUG", False)
 
 
 @dataclass(frozen=True)
@@ -218,11 +232,8 @@ class DistSettings:
         raw = SettingsReader(settings)
         check_components(raw.settings)
         v = raw.value
-        warnings: list[str] = []
-        # aliases: the canonical name wins
-        for alias, canonical in ALIASES.items():
-            if raw.given(alias) and raw.given(canonical):
-                warnings.append(f"scrapy-dist: {alias} is ignored because {canonical} is set")
+        warnings = [f"scrapy-dist: {alias} is ignored because {canonical} is set"
+                    for alias, canonical in ALIASES.items() if raw.given(alias) and raw.given(canonical)]
         idle = v("SCHEDULER_IDLE_BEFORE_CLOSE")
         if not raw.given("SCHEDULER_IDLE_BEFORE_CLOSE") and raw.given("MAX_IDLE_TIME_BEFORE_CLOSE"):
             alias_spec = replace(BY_NAME["SCHEDULER_IDLE_BEFORE_CLOSE"], name="MAX_IDLE_TIME_BEFORE_CLOSE")
@@ -232,23 +243,18 @@ class DistSettings:
         # Redis: settings first, then the environment, then the embedded server
         url, url_source = v("REDIS_URL"), "REDIS_URL" if v("REDIS_URL") else ""
         params, host, port = redis_location(v)
-        located = url or v("REDIS_SENTINELS") or host or port
-        if not located and env.get("REDIS_URL", "").strip():
+        if not (url or v("REDIS_SENTINELS") or host or port) and env.get("REDIS_URL", "").strip():
             try:
                 url = check_url(env["REDIS_URL"])
             except SettingsError as exc:
                 raise SettingsError("REDIS_URL", exc.value, f"{exc.problem} (environment variable)",
                                     exc.expected) from None
             url_source = "REDIS_URL environment variable"
-        connection = ConnectionSettings(
-            url=url, url_source=url_source, host=host, port=port, params=MappingProxyType(params),
-            cluster=v("REDIS_CLUSTER"), sentinels=sentinels(v("REDIS_SENTINELS")),
-            sentinel_master=v("REDIS_SENTINEL_MASTER") or "mymaster", key_prefix=v("REDIS_KEY_PREFIX") or "",
-            embedded_dir=v("REDIS_EMBEDDED_DIR"), embedded_maxmemory=v("REDIS_EMBEDDED_MAXMEMORY"),
-        )
+        connection = _build(ConnectionSettings, raw, url=url, url_source=url_source, host=host, port=port,
+                            params=MappingProxyType(params), sentinels=sentinels(v("REDIS_SENTINELS")),
+                            sentinel_master=v("REDIS_SENTINEL_MASTER") or "mymaster")
         check_client_options(url, params)
         concurrent = raw.scrapy("CONCURRENT_REQUESTS", 16, low=1)
-        shards, politeness = v("SCHEDULER_SHARDS"), v("SCHEDULER_POLITENESS")
         schemes = tuple(str(s).strip().lower() for s in v("SCHEDULER_ALLOWED_SCHEMES"))
         if not schemes or any(not re.fullmatch(r"[a-z][a-z0-9+.-]*", s) for s in schemes):
             raise SettingsError("SCHEDULER_ALLOWED_SCHEMES", v("SCHEDULER_ALLOWED_SCHEMES"),
@@ -260,26 +266,14 @@ class DistSettings:
             except ValueError:
                 raise SettingsError("SCHEDULER_DENY_NETWORKS", list(deny), f"{net!r} is not a network",
                                     'expected CIDR blocks like ["10.0.0.0/8", "fc00::/7"], or []') from None
-        scheduler = SchedulerSettings(
+        scheduler = _build(
+            SchedulerSettings, raw, idle_before_close=idle, allowed_schemes=schemes, deny_networks=deny,
             queue_class=queue_order("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")),
-            persist=v("SCHEDULER_PERSIST"), flush_on_start=v("SCHEDULER_FLUSH_ON_START"),
-            idle_before_close=idle, lease_seconds=v("SCHEDULER_LEASE_SECONDS"),
-            prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent), concurrent_requests=concurrent,
-            flush_interval=v("SCHEDULER_FLUSH_INTERVAL"), flush_batch=v("SCHEDULER_FLUSH_BATCH"),
-            idle_poll=v("SCHEDULER_IDLE_POLL"), shutdown_grace=v("SCHEDULER_SHUTDOWN_GRACE"),
-            allowed_schemes=schemes, max_entry_bytes=v("SCHEDULER_MAX_ENTRY_BYTES"), shards=shards,
-            politeness=politeness, rejected_maxlen=v("SCHEDULER_REJECTED_MAXLEN"),
-            dead_maxlen=v("DEADLETTER_MAXLEN"), replay_memory=v("SCHEDULER_REPLAY_MEMORY"),
+            prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent),
             entry_secret=v("SCHEDULER_ENTRY_SECRET") or env.get("SCRAPY_DIST_SECRET", "").encode() or None,
-            deny_networks=deny,
             downloader_aware="DownloaderAwarePriorityQueue" in str(raw.raw("SCHEDULER_PRIORITY_QUEUE") or ""),
             domain_limits=MappingProxyType(domain_limits(v("DOMAIN_LIMITS"))),
-            download_delay=raw.scrapy("DOWNLOAD_DELAY", 0.0, low=0),
-            concurrent_requests_per_domain=raw.scrapy("CONCURRENT_REQUESTS_PER_DOMAIN", 8, low=1),
-            download_delay_jitter=raw.scrapy("DOWNLOAD_DELAY_JITTER", 0.5, low=0),
             revisit_after=MappingProxyType(revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL"))),
-            revisit_conditional=v("REVISIT_CONDITIONAL"), revisit_min_interval=v("REVISIT_MIN_INTERVAL"),
-            idle_poll_max=v("SCHEDULER_IDLE_POLL_MAX"),
         )
         if scheduler.downloader_aware and raw.scrapy("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
             # as Scrapy's DownloaderAwarePriorityQueue: a request's IP (its download slot) is not known
@@ -292,14 +286,8 @@ class DistSettings:
                                 " REDIS_START_URLS_AS_ZSET=True (the seeds key has one type)",
                                 "set only one of them")
         kind = "zset" if v("REDIS_START_URLS_AS_ZSET") else "set" if v("REDIS_START_URLS_AS_SET") else "list"
-        seeds = SeedSettings(
-            key_template=v("REDIS_START_URLS_KEY"), kind=kind,
-            batch_size=v("REDIS_START_URLS_BATCH_SIZE") or concurrent,
-            max_bytes=v("REDIS_START_URLS_MAX_BYTES"), rejected_maxlen=v("REDIS_START_URLS_REJECTED_MAXLEN"),
-            meta_allowed=tuple(map(str, v("SEEDS_META_ALLOWED"))),
-            headers_allowed=tuple(map(str, v("SEEDS_HEADERS_ALLOWED"))),
-            dedupe=v("REDIS_START_URLS_DEDUPE"), record_fingerprint=v("SEEDS_RECORD_FINGERPRINT"),
-        )
+        seeds = _build(SeedSettings, raw, kind=kind,
+                       batch_size=v("REDIS_START_URLS_BATCH_SIZE") or concurrent)
         if not seeds.key_template:
             raise SettingsError("REDIS_START_URLS_KEY", "", "empty",
                                 "expected a key like %(name)s:start_urls")
@@ -315,35 +303,11 @@ class DistSettings:
                                     'expected statuses like 503 or classes like "5xx"')
         return cls(
             connection=connection, scheduler=scheduler, seeds=seeds,
-            dupefilter=DupefilterSettings(
-                capacity=v("BLOOMFILTER_CAPACITY"), error_rate=v("BLOOMFILTER_ERROR_RATE"),
-                block_bits=v("BLOOMFILTER_BLOCK_BITS"), debug=raw.scrapy("DUPEFILTER_DEBUG", False),
-                ttl=v("DUPEFILTER_TTL"), generations=v("BLOOMFILTER_GENERATIONS"),
-                forget_dead=v("DEADLETTER_FORGET"),
-            ),
-            retries=RetrySettings(
-                backoff_base=v("RETRY_BACKOFF_BASE"), backoff_max=v("RETRY_BACKOFF_MAX"),
-                deadletter_ignored=v("DEADLETTER_IGNORED"), httperror_dead_letter=v("HTTPERROR_DEAD_LETTER"),
-            ),
-            monitoring=MonitoringSettings(
-                interval=v("CLUSTERSTATS_INTERVAL"), max_stats=tuple(map(str, v("CLUSTERSTATS_MAX_STATS"))),
-                min_stats=tuple(map(str, v("CLUSTERSTATS_MIN_STATS"))),
-                max_error_rate=v("ERRORMONITOR_MAX_ERROR_RATE"), max_errors=v("ERRORMONITOR_MAX_ERRORS"),
-                window=v("ERRORMONITOR_WINDOW"), action=v("ERRORMONITOR_ACTION"),
-                min_attempts=v("ERRORMONITOR_MIN_ATTEMPTS"), http_errors=http_errors,
-            ),
-            items=ItemSettings(
-                key_template=v("REDIS_ITEMS_KEY"), stream=v("REDIS_ITEMS_STREAM"),
-                maxlen=v("REDIS_ITEMS_MAXLEN"),
-                flush_interval=v("REDIS_ITEMS_FLUSH_INTERVAL"), batch_size=v("REDIS_ITEMS_BATCH_SIZE"),
-                serializer=importable("REDIS_ITEMS_SERIALIZER", v("REDIS_ITEMS_SERIALIZER")),
-                exactly_once=v("REDIS_ITEMS_EXACTLY_ONCE"), max_bytes=v("REDIS_ITEMS_MAX_BYTES"),
-            ),
-            cookies=CookieSettings(
-                cache_seconds=v("REDIS_COOKIES_CACHE_SECONDS"), enabled=raw.scrapy("COOKIES_ENABLED", True),
-                flush_interval=v("REDIS_COOKIES_FLUSH_INTERVAL"), debug=raw.scrapy("COOKIES_DEBUG", False),
-            ),
-            concurrent_requests=concurrent,
+            dupefilter=_build(DupefilterSettings, raw), retries=_build(RetrySettings, raw),
+            monitoring=_build(MonitoringSettings, raw, http_errors=http_errors),
+            items=_build(ItemSettings, raw,
+                         serializer=importable("REDIS_ITEMS_SERIALIZER", v("REDIS_ITEMS_SERIALIZER"))),
+            cookies=_build(CookieSettings, raw), concurrent_requests=concurrent,
             warnings=tuple(warnings + raw.unknown_names() + raw.scrapy_queue_warnings()),
         )
 

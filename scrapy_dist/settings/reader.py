@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import signals
 from scrapy.exceptions import CloseSpider, NotConfigured
+from scrapy.settings import default_settings
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.exceptions import ScrapyDistError
@@ -26,7 +27,6 @@ from scrapy_dist.settings.table import (
     BY_NAME,
     CONNECTION_GUESSES,
     OUR_PREFIXES,
-    SCRAPY_OWN,
     SCRAPY_REDIS_IGNORED,
     Setting,
 )
@@ -138,13 +138,6 @@ def queue_order(name: str, path: str) -> str:
     return path
 
 
-def _scrapy_names() -> frozenset[str]:
-    """Scrapy's own setting names (never "did you mean" one of ours)."""
-    from scrapy.settings import default_settings
-
-    return SCRAPY_OWN | {n for n in dir(default_settings) if n.isupper()}
-
-
 class SettingsReader:
     """Raw values of a Scrapy ``Settings`` or a plain mapping, converted per :data:`.table.TABLE`."""
 
@@ -160,12 +153,8 @@ class SettingsReader:
 
     def value(self, name: str) -> Any:
         if name not in self._cache:
-            spec = BY_NAME[name]
-            raw = self.raw(name)
-            value = spec.default if raw is None else raw
-            if isinstance(value, (dict, list)):
-                value = type(value)(value)  # a private copy: the table's defaults stay untouched
-            self._cache[name] = convert(spec, value)
+            spec, raw = BY_NAME[name], self.raw(name)
+            self._cache[name] = convert(spec, spec.default if raw is None else raw)  # a dict or list: a copy
         return self._cache[name]
 
     def scrapy(self, name: str, default: Any, low: float | None = None) -> Any:
@@ -208,7 +197,8 @@ class SettingsReader:
                 if self.given(name):
                     out.append(f"scrapy-dist: unknown setting {name}: {CONNECTION_GUESSES[name]}")
                 continue
-            if name in known or not name.startswith(OUR_PREFIXES) or name in _scrapy_names():
+            # Scrapy's own settings are never "did you mean" one of ours
+            if name in known or not name.startswith(OUR_PREFIXES) or hasattr(default_settings, name):
                 continue
             close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
             if close:
@@ -282,8 +272,6 @@ def refuse_misspelt_components(crawler: Crawler) -> None:
     """Refuse the start if a :data:`COMPONENT_SETTINGS` names a scrapy-dist class that does not exist, and
     put Scrapy's default in its place, so Scrapy does not fail with a traceback loading it (settings not
     frozen yet: an add-on, a spider's ``from_crawler``)."""
-    from scrapy.settings import default_settings
-
     settings = crawler.settings
     for _ in COMPONENT_SETTINGS:
         try:

@@ -86,8 +86,7 @@ TABLE: tuple[Setting, ...] = (
        " ...); a dict or a JSON object. Its host, port and db apply as in scrapy-redis (REDIS_HOST,"
        " REDIS_PORT, REDIS_DB and a REDIS_URL win). A keyword no redis-py client takes, or a timeout that"
        " is not a number, is refused at start (so are such options in a REDIS_URL's query).", C,
-       status=CHANGED,
-       note="redis_cls is ignored: scrapy-dist builds its clients"),
+       status=CHANGED, note="redis_cls is ignored: scrapy-dist builds its clients"),
     _s("REDIS_CLUSTER", None, "auto_bool", "Force (True/False) or auto-detect (None) a Redis Cluster.", C),
     _s("REDIS_SENTINELS", [], "list", "Sentinel addresses host:port; the master's credentials and db come"
        " from REDIS_URL.", C),
@@ -107,10 +106,9 @@ TABLE: tuple[Setting, ...] = (
     _s("SCHEDULER_IDLE_BEFORE_CLOSE", 0.0, "float", "Close a worker after this many seconds with no work"
        " crawl-wide (0: a crawl waiting for seeds never closes, other spiders close once the frontier is"
        " empty; None: never close, a long-running crawl); alias MAX_IDLE_TIME_BEFORE_CLOSE.", S,
-       status=CHANGED, low=0, optional=True,
-       note="seconds of crawl-wide idleness, not a blocking pop timeout; a RedisSpider project switched"
-       " with the two settings (no add-on) that sets it > 0 gets one WARNING (MAX_IDLE_TIME_BEFORE_CLOSE:"
-       " none)"),
+       status=CHANGED, low=0, optional=True, note="seconds of crawl-wide idleness, not a blocking pop"
+       " timeout; a RedisSpider project switched with the two settings (no add-on) that sets it > 0 gets"
+       " one WARNING (MAX_IDLE_TIME_BEFORE_CLOSE: none)"),
     _s("SCHEDULER_LEASE_SECONDS", 60.0, "float", "A leased request returns to the queue if not acknowledged"
        " within this many seconds.", S, low=0, low_open=True),
     _s("SCHEDULER_PREFETCH", 0, "int", "Requests leased ahead of demand per worker (0: 2 x"
@@ -120,10 +118,10 @@ TABLE: tuple[Setting, ...] = (
     _s("SCHEDULER_FLUSH_BATCH", 500, "int", "... or as soon as this many are waiting.", S, low=1),
     _s("SCHEDULER_IDLE_POLL", 0.25, "float", "Seconds between two requests for work of an idle worker.", S,
        low=0, low_open=True),
-    _s("SCHEDULER_SHUTDOWN_GRACE", 30.0, "float", "Seconds a closing worker (SIGTERM, the crawl's end) keeps"
-       " trying to give back its leases and send what it owes (items too) while Redis is away, at most"
-       " SCHEDULER_LEASE_SECONDS; then it stops (one ERROR line), and what is left comes back when its leases"
-       " expire.", S, low=0),
+    _s("SCHEDULER_SHUTDOWN_GRACE", 30.0, "float", "Seconds a closing worker (SIGTERM, the crawl's end)"
+       " keeps trying to give back its leases and send what it owes (items too) while Redis is away, at"
+       " most SCHEDULER_LEASE_SECONDS; then it stops (one ERROR line), and what is left comes back when its"
+       " leases expire.", S, low=0),
     _s("SCHEDULER_ALLOWED_SCHEMES", ["http", "https"], "list", "URL schemes a queue entry or seed may have.",
        S),
     _s("SCHEDULER_MAX_ENTRY_BYTES", 1024 * 1024, "int", "Largest encoded request accepted from the queue"
@@ -135,9 +133,9 @@ TABLE: tuple[Setting, ...] = (
        " than that many leases is fetched once more (0: off).", S, low=0),
     _s("DEADLETTER_MAXLEN", 1_000_000, "int", "Newest dead letters kept in {spider}:deadletter (0: no cap).",
        S, low=0),
-    _s("SCHEDULER_ENTRY_SECRET", None, "secret", "Key of the tag workers put on the queue entries they write"
-       " (else env SCRAPY_DIST_SECRET); with it, untagged entries obey the seed rules. Never stored in"
-       " Redis.", S, optional=True),
+    _s("SCHEDULER_ENTRY_SECRET", None, "secret", "Key of the tag workers put on the queue entries they"
+       " write (else env SCRAPY_DIST_SECRET); with it, untagged entries obey the seed rules. Never stored"
+       " in Redis.", S, optional=True),
     _s("SCHEDULER_DENY_NETWORKS", [
         "127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10",
         "0.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4", "::1/128", "::/128", "fc00::/7", "fe80::/10", "ff00::/8",
@@ -150,31 +148,30 @@ TABLE: tuple[Setting, ...] = (
     _s("DOMAIN_LIMITS", {}, "dict", 'Per-domain rules {"*.example.com": {"delay": 1.0, "concurrency": 2,'
        ' "jitter": 0.5}}, most specific glob wins.', S),
     _s("REVISIT_AFTER", {}, "dict", 'Revisit rules {"*.example.com": 3600, "https://example.com/item/*":'
-       ' 2592000, "*/login*": None}: fetch again this many seconds after a successful fetch (a glob with a /'
-       " matches the URL, else the host; URL rules first, then the most specific; meta['revisit_after']"
+       ' 2592000, "*/login*": None}: fetch again this many seconds after a successful fetch (a glob with a'
+       " / matches the URL, else the host; URL rules first, then the most specific; meta['revisit_after']"
        " wins).", S),
     _s("REVISIT_CONDITIONAL", False, "bool", "Revisits send If-None-Match / If-Modified-Since from the last"
        " ETag / Last-Modified; a 304 does not call the callback (see docs/continuous.md).", S),
     _s("REVISIT_MIN_INTERVAL", 300.0, "float", "No revisit is due sooner than this many seconds after its"
-       " fetch: a smaller meta['revisit_after'] is raised to it, a smaller REVISIT_AFTER rule is refused.",
-       S, low=0),
+       " fetch: a smaller meta['revisit_after'] is raised to it, a smaller REVISIT_AFTER rule is refused.", S,
+       low=0),
     _s("SCHEDULER_IDLE_POLL_MAX", 5.0, "float", "With SCHEDULER_IDLE_BEFORE_CLOSE = None (never close): an"
        " idle worker's polls slow down to one per this many seconds (seeds it reads are sent at once).", S,
        low=0, low_open=True),
     # -- dupefilter
-    _s("BLOOMFILTER_CAPACITY", 100_000_000, "int", "Fingerprints the filter holds at BLOOMFILTER_ERROR_RATE.",
-       D, low=1, high=MAX_CAPACITY),
-    _s("BLOOMFILTER_ERROR_RATE", 0.001, "float", "False-positive rate at capacity.", D,
-       low=MIN_ERROR_RATE, high=0.5),
-    _s("BLOOMFILTER_BLOCK_BITS", 2**31, "int", "Bits per bitmap block (one Redis string each), a multiple of"
-       " 4096.", D, low=2**13, high=2**32, multiple_of=4096),
+    _s("BLOOMFILTER_CAPACITY", 100_000_000, "int", "Fingerprints the filter holds at"
+       " BLOOMFILTER_ERROR_RATE.", D, low=1, high=MAX_CAPACITY),
+    _s("BLOOMFILTER_ERROR_RATE", 0.001, "float", "False-positive rate at capacity.", D, low=MIN_ERROR_RATE,
+       high=0.5),
+    _s("BLOOMFILTER_BLOCK_BITS", 2**31, "int", "Bits per bitmap block (one Redis string each), a multiple"
+       " of 4096.", D, low=2**13, high=2**32, multiple_of=4096),
     _s("DUPEFILTER_TTL", None, "float", "Seconds a fingerprint is remembered: a URL seen longer ago is new"
        " again (None: forever). Bloom filter: forgotten between TTL and TTL*G/(G-1) after it was seen (G ="
        " BLOOMFILTER_GENERATIONS, and TTL/(G-1) at least 0.25 s); SetDupeFilter: exactly TTL.", D,
-       optional=True, low=0, low_open=True,
-       high=MAX_TTL),
-    _s("BLOOMFILTER_GENERATIONS", 4, "int", "With DUPEFILTER_TTL: the bloom filter is this many generations,"
-       " each covering TTL/(G-1) seconds; the oldest expires whole.", D, low=MIN_GENERATIONS,
+       optional=True, low=0, low_open=True, high=MAX_TTL),
+    _s("BLOOMFILTER_GENERATIONS", 4, "int", "With DUPEFILTER_TTL: the bloom filter is this many"
+       " generations, each covering TTL/(G-1) seconds; the oldest expires whole.", D, low=MIN_GENERATIONS,
        high=MAX_GENERATIONS),
     _s("DEADLETTER_FORGET", False, "bool", "A request that ends as a dead letter is forgotten by the"
        " dupefilter (in the same call), so the next run or a seed pushed again fetches it.", D),
@@ -189,23 +186,23 @@ TABLE: tuple[Setting, ...] = (
     _s("REDIS_START_URLS_DEDUPE", False, "bool", "Seeds go through the dupefilter (a URL pushed again is"
        " skipped). Off: every push is fetched, as in scrapy-redis; a seed's own dont_filter wins.", SE),
     _s("SEEDS_RECORD_FINGERPRINT", False, "bool", "A start request or seed that skips the dupefilter"
-       " (dont_filter) still records its fingerprint, so a page linking to it is not fetched again. Off:"
-       " as in Scrapy and scrapy-redis, a dont_filter request neither consults nor records the filter.", SE),
+       " (dont_filter) still records its fingerprint, so a page linking to it is not fetched again. Off: as"
+       " in Scrapy and scrapy-redis, a dont_filter request neither consults nor records the filter.", SE),
     _s("REDIS_START_URLS_MAX_BYTES", 64 * 1024, "int", "Largest seed accepted (bytes).", SE, low=16),
-    _s("REDIS_START_URLS_REJECTED_MAXLEN", 100_000, "int", "Newest rejection records kept in"
-       " <seeds key>:rejected.", SE, low=0),
+    _s("REDIS_START_URLS_REJECTED_MAXLEN", 100_000, "int", "Newest rejection records kept in <seeds"
+       " key>:rejected.", SE, low=0),
     _s("SEEDS_META_ALLOWED", ["*"], "list", "Meta keys (fnmatch) a seed or an untagged queue entry may set;"
        " proxy, cookiejar, dont_*, _* and the other routing keys only if named exactly.", SE),
-    _s("SEEDS_HEADERS_ALLOWED", [], "list", "Credential headers (Authorization, Cookie) a seed or an untagged"
-       " queue entry may set (Cookie also allows its cookies field).", SE),
+    _s("SEEDS_HEADERS_ALLOWED", [], "list", "Credential headers (Authorization, Cookie) a seed or an"
+       " untagged queue entry may set (Cookie also allows its cookies field).", SE),
     # -- retries / dead letters
     _s("RETRY_BACKOFF_BASE", 1.0, "float", "First retry delay (seconds); doubles per attempt.", R, low=0),
     _s("RETRY_BACKOFF_MAX", 300.0, "float", "Longest retry delay (seconds).", R, low=0),
     _s("DEADLETTER_IGNORED", False, "bool", "Also dead-letter requests dropped by IgnoreRequest.", R),
     _s("HTTPERROR_DEAD_LETTER", False, "bool", "Dead-letter responses HttpErrorMiddleware drops.", R),
     # -- monitoring
-    _s("CLUSTERSTATS_INTERVAL", 5.0, "float", "Seconds between two flushes of a worker's stats and heartbeat"
-       " (0: ClusterStats off).", M, low=0),
+    _s("CLUSTERSTATS_INTERVAL", 5.0, "float", "Seconds between two flushes of a worker's stats and"
+       " heartbeat (0: ClusterStats off).", M, low=0),
     _s("CLUSTERSTATS_MAX_STATS", [], "list", "Stat names (fnmatch) merged crawl-wide as the maximum.", M),
     _s("CLUSTERSTATS_MIN_STATS", [], "list", "Stat names (fnmatch) merged crawl-wide as the minimum.", M),
     _s("ERRORMONITOR_MAX_ERROR_RATE", None, "float", "Highest share of failed attempts (0..1) in the window"
@@ -230,15 +227,15 @@ TABLE: tuple[Setting, ...] = (
     _s("REDIS_ITEMS_BATCH_SIZE", 100, "int", "... or as soon as it holds this many.", I_, low=1),
     _s("REDIS_ITEMS_SERIALIZER", None, "str", "Import path of a function item -> str/bytes (default JSON).",
        I_, status=HONOURED, optional=True),
-    _s("REDIS_ITEMS_EXACTLY_ONCE", True, "bool", "RedisPipeline: a page's items are appended in the sync call"
-       " that acknowledges the page, only if that ack is accepted (exactly once per acknowledged fetch;"
-       " docs/items.md). False: written in batches of their own, at least once.", I_),
+    _s("REDIS_ITEMS_EXACTLY_ONCE", True, "bool", "RedisPipeline: a page's items are appended in the sync"
+       " call that acknowledges the page, only if that ack is accepted (exactly once per acknowledged"
+       " fetch; docs/items.md). False: written in batches of their own, at least once.", I_),
     _s("REDIS_ITEMS_MAX_BYTES", 8 * 1024 * 1024, "int", "RedisPipeline: an item whose encoding is larger is"
        " dropped (ERROR, stat redis_items/too_large) instead of being written.", I_, low=1),
     _s("REDIS_COOKIES_CACHE_SECONDS", 1.0, "float", "SharedCookiesMiddleware: re-read a jar older than this"
        " (seconds).", "cookies", low=0),
-    _s("REDIS_COOKIES_FLUSH_INTERVAL", 0.05, "float", "SharedCookiesMiddleware: cookie changes are written at"
-       " the latest this many seconds after they happen.", "cookies", low=0, low_open=True),
+    _s("REDIS_COOKIES_FLUSH_INTERVAL", 0.05, "float", "SharedCookiesMiddleware: cookie changes are written"
+       " at the latest this many seconds after they happen.", "cookies", low=0, low_open=True),
 )
 
 #: scrapy-redis settings scrapy-dist does not apply: setting one logs a WARNING saying what to use instead.
@@ -347,14 +344,6 @@ sys.modules.setdefault(defaults.__name__, defaults)
 #: an unknown setting with one of these prefixes may be a typo of ours
 OUR_PREFIXES = ("REDIS_", "SCHEDULER_", "BLOOMFILTER_", "DUPEFILTER_", "CLUSTERSTATS_", "ERRORMONITOR_",
                  "RETRY_", "DEADLETTER_", "HTTPERROR_", "DOMAIN_", "MAX_IDLE")
-# Scrapy's own settings with our prefixes (never "did you mean" them).
-SCRAPY_OWN = frozenset({
-    "RETRY_ENABLED", "RETRY_TIMES", "RETRY_HTTP_CODES", "RETRY_PRIORITY_ADJUST", "RETRY_EXCEPTIONS",
-    "SCHEDULER_DEBUG", "SCHEDULER_DISK_QUEUE", "SCHEDULER_MEMORY_QUEUE", "SCHEDULER_PRIORITY_QUEUE",
-    "SCHEDULER_START_DISK_QUEUE", "SCHEDULER_START_MEMORY_QUEUE", "DUPEFILTER_CLASS", "DUPEFILTER_DEBUG",
-    "REDIRECT_ENABLED", "REDIRECT_MAX_TIMES", "REDIRECT_PRIORITY_ADJUST", "HTTPERROR_ALLOWED_CODES",
-    "HTTPERROR_ALLOW_ALL", "REFERER_ENABLED", "REFERRER_POLICY",
-})
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 
@@ -411,13 +400,7 @@ def render_doc() -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_doc(path: Path = DOC_PATH) -> Path:
-    """Write :func:`render_doc` to ``path`` (``docs/settings.md``)."""
-    path.write_text(render_doc(), encoding="utf-8")
-    return path
-
-
 if __name__ == "__main__":  # pragma: no cover
-    import sys
-
-    print(write_doc(*(Path(arg) for arg in sys.argv[1:2])))
+    target = Path(sys.argv[1]) if sys.argv[1:] else DOC_PATH
+    target.write_text(render_doc(), encoding="utf-8")
+    print(target)

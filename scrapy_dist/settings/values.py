@@ -64,17 +64,13 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _expected_number(spec: Setting) -> str:
-    noun = "an integer" if spec.kind == "int" else "a number"
-    if spec.low == 0 and spec.low_open and spec.high is None:
-        return f"expected a positive {noun[noun.index(' ') + 1:]}"
-    return f"expected {noun} {spec.range_words}" if spec.range_words else f"expected {noun}"
-
-
 def _number(spec: Setting, value: Any) -> float | int:
     integer = spec.kind == "int"
     what = "an integer" if integer else "a number"
-    expected = _expected_number(spec)
+    if spec.low == 0 and spec.low_open and spec.high is None:
+        expected = f"expected a positive {what.split()[1]}"
+    else:
+        expected = f"expected {what} {spec.range_words}".rstrip()
     if isinstance(value, bool):
         raise SettingsError(spec.name, value, "not a number", expected)
     number: float | int
@@ -108,16 +104,10 @@ def _number(spec: Setting, value: Any) -> float | int:
 
 
 def _bool(spec: Setting, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise SettingsError(spec.name, value, "not a boolean", "expected True or False (1/0, true/false)")
+    text = str(value).strip().lower()  # True, 1 and "on" alike
+    if text not in (*_TRUE, *_FALSE):
+        raise SettingsError(spec.name, value, "not a boolean", "expected True or False (1/0, true/false)")
+    return text in _TRUE
 
 
 def _dict(spec: Setting, value: Any) -> dict[str, Any]:

@@ -28,10 +28,8 @@ from scrapy.spiders import CrawlSpider
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.wire.entrypolicy import (
     COOKIE_KEYS,
-    CREDENTIAL_HEADERS,
     DANGEROUS_META,
     DEFAULT_POLICY,
-    FORBIDDEN_HEADERS,
     PRIORITY_RANGE,
     SIGNED_HEAD,
     TAG_BYTES,
@@ -46,7 +44,6 @@ from scrapy_dist.wire.entrypolicy import (
     check_no_userinfo,
     check_offsite,
     entry_policy,
-    host_allowed,
     is_trusted,
 )
 
@@ -54,12 +51,11 @@ if TYPE_CHECKING:
     from scrapy import Spider
 
 __all__ = [
-    "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEFAULT_POLICY", "EntryPolicy", "FORBIDDEN_HEADERS",
-    "HOOK_NAMES", "MAX_HEADERS", "PREVIEW_LIMIT", "RAW_LIMIT", "SIGNED_HEAD", "TAG_BYTES", "VERSION",
-    "VERSION_BODY_TAG", "VERSION_SIGNED", "check_cookies_allowed", "check_header_names",
-    "check_meta_keys", "check_no_userinfo", "check_offsite", "check_url", "decode_request",
-    "encode_request", "entry_callback", "entry_policy", "host_allowed", "is_trusted", "load_payload",
-    "method_name", "preview", "rejection_record", "spider_method", "split_payload", "user_defined",
+    "DANGEROUS_META", "DEFAULT_POLICY", "HOOK_NAMES", "MAX_HEADERS", "PREVIEW_LIMIT", "RAW_LIMIT",
+    "SIGNED_HEAD", "TAG_BYTES", "VERSION", "EntryPolicy", "check_cookies_allowed", "check_header_names",
+    "check_meta_keys", "check_no_userinfo", "check_url", "decode_request", "encode_request", "entry_callback",
+    "entry_policy", "load_payload", "method_name", "preview", "rejection_record", "spider_method",
+    "split_payload", "user_defined",
 ]
 
 
@@ -135,9 +131,6 @@ def entry_callback(spider: Spider, name: Any, what: str) -> Any:
     return method
 
 
-_VERSION_BYTE = bytes([VERSION])
-_SIGNED_BYTE = bytes([VERSION_SIGNED])
-_BODY_TAG_BYTE = bytes([VERSION_BODY_TAG])
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
@@ -149,59 +142,36 @@ def _check_encodable(value: Any, path: str) -> None:
     if isinstance(value, _PLAIN_TYPES):
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
             raise UnserializableRequest(f"{path}: integer out of range", path)
-        return
-    if isinstance(value, (list, tuple)):
+    elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             _check_encodable(v, f"{path}[{i}]")
-        return
-    if isinstance(value, dict):
+    elif isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, (str, bytes, int)):
                 raise UnserializableRequest(f"{path}: key {k!r} is a {type(k).__name__}", path)
             _check_encodable(v, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k!r}]")
-        return
-    raise UnserializableRequest(f"{path} holds a {type(value).__name__}, which cannot be encoded", path)
+    else:
+        raise UnserializableRequest(f"{path} holds a {type(value).__name__}, which cannot be encoded", path)
 
 
-def encode_request(
-    request: Request, spider: Spider | None = None, policy: EntryPolicy | None = None
-) -> bytes:
+def encode_request(request: Request, spider: Spider | None = None,
+                   policy: EntryPolicy | None = None) -> bytes:
     """``request`` as a versioned msgpack payload (signed when ``policy`` has a secret); raises
     :class:`UnserializableRequest` (``.key`` naming the field or meta key) when a callback is not a spider
     method or meta / cb_kwargs / cookies hold values msgpack cannot represent."""
-    d: dict[str, Any] = {"u": request.url}
-    if request.method != "GET":
-        d["m"] = request.method
-    if request.headers:  # credential values a downloader middleware added stay out
-        headers = [
-            [bytes(k), [bytes(v) for v in vs if not added_by_middleware(k, v)]]
-            for k, vs in request.headers.items()
-        ]
-        headers = [pair for pair in headers if pair[1]]
-        if headers:
-            d["h"] = headers
-    if request.body:
-        d["b"] = request.body
-    if request.cookies:
-        d["c"] = request.cookies
-    if request.meta:
-        d["M"] = request.meta
-    if request.cb_kwargs:
-        d["k"] = request.cb_kwargs
-    if request.priority:
-        d["p"] = request.priority
-    if request.dont_filter:
-        d["d"] = True
-    for field, func in (("cb", request.callback), ("eb", request.errback)):
-        name = method_name(func, spider, "callback" if field == "cb" else "errback")
-        if name is not None:
-            d[field] = name
-    if request.flags:
-        d["f"] = list(request.flags)
-    if request.encoding != "utf-8":
-        d["e"] = request.encoding
-    if type(request) is not Request:
-        d["C"] = f"{type(request).__module__}.{type(request).__qualname__}"
+    headers = [[bytes(k), [bytes(v) for v in vs if not added_by_middleware(k, v)]]  # a middleware's stay out
+               for k, vs in request.headers.items()]
+    cls = type(request)
+    fields = {  # in this order; an empty, false or default value is left out
+        "u": request.url, "m": request.method if request.method != "GET" else None,
+        "h": [pair for pair in headers if pair[1]], "b": request.body, "c": request.cookies,
+        "M": request.meta, "k": request.cb_kwargs, "p": request.priority, "d": request.dont_filter,
+        "cb": method_name(request.callback, spider, "callback"),
+        "eb": method_name(request.errback, spider, "errback"),
+        "f": list(request.flags), "e": request.encoding if request.encoding != "utf-8" else None,
+        "C": f"{cls.__module__}.{cls.__qualname__}" if cls is not Request else None,
+    }
+    d = {key: value for key, value in fields.items() if value}
     try:
         body = msgpack.packb(d, use_bin_type=True)
     except (TypeError, ValueError, OverflowError):
@@ -303,7 +273,27 @@ def _request_class(path: Any) -> type[Request]:
     return cls
 
 
-def _unpack(body: bytes) -> dict[str, Any]:
+def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
+    """``(version, msgpack body)`` of an untrusted payload (size and version checked, tag not verified);
+    raises :class:`RejectedEntry`."""
+    if not isinstance(data, bytes):
+        raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise RejectedEntry("too_large", f"{len(data)} bytes")
+    version = data[0] if data else None
+    if version == VERSION:
+        return VERSION, data[1:]
+    if version == VERSION_SIGNED and len(data) > SIGNED_HEAD:
+        return VERSION_SIGNED, data[SIGNED_HEAD:]
+    if version == VERSION_BODY_TAG and len(data) > 1 + TAG_BYTES:
+        return VERSION_BODY_TAG, data[1 + TAG_BYTES :]
+    raise RejectedEntry("bad_version", f"first byte {data[:1]!r}")
+
+
+def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
+    """The field map of an untrusted payload (any version, tag not checked): size, version byte, msgpack and
+    field names checked, values not (:func:`decode_request` does); raises :class:`RejectedEntry`."""
+    body = split_payload(data, max_bytes)[1]
     try:
         d = msgpack.unpackb(body, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for garbage input
@@ -314,28 +304,6 @@ def _unpack(body: bytes) -> dict[str, Any]:
     if unknown:
         raise RejectedEntry("bad_payload", f"unknown fields {sorted(map(str, unknown))[:5]}"[:200])
     return d
-
-
-def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
-    """``(version, msgpack body)`` of an untrusted payload (size and version checked, tag not verified);
-    raises :class:`RejectedEntry`."""
-    if not isinstance(data, bytes):
-        raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
-    if len(data) > max_bytes:
-        raise RejectedEntry("too_large", f"{len(data)} bytes")
-    if data[:1] == _VERSION_BYTE:
-        return VERSION, data[1:]
-    if data[:1] == _SIGNED_BYTE and len(data) > SIGNED_HEAD:
-        return VERSION_SIGNED, data[SIGNED_HEAD:]
-    if data[:1] == _BODY_TAG_BYTE and len(data) > 1 + TAG_BYTES:
-        return VERSION_BODY_TAG, data[1 + TAG_BYTES :]
-    raise RejectedEntry("bad_version", f"first byte {data[:1]!r}")
-
-
-def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
-    """The field map of an untrusted payload (any version, tag not checked): size, version byte, msgpack and
-    field names checked, values not (:func:`decode_request` does); raises :class:`RejectedEntry`."""
-    return _unpack(split_payload(data, max_bytes)[1])
 
 
 def decode_request(data: bytes, spider: Spider, policy: EntryPolicy = DEFAULT_POLICY) -> Request:

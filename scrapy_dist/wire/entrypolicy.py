@@ -179,9 +179,7 @@ class EntryPolicy:
 
     def bound(self, crawl: str | None = None, kind: str | None = None) -> EntryPolicy:
         """This policy signing and verifying for ``crawl`` and ``kind`` (None: unchanged)."""
-        return dataclasses.replace(
-            self, crawl=self.crawl if crawl is None else crawl, kind=self.kind if kind is None else kind
-        )
+        return dataclasses.replace(self, crawl=crawl or self.crawl, kind=kind or self.kind)
 
     @cached_property
     def _keyed(self) -> Any:
@@ -233,7 +231,8 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
     if policy is None:
         ds = DistSettings.for_crawler(crawler)
         policy = _POLICIES[crawler] = EntryPolicy.from_dist(ds)
-        if policy.secret is None:
+        if policy.secret is None and not _warned_unsigned:  # one WARNING per process
+            _warned_unsigned.append(True)
             _warn_unsigned(ds.connection.source)
     return policy
 
@@ -242,10 +241,6 @@ _warned_unsigned: list[bool] = []
 
 
 def _warn_unsigned(source: str) -> None:
-    """One WARNING per process: a shared Redis and no secret."""
-    if _warned_unsigned:
-        return
-    _warned_unsigned.append(True)
     logging.getLogger(__name__).warning(
         "No SCHEDULER_ENTRY_SECRET (or SCRAPY_DIST_SECRET) set while using a shared Redis (from %s): every"
         " entry in the crawl's queue counts as this crawl's own, so anyone who can write to that Redis can"
