@@ -33,14 +33,7 @@ from scrapy_dist.cli import (
     require_extra,
 )
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.frontier.layout import (
-    close_crawl,
-    end_chains,
-    parse_control,
-    pause_crawl,
-    resume_crawl,
-    valid_reason,
-)
+from scrapy_dist.frontier import layout
 from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
 
@@ -89,8 +82,8 @@ def _held(leases: dict[str, Any], state: str) -> Text:
 
 
 def held_text(status: dict[str, Any]) -> str:
-    """``31 leased requests held by lost workers, back in the queue in 42 s`` while no worker runs and
-    leases are held (a crawl stopped by a kill), else ``""``."""
+    """``31 leased requests held by lost workers, back in the queue in 42 s`` while a crawl stopped by a
+    kill holds leases, else ``""``."""
     leases = status.get("leases") or {}
     if status["state"] != "stopped" or not leases.get("other"):
         return ""
@@ -102,10 +95,8 @@ def held_text(status: dict[str, Any]) -> str:
 
 
 def idle_text(status: dict[str, Any]) -> str:
-    """``idle, next revisit in N s`` while nothing is queued or in flight and the delayed set holds
-    something (a long-running crawl between two rounds of revisits), else ``""``."""
-    front = status["frontier"]
-    next_in = (status.get("revisits") or {}).get("next_in")
+    """``idle, next revisit in N s`` for a long-running crawl between two rounds of revisits, else ``""``."""
+    front, next_in = status["frontier"], (status.get("revisits") or {}).get("next_in")
     if front["queued"] or front["inflight"] or next_in is None:
         return ""
     return f"idle, next revisit in {next_in:,.0f} s"
@@ -128,11 +119,9 @@ def render(status: dict[str, Any]) -> Group:
     for _ in range(2):
         overview.add_column(style="bold")
         overview.add_column(justify="right")
-    stats = status["stats"]
-    shards = status.get("shards", 1)
+    stats, shards, leases = status["stats"], status.get("shards", 1), status.get("leases") or {}
     queued = f"Queued ({shards} shards)" if shards > 1 else "Queued"
     overview.add_row(queued, _num(front["queued"]), "Pages", _num(stats.get("response_received_count", 0)))
-    leases = status.get("leases") or {}
     # a worker without the figures (older version): every lease counts as in flight
     known = leases.get("in_flight") is not None
     in_flight = leases["in_flight"] if known else front["inflight"]
@@ -143,19 +132,7 @@ def render(status: dict[str, Any]) -> Group:
         overview.add_row("Revisits", _num(revisits.get("scheduled", 0)), "", "")
     overview.add_row("Seeds waiting", _num(seeds["waiting"] + seeds["processing"]),
                      "Rejected", f"{seeds['rejected']:,} seeds, {status['rejected']['queue']:,} queue")
-    f = status["filter"]
-    if f is None:
-        filt = "-"
-    elif f["kind"] == "garbage":
-        filt = "unreadable (the filter's recorded parameters are garbage)"
-    elif f["kind"] == "bloom":
-        filt = (f"bloom, {f['items']:,} of {f['capacity']:,} ({f['fill']:.2%} full),"
-                f" estimated false positives {f['fpr_estimate']:.2g}")
-        if f.get("ttl"):
-            filt += f"; forgets after {f['ttl']:g} s ({f['generations']} generations)"
-    else:
-        filt = f"exact, {f['items']:,} fingerprints"
-    lines = [Text.assemble(("Filter  ", "bold"), filt)]
+    lines = [Text.assemble(("Filter  ", "bold"), _filter_text(status["filter"]))]
     if known and (leases["prefetched"] or leases["other"]):
         lines.append(Text.assemble(("Held  ", "bold"), _held(leases, state)))
     for hint in status.get("seed_hints") or []:
@@ -201,6 +178,18 @@ def render(status: dict[str, Any]) -> Group:
     if status.get("redis"):
         stamp += f"  Redis {status['redis']['url']} ({status['redis']['source']})"
     return Group(headline, Text(stamp, style="dim"), overview, *lines, *parts)
+
+
+def _filter_text(f: dict[str, Any] | None) -> str:
+    if f is None:
+        return "-"
+    if f["kind"] == "garbage":
+        return "unreadable (the filter's recorded parameters are garbage)"
+    if f["kind"] != "bloom":
+        return f"exact, {f['items']:,} fingerprints"
+    ttl = f"; forgets after {f['ttl']:g} s ({f['generations']} generations)" if f.get("ttl") else ""
+    return (f"bloom, {f['items']:,} of {f['capacity']:,} ({f['fill']:.2%} full), estimated false positives"
+            f" {f['fpr_estimate']:.2g}{ttl}")
 
 
 def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.NearMiss]:
@@ -286,19 +275,19 @@ def _control_command(name: str, doc: str, act: Callable[[Any, Any], None], done:
 
 pause = _control_command(
     "pause", "Pause the crawl of SPIDER: every worker stops taking new requests (within a second).",
-    lambda client, keys: pause_crawl(client, keys.control, by="cli"),
+    lambda client, keys: layout.pause_crawl(client, keys.control, by="cli"),
     "Paused {quoted}: workers finish what they hold and take nothing new. Resume with `scrapy-dist resume "
     "{name}`.",
 )
 resume = _control_command(
     "resume", "Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause).",
-    lambda client, keys: resume_crawl(client, keys.control, keys.errors),
+    lambda client, keys: layout.resume_crawl(client, keys.control, keys.errors),
     "Resumed {quoted}: workers take new requests again (the error window starts afresh).",
 )
 
 
 def _reason(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    if not valid_reason(value):
+    if not layout.valid_reason(value):
         raise click.BadParameter(f"{value!r}: letters, digits and _.:- only, at most 64 characters")
     return value
 
@@ -314,9 +303,9 @@ def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
     those of a crawl that never closes on its own (SCHEDULER_IDLE_BEFORE_CLOSE = None)."""
     keys = redis.crawl(spider, force)
     client = redis.client()
-    close_crawl(client, keys.control, reason)
-    control = parse_control(client.hgetall(keys.control))
-    ended = end_chains(client, keys.shards(control.shards or 1), control.politeness == "cluster")
+    layout.close_crawl(client, keys.control, reason)
+    control = layout.parse_control(client.hgetall(keys.control))
+    ended = layout.end_chains(client, keys.shards(control.shards or 1), control.politeness == "cluster")
     click.echo(f"Closing {spider!r}: every running worker closes (reason {reason}); what they hold goes"
                f" back to the queue, and {ended:,} scheduled revisits end. Workers started from now on crawl"
                f" again (`scrapy-dist resume {spider}` clears the decision).")
