@@ -97,12 +97,12 @@ class Snapshot:
     crawled: int
     total: int
     rate: float
-    queued: int | None
-    inflight: int | None
-    delayed: int | None
-    dead_letters: int | None
     retried: int
     duplicates: int
+    queued: int | None = None
+    inflight: int | None = None
+    delayed: int | None = None
+    dead_letters: int | None = None
     workers: list[WorkerRow] = field(default_factory=list)
     redis_error: str = ""
     #: leases the killed worker still holds in Redis, and seconds until they have surely run out
@@ -198,11 +198,9 @@ class Demo:
 
     def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
         self.options = options
-        if console is None:
-            console = Console()
-            if not console.is_terminal:
-                console = Console(width=PLAIN_WIDTH)
-        self.console = console
+        self.console = console or Console()
+        if console is None and not self.console.is_terminal:
+            self.console = Console(width=PLAIN_WIDTH)
         self.run_dir = options.run_dir or Path(tempfile.mkdtemp(prefix="scrapy-dist-demo-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.project, self.project_copied = site.locate_project(self.run_dir)
@@ -264,8 +262,8 @@ class Demo:
         now = time.monotonic()
         self.tally.update()
         snap = Snapshot(elapsed=self.elapsed(), crawled=self.tally.crawled, total=self.graph.ok_pages,
-                        rate=self.tally.pages_per_second(now), queued=None, inflight=None, delayed=None,
-                        dead_letters=None, retried=self.tally.retried, duplicates=self.tally.duplicates)
+                        rate=self.tally.pages_per_second(now), retried=self.tally.retried,
+                        duplicates=self.tally.duplicates)
         rows: dict[int, dict[str, Any]] = {}
         try:
             status = read_status(self.client, self.keys)
@@ -429,12 +427,11 @@ class Demo:
         if self.tally.last_new is not None and self._seeded_at is not None:
             crawl_seconds = max(0.0, self.tally.last_new - self._seeded_at)
         workers = self.fleet.workers
-        summary = summarize(
-            self.graph, self.site.fetch_counts(200), self.site.fetch_counts(503), reasons,
-            elapsed=self.elapsed(), crawl_seconds=crawl_seconds, workers_started=len(workers),
-            workers_killed=sum(1 for w in workers if w.state == "killed"), timed_out=timed_out,
-            workers_failed=[w.describe_failure() for w in workers if w.state == "failed"],
-        )
+        summary = summarize(self.graph, self.site.fetch_counts(200), self.site.fetch_counts(503), reasons,
+                            elapsed=self.elapsed(), crawl_seconds=crawl_seconds, workers_started=len(workers),
+                            workers_killed=sum(1 for w in workers if w.state == "killed"),
+                            workers_failed=[w.describe_failure() for w in workers if w.state == "failed"],
+                            timed_out=timed_out)
         if summary.lost_pages:
             self.lost_explained = self.explain_lost(summary.lost_pages, summary.lost)
         return summary
