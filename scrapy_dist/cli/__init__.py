@@ -25,6 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from redis.connection import SSLConnection, parse_url
+from rich.console import Console
+from scrapy.settings import Settings
+from scrapy.spiderloader import get_spider_loader
+from scrapy.utils.project import get_project_settings, inside_project
 
 from scrapy_dist import __version__
 from scrapy_dist.exceptions import ScrapyDistError
@@ -36,8 +41,6 @@ from scrapy_dist.settings import DistSettings, SettingsError
 if TYPE_CHECKING:
     import redis
     import redis.asyncio
-    from rich.console import Console
-    from scrapy.settings import Settings
 
     from scrapy_dist.redis.target import RedisTarget
 
@@ -71,9 +74,6 @@ class ClientFactory:
     def settings(self) -> Settings:
         """Scrapy settings (the project's, if inside one) with the resolved Redis location, checked into
         :attr:`dist` (their warnings printed)."""
-        from scrapy.settings import Settings
-        from scrapy.utils.project import inside_project
-
         self.inside_project = inside_project()
         settings = _project_settings() if self.inside_project else Settings()
         if self.redis_url:
@@ -205,8 +205,6 @@ def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:
     if not settings.getlist("SPIDER_MODULES"):
         return None
     try:
-        from scrapy.spiderloader import get_spider_loader
-
         return use(get_spider_loader(settings))
     except Exception:
         return None
@@ -225,8 +223,6 @@ force_option = click.option("--force", is_flag=True,
 def _project_settings() -> Settings:
     """The project's settings, without leaving the ``SCRAPY_SETTINGS_MODULE`` that
     ``get_project_settings()`` sets in ``os.environ`` (commands run in-process, e.g. in tests)."""
-    from scrapy.utils.project import get_project_settings
-
     saved = os.environ.get("SCRAPY_SETTINGS_MODULE")
     try:
         return get_project_settings()
@@ -298,8 +294,6 @@ def _escape(match: re.Match[str]) -> str:
 def console(stderr: bool = False) -> Console:
     """A rich console: the terminal's width on a terminal; on a pipe or file, wide enough that no cell is
     cut (tables still take only the width their contents need)."""
-    from rich.console import Console
-
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, width=None if stream.isatty() else 1000)
 
@@ -325,8 +319,6 @@ def redis_cli_arguments(
     """``redis-cli`` options reaching ``url`` and the environment to add (the password); ``params``
     (``REDIS_PARAMS``) give the user, password and db the URL does not. :class:`ScrapyDistError` for a URL
     redis-cli cannot be pointed at."""
-    from redis.connection import SSLConnection, parse_url
-
     try:
         parts: dict[str, Any] = parse_url(url)
     except ValueError as exc:

@@ -20,7 +20,10 @@ from urllib.parse import urlsplit
 
 import click
 import redis
+from rich.table import Table
+from rich.text import Text
 from scrapy import Request, Spider
+from scrapy.crawler import Crawler
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.cli import ClientFactory, console, force_option, json_safe, main, pass_redis, printable
@@ -208,9 +211,6 @@ def _show(letters: Letters, key: str, as_json: bool, limit: int | None) -> None:
     if not letters:  # no empty table
         click.echo(f"0 dead letters in {key!r}")
         return
-    from rich.table import Table
-    from rich.text import Text
-
     table = Table(title=f"dead letters in {key}", title_justify="left")
     for name in ("#", "at (UTC)", "reason", "status", "attempts", "worker", "url"):
         table.add_column(name, overflow="fold", no_wrap=name not in ("url", "reason"))
@@ -230,8 +230,6 @@ def _show(letters: Letters, key: str, as_json: bool, limit: int | None) -> None:
 
 def project_fingerprinter(redis: ClientFactory) -> Any:
     """The fingerprinter the project's workers use (its ``REQUEST_FINGERPRINTER_CLASS``)."""
-    from scrapy.crawler import Crawler
-
     path = redis.settings.get("REQUEST_FINGERPRINTER_CLASS") or "scrapy.utils.request.RequestFingerprinter"
     cls = load_object(path)
     try:

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import click
+from redis.exceptions import ResponseError
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
@@ -195,8 +196,6 @@ def _filter_text(f: dict[str, Any] | None) -> str:
 def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.NearMiss]:
     """Keys holding seeds that no crawl reads, close to the seeds key of ``keys`` (none if this Redis user
     may not ``SCAN``); inside a project, the seeds keys of its spiders count as read."""
-    from redis.exceptions import ResponseError
-
     try:
         misses = nearmiss.find(client, keys)
     except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error

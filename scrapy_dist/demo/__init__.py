@@ -17,15 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import RedisError
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
+from scrapy import Request
+from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_dist.demo import site
 from scrapy_dist.demo.site import SPIDER, Summary, summarize
+from scrapy_dist.dupefilter import BloomDupeFilter
+from scrapy_dist.extensions.clusterstats import RateMeter
+from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.connection import mask_url
 from scrapy_dist.redis.embedded import EmbeddedRedis
 from scrapy_dist.redis.keys import CrawlKeys
@@ -255,10 +261,6 @@ class Demo:
 
     def snapshot(self) -> Snapshot:
         """Read the site's tally and the crawl's state in Redis (a few pipelined round trips)."""
-        from redis.exceptions import RedisError
-
-        from scrapy_dist.monitor import read_status
-
         now = time.monotonic()
         self.tally.update()
         snap = Snapshot(elapsed=self.elapsed(), crawled=self.tally.crawled, total=self.graph.ok_pages,
@@ -282,8 +284,6 @@ class Demo:
     def _row(self, snap: Snapshot, w: site.Worker, row: dict[str, Any] | None, now: float) -> WorkerRow:
         """``w``'s row from its process state and its row in the crawl's status; a killed worker's leases
         count in ``snap`` as orphaned until they expire."""
-        from scrapy_dist.extensions.clusterstats import RateMeter
-
         state = w.state
         pages = leases = rate = None
         if row is not None:
@@ -440,11 +440,6 @@ class Demo:
         """One line per lost page: did the crawl's bloom filter take it for a page already seen (a false
         positive, so it was never queued)? Then how many more were lost than are named. Reads the filter
         (no writes) as the workers fingerprint, so it must run before the run's keys are deleted."""
-        from scrapy import Request
-        from scrapy.utils.request import RequestFingerprinter
-
-        from scrapy_dist.dupefilter import BloomDupeFilter
-
         urls = [self.site.page_url(i) for i in pages]
         claimed = [False] * len(urls)
         try:

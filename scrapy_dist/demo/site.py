@@ -25,7 +25,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import BusyLoadingError, RedisError
+
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.redis.connection import check_reachable, get_redis
 from scrapy_dist.redis.embedded import DEFAULT_DIRNAME, EmbeddedRedis
 
 #: The path of a page of the site; other paths (``/robots.txt``) do not count.
@@ -403,10 +406,6 @@ def open_redis(
     """A client of ``redis_url``, or of the project's embedded Redis (started if needed): the client, the
     URL, the embedded server (or ``None``) and whether this call started it. ``RedisUnavailable`` (one
     line naming the URL; a server it started stopped) if it does not answer."""
-    from redis.exceptions import BusyLoadingError, RedisError
-
-    from scrapy_dist.redis.connection import check_reachable, get_redis
-
     embedded, started = None, False
     if not redis_url:
         # the directory every `scrapy crawl` in the project would use (REDIS_EMBEDDED_DIR unset)
