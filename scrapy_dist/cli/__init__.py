@@ -61,8 +61,7 @@ class UnknownSpider(ScrapyDistError):
 
 
 class ClientFactory:
-    """The Redis every subcommand uses (resolved once, lazily) and the settings it came from; lives on the
-    click context (``ctx.obj``), handed to subcommands by :func:`pass_redis`."""
+    """The Redis every subcommand uses and the settings it came from (``ctx.obj``, see :func:`pass_redis`)."""
 
     def __init__(self, redis_url: str | None = None, environ: Mapping[str, str] | None = None) -> None:
         self.redis_url = redis_url
@@ -72,8 +71,7 @@ class ClientFactory:
 
     @functools.cached_property
     def settings(self) -> Settings:
-        """Scrapy settings (the project's, if inside one) with the resolved Redis location, checked into
-        :attr:`dist` (their warnings printed)."""
+        """Scrapy settings (the project's, if inside one) with the Redis location; checked into ``dist``."""
         self.inside_project = inside_project()
         settings = _project_settings() if self.inside_project else Settings()
         if self.redis_url:
@@ -93,8 +91,7 @@ class ClientFactory:
 
     @property
     def source(self) -> str:
-        """Where the Redis location came from: ``--redis-url``, ``REDIS_URL environment variable``,
-        ``project settings`` or ``embedded Redis``."""
+        """``--redis-url``, ``REDIS_URL environment variable``, ``project settings`` or ``embedded Redis``."""
         if self.redis_url:
             return "--redis-url"
         return _SOURCES.get(self.dist.connection.source, "project settings")
@@ -221,8 +218,7 @@ force_option = click.option("--force", is_flag=True,
 
 
 def _project_settings() -> Settings:
-    """The project's settings, without leaving the ``SCRAPY_SETTINGS_MODULE`` that
-    ``get_project_settings()`` sets in ``os.environ`` (commands run in-process, e.g. in tests)."""
+    """The project's settings, leaving ``SCRAPY_SETTINGS_MODULE`` in ``os.environ`` as it was."""
     saved = os.environ.get("SCRAPY_SETTINGS_MODULE")
     try:
         return get_project_settings()
@@ -258,8 +254,7 @@ def _set_subcommand_url(ctx: click.Context, _param: click.Parameter, value: str 
 
 
 def pass_redis(f: F) -> F:
-    """Subcommand decorator: accept ``--redis-url`` after the subcommand name too, and pass the shared
-    :class:`ClientFactory` as the first argument."""
+    """Subcommand decorator: ``--redis-url`` after the subcommand too; the :class:`ClientFactory` first."""
     option = click.option("--redis-url", metavar="URL", expose_value=False, callback=_set_subcommand_url,
                           help="Redis to use (overrides the one given before the subcommand).")
     return option(click.pass_obj(f))  # type: ignore[return-value]
@@ -292,8 +287,7 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def console(stderr: bool = False) -> Console:
-    """A rich console: the terminal's width on a terminal; on a pipe or file, wide enough that no cell is
-    cut (tables still take only the width their contents need)."""
+    """A rich console: the terminal's width, or on a pipe or file wide enough that no cell is cut."""
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, width=None if stream.isatty() else 1000)
 

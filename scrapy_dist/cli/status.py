@@ -71,8 +71,7 @@ def back_in(leases: dict[str, Any]) -> str:
 
 
 def _held(leases: dict[str, Any], state: str) -> Text:
-    """Leases not in flight: prefetched by running workers (all that a paused crawl holds), and those of
-    lost workers, which come back to the queue when they expire."""
+    """Leases not in flight: prefetched by running workers, and those of lost workers."""
     parts = []
     if leases["prefetched"] or not leases["other"]:
         paused = " (paused: held, not crawled)" if state == "paused" and leases["prefetched"] else ""

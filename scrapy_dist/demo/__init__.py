@@ -121,8 +121,7 @@ def _num(value: int | float | None, fmt: str = ",") -> str:
 
 
 def combined_rate(workers: list[WorkerRow], fallback: float) -> float:
-    """The crawl-wide pages/s: the sum of the per-worker rates shown (so the two always agree);
-    ``fallback`` (the site's count) before any worker has a rate."""
+    """The crawl-wide pages/s: the sum of the per-worker rates shown, else ``fallback`` (the site's)."""
     rates = [w.rate for w in workers if w.rate is not None]
     return sum(rates) if rates else fallback
 
@@ -199,8 +198,7 @@ class DemoOptions:
 
 
 class Demo:
-    """Runs one demo over the state every step shares (site, workers, client, keys, console). ``run()``
-    returns the exit status."""
+    """One demo run: site, workers, Redis client and keys, console; :meth:`run` returns the exit status."""
 
     def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
         self.options = options
@@ -226,8 +224,7 @@ class Demo:
         self.lost_explained: list[str] = []
 
     def connect(self) -> None:
-        """Reach the given Redis, or join (start if needed) the project's embedded one; raises
-        :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) if that fails."""
+        """Reach the given Redis, or join (start if needed) the embedded one; or RedisUnavailable (one line)."""
         self.client, self.redis_url, self.embedded, self.started_redis = site.open_redis(
             self.options.redis_url, self.project, LOADING_TIMEOUT)
         self.fleet.configure(self.prefix, None if self.embedded is None else self.embedded.directory,
@@ -324,8 +321,7 @@ class Demo:
         ]
 
     def run(self) -> int:
-        """Run the demo to its summary; the exit status (0 ok, 1 something lost / failed / timed out,
-        128 + signal number when interrupted)."""
+        """Run the demo to its summary; the exit status (0 ok, 1 lost / failed / timed out, 128 + signal)."""
         if self.client is None:
             self.connect()
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}

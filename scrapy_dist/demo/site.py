@@ -182,8 +182,7 @@ class SiteServer:
 
 
 class SiteTally:
-    """What the site has answered so far (``/page/<i>`` only), read incrementally from its append-only
-    :attr:`SiteServer.log`."""
+    """What the site has answered so far (``/page/<i>`` only), read incrementally from its log."""
 
     def __init__(self, server: SiteServer, window: float = RATE_WINDOW) -> None:
         self.server = server
@@ -316,8 +315,7 @@ class Worker:
 
 @dataclass
 class WorkerFleet:
-    """The workers of one demo run, all started in ``project`` with the same settings and environment,
-    each logging to ``worker-<n>.log`` in ``run_dir``."""
+    """The workers of one demo run, started alike in ``project``, logging to ``run_dir/worker-<n>.log``."""
 
     project: Path
     run_dir: Path
