@@ -224,7 +224,7 @@ class Demo:
         self.lost_explained: list[str] = []
 
     def connect(self) -> None:
-        """Reach the given Redis, or join (start if needed) the embedded one; or RedisUnavailable (one line)."""
+        """Reach the given Redis, or join (start if needed) the embedded one; RedisUnavailable if neither."""
         self.client, self.redis_url, self.embedded, self.started_redis = site.open_redis(
             self.options.redis_url, self.project, LOADING_TIMEOUT)
         self.fleet.configure(self.prefix, None if self.embedded is None else self.embedded.directory,
