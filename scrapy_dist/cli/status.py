@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -219,12 +218,11 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
     keys = redis.crawl(spider, force, notice=False)  # the output names the Redis
     client = redis.client()
     default_interval = redis.dist.monitoring.interval or 5.0
-    where = {"url": redis.masked_url, "source": redis.source}
-    hints = [dataclasses.asdict(m) for m in seed_hints(redis, client, keys)]  # once, not every refresh
+    extra = {"redis": {"url": redis.masked_url, "source": redis.source},  # read once, not every refresh
+             "seed_hints": [dataclasses.asdict(m) for m in seed_hints(redis, client, keys)]}
 
     def read() -> dict[str, Any]:
-        return {**read_status(client, keys, default_interval=default_interval), "redis": where,
-                "seed_hints": hints}
+        return {**read_status(client, keys, default_interval=default_interval), **extra}
 
     if not watch:
         data = read()
@@ -255,33 +253,27 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
         pass
 
 
-def _control_command(name: str, doc: str, act: Callable[[Any, Any], None], done: str) -> click.Command:
-    """``scrapy-dist NAME SPIDER``: check the spider and the Redis, ``act(client, keys)``, print ``done``
-    (``{name}`` is replaced by the spider's name, ``{quoted}`` by its quoted name)."""
-
-    @main.command(name=name, help=doc)
-    @click.argument("spider")
-    @force_option
-    @pass_redis
-    def command(redis: ClientFactory, spider: str, force: bool) -> None:
-        keys = redis.crawl(spider, force)
-        act(redis.client(), keys)
-        click.echo(done.format(name=spider, quoted=repr(spider)))
-
-    return command
+@main.command()
+@click.argument("spider")
+@force_option
+@pass_redis
+def pause(redis: ClientFactory, spider: str, force: bool) -> None:
+    """Pause the crawl of SPIDER: every worker stops taking new requests (within a second)."""
+    keys = redis.crawl(spider, force)
+    layout.pause_crawl(redis.client(), keys.control, by="cli")
+    click.echo(f"Paused {spider!r}: workers finish what they hold and take nothing new. Resume with"
+               f" `scrapy-dist resume {spider}`.")
 
 
-pause = _control_command(
-    "pause", "Pause the crawl of SPIDER: every worker stops taking new requests (within a second).",
-    lambda client, keys: layout.pause_crawl(client, keys.control, by="cli"),
-    "Paused {quoted}: workers finish what they hold and take nothing new. Resume with `scrapy-dist resume "
-    "{name}`.",
-)
-resume = _control_command(
-    "resume", "Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause).",
-    lambda client, keys: layout.resume_crawl(client, keys.control, keys.errors),
-    "Resumed {quoted}: workers take new requests again (the error window starts afresh).",
-)
+@main.command()
+@click.argument("spider")
+@force_option
+@pass_redis
+def resume(redis: ClientFactory, spider: str, force: bool) -> None:
+    """Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause)."""
+    keys = redis.crawl(spider, force)
+    layout.resume_crawl(redis.client(), keys.control, keys.errors)
+    click.echo(f"Resumed {spider!r}: workers take new requests again (the error window starts afresh).")
 
 
 def _reason(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
