@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-from scrapy_dist.cli import ClientFactory, force_option, json_safe, main, pass_redis, printable
+from scrapy_dist.cli import ClientFactory, console, force_option, json_safe, main, pass_redis, printable
 from scrapy_dist.cli.status import seed_hints
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.pipelines import STREAM_FIELD
@@ -200,11 +201,8 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
 
     size = os.path.getsize(file) if file not in (None, "-") else 0
     if size >= PROGRESS_MIN_BYTES and sys.stderr.isatty():
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
-
         with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                      TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
+                      TimeRemainingColumn(), console=console(stderr=True), transient=True) as bar:
             task = bar.add_task(f"pushing {os.path.basename(str(file))}", total=size)
             report = push_seeds(client, keys.start_urls, sources(lambda n: bar.advance(task, n)), opts)
     else:
@@ -257,20 +255,15 @@ def list_entries(client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
 
 def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
     """``(entry id, raw item)`` for each STREAM entry from the first; with ``follow``, forever."""
-    last = "-"
-    while True:
-        chunk = client.xrange(key, min=last if last == "-" else f"({last}", count=ITEMS_CHUNK)
-        for entry_id, fields in chunk:
+    last = "0-0"
+    while True:  # XREAD answers at once when there are entries, else (follow) blocks BLOCK_MS at most
+        reply = client.xread({key: last}, count=ITEMS_CHUNK, block=BLOCK_MS if follow else None) or []
+        rows = reply[0][1] if reply else []
+        for entry_id, fields in rows:
             last = entry_id.decode()
             yield last, fields.get(STREAM_FIELD.encode(), b"")
-        if len(chunk) < ITEMS_CHUNK:
-            break
-    start = "0-0" if last == "-" else last
-    while follow:
-        for _key, rows in client.xread({key: start}, count=ITEMS_CHUNK, block=BLOCK_MS) or []:
-            for entry_id, fields in rows:
-                start = entry_id.decode()
-                yield start, fields.get(STREAM_FIELD.encode(), b"")
+        if len(rows) < ITEMS_CHUNK and not follow:
+            return
 
 
 def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
@@ -455,20 +448,14 @@ def _write_synced(path: Path, data: bytes, mode: str) -> None:
 
 def export(client: Any, key: str, path: Path, fmt: str | None, progress: bool = True) -> tuple[int, int]:
     """Move every item of ``key`` to ``path``; (items moved, items skipped). Resumes an earlier run."""
-    fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "jsonl")
-    exporter = Exporter(client, key, path, fmt)
+    exporter = Exporter(client, key, path, fmt or ("csv" if path.suffix.lower() == ".csv" else "jsonl"))
     exporter.recover()
     moved = 0
-    if not progress:
+    with Progress("exporting", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  disable=not progress) as bar:
+        task = bar.add_task("items", total=exporter.remaining() if progress else None)
         while n := exporter.step():
             moved += n
-        return moved, exporter.skipped
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    with Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  transient=False) as bar:
-        task = bar.add_task("items", total=exporter.remaining())
-        while n := exporter.step():
-            moved += n
-            bar.update(task, advance=n, total=max(moved + exporter.remaining(), moved))
+            if progress:
+                bar.update(task, advance=n, total=max(moved + exporter.remaining(), moved))
     return moved, exporter.skipped
