@@ -189,12 +189,9 @@ class DemoOptions:
     pages: int = 5000
     chaos: bool = True
     timeout: float = 170.0
-    #: the Redis to use (``--redis-url`` / ``$REDIS_URL``); ``None``: the project's embedded Redis
-    redis_url: str | None = None
-    #: where ``redis_url`` came from, for the header (``--redis-url``, ...)
-    redis_source: str = ""
-    #: where the worker logs (and, if needed, the project copy) go; ``None``: a new temporary directory
-    run_dir: Path | None = None
+    redis_url: str | None = None  #: ``--redis-url`` / ``$REDIS_URL``; ``None``: the project's embedded Redis
+    redis_source: str = ""  #: where ``redis_url`` came from (``--redis-url``, ...), for the header
+    run_dir: Path | None = None  #: for the worker logs (and a project copy); ``None``: a new temporary one
 
 
 class Demo:
