@@ -32,6 +32,7 @@ from scrapy_dist.cli import (
     project_spiders,
     require_extra,
 )
+from scrapy_dist.demo import Demo, DemoOptions
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier import layout
 from scrapy_dist.monitor import read_status
@@ -421,26 +422,23 @@ def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: f
 
     Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
     """
-    from scrapy_dist.demo import Demo, DemoOptions
-
     options = DemoOptions(workers=workers, pages=pages, chaos=chaos, timeout=timeout)
     if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
         options.redis_url, options.redis_source = redis.url, redis.source
+    dashboards = None
+    if dashboard_port is not None:
+        dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
     runner = Demo(options)
     runner.connect()
     served = None
-    if dashboard_port is not None:
+    if dashboards is not None:
         try:
-            dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
             served = dashboards.DashboardThread(dashboards.Dashboard(runner.client, runner.keys),
                                                 port=dashboard_port)
         except OSError as exc:
             runner.shutdown()
             raise click.ClickException(f"cannot serve the dashboard: {exc}") from None
-        except click.ClickException:
-            runner.shutdown()
-            raise
         click.echo(f"Dashboard (read-only): {served.url}")
     try:
         status = runner.run()
