@@ -254,10 +254,6 @@ def _settings_module(root: Path) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
-def _strings(node: ast.AST) -> list[str]:
-    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-
-
 def scan_settings(path: Path, rel: str) -> tuple[list[Finding], set[str]]:
     """Findings for a settings file, and the names it sets."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
@@ -273,7 +269,8 @@ def scan_settings(path: Path, rel: str) -> tuple[list[Finding], set[str]]:
             name, line = target.id, node.lineno
             names.add(name)
             value = node.value if node.value is not None else ast.Constant(None)
-            dotted = [t for t in _strings(value) if t.startswith("scrapy_redis.")]
+            dotted = [n.value for n in ast.walk(value) if isinstance(n, ast.Constant)
+                      and isinstance(n.value, str) and n.value.startswith("scrapy_redis.")]
             out.extend(_dotted_finding(rel, line, text, name) for text in dotted)
             spec = None if dotted else settings_table.BY_NAME.get(ALIASES.get(name, name))
             if name in SCRAPY_REDIS_IGNORED:
