@@ -55,14 +55,12 @@ class SiteGraph:
     def __init__(
         self, pages: int, links: int = 10, seed: int = 1, *, slow: int = 0, flaky: int = 0, missing: int = 0
     ) -> None:
-        self.pages = pages
-        self.links = links
+        self.pages, self.links, self._seed = pages, links, seed
         rng = random.Random(seed)
         special = rng.sample(range(1, pages), min(pages - 1, slow + flaky + missing)) if pages > 1 else []
         self.slow = set(special[:slow])
         self.flaky = set(special[slow : slow + flaky])
         self.missing = set(special[slow + flaky :])
-        self._seed = seed
 
     def links_of(self, i: int) -> list[int]:
         """The page numbers page ``i`` links to (deterministic)."""
