@@ -336,12 +336,10 @@ def forget(redis: ClientFactory, spider: str, urls: tuple[str, ...], url_file: I
         raise click.UsageError("name URLs, --file F or --fingerprint HEX")
     fps = hex_fingerprints(fingerprints)
     domains: list[str | None] = [None] * len(fps)
-    redis.check_spider(spider, force)
-    redis.check()
+    keys = redis.crawl(spider, force)
     if wanted:
         fps += url_fingerprints(wanted, project_fingerprinter(redis))
         domains += [(urlsplit(u).hostname or "").lower() for u in wanted]
-    keys = redis.keys(spider)
     client = redis.client()
     try:
         kinds = forget_fingerprints(client, keys, fps, domains)

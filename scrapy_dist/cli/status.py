@@ -361,8 +361,7 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
               allowed_hosts: tuple[str, ...], force: bool) -> None:
     """Serve a live dashboard of the crawl of SPIDER (charts of the last hour, workers, domains, dead
     letters) on http://HOST:PORT/ until Ctrl-C."""
-    redis.check_spider(spider, force)
-    redis.check()
+    keys = redis.crawl(spider, force)
     dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
     try:
         dashboards.check_binding(host, token)
@@ -372,7 +371,6 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
 
     from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
 
-    keys = redis.keys(spider)
     client = redis.client()
 
     async def requeue() -> str:
