@@ -372,10 +372,9 @@ class Demo:
         """Show progress until every worker has exited; True if the timeout came first."""
         deadline = time.monotonic() + self.options.timeout
         next_line, last_figures = 0.0, ""
-        if self.console.is_terminal:
-            self._live = Live(console=self.console, auto_refresh=False, transient=False)
+        self._live = Live(console=self.console, auto_refresh=False) if self.console.is_terminal else None
         try:
-            with self._live if self._live is not None else contextlib.nullcontext():
+            with self._live or contextlib.nullcontext():
                 while True:
                     self.fleet.reap()
                     snap = self.snapshot()
