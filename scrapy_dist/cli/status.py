@@ -17,7 +17,7 @@ import click
 from redis.exceptions import ResponseError
 from rich.console import Group
 from rich.live import Live
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from scrapy_dist import seeds as nearmiss
@@ -142,11 +142,10 @@ def render(status: dict[str, Any]) -> Group:
         top = ", ".join(f"{printable(r, 80)} {n:,}" for r, n in list(errors["reasons"].items())[:5])
         lines.append(Text.assemble(("Top errors  ", "bold"), top))
     n = status["workers_summary"]
-    workers = Table(title=f"Workers: {n['running']:,} running, {n['lost']:,} lost, {n['closed']:,} closed",
+    figures = ("Seen", "Pages", "Items", "Errors", "Leases", "Pages/min")
+    workers = Table(Column("Worker", no_wrap=True), "State", *(Column(f, justify="right") for f in figures),
+                    title=f"Workers: {n['running']:,} running, {n['lost']:,} lost, {n['closed']:,} closed",
                     title_justify="left")
-    workers.add_column("Worker", no_wrap=True)
-    for name in ("State", "Seen", "Pages", "Items", "Errors", "Leases", "Pages/min"):
-        workers.add_column(name, justify="left" if name == "State" else "right")
     for w in status["workers"][:50]:
         st = w["state"] + (f" ({printable(w['finish_reason'], 60)})" if w["finish_reason"] else "")
         workers.add_row(Text(printable(w["id"], 120)), Text(st, style=_STATE_STYLE.get(w["state"], "")),
@@ -157,10 +156,9 @@ def render(status: dict[str, Any]) -> Group:
     # no empty table: a crawl no worker has joined yet says so in one line
     parts: list[Any] = [workers if status["workers"] else Text(f"Workers: none yet (scrapy crawl {spider})")]
     if status.get("domains"):
-        domains = Table(title="Busiest domains (crawl-wide politeness)", title_justify="left")
-        domains.add_column("Domain", no_wrap=True)
-        for name in ("Backlog", "In flight", "Delay", "Concurrency", "Next in"):
-            domains.add_column(name, justify="right")
+        columns = ("Backlog", "In flight", "Delay", "Concurrency", "Next in")
+        domains = Table(Column("Domain", no_wrap=True), *(Column(f, justify="right") for f in columns),
+                        title="Busiest domains (crawl-wide politeness)", title_justify="left")
         for d in status["domains"]:
             domains.add_row(Text(printable(d["domain"], 120)), _num(d["backlog"]), _num(d["in_flight"]),
                             f"{d['delay']:g}s", str(d["concurrency"] or "-"), f"{d['next_in']:.1f}s")
