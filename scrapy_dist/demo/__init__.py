@@ -145,8 +145,7 @@ def render_live(s: Snapshot) -> Group:
         (f"{s.rate:,.0f}", "bold"), " pages/s   queued ", (_num(s.queued), "bold"),
         "   in flight ", (_num(s.inflight), "bold"), "   delayed ", (_num(s.delayed), "bold"),
         "\nretried ", (f"{s.retried:,}", "bold"), "   duplicate fetches ", (f"{s.duplicates:,}", "bold"),
-        "   dead letters ", (_num(s.dead_letters), "bold"),
-    )
+        "   dead letters ", (_num(s.dead_letters), "bold"))
     if s.orphaned:
         figures.append("\n" + orphan_note(s), style="yellow")
     if s.redis_error:
@@ -164,12 +163,10 @@ def render_live(s: Snapshot) -> Group:
 def progress_line(s: Snapshot) -> str:
     """The live view as one plain line, for output that is not a terminal."""
     running = sum(1 for w in s.workers if w.state in ("running", "starting"))
-    return (
-        f"[{s.elapsed:6.1f}s] {s.crawled:,}/{s.total:,} pages ({s.crawled / max(1, s.total):.0%})"
-        f"  {s.rate:,.0f} pages/s  queued {_num(s.queued)}  in flight {_num(s.inflight)}"
-        f"  delayed {_num(s.delayed)}  retried {s.retried:,}  workers running {running}"
-        + (f"  ({orphan_note(s)})" if s.orphaned else "")
-    )
+    orphans = f"  ({orphan_note(s)})" if s.orphaned else ""
+    return (f"[{s.elapsed:6.1f}s] {s.crawled:,}/{s.total:,} pages ({s.crawled / max(1, s.total):.0%})"
+            f"  {s.rate:,.0f} pages/s  queued {_num(s.queued)}  in flight {_num(s.inflight)}"
+            f"  delayed {_num(s.delayed)}  retried {s.retried:,}  workers running {running}{orphans}")
 
 
 class Interrupted(Exception):  # noqa: N818 - a signal, not an error
