@@ -345,16 +345,14 @@ def scan_source(path: Path, rel: str, located: bool) -> list[Finding]:
     out: list[Finding] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "scrapy_redis":
-            for alias in node.names:
-                out.append(_dotted_finding(rel, node.lineno, f"{node.module}.{alias.name}"))
+            out.extend(_dotted_finding(rel, node.lineno, f"{node.module}.{a.name}") for a in node.names)
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "scrapy_redis":
                     out.append(_dotted_finding(rel, node.lineno, alias.name))
         elif isinstance(node, ast.ClassDef):
             bases = {_base_name(b) for b in node.bases}
-            kind = next(iter(sorted(bases & SPIDER_BASES)), "")
-            if kind:
+            if kind := next(iter(sorted(bases & SPIDER_BASES)), ""):
                 out.extend(_spider_findings(node, rel, kind))
             if "RedisPipeline" in bases:
                 out.extend(_pipeline_findings(node, rel))
