@@ -255,15 +255,20 @@ def list_entries(client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
 
 def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
     """``(entry id, raw item)`` for each STREAM entry from the first; with ``follow``, forever."""
-    last = "0-0"
-    while True:  # XREAD answers at once when there are entries, else (follow) blocks BLOCK_MS at most
-        reply = client.xread({key: last}, count=ITEMS_CHUNK, block=BLOCK_MS if follow else None) or []
-        rows = reply[0][1] if reply else []
-        for entry_id, fields in rows:
+    last = "-"
+    while True:
+        chunk = client.xrange(key, min=last if last == "-" else f"({last}", count=ITEMS_CHUNK)
+        for entry_id, fields in chunk:
             last = entry_id.decode()
             yield last, fields.get(STREAM_FIELD.encode(), b"")
-        if len(rows) < ITEMS_CHUNK and not follow:
-            return
+        if len(chunk) < ITEMS_CHUNK:
+            break
+    start = "0-0" if last == "-" else last
+    while follow:
+        for _key, rows in client.xread({key: start}, count=ITEMS_CHUNK, block=BLOCK_MS) or []:
+            for entry_id, fields in rows:
+                start = entry_id.decode()
+                yield start, fields.get(STREAM_FIELD.encode(), b"")
 
 
 def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
