@@ -117,8 +117,9 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
     shards = keys.shards(control.shards or 1)
     # "" as worker id: a tool, not a worker of the crawl; requests need no dedupe, so any shard takes
     # them -- but with crawl-wide politeness a domain's requests belong to its shard
-    frontiers = [Frontier(client, k, "", None, sequence=queue_order(ds).sequence, politeness=politeness,
-                          heartbeat=i == 0) for i, k in enumerate(shards)]
+    sequence = queue_order(ds).sequence
+    frontiers = [Frontier(client, k, "", None, sequence=sequence, politeness=politeness, heartbeat=i == 0)
+                 for i, k in enumerate(shards)]
     done = 0
     try:
         for i in range(0, len(targets), CHUNK):
