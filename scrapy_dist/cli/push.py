@@ -1,11 +1,7 @@
-"""Moving data between files and Redis: ``scrapy-dist push`` (seeds in, checked with the rules the spider
-applies; a rejected seed makes the exit status 1) and ``scrapy-dist items`` (items out).
-
-``items`` reads ``REDIS_ITEMS_KEY`` without consuming it (a LIST from an offset, which a consumer popping it
-shifts; a STREAM by id). ``items --export`` moves items to a file chunk by chunk: appended, fsynced, and only
-then removed from Redis, with a journal (``FILE.export``) naming the chunk in between, so an export stopped
-at any point resumes without writing a chunk twice; a concurrent consumer popping the LIST stops it with an
-error.
+"""``scrapy-dist push`` (seeds in, checked with the spider's rules; a rejected seed makes the exit status 1)
+and ``scrapy-dist items`` (items out, read without consuming them). ``items --export`` moves items to a file
+chunk by chunk: appended, fsynced, then removed from Redis, with a journal (``FILE.export``) naming the chunk
+in between, so a stopped export resumes without writing a chunk twice.
 """
 
 from __future__ import annotations
@@ -25,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-from scrapy_dist.cli import ClientFactory, force_option, json_safe, main, pass_redis, printable
+from scrapy_dist.cli import ClientFactory, console, force_option, json_safe, main, pass_redis, printable
 from scrapy_dist.cli.status import seed_hints
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.pipelines import STREAM_FIELD
@@ -50,8 +47,7 @@ EXAMPLES = 5
 class PushReport:
     """What :func:`push_seeds` did."""
 
-    #: valid seeds (pushed, unless a dry run)
-    accepted: int = 0
+    accepted: int = 0  #: valid seeds (pushed, unless a dry run)
     pushed: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     #: (where, reason, detail) of the first rejected seeds
@@ -70,10 +66,8 @@ class PushOptions:
     kind: str = "list"
     rules: SeedRules = SeedRules()
     has_callback: Callable[[str], bool] | None = None
-    #: priority for seeds that set none (ZSET: the score)
-    priority: int | None = None
-    #: merged into every seed's meta (the seed's own keys win)
-    meta: dict[str, Any] | None = None
+    priority: int | None = None  #: for seeds that set none (ZSET: the score)
+    meta: dict[str, Any] | None = None  #: merged into every seed's meta (the seed's own keys win)
     dry_run: bool = False
 
 
@@ -97,9 +91,8 @@ def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
 
 def push_seeds(client: redis.Redis, key: str, seeds: Iterable[tuple[str, bytes]],
                opts: PushOptions = PushOptions()) -> PushReport:
-    """Validate ``seeds`` (``(where, raw)`` pairs, ``where`` naming the seed in messages) and push the valid
-    ones to ``key``: multi-value RPUSH / SADD / ZADD of ``CHUNK`` seeds, ``CHUNKS_PER_ROUND_TRIP`` a round
-    trip."""
+    """Validate ``seeds`` (``(where, raw)`` pairs) and push the valid ones to ``key``: RPUSH / SADD / ZADD of
+    ``CHUNK`` seeds, ``CHUNKS_PER_ROUND_TRIP`` a round trip."""
     report = PushReport()
     started = time.perf_counter()
     pipe = client.pipeline(transaction=False)
@@ -169,8 +162,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
          meta_json: str | None, dry_run: bool, force: bool) -> None:
     """Validate seeds (URLs or JSON objects) and push them to SPIDER's seeds key.
 
-    Exits with status 1 when a seed was rejected (the valid ones are pushed all the same).
-    """
+    Exits with status 1 when a seed was rejected (the valid ones are pushed all the same)."""
     if not urls and file is None:
         raise click.UsageError("give URLs and/or --file FILE (- for stdin)")
     meta = _parse_meta(meta_json)
@@ -181,7 +173,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
     spidercls, ds = redis.spider_settings(spider)
     keys = redis.keys(spider)
     kind = ds.seeds.kind
-    has_callback = class_has_callback(spidercls) if spidercls is not None else None
+    has_callback = None if spidercls is None else class_has_callback(spidercls)
     opts = PushOptions(kind=kind, rules=SeedRules.from_dist(ds), has_callback=has_callback, priority=priority,
                        meta=meta, dry_run=dry_run)
     if spidercls is None:
@@ -209,11 +201,8 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
 
     size = os.path.getsize(file) if file not in (None, "-") else 0
     if size >= PROGRESS_MIN_BYTES and sys.stderr.isatty():
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
-
         with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                      TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
+                      TimeRemainingColumn(), console=console(stderr=True), transient=True) as bar:
             task = bar.add_task(f"pushing {os.path.basename(str(file))}", total=size)
             report = push_seeds(client, keys.start_urls, sources(lambda n: bar.advance(task, n)), opts)
     else:
@@ -221,11 +210,9 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
     hints = [] if dry_run else seed_hints(redis, client, keys)
     client.close()
     rate = (report.accepted + report.rejected_total) / report.seconds if report.seconds > 0 else 0.0
-    if dry_run:
-        head = f"Dry run: {report.accepted:,} valid seeds for {keys.start_urls!r} ({kind}), nothing pushed"
-    else:
-        plural = "" if report.pushed == 1 else "s"
-        head = f"Pushed {report.pushed:,} seed{plural} to {keys.start_urls!r} ({kind})"
+    plural = "" if report.pushed == 1 else "s"
+    head = (f"Dry run: {report.accepted:,} valid seeds for {keys.start_urls!r} ({kind}), nothing pushed"
+            if dry_run else f"Pushed {report.pushed:,} seed{plural} to {keys.start_urls!r} ({kind})")
     click.echo(f"{head} in {report.seconds:.2f}s ({rate:,.0f} seeds/s); rejected {report.rejected_total:,}.")
     for hint in hints:
         click.echo(f"Note: {hint.hint()} No crawl reads that key: its seeds wait there for ever.", err=True)
@@ -234,14 +221,16 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
         click.echo(f"Rejected: {reasons}", err=True)
         for where, reason, detail in report.examples:
             click.echo(f"  {where}: {reason}" + (f" ({detail})" if detail else ""), err=True)
-        hidden, shown = report.rejected_total - len(report.examples), len(report.examples)
-        if hidden:
+        if hidden := report.rejected_total - len(report.examples):
+            shown = len(report.examples)
             click.echo(f"  ... and {hidden:,} more (only the first {shown} are shown)", err=True)
         raise SystemExit(1)
 
 
 #: Items read per round trip.
 ITEMS_CHUNK = 500
+#: Items moved per export round (a chunk is one append, one fsync, one removal).
+EXPORT_CHUNK = 1000
 #: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
 POLL_SECONDS = 0.5
 #: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
@@ -249,11 +238,9 @@ BLOCK_MS = 1000
 
 
 # Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
-def list_entries(
-    client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
-) -> Iterator[tuple[int, bytes]]:
-    """``(index, raw item)`` for each LIST element from the first, ``ITEMS_CHUNK`` per round trip; with
-    ``follow``, forever."""
+def list_entries(client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
+                 ) -> Iterator[tuple[int, bytes]]:
+    """``(index, raw item)`` for each LIST element from the first; with ``follow``, forever."""
     offset = 0
     while True:
         chunk = client.lrange(key, offset, offset + ITEMS_CHUNK - 1)
@@ -286,10 +273,8 @@ def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, b
 
 def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
     """The entries of the items key, LIST or STREAM; with ``follow``, waits for the key to appear."""
-    kind = text(client.type(key))
-    while kind == "none" and follow:
+    while (kind := text(client.type(key))) == "none" and follow:
         time.sleep(POLL_SECONDS)
-        kind = text(client.type(key))
     if kind == "list":
         yield from ((str(index), raw) for index, raw in list_entries(client, key, follow))
     elif kind == "stream":
@@ -360,9 +345,6 @@ def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, for
         click.echo(f"{count:,} items in {key!r}", err=True)
 
 
-#: Items moved per round (a chunk is one append, one fsync, one removal).
-EXPORT_CHUNK = 1000
-
 #: remove the first n elements of a LIST only if they are still the ones exported (their SHA-1 digest)
 _TRIM_IF_HEAD = """
 local head = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
@@ -397,11 +379,9 @@ class Exporter:
 
     def recover(self) -> None:
         """Finish the removal of a chunk an earlier run wrote and fsynced but may not have removed."""
-        if not self.journal.exists():
-            return
-        entry = json.loads(self.journal.read_text())
-        self._remove(entry)
-        self.journal.unlink()
+        if self.journal.exists():
+            self._remove(json.loads(self.journal.read_text()))
+            self.journal.unlink()
 
     def _remove(self, entry: dict[str, Any]) -> None:
         if entry["kind"] == "stream":
@@ -449,8 +429,11 @@ class Exporter:
                 self.skipped += 1  # a CSV row needs named fields
                 continue
             items.append(item)
-        if self.fields is None:
-            self.fields = self._header() if not fresh else list(dict.fromkeys(k for i in items for k in i))
+        if self.fields is None and fresh:
+            self.fields = list(dict.fromkeys(k for i in items for k in i))
+        elif self.fields is None:
+            with open(self.path, newline="") as fh:
+                self.fields = next(csv.reader(fh), [])
         out = io.StringIO()
         writer = csv.DictWriter(out, self.fields, extrasaction="ignore")
         if fresh:
@@ -459,10 +442,6 @@ class Exporter:
             writer.writerow({k: v if isinstance(v, (str, int, float)) else json.dumps(v)
                              for k, v in item.items()})
         return out.getvalue().encode()
-
-    def _header(self) -> list[str]:
-        with open(self.path, newline="") as fh:
-            return next(csv.reader(fh), [])
 
 
 def _write_synced(path: Path, data: bytes, mode: str) -> None:
@@ -474,20 +453,14 @@ def _write_synced(path: Path, data: bytes, mode: str) -> None:
 
 def export(client: Any, key: str, path: Path, fmt: str | None, progress: bool = True) -> tuple[int, int]:
     """Move every item of ``key`` to ``path``; (items moved, items skipped). Resumes an earlier run."""
-    fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "jsonl")
-    exporter = Exporter(client, key, path, fmt)
+    exporter = Exporter(client, key, path, fmt or ("csv" if path.suffix.lower() == ".csv" else "jsonl"))
     exporter.recover()
     moved = 0
-    if not progress:
+    with Progress("exporting", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  disable=not progress) as bar:
+        task = bar.add_task("items", total=exporter.remaining() if progress else None)
         while n := exporter.step():
             moved += n
-        return moved, exporter.skipped
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    with Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  transient=False) as bar:
-        task = bar.add_task("items", total=exporter.remaining())
-        while n := exporter.step():
-            moved += n
-            bar.update(task, advance=n, total=max(moved + exporter.remaining(), moved))
+            if progress:
+                bar.update(task, advance=n, total=max(moved + exporter.remaining(), moved))
     return moved, exporter.skipped

@@ -10,14 +10,14 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 import click
+from redis.exceptions import ResponseError
 from rich.console import Group
 from rich.live import Live
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from scrapy_dist import seeds as nearmiss
@@ -32,15 +32,9 @@ from scrapy_dist.cli import (
     project_spiders,
     require_extra,
 )
+from scrapy_dist.demo import Demo, DemoOptions
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.frontier.layout import (
-    close_crawl,
-    end_chains,
-    parse_control,
-    pause_crawl,
-    resume_crawl,
-    valid_reason,
-)
+from scrapy_dist.frontier import layout
 from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
 
@@ -77,8 +71,7 @@ def back_in(leases: dict[str, Any]) -> str:
 
 
 def _held(leases: dict[str, Any], state: str) -> Text:
-    """Leases not in flight: prefetched by running workers (all that a paused crawl holds), and those of
-    lost workers, which come back to the queue when they expire."""
+    """Leases not in flight: prefetched by running workers, and those of lost workers."""
     parts = []
     if leases["prefetched"] or not leases["other"]:
         paused = " (paused: held, not crawled)" if state == "paused" and leases["prefetched"] else ""
@@ -89,8 +82,8 @@ def _held(leases: dict[str, Any], state: str) -> Text:
 
 
 def held_text(status: dict[str, Any]) -> str:
-    """``31 leased requests held by lost workers, back in the queue in 42 s`` while no worker runs and
-    leases are held (a crawl stopped by a kill), else ``""``."""
+    """``31 leased requests held by lost workers, back in the queue in 42 s`` while a crawl stopped by a
+    kill holds leases, else ``""``."""
     leases = status.get("leases") or {}
     if status["state"] != "stopped" or not leases.get("other"):
         return ""
@@ -102,10 +95,8 @@ def held_text(status: dict[str, Any]) -> str:
 
 
 def idle_text(status: dict[str, Any]) -> str:
-    """``idle, next revisit in N s`` while nothing is queued or in flight and the delayed set holds
-    something (a long-running crawl between two rounds of revisits), else ``""``."""
-    front = status["frontier"]
-    next_in = (status.get("revisits") or {}).get("next_in")
+    """``idle, next revisit in N s`` for a long-running crawl between two rounds of revisits, else ``""``."""
+    front, next_in = status["frontier"], (status.get("revisits") or {}).get("next_in")
     if front["queued"] or front["inflight"] or next_in is None:
         return ""
     return f"idle, next revisit in {next_in:,.0f} s"
@@ -128,11 +119,9 @@ def render(status: dict[str, Any]) -> Group:
     for _ in range(2):
         overview.add_column(style="bold")
         overview.add_column(justify="right")
-    stats = status["stats"]
-    shards = status.get("shards", 1)
+    stats, shards, leases = status["stats"], status.get("shards", 1), status.get("leases") or {}
     queued = f"Queued ({shards} shards)" if shards > 1 else "Queued"
     overview.add_row(queued, _num(front["queued"]), "Pages", _num(stats.get("response_received_count", 0)))
-    leases = status.get("leases") or {}
     # a worker without the figures (older version): every lease counts as in flight
     known = leases.get("in_flight") is not None
     in_flight = leases["in_flight"] if known else front["inflight"]
@@ -143,19 +132,7 @@ def render(status: dict[str, Any]) -> Group:
         overview.add_row("Revisits", _num(revisits.get("scheduled", 0)), "", "")
     overview.add_row("Seeds waiting", _num(seeds["waiting"] + seeds["processing"]),
                      "Rejected", f"{seeds['rejected']:,} seeds, {status['rejected']['queue']:,} queue")
-    f = status["filter"]
-    if f is None:
-        filt = "-"
-    elif f["kind"] == "garbage":
-        filt = "unreadable (the filter's recorded parameters are garbage)"
-    elif f["kind"] == "bloom":
-        filt = (f"bloom, {f['items']:,} of {f['capacity']:,} ({f['fill']:.2%} full),"
-                f" estimated false positives {f['fpr_estimate']:.2g}")
-        if f.get("ttl"):
-            filt += f"; forgets after {f['ttl']:g} s ({f['generations']} generations)"
-    else:
-        filt = f"exact, {f['items']:,} fingerprints"
-    lines = [Text.assemble(("Filter  ", "bold"), filt)]
+    lines = [Text.assemble(("Filter  ", "bold"), _filter_text(status["filter"]))]
     if known and (leases["prefetched"] or leases["other"]):
         lines.append(Text.assemble(("Held  ", "bold"), _held(leases, state)))
     for hint in status.get("seed_hints") or []:
@@ -165,11 +142,10 @@ def render(status: dict[str, Any]) -> Group:
         top = ", ".join(f"{printable(r, 80)} {n:,}" for r, n in list(errors["reasons"].items())[:5])
         lines.append(Text.assemble(("Top errors  ", "bold"), top))
     n = status["workers_summary"]
-    workers = Table(title=f"Workers: {n['running']:,} running, {n['lost']:,} lost, {n['closed']:,} closed",
+    figures = ("Seen", "Pages", "Items", "Errors", "Leases", "Pages/min")
+    workers = Table(Column("Worker", no_wrap=True), "State", *(Column(f, justify="right") for f in figures),
+                    title=f"Workers: {n['running']:,} running, {n['lost']:,} lost, {n['closed']:,} closed",
                     title_justify="left")
-    workers.add_column("Worker", no_wrap=True)
-    for name in ("State", "Seen", "Pages", "Items", "Errors", "Leases", "Pages/min"):
-        workers.add_column(name, justify="left" if name == "State" else "right")
     for w in status["workers"][:50]:
         st = w["state"] + (f" ({printable(w['finish_reason'], 60)})" if w["finish_reason"] else "")
         workers.add_row(Text(printable(w["id"], 120)), Text(st, style=_STATE_STYLE.get(w["state"], "")),
@@ -180,10 +156,9 @@ def render(status: dict[str, Any]) -> Group:
     # no empty table: a crawl no worker has joined yet says so in one line
     parts: list[Any] = [workers if status["workers"] else Text(f"Workers: none yet (scrapy crawl {spider})")]
     if status.get("domains"):
-        domains = Table(title="Busiest domains (crawl-wide politeness)", title_justify="left")
-        domains.add_column("Domain", no_wrap=True)
-        for name in ("Backlog", "In flight", "Delay", "Concurrency", "Next in"):
-            domains.add_column(name, justify="right")
+        columns = ("Backlog", "In flight", "Delay", "Concurrency", "Next in")
+        domains = Table(Column("Domain", no_wrap=True), *(Column(f, justify="right") for f in columns),
+                        title="Busiest domains (crawl-wide politeness)", title_justify="left")
         for d in status["domains"]:
             domains.add_row(Text(printable(d["domain"], 120)), _num(d["backlog"]), _num(d["in_flight"]),
                             f"{d['delay']:g}s", str(d["concurrency"] or "-"), f"{d['next_in']:.1f}s")
@@ -203,11 +178,21 @@ def render(status: dict[str, Any]) -> Group:
     return Group(headline, Text(stamp, style="dim"), overview, *lines, *parts)
 
 
+def _filter_text(f: dict[str, Any] | None) -> str:
+    if f is None:
+        return "-"
+    if f["kind"] == "garbage":
+        return "unreadable (the filter's recorded parameters are garbage)"
+    if f["kind"] != "bloom":
+        return f"exact, {f['items']:,} fingerprints"
+    ttl = f"; forgets after {f['ttl']:g} s ({f['generations']} generations)" if f.get("ttl") else ""
+    return (f"bloom, {f['items']:,} of {f['capacity']:,} ({f['fill']:.2%} full), estimated false positives"
+            f" {f['fpr_estimate']:.2g}{ttl}")
+
+
 def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.NearMiss]:
     """Keys holding seeds that no crawl reads, close to the seeds key of ``keys`` (none if this Redis user
     may not ``SCAN``); inside a project, the seeds keys of its spiders count as read."""
-    from redis.exceptions import ResponseError
-
     try:
         misses = nearmiss.find(client, keys)
     except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error
@@ -232,12 +217,11 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
     keys = redis.crawl(spider, force, notice=False)  # the output names the Redis
     client = redis.client()
     default_interval = redis.dist.monitoring.interval or 5.0
-    where = {"url": redis.masked_url, "source": redis.source}
-    hints = [dataclasses.asdict(m) for m in seed_hints(redis, client, keys)]  # once, not every refresh
+    extra = {"redis": {"url": redis.masked_url, "source": redis.source},  # read once, not every refresh
+             "seed_hints": [dataclasses.asdict(m) for m in seed_hints(redis, client, keys)]}
 
     def read() -> dict[str, Any]:
-        return {**read_status(client, keys, default_interval=default_interval), "redis": where,
-                "seed_hints": hints}
+        return {**read_status(client, keys, default_interval=default_interval), **extra}
 
     if not watch:
         data = read()
@@ -268,37 +252,31 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
         pass
 
 
-def _control_command(name: str, doc: str, act: Callable[[Any, Any], None], done: str) -> click.Command:
-    """``scrapy-dist NAME SPIDER``: check the spider and the Redis, ``act(client, keys)``, print ``done``
-    (``{name}`` is replaced by the spider's name, ``{quoted}`` by its quoted name)."""
-
-    @main.command(name=name, help=doc)
-    @click.argument("spider")
-    @force_option
-    @pass_redis
-    def command(redis: ClientFactory, spider: str, force: bool) -> None:
-        keys = redis.crawl(spider, force)
-        act(redis.client(), keys)
-        click.echo(done.format(name=spider, quoted=repr(spider)))
-
-    return command
+@main.command()
+@click.argument("spider")
+@force_option
+@pass_redis
+def pause(redis: ClientFactory, spider: str, force: bool) -> None:
+    """Pause the crawl of SPIDER: every worker stops taking new requests (within a second)."""
+    keys = redis.crawl(spider, force)
+    layout.pause_crawl(redis.client(), keys.control, by="cli")
+    click.echo(f"Paused {spider!r}: workers finish what they hold and take nothing new. Resume with"
+               f" `scrapy-dist resume {spider}`.")
 
 
-pause = _control_command(
-    "pause", "Pause the crawl of SPIDER: every worker stops taking new requests (within a second).",
-    lambda client, keys: pause_crawl(client, keys.control, by="cli"),
-    "Paused {quoted}: workers finish what they hold and take nothing new. Resume with `scrapy-dist resume "
-    "{name}`.",
-)
-resume = _control_command(
-    "resume", "Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause).",
-    lambda client, keys: resume_crawl(client, keys.control, keys.errors),
-    "Resumed {quoted}: workers take new requests again (the error window starts afresh).",
-)
+@main.command()
+@click.argument("spider")
+@force_option
+@pass_redis
+def resume(redis: ClientFactory, spider: str, force: bool) -> None:
+    """Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause)."""
+    keys = redis.crawl(spider, force)
+    layout.resume_crawl(redis.client(), keys.control, keys.errors)
+    click.echo(f"Resumed {spider!r}: workers take new requests again (the error window starts afresh).")
 
 
 def _reason(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    if not valid_reason(value):
+    if not layout.valid_reason(value):
         raise click.BadParameter(f"{value!r}: letters, digits and _.:- only, at most 64 characters")
     return value
 
@@ -314,9 +292,9 @@ def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
     those of a crawl that never closes on its own (SCHEDULER_IDLE_BEFORE_CLOSE = None)."""
     keys = redis.crawl(spider, force)
     client = redis.client()
-    close_crawl(client, keys.control, reason)
-    control = parse_control(client.hgetall(keys.control))
-    ended = end_chains(client, keys.shards(control.shards or 1), control.politeness == "cluster")
+    layout.close_crawl(client, keys.control, reason)
+    control = layout.parse_control(client.hgetall(keys.control))
+    ended = layout.end_chains(client, keys.shards(control.shards or 1), control.politeness == "cluster")
     click.echo(f"Closing {spider!r}: every running worker closes (reason {reason}); what they hold goes"
                f" back to the queue, and {ended:,} scheduled revisits end. Workers started from now on crawl"
                f" again (`scrapy-dist resume {spider}` clears the decision).")
@@ -381,8 +359,7 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
               allowed_hosts: tuple[str, ...], force: bool) -> None:
     """Serve a live dashboard of the crawl of SPIDER (charts of the last hour, workers, domains, dead
     letters) on http://HOST:PORT/ until Ctrl-C."""
-    redis.check_spider(spider, force)
-    redis.check()
+    keys = redis.crawl(spider, force)
     dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
     try:
         dashboards.check_binding(host, token)
@@ -392,7 +369,6 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
 
     from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
 
-    keys = redis.keys(spider)
     client = redis.client()
 
     async def requeue() -> str:
@@ -442,26 +418,23 @@ def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: f
 
     Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
     """
-    from scrapy_dist.demo import Demo, DemoOptions
-
     options = DemoOptions(workers=workers, pages=pages, chaos=chaos, timeout=timeout)
     if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
         options.redis_url, options.redis_source = redis.url, redis.source
+    dashboards = None
+    if dashboard_port is not None:
+        dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
     runner = Demo(options)
     runner.connect()
     served = None
-    if dashboard_port is not None:
+    if dashboards is not None:
         try:
-            dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
             served = dashboards.DashboardThread(dashboards.Dashboard(runner.client, runner.keys),
                                                 port=dashboard_port)
         except OSError as exc:
             runner.shutdown()
             raise click.ClickException(f"cannot serve the dashboard: {exc}") from None
-        except click.ClickException:
-            runner.shutdown()
-            raise
         click.echo(f"Dashboard (read-only): {served.url}")
     try:
         status = runner.run()

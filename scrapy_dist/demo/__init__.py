@@ -17,15 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import RedisError
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
+from scrapy import Request
+from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_dist.demo import site
 from scrapy_dist.demo.site import SPIDER, Summary, summarize
+from scrapy_dist.dupefilter import BloomDupeFilter
+from scrapy_dist.extensions.clusterstats import RateMeter
+from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.connection import mask_url
 from scrapy_dist.redis.embedded import EmbeddedRedis
 from scrapy_dist.redis.keys import CrawlKeys
@@ -97,12 +103,12 @@ class Snapshot:
     crawled: int
     total: int
     rate: float
-    queued: int | None
-    inflight: int | None
-    delayed: int | None
-    dead_letters: int | None
     retried: int
     duplicates: int
+    queued: int | None = None
+    inflight: int | None = None
+    delayed: int | None = None
+    dead_letters: int | None = None
     workers: list[WorkerRow] = field(default_factory=list)
     redis_error: str = ""
     #: leases the killed worker still holds in Redis, and seconds until they have surely run out
@@ -115,8 +121,7 @@ def _num(value: int | float | None, fmt: str = ",") -> str:
 
 
 def combined_rate(workers: list[WorkerRow], fallback: float) -> float:
-    """The crawl-wide pages/s: the sum of the per-worker rates shown (so the two always agree);
-    ``fallback`` (the site's count) before any worker has a rate."""
+    """The crawl-wide pages/s: the sum of the per-worker rates shown, else ``fallback`` (the site's)."""
     rates = [w.rate for w in workers if w.rate is not None]
     return sum(rates) if rates else fallback
 
@@ -140,8 +145,7 @@ def render_live(s: Snapshot) -> Group:
         (f"{s.rate:,.0f}", "bold"), " pages/s   queued ", (_num(s.queued), "bold"),
         "   in flight ", (_num(s.inflight), "bold"), "   delayed ", (_num(s.delayed), "bold"),
         "\nretried ", (f"{s.retried:,}", "bold"), "   duplicate fetches ", (f"{s.duplicates:,}", "bold"),
-        "   dead letters ", (_num(s.dead_letters), "bold"),
-    )
+        "   dead letters ", (_num(s.dead_letters), "bold"))
     if s.orphaned:
         figures.append("\n" + orphan_note(s), style="yellow")
     if s.redis_error:
@@ -159,12 +163,10 @@ def render_live(s: Snapshot) -> Group:
 def progress_line(s: Snapshot) -> str:
     """The live view as one plain line, for output that is not a terminal."""
     running = sum(1 for w in s.workers if w.state in ("running", "starting"))
-    return (
-        f"[{s.elapsed:6.1f}s] {s.crawled:,}/{s.total:,} pages ({s.crawled / max(1, s.total):.0%})"
-        f"  {s.rate:,.0f} pages/s  queued {_num(s.queued)}  in flight {_num(s.inflight)}"
-        f"  delayed {_num(s.delayed)}  retried {s.retried:,}  workers running {running}"
-        + (f"  ({orphan_note(s)})" if s.orphaned else "")
-    )
+    orphans = f"  ({orphan_note(s)})" if s.orphaned else ""
+    return (f"[{s.elapsed:6.1f}s] {s.crawled:,}/{s.total:,} pages ({s.crawled / max(1, s.total):.0%})"
+            f"  {s.rate:,.0f} pages/s  queued {_num(s.queued)}  in flight {_num(s.inflight)}"
+            f"  delayed {_num(s.delayed)}  retried {s.retried:,}  workers running {running}{orphans}")
 
 
 class Interrupted(Exception):  # noqa: N818 - a signal, not an error
@@ -184,25 +186,19 @@ class DemoOptions:
     pages: int = 5000
     chaos: bool = True
     timeout: float = 170.0
-    #: the Redis to use (``--redis-url`` / ``$REDIS_URL``); ``None``: the project's embedded Redis
-    redis_url: str | None = None
-    #: where ``redis_url`` came from, for the header (``--redis-url``, ...)
-    redis_source: str = ""
-    #: where the worker logs (and, if needed, the project copy) go; ``None``: a new temporary directory
-    run_dir: Path | None = None
+    redis_url: str | None = None  #: ``--redis-url`` / ``$REDIS_URL``; ``None``: the project's embedded Redis
+    redis_source: str = ""  #: where ``redis_url`` came from (``--redis-url``, ...), for the header
+    run_dir: Path | None = None  #: for the worker logs (and a project copy); ``None``: a new temporary one
 
 
 class Demo:
-    """Runs one demo over the state every step shares (site, workers, client, keys, console). ``run()``
-    returns the exit status."""
+    """One demo run: site, workers, Redis client and keys, console; :meth:`run` returns the exit status."""
 
     def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
         self.options = options
-        if console is None:
-            console = Console()
-            if not console.is_terminal:
-                console = Console(width=PLAIN_WIDTH)
-        self.console = console
+        self.console = console or Console()
+        if console is None and not self.console.is_terminal:
+            self.console = Console(width=PLAIN_WIDTH)
         self.run_dir = options.run_dir or Path(tempfile.mkdtemp(prefix="scrapy-dist-demo-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.project, self.project_copied = site.locate_project(self.run_dir)
@@ -222,8 +218,7 @@ class Demo:
         self.lost_explained: list[str] = []
 
     def connect(self) -> None:
-        """Reach the given Redis, or join (start if needed) the project's embedded one; raises
-        :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) if that fails."""
+        """Reach the given Redis, or join (start if needed) the embedded one; RedisUnavailable if neither."""
         self.client, self.redis_url, self.embedded, self.started_redis = site.open_redis(
             self.options.redis_url, self.project, LOADING_TIMEOUT)
         self.fleet.configure(self.prefix, None if self.embedded is None else self.embedded.directory,
@@ -257,15 +252,11 @@ class Demo:
 
     def snapshot(self) -> Snapshot:
         """Read the site's tally and the crawl's state in Redis (a few pipelined round trips)."""
-        from redis.exceptions import RedisError
-
-        from scrapy_dist.monitor import read_status
-
         now = time.monotonic()
         self.tally.update()
         snap = Snapshot(elapsed=self.elapsed(), crawled=self.tally.crawled, total=self.graph.ok_pages,
-                        rate=self.tally.pages_per_second(now), queued=None, inflight=None, delayed=None,
-                        dead_letters=None, retried=self.tally.retried, duplicates=self.tally.duplicates)
+                        rate=self.tally.pages_per_second(now), retried=self.tally.retried,
+                        duplicates=self.tally.duplicates)
         rows: dict[int, dict[str, Any]] = {}
         try:
             status = read_status(self.client, self.keys)
@@ -284,8 +275,6 @@ class Demo:
     def _row(self, snap: Snapshot, w: site.Worker, row: dict[str, Any] | None, now: float) -> WorkerRow:
         """``w``'s row from its process state and its row in the crawl's status; a killed worker's leases
         count in ``snap`` as orphaned until they expire."""
-        from scrapy_dist.extensions.clusterstats import RateMeter
-
         state = w.state
         pages = leases = rate = None
         if row is not None:
@@ -326,8 +315,7 @@ class Demo:
         ]
 
     def run(self) -> int:
-        """Run the demo to its summary; the exit status (0 ok, 1 something lost / failed / timed out,
-        128 + signal number when interrupted)."""
+        """Run the demo to its summary; the exit status (0 ok, 1 lost / failed / timed out, 128 + signal)."""
         if self.client is None:
             self.connect()
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -381,10 +369,9 @@ class Demo:
         """Show progress until every worker has exited; True if the timeout came first."""
         deadline = time.monotonic() + self.options.timeout
         next_line, last_figures = 0.0, ""
-        if self.console.is_terminal:
-            self._live = Live(console=self.console, auto_refresh=False, transient=False)
+        self._live = Live(console=self.console, auto_refresh=False) if self.console.is_terminal else None
         try:
-            with self._live if self._live is not None else contextlib.nullcontext():
+            with self._live or contextlib.nullcontext():
                 while True:
                     self.fleet.reap()
                     snap = self.snapshot()
@@ -429,12 +416,11 @@ class Demo:
         if self.tally.last_new is not None and self._seeded_at is not None:
             crawl_seconds = max(0.0, self.tally.last_new - self._seeded_at)
         workers = self.fleet.workers
-        summary = summarize(
-            self.graph, self.site.fetch_counts(200), self.site.fetch_counts(503), reasons,
-            elapsed=self.elapsed(), crawl_seconds=crawl_seconds, workers_started=len(workers),
-            workers_killed=sum(1 for w in workers if w.state == "killed"), timed_out=timed_out,
-            workers_failed=[w.describe_failure() for w in workers if w.state == "failed"],
-        )
+        summary = summarize(self.graph, self.site.fetch_counts(200), self.site.fetch_counts(503), reasons,
+                            elapsed=self.elapsed(), crawl_seconds=crawl_seconds, workers_started=len(workers),
+                            workers_killed=sum(1 for w in workers if w.state == "killed"),
+                            workers_failed=[w.describe_failure() for w in workers if w.state == "failed"],
+                            timed_out=timed_out)
         if summary.lost_pages:
             self.lost_explained = self.explain_lost(summary.lost_pages, summary.lost)
         return summary
@@ -443,11 +429,6 @@ class Demo:
         """One line per lost page: did the crawl's bloom filter take it for a page already seen (a false
         positive, so it was never queued)? Then how many more were lost than are named. Reads the filter
         (no writes) as the workers fingerprint, so it must run before the run's keys are deleted."""
-        from scrapy import Request
-        from scrapy.utils.request import RequestFingerprinter
-
-        from scrapy_dist.dupefilter import BloomDupeFilter
-
         urls = [self.site.page_url(i) for i in pages]
         claimed = [False] * len(urls)
         try:

@@ -1,11 +1,10 @@
 """What the demo runs: a generated website on 127.0.0.1 (also crawled by the tests and benchmarks) and the
-:class:`Summary` of what it answered, the worker processes (real ``scrapy crawl demo`` of
-``example_project``) and the demo's side of its Redis.
+:class:`Summary` of what it answered, the worker processes (``scrapy crawl demo`` of ``example_project``)
+and the demo's side of its Redis.
 
-Page ``i`` of ``/page/0 .. /page/<pages-1>`` links to ``i+1`` (every page is reachable from ``/page/0``) and
-to ``links - 1`` pages chosen by a seeded RNG (the same graph on every run). Optional ``slow``, ``flaky``
-(503 the first ``flaky_failures`` times) and ``missing`` (404) pages; every answer is recorded in
-:attr:`SiteServer.log` as ``(monotonic time, path, status)``.
+Page ``i`` of ``/page/0 .. /page/<pages-1>`` links to ``i+1`` (so every page is reachable from ``/page/0``)
+and to ``links - 1`` pages chosen by a seeded RNG. Optional ``slow``, ``flaky`` (503 the first
+``flaky_failures`` times) and ``missing`` (404) pages; every answer is logged in :attr:`SiteServer.log`.
 """
 
 from __future__ import annotations
@@ -26,7 +25,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import BusyLoadingError, RedisError
+
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.redis.connection import check_reachable, get_redis
 from scrapy_dist.redis.embedded import DEFAULT_DIRNAME, EmbeddedRedis
 
 #: The path of a page of the site; other paths (``/robots.txt``) do not count.
@@ -53,14 +55,12 @@ class SiteGraph:
     def __init__(
         self, pages: int, links: int = 10, seed: int = 1, *, slow: int = 0, flaky: int = 0, missing: int = 0
     ) -> None:
-        self.pages = pages
-        self.links = links
+        self.pages, self.links, self._seed = pages, links, seed
         rng = random.Random(seed)
         special = rng.sample(range(1, pages), min(pages - 1, slow + flaky + missing)) if pages > 1 else []
         self.slow = set(special[:slow])
         self.flaky = set(special[slow : slow + flaky])
         self.missing = set(special[slow + flaky :])
-        self._seed = seed
 
     def links_of(self, i: int) -> list[int]:
         """The page numbers page ``i`` links to (deterministic)."""
@@ -143,10 +143,8 @@ class SiteServer:
     def respond(self, path: str) -> tuple[int, bytes, float]:
         """(status, body, delay) for ``path``."""
         g = self.graph
-        try:
-            i = int(path[len("/page/") :]) if path.startswith("/page/") else -1
-        except ValueError:
-            i = -1
+        m = PAGE_PATH.match(path)
+        i = int(m.group(1)) if m else -1
         if not 0 <= i < g.pages or i in g.missing:
             return 404, b"not found", 0.0
         delay = self.slow_delay if i in g.slow else self.delay
@@ -182,8 +180,7 @@ class SiteServer:
 
 
 class SiteTally:
-    """What the site has answered so far (``/page/<i>`` only), read incrementally from its append-only
-    :attr:`SiteServer.log`."""
+    """What the site has answered so far (``/page/<i>`` only), read incrementally from its log."""
 
     def __init__(self, server: SiteServer, window: float = RATE_WINDOW) -> None:
         self.server = server
@@ -316,8 +313,7 @@ class Worker:
 
 @dataclass
 class WorkerFleet:
-    """The workers of one demo run, all started in ``project`` with the same settings and environment,
-    each logging to ``worker-<n>.log`` in ``run_dir``."""
+    """The workers of one demo run, started alike in ``project``, logging to ``run_dir/worker-<n>.log``."""
 
     project: Path
     run_dir: Path
@@ -327,10 +323,8 @@ class WorkerFleet:
 
     def configure(self, prefix: str, embedded_dir: Path | None, redis_url: str) -> None:
         """Every worker's ``-s`` settings (this run's key prefix, the demo's Redis) and environment. No
-        password on a command line (which every local user can read with ``ps``): the embedded Redis is
-        named by its directory, another by ``SCRAPY_DIST_DEMO_REDIS_URL`` (a process's environment is
-        readable only by its user), which a settings module written into ``run_dir`` reads on top of the
-        project's settings."""
+        password on a command line, which ``ps`` shows: the embedded Redis is named by its directory, another
+        by an environment variable read by a settings module written into ``run_dir``."""
         # the demo site is on 127.0.0.1, which the default SCHEDULER_DENY_NETWORKS refuses
         self.settings = {"REDIS_KEY_PREFIX": prefix, "SCHEDULER_DENY_NETWORKS": "", "REDIS_SENTINELS": ""}
         project_vars = ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")
@@ -406,13 +400,8 @@ def open_redis(
     redis_url: str | None, project: Path, loading_timeout: float
 ) -> tuple[Any, str, EmbeddedRedis | None, bool]:
     """A client of ``redis_url``, or of the project's embedded Redis (started if needed): the client, the
-    URL, the embedded server (or ``None``) and whether this call started it. Raises
-    :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line naming the URL), stopping a server it
-    started, if it does not answer."""
-    from redis.exceptions import BusyLoadingError, RedisError
-
-    from scrapy_dist.redis.connection import check_reachable, get_redis
-
+    URL, the embedded server (or ``None``) and whether this call started it. ``RedisUnavailable`` (one
+    line naming the URL; a server it started stopped) if it does not answer."""
     embedded, started = None, False
     if not redis_url:
         # the directory every `scrapy crawl` in the project would use (REDIS_EMBEDDED_DIR unset)
@@ -443,18 +432,13 @@ def open_redis(
 
 def release_run(client: Any, prefix: str, started_redis: bool) -> bool:
     """After a run: delete its keys (every key holding its unique ``prefix``) and close ``client``; if the
-    demo started the server and nobody else uses it now (another demo or crawl may have joined), compact its
-    append-only file first (every run writes and deletes tens of thousands of entries, which it would keep
-    and replay at every start). Whether to stop the server. Never raises, whatever state Redis is in."""
+    demo started the server and nobody else uses it now, compact its append-only file first (a run writes
+    and deletes tens of thousands of entries, which it would replay at every start). Whether to stop the
+    server. Never raises, whatever state Redis is in."""
     with contextlib.suppress(Exception):
-        batch: list[Any] = []
-        for key in client.scan_iter(match=f"*{prefix}*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                client.delete(*batch)
-                batch = []
-        if batch:
-            client.delete(*batch)
+        keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
     stop = started_redis
     if stop:
         with contextlib.suppress(Exception):
