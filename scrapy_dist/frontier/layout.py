@@ -455,13 +455,6 @@ async def start_time(redis: Any) -> float:
         return time.time()
 
 
-def member_prefix(member: bytes, polite: bool) -> bytes:
-    """The part of a queue member before its payload (seq, or domain, priority key and seq)."""
-    if polite:
-        return member[: member.index(b"\0") + 1 + _shard.PRIORITY_KEY_BYTES + _shard.SEQ_BYTES]
-    return member[: _shard.SEQ_BYTES]
-
-
 def end_chains(
     client: Any, shard_keys: list[CrawlKeys], polite: bool, urls: Collection[str] | None = None
 ) -> int:
@@ -493,7 +486,7 @@ def end_chains(
 
 def _entry_url(member: bytes, polite: bool) -> str | None:
     try:
-        url = load_payload(member[len(member_prefix(member, polite)) :]).get("u")
+        url = load_payload(member[len(_shard.member_prefix(member, polite)) :]).get("u")
     except (RejectedEntry, ValueError):
         return None
     return url if isinstance(url, str) else None

@@ -71,9 +71,6 @@ class Delay(Routed):
     payload: bytes
     not_before: float
 
-    def delay_item(self) -> tuple[float, bytes, float, str, str]:
-        return (self.score, self.payload, self.not_before, self.domain, self.limits)
-
 
 @dataclass
 class Applied:
@@ -180,14 +177,6 @@ class Ledger:
         self.call_shards: list[int] = list(range(shards))  # each call's shard (first ones: the index)
         self.riders = AckRiders()
 
-    @property
-    def revisit_of(self) -> Callable[[Request, Lease], tuple[float, bytes] | None] | None:
-        return self.riders.revisit_of
-
-    @revisit_of.setter
-    def revisit_of(self, plan: Callable[[Request, Lease], tuple[float, bytes] | None] | None) -> None:
-        self.riders.revisit_of = plan
-
     def add(self, entry: Outgoing, now: float) -> None:
         self.out.append(entry)
         if entry.score < self.best_out:
@@ -210,8 +199,7 @@ class Ledger:
 
     def reject(self, lease: Lease, exc: RejectedEntry, now: float, at: float | None = None) -> None:
         """Park a leased entry that is not a valid request with a JSON record (``at``: unix time)."""
-        _, member = lease
-        self.rejects.append((lease, rejection_record(exc.reason, member, self.worker_id, exc.detail, at)))
+        self.rejects.append((lease, rejection_record(exc.reason, lease[1], self.worker_id, exc.detail, at)))
         self._mark(now)
 
     def _mark(self, now: float) -> None:
@@ -230,8 +218,6 @@ class Ledger:
 
     def collect_finished(self, busy: Collection[Request], now: float) -> int:
         """Requests the engine no longer works on are to be acknowledged."""
-        if not self.handed:
-            return 0
         done = [r for r in self.handed if r not in busy]
         for r in done:
             lease = self.handed.pop(r)
@@ -311,7 +297,7 @@ class Ledger:
         self.left_behind = len(left)
         self.call_shards = shard_of
         for d in self.delays:
-            batches[d.shard].delay.append(d.delay_item())
+            batches[d.shard].delay.append((d.score, d.payload, d.not_before, d.domain, d.limits))
         for (shard, member), record in self.rejects:
             batches[shard].reject.append((member, record))
         for shard, member in self.releases:
