@@ -1,6 +1,5 @@
-"""A crawl's layout in Redis: its shards, their keys and dupefilters (joined at start, removed at the end),
-which shard a request goes to (:class:`ShardRouter`), and the control hash ``{spider}:control``
-(docs/monitoring.md; untrusted: :func:`parse_control` ignores a garbage field and names it).
+"""A crawl's layout in Redis: its shards with their keys and dupefilters (joined at start, removed at the
+end), which shard a request goes to (:class:`ShardRouter`), and the control hash ``{spider}:control``.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from scrapy.utils.httpobj import urlparse_cached
-from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError, ShardingRefused
 from scrapy_dist.frontier import shard as _shard
@@ -98,6 +96,7 @@ class CrawlLayout:
         pipe.hmget(keys.control, ["politeness", "shards", "format", "paused"])
         mode, shards, recorded, paused = pipe.execute()[-1]
         self.paused = paused == b"1"
+        mode = None if mode is None else mode.decode(errors="replace")
         secs, micros = client.time()  # the clock heartbeats are written with (not pipelined: Cluster)
         try:
             running = client.zcount(keys.workers, secs + micros / 1e6 - self.lease_seconds, "+inf")
@@ -110,9 +109,9 @@ class CrawlLayout:
                 f"{keys.control!r} holds an invalid shards field"
                 f" {shards[:40].decode(errors='replace')!r}; start afresh (SCHEDULER_FLUSH_ON_START)"
             )
-        if mode is not None and mode.decode(errors="replace") != self.politeness:
+        if mode is not None and mode != self.politeness:
             raise ScrapyDistError(
-                f"The crawl {keys.spider!r} runs with SCHEDULER_POLITENESS={mode.decode(errors='replace')!r};"
+                f"The crawl {keys.spider!r} runs with SCHEDULER_POLITENESS={mode!r};"
                 f" this worker has {self.politeness!r}. Use the crawl's mode, or start afresh"
                 " (SCHEDULER_FLUSH_ON_START)."
             )
@@ -147,10 +146,8 @@ class CrawlLayout:
             remembered += scripts.count(bloom_n) + scripts.count(live) + fps + expiring
         return pending, remembered
 
-    def frontiers(
-        self, redis: Any, worker_id: str, cfg: SchedulerSettings, sequence: str, *, batched: bool,
-        limits_bound: str = "",
-    ) -> list[_shard.Frontier]:
+    def frontiers(self, redis: Any, worker_id: str, cfg: SchedulerSettings, sequence: str, *, batched: bool,
+                  limits_bound: str = "") -> list[_shard.Frontier]:
         return [
             _shard.Frontier(
                 redis, keys, worker_id, df if batched else None, sequence=sequence,
@@ -184,7 +181,7 @@ class CrawlLayout:
                 for i in range(0, len(names), _DELETE_BATCH):
                     client.delete(*names[i : i + _DELETE_BATCH])
 
-    async def finish(self, redis: Any, worker_id: str, lease_seconds: float) -> None:
+    async def finish(self, redis: Any, worker_id: str) -> None:
         """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys."""
         keys = self.keys
         if self.shards > 1 and not await _shard.shards_idle(redis, self.shard_keys):
@@ -194,7 +191,7 @@ class CrawlLayout:
         first = [keys.workers, keys.queue, keys.leases, keys.delayed]
         deleted = await scripts.register(redis, "finish")(
             keys=first + [k for k in self.key_names(*layouts[0]) if k not in first],
-            args=[worker_id, repr(lease_seconds)],
+            args=[worker_id, repr(self.lease_seconds)],
         )
         if deleted:
             for shard_keys, df in layouts[1:]:
@@ -227,14 +224,6 @@ class CrawlLayout:
                 p.false_positive_rate(df.n) for p, df in zip(plans, self.shard_dfs, strict=True) if p
             ),
         }
-
-
-def crawl_fingerprinter(crawler: Any) -> Any:
-    """The crawl's request fingerprinter; Scrapy's default one where the crawler has none yet."""
-    try:
-        return crawler.request_fingerprinter
-    except (AttributeError, RuntimeError):
-        return RequestFingerprinter(crawler)
 
 
 @dataclass(frozen=True)
@@ -325,7 +314,6 @@ class ShardRouter:
         return FrontierState(queued, inflight, delayed, confirmed)
 
 
-# -- the control hash ----------------------------------------------------------------------------
 #: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
 CLOSE_AT_SLACK = 60.0
 MAX_SHARDS = 1024  # the most shards a control hash may record (more is garbage)
@@ -407,8 +395,7 @@ def report_problems(control_key: str, state: ControlState, log: logging.Logger =
 
 def move_aside_foreign(client: Any, control_key: str) -> bool:
     """Move a control hash of another Redis type aside to ``<key>:garbage`` (with a warning)."""
-    kind = client.type(control_key)
-    kind = kind.decode(errors="replace") if isinstance(kind, bytes) else str(kind)
+    kind = scripts.text(client.type(control_key))
     if kind in ("none", "hash"):
         return False
     client.rename(control_key, control_key + GARBAGE)

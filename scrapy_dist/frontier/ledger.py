@@ -1,6 +1,5 @@
-"""What one worker holds and owes the shared frontier (an I/O-free :class:`Ledger`, methods take ``now``)
-and the :class:`RequestEncoder` that turns a request into ledger entries. Acks of finished requests travel in
-the same atomic call as their callback's output; a failed call's batch goes back in front: nothing is dropped.
+"""What one worker holds and owes the shared frontier (an I/O-free :class:`Ledger`, methods take ``now``),
+and the :class:`RequestEncoder` that turns a request into ledger entries.
 """
 
 from __future__ import annotations
@@ -86,10 +85,9 @@ class Applied:
 def split_calls(
     out: list[Outgoing], shards: int, settle: list[int], max_records: int = CALL_RECORDS, max_calls: int = 1
 ) -> tuple[list[list[Outgoing]], list[int], list[Outgoing]]:
-    """How a round's discovered requests go into calls: one call per shard (index = shard), then up to
-    ``max_calls - 1`` more calls of ``max_records`` to a shard with more. A shard's first call also settles
-    ``settle[shard]`` leases, acks and renewals, so it takes fewer (at least :data:`SETTLE_MIN_RECORDS`).
-    Returns each call's requests, each call's shard, and what is left."""
+    """Each call's requests, each call's shard, and what is left: one call per shard (index = shard), then
+    up to ``max_calls - 1`` more calls of ``max_records`` to a shard with more. A shard's first call also
+    settles ``settle[shard]`` leases, acks and renewals, so it takes fewer."""
     sent: list[list[Outgoing]] = [[] for _ in range(shards)]
     shard_of = list(range(shards))
     filling, calls = list(range(shards)), [1] * shards  # per shard: the call being filled, calls used
@@ -122,14 +120,12 @@ class AckRiders:
         self.items_of: Callable[[Request], list[bytes | str]] | None = None
 
     def collect(self, request: Request, lease: Lease) -> None:
-        if self.items_of is not None:
-            items = self.items_of(request)
-            if items:
-                self.items.setdefault(lease, []).extend(items)
-        if self.revisit_of is not None:
-            revisit = self.revisit_of(request, lease)
-            if revisit is not None:
-                self.revisits[lease] = revisit
+        items = self.items_of(request) if self.items_of is not None else None
+        if items:
+            self.items.setdefault(lease, []).extend(items)
+        revisit = self.revisit_of(request, lease) if self.revisit_of is not None else None
+        if revisit is not None:
+            self.revisits[lease] = revisit
 
     def ack(self, batch: SyncBatch, lease: Lease) -> None:
         revisit = self.revisits.pop(lease, None)
@@ -229,15 +225,11 @@ class Ledger:
 
     def release(self, requests: list[Request], now: float) -> int:
         """Give back the leases of handed ``requests`` the engine will not start; how many."""
-        given = 0
-        for request in requests:
-            lease = self.handed.pop(request, None)
-            if lease is not None:
-                self.releases.append(lease)
-                given += 1
+        given = [self.handed.pop(r) for r in requests if r in self.handed]
+        self.releases += given
         if given:
             self._mark(now)
-        return given
+        return len(given)
 
     def release_all(self, now: float) -> None:
         """At close: unstarted and unfinished work goes straight back to the queue."""
@@ -270,11 +262,9 @@ class Ledger:
                     return False
         return True
 
-    def has_writes(self) -> bool:
-        return bool(self.out or self.delays or self.dead or self.rejects or self.penalties or self.forgets)
-
     def owes(self) -> bool:
-        return bool(self.has_writes() or self.releases or self.acks or self.acks_new or self.acks_waiting)
+        return bool(self.out or self.delays or self.dead or self.rejects or self.penalties or self.forgets
+                    or self.releases or self.acks or self.acks_new or self.acks_waiting)
 
     def busy(self) -> bool:
         """Whether this worker has work of its own: buffered, in the engine, or to send."""

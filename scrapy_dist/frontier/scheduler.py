@@ -17,6 +17,7 @@ from scrapy import signals
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler, load_object
+from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_dist.dupefilter import RedisDupeFilter
 from scrapy_dist.egress import checked_request, enforce
@@ -24,7 +25,7 @@ from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
 from scrapy_dist.frontier.engine import EngineView, FeedBarrier, Revisits
-from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter, crawl_fingerprinter
+from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter
 from scrapy_dist.frontier.ledger import Ledger, RequestEncoder
 from scrapy_dist.frontier.orders import DomainLimits, DomainPenalties
 from scrapy_dist.frontier.shard import Frontier, RequestDecoder
@@ -250,7 +251,10 @@ class Scheduler:
             if self._batched_df:
                 self.df.keys = self.keys
         if self.router.fingerprinter is None and self.crawler is not None:
-            self.router.fingerprinter = crawl_fingerprinter(self.crawler)
+            try:
+                self.router.fingerprinter = self.crawler.request_fingerprinter
+            except (AttributeError, RuntimeError):  # none yet: Scrapy's default one
+                self.router.fingerprinter = RequestFingerprinter(self.crawler)
         client = self._client(sync=True)
         try:
             connection.check_reachable(client, settings)
@@ -283,7 +287,7 @@ class Scheduler:
             if released or loop.released_at_close:
                 self.report.released(reason, released - len(self.ledger.releases) + loop.released_at_close)
         if not self.config.persist and reason == "finished" and self.redis is not None:
-            await self.layout.finish(self.redis, self.worker_id, self.config.lease_seconds)
+            await self.layout.finish(self.redis, self.worker_id)
         if hasattr(self.df, "close"):
             self.df.close(reason)
         if self._batched_df and hasattr(self, "layout"):  # opened
@@ -380,7 +384,13 @@ class Scheduler:
             self.loop.wake()
 
     def _starts_now(self, request: Request) -> bool:
-        return queue.sends_now(request, self.ledger, self.loop, self.config.concurrent_requests)
+        """Whether ``request`` is a start request Scrapy's engine would send at once: nothing is queued
+        crawl-wide as far as this worker knows, and it has room."""
+        loop = self.loop
+        if not request.meta.get("is_start_request") or loop is None or loop.paused or loop.local_pause:
+            return False
+        queued = loop.state.queued if loop.state is not None else loop.backlog
+        return not queued and self.ledger.starts_now(self.config.concurrent_requests)
 
 
 class NoStats:

@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 SEQ_BYTES = 6
 #: with crawl-wide politeness, members start with "<domain>\0" and an 11-digit priority key
 PRIORITY_KEY_BYTES = 11
-#: records in one queue chunk (``CHUNK_RECORDS`` in lua/sync_common.lua): a chunk claiming more is rejected
-CHUNK_RECORDS = 16
 
 
 def domain_shard(domain: str, shards: int) -> int:
@@ -68,34 +66,13 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
     return await collect() == first
 
 
-def queue_singles(member: bytes) -> list[bytes]:
-    """The entries (``6-byte seq + payload``, as leased) inside one member of the queue ZSET: a member
-    whose 7th byte is ``\\0`` is a chunk of records ``<2-byte length><6-byte seq><payload>``, anything
-    else one entry (``chunk_singles`` in ``lua/sync_common.lua``, but lenient). For tools and tests."""
-    if len(member) < 7 or member[6] != 0:
-        return [member]
-    out, p = [], 7
-    while p < len(member):
-        if p + 2 > len(member):
-            out.append(member[p:])
-            break
-        n = int.from_bytes(member[p : p + 2], "big")
-        if p + 2 + SEQ_BYTES + n > len(member):
-            out.append(member[p:])
-            break
-        out.append(member[p + 2 : p + 2 + SEQ_BYTES + n])
-        p += 2 + SEQ_BYTES + n
-    return out
-
-
 #: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
 LEASE_MARK = b"\0\xff"
 
 
 def lease_parts(key: bytes) -> tuple[bytes, bytes | None, bytes | None]:
-    """A lease key (the queue member followed by its tag, lua/sync_sweep.lua) as ``(member, score,
-    worker id)``; ``score`` and ``worker`` are None for a key without a tag (an older lease, its own
-    member) or a tag without a space."""
+    """A lease key (the queue member followed by its tag) as ``(member, score, worker id)``; ``score`` and
+    ``worker`` are None for a key without a tag (an older lease) or a tag without a space."""
     size = len(key)
     if size >= 6:
         at = size - 4 - int.from_bytes(key[-2:], "big")
@@ -175,8 +152,6 @@ class SyncResult:
     items_refused: int = 0
     acks_refused: int = 0
 
-
-# -- the wire layout of lua/sync.lua, declared here only: :func:`sync_prelude` writes it as Lua tables ---
 
 #: KEYS of a sync call, in order, with the Redis type the script keeps there (another type is moved aside);
 #: then the dupefilter's keys
@@ -359,7 +334,6 @@ class Frontier:
         self._rng = random.Random()
         self._script = scripts.Library(self.redis, "sync", sync_prelude(), self.functions)
         self._fixed_keys = [getattr(self.keys, name) for name, _ in SYNC_KEYS]
-        #: the keys that hold requests (see SyncResult.work_repaired)
         self._work_keys = frozenset((self.keys.queue, self.keys.leases, self.keys.delayed))
 
     def _head(self, batch: SyncBatch, now: float | None, mode: str) -> list[Any]:
@@ -376,9 +350,8 @@ class Frontier:
         return [head[name] for name in SYNC_HEAD]
 
     async def sync(self, batch: SyncBatch, now: float | None = None) -> SyncResult:
-        """Send ``batch`` in one atomic script call (retried with more bloom keys if the chain grew).
-
-        Raises :class:`FrontierStateError` when the script refused to write (see its ``reason``)."""
+        """Send ``batch`` in one atomic script call (retried with more bloom keys if the chain grew); raises
+        :class:`FrontierStateError` when the script refused to write."""
         df = self.dupefilter
         body = encode_sync_sections(batch, time.time() if now is None else now, self._polite)
         for _ in range(64):
@@ -397,8 +370,7 @@ class Frontier:
             result = decode_sync_result(raw, len(batch.enqueue))
             if df is not None:
                 df.observe(result.bloom_n)
-            if result.repaired:
-                result.work_repaired = not self._work_keys.isdisjoint(result.repaired)
+            result.work_repaired = not self._work_keys.isdisjoint(result.repaired)
             return result
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
 
