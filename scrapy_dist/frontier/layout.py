@@ -64,19 +64,20 @@ def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -
     return "write" if theirs < ours else None
 
 
+@dataclass(eq=False)
 class CrawlLayout:
     """The shards of one crawl (``keys.shards(n)``) and the dupefilter of each."""
 
-    def __init__(self, keys: CrawlKeys, dupefilter: Any, shards: int = 1, politeness: str = "process",
-                 lease_seconds: float = 60.0) -> None:
-        self.keys = keys
-        self.lease_seconds = lease_seconds  # a worker seen within it counts as running
-        self.df = dupefilter
-        self.shards = shards
-        self.politeness = politeness
-        self.shard_keys = keys.shards(shards)  # shard 0 is the crawl's own keys
-        self.shard_dfs: list[Any] = [dupefilter]
-        self.paused = False  # the crawl-wide pause flag when this worker joined
+    keys: CrawlKeys
+    df: Any
+    shards: int = 1
+    politeness: str = "process"
+    lease_seconds: float = 60.0  # a worker seen within it counts as running
+    paused: bool = False  # the crawl-wide pause flag when this worker joined
+
+    def __post_init__(self) -> None:
+        self.shard_keys = self.keys.shards(self.shards)  # shard 0 is the crawl's own keys
+        self.shard_dfs: list[Any] = [self.df]
 
     def open(self, client: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
         """Join the crawl (cleared first with ``flush_on_start``); its backlog."""

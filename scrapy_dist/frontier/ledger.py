@@ -8,7 +8,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.httpobj import urlparse_cached
@@ -390,26 +390,24 @@ class Ledger:
             self._mark(now)
 
 
+@dataclass(eq=False)
 class RequestEncoder:
     """A request filtered, encoded under the crawl's entry policy, scored and routed to its shard. No I/O."""
 
-    def __init__(
-        self, dupefilter: Any, order: orders.QueueOrder, router: ShardRouter, report: FrontierReport,
-        policy: EntryPolicy, domain_limits: orders.DomainLimits | None = None, *, batched: bool = False,
-        polite: bool = False,
-    ) -> None:
-        self.df = dupefilter
-        self.order = order
-        self.router = router
-        self.report = report
-        self.policy = policy
-        self.domain_limits = domain_limits
-        self.batched = batched  # a scrapy-dist dupefilter: fingerprints are checked in the sync call
-        self.polite = polite
-        self.spider: Spider | None = None
-        self.recent = RecentFingerprints()  # fingerprints this process sent lately: seen crawl-wide
-        self.record_start = False  # SEEDS_RECORD_FINGERPRINT
-        self.forget_dead = False  # DEADLETTER_FORGET
+    df: Any
+    order: orders.QueueOrder
+    router: ShardRouter
+    report: FrontierReport
+    policy: EntryPolicy
+    domain_limits: orders.DomainLimits | None = None
+    _: KW_ONLY
+    batched: bool = False  # a scrapy-dist dupefilter: fingerprints are checked in the sync call
+    polite: bool = False
+    spider: Spider | None = None
+    #: fingerprints this process sent lately: seen crawl-wide
+    recent: RecentFingerprints = field(default_factory=RecentFingerprints)
+    record_start: bool = False  # SEEDS_RECORD_FINGERPRINT
+    forget_dead: bool = False  # DEADLETTER_FORGET
 
     def forgotten(self, request: Request, shard_dfs: list[Any]) -> tuple[int, tuple[Any, Any]]:
         shard = self.router.shard(request)
@@ -433,8 +431,7 @@ class RequestEncoder:
             self.filtered(request)
             return []
         payload = self.encode(request) or b""  # b"": deduped only, then crawled by this worker
-        t1: Any = ""
-        t2: Any = ""
+        t1 = t2 = ""
         fp: bytes | None = None
         if self.batched and not request.dont_filter:
             fp = self.df.fingerprint(request)

@@ -66,8 +66,7 @@ def get_scheduler(crawler: Crawler) -> Scheduler | None:
 
 class Scheduler:
     """Scrapy scheduler backed by a Redis frontier shared by every worker of the crawl. Like Scrapy's own,
-    it can be built from a dupefilter alone: the keys then come from the spider's name at :meth:`open`,
-    and Redis from ``$REDIS_URL`` or the embedded default."""
+    it can be built from a dupefilter alone (keys from the spider's name at :meth:`open`)."""
 
     def __init__(
         self, dupefilter: Any, keys: CrawlKeys | None = None, redis_settings: Any = None, *,
@@ -213,16 +212,13 @@ class Scheduler:
             self.redis, self.worker_id, cfg, self.order.sequence, batched=self._batched_df,
             limits_bound=self.encoder.domain_limits.bound() if self.encoder.domain_limits else "",
         )
+        check = functools.partial(checked_request, networks=self.networks, stats=self.stats)
         self.loop = SyncLoop(
-            self.ledger, self.router, self.frontiers, self.engine,
-            decode=RequestDecoder(
-                self.spider, self.policy, cfg.politeness == "cluster",
-                check=functools.partial(checked_request, networks=self.networks, stats=self.stats),
-            ),
-            on_applied=self.report.applied, prefetch=cfg.prefetch,
-            flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
-            lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self.encoder.recent.clear,
-            on_forget=self.encoder.recent.clear,
+            self.ledger, self.router, self.frontiers, self.engine, on_applied=self.report.applied,
+            decode=RequestDecoder(self.spider, self.policy, cfg.politeness == "cluster", check),
+            prefetch=cfg.prefetch, flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch,
+            idle_poll=cfg.idle_poll, lease_seconds=cfg.lease_seconds, outage=self.outage,
+            on_outage=self.encoder.recent.clear, on_forget=self.encoder.recent.clear,
             idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
         )
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
@@ -332,8 +328,7 @@ class Scheduler:
         request = ledger.hand_out(self.engine.slot_load if self.config.downloader_aware else None)
         if request is None:
             self._wake()
-            return None
-        if not local:
+        elif not local:
             self.stats.inc_value("scheduler/dequeued/redis")
             self.stats.inc_value("scheduler/dequeued")
             if len(ledger.ready) < self.config.prefetch // 2:
@@ -363,16 +358,14 @@ class Scheduler:
         """Whether every request enqueued before ``mark`` (monotonic) is in Redis."""
         return self.loop is not None and self.loop.drained_at > mark
 
-    def pause(self) -> None:
-        """Stop handing out requests from this worker (crawl-wide pause is the ``paused`` control flag)."""
-        self._local_pause = True
+    def pause(self, paused: bool = True) -> None:
+        """Stop (or go on) handing out requests from this worker; crawl-wide, the ``paused`` control flag."""
+        self._local_pause = paused
         if self.loop is not None:
-            self.loop.local_pause = True
+            self.loop.local_pause = paused
 
     def resume(self) -> None:
-        self._local_pause = False
-        if self.loop is not None:
-            self.loop.local_pause = False
+        self.pause(False)
         self.engine.wake()
 
     def penalize_domain(self, domain: str, seconds: float) -> None:
