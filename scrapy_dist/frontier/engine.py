@@ -200,7 +200,7 @@ def _add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
     """Put ``mw`` first in the running downloader's middleware chain; False if it cannot be found."""
     manager = getattr(getattr(crawler.engine, "downloader", None), "middleware", None)
     methods = getattr(manager, "methods", None)
-    if manager is None or not isinstance(methods, dict):
+    if not isinstance(methods, dict):
         return False
     for name, first in (("process_request", True), ("process_response", False), ("process_exception", False)):
         method = getattr(mw, name, None)
@@ -298,9 +298,8 @@ class ItemOutbox:
 
 
 def attach(scheduler: Scheduler, route: ItemRoute) -> ItemOutbox | None:
-    """Make ``scheduler``'s acks carry the items of their pages to ``route``; the outbox to stage them in,
-    or None when the frontier is not open, or the items key lives in another cluster hash slot than a
-    shard's keys (on a cluster, items ride the acks only with one shard and ``{spider}:items``)."""
+    """Make ``scheduler``'s acks carry the items of their pages to ``route``; the outbox to stage them in, or
+    None when the frontier is not open or the items key lives in another cluster hash slot than a shard's."""
     if not scheduler.frontiers:
         return None
     if is_cluster(scheduler.redis):

@@ -329,10 +329,8 @@ class Ledger:
         self.best_out = min((e.score for e in self.out), default=math.inf)
         self.riders.restore(shard, batch)
         self.acks = [(shard, m) for m in batch.ack] + [(shard, m) for m, _, _ in batch.revisit] + self.acks
-        self.delays = [
-            Delay(score, payload, not_before, domain=domain, limits=limits, shard=shard)
-            for score, payload, not_before, domain, limits in batch.delay
-        ] + self.delays
+        delays = [Delay(*d[:3], domain=d[3], limits=d[4], shard=shard) for d in batch.delay]
+        self.delays = delays + self.delays
         self.rejects = [((shard, m), record) for m, record in batch.reject] + self.rejects
         self.releases = [(shard, m) for m in batch.release] + self.releases
         self.dead = batch.dead + self.dead
@@ -346,7 +344,7 @@ class Ledger:
     ) -> Applied:
         """Take in one call's answer: which discovered requests were new, what was leased. Whatever
         ``decode(shard, member)`` raises, the entry is rejected: one entry can never stop a worker."""
-        applied = Applied(acked=len(batch.ack) + len(batch.revisit))
+        applied = Applied(leased=len(result.leased), acked=len(batch.ack) + len(batch.revisit))
         shard = self.call_shards[call]
         for entry, new in zip(self._sent[call], result.new, strict=True):
             if entry.record_only:
@@ -375,7 +373,6 @@ class Ledger:
                 self.ready.push(score, request, lease)
         for lease, why in applied.rejected:
             self.reject(lease, why, now)
-        applied.leased = len(result.leased)
         return applied
 
     def finish_round(self, landed: bool, now: float) -> None:

@@ -435,8 +435,7 @@ def requeue_payload(
     entry with the same nonce (requeued twice, fetched once); an unsigned one stays unsigned."""
     d = codec.load_payload(payload, max_bytes)
     codec.check_url(d.get("u"), allowed_schemes)
-    version = codec.split_payload(payload, max_bytes)[0]
-    signed = policy.secret is not None and version != codec.VERSION
+    signed = policy.secret is not None and codec.split_payload(payload, max_bytes)[0] != codec.VERSION
     if signed and not policy.bound(kind=DEAD).verify(payload):
         raise RejectedEntry(
             "bad_tag", "its tag does not verify as a dead letter of this crawl (another crawl or secret)"
@@ -455,8 +454,7 @@ def requeue_payload(
 
 
 def reason_matches(reason: str, wanted: str) -> bool:
-    """Whether a record's ``reason`` is ``wanted``, case-insensitively: the exact reason, or the last
-    dotted part of an exception name (``DownloadTimeoutError`` matches
-    ``scrapy.exceptions.DownloadTimeoutError``)."""
+    """Whether a record's ``reason`` is ``wanted``, case-insensitively: the exact reason, or the last dotted
+    part of an exception name (``TimeoutError`` matches ``twisted.internet.error.TimeoutError``)."""
     r, w = reason.lower(), wanted.lower()
     return r == w or r.rsplit(".", 1)[-1] == w

@@ -293,7 +293,6 @@ class Scheduler:
             await self.layout.leave_unmonitored(self.redis, self.worker_id)
             await self.redis.aclose()
 
-    # -- Scrapy's scheduler interface (reactor thread, no I/O) ---------------------------------------
     def has_pending_requests(self) -> bool:
         loop = self.loop
         if self.ledger.busy() or (loop is not None and loop.in_sync) or self.paused or self._local_pause:
@@ -339,7 +338,6 @@ class Scheduler:
         ledger, st = self.ledger, self.frontier_status or {}
         return len(ledger.ready) + len(ledger.local) + len(ledger.out) + st.get("queued", 0)
 
-    # -- services for other scrapy-dist components -----------------------------------------------------
     def delay_request(self, request: Request, not_before: float, reason: str = "") -> bool:
         """Put ``request`` in the delayed set until ``not_before`` (unix time), with the failed one's ack."""
         entry = self.encoder.delayed(request, not_before)
