@@ -200,7 +200,7 @@ def _add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
     """Put ``mw`` first in the running downloader's middleware chain; False if it cannot be found."""
     manager = getattr(getattr(crawler.engine, "downloader", None), "middleware", None)
     methods = getattr(manager, "methods", None)
-    if not isinstance(methods, dict):
+    if manager is None or not isinstance(methods, dict):
         return False
     for name, first in (("process_request", True), ("process_response", False), ("process_exception", False)):
         method = getattr(mw, name, None)

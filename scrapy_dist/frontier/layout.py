@@ -228,16 +228,6 @@ class CrawlLayout:
 
 
 @dataclass(frozen=True)
-class ShardState:
-    """One shard's last answer: crawl-wide counts and its sequence counter."""
-
-    queued: int
-    inflight: int
-    delayed: int
-    seq: int
-
-
-@dataclass(frozen=True)
 class FrontierState:
     """The crawl-wide frontier after a round that reached every shard."""
 
@@ -262,8 +252,9 @@ class ShardRouter:
         self.shards = shards
         self.fingerprinter = fingerprinter
         self.by_domain = by_domain  # route by host: a domain's queue, limits and fingerprints on one shard
-        self.states: list[ShardState | None] = [None] * shards
-        self._last_snapshot: tuple[ShardState | None, ...] | None = None
+        #: each shard's last answer: (queued, inflight, delayed, its sequence counter)
+        self.states: list[tuple[int, int, int, int] | None] = [None] * shards
+        self._last_snapshot: tuple[tuple[int, int, int, int] | None, ...] | None = None
         self._repaired_at: float | None = None
 
     def shard(self, request: Request, fingerprint: bytes | None = None) -> int:
@@ -284,7 +275,7 @@ class ShardRouter:
         n = self.shards
         if n == 1 or want <= 0:
             return [want] + [0] * (n - 1)
-        queued = [st.queued if st is not None else 0 for st in self.states]
+        queued = [st[0] if st is not None else 0 for st in self.states]
         total = sum(queued)
         if total == 0:
             base, extra = divmod(want, n)
@@ -292,7 +283,7 @@ class ShardRouter:
         return [max(1, want * q // total) if q else 0 for q in queued]
 
     def observe(self, shard: int, result: SyncResult, now: float | None = None) -> None:
-        self.states[shard] = ShardState(result.queued, result.inflight, result.delayed, result.seq)
+        self.states[shard] = (result.queued, result.inflight, result.delayed, result.seq)
         if result.work_repaired:
             self._repaired_at = time.monotonic() if now is None else now
 
@@ -301,13 +292,9 @@ class ShardRouter:
 
     def settle(self, now: float | None = None) -> FrontierState:
         """The crawl-wide state; with shards, empty twice with no sequence counter moved in between."""
-        states = self.states
-        queued, inflight, delayed = (
-            sum(getattr(st, name) for st in states if st is not None)
-            for name in ("queued", "inflight", "delayed")
-        )
+        queued, inflight, delayed = (sum(st[i] for st in self.states if st is not None) for i in range(3))
         empty = not (queued or inflight or delayed)
-        snapshot = tuple(states)
+        snapshot = tuple(self.states)
         confirmed = empty if self.shards == 1 else empty and snapshot == self._last_snapshot
         self._last_snapshot = snapshot if empty else None
         if confirmed and self._repaired_at is not None:
