@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import fnmatch
 import heapq
 import itertools
@@ -16,7 +15,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -372,7 +371,7 @@ class DeadLetter:
     payload: bytes | None
 
     def as_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("raw", "payload")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("raw", "payload")}
         d["request"] = base64.b64encode(self.payload).decode("ascii") if self.payload is not None else None
         return d
 
