@@ -11,7 +11,7 @@ import os
 import secrets
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import signals
 from scrapy.dupefilters import BaseDupeFilter
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.shard import SyncResult
 
 logger = logging.getLogger(__name__)
+S = TypeVar("S", bound="Scheduler")
 
 
 def make_worker_id() -> str:
@@ -128,7 +129,7 @@ class Scheduler:
         """The scheduler of ``crawler``; if the crawl's start is (or gets) refused, one that opens nothing."""
         if start_error(crawler) is None:
             try:
-                sched = cls._wired(crawler)
+                sched = _wired(cls, crawler)
             except ScrapyDistError as exc:
                 refuse_start(crawler, exc)
             else:
@@ -136,32 +137,6 @@ class Scheduler:
                     return sched
         sched = cls(BaseDupeFilter(), None, crawler=crawler)
         sched.refused = True
-        return sched
-
-    @classmethod
-    def _wired(cls, crawler: Crawler) -> Self:
-        ds = DistSettings.for_crawler(crawler)
-        cfg = ds.scheduler
-        dupefilter = build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
-        qcls: Any = queue.ALIASES.get(cfg.queue_class) or load_object(cfg.queue_class)
-        try:
-            keys: CrawlKeys | None = crawler_keys(crawler)
-        except ValueError:  # no spider name yet (a harness that builds the scheduler first): at open()
-            keys = None
-        sched = cls(
-            dupefilter, keys, ds, crawler=crawler, config=cfg, order=qcls(), stats=crawler.stats,
-            engine=EngineView(crawler), outage=Outage.for_crawler(crawler), policy=entry_policy(crawler),
-            domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
-        )
-        sched.revisits = Revisits.from_crawler(crawler)
-        sched.revisits.policy = sched.policy if keys is not None else None
-        sched.ledger.riders.revisit_of = sched.revisits.plan
-        sched.encoder.forget_dead = ds.dupefilter.forget_dead
-        sched.networks = enforce(crawler, cfg.deny_networks)  # holds without the add-on too
-        sched.encoder.record_start = sched._batched_df and ds.seeds.record_fingerprint
-        if cfg.politeness == "cluster":
-            crawler.signals.connect(sched.penalties.response_received, signal=signals.response_received)
-        sched.components = _engine.run_components(crawler, ds)
         return sched
 
     @property
@@ -382,6 +357,32 @@ class Scheduler:
             return False
         queued = loop.state.queued if loop.state is not None else loop.backlog
         return not queued and self.ledger.starts_now(self.config.concurrent_requests)
+
+
+def _wired(cls: type[S], crawler: Crawler) -> S:
+    ds = DistSettings.for_crawler(crawler)
+    cfg = ds.scheduler
+    dupefilter = build_from_crawler(load_object(crawler.settings["DUPEFILTER_CLASS"]), crawler)
+    qcls: Any = queue.ALIASES.get(cfg.queue_class) or load_object(cfg.queue_class)
+    try:
+        keys: CrawlKeys | None = crawler_keys(crawler)
+    except ValueError:  # no spider name yet (a harness that builds the scheduler first): at open()
+        keys = None
+    sched = cls(
+        dupefilter, keys, ds, crawler=crawler, config=cfg, order=qcls(), stats=crawler.stats,
+        engine=EngineView(crawler), outage=Outage.for_crawler(crawler), policy=entry_policy(crawler),
+        domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
+    )
+    sched.revisits = Revisits.from_crawler(crawler)
+    sched.revisits.policy = sched.policy if keys is not None else None
+    sched.ledger.riders.revisit_of = sched.revisits.plan
+    sched.encoder.forget_dead = ds.dupefilter.forget_dead
+    sched.networks = enforce(crawler, cfg.deny_networks)  # holds without the add-on too
+    sched.encoder.record_start = sched._batched_df and ds.seeds.record_fingerprint
+    if cfg.politeness == "cluster":
+        crawler.signals.connect(sched.penalties.response_received, signal=signals.response_received)
+    sched.components = _engine.run_components(crawler, ds)
+    return sched
 
 
 class NoStats:
