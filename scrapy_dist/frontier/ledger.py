@@ -277,9 +277,8 @@ class Ledger:
         atomic call: when every write of this round is in the call that carries it; else it waits in
         ``acks_waiting`` until :meth:`finish_round`, or in ``acks_new`` while requests are left behind."""
         n = self.shards
-        settle = [0] * n  # what the first call of each shard settles besides its discovered requests
-        for i, leases in enumerate(lease_counts[:n]):
-            settle[i] += leases
+        # what the first call of each shard settles besides its discovered requests
+        settle = [lease_counts[i] if i < len(lease_counts) else 0 for i in range(n)]
         for shard, _ in itertools.chain(self.acks, self.acks_new, self.held if renew else ()):
             settle[shard] += 1
         sent, shard_of, left = split_calls(self.out, n, settle, max_records, max_calls)
@@ -300,15 +299,14 @@ class Ledger:
         for shard, member in self.acks:
             self.riders.ack(batches[shard], (shard, member))
         writes = {i for i, b in enumerate(batches) if b.enqueue or b.delay or b.dead or b.forget}
-        waiting, held_new = [], []
+        held_new, self.acks_waiting = [], []
         for shard, member in self.acks_new:
             if left:
                 held_new.append((shard, member))
             elif writes <= {shard}:
                 self.riders.ack(batches[shard], (shard, member))
             else:
-                waiting.append((shard, member))
-        self.acks_waiting = waiting
+                self.acks_waiting.append((shard, member))
         if renew:
             for shard, member in self.held:
                 batches[shard].renew.append(member)

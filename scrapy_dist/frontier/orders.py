@@ -104,8 +104,7 @@ class LeasedBuffer:
         heapq.heappush(self._heap, (score, next(self._count), request, lease))
 
     def pop(self) -> tuple[Request, Lease]:
-        _, _, request, lease = heapq.heappop(self._heap)
-        return request, lease
+        return heapq.heappop(self._heap)[2:]
 
     def pop_least_loaded(self, load: Callable[[Request], int]) -> tuple[Request, Lease]:
         """The best request of the least busy download slot (Scrapy's ``DownloaderAwarePriorityQueue``)."""
@@ -113,7 +112,7 @@ class LeasedBuffer:
         best = min(range(len(heap)), key=lambda i: (load(heap[i][2]), heap[i][0], heap[i][1]))
         entry = heap.pop(best)
         heapq.heapify(heap)
-        return entry[2], entry[3]
+        return entry[2:]
 
     def best_score(self) -> float:
         return self._heap[0][0] if self._heap else math.inf
