@@ -97,7 +97,6 @@ class CrawlLayout:
         pipe.hmget(keys.control, ["politeness", "shards", "format", "paused"])
         mode, shards, recorded, paused = pipe.execute()[-1]
         self.paused = paused == b"1"
-        mode = None if mode is None else mode.decode(errors="replace")
         secs, micros = client.time()  # the clock heartbeats are written with (not pipelined: Cluster)
         try:
             running = client.zcount(keys.workers, secs + micros / 1e6 - self.lease_seconds, "+inf")
@@ -110,9 +109,9 @@ class CrawlLayout:
                 f"{keys.control!r} holds an invalid shards field"
                 f" {shards[:40].decode(errors='replace')!r}; start afresh (SCHEDULER_FLUSH_ON_START)"
             )
-        if mode is not None and mode != self.politeness:
+        if mode is not None and mode.decode(errors="replace") != self.politeness:
             raise ScrapyDistError(
-                f"The crawl {keys.spider!r} runs with SCHEDULER_POLITENESS={mode!r};"
+                f"The crawl {keys.spider!r} runs with SCHEDULER_POLITENESS={mode.decode(errors='replace')!r};"
                 f" this worker has {self.politeness!r}. Use the crawl's mode, or start afresh"
                 " (SCHEDULER_FLUSH_ON_START)."
             )

@@ -453,6 +453,6 @@ def requeue_payload(
 
 def reason_matches(reason: str, wanted: str) -> bool:
     """Whether a record's ``reason`` is ``wanted``, case-insensitively: the exact reason, or the last dotted
-    part of an exception name (``TimeoutError`` matches ``twisted.internet.error.TimeoutError``)."""
+    part of an exception name (``DownloadTimeoutError`` for ``scrapy.exceptions.DownloadTimeoutError``)."""
     r, w = reason.lower(), wanted.lower()
     return r == w or r.rsplit(".", 1)[-1] == w
