@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from scrapy_dist.frontier.shard import LEASE_MARK
+from scrapy_dist.frontier.shard import LEASE_MARK, SEQ_BYTES
 
 T = TypeVar("T")
 
@@ -132,3 +132,23 @@ async def open_bloom_scheduler(
     sched = Scheduler.from_crawler(crawler)
     await sched.open_async(crawler.spider, start=False)
     return sched
+
+
+def queue_singles(member: bytes) -> list[bytes]:
+    """The entries (``6-byte seq + payload``, as leased) inside one member of the queue ZSET: a member
+    whose 7th byte is ``\\0`` is a chunk of records ``<2-byte length><6-byte seq><payload>``, anything
+    else one entry (``chunk_singles`` in ``lua/sync_common.lua``, but lenient)."""
+    if len(member) < 7 or member[6] != 0:
+        return [member]
+    out, p = [], 7
+    while p < len(member):
+        if p + 2 > len(member):
+            out.append(member[p:])
+            break
+        n = int.from_bytes(member[p : p + 2], "big")
+        if p + 2 + SEQ_BYTES + n > len(member):
+            out.append(member[p:])
+            break
+        out.append(member[p + 2 : p + 2 + SEQ_BYTES + n])
+        p += 2 + SEQ_BYTES + n
+    return out

@@ -12,12 +12,13 @@ import pytest
 import redis
 from click.testing import CliRunner
 from crawlproject import make_project
+from helpers import queue_singles
 from scrapy import Request, Spider
 from test_retry import E2E_SETTINGS, SPIDERS, FailingSite, items
 
 from scrapy_dist.cli import main
 from scrapy_dist.frontier.orders import dead_letter_record, parse_record
-from scrapy_dist.frontier.shard import SEQ_BYTES, queue_singles
+from scrapy_dist.frontier.shard import SEQ_BYTES
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.wire.codec import decode_request
 

@@ -9,12 +9,13 @@ from typing import Any
 
 import msgpack
 import scrapy
+from helpers import queue_singles
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.orders import parse_record, requeue_payload
-from scrapy_dist.frontier.shard import SEQ_BYTES, queue_singles
+from scrapy_dist.frontier.shard import SEQ_BYTES
 from scrapy_dist.seeds import parse_seed, seed_request, spider_has_callback
 from scrapy_dist.wire.codec import EntryPolicy, decode_request
 

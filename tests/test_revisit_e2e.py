@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import redis
 from crawlproject import SPIDERS, make_project
-from helpers import wait_for
+from helpers import queue_singles, wait_for
 
-from scrapy_dist.frontier.shard import SEQ_BYTES, lease_member, queue_singles
+from scrapy_dist.frontier.shard import SEQ_BYTES, lease_member
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.wire.codec import load_payload
 

@@ -163,7 +163,7 @@ def test_a_revisit_travels_as_its_ack_and_survives_a_failed_round() -> None:
     req, other = Request("http://site.test/a"), Request("http://site.test/b")
     lease_a, lease_b = (0, b"\0\0\0\0\0\1\x01a"), (0, b"\0\0\0\0\0\2\x01b")
     ledger.handed = {req: lease_a, other: lease_b}
-    ledger.revisit_of = lambda r, lease: (60.0, b"") if r is req else None
+    ledger.riders.revisit_of = lambda r, lease: (60.0, b"") if r is req else None
     ledger.collect_finished((), now=1.0)
     (batch,) = ledger.take_batches([0], renew=False)
     assert batch.revisit == [(lease_a[1], 60.0, b"")] and batch.ack == [lease_b[1]]

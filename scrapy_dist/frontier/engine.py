@@ -1,8 +1,6 @@
-"""What the frontier takes from Scrapy's running crawler, and what rides a finished request's ack.
-
-The one place that reads ``engine._slot`` (a Scrapy upgrade that moves it is a one-file fix). Items
-(:class:`ItemOutbox`) and revisits (:class:`Revisits`, docs/continuous.md) ride the ack of their page in the
-same atomic ``sync`` call; local feed files are fsynced before it (:class:`FeedBarrier`).
+"""What the frontier takes from Scrapy's running crawler (the one place that reads ``engine._slot``), and
+what rides a finished request's ack: its items (:class:`ItemOutbox`) and revisit (:class:`Revisits`), with
+local feed files fsynced before it (:class:`FeedBarrier`).
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
@@ -25,9 +24,8 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.python.failure import Failure
 
 from scrapy_dist.exceptions import ReleasedAtClose
-from scrapy_dist.frontier.layout import member_prefix
 from scrapy_dist.frontier.orders import NOT_SET, RevisitRules
-from scrapy_dist.frontier.shard import lease_member
+from scrapy_dist.frontier.shard import lease_member, member_prefix
 from scrapy_dist.redis.connection import is_cluster
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import ADDON_LINE, COMPONENTS, Component, mentions
@@ -48,12 +46,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _slot(crawler: Any) -> Any:
+def _engine(crawler: Any) -> Any:
     try:
-        engine = crawler.engine
+        return crawler.engine
     except (AttributeError, RuntimeError):  # Crawler.engine raises until the crawl starts
         return None
-    return getattr(engine, "_slot", None)
+
+
+def _slot(crawler: Any) -> Any:
+    return getattr(_engine(crawler), "_slot", None)
 
 
 def inprogress(crawler: Any) -> Any:
@@ -68,16 +69,13 @@ def scheduler(crawler: Any) -> Any:
 
 def is_closing(crawler: Any) -> bool:
     """Whether the engine has started closing the spider."""
-    slot = _slot(crawler)
-    return slot is not None and getattr(slot, "closing", None) is not None
+    return getattr(_slot(crawler), "closing", None) is not None
 
 
 def locally_idle(crawler: Any) -> bool:
     """Whether the engine's own scheduler has nothing pending and its downloader nothing active."""
     slot = _slot(crawler)
-    if slot is None:
-        return True
-    return not slot.scheduler.has_pending_requests() and not crawler.engine.downloader.active
+    return slot is None or not (slot.scheduler.has_pending_requests() or crawler.engine.downloader.active)
 
 
 class Engine(Protocol):
@@ -110,17 +108,14 @@ class EngineView:
             nextcall.schedule()
 
     def close(self, reason: str) -> None:
-        engine = getattr(self.crawler, "engine", None)
+        engine = _engine(self.crawler)
         if engine is None or engine.spider is None or is_closing(self.crawler):
             return
         # keep a reference: the loop holds tasks weakly
         self._closing_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
 
     def slot_load(self, request: Any) -> int:
-        try:
-            downloader = self.crawler.engine.downloader
-        except (AttributeError, RuntimeError):
-            return 0
+        downloader = getattr(_engine(self.crawler), "downloader", None)
         if downloader is None:
             return 0
         slot = downloader.slots.get(downloader.get_slot_key(request))
@@ -218,7 +213,6 @@ def _add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
     return True
 
 
-# -- item output durable before its page's ack ------------------------------------------------------
 def feed_exporter(crawler: Crawler) -> Any:
     from scrapy.extensions.feedexport import FeedExporter
 
@@ -244,12 +238,11 @@ def _fsync_all(fds: list[int]) -> None:
             os.fsync(fd)
 
 
+@dataclass
 class FeedBarrier:
     """Flush and fsync the crawl's local feed files before each acknowledging round."""
 
-    def __init__(self, crawler: Crawler) -> None:
-        self.crawler = crawler
-        self.stats = crawler.stats
+    crawler: Crawler
 
     @classmethod
     def install(cls, crawler: Crawler, loop: SyncLoop) -> FeedBarrier | None:
@@ -281,8 +274,8 @@ class FeedBarrier:
                 fds.append(file.fileno())
         if fds:
             await asyncio.to_thread(_fsync_all, fds)
-            if self.stats is not None:
-                self.stats.inc_value("feeds/fsyncs")
+            if self.crawler.stats is not None:
+                self.crawler.stats.inc_value("feeds/fsyncs")
 
 
 class ItemOutbox:
@@ -305,9 +298,8 @@ class ItemOutbox:
 
 
 def attach(scheduler: Scheduler, route: ItemRoute) -> ItemOutbox | None:
-    """Make ``scheduler``'s acks carry the items of their pages to ``route``; the outbox to stage them in,
-    or None when the frontier is not open, or the items key lives in another cluster hash slot than a
-    shard's keys (on a cluster, items ride the acks only with one shard and ``{spider}:items``)."""
+    """Make ``scheduler``'s acks carry the items of their pages to ``route``; the outbox to stage them in, or
+    None when the frontier is not open or the items key lives in another cluster hash slot than a shard's."""
     if not scheduler.frontiers:
         return None
     if is_cluster(scheduler.redis):
@@ -322,7 +314,6 @@ def attach(scheduler: Scheduler, route: ItemRoute) -> ItemOutbox | None:
     return outbox
 
 
-# -- revisits ------------------------------------------------------------------------------------
 #: the meta key a request (or its callback) sets: seconds, or None to stop
 META_KEY = "revisit_after"
 #: validators longer than this are not stored (the page is revisited unconditionally)
@@ -367,25 +358,22 @@ def _middleware_enabled(settings: Any) -> bool:
     return False
 
 
+@dataclass(eq=False)
 class Revisits:
     """Whether and when a finished request is fetched again: a chain goes on while each fetch succeeds
     (below 400, or a conditional revisit's 304) and its callback neither raises nor sets ``revisit_after =
     None``. A scheduled revisit waits in a shard's delayed set (meta ``"<score> r"``)."""
 
-    def __init__(
-        self, rules: RevisitRules | None = None, conditional: bool = False, polite: bool = False,
-        policy: EntryPolicy | None = None, stats: Any = None, min_interval: float = 0.0,
-    ) -> None:
-        self.rules = rules or RevisitRules()
-        self.min_interval = min_interval
-        self.stopped = False  # the crawl was closed: no chain goes on
-        self.conditional = conditional
-        self.polite = polite
-        self.policy = policy
-        self.stats = stats
-        self.outcome: dict[Any, bool] = {}  # False: the callback raised, the chain stops
-        self.validators: dict[Any, dict[bytes, bytes]] = {}  # to carry into the revisit
-        self._warned = False
+    rules: RevisitRules = field(default_factory=RevisitRules)
+    conditional: bool = False
+    polite: bool = False
+    policy: EntryPolicy | None = None
+    stats: Any = None
+    min_interval: float = 0.0
+    stopped: bool = False  # the crawl was closed: no chain goes on
+    outcome: dict[Any, bool] = field(default_factory=dict)  # False: the callback raised, the chain stops
+    validators: dict[Any, dict[bytes, bytes]] = field(default_factory=dict)  # to carry into the revisit
+    _warned: bool = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -405,11 +393,9 @@ class Revisits:
             )
         return o
 
-    def _refiled(self, member: bytes, validators: dict[bytes, bytes] | None) -> bytes:
+    def _refiled(self, policy: EntryPolicy, member: bytes, validators: dict[bytes, bytes] | None) -> bytes:
         """The member a revisit files (b"": ``member`` itself), signed afresh: a new nonce, so that the sync
         script does not take it for the acknowledged entry."""
-        policy = self.policy
-        assert policy is not None
         try:
             prefix = member_prefix(member, self.polite)
             payload = member[len(prefix) :]
@@ -471,20 +457,16 @@ class Revisits:
 
     def plan(self, request: Request, lease: tuple[int, bytes]) -> tuple[float, bytes] | None:
         """When ``request`` is finished: ``(delay, new member or b"")`` to file it again, or None."""
-        ok = self.outcome.pop(request, None) and not self.stopped
+        ok = self.outcome.pop(request, None) and not self.stopped  # None: not fetched, or not wanted
         validators = self.validators.pop(request, None)
-        if not ok:
-            if ok is False:
-                self._count("revisit/stopped")
-            return None
-        delay = self.delay_for(request)
+        delay = self.delay_for(request) if ok else None
         if delay is None:
-            if META_KEY in request.meta:
+            if ok is False or (ok and META_KEY in request.meta):
                 self._count("revisit/stopped")
             return None
-        new = b""
-        if self.policy is not None and (self.policy.secret is not None or validators is not None):
-            new = self._refiled(lease_member(lease[1]), validators)
+        new, policy = b"", self.policy
+        if policy is not None and (policy.secret is not None or validators is not None):
+            new = self._refiled(policy, lease_member(lease[1]), validators)
         self._count("revisit/scheduled")
         return delay, new
 

@@ -1,6 +1,5 @@
-"""A crawl's layout in Redis: its shards, their keys and dupefilters (joined at start, removed at the end),
-which shard a request goes to (:class:`ShardRouter`), and the control hash ``{spider}:control``
-(docs/monitoring.md; untrusted: :func:`parse_control` ignores a garbage field and names it).
+"""A crawl's layout in Redis: its shards with their keys and dupefilters (joined at start, removed at the
+end), which shard a request goes to (:class:`ShardRouter`), and the control hash ``{spider}:control``.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from scrapy.utils.httpobj import urlparse_cached
-from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError, ShardingRefused
 from scrapy_dist.frontier import shard as _shard
@@ -66,19 +64,20 @@ def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -
     return "write" if theirs < ours else None
 
 
+@dataclass(eq=False)
 class CrawlLayout:
     """The shards of one crawl (``keys.shards(n)``) and the dupefilter of each."""
 
-    def __init__(self, keys: CrawlKeys, dupefilter: Any, shards: int = 1, politeness: str = "process",
-                 lease_seconds: float = 60.0) -> None:
-        self.keys = keys
-        self.lease_seconds = lease_seconds  # a worker seen within it counts as running
-        self.df = dupefilter
-        self.shards = shards
-        self.politeness = politeness
-        self.shard_keys = keys.shards(shards)  # shard 0 is the crawl's own keys
-        self.shard_dfs: list[Any] = [dupefilter]
-        self.paused = False  # the crawl-wide pause flag when this worker joined
+    keys: CrawlKeys
+    df: Any
+    shards: int = 1
+    politeness: str = "process"
+    lease_seconds: float = 60.0  # a worker seen within it counts as running
+    paused: bool = False  # the crawl-wide pause flag when this worker joined
+
+    def __post_init__(self) -> None:
+        self.shard_keys = self.keys.shards(self.shards)  # shard 0 is the crawl's own keys
+        self.shard_dfs: list[Any] = [self.df]
 
     def open(self, client: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
         """Join the crawl (cleared first with ``flush_on_start``); its backlog."""
@@ -147,10 +146,8 @@ class CrawlLayout:
             remembered += scripts.count(bloom_n) + scripts.count(live) + fps + expiring
         return pending, remembered
 
-    def frontiers(
-        self, redis: Any, worker_id: str, cfg: SchedulerSettings, sequence: str, *, batched: bool,
-        limits_bound: str = "",
-    ) -> list[_shard.Frontier]:
+    def frontiers(self, redis: Any, worker_id: str, cfg: SchedulerSettings, sequence: str, *, batched: bool,
+                  limits_bound: str = "") -> list[_shard.Frontier]:
         return [
             _shard.Frontier(
                 redis, keys, worker_id, df if batched else None, sequence=sequence,
@@ -184,7 +181,7 @@ class CrawlLayout:
                 for i in range(0, len(names), _DELETE_BATCH):
                     client.delete(*names[i : i + _DELETE_BATCH])
 
-    async def finish(self, redis: Any, worker_id: str, lease_seconds: float) -> None:
+    async def finish(self, redis: Any, worker_id: str) -> None:
         """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys."""
         keys = self.keys
         if self.shards > 1 and not await _shard.shards_idle(redis, self.shard_keys):
@@ -194,7 +191,7 @@ class CrawlLayout:
         first = [keys.workers, keys.queue, keys.leases, keys.delayed]
         deleted = await scripts.register(redis, "finish")(
             keys=first + [k for k in self.key_names(*layouts[0]) if k not in first],
-            args=[worker_id, repr(lease_seconds)],
+            args=[worker_id, repr(self.lease_seconds)],
         )
         if deleted:
             for shard_keys, df in layouts[1:]:
@@ -229,24 +226,6 @@ class CrawlLayout:
         }
 
 
-def crawl_fingerprinter(crawler: Any) -> Any:
-    """The crawl's request fingerprinter; Scrapy's default one where the crawler has none yet."""
-    try:
-        return crawler.request_fingerprinter
-    except (AttributeError, RuntimeError):
-        return RequestFingerprinter(crawler)
-
-
-@dataclass(frozen=True)
-class ShardState:
-    """One shard's last answer: crawl-wide counts and its sequence counter."""
-
-    queued: int
-    inflight: int
-    delayed: int
-    seq: int
-
-
 @dataclass(frozen=True)
 class FrontierState:
     """The crawl-wide frontier after a round that reached every shard."""
@@ -272,8 +251,9 @@ class ShardRouter:
         self.shards = shards
         self.fingerprinter = fingerprinter
         self.by_domain = by_domain  # route by host: a domain's queue, limits and fingerprints on one shard
-        self.states: list[ShardState | None] = [None] * shards
-        self._last_snapshot: tuple[ShardState | None, ...] | None = None
+        #: each shard's last answer: (queued, inflight, delayed, its sequence counter)
+        self.states: list[tuple[int, int, int, int] | None] = [None] * shards
+        self._last_snapshot: tuple[tuple[int, int, int, int] | None, ...] | None = None
         self._repaired_at: float | None = None
 
     def shard(self, request: Request, fingerprint: bytes | None = None) -> int:
@@ -294,7 +274,7 @@ class ShardRouter:
         n = self.shards
         if n == 1 or want <= 0:
             return [want] + [0] * (n - 1)
-        queued = [st.queued if st is not None else 0 for st in self.states]
+        queued = [st[0] if st is not None else 0 for st in self.states]
         total = sum(queued)
         if total == 0:
             base, extra = divmod(want, n)
@@ -302,7 +282,7 @@ class ShardRouter:
         return [max(1, want * q // total) if q else 0 for q in queued]
 
     def observe(self, shard: int, result: SyncResult, now: float | None = None) -> None:
-        self.states[shard] = ShardState(result.queued, result.inflight, result.delayed, result.seq)
+        self.states[shard] = (result.queued, result.inflight, result.delayed, result.seq)
         if result.work_repaired:
             self._repaired_at = time.monotonic() if now is None else now
 
@@ -311,13 +291,9 @@ class ShardRouter:
 
     def settle(self, now: float | None = None) -> FrontierState:
         """The crawl-wide state; with shards, empty twice with no sequence counter moved in between."""
-        states = self.states
-        queued, inflight, delayed = (
-            sum(getattr(st, name) for st in states if st is not None)
-            for name in ("queued", "inflight", "delayed")
-        )
+        queued, inflight, delayed = (sum(st[i] for st in self.states if st is not None) for i in range(3))
         empty = not (queued or inflight or delayed)
-        snapshot = tuple(states)
+        snapshot = tuple(self.states)
         confirmed = empty if self.shards == 1 else empty and snapshot == self._last_snapshot
         self._last_snapshot = snapshot if empty else None
         if confirmed and self._repaired_at is not None:
@@ -325,7 +301,6 @@ class ShardRouter:
         return FrontierState(queued, inflight, delayed, confirmed)
 
 
-# -- the control hash ----------------------------------------------------------------------------
 #: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
 CLOSE_AT_SLACK = 60.0
 MAX_SHARDS = 1024  # the most shards a control hash may record (more is garbage)
@@ -407,8 +382,7 @@ def report_problems(control_key: str, state: ControlState, log: logging.Logger =
 
 def move_aside_foreign(client: Any, control_key: str) -> bool:
     """Move a control hash of another Redis type aside to ``<key>:garbage`` (with a warning)."""
-    kind = client.type(control_key)
-    kind = kind.decode(errors="replace") if isinstance(kind, bytes) else str(kind)
+    kind = scripts.text(client.type(control_key))
     if kind in ("none", "hash"):
         return False
     client.rename(control_key, control_key + GARBAGE)
@@ -455,13 +429,6 @@ async def start_time(redis: Any) -> float:
         return time.time()
 
 
-def member_prefix(member: bytes, polite: bool) -> bytes:
-    """The part of a queue member before its payload (seq, or domain, priority key and seq)."""
-    if polite:
-        return member[: member.index(b"\0") + 1 + _shard.PRIORITY_KEY_BYTES + _shard.SEQ_BYTES]
-    return member[: _shard.SEQ_BYTES]
-
-
 def end_chains(
     client: Any, shard_keys: list[CrawlKeys], polite: bool, urls: Collection[str] | None = None
 ) -> int:
@@ -493,7 +460,7 @@ def end_chains(
 
 def _entry_url(member: bytes, polite: bool) -> str | None:
     try:
-        url = load_payload(member[len(member_prefix(member, polite)) :]).get("u")
+        url = load_payload(member[len(_shard.member_prefix(member, polite)) :]).get("u")
     except (RejectedEntry, ValueError):
         return None
     return url if isinstance(url, str) else None

@@ -1,6 +1,5 @@
-"""What one worker holds and owes the shared frontier (an I/O-free :class:`Ledger`, methods take ``now``)
-and the :class:`RequestEncoder` that turns a request into ledger entries. Acks of finished requests travel in
-the same atomic call as their callback's output; a failed call's batch goes back in front: nothing is dropped.
+"""What one worker holds and owes the shared frontier (an I/O-free :class:`Ledger`, methods take ``now``),
+and the :class:`RequestEncoder` that turns a request into ledger entries.
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.httpobj import urlparse_cached
@@ -71,9 +70,6 @@ class Delay(Routed):
     payload: bytes
     not_before: float
 
-    def delay_item(self) -> tuple[float, bytes, float, str, str]:
-        return (self.score, self.payload, self.not_before, self.domain, self.limits)
-
 
 @dataclass
 class Applied:
@@ -89,10 +85,9 @@ class Applied:
 def split_calls(
     out: list[Outgoing], shards: int, settle: list[int], max_records: int = CALL_RECORDS, max_calls: int = 1
 ) -> tuple[list[list[Outgoing]], list[int], list[Outgoing]]:
-    """How a round's discovered requests go into calls: one call per shard (index = shard), then up to
-    ``max_calls - 1`` more calls of ``max_records`` to a shard with more. A shard's first call also settles
-    ``settle[shard]`` leases, acks and renewals, so it takes fewer (at least :data:`SETTLE_MIN_RECORDS`).
-    Returns each call's requests, each call's shard, and what is left."""
+    """Each call's requests, each call's shard, and what is left: one call per shard (index = shard), then
+    up to ``max_calls - 1`` more calls of ``max_records`` to a shard with more. A shard's first call also
+    settles ``settle[shard]`` leases, acks and renewals, so it takes fewer."""
     sent: list[list[Outgoing]] = [[] for _ in range(shards)]
     shard_of = list(range(shards))
     filling, calls = list(range(shards)), [1] * shards  # per shard: the call being filled, calls used
@@ -125,14 +120,12 @@ class AckRiders:
         self.items_of: Callable[[Request], list[bytes | str]] | None = None
 
     def collect(self, request: Request, lease: Lease) -> None:
-        if self.items_of is not None:
-            items = self.items_of(request)
-            if items:
-                self.items.setdefault(lease, []).extend(items)
-        if self.revisit_of is not None:
-            revisit = self.revisit_of(request, lease)
-            if revisit is not None:
-                self.revisits[lease] = revisit
+        items = self.items_of(request) if self.items_of is not None else None
+        if items:
+            self.items.setdefault(lease, []).extend(items)
+        revisit = self.revisit_of(request, lease) if self.revisit_of is not None else None
+        if revisit is not None:
+            self.revisits[lease] = revisit
 
     def ack(self, batch: SyncBatch, lease: Lease) -> None:
         revisit = self.revisits.pop(lease, None)
@@ -180,14 +173,6 @@ class Ledger:
         self.call_shards: list[int] = list(range(shards))  # each call's shard (first ones: the index)
         self.riders = AckRiders()
 
-    @property
-    def revisit_of(self) -> Callable[[Request, Lease], tuple[float, bytes] | None] | None:
-        return self.riders.revisit_of
-
-    @revisit_of.setter
-    def revisit_of(self, plan: Callable[[Request, Lease], tuple[float, bytes] | None] | None) -> None:
-        self.riders.revisit_of = plan
-
     def add(self, entry: Outgoing, now: float) -> None:
         self.out.append(entry)
         if entry.score < self.best_out:
@@ -210,8 +195,7 @@ class Ledger:
 
     def reject(self, lease: Lease, exc: RejectedEntry, now: float, at: float | None = None) -> None:
         """Park a leased entry that is not a valid request with a JSON record (``at``: unix time)."""
-        _, member = lease
-        self.rejects.append((lease, rejection_record(exc.reason, member, self.worker_id, exc.detail, at)))
+        self.rejects.append((lease, rejection_record(exc.reason, lease[1], self.worker_id, exc.detail, at)))
         self._mark(now)
 
     def _mark(self, now: float) -> None:
@@ -230,8 +214,6 @@ class Ledger:
 
     def collect_finished(self, busy: Collection[Request], now: float) -> int:
         """Requests the engine no longer works on are to be acknowledged."""
-        if not self.handed:
-            return 0
         done = [r for r in self.handed if r not in busy]
         for r in done:
             lease = self.handed.pop(r)
@@ -243,15 +225,11 @@ class Ledger:
 
     def release(self, requests: list[Request], now: float) -> int:
         """Give back the leases of handed ``requests`` the engine will not start; how many."""
-        given = 0
-        for request in requests:
-            lease = self.handed.pop(request, None)
-            if lease is not None:
-                self.releases.append(lease)
-                given += 1
+        given = [self.handed.pop(r) for r in requests if r in self.handed]
+        self.releases += given
         if given:
             self._mark(now)
-        return given
+        return len(given)
 
     def release_all(self, now: float) -> None:
         """At close: unstarted and unfinished work goes straight back to the queue."""
@@ -284,11 +262,9 @@ class Ledger:
                     return False
         return True
 
-    def has_writes(self) -> bool:
-        return bool(self.out or self.delays or self.dead or self.rejects or self.penalties or self.forgets)
-
     def owes(self) -> bool:
-        return bool(self.has_writes() or self.releases or self.acks or self.acks_new or self.acks_waiting)
+        return bool(self.out or self.delays or self.dead or self.rejects or self.penalties or self.forgets
+                    or self.releases or self.acks or self.acks_new or self.acks_waiting)
 
     def busy(self) -> bool:
         """Whether this worker has work of its own: buffered, in the engine, or to send."""
@@ -301,9 +277,8 @@ class Ledger:
         atomic call: when every write of this round is in the call that carries it; else it waits in
         ``acks_waiting`` until :meth:`finish_round`, or in ``acks_new`` while requests are left behind."""
         n = self.shards
-        settle = [0] * n  # what the first call of each shard settles besides its discovered requests
-        for i, leases in enumerate(lease_counts[:n]):
-            settle[i] += leases
+        # what the first call of each shard settles besides its discovered requests
+        settle = [lease_counts[i] if i < len(lease_counts) else 0 for i in range(n)]
         for shard, _ in itertools.chain(self.acks, self.acks_new, self.held if renew else ()):
             settle[shard] += 1
         sent, shard_of, left = split_calls(self.out, n, settle, max_records, max_calls)
@@ -311,7 +286,7 @@ class Ledger:
         self.left_behind = len(left)
         self.call_shards = shard_of
         for d in self.delays:
-            batches[d.shard].delay.append(d.delay_item())
+            batches[d.shard].delay.append((d.score, d.payload, d.not_before, d.domain, d.limits))
         for (shard, member), record in self.rejects:
             batches[shard].reject.append((member, record))
         for shard, member in self.releases:
@@ -324,15 +299,14 @@ class Ledger:
         for shard, member in self.acks:
             self.riders.ack(batches[shard], (shard, member))
         writes = {i for i, b in enumerate(batches) if b.enqueue or b.delay or b.dead or b.forget}
-        waiting, held_new = [], []
+        held_new, self.acks_waiting = [], []
         for shard, member in self.acks_new:
             if left:
                 held_new.append((shard, member))
             elif writes <= {shard}:
                 self.riders.ack(batches[shard], (shard, member))
             else:
-                waiting.append((shard, member))
-        self.acks_waiting = waiting
+                self.acks_waiting.append((shard, member))
         if renew:
             for shard, member in self.held:
                 batches[shard].renew.append(member)
@@ -353,10 +327,8 @@ class Ledger:
         self.best_out = min((e.score for e in self.out), default=math.inf)
         self.riders.restore(shard, batch)
         self.acks = [(shard, m) for m in batch.ack] + [(shard, m) for m, _, _ in batch.revisit] + self.acks
-        self.delays = [
-            Delay(score, payload, not_before, domain=domain, limits=limits, shard=shard)
-            for score, payload, not_before, domain, limits in batch.delay
-        ] + self.delays
+        delays = [Delay(*d[:3], domain=d[3], limits=d[4], shard=shard) for d in batch.delay]
+        self.delays = delays + self.delays
         self.rejects = [((shard, m), record) for m, record in batch.reject] + self.rejects
         self.releases = [(shard, m) for m in batch.release] + self.releases
         self.dead = batch.dead + self.dead
@@ -370,7 +342,7 @@ class Ledger:
     ) -> Applied:
         """Take in one call's answer: which discovered requests were new, what was leased. Whatever
         ``decode(shard, member)`` raises, the entry is rejected: one entry can never stop a worker."""
-        applied = Applied(acked=len(batch.ack) + len(batch.revisit))
+        applied = Applied(leased=len(result.leased), acked=len(batch.ack) + len(batch.revisit))
         shard = self.call_shards[call]
         for entry, new in zip(self._sent[call], result.new, strict=True):
             if entry.record_only:
@@ -399,7 +371,6 @@ class Ledger:
                 self.ready.push(score, request, lease)
         for lease, why in applied.rejected:
             self.reject(lease, why, now)
-        applied.leased = len(result.leased)
         return applied
 
     def finish_round(self, landed: bool, now: float) -> None:
@@ -414,26 +385,24 @@ class Ledger:
             self._mark(now)
 
 
+@dataclass(eq=False)
 class RequestEncoder:
     """A request filtered, encoded under the crawl's entry policy, scored and routed to its shard. No I/O."""
 
-    def __init__(
-        self, dupefilter: Any, order: orders.QueueOrder, router: ShardRouter, report: FrontierReport,
-        policy: EntryPolicy, domain_limits: orders.DomainLimits | None = None, *, batched: bool = False,
-        polite: bool = False,
-    ) -> None:
-        self.df = dupefilter
-        self.order = order
-        self.router = router
-        self.report = report
-        self.policy = policy
-        self.domain_limits = domain_limits
-        self.batched = batched  # a scrapy-dist dupefilter: fingerprints are checked in the sync call
-        self.polite = polite
-        self.spider: Spider | None = None
-        self.recent = RecentFingerprints()  # fingerprints this process sent lately: seen crawl-wide
-        self.record_start = False  # SEEDS_RECORD_FINGERPRINT
-        self.forget_dead = False  # DEADLETTER_FORGET
+    df: Any
+    order: orders.QueueOrder
+    router: ShardRouter
+    report: FrontierReport
+    policy: EntryPolicy
+    domain_limits: orders.DomainLimits | None = None
+    _: KW_ONLY
+    batched: bool = False  # a scrapy-dist dupefilter: fingerprints are checked in the sync call
+    polite: bool = False
+    spider: Spider | None = None
+    #: fingerprints this process sent lately: seen crawl-wide
+    recent: RecentFingerprints = field(default_factory=RecentFingerprints)
+    record_start: bool = False  # SEEDS_RECORD_FINGERPRINT
+    forget_dead: bool = False  # DEADLETTER_FORGET
 
     def forgotten(self, request: Request, shard_dfs: list[Any]) -> tuple[int, tuple[Any, Any]]:
         shard = self.router.shard(request)
@@ -457,8 +426,7 @@ class RequestEncoder:
             self.filtered(request)
             return []
         payload = self.encode(request) or b""  # b"": deduped only, then crawled by this worker
-        t1: Any = ""
-        t2: Any = ""
+        t1 = t2 = ""
         fp: bytes | None = None
         if self.batched and not request.dont_filter:
             fp = self.df.fingerprint(request)

@@ -1,7 +1,6 @@
-"""Which request goes when: queue orders (``SCHEDULER_QUEUE_CLASS``: a queue class decides a member's score
-and whether its sequence prefix grows or shrinks), leased requests best first, crawl-wide politeness
-(docs/politeness.md), retry timing, and the dead letter a request becomes when it finally fails
-(docs/retries.md; anyone with access to Redis can write that list, so its parsers refuse anything malformed).
+"""Which request goes when: queue orders (``SCHEDULER_QUEUE_CLASS``), leased requests best first,
+crawl-wide politeness, retry timing, and the dead letter a request becomes when it finally fails (anyone
+with access to Redis can write that list, so its parsers refuse anything malformed).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,17 +24,17 @@ import msgpack
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
+from scrapy_dist.redis import scripts
 from scrapy_dist.settings.reader import QUEUE_ALIASES
 from scrapy_dist.wire import codec
 from scrapy_dist.wire.codec import EntryPolicy
-from scrapy_dist.wire.entrypolicy import DEAD, FRONTIER
+from scrapy_dist.wire.entrypolicy import DEAD, FRONTIER, as_scheduled
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
 
     from scrapy_dist.frontier.layout import ShardRouter
     from scrapy_dist.frontier.ledger import Ledger
-    from scrapy_dist.frontier.syncloop import SyncLoop
     from scrapy_dist.settings import DistSettings
 
 
@@ -56,15 +55,6 @@ START_NOW = -1e15
 
 def _start_offset(request: Request) -> float:
     return START_REQUEST_OFFSET if request.meta.get("is_start_request") else 0.0
-
-
-def sends_now(request: Request, ledger: Ledger, loop: SyncLoop | None, concurrency: int) -> bool:
-    """Whether ``request`` is a start request Scrapy's engine would send at once: nothing is queued
-    crawl-wide as far as this worker knows, and it has room."""
-    if not request.meta.get("is_start_request") or loop is None or loop.paused or loop.local_pause:
-        return False
-    queued = loop.state.queued if loop.state is not None else loop.backlog
-    return not queued and ledger.starts_now(concurrency)
 
 
 class PriorityQueue:
@@ -114,18 +104,15 @@ class LeasedBuffer:
         heapq.heappush(self._heap, (score, next(self._count), request, lease))
 
     def pop(self) -> tuple[Request, Lease]:
-        _, _, request, lease = heapq.heappop(self._heap)
-        return request, lease
+        return heapq.heappop(self._heap)[2:]
 
     def pop_least_loaded(self, load: Callable[[Request], int]) -> tuple[Request, Lease]:
         """The best request of the least busy download slot (Scrapy's ``DownloaderAwarePriorityQueue``)."""
         heap = self._heap
         best = min(range(len(heap)), key=lambda i: (load(heap[i][2]), heap[i][0], heap[i][1]))
-        entry = heap[best]
-        heap[best] = heap[-1]
-        heap.pop()
+        entry = heap.pop(best)
         heapq.heapify(heap)
-        return entry[2], entry[3]
+        return entry[2:]
 
     def best_score(self) -> float:
         return self._heap[0][0] if self._heap else math.inf
@@ -140,7 +127,6 @@ class LeasedBuffer:
         return len(self._heap)
 
 
-# -- crawl-wide politeness ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DomainLimit:
     """One domain's limits."""
@@ -184,14 +170,11 @@ class DomainLimits:
         hit = self._cache.get(domain)
         if hit is not None:
             return hit
-        limit = self.default
+        limit = d = self.default
         for pattern, rule in self.rules:
             if fnmatch.fnmatchcase(domain, pattern.lower()):
-                limit = DomainLimit(
-                    delay=float(rule.get("delay", self.default.delay)),
-                    concurrency=int(rule.get("concurrency", self.default.concurrency)),
-                    jitter=float(rule.get("jitter", self.default.jitter)),
-                )
+                delay, jitter = float(rule.get("delay", d.delay)), float(rule.get("jitter", d.jitter))
+                limit = DomainLimit(delay, int(rule.get("concurrency", d.concurrency)), jitter)
                 break
         if len(self._cache) > 100_000:
             self._cache.clear()
@@ -225,15 +208,15 @@ class RevisitRules:
         return NOT_SET
 
 
+@dataclass(eq=False)
 class DomainPenalties:
     """After a 429 or 503 no worker leases a request of that domain for a while (:func:`penalty_seconds`);
     written through the ledger in the next round."""
 
-    def __init__(self, limits: DomainLimits | None, ledger: Ledger, router: ShardRouter, stats: Any) -> None:
-        self.limits = limits
-        self.ledger = ledger
-        self.router = router
-        self.stats = stats
+    limits: DomainLimits | None
+    ledger: Ledger
+    router: ShardRouter
+    stats: Any
 
     def penalize(self, domain: str, seconds: float) -> None:
         self.ledger.penalize(domain, seconds, time.monotonic(), self.router.domain(domain))
@@ -259,10 +242,8 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
     for n, (field, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
         if n >= DOMAIN_SCAN_LIMIT:
             break
-        f = field.decode(errors="replace") if isinstance(field, bytes) else str(field)
-        v = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-        kind, _, domain = f.partition(":")
-        info.setdefault(domain, {})[kind] = v
+        kind, _, domain = scripts.text(field).partition(":")
+        info.setdefault(domain, {})[kind] = scripts.text(value)
     rows = []
     for domain, d in info.items():
         delay, conc, jitter = (d.get("l") or "0 0 0").split(" ")
@@ -280,17 +261,14 @@ def penalty_seconds(
 ) -> float | None:
     """How long the crawl stays off a domain after a 429 or 503 (``None``: no penalty): ``Retry-After``
     if given, else twice the domain's delay (at least a second); at most an hour."""
-    if status not in (429, 503):
+    if status not in RETRY_AFTER_STATUSES:
         return None
-    seconds = max(1.0, 2 * limit.delay) if limit else 1.0
-    if retry_after:
-        parsed = parse_retry_after(retry_after, now=now)
-        if parsed is not None:
-            seconds = parsed
+    seconds = parse_retry_after(retry_after, now=now)
+    if seconds is None:
+        seconds = max(1.0, 2 * limit.delay) if limit else 1.0
     return min(seconds, 3600.0)
 
 
-# -- retry timing --------------------------------------------------------------------------------
 #: upward jitter of a backoff delay: the n-th retry waits between nominal and (1 + JITTER) x nominal
 JITTER = 0.5
 #: statuses whose ``Retry-After`` header sets the retry delay (RFC 9110 section 10.2.3)
@@ -312,11 +290,7 @@ def backoff_delay(
 def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
     """Seconds to wait according to a ``Retry-After`` value (delay-seconds, leniently ``"1.5"``, or an HTTP
     date compared with ``now``, unix time; a past date gives 0.0), or ``None`` if absent or invalid."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    text = value.strip()
+    text = (value.decode("latin-1") if isinstance(value, bytes) else value or "").strip()
     if not text:
         return None
     if text.isascii() and text.replace(".", "", 1).isdigit():
@@ -328,8 +302,7 @@ def parse_retry_after(value: bytes | str | None, now: float | None = None) -> fl
         return None
     if when.tzinfo is None:  # RFC 9110 dates are GMT
         when = when.replace(tzinfo=timezone.utc)
-    now = time.time() if now is None else now
-    return max(0.0, when.timestamp() - now)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def retry_delay(
@@ -345,7 +318,6 @@ def retry_delay(
     return backoff_delay(retry_times, base, cap, rng)
 
 
-# -- dead letters --------------------------------------------------------------------------------
 #: longest exception message kept in a record
 DETAIL_LIMIT = 300
 #: largest record ``scrapy-dist dead`` accepts (a 1 MiB payload in base64 plus the other fields)
@@ -361,8 +333,6 @@ def dead_letter_record(
 ) -> str:
     """The JSON record of ``request`` as scheduled (without credential headers a middleware added), signed
     by ``policy``; ``"request": null`` if it cannot be encoded."""
-    from scrapy_dist.wire.entrypolicy import as_scheduled
-
     try:
         encoded = codec.encode_request(as_scheduled(request), spider, policy)
         payload: str | None = base64.b64encode(encoded).decode("ascii")
@@ -400,11 +370,9 @@ class DeadLetter:
     payload: bytes | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "url": self.url, "reason": self.reason, "attempts": self.attempts, "worker": self.worker,
-            "at": self.at, "status": self.status, "detail": self.detail,
-            "request": base64.b64encode(self.payload).decode("ascii") if self.payload is not None else None,
-        }
+        d = {k: v for k, v in asdict(self).items() if k not in ("raw", "payload")}
+        d["request"] = base64.b64encode(self.payload).decode("ascii") if self.payload is not None else None
+        return d
 
 
 def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
@@ -465,8 +433,7 @@ def requeue_payload(
     entry with the same nonce (requeued twice, fetched once); an unsigned one stays unsigned."""
     d = codec.load_payload(payload, max_bytes)
     codec.check_url(d.get("u"), allowed_schemes)
-    version = codec.split_payload(payload, max_bytes)[0]
-    signed = policy.secret is not None and version != codec.VERSION
+    signed = policy.secret is not None and codec.split_payload(payload, max_bytes)[0] != codec.VERSION
     if signed and not policy.bound(kind=DEAD).verify(payload):
         raise RejectedEntry(
             "bad_tag", "its tag does not verify as a dead letter of this crawl (another crawl or secret)"
@@ -485,8 +452,7 @@ def requeue_payload(
 
 
 def reason_matches(reason: str, wanted: str) -> bool:
-    """Whether a record's ``reason`` is ``wanted``, case-insensitively: the exact reason, or the last
-    dotted part of an exception name (``DownloadTimeoutError`` matches
-    ``scrapy.exceptions.DownloadTimeoutError``)."""
+    """Whether a record's ``reason`` is ``wanted``, case-insensitively: the exact reason, or the last dotted
+    part of an exception name (``DownloadTimeoutError`` for ``scrapy.exceptions.DownloadTimeoutError``)."""
     r, w = reason.lower(), wanted.lower()
     return r == w or r.rsplit(".", 1)[-1] == w

@@ -17,6 +17,7 @@ from scrapy import signals
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler, load_object
+from scrapy.utils.request import RequestFingerprinter
 
 from scrapy_dist.dupefilter import RedisDupeFilter
 from scrapy_dist.egress import checked_request, enforce
@@ -24,7 +25,7 @@ from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
 from scrapy_dist.frontier.engine import EngineView, FeedBarrier, Revisits
-from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter, crawl_fingerprinter
+from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter
 from scrapy_dist.frontier.ledger import Ledger, RequestEncoder
 from scrapy_dist.frontier.orders import DomainLimits, DomainPenalties
 from scrapy_dist.frontier.shard import Frontier, RequestDecoder
@@ -66,8 +67,7 @@ def get_scheduler(crawler: Crawler) -> Scheduler | None:
 
 class Scheduler:
     """Scrapy scheduler backed by a Redis frontier shared by every worker of the crawl. Like Scrapy's own,
-    it can be built from a dupefilter alone: the keys then come from the spider's name at :meth:`open`,
-    and Redis from ``$REDIS_URL`` or the embedded default."""
+    it can be built from a dupefilter alone (keys from the spider's name at :meth:`open`)."""
 
     def __init__(
         self, dupefilter: Any, keys: CrawlKeys | None = None, redis_settings: Any = None, *,
@@ -126,7 +126,18 @@ class Scheduler:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
-        return _build(cls, crawler)
+        """The scheduler of ``crawler``; if the crawl's start is (or gets) refused, one that opens nothing."""
+        if start_error(crawler) is None:
+            try:
+                sched = _wired(cls, crawler)
+            except ScrapyDistError as exc:
+                refuse_start(crawler, exc)
+            else:
+                if start_error(crawler) is None:  # the dupefilter may have refused it
+                    return sched
+        sched = cls(BaseDupeFilter(), None, crawler=crawler)
+        sched.refused = True
+        return sched
 
     @property
     def spider(self) -> Spider | None:
@@ -137,20 +148,8 @@ class Scheduler:
         self.encoder.spider = spider
 
     @property
-    def shards(self) -> int:
-        return self.config.shards
-
-    @property
     def idle_before_close(self) -> float:
         return self.config.idle_before_close
-
-    @property
-    def lease_seconds(self) -> float:
-        return self.config.lease_seconds
-
-    @property
-    def frontier(self) -> Frontier | None:
-        return self.frontiers[0] if self.frontiers else None
 
     @property
     def frontier_status(self) -> dict[str, int] | None:
@@ -188,16 +187,13 @@ class Scheduler:
             self.redis, self.worker_id, cfg, self.order.sequence, batched=self._batched_df,
             limits_bound=self.encoder.domain_limits.bound() if self.encoder.domain_limits else "",
         )
+        check = functools.partial(checked_request, networks=self.networks, stats=self.stats)
         self.loop = SyncLoop(
-            self.ledger, self.router, self.frontiers, self.engine,
-            decode=RequestDecoder(
-                self.spider, self.policy, cfg.politeness == "cluster",
-                check=functools.partial(checked_request, networks=self.networks, stats=self.stats),
-            ),
-            on_applied=self.report.applied, prefetch=cfg.prefetch,
-            flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch, idle_poll=cfg.idle_poll,
-            lease_seconds=cfg.lease_seconds, outage=self.outage, on_outage=self.encoder.recent.clear,
-            on_forget=self.encoder.recent.clear,
+            self.ledger, self.router, self.frontiers, self.engine, on_applied=self.report.applied,
+            decode=RequestDecoder(self.spider, self.policy, cfg.politeness == "cluster", check),
+            prefetch=cfg.prefetch, flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch,
+            idle_poll=cfg.idle_poll, lease_seconds=cfg.lease_seconds, outage=self.outage,
+            on_outage=self.encoder.recent.clear, on_forget=self.encoder.recent.clear,
             idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
         )
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
@@ -226,7 +222,10 @@ class Scheduler:
             if self._batched_df:
                 self.df.keys = self.keys
         if self.router.fingerprinter is None and self.crawler is not None:
-            self.router.fingerprinter = crawl_fingerprinter(self.crawler)
+            try:
+                self.router.fingerprinter = self.crawler.request_fingerprinter
+            except (AttributeError, RuntimeError):  # none yet: Scrapy's default one
+                self.router.fingerprinter = RequestFingerprinter(self.crawler)
         client = self._client(sync=True)
         try:
             connection.check_reachable(client, settings)
@@ -259,7 +258,7 @@ class Scheduler:
             if released or loop.released_at_close:
                 self.report.released(reason, released - len(self.ledger.releases) + loop.released_at_close)
         if not self.config.persist and reason == "finished" and self.redis is not None:
-            await self.layout.finish(self.redis, self.worker_id, self.config.lease_seconds)
+            await self.layout.finish(self.redis, self.worker_id)
         if hasattr(self.df, "close"):
             self.df.close(reason)
         if self._batched_df and hasattr(self, "layout"):  # opened
@@ -269,7 +268,6 @@ class Scheduler:
             await self.layout.leave_unmonitored(self.redis, self.worker_id)
             await self.redis.aclose()
 
-    # -- Scrapy's scheduler interface (reactor thread, no I/O) ---------------------------------------
     def has_pending_requests(self) -> bool:
         loop = self.loop
         if self.ledger.busy() or (loop is not None and loop.in_sync) or self.paused or self._local_pause:
@@ -304,8 +302,7 @@ class Scheduler:
         request = ledger.hand_out(self.engine.slot_load if self.config.downloader_aware else None)
         if request is None:
             self._wake()
-            return None
-        if not local:
+        elif not local:
             self.stats.inc_value("scheduler/dequeued/redis")
             self.stats.inc_value("scheduler/dequeued")
             if len(ledger.ready) < self.config.prefetch // 2:
@@ -316,7 +313,6 @@ class Scheduler:
         ledger, st = self.ledger, self.frontier_status or {}
         return len(ledger.ready) + len(ledger.local) + len(ledger.out) + st.get("queued", 0)
 
-    # -- services for other scrapy-dist components -----------------------------------------------------
     def delay_request(self, request: Request, not_before: float, reason: str = "") -> bool:
         """Put ``request`` in the delayed set until ``not_before`` (unix time), with the failed one's ack."""
         entry = self.encoder.delayed(request, not_before)
@@ -335,16 +331,14 @@ class Scheduler:
         """Whether every request enqueued before ``mark`` (monotonic) is in Redis."""
         return self.loop is not None and self.loop.drained_at > mark
 
-    def pause(self) -> None:
-        """Stop handing out requests from this worker (crawl-wide pause is the ``paused`` control flag)."""
-        self._local_pause = True
+    def pause(self, paused: bool = True) -> None:
+        """Stop (or go on) handing out requests from this worker; crawl-wide, the ``paused`` control flag."""
+        self._local_pause = paused
         if self.loop is not None:
-            self.loop.local_pause = True
+            self.loop.local_pause = paused
 
     def resume(self) -> None:
-        self._local_pause = False
-        if self.loop is not None:
-            self.loop.local_pause = False
+        self.pause(False)
         self.engine.wake()
 
     def penalize_domain(self, domain: str, seconds: float) -> None:
@@ -356,22 +350,13 @@ class Scheduler:
             self.loop.wake()
 
     def _starts_now(self, request: Request) -> bool:
-        return queue.sends_now(request, self.ledger, self.loop, self.config.concurrent_requests)
-
-
-def _build(cls: type[S], crawler: Crawler) -> S:
-    """The scheduler of ``crawler``; if the crawl's start is (or gets) refused, one that opens nothing."""
-    if start_error(crawler) is None:
-        try:
-            sched = _wired(cls, crawler)
-        except ScrapyDistError as exc:
-            refuse_start(crawler, exc)
-        else:
-            if start_error(crawler) is None:  # the dupefilter may have refused it
-                return sched
-    sched = cls(BaseDupeFilter(), None, crawler=crawler)
-    sched.refused = True
-    return sched
+        """Whether ``request`` is a start request Scrapy's engine would send at once: nothing is queued
+        crawl-wide as far as this worker knows, and it has room."""
+        loop = self.loop
+        if not request.meta.get("is_start_request") or loop is None or loop.paused or loop.local_pause:
+            return False
+        queued = loop.state.queued if loop.state is not None else loop.backlog
+        return not queued and self.ledger.starts_now(self.config.concurrent_requests)
 
 
 def _wired(cls: type[S], crawler: Crawler) -> S:

@@ -1,11 +1,6 @@
-"""The Redis side of the shared frontier: one worker's batched exchange with the ``sync`` Lua script.
-
-:class:`Frontier` knows keys, the dupefilter's script arguments and the wire layout of ``sync.lua``; it
-holds no crawl state. One :meth:`Frontier.sync` call costs one round trip (FCALL, or EVALSHA before Redis
-7: :class:`~scrapy_dist.redis.scripts.Library`) whatever it carries: requests to dedupe and enqueue, acks,
-lease renewals and releases, delayed retries, rejections, dead letters, and how many requests to lease.
-With ``SCHEDULER_SHARDS = N`` there is one :class:`Frontier` per shard, on that shard's keys and
-dupefilter; :func:`shard_of` says which shard a request belongs to.
+"""The Redis side of the shared frontier: one worker's batched exchange with the ``sync`` script, declared
+here once (keys, ARGV head, sections, answer). One :meth:`Frontier.sync` call is one round trip whatever it
+carries; with ``SCHEDULER_SHARDS = N`` there is one :class:`Frontier` per shard, on that shard's keys.
 """
 
 from __future__ import annotations
@@ -15,7 +10,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError
@@ -35,13 +30,10 @@ if TYPE_CHECKING:
 SEQ_BYTES = 6
 #: with crawl-wide politeness, members start with "<domain>\0" and an 11-digit priority key
 PRIORITY_KEY_BYTES = 11
-#: records in one queue chunk (``CHUNK_RECORDS`` in lua/sync_common.lua): a chunk claiming more is rejected
-CHUNK_RECORDS = 16
 
 
 def domain_shard(domain: str, shards: int) -> int:
-    """The shard of every request of ``domain`` (lower-case host) when a sharded crawl routes by domain
-    (``SCHEDULER_POLITENESS = "cluster"``): stable across processes and machines, like :func:`shard_of`."""
+    """The shard of every request of ``domain`` (lower-case host) when routing by domain."""
     if shards <= 1:
         return 0
     digest = hashlib.blake2b(domain.encode("utf-8", "surrogatepass"), digest_size=8).digest()
@@ -49,21 +41,15 @@ def domain_shard(domain: str, shards: int) -> int:
 
 
 def shard_of(fingerprint: bytes, shards: int) -> int:
-    """The shard of a request of a sharded frontier: its fingerprint's first 8 bytes (big-endian) modulo
-    ``shards``. Stable across processes and machines (no hash randomisation), so every worker sends the
-    same URL to the same shard and that shard's dupefilter sees every copy of it."""
+    """A request's shard: its fingerprint's first 8 bytes modulo ``shards``, the same in every process."""
     if shards <= 1:
         return 0
     return int.from_bytes(fingerprint[:8], "big") % shards
 
 
 async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
-    """Whether there was a moment when no shard held anything queued, leased or delayed.
-
-    No single call reads every shard, and a request may move between two reads; but every way into a
-    shard increments its ``seq``, so two collections that both find every shard empty with the same
-    ``seq`` values prove an instant when all were empty ("double collect"). Two round trips.
-    """
+    """Whether there was a moment when no shard held anything queued, leased or delayed: every way into a
+    shard increments its ``seq``, so two reads finding all empty with the same ``seq`` values prove one."""
 
     async def collect() -> list[Any]:
         pipe = redis.pipeline(transaction=False)
@@ -80,34 +66,13 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
     return await collect() == first
 
 
-def queue_singles(member: bytes) -> list[bytes]:
-    """The entries (``6-byte seq + payload``, as leased) inside one member of the queue ZSET: a member
-    whose 7th byte is ``\\0`` is a chunk of records ``<2-byte length><6-byte seq><payload>``, anything
-    else one entry (``chunk_singles`` in ``lua/sync_common.lua``, but lenient). For tools and tests."""
-    if len(member) < 7 or member[6] != 0:
-        return [member]
-    out, p = [], 7
-    while p < len(member):
-        if p + 2 > len(member):
-            out.append(member[p:])
-            break
-        n = int.from_bytes(member[p : p + 2], "big")
-        if p + 2 + SEQ_BYTES + n > len(member):
-            out.append(member[p:])
-            break
-        out.append(member[p + 2 : p + 2 + SEQ_BYTES + n])
-        p += 2 + SEQ_BYTES + n
-    return out
-
-
 #: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
 LEASE_MARK = b"\0\xff"
 
 
 def lease_parts(key: bytes) -> tuple[bytes, bytes | None, bytes | None]:
-    """A lease key (the queue member followed by its tag, lua/sync_sweep.lua) as ``(member, score,
-    worker id)``; ``score`` and ``worker`` are None for a key without a tag (an older lease, its own
-    member) or a tag without a space."""
+    """A lease key (the queue member followed by its tag) as ``(member, score, worker id)``; ``score`` and
+    ``worker`` are None for a key without a tag (an older lease) or a tag without a space."""
     size = len(key)
     if size >= 6:
         at = size - 4 - int.from_bytes(key[-2:], "big")
@@ -157,10 +122,7 @@ class SyncBatch:
     items: list[tuple[bytes, bytes | str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(
-            self.enqueue or self.ack or self.renew or self.release or self.delay or self.reject
-            or self.dead or self.penalize or self.lease or self.revisit or self.forget or self.items
-        )
+        return any(getattr(self, f.name) for f in fields(self))
 
 
 @dataclass
@@ -190,8 +152,6 @@ class SyncResult:
     items_refused: int = 0
     acks_refused: int = 0
 
-
-# -- the wire layout of lua/sync.lua, declared here only: :func:`sync_prelude` writes it as Lua tables ---
 
 #: KEYS of a sync call, in order, with the Redis type the script keeps there (another type is moved aside);
 #: then the dupefilter's keys
@@ -290,7 +250,7 @@ SYNC_RESULT = (
     "flags", "leased", "requeued", "moved", "queued", "inflight", "delayed", "bloom_n", "paused", "seq",
     "rejected", "repaired", "replayed", "items", "items_refused", "acks_refused", "forgets",
 )
-
+_NOT_COUNTS = ("flags", "leased", "paused", "repaired", "forgets")
 
 
 def _count(named: dict[str, Any], name: str) -> int:
@@ -305,17 +265,12 @@ def _count(named: dict[str, Any], name: str) -> int:
 
 
 def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
-    """The named :class:`SyncResult` of a sync script answer (the flat name, value list).
-
-    Raises :class:`FrontierStateError` for the script's ``{-2, reason, key}`` refusal and
-    :class:`FrontierScriptError` for anything else that is not a well-formed answer; nothing else escapes.
-    (The ``{-1, bloom_n}`` answer is handled by :meth:`Frontier.sync` before decoding.)
-    """
+    """The :class:`SyncResult` of a sync answer (a flat name, value list). Raises :class:`FrontierStateError`
+    for the script's ``{-2, reason, key}`` refusal, :class:`FrontierScriptError` for anything malformed."""
     if not isinstance(raw, list) or len(raw) < 2:
         raise FrontierScriptError(f"sync answered {type(raw).__name__}, not a list")
     if raw[0] == -2:
-        return_reason = text(raw[1])[:100]
-        raise FrontierStateError(return_reason, text(raw[2] if len(raw) > 2 else "")[:200])
+        raise FrontierStateError(text(raw[1])[:100], text(raw[2] if len(raw) > 2 else "")[:200])
     if len(raw) % 2:
         raise FrontierScriptError("sync answered an odd-length list")
     named = {text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
@@ -339,15 +294,10 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
             raise FrontierScriptError(f"sync answered a lease score {score!r}") from None
         leased.append((member, value if math.isfinite(value) else 0.0))
     repaired = named.get("repaired", [])
+    counts: dict[str, Any] = {name: _count(named, name) for name in SYNC_RESULT if name not in _NOT_COUNTS}
     return SyncResult(
-        [f == "1" for f in flags], leased,
-        _count(named, "requeued"), _count(named, "moved"), _count(named, "queued"),
-        _count(named, "inflight"), _count(named, "delayed"), _count(named, "bloom_n"),
-        named["paused"] in (b"1", "1"), _count(named, "seq"), _count(named, "rejected"),
-        replayed=_count(named, "replayed"),
+        [f == "1" for f in flags], leased, paused=named["paused"] in (b"1", "1"), **counts,
         repaired=[text(k) for k in repaired] if isinstance(repaired, list) else [],
-        items=_count(named, "items"), items_refused=_count(named, "items_refused"),
-        acks_refused=_count(named, "acks_refused"),
         forgets=text(named.get("forgets"))[:32],
     )
 
@@ -384,7 +334,6 @@ class Frontier:
         self._rng = random.Random()
         self._script = scripts.Library(self.redis, "sync", sync_prelude(), self.functions)
         self._fixed_keys = [getattr(self.keys, name) for name, _ in SYNC_KEYS]
-        #: the keys that hold requests (see SyncResult.work_repaired)
         self._work_keys = frozenset((self.keys.queue, self.keys.leases, self.keys.delayed))
 
     def _head(self, batch: SyncBatch, now: float | None, mode: str) -> list[Any]:
@@ -401,9 +350,8 @@ class Frontier:
         return [head[name] for name in SYNC_HEAD]
 
     async def sync(self, batch: SyncBatch, now: float | None = None) -> SyncResult:
-        """Send ``batch`` in one atomic script call (retried with more bloom keys if the chain grew).
-
-        Raises :class:`FrontierStateError` when the script refused to write (see its ``reason``)."""
+        """Send ``batch`` in one atomic script call (retried with more bloom keys if the chain grew); raises
+        :class:`FrontierStateError` when the script refused to write."""
         df = self.dupefilter
         body = encode_sync_sections(batch, time.time() if now is None else now, self._polite)
         for _ in range(64):
@@ -422,36 +370,31 @@ class Frontier:
             result = decode_sync_result(raw, len(batch.enqueue))
             if df is not None:
                 df.observe(result.bloom_n)
-            if result.repaired:
-                result.work_repaired = not self._work_keys.isdisjoint(result.repaired)
+            result.work_repaired = not self._work_keys.isdisjoint(result.repaired)
             return result
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
 
 
-def member_payload(member: bytes, polite: bool) -> bytes:
-    """The encoded request inside a queue member or a lease key (the member layouts of this module)."""
-    member = lease_member(member)
+def member_prefix(member: bytes, polite: bool) -> bytes:
+    """The part of a queue member before its payload (seq, or domain, priority key and seq)."""
     if polite:
-        return member[member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES :]
-    return member[SEQ_BYTES:]
+        return member[: member.index(b"\0") + 1 + PRIORITY_KEY_BYTES + SEQ_BYTES]
+    return member[:SEQ_BYTES]
 
 
+@dataclass
 class RequestDecoder:
-    """Leased members as requests: the member layout (:func:`member_payload`) and the wire format
-    (:func:`~scrapy_dist.wire.codec.decode_request`) under the crawl's entry policy. Raises
+    """Leased members (lease keys) as requests under the crawl's entry policy. Raises
     :class:`~scrapy_dist.exceptions.RejectedEntry` (or anything: the ledger rejects the entry)."""
 
-    def __init__(
-        self, spider: Any, policy: EntryPolicy, polite: bool,
-        check: Callable[[Request], Request] | None = None,
-    ) -> None:
-        self.spider = spider
-        self.policy = policy
-        self.polite = polite
-        #: a last check of the decoded request (a host written as a denied IP address: the resolver never
-        #: sees it), raising RejectedEntry
-        self.check = check
+    spider: Any
+    policy: EntryPolicy
+    polite: bool
+    #: a last check of the decoded request (a host written as a denied IP address: the resolver never
+    #: sees it), raising RejectedEntry
+    check: Callable[[Request], Request] | None = None
 
     def __call__(self, shard: int, member: bytes) -> Request:
-        request = decode_request(member_payload(member, self.polite), self.spider, self.policy)
+        member = lease_member(member)
+        request = decode_request(member[len(member_prefix(member, self.polite)) :], self.spider, self.policy)
         return self.check(request) if self.check is not None else request

@@ -1,14 +1,6 @@
-"""The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis.
-
-A round takes what the :class:`~scrapy_dist.frontier.ledger.Ledger` owes as one ``sync`` call per shard
-(more for a backlog: :meth:`SyncLoop.calls_per_round`), sends them concurrently and takes the answers back
-in. A round is due when the engine runs low on leased requests, a write has waited
-``SCHEDULER_FLUSH_INTERVAL`` or ``SCHEDULER_FLUSH_BATCH`` requests are buffered, a backlog is draining,
-the crawl-wide view is older than ``SCHEDULER_IDLE_POLL``, or leases need renewing.
-
-A failed call's batch goes back in the ledger and the loop retries with capped backoff
-(:class:`~scrapy_dist.redis.outage.BackgroundTask`); should the task end by accident the worker closes with
-``scheduler_failed``.
+"""The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis, one
+call per shard (more for a backlog) sent concurrently. A failed call's batch goes back in the ledger and the
+loop backs off; should the task end by accident the worker closes with ``scheduler_failed``.
 """
 
 from __future__ import annotations
@@ -19,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.frontier.ledger import CALL_RECORDS, CALLS_PER_ROUND
+from scrapy_dist.frontier.ledger import CALLS_PER_ROUND
 from scrapy_dist.redis.outage import BackgroundTask, Backoff, Outage, is_outage
 from scrapy_dist.utils import RateLimitedLog
 
@@ -41,25 +33,12 @@ class SyncLoop(BackgroundTask):
     """The asyncio task that exchanges a worker's :class:`Ledger` with its shards' frontiers."""
 
     def __init__(
-        self,
-        ledger: Ledger,
-        router: ShardRouter,
-        frontiers: list[Frontier],
-        engine: Engine,
-        *,
-        decode: Callable[[int, bytes], Request],
-        on_applied: Callable[[Applied, SyncResult], None],
-        prefetch: int = 64,
-        flush_interval: float = 0.05,
-        flush_batch: int = 500,
-        idle_poll: float = 0.25,
-        lease_seconds: float = 60.0,
-        idle_poll_max: float | None = None,
-        outage: Outage | None = None,
-        on_outage: Callable[[], None] = lambda: None,
-        on_forget: Callable[[], None] = lambda: None,
-        backoff: Backoff | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        self, ledger: Ledger, router: ShardRouter, frontiers: list[Frontier], engine: Engine, *,
+        decode: Callable[[int, bytes], Request], on_applied: Callable[[Applied, SyncResult], None],
+        prefetch: int = 64, flush_interval: float = 0.05, flush_batch: int = 500, idle_poll: float = 0.25,
+        lease_seconds: float = 60.0, idle_poll_max: float | None = None, outage: Outage | None = None,
+        on_outage: Callable[[], None] = lambda: None, on_forget: Callable[[], None] = lambda: None,
+        backoff: Backoff | None = None, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.outage = outage or Outage()
         super().__init__(self.outage.guard("frontier", backoff, logger), clock)
@@ -70,51 +49,35 @@ class SyncLoop(BackgroundTask):
         self.decode = decode
         self.on_applied = on_applied
         self.prefetch = max(1, prefetch)
-        self.flush_interval = flush_interval
-        self.flush_batch = flush_batch
-        self.idle_poll = idle_poll
-        #: a worker that keeps finding nothing polls less and less often, up to this (long-running crawls)
+        self.flush_interval, self.flush_batch = flush_interval, flush_batch
+        #: a worker that keeps finding nothing polls less often: doubled per empty round up to the max
+        self.idle_poll = self.poll_interval = idle_poll
         self.idle_poll_max = max(idle_poll, idle_poll_max or idle_poll)
-        #: the current pace of an idle worker's polls (idle_poll, doubled per empty round up to the max)
-        self.poll_interval = idle_poll
         self.lease_seconds = lease_seconds
         self.on_outage = on_outage
-        #: called when the crawl's forget generation changes (``scrapy-dist forget``)
-        self.on_forget = on_forget
+        self.on_forget = on_forget  # the crawl's forget generation changed (``scrapy-dist forget``)
         self._forgets: str | None = None
-        #: leases given back while the engine closed (requests taken out of the downloader's queues)
-        self.released_at_close = 0
+        self.released_at_close = 0  # leases given back while the engine closed
         #: crawl-wide state after the last round that reached every shard (``None`` before the first)
         self.state: FrontierState | None = None
-        #: the crawl-wide pause flag (``scrapy-dist pause``), as shard 0 last reported it
-        self.paused = False
-        #: requests queued, leased or delayed crawl-wide when the worker joined (until ``state`` is known)
-        self.backlog = 0
-        #: this worker's own pause (extensions pause a worker without touching the crawl)
-        self.local_pause = False
+        self.paused = False  # the crawl-wide pause flag (``scrapy-dist pause``), as shard 0 last reported it
+        self.backlog = 0  # queued, leased or delayed crawl-wide when the worker joined (until ``state``)
+        self.local_pause = False  # this worker's own pause
         #: a round is under way (its requests are neither in the ledger nor known to be in Redis)
         self.in_sync = False
-        #: the last round failed (Redis away or an error): buffered requests cannot reach Redis now
-        self.failing = False
-        #: when the last round that reached every shard started
-        self.last_sync = 0.0
-        #: start of the last successful round that took every discovered request buffered (see
-        #: :meth:`scrapy_dist.scheduler.Scheduler.flushed_since`)
+        self.failing = False  # the last round failed: buffered requests cannot reach Redis now
+        self.last_sync = 0.0  # when the last round that reached every shard started
+        #: start of the last successful round that took every discovered request buffered
         self.drained_at = 0.0
-        #: when the rounds started leaving part of a backlog for the next one (None: none is left)
-        self.backlog_since: float | None = None
-        self.next_fetch = 0.0
-        self.next_renew = 0.0
-        #: (requests leased, requests asked for, queued crawl-wide) of the last complete round
-        self.lease_result = (0, 0, 0)
+        self.backlog_since: float | None = None  # when the rounds started leaving a backlog behind
+        self.next_fetch = self.next_renew = 0.0
+        self.lease_result = (0, 0, 0)  # (leased, asked for, queued crawl-wide) of the last complete round
         self._once = RateLimitedLog.once(logger)
-        #: the largest sequence number each shard has reported (it only grows while Redis keeps its data)
-        self._seq_seen: dict[int, int] = {}
-        #: awaited before a round that acknowledges newly finished requests: what must be durable before
-        #: an ack (feed exports' files, scrapy_dist/extensions/feeds.py); one that raises holds the acks back
+        self._seq_seen: dict[int, int] = {}  # the largest sequence number each shard has reported
+        #: awaited before a round that acknowledges newly finished requests (feed files made durable); one
+        #: that raises holds the acks back
         self.ack_barriers: list[Callable[[], Awaitable[None]]] = []
 
-    # -- the task -------------------------------------------------------------------------------------
     async def step(self) -> bool:
         """Rest until woken or ``flush_interval`` (a backlog goes on at once), then one turn; raises the
         error of a failed round (the task backs off)."""
@@ -127,8 +90,7 @@ class SyncLoop(BackgroundTask):
     def failed(self, exc: BaseException, now: float | None = None, detail: str = "") -> float:
         if is_outage(exc):  # Redis may come back with acknowledged writes rolled back (failover, lost AOF)
             self.on_outage()
-        ledger = self.ledger
-        held = f"{len(ledger.out)} discovered requests and {len(ledger.held)} leases kept in memory"
+        held = f"{len(self.ledger.out)} discovered requests and {len(self.ledger.held)} leases kept in memory"
         return super().failed(exc, now, detail or held)
 
     def crashed(self, exc: BaseException | None) -> None:
@@ -140,12 +102,10 @@ class SyncLoop(BackgroundTask):
         self.engine.close(FAILED_REASON)
 
     async def _turn(self) -> None:
-        """One turn of the loop: a round if one is due."""
         now = self.clock()
         # closing: what waits in the downloader is given back now, not fetched one per download delay
         taken = self.engine.take_unstarted(self.ledger.handed.__contains__)
-        if taken:
-            self.released_at_close += self.ledger.release(taken, now)
+        self.released_at_close += self.ledger.release(taken, now)
         self.collect_finished(now)
         due, lease = self.due(now)
         if not due:
@@ -159,17 +119,13 @@ class SyncLoop(BackgroundTask):
             self.next_renew = now + self.lease_seconds / 3
         self.last_sync = now
         got, asked, queued = self.lease_result
-        if asked and got < asked and queued == 0:
-            if got == 0 and not self.ledger.busy():  # still nothing at all: poll less often
-                self.poll_interval = min(self.idle_poll_max, self.poll_interval * 2)
-            else:
-                self.poll_interval = self.idle_poll
-            self.next_fetch = now + self.poll_interval  # nothing to lease: poll gently
+        starved = asked and got < asked and queued == 0  # nothing to lease: poll gently
+        if starved and got == 0 and not self.ledger.busy():  # still nothing at all: poll less often
+            self.poll_interval = min(self.idle_poll_max, self.poll_interval * 2)
         else:
             self.poll_interval = self.idle_poll
-            self.next_fetch = now
+        self.next_fetch = now + self.poll_interval if starved else now
 
-    # -- one round ------------------------------------------------------------------------------------
     def collect_finished(self, now: float) -> None:
         """Acknowledge requests the engine has finished (download, callback and pipelines)."""
         if not self.ledger.handed:
@@ -186,8 +142,7 @@ class SyncLoop(BackgroundTask):
     def due(self, now: float) -> tuple[bool, int]:
         """Whether a round is due now, and how many requests it should lease."""
         ledger = self.ledger
-        want = 0
-        outranked = 0
+        want = outranked = 0
         if not (self.paused or self.local_pause):
             if len(ledger.ready) < max(1, self.prefetch // 2):
                 want = self.prefetch - len(ledger.ready)
@@ -203,12 +158,9 @@ class SyncLoop(BackgroundTask):
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
     def calls_per_round(self, now: float) -> int:
-        """Most sync calls per shard this round, each of at most
-        :data:`~scrapy_dist.frontier.ledger.CALL_RECORDS` discovered requests:
-        :data:`~scrapy_dist.frontier.ledger.CALLS_PER_ROUND` -- and eight times as many once
-        draining a backlog has taken a quarter of a lease (a Redis so far away that rounds cannot keep
-        up), so the acks it holds back go before their leases run out. Either way every call stays short:
-        a backlog never goes as one long call that every other worker waits behind."""
+        """Most sync calls per shard this round (each of at most ``CALL_RECORDS`` requests): eight times as
+        many once draining a backlog has taken a quarter of a lease, so that the acks it holds back go before
+        their leases run out, while every call stays short for the other workers."""
         if self.backlog_since is not None and now - self.backlog_since >= self.lease_seconds / 4:
             return CALLS_PER_ROUND * 8
         return CALLS_PER_ROUND
@@ -224,9 +176,8 @@ class SyncLoop(BackgroundTask):
             except Exception as exc:  # nothing taken yet: every ack stays owed
                 return exc
         started = self.clock()
-        batches = ledger.take_batches(
-            router.lease_split(lease), renew, CALL_RECORDS, self.calls_per_round(started)
-        )
+        calls = self.calls_per_round(started)
+        batches = ledger.take_batches(router.lease_split(lease), renew, max_calls=calls)
         shard_of = ledger.call_shards
         if not ledger.left_behind:
             self.backlog_since = None
@@ -249,7 +200,6 @@ class SyncLoop(BackgroundTask):
             self.in_sync = False
         now = self.clock()
         error: BaseException | None = None
-        got = 0
         # failed calls go back in front of what came since, in their order; the first one's error is told
         for call in reversed(range(len(batches))):
             if isinstance(results[call], BaseException):
@@ -262,6 +212,7 @@ class SyncLoop(BackgroundTask):
             router.observe(shard_of[call], result)
             seqs[shard_of[call]] = result.seq
         self._check_seq(seqs)
+        got = 0
         for call, result in answered:
             applied = ledger.apply(call, batches[call], result, self.decode, now)
             got += applied.leased
@@ -275,9 +226,9 @@ class SyncLoop(BackgroundTask):
             self.on_applied(applied, result)
         ledger.finish_round(error is None, now)
         self.failing = error is not None
-        if error is None and not ledger.left_behind:
-            self.drained_at = started
         if error is None:
+            if not ledger.left_behind:
+                self.drained_at = started
             self.state = state = router.settle()
             if ledger.ready or not (state.queued or state.inflight):
                 self.engine.wake()
@@ -287,8 +238,7 @@ class SyncLoop(BackgroundTask):
         return error
 
     def _check_seq(self, seqs: dict[int, int]) -> None:
-        """Say so when a shard's sequence number went down: Redis lost the crawl's data (restarted without
-        persistence, a failover that lost writes, or its keys were deleted). One WARNING per drop."""
+        """One WARNING each time a shard's sequence number goes down: Redis lost the crawl's data."""
         for shard, seq in seqs.items():
             before = self._seq_seen.get(shard, 0)
             self._seq_seen[shard] = seq
