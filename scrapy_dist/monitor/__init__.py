@@ -21,7 +21,7 @@ from scrapy_dist.dupefilter.bloom import SCHEMES, BloomPlan, Generations
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.extensions.clusterstats import CLOSED, LOST, RUNNING, parse_worker_hash, worker_state
 from scrapy_dist.frontier.layout import ControlState, parse_control
-from scrapy_dist.frontier.orders import busiest_domains
+from scrapy_dist.frontier.orders import busiest_domains, parse_record
 from scrapy_dist.frontier.shard import lease_parts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.scripts import count as untrusted_count
@@ -131,6 +131,23 @@ def top_counts(counts: Mapping[str, int] | Iterable[tuple[str, int]], limit: int
     if rest:
         top["other"] = top.get("other", 0) + rest
     return list(top.items())
+
+
+def server_time(client: Any) -> float:
+    """Redis's clock (``TIME``) in seconds."""
+    sec, usec = client.time()
+    return int(sec) + int(usec) / 1e6
+
+
+def dead_reasons(client: Any, keys: CrawlKeys, sample: int) -> Counter[str]:
+    """The newest ``sample`` dead letters counted by reason (cut to 60 characters)."""
+    reasons: Counter[str] = Counter()
+    for raw in client.lrange(keys.deadletter, 0, sample - 1) or []:
+        try:
+            reasons[parse_record(raw).reason[:60]] += 1
+        except RejectedEntry:
+            reasons["unreadable"] += 1
+    return reasons
 
 
 def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
@@ -318,8 +335,7 @@ def read_status(
     """Everything ``scrapy-dist status`` shows about the crawl of ``keys.spider``, as JSON-ready data.
     Per-worker lease counts come from a scan of the lease index while it holds at most
     ``lease_scan_limit`` leases (0: never scan; the workers' heartbeats then give them)."""
-    sec, usec = client.time()
-    now = int(sec) + int(usec) / 1e6
+    now = server_time(client)
     p = client.pipeline(transaction=False)
     p.llen(keys.deadletter).type(keys.start_urls)
     p.llen(keys.start_urls_processing).llen(keys.start_urls_rejected).hgetall(keys.control).hgetall(keys.stats).hgetall(keys.errors)

@@ -17,7 +17,7 @@ import ipaddress
 import socket
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -25,10 +25,9 @@ from typing import Any
 
 from aiohttp import web
 
-from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
+from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier.layout import pause_crawl, resume_crawl
-from scrapy_dist.frontier.orders import parse_record
-from scrapy_dist.monitor import REASON_LIMIT, bounded_id, read_status, top_counts
+from scrapy_dist.monitor import REASON_LIMIT, bounded_id, dead_reasons, read_status, server_time, top_counts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage, describe
 
@@ -123,10 +122,8 @@ def _top_series(per_worker: dict[str, list[float]], n: int,
         return per_worker
     ranked = sorted(per_worker, key=lambda w: sum(per_worker[w]), reverse=True)
     out = {w: per_worker[w] for w in ranked[:limit]}
-    other = [0.0] * n
-    for w in ranked[limit:]:
-        other = [a + b for a, b in zip(other, per_worker[w], strict=True)]
-    out["other"] = [a + b for a, b in zip(out.get("other", [0.0] * n), other, strict=True)]
+    rest = [out.get("other", [0.0] * n)] + [per_worker[w] for w in ranked[limit:]]
+    out["other"] = [sum(point) for point in zip(*rest, strict=True)]
     return out
 
 
@@ -218,19 +215,13 @@ class Dashboard:
 
     def _read_status(self) -> dict[str, Any]:
         status = read_status(self.client, self.keys, lease_scan_limit=0)
-        reasons: Counter[str] = Counter()
-        for raw in self.client.lrange(self.keys.deadletter, 0, DEAD_SAMPLE - 1) or []:
-            try:
-                reasons[parse_record(raw).reason[:60]] += 1
-            except RejectedEntry:
-                reasons["unreadable"] += 1
+        reasons = dead_reasons(self.client, self.keys, DEAD_SAMPLE)
         status["dead_reasons"] = dict(top_counts(reasons, REASON_LIMIT, 60))
         status.pop("stats", None)  # hundreds of fields the page does not show
         return status
 
     def _read_history(self) -> dict[str, Any]:
-        sec, usec = self.client.time()
-        now = int(sec) + int(usec) / 1e6
+        now = server_time(self.client)
         entries = self.client.xrange(self.keys.history, min=f"{int((now - 3600) * 1000)}", count=HISTORY_READ)
         return history_series(entries or [], now)
 

@@ -21,9 +21,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.frontier.orders import parse_record
-from scrapy_dist.monitor import REASON_LIMIT, finite, read_status, top_counts
+from scrapy_dist.monitor import REASON_LIMIT, dead_reasons, finite, read_status, top_counts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage
 from scrapy_dist.utils import RateLimitedLog
@@ -87,7 +85,7 @@ class CrawlCollector(Collector):
         self.reads += 1
         try:
             status = read_status(self.client, keys, lease_scan_limit=0, domain_limit=self.top_domains)
-            raw = self.client.lrange(keys.deadletter, 0, DEAD_LETTER_SAMPLE - 1)
+            reasons = dead_reasons(self.client, keys, DEAD_LETTER_SAMPLE)
         except READ_ERRORS as exc:
             self.outage.failed(exc, self.clock())
             return spider, None, Counter()
@@ -96,21 +94,15 @@ class CrawlCollector(Collector):
                             exc_info=True)
             return spider, None, Counter()
         self.outage.succeeded(self.clock())
-        reasons: Counter[str] = Counter()
-        for record in raw or []:
-            try:
-                reasons[parse_record(record).reason[:60]] += 1
-            except RejectedEntry:
-                reasons["unreadable"] += 1
         return spider, status, reasons
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Any] = {}
-        for spider, s, dead_reasons in self.snapshots():
+        for spider, s, dead in self.snapshots():
             g = _Families()
             try:
                 if s is not None:
-                    self._crawl(g, spider, s, dead_reasons)
+                    self._crawl(g, spider, s, dead)
             except Exception:  # a value no check foresaw: this crawl's figures are lost, not the others'
                 self.errors.log(logging.ERROR, "Metrics of %r could not be built", spider, key=spider,
                                 exc_info=True)
