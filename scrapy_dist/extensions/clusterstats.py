@@ -229,18 +229,30 @@ class ClusterStats:
         finally:
             await self.redis.aclose()
 
-    def _ledger(self, part: str) -> int | None:
-        """Requests of the scheduler's ledger ``handed`` to the engine or ``ready`` (leased ahead of demand,
-        all a paused worker holds); None without our scheduler."""
-        ledger = getattr(scheduler_of(self.crawler), "ledger", None)
-        return len(getattr(ledger, part)) if ledger is not None else None
-
-    def _frontier(self) -> dict[str, str]:
-        """The crawl-wide frontier as this worker's scheduler last saw it (for the history stream)."""
-        status = getattr(scheduler_of(self.crawler), "frontier_status", None)
-        if not isinstance(status, dict):
-            return {}
-        return {f"frontier_{k}": str(int(status.get(k, 0))) for k in ("queued", "inflight", "delayed")}
+    def _heartbeat(self, stats: dict[str, Any], final: bool, reason: str) -> dict[str, str]:
+        """The fields of this worker's heartbeat HASH (``last_seen`` is added by Redis, in server time), with
+        the crawl-wide frontier as its scheduler last saw it (for the history stream)."""
+        sched = scheduler_of(self.crawler)
+        ledger = getattr(sched, "ledger", None)
+        # requests handed to the engine, and leased ahead of demand (all a paused worker holds)
+        handed, ready = ("", "") if ledger is None else (str(len(ledger.handed)), str(len(ledger.ready)))
+        fields = {
+            "id": self.worker, "host": socket.gethostname(), "pid": str(os.getpid()),
+            "spider": self.keys.spider, "started": f"{self.started:.3f}",
+            "pages": str(int(stats.get("response_received_count", 0) or 0)),
+            "items": str(int(stats.get("item_scraped_count", 0) or 0)),
+            "errors": str(error_count(stats)),
+            "inflight": "0" if final else handed, "prefetched": "0" if final else ready,
+            "pages_per_min": f"{0.0 if final else self.rate.per_minute():.1f}",
+            "interval": repr(float(self.interval)), "state": CLOSED if final else RUNNING,
+        }
+        if reason:
+            fields["finish_reason"] = reason
+        status = getattr(sched, "frontier_status", None)
+        if isinstance(status, dict):
+            for k in ("queued", "inflight", "delayed"):
+                fields[f"frontier_{k}"] = str(int(status.get(k, 0)))
+        return fields
 
     async def flush(self, final: bool = False, reason: str = "") -> int:
         """Send the heartbeat and the stats changed since the last flush (one script call). A failed flush
@@ -255,14 +267,7 @@ class ClusterStats:
                 self._seq += 1
                 self._pending = (self._seq, self.merger.operations(stats))
             seq, ops = self._pending
-            fields = heartbeat_fields(
-                worker=self.worker, spider=self.keys.spider, started=self.started, stats=stats,
-                inflight=0 if final else self._ledger("handed"),
-                prefetched=0 if final else self._ledger("ready"),
-                pages_per_min=0.0 if final else self.rate.per_minute(), interval=self.interval,
-                state=CLOSED if final else RUNNING, finish_reason=reason,
-            )
-            fields.update(self._frontier())
+            fields = self._heartbeat(stats, final, reason)
             ttl = self.closed_ttl if final else WORKER_TTL
             args: list[Any] = [self.worker, seq, ttl, "1" if final else "0", len(fields)]
             args += [x for pair in (*fields.items(), *ops) for x in pair]
@@ -334,27 +339,6 @@ def error_count(stats: dict[str, Any]) -> int:
         if code != name and (code.startswith("5") or code == "429"):
             n += int(value or 0)
     return n
-
-
-def heartbeat_fields(
-    *, worker: str, spider: str, started: float, stats: dict[str, Any], inflight: int | None,
-    pages_per_min: float, prefetched: int | None = None, interval: float, state: str = RUNNING,
-    finish_reason: str = "",
-) -> dict[str, str]:
-    """The fields of a worker's heartbeat HASH (``last_seen`` is added by Redis, in server time)."""
-    fields = {
-        "id": worker, "host": socket.gethostname(), "pid": str(os.getpid()), "spider": spider,
-        "started": f"{started:.3f}",
-        "pages": str(int(stats.get("response_received_count", 0) or 0)),
-        "items": str(int(stats.get("item_scraped_count", 0) or 0)),
-        "errors": str(error_count(stats)),
-        "inflight": "" if inflight is None else str(inflight),
-        "prefetched": "" if prefetched is None else str(prefetched),
-        "pages_per_min": f"{pages_per_min:.1f}", "interval": repr(float(interval)), "state": state,
-    }
-    if finish_reason:
-        fields["finish_reason"] = finish_reason
-    return fields
 
 
 def _count(text: str) -> int | None:
