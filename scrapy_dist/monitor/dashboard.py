@@ -65,9 +65,7 @@ def check_binding(host: str, token: str | None) -> None:
 
 def _field(fields: dict[bytes, bytes], name: bytes) -> float | None:
     raw = fields.get(name, b"")
-    if not (0 < len(raw) <= 20 and raw.isdigit()):
-        return None
-    return float(raw)
+    return float(raw) if 0 < len(raw) <= 20 and raw.isdigit() else None
 
 
 def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
@@ -75,12 +73,10 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
     """Chart series from history stream entries (``XRANGE`` replies): per bucket, pages/min crawl-wide and
     per worker, errors/min, and the frontier as last reported, from the bucket before the first sample
     (at least :data:`MIN_POINTS` buckets) to ``now``. Entries that do not parse are skipped."""
-    start = now - span
-    n = int(span // bucket)
+    start, n, per_min = now - span, int(span // bucket), 60.0 / bucket
     times = [start + (i + 1) * bucket for i in range(n)]
     last: dict[str, tuple[float, float, float]] = {}  # worker -> (time, pages, errors) of its last sample
-    pages = [0.0] * n
-    errors = [0.0] * n
+    pages, errors = [0.0] * n, [0.0] * n
     per_worker: dict[str, list[float]] = defaultdict(lambda: [0.0] * n)
     frontier = {k: [None] * n for k in ("queued", "inflight", "delayed")}
     for entry_id, fields in entries:
@@ -102,7 +98,6 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
         if prev is None or not 0 <= i < n or t <= prev[0]:
             continue
         dp, de = max(0.0, p - prev[1]), max(0.0, (e or 0.0) - prev[2])
-        per_min = 60.0 / bucket
         pages[i] += dp * per_min
         errors[i] += de * per_min
         per_worker[worker][i] += dp * per_min
@@ -208,10 +203,13 @@ class Dashboard:
         try:
             value = await self._cached(name, read, seconds)
         except READ_ERRORS as exc:
-            self.outage.failed(exc, self.clock())
-            return web.json_response({"error": f"Redis unavailable ({describe(exc)[:200]})"}, status=503)
+            return self._unavailable(exc)
         self.outage.succeeded(self.clock())
         return web.json_response(value)
+
+    def _unavailable(self, exc: BaseException) -> web.Response:
+        self.outage.failed(exc, self.clock())
+        return web.json_response({"error": f"Redis unavailable ({describe(exc)[:200]})"}, status=503)
 
     def _read_status(self) -> dict[str, Any]:
         status = read_status(self.client, self.keys, lease_scan_limit=0)
@@ -245,8 +243,7 @@ class Dashboard:
         name = request.match_info["name"]
         if name not in ("chart.umd.min.js", "dashboard.js"):
             raise web.HTTPNotFound()
-        body = STATIC.joinpath(name).read_bytes()
-        return web.Response(body=body, content_type="application/javascript")
+        return web.Response(body=STATIC.joinpath(name).read_bytes(), content_type="application/javascript")
 
     def _allowed(self, request: web.Request) -> bool:
         given = request.headers.get(TOKEN_HEADER, "")
@@ -261,26 +258,20 @@ class Dashboard:
         try:
             done = await self._act(request.match_info["action"])
         except READ_ERRORS as exc:
-            self.outage.failed(exc, self.clock())
-            return web.json_response({"error": f"Redis unavailable ({describe(exc)[:200]})"}, status=503)
+            return self._unavailable(exc)
         self._cache.clear()
         return web.json_response({"done": done})
 
     async def _act(self, action: str) -> Any:
-        loop = asyncio.get_running_loop()
         if action == "pause":
-            await loop.run_in_executor(
-                None, lambda: pause_crawl(self.client, self.keys.control, by="dashboard"))
-            done: Any = "paused"
-        elif action == "resume":
-            await loop.run_in_executor(None, lambda: resume_crawl(self.client, self.keys.control,
-                                                                  self.keys.errors))
-            done = "resumed"
-        else:
-            if self.requeue is None:
-                raise web.HTTPNotImplemented(text="requeueing is not available here")
-            done = await self.requeue()
-        return done
+            await asyncio.to_thread(pause_crawl, self.client, self.keys.control, by="dashboard")
+            return "paused"
+        if action == "resume":
+            await asyncio.to_thread(resume_crawl, self.client, self.keys.control, self.keys.errors)
+            return "resumed"
+        if self.requeue is None:
+            raise web.HTTPNotImplemented(text="requeueing is not available here")
+        return await self.requeue()
 
 
 class DashboardThread:
