@@ -3,14 +3,8 @@ closing every worker together when the crawl runs out of work (:class:`IdleMonit
 thresholds (:class:`ErrorMonitor`), and ``STATS_CLASS = "scrapy_dist.stats.RedisStatsCollector"``
 (:class:`RedisStatsCollector`), which keeps Scrapy's in-memory collector and turns on :class:`ClusterStats`
 instead of writing every increment through to Redis as scrapy-redis does; ``STATS_KEY`` is not read.
-
-Enable them all with ``ADDONS = {"scrapy_dist.Addon": 0}``, or one by one::
-
-    EXTENSIONS = {
-        "scrapy_dist.extensions.ClusterStats": 500,
-        "scrapy_dist.extensions.IdleMonitor": 500,
-        "scrapy_dist.extensions.ErrorMonitor": 500,
-    }
+The add-on enables all three extensions; ``EXTENSIONS = {"scrapy_dist.extensions.IdleMonitor": 500}``
+enables one.
 """
 
 from __future__ import annotations

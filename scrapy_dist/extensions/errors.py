@@ -76,15 +76,11 @@ class ErrorCounts:
         self._examples_per_reason: Counter[str] = Counter()
 
     def _error(self, kind: str, reason: str, url: str, now: float) -> None:
-        self.counts["errors"] += 1
-        self.counts[kind] += 1
-        self.counts[f"r:{reason}"] += 1
+        self.counts.update(("errors", kind, f"r:{reason}"))
         if self._examples_per_reason[reason] < EXAMPLES_PER_REASON:
             self._examples_per_reason[reason] += 1
-            self.examples.append(
-                json.dumps({"at": round(now, 3), "kind": kind, "reason": reason, "url": url[:1000],
-                            "worker": self.worker})
-            )
+            self.examples.append(json.dumps({"at": round(now, 3), "kind": kind, "reason": reason,
+                                             "url": url[:1000], "worker": self.worker}))
 
     def response(self, status: int, url: str, now: float) -> None:
         self.counts["attempts"] += 1

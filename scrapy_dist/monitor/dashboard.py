@@ -1,12 +1,10 @@
-"""``scrapy-dist dashboard SPIDER``: a live web page of one crawl (aiohttp server, Chart.js charts;
-docs/monitoring.md, "Live dashboard").
+"""``scrapy-dist dashboard SPIDER``: a live web page of one crawl (aiohttp, Chart.js; docs/monitoring.md).
 
-Two JSON endpoints, cached so any number of open pages cost one read: ``GET /api/status`` (the snapshot
-``scrapy-dist status`` reads, :func:`scrapy_dist.monitor.read_status`, plus the newest dead letters)
-and ``GET /api/history`` (the last hour of ``{spider}:history`` in :data:`BUCKET_SECONDS` buckets). The
-POSTs that act on the crawl need the token in an ``X-Dashboard-Token`` header (no CSRF without a CORS
-preflight, which is never answered) and the dashboard's own ``Origin``; listening beyond loopback needs a
-token (:func:`check_binding`). History entries are untrusted: parsed field by field, skipped if bad.
+Two JSON endpoints, cached so any number of open pages cost one read: ``GET /api/status``
+(:func:`~scrapy_dist.monitor.read_status` plus the newest dead letters) and ``GET /api/history`` (the last
+hour of ``{spider}:history``). The POSTs that act on the crawl need the token in an ``X-Dashboard-Token``
+header (no CSRF without a CORS preflight, which is never answered) and the dashboard's own ``Origin``;
+listening beyond loopback needs a token (:func:`check_binding`).
 """
 
 from __future__ import annotations

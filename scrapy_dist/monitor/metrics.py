@@ -1,13 +1,8 @@
-"""Prometheus metrics of running crawls, from the same snapshot ``scrapy-dist status`` reads (every metric:
-docs/monitoring.md, "Prometheus").
-
-:class:`CrawlCollector` reads each crawl's snapshot (:func:`scrapy_dist.monitor.read_status`) plus
-the newest :data:`DEAD_LETTER_SAMPLE` dead letters on a scrape, cached for ``cache_seconds`` so several
-scrapers cost one read; :func:`serve` serves it. Names follow Prometheus's conventions (``scrapy_dist_``
-prefix, base units, ``_total`` counters), and label cardinality is bounded: workers by
-:data:`~scrapy_dist.monitor.WORKER_LIMIT`, domains by ``top_domains``, reasons by
-:data:`REASON_LIMIT` (the rest summed as ``other``).
-"""
+"""Prometheus metrics of running crawls (docs/monitoring.md lists them): :class:`CrawlCollector` reads
+each crawl's :func:`~scrapy_dist.monitor.read_status` snapshot and newest dead letters, cached for
+``cache_seconds`` so several scrapers cost one read; :func:`serve` serves it. Label cardinality is bounded:
+workers by :data:`~scrapy_dist.monitor.WORKER_LIMIT`, domains by ``top_domains``, reasons by
+:data:`REASON_LIMIT` (the rest summed as ``other``)."""
 
 from __future__ import annotations
 
