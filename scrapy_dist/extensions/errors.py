@@ -247,8 +247,8 @@ class ErrorMonitor:
             )
         if tripped:
             self.crawler.stats.inc_value("errormonitor/tripped")
-            examples = [text(e) for e in kept]
-            logger.error(format_alert(self.keys.spider, self.totals, examples, c.window, c.action))
+            alert = format_alert(self.keys.spider, self.totals, list(map(text, kept)), c.window, c.action)
+            logger.error(alert)
         close, close_at, paused = (text(x) for x in control)
         if self._closing:
             return bool(tripped)
