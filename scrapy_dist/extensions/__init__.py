@@ -3,14 +3,8 @@ closing every worker together when the crawl runs out of work (:class:`IdleMonit
 thresholds (:class:`ErrorMonitor`), and ``STATS_CLASS = "scrapy_dist.stats.RedisStatsCollector"``
 (:class:`RedisStatsCollector`), which keeps Scrapy's in-memory collector and turns on :class:`ClusterStats`
 instead of writing every increment through to Redis as scrapy-redis does; ``STATS_KEY`` is not read.
-
-Enable them all with ``ADDONS = {"scrapy_dist.Addon": 0}``, or one by one::
-
-    EXTENSIONS = {
-        "scrapy_dist.extensions.ClusterStats": 500,
-        "scrapy_dist.extensions.IdleMonitor": 500,
-        "scrapy_dist.extensions.ErrorMonitor": 500,
-    }
+The add-on enables all three extensions; ``EXTENSIONS = {"scrapy_dist.extensions.IdleMonitor": 500}``
+enables one.
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ import asyncio
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -49,8 +44,6 @@ logger = logging.getLogger(__name__)
 
 #: The extension that writes the crawl-wide stats (enabled by this collector if the project has not).
 CLUSTER_STATS = "scrapy_dist.extensions.ClusterStats"
-#: Its order among extensions when this collector enables it (the add-on's value).
-CLUSTER_STATS_ORDER = 500
 
 
 class RedisStatsCollector(MemoryStatsCollector):
@@ -70,8 +63,8 @@ class RedisStatsCollector(MemoryStatsCollector):
 
 
 def enable_cluster_stats(crawler: Crawler) -> bool:
-    """Add ClusterStats to the crawler's (not yet frozen) ``EXTENSIONS`` unless there; one disabled with
-    ``None`` stays so, with a WARNING. True if it will run."""
+    """Add ClusterStats to the crawler's (not yet frozen) ``EXTENSIONS`` at the add-on's order unless there;
+    one disabled with ``None`` stays so, with a WARNING. True if it will run."""
     settings = crawler.settings
     for path, order in settings.getwithbase("EXTENSIONS").items():
         try:
@@ -84,11 +77,10 @@ def enable_cluster_stats(crawler: Crawler) -> bool:
                     "scrapy-dist: STATS_CLASS=RedisStatsCollector keeps no crawl-wide stats because"
                     " EXTENSIONS disables %s; enable it to get them in Redis", CLUSTER_STATS,
                 )
-                return False
-            return True
+            return order is not None
     if getattr(settings, "frozen", False):
         return False
-    settings["EXTENSIONS"].set(CLUSTER_STATS, CLUSTER_STATS_ORDER, priority="addon")
+    settings["EXTENSIONS"].set(CLUSTER_STATS, 500, priority="addon")
     return True
 
 
@@ -98,12 +90,12 @@ MAX_POLL = 1.0
 FOREVER_POLL = 5.0
 
 
+@dataclass
 class IdleClock:
     """How long the crawl has been observed without work (pure; time is a parameter)."""
 
-    def __init__(self, idle_before_close: float) -> None:
-        self.idle_before_close = idle_before_close
-        self.since: float | None = None
+    idle_before_close: float
+    since: float | None = None
 
     def observe(self, busy: bool, now: float) -> bool:
         """Record one observation; True once there has been no work for ``idle_before_close`` seconds."""
@@ -139,13 +131,16 @@ class IdleMonitor:
         self.shard_keys = keys.shards(shards)
         self.clock = IdleClock(idle_before_close)
         self.seeds_type = seeds_type
-        if poll is None:
+        if poll is None and math.isinf(idle_before_close):  # never closes on its own: only relays flags
+            poll = FOREVER_POLL
+        elif poll is None:
             poll = min(MAX_POLL, max(0.2, idle_before_close / 4)) if idle_before_close > 0 else MAX_POLL
-            if math.isinf(idle_before_close):  # never closes on its own: only relays close/pause flags
-                poll = FOREVER_POLL
         self.poll = poll
         self.redis: Any = None
         self.started_at = 0.0
+        #: server time at the last poll, from the server time at start (a cluster pipeline cannot send TIME)
+        self.server_now: float | None = None
+        self._opened_mono: float | None = None
         self._script: Any = None
         self._task: PeriodicTask | None = None
         self._close_task: asyncio.Task[None] | None = None
@@ -169,9 +164,8 @@ class IdleMonitor:
         self._script = scripts.register(self.redis, "idle")
         self.started_at = await start_time(self.redis)
         self._opened_mono = time.monotonic()
-        self._task = PeriodicTask(
-            self.check, self.poll, "idle monitor", logger, Outage.for_crawler(self.crawler)
-        ).start()
+        outage = Outage.for_crawler(self.crawler)
+        self._task = PeriodicTask(self.check, self.poll, "idle monitor", logger, outage).start()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         if self._task is not None:
@@ -184,12 +178,10 @@ class IdleMonitor:
     async def _end_chains(self) -> None:
         """After this worker's last sync: remove the revisits filed since ``scrapy-dist close`` removed the
         others."""
-        ds = DistSettings.for_crawler(self.crawler)
+        polite = DistSettings.for_crawler(self.crawler).scheduler.politeness == "cluster"
         client = connection.ClientPool.of(self.crawler).sync_client()
         try:
-            ended = await asyncio.to_thread(
-                end_chains, client, self.shard_keys, ds.scheduler.politeness == "cluster"
-            )
+            ended = await asyncio.to_thread(end_chains, client, self.shard_keys, polite)
         except redis.RedisError as exc:
             logger.warning("Could not end the crawl's revisit chains at close: %s", exc)
             return
@@ -202,24 +194,15 @@ class IdleMonitor:
         k = self.keys
         pipe = self.redis.pipeline(transaction=False)
         for shard in self.shard_keys:
-            pipe.zcard(shard.queue)
-            pipe.zcard(shard.leases)
-            pipe.zcard(shard.delayed)
-        if self.seeds_type == "zset":
-            pipe.zcard(k.start_urls)
-        elif self.seeds_type == "set":
-            pipe.scard(k.start_urls)
-        else:
-            pipe.llen(k.start_urls)
-        pipe.llen(k.start_urls_processing)
-        pipe.hgetall(k.control)
+            pipe.zcard(shard.queue).zcard(shard.leases).zcard(shard.delayed)
+        count_seeds = {"zset": pipe.zcard, "set": pipe.scard}.get(self.seeds_type, pipe.llen)
+        count_seeds(k.start_urls)
+        pipe.llen(k.start_urls_processing).hgetall(k.control)
         *counts, control = await pipe.execute(raise_on_error=False)
         if isinstance(control, Exception):
             raise control
-        # server time now, from the server time at start (a cluster pipeline cannot send TIME): bounds how
-        # far in the future a close decision may lie
-        opened = getattr(self, "_opened_mono", None)
-        self.server_now = None if opened is None else self.started_at + (time.monotonic() - opened)
+        if self._opened_mono is not None:  # bounds how far in the future a close decision may lie
+            self.server_now = self.started_at + (time.monotonic() - self._opened_mono)
         state = ControlState.from_hash(control)
         report_problems(k.control, state)
         # a seeds key of another type than configured (WRONGTYPE) holds nothing the spider can take
@@ -244,38 +227,36 @@ class IdleMonitor:
         if self._close_task is not None or _engine.is_closing(self.crawler):
             return ""
         work, control = await self.read()
-        reason = control.close_reason(self.started_at, getattr(self, "server_now", None))
+        reason = control.close_reason(self.started_at, self.server_now)
         if reason:
             self._ends_chains = _end_revisits(self.crawler)
-        if not reason and self.clock.idle_before_close > 0 and self.judges_idleness():
+        elif self.clock.idle_before_close > 0 and self.judges_idleness():
             now = time.monotonic() if now is None else now
             # a paused crawl is waiting for `scrapy-dist resume`, not finished
             if self.clock.observe(work > 0 or control.paused, now) and self.locally_idle():
-                if len(self.shard_keys) > 1 and not await shards_idle(self.redis, self.shard_keys):
-                    self.clock.since = None  # a request was moving between shards
-                    return ""
-                decided, reason_b, _ = await self._script(
-                    keys=[self.keys.queue, self.keys.leases, self.keys.delayed, self.keys.control,
-                          self.keys.workers],
-                    args=["finished", repr(self.started_at)],
-                )
-                reason = reason_b.decode() if isinstance(reason_b, bytes) else str(reason_b or "")
-                if decided:
-                    logger.info(
-                        "The crawl has had no work for %.1fs: every worker closes (reason finished)",
-                        self.clock.idle_before_close,
-                    )
-                elif not reason:
-                    self.clock.since = None  # work appeared between the poll and the decision
+                reason = await self._decide()
         if reason:
             self._close(reason)
         return reason
 
+    async def _decide(self) -> str:
+        """Ask ``idle.lua`` to call the crawl finished; returns the close reason (now or before) or ``""``."""
+        if len(self.shard_keys) > 1 and not await shards_idle(self.redis, self.shard_keys):
+            self.clock.since = None  # a request was moving between shards
+            return ""
+        k = self.keys
+        keys = [k.queue, k.leases, k.delayed, k.control, k.workers]
+        decided, reason, _ = await self._script(keys=keys, args=["finished", repr(self.started_at)])
+        if decided:
+            logger.info("The crawl has had no work for %.1fs: every worker closes (reason finished)",
+                        self.clock.idle_before_close)
+        elif not reason:
+            self.clock.since = None  # work appeared between the poll and the decision
+        return text(reason)
+
     def _close(self, reason: str) -> None:
         engine = engine_of(self.crawler)
-        if engine is None or engine.spider is None:
-            return
-        if _engine.is_closing(self.crawler):
+        if engine is None or engine.spider is None or _engine.is_closing(self.crawler):
             return
         logger.info("Closing: the crawl was closed crawl-wide (reason %s)", reason)
         self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
@@ -284,8 +265,7 @@ class IdleMonitor:
 def _end_revisits(crawler: Any) -> bool:
     """End the revisit chains of a crawl closed crawl-wide: what this worker still fetches is not filed
     again. Whether this worker revisits at all."""
-    sched = _engine.scheduler(crawler)
-    revisits = getattr(sched, "revisits", None)
+    revisits = getattr(_engine.scheduler(crawler), "revisits", None)
     if revisits is not None:
         revisits.stop()
     return revisits is not None

@@ -51,8 +51,19 @@ _MAX_WORD = re.compile(r"(?:^|[/_.\-])max(?:$|[/_.\-])")
 _MIN_WORD = re.compile(r"(?:^|[/_.\-])min(?:$|[/_.\-])")
 #: Seconds the final flush at close keeps retrying while Redis is unreachable.
 CLOSE_FLUSH_TIMEOUT = 10.0
-#: Seconds a closed worker's details stay in Redis when SCHEDULER_PERSIST is off.
+#: Seconds a worker's details stay in Redis after its last heartbeat (closed: when SCHEDULER_PERSIST is off).
+WORKER_TTL = 7 * 24 * 3600
 CLOSED_TTL_NOT_PERSISTENT = 60
+#: A worker unseen for this many of its heartbeat intervals is shown as lost.
+LOST_AFTER_INTERVALS = 3
+#: Largest count a worker hash may report (anything above is garbage, shown as unknown).
+MAX_COUNT = 10**15
+#: Longest text field kept from a worker hash.
+MAX_TEXT = 200
+
+RUNNING = "running"
+LOST = "lost"
+CLOSED = "closed"
 
 
 class PeriodicTask(BackgroundTask):
@@ -68,13 +79,10 @@ class PeriodicTask(BackgroundTask):
         self, func: Callable[[], Awaitable[object]], interval: float, what: str, logger: logging.Logger,
         outage: Outage | None = None,
     ) -> None:
-        # the task runs every interval whatever happens: the backoff only names the policy's wait
-        every = max(interval, 0.01)
+        every = max(interval, 0.01)  # the task runs every interval whatever happens
         super().__init__((outage or Outage()).guard(what, Backoff(every, every), logger))
         self.func = func
         self.interval = interval
-        self.what = what
-        self.logger = logger
 
     async def step(self) -> bool:
         await self.rest(self.interval)
@@ -116,43 +124,32 @@ class StatsMerger:
             return "min"
         if any(fnmatch.fnmatchcase(name, p) for p in self.max_stats):
             return "max"
-        last = name.rsplit("/", 1)[-1]
         if isinstance(value, datetime):
-            return "min" if "start" in last else "max"
+            return "min" if "start" in name.rsplit("/", 1)[-1] else "max"
         if isinstance(value, (bool, str)):
             return "set"
-        if isinstance(value, (int, float)):
-            if isinstance(value, float) and not math.isfinite(value):
-                return None
-            if _MAX_WORD.search(name):
-                return "max"
-            if _MIN_WORD.search(name):
-                return "min"
-            return "sum"
-        return None
+        if not isinstance(value, (int, float)) or isinstance(value, float) and not math.isfinite(value):
+            return None
+        return "max" if _MAX_WORD.search(name) else "min" if _MIN_WORD.search(name) else "sum"
 
     def operations(self, stats: dict[str, Any]) -> list[tuple[str, str, str]]:
         """Merge operations for ``stats`` relative to the previous snapshot (which becomes ``stats``)."""
         ops: list[tuple[str, str, str]] = []
         for name, value in stats.items():
             mode = self.mode(name, value)
-            if mode is None:
-                continue
             if mode == "sum":
                 delta = value - self._flushed.get(name, 0)
                 if delta:
                     ops.append(("sum", name, repr(delta) if isinstance(delta, float) else str(int(delta))))
                 self._flushed[name] = value
-                continue
-            if isinstance(value, datetime):
-                encoded = encode_datetime(value)
-            elif isinstance(value, float):
-                encoded = repr(value)
-            else:
-                encoded = str(value)
-            if self._flushed.get(name) != encoded:
-                ops.append((mode, name, encoded))
-                self._flushed[name] = encoded
+            elif mode is not None:
+                if isinstance(value, datetime):
+                    encoded = encode_datetime(value)
+                else:
+                    encoded = repr(value) if isinstance(value, float) else str(value)
+                if self._flushed.get(name) != encoded:
+                    ops.append((mode, name, encoded))
+                    self._flushed[name] = encoded
         return ops
 
 
@@ -187,11 +184,11 @@ class ClusterStats:
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
-        interval = ds.monitoring.interval
-        if interval <= 0:
+        m = ds.monitoring
+        if m.interval <= 0:
             raise NotConfigured("CLUSTERSTATS_INTERVAL is 0")
-        merger = StatsMerger(list(ds.monitoring.max_stats), list(ds.monitoring.min_stats))
-        o = cls(crawler, crawler_keys(crawler), interval, merger, ds.scheduler.persist)
+        merger = StatsMerger(m.max_stats, m.min_stats)
+        o = cls(crawler, crawler_keys(crawler), m.interval, merger, ds.scheduler.persist)
         crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
@@ -203,9 +200,8 @@ class ClusterStats:
         self.started = time.time()
         self.redis = connection.ClientPool.of(self.crawler).async_client()
         self._script = scripts.register(self.redis, "clusterstats")
-        self._task = PeriodicTask(
-            self.flush, self.interval, "crawl-wide stats", logger, Outage.for_crawler(self.crawler)
-        )
+        outage = Outage.for_crawler(self.crawler)
+        self._task = PeriodicTask(self.flush, self.interval, "crawl-wide stats", logger, outage)
         await self._task.run_once()  # registers the worker at once
         self._task.start()
 
@@ -233,22 +229,30 @@ class ClusterStats:
         finally:
             await self.redis.aclose()
 
-    def _inflight(self) -> int | None:
-        """Requests the engine works on (leased and handed out), or None without our scheduler."""
-        ledger = getattr(scheduler_of(self.crawler), "ledger", None)
-        return len(ledger.handed) if ledger is not None else None
-
-    def _frontier(self) -> dict[str, str]:
-        """The crawl-wide frontier as this worker's scheduler last saw it (for the history stream)."""
-        status = getattr(scheduler_of(self.crawler), "frontier_status", None)
-        if not isinstance(status, dict):
-            return {}
-        return {f"frontier_{k}": str(int(status.get(k, 0))) for k in ("queued", "inflight", "delayed")}
-
-    def _prefetched(self) -> int | None:
-        """Requests leased ahead of demand and not yet handed out (all a paused worker holds)."""
-        ledger = getattr(scheduler_of(self.crawler), "ledger", None)
-        return len(ledger.ready) if ledger is not None else None
+    def _heartbeat(self, stats: dict[str, Any], final: bool, reason: str) -> dict[str, str]:
+        """The fields of this worker's heartbeat HASH (``last_seen`` is added by Redis, in server time), with
+        the crawl-wide frontier as its scheduler last saw it (for the history stream)."""
+        sched = scheduler_of(self.crawler)
+        ledger = getattr(sched, "ledger", None)
+        # requests handed to the engine, and leased ahead of demand (all a paused worker holds)
+        handed, ready = ("", "") if ledger is None else (str(len(ledger.handed)), str(len(ledger.ready)))
+        fields = {
+            "id": self.worker, "host": socket.gethostname(), "pid": str(os.getpid()),
+            "spider": self.keys.spider, "started": f"{self.started:.3f}",
+            "pages": str(int(stats.get("response_received_count", 0) or 0)),
+            "items": str(int(stats.get("item_scraped_count", 0) or 0)),
+            "errors": str(error_count(stats)),
+            "inflight": "0" if final else handed, "prefetched": "0" if final else ready,
+            "pages_per_min": f"{0.0 if final else self.rate.per_minute():.1f}",
+            "interval": repr(float(self.interval)), "state": CLOSED if final else RUNNING,
+        }
+        if reason:
+            fields["finish_reason"] = reason
+        status = getattr(sched, "frontier_status", None)
+        if isinstance(status, dict):
+            for k in ("queued", "inflight", "delayed"):
+                fields[f"frontier_{k}"] = str(int(status.get(k, 0)))
+        return fields
 
     async def flush(self, final: bool = False, reason: str = "") -> int:
         """Send the heartbeat and the stats changed since the last flush (one script call). A failed flush
@@ -259,24 +263,14 @@ class ClusterStats:
         while True:
             stats = dict(self.crawler.stats.get_stats())
             fresh = self._pending is None
-            if fresh:
+            if self._pending is None:
                 self._seq += 1
                 self._pending = (self._seq, self.merger.operations(stats))
-            assert self._pending is not None
             seq, ops = self._pending
-            fields = heartbeat_fields(
-                worker=self.worker, spider=self.keys.spider, started=self.started, stats=stats,
-                inflight=0 if final else self._inflight(), prefetched=0 if final else self._prefetched(),
-                pages_per_min=0.0 if final else self.rate.per_minute(), interval=self.interval,
-                state=CLOSED if final else RUNNING, finish_reason=reason,
-            )
-            fields.update(self._frontier())
+            fields = self._heartbeat(stats, final, reason)
             ttl = self.closed_ttl if final else WORKER_TTL
             args: list[Any] = [self.worker, seq, ttl, "1" if final else "0", len(fields)]
-            for k, v in fields.items():
-                args += [k, v]
-            for op in ops:
-                args.extend(op)
+            args += [x for pair in (*fields.items(), *ops) for x in pair]
             result = await self._script(
                 keys=[self.keys.stats, self.keys.workers, self.keys.worker(self.worker), self.keys.history],
                 args=args,
@@ -290,16 +284,6 @@ class ClusterStats:
             # a resent flush predates the latest changes: at close they must go now, not next interval
             if fresh or not final:
                 return int(result[0])
-
-
-#: A worker unseen for this many of its heartbeat intervals is shown as lost.
-LOST_AFTER_INTERVALS = 3
-#: Seconds a worker's details stay in Redis after its last heartbeat.
-WORKER_TTL = 7 * 24 * 3600
-
-RUNNING = "running"
-LOST = "lost"
-CLOSED = "closed"
 
 
 def engine_of(crawler: Crawler) -> Any:
@@ -320,11 +304,9 @@ def worker_id(crawler: Crawler) -> str:
     sched = scheduler_of(crawler)
     if sched is not None:
         return sched.worker_id
-    wid = getattr(crawler, "_scrapy_dist_worker_id", None)
-    if wid is None:
-        wid = make_worker_id()
-        crawler._scrapy_dist_worker_id = wid  # type: ignore[attr-defined]
-    return wid
+    if getattr(crawler, "_scrapy_dist_worker_id", None) is None:
+        crawler._scrapy_dist_worker_id = make_worker_id()  # type: ignore[attr-defined]
+    return crawler._scrapy_dist_worker_id  # type: ignore[attr-defined]
 
 
 class RateMeter:
@@ -346,54 +328,17 @@ class RateMeter:
         if len(self._samples) < 2:
             return 0.0
         (t0, v0), (t1, v1) = self._samples[0], self._samples[-1]
-        if t1 - t0 < 1.0:
-            return 0.0
-        return max(0.0, (v1 - v0) * 60.0 / (t1 - t0))
+        return max(0.0, (v1 - v0) * 60.0 / (t1 - t0)) if t1 - t0 >= 1.0 else 0.0
 
 
 def error_count(stats: dict[str, Any]) -> int:
     """Errors in a worker's Scrapy stats: spider exceptions, download exceptions and 5xx/429 responses."""
-    n = int(stats.get("spider_exceptions/count", 0) or 0)
-    n += int(stats.get("downloader/exception_count", 0) or 0)
-    prefix = "downloader/response_status_count/"
+    n = sum(int(stats.get(k, 0) or 0) for k in ("spider_exceptions/count", "downloader/exception_count"))
     for name, value in stats.items():
-        if name.startswith(prefix):
-            code = name[len(prefix):]
-            if code.startswith("5") or code == "429":
-                n += int(value or 0)
+        code = name.removeprefix("downloader/response_status_count/")
+        if code != name and (code.startswith("5") or code == "429"):
+            n += int(value or 0)
     return n
-
-
-def heartbeat_fields(
-    *, worker: str, spider: str, started: float, stats: dict[str, Any], inflight: int | None,
-    pages_per_min: float, prefetched: int | None = None, interval: float, state: str = RUNNING,
-    finish_reason: str = "", host: str | None = None, pid: int | None = None,
-) -> dict[str, str]:
-    """The fields of a worker's heartbeat HASH (``last_seen`` is added by Redis, in server time)."""
-    fields = {
-        "id": worker,
-        "host": host if host is not None else socket.gethostname(),
-        "pid": str(pid if pid is not None else os.getpid()),
-        "spider": spider,
-        "started": f"{started:.3f}",
-        "pages": str(int(stats.get("response_received_count", 0) or 0)),
-        "items": str(int(stats.get("item_scraped_count", 0) or 0)),
-        "errors": str(error_count(stats)),
-        "inflight": "" if inflight is None else str(inflight),
-        "prefetched": "" if prefetched is None else str(prefetched),
-        "pages_per_min": f"{pages_per_min:.1f}",
-        "interval": repr(float(interval)),
-        "state": state,
-    }
-    if finish_reason:
-        fields["finish_reason"] = finish_reason
-    return fields
-
-
-#: Largest count a worker hash may report (anything above is garbage, shown as unknown).
-MAX_COUNT = 10**15
-#: Longest text field kept from a worker hash.
-MAX_TEXT = 200
 
 
 def _count(text: str) -> int | None:
@@ -438,19 +383,16 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
     d = hash_fields(raw, "worker")
     garbage: list[str] = []
 
-    def count(name: str) -> int | None:
-        text = d.get(name, "")
-        value = _count(text)
-        if text and value is None:
+    def checked(name: str, value: Any) -> Any:
+        if d.get(name) and value is None:
             garbage.append(name)
         return value
 
+    def count(name: str) -> int | None:
+        return checked(name, _count(d.get(name, "")))
+
     def number(name: str, low: float, high: float) -> float | None:
-        text = d.get(name, "")
-        value = _finite(text, low, high) if text else None
-        if text and value is None:
-            garbage.append(name)
-        return value
+        return checked(name, _finite(d.get(name, ""), low, high))
 
     state = d.get("state", "")
     if state not in ("", RUNNING, CLOSED, "closing"):
@@ -458,19 +400,11 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
         state = ""
     pid = count("pid")
     return WorkerInfo(
-        host=d.get("host", "")[:MAX_TEXT],
-        pid=pid if pid is None or pid < 2**32 else None,
-        started=number("started", 0.0, 1e11),
-        pages=count("pages"),
-        items=count("items"),
-        errors=count("errors"),
-        inflight=count("inflight"),
-        prefetched=count("prefetched"),
-        pages_per_min=number("pages_per_min", 0.0, 1e12),
-        interval=number("interval", 0.001, 86400.0),
-        state=state,
-        finish_reason=d.get("finish_reason", "")[:MAX_TEXT],
-        garbage=tuple(garbage),
+        host=d.get("host", "")[:MAX_TEXT], pid=pid if pid is None or pid < 2**32 else None,
+        started=number("started", 0.0, 1e11), pages=count("pages"), items=count("items"),
+        errors=count("errors"), inflight=count("inflight"), prefetched=count("prefetched"),
+        pages_per_min=number("pages_per_min", 0.0, 1e12), interval=number("interval", 0.001, 86400.0),
+        state=state, finish_reason=d.get("finish_reason", "")[:MAX_TEXT], garbage=tuple(garbage),
     )
 
 

@@ -26,7 +26,7 @@ from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.outage import Outage
 from scrapy_dist.redis.scripts import text
-from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings import DistSettings, MonitoringSettings, defaults
 from scrapy_dist.settings.reader import refusing, start_error
 from scrapy_dist.utils import RateLimitedLog
 
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ACTIONS = ("log", "pause", "close")
 #: The close reason of every worker when the action is ``close`` (set by ``errors.lua``).
 CLOSE_REASON = "error_threshold"
 #: Examples of each reason sent per flush, and kept crawl-wide for alerts.
@@ -77,15 +76,11 @@ class ErrorCounts:
         self._examples_per_reason: Counter[str] = Counter()
 
     def _error(self, kind: str, reason: str, url: str, now: float) -> None:
-        self.counts["errors"] += 1
-        self.counts[kind] += 1
-        self.counts[f"r:{reason}"] += 1
+        self.counts.update(("errors", kind, f"r:{reason}"))
         if self._examples_per_reason[reason] < EXAMPLES_PER_REASON:
             self._examples_per_reason[reason] += 1
-            self.examples.append(
-                json.dumps({"at": round(now, 3), "kind": kind, "reason": reason, "url": url[:1000],
-                            "worker": self.worker})
-            )
+            self.examples.append(json.dumps({"at": round(now, 3), "kind": kind, "reason": reason,
+                                             "url": url[:1000], "worker": self.worker}))
 
     def response(self, status: int, url: str, now: float) -> None:
         self.counts["attempts"] += 1
@@ -150,28 +145,15 @@ class ErrorMonitor:
     ``scrapy-dist status``). Stats: ``errormonitor/tripped``.
     """
 
-    def __init__(
-        self, crawler: Crawler, keys: CrawlKeys, *, interval: float = defaults.CLUSTERSTATS_INTERVAL,
-        window: float = defaults.ERRORMONITOR_WINDOW, max_errors: int | None = None,
-        max_rate: float | None = None, min_attempts: int = defaults.ERRORMONITOR_MIN_ATTEMPTS,
-        action: str = defaults.ERRORMONITOR_ACTION, http_errors: list[Any] | None = None,
-    ) -> None:
-        if action not in ACTIONS:
-            raise ScrapyDistError(f"ERRORMONITOR_ACTION must be one of {', '.join(ACTIONS)}, not {action!r}")
-        if window <= 0:
-            raise ScrapyDistError(f"ERRORMONITOR_WINDOW must be positive, not {window!r}")
+    def __init__(self, crawler: Crawler, keys: CrawlKeys, config: MonitoringSettings, persist: bool) -> None:
         self.crawler = crawler
         self.keys = keys
-        self.interval = interval
-        self.window = window
-        self.bucket = max(1.0, window / BUCKETS)
-        self.max_errors = max_errors
-        self.max_rate = max_rate
-        self.min_attempts = min_attempts
-        self.action = action
-        self.events = ErrorCounts(http_error_matcher(
-            defaults.ERRORMONITOR_HTTP_ERRORS if http_errors is None else http_errors
-        ))
+        self.config = config
+        self.interval = config.interval or defaults.CLUSTERSTATS_INTERVAL
+        self.bucket = max(1.0, config.window / BUCKETS)
+        self.events = ErrorCounts(http_error_matcher(list(config.http_errors)))
+        #: SCHEDULER_PERSIST: a finished crawl that does not persist has its keys removed at close
+        self.persist = persist
         self.redis: Any = None
         self.started_at = 0.0
         self.totals: dict[str, int] = {}
@@ -182,20 +164,12 @@ class ErrorMonitor:
         self._close_task: asyncio.Task[None] | None = None
         self._local_pause = False
         self._garbage_log = RateLimitedLog.once(logger)
-        #: SCHEDULER_PERSIST: a finished crawl that does not persist has its keys removed at close
-        self.persist = True
 
     @classmethod
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
-        m = ds.monitoring
-        o = cls(
-            crawler, crawler_keys(crawler), interval=m.interval or 5.0, window=m.window,
-            max_errors=m.max_errors, max_rate=m.max_error_rate, min_attempts=m.min_attempts, action=m.action,
-            http_errors=list(m.http_errors),
-        )
-        o.persist = ds.scheduler.persist
+        o = cls(crawler, crawler_keys(crawler), ds.monitoring, ds.scheduler.persist)
         crawler.signals.connect(o.response_downloaded, signal=signals.response_downloaded)
         crawler.signals.connect(o.request_left_downloader, signal=signals.request_left_downloader)
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
@@ -249,15 +223,14 @@ class ErrorMonitor:
         """Send the counts since the last flush, get the window's totals back, act on them (one script
         call). Returns whether this call took the action."""
         counts, examples = self.events.take()
+        c = self.config
         args: list[Any] = [
-            "" if now is None else repr(now), repr(self.bucket), repr(self.window),
-            "" if self.max_errors is None else self.max_errors,
-            "" if self.max_rate is None else repr(self.max_rate),
-            self.min_attempts, self.action, EXAMPLES_KEPT, len(counts),
+            "" if now is None else repr(now), repr(self.bucket), repr(c.window),
+            "" if c.max_errors is None else c.max_errors,
+            "" if c.max_error_rate is None else repr(c.max_error_rate),
+            c.min_attempts, c.action, EXAMPLES_KEPT, len(counts),
+            *(x for pair in counts.items() for x in pair), *examples,
         ]
-        for name, n in counts.items():
-            args += [name, n]
-        args += examples
         try:
             tripped, server_now, flat, control, kept, garbage = await self._script(
                 keys=[self.keys.errors, self.keys.error_examples, self.keys.control], args=args
@@ -274,16 +247,19 @@ class ErrorMonitor:
             )
         if tripped:
             self.crawler.stats.inc_value("errormonitor/tripped")
-            logger.error(format_alert(self.keys.spider, self.totals, [text(e) for e in kept], self.window,
-                                      self.action))
+            alert = format_alert(self.keys.spider, self.totals, list(map(text, kept)), c.window, c.action)
+            logger.error(alert)
         close, close_at, paused = (text(x) for x in control)
         if self._closing:
             return bool(tripped)
         self._follow_pause(paused == "1")
         # the error monitor acts on its own decision; IdleMonitor relays every kind of close decision
         decision = ControlState.from_hash({"close": close, "close_at": close_at})
-        now = _float_or_none(server_now)
-        if decision.close == CLOSE_REASON and decision.close_reason(self.started_at, now):
+        try:
+            server_time: float | None = float(text(server_now))
+        except ValueError:
+            server_time = None
+        if decision.close == CLOSE_REASON and decision.close_reason(self.started_at, server_time):
             self._close(close)
         return bool(tripped)
 
@@ -310,11 +286,4 @@ class ErrorMonitor:
         self._closing = True
         logger.warning("Closing: the error monitor closed the crawl crawl-wide (%s)", reason)
         self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
-
-
-def _float_or_none(value: Any) -> float | None:
-    try:
-        return float(text(value))
-    except ValueError:
-        return None
 

@@ -21,7 +21,7 @@ from scrapy_dist.dupefilter.bloom import SCHEMES, BloomPlan, Generations
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.extensions.clusterstats import CLOSED, LOST, RUNNING, parse_worker_hash, worker_state
 from scrapy_dist.frontier.layout import ControlState, parse_control
-from scrapy_dist.frontier.orders import busiest_domains
+from scrapy_dist.frontier.orders import busiest_domains, parse_record
 from scrapy_dist.frontier.shard import lease_parts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.scripts import count as untrusted_count
@@ -30,7 +30,7 @@ from scrapy_dist.settings import defaults
 
 __all__ = [
     "ID_LIMIT", "MAX_VALUE", "REASON_LIMIT", "STAT_LIMIT", "TEXT_LIMIT", "bounded_id", "bounded_text",
-    "decode_hash", "decode_stats", "filter_figures", "finite", "read_status", "top_counts",
+    "decode_stats", "filter_figures", "finite", "read_status", "top_counts",
 ]
 
 #: Longest worker id (or other label) an answer carries; longer ones are cut and made unique by a digest.
@@ -81,6 +81,11 @@ def finite(value: Any) -> float | None:
     return number if math.isfinite(number) and abs(number) <= MAX_VALUE else None
 
 
+def _whole(text: str, digits: int) -> int | None:
+    """``text`` as a non-negative integer of at most ``digits`` digits, else ``None``."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= digits else None
+
+
 def _number(text: str) -> int | float | str | None:
     """A stat's text as a number, the text itself (cut) if no number, ``None`` if a number out of range."""
     if len(text) <= 40:
@@ -93,16 +98,11 @@ def _number(text: str) -> int | float | str | None:
     return bounded_text(text)
 
 
-def decode_hash(raw: Mapping[Any, Any] | None) -> dict[str, str]:
-    """An ``HGETALL`` reply as ``str -> str``."""
-    return {text(k): text(v) for k, v in (raw or {}).items()}
-
-
 def decode_stats(raw: Mapping[Any, Any] | None, limit: int = STAT_LIMIT) -> tuple[dict[str, Any], int]:
     """The crawl-wide stats hash with numbers as numbers, sorted by name, and how many fields were skipped:
     numbers not finite or beyond :data:`MAX_VALUE`, names over :data:`TEXT_LIMIT` characters, and the
     fields beyond ``limit`` (:data:`ESSENTIAL_STATS` are kept first)."""
-    fields = decode_hash(raw)
+    fields = hash_fields(raw, "stats")
     names = sorted(k for k in fields if len(k) <= TEXT_LIMIT)
     skipped = len(fields) - len(names)
     if len(names) > limit:
@@ -133,9 +133,26 @@ def top_counts(counts: Mapping[str, int] | Iterable[tuple[str, int]], limit: int
     return list(top.items())
 
 
+def server_time(client: Any) -> float:
+    """Redis's clock (``TIME``) in seconds."""
+    sec, usec = client.time()
+    return int(sec) + int(usec) / 1e6
+
+
+def dead_reasons(client: Any, keys: CrawlKeys, sample: int) -> Counter[str]:
+    """The newest ``sample`` dead letters counted by reason (cut to 60 characters)."""
+    reasons: Counter[str] = Counter()
+    for raw in client.lrange(keys.deadletter, 0, sample - 1) or []:
+        try:
+            reasons[parse_record(raw).reason[:60]] += 1
+        except RejectedEntry:
+            reasons["unreadable"] += 1
+    return reasons
+
+
 def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
     """Totals of the error monitor's window (``{spider}:errors``) as of ``now`` (server time)."""
-    fields = decode_hash(raw)
+    fields = hash_fields(raw, "errors")
     try:
         bucket_s = float(fields.get("_bucket", ""))
         window = float(fields.get("_window", ""))
@@ -144,15 +161,14 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
     if not (0 < bucket_s <= 86400 and 0 < window <= 10**7):  # also False for NaN
         bucket_s = window = 0.0
     totals: Counter[str] = Counter()
-    if bucket_s > 0:
-        for field, value in fields.items():
-            bucket, sep, name = field.partition("|")
-            if not sep or not (bucket.isascii() and bucket.isdigit() and len(bucket) <= 15):
-                continue
-            # a bucket ahead of now is garbage (the error monitor's script deletes it), not fresh for ever
-            fresh = now - window < (int(bucket) + 1) * bucket_s and int(bucket) <= now // bucket_s + 1
-            if fresh and value.isascii() and value.isdigit() and len(value) <= 15:
-                totals[name] += int(value)
+    for field, value in fields.items() if bucket_s > 0 else ():
+        bucket_text, sep, name = field.partition("|")
+        bucket, count = _whole(bucket_text, 15), _whole(value, 15)
+        if not sep or bucket is None or count is None:
+            continue
+        # a bucket ahead of now is garbage (the error monitor's script deletes it), not fresh for ever
+        if now - window < (bucket + 1) * bucket_s and bucket <= now // bucket_s + 1:
+            totals[name] += count
     attempts, errors = totals.get("attempts", 0), totals.get("errors", 0)
     reasons = dict(top_counts((k[2:], n) for k, n in totals.items() if k.startswith("r:")))
     return {
@@ -237,17 +253,6 @@ def crawl_state(control: ControlState, running: int, started: list[float | None]
     return "running" if running else "stopped"
 
 
-def _first_score(reply: Any) -> float | None:
-    """The score of a one-member ``ZRANGE ... WITHSCORES`` reply, if it is a finite number."""
-    if not (isinstance(reply, list) and reply and isinstance(reply[0], (list, tuple)) and len(reply[0]) == 2):
-        return None
-    try:
-        score = float(reply[0][1])
-    except (TypeError, ValueError):
-        return None
-    return score if math.isfinite(score) else None
-
-
 def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """When things come due, in one pipelined round trip (garbage counts as 0 / no time): scheduled revisits
     and how soon the delayed set's next entry comes due (``{"scheduled", "next_in"}``), and when the first
@@ -262,13 +267,10 @@ def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[
     first: list[float] = []
     last: list[float] = []
     for i in range(0, len(replies), 4):
-        held = text(replies[i])
-        if held.isascii() and held.isdigit() and len(held) <= 15:
-            scheduled += int(held)
+        scheduled += _whole(text(replies[i]), 15) or 0
         for found, reply in ((due, replies[i + 1]), (first, replies[i + 2]), (last, replies[i + 3])):
-            score = _first_score(reply)
-            if score is not None:
-                found.append(score)
+            if reply and math.isfinite(reply[0][1]):  # ZADD accepts +inf
+                found.append(reply[0][1])
 
     def seconds(scores: list[float], pick: Any) -> float | None:
         return round(min(max(0.0, pick(scores) - now), 1e10), 1) if scores else None
@@ -302,10 +304,6 @@ def _replies(pipe: Any, fallbacks: list[Any]) -> list[Any]:
     return out
 
 
-def _valid_members(members: Any) -> bool:
-    return isinstance(members, list) and all(isinstance(m, (tuple, list)) and len(m) == 2 for m in members)
-
-
 def _domains(client: Any, shards: list[CrawlKeys], now: float, limit: int) -> list[dict[str, Any]]:
     """The busiest domains over every shard (each keeps its domains' politeness state)."""
     rows: list[dict[str, Any]] = []
@@ -337,23 +335,14 @@ def read_status(
     """Everything ``scrapy-dist status`` shows about the crawl of ``keys.spider``, as JSON-ready data.
     Per-worker lease counts come from a scan of the lease index while it holds at most
     ``lease_scan_limit`` leases (0: never scan; the workers' heartbeats then give them)."""
-    sec, usec = client.time()
-    now = int(sec) + int(usec) / 1e6
+    now = server_time(client)
     p = client.pipeline(transaction=False)
-    p.zcard(keys.queue).zcard(keys.leases).zcard(keys.delayed).llen(keys.deadletter).type(keys.start_urls)
-    p.llen(keys.start_urls_processing).llen(keys.start_urls_rejected).llen(keys.queue_rejected)
-    p.hgetall(keys.bloom).scard(keys.fingerprints).hgetall(keys.control).hgetall(keys.stats)
-    p.hgetall(keys.errors).zrevrange(keys.workers, 0, worker_limit - 1, withscores=True).zcard(keys.workers)
-    p.zcard(keys.leases)
-    p.hget(keys.queue_tails, "count")  # requests queued (queue members may be chunks of several)
+    p.llen(keys.deadletter).type(keys.start_urls)
+    p.llen(keys.start_urls_processing).llen(keys.start_urls_rejected).hgetall(keys.control).hgetall(keys.stats).hgetall(keys.errors)
+    p.zrevrange(keys.workers, 0, worker_limit - 1, withscores=True).zcard(keys.workers)
     p.zcard(keys.fingerprints_ttl)  # SetDupeFilter with DUPEFILTER_TTL
-    (queued, inflight, delayed, dead, seeds_type, processing, seeds_rejected, queue_rejected, bloom,
-     fingerprints, control_raw, stats_raw, errors_raw, members, n_workers, n_leases, counted,
-     expiring) = _replies(p, [0, 0, 0, 0, "none", 0, 0, 0, {}, 0, {}, {}, {}, [], 0, 0, None, 0])
-    if not _valid_members(members):
-        members = []
-    if queued:
-        queued = max(int(queued), untrusted_count(counted))
+    (dead, seeds_type, processing, seeds_rejected, control_raw, stats_raw, errors_raw, members, n_workers,
+     expiring) = _replies(p, [0, "none", 0, 0, {}, {}, {}, [], 0, 0])
     try:
         control = parse_control(control_raw)
     except RejectedEntry:
@@ -366,28 +355,25 @@ def read_status(
         count(keys.start_urls)
     for member, _ in members:
         p.hgetall(keys.worker(text(member)))
-    for shard in shards[1:]:
+    for shard in shards:
         p.zcard(shard.queue).zcard(shard.leases).zcard(shard.delayed).llen(shard.queue_rejected)
-        p.hgetall(shard.bloom).scard(shard.fingerprints).zcard(shard.leases).hget(shard.queue_tails, "count")
+        p.hgetall(shard.bloom).scard(shard.fingerprints).hget(shard.queue_tails, "count")
     fallbacks: list[Any] = [0] if count is not None else []
-    fallbacks += [{}] * len(members) + [0, 0, 0, 0, {}, 0, 0, None] * len(shards[1:])
-    replies = _replies(p, fallbacks)
+    replies = _replies(p, fallbacks + [{}] * len(members) + [0, 0, 0, 0, {}, 0, None] * len(shards))
     seeds_waiting = int(replies.pop(0)) if count is not None else 0
-    filters = [filter_figures(bloom, int(fingerprints) + int(expiring))]
-    for _ in shards[1:]:  # replies of the last shard are last: take them from the end
-        s_queued, s_inflight, s_delayed, s_rejected, s_bloom, s_fps, s_leases, s_counted = replies[-8:]
-        del replies[-8:]
-        if s_queued:
-            queued = int(queued) + max(int(s_queued), untrusted_count(s_counted))
-        inflight = int(inflight) + int(s_inflight)
-        delayed = int(delayed) + int(s_delayed)
-        queue_rejected = int(queue_rejected) + int(s_rejected)
-        n_leases = int(n_leases) + int(s_leases)
-        filters.insert(1, filter_figures(s_bloom, int(s_fps)))
-    leases = None
-    if int(n_leases) <= lease_scan_limit:
-        leases = _scan_leases(client, shards)
-    workers = worker_rows(members, replies, leases, now, default_interval)
+    details, per_shard = replies[: len(members)], replies[len(members):]
+    queued = inflight = delayed = queue_rejected = 0
+    filters = []
+    for i in range(0, len(per_shard), 7):
+        s_queued, s_inflight, s_delayed, s_rejected, bloom, fingerprints, counted = per_shard[i : i + 7]
+        if s_queued:  # queue members may be chunks of several requests: the tails count them
+            queued += max(int(s_queued), untrusted_count(counted))
+        inflight += int(s_inflight)
+        delayed += int(s_delayed)
+        queue_rejected += int(s_rejected)
+        filters.append(filter_figures(bloom, int(fingerprints) + (int(expiring) if i == 0 else 0)))
+    leases = _scan_leases(client, shards) if inflight <= lease_scan_limit else None
+    workers = worker_rows(members, details, leases, now, default_interval)
     states = Counter(w["state"] for w in workers)
     errors = window_totals(errors_raw, now)
     stats, stats_skipped = decode_stats(stats_raw)
@@ -398,17 +384,17 @@ def read_status(
         "state": crawl_state(control, states[RUNNING],
                              [w["started"] for w in workers if w["state"] == RUNNING], now),
         # "inflight": every lease (kept for scripts); "leases": what holds them
-        "frontier": {"queued": int(queued), "inflight": int(inflight), "delayed": int(delayed)},
+        "frontier": {"queued": queued, "inflight": inflight, "delayed": delayed},
         "revisits": revisits,
         # what holds the leases, and when the first and the last run out (back in the queue then)
-        "leases": {**lease_breakdown(int(inflight), workers), **expiry},
+        "leases": {**lease_breakdown(inflight, workers), **expiry},
         "shards": len(shards),
         "deadletter": int(dead),
         "seeds": {
             "key": keys.start_urls, "type": seeds_type if seeds_type != "none" else None,
             "waiting": seeds_waiting, "processing": int(processing), "rejected": int(seeds_rejected),
         },
-        "rejected": {"seeds": int(seeds_rejected), "queue": int(queue_rejected)},
+        "rejected": {"seeds": int(seeds_rejected), "queue": queue_rejected},
         "filter": combine_filters(filters),
         "control": {
             "paused": control.paused, "paused_by": control.paused_by or None, "close": control.close or None,
@@ -439,38 +425,34 @@ def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] |
 
 def _filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
     b = hash_fields(bloom, "bloom")
-    if b.get("capacity"):
-        cap = b["capacity"]
-        if not (cap.isascii() and cap.isdigit() and len(cap) <= 14 and 0 < int(cap) <= 10**13):
-            raise ValueError("capacity")
-        if not 0 < float(b.get("error_rate") or "nan") < 1:
-            raise ValueError("error_rate")
-        n_text = b.get("n") or "0"
-        if not (n_text.isascii() and n_text.isdigit() and len(n_text) <= 19):
-            raise ValueError("n")
-        scheme = next((x for x in SCHEMES if b.get("hashing") == str(x)), 3)  # an estimate: 3 if unknown
-        plan = BloomPlan(int(b["capacity"]), float(b["error_rate"]),
-                         int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS), scheme=scheme)
-        n = int(b.get("n") or 0)
-        if float(b.get("ttl") or 0) > 0:
-            return _generation_figures(b, plan)
-        return {
-            "kind": "bloom", "items": n, "capacity": plan.capacity, "error_rate": plan.error_rate,
-            "fill": round(n / plan.capacity, 6), "fpr_estimate": plan.false_positive_rate(n),
-            "memory_bytes": plan.memory_bytes(n) if n else 0,
-        }
-    if fingerprints:
-        return {"kind": "set", "items": fingerprints, "fill": None, "fpr_estimate": 0.0}
-    return None
+    if not b.get("capacity"):
+        set_figures = {"kind": "set", "items": fingerprints, "fill": None, "fpr_estimate": 0.0}
+        return set_figures if fingerprints else None
+    capacity, n = _whole(b["capacity"], 14), _whole(b.get("n") or "0", 19)
+    if capacity is None or not 0 < capacity <= 10**13:
+        raise ValueError("capacity")
+    if not 0 < float(b.get("error_rate") or "nan") < 1:
+        raise ValueError("error_rate")
+    if n is None:
+        raise ValueError("n")
+    scheme = next((x for x in SCHEMES if b.get("hashing") == str(x)), 3)  # an estimate: 3 if unknown
+    block_bits = int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS)
+    plan = BloomPlan(capacity, float(b["error_rate"]), block_bits, scheme=scheme)
+    if float(b.get("ttl") or 0) > 0:
+        return _generation_figures(b, plan)
+    return {
+        "kind": "bloom", "items": n, "capacity": plan.capacity, "error_rate": plan.error_rate,
+        "fill": round(n / plan.capacity, 6), "fpr_estimate": plan.false_positive_rate(n),
+        "memory_bytes": plan.memory_bytes(n) if n else 0,
+    }
 
 
 def _generation_figures(b: dict[str, str], base: BloomPlan) -> dict[str, Any]:
     """Figures of a bloom filter with ``DUPEFILTER_TTL`` (each generation estimated to hold 1/G of them)."""
     gens = Generations(float(b["ttl"]), int(b.get("generations") or 4))
-    live_text = b.get("live") or "0"
-    if not (live_text.isascii() and live_text.isdigit() and len(live_text) <= 19):
+    live = _whole(b.get("live") or "0", 19)
+    if live is None:
         raise ValueError("live")
-    live = int(live_text)
     plan = gens.plan(base.capacity, base.error_rate, base.block_bits, base.scheme)
     per = live // gens.count
     return {

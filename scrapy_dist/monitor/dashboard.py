@@ -1,12 +1,10 @@
-"""``scrapy-dist dashboard SPIDER``: a live web page of one crawl (aiohttp server, Chart.js charts;
-docs/monitoring.md, "Live dashboard").
+"""``scrapy-dist dashboard SPIDER``: a live web page of one crawl (aiohttp, Chart.js; docs/monitoring.md).
 
-Two JSON endpoints, cached so any number of open pages cost one read: ``GET /api/status`` (the snapshot
-``scrapy-dist status`` reads, :func:`scrapy_dist.monitor.read_status`, plus the newest dead letters)
-and ``GET /api/history`` (the last hour of ``{spider}:history`` in :data:`BUCKET_SECONDS` buckets). The
-POSTs that act on the crawl need the token in an ``X-Dashboard-Token`` header (no CSRF without a CORS
-preflight, which is never answered) and the dashboard's own ``Origin``; listening beyond loopback needs a
-token (:func:`check_binding`). History entries are untrusted: parsed field by field, skipped if bad.
+Two JSON endpoints, cached so any number of open pages cost one read: ``GET /api/status``
+(:func:`~scrapy_dist.monitor.read_status` plus the newest dead letters) and ``GET /api/history`` (the last
+hour of ``{spider}:history``). The POSTs that act on the crawl need the token in an ``X-Dashboard-Token``
+header (no CSRF without a CORS preflight, which is never answered) and the dashboard's own ``Origin``;
+listening beyond loopback needs a token (:func:`check_binding`).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import ipaddress
 import socket
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -25,10 +23,9 @@ from typing import Any
 
 from aiohttp import web
 
-from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
+from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier.layout import pause_crawl, resume_crawl
-from scrapy_dist.frontier.orders import parse_record
-from scrapy_dist.monitor import REASON_LIMIT, bounded_id, read_status, top_counts
+from scrapy_dist.monitor import REASON_LIMIT, bounded_id, dead_reasons, read_status, server_time, top_counts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage, describe
 
@@ -66,9 +63,7 @@ def check_binding(host: str, token: str | None) -> None:
 
 def _field(fields: dict[bytes, bytes], name: bytes) -> float | None:
     raw = fields.get(name, b"")
-    if not (0 < len(raw) <= 20 and raw.isdigit()):
-        return None
-    return float(raw)
+    return float(raw) if 0 < len(raw) <= 20 and raw.isdigit() else None
 
 
 def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
@@ -76,12 +71,10 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
     """Chart series from history stream entries (``XRANGE`` replies): per bucket, pages/min crawl-wide and
     per worker, errors/min, and the frontier as last reported, from the bucket before the first sample
     (at least :data:`MIN_POINTS` buckets) to ``now``. Entries that do not parse are skipped."""
-    start = now - span
-    n = int(span // bucket)
+    start, n, per_min = now - span, int(span // bucket), 60.0 / bucket
     times = [start + (i + 1) * bucket for i in range(n)]
     last: dict[str, tuple[float, float, float]] = {}  # worker -> (time, pages, errors) of its last sample
-    pages = [0.0] * n
-    errors = [0.0] * n
+    pages, errors = [0.0] * n, [0.0] * n
     per_worker: dict[str, list[float]] = defaultdict(lambda: [0.0] * n)
     frontier = {k: [None] * n for k in ("queued", "inflight", "delayed")}
     for entry_id, fields in entries:
@@ -103,7 +96,6 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
         if prev is None or not 0 <= i < n or t <= prev[0]:
             continue
         dp, de = max(0.0, p - prev[1]), max(0.0, (e or 0.0) - prev[2])
-        per_min = 60.0 / bucket
         pages[i] += dp * per_min
         errors[i] += de * per_min
         per_worker[worker][i] += dp * per_min
@@ -123,10 +115,8 @@ def _top_series(per_worker: dict[str, list[float]], n: int,
         return per_worker
     ranked = sorted(per_worker, key=lambda w: sum(per_worker[w]), reverse=True)
     out = {w: per_worker[w] for w in ranked[:limit]}
-    other = [0.0] * n
-    for w in ranked[limit:]:
-        other = [a + b for a, b in zip(other, per_worker[w], strict=True)]
-    out["other"] = [a + b for a, b in zip(out.get("other", [0.0] * n), other, strict=True)]
+    rest = [out.get("other", [0.0] * n)] + [per_worker[w] for w in ranked[limit:]]
+    out["other"] = [sum(point) for point in zip(*rest, strict=True)]
     return out
 
 
@@ -211,26 +201,23 @@ class Dashboard:
         try:
             value = await self._cached(name, read, seconds)
         except READ_ERRORS as exc:
-            self.outage.failed(exc, self.clock())
-            return web.json_response({"error": f"Redis unavailable ({describe(exc)[:200]})"}, status=503)
+            return self._unavailable(exc)
         self.outage.succeeded(self.clock())
         return web.json_response(value)
 
+    def _unavailable(self, exc: BaseException) -> web.Response:
+        self.outage.failed(exc, self.clock())
+        return web.json_response({"error": f"Redis unavailable ({describe(exc)[:200]})"}, status=503)
+
     def _read_status(self) -> dict[str, Any]:
         status = read_status(self.client, self.keys, lease_scan_limit=0)
-        reasons: Counter[str] = Counter()
-        for raw in self.client.lrange(self.keys.deadletter, 0, DEAD_SAMPLE - 1) or []:
-            try:
-                reasons[parse_record(raw).reason[:60]] += 1
-            except RejectedEntry:
-                reasons["unreadable"] += 1
+        reasons = dead_reasons(self.client, self.keys, DEAD_SAMPLE)
         status["dead_reasons"] = dict(top_counts(reasons, REASON_LIMIT, 60))
         status.pop("stats", None)  # hundreds of fields the page does not show
         return status
 
     def _read_history(self) -> dict[str, Any]:
-        sec, usec = self.client.time()
-        now = int(sec) + int(usec) / 1e6
+        now = server_time(self.client)
         entries = self.client.xrange(self.keys.history, min=f"{int((now - 3600) * 1000)}", count=HISTORY_READ)
         return history_series(entries or [], now)
 
@@ -254,8 +241,7 @@ class Dashboard:
         name = request.match_info["name"]
         if name not in ("chart.umd.min.js", "dashboard.js"):
             raise web.HTTPNotFound()
-        body = STATIC.joinpath(name).read_bytes()
-        return web.Response(body=body, content_type="application/javascript")
+        return web.Response(body=STATIC.joinpath(name).read_bytes(), content_type="application/javascript")
 
     def _allowed(self, request: web.Request) -> bool:
         given = request.headers.get(TOKEN_HEADER, "")
@@ -270,26 +256,20 @@ class Dashboard:
         try:
             done = await self._act(request.match_info["action"])
         except READ_ERRORS as exc:
-            self.outage.failed(exc, self.clock())
-            return web.json_response({"error": f"Redis unavailable ({describe(exc)[:200]})"}, status=503)
+            return self._unavailable(exc)
         self._cache.clear()
         return web.json_response({"done": done})
 
     async def _act(self, action: str) -> Any:
-        loop = asyncio.get_running_loop()
         if action == "pause":
-            await loop.run_in_executor(
-                None, lambda: pause_crawl(self.client, self.keys.control, by="dashboard"))
-            done: Any = "paused"
-        elif action == "resume":
-            await loop.run_in_executor(None, lambda: resume_crawl(self.client, self.keys.control,
-                                                                  self.keys.errors))
-            done = "resumed"
-        else:
-            if self.requeue is None:
-                raise web.HTTPNotImplemented(text="requeueing is not available here")
-            done = await self.requeue()
-        return done
+            await asyncio.to_thread(pause_crawl, self.client, self.keys.control, by="dashboard")
+            return "paused"
+        if action == "resume":
+            await asyncio.to_thread(resume_crawl, self.client, self.keys.control, self.keys.errors)
+            return "resumed"
+        if self.requeue is None:
+            raise web.HTTPNotImplemented(text="requeueing is not available here")
+        return await self.requeue()
 
 
 class DashboardThread:

@@ -1,13 +1,8 @@
-"""Prometheus metrics of running crawls, from the same snapshot ``scrapy-dist status`` reads (every metric:
-docs/monitoring.md, "Prometheus").
-
-:class:`CrawlCollector` reads each crawl's snapshot (:func:`scrapy_dist.monitor.read_status`) plus
-the newest :data:`DEAD_LETTER_SAMPLE` dead letters on a scrape, cached for ``cache_seconds`` so several
-scrapers cost one read; :func:`serve` serves it. Names follow Prometheus's conventions (``scrapy_dist_``
-prefix, base units, ``_total`` counters), and label cardinality is bounded: workers by
-:data:`~scrapy_dist.monitor.WORKER_LIMIT`, domains by ``top_domains``, reasons by
-:data:`REASON_LIMIT` (the rest summed as ``other``).
-"""
+"""Prometheus metrics of running crawls (docs/monitoring.md lists them): :class:`CrawlCollector` reads
+each crawl's :func:`~scrapy_dist.monitor.read_status` snapshot and newest dead letters, cached for
+``cache_seconds`` so several scrapers cost one read; :func:`serve` serves it. Label cardinality is bounded:
+workers by :data:`~scrapy_dist.monitor.WORKER_LIMIT`, domains by ``top_domains``, reasons by
+:data:`REASON_LIMIT` (the rest summed as ``other``)."""
 
 from __future__ import annotations
 
@@ -21,9 +16,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.frontier.orders import parse_record
-from scrapy_dist.monitor import REASON_LIMIT, finite, read_status, top_counts
+from scrapy_dist.monitor import REASON_LIMIT, dead_reasons, finite, read_status, top_counts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage
 from scrapy_dist.utils import RateLimitedLog
@@ -87,7 +80,7 @@ class CrawlCollector(Collector):
         self.reads += 1
         try:
             status = read_status(self.client, keys, lease_scan_limit=0, domain_limit=self.top_domains)
-            raw = self.client.lrange(keys.deadletter, 0, DEAD_LETTER_SAMPLE - 1)
+            reasons = dead_reasons(self.client, keys, DEAD_LETTER_SAMPLE)
         except READ_ERRORS as exc:
             self.outage.failed(exc, self.clock())
             return spider, None, Counter()
@@ -96,31 +89,24 @@ class CrawlCollector(Collector):
                             exc_info=True)
             return spider, None, Counter()
         self.outage.succeeded(self.clock())
-        reasons: Counter[str] = Counter()
-        for record in raw or []:
-            try:
-                reasons[parse_record(record).reason[:60]] += 1
-            except RejectedEntry:
-                reasons["unreadable"] += 1
         return spider, status, reasons
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Any] = {}
-        for spider, s, dead_reasons in self.snapshots():
-            g = _Families()
+        for spider, s, dead in self.snapshots():
+            g = _Families(spider)
             try:
                 if s is not None:
-                    self._crawl(g, spider, s, dead_reasons)
+                    self._crawl(g, s, dead)
             except Exception:  # a value no check foresaw: this crawl's figures are lost, not the others'
                 self.errors.log(logging.ERROR, "Metrics of %r could not be built", spider, key=spider,
                                 exc_info=True)
-                g = _Families()
+                g = _Families(spider)
                 s = None
-            g.gauge("scrapy_dist_up", "1 if the crawl's state could be read from Redis", spider,
-                    0.0 if s is None else 1.0)
+            g.gauge("scrapy_dist_up", "1 if the crawl's state could be read from Redis", float(s is not None))
             if s is not None:
                 g.gauge("scrapy_dist_skipped_values", "Values read from Redis and left out: numbers not"
-                        " finite or out of range, overlong stats names, stats beyond the limit", spider,
+                        " finite or out of range, overlong stats names, stats beyond the limit",
                         float(g.skipped + s["garbage"].get("stats", 0)))
             for name, family in g.families.items():
                 if name in families:
@@ -129,90 +115,83 @@ class CrawlCollector(Collector):
                     families[name] = family
         yield from families.values()
 
-    def _crawl(self, g: _Families, spider: str, s: dict[str, Any], dead_reasons: Counter[str]) -> None:
+    def _crawl(self, g: _Families, s: dict[str, Any], dead_reasons: Counter[str]) -> None:
         """The samples of one crawl's snapshot."""
-        front = s["frontier"]
         for state in ("queued", "inflight", "delayed"):
-            g.gauge("scrapy_dist_frontier_requests", "Requests in the shared frontier, by state", spider,
-                    front[state], state=state)
-        seeds = s["seeds"]
+            g.gauge("scrapy_dist_frontier_requests", "Requests in the shared frontier, by state",
+                    s["frontier"][state], state=state)
         for state in ("waiting", "processing"):
             g.gauge("scrapy_dist_seeds", "Seeds in the seeds key (waiting) or taken by a worker and not"
-                    " yet in the frontier (processing)", spider, seeds[state], state=state)
+                    " yet in the frontier (processing)", s["seeds"][state], state=state)
         for what, n in s["rejected"].items():
-            g.gauge("scrapy_dist_rejected_entries", "Seeds and queue entries parked as rejected (lists"
-                    " capped by their MAXLEN settings)", spider, n, kind=what)
-        g.gauge("scrapy_dist_dead_letters", "Requests in the dead-letter list", spider, s["deadletter"])
+            g.gauge("scrapy_dist_rejected_entries", "Seeds and queue entries parked as rejected (lists capped"
+                    " by their MAXLEN settings)", n, kind=what)
+        g.gauge("scrapy_dist_dead_letters", "Requests in the dead-letter list", s["deadletter"])
         for reason, n in top_counts(dead_reasons, REASON_LIMIT, 60):
             g.gauge("scrapy_dist_dead_letters_by_reason", f"Dead letters by reason, among the newest"
-                    f" {DEAD_LETTER_SAMPLE}", spider, n, reason=reason)
+                    f" {DEAD_LETTER_SAMPLE}", n, reason=reason)
         filt = s["filter"] or {}
-        for key, name, doc in (("items", "scrapy_dist_filter_items", "Fingerprints in the dupefilter"),
-                               ("fill", "scrapy_dist_filter_fill_ratio", "Bloom filter items / capacity"),
-                               ("fpr_estimate", "scrapy_dist_filter_false_positive_ratio",
-                                "Estimated false-positive rate of the dupefilter at its current fill"),
-                               ("memory_bytes", "scrapy_dist_filter_memory_bytes", "Bloom filter size")):
-            if filt.get(key) is not None:
-                g.gauge(name, doc, spider, filt[key])
-        g.gauge("scrapy_dist_paused", "1 while the crawl is paused", spider,
-                1.0 if s["control"]["paused"] else 0.0)
+        g.gauge("scrapy_dist_filter_items", "Fingerprints in the dupefilter", filt.get("items"))
+        g.gauge("scrapy_dist_filter_fill_ratio", "Bloom filter items / capacity", filt.get("fill"))
+        g.gauge("scrapy_dist_filter_false_positive_ratio", "Estimated false-positive rate of the dupefilter"
+                " at its current fill", filt.get("fpr_estimate"))
+        g.gauge("scrapy_dist_filter_memory_bytes", "Bloom filter size", filt.get("memory_bytes"))
+        g.gauge("scrapy_dist_paused", "1 while the crawl is paused", 1.0 if s["control"]["paused"] else 0.0)
         for state, n in s["workers_summary"].items():
             if state != "total":
-                g.gauge("scrapy_dist_workers", "Workers by state (running, lost, closed)", spider,
-                        n, state=state)
-        self._stats(g, spider, s["stats"])
-        errors = s["errors"]
-        if errors.get("error_rate") is not None:
-            g.gauge("scrapy_dist_error_ratio", "Errors / attempts over the error monitor's window",
-                    spider, errors["error_rate"])
+                g.gauge("scrapy_dist_workers", "Workers by state (running, lost, closed)", n, state=state)
+        self._stats(g, s["stats"])
+        g.gauge("scrapy_dist_error_ratio", "Errors / attempts over the error monitor's window",
+                s["errors"].get("error_rate"))
         for w in s["workers"]:
-            self._worker(g, spider, w)
+            self._worker(g, w)
         for d in s["domains"][: self.top_domains]:
             g.gauge("scrapy_dist_domain_backlog_requests", f"Queued requests of the {self.top_domains}"
-                    " busiest domains (crawl-wide politeness)", spider, d["backlog"], domain=d["domain"])
+                    " busiest domains (crawl-wide politeness)", d["backlog"], domain=d["domain"])
 
     @staticmethod
-    def _stats(g: _Families, spider: str, stats: dict[str, Any]) -> None:
+    def _stats(g: _Families, stats: dict[str, Any]) -> None:
         for stat, name in STAT_COUNTERS.items():
-            if stat in stats:
-                g.counter(name, f"Scrapy stat {stat}, summed over every worker", spider, stats[stat])
+            g.counter(name, f"Scrapy stat {stat}, summed over every worker", stats.get(stat))
         reasons: Counter[str] = Counter()
         for stat, value in stats.items():
             for prefix, label in ERROR_STATS.items():
-                if stat.startswith(prefix) and finite(value) is not None:
-                    code = stat[len(prefix):]
-                    if label == "http:" and not code.startswith(("4", "5")):
-                        continue
+                code = stat.removeprefix(prefix)
+                counted = label != "http:" or code.startswith(("4", "5"))
+                if code != stat and counted and finite(value) is not None:
                     reasons[label + code.rsplit(".", 1)[-1][:60]] += int(value)
         for reason, n in top_counts(reasons, REASON_LIMIT, 70):
             g.counter("scrapy_dist_errors_total", "Download exceptions, spider exceptions and HTTP 4xx/5xx"
-                      " responses, by reason", spider, n, reason=reason)
+                      " responses, by reason", n, reason=reason)
 
     @staticmethod
-    def _worker(g: _Families, spider: str, w: dict[str, Any]) -> None:
-        labels = {"worker": w["id"]}
-        for key, name, doc in (("pages", "scrapy_dist_worker_pages_total", "Pages this worker crawled"),
-                               ("items", "scrapy_dist_worker_items_total", "Items this worker scraped")):
-            if w.get(key) is not None:
-                g.counter(name, doc, spider, w[key], **labels)
-        if w.get("leases") is not None:
-            g.gauge("scrapy_dist_worker_leases", "Requests this worker holds (per its heartbeat)", spider,
-                    w["leases"], **labels)
+    def _worker(g: _Families, w: dict[str, Any]) -> None:
+        worker = w["id"]
+        g.counter("scrapy_dist_worker_pages_total", "Pages this worker crawled", w.get("pages"),
+                  worker=worker)
+        g.counter("scrapy_dist_worker_items_total", "Items this worker scraped", w.get("items"),
+                  worker=worker)
+        g.gauge("scrapy_dist_worker_leases", "Requests this worker holds (per its heartbeat)",
+                w.get("leases"), worker=worker)
         g.gauge("scrapy_dist_worker_last_seen_timestamp_seconds", "Unix time of the worker's last heartbeat",
-                spider, w["last_seen"], **labels)
-        g.gauge("scrapy_dist_worker_up", "1 while the worker is running (not lost or closed)", spider,
-                1.0 if w["state"] == "running" else 0.0, **labels)
+                w["last_seen"], worker=worker)
+        g.gauge("scrapy_dist_worker_up", "1 while the worker is running (not lost or closed)",
+                1.0 if w["state"] == "running" else 0.0, worker=worker)
 
 
 class _Families:
-    """Metric families by name, built up one sample at a time (labels: ``spider`` then the rest); a value
-    that is no finite number within range is left out and counted in ``skipped``."""
+    """One crawl's metric families by name, built up one sample at a time (labels: ``spider`` then the
+    rest); ``None`` is a figure the snapshot does not have (no sample), any other value that is no finite
+    number within range is left out and counted in ``skipped``."""
 
-    def __init__(self) -> None:
+    def __init__(self, spider: str) -> None:
+        self.spider = spider
         self.families: dict[str, Any] = {}
         self.skipped = 0
 
-    def _add(self, cls: type, name: str, doc: str, spider: str, raw: Any, labels: dict[str, str]) -> None:
+    def _add(self, cls: type, name: str, doc: str, raw: Any, labels: dict[str, str]) -> None:
+        if raw is None:
+            return
         value = finite(raw)
         if value is None:
             self.skipped += 1
@@ -220,14 +199,14 @@ class _Families:
         family = self.families.get(name)
         if family is None:
             family = self.families[name] = cls(name, doc, labels=["spider", *labels])
-        family.add_metric([spider, *labels.values()], value)
+        family.add_metric([self.spider, *labels.values()], value)
 
-    def gauge(self, name: str, doc: str, spider: str, value: Any, **labels: str) -> None:
-        self._add(GaugeMetricFamily, name, doc, spider, value, labels)
+    def gauge(self, name: str, doc: str, value: Any, **labels: str) -> None:
+        self._add(GaugeMetricFamily, name, doc, value, labels)
 
-    def counter(self, name: str, doc: str, spider: str, value: Any, **labels: str) -> None:
+    def counter(self, name: str, doc: str, value: Any, **labels: str) -> None:
         # CounterMetricFamily takes the name without ``_total`` and adds it to the sample
-        self._add(CounterMetricFamily, name.removesuffix("_total"), doc, spider, value, labels)
+        self._add(CounterMetricFamily, name.removesuffix("_total"), doc, value, labels)
 
 
 def serve(collector: CrawlCollector, host: str, port: int) -> Any:

@@ -8,10 +8,12 @@ import asyncio
 import inspect
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter, is_item
+from scrapy import signals
 from scrapy.exceptions import DropItem
 from scrapy.utils.misc import load_object
 from scrapy.utils.serialize import ScrapyJSONEncoder
@@ -24,6 +26,7 @@ from scrapy_dist.redis import scripts
 from scrapy_dist.redis.connection import ClientPool, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import Backoff, BatchWriter, Outage
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refuse_start, refusing
 
@@ -41,7 +44,6 @@ logger = logging.getLogger(__name__)
 STREAM_FIELD = "item"
 
 _MAX_BATCHES_PER_FLUSH = 16  # so a backlog built up during an outage drains in bounded transactions
-_RETRY_FIRST, _RETRY_MAX = 0.1, 5.0  # backoff while Redis fails (seconds)
 _MAX_PENDING = 10_000  # items encoded by process_item kept for their item_scraped signal
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeError)
 
@@ -110,7 +112,7 @@ class RedisPipeline:
         self.outage = outage or Outage()
         self.writer: BatchWriter[tuple[str, str | bytes]] = BatchWriter(
             self._write,
-            guard=self.outage.guard("item pipeline", Backoff(_RETRY_FIRST, _RETRY_MAX), logger),
+            guard=self.outage.guard("item pipeline", Backoff(0.1, 5.0), logger),  # seconds while Redis fails
             batch_size=batch_size, flush_interval=flush_interval, max_batches=_MAX_BATCHES_PER_FLUSH,
             on_failure=lambda exc: self._inc("redis_items/redis_errors"),
         )
@@ -128,8 +130,7 @@ class RedisPipeline:
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         """Build from ``REDIS_ITEMS_*`` settings and the connection settings (``REDIS_URL``, ...)."""
-        items = DistSettings.for_crawler(crawler).items
-        key = crawler_keys(crawler).items
+        items, key = DistSettings.for_crawler(crawler).items, crawler_keys(crawler).items
         options: dict[str, Any] = {
             "stream": items.stream, "maxlen": items.maxlen, "batch_size": items.batch_size,
             "flush_interval": items.flush_interval,
@@ -139,8 +140,6 @@ class RedisPipeline:
         _check_subclass(cls, key, options)
         pipe = cls(ClientPool.of(crawler).async_client(), key, **options)
         pipe._crawler, pipe.exactly_once, pipe.max_bytes = crawler, items.exactly_once, items.max_bytes
-        from scrapy import signals
-
         crawler.signals.connect(pipe.item_scraped, signal=signals.item_scraped)
         crawler.signals.connect(pipe.item_left, signal=signals.item_dropped)
         crawler.signals.connect(pipe.item_left, signal=signals.item_error)
@@ -155,7 +154,7 @@ class RedisPipeline:
             # Not fatal: the writer waits for Redis like it does for any outage.
             self.writer.guard.failed(exc, time.monotonic())
         else:
-            found = found.decode() if isinstance(found, bytes) else found
+            found = text(found)
             if found not in ("none", expected):
                 error = ScrapyDistError(
                     f"REDIS_ITEMS_KEY {self.key!r} holds a Redis {found}, but the pipeline writes a "
@@ -211,11 +210,8 @@ class RedisPipeline:
                 self._pending.clear()
             self._pending[id(item)] = (item, data)
             return item
-        if self._key_wants_spider:
-            key = self.item_key(item, getattr(self._crawler, "spider", None))  # type: ignore[call-arg]
-        else:
-            key = self.item_key(item)
-        await asyncio.shield(self.writer.add((key, data)))
+        spider = (getattr(self._crawler, "spider", None),) if self._key_wants_spider else ()
+        await asyncio.shield(self.writer.add((self.item_key(item, *spider), data)))
         return item
 
     def item_scraped(self, item: Any, response: Any = None, spider: Any = None) -> None:
@@ -256,9 +252,9 @@ class RedisPipeline:
     async def _write(self, entries: list[tuple[str, str | bytes]]) -> None:
         """Write ``entries`` in one round trip (the writer retries a failure): per key one ``RPUSH`` or one
         ``items_xadd`` call; several keys in one ``MULTI``/``EXEC`` (on a cluster: one call per key)."""
-        by_key: dict[str, list[str | bytes]] = {}
+        by_key: dict[str, list[str | bytes]] = defaultdict(list)
         for key, data in entries:
-            by_key.setdefault(key, []).append(data)
+            by_key[key].append(data)
         if len(by_key) == 1:
             ((key, values),) = by_key.items()
             await self._append(key, values, self.server)
@@ -278,8 +274,7 @@ class RedisPipeline:
         if not self.stream:
             result = client.rpush(key, *values)
         else:
-            if self._xadd is None:
-                self._xadd = scripts.register(self.server, "items_xadd")
+            self._xadd = self._xadd or scripts.register(self.server, "items_xadd")
             maxlen = "" if self.maxlen is None else str(self.maxlen)
             result = self._xadd(keys=[key], args=[maxlen, STREAM_FIELD, *values], client=client)
         # A command queued on a pipeline returns the pipeline: never await that (awaiting a redis.asyncio
