@@ -301,13 +301,19 @@ def kill_one_of_three(
 def assert_survived_kill(project: Project, site: Any, victim_held: set[str], timeout: float = 120) -> None:
     """After workers 0 and 2 outlived the SIGKILLed worker 1: both finished cleanly, no page was lost,
     the only pages fetched twice are among those the victim held leases on when it died (downloaded
-    but not yet acknowledged), and the victim's leases came back through expiry."""
+    but not yet acknowledged) or on a survivor's own expired leases (each refused ack counted), and the
+    victim's leases came back through expiry."""
     codes = project.wait_all(timeout)
     assert codes[0] == 0 and codes[2] == 0, project.logs()[-4000:]
     lost, _ = lost_and_dupes(site)
     assert lost == 0
     twice = {path for path, n in site.fetch_counts(status=None).items() if n > 1}
-    assert twice <= victim_held, (sorted(twice - victim_held)[:10], len(victim_held))
+    # A survivor starved of CPU past its own lease (an overloaded machine) is taken for dead too: its pages
+    # may be fetched again, and the script refuses its late ack of each (scheduler/acks_refused). Every
+    # other page fetched twice must be one the victim held.
+    extra = twice - victim_held
+    refused = sum(project.stats(i).get("scheduler/acks_refused", 0) for i in (0, 2))
+    assert len(extra) <= refused, (sorted(extra)[:10], len(extra), len(victim_held), refused)
     requeued = sum(project.stats(i).get("scheduler/requeued/lease_expired", 0) for i in (0, 2))
     assert requeued > 0
 
