@@ -262,7 +262,12 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
         f = field.decode(errors="replace") if isinstance(field, bytes) else str(field)
         v = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
         kind, _, domain = f.partition(":")
-        info.setdefault(domain, {})[kind] = v
+        if kind == "s":  # "<backlog> <slots> <next> <delay> <concurrency> <jitter>" (lua/polite.lua)
+            parts = v.split(" ", 3)
+            if len(parts) == 4:
+                info.setdefault(domain, {}).update(zip(("b", "i", "n", "l"), parts))
+        elif domain:  # b:, i:, n:, l:<domain>, as versions before the s: field wrote them
+            info.setdefault(domain, {}).setdefault(kind, v)
     rows = []
     for domain, d in info.items():
         delay, conc, jitter = (d.get("l") or "0 0 0").split(" ")
