@@ -194,7 +194,8 @@ def _set_domain_state(redis_client: Any, at: int, value: Any, domain: str = "a.e
 @pytest.mark.parametrize("fields", [
     pytest.param({"b:a.example": "many", "i:a.example": "9223372036854775807", "n:a.example": "soon"},
                  id="the older layout's fields"),
-    pytest.param({"s:a.example": "many 9223372036854775807 soon 0 0 0", "layout": "s"}, id="the domain's field"),
+    pytest.param({"s:a.example": "many 9223372036854775807 soon 0 0 0", "layout": "s"},
+                 id="the domain's field"),
     pytest.param({"s:a.example": "garbage", "layout": "s"}, id="a field that is not four values"),
 ])
 def test_garbage_domain_info_is_repaired(redis_url: str, redis_client: Any, fields: dict[str, str]) -> None:

@@ -265,7 +265,7 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
         if kind == "s":  # "<backlog> <slots> <next> <delay> <concurrency> <jitter>" (lua/polite.lua)
             parts = v.split(" ", 3)
             if len(parts) == 4:
-                info.setdefault(domain, {}).update(zip(("b", "i", "n", "l"), parts))
+                info.setdefault(domain, {}).update(zip(("b", "i", "n", "l"), parts, strict=True))
         elif domain:  # b:, i:, n:, l:<domain>, as versions before the s: field wrote them
             info.setdefault(domain, {}).setdefault(kind, v)
     rows = []
