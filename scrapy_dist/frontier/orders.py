@@ -243,7 +243,13 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
         if n >= DOMAIN_SCAN_LIMIT:
             break
         kind, _, domain = scripts.text(field).partition(":")
-        info.setdefault(domain, {})[kind] = scripts.text(value)
+        v = scripts.text(value)
+        if kind == "s":  # "<backlog> <slots> <next> <delay> <concurrency> <jitter>" (lua/polite.lua)
+            parts = v.split(" ", 3)
+            if len(parts) == 4:
+                info.setdefault(domain, {}).update(zip(("b", "i", "n", "l"), parts, strict=True))
+        elif domain:  # b:, i:, n:, l:<domain>, as versions before the s: field wrote them
+            info.setdefault(domain, {}).setdefault(kind, v)
     rows = []
     for domain, d in info.items():
         delay, conc, jitter = (d.get("l") or "0 0 0").split(" ")

@@ -59,7 +59,7 @@ CRAWL_KEY_NAMES = {
     "delayed_meta": "delayed:meta",  # HASH member -> queue score of a delayed member
     "spent": "spent",  # ZSET nonce of a signed entry handed out -> when (a copy put back is replayed)
     "domains": "domains",  # ZSET domain -> when it may next be leased from (crawl-wide politeness)
-    "domain_info": "domains:info",  # HASH b:/i:/n:/l:<domain> -> backlog, slots, next time, limits
+    "domain_info": "domains:info",  # HASH s:<domain> -> "backlog slots next limits" (lua/polite.lua)
     "deadletter": "deadletter",  # LIST of JSON dead-letter records
     "bloom": "bloom",  # HASH of the bloom filter's parameters and insert count
     "fingerprints": "fingerprints",  # SET of raw 20-byte request fingerprints (SetDupeFilter)

@@ -56,7 +56,7 @@ local function sync_call(keys, argv)
     order = call_args.order, polite = polite, chunked = call_args.order == 'asc' and not polite,
     max_entry = tonumber(call_args.max_entry_bytes), rejected_maxlen = tonumber(call_args.rejected_maxlen),
     dead_maxlen = tonumber(call_args.dead_maxlen), queued_delta = 0, rejected = 0, repaired = {}, tags = {},
-    replay_memory = tonumber(call_args.replay_memory) or 0, remembered = 0, replayed = 0,
+    replay_memory = tonumber(call_args.replay_memory) or 0, remembered = 0, replayed = 0, priority_keys = {},
   }
   -- as the strings Redis would make of them (once, not once per command: each is a printf)
   state.now_s, state.deadline = string.format('%.17g', now), string.format('%.17g', now + state.lease_s)

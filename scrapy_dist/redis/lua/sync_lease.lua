@@ -32,7 +32,7 @@ local function sync_polite_queue(state)
       redis.call('ZADD', key_of.queue, 0, m)
     end
   end
-  for _, m in ipairs(redis.call('ZRANDMEMBER', key_of.queue, 4)) do
+  for _, m in ipairs(redis.call('ZRANDMEMBER', key_of.queue, '4')) do
     local dom = pol_domain(m)
     if not dom then
       redis.call('ZREM', key_of.queue, m)
@@ -42,10 +42,12 @@ local function sync_polite_queue(state)
       local st = pol_state(dom)
       if st.b <= 0 then
         st.b = redis.call('ZLEXCOUNT', key_of.queue, '[' .. dom .. '\0', '(' .. dom .. '\1')
-        st.dirty.b = true
+        st.w = true
         pol.touched[dom] = true
+        st.scheduled = nil
       elseif not redis.call('ZSCORE', key_of.domains, dom) then
         pol.touched[dom] = true  -- a backlog but not scheduled (someone removed it): scheduled again
+        st.scheduled = nil
       end
     end
   end

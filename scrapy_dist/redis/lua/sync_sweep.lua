@@ -16,8 +16,13 @@
 local function member_of(state, seq, score, payload, dom)
   if not state.polite then return seq .. payload, score end
   -- the priority key has 11 digits: a score outside a 32-bit priority's range is clamped to its ends
-  local key = math.max(0, math.min(tonumber(score) + 2147483648, 4294967295))
-  return dom .. '\0' .. string.format('%011d', key) .. seq .. payload, 0
+  -- (made once per score and call: a call's requests share a few)
+  local key = state.priority_keys[score]
+  if not key then
+    key = string.format('%011d', math.max(0, math.min(tonumber(score) + 2147483648, 4294967295)))
+    state.priority_keys[score] = key
+  end
+  return dom .. '\0' .. key .. seq .. payload, 0
 end
 
 -- a member goes (back) into the queue; with politeness at score 0 whatever a tag or meta says (a member
