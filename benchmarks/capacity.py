@@ -93,6 +93,15 @@ def _url(page: int, zipf: list[float]) -> str:
     return f"http://h{bisect.bisect_left(zipf, u)}.test/p/{page}"
 
 
+def _page(url: str) -> int:
+    return int(url.rsplit("/", 1)[1])
+
+
+def _host(url: str) -> int:
+    """The Zipf rank of the URL's host (``h<rank>.test``): 0 is the most linked-to."""
+    return int(url[8:url.index(".", 8)])
+
+
 def _links(page: int, zipf: list[float]) -> list[str]:
     """A binary tree (children 2p+1, 2p+2: new pages, so the frontier grows by one per page) plus
     ``LINKS - 2`` links to the page's ancestors (the dupefilter's daily work). Every ancestor was fetched
@@ -130,11 +139,16 @@ async def _worker(url: str, shards: int, politeness: str, index: int, stop_at: f
         sched.enqueue_request(Request(_url(0, zipf)))
     busy: set[asyncio.Task] = set()
 
+    found = counts["found"]
+
     async def fetch(request: Any) -> None:
+        began = time.monotonic()
         await asyncio.sleep(FETCH_S)
-        page = int(request.url.rsplit("/", 1)[1])
+        page = _page(request.url)
+        counts["fetches"].append((page, _host(request.url), began, time.monotonic()))
         for link in _links(page, zipf):
             sched.enqueue_request(Request(link))
+            found.setdefault(_page(link), began)
         engine.held.discard(request)
         counts["pages"] += 1
 
@@ -159,7 +173,7 @@ async def _process(
     url: str, shards: int, politeness: str, first: int, count: int, window: tuple[float, float], out: Any
 ) -> None:
     """``count`` workers; puts the pages they crawled inside the measured ``window`` (monotonic)."""
-    counts = {"pages": 0}
+    counts: dict[str, Any] = {"pages": 0, "fetches": [], "found": {}}
     marks = {}
 
     async def mark(name: str, at: float) -> None:
@@ -170,7 +184,7 @@ async def _process(
         mark("start", window[0]), mark("end", window[1]),
         *(_worker(url, shards, politeness, first + i, window[1], counts) for i in range(count)),
     )
-    out.put((marks["end"] - marks["start"], counts["pages"]))
+    out.put((marks["end"] - marks["start"], counts["pages"], counts["fetches"], counts["found"]))
 
 
 def _run_process(args: tuple[str, int, str, int, int, tuple[float, float], Any], record: str = "") -> None:
@@ -279,14 +293,16 @@ def measure(
     names = _sync_names()
     durations = sorted(d for c in nodes for d in script_call_durations(c, names))
     got = [out.get(timeout=120) for _ in procs]
-    total_pages = sum(window_pages for window_pages, _ in got)
+    total_pages = sum(window_pages for window_pages, *_ in got)
+    fetches = [f for _, _, some, _ in got for f in some]
+    fairness = _fairness(fetches, [found for *_, found in got], window)
     for p in procs:
         p.join(60)
     for c in nodes:
         c.config_set("slowlog-log-slower-than", 10_000)
         c.close()
     rate = total_pages / seconds
-    instructions = _instructions(record, sum(n for _, n in got)) if record else None
+    instructions = _instructions(record, sum(n for _, n, *_ in got)) if record else None
     return {
         "server_instructions_per_page": instructions,
         "workers": workers, "shards": shards, "politeness": politeness, "processes": processes,
@@ -296,12 +312,107 @@ def measure(
         "sync_calls": len(durations),
         **{f"sync_{name}_us": value for name, value in call_percentiles(durations).items()},
         "sync_mean_us": statistics.fmean(durations) if durations else None,
+        "fairness": fairness,
         # INFO commandstats over the window: calls and microseconds per page, by command
         "commands": {name: {"calls_per_page": round(calls / total_pages, 3),
                             "us_per_page": round(usec / total_pages, 2)}
                      for name, (calls, usec) in sorted(commands.items(), key=lambda kv: -kv[1][1])
                      if total_pages},
     }
+
+
+#: Zipf ranks reported one by one, then bands of ranks [lo, hi)
+TOP_HOSTS = 3
+BANDS = ((3, 100), (100, 1_000), (1_000, HOSTS))
+#: Scrapy's CONCURRENT_REQUESTS_PER_DOMAIN (no DOWNLOAD_DELAY): crawl-wide politeness holds a domain to it
+DOMAIN_CONCURRENCY = 8
+
+
+def _fairness(fetches: list[tuple[int, int, float, float]], found: list[dict[int, float]],
+              window: tuple[float, float]) -> list[dict]:
+    """Per host (by Zipf rank) over the measured window, crawl-wide: fetches per second, the most fetches in
+    flight at once (merged over every worker), how long a fetched page waited since a worker first found
+    its link, and the pages found but not fetched by the window's end (count and oldest age): a starved
+    domain shows as a large oldest age with few fetches."""
+    first: dict[int, float] = {}
+    for part in found:
+        for page, at in part.items():
+            if at < first.get(page, float("inf")):
+                first[page] = at
+    w0, w1 = window
+    fetched = {page for page, *_ in fetches}
+    rows = []
+    groups = [(f"h{r}", r, r + 1) for r in range(TOP_HOSTS)]
+    groups += [(f"h{lo}-h{hi - 1}", lo, hi) for lo, hi in BANDS]
+    by_host: dict[int, list[tuple[int, float, float]]] = {}
+    for page, host, t0, t1 in fetches:
+        by_host.setdefault(host, []).append((page, t0, t1))
+    for label, lo, hi in groups:
+        hosts = [h for h in by_host if lo <= h < hi]
+        in_window = [(p, t0) for h in hosts for p, t0, _ in by_host[h] if w0 <= t0 < w1]
+        waits = sorted(t0 - first[p] for p, t0 in in_window if p in first)
+        rates = [sum(w0 <= t0 < w1 for _, t0, _ in by_host[h]) / (w1 - w0) for h in hosts]
+        pending = [w1 - at for page, at in first.items()
+                   if page not in fetched and at < w1 and lo <= _host(_url_of(page)) < hi]
+        rows.append({
+            "hosts": label, "hosts_fetched": sum(r > 0 for r in rates),
+            "fetches_per_s": round(len(in_window) / (w1 - w0), 1),
+            "max_host_fetches_per_s": round(max(rates, default=0), 1),
+            "max_in_flight": max((_most_at_once(by_host[h], w0, w1) for h in hosts), default=0),
+            "wait_p50_s": _pct(waits, 0.5), "wait_p99_s": _pct(waits, 0.99),
+            "pending": len(pending), "oldest_pending_s": round(max(pending), 2) if pending else None,
+        })
+    return rows
+
+
+_ZIPF: list[float] = []
+
+
+def _url_of(page: int) -> str:
+    if not _ZIPF:
+        _ZIPF.extend(_cumulative_zipf())
+    return _url(page, _ZIPF)
+
+
+def _most_at_once(intervals: list[tuple[int, float, float]], w0: float, w1: float) -> int:
+    """The most intervals open at one moment inside [w0, w1)."""
+    events = sorted([(max(t0, w0), 1) for _, t0, t1 in intervals if t1 > w0 and t0 < w1]
+                    + [(min(t1, w1), -1) for _, t0, t1 in intervals if t1 > w0 and t0 < w1])
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(values[min(len(values) - 1, int(q * len(values)))], 3) if values else None
+
+
+def _fairness_tables(results: dict[str, list[dict]], modes: list[str]) -> list[dict]:
+    tables = []
+    for m in modes:
+        points = [r for r in results[m] if r.get("fairness")]
+        if not points or MODES[m][2] != "cluster":
+            continue
+        r = points[-1]
+        tables.append({
+            "title": f"Per-domain fetch rate against its limit: {MODES[m][0]}, {r['workers']} workers",
+            "columns": ["hosts (Zipf rank)", "hosts fetched", "fetches/s", "most fetches/s of one host",
+                        "most in flight at once (limit)", "wait p50 s", "wait p99 s", "found, not fetched",
+                        "oldest of those s"],
+            "rows": [[f["hosts"], f["hosts_fetched"], f["fetches_per_s"], f["max_host_fetches_per_s"],
+                      f"{f['max_in_flight']} ({DOMAIN_CONCURRENCY})", f["wait_p50_s"], f["wait_p99_s"],
+                      f["pending"], f["oldest_pending_s"]] for f in r["fairness"]],
+            "notes": [f"Crawl-wide over the measured window, merged over every worker. The limit is"
+                      f" CONCURRENT_REQUESTS_PER_DOMAIN = {DOMAIN_CONCURRENCY} in flight (no DOWNLOAD_DELAY),"
+                      f" at most {DOMAIN_CONCURRENCY / FETCH_S:.0f} fetches/s of one host at"
+                      f" {FETCH_S * 1000:.0f} ms a fetch. Wait: from a worker first finding the link to a"
+                      " worker taking the page."
+                      " Found, not fetched: the frontier's backlog at the window's end (it grows by one page"
+                      " per page by design); a starved band would show an oldest age near the run's length."],
+        })
+    return tables
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -388,7 +499,7 @@ def run(args: argparse.Namespace) -> dict:
             "rows": rows,
             "notes": [f"{os.cpu_count()} cores run the workers and Redis together: pages/s is bound by the"
                       " machine; Redis CPU per page and the call durations are the frontier's own figures."],
-        }, *_ratio_table(results)],
+        }, *_ratio_table(results), *_fairness_tables(results, modes)],
         "charts": [{
             "title": "Redis CPU per page and sync p99 against workers (one master)",
             "ylabel": "µs", "categories": [str(r["workers"]) for r in plain],
