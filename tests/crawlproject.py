@@ -1,8 +1,9 @@
 """Write a small Scrapy project into a directory and run real ``scrapy crawl`` processes of it.
 
 Used by the end-to-end tests: ``make_project(tmp_path, settings={...})`` returns a :class:`Project` whose
-``crawl()`` starts ``scrapy crawl <spider>`` as a subprocess with the given settings (``-s``) and returns
-the ``Popen``; its stdout/stderr go to a log file per process, kept for assertions.
+``crawl()`` starts ``scrapy crawl <spider>`` as a process of its own with the given settings (``-s``) and
+returns its ``Popen`` (or the same face of a worker forked from a pre-imported interpreter: tests/zygote.py);
+its stdout/stderr go to a log file per process, kept for assertions.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from helpers import wait_for_pages
+from zygote import Zygote
 
 from scrapy_dist.frontier.shard import SEQ_BYTES, lease_parts
 from scrapy_dist.wire.codec import load_payload
@@ -111,7 +113,10 @@ class Project:
         env.pop("REDIS_URL", None)
         env.pop("SCRAPY_SETTINGS_MODULE", None)  # a test that read other project settings may have set it
         with open(log, "wb") as fh:
-            proc = subprocess.Popen(cmd, cwd=self.root, stdout=fh, stderr=subprocess.STDOUT, env=env)
+            if Zygote.enabled():
+                proc: Any = Zygote.start(cmd[3:], self.root, env, fh.fileno())
+            else:
+                proc = subprocess.Popen(cmd, cwd=self.root, stdout=fh, stderr=subprocess.STDOUT, env=env)
         self.procs.append((proc, log))
         return proc
 

@@ -1,0 +1,231 @@
+"""A Python that has already imported Scrapy, Twisted, redis-py and scrapy-dist, and forks ``scrapy crawl``
+workers for the end-to-end tests.
+
+A worker started with ``python -m scrapy crawl`` spends most of its CPU before crawling: importing Scrapy,
+Twisted and their components costs about as much as a short test crawl, and the end-to-end tests start
+hundreds of workers on a two-core machine. :func:`start` forks each worker from this pre-imported process
+instead (the reactor is not installed before the fork: the worker installs its own, as ``scrapy crawl``
+does), so a worker is still a real process of its own -- its own pid, killed with SIGKILL, stopped with
+SIGSTOP, its exit code reported -- that runs Scrapy's own ``scrapy crawl`` from its first line of
+``scrapy.cmdline.execute``.
+
+The server (``python tests/zygote.py``, one per test process, started on first use) reads requests on a
+``SOCK_SEQPACKET`` Unix socket: a JSON message ``{"argv", "cwd", "env"}`` with the worker's log file
+descriptor attached. It answers with the pid, then, on the same connection, the exit code (as
+:class:`subprocess.Popen` reports it: minus the signal's number for a worker killed by one). It exits when
+the test process that started it closes its stdin.
+
+Set ``SCRAPY_DIST_TEST_FORK=0`` to start every worker with a fresh interpreter instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import pkgutil
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+_BUFFER = 1 << 20
+
+
+def _preload() -> None:
+    """Import what a crawl imports: Scrapy's default components (named in its default settings), the
+    download handlers, and every scrapy-dist module. Missing optional dependencies are skipped."""
+    from scrapy.settings import default_settings
+
+    import scrapy_dist
+
+    paths: set[str] = set()
+    for name in dir(default_settings):
+        value = getattr(default_settings, name)
+        for path in value if isinstance(value, dict) else [value]:
+            if isinstance(path, str) and path.startswith("scrapy.") and "." in path:
+                paths.add(path.rsplit(".", 1)[0])
+    paths.update(["scrapy.cmdline", "scrapy.crawler", "scrapy.core.engine", "scrapy.commands.crawl",
+                  "scrapy.core.downloader.handlers.http11", "scrapy.core.downloader.contextfactory",
+                  "twisted.internet.asyncioreactor", "redis.asyncio"])
+    paths.update(m.name for m in pkgutil.walk_packages(scrapy_dist.__path__, "scrapy_dist."))
+    for path in sorted(paths):
+        with contextlib.suppress(Exception):  # an optional dependency of a component no test uses
+            importlib.import_module(path)
+    if "twisted.internet.reactor" in sys.modules:
+        raise SystemExit("zygote: a preloaded module installed a reactor: the workers must choose theirs")
+
+
+def _serve(path: str) -> dict[str, Any] | None:
+    """Serve until stdin closes (returns None) or, in a forked worker, return that worker's request."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    print("ready", flush=True)
+    children: dict[int, socket.socket] = {}
+    conns: list[socket.socket] = []
+    while True:
+        readable, _, _ = select.select([sys.stdin, listener, *conns], [], [], 0.02)
+        if sys.stdin in readable and not sys.stdin.buffer.read1(1):
+            for pid in children:
+                _kill(pid)
+            return None
+        if listener in readable:
+            conns.append(listener.accept()[0])
+        for conn in [c for c in conns if c in readable]:
+            conns.remove(conn)
+            message, fds, _, _ = socket.recv_fds(conn, _BUFFER, 1)
+            if not message:
+                conn.close()
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in [*conns, *children.values()]:
+                    other.close()
+                conn.close()
+                request: dict[str, Any] = json.loads(message)
+                request["fd"] = fds[0]
+                return request
+            os.close(fds[0])
+            conn.send(json.dumps({"pid": pid}).encode())
+            children[pid] = conn
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = children.pop(pid)
+            with contextlib.suppress(OSError):
+                conn.send(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode())
+            conn.close()
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _run_worker(request: dict[str, Any]) -> None:
+    """In the forked child: become ``python -m scrapy <argv>`` in ``cwd`` with ``env``."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(request["fd"], 1)
+    os.dup2(request["fd"], 2)
+    os.close(request["fd"])
+    os.close(devnull)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:1] = [request["cwd"], *extra]  # as `python -m`: the working directory first, not tests/
+    for entry in extra:  # what the interpreter would have imported at start-up from its PYTHONPATH
+        if (Path(entry) / "sitecustomize.py").exists():
+            sys.modules.pop("sitecustomize", None)
+            importlib.import_module("sitecustomize")
+            break
+    sys.argv = ["scrapy", *request["argv"]]
+    from scrapy.cmdline import execute
+
+    execute(sys.argv)
+
+
+class ForkedWorker:
+    """The :class:`subprocess.Popen` face of a worker forked by the zygote (its output goes to a file)."""
+
+    stdout = stderr = stdin = None
+
+    def __init__(self, args: list[str], pid: int, conn: socket.socket) -> None:
+        self.args = args
+        self.pid = pid
+        self.returncode: int | None = None
+        self._conn = conn
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self._collect()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self._collect()
+        assert self.returncode is not None
+        return self.returncode
+
+    def _collect(self) -> None:
+        message = self._conn.recv(_BUFFER)
+        self._conn.close()
+        if not message:
+            raise RuntimeError(f"the zygote went away before worker {self.pid} ended")
+        self.returncode = json.loads(message)["code"]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self) -> ForkedWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wait()
+
+
+class Zygote:
+    """The client: starts the server on first use, one per test process."""
+
+    _lock = threading.Lock()
+    _server: subprocess.Popen[bytes] | None = None
+    _path = ""
+
+    @classmethod
+    def enabled(cls) -> bool:
+        return os.environ.get("SCRAPY_DIST_TEST_FORK", "1") != "0" and hasattr(os, "fork")
+
+    @classmethod
+    def _ensure(cls) -> str:
+        with cls._lock:
+            if cls._server is None or cls._server.poll() is not None:
+                cls._path = os.path.join(tempfile.mkdtemp(prefix="zygote-"), "sock")
+                cls._server = subprocess.Popen(
+                    [sys.executable, __file__, cls._path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                )
+                assert cls._server.stdout is not None
+                line = cls._server.stdout.readline()
+                if line.strip() != b"ready":
+                    raise RuntimeError("the test zygote did not start (SCRAPY_DIST_TEST_FORK=0: without it)")
+            return cls._path
+
+    @classmethod
+    def start(cls, argv: list[str], cwd: Path, env: dict[str, str], out: int) -> ForkedWorker:
+        """Fork ``python -m scrapy <argv>`` in ``cwd`` with ``env``, its output to file descriptor ``out``."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn.connect(cls._ensure())
+        socket.send_fds(conn, [json.dumps({"argv": argv, "cwd": str(cwd), "env": env}).encode()], [out])
+        pid = json.loads(conn.recv(_BUFFER))["pid"]
+        return ForkedWorker([sys.executable, "-m", "scrapy", *argv], pid, conn)
+
+
+if __name__ == "__main__":
+    _preload()
+    work = _serve(sys.argv[1])
+    if work is not None:
+        _run_worker(work)
