@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import psutil
 from helpers import wait_for_pages
 from zygote import Zygote
 
@@ -260,7 +261,7 @@ def kill_holding_leases(
     """SIGKILL ``victim`` once ``site`` has answered ``min_pages`` pages and the victim holds leases;
     returns the paths of the requests it held then (read from the ``lease_sets`` ZSETs, whose lease keys'
     tags name the worker: ``host:pid:random``, see ``lease_parts``, once a call it sent before dying has
-    landed). Frozen after the kill until the leases run out."""
+    landed on the server). Frozen after the kill until the leases run out."""
     pid = f":{victim.pid}:".encode()
     deadline = time.monotonic() + timeout
 
@@ -276,10 +277,26 @@ def kill_holding_leases(
     while len(site.fetch_counts()) < min_pages or not held():
         assert victim.poll() is None and time.monotonic() < deadline, "the victim never held a lease"
         time.sleep(0.02)
+    ports = {c.laddr.port for c in psutil.Process(victim.pid).net_connections(kind="tcp") if c.raddr}
+    seen = held()
     project.kill(victim)
-    # a sync call the victim sent just before the kill still runs on the server: count its leases too
-    time.sleep(0.3)
-    return held()
+    # A sync call the victim sent before it died still runs on the server, which drops a dead client's
+    # connection only once it has read (and run) what it sent: its leases are read until then.
+    deadline = time.monotonic() + 20
+    while ports & _client_ports(client) and time.monotonic() < deadline:
+        seen |= held()
+        time.sleep(0.05)
+    return seen | held()
+
+
+def _client_ports(client: Any) -> set[int]:
+    """The local ports of the clients connected to the server(s) of ``client`` (every node of a cluster)."""
+    nodes = client.get_nodes() if hasattr(client, "get_nodes") else [None]
+    ports = set()
+    for node in nodes:
+        rows = client.client_list() if node is None else client.client_list(target_nodes=node)
+        ports.update(int(row["addr"].rsplit(":", 1)[1]) for row in rows)
+    return ports
 
 
 def kill_one_of_three(
