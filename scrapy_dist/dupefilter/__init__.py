@@ -1,6 +1,5 @@
 """Crawl-wide request deduplication in Redis: :class:`BloomDupeFilter` (a scalable bloom filter, sized by
-:mod:`.bloom`) and :class:`SetDupeFilter` (exact: a SET of fingerprints), both through ``dupe.lua``;
-:class:`DupeScript` runs ``dupe_batch.lua`` for Scrapy's scheduler and the tools.
+:mod:`.bloom`) and :class:`SetDupeFilter` (exact: a SET of fingerprints), both run by :class:`DupeScript`.
 
 May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions.
 """
@@ -178,12 +177,12 @@ class RedisDupeFilter:
     def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
         return {}
 
-    # -- Scrapy's BaseDupeFilter interface --------------------------------------------------------
+    # -- Scrapy's BaseDupeFilter interface (the filter itself stays in Redis) ---------------------
     def open(self) -> None:
-        """Called by the scheduler when the spider opens."""
+        pass
 
     def close(self, reason: str) -> None:
-        """Called by the scheduler when the spider closes; the filter itself stays in Redis."""
+        pass
 
     def request_seen(self, request: Request) -> bool:
         """Test-and-set ``request``'s fingerprint (one atomic Redis call)."""
@@ -219,11 +218,10 @@ class RedisDupeFilter:
         return bytes(self.fingerprinter.fingerprint(request)).hex()
 
     def tokens(self, request: Request) -> tuple[Any, Any]:
-        """The two values ``dupe.lua`` needs for ``request`` (see its header)."""
         return self.fingerprint_tokens(self.fingerprint(request))
 
     def fingerprint_tokens(self, fingerprint: bytes) -> tuple[Any, Any]:
-        """The two values ``dupe.lua`` needs for a request of this fingerprint."""
+        """The two values ``dupe.lua`` needs for a request of this fingerprint (see its header)."""
         raise NotImplementedError
 
     def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
@@ -257,8 +255,7 @@ class RedisDupeFilter:
         return {}
 
     def for_shard(self, keys: CrawlKeys, shards: int) -> Self:
-        """This filter on the keys of one shard (``SCHEDULER_SHARDS``): each shard deduplicates the
-        requests routed to it, so it has a filter of its own."""
+        """This filter on the keys of one shard (``SCHEDULER_SHARDS``): each deduplicates its own requests."""
         clone = copy.copy(self)
         clone.keys = keys
         return clone
@@ -300,10 +297,7 @@ RFPDupeFilter = SetDupeFilter
 @dataclass(eq=False)
 class BloomDupeFilter(RedisDupeFilter):
     """Crawl-wide scalable bloom filter in Redis bitmaps (``BLOOMFILTER_*`` settings, ``DUPEFILTER_TTL``).
-
-    The first worker to open a crawl records its parameters in the ``{spider}:bloom`` hash; later workers
-    use the recorded values, so the chain is the same everywhere.
-    """
+    The first worker to open a crawl records its parameters in ``{spider}:bloom``; later workers use them."""
 
     mode: ClassVar[str] = "bloom"
 
@@ -320,9 +314,8 @@ class BloomDupeFilter(RedisDupeFilter):
     def _size(self, base: BloomPlan) -> None:
         """Size the filter for ``base`` (with a TTL: one generation's chain), counting from 0."""
         self.base = base
-        self.plan = base if self.gens is None else self.gens.plan(
-            base.capacity, base.error_rate, base.block_bits, base.scheme
-        )
+        self.plan = base if self.gens is None else self.gens.plan(base.capacity, base.error_rate,
+                                                                  base.block_bits, base.scheme)
         self.n = 0  # items in the filter (its fullest live generation), as last reported by Redis
         self._capacity_log = RateLimitedLog.once(logger)
         self._local: ScalableBloomFilter | None = None
@@ -349,9 +342,8 @@ class BloomDupeFilter(RedisDupeFilter):
         values = pipe.execute()[-1]
         way_out = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
         try:
-            rec = parse_bloom_record(
-                {k: v for k, v in zip(names, values, strict=True) if v is not None}, self.keys.bloom
-            )
+            rec = parse_bloom_record({k: v for k, v in zip(names, values, strict=True) if v is not None},
+                                     self.keys.bloom)
         except BloomParameterError as exc:
             raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {way_out}") \
                 from None
@@ -370,10 +362,9 @@ class BloomDupeFilter(RedisDupeFilter):
             rec = dataclasses.replace(rec, ttl=float(self.ttl or 0), generations=int(mine["generations"]),
                                       schedule_garbage=None)
         if rec.hashing not in SCHEMES:
-            raise ScrapyDistError(
-                f"The bloom filter {self.keys.bloom!r} was written with layout {rec.hashing},"
-                f" this scrapy-dist reads {', '.join(map(str, SCHEMES))}: {way_out}"
-            )
+            raise ScrapyDistError(f"The bloom filter {self.keys.bloom!r} was written with layout"
+                                  f" {rec.hashing}, this scrapy-dist reads {', '.join(map(str, SCHEMES))}:"
+                                  f" {way_out}")
         self.adopt(rec)
 
     def adopt(self, rec: BloomRecord) -> None:
@@ -458,9 +449,8 @@ class BloomDupeFilter(RedisDupeFilter):
         if self.gens is not None:
             return self.seen_tokens([fingerprint_hashes(fp)])[0]
         if self._local is None:
-            self._local = ScalableBloomFilter(
-                initial_capacity=100_000, error_rate=1e-7, mode=ScalableBloomFilter.LARGE_SET_GROWTH
-            )
+            self._local = ScalableBloomFilter(initial_capacity=100_000, error_rate=1e-7,
+                                              mode=ScalableBloomFilter.LARGE_SET_GROWTH)
         if fp in self._local:
             return True
         seen = self.seen_tokens([fingerprint_hashes(fp)])[0]

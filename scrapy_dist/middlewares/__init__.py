@@ -1,7 +1,5 @@
-"""scrapy-dist's Scrapy middlewares: the shared cookie jar (``cookies``), delayed retries and dead-lettered
-HTTP errors (``retry``), imported on first use only, so a missing or broken module does not break the
-others; and here the two small guards the add-on installs.
-"""
+"""scrapy-dist's Scrapy middlewares: the shared cookie jar (``cookies``) and delayed retries and dead-lettered
+HTTP errors (``retry``), imported on first use; here the two small guards the add-on installs."""
 
 from __future__ import annotations
 
@@ -66,18 +64,13 @@ def _getaddrinfo(host: str) -> list[str]:
 
 
 class DenyNetworksMiddleware:
-    """Refuses requests to ``SCHEDULER_DENY_NETWORKS``: anyone who can push a seed or a queue entry chooses
-    URLs the workers fetch from inside your network. The check that counts is made on the address each
-    connection uses, in the DNS resolver (:func:`~scrapy_dist.egress.enforce`); this adds what a resolver
-    cannot do: a host or ``meta["proxy"]`` written as an IP address is refused before the download; every
-    refused request is dead-lettered with reason ``denied_network``; a proxied request is also checked by
-    its target host, resolved here (a best effort: a name that does not resolve is left to the proxy), the
-    verdict cached for ``ttl`` seconds (at most 10,000 hosts)."""
+    """Refuses requests to ``SCHEDULER_DENY_NETWORKS``, adding to the resolver's check
+    (:func:`~scrapy_dist.egress.enforce`) what it cannot do: a host or ``meta["proxy"]`` written as an IP
+    address is refused before the download; a refused request is dead-lettered (``denied_network``); a
+    proxied request's target host is resolved here (best effort), the verdict cached ``ttl`` seconds."""
 
-    def __init__(
-        self, networks: list[Network], crawler: Crawler | None = None, ttl: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, networks: list[Network], crawler: Crawler | None = None, ttl: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not networks:
             raise NotConfigured("SCHEDULER_DENY_NETWORKS is empty")
         self.networks, self.crawler, self.ttl, self.clock = networks, crawler, ttl, clock
@@ -106,12 +99,8 @@ class DenyNetworksMiddleware:
         addresses: list[str] = []
         with contextlib.suppress(OSError, UnicodeError):
             addresses = await maybe_deferred_to_future(threads.deferToThread(_getaddrinfo, host))
-        why = ""
-        for address in addresses:
-            net = denied(address, self.networks)
-            if net is not None:
-                why = f"{host} resolves to {address}, in denied network {net}"
-                break
+        nets = ((a, denied(a, self.networks)) for a in addresses)
+        why = next((f"{host} resolves to {a}, in denied network {net}" for a, net in nets if net), "")
         self._verdicts[host] = (now + self.ttl, why)
         self._verdicts.move_to_end(host)
         while len(self._verdicts) > 10_000:
@@ -146,8 +135,7 @@ class NotModified(IgnoreRequest):
 
 
 class ConditionalRevisitMiddleware:
-    """``REVISIT_CONDITIONAL`` (docs/continuous.md; the add-on enables it at 580, so the downloader's own
-    middlewares never see the 304 as theirs): a 304 to a revisit that sent its page's validators is
+    """``REVISIT_CONDITIONAL`` (docs/continuous.md): a 304 to a revisit that sent its page's validators is
     counted, keeps the revisit chain going, calls the spider's ``on_not_modified(response)`` if it has one,
     and ends the request with :class:`NotModified`."""
 

@@ -119,10 +119,6 @@ class Outage:
             found.close_watch = CloseWatch(crawler)
         return found
 
-    @property
-    def down(self) -> bool:
-        return self.since is not None
-
     def failed(self, exc: BaseException, now: float, component: str, detail: str = "") -> bool:
         """``component`` could not reach Redis; returns whether this started the outage (and logged)."""
         self._failing[component] = now
@@ -269,11 +265,9 @@ class BackgroundTask:
                                 describe(exc) if exc else "returned", exc_info=exc)
 
     def failed(self, exc: BaseException, now: float | None = None, detail: str = "") -> float:
-        """Report a failed call; returns the backoff to wait."""
         return self.guard.failed(exc, self.clock() if now is None else now, detail)
 
     def succeeded(self, now: float | None = None) -> None:
-        """Report a call that Redis answered."""
         self.guard.succeeded(self.clock() if now is None else now)
 
     async def attempt(self, call: Awaitable[T]) -> T | None:
@@ -355,7 +349,6 @@ class ToolOutage:
                              self.what)
 
     def succeeded(self, now: float) -> None:
-        """A read worked."""
         if self.since is not None:
             self.log.info("Redis is reachable again after %.1fs (%d failed reads); the %s shows the crawl"
                           " again", max(0.0, now - self.since), self.failures, self.what)
@@ -401,7 +394,7 @@ class BatchWriter(BackgroundTask, Generic[T]):
 
     def pending(self) -> Iterator[T]:
         """Every entry not yet known to be written, oldest first (those being written included)."""
-        yield from (entry for batch in self._batches for entry in batch.entries)
+        return (entry for batch in self._batches for entry in batch.entries)
 
     @property
     def buffered(self) -> int:

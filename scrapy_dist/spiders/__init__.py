@@ -1,7 +1,6 @@
-"""``RedisSpider`` and ``RedisCrawlSpider``: spiders whose seeds are pushed to Redis (docs/seeds.md) and
-read in ``async def start()`` through :class:`~scrapy_dist.seeds.feed.SeedFeed`; the scrapy-redis attributes
-``redis_key``, ``redis_batch_size`` and ``max_idle_time`` (often ``-a`` strings) are converted once, when the
-spider is built, and a bad value stops the crawl with one line."""
+"""``RedisSpider`` and ``RedisCrawlSpider``: spiders whose seeds are pushed to Redis (docs/seeds.md) and read
+in ``async def start()`` by :class:`~scrapy_dist.seeds.feed.SeedFeed`; their scrapy-redis attributes (often
+``-a`` strings) are converted when the spider is built, and a bad value stops the crawl with one line."""
 
 from __future__ import annotations
 
@@ -151,9 +150,8 @@ def _number(name: str, value: Any, integer: bool, low: int, problem: str, hint: 
         number = float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
         number = math.nan
-    if isinstance(value, bool) or not math.isfinite(number) or number < low or (
-        integer and not number.is_integer()
-    ):
+    whole = not integer or number.is_integer()
+    if isinstance(value, bool) or not math.isfinite(number) or number < low or not whole:
         raise SettingsError(name, value, problem, hint)
     return int(number) if integer else number
 
