@@ -45,10 +45,8 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from typing_extensions import Self
 
-__all__ = [
-    "CALL_TOKENS", "RECENT_MAX_AGE", "BloomDupeFilter", "DupeScript", "RFPDupeFilter", "RecentFingerprints",
-    "RedisDupeFilter", "SetDupeFilter",
-]
+__all__ = ["CALL_TOKENS", "RECENT_MAX_AGE", "BloomDupeFilter", "DupeScript", "RFPDupeFilter",
+           "RecentFingerprints", "RedisDupeFilter", "SetDupeFilter"]
 
 logger = logging.getLogger(__name__)
 #: duplicate lines go where Scrapy's RFPDupeFilter logs them, so log filters written for Scrapy still apply
@@ -198,11 +196,9 @@ class RedisDupeFilter:
                 extra={"spider": spider},
             )
         elif not self._logged_dupes:
-            dupes_logger.debug(
-                "Filtered duplicate request: %(request)s - no more duplicates will be shown"
-                " (see DUPEFILTER_DEBUG to show all duplicates)",
-                {"request": request}, extra={"spider": spider},
-            )
+            dupes_logger.debug("Filtered duplicate request: %(request)s - no more duplicates will be shown"
+                               " (see DUPEFILTER_DEBUG to show all duplicates)", {"request": request},
+                               extra={"spider": spider})
             self._logged_dupes = True
         if self.stats is not None:
             self.stats.inc_value("dupefilter/filtered")
@@ -330,11 +326,10 @@ class BloomDupeFilter(RedisDupeFilter):
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""
         pipe = self.redis.pipeline(transaction=False)
         b = self.base
-        mine: dict[str, Any] = {
-            "capacity": b.capacity, "error_rate": repr(b.error_rate), "block_bits": b.block_bits,
-            "hashing": HASHING, "ttl": repr(float(self.ttl or 0)),
-            "generations": self.gens.count if self.gens else 4,
-        }
+        mine: dict[str, Any] = {"capacity": b.capacity, "error_rate": repr(b.error_rate),
+                                "block_bits": b.block_bits, "hashing": HASHING,
+                                "ttl": repr(float(self.ttl or 0)),
+                                "generations": self.gens.count if self.gens else 4}
         for name, value in mine.items():
             pipe.hsetnx(self.keys.bloom, name, value)
         names = [*mine, "n"]

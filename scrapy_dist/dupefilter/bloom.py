@@ -237,10 +237,8 @@ def _spec(
 class BloomPlan:
     """The chain of filters for a declared ``capacity`` and compound ``error_rate``."""
 
-    def __init__(
-        self, capacity: int, error_rate: float, block_bits: int = 2**31, overflow_step: float | None = None,
-        scheme: int = HASHING,
-    ) -> None:
+    def __init__(self, capacity: int, error_rate: float, block_bits: int = 2**31,
+                 overflow_step: float | None = None, scheme: int = HASHING) -> None:
         self.capacity, self.error_rate, self.block_bits = check_parameters(capacity, error_rate, block_bits)
         if scheme not in SCHEMES:
             raise BloomParameterError(f"bloom filter layout {scheme!r}: this scrapy-dist reads {SCHEMES}")
@@ -411,10 +409,8 @@ class Generations:
     def plan(self, capacity: int, error_rate: float, block_bits: int, scheme: int = HASHING) -> BloomPlan:
         """The chain of one generation, for a filter of ``capacity`` URLs remembered per TTL at
         ``error_rate`` over all the generations a lookup tests."""
-        return BloomPlan(
-            max(1, math.ceil(capacity / (self.count - 1))), error_rate / self.count, block_bits,
-            overflow_step=OVERFLOW_STEP, scheme=scheme,
-        )
+        return BloomPlan(max(1, math.ceil(capacity / (self.count - 1))), error_rate / self.count, block_bits,
+                         overflow_step=OVERFLOW_STEP, scheme=scheme)
 
 
 # -- the fingerprints this worker sent ---------------------------------------------------------------------

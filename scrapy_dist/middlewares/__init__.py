@@ -35,18 +35,14 @@ if TYPE_CHECKING:
     from scrapy_dist.wire.entrypolicy import AddedCredentialsMiddleware, ScheduledHeadersMiddleware
 
 #: public name -> module under scrapy_dist.middlewares, or a full module path (add one line per middleware)
-_EXPORTS = {
-    "SharedCookiesMiddleware": "cookies", "RetryMiddleware": "retry", "RetryScheduled": "retry",
-    "HttpErrorMiddleware": "retry", "ScheduledHeadersMiddleware": "scrapy_dist.wire.entrypolicy",
-    "AddedCredentialsMiddleware": "scrapy_dist.wire.entrypolicy",
-}
+_EXPORTS = {"SharedCookiesMiddleware": "cookies", "RetryMiddleware": "retry", "RetryScheduled": "retry",
+            "HttpErrorMiddleware": "retry", "ScheduledHeadersMiddleware": "scrapy_dist.wire.entrypolicy",
+            "AddedCredentialsMiddleware": "scrapy_dist.wire.entrypolicy"}
 
 # keep in step with _EXPORTS
-__all__ = [
-    "AddedCredentialsMiddleware", "ConditionalRevisitMiddleware", "DeniedNetwork", "DenyNetworksMiddleware",
-    "HttpErrorMiddleware", "NotModified", "RetryMiddleware", "RetryScheduled", "ScheduledHeadersMiddleware",
-    "SharedCookiesMiddleware",
-]
+__all__ = ["AddedCredentialsMiddleware", "ConditionalRevisitMiddleware", "DeniedNetwork",
+           "DenyNetworksMiddleware", "HttpErrorMiddleware", "NotModified", "RetryMiddleware",
+           "RetryScheduled", "ScheduledHeadersMiddleware", "SharedCookiesMiddleware"]
 
 
 def __getattr__(name: str) -> Any:

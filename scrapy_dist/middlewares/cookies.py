@@ -48,10 +48,8 @@ if TYPE_CHECKING:
 
     from scrapy_dist.redis.keys import CrawlKeys
 
-__all__ = [
-    "READ_LIMIT", "RecordSeal", "SharedCookiesMiddleware", "cookie_field", "cookie_from_record",
-    "cookie_record", "jar_name",
-]
+__all__ = ["READ_LIMIT", "RecordSeal", "SharedCookiesMiddleware", "cookie_field", "cookie_from_record",
+           "cookie_record", "jar_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +58,8 @@ _WRITE_BATCH = 1000
 #: Changes read per refresh of a jar at most (a bigger backlog is read over the next refreshes).
 READ_LIMIT = 1000
 
-_BOOL_FIELDS = (
-    "port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure", "discard",
-    "rfc2109",
-)
+_BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure",
+                "discard", "rfc2109")
 _OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
 
 CookieIdent = tuple[str, str, str]
@@ -83,10 +79,9 @@ def cookie_field(ident: CookieIdent) -> str:
 
 
 #: A cookie's attributes in the order its record lists them (``rest`` comes before the last one).
-_RECORD_FIELDS = (
-    "version", "name", "value", "port", "port_specified", "domain", "domain_specified", "domain_initial_dot",
-    "path", "path_specified", "secure", "expires", "discard", "comment", "comment_url",
-)
+_RECORD_FIELDS = ("version", "name", "value", "port", "port_specified", "domain", "domain_specified",
+                  "domain_initial_dot", "path", "path_specified", "secure", "expires", "discard", "comment",
+                  "comment_url")
 
 
 def cookie_record(cookie: Cookie) -> dict[str, Any]:
@@ -234,13 +229,12 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     ``cookies/shared/redis_errors``.
     """
 
-    def __init__(
-        self, server: redis.asyncio.Redis, keys: CrawlKeys, *, debug: bool = False,
-        cache_seconds: float = defaults.REDIS_COOKIES_CACHE_SECONDS,
-        flush_interval: float = defaults.REDIS_COOKIES_FLUSH_INTERVAL, stats: StatsCollector | None = None,
-        monotonic: Callable[[], float] = time.monotonic, wallclock: Callable[[], float] = time.time,
-        outage: Outage | None = None, read_limit: int = READ_LIMIT, seal: RecordSeal | None = None,
-    ) -> None:
+    def __init__(self, server: redis.asyncio.Redis, keys: CrawlKeys, *, debug: bool = False,
+                 cache_seconds: float = defaults.REDIS_COOKIES_CACHE_SECONDS,
+                 flush_interval: float = defaults.REDIS_COOKIES_FLUSH_INTERVAL,
+                 stats: StatsCollector | None = None, monotonic: Callable[[], float] = time.monotonic,
+                 wallclock: Callable[[], float] = time.time, outage: Outage | None = None,
+                 read_limit: int = READ_LIMIT, seal: RecordSeal | None = None) -> None:
         super().__init__(debug)
         #: which records of the jar are believed (the crawl's secret)
         self.seal = seal or RecordSeal()
@@ -278,11 +272,9 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                 "SharedCookiesMiddleware is enabled together with %s: the two overwrite each other's Cookie"
                 " headers. Disable Scrapy's: DOWNLOADER_MIDDLEWARES = {%r: None, ...}", scrapy_mw, scrapy_mw,
             )
-        o = cls(
-            ClientPool.of(crawler).async_client(), crawler_keys(crawler), debug=ds.cookies.debug,
-            cache_seconds=ds.cookies.cache_seconds, flush_interval=ds.cookies.flush_interval,
-            stats=crawler.stats, outage=Outage.for_crawler(crawler), seal=_seal(crawler),
-        )
+        o = cls(ClientPool.of(crawler).async_client(), crawler_keys(crawler), debug=ds.cookies.debug,
+                cache_seconds=ds.cookies.cache_seconds, flush_interval=ds.cookies.flush_interval,
+                stats=crawler.stats, outage=Outage.for_crawler(crawler), seal=_seal(crawler))
         o.crawler = crawler
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
@@ -400,10 +392,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         """Queue the difference between ``before`` and the jar; the future resolves once it is written."""
         after = snapshot(jar)
         jar_key = self.keys.cookie_jar(name)
-        ops: dict[str, str | None] = {
-            (f := cookie_field(ident)): self.seal.seal(jar_key, f, rec)
-            for ident, rec in after.items() if before.get(ident) != rec
-        }
+        ops: dict[str, str | None] = {(f := cookie_field(ident)): self.seal.seal(jar_key, f, rec)
+                                      for ident, rec in after.items() if before.get(ident) != rec}
         ops.update((cookie_field(ident), None) for ident in before.keys() - after.keys())
         return self._queue(name, ops) if ops else None
 

@@ -63,10 +63,8 @@ class DeadLetterWriter:
         self.scheduler_of: Callable[[], Any] = scheduler_of or (lambda: get_scheduler(crawler))
         self._no_frontier_log = RateLimitedLog.once(logger)
 
-    def write(
-        self, request: Request, reason: str, *, status: int | None = None, detail: str = "",
-        attempts: int | None = None,
-    ) -> bool:
+    def write(self, request: Request, reason: str, *, status: int | None = None, detail: str = "",
+              attempts: int | None = None) -> bool:
         """Dead-letter ``request``; ``False`` if it already was, or if there is no frontier to keep it."""
         if request in _dead_lettered:
             return False
@@ -79,10 +77,9 @@ class DeadLetterWriter:
                 {"request": request, "reason": reason},
             )
             return False
-        record = dead_letter_record(
-            request, reason=reason, worker=scheduler.worker_id, spider=self.crawler.spider, status=status,
-            detail=detail, attempts=attempts, policy=scheduler.dead_policy,
-        )
+        record = dead_letter_record(request, reason=reason, worker=scheduler.worker_id,
+                                    spider=self.crawler.spider, status=status, detail=detail,
+                                    attempts=attempts, policy=scheduler.dead_policy)
         scheduler.dead_letter(record, request)
         _dead_lettered.add(request)
         assert self.crawler.stats is not None
@@ -132,15 +129,12 @@ class RetryMiddleware:
         if not s.getbool("RETRY_ENABLED"):
             raise NotConfigured
         ds = DistSettings.for_crawler(crawler)
-        o = cls(
-            max_retry_times=s.getint("RETRY_TIMES"),
-            retry_http_codes=[int(x) for x in s.getlist("RETRY_HTTP_CODES")],
-            exceptions_to_retry=tuple(_load_objects(s.getlist("RETRY_EXCEPTIONS"))),
-            priority_adjust=s.getint("RETRY_PRIORITY_ADJUST"),
-            give_up_log_level=s["RETRY_GIVE_UP_LOG_LEVEL"],
-            backoff_base=ds.retries.backoff_base, backoff_max=ds.retries.backoff_max,
-            deadletter_ignored=ds.retries.deadletter_ignored,
-        )
+        o = cls(max_retry_times=s.getint("RETRY_TIMES"),
+                retry_http_codes=[int(x) for x in s.getlist("RETRY_HTTP_CODES")],
+                exceptions_to_retry=tuple(_load_objects(s.getlist("RETRY_EXCEPTIONS"))),
+                priority_adjust=s.getint("RETRY_PRIORITY_ADJUST"),
+                give_up_log_level=s["RETRY_GIVE_UP_LOG_LEVEL"], backoff_base=ds.retries.backoff_base,
+                backoff_max=ds.retries.backoff_max, deadletter_ignored=ds.retries.deadletter_ignored)
         o.crawler = crawler
         o.dead_letters = DeadLetterWriter(crawler)
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
@@ -149,10 +143,9 @@ class RetryMiddleware:
     def process_response(self, request: Request, response: Response) -> Request | Response:
         if request.meta.get("dont_retry", False) or response.status not in self.retry_http_codes:
             return response
-        return self._retry(
-            request, response_status_message(response.status), dead_reason=str(response.status),
-            status=response.status, retry_after=response.headers.get(b"Retry-After"),
-        ) or response
+        return self._retry(request, response_status_message(response.status),
+                           dead_reason=str(response.status), status=response.status,
+                           retry_after=response.headers.get(b"Retry-After")) or response
 
     def process_exception(self, request: Request, exception: Exception) -> Request | Response | None:
         reason, detail = exception_reason(exception), str(exception)
@@ -204,10 +197,8 @@ class RetryMiddleware:
             return new  # cannot go to Redis (logged by the scheduler): retried at once, here
         assert self.crawler.stats is not None
         self.crawler.stats.inc_value("retry/delayed")
-        logger.debug(
-            "Retry %(n)d of %(request)s delayed %(delay).2fs in the shared frontier (%(reason)s)",
-            {"n": new.meta["retry_times"], "request": request, "delay": delay, "reason": reason},
-        )
+        logger.debug("Retry %(n)d of %(request)s delayed %(delay).2fs in the shared frontier (%(reason)s)",
+                     {"n": new.meta["retry_times"], "request": request, "delay": delay, "reason": reason})
         # this attempt ends here; only the retry copy (which keeps the errback) may see a final failure
         request.errback = None
         raise RetryScheduled(f"retry in {delay:.2f}s")

@@ -142,9 +142,8 @@ class SeedReader:
         workers = list(workers)
         if not workers:
             return 0, 0, 0
-        raw = await self._adopt(
-            keys=self._keys, args=["" if now is None else repr(now), self.kind, *self._bounds, *workers]
-        )
+        raw = await self._adopt(keys=self._keys,
+                                args=["" if now is None else repr(now), self.kind, *self._bounds, *workers])
         return int(raw[0]), int(raw[1]), int(raw[2])
 
     async def record_rejections(self, records: Sequence[str]) -> None:
@@ -174,11 +173,9 @@ class SeedFeed(BackgroundTask):
     :meth:`~BackgroundTask.turns`. Ends once the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE``
     seconds (never, if 0)."""
 
-    def __init__(
-        self, spider: RedisMixin, reader: SeedReader, *, rules: SeedRules, batch_size: int = 16,
-        idle_before_close: float = 0.0, block_seconds: float = BLOCK_SECONDS,
-        poll_seconds: float = POLL_SECONDS,
-    ) -> None:
+    def __init__(self, spider: RedisMixin, reader: SeedReader, *, rules: SeedRules, batch_size: int = 16,
+                 idle_before_close: float = 0.0, block_seconds: float = BLOCK_SECONDS,
+                 poll_seconds: float = POLL_SECONDS) -> None:
         self.spider, self.crawler = spider, spider.crawler
         super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
         self.stats = self.crawler.stats
@@ -208,12 +205,11 @@ class SeedFeed(BackgroundTask):
             keys = dataclasses.replace(keys, start_urls_template=spider.redis_key.replace("%", "%%"))
         batch = spider.redis_batch_size or ds.seeds.batch_size
         idle = sched.idle_before_close if sched is not None else ds.scheduler.idle_before_close
-        reader = SeedReader(
-            connection.ClientPool.of(crawler).async_client(), keys,
-            sched.worker_id if sched is not None else make_worker_id(),
-            kind=ds.seeds.kind, lease_seconds=ds.scheduler.lease_seconds,
-            rejected_maxlen=ds.seeds.rejected_maxlen, held_cap=max(HELD_CAP, 4 * held_most(batch)),
-        )
+        reader = SeedReader(connection.ClientPool.of(crawler).async_client(), keys,
+                            sched.worker_id if sched is not None else make_worker_id(), kind=ds.seeds.kind,
+                            lease_seconds=ds.scheduler.lease_seconds,
+                            rejected_maxlen=ds.seeds.rejected_maxlen,
+                            held_cap=max(HELD_CAP, 4 * held_most(batch)))
         return cls(spider, reader, rules=SeedRules.from_dist(ds), batch_size=batch, idle_before_close=idle)
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -331,11 +327,10 @@ class SeedFeed(BackgroundTask):
                                   " held another Redis type; moved to %s:garbage", key, key, key=key)
         if strays:
             self.stats.inc_value("seeds/strays", strays)
-            self._garbage_log.log(
-                logging.WARNING, "%d entries in %s were no live worker's (written by someone else?): given"
-                " back to %r, where they are read as seeds (stat seeds/strays)", strays,
-                self.keys.start_urls_processing, self.keys.start_urls, key="strays",
-            )
+            self._garbage_log.log(logging.WARNING,
+                                  "%d entries in %s were no live worker's (written by someone else?): given"
+                                  " back to %r, where they are read as seeds (stat seeds/strays)", strays,
+                                  self.keys.start_urls_processing, self.keys.start_urls, key="strays")
 
     async def _call(self, coro: Awaitable[T]) -> T:
         """Await a Redis call, marking the feed busy (so :meth:`close` lets it finish first)."""
@@ -393,10 +388,9 @@ class SeedFeed(BackgroundTask):
         self.stats.inc_value("seeds/rejected")
         self.stats.inc_value(f"seeds/rejected/{reason}")
         self._records.append(rejection_record(reason, raw, self.reader.worker_id, exc.detail))
-        self._reject_log.log(
-            logging.WARNING, "Rejected a seed from %r (%s: %s): %s; recorded in %r", self.keys.start_urls,
-            reason, preview(exc.detail, 200, quote=False), preview(raw), self.keys.start_urls_rejected,
-        )
+        self._reject_log.log(logging.WARNING, "Rejected a seed from %r (%s: %s): %s; recorded in %r",
+                             self.keys.start_urls, reason, preview(exc.detail, 200, quote=False),
+                             preview(raw), self.keys.start_urls_rejected)
 
     # -- shutdown ---------------------------------------------------------------------------------------
     async def close(self) -> None:

@@ -42,10 +42,8 @@ from scrapy_dist.settings.values import (
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-__all__ = [
-    "ConnectionSettings", "DistSettings", "SchedulerSettings", "SettingsError", "defaults", "mask_url",
-    "refuse_start", "start_error",
-]
+__all__ = ["ConnectionSettings", "DistSettings", "SchedulerSettings", "SettingsError", "defaults", "mask_url",
+           "refuse_start", "start_error"]
 
 logger = logging.getLogger(__name__)
 

@@ -35,11 +35,9 @@ from scrapy_dist.settings.values import SettingsError, convert
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-__all__ = [
-    "ADDON_LINE", "COMPONENTS", "COMPONENT_SETTINGS", "REASON", "SCRAPY_QUEUE_SETTINGS", "SETTINGS",
-    "Component", "SettingsReader", "check_components", "importable", "mentions", "queue_order",
-    "redis_location", "refuse_misspelt_components", "refuse_start", "refusing", "start_error",
-]
+__all__ = ["ADDON_LINE", "COMPONENTS", "COMPONENT_SETTINGS", "REASON", "SCRAPY_QUEUE_SETTINGS", "SETTINGS",
+           "Component", "SettingsReader", "check_components", "importable", "mentions", "queue_order",
+           "redis_location", "refuse_misspelt_components", "refuse_start", "refusing", "start_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -306,10 +304,8 @@ class Component:
 
 
 #: Plain settings the add-on fills in while they hold Scrapy's default.
-SETTINGS = {
-    "SCHEDULER": "scrapy_dist.scheduler.Scheduler",
-    "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
-}
+SETTINGS = {"SCHEDULER": "scrapy_dist.scheduler.Scheduler",
+            "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter"}
 
 COMPONENTS = (
     Component("scrapy_dist.extensions.ClusterStats", "EXTENSIONS", 500, "signals"),

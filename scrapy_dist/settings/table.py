@@ -19,12 +19,8 @@ MIN_GENERATIONS, MAX_GENERATIONS = 2, 64  # BLOOMFILTER_GENERATIONS
 
 #: Status of a setting relative to scrapy-redis (the migration table's column).
 OURS, HONOURED, CHANGED, IGNORED = "new", "honoured", "changed", "ignored"
-STATUS_TEXT = {
-    OURS: "new in scrapy-dist",
-    HONOURED: "honoured as in scrapy-redis",
-    CHANGED: "scrapy-redis name, changed",
-    IGNORED: "scrapy-redis name, not applied (WARNING)",
-}
+STATUS_TEXT = {OURS: "new in scrapy-dist", HONOURED: "honoured as in scrapy-redis",
+               CHANGED: "scrapy-redis name, changed", IGNORED: "scrapy-redis name, not applied (WARNING)"}
 
 
 @dataclass(frozen=True)

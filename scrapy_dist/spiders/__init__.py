@@ -28,11 +28,9 @@ if TYPE_CHECKING:
     from scrapy.settings import Settings
     from typing_extensions import Self
 
-__all__ = [
-    "ARGUMENTS", "SCRAPY_REDIS_HOOKS", "RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed",
-    "SeedReader", "SpiderArguments", "TakeResult", "apply_spider_arguments", "misspelt_arguments",
-    "reads_missing_server", "unused_hooks",
-]
+__all__ = ["ARGUMENTS", "SCRAPY_REDIS_HOOKS", "RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed",
+           "SeedReader", "SpiderArguments", "TakeResult", "apply_spider_arguments", "misspelt_arguments",
+           "reads_missing_server", "unused_hooks"]
 
 logger = logging.getLogger(__name__)
 

@@ -50,13 +50,11 @@ from scrapy_dist.wire.entrypolicy import (
 if TYPE_CHECKING:
     from scrapy import Spider
 
-__all__ = [
-    "DANGEROUS_META", "DEFAULT_POLICY", "HOOK_NAMES", "MAX_HEADERS", "PREVIEW_LIMIT", "RAW_LIMIT",
-    "SIGNED_HEAD", "TAG_BYTES", "VERSION", "EntryPolicy", "check_cookies_allowed", "check_header_names",
-    "check_meta_keys", "check_no_userinfo", "check_url", "decode_request", "encode_request", "entry_callback",
-    "entry_policy", "load_payload", "method_name", "preview", "rejection_record", "spider_method",
-    "split_payload", "user_defined",
-]
+__all__ = ["DANGEROUS_META", "DEFAULT_POLICY", "HOOK_NAMES", "MAX_HEADERS", "PREVIEW_LIMIT", "RAW_LIMIT",
+           "SIGNED_HEAD", "TAG_BYTES", "VERSION", "EntryPolicy", "check_cookies_allowed",
+           "check_header_names", "check_meta_keys", "check_no_userinfo", "check_url", "decode_request",
+           "encode_request", "entry_callback", "entry_policy", "load_payload", "method_name", "preview",
+           "rejection_record", "spider_method", "split_payload", "user_defined"]
 
 
 #: private dispatchers of CrawlSpider rules: rule requests name them, with the rule index in meta
@@ -85,12 +83,11 @@ def _framework_module(module: Any) -> bool:
 
 
 #: Scrapy's hooks and spider plumbing: never a callback, even where the spider's own code overrides them
-HOOK_NAMES = frozenset({
-    "start", "start_requests", "closed", "close", "log", "make_request_from_data", "from_crawler",
-    "update_settings", "handles_request", "set_crawler", "make_requests_from_url", "parse_start_url",
-    "process_results", "process_start", "process_start_requests", "spider_opened", "spider_idle",
-    "spider_closed", "has_callback",
-})
+HOOK_NAMES = frozenset({"start", "start_requests", "closed", "close", "log", "make_request_from_data",
+                        "from_crawler", "update_settings", "handles_request", "set_crawler",
+                        "make_requests_from_url", "parse_start_url", "process_results", "process_start",
+                        "process_start_requests", "spider_opened", "spider_idle", "spider_closed",
+                        "has_callback"})
 
 
 def user_defined(cls: type, name: str) -> bool:
@@ -410,7 +407,5 @@ def rejection_record(reason: str, raw: bytes, worker: str, detail: str = "", now
         text, enc = head.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         text, enc = base64.b64encode(head).decode("ascii"), "base64"
-    return json.dumps({
-        "reason": reason, "detail": detail[:500], "raw": text, "raw_encoding": enc, "raw_bytes": len(raw),
-        "at": time.time() if now is None else now, "worker": worker,
-    })
+    return json.dumps({"reason": reason, "detail": detail[:500], "raw": text, "raw_encoding": enc,
+                       "raw_bytes": len(raw), "at": time.time() if now is None else now, "worker": worker})

@@ -33,11 +33,10 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
-__all__ = [
-    "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEAD", "DEFAULT_POLICY", "EntryPolicy", "FORBIDDEN_HEADERS",
-    "FRONTIER", "check_cookies_allowed", "check_header_names", "check_meta_keys", "check_no_userinfo",
-    "check_offsite", "entry_policy", "host_allowed", "is_trusted", "keep_allowed_domains",
-]
+__all__ = ["CREDENTIAL_HEADERS", "DANGEROUS_META", "DEAD", "DEFAULT_POLICY", "EntryPolicy",
+           "FORBIDDEN_HEADERS", "FRONTIER", "check_cookies_allowed", "check_header_names", "check_meta_keys",
+           "check_no_userinfo", "check_offsite", "entry_policy", "host_allowed", "is_trusted",
+           "keep_allowed_domains"]
 
 #: version bytes: unauthenticated, tag of the body only (read as untrusted), signed (crawl, kind and nonce)
 VERSION, VERSION_BODY_TAG, VERSION_SIGNED = 1, 2, 3
@@ -63,18 +62,15 @@ os.register_at_fork(after_in_child=_fresh_nonces)
 #: they route the request, carry credentials, switch Scrapy's safety checks off or reach into its state --
 #: the retry and redirect counters too (a ``retry_times`` of -1e9 would retry without end), and
 #: ``revisit_after`` (a tiny one would fetch one seed again and again).
-DANGEROUS_META = (
-    "proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar", "handle_httpstatus_all",
-    "dont_*", "allow_offsite", "download_maxsize", "download_warnsize", "download_timeout",
-    "max_retry_times", "retry_times", "priority_adjust", "give_up_log_level", "redirect_times",
-    "redirect_ttl", "redirect_urls", "redirect_reasons", "splash", "playwright*", "zyte_api*",
-    "impersonate", "is_start_request", "depth", "revisit_after",
-)
+DANGEROUS_META = ("proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar",
+                  "handle_httpstatus_all", "dont_*", "allow_offsite", "download_maxsize", "download_warnsize",
+                  "download_timeout", "max_retry_times", "retry_times", "priority_adjust",
+                  "give_up_log_level", "redirect_times", "redirect_ttl", "redirect_urls", "redirect_reasons",
+                  "splash", "playwright*", "zyte_api*", "impersonate", "is_start_request", "depth",
+                  "revisit_after")
 #: Headers an untrusted entry may never set: they frame the message or route it.
-FORBIDDEN_HEADERS = (
-    "host", "content-length", "transfer-encoding", "connection", "proxy-*", "te", "upgrade", "keep-alive",
-    "trailer", "expect", "x-forwarded-*", "forwarded",
-)
+FORBIDDEN_HEADERS = ("host", "content-length", "transfer-encoding", "connection", "proxy-*", "te", "upgrade",
+                     "keep-alive", "trailer", "expect", "x-forwarded-*", "forwarded")
 #: Headers an untrusted entry may set only if SEEDS_HEADERS_ALLOWED names them.
 CREDENTIAL_HEADERS = ("authorization", "cookie")
 
