@@ -63,13 +63,11 @@ def refusal(reason: Any, detail: Any) -> ScrapyDistError:
     if reason == "bloom_clock":
         return ScrapyDistError(
             f"{detail}: this machine's clock is more than DUPEFILTER_TTL/(BLOOMFILTER_GENERATIONS-1)"
-            " seconds off the Redis server's; set it right (NTP)"
-        )
+            " seconds off the Redis server's; set it right (NTP)")
     if reason.startswith("bloom"):
         return BloomParameterError(
             f"{detail} field n: refused by the filter ({reason}): not a count within the filter's bound"
-            f" ({'the bound' if reason == 'bloom_bound' else 'garbage'})"
-        )
+            f" ({'the bound' if reason == 'bloom_bound' else 'garbage'})")
     return FrontierStateError(reason, detail)
 
 
@@ -88,8 +86,7 @@ class DupeScript:
         in order, so a fingerprint twice in a batch is new only the first time."""
         chunks = [
             [x if isinstance(x, bytes) else str(x) for pair in tokens[i : i + CALL_TOKENS] for x in pair]
-            for i in range(0, len(tokens), CALL_TOKENS)
-        ]
+            for i in range(0, len(tokens), CALL_TOKENS)]
         flags: list[str | None] = [None] * len(chunks)
         for _ in range(64):
             todo = [i for i, f in enumerate(flags) if f is None]
@@ -158,8 +155,7 @@ class RedisDupeFilter:
             warnings.warn(
                 f"Overriding RFPDupeFilter.request_fingerprint() is deprecated (in {cls.__name__}), set the"
                 " REQUEST_FINGERPRINTER_CLASS setting instead; scrapy-dist still uses the override meanwhile",
-                ScrapyDeprecationWarning, stacklevel=2,
-            )
+                ScrapyDeprecationWarning, stacklevel=2)
         # a refused setting refuses the crawl's start: the scheduler gets a filter that is never used
         if start_error(crawler) is None:
             try:
@@ -193,8 +189,7 @@ class RedisDupeFilter:
             dupes_logger.debug(
                 "Filtered duplicate request: %(request)s (referer: %(referer)s)",
                 {"request": request, "referer": referer.decode(errors="replace") if referer else None},
-                extra={"spider": spider},
-            )
+                extra={"spider": spider})
         elif not self._logged_dupes:
             dupes_logger.debug("Filtered duplicate request: %(request)s - no more duplicates will be shown"
                                " (see DUPEFILTER_DEBUG to show all duplicates)", {"request": request},
@@ -345,15 +340,13 @@ class BloomDupeFilter(RedisDupeFilter):
         if rec.n_garbage is not None:
             logger.warning(
                 "%s field n=%s is not an item count of this filter (written by someone else?): the frontier"
-                " recounts it from the filter's bits at its next write", self.keys.bloom, rec.n_garbage,
-            )
+                " recounts it from the filter's bits at its next write", self.keys.bloom, rec.n_garbage)
         if rec.schedule_garbage is not None:  # record this worker's schedule over one no worker wrote
             self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
             logger.warning(
                 "%s field %s is not a schedule any worker could have recorded (written by someone else?):"
-                " replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
-                self.keys.bloom, rec.schedule_garbage, self.ttl, mine["generations"],
-            )
+                " replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s", self.keys.bloom,
+                rec.schedule_garbage, self.ttl, mine["generations"])
             rec = dataclasses.replace(rec, ttl=float(self.ttl or 0), generations=int(mine["generations"]),
                                       schedule_garbage=None)
         if rec.hashing not in SCHEMES:
@@ -373,9 +366,8 @@ class BloomDupeFilter(RedisDupeFilter):
                 logger.warning(
                     "The bloom filter of this crawl was created with capacity=%d error_rate=%g ttl=%s"
                     " generations=%s; using those, not this worker's BLOOMFILTER_CAPACITY=%d"
-                    " BLOOMFILTER_ERROR_RATE=%g DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
-                    rec.capacity, rec.error_rate, ttl, theirs[4], b.capacity, b.error_rate, self.ttl, mine[4],
-                )
+                    " BLOOMFILTER_ERROR_RATE=%g DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s", rec.capacity,
+                    rec.error_rate, ttl, theirs[4], b.capacity, b.error_rate, self.ttl, mine[4])
             # a crawl keeps the layout it was created with
             self.ttl = ttl
             self.gens = None if ttl is None else Generations(ttl, rec.generations)
@@ -432,10 +424,8 @@ class BloomDupeFilter(RedisDupeFilter):
                 logging.WARNING,
                 "The bloom filter holds %d fingerprints%s, past its capacity %d (BLOOMFILTER_CAPACITY%s): it"
                 " keeps growing within the error rate, but each further item costs more memory; raise the"
-                " capacity for the next crawl",
-                self.n, " in one generation" if self.gens else "", self.plan.capacity,
-                "/(BLOOMFILTER_GENERATIONS-1)" if self.gens else "",
-            )
+                " capacity for the next crawl", self.n, " in one generation" if self.gens else "",
+                self.plan.capacity, "/(BLOOMFILTER_GENERATIONS-1)" if self.gens else "")
 
     def request_seen(self, request: Request) -> bool:
         """A per-process filter first (not with ``DUPEFILTER_TTL``: it would remember for ever), then one

@@ -54,8 +54,7 @@ def _show(value: Any) -> str:
 
 
 def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tuple[str, str, str] = (
-    "BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BLOCK_BITS",
-)) -> tuple[int, float, int]:
+    "BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BLOCK_BITS")) -> tuple[int, float, int]:
     """``(capacity, error_rate, block_bits)`` checked; :class:`BloomParameterError` names the offending
     one as ``names`` says (settings, or hash fields)."""
     if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= MAX_CAPACITY:
@@ -121,8 +120,7 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
     err = number("error_rate")
     capacity, error_rate, block_bits = check_parameters(
         integer("capacity"), err, integer("block_bits"),
-        names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"),
-    )
+        names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"))
     n_garbage = schedule_garbage = None
     try:
         n = integer("n", "0")
@@ -279,8 +277,7 @@ class BloomPlan:
         if items > self.max_items:
             raise BloomParameterError(
                 f"{key}: {items} items would pass {MAX_OVERSHOOT}x the filter's capacity {self.capacity}"
-                " (field n was changed, or the crawl outgrew BLOOMFILTER_CAPACITY: raise it for a new crawl)"
-            )
+                " (field n was changed, or the crawl outgrew BLOOMFILTER_CAPACITY: raise it for a new crawl)")
 
     @property
     def planned(self) -> int:
@@ -299,8 +296,7 @@ class BloomPlan:
                 cap = max(1, round(self._specs[self.planned - 1].capacity * self.overflow_step))
                 err = RESERVE * self.error_rate * 6 / (math.pi**2 * j**2)
             self._specs.append(
-                _spec(len(self._specs), cap, err, last.cumulative + cap, self.block_bits, self.max_hashes)
-            )
+                _spec(len(self._specs), cap, err, last.cumulative + cap, self.block_bits, self.max_hashes))
         return self._specs[index]
 
     def filters_for(self, items: int) -> list[FilterSpec]:
@@ -379,8 +375,7 @@ class Generations:
             raise BloomParameterError(
                 f"DUPEFILTER_TTL={self.ttl!r}: each of the {self.count} generations would span less than"
                 f" {MIN_SPAN:g} s (a worker's clock a moment off the server's finds none of them); use at"
-                f" least {MIN_SPAN * (self.count - 1):g}"
-            )
+                f" least {MIN_SPAN * (self.count - 1):g}")
 
     @property
     def span(self) -> float:

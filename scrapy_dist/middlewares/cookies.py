@@ -251,8 +251,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self.writer: BatchWriter[tuple[str, str, str | None]] = BatchWriter(
             self._write, guard=self.outage.guard("shared cookie jar (writing)", Backoff(0.1, 5.0), logger),
             batch_size=_WRITE_BATCH, flush_interval=flush_interval,
-            on_failure=lambda exc: self._inc("cookies/shared/redis_errors"),
-        )
+            on_failure=lambda exc: self._inc("cookies/shared/redis_errors"))
         self._read_script = scripts.register(server, "cookies_read")
         self._write_script = scripts.register(server, "cookies_write")
         self._reject_log = RateLimitedLog(logger)
@@ -265,13 +264,11 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             raise NotConfigured
         scrapy_mw = "scrapy.downloadermiddlewares.cookies.CookiesMiddleware"
         enabled = build_component_list(
-            crawler.settings.get_component_priority_dict_with_base("DOWNLOADER_MIDDLEWARES")
-        )
+            crawler.settings.get_component_priority_dict_with_base("DOWNLOADER_MIDDLEWARES"))
         if any(load_object(path) is CookiesMiddleware for path in enabled):
             logger.warning(
                 "SharedCookiesMiddleware is enabled together with %s: the two overwrite each other's Cookie"
-                " headers. Disable Scrapy's: DOWNLOADER_MIDDLEWARES = {%r: None, ...}", scrapy_mw, scrapy_mw,
-            )
+                " headers. Disable Scrapy's: DOWNLOADER_MIDDLEWARES = {%r: None, ...}", scrapy_mw, scrapy_mw)
         o = cls(ClientPool.of(crawler).async_client(), crawler_keys(crawler), debug=ds.cookies.debug,
                 cache_seconds=ds.cookies.cache_seconds, flush_interval=ds.cookies.flush_interval,
                 stats=crawler.stats, outage=Outage.for_crawler(crawler), seal=_seal(crawler))
@@ -341,8 +338,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             try:
                 raw = await self._read_script(
                     keys=[self.keys.cookie_jar(name), self.keys.cookie_changes(name)],
-                    args=[repr(state.version), self.read_limit],
-                )
+                    args=[repr(state.version), self.read_limit])
             except Exception as exc:
                 self._inc("cookies/shared/redis_errors")
                 self._read_guard.failed(exc, self._monotonic())

@@ -71,11 +71,9 @@ class DeadLetterWriter:
         scheduler = self.scheduler_of()
         if scheduler is None:
             self._no_frontier_log.log(
-                logging.WARNING,
-                "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
+                logging.WARNING, "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
                 " SCHEDULER = 'scrapy_dist.scheduler.Scheduler'. Further ones are not reported.",
-                {"request": request, "reason": reason},
-            )
+                {"request": request, "reason": reason})
             return False
         record = dead_letter_record(request, reason=reason, worker=scheduler.worker_id,
                                     spider=self.crawler.spider, status=status, detail=detail,
@@ -171,8 +169,7 @@ class RetryMiddleware:
 
     def _retry(
         self, request: Request, reason: str | Exception, *, dead_reason: str, status: int | None = None,
-        retry_after: bytes | None = None, detail: str = "",
-    ) -> Request | None:
+        retry_after: bytes | None = None, detail: str = "") -> Request | None:
         """The retry to return for an immediate retry, ``None`` when retries are exhausted (the request is
         then dead-lettered); raises :class:`RetryScheduled` once a delayed retry is queued."""
         assert self.crawler.spider is not None
@@ -180,8 +177,7 @@ class RetryMiddleware:
             request, reason=reason, spider=self.crawler.spider,
             max_retry_times=request.meta.get("max_retry_times", self.max_retry_times),
             priority_adjust=request.meta.get("priority_adjust", self.priority_adjust),
-            give_up_log_level=request.meta.get("give_up_log_level", self.give_up_log_level),
-        )
+            give_up_log_level=request.meta.get("give_up_log_level", self.give_up_log_level))
         if new is None:
             self.dead_letters.write(request, dead_reason, status=status, detail=detail or str(reason))
             return None

@@ -99,8 +99,7 @@ class SeedReader:
 
     def __init__(
         self, redis: Any, keys: CrawlKeys, worker_id: str, kind: str = "list", lease_seconds: float = 60.0,
-        rejected_maxlen: int = defaults.REDIS_START_URLS_REJECTED_MAXLEN, held_cap: int = HELD_CAP,
-    ) -> None:
+        rejected_maxlen: int = defaults.REDIS_START_URLS_REJECTED_MAXLEN, held_cap: int = HELD_CAP) -> None:
         if kind not in ("list", "set", "zset"):
             raise ValueError(f"kind must be list, set or zset, not {kind!r}")
         if "\n" in worker_id:
@@ -121,13 +120,11 @@ class SeedReader:
         ``seeds_take.lua`` (which documents ``mode``: ``take``, ``sweep``, ``leave``)."""
         raw = await self._take(keys=self._keys, args=[
             "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), self.kind, count,
-            mode, "1" if self.registered else "0", ADOPT_BATCH, *self._bounds, *acks,
-        ])
+            mode, "1" if self.registered else "0", ADOPT_BATCH, *self._bounds, *acks])
         self.registered = mode != "leave"
         return TakeResult(
             text(raw[0]), list(raw[1]), [_worker_id(w) for w in raw[2]], int(raw[3]), text(raw[4]),
-            [text(k) for k in raw[5]], int(raw[6]),
-        )
+            [text(k) for k in raw[5]], int(raw[6]))
 
     async def wait(self, timeout: float = BLOCK_SECONDS) -> bool:
         """Block until the seeds key (a LIST) holds a seed or ``timeout`` passes; True if it does.

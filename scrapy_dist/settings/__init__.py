@@ -271,8 +271,7 @@ class DistSettings:
             entry_secret=v("SCHEDULER_ENTRY_SECRET") or env.get("SCRAPY_DIST_SECRET", "").encode() or None,
             downloader_aware="DownloaderAwarePriorityQueue" in str(raw.raw("SCHEDULER_PRIORITY_QUEUE") or ""),
             domain_limits=MappingProxyType(domain_limits(v("DOMAIN_LIMITS"))),
-            revisit_after=MappingProxyType(revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL"))),
-        )
+            revisit_after=MappingProxyType(revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL"))))
         if scheduler.downloader_aware and raw.scrapy("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
             # as Scrapy's DownloaderAwarePriorityQueue: a request's IP (its download slot) is not known
             # before its download, so the least busy slot cannot be picked

@@ -44,8 +44,7 @@ logger = logging.getLogger(__name__)
 #: scrapy-redis's queue classes -> the queue order of :mod:`scrapy_dist.queue` each one means
 QUEUE_ALIASES = {f"scrapy_redis.queue.{old}": new for old, new in (
     ("PriorityQueue", "PriorityQueue"), ("FifoQueue", "FifoQueue"), ("LifoQueue", "LifoQueue"),
-    ("SpiderPriorityQueue", "PriorityQueue"), ("SpiderQueue", "FifoQueue"), ("SpiderStack", "LifoQueue"),
-)}
+    ("SpiderPriorityQueue", "PriorityQueue"), ("SpiderQueue", "FifoQueue"), ("SpiderStack", "LifoQueue"))}
 
 #: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
 _IN_REDIS = "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)"
@@ -53,8 +52,7 @@ _STARTS = "start requests share the Redis queue, after callback requests of equa
 SCRAPY_QUEUE_SETTINGS: Mapping[str, str] = MappingProxyType({
     "SCHEDULER_MEMORY_QUEUE": _IN_REDIS, "SCHEDULER_DISK_QUEUE": _IN_REDIS,
     "SCHEDULER_START_MEMORY_QUEUE": _STARTS, "SCHEDULER_START_DISK_QUEUE": _STARTS,
-    "JOBDIR": "the frontier is kept in Redis (SCHEDULER_PERSIST); JOBDIR keeps only Scrapy's own state",
-})
+    "JOBDIR": "the frontier is kept in Redis (SCHEDULER_PERSIST); JOBDIR keeps only Scrapy's own state"})
 
 
 def importable(name: str, path: str | None) -> Any:

@@ -250,15 +250,12 @@ _IN_URL = ("scrapy-dist (like scrapy-redis) reads no such setting: give it in RE
 #: Setting names people plausibly write for the connection, which neither scrapy-redis nor scrapy-dist
 #: reads: where that value goes instead (a "did you mean" would name an unrelated setting).
 CONNECTION_GUESSES: Mapping[str, str] = MappingProxyType({
-    "REDIS_PASSWORD": f"{_IN_URL} ({{'password': ...}})",
-    "REDIS_PASS": f"{_IN_URL} ({{'password': ...}})",
-    "REDIS_USER": f"{_IN_URL} ({{'username': ...}})",
-    "REDIS_USERNAME": f"{_IN_URL} ({{'username': ...}})",
+    "REDIS_PASSWORD": f"{_IN_URL} ({{'password': ...}})", "REDIS_PASS": f"{_IN_URL} ({{'password': ...}})",
+    "REDIS_USER": f"{_IN_URL} ({{'username': ...}})", "REDIS_USERNAME": f"{_IN_URL} ({{'username': ...}})",
     "REDIS_SSL": f"{_IN_URL} ({{'ssl_ca_certs': ...}}): TLS is a rediss:// URL",
     "REDIS_TLS": f"{_IN_URL} ({{'ssl_ca_certs': ...}}): TLS is a rediss:// URL",
     "REDIS_DATABASE": f"{_IN_URL} ({{'db': ...}}), or REDIS_DB",
-    "REDIS_SOCKET_TIMEOUT": f"{_IN_URL} ({{'socket_timeout': ...}})",
-})
+    "REDIS_SOCKET_TIMEOUT": f"{_IN_URL} ({{'socket_timeout': ...}})"})
 #: Other names for our settings (scrapy-redis spellings); the canonical name wins when both are set.
 ALIASES: Mapping[str, str] = MappingProxyType({"MAX_IDLE_TIME_BEFORE_CLOSE": "SCHEDULER_IDLE_BEFORE_CLOSE"})
 

@@ -41,8 +41,7 @@ ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")
 
 _SEEDS_IN_START = (
     "seeds are read in async def start(); to yield requests of your own too, override start() and end it"
-    " with `async for request in super().start(): yield request`"
-)
+    " with `async for request in super().start(): yield request`")
 #: scrapy-redis RedisSpider methods that scrapy-dist's never calls, and what to do instead.
 SCRAPY_REDIS_HOOKS: dict[str, str] = {
     "start_requests": _SEEDS_IN_START,
@@ -174,8 +173,7 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
             "scrapy-dist: %s() reads self.server, which scrapy-dist's RedisSpider does not have"
             " (scrapy-redis's client of the seeds' Redis): make your own, e.g. in from_crawler after"
             " super(): `spider.server = scrapy_dist.connection.get_redis(crawler.settings)`",
-            "(), ".join(readers),
-        )
+            "(), ".join(readers))
     for name, value in dataclasses.asdict(args).items():
         if value is not None:
             setattr(spider, name, value)

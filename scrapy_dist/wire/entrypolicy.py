@@ -243,8 +243,7 @@ def _warn_unsigned(source: str) -> None:
         " make the workers send requests through a proxy of theirs, with any Host header and with your"
         " spider's Authorization header and cookies. Set the same secret on every worker, e.g."
         " SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))') (docs/security.md)",
-        source,
-    )
+        source)
 
 
 def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
