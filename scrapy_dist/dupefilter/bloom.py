@@ -1,8 +1,7 @@
 """The bloom filter's arithmetic, no Redis I/O (the bits are set by ``lua/dupe.lua``): a chain of filters of
 equal bitmap blocks, an item's ``k`` bits in one window of ``WINDOW_BITS`` (docs/frontier.md, "The bloom
 filter"), the ``{spider}:bloom`` record, :class:`Generations` for ``DUPEFILTER_TTL`` (docs/continuous.md)
-and :class:`RecentFingerprints`, a worker's memory of the fingerprints it sent.
-"""
+and :class:`RecentFingerprints`, a worker's memory of the fingerprints it sent."""
 
 from __future__ import annotations
 
@@ -53,23 +52,24 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tuple[str, str, str] = (
     "BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BLOCK_BITS")) -> tuple[int, float, int]:
     """``(capacity, error_rate, block_bits)`` checked; :class:`BloomParameterError` names the offending
     one as ``names`` says (settings, or hash fields)."""
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= MAX_CAPACITY:
+    if not _whole(capacity) or not 1 <= capacity <= MAX_CAPACITY:
         raise BloomParameterError(
             f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}")
-    if isinstance(error_rate, bool) or not isinstance(error_rate, (int, float)) or not (
-        math.isfinite(error_rate) and MIN_ERROR_RATE <= error_rate < 1
-    ):
+    number = _whole(error_rate) or isinstance(error_rate, float)
+    if not number or not (math.isfinite(error_rate) and MIN_ERROR_RATE <= error_rate < 1):
         raise BloomParameterError(
             f"{names[1]}={_show(error_rate)}: must be a number in [{MIN_ERROR_RATE}, 1)")
-    if isinstance(block_bits, bool) or not isinstance(block_bits, int) or block_bits % WINDOW_BITS or not (
-        WINDOW_BITS <= block_bits <= MAX_BLOCK_BITS
-    ):
-        raise BloomParameterError(
-            f"{names[2]}={_show(block_bits)}: must be a multiple of {WINDOW_BITS} up to 2**32")
+    if not _whole(block_bits) or block_bits % WINDOW_BITS or not WINDOW_BITS <= block_bits <= MAX_BLOCK_BITS:
+        raise BloomParameterError(f"{names[2]}={_show(block_bits)}: must be a multiple of {WINDOW_BITS}"
+                                  " up to 2**32")
     return capacity, float(error_rate), block_bits
 
 
@@ -223,9 +223,8 @@ def _layout(windows: int, block_bits: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
-def _spec(
-    index: int, capacity: int, error: float, cumulative: int, block_bits: int, max_hashes: int = 40
-) -> FilterSpec:
+def _spec(index: int, capacity: int, error: float, cumulative: int, block_bits: int,
+          max_hashes: int = 40) -> FilterSpec:
     windows, hashes = _size(capacity, error, max_hashes)
     blocks, per_block = _layout(windows, block_bits)
     bits = blocks * per_block * WINDOW_BITS
@@ -366,9 +365,7 @@ class Generations:
     def __post_init__(self) -> None:
         if not (isinstance(self.ttl, (int, float)) and math.isfinite(self.ttl) and self.ttl > 0):
             raise BloomParameterError(f"DUPEFILTER_TTL={self.ttl!r}: must be a number of seconds > 0")
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or not (
-            MIN_GENERATIONS <= self.count <= MAX_GENERATIONS
-        ):
+        if not _whole(self.count) or not MIN_GENERATIONS <= self.count <= MAX_GENERATIONS:
             raise BloomParameterError(f"BLOOMFILTER_GENERATIONS={self.count!r}: must be an integer in"
                                       f" {MIN_GENERATIONS} .. {MAX_GENERATIONS}")
         if self.ttl / (self.count - 1) < MIN_SPAN:

@@ -1,15 +1,14 @@
-"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis, one HASH per jar
-(:meth:`CrawlKeys.cookie_jar`), one field per cookie holding its JSON record (docs/items.md,
-"SharedCookiesMiddleware", has the trade-offs). Reads are cached and incremental (a versioned change log per
-jar), writes batched; a response that changed cookies reaches the spider only once its changes are in Redis.
-Records read back are untrusted: checked field by field, invalid ones skipped and counted. With the crawl's
-secret (``SCHEDULER_ENTRY_SECRET``) a record is sealed as queue entries are (:class:`RecordSeal`), so one
-written without the secret, or copied to another jar, cookie or crawl, does not verify.
+"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars in Redis, one HASH per jar, one field
+per cookie holding its JSON record (docs/items.md, "SharedCookiesMiddleware"). Reads are cached and
+incremental (a versioned change log per jar), writes batched; a response that changed cookies reaches the
+spider once its changes are in Redis. Records read back are untrusted: checked field by field, and with the
+crawl's secret sealed (:class:`RecordSeal`), so one written without it, or copied elsewhere, does not verify.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -118,9 +117,8 @@ def cookie_from_record(data: bytes | str) -> Cookie:
     if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int)):
         raise ValueError("'expires' must be an integer or null")
     rest = rec.get("rest") or {}
-    if not isinstance(rest, dict) or not all(
-        isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in rest.items()
-    ):
+    if not isinstance(rest, dict) or not all(isinstance(k, str) and isinstance(v, (str, type(None)))
+                                             for k, v in rest.items()):
         raise ValueError("'rest' must map strings to strings or null")
     attributes = {name: rec.get(name, False if name in _BOOL_FIELDS else None) for name in _RECORD_FIELDS}
     return Cookie(**{**attributes, "version": version, "rest": rest, "rfc2109": rec.get("rfc2109", False)})
@@ -177,30 +175,24 @@ def apply_record(jar: CookieJar, field: str, record: str | None) -> None:
     """Apply one change read from (or about to go to) Redis to ``jar``: set the cookie of ``record``, or
     with ``None`` delete the cookie of HASH ``field``."""
     if record is None:
-        try:
+        with contextlib.suppress(ValueError, TypeError, KeyError):  # already gone, or not a field we write
             domain, path, cookie_name = json.loads(field)
             jar.clear(domain, path, cookie_name)
-        except (ValueError, TypeError, KeyError):  # already gone, or not a field we write
-            pass
     else:
         jar.set_cookie(cookie_from_record(record))
 
 
-def write_calls(
-    keys: CrawlKeys, ops: list[tuple[str, str, str | None]], now: str
-) -> tuple[list[tuple[list[str], list[str]]], int]:
+def write_calls(keys: CrawlKeys, ops: list[tuple[str, str, str | None]],
+                now: str) -> tuple[list[tuple[list[str], list[str]]], int]:
     """The ``cookies_write`` script calls (KEYS, ARGV) for ``ops`` (jar name, HASH field, record or
-    ``None`` to delete): one per jar, the last change of a cookie winning; and how many cookies they write.
-    """
+    ``None`` to delete): one per jar, the last change of a cookie winning; and how many cookies they write."""
     by_jar: dict[str, dict[str, str | None]] = {}
     for name, field, record in ops:
         by_jar.setdefault(name, {})[field] = record
     calls: list[tuple[list[str], list[str]]] = []
     for name, fields in by_jar.items():
         sets = [(f, r) for f, r in fields.items() if r is not None]
-        args: list[str] = [name, now, str(len(sets))]
-        for f, r in sets:
-            args += [f, r]
+        args = [name, now, str(len(sets)), *(x for pair in sets for x in pair)]
         args += [f for f, r in fields.items() if r is None]
         calls.append(([keys.cookie_jar(name), keys.cookie_changes(name), keys.cookies], args))
     return calls, sum(len(f) for f in by_jar.values())
@@ -222,12 +214,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
 
     Redis cost: one ``cookies_read`` call per jar and worker every ``cache_seconds`` (the changes since the
     last one, at most ``read_limit``); one ``cookies_write`` call per ``flush_interval`` and jar while
-    cookies change. On Redis errors reads fall back to the local copy and writes are retried with capped
-    backoff.
-
-    Stats: ``cookies/shared/loads``, ``cookies/shared/written``, ``cookies/shared/rejected``,
-    ``cookies/shared/redis_errors``.
-    """
+    cookies change. On Redis errors reads fall back to the local copy and writes are retried with backoff.
+    Stats: ``cookies/shared/loads``, ``.../written``, ``.../rejected``, ``.../redis_errors``."""
 
     def __init__(self, server: redis.asyncio.Redis, keys: CrawlKeys, *, debug: bool = False,
                  cache_seconds: float = defaults.REDIS_COOKIES_CACHE_SECONDS,
@@ -382,9 +370,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         finally:
             state.loading = None
 
-    def _record_changes(
-        self, name: str, before: dict[CookieIdent, dict[str, Any]], jar: CookieJar
-    ) -> asyncio.Future[None] | None:
+    def _record_changes(self, name: str, before: dict[CookieIdent, dict[str, Any]],
+                        jar: CookieJar) -> asyncio.Future[None] | None:
         """Queue the difference between ``before`` and the jar; the future resolves once it is written."""
         after = snapshot(jar)
         jar_key = self.keys.cookie_jar(name)
