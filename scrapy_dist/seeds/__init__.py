@@ -212,8 +212,7 @@ def parse_seed(data: bytes, rules: SeedRules = DEFAULT_RULES,
         raise RejectedEntry("not_utf8", f"invalid byte at {exc.start}") from None
     if not text:
         raise RejectedEntry("empty")
-    first = text[0]
-    if first in '{["' or first.isdigit() or first == "-" or text in ("null", "true", "false"):
+    if text[0] in '{["-' or text[0].isdigit() or text in ("null", "true", "false"):
         return _parse_json(text, rules, has_callback)
     return Seed(validate_url(text, rules))
 
@@ -234,8 +233,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
     if "url" not in obj:
         raise RejectedEntry("missing_url", "JSON seed without url")
     formdata = _form_fields(obj)
-    url = obj["url"]
-    if isinstance(url, str):
+    if isinstance(url := obj["url"], str):
         check_text(url, "bad_url", "url")
     seed = Seed(validate_url(url, rules), is_json=True)
     if "method" in obj:
@@ -244,21 +242,18 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         seed.headers = check_headers(obj["headers"])
         check_header_names(seed.headers, rules.headers_allowed)
     if "body" in obj:
-        body = obj["body"]
-        if not isinstance(body, str):
+        if not isinstance(body := obj["body"], str):
             raise RejectedEntry("bad_body", f"body is a {json_type(body)}, expected a string")
         check_text(body, "bad_body", "body")
         seed.body = body
     if "meta" in obj:
-        meta = obj["meta"]
-        if not isinstance(meta, dict):
+        if not isinstance(meta := obj["meta"], dict):
             raise RejectedEntry("bad_meta", f"meta is a {json_type(meta)}, expected an object")
         _check_json_value(meta, "bad_meta", "meta")
         check_meta_keys(meta, rules.meta_allowed)
         seed.meta = meta
     if "cb_kwargs" in obj:
-        kw = obj["cb_kwargs"]
-        if not isinstance(kw, dict) or not all(k.isidentifier() for k in kw):
+        if not isinstance(kw := obj["cb_kwargs"], dict) or not all(k.isidentifier() for k in kw):
             raise RejectedEntry("bad_cb_kwargs", "cb_kwargs must be an object with identifier keys")
         _check_json_value(kw, "bad_cb_kwargs", "cb_kwargs")
         seed.cb_kwargs = kw
@@ -268,8 +263,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         if what in obj and obj[what] is not None:
             setattr(seed, what, check_callback_name(obj[what], what, has_callback))
     if "dont_filter" in obj:
-        df = obj["dont_filter"]
-        if not isinstance(df, bool):
+        if not isinstance(df := obj["dont_filter"], bool):
             raise RejectedEntry("bad_dont_filter", f"dont_filter is a {json_type(df)}, expected true/false")
         seed.dont_filter = df
     if "cookies" in obj:
@@ -356,8 +350,7 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
 
 def reason_slug(reason: Any) -> str:
     """A rejection reason safe for a stats key: lowercase letters, digits and ``_``, at most 40."""
-    text = str(reason).lower()[:40]
-    slug = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in text)
+    slug = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in str(reason).lower()[:40])
     return slug or "rejected"
 
 

@@ -78,10 +78,6 @@ def method_name(func: Any, spider: Spider | None, what: str) -> str | None:
     raise UnserializableRequest(f"{what} {func!r} is not a method of the spider", what)
 
 
-def _framework_module(module: Any) -> bool:
-    return not isinstance(module, str) or module.split(".", 1)[0] in ("scrapy", "scrapy_dist")
-
-
 #: Scrapy's hooks and spider plumbing: never a callback, even where the spider's own code overrides them
 HOOK_NAMES = frozenset({"start", "start_requests", "closed", "close", "log", "make_request_from_data",
                         "from_crawler", "update_settings", "handles_request", "set_crawler",
@@ -98,8 +94,9 @@ def user_defined(cls: type, name: str) -> bool:
         return False
     for klass in cls.__mro__:
         if name in vars(klass):
-            value = inspect.getattr_static(klass, name)
-            return isinstance(value, types.FunctionType) and not _framework_module(klass.__module__)
+            module = klass.__module__
+            framework = not isinstance(module, str) or module.split(".", 1)[0] in ("scrapy", "scrapy_dist")
+            return isinstance(inspect.getattr_static(klass, name), types.FunctionType) and not framework
     return False
 
 

@@ -101,18 +101,16 @@ def check_header_names(names: Iterable[Any], allowed: Iterable[str]) -> None:
 
 
 def check_cookies_allowed(allowed: Iterable[str]) -> None:
-    """Refuse (``header_not_allowed``) the cookies of an untrusted entry unless ``allowed`` names the
-    ``Cookie`` header: Scrapy stores them in the crawl's cookie jar, so an entry could otherwise replace the
-    crawl's session cookie."""
+    """Refuse (``header_not_allowed``) the cookies of an untrusted entry unless ``allowed`` names ``Cookie``:
+    they go to the crawl's cookie jar, where they could replace the crawl's session cookie."""
     if "cookie" not in {a.lower() for a in allowed}:
         raise RejectedEntry("header_not_allowed",
                             "cookies may not come from an entry (SEEDS_HEADERS_ALLOWED: no Cookie)")
 
 
 def check_no_userinfo(url: str) -> None:
-    """Refuse (``bad_url``) a URL of an untrusted entry with an ``@`` in its authority (up to the first
-    ``/``, ``?`` or ``#``): credentials may not come from an entry, and for ``a\\@b`` parsers disagree on
-    the host."""
+    """Refuse (``bad_url``) an untrusted URL with an ``@`` in its authority: credentials may not come from an
+    entry, and for ``a\\@b`` parsers disagree on the host."""
     authority = url.partition("://")[2]
     for end in "/?#":
         authority = authority.partition(end)[0]
@@ -134,9 +132,8 @@ def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:
 
 
 def keep_allowed_domains(spider: Any) -> Any:
-    """The spider's ``allowed_domains``, an iterator (scrapy-redis's examples set ``filter(None, ...)``)
-    read once and kept as a list: exhausted by its first reader, it would read as ``[]``, which allows
-    every host."""
+    """The spider's ``allowed_domains``, an iterator (scrapy-redis's examples) kept as a list: exhausted by
+    its first reader, it would read as ``[]``, which allows every host."""
     domains = getattr(spider, "allowed_domains", None)
     if isinstance(domains, str):
         return [domains]
@@ -224,26 +221,23 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
     if crawler is None:
         return DEFAULT_POLICY
     policy = _POLICIES.get(crawler)
-    if policy is None:
-        ds = DistSettings.for_crawler(crawler)
-        policy = _POLICIES[crawler] = EntryPolicy.from_dist(ds)
-        if policy.secret is None and not _warned_unsigned:  # one WARNING per process
-            _warned_unsigned.append(True)
-            _warn_unsigned(ds.connection.source)
+    if policy is not None:
+        return policy
+    ds = DistSettings.for_crawler(crawler)
+    policy = _POLICIES[crawler] = EntryPolicy.from_dist(ds)
+    if policy.secret is None and not _warned_unsigned:  # one WARNING per process
+        _warned_unsigned.append(True)
+        logging.getLogger(__name__).warning(
+            "No SCHEDULER_ENTRY_SECRET (or SCRAPY_DIST_SECRET) set while using a shared Redis (from %s):"
+            " every entry in the crawl's queue counts as this crawl's own, so anyone who can write to that Redis"
+            " can make the workers send requests through a proxy of theirs, with any Host header and with"
+            " your spider's Authorization header and cookies. Set the same secret on every worker, e.g."
+            " SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')"
+            " (docs/security.md)", ds.connection.source)
     return policy
 
 
 _warned_unsigned: list[bool] = []
-
-
-def _warn_unsigned(source: str) -> None:
-    logging.getLogger(__name__).warning(
-        "No SCHEDULER_ENTRY_SECRET (or SCRAPY_DIST_SECRET) set while using a shared Redis (from %s): every"
-        " entry in the crawl's queue counts as this crawl's own, so anyone who can write to that Redis can"
-        " make the workers send requests through a proxy of theirs, with any Host header and with your"
-        " spider's Authorization header and cookies. Set the same secret on every worker, e.g."
-        " SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))') (docs/security.md)",
-        source)
 
 
 def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
