@@ -229,9 +229,9 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
         _warned_unsigned.append(True)
         logging.getLogger(__name__).warning(
             "No SCHEDULER_ENTRY_SECRET (or SCRAPY_DIST_SECRET) set while using a shared Redis (from %s):"
-            " every entry in the crawl's queue counts as this crawl's own, so anyone who can write to that Redis"
-            " can make the workers send requests through a proxy of theirs, with any Host header and with"
-            " your spider's Authorization header and cookies. Set the same secret on every worker, e.g."
+            " every entry in the crawl's queue counts as this crawl's own, so anyone who can write to that"
+            " Redis can make the workers send requests through a proxy of theirs, with any Host header and"
+            " with your spider's Authorization header and cookies. Set the same secret on every worker, e.g."
             " SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')"
             " (docs/security.md)", ds.connection.source)
     return policy
