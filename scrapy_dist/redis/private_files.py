@@ -157,18 +157,13 @@ def redis_cli_binary() -> str | None:
     return shutil.which("redis-cli")
 
 
-def total_memory() -> int | None:
-    """Physical memory of this machine in bytes, or None if unknown."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def default_maxmemory() -> int:
     """A quarter of the RAM, at most :data:`DEFAULT_MAXMEMORY_CAP` (1 GB if the RAM is unknown)."""
-    ram = total_memory()
-    return max(64 * 1024**2, min(DEFAULT_MAXMEMORY_CAP, ram // 4)) if ram and ram > 0 else 1024**3
+    try:
+        ram = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        ram = 0
+    return max(64 * 1024**2, min(DEFAULT_MAXMEMORY_CAP, ram // 4)) if ram > 0 else 1024**3
 
 
 def parse_maxmemory(value: Any) -> int:
@@ -219,21 +214,17 @@ MAX_SOCKET_PATH = 100
 
 
 def socket_path_for(directory: Path) -> Path:
-    """Where the server in ``directory`` listens: ``redis.sock`` in it, unless that is too long."""
+    """Where the server in ``directory`` listens: ``redis.sock`` in it, unless that is too long; then in
+    ``$XDG_RUNTIME_DIR/scrapy-dist`` or ``/tmp/scrapy-dist-<uid>``."""
     inside = directory / "redis.sock"
     if len(os.fsencode(inside)) <= MAX_SOCKET_PATH:
         return inside
-    digest = hashlib.sha256(os.fsencode(directory)).hexdigest()[:16]
-    return _runtime_dir() / f"{digest}.sock"
-
-
-def _runtime_dir() -> Path:
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime):
-        candidate = Path(runtime, "scrapy-dist")
-        if len(os.fsencode(candidate)) + 22 <= MAX_SOCKET_PATH:  # + /<16 hex>.sock
-            return candidate
-    return Path("/tmp", f"scrapy-dist-{os.geteuid()}")
+    name = f"{hashlib.sha256(os.fsencode(directory)).hexdigest()[:16]}.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    path = Path(runtime, "scrapy-dist", name)
+    if os.path.isabs(runtime) and len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return path
+    return Path("/tmp", f"scrapy-dist-{os.geteuid()}", name)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib
+import importlib.util
 import logging
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -74,10 +77,6 @@ def importable(name: str, path: str | None) -> Any:
 
 def closest_path(path: str) -> str | None:
     """The importable scrapy-dist name closest to ``path``, or None (outside scrapy-dist, nothing close)."""
-    import importlib
-    import importlib.util
-    import pkgutil
-
     module, _, name = path.rpartition(".")
     if module != "scrapy_dist" and not module.startswith("scrapy_dist."):
         return None

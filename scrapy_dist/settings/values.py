@@ -179,6 +179,9 @@ def check_url(value: Any) -> str:
     return url
 
 
+_CONVERTERS = {"int": _number, "float": _number, "bool": _bool, "dict": _dict, "list": _list}
+
+
 def convert(spec: Setting, value: Any) -> Any:
     if value is None or (spec.optional and isinstance(value, str) and value.strip().lower() in ("", "none")):
         if spec.optional or spec.default is None:
@@ -187,10 +190,8 @@ def convert(spec: Setting, value: Any) -> Any:
             return type(spec.default)()
         raise SettingsError(spec.name, value, "missing", f"expected a {spec.type_name}")
     kind = spec.kind
-    if kind in ("int", "float"):
-        return _number(spec, value)
-    if kind == "bool":
-        return _bool(spec, value)
+    if kind in _CONVERTERS:
+        return _CONVERTERS[kind](spec, value)
     if kind == "auto_bool":
         if isinstance(value, str) and value.strip().lower() in ("", "auto", "none"):
             return None
@@ -199,10 +200,6 @@ def convert(spec: Setting, value: Any) -> Any:
         except SettingsError:
             raise SettingsError(spec.name, value, "not a boolean",
                                 "expected True, False or None (auto-detect)") from None
-    if kind == "dict":
-        return _dict(spec, value)
-    if kind == "list":
-        return _list(spec, value)
     if kind == "url":
         return check_url(value)
     if kind == "choice":
