@@ -122,9 +122,8 @@ class SeedReader:
             "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), self.kind, count,
             mode, "1" if self.registered else "0", ADOPT_BATCH, *self._bounds, *acks])
         self.registered = mode != "leave"
-        return TakeResult(
-            text(raw[0]), list(raw[1]), [_worker_id(w) for w in raw[2]], int(raw[3]), text(raw[4]),
-            [text(k) for k in raw[5]], int(raw[6]))
+        return TakeResult(text(raw[0]), list(raw[1]), [_worker_id(w) for w in raw[2]], int(raw[3]),
+                          text(raw[4]), [text(k) for k in raw[5]], int(raw[6]))
 
     async def wait(self, timeout: float = BLOCK_SECONDS) -> bool:
         """Block until the seeds key (a LIST) holds a seed or ``timeout`` passes; True if it does.
@@ -285,12 +284,10 @@ class SeedFeed(BackgroundTask):
                            " unconfirmed seeds went back to the seeds key and may be crawled twice",
                            r.worker_id, self.keys.start_urls, r.lease_seconds)
         elif result.status == "wrongtype":
-            self._error_log.log(
-                logging.ERROR,
-                "The seeds key %r is a %s, but %s reads a %s (REDIS_START_URLS_AS_SET /"
-                " REDIS_START_URLS_AS_ZSET): not reading seeds until that is fixed",
-                self.keys.start_urls, result.key_type, type(self.spider).__name__, r.kind,
-            )
+            self._error_log.log(logging.ERROR,
+                                "The seeds key %r is a %s, but %s reads a %s (REDIS_START_URLS_AS_SET /"
+                                " REDIS_START_URLS_AS_ZSET): not reading seeds until that is fixed",
+                                self.keys.start_urls, result.key_type, type(self.spider).__name__, r.kind)
             await asyncio.sleep(self.block_seconds)
             return None
         if result.returned > 0:
