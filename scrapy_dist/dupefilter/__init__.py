@@ -1,8 +1,7 @@
 """Crawl-wide request deduplication in Redis: :class:`BloomDupeFilter` (a scalable bloom filter, sized by
 :mod:`.bloom`) and :class:`SetDupeFilter` (exact: a SET of fingerprints), both run by :class:`DupeScript`.
 
-May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions.
-"""
+May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions."""
 
 from __future__ import annotations
 

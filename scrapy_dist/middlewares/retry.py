@@ -101,8 +101,7 @@ class RetryMiddleware:
     ``priority_adjust``, ``give_up_log_level``.
 
     Stats: Scrapy's ``retry/count``, ``retry/reason_count/<reason>``, ``retry/max_reached``; plus
-    ``retry/delayed`` and the :class:`DeadLetterWriter` stats.
-    """
+    ``retry/delayed`` and the :class:`DeadLetterWriter` stats."""
 
     max_retry_times: int = 2
     retry_http_codes: Collection[int] = (500, 502, 503, 504, 522, 524, 408, 429)

@@ -3,8 +3,7 @@
 reads; :mod:`.feed` reads them in a crawl. A bad seed raises :class:`~scrapy_dist.exceptions.RejectedEntry`
 with a ``reason`` from :data:`REASONS`, never another exception, whatever the bytes.
 
-May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions.
-"""
+May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The seed protocol (docs/seeds.md, "How seeds are read"): :class:`SeedReader` is one worker's Redis side of
 ``<spider>:start_urls`` (``lua/seeds_take.lua``, ``lua/seeds_adopt.lua``: one round trip per call);
 :class:`SeedFeed` is the loop behind ``RedisMixin.start()``: it validates every seed (a bad one goes to
-``<seeds key>:rejected``) and acknowledges it once the frontier has its request (at-least-once delivery).
-"""
+``<seeds key>:rejected``) and acknowledges it once the frontier has its request (at-least-once delivery)."""
 
 from __future__ import annotations
 
@@ -94,8 +93,7 @@ class SeedReader:
     """One worker's Redis side of the seeds key (see the module docstring); one round trip per call.
 
     ``kind`` is the seeds key's type: ``list``, ``set`` (``REDIS_START_URLS_AS_SET``) or ``zset``
-    (``REDIS_START_URLS_AS_ZSET``; the score is the priority).
-    """
+    (``REDIS_START_URLS_AS_ZSET``; the score is the priority)."""
 
     def __init__(
         self, redis: Any, keys: CrawlKeys, worker_id: str, kind: str = "list", lease_seconds: float = 60.0,

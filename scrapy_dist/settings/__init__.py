@@ -3,8 +3,7 @@
 :data:`~.table.TABLE` declares each setting (default, type, range, doc: ``python -m
 scrapy_dist.settings.table`` writes docs/settings.md); each field of the typed groups below names the setting
 that fills it. :mod:`~.values` converts raw values, :mod:`~.reader` reads them. Components call
-``DistSettings.for_crawler(crawler)``; a bad value is one line (:class:`SettingsError`) refusing the start.
-"""
+``DistSettings.for_crawler(crawler)``; a bad value is one line (:class:`SettingsError`) refusing the start."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ setting names), the components a crawl runs (:data:`COMPONENTS`: the add-on enab
 checks them without it), and the refusal of a crawl that cannot start.
 
 :func:`refuse_start` logs one ERROR line, closes the spider with ``CloseSpider(REASON)`` once it opens and
-then clears ``crawler.spider``, so Scrapy counts a failed start (``scrapy crawl`` exits with status 1).
-"""
+then clears ``crawler.spider``, so Scrapy counts a failed start (``scrapy crawl`` exits with status 1)."""
 
 from __future__ import annotations
 

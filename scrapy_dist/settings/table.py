@@ -1,7 +1,6 @@
 """The table of every scrapy-dist setting (:data:`TABLE`) and every stat (:data:`STATS`): the one place a
 setting is declared (default, type, range, doc line, status relative to scrapy-redis). ``defaults`` and
-``docs/settings.md`` are made from it; a new setting is one line here plus its field in ``DistSettings``.
-"""
+``docs/settings.md`` are made from it; a new setting is one line here plus its field in ``DistSettings``."""
 
 from __future__ import annotations
 
