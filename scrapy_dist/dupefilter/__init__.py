@@ -253,7 +253,6 @@ class RedisDupeFilter:
 
 class SetDupeFilter(RedisDupeFilter):
     """Exact crawl-wide dupefilter: a Redis SET of raw 20-byte fingerprints (``{spider}:fingerprints``).
-
     With ``DUPEFILTER_TTL``, a ZSET fingerprint -> expiry time (``{spider}:fingerprints:ttl``): exactly TTL
     seconds after it was seen, a URL is new again; expired entries are removed a bounded number per call."""
 

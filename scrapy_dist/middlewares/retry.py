@@ -95,13 +95,9 @@ class RetryMiddleware:
     request's final failure, which is dead-lettered (at most once per attempt). Without the scrapy-dist
     scheduler it retries like Scrapy's and writes no dead letters (it says so once).
 
-    Settings: Scrapy's ``RETRY_ENABLED``, ``RETRY_TIMES``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``,
-    ``RETRY_PRIORITY_ADJUST``, ``RETRY_GIVE_UP_LOG_LEVEL``; ``RETRY_BACKOFF_BASE``, ``RETRY_BACKOFF_MAX``,
-    ``DEADLETTER_IGNORED``. Meta keys: ``dont_retry``, ``max_retry_times``, ``retry_times``,
-    ``priority_adjust``, ``give_up_log_level``.
-
-    Stats: Scrapy's ``retry/count``, ``retry/reason_count/<reason>``, ``retry/max_reached``; plus
-    ``retry/delayed`` and the :class:`DeadLetterWriter` stats."""
+    Settings and meta keys: Scrapy's ``RETRY_*`` and ``dont_retry``, ``max_retry_times``, ``retry_times``,
+    ``priority_adjust``, ``give_up_log_level``; ``RETRY_BACKOFF_BASE``, ``RETRY_BACKOFF_MAX``,
+    ``DEADLETTER_IGNORED``. Stats: Scrapy's ``retry/*``, ``retry/delayed`` and :class:`DeadLetterWriter`'s."""
 
     max_retry_times: int = 2
     retry_http_codes: Collection[int] = (500, 502, 503, 504, 522, 524, 408, 429)

@@ -90,10 +90,9 @@ def _worker_id(value: Any) -> str | bytes:
 
 
 class SeedReader:
-    """One worker's Redis side of the seeds key (see the module docstring); one round trip per call.
-
-    ``kind`` is the seeds key's type: ``list``, ``set`` (``REDIS_START_URLS_AS_SET``) or ``zset``
-    (``REDIS_START_URLS_AS_ZSET``; the score is the priority)."""
+    """One worker's Redis side of the seeds key, one round trip per call. ``kind`` is the seeds key's type:
+    ``list``, ``set`` (``REDIS_START_URLS_AS_SET``) or ``zset`` (``..._AS_ZSET``; the score is the priority).
+    """
 
     def __init__(
         self, redis: Any, keys: CrawlKeys, worker_id: str, kind: str = "list", lease_seconds: float = 60.0,

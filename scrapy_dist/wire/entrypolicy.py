@@ -1,10 +1,8 @@
 """What an untrusted entry may carry: the entry policy and the crawl's secret that tells its own entries
 from anyone else's, the credential headers a middleware added (never stored), and the checks of seed fields.
-
-Payloads are sealed here (:meth:`EntryPolicy.seal`) and read by :mod:`scrapy_dist.wire.codec`, which holds
-every untrusted entry to the rules for seeds. The tag is the 16-byte keyed BLAKE2b of the crawl, the kind
-of key (:data:`FRONTIER` or :data:`DEAD`), the nonce and the body, so a signed entry copied into another
-crawl or from the dead letters into the queue does not verify."""
+Payloads are sealed here (:meth:`EntryPolicy.seal`): the tag is the 16-byte keyed BLAKE2b of the crawl, the
+kind of key (:data:`FRONTIER` or :data:`DEAD`), the nonce and the body, so a signed entry copied into
+another crawl or from the dead letters into the queue does not verify."""
 
 from __future__ import annotations
 
