@@ -50,15 +50,8 @@ class DeniedNetwork(IgnoreRequest):
 
 
 def parse_networks(values: Iterable[Any]) -> list[Network]:
-    """CIDR strings as networks; raises ``ValueError`` naming the first bad one."""
-    out: list[Network] = []
-    for v in values:
-        try:
-            out.append(ipaddress.ip_network(str(v).strip(), strict=False))
-        except ValueError:
-            message = f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network (CIDR, e.g. 10.0.0.0/8)"
-            raise ValueError(message) from None
-    return out
+    """CIDR strings (checked by the settings) as networks."""
+    return [ipaddress.ip_network(str(v).strip(), strict=False) for v in values]
 
 
 def denied(address: str, networks: Iterable[Network]) -> Network | None:
@@ -271,7 +264,7 @@ def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolve
 
 
 _enforced: weakref.WeakSet[Any] = weakref.WeakSet()
-_warned: set[str] = set()
+_warnings = RateLimitedLog.once(logger)  # each text once per process
 
 
 def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
@@ -292,28 +285,22 @@ def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
     return networks
 
 
-def _warn_once(message: str, *args: Any) -> None:
-    text = message % args
-    if text not in _warned:
-        _warned.add(text)
-        logger.warning("%s", text)
-
-
 def _check_reactor(crawler: Crawler) -> None:
     if not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True):
-        _warn_once("SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False there is no Twisted"
-                   " resolver to check connections in; only hosts and proxies written as IP addresses are"
-                   " refused before the download, and a DNS name pointing into a denied network is fetched"
-                   " -- deny those networks at the firewall as well")
+        _warnings.log(logging.WARNING, "SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False there"
+                      " is no Twisted resolver to check connections in; only hosts and proxies written as IP"
+                      " addresses are refused before the download, and a DNS name pointing into a denied"
+                      " network is fetched -- deny those networks at the firewall as well", key="no reactor")
         return
     from twisted.internet import reactor
 
     wrapped = install(reactor)
     if wrapped:
-        _warn_once("TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's: scrapy-dist wraps it"
-                   " so that every address it returns is checked against SCHEDULER_DENY_NETWORKS; to keep"
-                   " Scrapy's DNS cache with the check, use TWISTED_DNS_RESOLVER ="
-                   " 'scrapy_dist.egress.DenyNetworksResolver'", wrapped)
+        _warnings.log(logging.WARNING, "TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's:"
+                      " scrapy-dist wraps it so that every address it returns is checked against"
+                      " SCHEDULER_DENY_NETWORKS; to keep Scrapy's DNS cache with the check, use"
+                      " TWISTED_DNS_RESOLVER = 'scrapy_dist.egress.DenyNetworksResolver'", wrapped,
+                      key=wrapped)
 
 
 def _check_env_proxies(networks: list[Network]) -> None:
@@ -322,6 +309,6 @@ def _check_env_proxies(networks: list[Network]) -> None:
         value = os.environ.get(var, "")
         why = literal_refusal(proxy_host(value), networks, "proxy") if value else ""
         if why:
-            _warn_once("%s: %s (SCHEDULER_DENY_NETWORKS); it is used, being the operator's setting -- only"
-                       " a proxy named in the environment by a DNS name is checked on each connection",
-                       var, why)
+            _warnings.log(logging.WARNING, "%s: %s (SCHEDULER_DENY_NETWORKS); it is used, being the"
+                          " operator's setting -- only a proxy named in the environment by a DNS name is"
+                          " checked on each connection", var, why, key=f"{var} {why}")
