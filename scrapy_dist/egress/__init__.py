@@ -229,8 +229,7 @@ class DenyingNameResolver:
                         addressTypes: Any = None, transportSemantics: str = "TCP") -> IHostResolution:
         receiver = _DenyingReceiver(resolutionReceiver, hostName, self.policy)
         return self.inner.resolveHostName(  # type: ignore[no-any-return]
-            receiver, hostName, portNumber, addressTypes, transportSemantics
-        )
+            receiver, hostName, portNumber, addressTypes, transportSemantics)
 
 
 def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolver | None = None) -> str:

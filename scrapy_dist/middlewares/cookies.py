@@ -158,8 +158,7 @@ class RecordSeal:
                 return cookie
             raise ValueError(
                 "no tag: a record the crawl's workers did not write (with SCHEDULER_ENTRY_SECRET set,"
-                " cookies may come from elsewhere only if SEEDS_HEADERS_ALLOWED names Cookie)"
-            )
+                " cookies may come from elsewhere only if SEEDS_HEADERS_ALLOWED names Cookie)")
         body = json.dumps(rec, separators=(",", ":"))
         if not isinstance(tag, str) or not hmac.compare_digest(tag, self._tag(jar_key, field, body)):
             raise ValueError("its tag does not verify with the crawl's secret (SCHEDULER_ENTRY_SECRET)")

@@ -219,8 +219,7 @@ class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
 
     # no ``spider`` parameter: Scrapy 2.19 deprecates it (the supertype still accepts it)
     def process_spider_exception(  # type: ignore[override]
-        self, response: Response, exception: Exception
-    ) -> Iterable[Any] | None:
+        self, response: Response, exception: Exception) -> Iterable[Any] | None:
         result = super().process_spider_exception(response, exception)
         request = response.request
         if isinstance(exception, HttpError) and self.dead_letters is not None and request is not None:

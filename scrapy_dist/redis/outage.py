@@ -59,8 +59,7 @@ _REFUSALS: tuple[tuple[type[BaseException], str, str], ...] = (
     (redis.exceptions.ReadOnlyError, "-READONLY ", "READONLY: this server is a replica and refuses writes"
      " (point REDIS_URL at the master, or wait for the failover)"),
     (redis.exceptions.NoPermissionError, "-NOPERM ", "NOPERM: the Redis user lacks an ACL permission this"
-     " write needs (grant it: see docs/security.md)"),
-)
+     " write needs (grant it: see docs/security.md)"))
 
 
 def refusal(exc: BaseException) -> str | None:

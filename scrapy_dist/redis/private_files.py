@@ -204,8 +204,7 @@ def server_config(directory: Path, socket_path: Path, pid_path: Path, log_path: 
         "aof-use-rdb-preamble yes", 'dbfilename "dump.rdb"', "save 3600 1", "save 300 100", "save 60 10000",
         # Bounded memory: a runaway crawl gets OOM errors, and a frontier never loses entries to eviction.
         f"maxmemory {maxmemory}", "maxmemory-policy noeviction", "databases 16", "timeout 0",
-        "lua-time-limit 5000",
-    ]
+        "lua-time-limit 5000"]
     return "\n".join(lines) + "\n"
 
 

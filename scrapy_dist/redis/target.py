@@ -143,8 +143,7 @@ def _embedded_target(conn: ConnectionSettings, params: dict[str, Any], notice: b
             "No REDIS_URL set: this crawl is confined to this machine, using the embedded Redis at %s (%s; "
             "data in %s is kept between runs). Feed it seeds with: redis-cli -s %s lpush <spider>:start_urls "
             "URL (or scrapy-dist redis-cli ...). Set REDIS_URL to share one Redis between machines.",
-            target.masked_url, "started it" if started else "already running", directory, server.socket_path,
-        )
+            target.masked_url, "started it" if started else "already running", directory, server.socket_path)
     return target
 
 

@@ -304,8 +304,7 @@ class DistSettings:
             items=_build(ItemSettings, raw,
                          serializer=importable("REDIS_ITEMS_SERIALIZER", v("REDIS_ITEMS_SERIALIZER"))),
             cookies=_build(CookieSettings, raw), concurrent_requests=concurrent,
-            warnings=tuple(warnings + raw.unknown_names() + raw.scrapy_queue_warnings()),
-        )
+            warnings=tuple(warnings + raw.unknown_names() + raw.scrapy_queue_warnings()))
 
     @classmethod
     def coerce(cls, settings: Any) -> DistSettings:

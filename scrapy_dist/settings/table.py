@@ -368,8 +368,7 @@ def render_doc() -> str:
         "project's settings, then the `REDIS_URL` environment variable, then the embedded Redis. Every",
         "worker logs the one it uses at INFO, password masked.",
         "",
-        "Status: relative to scrapy-redis (new, honoured, changed, ignored).",
-    ]
+        "Status: relative to scrapy-redis (new, honoured, changed, ignored)."]
     section = ""
     for spec in TABLE:
         if spec.section != section:

@@ -54,8 +54,7 @@ SCRAPY_REDIS_HOOKS: dict[str, str] = {
     "spider_idle": "when the crawl is idle is decided crawl-wide (SCHEDULER_IDLE_BEFORE_CLOSE); connect a"
                    " handler to signals.spider_idle yourself if you need one",
     "setup_redis": "there is no spider.server; a client of your own:"
-                   " scrapy_dist.connection.get_redis(settings)",
-}
+                   " scrapy_dist.connection.get_redis(settings)"}
 
 
 def _users_class(klass: type) -> bool:
@@ -117,8 +116,7 @@ class SpiderArguments:
                                      "expected seeds per round trip, e.g. -a redis_batch_size=16"),
             max_idle_time=_number("max_idle_time", getattr(spider, "max_idle_time", None), False, 0,
                                   "not a number of seconds >= 0",
-                                  "expected e.g. -a max_idle_time=30 (0: never close an idle crawl)"),
-        )
+                                  "expected e.g. -a max_idle_time=30 (0: never close an idle crawl)"))
 
 
 def _key(value: Any, name: str) -> str | None:
@@ -224,8 +222,7 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
             " has had no work for %s s (in scrapy-redis it was a blocking pop timeout, and the spider waited"
             " for seeds for ever): set it to 0 to wait for ever, or name it MAX_IDLE_TIME_BEFORE_CLOSE"
             " (scrapy-redis's setting for closing after idle time) to keep closing without this warning",
-            value, value,
-        )
+            value, value)
 
 
 class RedisMixin:

@@ -163,8 +163,7 @@ def encode_request(request: Request, spider: Spider | None = None,
         "cb": method_name(request.callback, spider, "callback"),
         "eb": method_name(request.errback, spider, "errback"),
         "f": list(request.flags), "e": request.encoding if request.encoding != "utf-8" else None,
-        "C": f"{cls.__module__}.{cls.__qualname__}" if cls is not Request else None,
-    }
+        "C": f"{cls.__module__}.{cls.__qualname__}" if cls is not Request else None}
     d = {key: value for key, value in fields.items() if value}
     try:
         body = msgpack.packb(d, use_bin_type=True)
