@@ -34,12 +34,11 @@ if TYPE_CHECKING:
     from scrapy_dist.middlewares.retry import HttpErrorMiddleware, RetryMiddleware, RetryScheduled
     from scrapy_dist.wire.entrypolicy import AddedCredentialsMiddleware, ScheduledHeadersMiddleware
 
-#: public name -> module under scrapy_dist.middlewares, or a full module path (add one line per middleware)
+#: public name -> module under scrapy_dist.middlewares, or a full module path (and a line in __all__)
 _EXPORTS = {"SharedCookiesMiddleware": "cookies", "RetryMiddleware": "retry", "RetryScheduled": "retry",
             "HttpErrorMiddleware": "retry", "ScheduledHeadersMiddleware": "scrapy_dist.wire.entrypolicy",
             "AddedCredentialsMiddleware": "scrapy_dist.wire.entrypolicy"}
 
-# keep in step with _EXPORTS
 __all__ = ["AddedCredentialsMiddleware", "ConditionalRevisitMiddleware", "DeniedNetwork",
            "DenyNetworksMiddleware", "HttpErrorMiddleware", "NotModified", "RetryMiddleware",
            "RetryScheduled", "ScheduledHeadersMiddleware", "SharedCookiesMiddleware"]

@@ -179,23 +179,19 @@ class SettingsReader:
         except TypeError:
             return []
         known = set(BY_NAME) | set(ALIASES)
+        hinted = known | set(SCRAPY_REDIS_IGNORED) | set(CONNECTION_GUESSES)
         out = []
         for name in sorted(names):
-            if name in SCRAPY_REDIS_IGNORED:
-                if self.given(name):
-                    out.append(f"scrapy-dist: {name} is a scrapy-redis setting scrapy-dist does not apply:"
-                               f" {SCRAPY_REDIS_IGNORED[name]}")
-                continue
-            if name in CONNECTION_GUESSES:
-                if self.given(name):
-                    out.append(f"scrapy-dist: unknown setting {name}: {CONNECTION_GUESSES[name]}")
-                continue
+            if name in SCRAPY_REDIS_IGNORED and self.given(name):
+                out.append(f"scrapy-dist: {name} is a scrapy-redis setting scrapy-dist does not apply:"
+                           f" {SCRAPY_REDIS_IGNORED[name]}")
+            elif name in CONNECTION_GUESSES and self.given(name):
+                out.append(f"scrapy-dist: unknown setting {name}: {CONNECTION_GUESSES[name]}")
             # Scrapy's own settings are never "did you mean" one of ours
-            if name in known or not name.startswith(OUR_PREFIXES) or hasattr(default_settings, name):
-                continue
-            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
-            if close:
-                out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
+            elif name not in hinted and name.startswith(OUR_PREFIXES) and not hasattr(default_settings, name):
+                close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
+                if close:
+                    out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
         return out
 
 
