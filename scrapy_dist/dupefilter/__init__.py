@@ -271,8 +271,6 @@ class SetDupeFilter(RedisDupeFilter):
             return super().seen_tokens(tokens, add)
         if not add:
             return [bool(x) for x in self.redis.smismember(self.keys.fingerprints, [t for t, _ in tokens])]
-        if len(tokens) == 1:
-            return [self.redis.sadd(self.keys.fingerprints, tokens[0][0]) == 0]
         pipe = self.redis.pipeline(transaction=False)
         for t1, _ in tokens:
             pipe.sadd(self.keys.fingerprints, t1)

@@ -319,10 +319,9 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
         check_no_userinfo(url)
     kw: dict[str, Any] = {"url": url}
     if "m" in d:
-        method = _expect(d["m"], str, "bad_method", "method")
+        kw["method"] = method = _expect(d["m"], str, "bad_method", "method")
         if not method or len(method) > 32 or not all(c.isalnum() or c in "!#$%&'*+-.^_`|~" for c in method):
             raise RejectedEntry("bad_method", f"method {method[:40]!r} is not a token")
-        kw["method"] = method
     if "h" in d:
         kw["headers"] = _headers(d["h"])
         if not trusted:
@@ -334,22 +333,19 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
         if not trusted:
             check_cookies_allowed(policy.headers_allowed)
     if "M" in d:
-        meta = _expect(d["M"], dict, "bad_meta", "meta")
+        kw["meta"] = meta = _expect(d["M"], dict, "bad_meta", "meta")
         if not all(isinstance(k, str) for k in meta):
             raise RejectedEntry("bad_meta", "meta keys must be strings")
         if not trusted:
             check_meta_keys(meta, policy.meta_allowed)
-        kw["meta"] = meta
     if "k" in d:
-        cbk = _expect(d["k"], dict, "bad_cb_kwargs", "cb_kwargs")
+        kw["cb_kwargs"] = cbk = _expect(d["k"], dict, "bad_cb_kwargs", "cb_kwargs")
         if not all(isinstance(k, str) and k.isidentifier() for k in cbk):
             raise RejectedEntry("bad_cb_kwargs", "cb_kwargs keys must be identifiers")
-        kw["cb_kwargs"] = cbk
     if "p" in d:
-        priority = _expect(d["p"], int, "bad_priority", "priority")
+        kw["priority"] = priority = _expect(d["p"], int, "bad_priority", "priority")
         if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
             raise RejectedEntry("bad_priority", "priority out of the 32-bit range")
-        kw["priority"] = priority
     if "d" in d:
         kw["dont_filter"] = _expect(d["d"], bool, "bad_dont_filter", "dont_filter")
     if "cb" in d:
@@ -357,19 +353,17 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
     if "eb" in d:
         kw["errback"] = entry_callback(spider, d["eb"], "errback")
     if "f" in d:
-        flags = _expect(d["f"], list, "bad_flags", "flags")
+        kw["flags"] = flags = _expect(d["f"], list, "bad_flags", "flags")
         if len(flags) > MAX_HEADERS or not all(isinstance(f, str) for f in flags):
             raise RejectedEntry("bad_flags", "flags must be at most 100 strings")
-        kw["flags"] = flags
     if "e" in d:
-        encoding = _expect(d["e"], str, "bad_encoding", "encoding")
+        kw["encoding"] = encoding = _expect(d["e"], str, "bad_encoding", "encoding")
         try:
             known = codecs.lookup(encoding)._is_text_encoding  # type: ignore[attr-defined]
         except LookupError:
             known = False
         if not known:
             raise RejectedEntry("bad_encoding", f"{encoding[:40]!r} is not a text encoding")
-        kw["encoding"] = encoding
     cls = _request_class(d["C"]) if "C" in d else Request
     if not trusted:
         check_offsite(url, spider)
