@@ -50,8 +50,14 @@ class DeniedNetwork(IgnoreRequest):
 
 
 def parse_networks(values: Iterable[Any]) -> list[Network]:
-    """CIDR strings (checked by the settings) as networks."""
-    return [ipaddress.ip_network(str(v).strip(), strict=False) for v in values]
+    """CIDR strings as networks; raises ``ValueError`` naming the first bad one."""
+    out: list[Network] = []
+    for v in values:
+        try:
+            out.append(ipaddress.ip_network(str(v).strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network (CIDR, e.g. 10.0.0.0/8)") from None
+    return out
 
 
 def denied(address: str, networks: Iterable[Network]) -> Network | None:
