@@ -299,7 +299,6 @@ def _check_reactor(crawler: Crawler) -> None:
                       " network is fetched -- deny those networks at the firewall as well", key="no reactor")
         return
     from twisted.internet import reactor
-
     wrapped = install(reactor)
     if wrapped:
         _warnings.log(logging.WARNING, "TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's:"

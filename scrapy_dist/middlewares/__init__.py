@@ -79,7 +79,6 @@ class DenyNetworksMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         # checked (one line on a bad value) when the crawl's settings were read
         from scrapy_dist.middlewares.retry import DeadLetterWriter
-
         o = cls(enforce(crawler, DistSettings.for_crawler(crawler).scheduler.deny_networks), crawler)
         o._dead_letters = DeadLetterWriter(crawler)
         return o
@@ -161,7 +160,6 @@ class ConditionalRevisitMiddleware:
         if self.stats is not None:
             self.stats.inc_value("revisit/not_modified")
         from scrapy_dist.frontier.scheduler import get_scheduler
-
         sched = get_scheduler(self.crawler)
         if sched is not None and sched.revisits is not None:
             sched.revisits.not_modified(request)

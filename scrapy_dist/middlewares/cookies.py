@@ -409,7 +409,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
 def _seal(crawler: Crawler) -> RecordSeal:
     """The crawl's rule for records in its jars: its secret, and whether untrusted entries may set cookies."""
     from scrapy_dist.wire.entrypolicy import entry_policy
-
     policy = entry_policy(crawler)
     return RecordSeal(policy.secret, "cookie" in {h.lower() for h in policy.headers_allowed})
 

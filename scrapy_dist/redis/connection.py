@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
-
     SettingsLike = BaseSettings | Mapping[str, Any]
 
 __all__ = ["CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget", "build_async",

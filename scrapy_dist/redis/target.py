@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from scrapy.settings import BaseSettings
-
     SettingsLike = BaseSettings | Mapping[str, Any]
 
 logger = logging.getLogger("scrapy_dist.redis.connection")

@@ -322,7 +322,6 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
     """Build the request of ``seed``, callbacks resolved on ``spider``; raises :class:`RejectedEntry`. A seed
     without ``dont_filter`` bypasses the dupefilter unless ``dedupe`` (``REDIS_START_URLS_DEDUPE``)."""
     from scrapy import Request
-
     dont_filter = (not dedupe) if seed.dont_filter is None else seed.dont_filter
     kw: dict[str, Any] = {"url": seed.url, "method": seed.method, "dont_filter": dont_filter}
     for name in ("headers", "body", "meta", "cb_kwargs", "priority", "cookies"):  # unset: Request's default
@@ -331,7 +330,6 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
             kw[name] = value
     if seed.formdata:
         from scrapy import FormRequest
-
         kw["formdata"] = seed.formdata
         if request_cls is None or not issubclass(request_cls, FormRequest):
             request_cls = FormRequest

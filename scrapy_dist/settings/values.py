@@ -304,7 +304,6 @@ def known_options() -> frozenset[str]:
     import redis.asyncio.cluster
     import redis.cluster
     import redis.connection
-
     names: set[str] = set(_OURS)
     conn = redis.connection
     for cls in (redis.Redis, redis.asyncio.Redis, redis.cluster.RedisCluster,
@@ -344,7 +343,6 @@ def check_client_options(url: str | None, params: Mapping[str, Any]) -> None:
     query = url.rpartition("@")[2].partition("?")[2] if url else ""  # a password may hold '?' or '/'
     if query:
         from redis.connection import parse_url
-
         try:
             parsed = parse_url(f"redis://localhost?{query}")  # as redis-py reads the query of any URL
         except ValueError as exc:
