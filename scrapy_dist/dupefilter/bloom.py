@@ -335,8 +335,7 @@ class BloomPlan:
 
     def memory_bytes(self, items: int) -> int:
         """Bytes of bitmap the chain allocates once it holds ``items`` items."""
-        specs = self.filters_for(items)
-        return sum(s.bits // 8 for s in specs if s.cumulative - s.capacity < items)
+        return sum(s.bits // 8 for s in self.filters_for(items) if s.cumulative - s.capacity < items)
 
     @cached_property
     def bytes_per_item_at_capacity(self) -> float:

@@ -163,8 +163,7 @@ def check_url(value: Any) -> str:
         if not path.startswith("/"):
             raise SettingsError(name, value, "no socket path", expected)
         return url
-    hostinfo = rest.rpartition("@")[2]
-    hostport, _, tail = hostinfo.partition("/")
+    hostport, _, tail = rest.rpartition("@")[2].partition("/")
     try:
         port = urlsplit(f"redis://{hostport}").port
         if port is not None and not 1 <= port <= 65535:
