@@ -54,12 +54,15 @@ logger = logging.getLogger(__name__)
 
 #: Every rejection reason a seed can get (stats ``seeds/rejected/<reason>``, ``reason`` of the records).
 REASONS = {
-    "too_large": "longer than REDIS_START_URLS_MAX_BYTES", "not_utf8": "not UTF-8 text",
+    "too_large": "longer than REDIS_START_URLS_MAX_BYTES",
+    "not_utf8": "not UTF-8 text",
     "empty": "empty or only whitespace",
     "bad_url": "not a URL: no scheme or host, whitespace/control characters, bad port, over 8 KiB,"
-    " user:password@ before the host", "bad_scheme": "a scheme other than the allowed ones (http, https)",
+    " user:password@ before the host",
+    "bad_scheme": "a scheme other than the allowed ones (http, https)",
     "bad_json": "starts like JSON but does not parse, NaN/Infinity, nested over 32 levels",
-    "not_object": "valid JSON that is not an object", "missing_url": "a JSON object without url",
+    "not_object": "valid JSON that is not an object",
+    "missing_url": "a JSON object without url",
     "bad_form_field": "a JSON field outside FIELDS (form data, as in scrapy-redis) that is not a string or a"
     " list of strings, or combined with body",
     "bad_method": "method is not an HTTP token (letters, digits, !#$%&'*+-.^_`|~; at most 32)",
