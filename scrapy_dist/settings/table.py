@@ -62,10 +62,7 @@ def _num(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
-def _s(name: str, default: Any, kind: str, doc: str, section: str, **kw: Any) -> Setting:
-    return Setting(name, default, kind, doc, section, **kw)
-
-
+_s = Setting  # a row of TABLE
 C, S, D, SE, R, M, I_ = "connection", "scheduler", "dupefilter", "seeds", "retries", "monitoring", "items"
 TABLE: tuple[Setting, ...] = (
     # -- connection
