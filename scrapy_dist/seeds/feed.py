@@ -180,8 +180,7 @@ class SeedFeed(BackgroundTask):
         self._taken: deque[_Taken] = deque()
         self._acks: list[bytes] = []
         self._records: list[str] = []
-        self._last_seed = time.monotonic()
-        self._last_exchange = 0.0
+        self._last_seed, self._last_exchange = time.monotonic(), 0.0
         self._busy = self._uncertain = self._finished = False
         self._sched: Scheduler | None = None
         self._reject_log, self._error_log = RateLimitedLog(logger), RateLimitedLog(logger)
