@@ -213,9 +213,7 @@ def convert(spec: Setting, value: Any) -> Any:
             raise SettingsError(spec.name, value, "not a size", 'expected bytes or a size like "2gb"')
         return value
     if kind == "secret":
-        if isinstance(value, bytes):
-            return value or None
-        return str(value).encode("utf-8") or None
+        return (value if isinstance(value, bytes) else str(value).encode("utf-8")) or None
     if not isinstance(value, str):
         raise SettingsError(spec.name, value, f"not a string but a {type(value).__name__}",
                             "expected a string")

@@ -375,9 +375,7 @@ def check_priority(priority: Any) -> int:
 
 def priority_from_score(score: float) -> int:
     """A ZSET score as a request priority (rounded, clamped to the 32-bit range, NaN -> 0)."""
-    if math.isnan(score):
-        return 0
-    return round(max(PRIORITY_RANGE[0], min(PRIORITY_RANGE[1], score)))
+    return 0 if math.isnan(score) else round(max(PRIORITY_RANGE[0], min(PRIORITY_RANGE[1], score)))
 
 
 def check_callback_name(name: Any, what: str, has_callback: Callable[[str], bool] | None = None) -> str:
