@@ -43,8 +43,7 @@ _dead_lettered: weakref.WeakSet[Request] = weakref.WeakSet()
 
 
 class RetryScheduled(IgnoreRequest, ScrapyDistError):
-    """Ends an attempt whose retry now waits in the shared frontier's delayed set (never logged as an
-    error, never dead-lettered)."""
+    """Ends an attempt whose retry waits in the frontier's delayed set (not logged, not dead-lettered)."""
 
 
 def exception_reason(exc: BaseException | type[BaseException]) -> str:

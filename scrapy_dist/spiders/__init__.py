@@ -281,8 +281,7 @@ class RedisSpider(RedisMixin, Spider):
 
 
 class RedisCrawlSpider(RedisMixin, CrawlSpider):
-    """A :class:`scrapy.spiders.CrawlSpider` (rules followed from every seed without a callback) whose
-    start requests come from Redis."""
+    """A ``CrawlSpider`` (rules followed from every seed without a callback) seeded from Redis."""
 
     def _build_request(self, rule_index: int, link: Any) -> Request:
         # the wire format refuses private method names (a name read from Redis must not reach private

@@ -115,8 +115,7 @@ def spider_method(spider: Spider, name: Any, what: str) -> Any:
 
 
 def entry_callback(spider: Spider, name: Any, what: str) -> Any:
-    """The callback/errback a queue entry names: a method the spider's own code defines, or one of
-    CrawlSpider's rule dispatchers."""
+    """The callback/errback a queue entry names: a method of the spider's code, or a rule dispatcher."""
     method = spider_method(spider, name, what)
     if isinstance(spider, CrawlSpider) and (name in _CRAWLSPIDER_METHODS or name in _RULE_METHODS):
         return method
@@ -267,8 +266,7 @@ def _request_class(path: Any) -> type[Request]:
 
 
 def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
-    """``(version, msgpack body)`` of an untrusted payload (size and version checked, tag not verified);
-    raises :class:`RejectedEntry`."""
+    """``(version, msgpack body)`` of an untrusted payload (size, version checked; tag not verified)."""
     if not isinstance(data, bytes):
         raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
     if len(data) > max_bytes:

@@ -89,8 +89,7 @@ def check_meta_keys(meta: dict[Any, Any], allowed: Iterable[str]) -> None:
 
 
 def check_header_names(names: Iterable[Any], allowed: Iterable[str]) -> None:
-    """Refuse (``header_not_allowed``) framing/routing headers, and credential headers ``allowed`` does not
-    name (case-insensitive)."""
+    """Refuse (``header_not_allowed``) framing/routing headers, and credential ones ``allowed`` lacks."""
     allowed_l = {a.lower() for a in allowed}
     for raw in names:
         name = (raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)).lower()
@@ -379,8 +378,7 @@ def priority_from_score(score: float) -> int:
 
 
 def check_callback_name(name: Any, what: str, has_callback: Callable[[str], bool] | None = None) -> str:
-    """A public method name (identifier, no leading underscore) the spider has, if ``has_callback`` can
-    tell."""
+    """A public method name (identifier, no leading ``_``) the spider has, if ``has_callback`` can tell."""
     if not isinstance(name, str) or not name.isidentifier() or not name.isascii() or name.startswith("_"):
         raise RejectedEntry(f"bad_{what}", f"{what} {str(name)[:40]!r} is not a public method name")
     if has_callback is not None and not has_callback(name):
