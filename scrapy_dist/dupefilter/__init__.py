@@ -129,8 +129,7 @@ class DupeScript:
 class RedisDupeFilter:
     """Shared base: fingerprints, logging and stats; subclasses choose how Redis stores them."""
 
-    #: ``mode`` argument of ``dupe.lua``
-    mode: ClassVar[str] = "none"
+    mode: ClassVar[str] = "none"  #: ``mode`` argument of ``dupe.lua``
     #: the class overrides ``request_fingerprint()`` (decided once per class, not per request)
     legacy_fingerprint: ClassVar[bool] = False
 
@@ -143,8 +142,7 @@ class RedisDupeFilter:
     fingerprinter: Any
     stats: StatsCollector | None = None
     debug: bool = False
-    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever)
-    ttl: float | None = None
+    ttl: float | None = None  #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever)
     _logged_dupes: bool = field(default=False, init=False, repr=False)
     _script: Any = field(default=None, init=False, repr=False)
 
@@ -277,8 +275,7 @@ class SetDupeFilter(RedisDupeFilter):
         return [added == 0 for added in pipe.execute()]
 
 
-#: scrapy-redis's name for its exact, set-based filter
-RFPDupeFilter = SetDupeFilter
+RFPDupeFilter = SetDupeFilter  #: scrapy-redis's name for its exact, set-based filter
 
 
 @dataclass(eq=False)

@@ -27,20 +27,17 @@ HASHING = 4
 SCHEMES = (3, 4)
 #: layout 4: the small filters use this many hashes fewer than the largest one (fewer SETBITs per insert)
 SMALL_FILTER_HASH_CUT = 2
-#: all the bits of one item in one filter lie in one window of this many bits (512 bytes)
-WINDOW_BITS = 4096
+WINDOW_BITS = 4096  #: all the bits of one item in one filter lie in one window of this many bits (512 bytes)
 #: bytes a Redis string adds to its contents: the largest sds header (9) and the terminating NUL
 STRING_OVERHEAD = 10
-#: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
-KEY_OVERHEAD = 80
+KEY_OVERHEAD = 80  #: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
 #: the filter never holds more than this many times its capacity, so hostile counts cannot make a worker
 #: allocate or name more keys
 MAX_OVERSHOOT = 8
 #: shortest span of one generation of a DUPEFILTER_TTL filter: a worker passes the generations live by its
 #: own clock, one span either side, so a span shorter than the clocks' difference finds none of them
 MIN_SPAN = 0.25
-#: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
-MAX_BLOCK_BITS = 2**32
+MAX_BLOCK_BITS = 2**32  #: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
 
 
 class BloomParameterError(ScrapyDistError, ValueError):

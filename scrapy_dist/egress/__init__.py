@@ -167,8 +167,7 @@ class DenyPolicy:
 
 _MARK_SUFFIX = ".denied.scrapy-dist.invalid"
 
-#: The policy of this process, which the resolvers of this module consult.
-POLICY = DenyPolicy()
+POLICY = DenyPolicy()  #: The policy of this process, which the resolvers of this module consult.
 
 
 @implementer(IResolverSimple)

@@ -204,8 +204,7 @@ class _SharedJar:
     jar: CookieJar = dataclasses.field(default_factory=CookieJar)
     loaded_at: float | None = None
     loading: asyncio.Future[None] | None = None
-    #: the jar's changes up to this version are in the copy
-    version: float = 0.0
+    version: float = 0.0  #: the jar's changes up to this version are in the copy
 
 
 class SharedCookiesMiddleware(CookiesMiddleware):

@@ -277,8 +277,7 @@ def get_redis_from_settings(settings: SettingsLike | DistSettings) -> redis.Redi
     return get_redis(settings)
 
 
-#: scrapy-redis's other name for :func:`get_redis_from_settings`.
-from_settings = get_redis_from_settings
+from_settings = get_redis_from_settings  #: scrapy-redis's other name for :func:`get_redis_from_settings`.
 
 
 def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redis:

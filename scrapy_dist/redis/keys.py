@@ -85,8 +85,7 @@ class CrawlKeys:
     start_urls_template: str = "%(name)s:start_urls"
     #: Items key template (``REDIS_ITEMS_KEY``), scrapy-redis compatible.
     items_template: str = "%(spider)s:items"
-    #: ``""`` for the crawl (= shard 0); ``#<i>...`` for shard i of a sharded frontier
-    shard_suffix: str = ""
+    shard_suffix: str = ""  #: ``""`` for the crawl (= shard 0); ``#<i>...`` for shard i of a sharded frontier
 
     @property
     def tag(self) -> str:

@@ -123,8 +123,7 @@ def private_secret(path: Path) -> bytes:
     return secret.encode()
 
 
-#: Upper bound of the default ``maxmemory`` (bytes).
-DEFAULT_MAXMEMORY_CAP = 2 * 1024**3
+DEFAULT_MAXMEMORY_CAP = 2 * 1024**3  #: Upper bound of the default ``maxmemory`` (bytes).
 
 _SIZE = re.compile(r"\s*(\d+)\s*(b|k|kb|m|mb|g|gb)?\s*", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g": 1000**3, "gb": 1024**3}

@@ -146,8 +146,7 @@ def _embedded_target(conn: ConnectionSettings, params: dict[str, Any], notice: b
     return target
 
 
-#: The embedded Redis's entry secret, next to its other private files.
-SECRET_FILE = "entry.secret"
+SECRET_FILE = "entry.secret"  #: The embedded Redis's entry secret, next to its other private files.
 
 
 def embedded_secret(settings: SettingsLike | DistSettings) -> bytes | None:

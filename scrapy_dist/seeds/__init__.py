@@ -89,8 +89,7 @@ REASONS = {
 FIELDS = frozenset(["url", "method", "headers", "body", "meta", "cb_kwargs", "priority", "callback",
                     "errback", "dont_filter", "cookies"])
 
-#: Nesting limit of JSON seeds (far below Python's and msgpack's recursion limits).
-MAX_DEPTH = 32
+MAX_DEPTH = 32  #: Nesting limit of JSON seeds (far below Python's and msgpack's recursion limits).
 _WS = b" \t\r\n\x0b\x0c"
 _CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")  # codec.check_url's rule
 #: ``scheme://[user@]host[:port]`` then ``/``, ``?``, ``#`` or the end: read without urlsplit
@@ -128,12 +127,10 @@ class Seed:
     body: str | None = None
     meta: dict[str, Any] | None = None
     cb_kwargs: dict[str, Any] | None = None
-    #: ``None`` when the seed does not set it (a ZSET score may then give it)
-    priority: int | None = None
+    priority: int | None = None  #: ``None`` when the seed does not set it (a ZSET score may then give it)
     callback: str | None = None
     errback: str | None = None
-    #: ``None`` when the seed does not say (REDIS_START_URLS_DEDUPE decides)
-    dont_filter: bool | None = None
+    dont_filter: bool | None = None  #: ``None`` when the seed does not say (REDIS_START_URLS_DEDUPE decides)
     cookies: dict[str, Any] | list[dict[str, Any]] | None = None
     #: fields outside FIELDS: form data, as in scrapy-redis
     formdata: dict[str, str | list[str]] | None = None

@@ -45,10 +45,8 @@ T = TypeVar("T")
 BLOCK_SECONDS = 1.0
 #: SET and ZSET seeds cannot be waited for atomically, so they are polled this often (seconds).
 POLL_SECONDS = 0.1
-#: Workers whose lease ran out are reported and adopted this many at a time.
-ADOPT_BATCH = 10
-#: How often to look whether taken seeds have reached the frontier (seconds, local only).
-CONFIRM_POLL = 0.01
+ADOPT_BATCH = 10  #: Workers whose lease ran out are reported and adopted this many at a time.
+CONFIRM_POLL = 0.01  #: How often to look whether taken seeds have reached the frontier (seconds, local only).
 #: Most processing-list entries one worker may hold; entries past it are garbage someone wrote there and go
 #: back to the seeds key.
 HELD_CAP = 10_000
@@ -63,16 +61,12 @@ def held_most(batch_size: int) -> int:
 class TakeResult:
     """What one :meth:`SeedReader.take` answers."""
 
-    #: ``ok``, ``lost`` (another worker adopted this one's seeds) or ``wrongtype``
-    status: str
-    #: entries taken (the seed; ``<score> <seed>`` for a ZSET)
-    entries: list[bytes]
+    status: str  #: ``ok``, ``lost`` (another worker adopted this one's seeds) or ``wrongtype``
+    entries: list[bytes]  #: entries taken (the seed; ``<score> <seed>`` for a ZSET)
     #: workers whose lease ran out (an id that is not UTF-8, garbage someone wrote, stays ``bytes``)
     expired: list[str | bytes]
-    #: this worker's entries given back to the seeds key (``sweep``, ``leave``)
-    returned: int
-    #: the seeds key's type (``none`` if it does not exist)
-    key_type: str = ""
+    returned: int  #: this worker's entries given back to the seeds key (``sweep``, ``leave``)
+    key_type: str = ""  #: the seeds key's type (``none`` if it does not exist)
     #: the processing list and/or workers ZSET, if they held another Redis type (moved aside)
     repaired: list[str] = dataclasses.field(default_factory=list)
     #: entries of no live worker (garbage in the processing list) given back to the seeds key too

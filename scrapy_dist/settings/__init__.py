@@ -79,8 +79,7 @@ def _build(cls: type[_T], raw: SettingsReader, **derived: Any) -> _T:
 class ConnectionSettings:
     """Where Redis is and how to talk to it (see :mod:`scrapy_dist.redis.connection`)."""
 
-    #: from the setting or the environment; None: Sentinels, host/port or embedded
-    url: str | None = None
+    url: str | None = None  #: from the setting or the environment; None: Sentinels, host/port or embedded
     url_source: str = ""  # REDIS_URL or "REDIS_URL environment variable"
     host: str | None = None
     port: int | None = None

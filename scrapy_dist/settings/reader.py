@@ -210,8 +210,7 @@ def redis_location(v: Callable[[str], Any]) -> tuple[dict[str, Any], Any, Any]:
     return params, host, port
 
 
-#: The close reason (``finish_reason``) of a crawl refused at start.
-REASON = "scrapy_dist_refused"
+REASON = "scrapy_dist_refused"  #: The close reason (``finish_reason``) of a crawl refused at start.
 _ATTR = "_scrapy_dist_start_error"
 F = TypeVar("F", bound="Callable[..., Any]")
 
@@ -274,8 +273,7 @@ def refuse_misspelt_components(crawler: Crawler) -> None:
                          priority=settings.getpriority(exc.name) or "default")
 
 
-#: the add-on line that enables everything below
-ADDON_LINE = 'ADDONS = {"scrapy_dist.Addon": 0}'
+ADDON_LINE = 'ADDONS = {"scrapy_dist.Addon": 0}'  #: the add-on line that enables everything below
 
 
 @dataclass(frozen=True)
