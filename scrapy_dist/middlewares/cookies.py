@@ -52,8 +52,7 @@ __all__ = ["READ_LIMIT", "RecordSeal", "SharedCookiesMiddleware", "cookie_field"
 
 logger = logging.getLogger(__name__)
 
-# Cookie changes per write (one script call); a backlog after an outage goes in several.
-_WRITE_BATCH = 1000
+_WRITE_BATCH = 1000  # cookie changes per write (one script call); a backlog after an outage goes in several
 #: Changes read per refresh of a jar at most (a bigger backlog is read over the next refreshes).
 READ_LIMIT = 1000
 
