@@ -118,6 +118,10 @@ class Outage:
             found.close_watch = CloseWatch(crawler)
         return found
 
+    @property
+    def down(self) -> bool:
+        return self.since is not None
+
     def failed(self, exc: BaseException, now: float, component: str, detail: str = "") -> bool:
         """``component`` could not reach Redis; returns whether this started the outage (and logged)."""
         self._failing[component] = now
