@@ -187,9 +187,8 @@ class DenyingResolver:
 
 
 class DenyNetworksResolver(DenyingResolver):
-    """Scrapy's default resolver (thread pool, DNS cache, ``DNS_TIMEOUT``), checked against the process's
-    :class:`DenyPolicy`: ``TWISTED_DNS_RESOLVER = "scrapy_dist.egress.DenyNetworksResolver"`` (the add-on
-    sets it)."""
+    """Scrapy's default resolver (thread pool, DNS cache, ``DNS_TIMEOUT``) checked against the process's
+    :class:`DenyPolicy`, for ``TWISTED_DNS_RESOLVER`` (the add-on sets it)."""
 
     def __init__(self, reactor: Any, cache_size: int, timeout: float) -> None:
         super().__init__(CachingThreadedResolver(reactor, cache_size, timeout))

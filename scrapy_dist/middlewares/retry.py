@@ -195,9 +195,8 @@ class RetryMiddleware:
 
 
 class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
-    """Drop-in for ``scrapy.spidermiddlewares.httperror.HttpErrorMiddleware`` (order 50); same settings
-    and meta keys, plus ``HTTPERROR_DEAD_LETTER``: every response it filters out for its status is then
-    dead-lettered too."""
+    """Drop-in for Scrapy's ``HttpErrorMiddleware`` (order 50), same settings and meta keys; with
+    ``HTTPERROR_DEAD_LETTER``, every response it filters out is dead-lettered too."""
 
     dead_letters: DeadLetterWriter | None = None
 

@@ -27,9 +27,8 @@ def unsafe(message: str) -> RedisUnavailable:
 
 
 def check_private_dir(path: Path) -> None:
-    """Raise :class:`RedisUnavailable` unless ``path`` is a real directory (no symlink) owned by us, not
-    writable by group or others, and every parent is owned by us or root and not writable by others unless
-    sticky."""
+    """Raise :class:`RedisUnavailable` unless ``path`` is a real directory of ours that group and others
+    cannot write, in parents of ours or root's that others cannot write (unless sticky)."""
     uid = os.geteuid()
     try:
         st = os.lstat(path)

@@ -105,9 +105,8 @@ class RedisTarget:
 
 
 def resolve_target(settings: SettingsLike | DistSettings, *, notice: bool = True) -> RedisTarget:
-    """Which Redis the settings point at (its first use logs one INFO line naming it). With no Redis setting,
-    the embedded server, joined or started, with one WARNING that the crawl is confined to this machine
-    unless ``notice`` is false."""
+    """Which Redis the settings point at (logged once at INFO); with no Redis setting, the embedded server,
+    joined or started, with one WARNING (unless not ``notice``) that the crawl stays on this machine."""
     conn = DistSettings.coerce(settings).connection
     params = dict(conn.params)
     if conn.sentinels:

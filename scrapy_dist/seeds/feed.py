@@ -84,9 +84,8 @@ def _worker_id(value: Any) -> str | bytes:
 
 
 class SeedReader:
-    """One worker's Redis side of the seeds key, one round trip per call. ``kind`` is the seeds key's type:
-    ``list``, ``set`` (``REDIS_START_URLS_AS_SET``) or ``zset`` (``..._AS_ZSET``; the score is the priority).
-    """
+    """One worker's Redis side of the seeds key, one round trip per call; ``kind``: ``list``, ``set``
+    (``REDIS_START_URLS_AS_SET``) or ``zset`` (``..._AS_ZSET``, the score is the priority)."""
 
     def __init__(
         self, redis: Any, keys: CrawlKeys, worker_id: str, kind: str = "list", lease_seconds: float = 60.0,
@@ -117,9 +116,8 @@ class SeedReader:
                           text(raw[4]), [text(k) for k in raw[5]], int(raw[6]))
 
     async def wait(self, timeout: float = BLOCK_SECONDS) -> bool:
-        """Block until the seeds key (a LIST) holds a seed or ``timeout`` passes; True if it does.
-        ``BLMOVE key key RIGHT LEFT`` rotates the list onto itself, so the seed stays in Redis whatever
-        happens to this worker; the next :meth:`take` pops and records it atomically."""
+        """Block until the seeds key (a LIST) holds a seed or ``timeout`` passes; True if it does. ``BLMOVE
+        key key`` rotates the list onto itself, so the seed stays in Redis; :meth:`take` pops it."""
         k = self.keys.start_urls
         return await self.redis.blmove(k, k, timeout, "RIGHT", "LEFT") is not None
 
@@ -156,9 +154,8 @@ class _Taken:
 
 
 class SeedFeed(BackgroundTask):
-    """Turns the seeds of one worker into requests: the spider's ``start()`` iterates its
-    :meth:`~BackgroundTask.turns`. Ends once the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE``
-    seconds (never, if 0)."""
+    """Turns one worker's seeds into requests (``start()`` iterates its :meth:`~BackgroundTask.turns`) until
+    the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE`` s (never, if 0)."""
 
     def __init__(self, spider: RedisMixin, reader: SeedReader, *, rules: SeedRules, batch_size: int = 16,
                  idle_before_close: float = 0.0, block_seconds: float = BLOCK_SECONDS,

@@ -239,9 +239,8 @@ def refuse_start(crawler: Crawler, error: ScrapyDistError) -> None:
 
 
 def refusing(from_crawler: F) -> F:
-    """Decorate an extension's, middleware's or pipeline's ``from_crawler``: a :class:`ScrapyDistError`
-    it raises refuses the crawl's start and disables the component; a crawl already refused does not
-    build it (so nothing of it touches Redis)."""
+    """Decorate a component's ``from_crawler``: a :class:`ScrapyDistError` it raises refuses the crawl's start
+    and disables the component; a crawl already refused does not build it."""
 
     @functools.wraps(from_crawler)
     def wrapper(cls: Any, crawler: Crawler, *args: Any, **kwargs: Any) -> Any:
@@ -257,9 +256,8 @@ def refusing(from_crawler: F) -> F:
 
 
 def refuse_misspelt_components(crawler: Crawler) -> None:
-    """Refuse the start if a :data:`COMPONENT_SETTINGS` names a scrapy-dist class that does not exist, and
-    put Scrapy's default in its place, so Scrapy does not fail with a traceback loading it (settings not
-    frozen yet: an add-on, a spider's ``from_crawler``)."""
+    """Refuse the start if a :data:`COMPONENT_SETTINGS` names a missing scrapy-dist class, and put Scrapy's
+    default in its place, so Scrapy loads it without a traceback (settings not frozen yet)."""
     settings = crawler.settings
     for _ in COMPONENT_SETTINGS:
         try:

@@ -199,9 +199,8 @@ def misspelt_arguments(spider: Any) -> list[str]:
 
 
 def _warn_scrapy_redis_idle(settings: Settings) -> None:
-    """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE`` (there a blocking pop's
-    timeout, here closing after idle time): without the add-on, a value > 0 from the project or spider
-    settings (not ``-s``), and no ``MAX_IDLE_TIME_BEFORE_CLOSE``."""
+    """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE`` > 0 (there a blocking pop's
+    timeout) from the project or spider settings, without the add-on or ``MAX_IDLE_TIME_BEFORE_CLOSE``."""
     if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None:
         return
     # the spider is built before add-ons fill settings: ADDONS is read as written

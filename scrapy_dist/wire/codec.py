@@ -150,8 +150,7 @@ def _check_encodable(value: Any, path: str) -> None:
 def encode_request(request: Request, spider: Spider | None = None,
                    policy: EntryPolicy | None = None) -> bytes:
     """``request`` as a versioned msgpack payload (signed when ``policy`` has a secret); raises
-    :class:`UnserializableRequest` (``.key`` naming the field or meta key) when a callback is not a spider
-    method or meta / cb_kwargs / cookies hold values msgpack cannot represent."""
+    :class:`UnserializableRequest` (``.key``: the field) for a foreign callback or an unencodable value."""
     headers = [[bytes(k), [bytes(v) for v in vs if not added_by_middleware(k, v)]]  # a middleware's stay out
                for k, vs in request.headers.items()]
     cls = type(request)
