@@ -1,8 +1,7 @@
 """scrapy-dist: run any Scrapy project on many hosts sharing one frontier in Redis.
 
 Enable it with ``ADDONS = {"scrapy_dist.Addon": 0}`` (or set ``SCHEDULER`` and ``DUPEFILTER_CLASS``).
-Importing this package stays cheap: the Scrapy components are imported on first attribute access.
-"""
+Importing this package stays cheap: the Scrapy components are imported on first attribute access."""
 
 from __future__ import annotations
 

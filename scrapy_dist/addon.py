@@ -105,7 +105,6 @@ class Addon:
 def _warn_foreign_scheduler(settings: BaseSettings) -> None:
     """One WARNING when the project keeps a SCHEDULER of its own: the crawl then has no shared frontier."""
     from scrapy_dist.frontier.scheduler import Scheduler
-
     path = settings.get("SCHEDULER")
     try:
         ours = issubclass(load_object(path), Scheduler)

@@ -26,6 +26,7 @@ from scrapy_dist.egress import (
 from scrapy_dist.frontier.orders import parse_record
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.settings import defaults
+from scrapy_dist.utils import RateLimitedLog
 
 DENY = list(defaults.SCHEDULER_DENY_NETWORKS)
 
@@ -320,7 +321,7 @@ def test_a_proxy_of_the_environment_in_a_denied_network_is_named_once_per_variab
 ) -> None:
     import scrapy_dist.egress as resolver
 
-    monkeypatch.setattr(resolver, "_warned", set())
+    monkeypatch.setattr(resolver, "_warnings", RateLimitedLog.once(resolver.logger))
     monkeypatch.setenv("HTTP_PROXY", "http://10.1.2.3:3128")
     monkeypatch.setenv("HTTPS_PROXY", "10.1.2.4:3128")
     monkeypatch.setenv("http_proxy", "http://proxy.example:3128")  # a name: checked on each connection

@@ -1,9 +1,7 @@
 """Crawl-wide request deduplication in Redis: :class:`BloomDupeFilter` (a scalable bloom filter, sized by
-:mod:`.bloom`) and :class:`SetDupeFilter` (exact: a SET of fingerprints), both through ``dupe.lua``;
-:class:`DupeScript` runs ``dupe_batch.lua`` for Scrapy's scheduler and the tools.
+:mod:`.bloom`) and :class:`SetDupeFilter` (exact: a SET of fingerprints), both run by :class:`DupeScript`.
 
-May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions.
-"""
+May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions."""
 
 from __future__ import annotations
 
@@ -46,10 +44,8 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from typing_extensions import Self
 
-__all__ = [
-    "CALL_TOKENS", "RECENT_MAX_AGE", "BloomDupeFilter", "DupeScript", "RFPDupeFilter", "RecentFingerprints",
-    "RedisDupeFilter", "SetDupeFilter",
-]
+__all__ = ["CALL_TOKENS", "RECENT_MAX_AGE", "BloomDupeFilter", "DupeScript", "RFPDupeFilter",
+           "RecentFingerprints", "RedisDupeFilter", "SetDupeFilter"]
 
 logger = logging.getLogger(__name__)
 #: duplicate lines go where Scrapy's RFPDupeFilter logs them, so log filters written for Scrapy still apply
@@ -66,13 +62,11 @@ def refusal(reason: Any, detail: Any) -> ScrapyDistError:
     if reason == "bloom_clock":
         return ScrapyDistError(
             f"{detail}: this machine's clock is more than DUPEFILTER_TTL/(BLOOMFILTER_GENERATIONS-1)"
-            " seconds off the Redis server's; set it right (NTP)"
-        )
+            " seconds off the Redis server's; set it right (NTP)")
     if reason.startswith("bloom"):
         return BloomParameterError(
             f"{detail} field n: refused by the filter ({reason}): not a count within the filter's bound"
-            f" ({'the bound' if reason == 'bloom_bound' else 'garbage'})"
-        )
+            f" ({'the bound' if reason == 'bloom_bound' else 'garbage'})")
     return FrontierStateError(reason, detail)
 
 
@@ -91,8 +85,7 @@ class DupeScript:
         in order, so a fingerprint twice in a batch is new only the first time."""
         chunks = [
             [x if isinstance(x, bytes) else str(x) for pair in tokens[i : i + CALL_TOKENS] for x in pair]
-            for i in range(0, len(tokens), CALL_TOKENS)
-        ]
+            for i in range(0, len(tokens), CALL_TOKENS)]
         flags: list[str | None] = [None] * len(chunks)
         for _ in range(64):
             todo = [i for i, f in enumerate(flags) if f is None]
@@ -136,8 +129,7 @@ class DupeScript:
 class RedisDupeFilter:
     """Shared base: fingerprints, logging and stats; subclasses choose how Redis stores them."""
 
-    #: ``mode`` argument of ``dupe.lua``
-    mode: ClassVar[str] = "none"
+    mode: ClassVar[str] = "none"  #: ``mode`` argument of ``dupe.lua``
     #: the class overrides ``request_fingerprint()`` (decided once per class, not per request)
     legacy_fingerprint: ClassVar[bool] = False
 
@@ -150,8 +142,7 @@ class RedisDupeFilter:
     fingerprinter: Any
     stats: StatsCollector | None = None
     debug: bool = False
-    #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever)
-    ttl: float | None = None
+    ttl: float | None = None  #: DUPEFILTER_TTL: seconds a fingerprint is remembered (None: forever)
     _logged_dupes: bool = field(default=False, init=False, repr=False)
     _script: Any = field(default=None, init=False, repr=False)
 
@@ -161,8 +152,7 @@ class RedisDupeFilter:
             warnings.warn(
                 f"Overriding RFPDupeFilter.request_fingerprint() is deprecated (in {cls.__name__}), set the"
                 " REQUEST_FINGERPRINTER_CLASS setting instead; scrapy-dist still uses the override meanwhile",
-                ScrapyDeprecationWarning, stacklevel=2,
-            )
+                ScrapyDeprecationWarning, stacklevel=2)
         # a refused setting refuses the crawl's start: the scheduler gets a filter that is never used
         if start_error(crawler) is None:
             try:
@@ -178,12 +168,12 @@ class RedisDupeFilter:
     def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
         return {}
 
-    # -- Scrapy's BaseDupeFilter interface --------------------------------------------------------
+    # -- Scrapy's BaseDupeFilter interface (the filter itself stays in Redis) ---------------------
     def open(self) -> None:
-        """Called by the scheduler when the spider opens."""
+        pass
 
     def close(self, reason: str) -> None:
-        """Called by the scheduler when the spider closes; the filter itself stays in Redis."""
+        pass
 
     def request_seen(self, request: Request) -> bool:
         """Test-and-set ``request``'s fingerprint (one atomic Redis call)."""
@@ -196,14 +186,11 @@ class RedisDupeFilter:
             dupes_logger.debug(
                 "Filtered duplicate request: %(request)s (referer: %(referer)s)",
                 {"request": request, "referer": referer.decode(errors="replace") if referer else None},
-                extra={"spider": spider},
-            )
+                extra={"spider": spider})
         elif not self._logged_dupes:
-            dupes_logger.debug(
-                "Filtered duplicate request: %(request)s - no more duplicates will be shown"
-                " (see DUPEFILTER_DEBUG to show all duplicates)",
-                {"request": request}, extra={"spider": spider},
-            )
+            dupes_logger.debug("Filtered duplicate request: %(request)s - no more duplicates will be shown"
+                               " (see DUPEFILTER_DEBUG to show all duplicates)", {"request": request},
+                               extra={"spider": spider})
             self._logged_dupes = True
         if self.stats is not None:
             self.stats.inc_value("dupefilter/filtered")
@@ -219,11 +206,10 @@ class RedisDupeFilter:
         return bytes(self.fingerprinter.fingerprint(request)).hex()
 
     def tokens(self, request: Request) -> tuple[Any, Any]:
-        """The two values ``dupe.lua`` needs for ``request`` (see its header)."""
         return self.fingerprint_tokens(self.fingerprint(request))
 
     def fingerprint_tokens(self, fingerprint: bytes) -> tuple[Any, Any]:
-        """The two values ``dupe.lua`` needs for a request of this fingerprint."""
+        """The two values ``dupe.lua`` needs for a request of this fingerprint (see its header)."""
         raise NotImplementedError
 
     def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
@@ -257,8 +243,7 @@ class RedisDupeFilter:
         return {}
 
     def for_shard(self, keys: CrawlKeys, shards: int) -> Self:
-        """This filter on the keys of one shard (``SCHEDULER_SHARDS``): each shard deduplicates the
-        requests routed to it, so it has a filter of its own."""
+        """This filter on the keys of one shard (``SCHEDULER_SHARDS``): each deduplicates its own requests."""
         clone = copy.copy(self)
         clone.keys = keys
         return clone
@@ -266,7 +251,6 @@ class RedisDupeFilter:
 
 class SetDupeFilter(RedisDupeFilter):
     """Exact crawl-wide dupefilter: a Redis SET of raw 20-byte fingerprints (``{spider}:fingerprints``).
-
     With ``DUPEFILTER_TTL``, a ZSET fingerprint -> expiry time (``{spider}:fingerprints:ttl``): exactly TTL
     seconds after it was seen, a URL is new again; expired entries are removed a bounded number per call."""
 
@@ -285,25 +269,19 @@ class SetDupeFilter(RedisDupeFilter):
             return super().seen_tokens(tokens, add)
         if not add:
             return [bool(x) for x in self.redis.smismember(self.keys.fingerprints, [t for t, _ in tokens])]
-        if len(tokens) == 1:
-            return [self.redis.sadd(self.keys.fingerprints, tokens[0][0]) == 0]
         pipe = self.redis.pipeline(transaction=False)
         for t1, _ in tokens:
             pipe.sadd(self.keys.fingerprints, t1)
         return [added == 0 for added in pipe.execute()]
 
 
-#: scrapy-redis's name for its exact, set-based filter
-RFPDupeFilter = SetDupeFilter
+RFPDupeFilter = SetDupeFilter  #: scrapy-redis's name for its exact, set-based filter
 
 
 @dataclass(eq=False)
 class BloomDupeFilter(RedisDupeFilter):
     """Crawl-wide scalable bloom filter in Redis bitmaps (``BLOOMFILTER_*`` settings, ``DUPEFILTER_TTL``).
-
-    The first worker to open a crawl records its parameters in the ``{spider}:bloom`` hash; later workers
-    use the recorded values, so the chain is the same everywhere.
-    """
+    The first worker to open a crawl records its parameters in ``{spider}:bloom``; later workers use them."""
 
     mode: ClassVar[str] = "bloom"
 
@@ -320,9 +298,8 @@ class BloomDupeFilter(RedisDupeFilter):
     def _size(self, base: BloomPlan) -> None:
         """Size the filter for ``base`` (with a TTL: one generation's chain), counting from 0."""
         self.base = base
-        self.plan = base if self.gens is None else self.gens.plan(
-            base.capacity, base.error_rate, base.block_bits, base.scheme
-        )
+        self.plan = base if self.gens is None else self.gens.plan(base.capacity, base.error_rate,
+                                                                  base.block_bits, base.scheme)
         self.n = 0  # items in the filter (its fullest live generation), as last reported by Redis
         self._capacity_log = RateLimitedLog.once(logger)
         self._local: ScalableBloomFilter | None = None
@@ -337,11 +314,10 @@ class BloomDupeFilter(RedisDupeFilter):
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""
         pipe = self.redis.pipeline(transaction=False)
         b = self.base
-        mine: dict[str, Any] = {
-            "capacity": b.capacity, "error_rate": repr(b.error_rate), "block_bits": b.block_bits,
-            "hashing": HASHING, "ttl": repr(float(self.ttl or 0)),
-            "generations": self.gens.count if self.gens else 4,
-        }
+        mine: dict[str, Any] = {"capacity": b.capacity, "error_rate": repr(b.error_rate),
+                                "block_bits": b.block_bits, "hashing": HASHING,
+                                "ttl": repr(float(self.ttl or 0)),
+                                "generations": self.gens.count if self.gens else 4}
         for name, value in mine.items():
             pipe.hsetnx(self.keys.bloom, name, value)
         names = [*mine, "n"]
@@ -349,31 +325,27 @@ class BloomDupeFilter(RedisDupeFilter):
         values = pipe.execute()[-1]
         way_out = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
         try:
-            rec = parse_bloom_record(
-                {k: v for k, v in zip(names, values, strict=True) if v is not None}, self.keys.bloom
-            )
+            rec = parse_bloom_record({k: v for k, v in zip(names, values, strict=True) if v is not None},
+                                     self.keys.bloom)
         except BloomParameterError as exc:
             raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {way_out}") \
                 from None
         if rec.n_garbage is not None:
             logger.warning(
                 "%s field n=%s is not an item count of this filter (written by someone else?): the frontier"
-                " recounts it from the filter's bits at its next write", self.keys.bloom, rec.n_garbage,
-            )
+                " recounts it from the filter's bits at its next write", self.keys.bloom, rec.n_garbage)
         if rec.schedule_garbage is not None:  # record this worker's schedule over one no worker wrote
             self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
             logger.warning(
                 "%s field %s is not a schedule any worker could have recorded (written by someone else?):"
-                " replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
-                self.keys.bloom, rec.schedule_garbage, self.ttl, mine["generations"],
-            )
+                " replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s", self.keys.bloom,
+                rec.schedule_garbage, self.ttl, mine["generations"])
             rec = dataclasses.replace(rec, ttl=float(self.ttl or 0), generations=int(mine["generations"]),
                                       schedule_garbage=None)
         if rec.hashing not in SCHEMES:
-            raise ScrapyDistError(
-                f"The bloom filter {self.keys.bloom!r} was written with layout {rec.hashing},"
-                f" this scrapy-dist reads {', '.join(map(str, SCHEMES))}: {way_out}"
-            )
+            raise ScrapyDistError(f"The bloom filter {self.keys.bloom!r} was written with layout"
+                                  f" {rec.hashing}, this scrapy-dist reads {', '.join(map(str, SCHEMES))}:"
+                                  f" {way_out}")
         self.adopt(rec)
 
     def adopt(self, rec: BloomRecord) -> None:
@@ -387,9 +359,8 @@ class BloomDupeFilter(RedisDupeFilter):
                 logger.warning(
                     "The bloom filter of this crawl was created with capacity=%d error_rate=%g ttl=%s"
                     " generations=%s; using those, not this worker's BLOOMFILTER_CAPACITY=%d"
-                    " BLOOMFILTER_ERROR_RATE=%g DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
-                    rec.capacity, rec.error_rate, ttl, theirs[4], b.capacity, b.error_rate, self.ttl, mine[4],
-                )
+                    " BLOOMFILTER_ERROR_RATE=%g DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s", rec.capacity,
+                    rec.error_rate, ttl, theirs[4], b.capacity, b.error_rate, self.ttl, mine[4])
             # a crawl keeps the layout it was created with
             self.ttl = ttl
             self.gens = None if ttl is None else Generations(ttl, rec.generations)
@@ -446,10 +417,8 @@ class BloomDupeFilter(RedisDupeFilter):
                 logging.WARNING,
                 "The bloom filter holds %d fingerprints%s, past its capacity %d (BLOOMFILTER_CAPACITY%s): it"
                 " keeps growing within the error rate, but each further item costs more memory; raise the"
-                " capacity for the next crawl",
-                self.n, " in one generation" if self.gens else "", self.plan.capacity,
-                "/(BLOOMFILTER_GENERATIONS-1)" if self.gens else "",
-            )
+                " capacity for the next crawl", self.n, " in one generation" if self.gens else "",
+                self.plan.capacity, "/(BLOOMFILTER_GENERATIONS-1)" if self.gens else "")
 
     def request_seen(self, request: Request) -> bool:
         """A per-process filter first (not with ``DUPEFILTER_TTL``: it would remember for ever), then one
@@ -458,9 +427,8 @@ class BloomDupeFilter(RedisDupeFilter):
         if self.gens is not None:
             return self.seen_tokens([fingerprint_hashes(fp)])[0]
         if self._local is None:
-            self._local = ScalableBloomFilter(
-                initial_capacity=100_000, error_rate=1e-7, mode=ScalableBloomFilter.LARGE_SET_GROWTH
-            )
+            self._local = ScalableBloomFilter(initial_capacity=100_000, error_rate=1e-7,
+                                              mode=ScalableBloomFilter.LARGE_SET_GROWTH)
         if fp in self._local:
             return True
         seen = self.seen_tokens([fingerprint_hashes(fp)])[0]

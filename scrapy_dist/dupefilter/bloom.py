@@ -1,8 +1,7 @@
 """The bloom filter's arithmetic, no Redis I/O (the bits are set by ``lua/dupe.lua``): a chain of filters of
 equal bitmap blocks, an item's ``k`` bits in one window of ``WINDOW_BITS`` (docs/frontier.md, "The bloom
 filter"), the ``{spider}:bloom`` record, :class:`Generations` for ``DUPEFILTER_TTL`` (docs/continuous.md)
-and :class:`RecentFingerprints`, a worker's memory of the fingerprints it sent.
-"""
+and :class:`RecentFingerprints`, a worker's memory of the fingerprints it sent."""
 
 from __future__ import annotations
 
@@ -28,20 +27,17 @@ HASHING = 4
 SCHEMES = (3, 4)
 #: layout 4: the small filters use this many hashes fewer than the largest one (fewer SETBITs per insert)
 SMALL_FILTER_HASH_CUT = 2
-#: all the bits of one item in one filter lie in one window of this many bits (512 bytes)
-WINDOW_BITS = 4096
+WINDOW_BITS = 4096  #: all the bits of one item in one filter lie in one window of this many bits (512 bytes)
 #: bytes a Redis string adds to its contents: the largest sds header (9) and the terminating NUL
 STRING_OVERHEAD = 10
-#: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
-KEY_OVERHEAD = 80
+KEY_OVERHEAD = 80  #: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
 #: the filter never holds more than this many times its capacity, so hostile counts cannot make a worker
 #: allocate or name more keys
 MAX_OVERSHOOT = 8
 #: shortest span of one generation of a DUPEFILTER_TTL filter: a worker passes the generations live by its
 #: own clock, one span either side, so a span shorter than the clocks' difference finds none of them
 MIN_SPAN = 0.25
-#: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
-MAX_BLOCK_BITS = 2**32
+MAX_BLOCK_BITS = 2**32  #: largest BLOOMFILTER_BLOCK_BITS: a Redis string holds at most 512 MB
 
 
 class BloomParameterError(ScrapyDistError, ValueError):
@@ -53,24 +49,24 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tuple[str, str, str] = (
-    "BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BLOCK_BITS",
-)) -> tuple[int, float, int]:
+    "BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BLOCK_BITS")) -> tuple[int, float, int]:
     """``(capacity, error_rate, block_bits)`` checked; :class:`BloomParameterError` names the offending
     one as ``names`` says (settings, or hash fields)."""
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= MAX_CAPACITY:
+    if not _whole(capacity) or not 1 <= capacity <= MAX_CAPACITY:
         raise BloomParameterError(
             f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}")
-    if isinstance(error_rate, bool) or not isinstance(error_rate, (int, float)) or not (
-        math.isfinite(error_rate) and MIN_ERROR_RATE <= error_rate < 1
-    ):
+    number = _whole(error_rate) or isinstance(error_rate, float)
+    if not number or not (math.isfinite(error_rate) and MIN_ERROR_RATE <= error_rate < 1):
         raise BloomParameterError(
             f"{names[1]}={_show(error_rate)}: must be a number in [{MIN_ERROR_RATE}, 1)")
-    if isinstance(block_bits, bool) or not isinstance(block_bits, int) or block_bits % WINDOW_BITS or not (
-        WINDOW_BITS <= block_bits <= MAX_BLOCK_BITS
-    ):
-        raise BloomParameterError(
-            f"{names[2]}={_show(block_bits)}: must be a multiple of {WINDOW_BITS} up to 2**32")
+    if not _whole(block_bits) or block_bits % WINDOW_BITS or not WINDOW_BITS <= block_bits <= MAX_BLOCK_BITS:
+        raise BloomParameterError(f"{names[2]}={_show(block_bits)}: must be a multiple of {WINDOW_BITS}"
+                                  " up to 2**32")
     return capacity, float(error_rate), block_bits
 
 
@@ -121,8 +117,7 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
     err = number("error_rate")
     capacity, error_rate, block_bits = check_parameters(
         integer("capacity"), err, integer("block_bits"),
-        names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"),
-    )
+        names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"))
     n_garbage = schedule_garbage = None
     try:
         n = integer("n", "0")
@@ -225,9 +220,8 @@ def _layout(windows: int, block_bits: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
-def _spec(
-    index: int, capacity: int, error: float, cumulative: int, block_bits: int, max_hashes: int = 40
-) -> FilterSpec:
+def _spec(index: int, capacity: int, error: float, cumulative: int, block_bits: int,
+          max_hashes: int = 40) -> FilterSpec:
     windows, hashes = _size(capacity, error, max_hashes)
     blocks, per_block = _layout(windows, block_bits)
     bits = blocks * per_block * WINDOW_BITS
@@ -237,10 +231,8 @@ def _spec(
 class BloomPlan:
     """The chain of filters for a declared ``capacity`` and compound ``error_rate``."""
 
-    def __init__(
-        self, capacity: int, error_rate: float, block_bits: int = 2**31, overflow_step: float | None = None,
-        scheme: int = HASHING,
-    ) -> None:
+    def __init__(self, capacity: int, error_rate: float, block_bits: int = 2**31,
+                 overflow_step: float | None = None, scheme: int = HASHING) -> None:
         self.capacity, self.error_rate, self.block_bits = check_parameters(capacity, error_rate, block_bits)
         if scheme not in SCHEMES:
             raise BloomParameterError(f"bloom filter layout {scheme!r}: this scrapy-dist reads {SCHEMES}")
@@ -281,8 +273,7 @@ class BloomPlan:
         if items > self.max_items:
             raise BloomParameterError(
                 f"{key}: {items} items would pass {MAX_OVERSHOOT}x the filter's capacity {self.capacity}"
-                " (field n was changed, or the crawl outgrew BLOOMFILTER_CAPACITY: raise it for a new crawl)"
-            )
+                " (field n was changed, or the crawl outgrew BLOOMFILTER_CAPACITY: raise it for a new crawl)")
 
     @property
     def planned(self) -> int:
@@ -301,8 +292,7 @@ class BloomPlan:
                 cap = max(1, round(self._specs[self.planned - 1].capacity * self.overflow_step))
                 err = RESERVE * self.error_rate * 6 / (math.pi**2 * j**2)
             self._specs.append(
-                _spec(len(self._specs), cap, err, last.cumulative + cap, self.block_bits, self.max_hashes)
-            )
+                _spec(len(self._specs), cap, err, last.cumulative + cap, self.block_bits, self.max_hashes))
         return self._specs[index]
 
     def filters_for(self, items: int) -> list[FilterSpec]:
@@ -342,8 +332,7 @@ class BloomPlan:
 
     def memory_bytes(self, items: int) -> int:
         """Bytes of bitmap the chain allocates once it holds ``items`` items."""
-        specs = self.filters_for(items)
-        return sum(s.bits // 8 for s in specs if s.cumulative - s.capacity < items)
+        return sum(s.bits // 8 for s in self.filters_for(items) if s.cumulative - s.capacity < items)
 
     @cached_property
     def bytes_per_item_at_capacity(self) -> float:
@@ -372,17 +361,14 @@ class Generations:
     def __post_init__(self) -> None:
         if not (isinstance(self.ttl, (int, float)) and math.isfinite(self.ttl) and self.ttl > 0):
             raise BloomParameterError(f"DUPEFILTER_TTL={self.ttl!r}: must be a number of seconds > 0")
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or not (
-            MIN_GENERATIONS <= self.count <= MAX_GENERATIONS
-        ):
+        if not _whole(self.count) or not MIN_GENERATIONS <= self.count <= MAX_GENERATIONS:
             raise BloomParameterError(f"BLOOMFILTER_GENERATIONS={self.count!r}: must be an integer in"
                                       f" {MIN_GENERATIONS} .. {MAX_GENERATIONS}")
         if self.ttl / (self.count - 1) < MIN_SPAN:
             raise BloomParameterError(
                 f"DUPEFILTER_TTL={self.ttl!r}: each of the {self.count} generations would span less than"
                 f" {MIN_SPAN:g} s (a worker's clock a moment off the server's finds none of them); use at"
-                f" least {MIN_SPAN * (self.count - 1):g}"
-            )
+                f" least {MIN_SPAN * (self.count - 1):g}")
 
     @property
     def span(self) -> float:
@@ -411,10 +397,8 @@ class Generations:
     def plan(self, capacity: int, error_rate: float, block_bits: int, scheme: int = HASHING) -> BloomPlan:
         """The chain of one generation, for a filter of ``capacity`` URLs remembered per TTL at
         ``error_rate`` over all the generations a lookup tests."""
-        return BloomPlan(
-            max(1, math.ceil(capacity / (self.count - 1))), error_rate / self.count, block_bits,
-            overflow_step=OVERFLOW_STEP, scheme=scheme,
-        )
+        return BloomPlan(max(1, math.ceil(capacity / (self.count - 1))), error_rate / self.count, block_bits,
+                         overflow_step=OVERFLOW_STEP, scheme=scheme)
 
 
 # -- the fingerprints this worker sent ---------------------------------------------------------------------

@@ -56,8 +56,8 @@ def parse_networks(values: Iterable[Any]) -> list[Network]:
         try:
             out.append(ipaddress.ip_network(str(v).strip(), strict=False))
         except ValueError:
-            message = f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network (CIDR, e.g. 10.0.0.0/8)"
-            raise ValueError(message) from None
+            raise ValueError(f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network (CIDR, e.g. 10.0.0.0/8)") \
+                from None
     return out
 
 
@@ -167,8 +167,7 @@ class DenyPolicy:
 
 _MARK_SUFFIX = ".denied.scrapy-dist.invalid"
 
-#: The policy of this process, which the resolvers of this module consult.
-POLICY = DenyPolicy()
+POLICY = DenyPolicy()  #: The policy of this process, which the resolvers of this module consult.
 
 
 @implementer(IResolverSimple)
@@ -188,9 +187,8 @@ class DenyingResolver:
 
 
 class DenyNetworksResolver(DenyingResolver):
-    """Scrapy's default resolver (thread pool, DNS cache, ``DNS_TIMEOUT``), checked against the process's
-    :class:`DenyPolicy`: ``TWISTED_DNS_RESOLVER = "scrapy_dist.egress.DenyNetworksResolver"`` (the add-on
-    sets it)."""
+    """Scrapy's default resolver (thread pool, DNS cache, ``DNS_TIMEOUT``) checked against the process's
+    :class:`DenyPolicy`, for ``TWISTED_DNS_RESOLVER`` (the add-on sets it)."""
 
     def __init__(self, reactor: Any, cache_size: int, timeout: float) -> None:
         super().__init__(CachingThreadedResolver(reactor, cache_size, timeout))
@@ -236,8 +234,7 @@ class DenyingNameResolver:
                         addressTypes: Any = None, transportSemantics: str = "TCP") -> IHostResolution:
         receiver = _DenyingReceiver(resolutionReceiver, hostName, self.policy)
         return self.inner.resolveHostName(  # type: ignore[no-any-return]
-            receiver, hostName, portNumber, addressTypes, transportSemantics
-        )
+            receiver, hostName, portNumber, addressTypes, transportSemantics)
 
 
 def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolver | None = None) -> str:
@@ -271,7 +268,7 @@ def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolve
 
 
 _enforced: weakref.WeakSet[Any] = weakref.WeakSet()
-_warned: set[str] = set()
+_warnings = RateLimitedLog.once(logger)  # each text once per process
 
 
 def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
@@ -292,28 +289,21 @@ def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
     return networks
 
 
-def _warn_once(message: str, *args: Any) -> None:
-    text = message % args
-    if text not in _warned:
-        _warned.add(text)
-        logger.warning("%s", text)
-
-
 def _check_reactor(crawler: Crawler) -> None:
     if not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True):
-        _warn_once("SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False there is no Twisted"
-                   " resolver to check connections in; only hosts and proxies written as IP addresses are"
-                   " refused before the download, and a DNS name pointing into a denied network is fetched"
-                   " -- deny those networks at the firewall as well")
+        _warnings.log(logging.WARNING, "SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False there"
+                      " is no Twisted resolver to check connections in; only hosts and proxies written as IP"
+                      " addresses are refused before the download, and a DNS name pointing into a denied"
+                      " network is fetched -- deny those networks at the firewall as well", key="no reactor")
         return
     from twisted.internet import reactor
-
     wrapped = install(reactor)
     if wrapped:
-        _warn_once("TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's: scrapy-dist wraps it"
-                   " so that every address it returns is checked against SCHEDULER_DENY_NETWORKS; to keep"
-                   " Scrapy's DNS cache with the check, use TWISTED_DNS_RESOLVER ="
-                   " 'scrapy_dist.egress.DenyNetworksResolver'", wrapped)
+        _warnings.log(logging.WARNING, "TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's:"
+                      " scrapy-dist wraps it so that every address it returns is checked against"
+                      " SCHEDULER_DENY_NETWORKS; to keep Scrapy's DNS cache with the check, use"
+                      " TWISTED_DNS_RESOLVER = 'scrapy_dist.egress.DenyNetworksResolver'", wrapped,
+                      key=wrapped)
 
 
 def _check_env_proxies(networks: list[Network]) -> None:
@@ -322,6 +312,6 @@ def _check_env_proxies(networks: list[Network]) -> None:
         value = os.environ.get(var, "")
         why = literal_refusal(proxy_host(value), networks, "proxy") if value else ""
         if why:
-            _warn_once("%s: %s (SCHEDULER_DENY_NETWORKS); it is used, being the operator's setting -- only"
-                       " a proxy named in the environment by a DNS name is checked on each connection",
-                       var, why)
+            _warnings.log(logging.WARNING, "%s: %s (SCHEDULER_DENY_NETWORKS); it is used, being the"
+                          " operator's setting -- only a proxy named in the environment by a DNS name is"
+                          " checked on each connection", var, why, key=f"{var} {why}")

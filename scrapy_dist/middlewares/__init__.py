@@ -1,7 +1,5 @@
-"""scrapy-dist's Scrapy middlewares: the shared cookie jar (``cookies``), delayed retries and dead-lettered
-HTTP errors (``retry``), imported on first use only, so a missing or broken module does not break the
-others; and here the two small guards the add-on installs.
-"""
+"""scrapy-dist's Scrapy middlewares: the shared cookie jar (``cookies``) and delayed retries and dead-lettered
+HTTP errors (``retry``), imported on first use; here the two small guards the add-on installs."""
 
 from __future__ import annotations
 
@@ -36,19 +34,14 @@ if TYPE_CHECKING:
     from scrapy_dist.middlewares.retry import HttpErrorMiddleware, RetryMiddleware, RetryScheduled
     from scrapy_dist.wire.entrypolicy import AddedCredentialsMiddleware, ScheduledHeadersMiddleware
 
-#: public name -> module under scrapy_dist.middlewares, or a full module path (add one line per middleware)
-_EXPORTS = {
-    "SharedCookiesMiddleware": "cookies", "RetryMiddleware": "retry", "RetryScheduled": "retry",
-    "HttpErrorMiddleware": "retry", "ScheduledHeadersMiddleware": "scrapy_dist.wire.entrypolicy",
-    "AddedCredentialsMiddleware": "scrapy_dist.wire.entrypolicy",
-}
+#: public name -> module under scrapy_dist.middlewares, or a full module path (and a line in __all__)
+_EXPORTS = {"SharedCookiesMiddleware": "cookies", "RetryMiddleware": "retry", "RetryScheduled": "retry",
+            "HttpErrorMiddleware": "retry", "ScheduledHeadersMiddleware": "scrapy_dist.wire.entrypolicy",
+            "AddedCredentialsMiddleware": "scrapy_dist.wire.entrypolicy"}
 
-# keep in step with _EXPORTS
-__all__ = [
-    "AddedCredentialsMiddleware", "ConditionalRevisitMiddleware", "DeniedNetwork", "DenyNetworksMiddleware",
-    "HttpErrorMiddleware", "NotModified", "RetryMiddleware", "RetryScheduled", "ScheduledHeadersMiddleware",
-    "SharedCookiesMiddleware",
-]
+__all__ = ["AddedCredentialsMiddleware", "ConditionalRevisitMiddleware", "DeniedNetwork",
+           "DenyNetworksMiddleware", "HttpErrorMiddleware", "NotModified", "RetryMiddleware",
+           "RetryScheduled", "ScheduledHeadersMiddleware", "SharedCookiesMiddleware"]
 
 
 def __getattr__(name: str) -> Any:
@@ -66,18 +59,13 @@ def _getaddrinfo(host: str) -> list[str]:
 
 
 class DenyNetworksMiddleware:
-    """Refuses requests to ``SCHEDULER_DENY_NETWORKS``: anyone who can push a seed or a queue entry chooses
-    URLs the workers fetch from inside your network. The check that counts is made on the address each
-    connection uses, in the DNS resolver (:func:`~scrapy_dist.egress.enforce`); this adds what a resolver
-    cannot do: a host or ``meta["proxy"]`` written as an IP address is refused before the download; every
-    refused request is dead-lettered with reason ``denied_network``; a proxied request is also checked by
-    its target host, resolved here (a best effort: a name that does not resolve is left to the proxy), the
-    verdict cached for ``ttl`` seconds (at most 10,000 hosts)."""
+    """Refuses requests to ``SCHEDULER_DENY_NETWORKS``, adding to the resolver's check
+    (:func:`~scrapy_dist.egress.enforce`) what it cannot do: a host or ``meta["proxy"]`` written as an IP
+    address is refused before the download; a refused request is dead-lettered (``denied_network``); a
+    proxied request's target host is resolved here (best effort), the verdict cached ``ttl`` seconds."""
 
-    def __init__(
-        self, networks: list[Network], crawler: Crawler | None = None, ttl: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, networks: list[Network], crawler: Crawler | None = None, ttl: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not networks:
             raise NotConfigured("SCHEDULER_DENY_NETWORKS is empty")
         self.networks, self.crawler, self.ttl, self.clock = networks, crawler, ttl, clock
@@ -91,7 +79,6 @@ class DenyNetworksMiddleware:
     def from_crawler(cls, crawler: Crawler) -> Self:
         # checked (one line on a bad value) when the crawl's settings were read
         from scrapy_dist.middlewares.retry import DeadLetterWriter
-
         o = cls(enforce(crawler, DistSettings.for_crawler(crawler).scheduler.deny_networks), crawler)
         o._dead_letters = DeadLetterWriter(crawler)
         return o
@@ -106,12 +93,8 @@ class DenyNetworksMiddleware:
         addresses: list[str] = []
         with contextlib.suppress(OSError, UnicodeError):
             addresses = await maybe_deferred_to_future(threads.deferToThread(_getaddrinfo, host))
-        why = ""
-        for address in addresses:
-            net = denied(address, self.networks)
-            if net is not None:
-                why = f"{host} resolves to {address}, in denied network {net}"
-                break
+        nets = ((a, denied(a, self.networks)) for a in addresses)
+        why = next((f"{host} resolves to {a}, in denied network {net}" for a, net in nets if net), "")
         self._verdicts[host] = (now + self.ttl, why)
         self._verdicts.move_to_end(host)
         while len(self._verdicts) > 10_000:
@@ -146,8 +129,7 @@ class NotModified(IgnoreRequest):
 
 
 class ConditionalRevisitMiddleware:
-    """``REVISIT_CONDITIONAL`` (docs/continuous.md; the add-on enables it at 580, so the downloader's own
-    middlewares never see the 304 as theirs): a 304 to a revisit that sent its page's validators is
+    """``REVISIT_CONDITIONAL`` (docs/continuous.md): a 304 to a revisit that sent its page's validators is
     counted, keeps the revisit chain going, calls the spider's ``on_not_modified(response)`` if it has one,
     and ends the request with :class:`NotModified`."""
 
@@ -178,7 +160,6 @@ class ConditionalRevisitMiddleware:
         if self.stats is not None:
             self.stats.inc_value("revisit/not_modified")
         from scrapy_dist.frontier.scheduler import get_scheduler
-
         sched = get_scheduler(self.crawler)
         if sched is not None and sched.revisits is not None:
             sched.revisits.not_modified(request)

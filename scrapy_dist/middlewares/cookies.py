@@ -1,15 +1,14 @@
-"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars kept in Redis, one HASH per jar
-(:meth:`CrawlKeys.cookie_jar`), one field per cookie holding its JSON record (docs/items.md,
-"SharedCookiesMiddleware", has the trade-offs). Reads are cached and incremental (a versioned change log per
-jar), writes batched; a response that changed cookies reaches the spider only once its changes are in Redis.
-Records read back are untrusted: checked field by field, invalid ones skipped and counted. With the crawl's
-secret (``SCHEDULER_ENTRY_SECRET``) a record is sealed as queue entries are (:class:`RecordSeal`), so one
-written without the secret, or copied to another jar, cookie or crawl, does not verify.
+"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars in Redis, one HASH per jar, one field
+per cookie holding its JSON record (docs/items.md, "SharedCookiesMiddleware"). Reads are cached and
+incremental (a versioned change log per jar), writes batched; a response that changed cookies reaches the
+spider once its changes are in Redis. Records read back are untrusted: checked field by field, and with the
+crawl's secret sealed (:class:`RecordSeal`), so one written without it, or copied elsewhere, does not verify.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -48,22 +47,17 @@ if TYPE_CHECKING:
 
     from scrapy_dist.redis.keys import CrawlKeys
 
-__all__ = [
-    "READ_LIMIT", "RecordSeal", "SharedCookiesMiddleware", "cookie_field", "cookie_from_record",
-    "cookie_record", "jar_name",
-]
+__all__ = ["READ_LIMIT", "RecordSeal", "SharedCookiesMiddleware", "cookie_field", "cookie_from_record",
+           "cookie_record", "jar_name"]
 
 logger = logging.getLogger(__name__)
 
-# Cookie changes per write (one script call); a backlog after an outage goes in several.
-_WRITE_BATCH = 1000
+_WRITE_BATCH = 1000  # cookie changes per write (one script call); a backlog after an outage goes in several
 #: Changes read per refresh of a jar at most (a bigger backlog is read over the next refreshes).
 READ_LIMIT = 1000
 
-_BOOL_FIELDS = (
-    "port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure", "discard",
-    "rfc2109",
-)
+_BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure",
+                "discard", "rfc2109")
 _OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
 
 CookieIdent = tuple[str, str, str]
@@ -83,10 +77,9 @@ def cookie_field(ident: CookieIdent) -> str:
 
 
 #: A cookie's attributes in the order its record lists them (``rest`` comes before the last one).
-_RECORD_FIELDS = (
-    "version", "name", "value", "port", "port_specified", "domain", "domain_specified", "domain_initial_dot",
-    "path", "path_specified", "secure", "expires", "discard", "comment", "comment_url",
-)
+_RECORD_FIELDS = ("version", "name", "value", "port", "port_specified", "domain", "domain_specified",
+                  "domain_initial_dot", "path", "path_specified", "secure", "expires", "discard", "comment",
+                  "comment_url")
 
 
 def cookie_record(cookie: Cookie) -> dict[str, Any]:
@@ -123,9 +116,8 @@ def cookie_from_record(data: bytes | str) -> Cookie:
     if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int)):
         raise ValueError("'expires' must be an integer or null")
     rest = rec.get("rest") or {}
-    if not isinstance(rest, dict) or not all(
-        isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in rest.items()
-    ):
+    if not isinstance(rest, dict) or not all(isinstance(k, str) and isinstance(v, (str, type(None)))
+                                             for k, v in rest.items()):
         raise ValueError("'rest' must map strings to strings or null")
     attributes = {name: rec.get(name, False if name in _BOOL_FIELDS else None) for name in _RECORD_FIELDS}
     return Cookie(**{**attributes, "version": version, "rest": rest, "rfc2109": rec.get("rfc2109", False)})
@@ -165,8 +157,7 @@ class RecordSeal:
                 return cookie
             raise ValueError(
                 "no tag: a record the crawl's workers did not write (with SCHEDULER_ENTRY_SECRET set,"
-                " cookies may come from elsewhere only if SEEDS_HEADERS_ALLOWED names Cookie)"
-            )
+                " cookies may come from elsewhere only if SEEDS_HEADERS_ALLOWED names Cookie)")
         body = json.dumps(rec, separators=(",", ":"))
         if not isinstance(tag, str) or not hmac.compare_digest(tag, self._tag(jar_key, field, body)):
             raise ValueError("its tag does not verify with the crawl's secret (SCHEDULER_ENTRY_SECRET)")
@@ -182,30 +173,24 @@ def apply_record(jar: CookieJar, field: str, record: str | None) -> None:
     """Apply one change read from (or about to go to) Redis to ``jar``: set the cookie of ``record``, or
     with ``None`` delete the cookie of HASH ``field``."""
     if record is None:
-        try:
+        with contextlib.suppress(ValueError, TypeError, KeyError):  # already gone, or not a field we write
             domain, path, cookie_name = json.loads(field)
             jar.clear(domain, path, cookie_name)
-        except (ValueError, TypeError, KeyError):  # already gone, or not a field we write
-            pass
     else:
         jar.set_cookie(cookie_from_record(record))
 
 
-def write_calls(
-    keys: CrawlKeys, ops: list[tuple[str, str, str | None]], now: str
-) -> tuple[list[tuple[list[str], list[str]]], int]:
+def write_calls(keys: CrawlKeys, ops: list[tuple[str, str, str | None]],
+                now: str) -> tuple[list[tuple[list[str], list[str]]], int]:
     """The ``cookies_write`` script calls (KEYS, ARGV) for ``ops`` (jar name, HASH field, record or
-    ``None`` to delete): one per jar, the last change of a cookie winning; and how many cookies they write.
-    """
+    ``None`` to delete): one per jar, the last change of a cookie winning; and how many cookies they write."""
     by_jar: dict[str, dict[str, str | None]] = {}
     for name, field, record in ops:
         by_jar.setdefault(name, {})[field] = record
     calls: list[tuple[list[str], list[str]]] = []
     for name, fields in by_jar.items():
         sets = [(f, r) for f, r in fields.items() if r is not None]
-        args: list[str] = [name, now, str(len(sets))]
-        for f, r in sets:
-            args += [f, r]
+        args = [name, now, str(len(sets)), *(x for pair in sets for x in pair)]
         args += [f for f, r in fields.items() if r is None]
         calls.append(([keys.cookie_jar(name), keys.cookie_changes(name), keys.cookies], args))
     return calls, sum(len(f) for f in by_jar.values())
@@ -218,8 +203,7 @@ class _SharedJar:
     jar: CookieJar = dataclasses.field(default_factory=CookieJar)
     loaded_at: float | None = None
     loading: asyncio.Future[None] | None = None
-    #: the jar's changes up to this version are in the copy
-    version: float = 0.0
+    version: float = 0.0  #: the jar's changes up to this version are in the copy
 
 
 class SharedCookiesMiddleware(CookiesMiddleware):
@@ -227,20 +211,15 @@ class SharedCookiesMiddleware(CookiesMiddleware):
 
     Redis cost: one ``cookies_read`` call per jar and worker every ``cache_seconds`` (the changes since the
     last one, at most ``read_limit``); one ``cookies_write`` call per ``flush_interval`` and jar while
-    cookies change. On Redis errors reads fall back to the local copy and writes are retried with capped
-    backoff.
+    cookies change. On Redis errors reads fall back to the local copy and writes are retried with backoff.
+    Stats: ``cookies/shared/loads``, ``.../written``, ``.../rejected``, ``.../redis_errors``."""
 
-    Stats: ``cookies/shared/loads``, ``cookies/shared/written``, ``cookies/shared/rejected``,
-    ``cookies/shared/redis_errors``.
-    """
-
-    def __init__(
-        self, server: redis.asyncio.Redis, keys: CrawlKeys, *, debug: bool = False,
-        cache_seconds: float = defaults.REDIS_COOKIES_CACHE_SECONDS,
-        flush_interval: float = defaults.REDIS_COOKIES_FLUSH_INTERVAL, stats: StatsCollector | None = None,
-        monotonic: Callable[[], float] = time.monotonic, wallclock: Callable[[], float] = time.time,
-        outage: Outage | None = None, read_limit: int = READ_LIMIT, seal: RecordSeal | None = None,
-    ) -> None:
+    def __init__(self, server: redis.asyncio.Redis, keys: CrawlKeys, *, debug: bool = False,
+                 cache_seconds: float = defaults.REDIS_COOKIES_CACHE_SECONDS,
+                 flush_interval: float = defaults.REDIS_COOKIES_FLUSH_INTERVAL,
+                 stats: StatsCollector | None = None, monotonic: Callable[[], float] = time.monotonic,
+                 wallclock: Callable[[], float] = time.time, outage: Outage | None = None,
+                 read_limit: int = READ_LIMIT, seal: RecordSeal | None = None) -> None:
         super().__init__(debug)
         #: which records of the jar are believed (the crawl's secret)
         self.seal = seal or RecordSeal()
@@ -257,8 +236,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self.writer: BatchWriter[tuple[str, str, str | None]] = BatchWriter(
             self._write, guard=self.outage.guard("shared cookie jar (writing)", Backoff(0.1, 5.0), logger),
             batch_size=_WRITE_BATCH, flush_interval=flush_interval,
-            on_failure=lambda exc: self._inc("cookies/shared/redis_errors"),
-        )
+            on_failure=lambda exc: self._inc("cookies/shared/redis_errors"))
         self._read_script = scripts.register(server, "cookies_read")
         self._write_script = scripts.register(server, "cookies_write")
         self._reject_log = RateLimitedLog(logger)
@@ -271,18 +249,14 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             raise NotConfigured
         scrapy_mw = "scrapy.downloadermiddlewares.cookies.CookiesMiddleware"
         enabled = build_component_list(
-            crawler.settings.get_component_priority_dict_with_base("DOWNLOADER_MIDDLEWARES")
-        )
+            crawler.settings.get_component_priority_dict_with_base("DOWNLOADER_MIDDLEWARES"))
         if any(load_object(path) is CookiesMiddleware for path in enabled):
             logger.warning(
                 "SharedCookiesMiddleware is enabled together with %s: the two overwrite each other's Cookie"
-                " headers. Disable Scrapy's: DOWNLOADER_MIDDLEWARES = {%r: None, ...}", scrapy_mw, scrapy_mw,
-            )
-        o = cls(
-            ClientPool.of(crawler).async_client(), crawler_keys(crawler), debug=ds.cookies.debug,
-            cache_seconds=ds.cookies.cache_seconds, flush_interval=ds.cookies.flush_interval,
-            stats=crawler.stats, outage=Outage.for_crawler(crawler), seal=_seal(crawler),
-        )
+                " headers. Disable Scrapy's: DOWNLOADER_MIDDLEWARES = {%r: None, ...}", scrapy_mw, scrapy_mw)
+        o = cls(ClientPool.of(crawler).async_client(), crawler_keys(crawler), debug=ds.cookies.debug,
+                cache_seconds=ds.cookies.cache_seconds, flush_interval=ds.cookies.flush_interval,
+                stats=crawler.stats, outage=Outage.for_crawler(crawler), seal=_seal(crawler))
         o.crawler = crawler
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
@@ -349,8 +323,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             try:
                 raw = await self._read_script(
                     keys=[self.keys.cookie_jar(name), self.keys.cookie_changes(name)],
-                    args=[repr(state.version), self.read_limit],
-                )
+                    args=[repr(state.version), self.read_limit])
             except Exception as exc:
                 self._inc("cookies/shared/redis_errors")
                 self._read_guard.failed(exc, self._monotonic())
@@ -394,16 +367,13 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         finally:
             state.loading = None
 
-    def _record_changes(
-        self, name: str, before: dict[CookieIdent, dict[str, Any]], jar: CookieJar
-    ) -> asyncio.Future[None] | None:
+    def _record_changes(self, name: str, before: dict[CookieIdent, dict[str, Any]],
+                        jar: CookieJar) -> asyncio.Future[None] | None:
         """Queue the difference between ``before`` and the jar; the future resolves once it is written."""
         after = snapshot(jar)
         jar_key = self.keys.cookie_jar(name)
-        ops: dict[str, str | None] = {
-            (f := cookie_field(ident)): self.seal.seal(jar_key, f, rec)
-            for ident, rec in after.items() if before.get(ident) != rec
-        }
+        ops: dict[str, str | None] = {(f := cookie_field(ident)): self.seal.seal(jar_key, f, rec)
+                                      for ident, rec in after.items() if before.get(ident) != rec}
         ops.update((cookie_field(ident), None) for ident in before.keys() - after.keys())
         return self._queue(name, ops) if ops else None
 
@@ -437,7 +407,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
 def _seal(crawler: Crawler) -> RecordSeal:
     """The crawl's rule for records in its jars: its secret, and whether untrusted entries may set cookies."""
     from scrapy_dist.wire.entrypolicy import entry_policy
-
     policy = entry_policy(crawler)
     return RecordSeal(policy.secret, "cookie" in {h.lower() for h in policy.headers_allowed})
 

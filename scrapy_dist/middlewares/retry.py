@@ -43,8 +43,7 @@ _dead_lettered: weakref.WeakSet[Request] = weakref.WeakSet()
 
 
 class RetryScheduled(IgnoreRequest, ScrapyDistError):
-    """Ends an attempt whose retry now waits in the shared frontier's delayed set (never logged as an
-    error, never dead-lettered)."""
+    """Ends an attempt whose retry waits in the frontier's delayed set (not logged, not dead-lettered)."""
 
 
 def exception_reason(exc: BaseException | type[BaseException]) -> str:
@@ -63,26 +62,21 @@ class DeadLetterWriter:
         self.scheduler_of: Callable[[], Any] = scheduler_of or (lambda: get_scheduler(crawler))
         self._no_frontier_log = RateLimitedLog.once(logger)
 
-    def write(
-        self, request: Request, reason: str, *, status: int | None = None, detail: str = "",
-        attempts: int | None = None,
-    ) -> bool:
+    def write(self, request: Request, reason: str, *, status: int | None = None, detail: str = "",
+              attempts: int | None = None) -> bool:
         """Dead-letter ``request``; ``False`` if it already was, or if there is no frontier to keep it."""
         if request in _dead_lettered:
             return False
         scheduler = self.scheduler_of()
         if scheduler is None:
             self._no_frontier_log.log(
-                logging.WARNING,
-                "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
+                logging.WARNING, "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
                 " SCHEDULER = 'scrapy_dist.scheduler.Scheduler'. Further ones are not reported.",
-                {"request": request, "reason": reason},
-            )
+                {"request": request, "reason": reason})
             return False
-        record = dead_letter_record(
-            request, reason=reason, worker=scheduler.worker_id, spider=self.crawler.spider, status=status,
-            detail=detail, attempts=attempts, policy=scheduler.dead_policy,
-        )
+        record = dead_letter_record(request, reason=reason, worker=scheduler.worker_id,
+                                    spider=self.crawler.spider, status=status, detail=detail,
+                                    attempts=attempts, policy=scheduler.dead_policy)
         scheduler.dead_letter(record, request)
         _dead_lettered.add(request)
         assert self.crawler.stats is not None
@@ -100,14 +94,9 @@ class RetryMiddleware:
     request's final failure, which is dead-lettered (at most once per attempt). Without the scrapy-dist
     scheduler it retries like Scrapy's and writes no dead letters (it says so once).
 
-    Settings: Scrapy's ``RETRY_ENABLED``, ``RETRY_TIMES``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``,
-    ``RETRY_PRIORITY_ADJUST``, ``RETRY_GIVE_UP_LOG_LEVEL``; ``RETRY_BACKOFF_BASE``, ``RETRY_BACKOFF_MAX``,
-    ``DEADLETTER_IGNORED``. Meta keys: ``dont_retry``, ``max_retry_times``, ``retry_times``,
-    ``priority_adjust``, ``give_up_log_level``.
-
-    Stats: Scrapy's ``retry/count``, ``retry/reason_count/<reason>``, ``retry/max_reached``; plus
-    ``retry/delayed`` and the :class:`DeadLetterWriter` stats.
-    """
+    Settings and meta keys: Scrapy's ``RETRY_*`` and ``dont_retry``, ``max_retry_times``, ``retry_times``,
+    ``priority_adjust``, ``give_up_log_level``; ``RETRY_BACKOFF_BASE``, ``RETRY_BACKOFF_MAX``,
+    ``DEADLETTER_IGNORED``. Stats: Scrapy's ``retry/*``, ``retry/delayed`` and :class:`DeadLetterWriter`'s."""
 
     max_retry_times: int = 2
     retry_http_codes: Collection[int] = (500, 502, 503, 504, 522, 524, 408, 429)
@@ -132,15 +121,12 @@ class RetryMiddleware:
         if not s.getbool("RETRY_ENABLED"):
             raise NotConfigured
         ds = DistSettings.for_crawler(crawler)
-        o = cls(
-            max_retry_times=s.getint("RETRY_TIMES"),
-            retry_http_codes=[int(x) for x in s.getlist("RETRY_HTTP_CODES")],
-            exceptions_to_retry=tuple(_load_objects(s.getlist("RETRY_EXCEPTIONS"))),
-            priority_adjust=s.getint("RETRY_PRIORITY_ADJUST"),
-            give_up_log_level=s["RETRY_GIVE_UP_LOG_LEVEL"],
-            backoff_base=ds.retries.backoff_base, backoff_max=ds.retries.backoff_max,
-            deadletter_ignored=ds.retries.deadletter_ignored,
-        )
+        o = cls(max_retry_times=s.getint("RETRY_TIMES"),
+                retry_http_codes=[int(x) for x in s.getlist("RETRY_HTTP_CODES")],
+                exceptions_to_retry=tuple(_load_objects(s.getlist("RETRY_EXCEPTIONS"))),
+                priority_adjust=s.getint("RETRY_PRIORITY_ADJUST"),
+                give_up_log_level=s["RETRY_GIVE_UP_LOG_LEVEL"], backoff_base=ds.retries.backoff_base,
+                backoff_max=ds.retries.backoff_max, deadletter_ignored=ds.retries.deadletter_ignored)
         o.crawler = crawler
         o.dead_letters = DeadLetterWriter(crawler)
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
@@ -149,10 +135,9 @@ class RetryMiddleware:
     def process_response(self, request: Request, response: Response) -> Request | Response:
         if request.meta.get("dont_retry", False) or response.status not in self.retry_http_codes:
             return response
-        return self._retry(
-            request, response_status_message(response.status), dead_reason=str(response.status),
-            status=response.status, retry_after=response.headers.get(b"Retry-After"),
-        ) or response
+        return self._retry(request, response_status_message(response.status),
+                           dead_reason=str(response.status), status=response.status,
+                           retry_after=response.headers.get(b"Retry-After")) or response
 
     def process_exception(self, request: Request, exception: Exception) -> Request | Response | None:
         reason, detail = exception_reason(exception), str(exception)
@@ -178,8 +163,7 @@ class RetryMiddleware:
 
     def _retry(
         self, request: Request, reason: str | Exception, *, dead_reason: str, status: int | None = None,
-        retry_after: bytes | None = None, detail: str = "",
-    ) -> Request | None:
+        retry_after: bytes | None = None, detail: str = "") -> Request | None:
         """The retry to return for an immediate retry, ``None`` when retries are exhausted (the request is
         then dead-lettered); raises :class:`RetryScheduled` once a delayed retry is queued."""
         assert self.crawler.spider is not None
@@ -187,8 +171,7 @@ class RetryMiddleware:
             request, reason=reason, spider=self.crawler.spider,
             max_retry_times=request.meta.get("max_retry_times", self.max_retry_times),
             priority_adjust=request.meta.get("priority_adjust", self.priority_adjust),
-            give_up_log_level=request.meta.get("give_up_log_level", self.give_up_log_level),
-        )
+            give_up_log_level=request.meta.get("give_up_log_level", self.give_up_log_level))
         if new is None:
             self.dead_letters.write(request, dead_reason, status=status, detail=detail or str(reason))
             return None
@@ -204,19 +187,16 @@ class RetryMiddleware:
             return new  # cannot go to Redis (logged by the scheduler): retried at once, here
         assert self.crawler.stats is not None
         self.crawler.stats.inc_value("retry/delayed")
-        logger.debug(
-            "Retry %(n)d of %(request)s delayed %(delay).2fs in the shared frontier (%(reason)s)",
-            {"n": new.meta["retry_times"], "request": request, "delay": delay, "reason": reason},
-        )
+        logger.debug("Retry %(n)d of %(request)s delayed %(delay).2fs in the shared frontier (%(reason)s)",
+                     {"n": new.meta["retry_times"], "request": request, "delay": delay, "reason": reason})
         # this attempt ends here; only the retry copy (which keeps the errback) may see a final failure
         request.errback = None
         raise RetryScheduled(f"retry in {delay:.2f}s")
 
 
 class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
-    """Drop-in for ``scrapy.spidermiddlewares.httperror.HttpErrorMiddleware`` (order 50); same settings
-    and meta keys, plus ``HTTPERROR_DEAD_LETTER``: every response it filters out for its status is then
-    dead-lettered too."""
+    """Drop-in for Scrapy's ``HttpErrorMiddleware`` (order 50), same settings and meta keys; with
+    ``HTTPERROR_DEAD_LETTER``, every response it filters out is dead-lettered too."""
 
     dead_letters: DeadLetterWriter | None = None
 
@@ -237,8 +217,7 @@ class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
 
     # no ``spider`` parameter: Scrapy 2.19 deprecates it (the supertype still accepts it)
     def process_spider_exception(  # type: ignore[override]
-        self, response: Response, exception: Exception
-    ) -> Iterable[Any] | None:
+        self, response: Response, exception: Exception) -> Iterable[Any] | None:
         result = super().process_spider_exception(response, exception)
         request = response.request
         if isinstance(exception, HttpError) and self.dead_letters is not None and request is not None:

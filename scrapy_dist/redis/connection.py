@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
-
     SettingsLike = BaseSettings | Mapping[str, Any]
 
 __all__ = ["CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget", "build_async",
@@ -244,9 +243,8 @@ class ClientPool:
 
 
 def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: Any) -> redis.Redis:
-    """A synchronous client for the Redis the settings point at, not checked to answer; or scrapy-redis's
-    keyword call (``url=``, ``host=``, ``port=``, ``db=``, ``redis_cls=``). With nothing at all, the Redis a
-    crawl without settings uses (docs/connection.md, "For component authors")."""
+    """A sync client for the Redis the settings point at (not checked to answer), or scrapy-redis's keyword
+    call (``url=``, ``host=``, ``port=``, ``db=``, ``redis_cls=``); with nothing, a crawl's default Redis."""
     if settings is not None and kwargs:
         raise TypeError("get_redis() takes settings or scrapy-redis keywords (url=, host=, ...), not both")
     return _redis_from_keywords(dict(kwargs)) if settings is None else build_sync(resolve_target(settings))
@@ -278,8 +276,7 @@ def get_redis_from_settings(settings: SettingsLike | DistSettings) -> redis.Redi
     return get_redis(settings)
 
 
-#: scrapy-redis's other name for :func:`get_redis_from_settings`.
-from_settings = get_redis_from_settings
+from_settings = get_redis_from_settings  #: scrapy-redis's other name for :func:`get_redis_from_settings`.
 
 
 def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redis:

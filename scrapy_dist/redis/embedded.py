@@ -66,8 +66,7 @@ def pid_is_redis(pid: int, directory: Path) -> bool:
 
 
 logger = logging.getLogger(__name__)
-#: Directory name under the project's ``.scrapy`` data directory.
-DEFAULT_DIRNAME = "scrapy_dist"
+DEFAULT_DIRNAME = "scrapy_dist"  #: Directory name under the project's ``.scrapy`` data directory.
 _thread_lock = threading.Lock()  # between the threads of this process (server.lock is per process)
 
 

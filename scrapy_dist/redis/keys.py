@@ -85,8 +85,7 @@ class CrawlKeys:
     start_urls_template: str = "%(name)s:start_urls"
     #: Items key template (``REDIS_ITEMS_KEY``), scrapy-redis compatible.
     items_template: str = "%(spider)s:items"
-    #: ``""`` for the crawl (= shard 0); ``#<i>...`` for shard i of a sharded frontier
-    shard_suffix: str = ""
+    shard_suffix: str = ""  #: ``""`` for the crawl (= shard 0); ``#<i>...`` for shard i of a sharded frontier
 
     @property
     def tag(self) -> str:
@@ -169,8 +168,7 @@ class CrawlKeys:
         return self.prefix + self.items_template % {"spider": self.spider, "name": self.spider}
 
     def frontier_keys(self) -> list[str]:
-        """Every fixed-name key the frontier owns (bloom blocks are listed by the dupefilter); on a shard
-        > 0, only the per-shard ones."""
+        """Every fixed-name key the frontier owns (not bloom blocks); on a shard > 0, the per-shard ones."""
         names = [n for n in FRONTIER_KEY_NAMES if not self.shard_suffix or n in SHARD_KEY_NAMES]
         return [getattr(self, name) for name in names if name != "bloom"] + [self.bloom]
 

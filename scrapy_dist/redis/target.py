@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from scrapy.settings import BaseSettings
-
     SettingsLike = BaseSettings | Mapping[str, Any]
 
 logger = logging.getLogger("scrapy_dist.redis.connection")
@@ -106,9 +105,8 @@ class RedisTarget:
 
 
 def resolve_target(settings: SettingsLike | DistSettings, *, notice: bool = True) -> RedisTarget:
-    """Which Redis the settings point at (its first use logs one INFO line naming it). With no Redis setting,
-    the embedded server, joined or started, with one WARNING that the crawl is confined to this machine
-    unless ``notice`` is false."""
+    """Which Redis the settings point at (logged once at INFO); with no Redis setting, the embedded server,
+    joined or started, with one WARNING (unless not ``notice``) that the crawl stays on this machine."""
     conn = DistSettings.coerce(settings).connection
     params = dict(conn.params)
     if conn.sentinels:
@@ -143,13 +141,11 @@ def _embedded_target(conn: ConnectionSettings, params: dict[str, Any], notice: b
             "No REDIS_URL set: this crawl is confined to this machine, using the embedded Redis at %s (%s; "
             "data in %s is kept between runs). Feed it seeds with: redis-cli -s %s lpush <spider>:start_urls "
             "URL (or scrapy-dist redis-cli ...). Set REDIS_URL to share one Redis between machines.",
-            target.masked_url, "started it" if started else "already running", directory, server.socket_path,
-        )
+            target.masked_url, "started it" if started else "already running", directory, server.socket_path)
     return target
 
 
-#: The embedded Redis's entry secret, next to its other private files.
-SECRET_FILE = "entry.secret"
+SECRET_FILE = "entry.secret"  #: The embedded Redis's entry secret, next to its other private files.
 
 
 def embedded_secret(settings: SettingsLike | DistSettings) -> bytes | None:

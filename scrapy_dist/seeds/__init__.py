@@ -3,8 +3,7 @@
 reads; :mod:`.feed` reads them in a crawl. A bad seed raises :class:`~scrapy_dist.exceptions.RejectedEntry`
 with a ``reason`` from :data:`REASONS`, never another exception, whatever the bytes.
 
-May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions.
-"""
+May import: ``settings``, ``redis``, ``wire``, ``utils`` and the root's exceptions."""
 
 from __future__ import annotations
 
@@ -39,12 +38,11 @@ from scrapy_dist.wire.entrypolicy import (
 )
 
 # the field checks of scrapy_dist.wire.entrypolicy are re-exported
-__all__ = [
-    "DEFAULT_RULES", "FIELDS", "REASONS", "NearMiss", "Seed", "SeedRules", "candidates",
-    "check_callback_name", "check_cookies", "check_headers", "check_method", "check_priority",
-    "class_has_callback", "find", "find_async", "iter_lines", "parse_seed", "priority_from_score",
-    "reason_slug", "resolve_callback", "seed_request", "spider_has_callback", "validate_url", "warn_at_start",
-]
+__all__ = ["DEFAULT_RULES", "FIELDS", "REASONS", "NearMiss", "Seed", "SeedRules", "candidates",
+           "check_callback_name", "check_cookies", "check_headers", "check_method", "check_priority",
+           "class_has_callback", "find", "find_async", "iter_lines", "parse_seed", "priority_from_score",
+           "reason_slug", "resolve_callback", "seed_request", "spider_has_callback", "validate_url",
+           "warn_at_start"]
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -85,15 +83,13 @@ REASONS = {
     "bad_request": "Scrapy's Request refused the values",
     "hook_error": "the spider's make_request_from_data() raised",
     "bad_hook_result": "make_request_from_data() returned something that is not a Request, None or an"
-    " iterable of Requests",
-}
+    " iterable of Requests"}
 
 #: The fields a JSON seed may have.
 FIELDS = frozenset(["url", "method", "headers", "body", "meta", "cb_kwargs", "priority", "callback",
                     "errback", "dont_filter", "cookies"])
 
-#: Nesting limit of JSON seeds (far below Python's and msgpack's recursion limits).
-MAX_DEPTH = 32
+MAX_DEPTH = 32  #: Nesting limit of JSON seeds (far below Python's and msgpack's recursion limits).
 _WS = b" \t\r\n\x0b\x0c"
 _CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")  # codec.check_url's rule
 #: ``scheme://[user@]host[:port]`` then ``/``, ``?``, ``#`` or the end: read without urlsplit
@@ -131,12 +127,10 @@ class Seed:
     body: str | None = None
     meta: dict[str, Any] | None = None
     cb_kwargs: dict[str, Any] | None = None
-    #: ``None`` when the seed does not set it (a ZSET score may then give it)
-    priority: int | None = None
+    priority: int | None = None  #: ``None`` when the seed does not set it (a ZSET score may then give it)
     callback: str | None = None
     errback: str | None = None
-    #: ``None`` when the seed does not say (REDIS_START_URLS_DEDUPE decides)
-    dont_filter: bool | None = None
+    dont_filter: bool | None = None  #: ``None`` when the seed does not say (REDIS_START_URLS_DEDUPE decides)
     cookies: dict[str, Any] | list[dict[str, Any]] | None = None
     #: fields outside FIELDS: form data, as in scrapy-redis
     formdata: dict[str, str | list[str]] | None = None
@@ -217,8 +211,7 @@ def parse_seed(data: bytes, rules: SeedRules = DEFAULT_RULES,
         raise RejectedEntry("not_utf8", f"invalid byte at {exc.start}") from None
     if not text:
         raise RejectedEntry("empty")
-    first = text[0]
-    if first in '{["' or first.isdigit() or first == "-" or text in ("null", "true", "false"):
+    if text[0] in '{["-' or text[0].isdigit() or text in ("null", "true", "false"):
         return _parse_json(text, rules, has_callback)
     return Seed(validate_url(text, rules))
 
@@ -239,8 +232,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
     if "url" not in obj:
         raise RejectedEntry("missing_url", "JSON seed without url")
     formdata = _form_fields(obj)
-    url = obj["url"]
-    if isinstance(url, str):
+    if isinstance(url := obj["url"], str):
         check_text(url, "bad_url", "url")
     seed = Seed(validate_url(url, rules), is_json=True)
     if "method" in obj:
@@ -249,21 +241,18 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         seed.headers = check_headers(obj["headers"])
         check_header_names(seed.headers, rules.headers_allowed)
     if "body" in obj:
-        body = obj["body"]
-        if not isinstance(body, str):
+        if not isinstance(body := obj["body"], str):
             raise RejectedEntry("bad_body", f"body is a {json_type(body)}, expected a string")
         check_text(body, "bad_body", "body")
         seed.body = body
     if "meta" in obj:
-        meta = obj["meta"]
-        if not isinstance(meta, dict):
+        if not isinstance(meta := obj["meta"], dict):
             raise RejectedEntry("bad_meta", f"meta is a {json_type(meta)}, expected an object")
         _check_json_value(meta, "bad_meta", "meta")
         check_meta_keys(meta, rules.meta_allowed)
         seed.meta = meta
     if "cb_kwargs" in obj:
-        kw = obj["cb_kwargs"]
-        if not isinstance(kw, dict) or not all(k.isidentifier() for k in kw):
+        if not isinstance(kw := obj["cb_kwargs"], dict) or not all(k.isidentifier() for k in kw):
             raise RejectedEntry("bad_cb_kwargs", "cb_kwargs must be an object with identifier keys")
         _check_json_value(kw, "bad_cb_kwargs", "cb_kwargs")
         seed.cb_kwargs = kw
@@ -273,8 +262,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         if what in obj and obj[what] is not None:
             setattr(seed, what, check_callback_name(obj[what], what, has_callback))
     if "dont_filter" in obj:
-        df = obj["dont_filter"]
-        if not isinstance(df, bool):
+        if not isinstance(df := obj["dont_filter"], bool):
             raise RejectedEntry("bad_dont_filter", f"dont_filter is a {json_type(df)}, expected true/false")
         seed.dont_filter = df
     if "cookies" in obj:
@@ -334,7 +322,6 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
     """Build the request of ``seed``, callbacks resolved on ``spider``; raises :class:`RejectedEntry`. A seed
     without ``dont_filter`` bypasses the dupefilter unless ``dedupe`` (``REDIS_START_URLS_DEDUPE``)."""
     from scrapy import Request
-
     dont_filter = (not dedupe) if seed.dont_filter is None else seed.dont_filter
     kw: dict[str, Any] = {"url": seed.url, "method": seed.method, "dont_filter": dont_filter}
     for name in ("headers", "body", "meta", "cb_kwargs", "priority", "cookies"):  # unset: Request's default
@@ -343,7 +330,6 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
             kw[name] = value
     if seed.formdata:
         from scrapy import FormRequest
-
         kw["formdata"] = seed.formdata
         if request_cls is None or not issubclass(request_cls, FormRequest):
             request_cls = FormRequest
@@ -361,8 +347,7 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
 
 def reason_slug(reason: Any) -> str:
     """A rejection reason safe for a stats key: lowercase letters, digits and ``_``, at most 40."""
-    text = str(reason).lower()[:40]
-    slug = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in text)
+    slug = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in str(reason).lower()[:40])
     return slug or "rejected"
 
 

@@ -1,8 +1,7 @@
 """The seed protocol (docs/seeds.md, "How seeds are read"): :class:`SeedReader` is one worker's Redis side of
 ``<spider>:start_urls`` (``lua/seeds_take.lua``, ``lua/seeds_adopt.lua``: one round trip per call);
 :class:`SeedFeed` is the loop behind ``RedisMixin.start()``: it validates every seed (a bad one goes to
-``<seeds key>:rejected``) and acknowledges it once the frontier has its request (at-least-once delivery).
-"""
+``<seeds key>:rejected``) and acknowledges it once the frontier has its request (at-least-once delivery)."""
 
 from __future__ import annotations
 
@@ -46,10 +45,8 @@ T = TypeVar("T")
 BLOCK_SECONDS = 1.0
 #: SET and ZSET seeds cannot be waited for atomically, so they are polled this often (seconds).
 POLL_SECONDS = 0.1
-#: Workers whose lease ran out are reported and adopted this many at a time.
-ADOPT_BATCH = 10
-#: How often to look whether taken seeds have reached the frontier (seconds, local only).
-CONFIRM_POLL = 0.01
+ADOPT_BATCH = 10  #: Workers whose lease ran out are reported and adopted this many at a time.
+CONFIRM_POLL = 0.01  #: How often to look whether taken seeds have reached the frontier (seconds, local only).
 #: Most processing-list entries one worker may hold; entries past it are garbage someone wrote there and go
 #: back to the seeds key.
 HELD_CAP = 10_000
@@ -64,16 +61,12 @@ def held_most(batch_size: int) -> int:
 class TakeResult:
     """What one :meth:`SeedReader.take` answers."""
 
-    #: ``ok``, ``lost`` (another worker adopted this one's seeds) or ``wrongtype``
-    status: str
-    #: entries taken (the seed; ``<score> <seed>`` for a ZSET)
-    entries: list[bytes]
+    status: str  #: ``ok``, ``lost`` (another worker adopted this one's seeds) or ``wrongtype``
+    entries: list[bytes]  #: entries taken (the seed; ``<score> <seed>`` for a ZSET)
     #: workers whose lease ran out (an id that is not UTF-8, garbage someone wrote, stays ``bytes``)
     expired: list[str | bytes]
-    #: this worker's entries given back to the seeds key (``sweep``, ``leave``)
-    returned: int
-    #: the seeds key's type (``none`` if it does not exist)
-    key_type: str = ""
+    returned: int  #: this worker's entries given back to the seeds key (``sweep``, ``leave``)
+    key_type: str = ""  #: the seeds key's type (``none`` if it does not exist)
     #: the processing list and/or workers ZSET, if they held another Redis type (moved aside)
     repaired: list[str] = dataclasses.field(default_factory=list)
     #: entries of no live worker (garbage in the processing list) given back to the seeds key too
@@ -91,16 +84,12 @@ def _worker_id(value: Any) -> str | bytes:
 
 
 class SeedReader:
-    """One worker's Redis side of the seeds key (see the module docstring); one round trip per call.
-
-    ``kind`` is the seeds key's type: ``list``, ``set`` (``REDIS_START_URLS_AS_SET``) or ``zset``
-    (``REDIS_START_URLS_AS_ZSET``; the score is the priority).
-    """
+    """One worker's Redis side of the seeds key, one round trip per call; ``kind``: ``list``, ``set``
+    (``REDIS_START_URLS_AS_SET``) or ``zset`` (``..._AS_ZSET``, the score is the priority)."""
 
     def __init__(
         self, redis: Any, keys: CrawlKeys, worker_id: str, kind: str = "list", lease_seconds: float = 60.0,
-        rejected_maxlen: int = defaults.REDIS_START_URLS_REJECTED_MAXLEN, held_cap: int = HELD_CAP,
-    ) -> None:
+        rejected_maxlen: int = defaults.REDIS_START_URLS_REJECTED_MAXLEN, held_cap: int = HELD_CAP) -> None:
         if kind not in ("list", "set", "zset"):
             raise ValueError(f"kind must be list, set or zset, not {kind!r}")
         if "\n" in worker_id:
@@ -121,18 +110,14 @@ class SeedReader:
         ``seeds_take.lua`` (which documents ``mode``: ``take``, ``sweep``, ``leave``)."""
         raw = await self._take(keys=self._keys, args=[
             "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), self.kind, count,
-            mode, "1" if self.registered else "0", ADOPT_BATCH, *self._bounds, *acks,
-        ])
+            mode, "1" if self.registered else "0", ADOPT_BATCH, *self._bounds, *acks])
         self.registered = mode != "leave"
-        return TakeResult(
-            text(raw[0]), list(raw[1]), [_worker_id(w) for w in raw[2]], int(raw[3]), text(raw[4]),
-            [text(k) for k in raw[5]], int(raw[6]),
-        )
+        return TakeResult(text(raw[0]), list(raw[1]), [_worker_id(w) for w in raw[2]], int(raw[3]),
+                          text(raw[4]), [text(k) for k in raw[5]], int(raw[6]))
 
     async def wait(self, timeout: float = BLOCK_SECONDS) -> bool:
-        """Block until the seeds key (a LIST) holds a seed or ``timeout`` passes; True if it does.
-        ``BLMOVE key key RIGHT LEFT`` rotates the list onto itself, so the seed stays in Redis whatever
-        happens to this worker; the next :meth:`take` pops and records it atomically."""
+        """Block until the seeds key (a LIST) holds a seed or ``timeout`` passes; True if it does. ``BLMOVE
+        key key`` rotates the list onto itself, so the seed stays in Redis; :meth:`take` pops it."""
         k = self.keys.start_urls
         return await self.redis.blmove(k, k, timeout, "RIGHT", "LEFT") is not None
 
@@ -142,9 +127,8 @@ class SeedReader:
         workers = list(workers)
         if not workers:
             return 0, 0, 0
-        raw = await self._adopt(
-            keys=self._keys, args=["" if now is None else repr(now), self.kind, *self._bounds, *workers]
-        )
+        raw = await self._adopt(keys=self._keys,
+                                args=["" if now is None else repr(now), self.kind, *self._bounds, *workers])
         return int(raw[0]), int(raw[1]), int(raw[2])
 
     async def record_rejections(self, records: Sequence[str]) -> None:
@@ -170,15 +154,12 @@ class _Taken:
 
 
 class SeedFeed(BackgroundTask):
-    """Turns the seeds of one worker into requests: the spider's ``start()`` iterates its
-    :meth:`~BackgroundTask.turns`. Ends once the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE``
-    seconds (never, if 0)."""
+    """Turns one worker's seeds into requests (``start()`` iterates its :meth:`~BackgroundTask.turns`) until
+    the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE`` s (never, if 0)."""
 
-    def __init__(
-        self, spider: RedisMixin, reader: SeedReader, *, rules: SeedRules, batch_size: int = 16,
-        idle_before_close: float = 0.0, block_seconds: float = BLOCK_SECONDS,
-        poll_seconds: float = POLL_SECONDS,
-    ) -> None:
+    def __init__(self, spider: RedisMixin, reader: SeedReader, *, rules: SeedRules, batch_size: int = 16,
+                 idle_before_close: float = 0.0, block_seconds: float = BLOCK_SECONDS,
+                 poll_seconds: float = POLL_SECONDS) -> None:
         self.spider, self.crawler = spider, spider.crawler
         super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
         self.stats = self.crawler.stats
@@ -190,8 +171,7 @@ class SeedFeed(BackgroundTask):
         self._taken: deque[_Taken] = deque()
         self._acks: list[bytes] = []
         self._records: list[str] = []
-        self._last_seed = time.monotonic()
-        self._last_exchange = 0.0
+        self._last_seed, self._last_exchange = time.monotonic(), 0.0
         self._busy = self._uncertain = self._finished = False
         self._sched: Scheduler | None = None
         self._reject_log, self._error_log = RateLimitedLog(logger), RateLimitedLog(logger)
@@ -208,12 +188,11 @@ class SeedFeed(BackgroundTask):
             keys = dataclasses.replace(keys, start_urls_template=spider.redis_key.replace("%", "%%"))
         batch = spider.redis_batch_size or ds.seeds.batch_size
         idle = sched.idle_before_close if sched is not None else ds.scheduler.idle_before_close
-        reader = SeedReader(
-            connection.ClientPool.of(crawler).async_client(), keys,
-            sched.worker_id if sched is not None else make_worker_id(),
-            kind=ds.seeds.kind, lease_seconds=ds.scheduler.lease_seconds,
-            rejected_maxlen=ds.seeds.rejected_maxlen, held_cap=max(HELD_CAP, 4 * held_most(batch)),
-        )
+        reader = SeedReader(connection.ClientPool.of(crawler).async_client(), keys,
+                            sched.worker_id if sched is not None else make_worker_id(), kind=ds.seeds.kind,
+                            lease_seconds=ds.scheduler.lease_seconds,
+                            rejected_maxlen=ds.seeds.rejected_maxlen,
+                            held_cap=max(HELD_CAP, 4 * held_most(batch)))
         return cls(spider, reader, rules=SeedRules.from_dist(ds), batch_size=batch, idle_before_close=idle)
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -292,12 +271,10 @@ class SeedFeed(BackgroundTask):
                            " unconfirmed seeds went back to the seeds key and may be crawled twice",
                            r.worker_id, self.keys.start_urls, r.lease_seconds)
         elif result.status == "wrongtype":
-            self._error_log.log(
-                logging.ERROR,
-                "The seeds key %r is a %s, but %s reads a %s (REDIS_START_URLS_AS_SET /"
-                " REDIS_START_URLS_AS_ZSET): not reading seeds until that is fixed",
-                self.keys.start_urls, result.key_type, type(self.spider).__name__, r.kind,
-            )
+            self._error_log.log(logging.ERROR,
+                                "The seeds key %r is a %s, but %s reads a %s (REDIS_START_URLS_AS_SET /"
+                                " REDIS_START_URLS_AS_ZSET): not reading seeds until that is fixed",
+                                self.keys.start_urls, result.key_type, type(self.spider).__name__, r.kind)
             await asyncio.sleep(self.block_seconds)
             return None
         if result.returned > 0:
@@ -331,11 +308,10 @@ class SeedFeed(BackgroundTask):
                                   " held another Redis type; moved to %s:garbage", key, key, key=key)
         if strays:
             self.stats.inc_value("seeds/strays", strays)
-            self._garbage_log.log(
-                logging.WARNING, "%d entries in %s were no live worker's (written by someone else?): given"
-                " back to %r, where they are read as seeds (stat seeds/strays)", strays,
-                self.keys.start_urls_processing, self.keys.start_urls, key="strays",
-            )
+            self._garbage_log.log(logging.WARNING,
+                                  "%d entries in %s were no live worker's (written by someone else?): given"
+                                  " back to %r, where they are read as seeds (stat seeds/strays)", strays,
+                                  self.keys.start_urls_processing, self.keys.start_urls, key="strays")
 
     async def _call(self, coro: Awaitable[T]) -> T:
         """Await a Redis call, marking the feed busy (so :meth:`close` lets it finish first)."""
@@ -393,10 +369,9 @@ class SeedFeed(BackgroundTask):
         self.stats.inc_value("seeds/rejected")
         self.stats.inc_value(f"seeds/rejected/{reason}")
         self._records.append(rejection_record(reason, raw, self.reader.worker_id, exc.detail))
-        self._reject_log.log(
-            logging.WARNING, "Rejected a seed from %r (%s: %s): %s; recorded in %r", self.keys.start_urls,
-            reason, preview(exc.detail, 200, quote=False), preview(raw), self.keys.start_urls_rejected,
-        )
+        self._reject_log.log(logging.WARNING, "Rejected a seed from %r (%s: %s): %s; recorded in %r",
+                             self.keys.start_urls, reason, preview(exc.detail, 200, quote=False),
+                             preview(raw), self.keys.start_urls_rejected)
 
     # -- shutdown ---------------------------------------------------------------------------------------
     async def close(self) -> None:

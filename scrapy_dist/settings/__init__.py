@@ -3,8 +3,7 @@
 :data:`~.table.TABLE` declares each setting (default, type, range, doc: ``python -m
 scrapy_dist.settings.table`` writes docs/settings.md); each field of the typed groups below names the setting
 that fills it. :mod:`~.values` converts raw values, :mod:`~.reader` reads them. Components call
-``DistSettings.for_crawler(crawler)``; a bad value is one line (:class:`SettingsError`) refusing the start.
-"""
+``DistSettings.for_crawler(crawler)``; a bad value is one line (:class:`SettingsError`) refusing the start."""
 
 from __future__ import annotations
 
@@ -42,10 +41,8 @@ from scrapy_dist.settings.values import (
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-__all__ = [
-    "ConnectionSettings", "DistSettings", "SchedulerSettings", "SettingsError", "defaults", "mask_url",
-    "refuse_start", "start_error",
-]
+__all__ = ["ConnectionSettings", "DistSettings", "SchedulerSettings", "SettingsError", "defaults", "mask_url",
+           "refuse_start", "start_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +79,7 @@ def _build(cls: type[_T], raw: SettingsReader, **derived: Any) -> _T:
 class ConnectionSettings:
     """Where Redis is and how to talk to it (see :mod:`scrapy_dist.redis.connection`)."""
 
-    #: from the setting or the environment; None: Sentinels, host/port or embedded
-    url: str | None = None
+    url: str | None = None  #: from the setting or the environment; None: Sentinels, host/port or embedded
     url_source: str = ""  # REDIS_URL or "REDIS_URL environment variable"
     host: str | None = None
     port: int | None = None
@@ -273,8 +269,7 @@ class DistSettings:
             entry_secret=v("SCHEDULER_ENTRY_SECRET") or env.get("SCRAPY_DIST_SECRET", "").encode() or None,
             downloader_aware="DownloaderAwarePriorityQueue" in str(raw.raw("SCHEDULER_PRIORITY_QUEUE") or ""),
             domain_limits=MappingProxyType(domain_limits(v("DOMAIN_LIMITS"))),
-            revisit_after=MappingProxyType(revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL"))),
-        )
+            revisit_after=MappingProxyType(revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL"))))
         if scheduler.downloader_aware and raw.scrapy("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
             # as Scrapy's DownloaderAwarePriorityQueue: a request's IP (its download slot) is not known
             # before its download, so the least busy slot cannot be picked
@@ -308,8 +303,7 @@ class DistSettings:
             items=_build(ItemSettings, raw,
                          serializer=importable("REDIS_ITEMS_SERIALIZER", v("REDIS_ITEMS_SERIALIZER"))),
             cookies=_build(CookieSettings, raw), concurrent_requests=concurrent,
-            warnings=tuple(warnings + raw.unknown_names() + raw.scrapy_queue_warnings()),
-        )
+            warnings=tuple(warnings + raw.unknown_names() + raw.scrapy_queue_warnings()))
 
     @classmethod
     def coerce(cls, settings: Any) -> DistSettings:

@@ -1,16 +1,17 @@
 """Raw setting values (:class:`SettingsReader`, with warnings about near-miss, scrapy-redis and Scrapy queue
-setting names), the components a crawl runs (:data:`COMPONENTS`: the add-on enables them, the scheduler
-checks them without it), and the refusal of a crawl that cannot start.
-
-:func:`refuse_start` logs one ERROR line, closes the spider with ``CloseSpider(REASON)`` once it opens and
-then clears ``crawler.spider``, so Scrapy counts a failed start (``scrapy crawl`` exits with status 1).
-"""
+setting names), the components a crawl runs (:data:`COMPONENTS`: the add-on enables them, the scheduler checks
+them without it), and the refusal of a crawl that cannot start: :func:`refuse_start` logs one ERROR line,
+closes the spider with ``CloseSpider(REASON)`` once it opens and then clears ``crawler.spider``, so Scrapy
+counts a failed start (``scrapy crawl`` exits with status 1)."""
 
 from __future__ import annotations
 
 import difflib
 import functools
+import importlib
+import importlib.util
 import logging
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -35,19 +36,16 @@ from scrapy_dist.settings.values import SettingsError, convert
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-__all__ = [
-    "ADDON_LINE", "COMPONENTS", "COMPONENT_SETTINGS", "REASON", "SCRAPY_QUEUE_SETTINGS", "SETTINGS",
-    "Component", "SettingsReader", "check_components", "importable", "mentions", "queue_order",
-    "redis_location", "refuse_misspelt_components", "refuse_start", "refusing", "start_error",
-]
+__all__ = ["ADDON_LINE", "COMPONENTS", "COMPONENT_SETTINGS", "REASON", "SCRAPY_QUEUE_SETTINGS", "SETTINGS",
+           "Component", "SettingsReader", "check_components", "importable", "mentions", "queue_order",
+           "redis_location", "refuse_misspelt_components", "refuse_start", "refusing", "start_error"]
 
 logger = logging.getLogger(__name__)
 
 #: scrapy-redis's queue classes -> the queue order of :mod:`scrapy_dist.queue` each one means
 QUEUE_ALIASES = {f"scrapy_redis.queue.{old}": new for old, new in (
     ("PriorityQueue", "PriorityQueue"), ("FifoQueue", "FifoQueue"), ("LifoQueue", "LifoQueue"),
-    ("SpiderPriorityQueue", "PriorityQueue"), ("SpiderQueue", "FifoQueue"), ("SpiderStack", "LifoQueue"),
-)}
+    ("SpiderPriorityQueue", "PriorityQueue"), ("SpiderQueue", "FifoQueue"), ("SpiderStack", "LifoQueue"))}
 
 #: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
 _IN_REDIS = "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)"
@@ -55,8 +53,7 @@ _STARTS = "start requests share the Redis queue, after callback requests of equa
 SCRAPY_QUEUE_SETTINGS: Mapping[str, str] = MappingProxyType({
     "SCHEDULER_MEMORY_QUEUE": _IN_REDIS, "SCHEDULER_DISK_QUEUE": _IN_REDIS,
     "SCHEDULER_START_MEMORY_QUEUE": _STARTS, "SCHEDULER_START_DISK_QUEUE": _STARTS,
-    "JOBDIR": "the frontier is kept in Redis (SCHEDULER_PERSIST); JOBDIR keeps only Scrapy's own state",
-})
+    "JOBDIR": "the frontier is kept in Redis (SCHEDULER_PERSIST); JOBDIR keeps only Scrapy's own state"})
 
 
 def importable(name: str, path: str | None) -> Any:
@@ -78,10 +75,6 @@ def importable(name: str, path: str | None) -> Any:
 
 def closest_path(path: str) -> str | None:
     """The importable scrapy-dist name closest to ``path``, or None (outside scrapy-dist, nothing close)."""
-    import importlib
-    import importlib.util
-    import pkgutil
-
     module, _, name = path.rpartition(".")
     if module != "scrapy_dist" and not module.startswith("scrapy_dist."):
         return None
@@ -186,23 +179,19 @@ class SettingsReader:
         except TypeError:
             return []
         known = set(BY_NAME) | set(ALIASES)
+        hinted = known | set(SCRAPY_REDIS_IGNORED) | set(CONNECTION_GUESSES)
         out = []
         for name in sorted(names):
-            if name in SCRAPY_REDIS_IGNORED:
-                if self.given(name):
-                    out.append(f"scrapy-dist: {name} is a scrapy-redis setting scrapy-dist does not apply:"
-                               f" {SCRAPY_REDIS_IGNORED[name]}")
-                continue
-            if name in CONNECTION_GUESSES:
-                if self.given(name):
-                    out.append(f"scrapy-dist: unknown setting {name}: {CONNECTION_GUESSES[name]}")
-                continue
+            if name in SCRAPY_REDIS_IGNORED and self.given(name):
+                out.append(f"scrapy-dist: {name} is a scrapy-redis setting scrapy-dist does not apply:"
+                           f" {SCRAPY_REDIS_IGNORED[name]}")
+            elif name in CONNECTION_GUESSES and self.given(name):
+                out.append(f"scrapy-dist: unknown setting {name}: {CONNECTION_GUESSES[name]}")
             # Scrapy's own settings are never "did you mean" one of ours
-            if name in known or not name.startswith(OUR_PREFIXES) or hasattr(default_settings, name):
-                continue
-            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
-            if close:
-                out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
+            elif name not in hinted and name.startswith(OUR_PREFIXES) and not hasattr(default_settings, name):
+                close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
+                if close:
+                    out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
         return out
 
 
@@ -221,8 +210,7 @@ def redis_location(v: Callable[[str], Any]) -> tuple[dict[str, Any], Any, Any]:
     return params, host, port
 
 
-#: The close reason (``finish_reason``) of a crawl refused at start.
-REASON = "scrapy_dist_refused"
+REASON = "scrapy_dist_refused"  #: The close reason (``finish_reason``) of a crawl refused at start.
 _ATTR = "_scrapy_dist_start_error"
 F = TypeVar("F", bound="Callable[..., Any]")
 
@@ -251,9 +239,8 @@ def refuse_start(crawler: Crawler, error: ScrapyDistError) -> None:
 
 
 def refusing(from_crawler: F) -> F:
-    """Decorate an extension's, middleware's or pipeline's ``from_crawler``: a :class:`ScrapyDistError`
-    it raises refuses the crawl's start and disables the component; a crawl already refused does not
-    build it (so nothing of it touches Redis)."""
+    """Decorate a component's ``from_crawler``: a :class:`ScrapyDistError` it raises refuses the crawl's start
+    and disables the component; a crawl already refused does not build it."""
 
     @functools.wraps(from_crawler)
     def wrapper(cls: Any, crawler: Crawler, *args: Any, **kwargs: Any) -> Any:
@@ -269,9 +256,8 @@ def refusing(from_crawler: F) -> F:
 
 
 def refuse_misspelt_components(crawler: Crawler) -> None:
-    """Refuse the start if a :data:`COMPONENT_SETTINGS` names a scrapy-dist class that does not exist, and
-    put Scrapy's default in its place, so Scrapy does not fail with a traceback loading it (settings not
-    frozen yet: an add-on, a spider's ``from_crawler``)."""
+    """Refuse the start if a :data:`COMPONENT_SETTINGS` names a missing scrapy-dist class, and put Scrapy's
+    default in its place, so Scrapy loads it without a traceback (settings not frozen yet)."""
     settings = crawler.settings
     for _ in COMPONENT_SETTINGS:
         try:
@@ -285,8 +271,7 @@ def refuse_misspelt_components(crawler: Crawler) -> None:
                          priority=settings.getpriority(exc.name) or "default")
 
 
-#: the add-on line that enables everything below
-ADDON_LINE = 'ADDONS = {"scrapy_dist.Addon": 0}'
+ADDON_LINE = 'ADDONS = {"scrapy_dist.Addon": 0}'  #: the add-on line that enables everything below
 
 
 @dataclass(frozen=True)
@@ -306,10 +291,8 @@ class Component:
 
 
 #: Plain settings the add-on fills in while they hold Scrapy's default.
-SETTINGS = {
-    "SCHEDULER": "scrapy_dist.scheduler.Scheduler",
-    "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter",
-}
+SETTINGS = {"SCHEDULER": "scrapy_dist.scheduler.Scheduler",
+            "DUPEFILTER_CLASS": "scrapy_dist.dupefilter.BloomDupeFilter"}
 
 COMPONENTS = (
     Component("scrapy_dist.extensions.ClusterStats", "EXTENSIONS", 500, "signals"),

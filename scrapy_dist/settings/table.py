@@ -1,7 +1,6 @@
 """The table of every scrapy-dist setting (:data:`TABLE`) and every stat (:data:`STATS`): the one place a
 setting is declared (default, type, range, doc line, status relative to scrapy-redis). ``defaults`` and
-``docs/settings.md`` are made from it; a new setting is one line here plus its field in ``DistSettings``.
-"""
+``docs/settings.md`` are made from it; a new setting is one line here plus its field in ``DistSettings``."""
 
 from __future__ import annotations
 
@@ -19,12 +18,8 @@ MIN_GENERATIONS, MAX_GENERATIONS = 2, 64  # BLOOMFILTER_GENERATIONS
 
 #: Status of a setting relative to scrapy-redis (the migration table's column).
 OURS, HONOURED, CHANGED, IGNORED = "new", "honoured", "changed", "ignored"
-STATUS_TEXT = {
-    OURS: "new in scrapy-dist",
-    HONOURED: "honoured as in scrapy-redis",
-    CHANGED: "scrapy-redis name, changed",
-    IGNORED: "scrapy-redis name, not applied (WARNING)",
-}
+STATUS_TEXT = {OURS: "new in scrapy-dist", HONOURED: "honoured as in scrapy-redis",
+               CHANGED: "scrapy-redis name, changed", IGNORED: "scrapy-redis name, not applied (WARNING)"}
 
 
 @dataclass(frozen=True)
@@ -67,10 +62,7 @@ def _num(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
-def _s(name: str, default: Any, kind: str, doc: str, section: str, **kw: Any) -> Setting:
-    return Setting(name, default, kind, doc, section, **kw)
-
-
+_s = Setting  # a row of TABLE
 C, S, D, SE, R, M, I_ = "connection", "scheduler", "dupefilter", "seeds", "retries", "monitoring", "items"
 TABLE: tuple[Setting, ...] = (
     # -- connection
@@ -254,15 +246,12 @@ _IN_URL = ("scrapy-dist (like scrapy-redis) reads no such setting: give it in RE
 #: Setting names people plausibly write for the connection, which neither scrapy-redis nor scrapy-dist
 #: reads: where that value goes instead (a "did you mean" would name an unrelated setting).
 CONNECTION_GUESSES: Mapping[str, str] = MappingProxyType({
-    "REDIS_PASSWORD": f"{_IN_URL} ({{'password': ...}})",
-    "REDIS_PASS": f"{_IN_URL} ({{'password': ...}})",
-    "REDIS_USER": f"{_IN_URL} ({{'username': ...}})",
-    "REDIS_USERNAME": f"{_IN_URL} ({{'username': ...}})",
+    "REDIS_PASSWORD": f"{_IN_URL} ({{'password': ...}})", "REDIS_PASS": f"{_IN_URL} ({{'password': ...}})",
+    "REDIS_USER": f"{_IN_URL} ({{'username': ...}})", "REDIS_USERNAME": f"{_IN_URL} ({{'username': ...}})",
     "REDIS_SSL": f"{_IN_URL} ({{'ssl_ca_certs': ...}}): TLS is a rediss:// URL",
     "REDIS_TLS": f"{_IN_URL} ({{'ssl_ca_certs': ...}}): TLS is a rediss:// URL",
     "REDIS_DATABASE": f"{_IN_URL} ({{'db': ...}}), or REDIS_DB",
-    "REDIS_SOCKET_TIMEOUT": f"{_IN_URL} ({{'socket_timeout': ...}})",
-})
+    "REDIS_SOCKET_TIMEOUT": f"{_IN_URL} ({{'socket_timeout': ...}})"})
 #: Other names for our settings (scrapy-redis spellings); the canonical name wins when both are set.
 ALIASES: Mapping[str, str] = MappingProxyType({"MAX_IDLE_TIME_BEFORE_CLOSE": "SCHEDULER_IDLE_BEFORE_CLOSE"})
 
@@ -376,8 +365,7 @@ def render_doc() -> str:
         "project's settings, then the `REDIS_URL` environment variable, then the embedded Redis. Every",
         "worker logs the one it uses at INFO, password masked.",
         "",
-        "Status: relative to scrapy-redis (new, honoured, changed, ignored).",
-    ]
+        "Status: relative to scrapy-redis (new, honoured, changed, ignored)."]
     section = ""
     for spec in TABLE:
         if spec.section != section:

@@ -163,8 +163,7 @@ def check_url(value: Any) -> str:
         if not path.startswith("/"):
             raise SettingsError(name, value, "no socket path", expected)
         return url
-    hostinfo = rest.rpartition("@")[2]
-    hostport, _, tail = hostinfo.partition("/")
+    hostport, _, tail = rest.rpartition("@")[2].partition("/")
     try:
         port = urlsplit(f"redis://{hostport}").port
         if port is not None and not 1 <= port <= 65535:
@@ -179,6 +178,9 @@ def check_url(value: Any) -> str:
     return url
 
 
+_CONVERTERS = {"int": _number, "float": _number, "bool": _bool, "dict": _dict, "list": _list}
+
+
 def convert(spec: Setting, value: Any) -> Any:
     if value is None or (spec.optional and isinstance(value, str) and value.strip().lower() in ("", "none")):
         if spec.optional or spec.default is None:
@@ -187,10 +189,8 @@ def convert(spec: Setting, value: Any) -> Any:
             return type(spec.default)()
         raise SettingsError(spec.name, value, "missing", f"expected a {spec.type_name}")
     kind = spec.kind
-    if kind in ("int", "float"):
-        return _number(spec, value)
-    if kind == "bool":
-        return _bool(spec, value)
+    if kind in _CONVERTERS:
+        return _CONVERTERS[kind](spec, value)
     if kind == "auto_bool":
         if isinstance(value, str) and value.strip().lower() in ("", "auto", "none"):
             return None
@@ -199,10 +199,6 @@ def convert(spec: Setting, value: Any) -> Any:
         except SettingsError:
             raise SettingsError(spec.name, value, "not a boolean",
                                 "expected True, False or None (auto-detect)") from None
-    if kind == "dict":
-        return _dict(spec, value)
-    if kind == "list":
-        return _list(spec, value)
     if kind == "url":
         return check_url(value)
     if kind == "choice":
@@ -217,9 +213,7 @@ def convert(spec: Setting, value: Any) -> Any:
             raise SettingsError(spec.name, value, "not a size", 'expected bytes or a size like "2gb"')
         return value
     if kind == "secret":
-        if isinstance(value, bytes):
-            return value or None
-        return str(value).encode("utf-8") or None
+        return (value if isinstance(value, bytes) else str(value).encode("utf-8")) or None
     if not isinstance(value, str):
         raise SettingsError(spec.name, value, f"not a string but a {type(value).__name__}",
                             "expected a string")
@@ -307,7 +301,6 @@ def known_options() -> frozenset[str]:
     import redis.asyncio.cluster
     import redis.cluster
     import redis.connection
-
     names: set[str] = set(_OURS)
     conn = redis.connection
     for cls in (redis.Redis, redis.asyncio.Redis, redis.cluster.RedisCluster,
@@ -347,7 +340,6 @@ def check_client_options(url: str | None, params: Mapping[str, Any]) -> None:
     query = url.rpartition("@")[2].partition("?")[2] if url else ""  # a password may hold '?' or '/'
     if query:
         from redis.connection import parse_url
-
         try:
             parsed = parse_url(f"redis://localhost?{query}")  # as redis-py reads the query of any URL
         except ValueError as exc:

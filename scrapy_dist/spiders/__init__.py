@@ -1,7 +1,6 @@
-"""``RedisSpider`` and ``RedisCrawlSpider``: spiders whose seeds are pushed to Redis (docs/seeds.md) and
-read in ``async def start()`` through :class:`~scrapy_dist.seeds.feed.SeedFeed`; the scrapy-redis attributes
-``redis_key``, ``redis_batch_size`` and ``max_idle_time`` (often ``-a`` strings) are converted once, when the
-spider is built, and a bad value stops the crawl with one line."""
+"""``RedisSpider`` and ``RedisCrawlSpider``: spiders whose seeds are pushed to Redis (docs/seeds.md) and read
+in ``async def start()`` by :class:`~scrapy_dist.seeds.feed.SeedFeed`; their scrapy-redis attributes (often
+``-a`` strings) are converted when the spider is built, and a bad value stops the crawl with one line."""
 
 from __future__ import annotations
 
@@ -29,11 +28,9 @@ if TYPE_CHECKING:
     from scrapy.settings import Settings
     from typing_extensions import Self
 
-__all__ = [
-    "ARGUMENTS", "SCRAPY_REDIS_HOOKS", "RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed",
-    "SeedReader", "SpiderArguments", "TakeResult", "apply_spider_arguments", "misspelt_arguments",
-    "reads_missing_server", "unused_hooks",
-]
+__all__ = ["ARGUMENTS", "SCRAPY_REDIS_HOOKS", "RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed",
+           "SeedReader", "SpiderArguments", "TakeResult", "apply_spider_arguments", "misspelt_arguments",
+           "reads_missing_server", "unused_hooks"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +41,7 @@ ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")
 
 _SEEDS_IN_START = (
     "seeds are read in async def start(); to yield requests of your own too, override start() and end it"
-    " with `async for request in super().start(): yield request`"
-)
+    " with `async for request in super().start(): yield request`")
 #: scrapy-redis RedisSpider methods that scrapy-dist's never calls, and what to do instead.
 SCRAPY_REDIS_HOOKS: dict[str, str] = {
     "start_requests": _SEEDS_IN_START,
@@ -58,8 +54,7 @@ SCRAPY_REDIS_HOOKS: dict[str, str] = {
     "spider_idle": "when the crawl is idle is decided crawl-wide (SCHEDULER_IDLE_BEFORE_CLOSE); connect a"
                    " handler to signals.spider_idle yourself if you need one",
     "setup_redis": "there is no spider.server; a client of your own:"
-                   " scrapy_dist.connection.get_redis(settings)",
-}
+                   " scrapy_dist.connection.get_redis(settings)"}
 
 
 def _users_class(klass: type) -> bool:
@@ -121,8 +116,7 @@ class SpiderArguments:
                                      "expected seeds per round trip, e.g. -a redis_batch_size=16"),
             max_idle_time=_number("max_idle_time", getattr(spider, "max_idle_time", None), False, 0,
                                   "not a number of seconds >= 0",
-                                  "expected e.g. -a max_idle_time=30 (0: never close an idle crawl)"),
-        )
+                                  "expected e.g. -a max_idle_time=30 (0: never close an idle crawl)"))
 
 
 def _key(value: Any, name: str) -> str | None:
@@ -151,9 +145,8 @@ def _number(name: str, value: Any, integer: bool, low: int, problem: str, hint: 
         number = float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
         number = math.nan
-    if isinstance(value, bool) or not math.isfinite(number) or number < low or (
-        integer and not number.is_integer()
-    ):
+    whole = not integer or number.is_integer()
+    if isinstance(value, bool) or not math.isfinite(number) or number < low or not whole:
         raise SettingsError(name, value, problem, hint)
     return int(number) if integer else number
 
@@ -178,8 +171,7 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
             "scrapy-dist: %s() reads self.server, which scrapy-dist's RedisSpider does not have"
             " (scrapy-redis's client of the seeds' Redis): make your own, e.g. in from_crawler after"
             " super(): `spider.server = scrapy_dist.connection.get_redis(crawler.settings)`",
-            "(), ".join(readers),
-        )
+            "(), ".join(readers))
     for name, value in dataclasses.asdict(args).items():
         if value is not None:
             setattr(spider, name, value)
@@ -207,9 +199,8 @@ def misspelt_arguments(spider: Any) -> list[str]:
 
 
 def _warn_scrapy_redis_idle(settings: Settings) -> None:
-    """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE`` (there a blocking pop's
-    timeout, here closing after idle time): without the add-on, a value > 0 from the project or spider
-    settings (not ``-s``), and no ``MAX_IDLE_TIME_BEFORE_CLOSE``."""
+    """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE`` > 0 (there a blocking pop's
+    timeout) from the project or spider settings, without the add-on or ``MAX_IDLE_TIME_BEFORE_CLOSE``."""
     if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None:
         return
     # the spider is built before add-ons fill settings: ADDONS is read as written
@@ -230,8 +221,7 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
             " has had no work for %s s (in scrapy-redis it was a blocking pop timeout, and the spider waited"
             " for seeds for ever): set it to 0 to wait for ever, or name it MAX_IDLE_TIME_BEFORE_CLOSE"
             " (scrapy-redis's setting for closing after idle time) to keep closing without this warning",
-            value, value,
-        )
+            value, value)
 
 
 class RedisMixin:
@@ -290,8 +280,7 @@ class RedisSpider(RedisMixin, Spider):
 
 
 class RedisCrawlSpider(RedisMixin, CrawlSpider):
-    """A :class:`scrapy.spiders.CrawlSpider` (rules followed from every seed without a callback) whose
-    start requests come from Redis."""
+    """A ``CrawlSpider`` (rules followed from every seed without a callback) seeded from Redis."""
 
     def _build_request(self, rule_index: int, link: Any) -> Request:
         # the wire format refuses private method names (a name read from Redis must not reach private

@@ -50,13 +50,11 @@ from scrapy_dist.wire.entrypolicy import (
 if TYPE_CHECKING:
     from scrapy import Spider
 
-__all__ = [
-    "DANGEROUS_META", "DEFAULT_POLICY", "HOOK_NAMES", "MAX_HEADERS", "PREVIEW_LIMIT", "RAW_LIMIT",
-    "SIGNED_HEAD", "TAG_BYTES", "VERSION", "EntryPolicy", "check_cookies_allowed", "check_header_names",
-    "check_meta_keys", "check_no_userinfo", "check_url", "decode_request", "encode_request", "entry_callback",
-    "entry_policy", "load_payload", "method_name", "preview", "rejection_record", "spider_method",
-    "split_payload", "user_defined",
-]
+__all__ = ["DANGEROUS_META", "DEFAULT_POLICY", "HOOK_NAMES", "MAX_HEADERS", "PREVIEW_LIMIT", "RAW_LIMIT",
+           "SIGNED_HEAD", "TAG_BYTES", "VERSION", "EntryPolicy", "check_cookies_allowed",
+           "check_header_names", "check_meta_keys", "check_no_userinfo", "check_url", "decode_request",
+           "encode_request", "entry_callback", "entry_policy", "load_payload", "method_name", "preview",
+           "rejection_record", "spider_method", "split_payload", "user_defined"]
 
 
 #: private dispatchers of CrawlSpider rules: rule requests name them, with the rule index in meta
@@ -80,17 +78,12 @@ def method_name(func: Any, spider: Spider | None, what: str) -> str | None:
     raise UnserializableRequest(f"{what} {func!r} is not a method of the spider", what)
 
 
-def _framework_module(module: Any) -> bool:
-    return not isinstance(module, str) or module.split(".", 1)[0] in ("scrapy", "scrapy_dist")
-
-
 #: Scrapy's hooks and spider plumbing: never a callback, even where the spider's own code overrides them
-HOOK_NAMES = frozenset({
-    "start", "start_requests", "closed", "close", "log", "make_request_from_data", "from_crawler",
-    "update_settings", "handles_request", "set_crawler", "make_requests_from_url", "parse_start_url",
-    "process_results", "process_start", "process_start_requests", "spider_opened", "spider_idle",
-    "spider_closed", "has_callback",
-})
+HOOK_NAMES = frozenset({"start", "start_requests", "closed", "close", "log", "make_request_from_data",
+                        "from_crawler", "update_settings", "handles_request", "set_crawler",
+                        "make_requests_from_url", "parse_start_url", "process_results", "process_start",
+                        "process_start_requests", "spider_opened", "spider_idle", "spider_closed",
+                        "has_callback"})
 
 
 def user_defined(cls: type, name: str) -> bool:
@@ -101,8 +94,9 @@ def user_defined(cls: type, name: str) -> bool:
         return False
     for klass in cls.__mro__:
         if name in vars(klass):
-            value = inspect.getattr_static(klass, name)
-            return isinstance(value, types.FunctionType) and not _framework_module(klass.__module__)
+            module = klass.__module__
+            framework = not isinstance(module, str) or module.split(".", 1)[0] in ("scrapy", "scrapy_dist")
+            return isinstance(inspect.getattr_static(klass, name), types.FunctionType) and not framework
     return False
 
 
@@ -121,8 +115,7 @@ def spider_method(spider: Spider, name: Any, what: str) -> Any:
 
 
 def entry_callback(spider: Spider, name: Any, what: str) -> Any:
-    """The callback/errback a queue entry names: a method the spider's own code defines, or one of
-    CrawlSpider's rule dispatchers."""
+    """The callback/errback a queue entry names: a method of the spider's code, or a rule dispatcher."""
     method = spider_method(spider, name, what)
     if isinstance(spider, CrawlSpider) and (name in _CRAWLSPIDER_METHODS or name in _RULE_METHODS):
         return method
@@ -157,8 +150,7 @@ def _check_encodable(value: Any, path: str) -> None:
 def encode_request(request: Request, spider: Spider | None = None,
                    policy: EntryPolicy | None = None) -> bytes:
     """``request`` as a versioned msgpack payload (signed when ``policy`` has a secret); raises
-    :class:`UnserializableRequest` (``.key`` naming the field or meta key) when a callback is not a spider
-    method or meta / cb_kwargs / cookies hold values msgpack cannot represent."""
+    :class:`UnserializableRequest` (``.key``: the field) for a foreign callback or an unencodable value."""
     headers = [[bytes(k), [bytes(v) for v in vs if not added_by_middleware(k, v)]]  # a middleware's stay out
                for k, vs in request.headers.items()]
     cls = type(request)
@@ -169,8 +161,7 @@ def encode_request(request: Request, spider: Spider | None = None,
         "cb": method_name(request.callback, spider, "callback"),
         "eb": method_name(request.errback, spider, "errback"),
         "f": list(request.flags), "e": request.encoding if request.encoding != "utf-8" else None,
-        "C": f"{cls.__module__}.{cls.__qualname__}" if cls is not Request else None,
-    }
+        "C": f"{cls.__module__}.{cls.__qualname__}" if cls is not Request else None}
     d = {key: value for key, value in fields.items() if value}
     try:
         body = msgpack.packb(d, use_bin_type=True)
@@ -274,8 +265,7 @@ def _request_class(path: Any) -> type[Request]:
 
 
 def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
-    """``(version, msgpack body)`` of an untrusted payload (size and version checked, tag not verified);
-    raises :class:`RejectedEntry`."""
+    """``(version, msgpack body)`` of an untrusted payload (size, version checked; tag not verified)."""
     if not isinstance(data, bytes):
         raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
     if len(data) > max_bytes:
@@ -326,10 +316,9 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
         check_no_userinfo(url)
     kw: dict[str, Any] = {"url": url}
     if "m" in d:
-        method = _expect(d["m"], str, "bad_method", "method")
+        kw["method"] = method = _expect(d["m"], str, "bad_method", "method")
         if not method or len(method) > 32 or not all(c.isalnum() or c in "!#$%&'*+-.^_`|~" for c in method):
             raise RejectedEntry("bad_method", f"method {method[:40]!r} is not a token")
-        kw["method"] = method
     if "h" in d:
         kw["headers"] = _headers(d["h"])
         if not trusted:
@@ -341,22 +330,19 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
         if not trusted:
             check_cookies_allowed(policy.headers_allowed)
     if "M" in d:
-        meta = _expect(d["M"], dict, "bad_meta", "meta")
+        kw["meta"] = meta = _expect(d["M"], dict, "bad_meta", "meta")
         if not all(isinstance(k, str) for k in meta):
             raise RejectedEntry("bad_meta", "meta keys must be strings")
         if not trusted:
             check_meta_keys(meta, policy.meta_allowed)
-        kw["meta"] = meta
     if "k" in d:
-        cbk = _expect(d["k"], dict, "bad_cb_kwargs", "cb_kwargs")
+        kw["cb_kwargs"] = cbk = _expect(d["k"], dict, "bad_cb_kwargs", "cb_kwargs")
         if not all(isinstance(k, str) and k.isidentifier() for k in cbk):
             raise RejectedEntry("bad_cb_kwargs", "cb_kwargs keys must be identifiers")
-        kw["cb_kwargs"] = cbk
     if "p" in d:
-        priority = _expect(d["p"], int, "bad_priority", "priority")
+        kw["priority"] = priority = _expect(d["p"], int, "bad_priority", "priority")
         if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
             raise RejectedEntry("bad_priority", "priority out of the 32-bit range")
-        kw["priority"] = priority
     if "d" in d:
         kw["dont_filter"] = _expect(d["d"], bool, "bad_dont_filter", "dont_filter")
     if "cb" in d:
@@ -364,19 +350,17 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
     if "eb" in d:
         kw["errback"] = entry_callback(spider, d["eb"], "errback")
     if "f" in d:
-        flags = _expect(d["f"], list, "bad_flags", "flags")
+        kw["flags"] = flags = _expect(d["f"], list, "bad_flags", "flags")
         if len(flags) > MAX_HEADERS or not all(isinstance(f, str) for f in flags):
             raise RejectedEntry("bad_flags", "flags must be at most 100 strings")
-        kw["flags"] = flags
     if "e" in d:
-        encoding = _expect(d["e"], str, "bad_encoding", "encoding")
+        kw["encoding"] = encoding = _expect(d["e"], str, "bad_encoding", "encoding")
         try:
             known = codecs.lookup(encoding)._is_text_encoding  # type: ignore[attr-defined]
         except LookupError:
             known = False
         if not known:
             raise RejectedEntry("bad_encoding", f"{encoding[:40]!r} is not a text encoding")
-        kw["encoding"] = encoding
     cls = _request_class(d["C"]) if "C" in d else Request
     if not trusted:
         check_offsite(url, spider)
@@ -410,7 +394,5 @@ def rejection_record(reason: str, raw: bytes, worker: str, detail: str = "", now
         text, enc = head.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         text, enc = base64.b64encode(head).decode("ascii"), "base64"
-    return json.dumps({
-        "reason": reason, "detail": detail[:500], "raw": text, "raw_encoding": enc, "raw_bytes": len(raw),
-        "at": time.time() if now is None else now, "worker": worker,
-    })
+    return json.dumps({"reason": reason, "detail": detail[:500], "raw": text, "raw_encoding": enc,
+                       "raw_bytes": len(raw), "at": time.time() if now is None else now, "worker": worker})

@@ -1,10 +1,8 @@
 """What an untrusted entry may carry: the entry policy and the crawl's secret that tells its own entries
 from anyone else's, the credential headers a middleware added (never stored), and the checks of seed fields.
-
-Payloads are sealed here (:meth:`EntryPolicy.seal`) and read by :mod:`scrapy_dist.wire.codec`, which holds
-every untrusted entry to the rules for seeds. The tag is the 16-byte keyed BLAKE2b of the crawl, the kind
-of key (:data:`FRONTIER` or :data:`DEAD`), the nonce and the body, so a signed entry copied into another
-crawl or from the dead letters into the queue does not verify."""
+Payloads are sealed here (:meth:`EntryPolicy.seal`): the tag is the 16-byte keyed BLAKE2b of the crawl, the
+kind of key (:data:`FRONTIER` or :data:`DEAD`), the nonce and the body, so a signed entry copied into
+another crawl or from the dead letters into the queue does not verify."""
 
 from __future__ import annotations
 
@@ -33,11 +31,10 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
-__all__ = [
-    "CREDENTIAL_HEADERS", "DANGEROUS_META", "DEAD", "DEFAULT_POLICY", "EntryPolicy", "FORBIDDEN_HEADERS",
-    "FRONTIER", "check_cookies_allowed", "check_header_names", "check_meta_keys", "check_no_userinfo",
-    "check_offsite", "entry_policy", "host_allowed", "is_trusted", "keep_allowed_domains",
-]
+__all__ = ["CREDENTIAL_HEADERS", "DANGEROUS_META", "DEAD", "DEFAULT_POLICY", "EntryPolicy",
+           "FORBIDDEN_HEADERS", "FRONTIER", "check_cookies_allowed", "check_header_names", "check_meta_keys",
+           "check_no_userinfo", "check_offsite", "entry_policy", "host_allowed", "is_trusted",
+           "keep_allowed_domains"]
 
 #: version bytes: unauthenticated, tag of the body only (read as untrusted), signed (crawl, kind and nonce)
 VERSION, VERSION_BODY_TAG, VERSION_SIGNED = 1, 2, 3
@@ -63,18 +60,15 @@ os.register_at_fork(after_in_child=_fresh_nonces)
 #: they route the request, carry credentials, switch Scrapy's safety checks off or reach into its state --
 #: the retry and redirect counters too (a ``retry_times`` of -1e9 would retry without end), and
 #: ``revisit_after`` (a tiny one would fetch one seed again and again).
-DANGEROUS_META = (
-    "proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar", "handle_httpstatus_all",
-    "dont_*", "allow_offsite", "download_maxsize", "download_warnsize", "download_timeout",
-    "max_retry_times", "retry_times", "priority_adjust", "give_up_log_level", "redirect_times",
-    "redirect_ttl", "redirect_urls", "redirect_reasons", "splash", "playwright*", "zyte_api*",
-    "impersonate", "is_start_request", "depth", "revisit_after",
-)
+DANGEROUS_META = ("proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar",
+                  "handle_httpstatus_all", "dont_*", "allow_offsite", "download_maxsize", "download_warnsize",
+                  "download_timeout", "max_retry_times", "retry_times", "priority_adjust",
+                  "give_up_log_level", "redirect_times", "redirect_ttl", "redirect_urls", "redirect_reasons",
+                  "splash", "playwright*", "zyte_api*", "impersonate", "is_start_request", "depth",
+                  "revisit_after")
 #: Headers an untrusted entry may never set: they frame the message or route it.
-FORBIDDEN_HEADERS = (
-    "host", "content-length", "transfer-encoding", "connection", "proxy-*", "te", "upgrade", "keep-alive",
-    "trailer", "expect", "x-forwarded-*", "forwarded",
-)
+FORBIDDEN_HEADERS = ("host", "content-length", "transfer-encoding", "connection", "proxy-*", "te", "upgrade",
+                     "keep-alive", "trailer", "expect", "x-forwarded-*", "forwarded")
 #: Headers an untrusted entry may set only if SEEDS_HEADERS_ALLOWED names them.
 CREDENTIAL_HEADERS = ("authorization", "cookie")
 
@@ -95,8 +89,7 @@ def check_meta_keys(meta: dict[Any, Any], allowed: Iterable[str]) -> None:
 
 
 def check_header_names(names: Iterable[Any], allowed: Iterable[str]) -> None:
-    """Refuse (``header_not_allowed``) framing/routing headers, and credential headers ``allowed`` does not
-    name (case-insensitive)."""
+    """Refuse (``header_not_allowed``) framing/routing headers, and credential ones ``allowed`` lacks."""
     allowed_l = {a.lower() for a in allowed}
     for raw in names:
         name = (raw.decode("latin-1") if isinstance(raw, bytes) else str(raw)).lower()
@@ -105,18 +98,16 @@ def check_header_names(names: Iterable[Any], allowed: Iterable[str]) -> None:
 
 
 def check_cookies_allowed(allowed: Iterable[str]) -> None:
-    """Refuse (``header_not_allowed``) the cookies of an untrusted entry unless ``allowed`` names the
-    ``Cookie`` header: Scrapy stores them in the crawl's cookie jar, so an entry could otherwise replace the
-    crawl's session cookie."""
+    """Refuse (``header_not_allowed``) the cookies of an untrusted entry unless ``allowed`` names ``Cookie``:
+    they go to the crawl's cookie jar, where they could replace the crawl's session cookie."""
     if "cookie" not in {a.lower() for a in allowed}:
         raise RejectedEntry("header_not_allowed",
                             "cookies may not come from an entry (SEEDS_HEADERS_ALLOWED: no Cookie)")
 
 
 def check_no_userinfo(url: str) -> None:
-    """Refuse (``bad_url``) a URL of an untrusted entry with an ``@`` in its authority (up to the first
-    ``/``, ``?`` or ``#``): credentials may not come from an entry, and for ``a\\@b`` parsers disagree on
-    the host."""
+    """Refuse (``bad_url``) an untrusted URL with an ``@`` in its authority: credentials may not come from an
+    entry, and for ``a\\@b`` parsers disagree on the host."""
     authority = url.partition("://")[2]
     for end in "/?#":
         authority = authority.partition(end)[0]
@@ -138,9 +129,8 @@ def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:
 
 
 def keep_allowed_domains(spider: Any) -> Any:
-    """The spider's ``allowed_domains``, an iterator (scrapy-redis's examples set ``filter(None, ...)``)
-    read once and kept as a list: exhausted by its first reader, it would read as ``[]``, which allows
-    every host."""
+    """The spider's ``allowed_domains``, an iterator (scrapy-redis's examples) kept as a list: exhausted by
+    its first reader, it would read as ``[]``, which allows every host."""
     domains = getattr(spider, "allowed_domains", None)
     if isinstance(domains, str):
         return [domains]
@@ -228,27 +218,23 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
     if crawler is None:
         return DEFAULT_POLICY
     policy = _POLICIES.get(crawler)
-    if policy is None:
-        ds = DistSettings.for_crawler(crawler)
-        policy = _POLICIES[crawler] = EntryPolicy.from_dist(ds)
-        if policy.secret is None and not _warned_unsigned:  # one WARNING per process
-            _warned_unsigned.append(True)
-            _warn_unsigned(ds.connection.source)
+    if policy is not None:
+        return policy
+    ds = DistSettings.for_crawler(crawler)
+    policy = _POLICIES[crawler] = EntryPolicy.from_dist(ds)
+    if policy.secret is None and not _warned_unsigned:  # one WARNING per process
+        _warned_unsigned.append(True)
+        logging.getLogger(__name__).warning(
+            "No SCHEDULER_ENTRY_SECRET (or SCRAPY_DIST_SECRET) set while using a shared Redis (from %s):"
+            " every entry in the crawl's queue counts as this crawl's own, so anyone who can write to that"
+            " Redis can make the workers send requests through a proxy of theirs, with any Host header and"
+            " with your spider's Authorization header and cookies. Set the same secret on every worker, e.g."
+            " SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')"
+            " (docs/security.md)", ds.connection.source)
     return policy
 
 
 _warned_unsigned: list[bool] = []
-
-
-def _warn_unsigned(source: str) -> None:
-    logging.getLogger(__name__).warning(
-        "No SCHEDULER_ENTRY_SECRET (or SCRAPY_DIST_SECRET) set while using a shared Redis (from %s): every"
-        " entry in the crawl's queue counts as this crawl's own, so anyone who can write to that Redis can"
-        " make the workers send requests through a proxy of theirs, with any Host header and with your"
-        " spider's Authorization header and cookies. Set the same secret on every worker, e.g."
-        " SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))') (docs/security.md)",
-        source,
-    )
 
 
 def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
@@ -388,14 +374,11 @@ def check_priority(priority: Any) -> int:
 
 def priority_from_score(score: float) -> int:
     """A ZSET score as a request priority (rounded, clamped to the 32-bit range, NaN -> 0)."""
-    if math.isnan(score):
-        return 0
-    return round(max(PRIORITY_RANGE[0], min(PRIORITY_RANGE[1], score)))
+    return 0 if math.isnan(score) else round(max(PRIORITY_RANGE[0], min(PRIORITY_RANGE[1], score)))
 
 
 def check_callback_name(name: Any, what: str, has_callback: Callable[[str], bool] | None = None) -> str:
-    """A public method name (identifier, no leading underscore) the spider has, if ``has_callback`` can
-    tell."""
+    """A public method name (identifier, no leading ``_``) the spider has, if ``has_callback`` can tell."""
     if not isinstance(name, str) or not name.isidentifier() or not name.isascii() or name.startswith("_"):
         raise RejectedEntry(f"bad_{what}", f"{what} {str(name)[:40]!r} is not a public method name")
     if has_callback is not None and not has_callback(name):
