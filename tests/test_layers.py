@@ -4,6 +4,7 @@ level or inside a function; not under ``TYPE_CHECKING``) goes to its own layer o
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -42,6 +43,7 @@ def _type_checking_lines(tree: ast.Module) -> set[int]:
     return lines
 
 
+@functools.cache  # parsed once per test process, not once per layer
 def package_imports() -> list[tuple[str, str, str]]:
     """(file, importing layer, imported layer) for every import of a scrapy_dist module."""
     found = []
