@@ -82,8 +82,7 @@ def _held(leases: dict[str, Any], state: str) -> Text:
 
 
 def held_text(status: dict[str, Any]) -> str:
-    """``31 leased requests held by lost workers, back in the queue in 42 s`` while a crawl stopped by a
-    kill holds leases, else ``""``."""
+    """``31 leased requests held by lost workers, back in ...`` while a stopped crawl holds leases."""
     leases = status.get("leases") or {}
     if status["state"] != "stopped" or not leases.get("other"):
         return ""
@@ -191,8 +190,8 @@ def _filter_text(f: dict[str, Any] | None) -> str:
 
 
 def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.NearMiss]:
-    """Keys holding seeds that no crawl reads, close to the seeds key of ``keys`` (none if this Redis user
-    may not ``SCAN``); inside a project, the seeds keys of its spiders count as read."""
+    """Keys holding seeds that no crawl reads, close to the seeds key of ``keys`` (inside a project, the seeds
+    keys of its spiders count as read)."""
     try:
         misses = nearmiss.find(client, keys)
     except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error
@@ -334,11 +333,8 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     click.echo(f"Serving the metrics of {', '.join(names)} on http://{host}:{server.server_port}/metrics"
                " (Ctrl-C stops)")
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        server.shutdown()
+    _wait_for_ctrl_c()
+    server.shutdown()
 
 
 @main.command()
@@ -365,39 +361,34 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
         dashboards.check_binding(host, token)
     except ScrapyDistError as exc:
         raise click.ClickException(str(exc).removeprefix("scrapy-dist: ")) from None
-    from aiohttp import web
-
     from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
 
     client = redis.client()
 
     async def requeue() -> str:
-        loop = asyncio.get_running_loop()
-        letters, _ = await loop.run_in_executor(None, select, client, keys.deadletter, None)
+        letters, _ = await asyncio.to_thread(select, client, keys.deadletter, None)
         targets, refused = requeue_targets(letters, redis.dist, keys)
         done = await requeue_letters(redis, keys, targets) if targets else 0
         return f"requeued {done}, kept {len(refused)}"
 
-    async def serve() -> None:
-        dash = dashboards.Dashboard(client, keys, token=token, requeue=requeue, host=host,
-                                    allowed_hosts=allowed_hosts)
-        runner = web.AppRunner(dash.app(), access_log=None)
-        await runner.setup()
-        try:
-            try:
-                await web.TCPSite(runner, host, port).start()
-            except OSError as exc:
-                raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-            bound = runner.addresses[0][1] if runner.addresses else port
-            mode = "the buttons need the token" if token else "read-only: no --token"
-            click.echo(f"Dashboard of {spider!r} on http://{host}:{bound}/ ({mode}; Ctrl-C stops)")
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-            client.close()
+    dash = dashboards.Dashboard(client, keys, token=token, requeue=requeue, host=host,
+                                allowed_hosts=allowed_hosts)
+    try:
+        served = dashboards.DashboardThread(dash, port=port)
+    except OSError as exc:
+        client.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    mode = "the buttons need the token" if token else "read-only: no --token"
+    click.echo(f"Dashboard of {spider!r} on {served.url} ({mode}; Ctrl-C stops)")
+    _wait_for_ctrl_c()
+    served.close()
+    client.close()
 
+
+def _wait_for_ctrl_c() -> None:
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+        while True:
+            time.sleep(3600)
 
 
 @main.command()
