@@ -131,7 +131,7 @@ def server_time(client: Any) -> float:
 
 
 def dead_reasons(client: Any, keys: CrawlKeys, sample: int) -> Counter[str]:
-    """The newest ``sample`` dead letters counted by reason (cut to 60 characters)."""
+    """The newest ``sample`` dead letters (0: all) counted by reason (cut to 60 characters)."""
     reasons: Counter[str] = Counter()
     for raw in client.lrange(keys.deadletter, 0, sample - 1) or []:
         try:
@@ -188,10 +188,7 @@ def worker_rows(
     """One JSON-ready row per worker, running first, then lost, then closed, most recently seen first."""
     rows: list[dict[str, Any]] = []
     for (member, last_seen), raw in zip(members, details, strict=True):
-        try:
-            info = parse_worker_hash(raw)
-        except RejectedEntry:
-            info = parse_worker_hash({})
+        info = parse_worker_hash(raw)  # an HGETALL reply, or {} for a key of another type
         wid = bounded_id(member)
         seen = float(last_seen)
         if not math.isfinite(seen):  # ZADD accepts +inf: such a worker is never "seen" at any real time
@@ -323,10 +320,7 @@ def read_status(
     p.zcard(keys.fingerprints_ttl)  # SetDupeFilter with DUPEFILTER_TTL
     (dead, seeds_type, processing, seeds_rejected, control_raw, stats_raw, errors_raw, members, n_workers,
      expiring) = _replies(p, [0, "none", 0, 0, {}, {}, {}, [], 0, 0])
-    try:
-        control = parse_control(control_raw)
-    except RejectedEntry:
-        control = ControlState(problems=("control hash unreadable",))
+    control = parse_control(control_raw)
     shards = keys.shards(control.shards or 1)
     seeds_type = text(seeds_type)
     p = client.pipeline(transaction=False)

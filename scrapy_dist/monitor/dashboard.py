@@ -68,9 +68,8 @@ def _field(fields: dict[bytes, bytes], name: bytes) -> float | None:
 
 def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
                    span: float = 3600.0, bucket: float = BUCKET_SECONDS) -> dict[str, Any]:
-    """Chart series from history stream entries (``XRANGE`` replies): per bucket, pages/min crawl-wide and
-    per worker, errors/min, and the frontier as last reported, from the bucket before the first sample
-    (at least :data:`MIN_POINTS` buckets) to ``now``. Entries that do not parse are skipped."""
+    """Chart series from history stream entries (``XRANGE`` replies), per bucket from the first sample to
+    ``now``: pages/min crawl-wide and per worker, errors/min, the frontier as last reported."""
     start, n, per_min = now - span, int(span // bucket), 60.0 / bucket
     times = [start + (i + 1) * bucket for i in range(n)]
     last: dict[str, tuple[float, float, float]] = {}  # worker -> (time, pages, errors) of its last sample
@@ -149,14 +148,13 @@ def allowed_host(name: str, bound: str, extra: frozenset[str]) -> bool:
 
 @dataclass(eq=False)
 class Dashboard:
-    """The aiohttp application of one crawl's dashboard. ``client`` is a synchronous Redis client (reads
-    run in a thread); ``requeue`` requeues a list of dead letters (the CLI passes its own)."""
+    """The aiohttp application of one crawl's dashboard; ``client`` is a synchronous Redis client (reads run
+    in a thread), ``requeue`` requeues the dead letters."""
 
     client: Any
     keys: CrawlKeys
     token: str | None = None
-    #: the address it listens on, and other host names it is reached by (``--allow-host``)
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  #: the address it listens on; other names it is reached by: ``allowed_hosts``
     allowed_hosts: tuple[str, ...] = ()
     cache_seconds: float = 2.0
     requeue: Callable[[], Any] | None = None
@@ -279,31 +277,21 @@ class DashboardThread:
     def __init__(self, dashboard: Dashboard, host: str | None = None, port: int = 0) -> None:
         host = dashboard.host if host is None else host
         self.loop = asyncio.new_event_loop()
-        self.url = ""
         self._runner = web.AppRunner(dashboard.app(), access_log=None)
-        started = threading.Event()
-        failed: list[BaseException] = []
+        self._thread = threading.Thread(target=self.loop.run_forever, name="scrapy-dist dashboard",
+                                        daemon=True)
+        self._thread.start()
 
-        async def start() -> None:
+        async def start() -> str:
             await self._runner.setup()
             await web.TCPSite(self._runner, host, port).start()
-            self.url = f"http://{host}:{self._runner.addresses[0][1]}/"
+            return f"http://{host}:{self._runner.addresses[0][1]}/"
 
-        def main() -> None:
-            try:
-                self.loop.run_until_complete(start())
-            except BaseException as exc:  # reported to the caller below
-                failed.append(exc)
-                return
-            finally:
-                started.set()
-            self.loop.run_forever()
-
-        self._thread = threading.Thread(target=main, name="scrapy-dist dashboard", daemon=True)
-        self._thread.start()
-        started.wait(10)
-        if failed:
-            raise failed[0]
+        try:
+            self.url = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         if self.loop.is_running():
