@@ -84,9 +84,8 @@ def _held(leases: dict[str, Any], state: str) -> Text:
 def held_text(status: dict[str, Any]) -> str:
     """``31 leased requests held by lost workers, back in ...`` while a stopped crawl holds leases."""
     leases = status.get("leases") or {}
-    if status["state"] != "stopped" or not leases.get("other"):
+    if status["state"] != "stopped" or not (n := leases.get("other")):
         return ""
-    n = leases["other"]
     text = f"{n:,} leased request{'s' if n != 1 else ''} held by lost workers, {back_in(leases)}"
     if leases.get("first_in") is not None:
         text += "; a worker must run to requeue them"
@@ -104,8 +103,7 @@ def idle_text(status: dict[str, Any]) -> str:
 def render(status: dict[str, Any]) -> Group:
     """The status as rich renderables: a headline, the crawl's figures and the workers table."""
     rates, errors, front, seeds = status["rates"], status["errors"], status["frontier"], status["seeds"]
-    spider = printable(status["spider"], 120)
-    state = status["state"]
+    spider, state = printable(status["spider"], 120), status["state"]
     idle = idle_text(status) or held_text(status)
     headline = Text.assemble(
         (spider, "bold"), "  ", (state, "bold yellow" if state == "paused" else "bold"), "  ",
@@ -119,8 +117,8 @@ def render(status: dict[str, Any]) -> Group:
         overview.add_column(style="bold")
         overview.add_column(justify="right")
     stats, shards, leases = status["stats"], status.get("shards", 1), status.get("leases") or {}
-    queued = f"Queued ({shards} shards)" if shards > 1 else "Queued"
-    overview.add_row(queued, _num(front["queued"]), "Pages", _num(stats.get("response_received_count", 0)))
+    overview.add_row(f"Queued ({shards} shards)" if shards > 1 else "Queued", _num(front["queued"]),
+                     "Pages", _num(stats.get("response_received_count", 0)))
     # a worker without the figures (older version): every lease counts as in flight
     known = leases.get("in_flight") is not None
     in_flight = leases["in_flight"] if known else front["inflight"]
@@ -413,16 +411,14 @@ def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: f
     if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
         options.redis_url, options.redis_source = redis.url, redis.source
-    dashboards = None
-    if dashboard_port is not None:
-        dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
+    extra = (None if dashboard_port is None
+             else require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard"))
     runner = Demo(options)
     runner.connect()
     served = None
-    if dashboards is not None:
+    if extra is not None:
         try:
-            served = dashboards.DashboardThread(dashboards.Dashboard(runner.client, runner.keys),
-                                                port=dashboard_port)
+            served = extra.DashboardThread(extra.Dashboard(runner.client, runner.keys), port=dashboard_port)
         except OSError as exc:
             runner.shutdown()
             raise click.ClickException(f"cannot serve the dashboard: {exc}") from None
