@@ -95,10 +95,9 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
      "`scrapy_dist.utils.bytes_to_str`, `is_dict`, `convert_bytes_to_str`", HONOURED,
      "for `make_request_from_data` overrides; `TextColor` is not provided"),
     ("`scrapy_redis`'s pickle helpers, `scrapy_redis.utils.TextColor`, `defaults.REDIS_CLS`, `__author__`,"
-     " `__email__`",
-     "—", REMOVED, "no pickle anywhere; `scrapy_dist.settings.defaults.<SETTING>` holds every setting's"
-     " default;"
-     " package metadata through `importlib.metadata` (`scrapy_dist.__version__` is there)"),
+     " `__email__`", "—", REMOVED, "no pickle anywhere; `scrapy_dist.settings.defaults.<SETTING>` holds"
+     " every setting's default; package metadata through `importlib.metadata` (`scrapy_dist.__version__` is"
+     " there)"),
     ("`RFPDupeFilter(server, key, debug)`, `RFPDupeFilter.from_settings(settings)`, `clear()`",
      "`SetDupeFilter(redis, keys, fingerprinter)` / `BloomDupeFilter(...)`, `from_crawler(crawler)`",
      CHANGED, "a filter belongs to a crawl (its keys, its shards), not to one key; Scrapy dropped"
@@ -109,18 +108,16 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
      " scheduler has no pending requests", "a request comes back after the next sync round (within"
      " `SCHEDULER_FLUSH_INTERVAL`); `has_pending_requests()` is True until that round has seen the"
      " crawl-wide frontier empty", CHANGED,
-     "requests go through the shared frontier in Redis in batched, asynchronous rounds: never a Redis round"
-     " trip on the reactor per request, and never closing while other workers' requests are queued."
-     " Scrapy's tests that enqueue and dequeue in one synchronous loop (16 of its test_scheduler.py's 19,"
-     " including the JOBDIR migration test) fail for this reason; tests/test_dropin_scrapy_suite.py drives"
-     " the same steps round by round"),
+     "requests go through the shared frontier in batched, asynchronous rounds: no Redis round trip per"
+     " request on the reactor, no closing while other workers' requests are queued. Scrapy's tests that"
+     " enqueue and dequeue in one synchronous loop (16 of its test_scheduler.py's 19) fail for this reason;"
+     " tests/test_dropin_scrapy_suite.py drives them round by round"),
     ("Scrapy's engine: start requests sent at once while the downloader has room, then by priority; LIFO"
      " within a priority (its default `SCHEDULER_MEMORY_QUEUE`); `data:` URLs; each run a fresh crawl",
      "the same order of start requests; FIFO within a priority; `http`/`https` only; a crawl persists",
      CHANGED, "FIFO within a priority is scrapy-redis's order; `SCHEDULER_ALLOWED_SCHEMES` and"
-     " `SCHEDULER_PERSIST` (default `True`) are the other two. Of Scrapy 2.19's tests/test_engine.py and"
-     " test_engine_loop.py with scrapy-dist's scheduler made the default (tools/compat_check.py), these three"
-     " reasons are the 6 of 36 that fail"),
+     " `SCHEDULER_PERSIST` (default `True`) are the other two; these three reasons are the 6 of 36 of"
+     " Scrapy's engine tests that fail with this scheduler (tools/compat_check.py)"),
     ("Scrapy's `DownloaderAwarePriorityQueue` refusing `CONCURRENT_REQUESTS_PER_IP` (a ValueError)", "the"
      " same refusal", CHANGED, "one line and exit status 1 instead of a traceback; it is a `SystemExit`"
      " (`CrawlAborted`), not the `ValueError`, for code that builds the scheduler itself"),
