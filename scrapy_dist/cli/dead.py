@@ -41,12 +41,9 @@ if TYPE_CHECKING:
     from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.settings import DistSettings
 
-#: Malformed records named one by one on stderr (the rest are counted).
-BAD_SHOWN = 20
-#: Records requeued per ``sync`` call, or purged per round trip.
-CHUNK = 500
-#: Rows of the table when ``--limit`` is not given.
-TABLE_ROWS = 100
+BAD_SHOWN = 20  #: Malformed records named one by one on stderr (the rest are counted).
+CHUNK = 500  #: Records requeued per ``sync`` call, or purged per round trip.
+TABLE_ROWS = 100  #: Rows of the table when ``--limit`` is not given.
 #: The control hash's field naming the last forget: a new token makes every worker drop its memory of the
 #: links it sent (the sync script answers it).
 FORGETS_FIELD = "forgets"

@@ -242,7 +242,7 @@ def _dotted_finding(path: str, line: int, dotted: str, setting: str = "") -> Fin
 def _settings_module(root: Path) -> Path | None:
     """The settings file ``scrapy.cfg`` names, else the only ``settings.py`` of the project."""
     parser = configparser.ConfigParser()
-    parser.read(root / "scrapy.cfg", encoding="utf-8")  # none: nothing read
+    parser.read(root / "scrapy.cfg", encoding="utf-8")
     if module := parser.get("settings", "default", fallback=""):
         candidate = root.joinpath(*module.split(".")).with_suffix(".py")
         if candidate.is_file():
@@ -363,16 +363,14 @@ def scan_source(path: Path, rel: str, located: bool) -> list[Finding]:
 
 
 def scan_project(root: Path) -> list[Finding]:
-    """Every finding in the project at ``root`` (settings first, then the other files in path order);
-    ``FileNotFoundError`` if ``root`` is not a directory."""
+    """Every finding in the project at ``root``, settings first; ``FileNotFoundError`` if no directory."""
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory")
     settings = _settings_module(root)
     findings: list[Finding] = []
     names: set[str] = set()
     if settings is not None:
-        rel = settings.relative_to(root).as_posix()
-        findings, names = scan_settings(settings, rel)
+        findings, names = scan_settings(settings, settings.relative_to(root).as_posix())
     located = bool(names.intersection(LOCATION_SETTINGS))  # else the project talked to localhost:6379
     for path in _python_files(root):
         if path != settings:

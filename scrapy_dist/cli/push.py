@@ -33,14 +33,10 @@ from scrapy_dist.seeds import SeedRules, class_has_callback, iter_lines, parse_s
 if TYPE_CHECKING:
     import redis
 
-#: Seeds per RPUSH/SADD/ZADD command.
-CHUNK = 2000
-#: Commands pipelined per round trip.
-CHUNKS_PER_ROUND_TRIP = 10
-#: Files at least this large get a progress bar (bytes).
-PROGRESS_MIN_BYTES = 1 << 20
-#: Rejected seeds shown individually.
-EXAMPLES = 5
+CHUNK = 2000  #: Seeds per RPUSH/SADD/ZADD command.
+CHUNKS_PER_ROUND_TRIP = 10  #: Commands pipelined per round trip.
+PROGRESS_MIN_BYTES = 1 << 20  #: Files at least this large get a progress bar (bytes).
+EXAMPLES = 5  #: Rejected seeds shown individually.
 
 
 @dataclass
@@ -218,14 +214,10 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
         raise SystemExit(1)
 
 
-#: Items read per round trip.
-ITEMS_CHUNK = 500
-#: Items moved per export round (a chunk is one append, one fsync, one removal).
-EXPORT_CHUNK = 1000
-#: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
-POLL_SECONDS = 0.5
-#: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
-BLOCK_MS = 1000
+ITEMS_CHUNK = 500  #: Items read per round trip.
+EXPORT_CHUNK = 1000  #: Items moved per export round (a chunk is one append, one fsync, one removal).
+POLL_SECONDS = 0.5  #: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
+BLOCK_MS = 1000  #: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
 
 
 # Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.

@@ -32,12 +32,9 @@ from scrapy_dist.redis.embedded import DEFAULT_DIRNAME, EmbeddedRedis
 
 #: The path of a page of the site; other paths (``/robots.txt``) do not count.
 PAGE_PATH = re.compile(r"/page/(\d+)$")
-#: Lost pages named (and explained) below the summary.
-LOST_SHOWN = 10
-#: Window of the crawl-wide pages/s figure (seconds).
-RATE_WINDOW = 2.0
-#: The spider every worker runs.
-SPIDER = "demo"
+LOST_SHOWN = 10  #: Lost pages named (and explained) below the summary.
+RATE_WINDOW = 2.0  #: Window of the crawl-wide pages/s figure (seconds).
+SPIDER = "demo"  #: The spider every worker runs.
 #: Seconds a stopped worker gets to close cleanly (give its leases back) before it is killed.
 STOP_GRACE = 10.0
 #: ``example_project/`` of a source checkout: the repository root is the package's parent directory.

@@ -80,8 +80,7 @@ def enable_cluster_stats(crawler: Crawler) -> bool:
     return True
 
 
-#: Most seconds between two polls (fewer when SCHEDULER_IDLE_BEFORE_CLOSE is short).
-MAX_POLL = 1.0
+MAX_POLL = 1.0  #: Most seconds between two polls (fewer when SCHEDULER_IDLE_BEFORE_CLOSE is short).
 #: Seconds between two polls of a crawl that never closes (SCHEDULER_IDLE_BEFORE_CLOSE = None)
 FOREVER_POLL = 5.0
 

@@ -42,22 +42,17 @@ logger = logging.getLogger(__name__)
 
 #: Stats merged as the maximum over workers (fnmatch patterns), besides names with a ``max`` word.
 MAX_STATS = ("finish_time", "elapsed_time_seconds", "dupefilter/bloom/*")
-#: Stats merged as the minimum over workers.
-MIN_STATS = ("start_time",)
+MIN_STATS = ("start_time",)  #: Stats merged as the minimum over workers.
 #: A name whose last segment has ``max`` / ``min`` as a word (``memusage/max``, ``request_depth_max``).
 _MAX_WORD = re.compile(r"(?:^|[/_.\-])max(?:$|[/_.\-])")
 _MIN_WORD = re.compile(r"(?:^|[/_.\-])min(?:$|[/_.\-])")
-#: Seconds the final flush at close keeps retrying while Redis is unreachable.
-CLOSE_FLUSH_TIMEOUT = 10.0
+CLOSE_FLUSH_TIMEOUT = 10.0  #: Seconds the final flush at close keeps retrying while Redis is unreachable.
 #: Seconds a worker's details stay in Redis after its last heartbeat (closed: when SCHEDULER_PERSIST is off).
 WORKER_TTL = 7 * 24 * 3600
 CLOSED_TTL_NOT_PERSISTENT = 60
-#: A worker unseen for this many of its heartbeat intervals is shown as lost.
-LOST_AFTER_INTERVALS = 3
-#: Largest count a worker hash may report (anything above is garbage, shown as unknown).
-MAX_COUNT = 10**15
-#: Longest text field kept from a worker hash.
-MAX_TEXT = 200
+LOST_AFTER_INTERVALS = 3  #: A worker unseen for this many of its heartbeat intervals is shown as lost.
+MAX_COUNT = 10**15  #: Largest count a worker hash may report (anything above is garbage, shown as unknown).
+MAX_TEXT = 200  #: Longest text field kept from a worker hash.
 
 RUNNING, LOST, CLOSED = "running", "lost", "closed"
 

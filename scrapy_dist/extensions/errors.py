@@ -38,11 +38,9 @@ logger = logging.getLogger(__name__)
 
 #: The close reason of every worker when the action is ``close`` (set by ``errors.lua``).
 CLOSE_REASON = "error_threshold"
-#: Examples of each reason sent per flush, and kept crawl-wide for alerts.
-EXAMPLES_PER_REASON = 3
-EXAMPLES_KEPT = 50
-#: Buckets per window: the window slides in steps of window / BUCKETS (at least one second).
-BUCKETS = 30
+EXAMPLES_PER_REASON = 3  #: Examples of each reason sent per flush ...
+EXAMPLES_KEPT = 50  #: ... and kept crawl-wide for alerts.
+BUCKETS = 30  #: Buckets per window: the window slides in steps of window / BUCKETS (at least one second).
 
 
 def http_error_matcher(spec: list[Any]) -> Any:

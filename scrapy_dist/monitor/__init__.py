@@ -34,16 +34,13 @@ __all__ = [
 
 #: Longest worker id (or other label) an answer carries; longer ones are cut and made unique by a digest.
 ID_LIMIT = 120
-#: Longest free text (a host, a reason, a stat's text value) an answer carries.
-TEXT_LIMIT = 200
+TEXT_LIMIT = 200  #: Longest free text (a host, a reason, a stat's text value) an answer carries.
 #: Largest magnitude a number read from Redis may have; beyond it, or not finite, it is skipped and counted.
 MAX_VALUE = float(2**63)
-#: Stats fields an answer carries at most.
-STAT_LIMIT = 1000
+STAT_LIMIT = 1000  #: Stats fields an answer carries at most.
 #: Reasons (errors, dead letters) listed per answer; the rarer ones are summed as ``other``.
 REASON_LIMIT = 20
-#: Workers listed (most recently seen first); the summary counts all of them.
-WORKER_LIMIT = 200
+WORKER_LIMIT = 200  #: Workers listed (most recently seen first); the summary counts all of them.
 #: The lease index is scanned for per-worker lease counts only while it is at most this big.
 LEASE_SCAN_LIMIT = 100_000
 #: Stats kept before any other when the stats hash is over :data:`STAT_LIMIT`.

@@ -33,14 +33,11 @@ __all__ = ["BUCKET_SECONDS", "Dashboard", "DashboardThread", "check_binding", "h
 
 #: The page and its scripts: data files of the package (no Python there).
 STATIC = resources.files("scrapy_dist.monitor").joinpath("dashboard_static")
-#: Width of one point of the history charts (seconds); an hour is 360 points.
-BUCKET_SECONDS = 10
-#: Points a history chart shows at least (a minute at the start of a crawl).
-MIN_POINTS = 6
+BUCKET_SECONDS = 10  #: Width of one point of the history charts (seconds); an hour is 360 points.
+MIN_POINTS = 6  #: Points a history chart shows at least (a minute at the start of a crawl).
 #: History entries read per refresh at most (the stream keeps about an hour, capped at 20,000 entries).
 HISTORY_READ = 20_000
-#: Dead letters read per refresh to count their reasons.
-DEAD_SAMPLE = 200
+DEAD_SAMPLE = 200  #: Dead letters read per refresh to count their reasons.
 #: Workers charted one by one (the busiest); the others are summed as one series, ``other``.
 WORKER_SERIES = 20
 TOKEN_HEADER = "X-Dashboard-Token"
@@ -159,8 +156,7 @@ class Dashboard:
     cache_seconds: float = 2.0
     requeue: Callable[[], Any] | None = None
     clock: Callable[[], float] = time.monotonic
-    #: Redis reads done (what the cache saves is visible)
-    reads: int = field(default=0, init=False)
+    reads: int = field(default=0, init=False)  #: Redis reads done (what the cache saves is visible)
     _cache: dict[str, tuple[float, Any]] = field(default_factory=dict, init=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
     #: one WARNING when Redis goes away, one INFO when it is back; the page says it meanwhile (503)

@@ -21,8 +21,7 @@ from scrapy_dist.utils import RateLimitedLog
 
 __all__ = ["DEAD_LETTER_SAMPLE", "REASON_LIMIT", "CrawlCollector", "serve"]
 
-#: Dead letters read per scrape (the newest) to count them by reason.
-DEAD_LETTER_SAMPLE = 500
+DEAD_LETTER_SAMPLE = 500  #: Dead letters read per scrape (the newest) to count them by reason.
 #: Crawl-wide Scrapy stats exported as counters: stat name -> metric name.
 STAT_COUNTERS = {
     "response_received_count": "scrapy_dist_pages_total", "item_scraped_count": "scrapy_dist_items_total",

@@ -40,8 +40,7 @@ __all__ = ["RedisPipeline"]
 
 logger = logging.getLogger(__name__)
 
-#: Field of each stream entry that holds the JSON item (``XADD <key> * item <json>``).
-STREAM_FIELD = "item"
+STREAM_FIELD = "item"  #: Field of each stream entry that holds the JSON item (``XADD <key> * item <json>``).
 
 _MAX_BATCHES_PER_FLUSH = 16  # so a backlog built up during an outage drains in bounded transactions
 _MAX_PENDING = 10_000  # items encoded by process_item kept for their item_scraped signal
