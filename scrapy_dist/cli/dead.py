@@ -44,11 +44,8 @@ if TYPE_CHECKING:
 BAD_SHOWN = 20  #: Malformed records named one by one on stderr (the rest are counted).
 CHUNK = 500  #: Records requeued per ``sync`` call, or purged per round trip.
 TABLE_ROWS = 100  #: Rows of the table when ``--limit`` is not given.
-#: The control hash's field naming the last forget: a new token makes every worker drop its memory of the
-#: links it sent (the sync script answers it).
-FORGETS_FIELD = "forgets"
-#: Longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ).
-MAX_FINGERPRINT_BYTES = 64
+FORGETS_FIELD = "forgets"  #: control field; a new token makes every worker forget the links it sent
+MAX_FINGERPRINT_BYTES = 64  #: longest --fingerprint accepted (Scrapy's are 20 bytes)
 
 Letters = list[tuple[int, DeadLetter]]
 

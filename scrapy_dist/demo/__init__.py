@@ -37,10 +37,8 @@ from scrapy_dist.redis.keys import CrawlKeys
 
 REFRESH = 0.25  #: Seconds between two refreshes of the live view ...
 PLAIN_EVERY = 2.0  #: ... and between two plain progress lines when the output is not a terminal (CI, a pipe).
-#: Width of everything printed when the output is not a terminal, whatever ``COLUMNS`` says.
-PLAIN_WIDTH = 100
-#: SCHEDULER_LEASE_SECONDS of example_project's demo spider: how long a killed worker's leases outlive it.
-DEMO_LEASE_SECONDS = 10.0
+PLAIN_WIDTH = 100  #: output width when not a terminal, whatever ``COLUMNS`` says
+DEMO_LEASE_SECONDS = 10.0  #: the demo spider's SCHEDULER_LEASE_SECONDS
 LOADING_TIMEOUT = 60.0  #: Seconds to wait for a Redis that is loading its data file.
 
 

@@ -30,13 +30,11 @@ from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis.connection import check_reachable, get_redis
 from scrapy_dist.redis.embedded import DEFAULT_DIRNAME, EmbeddedRedis
 
-#: The path of a page of the site; other paths (``/robots.txt``) do not count.
-PAGE_PATH = re.compile(r"/page/(\d+)$")
+PAGE_PATH = re.compile(r"/page/(\d+)$")  #: a page of the site (``/robots.txt`` does not count)
 LOST_SHOWN = 10  #: Lost pages named (and explained) below the summary.
 RATE_WINDOW = 2.0  #: Window of the crawl-wide pages/s figure (seconds).
 SPIDER = "demo"  #: The spider every worker runs.
-#: Seconds a stopped worker gets to close cleanly (give its leases back) before it is killed.
-STOP_GRACE = 10.0
+STOP_GRACE = 10.0  #: seconds a stopped worker gets to close cleanly before it is killed
 #: ``example_project/`` of a source checkout: the repository root is the package's parent directory.
 EXAMPLE_PROJECT = Path(__file__).resolve().parents[2] / "example_project"
 #: where a wheel carries example_project (pyproject.toml: tool.hatch.build.targets.wheel.force-include)

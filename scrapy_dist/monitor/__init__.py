@@ -32,17 +32,13 @@ __all__ = [
     "decode_stats", "filter_figures", "finite", "read_status", "top_counts",
 ]
 
-#: Longest worker id (or other label) an answer carries; longer ones are cut and made unique by a digest.
-ID_LIMIT = 120
+ID_LIMIT = 120  #: longest worker id an answer carries; longer ones are cut, made unique
 TEXT_LIMIT = 200  #: Longest free text (a host, a reason, a stat's text value) an answer carries.
-#: Largest magnitude a number read from Redis may have; beyond it, or not finite, it is skipped and counted.
-MAX_VALUE = float(2**63)
+MAX_VALUE = float(2**63)  #: largest number kept from Redis (beyond, or not finite: skipped, counted)
 STAT_LIMIT = 1000  #: Stats fields an answer carries at most.
-#: Reasons (errors, dead letters) listed per answer; the rarer ones are summed as ``other``.
-REASON_LIMIT = 20
+REASON_LIMIT = 20  #: reasons listed per answer; the rarer ones are summed as ``other``
 WORKER_LIMIT = 200  #: Workers listed (most recently seen first); the summary counts all of them.
-#: The lease index is scanned for per-worker lease counts only while it is at most this big.
-LEASE_SCAN_LIMIT = 100_000
+LEASE_SCAN_LIMIT = 100_000  #: per-worker lease counts come from a scan of at most this many
 #: Stats kept before any other when the stats hash is over :data:`STAT_LIMIT`.
 ESSENTIAL_STATS = frozenset({
     "response_received_count", "item_scraped_count", "item_dropped_count", "scheduler/enqueued",

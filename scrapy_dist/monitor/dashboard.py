@@ -31,18 +31,14 @@ from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage, describe
 
 __all__ = ["BUCKET_SECONDS", "Dashboard", "DashboardThread", "check_binding", "history_series"]
 
-#: The page and its scripts: data files of the package (no Python there).
-STATIC = resources.files("scrapy_dist.monitor").joinpath("dashboard_static")
+STATIC = resources.files("scrapy_dist.monitor").joinpath("dashboard_static")  #: the page and its scripts
 BUCKET_SECONDS = 10  #: Width of one point of the history charts (seconds); an hour is 360 points.
 MIN_POINTS = 6  #: Points a history chart shows at least (a minute at the start of a crawl).
-#: History entries read per refresh at most (the stream keeps about an hour, capped at 20,000 entries).
-HISTORY_READ = 20_000
+HISTORY_READ = 20_000  #: history entries read per refresh at most (about an hour)
 DEAD_SAMPLE = 200  #: Dead letters read per refresh to count their reasons.
-#: Workers charted one by one (the busiest); the others are summed as one series, ``other``.
-WORKER_SERIES = 20
+WORKER_SERIES = 20  #: workers charted one by one (the busiest); the rest as ``other``
 TOKEN_HEADER = "X-Dashboard-Token"
-#: Host names the dashboard always answers to (it may be reached as any of them on loopback).
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})  #: host names always answered to
 
 
 def check_binding(host: str, token: str | None) -> None:
