@@ -176,24 +176,19 @@ class Dashboard:
         app.router.add_post("/api/{action:pause|resume|requeue}", self.act)
         return app
 
-    async def _cached(self, name: str, read: Callable[[], Any], seconds: float) -> Any:
+    async def _reply(self, name: str, read: Callable[[], Any], seconds: float) -> web.Response:
+        """The JSON of ``read()`` cached for ``seconds``, or 503 with the reason while Redis is away."""
         async with self._lock:
             hit = self._cache.get(name)
-            if hit is not None and self.clock() - hit[0] < seconds:
-                return hit[1]
-            self.reads += 1
-            value = await asyncio.get_running_loop().run_in_executor(None, read)
-            self._cache[name] = (self.clock(), value)
-            return value
-
-    async def _reply(self, name: str, read: Callable[[], Any], seconds: float) -> web.Response:
-        """The JSON of a cached read, or 503 with the reason in one line while Redis is away."""
-        try:
-            value = await self._cached(name, read, seconds)
-        except READ_ERRORS as exc:
-            return self._unavailable(exc)
+            if hit is None or self.clock() - hit[0] >= seconds:
+                self.reads += 1
+                try:
+                    value = await asyncio.to_thread(read)
+                except READ_ERRORS as exc:
+                    return self._unavailable(exc)
+                hit = self._cache[name] = (self.clock(), value)
         self.outage.succeeded(self.clock())
-        return web.json_response(value)
+        return web.json_response(hit[1])
 
     def _unavailable(self, exc: BaseException) -> web.Response:
         self.outage.failed(exc, self.clock())
