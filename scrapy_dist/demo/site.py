@@ -347,7 +347,6 @@ class WorkerFleet:
         return self.workers[-1]
 
     def reap(self) -> None:
-        """Note the workers that exited."""
         for w in self.workers:
             if w.state == "running" and w.proc.poll() is not None:
                 w.exit_status = w.proc.returncode

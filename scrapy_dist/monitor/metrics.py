@@ -108,7 +108,6 @@ class CrawlCollector(Collector):
         yield from families.values()
 
     def _crawl(self, g: _Families, s: dict[str, Any], dead_reasons: Counter[str]) -> None:
-        """The samples of one crawl's snapshot."""
         for state in ("queued", "inflight", "delayed"):
             g.gauge("scrapy_dist_frontier_requests", "Requests in the shared frontier, by state",
                     s["frontier"][state], state=state)
