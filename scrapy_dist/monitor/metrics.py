@@ -101,10 +101,8 @@ class CrawlCollector(Collector):
                         " finite or out of range, overlong stats names, stats beyond the limit",
                         float(g.skipped + s["garbage"].get("stats", 0)))
             for name, family in g.families.items():
-                if name in families:
+                if families.setdefault(name, family) is not family:
                     families[name].samples.extend(family.samples)
-                else:
-                    families[name] = family
         yield from families.values()
 
     def _crawl(self, g: _Families, s: dict[str, Any], dead_reasons: Counter[str]) -> None:
