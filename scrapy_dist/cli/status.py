@@ -82,12 +82,10 @@ def _held(leases: dict[str, Any], state: str) -> Text:
 
 
 def held_text(status: dict[str, Any]) -> str:
-    """``31 leased requests held by lost workers, back in the queue in 42 s`` while a crawl stopped by a
-    kill holds leases, else ``""``."""
+    """``31 leased requests held by lost workers, back in ...`` while a stopped crawl holds leases."""
     leases = status.get("leases") or {}
-    if status["state"] != "stopped" or not leases.get("other"):
+    if status["state"] != "stopped" or not (n := leases.get("other")):
         return ""
-    n = leases["other"]
     text = f"{n:,} leased request{'s' if n != 1 else ''} held by lost workers, {back_in(leases)}"
     if leases.get("first_in") is not None:
         text += "; a worker must run to requeue them"
@@ -105,8 +103,7 @@ def idle_text(status: dict[str, Any]) -> str:
 def render(status: dict[str, Any]) -> Group:
     """The status as rich renderables: a headline, the crawl's figures and the workers table."""
     rates, errors, front, seeds = status["rates"], status["errors"], status["frontier"], status["seeds"]
-    spider = printable(status["spider"], 120)
-    state = status["state"]
+    spider, state = printable(status["spider"], 120), status["state"]
     idle = idle_text(status) or held_text(status)
     headline = Text.assemble(
         (spider, "bold"), "  ", (state, "bold yellow" if state == "paused" else "bold"), "  ",
@@ -120,8 +117,8 @@ def render(status: dict[str, Any]) -> Group:
         overview.add_column(style="bold")
         overview.add_column(justify="right")
     stats, shards, leases = status["stats"], status.get("shards", 1), status.get("leases") or {}
-    queued = f"Queued ({shards} shards)" if shards > 1 else "Queued"
-    overview.add_row(queued, _num(front["queued"]), "Pages", _num(stats.get("response_received_count", 0)))
+    overview.add_row(f"Queued ({shards} shards)" if shards > 1 else "Queued", _num(front["queued"]),
+                     "Pages", _num(stats.get("response_received_count", 0)))
     # a worker without the figures (older version): every lease counts as in flight
     known = leases.get("in_flight") is not None
     in_flight = leases["in_flight"] if known else front["inflight"]
@@ -191,8 +188,8 @@ def _filter_text(f: dict[str, Any] | None) -> str:
 
 
 def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.NearMiss]:
-    """Keys holding seeds that no crawl reads, close to the seeds key of ``keys`` (none if this Redis user
-    may not ``SCAN``); inside a project, the seeds keys of its spiders count as read."""
+    """Keys holding seeds that no crawl reads, close to the seeds key of ``keys`` (inside a project, the seeds
+    keys of its spiders count as read)."""
     try:
         misses = nearmiss.find(client, keys)
     except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error
@@ -334,11 +331,8 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     click.echo(f"Serving the metrics of {', '.join(names)} on http://{host}:{server.server_port}/metrics"
                " (Ctrl-C stops)")
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        server.shutdown()
+    _wait_for_ctrl_c()
+    server.shutdown()
 
 
 @main.command()
@@ -365,39 +359,34 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
         dashboards.check_binding(host, token)
     except ScrapyDistError as exc:
         raise click.ClickException(str(exc).removeprefix("scrapy-dist: ")) from None
-    from aiohttp import web
-
     from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
 
     client = redis.client()
 
     async def requeue() -> str:
-        loop = asyncio.get_running_loop()
-        letters, _ = await loop.run_in_executor(None, select, client, keys.deadletter, None)
+        letters, _ = await asyncio.to_thread(select, client, keys.deadletter, None)
         targets, refused = requeue_targets(letters, redis.dist, keys)
         done = await requeue_letters(redis, keys, targets) if targets else 0
         return f"requeued {done}, kept {len(refused)}"
 
-    async def serve() -> None:
-        dash = dashboards.Dashboard(client, keys, token=token, requeue=requeue, host=host,
-                                    allowed_hosts=allowed_hosts)
-        runner = web.AppRunner(dash.app(), access_log=None)
-        await runner.setup()
-        try:
-            try:
-                await web.TCPSite(runner, host, port).start()
-            except OSError as exc:
-                raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-            bound = runner.addresses[0][1] if runner.addresses else port
-            mode = "the buttons need the token" if token else "read-only: no --token"
-            click.echo(f"Dashboard of {spider!r} on http://{host}:{bound}/ ({mode}; Ctrl-C stops)")
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-            client.close()
+    dash = dashboards.Dashboard(client, keys, token=token, requeue=requeue, host=host,
+                                allowed_hosts=allowed_hosts)
+    try:
+        served = dashboards.DashboardThread(dash, port=port)
+    except OSError as exc:
+        client.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    mode = "the buttons need the token" if token else "read-only: no --token"
+    click.echo(f"Dashboard of {spider!r} on {served.url} ({mode}; Ctrl-C stops)")
+    _wait_for_ctrl_c()
+    served.close()
+    client.close()
 
+
+def _wait_for_ctrl_c() -> None:
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+        while True:
+            time.sleep(3600)
 
 
 @main.command()
@@ -422,16 +411,14 @@ def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: f
     if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
         options.redis_url, options.redis_source = redis.url, redis.source
-    dashboards = None
-    if dashboard_port is not None:
-        dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
+    extra = (None if dashboard_port is None
+             else require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard"))
     runner = Demo(options)
     runner.connect()
     served = None
-    if dashboards is not None:
+    if extra is not None:
         try:
-            served = dashboards.DashboardThread(dashboards.Dashboard(runner.client, runner.keys),
-                                                port=dashboard_port)
+            served = extra.DashboardThread(extra.Dashboard(runner.client, runner.keys), port=dashboard_port)
         except OSError as exc:
             runner.shutdown()
             raise click.ClickException(f"cannot serve the dashboard: {exc}") from None

@@ -6,7 +6,6 @@ workers), shows the live view and the summary, and judges the run by the site's 
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import signal
 import tempfile
@@ -31,30 +30,25 @@ from scrapy_dist.demo import site
 from scrapy_dist.demo.site import SPIDER, Summary, summarize
 from scrapy_dist.dupefilter import BloomDupeFilter
 from scrapy_dist.extensions.clusterstats import RateMeter
-from scrapy_dist.monitor import read_status
+from scrapy_dist.monitor import dead_reasons, read_status
 from scrapy_dist.redis.connection import mask_url
 from scrapy_dist.redis.embedded import EmbeddedRedis
 from scrapy_dist.redis.keys import CrawlKeys
 
-#: Seconds between two refreshes of the live view ...
-REFRESH = 0.25
-#: ... and between two plain progress lines when the output is not a terminal (CI, a pipe).
-PLAIN_EVERY = 2.0
-#: Width of everything printed when the output is not a terminal, whatever ``COLUMNS`` says.
-PLAIN_WIDTH = 100
-#: SCHEDULER_LEASE_SECONDS of example_project's demo spider: how long a killed worker's leases outlive it.
-DEMO_LEASE_SECONDS = 10.0
-#: Seconds to wait for a Redis that is loading its data file.
-LOADING_TIMEOUT = 60.0
+REFRESH = 0.25  #: Seconds between two refreshes of the live view ...
+PLAIN_EVERY = 2.0  #: ... and between two plain progress lines when the output is not a terminal (CI, a pipe).
+PLAIN_WIDTH = 100  #: output width when not a terminal, whatever ``COLUMNS`` says
+DEMO_LEASE_SECONDS = 10.0  #: the demo spider's SCHEDULER_LEASE_SECONDS
+LOADING_TIMEOUT = 60.0  #: Seconds to wait for a Redis that is loading its data file.
 
 
 def verdict(s: Summary) -> tuple[str, str]:
     """The last line of the summary and its style: OK, or what failed."""
     if s.ok:
         return "OK: nothing lost.", "bold green"
-    failed = ((f"{s.lost:,} pages lost", s.lost), (f"{len(s.workers_failed)} workers failed",
-                                                   s.workers_failed), ("timed out", s.timed_out))
-    return "FAILED: " + "; ".join(reason for reason, bad in failed if bad) + ".", "bold red"
+    failed = {f"{s.lost:,} pages lost": s.lost, f"{len(s.workers_failed)} workers failed": s.workers_failed,
+              "timed out": s.timed_out}
+    return "FAILED: " + "; ".join(reason for reason, bad in failed.items() if bad) + ".", "bold red"
 
 
 def render_summary(s: Summary) -> Table:
@@ -111,9 +105,8 @@ class Snapshot:
     dead_letters: int | None = None
     workers: list[WorkerRow] = field(default_factory=list)
     redis_error: str = ""
-    #: leases the killed worker still holds in Redis, and seconds until they have surely run out
-    orphaned: int = 0
-    orphaned_expire_in: float = 0.0
+    orphaned: int = 0  #: leases the killed worker still holds in Redis ...
+    orphaned_expire_in: float = 0.0  #: ... and seconds until they have surely run out
 
 
 def _num(value: int | float | None, fmt: str = ",") -> str:
@@ -127,8 +120,7 @@ def combined_rate(workers: list[WorkerRow], fallback: float) -> float:
 
 
 def orphan_note(s: Snapshot) -> str:
-    """Why the crawl seems to stand still after the chaos kill: it waits for the killed worker's leases to
-    run out (then any worker's next sync requeues them). ``""`` when nothing waits."""
+    """Why the crawl seems to stand still after the chaos kill (the killed worker's leases), or ``""``."""
     if not s.orphaned:
         return ""
     when = f"in {s.orphaned_expire_in:.0f} s" if s.orphaned_expire_in >= 0.5 else "now"
@@ -174,8 +166,7 @@ class Interrupted(Exception):  # noqa: N818 - a signal, not an error
 
     def __init__(self, signum: int, elapsed: float = 0.0) -> None:
         super().__init__(signal.Signals(signum).name)
-        self.status = 128 + signum
-        self.elapsed = elapsed
+        self.status, self.elapsed = 128 + signum, elapsed
 
 
 @dataclass
@@ -242,11 +233,10 @@ class Demo:
         return 0.0 if self._seeded_at is None else time.monotonic() - self._seeded_at
 
     def event(self, message: str) -> None:
-        """Print a line above the live view (or between the progress lines)."""
         self.say(Text(f"[{self.elapsed():6.1f}s] {message}", style="bold"))
 
     def say(self, text: str | Text) -> None:
-        """Print one line as it is: the terminal wraps it, not rich (so no width is assumed)."""
+        """Print one line as it is (above the live view): the terminal wraps it, not rich."""
         console = self._live.console if self._live is not None else self.console
         console.print(text, soft_wrap=True, highlight=False)
 
@@ -267,14 +257,12 @@ class Demo:
             snap.queued, snap.inflight, snap.delayed = front["queued"], front["inflight"], front["delayed"]
             snap.dead_letters = status["deadletter"]
             rows = {r["pid"]: r for r in status["workers"] if r.get("pid")}
-        for w in self.fleet.workers:
-            snap.workers.append(self._row(snap, w, rows.get(w.pid), now))
+        snap.workers = [self._row(snap, w, rows.get(w.pid), now) for w in self.fleet.workers]
         snap.rate = combined_rate(snap.workers, snap.rate)
         return snap
 
     def _row(self, snap: Snapshot, w: site.Worker, row: dict[str, Any] | None, now: float) -> WorkerRow:
-        """``w``'s row from its process state and its row in the crawl's status; a killed worker's leases
-        count in ``snap`` as orphaned until they expire."""
+        """``w``'s row; a killed worker's leases count in ``snap`` as orphaned until they expire."""
         state = w.state
         pages = leases = rate = None
         if row is not None:
@@ -319,12 +307,8 @@ class Demo:
         if self.client is None:
             self.connect()
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-        def interrupt(signum: int, _frame: Any) -> None:
-            raise Interrupted(signum, self.elapsed())
-
         for s in previous:
-            signal.signal(s, interrupt)
+            signal.signal(s, self._interrupt)
         try:
             try:
                 self.site.start()
@@ -365,6 +349,9 @@ class Demo:
         self.say(Text.assemble((text, style), f" Worker logs: {self.run_dir}"))
         return 0 if summary.ok else 1
 
+    def _interrupt(self, signum: int, _frame: Any) -> None:
+        raise Interrupted(signum, self.elapsed())
+
     def watch(self) -> bool:
         """Show progress until every worker has exited; True if the timeout came first."""
         deadline = time.monotonic() + self.options.timeout
@@ -401,17 +388,11 @@ class Demo:
     def summary(self, timed_out: bool) -> Summary:
         """The summary of the finished run (reads the dead letters from Redis)."""
         self.tally.update()
-        reasons: Counter[str] = Counter()
         try:
-            records = self.client.lrange(self.keys.deadletter, 0, -1)
+            reasons = dead_reasons(self.client, self.keys, 0)
         except Exception as exc:  # the summary must come out even if Redis went away
             self.say(Text(f"Could not read the dead letters: {exc}", style="red"))
-            records = []
-        for raw in records:
-            try:
-                reasons[str(json.loads(raw)["reason"])] += 1
-            except (ValueError, TypeError, KeyError):
-                reasons["unreadable"] += 1
+            reasons = Counter()
         crawl_seconds = None
         if self.tally.last_new is not None and self._seeded_at is not None:
             crawl_seconds = max(0.0, self.tally.last_new - self._seeded_at)
@@ -427,8 +408,7 @@ class Demo:
 
     def explain_lost(self, pages: list[int], total: int) -> list[str]:
         """One line per lost page: did the crawl's bloom filter take it for a page already seen (a false
-        positive, so it was never queued)? Then how many more were lost than are named. Reads the filter
-        (no writes) as the workers fingerprint, so it must run before the run's keys are deleted."""
+        positive, never queued)? Reads the filter, so it must run before the run's keys are deleted."""
         urls = [self.site.page_url(i) for i in pages]
         claimed = [False] * len(urls)
         try:

@@ -2,9 +2,8 @@
 :class:`Summary` of what it answered, the worker processes (``scrapy crawl demo`` of ``example_project``)
 and the demo's side of its Redis.
 
-Page ``i`` of ``/page/0 .. /page/<pages-1>`` links to ``i+1`` (so every page is reachable from ``/page/0``)
-and to ``links - 1`` pages chosen by a seeded RNG. Optional ``slow``, ``flaky`` (503 the first
-``flaky_failures`` times) and ``missing`` (404) pages; every answer is logged in :attr:`SiteServer.log`.
+Page ``i`` links to ``i+1`` (so every page is reachable from ``/page/0``) and to ``links - 1`` pages chosen
+by a seeded RNG; some pages are ``slow``, ``flaky`` (503 at first) or ``missing`` (404).
 """
 
 from __future__ import annotations
@@ -31,16 +30,11 @@ from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis.connection import check_reachable, get_redis
 from scrapy_dist.redis.embedded import DEFAULT_DIRNAME, EmbeddedRedis
 
-#: The path of a page of the site; other paths (``/robots.txt``) do not count.
-PAGE_PATH = re.compile(r"/page/(\d+)$")
-#: Lost pages named (and explained) below the summary.
-LOST_SHOWN = 10
-#: Window of the crawl-wide pages/s figure (seconds).
-RATE_WINDOW = 2.0
-#: The spider every worker runs.
-SPIDER = "demo"
-#: Seconds a stopped worker gets to close cleanly (give its leases back) before it is killed.
-STOP_GRACE = 10.0
+PAGE_PATH = re.compile(r"/page/(\d+)$")  #: a page of the site (``/robots.txt`` does not count)
+LOST_SHOWN = 10  #: Lost pages named (and explained) below the summary.
+RATE_WINDOW = 2.0  #: Window of the crawl-wide pages/s figure (seconds).
+SPIDER = "demo"  #: The spider every worker runs.
+STOP_GRACE = 10.0  #: seconds a stopped worker gets to close cleanly before it is killed
 #: ``example_project/`` of a source checkout: the repository root is the package's parent directory.
 EXAMPLE_PROJECT = Path(__file__).resolve().parents[2] / "example_project"
 #: where a wheel carries example_project (pyproject.toml: tool.hatch.build.targets.wheel.force-include)
@@ -52,9 +46,8 @@ _WORKER_URL_VARIABLE = "SCRAPY_DIST_DEMO_REDIS_URL"
 class SiteGraph:
     """The link graph: which pages exist and where each links to."""
 
-    def __init__(
-        self, pages: int, links: int = 10, seed: int = 1, *, slow: int = 0, flaky: int = 0, missing: int = 0
-    ) -> None:
+    def __init__(self, pages: int, links: int = 10, seed: int = 1, *, slow: int = 0, flaky: int = 0,
+                 missing: int = 0) -> None:
         self.pages, self.links, self._seed = pages, links, seed
         rng = random.Random(seed)
         special = rng.sample(range(1, pages), min(pages - 1, slow + flaky + missing)) if pages > 1 else []
@@ -71,7 +64,7 @@ class SiteGraph:
 
     @property
     def ok_pages(self) -> int:
-        """Pages that answer 200 in the end (all but the missing ones)."""
+        """Pages that answer 200 in the end."""
         return self.pages - len(self.missing)
 
     def html(self, i: int) -> bytes:
@@ -82,7 +75,7 @@ class SiteGraph:
 
 def demo_graph(pages: int, links: int = 10) -> SiteGraph:
     """The demo's site: ``pages`` pages, ``links`` links each, with 5 slow, 10 flaky (503 twice, then 200)
-    and 10 missing (404) pages -- fewer on sites too small for that many (under 250 pages)."""
+    and 10 missing (404) pages (fewer under 250 pages)."""
     return SiteGraph(pages, links=links, slow=min(5, pages // 50), flaky=min(10, pages // 25),
                      missing=min(10, pages // 25))
 
@@ -90,8 +83,7 @@ def demo_graph(pages: int, links: int = 10) -> SiteGraph:
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # the default (5) drops bursts of connections from concurrent crawlers
     daemon_threads = True
-    #: no traceback for a reset connection (a SIGKILLed worker resets all of its at once)
-    quiet = False
+    quiet = False  #: no traceback for a reset connection (a SIGKILLed worker resets all of its at once)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if not (self.quiet and isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError))):
@@ -99,14 +91,13 @@ class _Server(ThreadingHTTPServer):
 
 
 class SiteServer:
-    """Serves a :class:`SiteGraph` over HTTP on 127.0.0.1 in a background thread."""
+    """Serves a :class:`SiteGraph` over HTTP on 127.0.0.1 in a background thread; every answer is logged in
+    :attr:`log`. ``delay``: every page answers after at least this many seconds."""
 
     def __init__(self, graph: SiteGraph, host: str = "127.0.0.1", port: int = 0, slow_delay: float = 1.0,
                  flaky_failures: int = 2, delay: float = 0.0, quiet: bool = False) -> None:
-        self.graph = graph
-        self.delay = delay  # every page answers after at least this many seconds
-        self.slow_delay = slow_delay
-        self.flaky_failures = flaky_failures
+        self.graph, self.delay = graph, delay
+        self.slow_delay, self.flaky_failures = slow_delay, flaky_failures
         self.log: list[tuple[float, str, int]] = []
         self._lock = threading.Lock()
         self._flaky_seen: Counter[int] = Counter()
@@ -183,8 +174,7 @@ class SiteTally:
     """What the site has answered so far (``/page/<i>`` only), read incrementally from its log."""
 
     def __init__(self, server: SiteServer, window: float = RATE_WINDOW) -> None:
-        self.server = server
-        self.window = window
+        self.server, self.window = server, window
         self.ok: set[int] = set()  #: pages answered 200 at least once
         self.duplicates = 0  #: 200 answers beyond the first for a page
         self.retried = 0  #: 503 answers (each one is retried)
@@ -255,17 +245,14 @@ def summarize(graph: SiteGraph, answers_200: Mapping[str, int], answers_503: Map
               dead_reasons: Mapping[str, int], *, elapsed: float, crawl_seconds: float | None = None,
               workers_started: int = 0, workers_killed: int = 0, workers_failed: list[str] | None = None,
               timed_out: bool = False) -> Summary:
-    """The summary from what the site answered (path -> count, e.g. ``SiteServer.fetch_counts(200)``) and
-    the dead-letter reasons. Pure: no I/O."""
+    """The summary from what the site answered (``SiteServer.fetch_counts``) and the dead-letter reasons."""
     ok_counts: Counter[int] = Counter()
     for path, n in answers_200.items():
         m = PAGE_PATH.match(path)
         if m is not None and n > 0:
             ok_counts[int(m.group(1))] += n
     crawled = len([i for i in ok_counts if 0 <= i < graph.pages and i not in graph.missing])
-    lost_pages: list[int] = []
-    if crawled < graph.ok_pages:
-        lost_pages = [i for i in range(graph.pages) if i not in graph.missing and i not in ok_counts]
+    lost_pages = [i for i in range(graph.pages) if i not in graph.missing and i not in ok_counts]
     return Summary(
         site_pages=graph.pages, ok_pages=graph.ok_pages, missing=len(graph.missing), crawled=crawled,
         lost=graph.ok_pages - crawled, duplicates=sum(n - 1 for n in ok_counts.values()),
@@ -277,8 +264,8 @@ def summarize(graph: SiteGraph, answers_200: Mapping[str, int], answers_503: Map
 
 
 def locate_project(run_dir: Path, example: Path | None = None) -> tuple[Path, bool]:
-    """The project directory the workers run in (``example_project/`` of the source checkout, else the
-    wheel's packaged copy), and whether it is the packaged copy."""
+    """The project the workers run in (``example_project/`` of a checkout, else the wheel's packaged copy),
+    and whether it is the packaged copy."""
     example = EXAMPLE_PROJECT if example is None else example
     for path, packaged in ((example, False), (PACKAGED_PROJECT, True)):
         if (path / "scrapy.cfg").is_file() and (path / "example_project" / "spiders" / "demo.py").is_file():
@@ -322,9 +309,8 @@ class WorkerFleet:
     workers: list[Worker] = field(default_factory=list)
 
     def configure(self, prefix: str, embedded_dir: Path | None, redis_url: str) -> None:
-        """Every worker's ``-s`` settings (this run's key prefix, the demo's Redis) and environment. No
-        password on a command line, which ``ps`` shows: the embedded Redis is named by its directory, another
-        by an environment variable read by a settings module written into ``run_dir``."""
+        """Every worker's ``-s`` settings and environment. No password on a command line, which ``ps`` shows:
+        another Redis than the embedded one is named by a settings module written into ``run_dir``."""
         # the demo site is on 127.0.0.1, which the default SCHEDULER_DENY_NETWORKS refuses
         self.settings = {"REDIS_KEY_PREFIX": prefix, "SCHEDULER_DENY_NETWORKS": "", "REDIS_SENTINELS": ""}
         project_vars = ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")
@@ -361,7 +347,6 @@ class WorkerFleet:
         return self.workers[-1]
 
     def reap(self) -> None:
-        """Note the workers that exited."""
         for w in self.workers:
             if w.state == "running" and w.proc.poll() is not None:
                 w.exit_status = w.proc.returncode
@@ -371,8 +356,7 @@ class WorkerFleet:
         return [w for w in self.workers if w.state == "running"]
 
     def stop(self, grace: float = STOP_GRACE) -> None:
-        """SIGTERM the running workers (Scrapy closes cleanly and gives its leases back), SIGKILL them
-        after ``grace`` seconds."""
+        """SIGTERM the running workers (they close cleanly, giving leases back), SIGKILL after ``grace``."""
         alive = self.running()
         for w in alive:
             with contextlib.suppress(ProcessLookupError):
@@ -390,18 +374,14 @@ class WorkerFleet:
     def kill(self, worker: Worker) -> None:
         """SIGKILL one worker (chaos): its leased requests go back to the queue once their leases run out."""
         worker.proc.kill()
-        worker.proc.wait()
-        worker.state = "killed"
-        worker.killed_at = time.monotonic()
-        worker.exit_status = worker.proc.returncode
+        worker.exit_status = worker.proc.wait()
+        worker.state, worker.killed_at = "killed", time.monotonic()
 
 
-def open_redis(
-    redis_url: str | None, project: Path, loading_timeout: float
-) -> tuple[Any, str, EmbeddedRedis | None, bool]:
-    """A client of ``redis_url``, or of the project's embedded Redis (started if needed): the client, the
-    URL, the embedded server (or ``None``) and whether this call started it. ``RedisUnavailable`` (one
-    line naming the URL; a server it started stopped) if it does not answer."""
+def open_redis(redis_url: str | None, project: Path, loading_timeout: float
+               ) -> tuple[Any, str, EmbeddedRedis | None, bool]:
+    """A client of ``redis_url``, else of the project's embedded Redis (started if needed), the URL, the
+    embedded server (or ``None``) and whether this call started it; ``RedisUnavailable`` if none answers."""
     embedded, started = None, False
     if not redis_url:
         # the directory every `scrapy crawl` in the project would use (REDIS_EMBEDDED_DIR unset)
@@ -431,10 +411,8 @@ def open_redis(
 
 
 def release_run(client: Any, prefix: str, started_redis: bool) -> bool:
-    """After a run: delete its keys (every key holding its unique ``prefix``) and close ``client``; if the
-    demo started the server and nobody else uses it now, compact its append-only file first (a run writes
-    and deletes tens of thousands of entries, which it would replay at every start). Whether to stop the
-    server. Never raises, whatever state Redis is in."""
+    """After a run: delete its keys (those holding its ``prefix``) and close ``client``; if the demo started
+    the server and nobody else uses it, compact its append-only file and say to stop it. Never raises."""
     with contextlib.suppress(Exception):
         keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
         for i in range(0, len(keys), 500):

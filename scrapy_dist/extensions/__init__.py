@@ -1,10 +1,7 @@
 """Seeing and steering a running cluster: crawl-wide stats and worker heartbeats (:class:`ClusterStats`),
 closing every worker together when the crawl runs out of work (:class:`IdleMonitor`), crawl-wide error
-thresholds (:class:`ErrorMonitor`), and ``STATS_CLASS = "scrapy_dist.stats.RedisStatsCollector"``
-(:class:`RedisStatsCollector`), which keeps Scrapy's in-memory collector and turns on :class:`ClusterStats`
-instead of writing every increment through to Redis as scrapy-redis does; ``STATS_KEY`` is not read.
-The add-on enables all three extensions; ``EXTENSIONS = {"scrapy_dist.extensions.IdleMonitor": 500}``
-enables one.
+thresholds (:class:`ErrorMonitor`), and :class:`RedisStatsCollector` (``STATS_CLASS``). The add-on enables
+all three extensions; ``EXTENSIONS = {"scrapy_dist.extensions.IdleMonitor": 500}`` enables one.
 """
 
 from __future__ import annotations
@@ -47,9 +44,9 @@ CLUSTER_STATS = "scrapy_dist.extensions.ClusterStats"
 
 
 class RedisStatsCollector(MemoryStatsCollector):
-    """Scrapy's in-memory stats for this worker, plus crawl-wide stats in Redis (see the module
-    docstring). Enables :class:`~scrapy_dist.extensions.ClusterStats` unless the project disabled it
-    (``EXTENSIONS = {"scrapy_dist.extensions.ClusterStats": None}``, which is then logged)."""
+    """Scrapy's in-memory stats for this worker; crawl-wide stats go to Redis through :class:`ClusterStats`
+    (enabled unless ``EXTENSIONS`` disables it), not one write per increment as in scrapy-redis
+    (``STATS_KEY`` is not read)."""
 
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
@@ -73,10 +70,9 @@ def enable_cluster_stats(crawler: Crawler) -> bool:
             continue
         if cls is ClusterStats:
             if order is None:
-                logger.warning(
-                    "scrapy-dist: STATS_CLASS=RedisStatsCollector keeps no crawl-wide stats because"
-                    " EXTENSIONS disables %s; enable it to get them in Redis", CLUSTER_STATS,
-                )
+                logger.warning("scrapy-dist: STATS_CLASS=RedisStatsCollector keeps no crawl-wide stats"
+                               " because EXTENSIONS disables %s; enable it to get them in Redis",
+                               CLUSTER_STATS)
             return order is not None
     if getattr(settings, "frozen", False):
         return False
@@ -84,8 +80,7 @@ def enable_cluster_stats(crawler: Crawler) -> bool:
     return True
 
 
-#: Most seconds between two polls (fewer when SCHEDULER_IDLE_BEFORE_CLOSE is short).
-MAX_POLL = 1.0
+MAX_POLL = 1.0  #: Most seconds between two polls (fewer when SCHEDULER_IDLE_BEFORE_CLOSE is short).
 #: Seconds between two polls of a crawl that never closes (SCHEDULER_IDLE_BEFORE_CLOSE = None)
 FOREVER_POLL = 5.0
 
@@ -115,9 +110,6 @@ class IdleMonitor:
     re-checks the frontier atomically and sets ``close = finished``, which every worker started before it
     obeys. With shards, :func:`~scrapy_dist.frontier.shard.shards_idle` first proves every shard empty at
     one moment. With ``SCHEDULER_IDLE_BEFORE_CLOSE = 0`` it only relays close decisions.
-
-    Settings: ``SCHEDULER_IDLE_BEFORE_CLOSE`` (or scrapy-redis' ``MAX_IDLE_TIME_BEFORE_CLOSE``),
-    ``REDIS_START_URLS_AS_SET`` / ``REDIS_START_URLS_AS_ZSET`` (how to count waiting seeds).
     """
 
     def __init__(
@@ -125,12 +117,9 @@ class IdleMonitor:
         idle_before_close: float = defaults.SCHEDULER_IDLE_BEFORE_CLOSE, seeds_type: str = "list",
         poll: float | None = None, shards: int = 1,
     ) -> None:
-        self.crawler = crawler
-        self.keys = keys
-        #: every shard's keys (``SCHEDULER_SHARDS``; all workers of a crawl agree, the scheduler checks)
-        self.shard_keys = keys.shards(shards)
+        self.crawler, self.keys, self.seeds_type = crawler, keys, seeds_type
+        self.shard_keys = keys.shards(shards)  # all workers of a crawl agree on SCHEDULER_SHARDS
         self.clock = IdleClock(idle_before_close)
-        self.seeds_type = seeds_type
         if poll is None and math.isinf(idle_before_close):  # never closes on its own: only relays flags
             poll = FOREVER_POLL
         elif poll is None:
@@ -176,8 +165,7 @@ class IdleMonitor:
             await self.redis.aclose()
 
     async def _end_chains(self) -> None:
-        """After this worker's last sync: remove the revisits filed since ``scrapy-dist close`` removed the
-        others."""
+        """After this worker's last sync: remove the revisits filed since ``scrapy-dist close``."""
         polite = DistSettings.for_crawler(self.crawler).scheduler.politeness == "cluster"
         client = connection.ClientPool.of(self.crawler).sync_client()
         try:
@@ -189,8 +177,7 @@ class IdleMonitor:
             logger.info("The crawl was closed: %d scheduled revisits filed since removed", ended)
 
     async def read(self) -> tuple[int, ControlState]:
-        """Work left crawl-wide (queued + leased + delayed + waiting seeds) and the control flags: one
-        pipelined round trip."""
+        """Work left crawl-wide (queued, leased, delayed, seeds) and the control flags: one round trip."""
         k = self.keys
         pipe = self.redis.pipeline(transaction=False)
         for shard in self.shard_keys:
@@ -209,12 +196,11 @@ class IdleMonitor:
         return sum(int(c) for c in counts if not isinstance(c, Exception)), state
 
     def judges_idleness(self) -> bool:
-        """Only a worker whose requests go through the shared frontier may call the crawl finished (with
-        another scheduler, an empty frontier says nothing about the work left)."""
+        """Only a worker whose requests go through the shared frontier may call the crawl finished."""
         return engine_of(self.crawler) is None or scheduler_of(self.crawler) is not None
 
     def locally_idle(self) -> bool:
-        """This worker has no request of its own in progress (nor any crawled outside the frontier)."""
+        """This worker has no request of its own in progress."""
         if engine_of(self.crawler) is None:
             return True
         if _engine.inprogress(self.crawler):
@@ -223,7 +209,7 @@ class IdleMonitor:
         return sched is None or not sched.ledger.local
 
     async def check(self, now: float | None = None) -> str:
-        """One poll: returns the reason this worker is closing for, or ``""``."""
+        """One poll: the reason this worker is closing for, or ``""``."""
         if self._close_task is not None or _engine.is_closing(self.crawler):
             return ""
         work, control = await self.read()
@@ -263,8 +249,7 @@ class IdleMonitor:
 
 
 def _end_revisits(crawler: Any) -> bool:
-    """End the revisit chains of a crawl closed crawl-wide: what this worker still fetches is not filed
-    again. Whether this worker revisits at all."""
+    """Stop filing revisits once the crawl is closed crawl-wide; whether this worker revisits at all."""
     revisits = getattr(_engine.scheduler(crawler), "revisits", None)
     if revisits is not None:
         revisits.stop()

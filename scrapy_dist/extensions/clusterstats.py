@@ -1,10 +1,8 @@
 """Crawl-wide stats, the worker heartbeat and registry, and the periodic task the extensions run on.
 
-:class:`ClusterStats` sends, every ``CLUSTERSTATS_INTERVAL`` and at close, what changed in Scrapy's stats
-since its last flush in one ``clusterstats.lua`` call (numbers summed as differences, min/max stats by
-minimum/maximum, strings as last written); a sequence number makes a resent flush count once. The
-registry: ``{spider}:workers`` (id -> last seen) and one ``{spider}:worker:<id>`` HASH per worker, read
-back through :func:`parse_worker_hash`.
+:class:`ClusterStats` sends what changed in Scrapy's stats in one ``clusterstats.lua`` call per interval; a
+sequence number makes a resent flush count once. The registry: ``{spider}:workers`` (id -> last seen) and
+one ``{spider}:worker:<id>`` HASH per worker, read back through :func:`parse_worker_hash`.
 """
 
 from __future__ import annotations
@@ -44,34 +42,24 @@ logger = logging.getLogger(__name__)
 
 #: Stats merged as the maximum over workers (fnmatch patterns), besides names with a ``max`` word.
 MAX_STATS = ("finish_time", "elapsed_time_seconds", "dupefilter/bloom/*")
-#: Stats merged as the minimum over workers.
-MIN_STATS = ("start_time",)
+MIN_STATS = ("start_time",)  #: Stats merged as the minimum over workers.
 #: A name whose last segment has ``max`` / ``min`` as a word (``memusage/max``, ``request_depth_max``).
 _MAX_WORD = re.compile(r"(?:^|[/_.\-])max(?:$|[/_.\-])")
 _MIN_WORD = re.compile(r"(?:^|[/_.\-])min(?:$|[/_.\-])")
-#: Seconds the final flush at close keeps retrying while Redis is unreachable.
-CLOSE_FLUSH_TIMEOUT = 10.0
+CLOSE_FLUSH_TIMEOUT = 10.0  #: Seconds the final flush at close keeps retrying while Redis is unreachable.
 #: Seconds a worker's details stay in Redis after its last heartbeat (closed: when SCHEDULER_PERSIST is off).
 WORKER_TTL = 7 * 24 * 3600
 CLOSED_TTL_NOT_PERSISTENT = 60
-#: A worker unseen for this many of its heartbeat intervals is shown as lost.
-LOST_AFTER_INTERVALS = 3
-#: Largest count a worker hash may report (anything above is garbage, shown as unknown).
-MAX_COUNT = 10**15
-#: Longest text field kept from a worker hash.
-MAX_TEXT = 200
+LOST_AFTER_INTERVALS = 3  #: A worker unseen for this many of its heartbeat intervals is shown as lost.
+MAX_COUNT = 10**15  #: Largest count a worker hash may report (anything above is garbage, shown as unknown).
+MAX_TEXT = 200  #: Longest text field kept from a worker hash.
 
-RUNNING = "running"
-LOST = "lost"
-CLOSED = "closed"
+RUNNING, LOST, CLOSED = "running", "lost", "closed"
 
 
 class PeriodicTask(BackgroundTask):
-    """Await ``func()`` every ``interval`` seconds until :meth:`stop` (which cancels a call in progress).
-
-    A failing call never ends the task: an outage goes to the worker's shared :class:`Outage`, anything
-    else is logged at ERROR at most once a minute per exception type; ``what`` names the task.
-    """
+    """Await ``func()`` every ``interval`` seconds until :meth:`stop`. A failing call never ends the task:
+    an outage goes to the worker's :class:`Outage`, anything else is logged at ERROR at most once a minute."""
 
     interrupt = True
 
@@ -81,8 +69,7 @@ class PeriodicTask(BackgroundTask):
     ) -> None:
         every = max(interval, 0.01)  # the task runs every interval whatever happens
         super().__init__((outage or Outage()).guard(what, Backoff(every, every), logger))
-        self.func = func
-        self.interval = interval
+        self.func, self.interval = func, interval
 
     async def step(self) -> bool:
         await self.rest(self.interval)
@@ -140,33 +127,29 @@ class StatsMerger:
             if mode == "sum":
                 delta = value - self._flushed.get(name, 0)
                 if delta:
-                    ops.append(("sum", name, repr(delta) if isinstance(delta, float) else str(int(delta))))
+                    ops.append(("sum", name, _encode(delta if isinstance(delta, float) else int(delta))))
                 self._flushed[name] = value
             elif mode is not None:
-                if isinstance(value, datetime):
-                    encoded = encode_datetime(value)
-                else:
-                    encoded = repr(value) if isinstance(value, float) else str(value)
+                encoded = encode_datetime(value) if isinstance(value, datetime) else _encode(value)
                 if self._flushed.get(name) != encoded:
                     ops.append((mode, name, encoded))
                     self._flushed[name] = encoded
         return ops
 
 
-class ClusterStats:
-    """Scrapy extension: crawl-wide stats in ``{spider}:stats`` and this worker's heartbeat.
+def _encode(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
 
-    Settings: ``CLUSTERSTATS_INTERVAL`` (seconds, default 5; 0 disables), ``CLUSTERSTATS_MAX_STATS``,
-    ``CLUSTERSTATS_MIN_STATS``. Costs one Redis round trip per interval, whatever the crawl's speed.
-    """
+
+class ClusterStats:
+    """Scrapy extension: crawl-wide stats in ``{spider}:stats`` and this worker's heartbeat, one round trip
+    per ``CLUSTERSTATS_INTERVAL`` (0 disables; ``CLUSTERSTATS_MAX_STATS`` / ``_MIN_STATS`` merge modes)."""
 
     def __init__(
         self, crawler: Crawler, keys: CrawlKeys, interval: float = defaults.CLUSTERSTATS_INTERVAL,
         merger: StatsMerger | None = None, persist: bool = defaults.SCHEDULER_PERSIST,
     ) -> None:
-        self.crawler = crawler
-        self.keys = keys
-        self.interval = interval
+        self.crawler, self.keys, self.interval = crawler, keys, interval
         self.merger = merger or StatsMerger()
         # a non-persistent crawl removes its keys when it finishes: closed workers' details go soon too
         self.closed_ttl = WORKER_TTL if persist else CLOSED_TTL_NOT_PERSISTENT
@@ -230,8 +213,7 @@ class ClusterStats:
             await self.redis.aclose()
 
     def _heartbeat(self, stats: dict[str, Any], final: bool, reason: str) -> dict[str, str]:
-        """The fields of this worker's heartbeat HASH (``last_seen`` is added by Redis, in server time), with
-        the crawl-wide frontier as its scheduler last saw it (for the history stream)."""
+        """This worker's heartbeat HASH (Redis adds ``last_seen``), with the frontier its scheduler saw."""
         sched = scheduler_of(self.crawler)
         ledger = getattr(sched, "ledger", None)
         # requests handed to the engine, and leased ahead of demand (all a paused worker holds)
@@ -255,9 +237,8 @@ class ClusterStats:
         return fields
 
     async def flush(self, final: bool = False, reason: str = "") -> int:
-        """Send the heartbeat and the stats changed since the last flush (one script call). A failed flush
-        is resent unchanged (same sequence number) before anything newer. Returns 1 merged, 0 already
-        merged, -1 nothing written because the crawl's keys are gone."""
+        """Send the heartbeat and the changed stats; a failed flush is resent unchanged (same sequence
+        number) before anything newer. Returns 1 merged, 0 already merged, -1 the crawl's keys are gone."""
         pages = self.crawler.stats.get_value("response_received_count", 0) or 0
         self.rate.add(float(pages), time.monotonic())
         while True:
@@ -271,16 +252,13 @@ class ClusterStats:
             ttl = self.closed_ttl if final else WORKER_TTL
             args: list[Any] = [self.worker, seq, ttl, "1" if final else "0", len(fields)]
             args += [x for pair in (*fields.items(), *ops) for x in pair]
-            result = await self._script(
-                keys=[self.keys.stats, self.keys.workers, self.keys.worker(self.worker), self.keys.history],
-                args=args,
-            )
+            keys = [self.keys.stats, self.keys.workers, self.keys.worker(self.worker), self.keys.history]
+            result = await self._script(keys=keys, args=args)
             self._pending = None
             if int(result[2]):
-                self._garbage_log.log(
-                    logging.WARNING, "Repaired garbage in %s (written by someone else?): its flush_seq was"
-                    " not this worker's; the flush was merged", self.keys.worker(self.worker),
-                )
+                self._garbage_log.log(logging.WARNING, "Repaired garbage in %s (written by someone else?):"
+                                      " its flush_seq was not this worker's; the flush was merged",
+                                      self.keys.worker(self.worker))
             # a resent flush predates the latest changes: at close they must go now, not next interval
             if fresh or not final:
                 return int(result[0])
@@ -317,7 +295,6 @@ class RateMeter:
         self._samples: deque[tuple[float, float]] = deque()
 
     def add(self, value: float, now: float) -> None:
-        """Record the counter's ``value`` at monotonic time ``now``."""
         self._samples.append((now, value))
         # keep one sample at or before the span's start, so the rate covers the whole span
         while len(self._samples) > 2 and self._samples[1][0] <= now - self.span:
@@ -342,9 +319,8 @@ def error_count(stats: dict[str, Any]) -> int:
 
 
 def _count(text: str) -> int | None:
-    if text.isascii() and text.isdigit() and len(text) <= 16 and int(text) <= MAX_COUNT:
-        return int(text)
-    return None
+    ok = text.isascii() and text.isdigit() and len(text) <= 16 and int(text) <= MAX_COUNT
+    return int(text) if ok else None
 
 
 def _finite(text: str, low: float, high: float) -> float | None:
@@ -366,20 +342,17 @@ class WorkerInfo:
     items: int | None = None
     errors: int | None = None
     inflight: int | None = None
-    #: leased ahead of demand, not handed to the engine yet
-    prefetched: int | None = None
+    prefetched: int | None = None  #: leased ahead of demand, not handed to the engine yet
     pages_per_min: float | None = None
     interval: float | None = None
     state: str = ""
     finish_reason: str = ""
-    #: names of fields that held garbage
-    garbage: tuple[str, ...] = ()
+    garbage: tuple[str, ...] = ()  #: names of fields that held garbage
 
 
 def parse_worker_hash(raw: Any) -> WorkerInfo:
-    """The one parser of a worker's heartbeat HASH (an ``HGETALL`` reply); :class:`RejectedEntry` only if
-    ``raw`` is not a mapping. A garbage field becomes ``None``/empty and is named in ``garbage``; texts
-    are cut to :data:`MAX_TEXT` characters (not made printable: the printer's job)."""
+    """The one parser of a worker's heartbeat HASH; :class:`RejectedEntry` only if ``raw`` is not a mapping. A
+    garbage field becomes ``None``/empty and is named in ``garbage``; texts are cut, not made printable."""
     d = hash_fields(raw, "worker")
     garbage: list[str] = []
 

@@ -1,10 +1,7 @@
-"""Crawl-wide error monitoring: a sliding window of errors over every worker, and an action when it
-passes a threshold (docs/monitoring.md, "Error monitor").
-
-Each worker counts attempts and errors from Scrapy's signals; every ``CLUSTERSTATS_INTERVAL`` one
-``errors.lua`` call adds them to per-bucket counters and answers the window's totals. Past
-``ERRORMONITOR_MAX_ERRORS`` or ``ERRORMONITOR_MAX_ERROR_RATE``, exactly one worker takes
-``ERRORMONITOR_ACTION`` (``log``, ``pause`` or ``close``), at most once per window.
+"""Crawl-wide error monitoring (docs/monitoring.md, "Error monitor"): each worker counts attempts and errors
+from Scrapy's signals; every ``CLUSTERSTATS_INTERVAL`` one ``errors.lua`` call adds them to per-bucket
+counters and answers the window's totals. Past a threshold, exactly one worker takes ``ERRORMONITOR_ACTION``
+(``log``, ``pause`` or ``close``), at most once per window.
 """
 
 from __future__ import annotations
@@ -41,16 +38,13 @@ logger = logging.getLogger(__name__)
 
 #: The close reason of every worker when the action is ``close`` (set by ``errors.lua``).
 CLOSE_REASON = "error_threshold"
-#: Examples of each reason sent per flush, and kept crawl-wide for alerts.
-EXAMPLES_PER_REASON = 3
-EXAMPLES_KEPT = 50
-#: Buckets per window: the window slides in steps of window / BUCKETS (at least one second).
-BUCKETS = 30
+EXAMPLES_PER_REASON = 3  #: Examples of each reason sent per flush ...
+EXAMPLES_KEPT = 50  #: ... and kept crawl-wide for alerts.
+BUCKETS = 30  #: Buckets per window: the window slides in steps of window / BUCKETS (at least one second).
 
 
 def http_error_matcher(spec: list[Any]) -> Any:
-    """A predicate on status codes from ``ERRORMONITOR_HTTP_ERRORS`` items: numbers or ``"5xx"``-style
-    classes."""
+    """A predicate on status codes from ``ERRORMONITOR_HTTP_ERRORS`` items: numbers or classes (``5xx``)."""
     codes: set[int] = set()
     classes: set[int] = set()
     for item in spec:
@@ -107,9 +101,8 @@ class ErrorCounts:
         self.examples = (examples + self.examples)[-EXAMPLES_KEPT:]
 
 
-def format_alert(
-    spider: str, totals: dict[str, int], examples: list[str], window: float, action: str, top: int = 5
-) -> str:
+def format_alert(spider: str, totals: dict[str, int], examples: list[str], window: float, action: str,
+                 top: int = 5) -> str:
     """The alert text: totals, the top reasons and an example URL for each."""
     errors, attempts = totals.get("errors", 0), totals.get("attempts", 0)
     rate = f" ({errors / attempts:.0%} of {attempts} attempts)" if attempts else ""
@@ -137,18 +130,11 @@ def format_alert(
 
 
 class ErrorMonitor:
-    """Scrapy extension: crawl-wide error window, alert, pause or close (see the module docstring).
-
-    Settings: ``ERRORMONITOR_MAX_ERRORS``, ``ERRORMONITOR_MAX_ERROR_RATE``, ``ERRORMONITOR_WINDOW``,
-    ``ERRORMONITOR_ACTION``, ``ERRORMONITOR_MIN_ATTEMPTS``, ``ERRORMONITOR_HTTP_ERRORS``,
-    ``CLUSTERSTATS_INTERVAL`` (flush period). Without a threshold it still counts (for
-    ``scrapy-dist status``). Stats: ``errormonitor/tripped``.
-    """
+    """Scrapy extension: crawl-wide error window, alert, pause or close (see the module docstring); without
+    a threshold it still counts (for ``scrapy-dist status``). Stats: ``errormonitor/tripped``."""
 
     def __init__(self, crawler: Crawler, keys: CrawlKeys, config: MonitoringSettings, persist: bool) -> None:
-        self.crawler = crawler
-        self.keys = keys
-        self.config = config
+        self.crawler, self.keys, self.config = crawler, keys, config
         self.interval = config.interval or defaults.CLUSTERSTATS_INTERVAL
         self.bucket = max(1.0, config.window / BUCKETS)
         self.events = ErrorCounts(http_error_matcher(list(config.http_errors)))
@@ -170,11 +156,9 @@ class ErrorMonitor:
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
         o = cls(crawler, crawler_keys(crawler), ds.monitoring, ds.scheduler.persist)
-        crawler.signals.connect(o.response_downloaded, signal=signals.response_downloaded)
-        crawler.signals.connect(o.request_left_downloader, signal=signals.request_left_downloader)
-        crawler.signals.connect(o.spider_error, signal=signals.spider_error)
-        crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
-        crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
+        for name in ("response_downloaded", "request_left_downloader", "spider_error", "spider_opened",
+                     "spider_closed"):
+            crawler.signals.connect(getattr(o, name), signal=getattr(signals, name))
         return o
 
     def response_downloaded(self, response: Response, request: Request) -> None:
@@ -203,9 +187,8 @@ class ErrorMonitor:
         self.redis = connection.ClientPool.of(self.crawler).async_client()
         self._script = scripts.register(self.redis, "errors")
         self.started_at = await start_time(self.redis)
-        self._task = PeriodicTask(
-            self.flush, self.interval, "error monitor", logger, Outage.for_crawler(self.crawler)
-        ).start()
+        outage = Outage.for_crawler(self.crawler)
+        self._task = PeriodicTask(self.flush, self.interval, "error monitor", logger, outage).start()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         self._closing = True
@@ -220,8 +203,8 @@ class ErrorMonitor:
             await self.redis.aclose()
 
     async def flush(self, now: float | None = None) -> bool:
-        """Send the counts since the last flush, get the window's totals back, act on them (one script
-        call). Returns whether this call took the action."""
+        """Send the counts since the last flush, get the window's totals back and act on them (one script
+        call); whether this call took the action."""
         counts, examples = self.events.take()
         c = self.config
         args: list[Any] = [
@@ -231,24 +214,21 @@ class ErrorMonitor:
             c.min_attempts, c.action, EXAMPLES_KEPT, len(counts),
             *(x for pair in counts.items() for x in pair), *examples,
         ]
+        keys = [self.keys.errors, self.keys.error_examples, self.keys.control]
         try:
-            tripped, server_now, flat, control, kept, garbage = await self._script(
-                keys=[self.keys.errors, self.keys.error_examples, self.keys.control], args=args
-            )
+            tripped, server_now, flat, control, kept, garbage = await self._script(keys=keys, args=args)
         except BaseException:
             self.events.give_back(counts, examples)
             raise
         self.totals = {text(flat[i]): int(float(flat[i + 1])) for i in range(0, len(flat), 2)}
         if garbage:
-            self._garbage_log.log(
-                logging.WARNING, "Deleted %d fields of %s no worker writes (written by someone else?):"
-                " buckets ahead of now, counts that are not whole numbers, other names", garbage,
-                self.keys.errors,
-            )
+            self._garbage_log.log(logging.WARNING, "Deleted %d fields of %s no worker writes (written by"
+                                  " someone else?): buckets ahead of now, counts that are not whole numbers,"
+                                  " other names", garbage, self.keys.errors)
         if tripped:
             self.crawler.stats.inc_value("errormonitor/tripped")
-            alert = format_alert(self.keys.spider, self.totals, list(map(text, kept)), c.window, c.action)
-            logger.error(alert)
+            kept_text = list(map(text, kept))
+            logger.error(format_alert(self.keys.spider, self.totals, kept_text, c.window, c.action))
         close, close_at, paused = (text(x) for x in control)
         if self._closing:
             return bool(tripped)

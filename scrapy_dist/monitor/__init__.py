@@ -1,9 +1,8 @@
 """Reading a running crawl from outside: :func:`read_status` (what ``scrapy-dist status`` shows, in three
 or four round trips), the Prometheus exporter (``metrics``) and the dashboard (``dashboard``).
 
-Everything read is untrusted: ids and texts are cut to a length, numbers kept only when finite and in
-range, lists and label sets capped (the rest summed as ``other``), garbage figures become ``None`` and are
-listed under ``"garbage"``, so no answer crashes, stalls or grows without bound.
+Everything read is untrusted: texts are cut, numbers kept only when finite and in range, lists capped (the
+rest summed as ``other``), garbage becomes ``None`` and is counted, so no answer crashes or grows unbounded.
 """
 
 from __future__ import annotations
@@ -33,20 +32,13 @@ __all__ = [
     "decode_stats", "filter_figures", "finite", "read_status", "top_counts",
 ]
 
-#: Longest worker id (or other label) an answer carries; longer ones are cut and made unique by a digest.
-ID_LIMIT = 120
-#: Longest free text (a host, a reason, a stat's text value) an answer carries.
-TEXT_LIMIT = 200
-#: Largest magnitude a number read from Redis may have; beyond it, or not finite, it is skipped and counted.
-MAX_VALUE = float(2**63)
-#: Stats fields an answer carries at most.
-STAT_LIMIT = 1000
-#: Reasons (errors, dead letters) listed per answer; the rarer ones are summed as ``other``.
-REASON_LIMIT = 20
-#: Workers listed (most recently seen first); the summary counts all of them.
-WORKER_LIMIT = 200
-#: The lease index is scanned for per-worker lease counts only while it is at most this big.
-LEASE_SCAN_LIMIT = 100_000
+ID_LIMIT = 120  #: longest worker id an answer carries; longer ones are cut, made unique
+TEXT_LIMIT = 200  #: Longest free text (a host, a reason, a stat's text value) an answer carries.
+MAX_VALUE = float(2**63)  #: largest number kept from Redis (beyond, or not finite: skipped, counted)
+STAT_LIMIT = 1000  #: Stats fields an answer carries at most.
+REASON_LIMIT = 20  #: reasons listed per answer; the rarer ones are summed as ``other``
+WORKER_LIMIT = 200  #: Workers listed (most recently seen first); the summary counts all of them.
+LEASE_SCAN_LIMIT = 100_000  #: per-worker lease counts come from a scan of at most this many
 #: Stats kept before any other when the stats hash is over :data:`STAT_LIMIT`.
 ESSENTIAL_STATS = frozenset({
     "response_received_count", "item_scraped_count", "item_dropped_count", "scheduler/enqueued",
@@ -82,7 +74,6 @@ def finite(value: Any) -> float | None:
 
 
 def _whole(text: str, digits: int) -> int | None:
-    """``text`` as a non-negative integer of at most ``digits`` digits, else ``None``."""
     return int(text) if text.isascii() and text.isdigit() and len(text) <= digits else None
 
 
@@ -99,9 +90,8 @@ def _number(text: str) -> int | float | str | None:
 
 
 def decode_stats(raw: Mapping[Any, Any] | None, limit: int = STAT_LIMIT) -> tuple[dict[str, Any], int]:
-    """The crawl-wide stats hash with numbers as numbers, sorted by name, and how many fields were skipped:
-    numbers not finite or beyond :data:`MAX_VALUE`, names over :data:`TEXT_LIMIT` characters, and the
-    fields beyond ``limit`` (:data:`ESSENTIAL_STATS` are kept first)."""
+    """The crawl-wide stats hash with numbers as numbers, sorted by name, and how many fields were skipped
+    (numbers out of range, overlong names, fields beyond ``limit``; :data:`ESSENTIAL_STATS` kept first)."""
     fields = hash_fields(raw, "stats")
     names = sorted(k for k in fields if len(k) <= TEXT_LIMIT)
     skipped = len(fields) - len(names)
@@ -110,14 +100,9 @@ def decode_stats(raw: Mapping[Any, Any] | None, limit: int = STAT_LIMIT) -> tupl
         rest = [k for k in names if k not in ESSENTIAL_STATS][: limit - len(first)]
         skipped += len(names) - len(first) - len(rest)
         names = sorted(first + rest)
-    out: dict[str, Any] = {}
-    for name in names:
-        value = _number(fields[name])
-        if value is None:
-            skipped += 1
-        else:
-            out[name] = value
-    return out, skipped
+    values = {name: _number(fields[name]) for name in names}
+    out = {name: value for name, value in values.items() if value is not None}
+    return out, skipped + len(values) - len(out)
 
 
 def top_counts(counts: Mapping[str, int] | Iterable[tuple[str, int]], limit: int = REASON_LIMIT,
@@ -134,13 +119,12 @@ def top_counts(counts: Mapping[str, int] | Iterable[tuple[str, int]], limit: int
 
 
 def server_time(client: Any) -> float:
-    """Redis's clock (``TIME``) in seconds."""
     sec, usec = client.time()
     return int(sec) + int(usec) / 1e6
 
 
 def dead_reasons(client: Any, keys: CrawlKeys, sample: int) -> Counter[str]:
-    """The newest ``sample`` dead letters counted by reason (cut to 60 characters)."""
+    """The newest ``sample`` dead letters (0: all) counted by reason (cut to 60 characters)."""
     reasons: Counter[str] = Counter()
     for raw in client.lrange(keys.deadletter, 0, sample - 1) or []:
         try:
@@ -179,8 +163,7 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
 
 
 def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ()) -> Counter[str]:
-    """Leases per worker id: from the tags of lease keys and from lease meta values (``"<score> <worker
-    id>"``: leases filed without a tag)."""
+    """Leases per worker id: from the tags of lease keys and lease meta values (``"<score> <worker>"``)."""
     out: Counter[str] = Counter()
     for key in lease_keys:
         tagged = lease_parts(key if isinstance(key, bytes) else text(key).encode())[2]
@@ -198,23 +181,16 @@ def worker_rows(
     """One JSON-ready row per worker, running first, then lost, then closed, most recently seen first."""
     rows: list[dict[str, Any]] = []
     for (member, last_seen), raw in zip(members, details, strict=True):
-        try:
-            info = parse_worker_hash(raw)
-        except RejectedEntry:
-            info = parse_worker_hash({})
+        info = parse_worker_hash(raw)  # an HGETALL reply, or {} for a key of another type
         wid = bounded_id(member)
         seen = float(last_seen)
         if not math.isfinite(seen):  # ZADD accepts +inf: such a worker is never "seen" at any real time
             seen = 0.0
-        state = worker_state(
-            {"state": info.state, "interval": "" if info.interval is None else repr(info.interval)},
-            seen, now, default_interval,
-        )
-        inflight: int | None = None
+        interval = "" if info.interval is None else repr(info.interval)
+        state = worker_state({"state": info.state, "interval": interval}, seen, now, default_interval)
+        inflight = None if info.inflight is None else info.inflight + (info.prefetched or 0)
         if leases is not None:
             inflight = leases.get(text(member), 0)
-        elif info.inflight is not None:
-            inflight = info.inflight + (info.prefetched or 0)
         running = state == RUNNING
         row: dict[str, Any] = {
             "id": wid, "host": info.host or bounded_text(wid.split(":", 1)[0]), "pid": info.pid,
@@ -238,9 +214,8 @@ def worker_rows(
 
 def crawl_state(control: ControlState, running: int, started: list[float | None] | None = None,
                 now: float | None = None) -> str:
-    """One word for the whole crawl: paused, running, closing (reason), closed (reason) or stopped (no
-    worker running). A close decision taken before all ``started`` (start times of the running workers)
-    is one they ignore, as :meth:`ControlState.close_reason` does: the crawl is running, not closing."""
+    """One word for the whole crawl: paused, running, closing (reason), closed (reason) or stopped. A close
+    decision taken before all ``started`` (the running workers' start times) is ignored, as they do."""
     if control.paused:
         return "paused"
     if control.close and running:
@@ -254,9 +229,8 @@ def crawl_state(control: ControlState, running: int, started: list[float | None]
 
 
 def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """When things come due, in one pipelined round trip (garbage counts as 0 / no time): scheduled revisits
-    and how soon the delayed set's next entry comes due (``{"scheduled", "next_in"}``), and when the first
-    and the last lease runs out (``{"first_in", "last_in"}``)."""
+    """Scheduled revisits and when the next delayed entry comes due (``{"scheduled", "next_in"}``), and when
+    the first and the last lease run out (``{"first_in", "last_in"}``): one round trip."""
     p = client.pipeline(transaction=False)
     for shard in shards:
         p.hget(shard.delayed_meta, "revisits").zrange(shard.delayed, 0, 0, withscores=True)
@@ -280,9 +254,8 @@ def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[
 
 
 def lease_breakdown(leased: int, workers: list[dict[str, Any]]) -> dict[str, int | None]:
-    """The crawl's leases split by what holds them, from the running workers' last heartbeats:
-    ``in_flight`` (handed to an engine), ``prefetched`` (leased ahead of demand) and ``other`` (lost
-    workers', or taken since the last heartbeat); ``None`` figures when a running worker did not say."""
+    """The crawl's leases by holder, per the running workers' heartbeats: ``in_flight`` (handed to an engine),
+    ``prefetched`` and ``other`` (lost workers', or newer); ``None`` when a running worker did not say."""
     running = [w for w in workers if w["state"] == RUNNING]
     if any(w.get("in_flight") is None or w.get("prefetched") is None for w in running):
         return {"leased": leased, "in_flight": None, "prefetched": None, "other": None}
@@ -293,8 +266,7 @@ def lease_breakdown(leased: int, workers: list[dict[str, Any]]) -> dict[str, int
 
 
 def _replies(pipe: Any, fallbacks: list[Any]) -> list[Any]:
-    """A pipeline's replies, a key of the wrong type (``WRONGTYPE``: garbage written by someone) giving
-    its fallback instead of an exception. Connection errors still raise."""
+    """A pipeline's replies, a key of the wrong type (garbage) giving its fallback; other errors raise."""
     out = pipe.execute(raise_on_error=False)
     for i, reply in enumerate(out):
         if isinstance(reply, ResponseError):
@@ -305,7 +277,6 @@ def _replies(pipe: Any, fallbacks: list[Any]) -> list[Any]:
 
 
 def _domains(client: Any, shards: list[CrawlKeys], now: float, limit: int) -> list[dict[str, Any]]:
-    """The busiest domains over every shard (each keeps its domains' politeness state)."""
     rows: list[dict[str, Any]] = []
     for keys in shards:
         try:
@@ -318,7 +289,7 @@ def _domains(client: Any, shards: list[CrawlKeys], now: float, limit: int) -> li
 
 
 def _scan_leases(client: Any, shards: list[CrawlKeys]) -> Counter[str] | None:
-    """Leases per worker: the lease keys' tags and the lease meta HASH (None if a key holds another type)."""
+    """Leases per worker (None if a key holds another type)."""
     try:
         return leases_by_worker(
             [k for shard in shards for k, _ in client.zscan_iter(shard.leases, count=1000)],
@@ -332,9 +303,8 @@ def read_status(
     client: Any, keys: CrawlKeys, *, default_interval: float = defaults.CLUSTERSTATS_INTERVAL,
     worker_limit: int = WORKER_LIMIT, lease_scan_limit: int = LEASE_SCAN_LIMIT, domain_limit: int = 10,
 ) -> dict[str, Any]:
-    """Everything ``scrapy-dist status`` shows about the crawl of ``keys.spider``, as JSON-ready data.
-    Per-worker lease counts come from a scan of the lease index while it holds at most
-    ``lease_scan_limit`` leases (0: never scan; the workers' heartbeats then give them)."""
+    """Everything ``scrapy-dist status`` shows about the crawl, as JSON-ready data. Per-worker lease counts
+    come from a scan of the leases while at most ``lease_scan_limit`` (0: never; else from heartbeats)."""
     now = server_time(client)
     p = client.pipeline(transaction=False)
     p.llen(keys.deadletter).type(keys.start_urls)
@@ -343,10 +313,7 @@ def read_status(
     p.zcard(keys.fingerprints_ttl)  # SetDupeFilter with DUPEFILTER_TTL
     (dead, seeds_type, processing, seeds_rejected, control_raw, stats_raw, errors_raw, members, n_workers,
      expiring) = _replies(p, [0, "none", 0, 0, {}, {}, {}, [], 0, 0])
-    try:
-        control = parse_control(control_raw)
-    except RejectedEntry:
-        control = ControlState(problems=("control hash unreadable",))
+    control = parse_control(control_raw)
     shards = keys.shards(control.shards or 1)
     seeds_type = text(seeds_type)
     p = client.pipeline(transaction=False)
@@ -378,15 +345,14 @@ def read_status(
     errors = window_totals(errors_raw, now)
     stats, stats_skipped = decode_stats(stats_raw)
     revisits, expiry = due_figures(client, shards, now)
+    started = [w["started"] for w in workers if w["state"] == RUNNING]
     return {
         "spider": keys.spider,
         "time": round(now, 3),
-        "state": crawl_state(control, states[RUNNING],
-                             [w["started"] for w in workers if w["state"] == RUNNING], now),
-        # "inflight": every lease (kept for scripts); "leases": what holds them
+        "state": crawl_state(control, len(started), started, now),
+        # "inflight": every lease (kept for scripts); "leases": what holds them, and when they run out
         "frontier": {"queued": queued, "inflight": inflight, "delayed": delayed},
         "revisits": revisits,
-        # what holds the leases, and when the first and the last run out (back in the queue then)
         "leases": {**lease_breakdown(inflight, workers), **expiry},
         "shards": len(shards),
         "deadletter": int(dead),
@@ -396,10 +362,8 @@ def read_status(
         },
         "rejected": {"seeds": int(seeds_rejected), "queue": queue_rejected},
         "filter": combine_filters(filters),
-        "control": {
-            "paused": control.paused, "paused_by": control.paused_by or None, "close": control.close or None,
-            "close_at": control.close_at,
-        },
+        "control": {"paused": control.paused, "paused_by": control.paused_by or None,
+                    "close": control.close or None, "close_at": control.close_at},
         "rates": {"pages_per_min": round(sum(w["pages_per_min"] for w in workers), 1),
                   "error_rate": errors["error_rate"]},
         "errors": errors,
@@ -407,7 +371,6 @@ def read_status(
                             "total": int(n_workers)},
         "workers": workers,
         "domains": _domains(client, shards, now, domain_limit),
-        # stats fields skipped: numbers not finite or out of range, overlong names, over the limit
         "garbage": {"control": list(control.problems), "workers": sum(1 for w in workers if w.get("garbage")),
                     "stats": stats_skipped},
         "stats": stats,
@@ -415,8 +378,8 @@ def read_status(
 
 
 def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
-    """Fill and estimated false-positive rate of the crawl's dupefilter (bloom hash or fingerprint SET);
-    ``{"kind": "garbage"}`` if the bloom hash holds parameters no filter could have."""
+    """Fill and estimated false-positive rate of the crawl's dupefilter; ``{"kind": "garbage"}`` if the bloom
+    hash holds parameters no filter could have."""
     try:
         return _filter_figures(bloom, fingerprints)
     except (ValueError, TypeError, ArithmeticError, ScrapyDistError):
@@ -426,15 +389,13 @@ def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] |
 def _filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
     b = hash_fields(bloom, "bloom")
     if not b.get("capacity"):
-        set_figures = {"kind": "set", "items": fingerprints, "fill": None, "fpr_estimate": 0.0}
-        return set_figures if fingerprints else None
+        figures = {"kind": "set", "items": fingerprints, "fill": None, "fpr_estimate": 0.0}
+        return figures if fingerprints else None
     capacity, n = _whole(b["capacity"], 14), _whole(b.get("n") or "0", 19)
-    if capacity is None or not 0 < capacity <= 10**13:
-        raise ValueError("capacity")
+    if capacity is None or not 0 < capacity <= 10**13 or n is None:
+        raise ValueError("capacity or n")
     if not 0 < float(b.get("error_rate") or "nan") < 1:
         raise ValueError("error_rate")
-    if n is None:
-        raise ValueError("n")
     scheme = next((x for x in SCHEMES if b.get("hashing") == str(x)), 3)  # an estimate: 3 if unknown
     block_bits = int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS)
     plan = BloomPlan(capacity, float(b["error_rate"]), block_bits, scheme=scheme)
@@ -464,8 +425,7 @@ def _generation_figures(b: dict[str, str], base: BloomPlan) -> dict[str, Any]:
 
 
 def combine_filters(figures: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """The filter figures of a sharded frontier (one filter per shard) as one: items, capacity and memory
-    summed; the false-positive estimate is the worst shard's (a URL is looked up in one shard only)."""
+    """One filter's figures from each shard's: sums, and the worst shard's false-positive estimate."""
     present = [f for f in figures if f is not None]
     if any(f["kind"] == "garbage" for f in present):
         return {"kind": "garbage", "items": None, "fill": None, "fpr_estimate": None, "shards": len(figures)}

@@ -31,21 +31,14 @@ from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage, describe
 
 __all__ = ["BUCKET_SECONDS", "Dashboard", "DashboardThread", "check_binding", "history_series"]
 
-#: The page and its scripts: data files of the package (no Python there).
-STATIC = resources.files("scrapy_dist.monitor").joinpath("dashboard_static")
-#: Width of one point of the history charts (seconds); an hour is 360 points.
-BUCKET_SECONDS = 10
-#: Points a history chart shows at least (a minute at the start of a crawl).
-MIN_POINTS = 6
-#: History entries read per refresh at most (the stream keeps about an hour, capped at 20,000 entries).
-HISTORY_READ = 20_000
-#: Dead letters read per refresh to count their reasons.
-DEAD_SAMPLE = 200
-#: Workers charted one by one (the busiest); the others are summed as one series, ``other``.
-WORKER_SERIES = 20
+STATIC = resources.files("scrapy_dist.monitor").joinpath("dashboard_static")  #: the page and its scripts
+BUCKET_SECONDS = 10  #: Width of one point of the history charts (seconds); an hour is 360 points.
+MIN_POINTS = 6  #: Points a history chart shows at least (a minute at the start of a crawl).
+HISTORY_READ = 20_000  #: history entries read per refresh at most (about an hour)
+DEAD_SAMPLE = 200  #: Dead letters read per refresh to count their reasons.
+WORKER_SERIES = 20  #: workers charted one by one (the busiest); the rest as ``other``
 TOKEN_HEADER = "X-Dashboard-Token"
-#: Host names the dashboard always answers to (it may be reached as any of them on loopback).
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})  #: host names always answered to
 
 
 def check_binding(host: str, token: str | None) -> None:
@@ -68,9 +61,8 @@ def _field(fields: dict[bytes, bytes], name: bytes) -> float | None:
 
 def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
                    span: float = 3600.0, bucket: float = BUCKET_SECONDS) -> dict[str, Any]:
-    """Chart series from history stream entries (``XRANGE`` replies): per bucket, pages/min crawl-wide and
-    per worker, errors/min, and the frontier as last reported, from the bucket before the first sample
-    (at least :data:`MIN_POINTS` buckets) to ``now``. Entries that do not parse are skipped."""
+    """Chart series from history stream entries (``XRANGE`` replies), per bucket from the first sample to
+    ``now``: pages/min crawl-wide and per worker, errors/min, the frontier as last reported."""
     start, n, per_min = now - span, int(span // bucket), 60.0 / bucket
     times = [start + (i + 1) * bucket for i in range(n)]
     last: dict[str, tuple[float, float, float]] = {}  # worker -> (time, pages, errors) of its last sample
@@ -149,20 +141,18 @@ def allowed_host(name: str, bound: str, extra: frozenset[str]) -> bool:
 
 @dataclass(eq=False)
 class Dashboard:
-    """The aiohttp application of one crawl's dashboard. ``client`` is a synchronous Redis client (reads
-    run in a thread); ``requeue`` requeues a list of dead letters (the CLI passes its own)."""
+    """The aiohttp application of one crawl's dashboard; ``client`` is a synchronous Redis client (reads run
+    in a thread), ``requeue`` requeues the dead letters."""
 
     client: Any
     keys: CrawlKeys
     token: str | None = None
-    #: the address it listens on, and other host names it is reached by (``--allow-host``)
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  #: the address it listens on; other names it is reached by: ``allowed_hosts``
     allowed_hosts: tuple[str, ...] = ()
     cache_seconds: float = 2.0
     requeue: Callable[[], Any] | None = None
     clock: Callable[[], float] = time.monotonic
-    #: Redis reads done (what the cache saves is visible)
-    reads: int = field(default=0, init=False)
+    reads: int = field(default=0, init=False)  #: Redis reads done (what the cache saves is visible)
     _cache: dict[str, tuple[float, Any]] = field(default_factory=dict, init=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
     #: one WARNING when Redis goes away, one INFO when it is back; the page says it meanwhile (503)
@@ -186,24 +176,19 @@ class Dashboard:
         app.router.add_post("/api/{action:pause|resume|requeue}", self.act)
         return app
 
-    async def _cached(self, name: str, read: Callable[[], Any], seconds: float) -> Any:
+    async def _reply(self, name: str, read: Callable[[], Any], seconds: float) -> web.Response:
+        """The JSON of ``read()`` cached for ``seconds``, or 503 with the reason while Redis is away."""
         async with self._lock:
             hit = self._cache.get(name)
-            if hit is not None and self.clock() - hit[0] < seconds:
-                return hit[1]
-            self.reads += 1
-            value = await asyncio.get_running_loop().run_in_executor(None, read)
-            self._cache[name] = (self.clock(), value)
-            return value
-
-    async def _reply(self, name: str, read: Callable[[], Any], seconds: float) -> web.Response:
-        """The JSON of a cached read, or 503 with the reason in one line while Redis is away."""
-        try:
-            value = await self._cached(name, read, seconds)
-        except READ_ERRORS as exc:
-            return self._unavailable(exc)
+            if hit is None or self.clock() - hit[0] >= seconds:
+                self.reads += 1
+                try:
+                    value = await asyncio.to_thread(read)
+                except READ_ERRORS as exc:
+                    return self._unavailable(exc)
+                hit = self._cache[name] = (self.clock(), value)
         self.outage.succeeded(self.clock())
-        return web.json_response(value)
+        return web.json_response(hit[1])
 
     def _unavailable(self, exc: BaseException) -> web.Response:
         self.outage.failed(exc, self.clock())
@@ -279,31 +264,21 @@ class DashboardThread:
     def __init__(self, dashboard: Dashboard, host: str | None = None, port: int = 0) -> None:
         host = dashboard.host if host is None else host
         self.loop = asyncio.new_event_loop()
-        self.url = ""
         self._runner = web.AppRunner(dashboard.app(), access_log=None)
-        started = threading.Event()
-        failed: list[BaseException] = []
+        self._thread = threading.Thread(target=self.loop.run_forever, name="scrapy-dist dashboard",
+                                        daemon=True)
+        self._thread.start()
 
-        async def start() -> None:
+        async def start() -> str:
             await self._runner.setup()
             await web.TCPSite(self._runner, host, port).start()
-            self.url = f"http://{host}:{self._runner.addresses[0][1]}/"
+            return f"http://{host}:{self._runner.addresses[0][1]}/"
 
-        def main() -> None:
-            try:
-                self.loop.run_until_complete(start())
-            except BaseException as exc:  # reported to the caller below
-                failed.append(exc)
-                return
-            finally:
-                started.set()
-            self.loop.run_forever()
-
-        self._thread = threading.Thread(target=main, name="scrapy-dist dashboard", daemon=True)
-        self._thread.start()
-        started.wait(10)
-        if failed:
-            raise failed[0]
+        try:
+            self.url = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         if self.loop.is_running():

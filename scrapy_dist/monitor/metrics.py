@@ -1,8 +1,6 @@
-"""Prometheus metrics of running crawls (docs/monitoring.md lists them): :class:`CrawlCollector` reads
-each crawl's :func:`~scrapy_dist.monitor.read_status` snapshot and newest dead letters, cached for
-``cache_seconds`` so several scrapers cost one read; :func:`serve` serves it. Label cardinality is bounded:
-workers by :data:`~scrapy_dist.monitor.WORKER_LIMIT`, domains by ``top_domains``, reasons by
-:data:`REASON_LIMIT` (the rest summed as ``other``)."""
+"""Prometheus metrics of running crawls (docs/monitoring.md lists them): :class:`CrawlCollector` reads each
+crawl's :func:`~scrapy_dist.monitor.read_status` and newest dead letters, cached so several scrapers cost one
+read, with bounded label sets (workers, ``top_domains``, reasons); :func:`serve` serves it."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ from scrapy_dist.utils import RateLimitedLog
 
 __all__ = ["DEAD_LETTER_SAMPLE", "REASON_LIMIT", "CrawlCollector", "serve"]
 
-#: Dead letters read per scrape (the newest) to count them by reason.
-DEAD_LETTER_SAMPLE = 500
+DEAD_LETTER_SAMPLE = 500  #: Dead letters read per scrape (the newest) to count them by reason.
 #: Crawl-wide Scrapy stats exported as counters: stat name -> metric name.
 STAT_COUNTERS = {
     "response_received_count": "scrapy_dist_pages_total", "item_scraped_count": "scrapy_dist_items_total",
@@ -50,14 +47,9 @@ class CrawlCollector(Collector):
         self, client: Any, spiders: Iterable[str], keys_of: Callable[[str], CrawlKeys] = CrawlKeys, *,
         cache_seconds: float = 5.0, top_domains: int = 10, clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.client = client
-        self.spiders = list(spiders)
-        self.keys_of = keys_of
-        self.cache_seconds = cache_seconds
-        self.top_domains = top_domains
-        self.clock = clock
-        #: Redis reads done (one per crawl and cache period): what the cache saves is visible
-        self.reads = 0
+        self.client, self.spiders, self.keys_of = client, list(spiders), keys_of
+        self.cache_seconds, self.top_domains, self.clock = cache_seconds, top_domains, clock
+        self.reads = 0  #: Redis reads done (one per crawl and cache period)
         self._cache: tuple[float, list[tuple[str, dict[str, Any] | None, Counter[str]]]] | None = None
         self._lock = threading.Lock()  # the HTTP server scrapes from several threads
         #: one WARNING when Redis goes away, one INFO when it is back (scrapy_dist_up says it meanwhile)
@@ -109,14 +101,11 @@ class CrawlCollector(Collector):
                         " finite or out of range, overlong stats names, stats beyond the limit",
                         float(g.skipped + s["garbage"].get("stats", 0)))
             for name, family in g.families.items():
-                if name in families:
+                if families.setdefault(name, family) is not family:
                     families[name].samples.extend(family.samples)
-                else:
-                    families[name] = family
         yield from families.values()
 
     def _crawl(self, g: _Families, s: dict[str, Any], dead_reasons: Counter[str]) -> None:
-        """The samples of one crawl's snapshot."""
         for state in ("queued", "inflight", "delayed"):
             g.gauge("scrapy_dist_frontier_requests", "Requests in the shared frontier, by state",
                     s["frontier"][state], state=state)
@@ -166,23 +155,20 @@ class CrawlCollector(Collector):
 
     @staticmethod
     def _worker(g: _Families, w: dict[str, Any]) -> None:
-        worker = w["id"]
-        g.counter("scrapy_dist_worker_pages_total", "Pages this worker crawled", w.get("pages"),
-                  worker=worker)
-        g.counter("scrapy_dist_worker_items_total", "Items this worker scraped", w.get("items"),
-                  worker=worker)
+        wid = w["id"]
+        g.counter("scrapy_dist_worker_pages_total", "Pages this worker crawled", w.get("pages"), worker=wid)
+        g.counter("scrapy_dist_worker_items_total", "Items this worker scraped", w.get("items"), worker=wid)
         g.gauge("scrapy_dist_worker_leases", "Requests this worker holds (per its heartbeat)",
-                w.get("leases"), worker=worker)
+                w.get("leases"), worker=wid)
         g.gauge("scrapy_dist_worker_last_seen_timestamp_seconds", "Unix time of the worker's last heartbeat",
-                w["last_seen"], worker=worker)
+                w["last_seen"], worker=wid)
         g.gauge("scrapy_dist_worker_up", "1 while the worker is running (not lost or closed)",
-                1.0 if w["state"] == "running" else 0.0, worker=worker)
+                1.0 if w["state"] == "running" else 0.0, worker=wid)
 
 
 class _Families:
-    """One crawl's metric families by name, built up one sample at a time (labels: ``spider`` then the
-    rest); ``None`` is a figure the snapshot does not have (no sample), any other value that is no finite
-    number within range is left out and counted in ``skipped``."""
+    """One crawl's metric families, one sample at a time (labels: ``spider`` then the rest); ``None`` gives no
+    sample, any other value that is no finite number within range is left out and counted in ``skipped``."""
 
     def __init__(self, spider: str) -> None:
         self.spider = spider
@@ -215,5 +201,4 @@ def serve(collector: CrawlCollector, host: str, port: int) -> Any:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return server
+    return start_http_server(port, addr=host, registry=registry)[0]

@@ -40,8 +40,7 @@ __all__ = ["RedisPipeline"]
 
 logger = logging.getLogger(__name__)
 
-#: Field of each stream entry that holds the JSON item (``XADD <key> * item <json>``).
-STREAM_FIELD = "item"
+STREAM_FIELD = "item"  #: Field of each stream entry that holds the JSON item (``XADD <key> * item <json>``).
 
 _MAX_BATCHES_PER_FLUSH = 16  # so a backlog built up during an outage drains in bounded transactions
 _MAX_PENDING = 10_000  # items encoded by process_item kept for their item_scraped signal
@@ -49,8 +48,7 @@ _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeE
 
 _default_encoder = ScrapyJSONEncoder()
 
-#: scrapy-redis RedisPipeline methods a subclass may override which scrapy-dist's never calls, and what to
-#: do instead (one WARNING per overridden method when the pipeline is built).
+#: scrapy-redis RedisPipeline methods scrapy-dist's never calls and what to do instead (WARNING if overridden)
 SCRAPY_REDIS_PIPELINE_HOOKS: dict[str, str] = {
     "_process_item": "items are written in batches by process_item(); route them with item_key(item,"
                      " spider), change them in `async def process_item(self, item)` before `return await"
@@ -204,8 +202,7 @@ class RedisPipeline:
                            f" REDIS_ITEMS_MAX_BYTES ({self.max_bytes})", log_level="ERROR")
         if self.writer.closing:
             raise RuntimeError("RedisPipeline.process_item() called after close_spider()")
-        if self.outbox is not None:
-            # staged by its page when the item_scraped signal names the response (item_scraped)
+        if self.outbox is not None:  # staged by its page in item_scraped
             if len(self._pending) >= _MAX_PENDING:
                 self._pending.clear()
             self._pending[id(item)] = (item, data)
@@ -215,9 +212,8 @@ class RedisPipeline:
         return item
 
     def item_scraped(self, item: Any, response: Any = None, spider: Any = None) -> None:
-        """Signal handler: stage the item under the request of its response, to ride that request's ack
-        (the engine finishes a request only after this). An item of no leased request (``start()``, a
-        request crawled by this worker only) is written on its own, at least once."""
+        """Signal handler: stage the item under its response's request, to ride that request's ack; an item
+        of no leased request (``start()``, a local request) is written on its own, at least once."""
         if self.outbox is None:
             return
         entry = self._pending.pop(id(item), None)
@@ -277,8 +273,7 @@ class RedisPipeline:
             self._xadd = self._xadd or scripts.register(self.server, "items_xadd")
             maxlen = "" if self.maxlen is None else str(self.maxlen)
             result = self._xadd(keys=[key], args=[maxlen, STREAM_FIELD, *values], client=client)
-        # A command queued on a pipeline returns the pipeline: never await that (awaiting a redis.asyncio
-        # cluster pipeline re-initializes it, dropping the commands queued so far).
+        # never await a pipeline (a redis.asyncio cluster pipeline would drop the commands queued so far)
         if inspect.iscoroutine(result):
             await result
 
@@ -288,9 +283,8 @@ class RedisPipeline:
 
 
 def _check_subclass(cls: type, key: str, options: dict[str, Any]) -> None:
-    """What a subclass written for scrapy-redis's RedisPipeline gets wrong here, said at start: a WARNING per
-    overridden method nothing calls and for a blocking ``process_item`` using ``self.server``; an error for
-    a constructor :meth:`RedisPipeline.from_crawler` cannot call (scrapy-redis's ``__init__(server)``)."""
+    """What a scrapy-redis subclass gets wrong here: a WARNING per overridden method nothing calls and for a
+    blocking ``process_item`` using ``self.server``; an error for a constructor from_crawler cannot call."""
     if cls is RedisPipeline:
         return
     name = cls.__name__
@@ -300,11 +294,10 @@ def _check_subclass(cls: type, key: str, options: dict[str, Any]) -> None:
     process_item = cls.process_item  # type: ignore[attr-defined]
     if (process_item is not RedisPipeline.process_item and not inspect.iscoroutinefunction(process_item)
             and "server" in getattr(getattr(process_item, "__code__", None), "co_names", ())):
-        logger.warning(
-            "scrapy-dist: %s.process_item() uses self.server without awaiting it: here it is a redis.asyncio"
-            " client (scrapy-redis: a blocking one), and a command that is not awaited does nothing; make it"
-            " `async def process_item(self, item)` and `await self.server.<command>(...)`", name,
-        )
+        logger.warning("scrapy-dist: %s.process_item() uses self.server without awaiting it: here it is a"
+                       " redis.asyncio client (scrapy-redis: a blocking one), and a command that is not"
+                       " awaited does nothing; make it `async def process_item(self, item)` and `await"
+                       " self.server.<command>(...)`", name)
     try:
         inspect.signature(cls).bind(None, key, **options)
     except TypeError as exc:
