@@ -428,7 +428,7 @@ class FrontierReport:
         if refused:
             self._refused[0] += refused
             self._refused[1] += result.items_refused
-        if applied.acked > result.acks_refused:  # this worker's acks count again: the episode is over
+        if applied.acked and not refused:  # a call whose every ack counted: the run of refusals is over
             self.refusals_done()
         for key in result.repaired:
             self._log.log(logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing",
