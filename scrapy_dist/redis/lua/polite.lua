@@ -193,9 +193,9 @@ local function pol_finished(dom, now)
 end
 
 -- A domain scheduled more than MAX_PENALTY ahead (BLOCKED included) is taken up again only when a call
--- touches it: one whose counters or score someone wrote garbage into would wait for ever. Each call checks
--- one such domain, picked at random: slots in use past the leases there are (garbage) come down to that
--- count, and pol_flush schedules it again from its (checked) counters.
+-- touches it: one whose counters or score someone wrote garbage into would wait for ever. Each call that
+-- checks (sync.lua) looks at one such domain, picked at random: slots in use past the leases there are
+-- (garbage) come down to that count, and pol_flush schedules it again from its (checked) counters.
 local function pol_unstick(domains_key, now)
   local first = redis.call('ZCOUNT', domains_key, '-inf', now + MAX_PENALTY)
   local total = redis.call('ZCARD', domains_key)
@@ -268,7 +268,7 @@ local function pol_lease(queue_key, domains_key, n, now, on_lease)
       local ms = redis.call('ZRANGEBYLEX', queue_key, '[' .. dom .. '\0', '(' .. dom .. '\1', 'LIMIT', '0',
                             decimal(can))
       if #ms == 0 then
-        st.b = 0; st.w = true  -- heal a drifted counter rather than spin on it
+        st.b = 0; st.w = true; pol.empty = true  -- heal a drifted counter rather than spin on it
       else
         local taken = 0
         for _, m in ipairs(ms) do

@@ -101,10 +101,19 @@ local function sync_call(keys, argv)
   local paused, forgets = control[1], control[2]
   if paused ~= '1' then paused = '0' end
   state.paused = paused
-  if polite then sync_polite_queue(state) end
+  -- the checks of the queue and the schedule (sync_polite_queue, pol_unstick) run in one call in four,
+  -- and after the lease of every call that found a due domain's range empty or leased fewer than it asked
+  -- for while members are queued: where what they repair would show
+  local checked = polite and math.random(4) == 1
+  if checked then sync_polite_queue(state) end
   local leased = sync_lease(state)
   if polite then
-    pol_unstick(key_of.domains, now)
+    if not checked and (pol.empty or (#leased < 2 * state.n_lease and paused ~= '1'
+                                       and redis.call('ZCARD', key_of.queue) > 0)) then
+      checked = true
+      sync_polite_queue(state)
+    end
+    if checked then pol_unstick(key_of.domains, now) end
     pol_flush(key_of.domains, now)
   end
 

@@ -18,12 +18,13 @@ end
 -- With crawl-wide politeness (polite.lua) every queue member has score 0 -- ZRANGEBYLEX reads a domain's
 -- requests, and is only defined over members of one score -- and belongs to a domain that is scheduled
 -- while it has a backlog. What someone else writes there must not hide the frontier from every worker (one
--- member of another score makes every domain's range read empty) nor keep a crawl from finishing. So each
--- call (bounded work): up to 64 members of another score on each side of 0 go back to score 0 (ours whose
--- score was changed keep their place; anything else is rejected when leased), and 4 random members are
--- looked at: one with no domain part is rejected whole, one whose domain has no backlog gets the backlog
--- recounted (ZLEXCOUNT), so it is scheduled, leased, and decoded or rejected by a worker; a domain with a
--- backlog missing from the domains ZSET is scheduled again.
+-- member of another score makes every domain's range read empty) nor keep a crawl from finishing. So a
+-- call that checks (sync.lua: one in four, and every call whose lease came up short) does, bounded: up to
+-- 64 members of another score on each side of 0 go back to score 0 (ours whose score was changed keep their
+-- place; anything else is rejected when leased), and 4 random members are looked at: one with no domain
+-- part is rejected whole, one whose domain has no backlog gets the backlog recounted (ZLEXCOUNT), so it is
+-- scheduled, leased, and decoded or rejected by a worker; a domain with a backlog missing from the domains
+-- ZSET is scheduled again.
 local POLITE_FOREIGN_SCORES = {{'-inf', '(0'}, {'(0', '+inf'}}
 
 local function sync_polite_queue(state)
