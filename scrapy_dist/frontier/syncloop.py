@@ -1,5 +1,6 @@
 """The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis, one
-call per shard (more for a backlog) sent concurrently. A failed call's batch goes back in the ledger and the
+call per shard (more for a backlog) sent concurrently -- or, with shards and nothing urgent, to one shard in
+turn, since every call has a fixed cost on its server. A failed call's batch goes back in the ledger and the
 loop backs off; should the task end by accident the worker closes with ``scheduler_failed``.
 """
 
@@ -72,7 +73,9 @@ class SyncLoop(BackgroundTask):
         self.drained_at = 0.0
         self.backlog_since: float | None = None  # when the rounds started leaving a backlog behind
         self.next_fetch = self.next_renew = 0.0
-        self.lease_result = (0, 0, 0)  # (leased, asked for, queued crawl-wide) of the last complete round
+        #: (leased, asked for, queued crawl-wide) of the last round; queued is None after a round that did
+        #: not call every shard (another shard may hold requests: no reason to poll less often)
+        self.lease_result: tuple[int, int, int | None] = (0, 0, 0)
         self._once = RateLimitedLog.once(logger)
         self._seq_seen: dict[int, int] = {}  # the largest sequence number each shard has reported
         #: awaited before a round that acknowledges newly finished requests (feed files made durable); one
@@ -252,9 +255,8 @@ class SyncLoop(BackgroundTask):
         if error is None:
             if not (ledger.left_behind or ledger.deferred):
                 self.drained_at = started
-            if skip:  # the crawl-wide state needs every shard's answer
-                queued = sum(st[0] for st in router.states if st is not None)
-            else:
+            queued: int | None = None  # the crawl-wide state needs every shard's answer
+            if not skip:
                 self.state = state = router.settle()
                 queued = state.queued
             if ledger.ready or not (skip or state.queued or state.inflight):
