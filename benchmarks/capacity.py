@@ -322,7 +322,7 @@ def measure(
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     # start-up (imports, open) and warm-up are not measured; CLOCK_MONOTONIC is system-wide on Linux
-    start = time.monotonic() + 6 + warmup
+    start = time.monotonic() + STARTUP_S + warmup
     window = (start, start + seconds)
     procs, first = [], 0
     if record:  # one prefix per point: files kept for a profile (BENCH_CALLGRIND_KEEP) are never read again
@@ -362,7 +362,8 @@ def measure(
         c.config_set("slowlog-log-slower-than", 10_000)
         c.close()
     rate = total_pages / seconds
-    instructions = _instructions(record, sum(n for _, n, *_ in got)) if record else None
+    crawled = sum(n for _, n, *_ in got)
+    instructions = _instructions(record, crawled) if record and crawled else None
     return {
         "server_instructions_per_page": instructions,
         "workers": workers, "shards": shards, "politeness": politeness, "processes": processes,
@@ -541,7 +542,7 @@ def run(args: argparse.Namespace) -> dict:
                     r = measure(server.url, [server.port], 1, n, seconds, _warmup(n), MODES[m][2], record,
                                 pin, total_rate / n)
                     results[m].append(r)
-                    print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {r['redis_cpu_us_per_page']:.1f}"
+                    print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {_round(r['redis_cpu_us_per_page'])}"
                           f" us/page, sync p50 {r['sync_p50_us']} p99 {r['sync_p99_us']} us", flush=True)
         finally:
             server.stop()
@@ -556,7 +557,7 @@ def run(args: argparse.Namespace) -> dict:
                     r = measure(cluster.nodes[0].url, ports, 3, n, seconds, _warmup(n), MODES[m][2],
                                 record, pin, total_rate / n)
                     results[m].append(r)
-                    print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {r['redis_cpu_us_per_page']:.1f}"
+                    print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {_round(r['redis_cpu_us_per_page'])}"
                           f" us/page, sync p99 {r['sync_p99_us']} us", flush=True)
         finally:
             cluster.stop()
@@ -672,6 +673,10 @@ def _machine_note(pin: tuple[set[int], set[int]] | None, total_rate: float, serv
         note += (f" The workers' pages/s are capped at {total_rate:g} in total (--capacity-rate; each worker"
                  " its share), so that every point's workers fit on their cores.")
     return note
+
+
+#: seconds the worker processes get to start (imports, open) before the warm-up: a loaded machine needs more
+STARTUP_S = 10
 
 
 def _warmup(workers: int) -> float:
