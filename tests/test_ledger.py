@@ -77,6 +77,43 @@ def test_an_ack_travels_with_its_output_only_when_all_of_it_goes_to_its_shard() 
     assert ledger.take_batches([0, 0, 0], renew=False)[2].ack == [b"other"]
 
 
+def test_a_round_that_skips_shards_keeps_their_requests_and_acks_until_every_shard_has_landed() -> None:
+    ledger = Ledger(shards=3)
+    ledger.acks = [(2, b"landed")]
+    ledger.add(_out("http://a/0", shard=0), now=0.0)
+    ledger.add(_out("http://a/2", shard=2), now=0.0)
+    ledger.acks_new = [(0, b"parent")]  # its output went to shards 0 and 2
+    first = ledger.take_batches([4, 0, 0], renew=False, skip={1, 2})
+    assert [len(b.enqueue) for b in first] == [1, 0, 0] and not first[2].ack and first[0].lease == 4
+    assert ledger.acks == [(2, b"landed")] and ledger.deferred == 1 and ledger.first_pending == 0.0
+    assert ledger.acks_cycle == [(0, b"parent")] and not first[0].ack  # a/2 is not in Redis yet
+    ledger.finish_round(landed=True, now=1.0)
+    assert ledger.acks_cycle == [(0, b"parent")]
+    second = ledger.take_batches([0, 0, 0], renew=False, skip={0, 1})
+    assert second[2].enqueue and second[2].ack == [b"landed"] and not ledger.out
+    ledger.restore(2, second[2], now=2.0)  # shard 2's call failed
+    ledger.finish_round(landed=False, now=2.0)
+    assert ledger.acks_cycle == [(0, b"parent")]
+    third = ledger.take_batches([0, 0, 0], renew=False, skip={0, 1})
+    assert third[2].enqueue and ledger.first_pending is None
+    ledger.finish_round(landed=True, now=3.0)
+    assert ledger.acks == [(0, b"parent")] and not ledger.acks_cycle  # every shard has landed a/2's round
+
+
+def test_a_busy_sharded_round_calls_one_shard_in_turn_and_leases_from_one_known_to_hold_requests() -> None:
+    ledger, router = Ledger(shards=3), ShardRouter(3)
+    loop = SyncLoop(ledger, router, [], DetachedEngine(), decode=_decode, on_applied=lambda a, r: None)
+    assert loop.plan(8) == ([3, 3, 2], set())  # nothing known queued anywhere: every shard
+    for shard, queued in enumerate([5, 0, 7]):
+        router.observe(shard, _result(queued=queued))
+    assert loop.plan(8) == ([8, 0, 0], {1, 2})
+    assert loop.plan(8) == ([0, 0, 8], {0})  # shard 1's turn, leased from the next holding requests
+    assert loop.plan(0) == ([0, 0, 0], {0, 1})
+    ledger.add(_out("http://a/x", shard=1), now=0.0)
+    ledger.left_behind = 1  # a backlog goes to every shard at once
+    assert loop.plan(8)[1] == set()
+
+
 def test_a_backlog_goes_in_short_calls_in_order_and_acks_wait_for_the_last() -> None:
     """After an outage thousands of requests wait: a round carries at most CALL_RECORDS of them per shard
     (short script calls), the rest stays in order for the next round, and the acks of just-finished

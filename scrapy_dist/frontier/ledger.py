@@ -160,6 +160,11 @@ class Ledger:
         self.acks: list[Lease] = []
         self.acks_new: list[Lease] = []
         self.acks_waiting: list[Lease] = []
+        #: acks whose output waits in ``out`` behind rounds that skip shards: they go once every shard of
+        #: ``unflushed`` has had a round that landed all it was owed
+        self.acks_cycle: list[Lease] = []
+        self.unflushed: set[int] = set()
+        self._flushing: set[int] = set()
         self.delays: list[Delay] = []
         self.dead: list[str] = []
         self.forgets: list[tuple[int, tuple[Any, Any]]] = []  # (shard, tokens), DEADLETTER_FORGET
@@ -168,6 +173,7 @@ class Ledger:
         self.penalties: list[tuple[int, tuple[str, float]]] = []
         self.first_pending: float | None = None  # when the oldest unsent write was buffered
         self.left_behind = 0  # discovered requests the last round left for the next one
+        self.deferred = 0  # discovered requests the last round kept for the shards it did not call
         self.best_out = math.inf  # the best (lowest) score among ``out``
         self._sent: list[list[Outgoing]] = []  # what the current round took, per call
         self.call_shards: list[int] = list(range(shards))  # each call's shard (first ones: the index)
@@ -264,26 +270,32 @@ class Ledger:
 
     def owes(self) -> bool:
         return bool(self.out or self.delays or self.dead or self.rejects or self.penalties or self.forgets
-                    or self.releases or self.acks or self.acks_new or self.acks_waiting)
+                    or self.releases or self.acks or self.acks_new or self.acks_waiting or self.acks_cycle)
 
     def busy(self) -> bool:
         """Whether this worker has work of its own: buffered, in the engine, or to send."""
         return bool(self.ready or self.local or self.handed) or self.owes()
 
     def take_batches(
-        self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS, max_calls: int = 1
+        self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS, max_calls: int = 1,
+        skip: Collection[int] = (),
     ) -> list[SyncBatch]:
-        """The calls of one round (:func:`split_calls`). An ack travels with its request's output only in one
-        atomic call: when every write of this round is in the call that carries it; else it waits in
-        ``acks_waiting`` until :meth:`finish_round`, or in ``acks_new`` while requests are left behind."""
+        """The calls of one round (:func:`split_calls`); the discovered requests and acks of the shards in
+        ``skip`` stay for a later round. An ack travels with its request's output only in one atomic call:
+        when every write of this round is in the call that carries it; else it waits in ``acks_waiting``
+        until :meth:`finish_round`, in ``acks_new`` while requests are left behind, or, once requests are
+        kept, in ``acks_cycle`` until every shard has had a round that landed all it was owed."""
         n = self.shards
         # what the first call of each shard settles besides its discovered requests
         settle = [lease_counts[i] if i < len(lease_counts) else 0 for i in range(n)]
         for shard, _ in itertools.chain(self.acks, self.acks_new, self.held if renew else ()):
             settle[shard] += 1
-        sent, shard_of, left = split_calls(self.out, n, settle, max_records, max_calls)
+        out, kept = self.out, []
+        if skip:
+            out, kept = [e for e in self.out if e.shard not in skip], [e for e in self.out if e.shard in skip]
+        sent, shard_of, left = split_calls(out, n, settle, max_records, max_calls)
         batches = [SyncBatch(enqueue=[e.enqueue_item() for e in call]) for call in sent]
-        self.left_behind = len(left)
+        self.left_behind, self.deferred = len(left), len(kept)
         self.call_shards = shard_of
         for d in self.delays:
             batches[d.shard].delay.append((d.score, d.payload, d.not_before, d.domain, d.limits))
@@ -296,12 +308,18 @@ class Ledger:
             batches[shard].penalize.append(penalty)
         for shard, tokens in self.forgets:
             batches[shard].forget.append(tokens)
+        acks = [lease for lease in self.acks if lease[0] in skip]
         for shard, member in self.acks:
-            self.riders.ack(batches[shard], (shard, member))
+            if shard not in skip:
+                self.riders.ack(batches[shard], (shard, member))
         writes = {i for i, b in enumerate(batches) if b.enqueue or b.delay or b.dead or b.forget}
+        if self.acks_new and kept and not self.unflushed:
+            self.acks_cycle, self.acks_new, self.unflushed = self.acks_new, [], set(range(n))
+        # the shards this round owes nothing more once it lands
+        self._flushing = set(range(n)).difference(e.shard for e in itertools.chain(left, kept))
         held_new, self.acks_waiting = [], []
         for shard, member in self.acks_new:
-            if left:
+            if left or kept:
                 held_new.append((shard, member))
             elif writes <= {shard}:
                 self.riders.ack(batches[shard], (shard, member))
@@ -313,10 +331,10 @@ class Ledger:
         for batch, count in zip(batches, lease_counts, strict=False):
             batch.lease = count
         self._sent = sent
-        self.out, self.acks, self.acks_new, self.delays = left, [], held_new, []
-        self.best_out = min((e.score for e in left), default=math.inf)
+        self.out, self.acks, self.acks_new, self.delays = left + kept, acks, held_new, []
+        self.best_out = min((e.score for e in self.out), default=math.inf)
         self.rejects, self.dead, self.penalties, self.releases, self.forgets = [], [], [], [], []
-        if not left:
+        if not self.out:
             self.first_pending = None
         return batches
 
@@ -377,6 +395,9 @@ class Ledger:
         """Acks held back may go once the round landed on every shard; else they wait again."""
         if landed:
             self.acks = self.acks + self.acks_waiting
+            self.unflushed -= self._flushing
+            if not self.unflushed:
+                self.acks, self.acks_cycle = self.acks + self.acks_cycle, []
         else:
             self.acks_new = self.acks_waiting + self.acks_new
         self.acks_waiting = []

@@ -1,5 +1,6 @@
 """The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis, one
-call per shard (more for a backlog) sent concurrently. A failed call's batch goes back in the ledger and the
+call per shard (more for a backlog) sent concurrently -- or, with shards and nothing urgent, to one shard in
+turn, since every call has a fixed cost on its server. A failed call's batch goes back in the ledger and the
 loop backs off; should the task end by accident the worker closes with ``scheduler_failed``.
 """
 
@@ -66,12 +67,15 @@ class SyncLoop(BackgroundTask):
         #: a round is under way (its requests are neither in the ledger nor known to be in Redis)
         self.in_sync = False
         self.failing = False  # the last round failed: buffered requests cannot reach Redis now
-        self.last_sync = 0.0  # when the last round that reached every shard started
+        self.last_sync = 0.0  # when the last round started
+        self.rotation = 0  # rounds that called one shard in turn
         #: start of the last successful round that took every discovered request buffered
         self.drained_at = 0.0
         self.backlog_since: float | None = None  # when the rounds started leaving a backlog behind
         self.next_fetch = self.next_renew = 0.0
-        self.lease_result = (0, 0, 0)  # (leased, asked for, queued crawl-wide) of the last complete round
+        #: (leased, asked for, queued crawl-wide) of the last round; queued is None after a round that did
+        #: not call every shard (another shard may hold requests: no reason to poll less often)
+        self.lease_result: tuple[int, int, int | None] = (0, 0, 0)
         self._once = RateLimitedLog.once(logger)
         self._seq_seen: dict[int, int] = {}  # the largest sequence number each shard has reported
         #: awaited before a round that acknowledges newly finished requests (feed files made durable); one
@@ -111,7 +115,7 @@ class SyncLoop(BackgroundTask):
         if not due:
             return
         renew = now >= self.next_renew
-        error = await self.round(lease, renew)
+        error = await self.round(lease, renew, partial=not renew)
         if error is not None:
             raise error
         self.succeeded()
@@ -165,9 +169,29 @@ class SyncLoop(BackgroundTask):
             return CALLS_PER_ROUND * 8
         return CALLS_PER_ROUND
 
-    async def round(self, lease: int, renew: bool) -> BaseException | None:
-        """One exchange with every shard (concurrently); returns the first error, or ``None`` if every
-        shard answered. A call that failed has its batch put back; the others' answers are applied."""
+    def plan(self, lease: int) -> tuple[list[int], set[int]]:
+        """The round's lease per shard and the shards it does not call. With shards, a round that has
+        nothing urgent calls one shard in turn with what it is owed and the whole lease (from the next
+        shard in turn known to hold requests): each shard gets a call every ``shards`` rounds carrying
+        that many rounds' worth, as one master does every round."""
+        ledger, router, n = self.ledger, self.router, self.router.shards
+        if n == 1 or ledger.left_behind or len(ledger.out) >= self.flush_batch or ledger.outranked():
+            return router.lease_split(lease), set()
+        turn = lender = self.rotation % n
+        counts = [0] * n
+        if lease > 0:
+            known = [i % n for i in range(turn, turn + n) if (st := router.states[i % n]) and st[0] > 0]
+            if not known:  # nothing known queued anywhere: ask every shard (and see the crawl-wide state)
+                return router.lease_split(lease), set()
+            lender = known[0]
+            counts[lender] = lease
+        self.rotation += 1
+        return counts, set(range(n)).difference((turn, lender))
+
+    async def round(self, lease: int, renew: bool, partial: bool = False) -> BaseException | None:
+        """One exchange with every shard (concurrently; with ``partial``, the shards :meth:`plan` picks
+        and those with something that cannot wait); returns the first error, or ``None`` if every shard
+        called answered. A call that failed has its batch put back; the others' answers are applied."""
         ledger, router = self.ledger, self.router
         if self.ack_barriers and ledger.acks_new:
             try:
@@ -177,35 +201,37 @@ class SyncLoop(BackgroundTask):
                 return exc
         started = self.clock()
         calls = self.calls_per_round(started)
-        batches = ledger.take_batches(router.lease_split(lease), renew, max_calls=calls)
+        counts, skip = self.plan(lease) if partial else (router.lease_split(lease), set())
+        batches = ledger.take_batches(counts, renew, max_calls=calls, skip=skip)
         shard_of = ledger.call_shards
+        sending = [i for i, b in enumerate(batches) if b or shard_of[i] not in skip]
         if not ledger.left_behind:
             self.backlog_since = None
         elif self.backlog_since is None:
             self.backlog_since = started
         self.in_sync = True
         try:
-            if len(batches) == 1:
-                results: list[Any] = []
+            if len(sending) == 1:
+                results: dict[int, Any] = {}
                 try:
-                    results.append(await self.frontiers[0].sync(batches[0]))
+                    results[sending[0]] = await self.frontiers[shard_of[sending[0]]].sync(batches[sending[0]])
                 except Exception as exc:
-                    results.append(exc)
+                    results[sending[0]] = exc
             else:  # one call per shard, and more for a backlog: all sent at once, each short on the server
-                results = await asyncio.gather(
-                    *(self.frontiers[shard_of[i]].sync(b) for i, b in enumerate(batches)),
-                    return_exceptions=True,
+                answers = await asyncio.gather(
+                    *(self.frontiers[shard_of[i]].sync(batches[i]) for i in sending), return_exceptions=True,
                 )
+                results = dict(zip(sending, answers, strict=True))
         finally:
             self.in_sync = False
         now = self.clock()
         error: BaseException | None = None
         # failed calls go back in front of what came since, in their order; the first one's error is told
-        for call in reversed(range(len(batches))):
+        for call in reversed(sending):
             if isinstance(results[call], BaseException):
                 ledger.restore(call, batches[call], now)
                 error = results[call]
-        answered = [(call, r) for call, r in enumerate(results) if not isinstance(r, BaseException)]
+        answered = [(call, r) for call, r in results.items() if not isinstance(r, BaseException)]
         # a shard's state is the one its last-executed call saw (the largest seq: it only grows)
         seqs: dict[int, int] = {}
         for call, result in sorted(answered, key=lambda cr: cr[1].seq):
@@ -227,12 +253,15 @@ class SyncLoop(BackgroundTask):
         ledger.finish_round(error is None, now)
         self.failing = error is not None
         if error is None:
-            if not ledger.left_behind:
+            if not (ledger.left_behind or ledger.deferred):
                 self.drained_at = started
-            self.state = state = router.settle()
-            if ledger.ready or not (state.queued or state.inflight):
+            queued: int | None = None  # the crawl-wide state needs every shard's answer
+            if not skip:
+                self.state = state = router.settle()
+                queued = state.queued
+            if ledger.ready or not (skip or state.queued or state.inflight):
                 self.engine.wake()
-            self.lease_result = (got, lease, state.queued)
+            self.lease_result = (got, lease, queued)
         else:
             router.forget_snapshot()
         return error
