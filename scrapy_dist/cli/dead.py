@@ -1,10 +1,5 @@
 """``scrapy-dist dead <spider>`` (list, requeue or purge dead letters: docs/retries.md) and ``scrapy-dist
-forget`` (make URLs new again, end their revisit chains: docs/continuous.md).
-
-``--requeue`` enqueues through the frontier's ``sync`` script, then removes the records with ``LREM``: an
-interrupted requeue requeues some requests twice rather than losing any. Malformed records are reported on
-stderr, never requeued, and purged only by ``--purge`` without ``--reason``.
-"""
+forget`` (make URLs new again, end their revisit chains: docs/continuous.md)."""
 
 from __future__ import annotations
 
@@ -232,34 +227,23 @@ def project_fingerprinter(redis: ClientFactory) -> Any:
                                    f" ({exc}); name the requests with --fingerprint HEX instead") from None
 
 
-def url_fingerprints(urls: list[str], fingerprinter: Any) -> list[bytes]:
-    """The fingerprint of ``GET url`` for each URL; a bad URL stops the command in one line."""
-    out = []
-    for url in urls:
-        try:
-            out.append(bytes(fingerprinter.fingerprint(Request(url))))
-        except ValueError as exc:
-            raise click.ClickException(f"not a URL: {printable(url, 200)} ({exc})") from None
-    return out
+def url_fingerprint(url: str, fingerprinter: Any) -> bytes:
+    """The fingerprint of ``GET url``; a bad URL stops the command in one line."""
+    try:
+        return bytes(fingerprinter.fingerprint(Request(url)))
+    except ValueError as exc:
+        raise click.ClickException(f"not a URL: {printable(url, 200)} ({exc})") from None
 
 
-def hex_fingerprints(values: tuple[str, ...]) -> list[bytes]:
-    out = []
-    for value in values:
-        try:
-            fp = bytes.fromhex(value)
-        except ValueError:
-            fp = b""
-        if not 1 <= len(fp) <= MAX_FINGERPRINT_BYTES:
-            raise click.ClickException(f"--fingerprint {printable(value, 200)}: not a hexadecimal"
-                                       " fingerprint")
-        out.append(fp)
-    return out
+def hex_fingerprint(value: str) -> bytes:
+    with contextlib.suppress(ValueError):
+        if 1 <= len(fp := bytes.fromhex(value)) <= MAX_FINGERPRINT_BYTES:
+            return fp
+    raise click.ClickException(f"--fingerprint {printable(value, 200)}: not a hexadecimal fingerprint")
 
 
 def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
-    """The dupefilters one shard holds in Redis, built from what they recorded (garbage parameters stop the
-    command in one line)."""
+    """The dupefilters one shard holds in Redis, built from what they recorded."""
     out: list[RedisDupeFilter] = []
     found = text(client.type(keys.bloom))
     if found not in ("none", "hash"):  # the filter's parameters are unknown: nothing can be forgotten in it
@@ -284,9 +268,8 @@ def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
 
 def forget_fingerprints(client: Any, keys: Any, fingerprints: list[bytes],
                         domains: list[str | None] | None = None) -> list[str]:
-    """Forget ``fingerprints`` in every filter of the crawl, shard by shard (a bloom filter cannot drop a
-    fingerprint: ``lua/dupe.lua`` records it as forgotten); returns the kinds of filter told. ``domains``:
-    each fingerprint's host (None: unknown, then every shard of a crawl sharded by domain)."""
+    """Forget ``fingerprints`` in every filter of the crawl (a bloom filter records them as forgotten); the
+    kinds of filter told. ``domains``: each one's host (None: every shard of a crawl sharded by domain)."""
     move_aside_foreign(client, keys.control)
     control = parse_control(client.hgetall(keys.control))
     shards = keys.shards(control.shards or 1)
@@ -324,11 +307,12 @@ def forget(redis: ClientFactory, spider: str, urls: tuple[str, ...], url_file: I
     wanted = list(urls) + ([line.strip() for line in url_file if line.strip()] if url_file else [])
     if not wanted and not fingerprints:
         raise click.UsageError("name URLs, --file F or --fingerprint HEX")
-    fps = hex_fingerprints(fingerprints)
+    fps = [hex_fingerprint(value) for value in fingerprints]
     domains: list[str | None] = [None] * len(fps)
     keys = redis.crawl(spider, force)
     if wanted:
-        fps += url_fingerprints(wanted, project_fingerprinter(redis))
+        fingerprinter = project_fingerprinter(redis)
+        fps += [url_fingerprint(url, fingerprinter) for url in wanted]
         domains += [(urlsplit(u).hostname or "").lower() for u in wanted]
     client = redis.client()
     try:

@@ -1,8 +1,5 @@
-"""``scrapy-dist push`` (seeds in, checked with the spider's rules; a rejected seed makes the exit status 1)
-and ``scrapy-dist items`` (items out, read without consuming them). ``items --export`` moves items to a file
-chunk by chunk: appended, fsynced, then removed from Redis, with a journal (``FILE.export``) naming the chunk
-in between, so a stopped export resumes without writing a chunk twice.
-"""
+"""``scrapy-dist push`` (seeds in, checked with the spider's rules) and ``scrapy-dist items`` (items out,
+read without consuming them, or moved to a file by ``--export``)."""
 
 from __future__ import annotations
 
@@ -49,10 +46,6 @@ class PushReport:
     examples: list[tuple[str, str, str]] = field(default_factory=list)  #: (where, reason, detail), the first
     seconds: float = 0.0
 
-    @property
-    def rejected_total(self) -> int:
-        return sum(self.rejected.values())
-
 
 @dataclass(frozen=True)
 class PushOptions:
@@ -67,8 +60,8 @@ class PushOptions:
 
 
 def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
-    """Validate one seed: what to push (as typed, unless ``--priority`` / ``--meta`` change it: then as a
-    JSON object) and its ZSET score. Raises :class:`RejectedEntry`."""
+    """What to push for one seed (as typed, unless ``--priority`` / ``--meta`` change it: then as a JSON
+    object) and its ZSET score; :class:`RejectedEntry` if invalid."""
     seed = parse_seed(raw, opts.rules, opts.has_callback)
     score = float(seed.priority if seed.priority is not None else opts.priority or 0)
     fill = opts.priority is not None and seed.priority is None and opts.kind != "zset"
@@ -86,8 +79,7 @@ def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
 
 def push_seeds(client: redis.Redis, key: str, seeds: Iterable[tuple[str, bytes]],
                opts: PushOptions = PushOptions()) -> PushReport:
-    """Validate ``seeds`` (``(where, raw)`` pairs) and push the valid ones to ``key``: RPUSH / SADD / ZADD of
-    ``CHUNK`` seeds, ``CHUNKS_PER_ROUND_TRIP`` a round trip."""
+    """Validate ``seeds`` (``(where, raw)`` pairs) and push the valid ones to ``key`` in pipelined chunks."""
     report = PushReport()
     started = time.perf_counter()
     pipe = client.pipeline(transaction=False)
@@ -160,8 +152,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
     if not dry_run:
         redis.require_configured()
     redis.check_spider(spider, force)
-    # the spider's custom_settings may change the seeds settings: checked again, as its workers do
-    spidercls, ds = redis.spider_settings(spider)
+    spidercls, ds = redis.spider_settings(spider)  # its custom_settings may change the seeds settings
     keys, kind = redis.keys(spider), ds.seeds.kind
     has_callback = None if spidercls is None else class_has_callback(spidercls)
     opts = PushOptions(kind=kind, rules=SeedRules.from_dist(ds), has_callback=has_callback, priority=priority,
@@ -196,11 +187,12 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
         report = push_seeds(client, keys.start_urls, sources(lambda n: bar.advance(task, n)), opts)
     hints = [] if dry_run else seed_hints(redis, client, keys)
     client.close()
-    rate = (report.accepted + report.rejected_total) / report.seconds if report.seconds > 0 else 0.0
+    rejected = report.rejected.total()
+    rate = (report.accepted + rejected) / report.seconds if report.seconds > 0 else 0.0
     plural = "" if report.pushed == 1 else "s"
     head = (f"Dry run: {report.accepted:,} valid seeds for {keys.start_urls!r} ({kind}), nothing pushed"
             if dry_run else f"Pushed {report.pushed:,} seed{plural} to {keys.start_urls!r} ({kind})")
-    click.echo(f"{head} in {report.seconds:.2f}s ({rate:,.0f} seeds/s); rejected {report.rejected_total:,}.")
+    click.echo(f"{head} in {report.seconds:.2f}s ({rate:,.0f} seeds/s); rejected {rejected:,}.")
     for hint in hints:
         click.echo(f"Note: {hint.hint()} No crawl reads that key: its seeds wait there for ever.", err=True)
     if report.rejected:
@@ -208,7 +200,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
         click.echo(f"Rejected: {reasons}", err=True)
         for where, reason, detail in report.examples:
             click.echo(f"  {where}: {reason}" + (f" ({detail})" if detail else ""), err=True)
-        if hidden := report.rejected_total - len(report.examples):
+        if hidden := rejected - len(report.examples):
             shown = len(report.examples)
             click.echo(f"  ... and {hidden:,} more (only the first {shown} are shown)", err=True)
         raise SystemExit(1)
@@ -221,8 +213,7 @@ BLOCK_MS = 1000  #: How long one blocking ``XREAD`` waits (milliseconds), so Ctr
 
 
 # Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
-def list_entries(client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
-                 ) -> Iterator[tuple[int, bytes]]:
+def list_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[int, bytes]]:
     """``(index, raw item)`` for each LIST element from the first; with ``follow``, forever."""
     offset = 0
     while True:
@@ -233,7 +224,7 @@ def list_entries(client: Any, key: str, follow: bool, poll: float = POLL_SECONDS
         if len(chunk) < ITEMS_CHUNK:
             if not follow:
                 return
-            time.sleep(poll)
+            time.sleep(POLL_SECONDS)
 
 
 def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
@@ -352,10 +343,8 @@ class Exporter:
         self.skipped = 0
 
     def remaining(self) -> int:
-        kind = items_kind(self.client, self.key)
-        if kind == "none":
-            return 0
-        return int(self.client.llen(self.key) if kind == "list" else self.client.xlen(self.key))
+        stream = items_kind(self.client, self.key) == "stream"
+        return int(self.client.xlen(self.key) if stream else self.client.llen(self.key))  # a missing key: 0
 
     def recover(self) -> None:
         """Finish the removal of a chunk an earlier run wrote and fsynced but may not have removed."""
@@ -367,11 +356,8 @@ class Exporter:
         if entry["kind"] == "stream":
             if entry["ids"]:
                 self.client.xdel(self.key, *entry["ids"])
-        elif not self._trim(keys=[self.key], args=[entry["n"], entry["sha1"]]):
-            # not the head it was read from: removed already (the run stopped after the trim), or popped
-            head = self.client.lrange(self.key, 0, entry["n"] - 1)
-            if _digest(head) == entry["sha1"]:  # pragma: no cover - the script saw otherwise a moment ago
-                raise click.ClickException("the items LIST changed while exporting")
+        else:  # trimmed only if still the head it was read from (else removed already, or popped)
+            self._trim(keys=[self.key], args=[entry["n"], entry["sha1"]])
 
     def step(self) -> int:
         """Move one chunk; how many items it held (0: the key is empty)."""

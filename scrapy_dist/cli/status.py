@@ -1,7 +1,5 @@
 """Watching and steering a crawl: ``scrapy-dist status|pause|resume|close <spider>``, ``metrics``
-(Prometheus), ``dashboard`` (a live web page) and ``demo`` (a live crawl of a generated site with a worker
-killed half way; its Redis is ``--redis-url``/``$REDIS_URL``, else the demo project's embedded one).
-"""
+(Prometheus), ``dashboard`` (a live web page) and ``demo`` (a live crawl of a generated site)."""
 
 from __future__ import annotations
 
@@ -54,9 +52,7 @@ def _num(value: Any) -> str:
 def _ago(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f}s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m ago"
-    return f"{seconds / 3600:.0f}h ago"
+    return f"{seconds / 60:.0f}m ago" if seconds < 7200 else f"{seconds / 3600:.0f}h ago"
 
 
 def back_in(leases: dict[str, Any]) -> str:
@@ -161,13 +157,13 @@ def render(status: dict[str, Any]) -> Group:
                             f"{d['delay']:g}s", str(d["concurrency"] or "-"), f"{d['next_in']:.1f}s")
         parts.append(domains)
     garbage = status.get("garbage") or {}
-    if garbage.get("control") or garbage.get("workers") or garbage.get("stats"):
-        what = [printable(p, 120) for p in garbage.get("control", [])]
-        if garbage.get("workers"):
-            what.append(f"{garbage['workers']:,} worker hashes with garbage fields (shown as -)")
-        if garbage.get("stats"):
-            what.append(f"{garbage['stats']:,} stats fields (numbers out of range, overlong names, over the"
-                        " limit)")
+    what = [printable(p, 120) for p in garbage.get("control", [])]
+    if garbage.get("workers"):
+        what.append(f"{garbage['workers']:,} worker hashes with garbage fields (shown as -)")
+    if garbage.get("stats"):
+        what.append(f"{garbage['stats']:,} stats fields (numbers out of range, overlong names, over the"
+                    " limit)")
+    if what:
         lines.append(Text.assemble(("Ignored garbage  ", "bold yellow"), "; ".join(what)))
     stamp = datetime.fromtimestamp(status["time"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     if status.get("redis"):
@@ -188,8 +184,7 @@ def _filter_text(f: dict[str, Any] | None) -> str:
 
 
 def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.NearMiss]:
-    """Keys holding seeds that no crawl reads, close to the seeds key of ``keys`` (inside a project, the seeds
-    keys of its spiders count as read)."""
+    """Keys near the seeds key of ``keys`` holding seeds no crawl (no spider of the project) reads."""
     try:
         misses = nearmiss.find(client, keys)
     except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error

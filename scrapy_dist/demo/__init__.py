@@ -1,7 +1,5 @@
-"""``scrapy-dist demo``: a distributed crawl of a generated local website with a worker killed half way
-(docs/quickstart.md, "Watch the demo"). :class:`Demo` runs :mod:`~scrapy_dist.demo.site` (the site, the
-workers), shows the live view and the summary, and judges the run by the site's record, not the crawler's.
-"""
+"""``scrapy-dist demo``: a distributed crawl of a generated local website with a worker killed half way,
+shown live and judged by the site's record (:mod:`~scrapy_dist.demo.site`), not the crawler's."""
 
 from __future__ import annotations
 
@@ -68,9 +66,8 @@ def render_summary(s: Summary) -> Table:
     if reasons and s.missing:
         reasons += " (each missing page at least once)"
     table.add_row("dead letters", f"{s.dead_letters:,}", reasons)
-    note = ""
-    if s.crawl_seconds:
-        note = f"last new page at {s.crawl_seconds:.1f} s ({s.crawled / s.crawl_seconds:,.0f} pages/s)"
+    note = (f"last new page at {s.crawl_seconds:.1f} s ({s.crawled / s.crawl_seconds:,.0f} pages/s)"
+            if s.crawl_seconds else "")
     table.add_row("elapsed", f"{s.elapsed:.1f} s", note)
     table.add_row("workers", f"{s.workers_started}",
                   f"{s.workers_killed} killed by chaos, {len(s.workers_failed)} failed")
@@ -185,10 +182,10 @@ class DemoOptions:
 class Demo:
     """One demo run: site, workers, Redis client and keys, console; :meth:`run` returns the exit status."""
 
-    def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
+    def __init__(self, options: DemoOptions) -> None:
         self.options = options
-        self.console = console or Console()
-        if console is None and not self.console.is_terminal:
+        self.console = Console()
+        if not self.console.is_terminal:
             self.console = Console(width=PLAIN_WIDTH)
         self.run_dir = options.run_dir or Path(tempfile.mkdtemp(prefix="scrapy-dist-demo-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -217,10 +214,7 @@ class Demo:
 
     def chaos(self, leases: Mapping[int, int]) -> None:
         """SIGKILL the running worker holding the most leases and start a fresh one."""
-        candidates = self.fleet.running()
-        if not candidates:
-            return
-        victim = max(candidates, key=lambda w: leases.get(w.pid, 0))
+        victim = max(self.fleet.running(), key=lambda w: leases.get(w.pid, 0))
         self.fleet.kill(victim)
         held = leases.get(victim.pid)
         self.event(f"chaos: SIGKILL worker {victim.number} (pid {victim.pid})"
@@ -303,9 +297,7 @@ class Demo:
         ]
 
     def run(self) -> int:
-        """Run the demo to its summary; the exit status (0 ok, 1 lost / failed / timed out, 128 + signal)."""
-        if self.client is None:
-            self.connect()
+        """Run the demo (after :meth:`connect`); the exit status (0 ok, 1 lost / failed, 128 + signal)."""
         previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for s in previous:
             signal.signal(s, self._interrupt)

@@ -1,10 +1,5 @@
-"""What the demo runs: a generated website on 127.0.0.1 (also crawled by the tests and benchmarks) and the
-:class:`Summary` of what it answered, the worker processes (``scrapy crawl demo`` of ``example_project``)
-and the demo's side of its Redis.
-
-Page ``i`` links to ``i+1`` (so every page is reachable from ``/page/0``) and to ``links - 1`` pages chosen
-by a seeded RNG; some pages are ``slow``, ``flaky`` (503 at first) or ``missing`` (404).
-"""
+"""What the demo runs: a generated website on 127.0.0.1 (also crawled by the tests and benchmarks), the
+:class:`Summary` of what it answered, the ``scrapy crawl demo`` workers and the demo's side of its Redis."""
 
 from __future__ import annotations
 
@@ -44,7 +39,8 @@ _WORKER_URL_VARIABLE = "SCRAPY_DIST_DEMO_REDIS_URL"
 
 
 class SiteGraph:
-    """The link graph: which pages exist and where each links to."""
+    """The link graph: page ``i`` links to ``i+1`` and to ``links - 1`` pages a seeded RNG picks; some pages
+    are ``slow``, ``flaky`` (503 at first) or ``missing`` (404)."""
 
     def __init__(self, pages: int, links: int = 10, seed: int = 1, *, slow: int = 0, flaky: int = 0,
                  missing: int = 0) -> None:
@@ -56,7 +52,6 @@ class SiteGraph:
         self.missing = set(special[slow + flaky :])
 
     def links_of(self, i: int) -> list[int]:
-        """The page numbers page ``i`` links to (deterministic)."""
         rng = random.Random(self._seed * 1_000_003 + i)
         out = [i + 1] if i + 1 < self.pages else []
         out += [rng.randrange(self.pages) for _ in range(max(0, self.links - len(out)))]
@@ -74,8 +69,7 @@ class SiteGraph:
 
 
 def demo_graph(pages: int, links: int = 10) -> SiteGraph:
-    """The demo's site: ``pages`` pages, ``links`` links each, with 5 slow, 10 flaky (503 twice, then 200)
-    and 10 missing (404) pages (fewer under 250 pages)."""
+    """The demo's site: 5 slow, 10 flaky (503 twice, then 200) and 10 missing pages (fewer under 250)."""
     return SiteGraph(pages, links=links, slow=min(5, pages // 50), flaky=min(10, pages // 25),
                      missing=min(10, pages // 25))
 
@@ -91,8 +85,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class SiteServer:
-    """Serves a :class:`SiteGraph` over HTTP on 127.0.0.1 in a background thread; every answer is logged in
-    :attr:`log`. ``delay``: every page answers after at least this many seconds."""
+    """Serves a :class:`SiteGraph` over HTTP in a background thread, logging every answer in :attr:`log`."""
 
     def __init__(self, graph: SiteGraph, host: str = "127.0.0.1", port: int = 0, slow_delay: float = 1.0,
                  flaky_failures: int = 2, delay: float = 0.0, quiet: bool = False) -> None:
@@ -133,8 +126,7 @@ class SiteServer:
 
     def respond(self, path: str) -> tuple[int, bytes, float]:
         """(status, body, delay) for ``path``."""
-        g = self.graph
-        m = PAGE_PATH.match(path)
+        g, m = self.graph, PAGE_PATH.match(path)
         i = int(m.group(1)) if m else -1
         if not 0 <= i < g.pages or i in g.missing:
             return 404, b"not found", 0.0
@@ -228,13 +220,13 @@ class Summary:
     retried: int  #: 503 answers (flaky pages), each retried through the frontier
     dead_letters: int
     dead_reasons: dict[str, int]
+    lost_pages: list[int]  #: the first :data:`LOST_SHOWN` lost pages
     elapsed: float  #: seconds from the seed push until every worker had closed
-    crawl_seconds: float | None  #: seconds from the seed push until the last new page was answered
-    workers_started: int
-    workers_killed: int
-    workers_failed: list[str]  #: "worker 2 (pid 123): exit status 1"
-    timed_out: bool
-    lost_pages: list[int] = field(default_factory=list)  #: the first :data:`LOST_SHOWN` lost pages
+    crawl_seconds: float | None = None  #: seconds from the seed push until the last new page was answered
+    workers_started: int = 0
+    workers_killed: int = 0
+    workers_failed: list[str] = field(default_factory=list)  #: "worker 2 (pid 123): exit status 1"
+    timed_out: bool = False
 
     @property
     def ok(self) -> bool:
@@ -242,14 +234,12 @@ class Summary:
 
 
 def summarize(graph: SiteGraph, answers_200: Mapping[str, int], answers_503: Mapping[str, int],
-              dead_reasons: Mapping[str, int], *, elapsed: float, crawl_seconds: float | None = None,
-              workers_started: int = 0, workers_killed: int = 0, workers_failed: list[str] | None = None,
-              timed_out: bool = False) -> Summary:
-    """The summary from what the site answered (``SiteServer.fetch_counts``) and the dead-letter reasons."""
+              dead_reasons: Mapping[str, int], **run: Any) -> Summary:
+    """The summary from what the site answered (``SiteServer.fetch_counts``) and the dead-letter reasons;
+    ``run``: the other :class:`Summary` fields (``elapsed``, ``workers_failed``, ...)."""
     ok_counts: Counter[int] = Counter()
     for path, n in answers_200.items():
-        m = PAGE_PATH.match(path)
-        if m is not None and n > 0:
+        if (m := PAGE_PATH.match(path)) and n > 0:
             ok_counts[int(m.group(1))] += n
     crawled = len([i for i in ok_counts if 0 <= i < graph.pages and i not in graph.missing])
     lost_pages = [i for i in range(graph.pages) if i not in graph.missing and i not in ok_counts]
@@ -257,15 +247,12 @@ def summarize(graph: SiteGraph, answers_200: Mapping[str, int], answers_503: Map
         site_pages=graph.pages, ok_pages=graph.ok_pages, missing=len(graph.missing), crawled=crawled,
         lost=graph.ok_pages - crawled, duplicates=sum(n - 1 for n in ok_counts.values()),
         retried=sum(n for path, n in answers_503.items() if PAGE_PATH.match(path)),
-        dead_letters=sum(dead_reasons.values()), dead_reasons=dict(dead_reasons), elapsed=elapsed,
-        crawl_seconds=crawl_seconds, workers_started=workers_started, workers_killed=workers_killed,
-        workers_failed=list(workers_failed or []), timed_out=timed_out, lost_pages=lost_pages[:LOST_SHOWN],
-    )
+        dead_letters=sum(dead_reasons.values()), dead_reasons=dict(dead_reasons),
+        lost_pages=lost_pages[:LOST_SHOWN], **run)
 
 
 def locate_project(run_dir: Path, example: Path | None = None) -> tuple[Path, bool]:
-    """The project the workers run in (``example_project/`` of a checkout, else the wheel's packaged copy),
-    and whether it is the packaged copy."""
+    """The workers' project (``example_project/`` of a checkout, else the wheel's copy); whether a copy."""
     example = EXAMPLE_PROJECT if example is None else example
     for path, packaged in ((example, False), (PACKAGED_PROJECT, True)):
         if (path / "scrapy.cfg").is_file() and (path / "example_project" / "spiders" / "demo.py").is_file():
@@ -390,13 +377,11 @@ def open_redis(redis_url: str | None, project: Path, loading_timeout: float
     settings = {"REDIS_URL": redis_url}
     client = get_redis(settings)
     deadline = time.monotonic() + loading_timeout
-    while True:  # a server that just started may still be loading its data file: PING answers LOADING
+    while time.monotonic() <= deadline:  # a server just started may still be loading: PING answers LOADING
         try:
             client.ping()
             break
         except BusyLoadingError:
-            if time.monotonic() > deadline:
-                break
             time.sleep(0.1)
         except (RedisError, OSError):  # reported by the check below
             break
