@@ -112,13 +112,11 @@ class ClientFactory:
     def check(self, notice: bool = True) -> None:
         """:meth:`require_configured`, then ``RedisUnavailable`` (one line) unless Redis answers."""
         self.require_configured()
-        client = self.client()
-        try:
-            client.ping()
-        except CONNECT_ERRORS as exc:
-            raise self.target.unreachable(exc) from exc
-        finally:
-            client.close()
+        with self.client() as client:
+            try:
+                client.ping()
+            except CONNECT_ERRORS as exc:
+                raise self.target.unreachable(exc) from exc
         if notice:
             self.notice()
 
@@ -132,9 +130,9 @@ class ClientFactory:
     def require_configured(self) -> None:
         """Stop when no project is here and no Redis is named (the embedded Redis here would be empty)."""
         if self.source == "embedded Redis" and not self.inside_project:  # source resolves inside_project
-            raise _OneLine(f"scrapy-dist: no Scrapy project here ({os.getcwd()} has no scrapy.cfg above"
-                              " it) and no Redis configured; run this inside the project, or name the Redis:"
-                              " --redis-url URL or $REDIS_URL")
+            raise _OneLine(f"scrapy-dist: no Scrapy project here ({os.getcwd()} has no scrapy.cfg above it)"
+                           " and no Redis configured; run this inside the project, or name the Redis:"
+                           " --redis-url URL or $REDIS_URL")
 
     def check_spider(self, name: str, force: bool = False) -> None:
         """Stop (naming the closest spider) if the project here has no spider ``name``, unless ``force``."""
@@ -145,8 +143,8 @@ class ClientFactory:
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
         hint = f"did you mean {close[0]!r}? " if close else ""
         have = ", ".join(sorted(names)[:10]) or "none"
-        raise _OneLine(f"scrapy-dist: no spider {name!r} in this project ({hint}it has: {have});"
-                            " --force to use the name anyway")
+        raise _OneLine(f"scrapy-dist: no spider {name!r} in this project ({hint}it has: {have}); --force to"
+                       " use the name anyway")
 
     def crawl(self, spider: str, force: bool, notice: bool = True) -> CrawlKeys:
         """The keys of the crawl of ``spider``, once :meth:`check_spider` and :meth:`check` have passed."""

@@ -151,8 +151,7 @@ def dead(redis: ClientFactory, spider: str, as_json: bool, reason: str | None, l
     client = redis.client()
     try:
         if purge and reason is None:
-            n = client.llen(key)
-            client.delete(key)
+            n, _ = client.pipeline().llen(key).delete(key).execute()
             click.echo(f"purged {n:,} dead letters from {key!r}")
             return
         letters, bad = select(client, key, reason)

@@ -311,11 +311,11 @@ def _spider_findings(cls: ast.ClassDef, rel: str, kind: str) -> list[Finding]:
     return out
 
 
-def _pipeline_findings(cls: ast.ClassDef, rel: str) -> list[Finding]:
+def _pipeline_finding(cls: ast.ClassDef, rel: str) -> Finding:
     methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     uses_server = any(isinstance(n, ast.Attribute) and n.attr == "server" for n in ast.walk(cls))
     status = ACTION if "_process_item" in methods or ("__init__" in methods and uses_server) else CHANGE
-    return [Finding(rel, cls.lineno, f"class {cls.name}(RedisPipeline)", status, _note("RedisPipeline"))]
+    return Finding(rel, cls.lineno, f"class {cls.name}(RedisPipeline)", status, _note("RedisPipeline"))
 
 
 def scan_source(path: Path, rel: str, located: bool) -> list[Finding]:
@@ -330,15 +330,14 @@ def scan_source(path: Path, rel: str, located: bool) -> list[Finding]:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "scrapy_redis":
             out.extend(_dotted_finding(rel, node.lineno, f"{node.module}.{a.name}") for a in node.names)
         elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == "scrapy_redis":
-                    out.append(_dotted_finding(rel, node.lineno, alias.name))
+            out.extend(_dotted_finding(rel, node.lineno, a.name) for a in node.names
+                       if a.name.split(".")[0] == "scrapy_redis")
         elif isinstance(node, ast.ClassDef):
             bases = {_base_name(b) for b in node.bases}
             if kind := next(iter(sorted(bases & SPIDER_BASES)), ""):
                 out.extend(_spider_findings(node, rel, kind))
             if "RedisPipeline" in bases:
-                out.extend(_pipeline_findings(node, rel))
+                out.append(_pipeline_finding(node, rel))
         elif isinstance(node, ast.Call) and _base_name(node.func) in REDIS_CLIENTS:
             status = SAME if located else ACTION
             where = ("the settings name the Redis, so the crawl uses the one this client reaches"

@@ -3,7 +3,6 @@ read without consuming them, or moved to a file by ``--export``)."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import io
@@ -173,7 +172,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
             yield f"argument {i}", os.fsencode(url)
         if file is None:
             return
-        with contextlib.nullcontext(sys.stdin.buffer) if file == "-" else open(file, "rb") as fh:
+        with click.open_file(file, "rb") as fh:  # "-": stdin, left open
             for number, line in enumerate(fh, 1):
                 on_bytes(len(line))
                 for raw in iter_lines((line,)):
@@ -328,10 +327,6 @@ return 1
 """
 
 
-def _digest(values: list[bytes]) -> str:
-    return hashlib.sha1(b"\n".join(values)).hexdigest()
-
-
 class Exporter:
     """Moves the items of ``key`` (LIST or STREAM) to ``path`` in ``fmt`` ("jsonl" or "csv")."""
 
@@ -354,8 +349,7 @@ class Exporter:
 
     def _remove(self, entry: dict[str, Any]) -> None:
         if entry["kind"] == "stream":
-            if entry["ids"]:
-                self.client.xdel(self.key, *entry["ids"])
+            self.client.xdel(self.key, *entry["ids"])
         else:  # trimmed only if still the head it was read from (else removed already, or popped)
             self._trim(keys=[self.key], args=[entry["n"], entry["sha1"]])
 
@@ -364,7 +358,8 @@ class Exporter:
         kind = items_kind(self.client, self.key)
         if kind == "list":
             values = self.client.lrange(self.key, 0, EXPORT_CHUNK - 1)
-            entry: dict[str, Any] = {"kind": "list", "n": len(values), "sha1": _digest(values)}
+            digest = hashlib.sha1(b"\n".join(values)).hexdigest()  # as _TRIM_IF_HEAD computes it
+            entry: dict[str, Any] = {"kind": "list", "n": len(values), "sha1": digest}
         elif kind == "stream":
             rows = self.client.xrange(self.key, count=EXPORT_CHUNK)
             values = [fields.get(STREAM_FIELD.encode(), b"") for _, fields in rows]

@@ -197,7 +197,7 @@ class Demo:
         self.keys = CrawlKeys(SPIDER, prefix=self.prefix)
         self.fleet = site.WorkerFleet(self.project, self.run_dir)  # configured by connect()
         self.embedded: EmbeddedRedis | None = None
-        self.started_redis = self.stopped_redis = self._site_started = self._chaos_done = False
+        self.started_redis = self.stopped_redis = self._chaos_done = False
         self.redis_url = ""
         self.client: Any = None
         self._seeded_at: float | None = None
@@ -206,11 +206,13 @@ class Demo:
         self.lost_explained: list[str] = []
 
     def connect(self) -> None:
-        """Reach the given Redis, or join (start if needed) the embedded one; RedisUnavailable if neither."""
+        """Reach the given Redis, or join (start if needed) the embedded one (RedisUnavailable if neither);
+        start the site."""
         self.client, self.redis_url, self.embedded, self.started_redis = site.open_redis(
             self.options.redis_url, self.project, LOADING_TIMEOUT)
         self.fleet.configure(self.prefix, None if self.embedded is None else self.embedded.directory,
                              self.redis_url)
+        self.site.start()
 
     def chaos(self, leases: Mapping[int, int]) -> None:
         """SIGKILL the running worker holding the most leases and start a fresh one."""
@@ -303,8 +305,6 @@ class Demo:
             signal.signal(s, self._interrupt)
         try:
             try:
-                self.site.start()
-                self._site_started = True
                 self.say(Text.assemble(("scrapy-dist demo", "bold"), ": a distributed crawl, live"))
                 for label, text in self.header():
                     self.say(Text.assemble((f"  {label:<8} ", "bold"), text))
@@ -427,13 +427,9 @@ class Demo:
         """Stop everything the demo started: workers, site, this run's keys, an embedded Redis it started."""
         self.fleet.reap()
         self.fleet.stop()
-        if self._site_started:  # SiteServer.stop() waits for a serving loop that never started otherwise
-            with contextlib.suppress(Exception):
-                self.site.stop()
-        stop_redis = self.started_redis
-        if self.client is not None:
-            stop_redis = site.release_run(self.client, self.prefix, self.started_redis)
-        if stop_redis and self.embedded is not None:
+        with contextlib.suppress(Exception):
+            self.site.stop()
+        self.stopped_redis = site.release_run(self.client, self.prefix, self.started_redis)
+        if self.stopped_redis and self.embedded is not None:
             with contextlib.suppress(Exception):
                 self.embedded.shutdown()
-        self.stopped_redis = stop_redis
