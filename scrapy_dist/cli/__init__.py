@@ -42,7 +42,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Settings that name a Redis; an explicit --redis-url replaces all of them.
 LOCATION_SETTINGS = ("REDIS_URL", "REDIS_SENTINELS", "REDIS_HOST", "REDIS_PORT")
-#: How :attr:`ClientFactory.source` names where the Redis came from, by the settings' source.
 _SOURCES = {"embedded": "embedded Redis", "REDIS_URL environment variable": "REDIS_URL environment variable"}
 
 
@@ -246,9 +245,8 @@ def main(ctx: click.Context, redis_url: str | None) -> None:
     ctx.obj = ClientFactory(redis_url)
 
 
-# Text read from Redis may hold terminal escapes, bidi overrides or rich markup: every value the CLI prints
-# from Redis goes through printable() or json_safe() and reaches rich as a Text, never as markup.
-# DEL, C1 controls, bidi embeddings/overrides/isolates and LRM/RLM (and, below, C0 controls):
+# Text from Redis may hold terminal escapes, bidi overrides or rich markup: the CLI prints it via printable()
+# or json_safe(), and to rich as a Text. DEL, C1 controls, bidi controls, LRM/RLM (and, below, C0 controls):
 _TERMINAL = "\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
 _UNSAFE = re.compile(f"[\x00-\x1f{_TERMINAL}]")
 _UNSAFE_KEEP_LINES = re.compile(f"[\x00-\x08\x0b-\x1f{_TERMINAL}]")

@@ -148,8 +148,7 @@ def dead(redis: ClientFactory, spider: str, as_json: bool, reason: str | None, l
         raise click.UsageError("--requeue and --purge cannot be combined")
     keys = redis.crawl(spider, force)
     key = keys.deadletter
-    client = redis.client()
-    try:
+    with redis.client() as client:
         if purge and reason is None:
             n, _ = client.pipeline().llen(key).delete(key).execute()
             click.echo(f"purged {n:,} dead letters from {key!r}")
@@ -176,8 +175,6 @@ def dead(redis: ClientFactory, spider: str, as_json: bool, reason: str | None, l
             click.echo(f"requeued {done:,} dead letters into {keys.queue!r}; {len(refused):,} kept")
         else:
             _show(letters, key, as_json, limit)
-    finally:
-        client.close()
 
 
 def _when(at: float) -> str:
@@ -208,8 +205,8 @@ def _show(letters: Letters, key: str, as_json: bool, limit: int | None) -> None:
                       Text(printable(d.url, 2000) + ("" if d.payload is not None else "  (not requeueable)")))
     console().print(table)
     total = len(letters)
-    counts = Counter(d.reason for _, d in letters)
-    summary = ", ".join(f"{printable(r, 80)}: {n:,}" for r, n in counts.most_common(20))
+    counts = Counter(d.reason for _, d in letters).most_common(20)
+    summary = ", ".join(f"{printable(r, 80)}: {n:,}" for r, n in counts)
     hidden = f" (showing the last {len(shown):,}; --limit 0 shows all)" if len(shown) < total else ""
     noun = "dead letter" if total == 1 else "dead letters"
     click.echo(f"{total:,} {noun}{hidden}" + (f" -- {summary}" if summary else ""))
@@ -265,16 +262,15 @@ def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
     return out
 
 
-def forget_fingerprints(client: Any, keys: Any, fingerprints: list[bytes],
-                        domains: list[str | None] | None = None) -> list[str]:
-    """Forget ``fingerprints`` in every filter of the crawl (a bloom filter records them as forgotten); the
+def forget_fingerprints(client: Any, keys: Any, fps: list[bytes], domains: list[str | None]) -> list[str]:
+    """Forget ``fps`` in every filter of the crawl (a bloom filter records them as forgotten); the
     kinds of filter told. ``domains``: each one's host (None: every shard of a crawl sharded by domain)."""
     move_aside_foreign(client, keys.control)
     control = parse_control(client.hgetall(keys.control))
     shards = keys.shards(control.shards or 1)
     by_domain = control.politeness == "cluster" and len(shards) > 1
     by_shard: dict[int, list[bytes]] = defaultdict(list)
-    for fp, domain in zip(fingerprints, domains or [None] * len(fingerprints), strict=True):
+    for fp, domain in zip(fps, domains, strict=True):
         if not by_domain:
             by_shard[shard_of(fp, len(shards))].append(fp)
         elif domain is not None:
@@ -283,9 +279,9 @@ def forget_fingerprints(client: Any, keys: Any, fingerprints: list[bytes],
             for i in range(len(shards)):
                 by_shard[i].append(fp)
     kinds: set[str] = set()
-    for index, fps in by_shard.items():
+    for index, group in by_shard.items():
         for df in shard_filters(client, shards[index]):
-            df.run_batch("forget", [df.fingerprint_tokens(fp) for fp in fps])
+            df.run_batch("forget", [df.fingerprint_tokens(fp) for fp in group])
             kinds.add("bloom" if isinstance(df, BloomDupeFilter) else "exact")
     if kinds:
         client.hset(keys.control, FORGETS_FIELD, secrets.token_hex(8))
@@ -313,14 +309,11 @@ def forget(redis: ClientFactory, spider: str, urls: tuple[str, ...], url_file: I
         fingerprinter = project_fingerprinter(redis)
         fps += [url_fingerprint(url, fingerprinter) for url in wanted]
         domains += [(urlsplit(u).hostname or "").lower() for u in wanted]
-    client = redis.client()
-    try:
+    with redis.client() as client:
         kinds = forget_fingerprints(client, keys, fps, domains)
         control = parse_control(client.hgetall(keys.control))
         ended = end_chains(client, keys.shards(control.shards or 1), control.politeness == "cluster",
                            {u for w in wanted for u in (w, Request(w).url)}) if wanted else 0
-    finally:
-        client.close()
     chains = f"; ended {ended:,} scheduled revisits" if ended else ""
     if not kinds:
         click.echo(f"nothing to forget: the crawl of {spider!r} has no dupefilter in Redis{chains}")

@@ -113,8 +113,7 @@ API_ROWS: tuple[tuple[str, str, str, str], ...] = (
      " (`CrawlAborted`), not the `ValueError`, for code that builds the scheduler itself"),
 )
 
-#: What the migration table adds to a setting's own note.
-MORE: dict[str, str] = {
+MORE: dict[str, str] = {  #: what the migration table adds to a setting's own note
     "SCHEDULER_PERSIST": "a worker that joins a crawl which already finished says so at WARNING (fingerprints"
     " remembered, seen requests skipped) and names the two ways to start afresh: `-s"
     " SCHEDULER_FLUSH_ON_START=True`, or `SCHEDULER_PERSIST = False`",

@@ -288,32 +288,26 @@ def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str | Non
 def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, force: bool,
           export_to: Path | None, fmt: str | None) -> None:
     """Print the items SPIDER's crawl wrote to Redis (REDIS_ITEMS_KEY), or move them to a file (--export)."""
-    key = redis.crawl(spider, force).items
-    client = redis.client()
-    if export_to is not None:
-        try:
+    key, count = redis.crawl(spider, force).items, 0
+    with redis.client() as client:
+        if export_to is not None:
             moved, skipped = export(client, key, export_to, fmt, progress=sys.stderr.isatty())
-        finally:
-            client.close()
-        extra = f" ({skipped:,} not JSON objects, left out of the CSV)" if skipped else ""
-        click.echo(f"{moved:,} items moved from {key!r} to {export_to}{extra}", err=True)
-        return
-    count = 0
-    try:
-        for position, raw in entries(client, key, follow):
-            out, warning = _format_item(position, raw, json_lines)
-            if warning:
-                click.echo(warning, err=True)
-            if out is not None:
-                click.echo(out)
-                count += 1
-    except KeyboardInterrupt:
-        pass
-    except BrokenPipeError:  # `scrapy-dist items x | head`: stop quietly, like other Unix tools
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return
-    finally:
-        client.close()
+            extra = f" ({skipped:,} not JSON objects, left out of the CSV)" if skipped else ""
+            click.echo(f"{moved:,} items moved from {key!r} to {export_to}{extra}", err=True)
+            return
+        try:
+            for position, raw in entries(client, key, follow):
+                out, warning = _format_item(position, raw, json_lines)
+                if warning:
+                    click.echo(warning, err=True)
+                if out is not None:
+                    click.echo(out)
+                    count += 1
+        except KeyboardInterrupt:
+            pass
+        except BrokenPipeError:  # `scrapy-dist items x | head`: stop quietly, like other Unix tools
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return
     if not json_lines:
         click.echo(f"{count:,} items in {key!r}", err=True)
 

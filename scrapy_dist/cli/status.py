@@ -146,7 +146,6 @@ def render(status: dict[str, Any]) -> Group:
                                                                      "pages_per_min")))
     if len(status["workers"]) > 50:
         workers.caption = f"... and {len(status['workers']) - 50} more (see --json)"
-    # no empty table: a crawl no worker has joined yet says so in one line
     parts: list[Any] = [workers if status["workers"] else Text(f"Workers: none yet (scrapy crawl {spider})")]
     if status.get("domains"):
         columns = ("Backlog", "In flight", "Delay", "Concurrency", "Next in")

@@ -74,44 +74,41 @@ def demo_graph(pages: int, links: int = 10) -> SiteGraph:
                      missing=min(10, pages // 25))
 
 
-class _Server(ThreadingHTTPServer):
+class SiteServer(ThreadingHTTPServer):
+    """Serves a :class:`SiteGraph` over HTTP in a background thread, logging every answer in :attr:`log`."""
+
     request_queue_size = 128  # the default (5) drops bursts of connections from concurrent crawlers
     daemon_threads = True
-    quiet = False  #: no traceback for a reset connection (a SIGKILLed worker resets all of its at once)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if not (self.quiet and isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError))):
-            super().handle_error(request, client_address)
-
-
-class SiteServer:
-    """Serves a :class:`SiteGraph` over HTTP in a background thread, logging every answer in :attr:`log`."""
 
     def __init__(self, graph: SiteGraph, host: str = "127.0.0.1", port: int = 0, slow_delay: float = 1.0,
                  flaky_failures: int = 2, delay: float = 0.0, quiet: bool = False) -> None:
         self.graph, self.delay = graph, delay
         self.slow_delay, self.flaky_failures = slow_delay, flaky_failures
+        self.quiet = quiet  #: no traceback for a reset connection (a killed worker resets all of its at once)
         self.log: list[tuple[float, str, int]] = []
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._flaky_seen: Counter[int] = Counter()
-        self._httpd = _Server((host, port), self._handler())
-        self._httpd.quiet = quiet
+        super().__init__((host, port), _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not (self.quiet and isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError))):
+            super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
+        host, port = self.server_address[:2]
         return f"http://{host!s}:{port}"
 
     def page_url(self, i: int) -> str:
         return f"{self.url}/page/{i}"
 
     def start(self) -> SiteServer:
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, daemon=True).start()
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self.shutdown()
+        self.server_close()
 
     def __enter__(self) -> SiteServer:
         return self.start()
@@ -121,7 +118,7 @@ class SiteServer:
 
     def fetch_counts(self, status: int | None = 200) -> Counter[str]:
         """How many times each path was answered (with ``status``, or any status if None)."""
-        with self._lock:
+        with self.lock:
             return Counter(p for _, p, s in self.log if status is None or s == status)
 
     def respond(self, path: str) -> tuple[int, bytes, float]:
@@ -132,34 +129,31 @@ class SiteServer:
             return 404, b"not found", 0.0
         delay = self.slow_delay if i in g.slow else self.delay
         if i in g.flaky:
-            with self._lock:
+            with self.lock:
                 self._flaky_seen[i] += 1
                 if self._flaky_seen[i] <= self.flaky_failures:
                     return 503, b"try again", delay
         return 200, g.html(i), delay
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: SiteServer
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                status, body, delay = server.respond(self.path)
-                if delay:
-                    time.sleep(delay)
-                with server._lock:
-                    server.log.append((time.monotonic(), self.path, status))
-                self.send_response(status)
-                self.send_header("Content-Type", "text/html; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        status, body, delay = self.server.respond(self.path)
+        if delay:
+            time.sleep(delay)
+        with self.server.lock:
+            self.server.log.append((time.monotonic(), self.path, status))
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-                pass
-
-        return Handler
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
 
 
 class SiteTally:
@@ -168,9 +162,7 @@ class SiteTally:
     def __init__(self, server: SiteServer, window: float = RATE_WINDOW) -> None:
         self.server, self.window = server, window
         self.ok: set[int] = set()  #: pages answered 200 at least once
-        self.duplicates = 0  #: 200 answers beyond the first for a page
-        self.retried = 0  #: 503 answers (each one is retried)
-        self.not_found = 0  #: 404 answers
+        self.duplicates = self.retried = self.not_found = 0  #: 200s beyond a page's first; 503s; 404s
         self.last_new: float | None = None  #: monotonic time of the latest page answered 200 the first time
         self._read = 0
         self._recent: deque[float] = deque()
