@@ -276,7 +276,7 @@ class Demo:
                 snap.orphaned += leases
                 snap.orphaned_expire_in = max(snap.orphaned_expire_in, w.killed_at + DEMO_LEASE_SECONDS - now)
         elif w.state in ("exited", "failed", "stopped"):
-            state, rate, leases = f"{w.state} ({w.exit_status})", None, None
+            state, rate, leases = f"{w.state} ({w.returncode})", None, None
         return WorkerRow(w.number, w.pid, state, pages, rate, leases)
 
     def header(self) -> list[tuple[str, str]]:

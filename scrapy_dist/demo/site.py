@@ -252,20 +252,14 @@ def locate_project(run_dir: Path, example: Path | None = None) -> tuple[Path, bo
     raise ScrapyDistError(f"example_project not found (looked in {example} and {PACKAGED_PROJECT})")
 
 
-@dataclass
-class Worker:
-    """One ``scrapy crawl demo`` process started by the demo."""
+class Worker(subprocess.Popen[bytes]):
+    """One ``scrapy crawl demo`` process started by the demo (its exit status: ``returncode``)."""
 
-    number: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-    state: str = "running"  #: running, killed, exited, failed, stopped
-    exit_status: int | None = None
-    killed_at: float | None = None  #: monotonic time of the chaos SIGKILL
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+    def __init__(self, number: int, log: Path, cmd: list[str], **popen: Any) -> None:
+        super().__init__(cmd, **popen)
+        self.number, self.log = number, log
+        self.state = "running"  #: running, killed, exited, failed, stopped
+        self.killed_at: float | None = None  #: monotonic time of the chaos SIGKILL
 
     def describe_failure(self, lines: int = 8) -> str:
         """Which worker failed and how, with the end of its log."""
@@ -273,7 +267,7 @@ class Worker:
             tail = self.log.read_text(errors="replace").strip().splitlines()[-lines:]
         except OSError:
             tail = []
-        head = f"worker {self.number} (pid {self.pid}): exit status {self.exit_status}; log {self.log}"
+        head = f"worker {self.number} (pid {self.pid}): exit status {self.returncode}; log {self.log}"
         return "\n".join([head, *(f"    {line}" for line in tail)])
 
 
@@ -305,8 +299,7 @@ class WorkerFleet:
         base = cfg.get("settings", "default", fallback="example_project.settings")
         (module_dir / f"{_WORKER_SETTINGS_MODULE}.py").write_text(
             f"import os\n\nfrom {base} import *  # noqa: F403\n\n"
-            f'REDIS_URL = os.environ["{_WORKER_URL_VARIABLE}"]\nREDIS_HOST = REDIS_PORT = None\n'
-        )
+            f'REDIS_URL = os.environ["{_WORKER_URL_VARIABLE}"]\nREDIS_HOST = REDIS_PORT = None\n')
         path = (str(module_dir), str(self.project), os.environ.get("PYTHONPATH", ""))
         self.env.update({_WORKER_URL_VARIABLE: redis_url, "SCRAPY_SETTINGS_MODULE": _WORKER_SETTINGS_MODULE,
                          "PYTHONPATH": os.pathsep.join(p for p in path if p)})
@@ -320,16 +313,15 @@ class WorkerFleet:
         log = self.run_dir / f"worker-{number}.log"
         with open(log, "wb") as fh:
             # its own process group: Ctrl-C in the terminal reaches the demo only, which stops the workers
-            proc = subprocess.Popen(cmd, cwd=self.project, env=self.env, stdin=subprocess.DEVNULL, stdout=fh,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        self.workers.append(Worker(number, proc, log))
-        return self.workers[-1]
+            worker = Worker(number, log, cmd, cwd=self.project, env=self.env, stdout=fh,
+                            stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        self.workers.append(worker)
+        return worker
 
     def reap(self) -> None:
         for w in self.workers:
-            if w.state == "running" and w.proc.poll() is not None:
-                w.exit_status = w.proc.returncode
-                w.state = "exited" if w.exit_status == 0 else "failed"
+            if w.state == "running" and w.poll() is not None:
+                w.state = "exited" if w.returncode == 0 else "failed"
 
     def running(self) -> list[Worker]:
         return [w for w in self.workers if w.state == "running"]
@@ -339,21 +331,20 @@ class WorkerFleet:
         alive = self.running()
         for w in alive:
             with contextlib.suppress(ProcessLookupError):
-                w.proc.terminate()
+                w.terminate()
         deadline = time.monotonic() + grace
         for w in alive:
             try:
-                w.proc.wait(max(0.1, deadline - time.monotonic()))
+                w.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                w.proc.kill()
-                w.proc.wait()
-            w.exit_status = w.proc.returncode
+                w.kill()
+                w.wait()
             w.state = "stopped"
 
     def kill(self, worker: Worker) -> None:
         """SIGKILL one worker (chaos): its leased requests go back to the queue once their leases run out."""
-        worker.proc.kill()
-        worker.exit_status = worker.proc.wait()
+        worker.kill()
+        worker.wait()
         worker.state, worker.killed_at = "killed", time.monotonic()
 
 
