@@ -298,12 +298,10 @@ def _spider_findings(cls: ast.ClassDef, rel: str, kind: str) -> list[Finding]:
                                     for k in ast.walk(node.value)):
             out.append(Finding(rel, node.lineno, f"{cls.name}.rules with a callback", SAME,
                                _note("seeds bypass the dupefilter")))
-    sets_server = any(isinstance(n, ast.Attribute) and n.attr == "server" and isinstance(n.ctx, ast.Store)
-                      for n in ast.walk(cls))
-    reads = sorted({n.lineno for n in ast.walk(cls)
-                    if isinstance(n, ast.Attribute) and n.attr == "server" and isinstance(n.ctx, ast.Load)
-                    and isinstance(n.value, ast.Name) and n.value.id == "self"})
-    if reads and not sets_server:
+    server = [n for n in ast.walk(cls) if isinstance(n, ast.Attribute) and n.attr == "server"]
+    reads = sorted(n.lineno for n in server
+                   if isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Name) and n.value.id == "self")
+    if reads and not any(isinstance(n.ctx, ast.Store) for n in server):
         out.append(Finding(rel, reads[0], f"{cls.name}: self.server", ACTION,
                            "a scrapy-dist spider has no `server` (one WARNING at start): set `self.server ="
                            " scrapy_dist.connection.get_redis(crawler.settings)` in `from_crawler`"))

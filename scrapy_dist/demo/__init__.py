@@ -176,7 +176,7 @@ class DemoOptions:
     timeout: float = 170.0
     redis_url: str | None = None  #: ``--redis-url`` / ``$REDIS_URL``; ``None``: the project's embedded Redis
     redis_source: str = ""  #: where ``redis_url`` came from (``--redis-url``, ...), for the header
-    run_dir: Path | None = None  #: for the worker logs (and a project copy); ``None``: a new temporary one
+    run_dir: Path | None = None  #: for the worker logs; ``None``: a new temporary one
 
 
 class Demo:
