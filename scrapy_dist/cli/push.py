@@ -113,7 +113,7 @@ def push_seeds(client: redis.Redis, key: str, seeds: Iterable[tuple[str, bytes]]
     return report
 
 
-def _parse_meta(text: str | None) -> dict[str, Any] | None:
+def _parse_meta(_ctx: click.Context, _param: click.Parameter, text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
@@ -136,18 +136,18 @@ def _parse_meta(text: str | None) -> dict[str, Any] | None:
               help="Read seeds from FILE, one a line ('-' = stdin; blank lines and # comments skipped).")
 @click.option("--priority", type=click.IntRange(-(2**31), 2**31 - 1),
               help="Priority of seeds that set none (the score, for a ZSET seeds key).")
-@click.option("--meta", "meta_json", metavar="JSON", help="JSON object merged into every seed's meta.")
+@click.option("--meta", metavar="JSON", callback=_parse_meta,
+              help="JSON object merged into every seed's meta.")
 @click.option("--dry-run", is_flag=True, help="Validate only; push nothing.")
 @force_option
 @pass_redis
 def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | None, priority: int | None,
-         meta_json: str | None, dry_run: bool, force: bool) -> None:
+         meta: dict[str, Any] | None, dry_run: bool, force: bool) -> None:
     """Validate seeds (URLs or JSON objects) and push them to SPIDER's seeds key.
 
     Exits with status 1 when a seed was rejected (the valid ones are pushed all the same)."""
     if not urls and file is None:
         raise click.UsageError("give URLs and/or --file FILE (- for stdin)")
-    meta = _parse_meta(meta_json)
     if not dry_run:
         redis.require_configured()
     redis.check_spider(spider, force)
