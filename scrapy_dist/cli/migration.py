@@ -241,32 +241,30 @@ def scan_settings(path: Path, rel: str) -> tuple[list[Finding], set[str]]:
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     out: list[Finding] = []
     names: set[str] = set()
-    for node in tree.body:
-        if not isinstance(node, ast.Assign | ast.AnnAssign):
+    assigned = [(target, node) for node in tree.body if isinstance(node, ast.Assign | ast.AnnAssign)
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+    for target, node in assigned:
+        if not isinstance(target, ast.Name) or not target.id.isupper():
             continue
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        for target in targets:
-            if not isinstance(target, ast.Name) or not target.id.isupper():
-                continue
-            name, line = target.id, node.lineno
-            names.add(name)
-            value = node.value if node.value is not None else ast.Constant(None)
-            dotted = [n.value for n in ast.walk(value) if isinstance(n, ast.Constant)
-                      and isinstance(n.value, str) and n.value.startswith("scrapy_redis.")]
-            out.extend(_dotted_finding(rel, line, text, name) for text in dotted)
-            spec = None if dotted else settings_table.BY_NAME.get(ALIASES.get(name, name))
-            if name in SCRAPY_REDIS_IGNORED:
-                out.append(Finding(rel, line, name, ACTION, "not applied (one WARNING at start): "
-                                   + SCRAPY_REDIS_IGNORED[name] + "; remove it"))
-            elif name in settings_table.CONNECTION_GUESSES:
-                out.append(Finding(rel, line, name, ACTION, settings_table.CONNECTION_GUESSES[name]))
-            elif spec is not None and spec.status in (HONOURED, CHANGED, IGNORED):
-                status = {HONOURED: SAME, CHANGED: CHANGE, IGNORED: ACTION}[spec.status]
-                if spec.status == CHANGED and spec.note.startswith("default "):
-                    status = SAME  # set explicitly: the default that changed does not apply
-                alias = f"alias of {spec.name}" if name != spec.name else ""
-                note = "; ".join(x for x in (alias, spec.note) if x) or "honoured as in scrapy-redis"
-                out.append(Finding(rel, line, name, status, note))
+        name, line = target.id, node.lineno
+        names.add(name)
+        value = node.value if node.value is not None else ast.Constant(None)
+        dotted = [n.value for n in ast.walk(value) if isinstance(n, ast.Constant)
+                  and isinstance(n.value, str) and n.value.startswith("scrapy_redis.")]
+        out.extend(_dotted_finding(rel, line, text, name) for text in dotted)
+        spec = None if dotted else settings_table.BY_NAME.get(ALIASES.get(name, name))
+        if name in SCRAPY_REDIS_IGNORED:
+            note = f"not applied (one WARNING at start): {SCRAPY_REDIS_IGNORED[name]}; remove it"
+            out.append(Finding(rel, line, name, ACTION, note))
+        elif name in settings_table.CONNECTION_GUESSES:
+            out.append(Finding(rel, line, name, ACTION, settings_table.CONNECTION_GUESSES[name]))
+        elif spec is not None and spec.status in (HONOURED, CHANGED, IGNORED):
+            status = {HONOURED: SAME, CHANGED: CHANGE, IGNORED: ACTION}[spec.status]
+            if spec.status == CHANGED and spec.note.startswith("default "):
+                status = SAME  # set explicitly: the default that changed does not apply
+            alias = f"alias of {spec.name}" if name != spec.name else ""
+            note = "; ".join(x for x in (alias, spec.note) if x) or "honoured as in scrapy-redis"
+            out.append(Finding(rel, line, name, status, note))
     return out, names
 
 
@@ -376,7 +374,7 @@ def check_migration(project_dir: Path, quiet: bool) -> None:
     (default: here) with what changes on scrapy-dist; exit status 1 if anything needs action."""
     try:
         findings = scan_project(project_dir)
-    except (FileNotFoundError, OSError) as exc:
+    except OSError as exc:  # FileNotFoundError: no such directory
         raise click.UsageError(str(exc)) from None
     for finding in findings:
         if not quiet or finding.status == ACTION:
