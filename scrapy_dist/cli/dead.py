@@ -150,7 +150,7 @@ def dead(redis: ClientFactory, spider: str, as_json: bool, reason: str | None, l
     key = keys.deadletter
     with redis.client() as client:
         if purge and reason is None:
-            n, _ = client.pipeline().llen(key).delete(key).execute()
+            n, _ = client.pipeline(transaction=False).llen(key).delete(key).execute()
             click.echo(f"purged {n:,} dead letters from {key!r}")
             return
         letters, bad = select(client, key, reason)
