@@ -181,12 +181,10 @@ def require_extra(module: str, package: str, extra: str) -> Any:
 
 def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:
     """``use(the project's spider loader)``, or None (no ``SPIDER_MODULES``, a module not importing)."""
-    if not settings.getlist("SPIDER_MODULES"):
-        return None
-    try:
-        return use(get_spider_loader(settings))
-    except Exception:
-        return None
+    with contextlib.suppress(Exception):
+        if settings.getlist("SPIDER_MODULES"):
+            return use(get_spider_loader(settings))
+    return None
 
 
 def project_spiders(settings: Settings) -> list[str] | None:

@@ -117,9 +117,7 @@ def combined_rate(workers: list[WorkerRow], fallback: float) -> float:
 
 
 def orphan_note(s: Snapshot) -> str:
-    """Why the crawl seems to stand still after the chaos kill (the killed worker's leases), or ``""``."""
-    if not s.orphaned:
-        return ""
+    """Why the crawl seems to stand still after the chaos kill (the killed worker's ``orphaned`` leases)."""
     when = f"in {s.orphaned_expire_in:.0f} s" if s.orphaned_expire_in >= 0.5 else "now"
     return f"waiting for the killed worker's {s.orphaned:,} leases to expire: back in the queue {when}"
 
