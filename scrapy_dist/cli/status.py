@@ -307,12 +307,10 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
             top_domains: int, force: bool) -> None:
     """Serve Prometheus metrics of the crawls of SPIDER... (inside a project and with none named: every
     spider of the project) on http://HOST:PORT/metrics until Ctrl-C."""
-    names = list(spiders)
+    settings = redis.settings  # finds the project, if any
+    names = list(spiders) or ((project_spiders(settings) or []) if redis.inside_project else [])
     if not names:
-        settings = redis.settings  # finds the project, if any
-        names = (project_spiders(settings) or []) if redis.inside_project else []
-        if not names:
-            raise click.UsageError("name the crawls to export: scrapy-dist metrics SPIDER...")
+        raise click.UsageError("name the crawls to export: scrapy-dist metrics SPIDER...")
     for name in names:
         redis.check_spider(name, force)
     redis.check()
