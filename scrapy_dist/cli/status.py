@@ -106,8 +106,7 @@ def render(status: dict[str, Any]) -> Group:
         (f"{idle}  " if idle else ""), f"{_num(rates['pages_per_min'])} pages/min  ",
         "error rate " + ("-" if rates["error_rate"] is None else f"{rates['error_rate']:.1%}"),
         f" ({errors['errors']:,} errors / {errors['attempts']:,} attempts in {errors['window']:,.0f}s)"
-        if errors["window"] else "",
-    )
+        if errors["window"] else "")
     overview = Table(show_header=False, box=None, padding=(0, 2))
     for _ in range(2):
         overview.add_column(style="bold")
