@@ -20,6 +20,8 @@ import redis
 from crawlproject import make_project
 from helpers import dashboard_metrics
 from prometheus_client.parser import text_string_to_metric_families
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from scrapy import Request
 
 from scrapy_dist.frontier.orders import dead_letter_record
@@ -153,7 +155,7 @@ def test_hostile_dead_letters_and_many_reasons_stay_bounded(redis_url: str) -> N
 
 
 def test_redis_away_is_up_0_not_an_error() -> None:
-    client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     collector = CrawlCollector(client, ["links"], cache_seconds=0)
     families = {f.name: f for f in collector.collect()}
     assert [s.value for s in families["scrapy_dist_up"].samples] == [0.0]
@@ -171,8 +173,10 @@ def test_redis_away_is_one_warning_and_one_line_when_back(
     redis_servers: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     (server,) = redis_servers(1)
-    collector = CrawlCollector(redis.Redis(port=server.port, socket_connect_timeout=0.5), ["links"],
-                               cache_seconds=0)
+    # no retries between failed calls, as the clients scrapy_dist.redis.connection builds (redis-py's
+    # default retries each refused connection with a backoff of seconds)
+    client = redis.Redis(port=server.port, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    collector = CrawlCollector(client, ["links"], cache_seconds=0)
     caplog.set_level(logging.INFO, logger="scrapy_dist.redis.outage")
     list(collector.collect())
     server.kill()
