@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from scrapy import Request
+from zygote import Zygote
 
 from scrapy_dist.frontier.orders import dead_letter_record
 from scrapy_dist.monitor.metrics import REASON_LIMIT, CrawlCollector, serve
@@ -85,9 +86,9 @@ def test_metrics_of_a_crawl_match_status(tmp_path: Path, redis_url: str, site_fa
     finally:
         exporter.terminate()
         exporter.wait(10)
-    status = json.loads(subprocess.run(
+    status = json.loads(Zygote.run_cli(
         [sys.executable, "-c", "from scrapy_dist.cli import main; main()", "--redis-url", redis_url, "status",
-         "links", "--json"], capture_output=True, text=True, check=True).stdout)
+         "links", "--json"], check=True).stdout)
     front = status["frontier"]
     for state in ("queued", "inflight", "delayed"):
         assert value(final, "scrapy_dist_frontier_requests", state=state) == front[state]

@@ -265,6 +265,7 @@ class Zygote:
         env: dict[str, str] | None = None,
         input: str | None = None,  # noqa: A002 -- as subprocess.run's
         timeout: float | None = None,
+        check: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         """``subprocess.run(args, capture_output=True, text=True, ...)`` for a ``scrapy-dist`` command --
         ``args`` starting with the console script's path or with ``python -c "from scrapy_dist.cli import
@@ -275,7 +276,7 @@ class Zygote:
         cwd = os.getcwd() if cwd is None else str(cwd)
         if not cls.enabled():
             return subprocess.run(args, cwd=cwd, env=env, input=input, capture_output=True, text=True,
-                                  timeout=timeout)
+                                  timeout=timeout, check=check)
         if args[:2] == [sys.executable, "-c"]:
             assert args[2].replace(" ", "") == "fromscrapy_dist.cliimportmain;main()", args
             argv0, path0, argv = "-c", cwd, args[3:]
@@ -304,7 +305,10 @@ class Zygote:
                 # as text=True: the locale's encoding, universal newlines
                 output.append(io.TextIOWrapper(io.BytesIO(fh.read()),
                                                encoding=locale.getpreferredencoding(False)).read())
-        return subprocess.CompletedProcess(args, code, output[0], output[1])
+        done = subprocess.CompletedProcess(args, code, output[0], output[1])
+        if check:
+            done.check_returncode()
+        return done
 
 
 if __name__ == "__main__":
