@@ -15,10 +15,10 @@ descriptor attached. It answers with the pid, then, on the same connection, the 
 :class:`subprocess.Popen` reports it: minus the signal's number for a worker killed by one). It exits when
 the test process that started it closes its stdin.
 
-:meth:`Zygote.run_cli` forks a ``scrapy-dist`` command the same way (its entry point,
-``scrapy_dist.cli:main``, called in the child with the command's argv, working directory, environment and
-standard input; its exit code and output as :func:`subprocess.run` gives them), for the tests that run the
-command many times; a few tests keep running the real console script.
+:meth:`Zygote.run_cli` forks a ``scrapy-dist`` command (or a short ``python -m scrapy`` one) the same way:
+its entry point (``scrapy_dist.cli:main``, ``scrapy.cmdline.execute``) called in the child with the
+command's argv, working directory, environment and standard input; its exit code and output as
+:func:`subprocess.run` gives them. A few tests keep running the real console scripts and interpreter.
 
 Set ``SCRAPY_DIST_TEST_FORK=0`` to start every worker and command with a fresh interpreter instead.
 """
@@ -269,15 +269,18 @@ class Zygote:
     ) -> subprocess.CompletedProcess[str]:
         """``subprocess.run(args, capture_output=True, text=True, ...)`` for a ``scrapy-dist`` command --
         ``args`` starting with the console script's path or with ``python -c "from scrapy_dist.cli import
-        main; main()"`` -- forked from the zygote: the same entry point, argv, working directory,
-        environment, standard input, exit code and output. Without the zygote (SCRAPY_DIST_TEST_FORK=0),
-        ``subprocess.run`` itself."""
+        main; main()"`` -- or a ``python -m scrapy`` command, forked from the zygote: the same entry point,
+        argv, working directory, environment, standard input, exit code and output. Without the zygote
+        (SCRAPY_DIST_TEST_FORK=0), ``subprocess.run`` itself."""
         env = dict(os.environ if env is None else env)
         cwd = os.getcwd() if cwd is None else str(cwd)
         if not cls.enabled():
             return subprocess.run(args, cwd=cwd, env=env, input=input, capture_output=True, text=True,
                                   timeout=timeout, check=check)
-        if args[:2] == [sys.executable, "-c"]:
+        entry = "scrapy-dist"
+        if args[:3] == [sys.executable, "-m", "scrapy"]:
+            entry, argv0, path0, argv = "scrapy", "scrapy", cwd, args[3:]
+        elif args[:2] == [sys.executable, "-c"]:
             assert args[2].replace(" ", "") == "fromscrapy_dist.cliimportmain;main()", args
             argv0, path0, argv = "-c", cwd, args[3:]
         else:
@@ -290,7 +293,7 @@ class Zygote:
             if input is not None:
                 stdin.write(input.encode(locale.getpreferredencoding(False)))
                 stdin.seek(0)
-            request = {"argv": argv, "cwd": cwd, "env": env, "entry": "scrapy-dist", "argv0": argv0,
+            request = {"argv": argv, "cwd": cwd, "env": env, "entry": entry, "argv0": argv0,
                        "path0": path0}
             proc = cls._fork(request, [stdin.fileno(), out.fileno(), err.fileno()], args)
             try:
