@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import urllib.error
@@ -190,11 +189,8 @@ def test_the_dashboard_command_takes_allow_host(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
     env["SCRAPY_DIST_DASHBOARD_HOSTS"] = env_hosts
-    proc = subprocess.Popen(
-        [*CLI, "--redis-url", redis_url, "dashboard", "site",
-         "--port", "0", *flag],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-    )
+    proc = Zygote.popen_cli([*CLI, "--redis-url", redis_url, "dashboard", "site", "--port", "0", *flag],
+                            env=env, cwd=tmp_path)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

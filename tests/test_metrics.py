@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import time
 import urllib.request
@@ -51,11 +50,11 @@ def value(found: dict[Any, float], name: str, **labels: str) -> float:
     return found[(name, tuple(sorted({"spider": "links", **labels}.items())))]
 
 
-def cli(redis_url: str, *args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+def cli(redis_url: str, *args: str, cwd: Path | None = None) -> Any:
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
-    return subprocess.Popen(
+    return Zygote.popen_cli(
         [sys.executable, "-c", "from scrapy_dist.cli import main; main()", "--redis-url", redis_url, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+        env=env, cwd=cwd,
     )
 
 

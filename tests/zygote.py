@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -170,15 +171,40 @@ def _run_worker(request: dict[str, Any]) -> None:
 
 
 class ForkedWorker:
-    """The :class:`subprocess.Popen` face of a worker forked by the zygote (its output goes to a file)."""
+    """The :class:`subprocess.Popen` face of a worker forked by the zygote (its output goes to a file, or
+    to pipes read through ``stdout`` and ``stderr``)."""
 
-    stdout = stderr = stdin = None
+    stdin = None
 
     def __init__(self, args: list[str], pid: int, conn: socket.socket) -> None:
         self.args = args
         self.pid = pid
         self.returncode: int | None = None
         self._conn = conn
+        self.stdout: io.TextIOWrapper | None = None
+        self.stderr: io.TextIOWrapper | None = None
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """As :meth:`subprocess.Popen.communicate` (nothing to send): both outputs to their end, the exit."""
+        outputs: dict[int, str] = {}
+        streams = [s for s in (self.stdout, self.stderr) if s is not None]
+
+        def read(i: int, stream: io.TextIOWrapper) -> None:
+            outputs[i] = stream.read()
+
+        readers = [threading.Thread(target=read, args=(i, s), daemon=True) for i, s in enumerate(streams)]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for stream in streams:
+            stream.close()
+        got = iter(outputs[i] for i in range(len(streams)))
+        return (next(got) if self.stdout else None), (next(got) if self.stderr else None)
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
@@ -277,24 +303,12 @@ class Zygote:
         if not cls.enabled():
             return subprocess.run(args, cwd=cwd, env=env, input=input, capture_output=True, text=True,
                                   timeout=timeout, check=check)
-        entry = "scrapy-dist"
-        if args[:3] == [sys.executable, "-m", "scrapy"]:
-            entry, argv0, path0, argv = "scrapy", "scrapy", cwd, args[3:]
-        elif args[:2] == [sys.executable, "-c"]:
-            assert args[2].replace(" ", "") == "fromscrapy_dist.cliimportmain;main()", args
-            argv0, path0, argv = "-c", cwd, args[3:]
-        else:
-            assert Path(args[0]).name == "scrapy-dist", args
-            script = shutil.which(args[0], path=env.get("PATH")) if os.sep not in args[0] else args[0]
-            assert script, args
-            argv0, path0, argv = args[0], str(Path(script).resolve().parent), args[1:]
+        request = cls._command(args, cwd, env)
         with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, \
                 tempfile.TemporaryFile() as err:
             if input is not None:
                 stdin.write(input.encode(locale.getpreferredencoding(False)))
                 stdin.seek(0)
-            request = {"argv": argv, "cwd": cwd, "env": env, "entry": entry, "argv0": argv0,
-                       "path0": path0}
             proc = cls._fork(request, [stdin.fileno(), out.fileno(), err.fileno()], args)
             try:
                 code = proc.wait(timeout)
@@ -312,6 +326,46 @@ class Zygote:
         if check:
             done.check_returncode()
         return done
+
+    @classmethod
+    def popen_cli(
+        cls, args: list[str], cwd: Path | str | None = None, env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[str] | ForkedWorker:
+        """``subprocess.Popen(args, stdout=PIPE, stderr=PIPE, text=True, ...)`` for a command
+        :meth:`run_cli` takes, forked from the zygote (standard input: nothing to read)."""
+        env = dict(os.environ if env is None else env)
+        cwd = os.getcwd() if cwd is None else str(cwd)
+        if not cls.enabled():
+            return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+        request = cls._command(args, cwd, env)
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        try:
+            proc = cls._fork(request, [devnull, out_w, err_w], args)
+        finally:
+            for fd in (devnull, out_w, err_w):
+                os.close(fd)
+        encoding = locale.getpreferredencoding(False)
+        proc.stdout = open(out_r, encoding=encoding)  # noqa: SIM115 -- closed by the caller, as Popen's
+        proc.stderr = open(err_r, encoding=encoding)  # noqa: SIM115
+        return proc
+
+    @staticmethod
+    def _command(args: list[str], cwd: str, env: dict[str, str]) -> dict[str, Any]:
+        """The zygote's request for a command line :meth:`run_cli` takes."""
+        entry = "scrapy-dist"
+        if args[:3] == [sys.executable, "-m", "scrapy"]:
+            entry, argv0, path0, argv = "scrapy", "scrapy", cwd, args[3:]
+        elif args[:2] == [sys.executable, "-c"]:
+            assert args[2].replace(" ", "") == "fromscrapy_dist.cliimportmain;main()", args
+            argv0, path0, argv = "-c", cwd, args[3:]
+        else:
+            assert Path(args[0]).name == "scrapy-dist", args
+            script = shutil.which(args[0], path=env.get("PATH")) if os.sep not in args[0] else args[0]
+            assert script, args
+            argv0, path0, argv = args[0], str(Path(script).resolve().parent), args[1:]
+        return {"argv": argv, "cwd": cwd, "env": env, "entry": entry, "argv0": argv0, "path0": path0}
 
 
 if __name__ == "__main__":
