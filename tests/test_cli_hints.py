@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 from helpers import run as run_async
+from zygote import Zygote
 
 from scrapy_dist import seeds as nearmiss
 from scrapy_dist.cli import shadowing_copies
@@ -30,8 +31,7 @@ SCRAPY_DIST = str(Path(sys.executable).with_name("scrapy-dist"))
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SCRAPY_SETTINGS_MODULE")}
-    return subprocess.run([*CLI, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return Zygote.run_cli([*CLI, *args], cwd=cwd, env=env, timeout=120)
 
 
 @pytest.fixture
@@ -77,8 +77,7 @@ def test_embedded_status_names_the_bundled_copies_that_hide_a_system_redis(tmp_p
                                                (str(scripts / "redis-cli"), str(system / "redis-cli"))]
     assert shadowing_copies(os.pathsep.join([str(system), str(scripts)]), scripts) == []
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SCRAPY_SETTINGS_MODULE")}
-    res = subprocess.run([*CLI, "embedded", "status"], cwd=tmp_path,
-                         env={**env, "PATH": path}, capture_output=True, text=True, timeout=60)
+    res = Zygote.run_cli([*CLI, "embedded", "status"], cwd=tmp_path, env={**env, "PATH": path}, timeout=60)
     assert res.returncode == 0, res.stderr
     assert f"rm {scripts / 'redis-server'}" in res.stderr and str(system / "redis-server") in res.stderr
     assert not (tmp_path / ".scrapy" / "scrapy_dist" / "redis.sock").exists()  # status never starts it
@@ -107,8 +106,7 @@ def test_status_and_push_point_at_seeds_pushed_to_a_misspelt_key(
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SCRAPY_SETTINGS_MODULE")}
 
     def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CLI, "--redis-url", redis_url, *args],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        return Zygote.run_cli([*CLI, "--redis-url", redis_url, *args], cwd=tmp_path, env=env, timeout=120)
 
     res = run_cli("status", "site")
     assert res.returncode == 0, res.stderr

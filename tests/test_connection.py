@@ -32,6 +32,7 @@ from redis.retry import Retry
 from redis_servers import RedisProcess, cluster_port, free_port, redis_server_binary
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
+from zygote import Zygote
 
 from scrapy_dist.exceptions import RedisUnavailable
 from scrapy_dist.redis.connection import (
@@ -512,7 +513,7 @@ def test_scrapy_crawl_against_closed_port_prints_one_error_and_fails(
     tiny_project: Path, scheduler: str
 ) -> None:
     port = free_port()
-    proc = subprocess.run(
+    proc = Zygote.run_cli(
         [
             sys.executable, "-m", "scrapy", "crawl", "tiny",
             "-s", f"SCHEDULER={scheduler}",
@@ -521,9 +522,6 @@ def test_scrapy_crawl_against_closed_port_prints_one_error_and_fails(
         ],
         cwd=tiny_project,
         env=_clean_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     output = proc.stdout + proc.stderr

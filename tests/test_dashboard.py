@@ -15,6 +15,8 @@ import redis
 from aiohttp import ClientSession
 from crawlproject import make_project
 from helpers import run, wait_for
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.monitor.dashboard import Dashboard, DashboardThread, check_binding, history_series
@@ -185,8 +187,10 @@ def test_redis_away_is_a_503_with_the_reason_and_one_warning(
     redis_servers: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     (redis_server,) = redis_servers(1)
-    dash = Dashboard(redis.Redis(port=redis_server.port, socket_connect_timeout=0.5), LINKS, token=TOKEN,
-                     cache_seconds=0)
+    # no retries between failed calls, as the clients scrapy_dist.redis.connection builds (redis-py's
+    # default retries each refused connection with a backoff of seconds)
+    client = redis.Redis(port=redis_server.port, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    dash = Dashboard(client, LINKS, token=TOKEN, cache_seconds=0)
     server = DashboardThread(dash)
     caplog.set_level(logging.INFO, logger="scrapy_dist.redis.outage")
     try:

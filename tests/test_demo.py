@@ -18,6 +18,7 @@ import pytest
 import redis
 from helpers import read_demo_until_crawling
 from rich.console import Console
+from zygote import Zygote
 
 from scrapy_dist.demo import Demo, DemoOptions, render_summary, summarize
 from scrapy_dist.demo.site import EXAMPLE_PROJECT, SiteGraph, SiteTally, demo_graph, locate_project
@@ -128,10 +129,7 @@ def test_without_a_source_checkout_the_demo_uses_the_packaged_project(
     monkeypatch.setattr(demo_workers, "PACKAGED_PROJECT", packaged)
     root, copied = locate_project(tmp_path, example=tmp_path / "nowhere")
     assert copied and root == packaged
-    listed = subprocess.run(
-        [sys.executable, "-m", "scrapy", "list"], cwd=root, env=_env(), capture_output=True, text=True,
-        timeout=60,
-    )
+    listed = Zygote.run_cli([sys.executable, "-m", "scrapy", "list"], cwd=root, env=_env(), timeout=60)
     assert "demo" in listed.stdout.split(), listed.stderr
     assert locate_project(tmp_path) == (EXAMPLE_PROJECT, False)
 

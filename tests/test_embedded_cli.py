@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 from redis_servers import RedisProcess
+from zygote import Zygote
 
 from scrapy_dist.cli import redis_cli_arguments
 from scrapy_dist.redis.connection import resolve_target
@@ -29,7 +30,7 @@ def outside(tmp_path: Path) -> Iterator[Path]:
 
 def run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SCRAPY_SETTINGS_MODULE")}
-    return subprocess.run([SCRAPY_DIST, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    return Zygote.run_cli([SCRAPY_DIST, *args], cwd=cwd, env=env, timeout=60)
 
 
 def test_embedded_status_redis_cli_and_stop(outside: Path) -> None:

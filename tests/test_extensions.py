@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from datetime import datetime, timedelta, timezone
@@ -23,6 +22,7 @@ from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 from twisted.python.failure import Failure
+from zygote import Zygote
 
 from scrapy_dist.addon import Addon
 from scrapy_dist.exceptions import ScrapyDistError
@@ -612,8 +612,8 @@ def test_scrapy_parse_and_fetch_with_the_addon_stay_out_of_the_shared_crawl(
     settings = ["-s", 'ADDONS={"scrapy_dist.Addon": 0}', "-s", f"REDIS_URL={redis_url}"]
     commands = [["parse", "--spider", "links", "-c", "parse", url]] * 2 + [["fetch", url]]
     for command in commands:
-        out = subprocess.run([sys.executable, "-m", "scrapy", *command, *settings], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=60)
+        out = Zygote.run_cli([sys.executable, "-m", "scrapy", *command, *settings], cwd=tmp_path, env=env,
+                             timeout=60)
         assert out.returncode == 0, out.stderr[-3000:]
         assert "] ERROR:" not in out.stderr, out.stderr[-3000:]
         assert f"off for `scrapy {command[0]}`" in out.stderr

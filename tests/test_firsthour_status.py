@@ -15,6 +15,7 @@ from typing import Any
 import redis
 from crawlproject import make_project
 from helpers import wait_for, wait_for_pages
+from zygote import Zygote
 
 from scrapy_dist.frontier.layout import ControlState
 from scrapy_dist.monitor import crawl_state
@@ -28,7 +29,7 @@ KEYS = CrawlKeys("links")
 def cli(cwd: Path, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
     env["REDIS_URL"] = redis_url
-    return subprocess.run([SCRAPY_DIST, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    return Zygote.run_cli([SCRAPY_DIST, *args], cwd=cwd, env=env, timeout=60)
 
 
 def status_json(cwd: Path, redis_url: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import redis
 from crawlproject import make_project
 from helpers import wait_for_pages
 from redis_cluster import is_own, start_own
+from zygote import Zygote
 
 pytestmark = pytest.mark.slow
 
@@ -127,8 +128,7 @@ def test_a_worker_with_a_download_delay_closes_within_seconds_and_gives_back_wha
     if how == "sigterm":
         worker.send_signal(signal.SIGTERM)
     else:
-        subprocess.run(["scrapy-dist", "--redis-url", redis_url, "close", "links"], check=True,
-                       cwd=tmp_path, capture_output=True)
+        Zygote.run_cli(["scrapy-dist", "--redis-url", redis_url, "close", "links"], check=True, cwd=tmp_path)
     started = time.monotonic()  # the command's own start-up is not the worker's close
     try:
         code = worker.wait(30)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import urllib.error
@@ -19,6 +18,7 @@ import redis
 from aiohttp import ClientSession
 from helpers import run
 from prometheus_client.parser import text_string_to_metric_families
+from zygote import Zygote
 
 from scrapy_dist.monitor.dashboard import Dashboard, DashboardThread
 from scrapy_dist.monitor.metrics import CrawlCollector, serve
@@ -142,15 +142,14 @@ def test_status_json_stays_small_on_hostile_contents(redis_client: redis.Redis, 
                                            "huge": "1e308"})
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
     for args in (["--json"], []):
-        out = subprocess.run(
-            [*CLI, "--redis-url", redis_url, "status", "site", *args],
-            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+        out = Zygote.run_cli(
+            [*CLI, "--redis-url", redis_url, "status", "site", *args], env=env, cwd=tmp_path, timeout=120,
         )
         assert out.returncode == 0, out.stderr[-2000:]
         assert len(out.stdout) < BOUND, (args, len(out.stdout))
-    doc = json.loads(subprocess.run(
-        [*CLI, "--redis-url", redis_url, "status", "site", "--json"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120).stdout)
+    doc = json.loads(Zygote.run_cli(
+        [*CLI, "--redis-url", redis_url, "status", "site", "--json"], env=env, cwd=tmp_path, timeout=120,
+    ).stdout)
     assert doc["stats"]["response_received_count"] == 7
     assert "nan_stat" not in doc["stats"] and "huge" not in doc["stats"]
     assert doc["garbage"]["stats"] >= 2
@@ -190,11 +189,8 @@ def test_the_dashboard_command_takes_allow_host(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
     env["SCRAPY_DIST_DASHBOARD_HOSTS"] = env_hosts
-    proc = subprocess.Popen(
-        [*CLI, "--redis-url", redis_url, "dashboard", "site",
-         "--port", "0", *flag],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-    )
+    proc = Zygote.popen_cli([*CLI, "--redis-url", redis_url, "dashboard", "site", "--port", "0", *flag],
+                            env=env, cwd=tmp_path)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

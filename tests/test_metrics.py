@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import time
 import urllib.request
@@ -20,7 +19,10 @@ import redis
 from crawlproject import make_project
 from helpers import dashboard_metrics
 from prometheus_client.parser import text_string_to_metric_families
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from scrapy import Request
+from zygote import Zygote
 
 from scrapy_dist.frontier.orders import dead_letter_record
 from scrapy_dist.monitor.metrics import REASON_LIMIT, CrawlCollector, serve
@@ -48,11 +50,11 @@ def value(found: dict[Any, float], name: str, **labels: str) -> float:
     return found[(name, tuple(sorted({"spider": "links", **labels}.items())))]
 
 
-def cli(redis_url: str, *args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+def cli(redis_url: str, *args: str, cwd: Path | None = None) -> Any:
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
-    return subprocess.Popen(
+    return Zygote.popen_cli(
         [sys.executable, "-c", "from scrapy_dist.cli import main; main()", "--redis-url", redis_url, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+        env=env, cwd=cwd,
     )
 
 
@@ -83,9 +85,9 @@ def test_metrics_of_a_crawl_match_status(tmp_path: Path, redis_url: str, site_fa
     finally:
         exporter.terminate()
         exporter.wait(10)
-    status = json.loads(subprocess.run(
+    status = json.loads(Zygote.run_cli(
         [sys.executable, "-c", "from scrapy_dist.cli import main; main()", "--redis-url", redis_url, "status",
-         "links", "--json"], capture_output=True, text=True, check=True).stdout)
+         "links", "--json"], check=True).stdout)
     front = status["frontier"]
     for state in ("queued", "inflight", "delayed"):
         assert value(final, "scrapy_dist_frontier_requests", state=state) == front[state]
@@ -153,7 +155,7 @@ def test_hostile_dead_letters_and_many_reasons_stay_bounded(redis_url: str) -> N
 
 
 def test_redis_away_is_up_0_not_an_error() -> None:
-    client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     collector = CrawlCollector(client, ["links"], cache_seconds=0)
     families = {f.name: f for f in collector.collect()}
     assert [s.value for s in families["scrapy_dist_up"].samples] == [0.0]
@@ -171,8 +173,10 @@ def test_redis_away_is_one_warning_and_one_line_when_back(
     redis_servers: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     (server,) = redis_servers(1)
-    collector = CrawlCollector(redis.Redis(port=server.port, socket_connect_timeout=0.5), ["links"],
-                               cache_seconds=0)
+    # no retries between failed calls, as the clients scrapy_dist.redis.connection builds (redis-py's
+    # default retries each refused connection with a backoff of seconds)
+    client = redis.Redis(port=server.port, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    collector = CrawlCollector(client, ["links"], cache_seconds=0)
     caplog.set_level(logging.INFO, logger="scrapy_dist.redis.outage")
     list(collector.collect())
     server.kill()

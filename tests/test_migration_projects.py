@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -26,6 +25,7 @@ import pytest
 import redis
 from migration_sites import PagesServer, jobs_board, yellow_pages
 from redis_servers import RedisProcess
+from zygote import Zygote
 
 from scrapy_dist.demo.site import SiteGraph, SiteServer
 
@@ -56,7 +56,7 @@ def crawl(project: Path, spider: str, settings: dict[str, str], args: Iterable[s
     for k, v in {**COMMON, **settings}.items():
         cmd += ["-s", f"{k}={v}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    out = Zygote.run_cli(cmd, cwd=project, env=env, timeout=120)
     errors = [line for line in out.stderr.splitlines() if "] ERROR:" in line]
     assert out.returncode == 0 and not errors, f"{spider}: exit {out.returncode}\n{out.stderr[-4000:]}"
 

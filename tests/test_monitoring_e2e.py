@@ -18,6 +18,7 @@ import pytest
 import redis
 from crawlproject import SPIDERS, make_project
 from helpers import wait_for
+from zygote import Zygote
 
 from scrapy_dist.frontier.shard import lease_parts
 from scrapy_dist.monitor import read_status
@@ -37,7 +38,7 @@ EXTENSIONS = {
 def cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-c", "from scrapy_dist.cli import main; main()", "--redis-url", redis_url, *args]
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}  # no project here
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    return Zygote.run_cli(cmd, timeout=60, env=env)
 
 
 def status_json(redis_url: str, spider: str = "links") -> dict[str, Any]:

@@ -24,6 +24,7 @@ from helpers import run
 from redis_servers import RedisProcess
 from scrapy.exceptions import DropItem, NotConfigured
 from scrapy.utils.test import get_crawler
+from zygote import Zygote
 
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.pipelines import RedisPipeline, find_unencodable
@@ -556,12 +557,11 @@ def test_items_command_refuses_a_key_of_another_type(redis_url: str, redis_clien
 
 @pytest.mark.parametrize("stream", [False, True], ids=["list", "stream"])
 def test_items_command_follows_new_items(redis_url: str, redis_client: redis.Redis, stream: bool) -> None:
-    import subprocess
     import sys
 
     cmd = [sys.executable, "-c", "from scrapy_dist.cli import main; main()"]
     cmd += ["--redis-url", redis_url, "items", "books", "--follow", "--json-lines"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = Zygote.popen_cli(cmd)
     watchdog = threading.Timer(30, proc.kill)  # a missing line must fail the test, not hang it
     watchdog.start()
     try:

@@ -1,7 +1,9 @@
 """A bad setting stops ``scrapy crawl`` and the ``scrapy-dist`` command with the same one line.
 
 Real processes: ``scrapy crawl`` in a temp project (with the add-on, and with only SCHEDULER /
-DUPEFILTER_CLASS set), and the installed ``scrapy-dist`` entry point.
+DUPEFILTER_CLASS set), and the installed ``scrapy-dist`` entry point (its function forked from the
+pre-imported interpreter for the bad project settings, tests/zygote.py; the console script itself for the
+bad environment URL).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from zygote import Zygote
 
 from tests.crawlproject import SPIDERS, make_project
 
@@ -148,15 +151,7 @@ def test_cli_refuses_a_bad_project_setting_with_the_same_line(
     with open(tmp_path / "proj" / "settings.py", "a") as fh:
         fh.write(f"\n{name} = {value!r}\n")
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "SCRAPY_SETTINGS_MODULE")}
-    proc = subprocess.run(
-        [_cli(), "status", "links"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=60,
-    )
+    proc = Zygote.run_cli([_cli(), "status", "links"], cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.startswith(f"scrapy-dist: {name}="), proc.stderr
     _one_line(proc.stdout + proc.stderr, name, problem)

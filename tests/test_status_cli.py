@@ -17,6 +17,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 from helpers import lease_key
+from zygote import Zygote
 
 from scrapy_dist.cli import main
 from scrapy_dist.frontier.layout import ControlState
@@ -307,10 +308,9 @@ def test_status_reads_garbage_written_by_others_without_a_traceback(
 def test_status_watch_json_rides_out_a_redis_outage(redis_servers: Any, tmp_path: Any) -> None:
     (server,) = redis_servers(1)
     env = {k: v for k, v in os.environ.items() if k != "SCRAPY_SETTINGS_MODULE"}
-    proc = subprocess.Popen(
-        [*CLI, "--redis-url", server.url, "status", "books", "--watch",
-         "--json", "--interval", "0.2"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = Zygote.popen_cli(
+        [*CLI, "--redis-url", server.url, "status", "books", "--watch", "--json", "--interval", "0.2"],
+        cwd=tmp_path, env=env,
     )
     try:
         assert proc.stdout is not None

@@ -5,13 +5,13 @@ same refusals of denied networks."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from crawlproject import make_project
+from zygote import Zygote
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def _status(redis_url: str, cwd: Path) -> dict[str, Any]:
            "status", "links", "--json"]
     env = {k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE", "REDIS_URL")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), env.get("PYTHONPATH")]))
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+    out = Zygote.run_cli(cmd, timeout=60, env=env, cwd=cwd)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 

@@ -15,23 +15,33 @@ descriptor attached. It answers with the pid, then, on the same connection, the 
 :class:`subprocess.Popen` reports it: minus the signal's number for a worker killed by one). It exits when
 the test process that started it closes its stdin.
 
-Set ``SCRAPY_DIST_TEST_FORK=0`` to start every worker with a fresh interpreter instead.
+:meth:`Zygote.run_cli` forks a ``scrapy-dist`` command (or a short ``python -m scrapy`` one) the same way:
+its entry point (``scrapy_dist.cli:main``, ``scrapy.cmdline.execute``) called in the child with the
+command's argv, working directory, environment and standard input; its exit code and output as
+:func:`subprocess.run` gives them. A few tests keep running the real console scripts and interpreter.
+
+Set ``SCRAPY_DIST_TEST_FORK=0`` to start every worker and command with a fresh interpreter instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
+import io
 import json
+import locale
 import os
 import pkgutil
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +90,10 @@ def _serve(path: str) -> dict[str, Any] | None:
             conns.append(listener.accept()[0])
         for conn in [c for c in conns if c in readable]:
             conns.remove(conn)
-            message, fds, _, _ = socket.recv_fds(conn, _BUFFER, 1)
+            message, fds, _, _ = socket.recv_fds(conn, _BUFFER, 3)
             if not message:
+                for fd in fds:
+                    os.close(fd)
                 conn.close()
                 continue
             sys.stdout.flush()
@@ -93,9 +105,10 @@ def _serve(path: str) -> dict[str, Any] | None:
                     other.close()
                 conn.close()
                 request: dict[str, Any] = json.loads(message)
-                request["fd"] = fds[0]
+                request["fds"] = fds
                 return request
-            os.close(fds[0])
+            for fd in fds:
+                os.close(fd)
             conn.send(json.dumps({"pid": pid}).encode())
             children[pid] = conn
         while children:
@@ -117,23 +130,40 @@ def _kill(pid: int) -> None:
 
 
 def _run_worker(request: dict[str, Any]) -> None:
-    """In the forked child: become ``python -m scrapy <argv>`` in ``cwd`` with ``env``."""
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(request["fd"], 1)
-    os.dup2(request["fd"], 2)
-    os.close(request["fd"])
-    os.close(devnull)
+    """In the forked child: become ``python -m scrapy <argv>`` (or the ``scrapy-dist`` command, for a request
+    whose ``entry`` is ``scrapy-dist``) in ``cwd`` with ``env``."""
+    fds = request["fds"]
+    if len(fds) == 3:  # stdin, stdout, stderr of their own
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+    else:  # the output to one file, nothing to read
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[0], 2)
+        os.close(devnull)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:1] = [request["cwd"], *extra]  # as `python -m`: the working directory first, not tests/
+    # as `python -m` or `python -c`: the working directory first, not tests/ (a console script: its bin/)
+    sys.path[:1] = [request.get("path0") or request["cwd"], *extra]
     for entry in extra:  # what the interpreter would have imported at start-up from its PYTHONPATH
         if (Path(entry) / "sitecustomize.py").exists():
             sys.modules.pop("sitecustomize", None)
             importlib.import_module("sitecustomize")
             break
+    if request.get("entry") == "scrapy-dist":
+        # click names the program after argv[0]: "-c" for `python -c`, the script's path for the console
+        # script
+        sys.argv = [request.get("argv0") or "scrapy-dist", *request["argv"]]
+        from scrapy_dist.cli import main
+
+        main()
+        return
     sys.argv = ["scrapy", *request["argv"]]
     from scrapy.cmdline import execute
 
@@ -141,15 +171,40 @@ def _run_worker(request: dict[str, Any]) -> None:
 
 
 class ForkedWorker:
-    """The :class:`subprocess.Popen` face of a worker forked by the zygote (its output goes to a file)."""
+    """The :class:`subprocess.Popen` face of a worker forked by the zygote (its output goes to a file, or
+    to pipes read through ``stdout`` and ``stderr``)."""
 
-    stdout = stderr = stdin = None
+    stdin = None
 
     def __init__(self, args: list[str], pid: int, conn: socket.socket) -> None:
         self.args = args
         self.pid = pid
         self.returncode: int | None = None
         self._conn = conn
+        self.stdout: io.TextIOWrapper | None = None
+        self.stderr: io.TextIOWrapper | None = None
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """As :meth:`subprocess.Popen.communicate` (nothing to send): both outputs to their end, the exit."""
+        outputs: dict[int, str] = {}
+        streams = [s for s in (self.stdout, self.stderr) if s is not None]
+
+        def read(i: int, stream: io.TextIOWrapper) -> None:
+            outputs[i] = stream.read()
+
+        readers = [threading.Thread(target=read, args=(i, s), daemon=True) for i, s in enumerate(streams)]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for stream in streams:
+            stream.close()
+        got = iter(outputs[i] for i in range(len(streams)))
+        return (next(got) if self.stdout else None), (next(got) if self.stderr else None)
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
@@ -217,15 +272,108 @@ class Zygote:
     @classmethod
     def start(cls, argv: list[str], cwd: Path, env: dict[str, str], out: int) -> ForkedWorker:
         """Fork ``python -m scrapy <argv>`` in ``cwd`` with ``env``, its output to file descriptor ``out``."""
+        return cls._fork({"argv": argv, "cwd": str(cwd), "env": env}, [out],
+                         [sys.executable, "-m", "scrapy", *argv])
+
+    @classmethod
+    def _fork(cls, request: dict[str, Any], fds: list[int], args: list[str]) -> ForkedWorker:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         conn.connect(cls._ensure())
-        socket.send_fds(conn, [json.dumps({"argv": argv, "cwd": str(cwd), "env": env}).encode()], [out])
+        socket.send_fds(conn, [json.dumps(request).encode()], fds)
         pid = json.loads(conn.recv(_BUFFER))["pid"]
-        return ForkedWorker([sys.executable, "-m", "scrapy", *argv], pid, conn)
+        return ForkedWorker(args, pid, conn)
+
+    @classmethod
+    def run_cli(
+        cls,
+        args: list[str],
+        cwd: Path | str | None = None,
+        env: dict[str, str] | None = None,
+        input: str | None = None,  # noqa: A002 -- as subprocess.run's
+        timeout: float | None = None,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        """``subprocess.run(args, capture_output=True, text=True, ...)`` for a ``scrapy-dist`` command --
+        ``args`` starting with the console script's path or with ``python -c "from scrapy_dist.cli import
+        main; main()"`` -- or a ``python -m scrapy`` command, forked from the zygote: the same entry point,
+        argv, working directory, environment, standard input, exit code and output. Without the zygote
+        (SCRAPY_DIST_TEST_FORK=0), ``subprocess.run`` itself."""
+        env = dict(os.environ if env is None else env)
+        cwd = os.getcwd() if cwd is None else str(cwd)
+        if not cls.enabled():
+            return subprocess.run(args, cwd=cwd, env=env, input=input, capture_output=True, text=True,
+                                  timeout=timeout, check=check)
+        request = cls._command(args, cwd, env)
+        with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, \
+                tempfile.TemporaryFile() as err:
+            if input is not None:
+                stdin.write(input.encode(locale.getpreferredencoding(False)))
+                stdin.seek(0)
+            proc = cls._fork(request, [stdin.fileno(), out.fileno(), err.fileno()], args)
+            try:
+                code = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
+            output = []
+            for fh in (out, err):
+                fh.seek(0)
+                # as text=True: the locale's encoding, universal newlines
+                output.append(io.TextIOWrapper(io.BytesIO(fh.read()),
+                                               encoding=locale.getpreferredencoding(False)).read())
+        done = subprocess.CompletedProcess(args, code, output[0], output[1])
+        if check:
+            done.check_returncode()
+        return done
+
+    @classmethod
+    def popen_cli(
+        cls, args: list[str], cwd: Path | str | None = None, env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[str] | ForkedWorker:
+        """``subprocess.Popen(args, stdout=PIPE, stderr=PIPE, text=True, ...)`` for a command
+        :meth:`run_cli` takes, forked from the zygote (standard input: nothing to read)."""
+        env = dict(os.environ if env is None else env)
+        cwd = os.getcwd() if cwd is None else str(cwd)
+        if not cls.enabled():
+            return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+        request = cls._command(args, cwd, env)
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        try:
+            proc = cls._fork(request, [devnull, out_w, err_w], args)
+        finally:
+            for fd in (devnull, out_w, err_w):
+                os.close(fd)
+        encoding = locale.getpreferredencoding(False)
+        proc.stdout = open(out_r, encoding=encoding)  # noqa: SIM115 -- closed by the caller, as Popen's
+        proc.stderr = open(err_r, encoding=encoding)  # noqa: SIM115
+        return proc
+
+    @staticmethod
+    def _command(args: list[str], cwd: str, env: dict[str, str]) -> dict[str, Any]:
+        """The zygote's request for a command line :meth:`run_cli` takes."""
+        entry = "scrapy-dist"
+        if args[:3] == [sys.executable, "-m", "scrapy"]:
+            entry, argv0, path0, argv = "scrapy", "scrapy", cwd, args[3:]
+        elif args[:2] == [sys.executable, "-c"]:
+            assert args[2].replace(" ", "") == "fromscrapy_dist.cliimportmain;main()", args
+            argv0, path0, argv = "-c", cwd, args[3:]
+        else:
+            assert Path(args[0]).name == "scrapy-dist", args
+            script = shutil.which(args[0], path=env.get("PATH")) if os.sep not in args[0] else args[0]
+            assert script, args
+            argv0, path0, argv = args[0], str(Path(script).resolve().parent), args[1:]
+        return {"argv": argv, "cwd": cwd, "env": env, "entry": entry, "argv0": argv0, "path0": path0}
 
 
 if __name__ == "__main__":
     _preload()
+    # what is imported now lives as long as any worker: out of the collector's sight, a worker's collections
+    # (and the last one, at exit) no longer walk -- and copy, page by page -- every object of Scrapy,
+    # Twisted and the rest it shares with this process
+    gc.freeze()
     work = _serve(sys.argv[1])
     if work is not None:
         _run_worker(work)
