@@ -200,6 +200,7 @@ class EntryPolicy:
 
 DEFAULT_POLICY = EntryPolicy()
 _POLICIES: weakref.WeakKeyDictionary[Any, EntryPolicy] = weakref.WeakKeyDictionary()
+_warned_unsigned: list[bool] = []
 
 
 def entry_policy(crawler: Crawler | None) -> EntryPolicy:
@@ -222,9 +223,6 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
     return policy
 
 
-_warned_unsigned: list[bool] = []
-
-
 def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
     """Whether an entry is the crawl's own (its tag verifies, or no secret); ``bad_tag`` if a tag fails."""
     if policy.secret is None:
@@ -242,7 +240,6 @@ SECRET_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")
 
 #: request -> its credential headers when it entered the downloader (only requests that had some)
 _scheduled: weakref.WeakKeyDictionary[Request, dict[bytes, list[bytes]]] = weakref.WeakKeyDictionary()
-_seen: weakref.WeakSet[Request] = weakref.WeakSet()  # requests seen by the middleware
 #: (lower-case header name, value) pairs downloader middlewares added to requests, newest last
 _added: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
 ADDED_LIMIT = 1000
@@ -252,7 +249,6 @@ class ScheduledHeadersMiddleware:
     """Downloader middleware remembering the credential headers each request had as scheduled."""
 
     def process_request(self, request: Request) -> None:
-        _seen.add(request)
         headers = request.headers
         own = {name: list(headers.getlist(name)) for name in SECRET_HEADERS if name in headers}
         if own:
@@ -261,8 +257,7 @@ class ScheduledHeadersMiddleware:
 
 def as_scheduled(request: Request, original: Request | None = None) -> Request:
     """``request`` with the credential headers ``original`` (default: itself) had as scheduled."""
-    source = original if original is not None else request
-    own = _scheduled.get(source, {}) if source in _seen else {}
+    own = _scheduled.get(original if original is not None else request, {})
     if all(list(request.headers.getlist(n)) == own.get(n, []) for n in SECRET_HEADERS):
         return request
     headers = request.headers.copy()
@@ -277,7 +272,7 @@ class AddedCredentialsMiddleware:
     """Downloader middleware (last) remembering the credential headers the ones before it added."""
 
     def process_request(self, request: Request) -> None:
-        own = _scheduled.get(request, {}) if request in _seen else {}
+        own = _scheduled.get(request, {})
         for name in SECRET_HEADERS:
             for value in request.headers.getlist(name):
                 if value not in own.get(name, ()):
