@@ -241,12 +241,8 @@ def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolve
         names = DenyingNameResolver(inner, policy)
     else:
         inner = current
-        if ours is not None:
-            checking = ours
-        elif type(current) is CachingThreadedResolver:
-            checking = DenyNetworksResolver(reactor, dnscache.limit or 0, current.timeout)
-        else:
-            checking = DenyingResolver(current, policy)
+        checking = ours or (DenyNetworksResolver(reactor, dnscache.limit or 0, current.timeout)
+                            if type(current) is CachingThreadedResolver else DenyingResolver(current, policy))
         checking.policy = policy
         names = DenyingNameResolver(SimpleResolverComplexifier(checking.inner), policy)
     reactor.installNameResolver(names)
