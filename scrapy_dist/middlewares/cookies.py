@@ -223,7 +223,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self.read_limit = max(1, read_limit)
         self.outage = outage or Outage()
         self._read_guard = self.outage.guard("shared cookie jar (reading)", log=logger)
-        # (jar name, HASH field, JSON record or None to delete), waiting for / being written
         self.writer: BatchWriter[tuple[str, str, str | None]] = BatchWriter(
             self._write, guard=self.outage.guard("shared cookie jar (writing)", Backoff(0.1, 5.0), logger),
             batch_size=_WRITE_BATCH, flush_interval=flush_interval,

@@ -200,7 +200,6 @@ class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
     @classmethod
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
-        # Scrapy's HTTPERROR_ALLOW* settings go to Scrapy's middleware as they are
         o = cls(crawler.settings, dead_letter=DistSettings.for_crawler(crawler).retries.httperror_dead_letter)
         o.crawler = crawler
         if o.dead_letter:
