@@ -46,8 +46,7 @@ def tool_command() -> str | None:
 
 
 def _user_set(settings: BaseSettings, name: str) -> bool:
-    priority = settings.getpriority(name)
-    return priority is not None and priority > SETTINGS_PRIORITIES["default"]
+    return (settings.getpriority(name) or 0) > SETTINGS_PRIORITIES["default"]
 
 
 def _available(path: str) -> bool:

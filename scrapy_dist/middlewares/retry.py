@@ -87,10 +87,9 @@ class DeadLetterWriter:
 
 @dataclass(eq=False, kw_only=True)
 class RetryMiddleware:
-    """Drop-in for Scrapy's ``RetryMiddleware`` (order 550): the retry copy waits in ``{spider}:delayed``
-    (backoff with jitter, or ``Retry-After``) and the failed attempt ends with :class:`RetryScheduled`, its
-    errback removed, so an errback only sees the final failure, which is dead-lettered. Without the
-    scrapy-dist scheduler it retries like Scrapy's (docs/retries.md: settings, meta keys, stats)."""
+    """Drop-in for Scrapy's ``RetryMiddleware`` (docs/retries.md): the retry waits in ``{spider}:delayed``
+    and the attempt ends with :class:`RetryScheduled`, its errback removed, so an errback only sees the final
+    failure, which is dead-lettered. Without the scrapy-dist scheduler it retries like Scrapy's."""
 
     max_retry_times: int = 2
     retry_http_codes: Collection[int] = (500, 502, 503, 504, 522, 524, 408, 429)
