@@ -25,7 +25,6 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 __all__ = ["Addon", "BloomDupeFilter", "CrawlKeys", "RedisUnavailable", "Scheduler", "ScrapyDistError",
            "__version__"]
 
-# imported on first access (PEP 562): ``import scrapy_dist`` does not pull in Scrapy's components
 _LAZY = {"Addon": "scrapy_dist.addon", "BloomDupeFilter": "scrapy_dist.dupefilter",
          "Scheduler": "scrapy_dist.frontier.scheduler"}
 

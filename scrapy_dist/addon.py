@@ -1,7 +1,7 @@
 """The scrapy-dist Scrapy add-on: ``ADDONS = {"scrapy_dist.Addon": 0}`` enables the shared frontier, the
-bloom dupefilter, the components and the resolver that refuses ``SCHEDULER_DENY_NETWORKS``, never over what
-the user set: a setting is filled in only while it has Scrapy's default, a component added only if the
-user's dict mentions neither it nor the Scrapy one it replaces."""
+dupefilter, the components and the resolver refusing ``SCHEDULER_DENY_NETWORKS``, never over what the user
+set: a setting only while it has Scrapy's default, a component only if the user's dict mentions neither it
+nor the Scrapy one it replaces."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ TOOL_COMMANDS = ("scrapy.commands.shell", "scrapy.commands.parse", "scrapy.comma
 
 
 def tool_command() -> str | None:
-    """The Scrapy tool command (``parse``, ``shell``, ...) the add-on is loaded under, else None. Scrapy pops
-    the command's name out of ``sys.argv``, but every command starts its crawler from its ``run()``."""
+    """The Scrapy tool command (``parse``, ``shell``, ...) the add-on is loaded under, found on the stack
+    (Scrapy pops its name out of ``sys.argv``), else None."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         command = frame.f_locals.get("self")
@@ -46,8 +46,7 @@ def tool_command() -> str | None:
 
 
 def _user_set(settings: BaseSettings, name: str) -> bool:
-    priority = settings.getpriority(name)
-    return priority is not None and priority > SETTINGS_PRIORITIES["default"]
+    return (settings.getpriority(name) or 0) > SETTINGS_PRIORITIES["default"]
 
 
 def _available(path: str) -> bool:

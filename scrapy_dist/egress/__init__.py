@@ -1,6 +1,5 @@
-"""Where a worker may connect (``SCHEDULER_DENY_NETWORKS``): the checks that need no DNS (a host or proxy
-written as an IP address), and the resolvers that check the address each connection uses, so that DNS
-rebinding meets the check on the answer used. :func:`enforce` puts a crawl's networks in force.
+"""Where a worker may connect (``SCHEDULER_DENY_NETWORKS``): the checks of a host or proxy written as an IP
+address, and resolvers that check the address each connection uses (so DNS rebinding meets the check).
 
 May import: ``utils`` and the root's exceptions."""
 
@@ -56,8 +55,8 @@ def parse_networks(values: Iterable[Any]) -> list[Network]:
         try:
             out.append(ipaddress.ip_network(str(v).strip(), strict=False))
         except ValueError:
-            raise ValueError(f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network (CIDR, e.g. 10.0.0.0/8)") \
-                from None
+            msg = f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network (CIDR, e.g. 10.0.0.0/8)"
+            raise ValueError(msg) from None
     return out
 
 
@@ -75,8 +74,7 @@ def denied(address: str, networks: Iterable[Network]) -> Network | None:
 
 
 def literal_refusal(host: str, networks: Iterable[Network], what: str = "host") -> str:
-    """Why ``host`` written as an IP address is refused (``""``: allowed, or a name the resolver checks):
-    Twisted connects to an IP address without asking the resolver."""
+    """Why ``host`` written as an IP address (which Twisted connects to without a resolver) is refused."""
     host = host.strip("[]").rstrip(".").lower()
     if not host or not (host[0].isdigit() or ":" in host):
         return ""
@@ -96,8 +94,7 @@ def request_refusal(request: Request, networks: Sequence[Network]) -> str:
 
 
 def checked_request(request: Request, networks: Sequence[Network], stats: Any = None) -> Request:
-    """``request`` unless :func:`request_refusal` refuses it: then counted (``deny_networks/refused``) and
-    raised as :class:`RejectedEntry` (``denied_network``)."""
+    """``request``, or :class:`RejectedEntry` (``denied_network``, counted) if :func:`request_refusal`."""
     why = request_refusal(request, networks)
     if not why:
         return request
@@ -115,8 +112,7 @@ def proxy_host(proxy: str) -> str:
 
 
 class DenyPolicy:
-    """The networks this process refuses to connect to: the union of the deny lists of the crawls running
-    in it (each joins when its engine starts and leaves when it stops), plus ``networks`` given here."""
+    """The networks this process refuses to connect to: ``networks`` and those of its running crawls."""
 
     def __init__(self, networks: Sequence[Network] = ()) -> None:
         self.fixed = list(networks)
@@ -150,8 +146,7 @@ class DenyPolicy:
         raise DeniedNetwork(why)
 
     def mark(self, why: str) -> str:
-        """A host name standing in for a refused address (an ``IHostnameResolver`` could only drop it), whose
-        lookup fails with :class:`DeniedNetwork` (:meth:`unmark`; the newest 10,000 kept)."""
+        """A host name standing in for a refused address, whose lookup fails (:meth:`unmark`)."""
         name = f"denied-{secrets.token_hex(8)}{_MARK_SUFFIX}"
         self._marks[name] = why
         while len(self._marks) > 10_000:
@@ -159,7 +154,6 @@ class DenyPolicy:
         return name
 
     def unmark(self, name: str) -> Deferred[str] | None:
-        """For a name made by :meth:`mark`, the failed lookup that refuses the connection; else None."""
         if not name.endswith(_MARK_SUFFIX):
             return None
         return defer.fail(DeniedNetwork(self._marks.get(name, "refused address (SCHEDULER_DENY_NETWORKS)")))
@@ -172,8 +166,7 @@ POLICY = DenyPolicy()  #: The policy of this process, which the resolvers of thi
 
 @implementer(IResolverSimple)
 class DenyingResolver:
-    """Any ``IResolverSimple`` (``inner``) whose every answer, cached or fresh, is checked against ``policy``
-    (also when a name answers differently from one lookup to the next)."""
+    """Any ``IResolverSimple`` (``inner``) whose every answer, cached or fresh, is checked."""
 
     def __init__(self, inner: Any, policy: DenyPolicy = POLICY) -> None:
         self.inner, self.policy = inner, policy
@@ -187,8 +180,7 @@ class DenyingResolver:
 
 
 class DenyNetworksResolver(DenyingResolver):
-    """Scrapy's default resolver (thread pool, DNS cache, ``DNS_TIMEOUT``) checked against the process's
-    :class:`DenyPolicy`, for ``TWISTED_DNS_RESOLVER`` (the add-on sets it)."""
+    """Scrapy's default resolver, checked: for ``TWISTED_DNS_RESOLVER`` (the add-on sets it)."""
 
     def __init__(self, reactor: Any, cache_size: int, timeout: float) -> None:
         super().__init__(CachingThreadedResolver(reactor, cache_size, timeout))
@@ -224,8 +216,7 @@ class _DenyingReceiver:
 
 @implementer(IHostnameResolver)
 class DenyingNameResolver:
-    """Any ``IHostnameResolver`` (``inner``) whose addresses are checked: a denied one is replaced by a
-    stand-in (:meth:`DenyPolicy.mark`) that the reactor's simple resolver (one of ours) refuses."""
+    """Any ``IHostnameResolver`` (``inner``) whose denied addresses become stand-ins that fail to connect."""
 
     def __init__(self, inner: Any, policy: DenyPolicy = POLICY) -> None:
         self.inner, self.policy = inner, policy
@@ -238,9 +229,8 @@ class DenyingNameResolver:
 
 
 def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolver | None = None) -> str:
-    """Make every name ``reactor`` resolves pass ``policy``, both ways Twisted resolves: Scrapy's default
-    resolver is replaced by :class:`DenyNetworksResolver` (``ours``), any other wrapped. Returns the dotted
-    name of a wrapped resolver that is neither Scrapy's nor Twisted's (else ``""``)."""
+    """Make every name ``reactor`` resolves (both ways) pass ``policy``; returns the dotted name of a
+    wrapped resolver that is neither Scrapy's nor Twisted's (else ``""``)."""
     current = reactor.resolver
     if isinstance(current, DenyingResolver) and isinstance(reactor.nameResolver, DenyingNameResolver):
         return ""
@@ -251,12 +241,8 @@ def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolve
         names = DenyingNameResolver(inner, policy)
     else:
         inner = current
-        if ours is not None:
-            checking = ours
-        elif type(current) is CachingThreadedResolver:
-            checking = DenyNetworksResolver(reactor, dnscache.limit or 0, current.timeout)
-        else:
-            checking = DenyingResolver(current, policy)
+        checking = ours or (DenyNetworksResolver(reactor, dnscache.limit or 0, current.timeout)
+                            if type(current) is CachingThreadedResolver else DenyingResolver(current, policy))
         checking.policy = policy
         names = DenyingNameResolver(SimpleResolverComplexifier(checking.inner), policy)
     reactor.installNameResolver(names)
@@ -272,8 +258,7 @@ _warnings = RateLimitedLog.once(logger)  # each text once per process
 
 
 def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
-    """Put ``crawler``'s ``SCHEDULER_DENY_NETWORKS`` in force (once per crawler): from the engine's start to
-    its stop, :data:`POLICY` holds its networks and the reactor's resolver checks them. Returns them."""
+    """Put ``crawler``'s ``SCHEDULER_DENY_NETWORKS`` in force from the engine's start to its stop."""
     networks = parse_networks(deny_networks)
     if not networks or crawler in _enforced:
         return networks
@@ -307,7 +292,6 @@ def _check_reactor(crawler: Crawler) -> None:
 
 
 def _check_env_proxies(networks: list[Network]) -> None:
-    """One WARNING per environment proxy written as an address in a denied network (used all the same)."""
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         value = os.environ.get(var, "")
         why = literal_refusal(proxy_host(value), networks, "proxy") if value else ""

@@ -59,10 +59,9 @@ def _getaddrinfo(host: str) -> list[str]:
 
 
 class DenyNetworksMiddleware:
-    """Refuses requests to ``SCHEDULER_DENY_NETWORKS``, adding to the resolver's check
-    (:func:`~scrapy_dist.egress.enforce`) what it cannot do: a host or ``meta["proxy"]`` written as an IP
-    address is refused before the download; a refused request is dead-lettered (``denied_network``); a
-    proxied request's target host is resolved here (best effort), the verdict cached ``ttl`` seconds."""
+    """Refuses requests to ``SCHEDULER_DENY_NETWORKS`` where the resolver's check cannot: a host or proxy
+    written as an IP address, a proxied request's target (resolved here, the verdict cached ``ttl``
+    seconds); a refused request is dead-lettered (``denied_network``)."""
 
     def __init__(self, networks: list[Network], crawler: Crawler | None = None, ttl: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -77,17 +76,14 @@ class DenyNetworksMiddleware:
     @classmethod
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
-        # checked (one line on a bad value) when the crawl's settings were read
         from scrapy_dist.middlewares.retry import DeadLetterWriter
         o = cls(enforce(crawler, DistSettings.for_crawler(crawler).scheduler.deny_networks), crawler)
         o._dead_letters = DeadLetterWriter(crawler)
         return o
 
     async def target_verdict(self, host: str) -> str:
-        """Why a proxied request's target ``host`` is denied (``""`` if it is not, or does not resolve
-        here); resolves it unless the answer is cached."""
-        now = self.clock()
-        cached = self._verdicts.get(host)
+        """Why a proxied request's target ``host`` is denied (``""``: it is not, or does not resolve)."""
+        now, cached = self.clock(), self._verdicts.get(host)
         if cached is not None and cached[0] > now:
             return cached[1]
         addresses: list[str] = []
@@ -129,9 +125,8 @@ class NotModified(IgnoreRequest):
 
 
 class ConditionalRevisitMiddleware:
-    """``REVISIT_CONDITIONAL`` (docs/continuous.md): a 304 to a revisit that sent its page's validators is
-    counted, keeps the revisit chain going, calls the spider's ``on_not_modified(response)`` if it has one,
-    and ends the request with :class:`NotModified`."""
+    """``REVISIT_CONDITIONAL`` (docs/continuous.md): a 304 to a revisit that sent validators is counted,
+    keeps the revisits going, calls ``spider.on_not_modified(response)``, raises :class:`NotModified`."""
 
     #: what the frontier's revisits look for in DOWNLOADER_MIDDLEWARES (it does not import this layer)
     turns_304_into_not_modified = True

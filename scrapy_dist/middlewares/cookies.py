@@ -1,9 +1,6 @@
-"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars in Redis, one HASH per jar, one field
-per cookie holding its JSON record (docs/items.md, "SharedCookiesMiddleware"). Reads are cached and
-incremental (a versioned change log per jar), writes batched; a response that changed cookies reaches the
-spider once its changes are in Redis. Records read back are untrusted: checked field by field, and with the
-crawl's secret sealed (:class:`RecordSeal`), so one written without it, or copied elsewhere, does not verify.
-"""
+"""A crawl-wide cookie jar: Scrapy's cookies middleware with its jars in Redis, one HASH per jar, one JSON
+record per cookie (docs/items.md, "SharedCookiesMiddleware"). Records read back are untrusted: checked field
+by field, and with the crawl's secret sealed (:class:`RecordSeal`)."""
 
 from __future__ import annotations
 
@@ -58,14 +55,18 @@ READ_LIMIT = 1000
 
 _BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure",
                 "discard", "rfc2109")
-_OPTIONAL_STR_FIELDS = ("value", "port", "comment", "comment_url")
+#: the type each field of a record must have (a missing boolean reads as False, any other as None)
+_FIELD_TYPES: dict[str, tuple[Any, str]] = {
+    **dict.fromkeys(("name", "domain", "path"), (str, "a string")),
+    **dict.fromkeys(("value", "port", "comment", "comment_url"), ((str, type(None)), "a string or null")),
+    **dict.fromkeys(_BOOL_FIELDS, (bool, "a boolean"))}
 
 CookieIdent = tuple[str, str, str]
 
 
 def jar_name(cookiejar: Any) -> str:
     """Name of the shared jar for a ``meta["cookiejar"]`` value: ``None`` -> ``"default"``, text as is,
-    anything else by ``repr`` (so ``1`` and ``"1"`` share a jar: ids are compared as text)."""
+    anything else by ``repr``."""
     if cookiejar is None:
         return "default"
     return cookiejar if isinstance(cookiejar, str) else repr(cookiejar)
@@ -98,17 +99,11 @@ def cookie_from_record(data: bytes | str) -> Cookie:
         raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(rec, dict):
         raise ValueError("not a JSON object")
-    for name in ("name", "domain", "path"):
-        if not isinstance(rec.get(name), str):
-            raise ValueError(f"{name!r} must be a string")
+    for name, (types_, expected) in _FIELD_TYPES.items():
+        if not isinstance(rec.get(name, False if name in _BOOL_FIELDS else None), types_):
+            raise ValueError(f"{name!r} must be {expected}")
     if not rec["name"]:
         raise ValueError("empty cookie name")
-    for name in _OPTIONAL_STR_FIELDS:
-        if not isinstance(rec.get(name), (str, type(None))):
-            raise ValueError(f"{name!r} must be a string or null")
-    for name in _BOOL_FIELDS:
-        if not isinstance(rec.get(name, False), bool):
-            raise ValueError(f"{name!r} must be a boolean")
     version = rec.get("version", 0)
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise ValueError("'version' must be a non-negative integer")
@@ -125,9 +120,8 @@ def cookie_from_record(data: bytes | str) -> Cookie:
 
 @dataclass(frozen=True)
 class RecordSeal:
-    """Which records of a jar a worker believes: with a ``secret``, those whose tag verifies -- and, if
-    ``unsigned_ok`` (the crawl lets untrusted entries set cookies: ``SEEDS_HEADERS_ALLOWED`` names
-    ``Cookie``), also those without a tag; without a secret, every record, as every queue entry."""
+    """Which records of a jar a worker believes: without a ``secret`` all, else those whose tag verifies
+    and, if ``unsigned_ok`` (``SEEDS_HEADERS_ALLOWED`` names ``Cookie``), those without a tag."""
 
     secret: bytes | None = None
     unsigned_ok: bool = True
@@ -170,8 +164,7 @@ def snapshot(jar: CookieJar) -> dict[CookieIdent, dict[str, Any]]:
 
 
 def apply_record(jar: CookieJar, field: str, record: str | None) -> None:
-    """Apply one change read from (or about to go to) Redis to ``jar``: set the cookie of ``record``, or
-    with ``None`` delete the cookie of HASH ``field``."""
+    """Apply one change to ``jar``: set the cookie of ``record``, or with ``None`` delete ``field``'s."""
     if record is None:
         with contextlib.suppress(ValueError, TypeError, KeyError):  # already gone, or not a field we write
             domain, path, cookie_name = json.loads(field)
@@ -182,8 +175,8 @@ def apply_record(jar: CookieJar, field: str, record: str | None) -> None:
 
 def write_calls(keys: CrawlKeys, ops: list[tuple[str, str, str | None]],
                 now: str) -> tuple[list[tuple[list[str], list[str]]], int]:
-    """The ``cookies_write`` script calls (KEYS, ARGV) for ``ops`` (jar name, HASH field, record or
-    ``None`` to delete): one per jar, the last change of a cookie winning; and how many cookies they write."""
+    """The ``cookies_write`` calls (KEYS, ARGV) for ``ops`` (jar, field, record or ``None``), one per jar
+    with the last change of a cookie winning, and how many cookies they write."""
     by_jar: dict[str, dict[str, str | None]] = {}
     for name, field, record in ops:
         by_jar.setdefault(name, {})[field] = record
@@ -209,10 +202,9 @@ class _SharedJar:
 class SharedCookiesMiddleware(CookiesMiddleware):
     """Drop-in for Scrapy's ``CookiesMiddleware`` (in its place, 700) whose jars all workers share.
 
-    Redis cost: one ``cookies_read`` call per jar and worker every ``cache_seconds`` (the changes since the
-    last one, at most ``read_limit``); one ``cookies_write`` call per ``flush_interval`` and jar while
-    cookies change. On Redis errors reads fall back to the local copy and writes are retried with backoff.
-    Stats: ``cookies/shared/loads``, ``.../written``, ``.../rejected``, ``.../redis_errors``."""
+    Redis cost: one ``cookies_read`` call per jar and worker every ``cache_seconds``; one ``cookies_write``
+    call per ``flush_interval`` and jar while cookies change. On Redis errors reads use the local copy and
+    writes are retried. Stats: ``cookies/shared/{loads,written,rejected,redis_errors}``."""
 
     def __init__(self, server: redis.asyncio.Redis, keys: CrawlKeys, *, debug: bool = False,
                  cache_seconds: float = defaults.REDIS_COOKIES_CACHE_SECONDS,
@@ -221,7 +213,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                  wallclock: Callable[[], float] = time.time, outage: Outage | None = None,
                  read_limit: int = READ_LIMIT, seal: RecordSeal | None = None) -> None:
         super().__init__(debug)
-        #: which records of the jar are believed (the crawl's secret)
         self.seal = seal or RecordSeal()
         self.server, self.keys, self.stats = server, keys, stats
         self.cache_seconds, self.flush_interval = cache_seconds, flush_interval
@@ -232,7 +223,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self.read_limit = max(1, read_limit)
         self.outage = outage or Outage()
         self._read_guard = self.outage.guard("shared cookie jar (reading)", log=logger)
-        # (jar name, HASH field, JSON record or None to delete), waiting for / being written
         self.writer: BatchWriter[tuple[str, str, str | None]] = BatchWriter(
             self._write, guard=self.outage.guard("shared cookie jar (writing)", Backoff(0.1, 5.0), logger),
             batch_size=_WRITE_BATCH, flush_interval=flush_interval,
@@ -262,7 +252,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         return o
 
     async def process_request(self, request: Request) -> None:  # type: ignore[override]
-        """Add the shared jar's cookies to ``request`` (reading the jar from Redis if the copy is stale)."""
+        """Add the shared jar's cookies to ``request`` (reading the jar if the copy is stale)."""
         if request.meta.get("dont_merge_cookies", False):
             return None
         name, state = self._state(request.meta.get("cookiejar"))
@@ -286,8 +276,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         if not response.headers.getlist("Set-Cookie"):
             return response
         name, state = self._state(request.meta.get("cookiejar"))
-        jar = state.jar
-        before = snapshot(jar)
+        jar, before = state.jar, snapshot(state.jar)
         # make_cookies also deletes the cookies the response expires
         self._process_cookies(jar.make_cookies(response, request), jar=jar, request=request)
         written = self._record_changes(name, before, jar)
@@ -317,8 +306,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         await asyncio.shield(state.loading)
 
     async def _load(self, name: str, state: _SharedJar) -> None:
-        """Bring the local copy of jar ``name`` up to date: apply the changes since the last read (1 script
-        call, at most ``read_limit`` changes), keeping this worker's unwritten changes on top."""
+        """Apply the changes to jar ``name`` since the last read (at most ``read_limit``), then this worker's
+        unwritten ones."""
         try:
             try:
                 raw = await self._read_script(
@@ -334,8 +323,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             latest = _number(raw[0])
             if latest < state.version:  # the keys were deleted and written again: start afresh
                 state.jar.clear()
-            now = int(self._wallclock())
-            jar = state.jar
+            now, jar = int(self._wallclock()), state.jar
             version = 0.0 if latest < state.version else state.version
             expired: list[str] = []
             for i in range(1, len(raw) - 2, 3):
@@ -370,8 +358,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     def _record_changes(self, name: str, before: dict[CookieIdent, dict[str, Any]],
                         jar: CookieJar) -> asyncio.Future[None] | None:
         """Queue the difference between ``before`` and the jar; the future resolves once it is written."""
-        after = snapshot(jar)
-        jar_key = self.keys.cookie_jar(name)
+        after, jar_key = snapshot(jar), self.keys.cookie_jar(name)
         ops: dict[str, str | None] = {(f := cookie_field(ident)): self.seal.seal(jar_key, f, rec)
                                       for ident, rec in after.items() if before.get(ident) != rec}
         ops.update((cookie_field(ident), None) for ident in before.keys() - after.keys())

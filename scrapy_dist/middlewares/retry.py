@@ -52,9 +52,8 @@ def exception_reason(exc: BaseException | type[BaseException]) -> str:
 
 
 class DeadLetterWriter:
-    """Appends dead-letter records for one crawler through its scrapy-dist scheduler (batched: the record
-    travels in the same ``sync`` call as the failed request's ack, or an earlier one). Stats:
-    ``deadletter/count``, ``deadletter/reason_count/<reason>``."""
+    """Appends dead-letter records through the crawler's scheduler (they ride the failed request's ack).
+    Stats: ``deadletter/count``, ``deadletter/reason_count/<reason>``."""
 
     def __init__(self, crawler: Crawler, scheduler_of: Callable[[], Any] | None = None) -> None:
         self.crawler = crawler
@@ -88,15 +87,9 @@ class DeadLetterWriter:
 
 @dataclass(eq=False, kw_only=True)
 class RetryMiddleware:
-    """Drop-in for ``scrapy.downloadermiddlewares.retry.RetryMiddleware`` (order 550): the retry copy waits
-    in ``{spider}:delayed`` for its not-before time (backoff with jitter, or ``Retry-After``) and the failed
-    attempt ends with :class:`RetryScheduled`, its errback removed first, so an errback only sees a
-    request's final failure, which is dead-lettered (at most once per attempt). Without the scrapy-dist
-    scheduler it retries like Scrapy's and writes no dead letters (it says so once).
-
-    Settings and meta keys: Scrapy's ``RETRY_*`` and ``dont_retry``, ``max_retry_times``, ``retry_times``,
-    ``priority_adjust``, ``give_up_log_level``; ``RETRY_BACKOFF_BASE``, ``RETRY_BACKOFF_MAX``,
-    ``DEADLETTER_IGNORED``. Stats: Scrapy's ``retry/*``, ``retry/delayed`` and :class:`DeadLetterWriter`'s."""
+    """Drop-in for Scrapy's ``RetryMiddleware`` (docs/retries.md): the retry waits in ``{spider}:delayed``
+    and the attempt ends with :class:`RetryScheduled`, its errback removed, so an errback only sees the final
+    failure, which is dead-lettered. Without the scrapy-dist scheduler it retries like Scrapy's."""
 
     max_retry_times: int = 2
     retry_http_codes: Collection[int] = (500, 502, 503, 504, 522, 524, 408, 429)
@@ -158,14 +151,13 @@ class RetryMiddleware:
         else:  # an errback raised; Scrapy sets the request on the download failure
             request, status = getattr(response, "request", None), None
         if request is not None:
-            exc = failure.value
-            self.dead_letters.write(request, exception_reason(exc), status=status, detail=str(exc))
+            self.dead_letters.write(request, exception_reason(failure.value), status=status,
+                                    detail=str(failure.value))
 
-    def _retry(
-        self, request: Request, reason: str | Exception, *, dead_reason: str, status: int | None = None,
-        retry_after: bytes | None = None, detail: str = "") -> Request | None:
-        """The retry to return for an immediate retry, ``None`` when retries are exhausted (the request is
-        then dead-lettered); raises :class:`RetryScheduled` once a delayed retry is queued."""
+    def _retry(self, request: Request, reason: str | Exception, *, dead_reason: str,
+               status: int | None = None, retry_after: bytes | None = None, detail: str = ""
+               ) -> Request | None:
+        """An immediate retry, ``None`` (exhausted: dead-lettered), or :class:`RetryScheduled` (delayed)."""
         assert self.crawler.spider is not None
         new = get_retry_request(
             request, reason=reason, spider=self.crawler.spider,
@@ -195,8 +187,8 @@ class RetryMiddleware:
 
 
 class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
-    """Drop-in for Scrapy's ``HttpErrorMiddleware`` (order 50), same settings and meta keys; with
-    ``HTTPERROR_DEAD_LETTER``, every response it filters out is dead-lettered too."""
+    """Drop-in for Scrapy's ``HttpErrorMiddleware`` (order 50); with ``HTTPERROR_DEAD_LETTER``, every
+    response it filters out is dead-lettered too."""
 
     dead_letters: DeadLetterWriter | None = None
 
@@ -207,17 +199,15 @@ class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
     @classmethod
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
-        ds = DistSettings.for_crawler(crawler)
-        # Scrapy's HTTPERROR_ALLOW* settings go to Scrapy's middleware as they are
-        o = cls(crawler.settings, dead_letter=ds.retries.httperror_dead_letter)
+        o = cls(crawler.settings, dead_letter=DistSettings.for_crawler(crawler).retries.httperror_dead_letter)
         o.crawler = crawler
         if o.dead_letter:
             o.dead_letters = DeadLetterWriter(crawler)
         return o
 
     # no ``spider`` parameter: Scrapy 2.19 deprecates it (the supertype still accepts it)
-    def process_spider_exception(  # type: ignore[override]
-        self, response: Response, exception: Exception) -> Iterable[Any] | None:
+    def process_spider_exception(self, response: Response,  # type: ignore[override]
+                                 exception: Exception) -> Iterable[Any] | None:
         result = super().process_spider_exception(response, exception)
         request = response.request
         if isinstance(exception, HttpError) and self.dead_letters is not None and request is not None:

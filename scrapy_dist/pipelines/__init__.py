@@ -65,7 +65,7 @@ def default_serialize(item: Any) -> str:
 
 def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = "") -> tuple[str, Exception]:
     """``(path, error)`` for the innermost part of ``value`` that ``serialize`` rejects: ``price.amount``,
-    ``tags[2]``, or ``""`` for ``value`` itself. Called only once ``serialize(value)`` failed."""
+    ``tags[2]``, or ``""`` for ``value`` itself."""
     try:
         serialize(value)
     except _ENCODE_ERRORS as exc:
@@ -91,9 +91,8 @@ def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = ""
 
 
 class RedisPipeline:
-    """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``): staged under its
-    response's request to ride that ack (:attr:`outbox`), or in batches retried with capped backoff, dropping
-    nothing. An item the serializer cannot encode is dropped at ERROR naming the offending field."""
+    """Append every item, JSON-encoded, to a Redis LIST (``RPUSH``) or STREAM (``XADD``): riding its page's
+    ack (:attr:`outbox`), or in batches retried with backoff. An item that cannot be encoded is dropped."""
 
     def __init__(
         self, server: redis.asyncio.Redis, key: str, *, stream: bool = defaults.REDIS_ITEMS_STREAM,
@@ -109,11 +108,9 @@ class RedisPipeline:
         self.serialize, self.stats = serialize, stats
         self.outage = outage or Outage()
         self.writer: BatchWriter[tuple[str, str | bytes]] = BatchWriter(
-            self._write,
-            guard=self.outage.guard("item pipeline", Backoff(0.1, 5.0), logger),  # seconds while Redis fails
+            self._write, guard=self.outage.guard("item pipeline", Backoff(0.1, 5.0), logger),
             batch_size=batch_size, flush_interval=flush_interval, max_batches=_MAX_BATCHES_PER_FLUSH,
-            on_failure=lambda exc: self._inc("redis_items/redis_errors"),
-        )
+            on_failure=lambda exc: self._inc("redis_items/redis_errors"))
         self._xadd: Any = None  # the items_xadd script, registered on first use
         #: scrapy-redis's ``item_key(self, item, spider)`` overrides get the spider (see :meth:`item_key`)
         self._key_wants_spider = _wants_spider(self.item_key)
@@ -127,14 +124,12 @@ class RedisPipeline:
     @classmethod
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
-        """Build from ``REDIS_ITEMS_*`` settings and the connection settings (``REDIS_URL``, ...)."""
         items, key = DistSettings.for_crawler(crawler).items, crawler_keys(crawler).items
         options: dict[str, Any] = {
             "stream": items.stream, "maxlen": items.maxlen, "batch_size": items.batch_size,
             "flush_interval": items.flush_interval,
             "serialize": load_object(items.serializer) if items.serializer else default_serialize,
-            "stats": crawler.stats, "outage": Outage.for_crawler(crawler),
-        }
+            "stats": crawler.stats, "outage": Outage.for_crawler(crawler)}
         _check_subclass(cls, key, options)
         pipe = cls(ClientPool.of(crawler).async_client(), key, **options)
         pipe._crawler, pipe.exactly_once, pipe.max_bytes = crawler, items.exactly_once, items.max_bytes
@@ -147,17 +142,14 @@ class RedisPipeline:
         """Check the items key holds the expected type (1 round trip) and start the writer task."""
         expected = "stream" if self.stream else "list"
         try:
-            found = await self.server.type(self.key)
-        except Exception as exc:
-            # Not fatal: the writer waits for Redis like it does for any outage.
+            found = text(await self.server.type(self.key))
+        except Exception as exc:  # not fatal: the writer waits for Redis as in any outage
             self.writer.guard.failed(exc, time.monotonic())
         else:
-            found = text(found)
             if found not in ("none", expected):
                 error = ScrapyDistError(
                     f"REDIS_ITEMS_KEY {self.key!r} holds a Redis {found}, but the pipeline writes a "
-                    f"{expected} (REDIS_ITEMS_STREAM={self.stream}); delete the key or change the setting"
-                )
+                    f"{expected} (REDIS_ITEMS_STREAM={self.stream}); delete the key or change the setting")
                 if self._crawler is None:
                     raise error
                 refuse_start(self._crawler, error)
@@ -166,9 +158,8 @@ class RedisPipeline:
         self.writer.start()
 
     def _ride_acks(self) -> _outbox.ItemOutbox | None:
-        """The outbox of the running scrapy-dist scheduler, when items can ride its acks: exactly once is
-        on, ``item_key`` is not overridden (one key per call) and, on a Redis Cluster, the items key shares
-        the frontier's hash slot."""
+        """The scheduler's outbox, if items can ride its acks (exactly once, ``item_key`` not overridden,
+        on a Redis Cluster the items key in the frontier's hash slot)."""
         sched = get_scheduler(self._crawler) if self._crawler is not None else None
         if not self.exactly_once or sched is None:
             return None
@@ -186,8 +177,7 @@ class RedisPipeline:
         return found
 
     async def process_item(self, item: Any, spider: Any = None) -> Any:
-        """Buffer ``item`` and return it once the batch holding it is written to Redis (``spider``: for
-        scrapy-redis subclasses calling ``super().process_item(item, spider)``)."""
+        """Buffer ``item`` and return it once it is written (``spider``: for scrapy-redis subclasses)."""
         try:
             data = self.serialize(item)
         except _ENCODE_ERRORS as exc:
@@ -212,8 +202,7 @@ class RedisPipeline:
         return item
 
     def item_scraped(self, item: Any, response: Any = None, spider: Any = None) -> None:
-        """Signal handler: stage the item under its response's request, to ride that request's ack; an item
-        of no leased request (``start()``, a local request) is written on its own, at least once."""
+        """Signal handler: stage the item to ride its response's ack (no leased request: written alone)."""
         if self.outbox is None:
             return
         entry = self._pending.pop(id(item), None)
@@ -241,20 +230,16 @@ class RedisPipeline:
         await self.server.aclose()
 
     def item_key(self, item: Any) -> str:
-        """Redis key for ``item`` (override to route items to several keys). An override with scrapy-redis's
-        signature, ``item_key(self, item, spider)``, is called with the crawler's spider."""
+        """Redis key for ``item``; an override may take scrapy-redis's ``(self, item, spider)``."""
         return self.key
 
     async def _write(self, entries: list[tuple[str, str | bytes]]) -> None:
-        """Write ``entries`` in one round trip (the writer retries a failure): per key one ``RPUSH`` or one
-        ``items_xadd`` call; several keys in one ``MULTI``/``EXEC`` (on a cluster: one call per key)."""
+        """Write ``entries`` in one round trip: one ``RPUSH`` or ``items_xadd`` per key, several keys in one
+        ``MULTI``/``EXEC`` (on a cluster: one call per key)."""
         by_key: dict[str, list[str | bytes]] = defaultdict(list)
         for key, data in entries:
             by_key[key].append(data)
-        if len(by_key) == 1:
-            ((key, values),) = by_key.items()
-            await self._append(key, values, self.server)
-        elif is_cluster(self.server):
+        if len(by_key) == 1 or is_cluster(self.server):
             # several slots share no MULTI on a cluster; a retry after a partial failure writes some again
             await asyncio.gather(*(self._append(k, v, self.server) for k, v in by_key.items()))
         else:
@@ -266,7 +251,6 @@ class RedisPipeline:
         self._inc("redis_items/batches")
 
     async def _append(self, key: str, values: list[str | bytes], client: Any) -> None:
-        """Queue (on a pipeline) or send (on the client) the command appending ``values`` to ``key``."""
         if not self.stream:
             result = client.rpush(key, *values)
         else:
@@ -283,8 +267,7 @@ class RedisPipeline:
 
 
 def _check_subclass(cls: type, key: str, options: dict[str, Any]) -> None:
-    """What a scrapy-redis subclass gets wrong here: a WARNING per overridden method nothing calls and for a
-    blocking ``process_item`` using ``self.server``; an error for a constructor from_crawler cannot call."""
+    """Warn about what a scrapy-redis subclass gets wrong here; refuse a constructor we cannot call."""
     if cls is RedisPipeline:
         return
     name = cls.__name__
@@ -305,8 +288,7 @@ def _check_subclass(cls: type, key: str, options: dict[str, Any]) -> None:
         raise ScrapyDistError(
             f"scrapy-dist: {name}.__init__({params}) cannot be called as RedisPipeline's from_crawler calls"
             f" it ({exc}): cls(server, key, {', '.join(f'{k}=...' for k in options)});"
-            " take `*args, **kwargs` and pass them on to super().__init__, or override from_crawler"
-        ) from exc
+            " take `*args, **kwargs` and pass them on to super().__init__, or override from_crawler") from exc
 
 
 def _wants_spider(method: Callable[..., Any]) -> bool:

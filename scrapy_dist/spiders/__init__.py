@@ -1,6 +1,5 @@
 """``RedisSpider`` and ``RedisCrawlSpider``: spiders whose seeds are pushed to Redis (docs/seeds.md) and read
-in ``async def start()`` by :class:`~scrapy_dist.seeds.feed.SeedFeed`; their scrapy-redis attributes (often
-``-a`` strings) are converted when the spider is built, and a bad value stops the crawl with one line."""
+in ``async def start()``; their scrapy-redis attributes (often ``-a`` strings) are converted when built."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ def _users_class(klass: type) -> bool:
 
 
 def unused_hooks(spider_cls: type) -> list[str]:
-    """The scrapy-redis hooks (:data:`SCRAPY_REDIS_HOOKS`) ``spider_cls`` defines that nothing calls; none
-    if it defines its own ``start()``, which may call them."""
+    """The scrapy-redis hooks ``spider_cls`` defines that nothing calls (none with its own ``start()``)."""
 
     def own(name: str) -> bool:
         klass = next((k for k in spider_cls.__mro__ if name in vars(k)), None)
@@ -73,8 +71,7 @@ def unused_hooks(spider_cls: type) -> list[str]:
 
 
 def reads_missing_server(spider: Any) -> list[str]:
-    """The methods of the spider's own classes that read ``self.server`` (scrapy-redis's client of the
-    seeds' Redis, which scrapy-dist's RedisSpider has not), unless something of the spider's sets it."""
+    """The methods of the spider's classes that read ``self.server`` (scrapy-redis's), unless one sets it."""
     if "server" in vars(spider) or any("server" in vars(k) for k in type(spider).__mro__):
         return []
     readers: list[str] = []
@@ -137,8 +134,7 @@ def _key(value: Any, name: str) -> str | None:
 
 
 def _number(name: str, value: Any, integer: bool, low: int, problem: str, hint: str) -> Any:
-    """``value`` (a number or a ``-a`` string) as an int or a float of at least ``low``, else
-    :class:`SettingsError` with ``problem`` and ``hint``; ``None`` stays ``None``."""
+    """``value`` (a number or a ``-a`` string) as an int or a float of at least ``low``, or ``None``."""
     if value is None:
         return None
     try:
@@ -152,8 +148,7 @@ def _number(name: str, value: Any, integer: bool, low: int, problem: str, hint: 
 
 
 def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
-    """Convert the spider's scrapy-redis attributes in place and let ``max_idle_time`` set
-    ``SCHEDULER_IDLE_BEFORE_CLOSE``; a bad value raises :class:`SettingsError` (one line)."""
+    """Convert the spider's scrapy-redis attributes in place; ``max_idle_time`` sets the idle setting."""
     args = SpiderArguments.of(spider)
     encoding = getattr(spider, "redis_encoding", None)
     if encoding is not None and str(encoding).strip().lower().replace("-", "").replace("_", "") != "utf8":
@@ -187,8 +182,7 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
 
 
 def misspelt_arguments(spider: Any) -> list[str]:
-    """One warning per attribute of the spider object (``-a`` arguments land there) that is a near miss of
-    one a RedisSpider reads (``-a redis_kye=...``): Scrapy keeps any argument silently."""
+    """A warning per spider attribute that is a near miss of one a RedisSpider reads (``-a redis_kye=``)."""
     out = []
     for name in sorted(vars(spider)):
         close = [] if name in ARGUMENTS else difflib.get_close_matches(name, ARGUMENTS, n=1, cutoff=0.75)
@@ -199,16 +193,15 @@ def misspelt_arguments(spider: Any) -> list[str]:
 
 
 def _warn_scrapy_redis_idle(settings: Settings) -> None:
-    """One WARNING for a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE`` > 0 (there a blocking pop's
-    timeout) from the project or spider settings, without the add-on or ``MAX_IDLE_TIME_BEFORE_CLOSE``."""
+    """Warn of a scrapy-redis project's ``SCHEDULER_IDLE_BEFORE_CLOSE`` > 0 (there a pop timeout)."""
     if settings.get("MAX_IDLE_TIME_BEFORE_CLOSE") is not None:
         return
     # the spider is built before add-ons fill settings: ADDONS is read as written
     addons = {k if isinstance(k, str) else f"{getattr(k, '__module__', '')}.{getattr(k, '__name__', '')}"
               for k in settings.getdict("ADDONS")}
-    if addons & {"scrapy_dist.Addon", "scrapy_dist.addon.Addon"} or settings.getpriority(
-        "SCHEDULER_IDLE_BEFORE_CLOSE"
-    ) not in (SETTINGS_PRIORITIES["project"], SETTINGS_PRIORITIES["spider"]):
+    priority = settings.getpriority("SCHEDULER_IDLE_BEFORE_CLOSE")
+    if addons & {"scrapy_dist.Addon", "scrapy_dist.addon.Addon"} or priority not in (
+            SETTINGS_PRIORITIES["project"], SETTINGS_PRIORITIES["spider"]):
         return
     value = settings.get("SCHEDULER_IDLE_BEFORE_CLOSE")
     try:
@@ -225,15 +218,12 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
 
 
 class RedisMixin:
-    """Reads the spider's seeds from Redis in ``async def start()``; ``redis_key``, ``redis_batch_size`` and
-    ``max_idle_time`` may be set as attributes or ``-a name=value``."""
+    """Reads the spider's seeds from Redis in ``async def start()``."""
 
     redis_key: str | None = None
     redis_batch_size: int | None = None
-    #: seconds without work before the worker closes (scrapy-redis's; sets SCHEDULER_IDLE_BEFORE_CLOSE)
-    max_idle_time: float | None = None
-    #: scrapy-redis's, for make_request_from_data overrides that decode with it: seeds are UTF-8 (another
-    #: value is warned about and not applied)
+    max_idle_time: float | None = None  #: sets SCHEDULER_IDLE_BEFORE_CLOSE
+    #: scrapy-redis's, for make_request_from_data overrides: seeds are read as UTF-8 (others: a warning)
     redis_encoding: str = "utf-8"
 
     name: str
@@ -253,8 +243,7 @@ class RedisMixin:
         return spider
 
     async def start(self) -> AsyncIterator[Any]:
-        """Yield requests for the seeds pushed to the seeds key, as they arrive; ends only once the crawl
-        has been idle for ``SCHEDULER_IDLE_BEFORE_CLOSE`` (> 0) seconds."""
+        """Yield requests for the seeds as they arrive, until the crawl closes as idle."""
         if start_error(self.crawler) is not None:  # the crawl stops as it opens: no seed is taken
             return
         self._seed_feed = SeedFeed.from_spider(self)
@@ -262,10 +251,8 @@ class RedisMixin:
             yield request
 
     def make_request_from_data(self, data: bytes) -> Request | None:
-        """The request for one raw seed (or ``None`` to skip it). Raise
-        :class:`~scrapy_dist.exceptions.RejectedEntry` (``reason``, ``detail``) to reject it; any other
-        exception rejects it as ``hook_error``. The default accepts a plain URL or a JSON object (see
-        :mod:`scrapy_dist.seeds`)."""
+        """The request for one raw seed (a URL or a JSON object), ``None`` to skip it; raise
+        :class:`~scrapy_dist.exceptions.RejectedEntry` to reject it (any other exception: ``hook_error``)."""
         rules = self._seed_feed.rules if self._seed_feed is not None else SeedRules()
         seed = parse_seed(data, rules, has_callback=spider_has_callback(self))  # type: ignore[arg-type]
         return seed_request(seed, self, dedupe=rules.dedupe)  # type: ignore[arg-type]
@@ -289,9 +276,9 @@ class RedisCrawlSpider(RedisMixin, CrawlSpider):
         return request.replace(callback=self.rule_callback, errback=self.rule_errback)
 
     def rule_callback(self, response: Any, **cb_kwargs: Any) -> Any:
-        """The callback of requests made by ``rules`` (CrawlSpider's own, under a public name)."""
+        """CrawlSpider's rule callback, under a public name."""
         return self._callback(response, **cb_kwargs)
 
     def rule_errback(self, failure: Any) -> Any:
-        """The errback of requests made by ``rules`` (CrawlSpider's own, under a public name)."""
+        """CrawlSpider's rule errback, under a public name."""
         return self._errback(failure)

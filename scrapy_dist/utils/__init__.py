@@ -1,5 +1,4 @@
-"""Small shared helpers: :class:`RateLimitedLog` for every repetitive message, and scrapy-redis's text
-helpers (``bytes_to_str`` & co.; not its ``TextColor``)."""
+"""Small shared helpers: :class:`RateLimitedLog` for repetitive messages, and scrapy-redis's text helpers."""
 
 from __future__ import annotations
 
@@ -37,10 +36,8 @@ class RateLimitedLog:
             exc_info: Any = None) -> bool:
         """Log unless over the limit; returns whether it logged."""
         now = time.monotonic() if now is None else now
-        window = self._windows.get(key)
-        if window is None:
-            window = self._windows[key] = _Window(now)
-        elif now - window.start >= self.period:
+        window = self._windows.setdefault(key, _Window(now))
+        if now - window.start >= self.period:
             if window.suppressed:
                 self.logger.log(level, "%d similar messages were suppressed in the last %.0fs",
                                 window.suppressed, now - window.start)

@@ -1,9 +1,6 @@
-"""The wire format of a request in Redis: versioned msgpack, never pickle (fields: docs/frontier.md, "Wire
-format"). A *payload* is ``b"\x01" + msgpack(map)``, or ``b"\x03" + tag + nonce + msgpack(map)`` when
-signed with the crawl's secret (:mod:`scrapy_dist.wire.entrypolicy`, re-exported here, also says what an
-untrusted entry may ask for). Decoding treats the bytes as untrusted: every field is type-checked, and any
-deviation is :class:`RejectedEntry` with a short reason, the only exception :func:`decode_request` lets
-out. Also here: which spider methods an entry may name as callback, and the records of refused input."""
+"""The wire format of a request in Redis (docs/frontier.md, "Wire format"): ``b"\x01" + msgpack(map)``, or
+``b"\x03" + tag + nonce + msgpack(map)`` when signed (:mod:`scrapy_dist.wire.entrypolicy`). Decoding treats
+the bytes as untrusted: any deviation is :class:`RejectedEntry` with a short reason, and nothing else."""
 
 from __future__ import annotations
 
@@ -64,14 +61,12 @@ _RULE_METHODS = frozenset({"rule_callback", "rule_errback"})
 
 
 def method_name(func: Any, spider: Spider | None, what: str) -> str | None:
-    """The name a request stores for its callback/errback ``func`` (a method of ``spider``, or a name);
-    raises :class:`UnserializableRequest` for anything else."""
+    """The name stored for callback/errback ``func``: a method of ``spider``, or a name."""
     if func is None:
         return None
     if isinstance(func, str):
         return func
-    owner = getattr(func, "__self__", None)
-    name = getattr(func, "__name__", None)
+    owner, name = getattr(func, "__self__", None), getattr(func, "__name__", None)
     bound_to_spider = owner is not None and (spider is None or owner is spider)
     if bound_to_spider and name and getattr(owner, name, None) == func:
         return str(name)
@@ -87,9 +82,8 @@ HOOK_NAMES = frozenset({"start", "start_requests", "closed", "close", "log", "ma
 
 
 def user_defined(cls: type, name: str) -> bool:
-    """Whether ``name`` is a plain function defined by a class of the user's, not by Scrapy or scrapy-dist
-    (``start``, ``log``, ``Spider.parse``... are methods of every spider, which no entry read from Redis may
-    call), and not one of the :data:`HOOK_NAMES` even where the spider's code overrides them."""
+    """Whether ``name`` is a plain function of a class of the user's (not Scrapy's or scrapy-dist's, which
+    every spider has), and not one of the :data:`HOOK_NAMES`: the only methods an entry may call."""
     if not isinstance(name, str) or name.startswith("_") or not name.isidentifier() or name in HOOK_NAMES:
         return False
     for klass in cls.__mro__:
@@ -104,9 +98,8 @@ def spider_method(spider: Spider, name: Any, what: str) -> Any:
     """Resolve ``name`` to a public method of ``spider``; reject anything else (shared with seeds)."""
     if not isinstance(name, str):  # checked first: a list or map is not even hashable
         raise RejectedEntry(f"bad_{what}", f"{what} has type {type(name).__name__}")
-    if name in _CRAWLSPIDER_METHODS and isinstance(spider, CrawlSpider):
-        pass  # CrawlSpider routes rule requests through these two
-    elif not name.isidentifier() or name.startswith("_"):
+    rule_dispatcher = name in _CRAWLSPIDER_METHODS and isinstance(spider, CrawlSpider)
+    if not rule_dispatcher and (not name.isidentifier() or name.startswith("_")):
         raise RejectedEntry(f"bad_{what}", f"{what} {name[:40]!r} is not a public method name")
     method = getattr(spider, name, None)
     if method is None or not callable(method) or getattr(method, "__self__", None) is not spider:
@@ -117,9 +110,8 @@ def spider_method(spider: Spider, name: Any, what: str) -> Any:
 def entry_callback(spider: Spider, name: Any, what: str) -> Any:
     """The callback/errback a queue entry names: a method of the spider's code, or a rule dispatcher."""
     method = spider_method(spider, name, what)
-    if isinstance(spider, CrawlSpider) and (name in _CRAWLSPIDER_METHODS or name in _RULE_METHODS):
-        return method
-    if not user_defined(type(spider), name):
+    rule_method = isinstance(spider, CrawlSpider) and (name in _CRAWLSPIDER_METHODS or name in _RULE_METHODS)
+    if not rule_method and not user_defined(type(spider), name):
         raise RejectedEntry(f"bad_{what}", f"{name!r} is not a method defined by the spider's code")
     return method
 
@@ -147,10 +139,9 @@ def _check_encodable(value: Any, path: str) -> None:
         raise UnserializableRequest(f"{path} holds a {type(value).__name__}, which cannot be encoded", path)
 
 
-def encode_request(request: Request, spider: Spider | None = None,
-                   policy: EntryPolicy | None = None) -> bytes:
-    """``request`` as a versioned msgpack payload (signed when ``policy`` has a secret); raises
-    :class:`UnserializableRequest` (``.key``: the field) for a foreign callback or an unencodable value."""
+def encode_request(request: Request, spider: Spider | None = None, policy: EntryPolicy | None = None
+                   ) -> bytes:
+    """``request`` as a payload (signed when ``policy`` has a secret), or :class:`UnserializableRequest`."""
     headers = [[bytes(k), [bytes(v) for v in vs if not added_by_middleware(k, v)]]  # a middleware's stay out
                for k, vs in request.headers.items()]
     cls = type(request)
@@ -281,8 +272,7 @@ def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes
 
 
 def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
-    """The field map of an untrusted payload (any version, tag not checked): size, version byte, msgpack and
-    field names checked, values not (:func:`decode_request` does); raises :class:`RejectedEntry`."""
+    """The field map of an untrusted payload: size, version, msgpack and field names checked, not values."""
     body = split_payload(data, max_bytes)[1]
     try:
         d = msgpack.unpackb(body, raw=False, strict_map_key=False, use_list=True)
@@ -297,9 +287,8 @@ def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
 
 
 def decode_request(data: bytes, spider: Spider, policy: EntryPolicy = DEFAULT_POLICY) -> Request:
-    """An untrusted payload as a :class:`~scrapy.Request` bound to ``spider``'s methods. Raises
-    :class:`RejectedEntry` with a short ``reason`` for anything that is not a valid payload, or that an
-    untrusted entry may not ask for (:class:`EntryPolicy`) -- and nothing else, whatever the bytes."""
+    """An untrusted payload as a Request bound to ``spider``'s methods; raises :class:`RejectedEntry` (and
+    nothing else, whatever the bytes) for an invalid payload or what :class:`EntryPolicy` forbids."""
     try:
         return _decode(data, spider, policy)
     except RejectedEntry:
@@ -375,9 +364,8 @@ RAW_LIMIT, PREVIEW_LIMIT = 1024, 100
 
 
 def preview(raw: bytes | str, limit: int = PREVIEW_LIMIT, quote: bool = True) -> str:
-    """The head of refused input for a log line (quoted unless not ``quote``): at most ``limit`` characters
-    (then ``…``), every undecodable byte and unprintable character (newline, terminal escape, bidi control)
-    escaped, so one entry is one line that cannot rewrite the log or terminal."""
+    """At most ``limit`` characters of refused input for a log line, unprintable ones (newline, terminal
+    escape, bidi control) escaped so that it stays one line that cannot rewrite the log or terminal."""
     text = raw[: limit * 4].decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
     cut = len(text) > limit or len(raw) > limit * 4
     shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"

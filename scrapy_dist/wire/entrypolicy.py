@@ -1,8 +1,7 @@
 """What an untrusted entry may carry: the entry policy and the crawl's secret that tells its own entries
 from anyone else's, the credential headers a middleware added (never stored), and the checks of seed fields.
-Payloads are sealed here (:meth:`EntryPolicy.seal`): the tag is the 16-byte keyed BLAKE2b of the crawl, the
-kind of key (:data:`FRONTIER` or :data:`DEAD`), the nonce and the body, so a signed entry copied into
-another crawl or from the dead letters into the queue does not verify."""
+A tag is the keyed BLAKE2b of the crawl, the kind of key, the nonce and the body: copied into another crawl,
+or from the dead letters into the queue, a signed entry does not verify."""
 
 from __future__ import annotations
 
@@ -56,10 +55,8 @@ _NONCES: itertools.count[int]
 _fresh_nonces()
 os.register_at_fork(after_in_child=_fresh_nonces)
 
-#: Meta keys an untrusted entry may set only if SEEDS_META_ALLOWED names them exactly (not by a wildcard):
-#: they route the request, carry credentials, switch Scrapy's safety checks off or reach into its state --
-#: the retry and redirect counters too (a ``retry_times`` of -1e9 would retry without end), and
-#: ``revisit_after`` (a tiny one would fetch one seed again and again).
+#: Meta keys an untrusted entry may set only if SEEDS_META_ALLOWED names them exactly: they route the
+#: request, carry credentials, switch safety checks off or reach into Scrapy's state (retry counters...).
 DANGEROUS_META = ("proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cookiejar",
                   "handle_httpstatus_all", "dont_*", "allow_offsite", "download_maxsize", "download_warnsize",
                   "download_timeout", "max_retry_times", "retry_times", "priority_adjust",
@@ -78,14 +75,13 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
 
 
 def check_meta_keys(meta: dict[Any, Any], allowed: Iterable[str]) -> None:
-    """Refuse (``meta_not_allowed``, naming the key) a meta key of an untrusted entry that matches no
-    pattern of ``allowed``, or one of :data:`DANGEROUS_META` that ``allowed`` does not name exactly."""
+    """Refuse a meta key matching no pattern of ``allowed``, or a :data:`DANGEROUS_META` one it lacks."""
     allowed = tuple(allowed)
     for key in meta:
         name = str(key)
         if not _matches(name, allowed) or (_matches(name, DANGEROUS_META) and name not in allowed):
-            raise RejectedEntry("meta_not_allowed",
-                                f"meta key {name[:40]!r} is not allowed (SEEDS_META_ALLOWED)")
+            raise RejectedEntry("meta_not_allowed", f"meta key {name[:40]!r} is not allowed"
+                                                    " (SEEDS_META_ALLOWED)")
 
 
 def check_header_names(names: Iterable[Any], allowed: Iterable[str]) -> None:
@@ -98,16 +94,14 @@ def check_header_names(names: Iterable[Any], allowed: Iterable[str]) -> None:
 
 
 def check_cookies_allowed(allowed: Iterable[str]) -> None:
-    """Refuse (``header_not_allowed``) the cookies of an untrusted entry unless ``allowed`` names ``Cookie``:
-    they go to the crawl's cookie jar, where they could replace the crawl's session cookie."""
+    """Refuse an untrusted entry's cookies unless ``allowed`` names ``Cookie`` (they join the crawl's jar)."""
     if "cookie" not in {a.lower() for a in allowed}:
-        raise RejectedEntry("header_not_allowed",
-                            "cookies may not come from an entry (SEEDS_HEADERS_ALLOWED: no Cookie)")
+        raise RejectedEntry("header_not_allowed", "cookies may not come from an entry"
+                                                  " (SEEDS_HEADERS_ALLOWED: no Cookie)")
 
 
 def check_no_userinfo(url: str) -> None:
-    """Refuse (``bad_url``) an untrusted URL with an ``@`` in its authority: credentials may not come from an
-    entry, and for ``a\\@b`` parsers disagree on the host."""
+    """Refuse an ``@`` in the authority: no credentials from an entry, and for ``a\\@b`` parsers disagree."""
     authority = url.partition("://")[2]
     for end in "/?#":
         authority = authority.partition(end)[0]
@@ -116,8 +110,7 @@ def check_no_userinfo(url: str) -> None:
 
 
 def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:
-    """Whether the host of ``url`` is one of ``allowed_domains`` or a subdomain of one (``None`` or empty:
-    every host), as Scrapy's offsite middleware reads the list."""
+    """Whether ``url``'s host is in ``allowed_domains`` or below (as Scrapy's offsite check reads it)."""
     domains = [d.lower().lstrip(".") for d in allowed_domains or () if isinstance(d, str) and d]
     if not domains:
         return True
@@ -129,8 +122,7 @@ def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:
 
 
 def keep_allowed_domains(spider: Any) -> Any:
-    """The spider's ``allowed_domains``, an iterator (scrapy-redis's examples) kept as a list: exhausted by
-    its first reader, it would read as ``[]``, which allows every host."""
+    """The spider's ``allowed_domains``, an iterator kept as a list (exhausted, it would allow every host)."""
     domains = getattr(spider, "allowed_domains", None)
     if isinstance(domains, str):
         return [domains]
@@ -148,8 +140,7 @@ def check_offsite(url: str, spider: Any) -> None:
 
 @dataclass(frozen=True)
 class EntryPolicy:
-    """What an entry read from the queue must satisfy, and the secret that tells the crawl's own entries
-    from others; built once per crawler (:func:`entry_policy`), bound to the crawl's keys (:meth:`bound`)."""
+    """What an entry read from the queue must satisfy, and the secret that tells the crawl's own entries."""
 
     allowed_schemes: tuple[str, ...] = ("http", "https")
     max_bytes: int = 1024 * 1024
@@ -161,8 +152,7 @@ class EntryPolicy:
 
     @classmethod
     def from_dist(cls, ds: DistSettings) -> EntryPolicy:
-        """The policy of a crawl's typed settings (on the embedded Redis without a secret, the one it keeps
-        with its private files)."""
+        """The policy of a crawl's settings (without a secret, the embedded Redis's own)."""
         return cls(allowed_schemes=ds.scheduler.allowed_schemes, max_bytes=ds.scheduler.max_entry_bytes,
                    meta_allowed=ds.seeds.meta_allowed, headers_allowed=ds.seeds.headers_allowed,
                    secret=ds.scheduler.entry_secret or embedded_secret(ds))
@@ -204,22 +194,21 @@ class EntryPolicy:
         return hmac.compare_digest(data[1 : 1 + TAG_BYTES], self.tag(nonce, data[SIGNED_HEAD:]))
 
     def renew(self, data: bytes) -> bytes:
-        """``data`` with a fresh nonce (and tag) if this policy verifies it, else unchanged: an entry filed
-        again after its acknowledgement (a revisit) counts as a new entry."""
+        """``data`` with a fresh nonce if this policy verifies it (a revisit is a new entry), else as is."""
         return self.seal(data[SIGNED_HEAD:]) if self.verify(data) else data
 
 
 DEFAULT_POLICY = EntryPolicy()
 _POLICIES: weakref.WeakKeyDictionary[Any, EntryPolicy] = weakref.WeakKeyDictionary()
+_warned_unsigned: list[bool] = []
 
 
 def entry_policy(crawler: Crawler | None) -> EntryPolicy:
     """The :class:`EntryPolicy` of ``crawler``, built on first use and kept."""
     if crawler is None:
         return DEFAULT_POLICY
-    policy = _POLICIES.get(crawler)
-    if policy is not None:
-        return policy
+    if crawler in _POLICIES:
+        return _POLICIES[crawler]
     ds = DistSettings.for_crawler(crawler)
     policy = _POLICIES[crawler] = EntryPolicy.from_dist(ds)
     if policy.secret is None and not _warned_unsigned:  # one WARNING per process
@@ -234,19 +223,15 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
     return policy
 
 
-_warned_unsigned: list[bool] = []
-
-
 def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
-    """Whether an entry counts as the crawl's own: its tag verifies, or the crawl has no secret; raises
-    :class:`RejectedEntry` (``bad_tag``) for a version-3 entry whose tag does not verify."""
+    """Whether an entry is the crawl's own (its tag verifies, or no secret); ``bad_tag`` if a tag fails."""
     if policy.secret is None:
         return True
     if data[:1] != _SIGNED_BYTE:
         return False
     if not policy.verify(data):
-        raise RejectedEntry("bad_tag", "the entry's tag does not verify for this crawl (another secret, crawl"
-                                       " or kind of key)")
+        raise RejectedEntry("bad_tag", "the entry's tag does not verify for this crawl"
+                                       " (another secret, crawl or kind of key)")
     return True
 
 
@@ -255,7 +240,6 @@ SECRET_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")
 
 #: request -> its credential headers when it entered the downloader (only requests that had some)
 _scheduled: weakref.WeakKeyDictionary[Request, dict[bytes, list[bytes]]] = weakref.WeakKeyDictionary()
-_seen: weakref.WeakSet[Request] = weakref.WeakSet()  # requests seen by the middleware
 #: (lower-case header name, value) pairs downloader middlewares added to requests, newest last
 _added: OrderedDict[tuple[bytes, bytes], None] = OrderedDict()
 ADDED_LIMIT = 1000
@@ -265,7 +249,6 @@ class ScheduledHeadersMiddleware:
     """Downloader middleware remembering the credential headers each request had as scheduled."""
 
     def process_request(self, request: Request) -> None:
-        _seen.add(request)
         headers = request.headers
         own = {name: list(headers.getlist(name)) for name in SECRET_HEADERS if name in headers}
         if own:
@@ -273,10 +256,8 @@ class ScheduledHeadersMiddleware:
 
 
 def as_scheduled(request: Request, original: Request | None = None) -> Request:
-    """``request`` with the credential headers of ``original`` (default: ``request``) as scheduled; the
-    same object when there is nothing to change."""
-    source = original if original is not None else request
-    own = _scheduled.get(source, {}) if source in _seen else {}
+    """``request`` with the credential headers ``original`` (default: itself) had as scheduled."""
+    own = _scheduled.get(original if original is not None else request, {})
     if all(list(request.headers.getlist(n)) == own.get(n, []) for n in SECRET_HEADERS):
         return request
     headers = request.headers.copy()
@@ -288,11 +269,10 @@ def as_scheduled(request: Request, original: Request | None = None) -> Request:
 
 
 class AddedCredentialsMiddleware:
-    """Downloader middleware (last in the chain) remembering the credential header values the
-    middlewares before it added, so that no payload carries them."""
+    """Downloader middleware (last) remembering the credential headers the ones before it added."""
 
     def process_request(self, request: Request) -> None:
-        own = _scheduled.get(request, {}) if request in _seen else {}
+        own = _scheduled.get(request, {})
         for name in SECRET_HEADERS:
             for value in request.headers.getlist(name):
                 if value not in own.get(name, ()):
@@ -321,10 +301,12 @@ def check_text(s: str, reason: str, what: str) -> None:
             raise RejectedEntry(reason, f"{what} holds a lone surrogate") from None
 
 
+_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+
+
 def json_type(value: Any) -> str:
     """The JSON name of ``value``'s type."""
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
-    return names.get(type(value), "number")
+    return _JSON_TYPES.get(type(value), "number")
 
 
 def check_method(method: Any) -> str:
@@ -413,14 +395,13 @@ def check_cookies(cookies: Any) -> dict[str, Any] | list[dict[str, Any]]:
     if isinstance(cookies, list):
         for c in cookies:
             if not isinstance(c, dict) or "name" not in c or "value" not in c or set(c) - COOKIE_KEYS:
-                raise RejectedEntry("bad_cookies",
-                                    "each cookie must be an object with name, value (domain, path, ...)")
+                raise RejectedEntry("bad_cookies", "each cookie must be an object with name, value"
+                                                   " (domain, path, ...)")
             for key, value in c.items():
-                if key == "secure":
-                    if not isinstance(value, bool):
-                        raise RejectedEntry("bad_cookies", "cookie secure must be true/false")
-                else:
+                if key != "secure":
                     _check_cookie_text(value, key)
+                elif not isinstance(value, bool):
+                    raise RejectedEntry("bad_cookies", "cookie secure must be true/false")
             if not isinstance(c["name"], str) or not c["name"] or "=" in c["name"]:
                 raise RejectedEntry("bad_cookies", f"cookie name {str(c['name'])[:40]!r}")
         return cookies
