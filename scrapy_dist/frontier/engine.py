@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import msgpack
@@ -78,22 +78,30 @@ def locally_idle(crawler: Any) -> bool:
     return slot is None or not (slot.scheduler.has_pending_requests() or crawler.engine.downloader.active)
 
 
-class Engine(Protocol):
-    """What the scheduler needs of the engine: the requests it works on (``None``: unknown), a wake up, a
-    close, a slot's active downloads and, once closing, the unstarted requests ``which`` accepts."""
+class Engine:
+    """What the scheduler needs of Scrapy's engine: the requests it works on (``None``: unknown), a wake up, a
+    close, a slot's active downloads and, once closing, the unstarted requests ``which`` accepts. This base
+    stands for no engine (tests, tools): nothing in progress, ``close`` recorded."""
 
-    def inprogress(self) -> Any: ...
+    closed: str | None = None
 
-    def wake(self) -> None: ...
+    def inprogress(self) -> Any:
+        return ()
 
-    def close(self, reason: str) -> None: ...
+    def wake(self) -> None:
+        pass
 
-    def slot_load(self, request: Any) -> int: ...
+    def close(self, reason: str) -> None:
+        self.closed = reason
 
-    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]: ...
+    def slot_load(self, request: Any) -> int:
+        return 0
+
+    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]:
+        return []
 
 
-class EngineView:
+class EngineView(Engine):
     """:class:`Engine` of a real crawler."""
 
     def __init__(self, crawler: Any) -> None:
@@ -139,28 +147,6 @@ class EngineView:
         for request, dfd in taken:
             dfd.errback(Failure(ReleasedAtClose(f"given back to the queue at close: {request.url}")))
         return [request for request, _ in taken]
-
-
-class DetachedEngine:
-    """:class:`Engine` without Scrapy's engine (tests, tools): nothing in progress, ``close`` recorded."""
-
-    def __init__(self) -> None:
-        self.closed: str | None = None
-
-    def inprogress(self) -> Any:
-        return ()
-
-    def wake(self) -> None:
-        pass
-
-    def close(self, reason: str) -> None:
-        self.closed = reason
-
-    def slot_load(self, request: Any) -> int:
-        return 0
-
-    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]:
-        return []
 
 
 def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:

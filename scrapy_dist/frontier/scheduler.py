@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import secrets
 import socket
@@ -24,7 +23,7 @@ from scrapy_dist.egress import checked_request, enforce
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
-from scrapy_dist.frontier.engine import EngineView, FeedBarrier, Revisits
+from scrapy_dist.frontier.engine import Engine, EngineView, FeedBarrier, Revisits
 from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter
 from scrapy_dist.frontier.ledger import Ledger, RequestEncoder
 from scrapy_dist.frontier.orders import DomainLimits, DomainPenalties
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
-    from scrapy_dist.frontier.engine import Engine
     from scrapy_dist.frontier.ledger import Applied
     from scrapy_dist.frontier.shard import SyncResult
 
@@ -85,7 +83,7 @@ class Scheduler:
         self.redis_settings = rs if isinstance(rs, DistSettings) else DistSettings.from_settings(rs or {})
         self.order = order or queue.PriorityQueue()
         self.stats: Any = stats if stats is not None else NoStats()
-        self.engine: Engine = engine or _engine.DetachedEngine()
+        self.engine = engine or Engine()
         self.worker_id = worker_id or make_worker_id()
         polite = cfg.politeness == "cluster"
         self.router = ShardRouter(cfg.shards, fingerprinter, by_domain=polite)
@@ -189,12 +187,9 @@ class Scheduler:
         )
         check = functools.partial(checked_request, networks=self.networks, stats=self.stats)
         self.loop = SyncLoop(
-            self.ledger, self.router, self.frontiers, self.engine, on_applied=self.report.applied,
-            decode=RequestDecoder(self.spider, self.policy, cfg.politeness == "cluster", check),
-            prefetch=cfg.prefetch, flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch,
-            idle_poll=cfg.idle_poll, lease_seconds=cfg.lease_seconds, outage=self.outage,
-            on_outage=self.encoder.recent.clear, on_forget=self.encoder.recent.clear,
-            idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
+            self.ledger, self.router, self.frontiers, self.engine, cfg, on_applied=self.report.applied,
+            decode=RequestDecoder(spider, self.policy, cfg.politeness == "cluster", check),
+            outage=self.outage, on_forget=self.encoder.recent.clear,
         )
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
             self.report.feeds = FeedBarrier.install(self.crawler, self.loop) is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.layout import FrontierState, ShardRouter
     from scrapy_dist.frontier.ledger import Applied, Ledger
     from scrapy_dist.frontier.shard import Frontier, SyncResult
+    from scrapy_dist.settings import SchedulerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +36,9 @@ class SyncLoop(BackgroundTask):
     """The asyncio task that exchanges a worker's :class:`Ledger` with its shards' frontiers."""
 
     def __init__(
-        self, ledger: Ledger, router: ShardRouter, frontiers: list[Frontier], engine: Engine, *,
-        decode: Callable[[int, bytes], Request], on_applied: Callable[[Applied, SyncResult], None],
-        prefetch: int = 64, flush_interval: float = 0.05, flush_batch: int = 500, idle_poll: float = 0.25,
-        lease_seconds: float = 60.0, idle_poll_max: float | None = None, outage: Outage | None = None,
-        on_outage: Callable[[], None] = lambda: None, on_forget: Callable[[], None] = lambda: None,
+        self, ledger: Ledger, router: ShardRouter, frontiers: list[Frontier], engine: Engine,
+        config: SchedulerSettings, *, decode: Callable[[int, bytes], Request], outage: Outage | None = None,
+        on_applied: Callable[[Applied, SyncResult], None], on_forget: Callable[[], None] = lambda: None,
         backoff: Backoff | None = None, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.outage = outage or Outage()
@@ -49,14 +49,17 @@ class SyncLoop(BackgroundTask):
         self.engine = engine
         self.decode = decode
         self.on_applied = on_applied
-        self.prefetch = max(1, prefetch)
-        self.flush_interval, self.flush_batch = flush_interval, flush_batch
-        #: a worker that keeps finding nothing polls less often: doubled per empty round up to the max
-        self.idle_poll = self.poll_interval = idle_poll
-        self.idle_poll_max = max(idle_poll, idle_poll_max or idle_poll)
-        self.lease_seconds = lease_seconds
-        self.on_outage = on_outage
-        self.on_forget = on_forget  # the crawl's forget generation changed (``scrapy-dist forget``)
+        self.prefetch = max(1, config.prefetch)
+        self.flush_interval, self.flush_batch = config.flush_interval, config.flush_batch
+        #: a worker that keeps finding nothing polls less often (doubled per empty round up to the max) when
+        #: it never closes on its own
+        self.idle_poll = self.poll_interval = config.idle_poll
+        self.idle_poll_max = max(self.idle_poll, config.idle_poll_max if math.isinf(config.idle_before_close)
+                                 else self.idle_poll)
+        self.lease_seconds = config.lease_seconds
+        #: URLs this worker sent lately may be new again: Redis was away or went back in time, or the crawl's
+        #: forget generation changed (``scrapy-dist forget``)
+        self.on_forget = on_forget
         self._forgets: str | None = None
         self.released_at_close = 0  # leases given back while the engine closed
         #: crawl-wide state after the last round that reached every shard (``None`` before the first)
@@ -93,7 +96,7 @@ class SyncLoop(BackgroundTask):
 
     def failed(self, exc: BaseException, now: float | None = None, detail: str = "") -> float:
         if is_outage(exc):  # Redis may come back with acknowledged writes rolled back (failover, lost AOF)
-            self.on_outage()
+            self.on_forget()
         held = f"{len(self.ledger.out)} discovered requests and {len(self.ledger.held)} leases kept in memory"
         return super().failed(exc, now, detail or held)
 
@@ -247,7 +250,7 @@ class SyncLoop(BackgroundTask):
                 if was_paused != self.paused:
                     self.engine.wake()
                 if self._forgets is not None and result.forgets != self._forgets:
-                    self.on_forget()  # URLs this worker sent lately may be new again
+                    self.on_forget()
                 self._forgets = result.forgets
             self.on_applied(applied, result)
         ledger.finish_round(error is None, now)
@@ -272,8 +275,7 @@ class SyncLoop(BackgroundTask):
             before = self._seq_seen.get(shard, 0)
             self._seq_seen[shard] = seq
             if seq < before:
-                # what this worker remembers having sent is no longer certainly in the filter either
-                self.on_outage()
+                self.on_forget()
                 logger.warning(
                     "The frontier in Redis went back in time (shard %d's sequence number fell from %d to %d):"
                     " Redis lost some or all of the crawl's data -- restarted without persistence, a failover"
