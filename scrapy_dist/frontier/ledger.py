@@ -1,6 +1,5 @@
 """What one worker holds and owes the shared frontier (an I/O-free :class:`Ledger`, methods take ``now``),
-and the :class:`RequestEncoder` that turns a request into ledger entries.
-"""
+and the :class:`RequestEncoder` that turns a request into ledger entries."""
 
 from __future__ import annotations
 
@@ -57,9 +56,6 @@ class Outgoing(Routed):
     score: float
     payload: bytes  # b"" when it could not be encoded: deduped only, then crawled locally
     record_only: bool = False  # only record the fingerprint (the request travels in another entry)
-
-    def enqueue_item(self) -> tuple[Any, Any, float, bytes, str, str]:
-        return (self.t1, self.t2, self.score, self.payload, self.domain, self.limits)
 
 
 @dataclass(frozen=True)
@@ -248,10 +244,8 @@ class Ledger:
     def outranked(self) -> int:
         """How many unsent requests outrank every leased one: the engine waits for the round that leases
         them back rather than start a worse one."""
-        if not self.ready:
-            return 0  # nothing worse to hold back: the usual prefetch applies
-        best = self.ready.best_score()
-        if self.best_out >= best:
+        # nothing leased: nothing worse to hold back (the usual prefetch applies)
+        if not self.ready or self.best_out >= (best := self.ready.best_score()):
             return 0
         return sum(1 for e in self.out if e.score < best)
 
@@ -294,7 +288,8 @@ class Ledger:
         if skip:
             out, kept = [e for e in self.out if e.shard not in skip], [e for e in self.out if e.shard in skip]
         sent, shard_of, left = split_calls(out, n, settle, max_records, max_calls)
-        batches = [SyncBatch(enqueue=[e.enqueue_item() for e in call]) for call in sent]
+        batches = [SyncBatch(enqueue=[(e.t1, e.t2, e.score, e.payload, e.domain, e.limits) for e in call])
+                   for call in sent]
         self.left_behind, self.deferred = len(left), len(kept)
         self.call_shards = shard_of
         for d in self.delays:
@@ -372,10 +367,8 @@ class Ledger:
                     self.local.append(entry.request)  # unserializable but new: this worker crawls it
             elif entry.t1 != "":
                 applied.duplicates.append(entry.request)
-        revisited = (m for m, _, _ in batch.revisit)
-        settled = (*batch.ack, *batch.release, *(m for m, _ in batch.reject), *revisited)
-        for member in settled:
-            self.held.discard((shard, member))
+        settled = (*batch.ack, *batch.release, *(r[0] for r in batch.reject), *(r[0] for r in batch.revisit))
+        self.held.difference_update((shard, member) for member in settled)
         for member, score in result.leased:
             lease = (shard, member)
             self.held.add(lease)

@@ -138,18 +138,6 @@ class Scheduler:
         return sched
 
     @property
-    def spider(self) -> Spider | None:
-        return self.encoder.spider
-
-    @spider.setter
-    def spider(self, spider: Spider | None) -> None:
-        self.encoder.spider = spider
-
-    @property
-    def idle_before_close(self) -> float:
-        return self.config.idle_before_close
-
-    @property
     def frontier_status(self) -> dict[str, int] | None:
         state = self.loop.state if self.loop is not None else None
         return state.as_dict() if state is not None else None
@@ -164,7 +152,7 @@ class Scheduler:
 
     async def open_async(self, spider: Spider, start: bool = True) -> None:
         """Join the crawl and start the loop (``start=False``: the caller drives ``loop.round()``)."""
-        self.spider = spider
+        self.encoder.spider = spider
         if self.refused or (self.crawler is not None and start_error(self.crawler) is not None):
             self.refused = True
             return
