@@ -1,7 +1,6 @@
 """What the frontier takes from Scrapy's running crawler (the one place that reads ``engine._slot``), and
 what rides a finished request's ack: its items (:class:`ItemOutbox`) and revisit (:class:`Revisits`), with
-local feed files fsynced before it (:class:`FeedBarrier`).
-"""
+local feed files fsynced before it (:func:`install_feed_barrier`)."""
 
 from __future__ import annotations
 
@@ -153,9 +152,7 @@ def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
     """Build what the add-on would enable and the two-line setup lacks (kept: signals hold them weakly)."""
     built: list[Any] = []
     lacking: list[Component] = []
-    try:
-        crawler.engine  # noqa: B018 - a scheduler built outside a crawl (tests, tools) runs nothing more
-    except (AttributeError, RuntimeError):
+    if _engine(crawler) is None:  # a scheduler built outside a crawl (tests, tools) runs nothing more
         return built
     for c in COMPONENTS:
         user = crawler.settings.getdict(c.setting)
@@ -224,44 +221,38 @@ def _fsync_all(fds: list[int]) -> None:
             os.fsync(fd)
 
 
-@dataclass
-class FeedBarrier:
-    """Flush and fsync the crawl's local feed files before each acknowledging round."""
+def install_feed_barrier(crawler: Crawler, loop: SyncLoop) -> bool:
+    """Flush and fsync the crawl's local feed files before each acknowledging round; whether it has feeds."""
+    exporter = feed_exporter(crawler)
+    if exporter is None or not getattr(exporter, "feeds", None):
+        return False
+    for uri, why in at_risk(exporter.feeds):
+        logger.warning(
+            "FEEDS %s is %s: a worker killed before the close loses the items of pages already"
+            " acknowledged (no other worker fetches them again). For output that survives any kill, use"
+            " ITEM_PIPELINES = {'scrapy_dist.pipelines.RedisPipeline': 300} and export with"
+            " `scrapy-dist items %s --export FILE` (docs/items.md)",
+            uri, why, getattr(crawler.spider, "name", "SPIDER"),
+        )
+    loop.ack_barrier = functools.partial(flush_feeds, crawler)
+    return True
 
-    crawler: Crawler
 
-    @classmethod
-    def install(cls, crawler: Crawler, loop: SyncLoop) -> FeedBarrier | None:
-        exporter = feed_exporter(crawler)
-        if exporter is None or not getattr(exporter, "feeds", None):
-            return None
-        for uri, why in at_risk(exporter.feeds):
-            logger.warning(
-                "FEEDS %s is %s: a worker killed before the close loses the items of pages already"
-                " acknowledged (no other worker fetches them again). For output that survives any kill, use"
-                " ITEM_PIPELINES = {'scrapy_dist.pipelines.RedisPipeline': 300} and export with"
-                " `scrapy-dist items %s --export FILE` (docs/items.md)",
-                uri, why, getattr(crawler.spider, "name", "SPIDER"),
-            )
-        barrier = cls(crawler)
-        loop.ack_barriers.append(barrier)
-        return barrier
-
-    async def __call__(self) -> None:
-        fds = []
-        for slot in getattr(feed_exporter(self.crawler), "slots", ()):
-            file = slot.file
-            if file is None or getattr(file, "closed", False):
-                continue
-            file.flush()
-            if slot.feed_options.get("postprocessing"):
-                continue
-            with contextlib.suppress(AttributeError, OSError, ValueError):
-                fds.append(file.fileno())
-        if fds:
-            await asyncio.to_thread(_fsync_all, fds)
-            if self.crawler.stats is not None:
-                self.crawler.stats.inc_value("feeds/fsyncs")
+async def flush_feeds(crawler: Crawler) -> None:
+    fds = []
+    for slot in getattr(feed_exporter(crawler), "slots", ()):
+        file = slot.file
+        if file is None or getattr(file, "closed", False):
+            continue
+        file.flush()
+        if slot.feed_options.get("postprocessing"):
+            continue
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            fds.append(file.fileno())
+    if fds:
+        await asyncio.to_thread(_fsync_all, fds)
+        if crawler.stats is not None:
+            crawler.stats.inc_value("feeds/fsyncs")
 
 
 class ItemOutbox:

@@ -1,7 +1,6 @@
 """Which request goes when: queue orders (``SCHEDULER_QUEUE_CLASS``), leased requests best first,
 crawl-wide politeness, retry timing, and the dead letter a request becomes when it finally fails (anyone
-with access to Redis can write that list, so its parsers refuse anything malformed).
-"""
+with access to Redis can write that list, so its parsers refuse anything malformed)."""
 
 from __future__ import annotations
 
@@ -135,8 +134,7 @@ class DomainLimit:
     concurrency: int
     jitter: float
 
-    def encode(self) -> str:
-        """The ``"delay concurrency jitter"`` form stored in Redis."""
+    def encode(self) -> str:  # as stored in Redis
         return f"{self.delay!r} {self.concurrency} {self.jitter!r}"
 
 
@@ -157,8 +155,8 @@ class DomainLimits:
     @classmethod
     def from_dist(cls, ds: DistSettings) -> DomainLimits:
         s = ds.scheduler
-        default = DomainLimit(s.download_delay, s.concurrent_requests_per_domain, s.download_delay_jitter)
-        return cls(default, {k: dict(v) for k, v in s.domain_limits.items()})
+        return cls(DomainLimit(s.download_delay, s.concurrent_requests_per_domain, s.download_delay_jitter),
+                   {k: dict(v) for k, v in s.domain_limits.items()})
 
     def bound(self) -> str:
         """``"<delay> <jitter>"``, the largest here: the frontier clamps limits read from Redis to it."""

@@ -23,7 +23,7 @@ from scrapy_dist.egress import checked_request, enforce
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
-from scrapy_dist.frontier.engine import Engine, EngineView, FeedBarrier, Revisits
+from scrapy_dist.frontier.engine import Engine, EngineView, Revisits, install_feed_barrier
 from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter
 from scrapy_dist.frontier.ledger import Ledger, RequestEncoder
 from scrapy_dist.frontier.orders import DomainLimits, DomainPenalties
@@ -138,6 +138,10 @@ class Scheduler:
         return sched
 
     @property
+    def idle_before_close(self) -> float:
+        return self.config.idle_before_close
+
+    @property
     def frontier_status(self) -> dict[str, int] | None:
         state = self.loop.state if self.loop is not None else None
         return state.as_dict() if state is not None else None
@@ -180,7 +184,7 @@ class Scheduler:
             outage=self.outage, on_forget=self.encoder.recent.clear,
         )
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
-            self.report.feeds = FeedBarrier.install(self.crawler, self.loop) is not None
+            self.report.feeds = install_feed_barrier(self.crawler, self.loop)
         self.loop.paused, self.loop.backlog = self.layout.paused, pending
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
             logger.warning(

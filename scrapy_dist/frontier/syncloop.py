@@ -76,9 +76,9 @@ class SyncLoop(BackgroundTask):
         self.lease_result: tuple[int, int, int | None] = (0, 0, 0)
         self._once = RateLimitedLog.once(logger)
         self._seq_seen: dict[int, int] = {}  # the largest sequence number each shard has reported
-        #: awaited before a round that acknowledges newly finished requests (feed files made durable); one
-        #: that raises holds the acks back
-        self.ack_barriers: list[Callable[[], Awaitable[None]]] = []
+        #: awaited before a round that acknowledges newly finished requests (feed files made durable); if it
+        #: raises, the acks wait
+        self.ack_barrier: Callable[[], Awaitable[None]] | None = None
 
     async def step(self) -> bool:
         """Rest until woken or ``flush_interval`` (a backlog goes on at once), then one turn; raises a failed
@@ -185,10 +185,9 @@ class SyncLoop(BackgroundTask):
         """One exchange with every shard at once (``partial``: those :meth:`plan` picks and those owed
         something urgent); a failed call's batch is put back. The first error, or ``None``."""
         ledger, router = self.ledger, self.router
-        if self.ack_barriers and ledger.acks_new:
+        if self.ack_barrier is not None and ledger.acks_new:
             try:
-                for barrier in self.ack_barriers:
-                    await barrier()
+                await self.ack_barrier()
             except Exception as exc:  # nothing taken yet: every ack stays owed
                 return exc
         started = self.clock()
