@@ -1,6 +1,5 @@
 """A crawl's layout in Redis: its shards with their keys and dupefilters (joined at start, removed at the
-end), which shard a request goes to (:class:`ShardRouter`), and the control hash ``{spider}:control``.
-"""
+end), which shard a request goes to (:class:`ShardRouter`), and the control hash ``{spider}:control``."""
 
 from __future__ import annotations
 
@@ -51,16 +50,14 @@ def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -
         return "write"
     theirs = int(text)
     if theirs > ours:
-        raise ScrapyDistError(
-            f"The crawl {spider!r} was written by a newer scrapy-dist (frontier format {theirs}; this worker"
-            f" reads up to {ours}): upgrade this worker, or start afresh (SCHEDULER_FLUSH_ON_START)."
-        )
+        raise ScrapyDistError(f"The crawl {spider!r} was written by a newer scrapy-dist (frontier format"
+                              f" {theirs}; this worker reads up to {ours}): upgrade this worker, or start"
+                              " afresh (SCHEDULER_FLUSH_ON_START).")
     if theirs < ours and running:
-        raise ScrapyDistError(
-            f"The crawl {spider!r} has {running} worker(s) of an older scrapy-dist running (frontier format"
-            f" {theirs}; this worker writes {ours}, which they would misread): stop them, then start the"
-            " upgraded workers (docs/operations.md, Upgrading)."
-        )
+        raise ScrapyDistError(f"The crawl {spider!r} has {running} worker(s) of an older scrapy-dist running"
+                              f" (frontier format {theirs}; this worker writes {ours}, which they would"
+                              " misread): stop them, then start the upgraded workers (docs/operations.md,"
+                              " Upgrading).")
     return "write" if theirs < ours else None
 
 
