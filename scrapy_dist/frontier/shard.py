@@ -1,7 +1,5 @@
 """The Redis side of the shared frontier: one worker's batched exchange with the ``sync`` script, declared
-here once (keys, ARGV head, sections, answer). One :meth:`Frontier.sync` call is one round trip whatever it
-carries; with ``SCHEDULER_SHARDS = N`` there is one :class:`Frontier` per shard, on that shard's keys.
-"""
+here once (keys, ARGV head, sections, answer); one :class:`Frontier` per shard, one round trip per call."""
 
 from __future__ import annotations
 
@@ -42,9 +40,7 @@ def domain_shard(domain: str, shards: int) -> int:
 
 def shard_of(fingerprint: bytes, shards: int) -> int:
     """A request's shard: its fingerprint's first 8 bytes modulo ``shards``, the same in every process."""
-    if shards <= 1:
-        return 0
-    return int.from_bytes(fingerprint[:8], "big") % shards
+    return int.from_bytes(fingerprint[:8], "big") % shards if shards > 1 else 0
 
 
 async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
@@ -83,7 +79,6 @@ def lease_parts(key: bytes) -> tuple[bytes, bytes | None, bytes | None]:
 
 
 def lease_member(key: bytes) -> bytes:
-    """The queue member a lease key leases."""
     return lease_parts(key)[0]
 
 
@@ -171,8 +166,8 @@ SYNC_HEAD = (
 
 @dataclass(frozen=True)
 class SyncSection:
-    """One section of a sync call: a count, then per item ``fields`` (and ``polite_fields`` too with
-    crawl-wide politeness), built from one :class:`SyncBatch` list item by ``encode``."""
+    """One section of a sync call: a count, then per item ``fields`` (and ``polite_fields`` with crawl-wide
+    politeness), built from one :class:`SyncBatch` list item by ``encode``."""
 
     name: str
     fields: tuple[str, ...]
@@ -182,8 +177,7 @@ class SyncSection:
 
 def _score(x: float) -> str:
     # Redis refuses a NaN score, and a refusal half way through a script is a half-done call
-    x = float(x)
-    return repr(x) if math.isfinite(x) else "0.0"
+    return repr(float(x)) if math.isfinite(x) else "0.0"
 
 
 #: the sections, in ARGV order
@@ -304,9 +298,8 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
 
 @dataclass(eq=False)  # compared and hashed by identity
 class Frontier:
-    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client). ``max_entry_bytes``
-    bounds a queue entry the script hands out; ``rejected_maxlen`` and ``dead_maxlen`` cap the rejected
-    and dead-letter lists (0 = no cap)."""
+    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client); ``rejected_maxlen`` and
+    ``dead_maxlen`` cap their lists (0 = no cap)."""
 
     redis: Any
     keys: CrawlKeys
@@ -390,11 +383,11 @@ class RequestDecoder:
     spider: Any
     policy: EntryPolicy
     polite: bool
-    #: a last check of the decoded request (a host written as a denied IP address: the resolver never
-    #: sees it), raising RejectedEntry
-    check: Callable[[Request], Request] | None = None
+    #: a last check of the decoded request, raising RejectedEntry (a host written as a denied IP address:
+    #: the resolver never sees it)
+    check: Callable[[Request], Request]
 
     def __call__(self, shard: int, member: bytes) -> Request:
         member = lease_member(member)
-        request = decode_request(member[len(member_prefix(member, self.polite)) :], self.spider, self.policy)
-        return self.check(request) if self.check is not None else request
+        return self.check(decode_request(member[len(member_prefix(member, self.polite)) :], self.spider,
+                                         self.policy))
