@@ -76,7 +76,7 @@ class CrawlLayout:
         self.shard_keys = self.keys.shards(self.shards)  # shard 0 is the crawl's own keys
         self.shard_dfs: list[Any] = [self.df]
 
-    def open(self, client: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
+    def open(self, client: Any, flush_on_start: bool, batched: bool) -> tuple[int, int]:
         """Join the crawl (cleared first with ``flush_on_start``); its backlog."""
         move_aside_foreign(client, self.keys.control)
         if flush_on_start:
@@ -243,8 +243,6 @@ class ShardRouter:
     """Routing and the crawl-wide view over ``shards`` shards (1 = unsharded)."""
 
     def __init__(self, shards: int = 1, fingerprinter: Any = None, by_domain: bool = False) -> None:
-        if shards < 1:
-            raise ValueError(f"SCHEDULER_SHARDS must be >= 1, not {shards!r}")
         self.shards = shards
         self.fingerprinter = fingerprinter
         self.by_domain = by_domain  # route by host: a domain's queue, limits and fingerprints on one shard

@@ -1,6 +1,5 @@
 """The shared frontier as a drop-in Scrapy scheduler: ``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``, a
-thin facade (none of Scrapy's calls touches Redis) over the ledger, the sync loop and the crawl layout.
-"""
+thin facade (none of Scrapy's calls touches Redis) over the ledger, the sync loop and the crawl layout."""
 
 from __future__ import annotations
 
@@ -178,34 +177,30 @@ class Scheduler:
             limits_bound=self.encoder.domain_limits.bound() if self.encoder.domain_limits else "",
         )
         check = functools.partial(checked_request, networks=self.networks, stats=self.stats)
-        self.loop = SyncLoop(
-            self.ledger, self.router, self.frontiers, self.engine, cfg, on_applied=self.report.applied,
-            decode=RequestDecoder(spider, self.policy, cfg.politeness == "cluster", check),
-            outage=self.outage, on_forget=self.encoder.recent.clear,
-        )
+        decode = RequestDecoder(spider, self.policy, cfg.politeness == "cluster", check)
+        self.loop = SyncLoop(self.ledger, self.router, self.frontiers, self.engine, cfg, decode=decode,
+                             on_applied=self.report.applied, outage=self.outage,
+                             on_forget=self.encoder.recent.clear)
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
             self.report.feeds = install_feed_barrier(self.crawler, self.loop)
         self.loop.paused, self.loop.backlog = self.layout.paused, pending
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
-            logger.warning(
-                "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
-                " only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide deduplication.",
-                type(self.df).__name__,
-            )
+            logger.warning("DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per"
+                           " worker only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide"
+                           " deduplication.", type(self.df).__name__)
         if start:
             self.loop.start()
         shards = f" ({cfg.shards} shards)" if cfg.shards > 1 else ""
         logger.info("scrapy-dist frontier %r open as worker %s%s", self.keys.queue, self.worker_id, shards)
 
     def _join(self, spider: Spider) -> tuple[int, int]:
-        settings = self.redis_settings
         name = getattr(spider, "name", None)
         named = isinstance(name, str) and bool(name)
         if not named and not hasattr(self, "keys"):
             raise ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: the crawl's Redis"
                                   " keys are built from it")
         if not hasattr(self, "keys") or (named and self.crawler is not None and name != self.keys.spider):
-            self._place(crawl_keys(settings, str(name)))  # the keys follow the spider's final name
+            self._place(crawl_keys(self.redis_settings, str(name)))  # the keys follow the spider's final name
             if self._batched_df:
                 self.df.keys = self.keys
         if self.router.fingerprinter is None and self.crawler is not None:
@@ -215,9 +210,8 @@ class Scheduler:
                 self.router.fingerprinter = RequestFingerprinter(self.crawler)
         client = self._client(sync=True)
         try:
-            connection.check_reachable(client, settings)
-            flush = self.config.flush_on_start
-            return self.layout.open(client, flush_on_start=flush, batched=self._batched_df)
+            connection.check_reachable(client, self.redis_settings)
+            return self.layout.open(client, self.config.flush_on_start, self._batched_df)
         finally:
             client.close()  # a no-op for the crawler's shared client
 
