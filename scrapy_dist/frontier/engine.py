@@ -309,8 +309,7 @@ def validators_of(headers: Any) -> dict[bytes, bytes]:
 
 
 def with_validators(payload: bytes, validators: Mapping[bytes, bytes], policy: EntryPolicy) -> bytes:
-    """``payload`` with its conditional headers replaced by ``validators``; signed again only if it was
-    signed. Raises RejectedEntry for a payload that does not decode."""
+    """``payload`` with its conditional headers replaced by ``validators``, signed again only if it was."""
     signed = policy.verify(payload)
     d = load_payload(payload, policy.max_bytes)
     drop = {h.lower() for h in VALIDATOR_HEADERS}

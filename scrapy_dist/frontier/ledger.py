@@ -242,8 +242,7 @@ class Ledger:
             self._mark(now)
 
     def outranked(self) -> int:
-        """How many unsent requests outrank every leased one: the engine waits for the round that leases
-        them back rather than start a worse one."""
+        """How many unsent requests outrank every leased one (the engine waits for them, not a worse one)."""
         # nothing leased: nothing worse to hold back (the usual prefetch applies)
         if not self.ready or self.best_out >= (best := self.ready.best_score()):
             return 0
@@ -353,8 +352,7 @@ class Ledger:
         self, call: int, batch: SyncBatch, result: SyncResult, decode: Callable[[int, bytes], Request],
         now: float,
     ) -> Applied:
-        """Take in one call's answer: which discovered requests were new, what was leased. Whatever
-        ``decode(shard, member)`` raises, the entry is rejected: one entry can never stop a worker."""
+        """Take in one call's answer; whatever ``decode`` raises rejects the entry, never the worker."""
         applied = Applied(leased=len(result.leased), acked=len(batch.ack) + len(batch.revisit))
         shard = self.call_shards[call]
         for entry, new in zip(self._sent[call], result.new, strict=True):

@@ -208,8 +208,7 @@ class RevisitRules:
 
 @dataclass(eq=False)
 class DomainPenalties:
-    """After a 429 or 503 no worker leases a request of that domain for a while (:func:`penalty_seconds`);
-    written through the ledger in the next round."""
+    """After a 429 or 503 no worker leases a request of that domain for a while (:func:`penalty_seconds`)."""
 
     limits: DomainLimits | None
     ledger: Ledger
@@ -234,8 +233,7 @@ DOMAIN_SCAN_LIMIT = 20_000
 
 
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
-    """The domains with the largest backlog, their limits and slots in use (for ``status``), from at most
-    :data:`DOMAIN_SCAN_LIMIT` fields of ``{spider}:domains:info``."""
+    """The domains with the largest backlog, their limits and slots in use (for ``status``)."""
     info: dict[str, dict[str, str]] = {}
     for n, (field, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
         if n >= DOMAIN_SCAN_LIMIT:

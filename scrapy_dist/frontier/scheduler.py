@@ -331,8 +331,7 @@ class Scheduler:
             self.loop.wake()
 
     def _starts_now(self, request: Request) -> bool:
-        """Whether ``request`` is a start request Scrapy's engine would send at once: nothing is queued
-        crawl-wide as far as this worker knows, and it has room."""
+        """Whether ``request`` is a start request Scrapy's engine would send at once (nothing queued, room)"""
         loop = self.loop
         if not request.meta.get("is_start_request") or loop is None or loop.paused or loop.local_pause:
             return False

@@ -205,8 +205,7 @@ SYNC_SECTIONS = (
 
 
 def sync_prelude() -> str:
-    """The Lua declarations of the protocol above (``SYNC_KEYS``, ``SYNC_TYPES``, ``SYNC_HEAD``,
-    ``SYNC_SECTIONS``, ``sync_names``), put before the sync script's fragments when it is registered."""
+    """The Lua declarations of the protocol above, put before the sync script's fragments."""
     keys = ", ".join(f"'{name}'" for name, _ in SYNC_KEYS)
     types = ", ".join(f"{name} = '{kind}'" for name, kind in SYNC_KEYS)
     head = ", ".join(f"'{name}'" for name in SYNC_HEAD)
@@ -298,8 +297,7 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
 
 @dataclass(eq=False)  # compared and hashed by identity
 class Frontier:
-    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client); ``rejected_maxlen`` and
-    ``dead_maxlen`` cap their lists (0 = no cap)."""
+    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client)."""
 
     redis: Any
     keys: CrawlKeys
@@ -377,8 +375,7 @@ def member_prefix(member: bytes, polite: bool) -> bytes:
 
 @dataclass
 class RequestDecoder:
-    """Leased members (lease keys) as requests under the crawl's entry policy. Raises
-    :class:`~scrapy_dist.exceptions.RejectedEntry` (or anything: the ledger rejects the entry)."""
+    """Leased members (lease keys) as requests under the crawl's entry policy, or RejectedEntry."""
 
     spider: Any
     policy: EntryPolicy

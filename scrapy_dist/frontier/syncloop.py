@@ -81,8 +81,7 @@ class SyncLoop(BackgroundTask):
         self.ack_barrier: Callable[[], Awaitable[None]] | None = None
 
     async def step(self) -> bool:
-        """Rest until woken or ``flush_interval`` (a backlog goes on at once), then one turn; raises a failed
-        round's error."""
+        """Rest until woken or ``flush_interval`` (not with a backlog), then one turn; raises its error."""
         await self.rest(0.0 if self.ledger.left_behind else self.config.flush_interval)
         if self.closing:
             return False
