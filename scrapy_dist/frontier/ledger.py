@@ -287,10 +287,9 @@ class Ledger:
         if skip:
             out, kept = [e for e in self.out if e.shard not in skip], [e for e in self.out if e.shard in skip]
         sent, shard_of, left = split_calls(out, n, settle, max_records, max_calls)
-        batches = [SyncBatch(enqueue=[(e.t1, e.t2, e.score, e.payload, e.domain, e.limits) for e in call])
-                   for call in sent]
-        self.left_behind, self.deferred = len(left), len(kept)
-        self.call_shards = shard_of
+        batches = [SyncBatch([(e.t1, e.t2, e.score, e.payload, e.domain, e.limits) for e in call],
+                             lease=lease_counts[i] if i < n else 0) for i, call in enumerate(sent)]
+        self.left_behind, self.deferred, self.call_shards = len(left), len(kept), shard_of
         for d in self.delays:
             batches[d.shard].delay.append((d.score, d.payload, d.not_before, d.domain, d.limits))
         for (shard, member), record in self.rejects:
@@ -322,8 +321,6 @@ class Ledger:
         if renew:
             for shard, member in self.held:
                 batches[shard].renew.append(member)
-        for batch, count in zip(batches, lease_counts, strict=False):
-            batch.lease = count
         self._sent = sent
         self.out, self.acks, self.acks_new, self.delays = left + kept, acks, held_new, []
         self.best_out = min((e.score for e in self.out), default=math.inf)
