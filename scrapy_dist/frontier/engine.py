@@ -43,6 +43,11 @@ if TYPE_CHECKING:
     from scrapy_dist.wire.entrypolicy import EntryPolicy
 
 logger = logging.getLogger(__name__)
+#: the meta key a request (or its callback) sets: seconds, or None to stop
+META_KEY = "revisit_after"
+#: validators longer than this are not stored (the page is revisited unconditionally)
+MAX_VALIDATOR_BYTES = 256
+VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
 
 
 def _engine(crawler: Any) -> Any:
@@ -289,13 +294,6 @@ def attach(scheduler: Scheduler, route: ItemRoute) -> ItemOutbox | None:
         frontier.items = route
     ledger.riders.items_of = outbox.take
     return outbox
-
-
-#: the meta key a request (or its callback) sets: seconds, or None to stop
-META_KEY = "revisit_after"
-#: validators longer than this are not stored (the page is revisited unconditionally)
-MAX_VALIDATOR_BYTES = 256
-VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
 
 
 def validators_of(headers: Any) -> dict[bytes, bytes]:

@@ -37,6 +37,12 @@ _DELETE_BATCH = 100  # keys per DEL
 #: older worker would misread (docs/operations.md, "Upgrading")
 FRONTIER_FORMAT = 2
 _FORMAT_LIMIT = 1000  # a larger ``format`` field is garbage (overwritten, warned)
+REPAIR_GRACE = 10.0  # seconds after a key holding requests was moved aside: empty is not drained yet
+#: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
+CLOSE_AT_SLACK = 60.0
+MAX_SHARDS = 1024  # the most shards a control hash may record (more is garbage)
+_REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_reported: set[tuple[str, str]] = set()
 
 
 def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -> str | None:
@@ -236,9 +242,6 @@ class FrontierState:
         return {"queued": self.queued, "inflight": self.inflight, "delayed": self.delayed}
 
 
-REPAIR_GRACE = 10.0  # seconds after a key holding requests was moved aside: empty is not drained yet
-
-
 class ShardRouter:
     """Routing and the crawl-wide view over ``shards`` shards (1 = unsharded)."""
 
@@ -294,13 +297,6 @@ class ShardRouter:
         if confirmed and self._repaired_at is not None:
             confirmed = (time.monotonic() if now is None else now) - self._repaired_at >= REPAIR_GRACE
         return FrontierState(queued, inflight, delayed, confirmed)
-
-
-#: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
-CLOSE_AT_SLACK = 60.0
-MAX_SHARDS = 1024  # the most shards a control hash may record (more is garbage)
-_REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-_reported: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,25 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.ledger import Ledger
     from scrapy_dist.settings import DistSettings
 
+#: added to a start request's score: it yields to the others of its priority, as in Scrapy >= 2.13
+START_REQUEST_OFFSET = 0.5
+#: the score of a start request Scrapy's engine would send at once: ahead of every priority
+START_NOW = -1e15
+#: what :meth:`RevisitRules.for_url` answers when no rule matches
+NOT_SET = object()
+#: fields of the domain info hash read by :func:`busiest_domains` at most (it is a scan)
+DOMAIN_SCAN_LIMIT = 20_000
+#: upward jitter of a backoff delay: the n-th retry waits between nominal and (1 + JITTER) x nominal
+JITTER = 0.5
+#: statuses whose ``Retry-After`` header sets the retry delay (RFC 9110 section 10.2.3)
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+#: longest exception message kept in a record
+DETAIL_LIMIT = 300
+#: largest record ``scrapy-dist dead`` accepts (a 1 MiB payload in base64 plus the other fields)
+MAX_RECORD_BYTES = 2 * 1024 * 1024
+#: latest ``at`` a record may carry (year 5138): later is garbage
+MAX_AT = 1e11
+
 
 class QueueOrder(Protocol):
     """What the frontier asks of a queue class."""
@@ -44,12 +63,6 @@ class QueueOrder(Protocol):
     sequence: str
 
     def score(self, request: Request) -> float: ...
-
-
-#: added to a start request's score: it yields to the others of its priority, as in Scrapy >= 2.13
-START_REQUEST_OFFSET = 0.5
-#: the score of a start request Scrapy's engine would send at once: ahead of every priority
-START_NOW = -1e15
 
 
 def _start_offset(request: Request) -> float:
@@ -180,10 +193,6 @@ class DomainLimits:
         return limit
 
 
-#: what :meth:`RevisitRules.for_url` answers when no rule matches
-NOT_SET = object()
-
-
 class RevisitRules:
     """``REVISIT_AFTER`` rules: a glob with a ``/`` matches the URL, any other the host (case-insensitive).
     URL rules are tried first; within each kind the most specific wins."""
@@ -228,10 +237,6 @@ class DomainPenalties:
         self.penalize(domain, seconds)
 
 
-#: fields of the domain info hash read by :func:`busiest_domains` at most (it is a scan)
-DOMAIN_SCAN_LIMIT = 20_000
-
-
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
     """The domains with the largest backlog, their limits and slots in use (for ``status``)."""
     info: dict[str, dict[str, str]] = {}
@@ -269,12 +274,6 @@ def penalty_seconds(
     if seconds is None:
         seconds = max(1.0, 2 * limit.delay) if limit else 1.0
     return min(seconds, 3600.0)
-
-
-#: upward jitter of a backoff delay: the n-th retry waits between nominal and (1 + JITTER) x nominal
-JITTER = 0.5
-#: statuses whose ``Retry-After`` header sets the retry delay (RFC 9110 section 10.2.3)
-RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
 def backoff_delay(
@@ -318,14 +317,6 @@ def retry_delay(
         if hinted is not None:
             return min(cap, hinted) if cap > 0 else hinted
     return backoff_delay(retry_times, base, cap, rng)
-
-
-#: longest exception message kept in a record
-DETAIL_LIMIT = 300
-#: largest record ``scrapy-dist dead`` accepts (a 1 MiB payload in base64 plus the other fields)
-MAX_RECORD_BYTES = 2 * 1024 * 1024
-#: latest ``at`` a record may carry (year 5138): later is garbage
-MAX_AT = 1e11
 
 
 def dead_letter_record(

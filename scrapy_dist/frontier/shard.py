@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 SEQ_BYTES = 6
 #: with crawl-wide politeness, members start with "<domain>\0" and an 11-digit priority key
 PRIORITY_KEY_BYTES = 11
+#: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
+LEASE_MARK = b"\0\xff"
 
 
 def domain_shard(domain: str, shards: int) -> int:
@@ -60,10 +62,6 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
     if any(int(v) for i, v in enumerate(first) if i % 4 != 3):
         return False
     return await collect() == first
-
-
-#: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
-LEASE_MARK = b"\0\xff"
 
 
 def lease_parts(key: bytes) -> tuple[bytes, bytes | None, bytes | None]:
