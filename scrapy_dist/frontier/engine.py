@@ -352,10 +352,8 @@ class Revisits:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         cfg = DistSettings.for_crawler(crawler).scheduler
-        o = cls(
-            RevisitRules(cfg.revisit_after), cfg.revisit_conditional, cfg.politeness == "cluster",
-            entry_policy(crawler), crawler.stats, cfg.revisit_min_interval,
-        )
+        o = cls(RevisitRules(cfg.revisit_after), cfg.revisit_conditional, cfg.politeness == "cluster",
+                entry_policy(crawler), crawler.stats, cfg.revisit_min_interval)
         crawler.signals.connect(o.response_received, signal=signals.response_received)
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
         if o.conditional and not _middleware_enabled(crawler.settings):

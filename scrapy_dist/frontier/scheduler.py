@@ -348,11 +348,9 @@ def _wired(cls: type[S], crawler: Crawler) -> S:
         keys: CrawlKeys | None = crawler_keys(crawler)
     except ValueError:  # no spider name yet (a harness that builds the scheduler first): at open()
         keys = None
-    sched = cls(
-        dupefilter, keys, ds, crawler=crawler, config=cfg, order=qcls(), stats=crawler.stats,
-        engine=EngineView(crawler), outage=Outage.for_crawler(crawler), policy=entry_policy(crawler),
-        domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
-    )
+    sched = cls(dupefilter, keys, ds, crawler=crawler, config=cfg, order=qcls(), stats=crawler.stats,
+                engine=EngineView(crawler), outage=Outage.for_crawler(crawler), policy=entry_policy(crawler),
+                domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None)
     sched.revisits = Revisits.from_crawler(crawler)
     sched.revisits.policy = sched.policy if keys is not None else None
     sched.ledger.riders.revisit_of = sched.revisits.plan

@@ -180,17 +180,13 @@ def _score(x: float) -> str:
 
 #: the sections, in ARGV order
 SYNC_SECTIONS = (
-    SyncSection(
-        "enqueue", ("t1", "t2", "score", "payload"), ("domain", "limits"),
-        lambda e, now: (e[0], e[1], _score(e[2]), e[3], e[4], e[5]),
-    ),
+    SyncSection("enqueue", ("t1", "t2", "score", "payload"), ("domain", "limits"),
+                lambda e, now: (e[0], e[1], _score(e[2]), e[3], e[4], e[5])),
     SyncSection("ack", ("member",), (), lambda m, now: (m,)),
     SyncSection("renew", ("member",), (), lambda m, now: (m,)),
     SyncSection("release", ("member",), (), lambda m, now: (m,)),
-    SyncSection(
-        "delay", ("score", "payload", "delay"), ("domain", "limits"),
-        lambda e, now: (_score(e[0]), e[1], _score(max(0.0, float(e[2]) - now)), e[3], e[4]),
-    ),
+    SyncSection("delay", ("score", "payload", "delay"), ("domain", "limits"),
+                lambda e, now: (_score(e[0]), e[1], _score(max(0.0, float(e[2]) - now)), e[3], e[4])),
     SyncSection("reject", ("member", "record"), (), lambda e, now: (e[0], e[1])),
     SyncSection("dead", ("record",), (), lambda r, now: (r,)),
     SyncSection("penalize", ("domain", "seconds"), (), lambda e, now: (e[0], _score(e[1]))),
@@ -286,11 +282,9 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
         leased.append((member, value if math.isfinite(value) else 0.0))
     repaired = named.get("repaired", [])
     counts: dict[str, Any] = {name: _count(named, name) for name in SYNC_RESULT if name not in _NOT_COUNTS}
-    return SyncResult(
-        [f == "1" for f in flags], leased, paused=named["paused"] in (b"1", "1"), **counts,
-        repaired=[text(k) for k in repaired] if isinstance(repaired, list) else [],
-        forgets=text(named.get("forgets"))[:32],
-    )
+    return SyncResult([f == "1" for f in flags], leased, paused=named["paused"] in (b"1", "1"), **counts,
+                      repaired=[text(k) for k in repaired] if isinstance(repaired, list) else [],
+                      forgets=text(named.get("forgets"))[:32])
 
 
 @dataclass(eq=False)  # compared and hashed by identity
