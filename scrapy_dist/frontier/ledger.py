@@ -104,16 +104,15 @@ def split_calls(
     return sent, shard_of, left
 
 
+@dataclass
 class AckRiders:
     """What rides a finished request's ack in the same atomic call: its revisit (the ack also files the
     request again) and the items its page produced (appended only if the ack is accepted)."""
 
-    def __init__(self) -> None:
-        #: lease -> (delay seconds, new member or b"")
-        self.revisits: dict[Lease, tuple[float, bytes]] = {}
-        self.revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
-        self.items: dict[Lease, list[bytes | str]] = {}
-        self.items_of: Callable[[Request], list[bytes | str]] | None = None
+    revisits: dict[Lease, tuple[float, bytes]] = field(default_factory=dict)  # (delay, new member or b"")
+    revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
+    items: dict[Lease, list[bytes | str]] = field(default_factory=dict)
+    items_of: Callable[[Request], list[bytes | str]] | None = None
 
     def collect(self, request: Request, lease: Lease) -> None:
         items = self.items_of(request) if self.items_of is not None else None

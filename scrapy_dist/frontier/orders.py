@@ -13,8 +13,8 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -105,12 +105,12 @@ ALIASES = {alias: globals()[name] for alias, name in QUEUE_ALIASES.items()}
 Lease = tuple[int, bytes]
 
 
+@dataclass
 class LeasedBuffer:
     """Leased requests waiting for the engine: a heap on the queue score, ties in the order leased."""
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Request, Lease]] = []
-        self._count = itertools.count()
+    _heap: list[tuple[float, int, Request, Lease]] = field(default_factory=list)
+    _count: Iterator[int] = field(default_factory=itertools.count)
 
     def push(self, score: float, request: Request, lease: Lease) -> None:
         heapq.heappush(self._heap, (score, next(self._count), request, lease))
@@ -240,10 +240,10 @@ class DomainPenalties:
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
     """The domains with the largest backlog, their limits and slots in use (for ``status``)."""
     info: dict[str, dict[str, str]] = {}
-    for n, (field, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
+    for n, (name, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
         if n >= DOMAIN_SCAN_LIMIT:
             break
-        kind, _, domain = scripts.text(field).partition(":")
+        kind, _, domain = scripts.text(name).partition(":")
         v = scripts.text(value)
         if kind == "s":  # "<backlog> <slots> <next> <delay> <concurrency> <jitter>" (lua/polite.lua)
             parts = v.split(" ", 3)

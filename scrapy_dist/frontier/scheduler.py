@@ -9,6 +9,7 @@ import os
 import secrets
 import socket
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import signals
@@ -92,7 +93,7 @@ class Scheduler:
         self.frontiers: list[Frontier] = []
         self.loop: SyncLoop | None = None
         self._batched_df = isinstance(dupefilter, RedisDupeFilter)
-        self.report = FrontierReport(self.stats, [], None)
+        self.report = FrontierReport(self.stats)
         self.encoder = RequestEncoder(dupefilter, self.order, self.router, self.report, self.policy,
                                       domain_limits, batched=self._batched_df, polite=polite)
         self.report.log_duplicate = self.encoder.filtered
@@ -373,17 +374,17 @@ class NoStats:
         pass
 
 
+@dataclass(eq=False)
 class FrontierReport:
     """Stats and log lines of one worker's frontier (``shard_keys``: every shard's keys, for messages)."""
 
-    def __init__(self, stats: Any, shard_keys: list[CrawlKeys], log_duplicate: Any) -> None:
-        self.stats = stats
-        self.shard_keys = shard_keys
-        self.log_duplicate = log_duplicate
-        self._log = RateLimitedLog(logger)
-        self._unserializable_log = RateLimitedLog.once(logger)
-        self._refused = [0, 0]  # acks and items refused since an ack was last accepted
-        self.feeds = False  # the crawl exports feeds: a refused ack's items are written there twice
+    stats: Any
+    log_duplicate: Any = None  # the dupefilter's log of a filtered request
+    shard_keys: list[CrawlKeys] = field(default_factory=list)
+    feeds: bool = False  # the crawl exports feeds: a refused ack's items are written there twice
+    _refused: list[int] = field(default_factory=lambda: [0, 0])  # acks and items since one was accepted
+    _log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(logger))
+    _unserializable_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog.once(logger))
 
     def applied(self, applied: Applied, result: SyncResult) -> None:
         """Stats and logs of one shard's answer."""
