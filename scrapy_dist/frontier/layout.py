@@ -135,9 +135,8 @@ class CrawlLayout:
         pipe = client.pipeline(transaction=False)
         for k in self.shard_keys:
             pipe.hget(k.queue_tails, "count")  # queue members may be chunks of several requests
-            pipe.zcard(k.queue)
-            pipe.zcard(k.leases)
-            pipe.zcard(k.delayed)
+            for key in (k.queue, k.leases, k.delayed):
+                pipe.zcard(key)
             pipe.hmget(k.bloom, ["n", "live"])  # live: the bloom generations' items (DUPEFILTER_TTL)
             pipe.scard(k.fingerprints)
             pipe.zcard(k.fingerprints_ttl)
@@ -319,9 +318,7 @@ class ControlState:
         """The close reason decided since ``started_at`` and not past ``now`` + :data:`CLOSE_AT_SLACK`."""
         if not self.close or self.close_at is None or self.close_at < started_at:
             return ""
-        if now is not None and self.close_at > now + CLOSE_AT_SLACK:
-            return ""
-        return self.close
+        return "" if now is not None and self.close_at > now + CLOSE_AT_SLACK else self.close
 
 
 def parse_control(raw: Any) -> ControlState:

@@ -52,9 +52,8 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
     async def collect() -> list[Any]:
         pipe = redis.pipeline(transaction=False)
         for k in shard_keys:
-            pipe.zcard(k.queue)
-            pipe.zcard(k.leases)
-            pipe.zcard(k.delayed)
+            for key in (k.queue, k.leases, k.delayed):
+                pipe.zcard(key)
             pipe.get(k.seq)
         return list(await pipe.execute())
 
