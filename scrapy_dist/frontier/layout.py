@@ -73,12 +73,11 @@ class CrawlLayout:
 
     keys: CrawlKeys
     df: Any
-    shards: int = 1
-    politeness: str = "process"
-    lease_seconds: float = 60.0  # a worker seen within it counts as running
+    config: SchedulerSettings  # its lease: a worker seen within it counts as running
     paused: bool = False  # the crawl-wide pause flag when this worker joined
 
     def __post_init__(self) -> None:
+        self.shards, self.politeness = self.config.shards, self.config.politeness
         self.shard_keys = self.keys.shards(self.shards)  # shard 0 is the crawl's own keys
         self.shard_dfs: list[Any] = [self.df]
 
@@ -102,7 +101,7 @@ class CrawlLayout:
         self.paused = paused == b"1"
         secs, micros = client.time()  # the clock heartbeats are written with (not pipelined: Cluster)
         try:
-            running = client.zcount(keys.workers, secs + micros / 1e6 - self.lease_seconds, "+inf")
+            running = client.zcount(keys.workers, secs + micros / 1e6 - self.config.lease_seconds, "+inf")
         except redis.ResponseError:  # not a ZSET: garbage the first sync call moves aside; nobody runs
             running = 0
         if format_check(keys.spider, recorded, FRONTIER_FORMAT, running) == "write":
@@ -148,8 +147,9 @@ class CrawlLayout:
             remembered += scripts.count(bloom_n) + scripts.count(live) + fps + expiring
         return pending, remembered
 
-    def frontiers(self, redis: Any, worker_id: str, cfg: SchedulerSettings, sequence: str, *, batched: bool,
-                  limits_bound: str = "") -> list[_shard.Frontier]:
+    def frontiers(self, redis: Any, worker_id: str, sequence: str, batched: bool,
+                  limits_bound: str) -> list[_shard.Frontier]:
+        cfg = self.config
         return [
             _shard.Frontier(
                 redis, keys, worker_id, df if batched else None, sequence=sequence,
@@ -193,7 +193,7 @@ class CrawlLayout:
         first = [keys.workers, keys.queue, keys.leases, keys.delayed]
         deleted = await scripts.register(redis, "finish")(
             keys=first + [k for k in self.key_names(*layouts[0]) if k not in first],
-            args=[worker_id, repr(self.lease_seconds)],
+            args=[worker_id, repr(self.config.lease_seconds)],
         )
         if deleted:
             for shard_keys, df in layouts[1:]:
