@@ -368,7 +368,7 @@ class Revisits:
     def _refiled(self, policy: EntryPolicy, member: bytes, validators: dict[bytes, bytes] | None) -> bytes:
         """The member a revisit files (b"": ``member`` itself), signed afresh: a new nonce, so that the sync
         script does not take it for the acknowledged entry."""
-        try:
+        with contextlib.suppress(Exception):  # a member we cannot patch is revisited as it is
             prefix = member_prefix(member, self.polite)
             payload = member[len(prefix) :]
             if self.conditional and validators is not None:
@@ -377,8 +377,6 @@ class Revisits:
                 patched = policy.renew(payload)
             if patched != payload and len(patched) <= policy.max_bytes:
                 return prefix + patched
-        except Exception:  # a member we cannot patch is revisited as it is  # noqa: BLE001
-            pass
         return b""
 
     def response_received(self, response: Any, request: Request, spider: Any = None) -> None:

@@ -100,10 +100,9 @@ class CrawlLayout:
         mode, shards, recorded, paused = pipe.execute()[-1]
         self.paused = paused == b"1"
         secs, micros = client.time()  # the clock heartbeats are written with (not pipelined: Cluster)
-        try:
+        running = 0
+        with contextlib.suppress(redis.ResponseError):  # not a ZSET: garbage a sync call moves aside
             running = client.zcount(keys.workers, secs + micros / 1e6 - self.config.lease_seconds, "+inf")
-        except redis.ResponseError:  # not a ZSET: garbage the first sync call moves aside; nobody runs
-            running = 0
         if format_check(keys.spider, recorded, FRONTIER_FORMAT, running) == "write":
             client.hset(keys.control, "format", FRONTIER_FORMAT)
         if shards is not None and not shards.isdigit():
@@ -204,11 +203,9 @@ class CrawlLayout:
 
     async def leave_unmonitored(self, redis: Any, worker_id: str) -> None:
         """A worker without a details hash (no ClusterStats) leaves the workers ZSET, else shown lost."""
-        try:
+        with contextlib.suppress(*CONNECT_ERRORS):  # Redis away: shown lost, as a worker that vanished
             if not await redis.exists(self.keys.worker(worker_id)):
                 await redis.zrem(self.keys.workers, worker_id)
-        except CONNECT_ERRORS:
-            pass  # Redis away: shown lost, as a worker that vanished
 
     def filter_stats(self) -> dict[str, float]:
         if self.shards == 1 or len(self.shard_dfs) == 1:
