@@ -104,7 +104,7 @@ def split_calls(
     return sent, shard_of, left
 
 
-@dataclass
+@dataclass(eq=False)
 class AckRiders:
     """What rides a finished request's ack in the same atomic call: its revisit (the ack also files the
     request again) and the items its page produced (appended only if the ack is accepted)."""

@@ -105,7 +105,7 @@ ALIASES = {alias: globals()[name] for alias, name in QUEUE_ALIASES.items()}
 Lease = tuple[int, bytes]
 
 
-@dataclass
+@dataclass(eq=False)
 class LeasedBuffer:
     """Leased requests waiting for the engine: a heap on the queue score, ties in the order leased."""
 
