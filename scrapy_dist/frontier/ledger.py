@@ -278,8 +278,8 @@ class Ledger:
         until :meth:`finish_round`, in ``acks_new`` while requests are left behind, or, once requests are
         kept, in ``acks_cycle`` until every shard has had a round that landed all it was owed."""
         n = self.shards
-        # what the first call of each shard settles besides its discovered requests
-        settle = [lease_counts[i] if i < len(lease_counts) else 0 for i in range(n)]
+        # what the first call of each shard settles besides its discovered requests (one count per shard)
+        settle = list(lease_counts)
         for shard, _ in itertools.chain(self.acks, self.acks_new, self.held if renew else ()):
             settle[shard] += 1
         out, kept = self.out, []

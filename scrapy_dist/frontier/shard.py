@@ -270,8 +270,7 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
     if not isinstance(flat, list) or len(flat) % 2:
         raise FrontierScriptError("sync answered a malformed leased list")
     leased = []
-    for i in range(0, len(flat), 2):
-        member, score = flat[i], flat[i + 1]
+    for member, score in zip(flat[::2], flat[1::2], strict=True):
         if not isinstance(member, bytes):
             raise FrontierScriptError("sync answered a leased member that is not bytes")
         try:
