@@ -9,7 +9,7 @@ import pytest
 from scrapy import Request
 
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.frontier.engine import DetachedEngine
+from scrapy_dist.frontier.engine import Engine
 from scrapy_dist.frontier.layout import ShardRouter
 from scrapy_dist.frontier.ledger import (
     CALL_RECORDS,
@@ -22,6 +22,7 @@ from scrapy_dist.frontier.ledger import (
 )
 from scrapy_dist.frontier.shard import SyncResult
 from scrapy_dist.frontier.syncloop import SyncLoop
+from scrapy_dist.settings import SchedulerSettings
 
 
 def _out(url: str, shard: int = 0, payload: bytes = b"\x01p", t1: str = "t") -> Outgoing:
@@ -102,7 +103,8 @@ def test_a_round_that_skips_shards_keeps_their_requests_and_acks_until_every_sha
 
 def test_a_busy_sharded_round_calls_one_shard_in_turn_and_leases_from_one_known_to_hold_requests() -> None:
     ledger, router = Ledger(shards=3), ShardRouter(3)
-    loop = SyncLoop(ledger, router, [], DetachedEngine(), decode=_decode, on_applied=lambda a, r: None)
+    loop = SyncLoop(ledger, router, [], Engine(), SchedulerSettings(), decode=_decode,
+                    on_applied=lambda a, r: None)
     assert loop.plan(8) == ([3, 3, 2], set())  # nothing known queued anywhere: every shard
     for shard, queued in enumerate([5, 0, 7]):
         router.observe(shard, _result(queued=queued))
@@ -390,8 +392,9 @@ def test_an_empty_frontier_right_after_a_repair_is_not_drained_yet() -> None:
 
 def _loop(ledger: Ledger, **kw: float) -> SyncLoop:
     return SyncLoop(
-        ledger, ShardRouter(1), [], DetachedEngine(), decode=_decode, on_applied=lambda a, r: None,
-        prefetch=10, flush_interval=0.05, flush_batch=3, idle_poll=0.25, lease_seconds=30.0, **kw,
+        ledger, ShardRouter(1), [], Engine(), decode=_decode, on_applied=lambda a, r: None,
+        config=SchedulerSettings(prefetch=10, flush_interval=0.05, flush_batch=3, idle_poll=0.25,
+                                 lease_seconds=30.0), **kw,
     )
 
 

@@ -18,7 +18,7 @@ from helpers import run
 from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
-from scrapy_dist.frontier.engine import DetachedEngine
+from scrapy_dist.frontier.engine import Engine
 from scrapy_dist.frontier.layout import ShardRouter
 from scrapy_dist.frontier.ledger import Ledger
 from scrapy_dist.frontier.scheduler import Scheduler
@@ -26,6 +26,7 @@ from scrapy_dist.frontier.shard import SyncBatch, SyncResult
 from scrapy_dist.frontier.syncloop import FAILED_REASON, SyncLoop
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import Backoff
+from scrapy_dist.settings import SchedulerSettings
 
 KEYS = CrawlKeys("loop")
 
@@ -102,16 +103,18 @@ class _FailingFrontier:
         return SyncResult([False] * len(batch.enqueue), [], 0, 0, 0, 0, 0, 0, False)
 
 
-def _loop(frontier: _FailingFrontier, engine: DetachedEngine) -> SyncLoop:
+def _loop(frontier: _FailingFrontier, engine: Engine) -> SyncLoop:
     return SyncLoop(
         Ledger(), ShardRouter(1), [frontier], engine,  # type: ignore[list-item]
         decode=lambda shard, member: Request("http://x"), on_applied=lambda a, r: None,
-        flush_interval=0.01, idle_poll=0.01, backoff=Backoff(first=0.01, cap=0.01),
+        config=SchedulerSettings(prefetch=64, flush_interval=0.01, flush_batch=500, idle_poll=0.01,
+                                 lease_seconds=60.0),
+        backoff=Backoff(first=0.01, cap=0.01),
     )
 
 
 def test_an_unexpected_error_is_logged_once_and_the_loop_goes_on(caplog: pytest.LogCaptureFixture) -> None:
-    engine = DetachedEngine()
+    engine = Engine()
     frontier = _FailingFrontier(ValueError("a bug"), times=3)
     loop = _loop(frontier, engine)
 
@@ -128,7 +131,7 @@ def test_an_unexpected_error_is_logged_once_and_the_loop_goes_on(caplog: pytest.
 
 
 def test_a_loop_that_dies_closes_the_worker_with_a_reason(caplog: pytest.LogCaptureFixture) -> None:
-    engine = DetachedEngine()
+    engine = Engine()
     loop = _loop(_FailingFrontier(_Escaped("escaped"), times=1), engine)
 
     async def go() -> None:

@@ -1,7 +1,6 @@
 """What the frontier takes from Scrapy's running crawler (the one place that reads ``engine._slot``), and
 what rides a finished request's ack: its items (:class:`ItemOutbox`) and revisit (:class:`Revisits`), with
-local feed files fsynced before it (:class:`FeedBarrier`).
-"""
+local feed files fsynced before it (:func:`install_feed_barrier`)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import msgpack
@@ -44,6 +43,11 @@ if TYPE_CHECKING:
     from scrapy_dist.wire.entrypolicy import EntryPolicy
 
 logger = logging.getLogger(__name__)
+#: the meta key a request (or its callback) sets: seconds, or None to stop
+META_KEY = "revisit_after"
+#: validators longer than this are not stored (the page is revisited unconditionally)
+MAX_VALIDATOR_BYTES = 256
+VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
 
 
 def _engine(crawler: Any) -> Any:
@@ -78,22 +82,30 @@ def locally_idle(crawler: Any) -> bool:
     return slot is None or not (slot.scheduler.has_pending_requests() or crawler.engine.downloader.active)
 
 
-class Engine(Protocol):
-    """What the scheduler needs of the engine: the requests it works on (``None``: unknown), a wake up, a
-    close, a slot's active downloads and, once closing, the unstarted requests ``which`` accepts."""
+class Engine:
+    """What the scheduler needs of Scrapy's engine: the requests it works on (``None``: unknown), a wake up, a
+    close, a slot's active downloads and, once closing, the unstarted requests ``which`` accepts. This base
+    stands for no engine (tests, tools): nothing in progress, ``close`` recorded."""
 
-    def inprogress(self) -> Any: ...
+    closed: str | None = None
 
-    def wake(self) -> None: ...
+    def inprogress(self) -> Any:
+        return ()
 
-    def close(self, reason: str) -> None: ...
+    def wake(self) -> None:
+        pass
 
-    def slot_load(self, request: Any) -> int: ...
+    def close(self, reason: str) -> None:
+        self.closed = reason
 
-    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]: ...
+    def slot_load(self, request: Any) -> int:
+        return 0
+
+    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]:
+        return []
 
 
-class EngineView:
+class EngineView(Engine):
     """:class:`Engine` of a real crawler."""
 
     def __init__(self, crawler: Any) -> None:
@@ -141,35 +153,11 @@ class EngineView:
         return [request for request, _ in taken]
 
 
-class DetachedEngine:
-    """:class:`Engine` without Scrapy's engine (tests, tools): nothing in progress, ``close`` recorded."""
-
-    def __init__(self) -> None:
-        self.closed: str | None = None
-
-    def inprogress(self) -> Any:
-        return ()
-
-    def wake(self) -> None:
-        pass
-
-    def close(self, reason: str) -> None:
-        self.closed = reason
-
-    def slot_load(self, request: Any) -> int:
-        return 0
-
-    def take_unstarted(self, which: Callable[[Any], bool]) -> list[Any]:
-        return []
-
-
 def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
     """Build what the add-on would enable and the two-line setup lacks (kept: signals hold them weakly)."""
     built: list[Any] = []
     lacking: list[Component] = []
-    try:
-        crawler.engine  # noqa: B018 - a scheduler built outside a crawl (tests, tools) runs nothing more
-    except (AttributeError, RuntimeError):
+    if _engine(crawler) is None:  # a scheduler built outside a crawl (tests, tools) runs nothing more
         return built
     for c in COMPONENTS:
         user = crawler.settings.getdict(c.setting)
@@ -238,44 +226,38 @@ def _fsync_all(fds: list[int]) -> None:
             os.fsync(fd)
 
 
-@dataclass
-class FeedBarrier:
-    """Flush and fsync the crawl's local feed files before each acknowledging round."""
+def install_feed_barrier(crawler: Crawler, loop: SyncLoop) -> bool:
+    """Flush and fsync the crawl's local feed files before each acknowledging round; whether it has feeds."""
+    exporter = feed_exporter(crawler)
+    if exporter is None or not getattr(exporter, "feeds", None):
+        return False
+    for uri, why in at_risk(exporter.feeds):
+        logger.warning(
+            "FEEDS %s is %s: a worker killed before the close loses the items of pages already"
+            " acknowledged (no other worker fetches them again). For output that survives any kill, use"
+            " ITEM_PIPELINES = {'scrapy_dist.pipelines.RedisPipeline': 300} and export with"
+            " `scrapy-dist items %s --export FILE` (docs/items.md)",
+            uri, why, getattr(crawler.spider, "name", "SPIDER"),
+        )
+    loop.ack_barrier = functools.partial(flush_feeds, crawler)
+    return True
 
-    crawler: Crawler
 
-    @classmethod
-    def install(cls, crawler: Crawler, loop: SyncLoop) -> FeedBarrier | None:
-        exporter = feed_exporter(crawler)
-        if exporter is None or not getattr(exporter, "feeds", None):
-            return None
-        for uri, why in at_risk(exporter.feeds):
-            logger.warning(
-                "FEEDS %s is %s: a worker killed before the close loses the items of pages already"
-                " acknowledged (no other worker fetches them again). For output that survives any kill, use"
-                " ITEM_PIPELINES = {'scrapy_dist.pipelines.RedisPipeline': 300} and export with"
-                " `scrapy-dist items %s --export FILE` (docs/items.md)",
-                uri, why, getattr(crawler.spider, "name", "SPIDER"),
-            )
-        barrier = cls(crawler)
-        loop.ack_barriers.append(barrier)
-        return barrier
-
-    async def __call__(self) -> None:
-        fds = []
-        for slot in getattr(feed_exporter(self.crawler), "slots", ()):
-            file = slot.file
-            if file is None or getattr(file, "closed", False):
-                continue
-            file.flush()
-            if slot.feed_options.get("postprocessing"):
-                continue
-            with contextlib.suppress(AttributeError, OSError, ValueError):
-                fds.append(file.fileno())
-        if fds:
-            await asyncio.to_thread(_fsync_all, fds)
-            if self.crawler.stats is not None:
-                self.crawler.stats.inc_value("feeds/fsyncs")
+async def flush_feeds(crawler: Crawler) -> None:
+    fds = []
+    for slot in getattr(feed_exporter(crawler), "slots", ()):
+        file = slot.file
+        if file is None or getattr(file, "closed", False):
+            continue
+        file.flush()
+        if slot.feed_options.get("postprocessing"):
+            continue
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            fds.append(file.fileno())
+    if fds:
+        await asyncio.to_thread(_fsync_all, fds)
+        if crawler.stats is not None:
+            crawler.stats.inc_value("feeds/fsyncs")
 
 
 class ItemOutbox:
@@ -314,13 +296,6 @@ def attach(scheduler: Scheduler, route: ItemRoute) -> ItemOutbox | None:
     return outbox
 
 
-#: the meta key a request (or its callback) sets: seconds, or None to stop
-META_KEY = "revisit_after"
-#: validators longer than this are not stored (the page is revisited unconditionally)
-MAX_VALIDATOR_BYTES = 256
-VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
-
-
 def validators_of(headers: Any) -> dict[bytes, bytes]:
     """The conditional request headers a response's ``ETag`` / ``Last-Modified`` allow."""
     out = {}
@@ -332,8 +307,7 @@ def validators_of(headers: Any) -> dict[bytes, bytes]:
 
 
 def with_validators(payload: bytes, validators: Mapping[bytes, bytes], policy: EntryPolicy) -> bytes:
-    """``payload`` with its conditional headers replaced by ``validators``; signed again only if it was
-    signed. Raises RejectedEntry for a payload that does not decode."""
+    """``payload`` with its conditional headers replaced by ``validators``, signed again only if it was."""
     signed = policy.verify(payload)
     d = load_payload(payload, policy.max_bytes)
     drop = {h.lower() for h in VALIDATOR_HEADERS}
@@ -378,10 +352,8 @@ class Revisits:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         cfg = DistSettings.for_crawler(crawler).scheduler
-        o = cls(
-            RevisitRules(cfg.revisit_after), cfg.revisit_conditional, cfg.politeness == "cluster",
-            entry_policy(crawler), crawler.stats, cfg.revisit_min_interval,
-        )
+        o = cls(RevisitRules(cfg.revisit_after), cfg.revisit_conditional, cfg.politeness == "cluster",
+                entry_policy(crawler), crawler.stats, cfg.revisit_min_interval)
         crawler.signals.connect(o.response_received, signal=signals.response_received)
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
         if o.conditional and not _middleware_enabled(crawler.settings):
@@ -396,7 +368,7 @@ class Revisits:
     def _refiled(self, policy: EntryPolicy, member: bytes, validators: dict[bytes, bytes] | None) -> bytes:
         """The member a revisit files (b"": ``member`` itself), signed afresh: a new nonce, so that the sync
         script does not take it for the acknowledged entry."""
-        try:
+        with contextlib.suppress(Exception):  # a member we cannot patch is revisited as it is
             prefix = member_prefix(member, self.polite)
             payload = member[len(prefix) :]
             if self.conditional and validators is not None:
@@ -405,8 +377,6 @@ class Revisits:
                 patched = policy.renew(payload)
             if patched != payload and len(patched) <= policy.max_bytes:
                 return prefix + patched
-        except Exception:  # a member we cannot patch is revisited as it is  # noqa: BLE001
-            pass
         return b""
 
     def response_received(self, response: Any, request: Request, spider: Any = None) -> None:

@@ -1,6 +1,5 @@
 """A crawl's layout in Redis: its shards with their keys and dupefilters (joined at start, removed at the
-end), which shard a request goes to (:class:`ShardRouter`), and the control hash ``{spider}:control``.
-"""
+end), which shard a request goes to (:class:`ShardRouter`), and the control hash ``{spider}:control``."""
 
 from __future__ import annotations
 
@@ -38,6 +37,12 @@ _DELETE_BATCH = 100  # keys per DEL
 #: older worker would misread (docs/operations.md, "Upgrading")
 FRONTIER_FORMAT = 2
 _FORMAT_LIMIT = 1000  # a larger ``format`` field is garbage (overwritten, warned)
+REPAIR_GRACE = 10.0  # seconds after a key holding requests was moved aside: empty is not drained yet
+#: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
+CLOSE_AT_SLACK = 60.0
+MAX_SHARDS = 1024  # the most shards a control hash may record (more is garbage)
+_REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_reported: set[tuple[str, str]] = set()
 
 
 def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -> str | None:
@@ -51,16 +56,14 @@ def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -
         return "write"
     theirs = int(text)
     if theirs > ours:
-        raise ScrapyDistError(
-            f"The crawl {spider!r} was written by a newer scrapy-dist (frontier format {theirs}; this worker"
-            f" reads up to {ours}): upgrade this worker, or start afresh (SCHEDULER_FLUSH_ON_START)."
-        )
+        raise ScrapyDistError(f"The crawl {spider!r} was written by a newer scrapy-dist (frontier format"
+                              f" {theirs}; this worker reads up to {ours}): upgrade this worker, or start"
+                              " afresh (SCHEDULER_FLUSH_ON_START).")
     if theirs < ours and running:
-        raise ScrapyDistError(
-            f"The crawl {spider!r} has {running} worker(s) of an older scrapy-dist running (frontier format"
-            f" {theirs}; this worker writes {ours}, which they would misread): stop them, then start the"
-            " upgraded workers (docs/operations.md, Upgrading)."
-        )
+        raise ScrapyDistError(f"The crawl {spider!r} has {running} worker(s) of an older scrapy-dist running"
+                              f" (frontier format {theirs}; this worker writes {ours}, which they would"
+                              " misread): stop them, then start the upgraded workers (docs/operations.md,"
+                              " Upgrading).")
     return "write" if theirs < ours else None
 
 
@@ -70,16 +73,15 @@ class CrawlLayout:
 
     keys: CrawlKeys
     df: Any
-    shards: int = 1
-    politeness: str = "process"
-    lease_seconds: float = 60.0  # a worker seen within it counts as running
+    config: SchedulerSettings  # its lease: a worker seen within it counts as running
     paused: bool = False  # the crawl-wide pause flag when this worker joined
 
     def __post_init__(self) -> None:
+        self.shards, self.politeness = self.config.shards, self.config.politeness
         self.shard_keys = self.keys.shards(self.shards)  # shard 0 is the crawl's own keys
         self.shard_dfs: list[Any] = [self.df]
 
-    def open(self, client: Any, *, flush_on_start: bool, batched: bool) -> tuple[int, int]:
+    def open(self, client: Any, flush_on_start: bool, batched: bool) -> tuple[int, int]:
         """Join the crawl (cleared first with ``flush_on_start``); its backlog."""
         move_aside_foreign(client, self.keys.control)
         if flush_on_start:
@@ -98,10 +100,9 @@ class CrawlLayout:
         mode, shards, recorded, paused = pipe.execute()[-1]
         self.paused = paused == b"1"
         secs, micros = client.time()  # the clock heartbeats are written with (not pipelined: Cluster)
-        try:
-            running = client.zcount(keys.workers, secs + micros / 1e6 - self.lease_seconds, "+inf")
-        except redis.ResponseError:  # not a ZSET: garbage the first sync call moves aside; nobody runs
-            running = 0
+        running = 0
+        with contextlib.suppress(redis.ResponseError):  # not a ZSET: garbage a sync call moves aside
+            running = client.zcount(keys.workers, secs + micros / 1e6 - self.config.lease_seconds, "+inf")
         if format_check(keys.spider, recorded, FRONTIER_FORMAT, running) == "write":
             client.hset(keys.control, "format", FRONTIER_FORMAT)
         if shards is not None and not shards.isdigit():
@@ -132,9 +133,8 @@ class CrawlLayout:
         pipe = client.pipeline(transaction=False)
         for k in self.shard_keys:
             pipe.hget(k.queue_tails, "count")  # queue members may be chunks of several requests
-            pipe.zcard(k.queue)
-            pipe.zcard(k.leases)
-            pipe.zcard(k.delayed)
+            for key in (k.queue, k.leases, k.delayed):
+                pipe.zcard(key)
             pipe.hmget(k.bloom, ["n", "live"])  # live: the bloom generations' items (DUPEFILTER_TTL)
             pipe.scard(k.fingerprints)
             pipe.zcard(k.fingerprints_ttl)
@@ -146,8 +146,9 @@ class CrawlLayout:
             remembered += scripts.count(bloom_n) + scripts.count(live) + fps + expiring
         return pending, remembered
 
-    def frontiers(self, redis: Any, worker_id: str, cfg: SchedulerSettings, sequence: str, *, batched: bool,
-                  limits_bound: str = "") -> list[_shard.Frontier]:
+    def frontiers(self, redis: Any, worker_id: str, sequence: str, batched: bool,
+                  limits_bound: str) -> list[_shard.Frontier]:
+        cfg = self.config
         return [
             _shard.Frontier(
                 redis, keys, worker_id, df if batched else None, sequence=sequence,
@@ -191,7 +192,7 @@ class CrawlLayout:
         first = [keys.workers, keys.queue, keys.leases, keys.delayed]
         deleted = await scripts.register(redis, "finish")(
             keys=first + [k for k in self.key_names(*layouts[0]) if k not in first],
-            args=[worker_id, repr(self.lease_seconds)],
+            args=[worker_id, repr(self.config.lease_seconds)],
         )
         if deleted:
             for shard_keys, df in layouts[1:]:
@@ -202,11 +203,9 @@ class CrawlLayout:
 
     async def leave_unmonitored(self, redis: Any, worker_id: str) -> None:
         """A worker without a details hash (no ClusterStats) leaves the workers ZSET, else shown lost."""
-        try:
+        with contextlib.suppress(*CONNECT_ERRORS):  # Redis away: shown lost, as a worker that vanished
             if not await redis.exists(self.keys.worker(worker_id)):
                 await redis.zrem(self.keys.workers, worker_id)
-        except CONNECT_ERRORS:
-            pass  # Redis away: shown lost, as a worker that vanished
 
     def filter_stats(self) -> dict[str, float]:
         if self.shards == 1 or len(self.shard_dfs) == 1:
@@ -239,15 +238,10 @@ class FrontierState:
         return {"queued": self.queued, "inflight": self.inflight, "delayed": self.delayed}
 
 
-REPAIR_GRACE = 10.0  # seconds after a key holding requests was moved aside: empty is not drained yet
-
-
 class ShardRouter:
     """Routing and the crawl-wide view over ``shards`` shards (1 = unsharded)."""
 
     def __init__(self, shards: int = 1, fingerprinter: Any = None, by_domain: bool = False) -> None:
-        if shards < 1:
-            raise ValueError(f"SCHEDULER_SHARDS must be >= 1, not {shards!r}")
         self.shards = shards
         self.fingerprinter = fingerprinter
         self.by_domain = by_domain  # route by host: a domain's queue, limits and fingerprints on one shard
@@ -301,13 +295,6 @@ class ShardRouter:
         return FrontierState(queued, inflight, delayed, confirmed)
 
 
-#: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
-CLOSE_AT_SLACK = 60.0
-MAX_SHARDS = 1024  # the most shards a control hash may record (more is garbage)
-_REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-_reported: set[tuple[str, str]] = set()
-
-
 @dataclass(frozen=True)
 class ControlState:
     """The control flags as :func:`parse_control` read them."""
@@ -328,9 +315,7 @@ class ControlState:
         """The close reason decided since ``started_at`` and not past ``now`` + :data:`CLOSE_AT_SLACK`."""
         if not self.close or self.close_at is None or self.close_at < started_at:
             return ""
-        if now is not None and self.close_at > now + CLOSE_AT_SLACK:
-            return ""
-        return self.close
+        return "" if now is not None and self.close_at > now + CLOSE_AT_SLACK else self.close
 
 
 def parse_control(raw: Any) -> ControlState:

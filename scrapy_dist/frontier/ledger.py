@@ -1,6 +1,5 @@
 """What one worker holds and owes the shared frontier (an I/O-free :class:`Ledger`, methods take ``now``),
-and the :class:`RequestEncoder` that turns a request into ledger entries.
-"""
+and the :class:`RequestEncoder` that turns a request into ledger entries."""
 
 from __future__ import annotations
 
@@ -58,9 +57,6 @@ class Outgoing(Routed):
     payload: bytes  # b"" when it could not be encoded: deduped only, then crawled locally
     record_only: bool = False  # only record the fingerprint (the request travels in another entry)
 
-    def enqueue_item(self) -> tuple[Any, Any, float, bytes, str, str]:
-        return (self.t1, self.t2, self.score, self.payload, self.domain, self.limits)
-
 
 @dataclass(frozen=True)
 class Delay(Routed):
@@ -108,16 +104,15 @@ def split_calls(
     return sent, shard_of, left
 
 
+@dataclass(eq=False)
 class AckRiders:
     """What rides a finished request's ack in the same atomic call: its revisit (the ack also files the
     request again) and the items its page produced (appended only if the ack is accepted)."""
 
-    def __init__(self) -> None:
-        #: lease -> (delay seconds, new member or b"")
-        self.revisits: dict[Lease, tuple[float, bytes]] = {}
-        self.revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
-        self.items: dict[Lease, list[bytes | str]] = {}
-        self.items_of: Callable[[Request], list[bytes | str]] | None = None
+    revisits: dict[Lease, tuple[float, bytes]] = field(default_factory=dict)  # (delay, new member or b"")
+    revisit_of: Callable[[Request, Lease], tuple[float, bytes] | None] | None = None
+    items: dict[Lease, list[bytes | str]] = field(default_factory=dict)
+    items_of: Callable[[Request], list[bytes | str]] | None = None
 
     def collect(self, request: Request, lease: Lease) -> None:
         items = self.items_of(request) if self.items_of is not None else None
@@ -246,12 +241,9 @@ class Ledger:
             self._mark(now)
 
     def outranked(self) -> int:
-        """How many unsent requests outrank every leased one: the engine waits for the round that leases
-        them back rather than start a worse one."""
-        if not self.ready:
-            return 0  # nothing worse to hold back: the usual prefetch applies
-        best = self.ready.best_score()
-        if self.best_out >= best:
+        """How many unsent requests outrank every leased one (the engine waits for them, not a worse one)."""
+        # nothing leased: nothing worse to hold back (the usual prefetch applies)
+        if not self.ready or self.best_out >= (best := self.ready.best_score()):
             return 0
         return sum(1 for e in self.out if e.score < best)
 
@@ -286,17 +278,17 @@ class Ledger:
         until :meth:`finish_round`, in ``acks_new`` while requests are left behind, or, once requests are
         kept, in ``acks_cycle`` until every shard has had a round that landed all it was owed."""
         n = self.shards
-        # what the first call of each shard settles besides its discovered requests
-        settle = [lease_counts[i] if i < len(lease_counts) else 0 for i in range(n)]
+        # what the first call of each shard settles besides its discovered requests (one count per shard)
+        settle = list(lease_counts)
         for shard, _ in itertools.chain(self.acks, self.acks_new, self.held if renew else ()):
             settle[shard] += 1
         out, kept = self.out, []
         if skip:
             out, kept = [e for e in self.out if e.shard not in skip], [e for e in self.out if e.shard in skip]
         sent, shard_of, left = split_calls(out, n, settle, max_records, max_calls)
-        batches = [SyncBatch(enqueue=[e.enqueue_item() for e in call]) for call in sent]
-        self.left_behind, self.deferred = len(left), len(kept)
-        self.call_shards = shard_of
+        batches = [SyncBatch([(e.t1, e.t2, e.score, e.payload, e.domain, e.limits) for e in call],
+                             lease=lease_counts[i] if i < n else 0) for i, call in enumerate(sent)]
+        self.left_behind, self.deferred, self.call_shards = len(left), len(kept), shard_of
         for d in self.delays:
             batches[d.shard].delay.append((d.score, d.payload, d.not_before, d.domain, d.limits))
         for (shard, member), record in self.rejects:
@@ -328,8 +320,6 @@ class Ledger:
         if renew:
             for shard, member in self.held:
                 batches[shard].renew.append(member)
-        for batch, count in zip(batches, lease_counts, strict=False):
-            batch.lease = count
         self._sent = sent
         self.out, self.acks, self.acks_new, self.delays = left + kept, acks, held_new, []
         self.best_out = min((e.score for e in self.out), default=math.inf)
@@ -358,8 +348,7 @@ class Ledger:
         self, call: int, batch: SyncBatch, result: SyncResult, decode: Callable[[int, bytes], Request],
         now: float,
     ) -> Applied:
-        """Take in one call's answer: which discovered requests were new, what was leased. Whatever
-        ``decode(shard, member)`` raises, the entry is rejected: one entry can never stop a worker."""
+        """Take in one call's answer; whatever ``decode`` raises rejects the entry, never the worker."""
         applied = Applied(leased=len(result.leased), acked=len(batch.ack) + len(batch.revisit))
         shard = self.call_shards[call]
         for entry, new in zip(self._sent[call], result.new, strict=True):
@@ -372,10 +361,8 @@ class Ledger:
                     self.local.append(entry.request)  # unserializable but new: this worker crawls it
             elif entry.t1 != "":
                 applied.duplicates.append(entry.request)
-        revisited = (m for m, _, _ in batch.revisit)
-        settled = (*batch.ack, *batch.release, *(m for m, _ in batch.reject), *revisited)
-        for member in settled:
-            self.held.discard((shard, member))
+        settled = (*batch.ack, *batch.release, *(r[0] for r in batch.reject), *(r[0] for r in batch.revisit))
+        self.held.difference_update((shard, member) for member in settled)
         for member, score in result.leased:
             lease = (shard, member)
             self.held.add(lease)

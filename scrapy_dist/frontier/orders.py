@@ -1,7 +1,6 @@
 """Which request goes when: queue orders (``SCHEDULER_QUEUE_CLASS``), leased requests best first,
 crawl-wide politeness, retry timing, and the dead letter a request becomes when it finally fails (anyone
-with access to Redis can write that list, so its parsers refuse anything malformed).
-"""
+with access to Redis can write that list, so its parsers refuse anything malformed)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from datetime import timezone
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,6 +36,25 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.ledger import Ledger
     from scrapy_dist.settings import DistSettings
 
+#: added to a start request's score: it yields to the others of its priority, as in Scrapy >= 2.13
+START_REQUEST_OFFSET = 0.5
+#: the score of a start request Scrapy's engine would send at once: ahead of every priority
+START_NOW = -1e15
+#: what :meth:`RevisitRules.for_url` answers when no rule matches
+NOT_SET = object()
+#: fields of the domain info hash read by :func:`busiest_domains` at most (it is a scan)
+DOMAIN_SCAN_LIMIT = 20_000
+#: upward jitter of a backoff delay: the n-th retry waits between nominal and (1 + JITTER) x nominal
+JITTER = 0.5
+#: statuses whose ``Retry-After`` header sets the retry delay (RFC 9110 section 10.2.3)
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+#: longest exception message kept in a record
+DETAIL_LIMIT = 300
+#: largest record ``scrapy-dist dead`` accepts (a 1 MiB payload in base64 plus the other fields)
+MAX_RECORD_BYTES = 2 * 1024 * 1024
+#: latest ``at`` a record may carry (year 5138): later is garbage
+MAX_AT = 1e11
+
 
 class QueueOrder(Protocol):
     """What the frontier asks of a queue class."""
@@ -45,12 +63,6 @@ class QueueOrder(Protocol):
     sequence: str
 
     def score(self, request: Request) -> float: ...
-
-
-#: added to a start request's score: it yields to the others of its priority, as in Scrapy >= 2.13
-START_REQUEST_OFFSET = 0.5
-#: the score of a start request Scrapy's engine would send at once: ahead of every priority
-START_NOW = -1e15
 
 
 def _start_offset(request: Request) -> float:
@@ -93,12 +105,12 @@ ALIASES = {alias: globals()[name] for alias, name in QUEUE_ALIASES.items()}
 Lease = tuple[int, bytes]
 
 
+@dataclass(eq=False)
 class LeasedBuffer:
     """Leased requests waiting for the engine: a heap on the queue score, ties in the order leased."""
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Request, Lease]] = []
-        self._count = itertools.count()
+    _heap: list[tuple[float, int, Request, Lease]] = field(default_factory=list)
+    _count: Iterator[int] = field(default_factory=itertools.count)
 
     def push(self, score: float, request: Request, lease: Lease) -> None:
         heapq.heappush(self._heap, (score, next(self._count), request, lease))
@@ -135,8 +147,7 @@ class DomainLimit:
     concurrency: int
     jitter: float
 
-    def encode(self) -> str:
-        """The ``"delay concurrency jitter"`` form stored in Redis."""
+    def encode(self) -> str:  # as stored in Redis
         return f"{self.delay!r} {self.concurrency} {self.jitter!r}"
 
 
@@ -157,8 +168,8 @@ class DomainLimits:
     @classmethod
     def from_dist(cls, ds: DistSettings) -> DomainLimits:
         s = ds.scheduler
-        default = DomainLimit(s.download_delay, s.concurrent_requests_per_domain, s.download_delay_jitter)
-        return cls(default, {k: dict(v) for k, v in s.domain_limits.items()})
+        return cls(DomainLimit(s.download_delay, s.concurrent_requests_per_domain, s.download_delay_jitter),
+                   {k: dict(v) for k, v in s.domain_limits.items()})
 
     def bound(self) -> str:
         """``"<delay> <jitter>"``, the largest here: the frontier clamps limits read from Redis to it."""
@@ -180,10 +191,6 @@ class DomainLimits:
             self._cache.clear()
         self._cache[domain] = limit
         return limit
-
-
-#: what :meth:`RevisitRules.for_url` answers when no rule matches
-NOT_SET = object()
 
 
 class RevisitRules:
@@ -210,8 +217,7 @@ class RevisitRules:
 
 @dataclass(eq=False)
 class DomainPenalties:
-    """After a 429 or 503 no worker leases a request of that domain for a while (:func:`penalty_seconds`);
-    written through the ledger in the next round."""
+    """After a 429 or 503 no worker leases a request of that domain for a while (:func:`penalty_seconds`)."""
 
     limits: DomainLimits | None
     ledger: Ledger
@@ -231,18 +237,13 @@ class DomainPenalties:
         self.penalize(domain, seconds)
 
 
-#: fields of the domain info hash read by :func:`busiest_domains` at most (it is a scan)
-DOMAIN_SCAN_LIMIT = 20_000
-
-
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
-    """The domains with the largest backlog, their limits and slots in use (for ``status``), from at most
-    :data:`DOMAIN_SCAN_LIMIT` fields of ``{spider}:domains:info``."""
+    """The domains with the largest backlog, their limits and slots in use (for ``status``)."""
     info: dict[str, dict[str, str]] = {}
-    for n, (field, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
+    for n, (name, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
         if n >= DOMAIN_SCAN_LIMIT:
             break
-        kind, _, domain = scripts.text(field).partition(":")
+        kind, _, domain = scripts.text(name).partition(":")
         v = scripts.text(value)
         if kind == "s":  # "<backlog> <slots> <next> <delay> <concurrency> <jitter>" (lua/polite.lua)
             parts = v.split(" ", 3)
@@ -273,12 +274,6 @@ def penalty_seconds(
     if seconds is None:
         seconds = max(1.0, 2 * limit.delay) if limit else 1.0
     return min(seconds, 3600.0)
-
-
-#: upward jitter of a backoff delay: the n-th retry waits between nominal and (1 + JITTER) x nominal
-JITTER = 0.5
-#: statuses whose ``Retry-After`` header sets the retry delay (RFC 9110 section 10.2.3)
-RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
 def backoff_delay(
@@ -322,14 +317,6 @@ def retry_delay(
         if hinted is not None:
             return min(cap, hinted) if cap > 0 else hinted
     return backoff_delay(retry_times, base, cap, rng)
-
-
-#: longest exception message kept in a record
-DETAIL_LIMIT = 300
-#: largest record ``scrapy-dist dead`` accepts (a 1 MiB payload in base64 plus the other fields)
-MAX_RECORD_BYTES = 2 * 1024 * 1024
-#: latest ``at`` a record may carry (year 5138): later is garbage
-MAX_AT = 1e11
 
 
 def dead_letter_record(

@@ -1,16 +1,15 @@
 """The shared frontier as a drop-in Scrapy scheduler: ``SCHEDULER = "scrapy_dist.scheduler.Scheduler"``, a
-thin facade (none of Scrapy's calls touches Redis) over the ledger, the sync loop and the crawl layout.
-"""
+thin facade (none of Scrapy's calls touches Redis) over the ledger, the sync loop and the crawl layout."""
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import secrets
 import socket
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import signals
@@ -24,7 +23,7 @@ from scrapy_dist.egress import checked_request, enforce
 from scrapy_dist.exceptions import ScrapyDistError, UnserializableRequest
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier import orders as queue
-from scrapy_dist.frontier.engine import EngineView, FeedBarrier, Revisits
+from scrapy_dist.frontier.engine import Engine, EngineView, Revisits, install_feed_barrier
 from scrapy_dist.frontier.layout import CrawlLayout, ShardRouter
 from scrapy_dist.frontier.ledger import Ledger, RequestEncoder
 from scrapy_dist.frontier.orders import DomainLimits, DomainPenalties
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
-    from scrapy_dist.frontier.engine import Engine
     from scrapy_dist.frontier.ledger import Applied
     from scrapy_dist.frontier.shard import SyncResult
 
@@ -85,7 +83,7 @@ class Scheduler:
         self.redis_settings = rs if isinstance(rs, DistSettings) else DistSettings.from_settings(rs or {})
         self.order = order or queue.PriorityQueue()
         self.stats: Any = stats if stats is not None else NoStats()
-        self.engine: Engine = engine or _engine.DetachedEngine()
+        self.engine = engine or Engine()
         self.worker_id = worker_id or make_worker_id()
         polite = cfg.politeness == "cluster"
         self.router = ShardRouter(cfg.shards, fingerprinter, by_domain=polite)
@@ -95,7 +93,7 @@ class Scheduler:
         self.frontiers: list[Frontier] = []
         self.loop: SyncLoop | None = None
         self._batched_df = isinstance(dupefilter, RedisDupeFilter)
-        self.report = FrontierReport(self.stats, [], None)
+        self.report = FrontierReport(self.stats)
         self.encoder = RequestEncoder(dupefilter, self.order, self.router, self.report, self.policy,
                                       domain_limits, batched=self._batched_df, polite=polite)
         self.report.log_duplicate = self.encoder.filtered
@@ -120,8 +118,7 @@ class Scheduler:
         self.dead_policy = self.policy.bound(kind=DEAD)
         if self.revisits is not None:
             self.revisits.policy = self.policy
-        self.layout = CrawlLayout(keys, self.df, self.config.shards, self.config.politeness,
-                                  self.config.lease_seconds)
+        self.layout = CrawlLayout(keys, self.df, self.config)
         self.report.shard_keys = self.layout.shard_keys
 
     @classmethod
@@ -138,14 +135,6 @@ class Scheduler:
         sched = cls(BaseDupeFilter(), None, crawler=crawler)
         sched.refused = True
         return sched
-
-    @property
-    def spider(self) -> Spider | None:
-        return self.encoder.spider
-
-    @spider.setter
-    def spider(self, spider: Spider | None) -> None:
-        self.encoder.spider = spider
 
     @property
     def idle_before_close(self) -> float:
@@ -166,7 +155,7 @@ class Scheduler:
 
     async def open_async(self, spider: Spider, start: bool = True) -> None:
         """Join the crawl and start the loop (``start=False``: the caller drives ``loop.round()``)."""
-        self.spider = spider
+        self.encoder.spider = spider
         if self.refused or (self.crawler is not None and start_error(self.crawler) is not None):
             self.refused = True
             return
@@ -183,42 +172,34 @@ class Scheduler:
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
             self.encoder.recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
         self.redis = self._client(sync=False)
-        self.frontiers = self.layout.frontiers(
-            self.redis, self.worker_id, cfg, self.order.sequence, batched=self._batched_df,
-            limits_bound=self.encoder.domain_limits.bound() if self.encoder.domain_limits else "",
-        )
+        limits_bound = self.encoder.domain_limits.bound() if self.encoder.domain_limits else ""
+        self.frontiers = self.layout.frontiers(self.redis, self.worker_id, self.order.sequence,
+                                               self._batched_df, limits_bound)
         check = functools.partial(checked_request, networks=self.networks, stats=self.stats)
-        self.loop = SyncLoop(
-            self.ledger, self.router, self.frontiers, self.engine, on_applied=self.report.applied,
-            decode=RequestDecoder(self.spider, self.policy, cfg.politeness == "cluster", check),
-            prefetch=cfg.prefetch, flush_interval=cfg.flush_interval, flush_batch=cfg.flush_batch,
-            idle_poll=cfg.idle_poll, lease_seconds=cfg.lease_seconds, outage=self.outage,
-            on_outage=self.encoder.recent.clear, on_forget=self.encoder.recent.clear,
-            idle_poll_max=cfg.idle_poll_max if math.isinf(cfg.idle_before_close) else cfg.idle_poll,
-        )
+        decode = RequestDecoder(spider, self.policy, cfg.politeness == "cluster", check)
+        self.loop = SyncLoop(self.ledger, self.router, self.frontiers, self.engine, cfg, decode=decode,
+                             on_applied=self.report.applied, outage=self.outage,
+                             on_forget=self.encoder.recent.clear)
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
-            self.report.feeds = FeedBarrier.install(self.crawler, self.loop) is not None
+            self.report.feeds = install_feed_barrier(self.crawler, self.loop)
         self.loop.paused, self.loop.backlog = self.layout.paused, pending
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
-            logger.warning(
-                "DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per worker"
-                " only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide deduplication.",
-                type(self.df).__name__,
-            )
+            logger.warning("DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per"
+                           " worker only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide"
+                           " deduplication.", type(self.df).__name__)
         if start:
             self.loop.start()
         shards = f" ({cfg.shards} shards)" if cfg.shards > 1 else ""
         logger.info("scrapy-dist frontier %r open as worker %s%s", self.keys.queue, self.worker_id, shards)
 
     def _join(self, spider: Spider) -> tuple[int, int]:
-        settings = self.redis_settings
         name = getattr(spider, "name", None)
         named = isinstance(name, str) and bool(name)
         if not named and not hasattr(self, "keys"):
             raise ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: the crawl's Redis"
                                   " keys are built from it")
         if not hasattr(self, "keys") or (named and self.crawler is not None and name != self.keys.spider):
-            self._place(crawl_keys(settings, str(name)))  # the keys follow the spider's final name
+            self._place(crawl_keys(self.redis_settings, str(name)))  # the keys follow the spider's final name
             if self._batched_df:
                 self.df.keys = self.keys
         if self.router.fingerprinter is None and self.crawler is not None:
@@ -228,9 +209,8 @@ class Scheduler:
                 self.router.fingerprinter = RequestFingerprinter(self.crawler)
         client = self._client(sync=True)
         try:
-            connection.check_reachable(client, settings)
-            flush = self.config.flush_on_start
-            return self.layout.open(client, flush_on_start=flush, batched=self._batched_df)
+            connection.check_reachable(client, self.redis_settings)
+            return self.layout.open(client, self.config.flush_on_start, self._batched_df)
         finally:
             client.close()  # a no-op for the crawler's shared client
 
@@ -350,8 +330,7 @@ class Scheduler:
             self.loop.wake()
 
     def _starts_now(self, request: Request) -> bool:
-        """Whether ``request`` is a start request Scrapy's engine would send at once: nothing is queued
-        crawl-wide as far as this worker knows, and it has room."""
+        """Whether ``request`` is a start request Scrapy's engine would send at once (nothing queued, room)"""
         loop = self.loop
         if not request.meta.get("is_start_request") or loop is None or loop.paused or loop.local_pause:
             return False
@@ -368,11 +347,9 @@ def _wired(cls: type[S], crawler: Crawler) -> S:
         keys: CrawlKeys | None = crawler_keys(crawler)
     except ValueError:  # no spider name yet (a harness that builds the scheduler first): at open()
         keys = None
-    sched = cls(
-        dupefilter, keys, ds, crawler=crawler, config=cfg, order=qcls(), stats=crawler.stats,
-        engine=EngineView(crawler), outage=Outage.for_crawler(crawler), policy=entry_policy(crawler),
-        domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None,
-    )
+    sched = cls(dupefilter, keys, ds, crawler=crawler, config=cfg, order=qcls(), stats=crawler.stats,
+                engine=EngineView(crawler), outage=Outage.for_crawler(crawler), policy=entry_policy(crawler),
+                domain_limits=DomainLimits.from_dist(ds) if cfg.politeness == "cluster" else None)
     sched.revisits = Revisits.from_crawler(crawler)
     sched.revisits.policy = sched.policy if keys is not None else None
     sched.ledger.riders.revisit_of = sched.revisits.plan
@@ -395,17 +372,17 @@ class NoStats:
         pass
 
 
+@dataclass(eq=False)
 class FrontierReport:
     """Stats and log lines of one worker's frontier (``shard_keys``: every shard's keys, for messages)."""
 
-    def __init__(self, stats: Any, shard_keys: list[CrawlKeys], log_duplicate: Any) -> None:
-        self.stats = stats
-        self.shard_keys = shard_keys
-        self.log_duplicate = log_duplicate
-        self._log = RateLimitedLog(logger)
-        self._unserializable_log = RateLimitedLog.once(logger)
-        self._refused = [0, 0]  # acks and items refused since an ack was last accepted
-        self.feeds = False  # the crawl exports feeds: a refused ack's items are written there twice
+    stats: Any
+    log_duplicate: Any = None  # the dupefilter's log of a filtered request
+    shard_keys: list[CrawlKeys] = field(default_factory=list)
+    feeds: bool = False  # the crawl exports feeds: a refused ack's items are written there twice
+    _refused: list[int] = field(default_factory=lambda: [0, 0])  # acks and items since one was accepted
+    _log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(logger))
+    _unserializable_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog.once(logger))
 
     def applied(self, applied: Applied, result: SyncResult) -> None:
         """Stats and logs of one shard's answer."""

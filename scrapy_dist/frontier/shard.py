@@ -1,7 +1,5 @@
 """The Redis side of the shared frontier: one worker's batched exchange with the ``sync`` script, declared
-here once (keys, ARGV head, sections, answer). One :meth:`Frontier.sync` call is one round trip whatever it
-carries; with ``SCHEDULER_SHARDS = N`` there is one :class:`Frontier` per shard, on that shard's keys.
-"""
+here once (keys, ARGV head, sections, answer); one :class:`Frontier` per shard, one round trip per call."""
 
 from __future__ import annotations
 
@@ -30,6 +28,8 @@ if TYPE_CHECKING:
 SEQ_BYTES = 6
 #: with crawl-wide politeness, members start with "<domain>\0" and an 11-digit priority key
 PRIORITY_KEY_BYTES = 11
+#: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
+LEASE_MARK = b"\0\xff"
 
 
 def domain_shard(domain: str, shards: int) -> int:
@@ -42,9 +42,7 @@ def domain_shard(domain: str, shards: int) -> int:
 
 def shard_of(fingerprint: bytes, shards: int) -> int:
     """A request's shard: its fingerprint's first 8 bytes modulo ``shards``, the same in every process."""
-    if shards <= 1:
-        return 0
-    return int.from_bytes(fingerprint[:8], "big") % shards
+    return int.from_bytes(fingerprint[:8], "big") % shards if shards > 1 else 0
 
 
 async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
@@ -54,9 +52,8 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
     async def collect() -> list[Any]:
         pipe = redis.pipeline(transaction=False)
         for k in shard_keys:
-            pipe.zcard(k.queue)
-            pipe.zcard(k.leases)
-            pipe.zcard(k.delayed)
+            for key in (k.queue, k.leases, k.delayed):
+                pipe.zcard(key)
             pipe.get(k.seq)
         return list(await pipe.execute())
 
@@ -64,10 +61,6 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
     if any(int(v) for i, v in enumerate(first) if i % 4 != 3):
         return False
     return await collect() == first
-
-
-#: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
-LEASE_MARK = b"\0\xff"
 
 
 def lease_parts(key: bytes) -> tuple[bytes, bytes | None, bytes | None]:
@@ -83,7 +76,6 @@ def lease_parts(key: bytes) -> tuple[bytes, bytes | None, bytes | None]:
 
 
 def lease_member(key: bytes) -> bytes:
-    """The queue member a lease key leases."""
     return lease_parts(key)[0]
 
 
@@ -171,8 +163,8 @@ SYNC_HEAD = (
 
 @dataclass(frozen=True)
 class SyncSection:
-    """One section of a sync call: a count, then per item ``fields`` (and ``polite_fields`` too with
-    crawl-wide politeness), built from one :class:`SyncBatch` list item by ``encode``."""
+    """One section of a sync call: a count, then per item ``fields`` (and ``polite_fields`` with crawl-wide
+    politeness), built from one :class:`SyncBatch` list item by ``encode``."""
 
     name: str
     fields: tuple[str, ...]
@@ -182,23 +174,18 @@ class SyncSection:
 
 def _score(x: float) -> str:
     # Redis refuses a NaN score, and a refusal half way through a script is a half-done call
-    x = float(x)
-    return repr(x) if math.isfinite(x) else "0.0"
+    return repr(float(x)) if math.isfinite(x) else "0.0"
 
 
 #: the sections, in ARGV order
 SYNC_SECTIONS = (
-    SyncSection(
-        "enqueue", ("t1", "t2", "score", "payload"), ("domain", "limits"),
-        lambda e, now: (e[0], e[1], _score(e[2]), e[3], e[4], e[5]),
-    ),
+    SyncSection("enqueue", ("t1", "t2", "score", "payload"), ("domain", "limits"),
+                lambda e, now: (e[0], e[1], _score(e[2]), e[3], e[4], e[5])),
     SyncSection("ack", ("member",), (), lambda m, now: (m,)),
     SyncSection("renew", ("member",), (), lambda m, now: (m,)),
     SyncSection("release", ("member",), (), lambda m, now: (m,)),
-    SyncSection(
-        "delay", ("score", "payload", "delay"), ("domain", "limits"),
-        lambda e, now: (_score(e[0]), e[1], _score(max(0.0, float(e[2]) - now)), e[3], e[4]),
-    ),
+    SyncSection("delay", ("score", "payload", "delay"), ("domain", "limits"),
+                lambda e, now: (_score(e[0]), e[1], _score(max(0.0, float(e[2]) - now)), e[3], e[4])),
     SyncSection("reject", ("member", "record"), (), lambda e, now: (e[0], e[1])),
     SyncSection("dead", ("record",), (), lambda r, now: (r,)),
     SyncSection("penalize", ("domain", "seconds"), (), lambda e, now: (e[0], _score(e[1]))),
@@ -211,8 +198,7 @@ SYNC_SECTIONS = (
 
 
 def sync_prelude() -> str:
-    """The Lua declarations of the protocol above (``SYNC_KEYS``, ``SYNC_TYPES``, ``SYNC_HEAD``,
-    ``SYNC_SECTIONS``, ``sync_names``), put before the sync script's fragments when it is registered."""
+    """The Lua declarations of the protocol above, put before the sync script's fragments."""
     keys = ", ".join(f"'{name}'" for name, _ in SYNC_KEYS)
     types = ", ".join(f"{name} = '{kind}'" for name, kind in SYNC_KEYS)
     head = ", ".join(f"'{name}'" for name in SYNC_HEAD)
@@ -284,8 +270,7 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
     if not isinstance(flat, list) or len(flat) % 2:
         raise FrontierScriptError("sync answered a malformed leased list")
     leased = []
-    for i in range(0, len(flat), 2):
-        member, score = flat[i], flat[i + 1]
+    for member, score in zip(flat[::2], flat[1::2], strict=True):
         if not isinstance(member, bytes):
             raise FrontierScriptError("sync answered a leased member that is not bytes")
         try:
@@ -295,18 +280,14 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
         leased.append((member, value if math.isfinite(value) else 0.0))
     repaired = named.get("repaired", [])
     counts: dict[str, Any] = {name: _count(named, name) for name in SYNC_RESULT if name not in _NOT_COUNTS}
-    return SyncResult(
-        [f == "1" for f in flags], leased, paused=named["paused"] in (b"1", "1"), **counts,
-        repaired=[text(k) for k in repaired] if isinstance(repaired, list) else [],
-        forgets=text(named.get("forgets"))[:32],
-    )
+    return SyncResult([f == "1" for f in flags], leased, paused=named["paused"] in (b"1", "1"), **counts,
+                      repaired=[text(k) for k in repaired] if isinstance(repaired, list) else [],
+                      forgets=text(named.get("forgets"))[:32])
 
 
 @dataclass(eq=False)  # compared and hashed by identity
 class Frontier:
-    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client). ``max_entry_bytes``
-    bounds a queue entry the script hands out; ``rejected_maxlen`` and ``dead_maxlen`` cap the rejected
-    and dead-letter lists (0 = no cap)."""
+    """Async access to one crawl's frontier in Redis (a ``redis.asyncio`` client)."""
 
     redis: Any
     keys: CrawlKeys
@@ -384,17 +365,16 @@ def member_prefix(member: bytes, polite: bool) -> bytes:
 
 @dataclass
 class RequestDecoder:
-    """Leased members (lease keys) as requests under the crawl's entry policy. Raises
-    :class:`~scrapy_dist.exceptions.RejectedEntry` (or anything: the ledger rejects the entry)."""
+    """Leased members (lease keys) as requests under the crawl's entry policy, or RejectedEntry."""
 
     spider: Any
     policy: EntryPolicy
     polite: bool
-    #: a last check of the decoded request (a host written as a denied IP address: the resolver never
-    #: sees it), raising RejectedEntry
-    check: Callable[[Request], Request] | None = None
+    #: a last check of the decoded request, raising RejectedEntry (a host written as a denied IP address:
+    #: the resolver never sees it)
+    check: Callable[[Request], Request]
 
     def __call__(self, shard: int, member: bytes) -> Request:
         member = lease_member(member)
-        request = decode_request(member[len(member_prefix(member, self.polite)) :], self.spider, self.policy)
-        return self.check(request) if self.check is not None else request
+        return self.check(decode_request(member[len(member_prefix(member, self.polite)) :], self.spider,
+                                         self.policy))

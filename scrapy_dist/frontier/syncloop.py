@@ -1,13 +1,12 @@
-"""The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis, one
-call per shard (more for a backlog) sent concurrently -- or, with shards and nothing urgent, to one shard in
-turn, since every call has a fixed cost on its server. A failed call's batch goes back in the ledger and the
-loop backs off; should the task end by accident the worker closes with ``scheduler_failed``.
-"""
+"""The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis (one per
+shard, more for a backlog, or with nothing urgent one shard in turn). A failed call's batch goes back in the
+ledger and the loop backs off; should the task end by accident the worker closes with ``scheduler_failed``."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.layout import FrontierState, ShardRouter
     from scrapy_dist.frontier.ledger import Applied, Ledger
     from scrapy_dist.frontier.shard import Frontier, SyncResult
+    from scrapy_dist.settings import SchedulerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +34,9 @@ class SyncLoop(BackgroundTask):
     """The asyncio task that exchanges a worker's :class:`Ledger` with its shards' frontiers."""
 
     def __init__(
-        self, ledger: Ledger, router: ShardRouter, frontiers: list[Frontier], engine: Engine, *,
-        decode: Callable[[int, bytes], Request], on_applied: Callable[[Applied, SyncResult], None],
-        prefetch: int = 64, flush_interval: float = 0.05, flush_batch: int = 500, idle_poll: float = 0.25,
-        lease_seconds: float = 60.0, idle_poll_max: float | None = None, outage: Outage | None = None,
-        on_outage: Callable[[], None] = lambda: None, on_forget: Callable[[], None] = lambda: None,
+        self, ledger: Ledger, router: ShardRouter, frontiers: list[Frontier], engine: Engine,
+        config: SchedulerSettings, *, decode: Callable[[int, bytes], Request], outage: Outage | None = None,
+        on_applied: Callable[[Applied, SyncResult], None], on_forget: Callable[[], None] = lambda: None,
         backoff: Backoff | None = None, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.outage = outage or Outage()
@@ -49,14 +47,16 @@ class SyncLoop(BackgroundTask):
         self.engine = engine
         self.decode = decode
         self.on_applied = on_applied
-        self.prefetch = max(1, prefetch)
-        self.flush_interval, self.flush_batch = flush_interval, flush_batch
-        #: a worker that keeps finding nothing polls less often: doubled per empty round up to the max
-        self.idle_poll = self.poll_interval = idle_poll
-        self.idle_poll_max = max(idle_poll, idle_poll_max or idle_poll)
-        self.lease_seconds = lease_seconds
-        self.on_outage = on_outage
-        self.on_forget = on_forget  # the crawl's forget generation changed (``scrapy-dist forget``)
+        self.config = config
+        self.prefetch = max(1, config.prefetch)
+        #: a worker that never closes on its own and keeps finding nothing polls less often: doubled per
+        #: empty round up to the max
+        self.poll_interval = self.idle_poll_max = config.idle_poll
+        if math.isinf(config.idle_before_close):
+            self.idle_poll_max = max(config.idle_poll, config.idle_poll_max)
+        #: URLs this worker sent lately may be new again: Redis was away or went back in time, or the crawl's
+        #: forget generation changed (``scrapy-dist forget``)
+        self.on_forget = on_forget
         self._forgets: str | None = None
         self.released_at_close = 0  # leases given back while the engine closed
         #: crawl-wide state after the last round that reached every shard (``None`` before the first)
@@ -64,13 +64,11 @@ class SyncLoop(BackgroundTask):
         self.paused = False  # the crawl-wide pause flag (``scrapy-dist pause``), as shard 0 last reported it
         self.backlog = 0  # queued, leased or delayed crawl-wide when the worker joined (until ``state``)
         self.local_pause = False  # this worker's own pause
-        #: a round is under way (its requests are neither in the ledger nor known to be in Redis)
-        self.in_sync = False
+        self.in_sync = False  # a round is under way: its requests are neither in the ledger nor sure in Redis
         self.failing = False  # the last round failed: buffered requests cannot reach Redis now
         self.last_sync = 0.0  # when the last round started
         self.rotation = 0  # rounds that called one shard in turn
-        #: start of the last successful round that took every discovered request buffered
-        self.drained_at = 0.0
+        self.drained_at = 0.0  # start of the last successful round that took every request buffered
         self.backlog_since: float | None = None  # when the rounds started leaving a backlog behind
         self.next_fetch = self.next_renew = 0.0
         #: (leased, asked for, queued crawl-wide) of the last round; queued is None after a round that did
@@ -78,14 +76,13 @@ class SyncLoop(BackgroundTask):
         self.lease_result: tuple[int, int, int | None] = (0, 0, 0)
         self._once = RateLimitedLog.once(logger)
         self._seq_seen: dict[int, int] = {}  # the largest sequence number each shard has reported
-        #: awaited before a round that acknowledges newly finished requests (feed files made durable); one
-        #: that raises holds the acks back
-        self.ack_barriers: list[Callable[[], Awaitable[None]]] = []
+        #: awaited before a round that acknowledges newly finished requests (feed files made durable); if it
+        #: raises, the acks wait
+        self.ack_barrier: Callable[[], Awaitable[None]] | None = None
 
     async def step(self) -> bool:
-        """Rest until woken or ``flush_interval`` (a backlog goes on at once), then one turn; raises the
-        error of a failed round (the task backs off)."""
-        await self.rest(0.0 if self.ledger.left_behind else self.flush_interval)
+        """Rest until woken or ``flush_interval`` (not with a backlog), then one turn; raises its error."""
+        await self.rest(0.0 if self.ledger.left_behind else self.config.flush_interval)
         if self.closing:
             return False
         await self._turn()
@@ -93,7 +90,7 @@ class SyncLoop(BackgroundTask):
 
     def failed(self, exc: BaseException, now: float | None = None, detail: str = "") -> float:
         if is_outage(exc):  # Redis may come back with acknowledged writes rolled back (failover, lost AOF)
-            self.on_outage()
+            self.on_forget()
         held = f"{len(self.ledger.out)} discovered requests and {len(self.ledger.held)} leases kept in memory"
         return super().failed(exc, now, detail or held)
 
@@ -120,14 +117,14 @@ class SyncLoop(BackgroundTask):
             raise error
         self.succeeded()
         if renew:
-            self.next_renew = now + self.lease_seconds / 3
+            self.next_renew = now + self.config.lease_seconds / 3
         self.last_sync = now
         got, asked, queued = self.lease_result
         starved = asked and got < asked and queued == 0  # nothing to lease: poll gently
         if starved and got == 0 and not self.ledger.busy():  # still nothing at all: poll less often
             self.poll_interval = min(self.idle_poll_max, self.poll_interval * 2)
         else:
-            self.poll_interval = self.idle_poll
+            self.poll_interval = self.config.idle_poll
         self.next_fetch = now + self.poll_interval if starved else now
 
     def collect_finished(self, now: float) -> None:
@@ -136,16 +133,14 @@ class SyncLoop(BackgroundTask):
             return
         busy = self.engine.inprogress()
         if busy is None:
-            self._once.log(
-                logging.WARNING, "Cannot see the engine's requests in progress: acknowledging on hand-out",
-                key="inprogress",
-            )
+            self._once.log(logging.WARNING, "Cannot see the engine's requests in progress: acknowledging on"
+                           " hand-out", key="inprogress")
             busy = ()
         self.ledger.collect_finished(busy, now)
 
     def due(self, now: float) -> tuple[bool, int]:
         """Whether a round is due now, and how many requests it should lease."""
-        ledger = self.ledger
+        ledger, cfg = self.ledger, self.config
         want = outranked = 0
         if not (self.paused or self.local_pause):
             if len(ledger.ready) < max(1, self.prefetch // 2):
@@ -155,27 +150,24 @@ class SyncLoop(BackgroundTask):
             want = max(want, min(outranked, self.prefetch))
         fetch = want > 0 and now >= self.next_fetch
         flush = ledger.first_pending is not None and (
-            now - ledger.first_pending >= self.flush_interval or len(ledger.out) >= self.flush_batch
+            now - ledger.first_pending >= cfg.flush_interval or len(ledger.out) >= cfg.flush_batch
             or outranked > 0 or ledger.left_behind > 0
         )
         stale = now - self.last_sync >= self.poll_interval
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
     def calls_per_round(self, now: float) -> int:
-        """Most sync calls per shard this round (each of at most ``CALL_RECORDS`` requests): eight times as
-        many once draining a backlog has taken a quarter of a lease, so that the acks it holds back go before
-        their leases run out, while every call stays short for the other workers."""
-        if self.backlog_since is not None and now - self.backlog_since >= self.lease_seconds / 4:
+        """Most sync calls per shard this round: eight times as many once draining a backlog has taken a
+        quarter of a lease, so that the acks it holds back go before their leases run out."""
+        if self.backlog_since is not None and now - self.backlog_since >= self.config.lease_seconds / 4:
             return CALLS_PER_ROUND * 8
         return CALLS_PER_ROUND
 
     def plan(self, lease: int) -> tuple[list[int], set[int]]:
-        """The round's lease per shard and the shards it does not call. With shards, a round that has
-        nothing urgent calls one shard in turn with what it is owed and the whole lease (from the next
-        shard in turn known to hold requests): each shard gets a call every ``shards`` rounds carrying
-        that many rounds' worth, as one master does every round."""
+        """The round's lease per shard and the shards it does not call: with shards and nothing urgent, one
+        shard in turn with what it is owed, and the whole lease from the next one known to hold requests."""
         ledger, router, n = self.ledger, self.router, self.router.shards
-        if n == 1 or ledger.left_behind or len(ledger.out) >= self.flush_batch or ledger.outranked():
+        if n == 1 or ledger.left_behind or len(ledger.out) >= self.config.flush_batch or ledger.outranked():
             return router.lease_split(lease), set()
         turn = lender = self.rotation % n
         counts = [0] * n
@@ -189,20 +181,17 @@ class SyncLoop(BackgroundTask):
         return counts, set(range(n)).difference((turn, lender))
 
     async def round(self, lease: int, renew: bool, partial: bool = False) -> BaseException | None:
-        """One exchange with every shard (concurrently; with ``partial``, the shards :meth:`plan` picks
-        and those with something that cannot wait); returns the first error, or ``None`` if every shard
-        called answered. A call that failed has its batch put back; the others' answers are applied."""
+        """One exchange with every shard at once (``partial``: those :meth:`plan` picks and those owed
+        something urgent); a failed call's batch is put back. The first error, or ``None``."""
         ledger, router = self.ledger, self.router
-        if self.ack_barriers and ledger.acks_new:
+        if self.ack_barrier is not None and ledger.acks_new:
             try:
-                for barrier in self.ack_barriers:
-                    await barrier()
+                await self.ack_barrier()
             except Exception as exc:  # nothing taken yet: every ack stays owed
                 return exc
         started = self.clock()
-        calls = self.calls_per_round(started)
         counts, skip = self.plan(lease) if partial else (router.lease_split(lease), set())
-        batches = ledger.take_batches(counts, renew, max_calls=calls, skip=skip)
+        batches = ledger.take_batches(counts, renew, max_calls=self.calls_per_round(started), skip=skip)
         shard_of = ledger.call_shards
         sending = [i for i, b in enumerate(batches) if b or shard_of[i] not in skip]
         if not ledger.left_behind:
@@ -247,7 +236,7 @@ class SyncLoop(BackgroundTask):
                 if was_paused != self.paused:
                     self.engine.wake()
                 if self._forgets is not None and result.forgets != self._forgets:
-                    self.on_forget()  # URLs this worker sent lately may be new again
+                    self.on_forget()
                 self._forgets = result.forgets
             self.on_applied(applied, result)
         ledger.finish_round(error is None, now)
@@ -272,8 +261,7 @@ class SyncLoop(BackgroundTask):
             before = self._seq_seen.get(shard, 0)
             self._seq_seen[shard] = seq
             if seq < before:
-                # what this worker remembers having sent is no longer certainly in the filter either
-                self.on_outage()
+                self.on_forget()
                 logger.warning(
                     "The frontier in Redis went back in time (shard %d's sequence number fell from %d to %d):"
                     " Redis lost some or all of the crawl's data -- restarted without persistence, a failover"
@@ -283,10 +271,8 @@ class SyncLoop(BackgroundTask):
                 )
 
     async def drain(self, timeout: float) -> None:
-        """At close: rounds until nothing is owed (held-back acks need one more round once their
-        requests' output has landed), for at most ``timeout`` seconds of Redis being away."""
-        deadline = self.clock() + timeout
-        ledger = self.ledger
+        """At close: rounds until nothing is owed, for at most ``timeout`` seconds of Redis being away."""
+        deadline, ledger = self.clock() + timeout, self.ledger
         while self.frontiers and ledger.owes():
             error = await self.round(lease=0, renew=False)
             if error is None:
