@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import redis
-from crawlproject import make_project
+from crawlproject import lease_parts, make_project
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package beside tests/
 
@@ -49,7 +49,9 @@ def _wait(cond: Any, what: str, project: Any, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-def _crawl_with_kill_and_stop(tmp_path: Path, site: Any, redis_url: str, output: str) -> Any:
+def _crawl_with_kill_and_stop(
+    tmp_path: Path, site: Any, redis_url: str, output: str, resume_at_sweep: bool = False
+) -> Any:
     settings: dict[str, Any] = {
         "REDIS_URL": redis_url, "CONCURRENT_REQUESTS": 8, "SCHEDULER_LEASE_SECONDS": LEASE,
         "SCHEDULER_IDLE_BEFORE_CLOSE": 2,
@@ -73,7 +75,14 @@ def _crawl_with_kill_and_stop(tmp_path: Path, site: Any, redis_url: str, output:
         killed.wait(10)
         _wait(lambda: len(site.fetch_counts()) >= PAGES // 2, "the crawl stalled after the kill", project)
         stopped.send_signal(signal.SIGSTOP)
-        time.sleep(LEASE + 2)  # its leases run out and other workers take its pages
+        if resume_at_sweep:  # resumed as soon as its leases are back in the queue, before others take all
+            time.sleep(LEASE)
+            client = redis.Redis.from_url(redis_url)
+            tag = f":{stopped.pid}:".encode()
+            _wait(lambda: not any(tag in (lease_parts(lease)[2] or b"") for lease in client.zrange(
+                "pages:leases", 0, -1)), "the stopped worker's leases were never swept", project)
+        else:
+            time.sleep(LEASE + 2)  # its leases run out and other workers take its pages
         stopped.send_signal(signal.SIGCONT)
         codes = project.wait_all(timeout=150)
         assert codes[0] == 0 and codes[2] == 0, project.logs()[-4000:]
@@ -99,6 +108,19 @@ def test_redis_pipeline_items_exactly_once_through_kill_and_stop(
     # the resumed worker's acks and items, said in one WARNING with the counts
     assert stopped_log.count("The frontier refused") == 1, stopped_log[-3000:]
     assert project.stats(2).get("redis_items/refused", 0) > 0
+
+
+@pytest.mark.slow
+def test_a_worker_resumed_as_its_leases_are_swept_writes_each_item_once(
+    tmp_path: Path, site_factory: Any, redis_url: str, redis_client: redis.Redis
+) -> None:
+    site = site_factory(pages=PAGES, links=6, slow=100, slow_delay=0.3)
+    _crawl_with_kill_and_stop(tmp_path, site, redis_url, "list", resume_at_sweep=True)
+    seen = Counter((item["url"], item["part"]) for item in _redis_items(redis_client, False))
+    expected = {(site.page_url(i), part) for i in range(PAGES) for part in range(3)}
+    assert set(seen) == expected, f"lost: {sorted(expected - set(seen))[:5]}"
+    doubled = {k: n for k, n in seen.items() if n > 1}
+    assert not doubled, f"{len(doubled)} items written more than once: {sorted(doubled)[:5]}"
 
 
 @pytest.mark.slow

@@ -300,6 +300,26 @@ def test_leased_entries_are_held_and_served_acks_release_them() -> None:
     assert ledger.acks_new == [(0, b"x")] and ledger.first_pending == 3.0
 
 
+def test_a_lease_swept_while_its_holder_was_stopped_and_leased_back_to_it_is_served_and_acked_once() -> None:
+    # the sweep put the stopped worker's request back in the queue and a call of the same worker leased it
+    # again under the same lease key: a second copy would ride that key, and its items the first's ack
+    ledger = Ledger()
+    [batch] = ledger.take_batches([1], renew=False)
+    ledger.apply(0, batch, _result(leased=[(b"x", 0.0)]), _decode, now=1.0)
+    first = ledger.hand_out()
+    [batch] = ledger.take_batches([1], renew=False)
+    applied = ledger.apply(0, batch, _result(leased=[(b"x", 0.0)]), _decode, now=2.0)
+    assert applied.leased == 1 and ledger.hand_out() is None and ledger.held == {(0, b"x")}
+    ledger.collect_finished(busy=set(), now=3.0)
+    assert list(ledger.handed) == [] and ledger.acks_new == [(0, b"x")] and first is not None
+    # an ack sent in the very call that leases its entry again settles first: that copy is served
+    [batch] = ledger.take_batches([1], renew=False)
+    assert batch.ack == [b"x"]
+    ledger.apply(0, batch, _result(leased=[(b"x", 0.0)]), _decode, now=4.0)
+    again = ledger.hand_out()
+    assert again is not None and again.url == "http://site.test/x"
+
+
 @pytest.mark.parametrize(
     "error", [RejectedEntry("bad_callback", "cb is a list"), TypeError("unhashable type: 'list'")]
 )

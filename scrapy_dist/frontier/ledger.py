@@ -365,6 +365,11 @@ class Ledger:
         self.held.difference_update((shard, member) for member in settled)
         for member, score in result.leased:
             lease = (shard, member)
+            if lease in self.held:
+                # this worker's own lease, swept while it was stopped or cut off and leased to it again
+                # (same lease key): the copy it holds answers for it. A second copy would ride the same
+                # key, and its items would be written with the first copy's accepted ack.
+                continue
             self.held.add(lease)
             try:
                 request = decode(shard, member)
