@@ -132,7 +132,7 @@ def test_the_page_draws_a_running_crawl_and_pauses_only_with_the_token(
     tmp_path: Path, redis_url: str, site_factory: Any, redis_client: Any
 ) -> None:
     browser = _browser()
-    site = site_factory(pages=400, delay=0.05)
+    site = site_factory(pages=400, delay=0.1)  # a crawl of ~10 s: still running when the charts have moved
     project = make_project(tmp_path, {
         "REDIS_URL": redis_url, "ADDONS": {"scrapy_dist.Addon": 0}, "CLUSTERSTATS_INTERVAL": 0.5,
         "SCHEDULER_IDLE_BEFORE_CLOSE": 1, "CONCURRENT_REQUESTS": 4,
@@ -142,6 +142,7 @@ def test_the_page_draws_a_running_crawl_and_pauses_only_with_the_token(
     try:
         project.crawl(args={"seed": site.page_url(0)})
         browser.get(served.url)
+        wait_for(lambda: "running" in browser.find_element("id", "workers").text, 30, "the worker running")
 
         def drawn(what: str) -> Any:
             return browser.execute_script(f"return window.dashboardCharts.{what}")
@@ -152,7 +153,6 @@ def test_the_page_draws_a_running_crawl_and_pauses_only_with_the_token(
         first = sum(x or 0 for x in drawn("pages.data.datasets[0].data"))
         wait_for(lambda: sum(x or 0 for x in drawn("pages.data.datasets[0].data")) > first, 30, "an update")
         assert len(drawn("pages.data.datasets")) >= 2  # crawl-wide and one line per worker
-        assert "running" in browser.find_element("id", "workers").text
         # Pause without the token: refused; with it: the crawl is paused
         browser.find_element("id", "pause").click()
         wait_for(lambda: "refused (403)" in browser.find_element("id", "message").text, 10, "a refusal")
