@@ -113,7 +113,6 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
         except (UnicodeDecodeError, ValueError):
             pass
         raise BloomParameterError(f"{key} field {name}={_show(value)}: not a number")
-
     err = number("error_rate")
     capacity, error_rate, block_bits = check_parameters(
         integer("capacity"), err, integer("block_bits"),

@@ -366,7 +366,6 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
 
     def number(name: str, low: float, high: float) -> float | None:
         return checked(name, _finite(d.get(name, ""), low, high))
-
     state = d.get("state", "")
     if state not in ("", RUNNING, CLOSED, "closing"):
         garbage.append("state")

@@ -248,7 +248,6 @@ def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[
 
     def seconds(scores: list[float], pick: Any) -> float | None:
         return round(min(max(0.0, pick(scores) - now), 1e10), 1) if scores else None
-
     return ({"scheduled": scheduled, "next_in": seconds(due, min)},
             {"first_in": seconds(first, min), "last_in": seconds(last, max)})
 

@@ -167,7 +167,6 @@ class Dashboard:
                 return web.Response(status=421, text="This dashboard does not answer to that host name;"
                                     " add it with --allow-host NAME if it is yours.\n")
             return await handler(request)  # type: ignore[no-any-return]
-
         app = web.Application(client_max_size=1024, middlewares=[check_host])
         app.router.add_get("/", self.page)
         app.router.add_get("/static/{name}", self.static)
@@ -273,7 +272,6 @@ class DashboardThread:
             await self._runner.setup()
             await web.TCPSite(self._runner, host, port).start()
             return f"http://{host}:{self._runner.addresses[0][1]}/"
-
         try:
             self.url = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
         except BaseException:

@@ -198,7 +198,6 @@ class _Families:
 def serve(collector: CrawlCollector, host: str, port: int) -> Any:
     """Serve ``/metrics`` for ``collector`` on ``host:port`` in a background thread; returns the server."""
     from prometheus_client import CollectorRegistry, start_http_server
-
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return start_http_server(port, addr=host, registry=registry)[0]

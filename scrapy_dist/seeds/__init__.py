@@ -305,7 +305,6 @@ def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
         except RejectedEntry:
             return False
         return user_defined(type(spider), name)
-
     return check
 
 
