@@ -1,9 +1,6 @@
-"""Reading a running crawl from outside: :func:`read_status` (what ``scrapy-dist status`` shows, in three
-or four round trips), the Prometheus exporter (``metrics``) and the dashboard (``dashboard``).
-
-Everything read is untrusted: texts are cut, numbers kept only when finite and in range, lists capped (the
-rest summed as ``other``), garbage becomes ``None`` and is counted, so no answer crashes or grows unbounded.
-"""
+"""Reading a running crawl from outside: :func:`read_status` (``scrapy-dist status``), the Prometheus exporter
+(``metrics``) and the dashboard. Everything read is untrusted: texts are cut, numbers kept only when finite
+and in range, lists capped (the rest summed as ``other``), garbage becomes ``None`` and is counted."""
 
 from __future__ import annotations
 
@@ -155,11 +152,9 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
             totals[name] += count
     attempts, errors = totals.get("attempts", 0), totals.get("errors", 0)
     reasons = dict(top_counts((k[2:], n) for k, n in totals.items() if k.startswith("r:")))
-    return {
-        "window": window or None, "attempts": attempts, "errors": errors,
-        "error_rate": round(errors / attempts, 4) if attempts else None, "http": totals.get("http", 0),
-        "download": totals.get("download", 0), "spider": totals.get("spider", 0), "reasons": reasons,
-    }
+    return {"window": window or None, "attempts": attempts, "errors": errors,
+            "error_rate": round(errors / attempts, 4) if attempts else None, "http": totals.get("http", 0),
+            "download": totals.get("download", 0), "spider": totals.get("spider", 0), "reasons": reasons}
 
 
 def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ()) -> Counter[str]:
@@ -174,10 +169,8 @@ def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ())
     return out
 
 
-def worker_rows(
-    members: list[tuple[Any, float]], details: list[dict[Any, Any]], leases: Counter[str] | None, now: float,
-    default_interval: float,
-) -> list[dict[str, Any]]:
+def worker_rows(members: list[tuple[Any, float]], details: list[dict[Any, Any]], leases: Counter[str] | None,
+                now: float, default_interval: float) -> list[dict[str, Any]]:
     """One JSON-ready row per worker, running first, then lost, then closed, most recently seen first."""
     rows: list[dict[str, Any]] = []
     for (member, last_seen), raw in zip(members, details, strict=True):
@@ -298,10 +291,9 @@ def _scan_leases(client: Any, shards: list[CrawlKeys]) -> Counter[str] | None:
         return None
 
 
-def read_status(
-    client: Any, keys: CrawlKeys, *, default_interval: float = defaults.CLUSTERSTATS_INTERVAL,
-    worker_limit: int = WORKER_LIMIT, lease_scan_limit: int = LEASE_SCAN_LIMIT, domain_limit: int = 10,
-) -> dict[str, Any]:
+def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defaults.CLUSTERSTATS_INTERVAL,
+                worker_limit: int = WORKER_LIMIT, lease_scan_limit: int = LEASE_SCAN_LIMIT,
+                domain_limit: int = 10) -> dict[str, Any]:
     """Everything ``scrapy-dist status`` shows about the crawl, as JSON-ready data. Per-worker lease counts
     come from a scan of the leases while at most ``lease_scan_limit`` (0: never; else from heartbeats)."""
     now = server_time(client)
@@ -346,15 +338,13 @@ def read_status(
     revisits, expiry = due_figures(client, shards, now)
     started = [w["started"] for w in workers if w["state"] == RUNNING]
     return {
-        "spider": keys.spider,
-        "time": round(now, 3),
+        "spider": keys.spider, "time": round(now, 3),
         "state": crawl_state(control, len(started), started, now),
         # "inflight": every lease (kept for scripts); "leases": what holds them, and when they run out
         "frontier": {"queued": queued, "inflight": inflight, "delayed": delayed},
         "revisits": revisits,
         "leases": {**lease_breakdown(inflight, workers), **expiry},
-        "shards": len(shards),
-        "deadletter": int(dead),
+        "shards": len(shards), "deadletter": int(dead),
         "seeds": {
             "key": keys.start_urls, "type": seeds_type if seeds_type != "none" else None,
             "waiting": seeds_waiting, "processing": int(processing), "rejected": int(seeds_rejected),
@@ -380,31 +370,25 @@ def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] |
     """Fill and estimated false-positive rate of the crawl's dupefilter; ``{"kind": "garbage"}`` if the bloom
     hash holds parameters no filter could have."""
     try:
-        return _filter_figures(bloom, fingerprints)
+        b = hash_fields(bloom, "bloom")
+        if not b.get("capacity"):
+            figures = {"kind": "set", "items": fingerprints, "fill": None, "fpr_estimate": 0.0}
+            return figures if fingerprints else None
+        capacity, n = _whole(b["capacity"], 14), _whole(b.get("n") or "0", 19)
+        if capacity is None or not 0 < capacity <= 10**13 or n is None:
+            raise ValueError("capacity or n")
+        if not 0 < float(b.get("error_rate") or "nan") < 1:
+            raise ValueError("error_rate")
+        scheme = next((x for x in SCHEMES if b.get("hashing") == str(x)), 3)  # an estimate: 3 if unknown
+        block_bits = int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS)
+        plan = BloomPlan(capacity, float(b["error_rate"]), block_bits, scheme=scheme)
+        if float(b.get("ttl") or 0) > 0:
+            return _generation_figures(b, plan)
+        return {"kind": "bloom", "items": n, "capacity": plan.capacity, "error_rate": plan.error_rate,
+                "fill": round(n / plan.capacity, 6), "fpr_estimate": plan.false_positive_rate(n),
+                "memory_bytes": plan.memory_bytes(n) if n else 0}
     except (ValueError, TypeError, ArithmeticError, ScrapyDistError):
         return {"kind": "garbage", "items": None, "fill": None, "fpr_estimate": None}
-
-
-def _filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
-    b = hash_fields(bloom, "bloom")
-    if not b.get("capacity"):
-        figures = {"kind": "set", "items": fingerprints, "fill": None, "fpr_estimate": 0.0}
-        return figures if fingerprints else None
-    capacity, n = _whole(b["capacity"], 14), _whole(b.get("n") or "0", 19)
-    if capacity is None or not 0 < capacity <= 10**13 or n is None:
-        raise ValueError("capacity or n")
-    if not 0 < float(b.get("error_rate") or "nan") < 1:
-        raise ValueError("error_rate")
-    scheme = next((x for x in SCHEMES if b.get("hashing") == str(x)), 3)  # an estimate: 3 if unknown
-    block_bits = int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS)
-    plan = BloomPlan(capacity, float(b["error_rate"]), block_bits, scheme=scheme)
-    if float(b.get("ttl") or 0) > 0:
-        return _generation_figures(b, plan)
-    return {
-        "kind": "bloom", "items": n, "capacity": plan.capacity, "error_rate": plan.error_rate,
-        "fill": round(n / plan.capacity, 6), "fpr_estimate": plan.false_positive_rate(n),
-        "memory_bytes": plan.memory_bytes(n) if n else 0,
-    }
 
 
 def _generation_figures(b: dict[str, str], base: BloomPlan) -> dict[str, Any]:
@@ -415,12 +399,10 @@ def _generation_figures(b: dict[str, str], base: BloomPlan) -> dict[str, Any]:
         raise ValueError("live")
     plan = gens.plan(base.capacity, base.error_rate, base.block_bits, base.scheme)
     per = live // gens.count
-    return {
-        "kind": "bloom", "items": live, "capacity": base.capacity, "error_rate": base.error_rate,
-        "fill": round(live / base.capacity, 6), "ttl": gens.ttl, "generations": gens.count,
-        "fpr_estimate": min(1.0, gens.count * plan.false_positive_rate(per)),
-        "memory_bytes": gens.count * plan.memory_bytes(per) if per else 0,
-    }
+    return {"kind": "bloom", "items": live, "capacity": base.capacity, "error_rate": base.error_rate,
+            "fill": round(live / base.capacity, 6), "ttl": gens.ttl, "generations": gens.count,
+            "fpr_estimate": min(1.0, gens.count * plan.false_positive_rate(per)),
+            "memory_bytes": gens.count * plan.memory_bytes(per) if per else 0}
 
 
 def combine_filters(figures: list[dict[str, Any] | None]) -> dict[str, Any] | None:
