@@ -1,11 +1,7 @@
 """``scrapy-dist dashboard SPIDER``: a live web page of one crawl (aiohttp, Chart.js; docs/monitoring.md).
-
-Two JSON endpoints, cached so any number of open pages cost one read: ``GET /api/status``
-(:func:`~scrapy_dist.monitor.read_status` plus the newest dead letters) and ``GET /api/history`` (the last
-hour of ``{spider}:history``). The POSTs that act on the crawl need the token in an ``X-Dashboard-Token``
-header (no CSRF without a CORS preflight, which is never answered) and the dashboard's own ``Origin``;
-listening beyond loopback needs a token (:func:`check_binding`).
-"""
+``GET /api/status`` and ``GET /api/history`` are cached, so any number of open pages cost one read. The POSTs
+need the token in an ``X-Dashboard-Token`` header (no CSRF without a CORS preflight, which is never answered)
+and the dashboard's own ``Origin``; listening beyond loopback needs a token (:func:`check_binding`)."""
 
 from __future__ import annotations
 
@@ -210,16 +206,14 @@ class Dashboard:
 
     async def history(self, request: web.Request) -> web.Response:
         # the history changes by one point per bucket: read it at most once a bucket
-        seconds = max(self.cache_seconds, BUCKET_SECONDS / 2)
-        return await self._reply("history", self._read_history, seconds)
+        return await self._reply("history", self._read_history, max(self.cache_seconds, BUCKET_SECONDS / 2))
 
     async def page(self, request: web.Request) -> web.Response:
         html = STATIC.joinpath("index.html").read_text()
         html = html.replace("{{SPIDER}}", self.keys.spider.replace("<", "&lt;").replace("&", "&amp;"))
-        return web.Response(text=html, content_type="text/html", headers={
-            "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'",
-            "X-Frame-Options": "DENY",
-        })
+        csp = "default-src 'self'; style-src 'self' 'unsafe-inline'"
+        return web.Response(text=html, content_type="text/html",
+                            headers={"Content-Security-Policy": csp, "X-Frame-Options": "DENY"})
 
     async def static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

@@ -28,25 +28,19 @@ STAT_COUNTERS = {
     "item_dropped_count": "scrapy_dist_items_dropped_total",
     "scheduler/enqueued": "scrapy_dist_requests_enqueued_total",
     "downloader/response_bytes": "scrapy_dist_downloaded_bytes_total",
-    "log_count/ERROR": "scrapy_dist_log_errors_total",
-}
+    "log_count/ERROR": "scrapy_dist_log_errors_total"}
 #: Prefixes of the Scrapy stats counted as errors, and the reason label they give.
-ERROR_STATS = {
-    "downloader/exception_type_count/": "download:", "spider_exceptions/": "spider:",
-    "downloader/response_status_count/": "http:",
-}
-
-
+ERROR_STATS = {"downloader/exception_type_count/": "download:", "spider_exceptions/": "spider:",
+               "downloader/response_status_count/": "http:"}
 logger = logging.getLogger(__name__)
 
 
 class CrawlCollector(Collector):
     """Metrics of the crawls of ``spiders`` (``keys_of(spider)`` gives a crawl's keys) in one Redis."""
 
-    def __init__(
-        self, client: Any, spiders: Iterable[str], keys_of: Callable[[str], CrawlKeys] = CrawlKeys, *,
-        cache_seconds: float = 5.0, top_domains: int = 10, clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, client: Any, spiders: Iterable[str], keys_of: Callable[[str], CrawlKeys] = CrawlKeys,
+                 *, cache_seconds: float = 5.0, top_domains: int = 10,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.client, self.spiders, self.keys_of = client, list(spiders), keys_of
         self.cache_seconds, self.top_domains, self.clock = cache_seconds, top_domains, clock
         self.reads = 0  #: Redis reads done (one per crawl and cache period)
@@ -93,8 +87,7 @@ class CrawlCollector(Collector):
             except Exception:  # a value no check foresaw: this crawl's figures are lost, not the others'
                 self.errors.log(logging.ERROR, "Metrics of %r could not be built", spider, key=spider,
                                 exc_info=True)
-                g = _Families(spider)
-                s = None
+                g, s = _Families(spider), None
             g.gauge("scrapy_dist_up", "1 if the crawl's state could be read from Redis", float(s is not None))
             if s is not None:
                 g.gauge("scrapy_dist_skipped_values", "Values read from Redis and left out: numbers not"
@@ -171,9 +164,8 @@ class _Families:
     sample, any other value that is no finite number within range is left out and counted in ``skipped``."""
 
     def __init__(self, spider: str) -> None:
-        self.spider = spider
+        self.spider, self.skipped = spider, 0
         self.families: dict[str, Any] = {}
-        self.skipped = 0
 
     def _add(self, cls: type, name: str, doc: str, raw: Any, labels: dict[str, str]) -> None:
         if raw is None:
