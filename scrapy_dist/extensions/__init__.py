@@ -1,8 +1,7 @@
 """Seeing and steering a running cluster: crawl-wide stats and worker heartbeats (:class:`ClusterStats`),
 closing every worker together when the crawl runs out of work (:class:`IdleMonitor`), crawl-wide error
 thresholds (:class:`ErrorMonitor`), and :class:`RedisStatsCollector` (``STATS_CLASS``). The add-on enables
-all three extensions; ``EXTENSIONS = {"scrapy_dist.extensions.IdleMonitor": 500}`` enables one.
-"""
+all three extensions; ``EXTENSIONS = {"scrapy_dist.extensions.IdleMonitor": 500}`` enables one."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ CLUSTER_STATS = "scrapy_dist.extensions.ClusterStats"
 
 class RedisStatsCollector(MemoryStatsCollector):
     """Scrapy's in-memory stats for this worker; crawl-wide stats go to Redis through :class:`ClusterStats`
-    (enabled unless ``EXTENSIONS`` disables it), not one write per increment as in scrapy-redis
-    (``STATS_KEY`` is not read)."""
+    (enabled unless ``EXTENSIONS`` disables it), not one write per increment (``STATS_KEY`` is not read)."""
 
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
@@ -103,20 +101,16 @@ class IdleClock:
 
 
 class IdleMonitor:
-    """Scrapy extension: one crawl-wide ``finished`` decision, every worker closing on it.
+    """Scrapy extension: one crawl-wide ``finished`` decision, every worker closing on it. Every worker polls
+    the frontier's counts, the waiting seeds and the control flags; once all have been zero for
+    ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds and this worker holds no request, ``idle.lua`` re-checks the
+    frontier atomically and sets ``close = finished``, which every worker started before it obeys. With
+    shards, :func:`~scrapy_dist.frontier.shard.shards_idle` first proves every shard empty at one moment.
+    With ``SCHEDULER_IDLE_BEFORE_CLOSE = 0`` it only relays close decisions."""
 
-    Every worker polls the frontier's counts, the waiting seeds and the control flags; once all have been
-    zero for ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds and this worker holds no request, ``idle.lua``
-    re-checks the frontier atomically and sets ``close = finished``, which every worker started before it
-    obeys. With shards, :func:`~scrapy_dist.frontier.shard.shards_idle` first proves every shard empty at
-    one moment. With ``SCHEDULER_IDLE_BEFORE_CLOSE = 0`` it only relays close decisions.
-    """
-
-    def __init__(
-        self, crawler: Crawler, keys: CrawlKeys,
-        idle_before_close: float = defaults.SCHEDULER_IDLE_BEFORE_CLOSE, seeds_type: str = "list",
-        poll: float | None = None, shards: int = 1,
-    ) -> None:
+    def __init__(self, crawler: Crawler, keys: CrawlKeys,
+                 idle_before_close: float = defaults.SCHEDULER_IDLE_BEFORE_CLOSE, seeds_type: str = "list",
+                 poll: float | None = None, shards: int = 1) -> None:
         self.crawler, self.keys, self.seeds_type = crawler, keys, seeds_type
         self.shard_keys = keys.shards(shards)  # all workers of a crawl agree on SCHEDULER_SHARDS
         self.clock = IdleClock(idle_before_close)
@@ -126,15 +120,13 @@ class IdleMonitor:
             poll = min(MAX_POLL, max(0.2, idle_before_close / 4)) if idle_before_close > 0 else MAX_POLL
         self.poll = poll
         self.redis: Any = None
-        self.started_at = 0.0
+        self.started_at, self._ends_chains = 0.0, False  # _ends_chains: closed by ``scrapy-dist close``
         #: server time at the last poll, from the server time at start (a cluster pipeline cannot send TIME)
         self.server_now: float | None = None
         self._opened_mono: float | None = None
         self._script: Any = None
         self._task: PeriodicTask | None = None
         self._close_task: asyncio.Task[None] | None = None
-        #: closed by ``scrapy-dist close``: the revisit chains end (see spider_closed)
-        self._ends_chains = False
 
     @classmethod
     @refusing
@@ -231,8 +223,8 @@ class IdleMonitor:
             self.clock.since = None  # a request was moving between shards
             return ""
         k = self.keys
-        keys = [k.queue, k.leases, k.delayed, k.control, k.workers]
-        decided, reason, _ = await self._script(keys=keys, args=["finished", repr(self.started_at)])
+        decided, reason, _ = await self._script(keys=[k.queue, k.leases, k.delayed, k.control, k.workers],
+                                                args=["finished", repr(self.started_at)])
         if decided:
             logger.info("The crawl has had no work for %.1fs: every worker closes (reason finished)",
                         self.clock.idle_before_close)
