@@ -1,9 +1,7 @@
 """Crawl-wide stats, the worker heartbeat and registry, and the periodic task the extensions run on.
-
 :class:`ClusterStats` sends what changed in Scrapy's stats in one ``clusterstats.lua`` call per interval; a
 sequence number makes a resent flush count once. The registry: ``{spider}:workers`` (id -> last seen) and
-one ``{spider}:worker:<id>`` HASH per worker, read back through :func:`parse_worker_hash`.
-"""
+one ``{spider}:worker:<id>`` HASH per worker, read back through :func:`parse_worker_hash`."""
 
 from __future__ import annotations
 
@@ -63,10 +61,8 @@ class PeriodicTask(BackgroundTask):
 
     interrupt = True
 
-    def __init__(
-        self, func: Callable[[], Awaitable[object]], interval: float, what: str, logger: logging.Logger,
-        outage: Outage | None = None,
-    ) -> None:
+    def __init__(self, func: Callable[[], Awaitable[object]], interval: float, what: str,
+                 logger: logging.Logger, outage: Outage | None = None) -> None:
         every = max(interval, 0.01)  # the task runs every interval whatever happens
         super().__init__((outage or Outage()).guard(what, Backoff(every, every), logger))
         self.func, self.interval = func, interval
@@ -101,8 +97,7 @@ class StatsMerger:
     ``clusterstats.lua`` (pure: what changed since the previous snapshot)."""
 
     def __init__(self, max_stats: Iterable[str] = (), min_stats: Iterable[str] = ()) -> None:
-        self.max_stats = (*MAX_STATS, *max_stats)
-        self.min_stats = (*MIN_STATS, *min_stats)
+        self.max_stats, self.min_stats = (*MAX_STATS, *max_stats), (*MIN_STATS, *min_stats)
         self._flushed: dict[str, Any] = {}
 
     def mode(self, name: str, value: Any) -> str | None:
@@ -145,10 +140,8 @@ class ClusterStats:
     """Scrapy extension: crawl-wide stats in ``{spider}:stats`` and this worker's heartbeat, one round trip
     per ``CLUSTERSTATS_INTERVAL`` (0 disables; ``CLUSTERSTATS_MAX_STATS`` / ``_MIN_STATS`` merge modes)."""
 
-    def __init__(
-        self, crawler: Crawler, keys: CrawlKeys, interval: float = defaults.CLUSTERSTATS_INTERVAL,
-        merger: StatsMerger | None = None, persist: bool = defaults.SCHEDULER_PERSIST,
-    ) -> None:
+    def __init__(self, crawler: Crawler, keys: CrawlKeys, interval: float = defaults.CLUSTERSTATS_INTERVAL,
+                 merger: StatsMerger | None = None, persist: bool = defaults.SCHEDULER_PERSIST) -> None:
         self.crawler, self.keys, self.interval = crawler, keys, interval
         self.merger = merger or StatsMerger()
         # a non-persistent crawl removes its keys when it finishes: closed workers' details go soon too
@@ -170,8 +163,8 @@ class ClusterStats:
         m = ds.monitoring
         if m.interval <= 0:
             raise NotConfigured("CLUSTERSTATS_INTERVAL is 0")
-        merger = StatsMerger(m.max_stats, m.min_stats)
-        o = cls(crawler, crawler_keys(crawler), m.interval, merger, ds.scheduler.persist)
+        o = cls(crawler, crawler_keys(crawler), m.interval, StatsMerger(m.max_stats, m.min_stats),
+                ds.scheduler.persist)
         crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
@@ -203,10 +196,9 @@ class ClusterStats:
                     break
                 except Exception as exc:
                     if time.monotonic() > deadline:
-                        logger.error(
-                            "Could not write this worker's last stats to %s (%s); the crawl-wide stats miss"
-                            " at most its last %.0fs", self.keys.stats, exc, self.interval,
-                        )
+                        logger.error("Could not write this worker's last stats to %s (%s); the crawl-wide"
+                                     " stats miss at most its last %.0fs", self.keys.stats, exc,
+                                     self.interval)
                         break
                     await asyncio.sleep(0.5)
         finally:
@@ -376,8 +368,7 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
         started=number("started", 0.0, 1e11), pages=count("pages"), items=count("items"),
         errors=count("errors"), inflight=count("inflight"), prefetched=count("prefetched"),
         pages_per_min=number("pages_per_min", 0.0, 1e12), interval=number("interval", 0.001, 86400.0),
-        state=state, finish_reason=d.get("finish_reason", "")[:MAX_TEXT], garbage=tuple(garbage),
-    )
+        state=state, finish_reason=d.get("finish_reason", "")[:MAX_TEXT], garbage=tuple(garbage))
 
 
 def worker_state(info: dict[str, str], last_seen: float, now: float, default_interval: float) -> str:
@@ -386,6 +377,5 @@ def worker_state(info: dict[str, str], last_seen: float, now: float, default_int
     if info.get("state") == CLOSED:
         return CLOSED
     interval = _finite(str(info.get("interval") or ""), 0.001, 86400.0) or default_interval
-    if not now - last_seen <= LOST_AFTER_INTERVALS * interval:  # a NaN last_seen is lost, not running
-        return LOST
-    return RUNNING
+    # a NaN last_seen is lost, not running
+    return RUNNING if now - last_seen <= LOST_AFTER_INTERVALS * interval else LOST

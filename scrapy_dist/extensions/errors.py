@@ -1,8 +1,7 @@
 """Crawl-wide error monitoring (docs/monitoring.md, "Error monitor"): each worker counts attempts and errors
 from Scrapy's signals; every ``CLUSTERSTATS_INTERVAL`` one ``errors.lua`` call adds them to per-bucket
 counters and answers the window's totals. Past a threshold, exactly one worker takes ``ERRORMONITOR_ACTION``
-(``log``, ``pause`` or ``close``), at most once per window.
-"""
+(``log``, ``pause`` or ``close``), at most once per window."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ class ErrorCounts:
     """One worker's error events since its last flush (pure: no I/O, time is a parameter)."""
 
     def __init__(self, is_http_error: Any, worker: str = "") -> None:
-        self.is_http_error = is_http_error
-        self.worker = worker
+        self.is_http_error, self.worker = is_http_error, worker
         self.counts: Counter[str] = Counter()
         self.examples: list[str] = []
         self._examples_per_reason: Counter[str] = Counter()
@@ -114,16 +112,14 @@ def format_alert(spider: str, totals: dict[str, int], examples: list[str], windo
         except ValueError:
             continue
         by_reason.setdefault(rec.get("reason", ""), rec.get("url", ""))
-    lines = [
-        f"Error threshold passed for {spider!r}: {errors} errors crawl-wide in the last {window:.0f}s{rate}.",
-        "Top reasons:",
-    ]
+    lines = [f"Error threshold passed for {spider!r}: {errors} errors crawl-wide in the last {window:.0f}s"
+             f"{rate}.", "Top reasons:"]
     for n, reason in reasons:
         example = by_reason.get(reason)
         lines.append(f"  {reason}: {n}" + (f" (e.g. {example})" if example else ""))
     if action == "pause":
-        lines.append(f"The crawl is paused: every worker stops taking new requests until "
-                     f"`scrapy-dist resume {spider}`.")
+        lines.append(f"The crawl is paused: every worker stops taking new requests until `scrapy-dist resume"
+                     f" {spider}`.")
     elif action == "close":
         lines.append("Every worker is closing (reason error_threshold).")
     return "\n".join(lines)
@@ -138,17 +134,15 @@ class ErrorMonitor:
         self.interval = config.interval or defaults.CLUSTERSTATS_INTERVAL
         self.bucket = max(1.0, config.window / BUCKETS)
         self.events = ErrorCounts(http_error_matcher(list(config.http_errors)))
-        #: SCHEDULER_PERSIST: a finished crawl that does not persist has its keys removed at close
-        self.persist = persist
+        self.persist = persist  #: a finished crawl that does not persist has its keys removed at close
         self.redis: Any = None
         self.started_at = 0.0
         self.totals: dict[str, int] = {}
         self._answered: set[int] = set()
         self._script: Any = None
         self._task: PeriodicTask | None = None
-        self._closing = False
+        self._closing = self._local_pause = False
         self._close_task: asyncio.Task[None] | None = None
-        self._local_pause = False
         self._garbage_log = RateLimitedLog.once(logger)
 
     @classmethod
@@ -210,10 +204,8 @@ class ErrorMonitor:
         args: list[Any] = [
             "" if now is None else repr(now), repr(self.bucket), repr(c.window),
             "" if c.max_errors is None else c.max_errors,
-            "" if c.max_error_rate is None else repr(c.max_error_rate),
-            c.min_attempts, c.action, EXAMPLES_KEPT, len(counts),
-            *(x for pair in counts.items() for x in pair), *examples,
-        ]
+            "" if c.max_error_rate is None else repr(c.max_error_rate), c.min_attempts, c.action,
+            EXAMPLES_KEPT, len(counts), *(x for pair in counts.items() for x in pair), *examples]
         keys = [self.keys.errors, self.keys.error_examples, self.keys.control]
         try:
             tripped, server_now, flat, control, kept, garbage = await self._script(keys=keys, args=args)
