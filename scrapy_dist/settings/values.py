@@ -90,10 +90,8 @@ def _number(spec: Setting, value: Any) -> float | int:
     if isinstance(number, float):
         if not math.isfinite(number):
             raise SettingsError(spec.name, value, "not a finite number", expected)
-        if integer:
-            if not number.is_integer():
-                raise SettingsError(spec.name, value, "not an integer", expected)
-            number = int(number)
+        if integer and not number.is_integer():
+            raise SettingsError(spec.name, value, "not an integer", expected)
     lo, hi = spec.low, spec.high
     too_low = lo is not None and (number <= lo if spec.low_open else number < lo)
     if too_low or (hi is not None and number > hi):
