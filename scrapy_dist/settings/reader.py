@@ -160,8 +160,7 @@ class SettingsReader:
             return []
         out = []
         for name, instead in SCRAPY_QUEUE_SETTINGS.items():
-            priority = getattr(self.settings, "getpriority", lambda n: None)(name)
-            if priority is not None and priority > 0:  # set by the project, a spider or -s
+            if (getattr(self.settings, "getpriority", lambda n: None)(name) or 0) > 0:  # project, spider, -s
                 out.append(f"scrapy-dist: {name} has no effect with the scrapy-dist scheduler: {instead}")
         pq = str(self.raw("SCHEDULER_PRIORITY_QUEUE") or "")
         if pq and not pq.endswith(("DownloaderAwarePriorityQueue", "ScrapyPriorityQueue")):
