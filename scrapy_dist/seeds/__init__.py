@@ -109,9 +109,8 @@ class SeedRules:
 
     @classmethod
     def from_dist(cls, ds: DistSettings) -> SeedRules:
-        return cls(max_bytes=ds.seeds.max_bytes, allowed_schemes=ds.scheduler.allowed_schemes,
-                   meta_allowed=ds.seeds.meta_allowed, headers_allowed=ds.seeds.headers_allowed,
-                   dedupe=ds.seeds.dedupe)
+        s = ds.seeds
+        return cls(s.max_bytes, ds.scheduler.allowed_schemes, s.meta_allowed, s.headers_allowed, s.dedupe)
 
 
 DEFAULT_RULES = SeedRules()
@@ -301,10 +300,9 @@ def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
 
     def check(name: str) -> bool:
         try:
-            spider_method(spider, name, "callback")
+            return resolve_callback(spider, name, "callback") is not None
         except RejectedEntry:
             return False
-        return user_defined(type(spider), name)
 
     return check
 

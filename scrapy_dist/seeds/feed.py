@@ -103,9 +103,8 @@ class SeedReader:
         self._take = scripts.register(redis, "seeds_take")
         self._adopt = scripts.register(redis, "seeds_adopt")
 
-    async def take(
-        self, count: int, acks: Sequence[bytes] = (), mode: str = "take", now: float | None = None
-    ) -> TakeResult:
+    async def take(self, count: int, acks: Sequence[bytes] = (), mode: str = "take",
+                   now: float | None = None) -> TakeResult:
         """Acknowledge ``acks``, renew the lease, take up to ``count`` seeds: one EVALSHA of
         ``seeds_take.lua`` (which documents ``mode``: ``take``, ``sweep``, ``leave``)."""
         raw = await self._take(keys=self._keys, args=[
@@ -283,8 +282,7 @@ class SeedFeed(BackgroundTask):
         self.succeeded()
         if result.expired:
             # after the take: its entries are ours whatever happens here (a failure is retried next time)
-            adopted = await self.attempt(self._call(r.adopt(result.expired)))
-            if adopted:
+            if adopted := await self.attempt(self._call(r.adopt(result.expired))):
                 self._garbage([], adopted[2])
             if adopted and adopted[0]:
                 self.stats.inc_value("seeds/adopted", adopted[1])
@@ -387,8 +385,7 @@ class SeedFeed(BackgroundTask):
         await self._finish("leave")
 
     async def _finish(self, mode: str) -> None:
-        self._finished = True
-        self.closing = True
+        self._finished = self.closing = True
         r = self.reader
         # only what the frontier has is acknowledged; the mode gives everything else back
         try:
