@@ -179,10 +179,9 @@ def worker_rows(members: list[tuple[Any, float]], details: list[dict[Any, Any]],
             seen = 0.0
         interval = "" if info.interval is None else repr(info.interval)
         state = worker_state({"state": info.state, "interval": interval}, seen, now, default_interval)
+        inflight = None if info.inflight is None else info.inflight + (info.prefetched or 0)
         if leases is not None:
             inflight = leases.get(text(member), 0)
-        else:
-            inflight = None if info.inflight is None else info.inflight + (info.prefetched or 0)
         running = state == RUNNING
         row: dict[str, Any] = {
             "id": wid, "host": info.host or bounded_text(wid.split(":", 1)[0]), "pid": info.pid,

@@ -163,9 +163,8 @@ class SeedFeed(BackgroundTask):
         super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
         self.stats = self.crawler.stats
         self.reader, self.keys, self.rules = reader, reader.keys, rules
-        self.batch_size = max(1, batch_size)
+        self.batch_size, self.idle_before_close = max(1, batch_size), idle_before_close
         self.max_unconfirmed = held_most(self.batch_size)
-        self.idle_before_close = idle_before_close
         self.block_seconds, self.poll_seconds = block_seconds, poll_seconds
         self._taken: deque[_Taken] = deque()
         self._acks: list[bytes] = []
