@@ -149,9 +149,7 @@ class ClusterStats:
         # a non-persistent crawl removes its keys when it finishes: closed workers' details go soon too
         self.closed_ttl = WORKER_TTL if persist else CLOSED_TTL_NOT_PERSISTENT
         self.redis: Any = None
-        self.worker = ""
-        self.started = time.time()
-        self.rate = RateMeter()
+        self.worker, self.started, self.rate = "", time.time(), RateMeter()
         self._script: Any = None
         self._seq = 0
         self._pending: tuple[int, list[tuple[str, str, str]]] | None = None
@@ -162,8 +160,7 @@ class ClusterStats:
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
-        m = ds.monitoring
-        if m.interval <= 0:
+        if (m := ds.monitoring).interval <= 0:
             raise NotConfigured("CLUSTERSTATS_INTERVAL is 0")
         o = cls(crawler, crawler_keys(crawler), m.interval, StatsMerger(m.max_stats, m.min_stats),
                 ds.scheduler.persist)
@@ -174,8 +171,7 @@ class ClusterStats:
     async def spider_opened(self, spider: Spider) -> None:
         if start_error(self.crawler) is not None:  # the crawl stops as it opens
             return
-        self.worker = worker_id(self.crawler)
-        self.started = time.time()
+        self.worker, self.started = worker_id(self.crawler), time.time()
         self.redis = connection.ClientPool.of(self.crawler).async_client()
         self._script = scripts.register(self.redis, "clusterstats")
         outage = Outage.for_crawler(self.crawler)

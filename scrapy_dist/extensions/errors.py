@@ -142,9 +142,8 @@ class ErrorMonitor:
         self._answered: set[int] = set()
         self._script: Any = None
         self._task: PeriodicTask | None = None
-        self._closing = False
+        self._closing = self._local_pause = False
         self._close_task: asyncio.Task[None] | None = None
-        self._local_pause = False
         self._garbage_log = RateLimitedLog.once(logger)
 
     @classmethod
@@ -241,8 +240,7 @@ class ErrorMonitor:
         """Without the scrapy-dist scheduler (which pauses itself), pause this worker's engine."""
         if scheduler_of(self.crawler) is not None or paused == self._local_pause:
             return
-        engine = engine_of(self.crawler)
-        if engine is None:
+        if (engine := engine_of(self.crawler)) is None:
             return
         self._local_pause = paused
         if paused:
