@@ -140,8 +140,7 @@ class Seed:
         d: dict[str, Any] = {"url": self.url}
         for name in ("method", "headers", "body", "meta", "cb_kwargs", "priority", "callback", "errback",
                      "cookies", "dont_filter"):
-            value = getattr(self, name)
-            if value is not None and (name, value) != ("method", "GET"):
+            if (value := getattr(self, name)) is not None and (name, value) != ("method", "GET"):
                 d[name] = value
         for name, value in (self.formdata or {}).items():
             d.setdefault(name, value)
@@ -323,8 +322,7 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
     dont_filter = (not dedupe) if seed.dont_filter is None else seed.dont_filter
     kw: dict[str, Any] = {"url": seed.url, "method": seed.method, "dont_filter": dont_filter}
     for name in ("headers", "body", "meta", "cb_kwargs", "priority", "cookies"):  # unset: Request's default
-        value = getattr(seed, name)
-        if value is not None:
+        if (value := getattr(seed, name)) is not None:
             kw[name] = value
     if seed.formdata:
         from scrapy import FormRequest
@@ -332,8 +330,7 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
         if request_cls is None or not issubclass(request_cls, FormRequest):
             request_cls = FormRequest
     for what in ("callback", "errback"):
-        name = getattr(seed, what)
-        if name is not None:
+        if (name := getattr(seed, what)) is not None:
             if spider is None:
                 raise RejectedEntry(f"bad_{what}", f"no spider to resolve {what} {name!r}")
             kw[what] = resolve_callback(spider, name, what)
