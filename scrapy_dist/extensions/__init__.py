@@ -1,8 +1,7 @@
 """Seeing and steering a running cluster: crawl-wide stats and worker heartbeats (:class:`ClusterStats`),
 closing every worker together when the crawl runs out of work (:class:`IdleMonitor`), crawl-wide error
 thresholds (:class:`ErrorMonitor`), and :class:`RedisStatsCollector` (``STATS_CLASS``). The add-on enables
-all three extensions; ``EXTENSIONS = {"scrapy_dist.extensions.IdleMonitor": 500}`` enables one.
-"""
+all three extensions; ``EXTENSIONS = {"scrapy_dist.extensions.IdleMonitor": 500}`` enables one."""
 
 from __future__ import annotations
 
@@ -109,14 +108,11 @@ class IdleMonitor:
     zero for ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds and this worker holds no request, ``idle.lua``
     re-checks the frontier atomically and sets ``close = finished``, which every worker started before it
     obeys. With shards, :func:`~scrapy_dist.frontier.shard.shards_idle` first proves every shard empty at
-    one moment. With ``SCHEDULER_IDLE_BEFORE_CLOSE = 0`` it only relays close decisions.
-    """
+    one moment. With ``SCHEDULER_IDLE_BEFORE_CLOSE = 0`` it only relays close decisions."""
 
-    def __init__(
-        self, crawler: Crawler, keys: CrawlKeys,
-        idle_before_close: float = defaults.SCHEDULER_IDLE_BEFORE_CLOSE, seeds_type: str = "list",
-        poll: float | None = None, shards: int = 1,
-    ) -> None:
+    def __init__(self, crawler: Crawler, keys: CrawlKeys,
+                 idle_before_close: float = defaults.SCHEDULER_IDLE_BEFORE_CLOSE, seeds_type: str = "list",
+                 poll: float | None = None, shards: int = 1) -> None:
         self.crawler, self.keys, self.seeds_type = crawler, keys, seeds_type
         self.shard_keys = keys.shards(shards)  # all workers of a crawl agree on SCHEDULER_SHARDS
         self.clock = IdleClock(idle_before_close)
@@ -153,8 +149,8 @@ class IdleMonitor:
         self._script = scripts.register(self.redis, "idle")
         self.started_at = await start_time(self.redis)
         self._opened_mono = time.monotonic()
-        outage = Outage.for_crawler(self.crawler)
-        self._task = PeriodicTask(self.check, self.poll, "idle monitor", logger, outage).start()
+        self._task = PeriodicTask(self.check, self.poll, "idle monitor", logger,
+                                  Outage.for_crawler(self.crawler)).start()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         if self._task is not None:
@@ -182,8 +178,7 @@ class IdleMonitor:
         pipe = self.redis.pipeline(transaction=False)
         for shard in self.shard_keys:
             pipe.zcard(shard.queue).zcard(shard.leases).zcard(shard.delayed)
-        count_seeds = {"zset": pipe.zcard, "set": pipe.scard}.get(self.seeds_type, pipe.llen)
-        count_seeds(k.start_urls)
+        {"zset": pipe.zcard, "set": pipe.scard}.get(self.seeds_type, pipe.llen)(k.start_urls)
         pipe.llen(k.start_urls_processing).hgetall(k.control)
         *counts, control = await pipe.execute(raise_on_error=False)
         if isinstance(control, Exception):
@@ -231,8 +226,8 @@ class IdleMonitor:
             self.clock.since = None  # a request was moving between shards
             return ""
         k = self.keys
-        keys = [k.queue, k.leases, k.delayed, k.control, k.workers]
-        decided, reason, _ = await self._script(keys=keys, args=["finished", repr(self.started_at)])
+        decided, reason, _ = await self._script(keys=[k.queue, k.leases, k.delayed, k.control, k.workers],
+                                                args=["finished", repr(self.started_at)])
         if decided:
             logger.info("The crawl has had no work for %.1fs: every worker closes (reason finished)",
                         self.clock.idle_before_close)

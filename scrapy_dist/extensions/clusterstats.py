@@ -2,8 +2,7 @@
 
 :class:`ClusterStats` sends what changed in Scrapy's stats in one ``clusterstats.lua`` call per interval; a
 sequence number makes a resent flush count once. The registry: ``{spider}:workers`` (id -> last seen) and
-one ``{spider}:worker:<id>`` HASH per worker, read back through :func:`parse_worker_hash`.
-"""
+one ``{spider}:worker:<id>`` HASH per worker, read back through :func:`parse_worker_hash`."""
 
 from __future__ import annotations
 
@@ -63,10 +62,8 @@ class PeriodicTask(BackgroundTask):
 
     interrupt = True
 
-    def __init__(
-        self, func: Callable[[], Awaitable[object]], interval: float, what: str, logger: logging.Logger,
-        outage: Outage | None = None,
-    ) -> None:
+    def __init__(self, func: Callable[[], Awaitable[object]], interval: float, what: str,
+                 logger: logging.Logger, outage: Outage | None = None) -> None:
         every = max(interval, 0.01)  # the task runs every interval whatever happens
         super().__init__((outage or Outage()).guard(what, Backoff(every, every), logger))
         self.func, self.interval = func, interval
@@ -145,18 +142,14 @@ class ClusterStats:
     """Scrapy extension: crawl-wide stats in ``{spider}:stats`` and this worker's heartbeat, one round trip
     per ``CLUSTERSTATS_INTERVAL`` (0 disables; ``CLUSTERSTATS_MAX_STATS`` / ``_MIN_STATS`` merge modes)."""
 
-    def __init__(
-        self, crawler: Crawler, keys: CrawlKeys, interval: float = defaults.CLUSTERSTATS_INTERVAL,
-        merger: StatsMerger | None = None, persist: bool = defaults.SCHEDULER_PERSIST,
-    ) -> None:
+    def __init__(self, crawler: Crawler, keys: CrawlKeys, interval: float = defaults.CLUSTERSTATS_INTERVAL,
+                 merger: StatsMerger | None = None, persist: bool = defaults.SCHEDULER_PERSIST) -> None:
         self.crawler, self.keys, self.interval = crawler, keys, interval
         self.merger = merger or StatsMerger()
         # a non-persistent crawl removes its keys when it finishes: closed workers' details go soon too
         self.closed_ttl = WORKER_TTL if persist else CLOSED_TTL_NOT_PERSISTENT
         self.redis: Any = None
-        self.worker = ""
-        self.started = time.time()
-        self.rate = RateMeter()
+        self.worker, self.started, self.rate = "", time.time(), RateMeter()
         self._script: Any = None
         self._seq = 0
         self._pending: tuple[int, list[tuple[str, str, str]]] | None = None
@@ -167,11 +160,10 @@ class ClusterStats:
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
-        m = ds.monitoring
-        if m.interval <= 0:
+        if (m := ds.monitoring).interval <= 0:
             raise NotConfigured("CLUSTERSTATS_INTERVAL is 0")
-        merger = StatsMerger(m.max_stats, m.min_stats)
-        o = cls(crawler, crawler_keys(crawler), m.interval, merger, ds.scheduler.persist)
+        o = cls(crawler, crawler_keys(crawler), m.interval, StatsMerger(m.max_stats, m.min_stats),
+                ds.scheduler.persist)
         crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
@@ -179,8 +171,7 @@ class ClusterStats:
     async def spider_opened(self, spider: Spider) -> None:
         if start_error(self.crawler) is not None:  # the crawl stops as it opens
             return
-        self.worker = worker_id(self.crawler)
-        self.started = time.time()
+        self.worker, self.started = worker_id(self.crawler), time.time()
         self.redis = connection.ClientPool.of(self.crawler).async_client()
         self._script = scripts.register(self.redis, "clusterstats")
         outage = Outage.for_crawler(self.crawler)
@@ -203,10 +194,9 @@ class ClusterStats:
                     break
                 except Exception as exc:
                     if time.monotonic() > deadline:
-                        logger.error(
-                            "Could not write this worker's last stats to %s (%s); the crawl-wide stats miss"
-                            " at most its last %.0fs", self.keys.stats, exc, self.interval,
-                        )
+                        logger.error("Could not write this worker's last stats to %s (%s); the crawl-wide"
+                                     " stats miss at most its last %.0fs", self.keys.stats, exc,
+                                     self.interval)
                         break
                     await asyncio.sleep(0.5)
         finally:
@@ -218,16 +208,14 @@ class ClusterStats:
         ledger = getattr(sched, "ledger", None)
         # requests handed to the engine, and leased ahead of demand (all a paused worker holds)
         handed, ready = ("", "") if ledger is None else (str(len(ledger.handed)), str(len(ledger.ready)))
-        fields = {
-            "id": self.worker, "host": socket.gethostname(), "pid": str(os.getpid()),
-            "spider": self.keys.spider, "started": f"{self.started:.3f}",
-            "pages": str(int(stats.get("response_received_count", 0) or 0)),
-            "items": str(int(stats.get("item_scraped_count", 0) or 0)),
-            "errors": str(error_count(stats)),
-            "inflight": "0" if final else handed, "prefetched": "0" if final else ready,
-            "pages_per_min": f"{0.0 if final else self.rate.per_minute():.1f}",
-            "interval": repr(float(self.interval)), "state": CLOSED if final else RUNNING,
-        }
+        fields = {"id": self.worker, "host": socket.gethostname(), "pid": str(os.getpid()),
+                  "spider": self.keys.spider, "started": f"{self.started:.3f}",
+                  "pages": str(int(stats.get("response_received_count", 0) or 0)),
+                  "items": str(int(stats.get("item_scraped_count", 0) or 0)),
+                  "errors": str(error_count(stats)),
+                  "inflight": "0" if final else handed, "prefetched": "0" if final else ready,
+                  "pages_per_min": f"{0.0 if final else self.rate.per_minute():.1f}",
+                  "interval": repr(float(self.interval)), "state": CLOSED if final else RUNNING}
         if reason:
             fields["finish_reason"] = reason
         status = getattr(sched, "frontier_status", None)
@@ -372,13 +360,12 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
         garbage.append("state")
         state = ""
     pid = count("pid")
-    return WorkerInfo(
-        host=d.get("host", "")[:MAX_TEXT], pid=pid if pid is None or pid < 2**32 else None,
-        started=number("started", 0.0, 1e11), pages=count("pages"), items=count("items"),
-        errors=count("errors"), inflight=count("inflight"), prefetched=count("prefetched"),
-        pages_per_min=number("pages_per_min", 0.0, 1e12), interval=number("interval", 0.001, 86400.0),
-        state=state, finish_reason=d.get("finish_reason", "")[:MAX_TEXT], garbage=tuple(garbage),
-    )
+    return WorkerInfo(host=d.get("host", "")[:MAX_TEXT], pid=pid if pid is None or pid < 2**32 else None,
+                      started=number("started", 0.0, 1e11), pages=count("pages"), items=count("items"),
+                      errors=count("errors"), inflight=count("inflight"), prefetched=count("prefetched"),
+                      pages_per_min=number("pages_per_min", 0.0, 1e12),
+                      interval=number("interval", 0.001, 86400.0), state=state,
+                      finish_reason=d.get("finish_reason", "")[:MAX_TEXT], garbage=tuple(garbage))
 
 
 def worker_state(info: dict[str, str], last_seen: float, now: float, default_interval: float) -> str:

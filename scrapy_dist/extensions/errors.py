@@ -1,8 +1,7 @@
 """Crawl-wide error monitoring (docs/monitoring.md, "Error monitor"): each worker counts attempts and errors
 from Scrapy's signals; every ``CLUSTERSTATS_INTERVAL`` one ``errors.lua`` call adds them to per-bucket
 counters and answers the window's totals. Past a threshold, exactly one worker takes ``ERRORMONITOR_ACTION``
-(``log``, ``pause`` or ``close``), at most once per window.
-"""
+(``log``, ``pause`` or ``close``), at most once per window."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ class ErrorCounts:
     """One worker's error events since its last flush (pure: no I/O, time is a parameter)."""
 
     def __init__(self, is_http_error: Any, worker: str = "") -> None:
-        self.is_http_error = is_http_error
-        self.worker = worker
+        self.is_http_error, self.worker = is_http_error, worker
         self.counts: Counter[str] = Counter()
         self.examples: list[str] = []
         self._examples_per_reason: Counter[str] = Counter()
@@ -114,10 +112,8 @@ def format_alert(spider: str, totals: dict[str, int], examples: list[str], windo
         except ValueError:
             continue
         by_reason.setdefault(rec.get("reason", ""), rec.get("url", ""))
-    lines = [
-        f"Error threshold passed for {spider!r}: {errors} errors crawl-wide in the last {window:.0f}s{rate}.",
-        "Top reasons:",
-    ]
+    lines = [f"Error threshold passed for {spider!r}: {errors} errors crawl-wide in the last"
+             f" {window:.0f}s{rate}.", "Top reasons:"]
     for n, reason in reasons:
         example = by_reason.get(reason)
         lines.append(f"  {reason}: {n}" + (f" (e.g. {example})" if example else ""))
@@ -146,9 +142,8 @@ class ErrorMonitor:
         self._answered: set[int] = set()
         self._script: Any = None
         self._task: PeriodicTask | None = None
-        self._closing = False
+        self._closing = self._local_pause = False
         self._close_task: asyncio.Task[None] | None = None
-        self._local_pause = False
         self._garbage_log = RateLimitedLog.once(logger)
 
     @classmethod
@@ -187,8 +182,8 @@ class ErrorMonitor:
         self.redis = connection.ClientPool.of(self.crawler).async_client()
         self._script = scripts.register(self.redis, "errors")
         self.started_at = await start_time(self.redis)
-        outage = Outage.for_crawler(self.crawler)
-        self._task = PeriodicTask(self.flush, self.interval, "error monitor", logger, outage).start()
+        self._task = PeriodicTask(self.flush, self.interval, "error monitor", logger,
+                                  Outage.for_crawler(self.crawler)).start()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         self._closing = True
@@ -207,13 +202,11 @@ class ErrorMonitor:
         call); whether this call took the action."""
         counts, examples = self.events.take()
         c = self.config
-        args: list[Any] = [
-            "" if now is None else repr(now), repr(self.bucket), repr(c.window),
-            "" if c.max_errors is None else c.max_errors,
-            "" if c.max_error_rate is None else repr(c.max_error_rate),
-            c.min_attempts, c.action, EXAMPLES_KEPT, len(counts),
-            *(x for pair in counts.items() for x in pair), *examples,
-        ]
+        args: list[Any] = ["" if now is None else repr(now), repr(self.bucket), repr(c.window),
+                           "" if c.max_errors is None else c.max_errors,
+                           "" if c.max_error_rate is None else repr(c.max_error_rate), c.min_attempts,
+                           c.action, EXAMPLES_KEPT, len(counts), *(x for kv in counts.items() for x in kv),
+                           *examples]
         keys = [self.keys.errors, self.keys.error_examples, self.keys.control]
         try:
             tripped, server_now, flat, control, kept, garbage = await self._script(keys=keys, args=args)
@@ -227,7 +220,7 @@ class ErrorMonitor:
                                   " other names", garbage, self.keys.errors)
         if tripped:
             self.crawler.stats.inc_value("errormonitor/tripped")
-            kept_text = list(map(text, kept))
+            kept_text = [text(x) for x in kept]
             logger.error(format_alert(self.keys.spider, self.totals, kept_text, c.window, c.action))
         close, close_at, paused = (text(x) for x in control)
         if self._closing:
@@ -247,8 +240,7 @@ class ErrorMonitor:
         """Without the scrapy-dist scheduler (which pauses itself), pause this worker's engine."""
         if scheduler_of(self.crawler) is not None or paused == self._local_pause:
             return
-        engine = engine_of(self.crawler)
-        if engine is None:
+        if (engine := engine_of(self.crawler)) is None:
             return
         self._local_pause = paused
         if paused:

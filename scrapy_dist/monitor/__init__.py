@@ -2,8 +2,7 @@
 or four round trips), the Prometheus exporter (``metrics``) and the dashboard (``dashboard``).
 
 Everything read is untrusted: texts are cut, numbers kept only when finite and in range, lists capped (the
-rest summed as ``other``), garbage becomes ``None`` and is counted, so no answer crashes or grows unbounded.
-"""
+rest summed as ``other``), garbage becomes ``None`` and is counted: no answer crashes or grows unbounded."""
 
 from __future__ import annotations
 
@@ -27,10 +26,8 @@ from scrapy_dist.redis.scripts import count as untrusted_count
 from scrapy_dist.redis.scripts import hash_fields, text
 from scrapy_dist.settings import defaults
 
-__all__ = [
-    "ID_LIMIT", "MAX_VALUE", "REASON_LIMIT", "STAT_LIMIT", "TEXT_LIMIT", "bounded_id", "bounded_text",
-    "decode_stats", "filter_figures", "finite", "read_status", "top_counts",
-]
+__all__ = ["ID_LIMIT", "MAX_VALUE", "REASON_LIMIT", "STAT_LIMIT", "TEXT_LIMIT", "bounded_id", "bounded_text",
+           "decode_stats", "filter_figures", "finite", "read_status", "top_counts"]
 
 ID_LIMIT = 120  #: longest worker id an answer carries; longer ones are cut, made unique
 TEXT_LIMIT = 200  #: Longest free text (a host, a reason, a stat's text value) an answer carries.
@@ -40,10 +37,9 @@ REASON_LIMIT = 20  #: reasons listed per answer; the rarer ones are summed as ``
 WORKER_LIMIT = 200  #: Workers listed (most recently seen first); the summary counts all of them.
 LEASE_SCAN_LIMIT = 100_000  #: per-worker lease counts come from a scan of at most this many
 #: Stats kept before any other when the stats hash is over :data:`STAT_LIMIT`.
-ESSENTIAL_STATS = frozenset({
-    "response_received_count", "item_scraped_count", "item_dropped_count", "scheduler/enqueued",
-    "downloader/response_bytes", "log_count/ERROR", "start_time", "finish_time", "finish_reason",
-})
+ESSENTIAL_STATS = frozenset({"response_received_count", "item_scraped_count", "item_dropped_count",
+                             "scheduler/enqueued", "downloader/response_bytes", "log_count/ERROR",
+                             "start_time", "finish_time", "finish_reason"})
 
 
 def bounded_text(value: Any, limit: int = TEXT_LIMIT) -> str:
@@ -155,11 +151,9 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
             totals[name] += count
     attempts, errors = totals.get("attempts", 0), totals.get("errors", 0)
     reasons = dict(top_counts((k[2:], n) for k, n in totals.items() if k.startswith("r:")))
-    return {
-        "window": window or None, "attempts": attempts, "errors": errors,
-        "error_rate": round(errors / attempts, 4) if attempts else None, "http": totals.get("http", 0),
-        "download": totals.get("download", 0), "spider": totals.get("spider", 0), "reasons": reasons,
-    }
+    return {"window": window or None, "attempts": attempts, "errors": errors,
+            "error_rate": round(errors / attempts, 4) if attempts else None, "http": totals.get("http", 0),
+            "download": totals.get("download", 0), "spider": totals.get("spider", 0), "reasons": reasons}
 
 
 def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ()) -> Counter[str]:
@@ -174,16 +168,13 @@ def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ())
     return out
 
 
-def worker_rows(
-    members: list[tuple[Any, float]], details: list[dict[Any, Any]], leases: Counter[str] | None, now: float,
-    default_interval: float,
-) -> list[dict[str, Any]]:
+def worker_rows(members: list[tuple[Any, float]], details: list[dict[Any, Any]], leases: Counter[str] | None,
+                now: float, default_interval: float) -> list[dict[str, Any]]:
     """One JSON-ready row per worker, running first, then lost, then closed, most recently seen first."""
     rows: list[dict[str, Any]] = []
     for (member, last_seen), raw in zip(members, details, strict=True):
         info = parse_worker_hash(raw)  # an HGETALL reply, or {} for a key of another type
-        wid = bounded_id(member)
-        seen = float(last_seen)
+        wid, seen = bounded_id(member), float(last_seen)
         if not math.isfinite(seen):  # ZADD accepts +inf: such a worker is never "seen" at any real time
             seen = 0.0
         interval = "" if info.interval is None else repr(info.interval)
@@ -194,16 +185,14 @@ def worker_rows(
         running = state == RUNNING
         row: dict[str, Any] = {
             "id": wid, "host": info.host or bounded_text(wid.split(":", 1)[0]), "pid": info.pid,
-            "state": state, "last_seen": round(seen, 3),
-            "seen_ago": round(min(max(0.0, now - seen), 1e10), 1),
+            "state": state, "last_seen": round(seen, 3), "seen_ago": round(min(max(0, now - seen), 1e10), 1),
             "started": info.started, "pages": info.pages, "items": info.items, "errors": info.errors,
             "leases": inflight,
             # of its leases: handed to the engine / prefetched, per its last heartbeat (running only)
             "in_flight": info.inflight if running else None,
             "prefetched": info.prefetched if running else None,
             "pages_per_min": (info.pages_per_min or 0.0) if running else 0.0,
-            "finish_reason": info.finish_reason or None,
-        }
+            "finish_reason": info.finish_reason or None}
         if info.garbage:
             row["garbage"] = list(info.garbage)
         rows.append(row)
@@ -291,18 +280,16 @@ def _domains(client: Any, shards: list[CrawlKeys], now: float, limit: int) -> li
 def _scan_leases(client: Any, shards: list[CrawlKeys]) -> Counter[str] | None:
     """Leases per worker (None if a key holds another type)."""
     try:
-        return leases_by_worker(
-            [k for shard in shards for k, _ in client.zscan_iter(shard.leases, count=1000)],
-            [v for shard in shards for _, v in client.hscan_iter(shard.lease_meta, count=1000)],
-        )
+        lease_keys = [k for shard in shards for k, _ in client.zscan_iter(shard.leases, count=1000)]
+        meta = [v for shard in shards for _, v in client.hscan_iter(shard.lease_meta, count=1000)]
+        return leases_by_worker(lease_keys, meta)
     except ResponseError:
         return None
 
 
-def read_status(
-    client: Any, keys: CrawlKeys, *, default_interval: float = defaults.CLUSTERSTATS_INTERVAL,
-    worker_limit: int = WORKER_LIMIT, lease_scan_limit: int = LEASE_SCAN_LIMIT, domain_limit: int = 10,
-) -> dict[str, Any]:
+def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defaults.CLUSTERSTATS_INTERVAL,
+                worker_limit: int = WORKER_LIMIT, lease_scan_limit: int = LEASE_SCAN_LIMIT,
+                domain_limit: int = 10) -> dict[str, Any]:
     """Everything ``scrapy-dist status`` shows about the crawl, as JSON-ready data. Per-worker lease counts
     come from a scan of the leases while at most ``lease_scan_limit`` (0: never; else from heartbeats)."""
     now = server_time(client)
@@ -356,10 +343,8 @@ def read_status(
         "leases": {**lease_breakdown(inflight, workers), **expiry},
         "shards": len(shards),
         "deadletter": int(dead),
-        "seeds": {
-            "key": keys.start_urls, "type": seeds_type if seeds_type != "none" else None,
-            "waiting": seeds_waiting, "processing": int(processing), "rejected": int(seeds_rejected),
-        },
+        "seeds": {"key": keys.start_urls, "type": seeds_type if seeds_type != "none" else None,
+                  "waiting": seeds_waiting, "processing": int(processing), "rejected": int(seeds_rejected)},
         "rejected": {"seeds": int(seeds_rejected), "queue": queue_rejected},
         "filter": combine_filters(filters),
         "control": {"paused": control.paused, "paused_by": control.paused_by or None,
@@ -401,11 +386,9 @@ def _filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] 
     plan = BloomPlan(capacity, float(b["error_rate"]), block_bits, scheme=scheme)
     if float(b.get("ttl") or 0) > 0:
         return _generation_figures(b, plan)
-    return {
-        "kind": "bloom", "items": n, "capacity": plan.capacity, "error_rate": plan.error_rate,
-        "fill": round(n / plan.capacity, 6), "fpr_estimate": plan.false_positive_rate(n),
-        "memory_bytes": plan.memory_bytes(n) if n else 0,
-    }
+    return {"kind": "bloom", "items": n, "capacity": plan.capacity, "error_rate": plan.error_rate,
+            "fill": round(n / plan.capacity, 6), "fpr_estimate": plan.false_positive_rate(n),
+            "memory_bytes": plan.memory_bytes(n) if n else 0}
 
 
 def _generation_figures(b: dict[str, str], base: BloomPlan) -> dict[str, Any]:
@@ -416,12 +399,10 @@ def _generation_figures(b: dict[str, str], base: BloomPlan) -> dict[str, Any]:
         raise ValueError("live")
     plan = gens.plan(base.capacity, base.error_rate, base.block_bits, base.scheme)
     per = live // gens.count
-    return {
-        "kind": "bloom", "items": live, "capacity": base.capacity, "error_rate": base.error_rate,
-        "fill": round(live / base.capacity, 6), "ttl": gens.ttl, "generations": gens.count,
-        "fpr_estimate": min(1.0, gens.count * plan.false_positive_rate(per)),
-        "memory_bytes": gens.count * plan.memory_bytes(per) if per else 0,
-    }
+    return {"kind": "bloom", "items": live, "capacity": base.capacity, "error_rate": base.error_rate,
+            "fill": round(live / base.capacity, 6), "ttl": gens.ttl, "generations": gens.count,
+            "fpr_estimate": min(1.0, gens.count * plan.false_positive_rate(per)),
+            "memory_bytes": gens.count * plan.memory_bytes(per) if per else 0}
 
 
 def combine_filters(figures: list[dict[str, Any] | None]) -> dict[str, Any] | None:

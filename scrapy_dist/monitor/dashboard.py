@@ -4,8 +4,7 @@ Two JSON endpoints, cached so any number of open pages cost one read: ``GET /api
 (:func:`~scrapy_dist.monitor.read_status` plus the newest dead letters) and ``GET /api/history`` (the last
 hour of ``{spider}:history``). The POSTs that act on the crawl need the token in an ``X-Dashboard-Token``
 header (no CSRF without a CORS preflight, which is never answered) and the dashboard's own ``Origin``;
-listening beyond loopback needs a token (:func:`check_binding`).
-"""
+listening beyond loopback needs a token (:func:`check_binding`)."""
 
 from __future__ import annotations
 
@@ -92,16 +91,14 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
         errors[i] += de * per_min
         per_worker[worker][i] += dp * per_min
     # the charts start at the first sample (a crawl younger than the hour does not sit in a corner)
-    first = min((i for i in range(n) if pages[i] or errors[i] or frontier["queued"][i] is not None),
-                default=n - 1)
+    first = next((i for i in range(n) if pages[i] or errors[i] or frontier["queued"][i] is not None), n - 1)
     cut = max(0, min(first - 1, n - MIN_POINTS))
     return {"times": times[cut:], "pages_per_min": pages[cut:], "errors_per_min": errors[cut:],
             "workers": {w: v[cut:] for w, v in _top_series(per_worker, n).items()},
             **{k: v[cut:] for k, v in frontier.items()}}
 
 
-def _top_series(per_worker: dict[str, list[float]], n: int,
-                limit: int = WORKER_SERIES) -> dict[str, list[float]]:
+def _top_series(per_worker: dict[str, list[float]], n: int, limit: int = WORKER_SERIES) -> dict[str, Any]:
     """The ``limit`` series of the most pages, the others summed point by point as ``other``."""
     if len(per_worker) <= limit:
         return per_worker
@@ -211,16 +208,14 @@ class Dashboard:
 
     async def history(self, request: web.Request) -> web.Response:
         # the history changes by one point per bucket: read it at most once a bucket
-        seconds = max(self.cache_seconds, BUCKET_SECONDS / 2)
-        return await self._reply("history", self._read_history, seconds)
+        return await self._reply("history", self._read_history, max(self.cache_seconds, BUCKET_SECONDS / 2))
 
     async def page(self, request: web.Request) -> web.Response:
         html = STATIC.joinpath("index.html").read_text()
         html = html.replace("{{SPIDER}}", self.keys.spider.replace("<", "&lt;").replace("&", "&amp;"))
-        return web.Response(text=html, content_type="text/html", headers={
-            "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'",
-            "X-Frame-Options": "DENY",
-        })
+        csp = "default-src 'self'; style-src 'self' 'unsafe-inline'"
+        return web.Response(text=html, content_type="text/html",
+                            headers={"Content-Security-Policy": csp, "X-Frame-Options": "DENY"})
 
     async def static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -229,8 +224,8 @@ class Dashboard:
         return web.Response(body=STATIC.joinpath(name).read_bytes(), content_type="application/javascript")
 
     def _allowed(self, request: web.Request) -> bool:
-        given = request.headers.get(TOKEN_HEADER, "")
-        if not self.token or not hmac.compare_digest(given.encode(), self.token.encode()):
+        if not self.token or not hmac.compare_digest(request.headers.get(TOKEN_HEADER, "").encode(),
+                                                     self.token.encode()):
             return False
         origin = request.headers.get("Origin")
         return origin is None or origin == f"{request.scheme}://{request.host}"

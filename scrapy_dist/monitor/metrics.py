@@ -23,19 +23,15 @@ __all__ = ["DEAD_LETTER_SAMPLE", "REASON_LIMIT", "CrawlCollector", "serve"]
 
 DEAD_LETTER_SAMPLE = 500  #: Dead letters read per scrape (the newest) to count them by reason.
 #: Crawl-wide Scrapy stats exported as counters: stat name -> metric name.
-STAT_COUNTERS = {
-    "response_received_count": "scrapy_dist_pages_total", "item_scraped_count": "scrapy_dist_items_total",
-    "item_dropped_count": "scrapy_dist_items_dropped_total",
-    "scheduler/enqueued": "scrapy_dist_requests_enqueued_total",
-    "downloader/response_bytes": "scrapy_dist_downloaded_bytes_total",
-    "log_count/ERROR": "scrapy_dist_log_errors_total",
-}
+STAT_COUNTERS = {"response_received_count": "scrapy_dist_pages_total",
+                 "item_scraped_count": "scrapy_dist_items_total",
+                 "item_dropped_count": "scrapy_dist_items_dropped_total",
+                 "scheduler/enqueued": "scrapy_dist_requests_enqueued_total",
+                 "downloader/response_bytes": "scrapy_dist_downloaded_bytes_total",
+                 "log_count/ERROR": "scrapy_dist_log_errors_total"}
 #: Prefixes of the Scrapy stats counted as errors, and the reason label they give.
-ERROR_STATS = {
-    "downloader/exception_type_count/": "download:", "spider_exceptions/": "spider:",
-    "downloader/response_status_count/": "http:",
-}
-
+ERROR_STATS = {"downloader/exception_type_count/": "download:", "spider_exceptions/": "spider:",
+               "downloader/response_status_count/": "http:"}
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +39,9 @@ logger = logging.getLogger(__name__)
 class CrawlCollector(Collector):
     """Metrics of the crawls of ``spiders`` (``keys_of(spider)`` gives a crawl's keys) in one Redis."""
 
-    def __init__(
-        self, client: Any, spiders: Iterable[str], keys_of: Callable[[str], CrawlKeys] = CrawlKeys, *,
-        cache_seconds: float = 5.0, top_domains: int = 10, clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, client: Any, spiders: Iterable[str], keys_of: Callable[[str], CrawlKeys] = CrawlKeys,
+                 *, cache_seconds: float = 5.0, top_domains: int = 10,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.client, self.spiders, self.keys_of = client, list(spiders), keys_of
         self.cache_seconds, self.top_domains, self.clock = cache_seconds, top_domains, clock
         self.reads = 0  #: Redis reads done (one per crawl and cache period)
@@ -63,9 +58,8 @@ class CrawlCollector(Collector):
             now = self.clock()
             if self._cache is not None and now - self._cache[0] < self.cache_seconds:
                 return self._cache[1]
-            out = [self._read(spider) for spider in self.spiders]
-            self._cache = (now, out)
-            return out
+            self._cache = (now, [self._read(spider) for spider in self.spiders])
+            return self._cache[1]
 
     def _read(self, spider: str) -> tuple[str, dict[str, Any] | None, Counter[str]]:
         keys = self.keys_of(spider)
@@ -93,8 +87,7 @@ class CrawlCollector(Collector):
             except Exception:  # a value no check foresaw: this crawl's figures are lost, not the others'
                 self.errors.log(logging.ERROR, "Metrics of %r could not be built", spider, key=spider,
                                 exc_info=True)
-                g = _Families(spider)
-                s = None
+                g, s = _Families(spider), None
             g.gauge("scrapy_dist_up", "1 if the crawl's state could be read from Redis", float(s is not None))
             if s is not None:
                 g.gauge("scrapy_dist_skipped_values", "Values read from Redis and left out: numbers not"
@@ -171,19 +164,16 @@ class _Families:
     sample, any other value that is no finite number within range is left out and counted in ``skipped``."""
 
     def __init__(self, spider: str) -> None:
-        self.spider = spider
+        self.spider, self.skipped = spider, 0
         self.families: dict[str, Any] = {}
-        self.skipped = 0
 
     def _add(self, cls: type, name: str, doc: str, raw: Any, labels: dict[str, str]) -> None:
         if raw is None:
             return
-        value = finite(raw)
-        if value is None:
+        if (value := finite(raw)) is None:
             self.skipped += 1
             return
-        family = self.families.get(name)
-        if family is None:
+        if (family := self.families.get(name)) is None:
             family = self.families[name] = cls(name, doc, labels=["spider", *labels])
         family.add_metric([self.spider, *labels.values()], value)
 
