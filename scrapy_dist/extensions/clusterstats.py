@@ -186,7 +186,12 @@ class ClusterStats:
             await self._task.stop()
         if self.redis is None:
             return
-        deadline = time.monotonic() + CLOSE_FLUSH_TIMEOUT
+        # the close may already have waited on Redis: the last write gets what is left of the shutdown grace
+        watch, now = Outage.for_crawler(self.crawler).close_watch, time.monotonic()
+        left = CLOSE_FLUSH_TIMEOUT
+        if watch is not None and watch.since is not None:
+            left = 0.0 if watch.stopped else min(left, max(0.0, watch.grace - (now - watch.since)))
+        deadline = now + left
         try:
             while True:
                 try:
