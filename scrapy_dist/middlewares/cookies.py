@@ -44,9 +44,6 @@ if TYPE_CHECKING:
 
     from scrapy_dist.redis.keys import CrawlKeys
 
-__all__ = ["READ_LIMIT", "RecordSeal", "SharedCookiesMiddleware", "cookie_field", "cookie_from_record",
-           "cookie_record", "jar_name"]
-
 logger = logging.getLogger(__name__)
 
 _WRITE_BATCH = 1000  # cookie changes per write (one script call); a backlog after an outage goes in several

@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from typing_extensions import Self
 
-__all__ = ["RedisPipeline"]
-
 logger = logging.getLogger(__name__)
 
 STREAM_FIELD = "item"  #: Field of each stream entry that holds the JSON item (``XADD <key> * item <json>``).
