@@ -186,12 +186,8 @@ class ClusterStats:
             await self._task.stop()
         if self.redis is None:
             return
-        # the close may already have waited on Redis: the last write gets what is left of the shutdown grace
-        watch, now = Outage.for_crawler(self.crawler).close_watch, time.monotonic()
-        left = CLOSE_FLUSH_TIMEOUT
-        if watch is not None and watch.since is not None:
-            left = 0.0 if watch.stopped else min(left, max(0.0, watch.grace - (now - watch.since)))
-        deadline = now + left
+        # Redis away now: the scheduler's close (before spider_closed) already waited out the shutdown grace
+        deadline = time.monotonic() + (0.0 if Outage.for_crawler(self.crawler).down else CLOSE_FLUSH_TIMEOUT)
         try:
             while True:
                 try:
