@@ -32,8 +32,7 @@ TOOL_COMMANDS = ("scrapy.commands.shell", "scrapy.commands.parse", "scrapy.comma
 
 
 def tool_command() -> str | None:
-    """The Scrapy tool command (``parse``, ``shell``, ...) the add-on is loaded under, found on the stack
-    (Scrapy pops its name out of ``sys.argv``), else None."""
+    """The Scrapy tool command (``parse``, ...) the add-on is loaded under, from the stack (not in argv)."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         command = frame.f_locals.get("self")

@@ -83,9 +83,8 @@ class DupeScript:
         """``op`` ("add", "check" or "forget") over ``tokens`` for filter ``df``, in script calls of at most
         :data:`CALL_TOKENS` fingerprints pipelined in one round trip; True where already seen. The calls run
         in order, so a fingerprint twice in a batch is new only the first time."""
-        chunks = [
-            [x if isinstance(x, bytes) else str(x) for pair in tokens[i : i + CALL_TOKENS] for x in pair]
-            for i in range(0, len(tokens), CALL_TOKENS)]
+        chunks = [[x if isinstance(x, bytes) else str(x) for kv in tokens[i : i + CALL_TOKENS] for x in kv]
+                  for i in range(0, len(tokens), CALL_TOKENS)]
         flags: list[str | None] = [None] * len(chunks)
         for _ in range(64):
             todo = [i for i, f in enumerate(flags) if f is None]
@@ -149,10 +148,9 @@ class RedisDupeFilter:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         if cls.legacy_fingerprint:
-            warnings.warn(
-                f"Overriding RFPDupeFilter.request_fingerprint() is deprecated (in {cls.__name__}), set the"
-                " REQUEST_FINGERPRINTER_CLASS setting instead; scrapy-dist still uses the override meanwhile",
-                ScrapyDeprecationWarning, stacklevel=2)
+            warnings.warn(f"Overriding RFPDupeFilter.request_fingerprint() is deprecated (in {cls.__name__}),"
+                          " set the REQUEST_FINGERPRINTER_CLASS setting instead; scrapy-dist still uses the"
+                          " override meanwhile", ScrapyDeprecationWarning, stacklevel=2)
         # a refused setting refuses the crawl's start: the scheduler gets a filter that is never used
         if start_error(crawler) is None:
             try:
@@ -182,11 +180,10 @@ class RedisDupeFilter:
     def log(self, request: Request, spider: Spider) -> None:
         """Log (all with DUPEFILTER_DEBUG, else only the first) and count a filtered request."""
         if self.debug:
-            referer = request.headers.get("Referer")
-            dupes_logger.debug(
-                "Filtered duplicate request: %(request)s (referer: %(referer)s)",
-                {"request": request, "referer": referer.decode(errors="replace") if referer else None},
-                extra={"spider": spider})
+            raw = request.headers.get("Referer")
+            referer = raw.decode(errors="replace") if raw else None
+            dupes_logger.debug("Filtered duplicate request: %(request)s (referer: %(referer)s)",
+                               {"request": request, "referer": referer}, extra={"spider": spider})
         elif not self._logged_dupes:
             dupes_logger.debug("Filtered duplicate request: %(request)s - no more duplicates will be shown"
                                " (see DUPEFILTER_DEBUG to show all duplicates)", {"request": request},
@@ -314,15 +311,13 @@ class BloomDupeFilter(RedisDupeFilter):
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""
         pipe = self.redis.pipeline(transaction=False)
         b = self.base
-        mine: dict[str, Any] = {"capacity": b.capacity, "error_rate": repr(b.error_rate),
-                                "block_bits": b.block_bits, "hashing": HASHING,
-                                "ttl": repr(float(self.ttl or 0)),
+        mine: dict[str, Any] = {"capacity": b.capacity, "error_rate": repr(b.error_rate), "hashing": HASHING,
+                                "block_bits": b.block_bits, "ttl": repr(float(self.ttl or 0)),
                                 "generations": self.gens.count if self.gens else 4}
         for name, value in mine.items():
             pipe.hsetnx(self.keys.bloom, name, value)
         names = [*mine, "n"]
-        pipe.hmget(self.keys.bloom, names)
-        values = pipe.execute()[-1]
+        values = pipe.hmget(self.keys.bloom, names).execute()[-1]
         way_out = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
         try:
             rec = parse_bloom_record({k: v for k, v in zip(names, values, strict=True) if v is not None},
@@ -331,15 +326,14 @@ class BloomDupeFilter(RedisDupeFilter):
             raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {way_out}") \
                 from None
         if rec.n_garbage is not None:
-            logger.warning(
-                "%s field n=%s is not an item count of this filter (written by someone else?): the frontier"
-                " recounts it from the filter's bits at its next write", self.keys.bloom, rec.n_garbage)
+            logger.warning("%s field n=%s is not an item count of this filter (written by someone else?): the"
+                           " frontier recounts it from the filter's bits at its next write", self.keys.bloom,
+                           rec.n_garbage)
         if rec.schedule_garbage is not None:  # record this worker's schedule over one no worker wrote
             self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
-            logger.warning(
-                "%s field %s is not a schedule any worker could have recorded (written by someone else?):"
-                " replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s", self.keys.bloom,
-                rec.schedule_garbage, self.ttl, mine["generations"])
+            logger.warning("%s field %s is not a schedule any worker could have recorded (written by someone"
+                           " else?): replaced by this worker's DUPEFILTER_TTL=%s BLOOMFILTER_GENERATIONS=%s",
+                           self.keys.bloom, rec.schedule_garbage, self.ttl, mine["generations"])
             rec = dataclasses.replace(rec, ttl=float(self.ttl or 0), generations=int(mine["generations"]),
                                       schedule_garbage=None)
         if rec.hashing not in SCHEMES:

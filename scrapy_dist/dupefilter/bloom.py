@@ -156,8 +156,7 @@ def window_fpr(items: float, bits: int, hashes: int) -> float:
     window is Poisson, and a window holding ``j`` items has each bit still clear with ``(1 - k/W)**j``."""
     if items <= 0:
         return 0.0
-    w = WINDOW_BITS
-    lam = items * w / bits
+    w, lam = WINDOW_BITS, items * WINDOW_BITS / bits
     clear = math.log1p(-min(hashes, w - 1) / w)
     spread = 12 * math.sqrt(lam) + 12
     total = 0.0
@@ -204,8 +203,7 @@ def alloc_size(size: int) -> int:
 def _layout(windows: int, block_bits: int) -> tuple[int, int]:
     """(blocks, windows per block) for at least ``windows`` windows: the equal blocks (at most
     ``block_bits`` each) whose jemalloc size classes waste least, widened to fill their class."""
-    window_bytes = WINDOW_BITS // 8
-    max_per_block = block_bits // WINDOW_BITS
+    window_bytes, max_per_block = WINDOW_BITS // 8, block_bits // WINDOW_BITS
     least = -(-windows // max_per_block)
     best: tuple[int, int, int] | None = None  # (bytes, blocks, windows per block)
     for blocks in range(least, min(windows, least + 63) + 1):
@@ -253,8 +251,7 @@ class BloomPlan:
             self._specs.append(_spec(i, c, errors[i], cum, self.block_bits, cap_k))
 
     def _planned_capacities(self) -> list[int]:
-        c, g = self.capacity, PLANNED_GROWTH
-        levels = 1
+        c, g, levels = self.capacity, PLANNED_GROWTH, 1
         while c * (g - 1) / (g ** (levels + 1) - 1) >= MIN_FIRST_CAPACITY:
             levels += 1
         first = c * (g - 1) / (g**levels - 1)
@@ -386,8 +383,8 @@ class Generations:
     def passed(self, now: float) -> range:
         """The generations a worker whose clock reads ``now`` passes to a script: the live ones and one
         more on either side, so a server clock up to one span off this machine's still finds them all."""
-        live = self.live(now)
-        return range(live.start - 1, live.stop + 1)
+        cur = self.current(now)
+        return range(cur - self.count, cur + 2)
 
     def expiry_bounds(self) -> tuple[float, float]:
         """(earliest, latest) age at which a remembered URL is new again."""

@@ -35,10 +35,6 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from twisted.internet.interfaces import IHostResolution
 
-__all__ = ["POLICY", "Address", "DeniedNetwork", "DenyNetworksResolver", "DenyPolicy", "DenyingNameResolver",
-           "DenyingResolver", "Network", "checked_request", "denied", "enforce", "install", "literal_refusal",
-           "parse_networks", "request_refusal"]
-
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 logger = logging.getLogger(__name__)
@@ -229,8 +225,7 @@ class DenyingNameResolver:
 
 
 def install(reactor: Any, policy: DenyPolicy = POLICY, ours: DenyNetworksResolver | None = None) -> str:
-    """Make every name ``reactor`` resolves (both ways) pass ``policy``; returns the dotted name of a
-    wrapped resolver that is neither Scrapy's nor Twisted's (else ``""``)."""
+    """Make every name ``reactor`` resolves pass ``policy``; the dotted name of a foreign one it wraps."""
     current = reactor.resolver
     if isinstance(current, DenyingResolver) and isinstance(reactor.nameResolver, DenyingNameResolver):
         return ""

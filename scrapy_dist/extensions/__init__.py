@@ -145,8 +145,8 @@ class IdleMonitor:
         self._script = scripts.register(self.redis, "idle")
         self.started_at = await start_time(self.redis)
         self._opened_mono = time.monotonic()
-        outage = Outage.for_crawler(self.crawler)
-        self._task = PeriodicTask(self.check, self.poll, "idle monitor", logger, outage).start()
+        self._task = PeriodicTask(self.check, self.poll, "idle monitor", logger,
+                                  Outage.for_crawler(self.crawler)).start()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         if self._task is not None:
@@ -174,8 +174,7 @@ class IdleMonitor:
         pipe = self.redis.pipeline(transaction=False)
         for shard in self.shard_keys:
             pipe.zcard(shard.queue).zcard(shard.leases).zcard(shard.delayed)
-        count_seeds = {"zset": pipe.zcard, "set": pipe.scard}.get(self.seeds_type, pipe.llen)
-        count_seeds(k.start_urls)
+        {"zset": pipe.zcard, "set": pipe.scard}.get(self.seeds_type, pipe.llen)(k.start_urls)
         pipe.llen(k.start_urls_processing).hgetall(k.control)
         *counts, control = await pipe.execute(raise_on_error=False)
         if isinstance(control, Exception):

@@ -147,9 +147,7 @@ class ClusterStats:
         # a non-persistent crawl removes its keys when it finishes: closed workers' details go soon too
         self.closed_ttl = WORKER_TTL if persist else CLOSED_TTL_NOT_PERSISTENT
         self.redis: Any = None
-        self.worker = ""
-        self.started = time.time()
-        self.rate = RateMeter()
+        self.worker, self.started, self.rate = "", time.time(), RateMeter()
         self._script: Any = None
         self._seq = 0
         self._pending: tuple[int, list[tuple[str, str, str]]] | None = None
@@ -160,8 +158,7 @@ class ClusterStats:
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
         ds = DistSettings.for_crawler(crawler)
-        m = ds.monitoring
-        if m.interval <= 0:
+        if (m := ds.monitoring).interval <= 0:
             raise NotConfigured("CLUSTERSTATS_INTERVAL is 0")
         o = cls(crawler, crawler_keys(crawler), m.interval, StatsMerger(m.max_stats, m.min_stats),
                 ds.scheduler.persist)
@@ -172,8 +169,7 @@ class ClusterStats:
     async def spider_opened(self, spider: Spider) -> None:
         if start_error(self.crawler) is not None:  # the crawl stops as it opens
             return
-        self.worker = worker_id(self.crawler)
-        self.started = time.time()
+        self.worker, self.started = worker_id(self.crawler), time.time()
         self.redis = connection.ClientPool.of(self.crawler).async_client()
         self._script = scripts.register(self.redis, "clusterstats")
         outage = Outage.for_crawler(self.crawler)
@@ -188,7 +184,8 @@ class ClusterStats:
             await self._task.stop()
         if self.redis is None:
             return
-        deadline = time.monotonic() + CLOSE_FLUSH_TIMEOUT
+        # Redis away now: the scheduler's close (before spider_closed) already waited out the shutdown grace
+        deadline = time.monotonic() + (0.0 if Outage.for_crawler(self.crawler).down else CLOSE_FLUSH_TIMEOUT)
         try:
             while True:
                 try:
@@ -210,16 +207,14 @@ class ClusterStats:
         ledger = getattr(sched, "ledger", None)
         # requests handed to the engine, and leased ahead of demand (all a paused worker holds)
         handed, ready = ("", "") if ledger is None else (str(len(ledger.handed)), str(len(ledger.ready)))
-        fields = {
-            "id": self.worker, "host": socket.gethostname(), "pid": str(os.getpid()),
-            "spider": self.keys.spider, "started": f"{self.started:.3f}",
-            "pages": str(int(stats.get("response_received_count", 0) or 0)),
-            "items": str(int(stats.get("item_scraped_count", 0) or 0)),
-            "errors": str(error_count(stats)),
-            "inflight": "0" if final else handed, "prefetched": "0" if final else ready,
-            "pages_per_min": f"{0.0 if final else self.rate.per_minute():.1f}",
-            "interval": repr(float(self.interval)), "state": CLOSED if final else RUNNING,
-        }
+        fields = {"id": self.worker, "host": socket.gethostname(), "pid": str(os.getpid()),
+                  "spider": self.keys.spider, "started": f"{self.started:.3f}",
+                  "pages": str(int(stats.get("response_received_count", 0) or 0)),
+                  "items": str(int(stats.get("item_scraped_count", 0) or 0)),
+                  "errors": str(error_count(stats)),
+                  "inflight": "0" if final else handed, "prefetched": "0" if final else ready,
+                  "pages_per_min": f"{0.0 if final else self.rate.per_minute():.1f}",
+                  "interval": repr(float(self.interval)), "state": CLOSED if final else RUNNING}
         if reason:
             fields["finish_reason"] = reason
         status = getattr(sched, "frontier_status", None)
@@ -363,12 +358,12 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
         garbage.append("state")
         state = ""
     pid = count("pid")
-    return WorkerInfo(
-        host=d.get("host", "")[:MAX_TEXT], pid=pid if pid is None or pid < 2**32 else None,
-        started=number("started", 0.0, 1e11), pages=count("pages"), items=count("items"),
-        errors=count("errors"), inflight=count("inflight"), prefetched=count("prefetched"),
-        pages_per_min=number("pages_per_min", 0.0, 1e12), interval=number("interval", 0.001, 86400.0),
-        state=state, finish_reason=d.get("finish_reason", "")[:MAX_TEXT], garbage=tuple(garbage))
+    return WorkerInfo(host=d.get("host", "")[:MAX_TEXT], pid=pid if pid is None or pid < 2**32 else None,
+                      started=number("started", 0.0, 1e11), pages=count("pages"), items=count("items"),
+                      errors=count("errors"), inflight=count("inflight"), prefetched=count("prefetched"),
+                      pages_per_min=number("pages_per_min", 0.0, 1e12),
+                      interval=number("interval", 0.001, 86400.0), state=state,
+                      finish_reason=d.get("finish_reason", "")[:MAX_TEXT], garbage=tuple(garbage))
 
 
 def worker_state(info: dict[str, str], last_seen: float, now: float, default_interval: float) -> str:

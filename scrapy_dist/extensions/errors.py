@@ -112,8 +112,8 @@ def format_alert(spider: str, totals: dict[str, int], examples: list[str], windo
         except ValueError:
             continue
         by_reason.setdefault(rec.get("reason", ""), rec.get("url", ""))
-    lines = [f"Error threshold passed for {spider!r}: {errors} errors crawl-wide in the last {window:.0f}s"
-             f"{rate}.", "Top reasons:"]
+    lines = [f"Error threshold passed for {spider!r}: {errors} errors crawl-wide in the last"
+             f" {window:.0f}s{rate}.", "Top reasons:"]
     for n, reason in reasons:
         example = by_reason.get(reason)
         lines.append(f"  {reason}: {n}" + (f" (e.g. {example})" if example else ""))
@@ -181,8 +181,8 @@ class ErrorMonitor:
         self.redis = connection.ClientPool.of(self.crawler).async_client()
         self._script = scripts.register(self.redis, "errors")
         self.started_at = await start_time(self.redis)
-        outage = Outage.for_crawler(self.crawler)
-        self._task = PeriodicTask(self.flush, self.interval, "error monitor", logger, outage).start()
+        self._task = PeriodicTask(self.flush, self.interval, "error monitor", logger,
+                                  Outage.for_crawler(self.crawler)).start()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         self._closing = True
@@ -201,11 +201,11 @@ class ErrorMonitor:
         call); whether this call took the action."""
         counts, examples = self.events.take()
         c = self.config
-        args: list[Any] = [
-            "" if now is None else repr(now), repr(self.bucket), repr(c.window),
-            "" if c.max_errors is None else c.max_errors,
-            "" if c.max_error_rate is None else repr(c.max_error_rate), c.min_attempts, c.action,
-            EXAMPLES_KEPT, len(counts), *(x for pair in counts.items() for x in pair), *examples]
+        args: list[Any] = ["" if now is None else repr(now), repr(self.bucket), repr(c.window),
+                           "" if c.max_errors is None else c.max_errors,
+                           "" if c.max_error_rate is None else repr(c.max_error_rate), c.min_attempts,
+                           c.action, EXAMPLES_KEPT, len(counts), *(x for kv in counts.items() for x in kv),
+                           *examples]
         keys = [self.keys.errors, self.keys.error_examples, self.keys.control]
         try:
             tripped, server_now, flat, control, kept, garbage = await self._script(keys=keys, args=args)
@@ -219,7 +219,7 @@ class ErrorMonitor:
                                   " other names", garbage, self.keys.errors)
         if tripped:
             self.crawler.stats.inc_value("errormonitor/tripped")
-            kept_text = list(map(text, kept))
+            kept_text = [text(x) for x in kept]
             logger.error(format_alert(self.keys.spider, self.totals, kept_text, c.window, c.action))
         close, close_at, paused = (text(x) for x in control)
         if self._closing:
@@ -239,8 +239,7 @@ class ErrorMonitor:
         """Without the scrapy-dist scheduler (which pauses itself), pause this worker's engine."""
         if scheduler_of(self.crawler) is not None or paused == self._local_pause:
             return
-        engine = engine_of(self.crawler)
-        if engine is None:
+        if (engine := engine_of(self.crawler)) is None:
             return
         self._local_pause = paused
         if paused:

@@ -59,9 +59,8 @@ def _getaddrinfo(host: str) -> list[str]:
 
 
 class DenyNetworksMiddleware:
-    """Refuses requests to ``SCHEDULER_DENY_NETWORKS`` where the resolver's check cannot: a host or proxy
-    written as an IP address, a proxied request's target (resolved here, the verdict cached ``ttl``
-    seconds); a refused request is dead-lettered (``denied_network``)."""
+    """Refuses, and dead-letters, requests to ``SCHEDULER_DENY_NETWORKS`` the resolver cannot see: a host or
+    proxy written as an IP address, a proxied request's target (resolved here, cached ``ttl`` seconds)."""
 
     def __init__(self, networks: list[Network], crawler: Crawler | None = None, ttl: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:

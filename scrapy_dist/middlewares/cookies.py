@@ -44,9 +44,6 @@ if TYPE_CHECKING:
 
     from scrapy_dist.redis.keys import CrawlKeys
 
-__all__ = ["READ_LIMIT", "RecordSeal", "SharedCookiesMiddleware", "cookie_field", "cookie_from_record",
-           "cookie_record", "jar_name"]
-
 logger = logging.getLogger(__name__)
 
 _WRITE_BATCH = 1000  # cookie changes per write (one script call); a backlog after an outage goes in several
@@ -65,8 +62,7 @@ CookieIdent = tuple[str, str, str]
 
 
 def jar_name(cookiejar: Any) -> str:
-    """Name of the shared jar for a ``meta["cookiejar"]`` value: ``None`` -> ``"default"``, text as is,
-    anything else by ``repr``."""
+    """The shared jar of a ``meta["cookiejar"]``: ``None`` -> ``"default"``, else its text or ``repr``."""
     if cookiejar is None:
         return "default"
     return cookiejar if isinstance(cookiejar, str) else repr(cookiejar)
@@ -120,8 +116,8 @@ def cookie_from_record(data: bytes | str) -> Cookie:
 
 @dataclass(frozen=True)
 class RecordSeal:
-    """Which records of a jar a worker believes: without a ``secret`` all, else those whose tag verifies
-    and, if ``unsigned_ok`` (``SEEDS_HEADERS_ALLOWED`` names ``Cookie``), those without a tag."""
+    """Which records a worker believes: all without a ``secret``, else tagged ones that verify (and untagged
+    ones if ``unsigned_ok``: ``SEEDS_HEADERS_ALLOWED`` names ``Cookie``)."""
 
     secret: bytes | None = None
     unsigned_ok: bool = True
@@ -175,8 +171,7 @@ def apply_record(jar: CookieJar, field: str, record: str | None) -> None:
 
 def write_calls(keys: CrawlKeys, ops: list[tuple[str, str, str | None]],
                 now: str) -> tuple[list[tuple[list[str], list[str]]], int]:
-    """The ``cookies_write`` calls (KEYS, ARGV) for ``ops`` (jar, field, record or ``None``), one per jar
-    with the last change of a cookie winning, and how many cookies they write."""
+    """The ``cookies_write`` calls (KEYS, ARGV) for ``ops``, one per jar (last change wins), and a count."""
     by_jar: dict[str, dict[str, str | None]] = {}
     for name, field, record in ops:
         by_jar.setdefault(name, {})[field] = record
@@ -192,7 +187,6 @@ def write_calls(keys: CrawlKeys, ops: list[tuple[str, str, str | None]],
 @dataclass(slots=True)
 class _SharedJar:
     """This worker's copy of one shared jar, when it was last read and up to which version."""
-
     jar: CookieJar = dataclasses.field(default_factory=CookieJar)
     loaded_at: float | None = None
     loading: asyncio.Future[None] | None = None
@@ -258,8 +252,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         name, state = self._state(request.meta.get("cookiejar"))
         await self._fresh(name, state)
         jar = state.jar
-        if request.cookies:
-            # Cookies given on a request join the jar, crawl-wide; written in the background.
+        if request.cookies:  # they join the jar, crawl-wide; written in the background
             before = snapshot(jar)
             self._process_cookies(self._get_request_cookies(jar, request), jar=jar, request=request)
             self._record_changes(name, before, jar)
@@ -280,8 +273,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         # make_cookies also deletes the cookies the response expires
         self._process_cookies(jar.make_cookies(response, request), jar=jar, request=request)
         written = self._record_changes(name, before, jar)
-        if written is not None:
-            # Held until written, so whatever the callback yields finds the cookies in Redis.
+        if written is not None:  # held until written: what the callback yields finds the cookies in Redis
             await asyncio.shield(written)
         return response
 
@@ -306,8 +298,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         await asyncio.shield(state.loading)
 
     async def _load(self, name: str, state: _SharedJar) -> None:
-        """Apply the changes to jar ``name`` since the last read (at most ``read_limit``), then this worker's
-        unwritten ones."""
+        """Apply jar ``name``'s changes since the last read (at most ``read_limit``), then ours unwritten."""
         try:
             try:
                 raw = await self._read_script(

@@ -52,8 +52,7 @@ def exception_reason(exc: BaseException | type[BaseException]) -> str:
 
 
 class DeadLetterWriter:
-    """Appends dead-letter records through the crawler's scheduler (they ride the failed request's ack).
-    Stats: ``deadletter/count``, ``deadletter/reason_count/<reason>``."""
+    """Appends dead-letter records through the crawler's scheduler (they ride the failed request's ack)."""
 
     def __init__(self, crawler: Crawler, scheduler_of: Callable[[], Any] | None = None) -> None:
         self.crawler = crawler
@@ -187,8 +186,7 @@ class RetryMiddleware:
 
 
 class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
-    """Drop-in for Scrapy's ``HttpErrorMiddleware`` (order 50); with ``HTTPERROR_DEAD_LETTER``, every
-    response it filters out is dead-lettered too."""
+    """Scrapy's ``HttpErrorMiddleware`` (order 50) dead-lettering what it filters (HTTPERROR_DEAD_LETTER)."""
 
     dead_letters: DeadLetterWriter | None = None
 

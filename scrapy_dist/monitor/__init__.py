@@ -24,10 +24,8 @@ from scrapy_dist.redis.scripts import count as untrusted_count
 from scrapy_dist.redis.scripts import hash_fields, text
 from scrapy_dist.settings import defaults
 
-__all__ = [
-    "ID_LIMIT", "MAX_VALUE", "REASON_LIMIT", "STAT_LIMIT", "TEXT_LIMIT", "bounded_id", "bounded_text",
-    "decode_stats", "filter_figures", "finite", "read_status", "top_counts",
-]
+__all__ = ["ID_LIMIT", "MAX_VALUE", "REASON_LIMIT", "STAT_LIMIT", "TEXT_LIMIT", "bounded_id", "bounded_text",
+           "decode_stats", "filter_figures", "finite", "read_status", "top_counts"]
 
 ID_LIMIT = 120  #: longest worker id an answer carries; longer ones are cut, made unique
 TEXT_LIMIT = 200  #: Longest free text (a host, a reason, a stat's text value) an answer carries.
@@ -37,10 +35,9 @@ REASON_LIMIT = 20  #: reasons listed per answer; the rarer ones are summed as ``
 WORKER_LIMIT = 200  #: Workers listed (most recently seen first); the summary counts all of them.
 LEASE_SCAN_LIMIT = 100_000  #: per-worker lease counts come from a scan of at most this many
 #: Stats kept before any other when the stats hash is over :data:`STAT_LIMIT`.
-ESSENTIAL_STATS = frozenset({
-    "response_received_count", "item_scraped_count", "item_dropped_count", "scheduler/enqueued",
-    "downloader/response_bytes", "log_count/ERROR", "start_time", "finish_time", "finish_reason",
-})
+ESSENTIAL_STATS = frozenset({"response_received_count", "item_scraped_count", "item_dropped_count",
+                             "scheduler/enqueued", "downloader/response_bytes", "log_count/ERROR",
+                             "start_time", "finish_time", "finish_reason"})
 
 
 def bounded_text(value: Any, limit: int = TEXT_LIMIT) -> str:
@@ -175,8 +172,7 @@ def worker_rows(members: list[tuple[Any, float]], details: list[dict[Any, Any]],
     rows: list[dict[str, Any]] = []
     for (member, last_seen), raw in zip(members, details, strict=True):
         info = parse_worker_hash(raw)  # an HGETALL reply, or {} for a key of another type
-        wid = bounded_id(member)
-        seen = float(last_seen)
+        wid, seen = bounded_id(member), float(last_seen)
         if not math.isfinite(seen):  # ZADD accepts +inf: such a worker is never "seen" at any real time
             seen = 0.0
         interval = "" if info.interval is None else repr(info.interval)
@@ -187,16 +183,14 @@ def worker_rows(members: list[tuple[Any, float]], details: list[dict[Any, Any]],
         running = state == RUNNING
         row: dict[str, Any] = {
             "id": wid, "host": info.host or bounded_text(wid.split(":", 1)[0]), "pid": info.pid,
-            "state": state, "last_seen": round(seen, 3),
-            "seen_ago": round(min(max(0.0, now - seen), 1e10), 1),
+            "state": state, "last_seen": round(seen, 3), "seen_ago": round(min(max(0, now - seen), 1e10), 1),
             "started": info.started, "pages": info.pages, "items": info.items, "errors": info.errors,
             "leases": inflight,
             # of its leases: handed to the engine / prefetched, per its last heartbeat (running only)
             "in_flight": info.inflight if running else None,
             "prefetched": info.prefetched if running else None,
             "pages_per_min": (info.pages_per_min or 0.0) if running else 0.0,
-            "finish_reason": info.finish_reason or None,
-        }
+            "finish_reason": info.finish_reason or None}
         if info.garbage:
             row["garbage"] = list(info.garbage)
         rows.append(row)
@@ -283,10 +277,9 @@ def _domains(client: Any, shards: list[CrawlKeys], now: float, limit: int) -> li
 def _scan_leases(client: Any, shards: list[CrawlKeys]) -> Counter[str] | None:
     """Leases per worker (None if a key holds another type)."""
     try:
-        return leases_by_worker(
-            [k for shard in shards for k, _ in client.zscan_iter(shard.leases, count=1000)],
-            [v for shard in shards for _, v in client.hscan_iter(shard.lease_meta, count=1000)],
-        )
+        lease_keys = [k for shard in shards for k, _ in client.zscan_iter(shard.leases, count=1000)]
+        meta = [v for shard in shards for _, v in client.hscan_iter(shard.lease_meta, count=1000)]
+        return leases_by_worker(lease_keys, meta)
     except ResponseError:
         return None
 
@@ -344,11 +337,10 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
         "frontier": {"queued": queued, "inflight": inflight, "delayed": delayed},
         "revisits": revisits,
         "leases": {**lease_breakdown(inflight, workers), **expiry},
-        "shards": len(shards), "deadletter": int(dead),
-        "seeds": {
-            "key": keys.start_urls, "type": seeds_type if seeds_type != "none" else None,
-            "waiting": seeds_waiting, "processing": int(processing), "rejected": int(seeds_rejected),
-        },
+        "shards": len(shards),
+        "deadletter": int(dead),
+        "seeds": {"key": keys.start_urls, "type": seeds_type if seeds_type != "none" else None,
+                  "waiting": seeds_waiting, "processing": int(processing), "rejected": int(seeds_rejected)},
         "rejected": {"seeds": int(seeds_rejected), "queue": queue_rejected},
         "filter": combine_filters(filters),
         "control": {"paused": control.paused, "paused_by": control.paused_by or None,

@@ -88,16 +88,14 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
         errors[i] += de * per_min
         per_worker[worker][i] += dp * per_min
     # the charts start at the first sample (a crawl younger than the hour does not sit in a corner)
-    first = min((i for i in range(n) if pages[i] or errors[i] or frontier["queued"][i] is not None),
-                default=n - 1)
+    first = next((i for i in range(n) if pages[i] or errors[i] or frontier["queued"][i] is not None), n - 1)
     cut = max(0, min(first - 1, n - MIN_POINTS))
     return {"times": times[cut:], "pages_per_min": pages[cut:], "errors_per_min": errors[cut:],
             "workers": {w: v[cut:] for w, v in _top_series(per_worker, n).items()},
             **{k: v[cut:] for k, v in frontier.items()}}
 
 
-def _top_series(per_worker: dict[str, list[float]], n: int,
-                limit: int = WORKER_SERIES) -> dict[str, list[float]]:
+def _top_series(per_worker: dict[str, list[float]], n: int, limit: int = WORKER_SERIES) -> dict[str, Any]:
     """The ``limit`` series of the most pages, the others summed point by point as ``other``."""
     if len(per_worker) <= limit:
         return per_worker
@@ -222,8 +220,8 @@ class Dashboard:
         return web.Response(body=STATIC.joinpath(name).read_bytes(), content_type="application/javascript")
 
     def _allowed(self, request: web.Request) -> bool:
-        given = request.headers.get(TOKEN_HEADER, "")
-        if not self.token or not hmac.compare_digest(given.encode(), self.token.encode()):
+        if not self.token or not hmac.compare_digest(request.headers.get(TOKEN_HEADER, "").encode(),
+                                                     self.token.encode()):
             return False
         origin = request.headers.get("Origin")
         return origin is None or origin == f"{request.scheme}://{request.host}"

@@ -57,9 +57,8 @@ class CrawlCollector(Collector):
             now = self.clock()
             if self._cache is not None and now - self._cache[0] < self.cache_seconds:
                 return self._cache[1]
-            out = [self._read(spider) for spider in self.spiders]
-            self._cache = (now, out)
-            return out
+            self._cache = (now, [self._read(spider) for spider in self.spiders])
+            return self._cache[1]
 
     def _read(self, spider: str) -> tuple[str, dict[str, Any] | None, Counter[str]]:
         keys = self.keys_of(spider)
@@ -170,12 +169,10 @@ class _Families:
     def _add(self, cls: type, name: str, doc: str, raw: Any, labels: dict[str, str]) -> None:
         if raw is None:
             return
-        value = finite(raw)
-        if value is None:
+        if (value := finite(raw)) is None:
             self.skipped += 1
             return
-        family = self.families.get(name)
-        if family is None:
+        if (family := self.families.get(name)) is None:
             family = self.families[name] = cls(name, doc, labels=["spider", *labels])
         family.add_metric([self.spider, *labels.values()], value)
 

@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from typing_extensions import Self
 
-__all__ = ["RedisPipeline"]
-
 logger = logging.getLogger(__name__)
 
 STREAM_FIELD = "item"  #: Field of each stream entry that holds the JSON item (``XADD <key> * item <json>``).
@@ -64,8 +62,7 @@ def default_serialize(item: Any) -> str:
 
 
 def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = "") -> tuple[str, Exception]:
-    """``(path, error)`` for the innermost part of ``value`` that ``serialize`` rejects: ``price.amount``,
-    ``tags[2]``, or ``""`` for ``value`` itself."""
+    """``(path, error)``: the innermost part of ``value`` ``serialize`` rejects (``tags[2]``, ``""``: all)."""
     try:
         serialize(value)
     except _ENCODE_ERRORS as exc:
@@ -158,8 +155,7 @@ class RedisPipeline:
         self.writer.start()
 
     def _ride_acks(self) -> _outbox.ItemOutbox | None:
-        """The scheduler's outbox, if items can ride its acks (exactly once, ``item_key`` not overridden,
-        on a Redis Cluster the items key in the frontier's hash slot)."""
+        """The scheduler's outbox, if items can ride its acks (exactly once, ``item_key`` not overridden)."""
         sched = get_scheduler(self._crawler) if self._crawler is not None else None
         if not self.exactly_once or sched is None:
             return None
@@ -234,8 +230,7 @@ class RedisPipeline:
         return self.key
 
     async def _write(self, entries: list[tuple[str, str | bytes]]) -> None:
-        """Write ``entries`` in one round trip: one ``RPUSH`` or ``items_xadd`` per key, several keys in one
-        ``MULTI``/``EXEC`` (on a cluster: one call per key)."""
+        """Write ``entries``: one ``RPUSH``/``items_xadd`` per key, in one ``MULTI`` (cluster: each apart)."""
         by_key: dict[str, list[str | bytes]] = defaultdict(list)
         for key, data in entries:
             by_key[key].append(data)

@@ -190,18 +190,16 @@ class EmbeddedRedis:
         """Join the running server or start one: ``(url, started_by_this_call)``."""
         files.make_private_dir(self.directory)
         url = self.url()
-        if url:
-            self._apply_maxmemory()
-            return url, False
-        if self.socket_path.parent != self.directory:
-            files.make_private_dir(self.socket_path.parent)
-        with _thread_lock, files.file_lock(self.lock_path, timeout):
-            url = self.url()  # another process may have started it meanwhile
-            if url:
-                self._apply_maxmemory()
-                return url, False
-            self._wait_for_old_server()
-            return self._start(timeout), True
+        if not url:
+            if self.socket_path.parent != self.directory:
+                files.make_private_dir(self.socket_path.parent)
+            with _thread_lock, files.file_lock(self.lock_path, timeout):
+                url = self.url()  # another process may have started it meanwhile
+                if not url:
+                    self._wait_for_old_server()
+                    return self._start(timeout), True
+        self._apply_maxmemory()
+        return url, False
 
     def _wait_for_old_server(self, grace: float = 10.0) -> None:
         """Refuse to start a second server on the same data files while an old one still runs."""

@@ -1,6 +1,5 @@
-"""The one outage policy of every background loop (docs/operations.md, "Outages"): which errors mean "Redis
-is away", how long a loop waits, what is logged, when a close stops waiting; :class:`BackgroundTask` runs such
-a loop, :class:`BatchWriter` writes items and cookies. Time is a parameter (``now``, monotonic seconds)."""
+"""The one outage policy of every background loop (docs/operations.md, "Outages"); :class:`BackgroundTask`
+runs such a loop, :class:`BatchWriter` writes items and cookies. ``now`` is monotonic seconds."""
 
 from __future__ import annotations
 
@@ -84,7 +83,6 @@ class Backoff:
         self.failures = 0
 
     def failed(self) -> float:
-        """Count one more failure; returns how long to wait."""
         delay = min(self.cap, self.first * self.factor ** min(self.failures, 64))
         self.failures += 1
         return delay
@@ -155,7 +153,6 @@ class Outage:
 
     def guard(self, component: str, backoff: Backoff | None = None,
               log: logging.Logger | None = None) -> LoopGuard:
-        """The view of one loop (named ``component`` in messages) onto this outage."""
         return LoopGuard(self, component, backoff or Backoff(), log or self.log)
 
 
@@ -183,7 +180,6 @@ class LoopGuard:
         return self.backoff.failed()
 
     def succeeded(self, now: float) -> None:
-        """Report a call that Redis answered."""
         self.backoff.reset()
         self.outage.succeeded(now, self.component)
 
@@ -206,7 +202,6 @@ class BackgroundTask:
         raise NotImplementedError
 
     def start(self: B) -> B:
-        """Start the task on the running event loop (once); returns ``self``."""
         if self._task is None:
             self._wakeup = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run())
@@ -243,7 +238,6 @@ class BackgroundTask:
                 task.exception()  # retrieved, so that asyncio does not report it at exit
 
     async def turns(self) -> AsyncGenerator[Any, None]:
-        """The loop as an async generator of what each step returns."""
         while True:
             try:
                 out = await self.step()
@@ -414,7 +408,7 @@ class BatchWriter(BackgroundTask, Generic[T]):
         return max(0.0, first.first_at + self.flush_interval - now)
 
     async def close(self) -> None:
-        """Write everything buffered (waiting through a Redis outage), then stop the task."""
+        """Write everything buffered (through an outage), then stop."""
         self._retry_at = None
         await self.stop()
 

@@ -1,9 +1,7 @@
-"""Lua scripts and untrusted replies: loads ``lua/*.lua`` (with the fragments of :data:`_FRAGMENTS`
-prepended), registers them with a client (EVALSHA, reloaded on NOSCRIPT), and reads Redis replies as text.
-
-A script in :data:`_LIBRARIES` is also a FUNCTION library (Redis >= 7), called by :class:`Library`: its top
-level (the fragments' helpers and tables) runs once at load; the script ends in ``local function
-<name>_call(keys, argv)``, what a call runs either way, so both paths answer the same."""
+"""Lua scripts and untrusted replies: loads ``lua/*.lua`` (after the fragments of :data:`_FRAGMENTS`),
+registers them with a client (EVALSHA, reloaded on NOSCRIPT), and reads Redis replies as text. A script
+in :data:`_LIBRARIES` is also a FUNCTION library (Redis >= 7, :class:`Library`) whose top level runs once at
+load; it ends in ``local function <name>_call(keys, argv)``, what a call runs either way."""
 
 from __future__ import annotations
 
@@ -21,17 +19,11 @@ logger = logging.getLogger(__name__)
 
 #: script name -> fragments prepended to it
 _FRAGMENTS = {
-    "sync": (
-        "foreign", "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue", "sync_items",
-        "sync_settle", "sync_lease",
-    ),
-    "dupe_batch": ("foreign", "dupe"),
-    "errors": ("foreign",),
-    "clusterstats": ("foreign",),
-    "seeds_take": ("foreign", "seeds_common"),
-    "seeds_adopt": ("seeds_common",),
+    "sync": ("foreign", "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue",
+             "sync_items", "sync_settle", "sync_lease"),
+    "dupe_batch": ("foreign", "dupe"), "errors": ("foreign",), "clusterstats": ("foreign",),
+    "seeds_take": ("foreign", "seeds_common"), "seeds_adopt": ("seeds_common",),
 }
-
 
 #: scripts that are also a FUNCTION library (see the module docstring)
 _LIBRARIES = frozenset({"sync"})
@@ -67,8 +59,7 @@ class Library:
     server refuses FUNCTION LOAD or FCALL (Redis < 7, an ACL), for good after the first refusal."""
 
     def __init__(self, client: Any, name: str, prelude: str = "", functions: bool = True) -> None:
-        self.client = client
-        self.script = client.register_script(source(name, prelude))
+        self.client, self.script = client, client.register_script(source(name, prelude))
         self.code = source(name, prelude, library=True)
         self.function = library_name(self.code)
         #: None: not loaded yet; True: FCALL; False: EVALSHA

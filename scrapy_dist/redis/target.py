@@ -75,10 +75,8 @@ class RedisTarget:
         if isinstance(exc, _LOGIN_ERRORS):
             if "must be called with the client already authenticated" in reason or "NOAUTH" in reason:
                 reason = "authentication required, and the URL has no user or password"
-            where = {
-                "REDIS_HOST/REDIS_PORT": "REDIS_PARAMS (username, password)",
-                "REDIS_SENTINELS": "REDIS_URL (the master's user and password)",
-            }.get(self.setting, "REDIS_URL")
+            where = {"REDIS_HOST/REDIS_PORT": "REDIS_PARAMS (username, password)", "REDIS_SENTINELS":
+                     "REDIS_URL (the master's user and password)"}.get(self.setting, "REDIS_URL")
             return RedisUnavailable(f"Redis at {self.masked_url} refused the login ({reason}); check the user"
                                     f" name and password in {where} and the user's ACL")
         # rediss:// to a port without TLS: the handshake waits for an answer that never comes

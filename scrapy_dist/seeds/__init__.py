@@ -109,9 +109,8 @@ class SeedRules:
 
     @classmethod
     def from_dist(cls, ds: DistSettings) -> SeedRules:
-        return cls(max_bytes=ds.seeds.max_bytes, allowed_schemes=ds.scheduler.allowed_schemes,
-                   meta_allowed=ds.seeds.meta_allowed, headers_allowed=ds.seeds.headers_allowed,
-                   dedupe=ds.seeds.dedupe)
+        s = ds.seeds
+        return cls(s.max_bytes, ds.scheduler.allowed_schemes, s.meta_allowed, s.headers_allowed, s.dedupe)
 
 
 DEFAULT_RULES = SeedRules()
@@ -141,8 +140,7 @@ class Seed:
         d: dict[str, Any] = {"url": self.url}
         for name in ("method", "headers", "body", "meta", "cb_kwargs", "priority", "callback", "errback",
                      "cookies", "dont_filter"):
-            value = getattr(self, name)
-            if value is not None and (name, value) != ("method", "GET"):
+            if (value := getattr(self, name)) is not None and (name, value) != ("method", "GET"):
                 d[name] = value
         for name, value in (self.formdata or {}).items():
             d.setdefault(name, value)
@@ -301,10 +299,10 @@ def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
 
     def check(name: str) -> bool:
         try:
-            spider_method(spider, name, "callback")
+            return resolve_callback(spider, name, "callback") is not None
         except RejectedEntry:
             return False
-        return user_defined(type(spider), name)
+
     return check
 
 
@@ -324,8 +322,7 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
     dont_filter = (not dedupe) if seed.dont_filter is None else seed.dont_filter
     kw: dict[str, Any] = {"url": seed.url, "method": seed.method, "dont_filter": dont_filter}
     for name in ("headers", "body", "meta", "cb_kwargs", "priority", "cookies"):  # unset: Request's default
-        value = getattr(seed, name)
-        if value is not None:
+        if (value := getattr(seed, name)) is not None:
             kw[name] = value
     if seed.formdata:
         from scrapy import FormRequest
@@ -333,8 +330,7 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
         if request_cls is None or not issubclass(request_cls, FormRequest):
             request_cls = FormRequest
     for what in ("callback", "errback"):
-        name = getattr(seed, what)
-        if name is not None:
+        if (name := getattr(seed, what)) is not None:
             if spider is None:
                 raise RejectedEntry(f"bad_{what}", f"no spider to resolve {what} {name!r}")
             kw[what] = resolve_callback(spider, name, what)

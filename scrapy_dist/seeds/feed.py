@@ -103,9 +103,8 @@ class SeedReader:
         self._take = scripts.register(redis, "seeds_take")
         self._adopt = scripts.register(redis, "seeds_adopt")
 
-    async def take(
-        self, count: int, acks: Sequence[bytes] = (), mode: str = "take", now: float | None = None
-    ) -> TakeResult:
+    async def take(self, count: int, acks: Sequence[bytes] = (), mode: str = "take",
+                   now: float | None = None) -> TakeResult:
         """Acknowledge ``acks``, renew the lease, take up to ``count`` seeds: one EVALSHA of
         ``seeds_take.lua`` (which documents ``mode``: ``take``, ``sweep``, ``leave``)."""
         raw = await self._take(keys=self._keys, args=[
@@ -164,9 +163,8 @@ class SeedFeed(BackgroundTask):
         super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
         self.stats = self.crawler.stats
         self.reader, self.keys, self.rules = reader, reader.keys, rules
-        self.batch_size = max(1, batch_size)
+        self.batch_size, self.idle_before_close = max(1, batch_size), idle_before_close
         self.max_unconfirmed = held_most(self.batch_size)
-        self.idle_before_close = idle_before_close
         self.block_seconds, self.poll_seconds = block_seconds, poll_seconds
         self._taken: deque[_Taken] = deque()
         self._acks: list[bytes] = []
@@ -283,8 +281,7 @@ class SeedFeed(BackgroundTask):
         self.succeeded()
         if result.expired:
             # after the take: its entries are ours whatever happens here (a failure is retried next time)
-            adopted = await self.attempt(self._call(r.adopt(result.expired)))
-            if adopted:
+            if adopted := await self.attempt(self._call(r.adopt(result.expired))):
                 self._garbage([], adopted[2])
             if adopted and adopted[0]:
                 self.stats.inc_value("seeds/adopted", adopted[1])
@@ -387,8 +384,7 @@ class SeedFeed(BackgroundTask):
         await self._finish("leave")
 
     async def _finish(self, mode: str) -> None:
-        self._finished = True
-        self.closing = True
+        self._finished = self.closing = True
         r = self.reader
         # only what the frontier has is acknowledged; the mode gives everything else back
         try:

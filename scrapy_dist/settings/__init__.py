@@ -1,9 +1,6 @@
-"""Every scrapy-dist setting, read, typed and validated once per crawler: :class:`DistSettings`.
-
-:data:`~.table.TABLE` declares each setting (default, type, range, doc: ``python -m
-scrapy_dist.settings.table`` writes docs/settings.md); each field of the typed groups below names the setting
-that fills it. :mod:`~.values` converts raw values, :mod:`~.reader` reads them. Components call
-``DistSettings.for_crawler(crawler)``; a bad value is one line (:class:`SettingsError`) refusing the start."""
+"""Every scrapy-dist setting, read, typed and validated once per crawler (:meth:`DistSettings.for_crawler`):
+declared in :data:`~.table.TABLE`, converted by :mod:`~.values`, read by :mod:`~.reader`; each field below
+names the setting that fills it. A bad value is one line (:class:`SettingsError`) refusing the start."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Raw setting values (:class:`SettingsReader`, with warnings about near-miss, scrapy-redis and Scrapy queue
-setting names), the components a crawl runs (:data:`COMPONENTS`: the add-on enables them, the scheduler checks
-them without it), and the refusal of a crawl that cannot start: :func:`refuse_start` logs one ERROR line,
-closes the spider with ``CloseSpider(REASON)`` once it opens and then clears ``crawler.spider``, so Scrapy
-counts a failed start (``scrapy crawl`` exits with status 1)."""
+"""Raw setting values (:class:`SettingsReader`, warning about near-miss, scrapy-redis and Scrapy queue
+names), the components a crawl runs (:data:`COMPONENTS`), and the refusal of a crawl that cannot start
+(:func:`refuse_start`: one ERROR line, then ``CloseSpider(REASON)`` and ``scrapy crawl`` exits with 1)."""
 
 from __future__ import annotations
 
@@ -162,8 +160,7 @@ class SettingsReader:
             return []
         out = []
         for name, instead in SCRAPY_QUEUE_SETTINGS.items():
-            priority = getattr(self.settings, "getpriority", lambda n: None)(name)
-            if priority is not None and priority > 0:  # set by the project, a spider or -s
+            if (getattr(self.settings, "getpriority", lambda n: None)(name) or 0) > 0:  # project, spider, -s
                 out.append(f"scrapy-dist: {name} has no effect with the scrapy-dist scheduler: {instead}")
         pq = str(self.raw("SCHEDULER_PRIORITY_QUEUE") or "")
         if pq and not pq.endswith(("DownloaderAwarePriorityQueue", "ScrapyPriorityQueue")):

@@ -28,9 +28,7 @@ class SettingsError(ScrapyDistError, ValueError):
 
 
 def _show(name: str, value: Any) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    if name == "REDIS_URL" and isinstance(value, str):
-        text = mask_url(value)
+    text = (mask_url(value) if name == "REDIS_URL" else value) if isinstance(value, str) else repr(value)
     text = " ".join(text.split()) if text.strip() else repr(text)
     return text if len(text) <= _SHOWN else f"{text[:_SHOWN - 3]}..."
 
@@ -90,10 +88,8 @@ def _number(spec: Setting, value: Any) -> float | int:
     if isinstance(number, float):
         if not math.isfinite(number):
             raise SettingsError(spec.name, value, "not a finite number", expected)
-        if integer:
-            if not number.is_integer():
-                raise SettingsError(spec.name, value, "not an integer", expected)
-            number = int(number)
+        if integer and not number.is_integer():
+            raise SettingsError(spec.name, value, "not an integer", expected)
     lo, hi = spec.low, spec.high
     too_low = lo is not None and (number <= lo if spec.low_open else number < lo)
     if too_low or (hi is not None and number > hi):
@@ -103,10 +99,10 @@ def _number(spec: Setting, value: Any) -> float | int:
     return int(number) if integer else float(number)
 
 
-def _bool(spec: Setting, value: Any) -> bool:
+def _bool(spec: Setting, value: Any, expected: str = "expected True or False (1/0, true/false)") -> bool:
     text = str(value).strip().lower()  # True, 1 and "on" alike
     if text not in (*_TRUE, *_FALSE):
-        raise SettingsError(spec.name, value, "not a boolean", "expected True or False (1/0, true/false)")
+        raise SettingsError(spec.name, value, "not a boolean", expected)
     return text in _TRUE
 
 
@@ -194,11 +190,7 @@ def convert(spec: Setting, value: Any) -> Any:
     if kind == "auto_bool":
         if isinstance(value, str) and value.strip().lower() in ("", "auto", "none"):
             return None
-        try:
-            return _bool(spec, value)
-        except SettingsError:
-            raise SettingsError(spec.name, value, "not a boolean",
-                                "expected True, False or None (auto-detect)") from None
+        return _bool(spec, value, "expected True, False or None (auto-detect)")
     if kind == "url":
         return check_url(value)
     if kind == "choice":

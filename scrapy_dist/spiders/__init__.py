@@ -17,7 +17,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.spiders import CrawlSpider
 
 from scrapy_dist.seeds import SeedRules, parse_seed, seed_request, spider_has_callback
-from scrapy_dist.seeds.feed import SeedFeed, SeedReader, TakeResult
+from scrapy_dist.seeds.feed import SeedFeed, SeedReader, TakeResult  # noqa: F401 - re-exported
 from scrapy_dist.settings import SettingsError
 from scrapy_dist.settings.reader import refuse_misspelt_components, refuse_start, start_error
 from scrapy_dist.wire.entrypolicy import keep_allowed_domains
@@ -26,10 +26,6 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import Settings
     from typing_extensions import Self
-
-__all__ = ["ARGUMENTS", "SCRAPY_REDIS_HOOKS", "RedisCrawlSpider", "RedisMixin", "RedisSpider", "SeedFeed",
-           "SeedReader", "SpiderArguments", "TakeResult", "apply_spider_arguments", "misspelt_arguments",
-           "reads_missing_server", "unused_hooks"]
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RateLimitedLog", "bytes_to_str", "convert_bytes_to_str", "is_dict"]
-
 
 @dataclass
 class _Window:

@@ -25,7 +25,7 @@ from scrapy.spiders import CrawlSpider
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.wire.entrypolicy import (
     COOKIE_KEYS,
-    DANGEROUS_META,
+    DANGEROUS_META,  # noqa: F401 - re-exported (docs/security.md)
     DEFAULT_POLICY,
     PRIORITY_RANGE,
     SIGNED_HEAD,
@@ -40,18 +40,12 @@ from scrapy_dist.wire.entrypolicy import (
     check_meta_keys,
     check_no_userinfo,
     check_offsite,
-    entry_policy,
+    entry_policy,  # noqa: F401 - re-exported
     is_trusted,
 )
 
 if TYPE_CHECKING:
     from scrapy import Spider
-
-__all__ = ["DANGEROUS_META", "DEFAULT_POLICY", "HOOK_NAMES", "MAX_HEADERS", "PREVIEW_LIMIT", "RAW_LIMIT",
-           "SIGNED_HEAD", "TAG_BYTES", "VERSION", "EntryPolicy", "check_cookies_allowed",
-           "check_header_names", "check_meta_keys", "check_no_userinfo", "check_url", "decode_request",
-           "encode_request", "entry_callback", "entry_policy", "load_payload", "method_name", "preview",
-           "rejection_record", "spider_method", "split_payload", "user_defined"]
 
 
 #: private dispatchers of CrawlSpider rules: rule requests name them, with the rule index in meta
@@ -82,8 +76,7 @@ HOOK_NAMES = frozenset({"start", "start_requests", "closed", "close", "log", "ma
 
 
 def user_defined(cls: type, name: str) -> bool:
-    """Whether ``name`` is a plain function of a class of the user's (not Scrapy's or scrapy-dist's, which
-    every spider has), and not one of the :data:`HOOK_NAMES`: the only methods an entry may call."""
+    """Whether ``name`` is a plain function of the user's classes, not a hook: all an entry may call."""
     if not isinstance(name, str) or name.startswith("_") or not name.isidentifier() or name in HOOK_NAMES:
         return False
     for klass in cls.__mro__:
@@ -287,8 +280,7 @@ def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
 
 
 def decode_request(data: bytes, spider: Spider, policy: EntryPolicy = DEFAULT_POLICY) -> Request:
-    """An untrusted payload as a Request bound to ``spider``'s methods; raises :class:`RejectedEntry` (and
-    nothing else, whatever the bytes) for an invalid payload or what :class:`EntryPolicy` forbids."""
+    """An untrusted payload as a Request bound to ``spider``'s methods, else :class:`RejectedEntry` only."""
     try:
         return _decode(data, spider, policy)
     except RejectedEntry:
@@ -364,8 +356,7 @@ RAW_LIMIT, PREVIEW_LIMIT = 1024, 100
 
 
 def preview(raw: bytes | str, limit: int = PREVIEW_LIMIT, quote: bool = True) -> str:
-    """At most ``limit`` characters of refused input for a log line, unprintable ones (newline, terminal
-    escape, bidi control) escaped so that it stays one line that cannot rewrite the log or terminal."""
+    """At most ``limit`` characters of refused input for a log line, unprintable ones escaped."""
     text = raw[: limit * 4].decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
     cut = len(text) > limit or len(raw) > limit * 4
     shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"

@@ -30,11 +30,6 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
-__all__ = ["CREDENTIAL_HEADERS", "DANGEROUS_META", "DEAD", "DEFAULT_POLICY", "EntryPolicy",
-           "FORBIDDEN_HEADERS", "FRONTIER", "check_cookies_allowed", "check_header_names", "check_meta_keys",
-           "check_no_userinfo", "check_offsite", "entry_policy", "host_allowed", "is_trusted",
-           "keep_allowed_domains"]
-
 #: version bytes: unauthenticated, tag of the body only (read as untrusted), signed (crawl, kind and nonce)
 VERSION, VERSION_BODY_TAG, VERSION_SIGNED = 1, 2, 3
 TAG_BYTES, NONCE_BYTES = 16, 8
@@ -45,8 +40,7 @@ _SIGNED_BYTE = bytes([VERSION_SIGNED])
 
 
 def _fresh_nonces() -> None:
-    """Nonces from a random 64-bit start, then one more per entry (unique without a syscall each); a
-    forked child starts afresh, or it would repeat its parent's and its entries would be taken for copies."""
+    """Nonces from a random 64-bit start, one more per entry; a forked child must not repeat its parent's."""
     global _NONCES
     _NONCES = itertools.count(int.from_bytes(secrets.token_bytes(8), "big"))
 
@@ -163,7 +157,6 @@ class EntryPolicy:
 
     @cached_property
     def _keyed(self) -> Any:
-        """The hash state after the secret and the context, copied per entry."""
         assert self.secret is not None
         key = self.secret if len(self.secret) <= 64 else hashlib.blake2b(self.secret).digest()
         h = hashlib.blake2b(key=key, digest_size=TAG_BYTES)
@@ -305,7 +298,6 @@ _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", ty
 
 
 def json_type(value: Any) -> str:
-    """The JSON name of ``value``'s type."""
     return _JSON_TYPES.get(type(value), "number")
 
 
