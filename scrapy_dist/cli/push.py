@@ -343,7 +343,8 @@ class Exporter:
 
     def _remove(self, entry: dict[str, Any]) -> None:
         if entry["kind"] == "stream":
-            self.client.xdel(self.key, *entry["ids"])
+            if entry["ids"]:  # a journal is a file on disk: an empty list would be XDEL with no id
+                self.client.xdel(self.key, *entry["ids"])
         else:  # trimmed only if still the head it was read from (else removed already, or popped)
             self._trim(keys=[self.key], args=[entry["n"], entry["sha1"]])
 
