@@ -905,4 +905,6 @@ def test_a_crawl_with_every_component_connects_through_one_pool(tmp_path: Path, 
     assert len(site.fetch_counts()) == 150
     opened = int(client.info("stats")["total_connections_received"]) - before
     print("connections opened by the crawl:", opened)
-    assert opened <= 6, opened
+    # a client per component opens one each (11 here); the one pool opens one per command in flight at the
+    # same moment, which varies with the crawl's timing
+    assert opened <= 8, opened
