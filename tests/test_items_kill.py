@@ -77,10 +77,10 @@ def _crawl_with_kill_and_stop(
         stopped.send_signal(signal.SIGSTOP)
         if resume_at_sweep:  # resumed as soon as its leases are back in the queue, before others take all
             time.sleep(LEASE)
-            client = redis.Redis.from_url(redis_url)
             tag = f":{stopped.pid}:".encode()
-            _wait(lambda: not any(tag in (lease_parts(lease)[2] or b"") for lease in client.zrange(
-                "pages:leases", 0, -1)), "the stopped worker's leases were never swept", project)
+            with redis.Redis.from_url(redis_url) as client:
+                _wait(lambda: not any(tag in (lease_parts(lease)[2] or b"") for lease in client.zrange(
+                    "pages:leases", 0, -1)), "the stopped worker's leases were never swept", project)
         else:
             time.sleep(LEASE + 2)  # its leases run out and other workers take its pages
         stopped.send_signal(signal.SIGCONT)
