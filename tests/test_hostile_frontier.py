@@ -181,48 +181,60 @@ def test_garbage_counters_and_meta_are_repaired_not_fatal(redis_url: str, redis_
 
 
 def _domain_state(redis_client: Any, domain: str = "a.example") -> list[bytes]:
-    """A domain's field of the domain info HASH: backlog, slots, next time, delay, concurrency, jitter."""
-    return redis_client.hget(KEYS.domain_info, f"s:{domain}").split(b" ")
+    """A domain's field of the domain info HASH: slots, next time[, delay, concurrency, jitter]."""
+    return redis_client.hget(KEYS.domain_info, f"p:{domain}").split(b" ")
 
 
 def _set_domain_state(redis_client: Any, at: int, value: Any, domain: str = "a.example") -> None:
     parts = _domain_state(redis_client, domain)
     parts[at] = str(value).encode()
-    redis_client.hset(KEYS.domain_info, f"s:{domain}", b" ".join(parts))
+    redis_client.hset(KEYS.domain_info, f"p:{domain}", b" ".join(parts))
 
 
 @pytest.mark.parametrize("fields", [
-    pytest.param({"b:a.example": "many", "i:a.example": "9223372036854775807", "n:a.example": "soon"},
-                 id="the older layout's fields"),
+    pytest.param({"p:a.example": "9223372036854775807 soon 0 0 0", "layout": "p"}, id="the domain's field"),
+    pytest.param({"p:a.example": "garbage", "layout": "p"}, id="a field that is not of the layout"),
+    pytest.param({"p:a.example": "-1 0 0 0", "layout": "p"}, id="a field of four values"),
     pytest.param({"s:a.example": "many 9223372036854775807 soon 0 0 0", "layout": "s"},
-                 id="the domain's field"),
-    pytest.param({"s:a.example": "garbage", "layout": "s"}, id="a field that is not four values"),
+                 id="the older layout's field"),
+    pytest.param({"s:a.example": "garbage", "layout": "s"}, id="an older field that is not six values"),
+    pytest.param({"b:a.example": "many", "i:a.example": "9223372036854775807", "n:a.example": "soon"},
+                 id="the oldest layout's fields"),
 ])
 def test_garbage_domain_info_is_repaired(redis_url: str, redis_client: Any, fields: dict[str, str]) -> None:
     redis_client.hset(KEYS.domain_info, mapping=fields)
     entry = ("", "", 0, b"\x01p", "a.example", "0 0 0")
     res = run(_sync(redis_url, SyncBatch(enqueue=[entry]), SyncBatch(lease=5), politeness="cluster"))
     assert len(res[1].leased) == 1
-    assert _domain_state(redis_client) == [b"0", b"1", b"0", b"0", b"0", b"0"]
-    kept = [b"layout", b"s:a.example"] if "layout" in fields else [b"s:a.example"]  # old fields deleted
+    assert _domain_state(redis_client) == [b"1", b"0", b"0", b"0", b"0"]
+    kept = [b"layout", b"p:a.example"] if "layout" in fields else [b"p:a.example"]  # old fields deleted
     assert sorted(redis_client.hkeys(KEYS.domain_info)) == kept
 
 
-def test_a_crawl_of_the_older_domain_layout_goes_on(redis_url: str, redis_client: Any) -> None:
-    """A domain info HASH written by a version before the s: field (b:/i:/n:/l: per domain, no 'layout'
-    mark) is read, and each domain rewritten as s: when a call first touches it."""
+@pytest.mark.parametrize("older", ["s", "b/i/n/l"])
+def test_a_crawl_of_an_older_domain_layout_goes_on(redis_url: str, redis_client: Any, older: str) -> None:
+    """A domain info HASH written by a version before the p: field (s: per domain, marked 'layout' = 's';
+    before it b:/i:/n:/l: per domain, no mark) is read, and each domain rewritten as p: when a call first
+    touches it. Those versions kept every domain with a backlog scheduled, as this one does."""
     entries = [("", "", 0, b"\x01p%d" % i, "a.example", "0 1 0") for i in range(3)]
-    run(_sync(redis_url, SyncBatch(enqueue=entries), SyncBatch(lease=5), politeness="cluster"))
-    b, i, n, *limits = _domain_state(redis_client)
-    assert (b, i, b" ".join(limits)) == (b"2", b"1", b"0 1 0")
+    _, first = run(_sync(redis_url, SyncBatch(enqueue=entries), SyncBatch(lease=5), politeness="cluster"))
+    i, n, *limits = _domain_state(redis_client)
+    assert (i, b" ".join(limits)) == (b"1", b"0 1 0")
     # as the older version would have written it
     redis_client.delete(KEYS.domain_info)
-    redis_client.hset(KEYS.domain_info, mapping={
-        "b:a.example": "2", "i:a.example": "1", "n:a.example": n, "l:a.example": "0 1 0"})
+    if older == "s":
+        redis_client.hset(KEYS.domain_info, mapping={"s:a.example": b"2 1 " + n + b" 0 1 0", "layout": "s"})
+    else:
+        redis_client.hset(KEYS.domain_info, mapping={
+            "b:a.example": "2", "i:a.example": "1", "n:a.example": n, "l:a.example": "0 1 0"})
     (res,) = run(_sync(redis_url, SyncBatch(lease=5), politeness="cluster"))
     assert res.leased == []  # its one slot is still taken
-    assert _domain_state(redis_client)[:2] == [b"2", b"1"]
-    assert sorted(redis_client.hkeys(KEYS.domain_info)) == [b"s:a.example"]
+    assert _domain_state(redis_client) == [b"1", n, b"0", b"1", b"0"]
+    kept = [b"layout", b"p:a.example"] if older == "s" else [b"p:a.example"]
+    assert sorted(redis_client.hkeys(KEYS.domain_info)) == kept
+    (held, _), = first.leased
+    (res,) = run(_sync(redis_url, SyncBatch(ack=[held], lease=5), politeness="cluster"))
+    assert len(res.leased) == 1  # the slot given back: the next request follows
 
 
 async def _lease_all(url: str, calls: int) -> int:
@@ -240,9 +252,10 @@ async def _lease_all(url: str, calls: int) -> int:
 
 
 @pytest.mark.parametrize("write", [
-    pytest.param({"hset": (1, "999999")}, id="slots in use far past the leases"),
-    pytest.param({"hset": (0, "-5")}, id="a negative backlog"),
-    pytest.param({"hset": (2, "+far")}, id="a next allowed time in 30 years"),
+    pytest.param({"hset": (0, "999999")}, id="slots in use far past the leases"),
+    pytest.param({"hset": (0, "-5")}, id="negative slots"),
+    pytest.param({"hset": (1, "+far")}, id="a next allowed time in 30 years"),
+    pytest.param({"zrem": True}, id="not scheduled"),
     pytest.param({"zadd": "+far"}, id="scheduled in 30 years"),
     pytest.param({"zadd": 1e15}, id="scheduled as blocked with its slots free"),
 ])
@@ -256,6 +269,8 @@ def test_garbage_in_a_domain_does_not_stall_it_for_ever(
     if "hset" in write:
         at, value = write["hset"]
         _set_domain_state(redis_client, at, far if value == "+far" else value)
+    elif "zrem" in write:
+        redis_client.zrem(KEYS.domains, "a.example")
     else:
         redis_client.zadd(KEYS.domains, {"a.example": far if write["zadd"] == "+far" else write["zadd"]})
     assert run(_lease_all(redis_url, 5)) == 2
@@ -267,10 +282,10 @@ def test_limits_no_worker_has_do_not_park_a_domain_for_days(redis_url: str, redi
     # and 10)
     entries = [("", "", 0, b"\x01p%d" % i, "a.example", "0 1 0") for i in range(3)]
     run(_sync(redis_url, SyncBatch(enqueue=entries), politeness="cluster"))
-    b, i, n, *_ = _domain_state(redis_client)
-    redis_client.hset(KEYS.domain_info, "s:a.example", b" ".join([b, i, n, b"86400 1 10"]))
+    i, n, *_ = _domain_state(redis_client)
+    redis_client.hset(KEYS.domain_info, "p:a.example", b" ".join([i, n, b"86400 1 10"]))
     assert run(_lease_all(redis_url, 6)) == 3
-    assert _domain_state(redis_client)[3:] == [b"0", b"1", b"0.5"]  # written back clamped, once
+    assert _domain_state(redis_client)[2:] == [b"0", b"1", b"0.5"]  # written back clamped, once
 
 
 @pytest.mark.parametrize("name", [name for name, _ in SYNC_KEYS])
@@ -503,11 +518,10 @@ def test_an_oversized_member_is_rejected_with_crawl_wide_politeness(
     run(_sync(redis_url, SyncBatch(enqueue=[entry]), politeness="cluster"))
     big = b"a.example\0" + b"0" * 11 + b"\0\0\0\0\0\x01" + b"\x01" + b"x" * 5000  # sorts first
     redis_client.zadd(KEYS.queue, {big: 0})
-    _set_domain_state(redis_client, 0, int(_domain_state(redis_client)[0]) + 1)
     (res,) = run(_sync(redis_url, SyncBatch(lease=5), politeness="cluster", max_entry_bytes=1000))
     assert [lease_member(m).endswith(b"\x01ok") for m, _ in res.leased] == [True] and res.rejected == 1
     assert json.loads(redis_client.lindex(KEYS.queue_rejected, 0))["reason"] == "entry_too_large"
-    assert _domain_state(redis_client)[1] == b"1"  # one slot taken, not two
+    assert _domain_state(redis_client)[0] == b"1"  # one slot taken, not two
     assert redis_client.zcard(KEYS.queue) == 0
 
 

@@ -334,13 +334,12 @@ def test_cluster_politeness_with_shards_routes_by_domain(redis_url: str, redis_c
     for h in hosts:
         home = domain_shard(h, 3)
         used.add(home)
-        for i, k in enumerate(shards):
-            state = redis_client.hget(k.domain_info, f"s:{h}")  # "backlog slots next limits"
-            assert (state is not None) == (i == home), (h, i)
-        assert int(redis_client.hget(shards[home].domain_info, f"s:{h}").split()[0]) == 5
+        for i, k in enumerate(shards):  # scheduled on its home shard only
+            assert (redis_client.zscore(k.domains, h) is not None) == (i == home), (h, i)
+        assert redis_client.zlexcount(shards[home].queue, f"[{h}\0", f"({h}\1") == 5
     assert used == {0, 1, 2}  # twelve hosts spread over the three shards
     home = shards[domain_shard("h0.example", 3)]
-    assert float(redis_client.hget(home.domain_info, "s:h0.example").split()[2]) > time.time() + 20
+    assert float(redis_client.hget(home.domain_info, "p:h0.example").split()[1]) > time.time() + 20
 
 
 # -- a real 3-master cluster, real `scrapy crawl` workers ----------------------------------------------

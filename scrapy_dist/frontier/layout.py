@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 _DELETE_BATCH = 100  # keys per DEL
 #: how scrapy-dist lays a crawl out in Redis (control hash field ``format``): bump it with any change an
 #: older worker would misread (docs/operations.md, "Upgrading")
-FRONTIER_FORMAT = 2
+FRONTIER_FORMAT = 3
 _FORMAT_LIMIT = 1000  # a larger ``format`` field is garbage (overwritten, warned)
 REPAIR_GRACE = 10.0  # seconds after a key holding requests was moved aside: empty is not drained yet
 #: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
@@ -75,6 +75,8 @@ class CrawlLayout:
     df: Any
     config: SchedulerSettings  # its lease: a worker seen within it counts as running
     paused: bool = False  # the crawl-wide pause flag when this worker joined
+    #: this worker's limits of a domain no DOMAIN_LIMITS rule matches (crawl-wide politeness), or ""
+    limits_default: str = ""
 
     def __post_init__(self) -> None:
         self.shards, self.politeness = self.config.shards, self.config.politeness
@@ -96,6 +98,8 @@ class CrawlLayout:
         pipe = client.pipeline(transaction=False)
         pipe.hsetnx(keys.control, "politeness", self.politeness)
         pipe.hsetnx(keys.control, "shards", self.shards)
+        if self.politeness == "cluster" and self.limits_default:  # what `status` shows a domain without own
+            pipe.hset(keys.control, "limits", self.limits_default)
         pipe.hmget(keys.control, ["politeness", "shards", "format", "paused"])
         mode, shards, recorded, paused = pipe.execute()[-1]
         self.paused = paused == b"1"
@@ -155,6 +159,7 @@ class CrawlLayout:
                 lease_seconds=cfg.lease_seconds, politeness=cfg.politeness, heartbeat=i == 0,
                 max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
                 dead_maxlen=cfg.dead_maxlen, replay_memory=cfg.replay_memory, limits_bound=limits_bound,
+                limits_default=self.limits_default,
             )
             for i, (keys, df) in enumerate(zip(self.shard_keys, self.shard_dfs, strict=True))
         ]

@@ -238,24 +238,36 @@ class DomainPenalties:
 
 
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
-    """The domains with the largest backlog, their limits and slots in use (for ``status``)."""
+    """The domains with the largest backlog, their limits and slots in use (for ``status``). A domain's
+    backlog is counted in the queue (ZLEXCOUNT) for the scheduled domains and those with a field."""
     info: dict[str, dict[str, str]] = {}
     for n, (name, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
         if n >= DOMAIN_SCAN_LIMIT:
             break
         kind, _, domain = scripts.text(name).partition(":")
-        v = scripts.text(value)
-        if kind == "s":  # "<backlog> <slots> <next> <delay> <concurrency> <jitter>" (lua/polite.lua)
-            parts = v.split(" ", 3)
-            if len(parts) == 4:
-                info.setdefault(domain, {}).update(zip(("b", "i", "n", "l"), parts, strict=True))
-        elif domain:  # b:, i:, n:, l:<domain>, as versions before the s: field wrote them
-            info.setdefault(domain, {}).setdefault(kind, v)
+        parts = scripts.text(value).split(" ")
+        if kind == "p" and len(parts) in (2, 5):  # "<slots> <next>[ <delay> <concurrency> <jitter>]"
+            info.setdefault(domain, {}).update(i=parts[0], n=parts[1], l=" ".join(parts[2:]))
+        elif kind == "s" and len(parts) == 6:  # the layout before: "<backlog> <slots> <next> <limits>"
+            info.setdefault(domain, {}).setdefault("i", parts[1])
+            info[domain].setdefault("n", parts[2])
+            info[domain].setdefault("l", " ".join(parts[3:]))
+        elif kind in ("i", "n", "l") and domain:  # the four fields of the layout before it
+            info.setdefault(domain, {}).setdefault(kind, scripts.text(value))
+    for n, (name, _) in enumerate(client.zscan_iter(keys.domains, count=1000)):
+        if n >= DOMAIN_SCAN_LIMIT:
+            break
+        info.setdefault(scripts.text(name), {})
+    pipe = client.pipeline(transaction=False)
+    for domain in info:
+        pipe.zlexcount(keys.queue, f"[{domain}\0".encode(), f"({domain}\1".encode())
+    backlogs = pipe.execute() if info else []
+    default = scripts.text(client.hget(keys.control, "limits") or b"0 0 0")
     rows = []
-    for domain, d in info.items():
-        delay, conc, jitter = (d.get("l") or "0 0 0").split(" ")
+    for (domain, d), backlog in zip(info.items(), backlogs, strict=True):
+        delay, conc, jitter = (d.get("l") or default).split(" ")
         rows.append({
-            "domain": domain, "backlog": int(float(d.get("b", 0))), "in_flight": int(float(d.get("i", 0))),
+            "domain": domain, "backlog": int(backlog), "in_flight": int(float(d.get("i", 0))),
             "delay": float(delay), "concurrency": int(conc), "jitter": float(jitter),
             "next_in": max(0.0, round(float(d.get("n", 0)) - now, 3)),
         })

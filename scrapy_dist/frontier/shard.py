@@ -156,8 +156,8 @@ SYNC_KEYS = (
 #: the ARGV head, by name; then P and the P dupe params
 SYNC_HEAD = (
     "now", "worker", "lease_seconds", "lease", "order", "politeness", "seed", "heartbeat",
-    "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound", "replay_memory",
-    "items_mode", "items_maxlen",
+    "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound", "limits_default",
+    "replay_memory", "items_mode", "items_maxlen",
 )
 
 
@@ -298,6 +298,8 @@ class Frontier:
     politeness: str = "process"
     #: ``"<delay> <jitter>"`` no domain's limits exceed (:meth:`DomainLimits.bound`); "" = polite.lua's bounds
     limits_bound: str = ""
+    #: ``"<delay> <concurrency> <jitter>"`` of a domain no ``DOMAIN_LIMITS`` rule matches; "" = none
+    limits_default: str = ""
     #: False for the shards > 0 of a sharded frontier: the worker's heartbeat is written by shard 0
     heartbeat: bool = True
     max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
@@ -324,7 +326,8 @@ class Frontier:
             "politeness": self.politeness, "seed": self._rng.randrange(2**31),
             "heartbeat": "1" if self.heartbeat else "0", "max_entry_bytes": self.max_entry_bytes,
             "rejected_maxlen": self.rejected_maxlen, "dead_maxlen": self.dead_maxlen, "dupe_mode": mode,
-            "limits_bound": self.limits_bound, "replay_memory": self.replay_memory,
+            "limits_bound": self.limits_bound, "limits_default": self.limits_default,
+            "replay_memory": self.replay_memory,
             "items_mode": "" if self.items is None else self.items.mode,
             "items_maxlen": "" if self.items is None or self.items.maxlen is None else self.items.maxlen,
         }

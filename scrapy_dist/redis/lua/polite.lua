@@ -2,27 +2,36 @@
 --
 -- In this mode every queue member is  <domain> \0 <11-digit priority key> <6-byte seq> <payload>  with
 -- score 0, so ZRANGEBYLEX over "<domain>\0" reads one domain's requests in priority-then-FIFO order
--- from the one queue ZSET. Per domain, the info HASH (KEYS[12] of sync.lua) holds one field
---   s:<domain>  "<backlog> <slots> <next> <delay> <concurrency> <jitter>"
--- backlog: queued requests; slots: leased requests (concurrency slots in use); next: the next allowed
--- lease time; then the domain's limits as the last worker that enqueued one of its requests wrote them.
--- Layout before: four fields b:<domain>, i:<domain>, n:<domain> and l:<domain> (the same values; read by
--- HMGET per domain and call). The field 'layout' = 's' says the HASH holds no such fields: written when a
--- call finds the HASH absent (a crawl started by this version). In a HASH without it (a crawl started by
--- an older version, upgraded in place), a domain with no s: field is read from its old fields
--- (pol_legacy: one HMGET more, for a domain not seen since the upgrade) and written back as s:, its old
--- fields deleted: the crawl goes on where it was. Workers of both versions must not run at the same time
--- (an older worker would count in the b:/i: fields a newer one no longer reads): stop the older first.
--- The domains ZSET (KEYS[11]) holds every domain with a backlog, scored by when it may next be
--- leased from (BLOCKED while all its slots are taken): a lease looks only at the domains that are due.
+-- from the one queue ZSET.
+-- The domains ZSET (KEYS[11]) is the schedule of hosts: every domain with queued requests is in it,
+-- scored by when it may next be leased from (BLOCKED while all its slots are taken); a lease looks only
+-- at the domains that are due. Queuing a request costs no read of its domain: the call adds its domains
+-- with ZADD NX at score 0 (one command per call; a domain already scheduled keeps its time). A domain
+-- leaves the schedule when a lease finds it due and its range empty, or takes its last requests while
+-- it is due; one with a next allowed time ahead or all slots taken stays scheduled even with nothing
+-- queued, so that time is kept. A domain whose field says it is not due is not leased from whatever
+-- the schedule says (an NX-added domain that is in fact waiting is scheduled again at its time).
+-- Per domain, the info HASH (KEYS[12] of sync.lua) holds one field, read and written only by leases
+-- and by the settling of leases:
+--   p:<domain>  "<slots> <next>" or "<slots> <next> <delay> <concurrency> <jitter>"
+-- slots: leased requests (concurrency slots in use); next: the next allowed lease time; then the
+-- domain's limits, written only when they are not the calling worker's default ones (head
+-- 'limits_default', a DOMAIN_LIMITS rule matched): as the last worker that enqueued one of its requests
+-- with such limits wrote them. A field without limits takes the calling worker's default.
+-- Layouts before: s:<domain> "<backlog> <slots> <next> <delay> <concurrency> <jitter>", and before it
+-- four fields b:, i:, n:, l:<domain>. The field 'layout' = 'p' says the HASH holds neither: written when
+-- a call finds the HASH absent (a crawl started by this version). In a HASH without it (a crawl
+-- upgraded in place), a domain with no p: field is read from its older fields (pol_legacy: one HMGET
+-- more, once per domain) and written back as p:, its older fields deleted; the older layouts kept every
+-- domain with a backlog scheduled, so the schedule stays whole. Workers of two versions must not run at
+-- the same time (an older worker counts in fields a newer one no longer reads): stop the older first.
 -- Slots are leases: a dead worker's expire, and the sweep gives them back. The next allowed time moves
 -- to (lease time + delay) on lease and to (finish time + delay) on acknowledgement, so two fetches of a
 -- domain are at least `delay` apart even when a leased request waits in a worker's prefetch buffer.
 --
--- A call reads a domain's field once (one HGET, checked: pol_state), keeps it in pol.st while it counts,
--- leases and finishes, and writes it back if it changed in one HSET, and the domain's schedule in one ZADD
--- or ZREM only if its score changed (pol_flush): a domain costs two or three commands per call, not a few
--- per request.
+-- A call reads a domain's field at most once (one HGET, checked: pol_state), keeps it in pol.st while it
+-- leases and settles, writes it back if it changed in one HSET, and moves the domain in the schedule only
+-- when its place changes (pol_flush).
 
 local BLOCKED, BLOCKED_S = 1e15, '1e15'
 -- a penalty (429/503, Retry-After) pushes a domain back by at most an hour (politeness.py), a delay by the
@@ -45,14 +54,16 @@ local function decimal(x)
   if x >= 0 and x < 4096 then DECIMAL[x] = s end
   return s
 end
--- pol.queue, pol.leases, pol.now (and now_s, as Redis writes it), pol.max_delay, pol.max_jitter: set by
--- sync.lua (pol_reset) before the first call below.
--- pol.st[dom]: the domain's fields as this call knows them; pol.touched[dom]: its schedule is to be redone.
+-- pol.queue, pol.leases, pol.now (and now_s, as Redis writes it), pol.max_delay, pol.max_jitter,
+-- pol.default (the calling worker's default limits string, or nil): set by sync.lua (pol_reset) before the
+-- first call below. pol.st[dom]: the domain's field as this call knows it; pol.touched[dom]: its place in
+-- the schedule is to be redone; pol.queued: domains a request of which entered the queue in this call.
 -- pol is the call's own: pol_reset() at the start of every call (a FUNCTION library keeps it between calls).
 local pol
-local function pol_reset(now, now_s, queue, leases, info)
-  pol = {st = {}, touched = {}, limits = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER, now = now,
-         now_s = now_s, queue = queue, leases = leases, info = info}
+local function pol_reset(now, now_s, queue, leases, info, default)
+  if default == '' then default = nil end
+  pol = {st = {}, touched = {}, queued = {}, limits = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER,
+         now = now, now_s = now_s, queue = queue, leases = leases, info = info, default = default}
 end
 
 local function finite_in(s, lo, hi)
@@ -70,85 +81,86 @@ end
 
 -- Parse limits "delay concurrency jitter" into st, clamped into the bounds; a value past them is written
 -- back clamped (pol.clamped makes sync.lua name the info HASH among the keys it repaired). No limits
--- (nil) are none: "0 0 0".
+-- (nil) are the calling worker's default (st.l stays nil: the field is written without limits), or none.
 local function pol_parse_limits(st, l)
   st.l = l
-  if not l then st.l, st.d, st.c, st.j = '0 0 0', 0, 0, 0; return end
-  local known = pol.limits[l]  -- most domains share a few limit strings: parsed once per call
+  local src = l or pol.default
+  if not src then st.d, st.c, st.j = 0, 0, 0; return end
+  local known = pol.limits[src]  -- most domains share a few limit strings: parsed once per call
   if not known then
-    local delay, conc, jitter = string.match(l, '^(%S+) (%S+) (%S+)$')
+    local delay, conc, jitter = string.match(src, '^(%S+) (%S+) (%S+)$')
     local d, c, j = finite_in(delay, 0, pol.max_delay), math.floor(finite_in(conc, 0, 1e9)),
                     finite_in(jitter, 0, pol.max_jitter)
     local clean = d == tonumber(delay) and j == tonumber(jitter) and c == tonumber(conc)
     known = {d, c, j, not clean and string.format('%.17g %d %.17g', d, c, j)}
-    pol.limits[l] = known
+    pol.limits[src] = known
   end
   st.d, st.c, st.j = known[1], known[2], known[3]
-  if known[4] then
+  if known[4] and l then
     st.l = known[4]
     st.w = true
     pol.clamped = true
   end
 end
 
--- Where the domains ZSET holds a domain, from its fields: false (not there: no backlog), BLOCKED (all its
--- slots taken), else its next allowed time (at least 0).
+-- Where the schedule puts a domain, from its field: BLOCKED (all its slots taken), else its next allowed
+-- time (at least 0).
 local function pol_score(st)
-  if st.b <= 0 then return false end
   if st.c > 0 and st.i >= st.c then return BLOCKED end
   return math.max(st.n, 0)
 end
 
--- the older layout's four fields of a domain without an s: field, or nil (none: a domain never seen)
+-- A domain without a p: field in a HASH of an older layout: {slots, next, limits} from its s: field or
+-- its four older fields (their b:/s: backlog is not kept: the schedule holds the domain), or nil.
 local function pol_legacy(dom)
   if pol.layout == nil then
     -- once per call: a HASH marked, or none yet (then marked by pol_flush), holds no old fields
-    pol.layout = redis.call('HGET', pol.info, 'layout') == 's'
+    pol.layout = redis.call('HGET', pol.info, 'layout') == 'p'
     if not pol.layout and redis.call('EXISTS', pol.info) == 0 then pol.layout, pol.mark = true, true end
   end
   if pol.layout then return nil end
-  local v = redis.call('HMGET', pol.info, 'b:' .. dom, 'i:' .. dom, 'n:' .. dom, 'l:' .. dom)
-  if v[1] or v[2] or v[3] or v[4] then return v end
+  local v = redis.call('HMGET', pol.info, 's:' .. dom, 'i:' .. dom, 'n:' .. dom, 'l:' .. dom)
+  if v[1] then
+    local _, i, n, l = string.match(v[1], '^(%S+) (%S+) (%S+) (.*)$')
+    if i then return {i, n, l} end
+    return {'garbage', 'garbage'}
+  end
+  if v[2] or v[3] or v[4] then return {v[2], v[3], v[4]} end
   return nil
 end
 
--- The domain's fields, read once per call and validated before anything is written: backlog and slots
--- integers Redis can hold (|x| < 2^52), not negative, and next a finite number no further ahead than the
--- domain's limits allow. A garbage or negative backlog is recounted (ZLEXCOUNT over the domain's range
--- of the queue, O(log N)), garbage slots and next time reset to 0 (a backlog that finds nothing is reset
--- by pol_lease; slots in use past the leases there are, by pol_unstick); a field that is not four values
--- is all garbage. st.w: st is to be written back (pol_flush).
+-- The domain's field, read once per call and validated before anything is written: slots an integer
+-- Redis can hold (|x| < 2^52), not negative, and next a finite number no further ahead than the
+-- domain's limits allow; garbage slots and next time are reset to 0 (slots in use past the leases there
+-- are come down in pol_unstick); a field that is not of the layout is all garbage. st.w: st is to be
+-- written back (pol_flush).
 local function pol_state(dom)
   local st = pol.st[dom]
   if st then return st end
-  local field = 's:' .. dom
+  local field = 'p:' .. dom
   local raw = redis.call('HGET', pol.info, field)
-  local vb, vi, vn, vl
+  local vi, vn, vl
   local legacy
   if raw then
-    vb, vi, vn, vl = string.match(raw, '^(%S+) (%S+) (%S+) (.*)$')
-    if not vb then vb, vi, vn = 'garbage', 'garbage', 'garbage' end
+    vi, vn = string.match(raw, '^(%S+) (%S+)$')
+    if not vi then
+      vi, vn, vl = string.match(raw, '^(%S+) (%S+) (%S+ %S+ %S+)$')
+      if not vi then vi, vn = 'garbage', 'garbage' end
+    end
   else
     legacy = pol_legacy(dom)
-    if legacy then vb, vi, vn, vl = legacy[1], legacy[2], legacy[3], legacy[4] end
+    if legacy then vi, vn, vl = legacy[1], legacy[2], legacy[3] end
   end
   st = {field = field, legacy = legacy, w = legacy ~= nil}
   pol.st[dom] = st
   pol_parse_limits(st, vl)
-  local b, i = int_of52(vb), int_of52(vi)
-  if vb and not (b and b >= 0) then
-    b = redis.call('ZLEXCOUNT', pol.queue, '[' .. dom .. '\0', '(' .. dom .. '\1')
-    st.w = true
-  end
+  local i = int_of52(vi)
   if vi and not (i and i >= 0) then i = 0; st.w = true end
-  st.b, st.i = b or 0, i or 0
+  st.i = i or 0
   local n = vn and tonumber(vn)
   local horizon = pol.now + math.max(MAX_PENALTY, st.d * (1 + st.j)) + 1
   if vn and not (n and n == n and n > -1e15 and n <= horizon) then n = 0; vn = nil; st.w = true end
   st.n, st.n_s = n or 0, vn or '0'
-  -- the domain's place in the domains ZSET, as its fields say it is (pol_flush writes it only when it
-  -- changes); unknown (nil: written at the first flush) when a field was repaired
-  if not st.w then st.scheduled = pol_score(st) end
   return st
 end
 
@@ -156,8 +168,15 @@ local function pol_domain(member)
   return string.match(member, '^([^%z]*)%z')
 end
 
--- A worker's limits for the domain, as it enqueues one of its requests (the last writer's hold).
+-- A request of `dom` entered the queue: the domain is scheduled (ZADD NX at flush), its field not read.
+local function pol_queued(dom)
+  pol.queued[dom] = true
+end
+
+-- A worker's limits for the domain, as it enqueues one of its requests: remembered when they are not its
+-- default ones (the last such writer's hold).
 local function pol_remember_limits(dom, limits)
+  if limits == pol.default then return end
   local st = pol_state(dom)
   if st.l ~= limits then
     st.w = true
@@ -166,12 +185,13 @@ local function pol_remember_limits(dom, limits)
   end
 end
 
--- Count a change of backlog (db) and slots in use (di) for a domain; rescheduled in pol_flush.
-local function pol_count(dom, db, di)
+-- Count a change of slots in use (di) for a domain; rescheduled in pol_flush when that blocks or frees it.
+local function pol_slots(dom, di)
   local st = pol_state(dom)
-  if db ~= 0 then st.b = st.b + db; st.w = true end
-  if di ~= 0 then st.i = st.i + di; st.w = true end
-  pol.touched[dom] = true
+  local was = pol_score(st) == BLOCKED
+  st.i = st.i + di
+  st.w = true
+  if was ~= (pol_score(st) == BLOCKED) then pol.touched[dom] = true end
 end
 
 local function pol_push_next(dom, t)
@@ -193,9 +213,9 @@ local function pol_finished(dom, now)
 end
 
 -- A domain scheduled more than MAX_PENALTY ahead (BLOCKED included) is taken up again only when a call
--- touches it: one whose counters or score someone wrote garbage into would wait for ever. Each call that
+-- touches it: one whose slots or score someone wrote garbage into would wait for ever. Each call that
 -- checks (sync.lua) looks at one such domain, picked at random: slots in use past the leases there are
--- (garbage) come down to that count, and pol_flush schedules it again from its (checked) counters.
+-- (garbage) come down to that count, and pol_flush schedules it again from its (checked) field.
 local function pol_unstick(domains_key, now)
   local first = redis.call('ZCOUNT', domains_key, '-inf', now + MAX_PENALTY)
   local total = redis.call('ZCARD', domains_key)
@@ -207,22 +227,27 @@ local function pol_unstick(domains_key, now)
   local leases = redis.call('ZCARD', pol.leases)
   if st.i > leases then st.i = leases; st.w = true end
   pol.touched[dom] = true
-  st.scheduled = nil  -- its score is not what its fields say: written again
+  st.scheduled = nil  -- its score is not what its field says: written again
 end
 
--- Write back what changed (one HSET per domain; a domain read from the older layout loses its old
--- fields) and schedule every touched domain (one ZADD or ZREM, skipped when its score is the one the ZSET
--- holds: what its fields said when read, what this call wrote or what pol_lease read).
+-- Write back what changed (one HSET per domain; a domain read from an older layout loses its old
+-- fields) and schedule every touched domain at its place -- removed when the lease emptied it while due;
+-- written when its place is a wait (a next time ahead, or BLOCKED) even if nothing of it is queued (the
+-- time is kept), else only if it is scheduled (ZADD XX); skipped when the lease read it at that very
+-- place -- then the call's queued domains, in one ZADD NX at 0 (last: a domain emptied and queued again
+-- in one call stays scheduled).
 local function pol_flush(domains_key, now)
-  if pol.mark then redis.call('HSET', pol.info, 'layout', 's'); pol.mark = nil end
+  if pol.mark then redis.call('HSET', pol.info, 'layout', 'p'); pol.mark = nil end
   for _, st in pairs(pol.st) do
     if st.w then
       if not st.n_s then st.n_s = st.n == 0 and '0' or string.format('%.17g', st.n) end
-      redis.call('HSET', pol.info, st.field, decimal(st.b) .. ' ' .. decimal(st.i) .. ' ' .. st.n_s .. ' ' .. st.l)
+      local v = decimal(st.i) .. ' ' .. st.n_s
+      if st.l then v = v .. ' ' .. st.l end
+      redis.call('HSET', pol.info, st.field, v)
       st.w = false
       if st.legacy then
         local dom = string.sub(st.field, 3)
-        redis.call('HDEL', pol.info, 'b:' .. dom, 'i:' .. dom, 'n:' .. dom, 'l:' .. dom)
+        redis.call('HDEL', pol.info, 's:' .. dom, 'b:' .. dom, 'i:' .. dom, 'n:' .. dom, 'l:' .. dom)
         st.legacy = nil
       end
     end
@@ -230,20 +255,25 @@ local function pol_flush(domains_key, now)
   for dom in pairs(pol.touched) do
     local st = pol.st[dom]
     local score = pol_score(st)
-    if st.scheduled ~= score then
-      if score == 0 then
-        redis.call('ZADD', domains_key, '0', dom)
-      elseif score == BLOCKED then
-        redis.call('ZADD', domains_key, BLOCKED_S, dom)
-      elseif score then
-        redis.call('ZADD', domains_key, score, dom)
+    if st.emptied and score ~= BLOCKED and st.n <= now then
+      redis.call('ZREM', domains_key, dom)
+      st.scheduled = false
+    elseif st.scheduled ~= score then
+      local s = score == 0 and '0' or score == BLOCKED and BLOCKED_S or score
+      if score == BLOCKED or score > now then
+        redis.call('ZADD', domains_key, s, dom)
       else
-        redis.call('ZREM', domains_key, dom)
+        redis.call('ZADD', domains_key, 'XX', s, dom)
       end
       st.scheduled = score
     end
+    st.emptied = nil
   end
   pol.touched = {}
+  local args = {}
+  for dom in pairs(pol.queued) do args[#args + 1] = '0'; args[#args + 1] = dom end
+  pol.queued = {}
+  for i = 1, #args, 7998 do redis.call('ZADD', domains_key, 'NX', unpack(args, i, math.min(i + 7997, #args))) end
 end
 
 -- Lease up to n requests from domains that may be fetched now; returns a flat list lease key, score.
@@ -253,23 +283,22 @@ local function pol_lease(queue_key, domains_key, n, now, on_lease)
   local out, gone = {}, {}  -- gone: the members taken, out of the queue in one ZREM at the end
   local got = 0
   -- a due domain gives at least one request (a full one is scheduled BLOCKED, not due): n names suffice,
-  -- a few more cover domains whose backlog was gone
+  -- a few more cover domains whose range was empty
   local ready = redis.call('ZRANGEBYSCORE', domains_key, '-inf', pol.now_s, 'WITHSCORES', 'LIMIT', '0',
                            decimal(math.min(256, n + 8)))
   for r = 1, #ready, 2 do
     if got >= n then break end
     local dom = ready[r]
     local st = pol_state(dom)
-    st.scheduled = tonumber(ready[r + 1])  -- where it is, whatever its fields say
+    st.scheduled = tonumber(ready[r + 1])  -- where it is, whatever its field says
     local can = n - got
     if st.c > 0 then can = math.min(can, st.c - st.i) end
     if st.d > 0 then can = math.min(can, 1) end
+    if st.n > now then can = 0 end  -- not due by its field (added at 0 while waiting): rescheduled
     if can > 0 then
       local ms = redis.call('ZRANGEBYLEX', queue_key, '[' .. dom .. '\0', '(' .. dom .. '\1', 'LIMIT', '0',
                             decimal(can))
-      if #ms == 0 then
-        st.b = 0; st.w = true; pol.empty = true  -- heal a drifted counter rather than spin on it
-      else
+      if #ms > 0 then
         local taken = 0
         for _, m in ipairs(ms) do
           gone[#gone + 1] = m
@@ -280,9 +309,13 @@ local function pol_lease(queue_key, domains_key, n, now, on_lease)
             taken = taken + 1
           end
         end
-        pol_count(dom, -#ms, taken)
+        if taken > 0 then
+          st.i = st.i + taken
+          st.w = true
+        end
         if st.d > 0 and taken > 0 then pol_push_next(dom, now + st.d + pol_jitter(st.d, st.j)) end
       end
+      st.emptied = #ms < can
     end
     pol.touched[dom] = true
   end

@@ -18,7 +18,8 @@
 --   'cluster'), seed (politeness jitter), heartbeat ('1'/'0'), max_entry_bytes (larger queue entries
 --   are rejected whole), rejected_maxlen and dead_maxlen (caps of the record LISTs, 0 = none),
 --   dupe_mode, limits_bound ('<delay> <jitter>' no domain's limits exceed in this worker's settings; ''
---   = polite.lua's MAX_DELAY and MAX_JITTER), replay_memory (nonces of entries handed out kept in
+--   = polite.lua's MAX_DELAY and MAX_JITTER), limits_default (the worker's limits of a domain no
+--   DOMAIN_LIMITS rule matches, "delay concurrency jitter"; '' = none), replay_memory (nonces of entries handed out kept in
 --   KEYS spent, 0 = none); then n_params and n_params dupe params (dupe.lua); then SYNC_SECTIONS,
 --   each a count and its items:
 --   enqueue  t1, t2 (t1 == '' skips dedupe), score, payload (payload == '' dedupes only)
@@ -61,7 +62,7 @@ local function sync_call(keys, argv)
   -- as the strings Redis would make of them (once, not once per command: each is a printf)
   state.now_s, state.deadline = string.format('%.17g', now), string.format('%.17g', now + state.lease_s)
   math.randomseed(tonumber(call_args.seed) or 0)
-  pol_reset(now, state.now_s, key_of.queue, key_of.leases, key_of.domain_info)
+  pol_reset(now, state.now_s, key_of.queue, key_of.leases, key_of.domain_info, call_args.limits_default)
   -- limits read from l:<domain> are clamped to what the worker's settings give any domain (polite.lua)
   local bound_delay, bound_jitter = string.match(call_args.limits_bound or '', '^(%S+) (%S+)$')
   if bound_delay then
@@ -102,14 +103,14 @@ local function sync_call(keys, argv)
   if paused ~= '1' then paused = '0' end
   state.paused = paused
   -- the checks of the queue and the schedule (sync_polite_queue, pol_unstick) run in one call in four,
-  -- and after the lease of every call that found a due domain's range empty or leased fewer than it asked
-  -- for while members are queued: where what they repair would show
+  -- and after the lease of every call that leased fewer than it asked for while members are queued:
+  -- where what they repair would show
   local checked = polite and math.random(4) == 1
   if checked then sync_polite_queue(state) end
   local leased = sync_lease(state)
   if polite then
-    if not checked and (pol.empty or (#leased < 2 * state.n_lease and paused ~= '1'
-                                       and redis.call('ZCARD', key_of.queue) > 0)) then
+    if not checked and #leased < 2 * state.n_lease and paused ~= '1'
+       and redis.call('ZCARD', key_of.queue) > 0 then
       checked = true
       sync_polite_queue(state)
     end

@@ -82,7 +82,7 @@ local function sync_enqueue(state, d, sec)
       args[#args + 1] = score; args[#args + 1] = m
       if state.polite then
         pol_remember_limits(ARGV[p + 4], ARGV[p + 5])
-        pol_count(ARGV[p + 4], 1, 0)
+        pol_queued(ARGV[p + 4])
       end
     end
     for i = 1, #args, 7998 do

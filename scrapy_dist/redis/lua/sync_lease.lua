@@ -22,9 +22,8 @@ end
 -- call that checks (sync.lua: one in four, and every call whose lease came up short) does, bounded: up to
 -- 64 members of another score on each side of 0 go back to score 0 (ours whose score was changed keep their
 -- place; anything else is rejected when leased), and 4 random members are looked at: one with no domain
--- part is rejected whole, one whose domain has no backlog gets the backlog recounted (ZLEXCOUNT), so it is
--- scheduled, leased, and decoded or rejected by a worker; a domain with a backlog missing from the domains
--- ZSET is scheduled again.
+-- part is rejected whole; one whose domain is missing from the domains ZSET gets it scheduled again, so it is
+-- leased, and decoded or rejected by a worker.
 local POLITE_FOREIGN_SCORES = {{'-inf', '(0'}, {'(0', '+inf'}}
 
 local function sync_polite_queue(state)
@@ -39,17 +38,8 @@ local function sync_polite_queue(state)
       redis.call('ZREM', key_of.queue, m)
       state.queued_delta = state.queued_delta - 1
       sync_reject_member(state, m, 'no_domain')
-    else
-      local st = pol_state(dom)
-      if st.b <= 0 then
-        st.b = redis.call('ZLEXCOUNT', key_of.queue, '[' .. dom .. '\0', '(' .. dom .. '\1')
-        st.w = true
-        pol.touched[dom] = true
-        st.scheduled = nil
-      elseif not redis.call('ZSCORE', key_of.domains, dom) then
-        pol.touched[dom] = true  -- a backlog but not scheduled (someone removed it): scheduled again
-        st.scheduled = nil
-      end
+    elseif not redis.call('ZSCORE', key_of.domains, dom) then
+      pol_queued(dom)  -- queued but not scheduled (someone removed it): scheduled again
     end
   end
 end

@@ -31,13 +31,10 @@ local function lease_done(state, L)
   return found
 end
 
--- m was taken out of the queue: one less queued, and with politeness one less in its domain's backlog
-local function dequeued(state, m)
+-- m was taken out of the queue: one less queued (with politeness its domain leaves the schedule when a
+-- lease finds nothing of it queued)
+local function dequeued(state)
   state.queued_delta = state.queued_delta - 1
-  if state.polite then
-    local dom = pol_domain(m)
-    if dom then pol_count(dom, -1, 0) end
-  end
 end
 
 local function sync_ack(state, sec)
@@ -48,7 +45,7 @@ local function sync_ack(state, sec)
     if not ok then
       local m = lease_member(L)
       if redis.call('ZREM', key_of.queue, m) == 1 then
-        dequeued(state, m)
+        dequeued(state)
         ok = true
       end
       remember(state, m)  -- the sweep forgot it when it requeued it
@@ -123,7 +120,7 @@ local function sync_revisit(state, sec)
     if qs and redis.call('ZREM', key_of.queue, m) == 1 then
       found = 1
       score = qs
-      dequeued(state, m)
+      dequeued(state)
     end
     items_acked(state, L, found == 1)
     if redis.call('ZREM', key_of.delayed, m) == 1 then

@@ -33,7 +33,7 @@ local function to_queue(state, m, score)
   state.queued_delta = state.queued_delta + 1
   if state.polite then
     local dom = pol_domain(m)
-    if dom then pol_count(dom, 1, 0) end
+    if dom then pol_queued(dom) end
   end
 end
 
@@ -95,7 +95,7 @@ local function unlease(state, L)
   if not lease_tag_at(L) then redis.call('HDEL', key_of.lease_meta, L) end
   if was == 1 and state.polite then
     local dom = pol_domain(L)
-    if dom then pol_count(dom, 0, -1) end
+    if dom then pol_slots(dom, -1) end
   end
   return was
 end
