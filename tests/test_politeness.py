@@ -170,3 +170,74 @@ def test_a_worker_in_another_politeness_mode_is_refused(
     errors = [line for line in project.logs().splitlines() if " ERROR: " in line]
     assert len(errors) == 1 and "SCHEDULER_POLITENESS='cluster'" in errors[0], errors
     assert site.fetch_counts() == {}
+
+
+def _frontier_calls(redis_url: str, calls: list[tuple[Any, float]], **kw: Any) -> list[Any]:
+    """Polite sync calls of one worker, each ``(batch, now)``: their results."""
+    import asyncio
+
+    import redis.asyncio
+
+    from scrapy_dist.frontier.shard import Frontier
+    from scrapy_dist.redis.keys import CrawlKeys
+
+    async def go() -> list[Any]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            f = Frontier(client, CrawlKeys("sched"), "w", None, politeness="cluster", **kw)
+            return [await f.sync(batch, now=now) for batch, now in calls]
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def test_queuing_reads_no_domain_state_and_a_waiting_domain_keeps_its_time(
+    redis_url: str, redis_client: Any
+) -> None:
+    """Requests of a domain with the worker's default limits are queued with one ZADD NX on the schedule
+    and no field of the domain; a domain leased with a delay stays scheduled at its next allowed time when
+    nothing of it is left, so a request queued then waits for that time instead of going out at once."""
+    from scrapy_dist.frontier.shard import SyncBatch
+    from scrapy_dist.redis.keys import CrawlKeys
+
+    keys = CrawlKeys("sched")
+    t = 1_700_000_000.0
+    entry = lambda i: ("", "", 0, b"\x01a%d" % i, "a.test", "5.0 2 0.0")  # noqa: E731
+    _frontier_calls(redis_url, [(SyncBatch(enqueue=[entry(0)]), t)], limits_default="5.0 2 0.0")
+    assert redis_client.exists(keys.domain_info) == 0  # queuing wrote no field of the domain
+    assert redis_client.zscore(keys.domains, "a.test") == 0
+    (second,) = _frontier_calls(redis_url, [(SyncBatch(lease=5), t)], limits_default="5.0 2 0.0")
+    assert len(second.leased) == 1
+    assert redis_client.hget(keys.domain_info, "p:a.test") == b"1 1700000005"  # no limits: the default's
+    assert redis_client.zscore(keys.domains, "a.test") == t + 5  # waiting, nothing queued: kept
+    (held, _), = second.leased
+    results = _frontier_calls(redis_url, [
+        (SyncBatch(ack=[held]), t + 1),  # finished: the delay runs from here
+        (SyncBatch(enqueue=[entry(1)], lease=5), t + 2),
+        (SyncBatch(lease=5), t + 5.5),
+        (SyncBatch(lease=5), t + 6.5),
+    ], limits_default="5.0 2 0.0")
+    assert [len(r.leased) for r in results[1:]] == [0, 0, 1]
+    assert redis_client.zscore(keys.domains, "a.test") == t + 6.5 + 5
+
+
+def test_a_due_domain_leaves_the_schedule_when_its_last_request_is_leased(
+    redis_url: str, redis_client: Any
+) -> None:
+    from scrapy_dist.frontier.shard import SyncBatch
+    from scrapy_dist.redis.keys import CrawlKeys
+
+    keys = CrawlKeys("sched")
+    entries = [("", "", 0, b"\x01%s%d" % (d, i), d.decode(), "0.0 8 0.0") for d in (b"a.test", b"b.test")
+               for i in range(3)]
+    _, leased = _frontier_calls(redis_url, [(SyncBatch(enqueue=entries), None), (SyncBatch(lease=4), None)],
+                                limits_default="0.0 8 0.0")
+    assert len(leased.leased) == 4
+    # the first domain's three and one of the second: only the second is left to schedule
+    assert redis_client.zrange(keys.domains, 0, -1) == [b"b.test"]
+    assert redis_client.hget(keys.domain_info, "p:a.test") == b"3 0"
+    # one that someone took out of the schedule is found again by the calls' checks
+    redis_client.zrem(keys.domains, "b.test")
+    results = _frontier_calls(redis_url, [(SyncBatch(lease=4), None)] * 8, limits_default="0.0 8 0.0")
+    assert sum(len(r.leased) for r in results) == 2
