@@ -34,6 +34,9 @@
 -- when its place changes (pol_flush).
 
 local BLOCKED, BLOCKED_S = 1e15, '1e15'
+-- st.scheduled of a domain the lease found due: at some score not after now (not read: Redis would print
+-- each score with %.17g)
+local DUE = 'due'
 -- a penalty (429/503, Retry-After) pushes a domain back by at most an hour (politeness.py), a delay by the
 -- domain's limits: a next allowed time further ahead than that is garbage (see pol_state)
 local MAX_PENALTY = 3600
@@ -233,8 +236,8 @@ end
 -- Write back what changed (one HSET per domain; a domain read from an older layout loses its old
 -- fields) and schedule every touched domain at its place -- removed when the lease emptied it while due;
 -- written when its place is a wait (a next time ahead, or BLOCKED) even if nothing of it is queued (the
--- time is kept), else only if it is scheduled (ZADD XX); skipped when the lease read it at that very
--- place -- then the call's queued domains, in one ZADD NX at 0 (last: a domain emptied and queued again
+-- time is kept), else only if it is scheduled (ZADD XX); skipped when the lease found it where it is to
+-- be (due, and to stay due) -- then the call's queued domains, in one ZADD NX at 0 (last: a domain emptied and queued again
 -- in one call stays scheduled).
 local function pol_flush(domains_key, now)
   if pol.mark then redis.call('HSET', pol.info, 'layout', 'p'); pol.mark = nil end
@@ -258,7 +261,7 @@ local function pol_flush(domains_key, now)
     if st.emptied and score ~= BLOCKED and st.n <= now then
       redis.call('ZREM', domains_key, dom)
       st.scheduled = false
-    elseif st.scheduled ~= score then
+    elseif st.scheduled ~= score and not (st.scheduled == DUE and score <= now) then
       local s = score == 0 and '0' or score == BLOCKED and BLOCKED_S or score
       if score == BLOCKED or score > now then
         redis.call('ZADD', domains_key, s, dom)
@@ -284,13 +287,12 @@ local function pol_lease(queue_key, domains_key, n, now, on_lease)
   local got = 0
   -- a due domain gives at least one request (a full one is scheduled BLOCKED, not due): n names suffice,
   -- a few more cover domains whose range was empty
-  local ready = redis.call('ZRANGEBYSCORE', domains_key, '-inf', pol.now_s, 'WITHSCORES', 'LIMIT', '0',
+  local ready = redis.call('ZRANGEBYSCORE', domains_key, '-inf', pol.now_s, 'LIMIT', '0',
                            decimal(math.min(256, n + 8)))
-  for r = 1, #ready, 2 do
+  for _, dom in ipairs(ready) do
     if got >= n then break end
-    local dom = ready[r]
     local st = pol_state(dom)
-    st.scheduled = tonumber(ready[r + 1])  -- where it is, whatever its field says
+    st.scheduled = DUE  -- where it is, whatever its field says
     local can = n - got
     if st.c > 0 then can = math.min(can, st.c - st.i) end
     if st.d > 0 then can = math.min(can, 1) end
