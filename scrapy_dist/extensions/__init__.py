@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import redis
 from scrapy.statscollectors import MemoryStatsCollector
@@ -117,18 +117,15 @@ class IdleMonitor(PeriodicExtension):
         #: server time at the last poll, from the server time at start (a cluster pipeline cannot send TIME)
         self.server_now: float | None = None
         self._opened_mono: float | None = None
-        self._close_task: asyncio.Task[None] | None = None
 
     async def opened(self) -> None:
         await super().opened()
         self._opened_mono = time.monotonic()
 
     async def closed(self, reason: str) -> None:
-        if self._ends_chains:
-            await self._end_chains()
-
-    async def _end_chains(self) -> None:
         """After this worker's last sync: remove the revisits filed since ``scrapy-dist close``."""
+        if not self._ends_chains:
+            return
         polite = self.settings.scheduler.politeness == "cluster"
         client = connection.ClientPool.of(self.crawler).sync_client()
         try:
@@ -157,10 +154,6 @@ class IdleMonitor(PeriodicExtension):
         # a seeds key of another type than configured (WRONGTYPE) holds nothing the spider can take
         return sum(int(c) for c in counts if not isinstance(c, Exception)), state
 
-    def judges_idleness(self) -> bool:
-        """Only a worker whose requests go through the shared frontier may call the crawl finished."""
-        return engine_of(self.crawler) is None or scheduler_of(self.crawler) is not None
-
     def locally_idle(self) -> bool:
         """This worker has no request of its own in progress."""
         if engine_of(self.crawler) is None:
@@ -176,15 +169,20 @@ class IdleMonitor(PeriodicExtension):
             return ""
         work, control = await self.read()
         reason = control.close_reason(self.started_at, self.server_now)
-        if reason:
-            self._ends_chains = _end_revisits(self.crawler)
-        elif self.clock.idle_before_close > 0 and self.judges_idleness():
+        # only a worker whose requests go through the shared frontier may call the crawl finished
+        judges = engine_of(self.crawler) is None or scheduler_of(self.crawler) is not None
+        if reason:  # stop filing revisits
+            revisits = getattr(_engine.scheduler(self.crawler), "revisits", None)
+            if revisits is not None:
+                revisits.stop()
+            self._ends_chains = revisits is not None
+        elif self.clock.idle_before_close > 0 and judges:
             now = time.monotonic() if now is None else now
             # a paused crawl is waiting for `scrapy-dist resume`, not finished
             if self.clock.observe(work > 0 or control.paused, now) and self.locally_idle():
                 reason = await self._decide()
-        if reason:
-            self._close(reason)
+        if reason and not _engine.is_closing(self.crawler) and self.close_spider(reason):
+            logger.info("Closing: the crawl was closed crawl-wide (reason %s)", reason)
         return reason
 
     tick = check
@@ -203,18 +201,3 @@ class IdleMonitor(PeriodicExtension):
         elif not reason:
             self.clock.since = None  # work appeared between the poll and the decision
         return text(reason)
-
-    def _close(self, reason: str) -> None:
-        engine = engine_of(self.crawler)
-        if engine is None or engine.spider is None or _engine.is_closing(self.crawler):
-            return
-        logger.info("Closing: the crawl was closed crawl-wide (reason %s)", reason)
-        self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
-
-
-def _end_revisits(crawler: Any) -> bool:
-    """Stop filing revisits once the crawl is closed crawl-wide; whether this worker revisits at all."""
-    revisits = getattr(_engine.scheduler(crawler), "revisits", None)
-    if revisits is not None:
-        revisits.stop()
-    return revisits is not None

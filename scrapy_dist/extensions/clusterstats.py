@@ -154,6 +154,7 @@ class PeriodicExtension:
         self.started_at = 0.0
         self._script: Any = None
         self._task: PeriodicTask | None = None
+        self._close_task: asyncio.Task[None] | None = None
 
     @classmethod
     @refusing
@@ -191,6 +192,14 @@ class PeriodicExtension:
                 await self.closed(reason)
             finally:
                 await self.redis.aclose()
+
+    def close_spider(self, reason: str) -> bool:
+        """Have the engine close the spider (``reason``); False before it has one."""
+        engine = engine_of(self.crawler)
+        if engine is None or engine.spider is None:
+            return False
+        self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
+        return True
 
 
 class ClusterStats(PeriodicExtension):

@@ -5,7 +5,6 @@ counters and answers the window's totals. Past a threshold, exactly one worker t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -135,7 +134,6 @@ class ErrorMonitor(PeriodicExtension):
         self.totals: dict[str, int] = {}
         self._answered: set[int] = set()
         self._closing = self._local_pause = False
-        self._close_task: asyncio.Task[None] | None = None
         self._garbage_log = RateLimitedLog.once(logger)
 
     def response_downloaded(self, response: Response, request: Request) -> None:
@@ -208,8 +206,10 @@ class ErrorMonitor(PeriodicExtension):
             server_time: float | None = float(text(server_now))
         except ValueError:
             server_time = None
-        if decision.close == CLOSE_REASON and decision.close_reason(self.started_at, server_time):
-            self._close(close)
+        closes = decision.close == CLOSE_REASON and decision.close_reason(self.started_at, server_time)
+        if closes and self.close_spider(close):
+            self._closing = True
+            logger.warning("Closing: the error monitor closed the crawl crawl-wide (%s)", close)
         return bool(tripped)
 
     tick = flush
@@ -228,12 +228,4 @@ class ErrorMonitor(PeriodicExtension):
         else:
             engine.unpause()
             logger.info("The crawl was resumed")
-
-    def _close(self, reason: str) -> None:
-        engine = engine_of(self.crawler)
-        if engine is None or engine.spider is None:
-            return
-        self._closing = True
-        logger.warning("Closing: the error monitor closed the crawl crawl-wide (%s)", reason)
-        self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
 
