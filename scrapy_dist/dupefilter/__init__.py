@@ -145,6 +145,8 @@ class RedisDupeFilter:
     _logged_dupes: bool = field(default=False, init=False, repr=False)
     _script: Any = field(default=None, init=False, repr=False)
 
+    settings_fields: ClassVar[tuple[str, ...]] = ("debug", "ttl")  #: fields of ``DistSettings.dupefilter``
+
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         if cls.legacy_fingerprint:
@@ -154,17 +156,13 @@ class RedisDupeFilter:
         # a refused setting refuses the crawl's start: the scheduler gets a filter that is never used
         if start_error(crawler) is None:
             try:
-                ds = DistSettings.for_crawler(crawler)
+                f = DistSettings.for_crawler(crawler).dupefilter
                 return cls(connection.ClientPool.of(crawler).sync_client(), crawler_keys(crawler),
-                           crawler.request_fingerprinter, stats=crawler.stats, debug=ds.dupefilter.debug,
-                           ttl=ds.dupefilter.ttl, **cls._extra_kwargs(ds))
+                           crawler.request_fingerprinter, stats=crawler.stats,
+                           **{k: getattr(f, k) for k in cls.settings_fields})
             except ScrapyDistError as exc:
                 refuse_start(crawler, exc)
         return BaseDupeFilter()  # type: ignore[return-value]
-
-    @classmethod
-    def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
-        return {}
 
     # -- Scrapy's BaseDupeFilter interface (the filter itself stays in Redis) ---------------------
     def open(self) -> None:
@@ -281,6 +279,7 @@ class BloomDupeFilter(RedisDupeFilter):
     The first worker to open a crawl records its parameters in ``{spider}:bloom``; later workers use them."""
 
     mode: ClassVar[str] = "bloom"
+    settings_fields = ("debug", "ttl", "capacity", "error_rate", "block_bits", "generations")
 
     # the requested sizes: the crawl's own (recorded by its first worker) may differ, see open()
     capacity: InitVar[int] = defaults.BLOOMFILTER_CAPACITY
@@ -300,12 +299,6 @@ class BloomDupeFilter(RedisDupeFilter):
         self.n = 0  # items in the filter (its fullest live generation), as last reported by Redis
         self._capacity_log = RateLimitedLog.once(logger)
         self._local: ScalableBloomFilter | None = None
-
-    @classmethod
-    def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
-        f = ds.dupefilter
-        return {"capacity": f.capacity, "error_rate": f.error_rate, "block_bits": f.block_bits,
-                "generations": f.generations}
 
     def open(self) -> None:
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""

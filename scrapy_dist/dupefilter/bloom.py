@@ -55,8 +55,7 @@ def _whole(value: Any) -> bool:
 
 def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tuple[str, str, str] = (
     "BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BLOCK_BITS")) -> tuple[int, float, int]:
-    """``(capacity, error_rate, block_bits)`` checked; :class:`BloomParameterError` names the offending
-    one as ``names`` says (settings, or hash fields)."""
+    """The three checked; :class:`BloomParameterError` names the bad one as ``names`` say."""
     if not _whole(capacity) or not 1 <= capacity <= MAX_CAPACITY:
         raise BloomParameterError(
             f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}")
@@ -90,10 +89,8 @@ class BloomRecord:
 
 
 def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> BloomRecord:
-    """Validate the fields of a ``{spider}:bloom`` HASH (bytes or str; untrusted): raises only
-    :class:`BloomParameterError` naming ``key`` and the field. A bad item count ``n`` is read as 0 with
-    :attr:`BloomRecord.n_garbage` set; a ``ttl`` / ``generations`` no worker could have recorded as 0 and 4
-    with :attr:`BloomRecord.schedule_garbage` set (repaired by the next worker, not refused)."""
+    """Validate the fields of a ``{spider}:bloom`` HASH (untrusted): raises only :class:`BloomParameterError`
+    naming ``key`` and the field; a bad ``n`` or schedule is read as the default, named in ``*_garbage``."""
     raw = {k.decode("utf-8", "replace") if isinstance(k, bytes) else k: v for k, v in fields.items()}
 
     def integer(name: str, default: str | None = None) -> int:
@@ -113,7 +110,7 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
         except (UnicodeDecodeError, ValueError):
             pass
         raise BloomParameterError(f"{key} field {name}={_show(value)}: not a number")
-    err = number("error_rate")
+    err = number("error_rate")  # parsed first: its error wins
     capacity, error_rate, block_bits = check_parameters(
         integer("capacity"), err, integer("block_bits"),
         names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"))
