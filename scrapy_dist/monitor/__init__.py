@@ -286,9 +286,10 @@ def _scan_leases(client: Any, shards: list[CrawlKeys]) -> Counter[str] | None:
 
 def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defaults.CLUSTERSTATS_INTERVAL,
                 worker_limit: int = WORKER_LIMIT, lease_scan_limit: int = LEASE_SCAN_LIMIT,
-                domain_limit: int = 10) -> dict[str, Any]:
+                domain_limit: int = 10, dead_sample: int = 0) -> dict[str, Any]:
     """Everything ``scrapy-dist status`` shows about the crawl, as JSON-ready data. Per-worker lease counts
-    come from a scan of the leases while at most ``lease_scan_limit`` (0: never; else from heartbeats)."""
+    come from a scan of the leases while at most ``lease_scan_limit`` (0: never; else from heartbeats);
+    ``dead_sample``: the newest dead letters counted by reason (``dead_reasons``), if any."""
     now = server_time(client)
     p = client.pipeline(transaction=False)
     p.llen(keys.deadletter).type(keys.start_urls)
@@ -330,7 +331,7 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
     stats, stats_skipped = decode_stats(stats_raw)
     revisits, expiry = due_figures(client, shards, now)
     started = [w["started"] for w in workers if w["state"] == RUNNING]
-    return {
+    status = {
         "spider": keys.spider, "time": round(now, 3),
         "state": crawl_state(control, len(started), started, now),
         # "inflight": every lease (kept for scripts); "leases": what holds them, and when they run out
@@ -356,6 +357,9 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
                     "stats": stats_skipped},
         "stats": stats,
     }
+    if dead_sample:
+        status["dead_reasons"] = dict(top_counts(dead_reasons(client, keys, dead_sample), REASON_LIMIT, 60))
+    return status
 
 
 def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
