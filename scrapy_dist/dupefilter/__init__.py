@@ -208,8 +208,7 @@ class RedisDupeFilter:
         raise NotImplementedError
 
     def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
-        """``dupe.lua``'s mode, KEYS (the forgotten set first) and params for a call at ``now`` (None:
-        this machine's clock) that may insert up to ``pending`` fingerprints."""
+        """``dupe.lua``'s mode, KEYS and params for a call at ``now`` inserting up to ``pending``."""
         return self.mode, [self.keys.forgotten, self.keys.fingerprints], []
 
     def recent_max_age(self) -> float:
@@ -383,8 +382,7 @@ class BloomDupeFilter(RedisDupeFilter):
         return "bloomgen", keys, [repr(self.gens.span), self.gens.count, gens.start, len(gens), *params]
 
     def _chain_keys(self, horizon: int, now: float) -> list[str]:
-        """Every key of the chain up to ``horizon`` items (with a TTL: of each generation passed at
-        ``now``, its HASH then its blocks), in ``dupe.lua``'s order."""
+        """The chain's keys up to ``horizon`` items (with a TTL: per generation, HASH then blocks)."""
         coords = self.plan.block_coords(horizon)
         if self.gens is None:
             return [self.keys.bloom_block(f, b) for f, b in coords]
@@ -408,8 +406,7 @@ class BloomDupeFilter(RedisDupeFilter):
                 self.plan.capacity, "/(BLOOMFILTER_GENERATIONS-1)" if self.gens else "")
 
     def request_seen(self, request: Request) -> bool:
-        """A per-process filter first (not with ``DUPEFILTER_TTL``: it would remember for ever), then one
-        atomic Redis test-and-set."""
+        """A per-process filter (not with a TTL: it never forgets), then one atomic test-and-set."""
         fp = self.fingerprint(request)
         if self.gens is not None:
             return self.seen_tokens([fingerprint_hashes(fp)])[0]

@@ -92,7 +92,6 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
     """Validate the fields of a ``{spider}:bloom`` HASH (untrusted): raises only :class:`BloomParameterError`
     naming ``key`` and the field; a bad ``n`` or schedule is read as the default, named in ``*_garbage``."""
     raw = {k.decode("utf-8", "replace") if isinstance(k, bytes) else k: v for k, v in fields.items()}
-
     def integer(name: str, default: str | None = None) -> int:
         value = raw.get(name, default)
         text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
@@ -100,7 +99,6 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
             raise BloomParameterError(f"{key} field {name}={_show(value)}: not a non-negative decimal"
                                       " integer")
         return int(text)
-
     def number(name: str, default: str | None = None) -> float:
         value = raw.get(name, default)
         try:
@@ -165,8 +163,7 @@ def window_fpr(items: float, bits: int, hashes: int) -> float:
 
 @lru_cache(maxsize=1024)
 def _size(capacity: int, error: float, max_hashes: int = 40) -> tuple[int, int]:
-    """The fewest windows, and the hash count (at most ``max_hashes``), that keep ``window_fpr`` at
-    ``capacity`` within ``error``."""
+    """The fewest windows, and hashes (at most ``max_hashes``), keeping ``window_fpr`` within ``error``."""
     plain = capacity * math.log(1 / error) / _LN2_SQ  # an unblocked filter's optimum, a lower bound
     k0 = max(1, round(math.log2(1 / error)))
     best: tuple[int, int] | None = None
@@ -388,8 +385,7 @@ class Generations:
         return self.ttl, self.ttl * self.count / (self.count - 1)
 
     def plan(self, capacity: int, error_rate: float, block_bits: int, scheme: int = HASHING) -> BloomPlan:
-        """The chain of one generation, for a filter of ``capacity`` URLs remembered per TTL at
-        ``error_rate`` over all the generations a lookup tests."""
+        """One generation's chain, for ``capacity`` URLs per TTL at ``error_rate`` over all it tests."""
         return BloomPlan(max(1, math.ceil(capacity / (self.count - 1))), error_rate / self.count, block_bits,
                          overflow_step=OVERFLOW_STEP, scheme=scheme)
 

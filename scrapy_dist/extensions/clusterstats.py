@@ -387,15 +387,12 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
     garbage field becomes ``None``/empty and is named in ``garbage``; texts are cut, not made printable."""
     d = hash_fields(raw, "worker")
     garbage: list[str] = []
-
     def checked(name: str, value: Any) -> Any:
         if d.get(name) and value is None:
             garbage.append(name)
         return value
-
     def count(name: str) -> int | None:
         return checked(name, _count(d.get(name, "")))
-
     def number(name: str, low: float, high: float) -> float | None:
         return checked(name, _finite(d.get(name, ""), low, high))
     state = d.get("state", "")

@@ -154,7 +154,6 @@ class Dashboard:
 
     def app(self) -> web.Application:
         extra = frozenset(host_name(h) for h in self.allowed_hosts)
-
         @web.middleware
         async def check_host(request: web.Request, handler: Any) -> web.StreamResponse:
             if not allowed_host(host_name(request.headers.get("Host", "")), self.host, extra):
@@ -257,7 +256,6 @@ class DashboardThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="scrapy-dist dashboard",
                                         daemon=True)
         self._thread.start()
-
         async def start() -> str:
             await self._runner.setup()
             await web.TCPSite(self._runner, host, port).start()

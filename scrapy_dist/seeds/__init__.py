@@ -165,8 +165,7 @@ def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> Non
 
 
 def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
-    """Validate an untrusted URL: :func:`scrapy_dist.wire.codec.check_url`'s rules (a test holds it at least
-    as strict), plus what Scrapy's ``Request`` would trip on (no scheme, a bad port, non-printables)."""
+    """Validate an untrusted URL: ``wire.codec.check_url``'s rules, and what Scrapy's ``Request`` trips on."""
     if not isinstance(url, str):
         raise RejectedEntry("bad_url", f"url has type {type(url).__name__}")
     if not url or len(url) > 8192 or _CONTROL_OR_SPACE.search(url):
@@ -296,13 +295,11 @@ def class_has_callback(spidercls: type) -> Callable[[str], bool]:
 
 def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
     """``has_callback`` for :func:`parse_seed` from a running spider."""
-
     def check(name: str) -> bool:
         try:
             return resolve_callback(spider, name, "callback") is not None
         except RejectedEntry:
             return False
-
     return check
 
 
