@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.wire.codec import (
     check_cookies_allowed,
     check_header_names,
@@ -356,7 +357,7 @@ def iter_lines(chunks: Iterable[bytes]) -> Iterable[bytes]:
 # a SequenceMatcher ratio of SIMILARITY, case-insensitively) but no crawl's seeds key by the template.
 SCAN_COUNT, TOOL_SCAN_CALLS, MAX_HINTS = 1000, 10, 5  # keys per SCAN call, SCAN calls of the CLI, hints
 SIMILARITY, LENGTH_SLACK = 0.85, 3
-_LENGTH = {"list": "llen", "set": "scard", "zset": "zcard"}
+_KINDS = ["list", "set", "zset"]  # in the order of _lengths()
 
 
 @dataclass(frozen=True)
@@ -395,50 +396,42 @@ def candidates(names: Iterable[bytes | str], keys: CrawlKeys, read: Iterable[str
     return [name for _, name in sorted(set(scored))]
 
 
-def _type_pipeline(client: Any, names: list[str]) -> Any:
+def _lengths(client: Any, names: list[str]) -> Any:
+    """A pipeline of each name's TYPE and its three length commands (the one of its type answers)."""
     p = client.pipeline(transaction=False)
     for name in names:
-        p.type(name)
+        p.type(name).llen(name).scard(name).zcard(name)
     return p
 
 
-def _length_pipeline(client: Any, names: list[str], replies: list[Any]) -> tuple[list[tuple[str, str]], Any]:
-    types = [r.decode() if isinstance(r, bytes) else str(r) for r in replies]
-    kept = [(n, t) for n, t in zip(names, types, strict=True) if t in _LENGTH]
-    p = client.pipeline(transaction=False)
-    for name, kind in kept:
-        getattr(p, _LENGTH[kind])(name)
-    return kept, p
+def _misses(names: list[str], replies: list[Any], meant: str) -> list[NearMiss]:
+    out = []
+    for i, name in enumerate(names):
+        kind = text(replies[4 * i])
+        n = replies[4 * i + 1 + _KINDS.index(kind)] if kind in _KINDS else None
+        if isinstance(n, int) and n > 0:
+            out.append(NearMiss(name, kind, n, meant))
+    return out
 
 
 def find(client: Any, keys: CrawlKeys, calls: int = TOOL_SCAN_CALLS) -> list[NearMiss]:
-    """Near misses of ``keys.start_urls`` (at most ``calls`` ``SCAN`` calls, then two round trips)."""
+    """Near misses of ``keys.start_urls`` (at most ``calls`` ``SCAN`` calls, then one round trip)."""
     cursor, seen = 0, []
     for _ in range(calls):
         cursor, batch = client.scan(cursor, count=SCAN_COUNT)
         seen += batch
         if isinstance(cursor, dict) or not int(cursor):  # over (a Redis Cluster's cursors: one call there)
             break
-    names = candidates(seen, keys)[:MAX_HINTS]
-    if not names:
+    if not (names := candidates(seen, keys)[:MAX_HINTS]):
         return []
-    kept, p = _length_pipeline(client, names, _type_pipeline(client, names).execute(raise_on_error=False))
-    return _misses(kept, p.execute(raise_on_error=False) if kept else [], keys.start_urls)
-
-
-def _misses(kept: list[tuple[str, str]], lengths: list[Any], meant: str) -> list[NearMiss]:
-    return [NearMiss(name, kind, n, meant) for (name, kind), n in zip(kept, lengths, strict=True)
-            if isinstance(n, int) and n > 0]
+    return _misses(names, _lengths(client, names).execute(raise_on_error=False), keys.start_urls)
 
 
 async def find_async(client: Any, keys: CrawlKeys) -> list[NearMiss]:
     """:func:`find` for a ``redis.asyncio`` client (a worker: one ``SCAN`` call)."""
-    names = candidates((await client.scan(0, count=SCAN_COUNT))[1], keys)[:MAX_HINTS]
-    if not names:
+    if not (names := candidates((await client.scan(0, count=SCAN_COUNT))[1], keys)[:MAX_HINTS]):
         return []
-    replies = await _type_pipeline(client, names).execute(raise_on_error=False)
-    kept, p = _length_pipeline(client, names, replies)
-    return _misses(kept, await p.execute(raise_on_error=False) if kept else [], keys.start_urls)
+    return _misses(names, await _lengths(client, names).execute(raise_on_error=False), keys.start_urls)
 
 
 async def warn_at_start(client: Any, keys: CrawlKeys) -> None:
