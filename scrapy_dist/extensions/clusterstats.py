@@ -382,30 +382,28 @@ class WorkerInfo:
     garbage: tuple[str, ...] = ()  #: names of fields that held garbage
 
 
+#: The numbers of a worker's heartbeat HASH, in the order they are checked: bounds, or None for a count.
+_NUMBERS: dict[str, tuple[float, float] | None] = {
+    "pid": None, "started": (0.0, 1e11), "pages": None, "items": None, "errors": None, "inflight": None,
+    "prefetched": None, "pages_per_min": (0.0, 1e12), "interval": (0.001, 86400.0)}
+
+
 def parse_worker_hash(raw: Any) -> WorkerInfo:
     """The one parser of a worker's heartbeat HASH; :class:`RejectedEntry` only if ``raw`` is not a mapping. A
     garbage field becomes ``None``/empty and is named in ``garbage``; texts are cut, not made printable."""
     d = hash_fields(raw, "worker")
-    garbage: list[str] = []
-    def checked(name: str, value: Any) -> Any:
-        if d.get(name) and value is None:
-            garbage.append(name)
-        return value
-    def count(name: str) -> int | None:
-        return checked(name, _count(d.get(name, "")))
-    def number(name: str, low: float, high: float) -> float | None:
-        return checked(name, _finite(d.get(name, ""), low, high))
     state = d.get("state", "")
-    if state not in ("", RUNNING, CLOSED, "closing"):
-        garbage.append("state")
-        state = ""
-    pid = count("pid")
-    return WorkerInfo(host=d.get("host", "")[:MAX_TEXT], pid=pid if pid is None or pid < 2**32 else None,
-                      started=number("started", 0.0, 1e11), pages=count("pages"), items=count("items"),
-                      errors=count("errors"), inflight=count("inflight"), prefetched=count("prefetched"),
-                      pages_per_min=number("pages_per_min", 0.0, 1e12),
-                      interval=number("interval", 0.001, 86400.0), state=state,
-                      finish_reason=d.get("finish_reason", "")[:MAX_TEXT], garbage=tuple(garbage))
+    garbage = [] if state in ("", RUNNING, CLOSED, "closing") else ["state"]
+    values: dict[str, Any] = {}
+    for name, bounds in _NUMBERS.items():
+        text = d.get(name, "")
+        values[name] = _count(text) if bounds is None else _finite(text, *bounds)
+        if text and values[name] is None:
+            garbage.append(name)
+    if (values["pid"] or 0) >= 2**32:
+        values["pid"] = None
+    return WorkerInfo(host=d.get("host", "")[:MAX_TEXT], state="" if garbage[:1] == ["state"] else state,
+                      finish_reason=d.get("finish_reason", "")[:MAX_TEXT], garbage=tuple(garbage), **values)
 
 
 def worker_state(info: dict[str, str], last_seen: float, now: float, default_interval: float) -> str:
