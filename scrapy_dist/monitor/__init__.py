@@ -376,28 +376,22 @@ def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] |
             raise ValueError("error_rate")
         scheme = next((x for x in SCHEMES if b.get("hashing") == str(x)), 3)  # an estimate: 3 if unknown
         block_bits = int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS)
-        plan = BloomPlan(capacity, float(b["error_rate"]), block_bits, scheme=scheme)
-        if float(b.get("ttl") or 0) > 0:
-            return _generation_figures(b, plan)
-        return {"kind": "bloom", "items": n, "capacity": plan.capacity, "error_rate": plan.error_rate,
-                "fill": round(n / plan.capacity, 6), "fpr_estimate": plan.false_positive_rate(n),
-                "memory_bytes": plan.memory_bytes(n) if n else 0}
+        base = BloomPlan(capacity, float(b["error_rate"]), block_bits, scheme=scheme)
+        out = {"kind": "bloom", "items": n, "capacity": base.capacity, "error_rate": base.error_rate}
+        if float(b.get("ttl") or 0) <= 0:
+            return {**out, "fill": round(n / base.capacity, 6), "fpr_estimate": base.false_positive_rate(n),
+                    "memory_bytes": base.memory_bytes(n) if n else 0}
+        # with DUPEFILTER_TTL: each generation is estimated to hold 1/G of the live items
+        gens = Generations(float(b["ttl"]), int(b.get("generations") or 4))
+        if (live := _whole(b.get("live") or "0", 19)) is None:
+            raise ValueError("live")
+        plan, per = gens.plan(capacity, base.error_rate, block_bits, scheme), live // gens.count
+        return {**out, "items": live, "fill": round(live / base.capacity, 6), "ttl": gens.ttl,
+                "generations": gens.count,
+                "fpr_estimate": min(1.0, gens.count * plan.false_positive_rate(per)),
+                "memory_bytes": gens.count * plan.memory_bytes(per) if per else 0}
     except (ValueError, TypeError, ArithmeticError, ScrapyDistError):
         return {"kind": "garbage", "items": None, "fill": None, "fpr_estimate": None}
-
-
-def _generation_figures(b: dict[str, str], base: BloomPlan) -> dict[str, Any]:
-    """Figures of a bloom filter with ``DUPEFILTER_TTL`` (each generation estimated to hold 1/G of them)."""
-    gens = Generations(float(b["ttl"]), int(b.get("generations") or 4))
-    live = _whole(b.get("live") or "0", 19)
-    if live is None:
-        raise ValueError("live")
-    plan = gens.plan(base.capacity, base.error_rate, base.block_bits, base.scheme)
-    per = live // gens.count
-    return {"kind": "bloom", "items": live, "capacity": base.capacity, "error_rate": base.error_rate,
-            "fill": round(live / base.capacity, 6), "ttl": gens.ttl, "generations": gens.count,
-            "fpr_estimate": min(1.0, gens.count * plan.false_positive_rate(per)),
-            "memory_bytes": gens.count * plan.memory_bytes(per) if per else 0}
 
 
 def combine_filters(figures: list[dict[str, Any] | None]) -> dict[str, Any] | None:
