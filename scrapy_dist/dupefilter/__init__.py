@@ -51,8 +51,7 @@ logger = logging.getLogger(__name__)
 #: duplicate lines go where Scrapy's RFPDupeFilter logs them, so log filters written for Scrapy still apply
 dupes_logger = logging.getLogger("scrapy.dupefilters")
 
-#: fingerprints per script call: short calls let other clients' commands run between them, and the calls
-#: of one batch are pipelined, so a smaller call costs no round trip
+#: fingerprints per script call: others' commands run between calls, and a batch's calls are pipelined
 CALL_TOKENS = 48
 
 
@@ -164,7 +163,6 @@ class RedisDupeFilter:
                 refuse_start(crawler, exc)
         return BaseDupeFilter()  # type: ignore[return-value]
 
-    # -- Scrapy's BaseDupeFilter interface (the filter itself stays in Redis) ---------------------
     def open(self) -> None:
         pass
 
@@ -190,7 +188,6 @@ class RedisDupeFilter:
         if self.stats is not None:
             self.stats.inc_value("dupefilter/filtered")
 
-    # -- the batched interface the scheduler uses -------------------------------------------------
     def fingerprint(self, request: Request) -> bytes:
         if self.legacy_fingerprint:
             return bytes.fromhex(self.request_fingerprint(request))

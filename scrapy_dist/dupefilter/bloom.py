@@ -21,8 +21,7 @@ PLANNED_GROWTH = 16
 OVERFLOW_GROWTH = 2
 RESERVE = 0.05
 MIN_FIRST_CAPACITY = 1000
-#: layout new filters are written with (``hashing`` in ``{spider}:bloom``): 3 gives each filter its optimal
-#: hash count, 4 caps them (see :class:`BloomPlan`); a crawl keeps the layout it was recorded with
+#: layout of new filters (``hashing``): 3 gives each filter its optimal hash count, 4 caps them (BloomPlan)
 HASHING = 4
 SCHEMES = (3, 4)
 #: layout 4: the small filters use this many hashes fewer than the largest one (fewer SETBITs per insert)
@@ -31,8 +30,7 @@ WINDOW_BITS = 4096  #: all the bits of one item in one filter lie in one window 
 #: bytes a Redis string adds to its contents: the largest sds header (9) and the terminating NUL
 STRING_OVERHEAD = 10
 KEY_OVERHEAD = 80  #: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
-#: the filter never holds more than this many times its capacity, so hostile counts cannot make a worker
-#: allocate or name more keys
+#: most items a filter holds, in capacities: hostile counts cannot make a worker allocate or name more keys
 MAX_OVERSHOOT = 8
 #: shortest span of one generation of a DUPEFILTER_TTL filter: a worker passes the generations live by its
 #: own clock, one span either side, so a span shorter than the clocks' difference finds none of them
@@ -83,8 +81,7 @@ class BloomRecord:
     generations: int = 4
     #: the recorded ``n`` when it was not a count within the bound (``n`` is then 0; the scripts recount)
     n_garbage: str | None = None
-    #: the recorded ``ttl`` / ``generations`` when no worker could have written them (then 0 and 4; the
-    #: worker that reads them records its own)
+    #: the recorded ``ttl`` / ``generations`` when no worker could have written them (then 0 and 4)
     schedule_garbage: str | None = None
 
 
@@ -228,8 +225,7 @@ class BloomPlan:
         if scheme not in SCHEMES:
             raise BloomParameterError(f"bloom filter layout {scheme!r}: this scrapy-dist reads {SCHEMES}")
         self.scheme = scheme
-        #: None: each filter past the capacity holds twice the one before; a fraction: each holds that
-        #: fraction of the last planned filter's (small steps, for the generations of a TTL)
+        #: past the capacity, each filter holds twice the last (None) or this fraction of the last planned
         self.overflow_step = overflow_step
         self._specs: list[FilterSpec] = []
         planned = self._planned_capacities()
@@ -336,7 +332,6 @@ def fingerprint_hashes(fingerprint: bytes) -> tuple[int, int]:
     return x >> 50, ((x >> 4) & _MASK46) | 1
 
 
-# -- generations (DUPEFILTER_TTL) --------------------------------------------------------------------------
 #: a generation past its share grows by filters of this fraction of its last planned one, not by doubling
 OVERFLOW_STEP = 0.25
 
@@ -390,7 +385,6 @@ class Generations:
                          overflow_step=OVERFLOW_STEP, scheme=scheme)
 
 
-# -- the fingerprints this worker sent ---------------------------------------------------------------------
 #: most fingerprints remembered per generation (the memory is cleared when one is full)
 RECENT_LIMIT = 500_000
 #: seconds a sent fingerprint is trusted when the filter remembers forever (docs/continuous.md)

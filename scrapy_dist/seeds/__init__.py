@@ -352,7 +352,6 @@ def iter_lines(chunks: Iterable[bytes]) -> Iterable[bytes]:
             yield stripped
 
 
-# -- seeds pushed to a near-miss key -----------------------------------------------------------------------
 # A near miss: a LIST, SET or ZSET with entries, named like the seeds key (within LENGTH_SLACK characters,
 # a SequenceMatcher ratio of SIMILARITY, case-insensitively) but no crawl's seeds key by the template.
 SCAN_COUNT, TOOL_SCAN_CALLS, MAX_HINTS = 1000, 10, 5  # keys per SCAN call, SCAN calls of the CLI, hints

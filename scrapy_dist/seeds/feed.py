@@ -47,8 +47,7 @@ BLOCK_SECONDS = 1.0
 POLL_SECONDS = 0.1
 ADOPT_BATCH = 10  #: Workers whose lease ran out are reported and adopted this many at a time.
 CONFIRM_POLL = 0.01  #: How often to look whether taken seeds have reached the frontier (seconds, local only).
-#: Most processing-list entries one worker may hold; entries past it are garbage someone wrote there and go
-#: back to the seeds key.
+#: Most processing-list entries one worker may hold; more are garbage, given back to the seeds key.
 HELD_CAP = 10_000
 
 
@@ -178,7 +177,6 @@ class SeedFeed(BackgroundTask):
         self._reject_log, self._error_log = RateLimitedLog(logger), RateLimitedLog(logger)
         self._garbage_log = RateLimitedLog.once(logger)
 
-    # -- the loop -----------------------------------------------------------------------------------
     async def requests(self) -> AsyncIterator[Request]:
         """Yield the requests of the seeds, forever or until the crawl is idle."""
         r = self.reader
@@ -308,7 +306,6 @@ class SeedFeed(BackgroundTask):
             self.stats.inc_value("seeds/errors")
         return super().failed(exc, now, detail)
 
-    # -- acknowledgement and idleness --------------------------------------------------------------
     def _collect_confirmed(self, sched: Any) -> None:
         """Move seeds whose requests are now in the frontier to the acknowledgements (in order)."""
         # with another scheduler than ours, a request counts as done once the engine has it
@@ -325,7 +322,6 @@ class SeedFeed(BackgroundTask):
         sched = get_scheduler(self.crawler)
         return not sched.has_pending_requests() if sched is not None else _engine.locally_idle(self.crawler)
 
-    # -- seeds -> requests ----------------------------------------------------------------------------
     def _requests(self, entry: bytes) -> list[Request]:
         """The requests of one processing-list entry (none if its seed is rejected, recorded, or skipped)."""
         score: float | None = None
@@ -355,7 +351,6 @@ class SeedFeed(BackgroundTask):
                              self.keys.start_urls, reason, preview(exc.detail, 200, quote=False),
                              preview(raw), self.keys.start_urls_rejected)
 
-    # -- shutdown ---------------------------------------------------------------------------------------
     async def close(self) -> None:
         """Stop reading (``spider_closed``); acknowledge what reached the frontier and give the rest back.
         A take in progress is given a moment to finish, so what it takes is given back too."""
