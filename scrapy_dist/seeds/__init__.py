@@ -53,38 +53,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Every rejection reason a seed can get (stats ``seeds/rejected/<reason>``, ``reason`` of the records).
-REASONS = {
-    "too_large": "longer than REDIS_START_URLS_MAX_BYTES",
-    "not_utf8": "not UTF-8 text",
-    "empty": "empty or only whitespace",
-    "bad_url": "not a URL: no scheme or host, whitespace/control characters, bad port, over 8 KiB,"
-    " user:password@ before the host",
-    "bad_scheme": "a scheme other than the allowed ones (http, https)",
-    "bad_json": "starts like JSON but does not parse, NaN/Infinity, nested over 32 levels",
-    "not_object": "valid JSON that is not an object",
-    "missing_url": "a JSON object without url",
-    "bad_form_field": "a JSON field outside FIELDS (form data, as in scrapy-redis) that is not a string or a"
-    " list of strings, or combined with body",
-    "bad_method": "method is not an HTTP token (letters, digits, !#$%&'*+-.^_`|~; at most 32)",
-    "bad_headers": "headers is not an object of name -> string or list of strings, or a bad name",
-    "header_injection": "CR, LF or NUL in a header (or cookie) name or value",
-    "bad_body": "body is not a string",
-    "bad_meta": "meta is not an object, or holds integers msgpack cannot store",
-    "meta_not_allowed": "a meta key SEEDS_META_ALLOWED does not allow (proxy, cookiejar, dont_*, _*, ...)",
-    "header_not_allowed": "a framing/routing header (Host, Content-Length, Proxy-*, ...), or a credential"
-    " header (Authorization, Cookie) SEEDS_HEADERS_ALLOWED does not name; cookies unless it names Cookie",
-    "offsite": "the URL's host is not in the spider's allowed_domains (dont_filter or not)",
-    "bad_cb_kwargs": "cb_kwargs is not an object with identifier keys",
-    "bad_priority": "priority is not an integer in the 32-bit range",
-    "bad_callback": "callback is not a public method defined by the spider",
-    "bad_errback": "errback is not a public method defined by the spider",
-    "bad_dont_filter": "dont_filter is not a boolean",
-    "bad_cookies": "cookies is not an object of name -> value or a list of cookie objects",
-    "bad_request": "Scrapy's Request refused the values",
-    "hook_error": "the spider's make_request_from_data() raised",
-    "bad_hook_result": "make_request_from_data() returned something that is not a Request, None or an"
-    " iterable of Requests"}
+#: Every rejection reason a seed can get (stats ``seeds/rejected/<reason>``, ``reason`` of the records);
+#: docs/seeds.md, "Rejected seeds", says what each means.
+REASONS = frozenset({
+    "too_large", "not_utf8", "empty", "bad_url", "bad_scheme", "bad_json", "not_object", "missing_url",
+    "bad_form_field", "bad_method", "bad_headers", "header_injection", "bad_body", "bad_meta",
+    "meta_not_allowed", "header_not_allowed", "offsite", "bad_cb_kwargs", "bad_priority", "bad_callback",
+    "bad_errback", "bad_dont_filter", "bad_cookies", "bad_request", "hook_error", "bad_hook_result"})
 
 #: The fields a JSON seed may have.
 FIELDS = frozenset(["url", "method", "headers", "body", "meta", "cb_kwargs", "priority", "callback",
