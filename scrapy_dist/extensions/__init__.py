@@ -95,12 +95,9 @@ class IdleClock:
 
 
 class IdleMonitor(PeriodicExtension):
-    """Scrapy extension: one crawl-wide ``finished`` decision, every worker closing on it. Every worker polls
-    the frontier's counts, the waiting seeds and the control flags; once all have been zero for
-    ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds and this worker holds no request, ``idle.lua`` re-checks the
-    frontier atomically and sets ``close = finished``, which every worker started before it obeys. With
-    shards, :func:`~scrapy_dist.frontier.shard.shards_idle` first proves every shard empty at one moment.
-    With ``SCHEDULER_IDLE_BEFORE_CLOSE = 0`` it only relays close decisions."""
+    """Scrapy extension: one crawl-wide ``finished`` decision, every worker closing on it (docs/monitoring.md,
+    "Closing together"): once the frontier and seeds had no work for ``SCHEDULER_IDLE_BEFORE_CLOSE`` s, and
+    this worker holds none, ``idle.lua`` re-checks atomically (0: it only relays close decisions)."""
 
     script, what = "idle", "idle monitor"
 

@@ -138,9 +138,8 @@ def _encode(value: Any) -> str:
 
 
 class PeriodicExtension:
-    """Base of the extensions: built from the crawl's settings (:attr:`settings`) and keys; from
-    ``spider_opened`` to ``spider_closed`` a :class:`PeriodicTask` awaits :meth:`tick` every :attr:`interval`
-    seconds, with the crawl's async client and its ``script`` registered."""
+    """Base of the extensions: from ``spider_opened`` to ``spider_closed``, a :class:`PeriodicTask` awaits
+    :meth:`tick` every :attr:`interval` seconds, with the crawl's async client and ``script`` registered."""
 
     script: ClassVar[str]
     what: ClassVar[str]  #: the task's name in outage and error lines

@@ -172,8 +172,7 @@ class ErrorMonitor(PeriodicExtension):
             logger.warning("Could not send the last error counts to %s: %s", self.keys.errors, exc)
 
     async def flush(self, now: float | None = None) -> bool:
-        """Send the counts since the last flush, get the window's totals back and act on them (one script
-        call); whether this call took the action."""
+        """Send the new counts, get the window's totals, act on them (one script call); True if it tripped."""
         counts, examples = self.events.take()
         c = self.config
         args: list[Any] = ["" if now is None else repr(now), repr(self.bucket), repr(c.window),
