@@ -273,16 +273,6 @@ def _domains(client: Any, shards: list[CrawlKeys], now: float, limit: int) -> li
     return rows[:limit]
 
 
-def _scan_leases(client: Any, shards: list[CrawlKeys]) -> Counter[str] | None:
-    """Leases per worker (None if a key holds another type)."""
-    try:
-        lease_keys = [k for shard in shards for k, _ in client.zscan_iter(shard.leases, count=1000)]
-        meta = [v for shard in shards for _, v in client.hscan_iter(shard.lease_meta, count=1000)]
-        return leases_by_worker(lease_keys, meta)
-    except ResponseError:
-        return None
-
-
 def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defaults.CLUSTERSTATS_INTERVAL,
                 worker_limit: int = WORKER_LIMIT, lease_scan_limit: int = LEASE_SCAN_LIMIT,
                 domain_limit: int = 10, dead_sample: int = 0) -> dict[str, Any]:
@@ -323,7 +313,12 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
         delayed += int(s_delayed)
         queue_rejected += int(s_rejected)
         filters.append(filter_figures(bloom, int(fingerprints) + (int(expiring) if i == 0 else 0)))
-    leases = _scan_leases(client, shards) if inflight <= lease_scan_limit else None
+    leases = None
+    if inflight <= lease_scan_limit:
+        with contextlib.suppress(ResponseError):  # a key of another type: no per-worker counts
+            tagged = [k for s in shards for k, _ in client.zscan_iter(s.leases, count=1000)]
+            meta = [v for s in shards for _, v in client.hscan_iter(s.lease_meta, count=1000)]
+            leases = leases_by_worker(tagged, meta)
     workers = worker_rows(members, details, leases, now, default_interval)
     states = Counter(w["state"] for w in workers)
     errors = window_totals(errors_raw, now)
