@@ -1,4 +1,4 @@
-"""Crawl-wide stats, the worker heartbeat and registry, and the periodic task the extensions run on.
+"""Crawl-wide stats, the worker heartbeat and registry, and the base the extensions share (a periodic task).
 :class:`ClusterStats` sends what changed in Scrapy's stats in one ``clusterstats.lua`` call per interval; a
 sequence number makes a resent flush count once. The registry: ``{spider}:workers`` (id -> last seen) and
 one ``{spider}:worker:<id>`` HASH per worker, read back through :func:`parse_worker_hash`."""
