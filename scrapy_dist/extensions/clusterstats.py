@@ -145,6 +145,7 @@ class PeriodicExtension:
     what: ClassVar[str]  #: the task's name in outage and error lines
     handlers: ClassVar[tuple[str, ...]] = ("spider_opened", "spider_closed")  #: signals connected
     interval: float
+    tick: Callable[[], Awaitable[Any]]  #: the call the task makes
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler, self.keys = crawler, crawler_keys(crawler)
@@ -162,9 +163,6 @@ class PeriodicExtension:
         for name in cls.handlers:
             crawler.signals.connect(getattr(o, name), signal=getattr(signals, name))
         return o
-
-    async def tick(self) -> Any:
-        raise NotImplementedError
 
     async def opened(self) -> None:
         """After the client is made and before the task starts."""
