@@ -51,8 +51,7 @@ logger = logging.getLogger(__name__)
 #: duplicate lines go where Scrapy's RFPDupeFilter logs them, so log filters written for Scrapy still apply
 dupes_logger = logging.getLogger("scrapy.dupefilters")
 
-#: fingerprints per script call: short calls let other clients' commands run between them, and the calls
-#: of one batch are pipelined, so a smaller call costs no round trip
+#: fingerprints per script call: others' commands run between calls, and a batch's calls are pipelined
 CALL_TOKENS = 48
 
 
@@ -145,6 +144,8 @@ class RedisDupeFilter:
     _logged_dupes: bool = field(default=False, init=False, repr=False)
     _script: Any = field(default=None, init=False, repr=False)
 
+    settings_fields: ClassVar[tuple[str, ...]] = ("debug", "ttl")  #: fields of ``DistSettings.dupefilter``
+
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         if cls.legacy_fingerprint:
@@ -154,19 +155,14 @@ class RedisDupeFilter:
         # a refused setting refuses the crawl's start: the scheduler gets a filter that is never used
         if start_error(crawler) is None:
             try:
-                ds = DistSettings.for_crawler(crawler)
+                f = DistSettings.for_crawler(crawler).dupefilter
                 return cls(connection.ClientPool.of(crawler).sync_client(), crawler_keys(crawler),
-                           crawler.request_fingerprinter, stats=crawler.stats, debug=ds.dupefilter.debug,
-                           ttl=ds.dupefilter.ttl, **cls._extra_kwargs(ds))
+                           crawler.request_fingerprinter, stats=crawler.stats,
+                           **{k: getattr(f, k) for k in cls.settings_fields})
             except ScrapyDistError as exc:
                 refuse_start(crawler, exc)
         return BaseDupeFilter()  # type: ignore[return-value]
 
-    @classmethod
-    def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
-        return {}
-
-    # -- Scrapy's BaseDupeFilter interface (the filter itself stays in Redis) ---------------------
     def open(self) -> None:
         pass
 
@@ -192,7 +188,6 @@ class RedisDupeFilter:
         if self.stats is not None:
             self.stats.inc_value("dupefilter/filtered")
 
-    # -- the batched interface the scheduler uses -------------------------------------------------
     def fingerprint(self, request: Request) -> bytes:
         if self.legacy_fingerprint:
             return bytes.fromhex(self.request_fingerprint(request))
@@ -210,8 +205,7 @@ class RedisDupeFilter:
         raise NotImplementedError
 
     def script_args(self, pending: int, now: float | None = None) -> tuple[str, list[str], list[Any]]:
-        """``dupe.lua``'s mode, KEYS (the forgotten set first) and params for a call at ``now`` (None:
-        this machine's clock) that may insert up to ``pending`` fingerprints."""
+        """``dupe.lua``'s mode, KEYS and params for a call at ``now`` inserting up to ``pending``."""
         return self.mode, [self.keys.forgotten, self.keys.fingerprints], []
 
     def recent_max_age(self) -> float:
@@ -281,6 +275,7 @@ class BloomDupeFilter(RedisDupeFilter):
     The first worker to open a crawl records its parameters in ``{spider}:bloom``; later workers use them."""
 
     mode: ClassVar[str] = "bloom"
+    settings_fields = ("debug", "ttl", "capacity", "error_rate", "block_bits", "generations")
 
     # the requested sizes: the crawl's own (recorded by its first worker) may differ, see open()
     capacity: InitVar[int] = defaults.BLOOMFILTER_CAPACITY
@@ -300,12 +295,6 @@ class BloomDupeFilter(RedisDupeFilter):
         self.n = 0  # items in the filter (its fullest live generation), as last reported by Redis
         self._capacity_log = RateLimitedLog.once(logger)
         self._local: ScalableBloomFilter | None = None
-
-    @classmethod
-    def _extra_kwargs(cls, ds: DistSettings) -> dict[str, Any]:
-        f = ds.dupefilter
-        return {"capacity": f.capacity, "error_rate": f.error_rate, "block_bits": f.block_bits,
-                "generations": f.generations}
 
     def open(self) -> None:
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""
@@ -390,8 +379,7 @@ class BloomDupeFilter(RedisDupeFilter):
         return "bloomgen", keys, [repr(self.gens.span), self.gens.count, gens.start, len(gens), *params]
 
     def _chain_keys(self, horizon: int, now: float) -> list[str]:
-        """Every key of the chain up to ``horizon`` items (with a TTL: of each generation passed at
-        ``now``, its HASH then its blocks), in ``dupe.lua``'s order."""
+        """The chain's keys up to ``horizon`` items (with a TTL: per generation, HASH then blocks)."""
         coords = self.plan.block_coords(horizon)
         if self.gens is None:
             return [self.keys.bloom_block(f, b) for f, b in coords]
@@ -415,8 +403,7 @@ class BloomDupeFilter(RedisDupeFilter):
                 self.plan.capacity, "/(BLOOMFILTER_GENERATIONS-1)" if self.gens else "")
 
     def request_seen(self, request: Request) -> bool:
-        """A per-process filter first (not with ``DUPEFILTER_TTL``: it would remember for ever), then one
-        atomic Redis test-and-set."""
+        """A per-process filter (not with a TTL: it never forgets), then one atomic test-and-set."""
         fp = self.fingerprint(request)
         if self.gens is not None:
             return self.seen_tokens([fingerprint_hashes(fp)])[0]

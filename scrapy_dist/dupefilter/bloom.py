@@ -21,8 +21,7 @@ PLANNED_GROWTH = 16
 OVERFLOW_GROWTH = 2
 RESERVE = 0.05
 MIN_FIRST_CAPACITY = 1000
-#: layout new filters are written with (``hashing`` in ``{spider}:bloom``): 3 gives each filter its optimal
-#: hash count, 4 caps them (see :class:`BloomPlan`); a crawl keeps the layout it was recorded with
+#: layout of new filters (``hashing``): 3 gives each filter its optimal hash count, 4 caps them (BloomPlan)
 HASHING = 4
 SCHEMES = (3, 4)
 #: layout 4: the small filters use this many hashes fewer than the largest one (fewer SETBITs per insert)
@@ -31,8 +30,7 @@ WINDOW_BITS = 4096  #: all the bits of one item in one filter lie in one window 
 #: bytes a Redis string adds to its contents: the largest sds header (9) and the terminating NUL
 STRING_OVERHEAD = 10
 KEY_OVERHEAD = 80  #: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
-#: the filter never holds more than this many times its capacity, so hostile counts cannot make a worker
-#: allocate or name more keys
+#: most items a filter holds, in capacities: hostile counts cannot make a worker allocate or name more keys
 MAX_OVERSHOOT = 8
 #: shortest span of one generation of a DUPEFILTER_TTL filter: a worker passes the generations live by its
 #: own clock, one span either side, so a span shorter than the clocks' difference finds none of them
@@ -55,8 +53,7 @@ def _whole(value: Any) -> bool:
 
 def check_parameters(capacity: Any, error_rate: Any, block_bits: Any, names: tuple[str, str, str] = (
     "BLOOMFILTER_CAPACITY", "BLOOMFILTER_ERROR_RATE", "BLOOMFILTER_BLOCK_BITS")) -> tuple[int, float, int]:
-    """``(capacity, error_rate, block_bits)`` checked; :class:`BloomParameterError` names the offending
-    one as ``names`` says (settings, or hash fields)."""
+    """The three checked; :class:`BloomParameterError` names the bad one as ``names`` say."""
     if not _whole(capacity) or not 1 <= capacity <= MAX_CAPACITY:
         raise BloomParameterError(
             f"{names[0]}={_show(capacity)}: must be an integer in 1 .. {MAX_CAPACITY:.0e}")
@@ -84,18 +81,14 @@ class BloomRecord:
     generations: int = 4
     #: the recorded ``n`` when it was not a count within the bound (``n`` is then 0; the scripts recount)
     n_garbage: str | None = None
-    #: the recorded ``ttl`` / ``generations`` when no worker could have written them (then 0 and 4; the
-    #: worker that reads them records its own)
+    #: the recorded ``ttl`` / ``generations`` when no worker could have written them (then 0 and 4)
     schedule_garbage: str | None = None
 
 
 def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> BloomRecord:
-    """Validate the fields of a ``{spider}:bloom`` HASH (bytes or str; untrusted): raises only
-    :class:`BloomParameterError` naming ``key`` and the field. A bad item count ``n`` is read as 0 with
-    :attr:`BloomRecord.n_garbage` set; a ``ttl`` / ``generations`` no worker could have recorded as 0 and 4
-    with :attr:`BloomRecord.schedule_garbage` set (repaired by the next worker, not refused)."""
+    """Validate the fields of a ``{spider}:bloom`` HASH (untrusted): raises only :class:`BloomParameterError`
+    naming ``key`` and the field; a bad ``n`` or schedule is read as the default, named in ``*_garbage``."""
     raw = {k.decode("utf-8", "replace") if isinstance(k, bytes) else k: v for k, v in fields.items()}
-
     def integer(name: str, default: str | None = None) -> int:
         value = raw.get(name, default)
         text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
@@ -103,7 +96,6 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
             raise BloomParameterError(f"{key} field {name}={_show(value)}: not a non-negative decimal"
                                       " integer")
         return int(text)
-
     def number(name: str, default: str | None = None) -> float:
         value = raw.get(name, default)
         try:
@@ -113,7 +105,7 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
         except (UnicodeDecodeError, ValueError):
             pass
         raise BloomParameterError(f"{key} field {name}={_show(value)}: not a number")
-    err = number("error_rate")
+    err = number("error_rate")  # parsed first: its error wins
     capacity, error_rate, block_bits = check_parameters(
         integer("capacity"), err, integer("block_bits"),
         names=(f"{key} field capacity", f"{key} field error_rate", f"{key} field block_bits"))
@@ -168,8 +160,7 @@ def window_fpr(items: float, bits: int, hashes: int) -> float:
 
 @lru_cache(maxsize=1024)
 def _size(capacity: int, error: float, max_hashes: int = 40) -> tuple[int, int]:
-    """The fewest windows, and the hash count (at most ``max_hashes``), that keep ``window_fpr`` at
-    ``capacity`` within ``error``."""
+    """The fewest windows, and hashes (at most ``max_hashes``), keeping ``window_fpr`` within ``error``."""
     plain = capacity * math.log(1 / error) / _LN2_SQ  # an unblocked filter's optimum, a lower bound
     k0 = max(1, round(math.log2(1 / error)))
     best: tuple[int, int] | None = None
@@ -234,8 +225,7 @@ class BloomPlan:
         if scheme not in SCHEMES:
             raise BloomParameterError(f"bloom filter layout {scheme!r}: this scrapy-dist reads {SCHEMES}")
         self.scheme = scheme
-        #: None: each filter past the capacity holds twice the one before; a fraction: each holds that
-        #: fraction of the last planned filter's (small steps, for the generations of a TTL)
+        #: past the capacity, each filter holds twice the last (None) or this fraction of the last planned
         self.overflow_step = overflow_step
         self._specs: list[FilterSpec] = []
         planned = self._planned_capacities()
@@ -342,7 +332,6 @@ def fingerprint_hashes(fingerprint: bytes) -> tuple[int, int]:
     return x >> 50, ((x >> 4) & _MASK46) | 1
 
 
-# -- generations (DUPEFILTER_TTL) --------------------------------------------------------------------------
 #: a generation past its share grows by filters of this fraction of its last planned one, not by doubling
 OVERFLOW_STEP = 0.25
 
@@ -391,13 +380,11 @@ class Generations:
         return self.ttl, self.ttl * self.count / (self.count - 1)
 
     def plan(self, capacity: int, error_rate: float, block_bits: int, scheme: int = HASHING) -> BloomPlan:
-        """The chain of one generation, for a filter of ``capacity`` URLs remembered per TTL at
-        ``error_rate`` over all the generations a lookup tests."""
+        """One generation's chain, for ``capacity`` URLs per TTL at ``error_rate`` over all it tests."""
         return BloomPlan(max(1, math.ceil(capacity / (self.count - 1))), error_rate / self.count, block_bits,
                          overflow_step=OVERFLOW_STEP, scheme=scheme)
 
 
-# -- the fingerprints this worker sent ---------------------------------------------------------------------
 #: most fingerprints remembered per generation (the memory is cleared when one is full)
 RECENT_LIMIT = 500_000
 #: seconds a sent fingerprint is trusted when the filter remembers forever (docs/continuous.md)

@@ -10,29 +10,23 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import redis
-from scrapy import signals
 from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.misc import load_object
 
-from scrapy_dist.extensions.clusterstats import ClusterStats, PeriodicTask, engine_of, scheduler_of
+from scrapy_dist.extensions.clusterstats import ClusterStats, PeriodicExtension, engine_of, scheduler_of
 from scrapy_dist.extensions.errors import ErrorMonitor
 from scrapy_dist.frontier import engine as _engine
-from scrapy_dist.frontier.layout import ControlState, end_chains, report_problems, start_time
+from scrapy_dist.frontier.layout import ControlState, end_chains, report_problems
 from scrapy_dist.frontier.shard import shards_idle
-from scrapy_dist.redis import connection, scripts
-from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
-from scrapy_dist.redis.outage import Outage
+from scrapy_dist.redis import connection
+from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.scripts import text
-from scrapy_dist.settings import DistSettings, defaults
-from scrapy_dist.settings.reader import refusing, start_error
 
 if TYPE_CHECKING:
-    from scrapy import Spider
     from scrapy.crawler import Crawler
-    from typing_extensions import Self
 
 __all__ = ["ClusterStats", "ErrorMonitor", "IdleMonitor", "RedisStatsCollector"]
 
@@ -100,65 +94,36 @@ class IdleClock:
         return now - self.since >= self.idle_before_close
 
 
-class IdleMonitor:
-    """Scrapy extension: one crawl-wide ``finished`` decision, every worker closing on it. Every worker polls
-    the frontier's counts, the waiting seeds and the control flags; once all have been zero for
-    ``SCHEDULER_IDLE_BEFORE_CLOSE`` seconds and this worker holds no request, ``idle.lua`` re-checks the
-    frontier atomically and sets ``close = finished``, which every worker started before it obeys. With
-    shards, :func:`~scrapy_dist.frontier.shard.shards_idle` first proves every shard empty at one moment.
-    With ``SCHEDULER_IDLE_BEFORE_CLOSE = 0`` it only relays close decisions."""
+class IdleMonitor(PeriodicExtension):
+    """Scrapy extension: one crawl-wide ``finished`` decision, every worker closing on it (docs/monitoring.md,
+    "Closing together"): once the frontier and seeds had no work for ``SCHEDULER_IDLE_BEFORE_CLOSE`` s, and
+    this worker holds none, ``idle.lua`` re-checks atomically (0: it only relays close decisions)."""
 
-    def __init__(self, crawler: Crawler, keys: CrawlKeys,
-                 idle_before_close: float = defaults.SCHEDULER_IDLE_BEFORE_CLOSE, seeds_type: str = "list",
-                 poll: float | None = None, shards: int = 1) -> None:
-        self.crawler, self.keys, self.seeds_type = crawler, keys, seeds_type
-        self.shard_keys = keys.shards(shards)  # all workers of a crawl agree on SCHEDULER_SHARDS
-        self.clock = IdleClock(idle_before_close)
-        if poll is None and math.isinf(idle_before_close):  # never closes on its own: only relays flags
-            poll = FOREVER_POLL
-        elif poll is None:
-            poll = min(MAX_POLL, max(0.2, idle_before_close / 4)) if idle_before_close > 0 else MAX_POLL
-        self.poll = poll
-        self.redis: Any = None
-        self.started_at, self._ends_chains = 0.0, False  # _ends_chains: closed by ``scrapy-dist close``
+    script, what = "idle", "idle monitor"
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        idle = self.settings.scheduler.idle_before_close
+        self.shard_keys = self.keys.shards(self.settings.scheduler.shards)  # all workers agree on it
+        self.clock = IdleClock(idle)
+        if math.isinf(idle):  # never closes on its own: only relays flags
+            self.interval = FOREVER_POLL
+        else:
+            self.interval = min(MAX_POLL, max(0.2, idle / 4)) if idle > 0 else MAX_POLL
+        self._ends_chains = False  # closed by ``scrapy-dist close``
         #: server time at the last poll, from the server time at start (a cluster pipeline cannot send TIME)
         self.server_now: float | None = None
         self._opened_mono: float | None = None
-        self._script: Any = None
-        self._task: PeriodicTask | None = None
-        self._close_task: asyncio.Task[None] | None = None
 
-    @classmethod
-    @refusing
-    def from_crawler(cls, crawler: Crawler) -> Self:
-        ds = DistSettings.for_crawler(crawler)
-        o = cls(crawler, crawler_keys(crawler), ds.scheduler.idle_before_close, ds.seeds.kind,
-                shards=ds.scheduler.shards)
-        crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
-        crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
-        return o
-
-    async def spider_opened(self, spider: Spider) -> None:
-        if start_error(self.crawler) is not None:  # the crawl stops as it opens
-            return
-        self.redis = connection.ClientPool.of(self.crawler).async_client()
-        self._script = scripts.register(self.redis, "idle")
-        self.started_at = await start_time(self.redis)
+    async def opened(self) -> None:
+        await super().opened()
         self._opened_mono = time.monotonic()
-        self._task = PeriodicTask(self.check, self.poll, "idle monitor", logger,
-                                  Outage.for_crawler(self.crawler)).start()
 
-    async def spider_closed(self, spider: Spider, reason: str) -> None:
-        if self._task is not None:
-            await self._task.stop()
-        if self._ends_chains:
-            await self._end_chains()
-        if self.redis is not None:
-            await self.redis.aclose()
-
-    async def _end_chains(self) -> None:
+    async def closed(self, reason: str) -> None:
         """After this worker's last sync: remove the revisits filed since ``scrapy-dist close``."""
-        polite = DistSettings.for_crawler(self.crawler).scheduler.politeness == "cluster"
+        if not self._ends_chains:
+            return
+        polite = self.settings.scheduler.politeness == "cluster"
         client = connection.ClientPool.of(self.crawler).sync_client()
         try:
             ended = await asyncio.to_thread(end_chains, client, self.shard_keys, polite)
@@ -174,7 +139,7 @@ class IdleMonitor:
         pipe = self.redis.pipeline(transaction=False)
         for shard in self.shard_keys:
             pipe.zcard(shard.queue).zcard(shard.leases).zcard(shard.delayed)
-        {"zset": pipe.zcard, "set": pipe.scard}.get(self.seeds_type, pipe.llen)(k.start_urls)
+        {"zset": pipe.zcard, "set": pipe.scard}.get(self.settings.seeds.kind, pipe.llen)(k.start_urls)
         pipe.llen(k.start_urls_processing).hgetall(k.control)
         *counts, control = await pipe.execute(raise_on_error=False)
         if isinstance(control, Exception):
@@ -185,10 +150,6 @@ class IdleMonitor:
         report_problems(k.control, state)
         # a seeds key of another type than configured (WRONGTYPE) holds nothing the spider can take
         return sum(int(c) for c in counts if not isinstance(c, Exception)), state
-
-    def judges_idleness(self) -> bool:
-        """Only a worker whose requests go through the shared frontier may call the crawl finished."""
-        return engine_of(self.crawler) is None or scheduler_of(self.crawler) is not None
 
     def locally_idle(self) -> bool:
         """This worker has no request of its own in progress."""
@@ -205,16 +166,23 @@ class IdleMonitor:
             return ""
         work, control = await self.read()
         reason = control.close_reason(self.started_at, self.server_now)
-        if reason:
-            self._ends_chains = _end_revisits(self.crawler)
-        elif self.clock.idle_before_close > 0 and self.judges_idleness():
+        # only a worker whose requests go through the shared frontier may call the crawl finished
+        judges = engine_of(self.crawler) is None or scheduler_of(self.crawler) is not None
+        if reason:  # stop filing revisits
+            revisits = getattr(_engine.scheduler(self.crawler), "revisits", None)
+            if revisits is not None:
+                revisits.stop()
+            self._ends_chains = revisits is not None
+        elif self.clock.idle_before_close > 0 and judges:
             now = time.monotonic() if now is None else now
             # a paused crawl is waiting for `scrapy-dist resume`, not finished
             if self.clock.observe(work > 0 or control.paused, now) and self.locally_idle():
                 reason = await self._decide()
-        if reason:
-            self._close(reason)
+        if reason and not _engine.is_closing(self.crawler) and self.close_spider(reason):
+            logger.info("Closing: the crawl was closed crawl-wide (reason %s)", reason)
         return reason
+
+    tick = check
 
     async def _decide(self) -> str:
         """Ask ``idle.lua`` to call the crawl finished; returns the close reason (now or before) or ``""``."""
@@ -230,18 +198,3 @@ class IdleMonitor:
         elif not reason:
             self.clock.since = None  # work appeared between the poll and the decision
         return text(reason)
-
-    def _close(self, reason: str) -> None:
-        engine = engine_of(self.crawler)
-        if engine is None or engine.spider is None or _engine.is_closing(self.crawler):
-            return
-        logger.info("Closing: the crawl was closed crawl-wide (reason %s)", reason)
-        self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
-
-
-def _end_revisits(crawler: Any) -> bool:
-    """Stop filing revisits once the crawl is closed crawl-wide; whether this worker revisits at all."""
-    revisits = getattr(_engine.scheduler(crawler), "revisits", None)
-    if revisits is not None:
-        revisits.stop()
-    return revisits is not None

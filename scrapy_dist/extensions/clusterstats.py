@@ -1,4 +1,4 @@
-"""Crawl-wide stats, the worker heartbeat and registry, and the periodic task the extensions run on.
+"""Crawl-wide stats, the worker heartbeat and registry, and the base the extensions share (a periodic task).
 :class:`ClusterStats` sends what changed in Scrapy's stats in one ``clusterstats.lua`` call per interval; a
 sequence number makes a resent flush count once. The registry: ``{spider}:workers`` (id -> last seen) and
 one ``{spider}:worker:<id>`` HASH per worker, read back through :func:`parse_worker_hash`."""
@@ -17,17 +17,18 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
+from scrapy_dist.frontier.layout import start_time
 from scrapy_dist.frontier.scheduler import get_scheduler, make_worker_id
 from scrapy_dist.redis import connection, scripts
-from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
+from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import BackgroundTask, Backoff, Outage
 from scrapy_dist.redis.scripts import hash_fields
-from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import refusing, start_error
 from scrapy_dist.utils import RateLimitedLog
 
@@ -136,70 +137,109 @@ def _encode(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-class ClusterStats:
-    """Scrapy extension: crawl-wide stats in ``{spider}:stats`` and this worker's heartbeat, one round trip
-    per ``CLUSTERSTATS_INTERVAL`` (0 disables; ``CLUSTERSTATS_MAX_STATS`` / ``_MIN_STATS`` merge modes)."""
+class PeriodicExtension:
+    """Base of the extensions: from ``spider_opened`` to ``spider_closed``, a :class:`PeriodicTask` awaits
+    :meth:`tick` every :attr:`interval` seconds, with the crawl's async client and ``script`` registered."""
 
-    def __init__(self, crawler: Crawler, keys: CrawlKeys, interval: float = defaults.CLUSTERSTATS_INTERVAL,
-                 merger: StatsMerger | None = None, persist: bool = defaults.SCHEDULER_PERSIST) -> None:
-        self.crawler, self.keys, self.interval = crawler, keys, interval
-        self.merger = merger or StatsMerger()
-        # a non-persistent crawl removes its keys when it finishes: closed workers' details go soon too
-        self.closed_ttl = WORKER_TTL if persist else CLOSED_TTL_NOT_PERSISTENT
+    script: ClassVar[str]
+    what: ClassVar[str]  #: the task's name in outage and error lines
+    handlers: ClassVar[tuple[str, ...]] = ("spider_opened", "spider_closed")  #: signals connected
+    interval: float
+    tick: Callable[[], Awaitable[Any]]  #: the call the task makes
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler, self.keys = crawler, crawler_keys(crawler)
+        self.settings = DistSettings.for_crawler(crawler)
         self.redis: Any = None
-        self.worker, self.started, self.rate = "", time.time(), RateMeter()
+        self.started_at = 0.0
         self._script: Any = None
-        self._seq = 0
-        self._pending: tuple[int, list[tuple[str, str, str]]] | None = None
         self._task: PeriodicTask | None = None
-        self._garbage_log = RateLimitedLog.once(logger)
+        self._close_task: asyncio.Task[None] | None = None
 
     @classmethod
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
-        ds = DistSettings.for_crawler(crawler)
-        if (m := ds.monitoring).interval <= 0:
-            raise NotConfigured("CLUSTERSTATS_INTERVAL is 0")
-        o = cls(crawler, crawler_keys(crawler), m.interval, StatsMerger(m.max_stats, m.min_stats),
-                ds.scheduler.persist)
-        crawler.signals.connect(o.spider_opened, signal=signals.spider_opened)
-        crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
+        o = cls(crawler)
+        for name in cls.handlers:
+            crawler.signals.connect(getattr(o, name), signal=getattr(signals, name))
         return o
+
+    async def opened(self) -> None:
+        """After the client is made and before the task starts."""
+        self.started_at = await start_time(self.redis)
+
+    async def closed(self, reason: str) -> None:
+        """After the task stopped and before the client is closed."""
 
     async def spider_opened(self, spider: Spider) -> None:
         if start_error(self.crawler) is not None:  # the crawl stops as it opens
             return
-        self.worker, self.started = worker_id(self.crawler), time.time()
         self.redis = connection.ClientPool.of(self.crawler).async_client()
-        self._script = scripts.register(self.redis, "clusterstats")
-        outage = Outage.for_crawler(self.crawler)
-        self._task = PeriodicTask(self.flush, self.interval, "crawl-wide stats", logger, outage)
-        await self._task.run_once()  # registers the worker at once
+        self._script = scripts.register(self.redis, self.script)
+        log = logging.getLogger(type(self).__module__)
+        self._task = PeriodicTask(self.tick, self.interval, self.what, log, Outage.for_crawler(self.crawler))
+        await self.opened()
         self._task.start()
+
+    async def spider_closed(self, spider: Spider, reason: str) -> None:
+        if self._task is not None:
+            await self._task.stop()
+        if self.redis is not None:
+            try:
+                await self.closed(reason)
+            finally:
+                await self.redis.aclose()
+
+    def close_spider(self, reason: str) -> bool:
+        """Have the engine close the spider (``reason``); False before it has one."""
+        engine = engine_of(self.crawler)
+        if engine is None or engine.spider is None:
+            return False
+        self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
+        return True
+
+
+class ClusterStats(PeriodicExtension):
+    """Scrapy extension: crawl-wide stats in ``{spider}:stats`` and this worker's heartbeat, one round trip
+    per ``CLUSTERSTATS_INTERVAL`` (0 disables; ``CLUSTERSTATS_MAX_STATS`` / ``_MIN_STATS`` merge modes)."""
+
+    script, what = "clusterstats", "crawl-wide stats"
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        if (m := self.settings.monitoring).interval <= 0:
+            raise NotConfigured("CLUSTERSTATS_INTERVAL is 0")
+        self.interval, self.merger = m.interval, StatsMerger(m.max_stats, m.min_stats)
+        # a non-persistent crawl removes its keys when it finishes: closed workers' details go soon too
+        self.closed_ttl = WORKER_TTL if self.settings.scheduler.persist else CLOSED_TTL_NOT_PERSISTENT
+        self.worker, self.started, self.rate = "", time.time(), RateMeter()
+        self._seq = 0
+        self._pending: tuple[int, list[tuple[str, str, str]]] | None = None
+        self._garbage_log = RateLimitedLog.once(logger)
+
+    async def opened(self) -> None:
+        self.worker, self.started = worker_id(self.crawler), time.time()
+        assert self._task is not None
+        await self._task.run_once()  # registers the worker at once
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         # the other spider_closed handlers (CoreStats: finish_time, finish_reason) run first
         await asyncio.sleep(0)
-        if self._task is not None:
-            await self._task.stop()
-        if self.redis is None:
-            return
+        await super().spider_closed(spider, reason)
+
+    async def closed(self, reason: str) -> None:
         # Redis away now: the scheduler's close (before spider_closed) already waited out the shutdown grace
         deadline = time.monotonic() + (0.0 if Outage.for_crawler(self.crawler).down else CLOSE_FLUSH_TIMEOUT)
-        try:
-            while True:
-                try:
-                    await self.flush(final=True, reason=reason)
-                    break
-                except Exception as exc:
-                    if time.monotonic() > deadline:
-                        logger.error("Could not write this worker's last stats to %s (%s); the crawl-wide"
-                                     " stats miss at most its last %.0fs", self.keys.stats, exc,
-                                     self.interval)
-                        break
-                    await asyncio.sleep(0.5)
-        finally:
-            await self.redis.aclose()
+        while True:
+            try:
+                await self.flush(final=True, reason=reason)
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    logger.error("Could not write this worker's last stats to %s (%s); the crawl-wide"
+                                 " stats miss at most its last %.0fs", self.keys.stats, exc, self.interval)
+                    return
+                await asyncio.sleep(0.5)
 
     def _heartbeat(self, stats: dict[str, Any], final: bool, reason: str) -> dict[str, str]:
         """This worker's heartbeat HASH (Redis adds ``last_seen``), with the frontier its scheduler saw."""
@@ -249,6 +289,8 @@ class ClusterStats:
             # a resent flush predates the latest changes: at close they must go now, not next interval
             if fresh or not final:
                 return int(result[0])
+
+    tick = flush
 
 
 def engine_of(crawler: Crawler) -> Any:
@@ -337,33 +379,28 @@ class WorkerInfo:
     garbage: tuple[str, ...] = ()  #: names of fields that held garbage
 
 
+#: The numbers of a worker's heartbeat HASH, in the order they are checked: bounds, or None for a count.
+_NUMBERS: dict[str, tuple[float, float] | None] = {
+    "pid": None, "started": (0.0, 1e11), "pages": None, "items": None, "errors": None, "inflight": None,
+    "prefetched": None, "pages_per_min": (0.0, 1e12), "interval": (0.001, 86400.0)}
+
+
 def parse_worker_hash(raw: Any) -> WorkerInfo:
     """The one parser of a worker's heartbeat HASH; :class:`RejectedEntry` only if ``raw`` is not a mapping. A
     garbage field becomes ``None``/empty and is named in ``garbage``; texts are cut, not made printable."""
     d = hash_fields(raw, "worker")
-    garbage: list[str] = []
-
-    def checked(name: str, value: Any) -> Any:
-        if d.get(name) and value is None:
-            garbage.append(name)
-        return value
-
-    def count(name: str) -> int | None:
-        return checked(name, _count(d.get(name, "")))
-
-    def number(name: str, low: float, high: float) -> float | None:
-        return checked(name, _finite(d.get(name, ""), low, high))
     state = d.get("state", "")
-    if state not in ("", RUNNING, CLOSED, "closing"):
-        garbage.append("state")
-        state = ""
-    pid = count("pid")
-    return WorkerInfo(host=d.get("host", "")[:MAX_TEXT], pid=pid if pid is None or pid < 2**32 else None,
-                      started=number("started", 0.0, 1e11), pages=count("pages"), items=count("items"),
-                      errors=count("errors"), inflight=count("inflight"), prefetched=count("prefetched"),
-                      pages_per_min=number("pages_per_min", 0.0, 1e12),
-                      interval=number("interval", 0.001, 86400.0), state=state,
-                      finish_reason=d.get("finish_reason", "")[:MAX_TEXT], garbage=tuple(garbage))
+    garbage = [] if state in ("", RUNNING, CLOSED, "closing") else ["state"]
+    values: dict[str, Any] = {}
+    for name, bounds in _NUMBERS.items():
+        text = d.get(name, "")
+        values[name] = _count(text) if bounds is None else _finite(text, *bounds)
+        if text and values[name] is None:
+            garbage.append(name)
+    if (values["pid"] or 0) >= 2**32:
+        values["pid"] = None
+    return WorkerInfo(host=d.get("host", "")[:MAX_TEXT], state="" if garbage[:1] == ["state"] else state,
+                      finish_reason=d.get("finish_reason", "")[:MAX_TEXT], garbage=tuple(garbage), **values)
 
 
 def worker_state(info: dict[str, str], last_seen: float, now: float, default_interval: float) -> str:

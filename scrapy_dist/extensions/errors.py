@@ -5,7 +5,6 @@ counters and answers the window's totals. Past a threshold, exactly one worker t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -13,17 +12,11 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from scrapy import signals
-
 from scrapy_dist.exceptions import ReleasedAtClose, ScrapyDistError
-from scrapy_dist.extensions.clusterstats import PeriodicTask, engine_of, scheduler_of, worker_id
-from scrapy_dist.frontier.layout import ControlState, start_time
-from scrapy_dist.redis import connection, scripts
-from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
-from scrapy_dist.redis.outage import Outage
+from scrapy_dist.extensions.clusterstats import PeriodicExtension, engine_of, scheduler_of, worker_id
+from scrapy_dist.frontier.layout import ControlState
 from scrapy_dist.redis.scripts import text
-from scrapy_dist.settings import DistSettings, MonitoringSettings, defaults
-from scrapy_dist.settings.reader import refusing, start_error
+from scrapy_dist.settings import defaults
 from scrapy_dist.utils import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -31,7 +24,6 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from twisted.python.failure import Failure
-    from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
@@ -125,35 +117,24 @@ def format_alert(spider: str, totals: dict[str, int], examples: list[str], windo
     return "\n".join(lines)
 
 
-class ErrorMonitor:
+class ErrorMonitor(PeriodicExtension):
     """Scrapy extension: crawl-wide error window, alert, pause or close (see the module docstring); without
     a threshold it still counts (for ``scrapy-dist status``). Stats: ``errormonitor/tripped``."""
 
-    def __init__(self, crawler: Crawler, keys: CrawlKeys, config: MonitoringSettings, persist: bool) -> None:
-        self.crawler, self.keys, self.config = crawler, keys, config
-        self.interval = config.interval or defaults.CLUSTERSTATS_INTERVAL
-        self.bucket = max(1.0, config.window / BUCKETS)
-        self.events = ErrorCounts(http_error_matcher(list(config.http_errors)))
-        self.persist = persist  #: a finished crawl that does not persist has its keys removed at close
-        self.redis: Any = None
-        self.started_at = 0.0
+    script, what = "errors", "error monitor"
+    handlers = ("response_downloaded", "request_left_downloader", "spider_error", "spider_opened",
+                "spider_closed")
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        self.config = c = self.settings.monitoring
+        self.interval = c.interval or defaults.CLUSTERSTATS_INTERVAL
+        self.bucket = max(1.0, c.window / BUCKETS)
+        self.events = ErrorCounts(http_error_matcher(list(c.http_errors)))
         self.totals: dict[str, int] = {}
         self._answered: set[int] = set()
-        self._script: Any = None
-        self._task: PeriodicTask | None = None
         self._closing = self._local_pause = False
-        self._close_task: asyncio.Task[None] | None = None
         self._garbage_log = RateLimitedLog.once(logger)
-
-    @classmethod
-    @refusing
-    def from_crawler(cls, crawler: Crawler) -> Self:
-        ds = DistSettings.for_crawler(crawler)
-        o = cls(crawler, crawler_keys(crawler), ds.monitoring, ds.scheduler.persist)
-        for name in ("response_downloaded", "request_left_downloader", "spider_error", "spider_opened",
-                     "spider_closed"):
-            crawler.signals.connect(getattr(o, name), signal=getattr(signals, name))
-        return o
 
     def response_downloaded(self, response: Response, request: Request) -> None:
         self._answered.add(id(request))
@@ -174,31 +155,24 @@ class ErrorMonitor:
         url = getattr(response, "url", "") or getattr(getattr(failure, "request", None), "url", "")
         self.events.spider_error(type(failure.value).__name__, url, time.time())
 
-    async def spider_opened(self, spider: Spider) -> None:
-        if start_error(self.crawler) is not None:  # the crawl stops as it opens
-            return
+    async def opened(self) -> None:
         self.events.worker = worker_id(self.crawler)
-        self.redis = connection.ClientPool.of(self.crawler).async_client()
-        self._script = scripts.register(self.redis, "errors")
-        self.started_at = await start_time(self.redis)
-        self._task = PeriodicTask(self.flush, self.interval, "error monitor", logger,
-                                  Outage.for_crawler(self.crawler)).start()
+        await super().opened()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
         self._closing = True
-        if self._task is not None:
-            await self._task.stop()
-        if self.redis is not None:
-            try:
-                if self.persist or reason != "finished":  # else the crawl's keys are gone: write none back
-                    await self.flush()
-            except Exception as exc:
-                logger.warning("Could not send the last error counts to %s: %s", self.keys.errors, exc)
-            await self.redis.aclose()
+        await super().spider_closed(spider, reason)
+
+    async def closed(self, reason: str) -> None:
+        try:
+            # a finished crawl that does not persist has its keys removed: write none back
+            if self.settings.scheduler.persist or reason != "finished":
+                await self.flush()
+        except Exception as exc:
+            logger.warning("Could not send the last error counts to %s: %s", self.keys.errors, exc)
 
     async def flush(self, now: float | None = None) -> bool:
-        """Send the counts since the last flush, get the window's totals back and act on them (one script
-        call); whether this call took the action."""
+        """Send the new counts, get the window's totals, act on them (one script call); True if it tripped."""
         counts, examples = self.events.take()
         c = self.config
         args: list[Any] = ["" if now is None else repr(now), repr(self.bucket), repr(c.window),
@@ -231,9 +205,13 @@ class ErrorMonitor:
             server_time: float | None = float(text(server_now))
         except ValueError:
             server_time = None
-        if decision.close == CLOSE_REASON and decision.close_reason(self.started_at, server_time):
-            self._close(close)
+        closes = decision.close == CLOSE_REASON and decision.close_reason(self.started_at, server_time)
+        if closes and self.close_spider(close):
+            self._closing = True
+            logger.warning("Closing: the error monitor closed the crawl crawl-wide (%s)", close)
         return bool(tripped)
+
+    tick = flush
 
     def _follow_pause(self, paused: bool) -> None:
         """Without the scrapy-dist scheduler (which pauses itself), pause this worker's engine."""
@@ -249,12 +227,4 @@ class ErrorMonitor:
         else:
             engine.unpause()
             logger.info("The crawl was resumed")
-
-    def _close(self, reason: str) -> None:
-        engine = engine_of(self.crawler)
-        if engine is None or engine.spider is None:
-            return
-        self._closing = True
-        logger.warning("Closing: the error monitor closed the crawl crawl-wide (%s)", reason)
-        self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
 

@@ -232,7 +232,6 @@ def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[
         for found, reply in ((due, replies[i + 1]), (first, replies[i + 2]), (last, replies[i + 3])):
             if reply and math.isfinite(reply[0][1]):  # ZADD accepts +inf
                 found.append(reply[0][1])
-
     def seconds(scores: list[float], pick: Any) -> float | None:
         return round(min(max(0.0, pick(scores) - now), 1e10), 1) if scores else None
     return ({"scheduled": scheduled, "next_in": seconds(due, min)},
@@ -274,21 +273,12 @@ def _domains(client: Any, shards: list[CrawlKeys], now: float, limit: int) -> li
     return rows[:limit]
 
 
-def _scan_leases(client: Any, shards: list[CrawlKeys]) -> Counter[str] | None:
-    """Leases per worker (None if a key holds another type)."""
-    try:
-        lease_keys = [k for shard in shards for k, _ in client.zscan_iter(shard.leases, count=1000)]
-        meta = [v for shard in shards for _, v in client.hscan_iter(shard.lease_meta, count=1000)]
-        return leases_by_worker(lease_keys, meta)
-    except ResponseError:
-        return None
-
-
 def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defaults.CLUSTERSTATS_INTERVAL,
                 worker_limit: int = WORKER_LIMIT, lease_scan_limit: int = LEASE_SCAN_LIMIT,
-                domain_limit: int = 10) -> dict[str, Any]:
+                domain_limit: int = 10, dead_sample: int = 0) -> dict[str, Any]:
     """Everything ``scrapy-dist status`` shows about the crawl, as JSON-ready data. Per-worker lease counts
-    come from a scan of the leases while at most ``lease_scan_limit`` (0: never; else from heartbeats)."""
+    come from a scan of the leases while at most ``lease_scan_limit`` (0: never; else from heartbeats);
+    ``dead_sample``: the newest dead letters counted by reason (``dead_reasons``), if any."""
     now = server_time(client)
     p = client.pipeline(transaction=False)
     p.llen(keys.deadletter).type(keys.start_urls)
@@ -323,14 +313,19 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
         delayed += int(s_delayed)
         queue_rejected += int(s_rejected)
         filters.append(filter_figures(bloom, int(fingerprints) + (int(expiring) if i == 0 else 0)))
-    leases = _scan_leases(client, shards) if inflight <= lease_scan_limit else None
+    leases = None
+    if inflight <= lease_scan_limit:
+        with contextlib.suppress(ResponseError):  # a key of another type: no per-worker counts
+            tagged = [k for s in shards for k, _ in client.zscan_iter(s.leases, count=1000)]
+            meta = [v for s in shards for _, v in client.hscan_iter(s.lease_meta, count=1000)]
+            leases = leases_by_worker(tagged, meta)
     workers = worker_rows(members, details, leases, now, default_interval)
     states = Counter(w["state"] for w in workers)
     errors = window_totals(errors_raw, now)
     stats, stats_skipped = decode_stats(stats_raw)
     revisits, expiry = due_figures(client, shards, now)
     started = [w["started"] for w in workers if w["state"] == RUNNING]
-    return {
+    status = {
         "spider": keys.spider, "time": round(now, 3),
         "state": crawl_state(control, len(started), started, now),
         # "inflight": every lease (kept for scripts); "leases": what holds them, and when they run out
@@ -356,6 +351,9 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
                     "stats": stats_skipped},
         "stats": stats,
     }
+    if dead_sample:
+        status["dead_reasons"] = dict(top_counts(dead_reasons(client, keys, dead_sample), REASON_LIMIT, 60))
+    return status
 
 
 def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
@@ -373,28 +371,22 @@ def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] |
             raise ValueError("error_rate")
         scheme = next((x for x in SCHEMES if b.get("hashing") == str(x)), 3)  # an estimate: 3 if unknown
         block_bits = int(b.get("block_bits") or defaults.BLOOMFILTER_BLOCK_BITS)
-        plan = BloomPlan(capacity, float(b["error_rate"]), block_bits, scheme=scheme)
-        if float(b.get("ttl") or 0) > 0:
-            return _generation_figures(b, plan)
-        return {"kind": "bloom", "items": n, "capacity": plan.capacity, "error_rate": plan.error_rate,
-                "fill": round(n / plan.capacity, 6), "fpr_estimate": plan.false_positive_rate(n),
-                "memory_bytes": plan.memory_bytes(n) if n else 0}
+        base = BloomPlan(capacity, float(b["error_rate"]), block_bits, scheme=scheme)
+        out = {"kind": "bloom", "items": n, "capacity": base.capacity, "error_rate": base.error_rate}
+        if float(b.get("ttl") or 0) <= 0:
+            return {**out, "fill": round(n / base.capacity, 6), "fpr_estimate": base.false_positive_rate(n),
+                    "memory_bytes": base.memory_bytes(n) if n else 0}
+        # with DUPEFILTER_TTL: each generation is estimated to hold 1/G of the live items
+        gens = Generations(float(b["ttl"]), int(b.get("generations") or 4))
+        if (live := _whole(b.get("live") or "0", 19)) is None:
+            raise ValueError("live")
+        plan, per = gens.plan(capacity, base.error_rate, block_bits, scheme), live // gens.count
+        return {**out, "items": live, "fill": round(live / base.capacity, 6), "ttl": gens.ttl,
+                "generations": gens.count,
+                "fpr_estimate": min(1.0, gens.count * plan.false_positive_rate(per)),
+                "memory_bytes": gens.count * plan.memory_bytes(per) if per else 0}
     except (ValueError, TypeError, ArithmeticError, ScrapyDistError):
         return {"kind": "garbage", "items": None, "fill": None, "fpr_estimate": None}
-
-
-def _generation_figures(b: dict[str, str], base: BloomPlan) -> dict[str, Any]:
-    """Figures of a bloom filter with ``DUPEFILTER_TTL`` (each generation estimated to hold 1/G of them)."""
-    gens = Generations(float(b["ttl"]), int(b.get("generations") or 4))
-    live = _whole(b.get("live") or "0", 19)
-    if live is None:
-        raise ValueError("live")
-    plan = gens.plan(base.capacity, base.error_rate, base.block_bits, base.scheme)
-    per = live // gens.count
-    return {"kind": "bloom", "items": live, "capacity": base.capacity, "error_rate": base.error_rate,
-            "fill": round(live / base.capacity, 6), "ttl": gens.ttl, "generations": gens.count,
-            "fpr_estimate": min(1.0, gens.count * plan.false_positive_rate(per)),
-            "memory_bytes": gens.count * plan.memory_bytes(per) if per else 0}
 
 
 def combine_filters(figures: list[dict[str, Any] | None]) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier.layout import pause_crawl, resume_crawl
-from scrapy_dist.monitor import REASON_LIMIT, bounded_id, dead_reasons, read_status, server_time, top_counts
+from scrapy_dist.monitor import bounded_id, read_status, server_time
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage, describe
 
@@ -154,7 +154,6 @@ class Dashboard:
 
     def app(self) -> web.Application:
         extra = frozenset(host_name(h) for h in self.allowed_hosts)
-
         @web.middleware
         async def check_host(request: web.Request, handler: Any) -> web.StreamResponse:
             if not allowed_host(host_name(request.headers.get("Host", "")), self.host, extra):
@@ -188,9 +187,7 @@ class Dashboard:
         return web.json_response({"error": f"Redis unavailable ({describe(exc)[:200]})"}, status=503)
 
     def _read_status(self) -> dict[str, Any]:
-        status = read_status(self.client, self.keys, lease_scan_limit=0)
-        reasons = dead_reasons(self.client, self.keys, DEAD_SAMPLE)
-        status["dead_reasons"] = dict(top_counts(reasons, REASON_LIMIT, 60))
+        status = read_status(self.client, self.keys, lease_scan_limit=0, dead_sample=DEAD_SAMPLE)
         status.pop("stats", None)  # hundreds of fields the page does not show
         return status
 
@@ -259,7 +256,6 @@ class DashboardThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="scrapy-dist dashboard",
                                         daemon=True)
         self._thread.start()
-
         async def start() -> str:
             await self._runner.setup()
             await web.TCPSite(self._runner, host, port).start()

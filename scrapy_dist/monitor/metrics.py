@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from scrapy_dist.monitor import REASON_LIMIT, dead_reasons, finite, read_status, top_counts
+from scrapy_dist.monitor import REASON_LIMIT, finite, read_status, top_counts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import READ_ERRORS, ToolOutage
 from scrapy_dist.utils import RateLimitedLog
@@ -44,15 +44,15 @@ class CrawlCollector(Collector):
         self.client, self.spiders, self.keys_of = client, list(spiders), keys_of
         self.cache_seconds, self.top_domains, self.clock = cache_seconds, top_domains, clock
         self.reads = 0  #: Redis reads done (one per crawl and cache period)
-        self._cache: tuple[float, list[tuple[str, dict[str, Any] | None, Counter[str]]]] | None = None
+        self._cache: tuple[float, list[tuple[str, dict[str, Any] | None]]] | None = None
         self._lock = threading.Lock()  # the HTTP server scrapes from several threads
         #: one WARNING when Redis goes away, one INFO when it is back (scrapy_dist_up says it meanwhile)
         self.outage = ToolOutage("metrics exporter")
         #: an unforeseen error building a crawl's metrics: logged once per crawl, then only counted
         self.errors = RateLimitedLog.once(logger)
 
-    def snapshots(self) -> list[tuple[str, dict[str, Any] | None, Counter[str]]]:
-        """``(spider, status or None if Redis failed, dead letters by reason)`` per crawl, cached."""
+    def snapshots(self) -> list[tuple[str, dict[str, Any] | None]]:
+        """``(spider, status or None if Redis failed)`` per crawl, cached."""
         with self._lock:
             now = self.clock()
             if self._cache is not None and now - self._cache[0] < self.cache_seconds:
@@ -60,29 +60,28 @@ class CrawlCollector(Collector):
             self._cache = (now, [self._read(spider) for spider in self.spiders])
             return self._cache[1]
 
-    def _read(self, spider: str) -> tuple[str, dict[str, Any] | None, Counter[str]]:
-        keys = self.keys_of(spider)
+    def _read(self, spider: str) -> tuple[str, dict[str, Any] | None]:
         self.reads += 1
         try:
-            status = read_status(self.client, keys, lease_scan_limit=0, domain_limit=self.top_domains)
-            reasons = dead_reasons(self.client, keys, DEAD_LETTER_SAMPLE)
+            status = read_status(self.client, self.keys_of(spider), lease_scan_limit=0,
+                                 domain_limit=self.top_domains, dead_sample=DEAD_LETTER_SAMPLE)
         except READ_ERRORS as exc:
             self.outage.failed(exc, self.clock())
-            return spider, None, Counter()
+            return spider, None
         except Exception:  # garbage no parser foresaw: this crawl reads as down, the others are served
             self.errors.log(logging.ERROR, "The state of %r could not be read", spider, key=spider,
                             exc_info=True)
-            return spider, None, Counter()
+            return spider, None
         self.outage.succeeded(self.clock())
-        return spider, status, reasons
+        return spider, status
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Any] = {}
-        for spider, s, dead in self.snapshots():
+        for spider, s in self.snapshots():
             g = _Families(spider)
             try:
                 if s is not None:
-                    self._crawl(g, s, dead)
+                    self._crawl(g, s)
             except Exception:  # a value no check foresaw: this crawl's figures are lost, not the others'
                 self.errors.log(logging.ERROR, "Metrics of %r could not be built", spider, key=spider,
                                 exc_info=True)
@@ -97,7 +96,7 @@ class CrawlCollector(Collector):
                     families[name].samples.extend(family.samples)
         yield from families.values()
 
-    def _crawl(self, g: _Families, s: dict[str, Any], dead_reasons: Counter[str]) -> None:
+    def _crawl(self, g: _Families, s: dict[str, Any]) -> None:
         for state in ("queued", "inflight", "delayed"):
             g.gauge("scrapy_dist_frontier_requests", "Requests in the shared frontier, by state",
                     s["frontier"][state], state=state)
@@ -108,7 +107,7 @@ class CrawlCollector(Collector):
             g.gauge("scrapy_dist_rejected_entries", "Seeds and queue entries parked as rejected (lists capped"
                     " by their MAXLEN settings)", n, kind=what)
         g.gauge("scrapy_dist_dead_letters", "Requests in the dead-letter list", s["deadletter"])
-        for reason, n in top_counts(dead_reasons, REASON_LIMIT, 60):
+        for reason, n in s["dead_reasons"].items():
             g.gauge("scrapy_dist_dead_letters_by_reason", f"Dead letters by reason, among the newest"
                     f" {DEAD_LETTER_SAMPLE}", n, reason=reason)
         filt = s["filter"] or {}

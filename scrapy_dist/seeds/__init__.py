@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from scrapy_dist.exceptions import RejectedEntry
+from scrapy_dist.redis.scripts import text
 from scrapy_dist.wire.codec import (
     check_cookies_allowed,
     check_header_names,
@@ -52,38 +53,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Every rejection reason a seed can get (stats ``seeds/rejected/<reason>``, ``reason`` of the records).
-REASONS = {
-    "too_large": "longer than REDIS_START_URLS_MAX_BYTES",
-    "not_utf8": "not UTF-8 text",
-    "empty": "empty or only whitespace",
-    "bad_url": "not a URL: no scheme or host, whitespace/control characters, bad port, over 8 KiB,"
-    " user:password@ before the host",
-    "bad_scheme": "a scheme other than the allowed ones (http, https)",
-    "bad_json": "starts like JSON but does not parse, NaN/Infinity, nested over 32 levels",
-    "not_object": "valid JSON that is not an object",
-    "missing_url": "a JSON object without url",
-    "bad_form_field": "a JSON field outside FIELDS (form data, as in scrapy-redis) that is not a string or a"
-    " list of strings, or combined with body",
-    "bad_method": "method is not an HTTP token (letters, digits, !#$%&'*+-.^_`|~; at most 32)",
-    "bad_headers": "headers is not an object of name -> string or list of strings, or a bad name",
-    "header_injection": "CR, LF or NUL in a header (or cookie) name or value",
-    "bad_body": "body is not a string",
-    "bad_meta": "meta is not an object, or holds integers msgpack cannot store",
-    "meta_not_allowed": "a meta key SEEDS_META_ALLOWED does not allow (proxy, cookiejar, dont_*, _*, ...)",
-    "header_not_allowed": "a framing/routing header (Host, Content-Length, Proxy-*, ...), or a credential"
-    " header (Authorization, Cookie) SEEDS_HEADERS_ALLOWED does not name; cookies unless it names Cookie",
-    "offsite": "the URL's host is not in the spider's allowed_domains (dont_filter or not)",
-    "bad_cb_kwargs": "cb_kwargs is not an object with identifier keys",
-    "bad_priority": "priority is not an integer in the 32-bit range",
-    "bad_callback": "callback is not a public method defined by the spider",
-    "bad_errback": "errback is not a public method defined by the spider",
-    "bad_dont_filter": "dont_filter is not a boolean",
-    "bad_cookies": "cookies is not an object of name -> value or a list of cookie objects",
-    "bad_request": "Scrapy's Request refused the values",
-    "hook_error": "the spider's make_request_from_data() raised",
-    "bad_hook_result": "make_request_from_data() returned something that is not a Request, None or an"
-    " iterable of Requests"}
+#: Every rejection reason a seed can get (stats ``seeds/rejected/<reason>``, ``reason`` of the records);
+#: docs/seeds.md, "Rejected seeds", says what each means.
+REASONS = frozenset({
+    "too_large", "not_utf8", "empty", "bad_url", "bad_scheme", "bad_json", "not_object", "missing_url",
+    "bad_form_field", "bad_method", "bad_headers", "header_injection", "bad_body", "bad_meta",
+    "meta_not_allowed", "header_not_allowed", "offsite", "bad_cb_kwargs", "bad_priority", "bad_callback",
+    "bad_errback", "bad_dont_filter", "bad_cookies", "bad_request", "hook_error", "bad_hook_result"})
 
 #: The fields a JSON seed may have.
 FIELDS = frozenset(["url", "method", "headers", "body", "meta", "cb_kwargs", "priority", "callback",
@@ -165,8 +141,7 @@ def _check_json_value(value: Any, reason: str, what: str, depth: int = 0) -> Non
 
 
 def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
-    """Validate an untrusted URL: :func:`scrapy_dist.wire.codec.check_url`'s rules (a test holds it at least
-    as strict), plus what Scrapy's ``Request`` would trip on (no scheme, a bad port, non-printables)."""
+    """Validate an untrusted URL: ``wire.codec.check_url``'s rules, and what Scrapy's ``Request`` trips on."""
     if not isinstance(url, str):
         raise RejectedEntry("bad_url", f"url has type {type(url).__name__}")
     if not url or len(url) > 8192 or _CONTROL_OR_SPACE.search(url):
@@ -296,13 +271,11 @@ def class_has_callback(spidercls: type) -> Callable[[str], bool]:
 
 def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
     """``has_callback`` for :func:`parse_seed` from a running spider."""
-
     def check(name: str) -> bool:
         try:
             return resolve_callback(spider, name, "callback") is not None
         except RejectedEntry:
             return False
-
     return check
 
 
@@ -354,12 +327,11 @@ def iter_lines(chunks: Iterable[bytes]) -> Iterable[bytes]:
             yield stripped
 
 
-# -- seeds pushed to a near-miss key -----------------------------------------------------------------------
 # A near miss: a LIST, SET or ZSET with entries, named like the seeds key (within LENGTH_SLACK characters,
 # a SequenceMatcher ratio of SIMILARITY, case-insensitively) but no crawl's seeds key by the template.
 SCAN_COUNT, TOOL_SCAN_CALLS, MAX_HINTS = 1000, 10, 5  # keys per SCAN call, SCAN calls of the CLI, hints
 SIMILARITY, LENGTH_SLACK = 0.85, 3
-_LENGTH = {"list": "llen", "set": "scard", "zset": "zcard"}
+_KINDS = ["list", "set", "zset"]  # in the order of _lengths()
 
 
 @dataclass(frozen=True)
@@ -398,50 +370,42 @@ def candidates(names: Iterable[bytes | str], keys: CrawlKeys, read: Iterable[str
     return [name for _, name in sorted(set(scored))]
 
 
-def _type_pipeline(client: Any, names: list[str]) -> Any:
+def _lengths(client: Any, names: list[str]) -> Any:
+    """A pipeline of each name's TYPE and its three length commands (the one of its type answers)."""
     p = client.pipeline(transaction=False)
     for name in names:
-        p.type(name)
+        p.type(name).llen(name).scard(name).zcard(name)
     return p
 
 
-def _length_pipeline(client: Any, names: list[str], replies: list[Any]) -> tuple[list[tuple[str, str]], Any]:
-    types = [r.decode() if isinstance(r, bytes) else str(r) for r in replies]
-    kept = [(n, t) for n, t in zip(names, types, strict=True) if t in _LENGTH]
-    p = client.pipeline(transaction=False)
-    for name, kind in kept:
-        getattr(p, _LENGTH[kind])(name)
-    return kept, p
+def _misses(names: list[str], replies: list[Any], meant: str) -> list[NearMiss]:
+    out = []
+    for i, name in enumerate(names):
+        kind = text(replies[4 * i])
+        n = replies[4 * i + 1 + _KINDS.index(kind)] if kind in _KINDS else None
+        if isinstance(n, int) and n > 0:
+            out.append(NearMiss(name, kind, n, meant))
+    return out
 
 
 def find(client: Any, keys: CrawlKeys, calls: int = TOOL_SCAN_CALLS) -> list[NearMiss]:
-    """Near misses of ``keys.start_urls`` (at most ``calls`` ``SCAN`` calls, then two round trips)."""
+    """Near misses of ``keys.start_urls`` (at most ``calls`` ``SCAN`` calls, then one round trip)."""
     cursor, seen = 0, []
     for _ in range(calls):
         cursor, batch = client.scan(cursor, count=SCAN_COUNT)
         seen += batch
         if isinstance(cursor, dict) or not int(cursor):  # over (a Redis Cluster's cursors: one call there)
             break
-    names = candidates(seen, keys)[:MAX_HINTS]
-    if not names:
+    if not (names := candidates(seen, keys)[:MAX_HINTS]):
         return []
-    kept, p = _length_pipeline(client, names, _type_pipeline(client, names).execute(raise_on_error=False))
-    return _misses(kept, p.execute(raise_on_error=False) if kept else [], keys.start_urls)
-
-
-def _misses(kept: list[tuple[str, str]], lengths: list[Any], meant: str) -> list[NearMiss]:
-    return [NearMiss(name, kind, n, meant) for (name, kind), n in zip(kept, lengths, strict=True)
-            if isinstance(n, int) and n > 0]
+    return _misses(names, _lengths(client, names).execute(raise_on_error=False), keys.start_urls)
 
 
 async def find_async(client: Any, keys: CrawlKeys) -> list[NearMiss]:
     """:func:`find` for a ``redis.asyncio`` client (a worker: one ``SCAN`` call)."""
-    names = candidates((await client.scan(0, count=SCAN_COUNT))[1], keys)[:MAX_HINTS]
-    if not names:
+    if not (names := candidates((await client.scan(0, count=SCAN_COUNT))[1], keys)[:MAX_HINTS]):
         return []
-    replies = await _type_pipeline(client, names).execute(raise_on_error=False)
-    kept, p = _length_pipeline(client, names, replies)
-    return _misses(kept, await p.execute(raise_on_error=False) if kept else [], keys.start_urls)
+    return _misses(names, await _lengths(client, names).execute(raise_on_error=False), keys.start_urls)
 
 
 async def warn_at_start(client: Any, keys: CrawlKeys) -> None:

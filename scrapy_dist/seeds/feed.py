@@ -47,14 +47,8 @@ BLOCK_SECONDS = 1.0
 POLL_SECONDS = 0.1
 ADOPT_BATCH = 10  #: Workers whose lease ran out are reported and adopted this many at a time.
 CONFIRM_POLL = 0.01  #: How often to look whether taken seeds have reached the frontier (seconds, local only).
-#: Most processing-list entries one worker may hold; entries past it are garbage someone wrote there and go
-#: back to the seeds key.
+#: Most processing-list entries one worker may hold; more are garbage, given back to the seeds key.
 HELD_CAP = 10_000
-
-
-def held_most(batch_size: int) -> int:
-    """Unacknowledged seeds a worker taking ``batch_size`` at a time may hold (flush batches stay full)."""
-    return max(4 * max(1, batch_size), 2000)
 
 
 @dataclass
@@ -156,16 +150,24 @@ class SeedFeed(BackgroundTask):
     """Turns one worker's seeds into requests (``start()`` iterates its :meth:`~BackgroundTask.turns`) until
     the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE`` s (never, if 0)."""
 
-    def __init__(self, spider: RedisMixin, reader: SeedReader, *, rules: SeedRules, batch_size: int = 16,
-                 idle_before_close: float = 0.0, block_seconds: float = BLOCK_SECONDS,
-                 poll_seconds: float = POLL_SECONDS) -> None:
+    def __init__(self, spider: RedisMixin) -> None:
+        """The feed from the spider's settings (made on the running loop, for the async client)."""
         self.spider, self.crawler = spider, spider.crawler
         super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
         self.stats = self.crawler.stats
-        self.reader, self.keys, self.rules = reader, reader.keys, rules
-        self.batch_size, self.idle_before_close = max(1, batch_size), idle_before_close
-        self.max_unconfirmed = held_most(self.batch_size)
-        self.block_seconds, self.poll_seconds = block_seconds, poll_seconds
+        ds, sched = DistSettings.for_crawler(self.crawler), get_scheduler(self.crawler)
+        keys = crawl_keys(ds, spider.name)
+        if spider.redis_key:
+            # spider.redis_key is the key itself (scrapy_dist.spiders replaced %(name)s): no template
+            keys = dataclasses.replace(keys, start_urls_template=spider.redis_key.replace("%", "%%"))
+        self.keys, self.rules = keys, SeedRules.from_dist(ds)
+        self.batch_size = max(1, spider.redis_batch_size or ds.seeds.batch_size)
+        self.idle_before_close = (ds.scheduler if sched is None else sched).idle_before_close
+        self.max_unconfirmed = max(4 * self.batch_size, 2000)  # unacknowledged seeds: batches stay full
+        worker = sched.worker_id if sched is not None else make_worker_id()
+        self.reader = SeedReader(connection.ClientPool.of(self.crawler).async_client(), keys, worker,
+                                 ds.seeds.kind, ds.scheduler.lease_seconds, ds.seeds.rejected_maxlen,
+                                 held_cap=max(HELD_CAP, 4 * self.max_unconfirmed))
         self._taken: deque[_Taken] = deque()
         self._acks: list[bytes] = []
         self._records: list[str] = []
@@ -175,25 +177,6 @@ class SeedFeed(BackgroundTask):
         self._reject_log, self._error_log = RateLimitedLog(logger), RateLimitedLog(logger)
         self._garbage_log = RateLimitedLog.once(logger)
 
-    @classmethod
-    def from_spider(cls, spider: RedisMixin) -> SeedFeed:
-        """The feed from the spider's settings (the async client is made on the running loop)."""
-        crawler = spider.crawler
-        ds, sched = DistSettings.for_crawler(crawler), get_scheduler(crawler)
-        keys = crawl_keys(ds, spider.name)
-        if spider.redis_key:
-            # spider.redis_key is the key itself (scrapy_dist.spiders replaced %(name)s): no template
-            keys = dataclasses.replace(keys, start_urls_template=spider.redis_key.replace("%", "%%"))
-        batch = spider.redis_batch_size or ds.seeds.batch_size
-        idle = sched.idle_before_close if sched is not None else ds.scheduler.idle_before_close
-        reader = SeedReader(connection.ClientPool.of(crawler).async_client(), keys,
-                            sched.worker_id if sched is not None else make_worker_id(), kind=ds.seeds.kind,
-                            lease_seconds=ds.scheduler.lease_seconds,
-                            rejected_maxlen=ds.seeds.rejected_maxlen,
-                            held_cap=max(HELD_CAP, 4 * held_most(batch)))
-        return cls(spider, reader, rules=SeedRules.from_dist(ds), batch_size=batch, idle_before_close=idle)
-
-    # -- the loop -----------------------------------------------------------------------------------
     async def requests(self) -> AsyncIterator[Request]:
         """Yield the requests of the seeds, forever or until the crawl is idle."""
         r = self.reader
@@ -235,7 +218,7 @@ class SeedFeed(BackgroundTask):
         if mode == "sweep":
             self._uncertain = False
         if not result.entries and r.kind == "list" and not self._taken and not self._idle_done():
-            await self.attempt(self._call(r.wait(self.block_seconds)))
+            await self.attempt(self._call(r.wait()))
             return []  # the next take pops what woke us (or renews the lease after the timeout)
         if result.entries:
             self._last_seed = time.monotonic()
@@ -248,7 +231,7 @@ class SeedFeed(BackgroundTask):
         if self._taken:
             await asyncio.sleep(CONFIRM_POLL)
         elif r.kind != "list":
-            await asyncio.sleep(self.poll_seconds)
+            await asyncio.sleep(POLL_SECONDS)
         return []
 
     async def _exchange(self, want: int, mode: str) -> TakeResult | None:
@@ -273,7 +256,7 @@ class SeedFeed(BackgroundTask):
                                 "The seeds key %r is a %s, but %s reads a %s (REDIS_START_URLS_AS_SET /"
                                 " REDIS_START_URLS_AS_ZSET): not reading seeds until that is fixed",
                                 self.keys.start_urls, result.key_type, type(self.spider).__name__, r.kind)
-            await asyncio.sleep(self.block_seconds)
+            await asyncio.sleep(BLOCK_SECONDS)
             return None
         if result.returned > 0:
             self.stats.inc_value("seeds/returned", result.returned)
@@ -323,7 +306,6 @@ class SeedFeed(BackgroundTask):
             self.stats.inc_value("seeds/errors")
         return super().failed(exc, now, detail)
 
-    # -- acknowledgement and idleness --------------------------------------------------------------
     def _collect_confirmed(self, sched: Any) -> None:
         """Move seeds whose requests are now in the frontier to the acknowledgements (in order)."""
         # with another scheduler than ours, a request counts as done once the engine has it
@@ -340,7 +322,6 @@ class SeedFeed(BackgroundTask):
         sched = get_scheduler(self.crawler)
         return not sched.has_pending_requests() if sched is not None else _engine.locally_idle(self.crawler)
 
-    # -- seeds -> requests ----------------------------------------------------------------------------
     def _requests(self, entry: bytes) -> list[Request]:
         """The requests of one processing-list entry (none if its seed is rejected, recorded, or skipped)."""
         score: float | None = None
@@ -370,14 +351,13 @@ class SeedFeed(BackgroundTask):
                              self.keys.start_urls, reason, preview(exc.detail, 200, quote=False),
                              preview(raw), self.keys.start_urls_rejected)
 
-    # -- shutdown ---------------------------------------------------------------------------------------
     async def close(self) -> None:
         """Stop reading (``spider_closed``); acknowledge what reached the frontier and give the rest back.
         A take in progress is given a moment to finish, so what it takes is given back too."""
         if self._finished:
             return
         await self.stop()
-        deadline = time.monotonic() + self.block_seconds + 2.0
+        deadline = time.monotonic() + BLOCK_SECONDS + 2.0
         while self._busy and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         self._collect_confirmed(get_scheduler(self.crawler))
