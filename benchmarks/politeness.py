@@ -59,10 +59,13 @@ _CRAWLPROJECT = Path(__file__).resolve().parent.parent / "tests" / "crawlproject
 
 
 def _load_crawlproject():
-    """``tests/crawlproject.py`` (``make_project``), imported by path: ``tests`` is not a package."""
+    """``tests/crawlproject.py`` (``make_project``), imported by path: ``tests`` is not a package (its own
+    imports, ``helpers``, are found in that directory)."""
     name = "scrapy_dist_tests_crawlproject"
     if name in sys.modules:
         return sys.modules[name]
+    if str(_CRAWLPROJECT.parent) not in sys.path:
+        sys.path.append(str(_CRAWLPROJECT.parent))
     spec = importlib.util.spec_from_file_location(name, _CRAWLPROJECT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
