@@ -262,7 +262,7 @@ async def _lease_all(url: str, calls: int) -> int:
 def test_garbage_in_a_domain_does_not_stall_it_for_ever(
     redis_url: str, redis_client: Any, write: dict[str, Any]
 ) -> None:
-    # each used to keep the domain's requests from ever being leased again
+    # each would keep the domain's requests from ever being leased again if taken at its word
     entries = [("", "", 0, b"\x01p%d" % i, "a.example", "0 1 0") for i in range(2)]  # one at a time
     run(_sync(redis_url, SyncBatch(enqueue=entries), politeness="cluster"))
     far = redis_client.time()[0] + 10**9
@@ -538,8 +538,8 @@ def test_one_queue_member_of_another_score_does_not_hide_the_frontier(
     redis_url: str, redis_client: Any, member: bytes, score: float
 ) -> None:
     """ZRANGEBYLEX is only defined over members of one score: a single member written at another score
-    (ahead of the domain's requests, sorting after them) made the domain's range read empty, its backlog
-    was reset to 0, and no worker leased again."""
+    (ahead of the domain's requests, sorting after them) makes the domain's range read empty, so the
+    domain would leave the schedule and no worker would lease again, were it not put back at score 0."""
     run(_sync(redis_url, SyncBatch(enqueue=_polite_entries(5)), politeness="cluster"))
     redis_client.zadd(KEYS.queue, {member: score})
     leased = []
