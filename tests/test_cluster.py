@@ -354,7 +354,7 @@ def test_killed_master_fails_over_and_the_crawl_finishes(
     replica are lost (Redis replication is asynchronous), so pages may be lost, but only a handful;
     the number is printed."""
     cluster = redis_cluster(masters=3, replicas=1, node_timeout_ms=1000)
-    site = site_factory(pages=600, delay=0.01)
+    site = site_factory(pages=400, delay=0.01)
     project = make_project(
         tmp_path,
         {"REDIS_URL": cluster.url, "CONCURRENT_REQUESTS": 8, "SCHEDULER_LEASE_SECONDS": 5,

@@ -173,9 +173,11 @@ def test_books_spider_follows_the_catalogue_and_extracts_books(monkeypatch: pyte
 # -- the real thing ------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_demo_runs_to_its_summary_with_nothing_lost_after_a_kill(tmp_path: Path) -> None:
-    """What the README promises, on a small site: the embedded Redis, two workers, one SIGKILLed."""
+    """What the README promises, on a small site: the embedded Redis, two workers, one SIGKILLed (its
+    leases run out after 3 s instead of the demo's 10: the crawl waits for them either way)."""
     proc = subprocess.run(
-        _demo("--workers", "2", "--pages", "300"), cwd=tmp_path, env=_env(), stdin=subprocess.DEVNULL,
+        _demo("--workers", "2", "--pages", "300"), cwd=tmp_path,
+        env={**_env(), "SCRAPY_DIST_DEMO_LEASE_SECONDS": "3"}, stdin=subprocess.DEVNULL,
         capture_output=True, text=True, timeout=150,
     )
     out = proc.stdout

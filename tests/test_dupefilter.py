@@ -258,15 +258,15 @@ def test_scrapy_default_scheduler_with_bloom_dupefilter(
 ) -> None:
     from crawlproject import make_project
 
-    site = site_factory(pages=400)
+    site = site_factory(pages=200)
     project = make_project(tmp_path, {"REDIS_URL": redis_url})
     project.settings.pop("SCHEDULER")  # Scrapy's own scheduler, our dupefilter
     project.crawl(args={"seed": site.page_url(0)})
     assert project.wait_all(120) == [0], project.logs()[-3000:]
     counts = site.fetch_counts()
-    assert len(counts) == 400
+    assert len(counts) == 200
     assert max(counts.values()) == 1, "a page was fetched twice"
     stats = project.stats(0)
     assert stats["dupefilter/filtered"] > 0
-    assert int(redis.Redis.from_url(redis_url).hget(KEYS.__class__("links").bloom, "n")) == 400
+    assert int(redis.Redis.from_url(redis_url).hget(KEYS.__class__("links").bloom, "n")) == 200
     assert os.path.exists(tmp_path / "worker-0.log")

@@ -69,7 +69,7 @@ def _plausible(draw: Any) -> list[Any]:
     return out
 
 
-@FUZZ
+@settings(FUZZ, max_examples=100)  # a draw is a dozen nested replies: the costliest examples here
 @given(st.one_of(redis_reply, st.composite(lambda draw: _plausible(draw))()), st.integers(0, 3))
 def test_sync_result_decoder_only_refuses(raw: Any, n_enqueue: int) -> None:
     try:

@@ -108,7 +108,7 @@ record = st.tuples(
 )
 
 
-@FUZZ
+@settings(FUZZ, max_examples=100)  # each example decodes up to five payloads
 @given(st.lists(record, max_size=5), st.binary(max_size=8), st.sampled_from(POLICIES))
 def test_queue_chunks_split_into_entries_that_decode_or_are_rejected(
     records: list[tuple[int, bytes, bytes]], tail: bytes, policy: EntryPolicy

@@ -72,7 +72,7 @@ def test_a_worker_stopped_while_redis_is_down_exits_after_the_grace_and_loses_no
             "REDIS_URL": server.url, "ADDONS": {"scrapy_dist.Addon": 0},
             "ITEM_PIPELINES": {"scrapy_dist.pipelines.RedisPipeline": 300},
             "CONCURRENT_REQUESTS": 8, "SCHEDULER_IDLE_BEFORE_CLOSE": 2,
-            "SCHEDULER_LEASE_SECONDS": 10, "SCHEDULER_SHUTDOWN_GRACE": 3,
+            "SCHEDULER_LEASE_SECONDS": 5, "SCHEDULER_SHUTDOWN_GRACE": 3,
         })
         worker = project.crawl(args={"seed": site.page_url(0)})
         project.wait_until_open()

@@ -15,6 +15,7 @@ import pytest
 import redis
 import redis.exceptions
 from crawlproject import make_project
+from helpers import wait_for
 
 from scrapy_dist.redis.outage import Backoff, Outage
 
@@ -76,7 +77,7 @@ def test_a_sigterm_is_honoured_while_redis_refuses_every_write(
     site = site_factory(pages=400, links=4, slow=300, slow_delay=0.5)
     project = make_project(tmp_path, {
         "REDIS_URL": server.url, "ITEM_PIPELINES": {"scrapy_dist.pipelines.RedisPipeline": 300},
-        "SCHEDULER_SHUTDOWN_GRACE": 4, "CONCURRENT_REQUESTS": 4,
+        "SCHEDULER_SHUTDOWN_GRACE": 2, "CONCURRENT_REQUESTS": 4,
     }, spiders=SPIDER)
     client = redis.Redis.from_url(server.url)
     try:
@@ -86,7 +87,7 @@ def test_a_sigterm_is_honoured_while_redis_refuses_every_write(
             assert time.monotonic() < deadline and worker.poll() is None, project.logs()[-3000:]
             time.sleep(0.05)
         client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) // 2))  # full: OOM
-        time.sleep(2)
+        wait_for(lambda: "Redis refuses writes (OOM" in project.logs(), 30, "the worker told of the OOM")
         worker.send_signal(signal.SIGTERM)
         started = time.monotonic()
         worker.wait(40)
@@ -95,7 +96,7 @@ def test_a_sigterm_is_honoured_while_redis_refuses_every_write(
         client.config_set("maxmemory", "0")
         project.stop_all()
     logs = project.logs()
-    assert took < 4 + 15, (took, logs[-3000:])
+    assert took < 2 + 15, (took, logs[-3000:])
     assert "Redis refuses writes (OOM" in logs, logs[-3000:]
     assert "Redis is unreachable" not in logs
 

@@ -52,7 +52,7 @@ def _outage_lines(log: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]
 def test_an_outage_is_one_warning_and_one_info_per_worker(tmp_path: Path, site_factory: Any) -> None:
     server = start_own(PERSISTENT)
     try:
-        site = site_factory(pages=600, delay=0.01)
+        site = site_factory(pages=400, delay=0.01)
         project = two_workers_on_a_seed(
             tmp_path, {"REDIS_URL": server.url, **SETTINGS}, SEED_LINKS_SPIDER, redis.Redis(port=server.port),
             site, 150,

@@ -84,7 +84,7 @@ def _check_crawl(project: Project, site: Any, client: Any, stopped_at: int) -> N
 def test_redis_restarted_mid_crawl_loses_nothing(tmp_path: Path, site_factory: Any) -> None:
     server = start_own(PERSISTENT)
     try:
-        site = site_factory(pages=800, delay=0.01)
+        site = site_factory(pages=600, delay=0.01)
         project = two_workers_on_a_seed(
             tmp_path, {"REDIS_URL": server.url, **SETTINGS}, SEED_LINKS_SPIDER, redis.Redis(port=server.port),
             site, 250,

@@ -66,8 +66,8 @@ def test_limited_host_is_polite_crawl_wide_while_the_other_runs_full_speed(
     tmp_path: Path, redis_url: str, other_redis_url: str
 ) -> None:
     limited = SiteServer(SiteGraph(25, links=3), host="127.0.0.2").start()
-    free = SiteServer(SiteGraph(600, links=10), host="127.0.0.3", delay=0.005).start()
-    alone = SiteServer(SiteGraph(600, links=10), host="127.0.0.4", delay=0.005).start()
+    free = SiteServer(SiteGraph(300, links=10), host="127.0.0.3", delay=0.005).start()
+    alone = SiteServer(SiteGraph(300, links=10), host="127.0.0.4", delay=0.005).start()
     try:
         polite = {
             "SCHEDULER_POLITENESS": "cluster",
@@ -86,7 +86,7 @@ def test_limited_host_is_polite_crawl_wide_while_the_other_runs_full_speed(
     finally:
         for s in (limited, free, alone):
             s.stop()
-    assert len(limited.fetch_counts()) == 25 and len(free.fetch_counts()) == 600
+    assert len(limited.fetch_counts()) == 25 and len(free.fetch_counts()) == 300
     starts = sorted(t for t, _, _ in limited.log)
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert min(gaps) >= 0.2, f"two requests to the limited host {min(gaps):.3f}s apart"

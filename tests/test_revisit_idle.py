@@ -89,7 +89,7 @@ def test_an_idle_long_running_worker_costs_little_and_picks_up_work(
     client = redis.Redis.from_url(redis_url)
     time.sleep(4)  # the polls slow down to SCHEDULER_IDLE_POLL_MAX
     client.config_resetstat()
-    window = 10.0
+    window = 5.0
     time.sleep(window)
     per_minute = _calls(client) * 60 / window
     # before long-running workers: ~7,200 commands per idle minute (4 sync calls a second)

@@ -40,9 +40,9 @@ def test_three_workers_crawl_every_page(tmp_path: Path, redis_url: str, site_fac
 
 
 def test_sigkilled_worker_loses_nothing(tmp_path: Path, redis_url: str, site_factory: Any) -> None:
-    site = site_factory(pages=1500, delay=0.01)
+    site = site_factory(pages=1000, delay=0.01)
     client = redis.Redis.from_url(redis_url)
-    kill_one_of_three(tmp_path, redis_url, site, client, [LINKS.leases], min_pages=500)
+    kill_one_of_three(tmp_path, redis_url, site, client, [LINKS.leases], min_pages=350)
     assert client.zcard(LINKS.queue) == 0 and client.zcard(LINKS.leases) == 0
 
 
@@ -52,10 +52,10 @@ def test_sigkilled_worker_loses_nothing_when_its_rounds_span_several_calls(
     """Rounds once a second with a deep prefetch: each carries far more than CALL_RECORDS discovered
     requests, so it goes as several concurrent sync calls, and acks wait for the whole round to land. A
     SIGKILL at any point of that still loses nothing."""
-    site = site_factory(pages=1500, delay=0.01)
+    site = site_factory(pages=1000, delay=0.01)
     client = redis.Redis.from_url(redis_url)
     kill_one_of_three(
-        tmp_path, redis_url, site, client, [LINKS.leases], min_pages=500,
+        tmp_path, redis_url, site, client, [LINKS.leases], min_pages=350,
         settings={"SCHEDULER_FLUSH_INTERVAL": 1.0, "SCHEDULER_PREFETCH": 256, "SCHEDULER_FLUSH_BATCH": 5000},
     )
     assert client.zcard(LINKS.queue) == 0 and client.zcard(LINKS.leases) == 0

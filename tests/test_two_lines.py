@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crawlproject import make_project
+from crawlproject import Project, make_project
 from zygote import Zygote
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,8 @@ def _status(redis_url: str, cwd: Path) -> dict[str, Any]:
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
-def _crawl(tmp_path: Path, redis_url: str, site: Any, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+def _start(tmp_path: Path, redis_url: str, site: Any, name: str, settings: dict[str, Any]) -> Project:
+    """A crawl's workers, started (under its own key prefix, so two crawls can run side by side)."""
     project = make_project(tmp_path / name, {
         "REDIS_URL": redis_url, "SCHEDULER_IDLE_BEFORE_CLOSE": 2,
         "CLUSTERSTATS_INTERVAL": 1,
@@ -43,6 +44,10 @@ def _crawl(tmp_path: Path, redis_url: str, site: Any, name: str, settings: dict[
     denied = site.page_url(0).replace("127.0.0.1", "127.0.0.2")
     for _ in range(WORKERS):
         project.crawl(args={"seeds": f"{site.page_url(0)},{denied}"})
+    return project
+
+
+def _finish(project: Project, redis_url: str) -> dict[str, Any]:
     assert project.wait_all(120) == [0] * WORKERS, project.logs()[-3000:]
     return {"status": _status(redis_url, project.root), "logs": project.logs()}
 
@@ -64,8 +69,9 @@ def test_the_two_lines_and_the_addon_give_the_same_status(
     tmp_path: Path, redis_url: str, site_factory: Any
 ) -> None:
     site = site_factory(pages=PAGES)
-    two = _crawl(tmp_path, redis_url, site, "twolines", {})
-    addon = _crawl(tmp_path, redis_url, site, "addon", {"ADDONS": {"scrapy_dist.Addon": 0}})
+    crawls = [_start(tmp_path, redis_url, site, "twolines", {}),
+              _start(tmp_path, redis_url, site, "addon", {"ADDONS": {"scrapy_dist.Addon": 0}})]
+    two, addon = (_finish(project, redis_url) for project in crawls)
     two_figures, addon_figures = _figures(two["status"]), _figures(addon["status"])
     assert two_figures["pages"] == PAGES, two_figures  # every page once, crawl-wide
     assert two_figures["items"] == two_figures["pages"]

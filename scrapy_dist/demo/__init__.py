@@ -4,6 +4,7 @@ shown live and judged by the site's record (:mod:`~scrapy_dist.demo.site`), not 
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import signal
 import tempfile
@@ -36,7 +37,8 @@ from scrapy_dist.redis.keys import CrawlKeys
 REFRESH = 0.25  #: Seconds between two refreshes of the live view ...
 PLAIN_EVERY = 2.0  #: ... and between two plain progress lines when the output is not a terminal (CI, a pipe).
 PLAIN_WIDTH = 100  #: output width when not a terminal, whatever ``COLUMNS`` says
-DEMO_LEASE_SECONDS = 10.0  #: the demo spider's SCHEDULER_LEASE_SECONDS
+#: The workers' SCHEDULER_LEASE_SECONDS (given with -s); $SCRAPY_DIST_DEMO_LEASE_SECONDS shortens it (tests).
+DEMO_LEASE_SECONDS = float(os.environ.get("SCRAPY_DIST_DEMO_LEASE_SECONDS", 10.0))
 LOADING_TIMEOUT = 60.0  #: Seconds to wait for a Redis that is loading its data file.
 
 
@@ -210,6 +212,7 @@ class Demo:
             self.options.redis_url, self.project, LOADING_TIMEOUT)
         self.fleet.configure(self.prefix, None if self.embedded is None else self.embedded.directory,
                              self.redis_url)
+        self.fleet.settings["SCHEDULER_LEASE_SECONDS"] = str(DEMO_LEASE_SECONDS)
         self.site.start()
 
     def chaos(self, leases: Mapping[int, int]) -> None:
