@@ -30,7 +30,7 @@ from scrapy_dist.cli import (
     project_spiders,
     require_extra,
 )
-from scrapy_dist.demo import Demo, DemoOptions
+from scrapy_dist.demo import DEMO_LEASE_SECONDS, Demo, DemoOptions
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier import layout
 from scrapy_dist.monitor import read_status
@@ -391,14 +391,17 @@ def _wait_for_ctrl_c() -> None:
               help="Seconds before the demo gives up (stops the workers, exits 1).")
 @click.option("--dashboard", "dashboard_port", type=click.IntRange(0, 65535), default=None, is_flag=False,
               flag_value=9420, help="Also serve the live dashboard (read-only) on 127.0.0.1:PORT (9420).")
+@click.option("--lease-seconds", envvar="SCRAPY_DIST_DEMO_LEASE_SECONDS", show_envvar=True, show_default=True,
+              type=click.FloatRange(1, 3600), default=DEMO_LEASE_SECONDS,
+              help="The workers' SCHEDULER_LEASE_SECONDS: how long a killed worker's leases hold pages.")
 @pass_redis
 def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: float,
-         dashboard_port: int | None) -> None:
+         dashboard_port: int | None, lease_seconds: float) -> None:
     """Crawl a generated local site with WORKERS processes sharing one frontier; show it live; summarize.
 
     Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
     """
-    options = DemoOptions(workers=workers, pages=pages, chaos=chaos, timeout=timeout)
+    options = DemoOptions(workers, pages, chaos, timeout, lease_seconds)
     if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
         options.redis_url, options.redis_source = redis.url, redis.source

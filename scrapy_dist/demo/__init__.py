@@ -4,7 +4,6 @@ shown live and judged by the site's record (:mod:`~scrapy_dist.demo.site`), not 
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import signal
 import tempfile
@@ -37,8 +36,7 @@ from scrapy_dist.redis.keys import CrawlKeys
 REFRESH = 0.25  #: Seconds between two refreshes of the live view ...
 PLAIN_EVERY = 2.0  #: ... and between two plain progress lines when the output is not a terminal (CI, a pipe).
 PLAIN_WIDTH = 100  #: output width when not a terminal, whatever ``COLUMNS`` says
-#: The workers' SCHEDULER_LEASE_SECONDS (given with -s); $SCRAPY_DIST_DEMO_LEASE_SECONDS shortens it (tests).
-DEMO_LEASE_SECONDS = float(os.environ.get("SCRAPY_DIST_DEMO_LEASE_SECONDS", 10.0))
+DEMO_LEASE_SECONDS = 10.0  #: the workers' SCHEDULER_LEASE_SECONDS (``DemoOptions.lease_seconds``)
 LOADING_TIMEOUT = 60.0  #: Seconds to wait for a Redis that is loading its data file.
 
 
@@ -174,6 +172,8 @@ class DemoOptions:
     pages: int = 5000
     chaos: bool = True
     timeout: float = 170.0
+    #: the workers' lease (given with -s): $SCRAPY_DIST_DEMO_LEASE_SECONDS shortens it for the tests
+    lease_seconds: float = DEMO_LEASE_SECONDS
     redis_url: str | None = None  #: ``--redis-url`` / ``$REDIS_URL``; ``None``: the project's embedded Redis
     redis_source: str = ""  #: where ``redis_url`` came from (``--redis-url``, ...), for the header
     run_dir: Path | None = None  #: for the worker logs; ``None``: a new temporary one
@@ -212,7 +212,7 @@ class Demo:
             self.options.redis_url, self.project, LOADING_TIMEOUT)
         self.fleet.configure(self.prefix, None if self.embedded is None else self.embedded.directory,
                              self.redis_url)
-        self.fleet.settings["SCHEDULER_LEASE_SECONDS"] = str(DEMO_LEASE_SECONDS)
+        self.fleet.settings["SCHEDULER_LEASE_SECONDS"] = str(self.options.lease_seconds)
         self.site.start()
 
     def chaos(self, leases: Mapping[int, int]) -> None:
@@ -275,7 +275,8 @@ class Demo:
             state, rate = "killed (chaos)", None
             if leases and w.killed_at is not None:
                 snap.orphaned += leases
-                snap.orphaned_expire_in = max(snap.orphaned_expire_in, w.killed_at + DEMO_LEASE_SECONDS - now)
+                expire = w.killed_at + self.options.lease_seconds - now
+                snap.orphaned_expire_in = max(snap.orphaned_expire_in, expire)
         elif w.state in ("exited", "failed", "stopped"):
             state, rate, leases = f"{w.state} ({w.returncode})", None, None
         return WorkerRow(w.number, w.pid, state, pages, rate, leases)
