@@ -198,10 +198,8 @@ class RevisitRules:
     URL rules are tried first; within each kind the most specific wins."""
 
     def __init__(self, rules: Mapping[str, float | None] | None = None) -> None:
-        ordered = sorted(
-            (rules or {}).items(), key=lambda kv: ("/" in kv[0], *specificity(kv[0].lower())), reverse=True
-        )
-        self.rules = [(p.lower(), "/" in p, s) for p, s in ordered]
+        lowered = [(p.lower(), "/" in p, s) for p, s in (rules or {}).items()]
+        self.rules = sorted(lowered, key=lambda r: (r[1], *specificity(r[0])), reverse=True)
 
     def __bool__(self) -> bool:
         return bool(self.rules)
