@@ -247,9 +247,7 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
         if kind == "p" and len(parts) in (2, 5):  # "<slots> <next>[ <delay> <concurrency> <jitter>]"
             info.setdefault(domain, {}).update(i=parts[0], n=parts[1], l=" ".join(parts[2:]))
         elif kind == "s" and len(parts) == 6:  # the layout before: "<backlog> <slots> <next> <limits>"
-            info.setdefault(domain, {}).setdefault("i", parts[1])
-            info[domain].setdefault("n", parts[2])
-            info[domain].setdefault("l", " ".join(parts[3:]))
+            info[domain] = {"i": parts[1], "n": parts[2], "l": " ".join(parts[3:]), **info.get(domain, {})}
         elif kind in ("i", "n", "l") and domain:  # the four fields of the layout before it
             info.setdefault(domain, {}).setdefault(kind, scripts.text(value))
     for n, (name, _) in enumerate(client.zscan_iter(keys.domains, count=1000)):
