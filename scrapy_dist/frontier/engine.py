@@ -260,13 +260,13 @@ async def flush_feeds(crawler: Crawler) -> None:
             crawler.stats.inc_value("feeds/fsyncs")
 
 
+@dataclass(eq=False)
 class ItemOutbox:
     """Encoded items by the request they came from (reactor thread only)."""
 
-    def __init__(self, leased: Callable[[Request], bool] = lambda request: True) -> None:
-        self._items: dict[Request, list[bytes | str]] = {}
-        #: whether a request came from a lease (only those are acknowledged, so only their items can ride)
-        self.leased = leased
+    #: whether a request came from a lease (only those are acknowledged, so only their items can ride)
+    leased: Callable[[Request], bool] = lambda request: True
+    _items: dict[Request, list[bytes | str]] = field(default_factory=dict)
 
     def stage(self, request: Request, data: bytes | str) -> bool:
         """Keep ``data`` until ``request``'s ack takes it; False for a request of no lease (not kept)."""

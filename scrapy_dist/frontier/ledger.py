@@ -293,13 +293,10 @@ class Ledger:
             batches[d.shard].delay.append((d.score, d.payload, d.not_before, d.domain, d.limits))
         for (shard, member), record in self.rejects:
             batches[shard].reject.append((member, record))
-        for shard, member in self.releases:
-            batches[shard].release.append(member)
         batches[0].dead = self.dead
-        for shard, penalty in self.penalties:
-            batches[shard].penalize.append(penalty)
-        for shard, tokens in self.forgets:
-            batches[shard].forget.append(tokens)
+        for name, due in (("release", self.releases), ("penalize", self.penalties), ("forget", self.forgets)):
+            for shard, value in due:
+                getattr(batches[shard], name).append(value)
         acks = [lease for lease in self.acks if lease[0] in skip]
         for shard, member in self.acks:
             if shard not in skip:

@@ -198,10 +198,8 @@ class RevisitRules:
     URL rules are tried first; within each kind the most specific wins."""
 
     def __init__(self, rules: Mapping[str, float | None] | None = None) -> None:
-        ordered = sorted(
-            (rules or {}).items(), key=lambda kv: ("/" in kv[0], *specificity(kv[0].lower())), reverse=True
-        )
-        self.rules = [(p.lower(), "/" in p, s) for p, s in ordered]
+        lowered = [(p.lower(), "/" in p, s) for p, s in (rules or {}).items()]
+        self.rules = sorted(lowered, key=lambda r: (r[1], *specificity(r[0])), reverse=True)
 
     def __bool__(self) -> bool:
         return bool(self.rules)
@@ -249,9 +247,7 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
         if kind == "p" and len(parts) in (2, 5):  # "<slots> <next>[ <delay> <concurrency> <jitter>]"
             info.setdefault(domain, {}).update(i=parts[0], n=parts[1], l=" ".join(parts[2:]))
         elif kind == "s" and len(parts) == 6:  # the layout before: "<backlog> <slots> <next> <limits>"
-            info.setdefault(domain, {}).setdefault("i", parts[1])
-            info[domain].setdefault("n", parts[2])
-            info[domain].setdefault("l", " ".join(parts[3:]))
+            info[domain] = {"i": parts[1], "n": parts[2], "l": " ".join(parts[3:]), **info.get(domain, {})}
         elif kind in ("i", "n", "l") and domain:  # the four fields of the layout before it
             info.setdefault(domain, {}).setdefault(kind, scripts.text(value))
     for n, (name, _) in enumerate(client.zscan_iter(keys.domains, count=1000)):
