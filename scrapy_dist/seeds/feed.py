@@ -51,6 +51,11 @@ CONFIRM_POLL = 0.01  #: How often to look whether taken seeds have reached the f
 HELD_CAP = 10_000
 
 
+def held_most(batch_size: int) -> int:
+    """Unacknowledged seeds a worker taking ``batch_size`` at a time may hold (flush batches stay full)."""
+    return max(4 * batch_size, 2000)
+
+
 @dataclass
 class TakeResult:
     """What one :meth:`SeedReader.take` answers."""
@@ -150,24 +155,14 @@ class SeedFeed(BackgroundTask):
     """Turns one worker's seeds into requests (``start()`` iterates its :meth:`~BackgroundTask.turns`) until
     the crawl has been idle ``SCHEDULER_IDLE_BEFORE_CLOSE`` s (never, if 0)."""
 
-    def __init__(self, spider: RedisMixin) -> None:
-        """The feed from the spider's settings (made on the running loop, for the async client)."""
+    def __init__(self, spider: RedisMixin, reader: SeedReader, rules: SeedRules, batch_size: int = 16,
+                 idle_before_close: float = 0.0) -> None:
         self.spider, self.crawler = spider, spider.crawler
         super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
         self.stats = self.crawler.stats
-        ds, sched = DistSettings.for_crawler(self.crawler), get_scheduler(self.crawler)
-        keys = crawl_keys(ds, spider.name)
-        if spider.redis_key:
-            # spider.redis_key is the key itself (scrapy_dist.spiders replaced %(name)s): no template
-            keys = dataclasses.replace(keys, start_urls_template=spider.redis_key.replace("%", "%%"))
-        self.keys, self.rules = keys, SeedRules.from_dist(ds)
-        self.batch_size = max(1, spider.redis_batch_size or ds.seeds.batch_size)
-        self.idle_before_close = (ds.scheduler if sched is None else sched).idle_before_close
-        self.max_unconfirmed = max(4 * self.batch_size, 2000)  # unacknowledged seeds: batches stay full
-        worker = sched.worker_id if sched is not None else make_worker_id()
-        self.reader = SeedReader(connection.ClientPool.of(self.crawler).async_client(), keys, worker,
-                                 ds.seeds.kind, ds.scheduler.lease_seconds, ds.seeds.rejected_maxlen,
-                                 held_cap=max(HELD_CAP, 4 * self.max_unconfirmed))
+        self.reader, self.keys, self.rules = reader, reader.keys, rules
+        self.batch_size, self.idle_before_close = max(1, batch_size), idle_before_close
+        self.max_unconfirmed = held_most(self.batch_size)
         self._taken: deque[_Taken] = deque()
         self._acks: list[bytes] = []
         self._records: list[str] = []
@@ -176,6 +171,22 @@ class SeedFeed(BackgroundTask):
         self._sched: Scheduler | None = None
         self._reject_log, self._error_log = RateLimitedLog(logger), RateLimitedLog(logger)
         self._garbage_log = RateLimitedLog.once(logger)
+
+    @classmethod
+    def from_spider(cls, spider: RedisMixin) -> SeedFeed:
+        """The feed from the spider's settings (made on the running loop, for the async client)."""
+        ds, sched = DistSettings.for_crawler(spider.crawler), get_scheduler(spider.crawler)
+        keys = crawl_keys(ds, spider.name)
+        if spider.redis_key:
+            # spider.redis_key is the key itself (scrapy_dist.spiders replaced %(name)s): no template
+            keys = dataclasses.replace(keys, start_urls_template=spider.redis_key.replace("%", "%%"))
+        batch = max(1, spider.redis_batch_size or ds.seeds.batch_size)
+        worker = sched.worker_id if sched is not None else make_worker_id()
+        client = connection.ClientPool.of(spider.crawler).async_client()
+        reader = SeedReader(client, keys, worker, ds.seeds.kind, ds.scheduler.lease_seconds,
+                            ds.seeds.rejected_maxlen, held_cap=max(HELD_CAP, 4 * held_most(batch)))
+        idle = (ds.scheduler if sched is None else sched).idle_before_close
+        return cls(spider, reader, SeedRules.from_dist(ds), batch, idle)
 
     async def requests(self) -> AsyncIterator[Request]:
         """Yield the requests of the seeds, forever or until the crawl is idle."""

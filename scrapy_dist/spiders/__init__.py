@@ -242,7 +242,7 @@ class RedisMixin:
         """Yield requests for the seeds as they arrive, until the crawl closes as idle."""
         if start_error(self.crawler) is not None:  # the crawl stops as it opens: no seed is taken
             return
-        self._seed_feed = SeedFeed(self)
+        self._seed_feed = SeedFeed.from_spider(self)
         async for request in self._seed_feed.requests():
             yield request
 
