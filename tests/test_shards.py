@@ -338,6 +338,8 @@ def test_cluster_politeness_with_shards_routes_by_domain(redis_url: str, redis_c
             assert (redis_client.zscore(k.domains, h) is not None) == (i == home), (h, i)
         assert redis_client.zlexcount(shards[home].queue, f"[{h}\0", f"({h}\1") == 5
     assert used == {0, 1, 2}  # twelve hosts spread over the three shards
+    # the joining worker's default limits, for `status` to show the domains without limits of their own
+    assert redis_client.hget(UNIT.control, "limits") == s.encoder.domain_limits.default.encode().encode()
     home = shards[domain_shard("h0.example", 3)]
     assert float(redis_client.hget(home.domain_info, "p:h0.example").split()[1]) > time.time() + 20
 

@@ -401,7 +401,8 @@ def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: f
 
     Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
     """
-    options = DemoOptions(workers, pages, chaos, timeout, lease_seconds)
+    options = DemoOptions(workers=workers, pages=pages, chaos=chaos, timeout=timeout,
+                          lease_seconds=lease_seconds)
     if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
         options.redis_url, options.redis_source = redis.url, redis.source

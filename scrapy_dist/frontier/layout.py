@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from scrapy import Request
 
+    from scrapy_dist.frontier.orders import DomainLimits
     from scrapy_dist.frontier.shard import SyncResult
     from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.settings import SchedulerSettings
@@ -75,8 +76,8 @@ class CrawlLayout:
     df: Any
     config: SchedulerSettings  # its lease: a worker seen within it counts as running
     paused: bool = False  # the crawl-wide pause flag when this worker joined
-    #: this worker's limits of a domain no DOMAIN_LIMITS rule matches (crawl-wide politeness), or ""
-    limits_default: str = ""
+    #: this worker's per-domain limits (crawl-wide politeness): their bound and default go in every sync call
+    limits: DomainLimits | None = None
 
     def __post_init__(self) -> None:
         self.shards, self.politeness = self.config.shards, self.config.politeness
@@ -98,8 +99,8 @@ class CrawlLayout:
         pipe = client.pipeline(transaction=False)
         pipe.hsetnx(keys.control, "politeness", self.politeness)
         pipe.hsetnx(keys.control, "shards", self.shards)
-        if self.politeness == "cluster" and self.limits_default:  # what `status` shows a domain without own
-            pipe.hset(keys.control, "limits", self.limits_default)
+        if self.politeness == "cluster" and self.limits:  # what `status` shows a domain without its own
+            pipe.hset(keys.control, "limits", self.limits.default.encode())
         pipe.hmget(keys.control, ["politeness", "shards", "format", "paused"])
         mode, shards, recorded, paused = pipe.execute()[-1]
         self.paused = paused == b"1"
@@ -150,16 +151,16 @@ class CrawlLayout:
             remembered += scripts.count(bloom_n) + scripts.count(live) + fps + expiring
         return pending, remembered
 
-    def frontiers(self, redis: Any, worker_id: str, sequence: str, batched: bool,
-                  limits_bound: str) -> list[_shard.Frontier]:
-        cfg = self.config
+    def frontiers(self, redis: Any, worker_id: str, sequence: str, batched: bool) -> list[_shard.Frontier]:
+        cfg, limits = self.config, self.limits
+        bound, default = (limits.bound(), limits.default.encode()) if limits else ("", "")
         return [
             _shard.Frontier(
                 redis, keys, worker_id, df if batched else None, sequence=sequence,
                 lease_seconds=cfg.lease_seconds, politeness=cfg.politeness, heartbeat=i == 0,
                 max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
-                dead_maxlen=cfg.dead_maxlen, replay_memory=cfg.replay_memory, limits_bound=limits_bound,
-                limits_default=self.limits_default,
+                dead_maxlen=cfg.dead_maxlen, replay_memory=cfg.replay_memory, limits_bound=bound,
+                limits_default=default,
             )
             for i, (keys, df) in enumerate(zip(self.shard_keys, self.shard_dfs, strict=True))
         ]

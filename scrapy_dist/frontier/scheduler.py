@@ -118,9 +118,7 @@ class Scheduler:
         self.dead_policy = self.policy.bound(kind=DEAD)
         if self.revisits is not None:
             self.revisits.policy = self.policy
-        limits = self.encoder.domain_limits
-        default = limits.default.encode() if limits else ""
-        self.layout = CrawlLayout(keys, self.df, self.config, limits_default=default)
+        self.layout = CrawlLayout(keys, self.df, self.config, limits=self.encoder.domain_limits)
         self.report.shard_keys = self.layout.shard_keys
 
     @classmethod
@@ -174,9 +172,8 @@ class Scheduler:
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
             self.encoder.recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
         self.redis = self._client(sync=False)
-        limits = self.encoder.domain_limits
         self.frontiers = self.layout.frontiers(self.redis, self.worker_id, self.order.sequence,
-                                               self._batched_df, limits.bound() if limits else "")
+                                               self._batched_df)
         check = functools.partial(checked_request, networks=self.networks, stats=self.stats)
         decode = RequestDecoder(spider, self.policy, cfg.politeness == "cluster", check)
         self.loop = SyncLoop(self.ledger, self.router, self.frontiers, self.engine, cfg, decode=decode,
