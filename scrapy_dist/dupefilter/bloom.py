@@ -89,6 +89,7 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
     """Validate the fields of a ``{spider}:bloom`` HASH (untrusted): raises only :class:`BloomParameterError`
     naming ``key`` and the field; a bad ``n`` or schedule is read as the default, named in ``*_garbage``."""
     raw = {k.decode("utf-8", "replace") if isinstance(k, bytes) else k: v for k, v in fields.items()}
+
     def integer(name: str, default: str | None = None) -> int:
         value = raw.get(name, default)
         text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
@@ -96,6 +97,7 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
             raise BloomParameterError(f"{key} field {name}={_show(value)}: not a non-negative decimal"
                                       " integer")
         return int(text)
+
     def number(name: str, default: str | None = None) -> float:
         value = raw.get(name, default)
         try:

@@ -232,6 +232,7 @@ def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[
         for found, reply in ((due, replies[i + 1]), (first, replies[i + 2]), (last, replies[i + 3])):
             if reply and math.isfinite(reply[0][1]):  # ZADD accepts +inf
                 found.append(reply[0][1])
+
     def seconds(scores: list[float], pick: Any) -> float | None:
         return round(min(max(0.0, pick(scores) - now), 1e10), 1) if scores else None
     return ({"scheduled": scheduled, "next_in": seconds(due, min)},
