@@ -240,8 +240,8 @@ def test_rediss_url_makes_a_tls_client() -> None:
 
 
 def test_rediss_url_to_a_plain_port_says_so_at_once(redis_server: RedisProcess) -> None:
-    # the TLS handshake waited for an answer a plain port never gives: socket timeout x retries, ~75 s,
-    # then "Timeout connecting to server"; one plain PING tells it
+    # a TLS handshake waits for an answer a plain port never gives (socket timeout x retries, then
+    # "Timeout connecting to server"); one plain PING tells it
     settings = {"REDIS_URL": f"rediss://127.0.0.1:{redis_server.port}/0"}
     with pytest.raises(RedisUnavailable, match=r"over TLS \(the port speaks plain Redis, not TLS: use redis://\)"):
         check_reachable(settings)

@@ -146,11 +146,9 @@ def test_an_insert_sets_k_distinct_bits_inside_one_window(redis_client: Any) -> 
 
 
 def test_memory_per_url_at_capacity(redis_client: Any) -> None:
-    """The issue's figure at a CI-sized capacity: Redis's own MEMORY USAGE of the filled filter's keys.
-
-    300,000, not less: below that a filter is a few dozen keys of 16-20 KB, and what the allocator adds per
-    key starts to show -- with jemalloc (Redis 7's default build) ~570 bytes per block key against ~70
-    with libc, so 100,000 URLs measure 2.016 B/URL there (1.956 with libc); 300,000 measure 1.960."""
+    """At most 2 bytes per URL at a CI-sized capacity, by Redis's own MEMORY USAGE of the filled filter's
+    keys. Not a smaller capacity: its filter is a few dozen small keys, and what the allocator adds per key
+    (more with jemalloc, Redis 7's default build, than with libc) would decide the figure."""
     capacity = 300_000
     df = BloomDupeFilter(redis_client, KEYS, None, capacity=capacity, error_rate=0.001)
     df.open()
