@@ -192,10 +192,6 @@ def project_spiders(settings: Settings) -> list[str] | None:
     return _from_loader(settings, lambda loader: list(loader.list()))  # type: ignore[no-any-return]
 
 
-force_option = click.option("--force", is_flag=True,
-                            help="Use SPIDER even if the project has no spider of that name.")
-
-
 def _project_settings() -> Settings:
     """The project's settings, leaving ``SCRAPY_SETTINGS_MODULE`` in ``os.environ`` as it was."""
     saved = os.environ.get("SCRAPY_SETTINGS_MODULE")
@@ -241,6 +237,19 @@ def pass_redis(f: F) -> F:
 def main(ctx: click.Context, redis_url: str | None) -> None:
     """Manage distributed Scrapy crawls that share one frontier in Redis."""
     ctx.obj = ClientFactory(redis_url)
+
+
+force_option = click.option("--force", is_flag=True,
+                            help="Use SPIDER even if the project has no spider of that name.")
+
+
+def spider_command(f: Callable[..., Any]) -> click.Command:
+    """``@main.command()`` with the argument SPIDER first, then the options declared below it, then
+    ``--force`` and ``--redis-url`` (:func:`pass_redis`): the function gets the ClientFactory first."""
+    command = main.command()(pass_redis(force_option(f)))
+    url, force, *given = command.params
+    command.params = [click.Argument(["spider"]), *given, force, url]
+    return command
 
 
 # Text from Redis may hold terminal escapes, bidi overrides or rich markup: the CLI prints it via printable()

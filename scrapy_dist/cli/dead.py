@@ -20,7 +20,7 @@ from scrapy import Request, Spider
 from scrapy.crawler import Crawler
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_dist.cli import ClientFactory, console, force_option, json_safe, main, pass_redis, printable
+from scrapy_dist.cli import ClientFactory, console, json_safe, printable, spider_command
 from scrapy_dist.cli.push import list_entries
 from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import parse_bloom_record
@@ -131,16 +131,13 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
     return done
 
 
-@main.command()
-@click.argument("spider")
+@spider_command
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead of a table.")
 @click.option("--reason", metavar="R", help="Only records with this reason (e.g. 500, DownloadTimeoutError).")
 @click.option("--limit", type=click.IntRange(0),
               help=f"Show only the last N records (table default: {TABLE_ROWS}; 0: all).")
 @click.option("--requeue", is_flag=True, help="Put the requests back in the frontier, retry counts reset.")
 @click.option("--purge", is_flag=True, help="Delete the records (with --reason: only the matching ones).")
-@force_option
-@pass_redis
 def dead(redis: ClientFactory, spider: str, as_json: bool, reason: str | None, limit: int | None,
          requeue: bool, purge: bool, force: bool) -> None:
     """List (or --requeue, or --purge) the dead letters of SPIDER's crawl: requests that finally failed."""
@@ -288,14 +285,11 @@ def forget_fingerprints(client: Any, keys: Any, fps: list[bytes], domains: list[
     return sorted(kinds)
 
 
-@main.command()
-@click.argument("spider")
+@spider_command
 @click.argument("urls", nargs=-1)
 @click.option("--file", "url_file", type=click.File("r"), help="URLs to forget, one per line ('-': stdin).")
 @click.option("--fingerprint", "fingerprints", multiple=True, metavar="HEX",
               help="A request fingerprint (hex) to forget; repeatable.")
-@force_option
-@pass_redis
 def forget(redis: ClientFactory, spider: str, urls: tuple[str, ...], url_file: IO[str] | None,
            fingerprints: tuple[str, ...], force: bool) -> None:
     """Make URLs new again for SPIDER's dupefilter: the next time they are found, they are fetched."""

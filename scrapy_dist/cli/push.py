@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-from scrapy_dist.cli import ClientFactory, console, force_option, json_safe, main, pass_redis, printable
+from scrapy_dist.cli import ClientFactory, console, json_safe, printable, spider_command
 from scrapy_dist.cli.status import seed_hints
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.pipelines import STREAM_FIELD
@@ -129,8 +129,7 @@ def _parse_meta(_ctx: click.Context, _param: click.Parameter, text: str | None) 
     return meta
 
 
-@main.command()
-@click.argument("spider")
+@spider_command
 @click.argument("urls", nargs=-1)
 @click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True),
               help="Read seeds from FILE, one a line ('-' = stdin; blank lines and # comments skipped).")
@@ -139,8 +138,6 @@ def _parse_meta(_ctx: click.Context, _param: click.Parameter, text: str | None) 
 @click.option("--meta", metavar="JSON", callback=_parse_meta,
               help="JSON object merged into every seed's meta.")
 @click.option("--dry-run", is_flag=True, help="Validate only; push nothing.")
-@force_option
-@pass_redis
 def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | None, priority: int | None,
          meta: dict[str, Any] | None, dry_run: bool, force: bool) -> None:
     """Validate seeds (URLs or JSON objects) and push them to SPIDER's seeds key.
@@ -274,8 +271,7 @@ def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str | Non
         return None, f"skipped entry {printable(position)}: not printable as JSON"
 
 
-@main.command()
-@click.argument("spider")
+@spider_command
 @click.option("--follow", "-f", is_flag=True, help="Keep printing items as they arrive (Ctrl-C stops).")
 @click.option("--json-lines", "-j", is_flag=True, help="One compact JSON document per line, nothing else.")
 @click.option("--export", "export_to", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -283,8 +279,6 @@ def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str | Non
                    " from Redis only once the file is fsynced; run again to resume.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default=None,
               help="--export's format (default: from the file name).")
-@force_option
-@pass_redis
 def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, force: bool,
           export_to: Path | None, fmt: str | None) -> None:
     """Print the items SPIDER's crawl wrote to Redis (REDIS_ITEMS_KEY), or move them to a file (--export)."""

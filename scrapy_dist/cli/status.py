@@ -29,6 +29,7 @@ from scrapy_dist.cli import (
     printable,
     project_spiders,
     require_extra,
+    spider_command,
 )
 from scrapy_dist.demo import DEMO_LEASE_SECONDS, Demo, DemoOptions
 from scrapy_dist.exceptions import ScrapyDistError
@@ -193,14 +194,11 @@ def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.Ne
     return misses
 
 
-@main.command()
-@click.argument("spider")
+@spider_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
 @click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(0.1),
               help="Seconds between refreshes with --watch.")
-@force_option
-@pass_redis
 def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interval: float,
            force: bool) -> None:
     """Show the crawl of SPIDER: frontier, seeds, dead letters, filter, rates, workers and stats."""
@@ -242,10 +240,7 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
         pass
 
 
-@main.command()
-@click.argument("spider")
-@force_option
-@pass_redis
+@spider_command
 def pause(redis: ClientFactory, spider: str, force: bool) -> None:
     """Pause the crawl of SPIDER: every worker stops taking new requests (within a second)."""
     keys = redis.crawl(spider, force)
@@ -254,10 +249,7 @@ def pause(redis: ClientFactory, spider: str, force: bool) -> None:
                f" `scrapy-dist resume {spider}`.")
 
 
-@main.command()
-@click.argument("spider")
-@force_option
-@pass_redis
+@spider_command
 def resume(redis: ClientFactory, spider: str, force: bool) -> None:
     """Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause)."""
     keys = redis.crawl(spider, force)
@@ -271,12 +263,9 @@ def _reason(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
     return value
 
 
-@main.command(name="close")
-@click.argument("spider")
+@spider_command
 @click.option("--reason", default="shutdown", show_default=True, callback=_reason,
               help="The finish reason the workers close with.")
-@force_option
-@pass_redis
 def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
     """Close the crawl of SPIDER: every running worker closes gracefully (within a few seconds), also
     those of a crawl that never closes on its own (SCHEDULER_IDLE_BEFORE_CLOSE = None)."""
@@ -326,8 +315,7 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
     server.shutdown()
 
 
-@main.command()
-@click.argument("spider")
+@spider_command
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; anything but loopback needs --token.")
 @click.option("--port", default=9420, show_default=True, type=click.IntRange(0, 65535),
@@ -338,8 +326,6 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
               envvar="SCRAPY_DIST_DASHBOARD_HOSTS",
               help="Another host name the page is opened by (a DNS name of this machine, a proxy's); the"
               " dashboard answers only to loopback names, the --host address and these. Repeatable.")
-@force_option
-@pass_redis
 def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: str | None,
               allowed_hosts: tuple[str, ...], force: bool) -> None:
     """Serve a live dashboard of the crawl of SPIDER (charts of the last hour, workers, domains, dead
