@@ -27,7 +27,7 @@ from scrapy.utils.project import get_project_settings, inside_project
 
 from scrapy_dist import __version__
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.redis.connection import CONNECT_ERRORS, build_async, build_sync, mask_url, resolve_target
+from scrapy_dist.redis.connection import CONNECT_ERRORS, build_async, build_sync, resolve_target
 from scrapy_dist.redis.embedded import EmbeddedRedis, redis_cli_binary
 from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
 from scrapy_dist.settings import DistSettings, SettingsError
@@ -98,10 +98,6 @@ class ClientFactory:
         """The Redis URL, with its password."""
         return self.target.display_url
 
-    @property
-    def masked_url(self) -> str:
-        return mask_url(self.url)
-
     def client(self) -> redis.Redis:
         return build_sync(self.target)
 
@@ -123,8 +119,8 @@ class ClientFactory:
         """One short stderr line, once per process, when the Redis in use is the project's embedded one."""
         if not self._noticed and self.source == "embedded Redis":
             self._noticed = True
-            click.echo(f"scrapy-dist: using this project's embedded Redis ({self.masked_url}); --redis-url or"
-                       " $REDIS_URL for another", err=True)
+            click.echo(f"scrapy-dist: using this project's embedded Redis ({self.target.masked_url});"
+                       " --redis-url or $REDIS_URL for another", err=True)
 
     def require_configured(self) -> None:
         """Stop when no project is here and no Redis is named (the embedded Redis here would be empty)."""

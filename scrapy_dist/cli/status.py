@@ -205,7 +205,7 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
     keys = redis.crawl(spider, force, notice=False)  # the output names the Redis
     client = redis.client()
     default_interval = redis.dist.monitoring.interval or 5.0
-    extra = {"redis": {"url": redis.masked_url, "source": redis.source},  # read once, not every refresh
+    extra = {"redis": {"url": redis.target.masked_url, "source": redis.source},  # read once, not per refresh
              "seed_hints": [dataclasses.asdict(m) for m in seed_hints(redis, client, keys)]}
 
     def read() -> dict[str, Any]:
@@ -381,32 +381,26 @@ def _wait_for_ctrl_c() -> None:
               type=click.FloatRange(1, 3600), default=DEMO_LEASE_SECONDS,
               help="The workers' SCHEDULER_LEASE_SECONDS: how long a killed worker's leases hold pages.")
 @pass_redis
-def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: float,
-         dashboard_port: int | None, lease_seconds: float) -> None:
+def demo(redis: ClientFactory, dashboard_port: int | None, **given: Any) -> None:
     """Crawl a generated local site with WORKERS processes sharing one frontier; show it live; summarize.
 
     Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
     """
-    options = DemoOptions(workers=workers, pages=pages, chaos=chaos, timeout=timeout,
-                          lease_seconds=lease_seconds)
+    options = DemoOptions(**given)
     if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
         options.redis_url, options.redis_source = redis.url, redis.source
-    extra = (None if dashboard_port is None
-             else require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard"))
+    dash = (None if dashboard_port is None
+            else require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard"))
     runner = Demo(options)
     runner.connect()
-    served = None
-    if extra is not None:
-        try:
-            served = extra.DashboardThread(extra.Dashboard(runner.client, runner.keys), port=dashboard_port)
-        except OSError as exc:
-            runner.shutdown()
-            raise click.ClickException(f"cannot serve the dashboard: {exc}") from None
-        click.echo(f"Dashboard (read-only): {served.url}")
-    try:
-        status = runner.run()
-    finally:
-        if served is not None:
-            served.close()
-    raise SystemExit(status)
+    with contextlib.ExitStack() as stack:
+        if dash is not None:
+            try:
+                served = dash.DashboardThread(dash.Dashboard(runner.client, runner.keys), port=dashboard_port)
+            except OSError as exc:
+                runner.shutdown()
+                raise click.ClickException(f"cannot serve the dashboard: {exc}") from None
+            stack.callback(served.close)
+            click.echo(f"Dashboard (read-only): {served.url}")
+        raise SystemExit(runner.run())
