@@ -223,7 +223,7 @@ def pass_redis(f: F) -> F:
     return option(click.pass_obj(f))  # type: ignore[return-value]
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--redis-url", metavar="URL",
               help="Redis to use: redis://[user:password@]host:port/db, rediss://... or unix:///path."
               " Default: the Scrapy project's settings, else $REDIS_URL, else the embedded Redis (as workers"

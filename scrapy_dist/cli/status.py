@@ -38,6 +38,7 @@ from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
 
 _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
+_WORKER_FIGURES = ("pages", "items", "errors", "leases", "pages_per_min")
 
 
 def _num(value: Any) -> str:
@@ -128,9 +129,8 @@ def render(status: dict[str, Any]) -> Group:
     lines = [Text.assemble(("Filter  ", "bold"), _filter_text(status["filter"]))]
     if known and (leases["prefetched"] or leases["other"]):
         lines.append(Text.assemble(("Held  ", "bold"), _held(leases, state)))
-    for hint in status.get("seed_hints") or []:
-        lines.append(Text.assemble(("Seeds elsewhere  ", "bold yellow"),
-                                   nearmiss.NearMiss(**hint).hint() + " (no crawl reads that key)"))
+    lines += [Text.assemble(("Seeds elsewhere  ", "bold yellow"), nearmiss.NearMiss(**hint).hint()
+                            + " (no crawl reads that key)") for hint in status.get("seed_hints") or []]
     if errors["reasons"]:
         top = ", ".join(f"{printable(r, 80)} {n:,}" for r, n in list(errors["reasons"].items())[:5])
         lines.append(Text.assemble(("Top errors  ", "bold"), top))
@@ -142,8 +142,7 @@ def render(status: dict[str, Any]) -> Group:
     for w in status["workers"][:50]:
         st = w["state"] + (f" ({printable(w['finish_reason'], 60)})" if w["finish_reason"] else "")
         workers.add_row(Text(printable(w["id"], 120)), Text(st, style=_STATE_STYLE.get(w["state"], "")),
-                        _ago(w["seen_ago"]), *(_num(w[k]) for k in ("pages", "items", "errors", "leases",
-                                                                     "pages_per_min")))
+                        _ago(w["seen_ago"]), *(_num(w[k]) for k in _WORKER_FIGURES))
     if len(status["workers"]) > 50:
         workers.caption = f"... and {len(status['workers']) - 50} more (see --json)"
     parts: list[Any] = [workers if status["workers"] else Text(f"Workers: none yet (scrapy crawl {spider})")]
@@ -197,7 +196,7 @@ def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.Ne
 @spider_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
-@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(0.1),
+@click.option("--interval", default=2.0, type=click.FloatRange(0.1),
               help="Seconds between refreshes with --watch.")
 def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interval: float,
            force: bool) -> None:
@@ -264,7 +263,7 @@ def _reason(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
 
 
 @spider_command
-@click.option("--reason", default="shutdown", show_default=True, callback=_reason,
+@click.option("--reason", default="shutdown", callback=_reason,
               help="The finish reason the workers close with.")
 def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
     """Close the crawl of SPIDER: every running worker closes gracefully (within a few seconds), also
@@ -281,13 +280,13 @@ def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
 
 @main.command()
 @click.argument("spiders", nargs=-1)
-@click.option("--port", default=9410, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--port", default=9410, type=click.IntRange(0, 65535),
               help="TCP port of /metrics (0: any free port, printed).")
-@click.option("--host", default="127.0.0.1", show_default=True,
+@click.option("--host", default="127.0.0.1",
               help="Address to listen on (0.0.0.0: every interface; the metrics name hosts and URLs).")
-@click.option("--cache", "cache_seconds", default=5.0, show_default=True, type=click.FloatRange(0, 3600),
+@click.option("--cache", "cache_seconds", default=5.0, type=click.FloatRange(0, 3600),
               help="Seconds a reading of Redis is reused: several scrapers cost one read.")
-@click.option("--top-domains", default=10, show_default=True, type=click.IntRange(0, 100),
+@click.option("--top-domains", default=10, type=click.IntRange(0, 100),
               help="Busiest domains exported with their backlog (bounds the label's cardinality).")
 @force_option
 @pass_redis
@@ -316,9 +315,9 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
 
 
 @spider_command
-@click.option("--host", default="127.0.0.1", show_default=True,
+@click.option("--host", default="127.0.0.1",
               help="Address to listen on; anything but loopback needs --token.")
-@click.option("--port", default=9420, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--port", default=9420, type=click.IntRange(0, 65535),
               help="TCP port (0: any free port, printed).")
 @click.option("--token", envvar="SCRAPY_DIST_DASHBOARD_TOKEN", default=None,
               help="Secret the page's Pause / Resume / Requeue buttons must send (else read-only).")
@@ -367,17 +366,15 @@ def _wait_for_ctrl_c() -> None:
 
 
 @main.command()
-@click.option("--workers", default=3, show_default=True, type=click.IntRange(1, 32),
+@click.option("--workers", default=3, type=click.IntRange(1, 32),
               help="Worker processes (`scrapy crawl demo`).")
-@click.option("--pages", default=5000, show_default=True, type=click.IntRange(2, 1_000_000),
-              help="Pages in the generated site.")
-@click.option("--chaos/--no-chaos", default=True, show_default=True,
-              help="SIGKILL a worker half way and start a fresh one.")
-@click.option("--timeout", default=170.0, show_default=True, type=click.FloatRange(1),
+@click.option("--pages", default=5000, type=click.IntRange(2, 1_000_000), help="Pages in the generated site.")
+@click.option("--chaos/--no-chaos", default=True, help="SIGKILL a worker half way and start a fresh one.")
+@click.option("--timeout", default=170.0, type=click.FloatRange(1),
               help="Seconds before the demo gives up (stops the workers, exits 1).")
 @click.option("--dashboard", "dashboard_port", type=click.IntRange(0, 65535), default=None, is_flag=False,
               flag_value=9420, help="Also serve the live dashboard (read-only) on 127.0.0.1:PORT (9420).")
-@click.option("--lease-seconds", envvar="SCRAPY_DIST_DEMO_LEASE_SECONDS", show_envvar=True, show_default=True,
+@click.option("--lease-seconds", envvar="SCRAPY_DIST_DEMO_LEASE_SECONDS", show_envvar=True,
               type=click.FloatRange(1, 3600), default=DEMO_LEASE_SECONDS,
               help="The workers' SCHEDULER_LEASE_SECONDS: how long a killed worker's leases hold pages.")
 @pass_redis
