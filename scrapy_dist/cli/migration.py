@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 import configparser
-import importlib
+import pkgutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,15 +141,11 @@ def _note(needle: str) -> str:
 def _counterpart(dotted: str) -> str | None:
     """``scrapy_dist.<rest>`` for ``scrapy_redis.<rest>`` if that object exists, else None."""
     target = "scrapy_dist" + dotted[len("scrapy_redis"):]
-    module, _, name = target.rpartition(".")
-    for mod, attr in ((target, None), (module, name)):
-        try:
-            obj = importlib.import_module(mod)
-        except ImportError:
-            continue
-        if attr is None or hasattr(obj, attr):
-            return target
-    return None
+    try:
+        pkgutil.resolve_name(target)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return target
 
 
 def _dotted_finding(path: str, line: int, dotted: str, setting: str = "") -> Finding:

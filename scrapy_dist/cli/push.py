@@ -254,21 +254,22 @@ def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
         yield from stream_entries(client, key, follow)
 
 
-def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str | None, str | None]:
-    """(stdout text, stderr warning) for one entry."""
+def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str, bool]:
+    """The text for one entry, and whether it is a warning (for stderr) that the entry was skipped."""
     try:
         item: Any = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
         decoded = raw.decode("utf-8", "replace")
         if json_lines:
-            return None, f"skipped entry {printable(position)}: not JSON: {decoded[:80]!r}"
-        return f"--- {printable(position)} (not JSON)\n{printable(decoded, keep_newlines=True)}", None
+            return f"skipped entry {printable(position)}: not JSON: {decoded[:80]!r}", True
+        return f"--- {printable(position)} (not JSON)\n{printable(decoded, keep_newlines=True)}", False
     try:
         if json_lines:
-            return json_safe(json.dumps(item, ensure_ascii=False, separators=(",", ":"))), None
-        return f"--- {printable(position)}\n{json_safe(json.dumps(item, ensure_ascii=False, indent=2))}", None
+            return json_safe(json.dumps(item, ensure_ascii=False, separators=(",", ":"))), False
+        document = json_safe(json.dumps(item, ensure_ascii=False, indent=2))
     except (ValueError, RecursionError):  # NaN is read but a strict consumer would choke on it
-        return None, f"skipped entry {printable(position)}: not printable as JSON"
+        return f"skipped entry {printable(position)}: not printable as JSON", True
+    return f"--- {printable(position)}\n{document}", False
 
 
 @spider_command
@@ -291,12 +292,9 @@ def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, for
             return
         try:
             for position, raw in entries(client, key, follow):
-                out, warning = _format_item(position, raw, json_lines)
-                if warning:
-                    click.echo(warning, err=True)
-                if out is not None:
-                    click.echo(out)
-                    count += 1
+                text, skipped = _format_item(position, raw, json_lines)
+                click.echo(text, err=skipped)
+                count += not skipped
         except KeyboardInterrupt:
             pass
         except BrokenPipeError:  # `scrapy-dist items x | head`: stop quietly, like other Unix tools
