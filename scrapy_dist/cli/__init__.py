@@ -27,14 +27,13 @@ from scrapy.utils.project import get_project_settings, inside_project
 
 from scrapy_dist import __version__
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.redis.connection import CONNECT_ERRORS, build_async, build_sync, resolve_target
+from scrapy_dist.redis.connection import CONNECT_ERRORS, build_sync, resolve_target
 from scrapy_dist.redis.embedded import EmbeddedRedis, redis_cli_binary
 from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
 from scrapy_dist.settings import DistSettings, SettingsError
 
 if TYPE_CHECKING:
     import redis
-    import redis.asyncio
 
     from scrapy_dist.redis.target import RedisTarget
 
@@ -100,9 +99,6 @@ class ClientFactory:
 
     def client(self) -> redis.Redis:
         return build_sync(self.target)
-
-    def async_client(self) -> redis.asyncio.Redis:
-        return build_async(self.target)
 
     def check(self, notice: bool = True) -> None:
         """:meth:`require_configured`, then ``RedisUnavailable`` (one line) unless Redis answers."""

@@ -29,6 +29,7 @@ from scrapy_dist.frontier import orders as queue
 from scrapy_dist.frontier.layout import end_chains, move_aside_foreign, parse_control
 from scrapy_dist.frontier.orders import DeadLetter, parse_record, reason_matches, requeue_payload
 from scrapy_dist.frontier.shard import Frontier, SyncBatch, domain_shard, shard_of
+from scrapy_dist.redis.connection import build_async
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.wire.codec import EntryPolicy
 
@@ -94,7 +95,7 @@ def requeue_targets(letters: Letters, ds: DistSettings, keys: CrawlKeys
 async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
                           targets: list[tuple[DeadLetter, bytes, float]]) -> int:
     """Enqueue ``targets`` with the frontier's sync script, then remove their records; returns how many."""
-    client, ds = factory.async_client(), factory.dist
+    client, ds = build_async(factory.target), factory.dist
     try:
         control = parse_control(await client.hgetall(keys.control))  # the crawl's own mode and shards
     except redis.ResponseError:  # another Redis type: garbage (the workers move it aside); none recorded
@@ -107,7 +108,6 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
     sequence = queue_order(ds).sequence
     frontiers = [Frontier(client, k, "", None, sequence=sequence, politeness=politeness, heartbeat=i == 0)
                  for i, k in enumerate(shards)]
-    done = 0
     try:
         for i in range(0, len(targets), CHUNK):
             chunk = targets[i : i + CHUNK]
@@ -125,10 +125,9 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
                 for d, _, _ in chunk:
                     pipe.lrem(keys.deadletter, 1, d.raw)  # type: ignore[arg-type]  # bytes work
                 await pipe.execute()
-            done += len(chunk)
     finally:
         await client.aclose()
-    return done
+    return len(targets)
 
 
 @spider_command
@@ -206,7 +205,7 @@ def _show(letters: Letters, key: str, as_json: bool, limit: int | None) -> None:
     summary = ", ".join(f"{printable(r, 80)}: {n:,}" for r, n in counts)
     hidden = f" (showing the last {len(shown):,}; --limit 0 shows all)" if len(shown) < total else ""
     noun = "dead letter" if total == 1 else "dead letters"
-    click.echo(f"{total:,} {noun}{hidden}" + (f" -- {summary}" if summary else ""))
+    click.echo(f"{total:,} {noun}{hidden} -- {summary}")
 
 
 def project_fingerprinter(redis: ClientFactory) -> Any:
