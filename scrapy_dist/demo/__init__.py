@@ -172,8 +172,7 @@ class DemoOptions:
     pages: int = 5000
     chaos: bool = True
     timeout: float = 170.0
-    #: the workers' lease (given with -s): $SCRAPY_DIST_DEMO_LEASE_SECONDS shortens it for the tests
-    lease_seconds: float = DEMO_LEASE_SECONDS
+    lease_seconds: float = DEMO_LEASE_SECONDS  #: the workers' SCHEDULER_LEASE_SECONDS
     redis_url: str | None = None  #: ``--redis-url`` / ``$REDIS_URL``; ``None``: the project's embedded Redis
     redis_source: str = ""  #: where ``redis_url`` came from (``--redis-url``, ...), for the header
     run_dir: Path | None = None  #: for the worker logs; ``None``: a new temporary one
@@ -191,7 +190,7 @@ class Demo:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.project, self.project_copied = site.locate_project(self.run_dir)
         self.graph = site.demo_graph(options.pages)
-        self.site = site.SiteServer(self.graph, slow_delay=1.0, flaky_failures=2, quiet=True)
+        self.site = site.SiteServer(self.graph, quiet=True)
         self.tally = site.SiteTally(self.site)
         self.prefix = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}:"
         self.keys = CrawlKeys(SPIDER, prefix=self.prefix)
@@ -203,15 +202,13 @@ class Demo:
         self._seeded_at: float | None = None
         self._rates: dict[int, Any] = {}
         self._live: Live | None = None
-        self.lost_explained: list[str] = []
 
     def connect(self) -> None:
         """Reach the given Redis, or join (start if needed) the embedded one (RedisUnavailable if neither);
         start the site."""
         self.client, self.redis_url, self.embedded, self.started_redis = site.open_redis(
             self.options.redis_url, self.project, LOADING_TIMEOUT)
-        self.fleet.configure(self.prefix, None if self.embedded is None else self.embedded.directory,
-                             self.redis_url)
+        self.fleet.configure(self.prefix, self.embedded, self.redis_url)
         self.fleet.settings["SCHEDULER_LEASE_SECONDS"] = str(self.options.lease_seconds)
         self.site.start()
 
@@ -396,8 +393,8 @@ class Demo:
                             workers_killed=sum(1 for w in workers if w.state == "killed"),
                             workers_failed=[w.describe_failure() for w in workers if w.state == "failed"],
                             timed_out=timed_out)
-        if summary.lost_pages:
-            self.lost_explained = self.explain_lost(summary.lost_pages, summary.lost)
+        self.lost_explained = (self.explain_lost(summary.lost_pages, summary.lost)
+                               if summary.lost_pages else [])
         return summary
 
     def explain_lost(self, pages: list[int], total: int) -> list[str]:

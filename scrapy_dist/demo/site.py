@@ -281,16 +281,16 @@ class WorkerFleet:
     env: dict[str, str] = field(default_factory=dict)
     workers: list[Worker] = field(default_factory=list)
 
-    def configure(self, prefix: str, embedded_dir: Path | None, redis_url: str) -> None:
+    def configure(self, prefix: str, embedded: EmbeddedRedis | None, redis_url: str) -> None:
         """Every worker's ``-s`` settings and environment. No password on a command line, which ``ps`` shows:
         another Redis than the embedded one is named by a settings module written into ``run_dir``."""
         # the demo site is on 127.0.0.1, which the default SCHEDULER_DENY_NETWORKS refuses
         self.settings = {"REDIS_KEY_PREFIX": prefix, "SCHEDULER_DENY_NETWORKS": "", "REDIS_SENTINELS": ""}
         project_vars = ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")
         self.env = {k: v for k, v in os.environ.items() if k not in project_vars}
-        if embedded_dir is not None:  # and no REDIS_URL of the project's settings.py sends them elsewhere
+        if embedded is not None:  # and no REDIS_URL of the project's settings.py sends them elsewhere
             self.settings.update(REDIS_URL="", REDIS_HOST="", REDIS_PORT="",
-                                 REDIS_EMBEDDED_DIR=str(embedded_dir))
+                                 REDIS_EMBEDDED_DIR=str(embedded.directory))
             return
         module_dir = self.run_dir / "worker-settings"
         module_dir.mkdir(mode=0o700, exist_ok=True)
