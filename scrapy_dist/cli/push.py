@@ -151,8 +151,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
     spidercls, ds = redis.spider_settings(spider)  # its custom_settings may change the seeds settings
     keys, kind = redis.keys(spider), ds.seeds.kind
     has_callback = None if spidercls is None else class_has_callback(spidercls)
-    opts = PushOptions(kind=kind, rules=SeedRules.from_dist(ds), has_callback=has_callback, priority=priority,
-                       meta=meta, dry_run=dry_run)
+    opts = PushOptions(kind, SeedRules.from_dist(ds), has_callback, priority, meta, dry_run)
     if spidercls is None:
         click.echo(f"No spider {spider!r} in a Scrapy project here: callback names are checked for form"
                    " only, with the default seed settings.", err=True)
@@ -167,13 +166,12 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
     def sources(on_bytes: Callable[[int], None]) -> Iterator[tuple[str, bytes]]:
         for i, url in enumerate(urls, 1):
             yield f"argument {i}", os.fsencode(url)
-        if file is None:
-            return
-        with click.open_file(file, "rb") as fh:  # "-": stdin, left open
-            for number, line in enumerate(fh, 1):
-                on_bytes(len(line))
-                for raw in iter_lines((line,)):
-                    yield f"{'stdin' if file == '-' else file}:{number}", raw
+        if file is not None:
+            with click.open_file(file, "rb") as fh:  # "-": stdin, left open
+                for number, line in enumerate(fh, 1):
+                    on_bytes(len(line))
+                    for raw in iter_lines((line,)):
+                        yield f"{'stdin' if file == '-' else file}:{number}", raw
 
     size = os.path.getsize(file) if file not in (None, "-") else 0
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
