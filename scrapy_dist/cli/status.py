@@ -203,19 +203,17 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
     """Show the crawl of SPIDER: frontier, seeds, dead letters, filter, rates, workers and stats."""
     keys = redis.crawl(spider, force, notice=False)  # the output names the Redis
     client = redis.client()
-    default_interval = redis.dist.monitoring.interval or 5.0
     extra = {"redis": {"url": redis.target.masked_url, "source": redis.source},  # read once, not per refresh
              "seed_hints": [dataclasses.asdict(m) for m in seed_hints(redis, client, keys)]}
 
     def read() -> dict[str, Any]:
-        return {**read_status(client, keys, default_interval=default_interval), **extra}
+        return {**read_status(client, keys, default_interval=redis.dist.monitoring.interval or 5.0), **extra}
 
     if not watch:
-        data = read()
         if as_json:
-            click.echo(json_safe(json.dumps(data, indent=2)))
+            click.echo(json_safe(json.dumps(read(), indent=2)))
         else:
-            console().print(render(data))
+            console().print(render(read()))
         return
     try:
         if as_json:
