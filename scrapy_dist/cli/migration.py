@@ -138,24 +138,16 @@ def _note(needle: str) -> str:
     return next((note for left, _right, _status, note in API_ROWS if needle in left), "")
 
 
-def _counterpart(dotted: str) -> str | None:
-    """``scrapy_dist.<rest>`` for ``scrapy_redis.<rest>`` if that object exists, else None."""
-    target = "scrapy_dist" + dotted[len("scrapy_redis"):]
-    try:
-        pkgutil.resolve_name(target)
-    except (ImportError, AttributeError, ValueError):
-        return None
-    return target
-
-
 def _dotted_finding(path: str, line: int, dotted: str, setting: str = "") -> Finding:
     """A ``scrapy_redis.x.y`` name written in settings or an import."""
     subject = f"{setting}: {dotted}" if setting else dotted
     if setting == "SCHEDULER_QUEUE_CLASS" and dotted in QUEUE_ALIASES:
         return Finding(path, line, subject, SAME, "accepted as written (the same order of the shared"
                        " frontier); `scrapy_dist.queue." + dotted.rsplit(".", 1)[1] + "` is its new name")
-    target = _counterpart(dotted)
-    if target is None:
+    target = "scrapy_dist" + dotted[len("scrapy_redis"):]  # its counterpart, if that object exists
+    try:
+        pkgutil.resolve_name(target)
+    except (ImportError, AttributeError, ValueError):
         note = _note(dotted.rsplit(".", 1)[0])
         return Finding(path, line, subject, ACTION, "no counterpart in scrapy-dist" + (note and f": {note}"))
     note = _note(dotted)
@@ -186,8 +178,7 @@ def scan_settings(path: Path, rel: str) -> tuple[list[Finding], set[str]]:
             continue
         name, line = target.id, node.lineno
         names.add(name)
-        value = node.value if node.value is not None else ast.Constant(None)
-        dotted = [n.value for n in ast.walk(value) if isinstance(n, ast.Constant)
+        dotted = [n.value for n in ast.walk(node.value or ast.Constant(None)) if isinstance(n, ast.Constant)
                   and isinstance(n.value, str) and n.value.startswith("scrapy_redis.")]
         out.extend(_dotted_finding(rel, line, text, name) for text in dotted)
         spec = None if dotted else settings_table.BY_NAME.get(ALIASES.get(name, name))
@@ -224,9 +215,7 @@ def _spider_findings(cls: ast.ClassDef, rel: str, kind: str) -> list[Finding]:
     if "make_request_from_data" in methods:
         out.append(Finding(rel, methods["make_request_from_data"].lineno,
                            f"{cls.name}.make_request_from_data()", SAME, _note("make_request_from_data")))
-    for node in cls.body:
-        if not isinstance(node, ast.Assign):
-            continue
+    for node in (n for n in cls.body if isinstance(n, ast.Assign)):
         names = [t.id for t in node.targets if isinstance(t, ast.Name)]
         if set(names) & set(SPIDER_ATTRIBUTES):
             out.append(Finding(rel, node.lineno, f"{cls.name}.{', '.join(names)}", SAME, _note("redis_key")))
