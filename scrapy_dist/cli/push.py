@@ -33,6 +33,10 @@ CHUNK = 2000  #: Seeds per RPUSH/SADD/ZADD command.
 CHUNKS_PER_ROUND_TRIP = 10  #: Commands pipelined per round trip.
 PROGRESS_MIN_BYTES = 1 << 20  #: Files at least this large get a progress bar (bytes).
 EXAMPLES = 5  #: Rejected seeds shown individually.
+ITEMS_CHUNK = 500  #: Items read per round trip.
+EXPORT_CHUNK = 1000  #: Items moved per export round (a chunk is one append, one fsync, one removal).
+POLL_SECONDS = 0.5  #: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
+BLOCK_MS = 1000  #: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
 
 
 @dataclass
@@ -198,12 +202,6 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
             shown = len(report.examples)
             click.echo(f"  ... and {hidden:,} more (only the first {shown} are shown)", err=True)
         raise SystemExit(1)
-
-
-ITEMS_CHUNK = 500  #: Items read per round trip.
-EXPORT_CHUNK = 1000  #: Items moved per export round (a chunk is one append, one fsync, one removal).
-POLL_SECONDS = 0.5  #: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
-BLOCK_MS = 1000  #: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
 
 
 # Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
