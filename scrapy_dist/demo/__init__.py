@@ -332,10 +332,8 @@ class Demo:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         self.console.print(render_summary(summary))
-        for line in self.lost_explained:
+        for line in [*self.lost_explained, *(f"failed: {failure}" for failure in summary.workers_failed)]:
             self.say(Text(line, style="red"))
-        for failure in summary.workers_failed:
-            self.say(Text(f"failed: {failure}", style="red"))
         text, style = verdict(summary)
         self.say(Text.assemble((text, style), f" Worker logs: {self.run_dir}"))
         return 0 if summary.ok else 1

@@ -68,9 +68,9 @@ class SiteGraph:
                 f'<h1 id="title">page {i}</h1><ul>{items}</ul></body></html>').encode()
 
 
-def demo_graph(pages: int, links: int = 10) -> SiteGraph:
+def demo_graph(pages: int) -> SiteGraph:
     """The demo's site: 5 slow, 10 flaky (503 twice, then 200) and 10 missing pages (fewer under 250)."""
-    return SiteGraph(pages, links=links, slow=min(5, pages // 50), flaky=min(10, pages // 25),
+    return SiteGraph(pages, slow=min(5, pages // 50), flaky=min(10, pages // 25),
                      missing=min(10, pages // 25))
 
 
