@@ -216,10 +216,9 @@ class Demo:
         """SIGKILL the running worker holding the most leases and start a fresh one."""
         victim = max(self.fleet.running(), key=lambda w: leases.get(w.pid, 0))
         self.fleet.kill(victim)
-        held = leases.get(victim.pid)
-        self.event(f"chaos: SIGKILL worker {victim.number} (pid {victim.pid})"
-                   + (f", holding {held} leased requests" if held else "")
-                   + ": they go back to the queue once their leases run out")
+        held = f", holding {n} leased requests" if (n := leases.get(victim.pid)) else ""
+        self.event(f"chaos: SIGKILL worker {victim.number} (pid {victim.pid}){held}: they go back to the"
+                   " queue once their leases run out")
         fresh = self.fleet.start()
         self.event(f"started worker {fresh.number} (pid {fresh.pid}) in its place")
 
