@@ -335,26 +335,24 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
         raise click.ClickException(str(exc).removeprefix("scrapy-dist: ")) from None
     from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
 
-    client = redis.client()
+    with redis.client() as client:
 
-    async def requeue() -> str:
-        letters, _ = await asyncio.to_thread(select, client, keys.deadletter, None)
-        targets, refused = requeue_targets(letters, redis.dist, keys)
-        done = await requeue_letters(redis, keys, targets) if targets else 0
-        return f"requeued {done}, kept {len(refused)}"
+        async def requeue() -> str:
+            letters, _ = await asyncio.to_thread(select, client, keys.deadletter, None)
+            targets, refused = requeue_targets(letters, redis.dist, keys)
+            done = await requeue_letters(redis, keys, targets) if targets else 0
+            return f"requeued {done}, kept {len(refused)}"
 
-    dash = dashboards.Dashboard(client, keys, token=token, requeue=requeue, host=host,
-                                allowed_hosts=allowed_hosts)
-    try:
-        served = dashboards.DashboardThread(dash, port=port)
-    except OSError as exc:
-        client.close()
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    mode = "the buttons need the token" if token else "read-only: no --token"
-    click.echo(f"Dashboard of {spider!r} on {served.url} ({mode}; Ctrl-C stops)")
-    _wait_for_ctrl_c()
-    served.close()
-    client.close()
+        dash = dashboards.Dashboard(client, keys, token=token, requeue=requeue, host=host,
+                                    allowed_hosts=allowed_hosts)
+        try:
+            served = dashboards.DashboardThread(dash, port=port)
+        except OSError as exc:
+            raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        mode = "the buttons need the token" if token else "read-only: no --token"
+        click.echo(f"Dashboard of {spider!r} on {served.url} ({mode}; Ctrl-C stops)")
+        _wait_for_ctrl_c()
+        served.close()
 
 
 def _wait_for_ctrl_c() -> None:
