@@ -338,7 +338,7 @@ class Exporter:
 
     def step(self) -> int:
         """Move one chunk; how many items it held (0: the key is empty)."""
-        kind = items_kind(self.client, self.key)
+        kind, values = items_kind(self.client, self.key), []
         if kind == "list":
             values = self.client.lrange(self.key, 0, EXPORT_CHUNK - 1)
             digest = hashlib.sha1(b"\n".join(values)).hexdigest()  # as _TRIM_IF_HEAD computes it
@@ -347,8 +347,6 @@ class Exporter:
             rows = self.client.xrange(self.key, count=EXPORT_CHUNK)
             values = [fields.get(STREAM_FIELD.encode(), b"") for _, fields in rows]
             entry = {"kind": "stream", "ids": [i.decode() for i, _ in rows]}
-        else:
-            return 0
         if not values:
             return 0
         fresh = not self.path.exists() or self.path.stat().st_size == 0
