@@ -236,8 +236,7 @@ force_option = click.option("--force", is_flag=True,
 
 
 def spider_command(f: Callable[..., Any]) -> click.Command:
-    """``@main.command()`` with the argument SPIDER first, then the options declared below it, then
-    ``--force`` and ``--redis-url`` (:func:`pass_redis`): the function gets the ClientFactory first."""
+    """``@main.command()`` taking SPIDER first and ``--force``, ``--redis-url`` after the options below it."""
     command = main.command()(pass_redis(force_option(f)))
     url, force, *given = command.params
     command.params = [click.Argument(["spider"]), *given, force, url]

@@ -274,17 +274,14 @@ def scan_project(root: Path) -> list[Finding]:
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory")
     settings = _settings_module(root)
-    findings: list[Finding] = []
-    names: set[str] = set()
-    if settings is not None:
-        findings, names = scan_settings(settings, settings.relative_to(root).as_posix())
+    rel = settings.relative_to(root).as_posix() if settings is not None else ""
+    findings, names = scan_settings(settings, rel) if settings is not None else ([], set[str]())
     located = bool(names.intersection(LOCATION_SETTINGS))  # else the project talked to localhost:6379
     for path in _python_files(root):
         if path != settings:
             findings.extend(scan_source(path, path.relative_to(root).as_posix(), located))
     uses = "SCHEDULER" in names or any("scrapy_redis" in f.subject for f in findings)
     if settings is not None and uses:
-        rel = settings.relative_to(root).as_posix()
         if not located:
             findings.append(Finding(rel, 0, "no Redis setting", ACTION, f"{FIRST_ROW[1]}: {FIRST_ROW[2]}"))
         if "SCHEDULER_PERSIST" not in names:

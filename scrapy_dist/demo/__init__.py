@@ -204,8 +204,7 @@ class Demo:
         self._live: Live | None = None
 
     def connect(self) -> None:
-        """Reach the given Redis, or join (start if needed) the embedded one (RedisUnavailable if neither);
-        start the site."""
+        """Join the given Redis or the embedded one (RedisUnavailable if none answers); start the site."""
         self.client, self.redis_url, self.embedded, self.started_redis = site.open_redis(
             self.options.redis_url, self.project, LOADING_TIMEOUT)
         self.fleet.configure(self.prefix, self.embedded, self.redis_url)
