@@ -236,7 +236,7 @@ force_option = click.option("--force", is_flag=True,
 
 
 def spider_command(f: Callable[..., Any]) -> click.Command:
-    """``@main.command()`` taking SPIDER first and ``--force``, ``--redis-url`` after the options below it."""
+    """``@main.command()`` with SPIDER first and ``--force``, ``--redis-url`` last (:func:`pass_redis`)."""
     command = main.command()(pass_redis(force_option(f)))
     url, force, *given = command.params
     command.params = [click.Argument(["spider"]), *given, force, url]
