@@ -23,7 +23,7 @@ from scrapy_dist.cli import ClientFactory, console, json_safe, printable, spider
 from scrapy_dist.cli.status import seed_hints
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.pipelines import STREAM_FIELD
-from scrapy_dist.redis.scripts import text
+from scrapy_dist.redis.scripts import register, text
 from scrapy_dist.seeds import SeedRules, class_has_callback, iter_lines, parse_seed
 
 if TYPE_CHECKING:
@@ -300,22 +300,13 @@ def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, for
         click.echo(f"{count:,} items in {key!r}", err=True)
 
 
-#: remove the first n elements of a LIST only if they are still the ones exported (their SHA-1 digest)
-_TRIM_IF_HEAD = """
-local head = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-if #head ~= tonumber(ARGV[1]) or redis.sha1hex(table.concat(head, '\\n')) ~= ARGV[2] then return 0 end
-redis.call('LTRIM', KEYS[1], tonumber(ARGV[1]), -1)
-return 1
-"""
-
-
 class Exporter:
     """Moves the items of ``key`` (LIST or STREAM) to ``path`` in ``fmt`` ("jsonl" or "csv")."""
 
     def __init__(self, client: Any, key: str, path: Path, fmt: str) -> None:
         self.client, self.key, self.path, self.fmt = client, key, path, fmt
         self.journal = path.with_name(path.name + ".export")
-        self._trim = client.register_script(_TRIM_IF_HEAD)
+        self._trim = register(client, "items_trim")
         self.fields: list[str] | None = None
         self.skipped = 0
 
@@ -341,7 +332,7 @@ class Exporter:
         kind, values = items_kind(self.client, self.key), []
         if kind == "list":
             values = self.client.lrange(self.key, 0, EXPORT_CHUNK - 1)
-            digest = hashlib.sha1(b"\n".join(values)).hexdigest()  # as _TRIM_IF_HEAD computes it
+            digest = hashlib.sha1(b"\n".join(values)).hexdigest()  # as items_trim.lua computes it
             entry: dict[str, Any] = {"kind": "list", "n": len(values), "sha1": digest}
         elif kind == "stream":
             rows = self.client.xrange(self.key, count=EXPORT_CHUNK)
