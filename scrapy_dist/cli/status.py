@@ -46,9 +46,7 @@ def _num(value: Any) -> str:
         return "-"
     if isinstance(value, str):  # a stat that is not a number: garbage from Redis
         return printable(value, 40)
-    if isinstance(value, float):
-        return f"{value:,.1f}"
-    return f"{value:,}"
+    return f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
 
 
 def _ago(seconds: float) -> str:
