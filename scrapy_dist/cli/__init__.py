@@ -66,9 +66,8 @@ class ClientFactory:
         self.inside_project = inside_project()
         settings = _project_settings() if self.inside_project else Settings()
         if self.redis_url:
-            for name in LOCATION_SETTINGS:
-                settings.set(name, None, priority="cmdline")
-            settings.set("REDIS_URL", self.redis_url, priority="cmdline")
+            settings.setdict({**dict.fromkeys(LOCATION_SETTINGS), "REDIS_URL": self.redis_url},
+                             priority="cmdline")
         self._dist = DistSettings.from_settings(settings, environ=self.environ)
         for line in self._dist.warnings:
             click.echo(f"Warning: {line}", err=True)
