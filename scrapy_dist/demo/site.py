@@ -142,8 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         status, body, delay = self.server.respond(self.path)
-        if delay:
-            time.sleep(delay)
+        time.sleep(delay)
         with self.server.lock:
             self.server.log.append((time.monotonic(), self.path, status))
         self.send_response(status)
