@@ -107,10 +107,8 @@ def render(status: dict[str, Any]) -> Group:
         "error rate " + ("-" if rates["error_rate"] is None else f"{rates['error_rate']:.1%}"),
         f" ({errors['errors']:,} errors / {errors['attempts']:,} attempts in {errors['window']:,.0f}s)"
         if errors["window"] else "")
-    overview = Table(show_header=False, box=None, padding=(0, 2))
-    for _ in range(2):
-        overview.add_column(style="bold")
-        overview.add_column(justify="right")
+    overview = Table(Column(style="bold"), Column(justify="right"), Column(style="bold"),
+                     Column(justify="right"), show_header=False, box=None, padding=(0, 2))
     stats, shards, leases = status["stats"], status.get("shards", 1), status.get("leases") or {}
     overview.add_row(f"Queued ({shards} shards)" if shards > 1 else "Queued", _num(front["queued"]),
                      "Pages", _num(stats.get("response_received_count", 0)))

@@ -19,7 +19,7 @@ from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress_bar import ProgressBar
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
@@ -51,10 +51,9 @@ def verdict(s: Summary) -> tuple[str, str]:
 
 def render_summary(s: Summary) -> Table:
     """The summary as a two-column table (plus notes) that reads the same on any terminal width."""
-    table = Table(title="Summary", title_justify="left", show_header=False, box=box.SIMPLE, padding=(0, 1))
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(justify="right", no_wrap=True)
-    table.add_column(style="dim")
+    table = Table(Column(style="bold", no_wrap=True), Column(justify="right", no_wrap=True),
+                  Column(style="dim"), title="Summary", title_justify="left", show_header=False,
+                  box=box.SIMPLE, padding=(0, 1))
     table.add_row("pages crawled", f"{s.crawled:,} of {s.ok_pages:,}",
                   f"site: {s.site_pages:,} pages, {s.missing} missing (404)")
     table.add_row(Text("lost (must be 0)", style="bold"),
