@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from redis.connection import SSLConnection, parse_url
+from redis.exceptions import ResponseError
 from rich.console import Console
 from scrapy.settings import Settings
 from scrapy.spiderloader import get_spider_loader
 from scrapy.utils.project import get_project_settings, inside_project
 
-from scrapy_dist import __version__
+from scrapy_dist import __version__, seeds
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis.connection import CONNECT_ERRORS, build_sync, resolve_target
 from scrapy_dist.redis.embedded import EmbeddedRedis, redis_cli_binary
@@ -150,6 +151,17 @@ class ClientFactory:
         settings = self.settings.copy()
         spidercls.update_settings(settings)  # type: ignore[attr-defined]
         return spidercls, DistSettings.from_settings(settings, environ=self.environ)
+
+    def seed_hints(self, client: Any, keys: CrawlKeys) -> list[seeds.NearMiss]:
+        """Keys near the seeds key of ``keys`` holding seeds no crawl (no spider of the project) reads."""
+        try:
+            misses = seeds.find(client, keys)
+        except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error
+            return []
+        if misses and self.inside_project:
+            read = {self.keys(name).start_urls for name in project_spiders(self.settings) or []}
+            misses = [m for m in misses if m.key not in read]
+        return misses
 
     def keys(self, spider: str) -> CrawlKeys:
         """Key names of the crawl of ``spider`` as its workers name them (``redis_key`` included)."""

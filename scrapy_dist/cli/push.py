@@ -20,7 +20,6 @@ import click
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
 from scrapy_dist.cli import ClientFactory, console, json_safe, printable, spider_command
-from scrapy_dist.cli.status import seed_hints
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.pipelines import STREAM_FIELD
 from scrapy_dist.redis.scripts import register, text
@@ -183,7 +182,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
                   disable=size < PROGRESS_MIN_BYTES or not sys.stderr.isatty()) as bar:
         task = bar.add_task(f"pushing {os.path.basename(str(file))}", total=size)
         report = push_seeds(client, keys.start_urls, sources(lambda n: bar.advance(task, n)), opts)
-    hints = [] if dry_run else seed_hints(redis, client, keys)
+    hints = [] if dry_run else redis.seed_hints(client, keys)
     client.close()
     rejected = report.rejected.total()
     rate = (report.accepted + rejected) / report.seconds if report.seconds > 0 else 0.0

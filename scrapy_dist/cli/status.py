@@ -12,7 +12,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import click
-from redis.exceptions import ResponseError
 from rich.console import Group
 from rich.live import Live
 from rich.table import Column, Table
@@ -31,6 +30,7 @@ from scrapy_dist.cli import (
     require_extra,
     spider_command,
 )
+from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
 from scrapy_dist.demo import DEMO_LEASE_SECONDS, Demo, DemoOptions
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier import layout
@@ -177,18 +177,6 @@ def _filter_text(f: dict[str, Any] | None) -> str:
             f" {f['fpr_estimate']:.2g}{ttl}")
 
 
-def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.NearMiss]:
-    """Keys near the seeds key of ``keys`` holding seeds no crawl (no spider of the project) reads."""
-    try:
-        misses = nearmiss.find(client, keys)
-    except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error
-        return []
-    if misses and redis.inside_project:
-        read = {redis.keys(name).start_urls for name in project_spiders(redis.settings) or []}
-        misses = [m for m in misses if m.key not in read]
-    return misses
-
-
 @spider_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
@@ -200,7 +188,7 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
     keys = redis.crawl(spider, force, notice=False)  # the output names the Redis
     client = redis.client()
     extra = {"redis": {"url": redis.target.masked_url, "source": redis.source},  # read once, not per refresh
-             "seed_hints": [dataclasses.asdict(m) for m in seed_hints(redis, client, keys)]}
+             "seed_hints": [dataclasses.asdict(m) for m in redis.seed_hints(client, keys)]}
 
     def read() -> dict[str, Any]:
         return {**read_status(client, keys, default_interval=redis.dist.monitoring.interval or 5.0), **extra}
@@ -329,8 +317,6 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
         dashboards.check_binding(host, token)
     except ScrapyDistError as exc:
         raise click.ClickException(str(exc).removeprefix("scrapy-dist: ")) from None
-    from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
-
     with redis.client() as client:
 
         async def requeue() -> str:
