@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import difflib
 import functools
-import importlib
 import json
 import os
 import re
@@ -171,15 +170,6 @@ class ClientFactory:
         if isinstance(redis_key, str) and redis_key.strip():
             return dataclasses.replace(keys, start_urls_template=redis_key)
         return keys
-
-
-def require_extra(module: str, package: str, extra: str) -> Any:
-    """Import ``module`` of the optional extra ``extra``, or stop with one line naming what to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise click.ClickException(
-            f"{package} is not installed: pip install 'scrapy-dist[{extra}]'") from None
 
 
 def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:

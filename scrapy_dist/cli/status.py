@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import json
 import time
 from datetime import datetime, timezone
@@ -27,7 +28,6 @@ from scrapy_dist.cli import (
     pass_redis,
     printable,
     project_spiders,
-    require_extra,
     spider_command,
 )
 from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
@@ -335,6 +335,15 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
         click.echo(f"Dashboard of {spider!r} on {served.url} ({mode}; Ctrl-C stops)")
         _wait_for_ctrl_c()
         served.close()
+
+
+def require_extra(module: str, package: str, extra: str) -> Any:
+    """Import ``module`` of the optional extra ``extra``, or stop with one line naming what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise click.ClickException(
+            f"{package} is not installed: pip install 'scrapy-dist[{extra}]'") from None
 
 
 def _wait_for_ctrl_c() -> None:
