@@ -368,8 +368,7 @@ def _wait_for_ctrl_c() -> None:
 def demo(redis: ClientFactory, dashboard_port: int | None, **given: Any) -> None:
     """Crawl a generated local site with WORKERS processes sharing one frontier; show it live; summarize.
 
-    Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
-    """
+    Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C."""
     options = DemoOptions(**given)
     if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
