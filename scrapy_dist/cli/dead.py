@@ -243,8 +243,7 @@ def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
         raise click.ClickException(f"{key} is a {printable(found, 20)}, not the hash of the bloom filter's"
                                    " parameters (written by someone else?): nothing was forgotten; look at"
                                    f" it, then move it aside (RENAME {key} {key}:garbage) or delete it")
-    fields = client.hgetall(keys.bloom)
-    if fields:
+    if fields := client.hgetall(keys.bloom):
         rec = parse_bloom_record(fields, keys.bloom)
         bloom = BloomDupeFilter(client, keys, None, ttl=rec.ttl or None, capacity=rec.capacity,
                                 error_rate=rec.error_rate, block_bits=rec.block_bits,
