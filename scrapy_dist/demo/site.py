@@ -171,8 +171,7 @@ class SiteTally:
         new = self.server.log[self._read :]  # the handler threads only append; a slice is taken atomically
         self._read += len(new)
         for at, path, status in new:
-            m = PAGE_PATH.match(path)
-            if m is None:
+            if (m := PAGE_PATH.match(path)) is None:
                 continue
             self._recent.append(at)
             if status == 200:
