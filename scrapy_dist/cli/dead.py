@@ -237,8 +237,7 @@ def hex_fingerprint(value: str) -> bytes:
 def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
     """The dupefilters one shard holds in Redis, built from what they recorded."""
     out: list[RedisDupeFilter] = []
-    found = text(client.type(keys.bloom))
-    if found not in ("none", "hash"):  # the filter's parameters are unknown: nothing can be forgotten in it
+    if (found := text(client.type(keys.bloom))) not in ("none", "hash"):
         key = printable(keys.bloom, 200)
         raise click.ClickException(f"{key} is a {printable(found, 20)}, not the hash of the bloom filter's"
                                    " parameters (written by someone else?): nothing was forgotten; look at"

@@ -158,10 +158,9 @@ def _settings_module(root: Path) -> Path | None:
     """The settings file ``scrapy.cfg`` names, else the only ``settings.py`` of the project."""
     parser = configparser.ConfigParser()
     parser.read(root / "scrapy.cfg", encoding="utf-8")
-    if module := parser.get("settings", "default", fallback=""):
-        candidate = root.joinpath(*module.split(".")).with_suffix(".py")
-        if candidate.is_file():
-            return candidate
+    module = parser.get("settings", "default", fallback="")
+    if module and (candidate := root.joinpath(*module.split(".")).with_suffix(".py")).is_file():
+        return candidate
     found = [p for p in _python_files(root) if p.name == "settings.py"]
     return found[0] if len(found) == 1 else None
 

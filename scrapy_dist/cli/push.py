@@ -73,8 +73,7 @@ def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
         seed.priority = opts.priority
     if opts.meta:
         seed.meta = {**opts.meta, **(seed.meta or {})}
-    out = seed.to_json().encode()
-    if len(out) > opts.rules.max_bytes:
+    if len(out := seed.to_json().encode()) > opts.rules.max_bytes:
         raise RejectedEntry("too_large", f"{len(out)} bytes with --meta/--priority > {opts.rules.max_bytes}")
     return out, score
 
@@ -162,8 +161,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
     client = redis.client()
     if not dry_run:
         redis.check()
-        actual = text(client.type(keys.start_urls))
-        if actual not in ("none", kind):
+        if (actual := text(client.type(keys.start_urls))) not in ("none", kind):
             raise click.ClickException(f"{keys.start_urls!r} is a {actual}, but {spider} reads a {kind}"
                                        " (REDIS_START_URLS_AS_SET / REDIS_START_URLS_AS_ZSET)")
 
@@ -234,8 +232,7 @@ def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, b
 
 def items_kind(client: Any, key: str) -> str:
     """``list``, ``stream`` or ``none``: the type of the items key; one line for any other type."""
-    kind = text(client.type(key))
-    if kind not in ("list", "stream", "none"):
+    if (kind := text(client.type(key))) not in ("list", "stream", "none"):
         raise click.ClickException(f"{key!r} is a Redis {kind}, not an items LIST or STREAM")
     return kind
 

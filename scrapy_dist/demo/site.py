@@ -175,8 +175,7 @@ class SiteTally:
                 continue
             self._recent.append(at)
             if status == 200:
-                page = int(m.group(1))
-                if page in self.ok:
+                if (page := int(m.group(1))) in self.ok:
                     self.duplicates += 1
                 else:
                     self.ok.add(page)
