@@ -204,8 +204,7 @@ def _show(letters: Letters, key: str, as_json: bool, limit: int | None) -> None:
     counts = Counter(d.reason for _, d in letters).most_common(20)
     summary = ", ".join(f"{printable(r, 80)}: {n:,}" for r, n in counts)
     hidden = f" (showing the last {len(shown):,}; --limit 0 shows all)" if len(shown) < total else ""
-    noun = "dead letter" if total == 1 else "dead letters"
-    click.echo(f"{total:,} {noun}{hidden} -- {summary}")
+    click.echo(f"{total:,} {'dead letter' if total == 1 else 'dead letters'}{hidden} -- {summary}")
 
 
 def project_fingerprinter(redis: ClientFactory) -> Any:
