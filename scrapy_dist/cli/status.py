@@ -199,7 +199,7 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
         else:
             console().print(render(read()))
         return
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         if as_json:
             while True:
                 try:
@@ -217,8 +217,6 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
                 except READ_ERRORS as exc:
                     live.update(Text(f"Redis unavailable ({exc}); retrying every {interval:g}s", style="red"),
                                 refresh=True)
-    except KeyboardInterrupt:
-        pass
 
 
 @spider_command
