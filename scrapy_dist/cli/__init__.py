@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import difflib
 import functools
-import importlib
 import json
 import os
 import re
@@ -20,21 +19,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from redis.connection import SSLConnection, parse_url
+from redis.exceptions import ResponseError
 from rich.console import Console
 from scrapy.settings import Settings
 from scrapy.spiderloader import get_spider_loader
 from scrapy.utils.project import get_project_settings, inside_project
 
-from scrapy_dist import __version__
+from scrapy_dist import __version__, seeds
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.redis.connection import CONNECT_ERRORS, build_async, build_sync, mask_url, resolve_target
+from scrapy_dist.redis.connection import CONNECT_ERRORS, build_sync, resolve_target
 from scrapy_dist.redis.embedded import EmbeddedRedis, redis_cli_binary
 from scrapy_dist.redis.keys import CrawlKeys, crawl_keys
 from scrapy_dist.settings import DistSettings, SettingsError
 
 if TYPE_CHECKING:
     import redis
-    import redis.asyncio
 
     from scrapy_dist.redis.target import RedisTarget
 
@@ -67,9 +66,8 @@ class ClientFactory:
         self.inside_project = inside_project()
         settings = _project_settings() if self.inside_project else Settings()
         if self.redis_url:
-            for name in LOCATION_SETTINGS:
-                settings.set(name, None, priority="cmdline")
-            settings.set("REDIS_URL", self.redis_url, priority="cmdline")
+            settings.setdict({**dict.fromkeys(LOCATION_SETTINGS), "REDIS_URL": self.redis_url},
+                             priority="cmdline")
         self._dist = DistSettings.from_settings(settings, environ=self.environ)
         for line in self._dist.warnings:
             click.echo(f"Warning: {line}", err=True)
@@ -98,15 +96,8 @@ class ClientFactory:
         """The Redis URL, with its password."""
         return self.target.display_url
 
-    @property
-    def masked_url(self) -> str:
-        return mask_url(self.url)
-
     def client(self) -> redis.Redis:
         return build_sync(self.target)
-
-    def async_client(self) -> redis.asyncio.Redis:
-        return build_async(self.target)
 
     def check(self, notice: bool = True) -> None:
         """:meth:`require_configured`, then ``RedisUnavailable`` (one line) unless Redis answers."""
@@ -123,8 +114,8 @@ class ClientFactory:
         """One short stderr line, once per process, when the Redis in use is the project's embedded one."""
         if not self._noticed and self.source == "embedded Redis":
             self._noticed = True
-            click.echo(f"scrapy-dist: using this project's embedded Redis ({self.masked_url}); --redis-url or"
-                       " $REDIS_URL for another", err=True)
+            click.echo(f"scrapy-dist: using this project's embedded Redis ({self.target.masked_url});"
+                       " --redis-url or $REDIS_URL for another", err=True)
 
     def require_configured(self) -> None:
         """Stop when no project is here and no Redis is named (the embedded Redis here would be empty)."""
@@ -160,6 +151,17 @@ class ClientFactory:
         spidercls.update_settings(settings)  # type: ignore[attr-defined]
         return spidercls, DistSettings.from_settings(settings, environ=self.environ)
 
+    def seed_hints(self, client: Any, keys: CrawlKeys) -> list[seeds.NearMiss]:
+        """Keys near the seeds key of ``keys`` holding seeds no crawl (no spider of the project) reads."""
+        try:
+            misses = seeds.find(client, keys)
+        except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error
+            return []
+        if misses and self.inside_project:
+            read = {self.keys(name).start_urls for name in project_spiders(self.settings) or []}
+            misses = [m for m in misses if m.key not in read]
+        return misses
+
     def keys(self, spider: str) -> CrawlKeys:
         """Key names of the crawl of ``spider`` as its workers name them (``redis_key`` included)."""
         spidercls, dist = self.spider_settings(spider)
@@ -168,15 +170,6 @@ class ClientFactory:
         if isinstance(redis_key, str) and redis_key.strip():
             return dataclasses.replace(keys, start_urls_template=redis_key)
         return keys
-
-
-def require_extra(module: str, package: str, extra: str) -> Any:
-    """Import ``module`` of the optional extra ``extra``, or stop with one line naming what to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise click.ClickException(
-            f"{package} is not installed: pip install 'scrapy-dist[{extra}]'") from None
 
 
 def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:
@@ -190,10 +183,6 @@ def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:
 def project_spiders(settings: Settings) -> list[str] | None:
     """Names of the project's spiders, or ``None`` when they cannot be listed."""
     return _from_loader(settings, lambda loader: list(loader.list()))  # type: ignore[no-any-return]
-
-
-force_option = click.option("--force", is_flag=True,
-                            help="Use SPIDER even if the project has no spider of that name.")
 
 
 def _project_settings() -> Settings:
@@ -231,7 +220,7 @@ def pass_redis(f: F) -> F:
     return option(click.pass_obj(f))  # type: ignore[return-value]
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--redis-url", metavar="URL",
               help="Redis to use: redis://[user:password@]host:port/db, rediss://... or unix:///path."
               " Default: the Scrapy project's settings, else $REDIS_URL, else the embedded Redis (as workers"
@@ -241,6 +230,18 @@ def pass_redis(f: F) -> F:
 def main(ctx: click.Context, redis_url: str | None) -> None:
     """Manage distributed Scrapy crawls that share one frontier in Redis."""
     ctx.obj = ClientFactory(redis_url)
+
+
+force_option = click.option("--force", is_flag=True,
+                            help="Use SPIDER even if the project has no spider of that name.")
+
+
+def spider_command(f: Callable[..., Any]) -> click.Command:
+    """``@main.command()`` with SPIDER first and ``--force``, ``--redis-url`` last (:func:`pass_redis`)."""
+    command = main.command()(pass_redis(force_option(f)))
+    url, force, *given = command.params
+    command.params = [click.Argument(["spider"]), *given, force, url]
+    return command
 
 
 # Text from Redis may hold terminal escapes, bidi overrides or rich markup: the CLI prints it via printable()

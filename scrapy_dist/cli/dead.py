@@ -20,7 +20,7 @@ from scrapy import Request, Spider
 from scrapy.crawler import Crawler
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_dist.cli import ClientFactory, console, force_option, json_safe, main, pass_redis, printable
+from scrapy_dist.cli import ClientFactory, console, json_safe, printable, spider_command
 from scrapy_dist.cli.push import list_entries
 from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import parse_bloom_record
@@ -29,6 +29,7 @@ from scrapy_dist.frontier import orders as queue
 from scrapy_dist.frontier.layout import end_chains, move_aside_foreign, parse_control
 from scrapy_dist.frontier.orders import DeadLetter, parse_record, reason_matches, requeue_payload
 from scrapy_dist.frontier.shard import Frontier, SyncBatch, domain_shard, shard_of
+from scrapy_dist.redis.connection import build_async
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.wire.codec import EntryPolicy
 
@@ -94,7 +95,7 @@ def requeue_targets(letters: Letters, ds: DistSettings, keys: CrawlKeys
 async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
                           targets: list[tuple[DeadLetter, bytes, float]]) -> int:
     """Enqueue ``targets`` with the frontier's sync script, then remove their records; returns how many."""
-    client, ds = factory.async_client(), factory.dist
+    client, ds = build_async(factory.target), factory.dist
     try:
         control = parse_control(await client.hgetall(keys.control))  # the crawl's own mode and shards
     except redis.ResponseError:  # another Redis type: garbage (the workers move it aside); none recorded
@@ -107,7 +108,6 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
     sequence = queue_order(ds).sequence
     frontiers = [Frontier(client, k, "", None, sequence=sequence, politeness=politeness, heartbeat=i == 0)
                  for i, k in enumerate(shards)]
-    done = 0
     try:
         for i in range(0, len(targets), CHUNK):
             chunk = targets[i : i + CHUNK]
@@ -125,22 +125,18 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
                 for d, _, _ in chunk:
                     pipe.lrem(keys.deadletter, 1, d.raw)  # type: ignore[arg-type]  # bytes work
                 await pipe.execute()
-            done += len(chunk)
     finally:
         await client.aclose()
-    return done
+    return len(targets)
 
 
-@main.command()
-@click.argument("spider")
+@spider_command
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead of a table.")
 @click.option("--reason", metavar="R", help="Only records with this reason (e.g. 500, DownloadTimeoutError).")
 @click.option("--limit", type=click.IntRange(0),
               help=f"Show only the last N records (table default: {TABLE_ROWS}; 0: all).")
 @click.option("--requeue", is_flag=True, help="Put the requests back in the frontier, retry counts reset.")
 @click.option("--purge", is_flag=True, help="Delete the records (with --reason: only the matching ones).")
-@force_option
-@pass_redis
 def dead(redis: ClientFactory, spider: str, as_json: bool, reason: str | None, limit: int | None,
          requeue: bool, purge: bool, force: bool) -> None:
     """List (or --requeue, or --purge) the dead letters of SPIDER's crawl: requests that finally failed."""
@@ -208,8 +204,7 @@ def _show(letters: Letters, key: str, as_json: bool, limit: int | None) -> None:
     counts = Counter(d.reason for _, d in letters).most_common(20)
     summary = ", ".join(f"{printable(r, 80)}: {n:,}" for r, n in counts)
     hidden = f" (showing the last {len(shown):,}; --limit 0 shows all)" if len(shown) < total else ""
-    noun = "dead letter" if total == 1 else "dead letters"
-    click.echo(f"{total:,} {noun}{hidden}" + (f" -- {summary}" if summary else ""))
+    click.echo(f"{total:,} {'dead letter' if total == 1 else 'dead letters'}{hidden} -- {summary}")
 
 
 def project_fingerprinter(redis: ClientFactory) -> Any:
@@ -241,14 +236,12 @@ def hex_fingerprint(value: str) -> bytes:
 def shard_filters(client: Any, keys: Any) -> list[RedisDupeFilter]:
     """The dupefilters one shard holds in Redis, built from what they recorded."""
     out: list[RedisDupeFilter] = []
-    found = text(client.type(keys.bloom))
-    if found not in ("none", "hash"):  # the filter's parameters are unknown: nothing can be forgotten in it
+    if (found := text(client.type(keys.bloom))) not in ("none", "hash"):
         key = printable(keys.bloom, 200)
         raise click.ClickException(f"{key} is a {printable(found, 20)}, not the hash of the bloom filter's"
                                    " parameters (written by someone else?): nothing was forgotten; look at"
                                    f" it, then move it aside (RENAME {key} {key}:garbage) or delete it")
-    fields = client.hgetall(keys.bloom)
-    if fields:
+    if fields := client.hgetall(keys.bloom):
         rec = parse_bloom_record(fields, keys.bloom)
         bloom = BloomDupeFilter(client, keys, None, ttl=rec.ttl or None, capacity=rec.capacity,
                                 error_rate=rec.error_rate, block_bits=rec.block_bits,
@@ -288,14 +281,11 @@ def forget_fingerprints(client: Any, keys: Any, fps: list[bytes], domains: list[
     return sorted(kinds)
 
 
-@main.command()
-@click.argument("spider")
+@spider_command
 @click.argument("urls", nargs=-1)
 @click.option("--file", "url_file", type=click.File("r"), help="URLs to forget, one per line ('-': stdin).")
 @click.option("--fingerprint", "fingerprints", multiple=True, metavar="HEX",
               help="A request fingerprint (hex) to forget; repeatable.")
-@force_option
-@pass_redis
 def forget(redis: ClientFactory, spider: str, urls: tuple[str, ...], url_file: IO[str] | None,
            fingerprints: tuple[str, ...], force: bool) -> None:
     """Make URLs new again for SPIDER's dupefilter: the next time they are found, they are fetched."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 import configparser
-import importlib
+import pkgutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,28 +138,16 @@ def _note(needle: str) -> str:
     return next((note for left, _right, _status, note in API_ROWS if needle in left), "")
 
 
-def _counterpart(dotted: str) -> str | None:
-    """``scrapy_dist.<rest>`` for ``scrapy_redis.<rest>`` if that object exists, else None."""
-    target = "scrapy_dist" + dotted[len("scrapy_redis"):]
-    module, _, name = target.rpartition(".")
-    for mod, attr in ((target, None), (module, name)):
-        try:
-            obj = importlib.import_module(mod)
-        except ImportError:
-            continue
-        if attr is None or hasattr(obj, attr):
-            return target
-    return None
-
-
 def _dotted_finding(path: str, line: int, dotted: str, setting: str = "") -> Finding:
     """A ``scrapy_redis.x.y`` name written in settings or an import."""
     subject = f"{setting}: {dotted}" if setting else dotted
     if setting == "SCHEDULER_QUEUE_CLASS" and dotted in QUEUE_ALIASES:
         return Finding(path, line, subject, SAME, "accepted as written (the same order of the shared"
                        " frontier); `scrapy_dist.queue." + dotted.rsplit(".", 1)[1] + "` is its new name")
-    target = _counterpart(dotted)
-    if target is None:
+    target = "scrapy_dist" + dotted[len("scrapy_redis"):]  # its counterpart, if that object exists
+    try:
+        pkgutil.resolve_name(target)
+    except (ImportError, AttributeError, ValueError):
         note = _note(dotted.rsplit(".", 1)[0])
         return Finding(path, line, subject, ACTION, "no counterpart in scrapy-dist" + (note and f": {note}"))
     note = _note(dotted)
@@ -170,10 +158,9 @@ def _settings_module(root: Path) -> Path | None:
     """The settings file ``scrapy.cfg`` names, else the only ``settings.py`` of the project."""
     parser = configparser.ConfigParser()
     parser.read(root / "scrapy.cfg", encoding="utf-8")
-    if module := parser.get("settings", "default", fallback=""):
-        candidate = root.joinpath(*module.split(".")).with_suffix(".py")
-        if candidate.is_file():
-            return candidate
+    module = parser.get("settings", "default", fallback="")
+    if module and (candidate := root.joinpath(*module.split(".")).with_suffix(".py")).is_file():
+        return candidate
     found = [p for p in _python_files(root) if p.name == "settings.py"]
     return found[0] if len(found) == 1 else None
 
@@ -190,8 +177,7 @@ def scan_settings(path: Path, rel: str) -> tuple[list[Finding], set[str]]:
             continue
         name, line = target.id, node.lineno
         names.add(name)
-        value = node.value if node.value is not None else ast.Constant(None)
-        dotted = [n.value for n in ast.walk(value) if isinstance(n, ast.Constant)
+        dotted = [n.value for n in ast.walk(node.value or ast.Constant(None)) if isinstance(n, ast.Constant)
                   and isinstance(n.value, str) and n.value.startswith("scrapy_redis.")]
         out.extend(_dotted_finding(rel, line, text, name) for text in dotted)
         spec = None if dotted else settings_table.BY_NAME.get(ALIASES.get(name, name))
@@ -228,9 +214,7 @@ def _spider_findings(cls: ast.ClassDef, rel: str, kind: str) -> list[Finding]:
     if "make_request_from_data" in methods:
         out.append(Finding(rel, methods["make_request_from_data"].lineno,
                            f"{cls.name}.make_request_from_data()", SAME, _note("make_request_from_data")))
-    for node in cls.body:
-        if not isinstance(node, ast.Assign):
-            continue
+    for node in (n for n in cls.body if isinstance(n, ast.Assign)):
         names = [t.id for t in node.targets if isinstance(t, ast.Name)]
         if set(names) & set(SPIDER_ATTRIBUTES):
             out.append(Finding(rel, node.lineno, f"{cls.name}.{', '.join(names)}", SAME, _note("redis_key")))
@@ -289,17 +273,14 @@ def scan_project(root: Path) -> list[Finding]:
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory")
     settings = _settings_module(root)
-    findings: list[Finding] = []
-    names: set[str] = set()
-    if settings is not None:
-        findings, names = scan_settings(settings, settings.relative_to(root).as_posix())
+    rel = settings.relative_to(root).as_posix() if settings is not None else ""
+    findings, names = scan_settings(settings, rel) if settings is not None else ([], set[str]())
     located = bool(names.intersection(LOCATION_SETTINGS))  # else the project talked to localhost:6379
     for path in _python_files(root):
         if path != settings:
             findings.extend(scan_source(path, path.relative_to(root).as_posix(), located))
     uses = "SCHEDULER" in names or any("scrapy_redis" in f.subject for f in findings)
     if settings is not None and uses:
-        rel = settings.relative_to(root).as_posix()
         if not located:
             findings.append(Finding(rel, 0, "no Redis setting", ACTION, f"{FIRST_ROW[1]}: {FIRST_ROW[2]}"))
         if "SCHEDULER_PERSIST" not in names:

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-from scrapy_dist.cli import ClientFactory, console, force_option, json_safe, main, pass_redis, printable
-from scrapy_dist.cli.status import seed_hints
+from scrapy_dist.cli import ClientFactory, console, json_safe, printable, spider_command
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.pipelines import STREAM_FIELD
-from scrapy_dist.redis.scripts import text
+from scrapy_dist.redis.scripts import register, text
 from scrapy_dist.seeds import SeedRules, class_has_callback, iter_lines, parse_seed
 
 if TYPE_CHECKING:
@@ -33,6 +32,10 @@ CHUNK = 2000  #: Seeds per RPUSH/SADD/ZADD command.
 CHUNKS_PER_ROUND_TRIP = 10  #: Commands pipelined per round trip.
 PROGRESS_MIN_BYTES = 1 << 20  #: Files at least this large get a progress bar (bytes).
 EXAMPLES = 5  #: Rejected seeds shown individually.
+ITEMS_CHUNK = 500  #: Items read per round trip.
+EXPORT_CHUNK = 1000  #: Items moved per export round (a chunk is one append, one fsync, one removal).
+POLL_SECONDS = 0.5  #: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
+BLOCK_MS = 1000  #: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
 
 
 @dataclass
@@ -70,8 +73,7 @@ def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
         seed.priority = opts.priority
     if opts.meta:
         seed.meta = {**opts.meta, **(seed.meta or {})}
-    out = seed.to_json().encode()
-    if len(out) > opts.rules.max_bytes:
+    if len(out := seed.to_json().encode()) > opts.rules.max_bytes:
         raise RejectedEntry("too_large", f"{len(out)} bytes with --meta/--priority > {opts.rules.max_bytes}")
     return out, score
 
@@ -129,8 +131,7 @@ def _parse_meta(_ctx: click.Context, _param: click.Parameter, text: str | None) 
     return meta
 
 
-@main.command()
-@click.argument("spider")
+@spider_command
 @click.argument("urls", nargs=-1)
 @click.option("--file", "file", type=click.Path(exists=True, dir_okay=False, readable=True, allow_dash=True),
               help="Read seeds from FILE, one a line ('-' = stdin; blank lines and # comments skipped).")
@@ -139,8 +140,6 @@ def _parse_meta(_ctx: click.Context, _param: click.Parameter, text: str | None) 
 @click.option("--meta", metavar="JSON", callback=_parse_meta,
               help="JSON object merged into every seed's meta.")
 @click.option("--dry-run", is_flag=True, help="Validate only; push nothing.")
-@force_option
-@pass_redis
 def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | None, priority: int | None,
          meta: dict[str, Any] | None, dry_run: bool, force: bool) -> None:
     """Validate seeds (URLs or JSON objects) and push them to SPIDER's seeds key.
@@ -162,21 +161,19 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
     client = redis.client()
     if not dry_run:
         redis.check()
-        actual = text(client.type(keys.start_urls))
-        if actual not in ("none", kind):
+        if (actual := text(client.type(keys.start_urls))) not in ("none", kind):
             raise click.ClickException(f"{keys.start_urls!r} is a {actual}, but {spider} reads a {kind}"
                                        " (REDIS_START_URLS_AS_SET / REDIS_START_URLS_AS_ZSET)")
 
     def sources(on_bytes: Callable[[int], None]) -> Iterator[tuple[str, bytes]]:
         for i, url in enumerate(urls, 1):
             yield f"argument {i}", os.fsencode(url)
-        if file is None:
-            return
-        with click.open_file(file, "rb") as fh:  # "-": stdin, left open
-            for number, line in enumerate(fh, 1):
-                on_bytes(len(line))
-                for raw in iter_lines((line,)):
-                    yield f"{'stdin' if file == '-' else file}:{number}", raw
+        if file is not None:
+            with click.open_file(file, "rb") as fh:  # "-": stdin, left open
+                for number, line in enumerate(fh, 1):
+                    on_bytes(len(line))
+                    for raw in iter_lines((line,)):
+                        yield f"{'stdin' if file == '-' else file}:{number}", raw
 
     size = os.path.getsize(file) if file not in (None, "-") else 0
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
@@ -184,7 +181,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
                   disable=size < PROGRESS_MIN_BYTES or not sys.stderr.isatty()) as bar:
         task = bar.add_task(f"pushing {os.path.basename(str(file))}", total=size)
         report = push_seeds(client, keys.start_urls, sources(lambda n: bar.advance(task, n)), opts)
-    hints = [] if dry_run else seed_hints(redis, client, keys)
+    hints = [] if dry_run else redis.seed_hints(client, keys)
     client.close()
     rejected = report.rejected.total()
     rate = (report.accepted + rejected) / report.seconds if report.seconds > 0 else 0.0
@@ -203,12 +200,6 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
             shown = len(report.examples)
             click.echo(f"  ... and {hidden:,} more (only the first {shown} are shown)", err=True)
         raise SystemExit(1)
-
-
-ITEMS_CHUNK = 500  #: Items read per round trip.
-EXPORT_CHUNK = 1000  #: Items moved per export round (a chunk is one append, one fsync, one removal).
-POLL_SECONDS = 0.5  #: How often ``--follow`` looks for new LIST items or for the key to appear (seconds).
-BLOCK_MS = 1000  #: How long one blocking ``XREAD`` waits (milliseconds), so Ctrl-C is noticed promptly.
 
 
 # Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
@@ -241,8 +232,7 @@ def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, b
 
 def items_kind(client: Any, key: str) -> str:
     """``list``, ``stream`` or ``none``: the type of the items key; one line for any other type."""
-    kind = text(client.type(key))
-    if kind not in ("list", "stream", "none"):
+    if (kind := text(client.type(key))) not in ("list", "stream", "none"):
         raise click.ClickException(f"{key!r} is a Redis {kind}, not an items LIST or STREAM")
     return kind
 
@@ -257,25 +247,25 @@ def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
         yield from stream_entries(client, key, follow)
 
 
-def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str | None, str | None]:
-    """(stdout text, stderr warning) for one entry."""
+def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str, bool]:
+    """The text for one entry, and whether it is a warning (for stderr) that the entry was skipped."""
     try:
         item: Any = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError):  # JSONDecodeError is a ValueError
         decoded = raw.decode("utf-8", "replace")
         if json_lines:
-            return None, f"skipped entry {printable(position)}: not JSON: {decoded[:80]!r}"
-        return f"--- {printable(position)} (not JSON)\n{printable(decoded, keep_newlines=True)}", None
+            return f"skipped entry {printable(position)}: not JSON: {decoded[:80]!r}", True
+        return f"--- {printable(position)} (not JSON)\n{printable(decoded, keep_newlines=True)}", False
     try:
         if json_lines:
-            return json_safe(json.dumps(item, ensure_ascii=False, separators=(",", ":"))), None
-        return f"--- {printable(position)}\n{json_safe(json.dumps(item, ensure_ascii=False, indent=2))}", None
+            return json_safe(json.dumps(item, ensure_ascii=False, separators=(",", ":"))), False
+        document = json_safe(json.dumps(item, ensure_ascii=False, indent=2))
     except (ValueError, RecursionError):  # NaN is read but a strict consumer would choke on it
-        return None, f"skipped entry {printable(position)}: not printable as JSON"
+        return f"skipped entry {printable(position)}: not printable as JSON", True
+    return f"--- {printable(position)}\n{document}", False
 
 
-@main.command()
-@click.argument("spider")
+@spider_command
 @click.option("--follow", "-f", is_flag=True, help="Keep printing items as they arrive (Ctrl-C stops).")
 @click.option("--json-lines", "-j", is_flag=True, help="One compact JSON document per line, nothing else.")
 @click.option("--export", "export_to", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -283,8 +273,6 @@ def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str | Non
                    " from Redis only once the file is fsynced; run again to resume.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default=None,
               help="--export's format (default: from the file name).")
-@force_option
-@pass_redis
 def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, force: bool,
           export_to: Path | None, fmt: str | None) -> None:
     """Print the items SPIDER's crawl wrote to Redis (REDIS_ITEMS_KEY), or move them to a file (--export)."""
@@ -297,12 +285,9 @@ def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, for
             return
         try:
             for position, raw in entries(client, key, follow):
-                out, warning = _format_item(position, raw, json_lines)
-                if warning:
-                    click.echo(warning, err=True)
-                if out is not None:
-                    click.echo(out)
-                    count += 1
+                text, skipped = _format_item(position, raw, json_lines)
+                click.echo(text, err=skipped)
+                count += not skipped
         except KeyboardInterrupt:
             pass
         except BrokenPipeError:  # `scrapy-dist items x | head`: stop quietly, like other Unix tools
@@ -312,22 +297,13 @@ def items(redis: ClientFactory, spider: str, follow: bool, json_lines: bool, for
         click.echo(f"{count:,} items in {key!r}", err=True)
 
 
-#: remove the first n elements of a LIST only if they are still the ones exported (their SHA-1 digest)
-_TRIM_IF_HEAD = """
-local head = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-if #head ~= tonumber(ARGV[1]) or redis.sha1hex(table.concat(head, '\\n')) ~= ARGV[2] then return 0 end
-redis.call('LTRIM', KEYS[1], tonumber(ARGV[1]), -1)
-return 1
-"""
-
-
 class Exporter:
     """Moves the items of ``key`` (LIST or STREAM) to ``path`` in ``fmt`` ("jsonl" or "csv")."""
 
     def __init__(self, client: Any, key: str, path: Path, fmt: str) -> None:
         self.client, self.key, self.path, self.fmt = client, key, path, fmt
         self.journal = path.with_name(path.name + ".export")
-        self._trim = client.register_script(_TRIM_IF_HEAD)
+        self._trim = register(client, "items_trim")
         self.fields: list[str] | None = None
         self.skipped = 0
 
@@ -350,17 +326,15 @@ class Exporter:
 
     def step(self) -> int:
         """Move one chunk; how many items it held (0: the key is empty)."""
-        kind = items_kind(self.client, self.key)
+        kind, values = items_kind(self.client, self.key), []
         if kind == "list":
             values = self.client.lrange(self.key, 0, EXPORT_CHUNK - 1)
-            digest = hashlib.sha1(b"\n".join(values)).hexdigest()  # as _TRIM_IF_HEAD computes it
+            digest = hashlib.sha1(b"\n".join(values)).hexdigest()  # as items_trim.lua computes it
             entry: dict[str, Any] = {"kind": "list", "n": len(values), "sha1": digest}
         elif kind == "stream":
             rows = self.client.xrange(self.key, count=EXPORT_CHUNK)
             values = [fields.get(STREAM_FIELD.encode(), b"") for _, fields in rows]
             entry = {"kind": "stream", "ids": [i.decode() for i, _ in rows]}
-        else:
-            return 0
         if not values:
             return 0
         fresh = not self.path.exists() or self.path.stat().st_size == 0

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import json
 import time
 from datetime import datetime, timezone
 from typing import Any
 
 import click
-from redis.exceptions import ResponseError
 from rich.console import Group
 from rich.live import Live
 from rich.table import Column, Table
@@ -28,8 +28,9 @@ from scrapy_dist.cli import (
     pass_redis,
     printable,
     project_spiders,
-    require_extra,
+    spider_command,
 )
+from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
 from scrapy_dist.demo import DEMO_LEASE_SECONDS, Demo, DemoOptions
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier import layout
@@ -37,6 +38,7 @@ from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
 
 _STATE_STYLE = {"running": "green", "lost": "bold red", "closed": "dim"}
+_WORKER_FIGURES = ("pages", "items", "errors", "leases", "pages_per_min")
 
 
 def _num(value: Any) -> str:
@@ -44,9 +46,7 @@ def _num(value: Any) -> str:
         return "-"
     if isinstance(value, str):  # a stat that is not a number: garbage from Redis
         return printable(value, 40)
-    if isinstance(value, float):
-        return f"{value:,.1f}"
-    return f"{value:,}"
+    return f"{value:,.1f}" if isinstance(value, float) else f"{value:,}"
 
 
 def _ago(seconds: float) -> str:
@@ -107,10 +107,8 @@ def render(status: dict[str, Any]) -> Group:
         "error rate " + ("-" if rates["error_rate"] is None else f"{rates['error_rate']:.1%}"),
         f" ({errors['errors']:,} errors / {errors['attempts']:,} attempts in {errors['window']:,.0f}s)"
         if errors["window"] else "")
-    overview = Table(show_header=False, box=None, padding=(0, 2))
-    for _ in range(2):
-        overview.add_column(style="bold")
-        overview.add_column(justify="right")
+    overview = Table(Column(style="bold"), Column(justify="right"), Column(style="bold"),
+                     Column(justify="right"), show_header=False, box=None, padding=(0, 2))
     stats, shards, leases = status["stats"], status.get("shards", 1), status.get("leases") or {}
     overview.add_row(f"Queued ({shards} shards)" if shards > 1 else "Queued", _num(front["queued"]),
                      "Pages", _num(stats.get("response_received_count", 0)))
@@ -127,9 +125,8 @@ def render(status: dict[str, Any]) -> Group:
     lines = [Text.assemble(("Filter  ", "bold"), _filter_text(status["filter"]))]
     if known and (leases["prefetched"] or leases["other"]):
         lines.append(Text.assemble(("Held  ", "bold"), _held(leases, state)))
-    for hint in status.get("seed_hints") or []:
-        lines.append(Text.assemble(("Seeds elsewhere  ", "bold yellow"),
-                                   nearmiss.NearMiss(**hint).hint() + " (no crawl reads that key)"))
+    lines += [Text.assemble(("Seeds elsewhere  ", "bold yellow"), nearmiss.NearMiss(**hint).hint()
+                            + " (no crawl reads that key)") for hint in status.get("seed_hints") or []]
     if errors["reasons"]:
         top = ", ".join(f"{printable(r, 80)} {n:,}" for r, n in list(errors["reasons"].items())[:5])
         lines.append(Text.assemble(("Top errors  ", "bold"), top))
@@ -141,8 +138,7 @@ def render(status: dict[str, Any]) -> Group:
     for w in status["workers"][:50]:
         st = w["state"] + (f" ({printable(w['finish_reason'], 60)})" if w["finish_reason"] else "")
         workers.add_row(Text(printable(w["id"], 120)), Text(st, style=_STATE_STYLE.get(w["state"], "")),
-                        _ago(w["seen_ago"]), *(_num(w[k]) for k in ("pages", "items", "errors", "leases",
-                                                                     "pages_per_min")))
+                        _ago(w["seen_ago"]), *(_num(w[k]) for k in _WORKER_FIGURES))
     if len(status["workers"]) > 50:
         workers.caption = f"... and {len(status['workers']) - 50} more (see --json)"
     parts: list[Any] = [workers if status["workers"] else Text(f"Workers: none yet (scrapy crawl {spider})")]
@@ -181,46 +177,29 @@ def _filter_text(f: dict[str, Any] | None) -> str:
             f" {f['fpr_estimate']:.2g}{ttl}")
 
 
-def seed_hints(redis: ClientFactory, client: Any, keys: Any) -> list[nearmiss.NearMiss]:
-    """Keys near the seeds key of ``keys`` holding seeds no crawl (no spider of the project) reads."""
-    try:
-        misses = nearmiss.find(client, keys)
-    except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error
-        return []
-    if misses and redis.inside_project:
-        read = {redis.keys(name).start_urls for name in project_spiders(redis.settings) or []}
-        misses = [m for m in misses if m.key not in read]
-    return misses
-
-
-@main.command()
-@click.argument("spider")
+@spider_command
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per refresh with --watch).")
 @click.option("--watch", is_flag=True, help="Refresh until interrupted (Ctrl-C).")
-@click.option("--interval", default=2.0, show_default=True, type=click.FloatRange(0.1),
+@click.option("--interval", default=2.0, type=click.FloatRange(0.1),
               help="Seconds between refreshes with --watch.")
-@force_option
-@pass_redis
 def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interval: float,
            force: bool) -> None:
     """Show the crawl of SPIDER: frontier, seeds, dead letters, filter, rates, workers and stats."""
     keys = redis.crawl(spider, force, notice=False)  # the output names the Redis
     client = redis.client()
-    default_interval = redis.dist.monitoring.interval or 5.0
-    extra = {"redis": {"url": redis.masked_url, "source": redis.source},  # read once, not every refresh
-             "seed_hints": [dataclasses.asdict(m) for m in seed_hints(redis, client, keys)]}
+    extra = {"redis": {"url": redis.target.masked_url, "source": redis.source},  # read once, not per refresh
+             "seed_hints": [dataclasses.asdict(m) for m in redis.seed_hints(client, keys)]}
 
     def read() -> dict[str, Any]:
-        return {**read_status(client, keys, default_interval=default_interval), **extra}
+        return {**read_status(client, keys, default_interval=redis.dist.monitoring.interval or 5.0), **extra}
 
     if not watch:
-        data = read()
         if as_json:
-            click.echo(json_safe(json.dumps(data, indent=2)))
+            click.echo(json_safe(json.dumps(read(), indent=2)))
         else:
-            console().print(render(data))
+            console().print(render(read()))
         return
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         if as_json:
             while True:
                 try:
@@ -238,14 +217,9 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
                 except READ_ERRORS as exc:
                     live.update(Text(f"Redis unavailable ({exc}); retrying every {interval:g}s", style="red"),
                                 refresh=True)
-    except KeyboardInterrupt:
-        pass
 
 
-@main.command()
-@click.argument("spider")
-@force_option
-@pass_redis
+@spider_command
 def pause(redis: ClientFactory, spider: str, force: bool) -> None:
     """Pause the crawl of SPIDER: every worker stops taking new requests (within a second)."""
     keys = redis.crawl(spider, force)
@@ -254,10 +228,7 @@ def pause(redis: ClientFactory, spider: str, force: bool) -> None:
                f" `scrapy-dist resume {spider}`.")
 
 
-@main.command()
-@click.argument("spider")
-@force_option
-@pass_redis
+@spider_command
 def resume(redis: ClientFactory, spider: str, force: bool) -> None:
     """Resume the crawl of SPIDER (after `scrapy-dist pause` or an error monitor pause)."""
     keys = redis.crawl(spider, force)
@@ -271,12 +242,9 @@ def _reason(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
     return value
 
 
-@main.command(name="close")
-@click.argument("spider")
-@click.option("--reason", default="shutdown", show_default=True, callback=_reason,
+@spider_command
+@click.option("--reason", default="shutdown", callback=_reason,
               help="The finish reason the workers close with.")
-@force_option
-@pass_redis
 def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
     """Close the crawl of SPIDER: every running worker closes gracefully (within a few seconds), also
     those of a crawl that never closes on its own (SCHEDULER_IDLE_BEFORE_CLOSE = None)."""
@@ -292,13 +260,13 @@ def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
 
 @main.command()
 @click.argument("spiders", nargs=-1)
-@click.option("--port", default=9410, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--port", default=9410, type=click.IntRange(0, 65535),
               help="TCP port of /metrics (0: any free port, printed).")
-@click.option("--host", default="127.0.0.1", show_default=True,
+@click.option("--host", default="127.0.0.1",
               help="Address to listen on (0.0.0.0: every interface; the metrics name hosts and URLs).")
-@click.option("--cache", "cache_seconds", default=5.0, show_default=True, type=click.FloatRange(0, 3600),
+@click.option("--cache", "cache_seconds", default=5.0, type=click.FloatRange(0, 3600),
               help="Seconds a reading of Redis is reused: several scrapers cost one read.")
-@click.option("--top-domains", default=10, show_default=True, type=click.IntRange(0, 100),
+@click.option("--top-domains", default=10, type=click.IntRange(0, 100),
               help="Busiest domains exported with their backlog (bounds the label's cardinality).")
 @force_option
 @pass_redis
@@ -326,11 +294,10 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
     server.shutdown()
 
 
-@main.command()
-@click.argument("spider")
-@click.option("--host", default="127.0.0.1", show_default=True,
+@spider_command
+@click.option("--host", default="127.0.0.1",
               help="Address to listen on; anything but loopback needs --token.")
-@click.option("--port", default=9420, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--port", default=9420, type=click.IntRange(0, 65535),
               help="TCP port (0: any free port, printed).")
 @click.option("--token", envvar="SCRAPY_DIST_DASHBOARD_TOKEN", default=None,
               help="Secret the page's Pause / Resume / Requeue buttons must send (else read-only).")
@@ -338,8 +305,6 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
               envvar="SCRAPY_DIST_DASHBOARD_HOSTS",
               help="Another host name the page is opened by (a DNS name of this machine, a proxy's); the"
               " dashboard answers only to loopback names, the --host address and these. Repeatable.")
-@force_option
-@pass_redis
 def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: str | None,
               allowed_hosts: tuple[str, ...], force: bool) -> None:
     """Serve a live dashboard of the crawl of SPIDER (charts of the last hour, workers, domains, dead
@@ -350,28 +315,33 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
         dashboards.check_binding(host, token)
     except ScrapyDistError as exc:
         raise click.ClickException(str(exc).removeprefix("scrapy-dist: ")) from None
-    from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
+    with redis.client() as client:
 
-    client = redis.client()
+        async def requeue() -> str:
+            letters, _ = await asyncio.to_thread(select, client, keys.deadletter, None)
+            targets, refused = requeue_targets(letters, redis.dist, keys)
+            done = await requeue_letters(redis, keys, targets) if targets else 0
+            return f"requeued {done}, kept {len(refused)}"
 
-    async def requeue() -> str:
-        letters, _ = await asyncio.to_thread(select, client, keys.deadletter, None)
-        targets, refused = requeue_targets(letters, redis.dist, keys)
-        done = await requeue_letters(redis, keys, targets) if targets else 0
-        return f"requeued {done}, kept {len(refused)}"
+        dash = dashboards.Dashboard(client, keys, token=token, requeue=requeue, host=host,
+                                    allowed_hosts=allowed_hosts)
+        try:
+            served = dashboards.DashboardThread(dash, port=port)
+        except OSError as exc:
+            raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        mode = "the buttons need the token" if token else "read-only: no --token"
+        click.echo(f"Dashboard of {spider!r} on {served.url} ({mode}; Ctrl-C stops)")
+        _wait_for_ctrl_c()
+        served.close()
 
-    dash = dashboards.Dashboard(client, keys, token=token, requeue=requeue, host=host,
-                                allowed_hosts=allowed_hosts)
+
+def require_extra(module: str, package: str, extra: str) -> Any:
+    """Import ``module`` of the optional extra ``extra``, or stop with one line naming what to install."""
     try:
-        served = dashboards.DashboardThread(dash, port=port)
-    except OSError as exc:
-        client.close()
-        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    mode = "the buttons need the token" if token else "read-only: no --token"
-    click.echo(f"Dashboard of {spider!r} on {served.url} ({mode}; Ctrl-C stops)")
-    _wait_for_ctrl_c()
-    served.close()
-    client.close()
+        return importlib.import_module(module)
+    except ImportError:
+        raise click.ClickException(
+            f"{package} is not installed: pip install 'scrapy-dist[{extra}]'") from None
 
 
 def _wait_for_ctrl_c() -> None:
@@ -381,46 +351,37 @@ def _wait_for_ctrl_c() -> None:
 
 
 @main.command()
-@click.option("--workers", default=3, show_default=True, type=click.IntRange(1, 32),
+@click.option("--workers", default=3, type=click.IntRange(1, 32),
               help="Worker processes (`scrapy crawl demo`).")
-@click.option("--pages", default=5000, show_default=True, type=click.IntRange(2, 1_000_000),
-              help="Pages in the generated site.")
-@click.option("--chaos/--no-chaos", default=True, show_default=True,
-              help="SIGKILL a worker half way and start a fresh one.")
-@click.option("--timeout", default=170.0, show_default=True, type=click.FloatRange(1),
+@click.option("--pages", default=5000, type=click.IntRange(2, 1_000_000), help="Pages in the generated site.")
+@click.option("--chaos/--no-chaos", default=True, help="SIGKILL a worker half way and start a fresh one.")
+@click.option("--timeout", default=170.0, type=click.FloatRange(1),
               help="Seconds before the demo gives up (stops the workers, exits 1).")
 @click.option("--dashboard", "dashboard_port", type=click.IntRange(0, 65535), default=None, is_flag=False,
               flag_value=9420, help="Also serve the live dashboard (read-only) on 127.0.0.1:PORT (9420).")
-@click.option("--lease-seconds", envvar="SCRAPY_DIST_DEMO_LEASE_SECONDS", show_envvar=True, show_default=True,
+@click.option("--lease-seconds", envvar="SCRAPY_DIST_DEMO_LEASE_SECONDS", show_envvar=True,
               type=click.FloatRange(1, 3600), default=DEMO_LEASE_SECONDS,
               help="The workers' SCHEDULER_LEASE_SECONDS: how long a killed worker's leases hold pages.")
 @pass_redis
-def demo(redis: ClientFactory, workers: int, pages: int, chaos: bool, timeout: float,
-         dashboard_port: int | None, lease_seconds: float) -> None:
+def demo(redis: ClientFactory, dashboard_port: int | None, **given: Any) -> None:
     """Crawl a generated local site with WORKERS processes sharing one frontier; show it live; summarize.
 
-    Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C.
-    """
-    options = DemoOptions(workers=workers, pages=pages, chaos=chaos, timeout=timeout,
-                          lease_seconds=lease_seconds)
+    Exits 1 if a page was lost, a worker failed or the timeout passed; 130 on Ctrl-C."""
+    options = DemoOptions(**given)
     if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
         options.redis_url, options.redis_source = redis.url, redis.source
-    extra = (None if dashboard_port is None
-             else require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard"))
+    dash = (None if dashboard_port is None
+            else require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard"))
     runner = Demo(options)
     runner.connect()
-    served = None
-    if extra is not None:
-        try:
-            served = extra.DashboardThread(extra.Dashboard(runner.client, runner.keys), port=dashboard_port)
-        except OSError as exc:
-            runner.shutdown()
-            raise click.ClickException(f"cannot serve the dashboard: {exc}") from None
-        click.echo(f"Dashboard (read-only): {served.url}")
-    try:
-        status = runner.run()
-    finally:
-        if served is not None:
-            served.close()
-    raise SystemExit(status)
+    with contextlib.ExitStack() as stack:
+        if dash is not None:
+            try:
+                served = dash.DashboardThread(dash.Dashboard(runner.client, runner.keys), port=dashboard_port)
+            except OSError as exc:
+                runner.shutdown()
+                raise click.ClickException(f"cannot serve the dashboard: {exc}") from None
+            stack.callback(served.close)
+            click.echo(f"Dashboard (read-only): {served.url}")
+        raise SystemExit(runner.run())

@@ -19,7 +19,7 @@ from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress_bar import ProgressBar
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 from scrapy import Request
 from scrapy.utils.request import RequestFingerprinter
@@ -51,10 +51,9 @@ def verdict(s: Summary) -> tuple[str, str]:
 
 def render_summary(s: Summary) -> Table:
     """The summary as a two-column table (plus notes) that reads the same on any terminal width."""
-    table = Table(title="Summary", title_justify="left", show_header=False, box=box.SIMPLE, padding=(0, 1))
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(justify="right", no_wrap=True)
-    table.add_column(style="dim")
+    table = Table(Column(style="bold", no_wrap=True), Column(justify="right", no_wrap=True),
+                  Column(style="dim"), title="Summary", title_justify="left", show_header=False,
+                  box=box.SIMPLE, padding=(0, 1))
     table.add_row("pages crawled", f"{s.crawled:,} of {s.ok_pages:,}",
                   f"site: {s.site_pages:,} pages, {s.missing} missing (404)")
     table.add_row(Text("lost (must be 0)", style="bold"),
@@ -172,8 +171,7 @@ class DemoOptions:
     pages: int = 5000
     chaos: bool = True
     timeout: float = 170.0
-    #: the workers' lease (given with -s): $SCRAPY_DIST_DEMO_LEASE_SECONDS shortens it for the tests
-    lease_seconds: float = DEMO_LEASE_SECONDS
+    lease_seconds: float = DEMO_LEASE_SECONDS  #: the workers' SCHEDULER_LEASE_SECONDS
     redis_url: str | None = None  #: ``--redis-url`` / ``$REDIS_URL``; ``None``: the project's embedded Redis
     redis_source: str = ""  #: where ``redis_url`` came from (``--redis-url``, ...), for the header
     run_dir: Path | None = None  #: for the worker logs; ``None``: a new temporary one
@@ -191,7 +189,7 @@ class Demo:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.project, self.project_copied = site.locate_project(self.run_dir)
         self.graph = site.demo_graph(options.pages)
-        self.site = site.SiteServer(self.graph, slow_delay=1.0, flaky_failures=2, quiet=True)
+        self.site = site.SiteServer(self.graph, quiet=True)
         self.tally = site.SiteTally(self.site)
         self.prefix = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}:"
         self.keys = CrawlKeys(SPIDER, prefix=self.prefix)
@@ -203,15 +201,12 @@ class Demo:
         self._seeded_at: float | None = None
         self._rates: dict[int, Any] = {}
         self._live: Live | None = None
-        self.lost_explained: list[str] = []
 
     def connect(self) -> None:
-        """Reach the given Redis, or join (start if needed) the embedded one (RedisUnavailable if neither);
-        start the site."""
+        """Join the given Redis or the embedded one (RedisUnavailable if none answers); start the site."""
         self.client, self.redis_url, self.embedded, self.started_redis = site.open_redis(
             self.options.redis_url, self.project, LOADING_TIMEOUT)
-        self.fleet.configure(self.prefix, None if self.embedded is None else self.embedded.directory,
-                             self.redis_url)
+        self.fleet.configure(self.prefix, self.embedded, self.redis_url)
         self.fleet.settings["SCHEDULER_LEASE_SECONDS"] = str(self.options.lease_seconds)
         self.site.start()
 
@@ -219,10 +214,9 @@ class Demo:
         """SIGKILL the running worker holding the most leases and start a fresh one."""
         victim = max(self.fleet.running(), key=lambda w: leases.get(w.pid, 0))
         self.fleet.kill(victim)
-        held = leases.get(victim.pid)
-        self.event(f"chaos: SIGKILL worker {victim.number} (pid {victim.pid})"
-                   + (f", holding {held} leased requests" if held else "")
-                   + ": they go back to the queue once their leases run out")
+        held = f", holding {n} leased requests" if (n := leases.get(victim.pid)) else ""
+        self.event(f"chaos: SIGKILL worker {victim.number} (pid {victim.pid}){held}: they go back to the"
+                   " queue once their leases run out")
         fresh = self.fleet.start()
         self.event(f"started worker {fresh.number} (pid {fresh.pid}) in its place")
 
@@ -335,10 +329,8 @@ class Demo:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         self.console.print(render_summary(summary))
-        for line in self.lost_explained:
+        for line in [*self.lost_explained, *(f"failed: {failure}" for failure in summary.workers_failed)]:
             self.say(Text(line, style="red"))
-        for failure in summary.workers_failed:
-            self.say(Text(f"failed: {failure}", style="red"))
         text, style = verdict(summary)
         self.say(Text.assemble((text, style), f" Worker logs: {self.run_dir}"))
         return 0 if summary.ok else 1
@@ -396,8 +388,8 @@ class Demo:
                             workers_killed=sum(1 for w in workers if w.state == "killed"),
                             workers_failed=[w.describe_failure() for w in workers if w.state == "failed"],
                             timed_out=timed_out)
-        if summary.lost_pages:
-            self.lost_explained = self.explain_lost(summary.lost_pages, summary.lost)
+        self.lost_explained = (self.explain_lost(summary.lost_pages, summary.lost)
+                               if summary.lost_pages else [])
         return summary
 
     def explain_lost(self, pages: list[int], total: int) -> list[str]:

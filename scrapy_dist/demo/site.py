@@ -68,9 +68,9 @@ class SiteGraph:
                 f'<h1 id="title">page {i}</h1><ul>{items}</ul></body></html>').encode()
 
 
-def demo_graph(pages: int, links: int = 10) -> SiteGraph:
+def demo_graph(pages: int) -> SiteGraph:
     """The demo's site: 5 slow, 10 flaky (503 twice, then 200) and 10 missing pages (fewer under 250)."""
-    return SiteGraph(pages, links=links, slow=min(5, pages // 50), flaky=min(10, pages // 25),
+    return SiteGraph(pages, slow=min(5, pages // 50), flaky=min(10, pages // 25),
                      missing=min(10, pages // 25))
 
 
@@ -142,8 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         status, body, delay = self.server.respond(self.path)
-        if delay:
-            time.sleep(delay)
+        time.sleep(delay)
         with self.server.lock:
             self.server.log.append((time.monotonic(), self.path, status))
         self.send_response(status)
@@ -172,13 +171,11 @@ class SiteTally:
         new = self.server.log[self._read :]  # the handler threads only append; a slice is taken atomically
         self._read += len(new)
         for at, path, status in new:
-            m = PAGE_PATH.match(path)
-            if m is None:
+            if (m := PAGE_PATH.match(path)) is None:
                 continue
             self._recent.append(at)
             if status == 200:
-                page = int(m.group(1))
-                if page in self.ok:
+                if (page := int(m.group(1))) in self.ok:
                     self.duplicates += 1
                 else:
                     self.ok.add(page)
@@ -281,16 +278,16 @@ class WorkerFleet:
     env: dict[str, str] = field(default_factory=dict)
     workers: list[Worker] = field(default_factory=list)
 
-    def configure(self, prefix: str, embedded_dir: Path | None, redis_url: str) -> None:
+    def configure(self, prefix: str, embedded: EmbeddedRedis | None, redis_url: str) -> None:
         """Every worker's ``-s`` settings and environment. No password on a command line, which ``ps`` shows:
         another Redis than the embedded one is named by a settings module written into ``run_dir``."""
         # the demo site is on 127.0.0.1, which the default SCHEDULER_DENY_NETWORKS refuses
         self.settings = {"REDIS_KEY_PREFIX": prefix, "SCHEDULER_DENY_NETWORKS": "", "REDIS_SENTINELS": ""}
         project_vars = ("SCRAPY_SETTINGS_MODULE", "SCRAPY_PROJECT")
         self.env = {k: v for k, v in os.environ.items() if k not in project_vars}
-        if embedded_dir is not None:  # and no REDIS_URL of the project's settings.py sends them elsewhere
+        if embedded is not None:  # and no REDIS_URL of the project's settings.py sends them elsewhere
             self.settings.update(REDIS_URL="", REDIS_HOST="", REDIS_PORT="",
-                                 REDIS_EMBEDDED_DIR=str(embedded_dir))
+                                 REDIS_EMBEDDED_DIR=str(embedded.directory))
             return
         module_dir = self.run_dir / "worker-settings"
         module_dir.mkdir(mode=0o700, exist_ok=True)
