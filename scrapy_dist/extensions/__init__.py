@@ -113,11 +113,6 @@ class IdleMonitor(PeriodicExtension):
         self._ends_chains = False  # closed by ``scrapy-dist close``
         #: server time at the last poll, from the server time at start (a cluster pipeline cannot send TIME)
         self.server_now: float | None = None
-        self._opened_mono: float | None = None
-
-    async def opened(self) -> None:
-        await super().opened()
-        self._opened_mono = time.monotonic()
 
     async def closed(self, reason: str) -> None:
         """After this worker's last sync: remove the revisits filed since ``scrapy-dist close``."""

@@ -152,6 +152,8 @@ class PeriodicExtension:
         self.settings = DistSettings.for_crawler(crawler)
         self.redis: Any = None
         self.started_at = 0.0
+        self._opened_mono: float | None = None  # time.monotonic() when started_at was read
+        self.closing = False  #: spider_closed came, or this extension had the spider closed
         self._script: Any = None
         self._task: PeriodicTask | None = None
         self._close_task: asyncio.Task[None] | None = None
@@ -166,7 +168,7 @@ class PeriodicExtension:
 
     async def opened(self) -> None:
         """After the client is made and before the task starts."""
-        self.started_at = await start_time(self.redis)
+        self.started_at, self._opened_mono = await start_time(self.redis), time.monotonic()
 
     async def closed(self, reason: str) -> None:
         """After the task stopped and before the client is closed."""
@@ -182,6 +184,8 @@ class PeriodicExtension:
         self._task.start()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
+        self.closing = True
+        await asyncio.sleep(0)  # the other spider_closed handlers (CoreStats: finish_reason...) run first
         if self._task is not None:
             await self._task.stop()
         if self.redis is not None:
@@ -196,6 +200,7 @@ class PeriodicExtension:
         if engine is None or engine.spider is None:
             return False
         self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
+        self.closing = True
         return True
 
 
@@ -221,11 +226,6 @@ class ClusterStats(PeriodicExtension):
         self.worker, self.started = worker_id(self.crawler), time.time()
         assert self._task is not None
         await self._task.run_once()  # registers the worker at once
-
-    async def spider_closed(self, spider: Spider, reason: str) -> None:
-        # the other spider_closed handlers (CoreStats: finish_time, finish_reason) run first
-        await asyncio.sleep(0)
-        await super().spider_closed(spider, reason)
 
     async def closed(self, reason: str) -> None:
         # Redis away now: the scheduler's close (before spider_closed) already waited out the shutdown grace

@@ -20,7 +20,7 @@ from scrapy_dist.settings import defaults
 from scrapy_dist.utils import RateLimitedLog
 
 if TYPE_CHECKING:
-    from scrapy import Request, Spider
+    from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from twisted.python.failure import Failure
@@ -133,7 +133,7 @@ class ErrorMonitor(PeriodicExtension):
         self.events = ErrorCounts(http_error_matcher(list(c.http_errors)))
         self.totals: dict[str, int] = {}
         self._answered: set[int] = set()
-        self._closing = self._local_pause = False
+        self._local_pause = False
         self._garbage_log = RateLimitedLog.once(logger)
 
     def response_downloaded(self, response: Response, request: Request) -> None:
@@ -158,10 +158,6 @@ class ErrorMonitor(PeriodicExtension):
     async def opened(self) -> None:
         self.events.worker = worker_id(self.crawler)
         await super().opened()
-
-    async def spider_closed(self, spider: Spider, reason: str) -> None:
-        self._closing = True
-        await super().spider_closed(spider, reason)
 
     async def closed(self, reason: str) -> None:
         try:
@@ -196,7 +192,7 @@ class ErrorMonitor(PeriodicExtension):
             kept_text = [text(x) for x in kept]
             logger.error(format_alert(self.keys.spider, self.totals, kept_text, c.window, c.action))
         close, close_at, paused = (text(x) for x in control)
-        if self._closing:
+        if self.closing:
             return bool(tripped)
         self._follow_pause(paused == "1")
         # the error monitor acts on its own decision; IdleMonitor relays every kind of close decision
@@ -207,7 +203,6 @@ class ErrorMonitor(PeriodicExtension):
             server_time = None
         closes = decision.close == CLOSE_REASON and decision.close_reason(self.started_at, server_time)
         if closes and self.close_spider(close):
-            self._closing = True
             logger.warning("Closing: the error monitor closed the crawl crawl-wide (%s)", close)
         return bool(tripped)
 
