@@ -276,10 +276,8 @@ class BloomPlan:
         filters it may use, then 1 (a probe key follows their blocks, see :meth:`block_coords`)."""
         self.check_items(items)
         specs = self.filters_for(items)
-        params = [len(specs), WINDOW_BITS, self.max_items]
-        for s in specs:
-            params += [s.bits, s.hashes, s.cumulative, s.blocks, s.block_windows]
-        return [*params, 1]
+        filters = [x for s in specs for x in (s.bits, s.hashes, s.cumulative, s.blocks, s.block_windows)]
+        return [len(specs), WINDOW_BITS, self.max_items, *filters, 1]
 
     def block_coords(self, items: int) -> list[tuple[int, int]]:
         """(filter, block) of every bitmap block, in ``dupe.lua``'s KEYS order; then the probe, the first

@@ -148,9 +148,7 @@ class IdleMonitor(PeriodicExtension):
 
     def locally_idle(self) -> bool:
         """This worker has no request of its own in progress."""
-        if engine_of(self.crawler) is None:
-            return True
-        if _engine.inprogress(self.crawler):
+        if engine_of(self.crawler) is not None and _engine.inprogress(self.crawler):
             return False
         sched = scheduler_of(self.crawler)
         return sched is None or not sched.ledger.local

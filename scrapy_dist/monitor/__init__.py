@@ -223,15 +223,9 @@ def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[
         p.hget(shard.delayed_meta, "revisits").zrange(shard.delayed, 0, 0, withscores=True)
         p.zrange(shard.leases, 0, 0, withscores=True).zrange(shard.leases, -1, -1, withscores=True)
     replies = _replies(p, [None, [], [], []] * len(shards))
-    scheduled = 0
-    due: list[float] = []
-    first: list[float] = []
-    last: list[float] = []
-    for i in range(0, len(replies), 4):
-        scheduled += _whole(text(replies[i]), 15) or 0
-        for found, reply in ((due, replies[i + 1]), (first, replies[i + 2]), (last, replies[i + 3])):
-            if reply and math.isfinite(reply[0][1]):  # ZADD accepts +inf
-                found.append(reply[0][1])
+    scheduled = sum(_whole(text(reply), 15) or 0 for reply in replies[0::4])
+    # the first delayed, first leased and last leased score of each shard (ZADD accepts +inf: not one)
+    due, first, last = ([r[0][1] for r in replies[j::4] if r and math.isfinite(r[0][1])] for j in (1, 2, 3))
 
     def seconds(scores: list[float], pick: Any) -> float | None:
         return round(min(max(0.0, pick(scores) - now), 1e10), 1) if scores else None

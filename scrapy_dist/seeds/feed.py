@@ -89,8 +89,6 @@ class SeedReader:
     def __init__(
         self, redis: Any, keys: CrawlKeys, worker_id: str, kind: str = "list", lease_seconds: float = 60.0,
         rejected_maxlen: int = defaults.REDIS_START_URLS_REJECTED_MAXLEN, held_cap: int = HELD_CAP) -> None:
-        if kind not in ("list", "set", "zset"):
-            raise ValueError(f"kind must be list, set or zset, not {kind!r}")
         if "\n" in worker_id:
             raise ValueError("a worker id cannot hold a newline (it prefixes processing entries)")
         self.redis, self.keys, self.worker_id, self.kind = redis, keys, worker_id, kind
@@ -138,9 +136,6 @@ class SeedReader:
         if self.rejected_maxlen > 0:
             pipe.ltrim(self.keys.start_urls_rejected, -self.rejected_maxlen, -1)
         await pipe.execute()
-
-    async def close(self) -> None:
-        await self.redis.aclose()
 
 
 @dataclass
@@ -393,7 +388,7 @@ class SeedFeed(BackgroundTask):
             self._acks = []
             self._taken.clear()
             try:
-                await r.close()
+                await r.redis.aclose()
             except Exception:  # closing a client that lost its server is not worth a traceback
                 logger.debug("Error closing the seeds client", exc_info=True)
 
