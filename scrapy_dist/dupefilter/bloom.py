@@ -307,8 +307,7 @@ class BloomPlan:
 
 
 def fingerprint_hashes(fingerprint: bytes) -> tuple[int, int]:
-    """Two independent 46-bit hashes of a request fingerprint (``h2`` odd): ``h1`` picks the window,
-    ``h2`` the pattern of bits inside it (see ``dupe.lua``)."""
+    """Two 46-bit hashes of a fingerprint: ``h1`` picks the window, ``h2`` (odd) its bits (``dupe.lua``)."""
     x = int.from_bytes(hashlib.blake2b(fingerprint, digest_size=12).digest(), "big")
     return x >> 50, ((x >> 4) & _MASK46) | 1
 

@@ -94,8 +94,7 @@ def encode_datetime(value: datetime) -> str:
 
 
 class StatsMerger:
-    """Successive snapshots of one worker's stats as ``(mode, name, value)`` merge operations for
-    ``clusterstats.lua`` (pure: what changed since the previous snapshot)."""
+    """What changed in one worker's stats since the last snapshot as ``clusterstats.lua`` merge operations."""
 
     def __init__(self, max_stats: Iterable[str] = (), min_stats: Iterable[str] = ()) -> None:
         self.max_stats, self.min_stats = (*MAX_STATS, *max_stats), (*MIN_STATS, *min_stats)
@@ -404,8 +403,7 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
 
 
 def worker_state(info: dict[str, str], last_seen: float, now: float, default_interval: float) -> str:
-    """``closed`` if the worker said so, ``lost`` if unseen for :data:`LOST_AFTER_INTERVALS` of its
-    heartbeat intervals (``default_interval`` if it never sent one), else ``running``."""
+    """``closed``, ``lost`` (unseen for :data:`LOST_AFTER_INTERVALS` heartbeat intervals) or ``running``."""
     if info.get("state") == CLOSED:
         return CLOSED
     interval = _finite(str(info.get("interval") or ""), 0.001, 86400.0) or default_interval

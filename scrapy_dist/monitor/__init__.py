@@ -47,8 +47,7 @@ def bounded_text(value: Any, limit: int = TEXT_LIMIT) -> str:
 
 
 def bounded_id(value: Any, limit: int = ID_LIMIT) -> str:
-    """An id as text of at most ``limit`` characters; a longer one keeps its head and ends in ``…`` and
-    8 hex digits of its digest, so two long ids stay two labels."""
+    """An id cut to ``limit`` characters, a cut one ending in ``…`` and 8 hex digits of its digest."""
     s = text(value)
     if len(s) <= limit:
         return s
@@ -216,8 +215,7 @@ def crawl_state(control: ControlState, running: int, started: list[float | None]
 
 
 def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Scheduled revisits and when the next delayed entry comes due (``{"scheduled", "next_in"}``), and when
-    the first and the last lease run out (``{"first_in", "last_in"}``): one round trip."""
+    """Scheduled revisits and when the next comes due; when the first and the last lease run out."""
     p = client.pipeline(transaction=False)
     for shard in shards:
         p.hget(shard.delayed_meta, "revisits").zrange(shard.delayed, 0, 0, withscores=True)
@@ -352,8 +350,7 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
 
 
 def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
-    """Fill and estimated false-positive rate of the crawl's dupefilter; ``{"kind": "garbage"}`` if the bloom
-    hash holds parameters no filter could have."""
+    """Fill and estimated false-positive rate of the dupefilter (``garbage``: parameters no filter has)."""
     try:
         b = hash_fields(bloom, "bloom")
         if not b.get("capacity"):

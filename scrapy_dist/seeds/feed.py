@@ -102,8 +102,7 @@ class SeedReader:
 
     async def take(self, count: int, acks: Sequence[bytes] = (), mode: str = "take",
                    now: float | None = None) -> TakeResult:
-        """Acknowledge ``acks``, renew the lease, take up to ``count`` seeds: one EVALSHA of
-        ``seeds_take.lua`` (which documents ``mode``: ``take``, ``sweep``, ``leave``)."""
+        """Acknowledge ``acks``, renew the lease, take up to ``count`` seeds: one ``seeds_take.lua`` call."""
         raw = await self._take(keys=self._keys, args=[
             "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), self.kind, count,
             mode, "1" if self.registered else "0", ADOPT_BATCH, *self._bounds, *acks])
