@@ -197,11 +197,7 @@ class ErrorMonitor(PeriodicExtension):
         self._follow_pause(paused == "1")
         # the error monitor acts on its own decision; IdleMonitor relays every kind of close decision
         decision = ControlState.from_hash({"close": close, "close_at": close_at})
-        try:
-            server_time: float | None = float(text(server_now))
-        except ValueError:
-            server_time = None
-        closes = decision.close == CLOSE_REASON and decision.close_reason(self.started_at, server_time)
+        closes = decision.close == CLOSE_REASON and decision.close_reason(self.started_at, float(server_now))
         if closes and self.close_spider(close):
             logger.warning("Closing: the error monitor closed the crawl crawl-wide (%s)", close)
         return bool(tripped)
