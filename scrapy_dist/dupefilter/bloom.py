@@ -5,6 +5,7 @@ and :class:`RecentFingerprints`, a worker's memory of the fingerprints it sent."
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 from collections.abc import Hashable
@@ -172,12 +173,8 @@ def _size(capacity: int, error: float, max_hashes: int = 40) -> tuple[int, int]:
             hi *= 2  # fewer hashes than the optimum need more bits
         if window_fpr(capacity, hi * WINDOW_BITS, k) > error:
             continue
-        while lo < hi:  # smallest window count meeting the error
-            mid = (lo + hi) // 2
-            if window_fpr(capacity, mid * WINDOW_BITS, k) <= error:
-                hi = mid
-            else:
-                lo = mid + 1
+        lo += bisect.bisect_left(range(lo, hi), True,  # the smallest window count meeting the error
+                                 key=lambda w: window_fpr(capacity, w * WINDOW_BITS, k) <= error)
         if best is None or lo < best[0]:
             best = (lo, k)
     if best is None:  # pragma: no cover - the doubled unblocked size always suffices

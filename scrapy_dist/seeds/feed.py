@@ -329,8 +329,7 @@ class SeedFeed(BackgroundTask):
 
     def _requests(self, entry: bytes) -> list[Request]:
         """The requests of one processing-list entry (none if its seed is rejected, recorded, or skipped)."""
-        score: float | None = None
-        raw = entry
+        score, raw = None, entry
         if self.reader.kind == "zset":
             head, _, raw = entry.partition(b" ")
             try:
