@@ -136,6 +136,9 @@ class SeedReader:
             pipe.ltrim(self.keys.start_urls_rejected, -self.rejected_maxlen, -1)
         await pipe.execute()
 
+    async def close(self) -> None:
+        await self.redis.aclose()
+
 
 @dataclass
 class _Taken:
@@ -386,7 +389,7 @@ class SeedFeed(BackgroundTask):
             self._acks = []
             self._taken.clear()
             try:
-                await r.redis.aclose()
+                await r.close()
             except Exception:  # closing a client that lost its server is not worth a traceback
                 logger.debug("Error closing the seeds client", exc_info=True)
 
