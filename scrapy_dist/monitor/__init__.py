@@ -204,13 +204,11 @@ def crawl_state(control: ControlState, running: int, started: list[float | None]
     decision taken before all ``started`` (the running workers' start times) is ignored, as they do."""
     if control.paused:
         return "paused"
-    if control.close and running:
-        starts = started if started is not None else [None] * running
-        if any(control.close_reason(s or 0.0, now) for s in starts):
-            return f"closing ({control.close})"
-        return "running"
-    if control.close:
+    if control.close and not running:
         return f"closed ({control.close})"
+    starts = started if started is not None else [None] * running
+    if control.close and any(control.close_reason(s or 0.0, now) for s in starts):
+        return f"closing ({control.close})"
     return "running" if running else "stopped"
 
 
