@@ -294,16 +294,12 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
     replies = _replies(p, fallbacks + [{}] * len(members) + [0, 0, 0, 0, {}, 0, None] * len(shards))
     seeds_waiting = int(replies.pop(0)) if count is not None else 0
     details, per_shard = replies[: len(members)], replies[len(members):]
-    queued = inflight = delayed = queue_rejected = 0
-    filters = []
-    for i in range(0, len(per_shard), 7):
-        s_queued, s_inflight, s_delayed, s_rejected, bloom, fingerprints, counted = per_shard[i : i + 7]
-        if s_queued:  # queue members may be chunks of several requests: the tails count them
-            queued += max(int(s_queued), untrusted_count(counted))
-        inflight += int(s_inflight)
-        delayed += int(s_delayed)
-        queue_rejected += int(s_rejected)
-        filters.append(filter_figures(bloom, int(fingerprints) + (int(expiring) if i == 0 else 0)))
+    queues, leased, delays, rejects, blooms, fingerprints, tails = (per_shard[j::7] for j in range(7))
+    # queue members may be chunks of several requests: the tails count them
+    queued = sum(max(int(n), untrusted_count(tail)) for n, tail in zip(queues, tails, strict=True) if n)
+    inflight, delayed, queue_rejected = (sum(int(n) for n in column) for column in (leased, delays, rejects))
+    filters = [filter_figures(bloom, int(n) + (int(expiring) if i == 0 else 0))
+               for i, (bloom, n) in enumerate(zip(blooms, fingerprints, strict=True))]
     leases = None
     if inflight <= lease_scan_limit:
         with contextlib.suppress(ResponseError):  # a key of another type: no per-worker counts
