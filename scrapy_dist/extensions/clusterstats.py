@@ -242,7 +242,7 @@ class ClusterStats(PeriodicExtension):
 
     def _heartbeat(self, stats: dict[str, Any], final: bool, reason: str) -> dict[str, str]:
         """This worker's heartbeat HASH (Redis adds ``last_seen``), with the frontier its scheduler saw."""
-        sched = scheduler_of(self.crawler)
+        sched = get_scheduler(self.crawler)
         ledger = getattr(sched, "ledger", None)
         # requests handed to the engine, and leased ahead of demand (all a paused worker holds)
         handed, ready = ("", "") if ledger is None else (str(len(ledger.handed)), str(len(ledger.ready)))
@@ -300,14 +300,9 @@ def engine_of(crawler: Crawler) -> Any:
         return None
 
 
-def scheduler_of(crawler: Crawler) -> Any:
-    """The running scrapy-dist scheduler of ``crawler``, or None (another scheduler, or not started)."""
-    return get_scheduler(crawler) if engine_of(crawler) is not None else None
-
-
 def worker_id(crawler: Crawler) -> str:
     """This process's worker id: the scrapy-dist scheduler's, else one made once per crawler."""
-    sched = scheduler_of(crawler)
+    sched = get_scheduler(crawler)
     if sched is not None:
         return sched.worker_id
     if getattr(crawler, "_scrapy_dist_worker_id", None) is None:

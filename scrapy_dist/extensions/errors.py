@@ -13,8 +13,9 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import ReleasedAtClose, ScrapyDistError
-from scrapy_dist.extensions.clusterstats import PeriodicExtension, engine_of, scheduler_of, worker_id
+from scrapy_dist.extensions.clusterstats import PeriodicExtension, engine_of, worker_id
 from scrapy_dist.frontier.layout import ControlState
+from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import defaults
 from scrapy_dist.utils import RateLimitedLog
@@ -206,7 +207,7 @@ class ErrorMonitor(PeriodicExtension):
 
     def _follow_pause(self, paused: bool) -> None:
         """Without the scrapy-dist scheduler (which pauses itself), pause this worker's engine."""
-        if scheduler_of(self.crawler) is not None or paused == self._local_pause:
+        if get_scheduler(self.crawler) is not None or paused == self._local_pause:
             return
         if (engine := engine_of(self.crawler)) is None:
             return
