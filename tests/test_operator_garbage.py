@@ -206,7 +206,7 @@ def test_error_monitor_ignores_a_future_or_garbage_close(redis_url: str, redis_c
         for at in (repr(time.time() + 10 * 365 * 86400), "garbage", "nan"):
             redis_client.hset(KEYS.control, mapping={"close": "error_threshold", "close_at": at})
             await monitor.flush(now=time.time())  # no ValueError per poll, not closed by the future flag
-            closing.append(monitor._closing)
+            closing.append(monitor.closing)
         await monitor.spider_closed(None, "x")
         return closing
 

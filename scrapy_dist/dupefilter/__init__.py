@@ -124,7 +124,7 @@ class DupeScript:
 
 
 @dataclass(eq=False)  # compared and hashed by identity
-class RedisDupeFilter:
+class RedisDupeFilter(BaseDupeFilter):
     """Shared base: fingerprints, logging and stats; subclasses choose how Redis stores them."""
 
     mode: ClassVar[str] = "none"  #: ``mode`` argument of ``dupe.lua``
@@ -162,12 +162,6 @@ class RedisDupeFilter:
             except ScrapyDistError as exc:
                 refuse_start(crawler, exc)
         return BaseDupeFilter()  # type: ignore[return-value]
-
-    def open(self) -> None:
-        pass
-
-    def close(self, reason: str) -> None:
-        pass
 
     def request_seen(self, request: Request) -> bool:
         """Test-and-set ``request``'s fingerprint (one atomic Redis call)."""

@@ -5,6 +5,7 @@ and :class:`RecentFingerprints`, a worker's memory of the fingerprints it sent."
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 from collections.abc import Hashable
@@ -172,12 +173,8 @@ def _size(capacity: int, error: float, max_hashes: int = 40) -> tuple[int, int]:
             hi *= 2  # fewer hashes than the optimum need more bits
         if window_fpr(capacity, hi * WINDOW_BITS, k) > error:
             continue
-        while lo < hi:  # smallest window count meeting the error
-            mid = (lo + hi) // 2
-            if window_fpr(capacity, mid * WINDOW_BITS, k) <= error:
-                hi = mid
-            else:
-                lo = mid + 1
+        lo += bisect.bisect_left(range(lo, hi), True,  # the smallest window count meeting the error
+                                 key=lambda w: window_fpr(capacity, w * WINDOW_BITS, k) <= error)
         if best is None or lo < best[0]:
             best = (lo, k)
     if best is None:  # pragma: no cover - the doubled unblocked size always suffices
@@ -210,14 +207,6 @@ def _layout(windows: int, block_bits: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
-def _spec(index: int, capacity: int, error: float, cumulative: int, block_bits: int,
-          max_hashes: int = 40) -> FilterSpec:
-    windows, hashes = _size(capacity, error, max_hashes)
-    blocks, per_block = _layout(windows, block_bits)
-    bits = blocks * per_block * WINDOW_BITS
-    return FilterSpec(index, capacity, error, bits, hashes, cumulative, blocks, per_block)
-
-
 class BloomPlan:
     """The chain of filters for a declared ``capacity`` and compound ``error_rate``."""
 
@@ -229,32 +218,29 @@ class BloomPlan:
         self.scheme = scheme
         #: past the capacity, each filter holds twice the last (None) or this fraction of the last planned
         self.overflow_step = overflow_step
+        self.max_items = self.capacity * MAX_OVERSHOOT  #: the most items the filter may ever hold
         self._specs: list[FilterSpec] = []
-        planned = self._planned_capacities()
+        # PLANNED_GROWTH times larger each, as many as keep the first at least MIN_FIRST_CAPACITY
+        c, g, levels = self.capacity, PLANNED_GROWTH, 1
+        while c * (g - 1) / (g ** (levels + 1) - 1) >= MIN_FIRST_CAPACITY:
+            levels += 1
+        planned = [max(1, round(c * (g - 1) / (g**levels - 1) * g**i)) for i in range(levels)]
+        planned[-1] += c - sum(planned)  # the rounding remainder goes to the largest filter
+        self.planned = levels  #: number of filters up to the declared capacity
         # the error budget, shared in proportion to capacity (the fewest bits for a fixed sum of errors)
         errors = [(1 - RESERVE) * self.error_rate * c / self.capacity for c in planned]
         # each hash is one SETBIT: layout 4 gives the small filters fewer hashes and more bits
         self.max_hashes = 40 if scheme == 3 else _size(planned[-1], errors[-1])[1]
         small = 40 if scheme == 3 else max(1, self.max_hashes - SMALL_FILTER_HASH_CUT)
-        cum = 0
-        for i, c in enumerate(planned):
-            cum += c
-            cap_k = self.max_hashes if i == len(planned) - 1 else small
-            self._specs.append(_spec(i, c, errors[i], cum, self.block_bits, cap_k))
+        for i, (cap, err) in enumerate(zip(planned, errors, strict=True)):
+            self._add(cap, err, self.max_hashes if i == levels - 1 else small)
 
-    def _planned_capacities(self) -> list[int]:
-        c, g, levels = self.capacity, PLANNED_GROWTH, 1
-        while c * (g - 1) / (g ** (levels + 1) - 1) >= MIN_FIRST_CAPACITY:
-            levels += 1
-        first = c * (g - 1) / (g**levels - 1)
-        caps = [max(1, round(first * g**i)) for i in range(levels)]
-        caps[-1] += c - sum(caps)  # the rounding remainder goes to the largest filter
-        return caps
-
-    @property
-    def max_items(self) -> int:
-        """The most items the filter may ever hold: :data:`MAX_OVERSHOOT` times its capacity."""
-        return self.capacity * MAX_OVERSHOOT
+    def _add(self, capacity: int, error: float, max_hashes: int) -> None:
+        windows, hashes = _size(capacity, error, max_hashes)
+        blocks, per = _layout(windows, self.block_bits)
+        cumulative = capacity + (self._specs[-1].cumulative if self._specs else 0)
+        self._specs.append(FilterSpec(len(self._specs), capacity, error, blocks * per * WINDOW_BITS, hashes,
+                                      cumulative, blocks, per))
 
     def check_items(self, items: int, key: str = "{spider}:bloom") -> None:
         """:class:`BloomParameterError` if ``items`` is past :attr:`max_items` (before anything is sized)."""
@@ -263,24 +249,16 @@ class BloomPlan:
                 f"{key}: {items} items would pass {MAX_OVERSHOOT}x the filter's capacity {self.capacity}"
                 " (field n was changed, or the crawl outgrew BLOOMFILTER_CAPACITY: raise it for a new crawl)")
 
-    @property
-    def planned(self) -> int:
-        """Number of filters up to the declared capacity."""
-        return sum(1 for s in self._specs if s.cumulative <= self.capacity)
-
     def spec(self, index: int) -> FilterSpec:
         """Filter ``index`` (created on demand past the declared capacity)."""
         while len(self._specs) <= index:
-            last = self._specs[-1]
             j = len(self._specs) - self.planned + 1
             if self.overflow_step is None:
-                cap = last.capacity * OVERFLOW_GROWTH
-                err = RESERVE * self.error_rate * 0.5**j
+                self._add(self._specs[-1].capacity * OVERFLOW_GROWTH, RESERVE * self.error_rate * 0.5**j,
+                          self.max_hashes)
             else:  # many small steps: errors shrinking as 1/j^2 (sum 6/pi^2 of the reserve) stay sizable
-                cap = max(1, round(self._specs[self.planned - 1].capacity * self.overflow_step))
-                err = RESERVE * self.error_rate * 6 / (math.pi**2 * j**2)
-            self._specs.append(
-                _spec(len(self._specs), cap, err, last.cumulative + cap, self.block_bits, self.max_hashes))
+                self._add(max(1, round(self._specs[self.planned - 1].capacity * self.overflow_step)),
+                          RESERVE * self.error_rate * 6 / (math.pi**2 * j**2), self.max_hashes)
         return self._specs[index]
 
     def filters_for(self, items: int) -> list[FilterSpec]:
@@ -295,10 +273,8 @@ class BloomPlan:
         filters it may use, then 1 (a probe key follows their blocks, see :meth:`block_coords`)."""
         self.check_items(items)
         specs = self.filters_for(items)
-        params = [len(specs), WINDOW_BITS, self.max_items]
-        for s in specs:
-            params += [s.bits, s.hashes, s.cumulative, s.blocks, s.block_windows]
-        return [*params, 1]
+        filters = [x for s in specs for x in (s.bits, s.hashes, s.cumulative, s.blocks, s.block_windows)]
+        return [len(specs), WINDOW_BITS, self.max_items, *filters, 1]
 
     def block_coords(self, items: int) -> list[tuple[int, int]]:
         """(filter, block) of every bitmap block, in ``dupe.lua``'s KEYS order; then the probe, the first
@@ -328,8 +304,7 @@ class BloomPlan:
 
 
 def fingerprint_hashes(fingerprint: bytes) -> tuple[int, int]:
-    """Two independent 46-bit hashes of a request fingerprint (``h2`` odd): ``h1`` picks the window,
-    ``h2`` the pattern of bits inside it (see ``dupe.lua``)."""
+    """Two 46-bit hashes of a fingerprint: ``h1`` picks the window, ``h2`` (odd) its bits (``dupe.lua``)."""
     x = int.from_bytes(hashlib.blake2b(fingerprint, digest_size=12).digest(), "big")
     return x >> 50, ((x >> 4) & _MASK46) | 1
 

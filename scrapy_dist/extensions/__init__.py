@@ -16,10 +16,11 @@ import redis
 from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.misc import load_object
 
-from scrapy_dist.extensions.clusterstats import ClusterStats, PeriodicExtension, engine_of, scheduler_of
+from scrapy_dist.extensions.clusterstats import ClusterStats, PeriodicExtension, engine_of
 from scrapy_dist.extensions.errors import ErrorMonitor
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier.layout import ControlState, end_chains, report_problems
+from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.frontier.shard import shards_idle
 from scrapy_dist.redis import connection
 from scrapy_dist.redis.keys import crawler_keys
@@ -113,11 +114,6 @@ class IdleMonitor(PeriodicExtension):
         self._ends_chains = False  # closed by ``scrapy-dist close``
         #: server time at the last poll, from the server time at start (a cluster pipeline cannot send TIME)
         self.server_now: float | None = None
-        self._opened_mono: float | None = None
-
-    async def opened(self) -> None:
-        await super().opened()
-        self._opened_mono = time.monotonic()
 
     async def closed(self, reason: str) -> None:
         """After this worker's last sync: remove the revisits filed since ``scrapy-dist close``."""
@@ -153,11 +149,9 @@ class IdleMonitor(PeriodicExtension):
 
     def locally_idle(self) -> bool:
         """This worker has no request of its own in progress."""
-        if engine_of(self.crawler) is None:
-            return True
         if _engine.inprogress(self.crawler):
             return False
-        sched = scheduler_of(self.crawler)
+        sched = get_scheduler(self.crawler)
         return sched is None or not sched.ledger.local
 
     async def check(self, now: float | None = None) -> str:
@@ -167,7 +161,7 @@ class IdleMonitor(PeriodicExtension):
         work, control = await self.read()
         reason = control.close_reason(self.started_at, self.server_now)
         # only a worker whose requests go through the shared frontier may call the crawl finished
-        judges = engine_of(self.crawler) is None or scheduler_of(self.crawler) is not None
+        judges = engine_of(self.crawler) is None or get_scheduler(self.crawler) is not None
         if reason:  # stop filing revisits
             revisits = getattr(_engine.scheduler(self.crawler), "revisits", None)
             if revisits is not None:

@@ -94,8 +94,7 @@ def encode_datetime(value: datetime) -> str:
 
 
 class StatsMerger:
-    """Successive snapshots of one worker's stats as ``(mode, name, value)`` merge operations for
-    ``clusterstats.lua`` (pure: what changed since the previous snapshot)."""
+    """What changed in one worker's stats since the last snapshot as ``clusterstats.lua`` merge operations."""
 
     def __init__(self, max_stats: Iterable[str] = (), min_stats: Iterable[str] = ()) -> None:
         self.max_stats, self.min_stats = (*MAX_STATS, *max_stats), (*MIN_STATS, *min_stats)
@@ -152,6 +151,8 @@ class PeriodicExtension:
         self.settings = DistSettings.for_crawler(crawler)
         self.redis: Any = None
         self.started_at = 0.0
+        self._opened_mono: float | None = None  # time.monotonic() when started_at was read
+        self.closing = False  #: spider_closed came, or this extension had the spider closed
         self._script: Any = None
         self._task: PeriodicTask | None = None
         self._close_task: asyncio.Task[None] | None = None
@@ -166,7 +167,7 @@ class PeriodicExtension:
 
     async def opened(self) -> None:
         """After the client is made and before the task starts."""
-        self.started_at = await start_time(self.redis)
+        self.started_at, self._opened_mono = await start_time(self.redis), time.monotonic()
 
     async def closed(self, reason: str) -> None:
         """After the task stopped and before the client is closed."""
@@ -182,6 +183,8 @@ class PeriodicExtension:
         self._task.start()
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
+        self.closing = True
+        await asyncio.sleep(0)  # the other spider_closed handlers (CoreStats: finish_reason...) run first
         if self._task is not None:
             await self._task.stop()
         if self.redis is not None:
@@ -196,6 +199,7 @@ class PeriodicExtension:
         if engine is None or engine.spider is None:
             return False
         self._close_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
+        self.closing = True
         return True
 
 
@@ -222,11 +226,6 @@ class ClusterStats(PeriodicExtension):
         assert self._task is not None
         await self._task.run_once()  # registers the worker at once
 
-    async def spider_closed(self, spider: Spider, reason: str) -> None:
-        # the other spider_closed handlers (CoreStats: finish_time, finish_reason) run first
-        await asyncio.sleep(0)
-        await super().spider_closed(spider, reason)
-
     async def closed(self, reason: str) -> None:
         # Redis away now: the scheduler's close (before spider_closed) already waited out the shutdown grace
         deadline = time.monotonic() + (0.0 if Outage.for_crawler(self.crawler).down else CLOSE_FLUSH_TIMEOUT)
@@ -243,7 +242,7 @@ class ClusterStats(PeriodicExtension):
 
     def _heartbeat(self, stats: dict[str, Any], final: bool, reason: str) -> dict[str, str]:
         """This worker's heartbeat HASH (Redis adds ``last_seen``), with the frontier its scheduler saw."""
-        sched = scheduler_of(self.crawler)
+        sched = get_scheduler(self.crawler)
         ledger = getattr(sched, "ledger", None)
         # requests handed to the engine, and leased ahead of demand (all a paused worker holds)
         handed, ready = ("", "") if ledger is None else (str(len(ledger.handed)), str(len(ledger.ready)))
@@ -301,14 +300,9 @@ def engine_of(crawler: Crawler) -> Any:
         return None
 
 
-def scheduler_of(crawler: Crawler) -> Any:
-    """The running scrapy-dist scheduler of ``crawler``, or None (another scheduler, or not started)."""
-    return get_scheduler(crawler) if engine_of(crawler) is not None else None
-
-
 def worker_id(crawler: Crawler) -> str:
     """This process's worker id: the scrapy-dist scheduler's, else one made once per crawler."""
-    sched = scheduler_of(crawler)
+    sched = get_scheduler(crawler)
     if sched is not None:
         return sched.worker_id
     if getattr(crawler, "_scrapy_dist_worker_id", None) is None:
@@ -404,8 +398,7 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
 
 
 def worker_state(info: dict[str, str], last_seen: float, now: float, default_interval: float) -> str:
-    """``closed`` if the worker said so, ``lost`` if unseen for :data:`LOST_AFTER_INTERVALS` of its
-    heartbeat intervals (``default_interval`` if it never sent one), else ``running``."""
+    """``closed``, ``lost`` (unseen for :data:`LOST_AFTER_INTERVALS` heartbeat intervals) or ``running``."""
     if info.get("state") == CLOSED:
         return CLOSED
     interval = _finite(str(info.get("interval") or ""), 0.001, 86400.0) or default_interval

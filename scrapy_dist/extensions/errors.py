@@ -13,14 +13,15 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import ReleasedAtClose, ScrapyDistError
-from scrapy_dist.extensions.clusterstats import PeriodicExtension, engine_of, scheduler_of, worker_id
+from scrapy_dist.extensions.clusterstats import PeriodicExtension, engine_of, worker_id
 from scrapy_dist.frontier.layout import ControlState
+from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import defaults
 from scrapy_dist.utils import RateLimitedLog
 
 if TYPE_CHECKING:
-    from scrapy import Request, Spider
+    from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from twisted.python.failure import Failure
@@ -133,7 +134,7 @@ class ErrorMonitor(PeriodicExtension):
         self.events = ErrorCounts(http_error_matcher(list(c.http_errors)))
         self.totals: dict[str, int] = {}
         self._answered: set[int] = set()
-        self._closing = self._local_pause = False
+        self._local_pause = False
         self._garbage_log = RateLimitedLog.once(logger)
 
     def response_downloaded(self, response: Response, request: Request) -> None:
@@ -158,10 +159,6 @@ class ErrorMonitor(PeriodicExtension):
     async def opened(self) -> None:
         self.events.worker = worker_id(self.crawler)
         await super().opened()
-
-    async def spider_closed(self, spider: Spider, reason: str) -> None:
-        self._closing = True
-        await super().spider_closed(spider, reason)
 
     async def closed(self, reason: str) -> None:
         try:
@@ -196,18 +193,13 @@ class ErrorMonitor(PeriodicExtension):
             kept_text = [text(x) for x in kept]
             logger.error(format_alert(self.keys.spider, self.totals, kept_text, c.window, c.action))
         close, close_at, paused = (text(x) for x in control)
-        if self._closing:
+        if self.closing:
             return bool(tripped)
         self._follow_pause(paused == "1")
         # the error monitor acts on its own decision; IdleMonitor relays every kind of close decision
         decision = ControlState.from_hash({"close": close, "close_at": close_at})
-        try:
-            server_time: float | None = float(text(server_now))
-        except ValueError:
-            server_time = None
-        closes = decision.close == CLOSE_REASON and decision.close_reason(self.started_at, server_time)
+        closes = decision.close == CLOSE_REASON and decision.close_reason(self.started_at, float(server_now))
         if closes and self.close_spider(close):
-            self._closing = True
             logger.warning("Closing: the error monitor closed the crawl crawl-wide (%s)", close)
         return bool(tripped)
 
@@ -215,7 +207,7 @@ class ErrorMonitor(PeriodicExtension):
 
     def _follow_pause(self, paused: bool) -> None:
         """Without the scrapy-dist scheduler (which pauses itself), pause this worker's engine."""
-        if scheduler_of(self.crawler) is not None or paused == self._local_pause:
+        if get_scheduler(self.crawler) is not None or paused == self._local_pause:
             return
         if (engine := engine_of(self.crawler)) is None:
             return

@@ -47,8 +47,7 @@ def bounded_text(value: Any, limit: int = TEXT_LIMIT) -> str:
 
 
 def bounded_id(value: Any, limit: int = ID_LIMIT) -> str:
-    """An id as text of at most ``limit`` characters; a longer one keeps its head and ends in ``…`` and
-    8 hex digits of its digest, so two long ids stay two labels."""
+    """An id cut to ``limit`` characters, a cut one ending in ``…`` and 8 hex digits of its digest."""
     s = text(value)
     if len(s) <= limit:
         return s
@@ -205,33 +204,24 @@ def crawl_state(control: ControlState, running: int, started: list[float | None]
     decision taken before all ``started`` (the running workers' start times) is ignored, as they do."""
     if control.paused:
         return "paused"
-    if control.close and running:
-        starts = started if started is not None else [None] * running
-        if any(control.close_reason(s or 0.0, now) for s in starts):
-            return f"closing ({control.close})"
-        return "running"
-    if control.close:
+    if control.close and not running:
         return f"closed ({control.close})"
+    starts = started if started is not None else [None] * running
+    if control.close and any(control.close_reason(s or 0.0, now) for s in starts):
+        return f"closing ({control.close})"
     return "running" if running else "stopped"
 
 
 def due_figures(client: Any, shards: list[CrawlKeys], now: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Scheduled revisits and when the next delayed entry comes due (``{"scheduled", "next_in"}``), and when
-    the first and the last lease run out (``{"first_in", "last_in"}``): one round trip."""
+    """Scheduled revisits and when the next comes due; when the first and the last lease run out."""
     p = client.pipeline(transaction=False)
     for shard in shards:
         p.hget(shard.delayed_meta, "revisits").zrange(shard.delayed, 0, 0, withscores=True)
         p.zrange(shard.leases, 0, 0, withscores=True).zrange(shard.leases, -1, -1, withscores=True)
     replies = _replies(p, [None, [], [], []] * len(shards))
-    scheduled = 0
-    due: list[float] = []
-    first: list[float] = []
-    last: list[float] = []
-    for i in range(0, len(replies), 4):
-        scheduled += _whole(text(replies[i]), 15) or 0
-        for found, reply in ((due, replies[i + 1]), (first, replies[i + 2]), (last, replies[i + 3])):
-            if reply and math.isfinite(reply[0][1]):  # ZADD accepts +inf
-                found.append(reply[0][1])
+    scheduled = sum(_whole(text(reply), 15) or 0 for reply in replies[0::4])
+    # the first delayed, first leased and last leased score of each shard (ZADD accepts +inf: not one)
+    due, first, last = ([r[0][1] for r in replies[j::4] if r and math.isfinite(r[0][1])] for j in (1, 2, 3))
 
     def seconds(scores: list[float], pick: Any) -> float | None:
         return round(min(max(0.0, pick(scores) - now), 1e10), 1) if scores else None
@@ -304,16 +294,12 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
     replies = _replies(p, fallbacks + [{}] * len(members) + [0, 0, 0, 0, {}, 0, None] * len(shards))
     seeds_waiting = int(replies.pop(0)) if count is not None else 0
     details, per_shard = replies[: len(members)], replies[len(members):]
-    queued = inflight = delayed = queue_rejected = 0
-    filters = []
-    for i in range(0, len(per_shard), 7):
-        s_queued, s_inflight, s_delayed, s_rejected, bloom, fingerprints, counted = per_shard[i : i + 7]
-        if s_queued:  # queue members may be chunks of several requests: the tails count them
-            queued += max(int(s_queued), untrusted_count(counted))
-        inflight += int(s_inflight)
-        delayed += int(s_delayed)
-        queue_rejected += int(s_rejected)
-        filters.append(filter_figures(bloom, int(fingerprints) + (int(expiring) if i == 0 else 0)))
+    queues, leased, delays, rejects, blooms, fingerprints, tails = (per_shard[j::7] for j in range(7))
+    # queue members may be chunks of several requests: the tails count them
+    queued = sum(max(int(n), untrusted_count(tail)) for n, tail in zip(queues, tails, strict=True) if n)
+    inflight, delayed, queue_rejected = (sum(int(n) for n in column) for column in (leased, delays, rejects))
+    filters = [filter_figures(bloom, int(n) + (int(expiring) if i == 0 else 0))
+               for i, (bloom, n) in enumerate(zip(blooms, fingerprints, strict=True))]
     leases = None
     if inflight <= lease_scan_limit:
         with contextlib.suppress(ResponseError):  # a key of another type: no per-worker counts
@@ -358,8 +344,7 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
 
 
 def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
-    """Fill and estimated false-positive rate of the crawl's dupefilter; ``{"kind": "garbage"}`` if the bloom
-    hash holds parameters no filter could have."""
+    """Fill and estimated false-positive rate of the dupefilter (``garbage``: parameters no filter has)."""
     try:
         b = hash_fields(bloom, "bloom")
         if not b.get("capacity"):

@@ -135,8 +135,7 @@ def allowed_host(name: str, bound: str, extra: frozenset[str]) -> bool:
 
 @dataclass(eq=False)
 class Dashboard:
-    """The aiohttp application of one crawl's dashboard; ``client`` is a synchronous Redis client (reads run
-    in a thread), ``requeue`` requeues the dead letters."""
+    """The aiohttp application of one crawl's dashboard (``client``: a sync Redis client read in a thread)."""
 
     client: Any
     keys: CrawlKeys

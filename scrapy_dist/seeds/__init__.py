@@ -38,9 +38,7 @@ from scrapy_dist.wire.entrypolicy import (
     priority_from_score,
 )
 
-# the field checks of scrapy_dist.wire.entrypolicy are re-exported
 __all__ = ["DEFAULT_RULES", "FIELDS", "REASONS", "NearMiss", "Seed", "SeedRules", "candidates",
-           "check_callback_name", "check_cookies", "check_headers", "check_method", "check_priority",
            "class_has_callback", "find", "find_async", "iter_lines", "parse_seed", "priority_from_score",
            "reason_slug", "resolve_callback", "seed_request", "spider_has_callback", "validate_url",
            "warn_at_start"]

@@ -89,8 +89,6 @@ class SeedReader:
     def __init__(
         self, redis: Any, keys: CrawlKeys, worker_id: str, kind: str = "list", lease_seconds: float = 60.0,
         rejected_maxlen: int = defaults.REDIS_START_URLS_REJECTED_MAXLEN, held_cap: int = HELD_CAP) -> None:
-        if kind not in ("list", "set", "zset"):
-            raise ValueError(f"kind must be list, set or zset, not {kind!r}")
         if "\n" in worker_id:
             raise ValueError("a worker id cannot hold a newline (it prefixes processing entries)")
         self.redis, self.keys, self.worker_id, self.kind = redis, keys, worker_id, kind
@@ -104,8 +102,7 @@ class SeedReader:
 
     async def take(self, count: int, acks: Sequence[bytes] = (), mode: str = "take",
                    now: float | None = None) -> TakeResult:
-        """Acknowledge ``acks``, renew the lease, take up to ``count`` seeds: one EVALSHA of
-        ``seeds_take.lua`` (which documents ``mode``: ``take``, ``sweep``, ``leave``)."""
+        """Acknowledge ``acks``, renew the lease, take up to ``count`` seeds: one ``seeds_take.lua`` call."""
         raw = await self._take(keys=self._keys, args=[
             "" if now is None else repr(now), self.worker_id, repr(self.lease_seconds), self.kind, count,
             mode, "1" if self.registered else "0", ADOPT_BATCH, *self._bounds, *acks])
@@ -335,8 +332,7 @@ class SeedFeed(BackgroundTask):
 
     def _requests(self, entry: bytes) -> list[Request]:
         """The requests of one processing-list entry (none if its seed is rejected, recorded, or skipped)."""
-        score: float | None = None
-        raw = entry
+        score, raw = None, entry
         if self.reader.kind == "zset":
             head, _, raw = entry.partition(b" ")
             try:
