@@ -8,7 +8,7 @@ import socket
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
@@ -19,6 +19,7 @@ import redis.cluster
 import redis.exceptions
 import redis.sentinel
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.connection import parse_url
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 from scrapy import signals
@@ -110,16 +111,10 @@ def _sentinel_kwargs(target: RedisTarget, retry: Any) -> dict[str, Any]:
 
 
 def _master_kwargs(target: RedisTarget) -> dict[str, Any]:
-    parts = urlsplit(target.url)
-    kwargs = _client_params(target)  # credentials percent-decoded, as from_url() does
-    if parts.username:
-        kwargs.setdefault("username", unquote(parts.username))
-    if parts.password:
-        kwargs.setdefault("password", unquote(parts.password))
-    db = parts.path.lstrip("/")
-    if db:
-        kwargs.setdefault("db", int(db))
-    if parts.scheme == "rediss":  # the master's host comes from the Sentinels, the scheme from the URL
+    kwargs = _client_params(target)
+    parsed = parse_url(target.url)  # credentials percent-decoded, as from_url() does
+    kwargs.update({k: parsed[k] for k in ("username", "password", "db") if parsed.get(k) and k not in kwargs})
+    if target.url.startswith("rediss:"):  # the master's host is the Sentinels' answer, its scheme the URL's
         kwargs.setdefault("ssl", True)
     return kwargs
 
@@ -177,30 +172,21 @@ def build_async(target: RedisTarget) -> redis.asyncio.Redis:
     return cast("redis.asyncio.Redis", _build(target, _ASYNC))
 
 
-class _SharedSync:
-    """A client of a :class:`ClientPool`: ``close()`` leaves it open for the crawler's other components."""
-
-    def close(self, *args: Any, **kwargs: Any) -> None:
-        return None
+def _keep_open(*args: Any, **kwargs: Any) -> None:
+    """``close()`` of a :class:`ClientPool`'s client: a no-op, the pool closes it for every component."""
 
 
-class _SharedAsync:
-    """An asyncio client of a :class:`ClientPool`: ``aclose()`` leaves it open for the other components."""
-
-    async def aclose(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    async def close(self, *args: Any, **kwargs: Any) -> None:
-        return None
+async def _keep_open_async(*args: Any, **kwargs: Any) -> None:
+    """``close()`` and ``aclose()`` of a :class:`ClientPool`'s asyncio client (see :func:`_keep_open`)."""
 
 
-def _shared(flavour: _Flavour, mixin: type) -> _Flavour:
-    client, cluster = (type(f"Shared{c.__name__}", (mixin, c), {}) for c in (flavour.client, flavour.cluster))
+def _shared(flavour: _Flavour, **no_ops: Any) -> _Flavour:
+    client, cluster = (type(f"Shared{c.__name__}", (c,), no_ops) for c in (flavour.client, flavour.cluster))
     return _Flavour(client, cluster, flavour.sentinel, flavour.retry)
 
 
-_SHARED_SYNC = _shared(_SYNC, _SharedSync)
-_SHARED_ASYNC = _shared(_ASYNC, _SharedAsync)
+_SHARED_SYNC = _shared(_SYNC, close=_keep_open)
+_SHARED_ASYNC = _shared(_ASYNC, close=_keep_open_async, aclose=_keep_open_async)
 _POOLS: weakref.WeakKeyDictionary[Any, ClientPool] = weakref.WeakKeyDictionary()
 
 
@@ -236,10 +222,10 @@ class ClientPool:
 
     async def close(self) -> None:
         sync, client, self._sync, self._async = self._sync, self._async, None, None
-        if sync is not None:  # the client's own close, past the no-op of the mixin
-            super(_SharedSync, sync).close()  # type: ignore[misc]
+        if sync is not None:  # the client's own close, past the no-op
+            super(type(sync), sync).close()  # type: ignore[misc]
         if client is not None:
-            await super(_SharedAsync, client).aclose()  # type: ignore[misc]
+            await super(type(client), client).aclose()  # type: ignore[misc]
 
 
 def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: Any) -> redis.Redis:
