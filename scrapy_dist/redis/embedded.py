@@ -96,11 +96,8 @@ class EmbeddedRedis:
                  maxmemory: int | None = None) -> None:
         path = Path(directory).absolute()
         self.directory = path.parent.resolve() / path.name  # the last component must not be a symlink
-        self.state_path = self.directory / "server.json"
-        self.lock_path = self.directory / "server.lock"
-        self.conf_path = self.directory / "redis.conf"
-        self.log_path = self.directory / "redis.log"
-        self.pid_path = self.directory / "redis.pid"
+        self.state_path, self.lock_path, self.conf_path, self.log_path, self.pid_path = (
+            self.directory / n for n in ("server.json", "server.lock", "redis.conf", "redis.log", "redis.pid"))
         self.binary = binary
         self.maxmemory = files.default_maxmemory() if maxmemory is None else maxmemory
         # only a limit the caller chose is pushed onto a running server it joins
