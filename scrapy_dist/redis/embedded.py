@@ -97,7 +97,8 @@ class EmbeddedRedis:
         path = Path(directory).absolute()
         self.directory = path.parent.resolve() / path.name  # the last component must not be a symlink
         self.state_path, self.lock_path, self.conf_path, self.log_path, self.pid_path = (
-            self.directory / n for n in ("server.json", "server.lock", "redis.conf", "redis.log", "redis.pid"))
+            self.directory / name
+            for name in ("server.json", "server.lock", "redis.conf", "redis.log", "redis.pid"))
         self.binary = binary
         self.maxmemory = files.default_maxmemory() if maxmemory is None else maxmemory
         # only a limit the caller chose is pushed onto a running server it joins

@@ -67,8 +67,8 @@ class Library:
 
     async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
         for _ in range(2):
-            if self.functions is None and not await self._load():
-                break
+            if self.functions is None:
+                await self._load()
             if not self.functions:
                 break
             try:
@@ -85,7 +85,7 @@ class Library:
                     raise
         return await self.script(keys=keys, args=args)
 
-    async def _load(self) -> bool:
+    async def _load(self) -> None:
         try:
             await self.client.function_load(self.code, replace=True)
         except ResponseError as exc:  # no FUNCTION here (Redis < 7, an ACL, a proxy): EVALSHA it is
@@ -96,7 +96,6 @@ class Library:
                                self.function, exc)
         else:
             self.functions = True
-        return bool(self.functions)
 
 
 def register(client: Any, name: str, prelude: str = "") -> Any:

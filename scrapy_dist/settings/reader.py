@@ -34,10 +34,6 @@ from scrapy_dist.settings.values import SettingsError, convert
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-__all__ = ["ADDON_LINE", "COMPONENTS", "COMPONENT_SETTINGS", "REASON", "SCRAPY_QUEUE_SETTINGS", "SETTINGS",
-           "Component", "SettingsReader", "check_components", "importable", "mentions", "queue_order",
-           "redis_location", "refuse_misspelt_components", "refuse_start", "refusing", "start_error"]
-
 logger = logging.getLogger(__name__)
 
 #: scrapy-redis's queue classes -> the queue order of :mod:`scrapy_dist.queue` each one means
@@ -99,14 +95,11 @@ COMPONENT_SETTINGS = ("SCHEDULER", "DUPEFILTER_CLASS", "STATS_CLASS")
 def check_components(settings: Any) -> None:
     """Raise :class:`SettingsError` (with the closest name) if a :data:`COMPONENT_SETTINGS` names a
     scrapy-dist class that cannot be imported, or our scheduler's ``DUPEFILTER_CLASS`` cannot be."""
-    def path(name: str) -> str | None:
-        value = settings.get(name)
-        return value if isinstance(value, str) else None
-
-    ours = (path("SCHEDULER") or "").startswith("scrapy_dist.")
-    for name in COMPONENT_SETTINGS:
-        value = path(name)
-        if value and (value.startswith("scrapy_dist.") or (ours and name == "DUPEFILTER_CLASS")):
+    paths = {name: settings.get(name) for name in COMPONENT_SETTINGS}
+    ours = str(paths["SCHEDULER"]).startswith("scrapy_dist.")
+    for name, value in paths.items():
+        also = ours and name == "DUPEFILTER_CLASS"  # our scheduler needs it
+        if isinstance(value, str) and value and (value.startswith("scrapy_dist.") or also):
             importable(name, value)
 
 
@@ -158,10 +151,9 @@ class SettingsReader:
         """One warning per Scrapy queue setting the project changed that our scheduler cannot honour."""
         if "scrapy_dist" not in str(self.raw("SCHEDULER") or ""):
             return []
-        out = []
-        for name, instead in SCRAPY_QUEUE_SETTINGS.items():
-            if (getattr(self.settings, "getpriority", lambda n: None)(name) or 0) > 0:  # project, spider, -s
-                out.append(f"scrapy-dist: {name} has no effect with the scrapy-dist scheduler: {instead}")
+        priority = getattr(self.settings, "getpriority", lambda name: None)  # > 0: project, spider, -s
+        out = [f"scrapy-dist: {name} has no effect with the scrapy-dist scheduler: {instead}"
+               for name, instead in SCRAPY_QUEUE_SETTINGS.items() if (priority(name) or 0) > 0]
         pq = str(self.raw("SCHEDULER_PRIORITY_QUEUE") or "")
         if pq and not pq.endswith(("DownloaderAwarePriorityQueue", "ScrapyPriorityQueue")):
             out.append(f"scrapy-dist: SCHEDULER_PRIORITY_QUEUE={pq} has no effect with the scrapy-dist"

@@ -65,10 +65,9 @@ _FALSE = ("0", "false", "no", "off")
 def _number(spec: Setting, value: Any) -> float | int:
     integer = spec.kind == "int"
     what = "an integer" if integer else "a number"
+    expected = f"expected {what} {spec.range_words}".rstrip()
     if spec.low == 0 and spec.low_open and spec.high is None:
         expected = f"expected a positive {what.split()[1]}"
-    else:
-        expected = f"expected {what} {spec.range_words}".rstrip()
     if isinstance(value, bool):
         raise SettingsError(spec.name, value, "not a number", expected)
     number: float | int
