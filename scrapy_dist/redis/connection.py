@@ -238,10 +238,8 @@ def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: 
 
 def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
     """scrapy-redis's ``get_redis(url=..., host=..., port=..., db=..., redis_cls=..., **params)``."""
-    redis_cls = kwargs.pop("redis_cls", None)
-    if isinstance(redis_cls, str):
-        redis_cls = load_object(redis_cls)
-    if redis_cls is not None:  # built exactly as scrapy-redis builds it, no options added
+    if (redis_cls := kwargs.pop("redis_cls", None)) is not None:  # built as scrapy-redis does it
+        redis_cls = load_object(redis_cls) if isinstance(redis_cls, str) else redis_cls
         url = kwargs.pop("url", None)
         return cast("redis.Redis", redis_cls.from_url(url, **kwargs) if url else redis_cls(**kwargs))
     given = {word: kwargs.pop(word, None) for word in ("url", "host", "port")}  # REDIS_URL, REDIS_HOST, ...
@@ -275,8 +273,11 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
 
 
-def _describe(client: Any) -> RedisTarget:
-    """A best-effort description of a client built elsewhere (for the error message)."""
+def _describe(client: Any, settings: SettingsLike | DistSettings | None) -> RedisTarget:
+    """The target of ``settings``, else a best-effort description of a client built elsewhere (for the error
+    message)."""
+    if settings is not None:
+        return resolve_target(settings)
     if is_cluster(client):
         node = client.get_default_node()
         url = f"redis://{node.host}:{node.port}/0" if node else "redis://<cluster>"
@@ -295,11 +296,8 @@ def check_reachable(client_or_settings: Any, settings: SettingsLike | DistSettin
     """Raise :class:`RedisUnavailable` unless Redis answers ``PING`` (a sync client, or settings)."""
     obj = client_or_settings
     owned = isinstance(obj, DistSettings) or (not hasattr(obj, "ping") and hasattr(obj, "get"))
-    if owned:
-        target = resolve_target(obj)
-        client = build_sync(target)
-    else:
-        client, target = obj, resolve_target(settings) if settings is not None else _describe(obj)
+    target = resolve_target(obj) if owned else _describe(obj, settings)
+    client = build_sync(target) if owned else obj
     try:
         answer = client.ping()
     except CONNECT_ERRORS as exc:
@@ -314,7 +312,7 @@ def check_reachable(client_or_settings: Any, settings: SettingsLike | DistSettin
 
 async def check_reachable_async(client: Any, settings: SettingsLike | DistSettings | None = None) -> None:
     """:func:`check_reachable` for a ``redis.asyncio`` client."""
-    target = resolve_target(settings) if settings is not None else _describe(client)
+    target = _describe(client, settings)
     try:
         await client.ping()
     except CONNECT_ERRORS as exc:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
-import importlib.util
 import logging
 import pkgutil
 from collections.abc import Callable, Mapping
@@ -75,9 +74,7 @@ def closest_path(path: str) -> str | None:
     try:
         found = importlib.import_module(module)
     except ImportError:  # a misspelt module: the closest of scrapy-dist's modules, if it has the name
-        spec = importlib.util.find_spec("scrapy_dist")
-        locations = spec.submodule_search_locations if spec is not None else None
-        modules = [m.name for m in pkgutil.iter_modules(locations)]
+        modules = [m.name for m in pkgutil.iter_modules(importlib.import_module("scrapy_dist").__path__)]
         close = difflib.get_close_matches(module.partition(".")[2], modules, n=1, cutoff=0.6)
         if not close:
             return None
