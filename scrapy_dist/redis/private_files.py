@@ -62,11 +62,7 @@ def check_private_dir(path: Path) -> None:
 
 def make_private_dir(path: Path) -> None:
     """Create ``path`` (and parents) with mode 0700 if missing, never chmod one, then check it."""
-    missing, probe = [], path
-    while not os.path.lexists(probe) and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
-    for directory in reversed(missing):
+    for directory in reversed([p for p in (path, *path.parents) if not os.path.lexists(p)]):
         with contextlib.suppress(FileExistsError):
             os.mkdir(directory, 0o700)
     check_private_dir(path)

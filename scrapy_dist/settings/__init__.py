@@ -199,7 +199,6 @@ class DistSettings:
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
     items: ItemSettings = field(default_factory=ItemSettings)
     cookies: CookieSettings = field(default_factory=CookieSettings)
-    concurrent_requests: int = 16
     #: one line each: near-miss names, ignored scrapy-redis settings, aliases shadowed
     warnings: tuple[str, ...] = ()
 
@@ -285,7 +284,7 @@ class DistSettings:
             monitoring=_build(MonitoringSettings, raw, http_errors=http_errors),
             items=_build(ItemSettings, raw,
                          serializer=reader.importable("REDIS_ITEMS_SERIALIZER", v("REDIS_ITEMS_SERIALIZER"))),
-            cookies=_build(CookieSettings, raw), concurrent_requests=concurrent,
+            cookies=_build(CookieSettings, raw),
             warnings=tuple(warnings + raw.unknown_names() + raw.scrapy_queue_warnings()))
 
     @classmethod
