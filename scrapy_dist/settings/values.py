@@ -47,15 +47,10 @@ def mask_url(url: str) -> str:
     # precedes it looks like "user:..." (masking too much is the safe mistake)
     userinfo, at, after = rest.rpartition("@")
     user = userinfo.split(":", 1)[0]
-    if at and ":" in userinfo and not any(c in user for c in "/?#"):
-        match = _AUTHORITY.match(after)
-        hostinfo, tail = (match.group(1), match.group(2)) if match else (after, "")
-        authority = f"{user}:***@{hostinfo}"
-    else:
-        match = _AUTHORITY.match(rest)
-        authority, tail = (match.group(1), match.group(2)) if match else (rest, "")
-    tail = _QUERY_PASSWORD.sub(r"\1***", tail)
-    return f"{scheme}://{authority}{tail}"
+    masked = at and ":" in userinfo and not any(c in user for c in "/?#")
+    authority, tail = _AUTHORITY.match(after if masked else rest).groups()  # type: ignore[union-attr]
+    masked_tail = _QUERY_PASSWORD.sub(r"\1***", tail)
+    return f"{scheme}://{user + ':***@' if masked else ''}{authority}{masked_tail}"
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -287,11 +282,8 @@ _OURS = frozenset({"sentinel_kwargs"})
 @lru_cache(maxsize=1)
 def known_options() -> frozenset[str]:
     """Every keyword one of the clients scrapy-dist builds accepts."""
-    import redis
-    import redis.asyncio
     import redis.asyncio.cluster
     import redis.cluster
-    import redis.connection
     names: set[str] = set(_OURS)
     conn = redis.connection
     for cls in (redis.Redis, redis.asyncio.Redis, redis.cluster.RedisCluster,
@@ -313,11 +305,8 @@ def _check(name: str, value: Any, options: Mapping[str, Any]) -> None:
                                 else "expected keywords of redis.Redis, e.g. socket_timeout")
         if given is None or option not in (*_SECONDS, *_INTEGERS):
             continue
-        low = _INTEGERS.get(option, 0)
-        whole = option in _INTEGERS
-        ok = (not isinstance(given, bool) and isinstance(given, int if whole else (int, float))
-              and given >= low)
-        if not ok:
+        whole, low = option in _INTEGERS, _INTEGERS.get(option, 0)
+        if isinstance(given, bool) or not isinstance(given, int if whole else (int, float)) or given < low:
             shown = value if name != "REDIS_PARAMS" else given
             kind = "a whole number" if whole else "a number of seconds"
             where = f"{name}[{option!r}]" if name == "REDIS_PARAMS" else name
