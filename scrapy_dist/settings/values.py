@@ -149,15 +149,13 @@ def check_url(value: Any) -> str:
         raise SettingsError(name, value, f"scheme {scheme}:// is not Redis", expected)
     rest = url[match.end():]
     if scheme == "unix":
-        path = rest.rpartition("@")[2].split("?", 1)[0]
-        if not path.startswith("/"):
+        if not rest.rpartition("@")[2].split("?", 1)[0].startswith("/"):
             raise SettingsError(name, value, "no socket path", expected)
         return url
     hostport, _, tail = rest.rpartition("@")[2].partition("/")
     try:
-        port = urlsplit(f"redis://{hostport}").port
-        if port is not None and not 1 <= port <= 65535:
-            raise ValueError(port)
+        if urlsplit(f"redis://{hostport}").port == 0:  # above 65535 raises ValueError itself
+            raise ValueError(0)
     except ValueError:
         raise SettingsError(name, value, "the port is not a number from 1 to 65535", expected) from None
     if hostport.endswith(":"):
