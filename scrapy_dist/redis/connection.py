@@ -255,12 +255,8 @@ def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
     return build_sync(resolve_target(settings))
 
 
-def get_redis_from_settings(settings: SettingsLike | DistSettings) -> redis.Redis:
-    """scrapy-redis's name for :func:`get_redis` called with settings."""
-    return get_redis(settings)
-
-
-from_settings = get_redis_from_settings  #: scrapy-redis's other name for :func:`get_redis_from_settings`.
+#: scrapy-redis's names for :func:`get_redis` called with settings
+get_redis_from_settings = from_settings = get_redis
 
 
 def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redis:
