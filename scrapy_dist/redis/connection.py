@@ -270,8 +270,7 @@ def is_cluster(client: Any) -> bool:
 
 
 def _describe(client: Any, settings: SettingsLike | DistSettings | None) -> RedisTarget:
-    """The target of ``settings``, else a best-effort description of a client built elsewhere (for the error
-    message)."""
+    """The target of ``settings``, else a best-effort one of a client built elsewhere (for the error)."""
     if settings is not None:
         return resolve_target(settings)
     if is_cluster(client):

