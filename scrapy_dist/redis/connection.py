@@ -11,12 +11,10 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import redis
-import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.cluster
-import redis.exceptions
 import redis.sentinel
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.connection import parse_url
@@ -31,11 +29,9 @@ from scrapy_dist.settings import DistSettings, mask_url
 from scrapy_dist.settings.reader import refuse_start
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from scrapy.crawler import Crawler
-    from scrapy.settings import BaseSettings
-    SettingsLike = BaseSettings | Mapping[str, Any]
+
+    from scrapy_dist.redis.target import SettingsLike
 
 __all__ = ["CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget", "build_async",
            "build_sync", "check_reachable", "check_reachable_async", "ensure_reachable", "from_settings",

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 import redis.asyncio.sentinel
-import redis.exceptions
 import redis.sentinel
 
 from scrapy_dist.exceptions import RedisUnavailable
