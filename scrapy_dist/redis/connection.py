@@ -43,7 +43,7 @@ __all__ = ["CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget
 DEFAULT_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": 15.0,
                                          "socket_keepalive": True, "health_check_interval": 15}
 _TCP_ONLY = ("socket_keepalive", "socket_keepalive_options")  # refused by a unix-socket connection
-_RETRIES = 3
+_RETRIES, _BACKOFF = 3, ExponentialWithJitterBackoff(cap=1.0, base=0.05)  # a stateless backoff: shared
 
 #: What "Redis did not answer" looks like; RedisClusterException is not a RedisError.
 CONNECT_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
@@ -69,7 +69,7 @@ def _detect_cluster(target: RedisTarget) -> bool:
     if target.url in _cluster_detected:
         return _cluster_detected[target.url]
     params = _client_params(target)
-    params["retry"] = Retry(_backoff(), 0)
+    params["retry"] = Retry(_BACKOFF, 0)
     probe = redis.Redis.from_url(target.url, **params)
     try:
         enabled = bool(probe.info("cluster").get("cluster_enabled"))
@@ -130,13 +130,9 @@ _ASYNC = _Flavour(redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster, redis
                   redis.asyncio.retry.Retry)
 
 
-def _backoff() -> ExponentialWithJitterBackoff:
-    return ExponentialWithJitterBackoff(cap=1.0, base=0.05)
-
-
 def _retry(flavour: _Flavour) -> Any:
     """Retry a command on a lost connection, never on a timeout (a write the server may still run)."""
-    return flavour.retry(_backoff(), _RETRIES, supported_errors=(redis.exceptions.ConnectionError,))
+    return flavour.retry(_BACKOFF, _RETRIES, supported_errors=(redis.exceptions.ConnectionError,))
 
 
 def _build(target: RedisTarget, flavour: _Flavour) -> Any:

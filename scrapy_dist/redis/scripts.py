@@ -35,8 +35,7 @@ def source(name: str, prelude: str = "", library: bool = False) -> str:
     script; ``library``: as a FUNCTION library whose one function is named like it (:func:`library_name`)."""
     lua = files("scrapy_dist.redis") / "lua"
     parts = [prelude] if prelude else []
-    parts += [(lua / f"{frag}.lua").read_text() for frag in _FRAGMENTS.get(name, ())]
-    parts.append((lua / f"{name}.lua").read_text())
+    parts += [(lua / f"{part}.lua").read_text() for part in (*_FRAGMENTS.get(name, ()), name)]
     if name not in _LIBRARIES:
         return "\n".join(parts)
     # the fragments read KEYS and ARGV as upvalues, which <name>_call sets on every call
