@@ -194,8 +194,7 @@ class ClientPool:
     @classmethod
     def of(cls, crawler: Crawler) -> ClientPool:
         """The pool of ``crawler``, made on first use and closed when its engine stops."""
-        pool = _POOLS.get(crawler)
-        if pool is None:
+        if (pool := _POOLS.get(crawler)) is None:
             pool = _POOLS[crawler] = cls(resolve_target(DistSettings.for_crawler(crawler)))
             crawler.signals.connect(pool.close, signal=signals.engine_stopped)
         return pool

@@ -40,8 +40,7 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    child = children.get(pid)
-    if child is not None:
+    if (child := children.get(pid)) is not None:
         return child.poll() is None
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -58,11 +57,10 @@ def pid_is_redis(pid: int, directory: Path) -> bool:
                 and os.path.realpath(f"/proc/{pid}/cwd") == os.path.realpath(directory))
     except OSError:  # no /proc (macOS) or not ours to inspect: ask ps for the name only
         try:
-            out = subprocess.run(["ps", "-o", "comm=", "-p", str(pid)], capture_output=True, text=True,
-                                 timeout=5).stdout
+            return "redis" in subprocess.run(["ps", "-o", "comm=", "-p", str(pid)], capture_output=True,
+                                             text=True, timeout=5).stdout
         except (OSError, subprocess.SubprocessError):
             return True
-        return "redis" in out
 
 
 logger = logging.getLogger(__name__)
@@ -152,8 +150,7 @@ class EmbeddedRedis:
 
     def _apply_maxmemory(self) -> None:
         """Give the running server the ``maxmemory`` the caller chose, if it differs."""
-        state = self._read_state() if self.maxmemory_explicit else None
-        if state is None:
+        if not self.maxmemory_explicit or (state := self._read_state()) is None:
             return
         with _probe_client(state) as client, contextlib.suppress(redis.RedisError, OSError, ValueError):
             current = int(client.config_get("maxmemory").get("maxmemory") or 0)
@@ -187,13 +184,11 @@ class EmbeddedRedis:
     def ensure_running(self, timeout: float = 60.0) -> tuple[str, bool]:
         """Join the running server or start one: ``(url, started_by_this_call)``."""
         files.make_private_dir(self.directory)
-        url = self.url()
-        if not url:
+        if not (url := self.url()):
             if self.socket_path.parent != self.directory:
                 files.make_private_dir(self.socket_path.parent)
             with _thread_lock, files.file_lock(self.lock_path, timeout):
-                url = self.url()  # another process may have started it meanwhile
-                if not url:
+                if not (url := self.url()):  # another process may have started it meanwhile
                     self._wait_for_old_server()
                     return self._start(timeout), True
         self._apply_maxmemory()
@@ -260,8 +255,7 @@ class EmbeddedRedis:
             client.shutdown(save=save, nosave=not save)
         pid = state.get("pid")
         if isinstance(pid, int):
-            child = children.pop(pid, None)
-            if child is not None:
+            if (child := children.pop(pid, None)) is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.wait(timeout)
             deadline = time.monotonic() + timeout

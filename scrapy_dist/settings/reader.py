@@ -174,10 +174,9 @@ class SettingsReader:
             elif name in CONNECTION_GUESSES and self.given(name):
                 out.append(f"scrapy-dist: unknown setting {name}: {CONNECTION_GUESSES[name]}")
             # Scrapy's own settings are never "did you mean" one of ours
-            elif name not in hinted and name.startswith(OUR_PREFIXES) and not hasattr(default_settings, name):
-                close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
-                if close:
-                    out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
+            elif (name not in hinted and name.startswith(OUR_PREFIXES) and not hasattr(default_settings, name)
+                  and (close := difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85))):
+                out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
         return out
 
 

@@ -138,8 +138,7 @@ def check_url(value: Any) -> str:
     if not isinstance(value, str):
         raise SettingsError(name, value, f"not a string but a {type(value).__name__}", expected)
     url = value.strip()
-    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):(//)?", url)
-    if match is None or not match.group(2):
+    if (match := re.match(r"([A-Za-z][A-Za-z0-9+.-]*):(//)?", url)) is None or not match.group(2):
         # "127.0.0.1:6380" or "localhost:6379" parse as a scheme; "redis:/host" lacks a slash
         looks_like_ours = match is not None and match.group(1).lower() in ("redis", "rediss", "unix")
         problem = "malformed: the scheme must be followed by //" if looks_like_ours else "no scheme"
