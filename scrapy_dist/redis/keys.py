@@ -182,8 +182,7 @@ def crawl_keys(ds: DistSettings, spider_name: str) -> CrawlKeys:
 def spider_name(crawler: Any) -> str:
     """The name every key of a crawl is built from: the running spider's ``name`` (also one set in
     ``__init__``), else its class's; one function, so no two components split a crawl over two key sets."""
-    spider = getattr(crawler, "spider", None)
-    name = getattr(spider, "name", None) or getattr(crawler.spidercls, "name", None)
+    name = getattr(getattr(crawler, "spider", None), "name", None) or getattr(crawler.spidercls, "name", None)
     if not name or not isinstance(name, str):
         raise ValueError(f"{crawler.spidercls.__name__} has no name: scrapy-dist builds its keys from it")
     return name

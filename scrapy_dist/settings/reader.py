@@ -80,8 +80,7 @@ def closest_path(path: str) -> str | None:
             return None
         module = f"scrapy_dist.{close[0]}"
         found = importlib.import_module(module)
-    names = [n for n in dir(found) if not n.startswith("_")]
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name, [n for n in dir(found) if not n.startswith("_")], n=1, cutoff=0.6)
     return f"{module}.{close[0]}" if close else None
 
 
