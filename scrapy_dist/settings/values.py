@@ -100,36 +100,28 @@ def _bool(spec: Setting, value: Any, expected: str = "expected True or False (1/
     return text in _TRUE
 
 
-def _dict(spec: Setting, value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        if not value.strip():
-            return {}
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise SettingsError(spec.name, value, "not a JSON object",
-                                'expected a dict, or JSON like {"socket_timeout": 30}') from None
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise SettingsError(spec.name, value, f"not a dict but a {type(value).__name__}",
-                        'expected a dict, or JSON like {"socket_timeout": 30}')
+#: container kind -> (the types it takes, what its JSON text must hold, what is expected)
+_CONTAINERS: dict[str, tuple[Any, str, str]] = {
+    "dict": (Mapping, "object", 'expected a dict, or JSON like {"socket_timeout": 30}'),
+    "list": ((list, tuple, set, frozenset), "list", "expected a list, or comma-separated values")}
 
 
-def _list(spec: Setting, value: Any) -> list[Any]:
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                loaded = json.loads(text)
-            except ValueError:
-                raise SettingsError(spec.name, value, "not a JSON list",
-                                    "expected a list, or comma-separated values") from None
-            return list(loaded)
+def _container(spec: Setting, value: Any) -> Any:
+    """A dict (or a JSON object) or a list (a JSON list, or comma-separated values)."""
+    types, json_kind, expected = _CONTAINERS[spec.kind]
+    text = value.strip() if isinstance(value, str) else None
+    if text is not None and spec.kind == "list" and not text.startswith("["):
         return [part.strip() for part in text.split(",") if part.strip()]
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return list(value)
-    raise SettingsError(spec.name, value, f"not a list but a {type(value).__name__}",
-                        "expected a list, or comma-separated values")
+    if text == "":
+        return {}
+    if text is not None:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise SettingsError(spec.name, value, f"not a JSON {json_kind}", expected) from None
+    if isinstance(value, types):
+        return dict(value) if spec.kind == "dict" else list(value)
+    raise SettingsError(spec.name, value, f"not a {spec.kind} but a {type(value).__name__}", expected)
 
 
 def check_url(value: Any) -> str:
@@ -165,7 +157,7 @@ def check_url(value: Any) -> str:
     return url
 
 
-_CONVERTERS = {"int": _number, "float": _number, "bool": _bool, "dict": _dict, "list": _list}
+_CONVERTERS = {"int": _number, "float": _number, "bool": _bool, "dict": _container, "list": _container}
 
 
 def convert(spec: Setting, value: Any) -> Any:
