@@ -102,12 +102,10 @@ def check_components(settings: Any) -> None:
 def queue_order(name: str, path: str) -> str:
     """``path`` if it names a queue order (``score(request)`` and ``sequence``, built without arguments) or
     a scrapy-redis alias of one; a queue class of one's own is refused (the frontier is one sorted set)."""
-    importable(name, path)
-    if path in QUEUE_ALIASES:
+    if importable(name, path) in QUEUE_ALIASES:
         return path
-    cls = load_object(path)
     try:
-        order = cls()
+        order = load_object(path)()
         ok = callable(getattr(order, "score", None)) and getattr(order, "sequence", None) in ("asc", "desc")
     except Exception:  # a constructor that wants arguments: a queue object, not an order
         ok = False
