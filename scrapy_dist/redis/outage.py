@@ -286,10 +286,11 @@ class BackgroundTask:
             pass
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        """The task ended without :meth:`stop`: raising, or returning."""
-        if self.closing or task.cancelled():
-            return
-        exc = task.exception()
+        if not (self.closing or task.cancelled()):
+            self.crashed(task.exception())
+
+    def crashed(self, exc: BaseException | None) -> None:
+        """The task ended without :meth:`stop` (``exc``, or ``None`` if it returned)."""
         self.guard.log.critical("The %s stopped unexpectedly (%s)", self.guard.component,
                                 describe(exc) if exc else "returned", exc_info=exc)
 
