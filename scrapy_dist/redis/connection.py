@@ -68,9 +68,7 @@ def _detect_cluster(target: RedisTarget) -> bool:
         return bool(target.cluster)
     if target.url in _cluster_detected:
         return _cluster_detected[target.url]
-    params = _client_params(target)
-    params["retry"] = Retry(_BACKOFF, 0)
-    probe = redis.Redis.from_url(target.url, **params)
+    probe = redis.Redis.from_url(target.url, **{**_client_params(target), "retry": Retry(_BACKOFF, 0)})
     try:
         enabled = bool(probe.info("cluster").get("cluster_enabled"))
     except (redis.exceptions.TimeoutError, TimeoutError) as exc:  # a stopped server, a silent split

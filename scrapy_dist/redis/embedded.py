@@ -170,9 +170,7 @@ class EmbeddedRedis:
     def status(self) -> dict[str, Any]:
         """What ``scrapy-dist embedded status`` shows: directory, running, socket, pid, memory."""
         out: dict[str, Any] = {"directory": str(self.directory), "running": False}
-        url = self.url(loading_timeout=5.0)
-        state = self._read_state() if url else None
-        if state is None:
+        if not (url := self.url(loading_timeout=5.0)) or (state := self._read_state()) is None:
             return out
         out.update(running=True, url=url, socket=state["socket"], pid=state.get("pid"))
         with _probe_client(state) as client, contextlib.suppress(redis.RedisError, OSError):
