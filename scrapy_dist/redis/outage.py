@@ -112,11 +112,7 @@ class Outage:
     @classmethod
     def for_crawler(cls, crawler: Any) -> Outage:
         """The one :class:`Outage` of ``crawler`` (created on first use); a fresh one for ``None``."""
-        if crawler is None:
-            return cls()
-        if crawler not in cls._by_crawler:
-            cls._by_crawler[crawler] = cls(crawler=crawler)
-        return cls._by_crawler[crawler]
+        return cls() if crawler is None else cls._by_crawler.setdefault(crawler, cls(crawler=crawler))
 
     @property
     def down(self) -> bool:
