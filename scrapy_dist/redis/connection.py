@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import weakref
-from dataclasses import dataclass
+from collections import namedtuple
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
@@ -113,16 +113,8 @@ def _master_kwargs(target: RedisTarget) -> dict[str, Any]:
     return kwargs
 
 
-@dataclass(frozen=True)
-class _Flavour:
-    """The redis-py classes of one client flavour: sync or asyncio."""
-
-    client: Any
-    cluster: Any
-    sentinel: Any
-    retry: Any
-
-
+#: The redis-py classes of one client flavour: sync or asyncio
+_Flavour = namedtuple("_Flavour", "client cluster sentinel retry")
 _SYNC = _Flavour(redis.Redis, redis.cluster.RedisCluster, redis.sentinel.Sentinel, Retry)
 _ASYNC = _Flavour(redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster, redis.asyncio.sentinel.Sentinel,
                   redis.asyncio.retry.Retry)
@@ -172,7 +164,7 @@ async def _keep_open_async(*args: Any, **kwargs: Any) -> None:
 
 def _shared(flavour: _Flavour, **no_ops: Any) -> _Flavour:
     client, cluster = (type(f"Shared{c.__name__}", (c,), no_ops) for c in (flavour.client, flavour.cluster))
-    return _Flavour(client, cluster, flavour.sentinel, flavour.retry)
+    return flavour._replace(client=client, cluster=cluster)
 
 
 _SHARED_SYNC = _shared(_SYNC, close=_keep_open)
