@@ -24,6 +24,7 @@ from scrapy import signals
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.redis.outage import READ_ERRORS as CONNECT_ERRORS  # what "Redis did not answer" looks like
 from scrapy_dist.redis.target import RedisTarget, resolve_target, resolve_url
 from scrapy_dist.settings import DistSettings, mask_url
 from scrapy_dist.settings.reader import refuse_start
@@ -45,8 +46,6 @@ DEFAULT_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_
 _TCP_ONLY = ("socket_keepalive", "socket_keepalive_options")  # refused by a unix-socket connection
 _RETRIES, _BACKOFF = 3, ExponentialWithJitterBackoff(cap=1.0, base=0.05)  # a stateless backoff: shared
 
-#: What "Redis did not answer" looks like; RedisClusterException is not a RedisError.
-CONNECT_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 _cluster_detected: dict[str, bool] = {}
 _tls_checked: set[str] = set()  # rediss:// URLs whose port did not answer plain text

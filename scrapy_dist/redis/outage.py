@@ -307,7 +307,7 @@ class BackgroundTask:
         return result
 
 
-#: What a read of an operator tool may raise from Redis
+#: What a call to Redis may raise when it does not answer (RedisClusterException is not a RedisError)
 READ_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 
