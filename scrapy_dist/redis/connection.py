@@ -224,8 +224,7 @@ def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
         return cast("redis.Redis", redis_cls.from_url(url, **kwargs) if url else redis_cls(**kwargs))
     given = {word: kwargs.pop(word, None) for word in ("url", "host", "port")}  # REDIS_URL, REDIS_HOST, ...
     settings: dict[str, Any] = {f"REDIS_{w.upper()}": v for w, v in given.items() if v not in (None, "")}
-    db = kwargs.pop("db", None)
-    if db is not None and "REDIS_URL" in settings:
+    if (db := kwargs.pop("db", None)) is not None and "REDIS_URL" in settings:
         kwargs["db"] = db  # redis-py: a db keyword wins over the URL's
     elif db is not None:
         host, port = settings.get("REDIS_HOST") or "localhost", settings.get("REDIS_PORT") or 6379

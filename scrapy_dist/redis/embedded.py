@@ -153,8 +153,7 @@ class EmbeddedRedis:
         if not self.maxmemory_explicit or (state := self._read_state()) is None:
             return
         with _probe_client(state) as client, contextlib.suppress(redis.RedisError, OSError, ValueError):
-            current = int(client.config_get("maxmemory").get("maxmemory") or 0)
-            if current != self.maxmemory:
+            if (current := int(client.config_get("maxmemory").get("maxmemory") or 0)) != self.maxmemory:
                 client.config_set("maxmemory", self.maxmemory)
                 logger.info("Embedded Redis in %s: maxmemory set to %d bytes (was %d)", self.directory,
                             self.maxmemory, current)
@@ -251,8 +250,7 @@ class EmbeddedRedis:
             return False
         with _probe_client(state) as client, contextlib.suppress(redis.RedisError):  # dropped as it exits
             client.shutdown(save=save, nosave=not save)
-        pid = state.get("pid")
-        if isinstance(pid, int):
+        if isinstance(pid := state.get("pid"), int):
             if (child := children.pop(pid, None)) is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.wait(timeout)

