@@ -43,18 +43,16 @@ def _scrapy(name: str, default: Any, low: float | None = None) -> Any:
 
 
 def _build(cls: type[_T], raw: SettingsReader, **derived: Any) -> _T:
-    """``cls`` with its :func:`_setting` and :func:`_scrapy` fields read from ``raw``, but the ``derived``."""
-    read: dict[str, Any] = {}
+    """``cls``, its :func:`_setting`/:func:`_scrapy` fields read from ``raw`` but ``derived``; dicts read-only."""
     for f in fields(cls):  # type: ignore[arg-type]
         if f.name in derived:
             continue
         if "setting" in f.metadata:
             value = raw.value(f.metadata["setting"])
-            read[f.name] = tuple(map(str, value)) if isinstance(value, list) else value
+            derived[f.name] = tuple(map(str, value)) if isinstance(value, list) else value
         elif "scrapy" in f.metadata:
-            read[f.name] = raw.scrapy(f.metadata["scrapy"], f.default, low=f.metadata["low"])
-    read_only = {k: MappingProxyType(v) if isinstance(v, dict) else v for k, v in derived.items()}
-    return cls(**read, **read_only)
+            derived[f.name] = raw.scrapy(f.metadata["scrapy"], f.default, low=f.metadata["low"])
+    return cls(**{k: MappingProxyType(v) if isinstance(v, dict) else v for k, v in derived.items()})
 
 
 @dataclass(frozen=True)
