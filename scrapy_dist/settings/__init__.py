@@ -43,7 +43,7 @@ def _scrapy(name: str, default: Any, low: float | None = None) -> Any:
 
 
 def _build(cls: type[_T], raw: SettingsReader, **derived: Any) -> _T:
-    """``cls``, its :func:`_setting`/:func:`_scrapy` fields read from ``raw`` but ``derived``; dicts read-only."""
+    """``cls``, :func:`_setting`/:func:`_scrapy` fields read from ``raw`` but ``derived``; dicts frozen."""
     for f in fields(cls):  # type: ignore[arg-type]
         if f.name in derived:
             continue
