@@ -48,8 +48,7 @@ def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` means "Redis is away for now" (wait and retry), OOM and READONLY included."""
     if isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc):
         return True
-    what = refusal(exc) if isinstance(exc, redis.exceptions.ResponseError) else None
-    return what is not None and not what.startswith("NOPERM")
+    return (what := refusal(exc)) is not None and not what.startswith("NOPERM")
 
 
 #: Redis answers, but will not take this write (yet): the error, and its mark in a script's error reply

@@ -51,9 +51,7 @@ SCRAPY_QUEUE_SETTINGS: Mapping[str, str] = MappingProxyType({
 
 def importable(name: str, path: str | None) -> Any:
     """``path`` if it names an object that can be imported (or a scrapy-redis queue alias)."""
-    if path is None:
-        return None
-    if path in QUEUE_ALIASES:
+    if path is None or path in QUEUE_ALIASES:
         return path
     try:
         load_object(path)
