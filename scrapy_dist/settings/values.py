@@ -71,12 +71,9 @@ def _number(spec: Setting, value: Any) -> float | int:
     elif isinstance(value, str):
         text = value.strip().replace("_", "")
         try:
-            number = int(text) if integer else float(text)
+            number = int(text) if integer and text.lstrip("+-").isdigit() else float(text)
         except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                raise SettingsError(spec.name, value, f"not {what}", expected) from None
+            raise SettingsError(spec.name, value, f"not {what}", expected) from None
     else:
         raise SettingsError(spec.name, value, f"not {what} but a {type(value).__name__}", expected)
     if isinstance(number, float):
