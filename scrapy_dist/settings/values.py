@@ -207,7 +207,6 @@ def sentinels(entries: list[Any]) -> tuple[tuple[str, int], ...]:
 
 def domain_limits(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     expected = 'expected {"*.example.com": {"delay": 1.0, "concurrency": 2, "jitter": 0.5}}'
-    out = {}
     for pattern, rule in rules.items():
         if not isinstance(rule, Mapping) or set(rule) - {"delay", "concurrency", "jitter"}:
             raise SettingsError("DOMAIN_LIMITS", rules, f"rule {pattern!r} is not a dict of delay,"
@@ -216,8 +215,7 @@ def domain_limits(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
             kind = "int" if key == "concurrency" else "float"
             convert(Setting(f"DOMAIN_LIMITS[{pattern!r}][{key!r}]", None, kind, "", "scheduler", low=1 if
                              kind == "int" else 0), value)
-        out[str(pattern)] = dict(rule)
-    return out
+    return {str(pattern): dict(rule) for pattern, rule in rules.items()}
 
 
 MAX_REVISIT_SECONDS = 10 * 365 * 86400.0
