@@ -6,35 +6,33 @@ from __future__ import annotations
 import asyncio
 import socket
 import weakref
-from dataclasses import dataclass
+from collections import namedtuple
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import redis
-import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.cluster
-import redis.exceptions
 import redis.sentinel
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.connection import parse_url
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 from scrapy import signals
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.exceptions import ScrapyDistError
+from scrapy_dist.redis.outage import READ_ERRORS as CONNECT_ERRORS  # what "Redis did not answer" looks like
 from scrapy_dist.redis.target import RedisTarget, resolve_target, resolve_url
 from scrapy_dist.settings import DistSettings, mask_url
 from scrapy_dist.settings.reader import refuse_start
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from scrapy.crawler import Crawler
-    from scrapy.settings import BaseSettings
-    SettingsLike = BaseSettings | Mapping[str, Any]
+
+    from scrapy_dist.redis.target import SettingsLike
 
 __all__ = ["CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget", "build_async",
            "build_sync", "check_reachable", "check_reachable_async", "ensure_reachable", "from_settings",
@@ -46,10 +44,8 @@ __all__ = ["CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget
 DEFAULT_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": 15.0,
                                          "socket_keepalive": True, "health_check_interval": 15}
 _TCP_ONLY = ("socket_keepalive", "socket_keepalive_options")  # refused by a unix-socket connection
-_RETRIES = 3
+_RETRIES, _BACKOFF = 3, ExponentialWithJitterBackoff(cap=1.0, base=0.05)  # a stateless backoff: shared
 
-#: What "Redis did not answer" looks like; RedisClusterException is not a RedisError.
-CONNECT_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 _cluster_detected: dict[str, bool] = {}
 _tls_checked: set[str] = set()  # rediss:// URLs whose port did not answer plain text
@@ -71,9 +67,7 @@ def _detect_cluster(target: RedisTarget) -> bool:
         return bool(target.cluster)
     if target.url in _cluster_detected:
         return _cluster_detected[target.url]
-    params = _client_params(target)
-    params["retry"] = Retry(_backoff(), 0)
-    probe = redis.Redis.from_url(target.url, **params)
+    probe = redis.Redis.from_url(target.url, **{**_client_params(target), "retry": Retry(_BACKOFF, 0)})
     try:
         enabled = bool(probe.info("cluster").get("cluster_enabled"))
     except (redis.exceptions.TimeoutError, TimeoutError) as exc:  # a stopped server, a silent split
@@ -110,42 +104,24 @@ def _sentinel_kwargs(target: RedisTarget, retry: Any) -> dict[str, Any]:
 
 
 def _master_kwargs(target: RedisTarget) -> dict[str, Any]:
-    parts = urlsplit(target.url)
-    kwargs = _client_params(target)  # credentials percent-decoded, as from_url() does
-    if parts.username:
-        kwargs.setdefault("username", unquote(parts.username))
-    if parts.password:
-        kwargs.setdefault("password", unquote(parts.password))
-    db = parts.path.lstrip("/")
-    if db:
-        kwargs.setdefault("db", int(db))
-    if parts.scheme == "rediss":  # the master's host comes from the Sentinels, the scheme from the URL
+    kwargs = _client_params(target)
+    parsed = parse_url(target.url)  # credentials percent-decoded, as from_url() does
+    kwargs.update({k: parsed[k] for k in ("username", "password", "db") if parsed.get(k) and k not in kwargs})
+    if target.url.startswith("rediss:"):  # the master's host is the Sentinels' answer, its scheme the URL's
         kwargs.setdefault("ssl", True)
     return kwargs
 
 
-@dataclass(frozen=True)
-class _Flavour:
-    """The redis-py classes of one client flavour: sync or asyncio."""
-
-    client: Any
-    cluster: Any
-    sentinel: Any
-    retry: Any
-
-
+#: The redis-py classes of one client flavour: sync or asyncio
+_Flavour = namedtuple("_Flavour", "client cluster sentinel retry")
 _SYNC = _Flavour(redis.Redis, redis.cluster.RedisCluster, redis.sentinel.Sentinel, Retry)
 _ASYNC = _Flavour(redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster, redis.asyncio.sentinel.Sentinel,
                   redis.asyncio.retry.Retry)
 
 
-def _backoff() -> ExponentialWithJitterBackoff:
-    return ExponentialWithJitterBackoff(cap=1.0, base=0.05)
-
-
 def _retry(flavour: _Flavour) -> Any:
     """Retry a command on a lost connection, never on a timeout (a write the server may still run)."""
-    return flavour.retry(_backoff(), _RETRIES, supported_errors=(redis.exceptions.ConnectionError,))
+    return flavour.retry(_BACKOFF, _RETRIES, supported_errors=(redis.exceptions.ConnectionError,))
 
 
 def _build(target: RedisTarget, flavour: _Flavour) -> Any:
@@ -177,30 +153,21 @@ def build_async(target: RedisTarget) -> redis.asyncio.Redis:
     return cast("redis.asyncio.Redis", _build(target, _ASYNC))
 
 
-class _SharedSync:
-    """A client of a :class:`ClientPool`: ``close()`` leaves it open for the crawler's other components."""
-
-    def close(self, *args: Any, **kwargs: Any) -> None:
-        return None
+def _keep_open(*args: Any, **kwargs: Any) -> None:
+    """``close()`` of a :class:`ClientPool`'s client: a no-op, the pool closes it for every component."""
 
 
-class _SharedAsync:
-    """An asyncio client of a :class:`ClientPool`: ``aclose()`` leaves it open for the other components."""
-
-    async def aclose(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    async def close(self, *args: Any, **kwargs: Any) -> None:
-        return None
+async def _keep_open_async(*args: Any, **kwargs: Any) -> None:
+    """``close()`` and ``aclose()`` of a :class:`ClientPool`'s asyncio client (see :func:`_keep_open`)."""
 
 
-def _shared(flavour: _Flavour, mixin: type) -> _Flavour:
-    client, cluster = (type(f"Shared{c.__name__}", (mixin, c), {}) for c in (flavour.client, flavour.cluster))
-    return _Flavour(client, cluster, flavour.sentinel, flavour.retry)
+def _shared(flavour: _Flavour, **no_ops: Any) -> _Flavour:
+    client, cluster = (type(f"Shared{c.__name__}", (c,), no_ops) for c in (flavour.client, flavour.cluster))
+    return flavour._replace(client=client, cluster=cluster)
 
 
-_SHARED_SYNC = _shared(_SYNC, _SharedSync)
-_SHARED_ASYNC = _shared(_ASYNC, _SharedAsync)
+_SHARED_SYNC = _shared(_SYNC, close=_keep_open)
+_SHARED_ASYNC = _shared(_ASYNC, close=_keep_open_async, aclose=_keep_open_async)
 _POOLS: weakref.WeakKeyDictionary[Any, ClientPool] = weakref.WeakKeyDictionary()
 
 
@@ -216,8 +183,7 @@ class ClientPool:
     @classmethod
     def of(cls, crawler: Crawler) -> ClientPool:
         """The pool of ``crawler``, made on first use and closed when its engine stops."""
-        pool = _POOLS.get(crawler)
-        if pool is None:
+        if (pool := _POOLS.get(crawler)) is None:
             pool = _POOLS[crawler] = cls(resolve_target(DistSettings.for_crawler(crawler)))
             crawler.signals.connect(pool.close, signal=signals.engine_stopped)
         return pool
@@ -236,10 +202,10 @@ class ClientPool:
 
     async def close(self) -> None:
         sync, client, self._sync, self._async = self._sync, self._async, None, None
-        if sync is not None:  # the client's own close, past the no-op of the mixin
-            super(_SharedSync, sync).close()  # type: ignore[misc]
+        if sync is not None:  # the client's own close, past the no-op
+            super(type(sync), sync).close()  # type: ignore[misc]
         if client is not None:
-            await super(_SharedAsync, client).aclose()  # type: ignore[misc]
+            await super(type(client), client).aclose()  # type: ignore[misc]
 
 
 def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: Any) -> redis.Redis:
@@ -252,16 +218,13 @@ def get_redis(settings: SettingsLike | DistSettings | None = None, /, **kwargs: 
 
 def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
     """scrapy-redis's ``get_redis(url=..., host=..., port=..., db=..., redis_cls=..., **params)``."""
-    redis_cls = kwargs.pop("redis_cls", None)
-    if isinstance(redis_cls, str):
-        redis_cls = load_object(redis_cls)
-    if redis_cls is not None:  # built exactly as scrapy-redis builds it, no options added
+    if (redis_cls := kwargs.pop("redis_cls", None)) is not None:  # built as scrapy-redis does it
+        redis_cls = load_object(redis_cls) if isinstance(redis_cls, str) else redis_cls
         url = kwargs.pop("url", None)
         return cast("redis.Redis", redis_cls.from_url(url, **kwargs) if url else redis_cls(**kwargs))
     given = {word: kwargs.pop(word, None) for word in ("url", "host", "port")}  # REDIS_URL, REDIS_HOST, ...
     settings: dict[str, Any] = {f"REDIS_{w.upper()}": v for w, v in given.items() if v not in (None, "")}
-    db = kwargs.pop("db", None)
-    if db is not None and "REDIS_URL" in settings:
+    if (db := kwargs.pop("db", None)) is not None and "REDIS_URL" in settings:
         kwargs["db"] = db  # redis-py: a db keyword wins over the URL's
     elif db is not None:
         host, port = settings.get("REDIS_HOST") or "localhost", settings.get("REDIS_PORT") or 6379
@@ -271,12 +234,8 @@ def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
     return build_sync(resolve_target(settings))
 
 
-def get_redis_from_settings(settings: SettingsLike | DistSettings) -> redis.Redis:
-    """scrapy-redis's name for :func:`get_redis` called with settings."""
-    return get_redis(settings)
-
-
-from_settings = get_redis_from_settings  #: scrapy-redis's other name for :func:`get_redis_from_settings`.
+#: scrapy-redis's names for :func:`get_redis` called with settings
+get_redis_from_settings = from_settings = get_redis
 
 
 def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redis:
@@ -289,8 +248,10 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
 
 
-def _describe(client: Any) -> RedisTarget:
-    """A best-effort description of a client built elsewhere (for the error message)."""
+def _describe(client: Any, settings: SettingsLike | DistSettings | None) -> RedisTarget:
+    """The target of ``settings``, else a best-effort one of a client built elsewhere (for the error)."""
+    if settings is not None:
+        return resolve_target(settings)
     if is_cluster(client):
         node = client.get_default_node()
         url = f"redis://{node.host}:{node.port}/0" if node else "redis://<cluster>"
@@ -309,11 +270,8 @@ def check_reachable(client_or_settings: Any, settings: SettingsLike | DistSettin
     """Raise :class:`RedisUnavailable` unless Redis answers ``PING`` (a sync client, or settings)."""
     obj = client_or_settings
     owned = isinstance(obj, DistSettings) or (not hasattr(obj, "ping") and hasattr(obj, "get"))
-    if owned:
-        target = resolve_target(obj)
-        client = build_sync(target)
-    else:
-        client, target = obj, resolve_target(settings) if settings is not None else _describe(obj)
+    target = resolve_target(obj) if owned else _describe(obj, settings)
+    client = build_sync(target) if owned else obj
     try:
         answer = client.ping()
     except CONNECT_ERRORS as exc:
@@ -328,7 +286,7 @@ def check_reachable(client_or_settings: Any, settings: SettingsLike | DistSettin
 
 async def check_reachable_async(client: Any, settings: SettingsLike | DistSettings | None = None) -> None:
     """:func:`check_reachable` for a ``redis.asyncio`` client."""
-    target = resolve_target(settings) if settings is not None else _describe(client)
+    target = _describe(client, settings)
     try:
         await client.ping()
     except CONNECT_ERRORS as exc:

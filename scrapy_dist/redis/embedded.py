@@ -40,8 +40,7 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    child = children.get(pid)
-    if child is not None:
+    if (child := children.get(pid)) is not None:
         return child.poll() is None
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -58,11 +57,10 @@ def pid_is_redis(pid: int, directory: Path) -> bool:
                 and os.path.realpath(f"/proc/{pid}/cwd") == os.path.realpath(directory))
     except OSError:  # no /proc (macOS) or not ours to inspect: ask ps for the name only
         try:
-            out = subprocess.run(["ps", "-o", "comm=", "-p", str(pid)], capture_output=True, text=True,
-                                 timeout=5).stdout
+            return "redis" in subprocess.run(["ps", "-o", "comm=", "-p", str(pid)], capture_output=True,
+                                             text=True, timeout=5).stdout
         except (OSError, subprocess.SubprocessError):
             return True
-        return "redis" in out
 
 
 logger = logging.getLogger(__name__)
@@ -96,11 +94,9 @@ class EmbeddedRedis:
                  maxmemory: int | None = None) -> None:
         path = Path(directory).absolute()
         self.directory = path.parent.resolve() / path.name  # the last component must not be a symlink
-        self.state_path = self.directory / "server.json"
-        self.lock_path = self.directory / "server.lock"
-        self.conf_path = self.directory / "redis.conf"
-        self.log_path = self.directory / "redis.log"
-        self.pid_path = self.directory / "redis.pid"
+        self.state_path, self.lock_path, self.conf_path, self.log_path, self.pid_path = (
+            self.directory / name
+            for name in ("server.json", "server.lock", "redis.conf", "redis.log", "redis.pid"))
         self.binary = binary
         self.maxmemory = files.default_maxmemory() if maxmemory is None else maxmemory
         # only a limit the caller chose is pushed onto a running server it joins
@@ -154,12 +150,10 @@ class EmbeddedRedis:
 
     def _apply_maxmemory(self) -> None:
         """Give the running server the ``maxmemory`` the caller chose, if it differs."""
-        state = self._read_state() if self.maxmemory_explicit else None
-        if state is None:
+        if not self.maxmemory_explicit or (state := self._read_state()) is None:
             return
         with _probe_client(state) as client, contextlib.suppress(redis.RedisError, OSError, ValueError):
-            current = int(client.config_get("maxmemory").get("maxmemory") or 0)
-            if current != self.maxmemory:
+            if (current := int(client.config_get("maxmemory").get("maxmemory") or 0)) != self.maxmemory:
                 client.config_set("maxmemory", self.maxmemory)
                 logger.info("Embedded Redis in %s: maxmemory set to %d bytes (was %d)", self.directory,
                             self.maxmemory, current)
@@ -175,9 +169,7 @@ class EmbeddedRedis:
     def status(self) -> dict[str, Any]:
         """What ``scrapy-dist embedded status`` shows: directory, running, socket, pid, memory."""
         out: dict[str, Any] = {"directory": str(self.directory), "running": False}
-        url = self.url(loading_timeout=5.0)
-        state = self._read_state() if url else None
-        if state is None:
+        if not (url := self.url(loading_timeout=5.0)) or (state := self._read_state()) is None:
             return out
         out.update(running=True, url=url, socket=state["socket"], pid=state.get("pid"))
         with _probe_client(state) as client, contextlib.suppress(redis.RedisError, OSError):
@@ -189,13 +181,11 @@ class EmbeddedRedis:
     def ensure_running(self, timeout: float = 60.0) -> tuple[str, bool]:
         """Join the running server or start one: ``(url, started_by_this_call)``."""
         files.make_private_dir(self.directory)
-        url = self.url()
-        if not url:
+        if not (url := self.url()):
             if self.socket_path.parent != self.directory:
                 files.make_private_dir(self.socket_path.parent)
             with _thread_lock, files.file_lock(self.lock_path, timeout):
-                url = self.url()  # another process may have started it meanwhile
-                if not url:
+                if not (url := self.url()):  # another process may have started it meanwhile
                     self._wait_for_old_server()
                     return self._start(timeout), True
         self._apply_maxmemory()
@@ -260,10 +250,8 @@ class EmbeddedRedis:
             return False
         with _probe_client(state) as client, contextlib.suppress(redis.RedisError):  # dropped as it exits
             client.shutdown(save=save, nosave=not save)
-        pid = state.get("pid")
-        if isinstance(pid, int):
-            child = children.pop(pid, None)
-            if child is not None:
+        if isinstance(pid := state.get("pid"), int):
+            if (child := children.pop(pid, None)) is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.wait(timeout)
             deadline = time.monotonic() + timeout

@@ -101,39 +101,36 @@ class CrawlKeys:
         """The keys of every shard, shard 0 (the crawl's own keys) first."""
         return [self.shard(i, shards) for i in range(shards)]
 
-    def _k(self, name: str) -> str:
-        return f"{self.tag}:{name}"
-
     def __getattr__(self, attribute: str) -> str:
         """The fixed-name keys of :data:`CRAWL_KEY_NAMES` (``keys.queue`` is ``<tag>:queue``)."""
         try:
-            return self._k(CRAWL_KEY_NAMES[attribute])
+            return f"{self.tag}:{CRAWL_KEY_NAMES[attribute]}"
         except KeyError:
             raise AttributeError(f"{type(self).__name__} has no key {attribute!r}") from None
 
     def bloom_block(self, filter_index: int, block_index: int) -> str:
         """STRING bitmap: block ``block_index`` of filter ``filter_index`` of the scalable bloom chain."""
-        return self._k(f"bloom:{filter_index}:{block_index}")
+        return f"{self.tag}:bloom:{filter_index}:{block_index}"
 
     def bloom_generation(self, generation: int) -> str:
         """HASH with the item count of bloom generation ``generation`` (``DUPEFILTER_TTL``)."""
-        return self._k(f"bloom:g{generation}")
+        return f"{self.tag}:bloom:g{generation}"
 
     def bloom_generation_block(self, generation: int, filter_index: int, block_index: int) -> str:
         """STRING bitmap: block ``block_index`` of filter ``filter_index`` of generation ``generation``."""
-        return self._k(f"bloom:g{generation}:{filter_index}:{block_index}")
+        return f"{self.tag}:bloom:g{generation}:{filter_index}:{block_index}"
 
     def worker(self, worker_id: str) -> str:
         """HASH with one worker's heartbeat details."""
-        return self._k(f"worker:{worker_id}")
+        return f"{self.tag}:worker:{worker_id}"
 
     def cookie_jar(self, name: str) -> str:
         """HASH of one shared cookie jar: JSON ``[domain, path, name]`` -> JSON cookie record."""
-        return self._k(f"cookies:{name}")
+        return f"{self.tag}:cookies:{name}"
 
     def cookie_changes(self, name: str) -> str:
         """ZSET of one shared cookie jar's changes: HASH field -> version of its last change."""
-        return self._k(f"cookie_changes:{name}")
+        return f"{self.tag}:cookie_changes:{name}"
 
     @property
     def start_urls(self) -> str:
@@ -182,8 +179,7 @@ def crawl_keys(ds: DistSettings, spider_name: str) -> CrawlKeys:
 def spider_name(crawler: Any) -> str:
     """The name every key of a crawl is built from: the running spider's ``name`` (also one set in
     ``__init__``), else its class's; one function, so no two components split a crawl over two key sets."""
-    spider = getattr(crawler, "spider", None)
-    name = getattr(spider, "name", None) or getattr(crawler.spidercls, "name", None)
+    name = getattr(getattr(crawler, "spider", None), "name", None) or getattr(crawler.spidercls, "name", None)
     if not name or not isinstance(name, str):
         raise ValueError(f"{crawler.spidercls.__name__} has no name: scrapy-dist builds its keys from it")
     return name

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 import redis.exceptions
+from redis.backoff import ExponentialBackoff
 from scrapy.utils.reactor import is_reactor_installed
 
 from scrapy_dist.exceptions import ScrapyDistError
@@ -47,8 +48,7 @@ def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` means "Redis is away for now" (wait and retry), OOM and READONLY included."""
     if isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc):
         return True
-    what = refusal(exc) if isinstance(exc, redis.exceptions.ResponseError) else None
-    return what is not None and not what.startswith("NOPERM")
+    return (what := refusal(exc)) is not None and not what.startswith("NOPERM")
 
 
 #: Redis answers, but will not take this write (yet): the error, and its mark in a script's error reply
@@ -73,19 +73,18 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class Backoff:
-    """Capped exponential backoff of one loop: ``first``, ``first * factor``, ... up to ``cap`` seconds."""
+class Backoff(ExponentialBackoff):
+    """One loop's capped exponential backoff: ``first``, twice that, ... up to ``cap`` seconds."""
 
-    def __init__(self, first: float = 0.1, cap: float = 5.0, factor: float = 2.0) -> None:
-        if first <= 0 or cap < first or factor < 1:
-            raise ValueError(f"Backoff needs 0 < first <= cap and factor >= 1, not {first}, {cap}, {factor}")
-        self.first, self.cap, self.factor = first, cap, factor
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        if first <= 0 or cap < first:
+            raise ValueError(f"Backoff needs 0 < first <= cap, not {first}, {cap}")
+        super().__init__(cap, first)
         self.failures = 0
 
     def failed(self) -> float:
-        delay = min(self.cap, self.first * self.factor ** min(self.failures, 64))
         self.failures += 1
-        return delay
+        return self.compute(min(self.failures - 1, 64))
 
     def reset(self) -> None:
         self.failures = 0
@@ -93,28 +92,26 @@ class Backoff:
 
 class Outage:
     """Whether this worker sees Redis as away, shared by its components: one WARNING when an outage starts,
-    one INFO when every component that failed has succeeded since or not failed for ``stale`` seconds."""
+    one INFO when every component that failed has succeeded since or not failed for ``stale`` seconds. A
+    crawler's (:meth:`for_crawler`) also stops a close that has waited on Redis for
+    ``SCHEDULER_SHUTDOWN_GRACE`` seconds."""
 
     _by_crawler: ClassVar[weakref.WeakKeyDictionary[Any, Outage]] = weakref.WeakKeyDictionary()
 
-    def __init__(self, log: logging.Logger = logger, stale: float = 30.0) -> None:
+    def __init__(self, log: logging.Logger = logger, stale: float = 30.0, crawler: Any = None) -> None:
         self.log, self.stale = log, stale
         self.since: float | None = None  # when the current outage started; None while Redis answers
         self.count = self.failures = 0  # outages seen; failed calls during the current one
         self._failing: dict[str, float] = {}
         self._noticed: dict[str, None] = {}  # components that failed during it, in order
-        self.close_watch: CloseWatch | None = None  # set by for_crawler()
+        self._crawler: Callable[[], Any] = weakref.ref(crawler) if crawler is not None else lambda: None
+        self.closing_since: float | None = None  # first failed call during a close (reset by any answer)
+        self.stopped = False
 
     @classmethod
     def for_crawler(cls, crawler: Any) -> Outage:
         """The one :class:`Outage` of ``crawler`` (created on first use); a fresh one for ``None``."""
-        if crawler is None:
-            return cls()
-        found = cls._by_crawler.get(crawler)
-        if found is None:
-            found = cls._by_crawler[crawler] = cls()
-            found.close_watch = CloseWatch(crawler)
-        return found
+        return cls() if crawler is None else cls._by_crawler.setdefault(crawler, cls(crawler=crawler))
 
     @property
     def down(self) -> bool:
@@ -125,8 +122,7 @@ class Outage:
         self._failing[component] = now
         self._noticed.setdefault(component)
         self.failures += 1
-        if self.close_watch is not None:
-            self.close_watch.check(now)
+        self.check_close(now)
         if self.since is not None:
             return False
         self.since, self.count = now, self.count + 1
@@ -139,8 +135,7 @@ class Outage:
 
     def succeeded(self, now: float, component: str) -> bool:
         """``component`` got an answer from Redis; returns whether this ended the outage (and logged)."""
-        if self.close_watch is not None:
-            self.close_watch.since = None
+        self.closing_since = None
         if self.since is None:
             return False
         self._failing.pop(component, None)
@@ -149,6 +144,40 @@ class Outage:
         self.log.info("Redis is reachable again after %.1fs (%d failed calls of the %s); the crawl continues",
                       max(0.0, now - self.since), self.failures, ", ".join(self._noticed))
         self.since, self.failures, self._failing, self._noticed = None, 0, {}, {}
+        return True
+
+    def closing(self) -> bool:
+        """Whether the crawler is closing: a stop was asked for, or the engine is closing the spider."""
+        crawler = self._crawler()
+        if crawler is None or getattr(crawler, "crawling", True) is False:
+            return crawler is not None
+        slot = getattr(getattr(crawler, "engine", None), "_slot", None)
+        return getattr(slot, "closing", None) is not None
+
+    @functools.cached_property
+    def grace(self) -> float:
+        """``SCHEDULER_SHUTDOWN_GRACE``, at most ``SCHEDULER_LEASE_SECONDS`` (as the frontier's close)."""
+        sched = DistSettings.for_crawler(self._crawler()).scheduler
+        return min(sched.shutdown_grace, sched.lease_seconds)
+
+    def check_close(self, now: float) -> bool:
+        """A call failed at ``now``; returns whether this stopped the worker (its close waited too long)."""
+        if self.stopped or not self.closing():
+            return False
+        if self.closing_since is None:
+            self.closing_since = now
+            return False
+        if now - self.closing_since < self.grace:
+            return False
+        self.stopped = True
+        logger.error("Closing: Redis has not answered for the %.0fs of SCHEDULER_SHUTDOWN_GRACE; stopping"
+                     " this worker without waiting for it. Its unwritten items and unacknowledged requests"
+                     " are not lost: the requests come back to the queue when their leases expire",
+                     now - self.closing_since)
+        if is_reactor_installed():  # Scrapy's own forced shutdown
+            from twisted.internet import reactor
+            with contextlib.suppress(RuntimeError):  # already stopping
+                reactor.stop()  # type: ignore[attr-defined,misc]
         return True
 
     def guard(self, component: str, backoff: Backoff | None = None,
@@ -172,8 +201,7 @@ class LoopGuard:
             what = "got an error from Redis" if isinstance(exc, redis.exceptions.RedisError) else "failed"
             self.errors.log(logging.ERROR, "The %s %s (%s); retrying", self.component, what,
                             refusal(exc) or describe(exc), key=type(exc).__name__, now=now)
-            if self.outage.close_watch is not None:
-                self.outage.close_watch.check(now)
+            self.outage.check_close(now)
         else:
             self.errors.log(logging.ERROR, "The %s failed (%s)", self.component, describe(exc),
                             key=type(exc).__name__, now=now, exc_info=exc)
@@ -226,8 +254,7 @@ class BackgroundTask:
         """Set :attr:`closing`, wake the task and wait for its end (with :attr:`interrupt`: cancel it)."""
         self.closing = True
         self.wake()
-        task = self._task
-        if task is not None and not self.interrupt:
+        if (task := self._task) is not None and not self.interrupt:
             with contextlib.suppress(Exception):
                 await task
         elif task is not None:
@@ -278,51 +305,7 @@ class BackgroundTask:
         return result
 
 
-class CloseWatch:
-    """Stops a worker whose close has waited on Redis for ``SCHEDULER_SHUTDOWN_GRACE`` seconds."""
-
-    def __init__(self, crawler: Any) -> None:
-        self._crawler = weakref.ref(crawler)
-        self.since: float | None = None  # first failed call during the close (reset by any answer)
-        self.stopped = False
-
-    def closing(self) -> bool:
-        """Whether the crawler is closing: a stop was asked for, or the engine is closing the spider."""
-        crawler = self._crawler()
-        if crawler is None or getattr(crawler, "crawling", True) is False:
-            return crawler is not None
-        slot = getattr(getattr(crawler, "engine", None), "_slot", None)
-        return getattr(slot, "closing", None) is not None
-
-    @functools.cached_property
-    def grace(self) -> float:
-        """``SCHEDULER_SHUTDOWN_GRACE``, at most ``SCHEDULER_LEASE_SECONDS`` (as the frontier's close)."""
-        crawler = self._crawler()
-        sched = DistSettings.for_crawler(crawler).scheduler if crawler is not None else None
-        return min(sched.shutdown_grace, sched.lease_seconds) if sched is not None else 30.0
-
-    def check(self, now: float) -> bool:
-        """A call failed at ``now``; returns whether this stopped the worker."""
-        if self.stopped or not self.closing():
-            return False
-        if self.since is None:
-            self.since = now
-            return False
-        if now - self.since < self.grace:
-            return False
-        self.stopped = True
-        logger.error("Closing: Redis has not answered for the %.0fs of SCHEDULER_SHUTDOWN_GRACE; stopping"
-                     " this worker without waiting for it. Its unwritten items and unacknowledged requests"
-                     " are not lost: the requests come back to the queue when their leases expire",
-                     now - self.since)
-        if is_reactor_installed():  # Scrapy's own forced shutdown
-            from twisted.internet import reactor
-            with contextlib.suppress(RuntimeError):  # already stopping
-                reactor.stop()  # type: ignore[attr-defined,misc]
-        return True
-
-
-#: What a read of an operator tool may raise from Redis
+#: What a call to Redis may raise when it does not answer (RedisClusterException is not a RedisError)
 READ_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
 
 
@@ -413,8 +396,7 @@ class BatchWriter(BackgroundTask, Generic[T]):
         await self.stop()
 
     async def step(self) -> bool:
-        wait = self.due_in(self.clock())
-        if wait is None and self.closing:
+        if (wait := self.due_in(self.clock())) is None and self.closing:
             return False
         await (self.rest(wait) if wait is None or wait > 0 else self.flush_once())
         return True

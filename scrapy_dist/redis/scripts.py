@@ -35,8 +35,7 @@ def source(name: str, prelude: str = "", library: bool = False) -> str:
     script; ``library``: as a FUNCTION library whose one function is named like it (:func:`library_name`)."""
     lua = files("scrapy_dist.redis") / "lua"
     parts = [prelude] if prelude else []
-    parts += [(lua / f"{frag}.lua").read_text() for frag in _FRAGMENTS.get(name, ())]
-    parts.append((lua / f"{name}.lua").read_text())
+    parts += [(lua / f"{part}.lua").read_text() for part in (*_FRAGMENTS.get(name, ()), name)]
     if name not in _LIBRARIES:
         return "\n".join(parts)
     # the fragments read KEYS and ARGV as upvalues, which <name>_call sets on every call
@@ -67,8 +66,8 @@ class Library:
 
     async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
         for _ in range(2):
-            if self.functions is None and not await self._load():
-                break
+            if self.functions is None:
+                await self._load()
             if not self.functions:
                 break
             try:
@@ -85,7 +84,7 @@ class Library:
                     raise
         return await self.script(keys=keys, args=args)
 
-    async def _load(self) -> bool:
+    async def _load(self) -> None:
         try:
             await self.client.function_load(self.code, replace=True)
         except ResponseError as exc:  # no FUNCTION here (Redis < 7, an ACL, a proxy): EVALSHA it is
@@ -96,7 +95,6 @@ class Library:
                                self.function, exc)
         else:
             self.functions = True
-        return bool(self.functions)
 
 
 def register(client: Any, name: str, prelude: str = "") -> Any:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 import redis.asyncio.sentinel
-import redis.exceptions
 import redis.sentinel
 
 from scrapy_dist.exceptions import RedisUnavailable
@@ -107,18 +106,15 @@ def resolve_target(settings: SettingsLike | DistSettings, *, notice: bool = True
     joined or started, with one WARNING (unless not ``notice``) that the crawl stays on this machine."""
     conn = DistSettings.coerce(settings).connection
     params = dict(conn.params)
+    if not (conn.sentinels or conn.url or conn.host or conn.port):
+        return _embedded_target(conn, params, notice)
     if conn.sentinels:
         target = RedisTarget(url=conn.url or "redis:///0", setting="REDIS_SENTINELS", params=params,
                              cluster=False, sentinels=conn.sentinels, sentinel_master=conn.sentinel_master)
-    elif conn.url:
-        target = RedisTarget(url=conn.url, setting=conn.source, params=params, cluster=conn.cluster)
-    elif conn.host or conn.port:
-        # the db goes in the URL: from_url() lets a URL's db win over the db keyword, and scrapy-redis
-        # builds Redis(host=..., port=..., **REDIS_PARAMS), where REDIS_PARAMS["db"] applies
-        url = f"redis://{conn.host or 'localhost'}:{conn.port or 6379}/{params.get('db') or 0}"
-        target = RedisTarget(url=url, setting="REDIS_HOST/REDIS_PORT", params=params, cluster=conn.cluster)
-    else:
-        return _embedded_target(conn, params, notice)
+    else:  # REDIS_HOST/REDIS_PORT: the db goes in the URL, as from_url() lets a URL's db win over the db
+        # keyword, and scrapy-redis builds Redis(host=..., port=..., **REDIS_PARAMS) with REDIS_PARAMS["db"]
+        url = conn.url or f"redis://{conn.host or 'localhost'}:{conn.port or 6379}/{params.get('db') or 0}"
+        target = RedisTarget(url=url, setting=conn.source, params=params, cluster=conn.cluster)
     if target.masked_url not in _announced:
         _announced.add(target.masked_url)
         logger.info("Using Redis at %s (from %s)", target.masked_url, target.setting)

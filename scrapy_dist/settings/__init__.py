@@ -14,26 +14,10 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from scrapy_dist.settings.reader import (
-    SettingsReader,
-    check_components,
-    importable,
-    queue_order,
-    redis_location,
-    refuse_start,
-    start_error,
-)
+from scrapy_dist.settings import reader, values
+from scrapy_dist.settings.reader import SettingsReader, refuse_start, start_error
 from scrapy_dist.settings.table import ALIASES, BY_NAME, DEFAULTS, defaults
-from scrapy_dist.settings.values import (
-    SettingsError,
-    check_client_options,
-    check_url,
-    convert,
-    domain_limits,
-    mask_url,
-    revisit_rules,
-    sentinels,
-)
+from scrapy_dist.settings.values import SettingsError, mask_url
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -59,17 +43,16 @@ def _scrapy(name: str, default: Any, low: float | None = None) -> Any:
 
 
 def _build(cls: type[_T], raw: SettingsReader, **derived: Any) -> _T:
-    """``cls`` with every field of :func:`_setting` or :func:`_scrapy` read from ``raw``, but ``derived``."""
-    values: dict[str, Any] = {}
+    """``cls``, :func:`_setting`/:func:`_scrapy` fields read from ``raw`` but ``derived``; dicts frozen."""
     for f in fields(cls):  # type: ignore[arg-type]
         if f.name in derived:
             continue
         if "setting" in f.metadata:
             value = raw.value(f.metadata["setting"])
-            values[f.name] = tuple(map(str, value)) if isinstance(value, list) else value
+            derived[f.name] = tuple(map(str, value)) if isinstance(value, list) else value
         elif "scrapy" in f.metadata:
-            values[f.name] = raw.scrapy(f.metadata["scrapy"], f.default, low=f.metadata["low"])
-    return cls(**values, **derived)
+            derived[f.name] = raw.scrapy(f.metadata["scrapy"], f.default, low=f.metadata["low"])
+    return cls(**{k: MappingProxyType(v) if isinstance(v, dict) else v for k, v in derived.items()})
 
 
 @dataclass(frozen=True)
@@ -213,7 +196,6 @@ class DistSettings:
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
     items: ItemSettings = field(default_factory=ItemSettings)
     cookies: CookieSettings = field(default_factory=CookieSettings)
-    concurrent_requests: int = 16
     #: one line each: near-miss names, ignored scrapy-redis settings, aliases shadowed
     warnings: tuple[str, ...] = ()
 
@@ -223,30 +205,30 @@ class DistSettings:
         :class:`SettingsError` on the first bad value. ``environ`` may supply ``REDIS_URL``."""
         env = os.environ if environ is None else environ
         raw = SettingsReader(settings)
-        check_components(raw.settings)
+        reader.check_components(raw.settings)
         v = raw.value
         warnings = [f"scrapy-dist: {alias} is ignored because {canonical} is set"
                     for alias, canonical in ALIASES.items() if raw.given(alias) and raw.given(canonical)]
         idle = v("SCHEDULER_IDLE_BEFORE_CLOSE")
         if not raw.given("SCHEDULER_IDLE_BEFORE_CLOSE") and raw.given("MAX_IDLE_TIME_BEFORE_CLOSE"):
             alias_spec = replace(BY_NAME["SCHEDULER_IDLE_BEFORE_CLOSE"], name="MAX_IDLE_TIME_BEFORE_CLOSE")
-            idle = convert(alias_spec, raw.raw("MAX_IDLE_TIME_BEFORE_CLOSE"))
+            idle = values.convert(alias_spec, raw.raw("MAX_IDLE_TIME_BEFORE_CLOSE"))
         if idle is None or _set_to_none(settings, "SCHEDULER_IDLE_BEFORE_CLOSE"):
             idle = math.inf  # a long-running crawl: every comparison with "seconds idle" says "not yet"
         # Redis: settings first, then the environment, then the embedded server
         url, url_source = v("REDIS_URL"), "REDIS_URL" if v("REDIS_URL") else ""
-        params, host, port = redis_location(v)
+        params, host, port = reader.redis_location(v)
         if not (url or v("REDIS_SENTINELS") or host or port) and env.get("REDIS_URL", "").strip():
             try:
-                url = check_url(env["REDIS_URL"])
+                url = values.check_url(env["REDIS_URL"])
             except SettingsError as exc:
                 raise SettingsError("REDIS_URL", exc.value, f"{exc.problem} (environment variable)",
                                     exc.expected) from None
             url_source = "REDIS_URL environment variable"
         connection = _build(ConnectionSettings, raw, url=url, url_source=url_source, host=host, port=port,
-                            params=MappingProxyType(params), sentinels=sentinels(v("REDIS_SENTINELS")),
+                            params=params, sentinels=values.sentinels(v("REDIS_SENTINELS")),
                             sentinel_master=v("REDIS_SENTINEL_MASTER") or "mymaster")
-        check_client_options(url, params)
+        values.check_client_options(url, params)
         concurrent = raw.scrapy("CONCURRENT_REQUESTS", 16, low=1)
         schemes = tuple(str(s).strip().lower() for s in v("SCHEDULER_ALLOWED_SCHEMES"))
         if not schemes or any(not re.fullmatch(r"[a-z][a-z0-9+.-]*", s) for s in schemes):
@@ -261,12 +243,12 @@ class DistSettings:
                                     'expected CIDR blocks like ["10.0.0.0/8", "fc00::/7"], or []') from None
         scheduler = _build(
             SchedulerSettings, raw, idle_before_close=idle, allowed_schemes=schemes, deny_networks=deny,
-            queue_class=queue_order("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")),
+            queue_class=reader.queue_order("SCHEDULER_QUEUE_CLASS", v("SCHEDULER_QUEUE_CLASS")),
             prefetch=v("SCHEDULER_PREFETCH") or max(16, 2 * concurrent),
             entry_secret=v("SCHEDULER_ENTRY_SECRET") or env.get("SCRAPY_DIST_SECRET", "").encode() or None,
             downloader_aware="DownloaderAwarePriorityQueue" in str(raw.raw("SCHEDULER_PRIORITY_QUEUE") or ""),
-            domain_limits=MappingProxyType(domain_limits(v("DOMAIN_LIMITS"))),
-            revisit_after=MappingProxyType(revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL"))))
+            domain_limits=values.domain_limits(v("DOMAIN_LIMITS")),
+            revisit_after=values.revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL")))
         if scheduler.downloader_aware and raw.scrapy("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
             # as Scrapy's DownloaderAwarePriorityQueue: a request's IP (its download slot) is not known
             # before its download, so the least busy slot cannot be picked
@@ -298,8 +280,8 @@ class DistSettings:
             dupefilter=_build(DupefilterSettings, raw), retries=_build(RetrySettings, raw),
             monitoring=_build(MonitoringSettings, raw, http_errors=http_errors),
             items=_build(ItemSettings, raw,
-                         serializer=importable("REDIS_ITEMS_SERIALIZER", v("REDIS_ITEMS_SERIALIZER"))),
-            cookies=_build(CookieSettings, raw), concurrent_requests=concurrent,
+                         serializer=reader.importable("REDIS_ITEMS_SERIALIZER", v("REDIS_ITEMS_SERIALIZER"))),
+            cookies=_build(CookieSettings, raw),
             warnings=tuple(warnings + raw.unknown_names() + raw.scrapy_queue_warnings()))
 
     @classmethod
@@ -311,8 +293,7 @@ class DistSettings:
     def for_crawler(cls, crawler: Crawler) -> DistSettings:
         """:meth:`from_settings` of the crawler's settings, cached (and its warnings logged once) once they
         are frozen; a bad value raises :class:`SettingsError`."""
-        cached = getattr(crawler, _ATTR, None)
-        if cached is not None:
+        if (cached := getattr(crawler, _ATTR, None)) is not None:
             return cached  # type: ignore[no-any-return]
         built = cls.from_settings(crawler.settings)
         if getattr(crawler.settings, "frozen", True):

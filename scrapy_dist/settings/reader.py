@@ -7,7 +7,6 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
-import importlib.util
 import logging
 import pkgutil
 from collections.abc import Callable, Mapping
@@ -34,10 +33,6 @@ from scrapy_dist.settings.values import SettingsError, convert
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-__all__ = ["ADDON_LINE", "COMPONENTS", "COMPONENT_SETTINGS", "REASON", "SCRAPY_QUEUE_SETTINGS", "SETTINGS",
-           "Component", "SettingsReader", "check_components", "importable", "mentions", "queue_order",
-           "redis_location", "refuse_misspelt_components", "refuse_start", "refusing", "start_error"]
-
 logger = logging.getLogger(__name__)
 
 #: scrapy-redis's queue classes -> the queue order of :mod:`scrapy_dist.queue` each one means
@@ -56,9 +51,7 @@ SCRAPY_QUEUE_SETTINGS: Mapping[str, str] = MappingProxyType({
 
 def importable(name: str, path: str | None) -> Any:
     """``path`` if it names an object that can be imported (or a scrapy-redis queue alias)."""
-    if path is None:
-        return None
-    if path in QUEUE_ALIASES:
+    if path is None or path in QUEUE_ALIASES:
         return path
     try:
         load_object(path)
@@ -79,16 +72,13 @@ def closest_path(path: str) -> str | None:
     try:
         found = importlib.import_module(module)
     except ImportError:  # a misspelt module: the closest of scrapy-dist's modules, if it has the name
-        spec = importlib.util.find_spec("scrapy_dist")
-        locations = spec.submodule_search_locations if spec is not None else None
-        modules = [m.name for m in pkgutil.iter_modules(locations)]
+        modules = [m.name for m in pkgutil.iter_modules(importlib.import_module("scrapy_dist").__path__)]
         close = difflib.get_close_matches(module.partition(".")[2], modules, n=1, cutoff=0.6)
         if not close:
             return None
         module = f"scrapy_dist.{close[0]}"
         found = importlib.import_module(module)
-    names = [n for n in dir(found) if not n.startswith("_")]
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name, [n for n in dir(found) if not n.startswith("_")], n=1, cutoff=0.6)
     return f"{module}.{close[0]}" if close else None
 
 
@@ -99,26 +89,21 @@ COMPONENT_SETTINGS = ("SCHEDULER", "DUPEFILTER_CLASS", "STATS_CLASS")
 def check_components(settings: Any) -> None:
     """Raise :class:`SettingsError` (with the closest name) if a :data:`COMPONENT_SETTINGS` names a
     scrapy-dist class that cannot be imported, or our scheduler's ``DUPEFILTER_CLASS`` cannot be."""
-    def path(name: str) -> str | None:
-        value = settings.get(name)
-        return value if isinstance(value, str) else None
-
-    ours = (path("SCHEDULER") or "").startswith("scrapy_dist.")
-    for name in COMPONENT_SETTINGS:
-        value = path(name)
-        if value and (value.startswith("scrapy_dist.") or (ours and name == "DUPEFILTER_CLASS")):
+    paths = {name: settings.get(name) for name in COMPONENT_SETTINGS}
+    ours = str(paths["SCHEDULER"]).startswith("scrapy_dist.")
+    for name, value in paths.items():
+        also = ours and name == "DUPEFILTER_CLASS"  # our scheduler needs it
+        if isinstance(value, str) and value and (value.startswith("scrapy_dist.") or also):
             importable(name, value)
 
 
 def queue_order(name: str, path: str) -> str:
     """``path`` if it names a queue order (``score(request)`` and ``sequence``, built without arguments) or
     a scrapy-redis alias of one; a queue class of one's own is refused (the frontier is one sorted set)."""
-    importable(name, path)
-    if path in QUEUE_ALIASES:
+    if importable(name, path) in QUEUE_ALIASES:
         return path
-    cls = load_object(path)
     try:
-        order = cls()
+        order = load_object(path)()
         ok = callable(getattr(order, "score", None)) and getattr(order, "sequence", None) in ("asc", "desc")
     except Exception:  # a constructor that wants arguments: a queue object, not an order
         ok = False
@@ -158,10 +143,9 @@ class SettingsReader:
         """One warning per Scrapy queue setting the project changed that our scheduler cannot honour."""
         if "scrapy_dist" not in str(self.raw("SCHEDULER") or ""):
             return []
-        out = []
-        for name, instead in SCRAPY_QUEUE_SETTINGS.items():
-            if (getattr(self.settings, "getpriority", lambda n: None)(name) or 0) > 0:  # project, spider, -s
-                out.append(f"scrapy-dist: {name} has no effect with the scrapy-dist scheduler: {instead}")
+        priority = getattr(self.settings, "getpriority", lambda name: None)  # > 0: project, spider, -s
+        out = [f"scrapy-dist: {name} has no effect with the scrapy-dist scheduler: {instead}"
+               for name, instead in SCRAPY_QUEUE_SETTINGS.items() if (priority(name) or 0) > 0]
         pq = str(self.raw("SCHEDULER_PRIORITY_QUEUE") or "")
         if pq and not pq.endswith(("DownloaderAwarePriorityQueue", "ScrapyPriorityQueue")):
             out.append(f"scrapy-dist: SCHEDULER_PRIORITY_QUEUE={pq} has no effect with the scrapy-dist"
@@ -185,10 +169,9 @@ class SettingsReader:
             elif name in CONNECTION_GUESSES and self.given(name):
                 out.append(f"scrapy-dist: unknown setting {name}: {CONNECTION_GUESSES[name]}")
             # Scrapy's own settings are never "did you mean" one of ours
-            elif name not in hinted and name.startswith(OUR_PREFIXES) and not hasattr(default_settings, name):
-                close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
-                if close:
-                    out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
+            elif (name not in hinted and name.startswith(OUR_PREFIXES) and not hasattr(default_settings, name)
+                  and (close := difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85))):
+                out.append(f"scrapy-dist: unknown setting {name}; did you mean {close[0]}?")
         return out
 
 
@@ -304,7 +287,6 @@ COMPONENTS = (
     # last, to learn which credential values the middlewares added
     Component("scrapy_dist.middlewares.AddedCredentialsMiddleware", "DOWNLOADER_MIDDLEWARES", 990,
               "position", "credential headers added by middlewares kept out of the shared queue"),
-    # REVISIT_CONDITIONAL: a 304 to a conditional revisit ends the request (off without the setting)
     Component("scrapy_dist.middlewares.ConditionalRevisitMiddleware", "DOWNLOADER_MIDDLEWARES", 580,
               "position", "REVISIT_CONDITIONAL (a 304 ends a conditional revisit)",
               when="scheduler.revisit_conditional"),

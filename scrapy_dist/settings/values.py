@@ -47,15 +47,10 @@ def mask_url(url: str) -> str:
     # precedes it looks like "user:..." (masking too much is the safe mistake)
     userinfo, at, after = rest.rpartition("@")
     user = userinfo.split(":", 1)[0]
-    if at and ":" in userinfo and not any(c in user for c in "/?#"):
-        match = _AUTHORITY.match(after)
-        hostinfo, tail = (match.group(1), match.group(2)) if match else (after, "")
-        authority = f"{user}:***@{hostinfo}"
-    else:
-        match = _AUTHORITY.match(rest)
-        authority, tail = (match.group(1), match.group(2)) if match else (rest, "")
-    tail = _QUERY_PASSWORD.sub(r"\1***", tail)
-    return f"{scheme}://{authority}{tail}"
+    masked = at and ":" in userinfo and not any(c in user for c in "/?#")
+    authority, tail = _AUTHORITY.match(after if masked else rest).groups()  # type: ignore[union-attr]
+    masked_tail = _QUERY_PASSWORD.sub(r"\1***", tail)
+    return f"{scheme}://{user + ':***@' if masked else ''}{authority}{masked_tail}"
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -65,10 +60,9 @@ _FALSE = ("0", "false", "no", "off")
 def _number(spec: Setting, value: Any) -> float | int:
     integer = spec.kind == "int"
     what = "an integer" if integer else "a number"
+    expected = f"expected {what} {spec.range_words}".rstrip()
     if spec.low == 0 and spec.low_open and spec.high is None:
         expected = f"expected a positive {what.split()[1]}"
-    else:
-        expected = f"expected {what} {spec.range_words}".rstrip()
     if isinstance(value, bool):
         raise SettingsError(spec.name, value, "not a number", expected)
     number: float | int
@@ -77,12 +71,9 @@ def _number(spec: Setting, value: Any) -> float | int:
     elif isinstance(value, str):
         text = value.strip().replace("_", "")
         try:
-            number = int(text) if integer else float(text)
+            number = int(text) if integer and text.lstrip("+-").isdigit() else float(text)
         except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                raise SettingsError(spec.name, value, f"not {what}", expected) from None
+            raise SettingsError(spec.name, value, f"not {what}", expected) from None
     else:
         raise SettingsError(spec.name, value, f"not {what} but a {type(value).__name__}", expected)
     if isinstance(number, float):
@@ -100,42 +91,33 @@ def _number(spec: Setting, value: Any) -> float | int:
 
 
 def _bool(spec: Setting, value: Any, expected: str = "expected True or False (1/0, true/false)") -> bool:
-    text = str(value).strip().lower()  # True, 1 and "on" alike
-    if text not in (*_TRUE, *_FALSE):
+    if (text := str(value).strip().lower()) not in (*_TRUE, *_FALSE):  # True, 1 and "on" alike
         raise SettingsError(spec.name, value, "not a boolean", expected)
     return text in _TRUE
 
 
-def _dict(spec: Setting, value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        if not value.strip():
-            return {}
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise SettingsError(spec.name, value, "not a JSON object",
-                                'expected a dict, or JSON like {"socket_timeout": 30}') from None
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise SettingsError(spec.name, value, f"not a dict but a {type(value).__name__}",
-                        'expected a dict, or JSON like {"socket_timeout": 30}')
+#: container kind -> (the types it takes, what its JSON text must hold, what is expected)
+_CONTAINERS: dict[str, tuple[Any, str, str]] = {
+    "dict": (Mapping, "object", 'expected a dict, or JSON like {"socket_timeout": 30}'),
+    "list": ((list, tuple, set, frozenset), "list", "expected a list, or comma-separated values")}
 
 
-def _list(spec: Setting, value: Any) -> list[Any]:
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                loaded = json.loads(text)
-            except ValueError:
-                raise SettingsError(spec.name, value, "not a JSON list",
-                                    "expected a list, or comma-separated values") from None
-            return list(loaded)
+def _container(spec: Setting, value: Any) -> Any:
+    """A dict (or a JSON object) or a list (a JSON list, or comma-separated values)."""
+    types, json_kind, expected = _CONTAINERS[spec.kind]
+    text = value.strip() if isinstance(value, str) else None
+    if text is not None and spec.kind == "list" and not text.startswith("["):
         return [part.strip() for part in text.split(",") if part.strip()]
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return list(value)
-    raise SettingsError(spec.name, value, f"not a list but a {type(value).__name__}",
-                        "expected a list, or comma-separated values")
+    if text == "":
+        return {}
+    if text is not None:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise SettingsError(spec.name, value, f"not a JSON {json_kind}", expected) from None
+    if isinstance(value, types):
+        return dict(value) if spec.kind == "dict" else list(value)
+    raise SettingsError(spec.name, value, f"not a {spec.kind} but a {type(value).__name__}", expected)
 
 
 def check_url(value: Any) -> str:
@@ -144,26 +126,22 @@ def check_url(value: Any) -> str:
     if not isinstance(value, str):
         raise SettingsError(name, value, f"not a string but a {type(value).__name__}", expected)
     url = value.strip()
-    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):(//)?", url)
-    if match is None or not match.group(2):
+    if (match := re.match(r"([A-Za-z][A-Za-z0-9+.-]*):(//)?", url)) is None or not match.group(2):
         # "127.0.0.1:6380" or "localhost:6379" parse as a scheme; "redis:/host" lacks a slash
         looks_like_ours = match is not None and match.group(1).lower() in ("redis", "rediss", "unix")
         problem = "malformed: the scheme must be followed by //" if looks_like_ours else "no scheme"
         raise SettingsError(name, value, problem, expected)
-    scheme = match.group(1).lower()
-    if scheme not in ("redis", "rediss", "unix"):
+    if (scheme := match.group(1).lower()) not in ("redis", "rediss", "unix"):
         raise SettingsError(name, value, f"scheme {scheme}:// is not Redis", expected)
     rest = url[match.end():]
     if scheme == "unix":
-        path = rest.rpartition("@")[2].split("?", 1)[0]
-        if not path.startswith("/"):
+        if not rest.rpartition("@")[2].split("?", 1)[0].startswith("/"):
             raise SettingsError(name, value, "no socket path", expected)
         return url
     hostport, _, tail = rest.rpartition("@")[2].partition("/")
     try:
-        port = urlsplit(f"redis://{hostport}").port
-        if port is not None and not 1 <= port <= 65535:
-            raise ValueError(port)
+        if urlsplit(f"redis://{hostport}").port == 0:  # above 65535 raises ValueError itself
+            raise ValueError(0)
     except ValueError:
         raise SettingsError(name, value, "the port is not a number from 1 to 65535", expected) from None
     if hostport.endswith(":"):
@@ -174,7 +152,7 @@ def check_url(value: Any) -> str:
     return url
 
 
-_CONVERTERS = {"int": _number, "float": _number, "bool": _bool, "dict": _dict, "list": _list}
+_CONVERTERS = {"int": _number, "float": _number, "bool": _bool, "dict": _container, "list": _container}
 
 
 def convert(spec: Setting, value: Any) -> Any:
@@ -194,8 +172,7 @@ def convert(spec: Setting, value: Any) -> Any:
     if kind == "url":
         return check_url(value)
     if kind == "choice":
-        text = str(value).strip().lower()
-        if text not in spec.choices:
+        if (text := str(value).strip().lower()) not in spec.choices:
             raise SettingsError(spec.name, value, "unknown value",
                                 f"expected one of {', '.join(spec.choices)}")
         return text
@@ -230,7 +207,6 @@ def sentinels(entries: list[Any]) -> tuple[tuple[str, int], ...]:
 
 def domain_limits(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
     expected = 'expected {"*.example.com": {"delay": 1.0, "concurrency": 2, "jitter": 0.5}}'
-    out = {}
     for pattern, rule in rules.items():
         if not isinstance(rule, Mapping) or set(rule) - {"delay", "concurrency", "jitter"}:
             raise SettingsError("DOMAIN_LIMITS", rules, f"rule {pattern!r} is not a dict of delay,"
@@ -239,8 +215,7 @@ def domain_limits(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
             kind = "int" if key == "concurrency" else "float"
             convert(Setting(f"DOMAIN_LIMITS[{pattern!r}][{key!r}]", None, kind, "", "scheduler", low=1 if
                              kind == "int" else 0), value)
-        out[str(pattern)] = dict(rule)
-    return out
+    return {str(pattern): dict(rule) for pattern, rule in rules.items()}
 
 
 MAX_REVISIT_SECONDS = 10 * 365 * 86400.0
@@ -252,8 +227,7 @@ def check_seconds(value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{value!r} is not a number of seconds")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_REVISIT_SECONDS:
+    if not math.isfinite(seconds := float(value)) or seconds <= 0 or seconds > MAX_REVISIT_SECONDS:
         raise ValueError(f"{value!r} is not between 0 (excluded) and {MAX_REVISIT_SECONDS:.0f} seconds")
     return seconds
 
@@ -288,11 +262,8 @@ _OURS = frozenset({"sentinel_kwargs"})
 @lru_cache(maxsize=1)
 def known_options() -> frozenset[str]:
     """Every keyword one of the clients scrapy-dist builds accepts."""
-    import redis
-    import redis.asyncio
     import redis.asyncio.cluster
     import redis.cluster
-    import redis.connection
     names: set[str] = set(_OURS)
     conn = redis.connection
     for cls in (redis.Redis, redis.asyncio.Redis, redis.cluster.RedisCluster,
@@ -314,11 +285,8 @@ def _check(name: str, value: Any, options: Mapping[str, Any]) -> None:
                                 else "expected keywords of redis.Redis, e.g. socket_timeout")
         if given is None or option not in (*_SECONDS, *_INTEGERS):
             continue
-        low = _INTEGERS.get(option, 0)
-        whole = option in _INTEGERS
-        ok = (not isinstance(given, bool) and isinstance(given, int if whole else (int, float))
-              and given >= low)
-        if not ok:
+        whole, low = option in _INTEGERS, _INTEGERS.get(option, 0)
+        if isinstance(given, bool) or not isinstance(given, int if whole else (int, float)) or given < low:
             shown = value if name != "REDIS_PARAMS" else given
             kind = "a whole number" if whole else "a number of seconds"
             where = f"{name}[{option!r}]" if name == "REDIS_PARAMS" else name
