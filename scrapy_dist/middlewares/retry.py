@@ -32,7 +32,6 @@ from scrapy_dist.wire.entrypolicy import as_scheduled
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
-    from scrapy.settings import BaseSettings
     from twisted.python.failure import Failure
     from typing_extensions import Self
 
@@ -190,16 +189,11 @@ class HttpErrorMiddleware(ScrapyHttpErrorMiddleware):
 
     dead_letters: DeadLetterWriter | None = None
 
-    def __init__(self, settings: BaseSettings, dead_letter: bool = defaults.HTTPERROR_DEAD_LETTER) -> None:
-        super().__init__(settings)
-        self.dead_letter = dead_letter
-
     @classmethod
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
-        o = cls(crawler.settings, dead_letter=DistSettings.for_crawler(crawler).retries.httperror_dead_letter)
-        o.crawler = crawler
-        if o.dead_letter:
+        o = super().from_crawler(crawler)
+        if DistSettings.for_crawler(crawler).retries.httperror_dead_letter:
             o.dead_letters = DeadLetterWriter(crawler)
         return o
 
