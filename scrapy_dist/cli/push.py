@@ -3,6 +3,7 @@ read without consuming them, or moved to a file by ``--export``)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -349,14 +350,10 @@ class Exporter:
             return b"".join(v.rstrip(b"\n") + b"\n" for v in values)
         items = []
         for raw in values:
-            try:
-                item = json.loads(raw)
-            except ValueError:
-                item = None
-            if not isinstance(item, dict):
-                self.skipped += 1  # a CSV row needs named fields
-                continue
-            items.append(item)
+            with contextlib.suppress(ValueError):
+                if isinstance(item := json.loads(raw), dict):
+                    items.append(item)
+        self.skipped += len(values) - len(items)  # a CSV row needs named fields
         if self.fields is None and fresh:
             self.fields = list(dict.fromkeys(k for i in items for k in i))
         elif self.fields is None:
