@@ -153,9 +153,8 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
     redis.check_spider(spider, force)
     spidercls, ds = redis.spider_settings(spider)  # its custom_settings may change the seeds settings
     keys, kind = redis.keys(spider), ds.seeds.kind
-    has_callback = None if spidercls is None else class_has_callback(spidercls)
-    opts = PushOptions(kind=kind, rules=SeedRules.from_dist(ds), has_callback=has_callback, priority=priority,
-                       meta=meta, dry_run=dry_run)
+    opts = PushOptions(kind, SeedRules.from_dist(ds), priority=priority, meta=meta, dry_run=dry_run,
+                       has_callback=None if spidercls is None else class_has_callback(spidercls))
     if spidercls is None:
         click.echo(f"No spider {spider!r} in a Scrapy project here: callback names are checked for form"
                    " only, with the default seed settings.", err=True)

@@ -58,8 +58,7 @@ class SiteGraph:
         return out
 
     @property
-    def ok_pages(self) -> int:
-        """Pages that answer 200 in the end."""
+    def ok_pages(self) -> int:  # pages that answer 200 in the end
         return self.pages - len(self.missing)
 
     def html(self, i: int) -> bytes:
@@ -302,7 +301,6 @@ class WorkerFleet:
                          "PYTHONPATH": os.pathsep.join(p for p in path if p)})
 
     def start(self) -> Worker:
-        """Start one more ``scrapy crawl demo``."""
         number = len(self.workers) + 1
         cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDER]
         for name, value in self.settings.items():

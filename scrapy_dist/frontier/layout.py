@@ -299,29 +299,6 @@ class ShardRouter:
         return FrontierState(queued, inflight, delayed, confirmed)
 
 
-@dataclass(frozen=True)
-class ControlState:
-    """The control flags as :func:`parse_control` read them."""
-
-    paused: bool = False
-    paused_by: str = ""
-    close: str = ""
-    close_at: float | None = None
-    shards: int | None = None  # None (and politeness "") if absent or garbage
-    politeness: str = ""
-    problems: tuple[str, ...] = ()  # one short description per garbage field
-
-    @classmethod
-    def from_hash(cls, raw: Any) -> ControlState:
-        return parse_control(raw)
-
-    def close_reason(self, started_at: float, now: float | None = None) -> str:
-        """The close reason decided since ``started_at`` and not past ``now`` + :data:`CLOSE_AT_SLACK`."""
-        if not self.close or self.close_at is None or self.close_at < started_at:
-            return ""
-        return "" if now is not None and self.close_at > now + CLOSE_AT_SLACK else self.close
-
-
 def parse_control(raw: Any) -> ControlState:
     """The one parser of ``{spider}:control``; raises :class:`RejectedEntry` only if ``raw`` is not a hash."""
     d = scripts.hash_fields(raw, "control")
@@ -354,6 +331,27 @@ def parse_control(raw: Any) -> ControlState:
     paused_by = checked("paused_by", REASON.fullmatch, "", "?")
     politeness = checked("politeness", ("process", "cluster").__contains__, " (expected process or cluster)")
     return ControlState(paused, paused_by, close, at, shards, politeness, tuple(problems))
+
+
+@dataclass(frozen=True)
+class ControlState:
+    """The control flags as :func:`parse_control` read them."""
+
+    paused: bool = False
+    paused_by: str = ""
+    close: str = ""
+    close_at: float | None = None
+    shards: int | None = None  # None (and politeness "") if absent or garbage
+    politeness: str = ""
+    problems: tuple[str, ...] = ()  # one short description per garbage field
+
+    from_hash = staticmethod(parse_control)
+
+    def close_reason(self, started_at: float, now: float | None = None) -> str:
+        """The close reason decided since ``started_at`` and not past ``now`` + :data:`CLOSE_AT_SLACK`."""
+        if not self.close or self.close_at is None or self.close_at < started_at:
+            return ""
+        return "" if now is not None and self.close_at > now + CLOSE_AT_SLACK else self.close
 
 
 def report_problems(control_key: str, state: ControlState, log: logging.Logger = logger) -> None:
