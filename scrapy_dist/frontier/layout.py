@@ -299,6 +299,10 @@ class ShardRouter:
         return FrontierState(queued, inflight, delayed, confirmed)
 
 
+def _shard_count(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 6 and 1 <= int(text) <= MAX_SHARDS
+
+
 def parse_control(raw: Any) -> ControlState:
     """The one parser of ``{spider}:control``; raises :class:`RejectedEntry` only if ``raw`` is not a hash."""
     d = scripts.hash_fields(raw, "control")
@@ -320,17 +324,11 @@ def parse_control(raw: Any) -> ControlState:
         if at is None or not math.isfinite(at) or at < 0:
             problems.append(f"close_at={close_at[:40]!r} (not a time)")
             at = None
-    shards: int | None = None
-    shards_text = d.get("shards", "")
-    if shards_text:
-        digits = shards_text.isascii() and shards_text.isdigit() and len(shards_text) <= 6
-        if digits and 1 <= int(shards_text) <= MAX_SHARDS:
-            shards = int(shards_text)
-        else:
-            problems.append(f"shards={shards_text[:40]!r} (expected 1 to {MAX_SHARDS})")
+    shards = checked("shards", _shard_count, f" (expected 1 to {MAX_SHARDS})")
     paused_by = checked("paused_by", REASON.fullmatch, "", "?")
     politeness = checked("politeness", ("process", "cluster").__contains__, " (expected process or cluster)")
-    return ControlState(paused, paused_by, close, at, shards, politeness, tuple(problems))
+    return ControlState(paused, paused_by, close, at, int(shards) if shards else None, politeness,
+                        tuple(problems))
 
 
 @dataclass(frozen=True)
