@@ -259,10 +259,9 @@ class Worker(subprocess.Popen[bytes]):
 
     def describe_failure(self, lines: int = 8) -> str:
         """Which worker failed and how, with the end of its log."""
-        try:
+        tail: list[str] = []
+        with contextlib.suppress(OSError):
             tail = self.log.read_text(errors="replace").strip().splitlines()[-lines:]
-        except OSError:
-            tail = []
         head = f"worker {self.number} (pid {self.pid}): exit status {self.returncode}; log {self.log}"
         return "\n".join([head, *(f"    {line}" for line in tail)])
 
