@@ -75,8 +75,7 @@ class ClientFactory:
 
     @property
     def dist(self) -> DistSettings:
-        """The typed, checked scrapy-dist settings."""
-        _ = self.settings  # checks them
+        _ = self.settings  # reads and checks them
         return self._dist
 
     @property

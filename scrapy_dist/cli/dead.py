@@ -96,10 +96,9 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
                           targets: list[tuple[DeadLetter, bytes, float]]) -> int:
     """Enqueue ``targets`` with the frontier's sync script, then remove their records; returns how many."""
     client, ds = build_async(factory.target), factory.dist
-    try:
-        control = parse_control(await client.hgetall(keys.control))  # the crawl's own mode and shards
-    except redis.ResponseError:  # another Redis type: garbage (the workers move it aside); none recorded
-        control = parse_control({})
+    control = parse_control({})  # the crawl's own mode and shards; none recorded if the key is another type
+    with contextlib.suppress(redis.ResponseError):  # (garbage: the workers move it aside)
+        control = parse_control(await client.hgetall(keys.control))
     politeness = control.politeness or ds.scheduler.politeness
     limits = queue.DomainLimits.from_dist(ds)
     shards = keys.shards(control.shards or 1)

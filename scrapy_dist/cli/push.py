@@ -3,6 +3,7 @@ read without consuming them, or moved to a file by ``--export``)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -152,9 +153,8 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
     redis.check_spider(spider, force)
     spidercls, ds = redis.spider_settings(spider)  # its custom_settings may change the seeds settings
     keys, kind = redis.keys(spider), ds.seeds.kind
-    has_callback = None if spidercls is None else class_has_callback(spidercls)
-    opts = PushOptions(kind=kind, rules=SeedRules.from_dist(ds), has_callback=has_callback, priority=priority,
-                       meta=meta, dry_run=dry_run)
+    opts = PushOptions(kind, SeedRules.from_dist(ds), priority=priority, meta=meta, dry_run=dry_run,
+                       has_callback=None if spidercls is None else class_has_callback(spidercls))
     if spidercls is None:
         click.echo(f"No spider {spider!r} in a Scrapy project here: callback names are checked for form"
                    " only, with the default seed settings.", err=True)
@@ -349,14 +349,10 @@ class Exporter:
             return b"".join(v.rstrip(b"\n") + b"\n" for v in values)
         items = []
         for raw in values:
-            try:
-                item = json.loads(raw)
-            except ValueError:
-                item = None
-            if not isinstance(item, dict):
-                self.skipped += 1  # a CSV row needs named fields
-                continue
-            items.append(item)
+            with contextlib.suppress(ValueError):
+                if isinstance(item := json.loads(raw), dict):
+                    items.append(item)
+        self.skipped += len(values) - len(items)  # a CSV row needs named fields
         if self.fields is None and fresh:
             self.fields = list(dict.fromkeys(k for i in items for k in i))
         elif self.fields is None:

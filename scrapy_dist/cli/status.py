@@ -237,7 +237,7 @@ def resume(redis: ClientFactory, spider: str, force: bool) -> None:
 
 
 def _reason(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    if not layout.valid_reason(value):
+    if not layout.REASON.fullmatch(value):
         raise click.BadParameter(f"{value!r}: letters, digits and _.:- only, at most 64 characters")
     return value
 

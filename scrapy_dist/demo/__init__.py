@@ -398,7 +398,7 @@ class Demo:
         urls = [self.site.page_url(i) for i in pages]
         claimed = [False] * len(urls)
         try:
-            fields = ["capacity", "error_rate", "block_bits", "n"]
+            fields = ("capacity", "error_rate", "block_bits", "n")
             capacity, rate, bits, n = self.client.hmget(self.keys.bloom, fields)
             if capacity is not None:
                 df = BloomDupeFilter(self.client, self.keys, RequestFingerprinter(), capacity=int(capacity),

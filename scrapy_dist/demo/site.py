@@ -58,8 +58,7 @@ class SiteGraph:
         return out
 
     @property
-    def ok_pages(self) -> int:
-        """Pages that answer 200 in the end."""
+    def ok_pages(self) -> int:  # pages that answer 200 in the end
         return self.pages - len(self.missing)
 
     def html(self, i: int) -> bytes:
@@ -260,10 +259,9 @@ class Worker(subprocess.Popen[bytes]):
 
     def describe_failure(self, lines: int = 8) -> str:
         """Which worker failed and how, with the end of its log."""
-        try:
+        tail: list[str] = []
+        with contextlib.suppress(OSError):
             tail = self.log.read_text(errors="replace").strip().splitlines()[-lines:]
-        except OSError:
-            tail = []
         head = f"worker {self.number} (pid {self.pid}): exit status {self.returncode}; log {self.log}"
         return "\n".join([head, *(f"    {line}" for line in tail)])
 
@@ -302,7 +300,6 @@ class WorkerFleet:
                          "PYTHONPATH": os.pathsep.join(p for p in path if p)})
 
     def start(self) -> Worker:
-        """Start one more ``scrapy crawl demo``."""
         number = len(self.workers) + 1
         cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDER]
         for name, value in self.settings.items():

@@ -22,7 +22,7 @@ from scrapy_dist.redis.keys import GARBAGE
 from scrapy_dist.wire.codec import load_payload
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Callable, Collection
 
     from scrapy import Request
 
@@ -42,7 +42,7 @@ REPAIR_GRACE = 10.0  # seconds after a key holding requests was moved aside: emp
 #: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
 CLOSE_AT_SLACK = 60.0
 MAX_SHARDS = 1024  # the most shards a control hash may record (more is garbage)
-_REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # a close reason, a paused_by
 _reported: set[tuple[str, str]] = set()
 
 
@@ -111,22 +111,18 @@ class CrawlLayout:
         if format_check(keys.spider, recorded, FRONTIER_FORMAT, running) == "write":
             client.hset(keys.control, "format", FRONTIER_FORMAT)
         if shards is not None and not shards.isdigit():
-            raise ScrapyDistError(
-                f"{keys.control!r} holds an invalid shards field"
-                f" {shards[:40].decode(errors='replace')!r}; start afresh (SCHEDULER_FLUSH_ON_START)"
-            )
-        if mode is not None and mode.decode(errors="replace") != self.politeness:
-            raise ScrapyDistError(
-                f"The crawl {keys.spider!r} runs with SCHEDULER_POLITENESS={mode.decode(errors='replace')!r};"
-                f" this worker has {self.politeness!r}. Use the crawl's mode, or start afresh"
-                " (SCHEDULER_FLUSH_ON_START)."
-            )
+            bad = shards[:40].decode(errors="replace")
+            raise ScrapyDistError(f"{keys.control!r} holds an invalid shards field {bad!r}; start afresh"
+                                  " (SCHEDULER_FLUSH_ON_START)")
+        if mode is not None and (theirs := mode.decode(errors="replace")) != self.politeness:
+            raise ScrapyDistError(f"The crawl {keys.spider!r} runs with SCHEDULER_POLITENESS={theirs!r}; this"
+                                  f" worker has {self.politeness!r}. Use the crawl's mode, or start afresh"
+                                  " (SCHEDULER_FLUSH_ON_START).")
         if shards is not None and int(shards) != self.shards:
-            raise ShardingRefused(
-                f"The crawl {keys.spider!r} runs with SCHEDULER_SHARDS={int(shards)}; this worker has"
-                f" {self.shards}. Every worker of a crawl must use the same number of shards (use"
-                f" {int(shards)}, or start afresh with SCHEDULER_FLUSH_ON_START)."
-            )
+            raise ShardingRefused(f"The crawl {keys.spider!r} runs with SCHEDULER_SHARDS={int(shards)}; this"
+                                  f" worker has {self.shards}. Every worker of a crawl must use the same"
+                                  f" number of shards (use {int(shards)}, or start afresh with"
+                                  " SCHEDULER_FLUSH_ON_START).")
         if self.shards > 1 and batched:
             self.shard_dfs = [self.df.for_shard(k, self.shards) for k in self.shard_keys]
         if hasattr(self.df, "open"):
@@ -184,9 +180,8 @@ class CrawlLayout:
         recorded_n = int(recorded) if recorded is not None and recorded.isdigit() else 1
         for shards in sorted({self.shards, max(1, min(recorded_n, 1024))}):
             for keys, df in self.layouts(shards):
-                names = self.key_names(keys, df)
-                for i in range(0, len(names), _DELETE_BATCH):
-                    client.delete(*names[i : i + _DELETE_BATCH])
+                for batch in _batches(self.key_names(keys, df)):
+                    client.delete(*batch)
 
     async def finish(self, redis: Any, worker_id: str) -> None:
         """``SCHEDULER_PERSIST = False``: the last worker to leave a finished crawl removes its keys."""
@@ -202,9 +197,8 @@ class CrawlLayout:
         )
         if deleted:
             for shard_keys, df in layouts[1:]:
-                names = self.key_names(shard_keys, df)
-                for i in range(0, len(names), _DELETE_BATCH):
-                    await redis.delete(*names[i : i + _DELETE_BATCH])
+                for batch in _batches(self.key_names(shard_keys, df)):
+                    await redis.delete(*batch)
             logger.info("SCHEDULER_PERSIST is off and the crawl has finished: removed its frontier keys")
 
     async def leave_unmonitored(self, redis: Any, worker_id: str) -> None:
@@ -229,6 +223,10 @@ class CrawlLayout:
                 p.false_positive_rate(df.n) for p, df in zip(plans, self.shard_dfs, strict=True) if p
             ),
         }
+
+
+def _batches(names: list[str]) -> list[list[str]]:
+    return [names[i : i + _DELETE_BATCH] for i in range(0, len(names), _DELETE_BATCH)]
 
 
 @dataclass(frozen=True)
@@ -301,6 +299,38 @@ class ShardRouter:
         return FrontierState(queued, inflight, delayed, confirmed)
 
 
+def _shard_count(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 6 and 1 <= int(text) <= MAX_SHARDS
+
+
+def parse_control(raw: Any) -> ControlState:
+    """The one parser of ``{spider}:control``; raises :class:`RejectedEntry` only if ``raw`` is not a hash."""
+    d = scripts.hash_fields(raw, "control")
+    problems: list[str] = []
+    def checked(field: str, valid: Callable[[str], Any], note: str, fallback: str = "") -> str:
+        value = d.get(field, "")
+        if not value or valid(value):
+            return value
+        problems.append(f"{field}={value[:40]!r}{note}")
+        return fallback
+
+    paused = checked("paused", ("0", "1").__contains__, " (expected 0 or 1)") == "1"
+    close = checked("close", REASON.fullmatch, " (not a close reason)")
+    at: float | None = None
+    close_at = d.get("close_at", "")
+    if close_at:
+        with contextlib.suppress(ValueError):
+            at = float(close_at)
+        if at is None or not math.isfinite(at) or at < 0:
+            problems.append(f"close_at={close_at[:40]!r} (not a time)")
+            at = None
+    shards = checked("shards", _shard_count, f" (expected 1 to {MAX_SHARDS})")
+    paused_by = checked("paused_by", REASON.fullmatch, "", "?")
+    politeness = checked("politeness", ("process", "cluster").__contains__, " (expected process or cluster)")
+    return ControlState(paused, paused_by, close, at, int(shards) if shards else None, politeness,
+                        tuple(problems))
+
+
 @dataclass(frozen=True)
 class ControlState:
     """The control flags as :func:`parse_control` read them."""
@@ -313,53 +343,13 @@ class ControlState:
     politeness: str = ""
     problems: tuple[str, ...] = ()  # one short description per garbage field
 
-    @classmethod
-    def from_hash(cls, raw: Any) -> ControlState:
-        return parse_control(raw)
+    from_hash = staticmethod(parse_control)
 
     def close_reason(self, started_at: float, now: float | None = None) -> str:
         """The close reason decided since ``started_at`` and not past ``now`` + :data:`CLOSE_AT_SLACK`."""
         if not self.close or self.close_at is None or self.close_at < started_at:
             return ""
         return "" if now is not None and self.close_at > now + CLOSE_AT_SLACK else self.close
-
-
-def parse_control(raw: Any) -> ControlState:
-    """The one parser of ``{spider}:control``; raises :class:`RejectedEntry` only if ``raw`` is not a hash."""
-    d = scripts.hash_fields(raw, "control")
-    problems: list[str] = []
-    paused_text = d.get("paused", "")
-    if paused_text not in ("", "0", "1"):
-        problems.append(f"paused={paused_text[:40]!r} (expected 0 or 1)")
-    close = d.get("close", "")
-    if close and not _REASON.fullmatch(close):
-        problems.append(f"close={close[:40]!r} (not a close reason)")
-        close = ""
-    at: float | None = None
-    close_at = d.get("close_at", "")
-    if close_at:
-        with contextlib.suppress(ValueError):
-            at = float(close_at)
-        if at is None or not math.isfinite(at) or at < 0:
-            problems.append(f"close_at={close_at[:40]!r} (not a time)")
-            at = None
-    shards: int | None = None
-    shards_text = d.get("shards", "")
-    if shards_text:
-        digits = shards_text.isascii() and shards_text.isdigit() and len(shards_text) <= 6
-        if digits and 1 <= int(shards_text) <= MAX_SHARDS:
-            shards = int(shards_text)
-        else:
-            problems.append(f"shards={shards_text[:40]!r} (expected 1 to {MAX_SHARDS})")
-    paused_by = d.get("paused_by", "")
-    if paused_by and not _REASON.fullmatch(paused_by):
-        problems.append(f"paused_by={paused_by[:40]!r}")
-        paused_by = "?"
-    politeness = d.get("politeness", "")
-    if politeness not in ("", "process", "cluster"):
-        problems.append(f"politeness={politeness[:40]!r} (expected process or cluster)")
-        politeness = ""
-    return ControlState(paused_text == "1", paused_by, close, at, shards, politeness, tuple(problems))
 
 
 def report_problems(control_key: str, state: ControlState, log: logging.Logger = logger) -> None:
@@ -387,14 +377,9 @@ def pause_crawl(client: Any, control_key: str, by: str = "cli") -> None:
     client.hset(control_key, mapping={"paused": "1", "paused_by": by, "paused_at": repr(time.time())})
 
 
-def valid_reason(reason: str) -> bool:
-    """Whether ``reason`` may be a close reason."""
-    return bool(_REASON.fullmatch(reason))
-
-
 def close_crawl(client: Any, control_key: str, reason: str = "shutdown") -> None:
     """Every running worker's idle monitor closes with ``reason``; workers started afterwards ignore it."""
-    if not valid_reason(reason):
+    if not REASON.fullmatch(reason):
         raise ValueError(f"close reason {reason!r}: letters, digits and _.:- only, at most 64")
     move_aside_foreign(client, control_key)
     sec, usec = client.time()
