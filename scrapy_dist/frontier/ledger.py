@@ -15,7 +15,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy_dist.dupefilter import RecentFingerprints
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.frontier.orders import START_NOW, Lease, LeasedBuffer
-from scrapy_dist.frontier.shard import SyncBatch
+from scrapy_dist.frontier.shard import CALL_RECORDS, SyncBatch, split_calls
 from scrapy_dist.wire.codec import encode_request, rejection_record
 
 if TYPE_CHECKING:
@@ -26,16 +26,6 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.scheduler import FrontierReport
     from scrapy_dist.frontier.shard import SyncResult
     from scrapy_dist.wire.codec import EntryPolicy
-
-#: most discovered requests one sync call carries to one shard (a script holds Redis; docs/capacity.md)
-CALL_RECORDS = 48
-#: an ack, a lease or a renewal costs the script about a sixth of a discovered request
-SETTLE_PER_RECORD = 6
-#: discovered requests the call settling a shard's leases always carries
-SETTLE_MIN_RECORDS = 8
-#: most calls of one round to one shard (sent concurrently, one round trip)
-CALLS_PER_ROUND = 8
-
 
 @dataclass(frozen=True, kw_only=True)
 class Routed:
@@ -76,32 +66,6 @@ class Applied:
     leased: int = 0  # decodable or not
     rejected: list[tuple[Lease, RejectedEntry]] = field(default_factory=list)  # leased, not a request
     acked: int = 0  # acks the call carried (plain and revisits)
-
-
-def split_calls(
-    out: list[Outgoing], shards: int, settle: list[int], max_records: int = CALL_RECORDS, max_calls: int = 1
-) -> tuple[list[list[Outgoing]], list[int], list[Outgoing]]:
-    """Each call's requests, each call's shard, and what is left: one call per shard (index = shard), then
-    up to ``max_calls - 1`` more calls of ``max_records`` to a shard with more. A shard's first call also
-    settles ``settle[shard]`` leases, acks and renewals, so it takes fewer."""
-    sent: list[list[Outgoing]] = [[] for _ in range(shards)]
-    shard_of = list(range(shards))
-    filling, calls = list(range(shards)), [1] * shards  # per shard: the call being filled, calls used
-    room = [max(SETTLE_MIN_RECORDS, max_records - load // SETTLE_PER_RECORD) for load in settle]
-    left: list[Outgoing] = []
-    for entry in out:
-        shard = entry.shard
-        call = filling[shard]
-        if len(sent[call]) >= (room[shard] if call < shards else max_records):
-            if calls[shard] >= max_calls:
-                left.append(entry)
-                continue
-            call = filling[shard] = len(sent)
-            calls[shard] += 1
-            sent.append([])
-            shard_of.append(shard)
-        sent[call].append(entry)
-    return sent, shard_of, left
 
 
 @dataclass(eq=False)

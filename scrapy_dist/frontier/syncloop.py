@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from scrapy_dist.frontier.ledger import CALLS_PER_ROUND
+from scrapy_dist.frontier.shard import CALLS_PER_ROUND
 from scrapy_dist.redis.outage import BackgroundTask, Backoff, Outage, is_outage
 from scrapy_dist.utils import RateLimitedLog
 
