@@ -197,9 +197,8 @@ SYNC_SECTIONS = (
     SyncSection("reject", ("member", "record"), (), lambda e, now: (e[0], e[1])),
     SyncSection("dead", ("record",), (), lambda r, now: (r,)),
     SyncSection("penalize", ("domain", "seconds"), (), lambda e, now: (e[0], _score(e[1]))),
-    SyncSection(
-        "revisit", ("member", "delay", "new"), (), lambda e, now: (e[0], _score(max(0.0, float(e[1]))), e[2])
-    ),
+    SyncSection("revisit", ("member", "delay", "new"), (),
+                lambda e, now: (e[0], _score(max(0.0, float(e[1]))), e[2])),
     SyncSection("forget", ("t1", "t2"), (), lambda e, now: (e[0], e[1])),
     SyncSection("items", ("member", "data"), (), lambda e, now: (e[0], e[1])),
 )
