@@ -11,16 +11,14 @@ from scrapy import Request
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.frontier.engine import Engine
 from scrapy_dist.frontier.layout import ShardRouter
-from scrapy_dist.frontier.ledger import (
+from scrapy_dist.frontier.ledger import Delay, Ledger, Outgoing
+from scrapy_dist.frontier.shard import (
     CALL_RECORDS,
     CALLS_PER_ROUND,
     SETTLE_MIN_RECORDS,
     SETTLE_PER_RECORD,
-    Delay,
-    Ledger,
-    Outgoing,
+    SyncResult,
 )
-from scrapy_dist.frontier.shard import SyncResult
 from scrapy_dist.frontier.syncloop import SyncLoop
 from scrapy_dist.settings import SchedulerSettings
 

@@ -316,7 +316,7 @@ def test_cluster_politeness_with_shards_routes_by_domain(redis_url: str, redis_c
         for h in hosts:
             for i in range(5):
                 s.enqueue_request(Request(f"http://{h}/p/{i}"))
-        s.penalize_domain("h0.example", 30.0)
+        s.penalties.penalize("h0.example", 30.0)
         await _round(s)
         other = await _open(redis_url, SCHEDULER_POLITENESS="cluster", SCHEDULER_DENY_NETWORKS=[])
         for h in hosts:  # a second worker finds the same links: all duplicates, whatever the shard

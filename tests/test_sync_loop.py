@@ -218,7 +218,7 @@ def test_a_backlog_reaches_redis_in_short_calls_and_all_of_it_lands(redis_url: s
     """An outage's backlog (500 discovered requests) goes in calls of at most CALL_RECORDS, CALLS_PER_ROUND
     of them per round (sent together), every one of them lands, and the seeds' "flushed" mark moves only
     once the last part is in Redis."""
-    from scrapy_dist.frontier.ledger import CALL_RECORDS, CALLS_PER_ROUND
+    from scrapy_dist.frontier.shard import CALL_RECORDS, CALLS_PER_ROUND
 
     async def go() -> tuple[list[int], int, list[bool]]:
         sched = await _opened(redis_url)

@@ -83,9 +83,8 @@ def locally_idle(crawler: Any) -> bool:
 
 
 class Engine:
-    """What the scheduler needs of Scrapy's engine: the requests it works on (``None``: unknown), a wake up, a
-    close, a slot's active downloads and, once closing, the unstarted requests ``which`` accepts. This base
-    stands for no engine (tests, tools): nothing in progress, ``close`` recorded."""
+    """What the scheduler needs of Scrapy's engine (``inprogress()`` None: unknown; ``take_unstarted``: only
+    once closing). This base stands for no engine (tests, tools): nothing in progress, ``close`` recorded."""
 
     closed: str | None = None
 

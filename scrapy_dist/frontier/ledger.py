@@ -15,7 +15,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy_dist.dupefilter import RecentFingerprints
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.frontier.orders import START_NOW, Lease, LeasedBuffer
-from scrapy_dist.frontier.shard import SyncBatch
+from scrapy_dist.frontier.shard import CALL_RECORDS, SyncBatch, split_calls
 from scrapy_dist.wire.codec import encode_request, rejection_record
 
 if TYPE_CHECKING:
@@ -26,16 +26,6 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.scheduler import FrontierReport
     from scrapy_dist.frontier.shard import SyncResult
     from scrapy_dist.wire.codec import EntryPolicy
-
-#: most discovered requests one sync call carries to one shard (a script holds Redis; docs/capacity.md)
-CALL_RECORDS = 48
-#: an ack, a lease or a renewal costs the script about a sixth of a discovered request
-SETTLE_PER_RECORD = 6
-#: discovered requests the call settling a shard's leases always carries
-SETTLE_MIN_RECORDS = 8
-#: most calls of one round to one shard (sent concurrently, one round trip)
-CALLS_PER_ROUND = 8
-
 
 @dataclass(frozen=True, kw_only=True)
 class Routed:
@@ -78,32 +68,6 @@ class Applied:
     acked: int = 0  # acks the call carried (plain and revisits)
 
 
-def split_calls(
-    out: list[Outgoing], shards: int, settle: list[int], max_records: int = CALL_RECORDS, max_calls: int = 1
-) -> tuple[list[list[Outgoing]], list[int], list[Outgoing]]:
-    """Each call's requests, each call's shard, and what is left: one call per shard (index = shard), then
-    up to ``max_calls - 1`` more calls of ``max_records`` to a shard with more. A shard's first call also
-    settles ``settle[shard]`` leases, acks and renewals, so it takes fewer."""
-    sent: list[list[Outgoing]] = [[] for _ in range(shards)]
-    shard_of = list(range(shards))
-    filling, calls = list(range(shards)), [1] * shards  # per shard: the call being filled, calls used
-    room = [max(SETTLE_MIN_RECORDS, max_records - load // SETTLE_PER_RECORD) for load in settle]
-    left: list[Outgoing] = []
-    for entry in out:
-        shard = entry.shard
-        call = filling[shard]
-        if len(sent[call]) >= (room[shard] if call < shards else max_records):
-            if calls[shard] >= max_calls:
-                left.append(entry)
-                continue
-            call = filling[shard] = len(sent)
-            calls[shard] += 1
-            sent.append([])
-            shard_of.append(shard)
-        sent[call].append(entry)
-    return sent, shard_of, left
-
-
 @dataclass(eq=False)
 class AckRiders:
     """What rides a finished request's ack in the same atomic call: its revisit (the ack also files the
@@ -128,9 +92,7 @@ class AckRiders:
             batch.ack.append(lease[1])
         else:
             batch.revisit.append((lease[1], revisit[0], revisit[1]))
-        items = self.items.pop(lease, None)
-        if items:
-            batch.items += [(lease[1], data) for data in items]
+        batch.items += [(lease[1], data) for data in self.items.pop(lease, ())]
 
     def restore(self, shard: int, batch: SyncBatch) -> None:
         for member, delay, new in batch.revisit:
@@ -150,13 +112,10 @@ class Ledger:
         self.out: list[Outgoing] = []
         self.handed: dict[Request, Lease] = {}
         self.held: set[Lease] = set()  # every lease held in Redis (renewed each renewal round)
-        #: acks: their requests' output is in Redis; acks_new: just finished, output may still be buffered
-        #: here; acks_waiting: held back during the round, sendable once it has landed on every shard
+        #: acks by how far their requests' output is in Redis (:meth:`take_batches`)
         self.acks: list[Lease] = []
         self.acks_new: list[Lease] = []
         self.acks_waiting: list[Lease] = []
-        #: acks whose output waits in ``out`` behind rounds that skip shards: they go once every shard of
-        #: ``unflushed`` has had a round that landed all it was owed
         self.acks_cycle: list[Lease] = []
         self.unflushed: set[int] = set()
         self._flushing: set[int] = set()
@@ -176,8 +135,7 @@ class Ledger:
 
     def add(self, entry: Outgoing, now: float) -> None:
         self.out.append(entry)
-        if entry.score < self.best_out:
-            self.best_out = entry.score
+        self.best_out = min(self.best_out, entry.score)
         self._mark(now)
 
     def delay(self, entry: Delay, now: float) -> None:
@@ -282,9 +240,7 @@ class Ledger:
         settle = list(lease_counts)
         for shard, _ in itertools.chain(self.acks, self.acks_new, self.held if renew else ()):
             settle[shard] += 1
-        out, kept = self.out, []
-        if skip:
-            out, kept = [e for e in self.out if e.shard not in skip], [e for e in self.out if e.shard in skip]
+        out, kept = [e for e in self.out if e.shard not in skip], [e for e in self.out if e.shard in skip]
         sent, shard_of, left = split_calls(out, n, settle, max_records, max_calls)
         batches = [SyncBatch([(e.t1, e.t2, e.score, e.payload, e.domain, e.limits) for e in call],
                              lease=lease_counts[i] if i < n else 0) for i, call in enumerate(sent)]
@@ -317,8 +273,7 @@ class Ledger:
         if renew:
             for shard, member in self.held:
                 batches[shard].renew.append(member)
-        self._sent = sent
-        self.out, self.acks, self.acks_new, self.delays = left + kept, acks, held_new, []
+        self.out, self.acks, self.acks_new, self.delays, self._sent = left + kept, acks, held_new, [], sent
         self.best_out = min((e.score for e in self.out), default=math.inf)
         self.rejects, self.dead, self.penalties, self.releases, self.forgets = [], [], [], [], []
         if not self.out:
@@ -335,10 +290,9 @@ class Ledger:
         delays = [Delay(*d[:3], domain=d[3], limits=d[4], shard=shard) for d in batch.delay]
         self.delays = delays + self.delays
         self.rejects = [((shard, m), record) for m, record in batch.reject] + self.rejects
-        self.releases = [(shard, m) for m in batch.release] + self.releases
         self.dead = batch.dead + self.dead
-        self.forgets = [(shard, t) for t in batch.forget] + self.forgets
-        self.penalties = [(shard, p) for p in batch.penalize] + self.penalties
+        for name, due in (("release", "releases"), ("penalize", "penalties"), ("forget", "forgets")):
+            setattr(self, due, [(shard, value) for value in getattr(batch, name)] + getattr(self, due))
         self._mark(now)
 
     def apply(
@@ -363,9 +317,8 @@ class Ledger:
         for member, score in result.leased:
             lease = (shard, member)
             if lease in self.held:
-                # this worker's own lease, swept while it was stopped or cut off and leased to it again
-                # (same lease key): the copy it holds answers for it. A second copy would ride the same
-                # key, and its items would be written with the first copy's accepted ack.
+                # its own lease, swept while it was stopped or cut off and leased to it again (same key):
+                # the copy it holds answers for it (a second copy's items would ride the first one's ack)
                 continue
             self.held.add(lease)
             try:
@@ -389,8 +342,7 @@ class Ledger:
                 self.acks, self.acks_cycle = self.acks + self.acks_cycle, []
         else:
             self.acks_new = self.acks_waiting + self.acks_new
-        self.acks_waiting = []
-        self._sent = []
+        self.acks_waiting, self._sent = [], []
         if self.acks:
             self._mark(now)
 

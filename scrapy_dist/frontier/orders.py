@@ -178,8 +178,7 @@ class DomainLimits:
         return f"{max(rules)!r} {max(jitters)!r}"
 
     def for_domain(self, domain: str) -> DomainLimit:
-        hit = self._cache.get(domain)
-        if hit is not None:
+        if (hit := self._cache.get(domain)) is not None:
             return hit
         limit = d = self.default
         for pattern, rule in self.rules:
@@ -229,19 +228,16 @@ class DomainPenalties:
         domain = (urlparse_cached(request).hostname or "").lower()
         limit = self.limits.for_domain(domain) if self.limits else None
         seconds = penalty_seconds(response.status, response.headers.get(b"Retry-After"), limit, time.time())
-        if seconds is None:
-            return
-        self.stats.inc_value(f"scheduler/politeness/penalized/{response.status}")
-        self.penalize(domain, seconds)
+        if seconds is not None:
+            self.stats.inc_value(f"scheduler/politeness/penalized/{response.status}")
+            self.penalize(domain, seconds)
 
 
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
     """The domains with the largest backlog, their limits and slots in use (for ``status``). A domain's
     backlog is counted in the queue (ZLEXCOUNT) for the scheduled domains and those with a field."""
     info: dict[str, dict[str, str]] = {}
-    for n, (name, value) in enumerate(client.hscan_iter(keys.domain_info, count=1000)):
-        if n >= DOMAIN_SCAN_LIMIT:
-            break
+    for name, value in itertools.islice(client.hscan_iter(keys.domain_info, count=1000), DOMAIN_SCAN_LIMIT):
         kind, _, domain = scripts.text(name).partition(":")
         parts = scripts.text(value).split(" ")
         if kind == "p" and len(parts) in (2, 5):  # "<slots> <next>[ <delay> <concurrency> <jitter>]"
@@ -250,9 +246,7 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
             info[domain] = {"i": parts[1], "n": parts[2], "l": " ".join(parts[3:]), **info.get(domain, {})}
         elif kind in ("i", "n", "l") and domain:  # the four fields of the layout before it
             info.setdefault(domain, {}).setdefault(kind, scripts.text(value))
-    for n, (name, _) in enumerate(client.zscan_iter(keys.domains, count=1000)):
-        if n >= DOMAIN_SCAN_LIMIT:
-            break
+    for name, _ in itertools.islice(client.zscan_iter(keys.domains, count=1000), DOMAIN_SCAN_LIMIT):
         info.setdefault(scripts.text(name), {})
     pipe = client.pipeline(transaction=False)
     for domain in info:
@@ -287,8 +281,7 @@ def penalty_seconds(
 def backoff_delay(
     retry_times: int, base: float, cap: float, rng: Callable[[], float] = random.random
 ) -> float:
-    """Seconds before retry number ``retry_times`` (1 for the first): ``base * 2 ** (retry_times - 1)``
-    times a random factor in ``[1, 1 + JITTER)``, at most ``cap``; the jitter only adds."""
+    """Seconds before retry ``retry_times`` (1: the first): doubling from ``base``, jittered up, capped."""
     if base <= 0 or cap <= 0:
         return 0.0
     exponent = max(0, retry_times - 1)
@@ -315,9 +308,8 @@ def parse_retry_after(value: bytes | str | None, now: float | None = None) -> fl
 
 
 def retry_delay(
-    retry_times: int, base: float, cap: float, *, status: int | None = None,
-    retry_after: bytes | str | None = None, now: float | None = None,
-    rng: Callable[[], float] = random.random,
+    retry_times: int, base: float, cap: float, *, status: int | None = None, now: float | None = None,
+    retry_after: bytes | str | None = None, rng: Callable[[], float] = random.random,
 ) -> float:
     """``Retry-After`` (on 429/503, capped by ``cap``) if given and valid, else :func:`backoff_delay`."""
     if status in RETRY_AFTER_STATUSES:
@@ -339,11 +331,10 @@ def dead_letter_record(
         payload: str | None = base64.b64encode(encoded).decode("ascii")
     except UnserializableRequest:
         payload = None
-    if attempts is None:
-        attempts = _int(request.meta.get("retry_times"), 0) + 1
     record: dict[str, Any] = {
-        "request": payload, "url": request.url, "reason": reason, "attempts": attempts, "worker": worker,
-        "at": time.time() if now is None else now,
+        "request": payload, "url": request.url, "reason": reason,
+        "attempts": _int(request.meta.get("retry_times"), 0) + 1 if attempts is None else attempts,
+        "worker": worker, "at": time.time() if now is None else now,
     }
     if status is not None:
         record["status"] = status
@@ -436,9 +427,8 @@ def requeue_payload(
     codec.check_url(d.get("u"), allowed_schemes)
     signed = policy.secret is not None and codec.split_payload(payload, max_bytes)[0] != codec.VERSION
     if signed and not policy.bound(kind=DEAD).verify(payload):
-        raise RejectedEntry(
-            "bad_tag", "its tag does not verify as a dead letter of this crawl (another crawl or secret)"
-        )
+        raise RejectedEntry("bad_tag", "its tag does not verify as a dead letter of this crawl"
+                                       " (another crawl or secret)")
     meta = d.get("M")
     if isinstance(meta, dict):
         meta.pop("retry_times", None)

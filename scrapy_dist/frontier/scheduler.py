@@ -168,7 +168,16 @@ class Scheduler:
             self.refused = True
             return
         cfg = self.config
-        self.report.backlog(self.keys.spider, pending, remembered, cfg.persist)
+        if pending:
+            logger.info("Resuming crawl (%d requests scheduled)", pending)
+        elif remembered and cfg.persist:
+            logger.warning(
+                "The crawl %r has run before and finished: %d fingerprints are remembered"
+                " (SCHEDULER_PERSIST=True), so requests already seen then are skipped now. To start"
+                " afresh: -s SCHEDULER_FLUSH_ON_START=True for this run, or SCHEDULER_PERSIST=False so"
+                " that a finished crawl removes its keys.",
+                self.keys.spider, remembered,
+            )
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
             self.encoder.recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
         self.redis = self._client(sync=False)
@@ -235,7 +244,9 @@ class Scheduler:
             await loop.drain(min(self.config.shutdown_grace, self.config.lease_seconds))
             self.report.refusals_done()
             if released or loop.released_at_close:
-                self.report.released(reason, released - len(self.ledger.releases) + loop.released_at_close)
+                given = released - len(self.ledger.releases) + loop.released_at_close
+                self.stats.set_value("scheduler/released_at_close", given)
+                logger.info("Closing (%s): gave %d leased requests back to the queue", reason, given)
         if not self.config.persist and reason == "finished" and self.redis is not None:
             await self.layout.finish(self.redis, self.worker_id)
         if hasattr(self.df, "close"):
@@ -320,10 +331,6 @@ class Scheduler:
         self.pause(False)
         self.engine.wake()
 
-    def penalize_domain(self, domain: str, seconds: float) -> None:
-        """Crawl-wide politeness: no request of ``domain`` is leased for ``seconds``."""
-        self.penalties.penalize(domain, seconds)
-
     def _wake(self) -> None:
         if self.loop is not None:
             self.loop.wake()
@@ -385,7 +392,6 @@ class FrontierReport:
 
     def applied(self, applied: Applied, result: SyncResult) -> None:
         """Stats and logs of one shard's answer."""
-        stats = self.stats
         for request in applied.duplicates:
             self.log_duplicate(request)
         # rejected: malformed members, and copies of entries handed out, the script parked itself
@@ -400,7 +406,7 @@ class FrontierReport:
             ("feeds/duplicate_pages", refused if self.feeds else 0),
         ):
             if n > 0:
-                stats.inc_value(stat, n)
+                self.stats.inc_value(stat, n)
         if refused:
             self._refused[0] += refused
             self._refused[1] += result.items_refused
@@ -410,8 +416,8 @@ class FrontierReport:
             self._log.log(logging.WARNING, "Repaired garbage in %s (written by someone else?) before writing",
                           key, key=f"repaired:{key}")
         for (shard, _), exc in applied.rejected:
-            stats.inc_value("scheduler/rejected")
-            stats.inc_value(f"scheduler/rejected/{exc.reason}")
+            self.stats.inc_value("scheduler/rejected")
+            self.stats.inc_value(f"scheduler/rejected/{exc.reason}")
             keys = self.shard_keys[shard]
             self._log.log(logging.ERROR, "Rejected a queue entry of %r (%s); moved it to %s",
                           keys.queue, exc, keys.queue_rejected, key="rejected")
@@ -429,10 +435,6 @@ class FrontierReport:
             " fetch, once; feed exports may hold these pages' items twice", acks, items,
         )
 
-    def released(self, reason: str, given: int) -> None:
-        self.stats.set_value("scheduler/released_at_close", given)
-        logger.info("Closing (%s): gave %d leased requests back to the queue", reason, given)
-
     def unserializable(self, request: Request, exc: UnserializableRequest) -> None:
         """A request that cannot go to Redis (crawled by this worker only): logged once per key."""
         self.stats.inc_value("scheduler/unserializable")
@@ -444,16 +446,3 @@ class FrontierReport:
             " counted in scheduler/unserializable.",
             {"request": request, "reason": exc, "key": exc.key}, key=exc.key,
         )
-
-    @staticmethod
-    def backlog(spider: str, pending: int, remembered: int, persist: bool) -> None:
-        if pending:
-            logger.info("Resuming crawl (%d requests scheduled)", pending)
-        elif remembered and persist:
-            logger.warning(
-                "The crawl %r has run before and finished: %d fingerprints are remembered"
-                " (SCHEDULER_PERSIST=True), so requests already seen then are skipped now. To start"
-                " afresh: -s SCHEDULER_FLUSH_ON_START=True for this run, or SCHEDULER_PERSIST=False so"
-                " that a finished crawl removes its keys.",
-                spider, remembered,
-            )

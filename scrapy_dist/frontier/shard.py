@@ -30,6 +30,14 @@ SEQ_BYTES = 6
 PRIORITY_KEY_BYTES = 11
 #: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
 LEASE_MARK = b"\0\xff"
+#: most discovered requests one sync call carries to one shard (a script holds Redis; docs/capacity.md)
+CALL_RECORDS = 48
+#: an ack, a lease or a renewal costs the script about a sixth of a discovered request
+SETTLE_PER_RECORD = 6
+#: discovered requests the call settling a shard's leases always carries
+SETTLE_MIN_RECORDS = 8
+#: most calls of one round to one shard (sent concurrently, one round trip)
+CALLS_PER_ROUND = 8
 
 
 def domain_shard(domain: str, shards: int) -> int:
@@ -189,9 +197,8 @@ SYNC_SECTIONS = (
     SyncSection("reject", ("member", "record"), (), lambda e, now: (e[0], e[1])),
     SyncSection("dead", ("record",), (), lambda r, now: (r,)),
     SyncSection("penalize", ("domain", "seconds"), (), lambda e, now: (e[0], _score(e[1]))),
-    SyncSection(
-        "revisit", ("member", "delay", "new"), (), lambda e, now: (e[0], _score(max(0.0, float(e[1]))), e[2])
-    ),
+    SyncSection("revisit", ("member", "delay", "new"), (),
+                lambda e, now: (e[0], _score(max(0.0, float(e[1]))), e[2])),
     SyncSection("forget", ("t1", "t2"), (), lambda e, now: (e[0], e[1])),
     SyncSection("items", ("member", "data"), (), lambda e, now: (e[0], e[1])),
 )
@@ -217,6 +224,32 @@ def sync_prelude() -> str:
         f"local function sync_names(keys, argv)\n  return {{{by_name}}},\n    {{{head_by_name}}},\n"
         f"    {{{no_sections}}}\nend\n"
     )
+
+
+def split_calls(
+    out: list[Any], shards: int, settle: list[int], max_records: int = CALL_RECORDS, max_calls: int = 1
+) -> tuple[list[list[Any]], list[int], list[Any]]:
+    """Each call's requests, each call's shard, and what is left: one call per shard (index = shard), then
+    up to ``max_calls - 1`` more calls of ``max_records`` to a shard with more. A shard's first call also
+    settles ``settle[shard]`` leases, acks and renewals, so it takes fewer."""
+    sent: list[list[Any]] = [[] for _ in range(shards)]
+    shard_of = list(range(shards))
+    filling, calls = list(range(shards)), [1] * shards  # per shard: the call being filled, calls used
+    room = [max(SETTLE_MIN_RECORDS, max_records - load // SETTLE_PER_RECORD) for load in settle]
+    left: list[Any] = []
+    for entry in out:
+        shard = entry.shard
+        call = filling[shard]
+        if len(sent[call]) >= (room[shard] if call < shards else max_records):
+            if calls[shard] >= max_calls:
+                left.append(entry)
+                continue
+            call = filling[shard] = len(sent)
+            calls[shard] += 1
+            sent.append([])
+            shard_of.append(shard)
+        sent[call].append(entry)
+    return sent, shard_of, left
 
 
 def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any]:
