@@ -128,9 +128,7 @@ class AckRiders:
             batch.ack.append(lease[1])
         else:
             batch.revisit.append((lease[1], revisit[0], revisit[1]))
-        items = self.items.pop(lease, None)
-        if items:
-            batch.items += [(lease[1], data) for data in items]
+        batch.items += [(lease[1], data) for data in self.items.pop(lease, [])]
 
     def restore(self, shard: int, batch: SyncBatch) -> None:
         for member, delay, new in batch.revisit:
@@ -176,8 +174,7 @@ class Ledger:
 
     def add(self, entry: Outgoing, now: float) -> None:
         self.out.append(entry)
-        if entry.score < self.best_out:
-            self.best_out = entry.score
+        self.best_out = min(self.best_out, entry.score)
         self._mark(now)
 
     def delay(self, entry: Delay, now: float) -> None:
@@ -217,8 +214,7 @@ class Ledger:
         """Requests the engine no longer works on are to be acknowledged."""
         done = [r for r in self.handed if r not in busy]
         for r in done:
-            lease = self.handed.pop(r)
-            self.acks_new.append(lease)
+            self.acks_new.append(lease := self.handed.pop(r))
             self.riders.collect(r, lease)
         if done:
             self._mark(now)
@@ -250,8 +246,7 @@ class Ledger:
     def starts_now(self, concurrency: int) -> bool:
         """Whether Scrapy's engine (``concurrency`` downloads) would send a start request enqueued now at
         once: nothing leased waits, and fewer requests are in the engine or on their way to it."""
-        room = concurrency - len(self.handed)
-        if self.ready or self.local or room <= 0:
+        if self.ready or self.local or (room := concurrency - len(self.handed)) <= 0:
             return False
         for e in itertools.chain(self.out, *self._sent):  # stops once the engine would be full
             if e.score <= START_NOW and not e.record_only:
@@ -363,9 +358,8 @@ class Ledger:
         for member, score in result.leased:
             lease = (shard, member)
             if lease in self.held:
-                # this worker's own lease, swept while it was stopped or cut off and leased to it again
-                # (same lease key): the copy it holds answers for it. A second copy would ride the same
-                # key, and its items would be written with the first copy's accepted ack.
+                # this worker's own lease, swept while it was stopped or cut off and leased to it again (same
+                # key): the copy it holds answers for it; a second copy's items would ride the first's ack
                 continue
             self.held.add(lease)
             try:
@@ -389,8 +383,7 @@ class Ledger:
                 self.acks, self.acks_cycle = self.acks + self.acks_cycle, []
         else:
             self.acks_new = self.acks_waiting + self.acks_new
-        self.acks_waiting = []
-        self._sent = []
+        self.acks_waiting, self._sent = [], []
         if self.acks:
             self._mark(now)
 
@@ -462,8 +455,7 @@ class RequestEncoder:
         return entries
 
     def delayed(self, request: Request, not_before: float) -> Delay | None:
-        payload = self.encode(request)
-        if payload is None:
+        if (payload := self.encode(request)) is None:
             return None
         domain, limits = self.domain(request)
         return Delay(self.order.score(request), payload, not_before, domain=domain, limits=limits,
