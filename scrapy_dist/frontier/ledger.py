@@ -141,8 +141,7 @@ class Ledger:
     """One worker's account with the frontier. Reactor thread only."""
 
     def __init__(self, shards: int = 1, worker_id: str = "") -> None:
-        self.shards = shards
-        self.worker_id = worker_id
+        self.shards, self.worker_id = shards, worker_id
         self.ready = LeasedBuffer()
         self.local: deque[Request] = deque()  # could not be encoded: crawled by this worker only
         self.out: list[Outgoing] = []

@@ -41,13 +41,8 @@ class SyncLoop(BackgroundTask):
     ) -> None:
         self.outage = outage or Outage()
         super().__init__(self.outage.guard("frontier", backoff, logger), clock)
-        self.ledger = ledger
-        self.router = router
-        self.frontiers = frontiers
-        self.engine = engine
-        self.decode = decode
-        self.on_applied = on_applied
-        self.config = config
+        self.ledger, self.router, self.frontiers, self.engine = ledger, router, frontiers, engine
+        self.decode, self.on_applied, self.config = decode, on_applied, config
         self.prefetch = max(1, config.prefetch)
         #: a worker that never closes on its own and keeps finding nothing polls less often: doubled per
         #: empty round up to the max
