@@ -77,7 +77,8 @@ class Scheduler:
         self.config = cfg = config or SchedulerSettings(downloader_aware=False)
         #: what entries read from the queue must satisfy, and the secret signing what this worker writes
         self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
-        self.df, self.crawler, rs = dupefilter, crawler, redis_settings
+        self.df, self.crawler = dupefilter, crawler
+        rs = redis_settings
         self.redis_settings = rs if isinstance(rs, DistSettings) else DistSettings.from_settings(rs or {})
         self.order = order or queue.PriorityQueue()
         self.stats: Any = stats if stats is not None else NoStats()
