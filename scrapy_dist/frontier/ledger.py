@@ -105,8 +105,7 @@ class Ledger:
     """One worker's account with the frontier. Reactor thread only."""
 
     def __init__(self, shards: int = 1, worker_id: str = "") -> None:
-        self.shards = shards
-        self.worker_id = worker_id
+        self.shards, self.worker_id = shards, worker_id
         self.ready = LeasedBuffer()
         self.local: deque[Request] = deque()  # could not be encoded: crawled by this worker only
         self.out: list[Outgoing] = []
@@ -175,8 +174,7 @@ class Ledger:
         """Requests the engine no longer works on are to be acknowledged."""
         done = [r for r in self.handed if r not in busy]
         for r in done:
-            lease = self.handed.pop(r)
-            self.acks_new.append(lease)
+            self.acks_new.append(lease := self.handed.pop(r))
             self.riders.collect(r, lease)
         if done:
             self._mark(now)
@@ -208,8 +206,7 @@ class Ledger:
     def starts_now(self, concurrency: int) -> bool:
         """Whether Scrapy's engine (``concurrency`` downloads) would send a start request enqueued now at
         once: nothing leased waits, and fewer requests are in the engine or on their way to it."""
-        room = concurrency - len(self.handed)
-        if self.ready or self.local or room <= 0:
+        if self.ready or self.local or (room := concurrency - len(self.handed)) <= 0:
             return False
         for e in itertools.chain(self.out, *self._sent):  # stops once the engine would be full
             if e.score <= START_NOW and not e.record_only:
@@ -414,8 +411,7 @@ class RequestEncoder:
         return entries
 
     def delayed(self, request: Request, not_before: float) -> Delay | None:
-        payload = self.encode(request)
-        if payload is None:
+        if (payload := self.encode(request)) is None:
             return None
         domain, limits = self.domain(request)
         return Delay(self.order.score(request), payload, not_before, domain=domain, limits=limits,

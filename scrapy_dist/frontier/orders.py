@@ -121,8 +121,7 @@ class LeasedBuffer:
     def pop_least_loaded(self, load: Callable[[Request], int]) -> tuple[Request, Lease]:
         """The best request of the least busy download slot (Scrapy's ``DownloaderAwarePriorityQueue``)."""
         heap = self._heap
-        best = min(range(len(heap)), key=lambda i: (load(heap[i][2]), heap[i][0], heap[i][1]))
-        entry = heap.pop(best)
+        entry = heap.pop(min(range(len(heap)), key=lambda i: (load(heap[i][2]), heap[i][0], heap[i][1])))
         heapq.heapify(heap)
         return entry[2:]
 
@@ -256,18 +255,15 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
     rows = []
     for (domain, d), backlog in zip(info.items(), backlogs, strict=True):
         delay, conc, jitter = (d.get("l") or default).split(" ")
-        rows.append({
-            "domain": domain, "backlog": int(backlog), "in_flight": int(float(d.get("i", 0))),
-            "delay": float(delay), "concurrency": int(conc), "jitter": float(jitter),
-            "next_in": max(0.0, round(float(d.get("n", 0)) - now, 3)),
-        })
+        rows.append({"domain": domain, "backlog": int(backlog), "in_flight": int(float(d.get("i", 0))),
+                     "delay": float(delay), "concurrency": int(conc), "jitter": float(jitter),
+                     "next_in": max(0.0, round(float(d.get("n", 0)) - now, 3))})
     rows.sort(key=lambda r: (r["backlog"], r["in_flight"]), reverse=True)
     return rows[:limit]
 
 
-def penalty_seconds(
-    status: int, retry_after: bytes | None, limit: DomainLimit | None, now: float
-) -> float | None:
+def penalty_seconds(status: int, retry_after: bytes | None, limit: DomainLimit | None,
+                    now: float) -> float | None:
     """How long the crawl stays off a domain after a 429 or 503 (``None``: no penalty): ``Retry-After``
     if given, else twice the domain's delay (at least a second); at most an hour."""
     if status not in RETRY_AFTER_STATUSES:
@@ -410,10 +406,9 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
         at = math.inf
     if not (math.isfinite(at) and 0 <= at <= MAX_AT):
         raise RejectedEntry("bad_deadletter", "at is not a time")
-    return DeadLetter(
-        raw=raw, url=url, reason=str(field("reason", str, "")), attempts=attempts, at=at, status=status,
-        worker=field("worker", str, ""), detail=field("detail", str, ""), payload=payload,
-    )
+    return DeadLetter(raw=raw, url=url, reason=str(field("reason", str, "")), attempts=attempts, at=at,
+                      status=status, worker=field("worker", str, ""), detail=field("detail", str, ""),
+                      payload=payload)
 
 
 def requeue_payload(
@@ -429,8 +424,7 @@ def requeue_payload(
     if signed and not policy.bound(kind=DEAD).verify(payload):
         raise RejectedEntry("bad_tag", "its tag does not verify as a dead letter of this crawl"
                                        " (another crawl or secret)")
-    meta = d.get("M")
-    if isinstance(meta, dict):
+    if isinstance(meta := d.get("M"), dict):
         meta.pop("retry_times", None)
         if not meta:
             del d["M"]

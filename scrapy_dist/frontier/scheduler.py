@@ -77,8 +77,7 @@ class Scheduler:
         self.config = cfg = config or SchedulerSettings(downloader_aware=False)
         #: what entries read from the queue must satisfy, and the secret signing what this worker writes
         self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
-        self.df = dupefilter
-        self.crawler = crawler
+        self.df, self.crawler = dupefilter, crawler
         rs = redis_settings
         self.redis_settings = rs if isinstance(rs, DistSettings) else DistSettings.from_settings(rs or {})
         self.order = order or queue.PriorityQueue()
@@ -102,9 +101,9 @@ class Scheduler:
         self._empty_since: float | None = None
         #: wired by from_crawler (``refused``: the crawl's start was refused, open nothing)
         self.components: list[Any] = []
-        self.refused = False
-        self.revisits: Revisits | None = None
         self.networks: list[Any] = []
+        self.revisits: Revisits | None = None
+        self.refused = False
         self.keys: CrawlKeys
         self.layout: CrawlLayout
         if keys is not None:
@@ -146,8 +145,7 @@ class Scheduler:
         return state.as_dict() if state is not None else None
 
     @property
-    def paused(self) -> bool:
-        """The crawl-wide pause flag (``scrapy-dist pause``)."""
+    def paused(self) -> bool:  # the crawl-wide pause flag (``scrapy-dist pause``)
         return self.loop is not None and self.loop.paused
 
     def open(self, spider: Spider) -> Deferred[None]:
@@ -267,8 +265,7 @@ class Scheduler:
             self._empty_since = None
             return True
         now = time.monotonic()
-        if self._empty_since is None:
-            self._empty_since = now
+        self._empty_since = now if self._empty_since is None else self._empty_since
         return now - self._empty_since < self.config.idle_before_close
 
     def enqueue_request(self, request: Request) -> bool:
@@ -305,8 +302,7 @@ class Scheduler:
 
     def delay_request(self, request: Request, not_before: float, reason: str = "") -> bool:
         """Put ``request`` in the delayed set until ``not_before`` (unix time), with the failed one's ack."""
-        entry = self.encoder.delayed(request, not_before)
-        if entry is not None:
+        if (entry := self.encoder.delayed(request, not_before)) is not None:
             self.ledger.delay(entry, time.monotonic())
         return entry is not None
 

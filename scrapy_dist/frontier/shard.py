@@ -293,8 +293,7 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
     if len(raw) % 2:
         raise FrontierScriptError("sync answered an odd-length list")
     named = {text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
-    missing = [n for n in SYNC_RESULT[:10] if n not in named]
-    if missing:
+    if missing := [n for n in SYNC_RESULT[:10] if n not in named]:
         raise FrontierScriptError(f"sync answered without {', '.join(missing)}")
     flags = text(named["flags"])
     if len(flags) != n_enqueue or flags.strip("01"):
