@@ -272,9 +272,7 @@ class RedisCrawlSpider(RedisMixin, CrawlSpider):
         return request.replace(callback=self.rule_callback, errback=self.rule_errback)
 
     def rule_callback(self, response: Any, **cb_kwargs: Any) -> Any:
-        """CrawlSpider's rule callback, under a public name."""
         return self._callback(response, **cb_kwargs)
 
     def rule_errback(self, failure: Any) -> Any:
-        """CrawlSpider's rule errback, under a public name."""
         return self._errback(failure)

@@ -338,7 +338,6 @@ def check_headers(headers: Any) -> dict[str, list[str]]:
 
 
 def check_priority(priority: Any) -> int:
-    """An integer (not a boolean, not a float) in the 32-bit range."""
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise RejectedEntry("bad_priority", f"priority is a {json_type(priority)}, expected an integer")
     if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
