@@ -167,8 +167,7 @@ class EntryPolicy:
     def tag(self, nonce: bytes, body: bytes) -> bytes:
         """The tag of ``nonce`` and a msgpack body for this policy's crawl and kind (requires a secret)."""
         h = self._keyed.copy()
-        h.update(nonce)
-        h.update(body)
+        h.update(nonce + body)
         return h.digest()
 
     def seal(self, body: bytes, nonce: bytes | None = None) -> bytes:
