@@ -62,7 +62,6 @@ CookieIdent = tuple[str, str, str]
 
 
 def jar_name(cookiejar: Any) -> str:
-    """The shared jar of a ``meta["cookiejar"]``: ``None`` -> ``"default"``, else its text or ``repr``."""
     if cookiejar is None:
         return "default"
     return cookiejar if isinstance(cookiejar, str) else repr(cookiejar)
@@ -155,7 +154,6 @@ class RecordSeal:
 
 
 def snapshot(jar: CookieJar) -> dict[CookieIdent, dict[str, Any]]:
-    """Every cookie of ``jar`` as its record, by (domain, path, name)."""
     return {(c.domain, c.path, c.name): cookie_record(c) for c in jar}
 
 
@@ -278,7 +276,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         return response
 
     async def spider_closed(self) -> None:
-        """Write the remaining changes, then close the Redis client."""
         await self.writer.close()
         await self.server.aclose()
 

@@ -104,11 +104,9 @@ class SpiderArguments:
         """Read and convert the spider's attributes; :class:`SettingsError` if one is unusable."""
         return cls(
             redis_key=_key(getattr(spider, "redis_key", None), getattr(spider, "name", "")),
-            redis_batch_size=_number("redis_batch_size", getattr(spider, "redis_batch_size", None), True, 1,
-                                     "not a whole number of at least 1",
+            redis_batch_size=_number(spider, "redis_batch_size", True, 1, "not a whole number of at least 1",
                                      "expected seeds per round trip, e.g. -a redis_batch_size=16"),
-            max_idle_time=_number("max_idle_time", getattr(spider, "max_idle_time", None), False, 0,
-                                  "not a number of seconds >= 0",
+            max_idle_time=_number(spider, "max_idle_time", False, 0, "not a number of seconds >= 0",
                                   "expected e.g. -a max_idle_time=30 (0: never close an idle crawl)"))
 
 
@@ -129,8 +127,9 @@ def _key(value: Any, name: str) -> str | None:
     return expanded
 
 
-def _number(name: str, value: Any, integer: bool, low: int, problem: str, hint: str) -> Any:
-    """``value`` (a number or a ``-a`` string) as an int or a float of at least ``low``, or ``None``."""
+def _number(spider: Any, name: str, integer: bool, low: int, problem: str, hint: str) -> Any:
+    """Attribute ``name`` (a number or a ``-a`` string) as an int or float of at least ``low``, or None."""
+    value = getattr(spider, name, None)
     if value is None:
         return None
     try:
@@ -272,9 +271,7 @@ class RedisCrawlSpider(RedisMixin, CrawlSpider):
         return request.replace(callback=self.rule_callback, errback=self.rule_errback)
 
     def rule_callback(self, response: Any, **cb_kwargs: Any) -> Any:
-        """CrawlSpider's rule callback, under a public name."""
         return self._callback(response, **cb_kwargs)
 
     def rule_errback(self, failure: Any) -> Any:
-        """CrawlSpider's rule errback, under a public name."""
         return self._errback(failure)

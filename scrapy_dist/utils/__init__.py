@@ -32,7 +32,6 @@ class RateLimitedLog:
 
     def log(self, level: int, msg: str, *args: Any, key: str = "", now: float | None = None,
             exc_info: Any = None) -> bool:
-        """Log unless over the limit; returns whether it logged."""
         now = time.monotonic() if now is None else now
         window = self._windows.setdefault(key, _Window(now))
         if now - window.start >= self.period:
@@ -48,7 +47,6 @@ class RateLimitedLog:
         return False
 
     def suppressed(self, key: str = "") -> int:
-        """How many messages of ``key`` were left out in the current period."""
         return self._windows[key].suppressed if key in self._windows else 0
 
     def reset(self, key: str = "") -> None:
@@ -61,7 +59,6 @@ class RateLimitedLog:
 
 
 def bytes_to_str(s: Any, encoding: str = "utf-8") -> Any:
-    """``s`` decoded with ``encoding`` if it is bytes, else ``s`` unchanged."""
     return s.decode(encoding) if isinstance(s, (bytes, bytearray)) else s
 
 

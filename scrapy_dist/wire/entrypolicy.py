@@ -167,8 +167,7 @@ class EntryPolicy:
     def tag(self, nonce: bytes, body: bytes) -> bytes:
         """The tag of ``nonce`` and a msgpack body for this policy's crawl and kind (requires a secret)."""
         h = self._keyed.copy()
-        h.update(nonce)
-        h.update(body)
+        h.update(nonce + body)
         return h.digest()
 
     def seal(self, body: bytes, nonce: bytes | None = None) -> bytes:
@@ -338,7 +337,6 @@ def check_headers(headers: Any) -> dict[str, list[str]]:
 
 
 def check_priority(priority: Any) -> int:
-    """An integer (not a boolean, not a float) in the 32-bit range."""
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise RejectedEntry("bad_priority", f"priority is a {json_type(priority)}, expected an integer")
     if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
