@@ -307,6 +307,7 @@ def parse_control(raw: Any) -> ControlState:
     """The one parser of ``{spider}:control``; raises :class:`RejectedEntry` only if ``raw`` is not a hash."""
     d = scripts.hash_fields(raw, "control")
     problems: list[str] = []
+
     def checked(field: str, valid: Callable[[str], Any], note: str, fallback: str = "") -> str:
         value = d.get(field, "")
         if not value or valid(value):

@@ -237,7 +237,9 @@ class Ledger:
         settle = list(lease_counts)
         for shard, _ in itertools.chain(self.acks, self.acks_new, self.held if renew else ()):
             settle[shard] += 1
-        out, kept = [e for e in self.out if e.shard not in skip], [e for e in self.out if e.shard in skip]
+        out, kept = self.out, []  # no copy of the backlog unless a shard is skipped
+        if skip:
+            out, kept = [e for e in self.out if e.shard not in skip], [e for e in self.out if e.shard in skip]
         sent, shard_of, left = split_calls(out, n, settle, max_records, max_calls)
         batches = [SyncBatch([(e.t1, e.t2, e.score, e.payload, e.domain, e.limits) for e in call],
                              lease=lease_counts[i] if i < n else 0) for i, call in enumerate(sent)]
@@ -288,8 +290,9 @@ class Ledger:
         self.delays = delays + self.delays
         self.rejects = [((shard, m), record) for m, record in batch.reject] + self.rejects
         self.dead = batch.dead + self.dead
-        for name, due in (("release", "releases"), ("penalize", "penalties"), ("forget", "forgets")):
-            setattr(self, due, [(shard, value) for value in getattr(batch, name)] + getattr(self, due))
+        self.releases = [(shard, m) for m in batch.release] + self.releases
+        self.forgets = [(shard, t) for t in batch.forget] + self.forgets
+        self.penalties = [(shard, p) for p in batch.penalize] + self.penalties
         self._mark(now)
 
     def apply(

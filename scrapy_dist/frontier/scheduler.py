@@ -265,7 +265,8 @@ class Scheduler:
             self._empty_since = None
             return True
         now = time.monotonic()
-        self._empty_since = now if self._empty_since is None else self._empty_since
+        if self._empty_since is None:
+            self._empty_since = now
         return now - self._empty_since < self.config.idle_before_close
 
     def enqueue_request(self, request: Request) -> bool:

@@ -292,5 +292,5 @@ def _wants_spider(method: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return any(p.kind is p.VAR_POSITIONAL for p in params) or len(positional) >= 2 and (
-        positional[1].default is inspect.Parameter.empty or positional[1].name == "spider")
+    return any(p.kind is p.VAR_POSITIONAL for p in params) or (len(positional) >= 2 and (
+        positional[1].default is inspect.Parameter.empty or positional[1].name == "spider"))
