@@ -201,6 +201,7 @@ class Demo:
         self._seeded_at: float | None = None
         self._rates: dict[int, Any] = {}
         self._live: Live | None = None
+        self.lost_explained: list[str] = []  #: why lost pages were lost (set by summary())
 
     def connect(self) -> None:
         """Join the given Redis or the embedded one (RedisUnavailable if none answers); start the site."""
