@@ -114,7 +114,8 @@ end
 -- time (at least 0).
 local function pol_score(st)
   if st.c > 0 and st.i >= st.c then return BLOCKED end
-  return math.max(st.n, 0)
+  if st.n > 0 then return st.n end
+  return 0
 end
 
 -- A domain without a p: field in a HASH of an older layout: {slots, next, limits} from its s: field or
@@ -158,7 +159,9 @@ local function pol_state(dom)
     legacy = pol_legacy(dom)
     if legacy then vi, vn, vl = legacy[1], legacy[2], legacy[3] end
   end
-  st = {field = field, legacy = legacy, w = legacy ~= nil}
+  -- every field made by the constructor: a table grown field by field is reallocated three times
+  st = {field = field, legacy = legacy, w = legacy ~= nil, l = false, d = 0, c = 0, j = 0, i = 0, n = 0,
+        n_s = '0', scheduled = false, emptied = false}
   pol.st[dom] = st
   pol_parse_limits(st, vl)
   local i = SMALL[vi]
@@ -169,7 +172,9 @@ local function pol_state(dom)
   if vi and not (i and i >= 0) then i = 0; st.w = true end
   st.i = i or 0
   local n = vn and (vn == '0' and 0 or tonumber(vn))
-  local horizon = pol.now + math.max(MAX_PENALTY, st.d * (1 + st.j)) + 1
+  local wait = st.d * (1 + st.j)
+  if wait < MAX_PENALTY then wait = MAX_PENALTY end
+  local horizon = pol.now + wait + 1
   if vn and not (n and n == n and n > -1e15 and n <= horizon) then n = 0; vn = nil; st.w = true end
   st.n, st.n_s = n or 0, vn or '0'
   return st
