@@ -222,6 +222,28 @@ def test_queuing_reads_no_domain_state_and_a_waiting_domain_keeps_its_time(
     assert redis_client.zscore(keys.domains, "a.test") == t + 6.5 + 5
 
 
+def test_a_new_crawls_domain_info_is_a_hash_table_from_its_first_field(
+    redis_url: str, redis_client: Any
+) -> None:
+    """A small HASH is a listpack whose every HGET and HSET scans it: the first call that writes a domain's
+    field also writes a 'hashtable' field too long for a listpack, so the HASH is a hash table at once, and
+    `status` lists only the domains."""
+    from scrapy_dist.frontier.orders import busiest_domains
+    from scrapy_dist.frontier.shard import SyncBatch
+    from scrapy_dist.redis.keys import CrawlKeys
+
+    keys = CrawlKeys("sched")
+    entries = [("", "", 0, b"\x01%s" % d, d.decode(), "0.0 8 0.0") for d in (b"a.test", b"b.test")]
+    (result,) = _frontier_calls(redis_url, [(SyncBatch(enqueue=entries, lease=1), None)],
+                                limits_default="0.0 8 0.0")
+    assert len(result.leased) == 1
+    assert redis_client.hget(keys.domain_info, "layout") == b"p"
+    assert len(redis_client.hget(keys.domain_info, "hashtable")) > 64
+    assert redis_client.object("encoding", keys.domain_info) == b"hashtable"
+    rows = busiest_domains(redis_client, keys, 0.0)
+    assert sorted(row["domain"] for row in rows) == ["a.test", "b.test"]
+
+
 def test_a_due_domain_leaves_the_schedule_when_its_last_request_is_leased(
     redis_url: str, redis_client: Any
 ) -> None:

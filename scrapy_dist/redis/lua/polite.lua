@@ -20,7 +20,9 @@
 -- with such limits wrote them. A field without limits takes the calling worker's default.
 -- Layouts before: s:<domain> "<backlog> <slots> <next> <delay> <concurrency> <jitter>", and before it
 -- four fields b:, i:, n:, l:<domain>. The field 'layout' = 'p' says the HASH holds neither: written when
--- a call finds the HASH absent (a crawl started by this version). In a HASH without it (a crawl
+-- a call finds the HASH absent (a crawl started by this version), with the field 'hashtable' (HASHTABLE):
+-- its value is longer than hash-max-listpack-value (64 bytes by default), so Redis keeps the HASH a hash
+-- table from the start; a HASH of fewer than 512 fields would be a listpack that every HGET and HSET scans. In a HASH without it (a crawl
 -- upgraded in place), a domain with no p: field is read from its older fields (pol_legacy: one HMGET
 -- more, once per domain) and written back as p:, its older fields deleted; the older layouts kept every
 -- domain with a backlog scheduled, so the schedule stays whole. Workers of two versions must not run at
@@ -34,6 +36,7 @@
 -- when its place changes (pol_flush).
 
 local BLOCKED, BLOCKED_S = 1e15, '1e15'
+local HASHTABLE = 'this value is longer than 64 bytes so that Redis keeps this HASH a hash table, not a listpack'
 -- st.scheduled of a domain the lease found due: at some score not after now (not read: Redis would print
 -- each score with %.17g)
 local DUE = 'due'
@@ -48,8 +51,9 @@ local MAX_PENALTY = 3600
 local MAX_DELAY, MAX_JITTER = 86400, 10
 
 -- Small integers as decimal strings, made once (a FUNCTION library keeps them between calls): a number
--- handed to redis.call is printed by Redis with %.17g, and string.format costs nearly as much.
-local DECIMAL = {}
+-- handed to redis.call is printed by Redis with %.17g, and string.format costs nearly as much. SMALL is
+-- the reverse, filled as slot counts are read (tonumber runs strtod twice).
+local DECIMAL, SMALL = {}, {}
 local function decimal(x)
   local s = DECIMAL[x]
   if s then return s end
@@ -110,7 +114,8 @@ end
 -- time (at least 0).
 local function pol_score(st)
   if st.c > 0 and st.i >= st.c then return BLOCKED end
-  return math.max(st.n, 0)
+  if st.n > 0 then return st.n end
+  return 0
 end
 
 -- A domain without a p: field in a HASH of an older layout: {slots, next, limits} from its s: field or
@@ -154,14 +159,22 @@ local function pol_state(dom)
     legacy = pol_legacy(dom)
     if legacy then vi, vn, vl = legacy[1], legacy[2], legacy[3] end
   end
-  st = {field = field, legacy = legacy, w = legacy ~= nil}
+  -- every field made by the constructor: a table grown field by field is reallocated three times
+  st = {field = field, legacy = legacy, w = legacy ~= nil, l = false, d = 0, c = 0, j = 0, i = 0, n = 0,
+        n_s = '0', scheduled = false, emptied = false}
   pol.st[dom] = st
   pol_parse_limits(st, vl)
-  local i = int_of52(vi)
+  local i = SMALL[vi]
+  if not i then
+    i = int_of52(vi)
+    if i and i >= 0 and i < 4096 and vi == decimal(i) then SMALL[vi] = i end
+  end
   if vi and not (i and i >= 0) then i = 0; st.w = true end
   st.i = i or 0
-  local n = vn and tonumber(vn)
-  local horizon = pol.now + math.max(MAX_PENALTY, st.d * (1 + st.j)) + 1
+  local n = vn and (vn == '0' and 0 or tonumber(vn))
+  local wait = st.d * (1 + st.j)
+  if wait < MAX_PENALTY then wait = MAX_PENALTY end
+  local horizon = pol.now + wait + 1
   if vn and not (n and n == n and n > -1e15 and n <= horizon) then n = 0; vn = nil; st.w = true end
   st.n, st.n_s = n or 0, vn or '0'
   return st
@@ -240,7 +253,7 @@ end
 -- be (due, and to stay due) -- then the call's queued domains, in one ZADD NX at 0 (last: a domain emptied and queued again
 -- in one call stays scheduled).
 local function pol_flush(domains_key, now)
-  if pol.mark then redis.call('HSET', pol.info, 'layout', 'p'); pol.mark = nil end
+  if pol.mark then redis.call('HSET', pol.info, 'layout', 'p', 'hashtable', HASHTABLE); pol.mark = nil end
   for _, st in pairs(pol.st) do
     if st.w then
       if not st.n_s then st.n_s = st.n == 0 and '0' or string.format('%.17g', st.n) end

@@ -23,11 +23,8 @@ end
 
 -- lease key L's lease is over (1 if it was leased): with politeness, its domain has one slot free again
 local function lease_done(state, L)
-  local found = unlease(state, L)
-  if found == 1 and state.polite then
-    local dom = pol_domain(L)
-    if dom then pol_finished(dom, state.now) end
-  end
+  local found, dom = unlease(state, L)
+  if dom then pol_finished(dom, state.now) end
   return found
 end
 

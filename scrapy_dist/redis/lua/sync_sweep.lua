@@ -89,13 +89,15 @@ local function lease_entry(L)
   return m, '0'
 end
 
--- a lease key stops being leased (ack, release, expiry, rejection): 1 if it was leased
+-- a lease key stops being leased (ack, release, expiry, rejection): 1 if it was leased, and with
+-- politeness its domain (whose slot it frees)
 local function unlease(state, L)
   local was = redis.call('ZREM', key_of.leases, L)
   if not lease_tag_at(L) then redis.call('HDEL', key_of.lease_meta, L) end
   if was == 1 and state.polite then
     local dom = pol_domain(L)
     if dom then pol_slots(dom, -1) end
+    return was, dom
   end
   return was
 end
