@@ -380,7 +380,7 @@ class BloomDupeFilter(RedisDupeFilter):
         out = []
         for e in self.gens.passed(now):
             out.append(self.keys.bloom_generation(e))
-            out += [self.keys.bloom_generation_block(e, f, b) for f, b in coords]
+            out += [self.keys.bloom_generation(e, f, b) for f, b in coords]
         return out
 
     def key_names(self) -> list[str]:

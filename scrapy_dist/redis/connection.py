@@ -252,17 +252,16 @@ def _describe(client: Any, settings: SettingsLike | DistSettings | None) -> Redi
     """The target of ``settings``, else a best-effort one of a client built elsewhere (for the error)."""
     if settings is not None:
         return resolve_target(settings)
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    userinfo = f"{kwargs.get('username') or ''}:{kwargs['password']}@" if kwargs.get("password") else ""
+    db = kwargs.get("db", 0)
     if is_cluster(client):
         node = client.get_default_node()
         url = f"redis://{node.host}:{node.port}/0" if node else "redis://<cluster>"
-        return RedisTarget(url=url, setting="REDIS_URL")
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    userinfo = f"{kwargs.get('username') or ''}:{kwargs['password']}@" if kwargs.get("password") else ""
-    if kwargs.get("path"):
-        url = f"unix://{userinfo}{kwargs['path']}?db={kwargs.get('db', 0)}"
+    elif kwargs.get("path"):
+        url = f"unix://{userinfo}{kwargs['path']}?db={db}"
     else:
-        host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
-        url = f"redis://{userinfo}{host}:{port}/{kwargs.get('db', 0)}"
+        url = f"redis://{userinfo}{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"
     return RedisTarget(url=url, setting="REDIS_URL")
 
 

@@ -112,13 +112,10 @@ class CrawlKeys:
         """STRING bitmap: block ``block_index`` of filter ``filter_index`` of the scalable bloom chain."""
         return f"{self.tag}:bloom:{filter_index}:{block_index}"
 
-    def bloom_generation(self, generation: int) -> str:
-        """HASH with the item count of bloom generation ``generation`` (``DUPEFILTER_TTL``)."""
-        return f"{self.tag}:bloom:g{generation}"
-
-    def bloom_generation_block(self, generation: int, filter_index: int, block_index: int) -> str:
-        """STRING bitmap: block ``block_index`` of filter ``filter_index`` of generation ``generation``."""
-        return f"{self.tag}:bloom:g{generation}:{filter_index}:{block_index}"
+    def bloom_generation(self, generation: int, *filter_and_block: int) -> str:
+        """HASH with the item count of bloom generation ``generation`` (``DUPEFILTER_TTL``); with
+        ``filter_index, block_index``: that STRING bitmap block of the generation."""
+        return ":".join([f"{self.tag}:bloom:g{generation}", *map(str, filter_and_block)])
 
     def worker(self, worker_id: str) -> str:
         """HASH with one worker's heartbeat details."""

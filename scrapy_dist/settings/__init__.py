@@ -213,7 +213,9 @@ class DistSettings:
         if not raw.given("SCHEDULER_IDLE_BEFORE_CLOSE") and raw.given("MAX_IDLE_TIME_BEFORE_CLOSE"):
             alias_spec = replace(BY_NAME["SCHEDULER_IDLE_BEFORE_CLOSE"], name="MAX_IDLE_TIME_BEFORE_CLOSE")
             idle = values.convert(alias_spec, raw.raw("MAX_IDLE_TIME_BEFORE_CLOSE"))
-        if idle is None or _set_to_none(settings, "SCHEDULER_IDLE_BEFORE_CLOSE"):
+        # the reader takes None for "not set"; for this setting an explicit None means "never close"
+        if idle is None or ("SCHEDULER_IDLE_BEFORE_CLOSE" in raw.settings
+                            and raw.raw("SCHEDULER_IDLE_BEFORE_CLOSE") is None):
             idle = math.inf  # a long-running crawl: every comparison with "seconds idle" says "not yet"
         # Redis: settings first, then the environment, then the embedded server
         url, url_source = v("REDIS_URL"), "REDIS_URL" if v("REDIS_URL") else ""
@@ -257,24 +259,20 @@ class DistSettings:
                                 "set CONCURRENT_REQUESTS_PER_IP = 0 or use the default priority queue")
         if v("REDIS_START_URLS_AS_SET") and v("REDIS_START_URLS_AS_ZSET"):
             raise SettingsError("REDIS_START_URLS_AS_SET", True, "cannot be combined with"
-                                " REDIS_START_URLS_AS_ZSET=True (the seeds key has one type)",
-                                "set only one of them")
+                                " REDIS_START_URLS_AS_ZSET=True (the seeds key has one type)", "set only one")
         kind = "zset" if v("REDIS_START_URLS_AS_ZSET") else "set" if v("REDIS_START_URLS_AS_SET") else "list"
         seeds = _build(SeedSettings, raw, kind=kind,
                        batch_size=v("REDIS_START_URLS_BATCH_SIZE") or concurrent)
         if not seeds.key_template:
-            raise SettingsError("REDIS_START_URLS_KEY", "", "empty",
-                                "expected a key like %(name)s:start_urls")
+            raise SettingsError("REDIS_START_URLS_KEY", "", "empty", "expected e.g. %(name)s:start_urls")
         if v("RETRY_BACKOFF_MAX") < v("RETRY_BACKOFF_BASE"):
             raise SettingsError("RETRY_BACKOFF_MAX", v("RETRY_BACKOFF_MAX"), "below RETRY_BACKOFF_BASE"
-                                f" ({v('RETRY_BACKOFF_BASE'):g})",
-                                "expected RETRY_BACKOFF_MAX >= RETRY_BACKOFF_BASE")
+                                f" ({v('RETRY_BACKOFF_BASE'):g})", "expected at least RETRY_BACKOFF_BASE")
         http_errors = tuple(v("ERRORMONITOR_HTTP_ERRORS"))
         for code in http_errors:
             if not re.fullmatch(r"[1-5](xx|\d\d)", str(code).strip().lower()):
                 raise SettingsError("ERRORMONITOR_HTTP_ERRORS", list(http_errors),
-                                    f"{code!r} is not a status",
-                                    'expected statuses like 503 or classes like "5xx"')
+                                    f"{code!r} is not a status", 'expected e.g. 503 or "5xx"')
         return cls(
             connection=connection, scheduler=scheduler, seeds=seeds,
             dupefilter=_build(DupefilterSettings, raw), retries=_build(RetrySettings, raw),
@@ -301,12 +299,4 @@ class DistSettings:
             for line in built.warnings:
                 logger.warning("%s", line)
         return built
-
-
-def _set_to_none(settings: Any, name: str) -> bool:
-    # the reader takes None for "not set"; for this setting an explicit None means "never close"
-    try:
-        return settings is not None and name in settings and settings[name] is None
-    except (TypeError, KeyError):
-        return False
 

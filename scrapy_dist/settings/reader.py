@@ -149,8 +149,7 @@ class SettingsReader:
         pq = str(self.raw("SCHEDULER_PRIORITY_QUEUE") or "")
         if pq and not pq.endswith(("DownloaderAwarePriorityQueue", "ScrapyPriorityQueue")):
             out.append(f"scrapy-dist: SCHEDULER_PRIORITY_QUEUE={pq} has no effect with the scrapy-dist"
-                       " scheduler: requests are served by priority (DownloaderAwarePriorityQueue: least"
-                       " busy download slot first); use SCHEDULER_QUEUE_CLASS for the shared queue's order")
+                       " scheduler (it serves by priority); use SCHEDULER_QUEUE_CLASS for the queue's order")
         return out
 
     def unknown_names(self) -> list[str]:

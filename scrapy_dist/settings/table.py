@@ -347,25 +347,23 @@ def _default_text(spec: Setting) -> str:
 
 def render_doc() -> str:
     """``docs/settings.md``: every setting and every stat, from :data:`TABLE` and :data:`STATS`."""
-    lines = [
-        "# Settings and stats",
-        "",
-        "<!-- Generated from scrapy_dist/settings/table.py by `python -m scrapy_dist.settings.table`. -->",
-        "",
-        "Every value is checked once when a worker starts (and by the `scrapy-dist` command); a bad one",
-        "stops it with one line: `scrapy-dist: <SETTING>=<value>: <what is wrong>; <what is expected>`.",
-        "A setting name close to one of these gets a WARNING with the suggestion. A scrapy-dist class path",
-        "in `SCHEDULER`, `DUPEFILTER_CLASS` or `STATS_CLASS` that does not import is refused the same way,",
-        "with the closest name (`did you mean scrapy_dist.scheduler.Scheduler?`); so is any",
-        "`DUPEFILTER_CLASS` that does not import when `SCHEDULER` is scrapy-dist's. (`SCHEDULER` and",
-        "`STATS_CLASS` need the add-on or a `RedisSpider`: without them nothing of scrapy-dist runs before",
-        "Scrapy loads these two.)",
-        "",
-        "Which Redis: `REDIS_URL` (or `REDIS_SENTINELS`, `REDIS_HOST`/`REDIS_PORT`) from `-s` or the",
-        "project's settings, then the `REDIS_URL` environment variable, then the embedded Redis. Every",
-        "worker logs the one it uses at INFO, password masked.",
-        "",
-        "Status: relative to scrapy-redis (new, honoured, changed, ignored)."]
+    lines = ["""# Settings and stats
+
+<!-- Generated from scrapy_dist/settings/table.py by `python -m scrapy_dist.settings.table`. -->
+
+Every value is checked once when a worker starts (and by the `scrapy-dist` command); a bad one stops it with
+one line: `scrapy-dist: <SETTING>=<value>: <what is wrong>; <what is expected>`. A setting name close to one
+of these gets a WARNING with the suggestion. A scrapy-dist class path in `SCHEDULER`, `DUPEFILTER_CLASS` or
+`STATS_CLASS` that does not import is refused the same way, with the closest name
+(`did you mean scrapy_dist.scheduler.Scheduler?`); so is any `DUPEFILTER_CLASS` that does not import when
+`SCHEDULER` is scrapy-dist's. (`SCHEDULER` and `STATS_CLASS` need the add-on or a `RedisSpider`: without
+them nothing of scrapy-dist runs before Scrapy loads these two.)
+
+Which Redis: `REDIS_URL` (or `REDIS_SENTINELS`, `REDIS_HOST`/`REDIS_PORT`) from `-s` or the project's
+settings, then the `REDIS_URL` environment variable, then the embedded Redis. Every worker logs the one it
+uses at INFO, password masked.
+
+Status: relative to scrapy-redis (new, honoured, changed, ignored)."""]
     section = ""
     for spec in TABLE:
         if spec.section != section:
