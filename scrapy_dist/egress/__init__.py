@@ -51,8 +51,7 @@ def parse_networks(values: Iterable[Any]) -> list[Network]:
         try:
             out.append(ipaddress.ip_network(str(v).strip(), strict=False))
         except ValueError:
-            msg = f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network (CIDR, e.g. 10.0.0.0/8)"
-            raise ValueError(msg) from None
+            raise ValueError(f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network like 10.0.0.0/8") from None
     return out
 
 

@@ -150,8 +150,11 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
         logger.warning("scrapy-dist: redis_encoding=%s is not applied: seeds are read as UTF-8 (others are"
                        " rejected as not_utf8); override make_request_from_data to decode another encoding",
                        encoding)
-    for line in misspelt_arguments(spider):
-        logger.warning("%s", line)
+    for name in sorted(vars(spider)):  # a near miss of an argument it reads (-a redis_kye=...)
+        close = [] if name in ARGUMENTS else difflib.get_close_matches(name, ARGUMENTS, n=1, cutoff=0.75)
+        if close:
+            logger.warning("scrapy-dist: spider argument %s is not one %s reads; did you mean %s?", name,
+                           type(spider).__name__, close[0])
     for name in unused_hooks(type(spider)):
         logger.warning("scrapy-dist: %s.%s() is never called: %s", type(spider).__name__, name,
                        SCRAPY_REDIS_HOOKS[name])
@@ -174,17 +177,6 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
     else:
         settings.set("SCHEDULER_IDLE_BEFORE_CLOSE", args.max_idle_time, priority=IDLE_PRIORITY)
     return args
-
-
-def misspelt_arguments(spider: Any) -> list[str]:
-    """A warning per spider attribute that is a near miss of one a RedisSpider reads (``-a redis_kye=``)."""
-    out = []
-    for name in sorted(vars(spider)):
-        close = [] if name in ARGUMENTS else difflib.get_close_matches(name, ARGUMENTS, n=1, cutoff=0.75)
-        if close:
-            out.append(f"scrapy-dist: spider argument {name} is not one {type(spider).__name__} reads; did"
-                       f" you mean {close[0]}?")
-    return out
 
 
 def _warn_scrapy_redis_idle(settings: Settings) -> None:

@@ -351,11 +351,7 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
         raise RejectedEntry("bad_request", f"{type(exc).__name__}: {exc}"[:200]) from None
 
 
-#: Bytes of a refused entry kept in its record; characters of it quoted in a log line.
-RAW_LIMIT, PREVIEW_LIMIT = 1024, 100
-
-
-def preview(raw: bytes | str, limit: int = PREVIEW_LIMIT, quote: bool = True) -> str:
+def preview(raw: bytes | str, limit: int = 100, quote: bool = True) -> str:
     """At most ``limit`` characters of refused input for a log line, unprintable ones escaped."""
     text = raw[: limit * 4].decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
     cut = len(text) > limit or len(raw) > limit * 4
@@ -368,7 +364,7 @@ def preview(raw: bytes | str, limit: int = PREVIEW_LIMIT, quote: bool = True) ->
 
 def rejection_record(reason: str, raw: bytes, worker: str, detail: str = "", now: float | None = None) -> str:
     """The JSON record pushed to a ``:rejected`` key."""
-    head = raw[:RAW_LIMIT]
+    head = raw[:1024]  # what a record keeps of a refused entry
     try:
         text, enc = head.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
