@@ -270,19 +270,19 @@ def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
 
 def _check_reactor(crawler: Crawler) -> None:
     if not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True):
-        _warnings.log(logging.WARNING, "SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False there"
-                      " is no Twisted resolver to check connections in; only hosts and proxies written as IP"
-                      " addresses are refused before the download, and a DNS name pointing into a denied"
-                      " network is fetched -- deny those networks at the firewall as well", key="no reactor")
+        _warnings.log(logging.WARNING, "SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False no"
+                      " resolver checks connections: only hosts and proxies written as IP addresses are"
+                      " refused, and a DNS name pointing into a denied network is fetched -- deny those"
+                      " networks at the firewall as well", key="no reactor")
         return
     from twisted.internet import reactor
     wrapped = install(reactor)
     if wrapped:
-        _warnings.log(logging.WARNING, "TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's:"
-                      " scrapy-dist wraps it so that every address it returns is checked against"
+        _warnings.log(logging.WARNING, "TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's: it"
+                      " is wrapped so that every address it returns is checked against"
                       " SCHEDULER_DENY_NETWORKS; to keep Scrapy's DNS cache with the check, use"
-                      " TWISTED_DNS_RESOLVER = 'scrapy_dist.egress.DenyNetworksResolver'", wrapped,
-                      key=wrapped)
+                      " TWISTED_DNS_RESOLVER = 'scrapy_dist.egress.DenyNetworksResolver'",
+                      wrapped, key=wrapped)
 
 
 def _check_env_proxies(networks: list[Network]) -> None:

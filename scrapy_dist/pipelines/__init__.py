@@ -167,9 +167,8 @@ class RedisPipeline:
         if found is None:
             logger.warning("REDIS_ITEMS_EXACTLY_ONCE: on a Redis Cluster the items key %s is in another hash"
                            " slot than the frontier's keys: items are written at least once, in batches of"
-                           " their own. For exactly once, give it the crawl's hash tag"
-                           " (REDIS_ITEMS_KEY = \"{%%(spider)s}:items\") and keep SCHEDULER_SHARDS = 1",
-                           self.key)
+                           " their own. For exactly once, give it the crawl's hash tag (REDIS_ITEMS_KEY ="
+                           " \"{%%(spider)s}:items\") and keep SCHEDULER_SHARDS = 1", self.key)
         return found
 
     async def process_item(self, item: Any, spider: Any = None) -> Any:

@@ -160,11 +160,10 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
                        SCRAPY_REDIS_HOOKS[name])
     readers = reads_missing_server(spider)
     if readers:
-        logger.warning(
-            "scrapy-dist: %s() reads self.server, which scrapy-dist's RedisSpider does not have"
-            " (scrapy-redis's client of the seeds' Redis): make your own, e.g. in from_crawler after"
-            " super(): `spider.server = scrapy_dist.connection.get_redis(crawler.settings)`",
-            "(), ".join(readers))
+        logger.warning("scrapy-dist: %s() reads self.server, which scrapy-dist's RedisSpider does not have"
+                       " (scrapy-redis's client of the seeds' Redis): make your own, e.g. in from_crawler"
+                       " after super(): `spider.server = scrapy_dist.connection.get_redis(crawler.settings)`",
+                       "(), ".join(readers))
     for name, value in dataclasses.asdict(args).items():
         if value is not None:
             setattr(spider, name, value)
@@ -196,12 +195,11 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
     except (TypeError, ValueError):
         return  # None (never close), or garbage the settings check reports
     if seconds > 0:
-        logger.warning(
-            "scrapy-dist: SCHEDULER_IDLE_BEFORE_CLOSE = %s closes this RedisSpider's workers once the crawl"
-            " has had no work for %s s (in scrapy-redis it was a blocking pop timeout, and the spider waited"
-            " for seeds for ever): set it to 0 to wait for ever, or name it MAX_IDLE_TIME_BEFORE_CLOSE"
-            " (scrapy-redis's setting for closing after idle time) to keep closing without this warning",
-            value, value)
+        logger.warning("scrapy-dist: SCHEDULER_IDLE_BEFORE_CLOSE = %s closes this RedisSpider's workers"
+                       " after %s s without work crawl-wide (in scrapy-redis it was a blocking pop timeout:"
+                       " the spider waited for seeds for ever): set it to 0 to wait for ever, or name it"
+                       " MAX_IDLE_TIME_BEFORE_CLOSE (scrapy-redis's idle close) to keep closing without this"
+                       " warning", value, value)
 
 
 class RedisMixin:
