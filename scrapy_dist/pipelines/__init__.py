@@ -43,8 +43,8 @@ STREAM_FIELD = "item"  #: Field of each stream entry that holds the JSON item (`
 _MAX_BATCHES_PER_FLUSH = 16  # so a backlog built up during an outage drains in bounded transactions
 _MAX_PENDING = 10_000  # items encoded by process_item kept for their item_scraped signal
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeError)
-
-_default_encoder = ScrapyJSONEncoder()
+#: JSON with Scrapy's encoder (items, dates, decimals, sets), as scrapy-redis does
+default_serialize: Callable[[Any], str] = ScrapyJSONEncoder().encode
 
 #: scrapy-redis RedisPipeline methods scrapy-dist's never calls and what to do instead (WARNING if overridden)
 SCRAPY_REDIS_PIPELINE_HOOKS: dict[str, str] = {
@@ -54,11 +54,6 @@ SCRAPY_REDIS_PIPELINE_HOOKS: dict[str, str] = {
                      " (scrapy_dist.connection.get_redis(settings))",
     "from_settings": "the pipeline is built by from_crawler(crawler); override that instead",
 }
-
-
-def default_serialize(item: Any) -> str:
-    """JSON with Scrapy's encoder (items, dates, decimals, sets), as scrapy-redis does."""
-    return _default_encoder.encode(item)
 
 
 def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = "") -> tuple[str, Exception]:

@@ -234,8 +234,7 @@ class ScheduledHeadersMiddleware:
     """Downloader middleware remembering the credential headers each request had as scheduled."""
 
     def process_request(self, request: Request) -> None:
-        headers = request.headers
-        own = {name: list(headers.getlist(name)) for name in SECRET_HEADERS if name in headers}
+        own = {n: list(request.headers.getlist(n)) for n in SECRET_HEADERS if n in request.headers}
         if own:
             _scheduled[request] = own
 
