@@ -58,12 +58,10 @@ def _users_class(klass: type) -> bool:
 
 def unused_hooks(spider_cls: type) -> list[str]:
     """The scrapy-redis hooks ``spider_cls`` defines that nothing calls (none with its own ``start()``)."""
-
-    def own(name: str) -> bool:
-        klass = next((k for k in spider_cls.__mro__ if name in vars(k)), None)
-        return klass is not None and _users_class(klass)
-
-    return [] if own("start") else [name for name in SCRAPY_REDIS_HOOKS if own(name)]
+    owners = {name: next((k for k in spider_cls.__mro__ if name in vars(k)), None)
+              for name in ("start", *SCRAPY_REDIS_HOOKS)}
+    own = [name for name, klass in owners.items() if klass is not None and _users_class(klass)]
+    return [] if "start" in own else own
 
 
 def reads_missing_server(spider: Any) -> list[str]:
