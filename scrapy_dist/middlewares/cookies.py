@@ -48,8 +48,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _WRITE_BATCH = 1000  # cookie changes per write (one script call); a backlog after an outage goes in several
-#: Changes read per refresh of a jar at most (a bigger backlog is read over the next refreshes).
-READ_LIMIT = 1000
+READ_LIMIT = 1000  #: changes read per refresh of a jar at most (a bigger backlog: over the next ones)
 
 _BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure",
                 "discard", "rfc2109")

@@ -29,10 +29,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Priority of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s`` (40).
-IDLE_PRIORITY = 50
-#: the spider attributes (``-a name=value``) a RedisSpider reads
-ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")
+IDLE_PRIORITY = 50  #: of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s``
+ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")  #: the ``-a`` it reads
 
 _SEEDS_IN_START = (
     "seeds are read in async def start(); to yield requests of your own too, override start() and end it"

@@ -48,10 +48,8 @@ if TYPE_CHECKING:
     from scrapy import Spider
 
 
-#: private dispatchers of CrawlSpider rules: rule requests name them, with the rule index in meta
-_CRAWLSPIDER_METHODS = frozenset({"_callback", "_errback"})
-#: RedisCrawlSpider's public stand-ins for them (defined by scrapy-dist, so not "user-defined")
-_RULE_METHODS = frozenset({"rule_callback", "rule_errback"})
+_CRAWLSPIDER_METHODS = frozenset({"_callback", "_errback"})  #: CrawlSpider's rule dispatchers (index in meta)
+_RULE_METHODS = frozenset({"rule_callback", "rule_errback"})  #: ours (so not user-defined) in their place
 
 
 def method_name(func: Any, spider: Spider | None, what: str) -> str | None:

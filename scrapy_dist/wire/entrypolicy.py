@@ -220,8 +220,7 @@ def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
     return True
 
 
-#: headers only a middleware (or the spider itself) may put on a request, never an entry from Redis
-SECRET_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")
+SECRET_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")  #: a middleware's, never an entry's
 
 #: request -> its credential headers when it entered the downloader (only requests that had some)
 _scheduled: weakref.WeakKeyDictionary[Request, dict[bytes, list[bytes]]] = weakref.WeakKeyDictionary()
