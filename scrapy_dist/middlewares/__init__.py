@@ -67,8 +67,7 @@ class DenyNetworksMiddleware:
         if not networks:
             raise NotConfigured("SCHEDULER_DENY_NETWORKS is empty")
         self.networks, self.crawler, self.ttl, self.clock = networks, crawler, ttl, clock
-        #: proxied target host -> (expires, denial detail or "")
-        self._verdicts: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._verdicts: OrderedDict[str, tuple[float, str]] = OrderedDict()  #: target -> (expires, why or "")
         self._dead_letters: Any = None
         self._log = RateLimitedLog(logger)
 

@@ -110,8 +110,7 @@ class RedisPipeline:
         self.exactly_once, self.max_bytes = exactly_once, max_bytes
         #: items staged by the page they came from, riding its ack (None: written in batches of their own)
         self.outbox: _outbox.ItemOutbox | None = None
-        #: id(item) -> (item, encoded) between process_item and the item_scraped signal
-        self._pending: dict[int, tuple[Any, str | bytes]] = {}
+        self._pending: dict[int, tuple[Any, str | bytes]] = {}  #: id(item) -> (item, data) till item_scraped
 
     @classmethod
     @refusing

@@ -90,8 +90,7 @@ def _code_objects(code: Any) -> list[Any]:
 class SpiderArguments:
     """The converted values (``None``: the spider does not set it, the setting applies)."""
 
-    #: the seeds key, ``%(name)s`` already replaced (as scrapy-redis leaves ``spider.redis_key``)
-    redis_key: str | None = None
+    redis_key: str | None = None  #: the seeds key, ``%(name)s`` replaced (as scrapy-redis leaves it)
     redis_batch_size: int | None = None
     max_idle_time: float | None = None
 

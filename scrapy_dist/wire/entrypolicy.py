@@ -59,8 +59,7 @@ DANGEROUS_META = ("proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cooki
 #: Headers an untrusted entry may never set: they frame the message or route it.
 FORBIDDEN_HEADERS = ("host", "content-length", "transfer-encoding", "connection", "proxy-*", "te", "upgrade",
                      "keep-alive", "trailer", "expect", "x-forwarded-*", "forwarded")
-#: Headers an untrusted entry may set only if SEEDS_HEADERS_ALLOWED names them.
-CREDENTIAL_HEADERS = ("authorization", "cookie")
+CREDENTIAL_HEADERS = ("authorization", "cookie")  #: an entry's only if SEEDS_HEADERS_ALLOWED names them
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
