@@ -350,11 +350,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         return self._queue(name, ops) if ops else None
 
     def _queue(self, name: str, ops: dict[str, str | None]) -> asyncio.Future[None]:
-        done: asyncio.Future[None] | None = None
-        for field, record in ops.items():
-            done = self.writer.add((name, field, record))
-        assert done is not None
-        return done  # batches are written in order: the last one written means all are
+        written = [self.writer.add((name, field, record)) for field, record in ops.items()]
+        return written[-1]  # batches are written in order: the last one written means all are
 
     async def _write(self, ops: list[tuple[str, str, str | None]]) -> None:
         """Write every changed cookie, one ``cookies_write`` call per jar, pipelined (the writer retries)."""
