@@ -123,10 +123,7 @@ class DenyPolicy:
 
     @property
     def networks(self) -> list[Network]:
-        out = list(self.fixed)
-        for nets, _ in self._crawls.values():
-            out += [n for n in nets if n not in out]
-        return out
+        return list(dict.fromkeys([*self.fixed, *(n for nets, _ in self._crawls.values() for n in nets)]))
 
     def check(self, address: str, name: str) -> str:
         """``address`` (an answer for ``name``) unless denied: then count, log and raise DeniedNetwork."""
