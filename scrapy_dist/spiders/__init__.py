@@ -162,14 +162,13 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
     for name, value in dataclasses.asdict(args).items():
         if value is not None:
             setattr(spider, name, value)
-    settings = crawler.settings
     if args.max_idle_time is None:
-        _warn_scrapy_redis_idle(settings)
-    elif getattr(settings, "frozen", False):  # built outside Crawler.crawl(): too late to feed the setting
+        _warn_scrapy_redis_idle(crawler.settings)
+    elif getattr(crawler.settings, "frozen", False):  # built outside Crawler.crawl(): too late to set
         logger.warning("scrapy-dist: max_idle_time=%s is ignored: the settings were already frozen; set"
                        " SCHEDULER_IDLE_BEFORE_CLOSE instead", args.max_idle_time)
     else:
-        settings.set("SCHEDULER_IDLE_BEFORE_CLOSE", args.max_idle_time, priority=IDLE_PRIORITY)
+        crawler.settings.set("SCHEDULER_IDLE_BEFORE_CLOSE", args.max_idle_time, priority=IDLE_PRIORITY)
     return args
 
 
