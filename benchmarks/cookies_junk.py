@@ -30,6 +30,7 @@ from scrapy.http import Response  # noqa: E402
 
 from scrapy_dist.middlewares.cookies import SharedCookiesMiddleware  # noqa: E402
 from scrapy_dist.redis.keys import CrawlKeys  # noqa: E402
+from scrapy_dist.settings import CookieSettings  # noqa: E402
 
 KEYS = CrawlKeys("shop")
 SITE = "http://shop.example"
@@ -48,8 +49,9 @@ class Clock:
 async def rate(url: str, requests: int, changing: bool, middleware: type[SharedCookiesMiddleware]) -> float:
     """Requests per CPU second of this process (other processes on a shared machine do not count)."""
     clock = Clock()
-    mw = middleware(redis.asyncio.Redis.from_url(url), KEYS, flush_interval=0.001, monotonic=clock)
-    other = middleware(redis.asyncio.Redis.from_url(url), KEYS, flush_interval=0.001, monotonic=clock)
+    settings = CookieSettings(flush_interval=0.001)
+    mw = middleware(redis.asyncio.Redis.from_url(url), KEYS, settings, monotonic=clock)
+    other = middleware(redis.asyncio.Redis.from_url(url), KEYS, settings, monotonic=clock)
     # catching up with junk logged as changes costs each worker one rejection per record, once: not measured
     for m in (mw, other):
         while True:

@@ -28,6 +28,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_dist.middlewares import SharedCookiesMiddleware
 from scrapy_dist.middlewares.cookies import cookie_from_record, cookie_record, jar_name
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.settings import CookieSettings
 
 KEYS = CrawlKeys("shop")
 SITE = "http://shop.example"
@@ -44,10 +45,10 @@ class Clock:
 
 
 def worker(url: str, clock: Clock | None = None, **kw: Any) -> SharedCookiesMiddleware:
-    kw.setdefault("stats", get_crawler().stats)
-    kw.setdefault("flush_interval", 0.01)
+    settings = CookieSettings(**{"flush_interval": 0.01, **kw})
     return SharedCookiesMiddleware(
-        redis.asyncio.Redis.from_url(url), KEYS, monotonic=clock or time.monotonic, **kw
+        redis.asyncio.Redis.from_url(url), KEYS, settings, stats=get_crawler().stats,
+        monotonic=clock or time.monotonic,
     )
 
 
@@ -320,7 +321,7 @@ def test_from_crawler(redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     )
     with caplog.at_level(logging.WARNING):
         mw = SharedCookiesMiddleware.from_crawler(crawler)
-    assert (mw.keys.spider, mw.cache_seconds) == ("shop", 3.0)
+    assert (mw.keys.spider, mw.settings.cache_seconds) == ("shop", 3.0)
     assert "enabled together with" not in caplog.text
     asyncio.run(mw.server.aclose())
 

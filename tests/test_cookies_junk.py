@@ -15,6 +15,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_dist.middlewares import SharedCookiesMiddleware
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.settings import CookieSettings
 
 KEYS = CrawlKeys("shop")
 SITE = "http://shop.example"
@@ -33,8 +34,8 @@ class Clock:
 
 def worker(url: str, clock: Clock, **kw: Any) -> SharedCookiesMiddleware:
     return SharedCookiesMiddleware(
-        redis.asyncio.Redis.from_url(url), KEYS, stats=get_crawler().stats, flush_interval=0.001,
-        monotonic=clock, **kw,
+        redis.asyncio.Redis.from_url(url), KEYS, CookieSettings(flush_interval=0.001),
+        stats=get_crawler().stats, monotonic=clock, **kw,
     )
 
 
@@ -148,8 +149,8 @@ def test_the_cookie_scripts_run_on_a_cluster(cluster: Any) -> None:
     async def scenario() -> None:
         def on_cluster() -> SharedCookiesMiddleware:
             return SharedCookiesMiddleware(
-                get_async_redis({"REDIS_URL": cluster.url}), KEYS, stats=get_crawler().stats,
-                flush_interval=0.001, monotonic=clock,
+                get_async_redis({"REDIS_URL": cluster.url}), KEYS, CookieSettings(flush_interval=0.001),
+                stats=get_crawler().stats, monotonic=clock,
             )
 
         a, b = on_cluster(), on_cluster()

@@ -19,6 +19,7 @@ from scrapy_dist.middlewares import SharedCookiesMiddleware
 from scrapy_dist.middlewares.cookies import RecordSeal, cookie_field, write_calls
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.settings import CookieSettings
 
 KEYS = CrawlKeys("shop")
 SITE = "http://shop.example"
@@ -37,7 +38,8 @@ def plant(client: redis.Redis, record: dict[str, Any], keys: CrawlKeys = KEYS) -
 
 def worker(url: str, seal: RecordSeal) -> SharedCookiesMiddleware:
     return SharedCookiesMiddleware(
-        redis.asyncio.Redis.from_url(url), KEYS, stats=get_crawler().stats, flush_interval=0.01, seal=seal
+        redis.asyncio.Redis.from_url(url), KEYS, CookieSettings(flush_interval=0.01),
+        stats=get_crawler().stats, seal=seal,
     )
 
 

@@ -51,8 +51,7 @@ def parse_networks(values: Iterable[Any]) -> list[Network]:
         try:
             out.append(ipaddress.ip_network(str(v).strip(), strict=False))
         except ValueError:
-            msg = f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network (CIDR, e.g. 10.0.0.0/8)"
-            raise ValueError(msg) from None
+            raise ValueError(f"SCHEDULER_DENY_NETWORKS: {v!r} is not a network like 10.0.0.0/8") from None
     return out
 
 
@@ -124,10 +123,7 @@ class DenyPolicy:
 
     @property
     def networks(self) -> list[Network]:
-        out = list(self.fixed)
-        for nets, _ in self._crawls.values():
-            out += [n for n in nets if n not in out]
-        return out
+        return list(dict.fromkeys([*self.fixed, *(n for nets, _ in self._crawls.values() for n in nets)]))
 
     def check(self, address: str, name: str) -> str:
         """``address`` (an answer for ``name``) unless denied: then count, log and raise DeniedNetwork."""
@@ -271,19 +267,19 @@ def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
 
 def _check_reactor(crawler: Crawler) -> None:
     if not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True):
-        _warnings.log(logging.WARNING, "SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False there"
-                      " is no Twisted resolver to check connections in; only hosts and proxies written as IP"
-                      " addresses are refused before the download, and a DNS name pointing into a denied"
-                      " network is fetched -- deny those networks at the firewall as well", key="no reactor")
+        _warnings.log(logging.WARNING, "SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False no"
+                      " resolver checks connections: only hosts and proxies written as IP addresses are"
+                      " refused, and a DNS name pointing into a denied network is fetched -- deny those"
+                      " networks at the firewall as well", key="no reactor")
         return
     from twisted.internet import reactor
     wrapped = install(reactor)
     if wrapped:
-        _warnings.log(logging.WARNING, "TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's:"
-                      " scrapy-dist wraps it so that every address it returns is checked against"
+        _warnings.log(logging.WARNING, "TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's: it"
+                      " is wrapped so that every address it returns is checked against"
                       " SCHEDULER_DENY_NETWORKS; to keep Scrapy's DNS cache with the check, use"
-                      " TWISTED_DNS_RESOLVER = 'scrapy_dist.egress.DenyNetworksResolver'", wrapped,
-                      key=wrapped)
+                      " TWISTED_DNS_RESOLVER = 'scrapy_dist.egress.DenyNetworksResolver'",
+                      wrapped, key=wrapped)
 
 
 def _check_env_proxies(networks: list[Network]) -> None:

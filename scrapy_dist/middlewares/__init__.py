@@ -18,6 +18,7 @@ from twisted.internet import threads
 
 from scrapy_dist.egress import DeniedNetwork, Network, denied, enforce, request_refusal
 from scrapy_dist.frontier.engine import VALIDATOR_HEADERS
+from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import refusing
 from scrapy_dist.utils import RateLimitedLog
@@ -67,8 +68,7 @@ class DenyNetworksMiddleware:
         if not networks:
             raise NotConfigured("SCHEDULER_DENY_NETWORKS is empty")
         self.networks, self.crawler, self.ttl, self.clock = networks, crawler, ttl, clock
-        #: proxied target host -> (expires, denial detail or "")
-        self._verdicts: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._verdicts: OrderedDict[str, tuple[float, str]] = OrderedDict()  #: target -> (expires, why or "")
         self._dead_letters: Any = None
         self._log = RateLimitedLog(logger)
 
@@ -153,7 +153,6 @@ class ConditionalRevisitMiddleware:
             return response
         if self.stats is not None:
             self.stats.inc_value("revisit/not_modified")
-        from scrapy_dist.frontier.scheduler import get_scheduler
         sched = get_scheduler(self.crawler)
         if sched is not None and sched.revisits is not None:
             sched.revisits.not_modified(request)

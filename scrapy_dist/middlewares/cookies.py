@@ -30,9 +30,10 @@ from scrapy_dist.redis.connection import ClientPool, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import Backoff, BatchWriter, Outage
 from scrapy_dist.redis.scripts import text
-from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings import CookieSettings, DistSettings
 from scrapy_dist.settings.reader import refusing
 from scrapy_dist.utils import RateLimitedLog
+from scrapy_dist.wire.entrypolicy import entry_policy
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -47,8 +48,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _WRITE_BATCH = 1000  # cookie changes per write (one script call); a backlog after an outage goes in several
-#: Changes read per refresh of a jar at most (a bigger backlog is read over the next refreshes).
-READ_LIMIT = 1000
+READ_LIMIT = 1000  #: changes read per refresh of a jar at most (a bigger backlog: over the next ones)
 
 _BOOL_FIELDS = ("port_specified", "domain_specified", "domain_initial_dot", "path_specified", "secure",
                 "discard", "rfc2109")
@@ -62,9 +62,7 @@ CookieIdent = tuple[str, str, str]
 
 
 def jar_name(cookiejar: Any) -> str:
-    if cookiejar is None:
-        return "default"
-    return cookiejar if isinstance(cookiejar, str) else repr(cookiejar)
+    return "default" if cookiejar is None else cookiejar if isinstance(cookiejar, str) else repr(cookiejar)
 
 
 def cookie_field(ident: CookieIdent) -> str:
@@ -198,16 +196,14 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     call per ``flush_interval`` and jar while cookies change. On Redis errors reads use the local copy and
     writes are retried. Stats: ``cookies/shared/{loads,written,rejected,redis_errors}``."""
 
-    def __init__(self, server: redis.asyncio.Redis, keys: CrawlKeys, *, debug: bool = False,
-                 cache_seconds: float = defaults.REDIS_COOKIES_CACHE_SECONDS,
-                 flush_interval: float = defaults.REDIS_COOKIES_FLUSH_INTERVAL,
-                 stats: StatsCollector | None = None, monotonic: Callable[[], float] = time.monotonic,
+    def __init__(self, server: redis.asyncio.Redis, keys: CrawlKeys, settings: CookieSettings | None = None,
+                 *, stats: StatsCollector | None = None, monotonic: Callable[[], float] = time.monotonic,
                  wallclock: Callable[[], float] = time.time, outage: Outage | None = None,
                  read_limit: int = READ_LIMIT, seal: RecordSeal | None = None) -> None:
-        super().__init__(debug)
+        self.settings = settings or CookieSettings()
+        super().__init__(self.settings.debug)
         self.seal = seal or RecordSeal()
         self.server, self.keys, self.stats = server, keys, stats
-        self.cache_seconds, self.flush_interval = cache_seconds, flush_interval
         self._monotonic, self._wallclock = monotonic, wallclock
         #: meta["cookiejar"] -> this worker's copy (the same objects as in ``_shared``), as in Scrapy.
         self.jars: dict[Any, CookieJar] = {}  # type: ignore[assignment]
@@ -217,7 +213,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self._read_guard = self.outage.guard("shared cookie jar (reading)", log=logger)
         self.writer: BatchWriter[tuple[str, str, str | None]] = BatchWriter(
             self._write, guard=self.outage.guard("shared cookie jar (writing)", Backoff(0.1, 5.0), logger),
-            batch_size=_WRITE_BATCH, flush_interval=flush_interval,
+            batch_size=_WRITE_BATCH, flush_interval=self.settings.flush_interval,
             on_failure=lambda exc: self._inc("cookies/shared/redis_errors"))
         self._read_script = scripts.register(server, "cookies_read")
         self._write_script = scripts.register(server, "cookies_write")
@@ -236,9 +232,10 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             logger.warning(
                 "SharedCookiesMiddleware is enabled together with %s: the two overwrite each other's Cookie"
                 " headers. Disable Scrapy's: DOWNLOADER_MIDDLEWARES = {%r: None, ...}", scrapy_mw, scrapy_mw)
-        o = cls(ClientPool.of(crawler).async_client(), crawler_keys(crawler), debug=ds.cookies.debug,
-                cache_seconds=ds.cookies.cache_seconds, flush_interval=ds.cookies.flush_interval,
-                stats=crawler.stats, outage=Outage.for_crawler(crawler), seal=_seal(crawler))
+        policy = entry_policy(crawler)  # its secret, and whether untrusted entries may set cookies
+        seal = RecordSeal(policy.secret, "cookie" in {h.lower() for h in policy.headers_allowed})
+        o = cls(ClientPool.of(crawler).async_client(), crawler_keys(crawler), ds.cookies, stats=crawler.stats,
+                outage=Outage.for_crawler(crawler), seal=seal)
         o.crawler = crawler
         crawler.signals.connect(o.spider_closed, signal=signals.spider_closed)
         return o
@@ -288,7 +285,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         return name, state
 
     async def _fresh(self, name: str, state: _SharedJar) -> None:
-        if state.loaded_at is not None and self._monotonic() - state.loaded_at < self.cache_seconds:
+        if state.loaded_at is not None and self._monotonic() - state.loaded_at < self.settings.cache_seconds:
             return
         if state.loading is None:
             state.loading = asyncio.ensure_future(self._load(name, state))
@@ -353,11 +350,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         return self._queue(name, ops) if ops else None
 
     def _queue(self, name: str, ops: dict[str, str | None]) -> asyncio.Future[None]:
-        done: asyncio.Future[None] | None = None
-        for field, record in ops.items():
-            done = self.writer.add((name, field, record))
-        assert done is not None
-        return done  # batches are written in order: the last one written means all are
+        written = [self.writer.add((name, field, record)) for field, record in ops.items()]
+        return written[-1]  # batches are written in order: the last one written means all are
 
     async def _write(self, ops: list[tuple[str, str, str | None]]) -> None:
         """Write every changed cookie, one ``cookies_write`` call per jar, pipelined (the writer retries)."""
@@ -377,13 +371,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     def _inc(self, name: str, count: int = 1) -> None:
         if self.stats is not None:
             self.stats.inc_value(name, count)
-
-
-def _seal(crawler: Crawler) -> RecordSeal:
-    """The crawl's rule for records in its jars: its secret, and whether untrusted entries may set cookies."""
-    from scrapy_dist.wire.entrypolicy import entry_policy
-    policy = entry_policy(crawler)
-    return RecordSeal(policy.secret, "cookie" in {h.lower() for h in policy.headers_allowed})
 
 
 def _number(value: Any) -> float:

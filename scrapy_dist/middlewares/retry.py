@@ -144,10 +144,8 @@ class RetryMiddleware:
 
     def spider_error(self, failure: Failure, response: Response | Failure, spider: Any = None) -> None:
         """A callback or errback raised: the request failed for good (nothing retries those)."""
-        if isinstance(response, Response):
-            request, status = response.request, response.status
-        else:  # an errback raised; Scrapy sets the request on the download failure
-            request, status = getattr(response, "request", None), None
+        request = getattr(response, "request", None)  # an errback raised: Scrapy sets it on the failure
+        status = response.status if isinstance(response, Response) else None
         if request is not None:
             self.dead_letters.write(request, exception_reason(failure.value), status=status,
                                     detail=str(failure.value))

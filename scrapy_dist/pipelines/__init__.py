@@ -43,8 +43,8 @@ STREAM_FIELD = "item"  #: Field of each stream entry that holds the JSON item (`
 _MAX_BATCHES_PER_FLUSH = 16  # so a backlog built up during an outage drains in bounded transactions
 _MAX_PENDING = 10_000  # items encoded by process_item kept for their item_scraped signal
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, UnicodeError)
-
-_default_encoder = ScrapyJSONEncoder()
+#: JSON with Scrapy's encoder (items, dates, decimals, sets), as scrapy-redis does
+default_serialize: Callable[[Any], str] = ScrapyJSONEncoder().encode
 
 #: scrapy-redis RedisPipeline methods scrapy-dist's never calls and what to do instead (WARNING if overridden)
 SCRAPY_REDIS_PIPELINE_HOOKS: dict[str, str] = {
@@ -54,11 +54,6 @@ SCRAPY_REDIS_PIPELINE_HOOKS: dict[str, str] = {
                      " (scrapy_dist.connection.get_redis(settings))",
     "from_settings": "the pipeline is built by from_crawler(crawler); override that instead",
 }
-
-
-def default_serialize(item: Any) -> str:
-    """JSON with Scrapy's encoder (items, dates, decimals, sets), as scrapy-redis does."""
-    return _default_encoder.encode(item)
 
 
 def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = "") -> tuple[str, Exception]:
@@ -115,8 +110,7 @@ class RedisPipeline:
         self.exactly_once, self.max_bytes = exactly_once, max_bytes
         #: items staged by the page they came from, riding its ack (None: written in batches of their own)
         self.outbox: _outbox.ItemOutbox | None = None
-        #: id(item) -> (item, encoded) between process_item and the item_scraped signal
-        self._pending: dict[int, tuple[Any, str | bytes]] = {}
+        self._pending: dict[int, tuple[Any, str | bytes]] = {}  #: id(item) -> (item, data) till item_scraped
 
     @classmethod
     @refusing
@@ -167,9 +161,8 @@ class RedisPipeline:
         if found is None:
             logger.warning("REDIS_ITEMS_EXACTLY_ONCE: on a Redis Cluster the items key %s is in another hash"
                            " slot than the frontier's keys: items are written at least once, in batches of"
-                           " their own. For exactly once, give it the crawl's hash tag"
-                           " (REDIS_ITEMS_KEY = \"{%%(spider)s}:items\") and keep SCHEDULER_SHARDS = 1",
-                           self.key)
+                           " their own. For exactly once, give it the crawl's hash tag (REDIS_ITEMS_KEY ="
+                           " \"{%%(spider)s}:items\") and keep SCHEDULER_SHARDS = 1", self.key)
         return found
 
     async def process_item(self, item: Any, spider: Any = None) -> Any:

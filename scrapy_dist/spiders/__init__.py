@@ -29,10 +29,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Priority of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s`` (40).
-IDLE_PRIORITY = 50
-#: the spider attributes (``-a name=value``) a RedisSpider reads
-ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")
+IDLE_PRIORITY = 50  #: of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s``
+ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")  #: the ``-a`` it reads
 
 _SEEDS_IN_START = (
     "seeds are read in async def start(); to yield requests of your own too, override start() and end it"
@@ -58,12 +56,10 @@ def _users_class(klass: type) -> bool:
 
 def unused_hooks(spider_cls: type) -> list[str]:
     """The scrapy-redis hooks ``spider_cls`` defines that nothing calls (none with its own ``start()``)."""
-
-    def own(name: str) -> bool:
-        klass = next((k for k in spider_cls.__mro__ if name in vars(k)), None)
-        return klass is not None and _users_class(klass)
-
-    return [] if own("start") else [name for name in SCRAPY_REDIS_HOOKS if own(name)]
+    owners = {name: next((k for k in spider_cls.__mro__ if name in vars(k)), None)
+              for name in ("start", *SCRAPY_REDIS_HOOKS)}
+    own = [name for name, klass in owners.items() if klass is not None and _users_class(klass)]
+    return [] if "start" in own else own
 
 
 def reads_missing_server(spider: Any) -> list[str]:
@@ -94,8 +90,7 @@ def _code_objects(code: Any) -> list[Any]:
 class SpiderArguments:
     """The converted values (``None``: the spider does not set it, the setting applies)."""
 
-    #: the seeds key, ``%(name)s`` already replaced (as scrapy-redis leaves ``spider.redis_key``)
-    redis_key: str | None = None
+    redis_key: str | None = None  #: the seeds key, ``%(name)s`` replaced (as scrapy-redis leaves it)
     redis_batch_size: int | None = None
     max_idle_time: float | None = None
 
@@ -150,41 +145,31 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
         logger.warning("scrapy-dist: redis_encoding=%s is not applied: seeds are read as UTF-8 (others are"
                        " rejected as not_utf8); override make_request_from_data to decode another encoding",
                        encoding)
-    for line in misspelt_arguments(spider):
-        logger.warning("%s", line)
+    for name in sorted(vars(spider)):  # a near miss of an argument it reads (-a redis_kye=...)
+        close = [] if name in ARGUMENTS else difflib.get_close_matches(name, ARGUMENTS, n=1, cutoff=0.75)
+        if close:
+            logger.warning("scrapy-dist: spider argument %s is not one %s reads; did you mean %s?", name,
+                           type(spider).__name__, close[0])
     for name in unused_hooks(type(spider)):
         logger.warning("scrapy-dist: %s.%s() is never called: %s", type(spider).__name__, name,
                        SCRAPY_REDIS_HOOKS[name])
     readers = reads_missing_server(spider)
     if readers:
-        logger.warning(
-            "scrapy-dist: %s() reads self.server, which scrapy-dist's RedisSpider does not have"
-            " (scrapy-redis's client of the seeds' Redis): make your own, e.g. in from_crawler after"
-            " super(): `spider.server = scrapy_dist.connection.get_redis(crawler.settings)`",
-            "(), ".join(readers))
+        logger.warning("scrapy-dist: %s() reads self.server, which scrapy-dist's RedisSpider does not have"
+                       " (scrapy-redis's client of the seeds' Redis): make your own, e.g. in from_crawler"
+                       " after super(): `spider.server = scrapy_dist.connection.get_redis(crawler.settings)`",
+                       "(), ".join(readers))
     for name, value in dataclasses.asdict(args).items():
         if value is not None:
             setattr(spider, name, value)
-    settings = crawler.settings
     if args.max_idle_time is None:
-        _warn_scrapy_redis_idle(settings)
-    elif getattr(settings, "frozen", False):  # built outside Crawler.crawl(): too late to feed the setting
+        _warn_scrapy_redis_idle(crawler.settings)
+    elif getattr(crawler.settings, "frozen", False):  # built outside Crawler.crawl(): too late to set
         logger.warning("scrapy-dist: max_idle_time=%s is ignored: the settings were already frozen; set"
                        " SCHEDULER_IDLE_BEFORE_CLOSE instead", args.max_idle_time)
     else:
-        settings.set("SCHEDULER_IDLE_BEFORE_CLOSE", args.max_idle_time, priority=IDLE_PRIORITY)
+        crawler.settings.set("SCHEDULER_IDLE_BEFORE_CLOSE", args.max_idle_time, priority=IDLE_PRIORITY)
     return args
-
-
-def misspelt_arguments(spider: Any) -> list[str]:
-    """A warning per spider attribute that is a near miss of one a RedisSpider reads (``-a redis_kye=``)."""
-    out = []
-    for name in sorted(vars(spider)):
-        close = [] if name in ARGUMENTS else difflib.get_close_matches(name, ARGUMENTS, n=1, cutoff=0.75)
-        if close:
-            out.append(f"scrapy-dist: spider argument {name} is not one {type(spider).__name__} reads; did"
-                       f" you mean {close[0]}?")
-    return out
 
 
 def _warn_scrapy_redis_idle(settings: Settings) -> None:
@@ -204,12 +189,11 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
     except (TypeError, ValueError):
         return  # None (never close), or garbage the settings check reports
     if seconds > 0:
-        logger.warning(
-            "scrapy-dist: SCHEDULER_IDLE_BEFORE_CLOSE = %s closes this RedisSpider's workers once the crawl"
-            " has had no work for %s s (in scrapy-redis it was a blocking pop timeout, and the spider waited"
-            " for seeds for ever): set it to 0 to wait for ever, or name it MAX_IDLE_TIME_BEFORE_CLOSE"
-            " (scrapy-redis's setting for closing after idle time) to keep closing without this warning",
-            value, value)
+        logger.warning("scrapy-dist: SCHEDULER_IDLE_BEFORE_CLOSE = %s closes this RedisSpider's workers"
+                       " after %s s without work crawl-wide (in scrapy-redis it was a blocking pop timeout:"
+                       " the spider waited for seeds for ever): set it to 0 to wait for ever, or name it"
+                       " MAX_IDLE_TIME_BEFORE_CLOSE (scrapy-redis's idle close) to keep closing without this"
+                       " warning", value, value)
 
 
 class RedisMixin:

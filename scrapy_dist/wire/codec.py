@@ -48,10 +48,8 @@ if TYPE_CHECKING:
     from scrapy import Spider
 
 
-#: private dispatchers of CrawlSpider rules: rule requests name them, with the rule index in meta
-_CRAWLSPIDER_METHODS = frozenset({"_callback", "_errback"})
-#: RedisCrawlSpider's public stand-ins for them (defined by scrapy-dist, so not "user-defined")
-_RULE_METHODS = frozenset({"rule_callback", "rule_errback"})
+_CRAWLSPIDER_METHODS = frozenset({"_callback", "_errback"})  #: CrawlSpider's rule dispatchers (index in meta)
+_RULE_METHODS = frozenset({"rule_callback", "rule_errback"})  #: ours (so not user-defined) in their place
 
 
 def method_name(func: Any, spider: Spider | None, what: str) -> str | None:
@@ -109,7 +107,6 @@ def entry_callback(spider: Spider, name: Any, what: str) -> Any:
     return method
 
 
-_PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
 MAX_HEADERS = 100
@@ -117,7 +114,7 @@ MAX_HEADERS = 100
 
 def _check_encodable(value: Any, path: str) -> None:
     """Raise :class:`UnserializableRequest` naming the first part of ``value`` msgpack cannot hold."""
-    if isinstance(value, _PLAIN_TYPES):
+    if isinstance(value, (str, bytes, int, float, bool, type(None))):
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
             raise UnserializableRequest(f"{path}: integer out of range", path)
     elif isinstance(value, (list, tuple)):
@@ -351,11 +348,7 @@ def _decode(data: bytes, spider: Spider, policy: EntryPolicy) -> Request:
         raise RejectedEntry("bad_request", f"{type(exc).__name__}: {exc}"[:200]) from None
 
 
-#: Bytes of a refused entry kept in its record; characters of it quoted in a log line.
-RAW_LIMIT, PREVIEW_LIMIT = 1024, 100
-
-
-def preview(raw: bytes | str, limit: int = PREVIEW_LIMIT, quote: bool = True) -> str:
+def preview(raw: bytes | str, limit: int = 100, quote: bool = True) -> str:
     """At most ``limit`` characters of refused input for a log line, unprintable ones escaped."""
     text = raw[: limit * 4].decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
     cut = len(text) > limit or len(raw) > limit * 4
@@ -368,7 +361,7 @@ def preview(raw: bytes | str, limit: int = PREVIEW_LIMIT, quote: bool = True) ->
 
 def rejection_record(reason: str, raw: bytes, worker: str, detail: str = "", now: float | None = None) -> str:
     """The JSON record pushed to a ``:rejected`` key."""
-    head = raw[:RAW_LIMIT]
+    head = raw[:1024]  # what a record keeps of a refused entry
     try:
         text, enc = head.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:

@@ -35,7 +35,6 @@ VERSION, VERSION_BODY_TAG, VERSION_SIGNED = 1, 2, 3
 TAG_BYTES, NONCE_BYTES = 16, 8
 SIGNED_HEAD = 1 + TAG_BYTES + NONCE_BYTES  #: bytes before the msgpack body of a version-3 payload
 FRONTIER, DEAD = "frontier", "dead"  #: the kinds of key an entry is signed for
-_VERSION_BYTE = bytes([VERSION])
 _SIGNED_BYTE = bytes([VERSION_SIGNED])
 
 
@@ -60,8 +59,7 @@ DANGEROUS_META = ("proxy", "_*", "bindaddress", "download_slot", "ftp_*", "cooki
 #: Headers an untrusted entry may never set: they frame the message or route it.
 FORBIDDEN_HEADERS = ("host", "content-length", "transfer-encoding", "connection", "proxy-*", "te", "upgrade",
                      "keep-alive", "trailer", "expect", "x-forwarded-*", "forwarded")
-#: Headers an untrusted entry may set only if SEEDS_HEADERS_ALLOWED names them.
-CREDENTIAL_HEADERS = ("authorization", "cookie")
+CREDENTIAL_HEADERS = ("authorization", "cookie")  #: an entry's only if SEEDS_HEADERS_ALLOWED names them
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
@@ -103,18 +101,6 @@ def check_no_userinfo(url: str) -> None:
         raise RejectedEntry("bad_url", "'@' before the host: credentials may not come from an entry")
 
 
-def host_allowed(url: str, allowed_domains: Iterable[str] | None) -> bool:
-    """Whether ``url``'s host is in ``allowed_domains`` or below (as Scrapy's offsite check reads it)."""
-    domains = [d.lower().lstrip(".") for d in allowed_domains or () if isinstance(d, str) and d]
-    if not domains:
-        return True
-    try:
-        host = (urlsplit(url).hostname or "").rstrip(".")
-    except ValueError:
-        return False
-    return any(host == d or host.endswith("." + d) for d in domains)
-
-
 def keep_allowed_domains(spider: Any) -> Any:
     """The spider's ``allowed_domains``, an iterator kept as a list (exhausted, it would allow every host)."""
     domains = getattr(spider, "allowed_domains", None)
@@ -126,9 +112,14 @@ def keep_allowed_domains(spider: Any) -> Any:
 
 
 def check_offsite(url: str, spider: Any) -> None:
-    """Refuse (``offsite``) a URL outside the spider's ``allowed_domains``, ``dont_filter`` or not."""
-    domains = keep_allowed_domains(spider)
-    if domains and not host_allowed(url, domains):
+    """Refuse (``offsite``) a URL whose host is not in or below the spider's ``allowed_domains`` (as Scrapy's
+    offsite check reads them), ``dont_filter`` or not."""
+    domains = [d.lower().lstrip(".") for d in keep_allowed_domains(spider) or () if isinstance(d, str) and d]
+    try:
+        host = (urlsplit(url).hostname or "").rstrip(".")
+    except ValueError:
+        host = ""  # allowed nowhere
+    if domains and not any(host == d or host.endswith("." + d) for d in domains):
         raise RejectedEntry("offsite", f"host of {url[:80]!r} is not in the spider's allowed_domains")
 
 
@@ -174,7 +165,7 @@ class EntryPolicy:
     def seal(self, body: bytes, nonce: bytes | None = None) -> bytes:
         """A payload of ``body``: signed (with a fresh nonce unless given) if there is a secret, else v1."""
         if self.secret is None:
-            return _VERSION_BYTE + body
+            return bytes([VERSION]) + body
         if nonce is None:
             nonce = (next(_NONCES) % 2**64).to_bytes(NONCE_BYTES, "big")
         return _SIGNED_BYTE + self.tag(nonce, body) + nonce + body
@@ -228,8 +219,7 @@ def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
     return True
 
 
-#: headers only a middleware (or the spider itself) may put on a request, never an entry from Redis
-SECRET_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")
+SECRET_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")  #: a middleware's, never an entry's
 
 #: request -> its credential headers when it entered the downloader (only requests that had some)
 _scheduled: weakref.WeakKeyDictionary[Request, dict[bytes, list[bytes]]] = weakref.WeakKeyDictionary()
@@ -242,8 +232,7 @@ class ScheduledHeadersMiddleware:
     """Downloader middleware remembering the credential headers each request had as scheduled."""
 
     def process_request(self, request: Request) -> None:
-        headers = request.headers
-        own = {name: list(headers.getlist(name)) for name in SECRET_HEADERS if name in headers}
+        own = {n: list(request.headers.getlist(n)) for n in SECRET_HEADERS if n in request.headers}
         if own:
             _scheduled[request] = own
 
