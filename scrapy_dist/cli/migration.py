@@ -23,9 +23,8 @@ from scrapy_dist.settings.table import ALIASES, CHANGED, HONOURED, IGNORED, SCRA
 
 REMOVED = "removed"  #: a scrapy-redis class or function with no counterpart
 
-#: The README migration table's rows, kept in migration.json: the row every migrating user must read first
-#: (scrapy-redis, scrapy-dist, what changes), then classes, functions, hooks and behaviour (scrapy-redis,
-#: scrapy-dist, status, what changes).
+#: The table's rows (migration.json): first the row every migrating user must read (scrapy-redis, scrapy-dist,
+#: what changes), then classes, functions, hooks, behaviour (scrapy-redis, scrapy-dist, status, what changes).
 _TABLE = json.loads(resources.files(__package__).joinpath("migration.json").read_text(encoding="utf-8"))
 FIRST_ROW: list[str] = _TABLE["first_row"]
 API_ROWS: list[list[str]] = _TABLE["api_rows"]
