@@ -376,8 +376,7 @@ def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
                               " current master (redis-cli -h <sentinel> -p <port> sentinel"
                               " get-master-addr-by-name <master> names it)")
     options, extra_env = redis_cli_arguments(target.url, target.params)
-    if target.cluster:
-        options.append("-c")  # follow MOVED redirections
+    options += ["-c"] if target.cluster else []  # follow MOVED redirections
     sys.stdout.flush()
     os.execve(binary, [binary, *options, *args], {**os.environ, **extra_env})
 

@@ -1,14 +1,17 @@
 """``scrapy-dist check-migration`` and the rows of the README's migration table (:data:`API_ROWS`; the
 settings rows come from :mod:`scrapy_dist.settings.table`; ``python tools/migration_table.py`` writes it).
+The rows live in ``migration.json``: they are data that ``check-migration`` and that tool read, not code.
 :func:`scan_project` reads a project with ``ast`` (nothing is imported or run)."""
 
 from __future__ import annotations
 
 import ast
 import configparser
+import json
 import pkgutil
 from collections import Counter
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import click
@@ -20,94 +23,11 @@ from scrapy_dist.settings.table import ALIASES, CHANGED, HONOURED, IGNORED, SCRA
 
 REMOVED = "removed"  #: a scrapy-redis class or function with no counterpart
 
-#: (scrapy-redis, scrapy-dist, what changes) -- the row every migrating user must read first.
-FIRST_ROW = (
-    "no Redis setting at all: `localhost:6379`", "**an embedded Redis on this machine** (unix socket, started"
-    " on first use; `REDIS_URL` from the environment wins)", "**changed**: seeds pushed to `localhost:6379`"
-    " are never seen. Set `REDIS_URL = \"redis://localhost:6379\"` to keep talking to that Redis, or push to"
-    " the embedded one: `scrapy-dist redis-cli` (or the `redis-cli -s <socket>` command the worker prints at"
-    " start)",
-)
-
-#: Classes, functions, hooks and behaviour: (scrapy-redis, scrapy-dist, status, what changes).
-API_ROWS: tuple[tuple[str, str, str, str], ...] = (
-    ("`SCHEDULER = \"scrapy_redis.scheduler.Scheduler\"`", "`\"scrapy_dist.scheduler.Scheduler\"`", CHANGED,
-     "batched + leased: requests survive worker death; keys `{<spider>}:queue`, not `<spider>:requests`;"
-     " built as `Scheduler(dupefilter, keys, redis_settings)` or `from_crawler` (scrapy-redis's constructor"
-     " arguments, `scheduler.queue` and `scheduler.df.server` do not exist)"),
-    ("`DUPEFILTER_CLASS = \"scrapy_redis.dupefilter.RFPDupeFilter\"`",
-     "`\"scrapy_dist.dupefilter.BloomDupeFilter\"` (or exact `SetDupeFilter`, alias `RFPDupeFilter`)",
-     CHANGED, "~2 bytes/URL instead of ~88; keys `{<spider>}:bloom*`"),
-    ("`scrapy_redis.spiders.RedisSpider`, `RedisCrawlSpider`", "`scrapy_dist.spiders.RedisSpider`,"
-     " `RedisCrawlSpider`", HONOURED, "`async def start()` blocks on the key instead of polling on"
-     " `spider_idle`; rejected seeds parked in `<key>:rejected`"),
-    ("spider attributes / `-a` `redis_key`, `redis_batch_size`, `max_idle_time`", "same", HONOURED, "strings"
-     " converted as scrapy-redis does; a bad value is one line and exit status 1; `max_idle_time` sets"
-     " `SCHEDULER_IDLE_BEFORE_CLOSE`"),
-    ("seeds bypass the dupefilter (`dont_filter=True`): neither consulted nor recorded", "same by default",
-     HONOURED, "a pushed URL is fetched again, and a link to it (a `RedisCrawlSpider`'s `Rule`) fetches it"
-     " again; `REDIS_START_URLS_DEDUPE = True` (or `\"dont_filter\": false` in a JSON seed) deduplicates"
-     " seeds, `SEEDS_RECORD_FINGERPRINT = True` records them without consulting the filter"),
-    ("JSON seed `{\"url\", \"method\", \"meta\", <other fields>}`", "same, plus `headers`, `body`,"
-     " `cb_kwargs`, `priority`, `callback`, `errback`, `dont_filter`, `cookies`", HONOURED, "other fields are"
-     " form data as in scrapy-redis (must be strings); plain-URL seeds are not deprecated"),
-    ("`make_request_from_data(data)` returning a request or a list", "same (request, `None` or any iterable)",
-     HONOURED, "raise `RejectedEntry` to park a seed with a reason"),
-    ("`scrapy_redis.pipelines.RedisPipeline`, `item_key(item, spider)`",
-     "`scrapy_dist.pipelines.RedisPipeline`, `item_key(item)` or `item_key(item, spider)`", CHANGED,
-     "batched; optional STREAM; `process_item` is async and `self.server` a redis.asyncio client: a subclass"
-     " overriding `_process_item` or using `self.server` in a plain `process_item` gets one WARNING, one with"
-     " scrapy-redis's `__init__(self, server)` one line and exit status 1"),
-    ("`scrapy_redis.connection.get_redis(**kw)`, `get_redis_from_settings`, `from_settings`",
-     "`scrapy_dist.connection.get_redis(url=..., host=..., port=..., db=...)`, `get_redis_from_settings`,"
-     " `from_settings`", CHANGED, "client timeouts and retries added (with `redis_cls=`: built exactly as"
-     " scrapy-redis builds it); with no argument at all, the same Redis as a crawl without settings (not"
-     " `localhost:6379`)"),
-    ("`STATS_CLASS = \"scrapy_redis.stats.RedisStatsCollector\"`",
-     "`\"scrapy_dist.stats.RedisStatsCollector\"`", CHANGED, "no round trip per increment: this worker's"
-     " stats in memory, crawl-wide sums merged into `{<spider>}:stats` every `CLUSTERSTATS_INTERVAL` s;"
-     " `get_value` answers this worker's value (`crawl_stats()` the crawl's)"),
-    ("`SCHEDULER_SERIALIZER` (pickle), queued entries", "msgpack wire format", CHANGED, "never pickle; not"
-     " compatible with scrapy-redis's queued entries"),
-    # what tools/compat_check.py finds missing, on purpose
-    ("`scrapy_redis.queue.FifoQueue(server, spider, key)` (and `LifoQueue`, `PriorityQueue`) objects",
-     "`scrapy_dist.frontier.orders.*`: names of an order for `SCHEDULER_QUEUE_CLASS`", REMOVED, "the frontier"
-     " is one leased sorted set per crawl; there is no queue object to push to or pop from"),
-    ("`spider.server`, `setup_redis()`, `next_requests()`, `schedule_next_requests()`, `spider_idle()`,"
-     " `start_requests()`", "—", REMOVED, "seeds are read in `async def start()` (Scrapy 2.13+); a client of"
-     " your own: `scrapy_dist.connection.get_redis(settings)`; a spider that overrides one of these methods"
-     " (and not `start()`) gets one WARNING per method, one that reads `self.server` without setting it one"
-     " WARNING naming where"),
-    ("`scrapy_redis.utils.bytes_to_str`, `is_dict`, `convert_bytes_to_str`",
-     "`scrapy_dist.utils.bytes_to_str`, `is_dict`, `convert_bytes_to_str`", HONOURED, "for"
-     " `make_request_from_data` overrides; `TextColor` is not provided"),
-    ("`scrapy_redis`'s pickle helpers, `scrapy_redis.utils.TextColor`, `defaults.REDIS_CLS`, `__author__`,"
-     " `__email__`", "—", REMOVED, "no pickle anywhere; `scrapy_dist.settings.defaults.<SETTING>` holds every"
-     " setting's default; package metadata through `importlib.metadata` (`scrapy_dist.__version__` is"
-     " there)"),
-    ("`RFPDupeFilter(server, key, debug)`, `RFPDupeFilter.from_settings(settings)`, `clear()`",
-     "`SetDupeFilter(redis, keys, fingerprinter)` / `BloomDupeFilter(...)`, `from_crawler(crawler)`", CHANGED,
-     "a filter belongs to a crawl (its keys, its shards), not to one key; Scrapy dropped `from_settings` for"
-     " dupefilters; a finished crawl's keys go with `SCHEDULER_PERSIST = False` or `SCHEDULER_FLUSH_ON_START"
-     " = True`, not `clear()`"),
-    # what Scrapy's own tests/test_scheduler.py finds different, on purpose
-    ("Scrapy's scheduler: `next_request()` returns what `enqueue_request()` was just given, and a new"
-     " scheduler has no pending requests", "a request comes back after the next sync round (within"
-     " `SCHEDULER_FLUSH_INTERVAL`); `has_pending_requests()` is True until that round has seen the crawl-wide"
-     " frontier empty", CHANGED, "requests go through the shared frontier in batched, asynchronous rounds: no"
-     " Redis round trip per request on the reactor, no closing while other workers' requests are queued."
-     " Scrapy's tests that enqueue and dequeue in one synchronous loop (16 of its test_scheduler.py's 19)"
-     " fail for this reason; tests/test_dropin_scrapy_suite.py drives them round by round"),
-    ("Scrapy's engine: start requests sent at once while the downloader has room, then by priority; LIFO"
-     " within a priority (its default `SCHEDULER_MEMORY_QUEUE`); `data:` URLs; each run a fresh crawl", "the"
-     " same order of start requests; FIFO within a priority; `http`/`https` only; a crawl persists", CHANGED,
-     "FIFO within a priority is scrapy-redis's order; `SCHEDULER_ALLOWED_SCHEMES` and `SCHEDULER_PERSIST`"
-     " (default `True`) are the other two; these three reasons are the 6 of 36 of Scrapy's engine tests that"
-     " fail with this scheduler (tools/compat_check.py)"),
-    ("Scrapy's `DownloaderAwarePriorityQueue` refusing `CONCURRENT_REQUESTS_PER_IP` (a ValueError)", "the"
-     " same refusal", CHANGED, "one line and exit status 1 instead of a traceback; it is a `SystemExit`"
-     " (`CrawlAborted`), not the `ValueError`, for code that builds the scheduler itself"),
-)
+#: The table's rows (migration.json): first the row every migrating user must read (scrapy-redis, scrapy-dist,
+#: what changes), then classes, functions, hooks, behaviour (scrapy-redis, scrapy-dist, status, what changes).
+_TABLE = json.loads(resources.files(__package__).joinpath("migration.json").read_text(encoding="utf-8"))
+FIRST_ROW: list[str] = _TABLE["first_row"]
+API_ROWS: list[list[str]] = _TABLE["api_rows"]
 
 SAME, CHANGE, ACTION = "same", "changed", "action"  #: a finding's status: nothing to do, read the note, act
 #: directories never read (virtualenvs, caches, VCS)

@@ -248,8 +248,7 @@ def _reason(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
 def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
     """Close the crawl of SPIDER: every running worker closes gracefully (within a few seconds), also
     those of a crawl that never closes on its own (SCHEDULER_IDLE_BEFORE_CLOSE = None)."""
-    keys = redis.crawl(spider, force)
-    client = redis.client()
+    keys, client = redis.crawl(spider, force), redis.client()
     layout.close_crawl(client, keys.control, reason)
     control = layout.parse_control(client.hgetall(keys.control))
     ended = layout.end_chains(client, keys.shards(control.shards or 1), control.politeness == "cluster")
