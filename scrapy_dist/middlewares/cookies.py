@@ -62,7 +62,9 @@ CookieIdent = tuple[str, str, str]
 
 
 def jar_name(cookiejar: Any) -> str:
-    return "default" if cookiejar is None else cookiejar if isinstance(cookiejar, str) else repr(cookiejar)
+    if cookiejar is None:
+        return "default"
+    return cookiejar if isinstance(cookiejar, str) else repr(cookiejar)
 
 
 def cookie_field(ident: CookieIdent) -> str:
