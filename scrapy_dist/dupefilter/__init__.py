@@ -306,8 +306,7 @@ class BloomDupeFilter(RedisDupeFilter):
             rec = parse_bloom_record({k: v for k, v in zip(names, values, strict=True) if v is not None},
                                      self.keys.bloom)
         except BloomParameterError as exc:
-            raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {way_out}") \
-                from None
+            raise BloomParameterError(f"The bloom filter has bad parameters: {exc}; {way_out}") from None
         if rec.n_garbage is not None:
             logger.warning("%s field n=%s is not an item count of this filter (written by someone else?): the"
                            " frontier recounts it from the filter's bits at its next write", self.keys.bloom,

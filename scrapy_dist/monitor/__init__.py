@@ -131,8 +131,7 @@ def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
     """Totals of the error monitor's window (``{spider}:errors``) as of ``now`` (server time)."""
     fields = hash_fields(raw, "errors")
     try:
-        bucket_s = float(fields.get("_bucket", ""))
-        window = float(fields.get("_window", ""))
+        bucket_s, window = float(fields.get("_bucket", "")), float(fields.get("_window", ""))
     except ValueError:
         bucket_s = window = 0.0
     if not (0 < bucket_s <= 86400 and 0 < window <= 10**7):  # also False for NaN
