@@ -17,6 +17,7 @@ from pybloom_live import ScalableBloomFilter
 from redis.exceptions import NoScriptError
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import ScrapyDeprecationWarning
+from scrapy.utils.request import referer_str
 
 from scrapy_dist.dupefilter.bloom import (
     HASHING,
@@ -170,10 +171,9 @@ class RedisDupeFilter(BaseDupeFilter):
     def log(self, request: Request, spider: Spider) -> None:
         """Log (all with DUPEFILTER_DEBUG, else only the first) and count a filtered request."""
         if self.debug:
-            raw = request.headers.get("Referer")
-            referer = raw.decode(errors="replace") if raw else None
             dupes_logger.debug("Filtered duplicate request: %(request)s (referer: %(referer)s)",
-                               {"request": request, "referer": referer}, extra={"spider": spider})
+                               {"request": request, "referer": referer_str(request)},
+                               extra={"spider": spider})
         elif not self._logged_dupes:
             dupes_logger.debug("Filtered duplicate request: %(request)s - no more duplicates will be shown"
                                " (see DUPEFILTER_DEBUG to show all duplicates)", {"request": request},
