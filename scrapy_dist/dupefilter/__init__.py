@@ -301,12 +301,12 @@ class BloomDupeFilter(RedisDupeFilter):
             pipe.hsetnx(self.keys.bloom, name, value)
         names = [*mine, "n"]
         values = pipe.hmget(self.keys.bloom, names).execute()[-1]
-        way_out = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
+        fix = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
         try:
             rec = parse_bloom_record({k: v for k, v in zip(names, values, strict=True) if v is not None},
                                      self.keys.bloom)
         except BloomParameterError as exc:
-            raise BloomParameterError(f"The bloom filter has bad parameters: {exc}; {way_out}") from None
+            raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {fix}") from None
         if rec.n_garbage is not None:
             logger.warning("%s field n=%s is not an item count of this filter (written by someone else?): the"
                            " frontier recounts it from the filter's bits at its next write", self.keys.bloom,
@@ -321,7 +321,7 @@ class BloomDupeFilter(RedisDupeFilter):
         if rec.hashing not in SCHEMES:
             raise ScrapyDistError(f"The bloom filter {self.keys.bloom!r} was written with layout"
                                   f" {rec.hashing}, this scrapy-dist reads {', '.join(map(str, SCHEMES))}:"
-                                  f" {way_out}")
+                                  f" {fix}")
         self.adopt(rec)
 
     def adopt(self, rec: BloomRecord) -> None:
