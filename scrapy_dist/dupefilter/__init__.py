@@ -17,6 +17,7 @@ from pybloom_live import ScalableBloomFilter
 from redis.exceptions import NoScriptError
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import ScrapyDeprecationWarning
+from scrapy.utils.request import referer_str
 
 from scrapy_dist.dupefilter.bloom import (
     HASHING,
@@ -170,10 +171,9 @@ class RedisDupeFilter(BaseDupeFilter):
     def log(self, request: Request, spider: Spider) -> None:
         """Log (all with DUPEFILTER_DEBUG, else only the first) and count a filtered request."""
         if self.debug:
-            raw = request.headers.get("Referer")
-            referer = raw.decode(errors="replace") if raw else None
             dupes_logger.debug("Filtered duplicate request: %(request)s (referer: %(referer)s)",
-                               {"request": request, "referer": referer}, extra={"spider": spider})
+                               {"request": request, "referer": referer_str(request)},
+                               extra={"spider": spider})
         elif not self._logged_dupes:
             dupes_logger.debug("Filtered duplicate request: %(request)s - no more duplicates will be shown"
                                " (see DUPEFILTER_DEBUG to show all duplicates)", {"request": request},
@@ -301,13 +301,12 @@ class BloomDupeFilter(RedisDupeFilter):
             pipe.hsetnx(self.keys.bloom, name, value)
         names = [*mine, "n"]
         values = pipe.hmget(self.keys.bloom, names).execute()[-1]
-        way_out = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
+        fix = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
         try:
             rec = parse_bloom_record({k: v for k, v in zip(names, values, strict=True) if v is not None},
                                      self.keys.bloom)
         except BloomParameterError as exc:
-            raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {way_out}") \
-                from None
+            raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {fix}") from None
         if rec.n_garbage is not None:
             logger.warning("%s field n=%s is not an item count of this filter (written by someone else?): the"
                            " frontier recounts it from the filter's bits at its next write", self.keys.bloom,
@@ -322,7 +321,7 @@ class BloomDupeFilter(RedisDupeFilter):
         if rec.hashing not in SCHEMES:
             raise ScrapyDistError(f"The bloom filter {self.keys.bloom!r} was written with layout"
                                   f" {rec.hashing}, this scrapy-dist reads {', '.join(map(str, SCHEMES))}:"
-                                  f" {way_out}")
+                                  f" {fix}")
         self.adopt(rec)
 
     def adopt(self, rec: BloomRecord) -> None:

@@ -95,8 +95,7 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
         value = raw.get(name, default)
         text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
         if not isinstance(text, str) or not text.isascii() or not text.isdigit() or len(text) > 19:
-            raise BloomParameterError(f"{key} field {name}={_show(value)}: not a non-negative decimal"
-                                      " integer")
+            raise BloomParameterError(f"{key} field {name}={_show(value)}: not a non-negative integer")
         return int(text)
 
     def number(name: str, default: str | None = None) -> float:

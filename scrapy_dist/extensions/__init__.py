@@ -149,10 +149,8 @@ class IdleMonitor(PeriodicExtension):
 
     def locally_idle(self) -> bool:
         """This worker has no request of its own in progress."""
-        if _engine.inprogress(self.crawler):
-            return False
         sched = get_scheduler(self.crawler)
-        return sched is None or not sched.ledger.local
+        return not _engine.inprogress(self.crawler) and (sched is None or not sched.ledger.local)
 
     async def check(self, now: float | None = None) -> str:
         """One poll: the reason this worker is closing for, or ``""``."""

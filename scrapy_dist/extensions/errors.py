@@ -46,8 +46,7 @@ def http_error_matcher(spec: list[Any]) -> Any:
         elif text.isascii() and text.isdigit():
             codes.add(int(text))
         elif text:
-            raise ScrapyDistError(f"ERRORMONITOR_HTTP_ERRORS: {item!r} is neither a status code nor"
-                                  " like '5xx'")
+            raise ScrapyDistError(f"ERRORMONITOR_HTTP_ERRORS: {item!r} is not a status code or like '5xx'")
     return lambda status: status in codes or status // 100 in classes
 
 
@@ -207,9 +206,8 @@ class ErrorMonitor(PeriodicExtension):
 
     def _follow_pause(self, paused: bool) -> None:
         """Without the scrapy-dist scheduler (which pauses itself), pause this worker's engine."""
-        if get_scheduler(self.crawler) is not None or paused == self._local_pause:
-            return
-        if (engine := engine_of(self.crawler)) is None:
+        if get_scheduler(self.crawler) is not None or paused == self._local_pause or not (
+                engine := engine_of(self.crawler)):
             return
         self._local_pause = paused
         if paused:

@@ -160,11 +160,9 @@ class Dashboard:
                                     " add it with --allow-host NAME if it is yours.\n")
             return await handler(request)  # type: ignore[no-any-return]
         app = web.Application(client_max_size=1024, middlewares=[check_host])
-        app.router.add_get("/", self.page)
-        app.router.add_get("/static/{name}", self.static)
-        app.router.add_get("/api/status", self.status)
-        app.router.add_get("/api/history", self.history)
-        app.router.add_post("/api/{action:pause|resume|requeue}", self.act)
+        app.add_routes([web.get("/", self.page), web.get("/static/{name}", self.static),
+                        web.get("/api/status", self.status), web.get("/api/history", self.history),
+                        web.post("/api/{action:pause|resume|requeue}", self.act)])
         return app
 
     async def _reply(self, name: str, read: Callable[[], Any], seconds: float) -> web.Response:
@@ -255,7 +253,6 @@ class DashboardThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="scrapy-dist dashboard",
                                         daemon=True)
         self._thread.start()
-
         async def start() -> str:
             await self._runner.setup()
             await web.TCPSite(self._runner, host, port).start()

@@ -69,8 +69,7 @@ class CrawlCollector(Collector):
             self.outage.failed(exc, self.clock())
             return spider, None
         except Exception:  # garbage no parser foresaw: this crawl reads as down, the others are served
-            self.errors.log(logging.ERROR, "The state of %r could not be read", spider, key=spider,
-                            exc_info=True)
+            self.errors.log(logging.ERROR, "Could not read %r's state", spider, key=spider, exc_info=True)
             return spider, None
         self.outage.succeeded(self.clock())
         return spider, status

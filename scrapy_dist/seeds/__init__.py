@@ -362,8 +362,7 @@ def candidates(names: Iterable[bytes | str], keys: CrawlKeys, read: Iterable[str
             continue
         if other_crawl.match(name) and name.lower() != meant.lower():  # Site:start_urls is no other crawl
             continue
-        ratio = difflib.SequenceMatcher(None, name.lower(), meant.lower()).ratio()
-        if ratio >= SIMILARITY:
+        if (ratio := difflib.SequenceMatcher(None, name.lower(), meant.lower()).ratio()) >= SIMILARITY:
             scored.append((-ratio, name))
     return [name for _, name in sorted(set(scored))]
 

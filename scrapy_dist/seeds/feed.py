@@ -322,9 +322,8 @@ class SeedFeed(BackgroundTask):
 
     def _idle_done(self) -> bool:
         """Whether to stop reading seeds: idle closing on, nothing held, no seed and the frontier empty."""
-        if self.idle_before_close <= 0 or self._taken or self._acks or self._records:
-            return False
-        if time.monotonic() - self._last_seed < self.idle_before_close:
+        if (self.idle_before_close <= 0 or self._taken or self._acks or self._records
+                or time.monotonic() - self._last_seed < self.idle_before_close):
             return False
         # our scheduler: the frontier is empty; another: nothing local
         sched = get_scheduler(self.crawler)
