@@ -62,6 +62,16 @@ def test_the_page_the_chart_library_and_the_status(served: Any, redis_client: An
     assert served.dashboard.reads == 1  # cached: any number of open pages cost one read
 
 
+def test_the_page_escapes_the_spider_name(redis_url: str) -> None:
+    dash = Dashboard(redis.Redis.from_url(redis_url), CrawlKeys("a<b&c"), token=TOKEN)
+    server = DashboardThread(dash)
+    try:
+        status, page, _ = run(_call(server.url))
+    finally:
+        server.close()
+    assert status == 200 and '<span id="spider">a&lt;b&amp;c</span>' in page
+
+
 def test_buttons_need_the_token_from_the_page_itself(served: Any, redis_client: Any) -> None:
     pause = served.url + "api/pause"
     assert run(_call(pause, "POST"))[0] == 403  # read-only without the token

@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from html import escape
 from importlib import resources
 from typing import Any
 
@@ -202,7 +203,7 @@ class Dashboard:
 
     async def page(self, request: web.Request) -> web.Response:
         html = STATIC.joinpath("index.html").read_text()
-        html = html.replace("{{SPIDER}}", self.keys.spider.replace("<", "&lt;").replace("&", "&amp;"))
+        html = html.replace("{{SPIDER}}", escape(self.keys.spider))
         csp = "default-src 'self'; style-src 'self' 'unsafe-inline'"
         return web.Response(text=html, content_type="text/html",
                             headers={"Content-Security-Policy": csp, "X-Frame-Options": "DENY"})
