@@ -394,12 +394,10 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
             payload = base64.b64decode(encoded, validate=True)
         except (binascii.Error, ValueError):
             raise RejectedEntry("bad_deadletter", "request is not base64") from None
-    status = field("status", int, None)
-    if status is not None and not 0 <= status <= 999:
-        raise RejectedEntry("bad_deadletter", "status out of range")
-    attempts = field("attempts", int, 0)
-    if not 0 <= attempts <= 10**9:
-        raise RejectedEntry("bad_deadletter", "attempts out of range")
+    status, attempts = field("status", int, None), field("attempts", int, 0)
+    for name, value, top in (("status", status, 999), ("attempts", attempts, 10**9)):
+        if value is not None and not 0 <= value <= top:
+            raise RejectedEntry("bad_deadletter", f"{name} out of range")
     try:
         at = float(field("at", (int, float), 0.0))
     except OverflowError:  # an integer too big for a float
