@@ -405,9 +405,8 @@ async def start_time(redis: Any) -> float:
         return time.time()
 
 
-def end_chains(
-    client: Any, shard_keys: list[CrawlKeys], polite: bool, urls: Collection[str] | None = None
-) -> int:
+def end_chains(client: Any, shard_keys: list[CrawlKeys], polite: bool,
+               urls: Collection[str] | None = None) -> int:
     """Remove the scheduled revisits of ``urls`` (None: all) from every shard's delayed set; how many."""
     ended = 0
     for keys in shard_keys:
