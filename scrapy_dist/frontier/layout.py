@@ -245,8 +245,7 @@ class ShardRouter:
     """Routing and the crawl-wide view over ``shards`` shards (1 = unsharded)."""
 
     def __init__(self, shards: int = 1, fingerprinter: Any = None, by_domain: bool = False) -> None:
-        self.shards = shards
-        self.fingerprinter = fingerprinter
+        self.shards, self.fingerprinter = shards, fingerprinter
         self.by_domain = by_domain  # route by host: a domain's queue, limits and fingerprints on one shard
         #: each shard's last answer: (queued, inflight, delayed, its sequence counter)
         self.states: list[tuple[int, int, int, int] | None] = [None] * shards
