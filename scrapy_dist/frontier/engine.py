@@ -234,9 +234,8 @@ def install_feed_barrier(crawler: Crawler, loop: SyncLoop) -> bool:
         logger.warning(
             "FEEDS %s is %s: a worker killed before the close loses the items of pages already"
             " acknowledged (no other worker fetches them again). For output that survives any kill, use"
-            " ITEM_PIPELINES = {'scrapy_dist.pipelines.RedisPipeline': 300} and export with"
-            " `scrapy-dist items %s --export FILE` (docs/items.md)",
-            uri, why, getattr(crawler.spider, "name", "SPIDER"),
+            " ITEM_PIPELINES = {'scrapy_dist.pipelines.RedisPipeline': 300} and export with `scrapy-dist"
+            " items %s --export FILE` (docs/items.md)", uri, why, getattr(crawler.spider, "name", "SPIDER"),
         )
     loop.ack_barrier = functools.partial(flush_feeds, crawler)
     return True
@@ -356,12 +355,10 @@ class Revisits:
         crawler.signals.connect(o.response_received, signal=signals.response_received)
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
         if o.conditional and not _middleware_enabled(crawler.settings):
-            logger.warning(
-                "REVISIT_CONDITIONAL is on but %s is not in DOWNLOADER_MIDDLEWARES: revisits send"
-                " If-None-Match / If-Modified-Since, and their 304 answers reach HttpErrorMiddleware instead"
-                " of being counted as unchanged pages. Enable the add-on (ADDONS = {'scrapy_dist.Addon': 0})"
-                " or add the middleware at 580", "scrapy_dist.middlewares.ConditionalRevisitMiddleware",
-            )
+            logger.warning("REVISIT_CONDITIONAL is on but %s is not in DOWNLOADER_MIDDLEWARES: the 304"
+                           " answers of revisits reach HttpErrorMiddleware instead of counting as unchanged"
+                           " pages. Enable the add-on (ADDONS = {'scrapy_dist.Addon': 0}) or add the"
+                           " middleware at 580", "scrapy_dist.middlewares.ConditionalRevisitMiddleware")
         return o
 
     def _refiled(self, policy: EntryPolicy, member: bytes, validators: dict[bytes, bytes] | None) -> bytes:

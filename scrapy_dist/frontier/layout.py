@@ -120,9 +120,8 @@ class CrawlLayout:
                                   " (SCHEDULER_FLUSH_ON_START).")
         if shards is not None and int(shards) != self.shards:
             raise ShardingRefused(f"The crawl {keys.spider!r} runs with SCHEDULER_SHARDS={int(shards)}; this"
-                                  f" worker has {self.shards}. Every worker of a crawl must use the same"
-                                  f" number of shards (use {int(shards)}, or start afresh with"
-                                  " SCHEDULER_FLUSH_ON_START).")
+                                  f" worker has {self.shards}. Every worker of a crawl must use the same. Use"
+                                  f" {int(shards)}, or start afresh (SCHEDULER_FLUSH_ON_START).")
         if self.shards > 1 and batched:
             self.shard_dfs = [self.df.for_shard(k, self.shards) for k in self.shard_keys]
         if hasattr(self.df, "open"):
@@ -246,8 +245,7 @@ class ShardRouter:
     """Routing and the crawl-wide view over ``shards`` shards (1 = unsharded)."""
 
     def __init__(self, shards: int = 1, fingerprinter: Any = None, by_domain: bool = False) -> None:
-        self.shards = shards
-        self.fingerprinter = fingerprinter
+        self.shards, self.fingerprinter = shards, fingerprinter
         self.by_domain = by_domain  # route by host: a domain's queue, limits and fingerprints on one shard
         #: each shard's last answer: (queued, inflight, delayed, its sequence counter)
         self.states: list[tuple[int, int, int, int] | None] = [None] * shards
@@ -406,9 +404,8 @@ async def start_time(redis: Any) -> float:
         return time.time()
 
 
-def end_chains(
-    client: Any, shard_keys: list[CrawlKeys], polite: bool, urls: Collection[str] | None = None
-) -> int:
+def end_chains(client: Any, shard_keys: list[CrawlKeys], polite: bool,
+               urls: Collection[str] | None = None) -> int:
     """Remove the scheduled revisits of ``urls`` (None: all) from every shard's delayed set; how many."""
     ended = 0
     for keys in shard_keys:

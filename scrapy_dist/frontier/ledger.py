@@ -223,10 +223,8 @@ class Ledger:
         """Whether this worker has work of its own: buffered, in the engine, or to send."""
         return bool(self.ready or self.local or self.handed) or self.owes()
 
-    def take_batches(
-        self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS, max_calls: int = 1,
-        skip: Collection[int] = (),
-    ) -> list[SyncBatch]:
+    def take_batches(self, lease_counts: list[int], renew: bool, max_records: int = CALL_RECORDS,
+                     max_calls: int = 1, skip: Collection[int] = ()) -> list[SyncBatch]:
         """The calls of one round (:func:`split_calls`); the discovered requests and acks of the shards in
         ``skip`` stay for a later round. An ack travels with its request's output only in one atomic call:
         when every write of this round is in the call that carries it; else it waits in ``acks_waiting``
@@ -295,10 +293,8 @@ class Ledger:
         self.penalties = [(shard, p) for p in batch.penalize] + self.penalties
         self._mark(now)
 
-    def apply(
-        self, call: int, batch: SyncBatch, result: SyncResult, decode: Callable[[int, bytes], Request],
-        now: float,
-    ) -> Applied:
+    def apply(self, call: int, batch: SyncBatch, result: SyncResult, decode: Callable[[int, bytes], Request],
+              now: float) -> Applied:
         """Take in one call's answer; whatever ``decode`` raises rejects the entry, never the worker."""
         applied = Applied(leased=len(result.leased), acked=len(batch.ack) + len(batch.revisit))
         shard = self.call_shards[call]

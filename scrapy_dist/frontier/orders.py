@@ -274,9 +274,8 @@ def penalty_seconds(status: int, retry_after: bytes | None, limit: DomainLimit |
     return min(seconds, 3600.0)
 
 
-def backoff_delay(
-    retry_times: int, base: float, cap: float, rng: Callable[[], float] = random.random
-) -> float:
+def backoff_delay(retry_times: int, base: float, cap: float,
+                  rng: Callable[[], float] = random.random) -> float:
     """Seconds before retry ``retry_times`` (1: the first): doubling from ``base``, jittered up, capped."""
     if base <= 0 or cap <= 0:
         return 0.0
@@ -303,10 +302,9 @@ def parse_retry_after(value: bytes | str | None, now: float | None = None) -> fl
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def retry_delay(
-    retry_times: int, base: float, cap: float, *, status: int | None = None, now: float | None = None,
-    retry_after: bytes | str | None = None, rng: Callable[[], float] = random.random,
-) -> float:
+def retry_delay(retry_times: int, base: float, cap: float, *, status: int | None = None,
+                now: float | None = None, retry_after: bytes | str | None = None,
+                rng: Callable[[], float] = random.random) -> float:
     """``Retry-After`` (on 429/503, capped by ``cap``) if given and valid, else :func:`backoff_delay`."""
     if status in RETRY_AFTER_STATUSES:
         hinted = parse_retry_after(retry_after, now=now)
@@ -315,11 +313,9 @@ def retry_delay(
     return backoff_delay(retry_times, base, cap, rng)
 
 
-def dead_letter_record(
-    request: Request, *, reason: str, worker: str, spider: Spider | None = None, status: int | None = None,
-    detail: str = "", attempts: int | None = None, now: float | None = None,
-    policy: EntryPolicy | None = None,
-) -> str:
+def dead_letter_record(request: Request, *, reason: str, worker: str, spider: Spider | None = None,
+                       status: int | None = None, detail: str = "", attempts: int | None = None,
+                       now: float | None = None, policy: EntryPolicy | None = None) -> str:
     """The JSON record of ``request`` as scheduled (without credential headers a middleware added), signed
     by ``policy``; ``"request": null`` if it cannot be encoded."""
     try:
@@ -394,12 +390,10 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
             payload = base64.b64decode(encoded, validate=True)
         except (binascii.Error, ValueError):
             raise RejectedEntry("bad_deadletter", "request is not base64") from None
-    status = field("status", int, None)
-    if status is not None and not 0 <= status <= 999:
-        raise RejectedEntry("bad_deadletter", "status out of range")
-    attempts = field("attempts", int, 0)
-    if not 0 <= attempts <= 10**9:
-        raise RejectedEntry("bad_deadletter", "attempts out of range")
+    status, attempts = field("status", int, None), field("attempts", int, 0)
+    for name, value, top in (("status", status, 999), ("attempts", attempts, 10**9)):
+        if value is not None and not 0 <= value <= top:
+            raise RejectedEntry("bad_deadletter", f"{name} out of range")
     try:
         at = float(field("at", (int, float), 0.0))
     except OverflowError:  # an integer too big for a float

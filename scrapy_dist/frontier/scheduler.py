@@ -173,8 +173,7 @@ class Scheduler:
                 "The crawl %r has run before and finished: %d fingerprints are remembered"
                 " (SCHEDULER_PERSIST=True), so requests already seen then are skipped now. To start"
                 " afresh: -s SCHEDULER_FLUSH_ON_START=True for this run, or SCHEDULER_PERSIST=False so"
-                " that a finished crawl removes its keys.",
-                self.keys.spider, remembered,
+                " that a finished crawl removes its keys.", self.keys.spider, remembered,
             )
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
             self.encoder.recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
@@ -427,19 +426,17 @@ class FrontierReport:
         self._refused = [0, 0]
         logger.warning(
             "The frontier refused %d acknowledgements and their %d items: those leases were no longer this"
-            " worker's (it was stopped or cut off longer than SCHEDULER_LEASE_SECONDS and another worker"
-            " took them, or an earlier call had already acknowledged them). Their items come from the other"
-            " fetch, once; feed exports may hold these pages' items twice", acks, items,
+            " worker's (stopped or cut off past SCHEDULER_LEASE_SECONDS and taken over, or acknowledged"
+            " already). Their items come from the other fetch, once; feeds may hold them twice", acks, items,
         )
 
     def unserializable(self, request: Request, exc: UnserializableRequest) -> None:
         """A request that cannot go to Redis (crawled by this worker only): logged once per key."""
         self.stats.inc_value("scheduler/unserializable")
         self._unserializable_log.log(
-            logging.ERROR,
-            "Unable to put %(request)s in the shared frontier: %(reason)s. It is crawled by this worker"
-            " only and is lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools, None,"
-            " lists, dicts) or pass a spider method name. Further requests failing on %(key)s are only"
-            " counted in scheduler/unserializable.",
-            {"request": request, "reason": exc, "key": exc.key}, key=exc.key,
+            logging.ERROR, "Unable to put %(request)s in the shared frontier: %(reason)s. It is crawled by"
+            " this worker only and is lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools,"
+            " None, lists, dicts) or pass a spider method name. Further requests failing on %(key)s are only"
+            " counted in scheduler/unserializable.", {"request": request, "reason": exc, "key": exc.key},
+            key=exc.key,
         )

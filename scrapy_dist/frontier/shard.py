@@ -226,9 +226,8 @@ def sync_prelude() -> str:
     )
 
 
-def split_calls(
-    out: list[Any], shards: int, settle: list[int], max_records: int = CALL_RECORDS, max_calls: int = 1
-) -> tuple[list[list[Any]], list[int], list[Any]]:
+def split_calls(out: list[Any], shards: int, settle: list[int], max_records: int = CALL_RECORDS,
+                max_calls: int = 1) -> tuple[list[list[Any]], list[int], list[Any]]:
     """Each call's requests, each call's shard, and what is left: one call per shard (index = shard), then
     up to ``max_calls - 1`` more calls of ``max_records`` to a shard with more. A shard's first call also
     settles ``settle[shard]`` leases, acks and renewals, so it takes fewer."""

@@ -259,10 +259,9 @@ class SyncLoop(BackgroundTask):
                 self.on_forget()
                 logger.warning(
                     "The frontier in Redis went back in time (shard %d's sequence number fell from %d to %d):"
-                    " Redis lost some or all of the crawl's data -- restarted without persistence, a failover"
-                    " that lost writes, or its keys were deleted. Requests queued there may be gone (this"
-                    " worker re-sends only what it holds) and pages the duplicate filter forgot are crawled"
-                    " again; see docs/operations.md#outages", shard, before, seq,
+                    " Redis lost crawl data (restarted without persistence, a failover that lost writes, or"
+                    " deleted keys). Queued requests may be gone (this worker re-sends what it holds) and"
+                    " forgotten pages are crawled again; see docs/operations.md#outages", shard, before, seq,
                 )
 
     async def drain(self, timeout: float) -> None:
