@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package beside tests/
 
+from zygote import Zygote  # noqa: E402
+
 from benchmarks.faultcheck import check, summarize_log  # noqa: E402
 from benchmarks.faultcrawl import CrawlConfig  # noqa: E402
 from benchmarks.faults import FAULTS, FaultRun, run_fault  # noqa: E402
-from benchmarks.netns import HarnessUnavailable, check_available  # noqa: E402
+from benchmarks.netns import HarnessUnavailable, Network, check_available  # noqa: E402
 
 SMALL = CrawlConfig(
     pages=300, workers=3, concurrency=4, page_delay=0.2, lease=4.0, idle_close=2.0, socket_timeout=2.0,
@@ -29,13 +33,30 @@ OUTAGE = "Redis is unreachable"
 
 
 @pytest.fixture
-def namespaces() -> None:
+def namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         check_available()
     except HarnessUnavailable as exc:
         if os.environ.get("CI"):
             pytest.fail(str(exc), pytrace=False)
         pytest.skip(str(exc))
+    if Zygote.enabled():
+        monkeypatch.setattr(Network, "spawn", _spawn_forked)
+
+
+_spawn = Network.spawn
+
+
+def _spawn_forked(net: Network, host: str, argv: Sequence[str], log: Path, **kw: Any) -> Any:
+    """``Network.spawn``, but a ``scrapy crawl`` worker is forked from the tests' zygote (already imported)
+    into its host's namespace, with its hostname: the same process for the harness (pid, signals, exit)."""
+    if list(argv[:3]) != [sys.executable, "-m", "scrapy"] or not kw.get("hostname"):
+        return _spawn(net, host, argv, log, **kw)
+    with open(log, "ab") as fh:
+        proc = Zygote.start(list(argv[3:]), kw["cwd"], kw["env"], fh.fileno(), net.hosts[host].namespace,
+                            kw["hostname"])
+    net.procs.append(proc)  # type: ignore[arg-type]
+    return proc
 
 
 def survived(run: FaultRun) -> None:

@@ -145,6 +145,8 @@ def _run_worker(request: dict[str, Any]) -> None:
     for fd in fds:
         if fd > 2:
             os.close(fd)
+    if request.get("netns"):
+        _enter_host(request["netns"], request["hostname"])
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -168,6 +170,21 @@ def _run_worker(request: dict[str, Any]) -> None:
     from scrapy.cmdline import execute
 
     execute(sys.argv)
+
+
+def _enter_host(namespace: str, hostname: str) -> None:
+    """Join network namespace ``namespace`` (``ip netns``) with a hostname of its own, as ``ip netns exec
+    NAMESPACE unshare --uts`` + ``hostname`` do for the fault tests' workers."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{namespace}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0 or libc.unshare(0x04000000) != 0:  # CLONE_NEWNET, CLONE_NEWUTS
+            raise OSError(ctypes.get_errno(), f"cannot enter namespace {namespace}")
+    finally:
+        os.close(fd)
+    socket.sethostname(hostname)
 
 
 class ForkedWorker:
@@ -270,10 +287,12 @@ class Zygote:
             return cls._path
 
     @classmethod
-    def start(cls, argv: list[str], cwd: Path, env: dict[str, str], out: int) -> ForkedWorker:
-        """Fork ``python -m scrapy <argv>`` in ``cwd`` with ``env``, its output to file descriptor ``out``."""
-        return cls._fork({"argv": argv, "cwd": str(cwd), "env": env}, [out],
-                         [sys.executable, "-m", "scrapy", *argv])
+    def start(cls, argv: list[str], cwd: Path, env: dict[str, str], out: int, netns: str = "",
+              hostname: str = "") -> ForkedWorker:
+        """Fork ``python -m scrapy <argv>`` in ``cwd`` with ``env``, its output to file descriptor ``out``
+        (in network namespace ``netns`` with its own ``hostname``, if given)."""
+        return cls._fork({"argv": argv, "cwd": str(cwd), "env": env, "netns": netns, "hostname": hostname},
+                         [out], [sys.executable, "-m", "scrapy", *argv])
 
     @classmethod
     def _fork(cls, request: dict[str, Any], fds: list[int], args: list[str]) -> ForkedWorker:
