@@ -120,8 +120,8 @@ class CrawlLayout:
                                   " (SCHEDULER_FLUSH_ON_START).")
         if shards is not None and int(shards) != self.shards:
             raise ShardingRefused(f"The crawl {keys.spider!r} runs with SCHEDULER_SHARDS={int(shards)}; this"
-                                  f" worker has {self.shards}. Every worker of a crawl must use the same. Use"
-                                  f" {int(shards)}, or start afresh (SCHEDULER_FLUSH_ON_START).")
+                                  f" worker has {self.shards}. Every worker of a crawl must use the same"
+                                  f" number: use {int(shards)}, or start afresh (SCHEDULER_FLUSH_ON_START).")
         if self.shards > 1 and batched:
             self.shard_dfs = [self.df.for_shard(k, self.shards) for k in self.shard_keys]
         if hasattr(self.df, "open"):
