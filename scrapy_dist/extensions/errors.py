@@ -206,8 +206,9 @@ class ErrorMonitor(PeriodicExtension):
 
     def _follow_pause(self, paused: bool) -> None:
         """Without the scrapy-dist scheduler (which pauses itself), pause this worker's engine."""
-        if get_scheduler(self.crawler) is not None or paused == self._local_pause or not (
-                engine := engine_of(self.crawler)):
+        if get_scheduler(self.crawler) is not None or paused == self._local_pause:
+            return
+        if (engine := engine_of(self.crawler)) is None:
             return
         self._local_pause = paused
         if paused:

@@ -315,8 +315,10 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
         "spider": keys.spider, "time": round(now, 3),
         "state": crawl_state(control, len(started), started, now),
         # "inflight": every lease (kept for scripts); "leases": what holds them, and when they run out
-        "frontier": {"queued": queued, "inflight": inflight, "delayed": delayed}, "revisits": revisits,
-        "leases": {**lease_breakdown(inflight, workers), **expiry}, "shards": len(shards),
+        "frontier": {"queued": queued, "inflight": inflight, "delayed": delayed},
+        "revisits": revisits,
+        "leases": {**lease_breakdown(inflight, workers), **expiry},
+        "shards": len(shards),
         "deadletter": int(dead),
         "seeds": {"key": keys.start_urls, "type": seeds_type if seeds_type != "none" else None,
                   "waiting": seeds_waiting, "processing": int(processing), "rejected": int(seeds_rejected)},
@@ -325,12 +327,16 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
         "control": {"paused": control.paused, "paused_by": control.paused_by or None,
                     "close": control.close or None, "close_at": control.close_at},
         "rates": {"pages_per_min": round(sum(w["pages_per_min"] for w in workers), 1),
-                  "error_rate": errors["error_rate"]}, "errors": errors,
+                  "error_rate": errors["error_rate"]},
+        "errors": errors,
         "workers_summary": {"running": states[RUNNING], "lost": states[LOST], "closed": states[CLOSED],
                             "total": int(n_workers)},
-        "workers": workers, "domains": _domains(client, shards, now, domain_limit),
+        "workers": workers,
+        "domains": _domains(client, shards, now, domain_limit),
         "garbage": {"control": list(control.problems), "workers": sum(1 for w in workers if w.get("garbage")),
-                    "stats": stats_skipped}, "stats": stats}
+                    "stats": stats_skipped},
+        "stats": stats,
+    }
     if dead_sample:
         status["dead_reasons"] = dict(top_counts(dead_reasons(client, keys, dead_sample), REASON_LIMIT, 60))
     return status
