@@ -22,7 +22,8 @@
 -- four fields b:, i:, n:, l:<domain>. The field 'layout' = 'p' says the HASH holds neither: written when
 -- a call finds the HASH absent (a crawl started by this version), with the field 'hashtable' (HASHTABLE):
 -- its value is longer than hash-max-listpack-value (64 bytes by default), so Redis keeps the HASH a hash
--- table from the start; a HASH of fewer than 512 fields would be a listpack that every HGET and HSET scans. In a HASH without it (a crawl
+-- table from the start (a HASH of fewer than 512 fields would be a listpack that every HGET and HSET
+-- scans). In a HASH without the mark (a crawl
 -- upgraded in place), a domain with no p: field is read from its older fields (pol_legacy: one HMGET
 -- more, once per domain) and written back as p:, its older fields deleted; the older layouts kept every
 -- domain with a backlog scheduled, so the schedule stays whole. Workers of two versions must not run at
@@ -36,7 +37,8 @@
 -- when its place changes (pol_flush).
 
 local BLOCKED, BLOCKED_S = 1e15, '1e15'
-local HASHTABLE = 'this value is longer than 64 bytes so that Redis keeps this HASH a hash table, not a listpack'
+local HASHTABLE =
+  'this value is longer than 64 bytes so that Redis keeps this HASH a hash table, not a listpack'
 -- st.scheduled of a domain the lease found due: at some score not after now (not read: Redis would print
 -- each score with %.17g)
 local DUE = 'due'
