@@ -107,6 +107,7 @@ def entry_callback(spider: Spider, name: Any, what: str) -> Any:
     return method
 
 
+_PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
 MAX_HEADERS = 100
@@ -114,7 +115,7 @@ MAX_HEADERS = 100
 
 def _check_encodable(value: Any, path: str) -> None:
     """Raise :class:`UnserializableRequest` naming the first part of ``value`` msgpack cannot hold."""
-    if isinstance(value, (str, bytes, int, float, bool, type(None))):
+    if isinstance(value, _PLAIN_TYPES):
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
             raise UnserializableRequest(f"{path}: integer out of range", path)
     elif isinstance(value, (list, tuple)):

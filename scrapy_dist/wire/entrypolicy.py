@@ -35,7 +35,7 @@ VERSION, VERSION_BODY_TAG, VERSION_SIGNED = 1, 2, 3
 TAG_BYTES, NONCE_BYTES = 16, 8
 SIGNED_HEAD = 1 + TAG_BYTES + NONCE_BYTES  #: bytes before the msgpack body of a version-3 payload
 FRONTIER, DEAD = "frontier", "dead"  #: the kinds of key an entry is signed for
-_SIGNED_BYTE = bytes([VERSION_SIGNED])
+_VERSION_BYTE, _SIGNED_BYTE = bytes([VERSION]), bytes([VERSION_SIGNED])
 
 
 def _fresh_nonces() -> None:
@@ -165,7 +165,7 @@ class EntryPolicy:
     def seal(self, body: bytes, nonce: bytes | None = None) -> bytes:
         """A payload of ``body``: signed (with a fresh nonce unless given) if there is a secret, else v1."""
         if self.secret is None:
-            return bytes([VERSION]) + body
+            return _VERSION_BYTE + body
         if nonce is None:
             nonce = (next(_NONCES) % 2**64).to_bytes(NONCE_BYTES, "big")
         return _SIGNED_BYTE + self.tag(nonce, body) + nonce + body
