@@ -182,7 +182,9 @@ class Demo:
 
     def __init__(self, options: DemoOptions) -> None:
         self.options = options
-        self.console = Console() if Console().is_terminal else Console(width=PLAIN_WIDTH)
+        self.console = Console()
+        if not self.console.is_terminal:
+            self.console = Console(width=PLAIN_WIDTH)
         self.run_dir = options.run_dir or Path(tempfile.mkdtemp(prefix="scrapy-dist-demo-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.project, self.project_copied = site.locate_project(self.run_dir)

@@ -115,11 +115,13 @@ def check_offsite(url: str, spider: Any) -> None:
     """Refuse (``offsite``) a URL whose host is not in or below the spider's ``allowed_domains`` (as Scrapy's
     offsite check reads them), ``dont_filter`` or not."""
     domains = [d.lower().lstrip(".") for d in keep_allowed_domains(spider) or () if isinstance(d, str) and d]
+    if not domains:  # most spiders: no URL parsed on the decode path
+        return
     try:
         host = (urlsplit(url).hostname or "").rstrip(".")
     except ValueError:
         host = ""  # allowed nowhere
-    if domains and not any(host == d or host.endswith("." + d) for d in domains):
+    if not any(host == d or host.endswith("." + d) for d in domains):
         raise RejectedEntry("offsite", f"host of {url[:80]!r} is not in the spider's allowed_domains")
 
 
