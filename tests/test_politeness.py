@@ -206,7 +206,7 @@ def test_queuing_reads_no_domain_state_and_a_waiting_domain_keeps_its_time(
     entry = lambda i: ("", "", 0, b"\x01a%d" % i, "a.test", "5.0 2 0.0")  # noqa: E731
     _frontier_calls(redis_url, [(SyncBatch(enqueue=[entry(0)]), t)], limits_default="5.0 2 0.0")
     assert redis_client.exists(keys.domain_info) == 0  # queuing wrote no field of the domain
-    assert redis_client.zscore(keys.domains, "a.test") == 0
+    assert redis_client.zscore(keys.domains, "a.test") == t  # scheduled at the time it was queued
     (second,) = _frontier_calls(redis_url, [(SyncBatch(lease=5), t)], limits_default="5.0 2 0.0")
     assert len(second.leased) == 1
     assert redis_client.hget(keys.domain_info, "p:a.test") == b"1 1700000005"  # no limits: the default's
@@ -220,6 +220,29 @@ def test_queuing_reads_no_domain_state_and_a_waiting_domain_keeps_its_time(
     ], limits_default="5.0 2 0.0")
     assert [len(r.leased) for r in results[1:]] == [0, 0, 1]
     assert redis_client.zscore(keys.domains, "a.test") == t + 6.5 + 5
+
+
+def test_due_domains_are_served_longest_waiting_first_and_a_served_one_goes_to_the_back(
+    redis_url: str, redis_client: Any
+) -> None:
+    """Due domains are leased from in the order they have waited, not by name: a domain queued first is
+    served first, and one served with requests left waits behind the others due then, so no domain starves
+    however many others keep arriving."""
+    from scrapy_dist.frontier.shard import SyncBatch
+
+    t = 1_700_000_000.0
+    entry = lambda d, i: ("", "", 0, b"\x01%s%d" % (d, i), d.decode(), "0.0 8 0.0")  # noqa: E731
+    results = _frontier_calls(redis_url, [
+        (SyncBatch(enqueue=[entry(b"z.test", 0), entry(b"z.test", 1)]), t),
+        (SyncBatch(enqueue=[entry(b"a.test", 0)]), t + 1),
+        (SyncBatch(lease=1), t + 2),
+        (SyncBatch(enqueue=[entry(b"b.test", 0)]), t + 3),
+        (SyncBatch(lease=1), t + 4),
+        (SyncBatch(lease=1), t + 5),
+        (SyncBatch(lease=1), t + 6),
+    ], limits_default="0.0 8 0.0")
+    served = [bytes(key).split(b"\0", 1)[0] for r in results[2:] for key, _ in r.leased]
+    assert served == [b"z.test", b"a.test", b"z.test", b"b.test"]
 
 
 def test_a_new_crawls_domain_info_is_a_hash_table_from_its_first_field(

@@ -5,8 +5,10 @@
 -- from the one queue ZSET.
 -- The domains ZSET (KEYS[11]) is the schedule of hosts: every domain with queued requests is in it,
 -- scored by when it may next be leased from (BLOCKED while all its slots are taken); a lease looks only
--- at the domains that are due. Queuing a request costs no read of its domain: the call adds its domains
--- with ZADD NX at score 0 (one command per call; a domain already scheduled keeps its time). A domain
+-- at the domains that are due, longest waiting first: a domain is due from the time it was queued, or
+-- served last (it goes to the back), or its delay ran out -- never by its name, so none starves while
+-- others keep arriving. Queuing a request costs no read of its domain: the call adds its domains
+-- with ZADD NX at the call's time (one command per call; a domain already scheduled keeps its time). A domain
 -- leaves the schedule when a lease finds it due and its range empty, or takes its last requests while
 -- it is due; one with a next allowed time ahead or all slots taken stays scheduled even with nothing
 -- queued, so that time is kept. A domain whose field says it is not due is not leased from whatever
@@ -163,7 +165,7 @@ local function pol_state(dom)
   end
   -- every field made by the constructor: a table grown field by field is reallocated three times
   st = {field = field, legacy = legacy, w = legacy ~= nil, l = false, d = 0, c = 0, j = 0, i = 0, n = 0,
-        n_s = '0', scheduled = false, emptied = false}
+        n_s = '0', scheduled = false, emptied = false, served = false}
   pol.st[dom] = st
   pol_parse_limits(st, vl)
   local i = SMALL[vi]
@@ -276,8 +278,11 @@ local function pol_flush(domains_key, now)
     if st.emptied and score ~= BLOCKED and st.n <= now then
       redis.call('ZREM', domains_key, dom)
       st.scheduled = false
+    elseif st.served and score <= now then
+      redis.call('ZADD', domains_key, 'XX', pol.now_s, dom)
+      st.scheduled = DUE
     elseif st.scheduled ~= score and not (st.scheduled == DUE and score <= now) then
-      local s = score == 0 and '0' or score == BLOCKED and BLOCKED_S or score
+      local s = score == BLOCKED and BLOCKED_S or score > now and score or pol.now_s
       if score == BLOCKED or score > now then
         redis.call('ZADD', domains_key, s, dom)
       else
@@ -285,11 +290,11 @@ local function pol_flush(domains_key, now)
       end
       st.scheduled = score
     end
-    st.emptied = nil
+    st.emptied, st.served = nil, nil
   end
   pol.touched = {}
   local args = {}
-  for dom in pairs(pol.queued) do args[#args + 1] = '0'; args[#args + 1] = dom end
+  for dom in pairs(pol.queued) do args[#args + 1] = pol.now_s; args[#args + 1] = dom end
   pol.queued = {}
   for i = 1, #args, 7998 do redis.call('ZADD', domains_key, 'NX', unpack(args, i, math.min(i + 7997, #args))) end
 end
@@ -329,6 +334,7 @@ local function pol_lease(queue_key, domains_key, n, now, on_lease)
         if taken > 0 then
           st.i = st.i + taken
           st.w = true
+          st.served = true
         end
         if st.d > 0 and taken > 0 then pol_push_next(dom, now + st.d + pol_jitter(st.d, st.j)) end
       end
