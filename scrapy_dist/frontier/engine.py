@@ -29,6 +29,7 @@ from scrapy_dist.redis.connection import is_cluster
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import ADDON_LINE, COMPONENTS, Component, mentions
 from scrapy_dist.settings.values import check_seconds
+from scrapy_dist.utils import RateLimitedLog
 from scrapy_dist.wire.codec import load_payload
 from scrapy_dist.wire.entrypolicy import DEFAULT_POLICY, entry_policy
 
@@ -178,8 +179,7 @@ def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
         logger.warning(
             "scrapy-dist: this crawl runs without the add-on, so without %s; add %s to settings.py for"
             " them (it keeps SCHEDULER and DUPEFILTER_CLASS as they are)",
-            "; ".join(f"{c.path.rpartition('.')[2]} ({c.lacks})" for c in lacking), ADDON_LINE,
-        )
+            "; ".join(f"{c.path.rpartition('.')[2]} ({c.lacks})" for c in lacking), ADDON_LINE)
     return built
 
 
@@ -202,7 +202,6 @@ def _add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
 
 def feed_exporter(crawler: Crawler) -> Any:
     from scrapy.extensions.feedexport import FeedExporter
-
     extensions = getattr(getattr(crawler, "extensions", None), "middlewares", ())
     return next((ext for ext in extensions if isinstance(ext, FeedExporter)), None)
 
@@ -235,8 +234,7 @@ def install_feed_barrier(crawler: Crawler, loop: SyncLoop) -> bool:
             "FEEDS %s is %s: a worker killed before the close loses the items of pages already"
             " acknowledged (no other worker fetches them again). For output that survives any kill, use"
             " ITEM_PIPELINES = {'scrapy_dist.pipelines.RedisPipeline': 300} and export with `scrapy-dist"
-            " items %s --export FILE` (docs/items.md)", uri, why, getattr(crawler.spider, "name", "SPIDER"),
-        )
+            " items %s --export FILE` (docs/items.md)", uri, why, getattr(crawler.spider, "name", "SPIDER"))
     loop.ack_barrier = functools.partial(flush_feeds, crawler)
     return True
 
@@ -248,10 +246,9 @@ async def flush_feeds(crawler: Crawler) -> None:
         if file is None or getattr(file, "closed", False):
             continue
         file.flush()
-        if slot.feed_options.get("postprocessing"):
-            continue
-        with contextlib.suppress(AttributeError, OSError, ValueError):
-            fds.append(file.fileno())
+        if not slot.feed_options.get("postprocessing"):
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                fds.append(file.fileno())
     if fds:
         await asyncio.to_thread(_fsync_all, fds)
         if crawler.stats is not None:
@@ -345,7 +342,7 @@ class Revisits:
     stopped: bool = False  # the crawl was closed: no chain goes on
     outcome: dict[Any, bool] = field(default_factory=dict)  # False: the callback raised, the chain stops
     validators: dict[Any, dict[bytes, bytes]] = field(default_factory=dict)  # to carry into the revisit
-    _warned: bool = False
+    _log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog.once(logger))
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -402,10 +399,8 @@ class Revisits:
                 seconds = check_seconds(request.meta[META_KEY])
             except ValueError as exc:
                 self._count("revisit/invalid")
-                if not self._warned:
-                    self._warned = True
-                    logger.warning("meta['revisit_after'] of %s: %s; not revisited (logged once)",
-                                   request, exc)
+                self._log.log(logging.WARNING, "meta['revisit_after'] of %s: %s; not revisited (logged once)",
+                              request, exc)
                 return None
             if seconds is not None and seconds < self.min_interval:
                 self._count("revisit/raised")

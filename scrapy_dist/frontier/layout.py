@@ -147,18 +147,11 @@ class CrawlLayout:
         return pending, remembered
 
     def frontiers(self, redis: Any, worker_id: str, sequence: str, batched: bool) -> list[_shard.Frontier]:
-        cfg, limits = self.config, self.limits
+        limits = self.limits
         bound, default = (limits.bound(), limits.default.encode()) if limits else ("", "")
-        return [
-            _shard.Frontier(
-                redis, keys, worker_id, df if batched else None, sequence=sequence,
-                lease_seconds=cfg.lease_seconds, politeness=cfg.politeness, heartbeat=i == 0,
-                max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
-                dead_maxlen=cfg.dead_maxlen, replay_memory=cfg.replay_memory, limits_bound=bound,
-                limits_default=default,
-            )
-            for i, (keys, df) in enumerate(zip(self.shard_keys, self.shard_dfs, strict=True))
-        ]
+        return [_shard.Frontier(redis, keys, worker_id, df if batched else None, self.config, sequence,
+                                limits_bound=bound, limits_default=default, heartbeat=i == 0)
+                for i, (keys, df) in enumerate(zip(self.shard_keys, self.shard_dfs, strict=True))]
 
     @staticmethod
     def key_names(keys: CrawlKeys, df: Any) -> list[str]:
@@ -192,8 +185,7 @@ class CrawlLayout:
         first = [keys.workers, keys.queue, keys.leases, keys.delayed]
         deleted = await scripts.register(redis, "finish")(
             keys=first + [k for k in self.key_names(*layouts[0]) if k not in first],
-            args=[worker_id, repr(self.config.lease_seconds)],
-        )
+            args=[worker_id, repr(self.config.lease_seconds)])
         if deleted:
             for shard_keys, df in layouts[1:]:
                 for batch in _batches(self.key_names(shard_keys, df)):

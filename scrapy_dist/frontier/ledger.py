@@ -204,8 +204,7 @@ class Ledger:
         return sum(1 for e in self.out if e.score < best)
 
     def starts_now(self, concurrency: int) -> bool:
-        """Whether Scrapy's engine (``concurrency`` downloads) would send a start request enqueued now at
-        once: nothing leased waits, and fewer requests are in the engine or on their way to it."""
+        """Whether the engine (``concurrency`` downloads) would send a start request enqueued now at once."""
         if self.ready or self.local or (room := concurrency - len(self.handed)) <= 0:
             return False
         for e in itertools.chain(self.out, *self._sent):  # stops once the engine would be full

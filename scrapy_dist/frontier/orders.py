@@ -233,8 +233,7 @@ class DomainPenalties:
 
 
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
-    """The domains with the largest backlog, their limits and slots in use (for ``status``). A domain's
-    backlog is counted in the queue (ZLEXCOUNT) for the scheduled domains and those with a field."""
+    """The domains with the largest backlog, their limits and slots in use (for ``status``)."""
     info: dict[str, dict[str, str]] = {}
     for name, value in itertools.islice(client.hscan_iter(keys.domain_info, count=1000), DOMAIN_SCAN_LIMIT):
         kind, _, domain = scripts.text(name).partition(":")
@@ -326,8 +325,7 @@ def dead_letter_record(request: Request, *, reason: str, worker: str, spider: Sp
     record: dict[str, Any] = {
         "request": payload, "url": request.url, "reason": reason,
         "attempts": _int(request.meta.get("retry_times"), 0) + 1 if attempts is None else attempts,
-        "worker": worker, "at": time.time() if now is None else now,
-    }
+        "worker": worker, "at": time.time() if now is None else now}
     if status is not None:
         record["status"] = status
     if detail:

@@ -78,8 +78,7 @@ class Scheduler:
         #: what entries read from the queue must satisfy, and the secret signing what this worker writes
         self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
         self.df, self.crawler = dupefilter, crawler
-        rs = redis_settings
-        self.redis_settings = rs if isinstance(rs, DistSettings) else DistSettings.from_settings(rs or {})
+        self.redis_settings = DistSettings.coerce(redis_settings or {})
         self.order = order or queue.PriorityQueue()
         self.stats: Any = stats if stats is not None else NoStats()
         self.engine = engine or Engine()
@@ -173,8 +172,7 @@ class Scheduler:
                 "The crawl %r has run before and finished: %d fingerprints are remembered"
                 " (SCHEDULER_PERSIST=True), so requests already seen then are skipped now. To start"
                 " afresh: -s SCHEDULER_FLUSH_ON_START=True for this run, or SCHEDULER_PERSIST=False so"
-                " that a finished crawl removes its keys.", self.keys.spider, remembered,
-            )
+                " that a finished crawl removes its keys.", self.keys.spider, remembered)
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
             self.encoder.recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
         self.redis = self._client(sync=False)
@@ -427,8 +425,7 @@ class FrontierReport:
         logger.warning(
             "The frontier refused %d acknowledgements and their %d items: those leases were no longer this"
             " worker's (stopped or cut off past SCHEDULER_LEASE_SECONDS and taken over, or acknowledged"
-            " already). Their items come from the other fetch, once; feeds may hold them twice", acks, items,
-        )
+            " already). Their items come from the other fetch, once; feeds may hold them twice", acks, items)
 
     def unserializable(self, request: Request, exc: UnserializableRequest) -> None:
         """A request that cannot go to Redis (crawled by this worker only): logged once per key."""
@@ -438,5 +435,4 @@ class FrontierReport:
             " this worker only and is lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools,"
             " None, lists, dicts) or pass a spider method name. Further requests failing on %(key)s are only"
             " counted in scheduler/unserializable.", {"request": request, "reason": exc, "key": exc.key},
-            key=exc.key,
-        )
+            key=exc.key)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.scripts import text
-from scrapy_dist.settings import defaults
+from scrapy_dist.settings import SchedulerSettings
 from scrapy_dist.wire.codec import decode_request
 
 if TYPE_CHECKING:
@@ -222,8 +222,7 @@ def sync_prelude() -> str:
         f"local SYNC_SECTIONS = {{{sections}}}\n"
         "-- KEYS, the ARGV head and (to fill) the sections by name: tables built whole, one allocation each\n"
         f"local function sync_names(keys, argv)\n  return {{{by_name}}},\n    {{{head_by_name}}},\n"
-        f"    {{{no_sections}}}\nend\n"
-    )
+        f"    {{{no_sections}}}\nend\n")
 
 
 def split_calls(out: list[Any], shards: int, settle: list[int], max_records: int = CALL_RECORDS,
@@ -324,44 +323,39 @@ class Frontier:
     keys: CrawlKeys
     worker_id: str
     dupefilter: RedisDupeFilter | None
+    #: lease seconds, politeness, entry size and list caps, replay memory
+    config: SchedulerSettings = field(default_factory=SchedulerSettings)
     sequence: str = "asc"
-    lease_seconds: float = 60.0
-    politeness: str = "process"
     #: ``"<delay> <jitter>"`` no domain's limits exceed (:meth:`DomainLimits.bound`); "" = polite.lua's bounds
     limits_bound: str = ""
     #: ``"<delay> <concurrency> <jitter>"`` of a domain no ``DOMAIN_LIMITS`` rule matches; "" = none
     limits_default: str = ""
     #: False for the shards > 0 of a sharded frontier: the worker's heartbeat is written by shard 0
     heartbeat: bool = True
-    max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
-    rejected_maxlen: int = defaults.SCHEDULER_REJECTED_MAXLEN
-    dead_maxlen: int = defaults.DEADLETTER_MAXLEN
-    #: signed entries handed out remembered (``{spider}:spent``, SCHEDULER_REPLAY_MEMORY; 0 = none)
-    replay_memory: int = defaults.SCHEDULER_REPLAY_MEMORY
     #: where the items riding the acks go (:class:`ItemRoute`); None: calls carry no items
     items: ItemRoute | None = None
     #: False: EVALSHA even where the server has FUNCTION libraries (the same answers, more server work)
     functions: bool = True
 
     def __post_init__(self) -> None:
-        self._polite = self.politeness == "cluster"
+        self._polite = self.config.politeness == "cluster"
         self._rng = random.Random()
         self._script = scripts.Library(self.redis, "sync", sync_prelude(), self.functions)
         self._fixed_keys = [getattr(self.keys, name) for name, _ in SYNC_KEYS]
         self._work_keys = frozenset((self.keys.queue, self.keys.leases, self.keys.delayed))
 
     def _head(self, batch: SyncBatch, now: float | None, mode: str) -> list[Any]:
+        cfg = self.config
         head = {
             "now": "" if now is None else repr(now), "worker": self.worker_id,
-            "lease_seconds": repr(self.lease_seconds), "lease": batch.lease, "order": self.sequence,
-            "politeness": self.politeness, "seed": self._rng.randrange(2**31),
-            "heartbeat": "1" if self.heartbeat else "0", "max_entry_bytes": self.max_entry_bytes,
-            "rejected_maxlen": self.rejected_maxlen, "dead_maxlen": self.dead_maxlen, "dupe_mode": mode,
+            "lease_seconds": repr(cfg.lease_seconds), "lease": batch.lease, "order": self.sequence,
+            "politeness": cfg.politeness, "seed": self._rng.randrange(2**31),
+            "heartbeat": "1" if self.heartbeat else "0", "max_entry_bytes": cfg.max_entry_bytes,
+            "rejected_maxlen": cfg.rejected_maxlen, "dead_maxlen": cfg.dead_maxlen, "dupe_mode": mode,
             "limits_bound": self.limits_bound, "limits_default": self.limits_default,
-            "replay_memory": self.replay_memory,
+            "replay_memory": cfg.replay_memory,
             "items_mode": "" if self.items is None else self.items.mode,
-            "items_maxlen": "" if self.items is None or self.items.maxlen is None else self.items.maxlen,
-        }
+            "items_maxlen": "" if self.items is None or self.items.maxlen is None else self.items.maxlen}
         return [head[name] for name in SYNC_HEAD]
 
     async def sync(self, batch: SyncBatch, now: float | None = None) -> SyncResult:

@@ -212,9 +212,9 @@ def domain_limits(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
             raise SettingsError("DOMAIN_LIMITS", rules, f"rule {pattern!r} is not a dict of delay,"
                                 " concurrency, jitter", expected)
         for key, value in rule.items():
-            kind = "int" if key == "concurrency" else "float"
-            convert(Setting(f"DOMAIN_LIMITS[{pattern!r}][{key!r}]", None, kind, "", "scheduler", low=1 if
-                             kind == "int" else 0), value)
+            kind, low = ("int", 1) if key == "concurrency" else ("float", 0)
+            convert(Setting(f"DOMAIN_LIMITS[{pattern!r}][{key!r}]", None, kind, "", "scheduler", low=low),
+                    value)
     return {str(pattern): dict(rule) for pattern, rule in rules.items()}
 
 
