@@ -206,14 +206,10 @@ class CrawlLayout:
             return {}
         items = sum(df.n for df in self.shard_dfs)
         capacity = sum(p.capacity for p in plans if p is not None)
-        return {
-            "dupefilter/bloom/items": items,
-            "dupefilter/bloom/fill_ratio": round(items / capacity, 6),
-            # a URL is looked up in one shard's filter only: the worst shard bounds the rate
-            "dupefilter/bloom/fpr_estimate": max(
-                p.false_positive_rate(df.n) for p, df in zip(plans, self.shard_dfs, strict=True) if p
-            ),
-        }
+        # a URL is looked up in one shard's filter only: the worst shard bounds the rate
+        worst = max(p.false_positive_rate(df.n) for p, df in zip(plans, self.shard_dfs, strict=True) if p)
+        return {"dupefilter/bloom/items": items, "dupefilter/bloom/fill_ratio": round(items / capacity, 6),
+                "dupefilter/bloom/fpr_estimate": worst}
 
 
 def _batches(names: list[str]) -> list[list[str]]:

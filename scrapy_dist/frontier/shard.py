@@ -159,14 +159,12 @@ SYNC_KEYS = (
     ("queue", "zset"), ("leases", "zset"), ("lease_meta", "hash"), ("seq", "string"), ("delayed", "zset"),
     ("delayed_meta", "hash"), ("queue_rejected", "list"), ("deadletter", "list"), ("workers", "zset"),
     ("control", "hash"), ("domains", "zset"), ("domain_info", "hash"), ("queue_tails", "hash"),
-    ("spent", "zset"),
-)
+    ("spent", "zset"))
 #: the ARGV head, by name; then P and the P dupe params
 SYNC_HEAD = (
     "now", "worker", "lease_seconds", "lease", "order", "politeness", "seed", "heartbeat",
     "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound", "limits_default",
-    "replay_memory", "items_mode", "items_maxlen",
-)
+    "replay_memory", "items_mode", "items_maxlen")
 
 
 @dataclass(frozen=True)
@@ -200,8 +198,7 @@ SYNC_SECTIONS = (
     SyncSection("revisit", ("member", "delay", "new"), (),
                 lambda e, now: (e[0], _score(max(0.0, float(e[1]))), e[2])),
     SyncSection("forget", ("t1", "t2"), (), lambda e, now: (e[0], e[1])),
-    SyncSection("items", ("member", "data"), (), lambda e, now: (e[0], e[1])),
-)
+    SyncSection("items", ("member", "data"), (), lambda e, now: (e[0], e[1])))
 
 
 def sync_prelude() -> str:
@@ -265,8 +262,7 @@ def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any
 #: the answer's names, in the order the script returns them (lua/sync.lua)
 SYNC_RESULT = (
     "flags", "leased", "requeued", "moved", "queued", "inflight", "delayed", "bloom_n", "paused", "seq",
-    "rejected", "repaired", "replayed", "items", "items_refused", "acks_refused", "forgets",
-)
+    "rejected", "repaired", "replayed", "items", "items_refused", "acks_refused", "forgets")
 _NOT_COUNTS = ("flags", "leased", "paused", "repaired", "forgets")
 
 

@@ -71,8 +71,7 @@ CRAWL_KEY_NAMES = {
     "errors": "errors",  # HASH of error counters per time bucket (the error monitor's window)
     "error_examples": "errors:examples",  # LIST of recent JSON error records quoted by alerts
     "cookies": "cookies",  # HASH cookiejar name -> last write: the index of the shared cookie jars
-    "history": "history",  # STREAM of the workers' periodic samples over the last hour (dashboard)
-}
+    "history": "history"}  # STREAM of the workers' periodic samples over the last hour (dashboard)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,7 @@ _FRAGMENTS = {
     "sync": ("foreign", "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue",
              "sync_items", "sync_settle", "sync_lease"),
     "dupe_batch": ("foreign", "dupe"), "errors": ("foreign",), "clusterstats": ("foreign",),
-    "seeds_take": ("foreign", "seeds_common"), "seeds_adopt": ("seeds_common",),
-}
+    "seeds_take": ("foreign", "seeds_common"), "seeds_adopt": ("seeds_common",)}
 
 #: scripts that are also a FUNCTION library (see the module docstring)
 _LIBRARIES = frozenset({"sync"})

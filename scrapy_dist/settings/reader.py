@@ -294,8 +294,7 @@ COMPONENTS = (
               " this worker)", replaces="scrapy.downloadermiddlewares.retry.RetryMiddleware"),
     Component("scrapy_dist.middlewares.HttpErrorMiddleware", "SPIDER_MIDDLEWARES", 50, "position",
               "dead letters for HTTP error responses",
-              replaces="scrapy.spidermiddlewares.httperror.HttpErrorMiddleware"),
-)
+              replaces="scrapy.spidermiddlewares.httperror.HttpErrorMiddleware"))
 
 
 def mentions(component_dict: dict[Any, Any], path: str) -> bool:

@@ -227,8 +227,7 @@ TABLE: tuple[Setting, ...] = (
     _s("REDIS_COOKIES_CACHE_SECONDS", 1.0, "float", "SharedCookiesMiddleware: re-read a jar older than this"
        " (seconds).", "cookies", low=0),
     _s("REDIS_COOKIES_FLUSH_INTERVAL", 0.05, "float", "SharedCookiesMiddleware: cookie changes are written"
-       " at the latest this many seconds after they happen.", "cookies", low=0, low_open=True),
-)
+       " at the latest this many seconds after they happen.", "cookies", low=0, low_open=True))
 
 #: scrapy-redis settings scrapy-dist does not apply: setting one logs a WARNING saying what to use instead.
 SCRAPY_REDIS_IGNORED: Mapping[str, str] = MappingProxyType({
@@ -310,8 +309,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("revisit/invalid", "meta['revisit_after'] values that are not a number of seconds (not revisited)"),
     ("revisit/raised", "meta['revisit_after'] values below REVISIT_MIN_INTERVAL (revisited after it)"),
     ("revisit/not_modified", "conditional revisits answered 304 Not Modified (callback not called)"),
-    ("revisit/conditional", "revisits sent with If-None-Match / If-Modified-Since"),
-)
+    ("revisit/conditional", "revisits sent with If-None-Match / If-Modified-Since"))
 
 BY_NAME: Mapping[str, Setting] = MappingProxyType({s.name: s for s in TABLE})
 DEFAULTS: Mapping[str, Any] = MappingProxyType({s.name: s.default for s in TABLE})
