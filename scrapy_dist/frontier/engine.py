@@ -141,13 +141,8 @@ class EngineView(Engine):
         taken: list[tuple[Any, Any]] = []
         for slot in list(slots.values()):
             queue = getattr(slot, "queue", None)
-            if not queue:
-                continue
-            kept: list[tuple[Any, Any]] = []
-            while queue:
-                request, dfd = queue.popleft()
-                (taken if which(request) else kept).append((request, dfd))
-            queue.extend(kept)
+            for pair in [queue.popleft() for _ in range(len(queue or ()))]:  # kept ones go back in order
+                (taken if which(pair[0]) else queue).append(pair)
         for request, dfd in taken:
             dfd.errback(Failure(ReleasedAtClose(f"given back to the queue at close: {request.url}")))
         return [request for request, _ in taken]

@@ -153,8 +153,7 @@ class SyncResult:
     acks_refused: int = 0
 
 
-#: KEYS of a sync call, in order, with the Redis type the script keeps there (another type is moved aside);
-#: then the dupefilter's keys
+#: KEYS of a sync call in order, with the Redis type kept there (another is moved aside); then the dupefilter.
 SYNC_KEYS = (
     ("queue", "zset"), ("leases", "zset"), ("lease_meta", "hash"), ("seq", "string"), ("delayed", "zset"),
     ("delayed_meta", "hash"), ("queue_rejected", "list"), ("deadletter", "list"), ("workers", "zset"),
