@@ -140,7 +140,7 @@ class EngineView(Engine):
         slots = getattr(getattr(self.crawler.engine, "downloader", None), "slots", None) or {}
         taken: list[tuple[Any, Any]] = []
         for slot in list(slots.values()):
-            queue = getattr(slot, "queue", None)
+            queue: Any = getattr(slot, "queue", None)
             for pair in [queue.popleft() for _ in range(len(queue or ()))]:  # kept ones go back in order
                 (taken if which(pair[0]) else queue).append(pair)
         for request, dfd in taken:
