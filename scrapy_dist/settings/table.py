@@ -65,7 +65,6 @@ def _num(x: float) -> str:
 _s = Setting  # a row of TABLE
 C, S, D, SE, R, M, I_ = "connection", "scheduler", "dupefilter", "seeds", "retries", "monitoring", "items"
 TABLE: tuple[Setting, ...] = (
-    # -- connection
     _s("REDIS_URL", None, "url", "redis://, rediss:// or unix:// URL of the Redis to use; unset: the"
        " REDIS_URL environment variable, else the embedded Redis.", C, status=HONOURED, optional=True),
     _s("REDIS_HOST", None, "str", "Host of the Redis (when REDIS_URL is not set).", C, status=HONOURED,
@@ -88,7 +87,6 @@ TABLE: tuple[Setting, ...] = (
        " project's .scrapy dir).", C, optional=True),
     _s("REDIS_EMBEDDED_MAXMEMORY", None, "size", "maxmemory of the embedded Redis: bytes or a size like"
        ' "2gb" (0: no limit); None: a quarter of the RAM, at most 2 GB.', C, optional=True),
-    # -- scheduler / frontier
     _s("SCHEDULER_QUEUE_CLASS", "scrapy_dist.queue.PriorityQueue", "str", "Order of the shared queue:"
        " PriorityQueue, FifoQueue or LifoQueue (scrapy-redis paths are accepted).", S, status=HONOURED),
     _s("SCHEDULER_PERSIST", True, "bool", "Keep the frontier and the filter when the crawl ends.", S,
@@ -151,7 +149,6 @@ TABLE: tuple[Setting, ...] = (
     _s("SCHEDULER_IDLE_POLL_MAX", 5.0, "float", "With SCHEDULER_IDLE_BEFORE_CLOSE = None (never close): an"
        " idle worker's polls slow down to one per this many seconds (seeds it reads are sent at once).", S,
        low=0, low_open=True),
-    # -- dupefilter
     _s("BLOOMFILTER_CAPACITY", 100_000_000, "int", "Fingerprints the filter holds at"
        " BLOOMFILTER_ERROR_RATE.", D, low=1, high=MAX_CAPACITY),
     _s("BLOOMFILTER_ERROR_RATE", 0.001, "float", "False-positive rate at capacity.", D, low=MIN_ERROR_RATE,
@@ -167,7 +164,6 @@ TABLE: tuple[Setting, ...] = (
        high=MAX_GENERATIONS),
     _s("DEADLETTER_FORGET", False, "bool", "A request that ends as a dead letter is forgotten by the"
        " dupefilter (in the same call), so the next run or a seed pushed again fetches it.", D),
-    # -- seeds
     _s("REDIS_START_URLS_KEY", "%(name)s:start_urls", "str", "Key seeds are read from (%(name)s: the"
        " spider).", SE, status=HONOURED),
     _s("REDIS_START_URLS_AS_SET", False, "bool", "The seeds key is a SET.", SE, status=HONOURED),
@@ -187,12 +183,10 @@ TABLE: tuple[Setting, ...] = (
        " proxy, cookiejar, dont_*, _* and the other routing keys only if named exactly.", SE),
     _s("SEEDS_HEADERS_ALLOWED", [], "list", "Credential headers (Authorization, Cookie) a seed or an"
        " untagged queue entry may set (Cookie also allows its cookies field).", SE),
-    # -- retries / dead letters
     _s("RETRY_BACKOFF_BASE", 1.0, "float", "First retry delay (seconds); doubles per attempt.", R, low=0),
     _s("RETRY_BACKOFF_MAX", 300.0, "float", "Longest retry delay (seconds).", R, low=0),
     _s("DEADLETTER_IGNORED", False, "bool", "Also dead-letter requests dropped by IgnoreRequest.", R),
     _s("HTTPERROR_DEAD_LETTER", False, "bool", "Dead-letter responses HttpErrorMiddleware drops.", R),
-    # -- monitoring
     _s("CLUSTERSTATS_INTERVAL", 5.0, "float", "Seconds between two flushes of a worker's stats and"
        " heartbeat (0: ClusterStats off).", M, low=0),
     _s("CLUSTERSTATS_MAX_STATS", [], "list", "Stat names (fnmatch) merged crawl-wide as the maximum.", M),
@@ -209,7 +203,6 @@ TABLE: tuple[Setting, ...] = (
        low=1),
     _s("ERRORMONITOR_HTTP_ERRORS", ["5xx", 429], "list", "Statuses counted as errors: numbers or 4xx/5xx.",
        M),
-    # -- items / cookies
     _s("REDIS_ITEMS_KEY", "%(spider)s:items", "str", "Key items are written to.", I_, status=HONOURED),
     _s("REDIS_ITEMS_STREAM", False, "bool", "Write items to a STREAM (XADD) instead of a LIST (RPUSH).", I_),
     _s("REDIS_ITEMS_MAXLEN", None, "int", "Approximate stream length cap; None: unbounded.", I_,

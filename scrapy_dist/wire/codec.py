@@ -54,9 +54,7 @@ _RULE_METHODS = frozenset({"rule_callback", "rule_errback"})  #: ours (so not us
 
 def method_name(func: Any, spider: Spider | None, what: str) -> str | None:
     """The name stored for callback/errback ``func``: a method of ``spider``, or a name."""
-    if func is None:
-        return None
-    if isinstance(func, str):
+    if func is None or isinstance(func, str):
         return func
     owner, name = getattr(func, "__self__", None), getattr(func, "__name__", None)
     bound_to_spider = owner is not None and (spider is None or owner is spider)
