@@ -169,10 +169,9 @@ class Scheduler:
             logger.info("Resuming crawl (%d requests scheduled)", pending)
         elif remembered and cfg.persist:
             logger.warning(
-                "The crawl %r has run before and finished: %d fingerprints are remembered"
-                " (SCHEDULER_PERSIST=True), so requests already seen then are skipped now. To start"
-                " afresh: -s SCHEDULER_FLUSH_ON_START=True for this run, or SCHEDULER_PERSIST=False so"
-                " that a finished crawl removes its keys.", self.keys.spider, remembered)
+                "The crawl %r has run before and finished: %d fingerprints are remembered, requests seen then"
+                " are skipped (SCHEDULER_PERSIST=True). To start afresh: -s SCHEDULER_FLUSH_ON_START=True, or"
+                " SCHEDULER_PERSIST=False to remove a finished crawl's keys.", self.keys.spider, remembered)
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
             self.encoder.recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
         self.redis = self._client(sync=False)
@@ -187,9 +186,8 @@ class Scheduler:
             self.report.feeds = install_feed_barrier(self.crawler, self.loop)
         self.loop.paused, self.loop.backlog = self.layout.paused, pending
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
-            logger.warning("DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per"
-                           " worker only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide"
-                           " deduplication.", type(self.df).__name__)
+            logger.warning("DUPEFILTER_CLASS %s dedupes per worker only: for crawl-wide deduplication use"
+                           " scrapy_dist.dupefilter.BloomDupeFilter", type(self.df).__name__)
         if start:
             self.loop.start()
         shards = f" ({cfg.shards} shards)" if cfg.shards > 1 else ""
@@ -431,8 +429,7 @@ class FrontierReport:
         """A request that cannot go to Redis (crawled by this worker only): logged once per key."""
         self.stats.inc_value("scheduler/unserializable")
         self._unserializable_log.log(
-            logging.ERROR, "Unable to put %(request)s in the shared frontier: %(reason)s. It is crawled by"
-            " this worker only and is lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools,"
-            " None, lists, dicts) or pass a spider method name. Further requests failing on %(key)s are only"
-            " counted in scheduler/unserializable.", {"request": request, "reason": exc, "key": exc.key},
-            key=exc.key)
+            logging.ERROR, "Unable to put %(request)s in the shared frontier: %(reason)s. Only this worker"
+            " crawls it, lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools, None, lists,"
+            " dicts) or a spider method name; later failures on %(key)s count in scheduler/unserializable",
+            {"request": request, "reason": exc, "key": exc.key}, key=exc.key)
