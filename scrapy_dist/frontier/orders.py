@@ -27,7 +27,7 @@ from scrapy_dist.redis import scripts
 from scrapy_dist.settings.reader import QUEUE_ALIASES
 from scrapy_dist.wire import codec
 from scrapy_dist.wire.codec import EntryPolicy
-from scrapy_dist.wire.entrypolicy import DEAD, FRONTIER, as_scheduled
+from scrapy_dist.wire.entrypolicy import DEAD, FRONTIER, SIGNED_HEAD, TAG_BYTES, VERSION, as_scheduled
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -412,7 +412,7 @@ def requeue_payload(
     entry with the same nonce (requeued twice, fetched once); an unsigned one stays unsigned."""
     d = codec.load_payload(payload, max_bytes)
     codec.check_url(d.get("u"), allowed_schemes)
-    signed = policy.secret is not None and codec.split_payload(payload, max_bytes)[0] != codec.VERSION
+    signed = policy.secret is not None and codec.split_payload(payload, max_bytes)[0] != VERSION
     if signed and not policy.bound(kind=DEAD).verify(payload):
         raise RejectedEntry("bad_tag", "its tag does not verify as a dead letter of this crawl"
                                        " (another crawl or secret)")
@@ -424,7 +424,7 @@ def requeue_payload(
     body = msgpack.packb(d, use_bin_type=True)
     if not signed:
         return codec.DEFAULT_POLICY.seal(body), priority
-    nonce = payload[1 + codec.TAG_BYTES : codec.SIGNED_HEAD]
+    nonce = payload[1 + TAG_BYTES : SIGNED_HEAD]
     return policy.bound(kind=FRONTIER).seal(body, nonce), priority
 
 

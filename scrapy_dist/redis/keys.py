@@ -40,9 +40,8 @@ def shard_suffix(spider: str, index: int, shards: int) -> str:
 
 
 #: The keys the frontier owns (deleted by SCHEDULER_FLUSH_ON_START and when a non-persistent crawl ends).
-FRONTIER_KEY_NAMES = ("queue", "queue_tails", "leases", "lease_meta", "seq", "delayed", "delayed_meta",
-                      "spent", "bloom", "fingerprints", "fingerprints_ttl", "forgotten", "domains",
-                      "domain_info", "workers", "stats", "control", "errors", "error_examples", "history")
+FRONTIER_KEY_NAMES = (*(name for name in SHARD_KEY_NAMES if name != "queue_rejected"), "workers", "stats",
+                      "control", "errors", "error_examples", "history")
 
 
 #: Every fixed-name per-crawl key: :class:`CrawlKeys` attribute -> name after the hash tag (type, content).

@@ -20,14 +20,7 @@ from scrapy.settings import default_settings
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.settings.table import (
-    ALIASES,
-    BY_NAME,
-    CONNECTION_GUESSES,
-    OUR_PREFIXES,
-    SCRAPY_REDIS_IGNORED,
-    Setting,
-)
+from scrapy_dist.settings.table import ALIASES, BY_NAME, CONNECTION_GUESSES, SCRAPY_REDIS_IGNORED, Setting
 from scrapy_dist.settings.values import SettingsError, convert
 
 if TYPE_CHECKING:
@@ -39,6 +32,10 @@ logger = logging.getLogger(__name__)
 QUEUE_ALIASES = {f"scrapy_redis.queue.{old}": new for old, new in (
     ("PriorityQueue", "PriorityQueue"), ("FifoQueue", "FifoQueue"), ("LifoQueue", "LifoQueue"),
     ("SpiderPriorityQueue", "PriorityQueue"), ("SpiderQueue", "FifoQueue"), ("SpiderStack", "LifoQueue"))}
+
+#: an unknown setting with one of these prefixes may be a typo of ours
+OUR_PREFIXES = ("REDIS_", "SCHEDULER_", "BLOOMFILTER_", "DUPEFILTER_", "CLUSTERSTATS_", "ERRORMONITOR_",
+                 "RETRY_", "DEADLETTER_", "HTTPERROR_", "DOMAIN_", "MAX_IDLE")
 
 #: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
 _IN_REDIS = "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)"

@@ -321,9 +321,6 @@ def default_value(name: str) -> Any:
 defaults = ModuleType("scrapy_dist.settings.defaults", "Every scrapy-dist setting's default, by name.")
 defaults.__dict__.update(__getattr__=default_value, __dir__=lambda: sorted(DEFAULTS))
 sys.modules.setdefault(defaults.__name__, defaults)
-#: an unknown setting with one of these prefixes may be a typo of ours
-OUR_PREFIXES = ("REDIS_", "SCHEDULER_", "BLOOMFILTER_", "DUPEFILTER_", "CLUSTERSTATS_", "ERRORMONITOR_",
-                 "RETRY_", "DEADLETTER_", "HTTPERROR_", "DOMAIN_", "MAX_IDLE")
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 

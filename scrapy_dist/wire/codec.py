@@ -28,11 +28,6 @@ from scrapy_dist.wire.entrypolicy import (
     DANGEROUS_META,  # noqa: F401 - re-exported (docs/security.md)
     DEFAULT_POLICY,
     PRIORITY_RANGE,
-    SIGNED_HEAD,
-    TAG_BYTES,
-    VERSION,
-    VERSION_BODY_TAG,
-    VERSION_SIGNED,
     EntryPolicy,
     added_by_middleware,
     check_cookies_allowed,
@@ -42,6 +37,7 @@ from scrapy_dist.wire.entrypolicy import (
     check_offsite,
     entry_policy,  # noqa: F401 - re-exported
     is_trusted,
+    split_payload,
 )
 
 if TYPE_CHECKING:
@@ -242,22 +238,6 @@ def _request_class(path: Any) -> type[Request]:
     if not isinstance(cls, type) or not issubclass(cls, Request):
         raise RejectedEntry("bad_class", f"{path[:80]!r} is not a loaded Request subclass")
     return cls
-
-
-def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
-    """``(version, msgpack body)`` of an untrusted payload (size, version checked; tag not verified)."""
-    if not isinstance(data, bytes):
-        raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
-    if len(data) > max_bytes:
-        raise RejectedEntry("too_large", f"{len(data)} bytes")
-    version = data[0] if data else None
-    if version == VERSION:
-        return VERSION, data[1:]
-    if version == VERSION_SIGNED and len(data) > SIGNED_HEAD:
-        return VERSION_SIGNED, data[SIGNED_HEAD:]
-    if version == VERSION_BODY_TAG and len(data) > 1 + TAG_BYTES:
-        return VERSION_BODY_TAG, data[1 + TAG_BYTES :]
-    raise RejectedEntry("bad_version", f"first byte {data[:1]!r}")
 
 
 def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:

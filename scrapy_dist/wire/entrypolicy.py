@@ -221,6 +221,22 @@ def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
     return True
 
 
+def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
+    """``(version, msgpack body)`` of an untrusted payload (size, version checked; tag not verified)."""
+    if not isinstance(data, bytes):
+        raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise RejectedEntry("too_large", f"{len(data)} bytes")
+    version = data[0] if data else None
+    if version == VERSION:
+        return VERSION, data[1:]
+    if version == VERSION_SIGNED and len(data) > SIGNED_HEAD:
+        return VERSION_SIGNED, data[SIGNED_HEAD:]
+    if version == VERSION_BODY_TAG and len(data) > 1 + TAG_BYTES:
+        return VERSION_BODY_TAG, data[1 + TAG_BYTES :]
+    raise RejectedEntry("bad_version", f"first byte {data[:1]!r}")
+
+
 SECRET_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")  #: a middleware's, never an entry's
 
 #: request -> its credential headers when it entered the downloader (only requests that had some)
