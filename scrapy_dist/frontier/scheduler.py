@@ -35,8 +35,7 @@ from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, SchedulerSettings
 from scrapy_dist.settings.reader import refuse_start, start_error
 from scrapy_dist.utils import RateLimitedLog
-from scrapy_dist.wire.codec import EntryPolicy, entry_policy
-from scrapy_dist.wire.entrypolicy import DEAD
+from scrapy_dist.wire.entrypolicy import DEAD, EntryPolicy, entry_policy
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider

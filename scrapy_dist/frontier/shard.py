@@ -12,8 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError
-from scrapy_dist.redis import scripts
-from scrapy_dist.redis.scripts import text
+from scrapy_dist.redis.scripts import Library, text
 from scrapy_dist.settings import SchedulerSettings
 from scrapy_dist.wire.codec import decode_request
 
@@ -335,7 +334,7 @@ class Frontier:
     def __post_init__(self) -> None:
         self._polite = self.config.politeness == "cluster"
         self._rng = random.Random()
-        self._script = scripts.Library(self.redis, "sync", sync_prelude(), self.functions)
+        self._script = Library(self.redis, "sync", sync_prelude(), self.functions)
         self._fixed_keys = [getattr(self.keys, name) for name, _ in SYNC_KEYS]
         self._work_keys = frozenset((self.keys.queue, self.keys.leases, self.keys.delayed))
 
