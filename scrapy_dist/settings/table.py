@@ -67,9 +67,8 @@ C, S, D, SE, R, M, I_ = "connection", "scheduler", "dupefilter", "seeds", "retri
 TABLE: tuple[Setting, ...] = (
     _s("REDIS_URL", None, "url", "redis://, rediss:// or unix:// URL of the Redis to use; unset: the"
        " REDIS_URL environment variable, else the embedded Redis.", C, status=HONOURED, optional=True),
-    _s("REDIS_HOST", None, "str", "Host of the Redis (when REDIS_URL is not set).", C, status=HONOURED,
-       optional=True),
-    _s("REDIS_PORT", None, "int", "Port of the Redis (when REDIS_URL is not set).", C, status=HONOURED,
+    _s("REDIS_HOST", None, "str", "Redis host (if REDIS_URL is not set).", C, status=HONOURED, optional=True),
+    _s("REDIS_PORT", None, "int", "Redis port (if REDIS_URL is not set).", C, status=HONOURED,
        optional=True, low=1, high=65535),
     _s("REDIS_DB", None, "int", "Database number (when REDIS_URL names none); wins over REDIS_PARAMS['db'].",
        C, status=HONOURED, optional=True, low=0),
@@ -114,8 +113,7 @@ TABLE: tuple[Setting, ...] = (
        " leases expire.", S, low=0),
     _s("SCHEDULER_ALLOWED_SCHEMES", ["http", "https"], "list", "URL schemes a queue entry or seed may have.",
        S),
-    _s("SCHEDULER_MAX_ENTRY_BYTES", 1024 * 1024, "int", "Largest encoded request accepted from the queue"
-       " (bytes).", S, low=64),
+    _s("SCHEDULER_MAX_ENTRY_BYTES", 1024 * 1024, "int", "Largest queue entry accepted (bytes).", S, low=64),
     _s("SCHEDULER_REJECTED_MAXLEN", 100_000, "int", "Newest records kept in {spider}:queue:rejected (0: no"
        " cap).", S, low=0),
     _s("SCHEDULER_REPLAY_MEMORY", 250_000, "int", "Signed queue entries each shard remembers having handed"
@@ -131,8 +129,7 @@ TABLE: tuple[Setting, ...] = (
         "0.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4", "::1/128", "::/128", "fc00::/7", "fe80::/10", "ff00::/8",
     ], "list", "Networks (CIDR) no request may resolve into: loopback, private, link-local (cloud metadata),"
        " CGNAT, multicast...; [] to crawl local sites.", S),
-    _s("SCHEDULER_SHARDS", 1, "int", "Number of frontier shards (hash slots) a crawl is spread over.", S,
-       low=1, high=1024),
+    _s("SCHEDULER_SHARDS", 1, "int", "Shards (hash slots) the frontier is spread over.", S, low=1, high=1024),
     _s("SCHEDULER_POLITENESS", "process", "choice", "process: Scrapy's per-process DOWNLOAD_DELAY /"
        " CONCURRENT_REQUESTS_PER_DOMAIN; cluster: enforced crawl-wide.", S, choices=("process", "cluster")),
     _s("DOMAIN_LIMITS", {}, "dict", 'Per-domain rules {"*.example.com": {"delay": 1.0, "concurrency": 2,'
@@ -195,14 +192,11 @@ TABLE: tuple[Setting, ...] = (
        " before ERRORMONITOR_ACTION; None: no limit.", M, optional=True, low=0, high=1),
     _s("ERRORMONITOR_MAX_ERRORS", None, "int", "Most errors crawl-wide in the window before"
        " ERRORMONITOR_ACTION; None: no limit.", M, optional=True, low=1),
-    _s("ERRORMONITOR_WINDOW", 60.0, "float", "Length of the sliding error window (seconds).", M, low=0,
-       low_open=True),
+    _s("ERRORMONITOR_WINDOW", 60.0, "float", "Seconds of the sliding error window.", M, low=0, low_open=True),
     _s("ERRORMONITOR_ACTION", "log", "choice", "What a tripped limit does: log, pause (until scrapy-dist"
        " resume) or close.", M, choices=("log", "pause", "close")),
-    _s("ERRORMONITOR_MIN_ATTEMPTS", 20, "int", "Attempts the window must hold before the rate is judged.", M,
-       low=1),
-    _s("ERRORMONITOR_HTTP_ERRORS", ["5xx", 429], "list", "Statuses counted as errors: numbers or 4xx/5xx.",
-       M),
+    _s("ERRORMONITOR_MIN_ATTEMPTS", 20, "int", "Attempts in the window before the rate is judged.", M, low=1),
+    _s("ERRORMONITOR_HTTP_ERRORS", ["5xx", 429], "list", "Statuses counted as errors: codes or 4xx/5xx.", M),
     _s("REDIS_ITEMS_KEY", "%(spider)s:items", "str", "Key items are written to.", I_, status=HONOURED),
     _s("REDIS_ITEMS_STREAM", False, "bool", "Write items to a STREAM (XADD) instead of a LIST (RPUSH).", I_),
     _s("REDIS_ITEMS_MAXLEN", None, "int", "Approximate stream length cap; None: unbounded.", I_,
