@@ -90,8 +90,7 @@ TABLE: tuple[Setting, ...] = (
        " PriorityQueue, FifoQueue or LifoQueue (scrapy-redis paths are accepted).", S, status=HONOURED),
     _s("SCHEDULER_PERSIST", True, "bool", "Keep the frontier and the filter when the crawl ends.", S,
        status=CHANGED, note="default True (scrapy-redis: False)"),
-    _s("SCHEDULER_FLUSH_ON_START", False, "bool", "Clear the crawl's frontier and filter at start.", S,
-       status=HONOURED),
+    _s("SCHEDULER_FLUSH_ON_START", False, "bool", "Clear frontier and filter at start.", S, status=HONOURED),
     _s("SCHEDULER_IDLE_BEFORE_CLOSE", 0.0, "float", "Close a worker after this many seconds with no work"
        " crawl-wide (0: a crawl waiting for seeds never closes, other spiders close once the frontier is"
        " empty; None: never close, a long-running crawl); alias MAX_IDLE_TIME_BEFORE_CLOSE.", S,
@@ -105,22 +104,19 @@ TABLE: tuple[Setting, ...] = (
     _s("SCHEDULER_FLUSH_INTERVAL", 0.05, "float", "Discovered requests are sent at the latest this many"
        " seconds after they were found ...", S, low=0, low_open=True),
     _s("SCHEDULER_FLUSH_BATCH", 500, "int", "... or as soon as this many are waiting.", S, low=1),
-    _s("SCHEDULER_IDLE_POLL", 0.25, "float", "Seconds between two requests for work of an idle worker.", S,
-       low=0, low_open=True),
+    _s("SCHEDULER_IDLE_POLL", 0.25, "float", "Seconds between idle workers' polls.", S, low=0, low_open=True),
     _s("SCHEDULER_SHUTDOWN_GRACE", 30.0, "float", "Seconds a closing worker (SIGTERM, the crawl's end)"
        " keeps trying to give back its leases and send what it owes (items too) while Redis is away, at"
        " most SCHEDULER_LEASE_SECONDS; then it stops (one ERROR line), and what is left comes back when its"
        " leases expire.", S, low=0),
-    _s("SCHEDULER_ALLOWED_SCHEMES", ["http", "https"], "list", "URL schemes a queue entry or seed may have.",
-       S),
+    _s("SCHEDULER_ALLOWED_SCHEMES", ["http", "https"], "list", "URL schemes an entry or a seed may have.", S),
     _s("SCHEDULER_MAX_ENTRY_BYTES", 1024 * 1024, "int", "Largest queue entry accepted (bytes).", S, low=64),
     _s("SCHEDULER_REJECTED_MAXLEN", 100_000, "int", "Newest records kept in {spider}:queue:rejected (0: no"
        " cap).", S, low=0),
     _s("SCHEDULER_REPLAY_MEMORY", 250_000, "int", "Signed queue entries each shard remembers having handed"
        " out (about 104 bytes each in Redis), so that a copy put back is not fetched again; a copy older"
        " than that many leases is fetched once more (0: off).", S, low=0),
-    _s("DEADLETTER_MAXLEN", 1_000_000, "int", "Newest dead letters kept in {spider}:deadletter (0: no cap).",
-       S, low=0),
+    _s("DEADLETTER_MAXLEN", 1_000_000, "int", "Cap of {spider}:deadletter, newest kept (0: none).", S, low=0),
     _s("SCHEDULER_ENTRY_SECRET", None, "secret", "Key of the tag workers put on the queue entries they"
        " write (else env SCRAPY_DIST_SECRET); with it, untagged entries obey the seed rules. Never stored"
        " in Redis.", S, optional=True),
@@ -199,8 +195,7 @@ TABLE: tuple[Setting, ...] = (
     _s("ERRORMONITOR_HTTP_ERRORS", ["5xx", 429], "list", "Statuses counted as errors: codes or 4xx/5xx.", M),
     _s("REDIS_ITEMS_KEY", "%(spider)s:items", "str", "Key items are written to.", I_, status=HONOURED),
     _s("REDIS_ITEMS_STREAM", False, "bool", "Write items to a STREAM (XADD) instead of a LIST (RPUSH).", I_),
-    _s("REDIS_ITEMS_MAXLEN", None, "int", "Approximate stream length cap; None: unbounded.", I_,
-       optional=True, low=1),
+    _s("REDIS_ITEMS_MAXLEN", None, "int", "Approximate stream cap (None: no cap).", I_, optional=True, low=1),
     _s("REDIS_ITEMS_FLUSH_INTERVAL", 1.0, "float", "A batch of items is written at the latest this many"
        " seconds after its first item ...", I_, low=0, low_open=True),
     _s("REDIS_ITEMS_BATCH_SIZE", 100, "int", "... or as soon as it holds this many.", I_, low=1),
@@ -252,8 +247,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("scheduler/delayed/moved", "retries whose delay ran out, moved back to the queue"),
     ("scheduler/rejected", "queue entries refused as invalid"),
     ("scheduler/rejected/<reason>", "the same, per reason"),
-    ("scheduler/rejected/replayed", "copies of a signed entry already handed out (in flight or acknowledged),"
-     " removed when leased"),
+    ("scheduler/rejected/replayed", "copies of a signed entry already handed out, removed when leased"),
     ("scheduler/unserializable", "requests that could not be encoded (dropped)"),
     ("scheduler/politeness/penalized/<status>", "responses that slowed a domain down (429, 503)"),
     ("dupefilter/filtered", "requests dropped as already seen"),
@@ -285,8 +279,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("redis_items/unbound", "items of no leased request (start(), local requests): written at least once"),
     ("scheduler/acks_refused", "acks the frontier refused: the lease had run out and was another worker's"),
     ("feeds/fsyncs", "feed files flushed and fsynced before an acknowledging round"),
-    ("feeds/duplicate_pages", "pages whose items this worker exported but whose ack was refused: another"
-     " fetch exports them again"),
+    ("feeds/duplicate_pages", "pages exported here whose ack was refused: another fetch exports them again"),
     ("cookies/shared/loads", "shared cookie jars read from Redis"),
     ("cookies/shared/written", "cookie changes written to Redis"),
     ("cookies/shared/rejected", "invalid cookie records read from Redis (skipped)"),
