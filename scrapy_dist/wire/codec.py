@@ -35,7 +35,6 @@ from scrapy_dist.wire.entrypolicy import (
     check_meta_keys,
     check_no_userinfo,
     check_offsite,
-    entry_policy,  # noqa: F401 - re-exported
     is_trusted,
     split_payload,
 )
