@@ -115,20 +115,17 @@ class EngineView(Engine):
         return inprogress(self.crawler)
 
     def wake(self) -> None:
-        nextcall = getattr(_slot(self.crawler), "nextcall", None)
-        if nextcall is not None:
+        if (nextcall := getattr(_slot(self.crawler), "nextcall", None)) is not None:
             nextcall.schedule()
 
     def close(self, reason: str) -> None:
-        engine = _engine(self.crawler)
-        if engine is None or engine.spider is None or is_closing(self.crawler):
+        if (engine := _engine(self.crawler)) is None or engine.spider is None or is_closing(self.crawler):
             return
         # keep a reference: the loop holds tasks weakly
         self._closing_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
 
     def slot_load(self, request: Any) -> int:
-        downloader = getattr(_engine(self.crawler), "downloader", None)
-        if downloader is None:
+        if (downloader := getattr(_engine(self.crawler), "downloader", None)) is None:
             return 0
         slot = downloader.slots.get(downloader.get_slot_key(request))
         return len(slot.active) if slot is not None else 0
@@ -185,8 +182,7 @@ def _add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
     if manager is None or not isinstance(methods, dict):
         return False
     for name, first in (("process_request", True), ("process_response", False), ("process_exception", False)):
-        method = getattr(mw, name, None)
-        if method is None:
+        if (method := getattr(mw, name, None)) is None:
             continue
         if name not in methods:
             return False
@@ -221,8 +217,7 @@ def _fsync_all(fds: list[int]) -> None:
 
 def install_feed_barrier(crawler: Crawler, loop: SyncLoop) -> bool:
     """Flush and fsync the crawl's local feed files before each acknowledging round; whether it has feeds."""
-    exporter = feed_exporter(crawler)
-    if exporter is None or not getattr(exporter, "feeds", None):
+    if (exporter := feed_exporter(crawler)) is None or not getattr(exporter, "feeds", None):
         return False
     for uri, why in at_risk(exporter.feeds):
         logger.warning(
@@ -237,8 +232,7 @@ def install_feed_barrier(crawler: Crawler, loop: SyncLoop) -> bool:
 async def flush_feeds(crawler: Crawler) -> None:
     fds = []
     for slot in getattr(feed_exporter(crawler), "slots", ()):
-        file = slot.file
-        if file is None or getattr(file, "closed", False):
+        if (file := slot.file) is None or getattr(file, "closed", False):
             continue
         file.flush()
         if not slot.feed_options.get("postprocessing"):
@@ -374,8 +368,7 @@ class Revisits:
                 self.validators[request] = validators_of(response.headers)
 
     def spider_error(self, failure: Any, response: Any, spider: Any = None) -> None:
-        request = getattr(response, "request", None)
-        if request is not None and request in self.outcome:
+        if (request := getattr(response, "request", None)) is not None and request in self.outcome:
             self.outcome[request] = False
 
     def not_modified(self, request: Request) -> None:

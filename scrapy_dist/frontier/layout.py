@@ -55,8 +55,7 @@ def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -
         logger.warning("The crawl %r: its control hash's field format holds %r, not a frontier format;"
                        " recorded %d (this worker's)", spider, text[:40], ours)
         return "write"
-    theirs = int(text)
-    if theirs > ours:
+    if (theirs := int(text)) > ours:
         raise ScrapyDistError(f"The crawl {spider!r} was written by a newer scrapy-dist (frontier format"
                               f" {theirs}; this worker reads up to {ours}): upgrade this worker, or start"
                               " afresh (SCHEDULER_FLUSH_ON_START).")
@@ -259,8 +258,7 @@ class ShardRouter:
         if n == 1 or want <= 0:
             return [want] + [0] * (n - 1)
         queued = [st[0] if st is not None else 0 for st in self.states]
-        total = sum(queued)
-        if total == 0:
+        if (total := sum(queued)) == 0:
             base, extra = divmod(want, n)
             return [max(1, base + (i < extra)) for i in range(n)]
         return [max(1, want * q // total) if q else 0 for q in queued]
@@ -295,8 +293,7 @@ def parse_control(raw: Any) -> ControlState:
     problems: list[str] = []
 
     def checked(field: str, valid: Callable[[str], Any], note: str, fallback: str = "") -> str:
-        value = d.get(field, "")
-        if not value or valid(value):
+        if not (value := d.get(field, "")) or valid(value):
             return value
         problems.append(f"{field}={value[:40]!r}{note}")
         return fallback
@@ -304,8 +301,7 @@ def parse_control(raw: Any) -> ControlState:
     paused = checked("paused", ("0", "1").__contains__, " (expected 0 or 1)") == "1"
     close = checked("close", REASON.fullmatch, " (not a close reason)")
     at: float | None = None
-    close_at = d.get("close_at", "")
-    if close_at:
+    if close_at := d.get("close_at", ""):
         with contextlib.suppress(ValueError):
             at = float(close_at)
         if at is None or not math.isfinite(at) or at < 0:
@@ -350,8 +346,7 @@ def report_problems(control_key: str, state: ControlState, log: logging.Logger =
 
 def move_aside_foreign(client: Any, control_key: str) -> bool:
     """Move a control hash of another Redis type aside to ``<key>:garbage`` (with a warning)."""
-    kind = scripts.text(client.type(control_key))
-    if kind in ("none", "hash"):
+    if (kind := scripts.text(client.type(control_key))) in ("none", "hash"):
         return False
     client.rename(control_key, control_key + GARBAGE)
     logger.warning("%s held another Redis type (%s): moved to %s", control_key, kind, control_key + GARBAGE)

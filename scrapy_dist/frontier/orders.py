@@ -267,8 +267,7 @@ def penalty_seconds(status: int, retry_after: bytes | None, limit: DomainLimit |
     if given, else twice the domain's delay (at least a second); at most an hour."""
     if status not in RETRY_AFTER_STATUSES:
         return None
-    seconds = parse_retry_after(retry_after, now=now)
-    if seconds is None:
+    if (seconds := parse_retry_after(retry_after, now=now)) is None:
         seconds = max(1.0, 2 * limit.delay) if limit else 1.0
     return min(seconds, 3600.0)
 
@@ -305,10 +304,8 @@ def retry_delay(retry_times: int, base: float, cap: float, *, status: int | None
                 now: float | None = None, retry_after: bytes | str | None = None,
                 rng: Callable[[], float] = random.random) -> float:
     """``Retry-After`` (on 429/503, capped by ``cap``) if given and valid, else :func:`backoff_delay`."""
-    if status in RETRY_AFTER_STATUSES:
-        hinted = parse_retry_after(retry_after, now=now)
-        if hinted is not None:
-            return min(cap, hinted) if cap > 0 else hinted
+    if status in RETRY_AFTER_STATUSES and (hinted := parse_retry_after(retry_after, now=now)) is not None:
+        return min(cap, hinted) if cap > 0 else hinted
     return backoff_delay(retry_times, base, cap, rng)
 
 

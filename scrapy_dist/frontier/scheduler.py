@@ -227,8 +227,7 @@ class Scheduler:
         """Stop the loop, give back what was not started, send what is owed, leave the crawl."""
         if self.refused:
             return
-        loop = self.loop
-        if loop is not None:
+        if (loop := self.loop) is not None:
             await loop.stop()
             loop.collect_finished(time.monotonic())
             self.ledger.release_all(time.monotonic())

@@ -287,11 +287,9 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
     named = {text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
     if missing := [n for n in SYNC_RESULT[:10] if n not in named]:
         raise FrontierScriptError(f"sync answered without {', '.join(missing)}")
-    flags = text(named["flags"])
-    if len(flags) != n_enqueue or flags.strip("01"):
+    if len(flags := text(named["flags"])) != n_enqueue or flags.strip("01"):
         raise FrontierScriptError(f"sync returned {len(flags)} flags for {n_enqueue} requests")
-    flat = named["leased"]
-    if not isinstance(flat, list) or len(flat) % 2:
+    if not isinstance(flat := named["leased"], list) or len(flat) % 2:
         raise FrontierScriptError("sync answered a malformed leased list")
     leased = []
     for member, score in zip(flat[::2], flat[1::2], strict=True):

@@ -74,8 +74,7 @@ class Library:
             except NoPermissionError:
                 self.functions = False
             except ResponseError as exc:
-                message = str(exc)
-                if "unknown command" in message.lower():
+                if "unknown command" in (message := str(exc)).lower():
                     self.functions = False
                 elif "Function not found" in message:
                     self.functions = None  # lost by the server: loaded again

@@ -70,8 +70,7 @@ def closest_path(path: str) -> str | None:
         found = importlib.import_module(module)
     except ImportError:  # a misspelt module: the closest of scrapy-dist's modules, if it has the name
         modules = [m.name for m in pkgutil.iter_modules(importlib.import_module("scrapy_dist").__path__)]
-        close = difflib.get_close_matches(module.partition(".")[2], modules, n=1, cutoff=0.6)
-        if not close:
+        if not (close := difflib.get_close_matches(module.partition(".")[2], modules, n=1, cutoff=0.6)):
             return None
         module = f"scrapy_dist.{close[0]}"
         found = importlib.import_module(module)

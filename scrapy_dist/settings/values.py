@@ -297,8 +297,7 @@ def _check(name: str, value: Any, options: Mapping[str, Any]) -> None:
 def check_client_options(url: str | None, params: Mapping[str, Any]) -> None:
     """Raise :class:`SettingsError` if ``REDIS_PARAMS`` or the query of ``REDIS_URL`` holds an option no
     client takes, or a timeout or pool size that is not a number."""
-    query = url.rpartition("@")[2].partition("?")[2] if url else ""  # a password may hold '?' or '/'
-    if query:
+    if query := url.rpartition("@")[2].partition("?")[2] if url else "":  # a password may hold '?' or '/'
         from redis.connection import parse_url
         try:
             parsed = parse_url(f"redis://localhost?{query}")  # as redis-py reads the query of any URL

@@ -248,8 +248,7 @@ def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
         raise RejectedEntry("bad_msgpack", type(exc).__name__) from None
     if not isinstance(d, dict):
         raise RejectedEntry("bad_payload", f"payload is a {type(d).__name__}")
-    unknown = [k for k in d if not isinstance(k, str) or k not in _ALLOWED_KEYS]
-    if unknown:
+    if unknown := [k for k in d if not isinstance(k, str) or k not in _ALLOWED_KEYS]:
         raise RejectedEntry("bad_payload", f"unknown fields {sorted(map(str, unknown))[:5]}"[:200])
     return d
 

@@ -103,8 +103,7 @@ def check_no_userinfo(url: str) -> None:
 
 def keep_allowed_domains(spider: Any) -> Any:
     """The spider's ``allowed_domains``, an iterator kept as a list (exhausted, it would allow every host)."""
-    domains = getattr(spider, "allowed_domains", None)
-    if isinstance(domains, str):
+    if isinstance(domains := getattr(spider, "allowed_domains", None), str):
         return [domains]
     if domains is not None and not isinstance(domains, (list, tuple, set, frozenset)):
         domains = spider.allowed_domains = list(domains)
@@ -250,8 +249,7 @@ class ScheduledHeadersMiddleware:
     """Downloader middleware remembering the credential headers each request had as scheduled."""
 
     def process_request(self, request: Request) -> None:
-        own = {n: list(request.headers.getlist(n)) for n in SECRET_HEADERS if n in request.headers}
-        if own:
+        if own := {n: list(request.headers.getlist(n)) for n in SECRET_HEADERS if n in request.headers}:
             _scheduled[request] = own
 
 
