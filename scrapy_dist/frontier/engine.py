@@ -177,9 +177,8 @@ def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
 
 def _add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
     """Put ``mw`` first in the running downloader's middleware chain; False if it cannot be found."""
-    manager = getattr(getattr(crawler.engine, "downloader", None), "middleware", None)
-    methods = getattr(manager, "methods", None)
-    if manager is None or not isinstance(methods, dict):
+    manager: Any = getattr(getattr(crawler.engine, "downloader", None), "middleware", None)
+    if not isinstance(methods := getattr(manager, "methods", None), dict):
         return False
     for name, first in (("process_request", True), ("process_response", False), ("process_exception", False)):
         if (method := getattr(mw, name, None)) is None:
@@ -408,8 +407,7 @@ class Revisits:
         """When ``request`` is finished: ``(delay, new member or b"")`` to file it again, or None."""
         ok = self.outcome.pop(request, None) and not self.stopped  # None: not fetched, or not wanted
         validators = self.validators.pop(request, None)
-        delay = self.delay_for(request) if ok else None
-        if delay is None:
+        if (delay := self.delay_for(request) if ok else None) is None:
             if ok is False or (ok and META_KEY in request.meta):
                 self._count("revisit/stopped")
             return None

@@ -359,8 +359,7 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
     anything but a JSON object whose fields have their documented types and ranges."""
     if not isinstance(raw, (bytes, bytearray)):
         raise RejectedEntry("bad_deadletter", f"record of type {type(raw).__name__}")
-    raw = bytes(raw)
-    if len(raw) > max_bytes:
+    if len(raw := bytes(raw)) > max_bytes:
         raise RejectedEntry("bad_deadletter", f"record of {len(raw)} bytes")
     try:
         d = json.loads(raw)

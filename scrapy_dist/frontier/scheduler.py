@@ -177,10 +177,9 @@ class Scheduler:
         self.frontiers = self.layout.frontiers(self.redis, self.worker_id, self.order.sequence,
                                                self._batched_df)
         check = functools.partial(checked_request, networks=self.networks, stats=self.stats)
-        decode = RequestDecoder(spider, self.policy, cfg.politeness == "cluster", check)
-        self.loop = SyncLoop(self.ledger, self.router, self.frontiers, self.engine, cfg, decode=decode,
-                             on_applied=self.report.applied, outage=self.outage,
-                             on_forget=self.encoder.recent.clear)
+        self.loop = SyncLoop(self.ledger, self.router, self.frontiers, self.engine, cfg, outage=self.outage,
+                             decode=RequestDecoder(spider, self.policy, cfg.politeness == "cluster", check),
+                             on_applied=self.report.applied, on_forget=self.encoder.recent.clear)
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
             self.report.feeds = install_feed_barrier(self.crawler, self.loop)
         self.loop.paused, self.loop.backlog = self.layout.paused, pending

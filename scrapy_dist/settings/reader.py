@@ -54,9 +54,8 @@ def importable(name: str, path: str | None) -> Any:
         load_object(path)
     except (ImportError, AttributeError, ValueError, NameError, TypeError) as exc:
         problem = " ".join(str(exc).split()) or type(exc).__name__
-        close = closest_path(path)
         raise SettingsError(name, path, f"cannot be imported ({problem})",
-                            f"did you mean {close}?" if close
+                            f"did you mean {close}?" if (close := closest_path(path))
                             else "expected an import path like package.module.Name") from None
     return path
 

@@ -162,26 +162,25 @@ def convert(spec: Setting, value: Any) -> Any:
         if spec.kind in ("dict", "list"):
             return type(spec.default)()
         raise SettingsError(spec.name, value, "missing", f"expected a {spec.type_name}")
-    kind = spec.kind
-    if kind in _CONVERTERS:
-        return _CONVERTERS[kind](spec, value)
-    if kind == "auto_bool":
+    if spec.kind in _CONVERTERS:
+        return _CONVERTERS[spec.kind](spec, value)
+    if spec.kind == "auto_bool":
         if isinstance(value, str) and value.strip().lower() in ("", "auto", "none"):
             return None
         return _bool(spec, value, "expected True, False or None (auto-detect)")
-    if kind == "url":
+    if spec.kind == "url":
         return check_url(value)
-    if kind == "choice":
+    if spec.kind == "choice":
         if (text := str(value).strip().lower()) not in spec.choices:
             raise SettingsError(spec.name, value, "unknown value",
                                 f"expected one of {', '.join(spec.choices)}")
         return text
-    if kind == "size":
+    if spec.kind == "size":
         text = str(value).strip().lower().replace("_", "")
         if isinstance(value, bool) or not re.fullmatch(r"\d+(b|k|kb|m|mb|g|gb)?", text):
             raise SettingsError(spec.name, value, "not a size", 'expected bytes or a size like "2gb"')
         return value
-    if kind == "secret":
+    if spec.kind == "secret":
         return (value if isinstance(value, bytes) else str(value).encode("utf-8")) or None
     if not isinstance(value, str):
         raise SettingsError(spec.name, value, f"not a string but a {type(value).__name__}",
