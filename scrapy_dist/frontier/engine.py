@@ -44,8 +44,7 @@ if TYPE_CHECKING:
     from scrapy_dist.wire.entrypolicy import EntryPolicy
 
 logger = logging.getLogger(__name__)
-#: the meta key a request (or its callback) sets: seconds, or None to stop
-META_KEY = "revisit_after"
+META_KEY = "revisit_after"  #: the meta key a request (or its callback) sets: seconds, or None to stop
 #: validators longer than this are not stored (the page is revisited unconditionally)
 MAX_VALIDATOR_BYTES = 256
 VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")

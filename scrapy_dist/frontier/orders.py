@@ -36,24 +36,15 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.ledger import Ledger
     from scrapy_dist.settings import DistSettings
 
-#: added to a start request's score: it yields to the others of its priority, as in Scrapy >= 2.13
-START_REQUEST_OFFSET = 0.5
-#: the score of a start request Scrapy's engine would send at once: ahead of every priority
-START_NOW = -1e15
-#: what :meth:`RevisitRules.for_url` answers when no rule matches
-NOT_SET = object()
-#: fields of the domain info hash read by :func:`busiest_domains` at most (it is a scan)
-DOMAIN_SCAN_LIMIT = 20_000
-#: upward jitter of a backoff delay: the n-th retry waits between nominal and (1 + JITTER) x nominal
-JITTER = 0.5
-#: statuses whose ``Retry-After`` header sets the retry delay (RFC 9110 section 10.2.3)
-RETRY_AFTER_STATUSES = frozenset({429, 503})
-#: longest exception message kept in a record
-DETAIL_LIMIT = 300
-#: largest record ``scrapy-dist dead`` accepts (a 1 MiB payload in base64 plus the other fields)
-MAX_RECORD_BYTES = 2 * 1024 * 1024
-#: latest ``at`` a record may carry (year 5138): later is garbage
-MAX_AT = 1e11
+START_REQUEST_OFFSET = 0.5  #: added to a start request's score: others of its priority go first (Scrapy 2.13)
+START_NOW = -1e15  #: the score of a start request Scrapy's engine would send at once: ahead of every priority
+NOT_SET = object()  #: what :meth:`RevisitRules.for_url` answers when no rule matches
+DOMAIN_SCAN_LIMIT = 20_000  #: most fields of the domain info hash :func:`busiest_domains` reads (a scan)
+JITTER = 0.5  #: upward jitter of a backoff delay: the n-th retry waits nominal to (1 + JITTER) x nominal
+RETRY_AFTER_STATUSES = frozenset({429, 503})  #: statuses whose ``Retry-After`` sets the delay (RFC 9110)
+DETAIL_LIMIT = 300  #: longest exception message kept in a record
+MAX_RECORD_BYTES = 2 * 1024 * 1024  #: largest record ``scrapy-dist dead`` accepts (1 MiB in base64, the rest)
+MAX_AT = 1e11  #: latest ``at`` a record may carry (year 5138): later is garbage
 
 
 class QueueOrder(Protocol):
@@ -101,8 +92,7 @@ SpiderPriorityQueue = PriorityQueue
 #: scrapy-redis paths, for ``SCHEDULER_QUEUE_CLASS`` values copied from a scrapy-redis project
 ALIASES = {alias: globals()[name] for alias, name in QUEUE_ALIASES.items()}
 
-#: A leased member and the shard it was leased from (always 0 with one shard).
-Lease = tuple[int, bytes]
+Lease = tuple[int, bytes]  #: A leased member and the shard it was leased from (always 0 with one shard).
 
 
 @dataclass(eq=False)

@@ -23,20 +23,13 @@ if TYPE_CHECKING:
     from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.wire.entrypolicy import EntryPolicy
 
-#: length of the sequence prefix of every queue member
-SEQ_BYTES = 6
-#: with crawl-wide politeness, members start with "<domain>\0" and an 11-digit priority key
-PRIORITY_KEY_BYTES = 11
-#: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
-LEASE_MARK = b"\0\xff"
-#: most discovered requests one sync call carries to one shard (a script holds Redis; docs/capacity.md)
-CALL_RECORDS = 48
-#: an ack, a lease or a renewal costs the script about a sixth of a discovered request
-SETTLE_PER_RECORD = 6
-#: discovered requests the call settling a shard's leases always carries
-SETTLE_MIN_RECORDS = 8
-#: most calls of one round to one shard (sent concurrently, one round trip)
-CALLS_PER_ROUND = 8
+SEQ_BYTES = 6  #: length of the sequence prefix of every queue member
+PRIORITY_KEY_BYTES = 11  #: crawl-wide politeness: a member starts "<domain>\0" + an 11-digit priority key
+LEASE_MARK = b"\0\xff"  #: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
+CALL_RECORDS = 48  #: most discovered requests per call to a shard (a script holds Redis; docs/capacity.md)
+SETTLE_PER_RECORD = 6  #: an ack, a lease or a renewal costs the script about a sixth of a discovered request
+SETTLE_MIN_RECORDS = 8  #: discovered requests the call settling a shard's leases always carries
+CALLS_PER_ROUND = 8  #: most calls of one round to one shard (sent concurrently, one round trip)
 
 
 def domain_shard(domain: str, shards: int) -> int:

@@ -24,8 +24,7 @@ _FRAGMENTS = {
     "dupe_batch": ("foreign", "dupe"), "errors": ("foreign",), "clusterstats": ("foreign",),
     "seeds_take": ("foreign", "seeds_common"), "seeds_adopt": ("seeds_common",)}
 
-#: scripts that are also a FUNCTION library (see the module docstring)
-_LIBRARIES = frozenset({"sync"})
+_LIBRARIES = frozenset({"sync"})  #: scripts that are also a FUNCTION library (see the module docstring)
 
 
 @cache
