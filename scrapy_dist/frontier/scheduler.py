@@ -427,6 +427,6 @@ class FrontierReport:
         self.stats.inc_value("scheduler/unserializable")
         self._unserializable_log.log(
             logging.ERROR, "Unable to put %(request)s in the shared frontier: %(reason)s. Only this worker"
-            " crawls it, lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools, None, lists,"
-            " dicts) or a spider method name; later failures on %(key)s count in scheduler/unserializable",
-            {"request": request, "reason": exc, "key": exc.key}, key=exc.key)
+            " crawls it (lost if the worker dies). Make %(key)s encodable (str, bytes, numbers, bools, None,"
+            " lists, dicts) or a spider method name; later ones failing on %(key)s only count in the stat"
+            " scheduler/unserializable", {"request": request, "reason": exc, "key": exc.key}, key=exc.key)
