@@ -55,6 +55,7 @@ async def _drive(
     from scrapy_dist.dupefilter.bloom import fingerprint_hashes
     from scrapy_dist.frontier.shard import Frontier, SyncBatch, shard_of
     from scrapy_dist.redis.keys import CrawlKeys
+    from scrapy_dist.settings import SchedulerSettings
 
     rng = random.Random(seed)
     # prepared before the clock starts: the drivers measure the frontier, not fingerprinting
@@ -78,7 +79,8 @@ async def _drive(
     for k in keys.shards(shards):
         df = base.for_shard(k, shards) if shards > 1 else base
         df.open()
-        frontiers.append(Frontier(client, k, f"driver-{seed}", df, lease_seconds=600, heartbeat=k == keys))
+        config = SchedulerSettings(lease_seconds=600)
+        frontiers.append(Frontier(client, k, f"driver-{seed}", df, config, heartbeat=k == keys))
     sync_client.close()
     await frontiers[0].sync(SyncBatch())  # connected (and the scripts loaded) before the clock starts
     await asyncio.to_thread(start.wait)

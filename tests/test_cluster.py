@@ -36,6 +36,7 @@ from scrapy_dist.frontier.shard import SEQ_BYTES, Frontier, SyncBatch, lease_mem
 from scrapy_dist.pipelines import RedisPipeline
 from scrapy_dist.redis.connection import get_async_redis, get_redis, is_cluster
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.settings import SchedulerSettings
 from scrapy_dist.spiders import SeedReader
 
 LINKS = CrawlKeys("links")
@@ -82,7 +83,7 @@ def test_frontier_sync_script_on_a_cluster(cluster_url: str) -> None:
 
     async def go() -> tuple[Any, Any, Any]:
         client = get_async_redis({"REDIS_URL": cluster_url})
-        f = Frontier(client, LINKS, "w1", df, lease_seconds=30)
+        f = Frontier(client, LINKS, "w1", df, SchedulerSettings(lease_seconds=30))
         urls = _urls(20)
         entries = [(*fingerprint_hashes(u.ljust(20, b".")), 0.0, b"P" + u, "", "") for u in urls]
         first = await f.sync(SyncBatch(enqueue=entries + entries[:5], lease=8))

@@ -20,6 +20,7 @@ from scrapy_dist.frontier.orders import dead_letter_record
 from scrapy_dist.frontier.scheduler import Scheduler
 from scrapy_dist.frontier.shard import Frontier, SyncBatch, lease_member
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.settings import SchedulerSettings
 from scrapy_dist.wire.codec import EntryPolicy
 
 SECRET = "one-secret-for-two-crawls"
@@ -185,7 +186,8 @@ def test_a_lease_that_ran_out_or_was_released_is_leased_again(redis_url: str) ->
     payload = EntryPolicy(secret=SECRET.encode()).bound(crawl=keys.tag).seal(b"\x81\xa1u\xa1x")
 
     async def go() -> list[int]:
-        f = Frontier(redis.asyncio.Redis.from_url(redis_url), keys, "w1", None, lease_seconds=10.0)
+        f = Frontier(redis.asyncio.Redis.from_url(redis_url), keys, "w1", None,
+                     SchedulerSettings(lease_seconds=10.0))
         await f.sync(SyncBatch(enqueue=[("", "", 0, payload, "", "")]), now=1000)
         got = [len((await f.sync(SyncBatch(lease=5), now=1000)).leased)]
         expired = await f.sync(SyncBatch(lease=5), now=1011)  # ran out: requeued and leased again
@@ -198,7 +200,8 @@ def test_a_lease_that_ran_out_or_was_released_is_leased_again(redis_url: str) ->
         await f.redis.aclose()
         client = redis.Redis.from_url(redis_url)
         client.zadd(keys.queue, {lease_member(key): 0})  # a copy after the acknowledgement
-        f = Frontier(redis.asyncio.Redis.from_url(redis_url), keys, "w1", None, lease_seconds=10.0)
+        f = Frontier(redis.asyncio.Redis.from_url(redis_url), keys, "w1", None,
+                     SchedulerSettings(lease_seconds=10.0))
         replay = await f.sync(SyncBatch(lease=5), now=1014)
         await f.redis.aclose()
         return [*got, len(replay.leased), replay.rejected]

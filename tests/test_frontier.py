@@ -12,6 +12,7 @@ from scrapy_dist.dupefilter import BloomDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import fingerprint_hashes
 from scrapy_dist.frontier.shard import SEQ_BYTES, Frontier, SyncBatch, lease_member, lease_parts
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.settings import SchedulerSettings
 
 KEYS = CrawlKeys("spider")
 
@@ -20,7 +21,7 @@ async def _frontier(
     url: str, sequence: str = "asc", dupefilter: Any = None, worker: str = "w1", lease: float = 10.0
 ) -> Frontier:
     client = redis.asyncio.Redis.from_url(url)
-    return Frontier(client, KEYS, worker, dupefilter, sequence=sequence, lease_seconds=lease)
+    return Frontier(client, KEYS, worker, dupefilter, SchedulerSettings(lease_seconds=lease), sequence)
 
 
 def _payloads(result: Any) -> list[bytes]:

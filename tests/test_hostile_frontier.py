@@ -29,6 +29,7 @@ from scrapy_dist.frontier.shard import (
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
 from scrapy_dist.redis.outage import Backoff, Outage
+from scrapy_dist.settings import SchedulerSettings
 
 KEYS = CrawlKeys("spider")
 
@@ -42,7 +43,7 @@ async def _sync(
 ) -> list[Any]:
     client = redis.asyncio.Redis.from_url(url)
     try:
-        f = Frontier(client, KEYS, "w1", df, **kw)
+        f = Frontier(client, KEYS, "w1", df, SchedulerSettings(**kw))
         return [await f.sync(b, now=now) for b in batches]
     finally:
         await client.aclose()
@@ -116,7 +117,7 @@ def test_record_lists_are_capped(redis_url: str, redis_client: Any) -> None:
 
     async def go() -> None:
         client = redis.asyncio.Redis.from_url(redis_url)
-        f = Frontier(client, KEYS, "w1", None, rejected_maxlen=3, dead_maxlen=2)
+        f = Frontier(client, KEYS, "w1", None, SchedulerSettings(rejected_maxlen=3, dead_maxlen=2))
         res = await f.sync(SyncBatch(lease=5))
         await f.sync(SyncBatch(reject=[(m, f'{{"n": {i}}}') for i, (m, _) in enumerate(res.leased)],
                                dead=[f'{{"d": {i}}}' for i in range(4)]))
@@ -155,7 +156,7 @@ def test_a_hostile_seq_loses_no_request(redis_url: str, redis_client: Any, seq: 
 def test_garbage_counters_and_meta_are_repaired_not_fatal(redis_url: str, redis_client: Any) -> None:
     async def go() -> Any:
         client = redis.asyncio.Redis.from_url(redis_url)
-        f = Frontier(client, KEYS, "w1", None, lease_seconds=10)
+        f = Frontier(client, KEYS, "w1", None, SchedulerSettings(lease_seconds=10))
         await f.sync(SyncBatch(enqueue=[("", "", -1, b"\x01a", "", ""), ("", "", -2, b"\x01b", "", "")],
                                delay=[(-3, b"\x01d", 50.0, "", "")]), now=10)
         taken = await f.sync(SyncBatch(lease=2), now=10)
@@ -241,7 +242,7 @@ async def _lease_all(url: str, calls: int) -> int:
     """Up to ``calls`` polite sync calls, each acknowledging what the one before leased: requests leased."""
     client = redis.asyncio.Redis.from_url(url)
     try:
-        f = Frontier(client, KEYS, "w1", None, politeness="cluster", limits_bound="0 0.5")
+        f = Frontier(client, KEYS, "w1", None, SchedulerSettings(politeness="cluster"), limits_bound="0 0.5")
         leased: list[bytes] = []
         for _ in range(calls):
             res = await f.sync(SyncBatch(ack=leased[-1:], lease=5))

@@ -12,6 +12,7 @@ from helpers import run
 
 from scrapy_dist.frontier.shard import Frontier, ItemRoute, SyncBatch
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.settings import SchedulerSettings
 
 KEYS = CrawlKeys("spider")
 ITEMS = "spider:items"
@@ -31,8 +32,9 @@ def _items(client: Any, stream: bool) -> list[str]:
 async def _workers(url: str, stream: bool, lease_seconds: float = 10.0) -> tuple[Any, Frontier, Frontier]:
     client = redis.asyncio.Redis.from_url(url)
     route = ItemRoute(ITEMS, "stream" if stream else "list")
-    a = Frontier(client, KEYS, "host:1:a", None, lease_seconds=lease_seconds, items=route)
-    b = Frontier(client, KEYS, "host:2:b", None, lease_seconds=lease_seconds, items=route)
+    config = SchedulerSettings(lease_seconds=lease_seconds)
+    a = Frontier(client, KEYS, "host:1:a", None, config, items=route)
+    b = Frontier(client, KEYS, "host:2:b", None, config, items=route)
     return client, a, b
 
 

@@ -131,12 +131,13 @@ def test_status_shows_busiest_domains_with_limits_and_backlog(redis_url: str, re
     from scrapy_dist.cli import main
     from scrapy_dist.frontier.shard import Frontier, SyncBatch
     from scrapy_dist.redis.keys import CrawlKeys
+    from scrapy_dist.settings import SchedulerSettings
 
     keys = CrawlKeys("polite")
 
     async def fill() -> None:
         client = redis.asyncio.Redis.from_url(redis_url)
-        f = Frontier(client, keys, "w", None, politeness="cluster")
+        f = Frontier(client, keys, "w", None, SchedulerSettings(politeness="cluster"))
         entries = [("", "", 0, b"\x01x%d" % i, "slow.test", "1.0 2 0.0") for i in range(5)]
         entries += [("", "", 0, b"\x01y%d" % i, "fast.test", "0.0 0 0.0") for i in range(2)]
         await f.sync(SyncBatch(enqueue=entries))
@@ -180,11 +181,12 @@ def _frontier_calls(redis_url: str, calls: list[tuple[Any, float]], **kw: Any) -
 
     from scrapy_dist.frontier.shard import Frontier
     from scrapy_dist.redis.keys import CrawlKeys
+    from scrapy_dist.settings import SchedulerSettings
 
     async def go() -> list[Any]:
         client = redis.asyncio.Redis.from_url(redis_url)
         try:
-            f = Frontier(client, CrawlKeys("sched"), "w", None, politeness="cluster", **kw)
+            f = Frontier(client, CrawlKeys("sched"), "w", None, SchedulerSettings(politeness="cluster"), **kw)
             return [await f.sync(batch, now=now) for batch, now in calls]
         finally:
             await client.aclose()

@@ -11,13 +11,14 @@ from helpers import run
 
 from scrapy_dist.frontier.shard import SEQ_BYTES, Frontier, SyncBatch, lease_member
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.settings import SchedulerSettings
 
 KEYS = CrawlKeys("rv")
 
 
 def _frontier(url: str, worker: str = "w1", lease: float = 10.0, politeness: str = "process") -> Frontier:
     client = redis.asyncio.Redis.from_url(url)
-    return Frontier(client, KEYS, worker, None, lease_seconds=lease, politeness=politeness)
+    return Frontier(client, KEYS, worker, None, SchedulerSettings(lease_seconds=lease, politeness=politeness))
 
 
 def _revisits(r: Any) -> int:

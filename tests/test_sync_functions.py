@@ -25,6 +25,7 @@ from scrapy_dist.dupefilter.bloom import fingerprint_hashes
 from scrapy_dist.frontier.shard import Frontier, SyncBatch, sync_prelude
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.keys import CrawlKeys
+from scrapy_dist.settings import SchedulerSettings
 
 KEYS = CrawlKeys("fn")
 
@@ -97,7 +98,8 @@ async def _rounds(port: int, functions: bool, politeness: str) -> list[Any]:
     df = BloomDupeFilter(sync_client, KEYS, None, capacity=10_000, error_rate=0.01)
     df.open()
     client = redis.asyncio.Redis(port=port)
-    f = Frontier(client, KEYS, "w1", df, politeness=politeness, limits_bound="0 0", functions=functions)
+    f = Frontier(client, KEYS, "w1", df, SchedulerSettings(politeness=politeness), limits_bound="0 0",
+                 functions=functions)
     answers, leased = [], []
     try:
         for r in range(6):

@@ -31,6 +31,7 @@ from scrapy_dist.frontier.orders import DeadLetter, parse_record, reason_matches
 from scrapy_dist.frontier.shard import Frontier, SyncBatch, domain_shard, shard_of
 from scrapy_dist.redis.connection import build_async
 from scrapy_dist.redis.scripts import text
+from scrapy_dist.settings import SchedulerSettings
 from scrapy_dist.wire.codec import EntryPolicy
 
 if TYPE_CHECKING:
@@ -104,8 +105,8 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
     shards = keys.shards(control.shards or 1)
     # "" as worker id: a tool, not a worker of the crawl; requests need no dedupe, so any shard takes
     # them -- but with crawl-wide politeness a domain's requests belong to its shard
-    sequence = queue_order(ds).sequence
-    frontiers = [Frontier(client, k, "", None, sequence=sequence, politeness=politeness, heartbeat=i == 0)
+    config, sequence = SchedulerSettings(politeness=politeness), queue_order(ds).sequence
+    frontiers = [Frontier(client, k, "", None, config, sequence, heartbeat=i == 0)
                  for i, k in enumerate(shards)]
     try:
         for i in range(0, len(targets), CHUNK):

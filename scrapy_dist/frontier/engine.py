@@ -29,6 +29,7 @@ from scrapy_dist.redis.connection import is_cluster
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import ADDON_LINE, COMPONENTS, Component, mentions
 from scrapy_dist.settings.values import check_seconds
+from scrapy_dist.utils import RateLimitedLog
 from scrapy_dist.wire.codec import load_payload
 from scrapy_dist.wire.entrypolicy import DEFAULT_POLICY, entry_policy
 
@@ -43,8 +44,7 @@ if TYPE_CHECKING:
     from scrapy_dist.wire.entrypolicy import EntryPolicy
 
 logger = logging.getLogger(__name__)
-#: the meta key a request (or its callback) sets: seconds, or None to stop
-META_KEY = "revisit_after"
+META_KEY = "revisit_after"  #: the meta key a request (or its callback) sets: seconds, or None to stop
 #: validators longer than this are not stored (the page is revisited unconditionally)
 MAX_VALIDATOR_BYTES = 256
 VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
@@ -114,20 +114,17 @@ class EngineView(Engine):
         return inprogress(self.crawler)
 
     def wake(self) -> None:
-        nextcall = getattr(_slot(self.crawler), "nextcall", None)
-        if nextcall is not None:
+        if (nextcall := getattr(_slot(self.crawler), "nextcall", None)) is not None:
             nextcall.schedule()
 
     def close(self, reason: str) -> None:
-        engine = _engine(self.crawler)
-        if engine is None or engine.spider is None or is_closing(self.crawler):
+        if (engine := _engine(self.crawler)) is None or engine.spider is None or is_closing(self.crawler):
             return
         # keep a reference: the loop holds tasks weakly
         self._closing_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
 
     def slot_load(self, request: Any) -> int:
-        downloader = getattr(_engine(self.crawler), "downloader", None)
-        if downloader is None:
+        if (downloader := getattr(_engine(self.crawler), "downloader", None)) is None:
             return 0
         slot = downloader.slots.get(downloader.get_slot_key(request))
         return len(slot.active) if slot is not None else 0
@@ -139,14 +136,9 @@ class EngineView(Engine):
         slots = getattr(getattr(self.crawler.engine, "downloader", None), "slots", None) or {}
         taken: list[tuple[Any, Any]] = []
         for slot in list(slots.values()):
-            queue = getattr(slot, "queue", None)
-            if not queue:
-                continue
-            kept: list[tuple[Any, Any]] = []
-            while queue:
-                request, dfd = queue.popleft()
-                (taken if which(request) else kept).append((request, dfd))
-            queue.extend(kept)
+            queue: Any = getattr(slot, "queue", None)
+            for pair in [queue.popleft() for _ in range(len(queue or ()))]:  # kept ones go back in order
+                (taken if which(pair[0]) else queue).append(pair)
         for request, dfd in taken:
             dfd.errback(Failure(ReleasedAtClose(f"given back to the queue at close: {request.url}")))
         return [request for request, _ in taken]
@@ -178,20 +170,17 @@ def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
         logger.warning(
             "scrapy-dist: this crawl runs without the add-on, so without %s; add %s to settings.py for"
             " them (it keeps SCHEDULER and DUPEFILTER_CLASS as they are)",
-            "; ".join(f"{c.path.rpartition('.')[2]} ({c.lacks})" for c in lacking), ADDON_LINE,
-        )
+            "; ".join(f"{c.path.rpartition('.')[2]} ({c.lacks})" for c in lacking), ADDON_LINE)
     return built
 
 
 def _add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
     """Put ``mw`` first in the running downloader's middleware chain; False if it cannot be found."""
-    manager = getattr(getattr(crawler.engine, "downloader", None), "middleware", None)
-    methods = getattr(manager, "methods", None)
-    if manager is None or not isinstance(methods, dict):
+    manager: Any = getattr(getattr(crawler.engine, "downloader", None), "middleware", None)
+    if not isinstance(methods := getattr(manager, "methods", None), dict):
         return False
     for name, first in (("process_request", True), ("process_response", False), ("process_exception", False)):
-        method = getattr(mw, name, None)
-        if method is None:
+        if (method := getattr(mw, name, None)) is None:
             continue
         if name not in methods:
             return False
@@ -202,7 +191,6 @@ def _add_first_downloader_middleware(crawler: Any, mw: Any) -> bool:
 
 def feed_exporter(crawler: Crawler) -> Any:
     from scrapy.extensions.feedexport import FeedExporter
-
     extensions = getattr(getattr(crawler, "extensions", None), "middlewares", ())
     return next((ext for ext in extensions if isinstance(ext, FeedExporter)), None)
 
@@ -227,16 +215,14 @@ def _fsync_all(fds: list[int]) -> None:
 
 def install_feed_barrier(crawler: Crawler, loop: SyncLoop) -> bool:
     """Flush and fsync the crawl's local feed files before each acknowledging round; whether it has feeds."""
-    exporter = feed_exporter(crawler)
-    if exporter is None or not getattr(exporter, "feeds", None):
+    if (exporter := feed_exporter(crawler)) is None or not getattr(exporter, "feeds", None):
         return False
     for uri, why in at_risk(exporter.feeds):
         logger.warning(
             "FEEDS %s is %s: a worker killed before the close loses the items of pages already"
             " acknowledged (no other worker fetches them again). For output that survives any kill, use"
             " ITEM_PIPELINES = {'scrapy_dist.pipelines.RedisPipeline': 300} and export with `scrapy-dist"
-            " items %s --export FILE` (docs/items.md)", uri, why, getattr(crawler.spider, "name", "SPIDER"),
-        )
+            " items %s --export FILE` (docs/items.md)", uri, why, getattr(crawler.spider, "name", "SPIDER"))
     loop.ack_barrier = functools.partial(flush_feeds, crawler)
     return True
 
@@ -244,14 +230,12 @@ def install_feed_barrier(crawler: Crawler, loop: SyncLoop) -> bool:
 async def flush_feeds(crawler: Crawler) -> None:
     fds = []
     for slot in getattr(feed_exporter(crawler), "slots", ()):
-        file = slot.file
-        if file is None or getattr(file, "closed", False):
+        if (file := slot.file) is None or getattr(file, "closed", False):
             continue
         file.flush()
-        if slot.feed_options.get("postprocessing"):
-            continue
-        with contextlib.suppress(AttributeError, OSError, ValueError):
-            fds.append(file.fileno())
+        if not slot.feed_options.get("postprocessing"):
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                fds.append(file.fileno())
     if fds:
         await asyncio.to_thread(_fsync_all, fds)
         if crawler.stats is not None:
@@ -345,7 +329,7 @@ class Revisits:
     stopped: bool = False  # the crawl was closed: no chain goes on
     outcome: dict[Any, bool] = field(default_factory=dict)  # False: the callback raised, the chain stops
     validators: dict[Any, dict[bytes, bytes]] = field(default_factory=dict)  # to carry into the revisit
-    _warned: bool = False
+    _log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog.once(logger))
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -382,8 +366,7 @@ class Revisits:
                 self.validators[request] = validators_of(response.headers)
 
     def spider_error(self, failure: Any, response: Any, spider: Any = None) -> None:
-        request = getattr(response, "request", None)
-        if request is not None and request in self.outcome:
+        if (request := getattr(response, "request", None)) is not None and request in self.outcome:
             self.outcome[request] = False
 
     def not_modified(self, request: Request) -> None:
@@ -402,10 +385,8 @@ class Revisits:
                 seconds = check_seconds(request.meta[META_KEY])
             except ValueError as exc:
                 self._count("revisit/invalid")
-                if not self._warned:
-                    self._warned = True
-                    logger.warning("meta['revisit_after'] of %s: %s; not revisited (logged once)",
-                                   request, exc)
+                self._log.log(logging.WARNING, "meta['revisit_after'] of %s: %s; not revisited (logged once)",
+                              request, exc)
                 return None
             if seconds is not None and seconds < self.min_interval:
                 self._count("revisit/raised")
@@ -425,8 +406,7 @@ class Revisits:
         """When ``request`` is finished: ``(delay, new member or b"")`` to file it again, or None."""
         ok = self.outcome.pop(request, None) and not self.stopped  # None: not fetched, or not wanted
         validators = self.validators.pop(request, None)
-        delay = self.delay_for(request) if ok else None
-        if delay is None:
+        if (delay := self.delay_for(request) if ok else None) is None:
             if ok is False or (ok and META_KEY in request.meta):
                 self._count("revisit/stopped")
             return None

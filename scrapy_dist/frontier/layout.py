@@ -55,8 +55,7 @@ def format_check(spider: str, recorded: bytes | None, ours: int, running: int) -
         logger.warning("The crawl %r: its control hash's field format holds %r, not a frontier format;"
                        " recorded %d (this worker's)", spider, text[:40], ours)
         return "write"
-    theirs = int(text)
-    if theirs > ours:
+    if (theirs := int(text)) > ours:
         raise ScrapyDistError(f"The crawl {spider!r} was written by a newer scrapy-dist (frontier format"
                               f" {theirs}; this worker reads up to {ours}): upgrade this worker, or start"
                               " afresh (SCHEDULER_FLUSH_ON_START).")
@@ -147,18 +146,11 @@ class CrawlLayout:
         return pending, remembered
 
     def frontiers(self, redis: Any, worker_id: str, sequence: str, batched: bool) -> list[_shard.Frontier]:
-        cfg, limits = self.config, self.limits
+        limits = self.limits
         bound, default = (limits.bound(), limits.default.encode()) if limits else ("", "")
-        return [
-            _shard.Frontier(
-                redis, keys, worker_id, df if batched else None, sequence=sequence,
-                lease_seconds=cfg.lease_seconds, politeness=cfg.politeness, heartbeat=i == 0,
-                max_entry_bytes=cfg.max_entry_bytes, rejected_maxlen=cfg.rejected_maxlen,
-                dead_maxlen=cfg.dead_maxlen, replay_memory=cfg.replay_memory, limits_bound=bound,
-                limits_default=default,
-            )
-            for i, (keys, df) in enumerate(zip(self.shard_keys, self.shard_dfs, strict=True))
-        ]
+        return [_shard.Frontier(redis, keys, worker_id, df if batched else None, self.config, sequence,
+                                limits_bound=bound, limits_default=default, heartbeat=i == 0)
+                for i, (keys, df) in enumerate(zip(self.shard_keys, self.shard_dfs, strict=True))]
 
     @staticmethod
     def key_names(keys: CrawlKeys, df: Any) -> list[str]:
@@ -192,8 +184,7 @@ class CrawlLayout:
         first = [keys.workers, keys.queue, keys.leases, keys.delayed]
         deleted = await scripts.register(redis, "finish")(
             keys=first + [k for k in self.key_names(*layouts[0]) if k not in first],
-            args=[worker_id, repr(self.config.lease_seconds)],
-        )
+            args=[worker_id, repr(self.config.lease_seconds)])
         if deleted:
             for shard_keys, df in layouts[1:]:
                 for batch in _batches(self.key_names(shard_keys, df)):
@@ -214,14 +205,10 @@ class CrawlLayout:
             return {}
         items = sum(df.n for df in self.shard_dfs)
         capacity = sum(p.capacity for p in plans if p is not None)
-        return {
-            "dupefilter/bloom/items": items,
-            "dupefilter/bloom/fill_ratio": round(items / capacity, 6),
-            # a URL is looked up in one shard's filter only: the worst shard bounds the rate
-            "dupefilter/bloom/fpr_estimate": max(
-                p.false_positive_rate(df.n) for p, df in zip(plans, self.shard_dfs, strict=True) if p
-            ),
-        }
+        # a URL is looked up in one shard's filter only: the worst shard bounds the rate
+        worst = max(p.false_positive_rate(df.n) for p, df in zip(plans, self.shard_dfs, strict=True) if p)
+        return {"dupefilter/bloom/items": items, "dupefilter/bloom/fill_ratio": round(items / capacity, 6),
+                "dupefilter/bloom/fpr_estimate": worst}
 
 
 def _batches(names: list[str]) -> list[list[str]]:
@@ -271,8 +258,7 @@ class ShardRouter:
         if n == 1 or want <= 0:
             return [want] + [0] * (n - 1)
         queued = [st[0] if st is not None else 0 for st in self.states]
-        total = sum(queued)
-        if total == 0:
+        if (total := sum(queued)) == 0:
             base, extra = divmod(want, n)
             return [max(1, base + (i < extra)) for i in range(n)]
         return [max(1, want * q // total) if q else 0 for q in queued]
@@ -307,8 +293,7 @@ def parse_control(raw: Any) -> ControlState:
     problems: list[str] = []
 
     def checked(field: str, valid: Callable[[str], Any], note: str, fallback: str = "") -> str:
-        value = d.get(field, "")
-        if not value or valid(value):
+        if not (value := d.get(field, "")) or valid(value):
             return value
         problems.append(f"{field}={value[:40]!r}{note}")
         return fallback
@@ -316,8 +301,7 @@ def parse_control(raw: Any) -> ControlState:
     paused = checked("paused", ("0", "1").__contains__, " (expected 0 or 1)") == "1"
     close = checked("close", REASON.fullmatch, " (not a close reason)")
     at: float | None = None
-    close_at = d.get("close_at", "")
-    if close_at:
+    if close_at := d.get("close_at", ""):
         with contextlib.suppress(ValueError):
             at = float(close_at)
         if at is None or not math.isfinite(at) or at < 0:
@@ -362,8 +346,7 @@ def report_problems(control_key: str, state: ControlState, log: logging.Logger =
 
 def move_aside_foreign(client: Any, control_key: str) -> bool:
     """Move a control hash of another Redis type aside to ``<key>:garbage`` (with a warning)."""
-    kind = scripts.text(client.type(control_key))
-    if kind in ("none", "hash"):
+    if (kind := scripts.text(client.type(control_key))) in ("none", "hash"):
         return False
     client.rename(control_key, control_key + GARBAGE)
     logger.warning("%s held another Redis type (%s): moved to %s", control_key, kind, control_key + GARBAGE)

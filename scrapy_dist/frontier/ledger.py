@@ -79,16 +79,13 @@ class AckRiders:
     items_of: Callable[[Request], list[bytes | str]] | None = None
 
     def collect(self, request: Request, lease: Lease) -> None:
-        items = self.items_of(request) if self.items_of is not None else None
-        if items:
+        if self.items_of is not None and (items := self.items_of(request)):
             self.items.setdefault(lease, []).extend(items)
-        revisit = self.revisit_of(request, lease) if self.revisit_of is not None else None
-        if revisit is not None:
+        if self.revisit_of is not None and (revisit := self.revisit_of(request, lease)) is not None:
             self.revisits[lease] = revisit
 
     def ack(self, batch: SyncBatch, lease: Lease) -> None:
-        revisit = self.revisits.pop(lease, None)
-        if revisit is None:
+        if (revisit := self.revisits.pop(lease, None)) is None:
             batch.ack.append(lease[1])
         else:
             batch.revisit.append((lease[1], revisit[0], revisit[1]))
@@ -204,8 +201,7 @@ class Ledger:
         return sum(1 for e in self.out if e.score < best)
 
     def starts_now(self, concurrency: int) -> bool:
-        """Whether Scrapy's engine (``concurrency`` downloads) would send a start request enqueued now at
-        once: nothing leased waits, and fewer requests are in the engine or on their way to it."""
+        """Whether the engine (``concurrency`` downloads) would send a start request enqueued now at once."""
         if self.ready or self.local or (room := concurrency - len(self.handed)) <= 0:
             return False
         for e in itertools.chain(self.out, *self._sent):  # stops once the engine would be full
@@ -311,8 +307,7 @@ class Ledger:
         settled = (*batch.ack, *batch.release, *(r[0] for r in batch.reject), *(r[0] for r in batch.revisit))
         self.held.difference_update((shard, member) for member in settled)
         for member, score in result.leased:
-            lease = (shard, member)
-            if lease in self.held:
+            if (lease := (shard, member)) in self.held:
                 # its own lease, swept while it was stopped or cut off and leased to it again (same key):
                 # the copy it holds answers for it (a second copy's items would ride the first one's ack)
                 continue

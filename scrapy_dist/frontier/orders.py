@@ -27,7 +27,7 @@ from scrapy_dist.redis import scripts
 from scrapy_dist.settings.reader import QUEUE_ALIASES
 from scrapy_dist.wire import codec
 from scrapy_dist.wire.codec import EntryPolicy
-from scrapy_dist.wire.entrypolicy import DEAD, FRONTIER, as_scheduled
+from scrapy_dist.wire.entrypolicy import DEAD, FRONTIER, SIGNED_HEAD, TAG_BYTES, VERSION, as_scheduled
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -36,24 +36,15 @@ if TYPE_CHECKING:
     from scrapy_dist.frontier.ledger import Ledger
     from scrapy_dist.settings import DistSettings
 
-#: added to a start request's score: it yields to the others of its priority, as in Scrapy >= 2.13
-START_REQUEST_OFFSET = 0.5
-#: the score of a start request Scrapy's engine would send at once: ahead of every priority
-START_NOW = -1e15
-#: what :meth:`RevisitRules.for_url` answers when no rule matches
-NOT_SET = object()
-#: fields of the domain info hash read by :func:`busiest_domains` at most (it is a scan)
-DOMAIN_SCAN_LIMIT = 20_000
-#: upward jitter of a backoff delay: the n-th retry waits between nominal and (1 + JITTER) x nominal
-JITTER = 0.5
-#: statuses whose ``Retry-After`` header sets the retry delay (RFC 9110 section 10.2.3)
-RETRY_AFTER_STATUSES = frozenset({429, 503})
-#: longest exception message kept in a record
-DETAIL_LIMIT = 300
-#: largest record ``scrapy-dist dead`` accepts (a 1 MiB payload in base64 plus the other fields)
-MAX_RECORD_BYTES = 2 * 1024 * 1024
-#: latest ``at`` a record may carry (year 5138): later is garbage
-MAX_AT = 1e11
+START_REQUEST_OFFSET = 0.5  #: added to a start request's score: others of its priority go first (Scrapy 2.13)
+START_NOW = -1e15  #: the score of a start request Scrapy's engine would send at once: ahead of every priority
+NOT_SET = object()  #: what :meth:`RevisitRules.for_url` answers when no rule matches
+DOMAIN_SCAN_LIMIT = 20_000  #: most fields of the domain info hash :func:`busiest_domains` reads (a scan)
+JITTER = 0.5  #: upward jitter of a backoff delay: the n-th retry waits nominal to (1 + JITTER) x nominal
+RETRY_AFTER_STATUSES = frozenset({429, 503})  #: statuses whose ``Retry-After`` sets the delay (RFC 9110)
+DETAIL_LIMIT = 300  #: longest exception message kept in a record
+MAX_RECORD_BYTES = 2 * 1024 * 1024  #: largest record ``scrapy-dist dead`` accepts (1 MiB in base64, the rest)
+MAX_AT = 1e11  #: latest ``at`` a record may carry (year 5138): later is garbage
 
 
 class QueueOrder(Protocol):
@@ -101,8 +92,7 @@ SpiderPriorityQueue = PriorityQueue
 #: scrapy-redis paths, for ``SCHEDULER_QUEUE_CLASS`` values copied from a scrapy-redis project
 ALIASES = {alias: globals()[name] for alias, name in QUEUE_ALIASES.items()}
 
-#: A leased member and the shard it was leased from (always 0 with one shard).
-Lease = tuple[int, bytes]
+Lease = tuple[int, bytes]  #: A leased member and the shard it was leased from (always 0 with one shard).
 
 
 @dataclass(eq=False)
@@ -233,8 +223,7 @@ class DomainPenalties:
 
 
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
-    """The domains with the largest backlog, their limits and slots in use (for ``status``). A domain's
-    backlog is counted in the queue (ZLEXCOUNT) for the scheduled domains and those with a field."""
+    """The domains with the largest backlog, their limits and slots in use (for ``status``)."""
     info: dict[str, dict[str, str]] = {}
     for name, value in itertools.islice(client.hscan_iter(keys.domain_info, count=1000), DOMAIN_SCAN_LIMIT):
         kind, _, domain = scripts.text(name).partition(":")
@@ -268,8 +257,7 @@ def penalty_seconds(status: int, retry_after: bytes | None, limit: DomainLimit |
     if given, else twice the domain's delay (at least a second); at most an hour."""
     if status not in RETRY_AFTER_STATUSES:
         return None
-    seconds = parse_retry_after(retry_after, now=now)
-    if seconds is None:
+    if (seconds := parse_retry_after(retry_after, now=now)) is None:
         seconds = max(1.0, 2 * limit.delay) if limit else 1.0
     return min(seconds, 3600.0)
 
@@ -306,10 +294,8 @@ def retry_delay(retry_times: int, base: float, cap: float, *, status: int | None
                 now: float | None = None, retry_after: bytes | str | None = None,
                 rng: Callable[[], float] = random.random) -> float:
     """``Retry-After`` (on 429/503, capped by ``cap``) if given and valid, else :func:`backoff_delay`."""
-    if status in RETRY_AFTER_STATUSES:
-        hinted = parse_retry_after(retry_after, now=now)
-        if hinted is not None:
-            return min(cap, hinted) if cap > 0 else hinted
+    if status in RETRY_AFTER_STATUSES and (hinted := parse_retry_after(retry_after, now=now)) is not None:
+        return min(cap, hinted) if cap > 0 else hinted
     return backoff_delay(retry_times, base, cap, rng)
 
 
@@ -326,8 +312,7 @@ def dead_letter_record(request: Request, *, reason: str, worker: str, spider: Sp
     record: dict[str, Any] = {
         "request": payload, "url": request.url, "reason": reason,
         "attempts": _int(request.meta.get("retry_times"), 0) + 1 if attempts is None else attempts,
-        "worker": worker, "at": time.time() if now is None else now,
-    }
+        "worker": worker, "at": time.time() if now is None else now}
     if status is not None:
         record["status"] = status
     if detail:
@@ -364,8 +349,7 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
     anything but a JSON object whose fields have their documented types and ranges."""
     if not isinstance(raw, (bytes, bytearray)):
         raise RejectedEntry("bad_deadletter", f"record of type {type(raw).__name__}")
-    raw = bytes(raw)
-    if len(raw) > max_bytes:
+    if len(raw := bytes(raw)) > max_bytes:
         raise RejectedEntry("bad_deadletter", f"record of {len(raw)} bytes")
     try:
         d = json.loads(raw)
@@ -414,7 +398,7 @@ def requeue_payload(
     entry with the same nonce (requeued twice, fetched once); an unsigned one stays unsigned."""
     d = codec.load_payload(payload, max_bytes)
     codec.check_url(d.get("u"), allowed_schemes)
-    signed = policy.secret is not None and codec.split_payload(payload, max_bytes)[0] != codec.VERSION
+    signed = policy.secret is not None and codec.split_payload(payload, max_bytes)[0] != VERSION
     if signed and not policy.bound(kind=DEAD).verify(payload):
         raise RejectedEntry("bad_tag", "its tag does not verify as a dead letter of this crawl"
                                        " (another crawl or secret)")
@@ -426,7 +410,7 @@ def requeue_payload(
     body = msgpack.packb(d, use_bin_type=True)
     if not signed:
         return codec.DEFAULT_POLICY.seal(body), priority
-    nonce = payload[1 + codec.TAG_BYTES : codec.SIGNED_HEAD]
+    nonce = payload[1 + TAG_BYTES : SIGNED_HEAD]
     return policy.bound(kind=FRONTIER).seal(body, nonce), priority
 
 

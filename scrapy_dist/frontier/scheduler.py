@@ -35,8 +35,7 @@ from scrapy_dist.redis.outage import Outage
 from scrapy_dist.settings import DistSettings, SchedulerSettings
 from scrapy_dist.settings.reader import refuse_start, start_error
 from scrapy_dist.utils import RateLimitedLog
-from scrapy_dist.wire.codec import EntryPolicy, entry_policy
-from scrapy_dist.wire.entrypolicy import DEAD
+from scrapy_dist.wire.entrypolicy import DEAD, EntryPolicy, entry_policy
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -78,8 +77,7 @@ class Scheduler:
         #: what entries read from the queue must satisfy, and the secret signing what this worker writes
         self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
         self.df, self.crawler = dupefilter, crawler
-        rs = redis_settings
-        self.redis_settings = rs if isinstance(rs, DistSettings) else DistSettings.from_settings(rs or {})
+        self.redis_settings = DistSettings.coerce(redis_settings or {})
         self.order = order or queue.PriorityQueue()
         self.stats: Any = stats if stats is not None else NoStats()
         self.engine = engine or Engine()
@@ -170,28 +168,24 @@ class Scheduler:
             logger.info("Resuming crawl (%d requests scheduled)", pending)
         elif remembered and cfg.persist:
             logger.warning(
-                "The crawl %r has run before and finished: %d fingerprints are remembered"
-                " (SCHEDULER_PERSIST=True), so requests already seen then are skipped now. To start"
-                " afresh: -s SCHEDULER_FLUSH_ON_START=True for this run, or SCHEDULER_PERSIST=False so"
-                " that a finished crawl removes its keys.", self.keys.spider, remembered,
-            )
+                "The crawl %r has run before and finished: %d fingerprints are remembered, requests seen then"
+                " are skipped (SCHEDULER_PERSIST=True). To start afresh: -s SCHEDULER_FLUSH_ON_START=True, or"
+                " SCHEDULER_PERSIST=False to remove a finished crawl's keys.", self.keys.spider, remembered)
         if self._batched_df:  # the crawl's recorded TTL, which may not be this worker's setting
             self.encoder.recent.max_age = min(df.recent_max_age() for df in self.layout.shard_dfs)
         self.redis = self._client(sync=False)
         self.frontiers = self.layout.frontiers(self.redis, self.worker_id, self.order.sequence,
                                                self._batched_df)
         check = functools.partial(checked_request, networks=self.networks, stats=self.stats)
-        decode = RequestDecoder(spider, self.policy, cfg.politeness == "cluster", check)
-        self.loop = SyncLoop(self.ledger, self.router, self.frontiers, self.engine, cfg, decode=decode,
-                             on_applied=self.report.applied, outage=self.outage,
-                             on_forget=self.encoder.recent.clear)
+        self.loop = SyncLoop(self.ledger, self.router, self.frontiers, self.engine, cfg, outage=self.outage,
+                             decode=RequestDecoder(spider, self.policy, cfg.politeness == "cluster", check),
+                             on_applied=self.report.applied, on_forget=self.encoder.recent.clear)
         if self.crawler is not None:  # local feed files are on disk before their pages' acks
             self.report.feeds = install_feed_barrier(self.crawler, self.loop)
         self.loop.paused, self.loop.backlog = self.layout.paused, pending
         if not self._batched_df and type(self.df).__name__ != "BaseDupeFilter":
-            logger.warning("DUPEFILTER_CLASS %s is not a scrapy-dist dupefilter: duplicates are filtered per"
-                           " worker only. Use scrapy_dist.dupefilter.BloomDupeFilter for crawl-wide"
-                           " deduplication.", type(self.df).__name__)
+            logger.warning("DUPEFILTER_CLASS %s dedupes per worker only: for crawl-wide deduplication use"
+                           " scrapy_dist.dupefilter.BloomDupeFilter", type(self.df).__name__)
         if start:
             self.loop.start()
         shards = f" ({cfg.shards} shards)" if cfg.shards > 1 else ""
@@ -232,8 +226,7 @@ class Scheduler:
         """Stop the loop, give back what was not started, send what is owed, leave the crawl."""
         if self.refused:
             return
-        loop = self.loop
-        if loop is not None:
+        if (loop := self.loop) is not None:
             await loop.stop()
             loop.collect_finished(time.monotonic())
             self.ledger.release_all(time.monotonic())
@@ -427,16 +420,13 @@ class FrontierReport:
         logger.warning(
             "The frontier refused %d acknowledgements and their %d items: those leases were no longer this"
             " worker's (stopped or cut off past SCHEDULER_LEASE_SECONDS and taken over, or acknowledged"
-            " already). Their items come from the other fetch, once; feeds may hold them twice", acks, items,
-        )
+            " already). Their items come from the other fetch, once; feeds may hold them twice", acks, items)
 
     def unserializable(self, request: Request, exc: UnserializableRequest) -> None:
         """A request that cannot go to Redis (crawled by this worker only): logged once per key."""
         self.stats.inc_value("scheduler/unserializable")
         self._unserializable_log.log(
-            logging.ERROR, "Unable to put %(request)s in the shared frontier: %(reason)s. It is crawled by"
-            " this worker only and is lost if it dies. Make %(key)s encodable (str, bytes, numbers, bools,"
-            " None, lists, dicts) or pass a spider method name. Further requests failing on %(key)s are only"
-            " counted in scheduler/unserializable.", {"request": request, "reason": exc, "key": exc.key},
-            key=exc.key,
-        )
+            logging.ERROR, "Unable to put %(request)s in the shared frontier: %(reason)s. Only this worker"
+            " crawls it (lost if the worker dies). Make %(key)s encodable (str, bytes, numbers, bools, None,"
+            " lists, dicts) or a spider method name; later ones failing on %(key)s only count in the stat"
+            " scheduler/unserializable", {"request": request, "reason": exc, "key": exc.key}, key=exc.key)

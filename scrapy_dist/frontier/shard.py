@@ -12,9 +12,8 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError
-from scrapy_dist.redis import scripts
-from scrapy_dist.redis.scripts import text
-from scrapy_dist.settings import defaults
+from scrapy_dist.redis.scripts import Library, text
+from scrapy_dist.settings import SchedulerSettings
 from scrapy_dist.wire.codec import decode_request
 
 if TYPE_CHECKING:
@@ -24,20 +23,13 @@ if TYPE_CHECKING:
     from scrapy_dist.redis.keys import CrawlKeys
     from scrapy_dist.wire.entrypolicy import EntryPolicy
 
-#: length of the sequence prefix of every queue member
-SEQ_BYTES = 6
-#: with crawl-wide politeness, members start with "<domain>\0" and an 11-digit priority key
-PRIORITY_KEY_BYTES = 11
-#: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
-LEASE_MARK = b"\0\xff"
-#: most discovered requests one sync call carries to one shard (a script holds Redis; docs/capacity.md)
-CALL_RECORDS = 48
-#: an ack, a lease or a renewal costs the script about a sixth of a discovered request
-SETTLE_PER_RECORD = 6
-#: discovered requests the call settling a shard's leases always carries
-SETTLE_MIN_RECORDS = 8
-#: most calls of one round to one shard (sent concurrently, one round trip)
-CALLS_PER_ROUND = 8
+SEQ_BYTES = 6  #: length of the sequence prefix of every queue member
+PRIORITY_KEY_BYTES = 11  #: crawl-wide politeness: a member starts "<domain>\0" + an 11-digit priority key
+LEASE_MARK = b"\0\xff"  #: between a lease key's member and its tag (``LEASE_MARK`` in lua/sync_sweep.lua)
+CALL_RECORDS = 48  #: most discovered requests per call to a shard (a script holds Redis; docs/capacity.md)
+SETTLE_PER_RECORD = 6  #: an ack, a lease or a renewal costs the script about a sixth of a discovered request
+SETTLE_MIN_RECORDS = 8  #: discovered requests the call settling a shard's leases always carries
+CALLS_PER_ROUND = 8  #: most calls of one round to one shard (sent concurrently, one round trip)
 
 
 def domain_shard(domain: str, shards: int) -> int:
@@ -153,20 +145,17 @@ class SyncResult:
     acks_refused: int = 0
 
 
-#: KEYS of a sync call, in order, with the Redis type the script keeps there (another type is moved aside);
-#: then the dupefilter's keys
+#: KEYS of a sync call in order, with the Redis type kept there (another is moved aside); then the dupefilter.
 SYNC_KEYS = (
     ("queue", "zset"), ("leases", "zset"), ("lease_meta", "hash"), ("seq", "string"), ("delayed", "zset"),
     ("delayed_meta", "hash"), ("queue_rejected", "list"), ("deadletter", "list"), ("workers", "zset"),
     ("control", "hash"), ("domains", "zset"), ("domain_info", "hash"), ("queue_tails", "hash"),
-    ("spent", "zset"),
-)
+    ("spent", "zset"))
 #: the ARGV head, by name; then P and the P dupe params
 SYNC_HEAD = (
     "now", "worker", "lease_seconds", "lease", "order", "politeness", "seed", "heartbeat",
     "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound", "limits_default",
-    "replay_memory", "items_mode", "items_maxlen",
-)
+    "replay_memory", "items_mode", "items_maxlen")
 
 
 @dataclass(frozen=True)
@@ -200,8 +189,7 @@ SYNC_SECTIONS = (
     SyncSection("revisit", ("member", "delay", "new"), (),
                 lambda e, now: (e[0], _score(max(0.0, float(e[1]))), e[2])),
     SyncSection("forget", ("t1", "t2"), (), lambda e, now: (e[0], e[1])),
-    SyncSection("items", ("member", "data"), (), lambda e, now: (e[0], e[1])),
-)
+    SyncSection("items", ("member", "data"), (), lambda e, now: (e[0], e[1])))
 
 
 def sync_prelude() -> str:
@@ -222,8 +210,7 @@ def sync_prelude() -> str:
         f"local SYNC_SECTIONS = {{{sections}}}\n"
         "-- KEYS, the ARGV head and (to fill) the sections by name: tables built whole, one allocation each\n"
         f"local function sync_names(keys, argv)\n  return {{{by_name}}},\n    {{{head_by_name}}},\n"
-        f"    {{{no_sections}}}\nend\n"
-    )
+        f"    {{{no_sections}}}\nend\n")
 
 
 def split_calls(out: list[Any], shards: int, settle: list[int], max_records: int = CALL_RECORDS,
@@ -266,8 +253,7 @@ def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any
 #: the answer's names, in the order the script returns them (lua/sync.lua)
 SYNC_RESULT = (
     "flags", "leased", "requeued", "moved", "queued", "inflight", "delayed", "bloom_n", "paused", "seq",
-    "rejected", "repaired", "replayed", "items", "items_refused", "acks_refused", "forgets",
-)
+    "rejected", "repaired", "replayed", "items", "items_refused", "acks_refused", "forgets")
 _NOT_COUNTS = ("flags", "leased", "paused", "repaired", "forgets")
 
 
@@ -294,11 +280,9 @@ def decode_sync_result(raw: Any, n_enqueue: int) -> SyncResult:
     named = {text(raw[i]): raw[i + 1] for i in range(0, len(raw), 2)}
     if missing := [n for n in SYNC_RESULT[:10] if n not in named]:
         raise FrontierScriptError(f"sync answered without {', '.join(missing)}")
-    flags = text(named["flags"])
-    if len(flags) != n_enqueue or flags.strip("01"):
+    if len(flags := text(named["flags"])) != n_enqueue or flags.strip("01"):
         raise FrontierScriptError(f"sync returned {len(flags)} flags for {n_enqueue} requests")
-    flat = named["leased"]
-    if not isinstance(flat, list) or len(flat) % 2:
+    if not isinstance(flat := named["leased"], list) or len(flat) % 2:
         raise FrontierScriptError("sync answered a malformed leased list")
     leased = []
     for member, score in zip(flat[::2], flat[1::2], strict=True):
@@ -324,44 +308,39 @@ class Frontier:
     keys: CrawlKeys
     worker_id: str
     dupefilter: RedisDupeFilter | None
+    #: lease seconds, politeness, entry size and list caps, replay memory
+    config: SchedulerSettings = field(default_factory=SchedulerSettings)
     sequence: str = "asc"
-    lease_seconds: float = 60.0
-    politeness: str = "process"
     #: ``"<delay> <jitter>"`` no domain's limits exceed (:meth:`DomainLimits.bound`); "" = polite.lua's bounds
     limits_bound: str = ""
     #: ``"<delay> <concurrency> <jitter>"`` of a domain no ``DOMAIN_LIMITS`` rule matches; "" = none
     limits_default: str = ""
     #: False for the shards > 0 of a sharded frontier: the worker's heartbeat is written by shard 0
     heartbeat: bool = True
-    max_entry_bytes: int = defaults.SCHEDULER_MAX_ENTRY_BYTES
-    rejected_maxlen: int = defaults.SCHEDULER_REJECTED_MAXLEN
-    dead_maxlen: int = defaults.DEADLETTER_MAXLEN
-    #: signed entries handed out remembered (``{spider}:spent``, SCHEDULER_REPLAY_MEMORY; 0 = none)
-    replay_memory: int = defaults.SCHEDULER_REPLAY_MEMORY
     #: where the items riding the acks go (:class:`ItemRoute`); None: calls carry no items
     items: ItemRoute | None = None
     #: False: EVALSHA even where the server has FUNCTION libraries (the same answers, more server work)
     functions: bool = True
 
     def __post_init__(self) -> None:
-        self._polite = self.politeness == "cluster"
+        self._polite = self.config.politeness == "cluster"
         self._rng = random.Random()
-        self._script = scripts.Library(self.redis, "sync", sync_prelude(), self.functions)
+        self._script = Library(self.redis, "sync", sync_prelude(), self.functions)
         self._fixed_keys = [getattr(self.keys, name) for name, _ in SYNC_KEYS]
         self._work_keys = frozenset((self.keys.queue, self.keys.leases, self.keys.delayed))
 
     def _head(self, batch: SyncBatch, now: float | None, mode: str) -> list[Any]:
+        cfg = self.config
         head = {
             "now": "" if now is None else repr(now), "worker": self.worker_id,
-            "lease_seconds": repr(self.lease_seconds), "lease": batch.lease, "order": self.sequence,
-            "politeness": self.politeness, "seed": self._rng.randrange(2**31),
-            "heartbeat": "1" if self.heartbeat else "0", "max_entry_bytes": self.max_entry_bytes,
-            "rejected_maxlen": self.rejected_maxlen, "dead_maxlen": self.dead_maxlen, "dupe_mode": mode,
+            "lease_seconds": repr(cfg.lease_seconds), "lease": batch.lease, "order": self.sequence,
+            "politeness": cfg.politeness, "seed": self._rng.randrange(2**31),
+            "heartbeat": "1" if self.heartbeat else "0", "max_entry_bytes": cfg.max_entry_bytes,
+            "rejected_maxlen": cfg.rejected_maxlen, "dead_maxlen": cfg.dead_maxlen, "dupe_mode": mode,
             "limits_bound": self.limits_bound, "limits_default": self.limits_default,
-            "replay_memory": self.replay_memory,
+            "replay_memory": cfg.replay_memory,
             "items_mode": "" if self.items is None else self.items.mode,
-            "items_maxlen": "" if self.items is None or self.items.maxlen is None else self.items.maxlen,
-        }
+            "items_maxlen": "" if self.items is None or self.items.maxlen is None else self.items.maxlen}
         return [head[name] for name in SYNC_HEAD]
 
     async def sync(self, batch: SyncBatch, now: float | None = None) -> SyncResult:

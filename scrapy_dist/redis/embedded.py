@@ -149,7 +149,6 @@ class EmbeddedRedis:
                 return os.path.realpath(served) == os.path.realpath(self.directory)
 
     def _apply_maxmemory(self) -> None:
-        """Give the running server the ``maxmemory`` the caller chose, if it differs."""
         if not self.maxmemory_explicit or (state := self._read_state()) is None:
             return
         with _probe_client(state) as client, contextlib.suppress(redis.RedisError, OSError, ValueError):

@@ -39,15 +39,12 @@ def shard_suffix(spider: str, index: int, shards: int) -> str:
     return f"#{index}"  # pragma: no cover -- CRC16 reaches every range long before
 
 
-#: Names of the per-crawl keys that the frontier owns (deleted by SCHEDULER_FLUSH_ON_START and by a
-#: non-persistent crawl once it has finished).
-FRONTIER_KEY_NAMES = ("queue", "queue_tails", "leases", "lease_meta", "seq", "delayed", "delayed_meta",
-                      "spent", "bloom", "fingerprints", "fingerprints_ttl", "forgotten", "domains",
-                      "domain_info", "workers", "stats", "control", "errors", "error_examples", "history")
+#: The keys the frontier owns (deleted by SCHEDULER_FLUSH_ON_START and when a non-persistent crawl ends).
+FRONTIER_KEY_NAMES = (*(name for name in SHARD_KEY_NAMES if name != "queue_rejected"), "workers", "stats",
+                      "control", "errors", "error_examples", "history")
 
 
-#: Every fixed-name per-crawl key: :class:`CrawlKeys` attribute -> name after the crawl's hash tag, with its
-#: Redis type and what it holds (the full list: docs/frontier.md, "Keys").
+#: Every fixed-name per-crawl key: :class:`CrawlKeys` attribute -> name after the hash tag (type, content).
 CRAWL_KEY_NAMES = {
     "queue": "queue",  # ZSET of queued requests (6-byte sequence + encoded request), score -priority
     "queue_tails": "queue:tails",  # HASH score -> the queue chunk of that score still open for appends
@@ -71,8 +68,7 @@ CRAWL_KEY_NAMES = {
     "errors": "errors",  # HASH of error counters per time bucket (the error monitor's window)
     "error_examples": "errors:examples",  # LIST of recent JSON error records quoted by alerts
     "cookies": "cookies",  # HASH cookiejar name -> last write: the index of the shared cookie jars
-    "history": "history",  # STREAM of the workers' periodic samples over the last hour (dashboard)
-}
+    "history": "history"}  # STREAM of the workers' periodic samples over the last hour (dashboard)
 
 
 @dataclass(frozen=True)

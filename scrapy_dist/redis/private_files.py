@@ -107,8 +107,7 @@ def private_secret(path: Path) -> bytes:
         with _fresh_file(path, secrets.token_hex(32)) as tmp, contextlib.suppress(FileExistsError):
             os.link(tmp, path)  # FileExistsError: another process made it first, its secret wins
         text = read_private(path)
-    secret = (text or "").strip()
-    if len(secret) < 32:
+    if len(secret := (text or "").strip()) < 32:
         raise unsafe(f"The embedded Redis's entry secret {path} is not a private file of yours with a secret"
                      " in it; remove it (a new one is made)")
     return secret.encode()
@@ -187,8 +186,7 @@ MAX_SOCKET_PATH = 100
 def socket_path_for(directory: Path) -> Path:
     """Where the server in ``directory`` listens: ``redis.sock`` in it, unless that is too long; then in
     ``$XDG_RUNTIME_DIR/scrapy-dist`` or ``/tmp/scrapy-dist-<uid>``."""
-    inside = directory / "redis.sock"
-    if len(os.fsencode(inside)) <= MAX_SOCKET_PATH:
+    if len(os.fsencode(inside := directory / "redis.sock")) <= MAX_SOCKET_PATH:
         return inside
     name = f"{hashlib.sha256(os.fsencode(directory)).hexdigest()[:16]}.sock"
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")

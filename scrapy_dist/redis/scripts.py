@@ -22,11 +22,9 @@ _FRAGMENTS = {
     "sync": ("foreign", "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue",
              "sync_items", "sync_settle", "sync_lease"),
     "dupe_batch": ("foreign", "dupe"), "errors": ("foreign",), "clusterstats": ("foreign",),
-    "seeds_take": ("foreign", "seeds_common"), "seeds_adopt": ("seeds_common",),
-}
+    "seeds_take": ("foreign", "seeds_common"), "seeds_adopt": ("seeds_common",)}
 
-#: scripts that are also a FUNCTION library (see the module docstring)
-_LIBRARIES = frozenset({"sync"})
+_LIBRARIES = frozenset({"sync"})  #: scripts that are also a FUNCTION library (see the module docstring)
 
 
 @cache
@@ -75,8 +73,7 @@ class Library:
             except NoPermissionError:
                 self.functions = False
             except ResponseError as exc:
-                message = str(exc)
-                if "unknown command" in message.lower():
+                if "unknown command" in (message := str(exc)).lower():
                     self.functions = False
                 elif "Function not found" in message:
                     self.functions = None  # lost by the server: loaded again

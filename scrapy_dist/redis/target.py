@@ -144,8 +144,7 @@ SECRET_FILE = "entry.secret"  #: The embedded Redis's entry secret, next to its 
 
 def embedded_secret(settings: SettingsLike | DistSettings) -> bytes | None:
     """The entry secret of the embedded Redis these settings use, or None for another Redis."""
-    conn = DistSettings.coerce(settings).connection
-    if conn.source != "embedded":
+    if (conn := DistSettings.coerce(settings).connection).source != "embedded":
         return None
     directory = embedded_dir({"REDIS_EMBEDDED_DIR": conn.embedded_dir})
     make_private_dir(directory)

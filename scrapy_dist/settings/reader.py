@@ -20,14 +20,7 @@ from scrapy.settings import default_settings
 from scrapy.utils.misc import load_object
 
 from scrapy_dist.exceptions import ScrapyDistError
-from scrapy_dist.settings.table import (
-    ALIASES,
-    BY_NAME,
-    CONNECTION_GUESSES,
-    OUR_PREFIXES,
-    SCRAPY_REDIS_IGNORED,
-    Setting,
-)
+from scrapy_dist.settings.table import ALIASES, BY_NAME, CONNECTION_GUESSES, SCRAPY_REDIS_IGNORED, Setting
 from scrapy_dist.settings.values import SettingsError, convert
 
 if TYPE_CHECKING:
@@ -39,6 +32,10 @@ logger = logging.getLogger(__name__)
 QUEUE_ALIASES = {f"scrapy_redis.queue.{old}": new for old, new in (
     ("PriorityQueue", "PriorityQueue"), ("FifoQueue", "FifoQueue"), ("LifoQueue", "LifoQueue"),
     ("SpiderPriorityQueue", "PriorityQueue"), ("SpiderQueue", "FifoQueue"), ("SpiderStack", "LifoQueue"))}
+
+#: an unknown setting with one of these prefixes may be a typo of ours
+OUR_PREFIXES = ("REDIS_", "SCHEDULER_", "BLOOMFILTER_", "DUPEFILTER_", "CLUSTERSTATS_", "ERRORMONITOR_",
+                 "RETRY_", "DEADLETTER_", "HTTPERROR_", "DOMAIN_", "MAX_IDLE")
 
 #: Scrapy's own queue settings and what applies instead with the scrapy-dist scheduler.
 _IN_REDIS = "the queue lives in Redis (SCHEDULER_QUEUE_CLASS chooses its order)"
@@ -57,9 +54,8 @@ def importable(name: str, path: str | None) -> Any:
         load_object(path)
     except (ImportError, AttributeError, ValueError, NameError, TypeError) as exc:
         problem = " ".join(str(exc).split()) or type(exc).__name__
-        close = closest_path(path)
         raise SettingsError(name, path, f"cannot be imported ({problem})",
-                            f"did you mean {close}?" if close
+                            f"did you mean {close}?" if (close := closest_path(path))
                             else "expected an import path like package.module.Name") from None
     return path
 
@@ -73,8 +69,7 @@ def closest_path(path: str) -> str | None:
         found = importlib.import_module(module)
     except ImportError:  # a misspelt module: the closest of scrapy-dist's modules, if it has the name
         modules = [m.name for m in pkgutil.iter_modules(importlib.import_module("scrapy_dist").__path__)]
-        close = difflib.get_close_matches(module.partition(".")[2], modules, n=1, cutoff=0.6)
-        if not close:
+        if not (close := difflib.get_close_matches(module.partition(".")[2], modules, n=1, cutoff=0.6)):
             return None
         module = f"scrapy_dist.{close[0]}"
         found = importlib.import_module(module)
@@ -294,8 +289,7 @@ COMPONENTS = (
               " this worker)", replaces="scrapy.downloadermiddlewares.retry.RetryMiddleware"),
     Component("scrapy_dist.middlewares.HttpErrorMiddleware", "SPIDER_MIDDLEWARES", 50, "position",
               "dead letters for HTTP error responses",
-              replaces="scrapy.spidermiddlewares.httperror.HttpErrorMiddleware"),
-)
+              replaces="scrapy.spidermiddlewares.httperror.HttpErrorMiddleware"))
 
 
 def mentions(component_dict: dict[Any, Any], path: str) -> bool:

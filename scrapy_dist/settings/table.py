@@ -65,12 +65,10 @@ def _num(x: float) -> str:
 _s = Setting  # a row of TABLE
 C, S, D, SE, R, M, I_ = "connection", "scheduler", "dupefilter", "seeds", "retries", "monitoring", "items"
 TABLE: tuple[Setting, ...] = (
-    # -- connection
     _s("REDIS_URL", None, "url", "redis://, rediss:// or unix:// URL of the Redis to use; unset: the"
        " REDIS_URL environment variable, else the embedded Redis.", C, status=HONOURED, optional=True),
-    _s("REDIS_HOST", None, "str", "Host of the Redis (when REDIS_URL is not set).", C, status=HONOURED,
-       optional=True),
-    _s("REDIS_PORT", None, "int", "Port of the Redis (when REDIS_URL is not set).", C, status=HONOURED,
+    _s("REDIS_HOST", None, "str", "Redis host (if REDIS_URL is not set).", C, status=HONOURED, optional=True),
+    _s("REDIS_PORT", None, "int", "Redis port (if REDIS_URL is not set).", C, status=HONOURED,
        optional=True, low=1, high=65535),
     _s("REDIS_DB", None, "int", "Database number (when REDIS_URL names none); wins over REDIS_PARAMS['db'].",
        C, status=HONOURED, optional=True, low=0),
@@ -88,13 +86,11 @@ TABLE: tuple[Setting, ...] = (
        " project's .scrapy dir).", C, optional=True),
     _s("REDIS_EMBEDDED_MAXMEMORY", None, "size", "maxmemory of the embedded Redis: bytes or a size like"
        ' "2gb" (0: no limit); None: a quarter of the RAM, at most 2 GB.', C, optional=True),
-    # -- scheduler / frontier
     _s("SCHEDULER_QUEUE_CLASS", "scrapy_dist.queue.PriorityQueue", "str", "Order of the shared queue:"
        " PriorityQueue, FifoQueue or LifoQueue (scrapy-redis paths are accepted).", S, status=HONOURED),
     _s("SCHEDULER_PERSIST", True, "bool", "Keep the frontier and the filter when the crawl ends.", S,
        status=CHANGED, note="default True (scrapy-redis: False)"),
-    _s("SCHEDULER_FLUSH_ON_START", False, "bool", "Clear the crawl's frontier and filter at start.", S,
-       status=HONOURED),
+    _s("SCHEDULER_FLUSH_ON_START", False, "bool", "Clear frontier and filter at start.", S, status=HONOURED),
     _s("SCHEDULER_IDLE_BEFORE_CLOSE", 0.0, "float", "Close a worker after this many seconds with no work"
        " crawl-wide (0: a crawl waiting for seeds never closes, other spiders close once the frontier is"
        " empty; None: never close, a long-running crawl); alias MAX_IDLE_TIME_BEFORE_CLOSE.", S,
@@ -108,23 +104,19 @@ TABLE: tuple[Setting, ...] = (
     _s("SCHEDULER_FLUSH_INTERVAL", 0.05, "float", "Discovered requests are sent at the latest this many"
        " seconds after they were found ...", S, low=0, low_open=True),
     _s("SCHEDULER_FLUSH_BATCH", 500, "int", "... or as soon as this many are waiting.", S, low=1),
-    _s("SCHEDULER_IDLE_POLL", 0.25, "float", "Seconds between two requests for work of an idle worker.", S,
-       low=0, low_open=True),
+    _s("SCHEDULER_IDLE_POLL", 0.25, "float", "Seconds between idle workers' polls.", S, low=0, low_open=True),
     _s("SCHEDULER_SHUTDOWN_GRACE", 30.0, "float", "Seconds a closing worker (SIGTERM, the crawl's end)"
        " keeps trying to give back its leases and send what it owes (items too) while Redis is away, at"
        " most SCHEDULER_LEASE_SECONDS; then it stops (one ERROR line), and what is left comes back when its"
        " leases expire.", S, low=0),
-    _s("SCHEDULER_ALLOWED_SCHEMES", ["http", "https"], "list", "URL schemes a queue entry or seed may have.",
-       S),
-    _s("SCHEDULER_MAX_ENTRY_BYTES", 1024 * 1024, "int", "Largest encoded request accepted from the queue"
-       " (bytes).", S, low=64),
+    _s("SCHEDULER_ALLOWED_SCHEMES", ["http", "https"], "list", "URL schemes an entry or a seed may have.", S),
+    _s("SCHEDULER_MAX_ENTRY_BYTES", 1024 * 1024, "int", "Largest queue entry accepted (bytes).", S, low=64),
     _s("SCHEDULER_REJECTED_MAXLEN", 100_000, "int", "Newest records kept in {spider}:queue:rejected (0: no"
        " cap).", S, low=0),
     _s("SCHEDULER_REPLAY_MEMORY", 250_000, "int", "Signed queue entries each shard remembers having handed"
        " out (about 104 bytes each in Redis), so that a copy put back is not fetched again; a copy older"
        " than that many leases is fetched once more (0: off).", S, low=0),
-    _s("DEADLETTER_MAXLEN", 1_000_000, "int", "Newest dead letters kept in {spider}:deadletter (0: no cap).",
-       S, low=0),
+    _s("DEADLETTER_MAXLEN", 1_000_000, "int", "Cap of {spider}:deadletter, newest kept (0: none).", S, low=0),
     _s("SCHEDULER_ENTRY_SECRET", None, "secret", "Key of the tag workers put on the queue entries they"
        " write (else env SCRAPY_DIST_SECRET); with it, untagged entries obey the seed rules. Never stored"
        " in Redis.", S, optional=True),
@@ -133,8 +125,7 @@ TABLE: tuple[Setting, ...] = (
         "0.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4", "::1/128", "::/128", "fc00::/7", "fe80::/10", "ff00::/8",
     ], "list", "Networks (CIDR) no request may resolve into: loopback, private, link-local (cloud metadata),"
        " CGNAT, multicast...; [] to crawl local sites.", S),
-    _s("SCHEDULER_SHARDS", 1, "int", "Number of frontier shards (hash slots) a crawl is spread over.", S,
-       low=1, high=1024),
+    _s("SCHEDULER_SHARDS", 1, "int", "Shards (hash slots) the frontier is spread over.", S, low=1, high=1024),
     _s("SCHEDULER_POLITENESS", "process", "choice", "process: Scrapy's per-process DOWNLOAD_DELAY /"
        " CONCURRENT_REQUESTS_PER_DOMAIN; cluster: enforced crawl-wide.", S, choices=("process", "cluster")),
     _s("DOMAIN_LIMITS", {}, "dict", 'Per-domain rules {"*.example.com": {"delay": 1.0, "concurrency": 2,'
@@ -151,7 +142,6 @@ TABLE: tuple[Setting, ...] = (
     _s("SCHEDULER_IDLE_POLL_MAX", 5.0, "float", "With SCHEDULER_IDLE_BEFORE_CLOSE = None (never close): an"
        " idle worker's polls slow down to one per this many seconds (seeds it reads are sent at once).", S,
        low=0, low_open=True),
-    # -- dupefilter
     _s("BLOOMFILTER_CAPACITY", 100_000_000, "int", "Fingerprints the filter holds at"
        " BLOOMFILTER_ERROR_RATE.", D, low=1, high=MAX_CAPACITY),
     _s("BLOOMFILTER_ERROR_RATE", 0.001, "float", "False-positive rate at capacity.", D, low=MIN_ERROR_RATE,
@@ -167,7 +157,6 @@ TABLE: tuple[Setting, ...] = (
        high=MAX_GENERATIONS),
     _s("DEADLETTER_FORGET", False, "bool", "A request that ends as a dead letter is forgotten by the"
        " dupefilter (in the same call), so the next run or a seed pushed again fetches it.", D),
-    # -- seeds
     _s("REDIS_START_URLS_KEY", "%(name)s:start_urls", "str", "Key seeds are read from (%(name)s: the"
        " spider).", SE, status=HONOURED),
     _s("REDIS_START_URLS_AS_SET", False, "bool", "The seeds key is a SET.", SE, status=HONOURED),
@@ -187,12 +176,10 @@ TABLE: tuple[Setting, ...] = (
        " proxy, cookiejar, dont_*, _* and the other routing keys only if named exactly.", SE),
     _s("SEEDS_HEADERS_ALLOWED", [], "list", "Credential headers (Authorization, Cookie) a seed or an"
        " untagged queue entry may set (Cookie also allows its cookies field).", SE),
-    # -- retries / dead letters
     _s("RETRY_BACKOFF_BASE", 1.0, "float", "First retry delay (seconds); doubles per attempt.", R, low=0),
     _s("RETRY_BACKOFF_MAX", 300.0, "float", "Longest retry delay (seconds).", R, low=0),
     _s("DEADLETTER_IGNORED", False, "bool", "Also dead-letter requests dropped by IgnoreRequest.", R),
     _s("HTTPERROR_DEAD_LETTER", False, "bool", "Dead-letter responses HttpErrorMiddleware drops.", R),
-    # -- monitoring
     _s("CLUSTERSTATS_INTERVAL", 5.0, "float", "Seconds between two flushes of a worker's stats and"
        " heartbeat (0: ClusterStats off).", M, low=0),
     _s("CLUSTERSTATS_MAX_STATS", [], "list", "Stat names (fnmatch) merged crawl-wide as the maximum.", M),
@@ -201,19 +188,14 @@ TABLE: tuple[Setting, ...] = (
        " before ERRORMONITOR_ACTION; None: no limit.", M, optional=True, low=0, high=1),
     _s("ERRORMONITOR_MAX_ERRORS", None, "int", "Most errors crawl-wide in the window before"
        " ERRORMONITOR_ACTION; None: no limit.", M, optional=True, low=1),
-    _s("ERRORMONITOR_WINDOW", 60.0, "float", "Length of the sliding error window (seconds).", M, low=0,
-       low_open=True),
+    _s("ERRORMONITOR_WINDOW", 60.0, "float", "Seconds of the sliding error window.", M, low=0, low_open=True),
     _s("ERRORMONITOR_ACTION", "log", "choice", "What a tripped limit does: log, pause (until scrapy-dist"
        " resume) or close.", M, choices=("log", "pause", "close")),
-    _s("ERRORMONITOR_MIN_ATTEMPTS", 20, "int", "Attempts the window must hold before the rate is judged.", M,
-       low=1),
-    _s("ERRORMONITOR_HTTP_ERRORS", ["5xx", 429], "list", "Statuses counted as errors: numbers or 4xx/5xx.",
-       M),
-    # -- items / cookies
+    _s("ERRORMONITOR_MIN_ATTEMPTS", 20, "int", "Attempts in the window before the rate is judged.", M, low=1),
+    _s("ERRORMONITOR_HTTP_ERRORS", ["5xx", 429], "list", "Statuses counted as errors: codes or 4xx/5xx.", M),
     _s("REDIS_ITEMS_KEY", "%(spider)s:items", "str", "Key items are written to.", I_, status=HONOURED),
     _s("REDIS_ITEMS_STREAM", False, "bool", "Write items to a STREAM (XADD) instead of a LIST (RPUSH).", I_),
-    _s("REDIS_ITEMS_MAXLEN", None, "int", "Approximate stream length cap; None: unbounded.", I_,
-       optional=True, low=1),
+    _s("REDIS_ITEMS_MAXLEN", None, "int", "Approximate stream cap (None: no cap).", I_, optional=True, low=1),
     _s("REDIS_ITEMS_FLUSH_INTERVAL", 1.0, "float", "A batch of items is written at the latest this many"
        " seconds after its first item ...", I_, low=0, low_open=True),
     _s("REDIS_ITEMS_BATCH_SIZE", 100, "int", "... or as soon as it holds this many.", I_, low=1),
@@ -227,8 +209,7 @@ TABLE: tuple[Setting, ...] = (
     _s("REDIS_COOKIES_CACHE_SECONDS", 1.0, "float", "SharedCookiesMiddleware: re-read a jar older than this"
        " (seconds).", "cookies", low=0),
     _s("REDIS_COOKIES_FLUSH_INTERVAL", 0.05, "float", "SharedCookiesMiddleware: cookie changes are written"
-       " at the latest this many seconds after they happen.", "cookies", low=0, low_open=True),
-)
+       " at the latest this many seconds after they happen.", "cookies", low=0, low_open=True))
 
 #: scrapy-redis settings scrapy-dist does not apply: setting one logs a WARNING saying what to use instead.
 SCRAPY_REDIS_IGNORED: Mapping[str, str] = MappingProxyType({
@@ -266,8 +247,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("scheduler/delayed/moved", "retries whose delay ran out, moved back to the queue"),
     ("scheduler/rejected", "queue entries refused as invalid"),
     ("scheduler/rejected/<reason>", "the same, per reason"),
-    ("scheduler/rejected/replayed", "copies of a signed entry already handed out (in flight or acknowledged),"
-     " removed when leased"),
+    ("scheduler/rejected/replayed", "copies of a signed entry already handed out, removed when leased"),
     ("scheduler/unserializable", "requests that could not be encoded (dropped)"),
     ("scheduler/politeness/penalized/<status>", "responses that slowed a domain down (429, 503)"),
     ("dupefilter/filtered", "requests dropped as already seen"),
@@ -299,8 +279,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("redis_items/unbound", "items of no leased request (start(), local requests): written at least once"),
     ("scheduler/acks_refused", "acks the frontier refused: the lease had run out and was another worker's"),
     ("feeds/fsyncs", "feed files flushed and fsynced before an acknowledging round"),
-    ("feeds/duplicate_pages", "pages whose items this worker exported but whose ack was refused: another"
-     " fetch exports them again"),
+    ("feeds/duplicate_pages", "pages exported here whose ack was refused: another fetch exports them again"),
     ("cookies/shared/loads", "shared cookie jars read from Redis"),
     ("cookies/shared/written", "cookie changes written to Redis"),
     ("cookies/shared/rejected", "invalid cookie records read from Redis (skipped)"),
@@ -310,8 +289,7 @@ STATS: tuple[tuple[str, str], ...] = (
     ("revisit/invalid", "meta['revisit_after'] values that are not a number of seconds (not revisited)"),
     ("revisit/raised", "meta['revisit_after'] values below REVISIT_MIN_INTERVAL (revisited after it)"),
     ("revisit/not_modified", "conditional revisits answered 304 Not Modified (callback not called)"),
-    ("revisit/conditional", "revisits sent with If-None-Match / If-Modified-Since"),
-)
+    ("revisit/conditional", "revisits sent with If-None-Match / If-Modified-Since"))
 
 BY_NAME: Mapping[str, Setting] = MappingProxyType({s.name: s for s in TABLE})
 DEFAULTS: Mapping[str, Any] = MappingProxyType({s.name: s.default for s in TABLE})
@@ -330,9 +308,6 @@ def default_value(name: str) -> Any:
 defaults = ModuleType("scrapy_dist.settings.defaults", "Every scrapy-dist setting's default, by name.")
 defaults.__dict__.update(__getattr__=default_value, __dir__=lambda: sorted(DEFAULTS))
 sys.modules.setdefault(defaults.__name__, defaults)
-#: an unknown setting with one of these prefixes may be a typo of ours
-OUR_PREFIXES = ("REDIS_", "SCHEDULER_", "BLOOMFILTER_", "DUPEFILTER_", "CLUSTERSTATS_", "ERRORMONITOR_",
-                 "RETRY_", "DEADLETTER_", "HTTPERROR_", "DOMAIN_", "MAX_IDLE")
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 

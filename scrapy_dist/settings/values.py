@@ -162,26 +162,25 @@ def convert(spec: Setting, value: Any) -> Any:
         if spec.kind in ("dict", "list"):
             return type(spec.default)()
         raise SettingsError(spec.name, value, "missing", f"expected a {spec.type_name}")
-    kind = spec.kind
-    if kind in _CONVERTERS:
-        return _CONVERTERS[kind](spec, value)
-    if kind == "auto_bool":
+    if spec.kind in _CONVERTERS:
+        return _CONVERTERS[spec.kind](spec, value)
+    if spec.kind == "auto_bool":
         if isinstance(value, str) and value.strip().lower() in ("", "auto", "none"):
             return None
         return _bool(spec, value, "expected True, False or None (auto-detect)")
-    if kind == "url":
+    if spec.kind == "url":
         return check_url(value)
-    if kind == "choice":
+    if spec.kind == "choice":
         if (text := str(value).strip().lower()) not in spec.choices:
             raise SettingsError(spec.name, value, "unknown value",
                                 f"expected one of {', '.join(spec.choices)}")
         return text
-    if kind == "size":
+    if spec.kind == "size":
         text = str(value).strip().lower().replace("_", "")
         if isinstance(value, bool) or not re.fullmatch(r"\d+(b|k|kb|m|mb|g|gb)?", text):
             raise SettingsError(spec.name, value, "not a size", 'expected bytes or a size like "2gb"')
         return value
-    if kind == "secret":
+    if spec.kind == "secret":
         return (value if isinstance(value, bytes) else str(value).encode("utf-8")) or None
     if not isinstance(value, str):
         raise SettingsError(spec.name, value, f"not a string but a {type(value).__name__}",
@@ -212,9 +211,9 @@ def domain_limits(rules: dict[str, Any]) -> dict[str, dict[str, Any]]:
             raise SettingsError("DOMAIN_LIMITS", rules, f"rule {pattern!r} is not a dict of delay,"
                                 " concurrency, jitter", expected)
         for key, value in rule.items():
-            kind = "int" if key == "concurrency" else "float"
-            convert(Setting(f"DOMAIN_LIMITS[{pattern!r}][{key!r}]", None, kind, "", "scheduler", low=1 if
-                             kind == "int" else 0), value)
+            kind, low = ("int", 1) if key == "concurrency" else ("float", 0)
+            convert(Setting(f"DOMAIN_LIMITS[{pattern!r}][{key!r}]", None, kind, "", "scheduler", low=low),
+                    value)
     return {str(pattern): dict(rule) for pattern, rule in rules.items()}
 
 
@@ -297,8 +296,7 @@ def _check(name: str, value: Any, options: Mapping[str, Any]) -> None:
 def check_client_options(url: str | None, params: Mapping[str, Any]) -> None:
     """Raise :class:`SettingsError` if ``REDIS_PARAMS`` or the query of ``REDIS_URL`` holds an option no
     client takes, or a timeout or pool size that is not a number."""
-    query = url.rpartition("@")[2].partition("?")[2] if url else ""  # a password may hold '?' or '/'
-    if query:
+    if query := url.rpartition("@")[2].partition("?")[2] if url else "":  # a password may hold '?' or '/'
         from redis.connection import parse_url
         try:
             parsed = parse_url(f"redis://localhost?{query}")  # as redis-py reads the query of any URL

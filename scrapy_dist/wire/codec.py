@@ -28,11 +28,6 @@ from scrapy_dist.wire.entrypolicy import (
     DANGEROUS_META,  # noqa: F401 - re-exported (docs/security.md)
     DEFAULT_POLICY,
     PRIORITY_RANGE,
-    SIGNED_HEAD,
-    TAG_BYTES,
-    VERSION,
-    VERSION_BODY_TAG,
-    VERSION_SIGNED,
     EntryPolicy,
     added_by_middleware,
     check_cookies_allowed,
@@ -40,8 +35,8 @@ from scrapy_dist.wire.entrypolicy import (
     check_meta_keys,
     check_no_userinfo,
     check_offsite,
-    entry_policy,  # noqa: F401 - re-exported
     is_trusted,
+    split_payload,
 )
 
 if TYPE_CHECKING:
@@ -54,9 +49,7 @@ _RULE_METHODS = frozenset({"rule_callback", "rule_errback"})  #: ours (so not us
 
 def method_name(func: Any, spider: Spider | None, what: str) -> str | None:
     """The name stored for callback/errback ``func``: a method of ``spider``, or a name."""
-    if func is None:
-        return None
-    if isinstance(func, str):
+    if func is None or isinstance(func, str):
         return func
     owner, name = getattr(func, "__self__", None), getattr(func, "__name__", None)
     bound_to_spider = owner is not None and (spider is None or owner is spider)
@@ -246,22 +239,6 @@ def _request_class(path: Any) -> type[Request]:
     return cls
 
 
-def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
-    """``(version, msgpack body)`` of an untrusted payload (size, version checked; tag not verified)."""
-    if not isinstance(data, bytes):
-        raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
-    if len(data) > max_bytes:
-        raise RejectedEntry("too_large", f"{len(data)} bytes")
-    version = data[0] if data else None
-    if version == VERSION:
-        return VERSION, data[1:]
-    if version == VERSION_SIGNED and len(data) > SIGNED_HEAD:
-        return VERSION_SIGNED, data[SIGNED_HEAD:]
-    if version == VERSION_BODY_TAG and len(data) > 1 + TAG_BYTES:
-        return VERSION_BODY_TAG, data[1 + TAG_BYTES :]
-    raise RejectedEntry("bad_version", f"first byte {data[:1]!r}")
-
-
 def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
     """The field map of an untrusted payload: size, version, msgpack and field names checked, not values."""
     body = split_payload(data, max_bytes)[1]
@@ -271,8 +248,7 @@ def load_payload(data: bytes, max_bytes: int = 1024 * 1024) -> dict[str, Any]:
         raise RejectedEntry("bad_msgpack", type(exc).__name__) from None
     if not isinstance(d, dict):
         raise RejectedEntry("bad_payload", f"payload is a {type(d).__name__}")
-    unknown = [k for k in d if not isinstance(k, str) or k not in _ALLOWED_KEYS]
-    if unknown:
+    if unknown := [k for k in d if not isinstance(k, str) or k not in _ALLOWED_KEYS]:
         raise RejectedEntry("bad_payload", f"unknown fields {sorted(map(str, unknown))[:5]}"[:200])
     return d
 

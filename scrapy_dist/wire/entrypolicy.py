@@ -103,8 +103,7 @@ def check_no_userinfo(url: str) -> None:
 
 def keep_allowed_domains(spider: Any) -> Any:
     """The spider's ``allowed_domains``, an iterator kept as a list (exhausted, it would allow every host)."""
-    domains = getattr(spider, "allowed_domains", None)
-    if isinstance(domains, str):
+    if isinstance(domains := getattr(spider, "allowed_domains", None), str):
         return [domains]
     if domains is not None and not isinstance(domains, (list, tuple, set, frozenset)):
         domains = spider.allowed_domains = list(domains)
@@ -221,6 +220,22 @@ def is_trusted(data: bytes, policy: EntryPolicy) -> bool:
     return True
 
 
+def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes]:
+    """``(version, msgpack body)`` of an untrusted payload (size, version checked; tag not verified)."""
+    if not isinstance(data, bytes):
+        raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
+    if len(data) > max_bytes:
+        raise RejectedEntry("too_large", f"{len(data)} bytes")
+    version = data[0] if data else None
+    if version == VERSION:
+        return VERSION, data[1:]
+    if version == VERSION_SIGNED and len(data) > SIGNED_HEAD:
+        return VERSION_SIGNED, data[SIGNED_HEAD:]
+    if version == VERSION_BODY_TAG and len(data) > 1 + TAG_BYTES:
+        return VERSION_BODY_TAG, data[1 + TAG_BYTES :]
+    raise RejectedEntry("bad_version", f"first byte {data[:1]!r}")
+
+
 SECRET_HEADERS = (b"Authorization", b"Cookie", b"Proxy-Authorization")  #: a middleware's, never an entry's
 
 #: request -> its credential headers when it entered the downloader (only requests that had some)
@@ -234,8 +249,7 @@ class ScheduledHeadersMiddleware:
     """Downloader middleware remembering the credential headers each request had as scheduled."""
 
     def process_request(self, request: Request) -> None:
-        own = {n: list(request.headers.getlist(n)) for n in SECRET_HEADERS if n in request.headers}
-        if own:
+        if own := {n: list(request.headers.getlist(n)) for n in SECRET_HEADERS if n in request.headers}:
             _scheduled[request] = own
 
 
