@@ -22,7 +22,7 @@ from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier.scheduler import Scheduler, get_scheduler, make_worker_id
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import crawl_keys
-from scrapy_dist.redis.outage import BackgroundTask, Backoff, Outage, is_outage
+from scrapy_dist.redis.outage import BackgroundTask, Outage, is_outage
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.seeds import SeedRules, reason_slug, validate_url, warn_at_start
 from scrapy_dist.settings import DistSettings, defaults
@@ -155,7 +155,7 @@ class SeedFeed(BackgroundTask):
     def __init__(self, spider: RedisMixin, reader: SeedReader, rules: SeedRules, batch_size: int = 16,
                  idle_before_close: float = 0.0) -> None:
         self.spider, self.crawler = spider, spider.crawler
-        super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
+        super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", log=logger))
         self.stats = self.crawler.stats
         self.reader, self.keys, self.rules = reader, reader.keys, rules
         self.batch_size, self.idle_before_close = max(1, batch_size), idle_before_close
