@@ -1,13 +1,12 @@
 """The one outage policy of every background loop (docs/operations.md, "Outages"); :class:`BackgroundTask`
 runs such a loop, :class:`BatchWriter` writes items and cookies. ``now`` is monotonic seconds.
 
-After a failed call every loop waits the same :class:`Backoff` (0.1 s doubling to 5 s), so that while Redis
-is away each loop tries on its own, rarely. When a component that had failed gets an answer, the worker's
-:class:`Outage` ends the wait of every loop backing off (:meth:`BackgroundTask.recovered`): Redis is back,
-and the whole worker resumes at once rather than each loop up to 5 s later. A success of a component that
-had not failed wakes no one, so a partial outage (one cluster node down, reads working while writes meet
-OOM) costs each waiting loop one extra call per recovering component, not one per answer. A woken call
-that fails again continues its backoff where it was; a success starts it over."""
+Every loop backs off the same way after a failed call (:class:`Backoff`, 0.1 s doubling to 5 s), and when a
+component that had failed gets an answer the worker's :class:`Outage` ends every loop's wait at once
+(:meth:`BackgroundTask.recovered`): the worker resumes as Redis comes back, not each loop up to 5 s later.
+Only a component that had failed wakes the others (in a partial outage, one cluster node down or OOM with
+reads working, a waiting loop makes one extra call per recovery, not one per answer); a woken call that fails
+again goes on doubling its wait."""
 
 from __future__ import annotations
 
@@ -265,12 +264,10 @@ class BackgroundTask:
 
     async def back_off(self, delay: float) -> None:
         """Wait ``delay`` seconds after a failed call, or until :meth:`recovered`."""
-        self._recovery = recovery = asyncio.Event()
-        try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(recovery.wait(), delay)
-        finally:
-            self._recovery = None
+        self._recovery = asyncio.Event()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._recovery.wait(), delay)
+        self._recovery = None
 
     def recovered(self) -> None:
         """Redis answered a component of this worker that had failed: a loop backing off tries again now."""
