@@ -226,7 +226,7 @@ class SeedFeed(BackgroundTask):
         if mode == "sweep":
             self._uncertain = False
         if not result.entries and r.kind == "list" and not self._taken and not self._idle_done():
-            await self.attempt(self._call(r.wait()))
+            await self.attempt(r.wait())  # takes nothing: close() need not wait for it
             return []  # the next take pops what woke us (or renews the lease after the timeout)
         if result.entries:
             self._last_seed = time.monotonic()
@@ -310,6 +310,8 @@ class SeedFeed(BackgroundTask):
             self._busy = False
 
     def failed(self, exc: BaseException, now: float | None = None, detail: str = "") -> float:
+        if self.closing:  # a wait cut short by close() (its client closed under it)
+            return 0.0
         if not is_outage(exc):  # a bug or a Redis error reply
             self.stats.inc_value("seeds/errors")
         return super().failed(exc, now, detail)
