@@ -13,7 +13,7 @@ import pytest
 import redis.exceptions as rex
 
 from scrapy_dist.extensions.clusterstats import PeriodicTask
-from scrapy_dist.redis.outage import Backoff, BatchWriter, Outage, is_outage
+from scrapy_dist.redis.outage import BackgroundTask, Backoff, BatchWriter, Outage, is_outage
 from scrapy_dist.utils import RateLimitedLog
 
 DOWN = rex.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
@@ -241,6 +241,45 @@ def test_monitors_share_the_workers_outage(caplog: pytest.LogCaptureFixture) -> 
         asyncio.run(scenario())
     assert len(records(caplog, logging.WARNING)) == 1
     assert len(records(caplog, logging.INFO)) == 1
+
+
+class Flaky(BackgroundTask):
+    """A loop whose step fails while ``fail`` says so; counts its steps."""
+
+    def __init__(self, outage: Outage, fail: int) -> None:
+        super().__init__(outage.guard("seed reader", Backoff(3600.0, 3600.0)), clock=lambda: 0.0)
+        self.steps, self.fail = 0, fail
+
+    async def step(self) -> bool:
+        self.steps += 1
+        if self.steps <= self.fail:
+            raise DOWN
+        self.succeeded()
+        return False
+
+
+def test_a_loop_backing_off_tries_again_once_a_component_that_had_failed_gets_an_answer() -> None:
+    outage = Outage()
+    other = outage.guard("item pipeline")
+
+    async def scenario() -> None:
+        loop = Flaky(outage, fail=2).start()
+        await settle()
+        assert loop.steps == 1 and loop.guard.backoff.failures == 1  # backing off an hour
+        other.succeeded(now=1.0)  # had not failed: proves nothing new, wakes no one
+        await settle()
+        assert loop.steps == 1
+        other.failed(DOWN, now=2.0)
+        other.succeeded(now=3.0)  # Redis answers a component that had failed
+        await settle()
+        assert loop.steps == 2 and loop.guard.backoff.failures == 2  # failed again: backs off further
+        other.failed(DOWN, now=4.0)
+        other.succeeded(now=5.0)
+        await settle()
+        assert loop.steps == 3 and loop.guard.backoff.failures == 0 and not outage.down
+        await asyncio.wait_for(loop.stop(), 5)
+
+    asyncio.run(scenario())
 
 
 # -- the rate-limited log ------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from scrapy_dist.frontier.layout import start_time
 from scrapy_dist.frontier.scheduler import get_scheduler, make_worker_id
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import crawler_keys
-from scrapy_dist.redis.outage import BackgroundTask, Backoff, Outage
+from scrapy_dist.redis.outage import BackgroundTask, Outage
 from scrapy_dist.redis.scripts import hash_fields
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import refusing, start_error
@@ -64,12 +64,14 @@ class PeriodicTask(BackgroundTask):
 
     def __init__(self, func: Callable[[], Awaitable[object]], interval: float, what: str,
                  logger: logging.Logger, outage: Outage | None = None) -> None:
-        every = max(interval, 0.01)  # the task runs every interval whatever happens
-        super().__init__((outage or Outage()).guard(what, Backoff(every, every), logger))
+        super().__init__((outage or Outage()).guard(what, log=logger))
         self.func, self.interval = func, interval
 
     async def step(self) -> bool:
-        await self.rest(self.interval)
+        if self.guard.backoff.failures:  # the last call failed: Redis answering again ends the wait
+            await self.back_off(self.interval)
+        else:
+            await self.rest(self.interval)
         if self.closing:
             return False
         await self.run_once()

@@ -279,4 +279,4 @@ class SyncLoop(BackgroundTask):
                     error, len(ledger.held), len(ledger.out),
                 )
                 return
-            await asyncio.sleep(1.0)
+            await self.back_off(1.0)

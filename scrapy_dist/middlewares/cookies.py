@@ -28,7 +28,7 @@ from scrapy.utils.misc import load_object
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.connection import ClientPool, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
-from scrapy_dist.redis.outage import Backoff, BatchWriter, Outage
+from scrapy_dist.redis.outage import BatchWriter, Outage
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import CookieSettings, DistSettings
 from scrapy_dist.settings.reader import refusing
@@ -214,7 +214,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self.outage = outage or Outage()
         self._read_guard = self.outage.guard("shared cookie jar (reading)", log=logger)
         self.writer: BatchWriter[tuple[str, str, str | None]] = BatchWriter(
-            self._write, guard=self.outage.guard("shared cookie jar (writing)", Backoff(0.1, 5.0), logger),
+            self._write, guard=self.outage.guard("shared cookie jar (writing)", log=logger),
             batch_size=_WRITE_BATCH, flush_interval=self.settings.flush_interval,
             on_failure=lambda exc: self._inc("cookies/shared/redis_errors"))
         self._read_script = scripts.register(server, "cookies_read")

@@ -25,7 +25,7 @@ from scrapy_dist.frontier.shard import ItemRoute
 from scrapy_dist.redis import scripts
 from scrapy_dist.redis.connection import ClientPool, is_cluster
 from scrapy_dist.redis.keys import crawler_keys
-from scrapy_dist.redis.outage import Backoff, BatchWriter, Outage
+from scrapy_dist.redis.outage import BatchWriter, Outage
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refuse_start, refusing
@@ -100,7 +100,7 @@ class RedisPipeline:
         self.serialize, self.stats = serialize, stats
         self.outage = outage or Outage()
         self.writer: BatchWriter[tuple[str, str | bytes]] = BatchWriter(
-            self._write, guard=self.outage.guard("item pipeline", Backoff(0.1, 5.0), logger),
+            self._write, guard=self.outage.guard("item pipeline", log=logger),
             batch_size=batch_size, flush_interval=flush_interval, max_batches=_MAX_BATCHES_PER_FLUSH,
             on_failure=lambda exc: self._inc("redis_items/redis_errors"))
         self._xadd: Any = None  # the items_xadd script, registered on first use

@@ -1,5 +1,12 @@
 """The one outage policy of every background loop (docs/operations.md, "Outages"); :class:`BackgroundTask`
-runs such a loop, :class:`BatchWriter` writes items and cookies. ``now`` is monotonic seconds."""
+runs such a loop, :class:`BatchWriter` writes items and cookies. ``now`` is monotonic seconds.
+
+Every loop backs off the same way after a failed call (:class:`Backoff`, 0.1 s doubling to 5 s), and when a
+component that had failed gets an answer the worker's :class:`Outage` ends every loop's wait at once
+(:meth:`BackgroundTask.recovered`): the worker resumes as Redis comes back, not each loop up to 5 s later.
+Only a component that had failed wakes the others (in a partial outage, one cluster node down or OOM with
+reads working, a waiting loop makes one extra call per recovery, not one per answer); a woken call that fails
+again goes on doubling its wait."""
 
 from __future__ import annotations
 
@@ -107,6 +114,7 @@ class Outage:
         self._crawler: Callable[[], Any] = weakref.ref(crawler) if crawler is not None else lambda: None
         self.closing_since: float | None = None  # first failed call during a close (reset by any answer)
         self.stopped = False
+        self.loops: weakref.WeakSet[BackgroundTask] = weakref.WeakSet()  # woken when Redis answers again
 
     @classmethod
     def for_crawler(cls, crawler: Any) -> Outage:
@@ -138,7 +146,9 @@ class Outage:
         self.closing_since = None
         if self.since is None:
             return False
-        self._failing.pop(component, None)
+        if self._failing.pop(component, None) is not None:  # it had failed: Redis is back (for it)
+            for loop in list(self.loops):
+                loop.recovered()
         if any(now - last < self.stale for last in self._failing.values()):
             return False
         self.log.info("Redis is reachable again after %.1fs (%d failed calls of the %s); the crawl continues",
@@ -223,6 +233,8 @@ class BackgroundTask:
         self.guard, self.clock = guard, clock
         self.closing = False  # stop() was called: the next step ends the loop (or drains, then ends it)
         self._wakeup: asyncio.Event | None = None
+        self._recovery: asyncio.Event | None = None  # set while back_off() waits
+        guard.outage.loops.add(self)
         self._task: asyncio.Task[None] | None = None
 
     async def step(self) -> Any:
@@ -250,6 +262,18 @@ class BackgroundTask:
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
         self._wakeup.clear()
 
+    async def back_off(self, delay: float) -> None:
+        """Wait ``delay`` seconds after a failed call, or until :meth:`recovered`."""
+        self._recovery = asyncio.Event()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._recovery.wait(), delay)
+        self._recovery = None
+
+    def recovered(self) -> None:
+        """Redis answered a component of this worker that had failed: a loop backing off tries again now."""
+        if self._recovery is not None:
+            self._recovery.set()
+
     async def stop(self) -> None:
         """Set :attr:`closing`, wake the task and wait for its end (with :attr:`interrupt`: cancel it)."""
         self.closing = True
@@ -269,7 +293,7 @@ class BackgroundTask:
             try:
                 out = await self.step()
             except Exception as exc:  # a bug or an outage must not end the loop: report, back off, go on
-                await asyncio.sleep(self.failed(exc))
+                await self.back_off(self.failed(exc))
                 continue
             if out is False or out is None:
                 return
@@ -299,7 +323,7 @@ class BackgroundTask:
         try:
             result = await call
         except Exception as exc:
-            await asyncio.sleep(self.failed(exc))
+            await self.back_off(self.failed(exc))
             return None
         self.succeeded()
         return result
@@ -389,6 +413,11 @@ class BatchWriter(BackgroundTask, Generic[T]):
         if self.closing or first.sealed or len(first.entries) >= self.batch_size:
             return 0.0
         return max(0.0, first.first_at + self.flush_interval - now)
+
+    def recovered(self) -> None:
+        if self._retry_at is not None:
+            self._retry_at = None
+            self.wake()
 
     async def close(self) -> None:
         """Write everything buffered (through an outage), then stop."""

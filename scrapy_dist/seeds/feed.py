@@ -22,7 +22,7 @@ from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier.scheduler import Scheduler, get_scheduler, make_worker_id
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import crawl_keys
-from scrapy_dist.redis.outage import BackgroundTask, Backoff, Outage, is_outage
+from scrapy_dist.redis.outage import BackgroundTask, Outage, is_outage
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.seeds import SeedRules, reason_slug, validate_url, warn_at_start
 from scrapy_dist.settings import DistSettings, defaults
@@ -155,7 +155,7 @@ class SeedFeed(BackgroundTask):
     def __init__(self, spider: RedisMixin, reader: SeedReader, rules: SeedRules, batch_size: int = 16,
                  idle_before_close: float = 0.0) -> None:
         self.spider, self.crawler = spider, spider.crawler
-        super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", Backoff(0.5, 5.0), logger))
+        super().__init__(Outage.for_crawler(self.crawler).guard("seed reader", log=logger))
         self.stats = self.crawler.stats
         self.reader, self.keys, self.rules = reader, reader.keys, rules
         self.batch_size, self.idle_before_close = max(1, batch_size), idle_before_close
@@ -226,7 +226,7 @@ class SeedFeed(BackgroundTask):
         if mode == "sweep":
             self._uncertain = False
         if not result.entries and r.kind == "list" and not self._taken and not self._idle_done():
-            await self.attempt(self._call(r.wait()))
+            await self.attempt(r.wait())  # takes nothing: close() need not wait for it
             return []  # the next take pops what woke us (or renews the lease after the timeout)
         if result.entries:
             self._last_seed = time.monotonic()
@@ -310,6 +310,8 @@ class SeedFeed(BackgroundTask):
             self._busy = False
 
     def failed(self, exc: BaseException, now: float | None = None, detail: str = "") -> float:
+        if self.closing:  # a wait cut short by close() (its client closed under it)
+            return 0.0
         if not is_outage(exc):  # a bug or a Redis error reply
             self.stats.inc_value("seeds/errors")
         return super().failed(exc, now, detail)
