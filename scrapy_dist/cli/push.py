@@ -203,31 +203,14 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
 
 
 # Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
-def list_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[int, bytes]]:
-    """``(index, raw item)`` for each LIST element from the first; with ``follow``, forever."""
-    offset = 0
-    while True:
-        chunk = client.lrange(key, offset, offset + ITEMS_CHUNK - 1)
-        for i, raw in enumerate(chunk):
-            yield offset + i, raw
-        offset += len(chunk)
-        if len(chunk) < ITEMS_CHUNK:
-            if not follow:
-                return
-            time.sleep(POLL_SECONDS)
-
-
-def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
-    """``(entry id, raw item)`` for each STREAM entry from the first; with ``follow``, forever."""
-    start = "0-0"
-    while True:
-        reply = client.xread({key: start}, count=ITEMS_CHUNK, block=BLOCK_MS if follow else None)
-        rows = reply[0][1] if reply else []
-        for entry_id, fields in rows:
-            start = entry_id.decode()
-            yield start, fields.get(STREAM_FIELD.encode(), b"")
-        if not follow and len(rows) < ITEMS_CHUNK:
-            return
+def read_chunk(client: Any, key: str, kind: str, after: Any, count: int, block: int | None = None
+               ) -> list[tuple[Any, bytes]]:
+    """Up to ``count`` ``(position, raw item)`` of a LIST from index ``after``, or of a STREAM past the id
+    ``after`` (waiting up to ``block`` ms for one)."""
+    if kind == "list":
+        return list(enumerate(client.lrange(key, after, after + count - 1), after))
+    reply = client.xread({key: after}, count=count, block=block)
+    return [(i.decode(), f.get(STREAM_FIELD.encode(), b"")) for i, f in (reply[0][1] if reply else [])]
 
 
 def items_kind(client: Any, key: str) -> str:
@@ -237,17 +220,26 @@ def items_kind(client: Any, key: str) -> str:
     return kind
 
 
-def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
-    """The entries of the items key, LIST or STREAM; with ``follow``, waits for the key to appear."""
-    while (kind := items_kind(client, key)) == "none" and follow:
-        time.sleep(POLL_SECONDS)
-    if kind == "list":
-        yield from ((str(index), raw) for index, raw in list_entries(client, key, follow))
-    elif kind == "stream":
-        yield from stream_entries(client, key, follow)
+def entries(client: Any, key: str, follow: bool, kind: str | None = None) -> Iterator[tuple[Any, bytes]]:
+    """``(LIST index or STREAM id, raw item)`` for each item of ``key`` (a LIST, a STREAM or, when ``kind``
+    is not given, whichever it is) from the first; with ``follow``, waits for the key, then for new items."""
+    if kind is None:
+        while (kind := items_kind(client, key)) == "none" and follow:
+            time.sleep(POLL_SECONDS)
+    after: Any = 0 if kind == "list" else "0-0"
+    while kind in ("list", "stream"):
+        rows = read_chunk(client, key, kind, after, ITEMS_CHUNK, BLOCK_MS if follow else None)
+        yield from rows
+        if rows:
+            after = rows[-1][0] + 1 if kind == "list" else rows[-1][0]
+        if len(rows) < ITEMS_CHUNK:
+            if not follow:
+                return
+            if kind == "list":  # a STREAM read blocks instead
+                time.sleep(POLL_SECONDS)
 
 
-def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str, bool]:
+def _format_item(position: Any, raw: bytes, json_lines: bool) -> tuple[str, bool]:
     """The text for one entry, and whether it is a warning (for stderr) that the entry was skipped."""
     try:
         item: Any = json.loads(raw)
@@ -326,15 +318,13 @@ class Exporter:
 
     def step(self) -> int:
         """Move one chunk; how many items it held (0: the key is empty)."""
-        kind, values = items_kind(self.client, self.key), []
-        if kind == "list":
-            values = self.client.lrange(self.key, 0, EXPORT_CHUNK - 1)
-            digest = hashlib.sha1(b"\n".join(values)).hexdigest()  # as items_trim.lua computes it
-            entry: dict[str, Any] = {"kind": "list", "n": len(values), "sha1": digest}
-        elif kind == "stream":
-            rows = self.client.xrange(self.key, count=EXPORT_CHUNK)
-            values = [fields.get(STREAM_FIELD.encode(), b"") for _, fields in rows]
-            entry = {"kind": "stream", "ids": [i.decode() for i, _ in rows]}
+        kind = items_kind(self.client, self.key)
+        rows = [] if kind == "none" else read_chunk(self.client, self.key, kind, 0 if kind == "list" else "0-0",
+                                                   EXPORT_CHUNK)
+        values = [raw for _, raw in rows]
+        digest = hashlib.sha1(b"\n".join(values)).hexdigest()  # as items_trim.lua computes it
+        entry: dict[str, Any] = ({"kind": "list", "n": len(values), "sha1": digest} if kind == "list"
+                                 else {"kind": "stream", "ids": [i for i, _ in rows]})
         if not values:
             return 0
         fresh = not self.path.exists() or self.path.stat().st_size == 0
