@@ -90,11 +90,6 @@ class ClientFactory:
         """The Redis in use (starts the embedded Redis if that is the one; :meth:`notice` says so)."""
         return resolve_target(self.dist, notice=False)
 
-    @property
-    def url(self) -> str:
-        """The Redis URL, with its password."""
-        return self.target.display_url
-
     def client(self) -> redis.Redis:
         return build_sync(self.target)
 

@@ -112,10 +112,9 @@ def render(status: dict[str, Any]) -> Group:
     stats, shards, leases = status["stats"], status.get("shards", 1), status.get("leases") or {}
     overview.add_row(f"Queued ({shards} shards)" if shards > 1 else "Queued", _num(front["queued"]),
                      "Pages", _num(stats.get("response_received_count", 0)))
-    # a worker without the figures (older version): every lease counts as in flight
-    known = leases.get("in_flight") is not None
-    in_flight = leases["in_flight"] if known else front["inflight"]
-    overview.add_row("In flight", _num(in_flight), "Items", _num(stats.get("item_scraped_count", 0)))
+    known = leases.get("in_flight") is not None  # else (an older worker) every lease counts as in flight
+    overview.add_row("In flight", _num(leases["in_flight"] if known else front["inflight"]),
+                     "Items", _num(stats.get("item_scraped_count", 0)))
     overview.add_row("Delayed", _num(front["delayed"]), "Dead letters", _num(status["deadletter"]))
     revisits = status.get("revisits") or {}
     if revisits.get("scheduled") or revisits.get("next_in") is not None:
@@ -369,7 +368,7 @@ def demo(redis: ClientFactory, dashboard_port: int | None, **given: Any) -> None
     options = DemoOptions(**given)
     if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
-        options.redis_url, options.redis_source = redis.url, redis.source
+        options.redis_url, options.redis_source = redis.target.display_url, redis.source
     dash = (None if dashboard_port is None
             else require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard"))
     runner = Demo(options)
