@@ -214,15 +214,10 @@ class Dashboard:
             raise web.HTTPNotFound()
         return web.Response(body=STATIC.joinpath(name).read_bytes(), content_type="application/javascript")
 
-    def _allowed(self, request: web.Request) -> bool:
-        if not self.token or not hmac.compare_digest(request.headers.get(TOKEN_HEADER, "").encode(),
-                                                     self.token.encode()):
-            return False
-        origin = request.headers.get("Origin")
-        return origin is None or origin == f"{request.scheme}://{request.host}"
-
     async def act(self, request: web.Request) -> web.Response:
-        if not self._allowed(request):
+        token, origin = request.headers.get(TOKEN_HEADER, "").encode(), request.headers.get("Origin")
+        if (not self.token or not hmac.compare_digest(token, self.token.encode())
+                or origin not in (None, f"{request.scheme}://{request.host}")):
             raise web.HTTPForbidden(text="a valid X-Dashboard-Token header from this page is needed")
         try:
             done = await self._act(request.match_info["action"])
