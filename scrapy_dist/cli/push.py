@@ -7,6 +7,7 @@ import contextlib
 import csv
 import hashlib
 import io
+import itertools
 import json
 import os
 import sys
@@ -203,16 +204,6 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
 
 
 # Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
-def read_chunk(client: Any, key: str, kind: str, after: Any, count: int, block: int | None = None
-               ) -> list[tuple[Any, bytes]]:
-    """Up to ``count`` ``(position, raw item)`` of a LIST from index ``after``, or of a STREAM past the id
-    ``after`` (waiting up to ``block`` ms for one)."""
-    if kind == "list":
-        return list(enumerate(client.lrange(key, after, after + count - 1), after))
-    reply = client.xread({key: after}, count=count, block=block)
-    return [(i.decode(), f.get(STREAM_FIELD.encode(), b"")) for i, f in (reply[0][1] if reply else [])]
-
-
 def items_kind(client: Any, key: str) -> str:
     """``list``, ``stream`` or ``none``: the type of the items key; one line for any other type."""
     if (kind := text(client.type(key))) not in ("list", "stream", "none"):
@@ -226,9 +217,13 @@ def entries(client: Any, key: str, follow: bool, kind: str | None = None) -> Ite
     if kind is None:
         while (kind := items_kind(client, key)) == "none" and follow:
             time.sleep(POLL_SECONDS)
-    after: Any = 0 if kind == "list" else "0-0"
+    after: Any = 0 if kind == "list" else "0-0"  # the next LIST index, the last STREAM id read
     while kind in ("list", "stream"):
-        rows = read_chunk(client, key, kind, after, ITEMS_CHUNK, BLOCK_MS if follow else None)
+        if kind == "list":
+            rows = list(enumerate(client.lrange(key, after, after + ITEMS_CHUNK - 1), after))
+        else:
+            reply = client.xread({key: after}, count=ITEMS_CHUNK, block=BLOCK_MS if follow else None)
+            rows = [(i.decode(), f.get(STREAM_FIELD.encode(), b"")) for i, f in reply[0][1]] if reply else []
         yield from rows
         if rows:
             after = rows[-1][0] + 1 if kind == "list" else rows[-1][0]
@@ -319,8 +314,7 @@ class Exporter:
     def step(self) -> int:
         """Move one chunk; how many items it held (0: the key is empty)."""
         kind = items_kind(self.client, self.key)
-        rows = [] if kind == "none" else read_chunk(self.client, self.key, kind, 0 if kind == "list" else "0-0",
-                                                   EXPORT_CHUNK)
+        rows = list(itertools.islice(entries(self.client, self.key, False, kind), EXPORT_CHUNK))
         values = [raw for _, raw in rows]
         digest = hashlib.sha1(b"\n".join(values)).hexdigest()  # as items_trim.lua computes it
         entry: dict[str, Any] = ({"kind": "list", "n": len(values), "sha1": digest} if kind == "list"

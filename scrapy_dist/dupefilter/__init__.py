@@ -87,8 +87,7 @@ class DupeScript:
                   for i in range(0, len(tokens), CALL_TOKENS)]
         flags: list[str | None] = [None] * len(chunks)
         for _ in range(64):
-            todo = [i for i, f in enumerate(flags) if f is None]
-            if not todo:
+            if not (todo := [i for i, f in enumerate(flags) if f is None]):
                 return [f == "0" for chunk in flags for f in chunk or ""]
             pending = sum(len(chunks[i]) // 2 for i in todo) if op == "add" else 0
             mode, keys, params = df.script_args(pending, now)

@@ -286,8 +286,7 @@ class BloomPlan:
         """Estimated compound false-positive rate with ``items`` items inserted."""
         total, left = 0.0, items
         for s in self.filters_for(items):
-            n = min(left, s.capacity)
-            if n <= 0:
+            if (n := min(left, s.capacity)) <= 0:
                 break
             total += window_fpr(n, s.bits, s.hashes)
             left -= n

@@ -65,8 +65,7 @@ class DeadLetterWriter:
         """Dead-letter ``request``; ``False`` if it already was, or if there is no frontier to keep it."""
         if request in _dead_lettered:
             return False
-        scheduler = self.scheduler_of()
-        if scheduler is None:
+        if (scheduler := self.scheduler_of()) is None:
             self._no_frontier_log.log(
                 logging.WARNING, "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
                 " SCHEDULER = 'scrapy_dist.scheduler.Scheduler'. Further ones are not reported.",
@@ -146,8 +145,7 @@ class RetryMiddleware(ScrapyRetryMiddleware):
         if new is None:
             self.dead_letters.write(request, dead_reason, status=status, detail=detail or str(reason))
             return None
-        scheduler = self.dead_letters.scheduler_of()
-        if scheduler is None:
+        if (scheduler := self.dead_letters.scheduler_of()) is None:
             return new  # Scrapy's behaviour: retried at once, in this process
         now = self.clock()
         delay = retry_delay(new.meta["retry_times"], self.retries.backoff_base, self.retries.backoff_max,

@@ -48,8 +48,7 @@ def bounded_text(value: Any, limit: int = TEXT_LIMIT) -> str:
 
 def bounded_id(value: Any, limit: int = ID_LIMIT) -> str:
     """An id cut to ``limit`` characters, a cut one ending in ``…`` and 8 hex digits of its digest."""
-    s = text(value)
-    if len(s) <= limit:
+    if len(s := text(value)) <= limit:
         return s
     digest = hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
     return f"{s[: limit - 9]}…{digest}"
@@ -105,8 +104,7 @@ def top_counts(counts: Mapping[str, int] | Iterable[tuple[str, int]], limit: int
     for name, n in counts.items() if isinstance(counts, Mapping) else counts:
         merged[bounded_text(name, text_limit)] += n
     top = dict(merged.most_common(limit))
-    rest = sum(merged.values()) - sum(top.values())
-    if rest:
+    if rest := sum(merged.values()) - sum(top.values()):
         top["other"] = top.get("other", 0) + rest
     return list(top.items())
 
@@ -156,8 +154,7 @@ def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ())
     """Leases per worker id: from the tags of lease keys and lease meta values (``"<score> <worker>"``)."""
     out: Counter[str] = Counter()
     for key in lease_keys:
-        tagged = lease_parts(key if isinstance(key, bytes) else text(key).encode())[2]
-        if tagged is not None:
+        if (tagged := lease_parts(key if isinstance(key, bytes) else text(key).encode())[2]) is not None:
             out[text(tagged)] += 1
     for value in meta_values:
         out[text(value).partition(" ")[2]] += 1
@@ -281,8 +278,7 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
     shards = keys.shards(control.shards or 1)
     seeds_type = text(seeds_type)
     p = client.pipeline(transaction=False)
-    count = {"list": p.llen, "set": p.scard, "zset": p.zcard}.get(seeds_type)
-    if count is not None:
+    if (count := {"list": p.llen, "set": p.scard, "zset": p.zcard}.get(seeds_type)) is not None:
         count(keys.start_urls)
     for member, _ in members:
         p.hgetall(keys.worker(text(member)))

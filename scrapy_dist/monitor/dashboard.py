@@ -79,8 +79,7 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
         prev = last.get(worker)
         last[worker] = (t, p, e or 0.0)
         for name, key in (("queued", b"q"), ("inflight", b"f"), ("delayed", b"d")):
-            value = _field(fields, key)
-            if value is not None and 0 <= i < n:
+            if (value := _field(fields, key)) is not None and 0 <= i < n:
                 frontier[name][i] = value  # type: ignore[call-overload]
         if prev is None or not 0 <= i < n or t <= prev[0]:
             continue
@@ -169,8 +168,7 @@ class Dashboard:
     async def _reply(self, name: str, read: Callable[[], Any], seconds: float) -> web.Response:
         """The JSON of ``read()`` cached for ``seconds``, or 503 with the reason while Redis is away."""
         async with self._lock:
-            hit = self._cache.get(name)
-            if hit is None or self.clock() - hit[0] >= seconds:
+            if (hit := self._cache.get(name)) is None or self.clock() - hit[0] >= seconds:
                 self.reads += 1
                 try:
                     value = await asyncio.to_thread(read)
@@ -209,8 +207,7 @@ class Dashboard:
                             headers={"Content-Security-Policy": csp, "X-Frame-Options": "DENY"})
 
     async def static(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        if name not in ("chart.umd.min.js", "dashboard.js"):
+        if (name := request.match_info["name"]) not in ("chart.umd.min.js", "dashboard.js"):
             raise web.HTTPNotFound()
         return web.Response(body=STATIC.joinpath(name).read_bytes(), content_type="application/javascript")
 

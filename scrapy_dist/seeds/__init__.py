@@ -320,8 +320,7 @@ def reason_slug(reason: Any) -> str:
 def iter_lines(chunks: Iterable[bytes]) -> Iterable[bytes]:
     """Seeds of a file, one a line (blank lines and ``#`` comments skipped); used by the CLI."""
     for line in chunks:
-        stripped = line.strip(_WS)
-        if stripped and not stripped.startswith(b"#"):
+        if (stripped := line.strip(_WS)) and not stripped.startswith(b"#"):
             yield stripped
 
 
