@@ -32,7 +32,6 @@ from scrapy_dist.cli import (
 )
 from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
 from scrapy_dist.demo import DEMO_LEASE_SECONDS, Demo, DemoOptions
-from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier import layout
 from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
@@ -309,10 +308,7 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
     letters) on http://HOST:PORT/ until Ctrl-C."""
     keys = redis.crawl(spider, force)
     dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
-    try:
-        dashboards.check_binding(host, token)
-    except ScrapyDistError as exc:
-        raise click.ClickException(str(exc).removeprefix("scrapy-dist: ")) from None
+    dashboards.check_binding(host, token)
     with redis.client() as client:
 
         async def requeue() -> str:

@@ -47,7 +47,7 @@ def check_binding(host: str, token: str | None) -> None:
     except ValueError:
         loopback = False
     if not loopback:
-        raise ScrapyDistError(f"scrapy-dist: the dashboard listens on {host} only with a token: add --token"
+        raise ScrapyDistError(f"the dashboard listens on {host} only with a token: add --token"
                               " (or $SCRAPY_DIST_DASHBOARD_TOKEN), or keep the default --host 127.0.0.1")
 
 
