@@ -6,6 +6,7 @@ and :class:`RecentFingerprints`, a worker's memory of the fingerprints it sent."
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import math
 from collections.abc import Hashable
@@ -100,12 +101,9 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
 
     def number(name: str, default: str | None = None) -> float:
         value = raw.get(name, default)
-        try:
-            text = value.decode("ascii") if isinstance(value, bytes) else value
-            if isinstance(text, str) and len(text) <= 40:
-                return float(text)
-        except (UnicodeDecodeError, ValueError):
-            pass
+        with contextlib.suppress(TypeError, ValueError):  # float() reads ASCII bytes as it reads text
+            if len(value) <= 40:
+                return float(value)
         raise BloomParameterError(f"{key} field {name}={_show(value)}: not a number")
     err = number("error_rate")  # parsed first: its error wins
     capacity, error_rate, block_bits = check_parameters(
