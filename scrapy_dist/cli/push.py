@@ -324,8 +324,7 @@ class Exporter:
         fresh = not self.path.exists() or self.path.stat().st_size == 0
         _write_synced(self.path, self._encode(values, fresh), "ab")
         _write_synced(self.journal, json.dumps(entry).encode(), "wb")
-        self._remove(entry)
-        self.journal.unlink()
+        self.recover()  # the removal, as a later run would finish it
         return len(values)
 
     def _encode(self, values: list[bytes], fresh: bool) -> bytes:
