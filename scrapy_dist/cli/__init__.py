@@ -90,6 +90,11 @@ class ClientFactory:
         """The Redis in use (starts the embedded Redis if that is the one; :meth:`notice` says so)."""
         return resolve_target(self.dist, notice=False)
 
+    @property
+    def url(self) -> str:
+        """The Redis URL, with its password."""
+        return self.target.display_url
+
     def client(self) -> redis.Redis:
         return build_sync(self.target)
 
@@ -120,8 +125,7 @@ class ClientFactory:
 
     def check_spider(self, name: str, force: bool = False) -> None:
         """Stop (naming the closest spider) if the project here has no spider ``name``, unless ``force``."""
-        settings = self.settings  # resolves inside_project too
-        names = None if force or not self.inside_project else project_spiders(settings)
+        names = None if force else self.spiders()
         if names is None or name in names:
             return
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
@@ -129,6 +133,11 @@ class ClientFactory:
         have = ", ".join(sorted(names)[:10]) or "none"
         raise _OneLine(f"scrapy-dist: no spider {name!r} in this project ({hint}it has: {have}); --force to"
                        " use the name anyway")
+
+    def spiders(self) -> list[str] | None:
+        """Names of the project's spiders; None outside a project, or when they cannot be listed."""
+        settings = self.settings  # resolves inside_project too
+        return _from_loader(settings, lambda loader: list(loader.list())) if self.inside_project else None
 
     def crawl(self, spider: str, force: bool, notice: bool = True) -> CrawlKeys:
         """The keys of the crawl of ``spider``, once :meth:`check_spider` and :meth:`check` have passed."""
@@ -152,7 +161,7 @@ class ClientFactory:
         except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error
             return []
         if misses and self.inside_project:
-            read = {self.keys(name).start_urls for name in project_spiders(self.settings) or []}
+            read = {self.keys(name).start_urls for name in self.spiders() or []}
             misses = [m for m in misses if m.key not in read]
         return misses
 
@@ -171,11 +180,6 @@ def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:
         if settings.getlist("SPIDER_MODULES"):
             return use(get_spider_loader(settings))
     return None
-
-
-def project_spiders(settings: Settings) -> list[str] | None:
-    """Names of the project's spiders, or ``None`` when they cannot be listed."""
-    return _from_loader(settings, lambda loader: list(loader.list()))  # type: ignore[no-any-return]
 
 
 def _project_settings() -> Settings:
@@ -229,11 +233,11 @@ force_option = click.option("--force", is_flag=True,
                             help="Use SPIDER even if the project has no spider of that name.")
 
 
-def spider_command(f: Callable[..., Any]) -> click.Command:
-    """``@main.command()`` with SPIDER first and ``--force``, ``--redis-url`` last (:func:`pass_redis`)."""
+def spider_command(f: Callable[..., Any], spider: click.Argument | None = None) -> click.Command:
+    """``@main.command()`` with SPIDER (or ``spider``) first and ``--force``, ``--redis-url`` last."""
     command = main.command()(pass_redis(force_option(f)))
     url, force, *given = command.params
-    command.params = [click.Argument(["spider"]), *given, force, url]
+    command.params = [spider or click.Argument(["spider"]), *given, force, url]
     return command
 
 

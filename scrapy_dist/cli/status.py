@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 import time
@@ -19,17 +20,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from scrapy_dist import seeds as nearmiss
-from scrapy_dist.cli import (
-    ClientFactory,
-    console,
-    force_option,
-    json_safe,
-    main,
-    pass_redis,
-    printable,
-    project_spiders,
-    spider_command,
-)
+from scrapy_dist.cli import ClientFactory, console, json_safe, main, pass_redis, printable, spider_command
 from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
 from scrapy_dist.demo import DEMO_LEASE_SECONDS, Demo, DemoOptions
 from scrapy_dist.frontier import layout
@@ -255,8 +246,7 @@ def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
                f" again (`scrapy-dist resume {spider}` clears the decision).")
 
 
-@main.command()
-@click.argument("spiders", nargs=-1)
+@functools.partial(spider_command, spider=click.Argument(["spiders"], nargs=-1))
 @click.option("--port", default=9410, type=click.IntRange(0, 65535),
               help="TCP port of /metrics (0: any free port, printed).")
 @click.option("--host", default="127.0.0.1",
@@ -265,14 +255,11 @@ def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
               help="Seconds a reading of Redis is reused: several scrapers cost one read.")
 @click.option("--top-domains", default=10, type=click.IntRange(0, 100),
               help="Busiest domains exported with their backlog (bounds the label's cardinality).")
-@force_option
-@pass_redis
 def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str, cache_seconds: float,
             top_domains: int, force: bool) -> None:
     """Serve Prometheus metrics of the crawls of SPIDER... (inside a project and with none named: every
     spider of the project) on http://HOST:PORT/metrics until Ctrl-C."""
-    settings = redis.settings  # finds the project, if any
-    names = list(spiders) or ((project_spiders(settings) or []) if redis.inside_project else [])
+    names = list(spiders) or redis.spiders() or []
     if not names:
         raise click.UsageError("name the crawls to export: scrapy-dist metrics SPIDER...")
     for name in names:
@@ -364,7 +351,7 @@ def demo(redis: ClientFactory, dashboard_port: int | None, **given: Any) -> None
     options = DemoOptions(**given)
     if redis.source in ("--redis-url", "REDIS_URL environment variable"):
         redis.check()  # an unreachable Redis is one "Error:" line, before anything else is printed
-        options.redis_url, options.redis_source = redis.target.display_url, redis.source
+        options.redis_url, options.redis_source = redis.url, redis.source
     dash = (None if dashboard_port is None
             else require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard"))
     runner = Demo(options)

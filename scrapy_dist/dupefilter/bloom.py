@@ -100,7 +100,7 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
         return int(text)
 
     def number(name: str, default: str | None = None) -> float:
-        value = raw.get(name, default)
+        value: Any = raw.get(name, default)
         with contextlib.suppress(TypeError, ValueError):  # float() reads ASCII bytes as it reads text
             if len(value) <= 40:
                 return float(value)
