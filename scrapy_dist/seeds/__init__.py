@@ -19,14 +19,7 @@ from urllib.parse import urlsplit
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.redis.scripts import text
-from scrapy_dist.wire.codec import (
-    check_cookies_allowed,
-    check_header_names,
-    check_meta_keys,
-    check_no_userinfo,
-    spider_method,
-    user_defined,
-)
+from scrapy_dist.wire import codec
 from scrapy_dist.wire.entrypolicy import (
     check_callback_name,
     check_cookies,
@@ -166,7 +159,7 @@ def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
     if scheme in ("http", "https") and not host:
         raise RejectedEntry("bad_url", "no host")
     if "@" in url:
-        check_no_userinfo(url)
+        codec.check_no_userinfo(url)
     return url
 
 
@@ -210,7 +203,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         seed.method = check_method(obj["method"])
     if "headers" in obj:
         seed.headers = check_headers(obj["headers"])
-        check_header_names(seed.headers, rules.headers_allowed)
+        codec.check_header_names(seed.headers, rules.headers_allowed)
     if "body" in obj:
         if not isinstance(body := obj["body"], str):
             raise RejectedEntry("bad_body", f"body is a {json_type(body)}, expected a string")
@@ -220,7 +213,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         if not isinstance(meta := obj["meta"], dict):
             raise RejectedEntry("bad_meta", f"meta is a {json_type(meta)}, expected an object")
         _check_json_value(meta, "bad_meta", "meta")
-        check_meta_keys(meta, rules.meta_allowed)
+        codec.check_meta_keys(meta, rules.meta_allowed)
         seed.meta = meta
     if "cb_kwargs" in obj:
         if not isinstance(kw := obj["cb_kwargs"], dict) or not all(k.isidentifier() for k in kw):
@@ -238,7 +231,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         seed.dont_filter = df
     if "cookies" in obj:
         seed.cookies = check_cookies(obj["cookies"])
-        check_cookies_allowed(rules.headers_allowed)
+        codec.check_cookies_allowed(rules.headers_allowed)
     if formdata:
         if seed.body is not None:
             raise RejectedEntry("bad_form_field", "form fields and body together (the form is the body)")
@@ -264,7 +257,7 @@ def _form_fields(obj: dict[str, Any]) -> dict[str, str | list[str]]:
 
 def class_has_callback(spidercls: type) -> Callable[[str], bool]:
     """``has_callback`` for :func:`parse_seed` from a spider class (what the CLI has)."""
-    return lambda name: user_defined(spidercls, name)
+    return lambda name: codec.user_defined(spidercls, name)
 
 
 def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
@@ -279,8 +272,8 @@ def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
 
 def resolve_callback(spider: Spider, name: str, what: str) -> Any:
     """The bound method ``name`` of ``spider`` (validated as in :func:`spider_has_callback`)."""
-    method = spider_method(spider, name, what)
-    if not user_defined(type(spider), name):
+    method = codec.spider_method(spider, name, what)
+    if not codec.user_defined(type(spider), name):
         raise RejectedEntry(f"bad_{what}", f"{name!r} is not a callback method defined by the spider")
     return method
 
