@@ -161,8 +161,7 @@ class IdleMonitor(PeriodicExtension):
         # only a worker whose requests go through the shared frontier may call the crawl finished
         judges = engine_of(self.crawler) is None or get_scheduler(self.crawler) is not None
         if reason:  # stop filing revisits
-            revisits = getattr(_engine.scheduler(self.crawler), "revisits", None)
-            if revisits is not None:
+            if (revisits := getattr(_engine.scheduler(self.crawler), "revisits", None)) is not None:
                 revisits.stop()
             self._ends_chains = revisits is not None
         elif self.clock.idle_before_close > 0 and judges:

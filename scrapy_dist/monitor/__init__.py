@@ -76,8 +76,7 @@ def _number(text: str) -> int | float | str | None:
             whole = int(text)
             return whole if abs(whole) <= MAX_VALUE else None
         with contextlib.suppress(ValueError):
-            value = float(text)
-            return value if finite(value) is not None else None
+            return finite(float(text))
     return bounded_text(text)
 
 
