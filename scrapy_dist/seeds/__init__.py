@@ -19,17 +19,8 @@ from urllib.parse import urlsplit
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.redis.scripts import text
-from scrapy_dist.wire import codec
-from scrapy_dist.wire.entrypolicy import (
-    check_callback_name,
-    check_cookies,
-    check_headers,
-    check_method,
-    check_priority,
-    check_text,
-    json_type,
-    priority_from_score,
-)
+from scrapy_dist.wire import codec, entrypolicy
+from scrapy_dist.wire.entrypolicy import check_text, json_type, priority_from_score
 
 __all__ = ["DEFAULT_RULES", "FIELDS", "REASONS", "NearMiss", "Seed", "SeedRules", "candidates",
            "class_has_callback", "find", "find_async", "iter_lines", "parse_seed", "priority_from_score",
@@ -200,9 +191,9 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         check_text(url, "bad_url", "url")
     seed = Seed(validate_url(url, rules), is_json=True)
     if "method" in obj:
-        seed.method = check_method(obj["method"])
+        seed.method = entrypolicy.check_method(obj["method"])
     if "headers" in obj:
-        seed.headers = check_headers(obj["headers"])
+        seed.headers = entrypolicy.check_headers(obj["headers"])
         codec.check_header_names(seed.headers, rules.headers_allowed)
     if "body" in obj:
         if not isinstance(body := obj["body"], str):
@@ -221,16 +212,16 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         _check_json_value(kw, "bad_cb_kwargs", "cb_kwargs")
         seed.cb_kwargs = kw
     if "priority" in obj:
-        seed.priority = check_priority(obj["priority"])
+        seed.priority = entrypolicy.check_priority(obj["priority"])
     for what in ("callback", "errback"):
         if what in obj and obj[what] is not None:
-            setattr(seed, what, check_callback_name(obj[what], what, has_callback))
+            setattr(seed, what, entrypolicy.check_callback_name(obj[what], what, has_callback))
     if "dont_filter" in obj:
         if not isinstance(df := obj["dont_filter"], bool):
             raise RejectedEntry("bad_dont_filter", f"dont_filter is a {json_type(df)}, expected true/false")
         seed.dont_filter = df
     if "cookies" in obj:
-        seed.cookies = check_cookies(obj["cookies"])
+        seed.cookies = entrypolicy.check_cookies(obj["cookies"])
         codec.check_cookies_allowed(rules.headers_allowed)
     if formdata:
         if seed.body is not None:
