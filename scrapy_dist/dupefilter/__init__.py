@@ -42,8 +42,7 @@ logger = logging.getLogger(__name__)
 #: duplicate lines go where Scrapy's RFPDupeFilter logs them, so log filters written for Scrapy still apply
 dupes_logger = logging.getLogger("scrapy.dupefilters")
 
-#: fingerprints per script call: others' commands run between calls, and a batch's calls are pipelined
-CALL_TOKENS = 48
+CALL_TOKENS = 48  #: fingerprints per script call (others' commands run between; a batch's are pipelined)
 
 
 def refusal(reason: Any, detail: Any) -> ScrapyDistError:

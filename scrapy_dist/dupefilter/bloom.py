@@ -23,14 +23,12 @@ PLANNED_GROWTH = 16
 OVERFLOW_GROWTH = 2
 RESERVE = 0.05
 MIN_FIRST_CAPACITY = 1000
-#: layout of new filters (``hashing``): 3 gives each filter its optimal hash count, 4 caps them (BloomPlan)
-HASHING = 4
+HASHING = 4  #: new filters' ``hashing``: 3 gives each filter its optimal hash count, 4 caps them (BloomPlan)
 SCHEMES = (3, 4)
 #: layout 4: the small filters use this many hashes fewer than the largest one (fewer SETBITs per insert)
 SMALL_FILTER_HASH_CUT = 2
 WINDOW_BITS = 4096  #: all the bits of one item in one filter lie in one window of this many bits (512 bytes)
-#: bytes a Redis string adds to its contents: the largest sds header (9) and the terminating NUL
-STRING_OVERHEAD = 10
+STRING_OVERHEAD = 10  #: bytes a Redis string adds to its contents: the largest sds header (9) and a NUL
 KEY_OVERHEAD = 80  #: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
 #: most items a filter holds, in capacities: hostile counts cannot make a worker allocate or name more keys
 MAX_OVERSHOOT = 8
@@ -358,10 +356,8 @@ class Generations:
                          overflow_step=OVERFLOW_STEP, scheme=scheme)
 
 
-#: most fingerprints remembered per generation (the memory is cleared when one is full)
-RECENT_LIMIT = 500_000
-#: seconds a sent fingerprint is trusted when the filter remembers forever (docs/continuous.md)
-RECENT_MAX_AGE = 600.0
+RECENT_LIMIT = 500_000  #: most fingerprints remembered per generation (the memory is cleared when one fills)
+RECENT_MAX_AGE = 600.0  #: seconds a sent link is trusted if the filter never forgets (docs/continuous.md)
 
 
 class RecentFingerprints:

@@ -74,8 +74,7 @@ def enable_cluster_stats(crawler: Crawler) -> bool:
 
 
 MAX_POLL = 1.0  #: Most seconds between two polls (fewer when SCHEDULER_IDLE_BEFORE_CLOSE is short).
-#: Seconds between two polls of a crawl that never closes (SCHEDULER_IDLE_BEFORE_CLOSE = None)
-FOREVER_POLL = 5.0
+FOREVER_POLL = 5.0  #: Seconds between polls of a crawl that never closes (SCHEDULER_IDLE_BEFORE_CLOSE = None)
 
 
 @dataclass

@@ -62,8 +62,7 @@ class SeedRules:
     allowed_schemes: tuple[str, ...] = ("http", "https")
     meta_allowed: tuple[str, ...] = ("*",)
     headers_allowed: tuple[str, ...] = ()
-    #: REDIS_START_URLS_DEDUPE: whether a seed that does not say ``dont_filter`` is deduplicated
-    dedupe: bool = False
+    dedupe: bool = False  #: REDIS_START_URLS_DEDUPE: dedupe a seed that does not say ``dont_filter``
 
     @classmethod
     def from_dist(cls, ds: DistSettings) -> SeedRules:
@@ -89,8 +88,7 @@ class Seed:
     errback: str | None = None
     dont_filter: bool | None = None  #: ``None`` when the seed does not say (REDIS_START_URLS_DEDUPE decides)
     cookies: dict[str, Any] | list[dict[str, Any]] | None = None
-    #: fields outside FIELDS: form data, as in scrapy-redis
-    formdata: dict[str, str | list[str]] | None = None
+    formdata: dict[str, str | list[str]] | None = None  #: fields outside FIELDS: form data (scrapy-redis)
     is_json: bool = field(default=False, compare=False)
 
     def to_json(self) -> str:
