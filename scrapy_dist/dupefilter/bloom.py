@@ -357,7 +357,7 @@ class Generations:
 
 
 RECENT_LIMIT = 500_000  #: most fingerprints remembered per generation (the memory is cleared when one fills)
-RECENT_MAX_AGE = 600.0  #: seconds a sent link is trusted if the filter never forgets (docs/continuous.md)
+RECENT_MAX_AGE = 600.0  #: seconds a sent fingerprint is trusted (filter never forgetting; docs/continuous.md)
 
 
 class RecentFingerprints:
