@@ -32,9 +32,8 @@ logger = logging.getLogger(__name__)
 IDLE_PRIORITY = 50  #: of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s``
 ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")  #: the ``-a`` it reads
 
-_SEEDS_IN_START = (
-    "seeds are read in async def start(); to yield requests of your own too, override start() and end it"
-    " with `async for request in super().start(): yield request`")
+_SEEDS_IN_START = ("seeds are read in async def start(); to yield requests of your own too, override start()"
+                   " and end it with `async for request in super().start(): yield request`")
 #: scrapy-redis RedisSpider methods that scrapy-dist's never calls, and what to do instead.
 SCRAPY_REDIS_HOOKS: dict[str, str] = {
     "start_requests": _SEEDS_IN_START,
