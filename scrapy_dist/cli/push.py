@@ -64,8 +64,7 @@ class PushOptions:
 
 
 def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
-    """What to push for one seed (as typed, unless ``--priority`` / ``--meta`` change it: then as a JSON
-    object) and its ZSET score; :class:`RejectedEntry` if invalid."""
+    """One seed's bytes to push (JSON if --priority/--meta change it) and ZSET score; raises RejectedEntry."""
     seed = parse_seed(raw, opts.rules, opts.has_callback)
     score = float(seed.priority if seed.priority is not None else opts.priority or 0)
     fill = opts.priority is not None and seed.priority is None and opts.kind != "zset"
@@ -212,8 +211,7 @@ def items_kind(client: Any, key: str) -> str:
 
 
 def entries(client: Any, key: str, follow: bool, kind: str | None = None) -> Iterator[tuple[Any, bytes]]:
-    """``(LIST index or STREAM id, raw item)`` for each item of ``key`` (a LIST, a STREAM or, when ``kind``
-    is not given, whichever it is) from the first; with ``follow``, waits for the key, then for new items."""
+    """``(LIST index or STREAM id, raw item)`` for each item of ``key``; with ``follow``, waits for more."""
     if kind is None:
         while (kind := items_kind(client, key)) == "none" and follow:
             time.sleep(POLL_SECONDS)
