@@ -236,11 +236,10 @@ class Dashboard:
 
 
 class DashboardThread:
-    """``dashboard`` served on ``host:port`` (0: a free port) from a thread with its own event loop: for
+    """``dashboard`` served on its host, ``port`` (0: a free port), from a thread with its own event loop: for
     ``scrapy-dist demo --dashboard`` and the tests. ``url`` is set once it listens; :meth:`close` stops it."""
 
-    def __init__(self, dashboard: Dashboard, host: str | None = None, port: int = 0) -> None:
-        host = dashboard.host if host is None else host
+    def __init__(self, dashboard: Dashboard, port: int = 0) -> None:
         self.loop = asyncio.new_event_loop()
         self._runner = web.AppRunner(dashboard.app(), access_log=None)
         self._thread = threading.Thread(target=self.loop.run_forever, name="scrapy-dist dashboard",
@@ -249,8 +248,8 @@ class DashboardThread:
 
         async def start() -> str:
             await self._runner.setup()
-            await web.TCPSite(self._runner, host, port).start()
-            return f"http://{host}:{self._runner.addresses[0][1]}/"
+            await web.TCPSite(self._runner, dashboard.host, port).start()
+            return f"http://{dashboard.host}:{self._runner.addresses[0][1]}/"
         try:
             self.url = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
         except BaseException:
