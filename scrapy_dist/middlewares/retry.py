@@ -54,10 +54,9 @@ def exception_reason(exc: BaseException | type[BaseException]) -> str:
 class DeadLetterWriter:
     """Appends dead-letter records through the crawler's scheduler (they ride the failed request's ack)."""
 
-    def __init__(self, crawler: Crawler, scheduler_of: Callable[[], Any] | None = None) -> None:
+    def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
-        #: the running scrapy-dist scheduler, or None (injectable: tests pass an opened scheduler)
-        self.scheduler_of: Callable[[], Any] = scheduler_of or (lambda: get_scheduler(crawler))
+        self.scheduler_of: Callable[[], Any] = lambda: get_scheduler(crawler)  #: our scheduler, or None
         self._no_frontier_log = RateLimitedLog.once(logger)
 
     def write(self, request: Request, reason: str, *, status: int | None = None, detail: str = "",
