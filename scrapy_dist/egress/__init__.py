@@ -62,10 +62,8 @@ def denied(address: str, networks: Iterable[Network]) -> Network | None:
     except ValueError:
         return None
     mapped = getattr(ip, "ipv4_mapped", None)
-    for net in networks:
-        if any(c is not None and c.version == net.version and c in net for c in (ip, mapped)):
-            return net
-    return None
+    return next((net for net in networks
+                 if any(c is not None and c.version == net.version and c in net for c in (ip, mapped))), None)
 
 
 def literal_refusal(host: str, networks: Iterable[Network], what: str = "host") -> str:
