@@ -160,7 +160,7 @@ class SiteTally:
     def __init__(self, server: SiteServer, window: float = RATE_WINDOW) -> None:
         self.server, self.window = server, window
         self.ok: set[int] = set()  #: pages answered 200 at least once
-        self.duplicates = self.retried = 0  #: 200s beyond a page's first; 503s
+        self.duplicates = self.retried = self.not_found = 0  #: 200s beyond a page's first; 503s; 404s
         self.last_new: float | None = None  #: monotonic time of the latest page answered 200 the first time
         self._read = 0
         self._recent: deque[float] = deque()
@@ -181,6 +181,8 @@ class SiteTally:
                     self.last_new = at
             elif status == 503:
                 self.retried += 1
+            elif status == 404:
+                self.not_found += 1
 
     @property
     def crawled(self) -> int:
