@@ -57,11 +57,9 @@ def back_in(leases: dict[str, Any]) -> str:
 
 
 def _held(leases: dict[str, Any], state: str) -> Text:
-    """Leases not in flight: prefetched by running workers, and those of lost workers."""
-    parts = []
-    if leases["prefetched"] or not leases["other"]:
-        paused = " (paused: held, not crawled)" if state == "paused" and leases["prefetched"] else ""
-        parts.append(f"{leases['prefetched']:,} prefetched{paused}")
+    """Leases not in flight (some are): prefetched by running workers, and those of lost workers."""
+    paused = " (paused: held, not crawled)" if state == "paused" else ""
+    parts = [f"{leases['prefetched']:,} prefetched{paused}"] if leases["prefetched"] else []
     if leases["other"]:
         parts.append(f"{leases['other']:,} by lost or just-started workers ({back_in(leases)})")
     return Text(", ".join(parts))
