@@ -188,9 +188,7 @@ def worker_rows(members: list[tuple[Any, float]], details: list[dict[Any, Any]],
         if info.garbage:
             row["garbage"] = list(info.garbage)
         rows.append(row)
-    order = {RUNNING: 0, LOST: 1, CLOSED: 2}
-    rows.sort(key=lambda r: (order[r["state"]], -r["last_seen"]))
-    return rows
+    return sorted(rows, key=lambda r: ((RUNNING, LOST, CLOSED).index(r["state"]), -r["last_seen"]))
 
 
 def crawl_state(control: ControlState, running: int, started: list[float | None] | None = None,
