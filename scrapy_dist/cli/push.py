@@ -1,5 +1,4 @@
-"""``scrapy-dist push`` (seeds in, checked with the spider's rules) and ``scrapy-dist items`` (items out,
-read without consuming them, or moved to a file by ``--export``)."""
+"""``scrapy-dist push`` (seeds in, checked as spiders check them) and ``items`` (read, or ``--export``ed)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Cluster-aware retries: a failed request goes back to the shared frontier with a delay, and a request
-that finally failed is kept in the crawl's dead-letter list (docs/retries.md)."""
+"""Retries delayed in the shared frontier, and final failures kept as dead letters (docs/retries.md)."""
 
 from __future__ import annotations
 
