@@ -71,9 +71,7 @@ def held_text(status: dict[str, Any]) -> str:
     if status["state"] != "stopped" or not (n := leases.get("other")):
         return ""
     text = f"{n:,} leased request{'s' if n != 1 else ''} held by lost workers, {back_in(leases)}"
-    if leases.get("first_in") is not None:
-        text += "; a worker must run to requeue them"
-    return text
+    return text + ("; a worker must run to requeue them" if leases.get("first_in") is not None else "")
 
 
 def idle_text(status: dict[str, Any]) -> str:

@@ -200,8 +200,7 @@ class Dashboard:
         return await self._reply("history", self._read_history, max(self.cache_seconds, BUCKET_SECONDS / 2))
 
     async def page(self, request: web.Request) -> web.Response:
-        html = STATIC.joinpath("index.html").read_text()
-        html = html.replace("{{SPIDER}}", escape(self.keys.spider))
+        html = STATIC.joinpath("index.html").read_text().replace("{{SPIDER}}", escape(self.keys.spider))
         csp = "default-src 'self'; style-src 'self' 'unsafe-inline'"
         return web.Response(text=html, content_type="text/html",
                             headers={"Content-Security-Policy": csp, "X-Frame-Options": "DENY"})
