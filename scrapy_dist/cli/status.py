@@ -57,7 +57,7 @@ def back_in(leases: dict[str, Any]) -> str:
 
 
 def _held(leases: dict[str, Any], state: str) -> Text:
-    """Leases not in flight (some are): prefetched by running workers, and those of lost workers."""
+    """Leases not in flight (some are held): prefetched by running workers, and those of lost workers."""
     paused = " (paused: held, not crawled)" if state == "paused" else ""
     parts = [f"{leases['prefetched']:,} prefetched{paused}"] if leases["prefetched"] else []
     if leases["other"]:
