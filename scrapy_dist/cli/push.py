@@ -1,5 +1,4 @@
-"""``scrapy-dist push`` (seeds in, checked with the spider's rules) and ``scrapy-dist items`` (items out,
-read without consuming them, or moved to a file by ``--export``)."""
+"""``scrapy-dist push`` (seeds in, checked as spiders check them) and ``items`` (read, or ``--export``ed)."""
 
 from __future__ import annotations
 
@@ -7,6 +6,7 @@ import contextlib
 import csv
 import hashlib
 import io
+import itertools
 import json
 import os
 import sys
@@ -63,8 +63,7 @@ class PushOptions:
 
 
 def prepare(raw: bytes, opts: PushOptions) -> tuple[bytes, float]:
-    """What to push for one seed (as typed, unless ``--priority`` / ``--meta`` change it: then as a JSON
-    object) and its ZSET score; :class:`RejectedEntry` if invalid."""
+    """One seed's bytes to push (JSON if --priority/--meta change it) and ZSET score; raises RejectedEntry."""
     seed = parse_seed(raw, opts.rules, opts.has_callback)
     score = float(seed.priority if seed.priority is not None else opts.priority or 0)
     fill = opts.priority is not None and seed.priority is None and opts.kind != "zset"
@@ -98,7 +97,6 @@ def push_seeds(client: redis.Redis, key: str, seeds: Iterable[tuple[str, bytes]]
             if len(pipe) and not opts.dry_run:
                 pipe.execute()
             pipe.reset()
-
     for where, raw in seeds:
         try:
             value, score = prepare(raw, opts)
@@ -174,7 +172,6 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
                     on_bytes(len(line))
                     for raw in iter_lines((line,)):
                         yield f"{'stdin' if file == '-' else file}:{number}", raw
-
     size = os.path.getsize(file) if file not in (None, "-") else 0
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                   TimeRemainingColumn(), console=console(stderr=True), transient=True,
@@ -203,33 +200,6 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
 
 
 # Clients are typed ``Any``: redis-py's reply unions (bytes | str | None | ...) would need a cast per line.
-def list_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[int, bytes]]:
-    """``(index, raw item)`` for each LIST element from the first; with ``follow``, forever."""
-    offset = 0
-    while True:
-        chunk = client.lrange(key, offset, offset + ITEMS_CHUNK - 1)
-        for i, raw in enumerate(chunk):
-            yield offset + i, raw
-        offset += len(chunk)
-        if len(chunk) < ITEMS_CHUNK:
-            if not follow:
-                return
-            time.sleep(POLL_SECONDS)
-
-
-def stream_entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
-    """``(entry id, raw item)`` for each STREAM entry from the first; with ``follow``, forever."""
-    start = "0-0"
-    while True:
-        reply = client.xread({key: start}, count=ITEMS_CHUNK, block=BLOCK_MS if follow else None)
-        rows = reply[0][1] if reply else []
-        for entry_id, fields in rows:
-            start = entry_id.decode()
-            yield start, fields.get(STREAM_FIELD.encode(), b"")
-        if not follow and len(rows) < ITEMS_CHUNK:
-            return
-
-
 def items_kind(client: Any, key: str) -> str:
     """``list``, ``stream`` or ``none``: the type of the items key; one line for any other type."""
     if (kind := text(client.type(key))) not in ("list", "stream", "none"):
@@ -237,17 +207,29 @@ def items_kind(client: Any, key: str) -> str:
     return kind
 
 
-def entries(client: Any, key: str, follow: bool) -> Iterator[tuple[str, bytes]]:
-    """The entries of the items key, LIST or STREAM; with ``follow``, waits for the key to appear."""
-    while (kind := items_kind(client, key)) == "none" and follow:
-        time.sleep(POLL_SECONDS)
-    if kind == "list":
-        yield from ((str(index), raw) for index, raw in list_entries(client, key, follow))
-    elif kind == "stream":
-        yield from stream_entries(client, key, follow)
+def entries(client: Any, key: str, follow: bool, kind: str | None = None) -> Iterator[tuple[Any, bytes]]:
+    """``(LIST index or STREAM id, raw item)`` for each item of ``key``; with ``follow``, waits for more."""
+    if kind is None:
+        while (kind := items_kind(client, key)) == "none" and follow:
+            time.sleep(POLL_SECONDS)
+    after: Any = 0 if kind == "list" else "0-0"  # the next LIST index, the last STREAM id read
+    while kind in ("list", "stream"):
+        if kind == "list":
+            rows = list(enumerate(client.lrange(key, after, after + ITEMS_CHUNK - 1), after))
+        else:
+            reply = client.xread({key: after}, count=ITEMS_CHUNK, block=BLOCK_MS if follow else None)
+            rows = [(i.decode(), f.get(STREAM_FIELD.encode(), b"")) for i, f in reply[0][1]] if reply else []
+        yield from rows
+        if rows:
+            after = rows[-1][0] + 1 if kind == "list" else rows[-1][0]
+        if len(rows) < ITEMS_CHUNK:
+            if not follow:
+                return
+            if kind == "list":  # a STREAM read blocks instead
+                time.sleep(POLL_SECONDS)
 
 
-def _format_item(position: str, raw: bytes, json_lines: bool) -> tuple[str, bool]:
+def _format_item(position: Any, raw: bytes, json_lines: bool) -> tuple[str, bool]:
     """The text for one entry, and whether it is a warning (for stderr) that the entry was skipped."""
     try:
         item: Any = json.loads(raw)
@@ -326,22 +308,18 @@ class Exporter:
 
     def step(self) -> int:
         """Move one chunk; how many items it held (0: the key is empty)."""
-        kind, values = items_kind(self.client, self.key), []
-        if kind == "list":
-            values = self.client.lrange(self.key, 0, EXPORT_CHUNK - 1)
-            digest = hashlib.sha1(b"\n".join(values)).hexdigest()  # as items_trim.lua computes it
-            entry: dict[str, Any] = {"kind": "list", "n": len(values), "sha1": digest}
-        elif kind == "stream":
-            rows = self.client.xrange(self.key, count=EXPORT_CHUNK)
-            values = [fields.get(STREAM_FIELD.encode(), b"") for _, fields in rows]
-            entry = {"kind": "stream", "ids": [i.decode() for i, _ in rows]}
+        kind = items_kind(self.client, self.key)
+        rows = list(itertools.islice(entries(self.client, self.key, False, kind), EXPORT_CHUNK))
+        values = [raw for _, raw in rows]
+        digest = hashlib.sha1(b"\n".join(values)).hexdigest()  # as items_trim.lua computes it
+        entry: dict[str, Any] = ({"kind": "list", "n": len(values), "sha1": digest} if kind == "list"
+                                 else {"kind": "stream", "ids": [i for i, _ in rows]})
         if not values:
             return 0
         fresh = not self.path.exists() or self.path.stat().st_size == 0
         _write_synced(self.path, self._encode(values, fresh), "ab")
         _write_synced(self.journal, json.dumps(entry).encode(), "wb")
-        self._remove(entry)
-        self.journal.unlink()
+        self.recover()  # the removal, as a later run would finish it
         return len(values)
 
     def _encode(self, values: list[bytes], fresh: bool) -> bytes:

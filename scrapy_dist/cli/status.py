@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 import time
@@ -19,20 +20,9 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from scrapy_dist import seeds as nearmiss
-from scrapy_dist.cli import (
-    ClientFactory,
-    console,
-    force_option,
-    json_safe,
-    main,
-    pass_redis,
-    printable,
-    project_spiders,
-    spider_command,
-)
+from scrapy_dist.cli import ClientFactory, console, json_safe, main, pass_redis, printable, spider_command
 from scrapy_dist.cli.dead import requeue_letters, requeue_targets, select
 from scrapy_dist.demo import DEMO_LEASE_SECONDS, Demo, DemoOptions
-from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier import layout
 from scrapy_dist.monitor import read_status
 from scrapy_dist.redis.outage import READ_ERRORS, describe
@@ -67,11 +57,9 @@ def back_in(leases: dict[str, Any]) -> str:
 
 
 def _held(leases: dict[str, Any], state: str) -> Text:
-    """Leases not in flight: prefetched by running workers, and those of lost workers."""
-    parts = []
-    if leases["prefetched"] or not leases["other"]:
-        paused = " (paused: held, not crawled)" if state == "paused" and leases["prefetched"] else ""
-        parts.append(f"{leases['prefetched']:,} prefetched{paused}")
+    """Leases not in flight (some are held): prefetched by running workers, and those of lost workers."""
+    paused = " (paused: held, not crawled)" if state == "paused" else ""
+    parts = [f"{leases['prefetched']:,} prefetched{paused}"] if leases["prefetched"] else []
     if leases["other"]:
         parts.append(f"{leases['other']:,} by lost or just-started workers ({back_in(leases)})")
     return Text(", ".join(parts))
@@ -83,9 +71,7 @@ def held_text(status: dict[str, Any]) -> str:
     if status["state"] != "stopped" or not (n := leases.get("other")):
         return ""
     text = f"{n:,} leased request{'s' if n != 1 else ''} held by lost workers, {back_in(leases)}"
-    if leases.get("first_in") is not None:
-        text += "; a worker must run to requeue them"
-    return text
+    return text + ("; a worker must run to requeue them" if leases.get("first_in") is not None else "")
 
 
 def idle_text(status: dict[str, Any]) -> str:
@@ -112,10 +98,9 @@ def render(status: dict[str, Any]) -> Group:
     stats, shards, leases = status["stats"], status.get("shards", 1), status.get("leases") or {}
     overview.add_row(f"Queued ({shards} shards)" if shards > 1 else "Queued", _num(front["queued"]),
                      "Pages", _num(stats.get("response_received_count", 0)))
-    # a worker without the figures (older version): every lease counts as in flight
-    known = leases.get("in_flight") is not None
-    in_flight = leases["in_flight"] if known else front["inflight"]
-    overview.add_row("In flight", _num(in_flight), "Items", _num(stats.get("item_scraped_count", 0)))
+    known = leases.get("in_flight") is not None  # else (an older worker) every lease counts as in flight
+    overview.add_row("In flight", _num(leases["in_flight"] if known else front["inflight"]),
+                     "Items", _num(stats.get("item_scraped_count", 0)))
     overview.add_row("Delayed", _num(front["delayed"]), "Dead letters", _num(status["deadletter"]))
     revisits = status.get("revisits") or {}
     if revisits.get("scheduled") or revisits.get("next_in") is not None:
@@ -192,7 +177,6 @@ def status(redis: ClientFactory, spider: str, as_json: bool, watch: bool, interv
 
     def read() -> dict[str, Any]:
         return {**read_status(client, keys, default_interval=redis.dist.monitoring.interval or 5.0), **extra}
-
     if not watch:
         if as_json:
             click.echo(json_safe(json.dumps(read(), indent=2)))
@@ -257,8 +241,7 @@ def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
                f" again (`scrapy-dist resume {spider}` clears the decision).")
 
 
-@main.command()
-@click.argument("spiders", nargs=-1)
+@functools.partial(spider_command, spider=click.Argument(["spiders"], nargs=-1))
 @click.option("--port", default=9410, type=click.IntRange(0, 65535),
               help="TCP port of /metrics (0: any free port, printed).")
 @click.option("--host", default="127.0.0.1",
@@ -267,14 +250,11 @@ def close(redis: ClientFactory, spider: str, reason: str, force: bool) -> None:
               help="Seconds a reading of Redis is reused: several scrapers cost one read.")
 @click.option("--top-domains", default=10, type=click.IntRange(0, 100),
               help="Busiest domains exported with their backlog (bounds the label's cardinality).")
-@force_option
-@pass_redis
 def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str, cache_seconds: float,
             top_domains: int, force: bool) -> None:
     """Serve Prometheus metrics of the crawls of SPIDER... (inside a project and with none named: every
     spider of the project) on http://HOST:PORT/metrics until Ctrl-C."""
-    settings = redis.settings  # finds the project, if any
-    names = list(spiders) or ((project_spiders(settings) or []) if redis.inside_project else [])
+    names = list(spiders) or redis.spiders() or []
     if not names:
         raise click.UsageError("name the crawls to export: scrapy-dist metrics SPIDER...")
     for name in names:
@@ -310,18 +290,13 @@ def dashboard(redis: ClientFactory, spider: str, host: str, port: int, token: st
     letters) on http://HOST:PORT/ until Ctrl-C."""
     keys = redis.crawl(spider, force)
     dashboards = require_extra("scrapy_dist.monitor.dashboard", "aiohttp", "dashboard")
-    try:
-        dashboards.check_binding(host, token)
-    except ScrapyDistError as exc:
-        raise click.ClickException(str(exc).removeprefix("scrapy-dist: ")) from None
+    dashboards.check_binding(host, token)
     with redis.client() as client:
-
         async def requeue() -> str:
             letters, _ = await asyncio.to_thread(select, client, keys.deadletter, None)
             targets, refused = requeue_targets(letters, redis.dist, keys)
             done = await requeue_letters(redis, keys, targets) if targets else 0
             return f"requeued {done}, kept {len(refused)}"
-
         dash = dashboards.Dashboard(client, keys, token=token, requeue=requeue, host=host,
                                     allowed_hosts=allowed_hosts)
         try:

@@ -408,12 +408,10 @@ class Demo:
                 claimed = df.seen_tokens([df.tokens(Request(u)) for u in urls], add=False)
         except Exception as exc:  # an explanation, not the verdict: never fail the summary over it
             self.say(Text(f"Could not check the bloom filter: {exc}", style="red"))
-        lines = []
-        for url, bloom in zip(urls, claimed, strict=True):
-            why = ("the crawl's bloom filter took it for a page already seen (a false positive: it was never"
-                   " queued; see BLOOMFILTER_ERROR_RATE)" if bloom else
-                   "never answered 200 and not in the bloom filter: see the worker logs")
-            lines.append(f"lost: {url} -- {why}")
+        why = {True: "the crawl's bloom filter took it for a page already seen (a false positive: it was"
+                     " never queued; see BLOOMFILTER_ERROR_RATE)",
+               False: "never answered 200 and not in the bloom filter: see the worker logs"}
+        lines = [f"lost: {url} -- {why[bloom]}" for url, bloom in zip(urls, claimed, strict=True)]
         if total > len(urls):
             lines.append(f"... and {total - len(urls):,} more lost pages")
         return lines

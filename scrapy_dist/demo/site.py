@@ -223,8 +223,7 @@ class Summary:
 
 def summarize(graph: SiteGraph, answers_200: Mapping[str, int], answers_503: Mapping[str, int],
               dead_reasons: Mapping[str, int], **run: Any) -> Summary:
-    """The summary from what the site answered (``SiteServer.fetch_counts``) and the dead-letter reasons;
-    ``run``: the other :class:`Summary` fields (``elapsed``, ``workers_failed``, ...)."""
+    """The summary of the site's answers (``SiteServer.fetch_counts``), dead letters and ``run``'s fields."""
     ok_counts: Counter[int] = Counter()
     for path, n in answers_200.items():
         if (m := PAGE_PATH.match(path)) and n > 0:

@@ -19,18 +19,8 @@ from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.utils.request import referer_str
 
-from scrapy_dist.dupefilter.bloom import (
-    HASHING,
-    RECENT_MAX_AGE,
-    SCHEMES,
-    BloomParameterError,
-    BloomPlan,
-    BloomRecord,
-    Generations,
-    RecentFingerprints,
-    fingerprint_hashes,
-    parse_bloom_record,
-)
+from scrapy_dist.dupefilter import bloom
+from scrapy_dist.dupefilter.bloom import RECENT_MAX_AGE, BloomParameterError, BloomPlan, RecentFingerprints
 from scrapy_dist.exceptions import FrontierScriptError, FrontierStateError, ScrapyDistError
 from scrapy_dist.redis import connection, scripts
 from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
@@ -52,8 +42,7 @@ logger = logging.getLogger(__name__)
 #: duplicate lines go where Scrapy's RFPDupeFilter logs them, so log filters written for Scrapy still apply
 dupes_logger = logging.getLogger("scrapy.dupefilters")
 
-#: fingerprints per script call: others' commands run between calls, and a batch's calls are pipelined
-CALL_TOKENS = 48
+CALL_TOKENS = 48  #: fingerprints per script call (others' commands run between; a batch's are pipelined)
 
 
 def refusal(reason: Any, detail: Any) -> ScrapyDistError:
@@ -87,8 +76,7 @@ class DupeScript:
                   for i in range(0, len(tokens), CALL_TOKENS)]
         flags: list[str | None] = [None] * len(chunks)
         for _ in range(64):
-            todo = [i for i, f in enumerate(flags) if f is None]
-            if not todo:
+            if not (todo := [i for i, f in enumerate(flags) if f is None]):
                 return [f == "0" for chunk in flags for f in chunk or ""]
             pending = sum(len(chunks[i]) // 2 for i in todo) if op == "add" else 0
             mode, keys, params = df.script_args(pending, now)
@@ -278,7 +266,7 @@ class BloomDupeFilter(RedisDupeFilter):
     generations: InitVar[int] = 4
 
     def __post_init__(self, capacity: int, error_rate: float, block_bits: int, generations: int) -> None:
-        self.gens = None if self.ttl is None else Generations(self.ttl, generations)
+        self.gens = None if self.ttl is None else bloom.Generations(self.ttl, generations)
         self._size(BloomPlan(capacity, error_rate, block_bits))
 
     def _size(self, base: BloomPlan) -> None:
@@ -294,8 +282,9 @@ class BloomDupeFilter(RedisDupeFilter):
         """Record (or adopt) the crawl's bloom parameters: one pipelined round trip."""
         pipe = self.redis.pipeline(transaction=False)
         b = self.base
-        mine: dict[str, Any] = {"capacity": b.capacity, "error_rate": repr(b.error_rate), "hashing": HASHING,
-                                "block_bits": b.block_bits, "ttl": repr(float(self.ttl or 0)),
+        mine: dict[str, Any] = {"capacity": b.capacity, "error_rate": repr(b.error_rate),
+                                "hashing": bloom.HASHING, "block_bits": b.block_bits,
+                                "ttl": repr(float(self.ttl or 0)),
                                 "generations": self.gens.count if self.gens else 4}
         for name, value in mine.items():
             pipe.hsetnx(self.keys.bloom, name, value)
@@ -303,8 +292,8 @@ class BloomDupeFilter(RedisDupeFilter):
         values = pipe.hmget(self.keys.bloom, names).execute()[-1]
         fix = "clear it (SCHEDULER_FLUSH_ON_START) or use another REDIS_KEY_PREFIX"
         try:
-            rec = parse_bloom_record({k: v for k, v in zip(names, values, strict=True) if v is not None},
-                                     self.keys.bloom)
+            rec = bloom.parse_bloom_record(
+                {k: v for k, v in zip(names, values, strict=True) if v is not None}, self.keys.bloom)
         except BloomParameterError as exc:
             raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {fix}") from None
         if rec.n_garbage is not None:
@@ -318,13 +307,12 @@ class BloomDupeFilter(RedisDupeFilter):
                            self.keys.bloom, rec.schedule_garbage, self.ttl, mine["generations"])
             rec = dataclasses.replace(rec, ttl=float(self.ttl or 0), generations=int(mine["generations"]),
                                       schedule_garbage=None)
-        if rec.hashing not in SCHEMES:
+        if rec.hashing not in bloom.SCHEMES:
             raise ScrapyDistError(f"The bloom filter {self.keys.bloom!r} was written with layout"
-                                  f" {rec.hashing}, this scrapy-dist reads {', '.join(map(str, SCHEMES))}:"
-                                  f" {fix}")
+                                  f" {rec.hashing}, this scrapy-dist reads {bloom.SCHEMES}: {fix}")
         self.adopt(rec)
 
-    def adopt(self, rec: BloomRecord) -> None:
+    def adopt(self, rec: bloom.BloomRecord) -> None:
         """Use the parameters recorded for the crawl, warning when they differ from this worker's."""
         b = self.base
         ttl = rec.ttl or None
@@ -339,7 +327,7 @@ class BloomDupeFilter(RedisDupeFilter):
                     rec.error_rate, ttl, theirs[4], b.capacity, b.error_rate, self.ttl, mine[4])
             # a crawl keeps the layout it was created with
             self.ttl = ttl
-            self.gens = None if ttl is None else Generations(ttl, rec.generations)
+            self.gens = None if ttl is None else bloom.Generations(ttl, rec.generations)
             self._size(BloomPlan(rec.capacity, rec.error_rate, rec.block_bits, scheme=rec.hashing))
         self.observe(0 if self.gens else rec.n)
 
@@ -348,7 +336,7 @@ class BloomDupeFilter(RedisDupeFilter):
         return RECENT_MAX_AGE if self.gens is None else min(RECENT_MAX_AGE, self.gens.span / 4)
 
     def fingerprint_tokens(self, fingerprint: bytes) -> tuple[Any, Any]:
-        return fingerprint_hashes(fingerprint)
+        return bloom.fingerprint_hashes(fingerprint)
 
     def for_shard(self, keys: CrawlKeys, shards: int) -> Self:
         """A shard's filter holds about 1/shards of the crawl's URLs: its chain is sized for that."""
@@ -399,13 +387,13 @@ class BloomDupeFilter(RedisDupeFilter):
         """A per-process filter (not with a TTL: it never forgets), then one atomic test-and-set."""
         fp = self.fingerprint(request)
         if self.gens is not None:
-            return self.seen_tokens([fingerprint_hashes(fp)])[0]
+            return self.seen_tokens([bloom.fingerprint_hashes(fp)])[0]
         if self._local is None:
             self._local = ScalableBloomFilter(initial_capacity=100_000, error_rate=1e-7,
                                               mode=ScalableBloomFilter.LARGE_SET_GROWTH)
         if fp in self._local:
             return True
-        seen = self.seen_tokens([fingerprint_hashes(fp)])[0]
+        seen = self.seen_tokens([bloom.fingerprint_hashes(fp)])[0]
         self._local.add(fp)
         return seen
 

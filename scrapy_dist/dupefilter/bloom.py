@@ -6,6 +6,7 @@ and :class:`RecentFingerprints`, a worker's memory of the fingerprints it sent."
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import math
 from collections.abc import Hashable
@@ -22,14 +23,12 @@ PLANNED_GROWTH = 16
 OVERFLOW_GROWTH = 2
 RESERVE = 0.05
 MIN_FIRST_CAPACITY = 1000
-#: layout of new filters (``hashing``): 3 gives each filter its optimal hash count, 4 caps them (BloomPlan)
-HASHING = 4
+HASHING = 4  #: new filters' ``hashing``: 3 gives each filter its optimal hash count, 4 caps them (BloomPlan)
 SCHEMES = (3, 4)
 #: layout 4: the small filters use this many hashes fewer than the largest one (fewer SETBITs per insert)
 SMALL_FILTER_HASH_CUT = 2
 WINDOW_BITS = 4096  #: all the bits of one item in one filter lie in one window of this many bits (512 bytes)
-#: bytes a Redis string adds to its contents: the largest sds header (9) and the terminating NUL
-STRING_OVERHEAD = 10
+STRING_OVERHEAD = 10  #: bytes a Redis string adds to its contents: the largest sds header (9) and a NUL
 KEY_OVERHEAD = 80  #: approximate bytes of Redis bookkeeping per key (dict entry, key object and name)
 #: most items a filter holds, in capacities: hostile counts cannot make a worker allocate or name more keys
 MAX_OVERSHOOT = 8
@@ -99,13 +98,10 @@ def parse_bloom_record(fields: dict[Any, Any], key: str = "{spider}:bloom") -> B
         return int(text)
 
     def number(name: str, default: str | None = None) -> float:
-        value = raw.get(name, default)
-        try:
-            text = value.decode("ascii") if isinstance(value, bytes) else value
-            if isinstance(text, str) and len(text) <= 40:
-                return float(text)
-        except (UnicodeDecodeError, ValueError):
-            pass
+        value: Any = raw.get(name, default)
+        with contextlib.suppress(TypeError, ValueError):  # float() reads ASCII bytes as it reads text
+            if len(value) <= 40:
+                return float(value)
         raise BloomParameterError(f"{key} field {name}={_show(value)}: not a number")
     err = number("error_rate")  # parsed first: its error wins
     capacity, error_rate, block_bits = check_parameters(
@@ -286,8 +282,7 @@ class BloomPlan:
         """Estimated compound false-positive rate with ``items`` items inserted."""
         total, left = 0.0, items
         for s in self.filters_for(items):
-            n = min(left, s.capacity)
-            if n <= 0:
+            if (n := min(left, s.capacity)) <= 0:
                 break
             total += window_fpr(n, s.bits, s.hashes)
             left -= n
@@ -361,10 +356,8 @@ class Generations:
                          overflow_step=OVERFLOW_STEP, scheme=scheme)
 
 
-#: most fingerprints remembered per generation (the memory is cleared when one is full)
-RECENT_LIMIT = 500_000
-#: seconds a sent fingerprint is trusted when the filter remembers forever (docs/continuous.md)
-RECENT_MAX_AGE = 600.0
+RECENT_LIMIT = 500_000  #: most fingerprints remembered per generation (the memory is cleared when one fills)
+RECENT_MAX_AGE = 600.0  #: seconds a sent fingerprint is trusted (filter never forgetting; docs/continuous.md)
 
 
 class RecentFingerprints:

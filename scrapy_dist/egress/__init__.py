@@ -62,10 +62,8 @@ def denied(address: str, networks: Iterable[Network]) -> Network | None:
     except ValueError:
         return None
     mapped = getattr(ip, "ipv4_mapped", None)
-    for net in networks:
-        if any(c is not None and c.version == net.version and c in net for c in (ip, mapped)):
-            return net
-    return None
+    return next((net for net in networks
+                 if any(c is not None and c.version == net.version and c in net for c in (ip, mapped))), None)
 
 
 def literal_refusal(host: str, networks: Iterable[Network], what: str = "host") -> str:
@@ -82,16 +80,14 @@ def request_refusal(request: Request, networks: Sequence[Network]) -> str:
     if not networks:
         return ""
     why = literal_refusal(urlparse_cached(request).hostname or "", networks)
-    proxy = request.meta.get("proxy")
-    if not why and isinstance(proxy, str) and proxy:
+    if not why and isinstance(proxy := request.meta.get("proxy"), str) and proxy:
         why = literal_refusal(proxy_host(proxy), networks, "proxy")
     return why
 
 
 def checked_request(request: Request, networks: Sequence[Network], stats: Any = None) -> Request:
     """``request``, or :class:`RejectedEntry` (``denied_network``, counted) if :func:`request_refusal`."""
-    why = request_refusal(request, networks)
-    if not why:
+    if not (why := request_refusal(request, networks)):
         return request
     if stats is not None:
         stats.inc_value("deny_networks/refused")
@@ -127,8 +123,7 @@ class DenyPolicy:
 
     def check(self, address: str, name: str) -> str:
         """``address`` (an answer for ``name``) unless denied: then count, log and raise DeniedNetwork."""
-        net = denied(address, self.networks)
-        if net is None:
+        if (net := denied(address, self.networks)) is None:
             return address
         why = f"{name} resolves to {address}, in denied network {net}"
         for _, stats in self._crawls.values():
@@ -164,8 +159,7 @@ class DenyingResolver:
         self.inner, self.policy = inner, policy
 
     def getHostByName(self, name: str, timeout: Sequence[int] = (1, 3, 11, 45)) -> Deferred[str]:
-        refused = self.policy.unmark(name)
-        if refused is not None:
+        if (refused := self.policy.unmark(name)) is not None:
             return refused
         answer: Deferred[str] = self.inner.getHostByName(name, timeout)
         return answer.addCallback(self.policy.check, name)
@@ -250,8 +244,7 @@ _warnings = RateLimitedLog.once(logger)  # each text once per process
 
 def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
     """Put ``crawler``'s ``SCHEDULER_DENY_NETWORKS`` in force from the engine's start to its stop."""
-    networks = parse_networks(deny_networks)
-    if not networks or crawler in _enforced:
+    if not (networks := parse_networks(deny_networks)) or crawler in _enforced:
         return networks
     _enforced.add(crawler)
 
@@ -259,7 +252,6 @@ def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
         POLICY.join(id(crawler), networks, crawler.stats)
         _check_reactor(crawler)
         _check_env_proxies(networks)
-
     crawler.signals.connect(started, signal=signals.engine_started, weak=False)
     crawler.signals.connect(lambda: POLICY.leave(id(crawler)), signal=signals.engine_stopped, weak=False)
     return networks
@@ -273,8 +265,7 @@ def _check_reactor(crawler: Crawler) -> None:
                       " networks at the firewall as well", key="no reactor")
         return
     from twisted.internet import reactor
-    wrapped = install(reactor)
-    if wrapped:
+    if wrapped := install(reactor):
         _warnings.log(logging.WARNING, "TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's: it"
                       " is wrapped so that every address it returns is checked against"
                       " SCHEDULER_DENY_NETWORKS; to keep Scrapy's DNS cache with the check, use"
@@ -285,8 +276,7 @@ def _check_reactor(crawler: Crawler) -> None:
 def _check_env_proxies(networks: list[Network]) -> None:
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         value = os.environ.get(var, "")
-        why = literal_refusal(proxy_host(value), networks, "proxy") if value else ""
-        if why:
+        if value and (why := literal_refusal(proxy_host(value), networks, "proxy")):
             _warnings.log(logging.WARNING, "%s: %s (SCHEDULER_DENY_NETWORKS); it is used, being the"
                           " operator's setting -- only a proxy named in the environment by a DNS name is"
                           " checked on each connection", var, why, key=f"{var} {why}")

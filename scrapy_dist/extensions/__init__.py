@@ -74,8 +74,7 @@ def enable_cluster_stats(crawler: Crawler) -> bool:
 
 
 MAX_POLL = 1.0  #: Most seconds between two polls (fewer when SCHEDULER_IDLE_BEFORE_CLOSE is short).
-#: Seconds between two polls of a crawl that never closes (SCHEDULER_IDLE_BEFORE_CLOSE = None)
-FOREVER_POLL = 5.0
+FOREVER_POLL = 5.0  #: Seconds between polls of a crawl that never closes (SCHEDULER_IDLE_BEFORE_CLOSE = None)
 
 
 @dataclass
@@ -161,8 +160,7 @@ class IdleMonitor(PeriodicExtension):
         # only a worker whose requests go through the shared frontier may call the crawl finished
         judges = engine_of(self.crawler) is None or get_scheduler(self.crawler) is not None
         if reason:  # stop filing revisits
-            revisits = getattr(_engine.scheduler(self.crawler), "revisits", None)
-            if revisits is not None:
+            if (revisits := getattr(_engine.scheduler(self.crawler), "revisits", None)) is not None:
                 revisits.stop()
             self._ends_chains = revisits is not None
         elif self.clock.idle_before_close > 0 and judges:

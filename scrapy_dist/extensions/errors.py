@@ -37,8 +37,7 @@ BUCKETS = 30  #: Buckets per window: the window slides in steps of window / BUCK
 
 def http_error_matcher(spec: list[Any]) -> Any:
     """A predicate on status codes from ``ERRORMONITOR_HTTP_ERRORS`` items: numbers or classes (``5xx``)."""
-    codes: set[int] = set()
-    classes: set[int] = set()
+    codes, classes = set[int](), set[int]()
     for item in spec:
         text = str(item).strip().lower()
         if len(text) == 3 and text.endswith("xx") and text[0].isascii() and text[0].isdigit():

@@ -46,8 +46,7 @@ __all__ = ["AddedCredentialsMiddleware", "ConditionalRevisitMiddleware", "Denied
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if (module := _EXPORTS.get(name)) is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(import_module(module if "." in module else f"{__name__}.{module}"), name)
 
@@ -153,11 +152,9 @@ class ConditionalRevisitMiddleware:
             return response
         if self.stats is not None:
             self.stats.inc_value("revisit/not_modified")
-        sched = get_scheduler(self.crawler)
-        if sched is not None and sched.revisits is not None:
+        if (sched := get_scheduler(self.crawler)) is not None and sched.revisits is not None:
             sched.revisits.not_modified(request)
-        hook = getattr(self.crawler.spider, "on_not_modified", None)
-        if callable(hook):
+        if callable(hook := getattr(self.crawler.spider, "on_not_modified", None)):
             try:
                 hook(response)
             except Exception:

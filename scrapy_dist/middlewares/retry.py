@@ -1,5 +1,4 @@
-"""Cluster-aware retries: a failed request goes back to the shared frontier with a delay, and a request
-that finally failed is kept in the crawl's dead-letter list (docs/retries.md)."""
+"""Retries delayed in the shared frontier, and final failures kept as dead letters (docs/retries.md)."""
 
 from __future__ import annotations
 
@@ -7,24 +6,23 @@ import logging
 import random
 import time
 import weakref
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
+from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetryMiddleware
 from scrapy.downloadermiddlewares.retry import get_retry_request
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
 from scrapy.spidermiddlewares.httperror import HttpError
 from scrapy.spidermiddlewares.httperror import HttpErrorMiddleware as ScrapyHttpErrorMiddleware
-from scrapy.utils.misc import _load_objects
 from scrapy.utils.python import global_object_name
 from scrapy.utils.response import response_status_message
 
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.frontier.orders import dead_letter_record, retry_delay
 from scrapy_dist.frontier.scheduler import get_scheduler
-from scrapy_dist.settings import DistSettings, defaults
+from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import refusing
 from scrapy_dist.utils import RateLimitedLog
 from scrapy_dist.wire.entrypolicy import as_scheduled
@@ -34,6 +32,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from twisted.python.failure import Failure
     from typing_extensions import Self
+
+    from scrapy_dist.settings import RetrySettings
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +53,9 @@ def exception_reason(exc: BaseException | type[BaseException]) -> str:
 class DeadLetterWriter:
     """Appends dead-letter records through the crawler's scheduler (they ride the failed request's ack)."""
 
-    def __init__(self, crawler: Crawler, scheduler_of: Callable[[], Any] | None = None) -> None:
+    def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
-        #: the running scrapy-dist scheduler, or None (injectable: tests pass an opened scheduler)
-        self.scheduler_of: Callable[[], Any] = scheduler_of or (lambda: get_scheduler(crawler))
+        self.scheduler_of: Callable[[], Any] = lambda: get_scheduler(crawler)  #: our scheduler, or None
         self._no_frontier_log = RateLimitedLog.once(logger)
 
     def write(self, request: Request, reason: str, *, status: int | None = None, detail: str = "",
@@ -64,8 +63,7 @@ class DeadLetterWriter:
         """Dead-letter ``request``; ``False`` if it already was, or if there is no frontier to keep it."""
         if request in _dead_lettered:
             return False
-        scheduler = self.scheduler_of()
-        if scheduler is None:
+        if (scheduler := self.scheduler_of()) is None:
             self._no_frontier_log.log(
                 logging.WARNING, "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
                 " SCHEDULER = 'scrapy_dist.scheduler.Scheduler'. Further ones are not reported.",
@@ -83,58 +81,40 @@ class DeadLetterWriter:
         return True
 
 
-@dataclass(eq=False, kw_only=True)
-class RetryMiddleware:
+class RetryMiddleware(ScrapyRetryMiddleware):
     """Drop-in for Scrapy's ``RetryMiddleware`` (docs/retries.md): the retry waits in ``{spider}:delayed``
     and the attempt ends with :class:`RetryScheduled`, its errback removed, so an errback only sees the final
     failure, which is dead-lettered. Without the scrapy-dist scheduler it retries like Scrapy's."""
 
-    max_retry_times: int = 2
-    retry_http_codes: Collection[int] = (500, 502, 503, 504, 522, 524, 408, 429)
-    exceptions_to_retry: tuple[type[BaseException], ...] = ()
-    priority_adjust: int = -1
-    give_up_log_level: int | str = "ERROR"
-    backoff_base: float = defaults.RETRY_BACKOFF_BASE
-    backoff_max: float = defaults.RETRY_BACKOFF_MAX
-    deadletter_ignored: bool = defaults.DEADLETTER_IGNORED
-    clock: Callable[[], float] = time.time
-    rng: Callable[[], float] = random.random
-    crawler: Crawler = field(init=False, repr=False)
-    dead_letters: DeadLetterWriter = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.retry_http_codes = {int(c) for c in self.retry_http_codes}
+    retries: RetrySettings
+    dead_letters: DeadLetterWriter
+    clock: Callable[[], float]
+    rng: Callable[[], float]
 
     @classmethod
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
-        s = crawler.settings  # Scrapy's own RETRY_* settings, read as Scrapy's RetryMiddleware does
-        if not s.getbool("RETRY_ENABLED"):
-            raise NotConfigured
-        ds = DistSettings.for_crawler(crawler)
-        o = cls(max_retry_times=s.getint("RETRY_TIMES"),
-                retry_http_codes=[int(x) for x in s.getlist("RETRY_HTTP_CODES")],
-                exceptions_to_retry=tuple(_load_objects(s.getlist("RETRY_EXCEPTIONS"))),
-                priority_adjust=s.getint("RETRY_PRIORITY_ADJUST"),
-                give_up_log_level=s["RETRY_GIVE_UP_LOG_LEVEL"], backoff_base=ds.retries.backoff_base,
-                backoff_max=ds.retries.backoff_max, deadletter_ignored=ds.retries.deadletter_ignored)
-        o.crawler = crawler
-        o.dead_letters = DeadLetterWriter(crawler)
+        o = super().from_crawler(crawler)  # Scrapy's own RETRY_* settings, read by Scrapy's RetryMiddleware
+        o.retries, o.dead_letters = DistSettings.for_crawler(crawler).retries, DeadLetterWriter(crawler)
+        o.clock, o.rng = time.time, random.random
         crawler.signals.connect(o.spider_error, signal=signals.spider_error)
         return o
 
-    def process_response(self, request: Request, response: Response) -> Request | Response:
+    # no ``spider`` parameter: Scrapy 2.19 deprecates it
+    def process_response(self, request: Request,  # type: ignore[override]
+                         response: Response) -> Request | Response:
         if request.meta.get("dont_retry", False) or response.status not in self.retry_http_codes:
             return response
         return self._retry(request, response_status_message(response.status),
                            dead_reason=str(response.status), status=response.status,
                            retry_after=response.headers.get(b"Retry-After")) or response
 
-    def process_exception(self, request: Request, exception: Exception) -> Request | Response | None:
+    def process_exception(self, request: Request,  # type: ignore[override]
+                          exception: Exception) -> Request | Response | None:
         reason, detail = exception_reason(exception), str(exception)
         if isinstance(exception, IgnoreRequest):
             # raised by a downloader middleware's process_request (robots.txt, offsite, ...)
-            if self.deadletter_ignored and not isinstance(exception, RetryScheduled):
+            if self.retries.deadletter_ignored and not isinstance(exception, RetryScheduled):
                 self.dead_letters.write(request, reason, detail=detail)
             return None
         if isinstance(exception, self.exceptions_to_retry) and not request.meta.get("dont_retry", False):
@@ -150,7 +130,7 @@ class RetryMiddleware:
             self.dead_letters.write(request, exception_reason(failure.value), status=status,
                                     detail=str(failure.value))
 
-    def _retry(self, request: Request, reason: str | Exception, *, dead_reason: str,
+    def _retry(self, request: Request, reason: str | Exception, *, dead_reason: str,  # type: ignore[override]
                status: int | None = None, retry_after: bytes | None = None, detail: str = ""
                ) -> Request | None:
         """An immediate retry, ``None`` (exhausted: dead-lettered), or :class:`RetryScheduled` (delayed)."""
@@ -163,12 +143,11 @@ class RetryMiddleware:
         if new is None:
             self.dead_letters.write(request, dead_reason, status=status, detail=detail or str(reason))
             return None
-        scheduler = self.dead_letters.scheduler_of()
-        if scheduler is None:
+        if (scheduler := self.dead_letters.scheduler_of()) is None:
             return new  # Scrapy's behaviour: retried at once, in this process
         now = self.clock()
-        delay = retry_delay(new.meta["retry_times"], self.backoff_base, self.backoff_max, status=status,
-                            retry_after=retry_after, now=now, rng=self.rng)
+        delay = retry_delay(new.meta["retry_times"], self.retries.backoff_base, self.retries.backoff_max,
+                            status=status, retry_after=retry_after, now=now, rng=self.rng)
         # persisted as scheduled: no Authorization/Cookie a downloader middleware added goes to Redis
         persisted = as_scheduled(new, request)
         if not scheduler.delay_request(persisted, not_before=now + delay, reason=dead_reason):

@@ -48,8 +48,7 @@ def bounded_text(value: Any, limit: int = TEXT_LIMIT) -> str:
 
 def bounded_id(value: Any, limit: int = ID_LIMIT) -> str:
     """An id cut to ``limit`` characters, a cut one ending in ``…`` and 8 hex digits of its digest."""
-    s = text(value)
-    if len(s) <= limit:
+    if len(s := text(value)) <= limit:
         return s
     digest = hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
     return f"{s[: limit - 9]}…{digest}"
@@ -77,8 +76,7 @@ def _number(text: str) -> int | float | str | None:
             whole = int(text)
             return whole if abs(whole) <= MAX_VALUE else None
         with contextlib.suppress(ValueError):
-            value = float(text)
-            return value if finite(value) is not None else None
+            return finite(float(text))
     return bounded_text(text)
 
 
@@ -105,8 +103,7 @@ def top_counts(counts: Mapping[str, int] | Iterable[tuple[str, int]], limit: int
     for name, n in counts.items() if isinstance(counts, Mapping) else counts:
         merged[bounded_text(name, text_limit)] += n
     top = dict(merged.most_common(limit))
-    rest = sum(merged.values()) - sum(top.values())
-    if rest:
+    if rest := sum(merged.values()) - sum(top.values()):
         top["other"] = top.get("other", 0) + rest
     return list(top.items())
 
@@ -156,8 +153,7 @@ def leases_by_worker(lease_keys: Iterable[Any], meta_values: Iterable[Any] = ())
     """Leases per worker id: from the tags of lease keys and lease meta values (``"<score> <worker>"``)."""
     out: Counter[str] = Counter()
     for key in lease_keys:
-        tagged = lease_parts(key if isinstance(key, bytes) else text(key).encode())[2]
-        if tagged is not None:
+        if (tagged := lease_parts(key if isinstance(key, bytes) else text(key).encode())[2]) is not None:
             out[text(tagged)] += 1
     for value in meta_values:
         out[text(value).partition(" ")[2]] += 1
@@ -192,9 +188,7 @@ def worker_rows(members: list[tuple[Any, float]], details: list[dict[Any, Any]],
         if info.garbage:
             row["garbage"] = list(info.garbage)
         rows.append(row)
-    order = {RUNNING: 0, LOST: 1, CLOSED: 2}
-    rows.sort(key=lambda r: (order[r["state"]], -r["last_seen"]))
-    return rows
+    return sorted(rows, key=lambda r: ((RUNNING, LOST, CLOSED).index(r["state"]), -r["last_seen"]))
 
 
 def crawl_state(control: ControlState, running: int, started: list[float | None] | None = None,
@@ -281,8 +275,7 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
     shards = keys.shards(control.shards or 1)
     seeds_type = text(seeds_type)
     p = client.pipeline(transaction=False)
-    count = {"list": p.llen, "set": p.scard, "zset": p.zcard}.get(seeds_type)
-    if count is not None:
+    if (count := {"list": p.llen, "set": p.scard, "zset": p.zcard}.get(seeds_type)) is not None:
         count(keys.start_urls)
     for member, _ in members:
         p.hgetall(keys.worker(text(member)))

@@ -47,7 +47,7 @@ def check_binding(host: str, token: str | None) -> None:
     except ValueError:
         loopback = False
     if not loopback:
-        raise ScrapyDistError(f"scrapy-dist: the dashboard listens on {host} only with a token: add --token"
+        raise ScrapyDistError(f"the dashboard listens on {host} only with a token: add --token"
                               " (or $SCRAPY_DIST_DASHBOARD_TOKEN), or keep the default --host 127.0.0.1")
 
 
@@ -79,8 +79,7 @@ def history_series(entries: list[tuple[bytes, dict[bytes, bytes]]], now: float,
         prev = last.get(worker)
         last[worker] = (t, p, e or 0.0)
         for name, key in (("queued", b"q"), ("inflight", b"f"), ("delayed", b"d")):
-            value = _field(fields, key)
-            if value is not None and 0 <= i < n:
+            if (value := _field(fields, key)) is not None and 0 <= i < n:
                 frontier[name][i] = value  # type: ignore[call-overload]
         if prev is None or not 0 <= i < n or t <= prev[0]:
             continue
@@ -169,8 +168,7 @@ class Dashboard:
     async def _reply(self, name: str, read: Callable[[], Any], seconds: float) -> web.Response:
         """The JSON of ``read()`` cached for ``seconds``, or 503 with the reason while Redis is away."""
         async with self._lock:
-            hit = self._cache.get(name)
-            if hit is None or self.clock() - hit[0] >= seconds:
+            if (hit := self._cache.get(name)) is None or self.clock() - hit[0] >= seconds:
                 self.reads += 1
                 try:
                     value = await asyncio.to_thread(read)
@@ -202,27 +200,20 @@ class Dashboard:
         return await self._reply("history", self._read_history, max(self.cache_seconds, BUCKET_SECONDS / 2))
 
     async def page(self, request: web.Request) -> web.Response:
-        html = STATIC.joinpath("index.html").read_text()
-        html = html.replace("{{SPIDER}}", escape(self.keys.spider))
+        html = STATIC.joinpath("index.html").read_text().replace("{{SPIDER}}", escape(self.keys.spider))
         csp = "default-src 'self'; style-src 'self' 'unsafe-inline'"
         return web.Response(text=html, content_type="text/html",
                             headers={"Content-Security-Policy": csp, "X-Frame-Options": "DENY"})
 
     async def static(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        if name not in ("chart.umd.min.js", "dashboard.js"):
+        if (name := request.match_info["name"]) not in ("chart.umd.min.js", "dashboard.js"):
             raise web.HTTPNotFound()
         return web.Response(body=STATIC.joinpath(name).read_bytes(), content_type="application/javascript")
 
-    def _allowed(self, request: web.Request) -> bool:
-        if not self.token or not hmac.compare_digest(request.headers.get(TOKEN_HEADER, "").encode(),
-                                                     self.token.encode()):
-            return False
-        origin = request.headers.get("Origin")
-        return origin is None or origin == f"{request.scheme}://{request.host}"
-
     async def act(self, request: web.Request) -> web.Response:
-        if not self._allowed(request):
+        token, origin = request.headers.get(TOKEN_HEADER, "").encode(), request.headers.get("Origin")
+        if (not self.token or not hmac.compare_digest(token, self.token.encode())
+                or origin not in (None, f"{request.scheme}://{request.host}")):
             raise web.HTTPForbidden(text="a valid X-Dashboard-Token header from this page is needed")
         try:
             done = await self._act(request.match_info["action"])
@@ -244,11 +235,10 @@ class Dashboard:
 
 
 class DashboardThread:
-    """``dashboard`` served on ``host:port`` (0: a free port) from a thread with its own event loop: for
+    """``dashboard`` served on its host, ``port`` (0: a free port), from a thread with its own event loop: for
     ``scrapy-dist demo --dashboard`` and the tests. ``url`` is set once it listens; :meth:`close` stops it."""
 
-    def __init__(self, dashboard: Dashboard, host: str | None = None, port: int = 0) -> None:
-        host = dashboard.host if host is None else host
+    def __init__(self, dashboard: Dashboard, port: int = 0) -> None:
         self.loop = asyncio.new_event_loop()
         self._runner = web.AppRunner(dashboard.app(), access_log=None)
         self._thread = threading.Thread(target=self.loop.run_forever, name="scrapy-dist dashboard",
@@ -257,8 +247,8 @@ class DashboardThread:
 
         async def start() -> str:
             await self._runner.setup()
-            await web.TCPSite(self._runner, host, port).start()
-            return f"http://{host}:{self._runner.addresses[0][1]}/"
+            await web.TCPSite(self._runner, dashboard.host, port).start()
+            return f"http://{dashboard.host}:{self._runner.addresses[0][1]}/"
         try:
             self.url = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
         except BaseException:

@@ -55,9 +55,8 @@ class CrawlCollector(Collector):
         """``(spider, status or None if Redis failed)`` per crawl, cached."""
         with self._lock:
             now = self.clock()
-            if self._cache is not None and now - self._cache[0] < self.cache_seconds:
-                return self._cache[1]
-            self._cache = (now, [self._read(spider) for spider in self.spiders])
+            if self._cache is None or now - self._cache[0] >= self.cache_seconds:
+                self._cache = (now, [self._read(spider) for spider in self.spiders])
             return self._cache[1]
 
     def _read(self, spider: str) -> tuple[str, dict[str, Any] | None]:

@@ -19,24 +19,8 @@ from urllib.parse import urlsplit
 
 from scrapy_dist.exceptions import RejectedEntry
 from scrapy_dist.redis.scripts import text
-from scrapy_dist.wire.codec import (
-    check_cookies_allowed,
-    check_header_names,
-    check_meta_keys,
-    check_no_userinfo,
-    spider_method,
-    user_defined,
-)
-from scrapy_dist.wire.entrypolicy import (
-    check_callback_name,
-    check_cookies,
-    check_headers,
-    check_method,
-    check_priority,
-    check_text,
-    json_type,
-    priority_from_score,
-)
+from scrapy_dist.wire import codec, entrypolicy
+from scrapy_dist.wire.entrypolicy import check_text, json_type, priority_from_score
 
 __all__ = ["DEFAULT_RULES", "FIELDS", "REASONS", "NearMiss", "Seed", "SeedRules", "candidates",
            "class_has_callback", "find", "find_async", "iter_lines", "parse_seed", "priority_from_score",
@@ -78,8 +62,7 @@ class SeedRules:
     allowed_schemes: tuple[str, ...] = ("http", "https")
     meta_allowed: tuple[str, ...] = ("*",)
     headers_allowed: tuple[str, ...] = ()
-    #: REDIS_START_URLS_DEDUPE: whether a seed that does not say ``dont_filter`` is deduplicated
-    dedupe: bool = False
+    dedupe: bool = False  #: REDIS_START_URLS_DEDUPE: dedupe a seed that does not say ``dont_filter``
 
     @classmethod
     def from_dist(cls, ds: DistSettings) -> SeedRules:
@@ -105,8 +88,7 @@ class Seed:
     errback: str | None = None
     dont_filter: bool | None = None  #: ``None`` when the seed does not say (REDIS_START_URLS_DEDUPE decides)
     cookies: dict[str, Any] | list[dict[str, Any]] | None = None
-    #: fields outside FIELDS: form data, as in scrapy-redis
-    formdata: dict[str, str | list[str]] | None = None
+    formdata: dict[str, str | list[str]] | None = None  #: fields outside FIELDS: form data (scrapy-redis)
     is_json: bool = field(default=False, compare=False)
 
     def to_json(self) -> str:
@@ -166,7 +148,7 @@ def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
     if scheme in ("http", "https") and not host:
         raise RejectedEntry("bad_url", "no host")
     if "@" in url:
-        check_no_userinfo(url)
+        codec.check_no_userinfo(url)
     return url
 
 
@@ -207,10 +189,10 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         check_text(url, "bad_url", "url")
     seed = Seed(validate_url(url, rules), is_json=True)
     if "method" in obj:
-        seed.method = check_method(obj["method"])
+        seed.method = entrypolicy.check_method(obj["method"])
     if "headers" in obj:
-        seed.headers = check_headers(obj["headers"])
-        check_header_names(seed.headers, rules.headers_allowed)
+        seed.headers = entrypolicy.check_headers(obj["headers"])
+        codec.check_header_names(seed.headers, rules.headers_allowed)
     if "body" in obj:
         if not isinstance(body := obj["body"], str):
             raise RejectedEntry("bad_body", f"body is a {json_type(body)}, expected a string")
@@ -220,7 +202,7 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         if not isinstance(meta := obj["meta"], dict):
             raise RejectedEntry("bad_meta", f"meta is a {json_type(meta)}, expected an object")
         _check_json_value(meta, "bad_meta", "meta")
-        check_meta_keys(meta, rules.meta_allowed)
+        codec.check_meta_keys(meta, rules.meta_allowed)
         seed.meta = meta
     if "cb_kwargs" in obj:
         if not isinstance(kw := obj["cb_kwargs"], dict) or not all(k.isidentifier() for k in kw):
@@ -228,17 +210,17 @@ def _parse_json(text: str, rules: SeedRules, has_callback: Callable[[str], bool]
         _check_json_value(kw, "bad_cb_kwargs", "cb_kwargs")
         seed.cb_kwargs = kw
     if "priority" in obj:
-        seed.priority = check_priority(obj["priority"])
+        seed.priority = entrypolicy.check_priority(obj["priority"])
     for what in ("callback", "errback"):
         if what in obj and obj[what] is not None:
-            setattr(seed, what, check_callback_name(obj[what], what, has_callback))
+            setattr(seed, what, entrypolicy.check_callback_name(obj[what], what, has_callback))
     if "dont_filter" in obj:
         if not isinstance(df := obj["dont_filter"], bool):
             raise RejectedEntry("bad_dont_filter", f"dont_filter is a {json_type(df)}, expected true/false")
         seed.dont_filter = df
     if "cookies" in obj:
-        seed.cookies = check_cookies(obj["cookies"])
-        check_cookies_allowed(rules.headers_allowed)
+        seed.cookies = entrypolicy.check_cookies(obj["cookies"])
+        codec.check_cookies_allowed(rules.headers_allowed)
     if formdata:
         if seed.body is not None:
             raise RejectedEntry("bad_form_field", "form fields and body together (the form is the body)")
@@ -264,7 +246,7 @@ def _form_fields(obj: dict[str, Any]) -> dict[str, str | list[str]]:
 
 def class_has_callback(spidercls: type) -> Callable[[str], bool]:
     """``has_callback`` for :func:`parse_seed` from a spider class (what the CLI has)."""
-    return lambda name: user_defined(spidercls, name)
+    return lambda name: codec.user_defined(spidercls, name)
 
 
 def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
@@ -279,8 +261,8 @@ def spider_has_callback(spider: Spider) -> Callable[[str], bool]:
 
 def resolve_callback(spider: Spider, name: str, what: str) -> Any:
     """The bound method ``name`` of ``spider`` (validated as in :func:`spider_has_callback`)."""
-    method = spider_method(spider, name, what)
-    if not user_defined(type(spider), name):
+    method = codec.spider_method(spider, name, what)
+    if not codec.user_defined(type(spider), name):
         raise RejectedEntry(f"bad_{what}", f"{name!r} is not a callback method defined by the spider")
     return method
 
@@ -320,8 +302,7 @@ def reason_slug(reason: Any) -> str:
 def iter_lines(chunks: Iterable[bytes]) -> Iterable[bytes]:
     """Seeds of a file, one a line (blank lines and ``#`` comments skipped); used by the CLI."""
     for line in chunks:
-        stripped = line.strip(_WS)
-        if stripped and not stripped.startswith(b"#"):
+        if (stripped := line.strip(_WS)) and not stripped.startswith(b"#"):
             yield stripped
 
 

@@ -32,9 +32,8 @@ logger = logging.getLogger(__name__)
 IDLE_PRIORITY = 50  #: of the SCHEDULER_IDLE_BEFORE_CLOSE a spider's ``max_idle_time`` sets: above ``-s``
 ARGUMENTS = ("redis_key", "redis_batch_size", "max_idle_time", "redis_encoding")  #: the ``-a`` it reads
 
-_SEEDS_IN_START = (
-    "seeds are read in async def start(); to yield requests of your own too, override start() and end it"
-    " with `async for request in super().start(): yield request`")
+_SEEDS_IN_START = ("seeds are read in async def start(); to yield requests of your own too, override start()"
+                   " and end it with `async for request in super().start(): yield request`")
 #: scrapy-redis RedisSpider methods that scrapy-dist's never calls, and what to do instead.
 SCRAPY_REDIS_HOOKS: dict[str, str] = {
     "start_requests": _SEEDS_IN_START,
@@ -124,8 +123,7 @@ def _key(value: Any, name: str) -> str | None:
 
 def _number(spider: Any, name: str, integer: bool, low: int, problem: str, hint: str) -> Any:
     """Attribute ``name`` (a number or a ``-a`` string) as an int or float of at least ``low``, or None."""
-    value = getattr(spider, name, None)
-    if value is None:
+    if (value := getattr(spider, name, None)) is None:
         return None
     try:
         number = float(value.strip() if isinstance(value, str) else value)
@@ -153,8 +151,7 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
     for name in unused_hooks(type(spider)):
         logger.warning("scrapy-dist: %s.%s() is never called: %s", type(spider).__name__, name,
                        SCRAPY_REDIS_HOOKS[name])
-    readers = reads_missing_server(spider)
-    if readers:
+    if readers := reads_missing_server(spider):
         logger.warning("scrapy-dist: %s() reads self.server, which scrapy-dist's RedisSpider does not have"
                        " (scrapy-redis's client of the seeds' Redis): make your own, e.g. in from_crawler"
                        " after super(): `spider.server = scrapy_dist.connection.get_redis(crawler.settings)`",
