@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
-import inspect
 import json
 import logging
 import time
@@ -25,8 +25,9 @@ from scrapy.http.cookies import CookieJar
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
+from scrapy_dist.pipelines import send_calls
 from scrapy_dist.redis import scripts
-from scrapy_dist.redis.connection import ClientPool, is_cluster
+from scrapy_dist.redis.connection import ClientPool
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import BatchWriter, Outage
 from scrapy_dist.redis.scripts import text
@@ -358,16 +359,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     async def _write(self, ops: list[tuple[str, str, str | None]]) -> None:
         """Write every changed cookie, one ``cookies_write`` call per jar, pipelined (the writer retries)."""
         calls, written = write_calls(self.keys, ops, repr(self._wallclock()))
-        if len(calls) == 1 or is_cluster(self.server):
-            # a redis.asyncio cluster pipeline does not load scripts: one call per jar, sent together
-            await asyncio.gather(*(self._write_script(keys=k, args=a) for k, a in calls))
-        else:
-            async with self.server.pipeline(transaction=False) as pipe:
-                for k, a in calls:
-                    queued = self._write_script(keys=k, args=a, client=pipe)
-                    if inspect.iscoroutine(queued):  # redis.asyncio queues the call when awaited
-                        await queued
-                await pipe.execute()
+        writes = [functools.partial(self._write_script, keys=k, args=a) for k, a in calls]
+        await send_calls(self.server, writes)
         self._inc("cookies/shared/written", written)
 
     def _inc(self, name: str, count: int = 1) -> None:
