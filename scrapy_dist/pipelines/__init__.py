@@ -173,10 +173,9 @@ class RedisPipeline:
             return None
         found = _outbox.attach(sched, ItemRoute(self.key, "stream" if self.stream else "list", self.maxlen))
         if found is None:
-            logger.warning("REDIS_ITEMS_EXACTLY_ONCE: on a Redis Cluster the items key %s is in another hash"
-                           " slot than the frontier's keys: items are written at least once, in batches of"
-                           " their own. For exactly once, give it the crawl's hash tag (REDIS_ITEMS_KEY ="
-                           " \"{%%(spider)s}:items\") and keep SCHEDULER_SHARDS = 1", self.key)
+            logger.warning("REDIS_ITEMS_EXACTLY_ONCE: the items key %s is in another Redis Cluster hash slot"
+                           " than the frontier's keys: items are written at least once; for exactly once, set"
+                           " REDIS_ITEMS_KEY = \"{%%(spider)s}:items\" and SCHEDULER_SHARDS = 1", self.key)
         return found
 
     async def process_item(self, item: Any, spider: Any = None) -> Any:
@@ -269,10 +268,9 @@ def _check_subclass(cls: type, key: str, options: dict[str, Any]) -> None:
     process_item = cls.process_item  # type: ignore[attr-defined]
     if (process_item is not RedisPipeline.process_item and not inspect.iscoroutinefunction(process_item)
             and "server" in getattr(getattr(process_item, "__code__", None), "co_names", ())):
-        logger.warning("scrapy-dist: %s.process_item() uses self.server without awaiting it: here it is a"
-                       " redis.asyncio client (scrapy-redis: a blocking one), and a command that is not"
-                       " awaited does nothing; make it `async def process_item(self, item)` and `await"
-                       " self.server.<command>(...)`", name)
+        logger.warning("scrapy-dist: %s.process_item() uses self.server without awaiting it: here a"
+                       " redis.asyncio client, whose commands do nothing unless awaited; make it `async def"
+                       " process_item(self, item)` and `await self.server.<command>(...)`", name)
     try:
         inspect.signature(cls).bind(None, key, **options)
     except TypeError as exc:
