@@ -229,14 +229,12 @@ def main(ctx: click.Context, redis_url: str | None) -> None:
     ctx.obj = ClientFactory(redis_url)
 
 
-force_option = click.option("--force", is_flag=True,
-                            help="Use SPIDER even if the project has no spider of that name.")
-
-
 def spider_command(f: Callable[..., Any], spider: click.Argument | None = None) -> click.Command:
     """``@main.command()`` with SPIDER (or ``spider``) first and ``--force``, ``--redis-url`` last."""
-    command = main.command()(pass_redis(force_option(f)))
-    url, force, *given = command.params
+    command = main.command()(pass_redis(f))
+    force = click.Option(["--force"], is_flag=True,
+                         help="Use SPIDER even if the project has no spider of that name.")
+    url, *given = command.params
     command.params = [spider or click.Argument(["spider"]), *given, force, url]
     return command
 
