@@ -249,30 +249,21 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             return None
         name, state = self._state(request.meta.get("cookiejar"))
         await self._fresh(name, state)
-        jar = state.jar
-        if request.cookies:  # they join the jar, crawl-wide; written in the background
-            before = snapshot(jar)
-            self._process_cookies(self._get_request_cookies(jar, request), jar=jar, request=request)
-            self._record_changes(name, before, jar)
-        request.headers.pop("Cookie", None)
-        jar.add_cookie_header(request)
-        self._debug_cookie(request)
+        before = snapshot(state.jar) if request.cookies else None  # they join the jar, crawl-wide
+        super().process_request(request)  # Scrapy's, on the jar _state() put in self.jars
+        if before is not None:  # written in the background
+            self._record_changes(name, before, state.jar)
         return None
 
     async def process_response(self, request: Request, response: Response) -> Response:  # type: ignore[override]
         """Store the cookies ``response`` sets; return once they are in Redis (if it set any)."""
-        if request.meta.get("dont_merge_cookies", False):
-            return response
-        self._debug_set_cookie(response)
-        if not response.headers.getlist("Set-Cookie"):
+        if request.meta.get("dont_merge_cookies", False) or not response.headers.getlist("Set-Cookie"):
             return response
         name, state = self._state(request.meta.get("cookiejar"))
-        jar, before = state.jar, snapshot(state.jar)
-        # make_cookies also deletes the cookies the response expires
-        self._process_cookies(jar.make_cookies(response, request), jar=jar, request=request)
-        written = self._record_changes(name, before, jar)
-        if written is not None:  # held until written: what the callback yields finds the cookies in Redis
-            await asyncio.shield(written)
+        before = snapshot(state.jar)
+        super().process_response(request, response)  # make_cookies also deletes the cookies it expires
+        if (written := self._record_changes(name, before, state.jar)) is not None:
+            await asyncio.shield(written)  # held until written: what the callback yields finds them in Redis
         return response
 
     async def spider_closed(self) -> None:

@@ -10,7 +10,7 @@ import inspect
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter, is_item
@@ -83,7 +83,7 @@ def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = ""
     return path, error
 
 
-async def send_calls(server: Any, calls: list[Callable[..., Any]], transaction: bool = False) -> None:
+async def send_calls(server: Any, calls: Sequence[Callable[..., Any]], transaction: bool = False) -> None:
     """``call(client=...)`` for each of ``calls`` in one pipeline; sent apart, together, if there is one or on
     a cluster (several slots share no MULTI, and a redis.asyncio cluster pipeline does not load scripts)."""
     if len(calls) == 1 or is_cluster(server):
