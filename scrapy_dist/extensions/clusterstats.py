@@ -271,8 +271,7 @@ class ClusterStats(PeriodicExtension):
         self.rate.add(float(pages), time.monotonic())
         while True:
             stats = dict(self.crawler.stats.get_stats())
-            fresh = self._pending is None
-            if self._pending is None:
+            if fresh := self._pending is None:
                 self._seq += 1
                 self._pending = (self._seq, self.merger.operations(stats))
             seq, ops = self._pending
@@ -304,8 +303,7 @@ def engine_of(crawler: Crawler) -> Any:
 
 def worker_id(crawler: Crawler) -> str:
     """This process's worker id: the scrapy-dist scheduler's, else one made once per crawler."""
-    sched = get_scheduler(crawler)
-    if sched is not None:
+    if (sched := get_scheduler(crawler)) is not None:
         return sched.worker_id
     if getattr(crawler, "_scrapy_dist_worker_id", None) is None:
         crawler._scrapy_dist_worker_id = make_worker_id()  # type: ignore[attr-defined]

@@ -271,9 +271,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         await self.server.aclose()
 
     def _state(self, cookiejar: Any) -> tuple[str, _SharedJar]:
-        name = jar_name(cookiejar)
-        state = self._shared.get(name)
-        if state is None:
+        if (state := self._shared.get(name := jar_name(cookiejar))) is None:
             state = self._shared[name] = _SharedJar()
         self.jars[cookiejar] = state.jar
         return name, state

@@ -74,12 +74,9 @@ class TakeResult:
 
 def _worker_id(value: Any) -> str | bytes:
     """A worker id read from the workers ZSET: text, or the raw bytes of one that is not UTF-8."""
-    if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            return value
-    return str(value)
+    with contextlib.suppress(UnicodeDecodeError):
+        return value.decode() if isinstance(value, bytes) else str(value)
+    return value
 
 
 class SeedReader:
