@@ -298,8 +298,7 @@ class BloomDupeFilter(RedisDupeFilter):
             raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {fix}") from None
         if rec.n_garbage is not None:
             logger.warning("%s field n=%s is not an item count of this filter (written by someone else?): the"
-                           " frontier recounts it from the filter's bits at its next write", self.keys.bloom,
-                           rec.n_garbage)
+                           " frontier recounts it at its next write", self.keys.bloom, rec.n_garbage)
         if rec.schedule_garbage is not None:  # record this worker's schedule over one no worker wrote
             self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
             logger.warning("%s field %s is not a schedule any worker could have recorded (written by someone"

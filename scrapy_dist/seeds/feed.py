@@ -293,9 +293,8 @@ class SeedFeed(BackgroundTask):
                                   " held another Redis type; moved to %s:garbage", key, key, key=key)
         if strays:
             self.stats.inc_value("seeds/strays", strays)
-            self._garbage_log.log(logging.WARNING,
-                                  "%d entries in %s were no live worker's (written by someone else?): given"
-                                  " back to %r, where they are read as seeds (stat seeds/strays)", strays,
+            self._garbage_log.log(logging.WARNING, "%d entries in %s were no live worker's (written by"
+                                  " someone else?): given back to %r as seeds (stat seeds/strays)", strays,
                                   self.keys.start_urls_processing, self.keys.start_urls, key="strays")
 
     async def _call(self, coro: Awaitable[T]) -> T:
