@@ -57,8 +57,7 @@ class ClientFactory:
     def __init__(self, redis_url: str | None = None, environ: Mapping[str, str] | None = None) -> None:
         self.redis_url = redis_url
         self.environ = os.environ if environ is None else environ
-        self.inside_project = False
-        self._noticed = False
+        self.inside_project = self._noticed = False
 
     @functools.cached_property
     def settings(self) -> Settings:

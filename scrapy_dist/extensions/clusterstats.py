@@ -122,8 +122,7 @@ class StatsMerger:
         for name, value in stats.items():
             mode = self.mode(name, value)
             if mode == "sum":
-                delta = value - self._flushed.get(name, 0)
-                if delta:
+                if delta := value - self._flushed.get(name, 0):
                     ops.append(("sum", name, _encode(delta if isinstance(delta, float) else int(delta))))
                 self._flushed[name] = value
             elif mode is not None:
@@ -258,8 +257,7 @@ class ClusterStats(PeriodicExtension):
                   "interval": repr(float(self.interval)), "state": CLOSED if final else RUNNING}
         if reason:
             fields["finish_reason"] = reason
-        status = getattr(sched, "frontier_status", None)
-        if isinstance(status, dict):
+        if isinstance(status := getattr(sched, "frontier_status", None), dict):
             for k in ("queued", "inflight", "delayed"):
                 fields[f"frontier_{k}"] = str(int(status.get(k, 0)))
         return fields

@@ -323,7 +323,6 @@ class SeedFeed(BackgroundTask):
         if (self.idle_before_close <= 0 or self._taken or self._acks or self._records
                 or time.monotonic() - self._last_seed < self.idle_before_close):
             return False
-        # our scheduler: the frontier is empty; another: nothing local
         sched = get_scheduler(self.crawler)
         return not sched.has_pending_requests() if sched is not None else _engine.locally_idle(self.crawler)
 
