@@ -69,9 +69,8 @@ class DupeScript:
         redis.script_load(self.script.script)  # the pipelined calls below are plain EVALSHA
 
     def run(self, df: Any, op: str, tokens: list[tuple[Any, Any]], now: float | None = None) -> list[bool]:
-        """``op`` ("add", "check" or "forget") over ``tokens`` for filter ``df``, in script calls of at most
-        :data:`CALL_TOKENS` fingerprints pipelined in one round trip; True where already seen. The calls run
-        in order, so a fingerprint twice in a batch is new only the first time."""
+        """``op`` ("add", "check" or "forget") over ``tokens`` for ``df``; True where already seen. Calls of
+        :data:`CALL_TOKENS` at most, pipelined, run in order: a fingerprint twice is new the first time."""
         chunks = [[x if isinstance(x, bytes) else str(x) for kv in tokens[i : i + CALL_TOKENS] for x in kv]
                   for i in range(0, len(tokens), CALL_TOKENS)]
         flags: list[str | None] = [None] * len(chunks)

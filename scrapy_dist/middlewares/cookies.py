@@ -193,11 +193,10 @@ class _SharedJar:
 
 
 class SharedCookiesMiddleware(CookiesMiddleware):
-    """Drop-in for Scrapy's ``CookiesMiddleware`` (in its place, 700) whose jars all workers share.
-
-    Redis cost: one ``cookies_read`` call per jar and worker every ``cache_seconds``; one ``cookies_write``
-    call per ``flush_interval`` and jar while cookies change. On Redis errors reads use the local copy and
-    writes are retried. Stats: ``cookies/shared/{loads,written,rejected,redis_errors}``."""
+    """Drop-in for Scrapy's ``CookiesMiddleware`` (in its place, 700) whose jars all workers share. Redis
+    cost: one ``cookies_read`` call per jar and worker every ``cache_seconds``; one ``cookies_write`` call per
+    ``flush_interval`` and jar while cookies change. On Redis errors reads use the local copy and writes are
+    retried. Stats: ``cookies/shared/{loads,written,rejected,redis_errors}``."""
 
     def __init__(self, server: redis.asyncio.Redis, keys: CrawlKeys, settings: CookieSettings | None = None,
                  *, stats: StatsCollector | None = None, monotonic: Callable[[], float] = time.monotonic,
