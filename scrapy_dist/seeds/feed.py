@@ -116,8 +116,7 @@ class SeedReader:
     async def adopt(self, workers: Iterable[str | bytes], now: float | None = None) -> tuple[int, int, int]:
         """Give the seeds of ``workers`` (whose lease ran out), and any garbage of no live worker's, back to
         the seeds key: ``(workers adopted, their entries, garbage)``, one EVALSHA of ``seeds_adopt.lua``."""
-        workers = list(workers)
-        if not workers:
+        if not (workers := list(workers)):
             return 0, 0, 0
         raw = await self._adopt(keys=self._keys,
                                 args=["" if now is None else repr(now), self.kind, *self._bounds, *workers])
