@@ -108,5 +108,4 @@ def _warn_foreign_scheduler(settings: BaseSettings) -> None:
         ours = False  # Scrapy refuses it when it builds the engine
     if not ours:
         logger.warning("scrapy-dist add-on: SCHEDULER = %r (set by the project) is not scrapy-dist's, so this"
-                       " crawl does not share its frontier in Redis; remove that setting (the add-on sets"
-                       " scrapy_dist.scheduler.Scheduler) unless that is what you want", path)
+                       " crawl does not share its frontier in Redis; remove that setting if unintended", path)

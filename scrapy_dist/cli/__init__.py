@@ -57,8 +57,7 @@ class ClientFactory:
     def __init__(self, redis_url: str | None = None, environ: Mapping[str, str] | None = None) -> None:
         self.redis_url = redis_url
         self.environ = os.environ if environ is None else environ
-        self.inside_project = False
-        self._noticed = False
+        self.inside_project = self._noticed = False
 
     @functools.cached_property
     def settings(self) -> Settings:
@@ -229,14 +228,12 @@ def main(ctx: click.Context, redis_url: str | None) -> None:
     ctx.obj = ClientFactory(redis_url)
 
 
-force_option = click.option("--force", is_flag=True,
-                            help="Use SPIDER even if the project has no spider of that name.")
-
-
 def spider_command(f: Callable[..., Any], spider: click.Argument | None = None) -> click.Command:
     """``@main.command()`` with SPIDER (or ``spider``) first and ``--force``, ``--redis-url`` last."""
-    command = main.command()(pass_redis(force_option(f)))
-    url, force, *given = command.params
+    command = main.command()(pass_redis(f))
+    force = click.Option(["--force"], is_flag=True,
+                         help="Use SPIDER even if the project has no spider of that name.")
+    url, *given = command.params
     command.params = [spider or click.Argument(["spider"]), *given, force, url]
     return command
 

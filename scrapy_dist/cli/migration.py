@@ -1,7 +1,6 @@
-"""``scrapy-dist check-migration`` and the rows of the README's migration table (:data:`API_ROWS`; the
-settings rows come from :mod:`scrapy_dist.settings.table`; ``python tools/migration_table.py`` writes it).
-The rows live in ``migration.json``: they are data that ``check-migration`` and that tool read, not code.
-:func:`scan_project` reads a project with ``ast`` (nothing is imported or run)."""
+"""``scrapy-dist check-migration`` and the rows of the README's migration table (:data:`API_ROWS`: data in
+``migration.json``, read by ``tools/migration_table.py`` too; the settings rows come from
+:mod:`scrapy_dist.settings.table`). :func:`scan_project` reads a project with ``ast``, importing nothing."""
 
 from __future__ import annotations
 

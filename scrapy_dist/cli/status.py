@@ -140,8 +140,7 @@ def render(status: dict[str, Any]) -> Group:
     if garbage.get("workers"):
         what.append(f"{garbage['workers']:,} worker hashes with garbage fields (shown as -)")
     if garbage.get("stats"):
-        what.append(f"{garbage['stats']:,} stats fields (numbers out of range, overlong names, over the"
-                    " limit)")
+        what.append(f"{garbage['stats']:,} stats fields (out of range, overlong names, over the limit)")
     if what:
         lines.append(Text.assemble(("Ignored garbage  ", "bold yellow"), "; ".join(what)))
     stamp = datetime.fromtimestamp(status["time"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -69,9 +69,8 @@ class DupeScript:
         redis.script_load(self.script.script)  # the pipelined calls below are plain EVALSHA
 
     def run(self, df: Any, op: str, tokens: list[tuple[Any, Any]], now: float | None = None) -> list[bool]:
-        """``op`` ("add", "check" or "forget") over ``tokens`` for filter ``df``, in script calls of at most
-        :data:`CALL_TOKENS` fingerprints pipelined in one round trip; True where already seen. The calls run
-        in order, so a fingerprint twice in a batch is new only the first time."""
+        """``op`` ("add", "check" or "forget") over ``tokens`` for ``df``; True where already seen. Calls of
+        :data:`CALL_TOKENS` at most, pipelined, run in order: a fingerprint twice is new the first time."""
         chunks = [[x if isinstance(x, bytes) else str(x) for kv in tokens[i : i + CALL_TOKENS] for x in kv]
                   for i in range(0, len(tokens), CALL_TOKENS)]
         flags: list[str | None] = [None] * len(chunks)
@@ -298,8 +297,7 @@ class BloomDupeFilter(RedisDupeFilter):
             raise BloomParameterError(f"The bloom filter holds invalid parameters: {exc}; {fix}") from None
         if rec.n_garbage is not None:
             logger.warning("%s field n=%s is not an item count of this filter (written by someone else?): the"
-                           " frontier recounts it from the filter's bits at its next write", self.keys.bloom,
-                           rec.n_garbage)
+                           " frontier recounts it at its next write", self.keys.bloom, rec.n_garbage)
         if rec.schedule_garbage is not None:  # record this worker's schedule over one no worker wrote
             self.redis.hset(self.keys.bloom, mapping={"ttl": mine["ttl"], "generations": mine["generations"]})
             logger.warning("%s field %s is not a schedule any worker could have recorded (written by someone"

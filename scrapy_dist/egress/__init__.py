@@ -259,17 +259,15 @@ def enforce(crawler: Crawler, deny_networks: Iterable[str]) -> list[Network]:
 
 def _check_reactor(crawler: Crawler) -> None:
     if not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True):
-        _warnings.log(logging.WARNING, "SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False no"
-                      " resolver checks connections: only hosts and proxies written as IP addresses are"
-                      " refused, and a DNS name pointing into a denied network is fetched -- deny those"
-                      " networks at the firewall as well", key="no reactor")
+        _warnings.log(logging.WARNING, "SCHEDULER_DENY_NETWORKS: with TWISTED_REACTOR_ENABLED = False only"
+                      " hosts and proxies written as IP addresses are refused, not a DNS name into a denied"
+                      " network: deny those networks at the firewall as well", key="no reactor")
         return
     from twisted.internet import reactor
     if wrapped := install(reactor):
         _warnings.log(logging.WARNING, "TWISTED_DNS_RESOLVER (or DNS_RESOLVER) = %r is not scrapy-dist's: it"
-                      " is wrapped so that every address it returns is checked against"
-                      " SCHEDULER_DENY_NETWORKS; to keep Scrapy's DNS cache with the check, use"
-                      " TWISTED_DNS_RESOLVER = 'scrapy_dist.egress.DenyNetworksResolver'",
+                      " is wrapped to check every address against SCHEDULER_DENY_NETWORKS; for Scrapy's DNS"
+                      " cache too, use TWISTED_DNS_RESOLVER = 'scrapy_dist.egress.DenyNetworksResolver'",
                       wrapped, key=wrapped)
 
 
@@ -277,6 +275,6 @@ def _check_env_proxies(networks: list[Network]) -> None:
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         value = os.environ.get(var, "")
         if value and (why := literal_refusal(proxy_host(value), networks, "proxy")):
-            _warnings.log(logging.WARNING, "%s: %s (SCHEDULER_DENY_NETWORKS); it is used, being the"
-                          " operator's setting -- only a proxy named in the environment by a DNS name is"
-                          " checked on each connection", var, why, key=f"{var} {why}")
+            _warnings.log(logging.WARNING, "%s: %s (SCHEDULER_DENY_NETWORKS); used all the same (the"
+                          " operator's setting): only a proxy named by a DNS name is checked on each"
+                          " connection", var, why, key=f"{var} {why}")

@@ -64,8 +64,7 @@ def enable_cluster_stats(crawler: Crawler) -> bool:
         if cls is ClusterStats:
             if order is None:
                 logger.warning("scrapy-dist: STATS_CLASS=RedisStatsCollector keeps no crawl-wide stats"
-                               " because EXTENSIONS disables %s; enable it to get them in Redis",
-                               CLUSTER_STATS)
+                               " because EXTENSIONS disables %s; enable it for them in Redis", CLUSTER_STATS)
             return order is not None
     if getattr(settings, "frozen", False):
         return False

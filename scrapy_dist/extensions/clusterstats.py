@@ -122,8 +122,7 @@ class StatsMerger:
         for name, value in stats.items():
             mode = self.mode(name, value)
             if mode == "sum":
-                delta = value - self._flushed.get(name, 0)
-                if delta:
+                if delta := value - self._flushed.get(name, 0):
                     ops.append(("sum", name, _encode(delta if isinstance(delta, float) else int(delta))))
                 self._flushed[name] = value
             elif mode is not None:
@@ -258,8 +257,7 @@ class ClusterStats(PeriodicExtension):
                   "interval": repr(float(self.interval)), "state": CLOSED if final else RUNNING}
         if reason:
             fields["finish_reason"] = reason
-        status = getattr(sched, "frontier_status", None)
-        if isinstance(status, dict):
+        if isinstance(status := getattr(sched, "frontier_status", None), dict):
             for k in ("queued", "inflight", "delayed"):
                 fields[f"frontier_{k}"] = str(int(status.get(k, 0)))
         return fields
@@ -271,8 +269,7 @@ class ClusterStats(PeriodicExtension):
         self.rate.add(float(pages), time.monotonic())
         while True:
             stats = dict(self.crawler.stats.get_stats())
-            fresh = self._pending is None
-            if self._pending is None:
+            if fresh := self._pending is None:
                 self._seq += 1
                 self._pending = (self._seq, self.merger.operations(stats))
             seq, ops = self._pending
@@ -304,8 +301,7 @@ def engine_of(crawler: Crawler) -> Any:
 
 def worker_id(crawler: Crawler) -> str:
     """This process's worker id: the scrapy-dist scheduler's, else one made once per crawler."""
-    sched = get_scheduler(crawler)
-    if sched is not None:
+    if (sched := get_scheduler(crawler)) is not None:
         return sched.worker_id
     if getattr(crawler, "_scrapy_dist_worker_id", None) is None:
         crawler._scrapy_dist_worker_id = make_worker_id()  # type: ignore[attr-defined]

@@ -205,9 +205,8 @@ class ErrorMonitor(PeriodicExtension):
 
     def _follow_pause(self, paused: bool) -> None:
         """Without the scrapy-dist scheduler (which pauses itself), pause this worker's engine."""
-        if get_scheduler(self.crawler) is not None or paused == self._local_pause:
-            return
-        if (engine := engine_of(self.crawler)) is None:
+        if (get_scheduler(self.crawler) is not None or paused == self._local_pause
+                or (engine := engine_of(self.crawler)) is None):
             return
         self._local_pause = paused
         if paused:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
-import inspect
 import json
 import logging
 import time
@@ -25,8 +25,9 @@ from scrapy.http.cookies import CookieJar
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
+from scrapy_dist.pipelines import send_calls
 from scrapy_dist.redis import scripts
-from scrapy_dist.redis.connection import ClientPool, is_cluster
+from scrapy_dist.redis.connection import ClientPool
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import BatchWriter, Outage
 from scrapy_dist.redis.scripts import text
@@ -192,11 +193,10 @@ class _SharedJar:
 
 
 class SharedCookiesMiddleware(CookiesMiddleware):
-    """Drop-in for Scrapy's ``CookiesMiddleware`` (in its place, 700) whose jars all workers share.
-
-    Redis cost: one ``cookies_read`` call per jar and worker every ``cache_seconds``; one ``cookies_write``
-    call per ``flush_interval`` and jar while cookies change. On Redis errors reads use the local copy and
-    writes are retried. Stats: ``cookies/shared/{loads,written,rejected,redis_errors}``."""
+    """Drop-in for Scrapy's ``CookiesMiddleware`` (in its place, 700) whose jars all workers share. Redis
+    cost: one ``cookies_read`` call per jar and worker every ``cache_seconds``; one ``cookies_write`` call per
+    ``flush_interval`` and jar while cookies change. On Redis errors reads use the local copy and writes are
+    retried. Stats: ``cookies/shared/{loads,written,rejected,redis_errors}``."""
 
     def __init__(self, server: redis.asyncio.Redis, keys: CrawlKeys, settings: CookieSettings | None = None,
                  *, stats: StatsCollector | None = None, monotonic: Callable[[], float] = time.monotonic,
@@ -248,30 +248,21 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             return None
         name, state = self._state(request.meta.get("cookiejar"))
         await self._fresh(name, state)
-        jar = state.jar
-        if request.cookies:  # they join the jar, crawl-wide; written in the background
-            before = snapshot(jar)
-            self._process_cookies(self._get_request_cookies(jar, request), jar=jar, request=request)
-            self._record_changes(name, before, jar)
-        request.headers.pop("Cookie", None)
-        jar.add_cookie_header(request)
-        self._debug_cookie(request)
+        before = snapshot(state.jar) if request.cookies else None  # they join the jar, crawl-wide
+        super().process_request(request)  # Scrapy's, on the jar _state() put in self.jars
+        if before is not None:  # written in the background
+            self._record_changes(name, before, state.jar)
         return None
 
     async def process_response(self, request: Request, response: Response) -> Response:  # type: ignore[override]
         """Store the cookies ``response`` sets; return once they are in Redis (if it set any)."""
-        if request.meta.get("dont_merge_cookies", False):
-            return response
-        self._debug_set_cookie(response)
-        if not response.headers.getlist("Set-Cookie"):
+        if request.meta.get("dont_merge_cookies", False) or not response.headers.getlist("Set-Cookie"):
             return response
         name, state = self._state(request.meta.get("cookiejar"))
-        jar, before = state.jar, snapshot(state.jar)
-        # make_cookies also deletes the cookies the response expires
-        self._process_cookies(jar.make_cookies(response, request), jar=jar, request=request)
-        written = self._record_changes(name, before, jar)
-        if written is not None:  # held until written: what the callback yields finds the cookies in Redis
-            await asyncio.shield(written)
+        before = snapshot(state.jar)
+        super().process_response(request, response)  # make_cookies also deletes the cookies it expires
+        if (written := self._record_changes(name, before, state.jar)) is not None:
+            await asyncio.shield(written)  # held until written: what the callback yields finds them in Redis
         return response
 
     async def spider_closed(self) -> None:
@@ -279,9 +270,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         await self.server.aclose()
 
     def _state(self, cookiejar: Any) -> tuple[str, _SharedJar]:
-        name = jar_name(cookiejar)
-        state = self._shared.get(name)
-        if state is None:
+        if (state := self._shared.get(name := jar_name(cookiejar))) is None:
             state = self._shared[name] = _SharedJar()
         self.jars[cookiejar] = state.jar
         return name, state
@@ -358,16 +347,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     async def _write(self, ops: list[tuple[str, str, str | None]]) -> None:
         """Write every changed cookie, one ``cookies_write`` call per jar, pipelined (the writer retries)."""
         calls, written = write_calls(self.keys, ops, repr(self._wallclock()))
-        if len(calls) == 1 or is_cluster(self.server):
-            # a redis.asyncio cluster pipeline does not load scripts: one call per jar, sent together
-            await asyncio.gather(*(self._write_script(keys=k, args=a) for k, a in calls))
-        else:
-            async with self.server.pipeline(transaction=False) as pipe:
-                for k, a in calls:
-                    queued = self._write_script(keys=k, args=a, client=pipe)
-                    if inspect.iscoroutine(queued):  # redis.asyncio queues the call when awaited
-                        await queued
-                await pipe.execute()
+        writes = [functools.partial(self._write_script, keys=k, args=a) for k, a in calls]
+        await send_calls(self.server, writes)
         self._inc("cookies/shared/written", written)
 
     def _inc(self, name: str, count: int = 1) -> None:

@@ -64,10 +64,9 @@ class DeadLetterWriter:
         if request in _dead_lettered:
             return False
         if (scheduler := self.scheduler_of()) is None:
-            self._no_frontier_log.log(
-                logging.WARNING, "Not recording %(request)s as a dead letter (%(reason)s): dead letters need"
-                " SCHEDULER = 'scrapy_dist.scheduler.Scheduler'. Further ones are not reported.",
-                {"request": request, "reason": reason})
+            self._no_frontier_log.log(logging.WARNING, "Not recording %s as a dead letter (%s): dead letters"
+                                                       " need SCHEDULER = 'scrapy_dist.scheduler.Scheduler'."
+                                                       " Further ones are not reported.", request, reason)
             return False
         record = dead_letter_record(request, reason=reason, worker=scheduler.worker_id,
                                     spider=self.crawler.spider, status=status, detail=detail,

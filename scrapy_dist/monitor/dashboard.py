@@ -244,7 +244,6 @@ class DashboardThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="scrapy-dist dashboard",
                                         daemon=True)
         self._thread.start()
-
         async def start() -> str:
             await self._runner.setup()
             await web.TCPSite(self._runner, dashboard.host, port).start()

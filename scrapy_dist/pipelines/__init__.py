@@ -5,11 +5,12 @@ otherwise they are written in batches of their own (at least once)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter, is_item
@@ -80,6 +81,19 @@ def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = ""
             return find_unencodable(child, serialize, child_path)
     # Every part encodes on its own: the value itself is the problem (e.g. a non-string mapping key).
     return path, error
+
+
+async def send_calls(server: Any, calls: Sequence[Callable[..., Any]], transaction: bool = False) -> None:
+    """``call(client=...)`` for each of ``calls`` in one pipeline; sent apart, together, if there is one or on
+    a cluster (several slots share no MULTI, and a redis.asyncio cluster pipeline does not load scripts)."""
+    if len(calls) == 1 or is_cluster(server):
+        await asyncio.gather(*(call(client=server) for call in calls))
+        return
+    async with server.pipeline(transaction=transaction) as pipe:
+        for call in calls:
+            if inspect.iscoroutine(queued := call(client=pipe)):  # a script call queues when awaited
+                await queued
+        await pipe.execute()
 
 
 class RedisPipeline:
@@ -159,10 +173,9 @@ class RedisPipeline:
             return None
         found = _outbox.attach(sched, ItemRoute(self.key, "stream" if self.stream else "list", self.maxlen))
         if found is None:
-            logger.warning("REDIS_ITEMS_EXACTLY_ONCE: on a Redis Cluster the items key %s is in another hash"
-                           " slot than the frontier's keys: items are written at least once, in batches of"
-                           " their own. For exactly once, give it the crawl's hash tag (REDIS_ITEMS_KEY ="
-                           " \"{%%(spider)s}:items\") and keep SCHEDULER_SHARDS = 1", self.key)
+            logger.warning("REDIS_ITEMS_EXACTLY_ONCE: the items key %s is in another Redis Cluster hash slot"
+                           " than the frontier's keys: items are written at least once; for exactly once, set"
+                           " REDIS_ITEMS_KEY = \"{%%(spider)s}:items\" and SCHEDULER_SHARDS = 1", self.key)
         return found
 
     async def process_item(self, item: Any, spider: Any = None) -> Any:
@@ -226,27 +239,18 @@ class RedisPipeline:
         by_key: dict[str, list[str | bytes]] = defaultdict(list)
         for key, data in entries:
             by_key[key].append(data)
-        if len(by_key) == 1 or is_cluster(self.server):
-            # several slots share no MULTI on a cluster; a retry after a partial failure writes some again
-            await asyncio.gather(*(self._append(k, v, self.server) for k, v in by_key.items()))
-        else:
-            async with self.server.pipeline(transaction=True) as pipe:
-                for key, values in by_key.items():
-                    await self._append(key, values, pipe)
-                await pipe.execute()
+        # a retry after a partial failure on a cluster (no MULTI across slots) writes some again
+        await send_calls(self.server, [functools.partial(self._append, k, v) for k, v in by_key.items()],
+                         transaction=True)
         self._inc("redis_items/written", len(entries))
         self._inc("redis_items/batches")
 
-    async def _append(self, key: str, values: list[str | bytes], client: Any) -> None:
+    def _append(self, key: str, values: list[str | bytes], client: Any) -> Any:
         if not self.stream:
-            result = client.rpush(key, *values)
-        else:
-            self._xadd = self._xadd or scripts.register(self.server, "items_xadd")
-            maxlen = "" if self.maxlen is None else str(self.maxlen)
-            result = self._xadd(keys=[key], args=[maxlen, STREAM_FIELD, *values], client=client)
-        # never await a pipeline (a redis.asyncio cluster pipeline would drop the commands queued so far)
-        if inspect.iscoroutine(result):
-            await result
+            return client.rpush(key, *values)
+        self._xadd = self._xadd or scripts.register(self.server, "items_xadd")
+        maxlen = "" if self.maxlen is None else str(self.maxlen)
+        return self._xadd(keys=[key], args=[maxlen, STREAM_FIELD, *values], client=client)
 
     def _inc(self, name: str, count: int = 1) -> None:
         if self.stats is not None:
@@ -264,10 +268,9 @@ def _check_subclass(cls: type, key: str, options: dict[str, Any]) -> None:
     process_item = cls.process_item  # type: ignore[attr-defined]
     if (process_item is not RedisPipeline.process_item and not inspect.iscoroutinefunction(process_item)
             and "server" in getattr(getattr(process_item, "__code__", None), "co_names", ())):
-        logger.warning("scrapy-dist: %s.process_item() uses self.server without awaiting it: here it is a"
-                       " redis.asyncio client (scrapy-redis: a blocking one), and a command that is not"
-                       " awaited does nothing; make it `async def process_item(self, item)` and `await"
-                       " self.server.<command>(...)`", name)
+        logger.warning("scrapy-dist: %s.process_item() uses self.server without awaiting it: here a"
+                       " redis.asyncio client, whose commands do nothing unless awaited; make it `async def"
+                       " process_item(self, item)` and `await self.server.<command>(...)`", name)
     try:
         inspect.signature(cls).bind(None, key, **options)
     except TypeError as exc:

@@ -129,8 +129,7 @@ def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
     if not url.isascii() and not url.isprintable():
         ch = next(c for c in url if not c.isprintable())
         raise RejectedEntry("bad_url", f"contains {unicodedata.category(ch)} character U+{ord(ch):04X}")
-    simple = _SIMPLE_URL.match(url)
-    if simple is not None:  # the common shape, read without urlsplit (same answers, faster)
+    if (simple := _SIMPLE_URL.match(url)) is not None:  # the common shape, without urlsplit (same answers)
         scheme, host, port = simple.group(1).lower(), simple.group(2), simple.group(3)
         if port is not None and int(port) > 65535:
             raise RejectedEntry("bad_url", "Port out of range 0-65535")

@@ -74,12 +74,9 @@ class TakeResult:
 
 def _worker_id(value: Any) -> str | bytes:
     """A worker id read from the workers ZSET: text, or the raw bytes of one that is not UTF-8."""
-    if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            return value
-    return str(value)
+    with contextlib.suppress(UnicodeDecodeError):
+        return value.decode() if isinstance(value, bytes) else str(value)
+    return value
 
 
 class SeedReader:
@@ -119,8 +116,7 @@ class SeedReader:
     async def adopt(self, workers: Iterable[str | bytes], now: float | None = None) -> tuple[int, int, int]:
         """Give the seeds of ``workers`` (whose lease ran out), and any garbage of no live worker's, back to
         the seeds key: ``(workers adopted, their entries, garbage)``, one EVALSHA of ``seeds_adopt.lua``."""
-        workers = list(workers)
-        if not workers:
+        if not (workers := list(workers)):
             return 0, 0, 0
         raw = await self._adopt(keys=self._keys,
                                 args=["" if now is None else repr(now), self.kind, *self._bounds, *workers])
@@ -296,9 +292,8 @@ class SeedFeed(BackgroundTask):
                                   " held another Redis type; moved to %s:garbage", key, key, key=key)
         if strays:
             self.stats.inc_value("seeds/strays", strays)
-            self._garbage_log.log(logging.WARNING,
-                                  "%d entries in %s were no live worker's (written by someone else?): given"
-                                  " back to %r, where they are read as seeds (stat seeds/strays)", strays,
+            self._garbage_log.log(logging.WARNING, "%d entries in %s were no live worker's (written by"
+                                  " someone else?): given back to %r as seeds (stat seeds/strays)", strays,
                                   self.keys.start_urls_processing, self.keys.start_urls, key="strays")
 
     async def _call(self, coro: Awaitable[T]) -> T:
@@ -327,7 +322,6 @@ class SeedFeed(BackgroundTask):
         if (self.idle_before_close <= 0 or self._taken or self._acks or self._records
                 or time.monotonic() - self._last_seed < self.idle_before_close):
             return False
-        # our scheduler: the frontier is empty; another: nothing local
         sched = get_scheduler(self.crawler)
         return not sched.has_pending_requests() if sched is not None else _engine.locally_idle(self.crawler)
 

@@ -152,10 +152,9 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
         logger.warning("scrapy-dist: %s.%s() is never called: %s", type(spider).__name__, name,
                        SCRAPY_REDIS_HOOKS[name])
     if readers := reads_missing_server(spider):
-        logger.warning("scrapy-dist: %s() reads self.server, which scrapy-dist's RedisSpider does not have"
-                       " (scrapy-redis's client of the seeds' Redis): make your own, e.g. in from_crawler"
-                       " after super(): `spider.server = scrapy_dist.connection.get_redis(crawler.settings)`",
-                       "(), ".join(readers))
+        logger.warning("scrapy-dist: %s() reads self.server, scrapy-redis's client, which scrapy-dist's"
+                       " RedisSpider lacks: in from_crawler after super(), set `spider.server ="
+                       " scrapy_dist.connection.get_redis(crawler.settings)`", "(), ".join(readers))
     for name, value in dataclasses.asdict(args).items():
         if value is not None:
             setattr(spider, name, value)
@@ -187,10 +186,9 @@ def _warn_scrapy_redis_idle(settings: Settings) -> None:
         return  # None (never close), or garbage the settings check reports
     if seconds > 0:
         logger.warning("scrapy-dist: SCHEDULER_IDLE_BEFORE_CLOSE = %s closes this RedisSpider's workers"
-                       " after %s s without work crawl-wide (in scrapy-redis it was a blocking pop timeout:"
-                       " the spider waited for seeds for ever): set it to 0 to wait for ever, or name it"
-                       " MAX_IDLE_TIME_BEFORE_CLOSE (scrapy-redis's idle close) to keep closing without this"
-                       " warning", value, value)
+                       " after %s s without work crawl-wide (in scrapy-redis, a blocking pop timeout): set it"
+                       " to 0 to wait for ever, or name it MAX_IDLE_TIME_BEFORE_CLOSE (scrapy-redis's idle"
+                       " close) to keep closing without this warning", value, value)
 
 
 class RedisMixin:
