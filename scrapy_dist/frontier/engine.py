@@ -45,8 +45,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 META_KEY = "revisit_after"  #: the meta key a request (or its callback) sets: seconds, or None to stop
-#: validators longer than this are not stored (the page is revisited unconditionally)
-MAX_VALIDATOR_BYTES = 256
+MAX_VALIDATOR_BYTES = 256  #: longer validators are not stored (the page is revisited unconditionally)
 VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
 
 

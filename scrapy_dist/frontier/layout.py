@@ -39,8 +39,7 @@ _DELETE_BATCH = 100  # keys per DEL
 FRONTIER_FORMAT = 3
 _FORMAT_LIMIT = 1000  # a larger ``format`` field is garbage (overwritten, warned)
 REPAIR_GRACE = 10.0  # seconds after a key holding requests was moved aside: empty is not drained yet
-#: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
-CLOSE_AT_SLACK = 60.0
+CLOSE_AT_SLACK = 60.0  #: how far past the server's time a ``close_at`` still counts (lua/idle.lua)
 MAX_SHARDS = 1024  # the most shards a control hash may record (more is garbage)
 REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # a close reason, a paused_by
 _reported: set[tuple[str, str]] = set()

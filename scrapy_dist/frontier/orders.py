@@ -50,8 +50,7 @@ MAX_AT = 1e11  #: latest ``at`` a record may carry (year 5138): later is garbage
 class QueueOrder(Protocol):
     """What the frontier asks of a queue class."""
 
-    #: ``"asc"``: sequence numbers grow (FIFO within a score); ``"desc"``: they shrink (LIFO).
-    sequence: str
+    sequence: str  #: ``"asc"``: sequence numbers grow (FIFO within a score); ``"desc"``: they shrink (LIFO)
 
     def score(self, request: Request) -> float: ...
 

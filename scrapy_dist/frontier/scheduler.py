@@ -275,8 +275,7 @@ class Scheduler:
             return None
         ledger, loop = self.ledger, self.loop
         if not ledger.local and loop is not None and not loop.failing and ledger.outranked():
-            # a request just discovered outranks every leased one: wait the round that leases it back
-            loop.wake()
+            loop.wake()  # a new request outranks every leased one: wait the round leasing it back
             return None
         local = bool(ledger.local)
         request = ledger.hand_out(self.engine.slot_load if self.config.downloader_aware else None)

@@ -112,8 +112,7 @@ def _master_kwargs(target: RedisTarget) -> dict[str, Any]:
     return kwargs
 
 
-#: The redis-py classes of one client flavour: sync or asyncio
-_Flavour = namedtuple("_Flavour", "client cluster sentinel retry")
+_Flavour = namedtuple("_Flavour", "client cluster sentinel retry")  #: redis-py's classes, sync or asyncio
 _SYNC = _Flavour(redis.Redis, redis.cluster.RedisCluster, redis.sentinel.Sentinel, Retry)
 _ASYNC = _Flavour(redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster, redis.asyncio.sentinel.Sentinel,
                   redis.asyncio.retry.Retry)
@@ -234,8 +233,7 @@ def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
     return build_sync(resolve_target(settings))
 
 
-#: scrapy-redis's names for :func:`get_redis` called with settings
-get_redis_from_settings = from_settings = get_redis
+get_redis_from_settings = from_settings = get_redis  #: scrapy-redis's names for it, called with settings
 
 
 def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redis:

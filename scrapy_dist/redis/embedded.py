@@ -99,8 +99,7 @@ class EmbeddedRedis:
             for name in ("server.json", "server.lock", "redis.conf", "redis.log", "redis.pid"))
         self.binary = binary
         self.maxmemory = files.default_maxmemory() if maxmemory is None else maxmemory
-        # only a limit the caller chose is pushed onto a running server it joins
-        self.maxmemory_explicit = maxmemory is not None
+        self.maxmemory_explicit = maxmemory is not None  # only a chosen limit is pushed onto a server joined
 
     @classmethod
     def for_settings(cls, settings: Any) -> EmbeddedRedis:

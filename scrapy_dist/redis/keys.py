@@ -13,8 +13,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from scrapy_dist.settings import DistSettings
 
-#: suffix of a key moved aside because it held another Redis type (``move_aside`` in lua/foreign.lua)
-GARBAGE = ":garbage"
+GARBAGE = ":garbage"  #: suffix of a key moved aside for holding another type (lua/foreign.lua)
 
 #: Names of the keys each shard of a sharded frontier has (the rest are crawl-wide, on shard 0).
 SHARD_KEY_NAMES = ("queue", "queue_tails", "queue_rejected", "leases", "lease_meta", "seq", "delayed",
@@ -77,10 +76,8 @@ class CrawlKeys:
 
     spider: str
     prefix: str = ""
-    #: Seeds key template; ``%(name)s`` / ``%(spider)s`` are replaced by the spider name.
-    start_urls_template: str = "%(name)s:start_urls"
-    #: Items key template (``REDIS_ITEMS_KEY``), scrapy-redis compatible.
-    items_template: str = "%(spider)s:items"
+    start_urls_template: str = "%(name)s:start_urls"  #: ``%(name)s`` / ``%(spider)s``: the spider name
+    items_template: str = "%(spider)s:items"  #: ``REDIS_ITEMS_KEY``, scrapy-redis compatible
     shard_suffix: str = ""  #: ``""`` for the crawl (= shard 0); ``#<i>...`` for shard i of a sharded frontier
 
     @property

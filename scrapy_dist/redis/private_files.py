@@ -179,8 +179,7 @@ def server_config(directory: Path, socket_path: Path, pid_path: Path, log_path: 
     return "\n".join(lines) + "\n"
 
 
-#: Longest unix socket path we use inside the state directory (``sun_path`` is 104 bytes on macOS).
-MAX_SOCKET_PATH = 100
+MAX_SOCKET_PATH = 100  #: longest socket path used in the state directory (104 bytes on macOS)
 
 
 def socket_path_for(directory: Path) -> Path:

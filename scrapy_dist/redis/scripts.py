@@ -17,8 +17,7 @@ from scrapy_dist.exceptions import RejectedEntry
 
 logger = logging.getLogger(__name__)
 
-#: script name -> fragments prepended to it
-_FRAGMENTS = {
+_FRAGMENTS = {  #: script name -> fragments prepended to it
     "sync": ("foreign", "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue",
              "sync_items", "sync_settle", "sync_lease"),
     "dupe_batch": ("foreign", "dupe"), "errors": ("foreign",), "clusterstats": ("foreign",),

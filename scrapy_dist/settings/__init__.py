@@ -105,8 +105,7 @@ class SchedulerSettings:
     replay_memory: int = _setting("SCHEDULER_REPLAY_MEMORY")
     entry_secret: bytes | None = field(default=None, repr=False)
     deny_networks: tuple[str, ...] = _setting("SCHEDULER_DENY_NETWORKS")
-    #: Scrapy's SCHEDULER_PRIORITY_QUEUE is DownloaderAwarePriorityQueue: least busy download slot first
-    downloader_aware: bool = True
+    downloader_aware: bool = True  #: SCHEDULER_PRIORITY_QUEUE is DownloaderAwarePriorityQueue
     shards: int = _setting("SCHEDULER_SHARDS")
     politeness: str = _setting("SCHEDULER_POLITENESS")
     domain_limits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -196,8 +195,7 @@ class DistSettings:
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
     items: ItemSettings = field(default_factory=ItemSettings)
     cookies: CookieSettings = field(default_factory=CookieSettings)
-    #: one line each: near-miss names, ignored scrapy-redis settings, aliases shadowed
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  #: near-miss names, ignored scrapy-redis settings, aliases shadowed
 
     @classmethod
     def from_settings(cls, settings: Any, environ: Mapping[str, str] | None = None) -> DistSettings:
