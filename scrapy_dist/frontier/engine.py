@@ -345,8 +345,7 @@ class Revisits:
         return o
 
     def _refiled(self, policy: EntryPolicy, member: bytes, validators: dict[bytes, bytes] | None) -> bytes:
-        """The member a revisit files (b"": ``member`` itself), signed afresh: a new nonce, so that the sync
-        script does not take it for the acknowledged entry."""
+        """The member a revisit files (b"": ``member``), with a new nonce: not taken for the acked entry."""
         with contextlib.suppress(Exception):  # a member we cannot patch is revisited as it is
             prefix = member_prefix(member, self.polite)
             payload = member[len(prefix) :]

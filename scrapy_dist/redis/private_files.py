@@ -81,8 +81,7 @@ def _fresh_file(path: Path, text: str) -> Iterator[Path]:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable only by us: a fresh file renamed over ``path`` -- a
-    symlink planted at either name is never followed."""
+    """Write ``text`` to ``path`` atomically, private: a fresh file renamed over it (no symlink followed)."""
     with _fresh_file(path, text) as tmp:
         os.replace(tmp, path)
 

@@ -106,8 +106,7 @@ def text(value: Any) -> str:
 
 
 def count(value: Any) -> int:
-    """A counter someone else may have written: a non-negative decimal integer of at most 18 digits, else 0
-    (the scripts heal such counters at their next call)."""
+    """A counter others may write: a decimal integer of at most 18 digits, else 0 (the scripts heal it)."""
     t = text(value)
     return int(t) if t.isascii() and t.isdigit() and len(t) <= 18 else 0
 

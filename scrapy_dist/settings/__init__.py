@@ -287,8 +287,7 @@ class DistSettings:
 
     @classmethod
     def for_crawler(cls, crawler: Crawler) -> DistSettings:
-        """:meth:`from_settings` of the crawler's settings, cached (and its warnings logged once) once they
-        are frozen; a bad value raises :class:`SettingsError`."""
+        """:meth:`from_settings` of the crawler's settings, cached once frozen (its warnings logged once)."""
         if (cached := getattr(crawler, _ATTR, None)) is not None:
             return cached  # type: ignore[no-any-return]
         built = cls.from_settings(crawler.settings)

@@ -38,8 +38,7 @@ _AUTHORITY = re.compile(r"([^/?#]*)(.*)", re.DOTALL)
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password (userinfo or ``password=`` query argument) replaced by ``***``, the rest
-    exactly as written: ``redis://user:***@host:6379/0``."""
+    """``url`` with its password (userinfo or ``password=`` query) as ``***``: ``redis://user:***@host/0``."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url

@@ -111,8 +111,7 @@ def keep_allowed_domains(spider: Any) -> Any:
 
 
 def check_offsite(url: str, spider: Any) -> None:
-    """Refuse (``offsite``) a URL whose host is not in or below the spider's ``allowed_domains`` (as Scrapy's
-    offsite check reads them), ``dont_filter`` or not."""
+    """Refuse (``offsite``) a host not in or below the spider's ``allowed_domains`` (``dont_filter`` too)."""
     domains = [d.lower().lstrip(".") for d in keep_allowed_domains(spider) or () if isinstance(d, str) and d]
     if not domains:  # most spiders: no URL parsed on the decode path
         return
@@ -200,10 +199,9 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
         _warned_unsigned.append(True)
         logging.getLogger(__name__).warning(
             "No SCHEDULER_ENTRY_SECRET (or SCRAPY_DIST_SECRET) set while using a shared Redis (from %s):"
-            " every entry in the crawl's queue counts as this crawl's own, so anyone who can write to that"
-            " Redis can make the workers send requests through a proxy of theirs, with any Host header and"
-            " with your spider's Authorization header and cookies. Set the same secret on every worker, e.g."
-            " SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')"
+            " anyone who can write to it can make the workers send requests through their proxy, with any"
+            " Host header and your spider's Authorization header and cookies. Set the same secret on every"
+            " worker, e.g. SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')"
             " (docs/security.md)", ds.connection.source)
     return policy
 
