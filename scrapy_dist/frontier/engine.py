@@ -71,7 +71,6 @@ def scheduler(crawler: Any) -> Any:
 
 
 def is_closing(crawler: Any) -> bool:
-    """Whether the engine has started closing the spider."""
     return getattr(_slot(crawler), "closing", None) is not None
 
 

@@ -129,8 +129,6 @@ class LeasedBuffer:
 
 @dataclass(frozen=True)
 class DomainLimit:
-    """One domain's limits."""
-
     delay: float
     concurrency: int
     jitter: float

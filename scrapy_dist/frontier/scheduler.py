@@ -57,7 +57,6 @@ def make_worker_id() -> str:
 
 
 def get_scheduler(crawler: Crawler) -> Scheduler | None:
-    """The running scrapy-dist scheduler of ``crawler``, if it uses one."""
     sched = _engine.scheduler(crawler)
     return sched if isinstance(sched, Scheduler) else None
 

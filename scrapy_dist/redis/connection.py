@@ -148,7 +148,6 @@ def build_sync(target: RedisTarget) -> redis.Redis:
 
 
 def build_async(target: RedisTarget) -> redis.asyncio.Redis:
-    """An asyncio client for ``target`` (see :func:`build_sync`)."""
     return cast("redis.asyncio.Redis", _build(target, _ASYNC))
 
 
@@ -188,13 +187,11 @@ class ClientPool:
         return pool
 
     def sync_client(self) -> redis.Redis:
-        """The crawler's sync client (built on first use)."""
         if self._sync is None:
             self._sync = _build(self.target, _SHARED_SYNC)
         return cast("redis.Redis", self._sync)
 
     def async_client(self) -> redis.asyncio.Redis:
-        """The crawler's asyncio client (built on first use)."""
         if self._async is None:
             self._async = _build(self.target, _SHARED_ASYNC)
         return cast("redis.asyncio.Redis", self._async)
@@ -242,7 +239,6 @@ def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redi
 
 
 def is_cluster(client: Any) -> bool:
-    """Whether ``client`` (sync or async) is a Redis Cluster client."""
     return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
 
 

@@ -103,7 +103,6 @@ class EmbeddedRedis:
 
     @classmethod
     def for_settings(cls, settings: Any) -> EmbeddedRedis:
-        """The embedded server the given Scrapy settings would use."""
         raw = settings.get("REDIS_EMBEDDED_MAXMEMORY", defaults.REDIS_EMBEDDED_MAXMEMORY)
         try:
             maxmemory = parse_maxmemory(raw)

@@ -188,7 +188,6 @@ _warned_unsigned: list[bool] = []
 
 
 def entry_policy(crawler: Crawler | None) -> EntryPolicy:
-    """The :class:`EntryPolicy` of ``crawler``, built on first use and kept."""
     if crawler is None:
         return DEFAULT_POLICY
     if crawler in _POLICIES:
