@@ -362,7 +362,6 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
         if value is not default and (not isinstance(value, types) or isinstance(value, bool)):
             raise RejectedEntry("bad_deadletter", f"{name} has type {type(value).__name__}")
         return value
-
     url = field("url", str, "")
     encoded = field("request", str, None)
     payload = None

@@ -56,7 +56,6 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
                 pipe.zcard(key)
             pipe.get(k.seq)
         return list(await pipe.execute())
-
     first = await collect()
     if any(int(v) for i, v in enumerate(first) if i % 4 != 3):
         return False

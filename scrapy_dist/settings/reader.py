@@ -206,7 +206,6 @@ def refuse_start(crawler: Crawler, error: ScrapyDistError) -> None:
 
     def closed(spider: Any, reason: str) -> None:
         crawler.spider = None  # Scrapy's runners count a crawl that ends without a spider as a failed start
-
     crawler.signals.connect(opened, signal=signals.spider_opened, weak=False)
     crawler.signals.connect(closed, signal=signals.spider_closed, weak=False)
 
@@ -224,7 +223,6 @@ def refusing(from_crawler: F) -> F:
         except ScrapyDistError as exc:
             refuse_start(crawler, exc)
             raise NotConfigured from exc
-
     return wrapper  # type: ignore[return-value]
 
 
