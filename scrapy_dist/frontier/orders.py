@@ -84,9 +84,7 @@ class LifoQueue(FifoQueue):
 
 
 #: scrapy-redis's other names of its three queues (``scrapy_dist.queue.SpiderQueue`` and so on)
-SpiderQueue = FifoQueue
-SpiderStack = LifoQueue
-SpiderPriorityQueue = PriorityQueue
+SpiderQueue, SpiderStack, SpiderPriorityQueue = FifoQueue, LifoQueue, PriorityQueue
 
 #: scrapy-redis paths, for ``SCHEDULER_QUEUE_CLASS`` values copied from a scrapy-redis project
 ALIASES = {alias: globals()[name] for alias, name in QUEUE_ALIASES.items()}

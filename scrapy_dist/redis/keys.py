@@ -136,8 +136,7 @@ class CrawlKeys:
     def _start_urls_stem(self) -> str:
         """Stem of keys in the seeds key's hash slot: the seeds key if it holds a hash tag, else it as one."""
         s = self.start_urls
-        open_at = s.find("{")
-        return s if open_at >= 0 and s.find("}", open_at + 2) > 0 else f"{{{s}}}"
+        return s if (open_at := s.find("{")) >= 0 and s.find("}", open_at + 2) > 0 else f"{{{s}}}"
 
     @property
     def start_urls_processing(self) -> str:
