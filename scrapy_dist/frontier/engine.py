@@ -1,6 +1,5 @@
-"""What the frontier takes from Scrapy's running crawler (the one place that reads ``engine._slot``), and
-what rides a finished request's ack: its items (:class:`ItemOutbox`) and revisit (:class:`Revisits`), with
-local feed files fsynced before it (:func:`install_feed_barrier`)."""
+"""What the frontier takes from Scrapy's crawler (the one place reading ``engine._slot``), and what rides a
+finished request's ack: its items (``ItemOutbox``) and revisit (``Revisits``), local feeds fsynced first."""
 
 from __future__ import annotations
 

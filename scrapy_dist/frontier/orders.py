@@ -1,6 +1,5 @@
-"""Which request goes when: queue orders (``SCHEDULER_QUEUE_CLASS``), leased requests best first,
-crawl-wide politeness, retry timing, and the dead letter a request becomes when it finally fails (anyone
-with access to Redis can write that list, so its parsers refuse anything malformed)."""
+"""Which request goes when: queue orders, leased requests best first, crawl-wide politeness, retry timing,
+and dead letters (anyone with access to Redis can write that list: its parsers refuse anything malformed)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis (one per
-shard, more for a backlog, or with nothing urgent one shard in turn). A failed call's batch goes back in the
-ledger and the loop backs off; should the task end by accident the worker closes with ``scheduler_failed``."""
+"""The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis; a failed
+call's batch goes back in the ledger and the loop backs off (ended by accident: ``scheduler_failed``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The embedded Redis, used when no Redis setting is given: one private ``redis-server`` per Scrapy project,
-shared by its crawls on this machine and kept running between them (docs/connection.md, "The embedded
-Redis"). Its life cycle is here; its files, binary and ``redis.conf`` are in :mod:`.private_files`."""
+"""The embedded Redis (no Redis setting given): one private ``redis-server`` per Scrapy project, shared by its
+crawls and kept running between them (docs/connection.md); its files are in :mod:`.private_files`."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""The one outage policy of every background loop (docs/operations.md, "Outages"); :class:`BackgroundTask`
-runs such a loop, :class:`BatchWriter` writes items and cookies. ``now`` is monotonic seconds.
-
-A failed call backs its loop off (:class:`Backoff`, 0.1 s doubling to 5 s); once a component that had
-failed gets an answer, the worker's :class:`Outage` ends every loop's wait at once. Only a failed component
-wakes them (in a partial outage a waiting loop makes one extra call per recovery, not one per answer)."""
+"""The one outage policy of every background loop (docs/operations.md, "Outages"): a failed call backs its
+loop off (:class:`Backoff`, 0.1 s doubling to 5 s); once a component that had failed gets an answer, the
+worker's :class:`Outage` ends every loop's wait at once (only such a component wakes them: in a partial
+outage, one extra call per recovery, not per answer). :class:`BackgroundTask` runs a loop,
+:class:`BatchWriter` writes items and cookies; ``now`` is monotonic seconds."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The files of the embedded Redis: directories only we can change (checked, never repaired), private files
-created ``O_EXCL|O_NOFOLLOW`` and renamed into place, the socket path, the server's binary and
-``redis.conf``. The threat model: docs/security.md, "The embedded Redis"."""
+"""The embedded Redis's files: directories only we can change (checked, never repaired), private files made
+``O_EXCL|O_NOFOLLOW`` and renamed into place, socket path, binary, ``redis.conf`` (docs/security.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Lua scripts and untrusted replies: loads ``lua/*.lua`` (after the fragments of :data:`_FRAGMENTS`),
-registers them with a client (EVALSHA, reloaded on NOSCRIPT), and reads Redis replies as text. A script
-in :data:`_LIBRARIES` is also a FUNCTION library (Redis >= 7, :class:`Library`) whose top level runs once at
-load; it ends in ``local function <name>_call(keys, argv)``, what a call runs either way."""
+"""Lua scripts and untrusted replies: ``lua/*.lua`` after their fragments (:data:`_FRAGMENTS`), registered
+with a client (EVALSHA), replies read as text. A script in :data:`_LIBRARIES` is also a FUNCTION library
+(Redis >= 7, :class:`Library`) whose top level runs once at load; ``<name>_call(keys, argv)`` runs a call."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Every scrapy-dist setting, read, typed and validated once per crawler (:meth:`DistSettings.for_crawler`):
-declared in :data:`~.table.TABLE`, converted by :mod:`~.values`, read by :mod:`~.reader`; each field below
-names the setting that fills it. A bad value is one line (:class:`SettingsError`) refusing the start."""
+"""Every scrapy-dist setting, read, typed and validated once per crawler (:meth:`DistSettings.for_crawler`)
+from :data:`~.table.TABLE`; each field names its setting; a bad value refuses the start in one line."""
 
 from __future__ import annotations
 

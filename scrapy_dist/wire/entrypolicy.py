@@ -1,7 +1,6 @@
-"""What an untrusted entry may carry: the entry policy and the crawl's secret that tells its own entries
-from anyone else's, the credential headers a middleware added (never stored), and the checks of seed fields.
-A tag is the keyed BLAKE2b of the crawl, the kind of key, the nonce and the body: copied into another crawl,
-or from the dead letters into the queue, a signed entry does not verify."""
+"""What an untrusted entry may carry: the entry policy and the crawl's secret telling its own entries from
+others', credential headers a middleware added (never stored), seed field checks. A tag is the keyed BLAKE2b
+of crawl, key kind, nonce and body: copied to another crawl, or from dead letters to the queue, it fails."""
 
 from __future__ import annotations
 
