@@ -34,9 +34,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _DELETE_BATCH = 100  # keys per DEL
-#: how scrapy-dist lays a crawl out in Redis (control hash field ``format``): bump it with any change an
-#: older worker would misread (docs/operations.md, "Upgrading")
-FRONTIER_FORMAT = 3
+FRONTIER_FORMAT = 3  #: control field ``format``: bumped by any change an older worker would misread
 _FORMAT_LIMIT = 1000  # a larger ``format`` field is garbage (overwritten, warned)
 REPAIR_GRACE = 10.0  # seconds after a key holding requests was moved aside: empty is not drained yet
 CLOSE_AT_SLACK = 60.0  #: how far past the server's time a ``close_at`` still counts (lua/idle.lua)

@@ -80,8 +80,7 @@ def lease_member(key: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class ItemRoute:
-    """The items key that items riding their page's ack are appended to: ``mode`` "list" (RPUSH) or
-    "stream" (XADD, ``maxlen``: approximate cap or None)."""
+    """Where items riding their page's ack go: ``mode`` "list" (RPUSH) or "stream" (XADD, ``maxlen`` cap)."""
 
     key: str
     mode: str = "list"
@@ -154,8 +153,7 @@ SYNC_HEAD = (  #: the ARGV head, by name; then P and the P dupe params
 
 @dataclass(frozen=True)
 class SyncSection:
-    """One section of a sync call: a count, then per item ``fields`` (and ``polite_fields`` with crawl-wide
-    politeness), built from one :class:`SyncBatch` list item by ``encode``."""
+    """One section of a sync call: a count, then per item ``fields`` (and ``polite_fields`` if polite)."""
 
     name: str
     fields: tuple[str, ...]

@@ -65,8 +65,7 @@ class SyncLoop(BackgroundTask):
         self.lease_result: tuple[int, int, int | None] = (0, 0, 0)
         self._once = RateLimitedLog.once(logger)
         self._seq_seen: dict[int, int] = {}  # the largest sequence number each shard has reported
-        #: awaited before a round that acks newly finished requests (feed files made durable); if it raises,
-        #: the acks wait
+        #: awaited before a round acking newly finished requests (feeds made durable); if it raises, acks wait
         self.ack_barrier: Callable[[], Awaitable[None]] | None = None
 
     async def step(self) -> bool:
