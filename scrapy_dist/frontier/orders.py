@@ -384,8 +384,7 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
 
 def requeue_payload(
     payload: bytes, allowed_schemes: tuple[str, ...] = ("http", "https"), max_bytes: int = 1024 * 1024,
-    policy: EntryPolicy = codec.DEFAULT_POLICY,
-) -> tuple[bytes, int]:
+    policy: EntryPolicy = codec.DEFAULT_POLICY) -> tuple[bytes, int]:
     """``(payload, priority)`` of a dead letter to enqueue again (retry counter removed, URL checked).
     With a secret, a signed record must verify as this crawl's dead letter and is signed again as a queue
     entry with the same nonce (requeued twice, fetched once); an unsigned one stays unsigned."""

@@ -67,11 +67,10 @@ class Scheduler:
 
     def __init__(
         self, dupefilter: Any, keys: CrawlKeys | None = None, redis_settings: Any = None, *,
-        crawler: Crawler | None = None, config: SchedulerSettings | None = None,
+        crawler: Crawler | None = None, config: SchedulerSettings | None = None, worker_id: str | None = None,
         order: queue.QueueOrder | None = None, stats: StatsCollector | None = None,
         engine: Engine | None = None, fingerprinter: Any = None, domain_limits: DomainLimits | None = None,
-        worker_id: str | None = None, outage: Outage | None = None, policy: EntryPolicy | None = None,
-    ) -> None:
+        outage: Outage | None = None, policy: EntryPolicy | None = None) -> None:
         self.config = cfg = config or SchedulerSettings(downloader_aware=False)
         #: what entries read from the queue must satisfy, and the secret signing what this worker writes
         self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
@@ -390,8 +389,7 @@ class FrontierReport:
             ("scheduler/rejected/replayed", result.replayed if rejected else 0),
             ("redis_items/written", result.items), ("scheduler/acks_refused", refused),
             ("redis_items/refused", result.items_refused if refused else 0),
-            ("feeds/duplicate_pages", refused if self.feeds else 0),
-        ):
+            ("feeds/duplicate_pages", refused if self.feeds else 0)):
             if n > 0:
                 self.stats.inc_value(stat, n)
         if refused:

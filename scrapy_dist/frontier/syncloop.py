@@ -137,8 +137,7 @@ class SyncLoop(BackgroundTask):
         fetch = want > 0 and now >= self.next_fetch
         flush = ledger.first_pending is not None and (
             now - ledger.first_pending >= cfg.flush_interval or len(ledger.out) >= cfg.flush_batch
-            or outranked > 0 or ledger.left_behind > 0
-        )
+            or outranked > 0 or ledger.left_behind > 0)
         stale = now - self.last_sync >= self.poll_interval
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 

@@ -45,8 +45,6 @@ DEFAULT_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_
                                          "socket_keepalive": True, "health_check_interval": 15}
 _TCP_ONLY = ("socket_keepalive", "socket_keepalive_options")  # refused by a unix-socket connection
 _RETRIES, _BACKOFF = 3, ExponentialWithJitterBackoff(cap=1.0, base=0.05)  # a stateless backoff: shared
-
-
 _cluster_detected: dict[str, bool] = {}
 _tls_checked: set[str] = set()  # rediss:// URLs whose port did not answer plain text
 
