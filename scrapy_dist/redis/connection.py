@@ -39,8 +39,7 @@ __all__ = ["CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget
            "get_async_redis", "get_redis", "get_redis_from_settings", "is_cluster", "mask_url",
            "resolve_target", "resolve_url"]
 
-#: Client options ``REDIS_PARAMS`` may override: ``socket_timeout`` long enough for a big pipeline or Lua
-#: call, short enough to notice a silent network split.
+#: Client options REDIS_PARAMS may override (socket_timeout: long for a big call, short for a silent split)
 DEFAULT_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": 15.0,
                                          "socket_keepalive": True, "health_check_interval": 15}
 _TCP_ONLY = ("socket_keepalive", "socket_keepalive_options")  # refused by a unix-socket connection

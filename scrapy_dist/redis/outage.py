@@ -104,7 +104,7 @@ class Outage:
     def __init__(self, log: logging.Logger = logger, stale: float = 30.0, crawler: Any = None) -> None:
         self.log, self.stale = log, stale
         self.since: float | None = None  # when the current outage started; None while Redis answers
-        self.count = self.failures = 0  # outages seen; failed calls during the current one
+        self.failures = 0  # failed calls during the current outage
         self._failing: dict[str, float] = {}
         self._noticed: dict[str, None] = {}  # components that failed during it, in order
         self._crawler: Callable[[], Any] = weakref.ref(crawler) if crawler is not None else lambda: None
@@ -129,7 +129,7 @@ class Outage:
         self.check_close(now)
         if self.since is not None:
             return False
-        self.since, self.count = now, self.count + 1
+        self.since = now
         refused = refusal(exc)
         what, back = ("refuses writes", "takes writes again") if refused else ("is unreachable", "is back")
         self.log.warning("Redis %s (%s; noticed by the %s): this worker keeps its work in memory and"

@@ -250,11 +250,9 @@ def revisit_rules(rules: Any, floor: float = 0.0) -> dict[str, float | None]:
     return out
 
 
-# client options checked for a number of seconds, for a whole number (with its least value), and read by
-# scrapy-dist itself (REDIS_PARAMS' host, port and db: reader.redis_location)
-_SECONDS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
-_INTEGERS = {"max_connections": 1}
-_OURS = frozenset({"sentinel_kwargs"})
+_SECONDS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")  # client options in seconds
+_INTEGERS = {"max_connections": 1}  # client options that are whole numbers, with their least value
+_OURS = frozenset({"sentinel_kwargs"})  # read by scrapy-dist itself (as REDIS_PARAMS' host, port and db)
 
 
 @lru_cache(maxsize=1)
