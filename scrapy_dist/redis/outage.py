@@ -104,7 +104,7 @@ class Outage:
     def __init__(self, log: logging.Logger = logger, stale: float = 30.0, crawler: Any = None) -> None:
         self.log, self.stale = log, stale
         self.since: float | None = None  # when the current outage started; None while Redis answers
-        self.failures = 0  # failed calls during the current outage
+        self.count = self.failures = 0  # outages seen; failed calls during the current one
         self._failing: dict[str, float] = {}
         self._noticed: dict[str, None] = {}  # components that failed during it, in order
         self._crawler: Callable[[], Any] = weakref.ref(crawler) if crawler is not None else lambda: None
@@ -129,7 +129,7 @@ class Outage:
         self.check_close(now)
         if self.since is not None:
             return False
-        self.since = now
+        self.since, self.count = now, self.count + 1
         refused = refusal(exc)
         what, back = ("refuses writes", "takes writes again") if refused else ("is unreachable", "is back")
         self.log.warning("Redis %s (%s; noticed by the %s): this worker keeps its work in memory and"
@@ -341,7 +341,7 @@ class ToolOutage:
         """A read failed with ``exc`` (an outage error, or another Redis error reply)."""
         self.failures += 1
         if self.since is None:
-            self.since = now
+            self.since, self.count = now, self.count + 1
             self.log.warning("Redis is %s (%s): the %s keeps serving without the crawl's figures and tries"
                              " again at each request; one line will say when Redis is back",
                              "unreachable" if is_outage(exc) else "answering with an error", describe(exc),
