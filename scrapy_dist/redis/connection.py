@@ -25,19 +25,14 @@ from scrapy.utils.misc import load_object
 
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis.outage import READ_ERRORS as CONNECT_ERRORS  # what "Redis did not answer" looks like
-from scrapy_dist.redis.target import RedisTarget, resolve_target, resolve_url
-from scrapy_dist.settings import DistSettings, mask_url
+from scrapy_dist.redis.target import RedisTarget, resolve_target, resolve_url  # noqa: F401 - re-exported
+from scrapy_dist.settings import DistSettings, mask_url  # noqa: F401 - re-exported
 from scrapy_dist.settings.reader import refuse_start
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_dist.redis.target import SettingsLike
-
-__all__ = ["CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget", "build_async",
-           "build_sync", "check_reachable", "check_reachable_async", "ensure_reachable", "from_settings",
-           "get_async_redis", "get_redis", "get_redis_from_settings", "is_cluster", "mask_url",
-           "resolve_target", "resolve_url"]
 
 #: Client options REDIS_PARAMS may override (socket_timeout: long for a big call, short for a silent split)
 DEFAULT_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": 15.0,

@@ -21,11 +21,8 @@ from scrapy.utils.project import data_path
 
 from scrapy_dist.exceptions import RedisUnavailable
 from scrapy_dist.redis import private_files as files
-from scrapy_dist.redis.private_files import parse_maxmemory, redis_cli_binary, redis_server_binary
+from scrapy_dist.redis.private_files import parse_maxmemory, redis_cli_binary, redis_server_binary  # noqa: F401
 from scrapy_dist.settings import defaults
-
-__all__ = ["DEFAULT_DIRNAME", "EmbeddedRedis", "children", "embedded_dir", "parse_maxmemory", "pid_alive",
-           "pid_is_redis", "redis_cli_binary", "redis_server_binary"]
 
 #: Popen handles of the servers this process started, kept so that they are reaped after shutdown()
 children: dict[int, subprocess.Popen[bytes]] = {}

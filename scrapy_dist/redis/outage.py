@@ -341,7 +341,7 @@ class ToolOutage:
         """A read failed with ``exc`` (an outage error, or another Redis error reply)."""
         self.failures += 1
         if self.since is None:
-            self.since, self.count = now, self.count + 1
+            self.since = now
             self.log.warning("Redis is %s (%s): the %s keeps serving without the crawl's figures and tries"
                              " again at each request; one line will say when Redis is back",
                              "unreachable" if is_outage(exc) else "answering with an error", describe(exc),

@@ -14,15 +14,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy_dist.settings import reader, values
-from scrapy_dist.settings.reader import SettingsReader, refuse_start, start_error
-from scrapy_dist.settings.table import ALIASES, BY_NAME, DEFAULTS, defaults
-from scrapy_dist.settings.values import SettingsError, mask_url
+from scrapy_dist.settings.reader import SettingsReader, refuse_start, start_error  # noqa: F401 - re-exported
+from scrapy_dist.settings.table import ALIASES, BY_NAME, DEFAULTS, defaults  # noqa: F401 - re-exported
+from scrapy_dist.settings.values import SettingsError, mask_url  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
-
-__all__ = ["ConnectionSettings", "DistSettings", "SchedulerSettings", "SettingsError", "defaults", "mask_url",
-           "refuse_start", "start_error"]
 
 logger = logging.getLogger(__name__)
 
