@@ -60,8 +60,7 @@ class SyncLoop(BackgroundTask):
         self.drained_at = 0.0  # start of the last successful round that took every request buffered
         self.backlog_since: float | None = None  # when the rounds started leaving a backlog behind
         self.next_fetch = self.next_renew = 0.0
-        #: (leased, asked for, queued crawl-wide) of the last round; queued is None after a round that did
-        #: not call every shard (another shard may hold requests: no reason to poll less often)
+        #: (leased, asked for, queued crawl-wide) of the last round; queued: None unless it called every shard
         self.lease_result: tuple[int, int, int | None] = (0, 0, 0)
         self._once = RateLimitedLog.once(logger)
         self._seq_seen: dict[int, int] = {}  # the largest sequence number each shard has reported

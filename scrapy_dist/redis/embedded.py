@@ -21,7 +21,7 @@ from scrapy.utils.project import data_path
 
 from scrapy_dist.exceptions import RedisUnavailable
 from scrapy_dist.redis import private_files as files
-from scrapy_dist.redis.private_files import parse_maxmemory, redis_cli_binary, redis_server_binary  # noqa: F401
+from scrapy_dist.redis.private_files import redis_cli_binary, redis_server_binary  # noqa: F401 - re-exported
 from scrapy_dist.settings import defaults
 
 #: Popen handles of the servers this process started, kept so that they are reaped after shutdown()
@@ -101,7 +101,7 @@ class EmbeddedRedis:
     def for_settings(cls, settings: Any) -> EmbeddedRedis:
         raw = settings.get("REDIS_EMBEDDED_MAXMEMORY", defaults.REDIS_EMBEDDED_MAXMEMORY)
         try:
-            maxmemory = parse_maxmemory(raw)
+            maxmemory = files.parse_maxmemory(raw)
         except ValueError as exc:
             raise RedisUnavailable(f"scrapy-dist: {exc}") from None
         return cls(embedded_dir(settings), maxmemory=None if raw in (None, "") else maxmemory)

@@ -224,8 +224,7 @@ SCRAPY_REDIS_IGNORED: Mapping[str, str] = MappingProxyType({
 })
 _IN_URL = ("scrapy-dist (like scrapy-redis) reads no such setting: give it in REDIS_URL"
            " (redis://user:password@host:port/db, rediss:// for TLS) or in REDIS_PARAMS")
-#: Setting names people plausibly write for the connection, which neither scrapy-redis nor scrapy-dist
-#: reads: where that value goes instead (a "did you mean" would name an unrelated setting).
+#: Connection setting names people guess, read by neither scrapy-redis nor scrapy-dist: where the value goes
 CONNECTION_GUESSES: Mapping[str, str] = MappingProxyType({
     "REDIS_PASSWORD": f"{_IN_URL} ({{'password': ...}})", "REDIS_PASS": f"{_IN_URL} ({{'password': ...}})",
     "REDIS_USER": f"{_IN_URL} ({{'username': ...}})", "REDIS_USERNAME": f"{_IN_URL} ({{'username': ...}})",
