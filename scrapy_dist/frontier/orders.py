@@ -82,8 +82,7 @@ class LifoQueue(FifoQueue):
     sequence = "desc"
 
 
-#: scrapy-redis's other names of its three queues (``scrapy_dist.queue.SpiderQueue`` and so on)
-SpiderQueue, SpiderStack, SpiderPriorityQueue = FifoQueue, LifoQueue, PriorityQueue
+SpiderQueue, SpiderStack, SpiderPriorityQueue = FifoQueue, LifoQueue, PriorityQueue  #: scrapy-redis's names
 
 #: scrapy-redis paths, for ``SCHEDULER_QUEUE_CLASS`` values copied from a scrapy-redis project
 ALIASES = {alias: globals()[name] for alias, name in QUEUE_ALIASES.items()}

@@ -109,8 +109,7 @@ class Scheduler:
         self.keys = keys
         # what this worker signs is bound to the crawl: another crawl's entries do not verify here
         self.policy = self.encoder.policy = self.policy.bound(crawl=keys.shard(0, 1).tag)
-        #: the policy dead letters are signed with (only ``scrapy-dist dead --requeue`` reads them back)
-        self.dead_policy = self.policy.bound(kind=DEAD)
+        self.dead_policy = self.policy.bound(kind=DEAD)  #: signs dead letters (read back by dead --requeue)
         if self.revisits is not None:
             self.revisits.policy = self.policy
         self.layout = CrawlLayout(keys, self.df, self.config, limits=self.encoder.domain_limits)
@@ -380,8 +379,7 @@ class FrontierReport:
         """Stats and logs of one shard's answer."""
         for request in applied.duplicates:
             self.log_duplicate(request)
-        # rejected: malformed members, and copies of entries handed out, the script parked itself
-        rejected, refused = result.rejected, result.acks_refused
+        rejected, refused = result.rejected, result.acks_refused  # rejected: members the script parked
         for stat, n in (
             ("scheduler/enqueued/redis", applied.enqueued), ("scheduler/enqueued", applied.enqueued),
             ("scheduler/requeued/lease_expired", result.requeued), ("scheduler/delayed/moved", result.moved),

@@ -48,8 +48,7 @@ class SyncLoop(BackgroundTask):
         self.on_forget = on_forget  # sent URLs may be new again (Redis away or back in time, a forget)
         self._forgets: str | None = None
         self.released_at_close = 0  # leases given back while the engine closed
-        #: crawl-wide state after the last round that reached every shard (``None`` before the first)
-        self.state: FrontierState | None = None
+        self.state: FrontierState | None = None  #: crawl-wide, after the last round reaching every shard
         self.paused = False  # the crawl-wide pause flag (``scrapy-dist pause``), as shard 0 last reported it
         self.backlog = 0  # queued, leased or delayed crawl-wide when the worker joined (until ``state``)
         self.local_pause = False  # this worker's own pause

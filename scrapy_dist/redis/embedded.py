@@ -24,8 +24,7 @@ from scrapy_dist.redis import private_files as files
 from scrapy_dist.redis.private_files import redis_cli_binary, redis_server_binary  # noqa: F401 - re-exported
 from scrapy_dist.settings import defaults
 
-#: Popen handles of the servers this process started, kept so that they are reaped after shutdown()
-children: dict[int, subprocess.Popen[bytes]] = {}
+children: dict[int, subprocess.Popen[bytes]] = {}  #: Popen of servers started here (reaped after shutdown())
 
 
 def pid_alive(pid: int) -> bool:

@@ -43,8 +43,7 @@ FRONTIER_KEY_NAMES = (*(name for name in SHARD_KEY_NAMES if name != "queue_rejec
                       "control", "errors", "error_examples", "history")
 
 
-#: Every fixed-name per-crawl key: :class:`CrawlKeys` attribute -> name after the hash tag (type, content).
-CRAWL_KEY_NAMES = {
+CRAWL_KEY_NAMES = {  #: fixed-name per-crawl keys: CrawlKeys attribute -> name after the tag (type, content)
     "queue": "queue",  # ZSET of queued requests (6-byte sequence + encoded request), score -priority
     "queue_tails": "queue:tails",  # HASH score -> the queue chunk of that score still open for appends
     "queue_rejected": "queue:rejected",  # LIST of JSON records of queue entries that failed to decode

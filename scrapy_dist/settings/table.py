@@ -16,8 +16,7 @@ MIN_ERROR_RATE = 1e-12  # BLOOMFILTER_ERROR_RATE: tighter rates need more hashes
 MAX_TTL = 100 * 365 * 86400  # DUPEFILTER_TTL: 100 years
 MIN_GENERATIONS, MAX_GENERATIONS = 2, 64  # BLOOMFILTER_GENERATIONS
 
-#: Status of a setting relative to scrapy-redis (the migration table's column).
-OURS, HONOURED, CHANGED, IGNORED = "new", "honoured", "changed", "ignored"
+OURS, HONOURED, CHANGED, IGNORED = "new", "honoured", "changed", "ignored"  #: relative to scrapy-redis
 STATUS_TEXT = {OURS: "new in scrapy-dist", HONOURED: "honoured as in scrapy-redis",
                CHANGED: "scrapy-redis name, changed", IGNORED: "scrapy-redis name, not applied (WARNING)"}
 
@@ -235,8 +234,7 @@ CONNECTION_GUESSES: Mapping[str, str] = MappingProxyType({
 #: Other names for our settings (scrapy-redis spellings); the canonical name wins when both are set.
 ALIASES: Mapping[str, str] = MappingProxyType({"MAX_IDLE_TIME_BEFORE_CLOSE": "SCHEDULER_IDLE_BEFORE_CLOSE"})
 
-#: Every stat the package writes: (name, meaning). ``<x>`` stands for a variable part.
-STATS: tuple[tuple[str, str], ...] = (
+STATS: tuple[tuple[str, str], ...] = (  #: every stat written: (name, meaning); ``<x>``: a variable part
     ("scheduler/enqueued", "requests written to the shared frontier (also .../redis)"),
     ("scheduler/enqueued/redis", "same, Scrapy's per-backend spelling"),
     ("scheduler/dequeued", "requests handed to the engine (also .../redis)"),

@@ -95,8 +95,7 @@ def _bool(spec: Setting, value: Any, expected: str = "expected True or False (1/
     return text in _TRUE
 
 
-#: container kind -> (the types it takes, what its JSON text must hold, what is expected)
-_CONTAINERS: dict[str, tuple[Any, str, str]] = {
+_CONTAINERS: dict[str, tuple[Any, str, str]] = {  #: kind -> (types taken, JSON kind of its text, expected)
     "dict": (Mapping, "object", 'expected a dict, or JSON like {"socket_timeout": 30}'),
     "list": ((list, tuple, set, frozenset), "list", "expected a list, or comma-separated values")}
 
