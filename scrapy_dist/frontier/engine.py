@@ -1,6 +1,5 @@
-"""What the frontier takes from Scrapy's running crawler (the one place that reads ``engine._slot``), and
-what rides a finished request's ack: its items (:class:`ItemOutbox`) and revisit (:class:`Revisits`), with
-local feed files fsynced before it (:func:`install_feed_barrier`)."""
+"""What the frontier takes from Scrapy's crawler (the one place reading ``engine._slot``), and what rides a
+finished request's ack: its items (``ItemOutbox``) and revisit (``Revisits``), local feeds fsynced first."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 META_KEY = "revisit_after"  #: the meta key a request (or its callback) sets: seconds, or None to stop
-#: validators longer than this are not stored (the page is revisited unconditionally)
-MAX_VALIDATOR_BYTES = 256
+MAX_VALIDATOR_BYTES = 256  #: longer validators are not stored (the page is revisited unconditionally)
 VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
 
 
@@ -72,7 +70,6 @@ def scheduler(crawler: Any) -> Any:
 
 
 def is_closing(crawler: Any) -> bool:
-    """Whether the engine has started closing the spider."""
     return getattr(_slot(crawler), "closing", None) is not None
 
 
@@ -346,8 +343,7 @@ class Revisits:
         return o
 
     def _refiled(self, policy: EntryPolicy, member: bytes, validators: dict[bytes, bytes] | None) -> bytes:
-        """The member a revisit files (b"": ``member`` itself), signed afresh: a new nonce, so that the sync
-        script does not take it for the acknowledged entry."""
+        """The member a revisit files (b"": ``member``), with a new nonce: not taken for the acked entry."""
         with contextlib.suppress(Exception):  # a member we cannot patch is revisited as it is
             prefix = member_prefix(member, self.polite)
             payload = member[len(prefix) :]

@@ -34,13 +34,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _DELETE_BATCH = 100  # keys per DEL
-#: how scrapy-dist lays a crawl out in Redis (control hash field ``format``): bump it with any change an
-#: older worker would misread (docs/operations.md, "Upgrading")
-FRONTIER_FORMAT = 3
+FRONTIER_FORMAT = 3  #: control field ``format``: bumped by any change an older worker would misread
 _FORMAT_LIMIT = 1000  # a larger ``format`` field is garbage (overwritten, warned)
 REPAIR_GRACE = 10.0  # seconds after a key holding requests was moved aside: empty is not drained yet
-#: how far past the server's time a ``close_at`` may lie and still count (a slow round trip; lua/idle.lua)
-CLOSE_AT_SLACK = 60.0
+CLOSE_AT_SLACK = 60.0  #: how far past the server's time a ``close_at`` still counts (lua/idle.lua)
 MAX_SHARDS = 1024  # the most shards a control hash may record (more is garbage)
 REASON = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # a close reason, a paused_by
 _reported: set[tuple[str, str]] = set()
@@ -146,8 +143,7 @@ class CrawlLayout:
         return pending, remembered
 
     def frontiers(self, redis: Any, worker_id: str, sequence: str, batched: bool) -> list[_shard.Frontier]:
-        limits = self.limits
-        bound, default = (limits.bound(), limits.default.encode()) if limits else ("", "")
+        bound, default = (self.limits.bound(), self.limits.default.encode()) if self.limits else ("", "")
         return [_shard.Frontier(redis, keys, worker_id, df if batched else None, self.config, sequence,
                                 limits_bound=bound, limits_default=default, heartbeat=i == 0)
                 for i, (keys, df) in enumerate(zip(self.shard_keys, self.shard_dfs, strict=True))]
@@ -169,7 +165,7 @@ class CrawlLayout:
         """``SCHEDULER_FLUSH_ON_START``: delete every shard's keys (of this worker's N and the recorded N)."""
         recorded = client.hget(self.keys.control, "shards")
         recorded_n = int(recorded) if recorded is not None and recorded.isdigit() else 1
-        for shards in sorted({self.shards, max(1, min(recorded_n, 1024))}):
+        for shards in sorted({self.shards, max(1, min(recorded_n, MAX_SHARDS))}):
             for keys, df in self.layouts(shards):
                 for batch in _batches(self.key_names(keys, df)):
                     client.delete(*batch)
@@ -245,9 +241,7 @@ class ShardRouter:
             return 0
         if self.by_domain:
             return _shard.domain_shard((urlparse_cached(request).hostname or "").lower(), self.shards)
-        if fingerprint is None:
-            fingerprint = bytes(self.fingerprinter.fingerprint(request))
-        return _shard.shard_of(fingerprint, self.shards)
+        return _shard.shard_of(fingerprint or bytes(self.fingerprinter.fingerprint(request)), self.shards)
 
     def domain(self, domain: str) -> int:
         return _shard.domain_shard(domain, self.shards) if self.by_domain else 0
@@ -297,7 +291,6 @@ def parse_control(raw: Any) -> ControlState:
             return value
         problems.append(f"{field}={value[:40]!r}{note}")
         return fallback
-
     paused = checked("paused", ("0", "1").__contains__, " (expected 0 or 1)") == "1"
     close = checked("close", REASON.fullmatch, " (not a close reason)")
     at: float | None = None

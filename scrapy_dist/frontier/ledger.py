@@ -227,8 +227,7 @@ class Ledger:
         until :meth:`finish_round`, in ``acks_new`` while requests are left behind, or, once requests are
         kept, in ``acks_cycle`` until every shard has had a round that landed all it was owed."""
         n = self.shards
-        # what the first call of each shard settles besides its discovered requests (one count per shard)
-        settle = list(lease_counts)
+        settle = list(lease_counts)  # what each shard's first call settles besides its discovered requests
         for shard, _ in itertools.chain(self.acks, self.acks_new, self.held if renew else ()):
             settle[shard] += 1
         out, kept = self.out, []  # no copy of the backlog unless a shard is skipped
@@ -352,8 +351,7 @@ class RequestEncoder:
     batched: bool = False  # a scrapy-dist dupefilter: fingerprints are checked in the sync call
     polite: bool = False
     spider: Spider | None = None
-    #: fingerprints this process sent lately: seen crawl-wide
-    recent: RecentFingerprints = field(default_factory=RecentFingerprints)
+    recent: RecentFingerprints = field(default_factory=RecentFingerprints)  #: sent lately: seen crawl-wide
     record_start: bool = False  # SEEDS_RECORD_FINGERPRINT
     forget_dead: bool = False  # DEADLETTER_FORGET
 

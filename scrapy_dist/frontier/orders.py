@@ -1,6 +1,5 @@
-"""Which request goes when: queue orders (``SCHEDULER_QUEUE_CLASS``), leased requests best first,
-crawl-wide politeness, retry timing, and the dead letter a request becomes when it finally fails (anyone
-with access to Redis can write that list, so its parsers refuse anything malformed)."""
+"""Which request goes when: queue orders, leased requests best first, crawl-wide politeness, retry timing,
+and dead letters (anyone with access to Redis can write that list: its parsers refuse anything malformed)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ MAX_AT = 1e11  #: latest ``at`` a record may carry (year 5138): later is garbage
 class QueueOrder(Protocol):
     """What the frontier asks of a queue class."""
 
-    #: ``"asc"``: sequence numbers grow (FIFO within a score); ``"desc"``: they shrink (LIFO).
-    sequence: str
+    sequence: str  #: ``"asc"``: sequence numbers grow (FIFO within a score); ``"desc"``: they shrink (LIFO)
 
     def score(self, request: Request) -> float: ...
 
@@ -84,10 +82,7 @@ class LifoQueue(FifoQueue):
     sequence = "desc"
 
 
-#: scrapy-redis's other names of its three queues (``scrapy_dist.queue.SpiderQueue`` and so on)
-SpiderQueue = FifoQueue
-SpiderStack = LifoQueue
-SpiderPriorityQueue = PriorityQueue
+SpiderQueue, SpiderStack, SpiderPriorityQueue = FifoQueue, LifoQueue, PriorityQueue  #: scrapy-redis's names
 
 #: scrapy-redis paths, for ``SCHEDULER_QUEUE_CLASS`` values copied from a scrapy-redis project
 ALIASES = {alias: globals()[name] for alias, name in QUEUE_ALIASES.items()}
@@ -130,8 +125,6 @@ class LeasedBuffer:
 
 @dataclass(frozen=True)
 class DomainLimit:
-    """One domain's limits."""
-
     delay: float
     concurrency: int
     jitter: float
@@ -365,7 +358,6 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
         if value is not default and (not isinstance(value, types) or isinstance(value, bool)):
             raise RejectedEntry("bad_deadletter", f"{name} has type {type(value).__name__}")
         return value
-
     url = field("url", str, "")
     encoded = field("request", str, None)
     payload = None
@@ -391,8 +383,7 @@ def parse_record(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> DeadLetter:
 
 def requeue_payload(
     payload: bytes, allowed_schemes: tuple[str, ...] = ("http", "https"), max_bytes: int = 1024 * 1024,
-    policy: EntryPolicy = codec.DEFAULT_POLICY,
-) -> tuple[bytes, int]:
+    policy: EntryPolicy = codec.DEFAULT_POLICY) -> tuple[bytes, int]:
     """``(payload, priority)`` of a dead letter to enqueue again (retry counter removed, URL checked).
     With a secret, a signed record must verify as this crawl's dead letter and is signed again as a queue
     entry with the same nonce (requeued twice, fetched once); an unsigned one stays unsigned."""

@@ -57,7 +57,6 @@ def make_worker_id() -> str:
 
 
 def get_scheduler(crawler: Crawler) -> Scheduler | None:
-    """The running scrapy-dist scheduler of ``crawler``, if it uses one."""
     sched = _engine.scheduler(crawler)
     return sched if isinstance(sched, Scheduler) else None
 
@@ -68,11 +67,10 @@ class Scheduler:
 
     def __init__(
         self, dupefilter: Any, keys: CrawlKeys | None = None, redis_settings: Any = None, *,
-        crawler: Crawler | None = None, config: SchedulerSettings | None = None,
+        crawler: Crawler | None = None, config: SchedulerSettings | None = None, worker_id: str | None = None,
         order: queue.QueueOrder | None = None, stats: StatsCollector | None = None,
         engine: Engine | None = None, fingerprinter: Any = None, domain_limits: DomainLimits | None = None,
-        worker_id: str | None = None, outage: Outage | None = None, policy: EntryPolicy | None = None,
-    ) -> None:
+        outage: Outage | None = None, policy: EntryPolicy | None = None) -> None:
         self.config = cfg = config or SchedulerSettings(downloader_aware=False)
         #: what entries read from the queue must satisfy, and the secret signing what this worker writes
         self.policy = policy or EntryPolicy(cfg.allowed_schemes, cfg.max_entry_bytes)
@@ -111,8 +109,7 @@ class Scheduler:
         self.keys = keys
         # what this worker signs is bound to the crawl: another crawl's entries do not verify here
         self.policy = self.encoder.policy = self.policy.bound(crawl=keys.shard(0, 1).tag)
-        #: the policy dead letters are signed with (only ``scrapy-dist dead --requeue`` reads them back)
-        self.dead_policy = self.policy.bound(kind=DEAD)
+        self.dead_policy = self.policy.bound(kind=DEAD)  #: signs dead letters (read back by dead --requeue)
         if self.revisits is not None:
             self.revisits.policy = self.policy
         self.layout = CrawlLayout(keys, self.df, self.config, limits=self.encoder.domain_limits)
@@ -275,8 +272,7 @@ class Scheduler:
             return None
         ledger, loop = self.ledger, self.loop
         if not ledger.local and loop is not None and not loop.failing and ledger.outranked():
-            # a request just discovered outranks every leased one: wait the round that leases it back
-            loop.wake()
+            loop.wake()  # a new request outranks every leased one: wait the round leasing it back
             return None
         local = bool(ledger.local)
         request = ledger.hand_out(self.engine.slot_load if self.config.downloader_aware else None)
@@ -383,8 +379,7 @@ class FrontierReport:
         """Stats and logs of one shard's answer."""
         for request in applied.duplicates:
             self.log_duplicate(request)
-        # rejected: malformed members, and copies of entries handed out, the script parked itself
-        rejected, refused = result.rejected, result.acks_refused
+        rejected, refused = result.rejected, result.acks_refused  # rejected: members the script parked
         for stat, n in (
             ("scheduler/enqueued/redis", applied.enqueued), ("scheduler/enqueued", applied.enqueued),
             ("scheduler/requeued/lease_expired", result.requeued), ("scheduler/delayed/moved", result.moved),
@@ -392,8 +387,7 @@ class FrontierReport:
             ("scheduler/rejected/replayed", result.replayed if rejected else 0),
             ("redis_items/written", result.items), ("scheduler/acks_refused", refused),
             ("redis_items/refused", result.items_refused if refused else 0),
-            ("feeds/duplicate_pages", refused if self.feeds else 0),
-        ):
+            ("feeds/duplicate_pages", refused if self.feeds else 0)):
             if n > 0:
                 self.stats.inc_value(stat, n)
         if refused:

@@ -56,7 +56,6 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
                 pipe.zcard(key)
             pipe.get(k.seq)
         return list(await pipe.execute())
-
     first = await collect()
     if any(int(v) for i, v in enumerate(first) if i % 4 != 3):
         return False
@@ -81,8 +80,7 @@ def lease_member(key: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class ItemRoute:
-    """The items key that items riding their page's ack are appended to: ``mode`` "list" (RPUSH) or
-    "stream" (XADD, ``maxlen``: approximate cap or None)."""
+    """Where items riding their page's ack go: ``mode`` "list" (RPUSH) or "stream" (XADD, ``maxlen`` cap)."""
 
     key: str
     mode: str = "list"
@@ -122,8 +120,7 @@ class SyncResult:
     """What one ``sync`` call answers (decoded by name by :func:`decode_sync_result`)."""
 
     new: list[bool]
-    #: (lease key, queue score): the request is the lease key's member (:func:`lease_member`)
-    leased: list[tuple[bytes, float]]
+    leased: list[tuple[bytes, float]]  # (lease key, queue score): the request is the key's member
     requeued: int
     moved: int
     queued: int
@@ -135,24 +132,20 @@ class SyncResult:
     rejected: int = 0  # queue members the script rejected whole (lua/sync_lease.lua)
     replayed: int = 0  # of which copies of a signed entry already handed out
     repaired: list[str] = field(default_factory=list)  # keys whose garbage the script repaired
-    #: the control hash's forget generation (untrusted, compared only): changes with ``scrapy-dist forget``
-    forgets: str = ""
-    #: a repaired key held work (queue, leases or delayed set): moved aside, it reads empty
-    work_repaired: bool = False
+    forgets: str = ""  # the control hash's forget generation (untrusted, compared only; scrapy-dist forget)
+    work_repaired: bool = False  # a repaired key held work (queue, leases or delayed): moved aside, empty
     #: items appended to the items key, items refused with their ack, acks refused (lua/sync_items.lua)
     items: int = 0
     items_refused: int = 0
     acks_refused: int = 0
 
 
-#: KEYS of a sync call in order, with the Redis type kept there (another is moved aside); then the dupefilter.
-SYNC_KEYS = (
+SYNC_KEYS = (  #: KEYS in order, with the type kept there (another is moved aside); then the dupefilter's
     ("queue", "zset"), ("leases", "zset"), ("lease_meta", "hash"), ("seq", "string"), ("delayed", "zset"),
     ("delayed_meta", "hash"), ("queue_rejected", "list"), ("deadletter", "list"), ("workers", "zset"),
     ("control", "hash"), ("domains", "zset"), ("domain_info", "hash"), ("queue_tails", "hash"),
     ("spent", "zset"))
-#: the ARGV head, by name; then P and the P dupe params
-SYNC_HEAD = (
+SYNC_HEAD = (  #: the ARGV head, by name; then P and the P dupe params
     "now", "worker", "lease_seconds", "lease", "order", "politeness", "seed", "heartbeat",
     "max_entry_bytes", "rejected_maxlen", "dead_maxlen", "dupe_mode", "limits_bound", "limits_default",
     "replay_memory", "items_mode", "items_maxlen")
@@ -160,8 +153,7 @@ SYNC_HEAD = (
 
 @dataclass(frozen=True)
 class SyncSection:
-    """One section of a sync call: a count, then per item ``fields`` (and ``polite_fields`` with crawl-wide
-    politeness), built from one :class:`SyncBatch` list item by ``encode``."""
+    """One section of a sync call: a count, then per item ``fields`` (and ``polite_fields`` if polite)."""
 
     name: str
     fields: tuple[str, ...]
@@ -174,8 +166,7 @@ def _score(x: float) -> str:
     return repr(float(x)) if math.isfinite(x) else "0.0"
 
 
-#: the sections, in ARGV order
-SYNC_SECTIONS = (
+SYNC_SECTIONS = (  #: the sections, in ARGV order
     SyncSection("enqueue", ("t1", "t2", "score", "payload"), ("domain", "limits"),
                 lambda e, now: (e[0], e[1], _score(e[2]), e[3], e[4], e[5])),
     SyncSection("ack", ("member",), (), lambda m, now: (m,)),
@@ -250,8 +241,7 @@ def encode_sync_sections(batch: SyncBatch, now: float, polite: bool) -> list[Any
     return out
 
 
-#: the answer's names, in the order the script returns them (lua/sync.lua)
-SYNC_RESULT = (
+SYNC_RESULT = (  #: the answer's names, in the order the script returns them (lua/sync.lua)
     "flags", "leased", "requeued", "moved", "queued", "inflight", "delayed", "bloom_n", "paused", "seq",
     "rejected", "repaired", "replayed", "items", "items_refused", "acks_refused", "forgets")
 _NOT_COUNTS = ("flags", "leased", "paused", "repaired", "forgets")
@@ -308,19 +298,15 @@ class Frontier:
     keys: CrawlKeys
     worker_id: str
     dupefilter: RedisDupeFilter | None
-    #: lease seconds, politeness, entry size and list caps, replay memory
     config: SchedulerSettings = field(default_factory=SchedulerSettings)
     sequence: str = "asc"
     #: ``"<delay> <jitter>"`` no domain's limits exceed (:meth:`DomainLimits.bound`); "" = polite.lua's bounds
     limits_bound: str = ""
     #: ``"<delay> <concurrency> <jitter>"`` of a domain no ``DOMAIN_LIMITS`` rule matches; "" = none
     limits_default: str = ""
-    #: False for the shards > 0 of a sharded frontier: the worker's heartbeat is written by shard 0
-    heartbeat: bool = True
-    #: where the items riding the acks go (:class:`ItemRoute`); None: calls carry no items
-    items: ItemRoute | None = None
-    #: False: EVALSHA even where the server has FUNCTION libraries (the same answers, more server work)
-    functions: bool = True
+    heartbeat: bool = True  #: False for shards > 0: shard 0 writes the worker's heartbeat
+    items: ItemRoute | None = None  #: where the items riding the acks go; None: calls carry none
+    functions: bool = True  #: False: EVALSHA even where FUNCTION libraries exist (more server work)
 
     def __post_init__(self) -> None:
         self._polite = self.config.politeness == "cluster"
@@ -383,8 +369,7 @@ class RequestDecoder:
     spider: Any
     policy: EntryPolicy
     polite: bool
-    #: a last check of the decoded request, raising RejectedEntry (a host written as a denied IP address:
-    #: the resolver never sees it)
+    #: a last check raising RejectedEntry (a host written as a denied IP address: the resolver never sees it)
     check: Callable[[Request], Request]
 
     def __call__(self, shard: int, member: bytes) -> Request:

@@ -1,6 +1,5 @@
-"""The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis (one per
-shard, more for a backlog, or with nothing urgent one shard in turn). A failed call's batch goes back in the
-ledger and the loop backs off; should the task end by accident the worker closes with ``scheduler_failed``."""
+"""The scheduler's background task: rounds of ``sync`` calls between the worker's ledger and Redis; a failed
+call's batch goes back in the ledger and the loop backs off (ended by accident: ``scheduler_failed``)."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: close reason when the loop ends by accident
-FAILED_REASON = "scheduler_failed"
+FAILED_REASON = "scheduler_failed"  #: close reason when the loop ends by accident
 
 
 class SyncLoop(BackgroundTask):
@@ -37,25 +35,20 @@ class SyncLoop(BackgroundTask):
         self, ledger: Ledger, router: ShardRouter, frontiers: list[Frontier], engine: Engine,
         config: SchedulerSettings, *, decode: Callable[[int, bytes], Request], outage: Outage | None = None,
         on_applied: Callable[[Applied, SyncResult], None], on_forget: Callable[[], None] = lambda: None,
-        backoff: Backoff | None = None, clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+        backoff: Backoff | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.outage = outage or Outage()
         super().__init__(self.outage.guard("frontier", backoff, logger), clock)
         self.ledger, self.router, self.frontiers, self.engine = ledger, router, frontiers, engine
         self.decode, self.on_applied, self.config = decode, on_applied, config
         self.prefetch = max(1, config.prefetch)
-        #: a worker that never closes on its own and keeps finding nothing polls less often: doubled per
-        #: empty round up to the max
+        #: doubled per empty round up to the max when the worker never closes on its own
         self.poll_interval = self.idle_poll_max = config.idle_poll
         if math.isinf(config.idle_before_close):
             self.idle_poll_max = max(config.idle_poll, config.idle_poll_max)
-        #: URLs this worker sent lately may be new again: Redis was away or went back in time, or the crawl's
-        #: forget generation changed (``scrapy-dist forget``)
-        self.on_forget = on_forget
+        self.on_forget = on_forget  # sent URLs may be new again (Redis away or back in time, a forget)
         self._forgets: str | None = None
         self.released_at_close = 0  # leases given back while the engine closed
-        #: crawl-wide state after the last round that reached every shard (``None`` before the first)
-        self.state: FrontierState | None = None
+        self.state: FrontierState | None = None  #: crawl-wide, after the last round reaching every shard
         self.paused = False  # the crawl-wide pause flag (``scrapy-dist pause``), as shard 0 last reported it
         self.backlog = 0  # queued, leased or delayed crawl-wide when the worker joined (until ``state``)
         self.local_pause = False  # this worker's own pause
@@ -66,13 +59,11 @@ class SyncLoop(BackgroundTask):
         self.drained_at = 0.0  # start of the last successful round that took every request buffered
         self.backlog_since: float | None = None  # when the rounds started leaving a backlog behind
         self.next_fetch = self.next_renew = 0.0
-        #: (leased, asked for, queued crawl-wide) of the last round; queued is None after a round that did
-        #: not call every shard (another shard may hold requests: no reason to poll less often)
+        #: (leased, asked for, queued crawl-wide) of the last round; queued: None unless it called every shard
         self.lease_result: tuple[int, int, int | None] = (0, 0, 0)
         self._once = RateLimitedLog.once(logger)
         self._seq_seen: dict[int, int] = {}  # the largest sequence number each shard has reported
-        #: awaited before a round that acknowledges newly finished requests (feed files made durable); if it
-        #: raises, the acks wait
+        #: awaited before a round acking newly finished requests (feeds made durable); if it raises, acks wait
         self.ack_barrier: Callable[[], Awaitable[None]] | None = None
 
     async def step(self) -> bool:
@@ -93,8 +84,7 @@ class SyncLoop(BackgroundTask):
         logger.critical(
             "The scheduler's frontier loop stopped unexpectedly (%s): closing this worker (reason %s); its"
             " leases return to the queue when they expire",
-            f"{type(exc).__name__}: {exc}" if exc else "returned", FAILED_REASON, exc_info=exc,
-        )
+            f"{type(exc).__name__}: {exc}" if exc else "returned", FAILED_REASON, exc_info=exc)
         self.engine.close(FAILED_REASON)
 
     async def _turn(self) -> None:
@@ -140,14 +130,12 @@ class SyncLoop(BackgroundTask):
         if not (self.paused or self.local_pause):
             if len(ledger.ready) < max(1, self.prefetch // 2):
                 want = self.prefetch - len(ledger.ready)
-            # discovered requests better than anything leased: store them now and lease them back
-            outranked = ledger.outranked()
+            outranked = ledger.outranked()  # better than anything leased: store them now, lease them back
             want = max(want, min(outranked, self.prefetch))
         fetch = want > 0 and now >= self.next_fetch
         flush = ledger.first_pending is not None and (
             now - ledger.first_pending >= cfg.flush_interval or len(ledger.out) >= cfg.flush_batch
-            or outranked > 0 or ledger.left_behind > 0
-        )
+            or outranked > 0 or ledger.left_behind > 0)
         stale = now - self.last_sync >= self.poll_interval
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
@@ -203,8 +191,7 @@ class SyncLoop(BackgroundTask):
                     results[sending[0]] = exc
             else:  # one call per shard, and more for a backlog: all sent at once, each short on the server
                 answers = await asyncio.gather(
-                    *(self.frontiers[shard_of[i]].sync(batches[i]) for i in sending), return_exceptions=True,
-                )
+                    *(self.frontiers[shard_of[i]].sync(batches[i]) for i in sending), return_exceptions=True)
                 results = dict(zip(sending, answers, strict=True))
         finally:
             self.in_sync = False
@@ -216,8 +203,7 @@ class SyncLoop(BackgroundTask):
                 ledger.restore(call, batches[call], now)
                 error = results[call]
         answered = [(call, r) for call, r in results.items() if not isinstance(r, BaseException)]
-        # a shard's state is the one its last-executed call saw (the largest seq: it only grows)
-        seqs: dict[int, int] = {}
+        seqs: dict[int, int] = {}  # a shard's state is its last-run call's (the largest seq: it only grows)
         for call, result in sorted(answered, key=lambda cr: cr[1].seq):
             router.observe(shard_of[call], result)
             seqs[shard_of[call]] = result.seq
@@ -261,8 +247,7 @@ class SyncLoop(BackgroundTask):
                     "The frontier in Redis went back in time (shard %d's sequence number fell from %d to %d):"
                     " Redis lost crawl data (restarted without persistence, a failover that lost writes, or"
                     " deleted keys). Queued requests may be gone (this worker re-sends what it holds) and"
-                    " forgotten pages are crawled again; see docs/operations.md#outages", shard, before, seq,
-                )
+                    " forgotten pages are crawled again; see docs/operations.md#outages", shard, before, seq)
 
     async def drain(self, timeout: float) -> None:
         """At close: rounds until nothing is owed, for at most ``timeout`` seconds of Redis being away."""
@@ -276,7 +261,6 @@ class SyncLoop(BackgroundTask):
                     "%s at close (%s): %d leased requests will be requeued when their leases expire; %d"
                     " discovered requests were not saved",
                     "Redis unreachable" if is_outage(error) else "The frontier's last writes failed",
-                    error, len(ledger.held), len(ledger.out),
-                )
+                    error, len(ledger.held), len(ledger.out))
                 return
             await self.back_off(1.0)

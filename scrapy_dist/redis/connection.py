@@ -25,8 +25,8 @@ from scrapy.utils.misc import load_object
 
 from scrapy_dist.exceptions import ScrapyDistError
 from scrapy_dist.redis.outage import READ_ERRORS as CONNECT_ERRORS  # what "Redis did not answer" looks like
-from scrapy_dist.redis.target import RedisTarget, resolve_target, resolve_url
-from scrapy_dist.settings import DistSettings, mask_url
+from scrapy_dist.redis.target import RedisTarget, resolve_target, resolve_url  # noqa: F401 - re-exported
+from scrapy_dist.settings import DistSettings, mask_url  # noqa: F401 - re-exported
 from scrapy_dist.settings.reader import refuse_start
 
 if TYPE_CHECKING:
@@ -34,19 +34,11 @@ if TYPE_CHECKING:
 
     from scrapy_dist.redis.target import SettingsLike
 
-__all__ = ["CONNECT_ERRORS", "DEFAULT_CLIENT_PARAMS", "ClientPool", "RedisTarget", "build_async",
-           "build_sync", "check_reachable", "check_reachable_async", "ensure_reachable", "from_settings",
-           "get_async_redis", "get_redis", "get_redis_from_settings", "is_cluster", "mask_url",
-           "resolve_target", "resolve_url"]
-
-#: Client options ``REDIS_PARAMS`` may override: ``socket_timeout`` long enough for a big pipeline or Lua
-#: call, short enough to notice a silent network split.
+#: Client options REDIS_PARAMS may override (socket_timeout: long for a big call, short for a silent split)
 DEFAULT_CLIENT_PARAMS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": 15.0,
                                          "socket_keepalive": True, "health_check_interval": 15}
 _TCP_ONLY = ("socket_keepalive", "socket_keepalive_options")  # refused by a unix-socket connection
 _RETRIES, _BACKOFF = 3, ExponentialWithJitterBackoff(cap=1.0, base=0.05)  # a stateless backoff: shared
-
-
 _cluster_detected: dict[str, bool] = {}
 _tls_checked: set[str] = set()  # rediss:// URLs whose port did not answer plain text
 
@@ -112,8 +104,7 @@ def _master_kwargs(target: RedisTarget) -> dict[str, Any]:
     return kwargs
 
 
-#: The redis-py classes of one client flavour: sync or asyncio
-_Flavour = namedtuple("_Flavour", "client cluster sentinel retry")
+_Flavour = namedtuple("_Flavour", "client cluster sentinel retry")  #: redis-py's classes, sync or asyncio
 _SYNC = _Flavour(redis.Redis, redis.cluster.RedisCluster, redis.sentinel.Sentinel, Retry)
 _ASYNC = _Flavour(redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster, redis.asyncio.sentinel.Sentinel,
                   redis.asyncio.retry.Retry)
@@ -149,7 +140,6 @@ def build_sync(target: RedisTarget) -> redis.Redis:
 
 
 def build_async(target: RedisTarget) -> redis.asyncio.Redis:
-    """An asyncio client for ``target`` (see :func:`build_sync`)."""
     return cast("redis.asyncio.Redis", _build(target, _ASYNC))
 
 
@@ -189,13 +179,11 @@ class ClientPool:
         return pool
 
     def sync_client(self) -> redis.Redis:
-        """The crawler's sync client (built on first use)."""
         if self._sync is None:
             self._sync = _build(self.target, _SHARED_SYNC)
         return cast("redis.Redis", self._sync)
 
     def async_client(self) -> redis.asyncio.Redis:
-        """The crawler's asyncio client (built on first use)."""
         if self._async is None:
             self._async = _build(self.target, _SHARED_ASYNC)
         return cast("redis.asyncio.Redis", self._async)
@@ -234,8 +222,7 @@ def _redis_from_keywords(kwargs: dict[str, Any]) -> redis.Redis:
     return build_sync(resolve_target(settings))
 
 
-#: scrapy-redis's names for :func:`get_redis` called with settings
-get_redis_from_settings = from_settings = get_redis
+get_redis_from_settings = from_settings = get_redis  #: scrapy-redis's names for it, called with settings
 
 
 def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redis:
@@ -244,7 +231,6 @@ def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redi
 
 
 def is_cluster(client: Any) -> bool:
-    """Whether ``client`` (sync or async) is a Redis Cluster client."""
     return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
 
 

@@ -1,6 +1,5 @@
-"""The embedded Redis, used when no Redis setting is given: one private ``redis-server`` per Scrapy project,
-shared by its crawls on this machine and kept running between them (docs/connection.md, "The embedded
-Redis"). Its life cycle is here; its files, binary and ``redis.conf`` are in :mod:`.private_files`."""
+"""The embedded Redis (no Redis setting given): one private ``redis-server`` per Scrapy project, shared by its
+crawls and kept running between them (docs/connection.md); its files are in :mod:`.private_files`."""
 
 from __future__ import annotations
 
@@ -22,14 +21,10 @@ from scrapy.utils.project import data_path
 
 from scrapy_dist.exceptions import RedisUnavailable
 from scrapy_dist.redis import private_files as files
-from scrapy_dist.redis.private_files import parse_maxmemory, redis_cli_binary, redis_server_binary
+from scrapy_dist.redis.private_files import redis_cli_binary, redis_server_binary  # noqa: F401 - re-exported
 from scrapy_dist.settings import defaults
 
-__all__ = ["DEFAULT_DIRNAME", "EmbeddedRedis", "children", "embedded_dir", "parse_maxmemory", "pid_alive",
-           "pid_is_redis", "redis_cli_binary", "redis_server_binary"]
-
-#: Popen handles of the servers this process started, kept so that they are reaped after shutdown()
-children: dict[int, subprocess.Popen[bytes]] = {}
+children: dict[int, subprocess.Popen[bytes]] = {}  #: Popen of servers started here (reaped after shutdown())
 
 
 def pid_alive(pid: int) -> bool:
@@ -99,15 +94,13 @@ class EmbeddedRedis:
             for name in ("server.json", "server.lock", "redis.conf", "redis.log", "redis.pid"))
         self.binary = binary
         self.maxmemory = files.default_maxmemory() if maxmemory is None else maxmemory
-        # only a limit the caller chose is pushed onto a running server it joins
-        self.maxmemory_explicit = maxmemory is not None
+        self.maxmemory_explicit = maxmemory is not None  # only a chosen limit is pushed onto a server joined
 
     @classmethod
     def for_settings(cls, settings: Any) -> EmbeddedRedis:
-        """The embedded server the given Scrapy settings would use."""
         raw = settings.get("REDIS_EMBEDDED_MAXMEMORY", defaults.REDIS_EMBEDDED_MAXMEMORY)
         try:
-            maxmemory = parse_maxmemory(raw)
+            maxmemory = files.parse_maxmemory(raw)
         except ValueError as exc:
             raise RedisUnavailable(f"scrapy-dist: {exc}") from None
         return cls(embedded_dir(settings), maxmemory=None if raw in (None, "") else maxmemory)

@@ -13,8 +13,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from scrapy_dist.settings import DistSettings
 
-#: suffix of a key moved aside because it held another Redis type (``move_aside`` in lua/foreign.lua)
-GARBAGE = ":garbage"
+GARBAGE = ":garbage"  #: suffix of a key moved aside for holding another type (lua/foreign.lua)
 
 #: Names of the keys each shard of a sharded frontier has (the rest are crawl-wide, on shard 0).
 SHARD_KEY_NAMES = ("queue", "queue_tails", "queue_rejected", "leases", "lease_meta", "seq", "delayed",
@@ -44,8 +43,7 @@ FRONTIER_KEY_NAMES = (*(name for name in SHARD_KEY_NAMES if name != "queue_rejec
                       "control", "errors", "error_examples", "history")
 
 
-#: Every fixed-name per-crawl key: :class:`CrawlKeys` attribute -> name after the hash tag (type, content).
-CRAWL_KEY_NAMES = {
+CRAWL_KEY_NAMES = {  #: fixed-name per-crawl keys: CrawlKeys attribute -> name after the tag (type, content)
     "queue": "queue",  # ZSET of queued requests (6-byte sequence + encoded request), score -priority
     "queue_tails": "queue:tails",  # HASH score -> the queue chunk of that score still open for appends
     "queue_rejected": "queue:rejected",  # LIST of JSON records of queue entries that failed to decode
@@ -77,10 +75,8 @@ class CrawlKeys:
 
     spider: str
     prefix: str = ""
-    #: Seeds key template; ``%(name)s`` / ``%(spider)s`` are replaced by the spider name.
-    start_urls_template: str = "%(name)s:start_urls"
-    #: Items key template (``REDIS_ITEMS_KEY``), scrapy-redis compatible.
-    items_template: str = "%(spider)s:items"
+    start_urls_template: str = "%(name)s:start_urls"  #: ``%(name)s`` / ``%(spider)s``: the spider name
+    items_template: str = "%(spider)s:items"  #: ``REDIS_ITEMS_KEY``, scrapy-redis compatible
     shard_suffix: str = ""  #: ``""`` for the crawl (= shard 0); ``#<i>...`` for shard i of a sharded frontier
 
     @property
@@ -139,8 +135,7 @@ class CrawlKeys:
     def _start_urls_stem(self) -> str:
         """Stem of keys in the seeds key's hash slot: the seeds key if it holds a hash tag, else it as one."""
         s = self.start_urls
-        open_at = s.find("{")
-        return s if open_at >= 0 and s.find("}", open_at + 2) > 0 else f"{{{s}}}"
+        return s if (open_at := s.find("{")) >= 0 and s.find("}", open_at + 2) > 0 else f"{{{s}}}"
 
     @property
     def start_urls_processing(self) -> str:

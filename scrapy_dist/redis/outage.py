@@ -1,12 +1,8 @@
-"""The one outage policy of every background loop (docs/operations.md, "Outages"); :class:`BackgroundTask`
-runs such a loop, :class:`BatchWriter` writes items and cookies. ``now`` is monotonic seconds.
-
-Every loop backs off the same way after a failed call (:class:`Backoff`, 0.1 s doubling to 5 s), and when a
-component that had failed gets an answer the worker's :class:`Outage` ends every loop's wait at once
-(:meth:`BackgroundTask.recovered`): the worker resumes as Redis comes back, not each loop up to 5 s later.
-Only a component that had failed wakes the others (in a partial outage, one cluster node down or OOM with
-reads working, a waiting loop makes one extra call per recovery, not one per answer); a woken call that fails
-again goes on doubling its wait."""
+"""The one outage policy of every background loop (docs/operations.md, "Outages"): a failed call backs its
+loop off (:class:`Backoff`, 0.1 s doubling to 5 s); once a component that had failed gets an answer, the
+worker's :class:`Outage` ends every loop's wait at once (only such a component wakes them: in a partial
+outage, one extra call per recovery, not per answer). :class:`BackgroundTask` runs a loop,
+:class:`BatchWriter` writes items and cookies; ``now`` is monotonic seconds."""
 
 from __future__ import annotations
 

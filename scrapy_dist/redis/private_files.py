@@ -1,6 +1,5 @@
-"""The files of the embedded Redis: directories only we can change (checked, never repaired), private files
-created ``O_EXCL|O_NOFOLLOW`` and renamed into place, the socket path, the server's binary and
-``redis.conf``. The threat model: docs/security.md, "The embedded Redis"."""
+"""The embedded Redis's files: directories only we can change (checked, never repaired), private files made
+``O_EXCL|O_NOFOLLOW`` and renamed into place, socket path, binary, ``redis.conf`` (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -81,8 +80,7 @@ def _fresh_file(path: Path, text: str) -> Iterator[Path]:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable only by us: a fresh file renamed over ``path`` -- a
-    symlink planted at either name is never followed."""
+    """Write ``text`` to ``path`` atomically, private: a fresh file renamed over it (no symlink followed)."""
     with _fresh_file(path, text) as tmp:
         os.replace(tmp, path)
 
@@ -179,8 +177,7 @@ def server_config(directory: Path, socket_path: Path, pid_path: Path, log_path: 
     return "\n".join(lines) + "\n"
 
 
-#: Longest unix socket path we use inside the state directory (``sun_path`` is 104 bytes on macOS).
-MAX_SOCKET_PATH = 100
+MAX_SOCKET_PATH = 100  #: longest socket path used in the state directory (104 bytes on macOS)
 
 
 def socket_path_for(directory: Path) -> Path:

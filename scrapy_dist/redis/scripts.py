@@ -1,7 +1,6 @@
-"""Lua scripts and untrusted replies: loads ``lua/*.lua`` (after the fragments of :data:`_FRAGMENTS`),
-registers them with a client (EVALSHA, reloaded on NOSCRIPT), and reads Redis replies as text. A script
-in :data:`_LIBRARIES` is also a FUNCTION library (Redis >= 7, :class:`Library`) whose top level runs once at
-load; it ends in ``local function <name>_call(keys, argv)``, what a call runs either way."""
+"""Lua scripts and untrusted replies: ``lua/*.lua`` after their fragments (:data:`_FRAGMENTS`), registered
+with a client (EVALSHA), replies read as text. A script in :data:`_LIBRARIES` is also a FUNCTION library
+(Redis >= 7, :class:`Library`) whose top level runs once at load; ``<name>_call(keys, argv)`` runs a call."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ from scrapy_dist.exceptions import RejectedEntry
 
 logger = logging.getLogger(__name__)
 
-#: script name -> fragments prepended to it
-_FRAGMENTS = {
+_FRAGMENTS = {  #: script name -> fragments prepended to it
     "sync": ("foreign", "dupe", "polite", "sync_common", "sync_check", "sync_sweep", "sync_enqueue",
              "sync_items", "sync_settle", "sync_lease"),
     "dupe_batch": ("foreign", "dupe"), "errors": ("foreign",), "clusterstats": ("foreign",),
@@ -107,8 +105,7 @@ def text(value: Any) -> str:
 
 
 def count(value: Any) -> int:
-    """A counter someone else may have written: a non-negative decimal integer of at most 18 digits, else 0
-    (the scripts heal such counters at their next call)."""
+    """A counter others may write: a decimal integer of at most 18 digits, else 0 (the scripts heal it)."""
     t = text(value)
     return int(t) if t.isascii() and t.isdigit() and len(t) <= 18 else 0
 

@@ -1,6 +1,5 @@
-"""Which Redis a set of settings points at (:func:`resolve_target`): first match of ``REDIS_URL``,
-``REDIS_SENTINELS``, ``REDIS_HOST``/``REDIS_PORT``, the ``REDIS_URL`` environment variable, then the
-project's embedded Redis, started on first use (docs/connection.md, "Which Redis")."""
+"""Which Redis a set of settings points at (:func:`resolve_target`): ``REDIS_URL``, ``REDIS_SENTINELS``,
+``REDIS_HOST``/``REDIS_PORT``, the ``REDIS_URL`` environment variable, else the embedded Redis."""
 
 from __future__ import annotations
 

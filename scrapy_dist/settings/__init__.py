@@ -1,6 +1,5 @@
-"""Every scrapy-dist setting, read, typed and validated once per crawler (:meth:`DistSettings.for_crawler`):
-declared in :data:`~.table.TABLE`, converted by :mod:`~.values`, read by :mod:`~.reader`; each field below
-names the setting that fills it. A bad value is one line (:class:`SettingsError`) refusing the start."""
+"""Every scrapy-dist setting, read, typed and validated once per crawler (:meth:`DistSettings.for_crawler`)
+from :data:`~.table.TABLE`; each field names its setting; a bad value refuses the start in one line."""
 
 from __future__ import annotations
 
@@ -15,15 +14,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy_dist.settings import reader, values
-from scrapy_dist.settings.reader import SettingsReader, refuse_start, start_error
-from scrapy_dist.settings.table import ALIASES, BY_NAME, DEFAULTS, defaults
-from scrapy_dist.settings.values import SettingsError, mask_url
+from scrapy_dist.settings.reader import SettingsReader, refuse_start, start_error  # noqa: F401 - re-exported
+from scrapy_dist.settings.table import ALIASES, BY_NAME, DEFAULTS, defaults  # noqa: F401 - re-exported
+from scrapy_dist.settings.values import SettingsError, mask_url  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
-
-__all__ = ["ConnectionSettings", "DistSettings", "SchedulerSettings", "SettingsError", "defaults", "mask_url",
-           "refuse_start", "start_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +101,7 @@ class SchedulerSettings:
     replay_memory: int = _setting("SCHEDULER_REPLAY_MEMORY")
     entry_secret: bytes | None = field(default=None, repr=False)
     deny_networks: tuple[str, ...] = _setting("SCHEDULER_DENY_NETWORKS")
-    #: Scrapy's SCHEDULER_PRIORITY_QUEUE is DownloaderAwarePriorityQueue: least busy download slot first
-    downloader_aware: bool = True
+    downloader_aware: bool = True  #: SCHEDULER_PRIORITY_QUEUE is DownloaderAwarePriorityQueue
     shards: int = _setting("SCHEDULER_SHARDS")
     politeness: str = _setting("SCHEDULER_POLITENESS")
     domain_limits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -196,8 +191,7 @@ class DistSettings:
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
     items: ItemSettings = field(default_factory=ItemSettings)
     cookies: CookieSettings = field(default_factory=CookieSettings)
-    #: one line each: near-miss names, ignored scrapy-redis settings, aliases shadowed
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  #: near-miss names, ignored scrapy-redis settings, aliases shadowed
 
     @classmethod
     def from_settings(cls, settings: Any, environ: Mapping[str, str] | None = None) -> DistSettings:
@@ -289,8 +283,7 @@ class DistSettings:
 
     @classmethod
     def for_crawler(cls, crawler: Crawler) -> DistSettings:
-        """:meth:`from_settings` of the crawler's settings, cached (and its warnings logged once) once they
-        are frozen; a bad value raises :class:`SettingsError`."""
+        """:meth:`from_settings` of the crawler's settings, cached once frozen (its warnings logged once)."""
         if (cached := getattr(crawler, _ATTR, None)) is not None:
             return cached  # type: ignore[no-any-return]
         built = cls.from_settings(crawler.settings)

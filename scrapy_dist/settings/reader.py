@@ -77,8 +77,7 @@ def closest_path(path: str) -> str | None:
     return f"{module}.{close[0]}" if close else None
 
 
-#: Scrapy's class-path settings a scrapy-dist project points at scrapy-dist's classes.
-COMPONENT_SETTINGS = ("SCHEDULER", "DUPEFILTER_CLASS", "STATS_CLASS")
+COMPONENT_SETTINGS = ("SCHEDULER", "DUPEFILTER_CLASS", "STATS_CLASS")  #: pointed at scrapy-dist's classes
 
 
 def check_components(settings: Any) -> None:
@@ -207,7 +206,6 @@ def refuse_start(crawler: Crawler, error: ScrapyDistError) -> None:
 
     def closed(spider: Any, reason: str) -> None:
         crawler.spider = None  # Scrapy's runners count a crawl that ends without a spider as a failed start
-
     crawler.signals.connect(opened, signal=signals.spider_opened, weak=False)
     crawler.signals.connect(closed, signal=signals.spider_closed, weak=False)
 
@@ -225,7 +223,6 @@ def refusing(from_crawler: F) -> F:
         except ScrapyDistError as exc:
             refuse_start(crawler, exc)
             raise NotConfigured from exc
-
     return wrapper  # type: ignore[return-value]
 
 
@@ -260,8 +257,7 @@ class Component:
     attach: str
     lacks: str = ""
     replaces: str = ""  # Scrapy's component it replaces
-    #: a DistSettings attribute path: while it is false the component does nothing (nothing is lacking)
-    when: str = ""
+    when: str = ""  #: a DistSettings attribute path: while false the component does nothing
 
 
 #: Plain settings the add-on fills in while they hold Scrapy's default.

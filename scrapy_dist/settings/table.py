@@ -16,8 +16,7 @@ MIN_ERROR_RATE = 1e-12  # BLOOMFILTER_ERROR_RATE: tighter rates need more hashes
 MAX_TTL = 100 * 365 * 86400  # DUPEFILTER_TTL: 100 years
 MIN_GENERATIONS, MAX_GENERATIONS = 2, 64  # BLOOMFILTER_GENERATIONS
 
-#: Status of a setting relative to scrapy-redis (the migration table's column).
-OURS, HONOURED, CHANGED, IGNORED = "new", "honoured", "changed", "ignored"
+OURS, HONOURED, CHANGED, IGNORED = "new", "honoured", "changed", "ignored"  #: relative to scrapy-redis
 STATUS_TEXT = {OURS: "new in scrapy-dist", HONOURED: "honoured as in scrapy-redis",
                CHANGED: "scrapy-redis name, changed", IGNORED: "scrapy-redis name, not applied (WARNING)"}
 
@@ -224,8 +223,7 @@ SCRAPY_REDIS_IGNORED: Mapping[str, str] = MappingProxyType({
 })
 _IN_URL = ("scrapy-dist (like scrapy-redis) reads no such setting: give it in REDIS_URL"
            " (redis://user:password@host:port/db, rediss:// for TLS) or in REDIS_PARAMS")
-#: Setting names people plausibly write for the connection, which neither scrapy-redis nor scrapy-dist
-#: reads: where that value goes instead (a "did you mean" would name an unrelated setting).
+#: Connection setting names people guess, read by neither scrapy-redis nor scrapy-dist: where the value goes
 CONNECTION_GUESSES: Mapping[str, str] = MappingProxyType({
     "REDIS_PASSWORD": f"{_IN_URL} ({{'password': ...}})", "REDIS_PASS": f"{_IN_URL} ({{'password': ...}})",
     "REDIS_USER": f"{_IN_URL} ({{'username': ...}})", "REDIS_USERNAME": f"{_IN_URL} ({{'username': ...}})",
@@ -236,8 +234,7 @@ CONNECTION_GUESSES: Mapping[str, str] = MappingProxyType({
 #: Other names for our settings (scrapy-redis spellings); the canonical name wins when both are set.
 ALIASES: Mapping[str, str] = MappingProxyType({"MAX_IDLE_TIME_BEFORE_CLOSE": "SCHEDULER_IDLE_BEFORE_CLOSE"})
 
-#: Every stat the package writes: (name, meaning). ``<x>`` stands for a variable part.
-STATS: tuple[tuple[str, str], ...] = (
+STATS: tuple[tuple[str, str], ...] = (  #: every stat written: (name, meaning); ``<x>``: a variable part
     ("scheduler/enqueued", "requests written to the shared frontier (also .../redis)"),
     ("scheduler/enqueued/redis", "same, Scrapy's per-backend spelling"),
     ("scheduler/dequeued", "requests handed to the engine (also .../redis)"),

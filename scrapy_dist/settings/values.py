@@ -38,8 +38,7 @@ _AUTHORITY = re.compile(r"([^/?#]*)(.*)", re.DOTALL)
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password (userinfo or ``password=`` query argument) replaced by ``***``, the rest
-    exactly as written: ``redis://user:***@host:6379/0``."""
+    """``url`` with its password (userinfo or ``password=`` query) as ``***``: ``redis://user:***@host/0``."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -96,8 +95,7 @@ def _bool(spec: Setting, value: Any, expected: str = "expected True or False (1/
     return text in _TRUE
 
 
-#: container kind -> (the types it takes, what its JSON text must hold, what is expected)
-_CONTAINERS: dict[str, tuple[Any, str, str]] = {
+_CONTAINERS: dict[str, tuple[Any, str, str]] = {  #: kind -> (types taken, JSON kind of its text, expected)
     "dict": (Mapping, "object", 'expected a dict, or JSON like {"socket_timeout": 30}'),
     "list": ((list, tuple, set, frozenset), "list", "expected a list, or comma-separated values")}
 
@@ -251,11 +249,9 @@ def revisit_rules(rules: Any, floor: float = 0.0) -> dict[str, float | None]:
     return out
 
 
-# client options checked for a number of seconds, for a whole number (with its least value), and read by
-# scrapy-dist itself (REDIS_PARAMS' host, port and db: reader.redis_location)
-_SECONDS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")
-_INTEGERS = {"max_connections": 1}
-_OURS = frozenset({"sentinel_kwargs"})
+_SECONDS = ("socket_timeout", "socket_connect_timeout", "health_check_interval")  # client options in seconds
+_INTEGERS = {"max_connections": 1}  # client options that are whole numbers, with their least value
+_OURS = frozenset({"sentinel_kwargs"})  # read by scrapy-dist itself (as REDIS_PARAMS' host, port and db)
 
 
 @lru_cache(maxsize=1)

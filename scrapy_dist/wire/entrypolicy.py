@@ -1,7 +1,6 @@
-"""What an untrusted entry may carry: the entry policy and the crawl's secret that tells its own entries
-from anyone else's, the credential headers a middleware added (never stored), and the checks of seed fields.
-A tag is the keyed BLAKE2b of the crawl, the kind of key, the nonce and the body: copied into another crawl,
-or from the dead letters into the queue, a signed entry does not verify."""
+"""What an untrusted entry may carry: the entry policy and the crawl's secret telling its own entries from
+others', credential headers a middleware added (never stored), seed field checks. A tag is the keyed BLAKE2b
+of crawl, key kind, nonce and body: copied to another crawl, or from dead letters to the queue, it fails."""
 
 from __future__ import annotations
 
@@ -111,8 +110,7 @@ def keep_allowed_domains(spider: Any) -> Any:
 
 
 def check_offsite(url: str, spider: Any) -> None:
-    """Refuse (``offsite``) a URL whose host is not in or below the spider's ``allowed_domains`` (as Scrapy's
-    offsite check reads them), ``dont_filter`` or not."""
+    """Refuse (``offsite``) a host not in or below the spider's ``allowed_domains`` (``dont_filter`` too)."""
     domains = [d.lower().lstrip(".") for d in keep_allowed_domains(spider) or () if isinstance(d, str) and d]
     if not domains:  # most spiders: no URL parsed on the decode path
         return
@@ -189,7 +187,6 @@ _warned_unsigned: list[bool] = []
 
 
 def entry_policy(crawler: Crawler | None) -> EntryPolicy:
-    """The :class:`EntryPolicy` of ``crawler``, built on first use and kept."""
     if crawler is None:
         return DEFAULT_POLICY
     if crawler in _POLICIES:
@@ -200,10 +197,9 @@ def entry_policy(crawler: Crawler | None) -> EntryPolicy:
         _warned_unsigned.append(True)
         logging.getLogger(__name__).warning(
             "No SCHEDULER_ENTRY_SECRET (or SCRAPY_DIST_SECRET) set while using a shared Redis (from %s):"
-            " every entry in the crawl's queue counts as this crawl's own, so anyone who can write to that"
-            " Redis can make the workers send requests through a proxy of theirs, with any Host header and"
-            " with your spider's Authorization header and cookies. Set the same secret on every worker, e.g."
-            " SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')"
+            " anyone who can write to it can make the workers send requests through their proxy, with any"
+            " Host header and your spider's Authorization header and cookies. Set the same secret on every"
+            " worker, e.g. SCRAPY_DIST_SECRET=$(python -c 'import secrets; print(secrets.token_hex(32))')"
             " (docs/security.md)", ds.connection.source)
     return policy
 
