@@ -402,7 +402,8 @@ class Revisits:
         """When ``request`` is finished: ``(delay, new member or b"")`` to file it again, or None."""
         ok = self.outcome.pop(request, None) and not self.stopped  # None: not fetched, or not wanted
         validators = self.validators.pop(request, None)
-        if (delay := self.delay_for(request) if ok else None) is None:
+        delay = self.delay_for(request) if ok else None
+        if delay is None:
             if ok is False or (ok and META_KEY in request.meta):
                 self._count("revisit/stopped")
             return None

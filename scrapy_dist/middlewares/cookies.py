@@ -270,7 +270,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         await self.server.aclose()
 
     def _state(self, cookiejar: Any) -> tuple[str, _SharedJar]:
-        if (state := self._shared.get(name := jar_name(cookiejar))) is None:
+        name = jar_name(cookiejar)
+        if (state := self._shared.get(name)) is None:
             state = self._shared[name] = _SharedJar()
         self.jars[cookiejar] = state.jar
         return name, state
