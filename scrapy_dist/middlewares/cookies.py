@@ -25,9 +25,8 @@ from scrapy.http.cookies import CookieJar
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
-from scrapy_dist.pipelines import send_calls
 from scrapy_dist.redis import scripts
-from scrapy_dist.redis.connection import ClientPool
+from scrapy_dist.redis.connection import ClientPool, send_calls
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import BatchWriter, Outage
 from scrapy_dist.redis.scripts import text

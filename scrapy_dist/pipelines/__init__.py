@@ -10,7 +10,7 @@ import inspect
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from itemadapter import ItemAdapter, is_item
@@ -24,7 +24,7 @@ from scrapy_dist.frontier import engine as _outbox
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.frontier.shard import ItemRoute
 from scrapy_dist.redis import scripts
-from scrapy_dist.redis.connection import ClientPool, is_cluster
+from scrapy_dist.redis.connection import ClientPool, send_calls
 from scrapy_dist.redis.keys import crawler_keys
 from scrapy_dist.redis.outage import BatchWriter, Outage
 from scrapy_dist.redis.scripts import text
@@ -81,19 +81,6 @@ def find_unencodable(value: Any, serialize: Callable[[Any], Any], path: str = ""
             return find_unencodable(child, serialize, child_path)
     # Every part encodes on its own: the value itself is the problem (e.g. a non-string mapping key).
     return path, error
-
-
-async def send_calls(server: Any, calls: Sequence[Callable[..., Any]], transaction: bool = False) -> None:
-    """``call(client=...)`` for each of ``calls`` in one pipeline; sent apart, together, if there is one or on
-    a cluster (several slots share no MULTI, and a redis.asyncio cluster pipeline does not load scripts)."""
-    if len(calls) == 1 or is_cluster(server):
-        await asyncio.gather(*(call(client=server) for call in calls))
-        return
-    async with server.pipeline(transaction=transaction) as pipe:
-        for call in calls:
-            if inspect.iscoroutine(queued := call(client=pipe)):  # a script call queues when awaited
-                await queued
-        await pipe.execute()
 
 
 class RedisPipeline:

@@ -7,6 +7,7 @@ import asyncio
 import socket
 import weakref
 from collections import namedtuple
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
@@ -232,6 +233,19 @@ def get_async_redis(settings: SettingsLike | DistSettings) -> redis.asyncio.Redi
 
 def is_cluster(client: Any) -> bool:
     return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
+
+
+async def send_calls(server: Any, calls: Sequence[Callable[..., Any]], transaction: bool = False) -> None:
+    """``call(client=...)`` for each of ``calls`` in one pipeline; sent apart, together, if there is one or on
+    a cluster (several slots share no MULTI, and a redis.asyncio cluster pipeline does not load scripts)."""
+    if len(calls) == 1 or is_cluster(server):
+        await asyncio.gather(*(call(client=server) for call in calls))
+        return
+    async with server.pipeline(transaction=transaction) as pipe:
+        for call in calls:
+            if asyncio.iscoroutine(queued := call(client=pipe)):  # a script call queues when awaited
+                await queued
+        await pipe.execute()
 
 
 def _describe(client: Any, settings: SettingsLike | DistSettings | None) -> RedisTarget:
