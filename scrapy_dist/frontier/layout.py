@@ -328,22 +328,21 @@ class ControlState:
         return "" if now is not None and self.close_at > now + CLOSE_AT_SLACK else self.close
 
 
-def report_problems(control_key: str, state: ControlState, log: logging.Logger = logger) -> None:
+def report_problems(control_key: str, state: ControlState) -> None:
     """Log each garbage field of ``control_key`` once per process (WARNING), whatever values it takes."""
     for problem in state.problems:
         field = problem.partition("=")[0]
         if (control_key, field) not in _reported:
             _reported.add((control_key, field))
-            log.warning("Ignoring garbage in %s: %s", control_key, problem)
+            logger.warning("Ignoring garbage in %s: %s", control_key, problem)
 
 
-def move_aside_foreign(client: Any, control_key: str) -> bool:
+def move_aside_foreign(client: Any, control_key: str) -> None:
     """Move a control hash of another Redis type aside to ``<key>:garbage`` (with a warning)."""
-    if (kind := scripts.text(client.type(control_key))) in ("none", "hash"):
-        return False
-    client.rename(control_key, control_key + GARBAGE)
-    logger.warning("%s held another Redis type (%s): moved to %s", control_key, kind, control_key + GARBAGE)
-    return True
+    if (kind := scripts.text(client.type(control_key))) not in ("none", "hash"):
+        client.rename(control_key, control_key + GARBAGE)
+        logger.warning("%s held another Redis type (%s): moved to %s", control_key, kind,
+                       control_key + GARBAGE)
 
 
 def pause_crawl(client: Any, control_key: str, by: str = "cli") -> None:

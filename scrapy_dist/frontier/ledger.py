@@ -148,9 +148,9 @@ class Ledger:
         self.penalties.append((shard, (domain, seconds)))
         self._mark(now)
 
-    def reject(self, lease: Lease, exc: RejectedEntry, now: float, at: float | None = None) -> None:
-        """Park a leased entry that is not a valid request with a JSON record (``at``: unix time)."""
-        self.rejects.append((lease, rejection_record(exc.reason, lease[1], self.worker_id, exc.detail, at)))
+    def reject(self, lease: Lease, exc: RejectedEntry, now: float) -> None:
+        """Park a leased entry that is not a valid request with a JSON record."""
+        self.rejects.append((lease, rejection_record(exc.reason, lease[1], self.worker_id, exc.detail)))
         self._mark(now)
 
     def _mark(self, now: float) -> None:

@@ -93,7 +93,6 @@ class Scheduler:
                                       domain_limits, batched=self._batched_df, polite=polite)
         self.report.log_duplicate = self.encoder.filtered
         self.penalties = DomainPenalties(domain_limits, self.ledger, self.router, self.stats)
-        self._local_pause = False
         self._empty_since: float | None = None
         #: wired by from_crawler (``refused``: the crawl's start was refused, open nothing)
         self.components: list[Any] = []
@@ -247,7 +246,7 @@ class Scheduler:
 
     def has_pending_requests(self) -> bool:
         loop = self.loop
-        if self.ledger.busy() or (loop is not None and loop.in_sync) or self.paused or self._local_pause:
+        if self.ledger.busy() or (loop is not None and loop.in_sync) or self.paused:
             return True
         state = loop.state if loop is not None else None
         if state is None or state.queued or state.inflight or state.delayed or not state.empty_confirmed:
@@ -268,7 +267,7 @@ class Scheduler:
         return bool(entries)
 
     def next_request(self) -> Request | None:
-        if self.paused or self._local_pause:
+        if self.paused:
             return None
         ledger, loop = self.ledger, self.loop
         if not ledger.local and loop is not None and not loop.failing and ledger.outranked():
@@ -306,16 +305,6 @@ class Scheduler:
         """Whether every request enqueued before ``mark`` (monotonic) is in Redis."""
         return self.loop is not None and self.loop.drained_at > mark
 
-    def pause(self, paused: bool = True) -> None:
-        """Stop (or go on) handing out requests from this worker; crawl-wide, the ``paused`` control flag."""
-        self._local_pause = paused
-        if self.loop is not None:
-            self.loop.local_pause = paused
-
-    def resume(self) -> None:
-        self.pause(False)
-        self.engine.wake()
-
     def _wake(self) -> None:
         if self.loop is not None:
             self.loop.wake()
@@ -323,7 +312,7 @@ class Scheduler:
     def _starts_now(self, request: Request) -> bool:
         """Whether ``request`` is a start request Scrapy's engine would send at once (nothing queued, room)"""
         loop = self.loop
-        if not request.meta.get("is_start_request") or loop is None or loop.paused or loop.local_pause:
+        if not request.meta.get("is_start_request") or loop is None or loop.paused:
             return False
         queued = loop.state.queued if loop.state is not None else loop.backlog
         return not queued and self.ledger.starts_now(self.config.concurrent_requests)

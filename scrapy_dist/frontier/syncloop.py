@@ -51,7 +51,6 @@ class SyncLoop(BackgroundTask):
         self.state: FrontierState | None = None  #: crawl-wide, after the last round reaching every shard
         self.paused = False  # the crawl-wide pause flag (``scrapy-dist pause``), as shard 0 last reported it
         self.backlog = 0  # queued, leased or delayed crawl-wide when the worker joined (until ``state``)
-        self.local_pause = False  # this worker's own pause
         self.in_sync = False  # a round is under way: its requests are neither in the ledger nor sure in Redis
         self.failing = False  # the last round failed: buffered requests cannot reach Redis now
         self.last_sync = 0.0  # when the last round started
@@ -127,7 +126,7 @@ class SyncLoop(BackgroundTask):
         """Whether a round is due now, and how many requests it should lease."""
         ledger, cfg = self.ledger, self.config
         want = outranked = 0
-        if not (self.paused or self.local_pause):
+        if not self.paused:
             if len(ledger.ready) < max(1, self.prefetch // 2):
                 want = self.prefetch - len(ledger.ready)
             outranked = ledger.outranked()  # better than anything leased: store them now, lease them back

@@ -144,12 +144,8 @@ def build_async(target: RedisTarget) -> redis.asyncio.Redis:
     return cast("redis.asyncio.Redis", _build(target, _ASYNC))
 
 
-def _keep_open(*args: Any, **kwargs: Any) -> None:
-    """``close()`` of a :class:`ClientPool`'s client: a no-op, the pool closes it for every component."""
-
-
 async def _keep_open_async(*args: Any, **kwargs: Any) -> None:
-    """``close()`` and ``aclose()`` of a :class:`ClientPool`'s asyncio client (see :func:`_keep_open`)."""
+    """``close()`` and ``aclose()`` of a :class:`ClientPool`'s client: a no-op, the pool closes it for all."""
 
 
 def _shared(flavour: _Flavour, **no_ops: Any) -> _Flavour:
@@ -157,7 +153,7 @@ def _shared(flavour: _Flavour, **no_ops: Any) -> _Flavour:
     return flavour._replace(client=client, cluster=cluster)
 
 
-_SHARED_SYNC = _shared(_SYNC, close=_keep_open)
+_SHARED_SYNC = _shared(_SYNC, close=lambda *args, **kwargs: None)  # as _keep_open_async, sync
 _SHARED_ASYNC = _shared(_ASYNC, close=_keep_open_async, aclose=_keep_open_async)
 _POOLS: weakref.WeakKeyDictionary[Any, ClientPool] = weakref.WeakKeyDictionary()
 

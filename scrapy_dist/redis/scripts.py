@@ -92,9 +92,9 @@ class Library:
             self.functions = True
 
 
-def register(client: Any, name: str, prelude: str = "") -> Any:
+def register(client: Any, name: str) -> Any:
     """``client.register_script`` for script ``name`` (works for sync, asyncio and cluster clients)."""
-    return client.register_script(source(name, prelude))
+    return client.register_script(source(name))
 
 
 def text(value: Any) -> str:
