@@ -203,13 +203,16 @@ class DomainPenalties:
     router: ShardRouter
     stats: Any
 
+    def penalize(self, domain: str, seconds: float) -> None:
+        self.ledger.penalize(domain, seconds, time.monotonic(), self.router.domain(domain))
+
     def response_received(self, response: Any, request: Request, spider: Any = None) -> None:
         domain = (urlparse_cached(request).hostname or "").lower()
         limit = self.limits.for_domain(domain) if self.limits else None
         seconds = penalty_seconds(response.status, response.headers.get(b"Retry-After"), limit, time.time())
         if seconds is not None:
             self.stats.inc_value(f"scheduler/politeness/penalized/{response.status}")
-            self.ledger.penalize(domain, seconds, time.monotonic(), self.router.domain(domain))
+            self.penalize(domain, seconds)
 
 
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from scrapy_dist.utils import RateLimitedLog
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+B = TypeVar("B", bound="BackgroundTask")
 
 #: What a client raises while Redis is down, restarting, failing over or full (ConnectionError includes
 #: LOADING and a rotated password; asyncio's TimeoutError is not the builtin before Python 3.11).
@@ -236,11 +237,12 @@ class BackgroundTask:
         """One turn of the loop, its rest included; ``False`` or ``None`` ends it."""
         raise NotImplementedError
 
-    def start(self) -> None:
+    def start(self: B) -> B:
         if self._task is None:
             self._wakeup = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run())
             self._task.add_done_callback(self._ended)
+        return self
 
     def wake(self) -> None:
         """End the current :meth:`rest` now (new work, or a test that moved the clock)."""
