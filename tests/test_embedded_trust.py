@@ -17,8 +17,7 @@ import pytest
 import redis
 
 from scrapy_dist.exceptions import RedisUnavailable
-from scrapy_dist.redis.embedded import EmbeddedRedis
-from scrapy_dist.redis.private_files import parse_maxmemory
+from scrapy_dist.redis.embedded import EmbeddedRedis, parse_maxmemory
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -13,8 +13,7 @@ import redis.asyncio.sentinel
 import redis.sentinel
 
 from scrapy_dist.exceptions import RedisUnavailable
-from scrapy_dist.redis.embedded import EmbeddedRedis, embedded_dir
-from scrapy_dist.redis.private_files import make_private_dir, private_secret
+from scrapy_dist.redis.embedded import EmbeddedRedis, embedded_dir, make_private_dir, private_secret
 from scrapy_dist.settings import ConnectionSettings, DistSettings, mask_url
 
 if TYPE_CHECKING:
