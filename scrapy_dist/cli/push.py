@@ -295,15 +295,16 @@ class Exporter:
 
     def recover(self) -> None:
         """Finish the removal of a chunk an earlier run wrote and fsynced but may not have removed."""
-        if not self.journal.exists():
-            return
-        entry = json.loads(self.journal.read_text())
+        if self.journal.exists():
+            self._remove(json.loads(self.journal.read_text()))
+            self.journal.unlink()
+
+    def _remove(self, entry: dict[str, Any]) -> None:
         if entry["kind"] == "stream":
             if entry["ids"]:  # a journal is a file on disk: an empty list would be XDEL with no id
                 self.client.xdel(self.key, *entry["ids"])
         else:  # trimmed only if still the head it was read from (else removed already, or popped)
             self._trim(keys=[self.key], args=[entry["n"], entry["sha1"]])
-        self.journal.unlink()
 
     def step(self) -> int:
         """Move one chunk; how many items it held (0: the key is empty)."""
