@@ -357,7 +357,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
 
 
 def _number(value: Any) -> float:
-    try:
+    with contextlib.suppress(TypeError, ValueError):
         return float(value)
-    except (TypeError, ValueError):
-        return 0.0
+    return 0.0

@@ -58,11 +58,10 @@ def finite(value: Any) -> float | None:
     """``value`` as a float if it is a finite number within :data:`MAX_VALUE`, else ``None``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) and abs(number) <= MAX_VALUE else None
+    with contextlib.suppress(OverflowError):  # an int too large for a float
+        if math.isfinite(number := float(value)) and abs(number) <= MAX_VALUE:
+            return number
+    return None
 
 
 def _whole(text: str, digits: int) -> int | None:
@@ -127,10 +126,9 @@ def dead_reasons(client: Any, keys: CrawlKeys, sample: int) -> Counter[str]:
 def window_totals(raw: dict[Any, Any], now: float) -> dict[str, Any]:
     """Totals of the error monitor's window (``{spider}:errors``) as of ``now`` (server time)."""
     fields = hash_fields(raw, "errors")
-    try:
+    bucket_s = window = 0.0
+    with contextlib.suppress(ValueError):
         bucket_s, window = float(fields.get("_bucket", "")), float(fields.get("_window", ""))
-    except ValueError:
-        bucket_s = window = 0.0
     if not (0 < bucket_s <= 86400 and 0 < window <= 10**7):  # also False for NaN
         bucket_s = window = 0.0
     totals: Counter[str] = Counter()
@@ -191,16 +189,14 @@ def worker_rows(members: list[tuple[Any, float]], details: list[dict[Any, Any]],
     return sorted(rows, key=lambda r: ((RUNNING, LOST, CLOSED).index(r["state"]), -r["last_seen"]))
 
 
-def crawl_state(control: ControlState, running: int, started: list[float | None] | None = None,
-                now: float | None = None) -> str:
+def crawl_state(control: ControlState, running: int, started: list[float | None], now: float | None) -> str:
     """One word for the whole crawl: paused, running, closing (reason), closed (reason) or stopped. A close
     decision taken before all ``started`` (the running workers' start times) is ignored, as they do."""
     if control.paused:
         return "paused"
     if control.close and not running:
         return f"closed ({control.close})"
-    starts = started if started is not None else [None] * running
-    if control.close and any(control.close_reason(s or 0.0, now) for s in starts):
+    if control.close and any(control.close_reason(s or 0.0, now) for s in started):
         return f"closing ({control.close})"
     return "running" if running else "stopped"
 

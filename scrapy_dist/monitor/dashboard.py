@@ -6,6 +6,7 @@ and the dashboard's own ``Origin``; listening beyond loopback needs a token (:fu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import socket
@@ -40,15 +41,11 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})  #: host names alw
 
 def check_binding(host: str, token: str | None) -> None:
     """Refuse (one line) to listen beyond loopback without a token."""
-    if token:
-        return
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
-        raise ScrapyDistError(f"the dashboard listens on {host} only with a token: add --token"
-                              " (or $SCRAPY_DIST_DASHBOARD_TOKEN), or keep the default --host 127.0.0.1")
+    with contextlib.suppress(ValueError):
+        if token or host == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return
+    raise ScrapyDistError(f"the dashboard listens on {host} only with a token: add --token"
+                          " (or $SCRAPY_DIST_DASHBOARD_TOKEN), or keep the default --host 127.0.0.1")
 
 
 def _field(fields: dict[bytes, bytes], name: bytes) -> float | None:

@@ -294,8 +294,7 @@ def seed_request(seed: Seed, spider: Spider | None = None, request_cls: type[Req
 
 def reason_slug(reason: Any) -> str:
     """A rejection reason safe for a stats key: lowercase letters, digits and ``_``, at most 40."""
-    slug = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in str(reason).lower()[:40])
-    return slug or "rejected"
+    return re.sub(r"[^a-z0-9_]", "_", str(reason).lower()[:40]) or "rejected"
 
 
 def iter_lines(chunks: Iterable[bytes]) -> Iterable[bytes]:

@@ -330,10 +330,9 @@ class SeedFeed(BackgroundTask):
         score, raw = None, entry
         if self.reader.kind == "zset":
             head, _, raw = entry.partition(b" ")
-            try:
+            score = 0.0
+            with contextlib.suppress(ValueError):
                 score = float(head)
-            except ValueError:
-                score = 0.0
         self.stats.inc_value("seeds/received")
         try:
             requests = seed_requests(self.spider, raw, self.rules, score)

@@ -3,6 +3,7 @@ in ``async def start()``; their scrapy-redis attributes (often ``-a`` strings) a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import dis
@@ -125,10 +126,9 @@ def _number(spider: Any, name: str, integer: bool, low: int, problem: str, hint:
     """Attribute ``name`` (a number or a ``-a`` string) as an int or float of at least ``low``, or None."""
     if (value := getattr(spider, name, None)) is None:
         return None
-    try:
+    number = math.nan
+    with contextlib.suppress(TypeError, ValueError):
         number = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
-        number = math.nan
     whole = not integer or number.is_integer()
     if isinstance(value, bool) or not math.isfinite(number) or number < low or not whole:
         raise SettingsError(name, value, problem, hint)
