@@ -16,7 +16,7 @@ import redis
 from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.misc import load_object
 
-from scrapy_dist.extensions.clusterstats import ClusterStats, PeriodicExtension, engine_of
+from scrapy_dist.extensions.clusterstats import ClusterStats, PeriodicExtension
 from scrapy_dist.extensions.errors import ErrorMonitor
 from scrapy_dist.frontier import engine as _engine
 from scrapy_dist.frontier.layout import ControlState, end_chains, report_problems
@@ -157,7 +157,7 @@ class IdleMonitor(PeriodicExtension):
         work, control = await self.read()
         reason = control.close_reason(self.started_at, self.server_now)
         # only a worker whose requests go through the shared frontier may call the crawl finished
-        judges = engine_of(self.crawler) is None or get_scheduler(self.crawler) is not None
+        judges = _engine.engine_of(self.crawler) is None or get_scheduler(self.crawler) is not None
         if reason:  # stop filing revisits
             if (revisits := getattr(_engine.scheduler(self.crawler), "revisits", None)) is not None:
                 revisits.stop()

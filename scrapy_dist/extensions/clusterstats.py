@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
+from scrapy_dist.frontier.engine import engine_of
 from scrapy_dist.frontier.layout import start_time
 from scrapy_dist.frontier.scheduler import get_scheduler, make_worker_id
 from scrapy_dist.redis import connection, scripts
@@ -290,14 +291,6 @@ class ClusterStats(PeriodicExtension):
                 return int(result[0])
 
     tick = flush
-
-
-def engine_of(crawler: Crawler) -> Any:
-    """``crawler.engine``, or None before the crawl starts (Scrapy raises RuntimeError then)."""
-    try:
-        return crawler.engine
-    except (AttributeError, RuntimeError):
-        return None
 
 
 def worker_id(crawler: Crawler) -> str:

@@ -13,7 +13,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from scrapy_dist.exceptions import ReleasedAtClose, ScrapyDistError
-from scrapy_dist.extensions.clusterstats import PeriodicExtension, engine_of, worker_id
+from scrapy_dist.extensions.clusterstats import PeriodicExtension, worker_id
+from scrapy_dist.frontier.engine import engine_of
 from scrapy_dist.frontier.layout import ControlState
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.redis.scripts import text

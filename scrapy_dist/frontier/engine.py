@@ -48,15 +48,16 @@ MAX_VALIDATOR_BYTES = 256  #: longer validators are not stored (the page is revi
 VALIDATOR_HEADERS = (b"If-None-Match", b"If-Modified-Since")
 
 
-def _engine(crawler: Any) -> Any:
+def engine_of(crawler: Any) -> Any:
+    """``crawler.engine``, or None before the crawl starts (Scrapy raises RuntimeError then)."""
     try:
         return crawler.engine
-    except (AttributeError, RuntimeError):  # Crawler.engine raises until the crawl starts
+    except (AttributeError, RuntimeError):
         return None
 
 
 def _slot(crawler: Any) -> Any:
-    return getattr(_engine(crawler), "_slot", None)
+    return getattr(engine_of(crawler), "_slot", None)
 
 
 def inprogress(crawler: Any) -> Any:
@@ -115,13 +116,13 @@ class EngineView(Engine):
             nextcall.schedule()
 
     def close(self, reason: str) -> None:
-        if (engine := _engine(self.crawler)) is None or engine.spider is None or is_closing(self.crawler):
+        if (engine := engine_of(self.crawler)) is None or engine.spider is None or is_closing(self.crawler):
             return
         # keep a reference: the loop holds tasks weakly
         self._closing_task = asyncio.get_running_loop().create_task(engine.close_spider_async(reason=reason))
 
     def slot_load(self, request: Any) -> int:
-        if (downloader := getattr(_engine(self.crawler), "downloader", None)) is None:
+        if (downloader := getattr(engine_of(self.crawler), "downloader", None)) is None:
             return 0
         slot = downloader.slots.get(downloader.get_slot_key(request))
         return len(slot.active) if slot is not None else 0
@@ -145,7 +146,7 @@ def run_components(crawler: Crawler, ds: DistSettings) -> list[Any]:
     """Build what the add-on would enable and the two-line setup lacks (kept: signals hold them weakly)."""
     built: list[Any] = []
     lacking: list[Component] = []
-    if _engine(crawler) is None:  # a scheduler built outside a crawl (tests, tools) runs nothing more
+    if engine_of(crawler) is None:  # a scheduler built outside a crawl (tests, tools) runs nothing more
         return built
     for c in COMPONENTS:
         user = crawler.settings.getdict(c.setting)
