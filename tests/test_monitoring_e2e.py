@@ -88,7 +88,7 @@ def test_stats_of_three_workers_add_up(tmp_path: Path, redis_url: str, site_fact
 
 
 def test_a_killed_worker_shows_as_lost(tmp_path: Path, redis_url: str, site_factory: Any) -> None:
-    site = site_factory(pages=3000, delay=0.02)
+    site = site_factory(pages=3000, delay=0.2)
     project = make_project(
         tmp_path,
         {"REDIS_URL": redis_url, "EXTENSIONS": EXTENSIONS, "CLUSTERSTATS_INTERVAL": 1,
