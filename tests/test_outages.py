@@ -43,9 +43,6 @@ SETTINGS: dict[str, Any] = {
     "CONCURRENT_REQUESTS": 8,
     "CLUSTERSTATS_INTERVAL": 1,
     "SCHEDULER_IDLE_BEFORE_CLOSE": 2,
-    # A sync whose reply is lost as Redis stops leaves leases the worker never learnt of; they come back
-    # when they run out, so a short lease keeps that case from adding a minute to the test.
-    "SCHEDULER_LEASE_SECONDS": 15,
 }
 
 

@@ -102,6 +102,9 @@ class _FailingFrontier:
             raise self.error
         return SyncResult([False] * len(batch.enqueue), [], 0, 0, 0, 0, 0, 0, False)
 
+    async def own_leases(self, limit: int) -> list[bytes]:
+        return []  # its failed calls granted nothing
+
 
 def _loop(frontier: _FailingFrontier, engine: Engine) -> SyncLoop:
     return SyncLoop(
@@ -292,3 +295,48 @@ def test_a_redis_that_lost_the_crawls_data_is_said_once(
     said = [r.getMessage() for r in caplog.records if "went back in time" in r.getMessage()]
     assert len(said) == 1, said
     assert "sequence number fell from 3 to 1" in said[0]
+
+
+class _AnswerLost:
+    """A frontier whose next call runs in Redis but whose answer never arrives (Redis stopped, or the
+    connection broke, after the script ran): the real frontier, and the error the client would raise."""
+
+    def __init__(self, frontier: Any) -> None:
+        self.frontier = frontier
+
+    async def sync(self, batch: SyncBatch) -> SyncResult:
+        await self.frontier.sync(batch)
+        raise redis.exceptions.ConnectionError("Connection closed by server.")
+
+
+@pytest.mark.parametrize("politeness", ["process", "cluster"])
+def test_leases_granted_by_a_call_whose_answer_was_lost_are_given_back_at_once(
+    politeness: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The next round gives back the leases the lost answer named, so their requests are leased again now,
+    not when their leases run out; the leases the worker knows of stay its own."""
+
+    async def go() -> tuple[set[bytes], set[bytes], list[str], set[bytes]]:
+        sched = await _opened(redis_url, SCHEDULER_PREFETCH=4, SCHEDULER_POLITENESS=politeness)
+        loop = sched.loop
+        assert loop is not None
+        for i in range(8):
+            sched.enqueue_request(Request(f"http://site{i}.test/"))
+        assert await loop.round(lease=2, renew=False) is None
+        known = {member for _, member in sched.ledger.held}
+        real = loop.frontiers[0]
+        loop.frontiers[0] = _AnswerLost(real)  # type: ignore[assignment]
+        assert await loop.round(lease=3, renew=False) is not None
+        assert redis_client.zcard(KEYS.leases) == 5  # granted in Redis, unknown to the worker
+        loop.frontiers[0] = real
+        assert await loop.round(lease=3, renew=False) is None
+        urls = [r.url for r in iter(sched.next_request, None)]
+        in_redis = set(redis_client.zrange(KEYS.leases, 0, -1))
+        held = {member for _, member in sched.ledger.held}
+        await sched.close_async("shutdown")
+        return known, held, urls, in_redis
+
+    known, held, urls, in_redis = run(go())
+    assert known <= held
+    assert in_redis == held and len(held) == 5  # every lease in Redis is one the worker holds
+    assert len(urls) == 5 and len(set(urls)) == 5

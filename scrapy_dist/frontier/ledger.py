@@ -185,6 +185,11 @@ class Ledger:
             self._mark(now)
         return len(given)
 
+    def give_back(self, leases: list[Lease], now: float) -> None:
+        """Release leases this worker holds in Redis without holding their requests."""
+        self.releases += leases
+        self._mark(now)
+
     def release_all(self, now: float) -> None:
         """At close: unstarted and unfinished work goes straight back to the queue."""
         self.releases += self.ready.leases() + list(self.handed.values())

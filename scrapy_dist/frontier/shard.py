@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -353,6 +354,20 @@ class Frontier:
             result.work_repaired = not self._work_keys.isdisjoint(result.repaired)
             return result
         raise FrontierScriptError("bloom filter chain did not settle")  # pragma: no cover
+
+    async def own_leases(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` lease keys in this shard's leases ZSET that name this worker (ZSCAN, MATCH on its
+        id; a third party's member is only ever given back, and the queue rejects it if it is no request)."""
+        worker = self.worker_id.encode()
+        # a lease key's tag ends with the worker id and two length bytes
+        pattern = b"*" + re.sub(rb"([*?\[\]\\])", rb"\\\1", worker) + b"??"
+        found: list[bytes] = []
+        async for key, _ in self.redis.zscan_iter(self.keys.leases, match=pattern, count=1000):
+            if lease_parts(key)[2] == worker:
+                found.append(key)
+                if len(found) >= limit:
+                    break
+        return found
 
 
 def member_prefix(member: bytes, polite: bool) -> bytes:

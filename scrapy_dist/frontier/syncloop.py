@@ -53,6 +53,7 @@ class SyncLoop(BackgroundTask):
         self.backlog = 0  # queued, leased or delayed crawl-wide when the worker joined (until ``state``)
         self.in_sync = False  # a round is under way: its requests are neither in the ledger nor sure in Redis
         self.failing = False  # the last round failed: buffered requests cannot reach Redis now
+        self.unanswered: dict[int, int] = {}  # shard -> leases asked by calls whose answer never came
         self.last_sync = 0.0  # when the last round started
         self.rotation = 0  # rounds that called one shard in turn
         self.drained_at = 0.0  # start of the last successful round that took every request buffered
@@ -171,6 +172,8 @@ class SyncLoop(BackgroundTask):
                 await self.ack_barrier()
             except Exception as exc:  # nothing taken yet: every ack stays owed
                 return exc
+        if self.unanswered:
+            await self.give_back_unanswered()
         started = self.clock()
         counts, skip = self.plan(lease) if partial else (router.lease_split(lease), set())
         batches = ledger.take_batches(counts, renew, max_calls=self.calls_per_round(started), skip=skip)
@@ -201,6 +204,9 @@ class SyncLoop(BackgroundTask):
             if isinstance(results[call], BaseException):
                 ledger.restore(call, batches[call], now)
                 error = results[call]
+                if batches[call].lease:  # Redis may have run the call and granted leases nobody heard of
+                    shard = shard_of[call]
+                    self.unanswered[shard] = self.unanswered.get(shard, 0) + batches[call].lease
         answered = [(call, r) for call, r in results.items() if not isinstance(r, BaseException)]
         seqs: dict[int, int] = {}  # a shard's state is its last-run call's (the largest seq: it only grows)
         for call, result in sorted(answered, key=lambda cr: cr[1].seq):
@@ -234,6 +240,23 @@ class SyncLoop(BackgroundTask):
         else:
             router.forget_snapshot()
         return error
+
+    async def give_back_unanswered(self) -> None:
+        """Give back the leases of this worker that its ledger does not know: a call whose answer was lost
+        (Redis stopped or the connection broke after it ran) granted them, and they would otherwise wait
+        for their lease to run out. At most as many per shard as those calls asked for."""
+        held = self.ledger.held
+        for shard, asked in list(self.unanswered.items()):
+            try:
+                keys = await self.frontiers[shard].own_leases(asked + len(held))
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                return  # still away: the round says so, and this is tried again before the next one
+            del self.unanswered[shard]
+            if lost := [(shard, key) for key in keys if (shard, key) not in held][:asked]:
+                self.ledger.give_back(lost, self.clock())
+                logger.info("Giving back %d leases granted by a call whose answer was lost", len(lost))
 
     def _check_seq(self, seqs: dict[int, int]) -> None:
         """One WARNING each time a shard's sequence number goes down: Redis lost the crawl's data."""
