@@ -173,7 +173,10 @@ class SyncLoop(BackgroundTask):
             except Exception as exc:  # nothing taken yet: every ack stays owed
                 return exc
         if self.unanswered:
-            await self.give_back_unanswered()
+            try:
+                await self.give_back_unanswered()
+            except Exception as exc:  # Redis still away: nothing taken yet, tried again next round
+                return exc
         started = self.clock()
         counts, skip = self.plan(lease) if partial else (router.lease_split(lease), set())
         batches = ledger.take_batches(counts, renew, max_calls=self.calls_per_round(started), skip=skip)
@@ -247,12 +250,7 @@ class SyncLoop(BackgroundTask):
         for their lease to run out. At most as many per shard as those calls asked for."""
         held = self.ledger.held
         for shard, asked in list(self.unanswered.items()):
-            try:
-                keys = await self.frontiers[shard].own_leases(asked + len(held))
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                return  # still away: the round says so, and this is tried again before the next one
+            keys = await self.frontiers[shard].own_leases(asked + len(held))
             del self.unanswered[shard]
             if lost := [(shard, key) for key in keys if (shard, key) not in held][:asked]:
                 self.ledger.give_back(lost, self.clock())
