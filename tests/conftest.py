@@ -3,8 +3,10 @@ demand, and a generated local website for end-to-end crawls. Every test talks to
 
 from __future__ import annotations
 
+import compileall
 import itertools
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,9 +14,18 @@ import redis
 from redis_cluster import LocalCluster, SentinelGroup
 from redis_servers import RedisProcess
 
+import scrapy_dist
 from scrapy_dist.demo.site import SiteGraph, SiteServer
 
 _db_numbers = itertools.cycle(range(1, 64))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile scrapy-dist's bytecode once, before the test processes start: with PYTHONDONTWRITEBYTECODE
+    set (as in CI's image), every ``scrapy``/``scrapy-dist`` process a test starts would compile the whole
+    package from source again."""
+    if not hasattr(config, "workerinput"):  # the controller, not an xdist worker
+        compileall.compile_dir(Path(scrapy_dist.__file__).parent, quiet=1)
 
 
 @pytest.fixture(scope="session")

@@ -220,6 +220,9 @@ def make_project(root: Path, settings: dict[str, Any] | None = None, spiders: st
             TELNETCONSOLE_ENABLED = False
             EXTENSIONS = {"proj.stats_ext.DumpStats": 0}
             REQUEST_FINGERPRINTER_IMPLEMENTATION = "2.7"
+            # Scrapy starts CONCURRENT_ITEMS tasks for every response's output, whatever its size: the
+            # default 100 is most of a test page's CPU, and a test page yields a dozen items and requests
+            CONCURRENT_ITEMS = 16
             # the tests crawl sites on 127.0.0.1, which the default SCHEDULER_DENY_NETWORKS refuses
             SCHEDULER_DENY_NETWORKS = []
             """

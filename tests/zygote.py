@@ -70,6 +70,12 @@ def _preload() -> None:
             importlib.import_module(path)
     if "twisted.internet.reactor" in sys.modules:
         raise SystemExit("zygote: a preloaded module installed a reactor: the workers must choose theirs")
+    # the bloom filter's sizes are cached per process: planned once here for the test projects' capacity
+    # and the default one, instead of in every worker that opens a filter
+    from scrapy_dist.dupefilter.bloom import BloomPlan
+
+    for capacity in (100_000, 100_000_000):
+        BloomPlan(capacity, 0.001)
 
 
 def _serve(path: str) -> dict[str, Any] | None:
