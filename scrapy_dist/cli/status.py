@@ -253,8 +253,7 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
             top_domains: int, force: bool) -> None:
     """Serve Prometheus metrics of the crawls of SPIDER... (inside a project and with none named: every
     spider of the project) on http://HOST:PORT/metrics until Ctrl-C."""
-    names = list(spiders) or redis.spiders() or []
-    if not names:
+    if not (names := list(spiders) or redis.spiders() or []):
         raise click.UsageError("name the crawls to export: scrapy-dist metrics SPIDER...")
     for name in names:
         redis.check_spider(name, force)

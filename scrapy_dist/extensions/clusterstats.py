@@ -121,8 +121,7 @@ class StatsMerger:
         """Merge operations for ``stats`` relative to the previous snapshot (which becomes ``stats``)."""
         ops: list[tuple[str, str, str]] = []
         for name, value in stats.items():
-            mode = self.mode(name, value)
-            if mode == "sum":
+            if (mode := self.mode(name, value)) == "sum":
                 if delta := value - self._flushed.get(name, 0):
                     ops.append(("sum", name, _encode(delta if isinstance(delta, float) else int(delta))))
                 self._flushed[name] = value

@@ -348,10 +348,8 @@ class Revisits:
         with contextlib.suppress(Exception):  # a member we cannot patch is revisited as it is
             prefix = member_prefix(member, self.polite)
             payload = member[len(prefix) :]
-            if self.conditional and validators is not None:
-                patched = with_validators(payload, validators, policy)
-            else:
-                patched = policy.renew(payload)
+            patched = (with_validators(payload, validators, policy)
+                       if self.conditional and validators is not None else policy.renew(payload))
             if patched != payload and len(patched) <= policy.max_bytes:
                 return prefix + patched
         return b""

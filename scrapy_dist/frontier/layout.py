@@ -331,8 +331,7 @@ class ControlState:
 def report_problems(control_key: str, state: ControlState) -> None:
     """Log each garbage field of ``control_key`` once per process (WARNING), whatever values it takes."""
     for problem in state.problems:
-        field = problem.partition("=")[0]
-        if (control_key, field) not in _reported:
+        if (control_key, (field := problem.partition("=")[0])) not in _reported:
             _reported.add((control_key, field))
             logger.warning("Ignoring garbage in %s: %s", control_key, problem)
 

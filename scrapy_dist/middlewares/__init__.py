@@ -96,8 +96,7 @@ class DenyNetworksMiddleware:
         return why
 
     async def process_request(self, request: Request) -> None:
-        why = request_refusal(request, self.networks)
-        if not why and request.meta.get("proxy"):
+        if not (why := request_refusal(request, self.networks)) and request.meta.get("proxy"):
             host = (urlparse_cached(request).hostname or "").rstrip(".").lower()
             why = await self.target_verdict(host) if host else ""
         if not why:

@@ -140,8 +140,7 @@ class RecordSeal:
         if self.secret is None:
             return cookie
         rec = json.loads(data)
-        tag = rec.pop("tag", None)
-        if tag is None:
+        if (tag := rec.pop("tag", None)) is None:
             if self.unsigned_ok:
                 return cookie
             raise ValueError(
@@ -223,8 +222,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     @classmethod
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
-        ds = DistSettings.for_crawler(crawler)
-        if not ds.cookies.enabled:
+        if not (ds := DistSettings.for_crawler(crawler)).cookies.enabled:
             raise NotConfigured
         scrapy_mw = "scrapy.downloadermiddlewares.cookies.CookiesMiddleware"
         enabled = build_component_list(

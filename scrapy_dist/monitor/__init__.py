@@ -334,8 +334,7 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
 def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
     """Fill and estimated false-positive rate of the dupefilter (``garbage``: parameters no filter has)."""
     try:
-        b = hash_fields(bloom, "bloom")
-        if not b.get("capacity"):
+        if not (b := hash_fields(bloom, "bloom")).get("capacity"):
             figures = {"kind": "set", "items": fingerprints, "fill": None, "fpr_estimate": 0.0}
             return figures if fingerprints else None
         capacity, n = _whole(b["capacity"], 14), _whole(b.get("n") or "0", 19)
