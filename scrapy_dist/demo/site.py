@@ -300,9 +300,8 @@ class WorkerFleet:
 
     def start(self) -> Worker:
         number = len(self.workers) + 1
-        cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDER]
-        for name, value in self.settings.items():
-            cmd += ["-s", f"{name}={value}"]
+        cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDER,
+               *(arg for name, value in self.settings.items() for arg in ("-s", f"{name}={value}"))]
         log = self.run_dir / f"worker-{number}.log"
         with open(log, "wb") as fh:
             # its own process group: Ctrl-C in the terminal reaches the demo only, which stops the workers

@@ -170,9 +170,8 @@ class RedisDupeFilter(BaseDupeFilter):
             self.stats.inc_value("dupefilter/filtered")
 
     def fingerprint(self, request: Request) -> bytes:
-        if self.legacy_fingerprint:
-            return bytes.fromhex(self.request_fingerprint(request))
-        return bytes(self.fingerprinter.fingerprint(request))
+        return (bytes.fromhex(self.request_fingerprint(request)) if self.legacy_fingerprint
+                else bytes(self.fingerprinter.fingerprint(request)))
 
     def request_fingerprint(self, request: Request) -> str:
         """The request's fingerprint as hex. Overriding it is deprecated, as in Scrapy's RFPDupeFilter."""

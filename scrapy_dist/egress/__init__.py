@@ -141,9 +141,8 @@ class DenyPolicy:
         return name
 
     def unmark(self, name: str) -> Deferred[str] | None:
-        if not name.endswith(_MARK_SUFFIX):
-            return None
-        return defer.fail(DeniedNetwork(self._marks.get(name, "refused address (SCHEDULER_DENY_NETWORKS)")))
+        return (defer.fail(DeniedNetwork(self._marks.get(name, "refused address (SCHEDULER_DENY_NETWORKS)")))
+                if name.endswith(_MARK_SUFFIX) else None)
 
 
 _MARK_SUFFIX = ".denied.scrapy-dist.invalid"

@@ -69,10 +69,8 @@ class PeriodicTask(BackgroundTask):
         self.func, self.interval = func, interval
 
     async def step(self) -> bool:
-        if self.guard.backoff.failures:  # the last call failed: Redis answering again ends the wait
-            await self.back_off(self.interval)
-        else:
-            await self.rest(self.interval)
+        # after a failed call, Redis answering again ends the wait
+        await (self.back_off(self.interval) if self.guard.backoff.failures else self.rest(self.interval))
         if self.closing:
             return False
         await self.run_once()
@@ -269,8 +267,7 @@ class ClusterStats(PeriodicExtension):
         self.rate.add(float(pages), time.monotonic())
         while True:
             stats = dict(self.crawler.stats.get_stats())
-            fresh = self._pending is None
-            if self._pending is None:
+            if fresh := self._pending is None:
                 self._seq += 1
                 self._pending = (self._seq, self.merger.operations(stats))
             seq, ops = self._pending

@@ -297,8 +297,7 @@ def with_validators(payload: bytes, validators: Mapping[bytes, bytes], policy: E
         d["h"] = headers
     else:
         d.pop("h", None)
-    body = msgpack.packb(d, use_bin_type=True)
-    return policy.seal(body) if signed else DEFAULT_POLICY.seal(body)
+    return (policy if signed else DEFAULT_POLICY).seal(msgpack.packb(d, use_bin_type=True))
 
 
 def _middleware_enabled(settings: Any) -> bool:

@@ -296,9 +296,8 @@ class Scheduler:
 
     def dead_letter(self, record: str, request: Request | None = None) -> None:
         """Append a JSON dead-letter record (atomic with the failed request's ack)."""
-        forget = None
-        if request is not None and self.encoder.forget_dead and self._batched_df:
-            forget = self.encoder.forgotten(request, self.layout.shard_dfs)
+        forget = (self.encoder.forgotten(request, self.layout.shard_dfs)
+                  if request is not None and self.encoder.forget_dead and self._batched_df else None)
         self.ledger.dead_letter(record, time.monotonic(), forget)
 
     def flushed_since(self, mark: float) -> bool:

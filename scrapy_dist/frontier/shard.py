@@ -58,9 +58,7 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
             pipe.get(k.seq)
         return list(await pipe.execute())
     first = await collect()
-    if any(int(v) for i, v in enumerate(first) if i % 4 != 3):
-        return False
-    return await collect() == first
+    return not any(int(v) for i, v in enumerate(first) if i % 4 != 3) and await collect() == first
 
 
 def lease_parts(key: bytes) -> tuple[bytes, bytes | None, bytes | None]:

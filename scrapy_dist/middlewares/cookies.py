@@ -249,7 +249,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         super().process_request(request)  # Scrapy's, on the jar _state() put in self.jars
         if before is not None:  # written in the background
             self._record_changes(name, before, state.jar)
-        return None
 
     async def process_response(self, request: Request, response: Response) -> Response:  # type: ignore[override]
         """Store the cookies ``response`` sets; return once they are in Redis (if it set any)."""

@@ -163,9 +163,8 @@ def parse_seed(data: bytes, rules: SeedRules = DEFAULT_RULES,
         raise RejectedEntry("not_utf8", f"invalid byte at {exc.start}") from None
     if not text:
         raise RejectedEntry("empty")
-    if text[0] in '{["-' or text[0].isdigit() or text in ("null", "true", "false"):
-        return _parse_json(text, rules, has_callback)
-    return Seed(validate_url(text, rules))
+    json_like = text[0] in '{["-' or text[0].isdigit() or text in ("null", "true", "false")
+    return _parse_json(text, rules, has_callback) if json_like else Seed(validate_url(text, rules))
 
 
 def _not_json(name: str) -> Any:

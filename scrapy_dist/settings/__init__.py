@@ -74,9 +74,7 @@ class ConnectionSettings:
             return "REDIS_SENTINELS"
         if self.url_source == "REDIS_URL":
             return "REDIS_URL"
-        if self.host or self.port:
-            return "REDIS_HOST/REDIS_PORT"
-        return self.url_source or "embedded"
+        return "REDIS_HOST/REDIS_PORT" if self.host or self.port else self.url_source or "embedded"
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,5 @@ def is_dict(string_content: Any) -> bool:
 
 def convert_bytes_to_str(data: Any, encoding: str = "utf-8") -> Any:
     """``data`` with bytes decoded: a bytes value, or the keys and values of a dict (recursively)."""
-    if isinstance(data, dict):
-        return {convert_bytes_to_str(k, encoding): convert_bytes_to_str(v, encoding) for k, v in data.items()}
-    return bytes_to_str(data, encoding)
+    return ({convert_bytes_to_str(k, encoding): convert_bytes_to_str(v, encoding) for k, v in data.items()}
+            if isinstance(data, dict) else bytes_to_str(data, encoding))
