@@ -21,7 +21,7 @@ from scrapy_dist.frontier.engine import VALIDATOR_HEADERS
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import refusing
-from scrapy_dist.utils import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog, inc_stat
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -149,8 +149,7 @@ class ConditionalRevisitMiddleware:
     def process_response(self, request: Request, response: Response) -> Response:
         if response.status != 304 or not self.conditional(request):
             return response
-        if self.stats is not None:
-            self.stats.inc_value("revisit/not_modified")
+        inc_stat(self.stats, "revisit/not_modified")
         if (sched := get_scheduler(self.crawler)) is not None and sched.revisits is not None:
             sched.revisits.not_modified(request)
         if callable(hook := getattr(self.crawler.spider, "on_not_modified", None)):

@@ -32,7 +32,7 @@ from scrapy_dist.redis.outage import BatchWriter, Outage
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import CookieSettings, DistSettings
 from scrapy_dist.settings.reader import refusing
-from scrapy_dist.utils import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog, inc_stat
 from scrapy_dist.wire.entrypolicy import entry_policy
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self.writer: BatchWriter[tuple[str, str, str | None]] = BatchWriter(
             self._write, guard=self.outage.guard("shared cookie jar (writing)", log=logger),
             batch_size=_WRITE_BATCH, flush_interval=self.settings.flush_interval,
-            on_failure=lambda exc: self._inc("cookies/shared/redis_errors"))
+            on_failure=lambda exc: inc_stat(self.stats, "cookies/shared/redis_errors"))
         self._read_script = scripts.register(server, "cookies_read")
         self._write_script = scripts.register(server, "cookies_write")
         self._reject_log = RateLimitedLog(logger)
@@ -287,12 +287,12 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                     keys=[self.keys.cookie_jar(name), self.keys.cookie_changes(name)],
                     args=[repr(state.version), self.read_limit])
             except Exception as exc:
-                self._inc("cookies/shared/redis_errors")
+                inc_stat(self.stats, "cookies/shared/redis_errors")
                 self._read_guard.failed(exc, self._monotonic())
                 state.loaded_at = self._monotonic()  # try again after cache_seconds, not on every request
                 return
             self._read_guard.succeeded(self._monotonic())
-            self._inc("cookies/shared/loads")
+            inc_stat(self.stats, "cookies/shared/loads")
             latest = _number(raw[0])
             if latest < state.version:  # the keys were deleted and written again: start afresh
                 state.jar.clear()
@@ -307,7 +307,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                 try:
                     cookie = self.seal.open(self.keys.cookie_jar(name), field, data)
                 except ValueError as exc:
-                    self._inc("cookies/shared/rejected")
+                    inc_stat(self.stats, "cookies/shared/rejected")
                     self._reject_log.log(logging.WARNING, "Skipped an invalid record in %s: %s",
                                          self.keys.cookie_jar(name), exc)
                     continue
@@ -346,11 +346,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         calls, written = write_calls(self.keys, ops, repr(self._wallclock()))
         writes = [functools.partial(self._write_script, keys=k, args=a) for k, a in calls]
         await send_calls(self.server, writes)
-        self._inc("cookies/shared/written", written)
-
-    def _inc(self, name: str, count: int = 1) -> None:
-        if self.stats is not None:
-            self.stats.inc_value(name, count)
+        inc_stat(self.stats, "cookies/shared/written", written)
 
 
 def _number(value: Any) -> float:

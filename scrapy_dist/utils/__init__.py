@@ -58,6 +58,12 @@ class RateLimitedLog:
         return key in self._windows
 
 
+def inc_stat(stats: Any, name: str, count: int = 1) -> None:
+    """``stats.inc_value(name, count)`` for a component that may have no stats collector."""
+    if stats is not None:
+        stats.inc_value(name, count)
+
+
 def bytes_to_str(s: Any, encoding: str = "utf-8") -> Any:
     return s.decode(encoding) if isinstance(s, (bytes, bytearray)) else s
 
