@@ -377,8 +377,7 @@ def release_run(client: Any, prefix: str, started_redis: bool) -> bool:
         keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
         for i in range(0, len(keys), 500):
             client.delete(*keys[i : i + 500])
-    stop = started_redis
-    if stop:
+    if stop := started_redis:
         with contextlib.suppress(Exception):
             me = client.client_id()
             stop = not any(int(c.get("id", me)) != me for c in client.client_list())

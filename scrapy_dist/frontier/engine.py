@@ -395,8 +395,7 @@ class Revisits:
         """When ``request`` is finished: ``(delay, new member or b"")`` to file it again, or None."""
         ok = self.outcome.pop(request, None) and not self.stopped  # None: not fetched, or not wanted
         validators = self.validators.pop(request, None)
-        delay = self.delay_for(request) if ok else None
-        if delay is None:
+        if (delay := self.delay_for(request) if ok else None) is None:
             if ok is False or (ok and META_KEY in request.meta):
                 inc_stat(self.stats, "revisit/stopped")
             return None

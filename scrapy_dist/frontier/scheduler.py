@@ -189,8 +189,7 @@ class Scheduler:
 
     def _join(self, spider: Spider) -> tuple[int, int]:
         name = getattr(spider, "name", None)
-        named = isinstance(name, str) and bool(name)
-        if not named and not hasattr(self, "keys"):
+        if not (named := isinstance(name, str) and bool(name)) and not hasattr(self, "keys"):
             raise ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: the crawl's Redis"
                                   " keys are built from it")
         if not hasattr(self, "keys") or (named and self.crawler is not None and name != self.keys.spider):

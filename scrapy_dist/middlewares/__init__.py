@@ -101,8 +101,7 @@ class DenyNetworksMiddleware:
             why = await self.target_verdict(host) if host else ""
         if not why:
             return None
-        if self.crawler is not None and self.crawler.stats is not None:
-            self.crawler.stats.inc_value("deny_networks/refused")
+        inc_stat(getattr(self.crawler, "stats", None), "deny_networks/refused")
         self._log.log(logging.WARNING, "Refused %s: %s (SCHEDULER_DENY_NETWORKS)", request, why)
         self._dead_letter(request, why)
         raise DeniedNetwork(why)
