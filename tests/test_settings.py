@@ -329,10 +329,11 @@ def test_every_stat_the_package_writes_is_listed() -> None:
         )
         for name, _ in STATS
     ]
+    writes = re.compile(r"(?:(?:inc_value|set_value|_inc)\(|inc_stat\(.*?,)\s*f?\"([a-z_]+/[^\"]+)\"")
     written = set()
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text(encoding="utf-8")
-        for match in re.finditer(r"(?:inc_value|set_value|_inc)\(\s*f?\"([a-z_]+/[^\"]+)\"", text):
+        for match in writes.finditer(text):
             written.add(re.sub(r"\{[^}]+\}", "x", match.group(1)))
         for match in re.finditer(r"\"((?:dupefilter|scheduler)/[a-z_/]+)\":", text):
             written.add(match.group(1))

@@ -80,9 +80,8 @@ class ClientFactory:
     @property
     def source(self) -> str:
         """``--redis-url``, ``REDIS_URL environment variable``, ``project settings`` or ``embedded Redis``."""
-        if self.redis_url:
-            return "--redis-url"
-        return _SOURCES.get(self.dist.connection.source, "project settings")
+        return ("--redis-url" if self.redis_url
+                else _SOURCES.get(self.dist.connection.source, "project settings"))
 
     @functools.cached_property
     def target(self) -> RedisTarget:

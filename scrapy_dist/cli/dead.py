@@ -103,8 +103,7 @@ async def requeue_letters(factory: ClientFactory, keys: CrawlKeys,
     politeness = control.politeness or ds.scheduler.politeness
     limits = queue.DomainLimits.from_dist(ds)
     shards = keys.shards(control.shards or 1)
-    # "" as worker id: a tool, not a worker of the crawl; requests need no dedupe, so any shard takes
-    # them -- but with crawl-wide politeness a domain's requests belong to its shard
+    # worker id "": a tool; requests need no dedupe: shard 0 takes them, with politeness their domain's shard
     config, sequence = SchedulerSettings(politeness=politeness), queue_order(ds).sequence
     frontiers = [Frontier(client, k, "", None, config, sequence, heartbeat=i == 0)
                  for i, k in enumerate(shards)]

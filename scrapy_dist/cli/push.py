@@ -194,8 +194,7 @@ def push(redis: ClientFactory, spider: str, urls: tuple[str, ...], file: str | N
         for where, reason, detail in report.examples:
             click.echo(f"  {where}: {reason}" + (f" ({detail})" if detail else ""), err=True)
         if hidden := rejected - len(report.examples):
-            shown = len(report.examples)
-            click.echo(f"  ... and {hidden:,} more (only the first {shown} are shown)", err=True)
+            click.echo(f"  ... and {hidden:,} more (only the first {EXAMPLES} are shown)", err=True)
         raise SystemExit(1)
 
 

@@ -77,9 +77,8 @@ def held_text(status: dict[str, Any]) -> str:
 def idle_text(status: dict[str, Any]) -> str:
     """``idle, next revisit in N s`` for a long-running crawl between two rounds of revisits, else ``""``."""
     front, next_in = status["frontier"], (status.get("revisits") or {}).get("next_in")
-    if front["queued"] or front["inflight"] or next_in is None:
-        return ""
-    return f"idle, next revisit in {next_in:,.0f} s"
+    idle = not (front["queued"] or front["inflight"]) and next_in is not None
+    return f"idle, next revisit in {next_in:,.0f} s" if idle else ""
 
 
 def render(status: dict[str, Any]) -> Group:
@@ -253,8 +252,7 @@ def metrics(redis: ClientFactory, spiders: tuple[str, ...], port: int, host: str
             top_domains: int, force: bool) -> None:
     """Serve Prometheus metrics of the crawls of SPIDER... (inside a project and with none named: every
     spider of the project) on http://HOST:PORT/metrics until Ctrl-C."""
-    names = list(spiders) or redis.spiders() or []
-    if not names:
+    if not (names := list(spiders) or redis.spiders() or []):
         raise click.UsageError("name the crawls to export: scrapy-dist metrics SPIDER...")
     for name in names:
         redis.check_spider(name, force)

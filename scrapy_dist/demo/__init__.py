@@ -182,9 +182,8 @@ class Demo:
 
     def __init__(self, options: DemoOptions) -> None:
         self.options = options
-        self.console = Console()
-        if not self.console.is_terminal:
-            self.console = Console(width=PLAIN_WIDTH)
+        console = Console()
+        self.console = console if console.is_terminal else Console(width=PLAIN_WIDTH)
         self.run_dir = options.run_dir or Path(tempfile.mkdtemp(prefix="scrapy-dist-demo-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.project, self.project_copied = site.locate_project(self.run_dir)
@@ -380,9 +379,8 @@ class Demo:
         except Exception as exc:  # the summary must come out even if Redis went away
             self.say(Text(f"Could not read the dead letters: {exc}", style="red"))
             reasons = Counter()
-        crawl_seconds = None
-        if self.tally.last_new is not None and self._seeded_at is not None:
-            crawl_seconds = max(0.0, self.tally.last_new - self._seeded_at)
+        last_new, seeded = self.tally.last_new, self._seeded_at
+        crawl_seconds = max(0.0, last_new - seeded) if last_new is not None and seeded is not None else None
         workers = self.fleet.workers
         summary = summarize(self.graph, self.site.fetch_counts(200), self.site.fetch_counts(503), reasons,
                             elapsed=self.elapsed(), crawl_seconds=crawl_seconds, workers_started=len(workers),

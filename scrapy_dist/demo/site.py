@@ -300,9 +300,8 @@ class WorkerFleet:
 
     def start(self) -> Worker:
         number = len(self.workers) + 1
-        cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDER]
-        for name, value in self.settings.items():
-            cmd += ["-s", f"{name}={value}"]
+        cmd = [sys.executable, "-m", "scrapy", "crawl", SPIDER,
+               *(arg for name, value in self.settings.items() for arg in ("-s", f"{name}={value}"))]
         log = self.run_dir / f"worker-{number}.log"
         with open(log, "wb") as fh:
             # its own process group: Ctrl-C in the terminal reaches the demo only, which stops the workers
@@ -378,8 +377,7 @@ def release_run(client: Any, prefix: str, started_redis: bool) -> bool:
         keys = list(client.scan_iter(match=f"*{prefix}*", count=1000))
         for i in range(0, len(keys), 500):
             client.delete(*keys[i : i + 500])
-    stop = started_redis
-    if stop:
+    if stop := started_redis:
         with contextlib.suppress(Exception):
             me = client.client_id()
             stop = not any(int(c.get("id", me)) != me for c in client.client_list())

@@ -27,7 +27,7 @@ from scrapy_dist.redis.keys import CrawlKeys, crawler_keys
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refuse_start, start_error
-from scrapy_dist.utils import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog, inc_stat
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -166,13 +166,11 @@ class RedisDupeFilter(BaseDupeFilter):
                                " (see DUPEFILTER_DEBUG to show all duplicates)", {"request": request},
                                extra={"spider": spider})
             self._logged_dupes = True
-        if self.stats is not None:
-            self.stats.inc_value("dupefilter/filtered")
+        inc_stat(self.stats, "dupefilter/filtered")
 
     def fingerprint(self, request: Request) -> bytes:
-        if self.legacy_fingerprint:
-            return bytes.fromhex(self.request_fingerprint(request))
-        return bytes(self.fingerprinter.fingerprint(request))
+        return (bytes.fromhex(self.request_fingerprint(request)) if self.legacy_fingerprint
+                else bytes(self.fingerprinter.fingerprint(request)))
 
     def request_fingerprint(self, request: Request) -> str:
         """The request's fingerprint as hex. Overriding it is deprecated, as in Scrapy's RFPDupeFilter."""

@@ -25,7 +25,7 @@ from twisted.internet.interfaces import IHostnameResolver, IResolutionReceiver, 
 from zope.interface import implementer, provider
 
 from scrapy_dist.exceptions import RejectedEntry
-from scrapy_dist.utils import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog, inc_stat
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -71,8 +71,7 @@ def literal_refusal(host: str, networks: Iterable[Network], what: str = "host") 
     host = host.strip("[]").rstrip(".").lower()
     if not host or not (host[0].isdigit() or ":" in host):
         return ""
-    net = denied(host, networks)
-    return f"{what} {host} is in denied network {net}" if net is not None else ""
+    return f"{what} {host} is in denied network {net}" if (net := denied(host, networks)) is not None else ""
 
 
 def request_refusal(request: Request, networks: Sequence[Network]) -> str:
@@ -89,8 +88,7 @@ def checked_request(request: Request, networks: Sequence[Network], stats: Any = 
     """``request``, or :class:`RejectedEntry` (``denied_network``, counted) if :func:`request_refusal`."""
     if not (why := request_refusal(request, networks)):
         return request
-    if stats is not None:
-        stats.inc_value("deny_networks/refused")
+    inc_stat(stats, "deny_networks/refused")
     raise RejectedEntry("denied_network", why)
 
 
@@ -127,8 +125,7 @@ class DenyPolicy:
             return address
         why = f"{name} resolves to {address}, in denied network {net}"
         for _, stats in self._crawls.values():
-            if stats is not None:
-                stats.inc_value("deny_networks/refused")
+            inc_stat(stats, "deny_networks/refused")
         self._log.log(logging.WARNING, "Refused to connect: %s (SCHEDULER_DENY_NETWORKS)", why)
         raise DeniedNetwork(why)
 
@@ -141,9 +138,8 @@ class DenyPolicy:
         return name
 
     def unmark(self, name: str) -> Deferred[str] | None:
-        if not name.endswith(_MARK_SUFFIX):
-            return None
-        return defer.fail(DeniedNetwork(self._marks.get(name, "refused address (SCHEDULER_DENY_NETWORKS)")))
+        return (defer.fail(DeniedNetwork(self._marks.get(name, "refused address (SCHEDULER_DENY_NETWORKS)")))
+                if name.endswith(_MARK_SUFFIX) else None)
 
 
 _MARK_SUFFIX = ".denied.scrapy-dist.invalid"

@@ -105,10 +105,8 @@ class IdleMonitor(PeriodicExtension):
         idle = self.settings.scheduler.idle_before_close
         self.shard_keys = self.keys.shards(self.settings.scheduler.shards)  # all workers agree on it
         self.clock = IdleClock(idle)
-        if math.isinf(idle):  # never closes on its own: only relays flags
-            self.interval = FOREVER_POLL
-        else:
-            self.interval = min(MAX_POLL, max(0.2, idle / 4)) if idle > 0 else MAX_POLL
+        self.interval = (FOREVER_POLL if math.isinf(idle)  # never closes on its own: only relays flags
+                         else min(MAX_POLL, max(0.2, idle / 4)) if idle > 0 else MAX_POLL)
         self._ends_chains = False  # closed by ``scrapy-dist close``
         #: server time at the last poll, from the server time at start (a cluster pipeline cannot send TIME)
         self.server_now: float | None = None

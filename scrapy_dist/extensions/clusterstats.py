@@ -69,10 +69,8 @@ class PeriodicTask(BackgroundTask):
         self.func, self.interval = func, interval
 
     async def step(self) -> bool:
-        if self.guard.backoff.failures:  # the last call failed: Redis answering again ends the wait
-            await self.back_off(self.interval)
-        else:
-            await self.rest(self.interval)
+        # after a failed call, Redis answering again ends the wait
+        await (self.back_off(self.interval) if self.guard.backoff.failures else self.rest(self.interval))
         if self.closing:
             return False
         await self.run_once()
@@ -121,8 +119,7 @@ class StatsMerger:
         """Merge operations for ``stats`` relative to the previous snapshot (which becomes ``stats``)."""
         ops: list[tuple[str, str, str]] = []
         for name, value in stats.items():
-            mode = self.mode(name, value)
-            if mode == "sum":
+            if (mode := self.mode(name, value)) == "sum":
                 if delta := value - self._flushed.get(name, 0):
                     ops.append(("sum", name, _encode(delta if isinstance(delta, float) else int(delta))))
                 self._flushed[name] = value
@@ -270,8 +267,7 @@ class ClusterStats(PeriodicExtension):
         self.rate.add(float(pages), time.monotonic())
         while True:
             stats = dict(self.crawler.stats.get_stats())
-            fresh = self._pending is None
-            if self._pending is None:
+            if fresh := self._pending is None:
                 self._seq += 1
                 self._pending = (self._seq, self.merger.operations(stats))
             seq, ops = self._pending

@@ -28,7 +28,7 @@ from scrapy_dist.redis.connection import is_cluster
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import ADDON_LINE, COMPONENTS, Component, mentions
 from scrapy_dist.settings.values import check_seconds
-from scrapy_dist.utils import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog, inc_stat
 from scrapy_dist.wire.codec import load_payload
 from scrapy_dist.wire.entrypolicy import DEFAULT_POLICY, entry_policy
 
@@ -236,8 +236,7 @@ async def flush_feeds(crawler: Crawler) -> None:
                 fds.append(file.fileno())
     if fds:
         await asyncio.to_thread(_fsync_all, fds)
-        if crawler.stats is not None:
-            crawler.stats.inc_value("feeds/fsyncs")
+        inc_stat(crawler.stats, "feeds/fsyncs")
 
 
 @dataclass(eq=False)
@@ -297,8 +296,7 @@ def with_validators(payload: bytes, validators: Mapping[bytes, bytes], policy: E
         d["h"] = headers
     else:
         d.pop("h", None)
-    body = msgpack.packb(d, use_bin_type=True)
-    return policy.seal(body) if signed else DEFAULT_POLICY.seal(body)
+    return (policy if signed else DEFAULT_POLICY).seal(msgpack.packb(d, use_bin_type=True))
 
 
 def _middleware_enabled(settings: Any) -> bool:
@@ -348,10 +346,8 @@ class Revisits:
         with contextlib.suppress(Exception):  # a member we cannot patch is revisited as it is
             prefix = member_prefix(member, self.polite)
             payload = member[len(prefix) :]
-            if self.conditional and validators is not None:
-                patched = with_validators(payload, validators, policy)
-            else:
-                patched = policy.renew(payload)
+            patched = (with_validators(payload, validators, policy)
+                       if self.conditional and validators is not None else policy.renew(payload))
             if patched != payload and len(patched) <= policy.max_bytes:
                 return prefix + patched
         return b""
@@ -371,22 +367,18 @@ class Revisits:
         if self.wanted(request):
             self.outcome[request] = True
 
-    def _count(self, stat: str) -> None:
-        if self.stats is not None:
-            self.stats.inc_value(stat)
-
     def delay_for(self, request: Request) -> float | None:
         """``meta["revisit_after"]`` if set, else the most specific ``REVISIT_AFTER`` rule (None: none)."""
         if META_KEY in request.meta:
             try:
                 seconds = check_seconds(request.meta[META_KEY])
             except ValueError as exc:
-                self._count("revisit/invalid")
+                inc_stat(self.stats, "revisit/invalid")
                 self._log.log(logging.WARNING, "meta['revisit_after'] of %s: %s; not revisited (logged once)",
                               request, exc)
                 return None
             if seconds is not None and seconds < self.min_interval:
-                self._count("revisit/raised")
+                inc_stat(self.stats, "revisit/raised")
                 return self.min_interval
             return seconds
         seconds = self.rules.for_url(request.url, urlparse_cached(request).hostname or "")
@@ -403,14 +395,13 @@ class Revisits:
         """When ``request`` is finished: ``(delay, new member or b"")`` to file it again, or None."""
         ok = self.outcome.pop(request, None) and not self.stopped  # None: not fetched, or not wanted
         validators = self.validators.pop(request, None)
-        delay = self.delay_for(request) if ok else None
-        if delay is None:
+        if (delay := self.delay_for(request) if ok else None) is None:
             if ok is False or (ok and META_KEY in request.meta):
-                self._count("revisit/stopped")
+                inc_stat(self.stats, "revisit/stopped")
             return None
         new, policy = b"", self.policy
         if policy is not None and (policy.secret is not None or validators is not None):
             new = self._refiled(policy, lease_member(lease[1]), validators)
-        self._count("revisit/scheduled")
+        inc_stat(self.stats, "revisit/scheduled")
         return delay, new
 

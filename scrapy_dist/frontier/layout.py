@@ -248,8 +248,7 @@ class ShardRouter:
 
     def lease_split(self, want: int) -> list[int]:
         """``want`` split over the shards by their last queue length (evenly while all look empty)."""
-        n = self.shards
-        if n == 1 or want <= 0:
+        if (n := self.shards) == 1 or want <= 0:
             return [want] + [0] * (n - 1)
         queued = [st[0] if st is not None else 0 for st in self.states]
         if (total := sum(queued)) == 0:
@@ -331,8 +330,7 @@ class ControlState:
 def report_problems(control_key: str, state: ControlState) -> None:
     """Log each garbage field of ``control_key`` once per process (WARNING), whatever values it takes."""
     for problem in state.problems:
-        field = problem.partition("=")[0]
-        if (control_key, field) not in _reported:
+        if (control_key, (field := problem.partition("=")[0])) not in _reported:
             _reported.add((control_key, field))
             logger.warning("Ignoring garbage in %s: %s", control_key, problem)
 
@@ -356,8 +354,7 @@ def close_crawl(client: Any, control_key: str, reason: str = "shutdown") -> None
     if not REASON.fullmatch(reason):
         raise ValueError(f"close reason {reason!r}: letters, digits and _.:- only, at most 64")
     move_aside_foreign(client, control_key)
-    sec, usec = client.time()
-    client.hset(control_key, mapping={"close": reason, "close_at": f"{int(sec) + int(usec) / 1e6:.6f}"})
+    client.hset(control_key, mapping={"close": reason, "close_at": f"{server_time(client):.6f}"})
 
 
 def resume_crawl(client: Any, control_key: str, errors_key: str) -> None:
@@ -368,6 +365,11 @@ def resume_crawl(client: Any, control_key: str, errors_key: str) -> None:
     pipe.hdel(control_key, "paused_by", "paused_at", "close", "close_at", "errors_tripped_at")
     pipe.delete(errors_key)
     pipe.execute()
+
+
+def server_time(client: Any) -> float:
+    sec, usec = client.time()
+    return int(sec) + int(usec) / 1e6
 
 
 async def start_time(redis: Any) -> float:

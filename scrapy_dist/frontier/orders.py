@@ -399,10 +399,9 @@ def requeue_payload(
             del d["M"]
     priority = _int(d.get("p"), 0)
     body = msgpack.packb(d, use_bin_type=True)
-    if not signed:
-        return codec.DEFAULT_POLICY.seal(body), priority
-    nonce = payload[1 + TAG_BYTES : SIGNED_HEAD]
-    return policy.bound(kind=FRONTIER).seal(body, nonce), priority
+    if signed:
+        return policy.bound(kind=FRONTIER).seal(body, payload[1 + TAG_BYTES : SIGNED_HEAD]), priority
+    return codec.DEFAULT_POLICY.seal(body), priority
 
 
 def reason_matches(reason: str, wanted: str) -> bool:

@@ -189,8 +189,7 @@ class Scheduler:
 
     def _join(self, spider: Spider) -> tuple[int, int]:
         name = getattr(spider, "name", None)
-        named = isinstance(name, str) and bool(name)
-        if not named and not hasattr(self, "keys"):
+        if not (named := isinstance(name, str) and bool(name)) and not hasattr(self, "keys"):
             raise ScrapyDistError(f"scrapy-dist: {type(spider).__name__} has no name: the crawl's Redis"
                                   " keys are built from it")
         if not hasattr(self, "keys") or (named and self.crawler is not None and name != self.keys.spider):
@@ -296,9 +295,8 @@ class Scheduler:
 
     def dead_letter(self, record: str, request: Request | None = None) -> None:
         """Append a JSON dead-letter record (atomic with the failed request's ack)."""
-        forget = None
-        if request is not None and self.encoder.forget_dead and self._batched_df:
-            forget = self.encoder.forgotten(request, self.layout.shard_dfs)
+        forget = (self.encoder.forgotten(request, self.layout.shard_dfs)
+                  if request is not None and self.encoder.forget_dead and self._batched_df else None)
         self.ledger.dead_letter(record, time.monotonic(), forget)
 
     def flushed_since(self, mark: float) -> bool:

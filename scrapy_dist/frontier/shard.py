@@ -58,16 +58,13 @@ async def shards_idle(redis: Any, shard_keys: list[CrawlKeys]) -> bool:
             pipe.get(k.seq)
         return list(await pipe.execute())
     first = await collect()
-    if any(int(v) for i, v in enumerate(first) if i % 4 != 3):
-        return False
-    return await collect() == first
+    return not any(int(v) for i, v in enumerate(first) if i % 4 != 3) and await collect() == first
 
 
 def lease_parts(key: bytes) -> tuple[bytes, bytes | None, bytes | None]:
     """A lease key (the queue member followed by its tag) as ``(member, score, worker id)``; ``score`` and
     ``worker`` are None for a key without a tag (an older lease) or a tag without a space."""
-    size = len(key)
-    if size >= 6:
+    if (size := len(key)) >= 6:
         at = size - 4 - int.from_bytes(key[-2:], "big")
         if at >= 1 and key[at : at + 2] == LEASE_MARK:
             score, sep, worker = key[at + 2 : -2].partition(b" ")
@@ -336,10 +333,8 @@ class Frontier:
         df = self.dupefilter
         body = encode_sync_sections(batch, time.time() if now is None else now, self._polite)
         for _ in range(64):
-            if df is not None:
-                mode, dkeys, params = df.script_args(len(batch.enqueue), now)
-            else:
-                mode, dkeys, params = "none", [self.keys.forgotten, self.keys.fingerprints], []
+            mode, dkeys, params = (df.script_args(len(batch.enqueue), now) if df is not None
+                                   else ("none", [self.keys.forgotten, self.keys.fingerprints], []))
             args = [*self._head(batch, now, mode), len(params), *params, *body]
             tail = [] if self.items is None else [self.items.key]
             raw = await self._script(keys=self._fixed_keys + dkeys + tail, args=args)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +54,7 @@ class SyncLoop(BackgroundTask):
         self.backlog = 0  # queued, leased or delayed crawl-wide when the worker joined (until ``state``)
         self.in_sync = False  # a round is under way: its requests are neither in the ledger nor sure in Redis
         self.failing = False  # the last round failed: buffered requests cannot reach Redis now
-        self.unanswered: dict[int, int] = {}  # shard -> leases asked by calls whose answer never came
+        self.unanswered: Counter[int] = Counter()  # shard -> leases asked by calls whose answer never came
         self.last_sync = 0.0  # when the last round started
         self.rotation = 0  # rounds that called one shard in turn
         self.drained_at = 0.0  # start of the last successful round that took every request buffered
@@ -97,8 +98,7 @@ class SyncLoop(BackgroundTask):
         if not due:
             return
         renew = now >= self.next_renew
-        error = await self.round(lease, renew, partial=not renew)
-        if error is not None:
+        if (error := await self.round(lease, renew, partial=not renew)) is not None:
             raise error
         self.succeeded()
         if renew:
@@ -106,18 +106,15 @@ class SyncLoop(BackgroundTask):
         self.last_sync = now
         got, asked, queued = self.lease_result
         starved = asked and got < asked and queued == 0  # nothing to lease: poll gently
-        if starved and got == 0 and not self.ledger.busy():  # still nothing at all: poll less often
-            self.poll_interval = min(self.idle_poll_max, self.poll_interval * 2)
-        else:
-            self.poll_interval = self.config.idle_poll
+        self.poll_interval = (min(self.idle_poll_max, self.poll_interval * 2)  # nothing at all: poll less
+                              if starved and got == 0 and not self.ledger.busy() else self.config.idle_poll)
         self.next_fetch = now + self.poll_interval if starved else now
 
     def collect_finished(self, now: float) -> None:
         """Acknowledge requests the engine has finished (download, callback and pipelines)."""
         if not self.ledger.handed:
             return
-        busy = self.engine.inprogress()
-        if busy is None:
+        if (busy := self.engine.inprogress()) is None:
             self._once.log(logging.WARNING, "Cannot see the engine's requests in progress: acknowledging on"
                            " hand-out", key="inprogress")
             busy = ()
@@ -142,9 +139,8 @@ class SyncLoop(BackgroundTask):
     def calls_per_round(self, now: float) -> int:
         """Most sync calls per shard this round: eight times as many once draining a backlog has taken a
         quarter of a lease, so that the acks it holds back go before their leases run out."""
-        if self.backlog_since is not None and now - self.backlog_since >= self.config.lease_seconds / 4:
-            return CALLS_PER_ROUND * 8
-        return CALLS_PER_ROUND
+        late = self.backlog_since is not None and now - self.backlog_since >= self.config.lease_seconds / 4
+        return CALLS_PER_ROUND * 8 if late else CALLS_PER_ROUND
 
     def plan(self, lease: int) -> tuple[list[int], set[int]]:
         """The round's lease per shard and the shards it does not call: with shards and nothing urgent, one
@@ -167,16 +163,13 @@ class SyncLoop(BackgroundTask):
         """One exchange with every shard at once (``partial``: those :meth:`plan` picks and those owed
         something urgent); a failed call's batch is put back. The first error, or ``None``."""
         ledger, router = self.ledger, self.router
-        if self.ack_barrier is not None and ledger.acks_new:
-            try:
+        try:
+            if self.ack_barrier is not None and ledger.acks_new:
                 await self.ack_barrier()
-            except Exception as exc:  # nothing taken yet: every ack stays owed
-                return exc
-        if self.unanswered:
-            try:
+            if self.unanswered:
                 await self.give_back_unanswered()
-            except Exception as exc:  # Redis still away: nothing taken yet, tried again next round
-                return exc
+        except Exception as exc:  # nothing taken yet: every ack stays owed, lost leases are tried next round
+            return exc
         started = self.clock()
         counts, skip = self.plan(lease) if partial else (router.lease_split(lease), set())
         batches = ledger.take_batches(counts, renew, max_calls=self.calls_per_round(started), skip=skip)
@@ -208,8 +201,7 @@ class SyncLoop(BackgroundTask):
                 ledger.restore(call, batches[call], now)
                 error = results[call]
                 if batches[call].lease:  # Redis may have run the call and granted leases nobody heard of
-                    shard = shard_of[call]
-                    self.unanswered[shard] = self.unanswered.get(shard, 0) + batches[call].lease
+                    self.unanswered[shard_of[call]] += batches[call].lease
         answered = [(call, r) for call, r in results.items() if not isinstance(r, BaseException)]
         seqs: dict[int, int] = {}  # a shard's state is its last-run call's (the largest seq: it only grows)
         for call, result in sorted(answered, key=lambda cr: cr[1].seq):
@@ -273,8 +265,7 @@ class SyncLoop(BackgroundTask):
         """At close: rounds until nothing is owed, for at most ``timeout`` seconds of Redis being away."""
         deadline, ledger = self.clock() + timeout, self.ledger
         while self.frontiers and ledger.owes():
-            error = await self.round(lease=0, renew=False)
-            if error is None:
+            if (error := await self.round(lease=0, renew=False)) is None:
                 continue
             if not is_outage(error) or self.clock() > deadline:
                 logger.error(

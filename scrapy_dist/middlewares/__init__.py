@@ -21,7 +21,7 @@ from scrapy_dist.frontier.engine import VALIDATOR_HEADERS
 from scrapy_dist.frontier.scheduler import get_scheduler
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import refusing
-from scrapy_dist.utils import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog, inc_stat
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -96,14 +96,12 @@ class DenyNetworksMiddleware:
         return why
 
     async def process_request(self, request: Request) -> None:
-        why = request_refusal(request, self.networks)
-        if not why and request.meta.get("proxy"):
+        if not (why := request_refusal(request, self.networks)) and request.meta.get("proxy"):
             host = (urlparse_cached(request).hostname or "").rstrip(".").lower()
             why = await self.target_verdict(host) if host else ""
         if not why:
             return None
-        if self.crawler is not None and self.crawler.stats is not None:
-            self.crawler.stats.inc_value("deny_networks/refused")
+        inc_stat(getattr(self.crawler, "stats", None), "deny_networks/refused")
         self._log.log(logging.WARNING, "Refused %s: %s (SCHEDULER_DENY_NETWORKS)", request, why)
         self._dead_letter(request, why)
         raise DeniedNetwork(why)
@@ -150,8 +148,7 @@ class ConditionalRevisitMiddleware:
     def process_response(self, request: Request, response: Response) -> Response:
         if response.status != 304 or not self.conditional(request):
             return response
-        if self.stats is not None:
-            self.stats.inc_value("revisit/not_modified")
+        inc_stat(self.stats, "revisit/not_modified")
         if (sched := get_scheduler(self.crawler)) is not None and sched.revisits is not None:
             sched.revisits.not_modified(request)
         if callable(hook := getattr(self.crawler.spider, "on_not_modified", None)):

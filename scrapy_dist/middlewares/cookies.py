@@ -32,7 +32,7 @@ from scrapy_dist.redis.outage import BatchWriter, Outage
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import CookieSettings, DistSettings
 from scrapy_dist.settings.reader import refusing
-from scrapy_dist.utils import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog, inc_stat
 from scrapy_dist.wire.entrypolicy import entry_policy
 
 if TYPE_CHECKING:
@@ -140,8 +140,7 @@ class RecordSeal:
         if self.secret is None:
             return cookie
         rec = json.loads(data)
-        tag = rec.pop("tag", None)
-        if tag is None:
+        if (tag := rec.pop("tag", None)) is None:
             if self.unsigned_ok:
                 return cookie
             raise ValueError(
@@ -215,7 +214,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self.writer: BatchWriter[tuple[str, str, str | None]] = BatchWriter(
             self._write, guard=self.outage.guard("shared cookie jar (writing)", log=logger),
             batch_size=_WRITE_BATCH, flush_interval=self.settings.flush_interval,
-            on_failure=lambda exc: self._inc("cookies/shared/redis_errors"))
+            on_failure=lambda exc: inc_stat(self.stats, "cookies/shared/redis_errors"))
         self._read_script = scripts.register(server, "cookies_read")
         self._write_script = scripts.register(server, "cookies_write")
         self._reject_log = RateLimitedLog(logger)
@@ -223,8 +222,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     @classmethod
     @refusing
     def from_crawler(cls, crawler: Crawler) -> Self:
-        ds = DistSettings.for_crawler(crawler)
-        if not ds.cookies.enabled:
+        if not (ds := DistSettings.for_crawler(crawler)).cookies.enabled:
             raise NotConfigured
         scrapy_mw = "scrapy.downloadermiddlewares.cookies.CookiesMiddleware"
         enabled = build_component_list(
@@ -251,7 +249,6 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         super().process_request(request)  # Scrapy's, on the jar _state() put in self.jars
         if before is not None:  # written in the background
             self._record_changes(name, before, state.jar)
-        return None
 
     async def process_response(self, request: Request, response: Response) -> Response:  # type: ignore[override]
         """Store the cookies ``response`` sets; return once they are in Redis (if it set any)."""
@@ -290,12 +287,12 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                     keys=[self.keys.cookie_jar(name), self.keys.cookie_changes(name)],
                     args=[repr(state.version), self.read_limit])
             except Exception as exc:
-                self._inc("cookies/shared/redis_errors")
+                inc_stat(self.stats, "cookies/shared/redis_errors")
                 self._read_guard.failed(exc, self._monotonic())
                 state.loaded_at = self._monotonic()  # try again after cache_seconds, not on every request
                 return
             self._read_guard.succeeded(self._monotonic())
-            self._inc("cookies/shared/loads")
+            inc_stat(self.stats, "cookies/shared/loads")
             latest = _number(raw[0])
             if latest < state.version:  # the keys were deleted and written again: start afresh
                 state.jar.clear()
@@ -310,7 +307,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                 try:
                     cookie = self.seal.open(self.keys.cookie_jar(name), field, data)
                 except ValueError as exc:
-                    self._inc("cookies/shared/rejected")
+                    inc_stat(self.stats, "cookies/shared/rejected")
                     self._reject_log.log(logging.WARNING, "Skipped an invalid record in %s: %s",
                                          self.keys.cookie_jar(name), exc)
                     continue
@@ -349,11 +346,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         calls, written = write_calls(self.keys, ops, repr(self._wallclock()))
         writes = [functools.partial(self._write_script, keys=k, args=a) for k, a in calls]
         await send_calls(self.server, writes)
-        self._inc("cookies/shared/written", written)
-
-    def _inc(self, name: str, count: int = 1) -> None:
-        if self.stats is not None:
-            self.stats.inc_value(name, count)
+        inc_stat(self.stats, "cookies/shared/written", written)
 
 
 def _number(value: Any) -> float:

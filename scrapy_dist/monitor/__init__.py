@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 from scrapy_dist.dupefilter.bloom import SCHEMES, BloomPlan, Generations
 from scrapy_dist.exceptions import RejectedEntry, ScrapyDistError
 from scrapy_dist.extensions.clusterstats import CLOSED, LOST, RUNNING, parse_worker_hash, worker_state
-from scrapy_dist.frontier.layout import ControlState, parse_control
+from scrapy_dist.frontier.layout import ControlState, parse_control, server_time
 from scrapy_dist.frontier.orders import busiest_domains, parse_record
 from scrapy_dist.frontier.shard import lease_parts
 from scrapy_dist.redis.keys import CrawlKeys
@@ -105,11 +105,6 @@ def top_counts(counts: Mapping[str, int] | Iterable[tuple[str, int]], limit: int
     if rest := sum(merged.values()) - sum(top.values()):
         top["other"] = top.get("other", 0) + rest
     return list(top.items())
-
-
-def server_time(client: Any) -> float:
-    sec, usec = client.time()
-    return int(sec) + int(usec) / 1e6
 
 
 def dead_reasons(client: Any, keys: CrawlKeys, sample: int) -> Counter[str]:
@@ -334,8 +329,7 @@ def read_status(client: Any, keys: CrawlKeys, *, default_interval: float = defau
 def filter_figures(bloom: dict[Any, Any], fingerprints: int) -> dict[str, Any] | None:
     """Fill and estimated false-positive rate of the dupefilter (``garbage``: parameters no filter has)."""
     try:
-        b = hash_fields(bloom, "bloom")
-        if not b.get("capacity"):
+        if not (b := hash_fields(bloom, "bloom")).get("capacity"):
             figures = {"kind": "set", "items": fingerprints, "fill": None, "fpr_estimate": 0.0}
             return figures if fingerprints else None
         capacity, n = _whole(b["capacity"], 14), _whole(b.get("n") or "0", 19)

@@ -105,8 +105,7 @@ def _top_series(per_worker: dict[str, list[float]], n: int, limit: int = WORKER_
 
 def host_name(header: str) -> str:
     """The name of a ``Host`` header: no port, no IPv6 brackets, lower case, no trailing dot."""
-    name = header.strip().lower()
-    if name.startswith("["):
+    if (name := header.strip().lower()).startswith("["):
         name = name[1:].partition("]")[0]
     elif name.count(":") == 1:
         name = name.partition(":")[0]

@@ -30,6 +30,7 @@ from scrapy_dist.redis.outage import BatchWriter, Outage
 from scrapy_dist.redis.scripts import text
 from scrapy_dist.settings import DistSettings, defaults
 from scrapy_dist.settings.reader import refuse_start, refusing
+from scrapy_dist.utils import inc_stat
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -103,7 +104,7 @@ class RedisPipeline:
         self.writer: BatchWriter[tuple[str, str | bytes]] = BatchWriter(
             self._write, guard=self.outage.guard("item pipeline", log=logger),
             batch_size=batch_size, flush_interval=flush_interval, max_batches=_MAX_BATCHES_PER_FLUSH,
-            on_failure=lambda exc: self._inc("redis_items/redis_errors"))
+            on_failure=lambda exc: inc_stat(self.stats, "redis_items/redis_errors"))
         self._xadd: Any = None  # the items_xadd script, registered on first use
         #: scrapy-redis's ``item_key(self, item, spider)`` overrides get the spider (see :meth:`item_key`)
         self._key_wants_spider = _wants_spider(self.item_key)
@@ -170,13 +171,13 @@ class RedisPipeline:
         try:
             data = self.serialize(item)
         except _ENCODE_ERRORS as exc:
-            self._inc("redis_items/unserializable")
+            inc_stat(self.stats, "redis_items/unserializable")
             path, error = find_unencodable(item, self.serialize)
             where = f"field {path!r}" if path else "the item itself"
             raise DropItem(f"RedisPipeline cannot encode {where}: {error.__class__.__name__}: {error}",
                            log_level="ERROR") from exc
         if len(data) > self.max_bytes:
-            self._inc("redis_items/too_large")
+            inc_stat(self.stats, "redis_items/too_large")
             raise DropItem(f"RedisPipeline: the item encodes to {len(data)} bytes, more than"
                            f" REDIS_ITEMS_MAX_BYTES ({self.max_bytes})", log_level="ERROR")
         if self.writer.closing:
@@ -194,19 +195,17 @@ class RedisPipeline:
         """Signal handler: stage the item to ride its response's ack (no leased request: written alone)."""
         if self.outbox is None:
             return
-        entry = self._pending.pop(id(item), None)
-        if entry is not None and entry[0] is item:
+        if (entry := self._pending.pop(id(item), None)) is not None and entry[0] is item:
             data = entry[1]
         else:  # a later pipeline returned another object: write what came out of the chain
             try:
                 data = self.serialize(item)
             except _ENCODE_ERRORS as exc:
-                self._inc("redis_items/unserializable")
+                inc_stat(self.stats, "redis_items/unserializable")
                 logger.error("RedisPipeline cannot encode an item a later pipeline returned: %s", exc)
                 return
-        request = getattr(response, "request", None)
-        if request is None or not self.outbox.stage(request, data):
-            self._inc("redis_items/unbound")
+        if (request := getattr(response, "request", None)) is None or not self.outbox.stage(request, data):
+            inc_stat(self.stats, "redis_items/unbound")
             self.writer.add((self.key, data))
 
     def item_left(self, item: Any, **kwargs: Any) -> None:
@@ -229,8 +228,8 @@ class RedisPipeline:
         # a retry after a partial failure on a cluster (no MULTI across slots) writes some again
         await send_calls(self.server, [functools.partial(self._append, k, v) for k, v in by_key.items()],
                          transaction=True)
-        self._inc("redis_items/written", len(entries))
-        self._inc("redis_items/batches")
+        inc_stat(self.stats, "redis_items/written", len(entries))
+        inc_stat(self.stats, "redis_items/batches")
 
     def _append(self, key: str, values: list[str | bytes], client: Any) -> Any:
         if not self.stream:
@@ -238,10 +237,6 @@ class RedisPipeline:
         self._xadd = self._xadd or scripts.register(self.server, "items_xadd")
         maxlen = "" if self.maxlen is None else str(self.maxlen)
         return self._xadd(keys=[key], args=[maxlen, STREAM_FIELD, *values], client=client)
-
-    def _inc(self, name: str, count: int = 1) -> None:
-        if self.stats is not None:
-            self.stats.inc_value(name, count)
 
 
 def _check_subclass(cls: type, key: str, options: dict[str, Any]) -> None:

@@ -200,9 +200,8 @@ def socket_path_for(directory: Path) -> Path:
     name = f"{hashlib.sha256(os.fsencode(directory)).hexdigest()[:16]}.sock"
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     path = Path(runtime, "scrapy-dist", name)
-    if os.path.isabs(runtime) and len(os.fsencode(path)) <= MAX_SOCKET_PATH:
-        return path
-    return Path("/tmp", f"scrapy-dist-{os.geteuid()}", name)
+    fits = os.path.isabs(runtime) and len(os.fsencode(path)) <= MAX_SOCKET_PATH
+    return path if fits else Path("/tmp", f"scrapy-dist-{os.geteuid()}", name)
 
 
 @contextlib.contextmanager

@@ -49,9 +49,8 @@ def _torn_connection(exc: BaseException) -> bool:
 
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` means "Redis is away for now" (wait and retry), OOM and READONLY included."""
-    if isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc):
-        return True
-    return (what := refusal(exc)) is not None and not what.startswith("NOPERM")
+    return isinstance(exc, OUTAGE_ERRORS) or _torn_connection(exc) or (
+        (what := refusal(exc)) is not None and not what.startswith("NOPERM"))
 
 
 #: Redis answers, but will not take this write (yet): the error, and its mark in a script's error reply
@@ -406,9 +405,8 @@ class BatchWriter(BackgroundTask, Generic[T]):
         if self._retry_at is not None and now < self._retry_at:
             return self._retry_at - now
         first = self._batches[0]
-        if self.closing or first.sealed or len(first.entries) >= self.batch_size:
-            return 0.0
-        return max(0.0, first.first_at + self.flush_interval - now)
+        due_now = self.closing or first.sealed or len(first.entries) >= self.batch_size
+        return 0.0 if due_now else max(0.0, first.first_at + self.flush_interval - now)
 
     def recovered(self) -> None:
         if self._retry_at is not None:

@@ -49,7 +49,6 @@ FIELDS = frozenset(["url", "method", "headers", "body", "meta", "cb_kwargs", "pr
 
 MAX_DEPTH = 32  #: Nesting limit of JSON seeds (far below Python's and msgpack's recursion limits).
 _WS = b" \t\r\n\x0b\x0c"
-_CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")  # codec.check_url's rule
 #: ``scheme://[user@]host[:port]`` then ``/``, ``?``, ``#`` or the end: read without urlsplit
 _SIMPLE_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#@\[\]]*@)?([A-Za-z0-9.-]+)(?::(\d{1,5}))?(?=[/?#]|$)")
 
@@ -124,7 +123,7 @@ def validate_url(url: Any, rules: SeedRules = DEFAULT_RULES) -> str:
     """Validate an untrusted URL: ``wire.codec.check_url``'s rules, and what Scrapy's ``Request`` trips on."""
     if not isinstance(url, str):
         raise RejectedEntry("bad_url", f"url has type {type(url).__name__}")
-    if not url or len(url) > 8192 or _CONTROL_OR_SPACE.search(url):
+    if not url or len(url) > 8192 or codec.BAD_URL_CHARS.search(url):
         raise RejectedEntry("bad_url", "empty, too long, or contains whitespace/control characters")
     if not url.isascii() and not url.isprintable():
         ch = next(c for c in url if not c.isprintable())
@@ -163,9 +162,8 @@ def parse_seed(data: bytes, rules: SeedRules = DEFAULT_RULES,
         raise RejectedEntry("not_utf8", f"invalid byte at {exc.start}") from None
     if not text:
         raise RejectedEntry("empty")
-    if text[0] in '{["-' or text[0].isdigit() or text in ("null", "true", "false"):
-        return _parse_json(text, rules, has_callback)
-    return Seed(validate_url(text, rules))
+    json_like = text[0] in '{["-' or text[0].isdigit() or text in ("null", "true", "false")
+    return _parse_json(text, rules, has_callback) if json_like else Seed(validate_url(text, rules))
 
 
 def _not_json(name: str) -> Any:

@@ -216,8 +216,7 @@ class SeedFeed(BackgroundTask):
         # after a failed exchange (its reply lost, perhaps after it took seeds), once nothing of ours awaits
         # confirmation, a sweep gives back whatever of ours the processing list still holds
         mode = "sweep" if self._uncertain and not self._taken else "take"
-        result = await self._exchange(want, mode)
-        if result is None or self.closing:
+        if (result := await self._exchange(want, mode)) is None or self.closing:
             return []
         if mode == "sweep":
             self._uncertain = False
@@ -370,8 +369,7 @@ class SeedFeed(BackgroundTask):
         # only what the frontier has is acknowledged; the mode gives everything else back
         try:
             await self._send_records()
-            result = await r.take(0, self._acks, mode)
-            if result.returned > 0:
+            if (result := await r.take(0, self._acks, mode)).returned > 0:
                 self.stats.inc_value("seeds/returned", result.returned)
                 logger.info("Gave %d unfinished seeds back to %r", result.returned, self.keys.start_urls)
         except Exception as exc:

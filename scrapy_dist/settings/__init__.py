@@ -74,9 +74,7 @@ class ConnectionSettings:
             return "REDIS_SENTINELS"
         if self.url_source == "REDIS_URL":
             return "REDIS_URL"
-        if self.host or self.port:
-            return "REDIS_HOST/REDIS_PORT"
-        return self.url_source or "embedded"
+        return "REDIS_HOST/REDIS_PORT" if self.host or self.port else self.url_source or "embedded"
 
 
 @dataclass(frozen=True)
@@ -246,8 +244,7 @@ class DistSettings:
             domain_limits=values.domain_limits(v("DOMAIN_LIMITS")),
             revisit_after=values.revisit_rules(v("REVISIT_AFTER"), v("REVISIT_MIN_INTERVAL")))
         if scheduler.downloader_aware and raw.scrapy("CONCURRENT_REQUESTS_PER_IP", 0, low=0):
-            # as Scrapy's DownloaderAwarePriorityQueue: a request's IP (its download slot) is not known
-            # before its download, so the least busy slot cannot be picked
+            # as in Scrapy: a request's IP slot is unknown before its download, so the least busy is unknown
             raise SettingsError("SCHEDULER_PRIORITY_QUEUE", raw.raw("SCHEDULER_PRIORITY_QUEUE"),
                                 "DownloaderAwarePriorityQueue does not support CONCURRENT_REQUESTS_PER_IP",
                                 "set CONCURRENT_REQUESTS_PER_IP = 0 or use the default priority queue")

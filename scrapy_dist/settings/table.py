@@ -312,9 +312,8 @@ DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 def _default_text(spec: Setting) -> str:
     if spec.name == "BLOOMFILTER_BLOCK_BITS":
         return "`2**31`"
-    if isinstance(spec.default, int) and not isinstance(spec.default, bool) and spec.default >= 10_000:
-        return f"`{spec.default:_}`"
-    return f"`{spec.default!r}`"
+    large = isinstance(spec.default, int) and not isinstance(spec.default, bool) and spec.default >= 10_000
+    return f"`{spec.default:_}`" if large else f"`{spec.default!r}`"
 
 
 def render_doc() -> str:

@@ -163,9 +163,8 @@ def convert(spec: Setting, value: Any) -> Any:
     if spec.kind in _CONVERTERS:
         return _CONVERTERS[spec.kind](spec, value)
     if spec.kind == "auto_bool":
-        if isinstance(value, str) and value.strip().lower() in ("", "auto", "none"):
-            return None
-        return _bool(spec, value, "expected True, False or None (auto-detect)")
+        auto = isinstance(value, str) and value.strip().lower() in ("", "auto", "none")
+        return None if auto else _bool(spec, value, "expected True, False or None (auto-detect)")
     if spec.kind == "url":
         return check_url(value)
     if spec.kind == "choice":

@@ -144,8 +144,7 @@ def apply_spider_arguments(spider: Any, crawler: Crawler) -> SpiderArguments:
                        " rejected as not_utf8); override make_request_from_data to decode another encoding",
                        encoding)
     for name in sorted(vars(spider)):  # a near miss of an argument it reads (-a redis_kye=...)
-        close = [] if name in ARGUMENTS else difflib.get_close_matches(name, ARGUMENTS, n=1, cutoff=0.75)
-        if close:
+        if name not in ARGUMENTS and (close := difflib.get_close_matches(name, ARGUMENTS, n=1, cutoff=0.75)):
             logger.warning("scrapy-dist: spider argument %s is not one %s reads; did you mean %s?", name,
                            type(spider).__name__, close[0])
     for name in unused_hooks(type(spider)):

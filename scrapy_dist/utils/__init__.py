@@ -58,6 +58,12 @@ class RateLimitedLog:
         return key in self._windows
 
 
+def inc_stat(stats: Any, name: str, count: int = 1) -> None:
+    """``stats.inc_value(name, count)`` for a component that may have no stats collector."""
+    if stats is not None:
+        stats.inc_value(name, count)
+
+
 def bytes_to_str(s: Any, encoding: str = "utf-8") -> Any:
     return s.decode(encoding) if isinstance(s, (bytes, bytearray)) else s
 
@@ -73,6 +79,5 @@ def is_dict(string_content: Any) -> bool:
 
 def convert_bytes_to_str(data: Any, encoding: str = "utf-8") -> Any:
     """``data`` with bytes decoded: a bytes value, or the keys and values of a dict (recursively)."""
-    if isinstance(data, dict):
-        return {convert_bytes_to_str(k, encoding): convert_bytes_to_str(v, encoding) for k, v in data.items()}
-    return bytes_to_str(data, encoding)
+    return ({convert_bytes_to_str(k, encoding): convert_bytes_to_str(v, encoding) for k, v in data.items()}
+            if isinstance(data, dict) else bytes_to_str(data, encoding))

@@ -102,7 +102,7 @@ def entry_callback(spider: Spider, name: Any, what: str) -> Any:
 
 _PLAIN_TYPES = (str, bytes, int, float, bool, type(None))
 _ALLOWED_KEYS = frozenset(["u", "m", "h", "b", "c", "M", "k", "p", "d", "cb", "eb", "f", "e", "C"])
-_BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
+BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")  #: whitespace and controls: in no URL of an entry or seed
 MAX_HEADERS = 100
 
 
@@ -159,7 +159,7 @@ def check_url(url: Any, allowed_schemes: Iterable[str]) -> str:
     """An untrusted URL string, checked: type, length, scheme, host, no whitespace/control chars."""
     if not isinstance(url, str):
         raise RejectedEntry("bad_url", f"url has type {type(url).__name__}")
-    if not url or len(url) > 8192 or _BAD_URL_CHARS.search(url):
+    if not url or len(url) > 8192 or BAD_URL_CHARS.search(url):
         raise RejectedEntry("bad_url", "empty, too long, or contains whitespace/control characters")
     try:
         parts = urlsplit(url)

@@ -222,8 +222,7 @@ def split_payload(data: bytes, max_bytes: int = 1024 * 1024) -> tuple[int, bytes
         raise RejectedEntry("bad_payload", f"payload has type {type(data).__name__}")
     if len(data) > max_bytes:
         raise RejectedEntry("too_large", f"{len(data)} bytes")
-    version = data[0] if data else None
-    if version == VERSION:
+    if (version := data[0] if data else None) == VERSION:
         return VERSION, data[1:]
     if version == VERSION_SIGNED and len(data) > SIGNED_HEAD:
         return VERSION_SIGNED, data[SIGNED_HEAD:]
