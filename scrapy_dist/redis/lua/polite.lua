@@ -256,14 +256,18 @@ end
 -- time is kept), else only if it is scheduled (ZADD XX); skipped when the lease found it where it is to
 -- be (due, and to stay due) -- then the call's queued domains, in one ZADD NX at 0 (last: a domain emptied and queued again
 -- in one call stays scheduled).
-local function pol_flush(domains_key, now)
-  if pol.mark then redis.call('HSET', pol.info, 'layout', 'p', 'hashtable', HASHTABLE); pol.mark = nil end
-  for _, st in pairs(pol.st) do
+local function pol_flush(domains_key, now, schedule_only)
+  if pol.mark and not schedule_only then
+    redis.call('HSET', pol.info, 'layout', 'p', 'hashtable', HASHTABLE); pol.mark = nil
+  end
+  local fields, nf = {}, 0  -- every changed field, written in one HSET
+  for _, st in pairs(schedule_only and {} or pol.st) do
     if st.w then
       if not st.n_s then st.n_s = st.n == 0 and '0' or string.format('%.17g', st.n) end
       local v = decimal(st.i) .. ' ' .. st.n_s
       if st.l then v = v .. ' ' .. st.l end
-      redis.call('HSET', pol.info, st.field, v)
+      fields[nf + 1], fields[nf + 2] = st.field, v
+      nf = nf + 2
       st.w = false
       if st.legacy then
         local dom = string.sub(st.field, 3)
@@ -272,27 +276,36 @@ local function pol_flush(domains_key, now)
       end
     end
   end
-  for dom in pairs(pol.touched) do
+  for i = 1, nf, 7998 do redis.call('HSET', pol.info, unpack(fields, i, math.min(i + 7997, nf))) end
+  -- the schedule's changes, one command each kind: removed, due again now (XX), a wait or BLOCKED
+  local gone, ng, due, nd, wait, nw = {}, 0, {}, 0, {}, 0
+  for dom, _ in pairs(pol.touched) do
     local st = pol.st[dom]
     local score = pol_score(st)
     if st.emptied and score ~= BLOCKED and st.n <= now then
-      redis.call('ZREM', domains_key, dom)
+      ng = ng + 1
+      gone[ng] = dom
       st.scheduled = false
     elseif st.served and score <= now then
-      redis.call('ZADD', domains_key, 'XX', pol.now_s, dom)
+      due[nd + 1], due[nd + 2] = pol.now_s, dom
+      nd = nd + 2
       st.scheduled = DUE
     elseif st.scheduled ~= score and not (st.scheduled == DUE and score <= now) then
-      local s = score == BLOCKED and BLOCKED_S or score > now and score or pol.now_s
       if score == BLOCKED or score > now then
-        redis.call('ZADD', domains_key, s, dom)
+        wait[nw + 1], wait[nw + 2] = score == BLOCKED and BLOCKED_S or score, dom
+        nw = nw + 2
       else
-        redis.call('ZADD', domains_key, 'XX', s, dom)
+        due[nd + 1], due[nd + 2] = pol.now_s, dom
+        nd = nd + 2
       end
       st.scheduled = score
     end
     st.emptied, st.served = nil, nil
   end
   pol.touched = {}
+  for i = 1, ng, 7999 do redis.call('ZREM', domains_key, unpack(gone, i, math.min(i + 7998, ng))) end
+  for i = 1, nd, 7998 do redis.call('ZADD', domains_key, 'XX', unpack(due, i, math.min(i + 7997, nd))) end
+  for i = 1, nw, 7998 do redis.call('ZADD', domains_key, unpack(wait, i, math.min(i + 7997, nw))) end
   local args = {}
   for dom in pairs(pol.queued) do args[#args + 1] = pol.now_s; args[#args + 1] = dom end
   pol.queued = {}
