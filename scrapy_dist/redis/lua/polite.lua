@@ -58,6 +58,9 @@ local MAX_DELAY, MAX_JITTER = 86400, 10
 -- handed to redis.call is printed by Redis with %.17g, and string.format costs nearly as much. SMALL is
 -- the reverse, filled as slot counts are read (tonumber runs strtod twice).
 local DECIMAL, SMALL = {}, {}
+-- FIELD0[v]: the slots of a field v = "<slots> 0" (a small count, no next time, no limits: what every
+-- domain without a delay holds), filled as such fields are read: its parse and checks, done once
+local FIELD0 = {}
 local function decimal(x)
   local s = DECIMAL[x]
   if s then return s end
@@ -151,6 +154,14 @@ local function pol_state(dom)
   if st then return st end
   local field = 'p:' .. dom
   local raw = redis.call('HGET', pol.info, field)
+  local i0 = raw and FIELD0[raw]
+  if i0 then
+    st = {field = field, w = false, l = false, d = 0, c = 0, j = 0, i = i0, n = 0, n_s = '0',
+          scheduled = false, emptied = false, served = false}
+    pol.st[dom] = st
+    pol_parse_limits(st, nil)
+    return st
+  end
   local vi, vn, vl
   local legacy
   if raw then
@@ -175,6 +186,7 @@ local function pol_state(dom)
   end
   if vi and not (i and i >= 0) then i = 0; st.w = true end
   st.i = i or 0
+  if vn == '0' and not vl and SMALL[vi] and raw == vi .. ' 0' then FIELD0[raw] = i end
   local n = vn and (vn == '0' and 0 or tonumber(vn))
   local wait = st.d * (1 + st.j)
   if wait < MAX_PENALTY then wait = MAX_PENALTY end
