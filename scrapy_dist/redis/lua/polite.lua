@@ -186,7 +186,7 @@ local function pol_state(dom)
   end
   if vi and not (i and i >= 0) then i = 0; st.w = true end
   st.i = i or 0
-  if vn == '0' and not vl and SMALL[vi] and raw == vi .. ' 0' then FIELD0[raw] = i end
+  if vn == '0' and not vl and SMALL[vi] then FIELD0[raw] = i end
   local n = vn and (vn == '0' and 0 or tonumber(vn))
   local wait = st.d * (1 + st.j)
   if wait < MAX_PENALTY then wait = MAX_PENALTY end
