@@ -68,22 +68,50 @@ local function decimal(x)
   if x >= 0 and x < 4096 then DECIMAL[x] = s end
   return s
 end
--- pol.queue, pol.leases, pol.now (and now_s, as Redis writes it), pol.max_delay, pol.max_jitter,
--- pol.default (the calling worker's default limits string, or nil): set by sync.lua (pol_reset) before the
--- first call below. pol.st[dom]: the domain's field as this call knows it; pol.touched[dom]: its place in
--- the schedule is to be redone; pol.queued: domains a request of which entered the queue in this call.
--- pol is the call's own: pol_reset() at the start of every call (a FUNCTION library keeps it between calls).
-local pol
-local function pol_reset(now, now_s, queue, leases, info, default)
-  if default == '' then default = nil end
-  pol = {st = {}, touched = {}, queued = {}, limits = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER,
-         now = now, now_s = now_s, queue = queue, leases = leases, info = info, default = default}
-end
-
 local function finite_in(s, lo, hi)
   local x = tonumber(s)
   if not x or x ~= x then return lo end
   return math.min(hi, math.max(lo, x))
+end
+
+-- What a worker's head 'limits_bound' gives, kept between calls (a FUNCTION library keeps it; an EVAL
+-- script makes it anew): BOUNDS[limits_bound] = {max_delay, max_jitter, limits}, limits[s] the parse of
+-- limits string s under those bounds (pol_parse_limits). Workers send a few short ones: a string longer
+-- than KEPT_BYTES is not kept, and a table past its KEPT_BOUNDS or KEPT_LIMITS entries is dropped whole.
+local BOUNDS, BOUNDS_N, KEPT_BOUNDS, KEPT_LIMITS, KEPT_BYTES = {}, 0, 16, 256, 128
+local function pol_bounds(bound)
+  local b = BOUNDS[bound]
+  if b then
+    if b.n >= KEPT_LIMITS then b.limits, b.n = {}, 0 end
+    return b
+  end
+  b = {max_delay = MAX_DELAY, max_jitter = MAX_JITTER, limits = {}, n = 0}
+  local bound_delay, bound_jitter = string.match(bound, '^(%S+) (%S+)$')
+  if bound_delay then
+    b.max_delay = finite_in(bound_delay, 0, MAX_DELAY)
+    b.max_jitter = finite_in(bound_jitter, 0, MAX_JITTER)
+  end
+  if #bound <= KEPT_BYTES then
+    if BOUNDS_N >= KEPT_BOUNDS then BOUNDS, BOUNDS_N = {}, 0 end
+    BOUNDS[bound] = b
+    BOUNDS_N = BOUNDS_N + 1
+  end
+  return b
+end
+
+-- pol.queue, pol.leases, pol.now (and now_s, as Redis writes it), pol.max_delay and pol.max_jitter (from
+-- the calling worker's limits_bound: pol_bounds), pol.default (the calling worker's default limits
+-- string, or nil): set by sync.lua (pol_reset) before the first call below. pol.st[dom]: the domain's
+-- field as this call knows it; pol.touched[dom]: its place in the schedule is to be redone; pol.queued:
+-- domains a request of which entered the queue in this call.
+-- pol is the call's own: pol_reset() at the start of every call (a FUNCTION library keeps it between calls).
+local pol
+local function pol_reset(now, now_s, queue, leases, info, default, bound)
+  if default == '' then default = nil end
+  local b = pol_bounds(bound or '')
+  pol = {st = {}, touched = {}, queued = {}, bounds = b, limits = b.limits, max_delay = b.max_delay,
+         max_jitter = b.max_jitter, now = now, now_s = now_s, queue = queue, leases = leases, info = info,
+         default = default}
 end
 
 -- a counter as written: an integer Redis can hold (|x| < 2^52), or nil
@@ -100,14 +128,21 @@ local function pol_parse_limits(st, l)
   st.l = l
   local src = l or pol.default
   if not src then st.d, st.c, st.j = 0, 0, 0; return end
-  local known = pol.limits[src]  -- most domains share a few limit strings: parsed once per call
+  -- most domains share a few limit strings: parsed once (pol_bounds), a long one once per call (pol.own)
+  local known = pol.limits[src] or pol.own and pol.own[src]
   if not known then
     local delay, conc, jitter = string.match(src, '^(%S+) (%S+) (%S+)$')
     local d, c, j = finite_in(delay, 0, pol.max_delay), math.floor(finite_in(conc, 0, 1e9)),
                     finite_in(jitter, 0, pol.max_jitter)
     local clean = d == tonumber(delay) and j == tonumber(jitter) and c == tonumber(conc)
     known = {d, c, j, not clean and string.format('%.17g %d %.17g', d, c, j)}
-    pol.limits[src] = known
+    if #src <= KEPT_BYTES then
+      pol.limits[src] = known
+      pol.bounds.n = pol.bounds.n + 1
+    else
+      pol.own = pol.own or {}
+      pol.own[src] = known
+    end
   end
   st.d, st.c, st.j = known[1], known[2], known[3]
   if known[4] and l then
