@@ -252,13 +252,20 @@ local function pol_remember_limits(dom, limits)
   end
 end
 
+-- A request of `dom` entered the queue with the worker's `limits` for it (pol_queued, pol_remember_limits).
+local function pol_enqueued(dom, limits)
+  pol.queued[dom] = true
+  if limits ~= pol.default then pol_remember_limits(dom, limits) end
+end
+
 -- Count a change of slots in use (di) for a domain; rescheduled in pol_flush when that blocks or frees it.
 local function pol_slots(dom, di)
-  local st = pol_state(dom)
-  local was = pol_score(st) == BLOCKED
+  local st = pol.st[dom] or pol_state(dom)
+  local c = st.c  -- BLOCKED (pol_score) before and after
+  local was = c > 0 and st.i >= c
   st.i = st.i + di
   st.w = true
-  if was ~= (pol_score(st) == BLOCKED) then pol.touched[dom] = true end
+  if was ~= (c > 0 and st.i >= c) then pol.touched[dom] = true end
 end
 
 local function pol_push_next(dom, t)
@@ -275,7 +282,7 @@ end
 
 -- A request of `dom` finished (acknowledged): its slot is free, its delay runs from now.
 local function pol_finished(dom, now)
-  local st = pol_state(dom)
+  local st = pol.st[dom] or pol_state(dom)
   if st.d > 0 then pol_push_next(dom, now + st.d + pol_jitter(st.d, st.j)) end
 end
 
