@@ -232,7 +232,8 @@ local function pol_state(dom)
 end
 
 local function pol_domain(member)
-  return string.match(member, '^([^%z]*)%z')
+  local z = string.find(member, '\0', 1, true)
+  return z and string.sub(member, 1, z - 1)
 end
 
 -- A request of `dom` entered the queue: the domain is scheduled (ZADD NX at flush), its field not read.
