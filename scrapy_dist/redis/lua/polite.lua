@@ -109,7 +109,7 @@ local pol
 local function pol_reset(now, now_s, queue, leases, info, default, bound)
   if default == '' then default = nil end
   local b = pol_bounds(bound or '')
-  pol = {st = {}, touched = {}, queued = {}, bounds = b, limits = b.limits, max_delay = b.max_delay,
+  pol = {st = {}, touched = {}, queued = {}, nq = 0, bounds = b, limits = b.limits, max_delay = b.max_delay,
          max_jitter = b.max_jitter, now = now, now_s = now_s, queue = queue, leases = leases, info = info,
          default = default}
 end
@@ -238,7 +238,9 @@ end
 
 -- A request of `dom` entered the queue: the domain is scheduled (ZADD NX at flush), its field not read.
 local function pol_queued(dom)
-  pol.queued[dom] = true
+  local n = pol.nq
+  pol.queued[n + 1], pol.queued[n + 2] = pol.now_s, dom
+  pol.nq = n + 2
 end
 
 -- A worker's limits for the domain, as it enqueues one of its requests: remembered when they are not its
@@ -255,7 +257,9 @@ end
 
 -- A request of `dom` entered the queue with the worker's `limits` for it (pol_queued, pol_remember_limits).
 local function pol_enqueued(dom, limits)
-  pol.queued[dom] = true
+  local n = pol.nq
+  pol.queued[n + 1], pol.queued[n + 2] = pol.now_s, dom
+  pol.nq = n + 2
   if limits ~= pol.default then pol_remember_limits(dom, limits) end
 end
 
@@ -361,10 +365,9 @@ local function pol_flush(domains_key, now, schedule_only)
   for i = 1, ng, 7999 do redis.call('ZREM', domains_key, unpack(gone, i, math.min(i + 7998, ng))) end
   for i = 1, nd, 7998 do redis.call('ZADD', domains_key, 'XX', unpack(due, i, math.min(i + 7997, nd))) end
   for i = 1, nw, 7998 do redis.call('ZADD', domains_key, unpack(wait, i, math.min(i + 7997, nw))) end
-  local args = {}
-  for dom in pairs(pol.queued) do args[#args + 1] = pol.now_s; args[#args + 1] = dom end
-  pol.queued = {}
-  for i = 1, #args, 7998 do redis.call('ZADD', domains_key, 'NX', unpack(args, i, math.min(i + 7997, #args))) end
+  local queued, nq = pol.queued, pol.nq
+  pol.queued, pol.nq = {}, 0
+  for i = 1, nq, 7998 do redis.call('ZADD', domains_key, 'NX', unpack(queued, i, math.min(i + 7997, nq))) end
 end
 
 -- Lease up to n requests from domains that may be fetched now; returns a flat list lease key, score.
