@@ -266,8 +266,8 @@ def test_a_workers_limits_are_clamped_by_its_own_bound_whatever_another_worker_s
     async def go() -> list[bool | None]:
         client = redis.asyncio.Redis(port=redis7)
         try:
-            workers = {w: Frontier(client, KEYS, w, None, SchedulerSettings(politeness="cluster"), limits_bound=b)
-                       for w, b in bounds.items()}
+            polite = SchedulerSettings(politeness="cluster")
+            workers = {w: Frontier(client, KEYS, w, None, polite, limits_bound=b) for w, b in bounds.items()}
             for worker, domain, _ in calls:
                 entry = ("", "", 0, b"\x01" + domain.encode(), domain, "5 2 0.5")
                 await workers[worker].sync(SyncBatch(enqueue=[entry], lease=1), now=1_700_000_000.0)

@@ -35,8 +35,8 @@
 -- domain are at least `delay` apart even when a leased request waits in a worker's prefetch buffer.
 --
 -- A call reads a domain's field at most once (one HGET, checked: pol_state), keeps it in pol.st while it
--- leases and settles, writes it back if it changed in one HSET, and moves the domain in the schedule only
--- when its place changes (pol_flush).
+-- leases and settles, writes every field that changed back in one HSET at its end, and moves a domain in
+-- the schedule only when its place changes, each kind of move in one command (pol_flush).
 
 local BLOCKED, BLOCKED_S = 1e15, '1e15'
 local HASHTABLE =
@@ -103,7 +103,8 @@ end
 -- the calling worker's limits_bound: pol_bounds), pol.default (the calling worker's default limits
 -- string, or nil): set by sync.lua (pol_reset) before the first call below. pol.st[dom]: the domain's
 -- field as this call knows it; pol.touched[dom]: its place in the schedule is to be redone; pol.queued:
--- domains a request of which entered the queue in this call.
+-- the ZADD NX arguments (now_s, domain; pol.nq of them) of the domains whose requests entered the queue
+-- in this call, a domain once per request (Redis adds it once).
 -- pol is the call's own: pol_reset() at the start of every call (a FUNCTION library keeps it between calls).
 local pol
 local function pol_reset(now, now_s, queue, leases, info, default, bound)
@@ -309,12 +310,14 @@ local function pol_unstick(domains_key, now)
   st.scheduled = nil  -- its score is not what its field says: written again
 end
 
--- Write back what changed (one HSET per domain; a domain read from an older layout loses its old
--- fields) and schedule every touched domain at its place -- removed when the lease emptied it while due;
--- written when its place is a wait (a next time ahead, or BLOCKED) even if nothing of it is queued (the
--- time is kept), else only if it is scheduled (ZADD XX); skipped when the lease found it where it is to
--- be (due, and to stay due) -- then the call's queued domains, in one ZADD NX at 0 (last: a domain emptied and queued again
--- in one call stays scheduled).
+-- Write back what changed (one HSET for every changed field; a domain read from an older layout loses
+-- its old fields), unless schedule_only (the flush before the lease: the fields wait for the call's end,
+-- pol.st holds them meanwhile), and schedule every touched domain at its place -- removed when the lease
+-- emptied it while due; written when its place is a wait (a next time ahead, or BLOCKED) even if nothing
+-- of it is queued (the time is kept), else only if it is scheduled (ZADD XX); skipped when the lease found
+-- it where it is to be (due, and to stay due); one ZREM, one ZADD XX and one ZADD for all -- then the
+-- call's queued domains, in one ZADD NX at the call's time (last: a domain emptied and queued again in one
+-- call stays scheduled).
 local function pol_flush(domains_key, now, schedule_only)
   if pol.mark and not schedule_only then
     redis.call('HSET', pol.info, 'layout', 'p', 'hashtable', HASHTABLE); pol.mark = nil
