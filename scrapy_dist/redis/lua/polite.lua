@@ -222,13 +222,13 @@ local function pol_state(dom)
   end
   if vi and not (i and i >= 0) then i = 0; st.w = true end
   st.i = i or 0
-  if vn == '0' and not vl and SMALL[vi] then FIELD0[raw] = i end
   local n = vn and (vn == '0' and 0 or tonumber(vn))
   local wait = st.d * (1 + st.j)
   if wait < MAX_PENALTY then wait = MAX_PENALTY end
   local horizon = pol.now + wait + 1
   if vn and not (n and n == n and n > -1e15 and n <= horizon) then n = 0; vn = nil; st.w = true end
   st.n, st.n_s = n or 0, vn or '0'
+  if raw and vn == '0' and not vl and SMALL[vi] then FIELD0[raw] = st.i end  -- checked, and clean
   return st
 end
 
