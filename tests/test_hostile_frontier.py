@@ -201,6 +201,7 @@ def _set_domain_state(redis_client: Any, at: int, value: Any, domain: str = "a.e
     pytest.param({"s:a.example": "garbage", "layout": "s"}, id="an older field that is not six values"),
     pytest.param({"b:a.example": "many", "i:a.example": "9223372036854775807", "n:a.example": "soon"},
                  id="the oldest layout's fields"),
+    pytest.param({"i:a.example": "0", "n:a.example": "0"}, id="the oldest layout's fields, no l: field"),
 ])
 def test_garbage_domain_info_is_repaired(redis_url: str, redis_client: Any, fields: dict[str, str]) -> None:
     redis_client.hset(KEYS.domain_info, mapping=fields)

@@ -251,3 +251,31 @@ def test_on_a_cluster_the_library_is_on_every_primary(cluster: Any) -> None:
     assert [len(a.leased) for a in answers[3:]] == [1, 1, 1]
     major = int(redis.Redis(port=cluster.nodes[0].port).info("server")["redis_version"].split(".")[0])
     assert functions == [major >= 7] * 3
+
+
+def test_a_workers_limits_are_clamped_by_its_own_bound_whatever_another_worker_sent(redis7: int) -> None:
+    """Limits a worker sends for a domain are clamped to the largest delay and jitter its own settings give
+    any domain (head 'limits_bound'), call after call of the one library, even when a worker with another
+    bound sent the same limits string just before (the library keeps parsed limits between calls, one
+    table per bound)."""
+    redis.Redis(port=redis7).flushall()
+    bounds = {"w1": "1 0.25", "w2": "10 1", "w3": ""}
+    calls = [("w1", "a.test", b"1 2 0.25"), ("w2", "b.test", b"5 2 0.5"), ("w1", "c.test", b"1 2 0.25"),
+             ("w3", "d.test", b"5 2 0.5"), ("w2", "e.test", b"5 2 0.5"), ("w1", "f.test", b"1 2 0.25")]
+
+    async def go() -> list[bool | None]:
+        client = redis.asyncio.Redis(port=redis7)
+        try:
+            polite = SchedulerSettings(politeness="cluster")
+            workers = {w: Frontier(client, KEYS, w, None, polite, limits_bound=b) for w, b in bounds.items()}
+            for worker, domain, _ in calls:
+                entry = ("", "", 0, b"\x01" + domain.encode(), domain, "5 2 0.5")
+                await workers[worker].sync(SyncBatch(enqueue=[entry], lease=1), now=1_700_000_000.0)
+            return [f._script.functions for f in workers.values()]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(go()) == [True] * 3  # one library, called by FCALL
+    info = redis.Redis(port=redis7)
+    for _, domain, limits in calls:
+        assert info.hget(KEYS.domain_info, f"p:{domain}").split(b" ", 2)[2] == limits, domain

@@ -35,8 +35,8 @@
 -- domain are at least `delay` apart even when a leased request waits in a worker's prefetch buffer.
 --
 -- A call reads a domain's field at most once (one HGET, checked: pol_state), keeps it in pol.st while it
--- leases and settles, writes it back if it changed in one HSET, and moves the domain in the schedule only
--- when its place changes (pol_flush).
+-- leases and settles, writes every field that changed back in one HSET at its end, and moves a domain in
+-- the schedule only when its place changes, each kind of move in one command (pol_flush).
 
 local BLOCKED, BLOCKED_S = 1e15, '1e15'
 local HASHTABLE =
@@ -58,6 +58,9 @@ local MAX_DELAY, MAX_JITTER = 86400, 10
 -- handed to redis.call is printed by Redis with %.17g, and string.format costs nearly as much. SMALL is
 -- the reverse, filled as slot counts are read (tonumber runs strtod twice).
 local DECIMAL, SMALL = {}, {}
+-- FIELD0[v]: the slots of a field v = "<slots> 0" (a small count, no next time, no limits: what every
+-- domain without a delay holds), filled as such fields are read: its parse and checks, done once
+local FIELD0 = {}
 local function decimal(x)
   local s = DECIMAL[x]
   if s then return s end
@@ -65,22 +68,51 @@ local function decimal(x)
   if x >= 0 and x < 4096 then DECIMAL[x] = s end
   return s
 end
--- pol.queue, pol.leases, pol.now (and now_s, as Redis writes it), pol.max_delay, pol.max_jitter,
--- pol.default (the calling worker's default limits string, or nil): set by sync.lua (pol_reset) before the
--- first call below. pol.st[dom]: the domain's field as this call knows it; pol.touched[dom]: its place in
--- the schedule is to be redone; pol.queued: domains a request of which entered the queue in this call.
--- pol is the call's own: pol_reset() at the start of every call (a FUNCTION library keeps it between calls).
-local pol
-local function pol_reset(now, now_s, queue, leases, info, default)
-  if default == '' then default = nil end
-  pol = {st = {}, touched = {}, queued = {}, limits = {}, max_delay = MAX_DELAY, max_jitter = MAX_JITTER,
-         now = now, now_s = now_s, queue = queue, leases = leases, info = info, default = default}
-end
-
 local function finite_in(s, lo, hi)
   local x = tonumber(s)
   if not x or x ~= x then return lo end
   return math.min(hi, math.max(lo, x))
+end
+
+-- What a worker's head 'limits_bound' gives, kept between calls (a FUNCTION library keeps it; an EVAL
+-- script makes it anew): BOUNDS[limits_bound] = {max_delay, max_jitter, limits}, limits[s] the parse of
+-- limits string s under those bounds (pol_parse_limits). Workers send a few short ones: a string longer
+-- than KEPT_BYTES is not kept, and a table past its KEPT_BOUNDS or KEPT_LIMITS entries is dropped whole.
+local BOUNDS, BOUNDS_N, KEPT_BOUNDS, KEPT_LIMITS, KEPT_BYTES = {}, 0, 16, 256, 128
+local function pol_bounds(bound)
+  local b = BOUNDS[bound]
+  if b then
+    if b.n >= KEPT_LIMITS then b.limits, b.n = {}, 0 end
+    return b
+  end
+  b = {max_delay = MAX_DELAY, max_jitter = MAX_JITTER, limits = {}, n = 0}
+  local bound_delay, bound_jitter = string.match(bound, '^(%S+) (%S+)$')
+  if bound_delay then
+    b.max_delay = finite_in(bound_delay, 0, MAX_DELAY)
+    b.max_jitter = finite_in(bound_jitter, 0, MAX_JITTER)
+  end
+  if #bound <= KEPT_BYTES then
+    if BOUNDS_N >= KEPT_BOUNDS then BOUNDS, BOUNDS_N = {}, 0 end
+    BOUNDS[bound] = b
+    BOUNDS_N = BOUNDS_N + 1
+  end
+  return b
+end
+
+-- pol.queue, pol.leases, pol.now (and now_s, as Redis writes it), pol.max_delay and pol.max_jitter (from
+-- the calling worker's limits_bound: pol_bounds), pol.default (the calling worker's default limits
+-- string, or nil): set by sync.lua (pol_reset) before the first call below. pol.st[dom]: the domain's
+-- field as this call knows it; pol.touched[dom]: its place in the schedule is to be redone; pol.queued:
+-- the ZADD NX arguments (now_s, domain; pol.nq of them) of the domains whose requests entered the queue
+-- in this call, a domain once per request (Redis adds it once).
+-- pol is the call's own: pol_reset() at the start of every call (a FUNCTION library keeps it between calls).
+local pol
+local function pol_reset(now, now_s, queue, leases, info, default, bound)
+  if default == '' then default = nil end
+  local b = pol_bounds(bound or '')
+  pol = {st = {}, touched = {}, queued = {}, nq = 0, bounds = b, limits = b.limits, max_delay = b.max_delay,
+         max_jitter = b.max_jitter, now = now, now_s = now_s, queue = queue, leases = leases, info = info,
+         default = default}
 end
 
 -- a counter as written: an integer Redis can hold (|x| < 2^52), or nil
@@ -97,14 +129,21 @@ local function pol_parse_limits(st, l)
   st.l = l
   local src = l or pol.default
   if not src then st.d, st.c, st.j = 0, 0, 0; return end
-  local known = pol.limits[src]  -- most domains share a few limit strings: parsed once per call
+  -- most domains share a few limit strings: parsed once (pol_bounds), a long one once per call (pol.own)
+  local known = pol.limits[src] or pol.own and pol.own[src]
   if not known then
     local delay, conc, jitter = string.match(src, '^(%S+) (%S+) (%S+)$')
     local d, c, j = finite_in(delay, 0, pol.max_delay), math.floor(finite_in(conc, 0, 1e9)),
                     finite_in(jitter, 0, pol.max_jitter)
     local clean = d == tonumber(delay) and j == tonumber(jitter) and c == tonumber(conc)
     known = {d, c, j, not clean and string.format('%.17g %d %.17g', d, c, j)}
-    pol.limits[src] = known
+    if #src <= KEPT_BYTES then
+      pol.limits[src] = known
+      pol.bounds.n = pol.bounds.n + 1
+    else
+      pol.own = pol.own or {}
+      pol.own[src] = known
+    end
   end
   st.d, st.c, st.j = known[1], known[2], known[3]
   if known[4] and l then
@@ -151,6 +190,14 @@ local function pol_state(dom)
   if st then return st end
   local field = 'p:' .. dom
   local raw = redis.call('HGET', pol.info, field)
+  local i0 = raw and FIELD0[raw]
+  if i0 then
+    st = {field = field, w = false, l = false, d = 0, c = 0, j = 0, i = i0, n = 0, n_s = '0',
+          scheduled = false, emptied = false, served = false}
+    pol.st[dom] = st
+    pol_parse_limits(st, nil)
+    return st
+  end
   local vi, vn, vl
   local legacy
   if raw then
@@ -181,16 +228,20 @@ local function pol_state(dom)
   local horizon = pol.now + wait + 1
   if vn and not (n and n == n and n > -1e15 and n <= horizon) then n = 0; vn = nil; st.w = true end
   st.n, st.n_s = n or 0, vn or '0'
+  if raw and vn == '0' and not vl and SMALL[vi] then FIELD0[raw] = st.i end  -- checked, and clean
   return st
 end
 
 local function pol_domain(member)
-  return string.match(member, '^([^%z]*)%z')
+  local z = string.find(member, '\0', 1, true)
+  return z and string.sub(member, 1, z - 1)
 end
 
 -- A request of `dom` entered the queue: the domain is scheduled (ZADD NX at flush), its field not read.
 local function pol_queued(dom)
-  pol.queued[dom] = true
+  local n = pol.nq
+  pol.queued[n + 1], pol.queued[n + 2] = pol.now_s, dom
+  pol.nq = n + 2
 end
 
 -- A worker's limits for the domain, as it enqueues one of its requests: remembered when they are not its
@@ -205,13 +256,22 @@ local function pol_remember_limits(dom, limits)
   end
 end
 
+-- A request of `dom` entered the queue with the worker's `limits` for it (pol_queued, pol_remember_limits).
+local function pol_enqueued(dom, limits)
+  local n = pol.nq
+  pol.queued[n + 1], pol.queued[n + 2] = pol.now_s, dom
+  pol.nq = n + 2
+  if limits ~= pol.default then pol_remember_limits(dom, limits) end
+end
+
 -- Count a change of slots in use (di) for a domain; rescheduled in pol_flush when that blocks or frees it.
 local function pol_slots(dom, di)
-  local st = pol_state(dom)
-  local was = pol_score(st) == BLOCKED
+  local st = pol.st[dom] or pol_state(dom)
+  local c = st.c  -- BLOCKED (pol_score) before and after
+  local was = c > 0 and st.i >= c
   st.i = st.i + di
   st.w = true
-  if was ~= (pol_score(st) == BLOCKED) then pol.touched[dom] = true end
+  if was ~= (c > 0 and st.i >= c) then pol.touched[dom] = true end
 end
 
 local function pol_push_next(dom, t)
@@ -228,7 +288,7 @@ end
 
 -- A request of `dom` finished (acknowledged): its slot is free, its delay runs from now.
 local function pol_finished(dom, now)
-  local st = pol_state(dom)
+  local st = pol.st[dom] or pol_state(dom)
   if st.d > 0 then pol_push_next(dom, now + st.d + pol_jitter(st.d, st.j)) end
 end
 
@@ -250,20 +310,26 @@ local function pol_unstick(domains_key, now)
   st.scheduled = nil  -- its score is not what its field says: written again
 end
 
--- Write back what changed (one HSET per domain; a domain read from an older layout loses its old
--- fields) and schedule every touched domain at its place -- removed when the lease emptied it while due;
--- written when its place is a wait (a next time ahead, or BLOCKED) even if nothing of it is queued (the
--- time is kept), else only if it is scheduled (ZADD XX); skipped when the lease found it where it is to
--- be (due, and to stay due) -- then the call's queued domains, in one ZADD NX at 0 (last: a domain emptied and queued again
--- in one call stays scheduled).
-local function pol_flush(domains_key, now)
-  if pol.mark then redis.call('HSET', pol.info, 'layout', 'p', 'hashtable', HASHTABLE); pol.mark = nil end
-  for _, st in pairs(pol.st) do
+-- Write back what changed (one HSET for every changed field; a domain read from an older layout loses
+-- its old fields), unless schedule_only (the flush before the lease: the fields wait for the call's end,
+-- pol.st holds them meanwhile), and schedule every touched domain at its place -- removed when the lease
+-- emptied it while due; written when its place is a wait (a next time ahead, or BLOCKED) even if nothing
+-- of it is queued (the time is kept), else only if it is scheduled (ZADD XX); skipped when the lease found
+-- it where it is to be (due, and to stay due); one ZREM, one ZADD XX and one ZADD for all -- then the
+-- call's queued domains, in one ZADD NX at the call's time (last: a domain emptied and queued again in one
+-- call stays scheduled).
+local function pol_flush(domains_key, now, schedule_only)
+  if pol.mark and not schedule_only then
+    redis.call('HSET', pol.info, 'layout', 'p', 'hashtable', HASHTABLE); pol.mark = nil
+  end
+  local fields, nf = {}, 0  -- every changed field, written in one HSET
+  for _, st in pairs(schedule_only and {} or pol.st) do
     if st.w then
       if not st.n_s then st.n_s = st.n == 0 and '0' or string.format('%.17g', st.n) end
       local v = decimal(st.i) .. ' ' .. st.n_s
       if st.l then v = v .. ' ' .. st.l end
-      redis.call('HSET', pol.info, st.field, v)
+      fields[nf + 1], fields[nf + 2] = st.field, v
+      nf = nf + 2
       st.w = false
       if st.legacy then
         local dom = string.sub(st.field, 3)
@@ -272,31 +338,39 @@ local function pol_flush(domains_key, now)
       end
     end
   end
-  for dom in pairs(pol.touched) do
+  for i = 1, nf, 7998 do redis.call('HSET', pol.info, unpack(fields, i, math.min(i + 7997, nf))) end
+  -- the schedule's changes, one command each kind: removed, due again now (XX), a wait or BLOCKED
+  local gone, ng, due, nd, wait, nw = {}, 0, {}, 0, {}, 0
+  for dom, _ in pairs(pol.touched) do
     local st = pol.st[dom]
     local score = pol_score(st)
     if st.emptied and score ~= BLOCKED and st.n <= now then
-      redis.call('ZREM', domains_key, dom)
+      ng = ng + 1
+      gone[ng] = dom
       st.scheduled = false
     elseif st.served and score <= now then
-      redis.call('ZADD', domains_key, 'XX', pol.now_s, dom)
+      due[nd + 1], due[nd + 2] = pol.now_s, dom
+      nd = nd + 2
       st.scheduled = DUE
     elseif st.scheduled ~= score and not (st.scheduled == DUE and score <= now) then
-      local s = score == BLOCKED and BLOCKED_S or score > now and score or pol.now_s
       if score == BLOCKED or score > now then
-        redis.call('ZADD', domains_key, s, dom)
+        wait[nw + 1], wait[nw + 2] = score == BLOCKED and BLOCKED_S or score, dom
+        nw = nw + 2
       else
-        redis.call('ZADD', domains_key, 'XX', s, dom)
+        due[nd + 1], due[nd + 2] = pol.now_s, dom
+        nd = nd + 2
       end
       st.scheduled = score
     end
     st.emptied, st.served = nil, nil
   end
   pol.touched = {}
-  local args = {}
-  for dom in pairs(pol.queued) do args[#args + 1] = pol.now_s; args[#args + 1] = dom end
-  pol.queued = {}
-  for i = 1, #args, 7998 do redis.call('ZADD', domains_key, 'NX', unpack(args, i, math.min(i + 7997, #args))) end
+  for i = 1, ng, 7999 do redis.call('ZREM', domains_key, unpack(gone, i, math.min(i + 7998, ng))) end
+  for i = 1, nd, 7998 do redis.call('ZADD', domains_key, 'XX', unpack(due, i, math.min(i + 7997, nd))) end
+  for i = 1, nw, 7998 do redis.call('ZADD', domains_key, unpack(wait, i, math.min(i + 7997, nw))) end
+  local queued, nq = pol.queued, pol.nq
+  pol.queued, pol.nq = {}, 0
+  for i = 1, nq, 7998 do redis.call('ZADD', domains_key, 'NX', unpack(queued, i, math.min(i + 7997, nq))) end
 end
 
 -- Lease up to n requests from domains that may be fetched now; returns a flat list lease key, score.

@@ -62,13 +62,10 @@ local function sync_call(keys, argv)
   -- as the strings Redis would make of them (once, not once per command: each is a printf)
   state.now_s, state.deadline = string.format('%.17g', now), string.format('%.17g', now + state.lease_s)
   math.randomseed(tonumber(call_args.seed) or 0)
-  pol_reset(now, state.now_s, key_of.queue, key_of.leases, key_of.domain_info, call_args.limits_default)
-  -- limits read from l:<domain> are clamped to what the worker's settings give any domain (polite.lua)
-  local bound_delay, bound_jitter = string.match(call_args.limits_bound or '', '^(%S+) (%S+)$')
-  if bound_delay then
-    pol.max_delay = finite_in(bound_delay, 0, MAX_DELAY)
-    pol.max_jitter = finite_in(bound_jitter, 0, MAX_JITTER)
-  end
+  -- limits read from a domain's field are clamped to what the worker's settings give any domain
+  -- (limits_bound: polite.lua)
+  pol_reset(now, state.now_s, key_of.queue, key_of.leases, key_of.domain_info, call_args.limits_default,
+            call_args.limits_bound)
   local n_params = tonumber(ARGV[#SYNC_HEAD + 1])
   local params = {}
   for i = 1, n_params do params[i] = ARGV[#SYNC_HEAD + 1 + i] end

@@ -80,10 +80,7 @@ local function sync_enqueue(state, d, sec)
     for i, p in ipairs(to_add) do
       local m, score = member_of(state, seqs[i], ARGV[p + 2], ARGV[p + 3], ARGV[p + 4])
       args[#args + 1] = score; args[#args + 1] = m
-      if state.polite then
-        pol_remember_limits(ARGV[p + 4], ARGV[p + 5])
-        pol_queued(ARGV[p + 4])
-      end
+      if state.polite then pol_enqueued(ARGV[p + 4], ARGV[p + 5]) end
     end
     for i = 1, #args, 7998 do
       redis.call('ZADD', key_of.queue, unpack(args, i, math.min(i + 7997, #args)))

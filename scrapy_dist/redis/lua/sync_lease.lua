@@ -57,7 +57,7 @@ local function sync_lease(state)
   if state.paused == '1' then n_lease = 0 end
   if n_lease <= 0 then return leased end
   if state.polite then
-    pol_flush(key_of.domains, state.now)
+    pol_flush(key_of.domains, state.now, true)
     -- a member is <domain>\0<11-digit priority key><seq><payload>: bound it like a single (+ its domain)
     local limit = state.max_entry + 6 + 12 + 1024
     return pol_lease(key_of.queue, key_of.domains, n_lease, state.now, function(m)

@@ -22,13 +22,13 @@ local function member_of(state, seq, score, payload, dom)
     key = string.format('%011d', math.max(0, math.min(tonumber(score) + 2147483648, 4294967295)))
     state.priority_keys[score] = key
   end
-  return dom .. '\0' .. key .. seq .. payload, 0
+  return dom .. '\0' .. key .. seq .. payload, '0'
 end
 
 -- a member goes (back) into the queue; with politeness at score 0 whatever a tag or meta says (a member
 -- of another score would break every domain's ZRANGEBYLEX: see sync_polite_queue)
 local function to_queue(state, m, score)
-  if state.polite then score = 0 end
+  if state.polite then score = '0' end
   redis.call('ZADD', key_of.queue, score, m)
   state.queued_delta = state.queued_delta + 1
   if state.polite then
