@@ -267,7 +267,7 @@ class ClusterStats(PeriodicExtension):
         self.rate.add(float(pages), time.monotonic())
         while True:
             stats = dict(self.crawler.stats.get_stats())
-            if fresh := self._pending is None:
+            if fresh := (self._pending is None):
                 self._seq += 1
                 self._pending = (self._seq, self.merger.operations(stats))
             seq, ops = self._pending
