@@ -100,10 +100,10 @@ class CrawlLayout:
         pipe.hmget(keys.control, ["politeness", "shards", "format", "paused"])
         mode, shards, recorded, paused = pipe.execute()[-1]
         self.paused = paused == b"1"
-        secs, micros = client.time()  # the clock heartbeats are written with (not pipelined: Cluster)
+        now = server_time(client)  # the clock heartbeats are written with (not pipelined: Cluster)
         running = 0
         with contextlib.suppress(redis.ResponseError):  # not a ZSET: garbage a sync call moves aside
-            running = client.zcount(keys.workers, secs + micros / 1e6 - self.config.lease_seconds, "+inf")
+            running = client.zcount(keys.workers, now - self.config.lease_seconds, "+inf")
         if format_check(keys.spider, recorded, FRONTIER_FORMAT, running) == "write":
             client.hset(keys.control, "format", FRONTIER_FORMAT)
         if shards is not None and not shards.isdigit():

@@ -142,8 +142,8 @@ class ConditionalRevisitMiddleware:
         return any(request.headers.get(h) for h in VALIDATOR_HEADERS)
 
     def process_request(self, request: Request) -> None:
-        if self.conditional(request) and self.stats is not None:
-            self.stats.inc_value("revisit/conditional")
+        if self.conditional(request):
+            inc_stat(self.stats, "revisit/conditional")
 
     def process_response(self, request: Request, response: Response) -> Response:
         if response.status != 304 or not self.conditional(request):

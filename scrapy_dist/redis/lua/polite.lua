@@ -256,7 +256,8 @@ local function pol_remember_limits(dom, limits)
   end
 end
 
--- A request of `dom` entered the queue with the worker's `limits` for it (pol_queued, pol_remember_limits).
+-- A request of `dom` entered the queue with the worker's `limits` for it: pol_queued inlined (one Lua call
+-- less per enqueued request), then pol_remember_limits when they are not the worker's default.
 local function pol_enqueued(dom, limits)
   local n = pol.nq
   pol.queued[n + 1], pol.queued[n + 2] = pol.now_s, dom
