@@ -30,9 +30,11 @@ from benchmarks import redis_memory, replay
 from benchmarks.machine import CpuMeter
 from benchmarks.proxy import ProxyProcess, measure_rtt
 from benchmarks.redis_server import (
+    IDLE_SECONDS,
     SCRIPT_TIMING_US,
     RedisProcess,
     call_percentiles,
+    idle_cpu_rate,
     script_call_durations,
     server_cpu,
     time_script_calls,
@@ -269,18 +271,6 @@ def run_crawl(
     return out
 
 
-#: Seconds the fresh server is left idle before each crawl, to measure what it spends with no command at
-#: all (serverCron and the other timers run `hz` = 10 times a second whether or not anyone crawls).
-IDLE_SECONDS = 5.0
-
-
-def _idle_cpu_rate(client: redis.Redis, seconds: float = IDLE_SECONDS) -> float:
-    """CPU seconds per wall second the server spends with nobody talking to it."""
-    t0, cpu0 = time.monotonic(), server_cpu(client)
-    time.sleep(seconds)
-    return (server_cpu(client) - cpu0) / (time.monotonic() - t0)
-
-
 def _redis_cost(client: redis.Redis, result: dict, cpu0: float, t0: float, idle: float, timed: bool) -> None:
     """Redis CPU per page (INFO cpu; and the share of it an idle server spends in the same time: ``idle``
     CPU s/s since ``t0``), the per-command breakdown (INFO commandstats), and with ``timed`` the p50/p99
@@ -402,7 +392,7 @@ def run_redis_contestant(
         timed = contestant.name == "scrapy-dist"
         if timed:
             time_script_calls(client)
-        idle = _idle_cpu_rate(client)
+        idle = idle_cpu_rate(client)
         client.config_resetstat()
         t0, cpu0 = time.monotonic(), server_cpu(client)
         network: dict = {"rtt_ms": rtt_ms, "ping_direct": measure_rtt(server.port)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 from pathlib import Path
 
 from scrapy_dist.redis.embedded import redis_server_binary as _embedded_server_binary
@@ -46,6 +47,18 @@ def server_cpu(*clients) -> float:
         info = client.info("cpu")
         total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
     return total
+
+
+#: Seconds a fresh server is left idle before it is measured, to learn what it spends with no command at
+#: all (serverCron and the other timers run ``hz`` = 10 times a second, a cluster's bus pings its peers)
+IDLE_SECONDS = 5.0
+
+
+def idle_cpu_rate(*clients, seconds: float = IDLE_SECONDS) -> float:
+    """CPU seconds per wall second the servers behind ``clients`` spend, together, with nobody talking."""
+    t0, cpu0 = time.monotonic(), server_cpu(*clients)
+    time.sleep(seconds)
+    return (server_cpu(*clients) - cpu0) / (time.monotonic() - t0)
 
 
 def local_cluster():

@@ -113,6 +113,36 @@ def test_frontier_sync_script_on_a_cluster(cluster_url: str) -> None:
         sync_client.close()
 
 
+def test_script_calls_go_straight_to_the_node_of_their_keys(cluster: LocalCluster, cluster_url: str) -> None:
+    """The clients read an FCALL's slot from its keys: redis-py would ask a node first (COMMAND GETKEYS),
+    two extra round trips before every sync call."""
+    sync_client = get_redis({"REDIS_URL": cluster_url})
+    df = BloomDupeFilter(sync_client, LINKS, None, capacity=10_000, error_rate=0.001)
+    df.open()
+    nodes = [redis.Redis(port=n.port) for n in cluster.nodes]
+    for node in nodes:
+        node.config_resetstat()
+
+    async def go() -> list[Any]:
+        client = get_async_redis({"REDIS_URL": cluster_url})
+        f = Frontier(client, LINKS, "w1", df, SchedulerSettings(lease_seconds=30))
+        entries = [(*fingerprint_hashes(u.ljust(20, b".")), 0.0, b"P" + u, "", "") for u in _urls(5)]
+        got = [await f.sync(SyncBatch(enqueue=entries, lease=2)), await f.sync(SyncBatch(lease=2))]
+        await client.aclose()
+        return got
+
+    first, second = asyncio.run(go())
+    stats = [n.info("commandstats") for n in nodes]
+    for node in nodes:
+        node.close()
+    sync_client.close()
+    assert first.new == [True] * 5 and len(first.leased) == len(second.leased) == 2
+    calls = {name: sum(s.get(f"cmdstat_{name}", {}).get("calls", 0) for s in stats)
+             for name in ("fcall", "evalsha", "command|getkeys")}
+    assert calls["fcall"] + calls["evalsha"] >= 2  # FCALL from Redis 7 on
+    assert calls["command|getkeys"] == 0
+
+
 @pytest.mark.parametrize("cls", [BloomDupeFilter, SetDupeFilter])
 def test_dupefilters_request_seen_on_a_cluster(cluster_url: str, cls: type) -> None:
     """Scrapy's own scheduler path: the synchronous request_seen() on a cluster client."""
