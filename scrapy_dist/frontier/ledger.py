@@ -381,7 +381,6 @@ class RequestEncoder:
         if not self.batched and not request.dont_filter and self.df.request_seen(request):
             self.filtered(request)
             return []
-        payload = self.encode(request) or b""  # b"": deduped only, then crawled by this worker
         t1 = t2 = ""
         fp: bytes | None = None
         if self.batched and not request.dont_filter:
@@ -390,6 +389,7 @@ class RequestEncoder:
             if self.recent.seen(t1, now):  # this process sent it lately: seen crawl-wide
                 self.filtered(request)
                 return []
+        payload = self.encode(request) or b""  # b"": deduped only, then crawled by this worker
         domain, limits = self.domain(request)
         score = self.order.score(request)
         # with crawl-wide politeness a domain's requests are ordered by its own schedule, not Scrapy's
