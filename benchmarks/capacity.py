@@ -11,7 +11,9 @@ it. Workers are spread over a few processes (asyncio tasks in each). For N = 1, 
 each run lasts ``--capacity-seconds`` after a warm-up and reports:
 
 * crawl pages/s (pages whose links were handed to the scheduler), summed over the workers;
-* Redis CPU per page: ``used_cpu_user + used_cpu_sys`` of the server(s) over the run / pages;
+* Redis CPU per page: ``used_cpu_user + used_cpu_sys`` of the server(s) over the run / pages, and how much
+  of it the same servers spend with no client at all in as long (timers, a cluster's bus: measured for
+  ``IDLE_SECONDS`` before the points);
 * p50 / p99 / max duration of one ``sync`` script call, from the server's SLOWLOG (every call is longer
   than its threshold, ``SCRIPT_TIMING_US``; the commands inside scripts mostly are not) -- the time that
   call held the server and every other worker waited.
