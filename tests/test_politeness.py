@@ -269,6 +269,32 @@ def test_a_new_crawls_domain_info_is_a_hash_table_from_its_first_field(
     assert sorted(row["domain"] for row in rows) == ["a.test", "b.test"]
 
 
+def test_garbage_in_the_domain_fields_hides_only_its_own_row(redis_url: str, redis_client: Any) -> None:
+    """Whatever a third party writes in the control hash's limits or a domain's field, `status` still lists
+    the other domains."""
+    from scrapy_dist.frontier.orders import busiest_domains
+    from scrapy_dist.frontier.shard import SyncBatch
+    from scrapy_dist.redis.keys import CrawlKeys
+
+    keys = CrawlKeys("sched")
+    domains = (b"a.test", b"b.test", b"c.test")
+    entries = [("", "", 0, b"\x01%s%d" % (d, i), d.decode(), "") for d in domains for i in range(2)]
+    _frontier_calls(redis_url, [(SyncBatch(enqueue=entries, lease=3), None)], limits_default="0.5 2 0.0")
+    fields = {k.decode(): v for k, v in redis_client.hgetall(keys.domain_info).items()}
+    assert {"p:a.test", "p:b.test", "p:c.test"} <= set(fields)
+    redis_client.hset(keys.domain_info, "p:a.test", "2 0")  # no limits of its own: the crawl's default
+    for garbage in ("nan 2 0", "1 x 0", "1e400 1 1", "0 2 -inf"):
+        redis_client.hset(keys.control, "limits", garbage)
+        redis_client.hset(keys.domain_info, "p:b.test", f"1 0 {garbage}")  # its own limits, garbage
+        redis_client.hset(keys.domain_info, "p:c.test", "inf 0")  # its slots and time, garbage
+        rows = busiest_domains(redis_client, keys, 0.0)
+        assert [row["domain"] for row in rows] == ["a.test"], garbage
+        assert rows[0]["concurrency"] == 0 and rows[0]["in_flight"] == 2  # the default limits: garbage too
+    redis_client.hset(keys.control, "limits", "0.5 2 0.0")
+    rows = busiest_domains(redis_client, keys, 0.0)
+    assert [(row["domain"], row["concurrency"]) for row in rows] == [("a.test", 2)]
+
+
 def test_a_due_domain_leaves_the_schedule_when_its_last_request_is_leased(
     redis_url: str, redis_client: Any
 ) -> None:

@@ -233,15 +233,29 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
     for domain in info:
         pipe.zlexcount(keys.queue, f"[{domain}\0".encode(), f"({domain}\1".encode())
     backlogs = pipe.execute() if info else []
-    default = scripts.text(client.hget(keys.control, "limits") or b"0 0 0")
+    # anyone who can write to Redis writes here too: a garbage value hides its own row, never the table
+    default = _numbers(scripts.text(client.hget(keys.control, "limits") or b"")) or [0.0, 0.0, 0.0]
     rows = []
     for (domain, d), backlog in zip(info.items(), backlogs, strict=True):
-        delay, conc, jitter = (d.get("l") or default).split(" ")
-        rows.append({"domain": domain, "backlog": int(backlog), "in_flight": int(float(d.get("i", 0))),
-                     "delay": float(delay), "concurrency": int(conc), "jitter": float(jitter),
-                     "next_in": max(0.0, round(float(d.get("n", 0)) - now, 3))})
+        limits = _numbers(d["l"]) if d.get("l") else default
+        slots_next = _numbers(f"{d.get('i', 0)} {d.get('n', 0)}")
+        if len(limits) != 3 or len(slots_next) != 2:
+            continue  # the next sync call touching the domain repairs its field (polite.lua)
+        (delay, conc, jitter), (slots, next_at) = limits, slots_next
+        rows.append({"domain": domain, "backlog": int(backlog), "in_flight": int(slots), "delay": delay,
+                     "concurrency": int(conc), "jitter": jitter,
+                     "next_in": max(0.0, round(next_at - now, 3))})
     rows.sort(key=lambda r: (r["backlog"], r["in_flight"]), reverse=True)
     return rows[:limit]
+
+
+def _numbers(text: str) -> list[float]:
+    """The space-separated finite numbers of ``text`` below 2**53; [] if any is not one."""
+    try:
+        out = [float(part) for part in text.split(" ")]
+    except ValueError:
+        return []
+    return out if all(math.isfinite(x) and abs(x) < 2**53 for x in out) else []
 
 
 def penalty_seconds(status: int, retry_after: bytes | None, limit: DomainLimit | None,
