@@ -31,7 +31,7 @@ from scrapy_dist.redis.outage import BackgroundTask, Outage
 from scrapy_dist.redis.scripts import hash_fields
 from scrapy_dist.settings import DistSettings
 from scrapy_dist.settings.reader import refusing, start_error
-from scrapy_dist.utils import RateLimitedLog
+from scrapy_dist.utils import RateLimitedLog, finite_float
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -334,14 +334,6 @@ def _count(text: str) -> int | None:
     return int(text) if ok else None
 
 
-def _finite(text: str, low: float, high: float) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and low <= value <= high else None
-
-
 @dataclass(frozen=True)
 class WorkerInfo:
     """A worker's heartbeat HASH, every field typed and in range, ``None`` where it held nothing usable."""
@@ -376,7 +368,7 @@ def parse_worker_hash(raw: Any) -> WorkerInfo:
     values: dict[str, Any] = {}
     for name, bounds in _NUMBERS.items():
         text = d.get(name, "")
-        values[name] = _count(text) if bounds is None else _finite(text, *bounds)
+        values[name] = _count(text) if bounds is None else finite_float(text, *bounds)
         if text and values[name] is None:
             garbage.append(name)
     if (values["pid"] or 0) >= 2**32:
@@ -389,6 +381,6 @@ def worker_state(info: dict[str, str], last_seen: float, now: float, default_int
     """``closed``, ``lost`` (unseen for :data:`LOST_AFTER_INTERVALS` heartbeat intervals) or ``running``."""
     if info.get("state") == CLOSED:
         return CLOSED
-    interval = _finite(str(info.get("interval") or ""), 0.001, 86400.0) or default_interval
+    interval = finite_float(str(info.get("interval") or ""), 0.001, 86400.0) or default_interval
     # a NaN last_seen is lost, not running
     return RUNNING if now - last_seen <= LOST_AFTER_INTERVALS * interval else LOST

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import timezone
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import msgpack
 from scrapy.utils.httpobj import urlparse_cached
@@ -24,6 +24,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy_dist.exceptions import RejectedEntry, UnserializableRequest
 from scrapy_dist.redis import scripts
 from scrapy_dist.settings.reader import QUEUE_ALIASES
+from scrapy_dist.utils import finite_float
 from scrapy_dist.wire import codec
 from scrapy_dist.wire.codec import EntryPolicy
 from scrapy_dist.wire.entrypolicy import DEAD, FRONTIER, SIGNED_HEAD, TAG_BYTES, VERSION, as_scheduled
@@ -217,6 +218,9 @@ class DomainPenalties:
 
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
     """The domains with the largest backlog, their limits and slots in use (for ``status``)."""
+    def numbers(text: str) -> list[float]:  # [] if any of them is garbage
+        out = [finite_float(part) for part in text.split(" ")]
+        return [] if None in out else cast("list[float]", out)
     info: dict[str, dict[str, str]] = {}
     for name, value in itertools.islice(client.hscan_iter(keys.domain_info, count=1000), DOMAIN_SCAN_LIMIT):
         kind, _, domain = scripts.text(name).partition(":")
@@ -233,29 +237,17 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
     for domain in info:
         pipe.zlexcount(keys.queue, f"[{domain}\0".encode(), f"({domain}\1".encode())
     backlogs = pipe.execute() if info else []
-    # anyone who can write to Redis writes here too: a garbage value hides its own row, never the table
-    default = _numbers(scripts.text(client.hget(keys.control, "limits") or b"")) or [0.0, 0.0, 0.0]
+    default = numbers(scripts.text(client.hget(keys.control, "limits") or b"")) or [0.0, 0.0, 0.0]
     rows = []
     for (domain, d), backlog in zip(info.items(), backlogs, strict=True):
-        limits = _numbers(d["l"]) if d.get("l") else default
-        slots_next = _numbers(f"{d.get('i', 0)} {d.get('n', 0)}")
-        if len(limits) != 3 or len(slots_next) != 2:
-            continue  # the next sync call touching the domain repairs its field (polite.lua)
-        (delay, conc, jitter), (slots, next_at) = limits, slots_next
+        limits = numbers(d["l"]) if d.get("l") else default
+        if len(limits) != 3 or len(slots_next := numbers(f"{d.get('i', 0)} {d.get('n', 0)}")) != 2:
+            continue  # garbage hides its own row; the next sync call on the domain repairs it (polite.lua)
+        (delay, conc, jitter), (slots, at) = limits, slots_next
         rows.append({"domain": domain, "backlog": int(backlog), "in_flight": int(slots), "delay": delay,
-                     "concurrency": int(conc), "jitter": jitter,
-                     "next_in": max(0.0, round(next_at - now, 3))})
+                     "concurrency": int(conc), "jitter": jitter, "next_in": max(0.0, round(at - now, 3))})
     rows.sort(key=lambda r: (r["backlog"], r["in_flight"]), reverse=True)
     return rows[:limit]
-
-
-def _numbers(text: str) -> list[float]:
-    """The space-separated finite numbers of ``text`` below 2**53; [] if any is not one."""
-    try:
-        out = [float(part) for part in text.split(" ")]
-    except ValueError:
-        return []
-    return out if all(math.isfinite(x) and abs(x) < 2**53 for x in out) else []
 
 
 def penalty_seconds(status: int, retry_after: bytes | None, limit: DomainLimit | None,

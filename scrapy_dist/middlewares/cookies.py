@@ -283,9 +283,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         """Apply jar ``name``'s changes since the last read (at most ``read_limit``), then ours unwritten."""
         try:
             try:
-                raw = await self._read_script(
-                    keys=[self.keys.cookie_jar(name), self.keys.cookie_changes(name)],
-                    args=[repr(state.version), self.read_limit])
+                jar_keys = [self.keys.cookie_jar(name), self.keys.cookie_changes(name)]
+                raw = await self._read_script(keys=jar_keys, args=[repr(state.version), self.read_limit])
             except Exception as exc:
                 inc_stat(self.stats, "cookies/shared/redis_errors")
                 self._read_guard.failed(exc, self._monotonic())

@@ -105,25 +105,14 @@ def _master_kwargs(target: RedisTarget) -> dict[str, Any]:
     return kwargs
 
 
-def _function_call_slot(cluster: Any, args: tuple[Any, ...]) -> int | None:
-    """The hash slot of an ``FCALL``/``FCALL_RO`` from the keys it names, None for any other command.
-
-    redis-py finds the keys of a command whose keys move (FCALL's follow its ``numkeys``) by asking a node
-    with ``COMMAND GETKEYS``: two extra round trips before every script call, as EVAL's are not (it reads
-    those itself). Keys of several slots are left to redis-py, which refuses them as before."""
-    if len(args) < 3 or str(args[0]).upper() not in ("FCALL", "FCALL_RO"):
-        return None
-    slots = {cluster.keyslot(key) for key in args[3:3 + int(args[2])]}
-    return slots.pop() if len(slots) == 1 else None
-
-
 class AsyncRedisCluster(redis.asyncio.cluster.RedisCluster):
-    """redis-py's asyncio cluster client, sending a script call (only the asyncio clients make them)
-    straight to the node of its keys."""
+    """redis-py's asyncio cluster client, reading an FCALL's slot from its keys, not COMMAND GETKEYS."""
 
     async def _determine_slot(self, *args: Any) -> Any:
-        slot = _function_call_slot(self, args)
-        return await super()._determine_slot(*args) if slot is None else slot
+        if (len(args) > 2 and str(args[0]).upper() in ("FCALL", "FCALL_RO")
+                and len(slots := {self.keyslot(key) for key in args[3:3 + int(args[2])]}) == 1):
+            return slots.pop()
+        return await super()._determine_slot(*args)  # keys of several slots are refused there, as before
 
 
 _Flavour = namedtuple("_Flavour", "client cluster sentinel retry")  #: redis-py's classes, sync or asyncio

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -62,6 +63,14 @@ def inc_stat(stats: Any, name: str, count: int = 1) -> None:
     """``stats.inc_value(name, count)`` for a component that may have no stats collector."""
     if stats is not None:
         stats.inc_value(name, count)
+
+
+def finite_float(text: str, low: float = -2.0**53, high: float = 2.0**53) -> float | None:
+    """``text`` (read from Redis: anyone may have written it) as a float within [low, high], else None."""
+    with contextlib.suppress(ValueError):
+        if math.isfinite(value := float(text)) and low <= value <= high:
+            return value
+    return None
 
 
 def bytes_to_str(s: Any, encoding: str = "utf-8") -> Any:
