@@ -283,10 +283,10 @@ def test_garbage_in_the_domain_fields_hides_only_its_own_row(redis_url: str, red
     fields = {k.decode(): v for k, v in redis_client.hgetall(keys.domain_info).items()}
     assert {"p:a.test", "p:b.test", "p:c.test"} <= set(fields)
     redis_client.hset(keys.domain_info, "p:a.test", "2 0")  # no limits of its own: the crawl's default
-    for garbage in ("nan 2 0", "1 x 0", "1e400 1 1", "0 2 -inf"):
+    redis_client.hset(keys.domain_info, "p:b.test", "1 0 1e400 2 0")  # its own limits, garbage
+    redis_client.hset(keys.domain_info, "p:c.test", "inf 0")  # its slots and time, garbage
+    for garbage in ("nan 2 0", "1 x 0", "1e400 1 1", "0 2 -inf", "1 2", "1 2 3 4", ""):
         redis_client.hset(keys.control, "limits", garbage)
-        redis_client.hset(keys.domain_info, "p:b.test", f"1 0 {garbage}")  # its own limits, garbage
-        redis_client.hset(keys.domain_info, "p:c.test", "inf 0")  # its slots and time, garbage
         rows = busiest_domains(redis_client, keys, 0.0)
         assert [row["domain"] for row in rows] == ["a.test"], garbage
         assert rows[0]["concurrency"] == 0 and rows[0]["in_flight"] == 2  # the default limits: garbage too

@@ -218,9 +218,9 @@ class DomainPenalties:
 
 def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list[dict[str, Any]]:
     """The domains with the largest backlog, their limits and slots in use (for ``status``)."""
-    def numbers(text: str) -> list[float]:  # [] if any of them is garbage
+    def numbers(text: str, width: int) -> list[float]:  # [] unless ``width`` numbers, none of them garbage
         out = [finite_float(part) for part in text.split(" ")]
-        return [] if None in out else cast("list[float]", out)
+        return [] if None in out or len(out) != width else cast("list[float]", out)
     info: dict[str, dict[str, str]] = {}
     for name, value in itertools.islice(client.hscan_iter(keys.domain_info, count=1000), DOMAIN_SCAN_LIMIT):
         kind, _, domain = scripts.text(name).partition(":")
@@ -237,11 +237,11 @@ def busiest_domains(client: Any, keys: Any, now: float, limit: int = 10) -> list
     for domain in info:
         pipe.zlexcount(keys.queue, f"[{domain}\0".encode(), f"({domain}\1".encode())
     backlogs = pipe.execute() if info else []
-    default = numbers(scripts.text(client.hget(keys.control, "limits") or b"")) or [0.0, 0.0, 0.0]
+    default = numbers(scripts.text(client.hget(keys.control, "limits") or b""), 3) or [0.0, 0.0, 0.0]
     rows = []
     for (domain, d), backlog in zip(info.items(), backlogs, strict=True):
-        limits = numbers(d["l"]) if d.get("l") else default
-        if len(limits) != 3 or len(slots_next := numbers(f"{d.get('i', 0)} {d.get('n', 0)}")) != 2:
+        limits = numbers(d["l"], 3) if d.get("l") else default
+        if not limits or not (slots_next := numbers(f"{d.get('i', 0)} {d.get('n', 0)}", 2)):
             continue  # garbage hides its own row; the next sync call on the domain repairs it (polite.lua)
         (delay, conc, jitter), (slots, at) = limits, slots_next
         rows.append({"domain": domain, "backlog": int(backlog), "in_flight": int(slots), "delay": delay,
