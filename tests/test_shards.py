@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,44 @@ def test_acks_go_to_the_leasing_shard_after_the_output_has_landed(
         await _round(s)
         assert sum(redis_client.zcard(k.leases) for k in UNIT.shards(3)) == 0
         assert not s.ledger.held and not s.ledger.acks
+        await s.redis.aclose()
+
+    run(go())
+
+
+def test_a_busy_worker_sends_one_shard_per_round_and_the_others_wait_their_turn(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """With writes for every shard, a round calls one shard in turn; what it keeps for the others does not
+    make a round due by itself (new writes do, after the flush interval, as with one master), only once a
+    flush interval per shard has passed; the seeds' "flushed" mark moves once every shard has had its turn."""
+
+    async def go() -> None:
+        s = await _open(redis_url)
+        loop = s.loop
+        assert loop is not None
+        loop.next_fetch = loop.next_renew = math.inf  # only the writes decide when a round is due
+        mark = time.monotonic()
+        for url in _urls(30):
+            s.enqueue_request(Request(url))
+        landed, flushed = [], []
+        for _ in range(3):
+            await loop.round(lease=0, renew=False, partial=True)
+            landed.append(sum(_queued(redis_client, k) for k in UNIT.shards(3)))
+            flushed.append(s.flushed_since(mark))
+            if len(landed) == 1:
+                assert s.ledger.first_pending is None and s.ledger.deferred == 30 - landed[0]
+                loop.last_sync = now = time.monotonic()
+                assert not loop.due(now + 0.1)[0]  # kept for shards 1 and 2: not due yet
+                assert loop.due(now + 3 * s.config.flush_interval)[0]
+                s.enqueue_request(Request("http://site.test/new"))  # a new write is due after the interval
+                assert (written := s.ledger.first_pending) is not None
+                assert not loop.due(written + 0.5 * s.config.flush_interval)[0]
+                assert loop.due(written + 1.2 * s.config.flush_interval)[0]
+        shards = [shard_of(_fp(s, u), 3) for u in _urls(30)]
+        assert landed[0] == shards.count(0) > 0 and landed[1] in (landed[0] + shards.count(1), landed[0] + shards.count(1) + 1)
+        assert landed[2] == 31 and not s.ledger.out
+        assert flushed == [False, False, True]
         await s.redis.aclose()
 
     run(go())

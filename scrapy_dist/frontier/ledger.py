@@ -114,7 +114,7 @@ class Ledger:
         self.acks_waiting: list[Lease] = []
         self.acks_cycle: list[Lease] = []
         self.unflushed: set[int] = set()
-        self._flushing: set[int] = set()
+        self.flushing: set[int] = set()
         self.delays: list[Delay] = []
         self.dead: list[str] = []
         self.forgets: list[tuple[int, tuple[Any, Any]]] = []  # (shard, tokens), DEADLETTER_FORGET
@@ -258,7 +258,7 @@ class Ledger:
         if self.acks_new and kept and not self.unflushed:
             self.acks_cycle, self.acks_new, self.unflushed = self.acks_new, [], set(range(n))
         # the shards this round owes nothing more once it lands
-        self._flushing = set(range(n)).difference(e.shard for e in itertools.chain(left, kept))
+        self.flushing = set(range(n)).difference(e.shard for e in itertools.chain(left, kept))
         held_new, self.acks_waiting = [], []
         for shard, member in self.acks_new:
             if left or kept:
@@ -273,7 +273,7 @@ class Ledger:
         self.out, self.acks, self.acks_new, self.delays, self._sent = left + kept, acks, held_new, [], sent
         self.best_out = min((e.score for e in self.out), default=math.inf)
         self.rejects, self.dead, self.penalties, self.releases, self.forgets = [], [], [], [], []
-        if not self.out:
+        if not left:  # requests kept for the shards not called wait for their turn, not a round of their own
             self.first_pending = None
         return batches
 
@@ -330,15 +330,17 @@ class Ledger:
 
     def finish_round(self, landed: bool, now: float) -> None:
         """Acks held back may go once the round landed on every shard; else they wait again."""
+        freed: list[Lease] = []  # acks kept for the shards not called wait for their turn, like requests
         if landed:
-            self.acks = self.acks + self.acks_waiting
-            self.unflushed -= self._flushing
+            freed = self.acks_waiting
+            self.unflushed -= self.flushing
             if not self.unflushed:
-                self.acks, self.acks_cycle = self.acks + self.acks_cycle, []
+                freed, self.acks_cycle = freed + self.acks_cycle, []
+            self.acks = self.acks + freed
         else:
             self.acks_new = self.acks_waiting + self.acks_new
         self.acks_waiting, self._sent = [], []
-        if self.acks:
+        if freed:
             self._mark(now)
 
 

@@ -57,7 +57,8 @@ class SyncLoop(BackgroundTask):
         self.unanswered: Counter[int] = Counter()  # shard -> leases asked by calls whose answer never came
         self.last_sync = 0.0  # when the last round started
         self.rotation = 0  # rounds that called one shard in turn
-        self.drained_at = 0.0  # start of the last successful round that took every request buffered
+        self.drained_at = 0.0  # every request buffered before it is in Redis (the earliest of ``flushed_at``)
+        self.flushed_at = [0.0] * router.shards  # per shard: start of the last round sending all it owed
         self.backlog_since: float | None = None  # when the rounds started leaving a backlog behind
         self.next_fetch = self.next_renew = 0.0
         #: (leased, asked for, queued crawl-wide) of the last round; queued: None unless it called every shard
@@ -133,6 +134,11 @@ class SyncLoop(BackgroundTask):
         flush = ledger.first_pending is not None and (
             now - ledger.first_pending >= cfg.flush_interval or len(ledger.out) >= cfg.flush_batch
             or outranked > 0 or ledger.left_behind > 0)
+        # kept for shards a round did not call: their turns come with the rounds new writes bring, or a
+        # flush interval per shard after the last round when nothing new comes
+        kept = (ledger.deferred > 0 or bool(ledger.acks)) and (
+            now - self.last_sync >= cfg.flush_interval * self.router.shards)
+        flush = flush or kept
         stale = now - self.last_sync >= self.poll_interval
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
@@ -223,8 +229,9 @@ class SyncLoop(BackgroundTask):
         ledger.finish_round(error is None, now)
         self.failing = error is not None
         if error is None:
-            if not (ledger.left_behind or ledger.deferred):
-                self.drained_at = started
+            for shard in ledger.flushing:
+                self.flushed_at[shard] = started
+            self.drained_at = min(self.flushed_at)
             queued: int | None = None  # the crawl-wide state needs every shard's answer
             if not skip:
                 self.state = state = router.settle()
