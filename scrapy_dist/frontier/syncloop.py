@@ -134,11 +134,8 @@ class SyncLoop(BackgroundTask):
         flush = ledger.first_pending is not None and (
             now - ledger.first_pending >= cfg.flush_interval or len(ledger.out) >= cfg.flush_batch
             or outranked > 0 or ledger.left_behind > 0)
-        # kept for shards a round did not call: their turns come with the rounds new writes bring, or a
-        # flush interval per shard after the last round when nothing new comes
-        kept = (ledger.deferred > 0 or bool(ledger.acks)) and (
-            now - self.last_sync >= cfg.flush_interval * self.router.shards)
-        flush = flush or kept
+        # what a round kept for the shards it did not call goes in their turns: with the rounds new writes
+        # bring, else with these (``poll_interval`` stays ``idle_poll`` while the worker owes anything)
         stale = now - self.last_sync >= self.poll_interval
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
