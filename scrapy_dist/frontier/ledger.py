@@ -123,7 +123,6 @@ class Ledger:
         self.penalties: list[tuple[int, tuple[str, float]]] = []
         self.first_pending: float | None = None  # when the oldest unsent write was buffered
         self.left_behind = 0  # discovered requests the last round left for the next one
-        self.deferred = 0  # discovered requests the last round kept for the shards it did not call
         self.best_out = math.inf  # the best (lowest) score among ``out``
         self._sent: list[list[Outgoing]] = []  # what the current round took, per call
         self.call_shards: list[int] = list(range(shards))  # each call's shard (first ones: the index)
@@ -241,7 +240,7 @@ class Ledger:
         sent, shard_of, left = split_calls(out, n, settle, max_records, max_calls)
         batches = [SyncBatch([(e.t1, e.t2, e.score, e.payload, e.domain, e.limits) for e in call],
                              lease=lease_counts[i] if i < n else 0) for i, call in enumerate(sent)]
-        self.left_behind, self.deferred, self.call_shards = len(left), len(kept), shard_of
+        self.left_behind, self.call_shards = len(left), shard_of
         for d in self.delays:
             batches[d.shard].delay.append((d.score, d.payload, d.not_before, d.domain, d.limits))
         for (shard, member), record in self.rejects:
@@ -329,17 +328,16 @@ class Ledger:
         return applied
 
     def finish_round(self, landed: bool, now: float) -> None:
-        """Acks held back may go once the round landed on every shard; else they wait again."""
-        freed: list[Lease] = []  # acks kept for the shards not called wait for their turn, like requests
-        if landed:
-            freed = self.acks_waiting
-            self.unflushed -= self.flushing
-            if not self.unflushed:
-                freed, self.acks_cycle = freed + self.acks_cycle, []
-            self.acks = self.acks + freed
-        else:
-            self.acks_new = self.acks_waiting + self.acks_new
-        self.acks_waiting, self._sent = [], []
+        """Acks held back may go once the round landed on every shard; else they wait again. (Acks kept for
+        the shards not called wait for their turn, like requests: they do not make a round due.)"""
+        freed, self.acks_waiting, self._sent = self.acks_waiting, [], []
+        if not landed:
+            self.acks_new = freed + self.acks_new
+            return
+        self.unflushed -= self.flushing
+        if not self.unflushed:
+            freed, self.acks_cycle = freed + self.acks_cycle, []
+        self.acks = self.acks + freed
         if freed:
             self._mark(now)
 

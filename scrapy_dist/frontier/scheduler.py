@@ -301,7 +301,7 @@ class Scheduler:
 
     def flushed_since(self, mark: float) -> bool:
         """Whether every request enqueued before ``mark`` (monotonic) is in Redis."""
-        return self.loop is not None and self.loop.drained_at > mark
+        return self.loop is not None and min(self.loop.flushed_at) > mark
 
     def _wake(self) -> None:
         if self.loop is not None:

@@ -55,9 +55,7 @@ class SyncLoop(BackgroundTask):
         self.in_sync = False  # a round is under way: its requests are neither in the ledger nor sure in Redis
         self.failing = False  # the last round failed: buffered requests cannot reach Redis now
         self.unanswered: Counter[int] = Counter()  # shard -> leases asked by calls whose answer never came
-        self.last_sync = 0.0  # when the last round started
-        self.rotation = 0  # rounds that called one shard in turn
-        self.drained_at = 0.0  # every request buffered before it is in Redis (the earliest of ``flushed_at``)
+        self.last_sync, self.rotation = 0.0, 0  # when the last round started; rounds of one shard in turn
         self.flushed_at = [0.0] * router.shards  # per shard: start of the last round sending all it owed
         self.backlog_since: float | None = None  # when the rounds started leaving a backlog behind
         self.next_fetch = self.next_renew = 0.0
@@ -134,8 +132,7 @@ class SyncLoop(BackgroundTask):
         flush = ledger.first_pending is not None and (
             now - ledger.first_pending >= cfg.flush_interval or len(ledger.out) >= cfg.flush_batch
             or outranked > 0 or ledger.left_behind > 0)
-        # what a round kept for the shards it did not call goes in their turns: with the rounds new writes
-        # bring, else with these (``poll_interval`` stays ``idle_poll`` while the worker owes anything)
+        # a share kept for a shard not called goes in its turn: with the rounds of new writes, else these
         stale = now - self.last_sync >= self.poll_interval
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
@@ -228,7 +225,6 @@ class SyncLoop(BackgroundTask):
         if error is None:
             for shard in ledger.flushing:
                 self.flushed_at[shard] = started
-            self.drained_at = min(self.flushed_at)
             queued: int | None = None  # the crawl-wide state needs every shard's answer
             if not skip:
                 self.state = state = router.settle()
