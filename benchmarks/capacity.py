@@ -279,10 +279,11 @@ def _latin1(v: Any) -> str:
     return v.decode("latin-1") if isinstance(v, bytes) else str(v)
 
 
-def _instructions(record: str, pages: int) -> float:
+def _instructions(record: str, pages: int, window: tuple[float, float] | None = None) -> float:
     """Server instructions per page for the recorded calls of every process, replayed in the order they
     were made on a redis-server under callgrind (benchmarks/replay.py): a figure that does not move with
-    what else the machine does."""
+    what else the machine does. With ``window``: only the calls made in it (``pages``: its pages), the ones
+    before replayed first and counted apart."""
     from benchmarks.replay import callgrind_instructions
 
     sources: dict[str, str] = {}
@@ -295,9 +296,12 @@ def _instructions(record: str, pages: int) -> float:
         if not os.environ.get("BENCH_CALLGRIND_KEEP"):
             os.unlink(path)
     calls.sort(key=lambda c: c[0])
+    if window:
+        calls = [c for c in calls if c[0] < window[1]]
     enc = [(sha, [k.encode("latin-1") for k in keys], [a.encode("latin-1") for a in args])
            for _, sha, keys, args in calls]
-    return callgrind_instructions(sources, enc) / pages
+    skip = sum(1 for c in calls if c[0] < window[0]) if window else 0
+    return callgrind_instructions(sources, enc, skip) / pages
 
 
 def _sync_names() -> tuple[str, str]:
@@ -315,7 +319,7 @@ def _sync_names() -> tuple[str, str]:
 def measure(
     url: str, ports: list[int], shards: int, workers: int, seconds: float, warmup: float,
     politeness: str = "process", record: str = "", pin: tuple[set[int], set[int]] | None = None,
-    rate: float = 0.0, idle: float = 0.0,
+    rate: float = 0.0, idle: float = 0.0, window_instructions: bool = False,
 ) -> dict:
     """One point; ``pin``: (the Redis servers' cores, the workers' cores) when they are bound apart;
     ``idle``: the CPU seconds per second the same servers spent with no client (:func:`idle_cpu_rate`)."""
@@ -368,7 +372,10 @@ def measure(
         c.close()
     rate = total_pages / seconds
     crawled = sum(n for _, n, *_ in got)
-    instructions = _instructions(record, crawled) if record and crawled else None
+    if window_instructions:
+        instructions = _instructions(record, total_pages, window) if record and total_pages else None
+    else:
+        instructions = _instructions(record, crawled) if record and crawled else None
     return {
         "server_instructions_per_page": instructions,
         "workers": workers, "shards": shards, "politeness": politeness, "processes": processes,
@@ -500,6 +507,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--capacity-instructions", action="store_true",
                    help="also replay each point's script calls under callgrind: server instructions per page"
                         " (a figure a busy machine does not move; needs valgrind)")
+    g.add_argument("--capacity-window-instructions", action="store_true",
+                   help="the instructions of the measured window's calls only, not of the whole run (start,"
+                        " warm-up and close included): a second replay up to the window's start")
     g.add_argument("--capacity-modes", metavar="M,M",
                    help=f"frontiers to measure, of {','.join(MODES)} (default all)")
     g.add_argument("--capacity-pin", action=argparse.BooleanOptionalAction, default=None,
@@ -537,7 +547,8 @@ def run(args: argparse.Namespace) -> dict:
     total_rate = getattr(args, "capacity_rate", None) or 0.0
     server_sched = ""
     record = ""
-    if getattr(args, "capacity_instructions", False):
+    window_only = bool(getattr(args, "capacity_window_instructions", False))
+    if getattr(args, "capacity_instructions", False) or window_only:
         import tempfile
 
         record = os.path.join(tempfile.mkdtemp(prefix="capacity-calls-"), "calls")
@@ -551,7 +562,7 @@ def run(args: argparse.Namespace) -> dict:
             for n in counts:
                 for m in single:
                     r = measure(server.url, [server.port], 1, n, seconds, _warmup(n), MODES[m][2], record,
-                                pin, total_rate / n, idle)
+                                pin, total_rate / n, idle, window_only)
                     results[m].append(r)
                     print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {_round(r['redis_cpu_us_per_page'])}"
                           f" us/page ({_round(r['redis_cpu_less_idle_us_per_page'])} less idle), sync p50"
@@ -572,7 +583,7 @@ def run(args: argparse.Namespace) -> dict:
             for n in counts[-3:]:
                 for m in sharded:
                     r = measure(cluster.nodes[0].url, ports, 3, n, seconds, _warmup(n), MODES[m][2],
-                                record, pin, total_rate / n, idle)
+                                record, pin, total_rate / n, idle, window_only)
                     results[m].append(r)
                     print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {_round(r['redis_cpu_us_per_page'])}"
                           f" us/page ({_round(r['redis_cpu_less_idle_us_per_page'])} less idle), sync p99"

@@ -157,10 +157,11 @@ def replay_instructions(path: Path, pages: int, only: str | None = None) -> dict
             "only": only or "all scripts"}
 
 
-def callgrind_instructions(sources: dict[str, str], calls: list[Any]) -> int:
-    """Instructions a fresh redis-server under callgrind executes for ``calls`` (sha, keys, args), less
-    what it executes starting, loading ``sources`` and shutting down without them."""
-    return _callgrind_run(sources, calls) - _callgrind_run(sources, [])
+def callgrind_instructions(sources: dict[str, str], calls: list[Any], skip: int = 0) -> int:
+    """Instructions a fresh redis-server under callgrind executes for ``calls[skip:]`` (sha, keys, args)
+    once the first ``skip`` have run: less what it executes starting, loading ``sources``, running those
+    and shutting down."""
+    return _callgrind_run(sources, calls) - _callgrind_run(sources, calls[:skip])
 
 
 def _callgrind_run(sources: dict[str, str], calls: list[Any]) -> int:
