@@ -372,10 +372,9 @@ def measure(
         c.close()
     rate = total_pages / seconds
     crawled = sum(n for _, n, *_ in got)
-    if window_instructions:
-        instructions = _instructions(record, total_pages, window) if record and total_pages else None
-    else:
-        instructions = _instructions(record, crawled) if record and crawled else None
+    counted = total_pages if window_instructions else crawled  # the window's pages, or the whole run's
+    instructions = (_instructions(record, counted, window if window_instructions else None)
+                    if record and counted else None)
     return {
         "server_instructions_per_page": instructions,
         "workers": workers, "shards": shards, "politeness": politeness, "processes": processes,
@@ -547,8 +546,8 @@ def run(args: argparse.Namespace) -> dict:
     total_rate = getattr(args, "capacity_rate", None) or 0.0
     server_sched = ""
     record = ""
-    window_only = bool(getattr(args, "capacity_window_instructions", False))
-    if getattr(args, "capacity_instructions", False) or window_only:
+    window_instructions = bool(getattr(args, "capacity_window_instructions", False))
+    if getattr(args, "capacity_instructions", False) or window_instructions:
         import tempfile
 
         record = os.path.join(tempfile.mkdtemp(prefix="capacity-calls-"), "calls")
@@ -562,7 +561,7 @@ def run(args: argparse.Namespace) -> dict:
             for n in counts:
                 for m in single:
                     r = measure(server.url, [server.port], 1, n, seconds, _warmup(n), MODES[m][2], record,
-                                pin, total_rate / n, idle, window_only)
+                                pin, total_rate / n, idle, window_instructions)
                     results[m].append(r)
                     print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {_round(r['redis_cpu_us_per_page'])}"
                           f" us/page ({_round(r['redis_cpu_less_idle_us_per_page'])} less idle), sync p50"
@@ -583,7 +582,7 @@ def run(args: argparse.Namespace) -> dict:
             for n in counts[-3:]:
                 for m in sharded:
                     r = measure(cluster.nodes[0].url, ports, 3, n, seconds, _warmup(n), MODES[m][2],
-                                record, pin, total_rate / n, idle, window_only)
+                                record, pin, total_rate / n, idle, window_instructions)
                     results[m].append(r)
                     print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {_round(r['redis_cpu_us_per_page'])}"
                           f" us/page ({_round(r['redis_cpu_less_idle_us_per_page'])} less idle), sync p99"

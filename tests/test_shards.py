@@ -6,6 +6,7 @@ no sleeps)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -222,6 +223,10 @@ def test_a_busy_worker_sends_one_shard_per_round_and_the_others_wait_their_turn(
                 loop.last_sync = now = time.monotonic()
                 assert not loop.due(now + 4 * s.config.flush_interval)[0]  # kept for shards 1 and 2
                 assert loop.due(now + s.config.idle_poll + 0.01)[0]  # nothing new comes: they go all the same
+                full = dataclasses.replace(loop.config, flush_batch=len(s.ledger.out))
+                loop.config, config = full, loop.config
+                assert loop.due(now)[0]  # a full batch goes at once, kept or not
+                loop.config = config
                 s.enqueue_request(Request("http://site.test/new"))  # a new write is due after the interval
                 assert (written := s.ledger.first_pending) is not None
                 assert not loop.due(written + 0.5 * s.config.flush_interval)[0]

@@ -129,10 +129,10 @@ class SyncLoop(BackgroundTask):
             outranked = ledger.outranked()  # better than anything leased: store them now, lease them back
             want = max(want, min(outranked, self.prefetch))
         fetch = want > 0 and now >= self.next_fetch
-        flush = ledger.first_pending is not None and (
-            now - ledger.first_pending >= cfg.flush_interval or len(ledger.out) >= cfg.flush_batch
-            or outranked > 0 or ledger.left_behind > 0)
-        # a share kept for a shard not called goes in its turn: with the rounds of new writes, else these
+        # a share kept for a shard not called has no ``first_pending``: it goes in its turn, with the rounds
+        # of new writes or the stale ones; a full batch, an outranking request or a backlog go at once
+        flush = (ledger.first_pending is not None and now - ledger.first_pending >= cfg.flush_interval
+                 or len(ledger.out) >= cfg.flush_batch or outranked > 0 or ledger.left_behind > 0)
         stale = now - self.last_sync >= self.poll_interval
         return (fetch or flush or stale or now >= self.next_renew), (want if fetch or flush or stale else 0)
 
