@@ -21,11 +21,39 @@ _db_numbers = itertools.cycle(range(1, 64))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Compile scrapy-dist's bytecode once, before the test processes start: with PYTHONDONTWRITEBYTECODE
-    set (as in CI's image), every ``scrapy``/``scrapy-dist`` process a test starts would compile the whole
-    package from source again."""
+    """Compile scrapy-dist's bytecode and the test modules' rewritten bytecode once, before the test
+    processes start: with PYTHONDONTWRITEBYTECODE set (as in CI's image), every ``scrapy``/``scrapy-dist``
+    process a test starts would compile the whole package from source again, and each xdist process would
+    rewrite the asserts of every test module as it collects them."""
     if not hasattr(config, "workerinput"):  # the controller, not an xdist worker
         compileall.compile_dir(Path(scrapy_dist.__file__).parent, quiet=1)
+        _write_rewritten_tests(config)
+
+
+def _write_rewritten_tests(config: pytest.Config) -> None:
+    """Writes what pytest's assert-rewriting import hook would cache for each test module that has no
+    valid cache yet; the processes then read it (pytest reads its cache even where it may not write one).
+    These are pytest's own functions but not its public API: if they change, each process rewrites the
+    modules itself, as it would anyway."""
+    try:
+        from _pytest.assertion.rewrite import (
+            PYC_TAIL,
+            _read_pyc,
+            _rewrite_test,
+            _write_pyc,
+            assertstate_key,
+            get_cache_dir,
+            try_makedirs,
+        )
+        state = config.stash[assertstate_key]
+    except (ImportError, KeyError):
+        return
+    here = Path(__file__).parent
+    for source in [here / "conftest.py", *sorted(here.rglob("test_*.py"))]:
+        pyc = get_cache_dir(source) / (source.name[:-3] + PYC_TAIL)
+        if _read_pyc(source, pyc, state.trace) is None and try_makedirs(pyc.parent):
+            source_stat, code = _rewrite_test(source, config)
+            _write_pyc(state, code, source_stat, pyc)
 
 
 @pytest.fixture(scope="session")
