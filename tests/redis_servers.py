@@ -85,6 +85,11 @@ def cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
+#: The binary each ``redis-server`` started as, by INFO's ``executable``: a launcher script (pyenv's shims)
+#: looks for its binary anew on every start, ~80 ms of shell each, so later starts run that binary directly.
+_STARTED_AS: dict[str, str] = {}
+
+
 class RedisProcess:
     """One redis-server on 127.0.0.1:<port> with its own data directory.
 
@@ -114,8 +119,9 @@ class RedisProcess:
 
     def _spawn(self, timeout: float) -> bool:
         """Start the server; whether it is the one answering on ``self.port`` within ``timeout``."""
+        binary = redis_server_binary()
         args = [
-            redis_server_binary(),
+            _STARTED_AS.get(binary, binary),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", self.dir,
@@ -131,7 +137,12 @@ class RedisProcess:
                 try:
                     # PING fails while the data files load (BusyLoadingError is a ConnectionError)
                     client.ping()
-                    return int(client.info("server")["process_id"]) == proc.pid
+                    info = client.info("server")
+                    if int(info["process_id"]) != proc.pid:
+                        return False
+                    if os.path.isfile(started_as := str(info.get("executable", ""))):
+                        _STARTED_AS.setdefault(binary, started_as)
+                    return True
                 except redis.ConnectionError:
                     time.sleep(0.05)
         return False
