@@ -86,7 +86,7 @@ def cluster_port() -> int:
 
 
 #: The binary each ``redis-server`` started as, by INFO's ``executable``: a launcher script (pyenv's shims)
-#: looks for its binary anew on every start, ~80 ms of shell each, so later starts run that binary directly.
+#: looks for its binary anew on every start, in a shell, so later starts run that binary directly.
 _STARTED_AS: dict[str, str] = {}
 
 
