@@ -516,6 +516,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         " with two cores or more)")
     g.add_argument("--capacity-rate", type=float, metavar="P",
                    help="cap the workers' pages/s at P in total (P/N each; default: no cap)")
+    g.add_argument("--capacity-repeat", type=int, metavar="K", default=1,
+                   help="measure every point K times, the modes taking turns (each turn every worker count"
+                        " and mode of a server once, in the same order): Redis CPU per page is the median of"
+                        " the K, a ratio the median of the K turns' ratios (the callgrind replay, the"
+                        " latencies and the per-domain tables are the first turn's; default 1)")
 
 
 #: mode -> (label, shards, SCHEDULER_POLITENESS); the sharded modes run on a local 3-master cluster at the
@@ -538,6 +543,10 @@ def run(args: argparse.Namespace) -> dict:
     if unknown:
         raise SystemExit(f"--capacity-modes: unknown {', '.join(unknown)} (known: {', '.join(MODES)})")
     results: dict[str, list[dict]] = {m: [] for m in modes}
+    repeat = getattr(args, "capacity_repeat", None) or 1
+    if repeat < 1:
+        raise SystemExit(f"--capacity-repeat: {repeat} is not a number of turns (1 or more)")
+    turns: dict[str, dict[int, list[dict]]] = {m: {} for m in modes}  # mode -> workers -> each turn's point
     pin_on = getattr(args, "capacity_pin", None)
     cores = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
     if pin_on is None:
@@ -558,14 +567,14 @@ def run(args: argparse.Namespace) -> dict:
         try:
             with redis.Redis(port=server.port) as client:
                 idle = idle_cpu_rate(client)
-            for n in counts:
-                for m in single:
-                    r = measure(server.url, [server.port], 1, n, seconds, _warmup(n), MODES[m][2], record,
-                                pin, total_rate / n, idle, window_instructions)
-                    results[m].append(r)
-                    print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {_round(r['redis_cpu_us_per_page'])}"
-                          f" us/page ({_round(r['redis_cpu_less_idle_us_per_page'])} less idle), sync p50"
-                          f" {r['sync_p50_us']} p99 {r['sync_p99_us']} us", flush=True)
+            for turn in range(repeat):
+                for n in counts:
+                    for m in single:
+                        r = measure(server.url, [server.port], 1, n, seconds, _warmup(n), MODES[m][2],
+                                    record if turn == 0 else "", pin, total_rate / n, idle,
+                                    window_instructions)
+                        turns[m].setdefault(n, []).append(r)
+                        _print_point(m, n, turn, r)
         finally:
             server.stop()
     sharded = [m for m in modes if MODES[m][1] > 1]
@@ -579,21 +588,25 @@ def run(args: argparse.Namespace) -> dict:
             idle = idle_cpu_rate(*nodes)
             for node in nodes:
                 node.close()
-            for n in counts[-3:]:
-                for m in sharded:
-                    r = measure(cluster.nodes[0].url, ports, 3, n, seconds, _warmup(n), MODES[m][2],
-                                record, pin, total_rate / n, idle, window_instructions)
-                    results[m].append(r)
-                    print(f"  {m} N={n}: {r['pages_per_s']:.0f} pages/s, {_round(r['redis_cpu_us_per_page'])}"
-                          f" us/page ({_round(r['redis_cpu_less_idle_us_per_page'])} less idle), sync p99"
-                          f" {r['sync_p99_us']} us", flush=True)
+            for turn in range(repeat):
+                for n in counts[-3:]:
+                    for m in sharded:
+                        r = measure(cluster.nodes[0].url, ports, 3, n, seconds, _warmup(n), MODES[m][2],
+                                    record if turn == 0 else "", pin, total_rate / n, idle,
+                                    window_instructions)
+                        turns[m].setdefault(n, []).append(r)
+                        _print_point(m, n, turn, r)
         finally:
             cluster.stop()
+    for m in modes:
+        results[m] = [combine_turns(points) for points in turns[m].values()]
     rows = [[MODES[m][0], r["workers"], round(r["pages_per_s"]), _round(r["redis_cpu_us_per_page"]),
              _round(r["redis_idle_us_per_page"]),
              _round(r["server_instructions_per_page"] and r["server_instructions_per_page"] / 1000),
              r["sync_calls"], r["sync_p50_us"], r["sync_p99_us"], r["sync_max_us"], r["redis_cpu_cores"],
              r["workers_cpu_cores"], _pct_of(r["workers_cores_busy"]), r["bound"]]
+            + ([" / ".join(str(_round(t["redis_cpu_us_per_page"])) for t in r.get("turns", [r]))]
+               if repeat > 1 else [])
             for m in modes for r in results[m]]
     plain = results.get("plain", [])
     figures = [r["redis_cpu_us_per_page"] for r in plain if r["redis_cpu_us_per_page"]]
@@ -612,9 +625,11 @@ def run(args: argparse.Namespace) -> dict:
             "columns": ["Redis", "workers", "pages/s", "Redis CPU µs/page", "of which idle servers' µs/page",
                         "server k-instructions/page",
                         "sync calls", "sync p50 µs", "sync p99 µs", "sync max µs", "Redis CPU (cores)",
-                        "workers' CPU (cores)", "workers' cores busy", "bound by"],
+                        "workers' CPU (cores)", "workers' cores busy", "bound by"]
+                       + (["Redis CPU µs/page, each turn"] if repeat > 1 else []),
             "rows": rows,
-            "notes": [_machine_note(pin, total_rate, server_sched)],
+            "notes": [_machine_note(pin, total_rate, server_sched)] + ([_turns_note(repeat)] if repeat > 1
+                                                                      else []),
         }, *_ratio_table(results), *_latency_table(results, modes), *_fairness_tables(results, modes)],
         "charts": [{
             "title": "Redis CPU per page and sync p99 against workers (one master)",
@@ -633,6 +648,7 @@ def _ratio_table(results: dict[str, list[dict]]) -> list[dict]:
              ("sharded-polite", "sharded", "crawl-wide politeness / plain, 3 shards", "≤ 1.25"),
              ("sharded", "plain", "3 shards / one master (all masters' CPU)", "≤ 1.15")]
     rows = []
+    turns = any(r.get("turns") for points in results.values() for r in points)
     for a, b, label, target in pairs:
         base = {r["workers"]: r for r in results.get(b, [])}
         for r in results.get(a, []):
@@ -640,18 +656,28 @@ def _ratio_table(results: dict[str, list[dict]]) -> list[dict]:
             if other:
                 rows.append([label, r["workers"], _ratio(r, other, "redis_cpu_us_per_page"),
                              _ratio(r, other, "redis_cpu_less_idle_us_per_page"),
-                             _ratio(r, other, "server_instructions_per_page"), target])
+                             _ratio(r, other, "server_instructions_per_page"), target]
+                            + ([_each_turn(r, other)] if turns else []))
     if not rows:
         return []
     return [{"title": "Redis cost per page, one frontier against another (same run, same worker count)",
              "columns": ["ratio", "workers", "Redis CPU", "Redis CPU less idle servers'",
-                         "server instructions", "target"], "rows": rows,
+                         "server instructions", "target"] + (["Redis CPU, each turn"] if turns else []),
+             "rows": rows,
              "notes": ["Redis CPU moves with what else the machine runs (the workers share its cores);"
                        " instructions, counted by replaying the recorded calls under callgrind"
                        " (--capacity-instructions), do not. Less idle servers': without what the same"
                        f" servers spent with no client for as long ({IDLE_SECONDS:g} s measured before the"
                        " points): their timers and a cluster's bus, paid per second whatever the pages/s,"
-                       " which weigh most at a capped rate."]}]
+                       " which weigh most at a capped rate."]
+             + (["Redis CPU ratios are the medians of the turns' ratios, turn i of one mode against turn i"
+                 " of the other (each turn listed); instructions are the first turn's."] if turns else [])}]
+
+
+def _each_turn(a: dict, b: dict) -> str:
+    return " / ".join(f"{x['redis_cpu_us_per_page'] / y['redis_cpu_us_per_page']:.2f}"
+                      for x, y in zip(a.get("turns", []), b.get("turns", []), strict=False)
+                      if x["redis_cpu_us_per_page"] and y["redis_cpu_us_per_page"])
 
 
 #: the sync p99 the frontier aims at with many workers (µs)
@@ -678,7 +704,46 @@ def _latency_table(results: dict[str, list[dict]], modes: list[str]) -> list[dic
 
 
 def _ratio(a: dict, b: dict, key: str) -> float | None:
+    """``a``'s figure against ``b``'s: with several turns, the median of the turns' ratios (turn i of one
+    mode against turn i of the other), else of the two points."""
+    ta, tb = a.get("turns"), b.get("turns")
+    if ta and tb and len(ta) == len(tb) and key in ta[0]:
+        each = [x[key] / y[key] for x, y in zip(ta, tb, strict=True) if x.get(key) and y.get(key)]
+        return round(statistics.median(each), 2) if each else None
     return round(a[key] / b[key], 2) if a.get(key) and b.get(key) else None
+
+
+#: the figures every turn of a point measures again; the point gives their median over the turns
+TURN_FIGURES = ("pages_per_s", "redis_cpu_us_per_page", "redis_idle_us_per_page",
+                "redis_cpu_less_idle_us_per_page", "redis_cpu_cores", "workers_cpu_cores")
+
+
+def combine_turns(points: list[dict]) -> dict:
+    """One point measured in several turns: the first turn's point (its callgrind replay, latencies and
+    per-domain figures), with the median over the turns of each of :data:`TURN_FIGURES` and every turn's
+    own under ``turns``."""
+    point = dict(points[0])
+    if len(points) > 1:
+        point["turns"] = [{k: p[k] for k in (*TURN_FIGURES, "sync_p99_us", "bound")} for p in points]
+        for key in TURN_FIGURES:
+            values = [p[key] for p in points if p[key] is not None]
+            point[key] = statistics.median(values) if values else None
+    return point
+
+
+def _print_point(mode: str, workers: int, turn: int, r: dict) -> None:
+    less_idle = _round(r["redis_cpu_less_idle_us_per_page"])
+    print(f"  {mode} N={workers}{f' turn {turn + 1}' if turn else ''}: {r['pages_per_s']:.0f} pages/s,"
+          f" {_round(r['redis_cpu_us_per_page'])} us/page ({less_idle} less idle), sync p50"
+          f" {r['sync_p50_us']} p99 {r['sync_p99_us']} us", flush=True)
+
+
+def _turns_note(repeat: int) -> str:
+    return (f"Measured in {repeat} turns (--capacity-repeat): in each turn every worker count and mode of"
+            " a server once, in the same order: on one server, a mode's turn i runs within minutes of the"
+            " other's (the 3-master cluster's turns all follow the one master's)."
+            " Pages/s, Redis CPU and CPU (cores) are the medians of the turns; the rest (callgrind's"
+            " instructions, sync latencies, calls, the per-domain tables) is the first turn's.")
 
 
 def _round(x: float | None) -> float | None:

@@ -1,0 +1,40 @@
+"""The capacity benchmark's turns: a point measured several times gives the medians, a ratio the median of
+the turns' own ratios (turn i against turn i), never a ratio of medians taken apart."""
+
+from __future__ import annotations
+
+from benchmarks.capacity import TURN_FIGURES, _ratio, combine_turns
+
+
+def _point(cpu: float, instructions: float | None = None, p99: int = 900) -> dict:
+    point = dict.fromkeys(TURN_FIGURES, 1.0)
+    point.update(redis_cpu_us_per_page=cpu, redis_cpu_less_idle_us_per_page=cpu - 4,
+                 server_instructions_per_page=instructions, sync_p99_us=p99, bound="-", workers=4)
+    return point
+
+
+def test_one_turn_is_the_point_itself() -> None:
+    point = _point(120.0, 450_000)
+    assert combine_turns([point]) == point
+    assert "turns" not in combine_turns([point])
+
+
+def test_turns_give_medians_and_keep_the_first_turns_other_figures() -> None:
+    combined = combine_turns([_point(130.0, 450_000, p99=800), _point(100.0, None, p99=2500),
+                              _point(120.0, None, p99=3000)])
+    assert combined["redis_cpu_us_per_page"] == 120.0
+    assert combined["redis_cpu_less_idle_us_per_page"] == 116.0
+    assert combined["server_instructions_per_page"] == 450_000  # the first turn's replay
+    assert combined["sync_p99_us"] == 800
+    assert [t["redis_cpu_us_per_page"] for t in combined["turns"]] == [130.0, 100.0, 120.0]
+
+
+def test_a_ratio_pairs_the_turns() -> None:
+    # turns' ratios 1.2, 1.3, 1.1: their median is 1.2; the medians taken apart (130 / 100) would say 1.3
+    plain = combine_turns([_point(150.0, 450_000), _point(100.0), _point(90.0)])
+    polite = combine_turns([_point(180.0, 540_000), _point(130.0), _point(99.0)])
+    assert (polite["redis_cpu_us_per_page"], plain["redis_cpu_us_per_page"]) == (130.0, 100.0)
+    assert _ratio(polite, plain, "redis_cpu_us_per_page") == 1.2
+    assert _ratio(polite, plain, "server_instructions_per_page") == 1.2
+    single = combine_turns([_point(100.0, 450_000)])
+    assert _ratio(combine_turns([_point(125.0, 500_000)]), single, "redis_cpu_us_per_page") == 1.25
