@@ -518,7 +518,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="cap the workers' pages/s at P in total (P/N each; default: no cap)")
     g.add_argument("--capacity-repeat", type=int, metavar="K", default=1,
                    help="measure every point K times, the modes taking turns (each turn every worker count"
-                        " and mode of a server once, in the same order): Redis CPU per page is the median of"
+                        " and mode of a server once; every other turn the modes the other way round): Redis"
+                        " CPU per page is the median of"
                         " the K, a ratio the median of the K turns' ratios (the callgrind replay, the"
                         " latencies and the per-domain tables are the first turn's; default 1)")
 
@@ -569,7 +570,7 @@ def run(args: argparse.Namespace) -> dict:
                 idle = idle_cpu_rate(client)
             for turn in range(repeat):
                 for n in counts:
-                    for m in single:
+                    for m in _turn_order(single, turn):
                         r = measure(server.url, [server.port], 1, n, seconds, _warmup(n), MODES[m][2],
                                     record if turn == 0 else "", pin, total_rate / n, idle,
                                     window_instructions)
@@ -590,7 +591,7 @@ def run(args: argparse.Namespace) -> dict:
                 node.close()
             for turn in range(repeat):
                 for n in counts[-3:]:
-                    for m in sharded:
+                    for m in _turn_order(sharded, turn):
                         r = measure(cluster.nodes[0].url, ports, 3, n, seconds, _warmup(n), MODES[m][2],
                                     record if turn == 0 else "", pin, total_rate / n, idle,
                                     window_instructions)
@@ -731,6 +732,12 @@ def combine_turns(points: list[dict]) -> dict:
     return point
 
 
+def _turn_order(modes: list[str], turn: int) -> list[str]:
+    """The modes of a server in turn ``turn``: every other turn the other way round, so that what one point
+    leaves the next (the server's memory, the machine's state) weighs on each mode alike."""
+    return modes if turn % 2 == 0 else modes[::-1]
+
+
 def _print_point(mode: str, workers: int, turn: int, r: dict) -> None:
     less_idle = _round(r["redis_cpu_less_idle_us_per_page"])
     print(f"  {mode} N={workers}{f' turn {turn + 1}' if turn else ''}: {r['pages_per_s']:.0f} pages/s,"
@@ -740,8 +747,9 @@ def _print_point(mode: str, workers: int, turn: int, r: dict) -> None:
 
 def _turns_note(repeat: int) -> str:
     return (f"Measured in {repeat} turns (--capacity-repeat): in each turn every worker count and mode of"
-            " a server once, in the same order: on one server, a mode's turn i runs within minutes of the"
-            " other's (the 3-master cluster's turns all follow the one master's)."
+            " a server once, the modes in one order in the odd turns and the other way round in the even"
+            " ones: on one server, a mode's turn i runs within minutes of the other's (the 3-master"
+            " cluster's turns all follow the one master's)."
             " Pages/s, Redis CPU and CPU (cores) are the medians of the turns; the rest (callgrind's"
             " instructions, sync latencies, calls, the per-domain tables) is the first turn's.")
 

@@ -3,7 +3,7 @@ the turns' own ratios (turn i against turn i), never a ratio of medians taken ap
 
 from __future__ import annotations
 
-from benchmarks.capacity import TURN_FIGURES, _ratio, combine_turns
+from benchmarks.capacity import TURN_FIGURES, _ratio, _turn_order, combine_turns
 
 
 def _point(cpu: float, instructions: float | None = None, p99: int = 900) -> dict:
@@ -38,3 +38,9 @@ def test_a_ratio_pairs_the_turns() -> None:
     assert _ratio(polite, plain, "server_instructions_per_page") == 1.2
     single = combine_turns([_point(100.0, 450_000)])
     assert _ratio(combine_turns([_point(125.0, 500_000)]), single, "redis_cpu_us_per_page") == 1.25
+
+
+def test_every_other_turn_runs_the_modes_the_other_way_round() -> None:
+    modes = ["plain", "polite"]
+    assert [_turn_order(modes, turn) for turn in range(3)] == [modes, ["polite", "plain"], modes]
+    assert modes == ["plain", "polite"]
