@@ -279,11 +279,13 @@ def _latin1(v: Any) -> str:
     return v.decode("latin-1") if isinstance(v, bytes) else str(v)
 
 
-def _instructions(record: str, pages: int, window: tuple[float, float] | None = None) -> float:
+def _instructions(record: str, pages: int, window: tuple[float, float] | None = None,
+                  cluster: bool = False) -> float:
     """Server instructions per page for the recorded calls of every process, replayed in the order they
     were made on a redis-server under callgrind (benchmarks/replay.py): a figure that does not move with
     what else the machine does. With ``window``: only the calls made in it (``pages``: its pages), the ones
-    before replayed first and counted apart."""
+    before replayed first and counted apart. ``cluster``: the calls of a cluster's masters, replayed on one
+    cluster-mode node owning every slot."""
     from benchmarks.replay import callgrind_instructions
 
     sources: dict[str, str] = {}
@@ -301,7 +303,7 @@ def _instructions(record: str, pages: int, window: tuple[float, float] | None = 
     enc = [(sha, [k.encode("latin-1") for k in keys], [a.encode("latin-1") for a in args])
            for _, sha, keys, args in calls]
     skip = sum(1 for c in calls if c[0] < window[0]) if window else 0
-    return callgrind_instructions(sources, enc, skip) / pages
+    return callgrind_instructions(sources, enc, skip, cluster) / pages
 
 
 def _sync_names() -> tuple[str, str]:
@@ -373,7 +375,8 @@ def measure(
     rate = total_pages / seconds
     crawled = sum(n for _, n, *_ in got)
     counted = total_pages if window_instructions else crawled  # the window's pages, or the whole run's
-    instructions = (_instructions(record, counted, window if window_instructions else None)
+    # a cluster's calls are replayed in cluster mode: what it adds to every command is the masters' cost
+    instructions = (_instructions(record, counted, window if window_instructions else None, shards > 1)
                     if record and counted else None)
     return {
         "server_instructions_per_page": instructions,
@@ -667,10 +670,11 @@ def _ratio_table(results: dict[str, list[dict]]) -> list[dict]:
              "rows": rows,
              "notes": ["Redis CPU moves with what else the machine runs (the workers share its cores);"
                        " instructions, counted by replaying the recorded calls under callgrind"
-                       " (--capacity-instructions), do not. Less idle servers': without what the same"
-                       f" servers spent with no client for as long ({IDLE_SECONDS:g} s measured before the"
-                       " points): their timers and a cluster's bus, paid per second whatever the pages/s,"
-                       " which weigh most at a capped rate."]
+                       " (--capacity-instructions; a cluster's calls on one cluster-mode node owning every"
+                       " slot, so that what cluster mode adds to each command is counted), do not. Less"
+                       " idle servers': without what the same servers spent with no client for as long"
+                       f" ({IDLE_SECONDS:g} s measured before the points): their timers and a cluster's bus,"
+                       " paid per second whatever the pages/s, which weigh most at a capped rate."]
              + (["Redis CPU ratios are the medians of the turns' ratios, turn i of one mode against turn i"
                  " of the other (each turn listed); instructions are the first turn's."] if turns else [])}]
 

@@ -38,6 +38,7 @@ _redis_servers = _load()
 RedisProcess = _redis_servers.RedisProcess
 redis_server_binary = _redis_servers.redis_server_binary
 free_port = _redis_servers.free_port
+cluster_port = _redis_servers.cluster_port
 
 
 def server_cpu(*clients) -> float:

@@ -157,25 +157,30 @@ def replay_instructions(path: Path, pages: int, only: str | None = None) -> dict
             "only": only or "all scripts"}
 
 
-def callgrind_instructions(sources: dict[str, str], calls: list[Any], skip: int = 0) -> int:
+def callgrind_instructions(
+    sources: dict[str, str], calls: list[Any], skip: int = 0, cluster: bool = False
+) -> int:
     """Instructions a fresh redis-server under callgrind executes for ``calls[skip:]`` (sha, keys, args)
     once the first ``skip`` have run: less what it executes starting, loading ``sources``, running those
-    and shutting down."""
-    return _callgrind_run(sources, calls) - _callgrind_run(sources, calls[:skip])
+    and shutting down. ``cluster``: the server runs in cluster mode, one node owning every slot, so the
+    figure includes what cluster mode adds to each command (the slot of every key a script touches, the
+    keys counted per slot) for calls a cluster's masters shared."""
+    return _callgrind_run(sources, calls, cluster) - _callgrind_run(sources, calls[:skip], cluster)
 
 
-def _callgrind_run(sources: dict[str, str], calls: list[Any]) -> int:
+def _callgrind_run(sources: dict[str, str], calls: list[Any], cluster: bool = False) -> int:
     import subprocess
     import tempfile
 
-    from benchmarks.redis_server import free_port, redis_server_binary
+    from benchmarks.redis_server import cluster_port, free_port, redis_server_binary
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
-        port = free_port()
+        port = cluster_port() if cluster else free_port()  # a cluster node's bus port is port + 10000
         proc = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", redis_server_binary(),
-             "--port", str(port), "--save", "", "--appendonly", "no", "--dir", tmp],
+             "--port", str(port), "--save", "", "--appendonly", "no", "--dir", tmp,
+             *(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"] if cluster else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=port)
@@ -189,6 +194,8 @@ def _callgrind_run(sources: dict[str, str], calls: list[Any]) -> int:
                     proc.kill()
                     raise
                 time.sleep(0.2)
+        if cluster:
+            _own_every_slot(client, deadline)
         load_sources(client, sources)
         for sha, keys, args in calls:
             send(client, sha, keys, args)
@@ -202,6 +209,16 @@ def _callgrind_run(sources: dict[str, str], calls: list[Any]) -> int:
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])
     raise RuntimeError("callgrind wrote no instruction total")
+
+
+def _own_every_slot(client: Any, deadline: float) -> None:
+    """A lone cluster node takes every slot and waits until its cluster is up (``CLUSTER ADDSLOTS``:
+    Redis 6.2 has no ``ADDSLOTSRANGE``)."""
+    client.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
+    while client.cluster("info").get("cluster_state") != "ok":
+        if time.monotonic() > deadline:
+            raise RuntimeError("a lone cluster node owning every slot did not come up")
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":
