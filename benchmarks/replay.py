@@ -163,8 +163,8 @@ def callgrind_instructions(
     """Instructions a fresh redis-server under callgrind executes for ``calls[skip:]`` (sha, keys, args)
     once the first ``skip`` have run: less what it executes starting, loading ``sources``, running those
     and shutting down. ``cluster``: the server runs in cluster mode, one node owning every slot, so the
-    figure includes what cluster mode adds to each command (the slot of every key a script touches, the
-    keys counted per slot) for calls a cluster's masters shared."""
+    figure includes what cluster mode adds to each command (the slot checks of its keys, inside scripts
+    too) for calls a cluster's masters shared."""
     return _callgrind_run(sources, calls, cluster) - _callgrind_run(sources, calls[:skip], cluster)
 
 
