@@ -23,8 +23,9 @@ from benchmarks import capacity  # noqa: E402
 original = capacity._instructions
 
 
-def _instructions(record: str, pages: int, window: tuple[float, float] | None = None) -> float:
-    per_page = original(record, pages, window)
+def _instructions(record: str, pages: int, window: tuple[float, float] | None = None,
+                  cluster: bool = False) -> float:
+    per_page = original(record, pages, window, cluster)
     with open(f"{record}-window.json", "w") as f:
         json.dump({"window": window, "pages": pages, "instructions_per_page": per_page}, f)
     print(f"  kept {record}.*.json (window {window}, {pages} pages, {per_page:,.0f} instructions/page)")
