@@ -185,15 +185,11 @@ def _callgrind_run(sources: dict[str, str], calls: list[Any], cluster: bool = Fa
         )
         client = redis.Redis(port=port)
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    raise
-                time.sleep(0.2)
+        try:
+            wait_ready(client, deadline)
+        except redis.ConnectionError:
+            proc.kill()
+            raise
         if cluster:
             _own_every_slot(client, deadline)
         load_sources(client, sources)
@@ -209,6 +205,19 @@ def _callgrind_run(sources: dict[str, str], calls: list[Any], cluster: bool = Fa
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])
     raise RuntimeError("callgrind wrote no instruction total")
+
+
+def wait_ready(client: Any, deadline: float) -> None:
+    """Wait until a server just started (slow under valgrind) answers; its ``ConnectionError`` after
+    ``deadline`` (monotonic)."""
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _own_every_slot(client: Any, deadline: float) -> None:

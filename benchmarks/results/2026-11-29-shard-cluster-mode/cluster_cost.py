@@ -44,7 +44,7 @@ import redis  # noqa: E402
 from redis.crc import key_slot  # noqa: E402
 
 from benchmarks import capacity, redis_server  # noqa: E402
-from benchmarks.replay import load_sources, send  # noqa: E402
+from benchmarks.replay import load_sources, send, wait_ready  # noqa: E402
 
 SLOTS = 16384
 MASTERS = 3
@@ -99,15 +99,7 @@ def callgrind_run(sources: dict[str, str], calls: list[Any], cluster: tuple[int,
         )
         try:
             client = redis.Redis(port=port)
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
+            wait_ready(client, time.monotonic() + 60)
             if cluster:
                 client.execute_command("CLUSTER", "ADDSLOTSRANGE", *cluster)
                 while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
