@@ -522,9 +522,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--capacity-repeat", type=int, metavar="K", default=1,
                    help="measure every point K times, the modes taking turns (each turn every worker count"
                         " and mode of a server once; every other turn the modes the other way round): Redis"
-                        " CPU per page is the median of"
-                        " the K, a ratio the median of the K turns' ratios (the callgrind replay, the"
-                        " latencies and the per-domain tables are the first turn's; default 1)")
+                        " CPU per page is the median of the K, a ratio the median of the K turns' ratios"
+                        " (the callgrind replay, the latencies and the per-domain tables are the first"
+                        " turn's; default 1)")
 
 
 #: mode -> (label, shards, SCHEDULER_POLITENESS); the sharded modes run on a local 3-master cluster at the
