@@ -184,20 +184,21 @@ def _callgrind_run(sources: dict[str, str], calls: list[Any], cluster: bool = Fa
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=port)
-        deadline = time.monotonic() + 60
         try:
+            deadline = time.monotonic() + 60
             wait_ready(client, deadline)
-        except redis.ConnectionError:
-            proc.kill()
-            raise
-        if cluster:
-            _own_every_slot(client, deadline)
-        load_sources(client, sources)
-        for sha, keys, args in calls:
-            send(client, sha, keys, args)
-        with contextlib.suppress(redis.ConnectionError):
-            client.shutdown(nosave=True)
-        proc.wait(timeout=600)
+            if cluster:
+                _own_every_slot(client, deadline)
+            load_sources(client, sources)
+            for sha, keys, args in calls:
+                send(client, sha, keys, args)
+            with contextlib.suppress(redis.ConnectionError):
+                client.shutdown(nosave=True)
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:  # it failed on the way: no server is left behind
+                proc.kill()
+                proc.wait()
         keep = os.environ.get("BENCH_CALLGRIND_KEEP")  # a path: keep the profile (callgrind_annotate it)
         if keep and calls:
             shutil.copy(out, keep)
