@@ -546,7 +546,6 @@ def run(args: argparse.Namespace) -> dict:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise SystemExit(f"--capacity-modes: unknown {', '.join(unknown)} (known: {', '.join(MODES)})")
-    results: dict[str, list[dict]] = {m: [] for m in modes}
     repeat = getattr(args, "capacity_repeat", None) or 1
     if repeat < 1:
         raise SystemExit(f"--capacity-repeat: {repeat} is not a number of turns (1 or more)")
@@ -564,6 +563,18 @@ def run(args: argparse.Namespace) -> dict:
         import tempfile
 
         record = os.path.join(tempfile.mkdtemp(prefix="capacity-calls-"), "calls")
+
+    def in_turns(url: str, ports: list[int], server_modes: list[str], worker_counts: list[int],
+                 idle: float) -> None:
+        """Every point of one server's modes, in ``repeat`` turns (the first records the calls)."""
+        for turn in range(repeat):
+            for n in worker_counts:
+                for m in _turn_order(server_modes, turn):
+                    r = measure(url, ports, MODES[m][1], n, seconds, _warmup(n), MODES[m][2],
+                                record if turn == 0 else "", pin, total_rate / n, idle, window_instructions)
+                    turns[m].setdefault(n, []).append(r)
+                    _print_point(m, n, turn, r)
+
     single = [m for m in modes if MODES[m][1] == 1]
     if single:
         server = RedisProcess().start()
@@ -571,14 +582,7 @@ def run(args: argparse.Namespace) -> dict:
         try:
             with redis.Redis(port=server.port) as client:
                 idle = idle_cpu_rate(client)
-            for turn in range(repeat):
-                for n in counts:
-                    for m in _turn_order(single, turn):
-                        r = measure(server.url, [server.port], 1, n, seconds, _warmup(n), MODES[m][2],
-                                    record if turn == 0 else "", pin, total_rate / n, idle,
-                                    window_instructions)
-                        turns[m].setdefault(n, []).append(r)
-                        _print_point(m, n, turn, r)
+            in_turns(server.url, [server.port], single, counts, idle)
         finally:
             server.stop()
     sharded = [m for m in modes if MODES[m][1] > 1]
@@ -592,18 +596,10 @@ def run(args: argparse.Namespace) -> dict:
             idle = idle_cpu_rate(*nodes)
             for node in nodes:
                 node.close()
-            for turn in range(repeat):
-                for n in counts[-3:]:
-                    for m in _turn_order(sharded, turn):
-                        r = measure(cluster.nodes[0].url, ports, 3, n, seconds, _warmup(n), MODES[m][2],
-                                    record if turn == 0 else "", pin, total_rate / n, idle,
-                                    window_instructions)
-                        turns[m].setdefault(n, []).append(r)
-                        _print_point(m, n, turn, r)
+            in_turns(cluster.nodes[0].url, ports, sharded, counts[-3:], idle)
         finally:
             cluster.stop()
-    for m in modes:
-        results[m] = [combine_turns(points) for points in turns[m].values()]
+    results = {m: [combine_turns(points) for points in turns[m].values()] for m in modes}
     rows = [[MODES[m][0], r["workers"], round(r["pages_per_s"]), _round(r["redis_cpu_us_per_page"]),
              _round(r["redis_idle_us_per_page"]),
              _round(r["server_instructions_per_page"] and r["server_instructions_per_page"] / 1000),
