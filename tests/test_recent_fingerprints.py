@@ -125,3 +125,59 @@ def test_scrapy_dist_forget_reaches_a_running_workers_memory_at_its_next_sync(re
         return first, second, _queued(sched)
 
     assert run(go()) == (1, 2, 2)
+
+
+async def _leased_by_another_worker(
+    redis_url: str, url: str, dont_filter: bool = False, **settings: Any
+) -> tuple[Scheduler, Request]:
+    """Worker A finds ``url`` and sends it; worker B (returned) leases it and hands it to its engine."""
+    a = await _opened(redis_url, **settings)
+    assert a.loop is not None
+    a.enqueue_request(Request(url, dont_filter=dont_filter))
+    await a.loop.round(lease=0, renew=False)
+    await a.redis.aclose()
+    b = await _opened(redis_url, **settings)
+    assert b.loop is not None
+    await b.loop.round(lease=4, renew=False)
+    request = b.next_request()
+    assert request is not None and request.url == url
+    return b, request
+
+
+def test_a_worker_drops_links_to_a_page_it_was_handed_without_asking_redis(redis_url: str) -> None:
+    async def go() -> tuple[bool, bool]:
+        b, _ = await _leased_by_another_worker(redis_url, "http://site.test/leased")
+        skipped = not b.enqueue_request(Request("http://site.test/leased"))  # a page linking back to it
+        other = b.enqueue_request(Request("http://site.test/not-leased"))
+        await b.redis.aclose()
+        return skipped, other
+
+    assert run(go()) == (True, True)
+
+
+def test_a_page_handed_out_then_dead_lettered_and_forgotten_is_found_again(redis_url: str) -> None:
+    async def go() -> tuple[int, int]:
+        url = "http://site.test/dies"
+        b, request = await _leased_by_another_worker(redis_url, url, DEADLETTER_FORGET=True)
+        assert b.loop is not None
+        b.dead_letter('{"u": "http://site.test/dies"}', request)
+        await b.loop.round(lease=0, renew=False)
+        before = _queued(b)
+        b.enqueue_request(Request("http://site.test/dies"))  # new again crawl-wide, and for this worker
+        await b.loop.round(lease=0, renew=False)
+        await b.redis.aclose()
+        return before, _queued(b)
+
+    before, after = run(go())
+    assert after == before + 1
+
+
+def test_a_dont_filter_request_handed_out_is_not_remembered(redis_url: str) -> None:
+    async def go() -> bool:
+        b, request = await _leased_by_another_worker(redis_url, "http://site.test/again", dont_filter=True)
+        assert request.dont_filter  # never in the filter: a link to it is checked crawl-wide
+        sent = b.enqueue_request(Request("http://site.test/again"))
+        await b.redis.aclose()
+        return sent
+
+    assert run(go()) is True

@@ -369,6 +369,12 @@ class RequestEncoder:
     def filtered(self, request: Request) -> None:
         self.df.log(request, self.spider)
 
+    def handed_out(self, request: Request, now: float) -> None:
+        """A leased request goes to the engine: its fingerprint passed the crawl's filter when it was
+        queued, so a link to it that this worker finds is dropped here, not checked in Redis again."""
+        if self.batched and not request.dont_filter and self.recent.max_age > 0:
+            self.recent.add(self.df.fingerprint_tokens(self.df.fingerprint(request))[0], now)
+
     def encode(self, request: Request) -> bytes | None:
         try:
             return encode_request(request, self.spider, self.policy)

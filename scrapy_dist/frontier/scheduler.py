@@ -277,6 +277,7 @@ class Scheduler:
         if request is None:
             self._wake()
         elif not local:
+            self.encoder.handed_out(request, time.monotonic())
             self.stats.inc_value("scheduler/dequeued/redis")
             self.stats.inc_value("scheduler/dequeued")
             if len(ledger.ready) < self.config.prefetch // 2:
