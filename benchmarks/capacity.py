@@ -564,41 +564,42 @@ def run(args: argparse.Namespace) -> dict:
 
         record = os.path.join(tempfile.mkdtemp(prefix="capacity-calls-"), "calls")
 
-    def in_turns(url: str, ports: list[int], server_modes: list[str], worker_counts: list[int],
-                 idle: float) -> None:
-        """Every point of one server's modes, in ``repeat`` turns (the first records the calls)."""
-        for turn in range(repeat):
-            for n in worker_counts:
-                for m in _turn_order(server_modes, turn):
-                    r = measure(url, ports, MODES[m][1], n, seconds, _warmup(n), MODES[m][2],
-                                record if turn == 0 else "", pin, total_rate / n, idle, window_instructions)
-                    turns[m].setdefault(n, []).append(r)
-                    _print_point(m, n, turn, r)
+    def measure_block(turn: int, url: str, ports: list[int], points: list[tuple[int, str]],
+                      idle: float) -> None:
+        for n, m in points:
+            r = measure(url, ports, MODES[m][1], n, seconds, _warmup(n), MODES[m][2],
+                        record if turn == 0 else "", pin, total_rate / n, idle, window_instructions)
+            turns[m].setdefault(n, []).append(r)
+            _print_point(m, n, turn, r)
 
-    single = [m for m in modes if MODES[m][1] == 1]
-    if single:
+    def on_one_master(turn: int, points: list[tuple[int, str]]) -> str:
         server = RedisProcess().start()
-        server_sched = _pin([server.proc.pid], pin and pin[0], first=True)
         try:
+            sched = _pin([server.proc.pid], pin and pin[0], first=True)
             with redis.Redis(port=server.port) as client:
                 idle = idle_cpu_rate(client)
-            in_turns(server.url, [server.port], single, counts, idle)
+            measure_block(turn, server.url, [server.port], points, idle)
+            return sched
         finally:
             server.stop()
-    sharded = [m for m in modes if MODES[m][1] > 1]
-    if sharded:
+
+    def on_cluster(turn: int, points: list[tuple[int, str]]) -> str:
         # Redis's own cluster-node-timeout (the suite's 1 s makes the bus ping its peers more often)
         cluster = local_cluster()(masters=3, node_timeout_ms=15_000).start()
         try:
             ports = [node.port for node in cluster.nodes]
-            server_sched = _pin([node.proc.pid for node in cluster.nodes], pin and pin[0], first=True)
+            sched = _pin([node.proc.pid for node in cluster.nodes], pin and pin[0], first=True)
             nodes = [redis.Redis(port=p) for p in ports]
             idle = idle_cpu_rate(*nodes)
             for node in nodes:
                 node.close()
-            in_turns(cluster.nodes[0].url, ports, sharded, counts[-3:], idle)
+            measure_block(turn, cluster.nodes[0].url, ports, points, idle)
+            return sched
         finally:
             cluster.stop()
+
+    for turn, shards, points in turn_blocks(modes, counts, repeat):
+        server_sched = (on_cluster if shards > 1 else on_one_master)(turn, points)
     results = {m: [combine_turns(points) for points in turns[m].values()] for m in modes}
     rows = [[MODES[m][0], r["workers"], round(r["pages_per_s"]), _round(r["redis_cpu_us_per_page"]),
              _round(r["redis_idle_us_per_page"]),
@@ -732,6 +733,23 @@ def combine_turns(points: list[dict]) -> dict:
     return point
 
 
+Block = tuple[int, int, list[tuple[int, str]]]  #: (turn, shards, points (workers, mode)) on one server
+
+
+def turn_blocks(modes: list[str], counts: list[int], repeat: int) -> list[Block]:
+    """The run as (turn, shards, points (workers, mode)) blocks, each measured on servers started for it: in
+    every turn the one master's points, then the 3-master cluster's (the last three worker counts), so a
+    sharded point and the one-master point it is compared with run minutes apart however many turns."""
+    blocks: list[Block] = []
+    for turn in range(repeat):
+        for sharded, worker_counts in ((False, counts), (True, counts[-3:])):
+            server_modes = [m for m in modes if (MODES[m][1] > 1) == sharded]
+            if server_modes:
+                points = [(n, m) for n in worker_counts for m in _turn_order(server_modes, turn)]
+                blocks.append((turn, MODES[server_modes[0]][1], points))
+    return blocks
+
+
 def _turn_order(modes: list[str], turn: int) -> list[str]:
     """The modes of a server in turn ``turn``: every other turn the other way round, so that what one point
     leaves the next (the server's memory, the machine's state) weighs on each mode alike."""
@@ -748,8 +766,8 @@ def _print_point(mode: str, workers: int, turn: int, r: dict) -> None:
 def _turns_note(repeat: int) -> str:
     return (f"Measured in {repeat} turns (--capacity-repeat): in each turn every worker count and mode of"
             " a server once, the modes in one order in the odd turns and the other way round in the even"
-            " ones: on one server, a mode's turn i runs within minutes of the other's (the 3-master"
-            " cluster's turns all follow the one master's)."
+            " ones, each turn on servers started for it (the one master's points, then the 3-master"
+            " cluster's): a mode's turn i runs within minutes of every other mode's."
             " Pages/s, Redis CPU and CPU (cores) are the medians of the turns; the rest (callgrind's"
             " instructions, sync latencies, calls, the per-domain tables) is the first turn's.")
 

@@ -3,7 +3,7 @@ the turns' own ratios (turn i against turn i), never a ratio of medians taken ap
 
 from __future__ import annotations
 
-from benchmarks.capacity import TURN_FIGURES, _ratio, _turn_order, combine_turns
+from benchmarks.capacity import TURN_FIGURES, _ratio, _turn_order, combine_turns, turn_blocks
 
 
 def _point(cpu: float, instructions: float | None = None, p99: int = 900) -> dict:
@@ -44,3 +44,13 @@ def test_every_other_turn_runs_the_modes_the_other_way_round() -> None:
     modes = ["plain", "polite"]
     assert [_turn_order(modes, turn) for turn in range(3)] == [modes, ["polite", "plain"], modes]
     assert modes == ["plain", "polite"]
+
+
+def test_every_turn_measures_the_one_master_then_the_cluster_on_servers_of_its_own() -> None:
+    blocks = turn_blocks(["plain", "polite", "sharded", "sharded-polite"], [1, 4, 16, 64], 2)
+    assert [(turn, shards) for turn, shards, _ in blocks] == [(0, 1), (0, 3), (1, 1), (1, 3)]
+    assert blocks[0][2][:2] == [(1, "plain"), (1, "polite")] and len(blocks[0][2]) == 8
+    assert blocks[1][2] == [(4, "sharded"), (4, "sharded-polite"), (16, "sharded"), (16, "sharded-polite"),
+                            (64, "sharded"), (64, "sharded-polite")]
+    assert blocks[3][2][:2] == [(4, "sharded-polite"), (4, "sharded")]  # the other way round
+    assert turn_blocks(["sharded"], [4], 3) == [(t, 3, [(4, "sharded")]) for t in range(3)]
