@@ -3,7 +3,7 @@ the turns' own ratios (turn i against turn i), never a ratio of medians taken ap
 
 from __future__ import annotations
 
-from benchmarks.capacity import TURN_FIGURES, _ratio, _turn_order, combine_turns, turn_blocks
+from benchmarks.capacity import TURN_FIGURES, _latency_table, _ratio, _turn_order, combine_turns, turn_blocks
 
 
 def _point(cpu: float, instructions: float | None = None, p99: int = 900) -> dict:
@@ -54,3 +54,15 @@ def test_every_turn_measures_the_one_master_then_the_cluster_on_servers_of_its_o
                             (64, "sharded"), (64, "sharded-polite")]
     assert blocks[3][2][:2] == [(4, "sharded-polite"), (4, "sharded")]  # the other way round
     assert turn_blocks(["sharded"], [4], 3) == [(t, 3, [(4, "sharded")]) for t in range(3)]
+
+
+def test_sync_p99_in_turns_is_their_median_each_turn_listed_with_its_bound() -> None:
+    turns = [_point(100, p99=p99) | {"bound": bound, "sync_p50_us": 300} for p99, bound in
+             ((2_148, "client"), (900, "-"), (1_100, "-"), (950, "-"), (2_400, "client"))]
+    point = combine_turns(turns)
+    [table] = _latency_table({"plain": [point]}, ["plain"])
+    [row] = table["rows"]
+    assert row[3] == 1_100 and row[4] == "2,148 / 900 / 1,100 / 950 / 2,400"
+    assert row[-2:] == ["yes", "client / - / - / - / client"]
+    [alone] = _latency_table({"plain": [turns[0]]}, ["plain"])  # one turn: the point's own figure
+    assert alone["rows"][0][3:] == [2_148, "≤ 2,000", "no", "client"]
