@@ -522,9 +522,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--capacity-repeat", type=int, metavar="K", default=1,
                    help="measure every point K times, the modes taking turns (each turn every worker count"
                         " and mode of a server once; every other turn the modes the other way round): Redis"
-                        " CPU per page is the median of the K, a ratio the median of the K turns' ratios"
-                        " (the callgrind replay, the latencies and the per-domain tables are the first"
-                        " turn's; default 1)")
+                        " CPU per page is the median of the K, a ratio the median of the K turns' ratios,"
+                        " the sync p99 at the most workers the median of the K (the callgrind replay, the"
+                        " other latencies and the per-domain tables are the first turn's; each turn on"
+                        " servers started for it; default 1)")
 
 
 #: mode -> (label, shards, SCHEDULER_POLITENESS); the sharded modes run on a local 3-master cluster at the
@@ -572,14 +573,21 @@ def run(args: argparse.Namespace) -> dict:
             turns[m].setdefault(n, []).append(r)
             _print_point(m, n, turn, r)
 
+    def on_servers(turn: int, points: list[tuple[int, str]], url: str, ports: list[int],
+                   pids: list[int]) -> str:
+        """One turn's points of servers just started: pinned, their idle cost measured, then the points."""
+        sched = _pin(pids, pin and pin[0], first=True)
+        nodes = [redis.Redis(port=p) for p in ports]
+        idle = idle_cpu_rate(*nodes)
+        for node in nodes:
+            node.close()
+        measure_block(turn, url, ports, points, idle)
+        return sched
+
     def on_one_master(turn: int, points: list[tuple[int, str]]) -> str:
         server = RedisProcess().start()
         try:
-            sched = _pin([server.proc.pid], pin and pin[0], first=True)
-            with redis.Redis(port=server.port) as client:
-                idle = idle_cpu_rate(client)
-            measure_block(turn, server.url, [server.port], points, idle)
-            return sched
+            return on_servers(turn, points, server.url, [server.port], [server.proc.pid])
         finally:
             server.stop()
 
@@ -587,14 +595,8 @@ def run(args: argparse.Namespace) -> dict:
         # Redis's own cluster-node-timeout (the suite's 1 s makes the bus ping its peers more often)
         cluster = local_cluster()(masters=3, node_timeout_ms=15_000).start()
         try:
-            ports = [node.port for node in cluster.nodes]
-            sched = _pin([node.proc.pid for node in cluster.nodes], pin and pin[0], first=True)
-            nodes = [redis.Redis(port=p) for p in ports]
-            idle = idle_cpu_rate(*nodes)
-            for node in nodes:
-                node.close()
-            measure_block(turn, cluster.nodes[0].url, ports, points, idle)
-            return sched
+            return on_servers(turn, points, cluster.nodes[0].url, [node.port for node in cluster.nodes],
+                              [node.proc.pid for node in cluster.nodes])
         finally:
             cluster.stop()
 
